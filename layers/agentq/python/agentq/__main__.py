@@ -1,0 +1,3 @@
+from agentq.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,517 @@
+"""The agent loop: claim, rebuild from committed steps, and go on step by step.
+
+Order of writes in one turn (each a crash point, see ``faults``):
+reserve -> LLM call -> commit LLM step (tool intents durable) -> per side-effecting tool:
+begin effect -> run -> finish effect -> commit tools step (+ reserve the next call).
+A worker killed anywhere loses at most the step in flight; the next worker rebuilds the
+conversation from the committed steps and continues. Knows nothing of SQS or Lambda: the
+adapters pass a deadline and read the ``RunResult``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from agentq.errors import BudgetExceeded, LeaseLost, ProviderError
+from agentq.faults import crash_point
+from agentq.models import Lease, LLMStep, StepRecord, Task, TaskStatus, ToolOutcome, ToolsStep
+from agentq.pricing import PriceTable, load_price_table
+from agentq.providers import LLMRequest, ProviderFactory, default_provider_factory
+from agentq.store import NO_USAGE, BudgetDelta, Store
+from agentq.tools import ToolContext, ToolRegistry, default_registry, idempotency_key_for
+
+log = logging.getLogger("agentq.engine")
+
+Outcome = Literal["finished", "continue", "retry", "lease_lost", "not_claimed", "stopped"]
+
+# Input estimate: 3 characters a token over the JSON of the request. Claude averages about
+# 3.5-4 on English and JSON, so this over-reserves slightly and the budget cap holds.
+ESTIMATE_CHARS_PER_TOKEN = 3
+MIN_OUTPUT_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    lease_seconds: float = 30.0
+    heartbeat_seconds: float | None = None  # default: a third of the lease
+    slice_margin_seconds: float = 30.0  # stop this long before the caller's deadline
+
+
+@dataclass
+class RunResult:
+    task_id: str
+    outcome: Outcome
+    status: TaskStatus | None = None
+    steps_committed: int = 0
+    resumed_from_step: int = 0
+    error: dict[str, Any] | None = None
+
+
+@dataclass
+class _Session:
+    """One worker's hold on one task: its lease, the conversation so far, and its clock."""
+
+    lease: Lease
+    task: Task
+    steps: list[StepRecord]
+    messages: list[dict[str, Any]]
+    deadline: float | None
+    committed: int = 0
+    lost: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def next_step(self) -> int:
+        return self.steps[-1].number + 1 if self.steps else 1
+
+    @property
+    def llm_turns(self) -> int:
+        return sum(1 for s in self.steps if s.body.kind == "llm")
+
+
+class LeaseKeeper:
+    """Extends the lease in the background; a failed extension marks the session lost."""
+
+    def __init__(self, store: Store, session: _Session, lease_seconds: float, interval: float) -> None:
+        self.store = store
+        self.session = session
+        self.lease_seconds = lease_seconds
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{session.lease.task_id[:8]}", daemon=True)
+
+    def __enter__(self) -> "LeaseKeeper":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.session.lease = self.store.extend_lease(self.session.lease, self.lease_seconds)
+            except LeaseLost:
+                log.warning("lease lost for task %s", self.session.lease.task_id)
+                self.session.lost.set()
+                return
+            except Exception:  # network blip: the next beat may succeed before expiry
+                log.exception("heartbeat failed for task %s", self.session.lease.task_id)
+
+
+class _TaskNotes:
+    """Notes seen by tools: reads are free, writes are fenced by the worker's lease."""
+
+    def __init__(self, store: Store, session: _Session) -> None:
+        self.store = store
+        self.session = session
+
+    def read_note(self, key: str) -> str | None:
+        return self.store.read_note(self.session.lease.task_id, key)
+
+    def write_note(self, key: str, value: str) -> None:
+        self.store.write_note(self.session.lease, key, value)
+
+
+def conversation(goal: str, steps: list[StepRecord]) -> list[dict[str, Any]]:
+    """Messages API history rebuilt from committed steps: the goal, then each step's turn."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": goal}]
+    for record in steps:
+        body = record.body
+        if isinstance(body, LLMStep):
+            messages.append({"role": "assistant", "content": body.content})
+        else:
+            messages.append(
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": r.tool_use_id, "content": r.content, "is_error": r.is_error}
+                        for r in body.results
+                    ],
+                }
+            )
+    return messages
+
+
+def final_text(messages: list[dict[str, Any]]) -> str | None:
+    """The last thing the assistant said in words: the result, or the partial result."""
+    for message in reversed(messages):
+        if message["role"] != "assistant":
+            continue
+        texts = [b["text"] for b in message["content"] if b.get("type") == "text" and b.get("text")]
+        if texts:
+            return "\n".join(texts)
+    return None
+
+
+def estimate_input_tokens(request: LLMRequest) -> int:
+    text = json.dumps([request.system, request.messages, request.tools], separators=(",", ":"))
+    return math.ceil(len(text) / ESTIMATE_CHARS_PER_TOKEN) + 16
+
+
+class Engine:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        worker_id: str,
+        tools: ToolRegistry | None = None,
+        providers: ProviderFactory = default_provider_factory,
+        prices: PriceTable | None = None,
+        config: EngineConfig = EngineConfig(),
+    ) -> None:
+        self.store = store
+        self.worker_id = worker_id
+        self.tools = tools if tools is not None else default_registry()
+        self.providers = providers
+        self.prices = prices or load_price_table()
+        self.config = config
+
+    # ------------------------------------------------------------------ entry
+
+    def run(self, task_id: str, *, deadline: float | None = None) -> RunResult:
+        """Run ``task_id`` until it ends, loses its lease, or ``deadline`` draws near."""
+        claimed = self.store.claim(task_id, self.worker_id, self.config.lease_seconds)
+        if claimed is None:
+            return RunResult(task_id, "not_claimed")
+        lease, task = claimed
+        crash_point("after_claim")
+        steps = self.store.load_steps(task_id)
+        resumed_from = steps[-1].number if steps else 0
+        session = _Session(
+            lease=lease,
+            task=task,
+            steps=list(steps),
+            messages=conversation(task.submission.goal, steps),
+            deadline=deadline,
+        )
+        self._settle_stale_reservation(session)
+        interval = self.config.heartbeat_seconds or self.config.lease_seconds / 3
+        with LeaseKeeper(self.store, session, self.config.lease_seconds, interval):
+            try:
+                result = self._loop(session)
+            except LeaseLost as exc:
+                status = exc.details.get("status")
+                outcome: Outcome = "stopped" if status is not None else "lease_lost"
+                result = RunResult(task_id, outcome, status=status, error=exc.to_dict())
+        result.steps_committed = session.committed
+        result.resumed_from_step = resumed_from
+        return result
+
+    def _settle_stale_reservation(self, session: _Session) -> None:
+        """A reservation left by a crashed epoch goes back to the budget.
+
+        Whether that worker's LLM call happened is unknowable (its response died with it), so
+        its hold is released rather than guessed at; the new worker reserves afresh.
+        """
+        held = session.task.inflight
+        if held and held["epoch"] != session.lease.epoch:
+            self.store.settle_orphan(
+                session.lease,
+                session.task.root_id,
+                BudgetDelta(reserved=held["amount"], used=0, cost_usd=NO_USAGE.cost_usd, tokens_in=0, tokens_out=0),
+                clear_inflight=True,
+            )
+            session.task = session.task.model_copy(update={"inflight": None})
+
+    # ------------------------------------------------------------------- loop
+
+    def _loop(self, s: _Session) -> RunResult:
+        task_id = s.lease.task_id
+        while True:
+            self._check_lease(s)
+            last = s.steps[-1].body if s.steps else None
+            if isinstance(last, LLMStep) and last.tool_uses():
+                self._run_tools(s, last)
+                if s.task.status.terminal:
+                    return RunResult(task_id, "finished", status=s.task.status)
+                continue
+            if isinstance(last, LLMStep):  # already finished: committed with its terminal status
+                return RunResult(task_id, "finished", status=s.task.status)
+            stop = self._stop_reason(s)
+            if stop == "slice":
+                self.store.release(s.lease)
+                return RunResult(task_id, "continue")
+            if stop is not None:
+                return self._finish_without_step(s, stop)
+            outcome = self._llm_turn(s)
+            if outcome is not None:
+                return outcome
+
+    def _check_lease(self, s: _Session) -> None:
+        if s.lost.is_set():
+            raise LeaseLost(f"lease epoch {s.lease.epoch} of task {s.lease.task_id} could not be extended")
+
+    def _stop_reason(self, s: _Session) -> TaskStatus | Literal["slice"] | None:
+        """Why the next LLM call must not start: a cap, the task timeout, or the time slice."""
+        constraints = s.task.submission.constraints
+        now = time.time()
+        if s.llm_turns >= constraints.max_steps:
+            return TaskStatus.COST_EXCEEDED
+        started = s.task.started_at or now
+        if now >= started + constraints.timeout_seconds:
+            return TaskStatus.TIMED_OUT
+        if s.deadline is not None and now >= s.deadline - self.config.slice_margin_seconds:
+            return "slice"
+        return None
+
+    def _stop_error(self, s: _Session, status: TaskStatus) -> dict[str, Any]:
+        c = s.task.submission.constraints
+        if status is TaskStatus.TIMED_OUT:
+            return {"code": "timeout", "message": f"task ran past its timeout of {c.timeout_seconds}s"}
+        if s.llm_turns >= c.max_steps:
+            return {"code": "max_steps_exceeded", "message": f"task used all {c.max_steps} steps"}
+        return {"code": "budget_exceeded", "message": f"token budget of the root task is exhausted (cap {c.max_tokens})"}
+
+    def _finish_without_step(self, s: _Session, status: TaskStatus) -> RunResult:
+        self._release_inflight(s)
+        error = self._stop_error(s, status)
+        self.store.transition(
+            s.lease.task_id, status, lease=s.lease, result=final_text(s.messages), error=error
+        )
+        s.task = s.task.model_copy(update={"status": status})
+        return RunResult(s.lease.task_id, "finished", status=status, error=error)
+
+    def _release_inflight(self, s: _Session) -> None:
+        held = s.task.inflight
+        if held:
+            self.store.settle_orphan(
+                s.lease,
+                s.task.root_id,
+                BudgetDelta(reserved=held["amount"], used=0, cost_usd=NO_USAGE.cost_usd, tokens_in=0, tokens_out=0),
+                clear_inflight=True,
+            )
+            s.task = s.task.model_copy(update={"inflight": None})
+
+    # -------------------------------------------------------------- LLM turn
+
+    def _request(self, s: _Session, max_tokens: int) -> LLMRequest:
+        sub = s.task.submission
+        return LLMRequest(
+            model=sub.model,
+            system=sub.system,
+            messages=s.messages,
+            tools=self.tools.schemas(sub.constraints.tools),
+            max_tokens=max_tokens,
+            task_id=s.lease.task_id,
+        )
+
+    def _wanted_reservation(self, s: _Session) -> tuple[int, int]:
+        """(input estimate, full reservation) for the next LLM call."""
+        max_out = s.task.submission.constraints.max_output_tokens
+        est_in = estimate_input_tokens(self._request(s, max_out))
+        return est_in, est_in + max_out
+
+    def _reserve(self, s: _Session) -> int | None:
+        """Hold tokens for the next call; returns the amount, or None when the budget is spent.
+
+        Tries the full estimate first; near the cap, shrinks the output allowance to what is
+        left (a last, shorter answer) before giving up.
+        """
+        est_in, wanted = self._wanted_reservation(s)
+        held = s.task.inflight
+        if held and held["epoch"] == s.lease.epoch and held["amount"] >= est_in + MIN_OUTPUT_TOKENS:
+            return int(held["amount"])
+        self._release_inflight(s)
+        try:
+            self.store.reserve(s.lease, s.task.root_id, wanted, s.next_step)
+            return wanted
+        except BudgetExceeded:
+            available = self.store.get_budget(s.task.root_id).available
+            if available < est_in + MIN_OUTPUT_TOKENS:
+                return None
+            try:
+                self.store.reserve(s.lease, s.task.root_id, available, s.next_step)
+                return available
+            except BudgetExceeded:
+                return None
+
+    def _llm_turn(self, s: _Session) -> RunResult | None:
+        reserved = self._reserve(s)
+        if reserved is None:
+            return self._finish_without_step(s, TaskStatus.COST_EXCEEDED)
+        s.task = s.task.model_copy(update={"inflight": {"amount": reserved, "epoch": s.lease.epoch, "step": s.next_step}})
+        crash_point("after_reserve")
+        est_in, _ = self._wanted_reservation(s)
+        max_out = max(MIN_OUTPUT_TOKENS, min(s.task.submission.constraints.max_output_tokens, reserved - est_in))
+        request = self._request(s, max_out)
+        provider = self.providers(s.task.submission)
+        started = time.time()
+        try:
+            response = provider.complete(request)
+        except ProviderError as exc:
+            self._release_inflight(s)
+            error = {"code": exc.code, "message": exc.message, "status_code": exc.status_code, "attempts": exc.attempts}
+            if exc.retryable:
+                self.store.release(s.lease)
+                return RunResult(s.lease.task_id, "retry", error=error)
+            self.store.transition(
+                s.lease.task_id, TaskStatus.FAILED, lease=s.lease, result=final_text(s.messages), error=error
+            )
+            return RunResult(s.lease.task_id, "finished", status=TaskStatus.FAILED, error=error)
+        crash_point("after_llm_call")
+        cost = self.prices.cost(response.model or request.model, response.usage)
+        step = LLMStep(
+            content=response.content,
+            stop_reason=response.stop_reason,
+            model=response.model or request.model,
+            usage=response.usage,
+            cost_usd=cost,
+            reserved_tokens=reserved,
+            attempts=response.attempts,
+            started_at=started,
+            duration_ms=int((time.time() - started) * 1000),
+        )
+        settle = BudgetDelta(
+            reserved=reserved,
+            used=response.usage.total,
+            cost_usd=cost,
+            tokens_in=response.usage.input_tokens + response.usage.cache_creation_input_tokens + response.usage.cache_read_input_tokens,
+            tokens_out=response.usage.output_tokens,
+        )
+        messages = [*s.messages, {"role": "assistant", "content": step.content}]
+        finish = None if step.tool_uses() else TaskStatus.SUCCEEDED
+        self._check_lease(s)
+        try:
+            record = self.store.commit_step(
+                s.lease,
+                s.next_step,
+                step,
+                root_id=s.task.root_id,
+                settle=settle,
+                finish=finish,
+                result=final_text(messages) if finish else None,
+            )
+        except LeaseLost:
+            # The tokens were spent whoever owns the task now: the ledger still gets them.
+            self.store.settle_orphan(s.lease, s.task.root_id, settle, clear_inflight=False)
+            raise
+        self._committed(s, record, messages)
+        s.task = s.task.model_copy(update={"inflight": None, **({"status": finish} if finish else {})})
+        crash_point("after_llm_commit")
+        if finish:
+            return RunResult(s.lease.task_id, "finished", status=finish)
+        return None
+
+    def _committed(self, s: _Session, record: StepRecord, messages: list[dict[str, Any]]) -> None:
+        s.steps.append(record)
+        s.messages = messages
+        s.committed += 1
+
+    # ------------------------------------------------------------------ tools
+
+    def _run_tools(self, s: _Session, llm: LLMStep) -> None:
+        allowlist = s.task.submission.constraints.tools
+        notes = _TaskNotes(self.store, s)
+        results: list[ToolOutcome] = []
+        for use in llm.tool_uses():
+            self._check_lease(s)
+            results.append(self._run_one_tool(s, use, allowlist, notes))
+        body = ToolsStep(results=results)
+        messages = conversation(s.task.submission.goal, [*s.steps, _draft(s, body)])
+        record = self._commit_tools(s, body, messages)
+        self._committed(s, record, messages)
+        crash_point("after_tools_commit")
+
+    def _run_one_tool(self, s: _Session, use: dict[str, Any], allowlist: list[str], notes: _TaskNotes) -> ToolOutcome:
+        spec = self.tools.get(use["name"])
+        side_effects = bool(spec and spec.side_effects and use["name"] in allowlist)
+        started = time.time()
+        if side_effects:
+            prior = self.store.begin_effect(s.lease, use["id"], use["name"])
+            crash_point("after_effect_begin")
+            if prior is not None:
+                return self._prior_effect(use, prior, started)
+        ctx = ToolContext(
+            task_id=s.lease.task_id,
+            tool_use_id=use["id"],
+            idempotency_key=idempotency_key_for(s.lease.task_id, use["id"]),
+            notes=notes,
+            deadline=self._tool_deadline(s),
+        )
+        run = self.tools.execute(use["name"], use.get("input") or {}, ctx, allowlist)
+        crash_point("after_tool_run")
+        outcome = ToolOutcome(
+            tool_use_id=use["id"],
+            name=use["name"],
+            content=run.content,
+            is_error=run.is_error,
+            status=run.status,
+            side_effects=side_effects,
+            started_at=started,
+            duration_ms=run.duration_ms,
+        )
+        if side_effects:
+            self.store.finish_effect(s.lease, use["id"], outcome)
+            crash_point("after_effect_finish")
+        return outcome
+
+    def _prior_effect(self, use: dict[str, Any], prior: Any, started: float) -> ToolOutcome:
+        """A side-effecting call that an earlier worker already started: never run it again."""
+        if prior.state == "done":
+            return ToolOutcome(
+                tool_use_id=use["id"],
+                name=use["name"],
+                content=prior.content or "",
+                is_error=prior.is_error,
+                status="replayed",
+                side_effects=True,
+                started_at=started,
+                duration_ms=0,
+            )
+        return ToolOutcome(
+            tool_use_id=use["id"],
+            name=use["name"],
+            content=(
+                f"outcome unknown: tool '{use['name']}' was started by a worker that stopped before "
+                "recording its result. It was NOT run again, to avoid repeating a side effect. "
+                "Check its effect before deciding whether to retry."
+            ),
+            is_error=True,
+            status="unknown_outcome",
+            side_effects=True,
+            started_at=started,
+            duration_ms=0,
+        )
+
+    def _tool_deadline(self, s: _Session) -> float | None:
+        started = s.task.started_at or time.time()
+        deadlines = [started + s.task.submission.constraints.timeout_seconds]
+        if s.deadline is not None:
+            deadlines.append(s.deadline)
+        return min(deadlines)
+
+    def _commit_tools(self, s: _Session, body: ToolsStep, messages: list[dict[str, Any]]) -> StepRecord:
+        """Commit the tool results, and in the same write either end the task (cap, timeout)
+        or reserve tokens for the next LLM call, saving one round trip per turn."""
+        number = s.next_step
+        preview = _Session(s.lease, s.task, [*s.steps, _draft(s, body)], messages, s.deadline)
+        stop = self._stop_reason(preview)
+        if isinstance(stop, TaskStatus):
+            error = self._stop_error(preview, stop)
+            record = self.store.commit_step(
+                s.lease, number, body, root_id=s.task.root_id, finish=stop, result=final_text(messages), error=error
+            )
+            s.task = s.task.model_copy(update={"status": stop})
+            return record
+        reserve = 0
+        if stop is None:
+            _, reserve = self._wanted_reservation(preview)
+        try:
+            record = self.store.commit_step(s.lease, number, body, root_id=s.task.root_id, reserve_next=reserve)
+        except BudgetExceeded:
+            record = self.store.commit_step(s.lease, number, body, root_id=s.task.root_id)
+            reserve = 0
+        if reserve:
+            s.task = s.task.model_copy(update={"inflight": {"amount": reserve, "epoch": s.lease.epoch, "step": number + 1}})
+        return record
+
+
+def _draft(s: _Session, body: ToolsStep) -> StepRecord:
+    return StepRecord(task_id=s.lease.task_id, number=s.next_step, epoch=s.lease.epoch, committed_at=time.time(), body=body)

@@ -1,0 +1,58 @@
+"""The exceptions agentq raises. Each one says what went wrong in words a caller can act on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class AgentqError(Exception):
+    """Base class: ``code`` is stable for scripts and APIs, ``field`` names bad input."""
+
+    code = "agentq_error"
+
+    def __init__(self, message: str, *, field: str | None = None, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.details = details
+
+    def to_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.field is not None:
+            body["field"] = self.field
+        return body
+
+
+class ValidationError(AgentqError):
+    code = "validation_error"
+
+
+class TaskNotFound(AgentqError):
+    code = "task_not_found"
+
+
+class IllegalTransition(AgentqError):
+    code = "illegal_transition"
+
+
+class LeaseLost(AgentqError):
+    """The worker's lease epoch is no longer current: it must stop writing at once."""
+
+    code = "lease_lost"
+
+
+class BudgetExceeded(AgentqError):
+    code = "budget_exceeded"
+
+
+class ProviderError(AgentqError):
+    """An LLM provider failed after the retries allowed; ``retryable`` tells the queue layer
+    whether the message should come back later (overload) or the task should fail (bad request)."""
+
+    code = "provider_error"
+
+    def __init__(self, message: str, *, retryable: bool, status_code: int | None = None, attempts: int = 1) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.status_code = status_code
+        self.attempts = attempts

@@ -1,0 +1,35 @@
+"""Fault injection for crash tests: SIGKILL this process at a named point between two writes.
+
+``AGENTQ_CRASH_AT=after_llm_commit:2`` kills the worker the second time it passes that point.
+Real SIGKILL, not an exception: nothing gets to clean up, exactly like a dead Lambda or a
+pulled plug. Costs one dict lookup per point when unset.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+
+CRASH_POINTS = (
+    "after_claim",  # lease taken, nothing else written
+    "after_reserve",  # tokens held on the budget, no LLM call yet
+    "after_llm_call",  # provider answered (tokens spent), step not committed
+    "after_llm_commit",  # assistant turn with tool intents durable, no tool run yet
+    "after_effect_begin",  # side-effect intent recorded, tool not run
+    "after_tool_run",  # tool ran, its outcome not recorded anywhere
+    "after_effect_finish",  # side-effect outcome recorded, tools step not committed
+    "after_tools_commit",  # tool results durable (with the next reservation)
+)
+
+_passes: Counter[str] = Counter()
+
+
+def crash_point(name: str) -> None:
+    target = os.environ.get("AGENTQ_CRASH_AT")
+    if not target:
+        return
+    _passes[name] += 1
+    point, _, nth = target.partition(":")
+    if point == name and _passes[name] == int(nth or 1):
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,88 @@
+"""moto in server mode as a child process: the embedded AWS of the local stack and the tests.
+
+Server mode, not in-process mocks, because only a server serialises requests the way
+DynamoDB does: lease and budget races are meaningless against in-process moto.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+
+LOCAL_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class MotoServer:
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> "MotoServer":
+        env = {**os.environ, **LOCAL_CREDENTIALS, "MOTO_PORT": str(self.port)}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "agentq.local.moto_app", "-H", "127.0.0.1", "-p", str(self.port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"moto server exited with code {self.process.returncode}")
+            try:
+                urllib.request.urlopen(f"{self.endpoint_url}/moto-api/", timeout=1).read()
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            self.stop()
+            raise RuntimeError(f"moto server did not answer on port {self.port} within {timeout}s")
+        self._configure()
+        return self
+
+    def _configure(self) -> None:
+        """Switch on real Step Functions execution (used by fan-out)."""
+        req = urllib.request.Request(
+            f"{self.endpoint_url}/moto-api/config",
+            data=json.dumps({"stepfunctions": {"execute_state_machine": True}}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        urllib.request.urlopen(req, timeout=5).read()
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        self.process = None
+
+    def __enter__(self) -> "MotoServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

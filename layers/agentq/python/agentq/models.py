@@ -1,0 +1,248 @@
+"""Pydantic models that cross a boundary: submissions, task state, steps, conversation blocks.
+
+Everything a worker persists or a caller sends is one of these, so validation errors name
+the offending field and the same shapes serve the store, the engine and (later) the API.
+"""
+
+from __future__ import annotations
+
+import enum
+from decimal import Decimal
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_TIMEOUT_SECONDS = 24 * 3600
+MAX_GOAL_CHARS = 20_000
+
+
+class TaskStatus(str, enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING = "waiting"  # children running
+    PAUSED = "paused"  # human approval
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    COST_EXCEEDED = "cost_exceeded"
+    TIMED_OUT = "timed_out"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES = frozenset(
+    {
+        TaskStatus.SUCCEEDED,
+        TaskStatus.FAILED,
+        TaskStatus.CANCELLED,
+        TaskStatus.COST_EXCEEDED,
+        TaskStatus.TIMED_OUT,
+    }
+)
+
+# The one table of legal transitions. The store turns the "from" side into a DynamoDB
+# condition, so an illegal transition is refused by the database, not by caller discipline.
+# cost_exceeded -> queued is the budget-raise resume; failed -> queued is a DLQ redrive.
+ALLOWED_TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
+    TaskStatus.QUEUED: frozenset({TaskStatus.RUNNING, TaskStatus.CANCELLED, TaskStatus.FAILED}),
+    TaskStatus.RUNNING: frozenset(
+        {
+            TaskStatus.WAITING,
+            TaskStatus.PAUSED,
+            TaskStatus.QUEUED,
+            *TERMINAL_STATUSES,
+        }
+    ),
+    TaskStatus.WAITING: frozenset(
+        {TaskStatus.RUNNING, TaskStatus.QUEUED, TaskStatus.CANCELLED, TaskStatus.FAILED, TaskStatus.TIMED_OUT}
+    ),
+    TaskStatus.PAUSED: frozenset(
+        {TaskStatus.RUNNING, TaskStatus.QUEUED, TaskStatus.CANCELLED, TaskStatus.TIMED_OUT}
+    ),
+    TaskStatus.SUCCEEDED: frozenset(),
+    TaskStatus.CANCELLED: frozenset(),
+    TaskStatus.TIMED_OUT: frozenset(),
+    TaskStatus.FAILED: frozenset({TaskStatus.QUEUED}),
+    TaskStatus.COST_EXCEEDED: frozenset({TaskStatus.QUEUED}),
+}
+
+
+def sources_of(target: TaskStatus) -> list[TaskStatus]:
+    """Statuses from which ``target`` may be entered."""
+    return [src for src, dsts in ALLOWED_TRANSITIONS.items() if target in dsts]
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Constraints(StrictModel):
+    """Hard limits of one task. ``max_tokens`` is the root budget when the task is a root."""
+
+    max_tokens: int = Field(default=200_000, ge=1, le=1_000_000_000)
+    max_steps: int = Field(default=50, ge=1, le=10_000, description="LLM turns allowed")
+    timeout_seconds: int = Field(default=3600, ge=1, le=MAX_TIMEOUT_SECONDS)
+    tools: list[str] = Field(default_factory=list, max_length=64, description="tool allowlist")
+    max_output_tokens: int = Field(default=4096, ge=1, le=128_000, description="per LLM call")
+
+    @field_validator("tools")
+    @classmethod
+    def _unique_tools(cls, tools: list[str]) -> list[str]:
+        if len(set(tools)) != len(tools):
+            raise ValueError("tool names must be unique")
+        return tools
+
+
+class ScriptToolCall(StrictModel):
+    name: str = Field(min_length=1)
+    input: dict[str, Any] = Field(default_factory=dict)
+
+
+class ScriptTurn(StrictModel):
+    """One assistant turn of a scripted conversation: some text, then tool calls or nothing."""
+
+    text: str = ""
+    tool_calls: list[ScriptToolCall] = Field(default_factory=list)
+    latency_seconds: float = Field(default=0.0, ge=0, le=60)
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> "ScriptTurn":
+        if not self.text and not self.tool_calls:
+            raise ValueError("a turn needs text or tool_calls")
+        return self
+
+
+class Script(StrictModel):
+    """A declared conversation for the scripted provider; the last turn is the answer."""
+
+    turns: list[ScriptTurn] = Field(min_length=1, max_length=10_000)
+
+
+Provider = Literal["anthropic", "bedrock", "scripted"]
+Priority = Literal["high", "normal", "low"]
+
+
+class TaskSubmission(StrictModel):
+    goal: str = Field(min_length=1, max_length=MAX_GOAL_CHARS)
+    system: str | None = Field(default=None, max_length=MAX_GOAL_CHARS)
+    provider: Provider = "scripted"
+    model: str = Field(default="claude-sonnet-4-5", min_length=1, max_length=200)
+    script: Script | str | None = Field(
+        default=None, description="scripted provider only: an inline script or a built-in script name"
+    )
+    constraints: Constraints = Field(default_factory=Constraints)
+    priority: Priority = "normal"
+    metadata: dict[Annotated[str, Field(max_length=128)], Annotated[str, Field(max_length=1024)]] = Field(
+        default_factory=dict, max_length=32
+    )
+
+    @model_validator(mode="after")
+    def _script_matches_provider(self) -> "TaskSubmission":
+        if self.provider == "scripted" and self.script is None:
+            raise ValueError("script: required when provider is 'scripted'")
+        if self.provider != "scripted" and self.script is not None:
+            raise ValueError("script: only valid when provider is 'scripted'")
+        return self
+
+
+class Usage(StrictModel):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+
+    @property
+    def total(self) -> int:
+        return (
+            self.input_tokens
+            + self.output_tokens
+            + self.cache_creation_input_tokens
+            + self.cache_read_input_tokens
+        )
+
+
+class LLMStep(StrictModel):
+    """An assistant turn as the provider returned it, plus what it cost."""
+
+    kind: Literal["llm"] = "llm"
+    content: list[dict[str, Any]]
+    stop_reason: str | None
+    model: str
+    usage: Usage
+    cost_usd: Decimal = Decimal(0)
+    reserved_tokens: int = 0
+    attempts: int = 1
+    started_at: float
+    duration_ms: int
+
+    def tool_uses(self) -> list[dict[str, Any]]:
+        return [b for b in self.content if b.get("type") == "tool_use"]
+
+
+class ToolOutcome(StrictModel):
+    tool_use_id: str
+    name: str  # the input lives in the LLM step's tool_use block; not stored twice
+    content: str
+    is_error: bool = False
+    status: Literal["ok", "error", "timeout", "unknown_outcome", "replayed"] = "ok"
+    side_effects: bool = False
+    started_at: float
+    duration_ms: int
+
+
+class ToolsStep(StrictModel):
+    """The results of every tool call of the preceding LLM step, committed as one."""
+
+    kind: Literal["tools"] = "tools"
+    results: list[ToolOutcome]
+
+
+Step = Annotated[LLMStep | ToolsStep, Field(discriminator="kind")]
+
+
+class StepRecord(StrictModel):
+    """A committed, immutable step as stored: its number, the epoch that wrote it, the body."""
+
+    task_id: str
+    number: int
+    epoch: int
+    committed_at: float
+    body: Step
+
+
+class Lease(StrictModel):
+    task_id: str
+    owner: str
+    epoch: int
+    expires_at: float
+
+
+class Task(BaseModel):
+    """The META item of a task, as the store reads it."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    task_id: str
+    tenant: str
+    status: TaskStatus
+    submission: TaskSubmission
+    root_id: str
+    parent_id: str | None = None
+    depth: int = 0
+    step: int = 0
+    llm_steps: int = 0
+    lease_owner: str | None = None
+    lease_epoch: int = 0
+    lease_expires: float = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost_usd: Decimal = Decimal(0)
+    result: str | None = None
+    error: dict[str, Any] | None = None
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    claims: list[dict[str, Any]] = Field(default_factory=list)
+    inflight: dict[str, int] | None = None  # the reservation held for the next LLM call

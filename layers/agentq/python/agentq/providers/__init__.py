@@ -1,0 +1,36 @@
+"""LLM providers behind one interface, and the factory that picks one for a task."""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from agentq.models import TaskSubmission
+from agentq.providers.base import LLMProvider, LLMRequest, LLMResponse
+from agentq.providers.scripted import ScriptedProvider, load_script
+
+ProviderFactory = Callable[[TaskSubmission], LLMProvider]
+
+
+def default_provider_factory(submission: TaskSubmission) -> LLMProvider:
+    """Scripted tasks get their script; Anthropic and Bedrock read their settings from the
+    environment (ANTHROPIC_API_KEY / ANTHROPIC_BASE_URL, AWS_REGION), the SDKs' own convention."""
+    if submission.provider == "scripted":
+        assert submission.script is not None
+        return ScriptedProvider(load_script(submission.script))
+    from agentq.providers.anthropic_provider import AnthropicProvider, BedrockProvider
+
+    if submission.provider == "anthropic":
+        return AnthropicProvider(base_url=os.environ.get("ANTHROPIC_BASE_URL"))
+    return BedrockProvider(base_url=os.environ.get("AGENTQ_BEDROCK_BASE_URL"))
+
+
+__all__ = [
+    "LLMProvider",
+    "LLMRequest",
+    "LLMResponse",
+    "ProviderFactory",
+    "ScriptedProvider",
+    "default_provider_factory",
+    "load_script",
+]

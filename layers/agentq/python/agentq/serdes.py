@@ -1,0 +1,82 @@
+"""Conversion between Python values and DynamoDB attribute values, and S3 offload of payloads.
+
+The SerDes seam: DynamoDB has no float and caps items at 400 KB, so floats travel as
+Decimal and any payload over ``threshold`` bytes is written to S3 under a key that names
+the writer's lease epoch (a zombie's late upload can never overwrite a committed payload).
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+
+_SER = TypeSerializer()
+_DESER = TypeDeserializer()
+
+DEFAULT_OFFLOAD_THRESHOLD = 64 * 1024
+
+
+def _to_ddb_value(value: Any) -> Any:
+    if isinstance(value, float):
+        return Decimal(repr(value))
+    if isinstance(value, dict):
+        return {k: _to_ddb_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_ddb_value(v) for v in value]
+    return value
+
+
+def _from_ddb_value(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, dict):
+        return {k: _from_ddb_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_ddb_value(v) for v in value]
+    return value
+
+
+def to_item(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: _SER.serialize(_to_ddb_value(v)) for k, v in data.items() if v is not None}
+
+
+def to_attr(value: Any) -> dict[str, Any]:
+    return _SER.serialize(_to_ddb_value(value))
+
+
+def to_values(values: dict[str, Any]) -> dict[str, Any]:
+    """ExpressionAttributeValues from plain Python values."""
+    return {k: to_attr(v) for k, v in values.items()}
+
+
+def from_item(item: dict[str, Any], *, keep_decimal: frozenset[str] = frozenset()) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, raw in item.items():
+        value = _DESER.deserialize(raw)
+        out[key] = value if key in keep_decimal else _from_ddb_value(value)
+    return out
+
+
+class PayloadStore:
+    """Keeps large payloads out of DynamoDB items."""
+
+    def __init__(self, s3: Any, bucket: str, threshold: int = DEFAULT_OFFLOAD_THRESHOLD) -> None:
+        self.s3 = s3
+        self.bucket = bucket
+        self.threshold = threshold
+
+    def encode(self, key: str, payload: str) -> dict[str, Any]:
+        """Attributes to store for ``payload``: inline ``body`` or an S3 ``ref``."""
+        data = payload.encode()
+        if len(data) <= self.threshold:
+            return {"body": payload}
+        self.s3.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType="application/json")
+        return {"ref": key, "ref_bytes": len(data)}
+
+    def decode(self, attrs: dict[str, Any]) -> str:
+        if "body" in attrs:
+            return str(attrs["body"])
+        obj = self.s3.get_object(Bucket=self.bucket, Key=attrs["ref"])
+        return obj["Body"].read().decode()

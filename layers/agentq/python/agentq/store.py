@@ -1,0 +1,711 @@
+"""The DynamoDB single-table store: task META, immutable STEP items, EFFECT and NOTE items,
+and the root BUDGET item.
+
+Every write a worker makes carries the condition ``lease_epoch = <my epoch>``: a worker whose
+lease was taken over (a zombie woken from SIGSTOP) can write nothing. A step commit is one
+TransactWriteItems: put the step (never overwritten), advance META from step n-1 to n, and
+reconcile the budget with the provider's reported usage, so state, history and accounting
+never disagree.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Iterator
+
+from botocore.exceptions import ClientError
+
+from agentq.errors import BudgetExceeded, IllegalTransition, LeaseLost, TaskNotFound
+from pydantic import TypeAdapter
+
+from agentq.models import (
+    ALLOWED_TRANSITIONS,
+    Lease,
+    LLMStep,
+    Step,
+    StepRecord,
+    Task,
+    TaskStatus,
+    TaskSubmission,
+    ToolOutcome,
+    sources_of,
+)
+from agentq.serdes import PayloadStore, from_item, to_item, to_values
+
+_STEP_ADAPTER: TypeAdapter[Any] = TypeAdapter(Step)
+META = "META"
+
+
+def task_pk(task_id: str) -> str:
+    return f"TASK#{task_id}"
+
+
+def budget_pk(root_id: str) -> str:
+    return f"BUDGET#{root_id}"
+
+
+def step_sk(number: int) -> str:
+    return f"STEP#{number:06d}"
+
+
+def new_task_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Tokens held on the root budget for one LLM call, recorded on META as ``inflight``."""
+
+    amount: int
+    epoch: int
+    step: int
+
+
+@dataclass(frozen=True)
+class BudgetState:
+    cap: int
+    reserved: int
+    used: int
+    available: int
+    cost_usd: Decimal
+
+
+@dataclass(frozen=True)
+class EffectRecord:
+    tool_use_id: str
+    state: str  # "started" | "done"
+    content: str | None
+    is_error: bool
+    epoch: int
+
+
+@dataclass(frozen=True)
+class BudgetDelta:
+    """How a committed LLM call settles its reservation against the root budget."""
+
+    reserved: int
+    used: int
+    cost_usd: Decimal
+    tokens_in: int
+    tokens_out: int
+
+
+NO_USAGE = BudgetDelta(reserved=0, used=0, cost_usd=Decimal(0), tokens_in=0, tokens_out=0)
+
+
+class Store:
+    def __init__(self, ddb: Any, table: str, payloads: PayloadStore) -> None:
+        self.ddb = ddb
+        self.table = table
+        self.payloads = payloads
+
+    # ------------------------------------------------------------------ tasks
+
+    def create_task(
+        self,
+        submission: TaskSubmission,
+        *,
+        tenant: str,
+        task_id: str | None = None,
+        parent_id: str | None = None,
+        root_id: str | None = None,
+        depth: int = 0,
+    ) -> Task:
+        """Write META (and the root budget for a root task) in one transaction: all or nothing."""
+        task_id = task_id or new_task_id()
+        root_id = root_id or task_id
+        now = time.time()
+        meta = {
+            "pk": task_pk(task_id),
+            "sk": META,
+            "task_id": task_id,
+            "tenant": tenant,
+            "status": TaskStatus.QUEUED.value,
+            "submission": submission.model_dump_json(exclude_none=True),
+            "root_id": root_id,
+            "parent_id": parent_id,
+            "depth": depth,
+            "step": 0,
+            "llm_steps": 0,
+            "lease_epoch": 0,
+            "lease_expires": 0,
+            "tokens_in": 0,
+            "tokens_out": 0,
+            "cost_usd": Decimal(0),
+            "created_at": now,
+            "updated_at": now,
+            "claims": [],
+        }
+        items: list[dict[str, Any]] = [
+            {"Put": {"TableName": self.table, "Item": to_item(meta), "ConditionExpression": "attribute_not_exists(pk)"}}
+        ]
+        if root_id == task_id:
+            cap = submission.constraints.max_tokens
+            budget = {
+                "pk": budget_pk(root_id),
+                "sk": META,
+                "cap": cap,
+                "reserved": 0,
+                "used": 0,
+                "available": cap,
+                "cost_usd": Decimal(0),
+                "tokens_in": 0,
+                "tokens_out": 0,
+            }
+            items.append(
+                {"Put": {"TableName": self.table, "Item": to_item(budget), "ConditionExpression": "attribute_not_exists(pk)"}}
+            )
+        self.ddb.transact_write_items(TransactItems=items)
+        return Task.model_validate({**meta, "submission": submission})
+
+    def get_task(self, task_id: str) -> Task:
+        resp = self.ddb.get_item(
+            TableName=self.table, Key=to_item({"pk": task_pk(task_id), "sk": META}), ConsistentRead=True
+        )
+        if "Item" not in resp:
+            raise TaskNotFound(f"no task {task_id!r}", field="task_id")
+        return self._task(resp["Item"])
+
+    def _task(self, item: dict[str, Any]) -> Task:
+        data = from_item(item, keep_decimal=frozenset({"cost_usd"}))
+        data["submission"] = TaskSubmission.model_validate_json(data["submission"])
+        if "result_ref" in data:
+            data["result"] = self.payloads.decode({"ref": data["result_ref"]})
+        return Task.model_validate(data)
+
+    # ------------------------------------------------------------------ leases
+
+    def claim(self, task_id: str, worker: str, lease_seconds: float) -> tuple[Lease, Task] | None:
+        """Take the task if it is claimable and no live lease exists; bumps the epoch.
+
+        Returns None when another worker holds a live lease or the task is not runnable
+        (finished, paused, waiting). One conditional UpdateItem that also returns the task.
+        """
+        now = time.time()
+        try:
+            resp = self.ddb.update_item(
+                TableName=self.table,
+                Key=to_item({"pk": task_pk(task_id), "sk": META}),
+                UpdateExpression=(
+                    "SET lease_owner = :w, lease_epoch = lease_epoch + :one, lease_expires = :exp, "
+                    "#s = :running, updated_at = :now, started_at = if_not_exists(started_at, :now), "
+                    "claims = list_append(claims, :claim)"
+                ),
+                ConditionExpression="attribute_exists(pk) AND #s IN (:queued, :running) AND lease_expires < :now",
+                ExpressionAttributeNames={"#s": "status"},
+                ExpressionAttributeValues=to_values(
+                    {
+                        ":w": worker,
+                        ":one": 1,
+                        ":exp": now + lease_seconds,
+                        ":running": TaskStatus.RUNNING.value,
+                        ":queued": TaskStatus.QUEUED.value,
+                        ":now": now,
+                        ":claim": [{"worker": worker, "at": now}],
+                    }
+                ),
+                ReturnValues="ALL_NEW",
+            )
+        except ClientError as exc:
+            if _is_condition_failure(exc):
+                return None
+            raise
+        task = self._task(resp["Attributes"])
+        lease = Lease(task_id=task_id, owner=worker, epoch=task.lease_epoch, expires_at=task.lease_expires)
+        return lease, task
+
+    def extend_lease(self, lease: Lease, lease_seconds: float) -> Lease:
+        expires = time.time() + lease_seconds
+        self._fenced_update(lease, "SET lease_expires = :exp", {":exp": expires})
+        return lease.model_copy(update={"expires_at": expires})
+
+    def release(self, lease: Lease) -> None:
+        """Give the task back (continuation, graceful shutdown): the next claim may run at once."""
+        self._fenced_update(lease, "SET lease_expires = :zero", {":zero": 0})
+
+    def _fenced_update(self, lease: Lease, expression: str, values: dict[str, Any]) -> None:
+        try:
+            self.ddb.update_item(
+                TableName=self.table,
+                Key=to_item({"pk": task_pk(lease.task_id), "sk": META}),
+                UpdateExpression=expression,
+                ConditionExpression="lease_epoch = :epoch",
+                ExpressionAttributeValues=to_values({**values, ":epoch": lease.epoch}),
+            )
+        except ClientError as exc:
+            if _is_condition_failure(exc):
+                raise LeaseLost(f"lease epoch {lease.epoch} of task {lease.task_id} is no longer current") from exc
+            raise
+
+    # ------------------------------------------------------------- transitions
+
+    def transition(
+        self,
+        task_id: str,
+        to: TaskStatus,
+        *,
+        lease: Lease | None = None,
+        result: str | None = None,
+        error: dict[str, Any] | None = None,
+    ) -> None:
+        """Move a task to ``to``; DynamoDB refuses it unless the current status may lead there.
+
+        With a lease the write is also fenced by its epoch.
+        """
+        allowed = sources_of(to)
+        if not allowed:
+            raise IllegalTransition(f"no status may move to {to.value!r}", field="status")
+        names = {"#s": "status"}
+        values: dict[str, Any] = {":to": to.value, ":now": time.time()}
+        placeholders = []
+        for i, src in enumerate(allowed):
+            values[f":from{i}"] = src.value
+            placeholders.append(f":from{i}")
+        sets = ["#s = :to", "updated_at = :now"]
+        if to.terminal:
+            sets += ["finished_at = :now", "lease_expires = :zero"]
+            values[":zero"] = 0
+        if result is not None:
+            sets.append(self._result_set(task_id, result, values, names, lease))
+        if error is not None:
+            sets.append("#e = :error")
+            names["#e"] = "error"
+            values[":error"] = error
+        condition = f"attribute_exists(pk) AND #s IN ({', '.join(placeholders)})"
+        if lease is not None:
+            condition += " AND lease_epoch = :epoch"
+            values[":epoch"] = lease.epoch
+        expression = "SET " + ", ".join(sets)
+        try:
+            self.ddb.update_item(
+                TableName=self.table,
+                Key=to_item({"pk": task_pk(task_id), "sk": META}),
+                UpdateExpression=expression,
+                ConditionExpression=condition,
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=to_values(values),
+            )
+        except ClientError as exc:
+            if not _is_condition_failure(exc):
+                raise
+            current = self.get_task(task_id)  # raises TaskNotFound if absent
+            if lease is not None and current.lease_epoch != lease.epoch:
+                raise LeaseLost(f"lease epoch {lease.epoch} of task {task_id} is no longer current") from exc
+            raise IllegalTransition(
+                f"task {task_id} cannot move from {current.status.value!r} to {to.value!r}", field="status"
+            ) from exc
+
+    def _result_set(
+        self, task_id: str, result: str, values: dict[str, Any], names: dict[str, str], lease: Lease | None
+    ) -> str:
+        """The SET clause storing ``result`` inline or as an S3 pointer (``result_ref``)."""
+        epoch = lease.epoch if lease else 0
+        attrs = self.payloads.encode(f"tasks/{task_id}/result-e{epoch}.txt", result)
+        if "body" in attrs:
+            values[":result"] = attrs["body"]
+            names["#r"] = "result"
+            return "#r = :result"
+        values[":result_ref"] = attrs["ref"]
+        return "result_ref = :result_ref"
+
+    # ------------------------------------------------------------------ steps
+
+    def load_steps(self, task_id: str) -> list[StepRecord]:
+        return list(self._iter_steps(task_id))
+
+    def _iter_steps(self, task_id: str) -> Iterator[StepRecord]:
+        paginator = self.ddb.get_paginator("query")
+        for page in paginator.paginate(
+            TableName=self.table,
+            KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
+            ExpressionAttributeValues=to_values({":pk": task_pk(task_id), ":prefix": "STEP#"}),
+            ConsistentRead=True,
+        ):
+            for raw in page["Items"]:
+                item = from_item(raw)
+                body = _STEP_ADAPTER.validate_json(self.payloads.decode(item))
+                yield StepRecord(
+                    task_id=task_id,
+                    number=item["number"],
+                    epoch=item["epoch"],
+                    committed_at=item["committed_at"],
+                    body=body,
+                )
+
+    def commit_step(
+        self,
+        lease: Lease,
+        number: int,
+        body: LLMStep | Any,
+        *,
+        root_id: str,
+        settle: BudgetDelta | None = None,
+        reserve_next: int = 0,
+        finish: TaskStatus | None = None,
+        result: str | None = None,
+        error: dict[str, Any] | None = None,
+    ) -> StepRecord:
+        """Append step ``number`` and advance META, fenced by the lease, in one transaction.
+
+        ``settle`` settles this step's LLM reservation with the reported usage; ``reserve_next``
+        reserves tokens for the next LLM call in the same write (saving a round trip per turn);
+        ``finish`` moves the task to a terminal status with its result.
+        """
+        now = time.time()
+        payload = body.model_dump_json()
+        stored = self.payloads.encode(f"tasks/{lease.task_id}/steps/{number:06d}-e{lease.epoch}.json", payload)
+        step_item = {
+            "pk": task_pk(lease.task_id),
+            "sk": step_sk(number),
+            "number": number,
+            "epoch": lease.epoch,
+            "kind": body.kind,
+            "committed_at": now,
+            **stored,
+        }
+        names: dict[str, str] = {"#s": "status"}
+        values: dict[str, Any] = {
+            ":n": number,
+            ":prev": number - 1,
+            ":epoch": lease.epoch,
+            ":running": TaskStatus.RUNNING.value,
+            ":now": now,
+        }
+        sets = ["step = :n", "updated_at = :now"]
+        removes = ["inflight"] if body.kind == "llm" else []
+        if body.kind == "llm":
+            sets.append("llm_steps = llm_steps + :one")
+            values[":one"] = 1
+        if settle is not None:
+            sets += ["tokens_in = tokens_in + :tin", "tokens_out = tokens_out + :tout", "cost_usd = cost_usd + :cost"]
+            values.update({":tin": settle.tokens_in, ":tout": settle.tokens_out, ":cost": settle.cost_usd})
+        if finish is not None:
+            assert finish in ALLOWED_TRANSITIONS[TaskStatus.RUNNING] and finish.terminal
+            sets += ["#s = :final", "finished_at = :now", "lease_expires = :zero"]
+            values.update({":final": finish.value, ":zero": 0})
+            if result is not None:
+                sets.append(self._result_set(lease.task_id, result, values, names, lease))
+            if error is not None:
+                sets.append("#e = :error")
+                names["#e"] = "error"
+                values[":error"] = error
+        items: list[dict[str, Any]] = [
+            {
+                "Put": {
+                    "TableName": self.table,
+                    "Item": to_item(step_item),
+                    "ConditionExpression": "attribute_not_exists(pk)",
+                }
+            }
+        ]
+        if reserve_next:
+            sets.append("inflight = :inflight")
+            removes = []
+            values[":inflight"] = {"amount": reserve_next, "epoch": lease.epoch, "step": number + 1}
+        meta_update: dict[str, Any] = {
+            "Update": {
+                "TableName": self.table,
+                "Key": to_item({"pk": task_pk(lease.task_id), "sk": META}),
+                "UpdateExpression": "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else ""),
+                "ConditionExpression": "lease_epoch = :epoch AND #s = :running AND step = :prev",
+                "ExpressionAttributeNames": names,
+                "ExpressionAttributeValues": to_values(values),
+            }
+        }
+        items.append(meta_update)
+        if settle is not None or reserve_next:
+            items.append(self._budget_update(root_id, settle or NO_USAGE, reserve_next))
+        try:
+            self.ddb.transact_write_items(TransactItems=items)
+        except ClientError as exc:
+            reasons = _cancellation_codes(exc)
+            if reserve_next and reasons[2:3] == ["ConditionalCheckFailed"] and "ConditionalCheckFailed" not in reasons[:2]:
+                raise BudgetExceeded(f"root budget cannot cover {reserve_next} more tokens") from exc
+            if "ConditionalCheckFailed" in reasons or _is_condition_failure(exc):
+                raise self._why_fenced(lease) from exc
+            raise
+        return StepRecord(task_id=lease.task_id, number=number, epoch=lease.epoch, committed_at=now, body=body)
+
+    def _why_fenced(self, lease: Lease) -> LeaseLost:
+        current = self.get_task(lease.task_id)
+        if current.lease_epoch != lease.epoch:
+            return LeaseLost(f"lease epoch {lease.epoch} of task {lease.task_id} superseded by {current.lease_epoch}")
+        if current.status is not TaskStatus.RUNNING:
+            err = LeaseLost(f"task {lease.task_id} is {current.status.value}; the worker must stop")
+            err.details["status"] = current.status
+            return err
+        return LeaseLost(f"task {lease.task_id} step moved to {current.step} under epoch {lease.epoch}")
+
+    # ------------------------------------------------------------------ budget
+
+    def _budget_update(self, root_id: str, delta: BudgetDelta, reserve_next: int) -> dict[str, Any]:
+        """Settle a reservation (``reserved - est``, ``used + actual``) and optionally reserve anew.
+
+        ``available`` is kept as its own attribute because DynamoDB conditions cannot do
+        arithmetic: a reservation succeeds only if ``available >= amount``.
+        """
+        reserved_change = reserve_next - delta.reserved
+        available_change = delta.reserved - delta.used - reserve_next
+        values = {
+            ":rc": reserved_change,
+            ":used": delta.used,
+            ":ac": available_change,
+            ":cost": delta.cost_usd,
+            ":tin": delta.tokens_in,
+            ":tout": delta.tokens_out,
+        }
+        update: dict[str, Any] = {
+            "TableName": self.table,
+            "Key": to_item({"pk": budget_pk(root_id), "sk": META}),
+            "UpdateExpression": (
+                "SET reserved = reserved + :rc, used = used + :used, available = available + :ac, "
+                "cost_usd = cost_usd + :cost, tokens_in = tokens_in + :tin, tokens_out = tokens_out + :tout"
+            ),
+        }
+        if reserve_next:
+            update["ConditionExpression"] = "available >= :need"
+            values[":need"] = reserve_next - (delta.reserved - delta.used)
+        update["ExpressionAttributeValues"] = to_values(values)
+        return {"Update": update}
+
+    def reserve(self, lease: Lease, root_id: str, amount: int, step: int) -> Reservation:
+        """Hold ``amount`` tokens on the root budget and record it on META, atomically and fenced.
+
+        Raises BudgetExceeded when the root has less than ``amount`` available.
+        """
+        items = [
+            self._budget_update(root_id, NO_USAGE, amount),
+            {
+                "Update": {
+                    "TableName": self.table,
+                    "Key": to_item({"pk": task_pk(lease.task_id), "sk": META}),
+                    "UpdateExpression": "SET inflight = :inflight",
+                    "ConditionExpression": "lease_epoch = :epoch AND #s = :running",
+                    "ExpressionAttributeNames": {"#s": "status"},
+                    "ExpressionAttributeValues": to_values(
+                        {
+                            ":inflight": {"amount": amount, "epoch": lease.epoch, "step": step},
+                            ":epoch": lease.epoch,
+                            ":running": TaskStatus.RUNNING.value,
+                        }
+                    ),
+                }
+            },
+        ]
+        try:
+            self.ddb.transact_write_items(TransactItems=items)
+        except ClientError as exc:
+            reasons = _cancellation_codes(exc)
+            if reasons and reasons[0] == "ConditionalCheckFailed":
+                raise BudgetExceeded(f"root budget {root_id} cannot cover {amount} tokens") from exc
+            if "ConditionalCheckFailed" in reasons:
+                raise self._why_fenced(lease) from exc
+            raise
+        return Reservation(amount=amount, epoch=lease.epoch, step=step)
+
+    def settle_orphan(self, lease: Lease, root_id: str, delta: BudgetDelta, *, clear_inflight: bool) -> None:
+        """Account for tokens whose step cannot be committed (lease lost, crash, provider error).
+
+        Not fenced: the tokens were spent (or the hold must be returned) whoever holds the task.
+        ``clear_inflight`` also removes the task's in-flight reservation marker when it is ours.
+        """
+        self.ddb.transact_write_items(TransactItems=[self._budget_update(root_id, delta, 0)])
+        if clear_inflight:
+            try:
+                self.ddb.update_item(
+                    TableName=self.table,
+                    Key=to_item({"pk": task_pk(lease.task_id), "sk": META}),
+                    UpdateExpression="REMOVE inflight SET tokens_in = tokens_in + :tin, tokens_out = tokens_out + :tout, cost_usd = cost_usd + :cost",
+                    ConditionExpression="lease_epoch = :epoch",
+                    ExpressionAttributeValues=to_values(
+                        {":epoch": lease.epoch, ":tin": delta.tokens_in, ":tout": delta.tokens_out, ":cost": delta.cost_usd}
+                    ),
+                )
+            except ClientError as exc:
+                if not _is_condition_failure(exc):
+                    raise
+
+    def inflight(self, task_id: str) -> Reservation | None:
+        resp = self.ddb.get_item(
+            TableName=self.table,
+            Key=to_item({"pk": task_pk(task_id), "sk": META}),
+            ProjectionExpression="inflight",
+            ConsistentRead=True,
+        )
+        raw = from_item(resp.get("Item", {})).get("inflight")
+        return Reservation(**raw) if raw else None
+
+    def get_budget(self, root_id: str) -> BudgetState:
+        resp = self.ddb.get_item(
+            TableName=self.table, Key=to_item({"pk": budget_pk(root_id), "sk": META}), ConsistentRead=True
+        )
+        if "Item" not in resp:
+            raise TaskNotFound(f"no budget for root task {root_id!r}", field="root_id")
+        data = from_item(resp["Item"], keep_decimal=frozenset({"cost_usd"}))
+        return BudgetState(
+            cap=data["cap"],
+            reserved=data["reserved"],
+            used=data["used"],
+            available=data["available"],
+            cost_usd=data["cost_usd"],
+        )
+
+    # ----------------------------------------------------------------- effects
+
+    def begin_effect(self, lease: Lease, tool_use_id: str, name: str) -> EffectRecord | None:
+        """Record that a side-effecting tool is about to run; None means "go ahead, run it".
+
+        An existing record means an earlier worker got here first: its result if it finished,
+        or a "started" record whose outcome nobody knows.
+        """
+        item = {
+            "pk": task_pk(lease.task_id),
+            "sk": f"EFFECT#{tool_use_id}",
+            "tool": name,
+            "state": "started",
+            "epoch": lease.epoch,
+            "started_at": time.time(),
+        }
+        try:
+            self.ddb.transact_write_items(
+                TransactItems=[
+                    self._lease_check(lease),
+                    {
+                        "Put": {
+                            "TableName": self.table,
+                            "Item": to_item(item),
+                            "ConditionExpression": "attribute_not_exists(pk)",
+                        }
+                    },
+                ]
+            )
+            return None
+        except ClientError as exc:
+            reasons = _cancellation_codes(exc)
+            if reasons and reasons[0] == "ConditionalCheckFailed":
+                raise self._why_fenced(lease) from exc
+            if len(reasons) > 1 and reasons[1] == "ConditionalCheckFailed":
+                return self.get_effect(lease.task_id, tool_use_id)
+            raise
+
+    def finish_effect(self, lease: Lease, tool_use_id: str, outcome: ToolOutcome) -> None:
+        attrs = self.payloads.encode(
+            f"tasks/{lease.task_id}/effects/{tool_use_id}-e{lease.epoch}.txt", outcome.content
+        )
+        values = {":done": "done", ":err": outcome.is_error, ":at": time.time(), ":epoch": lease.epoch}
+        if "body" in attrs:
+            expr = "SET #st = :done, is_error = :err, finished_at = :at, body = :body"
+            values[":body"] = attrs["body"]
+        else:
+            expr = "SET #st = :done, is_error = :err, finished_at = :at, #ref = :ref"
+            values[":ref"] = attrs["ref"]
+        names = {"#st": "state"} | ({"#ref": "ref"} if "ref" in attrs else {})
+        try:
+            self.ddb.transact_write_items(
+                TransactItems=[
+                    self._lease_check(lease),
+                    {
+                        "Update": {
+                            "TableName": self.table,
+                            "Key": to_item({"pk": task_pk(lease.task_id), "sk": f"EFFECT#{tool_use_id}"}),
+                            "UpdateExpression": expr,
+                            "ExpressionAttributeNames": names,
+                            "ExpressionAttributeValues": to_values(values),
+                        }
+                    },
+                ]
+            )
+        except ClientError as exc:
+            if _cancellation_codes(exc)[:1] == ["ConditionalCheckFailed"]:
+                raise self._why_fenced(lease) from exc
+            raise
+
+    def get_effect(self, task_id: str, tool_use_id: str) -> EffectRecord | None:
+        resp = self.ddb.get_item(
+            TableName=self.table,
+            Key=to_item({"pk": task_pk(task_id), "sk": f"EFFECT#{tool_use_id}"}),
+            ConsistentRead=True,
+        )
+        if "Item" not in resp:
+            return None
+        data = from_item(resp["Item"])
+        content = self.payloads.decode(data) if ("body" in data or "ref" in data) else None
+        return EffectRecord(
+            tool_use_id=tool_use_id,
+            state=data["state"],
+            content=content,
+            is_error=bool(data.get("is_error", False)),
+            epoch=data["epoch"],
+        )
+
+    # ------------------------------------------------------------------- notes
+
+    def read_note(self, task_id: str, key: str) -> str | None:
+        resp = self.ddb.get_item(
+            TableName=self.table, Key=to_item({"pk": task_pk(task_id), "sk": f"NOTE#{key}"}), ConsistentRead=True
+        )
+        return from_item(resp["Item"])["value"] if "Item" in resp else None
+
+    def write_note(self, lease: Lease, key: str, value: str) -> None:
+        item = {"pk": task_pk(lease.task_id), "sk": f"NOTE#{key}", "value": value, "epoch": lease.epoch}
+        try:
+            self.ddb.transact_write_items(
+                TransactItems=[self._lease_check(lease), {"Put": {"TableName": self.table, "Item": to_item(item)}}]
+            )
+        except ClientError as exc:
+            if "ConditionalCheckFailed" in _cancellation_codes(exc):
+                raise self._why_fenced(lease) from exc
+            raise
+
+    def _lease_check(self, lease: Lease) -> dict[str, Any]:
+        return {
+            "ConditionCheck": {
+                "TableName": self.table,
+                "Key": to_item({"pk": task_pk(lease.task_id), "sk": META}),
+                "ConditionExpression": "lease_epoch = :epoch AND #s = :running",
+                "ExpressionAttributeNames": {"#s": "status"},
+                "ExpressionAttributeValues": to_values({":epoch": lease.epoch, ":running": TaskStatus.RUNNING.value}),
+            }
+        }
+
+    # ------------------------------------------------------------------- debug
+
+    def raw_items(self, task_id: str) -> list[dict[str, Any]]:
+        """Every item of a task as stored (tests and benchmarks measure their sizes)."""
+        paginator = self.ddb.get_paginator("query")
+        out: list[dict[str, Any]] = []
+        for page in paginator.paginate(
+            TableName=self.table,
+            KeyConditionExpression="pk = :pk",
+            ExpressionAttributeValues=to_values({":pk": task_pk(task_id)}),
+            ConsistentRead=True,
+        ):
+            out.extend(page["Items"])
+        return out
+
+
+def _is_condition_failure(exc: ClientError) -> bool:
+    code = exc.response.get("Error", {}).get("Code", "")
+    if code == "ConditionalCheckFailedException":
+        return True
+    return code == "TransactionCanceledException" and "ConditionalCheckFailed" in _cancellation_codes(exc)
+
+
+def _cancellation_codes(exc: ClientError) -> list[str]:
+    reasons = exc.response.get("CancellationReasons") or []
+    if not reasons:
+        # Some endpoints only put the reasons in the message: "[None, ConditionalCheckFailed]".
+        msg = exc.response.get("Error", {}).get("Message", "")
+        if "[" in msg and "]" in msg:
+            inner = msg[msg.index("[") + 1 : msg.rindex("]")]
+            return [part.strip() for part in inner.split(",")]
+        return []
+    return [str(r.get("Code", "None")) for r in reasons]
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True, default=str)

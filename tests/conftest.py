@@ -1,0 +1,57 @@
+"""Shared fixtures: one moto server per test session, a fresh table and bucket per test."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
+from agentq.resources import ResourceNames, provision
+from agentq.runtime import Settings, build_registry, build_store, session
+from agentq.store import Store
+from agentq.tools import ToolRegistry
+
+TESTS_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS_DIR.parent))  # lets child workers import tests.* tool modules
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[MotoServer]:
+    for key, value in LOCAL_CREDENTIALS.items():
+        os.environ.setdefault(key, value)
+    with MotoServer() as server:
+        yield server
+
+
+@pytest.fixture
+def settings(moto_server: MotoServer) -> Settings:
+    names = ResourceNames.for_prefix(f"t{uuid.uuid4().hex[:12]}")
+    s = Settings(
+        table=names.table,
+        bucket=names.bucket,
+        endpoint_url=moto_server.endpoint_url,
+        tool_modules=("tests.effect_tools",),
+    )
+    provision(session(s), names, endpoint_url=s.endpoint_url)
+    return s
+
+
+@pytest.fixture
+def store(settings: Settings) -> Store:
+    return build_store(settings)
+
+
+@pytest.fixture
+def registry(settings: Settings) -> ToolRegistry:
+    return build_registry(settings)
+
+
+def child_env(settings: Settings, **extra: str) -> dict[str, str]:
+    env = {**os.environ, **LOCAL_CREDENTIALS, **settings.env(), **extra}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR.parent), env.get("PYTHONPATH", "")]))
+    return env

@@ -1,0 +1,251 @@
+"""A real local HTTP server that speaks the Anthropic Messages API, for testing providers.
+
+The providers are exercised through the real ``anthropic`` SDK over real sockets, so what is
+tested is the wire behaviour (paths, headers, status codes, retry-after) rather than a mock's
+idea of it. Replies are scripted in order; every request is recorded for assertions.
+
+Wire formats follow the installed SDK: ``POST /v1/messages`` with the Messages body, and for
+Bedrock ``POST /model/{model}/invoke`` whose body is the same minus ``model`` plus
+``anthropic_version`` (see ``anthropic/lib/bedrock/_client.py``). Errors use the API's
+``{"type": "error", "error": {"type": ..., "message": ...}}`` envelope.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+import urllib.parse
+from collections import deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+_ids = itertools.count(1)
+
+
+def _next_id(prefix: str) -> str:
+    return f"{prefix}{next(_ids):024d}"
+
+
+@dataclass
+class FakeReply:
+    """One scripted HTTP response."""
+
+    status: int
+    body: dict[str, Any] | None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class RecordedRequest:
+    method: str
+    path: str
+    headers: dict[str, str]  # keys lower-cased
+    body: Any  # parsed JSON, or the raw text when it was not JSON
+    received_at: float  # time.monotonic()
+    model: str | None  # from the body, or from the Bedrock path
+
+
+# --- reply builders -------------------------------------------------------------------------
+
+
+def usage_dict(
+    input_tokens: int = 10,
+    output_tokens: int = 5,
+    cache_creation_input_tokens: int | None = None,
+    cache_read_input_tokens: int | None = None,
+) -> dict[str, Any]:
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cache_creation_input_tokens": cache_creation_input_tokens,
+        "cache_read_input_tokens": cache_read_input_tokens,
+    }
+
+
+def message_reply(
+    content: list[dict[str, Any]],
+    *,
+    stop_reason: str = "end_turn",
+    model: str | None = None,  # None: echo the model the request named
+    usage: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+) -> FakeReply:
+    body = {
+        "id": _next_id("msg_"),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": None,
+        "usage": usage if usage is not None else usage_dict(),
+    }
+    return FakeReply(200, body, {"request-id": _next_id("req_"), **(headers or {})})
+
+
+def text_reply(text: str, **kwargs: Any) -> FakeReply:
+    return message_reply([{"type": "text", "text": text}], **kwargs)
+
+
+def tool_use_reply(
+    name: str,
+    tool_input: dict[str, Any],
+    *,
+    tool_use_id: str | None = None,
+    text: str | None = None,
+    **kwargs: Any,
+) -> FakeReply:
+    content: list[dict[str, Any]] = []
+    if text:
+        content.append({"type": "text", "text": text})
+    content.append(
+        {"type": "tool_use", "id": tool_use_id or _next_id("toolu_"), "name": name, "input": tool_input}
+    )
+    kwargs.setdefault("stop_reason", "tool_use")
+    return message_reply(content, **kwargs)
+
+
+def error_reply(status: int, error_type: str, message: str, headers: dict[str, str] | None = None) -> FakeReply:
+    body = {"type": "error", "error": {"type": error_type, "message": message}}
+    return FakeReply(status, body, {"request-id": _next_id("req_"), **(headers or {})})
+
+
+def rate_limited(retry_after: float | None = 1, retry_after_ms: float | None = None) -> FakeReply:
+    headers: dict[str, str] = {}
+    if retry_after is not None:
+        headers["retry-after"] = _num(retry_after)
+    if retry_after_ms is not None:
+        headers["retry-after-ms"] = _num(retry_after_ms)
+    return error_reply(429, "rate_limit_error", "Number of request tokens has exceeded your rate limit.", headers)
+
+
+def overloaded() -> FakeReply:
+    return error_reply(529, "overloaded_error", "Overloaded")
+
+
+def invalid_request(message: str = "messages: at least one message is required") -> FakeReply:
+    return error_reply(400, "invalid_request_error", message)
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+# --- the server -----------------------------------------------------------------------------
+
+
+class FakeMessagesAPI:
+    """Scripted Messages API on 127.0.0.1; use as a context manager or call start/stop.
+
+    A request that arrives with nothing queued gets a 400 (so the client fails at once rather
+    than retrying) and is also listed in ``unexpected`` so a test can tell it apart.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._replies: deque[FakeReply] = deque()
+        self.requests: list[RecordedRequest] = []
+        self.unexpected: list[RecordedRequest] = []
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
+        self._server.daemon_threads = True
+        # A short poll interval keeps shutdown() (and so each test's teardown) near-instant.
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.01}, name="fake-messages-api", daemon=True
+        )
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "FakeMessagesAPI":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> "FakeMessagesAPI":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def enqueue(self, *replies: FakeReply) -> None:
+        with self._lock:
+            self._replies.extend(replies)
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._replies)
+
+    def _take(self, recorded: RecordedRequest) -> FakeReply | None:
+        with self._lock:
+            self.requests.append(recorded)
+            if self._replies:
+                return self._replies.popleft()
+            self.unexpected.append(recorded)
+            return None
+
+
+def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as httpx expects of a real server
+        disable_nagle_algorithm = True  # headers and body go out in two writes: avoid 40 ms stalls
+
+        def do_POST(self) -> None:  # noqa: N802 (http.server naming)
+            length = int(self.headers.get("content-length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            path = urllib.parse.urlsplit(self.path).path
+            try:
+                body: Any = json.loads(raw) if raw else None
+            except ValueError:
+                body = raw.decode("utf-8", "replace")
+
+            model: str | None = None
+            if path == "/v1/messages":
+                model = body.get("model") if isinstance(body, dict) else None
+            elif path.startswith("/model/") and path.endswith("/invoke"):
+                model = urllib.parse.unquote(path[len("/model/") : -len("/invoke")])
+            else:
+                self._send(error_reply(404, "not_found_error", f"no route for POST {path}"))
+                return
+
+            recorded = RecordedRequest(
+                method="POST",
+                path=path,
+                headers={k.lower(): v for k, v in self.headers.items()},
+                body=body,
+                received_at=time.monotonic(),
+                model=model,
+            )
+            reply = api._take(recorded)
+            if reply is None:
+                reply = invalid_request(f"fake server: no reply queued for POST {path}")
+            elif isinstance(reply.body, dict) and reply.body.get("type") == "message" and reply.body["model"] is None:
+                reply = FakeReply(reply.status, {**reply.body, "model": model}, reply.headers)
+            self._send(reply)
+
+        def _send(self, reply: FakeReply) -> None:
+            payload = b"" if reply.body is None else json.dumps(reply.body).encode()
+            self.send_response(reply.status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(payload)))
+            for key, value in reply.headers.items():
+                self.send_header(key, value)
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            pass  # keep pytest output clean
+
+    return Handler

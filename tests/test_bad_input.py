@@ -1,0 +1,94 @@
+"""Invariant 7: each invalid field of a submission gets a precise error and writes nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agentq.errors import ValidationError
+from agentq.store import Store
+from agentq.submit import submit
+from agentq.tools import ToolRegistry
+
+VALID: dict[str, Any] = {
+    "goal": "summarise the report",
+    "provider": "scripted",
+    "script": {"turns": [{"text": "done"}]},
+    "constraints": {"max_tokens": 1000, "max_steps": 5, "timeout_seconds": 60, "tools": ["lookup"]},
+    "priority": "high",
+    "metadata": {"team": "growth"},
+}
+
+
+def _with(path: str, value: Any) -> dict[str, Any]:
+    body = {**VALID, "constraints": dict(VALID["constraints"]), "script": {"turns": [{"text": "done"}]}}
+    target = body
+    *parents, leaf = path.split(".")
+    for part in parents:
+        target = target[part]
+    if value is _DELETE:
+        del target[leaf]
+    else:
+        target[leaf] = value
+    return body
+
+
+_DELETE = object()
+
+CASES = [
+    ("goal", "", "goal"),
+    ("goal", "x" * 20_001, "goal"),
+    ("goal", _DELETE, "goal"),
+    ("goal", 42, "goal"),
+    ("provider", "openai", "provider"),
+    ("model", "", "model"),
+    ("priority", "urgent", "priority"),
+    ("constraints.max_tokens", 0, "constraints.max_tokens"),
+    ("constraints.max_tokens", -5, "constraints.max_tokens"),
+    ("constraints.max_tokens", "lots", "constraints.max_tokens"),
+    ("constraints.max_steps", 0, "constraints.max_steps"),
+    ("constraints.timeout_seconds", 86_401, "constraints.timeout_seconds"),
+    ("constraints.timeout_seconds", 0, "constraints.timeout_seconds"),
+    ("constraints.tools", "lookup", "constraints.tools"),
+    ("constraints.tools", ["lookup", "lookup"], "constraints.tools"),
+    ("constraints.tools", ["lookup", "rm_rf"], "constraints.tools[1]"),
+    ("constraints.surprise", 1, "constraints.surprise"),
+    ("metadata", {"k": 1}, "metadata.k"),
+    ("colour", "blue", "colour"),
+    ("script", None, "script"),
+    ("script", "no-such-script", "script"),
+    ("script", {"turns": []}, "script"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "field"), CASES, ids=[f"{p}={str(v)[:20]}" for p, v, _ in CASES])
+def test_each_invalid_field_is_named_and_nothing_is_written(
+    path: str, value: Any, field: str, store: Store, registry: ToolRegistry
+) -> None:
+    with pytest.raises(ValidationError) as err:
+        submit(store, registry, _with(path, value), tenant="t")
+    assert err.value.field is not None and err.value.field.startswith(field.split("[")[0])
+    assert err.value.field == field or field == "script"
+    assert err.value.message.startswith(err.value.field + ": ")
+    assert store.ddb.scan(TableName=store.table)["Count"] == 0
+
+
+def test_a_non_object_submission_is_refused(store: Store, registry: ToolRegistry) -> None:
+    with pytest.raises(ValidationError) as err:
+        submit(store, registry, ["goal"], tenant="t")
+    assert err.value.field == "body"
+    assert store.ddb.scan(TableName=store.table)["Count"] == 0
+
+
+def test_a_valid_submission_writes_the_task_and_its_budget_together(store: Store, registry: ToolRegistry) -> None:
+    task = submit(store, registry, VALID, tenant="t")
+    keys = {(i["pk"]["S"], i["sk"]["S"]) for i in store.ddb.scan(TableName=store.table)["Items"]}
+    assert keys == {(f"TASK#{task.task_id}", "META"), (f"BUDGET#{task.task_id}", "META")}
+    assert store.get_budget(task.task_id).cap == 1000
+
+
+def test_the_error_message_names_the_available_tools(store: Store, registry: ToolRegistry) -> None:
+    with pytest.raises(ValidationError) as err:
+        submit(store, registry, _with("constraints.tools", ["nope"]), tenant="t")
+    assert "unknown tool 'nope'" in err.value.message and "python_exec" in err.value.message

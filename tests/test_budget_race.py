@@ -1,0 +1,53 @@
+"""Invariant 4 under contention: 20 processes reserving against one root budget at once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from agentq.runtime import Settings
+from agentq.store import Store
+
+from tests.conftest import child_env
+from tests.helpers import scripted
+
+PROCESSES = 20
+AMOUNT = 700
+ATTEMPTS = 4
+CAP = 20_000  # demand is 20 * 4 * 700 = 56,000 tokens, almost three times the cap
+
+
+def test_twenty_processes_reserving_at_once_never_push_the_root_past_its_cap(settings: Settings, store: Store) -> None:
+    root = store.create_task(scripted([{"text": "root"}], max_tokens=CAP), tenant="t")
+    children = [
+        store.create_task(scripted([{"text": "child"}]), tenant="t", root_id=root.task_id, parent_id=root.task_id, depth=1)
+        for _ in range(PROCESSES)
+    ]
+    start_at = time.time() + 4.0  # every process is up and has claimed before the gun
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.budget_racer", root.task_id, child.task_id, str(AMOUNT), str(ATTEMPTS), str(start_at)],
+            env=child_env(settings),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for child in children
+    ]
+    reports = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-2000:]
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+
+    granted = sum(r["granted"] for r in reports)
+    budget = store.get_budget(root.task_id)
+    # Never past the cap, and no lost update either: exactly as many grants as fit.
+    assert granted * AMOUNT <= CAP
+    assert granted == CAP // AMOUNT
+    assert budget.used == sum(r["used"] for r in reports) <= CAP
+    assert budget.reserved == 0
+    assert budget.available == CAP - budget.used
+    assert sum(1 for r in reports if r["granted"] < ATTEMPTS) > 0  # there really was contention

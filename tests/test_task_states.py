@@ -1,0 +1,77 @@
+"""Illegal transitions are refused by the store's DynamoDB condition, not by caller discipline."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentq.errors import IllegalTransition, LeaseLost
+from agentq.models import ALLOWED_TRANSITIONS, TERMINAL_STATUSES, TaskStatus
+from agentq.store import Store
+
+from tests.helpers import scripted
+
+
+def _task(store: Store) -> str:
+    return store.create_task(scripted([{"text": "x"}]), tenant="t").task_id
+
+
+def test_terminal_states_lead_nowhere_but_requeue_for_failed_and_cost_exceeded() -> None:
+    for status in TERMINAL_STATUSES:
+        allowed = ALLOWED_TRANSITIONS[status]
+        if status in (TaskStatus.FAILED, TaskStatus.COST_EXCEEDED):
+            assert allowed == {TaskStatus.QUEUED}
+        else:
+            assert allowed == frozenset()
+
+
+@pytest.mark.parametrize("target", [TaskStatus.SUCCEEDED, TaskStatus.COST_EXCEEDED, TaskStatus.TIMED_OUT, TaskStatus.WAITING])
+def test_a_queued_task_cannot_jump_to_states_only_a_running_task_reaches(store: Store, target: TaskStatus) -> None:
+    task_id = _task(store)
+    with pytest.raises(IllegalTransition, match="cannot move from 'queued'"):
+        store.transition(task_id, target)
+    assert store.get_task(task_id).status is TaskStatus.QUEUED
+
+
+def test_a_succeeded_task_cannot_be_cancelled_or_requeued(store: Store) -> None:
+    task_id = _task(store)
+    lease, _ = store.claim(task_id, "w", 30)  # type: ignore[misc]
+    store.transition(task_id, TaskStatus.SUCCEEDED, lease=lease, result="ok")
+    for target in (TaskStatus.CANCELLED, TaskStatus.QUEUED, TaskStatus.RUNNING, TaskStatus.FAILED):
+        with pytest.raises(IllegalTransition):
+            store.transition(task_id, target)
+    final = store.get_task(task_id)
+    assert final.status is TaskStatus.SUCCEEDED and final.result == "ok"
+
+
+def test_legal_transitions_apply_and_are_recorded(store: Store) -> None:
+    task_id = _task(store)
+    store.transition(task_id, TaskStatus.CANCELLED)
+    task = store.get_task(task_id)
+    assert task.status is TaskStatus.CANCELLED and task.finished_at is not None
+
+
+def test_a_transition_with_a_stale_lease_is_fenced(store: Store) -> None:
+    task_id = _task(store)
+    old, _ = store.claim(task_id, "a", 0.01)  # type: ignore[misc]
+    import time
+
+    time.sleep(0.05)
+    new, _ = store.claim(task_id, "b", 30)  # type: ignore[misc]
+    assert new.epoch == old.epoch + 1
+    with pytest.raises(LeaseLost):
+        store.transition(task_id, TaskStatus.SUCCEEDED, lease=old, result="zombie")
+    with pytest.raises(LeaseLost):
+        store.extend_lease(old, 30)
+    assert store.get_task(task_id).status is TaskStatus.RUNNING
+    store.transition(task_id, TaskStatus.SUCCEEDED, lease=new, result="real")
+    assert store.get_task(task_id).result == "real"
+
+
+def test_a_large_result_is_stored_in_s3_and_read_back(store: Store) -> None:
+    task_id = _task(store)
+    lease, _ = store.claim(task_id, "w", 30)  # type: ignore[misc]
+    big = "r" * 200_000
+    store.transition(task_id, TaskStatus.SUCCEEDED, lease=lease, result=big)
+    item = next(i for i in store.raw_items(task_id) if i["sk"]["S"] == "META")
+    assert "result_ref" in item and "result" not in item
+    assert store.get_task(task_id).result == big

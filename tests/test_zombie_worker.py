@@ -1,0 +1,71 @@
+"""Invariant 2 with real processes: a worker paused (SIGSTOP) past its lease, superseded by
+another worker, then woken (SIGCONT), can commit nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from agentq.models import TaskStatus
+from agentq.runtime import Settings
+from agentq.store import Store
+
+from tests.conftest import child_env
+from tests.helpers import call, scripted
+
+TURNS = [
+    {"text": f"turn {i}", "latency_seconds": 0.4, "tool_calls": [call("lookup", query=str(i)), call("charge_card", amount_cents=i, memo=str(i))]}
+    for i in range(6)
+] + [{"text": "done", "latency_seconds": 0.4}]
+
+
+def _spawn(settings: Settings, task_id: str, ledger: Path, wait: float) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "agentq", "run-task", task_id, "--lease", "1", "--wait", str(wait)],
+        env=child_env(settings, AGENTQ_TEST_LEDGER=str(ledger)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for(predicate, timeout: float = 30) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
+
+
+def test_a_paused_worker_woken_after_takeover_commits_nothing(settings: Settings, store: Store, tmp_path: Path) -> None:
+    task = store.create_task(scripted(TURNS, tools=["lookup", "charge_card"]), tenant="t")
+    ledger = tmp_path / "ledger.jsonl"
+    zombie = _spawn(settings, task.task_id, ledger, wait=0)
+    _wait_for(lambda: store.get_task(task.task_id).step >= 3)
+    os.kill(zombie.pid, signal.SIGSTOP)
+    try:
+        time.sleep(1.5)  # the zombie's lease (1 s) lapses; anything it had on the wire has landed
+        frozen_at = store.get_task(task.task_id).step
+        successor = _spawn(settings, task.task_id, ledger, wait=10)
+        _wait_for(lambda: store.get_task(task.task_id).lease_epoch == 2 and store.get_task(task.task_id).step > frozen_at)
+    finally:
+        os.kill(zombie.pid, signal.SIGCONT)  # wake it while the successor is still mid-task
+    z_out, z_err = zombie.communicate(timeout=60)
+    s_out, s_err = successor.communicate(timeout=60)
+
+    zombie_report = json.loads(z_out.strip().splitlines()[-1])
+    assert zombie_report["outcome"] == "lease_lost", z_err[-2000:]
+    assert json.loads(s_out.strip().splitlines()[-1])["status"] == "succeeded", s_err[-2000:]
+
+    steps = store.load_steps(task.task_id)
+    assert [s.number for s in steps] == list(range(1, len(steps) + 1))
+    assert all(s.epoch == 1 for s in steps[:frozen_at])
+    assert all(s.epoch == 2 for s in steps[frozen_at:])  # nothing of the zombie's after the takeover
+    keys = [json.loads(line)["key"] for line in ledger.read_text().splitlines()]
+    assert len(keys) == len(set(keys))  # no charge twice
+    final = store.get_task(task.task_id)
+    assert final.status is TaskStatus.SUCCEEDED and final.lease_epoch == 2
