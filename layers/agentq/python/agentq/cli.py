@@ -1,10 +1,17 @@
-"""The ``agentq`` command line. Exit codes: 0 ok, 1 the task did not succeed, 2 bad usage."""
+"""The ``agentq`` command line.
+
+Exit codes scripts can rely on: 0 success, 1 the task or operation did not succeed,
+2 bad usage or bad input, 130 interrupted.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
+import time
+
 
 from agentq.errors import AgentqError
 
@@ -12,7 +19,13 @@ from agentq.errors import AgentqError
 def _cmd_demo(args: argparse.Namespace) -> int:
     from agentq.demo import run_demo
 
-    return run_demo(kill_at_step=args.kill_at_step, lease_seconds=args.lease)
+    return run_demo(kill_at_step=args.kill_at_step)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from agentq.demo import run_goal
+
+    return run_goal(args.goal, model=args.model, max_tokens=args.max_tokens)
 
 
 def _cmd_run_task(args: argparse.Namespace) -> int:
@@ -35,23 +48,112 @@ def _cmd_run_task(args: argparse.Namespace) -> int:
     return 0 if done else 1
 
 
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from agentq.runtime import Settings
+    from agentq.worker import Worker, WorkerConfig
+
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    config = WorkerConfig(
+        concurrency=args.concurrency,
+        lease_seconds=args.lease,
+        heartbeat_seconds=args.heartbeat,
+        visibility_seconds=args.visibility,
+        max_receive_count=args.max_receive_count,
+    )
+    Worker(Settings.from_env(), config).serve_forever()
+    return 0
+
+
+def _cmd_dev(args: argparse.Namespace) -> int:
+    from agentq.local.stack import LocalStack
+
+    stack = LocalStack(workers=args.workers).start()
+    assert stack.settings is not None and stack.api_server is not None
+    print(f"agentq dev: AWS (moto) {stack.moto.endpoint_url}")
+    print(f"            API        {stack.api_server.url}   (POST /tasks, GET /tasks/<id>, GET /health)")
+    print(f"            workers    {', '.join(str(p.pid) for p in stack.processes)}")
+    print("            env for other shells:")
+    for key, value in {**stack.settings.env(), "AGENTQ_URL": stack.api_server.url}.items():
+        print(f"              export {key}={value}")
+    print("Ctrl-C stops everything.")
+    try:
+        while all(p.poll() is None for p in stack.processes):
+            time.sleep(0.5)
+        print("a worker exited; stopping", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stack.stop()
+
+
+def _cmd_dlq(args: argparse.Namespace) -> int:
+    from agentq.dlq import list_dead_letters, redrive
+    from agentq.runtime import Settings, build_queues, build_store
+
+    settings = Settings.from_env()
+    queues = build_queues(settings)
+    if args.dlq_command == "list":
+        letters = list_dead_letters(queues, build_store(settings), tier=args.tier, limit=args.limit)
+        if args.json:
+            print(json.dumps([letter.__dict__ for letter in letters]))
+            return 0
+        if not letters:
+            print("no messages in the dead-letter queues")
+        for d in letters:
+            print(f"{d.tier:<7} {d.task_id or '-':<34} {d.task_status or '-':<10} {d.reason}")
+        return 0
+    reports = redrive(queues, tier=args.tier)
+    for r in reports:
+        moved = "moving asynchronously" if r.moved is None else f"{r.moved} message(s)"
+        print(f"{r.tier:<7} {moved} back to the {r.tier} queue ({r.method})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentq", description="A durable task queue for long-running AI agents.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = sub.add_parser(
-        "demo",
-        help="run a scripted research agent on an embedded local AWS, kill its worker mid-task, resume it",
+        "demo", help="the local stack end to end: a scripted research agent, its worker SIGKILLed mid-task, resumed"
     )
-    demo.add_argument("--kill-at-step", type=int, default=6, help="SIGKILL the first worker once this step is committed (0: never)")
-    demo.add_argument("--lease", type=float, default=2.0, help="lease seconds (how soon a dead worker's task is taken over)")
+    demo.add_argument("--kill-at-step", type=int, default=6, help="SIGKILL the worker once this step is committed (0: never)")
     demo.set_defaults(func=_cmd_demo)
 
-    run = sub.add_parser("run-task", help="run one task in this process until it ends (uses AGENTQ_* and AWS_* settings)")
-    run.add_argument("task_id")
-    run.add_argument("--lease", type=float, default=30.0, help="lease seconds")
-    run.add_argument("--wait", type=float, default=0.0, help="keep trying to claim for this long if another lease is live")
-    run.set_defaults(func=_cmd_run_task)
+    run = sub.add_parser("run", help="run one goal on the local stack (Anthropic if ANTHROPIC_API_KEY is set, else scripted)")
+    run.add_argument("goal")
+    run.add_argument("--model", default="claude-sonnet-4-5", help="Anthropic model id")
+    run.add_argument("--max-tokens", type=int, default=100_000, help="token budget")
+    run.set_defaults(func=_cmd_run)
+
+    dev = sub.add_parser("dev", help="start the local stack (moto, queues, table, workers, API) until Ctrl-C")
+    dev.add_argument("--workers", type=int, default=2, help="worker processes")
+    dev.set_defaults(func=_cmd_dev)
+
+    worker = sub.add_parser("worker", help="long-poll the tier queues and run tasks (uses AGENTQ_* and AWS_* settings)")
+    worker.add_argument("--concurrency", type=int, default=256, help="tasks in flight at once")
+    worker.add_argument("--lease", type=float, default=3.0, help="lease seconds")
+    worker.add_argument("--heartbeat", type=float, default=1.0, help="seconds between lease/visibility extensions")
+    worker.add_argument("--visibility", type=int, default=4, help="visibility each heartbeat extends to (> lease)")
+    worker.add_argument("--max-receive-count", type=int, default=5, help="the queues' maxReceiveCount")
+    worker.add_argument("-v", "--verbose", action="store_true")
+    worker.set_defaults(func=_cmd_worker)
+
+    run_task = sub.add_parser("run-task", help="run one task in this process until it ends (no queue)")
+    run_task.add_argument("task_id")
+    run_task.add_argument("--lease", type=float, default=30.0, help="lease seconds")
+    run_task.add_argument("--wait", type=float, default=0.0, help="keep trying to claim for this long if another lease is live")
+    run_task.set_defaults(func=_cmd_run_task)
+
+    dlq = sub.add_parser("dlq", help="inspect or redrive the dead-letter queues")
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
+    dlq_list = dlq_sub.add_parser("list", help="messages in the DLQs, with their task and reason")
+    dlq_list.add_argument("--tier", choices=["high", "normal", "low"])
+    dlq_list.add_argument("--limit", type=int, default=100)
+    dlq_list.add_argument("--json", action="store_true")
+    dlq_redrive = dlq_sub.add_parser("redrive", help="move DLQ messages back; their tasks resume from their checkpoints")
+    dlq_redrive.add_argument("--tier", choices=["high", "normal", "low"])
+    dlq.set_defaults(func=_cmd_dlq)
     return parser
 
 
@@ -65,3 +167,5 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+

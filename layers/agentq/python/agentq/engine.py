@@ -16,7 +16,8 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from contextlib import AbstractContextManager
+from typing import Any, Callable, Literal
 
 from agentq.errors import BudgetExceeded, LeaseLost, ProviderError
 from agentq.faults import crash_point
@@ -51,10 +52,11 @@ class RunResult:
     steps_committed: int = 0
     resumed_from_step: int = 0
     error: dict[str, Any] | None = None
+    claimed: Task | None = None  # the task as this run claimed it (latency figures)
 
 
 @dataclass
-class _Session:
+class Session:
     """One worker's hold on one task: its lease, the conversation so far, and its clock."""
 
     lease: Lease
@@ -64,6 +66,7 @@ class _Session:
     deadline: float | None
     committed: int = 0
     lost: threading.Event = field(default_factory=threading.Event)
+    stop: threading.Event | None = None  # set by a worker shutting down: end at the next step boundary
 
     @property
     def next_step(self) -> int:
@@ -75,13 +78,26 @@ class _Session:
 
 
 class LeaseKeeper:
-    """Extends the lease in the background; a failed extension marks the session lost."""
+    """Extends the lease in the background; a failed extension marks the session lost.
 
-    def __init__(self, store: Store, session: _Session, lease_seconds: float, interval: float) -> None:
+    ``on_beat`` runs after each successful extension (the SQS adapter extends the message's
+    visibility there). One thread per task: right for Lambda and single-task runs; the
+    long-running worker shares one heartbeat thread across all its tasks instead.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        session: Session,
+        lease_seconds: float,
+        interval: float,
+        on_beat: Callable[[], None] | None = None,
+    ) -> None:
         self.store = store
         self.session = session
         self.lease_seconds = lease_seconds
         self.interval = interval
+        self.on_beat = on_beat
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"lease-{session.lease.task_id[:8]}", daemon=True)
 
@@ -97,6 +113,8 @@ class LeaseKeeper:
         while not self._stop.wait(self.interval):
             try:
                 self.session.lease = self.store.extend_lease(self.session.lease, self.lease_seconds)
+                if self.on_beat is not None:
+                    self.on_beat()
             except LeaseLost:
                 log.warning("lease lost for task %s", self.session.lease.task_id)
                 self.session.lost.set()
@@ -105,10 +123,13 @@ class LeaseKeeper:
                 log.exception("heartbeat failed for task %s", self.session.lease.task_id)
 
 
+KeeperFactory = Callable[["Session"], AbstractContextManager[Any]]
+
+
 class _TaskNotes:
     """Notes seen by tools: reads are free, writes are fenced by the worker's lease."""
 
-    def __init__(self, store: Store, session: _Session) -> None:
+    def __init__(self, store: Store, session: Session) -> None:
         self.store = store
         self.session = session
 
@@ -175,8 +196,20 @@ class Engine:
 
     # ------------------------------------------------------------------ entry
 
-    def run(self, task_id: str, *, deadline: float | None = None) -> RunResult:
-        """Run ``task_id`` until it ends, loses its lease, or ``deadline`` draws near."""
+    def run(
+        self,
+        task_id: str,
+        *,
+        deadline: float | None = None,
+        keeper: "KeeperFactory | None" = None,
+        on_beat: Callable[[], None] | None = None,
+        stop: threading.Event | None = None,
+    ) -> RunResult:
+        """Run ``task_id`` until it ends, loses its lease, or ``deadline`` draws near.
+
+        ``keeper`` replaces the per-task heartbeat thread (the worker's shared heartbeat);
+        ``on_beat`` is called on every heartbeat of the default one.
+        """
         claimed = self.store.claim(task_id, self.worker_id, self.config.lease_seconds)
         if claimed is None:
             return RunResult(task_id, "not_claimed")
@@ -184,16 +217,18 @@ class Engine:
         crash_point("after_claim")
         steps = self.store.load_steps(task_id)
         resumed_from = steps[-1].number if steps else 0
-        session = _Session(
+        session = Session(
             lease=lease,
             task=task,
             steps=list(steps),
             messages=conversation(task.submission.goal, steps),
             deadline=deadline,
+            stop=stop,
         )
         self._settle_stale_reservation(session)
         interval = self.config.heartbeat_seconds or self.config.lease_seconds / 3
-        with LeaseKeeper(self.store, session, self.config.lease_seconds, interval):
+        guard = keeper(session) if keeper else LeaseKeeper(self.store, session, self.config.lease_seconds, interval, on_beat)
+        with guard:
             try:
                 result = self._loop(session)
             except LeaseLost as exc:
@@ -202,9 +237,10 @@ class Engine:
                 result = RunResult(task_id, outcome, status=status, error=exc.to_dict())
         result.steps_committed = session.committed
         result.resumed_from_step = resumed_from
+        result.claimed = task
         return result
 
-    def _settle_stale_reservation(self, session: _Session) -> None:
+    def _settle_stale_reservation(self, session: Session) -> None:
         """A reservation left by a crashed epoch goes back to the budget.
 
         Whether that worker's LLM call happened is unknowable (its response died with it), so
@@ -222,7 +258,7 @@ class Engine:
 
     # ------------------------------------------------------------------- loop
 
-    def _loop(self, s: _Session) -> RunResult:
+    def _loop(self, s: Session) -> RunResult:
         task_id = s.lease.task_id
         while True:
             self._check_lease(s)
@@ -244,11 +280,11 @@ class Engine:
             if outcome is not None:
                 return outcome
 
-    def _check_lease(self, s: _Session) -> None:
+    def _check_lease(self, s: Session) -> None:
         if s.lost.is_set():
             raise LeaseLost(f"lease epoch {s.lease.epoch} of task {s.lease.task_id} could not be extended")
 
-    def _stop_reason(self, s: _Session) -> TaskStatus | Literal["slice"] | None:
+    def _stop_reason(self, s: Session) -> TaskStatus | Literal["slice"] | None:
         """Why the next LLM call must not start: a cap, the task timeout, or the time slice."""
         constraints = s.task.submission.constraints
         now = time.time()
@@ -259,9 +295,11 @@ class Engine:
             return TaskStatus.TIMED_OUT
         if s.deadline is not None and now >= s.deadline - self.config.slice_margin_seconds:
             return "slice"
+        if s.stop is not None and s.stop.is_set():
+            return "slice"
         return None
 
-    def _stop_error(self, s: _Session, status: TaskStatus) -> dict[str, Any]:
+    def _stop_error(self, s: Session, status: TaskStatus) -> dict[str, Any]:
         c = s.task.submission.constraints
         if status is TaskStatus.TIMED_OUT:
             return {"code": "timeout", "message": f"task ran past its timeout of {c.timeout_seconds}s"}
@@ -269,7 +307,7 @@ class Engine:
             return {"code": "max_steps_exceeded", "message": f"task used all {c.max_steps} steps"}
         return {"code": "budget_exceeded", "message": f"token budget of the root task is exhausted (cap {c.max_tokens})"}
 
-    def _finish_without_step(self, s: _Session, status: TaskStatus) -> RunResult:
+    def _finish_without_step(self, s: Session, status: TaskStatus) -> RunResult:
         self._release_inflight(s)
         error = self._stop_error(s, status)
         self.store.transition(
@@ -278,7 +316,7 @@ class Engine:
         s.task = s.task.model_copy(update={"status": status})
         return RunResult(s.lease.task_id, "finished", status=status, error=error)
 
-    def _release_inflight(self, s: _Session) -> None:
+    def _release_inflight(self, s: Session) -> None:
         held = s.task.inflight
         if held:
             self.store.settle_orphan(
@@ -291,7 +329,7 @@ class Engine:
 
     # -------------------------------------------------------------- LLM turn
 
-    def _request(self, s: _Session, max_tokens: int) -> LLMRequest:
+    def _request(self, s: Session, max_tokens: int) -> LLMRequest:
         sub = s.task.submission
         return LLMRequest(
             model=sub.model,
@@ -302,13 +340,13 @@ class Engine:
             task_id=s.lease.task_id,
         )
 
-    def _wanted_reservation(self, s: _Session) -> tuple[int, int]:
+    def _wanted_reservation(self, s: Session) -> tuple[int, int]:
         """(input estimate, full reservation) for the next LLM call."""
         max_out = s.task.submission.constraints.max_output_tokens
         est_in = estimate_input_tokens(self._request(s, max_out))
         return est_in, est_in + max_out
 
-    def _reserve(self, s: _Session) -> int | None:
+    def _reserve(self, s: Session) -> int | None:
         """Hold tokens for the next call; returns the amount, or None when the budget is spent.
 
         Tries the full estimate first; near the cap, shrinks the output allowance to what is
@@ -332,7 +370,7 @@ class Engine:
             except BudgetExceeded:
                 return None
 
-    def _llm_turn(self, s: _Session) -> RunResult | None:
+    def _llm_turn(self, s: Session) -> RunResult | None:
         reserved = self._reserve(s)
         if reserved is None:
             return self._finish_without_step(s, TaskStatus.COST_EXCEEDED)
@@ -399,14 +437,14 @@ class Engine:
             return RunResult(s.lease.task_id, "finished", status=finish)
         return None
 
-    def _committed(self, s: _Session, record: StepRecord, messages: list[dict[str, Any]]) -> None:
+    def _committed(self, s: Session, record: StepRecord, messages: list[dict[str, Any]]) -> None:
         s.steps.append(record)
         s.messages = messages
         s.committed += 1
 
     # ------------------------------------------------------------------ tools
 
-    def _run_tools(self, s: _Session, llm: LLMStep) -> None:
+    def _run_tools(self, s: Session, llm: LLMStep) -> None:
         allowlist = s.task.submission.constraints.tools
         notes = _TaskNotes(self.store, s)
         results: list[ToolOutcome] = []
@@ -419,7 +457,7 @@ class Engine:
         self._committed(s, record, messages)
         crash_point("after_tools_commit")
 
-    def _run_one_tool(self, s: _Session, use: dict[str, Any], allowlist: list[str], notes: _TaskNotes) -> ToolOutcome:
+    def _run_one_tool(self, s: Session, use: dict[str, Any], allowlist: list[str], notes: _TaskNotes) -> ToolOutcome:
         spec = self.tools.get(use["name"])
         side_effects = bool(spec and spec.side_effects and use["name"] in allowlist)
         started = time.time()
@@ -480,18 +518,18 @@ class Engine:
             duration_ms=0,
         )
 
-    def _tool_deadline(self, s: _Session) -> float | None:
+    def _tool_deadline(self, s: Session) -> float | None:
         started = s.task.started_at or time.time()
         deadlines = [started + s.task.submission.constraints.timeout_seconds]
         if s.deadline is not None:
             deadlines.append(s.deadline)
         return min(deadlines)
 
-    def _commit_tools(self, s: _Session, body: ToolsStep, messages: list[dict[str, Any]]) -> StepRecord:
+    def _commit_tools(self, s: Session, body: ToolsStep, messages: list[dict[str, Any]]) -> StepRecord:
         """Commit the tool results, and in the same write either end the task (cap, timeout)
         or reserve tokens for the next LLM call, saving one round trip per turn."""
         number = s.next_step
-        preview = _Session(s.lease, s.task, [*s.steps, _draft(s, body)], messages, s.deadline)
+        preview = Session(s.lease, s.task, [*s.steps, _draft(s, body)], messages, s.deadline)
         stop = self._stop_reason(preview)
         if isinstance(stop, TaskStatus):
             error = self._stop_error(preview, stop)
@@ -513,5 +551,5 @@ class Engine:
         return record
 
 
-def _draft(s: _Session, body: ToolsStep) -> StepRecord:
+def _draft(s: Session, body: ToolsStep) -> StepRecord:
     return StepRecord(task_id=s.lease.task_id, number=s.next_step, epoch=s.lease.epoch, committed_at=time.time(), body=body)

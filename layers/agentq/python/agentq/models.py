@@ -246,3 +246,18 @@ class Task(BaseModel):
     finished_at: float | None = None
     claims: list[dict[str, Any]] = Field(default_factory=list)
     inflight: dict[str, int] | None = None  # the reservation held for the next LLM call
+    heartbeat_at: float | None = None  # last sign of life of the lease holder
+    prev_heartbeat_at: float | None = None  # ... of the previous holder, as seen by the last claim
+
+    @property
+    def pickup_latency(self) -> float | None:
+        """Submission to first claim."""
+        return self.claims[0]["at"] - self.created_at if self.claims else None
+
+    @property
+    def last_resume_gap(self) -> float | None:
+        """Previous holder's last heartbeat to the latest claim: an upper bound on how long
+        the task sat with nobody working on it after a worker died."""
+        if len(self.claims) < 2 or self.prev_heartbeat_at is None:
+            return None
+        return self.claims[-1]["at"] - self.prev_heartbeat_at

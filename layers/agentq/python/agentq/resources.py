@@ -6,6 +6,7 @@ ones, so a key schema or queue setting cannot drift between local and deployed.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel
@@ -21,15 +22,47 @@ TABLE_ATTRIBUTES: list[dict[str, str]] = [
 TTL_ATTRIBUTE = "expires_at"
 
 
+TIERS: tuple[str, ...] = ("high", "normal", "low")
+
+
+class QueueSettings(BaseModel):
+    """SQS settings shared by the CDK stack and the local stack.
+
+    ``visibility_timeout`` is what a message gets on receive; a worker's heartbeat keeps
+    extending it while the task runs, so a dead worker's message is back within one
+    heartbeat period of this value, which bounds resume latency.
+    """
+
+    visibility_timeout: int = 30
+    max_receive_count: int = 5
+    retention_seconds: int = 4 * 24 * 3600
+    dlq_retention_seconds: int = 14 * 24 * 3600
+
+
 class ResourceNames(BaseModel):
     """Physical names of one deployment's resources (one per environment / local run)."""
 
     table: str
     bucket: str
+    prefix: str = "agentq"
 
     @classmethod
     def for_prefix(cls, prefix: str) -> "ResourceNames":
-        return cls(table=f"{prefix}-tasks", bucket=f"{prefix}-payloads")
+        return cls(table=f"{prefix}-tasks", bucket=f"{prefix}-payloads", prefix=prefix)
+
+    def queue(self, tier: str) -> str:
+        return f"{self.prefix}-{tier}"
+
+    def dlq(self, tier: str) -> str:
+        return f"{self.prefix}-{tier}-dlq"
+
+
+def queue_attributes(settings: QueueSettings, dlq_arn: str) -> dict[str, str]:
+    return {
+        "VisibilityTimeout": str(settings.visibility_timeout),
+        "MessageRetentionPeriod": str(settings.retention_seconds),
+        "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": settings.max_receive_count}),
+    }
 
 
 def table_definition(name: str) -> dict[str, Any]:
@@ -42,8 +75,15 @@ def table_definition(name: str) -> dict[str, Any]:
     }
 
 
-def provision(session: Any, names: ResourceNames, *, endpoint_url: str | None = None) -> None:
-    """Create the table and bucket if missing (idempotent), the way the local stack and tests do."""
+def provision(
+    session: Any,
+    names: ResourceNames,
+    *,
+    endpoint_url: str | None = None,
+    queues: QueueSettings | None = None,
+) -> None:
+    """Create the table, bucket and (with ``queues``) the tier queues and their DLQs if
+    missing (idempotent), the way the local stack and tests do."""
     ddb = session.client("dynamodb", endpoint_url=endpoint_url)
     s3 = session.client("s3", endpoint_url=endpoint_url)
     try:
@@ -61,3 +101,19 @@ def provision(session: Any, names: ResourceNames, *, endpoint_url: str | None = 
         s3.create_bucket(Bucket=names.bucket)
     except (s3.exceptions.BucketAlreadyOwnedByYou, s3.exceptions.BucketAlreadyExists):
         pass
+    if queues is not None:
+        provision_queues(session.client("sqs", endpoint_url=endpoint_url), names, queues)
+
+
+def provision_queues(sqs: Any, names: ResourceNames, settings: QueueSettings) -> dict[str, str]:
+    """Each tier queue with its own DLQ through a redrive policy; returns tier -> queue URL."""
+    urls: dict[str, str] = {}
+    for tier in TIERS:
+        dlq_url = sqs.create_queue(
+            QueueName=names.dlq(tier), Attributes={"MessageRetentionPeriod": str(settings.dlq_retention_seconds)}
+        )["QueueUrl"]
+        dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        urls[tier] = sqs.create_queue(QueueName=names.queue(tier), Attributes=queue_attributes(settings, dlq_arn))[
+            "QueueUrl"
+        ]
+    return urls

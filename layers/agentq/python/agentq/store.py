@@ -162,6 +162,22 @@ class Store:
         self.ddb.transact_write_items(TransactItems=items)
         return Task.model_validate({**meta, "submission": submission})
 
+    def delete_unstarted(self, task_id: str) -> None:
+        """Undo a create whose enqueue failed: only while nobody has claimed the task."""
+        self.ddb.transact_write_items(
+            TransactItems=[
+                {
+                    "Delete": {
+                        "TableName": self.table,
+                        "Key": to_item({"pk": task_pk(task_id), "sk": META}),
+                        "ConditionExpression": "lease_epoch = :zero",
+                        "ExpressionAttributeValues": to_values({":zero": 0}),
+                    }
+                },
+                {"Delete": {"TableName": self.table, "Key": to_item({"pk": budget_pk(task_id), "sk": META})}},
+            ]
+        )
+
     def get_task(self, task_id: str) -> Task:
         resp = self.ddb.get_item(
             TableName=self.table, Key=to_item({"pk": task_pk(task_id), "sk": META}), ConsistentRead=True
@@ -193,7 +209,8 @@ class Store:
                 UpdateExpression=(
                     "SET lease_owner = :w, lease_epoch = lease_epoch + :one, lease_expires = :exp, "
                     "#s = :running, updated_at = :now, started_at = if_not_exists(started_at, :now), "
-                    "claims = list_append(claims, :claim)"
+                    "claims = list_append(claims, :claim), prev_heartbeat_at = if_not_exists(heartbeat_at, :now), "
+                    "heartbeat_at = :now"
                 ),
                 ConditionExpression="attribute_exists(pk) AND #s IN (:queued, :running) AND lease_expires < :now",
                 ExpressionAttributeNames={"#s": "status"},
@@ -219,8 +236,9 @@ class Store:
         return lease, task
 
     def extend_lease(self, lease: Lease, lease_seconds: float) -> Lease:
-        expires = time.time() + lease_seconds
-        self._fenced_update(lease, "SET lease_expires = :exp", {":exp": expires})
+        now = time.time()
+        expires = now + lease_seconds
+        self._fenced_update(lease, "SET lease_expires = :exp, heartbeat_at = :now", {":exp": expires, ":now": now})
         return lease.model_copy(update={"expires_at": expires})
 
     def release(self, lease: Lease) -> None:

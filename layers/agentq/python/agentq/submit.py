@@ -9,6 +9,7 @@ import pydantic
 from agentq.errors import ValidationError
 from agentq.models import Task, TaskSubmission
 from agentq.providers.scripted import load_script
+from agentq.queue import TaskQueues
 from agentq.store import Store
 from agentq.tools import ToolRegistry
 
@@ -60,8 +61,19 @@ def check_submission(submission: TaskSubmission, tools: ToolRegistry) -> None:
             raise ValidationError(f"script: {exc}", field="script") from None
 
 
-def submit(store: Store, tools: ToolRegistry, raw: Any, *, tenant: str) -> Task:
-    """Validate fully, then create the task (META + root budget) in one transaction."""
+def submit(store: Store, tools: ToolRegistry, raw: Any, *, tenant: str, queues: TaskQueues | None = None) -> Task:
+    """Validate fully, create the task (META + root budget, one transaction), then enqueue it.
+
+    If the enqueue fails the task is deleted again, so a caller who sees an error never
+    leaves a queued task that no message will ever run.
+    """
     submission = raw if isinstance(raw, TaskSubmission) else parse_submission(raw)
     check_submission(submission, tools)
-    return store.create_task(submission, tenant=tenant)
+    task = store.create_task(submission, tenant=tenant)
+    if queues is not None:
+        try:
+            queues.send(task.task_id, submission.priority)
+        except Exception:
+            store.delete_unstarted(task.task_id)
+            raise
+    return task

@@ -1,0 +1,20 @@
+"""API Lambda: API Gateway REST proxy events -> the agentq HTTP API (``agentq.http_api``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools import Logger
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from agentq.http_api import build_app
+from agentq.runtime import Settings, build_queues, build_registry, build_store
+
+logger = Logger(service="agentq-api")
+_settings = Settings.from_env()
+app = build_app(build_store(_settings), build_registry(_settings), build_queues(_settings))
+
+
+@logger.inject_lambda_context
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    return app.resolve(event, context)

@@ -1,0 +1,109 @@
+"""Lambda executor: an SQS event (batch size 1) -> run the task until the time slice ends.
+
+A thin adapter: the policy lives in ``agentq.dispatch``. It stops ``SLICE_MARGIN_SECONDS``
+before the Lambda's deadline, commits, sends a continuation message and returns, so a
+24-hour task runs as a chain of invocations. Failures are reported per record (powertools
+partial batch response) so only the failed message comes back.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from aws_lambda_powertools import Logger
+from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
+from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from agentq.dispatch import Dispatcher
+from agentq.engine import Engine, EngineConfig
+from agentq.observe import metrics, record_dead_letter
+from agentq.resources import QueueSettings
+from agentq.runtime import Settings, build_queues, build_registry, build_store
+
+logger = Logger(service="agentq-executor")
+processor = BatchProcessor(event_type=EventType.SQS)
+
+SLICE_MARGIN_SECONDS = float(os.environ.get("AGENTQ_SLICE_MARGIN_SECONDS", "30"))
+VISIBILITY_SECONDS = int(os.environ.get("AGENTQ_VISIBILITY_SECONDS", "60"))
+LEASE_SECONDS = float(os.environ.get("AGENTQ_LEASE_SECONDS", "45"))
+
+
+class RetryLater(Exception):
+    """Report this record as failed: SQS returns the message (after the visibility we set)."""
+
+
+class _Runtime:
+    """Built once per container (cold start), reused by every invocation."""
+
+    def __init__(self) -> None:
+        self.settings = Settings.from_env()
+        self.store = build_store(self.settings)
+        self.queues = build_queues(self.settings)
+        engine = Engine(
+            self.store,
+            worker_id=f"lambda:{os.environ.get('AWS_LAMBDA_LOG_STREAM_NAME', os.getpid())}",
+            tools=build_registry(self.settings),
+            config=EngineConfig(lease_seconds=LEASE_SECONDS, slice_margin_seconds=SLICE_MARGIN_SECONDS),
+        )
+        max_receive = int(os.environ.get("AGENTQ_MAX_RECEIVE_COUNT", QueueSettings().max_receive_count))
+        self.dispatcher = Dispatcher(engine, self.queues, max_receive_count=max_receive)
+
+
+_runtime: _Runtime | None = None
+_context: LambdaContext | None = None
+
+
+def runtime() -> _Runtime:
+    global _runtime
+    if _runtime is None:
+        _runtime = _Runtime()
+    return _runtime
+
+
+def record_handler(record: SQSRecord) -> None:
+    rt = runtime()
+    tier = rt.queues.tier_of(record.event_source_arn)
+    remaining_ms = _context.get_remaining_time_in_millis() if _context is not None else 900_000
+    logger.append_keys(message_id=record.message_id)
+
+    def extend_visibility() -> None:
+        rt.queues.change_visibility(tier, record.receipt_handle, VISIBILITY_SECONDS)
+
+    action = rt.dispatcher.handle(
+        record.body,
+        tier=tier,
+        receive_count=int(record.attributes.approximate_receive_count),
+        attributes=record.message_attributes.raw_event if record.message_attributes else None,
+        deadline=time.time() + remaining_ms / 1000,
+        on_beat=extend_visibility,
+    )
+    logger.info("message handled", extra={"action": action.kind, "reason": action.reason, "task_id": action.task_id})
+    if action.kind == "delete":
+        return  # success: Lambda deletes the message
+    if action.kind == "dead_letter":
+        rt.queues.dead_letter(tier, record.body, action.reason, _sqs_attributes(record))
+        record_dead_letter()
+        return
+    if action.kind == "retry":
+        rt.queues.change_visibility(tier, record.receipt_handle, action.delay_seconds)
+    raise RetryLater(action.reason)  # retry and abandon: the message stays in the queue
+
+
+def _sqs_attributes(record: SQSRecord) -> dict[str, Any]:
+    """Lambda's camelCase message attributes back into SendMessage's shape."""
+    out: dict[str, Any] = {}
+    for name, attr in (record.message_attributes.raw_event if record.message_attributes else {}).items():
+        if attr.get("stringValue") is not None:
+            out[name] = {"DataType": attr.get("dataType", "String"), "StringValue": attr["stringValue"]}
+    return out
+
+
+@logger.inject_lambda_context
+@metrics.log_metrics
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    global _context
+    _context = context
+    return process_partial_response(event=event, record_handler=record_handler, processor=processor, context=context)

@@ -1,0 +1,100 @@
+"""The embedded local stack: moto server, the production resources, N worker processes and
+the API handler on localhost. What `agentq dev`, `agentq demo` and the system tests run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentq.http_api import build_app
+from agentq.local.api_server import LocalApiServer
+from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
+from agentq.resources import QueueSettings, provision
+from agentq.runtime import Settings, build_queues, build_registry, build_store, session
+from agentq.worker import WorkerConfig
+
+
+@dataclass
+class LocalStack:
+    prefix: str = "agentq-local"
+    workers: int = 2
+    worker_config: WorkerConfig = field(default_factory=WorkerConfig)
+    queue_settings: QueueSettings = field(default_factory=lambda: QueueSettings(visibility_timeout=4))
+    tool_modules: tuple[str, ...] = ("agentq.examples",)
+    extra_env: dict[str, str] = field(default_factory=dict)
+    api: bool = True
+
+    def __post_init__(self) -> None:
+        self.moto = MotoServer()
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.api_server: LocalApiServer | None = None
+        self.settings: Settings | None = None
+
+    def start(self) -> "LocalStack":
+        for key, value in LOCAL_CREDENTIALS.items():
+            os.environ.setdefault(key, value)
+        self.moto.start()
+        self.settings = Settings.for_prefix(self.prefix, self.moto.endpoint_url, tool_modules=self.tool_modules)
+        provision(session(self.settings), self.settings.names, endpoint_url=self.moto.endpoint_url, queues=self.queue_settings)
+        if self.api:
+            app = build_app(self.store(), build_registry(self.settings), build_queues(self.settings))
+            self.api_server = LocalApiServer(app.resolve).start()
+        for _ in range(self.workers):
+            self.spawn_worker()
+        return self
+
+    def store(self) -> Any:
+        assert self.settings is not None
+        return build_store(self.settings)
+
+    def queues(self) -> Any:
+        assert self.settings is not None
+        return build_queues(self.settings)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        assert self.settings is not None
+        return {**os.environ, **LOCAL_CREDENTIALS, **self.settings.env(), **self.extra_env, **extra}
+
+    def worker_command(self) -> list[str]:
+        c = self.worker_config
+        return [
+            sys.executable, "-m", "agentq", "worker",
+            "--concurrency", str(c.concurrency),
+            "--lease", str(c.lease_seconds),
+            "--heartbeat", str(c.heartbeat_seconds),
+            "--visibility", str(c.visibility_seconds),
+            "--max-receive-count", str(self.queue_settings.max_receive_count),
+        ]  # fmt: skip
+
+    def spawn_worker(self, **extra_env: str) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(self.worker_command(), env=self.env(**extra_env), start_new_session=True)
+        self.processes.append(proc)
+        return proc
+
+    def worker_by_id(self, worker: str) -> subprocess.Popen[bytes] | None:
+        """The process behind a lease owner id (``host:pid``)."""
+        pid = int(worker.rsplit(":", 1)[-1])
+        return next((p for p in self.processes if p.pid == pid), None)
+
+    def stop(self) -> None:
+        for proc in self.processes:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.processes:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if self.api_server:
+            self.api_server.stop()
+        self.moto.stop()
+
+    def __enter__(self) -> "LocalStack":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,78 @@
+"""The tier queues: what a task message is, and how agentq sends, returns and dead-letters it.
+
+A message only names a task; everything else is read from the table, so a duplicate,
+stale or redriven message is harmless: the lease and the task status decide what happens.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from agentq.resources import TIERS, ResourceNames
+
+MessageKind = Literal["run", "continue", "wake", "redrive", "safety_net"]
+DEAD_LETTER_REASON = "agentq-reason"  # message attribute set when agentq dead-letters a message
+
+
+class TaskMessage(BaseModel):
+    task_id: str = Field(min_length=1, max_length=128)
+    kind: MessageKind = "run"
+    sent_at: float = Field(default_factory=time.time)
+
+
+@dataclass
+class TaskQueues:
+    """Queue URLs by tier, resolved once, and the few operations agentq performs on them."""
+
+    sqs: Any
+    names: ResourceNames
+    _urls: dict[str, str] = field(default_factory=dict)
+
+    def url(self, tier: str) -> str:
+        if tier not in self._urls:
+            self._urls[tier] = self.sqs.get_queue_url(QueueName=self.names.queue(tier))["QueueUrl"]
+        return self._urls[tier]
+
+    def dlq_url(self, tier: str) -> str:
+        key = f"{tier}-dlq"
+        if key not in self._urls:
+            self._urls[key] = self.sqs.get_queue_url(QueueName=self.names.dlq(tier))["QueueUrl"]
+        return self._urls[key]
+
+    def tier_of(self, queue: str) -> str:
+        """The tier of a queue given its URL, ARN or name."""
+        name = queue.rstrip("/").split("/")[-1].split(":")[-1]
+        for tier in TIERS:
+            if name == self.names.queue(tier):
+                return tier
+        raise ValueError(f"{queue!r} is not one of this deployment's tier queues")
+
+    def send(self, task_id: str, tier: str, kind: MessageKind = "run", delay_seconds: int = 0) -> str:
+        body = TaskMessage(task_id=task_id, kind=kind).model_dump_json()
+        resp = self.sqs.send_message(QueueUrl=self.url(tier), MessageBody=body, DelaySeconds=delay_seconds)
+        return str(resp["MessageId"])
+
+    def dead_letter(self, tier: str, body: str, reason: str, attributes: dict[str, Any] | None = None) -> None:
+        """Put a message in the tier's DLQ with the reason attached (the caller deletes the original)."""
+        attrs = {k: v for k, v in (attributes or {}).items() if k != DEAD_LETTER_REASON}
+        attrs[DEAD_LETTER_REASON] = {"DataType": "String", "StringValue": reason[:1000]}
+        self.sqs.send_message(QueueUrl=self.dlq_url(tier), MessageBody=body, MessageAttributes=attrs)
+
+    def change_visibility(self, tier: str, receipt: str, seconds: int) -> None:
+        self.sqs.change_message_visibility(QueueUrl=self.url(tier), ReceiptHandle=receipt, VisibilityTimeout=seconds)
+
+    def delete(self, tier: str, receipt: str) -> None:
+        self.sqs.delete_message(QueueUrl=self.url(tier), ReceiptHandle=receipt)
+
+
+def describe_body(body: str) -> str:
+    """A short, safe rendering of a message body for logs and DLQ listings."""
+    try:
+        return json.dumps(json.loads(body))[:200]
+    except ValueError:
+        return repr(body[:200])
