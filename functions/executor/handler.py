@@ -24,7 +24,8 @@ from agentq.resources import QueueSettings
 from agentq.runtime import Settings, build_queues, build_registry, build_store
 
 logger = Logger(service="agentq-executor")
-processor = BatchProcessor(event_type=EventType.SQS)
+# Batch size 1: a failed record is the whole batch; report it, do not raise (no error alarm noise).
+processor = BatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
 
 SLICE_MARGIN_SECONDS = float(os.environ.get("AGENTQ_SLICE_MARGIN_SECONDS", "30"))
 VISIBILITY_SECONDS = int(os.environ.get("AGENTQ_VISIBILITY_SECONDS", "60"))

@@ -1,0 +1,117 @@
+"""The real Lambda executor handler, fed SQS events built from real messages on moto."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any, Iterator
+
+import pytest
+
+from agentq.local.moto_server import MotoServer
+from agentq.models import TaskStatus
+from agentq.queue import TaskMessage, TaskQueues
+from agentq.resources import QueueSettings, provision
+from agentq.runtime import Settings, build_queues, build_registry, build_store, session
+from agentq.submit import submit
+
+from tests.helpers import call, scripted
+from tests.lambda_support import FakeLambdaContext, load_handler, sqs_event
+
+
+@pytest.fixture
+def stack(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Settings, Any]]:
+    settings = Settings.for_prefix(f"l{uuid.uuid4().hex[:10]}", moto_server.endpoint_url, tool_modules=("tests.effect_tools",))
+    provision(session(settings), settings.names, endpoint_url=settings.endpoint_url, queues=QueueSettings(max_receive_count=3))
+    for key, value in settings.env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("AGENTQ_SLICE_MARGIN_SECONDS", "1.0")
+    monkeypatch.setenv("AGENTQ_LEASE_SECONDS", "5")
+    monkeypatch.setenv("POWERTOOLS_METRICS_NAMESPACE", "agentq")
+    yield settings, load_handler("executor")
+
+
+def _arn(queues: TaskQueues, tier: str) -> str:
+    attrs = queues.sqs.get_queue_attributes(QueueUrl=queues.url(tier), AttributeNames=["QueueArn"])
+    return str(attrs["Attributes"]["QueueArn"])
+
+
+def _invoke_like_lambda(handler: Any, queues: TaskQueues, tier: str, timeout_seconds: float) -> tuple[dict[str, Any], list[str]] | None:
+    """Receive one message (batch size 1), invoke, then delete it unless reported failed."""
+    resp = queues.sqs.receive_message(
+        QueueUrl=queues.url(tier), MaxNumberOfMessages=1, WaitTimeSeconds=1,
+        AttributeNames=["All"], MessageAttributeNames=["All"], VisibilityTimeout=30,
+    )  # fmt: skip
+    messages = resp.get("Messages", [])
+    if not messages:
+        return None
+    result = handler.lambda_handler(sqs_event(messages, _arn(queues, tier)), FakeLambdaContext(timeout_seconds))
+    failed = {f["itemIdentifier"] for f in result["batchItemFailures"]}
+    for m in messages:
+        if m["MessageId"] not in failed:
+            queues.delete(tier, m["ReceiptHandle"])
+    return result, [m["Body"] for m in messages]
+
+
+def test_a_task_longer_than_the_time_slice_completes_across_invocations(stack: tuple[Settings, Any]) -> None:
+    settings, handler = stack
+    store, queues = build_store(settings), build_queues(settings)
+    turns = [{"text": f"turn {i}", "latency_seconds": 0.4, "tool_calls": [call("lookup", query=str(i))]} for i in range(6)]
+    turns.append({"text": "all done"})
+    task = submit(store, build_registry(settings), scripted(turns, tools=["lookup"]), tenant="t", queues=queues)
+
+    invocations, kinds = 0, []
+    for _ in range(30):
+        got = _invoke_like_lambda(handler, queues, "normal", timeout_seconds=2.2)
+        if got is None:
+            break
+        result, bodies = got
+        assert result["batchItemFailures"] == []
+        invocations += 1
+        kinds += [TaskMessage.model_validate_json(b).kind for b in bodies]
+
+    final = store.get_task(task.task_id)
+    assert final.status is TaskStatus.SUCCEEDED and final.result == "all done"
+    assert invocations >= 3  # 7 turns x 0.4 s cannot fit in one 1.2 s slice
+    assert kinds[0] == "run" and set(kinds[1:]) == {"continue"}
+    assert len(final.claims) == invocations  # each invocation resumed where the last stopped
+    steps = store.load_steps(task.task_id)
+    assert [s.number for s in steps] == list(range(1, 14))
+    assert len({s.epoch for s in steps}) == invocations
+
+
+def test_a_poison_record_goes_to_the_dlq_and_is_not_reported_as_a_failure(stack: tuple[Settings, Any]) -> None:
+    settings, handler = stack
+    queues = build_queues(settings)
+    queues.sqs.send_message(QueueUrl=queues.url("high"), MessageBody="{not json")
+    result, _ = _invoke_like_lambda(handler, queues, "high", timeout_seconds=5)  # type: ignore[misc]
+    assert result["batchItemFailures"] == []
+    dlq = queues.sqs.receive_message(QueueUrl=queues.dlq_url("high"), MessageAttributeNames=["All"])["Messages"]
+    assert dlq[0]["Body"] == "{not json"
+    assert dlq[0]["MessageAttributes"]["agentq-reason"]["StringValue"].startswith("poison: not a task message")
+
+
+def test_a_retryable_failure_is_reported_for_that_record_and_the_message_comes_back_later(
+    stack: tuple[Settings, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings, handler = stack
+    store, queues = build_store(settings), build_queues(settings)
+    task = submit(store, build_registry(settings), scripted([{"text": "x"}]), tenant="t", queues=queues)
+
+    class Overloaded:
+        name = "overloaded"
+
+        def complete(self, request: Any) -> Any:
+            from agentq.errors import ProviderError
+
+            raise ProviderError("overloaded", retryable=True, status_code=529, attempts=5)
+
+    rt = handler.runtime()
+    monkeypatch.setattr(rt.dispatcher.engine, "providers", lambda sub: Overloaded())
+    result, bodies = _invoke_like_lambda(handler, queues, "normal", timeout_seconds=5)  # type: ignore[misc]
+    assert len(result["batchItemFailures"]) == 1
+    assert json.loads(bodies[0])["task_id"] == task.task_id
+    # Backoff: the message is invisible now (not immediately redelivered), the task still runnable.
+    assert queues.sqs.receive_message(QueueUrl=queues.url("normal"), WaitTimeSeconds=0).get("Messages") is None
+    meta = store.get_task(task.task_id)
+    assert meta.status is TaskStatus.RUNNING and meta.lease_expires == 0
