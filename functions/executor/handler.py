@@ -21,7 +21,7 @@ from agentq.dispatch import Dispatcher
 from agentq.engine import Engine, EngineConfig
 from agentq.observe import metrics, record_dead_letter
 from agentq.resources import QueueSettings
-from agentq.runtime import Settings, build_queues, build_registry, build_store
+from agentq.runtime import Settings, build_fanout, build_queues, build_registry, build_store
 
 logger = Logger(service="agentq-executor")
 # Batch size 1: a failed record is the whole batch; report it, do not raise (no error alarm noise).
@@ -48,6 +48,7 @@ class _Runtime:
             worker_id=f"lambda:{os.environ.get('AWS_LAMBDA_LOG_STREAM_NAME', os.getpid())}",
             tools=build_registry(self.settings),
             config=EngineConfig(lease_seconds=LEASE_SECONDS, slice_margin_seconds=SLICE_MARGIN_SECONDS),
+            fanout=build_fanout(self.settings),
         )
         max_receive = int(os.environ.get("AGENTQ_MAX_RECEIVE_COUNT", QueueSettings().max_receive_count))
         self.dispatcher = Dispatcher(engine, self.queues, max_receive_count=max_receive)

@@ -91,16 +91,38 @@ class Dispatcher:
         except TaskNotFound:
             return Action("dead_letter", f"poison: unknown task {message.task_id!r}", task_id=message.task_id)
 
+        if message.task_token and task.task_token != message.task_token:
+            self.store.set_task_token(task.task_id, message.task_token)  # continuations carry no token
+            task = task.model_copy(update={"task_token": message.task_token})
         if task.status.terminal:
             if not (task.status is TaskStatus.FAILED and _was_dead_lettered(attributes)):
+                self._report_end(task, task.status)  # a redelivery after a crash before the report
                 return Action("delete", f"task already {task.status.value}", task_id=task.task_id)
             self._requeue_redriven(task)
-        if task.status in (TaskStatus.WAITING, TaskStatus.PAUSED):
+        if message.kind == "wake" and message.spawn_id:
+            self._wake(task, message.spawn_id)
+        elif task.status in (TaskStatus.WAITING, TaskStatus.PAUSED):
             return Action("delete", f"task is {task.status.value}; it is woken by its own message", task_id=task.task_id)
 
         run = self.engine.run(task.task_id, deadline=deadline, keeper=keeper, on_beat=on_beat, stop=stop)
         record_run(run)
+        if run.status is not None and run.status.terminal:
+            self._report_end(task, run.status)
         return self._after_run(run, tier=tier, receive_count=receive_count)
+
+    def _wake(self, task: Task, spawn_id: str) -> None:
+        """The fan-out ended: note it on the spawn and make the parent runnable again."""
+        self.store.mark_spawn(task.task_id, spawn_id, woken=True)
+        try:
+            self.store.transition(task.task_id, TaskStatus.QUEUED)
+        except IllegalTransition:
+            pass  # still running (it parks itself and this message comes back) or already queued
+
+    def _report_end(self, task: Task, status: TaskStatus) -> None:
+        """A child of a fan-out reports its end through its Step Functions callback token."""
+        token = task.task_token or self.store.get_task(task.task_id).task_token
+        if token and self.engine.fanout is not None:
+            self.engine.fanout.child_finished(token, task.task_id, status)
 
     def _requeue_redriven(self, task: Task) -> None:
         """A message back from the DLQ for a task we failed: the operator wants it resumed."""
@@ -112,7 +134,7 @@ class Dispatcher:
 
     def _after_run(self, run: RunResult, *, tier: str, receive_count: int) -> Action:
         task_id = run.task_id
-        if run.outcome in ("finished", "stopped"):
+        if run.outcome in ("finished", "stopped", "waiting"):
             return Action("delete", f"task {run.status.value if run.status else 'ended'}", task_id=task_id, run=run)
         if run.outcome == "continue":
             self.queues.send(task_id, tier, kind="continue")

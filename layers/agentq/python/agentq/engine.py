@@ -19,7 +19,16 @@ from dataclasses import dataclass, field
 from contextlib import AbstractContextManager
 from typing import Any, Callable, Literal
 
-from agentq.errors import BudgetExceeded, LeaseLost, ProviderError
+from agentq.errors import BudgetExceeded, IllegalTransition, LeaseLost, ProviderError
+from agentq.fanout import (
+    SPAWN_TOOL,
+    FanoutLauncher,
+    SpawnRejected,
+    child_outcome,
+    parse_spawn_input,
+    plan_children,
+    render_spawn_result,
+)
 from agentq.faults import crash_point
 from agentq.models import Lease, LLMStep, StepRecord, Task, TaskStatus, ToolOutcome, ToolsStep
 from agentq.pricing import PriceTable, load_price_table
@@ -29,7 +38,7 @@ from agentq.tools import ToolContext, ToolRegistry, default_registry, idempotenc
 
 log = logging.getLogger("agentq.engine")
 
-Outcome = Literal["finished", "continue", "retry", "lease_lost", "not_claimed", "stopped"]
+Outcome = Literal["finished", "continue", "retry", "lease_lost", "not_claimed", "stopped", "waiting"]
 
 # Input estimate: 3 characters a token over the JSON of the request. Claude averages about
 # 3.5-4 on English and JSON, so this over-reserves slightly and the budget cap holds.
@@ -186,6 +195,7 @@ class Engine:
         providers: ProviderFactory = default_provider_factory,
         prices: PriceTable | None = None,
         config: EngineConfig = EngineConfig(),
+        fanout: FanoutLauncher | None = None,
     ) -> None:
         self.store = store
         self.worker_id = worker_id
@@ -193,6 +203,7 @@ class Engine:
         self.providers = providers
         self.prices = prices or load_price_table()
         self.config = config
+        self.fanout = fanout
 
     # ------------------------------------------------------------------ entry
 
@@ -250,7 +261,7 @@ class Engine:
         if held and held["epoch"] != session.lease.epoch:
             self.store.settle_orphan(
                 session.lease,
-                session.task.root_id,
+                session.task.budget_id,
                 BudgetDelta(reserved=held["amount"], used=0, cost_usd=NO_USAGE.cost_usd, tokens_in=0, tokens_out=0),
                 clear_inflight=True,
             )
@@ -264,7 +275,9 @@ class Engine:
             self._check_lease(s)
             last = s.steps[-1].body if s.steps else None
             if isinstance(last, LLMStep) and last.tool_uses():
-                self._run_tools(s, last)
+                parked = self._run_tools(s, last)
+                if parked is not None:
+                    return parked
                 if s.task.status.terminal:
                     return RunResult(task_id, "finished", status=s.task.status)
                 continue
@@ -321,7 +334,7 @@ class Engine:
         if held:
             self.store.settle_orphan(
                 s.lease,
-                s.task.root_id,
+                s.task.budget_id,
                 BudgetDelta(reserved=held["amount"], used=0, cost_usd=NO_USAGE.cost_usd, tokens_in=0, tokens_out=0),
                 clear_inflight=True,
             )
@@ -358,14 +371,14 @@ class Engine:
             return int(held["amount"])
         self._release_inflight(s)
         try:
-            self.store.reserve(s.lease, s.task.root_id, wanted, s.next_step)
+            self.store.reserve(s.lease, s.task.budget_id, wanted, s.next_step)
             return wanted
         except BudgetExceeded:
-            available = self.store.get_budget(s.task.root_id).available
+            available = self.store.get_budget(s.task.budget_id).available
             if available < est_in + MIN_OUTPUT_TOKENS:
                 return None
             try:
-                self.store.reserve(s.lease, s.task.root_id, available, s.next_step)
+                self.store.reserve(s.lease, s.task.budget_id, available, s.next_step)
                 return available
             except BudgetExceeded:
                 return None
@@ -421,14 +434,14 @@ class Engine:
                 s.lease,
                 s.next_step,
                 step,
-                root_id=s.task.root_id,
+                root_id=s.task.budget_id,
                 settle=settle,
                 finish=finish,
                 result=final_text(messages) if finish else None,
             )
         except LeaseLost:
             # The tokens were spent whoever owns the task now: the ledger still gets them.
-            self.store.settle_orphan(s.lease, s.task.root_id, settle, clear_inflight=False)
+            self.store.settle_orphan(s.lease, s.task.budget_id, settle, clear_inflight=False)
             raise
         self._committed(s, record, messages)
         s.task = s.task.model_copy(update={"inflight": None, **({"status": finish} if finish else {})})
@@ -444,18 +457,96 @@ class Engine:
 
     # ------------------------------------------------------------------ tools
 
-    def _run_tools(self, s: Session, llm: LLMStep) -> None:
+    def _run_tools(self, s: Session, llm: LLMStep) -> RunResult | None:
+        """Run the turn's tool calls and commit their results; a spawn may park the task
+        in ``waiting`` instead (returns that RunResult)."""
         allowlist = s.task.submission.constraints.tools
-        notes = _TaskNotes(self.store, s)
-        results: list[ToolOutcome] = []
-        for use in llm.tool_uses():
-            self._check_lease(s)
-            results.append(self._run_one_tool(s, use, allowlist, notes))
-        body = ToolsStep(results=results)
+        uses = llm.tool_uses()
+        spawns = [u for u in uses if u["name"] == SPAWN_TOOL and SPAWN_TOOL in allowlist]
+        if spawns and self.fanout is not None:
+            outcomes = self._spawn_turn(s, uses, spawns[0])
+            if isinstance(outcomes, RunResult):
+                return outcomes
+        else:
+            notes = _TaskNotes(self.store, s)
+            outcomes = []
+            for use in uses:
+                self._check_lease(s)
+                outcomes.append(self._run_one_tool(s, use, allowlist, notes))
+        self._check_lease(s)
+        body = ToolsStep(results=outcomes)
         messages = conversation(s.task.submission.goal, [*s.steps, _draft(s, body)])
         record = self._commit_tools(s, body, messages)
         self._committed(s, record, messages)
         crash_point("after_tools_commit")
+        return None
+
+    # ---------------------------------------------------------------- spawns
+
+    def _spawn_turn(self, s: Session, uses: list[dict[str, Any]], spawn_use: dict[str, Any]) -> list[ToolOutcome] | RunResult:
+        """The spawn protocol: create the children once, start their execution once, park the
+        parent until it is woken, then turn the children's ends into one tool result."""
+        assert self.fanout is not None
+        task = s.task
+        spawn_id = spawn_use["id"]
+        record = self.store.get_spawn(task.task_id, spawn_id)
+        if record is None:
+            allowlist = task.submission.constraints.tools
+            notes = _TaskNotes(self.store, s)
+            pending = [
+                self._run_one_tool(s, use, allowlist, notes)
+                if use["name"] != SPAWN_TOOL
+                else _error_outcome(use, f"only one {SPAWN_TOOL} call is carried out per turn")
+                for use in uses
+                if use is not spawn_use
+            ]
+            try:
+                spec = parse_spawn_input(spawn_use.get("input") or {})
+                plans = plan_children(task, spawn_id, spec, self.store.get_budget(task.budget_id).available)
+                max_concurrency = spec.max_concurrency or len(plans)
+                self.store.spawn(s.lease, task, spawn_id, plans, pending, max_concurrency)
+            except (SpawnRejected, BudgetExceeded) as exc:
+                refused = _error_outcome(spawn_use, str(exc))
+                by_id = {o.tool_use_id: o for o in [*pending, refused]}
+                return [by_id[u["id"]] for u in uses]
+            crash_point("after_spawn")
+            record = self.store.get_spawn(task.task_id, spawn_id)
+            assert record is not None
+        children = self.store.get_tasks(record["children"])
+        if not record.get("execution_arn"):
+            arn = self.fanout.start(
+                parent=task,
+                spawn_id=spawn_id,
+                children=[(c.task_id, c.submission.constraints.timeout_seconds) for c in children],
+                max_concurrency=int(record["max_concurrency"]),
+            )
+            self.store.mark_spawn(task.task_id, spawn_id, execution_arn=arn)
+        if not record.get("woken") and not all(c.status.terminal for c in children):
+            self.store.transition(task.task_id, TaskStatus.WAITING, lease=s.lease)
+            s.task = task.model_copy(update={"status": TaskStatus.WAITING})
+            return RunResult(task.task_id, "waiting", status=TaskStatus.WAITING)
+        entries = []
+        for child in children:
+            timed_out = not child.status.terminal
+            if timed_out:  # its execution iteration gave up: stop it where it stands
+                try:
+                    self.store.transition(
+                        child.task_id, TaskStatus.TIMED_OUT, error={"code": "timeout", "message": "sub-agent deadline passed"}
+                    )
+                except IllegalTransition:
+                    child = self.store.get_task(child.task_id)
+                    timed_out = child.status is TaskStatus.TIMED_OUT or not child.status.terminal
+            self.store.settle_child(task.budget_id, child.task_id)
+            entries.append(child_outcome(child, timed_out=timed_out))
+        spawn_outcome = ToolOutcome(
+            tool_use_id=spawn_id,
+            name=SPAWN_TOOL,
+            content=render_spawn_result(entries),
+            started_at=record["created_at"],
+            duration_ms=int((time.time() - record["created_at"]) * 1000),
+        )
+        by_id = {o.tool_use_id: o for o in [*record["pending"], spawn_outcome]}
+        return [by_id[u["id"]] for u in uses]
 
     def _run_one_tool(self, s: Session, use: dict[str, Any], allowlist: list[str], notes: _TaskNotes) -> ToolOutcome:
         spec = self.tools.get(use["name"])
@@ -534,7 +625,7 @@ class Engine:
         if isinstance(stop, TaskStatus):
             error = self._stop_error(preview, stop)
             record = self.store.commit_step(
-                s.lease, number, body, root_id=s.task.root_id, finish=stop, result=final_text(messages), error=error
+                s.lease, number, body, root_id=s.task.budget_id, finish=stop, result=final_text(messages), error=error
             )
             s.task = s.task.model_copy(update={"status": stop})
             return record
@@ -542,13 +633,19 @@ class Engine:
         if stop is None:
             _, reserve = self._wanted_reservation(preview)
         try:
-            record = self.store.commit_step(s.lease, number, body, root_id=s.task.root_id, reserve_next=reserve)
+            record = self.store.commit_step(s.lease, number, body, root_id=s.task.budget_id, reserve_next=reserve)
         except BudgetExceeded:
-            record = self.store.commit_step(s.lease, number, body, root_id=s.task.root_id)
+            record = self.store.commit_step(s.lease, number, body, root_id=s.task.budget_id)
             reserve = 0
         if reserve:
             s.task = s.task.model_copy(update={"inflight": {"amount": reserve, "epoch": s.lease.epoch, "step": number + 1}})
         return record
+
+
+def _error_outcome(use: dict[str, Any], message: str) -> ToolOutcome:
+    return ToolOutcome(
+        tool_use_id=use["id"], name=use["name"], content=message, is_error=True, status="error", started_at=time.time(), duration_ms=0
+    )
 
 
 def _draft(s: Session, body: ToolsStep) -> StepRecord:

@@ -86,6 +86,8 @@ class Constraints(StrictModel):
     timeout_seconds: int = Field(default=3600, ge=1, le=MAX_TIMEOUT_SECONDS)
     tools: list[str] = Field(default_factory=list, max_length=64, description="tool allowlist")
     max_output_tokens: int = Field(default=4096, ge=1, le=128_000, description="per LLM call")
+    max_depth: int = Field(default=3, ge=0, le=10, description="sub-agent nesting allowed below the root")
+    max_fanout: int = Field(default=10, ge=1, le=40, description="children per spawn_subagents call")
 
     @field_validator("tools")
     @classmethod
@@ -246,8 +248,16 @@ class Task(BaseModel):
     finished_at: float | None = None
     claims: list[dict[str, Any]] = Field(default_factory=list)
     inflight: dict[str, int] | None = None  # the reservation held for the next LLM call
+    spawn_id: str | None = None  # the parent's spawn_subagents tool_use id, for a child
+    task_token: str | None = None  # Step Functions callback token, for a child run by a fan-out
     heartbeat_at: float | None = None  # last sign of life of the lease holder
     prev_heartbeat_at: float | None = None  # ... of the previous holder, as seen by the last claim
+
+    @property
+    def budget_id(self) -> str:
+        """Every task draws on its own budget item: the root's is the tree's cap, a child's is
+        the share its parent allocated to it at spawn time."""
+        return self.task_id
 
     @property
     def pickup_latency(self) -> float | None:

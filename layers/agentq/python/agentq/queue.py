@@ -23,6 +23,8 @@ class TaskMessage(BaseModel):
     task_id: str = Field(min_length=1, max_length=128)
     kind: MessageKind = "run"
     sent_at: float = Field(default_factory=time.time)
+    task_token: str | None = Field(default=None, max_length=4096)  # from a Step Functions fan-out
+    spawn_id: str | None = Field(default=None, max_length=256)  # on a wake: the fan-out that ended
 
 
 @dataclass

@@ -7,6 +7,7 @@ ones, so a key schema or queue setting cannot drift between local and deployed.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -56,6 +57,32 @@ class ResourceNames(BaseModel):
     def dlq(self, tier: str) -> str:
         return f"{self.prefix}-{tier}-dlq"
 
+    @property
+    def state_machine(self) -> str:
+        return f"{self.prefix}-fanout"
+
+
+FANOUT_ASL_PATH = Path(__file__).resolve().parent / "asl" / "fanout.asl.json"
+LOCAL_ROLE_ARN = "arn:aws:iam::123456789012:role/agentq-local-fanout"  # moto does not check roles
+
+
+def fanout_definition() -> dict[str, Any]:
+    """The fan-out state machine (ASL), the same document CDK deploys."""
+    return json.loads(FANOUT_ASL_PATH.read_text())  # type: ignore[no-any-return]
+
+
+def provision_state_machine(sfn: Any, names: ResourceNames) -> str:
+    """Create (or find) the fan-out state machine; returns its ARN."""
+    for page in sfn.get_paginator("list_state_machines").paginate():
+        for machine in page["stateMachines"]:
+            if machine["name"] == names.state_machine:
+                return str(machine["stateMachineArn"])
+    return str(
+        sfn.create_state_machine(
+            name=names.state_machine, definition=json.dumps(fanout_definition()), roleArn=LOCAL_ROLE_ARN, type="STANDARD"
+        )["stateMachineArn"]
+    )
+
 
 def queue_attributes(settings: QueueSettings, dlq_arn: str) -> dict[str, str]:
     return {
@@ -103,6 +130,7 @@ def provision(
         pass
     if queues is not None:
         provision_queues(session.client("sqs", endpoint_url=endpoint_url), names, queues)
+        provision_state_machine(session.client("stepfunctions", endpoint_url=endpoint_url), names)
 
 
 def provision_queues(sqs: Any, names: ResourceNames, settings: QueueSettings) -> dict[str, str]:

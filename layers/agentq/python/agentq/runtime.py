@@ -35,6 +35,7 @@ class Settings:
     region: str = "us-east-1"
     offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD
     tool_modules: tuple[str, ...] = ()
+    state_machine_arn: str | None = None  # default: looked up by name ({prefix}-fanout)
 
     @property
     def names(self) -> ResourceNames:
@@ -58,6 +59,7 @@ class Settings:
             region=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
             offload_threshold=int(os.environ.get("AGENTQ_OFFLOAD_BYTES", DEFAULT_OFFLOAD_THRESHOLD)),
             tool_modules=modules,
+            state_machine_arn=os.environ.get("AGENTQ_STATE_MACHINE_ARN") or None,
         )
 
     def env(self) -> dict[str, str]:
@@ -72,6 +74,8 @@ class Settings:
         }
         if self.endpoint_url:
             out["AWS_ENDPOINT_URL"] = self.endpoint_url
+        if self.state_machine_arn:
+            out["AGENTQ_STATE_MACHINE_ARN"] = self.state_machine_arn
         return out
 
 
@@ -93,9 +97,29 @@ def build_queues(settings: Settings, sess: Any | None = None, pool: int = 64) ->
     return TaskQueues(client(settings, "sqs", sess, pool), settings.names)
 
 
+def build_fanout(settings: Settings, sess: Any | None = None, pool: int = 64) -> Any:
+    """The Step Functions fan-out launcher, or None where no state machine exists."""
+    from agentq.stepfunctions import StepFunctionsFanout
+
+    sfn = client(settings, "stepfunctions", sess, pool)
+    arn = settings.state_machine_arn
+    if arn is None:
+        for page in sfn.get_paginator("list_state_machines").paginate():
+            for machine in page["stateMachines"]:
+                if machine["name"] == settings.names.state_machine:
+                    arn = machine["stateMachineArn"]
+    if arn is None:
+        return None
+    return StepFunctionsFanout(sfn, arn, build_queues(settings, sess, pool))
+
+
 def build_registry(settings: Settings) -> ToolRegistry:
-    """Built-in tools plus those of each module in AGENTQ_TOOL_MODULES (its ``TOOLS`` list)."""
+    """Built-in tools (spawn_subagents included) plus those of each module in
+    AGENTQ_TOOL_MODULES (its ``TOOLS`` list)."""
+    from agentq.fanout import spawn_tool_spec
+
     registry = default_registry()
+    registry.register(spawn_tool_spec())
     for name in settings.tool_modules:
         module = importlib.import_module(name)
         for spec in getattr(module, "TOOLS", []):

@@ -118,8 +118,28 @@ class Store:
         """Write META (and the root budget for a root task) in one transaction: all or nothing."""
         task_id = task_id or new_task_id()
         root_id = root_id or task_id
+        meta = self._meta_item(task_id, submission, tenant=tenant, root_id=root_id, parent_id=parent_id, depth=depth)
+        items: list[dict[str, Any]] = [
+            {"Put": {"TableName": self.table, "Item": to_item(meta), "ConditionExpression": "attribute_not_exists(pk)"}}
+        ]
+        if root_id == task_id:
+            items.append(self._budget_put(task_id, submission.constraints.max_tokens))
+        self.ddb.transact_write_items(TransactItems=items)
+        return Task.model_validate({**meta, "submission": submission})
+
+    @staticmethod
+    def _meta_item(
+        task_id: str,
+        submission: TaskSubmission,
+        *,
+        tenant: str,
+        root_id: str,
+        parent_id: str | None,
+        depth: int,
+        **extra: Any,
+    ) -> dict[str, Any]:
         now = time.time()
-        meta = {
+        return {
             "pk": task_pk(task_id),
             "sk": META,
             "task_id": task_id,
@@ -139,28 +159,23 @@ class Store:
             "created_at": now,
             "updated_at": now,
             "claims": [],
+            **extra,
         }
-        items: list[dict[str, Any]] = [
-            {"Put": {"TableName": self.table, "Item": to_item(meta), "ConditionExpression": "attribute_not_exists(pk)"}}
-        ]
-        if root_id == task_id:
-            cap = submission.constraints.max_tokens
-            budget = {
-                "pk": budget_pk(root_id),
-                "sk": META,
-                "cap": cap,
-                "reserved": 0,
-                "used": 0,
-                "available": cap,
-                "cost_usd": Decimal(0),
-                "tokens_in": 0,
-                "tokens_out": 0,
-            }
-            items.append(
-                {"Put": {"TableName": self.table, "Item": to_item(budget), "ConditionExpression": "attribute_not_exists(pk)"}}
-            )
-        self.ddb.transact_write_items(TransactItems=items)
-        return Task.model_validate({**meta, "submission": submission})
+
+    def _budget_put(self, budget_id: str, cap: int, **extra: Any) -> dict[str, Any]:
+        budget = {
+            "pk": budget_pk(budget_id),
+            "sk": META,
+            "cap": cap,
+            "reserved": 0,
+            "used": 0,
+            "available": cap,
+            "cost_usd": Decimal(0),
+            "tokens_in": 0,
+            "tokens_out": 0,
+            **extra,
+        }
+        return {"Put": {"TableName": self.table, "Item": to_item(budget), "ConditionExpression": "attribute_not_exists(pk)"}}
 
     def delete_unstarted(self, task_id: str) -> None:
         """Undo a create whose enqueue failed: only while nobody has claimed the task."""
@@ -284,9 +299,11 @@ class Store:
             values[f":from{i}"] = src.value
             placeholders.append(f":from{i}")
         sets = ["#s = :to", "updated_at = :now"]
-        if to.terminal:
-            sets += ["finished_at = :now", "lease_expires = :zero"]
+        if to is not TaskStatus.RUNNING:  # only a running task holds a lease
+            sets.append("lease_expires = :zero")
             values[":zero"] = 0
+        if to.terminal:
+            sets.append("finished_at = :now")
         if result is not None:
             sets.append(self._result_set(task_id, result, values, names, lease))
         if error is not None:
@@ -659,6 +676,173 @@ class Store:
             is_error=bool(data.get("is_error", False)),
             epoch=data["epoch"],
         )
+
+    # ------------------------------------------------------------------ spawns
+
+    def spawn(
+        self,
+        lease: Lease,
+        parent: Task,
+        spawn_id: str,
+        children: list[Any],
+        pending: list[ToolOutcome],
+        max_concurrency: int,
+    ) -> bool:
+        """Create every child (META + its funded budget) and the SPAWN record, and move the
+        children's shares out of the parent's budget, in one fenced transaction.
+
+        Returns False when this spawn already exists (a retried spawn creates nothing).
+        """
+        total = sum(c.share for c in children)
+        record = {
+            "pk": task_pk(parent.task_id),
+            "sk": f"SPAWN#{spawn_id}",
+            "children": [c.task_id for c in children],
+            "max_concurrency": max_concurrency,
+            "created_at": time.time(),
+            "epoch": lease.epoch,
+            **self.payloads.encode(
+                f"tasks/{parent.task_id}/spawns/{spawn_id}-e{lease.epoch}.json",
+                json.dumps([p.model_dump(mode="json") for p in pending]),
+            ),
+        }
+        items: list[dict[str, Any]] = [
+            self._lease_check(lease),
+            {"Put": {"TableName": self.table, "Item": to_item(record), "ConditionExpression": "attribute_not_exists(pk)"}},
+            {
+                "Update": {
+                    "TableName": self.table,
+                    "Key": to_item({"pk": budget_pk(parent.budget_id), "sk": META}),
+                    "UpdateExpression": "SET available = available - :total, reserved = reserved + :total",
+                    "ConditionExpression": "available >= :total",
+                    "ExpressionAttributeValues": to_values({":total": total}),
+                }
+            },
+        ]
+        for child in children:
+            meta = self._meta_item(
+                child.task_id,
+                child.submission,
+                tenant=parent.tenant,
+                root_id=parent.root_id,
+                parent_id=parent.task_id,
+                depth=parent.depth + 1,
+                spawn_id=spawn_id,
+            )
+            items.append({"Put": {"TableName": self.table, "Item": to_item(meta), "ConditionExpression": "attribute_not_exists(pk)"}})
+            items.append(self._budget_put(child.task_id, child.share, parent_budget=parent.budget_id))
+        try:
+            self.ddb.transact_write_items(TransactItems=items)
+            return True
+        except ClientError as exc:
+            reasons = _cancellation_codes(exc)
+            if reasons[:1] == ["ConditionalCheckFailed"]:
+                raise self._why_fenced(lease) from exc
+            if reasons[1:2] == ["ConditionalCheckFailed"]:
+                return False
+            if reasons[2:3] == ["ConditionalCheckFailed"]:
+                raise BudgetExceeded(f"the budget cannot fund {total} tokens of sub-agent shares") from exc
+            raise
+
+    def get_spawn(self, parent_id: str, spawn_id: str) -> dict[str, Any] | None:
+        resp = self.ddb.get_item(
+            TableName=self.table, Key=to_item({"pk": task_pk(parent_id), "sk": f"SPAWN#{spawn_id}"}), ConsistentRead=True
+        )
+        if "Item" not in resp:
+            return None
+        data = from_item(resp["Item"])
+        data["pending"] = [ToolOutcome.model_validate(p) for p in json.loads(self.payloads.decode(data))]
+        return data
+
+    def mark_spawn(self, parent_id: str, spawn_id: str, **fields: Any) -> None:
+        """Record facts about a spawn (execution ARN, woken) on its SPAWN item."""
+        names = {f"#{k}": k for k in fields}
+        self.ddb.update_item(
+            TableName=self.table,
+            Key=to_item({"pk": task_pk(parent_id), "sk": f"SPAWN#{spawn_id}"}),
+            UpdateExpression="SET " + ", ".join(f"#{k} = :{k}" for k in fields),
+            ConditionExpression="attribute_exists(pk)",
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues=to_values({f":{k}": v for k, v in fields.items()}),
+        )
+
+    def get_tasks(self, task_ids: list[str]) -> list[Task]:
+        """Many META items (BatchGetItem, 100 a call), in the order asked."""
+        found: dict[str, Task] = {}
+        for i in range(0, len(task_ids), 100):
+            keys = [to_item({"pk": task_pk(t), "sk": META}) for t in task_ids[i : i + 100]]
+            request: dict[str, Any] = {self.table: {"Keys": keys, "ConsistentRead": True}}
+            while request:
+                resp = self.ddb.batch_get_item(RequestItems=request)
+                for item in resp["Responses"].get(self.table, []):
+                    task = self._task(item)
+                    found[task.task_id] = task
+                request = resp.get("UnprocessedKeys") or {}
+        return [found[t] for t in task_ids if t in found]
+
+    def set_task_token(self, task_id: str, token: str) -> None:
+        self.ddb.update_item(
+            TableName=self.table,
+            Key=to_item({"pk": task_pk(task_id), "sk": META}),
+            UpdateExpression="SET task_token = :t",
+            ConditionExpression="attribute_exists(pk)",
+            ExpressionAttributeValues=to_values({":t": token}),
+        )
+
+    def settle_child(self, parent_budget_id: str, child_id: str) -> None:
+        """Close a child's budget and fold what its subtree spent into the parent's, once.
+
+        The share was moved to the parent's ``reserved`` at spawn; now ``reserved`` gives it
+        back, ``used`` takes the child's real usage and the rest is available again. The
+        ``settled`` flag makes a repeat (a resumed parent) a no-op.
+        """
+        for _ in range(5):
+            child = self.get_budget(child_id)
+            raw = self.ddb.get_item(TableName=self.table, Key=to_item({"pk": budget_pk(child_id), "sk": META}), ConsistentRead=True)
+            if "settled" in raw.get("Item", {}):
+                return
+            tokens = from_item(raw["Item"])
+            try:
+                self.ddb.transact_write_items(
+                    TransactItems=[
+                        {
+                            "Update": {
+                                "TableName": self.table,
+                                "Key": to_item({"pk": budget_pk(child_id), "sk": META}),
+                                "UpdateExpression": "SET settled = :true, available = :zero",
+                                "ConditionExpression": "attribute_not_exists(settled) AND used = :used AND reserved = :reserved",
+                                "ExpressionAttributeValues": to_values(
+                                    {":true": True, ":zero": 0, ":used": child.used, ":reserved": child.reserved}
+                                ),
+                            }
+                        },
+                        {
+                            "Update": {
+                                "TableName": self.table,
+                                "Key": to_item({"pk": budget_pk(parent_budget_id), "sk": META}),
+                                "UpdateExpression": (
+                                    "SET reserved = reserved - :cap, used = used + :used, available = available + :back, "
+                                    "cost_usd = cost_usd + :cost, tokens_in = tokens_in + :tin, tokens_out = tokens_out + :tout"
+                                ),
+                                "ExpressionAttributeValues": to_values(
+                                    {
+                                        ":cap": child.cap,
+                                        ":used": child.used + child.reserved,
+                                        ":back": child.cap - child.used - child.reserved,
+                                        ":cost": child.cost_usd,
+                                        ":tin": tokens["tokens_in"],
+                                        ":tout": tokens["tokens_out"],
+                                    }
+                                ),
+                            }
+                        },
+                    ]
+                )
+                return
+            except ClientError as exc:
+                if "ConditionalCheckFailed" not in _cancellation_codes(exc):
+                    raise
+        raise RuntimeError(f"could not settle the budget of child {child_id}: it keeps changing")
 
     # ------------------------------------------------------------------- notes
 

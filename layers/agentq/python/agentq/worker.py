@@ -32,7 +32,7 @@ from agentq.engine import Engine, EngineConfig, RunResult, Session
 from agentq.errors import LeaseLost
 from agentq.queue import TaskQueues
 from agentq.resources import TIERS, QueueSettings
-from agentq.runtime import Settings, build_queues, build_registry, build_store
+from agentq.runtime import Settings, build_fanout, build_queues, build_registry, build_store
 
 log = logging.getLogger("agentq.worker")
 
@@ -198,6 +198,7 @@ class Worker:
             worker_id=worker_id(),
             tools=build_registry(settings),
             config=EngineConfig(lease_seconds=config.lease_seconds, heartbeat_seconds=config.heartbeat_seconds),
+            fanout=build_fanout(settings, pool=pool),
         )
         self.dispatcher = Dispatcher(self.engine, self.queues, max_receive_count=config.max_receive_count)
         self.slots = SlotPool(config.concurrency, config.weights)

@@ -1,0 +1,126 @@
+"""Sub-agent fan-out on the local stack: the real ASL executed by moto's Step Functions,
+children run by worker processes that report through their callback tokens."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from agentq.local.stack import LocalStack
+from agentq.models import LLMStep, Task, TaskStatus, ToolsStep
+from agentq.runtime import build_registry
+from agentq.store import Store
+from agentq.submit import submit
+
+from tests.helpers import call, scripted
+
+
+def grandchild(i: int, j: int) -> dict[str, Any]:
+    return {"goal": f"grandchild {i}.{j}", "script": {"turns": [{"text": f"fact {i}.{j}"}]}}
+
+
+def child(i: int) -> dict[str, Any]:
+    return {
+        "goal": f"child {i}",
+        "script": {
+            "turns": [
+                {"text": f"child {i} splits", "tool_calls": [call("spawn_subagents", subagents=[grandchild(i, 0), grandchild(i, 1)])]},
+                {"text": f"child {i} summary"},
+            ]
+        },
+    }
+
+
+def _wait(store: Store, task_id: str, timeout: float = 90) -> Task:
+    deadline = time.monotonic() + timeout
+    while not (task := store.get_task(task_id)).status.terminal:
+        assert time.monotonic() < deadline, f"task still {task.status.value}"
+        time.sleep(0.1)
+    return task
+
+
+def _tree(store: Store, root_id: str) -> list[Task]:
+    found = [store.get_task(root_id)]
+    i = 0
+    while i < len(found):
+        for record in store.load_steps(found[i].task_id):
+            if isinstance(record.body, ToolsStep):
+                for r in record.body.results:
+                    if r.name == "spawn_subagents" and not r.is_error:
+                        found += store.get_tasks([s["task_id"] for s in json.loads(r.content)["subagents"]])
+        i += 1
+    return found
+
+
+@pytest.fixture(scope="module")
+def stack() -> Any:
+    with LocalStack(prefix="fan", workers=2, api=False) as s:
+        yield s
+
+
+def test_a_two_level_tree_completes_and_the_root_ledger_equals_every_call_in_it(stack: LocalStack) -> None:
+    assert stack.settings is not None
+    store = stack.store()
+    turns = [
+        {"text": "fan out", "tool_calls": [call("spawn_subagents", subagents=[child(i) for i in range(5)], max_concurrency=3)]},
+        {"text": "root summary"},
+    ]
+    root = submit(store, build_registry(stack.settings), scripted(turns, tools=["spawn_subagents"], max_tokens=400_000), tenant="t", queues=stack.queues())
+    final = _wait(store, root.task_id)
+    assert final.status is TaskStatus.SUCCEEDED and final.result == "root summary"
+
+    steps = store.load_steps(root.task_id)
+    assert [s.body.kind for s in steps] == ["llm", "tools", "llm"]
+    spawn_result = json.loads(steps[1].body.results[0].content)  # type: ignore[union-attr]
+    assert [e["status"] for e in spawn_result["subagents"]] == ["succeeded"] * 5
+    assert [e["result"] for e in spawn_result["subagents"]] == [f"child {i} summary" for i in range(5)]
+    assert len(final.claims) == 2  # submitted once, woken once with every result
+
+    tree = _tree(store, root.task_id)
+    assert len(tree) == 1 + 5 + 10
+    assert all(t.status is TaskStatus.SUCCEEDED for t in tree)
+    assert sorted(t.depth for t in tree) == [0] + [1] * 5 + [2] * 10
+    assert {t.root_id for t in tree} == {root.task_id}
+    assert all(t.task_token for t in tree[1:])  # every child was run by the Step Functions callback
+    every_call = sum(s.body.usage.total for t in tree for s in store.load_steps(t.task_id) if isinstance(s.body, LLMStep))
+    budget = store.get_budget(root.task_id)
+    assert budget.used == every_call
+    assert budget.reserved == 0 and budget.available == budget.cap - every_call
+
+
+def test_spawning_past_the_limits_is_an_error_result_not_a_silent_cap(stack: LocalStack) -> None:
+    assert stack.settings is not None
+    store = stack.store()
+    too_wide = [{"goal": f"g{i}", "script": {"turns": [{"text": "x"}]}} for i in range(4)]
+    turns = [
+        {"text": "", "tool_calls": [call("spawn_subagents", subagents=too_wide)]},
+        {"text": "", "tool_calls": [call("spawn_subagents", subagents=[{"goal": "g", "token_share": 10_000_000, "script": {"turns": [{"text": "x"}]}}])]},
+        {"text": "", "tool_calls": [call("spawn_subagents", subagents=[{"goal": "g", "tools": ["python_exec"], "script": {"turns": [{"text": "x"}]}}])]},
+        {"text": "gave up"},
+    ]
+    sub = scripted(turns, tools=["spawn_subagents"], max_tokens=50_000)
+    sub.constraints.max_fanout = 3
+    root = submit(store, build_registry(stack.settings), sub, tenant="t", queues=stack.queues())
+    final = _wait(store, root.task_id)
+    assert final.status is TaskStatus.SUCCEEDED
+    errors = [s.body.results[0] for s in store.load_steps(root.task_id) if isinstance(s.body, ToolsStep)]
+    assert all(e.is_error for e in errors)
+    assert "4 sub-agents requested, max_fanout is 3" in errors[0].content
+    assert "token shares total 10000000" in errors[1].content
+    assert "asks for tool 'python_exec'" in errors[2].content
+    assert store.get_budget(root.task_id).reserved == 0
+
+
+def test_depth_past_max_depth_is_refused(stack: LocalStack) -> None:
+    assert stack.settings is not None
+    store = stack.store()
+    turns = [{"text": "", "tool_calls": [call("spawn_subagents", subagents=[{"goal": "g", "script": {"turns": [{"text": "x"}]}}])]}, {"text": "alone"}]
+    sub = scripted(turns, tools=["spawn_subagents"])
+    sub.constraints.max_depth = 0
+    root = submit(store, build_registry(stack.settings), sub, tenant="t", queues=stack.queues())
+    _wait(store, root.task_id)
+    result = store.load_steps(root.task_id)[1].body.results[0]  # type: ignore[union-attr]
+    assert result.is_error and "max_depth is 0" in result.content
