@@ -124,3 +124,61 @@ def test_depth_past_max_depth_is_refused(stack: LocalStack) -> None:
     _wait(store, root.task_id)
     result = store.load_steps(root.task_id)[1].body.results[0]  # type: ignore[union-attr]
     assert result.is_error and "max_depth is 0" in result.content
+
+
+def test_a_child_past_its_deadline_becomes_timeout_and_a_child_over_budget_keeps_its_partial_result(stack: LocalStack) -> None:
+    assert stack.settings is not None
+    store = stack.store()
+    slow = {"goal": "slow", "deadline_seconds": 2, "script": {"turns": [{"text": f"s{i}", "latency_seconds": 0.8, "tool_calls": [call("note_write", key="k", value="v")]} for i in range(20)]}}
+    greedy = {"goal": "greedy", "token_share": 1500, "script": {"turns": [{"text": f"thinking {i} " + "z" * 600, "tool_calls": [call("note_write", key="k", value="v" * 800)]} for i in range(20)]}}
+    quick = {"goal": "quick", "script": {"turns": [{"text": "quick answer"}]}}
+    turns = [
+        {"text": "", "tool_calls": [call("spawn_subagents", subagents=[slow, greedy, quick])]},
+        {"text": "carried on with what it had"},
+    ]
+    sub = scripted(turns, tools=["spawn_subagents", "note_write"], max_tokens=100_000, max_output_tokens=16_000)
+    root = submit(store, build_registry(stack.settings), sub, tenant="t", queues=stack.queues())
+    final = _wait(store, root.task_id)
+    assert final.status is TaskStatus.SUCCEEDED and final.result == "carried on with what it had"
+    entries = json.loads(store.load_steps(root.task_id)[1].body.results[0].content)["subagents"]  # type: ignore[union-attr]
+    by_goal = {e["goal"]: e for e in entries}
+    assert by_goal["slow"]["status"] == "timed_out" and by_goal["slow"]["result"].startswith("[timeout] partial result: s")
+    assert by_goal["greedy"]["status"] == "cost_exceeded" and by_goal["greedy"]["result"].startswith("thinking")
+    assert by_goal["quick"] == {**by_goal["quick"], "status": "succeeded", "result": "quick answer"}
+    budget = store.get_budget(root.task_id)
+    assert budget.reserved == 0 and budget.used <= budget.cap
+    greedy_budget = store.get_budget(by_goal["greedy"]["task_id"])
+    assert greedy_budget.used <= 1500  # a child never spends past its share
+
+
+def test_a_parent_killed_mid_spawn_resumes_without_duplicating_children(stack: LocalStack) -> None:
+    """SIGKILL right after the SPAWN record (shares taken, children not yet written)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    assert stack.settings is not None
+    store = stack.store()
+    turns = [
+        {"text": "", "tool_calls": [call("spawn_subagents", subagents=[{"goal": f"c{i}", "script": {"turns": [{"text": f"r{i}"}]}} for i in range(3)])]},
+        {"text": "done"},
+    ]
+    root = store.create_task(scripted(turns, tools=["spawn_subagents"], max_tokens=30_000), tenant="t")
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentq", "run-task", root.task_id, "--lease", "1"],
+        env=stack.env(AGENTQ_CRASH_AT="after_spawn_record:1"), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    time.sleep(1.1)
+    stack.queues().send(root.task_id, "normal")  # its message would come back; send it now
+    final = _wait(store, root.task_id)
+    assert final.status is TaskStatus.SUCCEEDED
+    entries = json.loads(store.load_steps(root.task_id)[1].body.results[0].content)["subagents"]  # type: ignore[union-attr]
+    assert [e["result"] for e in entries] == ["r0", "r1", "r2"]
+    budget = store.get_budget(root.task_id)
+    tree = _tree(store, root.task_id)
+    assert len(tree) == 4  # three children, created once
+    every_call = sum(s.body.usage.total for t in tree for s in store.load_steps(t.task_id) if isinstance(s.body, LLMStep))
+    assert budget.used == every_call and budget.reserved == 0  # shares taken once, settled once
+    del os

@@ -22,6 +22,7 @@ from typing import Any, Callable, Literal
 from agentq.errors import BudgetExceeded, IllegalTransition, LeaseLost, ProviderError
 from agentq.fanout import (
     SPAWN_TOOL,
+    ChildPlan,
     FanoutLauncher,
     SpawnRejected,
     child_outcome,
@@ -30,7 +31,7 @@ from agentq.fanout import (
     render_spawn_result,
 )
 from agentq.faults import crash_point
-from agentq.models import Lease, LLMStep, StepRecord, Task, TaskStatus, ToolOutcome, ToolsStep
+from agentq.models import Lease, LLMStep, StepRecord, Task, TaskStatus, TaskSubmission, ToolOutcome, ToolsStep
 from agentq.pricing import PriceTable, load_price_table
 from agentq.providers import LLMRequest, ProviderFactory, default_provider_factory
 from agentq.store import NO_USAGE, BudgetDelta, Store
@@ -427,7 +428,7 @@ class Engine:
             tokens_out=response.usage.output_tokens,
         )
         messages = [*s.messages, {"role": "assistant", "content": step.content}]
-        finish = None if step.tool_uses() else TaskStatus.SUCCEEDED
+        finish, error = self._turn_end(step, max_out)
         self._check_lease(s)
         try:
             record = self.store.commit_step(
@@ -438,6 +439,7 @@ class Engine:
                 settle=settle,
                 finish=finish,
                 result=final_text(messages) if finish else None,
+                error=error,
             )
         except LeaseLost:
             # The tokens were spent whoever owns the task now: the ledger still gets them.
@@ -449,6 +451,20 @@ class Engine:
         if finish:
             return RunResult(s.lease.task_id, "finished", status=finish)
         return None
+
+    @staticmethod
+    def _turn_end(step: LLMStep, max_out: int) -> tuple[TaskStatus | None, dict[str, Any] | None]:
+        """Whether this assistant turn ends the task: tool calls go on; an answer succeeds;
+        an answer cut off at the output limit is a failure that says which limit to raise
+        (a truncated tool call is dropped by the provider, so it cannot be carried out)."""
+        if step.stop_reason == "max_tokens":
+            return TaskStatus.FAILED, {
+                "code": "output_truncated",
+                "message": f"the model's turn was cut off at {max_out} output tokens; raise constraints.max_output_tokens",
+            }
+        if step.tool_uses():
+            return None, None
+        return TaskStatus.SUCCEEDED, None
 
     def _committed(self, s: Session, record: StepRecord, messages: list[dict[str, Any]]) -> None:
         s.steps.append(record)
@@ -512,6 +528,12 @@ class Engine:
             crash_point("after_spawn")
             record = self.store.get_spawn(task.task_id, spawn_id)
             assert record is not None
+        if record.get("state") == "creating":  # a crash cut the child writes short: redo them
+            plans = [
+                ChildPlan(p["task_id"], TaskSubmission.model_validate(p["submission"]), p["share"], p["deadline_seconds"])
+                for p in record["plans"]
+            ]
+            self.store.write_children(task, spawn_id, plans)
         children = self.store.get_tasks(record["children"])
         if not record.get("execution_arn"):
             arn = self.fanout.start(
@@ -529,10 +551,15 @@ class Engine:
         for child in children:
             timed_out = not child.status.terminal
             if timed_out:  # its execution iteration gave up: stop it where it stands
+                partial = final_text(conversation(child.submission.goal, self.store.load_steps(child.task_id)))
                 try:
                     self.store.transition(
-                        child.task_id, TaskStatus.TIMED_OUT, error={"code": "timeout", "message": "sub-agent deadline passed"}
+                        child.task_id,
+                        TaskStatus.TIMED_OUT,
+                        result=partial,
+                        error={"code": "timeout", "message": "sub-agent deadline passed"},
                     )
+                    child = child.model_copy(update={"result": partial})
                 except IllegalTransition:
                     child = self.store.get_task(child.task_id)
                     timed_out = child.status is TaskStatus.TIMED_OUT or not child.status.terminal

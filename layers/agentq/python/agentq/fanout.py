@@ -41,7 +41,7 @@ class SubagentSpec(StrictModel):
 
 class SpawnInput(StrictModel):
     subagents: list[SubagentSpec] = Field(min_length=1, description="one entry per sub-agent")
-    max_concurrency: int | None = Field(default=None, ge=1, le=40, description="children running at once")
+    max_concurrency: int | None = Field(default=None, ge=1, le=100, description="children running at once")
 
 
 class SpawnRejected(Exception):
@@ -50,6 +50,8 @@ class SpawnRejected(Exception):
 
 @dataclass(frozen=True)
 class ChildPlan:
+    """A child as the spawn creates it (also rebuilt from a ``creating`` spawn record)."""
+
     task_id: str
     submission: TaskSubmission
     share: int
@@ -67,12 +69,13 @@ class FanoutLauncher(Protocol):
 @tool(name=SPAWN_TOOL, side_effects=False, timeout_seconds=60)
 def spawn_subagents(
     subagents: Annotated[list[SubagentSpec], Field(min_length=1, description="one entry per sub-agent")],
-    max_concurrency: Annotated[int | None, Field(ge=1, le=40, description="children running at once")] = None,
+    max_concurrency: Annotated[int | None, Field(ge=1, le=100, description="children running at once")] = None,
 ) -> str:
     """Run sub-agents in parallel, each on its own sub-goal with its own tools and token
     share; you get every sub-agent's status and result back in one tool result when all
     have finished (or hit their deadline)."""
-    return "spawn_subagents is carried out by the agentq engine, not called directly"
+    # The engine carries a spawn out itself; reaching this means no fan-out is configured.
+    raise RuntimeError("sub-agents are unavailable: this worker has no Step Functions fan-out configured")
 
 
 def spawn_tool_spec() -> ToolSpec:

@@ -20,6 +20,7 @@ CRASH_POINTS = (
     "after_tool_run",  # tool ran, its outcome not recorded anywhere
     "after_effect_finish",  # side-effect outcome recorded, tools step not committed
     "after_tools_commit",  # tool results durable (with the next reservation)
+    "after_spawn_record",  # SPAWN record written and shares taken, children not yet written
     "after_spawn",  # children and SPAWN record written, execution not started
 )
 

@@ -87,7 +87,7 @@ class Constraints(StrictModel):
     tools: list[str] = Field(default_factory=list, max_length=64, description="tool allowlist")
     max_output_tokens: int = Field(default=4096, ge=1, le=128_000, description="per LLM call")
     max_depth: int = Field(default=3, ge=0, le=10, description="sub-agent nesting allowed below the root")
-    max_fanout: int = Field(default=10, ge=1, le=40, description="children per spawn_subagents call")
+    max_fanout: int = Field(default=10, ge=1, le=100, description="children per spawn_subagents call")
 
     @field_validator("tools")
     @classmethod

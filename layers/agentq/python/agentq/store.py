@@ -20,6 +20,7 @@ from typing import Any, Iterator
 from botocore.exceptions import ClientError
 
 from agentq.errors import BudgetExceeded, IllegalTransition, LeaseLost, TaskNotFound
+from agentq.faults import crash_point
 from pydantic import TypeAdapter
 
 from agentq.models import (
@@ -688,10 +689,14 @@ class Store:
         pending: list[ToolOutcome],
         max_concurrency: int,
     ) -> bool:
-        """Create every child (META + its funded budget) and the SPAWN record, and move the
-        children's shares out of the parent's budget, in one fenced transaction.
+        """Create the SPAWN record and every child (META + funded budget), moving the children's
+        shares out of the parent's budget exactly once.
 
-        Returns False when this spawn already exists (a retried spawn creates nothing).
+        First one fenced transaction writes the SPAWN record (state ``creating``) and takes
+        the shares; then the children are written in chunks (a transaction holds at most 100
+        items); then the record becomes ``created``. Until then nothing can run a child (the
+        execution starts later), so a resumed parent may rewrite the chunks safely.
+        Returns False when the spawn already existed.
         """
         total = sum(c.share for c in children)
         record = {
@@ -699,11 +704,21 @@ class Store:
             "sk": f"SPAWN#{spawn_id}",
             "children": [c.task_id for c in children],
             "max_concurrency": max_concurrency,
+            "state": "creating",
             "created_at": time.time(),
             "epoch": lease.epoch,
             **self.payloads.encode(
                 f"tasks/{parent.task_id}/spawns/{spawn_id}-e{lease.epoch}.json",
-                json.dumps([p.model_dump(mode="json") for p in pending]),
+                json.dumps(
+                    {
+                        "pending": [p.model_dump(mode="json") for p in pending],
+                        "plans": [
+                            {"task_id": c.task_id, "share": c.share, "deadline_seconds": c.deadline_seconds,
+                             "submission": c.submission.model_dump(mode="json", exclude_none=True)}
+                            for c in children
+                        ],
+                    }
+                ),
             ),
         }
         items: list[dict[str, Any]] = [
@@ -719,6 +734,24 @@ class Store:
                 }
             },
         ]
+        try:
+            self.ddb.transact_write_items(TransactItems=items)
+        except ClientError as exc:
+            reasons = _cancellation_codes(exc)
+            if reasons[:1] == ["ConditionalCheckFailed"]:
+                raise self._why_fenced(lease) from exc
+            if reasons[1:2] == ["ConditionalCheckFailed"]:
+                return False
+            if reasons[2:3] == ["ConditionalCheckFailed"]:
+                raise BudgetExceeded(f"the budget cannot fund {total} tokens of sub-agent shares") from exc
+            raise
+        crash_point("after_spawn_record")
+        self.write_children(parent, spawn_id, children)
+        return True
+
+    def write_children(self, parent: Task, spawn_id: str, children: list[Any]) -> None:
+        """Write the children of a ``creating`` spawn (idempotent), then mark it ``created``."""
+        puts: list[dict[str, Any]] = []
         for child in children:
             meta = self._meta_item(
                 child.task_id,
@@ -729,20 +762,13 @@ class Store:
                 depth=parent.depth + 1,
                 spawn_id=spawn_id,
             )
-            items.append({"Put": {"TableName": self.table, "Item": to_item(meta), "ConditionExpression": "attribute_not_exists(pk)"}})
-            items.append(self._budget_put(child.task_id, child.share, parent_budget=parent.budget_id))
-        try:
-            self.ddb.transact_write_items(TransactItems=items)
-            return True
-        except ClientError as exc:
-            reasons = _cancellation_codes(exc)
-            if reasons[:1] == ["ConditionalCheckFailed"]:
-                raise self._why_fenced(lease) from exc
-            if reasons[1:2] == ["ConditionalCheckFailed"]:
-                return False
-            if reasons[2:3] == ["ConditionalCheckFailed"]:
-                raise BudgetExceeded(f"the budget cannot fund {total} tokens of sub-agent shares") from exc
-            raise
+            puts.append({"Put": {"TableName": self.table, "Item": to_item(meta)}})
+            budget = self._budget_put(child.task_id, child.share, parent_budget=parent.budget_id)
+            budget["Put"].pop("ConditionExpression")
+            puts.append(budget)
+        for i in range(0, len(puts), 100):
+            self.ddb.transact_write_items(TransactItems=puts[i : i + 100])
+        self.mark_spawn(parent.task_id, spawn_id, state="created")
 
     def get_spawn(self, parent_id: str, spawn_id: str) -> dict[str, Any] | None:
         resp = self.ddb.get_item(
@@ -751,7 +777,9 @@ class Store:
         if "Item" not in resp:
             return None
         data = from_item(resp["Item"])
-        data["pending"] = [ToolOutcome.model_validate(p) for p in json.loads(self.payloads.decode(data))]
+        payload = json.loads(self.payloads.decode(data))
+        data["pending"] = [ToolOutcome.model_validate(p) for p in payload["pending"]]
+        data["plans"] = payload["plans"]
         return data
 
     def mark_spawn(self, parent_id: str, spawn_id: str, **fields: Any) -> None:

@@ -326,6 +326,7 @@ def run_task(
         worker_id=worker_id(),
         tools=build_registry(settings),
         config=EngineConfig(lease_seconds=lease_seconds),
+        fanout=build_fanout(settings),
     )
     give_up = time.monotonic() + wait_seconds
     while True:
