@@ -94,3 +94,47 @@ def test_another_tenant_s_task_answers_404_not_403(stack: LocalStack) -> None:
 def test_health(stack: LocalStack) -> None:
     assert stack.api_server is not None
     assert _http("GET", f"{stack.api_server.url}/health") == (200, {"status": "ok"})
+
+
+def test_control_routes_refuse_bad_input_and_foreign_tenants_precisely(stack: LocalStack) -> None:
+    assert stack.api_server is not None
+    api = stack.api_server.url
+    _, created = _http("POST", f"{api}/tasks", SCRIPTED)
+    task_id = created["task_id"]
+    assert _http("POST", f"{api}/tasks/{task_id}/budget", {"add_tokens": "lots"})[1]["error"]["field"] == "add_tokens"
+    assert _http("POST", f"{api}/tasks/{task_id}/fork", {})[1]["error"] == {"code": "validation_error", "message": "at_step is required", "field": "at_step"}
+    code, body = _http("POST", f"{api}/tasks/{task_id}/approve", {"note": "ok"})
+    assert code == 409 and body["error"]["code"] == "illegal_transition"
+    code, body = _http("POST", f"{api}/tasks/nope/cancel")
+    assert code == 404
+
+
+def test_approve_and_budget_through_the_cli_as_a_person_would(stack: LocalStack) -> None:
+    import subprocess
+    import sys
+
+    assert stack.api_server is not None
+    api = stack.api_server.url
+    turns = [{"text": "", "tool_calls": [{"name": "request_approval", "input": {"question": "ship it?"}}]}, {"text": "shipped"}]
+    _, created = _http("POST", f"{api}/tasks", {**SCRIPTED, "script": {"turns": turns}, "constraints": {"tools": ["request_approval"]}})
+    task_id = created["task_id"]
+    deadline = time.monotonic() + 30
+    while _http("GET", f"{api}/tasks/{task_id}")[1]["status"] != "paused":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "agentq", *args, "--url", api], capture_output=True, text=True, timeout=60)
+
+    wrong = cli("reject", "no-such-task")
+    assert wrong.returncode == 1 and "no task 'no-such-task'" in wrong.stderr
+    done = cli("approve", task_id, "--note", "lgtm")
+    assert done.returncode == 0, done.stderr
+    while (view := _http("GET", f"{api}/tasks/{task_id}")[1])["status"] != "succeeded":
+        assert time.monotonic() < deadline + 30
+        time.sleep(0.1)
+    assert view["result"] == "shipped"
+    again = cli("approve", task_id)
+    assert again.returncode == 1 and "not waiting for approval" in again.stderr
+    bad = cli("budget", task_id, "--add-tokens", "-5")
+    assert bad.returncode == 2 and "(add_tokens)" in bad.stderr

@@ -8,11 +8,11 @@ from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from agentq.http_api import build_app
-from agentq.runtime import Settings, build_queues, build_registry, build_store
+from agentq.runtime import Settings, build_fanout, build_queues, build_registry, build_store
 
 logger = Logger(service="agentq-api")
 _settings = Settings.from_env()
-app = build_app(build_store(_settings), build_registry(_settings), build_queues(_settings))
+app = build_app(build_store(_settings), build_registry(_settings), build_queues(_settings), build_fanout(_settings))
 
 
 @logger.inject_lambda_context

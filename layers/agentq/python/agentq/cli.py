@@ -11,9 +11,13 @@ import json
 import logging
 import sys
 import time
+from typing import TYPE_CHECKING
 
 
 from agentq.errors import AgentqError
+
+if TYPE_CHECKING:
+    from agentq.client import Client
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -110,6 +114,58 @@ def _cmd_dlq(args: argparse.Namespace) -> int:
     return 0
 
 
+def _client(args: argparse.Namespace) -> "Client":
+    from agentq.client import Client
+
+    return Client(args.url, args.api_key)
+
+
+def _print(view: dict[str, object]) -> None:
+    print(json.dumps(view, indent=2))
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    _print(_client(args).get(args.task_id))
+    return 0
+
+
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    _print(_client(args).cancel(args.task_id))
+    return 0
+
+
+def _cmd_decide(args: argparse.Namespace) -> int:
+    client = _client(args)
+    view = client.approve(args.task_id, args.note) if args.command == "approve" else client.reject(args.task_id, args.note)
+    _print(view)
+    return 0
+
+
+def _cmd_budget(args: argparse.Namespace) -> int:
+    _print(_client(args).raise_budget(args.task_id, args.add_tokens, args.add_steps))
+    return 0
+
+
+def _cmd_fork(args: argparse.Namespace) -> int:
+    overrides: dict[str, object] = {}
+    if args.model:
+        overrides["model"] = args.model
+    if args.provider:
+        overrides["provider"] = args.provider
+    if args.script:
+        overrides["script"] = args.script
+    if args.max_tokens:
+        overrides["constraints"] = {"max_tokens": args.max_tokens}
+    _print(_client(args).fork(args.task_id, args.at_step, **overrides))
+    return 0
+
+
+def _remote(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--url", help="API URL (default: $AGENTQ_URL)")
+    parser.add_argument("--api-key", help="API key (default: $AGENTQ_API_KEY)")
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentq", description="A durable task queue for long-running AI agents.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -145,6 +201,31 @@ def build_parser() -> argparse.ArgumentParser:
     run_task.add_argument("--wait", type=float, default=0.0, help="keep trying to claim for this long if another lease is live")
     run_task.set_defaults(func=_cmd_run_task)
 
+    status = _remote(sub.add_parser("status", help="a task's status, tokens and result"))
+    status.add_argument("task_id")
+    status.set_defaults(func=_cmd_status)
+    cancel = _remote(sub.add_parser("cancel", help="cancel a task and its whole subtree (partial results kept)"))
+    cancel.add_argument("task_id")
+    cancel.set_defaults(func=_cmd_cancel)
+    for verb in ("approve", "reject"):
+        decide = _remote(sub.add_parser(verb, help=f"{verb} a task paused by request_approval; it resumes with the decision"))
+        decide.add_argument("task_id")
+        decide.add_argument("--note", default="", help="a note the agent reads with the decision")
+        decide.set_defaults(func=_cmd_decide)
+    budget = _remote(sub.add_parser("budget", help="raise a root task's token/step caps; a cost_exceeded task resumes"))
+    budget.add_argument("task_id")
+    budget.add_argument("--add-tokens", type=int, default=0)
+    budget.add_argument("--add-steps", type=int, default=0)
+    budget.set_defaults(func=_cmd_budget)
+    fork = _remote(sub.add_parser("fork", help="a new task from another's committed steps 1..N (effects not repeated)"))
+    fork.add_argument("task_id")
+    fork.add_argument("--at-step", type=int, required=True)
+    fork.add_argument("--model")
+    fork.add_argument("--provider", choices=["anthropic", "bedrock", "scripted"])
+    fork.add_argument("--script", help="scripted provider: a built-in script name or a JSON/YAML file")
+    fork.add_argument("--max-tokens", type=int)
+    fork.set_defaults(func=_cmd_fork)
+
     dlq = sub.add_parser("dlq", help="inspect or redrive the dead-letter queues")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
     dlq_list = dlq_sub.add_parser("list", help="messages in the DLQs, with their task and reason")
@@ -163,8 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except AgentqError as exc:
-        print(f"agentq: {exc.message}", file=sys.stderr)
-        return 2
+        where = f" ({exc.field})" if exc.field else ""
+        print(f"agentq: {exc.message}{where}", file=sys.stderr)
+        status = getattr(exc, "status", None)
+        return 1 if status in (404, 409) else 2
     except KeyboardInterrupt:
         return 130
 

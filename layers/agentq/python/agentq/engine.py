@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from contextlib import AbstractContextManager
 from typing import Any, Callable, Literal
 
+from agentq.approval import APPROVAL_TOOL, decision_outcome
 from agentq.errors import BudgetExceeded, IllegalTransition, LeaseLost, ProviderError
 from agentq.fanout import (
     SPAWN_TOOL,
@@ -478,6 +479,13 @@ class Engine:
         in ``waiting`` instead (returns that RunResult)."""
         allowlist = s.task.submission.constraints.tools
         uses = llm.tool_uses()
+        decided: dict[str, ToolOutcome] = {}
+        approvals = [u for u in uses if u["name"] == APPROVAL_TOOL and APPROVAL_TOOL in allowlist]
+        if approvals:
+            gate = self._approval_gate(s, approvals[0])
+            if isinstance(gate, RunResult):
+                return gate
+            decided[gate.tool_use_id] = gate
         spawns = [u for u in uses if u["name"] == SPAWN_TOOL and SPAWN_TOOL in allowlist]
         if spawns and self.fanout is not None:
             outcomes = self._spawn_turn(s, uses, spawns[0])
@@ -488,7 +496,7 @@ class Engine:
             outcomes = []
             for use in uses:
                 self._check_lease(s)
-                outcomes.append(self._run_one_tool(s, use, allowlist, notes))
+                outcomes.append(decided.get(use["id"]) or self._run_one_tool(s, use, allowlist, notes))
         self._check_lease(s)
         body = ToolsStep(results=outcomes)
         messages = conversation(s.task.submission.goal, [*s.steps, _draft(s, body)])
@@ -496,6 +504,18 @@ class Engine:
         self._committed(s, record, messages)
         crash_point("after_tools_commit")
         return None
+
+    # -------------------------------------------------------------- approvals
+
+    def _approval_gate(self, s: Session, use: dict[str, Any]) -> ToolOutcome | RunResult:
+        """The decision as a tool result, or park the task in ``paused`` until there is one."""
+        record = self.store.get_approval(s.lease.task_id, use["id"])
+        if record is not None and record["state"] != "pending":
+            return decision_outcome(use, record, record["asked_at"], time.time())
+        question = str((use.get("input") or {}).get("question") or "(no question given)")
+        self.store.request_approval(s.lease, use["id"], question)
+        s.task = s.task.model_copy(update={"status": TaskStatus.PAUSED})
+        return RunResult(s.lease.task_id, "waiting", status=TaskStatus.PAUSED)
 
     # ---------------------------------------------------------------- spawns
 

@@ -15,7 +15,8 @@ from typing import Any
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 
-from agentq.errors import AgentqError, TaskNotFound, ValidationError
+from agentq import control
+from agentq.errors import AgentqError, IllegalTransition, TaskNotFound, ValidationError
 from agentq.models import Task
 from agentq.queue import TaskQueues
 from agentq.store import Store
@@ -25,6 +26,7 @@ from agentq.tools import ToolRegistry
 log = logging.getLogger("agentq.api")
 
 MAX_BODY_BYTES = 256 * 1024
+_REQUIRED = object()
 
 
 def _json(status: int, body: Any) -> Response[str]:
@@ -64,8 +66,30 @@ def task_view(task: Task) -> dict[str, Any]:
     }
 
 
-def build_app(store: Store, tools: ToolRegistry, queues: TaskQueues) -> APIGatewayRestResolver:
+def build_app(store: Store, tools: ToolRegistry, queues: TaskQueues, fanout: Any = None) -> APIGatewayRestResolver:
     app = APIGatewayRestResolver(enable_validation=True)
+
+    def body() -> dict[str, Any]:
+        raw = app.current_event.body or ""
+        if len(raw.encode()) > MAX_BODY_BYTES:
+            raise ValidationError(f"request body over {MAX_BODY_BYTES} bytes", field="body")
+        try:
+            data = json.loads(raw) if raw else {}
+        except ValueError as exc:
+            raise ValidationError(f"body is not valid JSON: {exc}", field="body") from None
+        if not isinstance(data, dict):
+            raise ValidationError("body must be a JSON object", field="body")
+        return data
+
+    def field(data: dict[str, Any], name: str, kind: type, default: Any = _REQUIRED) -> Any:
+        if data.get(name) is None:
+            if default is _REQUIRED:
+                raise ValidationError(f"{name} is required", field=name)
+            return default
+        value = data[name]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ValidationError(f"{name} must be {'an integer' if kind is int else 'a string'}", field=name)
+        return value
 
     def tenant() -> str:
         ctx = app.current_event.request_context.authorizer
@@ -94,6 +118,43 @@ def build_app(store: Store, tools: ToolRegistry, queues: TaskQueues) -> APIGatew
         if task.tenant != tenant():
             raise TaskNotFound(f"no task {task_id!r}", field="task_id")  # 404, not 403: no oracle
         return _json(200, task_view(task))
+
+    @app.post("/tasks/<task_id>/cancel")
+    def cancel_task(task_id: str) -> Response[str]:
+        cancelled = control.cancel(store, task_id, tenant=tenant(), fanout=fanout)
+        return _json(200, {"task_id": task_id, "cancelled": cancelled})
+
+    @app.post("/tasks/<task_id>/approve")
+    def approve(task_id: str) -> Response[str]:
+        data = body()
+        task = control.decide(store, queues, task_id, approved=True, note=field(data, "note", str, ""), by=tenant(), tenant=tenant())
+        return _json(200, task_view(task))
+
+    @app.post("/tasks/<task_id>/reject")
+    def reject(task_id: str) -> Response[str]:
+        data = body()
+        task = control.decide(store, queues, task_id, approved=False, note=field(data, "note", str, ""), by=tenant(), tenant=tenant())
+        return _json(200, task_view(task))
+
+    @app.post("/tasks/<task_id>/budget")
+    def budget(task_id: str) -> Response[str]:
+        data = body()
+        task = control.raise_budget(
+            store, queues, task_id, add_tokens=field(data, "add_tokens", int, 0), add_steps=field(data, "add_steps", int, 0), tenant=tenant()
+        )
+        return _json(200, task_view(task))
+
+    @app.post("/tasks/<task_id>/fork")
+    def fork(task_id: str) -> Response[str]:
+        data = body()
+        at_step = field(data, "at_step", int)
+        overrides = {k: v for k, v in data.items() if k != "at_step"}
+        task = control.fork(store, tools, queues, task_id, at_step=at_step, overrides=overrides, tenant=tenant())
+        return _json(202, task_view(task))
+
+    @app.exception_handler(IllegalTransition)
+    def on_conflict(exc: IllegalTransition) -> Response[str]:
+        return _error(409, exc.code, exc.message, exc.field)
 
     @app.exception_handler(ValidationError)
     def on_validation(exc: ValidationError) -> Response[str]:

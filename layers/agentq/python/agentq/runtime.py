@@ -116,10 +116,12 @@ def build_fanout(settings: Settings, sess: Any | None = None, pool: int = 64) ->
 def build_registry(settings: Settings) -> ToolRegistry:
     """Built-in tools (spawn_subagents included) plus those of each module in
     AGENTQ_TOOL_MODULES (its ``TOOLS`` list)."""
+    from agentq.approval import approval_tool_spec
     from agentq.fanout import spawn_tool_spec
 
     registry = default_registry()
     registry.register(spawn_tool_spec())
+    registry.register(approval_tool_spec())
     for name in settings.tool_modules:
         module = importlib.import_module(name)
         for spec in getattr(module, "TOOLS", []):

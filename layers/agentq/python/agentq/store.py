@@ -305,6 +305,9 @@ class Store:
             values[":zero"] = 0
         if to.terminal:
             sets.append("finished_at = :now")
+        removes = ["#e", "finished_at"] if to is TaskStatus.QUEUED else []  # a requeue starts clean
+        if removes:
+            names["#e"] = "error"
         if result is not None:
             sets.append(self._result_set(task_id, result, values, names, lease))
         if error is not None:
@@ -315,7 +318,7 @@ class Store:
         if lease is not None:
             condition += " AND lease_epoch = :epoch"
             values[":epoch"] = lease.epoch
-        expression = "SET " + ", ".join(sets)
+        expression = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
         try:
             self.ddb.update_item(
                 TableName=self.table,
@@ -871,6 +874,154 @@ class Store:
                 if "ConditionalCheckFailed" not in _cancellation_codes(exc):
                     raise
         raise RuntimeError(f"could not settle the budget of child {child_id}: it keeps changing")
+
+    def list_spawns(self, task_id: str) -> list[dict[str, Any]]:
+        return [from_item(i) for i in self._query_prefix(task_id, "SPAWN#")]
+
+    def _query_prefix(self, task_id: str, prefix: str) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        for page in self.ddb.get_paginator("query").paginate(
+            TableName=self.table,
+            KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
+            ExpressionAttributeValues=to_values({":pk": task_pk(task_id), ":prefix": prefix}),
+            ConsistentRead=True,
+        ):
+            items.extend(page["Items"])
+        return items
+
+    # --------------------------------------------------------------- approvals
+
+    def request_approval(self, lease: Lease, use_id: str, question: str) -> None:
+        """Record a pending approval and pause the task, in one fenced transaction."""
+        record = {"pk": task_pk(lease.task_id), "sk": f"APPROVAL#{use_id}", "state": "pending", "question": question, "asked_at": time.time()}
+        try:
+            self.ddb.transact_write_items(
+                TransactItems=[
+                    {"Put": {"TableName": self.table, "Item": to_item(record), "ConditionExpression": "attribute_not_exists(pk)"}},
+                    self._pause_update(lease),
+                ]
+            )
+        except ClientError as exc:
+            reasons = _cancellation_codes(exc)
+            if reasons[:1] == ["ConditionalCheckFailed"]:  # asked before (a resumed worker): pause again
+                self.ddb.transact_write_items(TransactItems=[self._pause_update(lease)])
+                return
+            if "ConditionalCheckFailed" in reasons:
+                raise self._why_fenced(lease) from exc
+            raise
+
+    def _pause_update(self, lease: Lease) -> dict[str, Any]:
+        return {
+            "Update": {
+                "TableName": self.table,
+                "Key": to_item({"pk": task_pk(lease.task_id), "sk": META}),
+                "UpdateExpression": "SET #s = :paused, lease_expires = :zero, updated_at = :now",
+                "ConditionExpression": "lease_epoch = :epoch AND #s = :running",
+                "ExpressionAttributeNames": {"#s": "status"},
+                "ExpressionAttributeValues": to_values(
+                    {":paused": TaskStatus.PAUSED.value, ":zero": 0, ":now": time.time(), ":epoch": lease.epoch, ":running": TaskStatus.RUNNING.value}
+                ),
+            }
+        }
+
+    def get_approval(self, task_id: str, use_id: str) -> dict[str, Any] | None:
+        resp = self.ddb.get_item(TableName=self.table, Key=to_item({"pk": task_pk(task_id), "sk": f"APPROVAL#{use_id}"}), ConsistentRead=True)
+        return from_item(resp["Item"]) if "Item" in resp else None
+
+    def pending_approval(self, task_id: str) -> dict[str, Any] | None:
+        for raw in self._query_prefix(task_id, "APPROVAL#"):
+            item = from_item(raw)
+            if item["state"] == "pending":
+                return item
+        return None
+
+    def decide_approval(self, task_id: str, use_id: str, *, approved: bool, note: str, by: str) -> None:
+        """Record the decision and requeue the paused task, atomically; refused unless pending."""
+        now = time.time()
+        try:
+            self.ddb.transact_write_items(
+                TransactItems=[
+                    {
+                        "Update": {
+                            "TableName": self.table,
+                            "Key": to_item({"pk": task_pk(task_id), "sk": f"APPROVAL#{use_id}"}),
+                            "UpdateExpression": "SET #st = :state, note = :note, decided_by = :by, decided_at = :now",
+                            "ConditionExpression": "#st = :pending",
+                            "ExpressionAttributeNames": {"#st": "state"},
+                            "ExpressionAttributeValues": to_values(
+                                {":state": "approved" if approved else "rejected", ":note": note, ":by": by, ":now": now, ":pending": "pending"}
+                            ),
+                        }
+                    },
+                    {
+                        "Update": {
+                            "TableName": self.table,
+                            "Key": to_item({"pk": task_pk(task_id), "sk": META}),
+                            "UpdateExpression": "SET #s = :queued, updated_at = :now",
+                            "ConditionExpression": "#s = :paused",
+                            "ExpressionAttributeNames": {"#s": "status"},
+                            "ExpressionAttributeValues": to_values({":queued": TaskStatus.QUEUED.value, ":paused": TaskStatus.PAUSED.value, ":now": now}),
+                        }
+                    },
+                ]
+            )
+        except ClientError as exc:
+            if "ConditionalCheckFailed" in _cancellation_codes(exc):
+                raise IllegalTransition(f"task {task_id} has no pending approval to decide", field="task_id") from exc
+            raise
+
+    # ------------------------------------------------------------ fork, raise
+
+    def fork_task(self, source: Task, submission: TaskSubmission, steps: list[StepRecord], *, tenant: str, task_id: str | None = None) -> Task:
+        """A new root task whose history is ``steps`` of ``source``, copied as they were stored."""
+        task_id = task_id or new_task_id()
+        llm_steps = sum(1 for s in steps if s.body.kind == "llm")
+        meta = self._meta_item(
+            task_id, submission, tenant=tenant, root_id=task_id, parent_id=None, depth=0,
+            forked_from={"task_id": source.task_id, "step": len(steps)},
+        )  # fmt: skip
+        meta.update({"step": len(steps), "llm_steps": llm_steps})
+        puts: list[dict[str, Any]] = []
+        originals = {from_item(i)["number"]: i for i in self._query_prefix(source.task_id, "STEP#")}
+        for record in steps:
+            item = dict(originals[record.number])
+            item["pk"] = {"S": task_pk(task_id)}
+            puts.append({"Put": {"TableName": self.table, "Item": item}})
+        for i in range(0, len(puts), 100):
+            self.ddb.transact_write_items(TransactItems=puts[i : i + 100])
+        # META last: until it exists the fork is invisible, so a failed copy leaves nothing usable.
+        self.ddb.transact_write_items(
+            TransactItems=[
+                {"Put": {"TableName": self.table, "Item": to_item(meta), "ConditionExpression": "attribute_not_exists(pk)"}},
+                self._budget_put(task_id, submission.constraints.max_tokens),
+            ]
+        )
+        return Task.model_validate({**meta, "submission": submission})
+
+    def raise_budget(self, task_id: str, add_tokens: int) -> BudgetState:
+        self.ddb.update_item(
+            TableName=self.table,
+            Key=to_item({"pk": budget_pk(task_id), "sk": META}),
+            UpdateExpression="SET cap = cap + :n, available = available + :n",
+            ConditionExpression="attribute_exists(pk) AND attribute_not_exists(settled)",
+            ExpressionAttributeValues=to_values({":n": add_tokens}),
+        )
+        return self.get_budget(task_id)
+
+    def replace_submission(self, task_id: str, submission: TaskSubmission, *, when_status: TaskStatus) -> None:
+        try:
+            self.ddb.update_item(
+                TableName=self.table,
+                Key=to_item({"pk": task_pk(task_id), "sk": META}),
+                UpdateExpression="SET submission = :sub",
+                ConditionExpression="#s = :status",
+                ExpressionAttributeNames={"#s": "status"},
+                ExpressionAttributeValues=to_values({":sub": submission.model_dump_json(exclude_none=True), ":status": when_status.value}),
+            )
+        except ClientError as exc:
+            if _is_condition_failure(exc):
+                raise IllegalTransition(f"task {task_id} is no longer {when_status.value}", field="task_id") from exc
+            raise
 
     # ------------------------------------------------------------------- notes
 

@@ -14,7 +14,7 @@ from agentq.http_api import build_app
 from agentq.local.api_server import LocalApiServer
 from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
 from agentq.resources import QueueSettings, provision
-from agentq.runtime import Settings, build_queues, build_registry, build_store, session
+from agentq.runtime import Settings, build_fanout, build_queues, build_registry, build_store, session
 from agentq.worker import WorkerConfig
 
 
@@ -41,7 +41,7 @@ class LocalStack:
         self.settings = Settings.for_prefix(self.prefix, self.moto.endpoint_url, tool_modules=self.tool_modules)
         provision(session(self.settings), self.settings.names, endpoint_url=self.moto.endpoint_url, queues=self.queue_settings)
         if self.api:
-            app = build_app(self.store(), build_registry(self.settings), build_queues(self.settings))
+            app = build_app(self.store(), build_registry(self.settings), build_queues(self.settings), build_fanout(self.settings))
             self.api_server = LocalApiServer(app.resolve).start()
         for _ in range(self.workers):
             self.spawn_worker()
