@@ -69,3 +69,11 @@ def test_a_paused_worker_woken_after_takeover_commits_nothing(settings: Settings
     assert len(keys) == len(set(keys))  # no charge twice
     final = store.get_task(task.task_id)
     assert final.status is TaskStatus.SUCCEEDED and final.lease_epoch == 2
+    # The ledger counts every call, the zombie's uncommitted one included (kept in the trace).
+    from agentq.models import LLMStep
+
+    committed = sum(s.body.usage.total for s in steps if isinstance(s.body, LLMStep))
+    orphans = store.orphan_calls(task.task_id)
+    assert all(c.model for c in orphans)
+    budget = store.get_budget(task.task_id)
+    assert budget.used == committed + sum(c.usage.total for c in orphans) and budget.reserved == 0

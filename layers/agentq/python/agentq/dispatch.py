@@ -152,7 +152,7 @@ class Dispatcher:
                 except IllegalTransition:
                     pass
                 return Action("dead_letter", reason, task_id=task_id, run=run)
-            delay = self.backoff.delay(receive_count)
+            delay = int(error.get("retry_after") or self.backoff.delay(receive_count))
             return Action("retry", f"retryable: {error.get('message', '')}", delay_seconds=delay, task_id=task_id, run=run)
         # not_claimed: someone holds a live lease, or the task moved on since we looked.
         task = self.store.get_task(task_id)

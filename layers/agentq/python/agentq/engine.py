@@ -36,6 +36,7 @@ from agentq.models import Lease, LLMStep, StepRecord, Task, TaskStatus, TaskSubm
 from agentq.pricing import PriceTable, load_price_table
 from agentq.providers import LLMRequest, ProviderFactory, default_provider_factory
 from agentq.store import NO_USAGE, BudgetDelta, Store
+from agentq.tenants import TenantCapReached, TenantLimits, TenantWindows
 from agentq.tools import ToolContext, ToolRegistry, default_registry, idempotency_key_for
 
 log = logging.getLogger("agentq.engine")
@@ -78,6 +79,7 @@ class Session:
     committed: int = 0
     lost: threading.Event = field(default_factory=threading.Event)
     stop: threading.Event | None = None  # set by a worker shutting down: end at the next step boundary
+    limits: TenantLimits | None = None  # the tenant's hourly window, read once per claim
 
     @property
     def next_step(self) -> int:
@@ -206,6 +208,7 @@ class Engine:
         self.prices = prices or load_price_table()
         self.config = config
         self.fanout = fanout
+        self.windows = TenantWindows(store.ddb, store.table)
 
     # ------------------------------------------------------------------ entry
 
@@ -237,6 +240,7 @@ class Engine:
             messages=conversation(task.submission.goal, steps),
             deadline=deadline,
             stop=stop,
+            limits=self.windows.limits(task.tenant),
         )
         self._settle_stale_reservation(session)
         interval = self.config.heartbeat_seconds or self.config.lease_seconds / 3
@@ -261,13 +265,7 @@ class Engine:
         """
         held = session.task.inflight
         if held and held["epoch"] != session.lease.epoch:
-            self.store.settle_orphan(
-                session.lease,
-                session.task.budget_id,
-                BudgetDelta(reserved=held["amount"], used=0, cost_usd=NO_USAGE.cost_usd, tokens_in=0, tokens_out=0),
-                clear_inflight=True,
-            )
-            session.task = session.task.model_copy(update={"inflight": None})
+            self._release_inflight(session)
 
     # ------------------------------------------------------------------- loop
 
@@ -332,13 +330,14 @@ class Engine:
         return RunResult(s.lease.task_id, "finished", status=status, error=error)
 
     def _release_inflight(self, s: Session) -> None:
+        """Return the held reservation, exactly once (see ``Store.settle_orphan``)."""
         held = s.task.inflight
         if held:
             self.store.settle_orphan(
-                s.lease,
+                s.lease.task_id,
                 s.task.budget_id,
                 BudgetDelta(reserved=held["amount"], used=0, cost_usd=NO_USAGE.cost_usd, tokens_in=0, tokens_out=0),
-                clear_inflight=True,
+                inflight_epoch=held["epoch"],
             )
             s.task = s.task.model_copy(update={"inflight": None})
 
@@ -391,6 +390,14 @@ class Engine:
             return self._finish_without_step(s, TaskStatus.COST_EXCEEDED)
         s.task = s.task.model_copy(update={"inflight": {"amount": reserved, "epoch": s.lease.epoch, "step": s.next_step}})
         crash_point("after_reserve")
+        hold = None
+        if s.limits is not None:
+            try:
+                hold = self.windows.hold(s.task.tenant, s.limits, reserved)
+            except TenantCapReached as exc:  # not this task's fault: try again next hour
+                self._release_inflight(s)
+                self.store.release(s.lease)
+                return RunResult(s.lease.task_id, "retry", error={**exc.to_dict(), "retry_after": exc.retry_after})
         est_in, _ = self._wanted_reservation(s)
         max_out = max(MIN_OUTPUT_TOKENS, min(s.task.submission.constraints.max_output_tokens, reserved - est_in))
         request = self._request(s, max_out)
@@ -400,6 +407,8 @@ class Engine:
             response = provider.complete(request)
         except ProviderError as exc:
             self._release_inflight(s)
+            if hold is not None:
+                self.windows.settle(hold, 0)
             error = {"code": exc.code, "message": exc.message, "status_code": exc.status_code, "attempts": exc.attempts}
             if exc.retryable:
                 self.store.release(s.lease)
@@ -429,7 +438,7 @@ class Engine:
             tokens_out=response.usage.output_tokens,
         )
         messages = [*s.messages, {"role": "assistant", "content": step.content}]
-        finish, error = self._turn_end(step, max_out)
+        finish, error = self._turn_end(step, max_out, shrunk=max_out < s.task.submission.constraints.max_output_tokens)
         self._check_lease(s)
         try:
             record = self.store.commit_step(
@@ -444,8 +453,13 @@ class Engine:
             )
         except LeaseLost:
             # The tokens were spent whoever owns the task now: the ledger still gets them.
-            self.store.settle_orphan(s.lease, s.task.budget_id, settle, clear_inflight=False)
+            self.store.settle_orphan(s.lease.task_id, s.task.budget_id, settle, inflight_epoch=s.lease.epoch)
+            self.store.record_orphan_call(s.lease, s.next_step, step)
+            if hold is not None:
+                self.windows.settle(hold, response.usage.total)
             raise
+        if hold is not None:
+            self.windows.settle(hold, response.usage.total)
         self._committed(s, record, messages)
         s.task = s.task.model_copy(update={"inflight": None, **({"status": finish} if finish else {})})
         crash_point("after_llm_commit")
@@ -454,10 +468,16 @@ class Engine:
         return None
 
     @staticmethod
-    def _turn_end(step: LLMStep, max_out: int) -> tuple[TaskStatus | None, dict[str, Any] | None]:
+    def _turn_end(step: LLMStep, max_out: int, *, shrunk: bool) -> tuple[TaskStatus | None, dict[str, Any] | None]:
         """Whether this assistant turn ends the task: tool calls go on; an answer succeeds;
         an answer cut off at the output limit is a failure that says which limit to raise
-        (a truncated tool call is dropped by the provider, so it cannot be carried out)."""
+        (a truncated tool call is dropped by the provider, so it cannot be carried out), or,
+        when the limit was lowered to fit what was left of the budget, the budget ran out."""
+        if step.stop_reason == "max_tokens" and shrunk:
+            return TaskStatus.COST_EXCEEDED, {
+                "code": "budget_exceeded",
+                "message": f"the token budget ran out during the model's turn ({max_out} output tokens were left)",
+            }
         if step.stop_reason == "max_tokens":
             return TaskStatus.FAILED, {
                 "code": "output_truncated",

@@ -165,6 +165,7 @@ def _shares(spec: SpawnInput, available: int) -> list[int]:
 def child_outcome(child: Task, *, timed_out: bool) -> dict[str, Any]:
     """One child's entry in the spawn result the parent's model reads."""
     result = child.result
+    timed_out = timed_out or child.status is TaskStatus.TIMED_OUT  # the parent's or its own deadline
     if timed_out:
         result = "[timeout]" + (f" partial result: {result}" if result else "")
     elif result and len(result) > RESULT_PREVIEW_CHARS:

@@ -9,16 +9,22 @@ local runs stay quiet.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import threading
 
 from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 
-from agentq.engine import RunResult
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agentq.engine import RunResult
 
 metrics = Metrics(namespace="agentq", service="executor")
-_lock = threading.Lock()  # powertools' metric set is a plain dict shared by all threads
+_lock = threading.Lock()
+events_log = logging.getLogger("agentq.events")  # powertools' metric set is a plain dict shared by all threads
 
 
 def record_run(run: RunResult) -> None:
@@ -40,6 +46,30 @@ def record_run(run: RunResult) -> None:
 def record_dead_letter() -> None:
     with _lock:
         metrics.add_metric(name="dlq_moves", unit=MetricUnit.Count, value=1)
+
+
+def record_tenant_refusal(tenant: str) -> None:
+    with _lock:
+        metrics.add_metric(name="budget_refusals", unit=MetricUnit.Count, value=1)
+
+
+def tenant_soft_cap_crossed(tenant: str, held: int, cap: int) -> None:
+    """A metric for the alarm and an event for whoever subscribes (EventBridge when
+    AGENTQ_EVENT_BUS is set; always a structured log line)."""
+    with _lock:
+        metrics.add_metric(name="tenant_soft_cap_crossed", unit=MetricUnit.Count, value=1)
+    emit_event("TenantSoftCapCrossed", {"tenant": tenant, "tokens_this_hour": held, "hourly_cap": cap})
+
+
+def emit_event(detail_type: str, detail: dict[str, object]) -> None:
+    events_log.warning(json.dumps({"event": detail_type, **detail}))
+    bus = os.environ.get("AGENTQ_EVENT_BUS")
+    if bus:
+        import boto3
+
+        boto3.client("events").put_events(
+            Entries=[{"Source": "agentq", "DetailType": detail_type, "Detail": json.dumps(detail), "EventBusName": bus}]
+        )
 
 
 def flush() -> None:

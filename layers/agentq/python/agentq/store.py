@@ -254,20 +254,23 @@ class Store:
     def extend_lease(self, lease: Lease, lease_seconds: float) -> Lease:
         now = time.time()
         expires = now + lease_seconds
-        self._fenced_update(lease, "SET lease_expires = :exp, heartbeat_at = :now", {":exp": expires, ":now": now})
+        self._fenced_update(
+            lease, "SET lease_expires = :exp, heartbeat_at = :now", {":exp": expires, ":now": now, ":zero": 0},
+            extra_condition=" AND lease_expires > :zero",
+        )
         return lease.model_copy(update={"expires_at": expires})
 
     def release(self, lease: Lease) -> None:
         """Give the task back (continuation, graceful shutdown): the next claim may run at once."""
         self._fenced_update(lease, "SET lease_expires = :zero", {":zero": 0})
 
-    def _fenced_update(self, lease: Lease, expression: str, values: dict[str, Any]) -> None:
+    def _fenced_update(self, lease: Lease, expression: str, values: dict[str, Any], extra_condition: str = "") -> None:
         try:
             self.ddb.update_item(
                 TableName=self.table,
                 Key=to_item({"pk": task_pk(lease.task_id), "sk": META}),
                 UpdateExpression=expression,
-                ConditionExpression="lease_epoch = :epoch",
+                ConditionExpression="lease_epoch = :epoch" + extra_condition,
                 ExpressionAttributeValues=to_values({**values, ":epoch": lease.epoch}),
             )
         except ClientError as exc:
@@ -546,27 +549,51 @@ class Store:
             raise
         return Reservation(amount=amount, epoch=lease.epoch, step=step)
 
-    def settle_orphan(self, lease: Lease, root_id: str, delta: BudgetDelta, *, clear_inflight: bool) -> None:
-        """Account for tokens whose step cannot be committed (lease lost, crash, provider error).
+    def settle_orphan(self, task_id: str, budget_id: str, delta: BudgetDelta, *, inflight_epoch: int | None) -> bool:
+        """Account for a reservation whose step will not be committed (lease lost, provider
+        error, a crashed worker's leftover), exactly once.
 
-        Not fenced: the tokens were spent (or the hold must be returned) whoever holds the task.
-        ``clear_inflight`` also removes the task's in-flight reservation marker when it is ours.
+        The task's ``inflight`` marker is the claim ticket: the hold is returned only together
+        with removing the marker of ``inflight_epoch``, in one transaction, so a resumed worker
+        and a zombie cannot both return it. If the ticket is gone, only the usage is recorded
+        (tokens a zombie spent are spent whoever holds the task). Not fenced by the lease for
+        that reason. With ``inflight_epoch=None`` the caller owns the hold outright (no
+        marker) and it is settled unconditionally. Returns whether the hold was returned.
         """
-        self.ddb.transact_write_items(TransactItems=[self._budget_update(root_id, delta, 0)])
-        if clear_inflight:
-            try:
-                self.ddb.update_item(
-                    TableName=self.table,
-                    Key=to_item({"pk": task_pk(lease.task_id), "sk": META}),
-                    UpdateExpression="REMOVE inflight SET tokens_in = tokens_in + :tin, tokens_out = tokens_out + :tout, cost_usd = cost_usd + :cost",
-                    ConditionExpression="lease_epoch = :epoch",
-                    ExpressionAttributeValues=to_values(
-                        {":epoch": lease.epoch, ":tin": delta.tokens_in, ":tout": delta.tokens_out, ":cost": delta.cost_usd}
-                    ),
-                )
-            except ClientError as exc:
-                if not _is_condition_failure(exc):
-                    raise
+        if inflight_epoch is None:
+            self.ddb.transact_write_items(TransactItems=[self._budget_update(budget_id, delta, 0)])
+            return True
+        release_marker = {
+            "Update": {
+                "TableName": self.table,
+                "Key": to_item({"pk": task_pk(task_id), "sk": META}),
+                "UpdateExpression": "REMOVE inflight",
+                "ConditionExpression": "inflight.epoch = :e",
+                "ExpressionAttributeValues": to_values({":e": inflight_epoch}),
+            }
+        }
+        try:
+            self.ddb.transact_write_items(TransactItems=[release_marker, self._budget_update(budget_id, delta, 0)])
+            return True
+        except ClientError as exc:
+            if "ConditionalCheckFailed" not in _cancellation_codes(exc):
+                raise
+        if delta.used or delta.cost_usd:
+            usage_only = BudgetDelta(reserved=0, used=delta.used, cost_usd=delta.cost_usd, tokens_in=delta.tokens_in, tokens_out=delta.tokens_out)
+            self.ddb.transact_write_items(TransactItems=[self._budget_update(budget_id, usage_only, 0)])
+        return False
+
+    def record_orphan_call(self, lease: Lease, number: int, body: LLMStep) -> None:
+        """Keep an LLM call whose step could not be committed (its worker lost the lease) in
+        the trace: it happened and it was paid for, so the trace and the ledger show it."""
+        payload = self.payloads.encode(f"tasks/{lease.task_id}/orphans/{number:06d}-e{lease.epoch}.json", body.model_dump_json())
+        self.ddb.put_item(
+            TableName=self.table,
+            Item=to_item({"pk": task_pk(lease.task_id), "sk": f"ORPHAN#{number:06d}#e{lease.epoch:04d}", "epoch": lease.epoch, "number": number, **payload}),
+        )
+
+    def orphan_calls(self, task_id: str) -> list[LLMStep]:
+        return [LLMStep.model_validate_json(self.payloads.decode(from_item(i))) for i in self._query_prefix(task_id, "ORPHAN#")]
 
     def inflight(self, task_id: str) -> Reservation | None:
         resp = self.ddb.get_item(
@@ -584,14 +611,7 @@ class Store:
         )
         if "Item" not in resp:
             raise TaskNotFound(f"no budget for root task {root_id!r}", field="root_id")
-        data = from_item(resp["Item"], keep_decimal=frozenset({"cost_usd"}))
-        return BudgetState(
-            cap=data["cap"],
-            reserved=data["reserved"],
-            used=data["used"],
-            available=data["available"],
-            cost_usd=data["cost_usd"],
-        )
+        return _budget_state(resp["Item"])
 
     # ----------------------------------------------------------------- effects
 
@@ -828,10 +848,10 @@ class Store:
         ``settled`` flag makes a repeat (a resumed parent) a no-op.
         """
         for _ in range(5):
-            child = self.get_budget(child_id)
             raw = self.ddb.get_item(TableName=self.table, Key=to_item({"pk": budget_pk(child_id), "sk": META}), ConsistentRead=True)
             if "settled" in raw.get("Item", {}):
                 return
+            child = _budget_state(raw["Item"])
             tokens = from_item(raw["Item"])
             try:
                 self.ddb.transact_write_items(
@@ -1067,6 +1087,13 @@ class Store:
         ):
             out.extend(page["Items"])
         return out
+
+
+def _budget_state(item: dict[str, Any]) -> BudgetState:
+    data = from_item(item, keep_decimal=frozenset({"cost_usd"}))
+    return BudgetState(
+        cap=data["cap"], reserved=data["reserved"], used=data["used"], available=data["available"], cost_usd=data["cost_usd"]
+    )
 
 
 def _is_condition_failure(exc: ClientError) -> bool:

@@ -81,7 +81,7 @@ class SlotPool:
                 while True:
                     free = self.capacity - self.busy
                     if free > 0 and self._next_tier() == tier:
-                        granted = min(want, free)
+                        granted = min(want, free, self._room(tier))
                         self.in_use[tier] += granted
                         return granted
                     left = deadline - time.monotonic()
@@ -95,6 +95,12 @@ class SlotPool:
         """Among waiting tiers, the one using least of its share (ties: higher priority)."""
         candidates = [t for t in self.weights if self.waiting[t] > 0]
         return min(candidates, key=lambda t: (self.in_use[t] / self.weights[t], list(self.weights).index(t)))
+
+    def _room(self, tier: str) -> int:
+        contenders = [t for t in self.weights if t == tier or self.waiting[t] > 0 or self.in_use[t] > 0]
+        total = sum(self.weights[t] for t in contenders)
+        share = max(1, self.capacity * self.weights[tier] // total)
+        return max(1, share - self.in_use[tier])
 
     def release(self, tier: str, count: int = 1) -> None:
         if count <= 0:
@@ -181,6 +187,10 @@ class HeartbeatHub:
         for failure in resp.get("Failed", []):
             h = batch[int(failure["Id"])]
             h.visibility_ok = False
+            with self._lock:
+                still_running = self._held.get(id(h.session)) is h  # ids are reused after free
+            if not still_running:
+                continue  # the task ended after this beat began: its message was deleted on purpose
             # Our message is gone (deleted through a duplicate's receipt): leave a safety net
             # so that if this process dies, the task still has a message to resume from.
             self.queues.send(h.session.lease.task_id, tier, kind="safety_net", delay_seconds=min(900, int(self.config.visibility_seconds)))
@@ -243,8 +253,9 @@ class Worker:
 
     def _poll(self, tier: str) -> None:
         url = self.queues.url(tier)
+        want = 1  # an idle tier probes with one slot, so its long poll does not sit on the pool
         while not self.stopping.is_set():
-            granted = self.slots.acquire(tier, 10, timeout=0.5)
+            granted = self.slots.acquire(tier, want, timeout=0.5)
             if not granted:
                 continue
             try:
@@ -263,6 +274,7 @@ class Worker:
                 continue
             messages = resp.get("Messages", [])
             self.slots.release(tier, granted - len(messages))
+            want = 10 if messages else 1
             for message in messages:
                 if self.stopping.is_set():  # hand it straight back: another worker takes it now
                     self._safe(lambda m=message: self.queues.change_visibility(tier, m["ReceiptHandle"], 0))

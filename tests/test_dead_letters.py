@@ -1,0 +1,288 @@
+"""Dead letters against moto server: poison messages go straight to the tier's DLQ with the
+reason and change nothing; a task whose provider keeps failing ends ``failed`` with its last
+error and its message in the DLQ, its committed steps intact; a redrive resumes it from its
+checkpoint; the ``agentq dlq`` CLI lists and redrives."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+from agentq.dispatch import Action, RetryBackoff
+from agentq.dlq import list_dead_letters, redrive
+from agentq.engine import Engine, EngineConfig
+from agentq.local.moto_server import MotoServer
+from agentq.models import LLMStep, TaskStatus, TaskSubmission, ToolsStep
+from agentq.providers.anthropic_provider import AnthropicProvider
+from agentq.providers.retry import RetryPolicy
+from agentq.queue import DEAD_LETTER_REASON, TaskMessage, TaskQueues
+from agentq.resources import QueueSettings, provision
+from agentq.runtime import Settings, build_queues, build_registry, build_store, session
+from agentq.submit import submit
+from agentq.worker import Worker, WorkerConfig
+
+from tests.conftest import child_env
+from tests.fake_messages_api import FakeMessagesAPI, overloaded, text_reply, tool_use_reply
+
+MAX_RECEIVES = 2
+# The worker tests run on the high tier so that they do not depend on how the slot pool shares
+# a small worker between tiers (tests/test_priority.py covers that).
+TIER = "high"
+
+
+def _deployment(moto_server: MotoServer, **queue_settings: Any) -> Settings:
+    """Table, bucket and tier queues (with DLQs) under a prefix of this test's own."""
+    settings = Settings.for_prefix(f"t{uuid.uuid4().hex[:12]}", moto_server.endpoint_url, tool_modules=("tests.effect_tools",))
+    provision(session(settings), settings.names, endpoint_url=settings.endpoint_url, queues=QueueSettings(**queue_settings))
+    return settings
+
+
+def _wait_for(predicate: Callable[[], Any], timeout: float = 20, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"{what} not reached within {timeout}s"
+        time.sleep(0.05)
+    return value
+
+
+def _depth(queues: TaskQueues, url: str) -> int:
+    """Every message the queue holds: visible, in flight and delayed."""
+    attrs = queues.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    return sum(
+        int(attrs[k])
+        for k in ("ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible", "ApproximateNumberOfMessagesDelayed")
+    )
+
+
+def _table_items(settings: Settings, store: Any) -> list[dict[str, Any]]:
+    return list(store.ddb.scan(TableName=settings.table, ConsistentRead=True)["Items"])
+
+
+@contextmanager
+def _running(worker: Worker) -> Iterator[list[tuple[str, Action]]]:
+    """Start the worker and record every action it applies to a message."""
+    applied: list[tuple[str, Action]] = []
+    apply = worker._apply
+
+    def recording(tier: str, message: dict[str, Any], action: Action) -> None:
+        applied.append((tier, action))
+        apply(tier, message, action)
+
+    worker._apply = recording  # type: ignore[method-assign]
+    worker.start()
+    try:
+        yield applied
+    finally:
+        worker.shutdown()
+
+
+# --------------------------------------------------------------------------- poison
+
+
+def test_poison_messages_go_straight_to_the_dlq_with_the_reason_and_write_nothing(moto_server: MotoServer) -> None:
+    settings = _deployment(moto_server)
+    store = build_store(settings)
+    queues = build_queues(settings)
+    poison = {
+        "this is not json {": "poison: not a task message",
+        json.dumps({"hello": "world"}): "poison: not a task message",
+        TaskMessage(task_id="no-such-task").model_dump_json(): "poison: unknown task 'no-such-task'",
+    }
+    for body in poison:
+        queues.sqs.send_message(QueueUrl=queues.url(TIER), MessageBody=body)
+
+    worker = Worker(settings, WorkerConfig(concurrency=4, max_receive_count=5))
+    with _running(worker) as applied:
+        dead: dict[str, dict[str, Any]] = {}
+
+        def all_dead_lettered() -> bool:
+            resp = queues.sqs.receive_message(
+                QueueUrl=queues.dlq_url(TIER), MaxNumberOfMessages=10, VisibilityTimeout=60, MessageAttributeNames=["All"]
+            )
+            for m in resp.get("Messages", []):
+                dead[m["Body"]] = m
+            return len(dead) == len(poison)
+
+        _wait_for(all_dead_lettered, what="three messages in the DLQ")
+        _wait_for(lambda: _depth(queues, queues.url(TIER)) == 0, what="the source queue emptied")
+
+    for body, why in poison.items():
+        reason = dead[body]["MessageAttributes"][DEAD_LETTER_REASON]["StringValue"]
+        assert reason.startswith(why), (body, reason)
+    # each handled once, on its first receive: no retries, no backoff
+    assert sorted(a.kind for _, a in applied) == ["dead_letter"] * 3
+    for tier in ("normal", "low"):
+        assert _depth(queues, queues.dlq_url(tier)) == 0
+    assert _table_items(settings, store) == []  # no task, budget, step: nothing written
+    assert store.payloads.s3.list_objects_v2(Bucket=settings.bucket).get("KeyCount", 0) == 0
+
+
+# ------------------------------------------------------------ retryable failures
+
+
+def _failing_worker(settings: Settings, fake: FakeMessagesAPI) -> Worker:
+    config = WorkerConfig(concurrency=4, lease_seconds=3, heartbeat_seconds=1, visibility_seconds=10, max_receive_count=MAX_RECEIVES)
+    engine = Engine(
+        build_store(settings),
+        worker_id="dlq-test-worker",
+        tools=build_registry(settings),
+        providers=lambda submission: AnthropicProvider(base_url=fake.base_url, api_key="k", retry=RetryPolicy(max_attempts=1)),
+        config=EngineConfig(lease_seconds=config.lease_seconds, heartbeat_seconds=config.heartbeat_seconds),
+    )
+    worker = Worker(settings, config, engine=engine)
+    worker.dispatcher.backoff = RetryBackoff(base_seconds=1, cap_seconds=1)
+    return worker
+
+
+def _submission() -> TaskSubmission:
+    return TaskSubmission.model_validate(
+        {"goal": "look something up, then answer", "provider": "anthropic", "constraints": {"tools": ["lookup"]}, "priority": TIER}
+    )
+
+
+def _fail_into_dlq(settings: Settings, fake: FakeMessagesAPI) -> str:
+    """A task whose first turn works (a tool call) and whose provider then only answers 529:
+    returns its id once it is failed and its message sits in the DLQ."""
+    fake.enqueue(tool_use_reply("lookup", {"query": "x"}, text="let me look"), *[overloaded()] * MAX_RECEIVES)
+    store = build_store(settings)
+    queues = build_queues(settings)
+    task = submit(store, build_registry(settings), _submission(), tenant="t", queues=queues)
+    _wait_for(lambda: store.get_task(task.task_id).status is TaskStatus.FAILED, what="task failed")
+    _wait_for(lambda: _depth(queues, queues.dlq_url(TIER)) == 1, what="message in the DLQ")
+    return task.task_id
+
+
+def test_a_task_that_keeps_failing_retryably_ends_failed_with_its_error_in_the_dlq_and_keeps_its_steps(
+    moto_server: MotoServer,
+) -> None:
+    settings = _deployment(moto_server, max_receive_count=MAX_RECEIVES, visibility_timeout=10)
+    store = build_store(settings)
+    queues = build_queues(settings)
+    with FakeMessagesAPI() as fake:
+        worker = _failing_worker(settings, fake)
+        with _running(worker) as applied:
+            task_id = _fail_into_dlq(settings, fake)
+            _wait_for(lambda: _depth(queues, queues.url(TIER)) == 0, what="the source queue emptied")
+        assert fake.unexpected == []
+        assert len(fake.requests) == 1 + MAX_RECEIVES  # one tool turn, then one 529 per receive
+
+    kinds = [a.kind for _, a in applied if a.task_id == task_id]
+    assert kinds == ["retry"] * (MAX_RECEIVES - 1) + ["dead_letter"]
+
+    task = store.get_task(task_id)
+    assert task.status is TaskStatus.FAILED
+    assert task.error is not None
+    assert task.error["code"] == "provider_error" and task.error["status_code"] == 529
+    assert "overloaded (529)" in task.error["message"]
+    assert task.error["attempts"] == MAX_RECEIVES
+    assert len(task.claims) == MAX_RECEIVES and task.lease_expires == 0
+    assert store.get_budget(task_id).reserved == 0  # the failed calls hold no tokens
+
+    # No step lost: the turn committed before the failures is still there, as committed.
+    steps = store.load_steps(task_id)
+    assert [(s.number, s.epoch, s.body.kind) for s in steps] == [(1, 1, "llm"), (2, 1, "tools")]
+    assert isinstance(steps[0].body, LLMStep) and steps[0].body.tool_uses()[0]["name"] == "lookup"
+    assert isinstance(steps[1].body, ToolsStep) and steps[1].body.results[0].content.startswith("result for x")
+    assert task.step == 2
+
+    letters = list_dead_letters(queues, store)
+    assert [(d.tier, d.task_id, d.task_status) for d in letters] == [(TIER, task_id, "failed")]
+    assert letters[0].reason.startswith(f"failed after {MAX_RECEIVES} attempts") and "529" in letters[0].reason
+
+
+def test_a_redriven_task_resumes_from_its_checkpoint_and_succeeds(moto_server: MotoServer) -> None:
+    settings = _deployment(moto_server, max_receive_count=MAX_RECEIVES, visibility_timeout=10)
+    store = build_store(settings)
+    queues = build_queues(settings)
+    with FakeMessagesAPI() as fake:
+        worker = _failing_worker(settings, fake)
+        with _running(worker) as applied:
+            task_id = _fail_into_dlq(settings, fake)
+            fake.enqueue(text_reply("the answer, at last"))  # the provider is back
+
+            reports = redrive(queues)
+            def resumed_and_done() -> bool:
+                task = store.get_task(task_id)
+                return task.status.terminal and len(task.claims) > MAX_RECEIVES
+
+            _wait_for(resumed_and_done, what="the task claimed again and finished")
+            _wait_for(lambda: _depth(queues, queues.url(TIER)) == 0, what="the source queue emptied")
+        assert fake.unexpected == []
+        resumed_request = fake.requests[-1].body
+        assert len(fake.requests) == 1 + MAX_RECEIVES + 1
+
+    # moto has no StartMessageMoveTask: the fallback moved the message, and says so
+    assert {r.method for r in reports} == {"receive/send/delete"}
+    assert {r.tier: r.moved for r in reports} == {tier: int(tier == TIER) for tier in ("high", "normal", "low")}
+
+    final = store.get_task(task_id)
+    assert final.status is TaskStatus.SUCCEEDED and final.result == "the answer, at last"
+    runs = [a.run for _, a in applied if a.task_id == task_id and a.run is not None and a.run.outcome == "finished"]
+    assert len(runs) == 1 and runs[0].resumed_from_step == 2
+
+    steps = store.load_steps(task_id)
+    redrive_epoch = MAX_RECEIVES + 1
+    assert [(s.number, s.epoch, s.body.kind) for s in steps] == [(1, 1, "llm"), (2, 1, "tools"), (3, redrive_epoch, "llm")]
+    # The resumed call saw the conversation rebuilt from the checkpoint, not a fresh start.
+    assert [m["role"] for m in resumed_request["messages"]] == ["user", "assistant", "user"]
+    assert resumed_request["messages"][2]["content"][0]["type"] == "tool_result"
+
+    assert list_dead_letters(queues, store) == []
+    assert _depth(queues, queues.dlq_url(TIER)) == 0
+    budget = store.get_budget(task_id)
+    assert budget.reserved == 0 and budget.used == final.tokens_in + final.tokens_out
+    # the redrive requeued it "from its checkpoint, error cleared": a success shows no failure
+    assert final.error is None, f"a succeeded task still carries the error of its failure: {final.error}"
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agentq", "dlq", *args], env=child_env(settings), capture_output=True, text=True, timeout=60
+    )
+
+
+def test_the_dlq_cli_lists_dead_letters_as_json_and_redrives_them(moto_server: MotoServer) -> None:
+    settings = _deployment(moto_server)
+    store = build_store(settings)
+    queues = build_queues(settings)
+    task = store.create_task(_submission(), tenant="t")
+    task_body = TaskMessage(task_id=task.task_id).model_dump_json()
+    queues.dead_letter("normal", task_body, "failed after 5 attempts: anthropic overloaded (529)")
+    queues.dead_letter("low", "garbage", "poison: not a task message (Invalid JSON)")
+
+    listed = _cli(settings, "list", "--json")
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    letters = sorted(json.loads(listed.stdout), key=lambda d: d["tier"])
+    assert [(d["tier"], d["task_id"], d["task_status"], d["reason"]) for d in letters] == [
+        ("low", None, None, "poison: not a task message (Invalid JSON)"),
+        ("normal", task.task_id, "queued", "failed after 5 attempts: anthropic overloaded (529)"),
+    ]
+    assert letters[0]["body"] == repr("garbage")
+
+    only_normal = _cli(settings, "redrive", "--tier", "normal")
+    assert only_normal.returncode == 0, only_normal.stderr[-2000:]
+    assert only_normal.stdout.split() == "normal 1 message(s) back to the normal queue (receive/send/delete)".split()
+    assert _depth(queues, queues.dlq_url("normal")) == 0 and _depth(queues, queues.dlq_url("low")) == 1
+
+    rest = _cli(settings, "redrive")
+    assert rest.returncode == 0, rest.stderr[-2000:]
+    lines = [line.split() for line in rest.stdout.strip().splitlines()]
+    assert lines == [
+        f"{tier} {n} message(s) back to the {tier} queue (receive/send/delete)".split()
+        for tier, n in (("high", 0), ("normal", 0), ("low", 1))
+    ]
+
+    assert list_dead_letters(queues, store) == []
+    # the messages are back on their own tier queues, the agentq reason still attached
+    back = queues.sqs.receive_message(QueueUrl=queues.url("normal"), MessageAttributeNames=["All"], WaitTimeSeconds=1)["Messages"]
+    assert [m["Body"] for m in back] == [task_body]
+    assert back[0]["MessageAttributes"][DEAD_LETTER_REASON]["StringValue"].startswith("failed after 5 attempts")
+    assert _depth(queues, queues.url("low")) == 1
