@@ -20,3 +20,27 @@ def scripted(turns: list[dict[str, Any]], *, tools: list[str] | None = None, **c
 
 def call(name: str, **inputs: Any) -> dict[str, Any]:
     return {"name": name, "input": inputs}
+
+
+def deployment(moto_server: Any, **queue_settings: Any) -> Any:
+    """Table, bucket, tier queues (with DLQs) and the fan-out machine under a prefix of the
+    caller's own, on the shared moto server."""
+    import uuid
+
+    from agentq.resources import QueueSettings, provision
+    from agentq.runtime import Settings, session
+
+    settings = Settings.for_prefix(f"t{uuid.uuid4().hex[:12]}", moto_server.endpoint_url, tool_modules=("tests.effect_tools",))
+    provision(session(settings), settings.names, endpoint_url=settings.endpoint_url, queues=QueueSettings(**queue_settings))
+    return settings
+
+
+def wait_for(predicate: Any, timeout: float = 20, what: str = "condition", interval: float = 0.05) -> Any:
+    """Poll until ``predicate()`` is truthy; returns that value or fails naming ``what``."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"{what} not reached within {timeout}s"
+        time.sleep(interval)
+    return value

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
-import uuid
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -21,13 +19,13 @@ from agentq.models import LLMStep, TaskStatus, TaskSubmission, ToolsStep
 from agentq.providers.anthropic_provider import AnthropicProvider
 from agentq.providers.retry import RetryPolicy
 from agentq.queue import DEAD_LETTER_REASON, TaskMessage, TaskQueues
-from agentq.resources import QueueSettings, provision
-from agentq.runtime import Settings, build_queues, build_registry, build_store, session
+from agentq.runtime import Settings, build_queues, build_registry, build_store
 from agentq.submit import submit
 from agentq.worker import Worker, WorkerConfig
 
 from tests.conftest import child_env
 from tests.fake_messages_api import FakeMessagesAPI, overloaded, text_reply, tool_use_reply
+from tests.helpers import deployment, wait_for
 
 MAX_RECEIVES = 2
 # The worker tests run on the high tier so that they do not depend on how the slot pool shares
@@ -36,18 +34,12 @@ TIER = "high"
 
 
 def _deployment(moto_server: MotoServer, **queue_settings: Any) -> Settings:
-    """Table, bucket and tier queues (with DLQs) under a prefix of this test's own."""
-    settings = Settings.for_prefix(f"t{uuid.uuid4().hex[:12]}", moto_server.endpoint_url, tool_modules=("tests.effect_tools",))
-    provision(session(settings), settings.names, endpoint_url=settings.endpoint_url, queues=QueueSettings(**queue_settings))
-    return settings
+    return deployment(moto_server, **queue_settings)  # type: ignore[no-any-return]
+
 
 
 def _wait_for(predicate: Callable[[], Any], timeout: float = 20, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"{what} not reached within {timeout}s"
-        time.sleep(0.05)
-    return value
+    return wait_for(predicate, timeout, what, interval=0.05)
 
 
 def _depth(queues: TaskQueues, url: str) -> int:

@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,14 +24,13 @@ from agentq.errors import LeaseLost
 from agentq.local.moto_server import MotoServer
 from agentq.models import TaskStatus, TaskSubmission
 from agentq.queue import TaskQueues
-from agentq.resources import QueueSettings, provision
-from agentq.runtime import Settings, build_queues, build_registry, build_store, session
+from agentq.runtime import Settings, build_queues, build_registry, build_store
 from agentq.store import Store
 from agentq.submit import submit
 from agentq.worker import Worker, WorkerConfig
 
 from tests.conftest import child_env
-from tests.helpers import call, scripted
+from tests.helpers import call, deployment, scripted, wait_for
 
 # The worker tests run on the high tier so that they do not depend on how the slot pool shares
 # a worker between tiers (tests/test_priority.py covers that).
@@ -42,17 +40,12 @@ TURNS = 5  # tool turns of each task in the SIGTERM test, each with a charge, th
 
 
 def _deployment(moto_server: MotoServer) -> Settings:
-    settings = Settings.for_prefix(f"t{uuid.uuid4().hex[:12]}", moto_server.endpoint_url, tool_modules=("tests.effect_tools",))
-    provision(session(settings), settings.names, endpoint_url=settings.endpoint_url, queues=QueueSettings(visibility_timeout=VISIBILITY))
-    return settings
+    return deployment(moto_server, visibility_timeout=VISIBILITY)  # type: ignore[no-any-return]
+
 
 
 def _wait_for(predicate: Callable[[], Any], timeout: float = 20, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"{what} not reached within {timeout}s"
-        time.sleep(0.05)
-    return value
+    return wait_for(predicate, timeout, what, interval=0.05)
 
 
 def _counts(queues: TaskQueues, url: str) -> dict[str, int]:

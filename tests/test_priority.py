@@ -7,28 +7,24 @@ from __future__ import annotations
 import queue
 import threading
 import time
-import uuid
 from collections import Counter, deque
 from typing import Any, Callable
 
 from agentq.local.moto_server import MotoServer
 from agentq.models import TaskStatus, TaskSubmission
-from agentq.resources import TIERS, QueueSettings, provision
-from agentq.runtime import Settings, build_queues, build_registry, build_store, session
+from agentq.resources import TIERS
+from agentq.runtime import Settings, build_queues, build_registry, build_store
 from agentq.submit import submit
 from agentq.worker import DEFAULT_WEIGHTS, SlotPool, Worker, WorkerConfig
 
-from tests.helpers import call, scripted
+from tests.helpers import call, deployment, scripted, wait_for
 
 WEIGHTS = {"high": 6, "normal": 3, "low": 1}
 
 
+
 def _wait_for(predicate: Callable[[], Any], timeout: float = 10, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"{what} not reached within {timeout}s"
-        time.sleep(0.01)
-    return value
+    return wait_for(predicate, timeout, what, interval=0.01)
 
 
 class _Holders:
@@ -167,9 +163,7 @@ def test_when_every_tier_asks_for_the_whole_pool_at_once_each_gets_a_share() -> 
 
 
 def _deployment(moto_server: MotoServer) -> Settings:
-    settings = Settings.for_prefix(f"t{uuid.uuid4().hex[:12]}", moto_server.endpoint_url, tool_modules=("tests.effect_tools",))
-    provision(session(settings), settings.names, endpoint_url=settings.endpoint_url, queues=QueueSettings(visibility_timeout=10))
-    return settings
+    return deployment(moto_server, visibility_timeout=10)  # type: ignore[no-any-return]
 
 
 def _task(priority: str, turns: int = 2, latency: float = 0.2) -> TaskSubmission:

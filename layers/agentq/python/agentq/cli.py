@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run one goal on the local stack (Anthropic if ANTHROPIC_API_KEY is set, else scripted)")
     run.add_argument("goal")
-    run.add_argument("--model", default="claude-sonnet-4-5", help="Anthropic model id")
+    run.add_argument("--model", default="claude-sonnet-4-6", help="Anthropic model id")
     run.add_argument("--max-tokens", type=int, default=100_000, help="token budget")
     run.set_defaults(func=_cmd_run)
 

@@ -25,7 +25,7 @@ import pydantic
 from agentq.engine import Engine, KeeperFactory, RunResult
 from agentq.errors import IllegalTransition, TaskNotFound
 from agentq.models import Task, TaskStatus
-from agentq.observe import record_dead_letter, record_run
+from agentq.observe import record_run
 from agentq.queue import DEAD_LETTER_REASON, TaskMessage, TaskQueues
 
 log = logging.getLogger("agentq.dispatch")
