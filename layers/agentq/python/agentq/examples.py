@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from agentq.tools import ToolContext, tool
 
 
 def outbox_path() -> Path:
-    return Path(os.environ.get("AGENTQ_OUTBOX", "agentq-outbox.jsonl"))
+    return Path(os.environ.get("AGENTQ_OUTBOX") or Path(tempfile.gettempdir()) / "agentq-outbox.jsonl")
 
 
 @tool(side_effects=True, timeout_seconds=10)
