@@ -1,140 +1,166 @@
-"""The API handler: through API Gateway proxy events and over HTTP on the local stack."""
+"""The API over HTTP on the local stack (moto, worker processes, the local API server with
+auth on as in AWS): each route as a client sees it, with tasks run by real workers."""
 
 from __future__ import annotations
 
 import json
-import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 import pytest
 
-from agentq.local.api_server import proxy_event
-from agentq.local.stack import LocalStack
+from agentq.api_models import MAX_BODY_BYTES
+from agentq.local.api_server import LOCAL_TENANT, dispatch, proxy_event
 
-SCRIPTED = {"goal": "say hi", "provider": "scripted", "script": {"turns": [{"text": "hi"}]}}
+from tests.api_support import SCRIPTED, ApiStack, api_stack  # noqa: F401  (the fixture)
+from tests.helpers import call
 
-
-def _http(method: str, url: str, body: Any = None, raw: bytes | None = None) -> tuple[int, dict[str, Any]]:
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
+APPROVAL = {
+    **SCRIPTED,
+    "script": {"turns": [{"text": "", "tool_calls": [call("request_approval", question="ship it?")]}, {"text": "shipped"}]},
+    "constraints": {"tools": ["request_approval"]},
+}
 
 
-@pytest.fixture(scope="module")
-def stack() -> Any:
-    with LocalStack(prefix="api", workers=1) as s:
-        yield s
-
-
-def test_submit_over_http_returns_202_and_the_task_runs_to_its_result(stack: LocalStack) -> None:
-    assert stack.api_server is not None
-    status, body = _http("POST", f"{stack.api_server.url}/tasks", SCRIPTED)
+def test_submit_over_http_returns_202_and_the_task_runs_to_its_result(api_stack: ApiStack) -> None:
+    status, body, headers = api_stack.http("POST", "/tasks", SCRIPTED)
     assert status == 202 and body["status"] == "queued" and body["links"]["self"] == f"/tasks/{body['task_id']}"
-    deadline = time.monotonic() + 30
-    while True:
-        status, view = _http("GET", f"{stack.api_server.url}/tasks/{body['task_id']}")
-        assert status == 200
-        if view["status"] == "succeeded":
-            break
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    assert headers["Location"] == f"/tasks/{body['task_id']}"
+    view = api_stack.until(body["task_id"], lambda v: v["status"] == "succeeded")
     assert view["result"] == "hi" and view["tokens"]["input"] > 0 and view["latency"]["pickup_seconds"] >= 0
+    assert view["budget"]["used"] == view["tokens"]["total"] and view["activity"] is None
+    status, result, _ = api_stack.http("GET", f"/tasks/{body['task_id']}/result")
+    assert status == 200 and result["complete"] is True and result["result"] == "hi"
 
 
 @pytest.mark.parametrize(
-    ("payload", "status", "field"),
+    ("payload", "field"),
     [
-        ({**SCRIPTED, "constraints": {"max_tokens": 0}}, 400, "constraints.max_tokens"),
-        ({**SCRIPTED, "priority": "urgent"}, 400, "priority"),
-        ({**SCRIPTED, "constraints": {"tools": ["rm_rf"]}}, 400, "constraints.tools[0]"),
-        ({"provider": "scripted", "script": "research"}, 400, "goal"),
+        ({**SCRIPTED, "constraints": {"max_tokens": 0}}, "constraints.max_tokens"),
+        ({**SCRIPTED, "priority": "urgent"}, "priority"),
+        ({**SCRIPTED, "constraints": {"tools": ["rm_rf"]}}, "constraints.tools[0]"),
+        ({"provider": "scripted", "script": "research"}, "goal"),
     ],
 )
-def test_invalid_submissions_get_a_json_error_naming_the_field(stack: LocalStack, payload: Any, status: int, field: str) -> None:
-    assert stack.api_server is not None
-    before = stack.store().ddb.scan(TableName=stack.settings.table)["Count"]  # type: ignore[union-attr]
-    code, body = _http("POST", f"{stack.api_server.url}/tasks", payload)
-    assert code == status and body["error"]["field"] == field and body["error"]["code"] == "validation_error"
-    assert stack.store().ddb.scan(TableName=stack.settings.table)["Count"] == before  # type: ignore[union-attr]
+def test_invalid_submissions_get_a_422_naming_the_field_and_write_nothing(api_stack: ApiStack, payload: Any, field: str) -> None:
+    table = api_stack.stack.settings.table  # type: ignore[union-attr]
+    ddb = api_stack.stack.store().ddb
+    before = ddb.scan(TableName=table, Select="COUNT")["Count"]
+    code, body, _ = api_stack.http("POST", "/tasks", payload)
+    assert code == 422 and body["error"]["field"] == field and body["error"]["code"] == "validation_error"
+    assert ddb.scan(TableName=table, Select="COUNT")["Count"] == before
 
 
-def test_a_body_that_is_not_json_is_a_400_naming_the_body(stack: LocalStack) -> None:
-    assert stack.api_server is not None
-    code, body = _http("POST", f"{stack.api_server.url}/tasks", raw=b"{nope")
+def test_a_body_that_is_not_json_is_a_400_and_an_oversized_one_a_413(api_stack: ApiStack) -> None:
+    code, body, _ = api_stack.http("POST", "/tasks", raw=b"{nope")
     assert code == 400 and body["error"] == {"code": "invalid_json", "message": body["error"]["message"], "field": "body"}
+    code, body, _ = api_stack.http("POST", "/tasks", raw=json.dumps({**SCRIPTED, "goal": "g" * MAX_BODY_BYTES}).encode())
+    assert code == 413 and body["error"]["code"] == "body_too_large"
 
 
-def test_unknown_tasks_and_routes_are_json_404s(stack: LocalStack) -> None:
-    assert stack.api_server is not None
-    code, body = _http("GET", f"{stack.api_server.url}/tasks/does-not-exist")
+def test_unknown_tasks_and_routes_are_json_404s(api_stack: ApiStack) -> None:
+    code, body, _ = api_stack.http("GET", "/tasks/does-not-exist")
     assert code == 404 and body["error"]["code"] == "task_not_found"
-    code, body = _http("GET", f"{stack.api_server.url}/nowhere")
+    code, body, _ = api_stack.http("GET", "/nowhere")
     assert code == 404 and body["error"]["code"] == "route_not_found"
 
 
-def test_another_tenant_s_task_answers_404_not_403(stack: LocalStack) -> None:
-    assert stack.api_server is not None
-    _, created = _http("POST", f"{stack.api_server.url}/tasks", SCRIPTED)
-    from agentq.http_api import build_app
-    from agentq.runtime import build_queues, build_registry
-
-    assert stack.settings is not None
-    app = build_app(stack.store(), build_registry(stack.settings), build_queues(stack.settings))
-    other = app.resolve(proxy_event("GET", f"/tasks/{created['task_id']}", {}, None, tenant="someone-else"), None)
-    mine = app.resolve(proxy_event("GET", f"/tasks/{created['task_id']}", {}, None, tenant="local"), None)
-    assert other["statusCode"] == 404 and mine["statusCode"] == 200
+def test_health_and_the_openapi_document_need_no_key(api_stack: ApiStack) -> None:
+    assert api_stack.http("GET", "/health", key=None)[:2] == (200, {"status": "ok", "version": "1.0.0"})
+    code, doc, _ = api_stack.http("GET", "/openapi.json", key=None)
+    assert code == 200 and doc["openapi"].startswith("3.1") and doc["security"] == [{"bearer": []}]
 
 
-def test_health(stack: LocalStack) -> None:
-    assert stack.api_server is not None
-    assert _http("GET", f"{stack.api_server.url}/health") == (200, {"status": "ok"})
+def test_requests_without_a_valid_key_are_401(api_stack: ApiStack) -> None:
+    for key in (None, "aq_" + "x" * 43, "not-a-key"):
+        code, body, headers = api_stack.http("GET", "/tasks", key=key)
+        assert code == 401 and body["error"]["code"] == "unauthorized" and headers["WWW-Authenticate"] == "Bearer"
+    code, _, _ = api_stack.http("POST", "/tasks", SCRIPTED, headers={"Authorization": f"Basic {api_stack.key}"}, key=None)
+    assert code == 401
 
 
-def test_control_routes_refuse_bad_input_and_foreign_tenants_precisely(stack: LocalStack) -> None:
-    assert stack.api_server is not None
-    api = stack.api_server.url
-    _, created = _http("POST", f"{api}/tasks", SCRIPTED)
-    task_id = created["task_id"]
-    assert _http("POST", f"{api}/tasks/{task_id}/budget", {"add_tokens": "lots"})[1]["error"]["field"] == "add_tokens"
-    assert _http("POST", f"{api}/tasks/{task_id}/fork", {})[1]["error"] == {"code": "validation_error", "message": "at_step is required", "field": "at_step"}
-    code, body = _http("POST", f"{api}/tasks/{task_id}/approve", {"note": "ok"})
+def test_tenant_b_cannot_read_list_cancel_approve_or_fork_tenant_a_s_task(api_stack: ApiStack) -> None:
+    task_id = api_stack.submit(APPROVAL)
+    api_stack.until(task_id, lambda v: v["status"] == "paused")
+    other = api_stack.other_key
+    for method, path, body in [
+        ("GET", f"/tasks/{task_id}", None),
+        ("GET", f"/tasks/{task_id}/result", None),
+        ("GET", f"/tasks/{task_id}/trace", None),
+        ("POST", f"/tasks/{task_id}/cancel", None),
+        ("POST", f"/tasks/{task_id}/approve", {"note": "not yours"}),
+        ("POST", f"/tasks/{task_id}/reject", {}),
+        ("POST", f"/tasks/{task_id}/budget", {"add_tokens": 10}),
+        ("POST", f"/tasks/{task_id}/fork", {"at_step": 1}),
+    ]:
+        code, data, _ = api_stack.http(method, path, body, key=other)
+        assert code == 404 and data["error"]["code"] == "task_not_found", path
+    listed = api_stack.http("GET", "/tasks?limit=100&include_children=true", key=other)[1]["tasks"]
+    assert task_id not in [t["task_id"] for t in listed]
+    assert api_stack.http("GET", f"/tasks/{task_id}")[1]["status"] == "paused"  # untouched
+    assert task_id in [t["task_id"] for t in api_stack.http("GET", "/tasks?status=paused&limit=100")[1]["tasks"]]
+    assert api_stack.http("POST", f"/tasks/{task_id}/cancel")[0] == 200
+
+
+def test_control_routes_refuse_bad_input_precisely(api_stack: ApiStack) -> None:
+    task_id = api_stack.submit()
+    code, body, _ = api_stack.http("POST", f"/tasks/{task_id}/budget", {"add_tokens": "lots"})
+    assert code == 422 and body["error"]["field"] == "add_tokens"
+    code, body, _ = api_stack.http("POST", f"/tasks/{task_id}/fork", {})
+    assert code == 422 and body["error"] == {"code": "validation_error", "message": "at_step is required", "field": "at_step"}
+    api_stack.until(task_id, lambda v: v["status"] == "succeeded")
+    code, body, _ = api_stack.http("POST", f"/tasks/{task_id}/approve", {"note": "ok"})
     assert code == 409 and body["error"]["code"] == "illegal_transition"
-    code, body = _http("POST", f"{api}/tasks/nope/cancel")
-    assert code == 404
+    assert api_stack.http("POST", "/tasks/nope/cancel")[0] == 404
 
 
-def test_approve_and_budget_through_the_cli_as_a_person_would(stack: LocalStack) -> None:
-    import subprocess
-    import sys
+def test_an_idempotent_submit_over_http_makes_one_task(api_stack: ApiStack) -> None:
+    headers = {"Idempotency-Key": "retry-me-1"}
+    first = api_stack.http("POST", "/tasks", SCRIPTED, headers=headers)
+    second = api_stack.http("POST", "/tasks", SCRIPTED, headers=headers)
+    assert first[0] == second[0] == 202 and first[1]["task_id"] == second[1]["task_id"]
+    assert second[2]["Idempotent-Replayed"] == "true"
+    assert api_stack.http("POST", "/tasks", {**SCRIPTED, "goal": "other"}, headers=headers)[0] == 409
+    assert api_stack.http("POST", "/tasks", SCRIPTED, headers=headers, key=api_stack.other_key)[1]["task_id"] != first[1]["task_id"]
 
-    assert stack.api_server is not None
-    api = stack.api_server.url
-    turns = [{"text": "", "tool_calls": [{"name": "request_approval", "input": {"question": "ship it?"}}]}, {"text": "shipped"}]
-    _, created = _http("POST", f"{api}/tasks", {**SCRIPTED, "script": {"turns": turns}, "constraints": {"tools": ["request_approval"]}})
-    task_id = created["task_id"]
-    deadline = time.monotonic() + 30
-    while _http("GET", f"{api}/tasks/{task_id}")[1]["status"] != "paused":
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
 
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "agentq", *args, "--url", api], capture_output=True, text=True, timeout=60)
+def test_trace_and_list_over_http_after_real_workers_ran_the_task(api_stack: ApiStack) -> None:
+    script = {"turns": [{"text": "charging", "tool_calls": [call("charge_card", amount_cents=250, memo="http")]}, {"text": "paid"}]}
+    task_id = api_stack.submit({**SCRIPTED, "script": script, "constraints": {"tools": ["charge_card"]}})
+    api_stack.until(task_id, lambda v: v["status"] == "succeeded")
+    code, trace, _ = api_stack.http("GET", f"/tasks/{task_id}/trace?limit=3")
+    assert code == 200 and len(trace["events"]) == 3 and trace["next_cursor"]
+    rest = api_stack.http("GET", f"/tasks/{task_id}/trace?cursor={trace['next_cursor']}")[1]
+    events = trace["events"] + rest["events"]
+    assert [e["type"] for e in events] == ["transition", "transition", "llm_call", "tool_call", "llm_call", "transition"]
+    tool = events[3]
+    assert tool["name"] == "charge_card" and tool["input"] == {"amount_cents": 250, "memo": "http"} and tool["side_effects"] is True
+    assert tool["output"].startswith("charged 250 cents") and events[1]["worker"].count(":") == 1
+    newest = api_stack.http("GET", "/tasks?limit=1")[1]
+    assert len(newest["tasks"]) == 1 and newest["next_cursor"]
 
-    wrong = cli("reject", "no-such-task")
-    assert wrong.returncode == 1 and "no task 'no-such-task'" in wrong.stderr
-    done = cli("approve", task_id, "--note", "lgtm")
-    assert done.returncode == 0, done.stderr
-    while (view := _http("GET", f"{api}/tasks/{task_id}")[1])["status"] != "succeeded":
-        assert time.monotonic() < deadline + 30
-        time.sleep(0.1)
-    assert view["result"] == "shipped"
-    again = cli("approve", task_id)
-    assert again.returncode == 1 and "not waiting for approval" in again.stderr
-    bad = cli("budget", task_id, "--add-tokens", "-5")
-    assert bad.returncode == 2 and "(add_tokens)" in bad.stderr
+
+def test_a_fan_out_parent_shows_its_children(api_stack: ApiStack) -> None:
+    children = [{"goal": f"child {i}", "script": {"turns": [{"text": f"child {i} done"}]}} for i in range(2)]
+    script = {"turns": [{"text": "fan out", "tool_calls": [call("spawn_subagents", subagents=children)]}, {"text": "all done"}]}
+    task_id = api_stack.submit({**SCRIPTED, "script": script, "constraints": {"tools": ["spawn_subagents"], "max_tokens": 50_000}})
+    view = api_stack.until(task_id, lambda v: v["status"] == "succeeded", timeout=90)
+    assert view["children"]["total"] == 2 and view["children"]["by_status"] == {"succeeded": 2}
+    child_id = view["children"]["task_ids"][0]
+    child = api_stack.http("GET", f"/tasks/{child_id}")[1]
+    assert child["parent_id"] == task_id and child["depth"] == 1 and child["root_id"] == task_id
+    assert child_id not in [t["task_id"] for t in api_stack.http("GET", "/tasks?limit=100")[1]["tasks"]]
+    assert child_id in [t["task_id"] for t in api_stack.http("GET", "/tasks?limit=100&include_children=true")[1]["tasks"]]
+    spawned = [e for e in api_stack.http("GET", f"/tasks/{task_id}/trace")[1]["events"] if e.get("event") == "spawned"]
+    assert len(spawned) == 1 and sorted(spawned[0]["detail"]["children"]) == sorted(view["children"]["task_ids"])
+
+
+def test_without_an_authorizer_every_request_is_the_local_tenant() -> None:
+    seen: list[Any] = []
+
+    def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        seen.append(event["requestContext"]["authorizer"])
+        return {"statusCode": 200, "headers": {"Content-Type": "application/json"}, "body": "{}"}
+
+    assert dispatch(handler, None, "GET", "/tasks?status=", {}, None)[0] == 200
+    assert seen == [{"tenant": LOCAL_TENANT}]
+    assert proxy_event("GET", "/tasks?status=", {}, None)["queryStringParameters"] == {"status": ""}

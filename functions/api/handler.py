@@ -1,4 +1,8 @@
-"""API Lambda: API Gateway REST proxy events -> the agentq HTTP API (``agentq.http_api``)."""
+"""API Lambda: API Gateway REST proxy events -> the agentq HTTP API (``agentq.http_api``).
+
+The tenant is what the authorizer (``functions/authorizer``) put in
+``requestContext.authorizer.tenant``; a request without one is answered 401 (no default tenant).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,9 @@ from agentq.runtime import Settings, build_fanout, build_queues, build_registry,
 
 logger = Logger(service="agentq-api")
 _settings = Settings.from_env()
-app = build_app(build_store(_settings), build_registry(_settings), build_queues(_settings), build_fanout(_settings))
+app = build_app(
+    build_store(_settings), build_registry(_settings), build_queues(_settings), build_fanout(_settings), default_tenant=None
+)
 
 
 @logger.inject_lambda_context

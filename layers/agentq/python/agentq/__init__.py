@@ -3,6 +3,7 @@
 The public API is re-exported here; modules are implementation detail.
 """
 
+from agentq.client import ApiError, Client
 from agentq.engine import Engine, EngineConfig, RunResult
 from agentq.errors import (
     AgentqError,
@@ -22,7 +23,9 @@ from agentq.tools import ToolContext, ToolRegistry, tool
 
 __all__ = [
     "AgentqError",
+    "ApiError",
     "BudgetExceeded",
+    "Client",
     "Constraints",
     "Engine",
     "EngineConfig",

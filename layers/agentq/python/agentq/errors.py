@@ -35,6 +35,12 @@ class IllegalTransition(AgentqError):
     code = "illegal_transition"
 
 
+class IdempotencyConflict(AgentqError):
+    """An idempotency key reused with a different request."""
+
+    code = "idempotency_conflict"
+
+
 class LeaseLost(AgentqError):
     """The worker's lease epoch is no longer current: it must stop writing at once."""
 

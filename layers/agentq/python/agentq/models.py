@@ -252,6 +252,8 @@ class Task(BaseModel):
     task_token: str | None = None  # Step Functions callback token, for a child run by a fan-out
     heartbeat_at: float | None = None  # last sign of life of the lease holder
     prev_heartbeat_at: float | None = None  # ... of the previous holder, as seen by the last claim
+    updated_at: float | None = None
+    forked_from: dict[str, Any] | None = None  # {"task_id", "step"} of a fork's source
 
     @property
     def budget_id(self) -> str:

@@ -19,6 +19,24 @@ TABLE_KEY_SCHEMA: list[dict[str, str]] = [
 TABLE_ATTRIBUTES: list[dict[str, str]] = [
     {"AttributeName": "pk", "AttributeType": "S"},
     {"AttributeName": "sk", "AttributeType": "S"},
+    {"AttributeName": "gsi1pk", "AttributeType": "S"},
+    {"AttributeName": "gsi1sk", "AttributeType": "S"},
+]
+# A tenant's tasks, newest first: META items carry gsi1pk = "TENANT#<tenant>" and
+# gsi1sk = "<created_at epoch millis, 15 digits>#<task_id>". The projection holds the keys plus
+# the few attributes a listing filters on; they change only on a status transition, so a step
+# commit (which updates META) never writes to the index.
+GSI1 = "gsi1"
+GSI1_PROJECTED: list[str] = ["status", "parent_id"]
+TABLE_GSIS: list[dict[str, Any]] = [
+    {
+        "IndexName": GSI1,
+        "KeySchema": [
+            {"AttributeName": "gsi1pk", "KeyType": "HASH"},
+            {"AttributeName": "gsi1sk", "KeyType": "RANGE"},
+        ],
+        "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": GSI1_PROJECTED},
+    }
 ]
 TTL_ATTRIBUTE = "expires_at"
 
@@ -93,13 +111,27 @@ def queue_attributes(settings: QueueSettings, dlq_arn: str) -> dict[str, str]:
 
 
 def table_definition(name: str) -> dict[str, Any]:
-    """CreateTable arguments: on-demand, pk/sk strings."""
+    """CreateTable arguments: on-demand, pk/sk strings, the tenant listing index ``gsi1``."""
     return {
         "TableName": name,
         "KeySchema": TABLE_KEY_SCHEMA,
         "AttributeDefinitions": TABLE_ATTRIBUTES,
+        "GlobalSecondaryIndexes": TABLE_GSIS,
         "BillingMode": "PAY_PER_REQUEST",
     }
+
+
+def ensure_indexes(ddb: Any, table: str) -> None:
+    """Add any index of ``TABLE_GSIS`` an existing table lacks (a table made before it existed)."""
+    described = ddb.describe_table(TableName=table)["Table"]
+    have = {i["IndexName"] for i in described.get("GlobalSecondaryIndexes", [])}
+    for gsi in TABLE_GSIS:
+        if gsi["IndexName"] not in have:
+            ddb.update_table(
+                TableName=table,
+                AttributeDefinitions=TABLE_ATTRIBUTES,
+                GlobalSecondaryIndexUpdates=[{"Create": gsi}],
+            )
 
 
 def provision(
@@ -116,7 +148,7 @@ def provision(
     try:
         ddb.create_table(**table_definition(names.table))
     except ddb.exceptions.ResourceInUseException:
-        pass
+        ensure_indexes(ddb, names.table)
     ddb.get_waiter("table_exists").wait(TableName=names.table, WaiterConfig={"Delay": 0.05, "MaxAttempts": 200})
     try:
         ddb.update_time_to_live(

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 from botocore.exceptions import ClientError
 
-from agentq.errors import BudgetExceeded, IllegalTransition, LeaseLost, TaskNotFound
+from agentq.errors import BudgetExceeded, IdempotencyConflict, IllegalTransition, LeaseLost, TaskNotFound
 from agentq.faults import crash_point
 from pydantic import TypeAdapter
 
@@ -55,6 +55,21 @@ def step_sk(number: int) -> str:
 
 def new_task_id() -> str:
     return uuid.uuid4().hex
+
+
+def tenant_index_pk(tenant: str) -> str:
+    """``gsi1`` partition of a tenant's tasks."""
+    return f"TENANT#{tenant}"
+
+
+def tenant_index_sk(created_at: float, task_id: str) -> str:
+    """``gsi1`` sort key: creation time in epoch milliseconds (15 digits, so it sorts as text),
+    then the task id to break ties; a descending query lists newest first."""
+    return f"{int(created_at * 1000):015d}#{task_id}"
+
+
+def idempotency_pk(tenant: str, key: str) -> str:
+    return f"IDEMP#{tenant}#{key}"
 
 
 @dataclass(frozen=True)
@@ -143,6 +158,8 @@ class Store:
         return {
             "pk": task_pk(task_id),
             "sk": META,
+            "gsi1pk": tenant_index_pk(tenant),
+            "gsi1sk": tenant_index_sk(now, task_id),
             "task_id": task_id,
             "tenant": tenant,
             "status": TaskStatus.QUEUED.value,
@@ -178,21 +195,95 @@ class Store:
         }
         return {"Put": {"TableName": self.table, "Item": to_item(budget), "ConditionExpression": "attribute_not_exists(pk)"}}
 
-    def delete_unstarted(self, task_id: str) -> None:
-        """Undo a create whose enqueue failed: only while nobody has claimed the task."""
-        self.ddb.transact_write_items(
-            TransactItems=[
+    def delete_unstarted(self, task_id: str, *, idempotency: tuple[str, str] | None = None) -> None:
+        """Undo a create whose enqueue failed: only while nobody has claimed the task.
+
+        ``idempotency`` (tenant, key) also removes the task's ``IDEMP#`` record, so a retry
+        with the same key creates the task anew instead of finding a deleted one.
+        """
+        items: list[dict[str, Any]] = [
+            {
+                "Delete": {
+                    "TableName": self.table,
+                    "Key": to_item({"pk": task_pk(task_id), "sk": META}),
+                    "ConditionExpression": "lease_epoch = :zero",
+                    "ExpressionAttributeValues": to_values({":zero": 0}),
+                }
+            },
+            {"Delete": {"TableName": self.table, "Key": to_item({"pk": budget_pk(task_id), "sk": META})}},
+        ]
+        if idempotency is not None:
+            items.append({"Delete": {"TableName": self.table, "Key": to_item({"pk": idempotency_pk(*idempotency), "sk": META})}})
+        self.ddb.transact_write_items(TransactItems=items)
+
+    def create_task_idempotent(
+        self,
+        submission: TaskSubmission,
+        *,
+        tenant: str,
+        key: str,
+        request_hash: str,
+        ttl_seconds: int = 24 * 3600,
+    ) -> tuple[Task, bool]:
+        """Create the task unless ``key`` was used before by ``tenant``; returns (task, created).
+
+        The ``IDEMP#tenant#key`` record (the task id and a hash of the request) is written in
+        the same transaction as META and the budget, so a key never points at a task that does
+        not exist, and two racing requests with one key create one task. A reused key with
+        another request hash raises IdempotencyConflict. A record past its ``expires_at``
+        (DynamoDB TTL deletes lazily) counts as absent.
+        """
+        for _ in range(3):
+            task_id = new_task_id()
+            now = time.time()
+            meta = self._meta_item(task_id, submission, tenant=tenant, root_id=task_id, parent_id=None, depth=0)
+            record = {
+                "pk": idempotency_pk(tenant, key),
+                "sk": META,
+                "task_id": task_id,
+                "request_hash": request_hash,
+                "created_at": now,
+                "expires_at": int(now + ttl_seconds),
+            }
+            items = [
+                {"Put": {"TableName": self.table, "Item": to_item(meta), "ConditionExpression": "attribute_not_exists(pk)"}},
+                self._budget_put(task_id, submission.constraints.max_tokens),
                 {
-                    "Delete": {
+                    "Put": {
                         "TableName": self.table,
-                        "Key": to_item({"pk": task_pk(task_id), "sk": META}),
-                        "ConditionExpression": "lease_epoch = :zero",
-                        "ExpressionAttributeValues": to_values({":zero": 0}),
+                        "Item": to_item(record),
+                        "ConditionExpression": "attribute_not_exists(pk) OR expires_at < :now",
+                        "ExpressionAttributeValues": to_values({":now": int(now)}),
                     }
                 },
-                {"Delete": {"TableName": self.table, "Key": to_item({"pk": budget_pk(task_id), "sk": META})}},
             ]
+            try:
+                self.ddb.transact_write_items(TransactItems=items)
+                return Task.model_validate({**meta, "submission": submission}), True
+            except ClientError as exc:
+                if _cancellation_codes(exc)[2:3] != ["ConditionalCheckFailed"]:
+                    raise
+            existing = self.get_idempotency(tenant, key)
+            if existing is None:
+                continue  # expired or deleted meanwhile: try again
+            if existing["request_hash"] != request_hash:
+                raise IdempotencyConflict(
+                    "this Idempotency-Key was already used with a different request body", field="Idempotency-Key"
+                )
+            try:
+                return self.get_task(existing["task_id"]), False
+            except TaskNotFound:
+                continue  # its create was undone (enqueue failed) and the record with it
+        raise RuntimeError(f"could not settle idempotency key {key!r}: it keeps changing")
+
+    def get_idempotency(self, tenant: str, key: str) -> dict[str, Any] | None:
+        resp = self.ddb.get_item(
+            TableName=self.table, Key=to_item({"pk": idempotency_pk(tenant, key), "sk": META}), ConsistentRead=True
         )
+        if "Item" not in resp:
+            return None
+        record = from_item(resp["Item"])
+        return record if record.get("expires_at", 0) >= time.time() else None
 
     def get_task(self, task_id: str) -> Task:
         resp = self.ddb.get_item(
@@ -1072,6 +1163,117 @@ class Store:
                 "ExpressionAttributeValues": to_values({":epoch": lease.epoch, ":running": TaskStatus.RUNNING.value}),
             }
         }
+
+    # ----------------------------------------------------------- API queries
+
+    def list_tenant_tasks(
+        self,
+        tenant: str,
+        *,
+        limit: int,
+        after: str | None = None,
+        status: TaskStatus | None = None,
+        roots_only: bool = True,
+        max_reads: int = 5,
+    ) -> tuple[list[Task], str | None]:
+        """A page of ``tenant``'s tasks, newest first, from the ``gsi1`` index.
+
+        ``after`` is the ``gsi1sk`` of the last task of the previous page. Filters are applied
+        on the index (status and parent_id are projected), then the page's META items are read
+        in one BatchGetItem. Returns the tasks and the ``gsi1sk`` to continue after, or None at
+        the end. With a filter, a page may hold fewer than ``limit`` tasks although more follow:
+        at most ``max_reads`` index queries are made per call.
+        """
+        from agentq.resources import GSI1
+
+        pk = tenant_index_pk(tenant)
+        names: dict[str, str] = {}
+        values: dict[str, Any] = {":pk": pk}
+        filters = []
+        if status is not None:
+            filters.append("#s = :status")
+            names["#s"] = "status"
+            values[":status"] = status.value
+        if roots_only:
+            filters.append("attribute_not_exists(parent_id)")
+        keys: list[tuple[str, str]] = []  # (task_id, gsi1sk)
+        start = after
+        last: dict[str, Any] | None = None
+        for _ in range(max_reads):
+            request: dict[str, Any] = {
+                "TableName": self.table,
+                "IndexName": GSI1,
+                "KeyConditionExpression": "gsi1pk = :pk",
+                "ExpressionAttributeValues": to_values(values),
+                "ScanIndexForward": False,
+                # one more than needed tells whether another page exists; a filter reads wider
+                "Limit": max(limit + 1 - len(keys), 100) if filters else limit + 1 - len(keys),
+            }
+            if names:
+                request["ExpressionAttributeNames"] = names
+            if filters:
+                request["FilterExpression"] = " AND ".join(filters)
+            if start is not None:
+                request["ExclusiveStartKey"] = to_item(
+                    {"pk": task_pk(start.split("#", 1)[1]), "sk": META, "gsi1pk": pk, "gsi1sk": start}
+                )
+            resp = self.ddb.query(**request)
+            for raw in resp["Items"]:
+                item = from_item(raw)
+                keys.append((item["pk"].split("#", 1)[1], item["gsi1sk"]))
+            last = resp.get("LastEvaluatedKey")
+            if len(keys) > limit or last is None:
+                break
+            start = from_item(last)["gsi1sk"]
+        cursor: str | None
+        if len(keys) > limit:
+            keys = keys[:limit]
+            cursor = keys[-1][1]
+        elif last is None:
+            cursor = None
+        else:  # read budget spent: go on from the last index entry evaluated
+            cursor = from_item(last)["gsi1sk"]
+        tasks = self.get_tasks([task_id for task_id, _ in keys])
+        return tasks, cursor
+
+    def load_steps_range(self, task_id: str, first: int, limit: int) -> list[StepRecord]:
+        """Up to ``limit`` committed steps from number ``first`` on, in order."""
+        resp = self.ddb.query(
+            TableName=self.table,
+            KeyConditionExpression="pk = :pk AND sk BETWEEN :lo AND :hi",
+            ExpressionAttributeValues=to_values({":pk": task_pk(task_id), ":lo": step_sk(max(first, 0)), ":hi": "STEP#999999"}),
+            ConsistentRead=True,
+            Limit=limit,
+        )
+        return [self._step_record(task_id, raw) for raw in resp["Items"]]
+
+    def last_step(self, task_id: str) -> StepRecord | None:
+        resp = self.ddb.query(
+            TableName=self.table,
+            KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
+            ExpressionAttributeValues=to_values({":pk": task_pk(task_id), ":prefix": "STEP#"}),
+            ConsistentRead=True,
+            ScanIndexForward=False,
+            Limit=1,
+        )
+        return self._step_record(task_id, resp["Items"][0]) if resp["Items"] else None
+
+    def _step_record(self, task_id: str, raw: dict[str, Any]) -> StepRecord:
+        item = from_item(raw)
+        body = _STEP_ADAPTER.validate_json(self.payloads.decode(item))
+        return StepRecord(task_id=task_id, number=item["number"], epoch=item["epoch"], committed_at=item["committed_at"], body=body)
+
+    def list_approvals(self, task_id: str) -> list[dict[str, Any]]:
+        """Every APPROVAL# record of a task (pending and decided)."""
+        return [from_item(i) for i in self._query_prefix(task_id, "APPROVAL#")]
+
+    def orphan_records(self, task_id: str) -> list[tuple[int, int, LLMStep]]:
+        """Uncommitted LLM calls as (step number they were meant for, epoch, call)."""
+        out = []
+        for raw in self._query_prefix(task_id, "ORPHAN#"):
+            item = from_item(raw)
+            out.append((int(item["number"]), int(item["epoch"]), LLMStep.model_validate_json(self.payloads.decode(item))))
+        return out
 
     # ------------------------------------------------------------------- debug
 

@@ -1,73 +1,143 @@
 """Serve the API's resolver on localhost: each HTTP request becomes an API Gateway REST proxy
-event, so `agentq dev` exercises the very handler API Gateway invokes."""
+event, so `agentq dev` exercises the very handler API Gateway invokes.
+
+Auth works as in AWS: with an ``authorizer`` (``KeyStore.authorize``), every request but the
+public ones (``/health``, ``/openapi.json``) must carry ``Authorization: Bearer <key>``; a
+refused key is answered 401 before the handler runs, and the key's tenant reaches the handler
+in ``requestContext.authorizer.tenant``, where API Gateway puts a Lambda authorizer's context.
+Without one, every request is tenant ``local``.
+"""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from typing import Any, Callable
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from agentq.http_api import PUBLIC_PATHS, error_body
+
+LOCAL_TENANT = "local"
 
 
-def proxy_event(method: str, url: str, headers: dict[str, str], body: str | None, tenant: str = "local") -> dict[str, Any]:
+def proxy_event(
+    method: str, url: str, headers: dict[str, str], body: str | None, tenant: str | None = LOCAL_TENANT
+) -> dict[str, Any]:
+    """An API Gateway REST proxy event; ``tenant=None`` carries no authorizer context."""
     parts = urlsplit(url)
-    query = {k: v[-1] for k, v in parse_qs(parts.query).items()} or None
+    path = unquote(parts.path)
+    query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()} or None
     return {
-        "resource": parts.path,
-        "path": parts.path,
+        "resource": path,
+        "path": path,
         "httpMethod": method,
         "headers": headers,
         "multiValueHeaders": {k: [v] for k, v in headers.items()},
         "queryStringParameters": query,
-        "multiValueQueryStringParameters": {k: v for k, v in parse_qs(parts.query).items()} or None,
+        "multiValueQueryStringParameters": {k: v for k, v in parse_qs(parts.query, keep_blank_values=True).items()} or None,
         "pathParameters": None,
         "stageVariables": None,
         "requestContext": {
             "requestId": uuid.uuid4().hex,
             "stage": "local",
             "httpMethod": method,
-            "path": parts.path,
+            "path": path,
             "requestTimeEpoch": int(time.time() * 1000),
             "identity": {"sourceIp": "127.0.0.1"},
-            "authorizer": {"tenant": tenant},
+            "authorizer": {"tenant": tenant} if tenant else None,
         },
         "body": body,
         "isBase64Encoded": False,
     }
 
 
+Authorizer = Callable[[str | None], str]
+
+
+def dispatch(
+    handler: Any, authorizer: Authorizer | None, method: str, url: str, headers: dict[str, str], body: str | None
+) -> tuple[int, dict[str, str], bytes]:
+    """One request through the authorizer (if any) and the handler: (status, headers, body)."""
+    tenant: str | None = LOCAL_TENANT
+    if authorizer is not None and unquote(urlsplit(url).path) not in PUBLIC_PATHS:
+        auth = next((v for k, v in headers.items() if k.lower() == "authorization"), None)
+        try:
+            tenant = authorizer(auth)
+        except Exception:  # the authorizer's refusal, whatever the reason: 401 as API Gateway
+            payload = json.dumps(error_body("unauthorized", "missing, unknown or revoked API key")).encode()
+            return 401, {"Content-Type": "application/json", "WWW-Authenticate": "Bearer"}, payload
+    result = handler(proxy_event(method, url, headers, body, tenant=tenant), None)
+    out = {**(result.get("headers") or {})}
+    for name, values in (result.get("multiValueHeaders") or {}).items():
+        out.setdefault(name, values[-1])
+    out.pop("Content-Length", None)
+    return int(result.get("statusCode", 500)), out, (result.get("body") or "").encode()
+
+
+def wsgi_app(handler: Any, authorizer: Authorizer | None = None) -> Callable[..., Any]:
+    """The handler as a WSGI application (in-process clients, any WSGI server)."""
+    from http import HTTPStatus
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        body = environ["wsgi.input"].read(length).decode(errors="replace") if length else None
+        headers = {k[5:].replace("_", "-").title(): str(v) for k, v in environ.items() if k.startswith("HTTP_")}
+        if environ.get("CONTENT_TYPE"):
+            headers["Content-Type"] = environ["CONTENT_TYPE"]
+        url = environ.get("PATH_INFO", "/") + (f"?{environ['QUERY_STRING']}" if environ.get("QUERY_STRING") else "")
+        status, out, payload = dispatch(handler, authorizer, environ["REQUEST_METHOD"], url, headers, body)
+        phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
+        start_response(f"{status} {phrase}", [*out.items(), ("Content-Length", str(len(payload)))])
+        return [payload]
+
+    return app
+
+
 class LocalApiServer:
-    def __init__(self, handler: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        handler: Any,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        authorizer: Authorizer | None = None,
+    ) -> None:
+        """``authorizer`` maps an Authorization header value to a tenant or raises (401)."""
         self.handler = handler
+        self.authorizer = authorizer
 
         outer = self
 
         class _Handler(BaseHTTPRequestHandler):
-            def _serve(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length).decode() if length else None
-                event = proxy_event(self.command, self.path, {k: v for k, v in self.headers.items()}, body)
-                result = outer.handler(event, None)
-                payload = (result.get("body") or "").encode()
-                self.send_response(int(result.get("statusCode", 500)))
-                headers = {**(result.get("headers") or {})}
-                for name, values in (result.get("multiValueHeaders") or {}).items():
-                    headers.setdefault(name, values[-1])
-                headers.pop("Content-Length", None)
+            protocol_version = "HTTP/1.1"
+
+            def _reply(self, status: int, headers: dict[str, str], payload: bytes) -> None:
+                self.send_response(status)
                 for name, value in headers.items():
                     self.send_header(name, str(value))
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
-                self.wfile.write(payload)
+                if self.command != "HEAD":
+                    self.wfile.write(payload)
 
-            do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _serve
+            def _serve(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length).decode(errors="replace") if length else None
+                headers = {k: v for k, v in self.headers.items()}
+                self._reply(*dispatch(outer.handler, outer.authorizer, self.command, self.path, headers, body))
+
+            def __getattr__(self, name: str) -> Any:  # every method reaches the handler (405 for the wrong one)
+                if name.startswith("do_"):
+                    return self._serve
+                raise AttributeError(name)
 
             def log_message(self, *args: Any) -> None:
                 pass
 
         self.httpd = ThreadingHTTPServer((host, port), _Handler)
+        self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="local-api", daemon=True)
 
     @property

@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentq.auth import KeyStore
 from agentq.http_api import build_app
 from agentq.local.api_server import LocalApiServer
 from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
@@ -27,6 +28,7 @@ class LocalStack:
     tool_modules: tuple[str, ...] = ("agentq.examples",)
     extra_env: dict[str, str] = field(default_factory=dict)
     api: bool = True
+    auth: bool = False  # the API requires a bearer key (create one with create_api_key), as in AWS
 
     def __post_init__(self) -> None:
         self.moto = MotoServer()
@@ -42,7 +44,11 @@ class LocalStack:
         provision(session(self.settings), self.settings.names, endpoint_url=self.moto.endpoint_url, queues=self.queue_settings)
         if self.api:
             app = build_app(self.store(), build_registry(self.settings), build_queues(self.settings), build_fanout(self.settings))
-            self.api_server = LocalApiServer(app.resolve).start()
+            authorizer = None
+            if self.auth:
+                keys = self.keys()
+                authorizer = lambda header: keys.authorize(header).tenant  # noqa: E731
+            self.api_server = LocalApiServer(app.resolve, authorizer=authorizer).start()
         for _ in range(self.workers):
             self.spawn_worker()
         return self
@@ -50,6 +56,14 @@ class LocalStack:
     def store(self) -> Any:
         assert self.settings is not None
         return build_store(self.settings)
+
+    def keys(self) -> KeyStore:
+        assert self.settings is not None
+        return KeyStore(self.store().ddb, self.settings.table)
+
+    def create_api_key(self, tenant: str = "local") -> str:
+        """A new API key for ``tenant`` (what `agentq keys create` does)."""
+        return self.keys().create(tenant)[0]
 
     def queues(self) -> Any:
         assert self.settings is not None

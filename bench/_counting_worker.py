@@ -1,0 +1,66 @@
+"""``agentq worker`` with a count of its AWS calls: the benchmarks' worker process.
+
+Runs exactly what ``python -m agentq worker ...`` runs (same argv after the script name), with
+one addition: every botocore API call is counted by ``service:Operation`` (one count per
+logical call; botocore's internal retries are not counted twice), and the counts are written
+as JSON to ``$AGENTQ_BENCH_COUNTS/<pid>.json`` every 0.5 s and at exit. The write is atomic
+(tmp + rename), so a SIGKILLed worker leaves its counts up to its last dump.
+
+Cost: one lock and one dict increment per AWS call, and one small file write per 0.5 s.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import threading
+from collections import Counter
+
+import botocore.client
+
+_counts: Counter[str] = Counter()
+_lock = threading.Lock()
+_original = botocore.client.BaseClient._make_api_call
+
+
+def _counted(self: botocore.client.BaseClient, operation_name: str, api_params: dict) -> dict:  # type: ignore[type-arg]
+    key = f"{self.meta.service_model.service_name}:{operation_name}"
+    with _lock:
+        _counts[key] += 1
+    return _original(self, operation_name, api_params)  # type: ignore[no-any-return]
+
+
+def _dump(path: str) -> None:
+    with _lock:
+        data = dict(_counts)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump({"pid": os.getpid(), "counts": data}, fh)
+    os.replace(tmp, path)
+
+
+def _dumper(path: str, stop: threading.Event) -> None:
+    while not stop.wait(0.5):
+        try:
+            _dump(path)
+        except OSError:
+            pass
+
+
+def main() -> int:
+    botocore.client.BaseClient._make_api_call = _counted  # type: ignore[method-assign]
+    out_dir = os.environ.get("AGENTQ_BENCH_COUNTS")
+    if out_dir:
+        path = os.path.join(out_dir, f"{os.getpid()}.json")
+        stop = threading.Event()
+        threading.Thread(target=_dumper, args=(path, stop), name="bench-counts", daemon=True).start()
+        atexit.register(lambda: (stop.set(), _dump(path)))
+    from agentq.cli import main as agentq_main
+
+    return agentq_main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

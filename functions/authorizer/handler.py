@@ -1,0 +1,21 @@
+"""Authorizer Lambda (API Gateway TOKEN authorizer): ``Authorization: Bearer <key>`` -> tenant.
+
+Thin over ``agentq.auth``: the key's SHA-256 is looked up in the task table; a live key is
+answered with an Allow policy for the stage and ``context = {"tenant", "key_id"}``, which API
+Gateway hands to the API Lambda as ``requestContext.authorizer``. Anything else raises
+"Unauthorized", which API Gateway turns into a 401.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentq.auth import KeyStore, token_authorizer
+from agentq.runtime import Settings, client
+
+_settings = Settings.from_env()
+_keys = KeyStore(client(_settings, "dynamodb", pool=4), _settings.table)
+
+
+def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    return token_authorizer(_keys, event)

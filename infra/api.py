@@ -1,0 +1,207 @@
+"""The REST API: a TOKEN authorizer in front of every method, the API Lambda behind them.
+
+Routes are the API Lambda's (``agentq.http_api``); the gateway proxies ``/{proxy+}`` and
+``/tasks/{proxy+}`` to it, so a new route needs no infrastructure change. ``POST /tasks``
+is declared on its own for a request model (an object with a non-empty ``goal``; the rest is
+validated by the API, which names the exact field) and its own throttle.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import aws_cdk as cdk
+from agentq.models import TaskSubmission
+from aws_cdk import aws_apigateway as apigw
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_wafv2 as wafv2
+from constructs import Construct
+
+from infra.functions import Functions, log_retention
+from infra.settings import EnvironmentSettings
+
+ACCESS_LOG_FORMAT = {
+    "requestId": "$context.requestId",
+    "extendedRequestId": "$context.extendedRequestId",
+    "ip": "$context.identity.sourceIp",
+    "requestTime": "$context.requestTime",
+    "httpMethod": "$context.httpMethod",
+    "resourcePath": "$context.resourcePath",
+    "path": "$context.path",
+    "status": "$context.status",
+    "protocol": "$context.protocol",
+    "responseLength": "$context.responseLength",
+    "tenant": "$context.authorizer.tenant",
+    "authorizerError": "$context.authorizer.error",
+    "integrationLatency": "$context.integrationLatency",
+    "responseLatency": "$context.responseLatency",
+    "errorMessage": "$context.error.message",
+    "xrayTraceId": "$context.xrayTraceId",
+}
+
+# Gateway-generated errors in the API's own shape: {"error": {"code", "message"}}.
+GATEWAY_ERRORS: dict[str, tuple[apigw.ResponseType, str, str]] = {
+    "BadRequestBody": (apigw.ResponseType.BAD_REQUEST_BODY, "400", "invalid_body"),
+    "Unauthorized": (apigw.ResponseType.UNAUTHORIZED, "401", "unauthorized"),
+    "AccessDenied": (apigw.ResponseType.ACCESS_DENIED, "403", "forbidden"),
+    "Throttled": (apigw.ResponseType.THROTTLED, "429", "throttled"),
+}
+
+
+def submission_schema() -> apigw.JsonSchema:
+    """The gateway's model of ``POST /tasks``: a JSON object whose required string fields
+    (per ``TaskSubmission``: ``goal``) are present and non-empty. Deliberately no more: every
+    other check is the API's, whose errors name the exact field, where a gateway rejection can
+    only say "Invalid request body" (plus the hint in GATEWAY_ERRORS)."""
+    schema = TaskSubmission.model_json_schema()
+    required = [name for name in schema.get("required", []) if schema["properties"][name].get("type") == "string"]
+    return apigw.JsonSchema(
+        schema=apigw.JsonSchemaVersion.DRAFT4,
+        title="TaskSubmission",
+        type=apigw.JsonSchemaType.OBJECT,
+        required=required,
+        properties={
+            name: apigw.JsonSchema(type=apigw.JsonSchemaType.STRING, min_length=schema["properties"][name].get("minLength"))
+            for name in required
+        },
+    )
+
+
+@dataclass
+class Api:
+    rest_api: apigw.RestApi
+    access_logs: logs.LogGroup
+    web_acl: wafv2.CfnWebACL | None
+
+
+def build_api(scope: Construct, cfg: EnvironmentSettings, fns: Functions) -> Api:
+    removal = cdk.RemovalPolicy.DESTROY if cfg.destroy else cdk.RemovalPolicy.RETAIN
+    a = cfg.api
+    access_logs = logs.LogGroup(
+        scope, "ApiAccessLogs", retention=log_retention(cfg.log_retention_days), removal_policy=removal
+    )
+    authorizer = apigw.TokenAuthorizer(
+        scope,
+        "ApiKeyAuthorizer",
+        handler=fns.authorizer,  # type: ignore[arg-type]
+        identity_source=apigw.IdentitySource.header("Authorization"),
+        validation_regex=r"^Bearer \S+$",
+        results_cache_ttl=cdk.Duration.seconds(a.authorizer_cache_seconds),
+    )
+    rest_api = apigw.RestApi(
+        scope,
+        "Api",
+        rest_api_name=f"{cfg.prefix}-api",
+        description="agentq task API",
+        endpoint_types=[apigw.EndpointType.REGIONAL],
+        # The account-wide API Gateway -> CloudWatch Logs role execution logging needs; kept
+        # when the stack goes because other APIs in the account/region may rely on it.
+        cloud_watch_role=True,
+        cloud_watch_role_removal_policy=cdk.RemovalPolicy.RETAIN,
+        deploy_options=apigw.StageOptions(
+            stage_name=a.stage_name,
+            access_log_destination=apigw.LogGroupLogDestination(access_logs),
+            access_log_format=apigw.AccessLogFormat.custom(json.dumps(ACCESS_LOG_FORMAT)),
+            logging_level=apigw.MethodLoggingLevel.ERROR,
+            data_trace_enabled=False,  # bodies hold goals and results: keep them out of logs
+            metrics_enabled=True,
+            tracing_enabled=True,
+            throttling_rate_limit=a.throttle_rate_limit,
+            throttling_burst_limit=a.throttle_burst_limit,
+            method_options={
+                "/tasks/POST": apigw.MethodDeploymentOptions(
+                    throttling_rate_limit=a.submit_rate_limit, throttling_burst_limit=a.submit_burst_limit
+                )
+            },
+        ),
+        default_method_options=apigw.MethodOptions(
+            authorizer=authorizer, authorization_type=apigw.AuthorizationType.CUSTOM
+        ),
+    )
+    integration = apigw.LambdaIntegration(fns.api, proxy=True, allow_test_invoke=False)  # type: ignore[arg-type]
+    validator = rest_api.add_request_validator(
+        "BodyValidator", request_validator_name="body-and-parameters", validate_request_body=True, validate_request_parameters=True
+    )
+    submission = rest_api.add_model(
+        "TaskSubmissionModel", content_type="application/json", model_name="TaskSubmission", schema=submission_schema()
+    )
+    tasks = rest_api.root.add_resource("tasks")
+    tasks.add_method("POST", integration, request_validator=validator, request_models={"application/json": submission})
+    tasks.add_method("GET", integration)
+    tasks.add_proxy(default_integration=integration, any_method=True)
+    rest_api.root.add_proxy(default_integration=integration, any_method=True)
+
+    for cid, (response_type, status, code) in GATEWAY_ERRORS.items():
+        # Gateway response templates only substitute variables; messageString is documented
+        # as already quoted, so it is the one safe to embed in JSON.
+        error = {"code": code, "message": "MESSAGE"}
+        if code == "invalid_body":
+            error["field"] = "body"
+            error["hint"] = "POST /tasks takes a JSON object with a non-empty string 'goal'"
+        body = json.dumps({"error": error}).replace('"MESSAGE"', "$context.error.messageString")
+        rest_api.add_gateway_response(cid, type=response_type, status_code=status, templates={"application/json": body})
+
+    web_acl = _web_acl(scope, cfg, rest_api) if a.waf else None
+    return Api(rest_api=rest_api, access_logs=access_logs, web_acl=web_acl)
+
+
+def _managed_rule(name: str, priority: int, overrides: list[str] | None = None) -> Any:
+    return wafv2.CfnWebACL.RuleProperty(
+        name=name,
+        priority=priority,
+        override_action=wafv2.CfnWebACL.OverrideActionProperty(none={}),
+        statement=wafv2.CfnWebACL.StatementProperty(
+            managed_rule_group_statement=wafv2.CfnWebACL.ManagedRuleGroupStatementProperty(
+                vendor_name="AWS",
+                name=name,
+                rule_action_overrides=[
+                    wafv2.CfnWebACL.RuleActionOverrideProperty(
+                        name=rule, action_to_use=wafv2.CfnWebACL.RuleActionProperty(count={})
+                    )
+                    for rule in overrides or []
+                ]
+                or None,
+            )
+        ),
+        visibility_config=wafv2.CfnWebACL.VisibilityConfigProperty(
+            cloud_watch_metrics_enabled=True, metric_name=name, sampled_requests_enabled=True
+        ),
+    )
+
+
+def _web_acl(scope: Construct, cfg: EnvironmentSettings, rest_api: apigw.RestApi) -> wafv2.CfnWebACL:
+    acl = wafv2.CfnWebACL(
+        scope,
+        "ApiWebAcl",
+        name=f"{cfg.prefix}-api",
+        scope="REGIONAL",
+        default_action=wafv2.CfnWebACL.DefaultActionProperty(allow={}),
+        visibility_config=wafv2.CfnWebACL.VisibilityConfigProperty(
+            cloud_watch_metrics_enabled=True, metric_name=f"{cfg.prefix}-api", sampled_requests_enabled=True
+        ),
+        rules=[
+            wafv2.CfnWebACL.RuleProperty(
+                name="per-ip-rate",
+                priority=0,
+                action=wafv2.CfnWebACL.RuleActionProperty(block={}),
+                statement=wafv2.CfnWebACL.StatementProperty(
+                    rate_based_statement=wafv2.CfnWebACL.RateBasedStatementProperty(
+                        limit=cfg.api.waf_rate_limit_per_5_minutes, aggregate_key_type="IP"
+                    )
+                ),
+                visibility_config=wafv2.CfnWebACL.VisibilityConfigProperty(
+                    cloud_watch_metrics_enabled=True, metric_name="per-ip-rate", sampled_requests_enabled=True
+                ),
+            ),
+            # Task submissions may carry inline scripts well over the common rule set's 8 KB
+            # body limit; the API enforces its own 256 KB limit, so that one rule only counts.
+            _managed_rule("AWSManagedRulesCommonRuleSet", 1, overrides=["SizeRestrictions_BODY"]),
+            _managed_rule("AWSManagedRulesKnownBadInputsRuleSet", 2),
+        ],
+    )
+    wafv2.CfnWebACLAssociation(
+        scope, "ApiWebAclAssociation", resource_arn=rest_api.deployment_stage.stage_arn, web_acl_arn=acl.attr_arn
+    )
+    return acl

@@ -1,0 +1,138 @@
+"""Build the third-party dependencies Lambda layer without Docker.
+
+``pip install --target`` with ``--platform manylinux2014_<arch> --only-binary=:all:`` downloads
+the wheels Lambda's Python 3.12 runtime needs, whatever machine this runs on. The result is
+cached under ``.venv/agentq-layers/deps-<arch>-<hash>/`` (``AGENTQ_LAYER_CACHE`` overrides the
+root), keyed by a hash of ``layers/requirements.txt`` and the target platform, so a synth
+builds once and later synths (and ``make test``) reuse it.
+
+Offline: if pip cannot download and no cached build exists, ``build_deps_layer`` returns an
+empty placeholder (``built=False`` and pip's error). The stack refuses to synthesize with a
+placeholder unless it is told the synth is a test (``agentq:allow-unbuilt-deps-layer``), so
+nothing empty is ever deployed.
+
+Command line (what ``cdk synth`` does on its own; useful to warm the cache or see errors)::
+
+    .venv/bin/python infra/build_layers.py [--architecture arm64|x86_64] [--force]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+REQUIREMENTS = ROOT / "layers" / "requirements.txt"
+CORE_LAYER_DIR = ROOT / "layers" / "agentq"  # contains python/agentq: the layer as is
+PYTHON_VERSION = "3.12"  # the Lambda runtime the layers are built for (infra.stack uses PYTHON_3_12)
+PLATFORMS = {"arm64": "manylinux2014_aarch64", "x86_64": "manylinux2014_x86_64"}
+# The Lambda runtime ships boto3/botocore/s3transfer; a copy in the layer would shadow the
+# runtime's botocore under the runtime's boto3 (version skew). aws-xray-sdk drags botocore in.
+PRUNE = ("boto3", "botocore", "s3transfer", "bin")
+COMPLETE_MARKER = ".agentq-layer-complete"
+
+
+@dataclass(frozen=True)
+class DepsLayer:
+    path: Path  # the layer asset directory (holds python/...)
+    built: bool  # False: an empty placeholder because pip could not build it
+    message: str  # what happened, for the test report or the synth error
+
+
+def cache_root() -> Path:
+    override = os.environ.get("AGENTQ_LAYER_CACHE")
+    return Path(override) if override else ROOT / ".venv" / "agentq-layers"
+
+
+def cache_key(architecture: str, python_version: str = PYTHON_VERSION, requirements: Path = REQUIREMENTS) -> str:
+    digest = hashlib.sha256()
+    digest.update(requirements.read_bytes())
+    digest.update(f"{PLATFORMS[architecture]}|cp{python_version}|{','.join(PRUNE)}".encode())
+    suffix = "" if python_version == PYTHON_VERSION else f"-py{python_version}"
+    return f"deps-{architecture}{suffix}-{digest.hexdigest()[:16]}"
+
+
+def pip_command(
+    target: Path, architecture: str, python_version: str = PYTHON_VERSION, requirements: Path = REQUIREMENTS
+) -> list[str]:
+    return [
+        sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
+        "--target", str(target),
+        "--platform", PLATFORMS[architecture],
+        "--implementation", "cp",
+        "--python-version", python_version,
+        "--only-binary=:all:",
+        "-r", str(requirements),
+    ]  # fmt: skip
+
+
+def build_deps_layer(
+    architecture: str = "arm64", *, python_version: str = PYTHON_VERSION, force: bool = False, timeout: float = 300
+) -> DepsLayer:
+    """The dependencies layer directory for ``architecture``, built if not cached.
+    (``python_version`` other than the runtime's is for tests that import the layer here.)"""
+    if architecture not in PLATFORMS:
+        raise ValueError(f"architecture must be one of {', '.join(PLATFORMS)}, not {architecture!r}")
+    root = cache_root()
+    final = root / cache_key(architecture, python_version)
+    if (final / COMPLETE_MARKER).exists() and not force:
+        return DepsLayer(final, True, f"cached at {final}")
+    root.mkdir(parents=True, exist_ok=True)
+    # Build beside the cache and rename into place: concurrent builders (pytest-xdist workers,
+    # two synths) never see a half-built directory; the loser of the rename drops its copy.
+    work = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
+    try:
+        command = pip_command(work / "python", architecture, python_version)
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        proc = subprocess.CompletedProcess([], 1, "", f"{type(exc).__name__}: {exc}")
+    if proc.returncode != 0:
+        shutil.rmtree(work, ignore_errors=True)
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "is ignored" not in ln]
+        reason = lines[-1] if lines else f"pip exited {proc.returncode}"
+        return _placeholder(root, architecture, f"pip could not build the dependencies layer ({reason})")
+    for name in os.listdir(work / "python"):
+        base = name.split("-")[0] if name.endswith(".dist-info") else name
+        if base.lower() in PRUNE:
+            shutil.rmtree(work / "python" / name, ignore_errors=True)
+    (work / COMPLETE_MARKER).write_text(" ".join(pip_command(Path("python"), architecture, python_version)) + "\n")
+    if force and final.exists():
+        shutil.rmtree(final, ignore_errors=True)
+    try:
+        work.rename(final)
+    except OSError:  # another builder got there first; theirs is identical
+        shutil.rmtree(work, ignore_errors=True)
+    return DepsLayer(final, True, f"built into {final}")
+
+
+def _placeholder(root: Path, architecture: str, message: str) -> DepsLayer:
+    path = root / f"unbuilt-{architecture}"
+    (path / "python").mkdir(parents=True, exist_ok=True)
+    (path / "python" / "README.txt").write_text(
+        "Placeholder: the agentq dependencies layer could not be built here (no network?).\n"
+        "Run `.venv/bin/python infra/build_layers.py` where PyPI is reachable.\n"
+    )
+    return DepsLayer(path, False, message)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--architecture", choices=sorted(PLATFORMS), default="arm64")
+    parser.add_argument("--force", action="store_true", help="rebuild even if a cached build exists")
+    args = parser.parse_args(argv)
+    layer = build_deps_layer(args.architecture, force=args.force)
+    print(layer.message if layer.built else f"error: {layer.message}", file=sys.stdout if layer.built else sys.stderr)
+    if layer.built:
+        print(layer.path)
+    return 0 if layer.built else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""State: the single table, the payload bucket, the tier queues and their DLQs.
+
+Key schema, TTL attribute, GSIs, tiers, queue settings and names all come from
+``agentq.resources`` (what the local stack provisions too); this module only adds what only a
+deployment has: encryption, TLS-only policies, PITR, lifecycle, removal policies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import aws_cdk as cdk
+from agentq.resources import TABLE_ATTRIBUTES, TABLE_GSIS, TABLE_KEY_SCHEMA, TIERS, TTL_ATTRIBUTE
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
+
+from infra.settings import EnvironmentSettings
+
+PAYLOAD_PREFIX = "tasks/"  # every key agentq.store offloads to S3 starts with this
+
+
+def table_attribute_types() -> dict[str, str]:
+    return {a["AttributeName"]: a["AttributeType"] for a in TABLE_ATTRIBUTES}
+
+
+_TYPES = {"S": dynamodb.AttributeType.STRING, "N": dynamodb.AttributeType.NUMBER, "B": dynamodb.AttributeType.BINARY}
+_PROJECTIONS = {
+    "ALL": dynamodb.ProjectionType.ALL,
+    "KEYS_ONLY": dynamodb.ProjectionType.KEYS_ONLY,
+    "INCLUDE": dynamodb.ProjectionType.INCLUDE,
+}
+
+
+def _key(schema: list[dict[str, str]], kind: str, types: dict[str, str]) -> dynamodb.Attribute | None:
+    for k in schema:
+        if k["KeyType"] == kind:
+            return dynamodb.Attribute(name=k["AttributeName"], type=_TYPES[types[k["AttributeName"]]])
+    return None
+
+
+@dataclass
+class Data:
+    table: dynamodb.Table
+    payloads: s3.Bucket
+    access_logs: s3.Bucket
+    queues: dict[str, sqs.Queue]
+    dlqs: dict[str, sqs.Queue]
+
+    @property
+    def gsi_names(self) -> list[str]:
+        return [g["IndexName"] for g in TABLE_GSIS]
+
+
+def build_data(scope: Construct, cfg: EnvironmentSettings) -> Data:
+    removal = cdk.RemovalPolicy.DESTROY if cfg.destroy else cdk.RemovalPolicy.RETAIN
+    names = cfg.names
+    types = table_attribute_types()
+
+    table = dynamodb.Table(
+        scope,
+        "Table",
+        table_name=names.table,
+        partition_key=_key(TABLE_KEY_SCHEMA, "HASH", types),  # type: ignore[arg-type]
+        sort_key=_key(TABLE_KEY_SCHEMA, "RANGE", types),
+        billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
+        encryption=dynamodb.TableEncryption.AWS_MANAGED,
+        point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
+            point_in_time_recovery_enabled=True
+        ),
+        time_to_live_attribute=TTL_ATTRIBUTE,
+        deletion_protection=not cfg.destroy,
+        removal_policy=removal,
+    )
+    for gsi in TABLE_GSIS:
+        projection = gsi.get("Projection", {"ProjectionType": "ALL"})
+        table.add_global_secondary_index(
+            index_name=gsi["IndexName"],
+            partition_key=_key(gsi["KeySchema"], "HASH", types),  # type: ignore[arg-type]
+            sort_key=_key(gsi["KeySchema"], "RANGE", types),
+            projection_type=_PROJECTIONS[projection["ProjectionType"]],
+            non_key_attributes=projection.get("NonKeyAttributes"),
+        )
+
+    # Server access logs of the payload bucket. It cannot log to itself (a loop), which is the
+    # one cdk-nag S1 acknowledgement in infra/nag.py.
+    access_logs = s3.Bucket(
+        scope,
+        "AccessLogs",
+        encryption=s3.BucketEncryption.S3_MANAGED,
+        enforce_ssl=True,
+        minimum_tls_version=1.2,
+        block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+        object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+        lifecycle_rules=[s3.LifecycleRule(id="expire-access-logs", expiration=cdk.Duration.days(max(90, cfg.log_retention_days)))],
+        removal_policy=removal,
+        auto_delete_objects=cfg.destroy,
+    )
+    payloads = s3.Bucket(
+        scope,
+        "Payloads",
+        encryption=s3.BucketEncryption.S3_MANAGED,
+        enforce_ssl=True,
+        minimum_tls_version=1.2,
+        block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+        object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+        server_access_logs_bucket=access_logs,
+        server_access_logs_prefix="payloads/",
+        lifecycle_rules=[
+            s3.LifecycleRule(
+                id="expire-task-payloads",
+                prefix=PAYLOAD_PREFIX,
+                expiration=cdk.Duration.days(cfg.payload_expiration_days),
+            ),
+            s3.LifecycleRule(id="abort-incomplete-uploads", abort_incomplete_multipart_upload_after=cdk.Duration.days(1)),
+        ],
+        removal_policy=removal,
+        auto_delete_objects=cfg.destroy,
+    )
+
+    qs = cfg.queue_settings()
+    queues: dict[str, sqs.Queue] = {}
+    dlqs: dict[str, sqs.Queue] = {}
+    for tier in TIERS:
+        # The DLQ only takes redrives from its own tier queue. The source ARN is built from the
+        # queue's fixed name: a reference would make the two queues depend on each other.
+        source_arn = cdk.Stack.of(scope).format_arn(service="sqs", resource=names.queue(tier))
+        dlq = sqs.Queue(
+            scope,
+            f"{tier.capitalize()}Dlq",
+            queue_name=names.dlq(tier),
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+            retention_period=cdk.Duration.seconds(qs.dlq_retention_seconds),
+            redrive_allow_policy=sqs.RedriveAllowPolicy(
+                redrive_permission=sqs.RedrivePermission.BY_QUEUE,
+                source_queues=[sqs.Queue.from_queue_arn(scope, f"{tier.capitalize()}QueueRef", source_arn)],
+            ),
+            removal_policy=removal,
+        )
+        queue = sqs.Queue(
+            scope,
+            f"{tier.capitalize()}Queue",
+            queue_name=names.queue(tier),
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+            visibility_timeout=cdk.Duration.seconds(qs.visibility_timeout),
+            retention_period=cdk.Duration.seconds(qs.retention_seconds),
+            dead_letter_queue=sqs.DeadLetterQueue(queue=dlq, max_receive_count=qs.max_receive_count),
+            removal_policy=removal,
+        )
+        queues[tier] = queue
+        dlqs[tier] = dlq
+    return Data(table=table, payloads=payloads, access_logs=access_logs, queues=queues, dlqs=dlqs)

@@ -1,0 +1,300 @@
+"""The Lambda layers, the three functions, and what each may do (least privilege).
+
+Each function gets its own role with only the actions its code path calls, on this
+deployment's resources (no ``*`` except X-Ray's, which AWS requires). The handlers in
+``functions/`` ship as one small asset; each function runs its own module from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import aws_cdk as cdk
+from agentq.resources import TIERS
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_lambda_event_sources as sources
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_stepfunctions as sfn
+from constructs import Construct
+
+from infra.build_layers import CORE_LAYER_DIR, DepsLayer
+from infra.data import PAYLOAD_PREFIX, Data
+from infra.settings import EnvironmentSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+FUNCTIONS_DIR = ROOT / "functions"
+HANDLERS = {
+    "executor": "executor.handler.lambda_handler",
+    "api": "api.handler.lambda_handler",
+    "authorizer": "authorizer.handler.lambda_handler",
+}
+RUNTIME = lambda_.Runtime.PYTHON_3_12  # the layers are built for cp312 (infra/build_layers.py)
+METRICS_NAMESPACE = "agentq"
+ASSET_EXCLUDES = ["**/__pycache__", "**/*.pyc", "*.egg-info", "README.md"]
+
+# What the table's users call. TransactWriteItems is authorised per item as Put/Update/Delete/
+# ConditionCheckItem; BatchGetItem as GetItem on each table, but IAM lists it on its own.
+TABLE_ACTIONS = [
+    "dynamodb:GetItem",
+    "dynamodb:BatchGetItem",
+    "dynamodb:Query",
+    "dynamodb:PutItem",
+    "dynamodb:UpdateItem",
+    "dynamodb:DeleteItem",
+    "dynamodb:ConditionCheckItem",
+]
+PAYLOAD_ACTIONS = ["s3:GetObject", "s3:PutObject"]
+# SQS authorises the *Batch calls with the single-message action.
+SEND_ACTIONS = ["sqs:SendMessage", "sqs:GetQueueUrl", "sqs:GetQueueAttributes"]
+HOLD_ACTIONS = ["sqs:ChangeMessageVisibility", "sqs:DeleteMessage"]
+RECEIVE_ACTIONS = ["sqs:ReceiveMessage"]
+BEDROCK_ACTIONS = ["bedrock:InvokeModel", "bedrock:InvokeModelWithResponseStream"]
+
+
+@dataclass
+class Functions:
+    executor: lambda_.Function
+    api: lambda_.Function
+    authorizer: lambda_.Function
+    core_layer: lambda_.LayerVersion
+    deps_layer: lambda_.LayerVersion
+    log_groups: dict[str, logs.LogGroup]
+
+
+def log_retention(days: int) -> logs.RetentionDays:
+    return getattr(  # type: ignore[no-any-return]
+        logs.RetentionDays,
+        {
+            1: "ONE_DAY", 3: "THREE_DAYS", 5: "FIVE_DAYS", 7: "ONE_WEEK", 14: "TWO_WEEKS", 30: "ONE_MONTH",
+            60: "TWO_MONTHS", 90: "THREE_MONTHS", 120: "FOUR_MONTHS", 150: "FIVE_MONTHS", 180: "SIX_MONTHS",
+            365: "ONE_YEAR", 400: "THIRTEEN_MONTHS", 545: "EIGHTEEN_MONTHS", 731: "TWO_YEARS",
+            1096: "THREE_YEARS", 1827: "FIVE_YEARS", 2192: "SIX_YEARS", 2557: "SEVEN_YEARS",
+            2922: "EIGHT_YEARS", 3288: "NINE_YEARS", 3653: "TEN_YEARS",
+        }[days],
+    )  # fmt: skip
+
+
+def _architecture(cfg: EnvironmentSettings) -> lambda_.Architecture:
+    return lambda_.Architecture.ARM_64 if cfg.architecture == "arm64" else lambda_.Architecture.X86_64
+
+
+def table_resources(data: Data, *, indexes: bool) -> list[str]:
+    arns = [data.table.table_arn]
+    if indexes:
+        arns += [f"{data.table.table_arn}/index/{name}" for name in data.gsi_names]
+    return arns
+
+
+def payload_objects(data: Data) -> str:
+    return data.payloads.arn_for_objects(f"{PAYLOAD_PREFIX}*")
+
+
+def bedrock_resources() -> list[str]:
+    """Anthropic models on Bedrock: foundation models in any region (cross-region inference
+    profiles route to other regions) and this account's inference profiles for them."""
+    stack = cdk.Aws
+    return [
+        f"arn:{stack.PARTITION}:bedrock:*::foundation-model/anthropic.*",
+        f"arn:{stack.PARTITION}:bedrock:{stack.REGION}:{stack.ACCOUNT_ID}:inference-profile/*anthropic.*",
+    ]
+
+
+def execution_arns(cfg: EnvironmentSettings) -> str:
+    """Executions of this environment's fan-out machine, by its fixed name."""
+    return f"arn:{cdk.Aws.PARTITION}:states:{cdk.Aws.REGION}:{cdk.Aws.ACCOUNT_ID}:execution:{cfg.names.state_machine}:*"
+
+
+def event_bus_arn(cfg: EnvironmentSettings) -> str | None:
+    if not cfg.event_bus:
+        return None
+    return f"arn:{cdk.Aws.PARTITION}:events:{cdk.Aws.REGION}:{cdk.Aws.ACCOUNT_ID}:event-bus/{cfg.event_bus}"
+
+
+def grant_task_runner(
+    principal: iam.IGrantable, data: Data, machine: sfn.StateMachine, cfg: EnvironmentSettings, *, receive: bool
+) -> None:
+    """What running tasks takes (Lambda executor; with ``receive`` the Fargate worker, which
+    polls itself): the table, payloads, sending to and holding messages of the tier queues,
+    dead-lettering, the fan-out machine, Bedrock, and agentq events."""
+    queues = [q.queue_arn for q in data.queues.values()]
+    dlqs = [q.queue_arn for q in data.dlqs.values()]
+    statements = [
+        iam.PolicyStatement(sid="Table", actions=TABLE_ACTIONS, resources=table_resources(data, indexes=False)),
+        iam.PolicyStatement(sid="Payloads", actions=PAYLOAD_ACTIONS, resources=[payload_objects(data)]),
+        iam.PolicyStatement(sid="SendToQueues", actions=SEND_ACTIONS, resources=queues + dlqs),
+        iam.PolicyStatement(
+            sid="HoldMessages", actions=HOLD_ACTIONS + (RECEIVE_ACTIONS if receive else []), resources=queues
+        ),
+        iam.PolicyStatement(sid="Bedrock", actions=BEDROCK_ACTIONS, resources=bedrock_resources()),
+    ]
+    bus = event_bus_arn(cfg)
+    if bus:
+        statements.append(iam.PolicyStatement(sid="Events", actions=["events:PutEvents"], resources=[bus]))
+    statements += [
+        iam.PolicyStatement(sid="StartFanout", actions=["states:StartExecution"], resources=[machine.state_machine_arn]),
+        iam.PolicyStatement(sid="StopFanout", actions=["states:StopExecution"], resources=[execution_arns(cfg)]),
+        iam.PolicyStatement(
+            sid="ReportChild", actions=["states:SendTaskSuccess", "states:SendTaskFailure"], resources=[machine.state_machine_arn]
+        ),
+    ]
+    for statement in statements:
+        principal.grant_principal.add_to_principal_policy(statement)
+
+
+def _role(scope: Construct, name: str, log_group: logs.LogGroup, description: str) -> iam.Role:
+    """A function role that may write its own log group and nothing else (yet)."""
+    role = iam.Role(
+        scope, f"{name}Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"), description=description
+    )
+    role.add_to_principal_policy(
+        iam.PolicyStatement(
+            sid="OwnLogs", actions=["logs:CreateLogStream", "logs:PutLogEvents"], resources=[log_group.log_group_arn]
+        )
+    )
+    return role
+
+
+def build_functions(
+    scope: Construct,
+    env_name: str,
+    cfg: EnvironmentSettings,
+    data: Data,
+    machine: sfn.StateMachine,
+    deps: DepsLayer,
+) -> Functions:
+    removal = cdk.RemovalPolicy.DESTROY if cfg.destroy else cdk.RemovalPolicy.RETAIN
+    arch = _architecture(cfg)
+    names = cfg.names
+    core_layer = lambda_.LayerVersion(
+        scope,
+        "CoreLayer",
+        code=lambda_.Code.from_asset(str(CORE_LAYER_DIR), exclude=ASSET_EXCLUDES),
+        compatible_runtimes=[RUNTIME],
+        compatible_architectures=[arch],
+        description="agentq core library (layers/agentq/python)",
+    )
+    deps_layer = lambda_.LayerVersion(
+        scope,
+        "DepsLayer",
+        code=lambda_.Code.from_asset(str(deps.path), exclude=[".agentq-layer-complete"]),
+        compatible_runtimes=[RUNTIME],
+        compatible_architectures=[arch],
+        description="agentq third-party dependencies (layers/requirements.txt, manylinux wheels)",
+    )
+    code = lambda_.Code.from_asset(str(FUNCTIONS_DIR), exclude=ASSET_EXCLUDES)
+
+    common = {
+        "AGENTQ_ENV": env_name,
+        "AGENTQ_PREFIX": names.prefix,
+        "AGENTQ_TABLE": data.table.table_name,
+        "AGENTQ_BUCKET": data.payloads.bucket_name,
+        "AGENTQ_STATE_MACHINE_ARN": machine.state_machine_arn,
+        "AGENTQ_TASK_RETENTION_DAYS": str(cfg.task_retention_days),
+        "AGENTQ_DEFAULT_MAX_TOKENS": str(cfg.budget_defaults.max_tokens),
+        "AGENTQ_DEFAULT_MAX_STEPS": str(cfg.budget_defaults.max_steps),
+        "AGENTQ_DEFAULT_TIMEOUT_SECONDS": str(cfg.budget_defaults.timeout_seconds),
+        "POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE,
+        "POWERTOOLS_LOG_LEVEL": cfg.log_level,
+        # LLM responses can be large; X-Ray segments cap at 64 KB. Spans keep the GenAI
+        # attributes (model, tokens, stop reason) the code adds, not whole payloads.
+        "POWERTOOLS_TRACER_CAPTURE_RESPONSE": "false",
+    }
+    if cfg.budget_defaults.tenant_hourly_tokens is not None:
+        common["AGENTQ_DEFAULT_TENANT_HOURLY_TOKENS"] = str(cfg.budget_defaults.tenant_hourly_tokens)
+
+    log_groups: dict[str, logs.LogGroup] = {}
+
+    def function(
+        name: str, *, memory: int, timeout: int, env: dict[str, str], reserved: int | None, description: str
+    ) -> lambda_.Function:
+        log_group = logs.LogGroup(
+            scope, f"{name.capitalize()}FunctionLogs", retention=log_retention(cfg.log_retention_days), removal_policy=removal
+        )
+        log_groups[name] = log_group
+        return lambda_.Function(
+            scope,
+            f"{name.capitalize()}Function",
+            function_name=f"{names.prefix}-{name}",
+            description=description,
+            runtime=RUNTIME,
+            architecture=arch,
+            code=code,
+            handler=HANDLERS[name],
+            layers=[core_layer, deps_layer],
+            memory_size=memory,
+            timeout=cdk.Duration.seconds(timeout),
+            reserved_concurrent_executions=reserved,
+            environment={**env, "POWERTOOLS_SERVICE_NAME": f"agentq-{name}"},
+            tracing=lambda_.Tracing.ACTIVE,
+            log_group=log_group,
+            role=_role(scope, f"{name.capitalize()}Function", log_group, f"agentq {name} ({names.prefix})"),
+        )
+
+    ex = cfg.executor
+    executor_env = {
+        **common,
+        "AGENTQ_SLICE_MARGIN_SECONDS": str(ex.slice_margin_seconds),
+        "AGENTQ_VISIBILITY_SECONDS": str(ex.visibility_seconds),
+        "AGENTQ_LEASE_SECONDS": str(ex.lease_seconds),
+        "AGENTQ_MAX_RECEIVE_COUNT": str(cfg.max_receive_count),
+    }
+    if cfg.event_bus:
+        executor_env["AGENTQ_EVENT_BUS"] = cfg.event_bus
+    executor = function(
+        "executor",
+        memory=ex.memory_mb,
+        timeout=ex.timeout_seconds,
+        env=executor_env,
+        reserved=ex.reserved_concurrency,
+        description="agentq executor: runs a task for one time slice per SQS message",
+    )
+    grant_task_runner(executor, data, machine, cfg, receive=False)
+    for tier in TIERS:
+        # Batch size 1: a message is a task slice; a failed one comes back alone.
+        executor.add_event_source(
+            sources.SqsEventSource(
+                data.queues[tier],
+                batch_size=1,
+                report_batch_item_failures=True,
+                max_concurrency=ex.tier_max_concurrency[tier],
+            )
+        )
+
+    api = function(
+        "api",
+        memory=cfg.api.memory_mb,
+        timeout=cfg.api.timeout_seconds,
+        env=dict(common),
+        reserved=cfg.api.reserved_concurrency,
+        description="agentq HTTP API (API Gateway REST proxy)",
+    )
+    queue_arns = [q.queue_arn for q in data.queues.values()]
+    for statement in (
+        iam.PolicyStatement(sid="Table", actions=TABLE_ACTIONS, resources=table_resources(data, indexes=True)),
+        iam.PolicyStatement(sid="Payloads", actions=PAYLOAD_ACTIONS, resources=[payload_objects(data)]),
+        iam.PolicyStatement(sid="Enqueue", actions=["sqs:SendMessage", "sqs:GetQueueUrl"], resources=queue_arns),
+    ):
+        api.add_to_role_policy(statement)
+    # Cancelling a waiting parent stops its fan-out execution.
+    api.add_to_role_policy(iam.PolicyStatement(sid="StopFanout", actions=["states:StopExecution"], resources=[execution_arns(cfg)]))
+
+    authorizer = function(
+        "authorizer",
+        memory=256,
+        timeout=10,
+        env={
+            "AGENTQ_PREFIX": names.prefix,
+            "AGENTQ_TABLE": data.table.table_name,
+            "POWERTOOLS_LOG_LEVEL": cfg.log_level,
+            "POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE,
+        },
+        reserved=None,
+        description="agentq API key authorizer (Bearer key -> tenant)",
+    )
+    authorizer.add_to_role_policy(
+        iam.PolicyStatement(sid="ApiKeys", actions=["dynamodb:GetItem"], resources=[data.table.table_arn])
+    )
+    return Functions(executor, api, authorizer, core_layer, deps_layer, log_groups)
+

@@ -1,0 +1,69 @@
+"""cdk-nag (AwsSolutions) findings this stack acknowledges, each with its reason.
+
+Every other finding fails the synth (``cdk.Validations`` raises ``ValidationFailed``), so a
+new wildcard, an unencrypted resource or a missing log shows up in ``make test``, not in
+production. Acknowledgements sit on the narrowest construct they concern and name the exact
+finding (for IAM5, the exact resource), so they cannot hide a different one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import aws_cdk as cdk
+from constructs import IConstruct
+
+from infra.data import PAYLOAD_PREFIX
+
+if TYPE_CHECKING:
+    from infra.stack import AgentqStack
+
+PARTITION_REGION_ACCOUNT = "arn:<AWS::Partition>:{service}:<AWS::Region>:<AWS::AccountId>"
+
+
+def _ack(scope: IConstruct, rule: str, reason: str) -> None:
+    rule_id = rule if "::" in rule.split("[")[0] else f"AwsSolutions::{rule}"
+    cdk.Validations.of(scope).acknowledge(cdk.Acknowledgment(id=rule_id, reason=reason))
+
+
+def _logical_id(stack: cdk.Stack, construct: IConstruct) -> str:
+    return stack.get_logical_id(construct.node.default_child)  # type: ignore[arg-type]
+
+
+def acknowledge(stack: AgentqStack) -> None:
+    fns = stack.functions
+    cfg = stack.settings
+    payload_objects = f"Resource::<{_logical_id(stack, stack.data.payloads)}.Arn>/{PAYLOAD_PREFIX}*"
+    executions = f"Resource::{PARTITION_REGION_ACCOUNT.format(service='states')}:execution:{cfg.names.state_machine}:*"
+    xray = "X-Ray PutTraceSegments/PutTelemetryRecords support no resource-level permissions: AWS requires '*'."
+
+    for fn in (fns.executor, fns.api, fns.authorizer):
+        _ack(fn, "AwsSolutions-L1", "Python 3.12 on purpose: both layers are built for cp312 (infra/build_layers.py) and the suite runs against it; moving runtimes is a deliberate change of layers and runtime together.")
+        _ack(fn.role, "AwsSolutions-IAM5[Resource::*]", xray)  # type: ignore[arg-type]
+    runners = [fns.executor.role]
+    if stack.worker is not None:
+        runners.append(stack.worker.task_definition.task_role)
+    for role in [*runners, fns.api.role]:
+        _ack(role, f"AwsSolutions-IAM5[{payload_objects}]", f"Payload objects are per task, keyed {PAYLOAD_PREFIX}<task_id>/...; the grant is Get/PutObject on that prefix of this environment's bucket only.")  # type: ignore[arg-type]
+        _ack(role, f"AwsSolutions-IAM5[{executions}]", "Execution names are chosen per fan-out at run time; the grant is StopExecution on executions of this environment's fan-out machine only.")  # type: ignore[arg-type]
+    for role in runners:
+        _ack(role, "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:bedrock:*::foundation-model/anthropic.*]", "Tasks choose their Claude model at submit time, and cross-region inference profiles invoke the model in whichever region they route to; the grant is InvokeModel on Anthropic foundation models only.")  # type: ignore[arg-type]
+        _ack(role, f"AwsSolutions-IAM5[Resource::{PARTITION_REGION_ACCOUNT.format(service='bedrock')}:inference-profile/*anthropic.*]", "Inference profiles for Anthropic models in this account and region (ids like us.anthropic.<model>); the model is chosen per task.")  # type: ignore[arg-type]
+
+    _ack(stack.state_machine.role, "AwsSolutions-IAM5[Resource::*]", "Added by CDK for logging and tracing: CloudWatch Logs vended log delivery (logs:*LogDelivery, PutResourcePolicy, Describe*) and X-Ray accept only '*'. The machine's own work is sqs:SendMessage on the three tier queues.")
+
+    api = stack.api.rest_api
+    _ack(api, "AwsSolutions-COG4", "Callers are tenants holding API keys, verified by the TOKEN authorizer on every method (sha256 of the key looked up in the table, cached per key); there are no end users to put in a Cognito user pool.")
+    _ack(api.node.find_child("CloudWatchRole"), "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AmazonAPIGatewayPushToCloudWatchLogs]", "The account-level role API Gateway uses to write execution logs; AWS maintains this service-role policy for exactly that and it grants nothing else.")
+    if stack.api.web_acl is None:
+        _ack(api, "AwsSolutions-APIG3", f"No WAF in {stack.env_name} (api.waf=false in cdk.json): every method needs a tenant key and stage and per-route throttles apply; prod attaches a WAFv2 web ACL.")
+
+    if stack.worker is not None:
+        w = stack.worker
+        _ack(w.task_definition, "AwsSolutions-ECS2", "The environment holds resource names and tuning only (table, bucket, queue prefix, state machine ARN), no secrets.")
+        if w.pulls_from_ecr:
+            container = w.task_definition.default_container
+            _ack(container, "Annotation::@aws-cdk/aws-ecs:ecrImageRequiresPolicy", "The execution role is granted pull on exactly the image's ECR repository (infra/worker.py _grant_image_pull).")  # type: ignore[arg-type]
+        execution_role = w.task_definition.execution_role
+        if execution_role is not None:
+            _ack(execution_role, "AwsSolutions-IAM5[Resource::*]", "ecr:GetAuthorizationToken (registry login) supports no resource-level permissions: AWS requires '*'. Image pulls are scoped to the worker's repository.")

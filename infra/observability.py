@@ -1,0 +1,273 @@
+"""What an operator watches: one dashboard per environment, and alarms on an SNS topic.
+
+Task metrics are the core's EMF metrics (``agentq.observe``: namespace ``agentq``, dimension
+``service=executor``), written by the Lambda executor and the Fargate worker alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import aws_cdk as cdk
+from agentq.resources import TIERS
+from aws_cdk import aws_cloudwatch as cw
+from aws_cdk import aws_cloudwatch_actions as cw_actions
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subs
+from aws_cdk import aws_stepfunctions as sfn
+from constructs import Construct
+
+from infra.api import Api
+from infra.data import Data
+from infra.functions import METRICS_NAMESPACE, Functions
+from infra.settings import EnvironmentSettings
+
+METRICS_SERVICE = "executor"  # agentq.observe: Metrics(namespace="agentq", service="executor")
+OUTCOMES = ("succeeded", "failed", "cost_exceeded", "timed_out", "cancelled")
+TASK_EVENTS = ("steps_committed", "dlq_moves", "budget_refusals", "tenant_soft_cap_crossed")
+TOKEN_METRICS = ("tokens_in", "tokens_out")  # tokens per minute, once agentq.observe emits them
+ONE_MINUTE = cdk.Duration.minutes(1)
+FIVE_MINUTES = cdk.Duration.minutes(5)
+
+
+def agentq_metric(name: str, statistic: str = "Sum", period: cdk.Duration = FIVE_MINUTES, label: str | None = None) -> cw.Metric:
+    return cw.Metric(
+        namespace=METRICS_NAMESPACE,
+        metric_name=name,
+        dimensions_map={"service": METRICS_SERVICE},
+        statistic=statistic,
+        period=period,
+        label=label or name,
+    )
+
+
+@dataclass
+class Observability:
+    topic: sns.Topic
+    alarms: list[cw.Alarm]
+    dashboard: cw.Dashboard
+
+
+def build_observability(
+    scope: Construct,
+    env_name: str,
+    cfg: EnvironmentSettings,
+    data: Data,
+    fns: Functions,
+    machine: sfn.StateMachine,
+    api: Api,
+) -> Observability:
+    prefix = cfg.prefix
+    # CloudWatch cannot publish to a topic under the AWS-managed SNS key: a key of our own
+    # whose policy lets CloudWatch use it.
+    key = kms.Key(
+        scope,
+        "AlarmTopicKey",
+        description=f"{prefix} alarm topic",
+        enable_key_rotation=True,
+        removal_policy=cdk.RemovalPolicy.DESTROY if cfg.destroy else cdk.RemovalPolicy.RETAIN,
+    )
+    key.add_to_resource_policy(
+        iam.PolicyStatement(
+            sid="CloudWatchAlarmsPublish",
+            principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+            actions=["kms:Decrypt", "kms:GenerateDataKey*"],
+            resources=["*"],  # in a key policy "*" means this key
+            conditions={"StringEquals": {"aws:SourceAccount": cdk.Aws.ACCOUNT_ID}},
+        )
+    )
+    topic = sns.Topic(scope, "AlarmTopic", topic_name=f"{prefix}-alarms", master_key=key, enforce_ssl=True)
+    for email in cfg.alarms.emails:
+        topic.add_subscription(subs.EmailSubscription(email))
+    action = cw_actions.SnsAction(topic)
+    alarms: list[cw.Alarm] = []
+    evaluation = cfg.alarms.evaluation_minutes
+
+    def alarm(cid: str, metric: cw.IMetric, threshold: float, description: str, *, periods: int = 1, ok: bool = True) -> cw.Alarm:
+        a = cw.Alarm(
+            scope,
+            cid,
+            alarm_name=f"{prefix}-{_kebab(cid)}",
+            alarm_description=description,
+            metric=metric,
+            threshold=threshold,
+            evaluation_periods=periods,
+            comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+        )
+        a.add_alarm_action(action)
+        if ok:
+            a.add_ok_action(action)
+        alarms.append(a)
+        return a
+
+    for tier in TIERS:
+        objective = cfg.alarms.pickup_objective_seconds[tier]
+        alarm(
+            f"{tier.capitalize()}DlqNotEmpty",
+            data.dlqs[tier].metric_approximate_number_of_messages_visible(period=ONE_MINUTE, statistic="Maximum"),
+            cfg.alarms.dlq_messages,
+            f"{tier} DLQ holds a message: a task failed after all retries. Runbook: docs/DEPLOY.md#runbook-redriving-a-dlq",
+        )
+        # The age of the oldest message counts messages a consumer holds too, and a healthy
+        # executor holds one for up to a whole slice. Past objective + slice nobody is taking it.
+        alarm(
+            f"{tier.capitalize()}QueueStarved",
+            data.queues[tier].metric_approximate_age_of_oldest_message(period=ONE_MINUTE, statistic="Maximum"),
+            objective + cfg.executor.timeout_seconds,
+            f"{tier} queue: a message waited longer than the pickup objective ({objective} s) plus one executor "
+            f"slice ({cfg.executor.timeout_seconds} s): consumers are stuck, throttled or absent",
+            periods=evaluation,
+        )
+    pickup_p99 = agentq_metric("pickup_latency", "p99", FIVE_MINUTES, "pickup latency p99")
+    alarm(
+        "PickupLatency",
+        pickup_p99,
+        max(cfg.alarms.pickup_objective_seconds.values()),
+        "p99 time from submit to first claim is above the slowest tier's pickup objective",
+    )
+    error_rate = cw.MathExpression(
+        expression="IF(invocations > 0, 100 * errors / invocations, 0)",
+        using_metrics={
+            "errors": fns.executor.metric_errors(period=FIVE_MINUTES, statistic="Sum"),
+            "invocations": fns.executor.metric_invocations(period=FIVE_MINUTES, statistic="Sum"),
+        },
+        label="executor error rate %",
+        period=FIVE_MINUTES,
+    )
+    alarm(
+        "ExecutorErrorRate",
+        error_rate,
+        cfg.alarms.executor_error_rate_percent,
+        f"executor invocations ending in an error (crash, timeout) above {cfg.alarms.executor_error_rate_percent}%; "
+        "failed records are reported as batch item failures and are not errors",
+    )
+    alarm(
+        "TenantSoftCap",
+        agentq_metric("tenant_soft_cap_crossed", "Sum", FIVE_MINUTES),
+        1,
+        "a tenant crossed 80% (its soft cap) of its hourly token window; the event names the tenant",
+        ok=False,
+    )
+    alarm(
+        "FanoutExecutionsFailed",
+        machine.metric_failed(period=FIVE_MINUTES, statistic="Sum"),
+        1,
+        "a fan-out execution failed: its parent task may not be woken; read the execution's history (docs/DEPLOY.md)",
+    )
+    alarm(
+        "Api5xx",
+        api.rest_api.metric_server_error(period=FIVE_MINUTES, statistic="Sum"),
+        5,
+        "the API answered 5xx five times or more in five minutes",
+    )
+
+    dashboard = cw.Dashboard(
+        scope,
+        "Dashboard",
+        dashboard_name=f"{prefix}-overview",
+        default_interval=cdk.Duration.hours(3),
+    )
+    visible = [data.queues[t].metric_approximate_number_of_messages_visible(period=ONE_MINUTE, statistic="Maximum", label=t) for t in TIERS]
+    in_flight = [
+        data.queues[t].metric_approximate_number_of_messages_not_visible(period=ONE_MINUTE, statistic="Maximum", label=t)
+        for t in TIERS
+    ]
+    dashboard.add_widgets(
+        cw.TextWidget(
+            markdown=f"# agentq `{env_name}` ({prefix})\nQueues, executor, task outcomes and latency. "
+            "Alarms go to the `" + f"{prefix}-alarms` topic; DLQ runbook in docs/DEPLOY.md.",
+            width=24,
+            height=2,
+        )
+    )
+    dashboard.add_widgets(
+        cw.GraphWidget(title="Queue depth (visible) per tier", left=visible, width=8),
+        cw.GraphWidget(
+            title="Age of oldest message per tier (s)",
+            left=[data.queues[t].metric_approximate_age_of_oldest_message(period=ONE_MINUTE, statistic="Maximum", label=t) for t in TIERS],
+            width=8,
+        ),
+        cw.GraphWidget(
+            title="DLQ depth per tier",
+            left=[data.dlqs[t].metric_approximate_number_of_messages_visible(period=ONE_MINUTE, statistic="Maximum", label=t) for t in TIERS],
+            width=8,
+        ),
+    )
+    dashboard.add_widgets(
+        cw.GraphWidget(
+            title="Active tasks (messages in flight)",
+            left=[cw.MathExpression(expression="+".join(f"m{i}" for i in range(len(TIERS))), using_metrics={f"m{i}": m for i, m in enumerate(in_flight)}, label="all tiers", period=ONE_MINUTE)]
+            + in_flight,
+            width=8,
+        ),
+        cw.GraphWidget(
+            title="Executor invocations / errors / throttles",
+            left=[
+                fns.executor.metric_invocations(period=ONE_MINUTE, statistic="Sum"),
+                fns.executor.metric_errors(period=ONE_MINUTE, statistic="Sum"),
+                fns.executor.metric_throttles(period=ONE_MINUTE, statistic="Sum"),
+            ],
+            right=[error_rate],
+            width=8,
+        ),
+        cw.GraphWidget(
+            title="Executor duration (ms)",
+            left=[fns.executor.metric_duration(period=ONE_MINUTE, statistic=s, label=s) for s in ("p50", "p99", "Maximum")],
+            width=8,
+        ),
+    )
+    dashboard.add_widgets(
+        cw.GraphWidget(
+            title="Tasks by outcome",
+            left=[agentq_metric(f"tasks_{o}", "Sum", FIVE_MINUTES, o) for o in OUTCOMES],
+            stacked=True,
+            width=8,
+        ),
+        cw.GraphWidget(
+            title="Pickup and resume latency p99 (s)",
+            left=[pickup_p99, agentq_metric("resume_latency", "p99", FIVE_MINUTES, "resume latency p99")],
+            width=8,
+        ),
+        cw.GraphWidget(
+            title="Tokens per minute",
+            left=[agentq_metric(m, "Sum", ONE_MINUTE, m) for m in TOKEN_METRICS],
+            width=8,
+        ),
+    )
+    dashboard.add_widgets(
+        cw.GraphWidget(title="Steps, DLQ moves, refusals", left=[agentq_metric(m, "Sum", FIVE_MINUTES, m) for m in TASK_EVENTS], width=8),
+        cw.GraphWidget(
+            title="Fan-out executions",
+            left=[
+                machine.metric_started(period=FIVE_MINUTES, statistic="Sum"),
+                machine.metric_succeeded(period=FIVE_MINUTES, statistic="Sum"),
+                machine.metric_failed(period=FIVE_MINUTES, statistic="Sum"),
+                machine.metric_timed_out(period=FIVE_MINUTES, statistic="Sum"),
+            ],
+            width=8,
+        ),
+        cw.GraphWidget(
+            title="API requests / 4xx / 5xx / latency p99",
+            left=[
+                api.rest_api.metric_count(period=ONE_MINUTE, statistic="Sum"),
+                api.rest_api.metric_client_error(period=ONE_MINUTE, statistic="Sum"),
+                api.rest_api.metric_server_error(period=ONE_MINUTE, statistic="Sum"),
+            ],
+            right=[api.rest_api.metric_latency(period=ONE_MINUTE, statistic="p99")],
+            width=8,
+        ),
+    )
+    dashboard.add_widgets(cw.AlarmStatusWidget(title="Alarms", alarms=alarms, width=24, height=4))
+    return Observability(topic=topic, alarms=alarms, dashboard=dashboard)
+
+
+def _kebab(name: str) -> str:
+    out = []
+    for i, ch in enumerate(name):
+        if ch.isupper() and i and not name[i - 1].isupper():
+            out.append("-")
+        out.append(ch.lower())
+    return "".join(out).replace("5xx", "-5xx")

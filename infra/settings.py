@@ -1,0 +1,215 @@
+"""Per-environment settings: ``cdk.json`` context, validated.
+
+``cdk.json`` holds ``environment_defaults`` and, under ``environments``, what each environment
+overrides (deep-merged onto the defaults). Everything here is validated with pydantic, so a
+typo or an inconsistent number (a lease longer than the heartbeat visibility, tier
+concurrencies adding up past the reserved concurrency) fails the synth with the field named,
+instead of deploying something that misbehaves.
+
+No account or region lives here unless an environment pins one (``account``/``region``);
+otherwise the stack takes the CLI's (CDK_DEFAULT_ACCOUNT / CDK_DEFAULT_REGION) or stays
+environment-agnostic.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Literal
+
+from agentq.resources import TIERS, QueueSettings, ResourceNames
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# CloudWatch Logs accepts only these retention periods (days).
+LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653)
+MAX_TASK_SECONDS = 24 * 3600  # the longest a task may run (Constraints.timeout_seconds upper bound)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ExecutorSettings(_Strict):
+    """The Lambda executor and the time slice its queue visibility must cover."""
+
+    memory_mb: int = Field(1024, ge=128, le=10240)
+    timeout_seconds: int = Field(900, ge=60, le=900, description="Lambda timeout: one time slice")
+    slice_margin_seconds: int = Field(60, ge=5, description="commit and hand over this long before the deadline")
+    visibility_seconds: int = Field(60, ge=5, le=43200, description="what each heartbeat extends visibility to")
+    lease_seconds: int = Field(45, ge=2, description="task lease; lapses before the message is visible again")
+    queue_visibility_margin_seconds: int = Field(60, ge=0, description="queue visibility = timeout + this")
+    reserved_concurrency: int | None = Field(None, ge=1, description="None: draw from the account's pool")
+    tier_max_concurrency: dict[str, int] = Field(
+        default_factory=lambda: {"high": 2, "normal": 2, "low": 2},
+        description="SQS event source maximum concurrency per tier (>= 2 each, AWS minimum)",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ExecutorSettings:
+        if self.slice_margin_seconds >= self.timeout_seconds:
+            raise ValueError("executor.slice_margin_seconds must be below executor.timeout_seconds")
+        if self.lease_seconds >= self.visibility_seconds:
+            raise ValueError("executor.lease_seconds must be below executor.visibility_seconds (the lease lapses first)")
+        if set(self.tier_max_concurrency) != set(TIERS):
+            raise ValueError(f"executor.tier_max_concurrency must name exactly the tiers {', '.join(TIERS)}")
+        if any(not 2 <= n <= 1000 for n in self.tier_max_concurrency.values()):
+            raise ValueError("executor.tier_max_concurrency values must be 2..1000 (SQS event source limits)")
+        if self.reserved_concurrency is not None and sum(self.tier_max_concurrency.values()) > self.reserved_concurrency:
+            raise ValueError(
+                "executor.tier_max_concurrency adds up past executor.reserved_concurrency: "
+                "the event sources would be throttled and messages would count receives towards the DLQ"
+            )
+        return self
+
+    @property
+    def queue_visibility_seconds(self) -> int:
+        return self.timeout_seconds + self.queue_visibility_margin_seconds
+
+
+class ApiSettings(_Strict):
+    memory_mb: int = Field(512, ge=128, le=10240)
+    timeout_seconds: int = Field(29, ge=3, le=29, description="API Gateway integrations time out at 29 s")
+    reserved_concurrency: int | None = Field(None, ge=1)
+    stage_name: str = Field("v1", pattern=r"^[A-Za-z0-9_]{1,64}$")
+    throttle_rate_limit: float = Field(50, gt=0, description="stage-wide steady requests per second")
+    throttle_burst_limit: int = Field(100, ge=1)
+    submit_rate_limit: float = Field(20, gt=0, description="POST /tasks requests per second")
+    submit_burst_limit: int = Field(40, ge=1)
+    authorizer_cache_seconds: int = Field(300, ge=0, le=3600)
+    waf: bool = Field(False, description="attach a WAFv2 web ACL (managed rules + per-IP rate limit)")
+    waf_rate_limit_per_5_minutes: int = Field(2000, ge=10)
+
+
+class AlarmSettings(_Strict):
+    pickup_objective_seconds: dict[str, int] = Field(
+        default_factory=lambda: {"high": 30, "normal": 120, "low": 900},
+        description="a queued task should be picked up within this long, per tier",
+    )
+    executor_error_rate_percent: float = Field(5.0, gt=0, le=100)
+    dlq_messages: int = Field(1, ge=1, description="alarm when a DLQ holds at least this many messages")
+    evaluation_minutes: int = Field(5, ge=1, le=60)
+    emails: list[str] = Field(default_factory=list, description="subscribed to the alarm topic")
+
+    @model_validator(mode="after")
+    def _tiers(self) -> AlarmSettings:
+        if set(self.pickup_objective_seconds) != set(TIERS):
+            raise ValueError(f"alarms.pickup_objective_seconds must name exactly the tiers {', '.join(TIERS)}")
+        return self
+
+
+class BudgetDefaults(_Strict):
+    """Handed to the functions as AGENTQ_DEFAULT_* environment variables."""
+
+    max_tokens: int = Field(200_000, ge=1)
+    max_steps: int = Field(50, ge=1)
+    timeout_seconds: int = Field(3600, ge=1, le=MAX_TASK_SECONDS)
+    tenant_hourly_tokens: int | None = Field(None, ge=1, description="per-tenant hourly cap when a tenant has none")
+
+
+class ScalingStep(_Strict):
+    backlog: int = Field(ge=1, description="messages waiting or in flight across the tiers")
+    change: int = Field(ge=1, description="tasks to add at this backlog")
+
+
+class WorkerSettings(_Strict):
+    """The optional long-running worker on ECS Fargate (``agentq worker``)."""
+
+    enabled: bool = False
+    image: str | None = Field(None, description="container image URI holding agentq (ECR or another registry)")
+    cpu: int = Field(1024, description="Fargate CPU units")
+    memory_mb: int = Field(2048, ge=512)
+    concurrency: int = Field(256, ge=1, description="tasks in flight per container")
+    # Each heartbeat costs one lease write per task held: the local defaults (1 s / 3 s / 4 s)
+    # would be 256 writes a second per container. Resume after a dead container: <= visibility.
+    heartbeat_seconds: float = Field(10, gt=0)
+    lease_seconds: float = Field(30, gt=0)
+    visibility_seconds: int = Field(40, ge=1, le=43200)
+    min_tasks: int = Field(0, ge=0)
+    max_tasks: int = Field(4, ge=1)
+    scale_out: list[ScalingStep] = Field(
+        default_factory=lambda: [ScalingStep(backlog=1, change=1), ScalingStep(backlog=200, change=2), ScalingStep(backlog=1000, change=4)]
+    )
+    vpc_cidr: str = "10.40.0.0/16"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WorkerSettings:
+        if self.enabled and not self.image:
+            raise ValueError("worker.image is required when worker.enabled is true")
+        if not self.heartbeat_seconds < self.lease_seconds < self.visibility_seconds:
+            raise ValueError("worker: heartbeat_seconds < lease_seconds < visibility_seconds is required")
+        if self.min_tasks > self.max_tasks:
+            raise ValueError("worker.min_tasks must not exceed worker.max_tasks")
+        if self.cpu not in (256, 512, 1024, 2048, 4096, 8192, 16384):
+            raise ValueError("worker.cpu must be a Fargate CPU size (256 .. 16384)")
+        backlogs = [s.backlog for s in self.scale_out]
+        if not backlogs or backlogs != sorted(set(backlogs)):
+            raise ValueError("worker.scale_out backlogs must be distinct and ascending")
+        return self
+
+
+class EnvironmentSettings(_Strict):
+    prefix: str = Field(pattern=r"^[a-z][a-z0-9-]{1,40}$", description="resource names: {prefix}-{tier}, {prefix}-tasks ...")
+    account: str | None = Field(None, pattern=r"^\d{12}$", description="pin an account (default: the CLI's)")
+    region: str | None = Field(None, description="pin a region (default: the CLI's)")
+    removal_policy: Literal["destroy", "retain"]
+    architecture: Literal["arm64", "x86_64"] = "arm64"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_retention_days: int = 30
+    task_retention_days: int = Field(30, ge=1, description="terminal tasks expire (TTL expires_at) after this")
+    payload_expiration_days: int = Field(45, ge=1, description="S3 payloads under tasks/ expire after this")
+    max_receive_count: int = Field(5, ge=1, le=1000)
+    queue_retention_seconds: int = Field(QueueSettings().retention_seconds, ge=60, le=1_209_600)
+    dlq_retention_seconds: int = Field(QueueSettings().dlq_retention_seconds, ge=60, le=1_209_600)
+    event_bus: str | None = Field("default", description="EventBridge bus for agentq events; null: none")
+    executor: ExecutorSettings = Field(default_factory=ExecutorSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    alarms: AlarmSettings = Field(default_factory=AlarmSettings)
+    budget_defaults: BudgetDefaults = Field(default_factory=BudgetDefaults)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> EnvironmentSettings:
+        if self.log_retention_days not in LOG_RETENTION_DAYS:
+            raise ValueError(f"log_retention_days must be one of {LOG_RETENTION_DAYS}")
+        # A live task's payloads must outlive it: the longest task plus the retention of its
+        # terminal record (after which its steps are no longer read), with a day of slack.
+        needed = self.task_retention_days + MAX_TASK_SECONDS // 86400 + 1
+        if self.payload_expiration_days < needed:
+            raise ValueError(
+                f"payload_expiration_days must be at least task_retention_days + 2 ({needed}): "
+                "a payload may not expire before the task that points at it"
+            )
+        if self.dlq_retention_seconds < self.queue_retention_seconds:
+            raise ValueError("dlq_retention_seconds must not be shorter than queue_retention_seconds")
+        return self
+
+    @property
+    def names(self) -> ResourceNames:
+        return ResourceNames.for_prefix(self.prefix)
+
+    @property
+    def destroy(self) -> bool:
+        return self.removal_policy == "destroy"
+
+    def queue_settings(self) -> QueueSettings:
+        """What both the CDK queues and the local stack's ``provision`` get for this environment."""
+        return QueueSettings(
+            visibility_timeout=self.executor.queue_visibility_seconds,
+            max_receive_count=self.max_receive_count,
+            retention_seconds=self.queue_retention_seconds,
+            dlq_retention_seconds=self.dlq_retention_seconds,
+        )
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def resolve(environments: dict[str, Any], defaults: dict[str, Any] | None, env_name: str) -> EnvironmentSettings:
+    """The validated settings of ``env_name`` (defaults deep-merged with its overrides)."""
+    return EnvironmentSettings.model_validate(deep_merge(defaults or {}, environments[env_name]))

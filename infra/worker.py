@@ -1,0 +1,166 @@
+"""The optional long-running worker: ``agentq worker`` on ECS Fargate, for tasks whose tool
+calls outlast a Lambda slice. Off unless ``worker.enabled``; the image comes from
+``worker.image`` (no Docker build here: build and push it in CI, name it in cdk.json).
+
+It polls the same tier queues as the Lambda executor and follows the same per-message policy,
+so the two can run side by side. It scales in steps on the backlog (messages waiting or in
+flight across the tiers); on scale-in ECS sends SIGTERM and the worker drains: steps in
+flight commit, leases are released and each task gets a continuation message.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import aws_cdk as cdk
+from agentq.resources import TIERS
+from aws_cdk import aws_applicationautoscaling as appscaling
+from aws_cdk import aws_cloudwatch as cw
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecs as ecs
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_stepfunctions as sfn
+from constructs import Construct
+
+from infra.data import Data
+from infra.functions import METRICS_NAMESPACE, grant_task_runner, log_retention
+from infra.settings import EnvironmentSettings
+
+ECR_IMAGE = re.compile(r"^(?P<account>\d{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/(?P<repo>[^:@]+)")
+STOP_TIMEOUT_SECONDS = 120  # ECS's maximum; the worker drains steps in flight for up to 60 s
+
+
+@dataclass
+class Worker:
+    service: ecs.FargateService
+    cluster: ecs.Cluster
+    vpc: ec2.Vpc
+    task_definition: ecs.FargateTaskDefinition
+    pulls_from_ecr: bool
+
+
+def build_worker(
+    scope: Construct, env_name: str, cfg: EnvironmentSettings, data: Data, machine: sfn.StateMachine
+) -> Worker:
+    w = cfg.worker
+    assert w.image, "validated by WorkerSettings"
+    removal = cdk.RemovalPolicy.DESTROY if cfg.destroy else cdk.RemovalPolicy.RETAIN
+    # Public subnets only: tasks reach SQS, DynamoDB, S3, Step Functions and the LLM APIs over
+    # the internet gateway with a public IP and accept no inbound traffic, so no NAT gateway.
+    vpc = ec2.Vpc(
+        scope,
+        "WorkerVpc",
+        ip_addresses=ec2.IpAddresses.cidr(w.vpc_cidr),
+        max_azs=2,
+        nat_gateways=0,
+        subnet_configuration=[ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24)],
+        restrict_default_security_group=False,
+    )
+    flow_logs = logs.LogGroup(scope, "WorkerVpcFlowLogs", retention=log_retention(cfg.log_retention_days), removal_policy=removal)
+    vpc.add_flow_log("FlowLogs", destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_logs))
+    cluster = ecs.Cluster(
+        scope,
+        "WorkerCluster",
+        cluster_name=f"{cfg.prefix}-workers",
+        vpc=vpc,
+        container_insights_v2=ecs.ContainerInsights.ENABLED,
+    )
+    task_def = ecs.FargateTaskDefinition(
+        scope,
+        "WorkerTask",
+        cpu=w.cpu,
+        memory_limit_mib=w.memory_mb,
+        runtime_platform=ecs.RuntimePlatform(
+            cpu_architecture=ecs.CpuArchitecture.ARM64 if cfg.architecture == "arm64" else ecs.CpuArchitecture.X86_64,
+            operating_system_family=ecs.OperatingSystemFamily.LINUX,
+        ),
+    )
+    logs_group = logs.LogGroup(scope, "WorkerLogs", retention=log_retention(cfg.log_retention_days), removal_policy=removal)
+    environment = {
+        "AGENTQ_ENV": env_name,
+        "AGENTQ_PREFIX": cfg.prefix,
+        "AGENTQ_TABLE": data.table.table_name,
+        "AGENTQ_BUCKET": data.payloads.bucket_name,
+        "AGENTQ_STATE_MACHINE_ARN": machine.state_machine_arn,
+        "AGENTQ_TASK_RETENTION_DAYS": str(cfg.task_retention_days),
+        "AGENTQ_EMF": "1",  # the worker prints EMF lines; the awslogs driver ships them
+        "AWS_REGION": cdk.Aws.REGION,
+        "POWERTOOLS_SERVICE_NAME": "agentq-worker",
+        "POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE,
+        "POWERTOOLS_LOG_LEVEL": cfg.log_level,
+    }
+    if cfg.event_bus:
+        environment["AGENTQ_EVENT_BUS"] = cfg.event_bus
+    task_def.add_container(
+        "worker",
+        image=ecs.ContainerImage.from_registry(w.image),
+        command=[
+            "agentq", "worker",
+            "--concurrency", str(w.concurrency),
+            "--heartbeat", str(w.heartbeat_seconds),
+            "--lease", str(w.lease_seconds),
+            "--visibility", str(w.visibility_seconds),
+            "--max-receive-count", str(cfg.max_receive_count),
+        ],
+        environment=environment,
+        logging=ecs.LogDrivers.aws_logs(stream_prefix="worker", log_group=logs_group),
+        stop_timeout=cdk.Duration.seconds(STOP_TIMEOUT_SECONDS),
+    )
+    grant_task_runner(task_def.task_role, data, machine, cfg, receive=True)
+    pulls_from_ecr = _grant_image_pull(task_def, w.image)
+
+    service = ecs.FargateService(
+        scope,
+        "WorkerService",
+        service_name=f"{cfg.prefix}-worker",
+        cluster=cluster,
+        task_definition=task_def,
+        desired_count=w.min_tasks,
+        assign_public_ip=True,
+        vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC),
+        min_healthy_percent=100,
+        circuit_breaker=ecs.DeploymentCircuitBreaker(rollback=True),
+    )
+    backlog = cw.MathExpression(
+        expression="+".join(f"v{i}+f{i}" for i in range(len(TIERS))),
+        using_metrics={
+            **{f"v{i}": data.queues[t].metric_approximate_number_of_messages_visible(statistic="Maximum") for i, t in enumerate(TIERS)},
+            **{f"f{i}": data.queues[t].metric_approximate_number_of_messages_not_visible(statistic="Maximum") for i, t in enumerate(TIERS)},
+        },
+        label="backlog (waiting + in flight)",
+        period=cdk.Duration.minutes(1),
+    )
+    scaling = service.auto_scale_task_count(min_capacity=w.min_tasks, max_capacity=w.max_tasks)
+    scaling.scale_on_metric(
+        "ScaleOnBacklog",
+        metric=backlog,
+        adjustment_type=appscaling.AdjustmentType.CHANGE_IN_CAPACITY,
+        # Scale in one task at a time, only when nothing waits or runs; out in steps.
+        scaling_steps=[appscaling.ScalingInterval(upper=0, change=-1)]
+        + [appscaling.ScalingInterval(lower=s.backlog, change=s.change) for s in w.scale_out],
+        cooldown=cdk.Duration.minutes(2),
+        evaluation_periods=1,
+    )
+    return Worker(service=service, cluster=cluster, vpc=vpc, task_definition=task_def, pulls_from_ecr=pulls_from_ecr)
+
+
+def _grant_image_pull(task_def: ecs.FargateTaskDefinition, image: str) -> bool:
+    """``from_registry`` grants nothing; a private ECR image needs pull rights on its repo."""
+    match = ECR_IMAGE.match(image)
+    if not match:
+        return False  # a public registry: nothing to grant
+    role = task_def.obtain_execution_role()
+    repo_arn = f"arn:{cdk.Aws.PARTITION}:ecr:{match['region']}:{match['account']}:repository/{match['repo']}"
+    role.add_to_principal_policy(
+        iam.PolicyStatement(
+            sid="PullWorkerImage",
+            actions=["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"],
+            resources=[repo_arn],
+        )
+    )
+    role.add_to_principal_policy(
+        iam.PolicyStatement(sid="EcrLogin", actions=["ecr:GetAuthorizationToken"], resources=["*"])
+    )
+    return True

@@ -1,0 +1,148 @@
+"""API keys and the Lambda TOKEN authorizer: keys stored as hashes, a live key -> its tenant in
+an Allow policy's context, anything else -> "Unauthorized" (API Gateway's 401). The two
+Lambdas chained as API Gateway chains them, and `agentq keys` run as a person would."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from typing import Any, Iterator
+
+import pytest
+
+from agentq.auth import KeyStore, Unauthorized, bearer_token, key_hash
+from agentq.cli import main
+from agentq.local.api_server import proxy_event
+from agentq.local.moto_server import MotoServer
+from agentq.resources import QueueSettings, provision
+from agentq.runtime import Settings, build_store, session
+
+from tests.api_support import SCRIPTED, ApiStack, api_stack  # noqa: F401  (the fixture)
+from tests.lambda_support import FakeLambdaContext, load_handler
+
+METHOD_ARN = "arn:aws:execute-api:us-east-1:123456789012:abc123/prod/GET/tasks/xyz"
+
+
+@pytest.fixture(scope="module")
+def deployment(moto_server: MotoServer) -> Iterator[tuple[Settings, Any, Any, KeyStore]]:
+    """Both Lambdas, loaded the way the Lambda service loads them, over one table."""
+    settings = Settings.for_prefix(f"k{uuid.uuid4().hex[:10]}", moto_server.endpoint_url)
+    provision(session(settings), settings.names, endpoint_url=settings.endpoint_url, queues=QueueSettings())
+    mp = pytest.MonkeyPatch()
+    for key, value in settings.env().items():
+        mp.setenv(key, value)
+    try:
+        keys = KeyStore(build_store(settings).ddb, settings.table)
+        yield settings, load_handler("authorizer"), load_handler("api"), keys
+    finally:
+        mp.undo()
+
+
+def _token_event(header: str | None) -> dict[str, Any]:
+    event: dict[str, Any] = {"type": "TOKEN", "methodArn": METHOD_ARN}
+    if header is not None:
+        event["authorizationToken"] = header
+    return event
+
+
+def test_a_key_is_stored_only_as_its_hash(deployment: tuple[Settings, Any, Any, KeyStore]) -> None:
+    settings, _, _, keys = deployment
+    token, record = keys.create("acme")
+    assert token.startswith("aq_") and len(token) > 40 and record.tenant == "acme" and record.key_id.startswith("key_")
+    dump = json.dumps(keys.ddb.scan(TableName=settings.table)["Items"])
+    assert token not in dump and token[3:] not in dump and key_hash(token) in dump
+    assert keys.lookup(token) == record
+    assert [k.key_id for k in keys.list("acme")][:1] == [record.key_id]
+
+
+@pytest.mark.parametrize("bad", ["", "nope", "Basic abc", "Bearer", "Bearer aq_short", "Bearer " + "aq_" + "x" * 300])
+def test_malformed_authorization_headers_are_refused(bad: str) -> None:
+    with pytest.raises(Unauthorized) as err:
+        bearer_token(bad)
+    assert str(err.value) == "Unauthorized"  # what API Gateway turns into a 401
+
+
+def test_the_authorizer_maps_a_live_key_to_its_tenant_and_refuses_the_rest(deployment: tuple[Settings, Any, Any, KeyStore]) -> None:
+    _, authorizer, _, keys = deployment
+    token, record = keys.create("acme")
+    answer = authorizer.lambda_handler(_token_event(f"Bearer {token}"), FakeLambdaContext(3))
+    assert answer["principalId"] == record.key_id
+    assert answer["context"] == {"tenant": "acme", "key_id": record.key_id}
+    assert answer["policyDocument"]["Statement"] == [
+        {"Action": "execute-api:Invoke", "Effect": "Allow", "Resource": "arn:aws:execute-api:us-east-1:123456789012:abc123/prod/*"}
+    ]  # the whole stage, so API Gateway's cached answer serves every route
+    unknown, _ = KeyStore(keys.ddb, keys.table).create("acme")
+    keys.revoke(keys.lookup(unknown).key_id)  # type: ignore[union-attr]
+    for header in (None, "", f"Basic {token}", "Bearer aq_" + "y" * 43, f"Bearer {unknown}"):
+        with pytest.raises(Exception) as err:
+            authorizer.lambda_handler(_token_event(header), FakeLambdaContext(3))
+        assert str(err.value) == "Unauthorized", header
+
+
+def test_revoking_a_key_refuses_it_from_then_on(deployment: tuple[Settings, Any, Any, KeyStore]) -> None:
+    _, authorizer, _, keys = deployment
+    token, record = keys.create("acme")
+    authorizer.lambda_handler(_token_event(f"Bearer {token}"), FakeLambdaContext(3))
+    revoked = keys.revoke(record.key_id)
+    assert revoked.revoked and revoked.revoked_at is not None
+    assert keys.revoke(record.key_id).revoked  # idempotent
+    with pytest.raises(Unauthorized, match="Unauthorized"):
+        authorizer.lambda_handler(_token_event(f"Bearer {token}"), FakeLambdaContext(3))
+    assert next(k for k in keys.list("acme") if k.key_id == record.key_id).revoked
+
+
+def test_the_authorizer_s_context_is_the_tenant_the_api_acts_for(deployment: tuple[Settings, Any, Any, KeyStore]) -> None:
+    """API Gateway: authorizer answer -> requestContext.authorizer of the API Lambda's event."""
+    _, authorizer, api, keys = deployment
+    token_a, _ = keys.create("tenant-one")
+    token_b, _ = keys.create("tenant-two")
+
+    def through_gateway(token: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        context = authorizer.lambda_handler(_token_event(f"Bearer {token}"), FakeLambdaContext(3))["context"]
+        event = proxy_event(method, path, {"Content-Type": "application/json"}, json.dumps(body) if body else None, tenant=None)
+        event["requestContext"]["authorizer"] = {**context, "principalId": "x", "integrationLatency": 3}
+        resp = api.lambda_handler(event, FakeLambdaContext(30))
+        return resp["statusCode"], json.loads(resp["body"])
+
+    status, created = through_gateway(token_a, "POST", "/tasks", SCRIPTED)
+    assert status == 202
+    assert through_gateway(token_a, "GET", f"/tasks/{created['task_id']}")[0] == 200
+    assert through_gateway(token_b, "GET", f"/tasks/{created['task_id']}")[0] == 404
+    assert keys.ddb.get_item(TableName=keys.table, Key={"pk": {"S": f"TASK#{created['task_id']}"}, "sk": {"S": "META"}})["Item"]["tenant"] == {"S": "tenant-one"}
+
+
+def test_keys_create_and_revoke_from_the_cli_against_the_local_stack(
+    api_stack: ApiStack, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = api_stack.cli_env(AGENTQ_API_KEY="")
+
+    def person(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "agentq", *args], capture_output=True, text=True, timeout=60, env=env)
+
+    def agentq(*args: str, key: str = "") -> tuple[int, str, str]:  # the same main(), in this process
+        for name, value in {**env, "AGENTQ_API_KEY": key}.items():
+            monkeypatch.setenv(name, value)
+        capsys.readouterr()
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    created = person("keys", "create", "--tenant", "cli-tenant")
+    assert created.returncode == 0, created.stderr
+    key = created.stdout.strip()
+    assert key.startswith("aq_") and "cannot be shown again" in created.stderr
+    key_id = created.stderr.split("key ", 1)[1].split()[0]
+    code, out, _ = agentq("keys", "list", "--tenant", "cli-tenant", "--json")
+    assert [k["key_id"] for k in json.loads(out)] == [key_id]
+    code, out, _ = agentq("list", "--json", key=key)
+    assert code == 0 and json.loads(out)["tasks"] == []  # a new tenant sees nothing
+    revoked = person("keys", "revoke", key_id)
+    assert revoked.returncode == 0 and f"revoked {key_id}" in revoked.stdout
+    code, _, err = agentq("list", key=key)
+    assert code == 2 and "missing, unknown or revoked API key" in err and "check the API key" in err
+    code, _, err = agentq("keys", "revoke", "key_0000000000000000")
+    assert code == 1 and "no key 'key_0000000000000000'" in err
+    code, _, err = agentq("keys", "create", "--tenant", "has spaces")
+    assert code == 2 and "(tenant)" in err

@@ -1,0 +1,458 @@
+"""Every route of the HTTP API through the real Lambda handler (functions/api/handler.py), fed
+API Gateway proxy events with the tenant where the authorizer puts it: happy paths, each error
+path with its status and error code, limits, idempotent submits, and tenant isolation.
+Tasks are run in-process by the engine (no workers), so every state is reached on purpose."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import pytest
+
+from agentq.api_models import MAX_BODY_BYTES, MAX_GOAL_CHARS, TaskView, TracePage
+from agentq.engine import Engine, EngineConfig
+from agentq.local.api_server import proxy_event
+from agentq.local.moto_server import MotoServer
+from agentq.models import LLMStep, Lease, TaskStatus, Usage
+from agentq.resources import QueueSettings, provision
+from agentq.runtime import Settings, build_queues, build_registry, build_store, session
+from agentq.store import Store
+
+from tests.helpers import call as tool_call
+from tests.lambda_support import FakeLambdaContext, load_handler
+
+A, B = "tenant-a", "tenant-b"
+SCRIPT = {"turns": [{"text": "hi"}]}
+SUB = {"goal": "say hi", "provider": "scripted", "script": SCRIPT}
+TOOLS_SCRIPT = {
+    "turns": [
+        {"text": "looking", "tool_calls": [tool_call("lookup", query="alpha", size=40)]},
+        {"text": "and again", "tool_calls": [tool_call("lookup", query="beta", size=30), tool_call("lookup", query="gamma", size=30)]},
+        {"text": "done looking"},
+    ]
+}
+APPROVAL_SCRIPT = {
+    "turns": [
+        {"text": "", "tool_calls": [tool_call("request_approval", question="Ship it?")]},
+        {"text": "shipped"},
+    ]
+}
+
+
+@dataclass
+class Api:
+    handler: Any
+    store: Store
+    settings: Settings
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        tenant: str | None = A,
+        headers: dict[str, str] | None = None,
+        raw: str | None = None,
+    ) -> tuple[int, Any, dict[str, str]]:
+        hdrs = {"Content-Type": "application/json", **(headers or {})}
+        payload = raw if raw is not None else (json.dumps(body) if body is not None else None)
+        resp = self.handler.lambda_handler(proxy_event(method, path, hdrs, payload, tenant=tenant), FakeLambdaContext(30))
+        out = {k: v[-1] for k, v in (resp.get("multiValueHeaders") or {}).items()} | (resp.get("headers") or {})
+        return resp["statusCode"], (json.loads(resp["body"]) if resp.get("body") else None), out
+
+    def submit(self, body: dict[str, Any] | None = None, tenant: str = A, **headers: str) -> str:
+        status, data, _ = self.call("POST", "/tasks", body or SUB, tenant=tenant, headers=headers)
+        assert status == 202, data
+        return str(data["task_id"])
+
+    def run(self, task_id: str) -> None:
+        engine = Engine(self.store, worker_id="test:1", tools=build_registry(self.settings), config=EngineConfig(lease_seconds=5))
+        engine.run(task_id)
+
+    def items(self) -> int:
+        return int(self.store.ddb.scan(TableName=self.settings.table, Select="COUNT")["Count"])
+
+
+@pytest.fixture(scope="module")
+def api(moto_server: MotoServer) -> Iterator[Api]:
+    settings = Settings.for_prefix(f"r{uuid.uuid4().hex[:10]}", moto_server.endpoint_url, tool_modules=("tests.effect_tools",))
+    provision(session(settings), settings.names, endpoint_url=settings.endpoint_url, queues=QueueSettings())
+    mp = pytest.MonkeyPatch()
+    for key, value in settings.env().items():
+        mp.setenv(key, value)
+    try:
+        yield Api(handler=load_handler("api"), store=build_store(settings), settings=settings)
+    finally:
+        mp.undo()
+
+
+def error(data: Any) -> dict[str, Any]:
+    assert set(data) == {"error"}, data
+    assert {"code", "message"} <= set(data["error"]) <= {"code", "message", "field"}
+    return dict(data["error"])
+
+
+# ------------------------------------------------------------------ submit
+
+
+def test_submit_answers_202_with_the_id_links_and_location_and_queues_the_task(api: Api) -> None:
+    status, data, headers = api.call("POST", "/tasks", {**SUB, "priority": "high", "metadata": {"team": "growth"}})
+    assert status == 202 and data["status"] == "queued" and data["created"] is True
+    task_id = data["task_id"]
+    assert data["links"] == {"self": f"/tasks/{task_id}", "result": f"/tasks/{task_id}/result",
+                             "trace": f"/tasks/{task_id}/trace", "cancel": f"/tasks/{task_id}/cancel"}  # fmt: skip
+    assert headers["Location"] == f"/tasks/{task_id}"
+    task = api.store.get_task(task_id)
+    assert task.tenant == A and task.submission.priority == "high"
+    queues = build_queues(api.settings)
+    messages = queues.sqs.receive_message(QueueUrl=queues.url("high"), MaxNumberOfMessages=10)["Messages"]
+    assert any(json.loads(m["Body"])["task_id"] == task_id for m in messages)
+
+
+def test_the_same_idempotency_key_and_body_return_the_same_task_another_body_409(api: Api) -> None:
+    key = f"order-{uuid.uuid4().hex}"
+    first = api.call("POST", "/tasks", SUB, headers={"Idempotency-Key": key})
+    reordered = json.dumps({"script": SCRIPT, "provider": "scripted", "goal": "say hi"}, indent=2)
+    again = api.call("POST", "/tasks", raw=reordered, headers={"Idempotency-Key": key})
+    assert first[0] == again[0] == 202
+    assert first[1]["created"] is True and again[1]["created"] is False
+    assert again[1]["task_id"] == first[1]["task_id"] and again[2]["Idempotent-Replayed"] == "true"
+    before = api.items()
+    status, data, _ = api.call("POST", "/tasks", {**SUB, "goal": "something else"}, headers={"Idempotency-Key": key})
+    assert status == 409 and error(data) == {
+        "code": "idempotency_conflict",
+        "message": "this Idempotency-Key was already used with a different request body",
+        "field": "Idempotency-Key",
+    }
+    assert api.items() == before  # nothing written
+    other = api.call("POST", "/tasks", SUB, tenant=B, headers={"Idempotency-Key": key})
+    assert other[0] == 202 and other[1]["created"] is True and other[1]["task_id"] != first[1]["task_id"]  # keys are per tenant
+    record = api.store.get_idempotency(A, key)
+    assert record is not None and record["task_id"] == first[1]["task_id"] and len(record["request_hash"]) == 64
+
+
+def test_a_failed_enqueue_leaves_nothing_behind_and_the_same_key_can_be_retried(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentq.queue import TaskQueues
+
+    def broken(self: TaskQueues, *args: Any, **kwargs: Any) -> str:
+        raise ConnectionError("SQS is down")
+
+    before = api.items()
+    with monkeypatch.context() as m:
+        m.setattr(TaskQueues, "send", broken)
+        status, data, _ = api.call("POST", "/tasks", SUB, headers={"Idempotency-Key": "enqueue-fails"})
+    assert status == 500 and error(data) == {"code": "internal_error", "message": "internal error; see the service logs"}
+    assert api.items() == before  # task, budget and idempotency record all undone
+    status, data, _ = api.call("POST", "/tasks", SUB, headers={"Idempotency-Key": "enqueue-fails"})
+    assert status == 202 and data["created"] is True
+
+
+@pytest.mark.parametrize("key", ["has space", "x" * 256, ""])
+def test_a_malformed_idempotency_key_is_a_422_naming_the_header(api: Api, key: str) -> None:
+    before = api.items()
+    status, data, _ = api.call("POST", "/tasks", SUB, headers={"Idempotency-Key": key})
+    assert api.items() == before
+    assert status == 422 and error(data)["field"] == "idempotency-key"
+
+
+@pytest.mark.parametrize(
+    ("raw", "headers", "status", "code", "field"),
+    [
+        ("{nope", {}, 400, "invalid_json", "body"),
+        ("[1, 2]", {}, 422, "validation_error", "body"),
+        ("", {}, 422, "validation_error", "body"),
+        (json.dumps({**SUB, "constraints": {"max_tokens": 0}}), {}, 422, "validation_error", "constraints.max_tokens"),
+        (json.dumps({**SUB, "constraints": {"tools": ["lookup", "rm_rf"]}}), {}, 422, "validation_error", "constraints.tools[1]"),
+        (json.dumps({**SUB, "goal": "g" * (MAX_GOAL_CHARS + 1)}), {}, 422, "validation_error", "goal"),
+        (json.dumps({**SUB, "colour": "blue"}), {}, 422, "validation_error", "colour"),
+        (json.dumps({**SUB, "priority": "urgent"}), {}, 422, "validation_error", "priority"),
+        (json.dumps({"goal": "x", "provider": "scripted"}), {}, 422, "validation_error", "script"),
+        (json.dumps({**SUB, "script": "/etc/passwd"}), {}, 422, "validation_error", "script"),
+        (json.dumps({**SUB, "script": "."}), {}, 422, "validation_error", "script"),
+        (json.dumps({**SUB, "goal": "x" * (MAX_BODY_BYTES + 1)}), {}, 413, "body_too_large", "body"),
+        (json.dumps(SUB), {"Content-Type": "text/plain"}, 415, "unsupported_media_type", "Content-Type"),
+        (json.dumps(SUB), {"Content-Type": "multipart/form-data"}, 415, "unsupported_media_type", "Content-Type"),
+    ],
+    ids=["not-json", "not-object", "empty", "max_tokens", "unknown-tool", "goal-too-long", "unknown-field", "priority",
+         "no-script", "script-path", "script-dir", "too-large", "text-plain", "multipart"],  # fmt: skip
+)
+def test_each_bad_submission_gets_its_status_and_code_and_writes_nothing(
+    api: Api, raw: str, headers: dict[str, str], status: int, code: str, field: str
+) -> None:
+    before = api.items()
+    got, data, _ = api.call("POST", "/tasks", raw=raw, headers=headers)
+    err = error(data)
+    assert (got, err["code"], err.get("field")) == (status, code, field), err
+    assert api.items() == before
+
+
+def test_a_missing_field_says_it_is_required(api: Api) -> None:
+    status, data, _ = api.call("POST", "/tasks", {"provider": "scripted", "script": SCRIPT})
+    assert status == 422 and error(data) == {"code": "validation_error", "message": "goal is required", "field": "goal"}
+
+
+# ------------------------------------------------------------------- list
+
+
+def test_list_is_newest_first_paginated_by_an_opaque_cursor_and_filtered_by_status(api: Api) -> None:
+    tenant = f"lister-{uuid.uuid4().hex[:6]}"
+    ids = []
+    for i in range(5):
+        ids.append(api.submit({**SUB, "goal": f"task {i}"}, tenant=tenant))
+        time.sleep(0.002)  # distinct creation milliseconds
+    api.run(ids[1])
+    parent = api.store.get_task(ids[0])
+    child = api.store.create_task(parent.submission, tenant=tenant, parent_id=ids[0], root_id=ids[0], depth=1)
+    seen, cursor, pages = [], None, 0
+    while True:
+        status, page, _ = api.call("GET", "/tasks?limit=2" + (f"&cursor={cursor}" if cursor else ""), tenant=tenant)
+        assert status == 200 and len(page["tasks"]) <= 2
+        seen += [t["task_id"] for t in page["tasks"]]
+        pages += 1
+        cursor = page["next_cursor"]
+        if not cursor:
+            break
+    assert seen == list(reversed(ids)) and pages == 3  # newest first, no repeats, sub-agents left out
+    status, page, _ = api.call("GET", "/tasks?status=succeeded", tenant=tenant)
+    assert [t["task_id"] for t in page["tasks"]] == [ids[1]] and page["tasks"][0]["tokens_total"] > 0
+    status, page, _ = api.call("GET", "/tasks?include_children=true&limit=100", tenant=tenant)
+    assert child.task_id in [t["task_id"] for t in page["tasks"]] and len(page["tasks"]) == 6
+    summary = next(t for t in page["tasks"] if t["task_id"] == child.task_id)
+    assert summary["parent_id"] == ids[0] and summary["goal"] == "task 0"
+
+
+@pytest.mark.parametrize(
+    ("query", "status", "field"),
+    [("limit=0", 422, "limit"), ("limit=101", 422, "limit"), ("limit=ten", 422, "limit"), ("status=bogus", 422, "status"),
+     ("status=", 422, "status"), ("cursor=not-a-cursor", 400, "cursor"),
+     ("cursor=eyJrIjoidHJhY2UiLCJ2IjpbWzEsMCwwLDBdLDFdfQ", 400, "cursor")],  # a trace cursor
+)  # fmt: skip
+def test_bad_list_parameters_are_named(api: Api, query: str, status: int, field: str) -> None:
+    got, data, _ = api.call("GET", f"/tasks?{query}")
+    assert got == status and error(data)["field"] == field
+
+
+# ------------------------------------------------------------ status views
+
+
+def test_get_task_shows_status_tokens_budget_cost_timestamps_latency_and_activity(api: Api) -> None:
+    task_id = api.submit()
+    status, queued, _ = api.call("GET", f"/tasks/{task_id}")
+    assert status == 200 and queued["status"] == "queued" and queued["activity"].startswith("queued (normal priority)")
+    api.run(task_id)
+    status, data, _ = api.call("GET", f"/tasks/{task_id}")
+    view = TaskView.model_validate(data)
+    assert view.status is TaskStatus.SUCCEEDED and view.result == "hi" and view.step == 1 and view.llm_steps == 1
+    assert view.tokens.input > 0 and view.tokens.total == view.tokens.input + view.tokens.output
+    assert view.budget is not None and view.budget.used == view.tokens.total and view.budget.cap == 200_000
+    assert view.budget.available == view.budget.cap - view.budget.used and view.tokens.budget == view.budget.cap
+    assert float(view.cost_usd) > 0 and view.activity is None and view.children.total == 0
+    assert view.created_at <= view.started_at <= view.finished_at  # type: ignore[operator]
+    assert view.latency.pickup_seconds is not None and view.latency.resumes == 0 and view.latency.run_seconds is not None
+    assert view.goal == "say hi" and view.provider == "scripted" and view.max_steps == 50
+
+
+@pytest.mark.parametrize(("task_id", "status", "code"), [("no-such-task", 404, "task_not_found"), ("bad id!", 422, "validation_error")])
+def test_unknown_and_malformed_task_ids(api: Api, task_id: str, status: int, code: str) -> None:
+    for suffix in ("", "/result", "/trace"):
+        got, data, _ = api.call("GET", f"/tasks/{task_id}{suffix}")
+        assert got == status and error(data)["code"] == code and error(data)["field"] == "task_id"
+
+
+def test_result_is_409_until_the_task_ends_then_complete_or_partial(api: Api) -> None:
+    task_id = api.submit()
+    status, data, _ = api.call("GET", f"/tasks/{task_id}/result")
+    assert status == 409 and error(data)["code"] == "task_not_finished"
+    api.run(task_id)
+    status, data, _ = api.call("GET", f"/tasks/{task_id}/result")
+    assert status == 200 and data["complete"] is True and data["result"] == "hi" and data["status"] == "succeeded"
+    cancelled = api.submit()
+    api.call("POST", f"/tasks/{cancelled}/cancel")
+    status, data, _ = api.call("GET", f"/tasks/{cancelled}/result")
+    assert status == 200 and data["complete"] is False and data["status"] == "cancelled" and data["error"]["code"] == "cancelled"
+
+
+# ------------------------------------------------------------------ trace
+
+
+def test_trace_lists_llm_calls_tool_calls_and_transitions_in_commit_order(api: Api) -> None:
+    task_id = api.submit({**SUB, "script": TOOLS_SCRIPT, "constraints": {"tools": ["lookup"]}})
+    api.run(task_id)
+    status, data, _ = api.call("GET", f"/tasks/{task_id}/trace")
+    assert status == 200 and data["next_cursor"] is None
+    events = TracePage.model_validate(data).events
+    kinds = [e.type if e.type != "transition" else e.event for e in events]  # type: ignore[union-attr]
+    assert kinds == ["created", "claimed", "llm_call", "tool_call", "llm_call", "tool_call", "tool_call", "llm_call", "finished"]
+    assert [e.at for e in events] == sorted(e.at for e in events)
+    llm = events[2]
+    assert llm.type == "llm_call" and llm.step == 1 and llm.epoch == 1 and llm.model == "claude-sonnet-4-6" or llm.model
+    assert llm.tokens.input > 0 and llm.tokens.total == llm.tokens.input + llm.tokens.output  # type: ignore[union-attr]
+    assert llm.tool_calls == ["lookup"] and llm.text == "looking" and llm.duration_ms >= 0 and not llm.orphan  # type: ignore[union-attr]
+    tool = events[3]
+    assert tool.type == "tool_call" and tool.name == "lookup" and tool.input == {"query": "alpha", "size": 40}  # type: ignore[union-attr]
+    assert tool.output.startswith("result for alpha") and tool.status == "ok" and tool.duration_ms >= 0 and tool.step == 2  # type: ignore[union-attr]
+    assert [e.input["query"] for e in events[5:7]] == ["beta", "gamma"]  # type: ignore[union-attr]
+    assert events[1].worker == "test:1" and events[-1].status is TaskStatus.SUCCEEDED  # type: ignore[union-attr]
+    # every page size gives the same events, each once
+    for limit in (1, 2, 4):
+        paged, cursor = [], None
+        while True:
+            status, page, _ = api.call("GET", f"/tasks/{task_id}/trace?limit={limit}" + (f"&cursor={cursor}" if cursor else ""))
+            assert status == 200 and len(page["events"]) <= limit
+            paged += page["events"]
+            cursor = page["next_cursor"]
+            if not cursor:
+                break
+        assert paged == data["events"], limit
+
+
+def test_trace_shows_orphan_llm_calls_and_approval_transitions(api: Api) -> None:
+    task_id = api.submit({**SUB, "script": APPROVAL_SCRIPT, "constraints": {"tools": ["request_approval"]}})
+    api.run(task_id)
+    assert api.store.get_task(task_id).status is TaskStatus.PAUSED
+    orphan = LLMStep(content=[{"type": "text", "text": "lost"}], stop_reason="end_turn", model="claude-haiku-4-5",
+                     usage=Usage(input_tokens=7, output_tokens=3), started_at=time.time(), duration_ms=5)  # fmt: skip
+    api.store.record_orphan_call(Lease(task_id=task_id, owner="zombie:9", epoch=1, expires_at=0), 3, orphan)
+    assert api.call("POST", f"/tasks/{task_id}/approve", {"note": "lgtm"})[0] == 200
+    api.run(task_id)
+    events = api.call("GET", f"/tasks/{task_id}/trace")[1]["events"]
+    transitions = [e["event"] for e in events if e["type"] == "transition"]
+    assert transitions == ["created", "claimed", "approval_requested", "approval_decided", "claimed", "finished"]
+    decided = next(e for e in events if e.get("event") == "approval_decided")
+    assert decided["detail"] == {"decision": "approved", "by": A, "note": "lgtm"}
+    orphans = [e for e in events if e["type"] == "llm_call" and e["orphan"]]
+    assert len(orphans) == 1 and orphans[0]["model"] == "claude-haiku-4-5" and orphans[0]["tokens"]["total"] == 10
+    assert orphans[0]["step"] == 3 and orphans[0]["epoch"] == 1
+
+
+def test_a_trace_cursor_must_be_one_the_api_issued(api: Api) -> None:
+    task_id = api.submit()
+    for cursor in ("garbage", "eyJrIjoidGFza3MiLCJ2IjoiMDAwMDAwMDAwMDAwMDAwI3gifQ", "eyJrIjoidHJhY2UiLCJ2IjoiMSJ9"):
+        status, data, _ = api.call("GET", f"/tasks/{task_id}/trace?cursor={cursor}")
+        assert status == 400 and error(data) == {**error(data), "code": "invalid_cursor", "field": "cursor"}
+    assert api.call("GET", f"/tasks/{task_id}/trace?limit=201")[0] == 422
+
+
+# ---------------------------------------------------------------- control
+
+
+def test_cancel_then_cancel_again_is_a_conflict(api: Api) -> None:
+    task_id = api.submit()
+    status, data, _ = api.call("POST", f"/tasks/{task_id}/cancel")
+    assert status == 200 and data == {"task_id": task_id, "cancelled": [task_id]}
+    status, data, _ = api.call("POST", f"/tasks/{task_id}/cancel")
+    assert status == 409 and error(data)["code"] == "illegal_transition"
+    assert api.call("POST", "/tasks/nope/cancel")[0] == 404
+
+
+@pytest.mark.parametrize("verb", ["approve", "reject"])
+def test_approve_and_reject_resume_a_paused_task_with_the_decision(api: Api, verb: str) -> None:
+    task_id = api.submit({**SUB, "script": APPROVAL_SCRIPT, "constraints": {"tools": ["request_approval"]}})
+    status, data, _ = api.call("POST", f"/tasks/{task_id}/{verb}", {"note": "too early"})
+    assert status == 409 and "not waiting for approval" in error(data)["message"]
+    api.run(task_id)
+    status, paused, _ = api.call("GET", f"/tasks/{task_id}")
+    assert paused["status"] == "paused" and paused["pending_approval"] == "Ship it?"
+    assert paused["activity"] == "waiting for approval: Ship it?"
+    status, data, _ = api.call("POST", f"/tasks/{task_id}/{verb}", {"note": "n" * 4001})
+    assert status == 422 and error(data)["field"] == "note"
+    status, data, _ = api.call("POST", f"/tasks/{task_id}/{verb}", {"note": "checked", "extra": 1})
+    assert status == 422 and error(data)["field"] == "extra"
+    status, data, _ = api.call("POST", f"/tasks/{task_id}/{verb}")  # the body is optional
+    assert status == 200 and data["status"] == "queued"
+    api.run(task_id)
+    steps = api.store.load_steps(task_id)
+    verdict = "APPROVED" if verb == "approve" else "REJECTED"
+    assert steps[1].body.results[0].content.startswith(f"{verdict} by {A}")  # type: ignore[union-attr]
+    assert api.call("POST", f"/tasks/{task_id}/{verb}", {})[0] == 409
+
+
+def test_a_budget_raise_resumes_a_cost_exceeded_task_and_bad_raises_are_named(api: Api) -> None:
+    turns = [{"text": f"turn {i}", "tool_calls": [tool_call("lookup", query=str(i), size=1500)]} for i in range(4)] + [{"text": "end"}]
+    task_id = api.submit({**SUB, "script": {"turns": turns}, "constraints": {"tools": ["lookup"], "max_tokens": 3000, "max_output_tokens": 200}})
+    api.run(task_id)
+    assert api.store.get_task(task_id).status is TaskStatus.COST_EXCEEDED
+    for body, field in [({"add_tokens": -1}, "add_tokens"), ({"add_tokens": "lots"}, "add_tokens"), ({}, "add_tokens"),
+                        ({"add_tokens": 5, "more": 1}, "more"), ({"add_steps": 10_001}, "add_steps")]:  # fmt: skip
+        status, data, _ = api.call("POST", f"/tasks/{task_id}/budget", body)
+        assert status == 422 and error(data)["field"] == field, body
+    status, data, _ = api.call("POST", f"/tasks/{task_id}/budget", {"add_tokens": 100_000, "add_steps": 5})
+    assert status == 200 and data["status"] == "queued" and data["budget"]["cap"] == 103_000 and data["max_steps"] == 55
+    api.run(task_id)
+    assert api.call("GET", f"/tasks/{task_id}/result")[1]["result"] == "end"
+    status, data, _ = api.call("POST", f"/tasks/{task_id}/budget", {"add_tokens": 1})
+    assert status == 409 and error(data)["code"] == "illegal_transition"
+
+
+def test_fork_answers_202_with_the_new_task_and_bad_forks_are_named(api: Api) -> None:
+    source = api.submit({**SUB, "script": TOOLS_SCRIPT, "constraints": {"tools": ["lookup"]}})
+    api.run(source)
+    status, data, _ = api.call("POST", f"/tasks/{source}/fork", {})
+    assert status == 422 and error(data) == {"code": "validation_error", "message": "at_step is required", "field": "at_step"}
+    status, data, _ = api.call("POST", f"/tasks/{source}/fork", {"at_step": 9})
+    assert status == 422 and error(data)["field"] == "at_step" and "between 0 and 5" in error(data)["message"]
+    status, data, _ = api.call("POST", f"/tasks/{source}/fork", {"at_step": 2, "constraints": {"colour": 1}})
+    assert status == 422 and error(data)["field"] == "constraints.colour"
+    status, data, _ = api.call("POST", f"/tasks/{source}/fork", {"at_step": 2, "script": "../../etc/passwd"})
+    assert status == 422 and error(data)["field"] == "script"
+    status, data, headers = api.call(
+        "POST", f"/tasks/{source}/fork", {"at_step": 2, "model": "claude-haiku-4-5", "constraints": {"max_tokens": 50_000}}
+    )
+    assert status == 202 and data["task_id"] != source and headers["Location"] == f"/tasks/{data['task_id']}"
+    assert data["forked_from"] == {"task_id": source, "step": 2} and data["step"] == 2 and data["status"] == "queued"
+    assert data["model"] == "claude-haiku-4-5" and data["budget"]["cap"] == 50_000
+    api.run(data["task_id"])
+    fork_trace = api.call("GET", f"/tasks/{data['task_id']}/trace")[1]["events"]
+    assert fork_trace[0]["event"] == "forked" and fork_trace[0]["detail"]["forked_from"]["task_id"] == source
+
+
+# ------------------------------------------------------------- isolation
+
+
+def test_another_tenant_can_neither_see_nor_touch_a_task(api: Api) -> None:
+    task_id = api.submit({**SUB, "script": APPROVAL_SCRIPT, "constraints": {"tools": ["request_approval"]}}, tenant=A)
+    api.run(task_id)  # paused: approvable, forkable, cancellable
+    before = api.store.get_task(task_id)
+    attempts = [
+        ("GET", f"/tasks/{task_id}", None),
+        ("GET", f"/tasks/{task_id}/result", None),
+        ("GET", f"/tasks/{task_id}/trace", None),
+        ("POST", f"/tasks/{task_id}/cancel", None),
+        ("POST", f"/tasks/{task_id}/approve", {"note": "mine now"}),
+        ("POST", f"/tasks/{task_id}/reject", {}),
+        ("POST", f"/tasks/{task_id}/budget", {"add_tokens": 1000}),
+        ("POST", f"/tasks/{task_id}/fork", {"at_step": 1}),
+    ]
+    items = api.items()
+    for method, path, body in attempts:
+        status, data, _ = api.call(method, path, body, tenant=B)
+        assert status == 404 and error(data) == {"code": "task_not_found", "message": f"no task {task_id!r}", "field": "task_id"}, path
+    assert api.items() == items  # nothing written for B
+    after = api.store.get_task(task_id)
+    assert (after.status, after.step, after.updated_at) == (before.status, before.step, before.updated_at)
+    listed = api.call("GET", "/tasks?limit=100&include_children=true", tenant=B)[1]["tasks"]
+    assert task_id not in {t["task_id"] for t in listed}
+    assert api.call("GET", f"/tasks/{task_id}", tenant=A)[0] == 200
+
+
+def test_a_request_without_a_tenant_is_401_except_health(api: Api) -> None:
+    status, data, headers = api.call("GET", "/tasks", tenant=None)
+    assert status == 401 and error(data)["code"] == "unauthorized" and headers["WWW-Authenticate"] == "Bearer"
+    assert api.call("POST", "/tasks", SUB, tenant=None)[0] == 401
+    assert api.call("GET", "/health", tenant=None)[:2] == (200, {"status": "ok", "version": "1.0.0"})
+    status, doc, _ = api.call("GET", "/openapi.json", tenant=None)
+    assert status == 200 and doc["info"]["title"] == "agentq" and "/tasks/{task_id}/trace" in doc["paths"]
+
+
+def test_unknown_routes_are_404_and_wrong_methods_405(api: Api) -> None:
+    status, data, _ = api.call("GET", "/nowhere")
+    assert status == 404 and error(data)["code"] == "route_not_found"
+    status, data, headers = api.call("DELETE", "/tasks")
+    assert status == 405 and error(data)["code"] == "method_not_allowed" and headers["Allow"] == "GET, POST"
+    status, data, headers = api.call("GET", "/tasks/abc/cancel")
+    assert status == 405 and headers["Allow"] == "POST"

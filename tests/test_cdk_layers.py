@@ -1,0 +1,82 @@
+"""The Lambda code is complete: each handler imports with nothing on its path but the
+functions asset, the two layers, and what the Python runtime itself provides (boto3).
+
+The deployed dependencies layer is built for Lambda (cp312, manylinux, the stack's
+architecture) and cannot be imported by this interpreter, so this builds the same
+requirements for this machine's Python and platform and imports the handlers against it, the
+way Lambda orders the path: function code, then layers, then the runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infra.build_layers import CORE_LAYER_DIR, PLATFORMS, build_deps_layer
+from infra.functions import FUNCTIONS_DIR, HANDLERS
+
+RUNTIME_PROVIDED = ("boto3", "botocore", "s3transfer", "jmespath", "dateutil", "urllib3", "six")
+LAMBDA_ENV = {
+    "AGENTQ_PREFIX": "agentq-layers-test",
+    "AGENTQ_TABLE": "agentq-layers-test-tasks",
+    "AGENTQ_BUCKET": "agentq-layers-test-payloads",
+    "AGENTQ_STATE_MACHINE_ARN": "arn:aws:states:us-east-1:000000000000:stateMachine:agentq-layers-test-fanout",
+    "AWS_REGION": "us-east-1",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "POWERTOOLS_METRICS_NAMESPACE": "agentq",
+}
+
+
+@pytest.fixture(scope="module")
+def local_deps_layer() -> Path:
+    arch = "x86_64" if platform.machine() in ("x86_64", "AMD64") else "arm64"
+    if arch not in PLATFORMS or sys.platform != "linux":
+        pytest.skip(f"no manylinux wheels for {sys.platform}/{platform.machine()}")
+    layer = build_deps_layer(arch, python_version=f"{sys.version_info.major}.{sys.version_info.minor}")
+    if not layer.built:
+        pytest.skip(f"handler import check skipped: {layer.message}")
+    return layer.path / "python"
+
+
+def _runtime_dir(tmp_path: Path) -> Path:
+    """Stand-in for the Lambda runtime's own site-packages: boto3 and its dependencies."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    for name in RUNTIME_PROVIDED:
+        module = __import__(name)
+        source = Path(module.__file__)  # type: ignore[arg-type]
+        source = source.parent if source.name == "__init__.py" else source
+        (runtime / source.name).symlink_to(source)
+    return runtime
+
+
+@pytest.mark.parametrize("function", sorted(HANDLERS))
+def test_handler_imports_with_only_the_layers_and_the_runtime(
+    function: str, local_deps_layer: Path, tmp_path: Path
+) -> None:
+    module, _, attr = HANDLERS[function].rpartition(".")
+    path = [str(FUNCTIONS_DIR), str(CORE_LAYER_DIR / "python"), str(local_deps_layer), str(_runtime_dir(tmp_path))]
+    script = (
+        "import importlib, json, sys\n"
+        f"sys.path[:0] = {json.dumps(path)}\n"
+        f"handler = getattr(importlib.import_module({module!r}), {attr!r})\n"
+        "assert callable(handler)\n"
+        "outside = sorted({m.__file__.split('/site-packages/')[0] for m in list(sys.modules.values())\n"
+        "                  if getattr(m, '__file__', None) and '/site-packages/' in m.__file__})\n"
+        "print(json.dumps(outside))\n"
+    )
+    env = {"PATH": os.environ.get("PATH", ""), **LAMBDA_ENV}
+    # -I -S: no user site, no site-packages: only the paths above and the standard library.
+    proc = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", script], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [], "imported something from an installed site-packages"

@@ -1,0 +1,646 @@
+"""The CDK stack of every environment in cdk.json: what it declares, checked where it matters.
+
+Each environment is synthesized once (infra.synth, shared by the modules and xdist workers of
+a run through a locked directory) with cdk-nag's AwsSolutions checks on, then checked with
+aws_cdk.assertions, cfn-lint, and plain reads of the template.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+
+from agentq.resources import TABLE_ATTRIBUTES, TABLE_GSIS, TABLE_KEY_SCHEMA, TIERS, TTL_ATTRIBUTE, fanout_definition
+from aws_cdk import assertions
+from aws_cdk.assertions import Match
+
+from infra.settings import EnvironmentSettings, resolve
+from infra.synth import Synthesized, synthesize
+
+ROOT = Path(__file__).resolve().parent.parent
+CDK_CONTEXT = json.loads((ROOT / "cdk.json").read_text())["context"]
+ENVIRONMENTS = CDK_CONTEXT["environments"]
+WORKER_IMAGE = "123456789012.dkr.ecr.eu-west-1.amazonaws.com/agentq-worker:1.0"
+# The only actions allowed on Resource "*": AWS offers no resource-level permission for them.
+STAR_ONLY_ACTIONS = {
+    "xray:PutTraceSegments", "xray:PutTelemetryRecords", "xray:GetSamplingRules", "xray:GetSamplingTargets",
+    "logs:CreateLogDelivery", "logs:GetLogDelivery", "logs:UpdateLogDelivery", "logs:DeleteLogDelivery",
+    "logs:ListLogDeliveries", "logs:PutResourcePolicy", "logs:DescribeResourcePolicies", "logs:DescribeLogGroups",
+    "ecr:GetAuthorizationToken",
+}  # fmt: skip
+
+
+# cfn-lint as a module of this interpreter (the package ships no __main__).
+CFN_LINT = [sys.executable, "-c", "import sys; from cfnlint.runner import main; sys.argv[0] = 'cfn-lint'; main()"]
+
+
+def settings_of(env_name: str) -> EnvironmentSettings:
+    return resolve(ENVIRONMENTS, CDK_CONTEXT.get("environment_defaults"), env_name)
+
+
+def _worker_context() -> dict[str, Any]:
+    """dev with the optional Fargate worker switched on."""
+    dev = json.loads(json.dumps(ENVIRONMENTS["dev"]))
+    dev["worker"] = {"enabled": True, "image": WORKER_IMAGE, "min_tasks": 1, "max_tasks": 6}
+    return {"environments": {**ENVIRONMENTS, "dev": dev}}
+
+
+# Every synth the CDK tests use: (environment, directory under synth_root, extra context).
+SYNTHS = [(env, env, {}) for env in ENVIRONMENTS] + [("dev", "dev-worker", _worker_context())]
+
+
+@pytest.fixture(scope="session")
+def synth_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where this run's synths go. Under pytest-xdist the workers share it (their basetemps
+    have one parent, and the run has one id), so each environment is synthesized once a run;
+    each worker starts at a different synth, so they split the work instead of queueing."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent / f"agentq-cdk-{run}" if run else base / "agentq-cdk"
+    root.mkdir(exist_ok=True)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw"):
+        start = int(worker[2:]) * len(SYNTHS) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        for env, name, context in SYNTHS[start:] + SYNTHS[:start]:
+            synthesize(env, root / name, context=context)
+    return root
+
+
+@pytest.fixture(scope="module", params=list(ENVIRONMENTS))
+def synth(request: pytest.FixtureRequest, synth_root: Path) -> Synthesized:
+    return synthesize(request.param, synth_root / request.param)
+
+
+@pytest.fixture(scope="module")
+def template(synth: Synthesized) -> assertions.Template:
+    return assertions.Template.from_json(synth.template)
+
+
+@pytest.fixture(scope="module")
+def worker_synth(synth_root: Path) -> Synthesized:
+    return synthesize("dev", synth_root / "dev-worker", context=_worker_context())
+
+
+def _one(synth: Synthesized, type_: str, **match: Any) -> tuple[str, dict[str, Any]]:
+    found = [
+        (lid, r) for lid, r in synth.resources(type_).items()
+        if all(r["Properties"].get(k) == v for k, v in match.items())
+    ]  # fmt: skip
+    assert len(found) == 1, f"expected one {type_} with {match}, found {len(found)}"
+    return found[0]
+
+
+def _function(synth: Synthesized, name: str) -> tuple[str, dict[str, Any]]:
+    return _one(synth, "AWS::Lambda::Function", FunctionName=f"{settings_of(synth.env_name).prefix}-{name}")
+
+
+def _queue_ids(synth: Synthesized) -> dict[str, str]:
+    """Queue name -> logical id."""
+    return {r["Properties"]["QueueName"]: lid for lid, r in synth.resources("AWS::SQS::Queue").items()}
+
+
+# -- the app ---------------------------------------------------------------------------------
+
+
+def test_every_environment_synthesizes_its_own_stack(synth: Synthesized) -> None:
+    cfg = settings_of(synth.env_name)
+    assert synth.stack_name == f"agentq-{synth.env_name}"
+    names = {r["Properties"].get("TableName") for r in synth.resources("AWS::DynamoDB::Table").values()}
+    assert names == {cfg.names.table}
+
+
+def test_an_unknown_environment_is_refused_with_the_known_ones_named() -> None:
+    from app import build_app
+
+    with pytest.raises(SystemExit, match="unknown environment 'qa'; cdk.json defines: dev, staging, prod"):
+        build_app("qa")
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"executor": {"reserved_concurrency": 4}}, "tier_max_concurrency adds up past executor.reserved_concurrency"),
+        ({"executor": {"lease_seconds": 90}}, "lease_seconds must be below executor.visibility_seconds"),
+        ({"payload_expiration_days": 2}, "payload_expiration_days must be at least"),
+        ({"worker": {"enabled": True}}, "worker.image is required"),
+        ({"worker": {"heartbeat_seconds": 60}}, "heartbeat_seconds < lease_seconds < visibility_seconds"),
+        ({"log_retention_days": 10}, "log_retention_days must be one of"),
+        ({"executor": {"tier_max_concurrency": {"urgent": 2}}}, "must name exactly the tiers"),
+    ],
+)
+def test_inconsistent_settings_fail_with_the_field_named(override: dict[str, Any], message: str) -> None:
+    from pydantic import ValidationError
+
+    from infra.settings import deep_merge
+
+    envs = {"dev": deep_merge(ENVIRONMENTS["dev"], override)}
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        resolve(envs, CDK_CONTEXT.get("environment_defaults"), "dev")
+
+
+def test_no_account_or_region_is_hard_coded(synth: Synthesized) -> None:
+    cfg = settings_of(synth.env_name)
+    assert cfg.account is None and cfg.region is None
+    text = json.dumps(synth.template)
+    assert not re.search(r"[:/\"]\d{12}[:/.\"]", text), "an account id in the template"
+    assert not re.search(r"\b(?:us|eu|ap|sa|ca|me|af|il|mx)-(?:north|south|east|west|central|northeast|southeast)-\d\b", text)
+
+
+# -- state: table, bucket, queues ------------------------------------------------------------
+
+
+def test_table_is_on_demand_encrypted_recoverable_with_ttl_and_the_api_index(
+    synth: Synthesized, template: assertions.Template
+) -> None:
+    cfg = settings_of(synth.env_name)
+    template.has_resource(
+        "AWS::DynamoDB::Table",
+        {
+            "Properties": {
+                "TableName": cfg.names.table,
+                "BillingMode": "PAY_PER_REQUEST",
+                "KeySchema": TABLE_KEY_SCHEMA,
+                "PointInTimeRecoverySpecification": {"PointInTimeRecoveryEnabled": True},
+                "SSESpecification": {"SSEEnabled": True},
+                "TimeToLiveSpecification": {"AttributeName": TTL_ATTRIBUTE, "Enabled": True},
+                "DeletionProtectionEnabled": not cfg.destroy,
+            },
+            "DeletionPolicy": "Delete" if cfg.destroy else "Retain",
+            "UpdateReplacePolicy": "Delete" if cfg.destroy else "Retain",
+        },
+    )
+    _, table = _one(synth, "AWS::DynamoDB::Table")
+    props = table["Properties"]
+    assert sorted(props["AttributeDefinitions"], key=str) == sorted(TABLE_ATTRIBUTES, key=str)
+    assert props["GlobalSecondaryIndexes"] == TABLE_GSIS
+    gsi1 = next(g for g in props["GlobalSecondaryIndexes"] if g["IndexName"] == "gsi1")
+    assert [k["AttributeName"] for k in gsi1["KeySchema"]] == ["gsi1pk", "gsi1sk"]
+
+
+def test_payload_bucket_is_private_encrypted_tls_only_and_expires_payloads(
+    synth: Synthesized, template: assertions.Template
+) -> None:
+    cfg = settings_of(synth.env_name)
+    template.has_resource_properties(
+        "AWS::S3::Bucket",
+        {
+            "BucketEncryption": {"ServerSideEncryptionConfiguration": [{"ServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]},
+            "PublicAccessBlockConfiguration": {
+                "BlockPublicAcls": True, "BlockPublicPolicy": True, "IgnorePublicAcls": True, "RestrictPublicBuckets": True,
+            },
+            "LoggingConfiguration": Match.object_like({"LogFilePrefix": "payloads/"}),
+            "LifecycleConfiguration": {
+                "Rules": Match.array_with(
+                    [Match.object_like({"Prefix": "tasks/", "ExpirationInDays": cfg.payload_expiration_days, "Status": "Enabled"})]
+                )
+            },
+        },
+    )  # fmt: skip
+    # Every bucket denies plain HTTP.
+    for lid in synth.resources("AWS::S3::Bucket"):
+        template.has_resource_properties(
+            "AWS::S3::BucketPolicy",
+            {
+                "Bucket": {"Ref": lid},
+                "PolicyDocument": {
+                    "Statement": Match.array_with(
+                        [Match.object_like({"Effect": "Deny", "Action": "s3:*", "Condition": {"Bool": {"aws:SecureTransport": "false"}}})]
+                    )
+                },
+            },
+        )
+
+
+def test_each_tier_has_an_encrypted_tls_only_queue_and_dlq_with_the_redrive_policy(
+    synth: Synthesized, template: assertions.Template
+) -> None:
+    cfg = settings_of(synth.env_name)
+    ids = _queue_ids(synth)
+    for tier in TIERS:
+        queue_id, dlq_id = ids[cfg.names.queue(tier)], ids[cfg.names.dlq(tier)]
+        queue = synth.template["Resources"][queue_id]["Properties"]
+        assert queue["SqsManagedSseEnabled"] is True
+        assert queue["RedrivePolicy"] == {
+            "deadLetterTargetArn": {"Fn::GetAtt": [dlq_id, "Arn"]},
+            "maxReceiveCount": cfg.max_receive_count,
+        }
+        assert queue["MessageRetentionPeriod"] == cfg.queue_retention_seconds
+        dlq = synth.template["Resources"][dlq_id]["Properties"]
+        assert dlq["SqsManagedSseEnabled"] is True
+        assert dlq["MessageRetentionPeriod"] == cfg.dlq_retention_seconds
+        assert "RedrivePolicy" not in dlq
+        assert dlq["RedriveAllowPolicy"]["redrivePermission"] == "byQueue"
+        for lid in (queue_id, dlq_id):
+            template.has_resource_properties(
+                "AWS::SQS::QueuePolicy",
+                {
+                    "Queues": [{"Ref": lid}],
+                    "PolicyDocument": {
+                        "Statement": Match.array_with(
+                            [Match.object_like({"Effect": "Deny", "Condition": {"Bool": {"aws:SecureTransport": "false"}}})]
+                        )
+                    },
+                },
+            )
+
+
+def test_queue_visibility_covers_the_executor_slice(synth: Synthesized) -> None:
+    """A message must stay invisible for a whole Lambda invocation plus a margin, or a second
+    executor would receive it while the first still runs the slice."""
+    cfg = settings_of(synth.env_name)
+    _, executor = _function(synth, "executor")
+    timeout = executor["Properties"]["Timeout"]
+    assert timeout == cfg.executor.timeout_seconds
+    env = executor["Properties"]["Environment"]["Variables"]
+    assert int(env["AGENTQ_SLICE_MARGIN_SECONDS"]) < timeout
+    assert int(env["AGENTQ_LEASE_SECONDS"]) < int(env["AGENTQ_VISIBILITY_SECONDS"])
+    ids = _queue_ids(synth)
+    for tier in TIERS:
+        visibility = synth.template["Resources"][ids[cfg.names.queue(tier)]]["Properties"]["VisibilityTimeout"]
+        assert visibility >= timeout + cfg.executor.queue_visibility_margin_seconds > timeout
+
+
+# -- compute ---------------------------------------------------------------------------------
+
+
+def test_executor_reads_each_tier_queue_one_message_at_a_time_with_partial_failures(
+    synth: Synthesized, template: assertions.Template
+) -> None:
+    cfg = settings_of(synth.env_name)
+    executor_id, _ = _function(synth, "executor")
+    ids = _queue_ids(synth)
+    mappings = synth.resources("AWS::Lambda::EventSourceMapping")
+    assert len(mappings) == len(TIERS)
+    for tier in TIERS:
+        template.has_resource_properties(
+            "AWS::Lambda::EventSourceMapping",
+            {
+                "EventSourceArn": {"Fn::GetAtt": [ids[cfg.names.queue(tier)], "Arn"]},
+                "FunctionName": {"Ref": executor_id},
+                "BatchSize": 1,
+                "FunctionResponseTypes": ["ReportBatchItemFailures"],
+                "ScalingConfig": {"MaximumConcurrency": cfg.executor.tier_max_concurrency[tier]},
+            },
+        )
+
+
+def test_reserved_concurrency_is_the_environments(synth: Synthesized) -> None:
+    cfg = settings_of(synth.env_name)
+    _, executor = _function(synth, "executor")
+    assert executor["Properties"].get("ReservedConcurrentExecutions") == cfg.executor.reserved_concurrency
+    assert ENVIRONMENTS[synth.env_name]["executor"]["reserved_concurrency"] == cfg.executor.reserved_concurrency
+    assert sum(cfg.executor.tier_max_concurrency.values()) <= cfg.executor.reserved_concurrency
+
+
+def test_functions_run_python_312_traced_with_both_layers_and_their_environment(synth: Synthesized) -> None:
+    cfg = settings_of(synth.env_name)
+    machine_id, _ = _one(synth, "AWS::StepFunctions::StateMachine")
+    table_id, _ = _one(synth, "AWS::DynamoDB::Table")
+    layers = set(synth.resources("AWS::Lambda::LayerVersion"))
+    assert len(layers) == 2
+    for name in ("executor", "api", "authorizer"):
+        _, fn = _function(synth, name)
+        props = fn["Properties"]
+        assert props["Runtime"] == "python3.12"
+        assert props["TracingConfig"] == {"Mode": "Active"}
+        assert props["Architectures"] == [cfg.architecture]
+        assert {ref["Ref"] for ref in props["Layers"]} == layers
+        env = props["Environment"]["Variables"]
+        assert env["AGENTQ_TABLE"] == {"Ref": table_id}
+        assert env["AGENTQ_PREFIX"] == cfg.prefix
+        assert env["POWERTOOLS_SERVICE_NAME"] == f"agentq-{name}"
+        assert env["POWERTOOLS_METRICS_NAMESPACE"] == "agentq"
+        if name != "authorizer":
+            assert env["AGENTQ_STATE_MACHINE_ARN"] == {"Ref": machine_id}  # no ListStateMachines at cold start
+            assert "AGENTQ_BUCKET" in env
+    _, executor = _function(synth, "executor")
+    env = executor["Properties"]["Environment"]["Variables"]
+    assert env["AGENTQ_MAX_RECEIVE_COUNT"] == str(cfg.max_receive_count)
+    assert env.get("AGENTQ_EVENT_BUS") == cfg.event_bus
+
+
+def test_every_function_handler_is_a_module_in_functions(synth: Synthesized) -> None:
+    for name in ("executor", "api", "authorizer"):
+        _, fn = _function(synth, name)
+        module, _, attr = fn["Properties"]["Handler"].rpartition(".")
+        path = ROOT / "functions" / (module.replace(".", "/") + ".py")
+        assert path.exists(), f"{fn['Properties']['Handler']}: {path} is missing"
+        assert f"def {attr}(" in path.read_text()
+
+
+def test_deps_layer_holds_the_third_party_packages_for_the_lambda_platform(synth: Synthesized) -> None:
+    layer = synth.deps_layer
+    if not layer["built"]:
+        pytest.skip(f"dependencies layer not checked: {layer['message']} (the stack synthesized with a placeholder)")
+    site = Path(layer["path"]) / "python"
+    for package in ("pydantic", "pydantic_core", "aws_lambda_powertools", "aws_xray_sdk", "anthropic", "yaml"):
+        assert (site / package).is_dir(), f"{package} missing from the layer"
+    machine = "aarch64" if settings_of(synth.env_name).architecture == "arm64" else "x86_64"
+    assert any(p.name.endswith(f"312-{machine}-linux-gnu.so") for p in (site / "pydantic_core").iterdir())
+    assert not (site / "botocore").exists(), "the runtime's botocore must not be shadowed"
+
+
+# -- permissions -----------------------------------------------------------------------------
+
+
+def _statements(synth: Synthesized) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for lid, policy in synth.resources("AWS::IAM::Policy").items():
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+            out.append((lid, statement))
+    for lid, role in synth.resources("AWS::IAM::Role").items():
+        for inline in role["Properties"].get("Policies", []):
+            for statement in inline["PolicyDocument"]["Statement"]:
+                out.append((lid, statement))
+    return out
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def test_no_statement_grants_star_resources_or_actions_beyond_what_aws_requires(synth: Synthesized) -> None:
+    for lid, statement in _statements(synth):
+        actions = set(_as_list(statement["Action"]))
+        assert not any(a == "*" or a.endswith(":*") for a in actions), f"{lid}: wildcard action {actions}"
+        if "*" in _as_list(statement["Resource"]):
+            assert actions <= STAR_ONLY_ACTIONS, f"{lid}: {actions - STAR_ONLY_ACTIONS} on Resource '*'"
+
+
+def _role_statements(synth: Synthesized, name: str) -> list[dict[str, Any]]:
+    _, fn = _function(synth, name)
+    role_id = fn["Properties"]["Role"]["Fn::GetAtt"][0]
+    return [
+        s for lid, policy in synth.resources("AWS::IAM::Policy").items()
+        if {"Ref": role_id} in policy["Properties"]["Roles"]
+        for s in policy["Properties"]["PolicyDocument"]["Statement"]
+    ]  # fmt: skip
+
+
+def _actions(statements: list[dict[str, Any]]) -> set[str]:
+    return {a for s in statements for a in _as_list(s["Action"])}
+
+
+def test_each_function_gets_only_what_its_code_calls(synth: Synthesized) -> None:
+    authorizer = _actions(_role_statements(synth, "authorizer"))
+    assert authorizer - {"xray:PutTraceSegments", "xray:PutTelemetryRecords"} == {
+        "dynamodb:GetItem", "logs:CreateLogStream", "logs:PutLogEvents",
+    }  # fmt: skip
+    api = _actions(_role_statements(synth, "api"))
+    assert {"dynamodb:Query", "dynamodb:UpdateItem", "s3:PutObject", "sqs:SendMessage", "states:StopExecution"} <= api
+    assert not api & {"sqs:ReceiveMessage", "sqs:DeleteMessage", "states:StartExecution", "bedrock:InvokeModel", "dynamodb:Scan"}
+    executor = _actions(_role_statements(synth, "executor"))
+    assert {
+        "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query", "dynamodb:BatchGetItem",
+        "dynamodb:DeleteItem", "dynamodb:ConditionCheckItem", "s3:GetObject", "s3:PutObject",
+        "sqs:SendMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueUrl",
+        "states:StartExecution", "states:StopExecution", "states:SendTaskSuccess", "states:SendTaskFailure",
+        "bedrock:InvokeModel",
+    } <= executor  # fmt: skip
+    assert "states:ListStateMachines" not in executor  # the ARN comes in the environment
+    assert not executor & {"dynamodb:Scan", "s3:DeleteObject", "sqs:PurgeQueue", "sqs:DeleteQueue"}
+
+
+def test_table_and_payload_grants_name_this_environments_resources(synth: Synthesized) -> None:
+    table_id, _ = _one(synth, "AWS::DynamoDB::Table")
+    for name in ("executor", "api"):
+        for statement in _role_statements(synth, name):
+            actions = _as_list(statement["Action"])
+            resources = json.dumps(statement["Resource"])
+            if any(a.startswith("dynamodb:") for a in actions):
+                assert table_id in resources and '"*"' not in resources
+            if any(a.startswith("s3:") for a in actions):
+                assert resources.endswith('/tasks/*"]]}') or "/tasks/*" in resources
+
+
+# -- fan-out ---------------------------------------------------------------------------------
+
+
+def _resolve_string(value: Any) -> str:
+    """A template string: plain, or an Fn::Join whose parts are plain (no tokens expected)."""
+    if isinstance(value, str):
+        return value
+    parts = value["Fn::Join"][1]
+    assert all(isinstance(p, str) for p in parts), f"unexpected token in {value}"
+    return str(value["Fn::Join"][0]).join(parts)
+
+
+def test_state_machine_runs_the_same_asl_as_the_local_stack(synth: Synthesized, template: assertions.Template) -> None:
+    cfg = settings_of(synth.env_name)
+    _, machine = _one(synth, "AWS::StepFunctions::StateMachine")
+    props = machine["Properties"]
+    assert props["StateMachineName"] == cfg.names.state_machine
+    assert json.loads(_resolve_string(props["DefinitionString"])) == fanout_definition()
+    assert props["TracingConfiguration"] == {"Enabled": True}
+    assert props["LoggingConfiguration"]["Level"] == "ALL"
+    role_id = props["RoleArn"]["Fn::GetAtt"][0]
+    sends = [
+        s for policy in synth.resources("AWS::IAM::Policy").values()
+        if {"Ref": role_id} in policy["Properties"]["Roles"]
+        for s in policy["Properties"]["PolicyDocument"]["Statement"] if "sqs:SendMessage" in _as_list(s["Action"])
+    ]  # fmt: skip
+    ids = _queue_ids(synth)
+    assert len(sends) == 1 and sends[0]["Action"] == "sqs:SendMessage"
+    assert sorted(sends[0]["Resource"], key=str) == sorted(
+        ({"Fn::GetAtt": [ids[cfg.names.queue(t)], "Arn"]} for t in TIERS), key=str
+    )
+
+
+# -- API -------------------------------------------------------------------------------------
+
+
+def test_api_is_authorized_logged_throttled_and_validates_submissions(
+    synth: Synthesized, template: assertions.Template
+) -> None:
+    cfg = settings_of(synth.env_name)
+    template.has_resource_properties(
+        "AWS::ApiGateway::Authorizer",
+        {"Type": "TOKEN", "IdentitySource": "method.request.header.Authorization",
+         "AuthorizerResultTtlInSeconds": cfg.api.authorizer_cache_seconds},
+    )  # fmt: skip
+    authorizer_id, _ = _one(synth, "AWS::ApiGateway::Authorizer")
+    methods = synth.resources("AWS::ApiGateway::Method")
+    assert methods
+    for lid, method in methods.items():
+        assert method["Properties"]["AuthorizationType"] == "CUSTOM", lid
+        assert method["Properties"]["AuthorizerId"] == {"Ref": authorizer_id}, lid
+    submit = [m["Properties"] for m in methods.values() if m["Properties"]["HttpMethod"] == "POST"]
+    assert len(submit) == 1 and "RequestValidatorId" in submit[0]
+    assert list(submit[0]["RequestModels"]) == ["application/json"]
+    template.has_resource_properties("AWS::ApiGateway::RequestValidator", {"ValidateRequestBody": True})
+    template.has_resource_properties(
+        "AWS::ApiGateway::Model",
+        {"Schema": Match.object_like({"type": "object", "required": ["goal"],
+                                      "properties": Match.object_like({"goal": Match.object_like({"type": "string", "minLength": 1})})})},
+    )  # fmt: skip
+    template.has_resource_properties(
+        "AWS::ApiGateway::Stage",
+        {
+            "StageName": cfg.api.stage_name,
+            "TracingEnabled": True,
+            "AccessLogSetting": Match.object_like({"DestinationArn": Match.any_value(), "Format": Match.string_like_regexp("tenant")}),
+            "MethodSettings": Match.array_with(
+                [
+                    Match.object_like({"HttpMethod": "*", "ResourcePath": "/*", "ThrottlingRateLimit": cfg.api.throttle_rate_limit,
+                                       "ThrottlingBurstLimit": cfg.api.throttle_burst_limit, "LoggingLevel": "ERROR"}),
+                    Match.object_like({"HttpMethod": "POST", "ResourcePath": "/~1tasks", "ThrottlingRateLimit": cfg.api.submit_rate_limit,
+                                       "ThrottlingBurstLimit": cfg.api.submit_burst_limit}),
+                ]
+            ),
+        },
+    )  # fmt: skip
+    responses = {r["Properties"]["ResponseType"] for r in synth.resources("AWS::ApiGateway::GatewayResponse").values()}
+    assert {"BAD_REQUEST_BODY", "UNAUTHORIZED", "ACCESS_DENIED", "THROTTLED"} <= responses
+    assert bool(synth.resources("AWS::WAFv2::WebACLAssociation")) is cfg.api.waf
+
+
+# -- observability ---------------------------------------------------------------------------
+
+
+def _metric(alarm: dict[str, Any]) -> tuple[str, str, str]:
+    """(namespace, metric name, statistic) of a single-metric alarm, in either rendering."""
+    if "MetricName" in alarm:
+        return alarm["Namespace"], alarm["MetricName"], alarm.get("ExtendedStatistic") or alarm["Statistic"]
+    (stat,) = [m["MetricStat"] for m in alarm["Metrics"] if "MetricStat" in m]
+    return stat["Metric"]["Namespace"], stat["Metric"]["MetricName"], stat["Stat"]
+
+
+def _alarms(synth: Synthesized) -> dict[str, dict[str, Any]]:
+    return {r["Properties"]["AlarmName"]: r["Properties"] for r in synth.resources("AWS::CloudWatch::Alarm").values()}
+
+
+def test_alarms_cover_dlqs_queue_age_errors_tenant_caps_and_fanout_failures(synth: Synthesized) -> None:
+    cfg = settings_of(synth.env_name)
+    alarms = _alarms(synth)
+    topic_id, _ = _one(synth, "AWS::SNS::Topic")
+    p = cfg.prefix
+    for tier in TIERS:
+        dlq = alarms[f"{p}-{tier}-dlq-not-empty"]
+        assert _metric(dlq) == ("AWS/SQS", "ApproximateNumberOfMessagesVisible", "Maximum") and dlq["Threshold"] == 1
+        assert dlq["Dimensions"][0]["Value"]["Fn::GetAtt"][1] == "QueueName"
+        age = alarms[f"{p}-{tier}-queue-starved"]
+        assert _metric(age)[:2] == ("AWS/SQS", "ApproximateAgeOfOldestMessage")
+        assert age["Threshold"] == cfg.alarms.pickup_objective_seconds[tier] + cfg.executor.timeout_seconds
+    error_rate = alarms[f"{p}-executor-error-rate"]
+    assert error_rate["Threshold"] == cfg.alarms.executor_error_rate_percent
+    assert {m.get("MetricStat", {}).get("Metric", {}).get("MetricName") for m in error_rate["Metrics"]} >= {"Errors", "Invocations"}
+    soft_cap = alarms[f"{p}-tenant-soft-cap"]
+    assert _metric(soft_cap) == ("agentq", "tenant_soft_cap_crossed", "Sum") and soft_cap["Threshold"] == 1
+    assert soft_cap["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+    fanout = alarms[f"{p}-fanout-executions-failed"]
+    assert _metric(fanout) == ("AWS/States", "ExecutionsFailed", "Sum")
+    assert _metric(alarms[f"{p}-pickup-latency"]) == ("agentq", "pickup_latency", "p99")
+    for name, alarm in alarms.items():
+        assert {"Ref": topic_id} in alarm["AlarmActions"], name
+        assert alarm["TreatMissingData"] == "notBreaching", name
+
+
+def test_alarm_topic_is_encrypted_with_a_key_cloudwatch_may_use(synth: Synthesized, template: assertions.Template) -> None:
+    key_id, _ = _one(synth, "AWS::KMS::Key")
+    template.has_resource_properties("AWS::SNS::Topic", {"KmsMasterKeyId": {"Fn::GetAtt": [key_id, "Arn"]}})
+    template.has_resource_properties(
+        "AWS::KMS::Key",
+        {"EnableKeyRotation": True, "KeyPolicy": {"Statement": Match.array_with(
+            [Match.object_like({"Principal": {"Service": "cloudwatch.amazonaws.com"}})])}},
+    )  # fmt: skip
+
+
+def test_dashboard_shows_queues_executor_outcomes_latency_and_active_tasks(synth: Synthesized) -> None:
+    cfg = settings_of(synth.env_name)
+    _, dashboard = _one(synth, "AWS::CloudWatch::Dashboard", DashboardName=f"{cfg.prefix}-overview")
+    body = json.dumps(dashboard["Properties"]["DashboardBody"])
+    for metric in (
+        "ApproximateNumberOfMessagesVisible", "ApproximateAgeOfOldestMessage", "ApproximateNumberOfMessagesNotVisible",
+        "Invocations", "Errors", "Throttles", "Duration",
+        "tasks_succeeded", "tasks_failed", "tasks_cost_exceeded", "tasks_timed_out", "tasks_cancelled",
+        "steps_committed", "pickup_latency", "resume_latency", "dlq_moves", "budget_refusals", "tenant_soft_cap_crossed",
+    ):  # fmt: skip
+        assert f'\\"{metric}\\"' in body, metric
+    assert "p99" in body
+
+
+# -- cdk-nag and cfn-lint --------------------------------------------------------------------
+
+
+def test_cdk_nag_aws_solutions_is_clean_and_every_acknowledgement_has_a_reason(synth: Synthesized) -> None:
+    reports = {r["pluginName"]: r for r in synth.validation["pluginReports"]}
+    nag = reports["AwsSolutions"]
+    assert nag["conclusion"] == "success"
+    assert nag["violations"] == []
+    for suppressed in nag.get("suppressedViolations", []):
+        assert len(suppressed.get("reason", "")) >= 40, suppressed["ruleName"]
+
+
+def test_cdk_nag_fails_the_synth_on_an_unacknowledged_finding() -> None:
+    """The plugin is wired: a non-compliant resource makes synth raise."""
+    import aws_cdk as cdk
+    from aws_cdk import aws_sqs as sqs
+    from cdk_nag import AwsSolutionsChecks
+
+    app = cdk.App()
+    cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    stack = cdk.Stack(app, "bad")
+    sqs.Queue(stack, "PlainQueue", encryption=sqs.QueueEncryption.UNENCRYPTED)
+    with pytest.raises(RuntimeError, match="ValidationFailed"):
+        app.synth()
+
+
+def test_cfn_lint_is_clean(synth_root: Path) -> None:
+    paths = [str(synthesize(env, synth_root / env).template_path) for env in ENVIRONMENTS]
+    proc = subprocess.run(
+        [*CFN_LINT, "--ignore-checks", "W3005", "--", *paths],
+        capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# -- the optional worker ---------------------------------------------------------------------
+
+
+def test_optional_fargate_worker_scales_on_queue_depth_and_passes_nag_and_lint(worker_synth: Synthesized) -> None:
+    template = assertions.Template.from_json(worker_synth.template)
+    template.resource_count_is("AWS::ECS::Service", 1)
+    template.has_resource_properties(
+        "AWS::ECS::TaskDefinition",
+        {"ContainerDefinitions": [Match.object_like({
+            "Image": WORKER_IMAGE,
+            "Command": ["agentq", "worker", "--concurrency", "256", "--heartbeat", "10.0", "--lease", "30.0",
+                        "--visibility", "40", "--max-receive-count", "5"],
+            "StopTimeout": 120,
+            "LogConfiguration": Match.object_like({"LogDriver": "awslogs"}),
+        })], "RuntimePlatform": {"CpuArchitecture": "ARM64", "OperatingSystemFamily": "LINUX"}},
+    )  # fmt: skip
+    template.has_resource_properties("AWS::ApplicationAutoScaling::ScalableTarget", {"MinCapacity": 1, "MaxCapacity": 6})
+    policies = [r["Properties"] for r in worker_synth.resources("AWS::ApplicationAutoScaling::ScalingPolicy").values()]
+    assert policies and all(p["PolicyType"] == "StepScaling" for p in policies)
+    depth_alarms = [
+        a["Properties"] for a in worker_synth.resources("AWS::CloudWatch::Alarm").values()
+        if "ApproximateNumberOfMessagesNotVisible" in json.dumps(a["Properties"].get("Metrics", []))
+    ]  # fmt: skip
+    assert len(depth_alarms) == 2  # scale-out and scale-in on the backlog expression
+    task_role = [
+        s for r in worker_synth.resources("AWS::IAM::Policy").values()
+        if "WorkerTaskTaskRole" in json.dumps(r["Properties"]["Roles"])
+        for s in r["Properties"]["PolicyDocument"]["Statement"]
+    ]  # fmt: skip
+    assert "sqs:ReceiveMessage" in _actions(task_role)
+    assert worker_synth.validation["pluginReports"][0]["violations"] == []
+    proc = subprocess.run(
+        [*CFN_LINT, "--ignore-checks", "W3005", "--", str(worker_synth.template_path)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_worker_is_absent_unless_enabled(synth: Synthesized) -> None:
+    assert not synth.resources("AWS::ECS::Service")
+    assert not synth.resources("AWS::EC2::VPC")
