@@ -27,7 +27,15 @@ _lock = threading.Lock()
 events_log = logging.getLogger("agentq.events")  # powertools' metric set is a plain dict shared by all threads
 
 
+def _enabled() -> bool:
+    """Record only where the metrics go somewhere: Lambda (flushed per invocation) or a worker
+    with AGENTQ_EMF=1. Otherwise powertools would print EMF to stdout every 100 values."""
+    return bool(os.environ.get("AGENTQ_EMF") == "1" or os.environ.get("AWS_LAMBDA_FUNCTION_NAME"))
+
+
 def record_run(run: RunResult) -> None:
+    if not _enabled():
+        return
     with _lock:
         metrics.add_metric(name=f"runs_{run.outcome}", unit=MetricUnit.Count, value=1)
         if run.steps_committed:
@@ -44,11 +52,15 @@ def record_run(run: RunResult) -> None:
 
 
 def record_dead_letter() -> None:
+    if not _enabled():
+        return
     with _lock:
         metrics.add_metric(name="dlq_moves", unit=MetricUnit.Count, value=1)
 
 
 def record_tenant_refusal(tenant: str) -> None:
+    if not _enabled():
+        return
     with _lock:
         metrics.add_metric(name="budget_refusals", unit=MetricUnit.Count, value=1)
 
@@ -56,8 +68,9 @@ def record_tenant_refusal(tenant: str) -> None:
 def tenant_soft_cap_crossed(tenant: str, held: int, cap: int) -> None:
     """A metric for the alarm and an event for whoever subscribes (EventBridge when
     AGENTQ_EVENT_BUS is set; always a structured log line)."""
-    with _lock:
-        metrics.add_metric(name="tenant_soft_cap_crossed", unit=MetricUnit.Count, value=1)
+    if _enabled():
+        with _lock:
+            metrics.add_metric(name="tenant_soft_cap_crossed", unit=MetricUnit.Count, value=1)
     emit_event("TenantSoftCapCrossed", {"tenant": tenant, "tokens_this_hour": held, "hourly_cap": cap})
 
 

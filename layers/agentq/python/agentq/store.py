@@ -140,7 +140,9 @@ class Store:
         ]
         if root_id == task_id:
             items.append(self._budget_put(task_id, submission.constraints.max_tokens))
-        self.ddb.transact_write_items(TransactItems=items)
+        # botocore retries a timed-out transaction; the token makes a retry of one that did
+        # go through succeed instead of failing its own attribute_not_exists conditions.
+        self.ddb.transact_write_items(TransactItems=items, ClientRequestToken=request_token("create", task_id))
         return Task.model_validate({**meta, "submission": submission})
 
     @staticmethod
@@ -553,7 +555,9 @@ class Store:
         if settle is not None or reserve_next:
             items.append(self._budget_update(root_id, settle or NO_USAGE, reserve_next))
         try:
-            self.ddb.transact_write_items(TransactItems=items)
+            self.ddb.transact_write_items(
+                TransactItems=items, ClientRequestToken=request_token("commit", lease.task_id, lease.epoch, number, reserve_next)
+            )
         except ClientError as exc:
             reasons = _cancellation_codes(exc)
             if reserve_next and reasons[2:3] == ["ConditionalCheckFailed"] and "ConditionalCheckFailed" not in reasons[:2]:
@@ -1289,6 +1293,13 @@ class Store:
         ):
             out.extend(page["Items"])
         return out
+
+
+def request_token(*parts: object) -> str:
+    """A TransactWriteItems idempotency token (at most 36 characters) for one logical write."""
+    import hashlib
+
+    return hashlib.sha256(":".join(map(str, parts)).encode()).hexdigest()[:36]
 
 
 def _budget_state(item: dict[str, Any]) -> BudgetState:

@@ -91,6 +91,13 @@ class SlotPool:
                 self.waiting[tier] -= 1
                 self._cond.notify_all()
 
+    def probe(self, tier: str) -> None:
+        """One slot for an idle tier's long poll, outside the contest for the pool: a tier
+        whose queue was empty must not keep a busy tier from its last free slots. At most one
+        probe per tier, so the pool can run ``capacity + len(tiers)`` tasks at the most."""
+        with self._cond:
+            self.in_use[tier] += 1
+
     def _next_tier(self) -> str:
         """Among waiting tiers, the one using least of its share (ties: higher priority)."""
         candidates = [t for t in self.weights if self.waiting[t] > 0]
@@ -253,9 +260,13 @@ class Worker:
 
     def _poll(self, tier: str) -> None:
         url = self.queues.url(tier)
-        want = 1  # an idle tier probes with one slot, so its long poll does not sit on the pool
+        idle = True  # an idle tier probes with one slot of its own, outside the pool's contest
         while not self.stopping.is_set():
-            granted = self.slots.acquire(tier, want, timeout=0.5)
+            if idle:
+                self.slots.probe(tier)
+                granted = 1
+            else:
+                granted = self.slots.acquire(tier, 10, timeout=0.5)
             if not granted:
                 continue
             try:
@@ -274,7 +285,7 @@ class Worker:
                 continue
             messages = resp.get("Messages", [])
             self.slots.release(tier, granted - len(messages))
-            want = 10 if messages else 1
+            idle = not messages
             for message in messages:
                 if self.stopping.is_set():  # hand it straight back: another worker takes it now
                     self._safe(lambda m=message: self.queues.change_visibility(tier, m["ReceiptHandle"], 0))
