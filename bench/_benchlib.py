@@ -24,7 +24,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,11 +31,11 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import botocore.client
-
-from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
+from agentq.local.moto_server import MotoServer
 from agentq.local.stack import LocalStack
 from agentq.serdes import to_item
 from agentq.store import META, Store, task_pk
+from agentq.worker import WorkerConfig
 
 BENCH_DIR = Path(__file__).resolve().parent
 COUNTING_WORKER = BENCH_DIR / "_counting_worker.py"
@@ -185,29 +184,8 @@ class BenchMotoServer(MotoServer):
 
     mode: str = "fast"
 
-    def start(self, timeout: float = 30.0) -> "BenchMotoServer":
-        env = {**os.environ, **LOCAL_CREDENTIALS, "MOTO_PORT": str(self.port)}
-        self.process = subprocess.Popen(
-            [sys.executable, *MOTO_APPS[self.mode], "-H", "127.0.0.1", "-p", str(self.port)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"moto server exited with code {self.process.returncode}")
-            try:
-                urllib.request.urlopen(f"{self.endpoint_url}/moto-api/", timeout=1).read()
-                break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            self.stop()
-            raise RuntimeError(f"moto server did not answer on port {self.port} within {timeout}s")
-        self._configure()
-        return self
+    def command(self) -> list[str]:
+        return [sys.executable, *MOTO_APPS[self.mode]]
 
 
 @dataclass
@@ -294,10 +272,9 @@ def patient_clients(stack: LocalStack, pool: int = 64, read_timeout: float = 900
     ``create_task`` fails with ConditionalCheckFailed although the task exists (unqueued).
     """
     import boto3
-    from botocore.config import Config
-
     from agentq.queue import TaskQueues
     from agentq.serdes import PayloadStore
+    from botocore.config import Config
 
     settings = stack.settings
     assert settings is not None
@@ -309,6 +286,13 @@ def patient_clients(stack: LocalStack, pool: int = 64, read_timeout: float = 900
 
     store = Store(make("dynamodb"), settings.table, PayloadStore(make("s3"), settings.bucket, settings.offload_threshold))
     return store, TaskQueues(make("sqs"), settings.names)
+
+
+def worker_config(args: Any) -> WorkerConfig:
+    """The worker settings every bench takes from --concurrency/--lease/--heartbeat/--visibility."""
+    return WorkerConfig(
+        concurrency=args.concurrency, lease_seconds=args.lease, heartbeat_seconds=args.heartbeat, visibility_seconds=args.visibility
+    )
 
 
 def settings_of(stack: LocalStack) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from _benchlib import (
+    worker_config,
     MOTO_MODES_HELP,
     BenchStack,
     JsonOut,
@@ -66,7 +67,6 @@ from agentq.models import TaskSubmission
 from agentq.resources import QueueSettings
 from agentq.runtime import build_registry
 from agentq.submit import submit
-from agentq.worker import WorkerConfig
 
 PROJECTION = ["status", "lease_expires", "lease_owner", "lease_epoch", "step", "heartbeat_at"]
 
@@ -288,9 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     if levels[-1] > args.concurrency:
         log(f"note: the top level {levels[-1]} is above the worker's concurrency {args.concurrency}")
 
-    config = WorkerConfig(
-        concurrency=args.concurrency, lease_seconds=args.lease, heartbeat_seconds=args.heartbeat, visibility_seconds=args.visibility
-    )
+    config = worker_config(args)
     sub = submission(args.turns, args.latency)
     with JsonOut(args.json) as out:
         stack = BenchStack(

@@ -166,13 +166,13 @@ from _benchlib import (  # noqa: E402
     MOTO_MODES_HELP,
     BenchStack,
     JsonOut,
-    fmt,
     log,
     machine,
     queue_depth,
     settings_line,
     settings_of,
     table,
+    worker_config,
 )
 from agentq.local.stack import LocalStack  # noqa: E402
 from agentq.models import LLMStep, Task, TaskSubmission  # noqa: E402
@@ -501,12 +501,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--sizes: each size must be in 1..100 (max_fanout and max_concurrency are capped at 100)")
 
     started = time.time()
-    config = WorkerConfig(
-        concurrency=args.concurrency,
-        lease_seconds=args.lease,
-        heartbeat_seconds=args.heartbeat,
-        visibility_seconds=args.visibility,
-    )
+    config = worker_config(args)
     with JsonOut(args.json) as out:
         install_counter()
         stack = FanoutStack(

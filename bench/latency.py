@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from _benchlib import (
+    worker_config,
     MOTO_MODES_HELP,
     BenchStack,
     InProcessCounter,
@@ -224,12 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         ap.error("--rate: numbers separated by commas")
 
-    config = WorkerConfig(
-        concurrency=args.concurrency,
-        lease_seconds=args.lease,
-        heartbeat_seconds=args.heartbeat,
-        visibility_seconds=args.visibility,
-    )
+    config = worker_config(args)
     with JsonOut(args.json) as out:
         counter = InProcessCounter().install()
         stack = BenchStack(

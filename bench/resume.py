@@ -34,6 +34,7 @@ import time
 from typing import Any
 
 from _benchlib import (
+    worker_config,
     MOTO_MODES_HELP,
     BenchStack,
     JsonOut,
@@ -203,9 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     if 2 * args.turns + 1 <= args.kill_step:
         ap.error("--kill-step must be below the task's step count (2 x turns + 1)")
 
-    config = WorkerConfig(
-        concurrency=args.concurrency, lease_seconds=args.lease, heartbeat_seconds=args.heartbeat, visibility_seconds=args.visibility
-    )
+    config = worker_config(args)
     sub = submission(args.turns, args.latency)
     with JsonOut(args.json) as out:
         stack = BenchStack(

@@ -38,10 +38,14 @@ class MotoServer:
     def endpoint_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def command(self) -> list[str]:
+        """The server program; subclasses may run another moto app."""
+        return [sys.executable, "-m", "agentq.local.moto_app"]
+
     def start(self, timeout: float = 30.0) -> "MotoServer":
         env = {**os.environ, **LOCAL_CREDENTIALS, "MOTO_PORT": str(self.port)}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "agentq.local.moto_app", "-H", "127.0.0.1", "-p", str(self.port)],
+            [*self.command(), "-H", "127.0.0.1", "-p", str(self.port)],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
