@@ -1,9 +1,14 @@
-"""The REST API: a TOKEN authorizer in front of every method, the API Lambda behind them.
+"""The REST API: a TOKEN authorizer in front of every method but /health and /openapi.json,
+the API Lambda behind them.
 
 Routes are the API Lambda's (``agentq.http_api``); the gateway proxies ``/{proxy+}`` and
-``/tasks/{proxy+}`` to it, so a new route needs no infrastructure change. ``POST /tasks``
-is declared on its own for a request model (an object with a non-empty ``goal``; the rest is
-validated by the API, which names the exact field) and its own throttle.
+``/tasks/{proxy+}`` to it, so a new route needs no infrastructure change. ``POST /tasks`` is
+declared on its own for its own throttle.
+
+Requests are validated by the API (powertools' resolver with the pydantic models its OpenAPI
+document is generated from), not by a gateway model: a gateway check could only answer
+"Invalid request body" with another status for the same mistake, where the API answers 422
+naming the exact field (``constraints.tools[1]``). One validator, one contract.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aws_cdk as cdk
-from agentq.models import TaskSubmission
+from agentq.http_api import PUBLIC_PATHS
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_wafv2 as wafv2
@@ -43,30 +48,10 @@ ACCESS_LOG_FORMAT = {
 
 # Gateway-generated errors in the API's own shape: {"error": {"code", "message"}}.
 GATEWAY_ERRORS: dict[str, tuple[apigw.ResponseType, str, str]] = {
-    "BadRequestBody": (apigw.ResponseType.BAD_REQUEST_BODY, "400", "invalid_body"),
     "Unauthorized": (apigw.ResponseType.UNAUTHORIZED, "401", "unauthorized"),
     "AccessDenied": (apigw.ResponseType.ACCESS_DENIED, "403", "forbidden"),
     "Throttled": (apigw.ResponseType.THROTTLED, "429", "throttled"),
 }
-
-
-def submission_schema() -> apigw.JsonSchema:
-    """The gateway's model of ``POST /tasks``: a JSON object whose required string fields
-    (per ``TaskSubmission``: ``goal``) are present and non-empty. Deliberately no more: every
-    other check is the API's, whose errors name the exact field, where a gateway rejection can
-    only say "Invalid request body" (plus the hint in GATEWAY_ERRORS)."""
-    schema = TaskSubmission.model_json_schema()
-    required = [name for name in schema.get("required", []) if schema["properties"][name].get("type") == "string"]
-    return apigw.JsonSchema(
-        schema=apigw.JsonSchemaVersion.DRAFT4,
-        title="TaskSubmission",
-        type=apigw.JsonSchemaType.OBJECT,
-        required=required,
-        properties={
-            name: apigw.JsonSchema(type=apigw.JsonSchemaType.STRING, min_length=schema["properties"][name].get("minLength"))
-            for name in required
-        },
-    )
 
 
 @dataclass
@@ -121,25 +106,21 @@ def build_api(scope: Construct, cfg: EnvironmentSettings, fns: Functions) -> Api
         ),
     )
     integration = apigw.LambdaIntegration(fns.api, proxy=True, allow_test_invoke=False)  # type: ignore[arg-type]
-    validator = rest_api.add_request_validator(
-        "BodyValidator", request_validator_name="body-and-parameters", validate_request_body=True, validate_request_parameters=True
-    )
-    submission = rest_api.add_model(
-        "TaskSubmissionModel", content_type="application/json", model_name="TaskSubmission", schema=submission_schema()
-    )
     tasks = rest_api.root.add_resource("tasks")
-    tasks.add_method("POST", integration, request_validator=validator, request_models={"application/json": submission})
+    tasks.add_method("POST", integration)
     tasks.add_method("GET", integration)
     tasks.add_proxy(default_integration=integration, any_method=True)
     rest_api.root.add_proxy(default_integration=integration, any_method=True)
+    # Liveness and the API's own description need no key (load balancers, client generators).
+    for path in PUBLIC_PATHS:
+        resource = rest_api.root.add_resource(path.strip("/"))
+        # NONE without an authorizer drops the API's default one (CDK's Method does exactly this).
+        resource.add_method("GET", integration, authorization_type=apigw.AuthorizationType.NONE)
 
     for cid, (response_type, status, code) in GATEWAY_ERRORS.items():
         # Gateway response templates only substitute variables; messageString is documented
         # as already quoted, so it is the one safe to embed in JSON.
         error = {"code": code, "message": "MESSAGE"}
-        if code == "invalid_body":
-            error["field"] = "body"
-            error["hint"] = "POST /tasks takes a JSON object with a non-empty string 'goal'"
         body = json.dumps({"error": error}).replace('"MESSAGE"', "$context.error.messageString")
         rest_api.add_gateway_response(cid, type=response_type, status_code=status, templates={"application/json": body})
 

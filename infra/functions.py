@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aws_cdk as cdk
+from agentq.defaults import Defaults
+from agentq.providers.keys import SECRET_VARIABLE
 from agentq.resources import TIERS
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
@@ -112,6 +114,30 @@ def event_bus_arn(cfg: EnvironmentSettings) -> str | None:
     return f"arn:{cdk.Aws.PARTITION}:events:{cdk.Aws.REGION}:{cdk.Aws.ACCOUNT_ID}:event-bus/{cfg.event_bus}"
 
 
+def anthropic_secret_arn(cfg: EnvironmentSettings) -> str:
+    """The named secret: Secrets Manager appends six random characters to a secret's ARN."""
+    name = cfg.anthropic_api_key_secret
+    return f"arn:{cdk.Aws.PARTITION}:secretsmanager:{cdk.Aws.REGION}:{cdk.Aws.ACCOUNT_ID}:secret:{name}-??????"
+
+
+def task_runner_env(cfg: EnvironmentSettings) -> dict[str, str]:
+    """What running tasks needs besides the resource names, in the executor and the worker alike."""
+    env = {
+        "AGENTQ_TASK_RETENTION_DAYS": str(cfg.task_retention_days),
+        **defaults_env(cfg),
+    }
+    if cfg.event_bus:
+        env["AGENTQ_EVENT_BUS"] = cfg.event_bus
+    if cfg.anthropic_api_key_secret:
+        env[SECRET_VARIABLE] = cfg.anthropic_api_key_secret
+    return env
+
+
+def defaults_env(cfg: EnvironmentSettings) -> dict[str, str]:
+    """budget_defaults as the AGENTQ_DEFAULT_* variables ``agentq.defaults.Defaults`` reads."""
+    return Defaults.model_validate(cfg.budget_defaults.model_dump()).env()
+
+
 def grant_task_runner(
     principal: iam.IGrantable, data: Data, machine: sfn.StateMachine, cfg: EnvironmentSettings, *, receive: bool
 ) -> None:
@@ -129,6 +155,12 @@ def grant_task_runner(
         ),
         iam.PolicyStatement(sid="Bedrock", actions=BEDROCK_ACTIONS, resources=bedrock_resources()),
     ]
+    if cfg.anthropic_api_key_secret:
+        statements.append(
+            iam.PolicyStatement(
+                sid="AnthropicApiKey", actions=["secretsmanager:GetSecretValue"], resources=[anthropic_secret_arn(cfg)]
+            )
+        )
     bus = event_bus_arn(cfg)
     if bus:
         statements.append(iam.PolicyStatement(sid="Events", actions=["events:PutEvents"], resources=[bus]))
@@ -192,17 +224,13 @@ def build_functions(
         "AGENTQ_BUCKET": data.payloads.bucket_name,
         "AGENTQ_STATE_MACHINE_ARN": machine.state_machine_arn,
         "AGENTQ_TASK_RETENTION_DAYS": str(cfg.task_retention_days),
-        "AGENTQ_DEFAULT_MAX_TOKENS": str(cfg.budget_defaults.max_tokens),
-        "AGENTQ_DEFAULT_MAX_STEPS": str(cfg.budget_defaults.max_steps),
-        "AGENTQ_DEFAULT_TIMEOUT_SECONDS": str(cfg.budget_defaults.timeout_seconds),
+        **defaults_env(cfg),
         "POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE,
         "POWERTOOLS_LOG_LEVEL": cfg.log_level,
         # LLM responses can be large; X-Ray segments cap at 64 KB. Spans keep the GenAI
         # attributes (model, tokens, stop reason) the code adds, not whole payloads.
         "POWERTOOLS_TRACER_CAPTURE_RESPONSE": "false",
     }
-    if cfg.budget_defaults.tenant_hourly_tokens is not None:
-        common["AGENTQ_DEFAULT_TENANT_HOURLY_TOKENS"] = str(cfg.budget_defaults.tenant_hourly_tokens)
 
     log_groups: dict[str, logs.LogGroup] = {}
 
@@ -239,9 +267,8 @@ def build_functions(
         "AGENTQ_VISIBILITY_SECONDS": str(ex.visibility_seconds),
         "AGENTQ_LEASE_SECONDS": str(ex.lease_seconds),
         "AGENTQ_MAX_RECEIVE_COUNT": str(cfg.max_receive_count),
+        **task_runner_env(cfg),
     }
-    if cfg.event_bus:
-        executor_env["AGENTQ_EVENT_BUS"] = cfg.event_bus
     executor = function(
         "executor",
         memory=ex.memory_mb,

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 import aws_cdk as cdk
 from constructs import IConstruct
 
+from agentq.http_api import PUBLIC_PATHS
+
 from infra.data import PAYLOAD_PREFIX
 
 if TYPE_CHECKING:
@@ -50,11 +52,21 @@ def acknowledge(stack: AgentqStack) -> None:
         _ack(role, "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:bedrock:*::foundation-model/anthropic.*]", "Tasks choose their Claude model at submit time, and cross-region inference profiles invoke the model in whichever region they route to; the grant is InvokeModel on Anthropic foundation models only.")  # type: ignore[arg-type]
         _ack(role, f"AwsSolutions-IAM5[Resource::{PARTITION_REGION_ACCOUNT.format(service='bedrock')}:inference-profile/*anthropic.*]", "Inference profiles for Anthropic models in this account and region (ids like us.anthropic.<model>); the model is chosen per task.")  # type: ignore[arg-type]
 
+    if cfg.anthropic_api_key_secret:
+        secret = f"Resource::{PARTITION_REGION_ACCOUNT.format(service='secretsmanager')}:secret:{cfg.anthropic_api_key_secret}-??????"
+        for role in runners:
+            _ack(role, f"AwsSolutions-IAM5[{secret}]", "Secrets Manager appends six random characters to a secret's ARN; the grant is GetSecretValue on the one named secret (anthropic_api_key_secret).")  # type: ignore[arg-type]
+
     _ack(stack.state_machine.role, "AwsSolutions-IAM5[Resource::*]", "Added by CDK for logging and tracing: CloudWatch Logs vended log delivery (logs:*LogDelivery, PutResourcePolicy, Describe*) and X-Ray accept only '*'. The machine's own work is sqs:SendMessage on the three tier queues.")
 
     api = stack.api.rest_api
     _ack(api, "AwsSolutions-COG4", "Callers are tenants holding API keys, verified by the TOKEN authorizer on every method (sha256 of the key looked up in the table, cached per key); there are no end users to put in a Cognito user pool.")
     _ack(api.node.find_child("CloudWatchRole"), "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AmazonAPIGatewayPushToCloudWatchLogs]", "The account-level role API Gateway uses to write execution logs; AWS maintains this service-role policy for exactly that and it grants nothing else.")
+    _ack(api, "AwsSolutions-APIG2", "Requests are validated by the API Lambda (pydantic models, the same ones its OpenAPI document is generated from), which answers 422 naming the exact field; a gateway model would answer the same mistakes with a 400 and no field.")
+    for path in PUBLIC_PATHS:
+        method = api.root.get_resource(path.strip("/")).node.find_child("GET")  # type: ignore[union-attr]
+        for rule in ("AwsSolutions-APIG4", "AwsSolutions-COG4"):
+            _ack(method, rule, f"GET {path} is public on purpose (liveness probes, client generators) and returns no tenant data; every other method needs a key.")
     if stack.api.web_acl is None:
         _ack(api, "AwsSolutions-APIG3", f"No WAF in {stack.env_name} (api.waf=false in cdk.json): every method needs a tenant key and stage and per-route throttles apply; prod attaches a WAFv2 web ACL.")
 

@@ -74,7 +74,9 @@ class ApiSettings(_Strict):
     throttle_burst_limit: int = Field(100, ge=1)
     submit_rate_limit: float = Field(20, gt=0, description="POST /tasks requests per second")
     submit_burst_limit: int = Field(40, ge=1)
-    authorizer_cache_seconds: int = Field(300, ge=0, le=3600)
+    authorizer_cache_seconds: int = Field(
+        60, ge=0, le=300, description="a revoked key keeps working for up to this long (API Gateway caches the decision)"
+    )
     waf: bool = Field(False, description="attach a WAFv2 web ACL (managed rules + per-IP rate limit)")
     waf_rate_limit_per_5_minutes: int = Field(2000, ge=10)
 
@@ -160,6 +162,12 @@ class EnvironmentSettings(_Strict):
     queue_retention_seconds: int = Field(QueueSettings().retention_seconds, ge=60, le=1_209_600)
     dlq_retention_seconds: int = Field(QueueSettings().dlq_retention_seconds, ge=60, le=1_209_600)
     event_bus: str | None = Field("default", description="EventBridge bus for agentq events; null: none")
+    anthropic_api_key_secret: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9/_+=.@-]{1,512}$",
+        description="name of a Secrets Manager secret holding the Anthropic API key (provider=anthropic); "
+        "null: only Bedrock (and scripted) tasks can run",
+    )
     executor: ExecutorSettings = Field(default_factory=ExecutorSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     alarms: AlarmSettings = Field(default_factory=AlarmSettings)

@@ -25,7 +25,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra.data import Data
-from infra.functions import METRICS_NAMESPACE, grant_task_runner, log_retention
+from infra.functions import METRICS_NAMESPACE, grant_task_runner, log_retention, task_runner_env
 from infra.settings import EnvironmentSettings
 
 ECR_IMAGE = re.compile(r"^(?P<account>\d{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/(?P<repo>[^:@]+)")
@@ -84,15 +84,13 @@ def build_worker(
         "AGENTQ_TABLE": data.table.table_name,
         "AGENTQ_BUCKET": data.payloads.bucket_name,
         "AGENTQ_STATE_MACHINE_ARN": machine.state_machine_arn,
-        "AGENTQ_TASK_RETENTION_DAYS": str(cfg.task_retention_days),
+        **task_runner_env(cfg),
         "AGENTQ_EMF": "1",  # the worker prints EMF lines; the awslogs driver ships them
         "AWS_REGION": cdk.Aws.REGION,
         "POWERTOOLS_SERVICE_NAME": "agentq-worker",
         "POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE,
         "POWERTOOLS_LOG_LEVEL": cfg.log_level,
     }
-    if cfg.event_bus:
-        environment["AGENTQ_EVENT_BUS"] = cfg.event_bus
     task_def.add_container(
         "worker",
         image=ecs.ContainerImage.from_registry(w.image),

@@ -17,7 +17,9 @@ from agentq.runtime import Settings, build_fanout, build_queues, build_registry,
 logger = Logger(service="agentq-api")
 _settings = Settings.from_env()
 app = build_app(
-    build_store(_settings), build_registry(_settings), build_queues(_settings), build_fanout(_settings), default_tenant=None
+    build_store(_settings), build_registry(_settings), build_queues(_settings), build_fanout(_settings),
+    default_tenant=None,
+    defaults=_settings.defaults,
 )
 
 

@@ -18,10 +18,10 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from agentq.dispatch import Dispatcher
-from agentq.engine import Engine, EngineConfig
+from agentq.engine import Engine
 from agentq.observe import metrics, record_dead_letter
 from agentq.resources import QueueSettings
-from agentq.runtime import Settings, build_fanout, build_queues, build_registry, build_store
+from agentq.runtime import Settings, build_fanout, build_queues, build_registry, build_store, engine_config
 
 logger = Logger(service="agentq-executor")
 # Batch size 1: a failed record is the whole batch; report it, do not raise (no error alarm noise).
@@ -47,7 +47,7 @@ class _Runtime:
             self.store,
             worker_id=f"lambda:{os.environ.get('AWS_LAMBDA_LOG_STREAM_NAME', os.getpid())}",
             tools=build_registry(self.settings),
-            config=EngineConfig(lease_seconds=LEASE_SECONDS, slice_margin_seconds=SLICE_MARGIN_SECONDS),
+            config=engine_config(self.settings, lease_seconds=LEASE_SECONDS, slice_margin_seconds=SLICE_MARGIN_SECONDS),
             fanout=build_fanout(self.settings),
         )
         max_receive = int(os.environ.get("AGENTQ_MAX_RECEIVE_COUNT", QueueSettings().max_receive_count))

@@ -189,7 +189,8 @@ class Client:
         """Submit a task: a ``TaskSubmission``, a dict of one, or its fields as keywords
         (``client.submit(goal="...", provider="anthropic")``)."""
         if isinstance(submission, TaskSubmission):
-            body: dict[str, Any] = submission.model_dump(mode="json", exclude_none=True)
+            # Only what the caller set: the server fills the rest with its deployment's defaults.
+            body: dict[str, Any] = submission.model_dump(mode="json", exclude_none=True, exclude_unset=True)
         else:
             body = dict(submission or {})
         body.update(fields)

@@ -54,6 +54,7 @@ class EngineConfig:
     lease_seconds: float = 30.0
     heartbeat_seconds: float | None = None  # default: a third of the lease
     slice_margin_seconds: float = 30.0  # stop this long before the caller's deadline
+    default_tenant_limits: TenantLimits | None = None  # for tenants without limits of their own
 
 
 @dataclass
@@ -208,7 +209,7 @@ class Engine:
         self.prices = prices or load_price_table()
         self.config = config
         self.fanout = fanout
-        self.windows = TenantWindows(store.ddb, store.table)
+        self.windows = TenantWindows(store.ddb, store.table, default=config.default_tenant_limits)
 
     # ------------------------------------------------------------------ entry
 
@@ -401,9 +402,9 @@ class Engine:
         est_in, _ = self._wanted_reservation(s)
         max_out = max(MIN_OUTPUT_TOKENS, min(s.task.submission.constraints.max_output_tokens, reserved - est_in))
         request = self._request(s, max_out)
-        provider = self.providers(s.task.submission)
         started = time.time()
         try:
+            provider = self.providers(s.task.submission)  # may fail too (a key it cannot read)
             response = provider.complete(request)
         except ProviderError as exc:
             self._release_inflight(s)

@@ -55,6 +55,7 @@ from agentq.api_models import (
     TracePage,
 )
 from agentq.errors import AgentqError, IdempotencyConflict, IllegalTransition, TaskNotFound, ValidationError
+from agentq.defaults import Defaults
 from agentq.models import TaskStatus, TaskSubmission
 from agentq.providers.scripted import builtin_script_names
 from agentq.queue import TaskQueues
@@ -218,9 +219,11 @@ def build_app(
     fanout: Any = None,
     *,
     default_tenant: str | None = None,
+    defaults: Defaults = Defaults(),
 ) -> AgentqResolver:
     """The API over ``store``. ``default_tenant`` serves requests that carry no authorizer
-    context (never in AWS, where the authorizer always sets one; ``None`` answers 401)."""
+    context (never in AWS, where the authorizer always sets one; ``None`` answers 401).
+    ``defaults`` fill the constraints a submission leaves out (the deployment's budget_defaults)."""
     app = AgentqResolver(default_tenant=default_tenant)
     app.configure_openapi(
         title="agentq",
@@ -269,11 +272,13 @@ def build_app(
         who = tenant()
         _builtin_script_only(submission.script)
         created = True
+        # The key's hash is of the request as sent: a retry matches even if defaults changed.
+        digest = hashlib.sha256(submission.model_dump_json(exclude_none=True).encode()).hexdigest()
+        submission = defaults.apply(submission)
         if idempotency_key is None:
             task = submit(store, tools, submission, tenant=who, queues=queues)
         else:
             check_submission(submission, tools)
-            digest = hashlib.sha256(submission.model_dump_json(exclude_none=True).encode()).hexdigest()
             task, created = store.create_task_idempotent(submission, tenant=who, key=idempotency_key, request_hash=digest)
             if created:
                 try:

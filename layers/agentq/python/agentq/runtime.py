@@ -10,16 +10,21 @@ from __future__ import annotations
 import importlib
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import boto3
 from botocore.config import Config
 
+from agentq.defaults import Defaults
 from agentq.queue import TaskQueues
 from agentq.resources import ResourceNames
 from agentq.serdes import DEFAULT_OFFLOAD_THRESHOLD, PayloadStore
 from agentq.store import Store
 from agentq.tools import ToolRegistry, default_registry
+
+if TYPE_CHECKING:
+    from agentq.engine import EngineConfig
+
 
 def boto_config(pool: int = 64) -> Config:
     """Standard retries; a connection pool as large as the number of threads that share it."""
@@ -36,6 +41,7 @@ class Settings:
     offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD
     tool_modules: tuple[str, ...] = ()
     state_machine_arn: str | None = None  # default: looked up by name ({prefix}-fanout)
+    defaults: Defaults = Defaults()  # AGENTQ_DEFAULT_*: what submissions and tenants leave out
 
     @property
     def names(self) -> ResourceNames:
@@ -60,6 +66,7 @@ class Settings:
             offload_threshold=int(os.environ.get("AGENTQ_OFFLOAD_BYTES", DEFAULT_OFFLOAD_THRESHOLD)),
             tool_modules=modules,
             state_machine_arn=os.environ.get("AGENTQ_STATE_MACHINE_ARN") or None,
+            defaults=Defaults.from_env(),
         )
 
     def env(self) -> dict[str, str]:
@@ -72,6 +79,7 @@ class Settings:
             "AGENTQ_OFFLOAD_BYTES": str(self.offload_threshold),
             "AGENTQ_TOOL_MODULES": ",".join(self.tool_modules),
         }
+        out.update(self.defaults.env())
         if self.endpoint_url:
             out["AWS_ENDPOINT_URL"] = self.endpoint_url
         if self.state_machine_arn:
@@ -85,6 +93,13 @@ def session(settings: Settings) -> boto3.session.Session:
 
 def client(settings: Settings, service: str, sess: Any | None = None, pool: int = 64) -> Any:
     return (sess or session(settings)).client(service, endpoint_url=settings.endpoint_url, config=boto_config(pool))
+
+
+def engine_config(settings: Settings, **kwargs: Any) -> "EngineConfig":
+    """An EngineConfig carrying the deployment's defaults (tenant cap) plus ``kwargs``."""
+    from agentq.engine import EngineConfig
+
+    return EngineConfig(default_tenant_limits=settings.defaults.tenant_limits(), **kwargs)
 
 
 def build_store(settings: Settings, sess: Any | None = None, pool: int = 64) -> Store:

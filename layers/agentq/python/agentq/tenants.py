@@ -53,14 +53,17 @@ def seconds_to_next_hour(now: float) -> int:
 
 
 class TenantWindows:
-    def __init__(self, ddb: Any, table: str) -> None:
+    def __init__(self, ddb: Any, table: str, default: TenantLimits | None = None) -> None:
+        """``default`` applies to tenants with no LIMITS item of their own (the deployment's
+        ``budget_defaults.tenant_hourly_tokens``); None leaves them uncapped."""
         self.ddb = ddb
         self.table = table
+        self.default = default
 
     def limits(self, tenant: str) -> TenantLimits | None:
         resp = self.ddb.get_item(TableName=self.table, Key=to_item({"pk": f"TENANT#{tenant}", "sk": "LIMITS"}))
         if "Item" not in resp:
-            return None
+            return self.default
         data = from_item(resp["Item"])
         return TenantLimits(hourly_tokens=data["hourly_tokens"], soft_ratio=data.get("soft_ratio", 0.8))
 

@@ -28,11 +28,11 @@ from typing import Any, Iterator
 
 from agentq import observe
 from agentq.dispatch import Action, Dispatcher
-from agentq.engine import Engine, EngineConfig, RunResult, Session
+from agentq.engine import Engine, RunResult, Session
 from agentq.errors import LeaseLost
 from agentq.queue import TaskQueues
 from agentq.resources import TIERS, QueueSettings
-from agentq.runtime import Settings, build_fanout, build_queues, build_registry, build_store
+from agentq.runtime import Settings, build_fanout, build_queues, build_registry, build_store, engine_config
 
 log = logging.getLogger("agentq.worker")
 
@@ -214,7 +214,7 @@ class Worker:
             self.store,
             worker_id=worker_id(),
             tools=build_registry(settings),
-            config=EngineConfig(lease_seconds=config.lease_seconds, heartbeat_seconds=config.heartbeat_seconds),
+            config=engine_config(settings, lease_seconds=config.lease_seconds, heartbeat_seconds=config.heartbeat_seconds),
             fanout=build_fanout(settings, pool=pool),
         )
         self.dispatcher = Dispatcher(self.engine, self.queues, max_receive_count=config.max_receive_count)
@@ -348,7 +348,7 @@ def run_task(
         store,
         worker_id=worker_id(),
         tools=build_registry(settings),
-        config=EngineConfig(lease_seconds=lease_seconds),
+        config=engine_config(settings, lease_seconds=lease_seconds),
         fanout=build_fanout(settings),
     )
     give_up = time.monotonic() + wait_seconds

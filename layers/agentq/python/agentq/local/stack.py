@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentq.auth import KeyStore
+from agentq.defaults import Defaults
 from agentq.http_api import build_app
 from agentq.local.api_server import LocalApiServer
 from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
@@ -40,10 +41,15 @@ class LocalStack:
         for key, value in LOCAL_CREDENTIALS.items():
             os.environ.setdefault(key, value)
         self.moto.start()
-        self.settings = Settings.for_prefix(self.prefix, self.moto.endpoint_url, tool_modules=self.tool_modules)
+        self.settings = Settings.for_prefix(
+            self.prefix, self.moto.endpoint_url, tool_modules=self.tool_modules, defaults=Defaults.from_env()
+        )
         provision(session(self.settings), self.settings.names, endpoint_url=self.moto.endpoint_url, queues=self.queue_settings)
         if self.api:
-            app = build_app(self.store(), build_registry(self.settings), build_queues(self.settings), build_fanout(self.settings))
+            app = build_app(
+                self.store(), build_registry(self.settings), build_queues(self.settings), build_fanout(self.settings),
+                defaults=self.settings.defaults,
+            )
             authorizer = None
             if self.auth:
                 keys = self.keys()

@@ -7,6 +7,7 @@ from typing import Callable
 
 from agentq.models import TaskSubmission
 from agentq.providers.base import LLMProvider, LLMRequest, LLMResponse
+from agentq.providers.keys import anthropic_api_key
 from agentq.providers.scripted import ScriptedProvider, load_script
 
 ProviderFactory = Callable[[TaskSubmission], LLMProvider]
@@ -14,18 +15,20 @@ ProviderFactory = Callable[[TaskSubmission], LLMProvider]
 
 def default_provider_factory(submission: TaskSubmission) -> LLMProvider:
     """Scripted tasks get their script; Anthropic and Bedrock read their settings from the
-    environment (ANTHROPIC_API_KEY / ANTHROPIC_BASE_URL, AWS_REGION), the SDKs' own convention."""
+    environment (ANTHROPIC_API_KEY / ANTHROPIC_BASE_URL, AWS_REGION), the SDKs' own convention,
+    and in AWS the Anthropic key from Secrets Manager (``anthropic_api_key``)."""
     if submission.provider == "scripted":
         assert submission.script is not None
         return ScriptedProvider(load_script(submission.script))
     from agentq.providers.anthropic_provider import AnthropicProvider, BedrockProvider
 
     if submission.provider == "anthropic":
-        return AnthropicProvider(base_url=os.environ.get("ANTHROPIC_BASE_URL"))
+        return AnthropicProvider(api_key=anthropic_api_key(), base_url=os.environ.get("ANTHROPIC_BASE_URL"))
     return BedrockProvider(base_url=os.environ.get("AGENTQ_BEDROCK_BASE_URL"))
 
 
 __all__ = [
+    "anthropic_api_key",
     "LLMProvider",
     "LLMRequest",
     "LLMResponse",

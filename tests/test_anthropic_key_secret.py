@@ -1,0 +1,107 @@
+"""In AWS the Anthropic API key lives in Secrets Manager (the stack names the secret in
+AGENTQ_ANTHROPIC_API_KEY_SECRET): a task with provider=anthropic sends that key, read through
+powertools parameters from moto's Secrets Manager, to a local Messages API; a secret that
+cannot be read makes the task retry, not fail, and the message names the secret."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+
+import boto3
+import pytest
+from aws_lambda_powertools.utilities.parameters import base as parameters_base
+
+from agentq.engine import Engine, EngineConfig
+from agentq.local.moto_server import MotoServer
+from agentq.models import TaskStatus, TaskSubmission
+from agentq.providers.keys import SECRET_VARIABLE
+from agentq.store import Store
+from agentq.tools import ToolRegistry
+
+from tests.fake_messages_api import FakeMessagesAPI, RecordedRequest, text_reply
+
+
+@pytest.fixture
+def messages_api() -> Iterator[FakeMessagesAPI]:
+    with FakeMessagesAPI() as server:
+        yield server
+
+
+@pytest.fixture
+def aws_env(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch, messages_api: FakeMessagesAPI) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server.endpoint_url)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", messages_api.base_url)
+    # powertools keeps one provider (and its cache) per process: start each test clean
+    monkeypatch.setattr(parameters_base, "DEFAULT_PROVIDERS", {})
+
+
+def _secret(value: str) -> str:
+    name = f"agentq/anthropic-{uuid.uuid4().hex[:8]}"
+    boto3.client("secretsmanager").create_secret(Name=name, SecretString=value)
+    return name
+
+
+def _task(store: Store) -> str:
+    submission = TaskSubmission(goal="say hi", provider="anthropic", model="claude-sonnet-4-6")
+    return store.create_task(submission, tenant="acme").task_id
+
+
+def sent_key(request: RecordedRequest) -> str | None:
+    """The key as the SDK sent it: ``x-api-key`` (older SDKs) or ``Authorization: Bearer``."""
+    bearer = request.headers.get("authorization", "")
+    return request.headers.get("x-api-key") or (bearer.removeprefix("Bearer ") if bearer.startswith("Bearer ") else None)
+
+
+def _engine(store: Store, registry: ToolRegistry) -> Engine:
+    return Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=5))
+
+
+@pytest.mark.parametrize("stored", ["sk-ant-from-secrets", json.dumps({"ANTHROPIC_API_KEY": "sk-ant-from-secrets"})])
+def test_the_key_in_the_named_secret_is_what_the_messages_api_receives(
+    aws_env: None, store: Store, registry: ToolRegistry, messages_api: FakeMessagesAPI, monkeypatch: pytest.MonkeyPatch, stored: str
+) -> None:
+    monkeypatch.setenv(SECRET_VARIABLE, _secret(stored))
+    messages_api.enqueue(text_reply("hi"))
+    task_id = _task(store)
+    result = _engine(store, registry).run(task_id)
+    assert result.status is TaskStatus.SUCCEEDED, result.error
+    assert [sent_key(r) for r in messages_api.requests] == ["sk-ant-from-secrets"]
+
+
+def test_an_environment_key_wins_over_the_secret(
+    aws_env: None, store: Store, registry: ToolRegistry, messages_api: FakeMessagesAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(SECRET_VARIABLE, _secret("sk-ant-from-secrets"))
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-from-env")
+    messages_api.enqueue(text_reply("hi"))
+    assert _engine(store, registry).run(_task(store)).status is TaskStatus.SUCCEEDED
+    assert [sent_key(r) for r in messages_api.requests] == ["sk-ant-from-env"]
+
+
+@pytest.mark.parametrize(
+    ("stored", "says"),
+    [(None, "cannot read the Anthropic API key from secret"), ('{"token": "x"}', "without a string field ANTHROPIC_API_KEY")],
+)
+def test_a_missing_or_malformed_secret_retries_the_task_naming_the_secret(
+    aws_env: None,
+    store: Store,
+    registry: ToolRegistry,
+    messages_api: FakeMessagesAPI,
+    monkeypatch: pytest.MonkeyPatch,
+    stored: str | None,
+    says: str,
+) -> None:
+    name = _secret(stored) if stored is not None else f"agentq/missing-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv(SECRET_VARIABLE, name)
+    task_id = _task(store)
+    result = _engine(store, registry).run(task_id)
+    assert result.outcome == "retry" and result.error is not None
+    assert says in result.error["message"] and name in result.error["message"]
+    task = store.get_task(task_id)
+    assert task.status is TaskStatus.RUNNING and task.lease_expires == 0 and task.inflight is None  # nothing held
+    assert store.get_budget(task_id).reserved == 0
+    assert messages_api.requests == []  # no call went out without a key
