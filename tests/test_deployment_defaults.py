@@ -145,3 +145,16 @@ def test_a_tenant_without_limits_gets_the_default_cap_and_its_own_limits_win(sto
 
     free = store.create_task(scripted(turns, tools=["lookup"], max_output_tokens=300), tenant="vip")
     assert engine.run(free.task_id).status is TaskStatus.SUCCEEDED
+
+
+def test_the_cli_refuses_a_bad_default_naming_the_variable_with_exit_2() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "AGENTQ_DEFAULT_MAX_STEPS": "many"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentq", "worker", "--concurrency", "1"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("agentq: AGENTQ_DEFAULT_MAX_STEPS: ") and "Traceback" not in proc.stderr
