@@ -10,15 +10,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import aws_cdk as cdk
-from agentq.resources import TABLE_ATTRIBUTES, TABLE_GSIS, TABLE_KEY_SCHEMA, TIERS, TTL_ATTRIBUTE
+from agentq.resources import (
+    PAYLOAD_PREFIX,
+    TABLE_ATTRIBUTES,
+    TABLE_GSIS,
+    TABLE_KEY_SCHEMA,
+    TABLE_STREAM_VIEW_TYPE,
+    TIERS,
+    TTL_ATTRIBUTE,
+)
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from infra.settings import EnvironmentSettings
-
-PAYLOAD_PREFIX = "tasks/"  # every key agentq.store offloads to S3 starts with this
 
 
 def table_attribute_types() -> dict[str, str]:
@@ -70,6 +76,8 @@ def build_data(scope: Construct, cfg: EnvironmentSettings) -> Data:
             point_in_time_recovery_enabled=True
         ),
         time_to_live_attribute=TTL_ATTRIBUTE,
+        # The reaper's trigger: TTL deletions of task META (infra/functions.py filters the rest).
+        stream=dynamodb.StreamViewType[TABLE_STREAM_VIEW_TYPE],
         deletion_protection=not cfg.destroy,
         removal_policy=removal,
     )

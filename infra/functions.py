@@ -1,4 +1,4 @@
-"""The Lambda layers, the three functions, and what each may do (least privilege).
+"""The Lambda layers, the four functions, and what each may do (least privilege).
 
 Each function gets its own role with only the actions its code path calls, on this
 deployment's resources (no ``*`` except X-Ray's, which AWS requires). The handlers in
@@ -7,22 +7,25 @@ deployment's resources (no ``*`` except X-Ray's, which AWS requires). The handle
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import aws_cdk as cdk
 from agentq.defaults import Defaults
 from agentq.providers.keys import SECRET_VARIABLE
-from agentq.resources import TIERS
+from agentq.resources import PAYLOAD_PREFIX, TIERS
+from agentq.retention import ttl_removal_pattern
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_event_sources as sources
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra.build_layers import CORE_LAYER_DIR, DepsLayer
-from infra.data import PAYLOAD_PREFIX, Data
+from infra.data import Data
 from infra.settings import EnvironmentSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +34,7 @@ HANDLERS = {
     "executor": "executor.handler.lambda_handler",
     "api": "api.handler.lambda_handler",
     "authorizer": "authorizer.handler.lambda_handler",
+    "reaper": "reaper.handler.lambda_handler",
 }
 RUNTIME = lambda_.Runtime.PYTHON_3_12  # the layers are built for cp312 (infra/build_layers.py)
 METRICS_NAMESPACE = "agentq"
@@ -60,6 +64,8 @@ class Functions:
     executor: lambda_.Function
     api: lambda_.Function
     authorizer: lambda_.Function
+    reaper: lambda_.Function
+    reaper_dlq: sqs.Queue  # stream batches the reaper gave up on (their shard and sequence range)
     core_layer: lambda_.LayerVersion
     deps_layer: lambda_.LayerVersion
     log_groups: dict[str, logs.LogGroup]
@@ -91,6 +97,12 @@ def table_resources(data: Data, *, indexes: bool) -> list[str]:
 
 def payload_objects(data: Data) -> str:
     return data.payloads.arn_for_objects(f"{PAYLOAD_PREFIX}*")
+
+
+# The reaper deletes a finished task's items (Query its partition, BatchWriteItem deletes, and
+# DeleteItem for META and the budget) and its payload objects (listed by prefix).
+REAPER_TABLE_ACTIONS = ["dynamodb:Query", "dynamodb:BatchWriteItem", "dynamodb:DeleteItem"]
+REAPER_PAYLOAD_ACTIONS = ["s3:DeleteObject"]
 
 
 def bedrock_resources() -> list[str]:
@@ -323,5 +335,70 @@ def build_functions(
     authorizer.add_to_role_policy(
         iam.PolicyStatement(sid="ApiKeys", actions=["dynamodb:GetItem"], resources=[data.table.table_arn])
     )
-    return Functions(executor, api, authorizer, core_layer, deps_layer, log_groups)
+    reaper, reaper_dlq = _reaper(scope, cfg, data, function, removal)
+    return Functions(executor, api, authorizer, reaper, reaper_dlq, core_layer, deps_layer, log_groups)
+
+
+def _reaper(
+    scope: Construct, cfg: EnvironmentSettings, data: Data, function: Callable[..., lambda_.Function], removal: cdk.RemovalPolicy
+) -> tuple[lambda_.Function, sqs.Queue]:
+    """The reaper on the table's stream: only TTL deletions of task META reach it (the filter
+    is ``agentq.retention.ttl_removal_pattern``); each one purges that task's remaining items,
+    its budget and its payloads. A batch that keeps failing is split in halves to isolate the
+    bad record, and one that still fails after the retries lands in the reaper DLQ."""
+    names = cfg.names
+    rc = cfg.reaper
+    reaper = function(
+        "reaper",
+        memory=rc.memory_mb,
+        timeout=rc.timeout_seconds,
+        env={
+            "AGENTQ_PREFIX": names.prefix,
+            "AGENTQ_TABLE": data.table.table_name,
+            "AGENTQ_BUCKET": data.payloads.bucket_name,
+            "AGENTQ_TASK_RETENTION_DAYS": str(cfg.task_retention_days),
+            "POWERTOOLS_LOG_LEVEL": cfg.log_level,
+            "POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE,
+        },
+        reserved=None,
+        description="agentq reaper: purges a task's items and payloads once TTL deleted its META",
+    )
+    reaper.add_to_role_policy(
+        iam.PolicyStatement(sid="PurgeTaskItems", actions=REAPER_TABLE_ACTIONS, resources=[data.table.table_arn])
+    )
+    reaper.add_to_role_policy(
+        iam.PolicyStatement(sid="DeletePayloads", actions=REAPER_PAYLOAD_ACTIONS, resources=[payload_objects(data)])
+    )
+    reaper.add_to_role_policy(
+        iam.PolicyStatement(
+            sid="ListPayloads",
+            actions=["s3:ListBucket"],
+            resources=[data.payloads.bucket_arn],
+            conditions={"StringLike": {"s3:prefix": [f"{PAYLOAD_PREFIX}*"]}},
+        )
+    )
+    dlq = sqs.Queue(
+        scope,
+        "ReaperDlq",
+        queue_name=f"{names.prefix}-reaper-dlq",
+        encryption=sqs.QueueEncryption.SQS_MANAGED,
+        enforce_ssl=True,
+        retention_period=cdk.Duration.seconds(cfg.dlq_retention_seconds),
+        removal_policy=removal,
+    )
+    reaper.add_event_source(
+        sources.DynamoEventSource(
+            data.table,
+            # From the oldest record the stream holds (24 h): a mapping created or re-enabled
+            # after some expiries still reaps them.
+            starting_position=lambda_.StartingPosition.TRIM_HORIZON,
+            batch_size=rc.batch_size,
+            bisect_batch_on_error=True,
+            retry_attempts=rc.retry_attempts,
+            report_batch_item_failures=True,
+            on_failure=sources.SqsDlq(dlq),
+            filters=[lambda_.FilterCriteria.filter(ttl_removal_pattern())],
+        )
+    )
+    return reaper, dlq
 

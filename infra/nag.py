@@ -11,11 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import aws_cdk as cdk
-from constructs import IConstruct
-
 from agentq.http_api import PUBLIC_PATHS
-
-from infra.data import PAYLOAD_PREFIX
+from agentq.resources import PAYLOAD_PREFIX
+from constructs import IConstruct
 
 if TYPE_CHECKING:
     from infra.stack import AgentqStack
@@ -39,9 +37,13 @@ def acknowledge(stack: AgentqStack) -> None:
     executions = f"Resource::{PARTITION_REGION_ACCOUNT.format(service='states')}:execution:{cfg.names.state_machine}:*"
     xray = "X-Ray PutTraceSegments/PutTelemetryRecords support no resource-level permissions: AWS requires '*'."
 
-    for fn in (fns.executor, fns.api, fns.authorizer):
+    for fn in (fns.executor, fns.api, fns.authorizer, fns.reaper):
         _ack(fn, "AwsSolutions-L1", "Python 3.12 on purpose: both layers are built for cp312 (infra/build_layers.py) and the suite runs against it; moving runtimes is a deliberate change of layers and runtime together.")
+    for fn in (fns.executor, fns.api, fns.authorizer):
         _ack(fn.role, "AwsSolutions-IAM5[Resource::*]", xray)  # type: ignore[arg-type]
+    _ack(fns.reaper.role, "AwsSolutions-IAM5[Resource::*]", xray + " dynamodb:ListStreams, which the stream event source mapping needs, has no resource-level permissions either; reading the stream (DescribeStream/GetRecords/GetShardIterator) is granted on this table's stream only.")  # type: ignore[arg-type]
+    _ack(fns.reaper.role, f"AwsSolutions-IAM5[{payload_objects}]", f"The reaper deletes the payloads of one expired task at a time, keyed {PAYLOAD_PREFIX}<task_id>/...; the grant is DeleteObject on that prefix of this environment's bucket only (and ListBucket only with s3:prefix {PAYLOAD_PREFIX}*).")  # type: ignore[arg-type]
+    _ack(fns.reaper_dlq, "AwsSolutions-SQS3", "This queue is a dead-letter queue: the on-failure destination of the reaper's stream event source mapping (cdk-nag only recognises an SQS redrive policy). A DLQ of a DLQ would add nothing; its depth is alarmed.")
     runners = [fns.executor.role]
     if stack.worker is not None:
         runners.append(stack.worker.task_definition.task_role)

@@ -121,6 +121,13 @@ def build_observability(
             f"slice ({cfg.executor.timeout_seconds} s): consumers are stuck, throttled or absent",
             periods=evaluation,
         )
+    alarm(
+        "ReaperDlqNotEmpty",
+        fns.reaper_dlq.metric_approximate_number_of_messages_visible(period=ONE_MINUTE, statistic="Maximum"),
+        cfg.alarms.dlq_messages,
+        "the reaper gave up on a stream batch: some expired tasks' items and payloads were not deleted. "
+        "Runbook: docs/DEPLOY.md#runbook-a-message-in-the-reaper-dlq",
+    )
     pickup_p99 = agentq_metric("pickup_latency", "p99", FIVE_MINUTES, "pickup latency p99")
     alarm(
         "PickupLatency",
@@ -191,8 +198,9 @@ def build_observability(
             width=8,
         ),
         cw.GraphWidget(
-            title="DLQ depth per tier",
-            left=[data.dlqs[t].metric_approximate_number_of_messages_visible(period=ONE_MINUTE, statistic="Maximum", label=t) for t in TIERS],
+            title="DLQ depth per tier, and the reaper's",
+            left=[data.dlqs[t].metric_approximate_number_of_messages_visible(period=ONE_MINUTE, statistic="Maximum", label=t) for t in TIERS]
+            + [fns.reaper_dlq.metric_approximate_number_of_messages_visible(period=ONE_MINUTE, statistic="Maximum", label="reaper")],
             width=8,
         ),
     )

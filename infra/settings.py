@@ -98,6 +98,15 @@ class AlarmSettings(_Strict):
         return self
 
 
+class ReaperSettings(_Strict):
+    """The reaper: purges a task once DynamoDB TTL has deleted its META (agentq.retention)."""
+
+    memory_mb: int = Field(256, ge=128, le=10240)
+    timeout_seconds: int = Field(300, ge=30, le=900, description="one batch of purges")
+    batch_size: int = Field(10, ge=1, le=100, description="stream records (expired tasks) per invocation")
+    retry_attempts: int = Field(5, ge=0, le=10_000, description="then the batch goes to the reaper DLQ")
+
+
 class BudgetDefaults(_Strict):
     """Handed to the functions as AGENTQ_DEFAULT_* environment variables."""
 
@@ -172,6 +181,7 @@ class EnvironmentSettings(_Strict):
     api: ApiSettings = Field(default_factory=ApiSettings)
     alarms: AlarmSettings = Field(default_factory=AlarmSettings)
     budget_defaults: BudgetDefaults = Field(default_factory=BudgetDefaults)
+    reaper: ReaperSettings = Field(default_factory=ReaperSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
 
     @model_validator(mode="after")

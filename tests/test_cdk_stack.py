@@ -21,7 +21,17 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 from agentq.defaults import Defaults
 from agentq.models import TaskSubmission
-from agentq.resources import TABLE_ATTRIBUTES, TABLE_GSIS, TABLE_KEY_SCHEMA, TIERS, TTL_ATTRIBUTE, fanout_definition
+from agentq.resources import (
+    PAYLOAD_PREFIX,
+    TABLE_ATTRIBUTES,
+    TABLE_GSIS,
+    TABLE_KEY_SCHEMA,
+    TABLE_STREAM_VIEW_TYPE,
+    TIERS,
+    TTL_ATTRIBUTE,
+    fanout_definition,
+)
+from agentq.retention import ttl_removal_pattern
 from aws_cdk import assertions
 from aws_cdk.assertions import Match
 
@@ -39,7 +49,9 @@ STAR_ONLY_ACTIONS = {
     "logs:CreateLogDelivery", "logs:GetLogDelivery", "logs:UpdateLogDelivery", "logs:DeleteLogDelivery",
     "logs:ListLogDeliveries", "logs:PutResourcePolicy", "logs:DescribeResourcePolicies", "logs:DescribeLogGroups",
     "ecr:GetAuthorizationToken",
+    "dynamodb:ListStreams",  # what a stream event source mapping needs besides the stream's own actions
 }  # fmt: skip
+FUNCTIONS = ("executor", "api", "authorizer", "reaper")
 
 
 # cfn-lint as a module of this interpreter (the package ships no __main__).
@@ -282,7 +294,7 @@ def test_executor_reads_each_tier_queue_one_message_at_a_time_with_partial_failu
     cfg = settings_of(synth.env_name)
     executor_id, _ = _function(synth, "executor")
     ids = _queue_ids(synth)
-    mappings = synth.resources("AWS::Lambda::EventSourceMapping")
+    mappings = [m for m in synth.resources("AWS::Lambda::EventSourceMapping").values() if m["Properties"]["FunctionName"] == {"Ref": executor_id}]
     assert len(mappings) == len(TIERS)
     for tier in TIERS:
         template.has_resource_properties(
@@ -311,7 +323,7 @@ def test_functions_run_python_312_traced_with_both_layers_and_their_environment(
     table_id, _ = _one(synth, "AWS::DynamoDB::Table")
     layers = set(synth.resources("AWS::Lambda::LayerVersion"))
     assert len(layers) == 2
-    for name in ("executor", "api", "authorizer"):
+    for name in FUNCTIONS:
         _, fn = _function(synth, name)
         props = fn["Properties"]
         assert props["Runtime"] == "python3.12"
@@ -323,9 +335,11 @@ def test_functions_run_python_312_traced_with_both_layers_and_their_environment(
         assert env["AGENTQ_PREFIX"] == cfg.prefix
         assert env["POWERTOOLS_SERVICE_NAME"] == f"agentq-{name}"
         assert env["POWERTOOLS_METRICS_NAMESPACE"] == "agentq"
-        if name != "authorizer":
+        if name in ("executor", "api"):
             assert env["AGENTQ_STATE_MACHINE_ARN"] == {"Ref": machine_id}  # no ListStateMachines at cold start
+        if name != "authorizer":
             assert "AGENTQ_BUCKET" in env
+            assert env["AGENTQ_TASK_RETENTION_DAYS"] == str(cfg.task_retention_days)
     _, executor = _function(synth, "executor")
     env = executor["Properties"]["Environment"]["Variables"]
     assert env["AGENTQ_MAX_RECEIVE_COUNT"] == str(cfg.max_receive_count)
@@ -333,7 +347,7 @@ def test_functions_run_python_312_traced_with_both_layers_and_their_environment(
 
 
 def test_every_function_handler_is_a_module_in_functions(synth: Synthesized) -> None:
-    for name in ("executor", "api", "authorizer"):
+    for name in FUNCTIONS:
         _, fn = _function(synth, name)
         module, _, attr = fn["Properties"]["Handler"].rpartition(".")
         path = ROOT / "functions" / (module.replace(".", "/") + ".py")
@@ -412,18 +426,110 @@ def test_each_function_gets_only_what_its_code_calls(synth: Synthesized) -> None
     } <= executor  # fmt: skip
     assert "states:ListStateMachines" not in executor  # the ARN comes in the environment
     assert not executor & {"dynamodb:Scan", "s3:DeleteObject", "sqs:PurgeQueue", "sqs:DeleteQueue"}
+    reaper = _actions(_role_statements(synth, "reaper"))
+    assert reaper - {"xray:PutTraceSegments", "xray:PutTelemetryRecords"} == {
+        "logs:CreateLogStream", "logs:PutLogEvents",
+        "dynamodb:Query", "dynamodb:BatchWriteItem", "dynamodb:DeleteItem",
+        "dynamodb:DescribeStream", "dynamodb:GetRecords", "dynamodb:GetShardIterator", "dynamodb:ListStreams",
+        "s3:DeleteObject", "s3:ListBucket",
+        "sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl",
+    }  # fmt: skip
 
 
 def test_table_and_payload_grants_name_this_environments_resources(synth: Synthesized) -> None:
     table_id, _ = _one(synth, "AWS::DynamoDB::Table")
-    for name in ("executor", "api"):
+    for name in ("executor", "api", "reaper"):
         for statement in _role_statements(synth, name):
             actions = _as_list(statement["Action"])
+            if "dynamodb:ListStreams" in actions:
+                continue  # no resource-level permission (see STAR_ONLY_ACTIONS)
             resources = json.dumps(statement["Resource"])
             if any(a.startswith("dynamodb:") for a in actions):
                 assert table_id in resources and '"*"' not in resources
-            if any(a.startswith("s3:") for a in actions):
+            if actions == ["s3:ListBucket"]:  # on the bucket, for the payload prefix only
+                assert statement["Condition"] == {"StringLike": {"s3:prefix": [f"{PAYLOAD_PREFIX}*"]}}
+            elif any(a.startswith("s3:") for a in actions):
                 assert resources.endswith('/tasks/*"]]}') or "/tasks/*" in resources
+
+
+# -- retention: TTL on META, the stream, the reaper ---------------------------------------------
+
+
+def _reaper_mapping(synth: Synthesized) -> dict[str, Any]:
+    reaper_id, _ = _function(synth, "reaper")
+    (mapping,) = [
+        m["Properties"] for m in synth.resources("AWS::Lambda::EventSourceMapping").values()
+        if m["Properties"]["FunctionName"] == {"Ref": reaper_id}
+    ]  # fmt: skip
+    return mapping
+
+
+def test_table_streams_keys_only_for_the_reaper(synth: Synthesized, template: assertions.Template) -> None:
+    """Keys are all the reaper reads (the task id is in pk) and all its filter matches on; an
+    image would put goals and results of every write on the stream for nothing."""
+    template.has_resource_properties(
+        "AWS::DynamoDB::Table",
+        {"StreamSpecification": {"StreamViewType": TABLE_STREAM_VIEW_TYPE},
+         "TimeToLiveSpecification": {"AttributeName": TTL_ATTRIBUTE, "Enabled": True}},
+    )  # fmt: skip
+    assert TABLE_STREAM_VIEW_TYPE == "KEYS_ONLY"
+
+
+def test_only_ttl_deletions_of_task_meta_reach_the_reaper(synth: Synthesized) -> None:
+    table_id, _ = _one(synth, "AWS::DynamoDB::Table")
+    mapping = _reaper_mapping(synth)
+    assert mapping["EventSourceArn"] == {"Fn::GetAtt": [table_id, "StreamArn"]}
+    (only,) = mapping["FilterCriteria"]["Filters"]
+    pattern = json.loads(only["Pattern"])
+    assert pattern == ttl_removal_pattern()
+    assert pattern == {
+        "eventName": ["REMOVE"],
+        "userIdentity": {"type": ["Service"], "principalId": ["dynamodb.amazonaws.com"]},
+        "dynamodb": {"Keys": {"pk": {"S": [{"prefix": "TASK#"}]}, "sk": {"S": ["META"]}}},
+    }
+
+
+def test_a_failing_reaper_batch_is_bisected_retried_then_dead_lettered(synth: Synthesized, template: assertions.Template) -> None:
+    cfg = settings_of(synth.env_name)
+    dlq_id = _queue_ids(synth)[f"{cfg.prefix}-reaper-dlq"]
+    mapping = _reaper_mapping(synth)
+    assert mapping["StartingPosition"] == "TRIM_HORIZON"
+    assert mapping["BatchSize"] == cfg.reaper.batch_size
+    assert mapping["BisectBatchOnFunctionError"] is True
+    assert mapping["MaximumRetryAttempts"] == cfg.reaper.retry_attempts
+    assert mapping["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+    assert mapping["DestinationConfig"] == {"OnFailure": {"Destination": {"Fn::GetAtt": [dlq_id, "Arn"]}}}
+    template.has_resource_properties(
+        "AWS::SQS::Queue",
+        {"QueueName": f"{cfg.prefix}-reaper-dlq", "SqsManagedSseEnabled": True, "MessageRetentionPeriod": cfg.dlq_retention_seconds},
+    )
+    template.has_resource_properties(
+        "AWS::SQS::QueuePolicy",
+        {"Queues": [{"Ref": dlq_id}], "PolicyDocument": {"Statement": Match.array_with(
+            [Match.object_like({"Effect": "Deny", "Condition": {"Bool": {"aws:SecureTransport": "false"}}})])}},
+    )  # fmt: skip
+    alarm = _alarms(synth)[f"{cfg.prefix}-reaper-dlq-not-empty"]
+    assert _metric(alarm) == ("AWS/SQS", "ApproximateNumberOfMessagesVisible", "Maximum")
+    assert alarm["Dimensions"][0]["Value"] == {"Fn::GetAtt": [dlq_id, "QueueName"]}
+
+
+def test_the_reaper_may_delete_task_items_and_payloads_and_nothing_else(synth: Synthesized) -> None:
+    table_id, _ = _one(synth, "AWS::DynamoDB::Table")
+    bucket_id = next(lid for lid in synth.resources("AWS::S3::Bucket") if lid.startswith("Payloads"))
+    statements = {s.get("Sid"): s for s in _role_statements(synth, "reaper")}
+    purge = statements["PurgeTaskItems"]
+    assert sorted(_as_list(purge["Action"])) == ["dynamodb:BatchWriteItem", "dynamodb:DeleteItem", "dynamodb:Query"]
+    assert purge["Resource"] == {"Fn::GetAtt": [table_id, "Arn"]}  # the table, not its indexes
+    delete = statements["DeletePayloads"]
+    assert delete["Action"] == "s3:DeleteObject"
+    assert delete["Resource"] == {"Fn::Join": ["", [{"Fn::GetAtt": [bucket_id, "Arn"]}, f"/{PAYLOAD_PREFIX}*"]]}
+    listing = statements["ListPayloads"]
+    assert listing["Resource"] == {"Fn::GetAtt": [bucket_id, "Arn"]}
+    assert listing["Condition"] == {"StringLike": {"s3:prefix": [f"{PAYLOAD_PREFIX}*"]}}
+    stream = [s for s in statements.values() if "dynamodb:GetRecords" in _as_list(s["Action"])]
+    assert [s["Resource"] for s in stream] == [{"Fn::GetAtt": [table_id, "StreamArn"]}]
+    writes = {"dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:GetItem", "dynamodb:Scan", "s3:PutObject", "s3:GetObject"}
+    assert not _actions(list(statements.values())) & writes
 
 
 # -- fan-out ---------------------------------------------------------------------------------
@@ -543,6 +649,7 @@ def test_alarms_cover_dlqs_queue_age_errors_tenant_caps_and_fanout_failures(synt
     soft_cap = alarms[f"{p}-tenant-soft-cap"]
     assert _metric(soft_cap) == ("agentq", "tenant_soft_cap_crossed", "Sum") and soft_cap["Threshold"] == 1
     assert soft_cap["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+    assert f"{p}-reaper-dlq-not-empty" in alarms
     fanout = alarms[f"{p}-fanout-executions-failed"]
     assert _metric(fanout) == ("AWS/States", "ExecutionsFailed", "Sum")
     assert _metric(alarms[f"{p}-pickup-latency"]) == ("agentq", "pickup_latency", "p99")

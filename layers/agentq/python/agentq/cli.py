@@ -224,6 +224,23 @@ def _final(view: Any) -> int:
     return 0 if view.status.value == "succeeded" else 1
 
 
+def _cmd_purge(args: argparse.Namespace) -> int:
+    from agentq.retention import TASK_PK_PREFIX, purge_task
+    from agentq.runtime import Settings, build_store
+
+    store = build_store(Settings.from_env(), pool=4)
+    results = []
+    for raw in args.task_ids:
+        task_id = raw.removeprefix(TASK_PK_PREFIX)  # as the stream's keys name it, or bare
+        result = purge_task(store, task_id)  # a live task raises IllegalTransition: exit 1
+        results.append(result)
+        if not args.json:
+            print(f"{task_id}: {result.items} item(s), {result.budget} budget, {result.objects} payload object(s) deleted")
+    if args.json:
+        print(json.dumps([r.model_dump() for r in results]))
+    return 0
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     from agentq.cli_views import status_block
 
@@ -649,6 +666,13 @@ def build_parser() -> argparse.ArgumentParser:
     dlq_redrive = dlq_sub.add_parser("redrive", help="move DLQ messages back; their tasks resume from their checkpoints")
     dlq_redrive.add_argument("--tier", choices=["high", "normal", "low"], help="one tier only")
     dlq.set_defaults(func=_cmd_dlq)
+
+    purge = command("purge", "delete what finished tasks left behind: items, budget, payloads (AGENTQ_* and AWS_* settings)",
+                    "delete everything finished tasks left behind (their items, budget and S3 payloads), as the "
+                    "reaper does once TTL removed their META; refuses a task that is not finished")  # fmt: skip
+    purge.add_argument("task_ids", nargs="+", metavar="TASK_ID", help="task ids (or TASK#<id> as a stream record names them)")
+    purge.add_argument("--json", action="store_true", help="print what was deleted as JSON")
+    purge.set_defaults(func=_cmd_purge)
 
     dev = command("dev", "start the local stack (moto, queues, table, workers, API) until Ctrl-C; prints the env to export")
     dev.add_argument("--workers", type=int, default=2, help="worker processes")

@@ -7,6 +7,7 @@ checks first and writes second, so a refused operation changes nothing.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from agentq.engine import conversation, final_text
@@ -99,6 +100,10 @@ def raise_budget(
         raise ValidationError("budgets are raised on the root task; a sub-agent's share comes from its parent", field="task_id")
     if task.status.terminal and task.status is not TaskStatus.COST_EXCEEDED:
         raise IllegalTransition(f"task {task_id} is {task.status.value}; only a running or cost_exceeded task can get more budget", field="task_id")
+    if task.expires_at is not None and task.expires_at <= time.time():
+        # The requeue below would be refused (TTL may delete the task at any moment): refuse
+        # before the caps change, so a refused raise changes nothing.
+        raise IllegalTransition(f"task {task_id} is {task.status.value} and its retention ran out; it is being deleted", field="task_id")
     if add_steps:
         sub = task.submission.model_copy(deep=True)
         sub.constraints.max_steps += add_steps

@@ -254,6 +254,7 @@ class Task(BaseModel):
     prev_heartbeat_at: float | None = None  # ... of the previous holder, as seen by the last claim
     updated_at: float | None = None
     forked_from: dict[str, Any] | None = None  # {"task_id", "step"} of a fork's source
+    expires_at: int | None = None  # set while terminal: when DynamoDB TTL deletes it (epoch seconds)
 
     @property
     def budget_id(self) -> str:

@@ -39,6 +39,10 @@ TABLE_GSIS: list[dict[str, Any]] = [
     }
 ]
 TTL_ATTRIBUTE = "expires_at"
+# The reaper learns of a task's expiry from the table's stream: the keys of a removed META are all
+# it needs, so the stream carries keys only (no task content leaves the table that way).
+TABLE_STREAM_VIEW_TYPE = "KEYS_ONLY"
+PAYLOAD_PREFIX = "tasks/"  # every S3 key agentq.store offloads to: tasks/<task_id>/...
 
 
 TIERS: tuple[str, ...] = ("high", "normal", "low")
@@ -110,15 +114,23 @@ def queue_attributes(settings: QueueSettings, dlq_arn: str) -> dict[str, str]:
     }
 
 
-def table_definition(name: str) -> dict[str, Any]:
-    """CreateTable arguments: on-demand, pk/sk strings, the tenant listing index ``gsi1``."""
-    return {
+def table_definition(name: str, *, stream: bool = False) -> dict[str, Any]:
+    """CreateTable arguments: on-demand, pk/sk strings, the tenant listing index ``gsi1``.
+
+    ``stream`` adds the stream the deployed table has (``TABLE_STREAM_VIEW_TYPE``). Local stacks
+    go without: moto runs no TTL, so nothing would reap, and moto copies a table's stream
+    records with the table on every transaction.
+    """
+    definition: dict[str, Any] = {
         "TableName": name,
         "KeySchema": TABLE_KEY_SCHEMA,
         "AttributeDefinitions": TABLE_ATTRIBUTES,
         "GlobalSecondaryIndexes": TABLE_GSIS,
         "BillingMode": "PAY_PER_REQUEST",
     }
+    if stream:
+        definition["StreamSpecification"] = {"StreamEnabled": True, "StreamViewType": TABLE_STREAM_VIEW_TYPE}
+    return definition
 
 
 def ensure_indexes(ddb: Any, table: str) -> None:

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 import boto3
 from botocore.config import Config
 
-from agentq.defaults import Defaults
+from agentq.defaults import ConfigurationError, Defaults
 from agentq.queue import TaskQueues
 from agentq.resources import ResourceNames
 from agentq.serdes import DEFAULT_OFFLOAD_THRESHOLD, PayloadStore
-from agentq.store import Store
+from agentq.store import DAY_SECONDS, DEFAULT_TASK_RETENTION_DAYS, Store
 from agentq.tools import ToolRegistry, default_registry
 
 if TYPE_CHECKING:
@@ -42,6 +42,7 @@ class Settings:
     tool_modules: tuple[str, ...] = ()
     state_machine_arn: str | None = None  # default: looked up by name ({prefix}-fanout)
     defaults: Defaults = Defaults()  # AGENTQ_DEFAULT_*: what submissions and tenants leave out
+    task_retention_days: int = DEFAULT_TASK_RETENTION_DAYS  # terminal tasks expire after this
 
     @property
     def names(self) -> ResourceNames:
@@ -67,6 +68,7 @@ class Settings:
             tool_modules=modules,
             state_machine_arn=os.environ.get("AGENTQ_STATE_MACHINE_ARN") or None,
             defaults=Defaults.from_env(),
+            task_retention_days=retention_days_from_env(),
         )
 
     def env(self) -> dict[str, str]:
@@ -78,6 +80,7 @@ class Settings:
             "AWS_REGION": self.region,
             "AGENTQ_OFFLOAD_BYTES": str(self.offload_threshold),
             "AGENTQ_TOOL_MODULES": ",".join(self.tool_modules),
+            RETENTION_VARIABLE: str(self.task_retention_days),
         }
         out.update(self.defaults.env())
         if self.endpoint_url:
@@ -85,6 +88,26 @@ class Settings:
         if self.state_machine_arn:
             out["AGENTQ_STATE_MACHINE_ARN"] = self.state_machine_arn
         return out
+
+
+RETENTION_VARIABLE = "AGENTQ_TASK_RETENTION_DAYS"
+
+
+def retention_days_from_env() -> int:
+    """AGENTQ_TASK_RETENTION_DAYS as a whole number of days >= 1 (default 30).
+
+    Read strictly: a typo here would otherwise decide how long every finished task lives.
+    """
+    raw = os.environ.get(RETENTION_VARIABLE, "").strip()
+    if not raw:
+        return DEFAULT_TASK_RETENTION_DAYS
+    try:
+        days = int(raw)
+    except ValueError:
+        days = 0
+    if days < 1:
+        raise ConfigurationError(f"{RETENTION_VARIABLE}: must be a whole number of days >= 1 (got {raw!r})", field=RETENTION_VARIABLE)
+    return days
 
 
 def session(settings: Settings) -> boto3.session.Session:
@@ -105,7 +128,12 @@ def engine_config(settings: Settings, **kwargs: Any) -> "EngineConfig":
 def build_store(settings: Settings, sess: Any | None = None, pool: int = 64) -> Store:
     sess = sess or session(settings)
     payloads = PayloadStore(client(settings, "s3", sess, pool), settings.bucket, settings.offload_threshold)
-    return Store(client(settings, "dynamodb", sess, pool), settings.table, payloads)
+    return Store(
+        client(settings, "dynamodb", sess, pool),
+        settings.table,
+        payloads,
+        retention_seconds=settings.task_retention_days * DAY_SECONDS,
+    )
 
 
 def build_queues(settings: Settings, sess: Any | None = None, pool: int = 64) -> TaskQueues:

@@ -75,6 +75,10 @@ class PayloadStore:
         self.s3.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType="application/json")
         return {"ref": key, "ref_bytes": len(data)}
 
+    def copy(self, source_key: str, key: str) -> None:
+        """Server-side copy (a fork takes its own copy of the payloads it inherits)."""
+        self.s3.copy_object(Bucket=self.bucket, Key=key, CopySource={"Bucket": self.bucket, "Key": source_key})
+
     def decode(self, attrs: dict[str, Any]) -> str:
         if "body" in attrs:
             return str(attrs["body"])

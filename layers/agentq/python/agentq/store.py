@@ -35,10 +35,13 @@ from agentq.models import (
     ToolOutcome,
     sources_of,
 )
+from agentq.resources import PAYLOAD_PREFIX, TTL_ATTRIBUTE
 from agentq.serdes import PayloadStore, from_item, to_item, to_values
 
 _STEP_ADAPTER: TypeAdapter[Any] = TypeAdapter(Step)
 META = "META"
+DEFAULT_TASK_RETENTION_DAYS = 30
+DAY_SECONDS = 86_400
 
 
 def task_pk(task_id: str) -> str:
@@ -51,6 +54,15 @@ def budget_pk(root_id: str) -> str:
 
 def step_sk(number: int) -> str:
     return f"STEP#{number:06d}"
+
+
+def payload_prefix(task_id: str) -> str:
+    """Every S3 payload of a task is under this prefix (so its purge can list them)."""
+    return f"{PAYLOAD_PREFIX}{task_id}/"
+
+
+def step_payload_key(task_id: str, number: int, epoch: int) -> str:
+    return f"{payload_prefix(task_id)}steps/{number:06d}-e{epoch}.json"
 
 
 def new_task_id() -> str:
@@ -114,10 +126,24 @@ NO_USAGE = BudgetDelta(reserved=0, used=0, cost_usd=Decimal(0), tokens_in=0, tok
 
 
 class Store:
-    def __init__(self, ddb: Any, table: str, payloads: PayloadStore) -> None:
+    def __init__(
+        self, ddb: Any, table: str, payloads: PayloadStore, *, retention_seconds: int = DEFAULT_TASK_RETENTION_DAYS * DAY_SECONDS
+    ) -> None:
+        """``retention_seconds``: how long a finished task stays readable. Entering a terminal
+        status stamps META's ``expires_at`` (the table's TTL attribute) in the same write; DynamoDB
+        TTL then deletes META and the reaper (``agentq.retention``) the rest of the task."""
+        if retention_seconds < DAY_SECONDS:
+            # Idempotency records live 24 h and a fan-out waits at most 24 h for a child: a
+            # shorter retention could delete a task something still points at.
+            raise ValueError(f"task retention must be at least one day, got {retention_seconds} s")
         self.ddb = ddb
         self.table = table
         self.payloads = payloads
+        self.retention_seconds = retention_seconds
+
+    def expiry(self, now: float) -> int:
+        """The ``expires_at`` of a task that finishes at ``now`` (epoch seconds, as TTL wants)."""
+        return int(now + self.retention_seconds)
 
     # ------------------------------------------------------------------ tasks
 
@@ -399,11 +425,14 @@ class Store:
         if to is not TaskStatus.RUNNING:  # only a running task holds a lease
             sets.append("lease_expires = :zero")
             values[":zero"] = 0
-        if to.terminal:
-            sets.append("finished_at = :now")
         removes = ["#e", "finished_at"] if to is TaskStatus.QUEUED else []  # a requeue starts clean
         if removes:
             names["#e"] = "error"
+        if to.terminal:
+            sets += ["finished_at = :now", f"{TTL_ATTRIBUTE} = :expires"]
+            values[":expires"] = self.expiry(values[":now"])
+        else:
+            removes.append(TTL_ATTRIBUTE)  # a live task never expires (a no-op unless leaving a terminal status)
         if result is not None:
             sets.append(self._result_set(task_id, result, values, names, lease))
         if error is not None:
@@ -411,6 +440,12 @@ class Store:
             names["#e"] = "error"
             values[":error"] = error
         condition = f"attribute_exists(pk) AND #s IN ({', '.join(placeholders)})"
+        leaves_terminal = any(src.terminal for src in allowed)
+        if leaves_terminal:
+            # Not once the retention has run out: from then on DynamoDB TTL may delete META (and
+            # the reaper the rest of the task) at any moment. Only terminal tasks carry expires_at.
+            condition += f" AND (attribute_not_exists({TTL_ATTRIBUTE}) OR {TTL_ATTRIBUTE} > :epoch_now)"
+            values[":epoch_now"] = int(values[":now"])
         if lease is not None:
             condition += " AND lease_epoch = :epoch"
             values[":epoch"] = lease.epoch
@@ -430,6 +465,10 @@ class Store:
             current = self.get_task(task_id)  # raises TaskNotFound if absent
             if lease is not None and current.lease_epoch != lease.epoch:
                 raise LeaseLost(f"lease epoch {lease.epoch} of task {task_id} is no longer current") from exc
+            if leaves_terminal and current.status.terminal and (current.expires_at or float("inf")) <= values[":epoch_now"]:
+                raise IllegalTransition(
+                    f"task {task_id} is {current.status.value} and its retention ran out; it is being deleted", field="task_id"
+                ) from exc
             raise IllegalTransition(
                 f"task {task_id} cannot move from {current.status.value!r} to {to.value!r}", field="status"
             ) from exc
@@ -439,7 +478,7 @@ class Store:
     ) -> str:
         """The SET clause storing ``result`` inline or as an S3 pointer (``result_ref``)."""
         epoch = lease.epoch if lease else 0
-        attrs = self.payloads.encode(f"tasks/{task_id}/result-e{epoch}.txt", result)
+        attrs = self.payloads.encode(f"{payload_prefix(task_id)}result-e{epoch}.txt", result)
         if "body" in attrs:
             values[":result"] = attrs["body"]
             names["#r"] = "result"
@@ -492,7 +531,7 @@ class Store:
         """
         now = time.time()
         payload = body.model_dump_json()
-        stored = self.payloads.encode(f"tasks/{lease.task_id}/steps/{number:06d}-e{lease.epoch}.json", payload)
+        stored = self.payloads.encode(step_payload_key(lease.task_id, number, lease.epoch), payload)
         step_item = {
             "pk": task_pk(lease.task_id),
             "sk": step_sk(number),
@@ -520,8 +559,8 @@ class Store:
             values.update({":tin": settle.tokens_in, ":tout": settle.tokens_out, ":cost": settle.cost_usd})
         if finish is not None:
             assert finish in ALLOWED_TRANSITIONS[TaskStatus.RUNNING] and finish.terminal
-            sets += ["#s = :final", "finished_at = :now", "lease_expires = :zero"]
-            values.update({":final": finish.value, ":zero": 0})
+            sets += ["#s = :final", "finished_at = :now", "lease_expires = :zero", f"{TTL_ATTRIBUTE} = :expires"]
+            values.update({":final": finish.value, ":zero": 0, ":expires": self.expiry(now)})
             if result is not None:
                 sets.append(self._result_set(lease.task_id, result, values, names, lease))
             if error is not None:
@@ -681,7 +720,7 @@ class Store:
     def record_orphan_call(self, lease: Lease, number: int, body: LLMStep) -> None:
         """Keep an LLM call whose step could not be committed (its worker lost the lease) in
         the trace: it happened and it was paid for, so the trace and the ledger show it."""
-        payload = self.payloads.encode(f"tasks/{lease.task_id}/orphans/{number:06d}-e{lease.epoch}.json", body.model_dump_json())
+        payload = self.payloads.encode(f"{payload_prefix(lease.task_id)}orphans/{number:06d}-e{lease.epoch}.json", body.model_dump_json())
         self.ddb.put_item(
             TableName=self.table,
             Item=to_item({"pk": task_pk(lease.task_id), "sk": f"ORPHAN#{number:06d}#e{lease.epoch:04d}", "epoch": lease.epoch, "number": number, **payload}),
@@ -748,7 +787,7 @@ class Store:
 
     def finish_effect(self, lease: Lease, tool_use_id: str, outcome: ToolOutcome) -> None:
         attrs = self.payloads.encode(
-            f"tasks/{lease.task_id}/effects/{tool_use_id}-e{lease.epoch}.txt", outcome.content
+            f"{payload_prefix(lease.task_id)}effects/{tool_use_id}-e{lease.epoch}.txt", outcome.content
         )
         values = {":done": "done", ":err": outcome.is_error, ":at": time.time(), ":epoch": lease.epoch}
         if "body" in attrs:
@@ -826,7 +865,7 @@ class Store:
             "created_at": time.time(),
             "epoch": lease.epoch,
             **self.payloads.encode(
-                f"tasks/{parent.task_id}/spawns/{spawn_id}-e{lease.epoch}.json",
+                f"{payload_prefix(parent.task_id)}spawns/{spawn_id}-e{lease.epoch}.json",
                 json.dumps(
                     {
                         "pending": [p.model_dump(mode="json") for p in pending],
@@ -1101,6 +1140,12 @@ class Store:
         for record in steps:
             item = dict(originals[record.number])
             item["pk"] = {"S": task_pk(task_id)}
+            if "ref" in item:
+                # The fork owns a copy: payloads live under their task's prefix, and the source's
+                # go when its retention ends (agentq.retention), while the fork may live on.
+                key = step_payload_key(task_id, record.number, record.epoch)
+                self.payloads.copy(item["ref"]["S"], key)
+                item["ref"] = {"S": key}
             puts.append({"Put": {"TableName": self.table, "Item": item}})
         for i in range(0, len(puts), 100):
             self.ddb.transact_write_items(TransactItems=puts[i : i + 100])
