@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aws_cdk as cdk
+from agentq.observe.names import NAMESPACE as METRICS_NAMESPACE
 from agentq.resources import TIERS
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
@@ -31,7 +32,6 @@ HANDLERS = {
     "authorizer": "authorizer.handler.lambda_handler",
 }
 RUNTIME = lambda_.Runtime.PYTHON_3_12  # the layers are built for cp312 (infra/build_layers.py)
-METRICS_NAMESPACE = "agentq"
 ASSET_EXCLUDES = ["**/__pycache__", "**/*.pyc", "*.egg-info", "README.md"]
 
 # What the table's users call. TransactWriteItems is authorised per item as Put/Update/Delete/
