@@ -193,7 +193,7 @@ class BenchStack(LocalStack):
     """The local stack with counting workers, a selectable moto app and no HTTP API.
 
     Worker stdout goes to stderr: the powertools EMF buffer prints itself to stdout once a
-    metric holds 100 values, even with AGENTQ_EMF unset (see agentq/observe.py).
+    metric holds 100 values, even with AGENTQ_EMF unset (see agentq/observe/emf.py).
     """
 
     moto_mode: str = "fast"

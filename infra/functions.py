@@ -13,6 +13,7 @@ from pathlib import Path
 
 import aws_cdk as cdk
 from agentq.defaults import Defaults
+from agentq.observe.names import NAMESPACE as METRICS_NAMESPACE
 from agentq.providers.keys import SECRET_VARIABLE
 from agentq.resources import PAYLOAD_PREFIX, TIERS
 from agentq.retention import ttl_removal_pattern
@@ -37,7 +38,6 @@ HANDLERS = {
     "reaper": "reaper.handler.lambda_handler",
 }
 RUNTIME = lambda_.Runtime.PYTHON_3_12  # the layers are built for cp312 (infra/build_layers.py)
-METRICS_NAMESPACE = "agentq"
 ASSET_EXCLUDES = ["**/__pycache__", "**/*.pyc", "*.egg-info", "README.md"]
 
 # What the table's users call. TransactWriteItems is authorised per item as Put/Update/Delete/

@@ -1,7 +1,10 @@
 """What an operator watches: one dashboard per environment, and alarms on an SNS topic.
 
-Task metrics are the core's EMF metrics (``agentq.observe``: namespace ``agentq``, dimension
-``service=executor``), written by the Lambda executor and the Fargate worker alike.
+Task metrics are the core's EMF metrics (``agentq.observe``), written by the Lambda executor
+and the Fargate worker alike (``service=executor``) and by the API (``service=api``). Their
+names and dimensions come from ``agentq.observe.names``, the module the emitting code uses.
+Metrics with a dimension whose values are only known at run time (the model, the tool) are
+drawn with SEARCH expressions: one line per value that has reported.
 """
 
 from __future__ import annotations
@@ -9,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import aws_cdk as cdk
+from agentq.models import TaskStatus
+from agentq.observe import names
 from agentq.resources import TIERS
 from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_cloudwatch_actions as cw_actions
@@ -21,26 +26,56 @@ from constructs import Construct
 
 from infra.api import Api
 from infra.data import Data
-from infra.functions import METRICS_NAMESPACE, Functions
+from infra.functions import Functions
 from infra.settings import EnvironmentSettings
 
-METRICS_SERVICE = "executor"  # agentq.observe: Metrics(namespace="agentq", service="executor")
-OUTCOMES = ("succeeded", "failed", "cost_exceeded", "timed_out", "cancelled")
-TASK_EVENTS = ("steps_committed", "dlq_moves", "budget_refusals", "tenant_soft_cap_crossed")
-TOKEN_METRICS = ("tokens_in", "tokens_out")  # tokens per minute, once agentq.observe emits them
+OUTCOMES = tuple(s.value for s in TaskStatus if s.terminal)
+TASK_EVENTS = (names.STEPS_COMMITTED, names.DLQ_MOVES, names.TENANT_SOFT_CAP_CROSSED)
+TOKEN_METRICS = (names.TOKENS_IN, names.TOKENS_OUT)
 ONE_MINUTE = cdk.Duration.minutes(1)
 FIVE_MINUTES = cdk.Duration.minutes(5)
 
 
-def agentq_metric(name: str, statistic: str = "Sum", period: cdk.Duration = FIVE_MINUTES, label: str | None = None) -> cw.Metric:
+def agentq_metric(
+    name: str,
+    statistic: str = "Sum",
+    period: cdk.Duration = FIVE_MINUTES,
+    label: str | None = None,
+    *,
+    service: str = names.EXECUTOR,
+    **dimensions: str,
+) -> cw.Metric:
     return cw.Metric(
-        namespace=METRICS_NAMESPACE,
+        namespace=names.NAMESPACE,
         metric_name=name,
-        dimensions_map={"service": METRICS_SERVICE},
+        dimensions_map={names.SERVICE: service, **dimensions},
         statistic=statistic,
         period=period,
         label=label or name,
     )
+
+
+def search_expression(metric: str, dimensions: tuple[str, ...], statistic: str, period: cdk.Duration) -> str:
+    """One series per value of the dimensions besides ``service``, found among this
+    namespace's metrics with exactly ``dimensions``."""
+    schema = ",".join([names.NAMESPACE, *dimensions])
+    return f"SEARCH('{{{schema}}} {names.SERVICE}=\"{names.EXECUTOR}\" MetricName=\"{metric}\"', '{statistic}', {int(period.to_seconds())})"
+
+
+def per_value(metric: str, dimensions: tuple[str, ...], period: cdk.Duration, label: str) -> cw.SearchExpression:
+    """Each series is labelled ``label`` and its dimension value (the model, the tool)."""
+    return cw.SearchExpression(expression=search_expression(metric, dimensions, "Sum", period), label=label, period=period)
+
+
+def tokens_per_minute() -> list[cw.IMetric]:
+    """Tokens in and out per model (models are whatever tasks ask for, so SEARCH finds them),
+    and the total across models: what the budgets are spent on, minute by minute."""
+    lines: list[cw.IMetric] = [per_value(m, names.TOKEN_DIMENSIONS, ONE_MINUTE, m) for m in TOKEN_METRICS]
+    total = " + ".join(
+        f"SUM({search_expression(m, names.TOKEN_DIMENSIONS, 'Sum', ONE_MINUTE)})" for m in TOKEN_METRICS
+    )
+    lines.append(cw.MathExpression(expression=total, using_metrics={}, label="all models, in + out", period=ONE_MINUTE))
+    return lines
 
 
 @dataclass
@@ -239,14 +274,10 @@ def build_observability(
             left=[pickup_p99, agentq_metric("resume_latency", "p99", FIVE_MINUTES, "resume latency p99")],
             width=8,
         ),
-        cw.GraphWidget(
-            title="Tokens per minute",
-            left=[agentq_metric(m, "Sum", ONE_MINUTE, m) for m in TOKEN_METRICS],
-            width=8,
-        ),
+        cw.GraphWidget(title="Tokens per minute, per model", left=tokens_per_minute(), width=8),
     )
     dashboard.add_widgets(
-        cw.GraphWidget(title="Steps, DLQ moves, refusals", left=[agentq_metric(m, "Sum", FIVE_MINUTES, m) for m in TASK_EVENTS], width=8),
+        cw.GraphWidget(title="Steps, DLQ moves, tenant soft caps", left=[agentq_metric(m, "Sum", FIVE_MINUTES, m) for m in TASK_EVENTS], width=8),
         cw.GraphWidget(
             title="Fan-out executions",
             left=[
@@ -265,6 +296,26 @@ def build_observability(
                 api.rest_api.metric_server_error(period=ONE_MINUTE, statistic="Sum"),
             ],
             right=[api.rest_api.metric_latency(period=ONE_MINUTE, statistic="p99")],
+            width=8,
+        ),
+    )
+    dashboard.add_widgets(
+        cw.GraphWidget(
+            title="Tasks submitted (API)",
+            left=[agentq_metric(names.TASKS_SUBMITTED, "Sum", FIVE_MINUTES, "submitted", service=names.API)],
+            width=8,
+        ),
+        cw.GraphWidget(
+            title="Tool errors per tool",
+            left=[per_value(names.TOOL_ERRORS, names.TOOL_DIMENSIONS, FIVE_MINUTES, names.TOOL_ERRORS)],
+            width=8,
+        ),
+        cw.GraphWidget(
+            title="Budget refusals (task budget, tenant window)",
+            left=[
+                agentq_metric(names.BUDGET_REFUSALS, "Sum", FIVE_MINUTES, budget, **{names.BUDGET: budget})
+                for budget in names.BUDGETS
+            ],
             width=8,
         ),
     )

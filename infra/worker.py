@@ -86,6 +86,7 @@ def build_worker(
         "AGENTQ_STATE_MACHINE_ARN": machine.state_machine_arn,
         **task_runner_env(cfg),
         "AGENTQ_EMF": "1",  # the worker prints EMF lines; the awslogs driver ships them
+        "AGENTQ_LOG_FORMAT": "json",  # powertools JSON lines with task_id and step, for Logs Insights
         "AWS_REGION": cdk.Aws.REGION,
         "POWERTOOLS_SERVICE_NAME": "agentq-worker",
         "POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import uuid
@@ -18,6 +19,18 @@ from agentq.tools import ToolRegistry
 
 TESTS_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS_DIR.parent))  # lets child workers import tests.* tool modules
+
+
+@pytest.fixture(autouse=True)
+def _core_logging_restored() -> Iterator[None]:
+    """A Lambda handler module routes the ``agentq`` logger to its powertools Logger when it is
+    imported (as Lambda wants: once per container). Tests import handlers in one process, so
+    each test gets the logger back as it found it (propagating to the root, where caplog is)."""
+    core = logging.getLogger("agentq")
+    saved = (list(core.handlers), core.propagate, core.level)
+    yield
+    core.handlers, core.propagate = saved[0], saved[1]
+    core.setLevel(saved[2])
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,7 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 from agentq.defaults import Defaults
 from agentq.models import TaskSubmission
+from agentq.observe import names
 from agentq.resources import (
     PAYLOAD_PREFIX,
     TABLE_ATTRIBUTES,
@@ -334,7 +335,7 @@ def test_functions_run_python_312_traced_with_both_layers_and_their_environment(
         assert env["AGENTQ_TABLE"] == {"Ref": table_id}
         assert env["AGENTQ_PREFIX"] == cfg.prefix
         assert env["POWERTOOLS_SERVICE_NAME"] == f"agentq-{name}"
-        assert env["POWERTOOLS_METRICS_NAMESPACE"] == "agentq"
+        assert env["POWERTOOLS_METRICS_NAMESPACE"] == names.NAMESPACE
         if name in ("executor", "api"):
             assert env["AGENTQ_STATE_MACHINE_ARN"] == {"Ref": machine_id}  # no ListStateMachines at cold start
         if name != "authorizer":
@@ -682,6 +683,77 @@ def test_dashboard_shows_queues_executor_outcomes_latency_and_active_tasks(synth
     assert "p99" in body
 
 
+def _dashboard_metrics(synth: Synthesized) -> list[Any]:
+    """Every metric entry of every graph on the overview dashboard (Refs as placeholders)."""
+    cfg = settings_of(synth.env_name)
+    _, dashboard = _one(synth, "AWS::CloudWatch::Dashboard", DashboardName=f"{cfg.prefix}-overview")
+    body = dashboard["Properties"]["DashboardBody"]
+    parts = body["Fn::Join"][1] if isinstance(body, dict) else [body]
+    widgets = json.loads("".join(p if isinstance(p, str) else "REF" for p in parts))["widgets"]
+    return [m for w in widgets for m in w["properties"].get("metrics", [])]
+
+
+SEARCH = re.compile(r"SEARCH\('\{(?P<schema>[^}]*)\}(?P<terms>[^']*)'")
+
+
+def _draws(entry: list[Any], namespace: str, name: str, dimensions: dict[str, str]) -> bool:
+    """Whether a dashboard metric entry graphs this EMF metric: the same namespace, name and
+    dimension values, or a SEARCH over exactly its dimension names that its values satisfy."""
+    if isinstance(entry[0], str):
+        ns, metric, *rest = [e for e in entry if not isinstance(e, dict)]
+        return (ns, metric) == (namespace, name) and dict(zip(rest[::2], rest[1::2])) == dimensions
+    for expression in (e["expression"] for e in entry if isinstance(e, dict) and "expression" in e):
+        for found in SEARCH.finditer(expression):
+            schema = [part.strip() for part in found["schema"].split(",")]
+            terms = dict(re.findall(r'(\w+)="([^"]*)"', found["terms"]))
+            if schema[0] != namespace or set(schema[1:]) != set(dimensions) or terms.pop("MetricName", None) != name:
+                continue
+            if all(dimensions.get(k) == v for k, v in terms.items()):
+                return True
+    return False
+
+
+def test_the_dashboard_draws_the_metrics_the_code_emits(
+    synth: Synthesized, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What agentq.observe really prints (EMF), checked against what the widgets query."""
+    from agentq import observe
+    from agentq.engine import RunResult
+    from agentq.models import TaskStatus, Usage
+
+    monkeypatch.setenv("AGENTQ_EMF", "1")
+    monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)
+    capsys.readouterr()
+    observe.emf.record_llm_usage("claude-haiku-4-5", Usage(input_tokens=10, output_tokens=3, cache_read_input_tokens=5))
+    observe.emf.record_tool_error("lookup")
+    for budget in names.BUDGETS:
+        observe.record_budget_refusal(budget)  # type: ignore[arg-type]
+    observe.record_submitted()
+    observe.record_dead_letter()
+    observe.record_run(RunResult("t", "finished", status=TaskStatus.SUCCEEDED, steps_committed=3))
+    observe.flush()
+    emitted = []
+    for line in capsys.readouterr().out.splitlines():
+        if '"_aws"' in line:
+            doc = json.loads(line)
+            directive = doc["_aws"]["CloudWatchMetrics"][0]
+            dims = {k: doc[k] for k in directive["Dimensions"][0]}
+            emitted += [(directive["Namespace"], m["Name"], dims) for m in directive["Metrics"]]
+    drawn = {
+        names.TOKENS_IN, names.TOKENS_OUT, names.TOOL_ERRORS, names.BUDGET_REFUSALS, names.TASKS_SUBMITTED,
+        names.DLQ_MOVES, names.STEPS_COMMITTED, names.task_outcome("succeeded"),
+    }  # fmt: skip
+    entries = _dashboard_metrics(synth)
+    checked = [(ns, name, dims) for ns, name, dims in emitted if name in drawn]
+    assert {name for _, name, _ in checked} == drawn
+    assert len([c for c in checked if c[1] == names.BUDGET_REFUSALS]) == 2  # task and tenant
+    for ns, name, dims in checked:
+        assert any(_draws(entry, ns, name, dims) for entry in entries), f"{name} {dims} is emitted but drawn nowhere"
+    any_model = {names.SERVICE: names.EXECUTOR, names.MODEL: "a-model-unknown-at-synth"}
+    for metric in (names.TOKENS_IN, names.TOKENS_OUT):  # its own per-model line, and the all-models total
+        assert len([e for e in entries if _draws(e, names.NAMESPACE, metric, any_model)]) == 2, metric
+
+
 # -- cdk-nag and cfn-lint --------------------------------------------------------------------
 
 
@@ -731,6 +803,11 @@ def test_optional_fargate_worker_scales_on_queue_depth_and_passes_nag_and_lint(w
                         "--visibility", "40", "--max-receive-count", "5"],
             "StopTimeout": 120,
             "LogConfiguration": Match.object_like({"LogDriver": "awslogs"}),
+            "Environment": Match.array_with([
+                {"Name": "AGENTQ_EMF", "Value": "1"},
+                {"Name": "AGENTQ_LOG_FORMAT", "Value": "json"},
+                {"Name": "POWERTOOLS_METRICS_NAMESPACE", "Value": names.NAMESPACE},
+            ]),
         })], "RuntimePlatform": {"CpuArchitecture": "ARM64", "OperatingSystemFamily": "LINUX"}},
     )  # fmt: skip
     template.has_resource_properties("AWS::ApplicationAutoScaling::ScalableTarget", {"MinCapacity": 1, "MaxCapacity": 6})

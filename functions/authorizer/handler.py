@@ -10,8 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from aws_lambda_powertools import Logger
+
 from agentq.auth import KeyStore, token_authorizer
+from agentq.observe import route_core_logs
 from agentq.runtime import Settings, client
+
+logger = Logger(service="agentq-authorizer")
+route_core_logs(logger)
 
 _settings = Settings.from_env()
 _keys = KeyStore(client(_settings, "dynamodb", pool=4), _settings.table)

@@ -4,6 +4,10 @@ A thin adapter: the policy lives in ``agentq.dispatch``. It stops ``SLICE_MARGIN
 before the Lambda's deadline, commits, sends a continuation message and returns, so a
 24-hour task runs as a chain of invocations. Failures are reported per record (powertools
 partial batch response) so only the failed message comes back.
+
+Observability: the core's log lines go out as this Logger's JSON (with the task id and step),
+the Tracer patches the AWS SDK and holds the core's LLM and tool subsegments, and the shared
+metric set is flushed after each invocation (``agentq.observe``).
 """
 
 from __future__ import annotations
@@ -12,18 +16,20 @@ import os
 import time
 from typing import Any
 
-from aws_lambda_powertools import Logger
+from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from agentq.dispatch import Dispatcher
 from agentq.engine import Engine
-from agentq.observe import metrics, record_dead_letter
+from agentq.observe import metrics, record_dead_letter, route_core_logs
 from agentq.resources import QueueSettings
 from agentq.runtime import Settings, build_fanout, build_queues, build_registry, build_store, engine_config
 
 logger = Logger(service="agentq-executor")
+route_core_logs(logger)
+tracer = Tracer(service="agentq-executor")
 # Batch size 1: a failed record is the whole batch; report it, do not raise (no error alarm noise).
 processor = BatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
 
@@ -104,6 +110,7 @@ def _sqs_attributes(record: SQSRecord) -> dict[str, Any]:
 
 
 @logger.inject_lambda_context
+@tracer.capture_lambda_handler
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     global _context

@@ -63,7 +63,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from agentq.runtime import Settings
     from agentq.worker import Worker, WorkerConfig
 
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    from agentq.observe import configure_process_logging
+
+    configure_process_logging(logging.INFO if args.verbose else None)  # JSON with AGENTQ_LOG_FORMAT=json
     config = WorkerConfig(
         concurrency=args.concurrency,
         lease_seconds=args.lease,
@@ -695,7 +697,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--heartbeat", type=float, default=1.0, help="seconds between lease/visibility extensions")
     worker.add_argument("--visibility", type=int, default=4, help="visibility each heartbeat extends to (> lease)")
     worker.add_argument("--max-receive-count", type=int, default=5, help="the queues' maxReceiveCount")
-    worker.add_argument("-v", "--verbose", action="store_true", help="log each task")
+    worker.add_argument("-v", "--verbose", action="store_true", help="log at INFO (default: $POWERTOOLS_LOG_LEVEL or WARNING)")
     worker.set_defaults(func=_cmd_worker)
 
     run_task = command("run-task", "run one task in this process until it ends (no queue)")

@@ -22,10 +22,10 @@ from typing import Any, Callable, Literal
 
 import pydantic
 
+from agentq import observe
 from agentq.engine import Engine, KeeperFactory, RunResult
 from agentq.errors import IllegalTransition, TaskNotFound
 from agentq.models import Task, TaskStatus
-from agentq.observe import record_run
 from agentq.queue import DEAD_LETTER_REASON, TaskMessage, TaskQueues
 
 log = logging.getLogger("agentq.dispatch")
@@ -86,6 +86,24 @@ class Dispatcher:
             message = TaskMessage.model_validate_json(body)
         except pydantic.ValidationError as exc:
             return Action("dead_letter", f"poison: not a task message ({exc.errors()[0]['msg']})")
+        with observe.task_context(task_id=message.task_id):
+            return self._handle(
+                message, tier=tier, receive_count=receive_count, attributes=attributes,
+                deadline=deadline, keeper=keeper, on_beat=on_beat, stop=stop,
+            )  # fmt: skip
+
+    def _handle(
+        self,
+        message: TaskMessage,
+        *,
+        tier: str,
+        receive_count: int,
+        attributes: dict[str, Any] | None,
+        deadline: float | None,
+        keeper: KeeperFactory | None,
+        on_beat: Callable[[], None] | None,
+        stop: threading.Event | None,
+    ) -> Action:
         try:
             task = self.store.get_task(message.task_id)
         except TaskNotFound:
@@ -105,7 +123,7 @@ class Dispatcher:
             return Action("delete", f"task is {task.status.value}; it is woken by its own message", task_id=task.task_id)
 
         run = self.engine.run(task.task_id, deadline=deadline, keeper=keeper, on_beat=on_beat, stop=stop)
-        record_run(run)
+        observe.record_run(run)
         if run.status is not None and run.status.terminal:
             self._report_end(task, run.status)
         return self._after_run(run, tier=tier, receive_count=receive_count)

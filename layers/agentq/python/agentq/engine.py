@@ -10,6 +10,7 @@ adapters pass a deadline and read the ``RunResult``.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import math
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from contextlib import AbstractContextManager
 from typing import Any, Callable, Literal
 
+from agentq import observe
 from agentq.approval import APPROVAL_TOOL, decision_outcome
 from agentq.errors import BudgetExceeded, IllegalTransition, LeaseLost, ProviderError
 from agentq.fanout import (
@@ -113,7 +115,10 @@ class LeaseKeeper:
         self.interval = interval
         self.on_beat = on_beat
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"lease-{session.lease.task_id[:8]}", daemon=True)
+        # Started in the task's context, so its log lines name the task and step too.
+        self._thread = threading.Thread(
+            target=contextvars.copy_context().run, args=(self._run,), name=f"lease-{session.lease.task_id[:8]}", daemon=True
+        )
 
     def __enter__(self) -> "LeaseKeeper":
         self._thread.start()
@@ -225,12 +230,26 @@ class Engine:
         """Run ``task_id`` until it ends, loses its lease, or ``deadline`` draws near.
 
         ``keeper`` replaces the per-task heartbeat thread (the worker's shared heartbeat);
-        ``on_beat`` is called on every heartbeat of the default one.
+        ``on_beat`` is called on every heartbeat of the default one. Every line logged
+        meanwhile, in this thread or the threads it starts, carries the task id and the step.
         """
+        with observe.task_context(task_id=task_id, worker_id=self.worker_id):
+            return self._run(task_id, deadline=deadline, keeper=keeper, on_beat=on_beat, stop=stop)
+
+    def _run(
+        self,
+        task_id: str,
+        *,
+        deadline: float | None,
+        keeper: KeeperFactory | None,
+        on_beat: Callable[[], None] | None,
+        stop: threading.Event | None,
+    ) -> RunResult:
         claimed = self.store.claim(task_id, self.worker_id, self.config.lease_seconds)
         if claimed is None:
             return RunResult(task_id, "not_claimed")
         lease, task = claimed
+        observe.bind(lease_epoch=lease.epoch)
         crash_point("after_claim")
         steps = self.store.load_steps(task_id)
         resumed_from = steps[-1].number if steps else 0
@@ -273,6 +292,7 @@ class Engine:
     def _loop(self, s: Session) -> RunResult:
         task_id = s.lease.task_id
         while True:
+            observe.bind(step=s.next_step)
             self._check_lease(s)
             last = s.steps[-1].body if s.steps else None
             if isinstance(last, LLMStep) and last.tool_uses():
@@ -388,6 +408,7 @@ class Engine:
     def _llm_turn(self, s: Session) -> RunResult | None:
         reserved = self._reserve(s)
         if reserved is None:
+            observe.record_budget_refusal("task")
             return self._finish_without_step(s, TaskStatus.COST_EXCEEDED)
         s.task = s.task.model_copy(update={"inflight": {"amount": reserved, "epoch": s.lease.epoch, "step": s.next_step}})
         crash_point("after_reserve")
@@ -405,7 +426,11 @@ class Engine:
         started = time.time()
         try:
             provider = self.providers(s.task.submission)  # may fail too (a key it cannot read)
-            response = provider.complete(request)
+            with observe.llm_call(
+                provider=provider.name, model=request.model, max_tokens=max_out, task_id=s.lease.task_id, step=s.next_step
+            ) as call:
+                response = provider.complete(request)
+                call.answered(response)
         except ProviderError as exc:
             self._release_inflight(s)
             if hold is not None:
@@ -492,6 +517,15 @@ class Engine:
         s.steps.append(record)
         s.messages = messages
         s.committed += 1
+        body = record.body
+        if isinstance(body, LLMStep):
+            log.debug(
+                "llm step committed",
+                extra={"kind": "llm", "model": body.model, "stop_reason": body.stop_reason,
+                       "tokens_in": observe.input_tokens(body.usage), "tokens_out": body.usage.output_tokens},
+            )  # fmt: skip
+        else:
+            log.debug("tools step committed", extra={"kind": "tools", "tool_errors": sum(r.is_error for r in body.results)})
 
     # ------------------------------------------------------------------ tools
 
@@ -563,6 +597,8 @@ class Engine:
                 max_concurrency = spec.max_concurrency or len(plans)
                 self.store.spawn(s.lease, task, spawn_id, plans, pending, max_concurrency)
             except (SpawnRejected, BudgetExceeded) as exc:
+                if isinstance(exc, BudgetExceeded):
+                    observe.record_budget_refusal("task")
                 refused = _error_outcome(spawn_use, str(exc))
                 by_id = {o.tool_use_id: o for o in [*pending, refused]}
                 return [by_id[u["id"]] for u in uses]
@@ -632,7 +668,11 @@ class Engine:
             notes=notes,
             deadline=self._tool_deadline(s),
         )
-        run = self.tools.execute(use["name"], use.get("input") or {}, ctx, allowlist)
+        with observe.tool_call(
+            use["name"], registered=spec is not None, call_id=use["id"], task_id=s.lease.task_id, step=s.next_step
+        ) as call:
+            run = self.tools.execute(use["name"], use.get("input") or {}, ctx, allowlist)
+            call.finished(run.status, run.is_error)
         crash_point("after_tool_run")
         outcome = ToolOutcome(
             tool_use_id=use["id"],

@@ -32,7 +32,7 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import (
 from aws_lambda_powertools.event_handler.openapi.models import HTTPBearer
 from aws_lambda_powertools.event_handler.openapi.params import Body, Header, Path, Query
 
-from agentq import api_views, control
+from agentq import api_views, control, observe
 from agentq.api_models import (
     DEFAULT_PAGE_SIZE,
     DEFAULT_TRACE_PAGE,
@@ -290,7 +290,9 @@ def build_app(
                 # the first request may have died before its enqueue: a duplicate message is harmless
                 queues.send(task.task_id, submission.priority)
         headers = {"Location": f"/tasks/{task.task_id}"}
-        if not created:
+        if created:
+            observe.record_submitted()
+        else:
             headers["Idempotent-Replayed"] = "true"
         body = TaskAccepted(task_id=task.task_id, status=task.status, created=created, links=TaskLinks.for_task(task.task_id))
         return Response(status_code=202, content_type=JSON, body=body, headers=headers)
@@ -411,6 +413,7 @@ def build_app(
     def fork(task_id: TaskId, request: Annotated[ForkRequest, Body()]) -> Response[TaskView]:
         _builtin_script_only(request.script)
         new = control.fork(store, tools, queues, task_id, at_step=request.at_step, overrides=request.overrides(), tenant=tenant())
+        observe.record_submitted()
         headers = {"Location": f"/tasks/{new.task_id}"}
         return Response(status_code=202, content_type=JSON, body=api_views.task_view(store, new), headers=headers)
 

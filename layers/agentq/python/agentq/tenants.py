@@ -97,7 +97,7 @@ class TenantWindows:
         except ClientError as exc:
             if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
                 raise
-            observe.record_tenant_refusal(tenant)
+            observe.record_budget_refusal("tenant")
             raise TenantCapReached(
                 f"tenant {tenant!r} reached its hourly cap of {limits.hourly_tokens} tokens", seconds_to_next_hour(now)
             ) from None

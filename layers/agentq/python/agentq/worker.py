@@ -172,12 +172,13 @@ class HeartbeatHub:
                 self._extend_visibility(tier, entries[i : i + 10])
 
     def _extend_lease(self, h: _Held) -> None:
-        try:
-            h.session.lease = self.store.extend_lease(h.session.lease, self.config.lease_seconds)
-        except LeaseLost:
-            h.session.lost.set()
-        except Exception:
-            log.exception("lease heartbeat failed for %s", h.session.lease.task_id)
+        with observe.task_context(task_id=h.session.lease.task_id, lease_epoch=h.session.lease.epoch):
+            try:
+                h.session.lease = self.store.extend_lease(h.session.lease, self.config.lease_seconds)
+            except LeaseLost:
+                h.session.lost.set()
+            except Exception:
+                log.exception("lease heartbeat failed for %s", h.session.lease.task_id)
 
     def _extend_visibility(self, tier: str, batch: list[_Held]) -> None:
         try:

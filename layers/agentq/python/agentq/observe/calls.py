@@ -1,0 +1,103 @@
+"""What the engine reports about each LLM call and each tool call: one subsegment with the
+OpenTelemetry GenAI attributes, and the metrics that call produces.
+
+Subsegment names follow the GenAI span names (``chat <model>``, ``execute_tool <tool>``).
+Annotations (indexed, ``[A-Za-z0-9_]`` keys) carry the same attributes with dots turned into
+underscores: ``gen_ai_request_model``, ``gen_ai_usage_input_tokens``,
+``gen_ai_usage_output_tokens``, ``gen_ai_response_finish_reasons``, ``gen_ai_tool_name``, plus
+``task_id`` and ``step`` to find a task's calls. Metadata keeps the dotted names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from agentq.observe import emf
+from agentq.observe.names import UNREGISTERED_TOOL
+from agentq.observe.tracing import Span, span
+
+if TYPE_CHECKING:
+    from agentq.providers.base import LLMResponse
+
+# agentq provider name -> gen_ai.provider.name (OpenTelemetry's well-known values)
+GENAI_PROVIDERS = {"anthropic": "anthropic", "bedrock": "aws.bedrock"}
+
+
+@dataclass
+class LLMCall:
+    span: Span
+    model: str
+
+    def answered(self, response: LLMResponse) -> None:
+        """The provider answered: its usage goes on the subsegment and into the token metrics."""
+        usage = response.usage
+        tokens_in = emf.input_tokens(usage)
+        model = response.model or self.model
+        self.span.annotate(
+            gen_ai_response_model=model,
+            gen_ai_usage_input_tokens=tokens_in,
+            gen_ai_usage_output_tokens=usage.output_tokens,
+            gen_ai_response_finish_reasons=response.stop_reason,
+            attempts=response.attempts,
+        )
+        self.span.describe(
+            {
+                "gen_ai.response.model": model,
+                "gen_ai.response.finish_reasons": [response.stop_reason] if response.stop_reason else None,
+                "gen_ai.usage.input_tokens": tokens_in,
+                "gen_ai.usage.output_tokens": usage.output_tokens,
+                "gen_ai.usage.cache_read.input_tokens": usage.cache_read_input_tokens,
+                "gen_ai.usage.cache_creation.input_tokens": usage.cache_creation_input_tokens,
+            }
+        )
+        emf.record_llm_usage(model, usage)
+
+
+@contextmanager
+def llm_call(*, provider: str, model: str, max_tokens: int, task_id: str, step: int) -> Iterator[LLMCall]:
+    """Around ``provider.complete``; call ``answered`` with the response. A provider error
+    leaving the block is recorded on the subsegment."""
+    system = GENAI_PROVIDERS.get(provider, provider)
+    with span(f"chat {model}") as s:
+        s.annotate(
+            gen_ai_operation_name="chat",
+            gen_ai_provider_name=system,
+            gen_ai_request_model=model,
+            task_id=task_id,
+            step=step,
+        )
+        s.describe(
+            {
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": system,
+                "gen_ai.request.model": model,
+                "gen_ai.request.max_tokens": max_tokens,
+            }
+        )
+        yield LLMCall(s, model)
+
+
+@dataclass
+class ToolCall:
+    span: Span
+    tool: str  # the registered name, or UNREGISTERED_TOOL
+
+    def finished(self, status: str, is_error: bool) -> None:
+        self.span.annotate(tool_status=status, tool_error=is_error)
+        if is_error:
+            emf.record_tool_error(self.tool)
+
+
+@contextmanager
+def tool_call(name: str, *, registered: bool, call_id: str, task_id: str, step: int) -> Iterator[ToolCall]:
+    """Around one tool execution; call ``finished`` with its status. A name the model made
+    up is reported as ``unregistered`` (metrics, subsegment name, annotations), so what the
+    model writes cannot mint metric series; metadata keeps what it asked for."""
+    tool = name if registered else UNREGISTERED_TOOL
+    with span(f"execute_tool {tool}") as s:
+        s.annotate(gen_ai_operation_name="execute_tool", gen_ai_tool_name=tool, task_id=task_id, step=step)
+        s.describe({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name[:200], "gen_ai.tool.call.id": call_id})
+        yield ToolCall(s, tool)

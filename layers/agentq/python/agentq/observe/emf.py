@@ -1,0 +1,169 @@
+"""Metrics (CloudWatch EMF through powertools) for what an operator watches: outcomes, steps,
+pickup and resume latency, tokens per model, tool errors, budget refusals, submissions.
+
+Two shapes, because an EMF document carries one value per dimension:
+
+- ``metrics``: the shared set of ``{service}``-only counters (outcomes, steps, latency, DLQ
+  moves). In Lambda the handler flushes it after each invocation (``metrics.log_metrics``);
+  the long-running worker calls ``flush()`` on a timer.
+- metrics with a dimension of their own (``model``, ``tool``, ``budget``) are written at once,
+  one document per event, from a powertools ``EphemeralMetrics`` that no other thread sees.
+
+Recorded only where they go somewhere: Lambda, or a worker with ``AGENTQ_EMF=1`` (on Fargate
+the awslogs driver ships stdout). Elsewhere nothing is kept, so local runs stay quiet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from typing import TYPE_CHECKING, Literal
+
+from aws_lambda_powertools import Metrics
+from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
+from aws_lambda_powertools.metrics.functions import is_metrics_disabled
+
+from agentq.observe import names
+from agentq.observe.events import emit_event
+
+if TYPE_CHECKING:
+    from agentq.engine import RunResult
+    from agentq.models import Usage
+
+metrics = Metrics(namespace=names.NAMESPACE, service=names.EXECUTOR)
+# The API Lambda's own set (``@api_metrics.log_metrics``): ``Metrics`` instances share one
+# metric set per process, so a second ``Metrics`` would flush the executor's under "api".
+api_metrics = EphemeralMetrics(namespace=names.NAMESPACE, service=names.API)
+
+# powertools' metric sets are plain dicts, and print() writes a document and its newline in
+# two calls: every add and every write goes through this lock.
+_lock = threading.Lock()
+
+MAX_MODELS = 20  # distinct model dimension values per process; beyond, "other"
+_models: set[str] = set()
+
+
+def enabled() -> bool:
+    """Lambda (flushed per invocation) or a worker with AGENTQ_EMF=1; and not switched off
+    with powertools' POWERTOOLS_METRICS_DISABLED."""
+    wanted = os.environ.get("AGENTQ_EMF") == "1" or bool(os.environ.get("AWS_LAMBDA_FUNCTION_NAME"))
+    return wanted and not is_metrics_disabled()
+
+
+def record_run(run: RunResult) -> None:
+    if not enabled():
+        return
+    with _lock:
+        metrics.add_metric(name=names.run_outcome(run.outcome), unit=MetricUnit.Count, value=1)
+        if run.steps_committed:
+            metrics.add_metric(name=names.STEPS_COMMITTED, unit=MetricUnit.Count, value=run.steps_committed)
+        if run.status is not None and run.status.terminal:
+            metrics.add_metric(name=names.task_outcome(run.status.value), unit=MetricUnit.Count, value=1)
+        task = run.claimed
+        if task is None or not task.claims:
+            return
+        if task.lease_epoch == 1 and task.pickup_latency is not None:
+            metrics.add_metric(name=names.PICKUP_LATENCY, unit=MetricUnit.Seconds, value=round(task.pickup_latency, 3))
+        elif task.last_resume_gap is not None:
+            metrics.add_metric(name=names.RESUME_LATENCY, unit=MetricUnit.Seconds, value=round(task.last_resume_gap, 3))
+
+
+def record_dead_letter() -> None:
+    if not enabled():
+        return
+    with _lock:
+        metrics.add_metric(name=names.DLQ_MOVES, unit=MetricUnit.Count, value=1)
+
+
+def record_submitted() -> None:
+    """A task was created on request (POST /tasks, a fork); replays of an idempotent submit
+    are not counted."""
+    if not enabled():
+        return
+    with _lock:
+        api_metrics.add_metric(name=names.TASKS_SUBMITTED, unit=MetricUnit.Count, value=1)
+
+
+def record_llm_usage(model: str, usage: Usage) -> None:
+    """The tokens of one LLM call, under the model that answered; recorded when the response
+    arrives, because the tokens are spent whether or not the step then commits."""
+    if not enabled():
+        return
+    values = {
+        names.TOKENS_IN: input_tokens(usage),
+        names.TOKENS_OUT: usage.output_tokens,
+        names.CACHE_READ_TOKENS: usage.cache_read_input_tokens,
+        names.CACHE_WRITE_TOKENS: usage.cache_creation_input_tokens,
+    }
+    sent = {k: v for k, v in values.items() if v or k in (names.TOKENS_IN, names.TOKENS_OUT)}
+    _write_now(sent, MetricUnit.Count, {names.MODEL: _model_dimension(model)})
+
+
+def record_tool_error(tool: str) -> None:
+    """``tool`` must be a registered tool's name or ``names.UNREGISTERED_TOOL``: the registry
+    is deploy-time code, so the series stay as few as the tools."""
+    if not enabled():
+        return
+    _write_now({names.TOOL_ERRORS: 1}, MetricUnit.Count, {names.TOOL: tool})
+
+
+def record_budget_refusal(budget: Literal["task", "tenant"]) -> None:
+    """A reservation refused: the task tree's budget is spent (the task ends cost_exceeded or
+    a spawn is refused), or the tenant's hourly window is full (the task waits)."""
+    if not enabled():
+        return
+    _write_now({names.BUDGET_REFUSALS: 1}, MetricUnit.Count, {names.BUDGET: budget})
+
+
+def tenant_soft_cap_crossed(tenant: str, held: int, cap: int) -> None:
+    """A metric for the alarm and an event for whoever subscribes (EventBridge when
+    AGENTQ_EVENT_BUS is set; always a structured log line)."""
+    if enabled():
+        with _lock:
+            metrics.add_metric(name=names.TENANT_SOFT_CAP_CROSSED, unit=MetricUnit.Count, value=1)
+    emit_event("TenantSoftCapCrossed", {"tenant": tenant, "tokens_this_hour": held, "hourly_cap": cap})
+
+
+def flush() -> None:
+    """The worker's timer: write what the shared sets hold (with AGENTQ_EMF=1), else drop it."""
+    with _lock:
+        for sink in (metrics, api_metrics):
+            if sink.metric_set and os.environ.get("AGENTQ_EMF") == "1" and not is_metrics_disabled():
+                _write(sink)
+            sink.clear_metrics()
+
+
+def input_tokens(usage: Usage) -> int:
+    """What the model read: OpenTelemetry's gen_ai.usage.input_tokens and the budget ledger's
+    tokens_in both count cached input too."""
+    return usage.input_tokens + usage.cache_creation_input_tokens + usage.cache_read_input_tokens
+
+
+def _model_dimension(model: str) -> str:
+    """Models are what providers answered as, so they are few; the scripted provider echoes
+    any name it is given, so a process keeps at most MAX_MODELS of them."""
+    with _lock:
+        if model in _models:
+            return model
+        if len(_models) < MAX_MODELS:
+            _models.add(model)
+            return model
+    return names.OTHER_MODEL
+
+
+def _write_now(values: dict[str, int], unit: MetricUnit, dimensions: dict[str, str]) -> None:
+    sink = EphemeralMetrics(namespace=names.NAMESPACE, service=names.EXECUTOR)
+    for key, value in dimensions.items():
+        sink.add_dimension(name=key, value=value)
+    for name, amount in values.items():
+        sink.add_metric(name=name, unit=unit, value=amount)
+    with _lock:
+        _write(sink)
+
+
+def _write(sink: Metrics | EphemeralMetrics) -> None:
+    """One EMF document as one write (callers hold the lock)."""
+    sys.stdout.write(json.dumps(sink.serialize_metric_set(), separators=(",", ":")) + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,59 @@
+"""What CloudWatch knows agentq's metrics by: namespace, the ``service`` dimension's values,
+the other dimensions and the metric names.
+
+One definition for the code that emits them (``agentq.observe``) and the dashboard and alarms
+that read them (``infra/observability.py``): a renamed metric cannot leave a widget drawing
+nothing.
+"""
+
+from __future__ import annotations
+
+NAMESPACE = "agentq"
+
+# Dimensions. ``service`` is powertools' default dimension; its value is the component's role,
+# not its deployment: the Lambda executor and the Fargate worker both run tasks, so their
+# metrics share ``executor`` and add up on one graph.
+SERVICE = "service"
+EXECUTOR = "executor"
+API = "api"
+MODEL = "model"  # the model the provider reported (token metrics)
+TOOL = "tool"  # a registered tool's name (tool_errors)
+BUDGET = "budget"  # which budget refused: "task" (the task tree's own) or "tenant" (its hourly window)
+
+# Values a dimension falls back to, so the number of metric series stays bounded whatever the
+# model or the tasks ask for.
+UNREGISTERED_TOOL = "unregistered"  # a tool name the model made up
+OTHER_MODEL = "other"  # past MAX_MODELS distinct models in one process
+
+# service=executor, dimensions {service}
+STEPS_COMMITTED = "steps_committed"
+PICKUP_LATENCY = "pickup_latency"
+RESUME_LATENCY = "resume_latency"
+DLQ_MOVES = "dlq_moves"
+TENANT_SOFT_CAP_CROSSED = "tenant_soft_cap_crossed"
+# service=executor, dimensions {service, model}: one EMF document per LLM call
+TOKENS_IN = "tokens_in"  # every input token the model read: uncached, cache writes and cache reads
+TOKENS_OUT = "tokens_out"
+CACHE_READ_TOKENS = "cache_read_tokens"  # part of tokens_in; sent only when non-zero
+CACHE_WRITE_TOKENS = "cache_write_tokens"  # part of tokens_in; sent only when non-zero
+# service=executor, dimensions {service, tool}
+TOOL_ERRORS = "tool_errors"
+# service=executor, dimensions {service, budget}
+BUDGET_REFUSALS = "budget_refusals"
+# service=api, dimensions {service}
+TASKS_SUBMITTED = "tasks_submitted"
+
+TOKEN_DIMENSIONS = (SERVICE, MODEL)
+TOOL_DIMENSIONS = (SERVICE, TOOL)
+BUDGET_DIMENSIONS = (SERVICE, BUDGET)
+BUDGETS = ("task", "tenant")
+
+
+def task_outcome(status: str) -> str:
+    """``tasks_succeeded``, ``tasks_failed``, ...: a task reached that terminal status."""
+    return f"tasks_{status}"
+
+
+def run_outcome(outcome: str) -> str:
+    """``runs_finished``, ``runs_continue``, ...: how one claim of a task ended."""
+    return f"runs_{outcome}"
