@@ -101,7 +101,8 @@ def test_a_round_longer_than_the_heartbeat_is_followed_at_once_without_catch_up_
     starts = _round_starts(store)
     gaps = [b - a for a, b in pairwise(starts)]
     assert len(starts) >= 3, starts
-    assert all(0.55 < g < 0.9 for g in gaps), f"rounds {gaps} apart: expected back to back, each ~0.6 s"
+    assert min(gaps) > 0.55, f"rounds {gaps} apart: catch-up rounds after an overrun"
+    assert statistics.median(gaps) < 0.9, f"rounds {gaps} apart: a wait after each overrun (fixed delay gives 1.0)"
     assert hub.counts["overruns"] >= 2
 
 
