@@ -491,8 +491,10 @@ class Store:
         reserves tokens for the next LLM call in the same write (saving a round trip per turn);
         ``finish`` moves the task to a terminal status with its result. ``lease_until`` (unless
         finishing, which drops the lease) also moves ``lease_expires`` there: progress is a
-        heartbeat, so the heartbeat need not write this lease again soon. The write stays
-        fenced on the epoch as before; like ``extend_lease`` it cannot take a lease over.
+        heartbeat, so the heartbeat need not write this lease again soon. The condition is
+        unchanged (the epoch, the status, the previous step), so it cannot take a lease over;
+        and a run never commits after releasing its lease, so it cannot revive a released
+        one either (``extend_lease``, on another thread, needs ``lease_expires > 0`` for that).
         """
         now = time.time()
         payload = body.model_dump_json()
