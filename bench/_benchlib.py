@@ -227,6 +227,18 @@ class BenchStack(LocalStack):
                 pass
         return total
 
+    def worker_stats(self) -> dict[int, dict[str, Any]]:
+        """Each worker's last ``Worker.stats()`` (admission limit, tasks held, heartbeats), by pid."""
+        out: dict[int, dict[str, Any]] = {}
+        for path in Path(self.counts_dir).glob("*.json"):
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if data.get("worker"):
+                out[int(data["pid"])] = data["worker"]
+        return out
+
     def polling(self, proc: subprocess.Popen[bytes]) -> bool:
         """Has this worker started long-polling its queues?"""
         path = Path(self.counts_dir) / f"{proc.pid}.json"

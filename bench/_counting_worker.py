@@ -3,8 +3,9 @@
 Runs exactly what ``python -m agentq worker ...`` runs (same argv after the script name), with
 one addition: every botocore API call is counted by ``service:Operation`` (one count per
 logical call; botocore's internal retries are not counted twice), and the counts are written
-as JSON to ``$AGENTQ_BENCH_COUNTS/<pid>.json`` every 0.5 s and at exit. The write is atomic
-(tmp + rename), so a SIGKILLed worker leaves its counts up to its last dump.
+as JSON to ``$AGENTQ_BENCH_COUNTS/<pid>.json`` every 0.5 s and at exit, together with the
+worker's own ``Worker.stats()`` (admission limit, tasks held, heartbeat rounds). The write is
+atomic (tmp + rename), so a SIGKILLed worker leaves its counts up to its last dump.
 
 Cost: one lock and one dict increment per AWS call, and one small file write per 0.5 s.
 """
@@ -17,12 +18,14 @@ import os
 import sys
 import threading
 from collections import Counter
+from typing import Any
 
 import botocore.client
 
 _counts: Counter[str] = Counter()
 _lock = threading.Lock()
 _original = botocore.client.BaseClient._make_api_call
+_workers: list[Any] = []  # the Worker this process runs, once started
 
 
 def _counted(self: botocore.client.BaseClient, operation_name: str, api_params: dict) -> dict:  # type: ignore[type-arg]
@@ -35,10 +38,24 @@ def _counted(self: botocore.client.BaseClient, operation_name: str, api_params: 
 def _dump(path: str) -> None:
     with _lock:
         data = dict(_counts)
+    stats = _workers[0].stats() if _workers else None
     tmp = f"{path}.tmp"
     with open(tmp, "w") as fh:
-        json.dump({"pid": os.getpid(), "counts": data}, fh)
+        json.dump({"pid": os.getpid(), "counts": data, "worker": stats}, fh)
     os.replace(tmp, path)
+
+
+def _capture_worker() -> None:
+    """Remember the Worker the CLI builds, so its stats can be dumped with the counts."""
+    from agentq.worker import Worker
+
+    start = Worker.start
+
+    def recording_start(self: Worker) -> Worker:
+        _workers.append(self)
+        return start(self)
+
+    Worker.start = recording_start  # type: ignore[method-assign]
 
 
 def _dumper(path: str, stop: threading.Event) -> None:
@@ -53,6 +70,7 @@ def main() -> int:
     botocore.client.BaseClient._make_api_call = _counted  # type: ignore[method-assign]
     out_dir = os.environ.get("AGENTQ_BENCH_COUNTS")
     if out_dir:
+        _capture_worker()
         path = os.path.join(out_dir, f"{os.getpid()}.json")
         stop = threading.Event()
         threading.Thread(target=_dumper, args=(path, stop), name="bench-counts", daemon=True).start()

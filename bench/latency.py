@@ -18,7 +18,7 @@ in the submitting threads. Target stated by the project: pickup p99 <= 1 s. On t
 moto serialises DynamoDB requests (~130 conditional writes/s over 2 cores shared with the
 workers and this script), so a burst is throughput-bound: the p99 of a burst measures the
 backlog, and the paced row measures pickup when arrivals stay under capacity (a clean task
-costs 6 DynamoDB calls, so ~15 tasks/s here: the default paced rate is 10/s).
+costs 8 DynamoDB calls, so ~12 tasks/s here: the default paced rate is 10/s).
 """
 
 from __future__ import annotations
@@ -88,6 +88,7 @@ def run_phase(
 
     queues.url("normal")  # resolve once before the clock starts
     workers_before = stack.worker_calls()
+    stats_before = stack.worker_stats()
     submit_before = counter.snapshot("submit")
     how = f"paced at {rate:g}/s" if rate else f"as fast as possible ({threads} threads)"
     log(f"[{name}] submitting {tasks} tasks {how} ...")
@@ -110,6 +111,7 @@ def run_phase(
     items = wait_terminal(stack, store, submitted, timeout=timeout)
     time.sleep(1.2)  # let every worker dump its call counts (every 0.5 s)
     worker_calls = stack.worker_calls() - workers_before
+    admission = admission_figures(stats_before, stack.worker_stats())
     submit_calls = counter.snapshot("submit") - submit_before
 
     parsed = [store._task(item) for item in items.values()]  # the store's own META decoding
@@ -153,7 +155,19 @@ def run_phase(
         "receive_calls_per_task": worker_calls.get("sqs:ReceiveMessage", 0) / max(1, done),
         "submit_calls_per_task": sum(submit_calls.values()) / max(1, len(submitted)),
         "dynamodb_calls_per_s": ddb_calls / window,
+        "admission": admission,
     }
+
+
+def admission_figures(before: dict[int, dict[str, Any]], after: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Per worker: its admission limit (now, lowest and highest so far), the most tasks it held
+    at once, and what its heartbeat did during the phase (counts are deltas)."""
+    out: dict[str, Any] = {}
+    for pid, stats in sorted(after.items()):
+        prior = before.get(pid, {})
+        beats = {k: v - prior.get(k, 0) for k, v in stats.items() if k.startswith("beat_")}
+        out[str(pid)] = {**{k: v for k, v in stats.items() if not k.startswith("beat_")}, **beats}
+    return out
 
 
 def render(result: dict[str, Any]) -> str:
@@ -174,18 +188,19 @@ def render(result: dict[str, Any]) -> str:
             [
                 ph["name"], ph["succeeded"], f"{ph['submitted']}", ph["submit_rate_per_s"],
                 p["p50"], p["p95"], p["p99"], p["max"], e["p50"], e["p99"],
-                ph["throughput_tasks_per_s"], ph["claimed_more_than_once"],
+                ph["throughput_tasks_per_s"], ph["claimed_more_than_once"], ph["dynamodb_calls_per_task"],
                 "yes" if ph["pickup_p99_met"] else "NO",
             ]
         )  # fmt: skip
     out.append(
         table(
             ["run", "done", "sent", "submit/s", "pickup p50", "p95", "p99", "max", "e2e p50", "e2e p99",
-             "done/s", "reclaimed", f"p99<={TARGET_PICKUP_P99:g}s"],
+             "done/s", "reclaimed", "ddb/task", f"p99<={TARGET_PICKUP_P99:g}s"],
             rows,
         )  # fmt: skip
     )
-    out.append("(seconds; percentiles are nearest-rank over all tasks; done/s = completed / (last finish - first submit))")
+    out.append("(seconds; percentiles are nearest-rank over all tasks; done/s = completed / (last finish - first submit);")
+    out.append(" reclaimed = tasks claimed more than once; ddb/task = worker DynamoDB calls per completed task)")
     out.append("")
     out.append("AWS calls per completed task, worker side (counted in each worker process; submit adds its own):")
     rows = []
@@ -200,6 +215,19 @@ def render(result: dict[str, Any]) -> str:
         out.append(f"  {ph['name']}: {ops}")
     out.append("  (ReceiveMessage includes idle long polls, 3 tiers x workers each poll period; heartbeats are")
     out.append("   UpdateItem on the lease + ChangeMessageVisibilityBatch while a task is held longer than a heartbeat)")
+    out.append("")
+    out.append("Admission and heartbeat, per worker (limit: tasks the worker may hold, from its lease-write latency;")
+    out.append(" refused: extensions refused because the lease was taken over or its task ended as the write landed):")
+    for ph in result["phases"]:
+        for pid, a in ph["admission"].items():
+            latency = a.get("lease_write_latency_s")
+            out.append(
+                f"  {ph['name']} pid {pid}: limit now {a.get('admission_limit')} (lowest {a.get('admission_limit_min')}, "
+                f"highest {a.get('admission_limit_max')}) of {a.get('concurrency')}; held at most {a.get('held_max')}; "
+                f"lease write {fmt(None if latency is None else latency * 1000, 0)} ms; heartbeat rounds {a.get('beat_rounds', 0)} "
+                f"(overran {a.get('beat_overruns', 0)}), leases extended {a.get('beat_extended', 0)}, "
+                f"skipped as fresh {a.get('beat_skipped_fresh', 0)}, refused {a.get('beat_refused', 0)}"
+            )
     out.append("")
     out.extend(result["notes"])
     return "\n".join(out)
@@ -286,22 +314,20 @@ def notes(result: dict[str, Any]) -> list[str]:
             f"({burst['throughput_tasks_per_s']:.1f}/s), so the queue backs up and pickup is the time spent in the "
             "backlog. moto serialises DynamoDB requests (one lock, one GIL, 2 cores shared with the workers, this "
             f"script and anything else running): it served {burst['dynamodb_calls_per_s']:.0f} DynamoDB calls/s here, and "
-            "a clean one-turn task costs 6 (submit 1; worker: GetItem, claim UpdateItem, steps Query, reserve and "
-            "commit TransactWriteItems), so no setting gives pickup p99 <= 1 s for 1,000 tasks at once on this "
+            "a clean one-turn task costs 8 (submit 1; worker 7: GetItem x3 for the message's task, the tenant's "
+            "limits and the end report, claim UpdateItem, steps Query, reserve and commit TransactWriteItems), plus "
+            "a lease write per heartbeat it is held through, so no setting gives pickup p99 <= 1 s for 1,000 tasks at once on this "
             "machine. On DynamoDB the same burst is bounded by worker count and table throughput instead."
         )
         share = burst["claimed_more_than_once"] / max(1, burst["succeeded"])
         if share > 0.05:
             lines.append(
                 f"Lease thrash: {share:.0%} of the burst's tasks were claimed more than once and a task cost "
-                f"{burst['dynamodb_calls_per_task']:.1f} worker DynamoDB calls instead of 5. With "
-                f"{s['workers']} x {s['concurrency_per_worker']} tasks taken at once, each call queues behind hundreds "
-                "of others in moto (latency = calls in flight / capacity, seconds), while the lease is "
-                f"{s['lease_seconds']:g}s: the heartbeat hub extends leases 16 at a time and then waits "
-                f"{s['heartbeat_seconds']:g}s (a round over N held tasks takes N/16 call latencies), and a received "
-                f"message's visibility ({s['visibility_seconds']}s) is not extended until its task is claimed and its "
-                "steps loaded. Leases lapse, the other worker takes the task over, work is repeated, load grows. "
-                "Compare a run with --concurrency 16."
+                f"{burst['dynamodb_calls_per_task']:.1f} worker DynamoDB calls instead of 7. A worker held more tasks "
+                f"than its heartbeat could extend within the {s['lease_seconds']:g}s lease, so leases lapsed and the "
+                "other worker took tasks over, repeating the claim, the reads and the step in flight. Admission "
+                "control (agentq/worker.py Admission; the per-worker lines above) exists to prevent this: look at "
+                "its limit against 'held at most', and at the heartbeat's overruns."
             )
     return lines
 

@@ -199,14 +199,17 @@ def test_a_lone_busy_tier_is_not_held_back_by_the_idle_tiers(moto_server: MotoSe
     worker's slots to themselves."""
     settings = _deployment(moto_server)
     store, queues, registry = build_store(settings), build_queues(settings), build_registry(settings)
-    low = [submit(store, registry, _task("low"), tenant="t", queues=queues).task_id for _ in range(3)]
+    # 2 s of scripted latency each: long enough that tasks admitted together overlap however slow the machine
+    low = [submit(store, registry, _task("low", latency=1.0), tenant="t", queues=queues).task_id for _ in range(3)]
 
-    started = time.time()
     worker = _small_worker(settings).start()
     try:
-        _wait_for(lambda: all(store.get_task(t).status.terminal for t in low), timeout=15, what="the low tasks done")
+        _wait_for(lambda: all(store.get_task(t).status.terminal for t in low), timeout=30, what="the low tasks done")
     finally:
         worker.shutdown()
     tasks = [store.get_task(t) for t in low]
     assert all(task.status is TaskStatus.SUCCEEDED for task in tasks)
-    assert min(task.claims[0]["at"] for task in tasks) - started < 3  # the first picked up at once
+    # low's share under contention would be 1 of the 3 slots; alone, it gets all 3 at once:
+    # every task was claimed before any finished (the idle tiers' pollers held no slot).
+    assert all(len(task.claims) == 1 for task in tasks)
+    assert max(task.claims[0]["at"] for task in tasks) < min(float(task.finished_at or 0) for task in tasks)

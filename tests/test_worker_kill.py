@@ -23,7 +23,8 @@ TURNS = [
 def test_a_killed_worker_s_task_completes_on_another_worker_from_its_last_step(tmp_path) -> None:  # type: ignore[no-untyped-def]
     ledger = tmp_path / "ledger.jsonl"
     with LocalStack(prefix="kill", workers=2, api=False, tool_modules=("tests.effect_tools",),
-                    extra_env={"AGENTQ_TEST_LEDGER": str(ledger), "PYTHONPATH": os.getcwd()}) as stack:  # fmt: skip
+                    extra_env={"AGENTQ_TEST_LEDGER": str(ledger),
+                               "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH", "")]))}) as stack:  # fmt: skip
         assert stack.settings is not None
         store = stack.store()
         task = submit(store, build_registry(stack.settings), scripted(TURNS, tools=["lookup", "charge_card"]), tenant="t", queues=stack.queues())

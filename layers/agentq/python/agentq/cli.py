@@ -72,6 +72,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         heartbeat_seconds=args.heartbeat,
         visibility_seconds=args.visibility,
         max_receive_count=args.max_receive_count,
+        beat_threads=args.beat_threads,
+        admission_safety=args.admission_safety,
+        admission_floor=args.admission_floor,
     )
     Worker(Settings.from_env(), config).serve_forever()
     return 0
@@ -697,6 +700,10 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--heartbeat", type=float, default=1.0, help="seconds between lease/visibility extensions")
     worker.add_argument("--visibility", type=int, default=4, help="visibility each heartbeat extends to (> lease)")
     worker.add_argument("--max-receive-count", type=int, default=5, help="the queues' maxReceiveCount")
+    worker.add_argument("--beat-threads", type=int, default=16, help="lease writes the heartbeat makes at once")
+    worker.add_argument("--admission-safety", type=float, default=0.5,
+                        help="hold what the heartbeat can extend in this fraction of (lease - heartbeat)")  # fmt: skip
+    worker.add_argument("--admission-floor", type=int, default=8, help="hold at least this many tasks however slow the store")
     worker.add_argument("-v", "--verbose", action="store_true", help="log at INFO (default: $POWERTOOLS_LOG_LEVEL or WARNING)")
     worker.set_defaults(func=_cmd_worker)
 

@@ -83,6 +83,8 @@ class Session:
     lost: threading.Event = field(default_factory=threading.Event)
     stop: threading.Event | None = None  # set by a worker shutting down: end at the next step boundary
     limits: TenantLimits | None = None  # the tenant's hourly window, read once per claim
+    claim_seconds: float = 0.0  # how long the claim's conditional write took (the worker sizes its intake on it)
+    commit_sent_at: float | None = None  # a step commit is on the wire: it renews (or ends) the lease
 
     @property
     def next_step(self) -> int:
@@ -245,27 +247,28 @@ class Engine:
         on_beat: Callable[[], None] | None,
         stop: threading.Event | None,
     ) -> RunResult:
+        sent = time.monotonic()
         claimed = self.store.claim(task_id, self.worker_id, self.config.lease_seconds)
+        claim_seconds = time.monotonic() - sent
         if claimed is None:
             return RunResult(task_id, "not_claimed")
         lease, task = claimed
         observe.bind(lease_epoch=lease.epoch)
         crash_point("after_claim")
-        steps = self.store.load_steps(task_id)
-        resumed_from = steps[-1].number if steps else 0
+        # The lease is kept alive from here, before the reads that rebuild the session: on a
+        # loaded store they can take a good part of the lease.
         session = Session(
-            lease=lease,
-            task=task,
-            steps=list(steps),
-            messages=conversation(task.submission.goal, steps),
-            deadline=deadline,
-            stop=stop,
-            limits=self.windows.limits(task.tenant),
+            lease=lease, task=task, steps=[], messages=[], deadline=deadline, stop=stop, claim_seconds=claim_seconds
         )
-        self._settle_stale_reservation(session)
         interval = self.config.heartbeat_seconds or self.config.lease_seconds / 3
         guard = keeper(session) if keeper else LeaseKeeper(self.store, session, self.config.lease_seconds, interval, on_beat)
         with guard:
+            steps = self.store.load_steps(task_id)
+            resumed_from = steps[-1].number if steps else 0
+            session.steps = list(steps)
+            session.messages = conversation(task.submission.goal, steps)
+            session.limits = self.windows.limits(task.tenant)
+            self._settle_stale_reservation(session)
             try:
                 result = self._loop(session)
             except LeaseLost as exc:
@@ -467,11 +470,9 @@ class Engine:
         finish, error = self._turn_end(step, max_out, shrunk=max_out < s.task.submission.constraints.max_output_tokens)
         self._check_lease(s)
         try:
-            record = self.store.commit_step(
-                s.lease,
-                s.next_step,
+            record = self._commit(
+                s,
                 step,
-                root_id=s.task.budget_id,
                 settle=settle,
                 finish=finish,
                 result=final_text(messages) if finish else None,
@@ -512,6 +513,20 @@ class Engine:
         if step.tool_uses():
             return None, None
         return TaskStatus.SUCCEEDED, None
+
+    def _commit(self, s: Session, body: Any, **kwargs: Any) -> StepRecord:
+        """Commit ``body`` as the next step; unless it ends the task, the same write renews
+        the lease, and the session learns the new expiry. While it is on the wire the
+        heartbeat may leave the lease alone: the commit renews it or ends the task."""
+        s.commit_sent_at = time.time()
+        until = None if kwargs.get("finish") else s.commit_sent_at + self.config.lease_seconds
+        try:
+            record = self.store.commit_step(s.lease, s.next_step, body, root_id=s.task.budget_id, lease_until=until, **kwargs)
+        finally:
+            s.commit_sent_at = None
+        if until is not None:
+            s.lease = s.lease.model_copy(update={"expires_at": until})
+        return record
 
     def _committed(self, s: Session, record: StepRecord, messages: list[dict[str, Any]]) -> None:
         s.steps.append(record)
@@ -732,18 +747,16 @@ class Engine:
         stop = self._stop_reason(preview)
         if isinstance(stop, TaskStatus):
             error = self._stop_error(preview, stop)
-            record = self.store.commit_step(
-                s.lease, number, body, root_id=s.task.budget_id, finish=stop, result=final_text(messages), error=error
-            )
+            record = self._commit(s, body, finish=stop, result=final_text(messages), error=error)
             s.task = s.task.model_copy(update={"status": stop})
             return record
         reserve = 0
         if stop is None:
             _, reserve = self._wanted_reservation(preview)
         try:
-            record = self.store.commit_step(s.lease, number, body, root_id=s.task.budget_id, reserve_next=reserve)
+            record = self._commit(s, body, reserve_next=reserve)
         except BudgetExceeded:
-            record = self.store.commit_step(s.lease, number, body, root_id=s.task.budget_id)
+            record = self._commit(s, body)
             reserve = 0
         if reserve:
             s.task = s.task.model_copy(update={"inflight": {"amount": reserve, "epoch": s.lease.epoch, "step": number + 1}})

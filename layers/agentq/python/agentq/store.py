@@ -522,12 +522,18 @@ class Store:
         finish: TaskStatus | None = None,
         result: str | None = None,
         error: dict[str, Any] | None = None,
+        lease_until: float | None = None,
     ) -> StepRecord:
         """Append step ``number`` and advance META, fenced by the lease, in one transaction.
 
         ``settle`` settles this step's LLM reservation with the reported usage; ``reserve_next``
         reserves tokens for the next LLM call in the same write (saving a round trip per turn);
-        ``finish`` moves the task to a terminal status with its result.
+        ``finish`` moves the task to a terminal status with its result. ``lease_until`` (unless
+        finishing, which drops the lease) also moves ``lease_expires`` there: progress is a
+        heartbeat, so the heartbeat need not write this lease again soon. The condition is
+        unchanged (the epoch, the status, the previous step), so it cannot take a lease over;
+        and a run never commits after releasing its lease, so it cannot revive a released
+        one either (``extend_lease``, on another thread, needs ``lease_expires > 0`` for that).
         """
         now = time.time()
         payload = body.model_dump_json()
@@ -550,6 +556,9 @@ class Store:
             ":now": now,
         }
         sets = ["step = :n", "updated_at = :now"]
+        if lease_until is not None and finish is None:
+            sets += ["lease_expires = :until", "heartbeat_at = :now"]
+            values[":until"] = lease_until
         removes = ["inflight"] if body.kind == "llm" else []
         if body.kind == "llm":
             sets.append("llm_steps = llm_steps + :one")

@@ -9,6 +9,9 @@ hundreds of them. Three pieces keep that cheap and fair:
   tier furthest below its share, so high goes first and low is never starved.
 - ``HeartbeatHub``: one thread extends every held lease and message visibility (batched 10
   per SQS call), instead of a heartbeat thread per task.
+- ``Admission``: the pool admits no more tasks than the hub can keep leased. It times every
+  lease write (claims and extensions) and caps what the pollers receive at what the hub can
+  extend within a fraction of the lease; what it does not take stays in SQS for another worker.
 - graceful SIGTERM: polling stops, running tasks end at their next step boundary (the step in
   flight is committed), leases are released and each task gets a continuation message.
 """
@@ -21,10 +24,11 @@ import signal
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from agentq import observe
 from agentq.dispatch import Action, Dispatcher
@@ -48,7 +52,8 @@ class WorkerConfig:
     concurrency: int = 256
     # A dead worker's task is resumed once its message is visible again: within
     # ``visibility_seconds`` of its last heartbeat. The lease lapses a second earlier, so the
-    # next receiver can claim at once. Cost: one lease write per task per heartbeat.
+    # next receiver can claim at once. Cost: one lease write per task per heartbeat, less the
+    # heartbeats a step commit makes unnecessary (it renews the lease in its own write).
     lease_seconds: float = 3.0
     heartbeat_seconds: float = 1.0
     visibility_seconds: int = 4
@@ -56,17 +61,129 @@ class WorkerConfig:
     max_receive_count: int = QueueSettings().max_receive_count
     weights: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
     drain_seconds: float = 60.0  # how long SIGTERM waits for steps in flight
+    # Admission (see ``Admission``): hold at most what ``beat_threads`` lease writes at the
+    # measured latency can extend in ``admission_safety`` x (lease - heartbeat) seconds, and
+    # never fewer than ``admission_floor`` (or ``concurrency`` if that is lower).
+    beat_threads: int = 16
+    admission_safety: float = 0.5
+    admission_floor: int = 8
+
+
+class LeaseWriteRate:
+    """How many lease writes a second the heartbeat hub can make right now: its threads over
+    the moving average (EWMA) of a lease write's latency.
+
+    Claims are sampled too: a claim is the same conditional UpdateItem of META as an
+    extension, and every task makes one, so the estimate exists before the first heartbeat
+    and follows the store even while tasks are too short to need one. What is measured is
+    latency, not the hub's realised throughput: a hub with little to do extends little, and
+    that must not read as a slow store.
+    """
+
+    def __init__(self, threads: int, alpha: float = 0.2) -> None:
+        self.threads = threads
+        self.alpha = alpha
+        self._latency: float | None = None
+        self._lock = threading.Lock()
+        self.samples = 0
+
+    def observe(self, seconds: float) -> None:
+        with self._lock:
+            self.samples += 1
+            seconds = max(seconds, 1e-4)
+            self._latency = seconds if self._latency is None else self._latency + self.alpha * (seconds - self._latency)
+
+    @property
+    def latency(self) -> float | None:
+        return self._latency
+
+    def per_second(self) -> float | None:
+        latency = self._latency
+        return None if latency is None else self.threads / latency
+
+
+class Admission:
+    """How many tasks this worker may hold: as many as the hub can extend in time.
+
+    Every held task needs a lease write each heartbeat, and a round of writes must land well
+    inside the lease or leases lapse and other workers take tasks over (correct, since writes
+    are fenced, but every takeover repeats the claim, the reads and the step in flight, which
+    slows the store further). So the limit is ``rate x (lease - heartbeat) x safety``, where
+    ``rate`` is ``LeaseWriteRate``; between ``floor`` and ``concurrency``. Until the first
+    lease write is timed nothing is known, and the worker starts at the floor. The limit
+    follows the store both ways: fewer tasks held means fewer calls queued ahead of each
+    write, lower latency, and a higher limit. It falls at once but rises to at most twice
+    what the worker holds, and at most doubles per heartbeat: a latency measured while
+    holding N tasks says little about holding 30 N, and a worker that took 30 N on that
+    evidence (say after an idle spell, when one fast claim is all it has seen) would hold
+    them all through the slowdown it causes.
+    """
+
+    def __init__(self, config: WorkerConfig, rate: LeaseWriteRate, clock: Callable[[], float] = time.monotonic) -> None:
+        self.concurrency = config.concurrency
+        self.floor = max(1, min(config.admission_floor, config.concurrency))
+        self.window = max(0.0, config.lease_seconds - config.heartbeat_seconds) * config.admission_safety
+        self.doubling_seconds = config.heartbeat_seconds
+        self.rate = rate
+        self.clock = clock
+        self._value = float(self.floor)
+        self._at = clock()
+        self._value_lock = threading.Lock()
+        self.lowest: int | None = None
+        self.highest: int | None = None
+        self._logged: tuple[int, float] | None = None  # (limit, monotonic time) last logged
+
+    def limit(self, busy: int) -> int:
+        """The most tasks to hold now, given that ``busy`` are held (admitted) already."""
+        per_second = self.rate.per_second()
+        if per_second is None:
+            return self.floor
+        target = max(self.floor, min(self.concurrency, per_second * self.window))
+        with self._value_lock:
+            now = self.clock()
+            grown = self._value * 2 ** ((now - self._at) / self.doubling_seconds)
+            self._value, self._at = min(target, grown, max(self.floor, 2 * busy)), now
+            value = int(self._value)
+        self.lowest = value if self.lowest is None else min(self.lowest, value)
+        self.highest = value if self.highest is None else max(self.highest, value)
+        self._log_change(value, per_second)
+        return value
+
+    def _log_change(self, value: int, per_second: float) -> None:
+        """One line when the limit moves by a quarter or more, at most every 5 s: an operator
+        sees a worker capped by a slow store without a line per grant."""
+        now = self.clock()
+        if self._logged is not None:
+            last, at = self._logged
+            if abs(value - last) < max(1, last // 4) or now - at < 5:
+                return
+        self._logged = (value, now)
+        log.info(
+            "admission: holding at most %d of %d tasks (lease write %.0f ms, %.0f writes/s over %d beat threads)",
+            value, self.concurrency, 1000 * (self.rate.latency or 0), per_second, self.rate.threads,
+        )  # fmt: skip
 
 
 class SlotPool:
-    """A counting semaphore with weighted fair shares between tiers."""
+    """A counting semaphore with weighted fair shares between tiers.
 
-    def __init__(self, capacity: int, weights: dict[str, int]) -> None:
-        self.capacity = capacity
+    ``limit``, when given, is asked on every grant (with the slots in use) and may move
+    (admission control): slots already granted are kept when it drops; no new ones are
+    granted until usage is below it.
+    """
+
+    def __init__(self, capacity: int, weights: dict[str, int], limit: Callable[[int], int] | None = None) -> None:
+        self.max_capacity = capacity
         self.weights = weights
         self.in_use = {tier: 0 for tier in weights}
         self.waiting = {tier: 0 for tier in weights}
+        self.probing = {tier: 0 for tier in weights}  # idle tiers' long polls, not in the pool
+        self._limit = limit
         self._cond = threading.Condition()
+
+    @property
+    def capacity(self) -> int:
+        return self.max_capacity if self._limit is None else min(self.max_capacity, self._limit(self.busy))
 
     @property
     def busy(self) -> int:
@@ -92,11 +209,19 @@ class SlotPool:
                 self._cond.notify_all()
 
     def probe(self, tier: str) -> None:
-        """One slot for an idle tier's long poll, outside the contest for the pool: a tier
-        whose queue was empty must not keep a busy tier from its last free slots. At most one
+        """One slot for an idle tier's long poll, outside the pool: a tier whose queue was
+        empty must neither keep a busy tier from its last free slots nor count as a contender
+        that shrinks the busy tier's share (a lone busy tier gets the whole pool). At most one
         probe per tier, so the pool can run ``capacity + len(tiers)`` tasks at the most."""
         with self._cond:
-            self.in_use[tier] += 1
+            self.probing[tier] += 1
+
+    def end_probe(self, tier: str, received: int) -> None:
+        """The probe's long poll returned: a message it received takes a slot in the pool."""
+        with self._cond:
+            self.probing[tier] -= 1
+            self.in_use[tier] += received
+            self._cond.notify_all()
 
     def _next_tier(self) -> str:
         """Among waiting tiers, the one using least of its share (ties: higher priority)."""
@@ -117,25 +242,36 @@ class SlotPool:
             self._cond.notify_all()
 
 
-@dataclass
+@dataclass(eq=False)
 class _Held:
-    session: Session
+    """One received message, and once claimed, the session running its task."""
+
     tier: str
     receipt: str
+    session: Session | None = None
     visibility_ok: bool = True
 
 
 class HeartbeatHub:
-    """Extends the lease and the message visibility of every task this process holds."""
+    """Extends the lease and the message visibility of every task this process holds.
+
+    A message is held from the moment it is received, not from its claim: under load the
+    reads before the claim (and the claim itself) can outlast the visibility the receive
+    set, and a message that reappears is received again by another worker, which pays
+    those reads again only to find the task leased.
+    """
 
     def __init__(self, store: Any, queues: TaskQueues, config: WorkerConfig) -> None:
         self.store = store
         self.queues = queues
         self.config = config
-        self._held: dict[int, _Held] = {}
+        self.rate = LeaseWriteRate(config.beat_threads)
+        self.counts: Counter[str] = Counter()  # rounds, overruns, extended, refused, skipped_fresh
+        self.held_max = 0
+        self._held: set[_Held] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="beat")
+        self._pool = ThreadPoolExecutor(max_workers=config.beat_threads, thread_name_prefix="beat")
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -146,39 +282,102 @@ class HeartbeatHub:
         self._thread.join(timeout=5)
         self._pool.shutdown(wait=False)
 
-    @contextmanager
-    def track(self, session: Session, tier: str, receipt: str) -> Iterator[None]:
-        key = id(session)
+    @property
+    def held(self) -> int:
+        """Tasks claimed and running here (received messages not yet claimed excluded)."""
         with self._lock:
-            self._held[key] = _Held(session, tier, receipt)
+            return sum(1 for h in self._held if h.session is not None)
+
+    @contextmanager
+    def hold(self, tier: str, receipt: str) -> Iterator[_Held]:
+        """Keep a received message invisible until its task is done with it."""
+        held = _Held(tier, receipt)
+        with self._lock:
+            self._held.add(held)
+        try:
+            yield held
+        finally:
+            with self._lock:
+                self._held.discard(held)
+
+    @contextmanager
+    def track(self, held: _Held, session: Session) -> Iterator[None]:
+        """Keep the lease of ``session``, claimed through ``held``'s message, alive."""
+        if session.claim_seconds:
+            self.rate.observe(session.claim_seconds)
+        with self._lock:
+            held.session = session
+            self.held_max = max(self.held_max, sum(1 for h in self._held if h.session is not None))
         try:
             yield
         finally:
             with self._lock:
-                self._held.pop(key, None)
+                held.session = None
 
     def _run(self) -> None:
-        while not self._stop.wait(self.config.heartbeat_seconds):
+        """Rounds at a fixed rate: each is due ``heartbeat_seconds`` after the previous one
+        started, not after it ended, so a slow round does not push every lease closer to
+        expiry. A round that overruns its slot is followed at once by the next (counted as
+        ``overruns``), never by a burst of catch-up rounds."""
+        period = self.config.heartbeat_seconds
+        due = time.monotonic() + period
+        while not self._stop.wait(max(0.0, due - time.monotonic())):
+            started = time.monotonic()
             with self._lock:
-                held = list(self._held.values())
+                held = [(h, h.session) for h in self._held]
             if held:
+                self._count("rounds")
                 self.beat(held)
+            due = started + period
+            if time.monotonic() > due:
+                self._count("overruns")
 
-    def beat(self, held: list[_Held]) -> None:
-        list(self._pool.map(self._extend_lease, held))
+    def beat(self, held: list[tuple[_Held, Session | None]]) -> None:
+        """One round: every visibility batch and every lease write go to the pool at once,
+        the leases closest to expiry first; returns when all have landed."""
+        now = time.time()
+        live = [(h, s) for h, s in held if s is not None and not s.lost.is_set()]
+        leased = sorted(((h, s) for h, s in live if not self._fresh(s, now)), key=lambda e: e[1].lease.expires_at)
+        if len(leased) < len(live):
+            self._count("skipped_fresh", len(live) - len(leased))
+        jobs = []
         for tier in TIERS:
-            entries = [h for h in held if h.tier == tier and h.visibility_ok and not h.session.lost.is_set()]
-            for i in range(0, len(entries), 10):
-                self._extend_visibility(tier, entries[i : i + 10])
+            entries = [h for h, s in held if h.tier == tier and h.visibility_ok and not (s is not None and s.lost.is_set())]
+            jobs += [self._pool.submit(self._extend_visibility, tier, entries[i : i + 10]) for i in range(0, len(entries), 10)]
+        jobs += [self._pool.submit(self._extend_lease, entry) for entry in leased]
+        wait(jobs)
 
-    def _extend_lease(self, h: _Held) -> None:
-        with observe.task_context(task_id=h.session.lease.task_id, lease_epoch=h.session.lease.epoch):
+    def _fresh(self, session: Session, now: float) -> bool:
+        """Was this lease written less than half a heartbeat ago, by its claim or a step
+        commit (one on the wire counts: it renews the lease or ends the task)? Then it is
+        left for the next round. The hub's own writes are a heartbeat old by then, so only
+        progress between rounds saves a write, and the gap between two writes of a lease
+        stays under 1.5 heartbeats."""
+        written = max(session.lease.expires_at - self.config.lease_seconds, session.commit_sent_at or 0.0)
+        return now - written < self.config.heartbeat_seconds / 2
+
+    def _extend_lease(self, entry: tuple[_Held, Session]) -> None:
+        h, session = entry
+        if h.session is not session:
+            return  # the task ended while this write waited for a beat thread: nothing to keep
+        with observe.task_context(task_id=session.lease.task_id, lease_epoch=session.lease.epoch):
+            sent = time.monotonic()
             try:
-                h.session.lease = self.store.extend_lease(h.session.lease, self.config.lease_seconds)
+                session.lease = self.store.extend_lease(session.lease, self.config.lease_seconds)
+                self._count("extended")
             except LeaseLost:
-                h.session.lost.set()
+                # Taken over by another worker, or dropped by the task itself (it finished or was
+                # released) while this write was on the wire: the store cannot tell us which.
+                session.lost.set()
+                self._count("refused")
             except Exception:
-                log.exception("lease heartbeat failed for %s", h.session.lease.task_id)
+                log.exception("lease heartbeat failed for %s", session.lease.task_id)
+            finally:
+                self.rate.observe(time.monotonic() - sent)
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self.counts[name] += n
 
     def _extend_visibility(self, tier: str, batch: list[_Held]) -> None:
         try:
@@ -196,12 +395,17 @@ class HeartbeatHub:
             h = batch[int(failure["Id"])]
             h.visibility_ok = False
             with self._lock:
-                still_running = self._held.get(id(h.session)) is h  # ids are reused after free
-            if not still_running:
-                continue  # the task ended after this beat began: its message was deleted on purpose
+                session = h.session if h in self._held else None
+            if session is None:
+                # The task ended after this beat began (its message was deleted on purpose),
+                # or it was never claimed here: either way nothing of ours needs the message.
+                continue
             # Our message is gone (deleted through a duplicate's receipt): leave a safety net
             # so that if this process dies, the task still has a message to resume from.
-            self.queues.send(h.session.lease.task_id, tier, kind="safety_net", delay_seconds=min(900, int(self.config.visibility_seconds)))
+            try:
+                self.queues.send(session.lease.task_id, tier, kind="safety_net", delay_seconds=min(900, int(self.config.visibility_seconds)))
+            except Exception:
+                log.exception("safety-net message for %s failed", session.lease.task_id)
 
 
 class Worker:
@@ -219,12 +423,33 @@ class Worker:
             fanout=build_fanout(settings, pool=pool),
         )
         self.dispatcher = Dispatcher(self.engine, self.queues, max_receive_count=config.max_receive_count)
-        self.slots = SlotPool(config.concurrency, config.weights)
         self.hub = HeartbeatHub(self.store, self.queues, config)
+        self.admission = Admission(config, self.hub.rate)
+        self.slots = SlotPool(config.concurrency, config.weights, limit=self.admission.limit)
         self.stopping = threading.Event()
         self._executor = ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="task")
         self._pollers: list[threading.Thread] = []
         self.processed = 0
+
+    def stats(self) -> dict[str, Any]:
+        """What admission and the heartbeat are doing, for logs, benchmarks and tests."""
+        latency = self.hub.rate.latency
+        per_second = self.hub.rate.per_second()
+        with self.hub._lock:
+            counts = dict(self.hub.counts)
+        return {
+            "concurrency": self.config.concurrency,
+            "admission_limit": self.admission.limit(self.slots.busy),
+            "admission_limit_min": self.admission.lowest,
+            "admission_limit_max": self.admission.highest,
+            "admitted": self.slots.busy,
+            "held": self.hub.held,
+            "held_max": self.hub.held_max,
+            "lease_write_latency_s": None if latency is None else round(latency, 4),
+            "lease_writes_per_s": None if per_second is None else round(per_second, 1),
+            "lease_write_samples": self.hub.rate.samples,
+            **{f"beat_{k}": v for k, v in sorted(counts.items())},
+        }
 
     # ---------------------------------------------------------------- running
 
@@ -263,7 +488,8 @@ class Worker:
         url = self.queues.url(tier)
         idle = True  # an idle tier probes with one slot of its own, outside the pool's contest
         while not self.stopping.is_set():
-            if idle:
+            probing = idle
+            if probing:
                 self.slots.probe(tier)
                 granted = 1
             else:
@@ -281,11 +507,17 @@ class Worker:
                 )
             except Exception:
                 log.exception("receive failed on %s", tier)
-                self.slots.release(tier, granted)
+                if probing:
+                    self.slots.end_probe(tier, 0)
+                else:
+                    self.slots.release(tier, granted)
                 time.sleep(1)
                 continue
             messages = resp.get("Messages", [])
-            self.slots.release(tier, granted - len(messages))
+            if probing:
+                self.slots.end_probe(tier, len(messages))
+            else:
+                self.slots.release(tier, granted - len(messages))
             idle = not messages
             for message in messages:
                 if self.stopping.is_set():  # hand it straight back: another worker takes it now
@@ -295,16 +527,16 @@ class Worker:
                 self._executor.submit(self._process, tier, message)
 
     def _process(self, tier: str, message: dict[str, Any]) -> None:
-        receipt = message["ReceiptHandle"]
         try:
-            action = self.dispatcher.handle(
-                message["Body"],
-                tier=tier,
-                receive_count=int(message.get("Attributes", {}).get("ApproximateReceiveCount", "1")),
-                attributes=message.get("MessageAttributes"),
-                keeper=lambda session: self.hub.track(session, tier, receipt),
-                stop=self.stopping,
-            )
+            with self.hub.hold(tier, message["ReceiptHandle"]) as held:
+                action = self.dispatcher.handle(
+                    message["Body"],
+                    tier=tier,
+                    receive_count=int(message.get("Attributes", {}).get("ApproximateReceiveCount", "1")),
+                    attributes=message.get("MessageAttributes"),
+                    keeper=lambda session: self.hub.track(held, session),
+                    stop=self.stopping,
+                )
         except Exception as exc:  # a bug or an outage: the message comes back after a pause
             log.exception("task message failed on %s", tier)
             action = Action("retry", f"worker error: {type(exc).__name__}: {exc}", delay_seconds=5)

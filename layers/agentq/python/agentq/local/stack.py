@@ -88,6 +88,9 @@ class LocalStack:
             "--heartbeat", str(c.heartbeat_seconds),
             "--visibility", str(c.visibility_seconds),
             "--max-receive-count", str(self.queue_settings.max_receive_count),
+            "--beat-threads", str(c.beat_threads),
+            "--admission-safety", str(c.admission_safety),
+            "--admission-floor", str(c.admission_floor),
         ]  # fmt: skip
 
     def spawn_worker(self, **extra_env: str) -> subprocess.Popen[bytes]:

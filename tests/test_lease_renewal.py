@@ -1,0 +1,116 @@
+"""A step commit renews the lease in the write it makes anyway: ``lease_expires`` moves
+forward in the META item with no extra AWS call, the session learns the new expiry, and a
+task that commits more often than its lease lasts keeps it with no heartbeat at all."""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import nullcontext
+from typing import Any
+
+import pytest
+
+from agentq.engine import Engine, EngineConfig, Session
+from agentq.errors import LeaseLost
+from agentq.models import LLMStep, TaskStatus
+from agentq.store import Store
+
+from tests.helpers import call, scripted
+
+
+class CallLog:
+    """Counts the DynamoDB operations a client sends (botocore's before-call event)."""
+
+    def __init__(self, client: Any) -> None:
+        self.ops: list[str] = []
+        client.meta.events.register("before-call.dynamodb.*", self._seen)
+
+    def _seen(self, model: Any, **_: Any) -> None:
+        self.ops.append(model.name)
+
+
+def _llm_step() -> LLMStep:
+    return LLMStep.model_validate(
+        {
+            "content": [{"type": "text", "text": "hi"}],
+            "stop_reason": "end_turn",
+            "model": "scripted",
+            "usage": {"input_tokens": 1, "output_tokens": 1},
+            "started_at": time.time(),
+            "duration_ms": 1,
+        }
+    )
+
+
+def test_a_commit_moves_lease_expires_forward_in_the_same_single_write(store: Store) -> None:
+    task = store.create_task(scripted([{"text": "x"}]), tenant="t")
+    claimed = store.claim(task.task_id, "w", 2)
+    assert claimed is not None
+    lease, _ = claimed
+    calls = CallLog(store.ddb)
+    until = time.time() + 60
+    store.commit_step(lease, 1, _llm_step(), root_id=task.task_id, lease_until=until)
+    assert calls.ops == ["TransactWriteItems"]
+    meta = store.get_task(task.task_id)
+    assert meta.lease_expires == pytest.approx(until) and meta.lease_expires > lease.expires_at + 50
+    assert meta.lease_epoch == lease.epoch and meta.step == 1
+
+
+def test_a_commit_under_a_superseded_epoch_still_fails_and_renews_nothing(store: Store) -> None:
+    task = store.create_task(scripted([{"text": "x"}]), tenant="t")
+    old, _ = store.claim(task.task_id, "w1", 0.01)  # type: ignore[misc]
+    time.sleep(0.05)
+    new, _ = store.claim(task.task_id, "w2", 30)  # type: ignore[misc]
+    with pytest.raises(LeaseLost):
+        store.commit_step(old, 1, _llm_step(), root_id=task.task_id, lease_until=time.time() + 600)
+    meta = store.get_task(task.task_id)
+    assert meta.lease_epoch == new.epoch and meta.lease_expires == pytest.approx(new.expires_at) and meta.step == 0
+
+
+def test_a_finishing_commit_drops_the_lease_whatever_lease_until_says(store: Store) -> None:
+    task = store.create_task(scripted([{"text": "x"}]), tenant="t")
+    lease, _ = store.claim(task.task_id, "w", 30)  # type: ignore[misc]
+    store.commit_step(lease, 1, _llm_step(), root_id=task.task_id, finish=TaskStatus.SUCCEEDED, result="x", lease_until=time.time() + 60)
+    assert store.get_task(task.task_id).lease_expires == 0
+
+
+def test_a_task_committing_faster_than_its_lease_keeps_it_with_no_heartbeat(store: Store, registry: Any) -> None:
+    """Lease 1 s, no heartbeat at all, eleven steps over ~2.5 s: a rival claims in a loop the whole
+    time. Without the renewal in each commit the lease would lapse after 1 s and the rival
+    would take the task over."""
+    turns = [{"text": f"turn {i}", "latency_seconds": 0.35, "tool_calls": [call("lookup", query=str(i))]} for i in range(5)]
+    turns.append({"text": "done", "latency_seconds": 0.35})
+    task = store.create_task(scripted(turns, tools=["lookup"]), tenant="t")
+    engine = Engine(store, worker_id="w1", tools=registry, config=EngineConfig(lease_seconds=1.0))
+    sessions: list[Session] = []
+    claimed_lease = []
+    stop = threading.Event()
+    rival_won = []
+
+    def keeper(session: Session) -> Any:  # entered right after the claim: the rival starts then
+        sessions.append(session)
+        claimed_lease.append(session.lease.expires_at)
+        thread.start()
+        return nullcontext()
+
+    def rival() -> None:
+        while not stop.is_set():
+            if store.claim(task.task_id, "rival", 30) is not None:
+                rival_won.append(time.time())
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=rival, daemon=True)
+    began = time.monotonic()
+    try:
+        result = engine.run(task.task_id, keeper=keeper)
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+    assert rival_won == [], "the lease lapsed between commits"
+    assert time.monotonic() - began > 2.0  # longer than the lease, or the test proves nothing
+    assert result.status is TaskStatus.SUCCEEDED
+    final = store.get_task(task.task_id)
+    assert final.lease_epoch == 1 and len(final.claims) == 1
+    assert sessions[0].lease.expires_at > claimed_lease[0] + 0.5  # the session learned the renewals
