@@ -163,7 +163,7 @@ def build_observability(
         "the reaper gave up on a stream batch: some expired tasks' items and payloads were not deleted. "
         "Runbook: docs/DEPLOY.md#runbook-a-message-in-the-reaper-dlq",
     )
-    pickup_p99 = agentq_metric("pickup_latency", "p99", FIVE_MINUTES, "pickup latency p99")
+    pickup_p99 = agentq_metric(names.PICKUP_LATENCY, "p99", FIVE_MINUTES, "pickup latency p99")
     alarm(
         "PickupLatency",
         pickup_p99,
@@ -188,7 +188,7 @@ def build_observability(
     )
     alarm(
         "TenantSoftCap",
-        agentq_metric("tenant_soft_cap_crossed", "Sum", FIVE_MINUTES),
+        agentq_metric(names.TENANT_SOFT_CAP_CROSSED, "Sum", FIVE_MINUTES),
         1,
         "a tenant crossed 80% (its soft cap) of its hourly token window; the event names the tenant",
         ok=False,
@@ -265,13 +265,13 @@ def build_observability(
     dashboard.add_widgets(
         cw.GraphWidget(
             title="Tasks by outcome",
-            left=[agentq_metric(f"tasks_{o}", "Sum", FIVE_MINUTES, o) for o in OUTCOMES],
+            left=[agentq_metric(names.task_outcome(o), "Sum", FIVE_MINUTES, o) for o in OUTCOMES],
             stacked=True,
             width=8,
         ),
         cw.GraphWidget(
             title="Pickup and resume latency p99 (s)",
-            left=[pickup_p99, agentq_metric("resume_latency", "p99", FIVE_MINUTES, "resume latency p99")],
+            left=[pickup_p99, agentq_metric(names.RESUME_LATENCY, "p99", FIVE_MINUTES, "resume latency p99")],
             width=8,
         ),
         cw.GraphWidget(title="Tokens per minute, per model", left=tokens_per_minute(), width=8),

@@ -463,7 +463,7 @@ class Engine:
             reserved=reserved,
             used=response.usage.total,
             cost_usd=cost,
-            tokens_in=response.usage.input_tokens + response.usage.cache_creation_input_tokens + response.usage.cache_read_input_tokens,
+            tokens_in=response.usage.input_total,
             tokens_out=response.usage.output_tokens,
         )
         messages = [*s.messages, {"role": "assistant", "content": step.content}]
@@ -537,7 +537,7 @@ class Engine:
             log.debug(
                 "llm step committed",
                 extra={"kind": "llm", "model": body.model, "stop_reason": body.stop_reason,
-                       "tokens_in": observe.input_tokens(body.usage), "tokens_out": body.usage.output_tokens},
+                       "tokens_in": body.usage.input_total, "tokens_out": body.usage.output_tokens},
             )  # fmt: skip
         else:
             log.debug("tools step committed", extra={"kind": "tools", "tool_errors": sum(r.is_error for r in body.results)})

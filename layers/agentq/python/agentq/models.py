@@ -156,13 +156,14 @@ class Usage(StrictModel):
     cache_read_input_tokens: int = 0
 
     @property
+    def input_total(self) -> int:
+        """Every input token the model read, cache writes and reads included: the ledger's
+        ``tokens_in`` and OpenTelemetry's ``gen_ai.usage.input_tokens`` both count these."""
+        return self.input_tokens + self.cache_creation_input_tokens + self.cache_read_input_tokens
+
+    @property
     def total(self) -> int:
-        return (
-            self.input_tokens
-            + self.output_tokens
-            + self.cache_creation_input_tokens
-            + self.cache_read_input_tokens
-        )
+        return self.input_total + self.output_tokens
 
 
 class LLMStep(StrictModel):

@@ -444,8 +444,7 @@ class Store:
         if leaves_terminal:
             # Not once the retention has run out: from then on DynamoDB TTL may delete META (and
             # the reaper the rest of the task) at any moment. Only terminal tasks carry expires_at.
-            condition += f" AND (attribute_not_exists({TTL_ATTRIBUTE}) OR {TTL_ATTRIBUTE} > :epoch_now)"
-            values[":epoch_now"] = int(values[":now"])
+            condition += f" AND (attribute_not_exists({TTL_ATTRIBUTE}) OR {TTL_ATTRIBUTE} > :now)"
         if lease is not None:
             condition += " AND lease_epoch = :epoch"
             values[":epoch"] = lease.epoch
@@ -465,7 +464,7 @@ class Store:
             current = self.get_task(task_id)  # raises TaskNotFound if absent
             if lease is not None and current.lease_epoch != lease.epoch:
                 raise LeaseLost(f"lease epoch {lease.epoch} of task {task_id} is no longer current") from exc
-            if leaves_terminal and current.status.terminal and (current.expires_at or float("inf")) <= values[":epoch_now"]:
+            if leaves_terminal and current.status.terminal and (current.expires_at or float("inf")) <= values[":now"]:
                 raise IllegalTransition(
                     f"task {task_id} is {current.status.value} and its retention ran out; it is being deleted", field="task_id"
                 ) from exc

@@ -286,7 +286,11 @@ class HeartbeatHub:
     def held(self) -> int:
         """Tasks claimed and running here (received messages not yet claimed excluded)."""
         with self._lock:
-            return sum(1 for h in self._held if h.session is not None)
+            return self._claimed()
+
+    def _claimed(self) -> int:
+        """Held messages whose task is claimed here (callers hold the lock)."""
+        return sum(1 for h in self._held if h.session is not None)
 
     @contextmanager
     def hold(self, tier: str, receipt: str) -> Iterator[_Held]:
@@ -307,7 +311,7 @@ class HeartbeatHub:
             self.rate.observe(session.claim_seconds)
         with self._lock:
             held.session = session
-            self.held_max = max(self.held_max, sum(1 for h in self._held if h.session is not None))
+            self.held_max = max(self.held_max, self._claimed())
         try:
             yield
         finally:

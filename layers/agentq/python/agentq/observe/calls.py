@@ -34,7 +34,7 @@ class LLMCall:
     def answered(self, response: LLMResponse) -> None:
         """The provider answered: its usage goes on the subsegment and into the token metrics."""
         usage = response.usage
-        tokens_in = emf.input_tokens(usage)
+        tokens_in = usage.input_total
         model = response.model or self.model
         self.span.annotate(
             gen_ai_response_model=model,

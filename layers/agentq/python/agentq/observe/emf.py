@@ -92,7 +92,7 @@ def record_llm_usage(model: str, usage: Usage) -> None:
     if not enabled():
         return
     values = {
-        names.TOKENS_IN: input_tokens(usage),
+        names.TOKENS_IN: usage.input_total,
         names.TOKENS_OUT: usage.output_tokens,
         names.CACHE_READ_TOKENS: usage.cache_read_input_tokens,
         names.CACHE_WRITE_TOKENS: usage.cache_creation_input_tokens,
@@ -133,12 +133,6 @@ def flush() -> None:
             if sink.metric_set and os.environ.get("AGENTQ_EMF") == "1" and not is_metrics_disabled():
                 _write(sink)
             sink.clear_metrics()
-
-
-def input_tokens(usage: Usage) -> int:
-    """What the model read: OpenTelemetry's gen_ai.usage.input_tokens and the budget ledger's
-    tokens_in both count cached input too."""
-    return usage.input_tokens + usage.cache_creation_input_tokens + usage.cache_read_input_tokens
 
 
 def _model_dimension(model: str) -> str:
