@@ -16,7 +16,7 @@ from agentq.local.api_server import proxy_event
 from agentq.local.moto_server import MotoServer
 from agentq.models import Constraints, TaskStatus, TaskSubmission
 from agentq.resources import QueueSettings, provision
-from agentq.runtime import Settings, build_registry, build_store, session
+from agentq.runtime import Settings, build_store, session
 from agentq.store import Store
 from agentq.tenants import TenantLimits, TenantWindows
 from agentq.tools import ToolRegistry
