@@ -33,9 +33,9 @@ from typing import Any, Iterable, Sequence
 import botocore.client
 from agentq.local.moto_server import MotoServer
 from agentq.local.stack import LocalStack
-from agentq.serdes import to_item
-from agentq.store import META, Store, task_pk
-from agentq.worker import WorkerConfig
+from agentq.storage.serdes import to_item
+from agentq.storage.store import META, Store, task_pk
+from agentq.queueing.worker import WorkerConfig
 
 BENCH_DIR = Path(__file__).resolve().parent
 COUNTING_WORKER = BENCH_DIR / "_counting_worker.py"
@@ -284,8 +284,8 @@ def patient_clients(stack: LocalStack, pool: int = 64, read_timeout: float = 900
     ``create_task`` fails with ConditionalCheckFailed although the task exists (unqueued).
     """
     import boto3
-    from agentq.queue import TaskQueues
-    from agentq.serdes import PayloadStore
+    from agentq.queueing.queues import TaskQueues
+    from agentq.storage.serdes import PayloadStore
     from botocore.config import Config
 
     settings = stack.settings

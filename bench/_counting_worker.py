@@ -47,7 +47,7 @@ def _dump(path: str) -> None:
 
 def _capture_worker() -> None:
     """Remember the Worker the CLI builds, so its stats can be dumped with the counts."""
-    from agentq.worker import Worker
+    from agentq.queueing.worker import Worker
 
     start = Worker.start
 
@@ -75,7 +75,7 @@ def main() -> int:
         stop = threading.Event()
         threading.Thread(target=_dumper, args=(path, stop), name="bench-counts", daemon=True).start()
         atexit.register(lambda: (stop.set(), _dump(path)))
-    from agentq.cli import main as agentq_main
+    from agentq.cli.main import main as agentq_main
 
     return agentq_main(sys.argv[1:])
 

@@ -47,13 +47,13 @@ from typing import Annotated, Any, TypedDict
 
 from botocore.exceptions import ClientError
 
-from agentq.engine import Engine, EngineConfig, conversation
+from agentq.core.engine import Engine, EngineConfig, conversation
 from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
-from agentq.models import StepRecord, TaskStatus, TaskSubmission
+from agentq.core.models import StepRecord, TaskStatus, TaskSubmission
 from agentq.resources import TABLE_KEY_SCHEMA, ResourceNames, provision
 from agentq.runtime import Settings, build_registry, build_store, client, session
-from agentq.store import Store
-from agentq.tools import ToolSpec, tool
+from agentq.storage.store import Store
+from agentq.core.tools import ToolSpec, tool
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 from langgraph.channels import DeltaChannel
 from langgraph.checkpoint.base import get_checkpoint_metadata

@@ -63,10 +63,10 @@ from _benchlib import (
     table,
     text,
 )
-from agentq.models import TaskSubmission
+from agentq.core.models import TaskSubmission
 from agentq.resources import QueueSettings
 from agentq.runtime import build_registry
-from agentq.submit import submit
+from agentq.control.submit import submit
 
 PROJECTION = ["status", "lease_expires", "lease_owner", "lease_epoch", "step", "heartbeat_at"]
 

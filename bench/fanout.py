@@ -151,7 +151,7 @@ def worker_main(argv: list[str]) -> int:
 
         threading.Thread(target=dumper, name="bench-counts", daemon=True).start()
         atexit.register(lambda: (stop.set(), _dump(path)))
-    from agentq.cli import main as agentq_main
+    from agentq.cli.main import main as agentq_main
 
     return agentq_main(argv)
 
@@ -175,12 +175,12 @@ from _benchlib import (  # noqa: E402
     worker_config,
 )
 from agentq.local.stack import LocalStack  # noqa: E402
-from agentq.models import LLMStep, Task, TaskSubmission  # noqa: E402
+from agentq.core.models import LLMStep, Task, TaskSubmission  # noqa: E402
 from agentq.resources import QueueSettings  # noqa: E402
 from agentq.runtime import build_registry, client  # noqa: E402
-from agentq.store import Store  # noqa: E402
-from agentq.submit import submit  # noqa: E402
-from agentq.worker import WorkerConfig  # noqa: E402
+from agentq.storage.store import Store  # noqa: E402
+from agentq.control.submit import submit  # noqa: E402
+from agentq.queueing.worker import WorkerConfig  # noqa: E402
 
 THIS_FILE = Path(__file__).resolve()
 SERVICES = ("dynamodb", "sqs", "stepfunctions", "s3")

@@ -4,7 +4,7 @@
     python bench/latency.py --tasks 100 --paced-tasks 50 --rate 10,20 --json
 
 Each phase submits scripted one-turn tasks (a final answer, no tools, no LLM latency) through
-``agentq.submit.submit`` (the API's own path: TransactWriteItems creating META + budget, then
+``agentq.control.submit.submit`` (the API's own path: TransactWriteItems creating META + budget, then
 SendMessage) from a thread pool, and waits, bounded, until every task is terminal. Figures
 come from the times each task recorded in its META item:
 
@@ -47,11 +47,11 @@ from _benchlib import (
     table,
     wait_terminal,
 )
-from agentq.models import TaskSubmission
+from agentq.core.models import TaskSubmission
 from agentq.resources import QueueSettings
 from agentq.runtime import build_registry
-from agentq.submit import submit
-from agentq.worker import WorkerConfig
+from agentq.control.submit import submit
+from agentq.queueing.worker import WorkerConfig
 
 TARGET_PICKUP_P99 = 1.0
 SUBMISSION = TaskSubmission.model_validate(

@@ -46,11 +46,11 @@ from _benchlib import (
     summary,
     table,
 )
-from agentq.models import Task, TaskSubmission
+from agentq.core.models import Task, TaskSubmission
 from agentq.resources import QueueSettings
 from agentq.runtime import build_registry
-from agentq.submit import submit
-from agentq.worker import WorkerConfig
+from agentq.control.submit import submit
+from agentq.queueing.worker import WorkerConfig
 
 TARGET_RESUME_P99 = 5.0
 

@@ -1,7 +1,7 @@
 """The REST API: a TOKEN authorizer in front of every method but /health and /openapi.json,
 the API Lambda behind them.
 
-Routes are the API Lambda's (``agentq.http_api``); the gateway proxies ``/{proxy+}`` and
+Routes are the API Lambda's (``agentq.api.app``); the gateway proxies ``/{proxy+}`` and
 ``/tasks/{proxy+}`` to it, so a new route needs no infrastructure change. ``POST /tasks`` is
 declared on its own for its own throttle.
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aws_cdk as cdk
-from agentq.http_api import PUBLIC_PATHS
+from agentq.api.app import PUBLIC_PATHS
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_wafv2 as wafv2

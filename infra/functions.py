@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aws_cdk as cdk
-from agentq.defaults import Defaults
+from agentq.control.defaults import Defaults
 from agentq.observe.names import NAMESPACE as METRICS_NAMESPACE
-from agentq.providers.keys import SECRET_VARIABLE
+from agentq.core.providers.keys import SECRET_VARIABLE
 from agentq.resources import PAYLOAD_PREFIX, TIERS
-from agentq.retention import ttl_removal_pattern
+from agentq.control.retention import ttl_removal_pattern
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_event_sources as sources
@@ -146,7 +146,7 @@ def task_runner_env(cfg: EnvironmentSettings) -> dict[str, str]:
 
 
 def defaults_env(cfg: EnvironmentSettings) -> dict[str, str]:
-    """budget_defaults as the AGENTQ_DEFAULT_* variables ``agentq.defaults.Defaults`` reads."""
+    """budget_defaults as the AGENTQ_DEFAULT_* variables ``agentq.control.defaults.Defaults`` reads."""
     return Defaults.model_validate(cfg.budget_defaults.model_dump()).env()
 
 
@@ -343,7 +343,7 @@ def _reaper(
     scope: Construct, cfg: EnvironmentSettings, data: Data, function: Callable[..., lambda_.Function], removal: cdk.RemovalPolicy
 ) -> tuple[lambda_.Function, sqs.Queue]:
     """The reaper on the table's stream: only TTL deletions of task META reach it (the filter
-    is ``agentq.retention.ttl_removal_pattern``); each one purges that task's remaining items,
+    is ``agentq.control.retention.ttl_removal_pattern``); each one purges that task's remaining items,
     its budget and its payloads. A batch that keeps failing is split in halves to isolate the
     bad record, and one that still fails after the retries lands in the reaper DLQ."""
     names = cfg.names

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import aws_cdk as cdk
-from agentq.http_api import PUBLIC_PATHS
+from agentq.api.app import PUBLIC_PATHS
 from agentq.resources import PAYLOAD_PREFIX
 from constructs import IConstruct
 

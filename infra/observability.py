@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import aws_cdk as cdk
-from agentq.models import TaskStatus
+from agentq.core.models import TaskStatus
 from agentq.observe import names
 from agentq.resources import TIERS
 from aws_cdk import aws_cloudwatch as cw

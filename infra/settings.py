@@ -99,7 +99,7 @@ class AlarmSettings(_Strict):
 
 
 class ReaperSettings(_Strict):
-    """The reaper: purges a task once DynamoDB TTL has deleted its META (agentq.retention)."""
+    """The reaper: purges a task once DynamoDB TTL has deleted its META (agentq.control.retention)."""
 
     memory_mb: int = Field(256, ge=128, le=10240)
     timeout_seconds: int = Field(300, ge=30, le=900, description="one batch of purges")

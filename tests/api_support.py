@@ -90,7 +90,7 @@ def api_stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
             prefix=f"http{uuid.uuid4().hex[:8]}",
             workers=2,
             auth=True,
-            tool_modules=("agentq.examples", "tests.effect_tools"),
+            tool_modules=("agentq.core.tools.examples", "tests.effect_tools"),
             extra_env={"AGENTQ_TEST_LEDGER": str(ledger), "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))},
         ).start()
         request.config.add_cleanup(stack.stop)

@@ -7,9 +7,9 @@ import sys
 import time
 from decimal import Decimal
 
-from agentq.errors import BudgetExceeded
+from agentq.core.errors import BudgetExceeded
 from agentq.runtime import Settings, build_store
-from agentq.store import BudgetDelta
+from agentq.storage.store import BudgetDelta
 
 
 def main(root_id: str, task_id: str, amount: int, attempts: int, start_at: float) -> None:

@@ -14,8 +14,8 @@ import pytest
 from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
 from agentq.resources import ResourceNames, provision
 from agentq.runtime import Settings, build_registry, build_store, session
-from agentq.store import Store
-from agentq.tools import ToolRegistry
+from agentq.storage.store import Store
+from agentq.core.tools import ToolRegistry
 
 TESTS_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS_DIR.parent))  # lets child workers import tests.* tool modules

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from agentq.tools import ToolContext, tool
+from agentq.core.tools import ToolContext, tool
 
 
 def ledger_path() -> Path:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentq.models import TaskSubmission
+from agentq.core.models import TaskSubmission
 
 
 def scripted(turns: list[dict[str, Any]], *, tools: list[str] | None = None, **constraints: Any) -> TaskSubmission:

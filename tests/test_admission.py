@@ -12,10 +12,10 @@ import time
 from typing import Any, Callable
 
 from agentq.local.moto_server import MotoServer
-from agentq.models import TaskStatus
+from agentq.core.models import TaskStatus
 from agentq.runtime import build_queues, build_registry, build_store
-from agentq.submit import submit
-from agentq.worker import Admission, LeaseWriteRate, SlotPool, Worker, WorkerConfig
+from agentq.control.submit import submit
+from agentq.queueing.worker import Admission, LeaseWriteRate, SlotPool, Worker, WorkerConfig
 
 from tests.helpers import deployment, scripted, wait_for
 

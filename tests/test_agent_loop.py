@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from agentq.engine import Engine, EngineConfig, conversation
-from agentq.errors import ProviderError
-from agentq.models import LLMStep, TaskStatus, TaskSubmission, ToolsStep, Usage
-from agentq.providers import LLMRequest, LLMResponse, default_provider_factory
-from agentq.store import Store
-from agentq.tools import ToolRegistry
+from agentq.core.engine import Engine, EngineConfig, conversation
+from agentq.core.errors import ProviderError
+from agentq.core.models import LLMStep, TaskStatus, TaskSubmission, ToolsStep, Usage
+from agentq.core.providers import LLMRequest, LLMResponse, default_provider_factory
+from agentq.storage.store import Store
+from agentq.core.tools import ToolRegistry
 
 from tests.helpers import call, scripted
 
@@ -188,7 +188,7 @@ def test_a_done_effect_is_replayed_not_rerun_and_a_started_one_is_reported_unkno
     store.commit_step(lease, 1, step, root_id=task.task_id)
     first, second = step.tool_uses()
     assert store.begin_effect(lease, first["id"], "charge_card") is None
-    from agentq.models import ToolOutcome
+    from agentq.core.models import ToolOutcome
 
     store.finish_effect(
         lease,

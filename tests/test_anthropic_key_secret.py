@@ -13,12 +13,12 @@ import boto3
 import pytest
 from aws_lambda_powertools.utilities.parameters import base as parameters_base
 
-from agentq.engine import Engine, EngineConfig
+from agentq.core.engine import Engine, EngineConfig
 from agentq.local.moto_server import MotoServer
-from agentq.models import TaskStatus, TaskSubmission
-from agentq.providers.keys import SECRET_VARIABLE
-from agentq.store import Store
-from agentq.tools import ToolRegistry
+from agentq.core.models import TaskStatus, TaskSubmission
+from agentq.core.providers.keys import SECRET_VARIABLE
+from agentq.storage.store import Store
+from agentq.core.tools import ToolRegistry
 
 from tests.fake_messages_api import FakeMessagesAPI, RecordedRequest, text_reply
 

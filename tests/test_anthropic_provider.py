@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from agentq.errors import ProviderError
-from agentq.models import Usage
-from agentq.providers.anthropic_provider import AnthropicProvider, BedrockProvider
-from agentq.providers.base import LLMRequest
-from agentq.providers.retry import RetryPolicy, backoff_delay, call_with_retries, retry_after_seconds
+from agentq.core.errors import ProviderError
+from agentq.core.models import Usage
+from agentq.core.providers.anthropic_provider import AnthropicProvider, BedrockProvider
+from agentq.core.providers.base import LLMRequest
+from agentq.core.providers.retry import RetryPolicy, backoff_delay, call_with_retries, retry_after_seconds
 from tests.fake_messages_api import (
     FakeMessagesAPI,
     error_reply,

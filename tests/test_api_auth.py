@@ -12,8 +12,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from agentq.auth import KeyStore, Unauthorized, bearer_token, key_hash
-from agentq.cli import main
+from agentq.api.auth import KeyStore, Unauthorized, bearer_token, key_hash
+from agentq.cli.main import main
 from agentq.local.api_server import proxy_event
 from agentq.local.moto_server import MotoServer
 from agentq.resources import QueueSettings, provision

@@ -13,14 +13,14 @@ from typing import Any, Iterator
 
 import pytest
 
-from agentq.api_models import MAX_BODY_BYTES, MAX_GOAL_CHARS, TaskView, TracePage
-from agentq.engine import Engine, EngineConfig
+from agentq.api.models import MAX_BODY_BYTES, MAX_GOAL_CHARS, TaskView, TracePage
+from agentq.core.engine import Engine, EngineConfig
 from agentq.local.api_server import proxy_event
 from agentq.local.moto_server import MotoServer
-from agentq.models import LLMStep, Lease, TaskStatus, Usage
+from agentq.core.models import LLMStep, Lease, TaskStatus, Usage
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_queues, build_registry, build_store, session
-from agentq.store import Store
+from agentq.storage.store import Store
 
 from tests.helpers import call as tool_call
 from tests.lambda_support import FakeLambdaContext, load_handler
@@ -137,7 +137,7 @@ def test_the_same_idempotency_key_and_body_return_the_same_task_another_body_409
 
 
 def test_a_failed_enqueue_leaves_nothing_behind_and_the_same_key_can_be_retried(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
-    from agentq.queue import TaskQueues
+    from agentq.queueing.queues import TaskQueues
 
     def broken(self: TaskQueues, *args: Any, **kwargs: Any) -> str:
         raise ConnectionError("SQS is down")

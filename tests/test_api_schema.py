@@ -26,8 +26,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from agentq.auth import KeyStore
-from agentq.http_api import build_app, openapi_document
+from agentq.api.auth import KeyStore
+from agentq.api.app import build_app, openapi_document
 from agentq.local.api_server import wsgi_app
 from agentq.local.moto_server import MotoServer
 from agentq.resources import QueueSettings, provision
@@ -58,7 +58,7 @@ class Api:
 
 @pytest.fixture(scope="module")
 def api(moto_server: MotoServer) -> Iterator[Api]:
-    s = Settings.for_prefix(f"s{uuid.uuid4().hex[:10]}", moto_server.endpoint_url, tool_modules=("agentq.examples",))
+    s = Settings.for_prefix(f"s{uuid.uuid4().hex[:10]}", moto_server.endpoint_url, tool_modules=("agentq.core.tools.examples",))
     provision(session(s), s.names, endpoint_url=s.endpoint_url, queues=QueueSettings())
     store = build_store(s)
     app = build_app(store, build_registry(s), build_queues(s))

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from agentq.errors import ValidationError
-from agentq.store import Store
-from agentq.submit import submit
-from agentq.tools import ToolRegistry
+from agentq.core.errors import ValidationError
+from agentq.storage.store import Store
+from agentq.control.submit import submit
+from agentq.core.tools import ToolRegistry
 
 VALID: dict[str, Any] = {
     "goal": "summarise the report",

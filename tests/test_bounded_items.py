@@ -3,10 +3,10 @@ far under 400 KB, and payloads over the threshold go to S3 behind a pointer."""
 
 from __future__ import annotations
 
-from agentq.engine import Engine, EngineConfig
-from agentq.models import TaskStatus
-from agentq.store import Store
-from agentq.tools import ToolRegistry
+from agentq.core.engine import Engine, EngineConfig
+from agentq.core.models import TaskStatus
+from agentq.storage.store import Store
+from agentq.core.tools import ToolRegistry
 
 from tests.helpers import call, scripted
 

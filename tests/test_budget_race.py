@@ -8,7 +8,7 @@ import sys
 import time
 
 from agentq.runtime import Settings
-from agentq.store import Store
+from agentq.storage.store import Store
 
 from tests.conftest import child_env
 from tests.helpers import scripted

@@ -19,8 +19,8 @@ import pytest
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
-from agentq.defaults import Defaults
-from agentq.models import TaskSubmission
+from agentq.control.defaults import Defaults
+from agentq.core.models import TaskSubmission
 from agentq.observe import names
 from agentq.resources import (
     PAYLOAD_PREFIX,
@@ -32,7 +32,7 @@ from agentq.resources import (
     TTL_ATTRIBUTE,
     fanout_definition,
 )
-from agentq.retention import ttl_removal_pattern
+from agentq.control.retention import ttl_removal_pattern
 from aws_cdk import assertions
 from aws_cdk.assertions import Match
 
@@ -718,8 +718,8 @@ def test_the_dashboard_draws_the_metrics_the_code_emits(
 ) -> None:
     """What agentq.observe really prints (EMF), checked against what the widgets query."""
     from agentq import observe
-    from agentq.engine import RunResult
-    from agentq.models import TaskStatus, Usage
+    from agentq.core.engine import RunResult
+    from agentq.core.models import TaskStatus, Usage
 
     monkeypatch.setenv("AGENTQ_EMF", "1")
     monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)

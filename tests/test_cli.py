@@ -18,7 +18,7 @@ from typing import Callable
 
 import pytest
 
-from agentq.cli import build_parser, main
+from agentq.cli.main import build_parser, main
 
 from tests.api_support import ROOT, SCRIPTED, ApiStack, api_stack  # noqa: F401  (the fixture)
 from tests.helpers import call

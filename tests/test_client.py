@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 import agentq
-from agentq.api_models import LLMCallEvent, TaskAccepted, TaskView, ToolCallEvent, TransitionEvent
-from agentq.client import (
+from agentq.api.models import LLMCallEvent, TaskAccepted, TaskView, ToolCallEvent, TransitionEvent
+from agentq.api.client import (
     ApiError,
     AuthenticationError,
     Client,
@@ -17,8 +17,8 @@ from agentq.client import (
     NotFound,
     WaitTimeout,
 )
-from agentq.errors import AgentqError
-from agentq.models import TaskStatus, TaskSubmission
+from agentq.core.errors import AgentqError
+from agentq.core.models import TaskStatus, TaskSubmission
 
 from tests.api_support import SCRIPTED, ApiStack, api_stack  # noqa: F401  (the fixture)
 from tests.helpers import call

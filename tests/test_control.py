@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from agentq import control
-from agentq.errors import IllegalTransition, TaskNotFound, ValidationError
+from agentq.control import operations as control
+from agentq.core.errors import IllegalTransition, TaskNotFound, ValidationError
 from agentq.local.stack import LocalStack
-from agentq.models import LLMStep, Task, TaskStatus, ToolsStep
+from agentq.core.models import LLMStep, Task, TaskStatus, ToolsStep
 from agentq.runtime import build_fanout, build_registry
-from agentq.store import Store
-from agentq.submit import submit
+from agentq.storage.store import Store
+from agentq.control.submit import submit
 
 from tests.helpers import call, scripted
 

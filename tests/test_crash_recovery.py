@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from agentq.engine import Engine, EngineConfig
-from agentq.models import LLMStep, StepRecord, TaskStatus, ToolsStep
+from agentq.core.engine import Engine, EngineConfig
+from agentq.core.models import LLMStep, StepRecord, TaskStatus, ToolsStep
 from agentq.resources import ResourceNames, provision
 from agentq.runtime import Settings, build_registry, build_store, session
-from agentq.store import Store
+from agentq.storage.store import Store
 
 from tests.conftest import child_env
 from tests.helpers import call, scripted

@@ -10,16 +10,16 @@ from typing import Any, Iterator
 
 import pytest
 
-from agentq.defaults import ConfigurationError, Defaults
-from agentq.engine import Engine, EngineConfig
+from agentq.control.defaults import ConfigurationError, Defaults
+from agentq.core.engine import Engine, EngineConfig
 from agentq.local.api_server import proxy_event
 from agentq.local.moto_server import MotoServer
-from agentq.models import Constraints, TaskStatus, TaskSubmission
+from agentq.core.models import Constraints, TaskStatus, TaskSubmission
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_store, session
-from agentq.store import Store
-from agentq.tenants import TenantLimits, TenantWindows
-from agentq.tools import ToolRegistry
+from agentq.storage.store import Store
+from agentq.storage.tenant_windows import TenantLimits, TenantWindows
+from agentq.core.tools import ToolRegistry
 
 from tests.helpers import call, scripted
 from tests.lambda_support import FakeLambdaContext, load_handler

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from agentq.local.stack import LocalStack
-from agentq.models import LLMStep, Task, TaskStatus, ToolsStep
+from agentq.core.models import LLMStep, Task, TaskStatus, ToolsStep
 from agentq.runtime import build_registry
-from agentq.store import Store
-from agentq.submit import submit
+from agentq.storage.store import Store
+from agentq.control.submit import submit
 
 from tests.helpers import call, scripted
 

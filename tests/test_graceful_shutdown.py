@@ -19,15 +19,15 @@ from typing import Any, Callable
 
 import pytest
 
-from agentq.dispatch import Action
-from agentq.errors import LeaseLost
+from agentq.queueing.dispatch import Action
+from agentq.core.errors import LeaseLost
 from agentq.local.moto_server import MotoServer
-from agentq.models import TaskStatus, TaskSubmission
-from agentq.queue import TaskQueues
+from agentq.core.models import TaskStatus, TaskSubmission
+from agentq.queueing.queues import TaskQueues
 from agentq.runtime import Settings, build_queues, build_registry, build_store
-from agentq.store import Store
-from agentq.submit import submit
-from agentq.worker import Worker, WorkerConfig
+from agentq.storage.store import Store
+from agentq.control.submit import submit
+from agentq.queueing.worker import Worker, WorkerConfig
 
 from tests.conftest import child_env
 from tests.helpers import call, deployment, scripted, wait_for

@@ -14,9 +14,9 @@ from contextlib import ExitStack
 from itertools import pairwise
 from typing import Any
 
-from agentq.engine import Session
-from agentq.models import Lease, Task
-from agentq.worker import HeartbeatHub, WorkerConfig
+from agentq.core.engine import Session
+from agentq.core.models import Lease, Task
+from agentq.queueing.worker import HeartbeatHub, WorkerConfig
 
 
 class SlowStore:

@@ -10,11 +10,11 @@ from typing import Any, Iterator
 import pytest
 
 from agentq.local.moto_server import MotoServer
-from agentq.models import TaskStatus
-from agentq.queue import TaskMessage, TaskQueues
+from agentq.core.models import TaskStatus
+from agentq.queueing.queues import TaskMessage, TaskQueues
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_queues, build_registry, build_store, session
-from agentq.submit import submit
+from agentq.control.submit import submit
 
 from tests.helpers import call, scripted
 from tests.lambda_support import FakeLambdaContext, load_handler, sqs_event
@@ -105,7 +105,7 @@ def test_a_retryable_failure_is_reported_for_that_record_and_the_message_comes_b
         name = "overloaded"
 
         def complete(self, request: Any) -> Any:
-            from agentq.errors import ProviderError
+            from agentq.core.errors import ProviderError
 
             raise ProviderError("overloaded", retryable=True, status_code=529, attempts=5)
 

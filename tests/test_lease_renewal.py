@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from agentq.engine import Engine, EngineConfig, Session
-from agentq.errors import LeaseLost
-from agentq.models import LLMStep, TaskStatus
-from agentq.store import Store
+from agentq.core.engine import Engine, EngineConfig, Session
+from agentq.core.errors import LeaseLost
+from agentq.core.models import LLMStep, TaskStatus
+from agentq.storage.store import Store
 
 from tests.helpers import call, scripted
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agentq.api_models import MAX_BODY_BYTES
+from agentq.api.models import MAX_BODY_BYTES
 from agentq.local.api_server import LOCAL_TENANT, dispatch, proxy_event
 
 from tests.api_support import SCRIPTED, ApiStack, api_stack  # noqa: F401  (the fixture)

@@ -18,19 +18,19 @@ import pytest
 from aws_lambda_powertools import Logger, Tracer
 
 from agentq import observe
-from agentq.engine import Engine, EngineConfig
+from agentq.core.engine import Engine, EngineConfig
 from agentq.local.api_server import proxy_event
 from agentq.local.moto_server import MotoServer
-from agentq.models import LLMStep, TaskStatus, Usage
+from agentq.core.models import LLMStep, TaskStatus, Usage
 from agentq.observe import names
 from agentq.observe.tracing import active_tracer
-from agentq.queue import TaskQueues
+from agentq.queueing.queues import TaskQueues
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_queues, build_registry, build_store, session
-from agentq.store import Store
-from agentq.submit import submit
-from agentq.tools import ToolRegistry, tool
-from agentq.worker import Worker, WorkerConfig
+from agentq.storage.store import Store
+from agentq.control.submit import submit
+from agentq.core.tools import ToolRegistry, tool
+from agentq.queueing.worker import Worker, WorkerConfig
 
 from tests.helpers import call, deployment, scripted, wait_for
 from tests.lambda_support import FakeLambdaContext, load_handler, sqs_event
@@ -430,7 +430,7 @@ def test_llm_and_tool_calls_are_subsegments_with_genai_annotations(
 
 
 def test_a_provider_error_is_recorded_on_the_llm_subsegment(settings: Settings, xray: tuple[Any, MemoryEmitter]) -> None:
-    from agentq.errors import ProviderError
+    from agentq.core.errors import ProviderError
 
     recorder, emitter = xray
     store, registry = build_store(settings), build_registry(settings)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 
-from agentq.models import Usage
-from agentq.pricing import load_price_table
+from agentq.core.models import Usage
+from agentq.core.pricing import load_price_table
 
 
 def test_cost_uses_the_longest_matching_model_prefix() -> None:

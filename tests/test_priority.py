@@ -11,11 +11,11 @@ from collections import Counter, deque
 from typing import Any, Callable
 
 from agentq.local.moto_server import MotoServer
-from agentq.models import TaskStatus, TaskSubmission
+from agentq.core.models import TaskStatus, TaskSubmission
 from agentq.resources import TIERS
 from agentq.runtime import Settings, build_queues, build_registry, build_store
-from agentq.submit import submit
-from agentq.worker import DEFAULT_WEIGHTS, SlotPool, Worker, WorkerConfig
+from agentq.control.submit import submit
+from agentq.queueing.worker import DEFAULT_WEIGHTS, SlotPool, Worker, WorkerConfig
 
 from tests.helpers import call, deployment, scripted, wait_for
 

@@ -18,18 +18,18 @@ from typing import Any
 
 import pytest
 
-from agentq.defaults import ConfigurationError
+from agentq.control.defaults import ConfigurationError
 from moto.events.models import EventPattern
 
-from agentq import control
-from agentq.engine import Engine, EngineConfig
-from agentq.errors import IllegalTransition
-from agentq.models import ALLOWED_TRANSITIONS, TaskStatus
+from agentq.control import operations as control
+from agentq.core.engine import Engine, EngineConfig
+from agentq.core.errors import IllegalTransition
+from agentq.core.models import ALLOWED_TRANSITIONS, TaskStatus
 from agentq.resources import table_definition
-from agentq.retention import expired_task_id, purge_task, ttl_removal_pattern
+from agentq.control.retention import expired_task_id, purge_task, ttl_removal_pattern
 from agentq.runtime import RETENTION_VARIABLE, Settings, build_registry, build_store, client, retention_days_from_env
-from agentq.serdes import from_item, to_item, to_values
-from agentq.store import DAY_SECONDS, META, Store, budget_pk, payload_prefix, task_pk
+from agentq.storage.serdes import from_item, to_item, to_values
+from agentq.storage.store import DAY_SECONDS, META, Store, budget_pk, payload_prefix, task_pk
 
 from tests.helpers import call, scripted
 from tests.lambda_support import FakeLambdaContext, load_handler
@@ -462,7 +462,7 @@ def test_the_purge_command_deletes_a_finished_task_and_refuses_a_live_one(
     rstore: Store, retained: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The reaper DLQ runbook's tool: purge the tasks of a batch the reaper gave up on."""
-    from agentq.cli import main
+    from agentq.cli.main import main
 
     for name, value in retained.env().items():
         monkeypatch.setenv(name, value)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agentq.models import Script
-from agentq.providers import LLMRequest, ScriptedProvider, load_script
-from agentq.providers.scripted import builtin_script_names
+from agentq.core.models import Script
+from agentq.core.providers import LLMRequest, ScriptedProvider, load_script
+from agentq.core.providers.scripted import builtin_script_names
 
 SCRIPT = Script.model_validate(
     {"turns": [{"text": "a", "tool_calls": [{"name": "lookup", "input": {"query": "q"}}]}, {"text": "the answer"}]}

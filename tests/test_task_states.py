@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agentq.errors import IllegalTransition, LeaseLost
-from agentq.models import ALLOWED_TRANSITIONS, TERMINAL_STATUSES, TaskStatus
-from agentq.store import Store
+from agentq.core.errors import IllegalTransition, LeaseLost
+from agentq.core.models import ALLOWED_TRANSITIONS, TERMINAL_STATUSES, TaskStatus
+from agentq.storage.store import Store
 
 from tests.helpers import scripted
 

@@ -8,11 +8,11 @@ import logging
 
 import pytest
 
-from agentq.engine import Engine, EngineConfig
-from agentq.models import LLMStep, TaskStatus
-from agentq.store import Store
-from agentq.tenants import TenantLimits, TenantWindows, seconds_to_next_hour
-from agentq.tools import ToolRegistry
+from agentq.core.engine import Engine, EngineConfig
+from agentq.core.models import LLMStep, TaskStatus
+from agentq.storage.store import Store
+from agentq.storage.tenant_windows import TenantLimits, TenantWindows, seconds_to_next_hour
+from agentq.core.tools import ToolRegistry
 
 from tests.helpers import call, scripted
 

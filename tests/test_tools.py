@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import pytest
 from pydantic import BaseModel, Field
 
-from agentq.tools import (
+from agentq.core.tools import (
     ToolContext,
     ToolExecution,
     ToolRegistry,

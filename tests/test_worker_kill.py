@@ -8,9 +8,9 @@ import signal
 import time
 
 from agentq.local.stack import LocalStack
-from agentq.models import LLMStep, TaskStatus
+from agentq.core.models import LLMStep, TaskStatus
 from agentq.runtime import build_registry
-from agentq.submit import submit
+from agentq.control.submit import submit
 
 from tests.helpers import call, scripted
 

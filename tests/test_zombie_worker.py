@@ -11,9 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-from agentq.models import TaskStatus
+from agentq.core.models import TaskStatus
 from agentq.runtime import Settings
-from agentq.store import Store
+from agentq.storage.store import Store
 
 from tests.conftest import child_env
 from tests.helpers import call, scripted
@@ -70,7 +70,7 @@ def test_a_paused_worker_woken_after_takeover_commits_nothing(settings: Settings
     final = store.get_task(task.task_id)
     assert final.status is TaskStatus.SUCCEEDED and final.lease_epoch == 2
     # The ledger counts every call, the zombie's uncommitted one included (kept in the trace).
-    from agentq.models import LLMStep
+    from agentq.core.models import LLMStep
 
     committed = sum(s.body.usage.total for s in steps if isinstance(s.body, LLMStep))
     orphans = store.orphan_calls(task.task_id)

@@ -1,4 +1,4 @@
-"""API Lambda: API Gateway REST proxy events -> the agentq HTTP API (``agentq.http_api``).
+"""API Lambda: API Gateway REST proxy events -> the agentq HTTP API (``agentq.api.app``).
 
 The tenant is what the authorizer (``functions/authorizer``) put in
 ``requestContext.authorizer.tenant``; a request without one is answered 401 (no default tenant).
@@ -13,7 +13,7 @@ from typing import Any
 from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from agentq.http_api import build_app
+from agentq.api.app import build_app
 from agentq.observe import api_metrics, route_core_logs
 from agentq.runtime import Settings, build_fanout, build_queues, build_registry, build_store
 

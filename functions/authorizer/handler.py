@@ -1,6 +1,6 @@
 """Authorizer Lambda (API Gateway TOKEN authorizer): ``Authorization: Bearer <key>`` -> tenant.
 
-Thin over ``agentq.auth``: the key's SHA-256 is looked up in the task table; a live key is
+Thin over ``agentq.api.auth``: the key's SHA-256 is looked up in the task table; a live key is
 answered with an Allow policy for the stage and ``context = {"tenant", "key_id"}``, which API
 Gateway hands to the API Lambda as ``requestContext.authorizer``. Anything else raises
 "Unauthorized", which API Gateway turns into a 401.
@@ -12,7 +12,7 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 
-from agentq.auth import KeyStore, token_authorizer
+from agentq.api.auth import KeyStore, token_authorizer
 from agentq.observe import route_core_logs
 from agentq.runtime import Settings, client
 

@@ -1,6 +1,6 @@
 """Lambda executor: an SQS event (batch size 1) -> run the task until the time slice ends.
 
-A thin adapter: the policy lives in ``agentq.dispatch``. It stops ``SLICE_MARGIN_SECONDS``
+A thin adapter: the policy lives in ``agentq.queueing.dispatch``. It stops ``SLICE_MARGIN_SECONDS``
 before the Lambda's deadline, commits, sends a continuation message and returns, so a
 24-hour task runs as a chain of invocations. Failures are reported per record (powertools
 partial batch response) so only the failed message comes back.
@@ -21,8 +21,8 @@ from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, pro
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from agentq.dispatch import Dispatcher
-from agentq.engine import Engine
+from agentq.queueing.dispatch import Dispatcher
+from agentq.core.engine import Engine
 from agentq.observe import metrics, record_dead_letter, route_core_logs
 from agentq.resources import QueueSettings
 from agentq.runtime import Settings, build_fanout, build_queues, build_registry, build_store, engine_config

@@ -1,6 +1,6 @@
 """Reaper Lambda: DynamoDB stream records -> purge the tasks whose META DynamoDB TTL deleted.
 
-A thin adapter over ``agentq.retention``. The event source mapping's filter already admits
+A thin adapter over ``agentq.control.retention``. The event source mapping's filter already admits
 only TTL removals of task META items; ``expired_task_id`` checks again, so any other record
 that reaches this function is acknowledged and left alone. Each record is purged on its own
 and failures are reported per record (powertools partial batch response): the mapping
@@ -17,9 +17,9 @@ from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, pro
 from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import DynamoDBRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from agentq.retention import expired_task_id, purge_task
+from agentq.control.retention import expired_task_id, purge_task
 from agentq.runtime import Settings, build_store
-from agentq.store import Store
+from agentq.storage.store import Store
 
 logger = Logger(service="agentq-reaper")
 processor = BatchProcessor(event_type=EventType.DynamoDBStreams)

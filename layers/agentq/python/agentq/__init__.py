@@ -1,53 +1,81 @@
 """agentq: a durable task queue for long-running AI agents.
 
-The public API is re-exported here; modules are implementation detail.
+The public API is re-exported here, lazily (PEP 562): ``import agentq`` loads nothing else,
+so a Lambda that needs one corner of the package (the authorizer needs only the API-key
+lookup) does not pay for the engine, the providers or the HTTP client at cold start.
+
+Layers, inner to outer (an inner one never imports an outer one; ``tests/test_layering.py``
+checks it): ``core`` (models, engine, tools, providers, pricing) → ``storage`` (the DynamoDB
+single table behind repositories, and an in-memory twin) → ``queueing`` and ``control`` →
+``api``, ``cli``, ``local``. ``observe`` is used by all of them; ``resources`` names what
+both CDK and the local stack create; ``runtime`` wires a configuration into objects.
 """
 
-from agentq.client import ApiError, Client
-from agentq.engine import Engine, EngineConfig, RunResult
-from agentq.errors import (
-    AgentqError,
-    BudgetExceeded,
-    IllegalTransition,
-    LeaseLost,
-    ProviderError,
-    TaskNotFound,
-    ValidationError,
-)
-from agentq.models import Constraints, Script, Task, TaskStatus, TaskSubmission
-from agentq.pricing import PriceTable, load_price_table
-from agentq.runtime import Settings, build_registry, build_store
-from agentq.store import Store
-from agentq.submit import parse_submission, submit
-from agentq.tools import ToolContext, ToolRegistry, tool
+from __future__ import annotations
 
-__all__ = [
-    "AgentqError",
-    "ApiError",
-    "BudgetExceeded",
-    "Client",
-    "Constraints",
-    "Engine",
-    "EngineConfig",
-    "IllegalTransition",
-    "LeaseLost",
-    "PriceTable",
-    "ProviderError",
-    "RunResult",
-    "Script",
-    "Settings",
-    "Store",
-    "Task",
-    "TaskNotFound",
-    "TaskStatus",
-    "TaskSubmission",
-    "ToolContext",
-    "ToolRegistry",
-    "ValidationError",
-    "build_registry",
-    "build_store",
-    "load_price_table",
-    "parse_submission",
-    "submit",
-    "tool",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS: dict[str, str] = {
+    "ApiError": "agentq.api.client",
+    "Client": "agentq.api.client",
+    "Engine": "agentq.core.engine",
+    "EngineConfig": "agentq.core.engine",
+    "RunResult": "agentq.core.engine",
+    "AgentqError": "agentq.core.errors",
+    "BudgetExceeded": "agentq.core.errors",
+    "IllegalTransition": "agentq.core.errors",
+    "LeaseLost": "agentq.core.errors",
+    "ProviderError": "agentq.core.errors",
+    "TaskNotFound": "agentq.core.errors",
+    "ValidationError": "agentq.core.errors",
+    "Constraints": "agentq.core.models",
+    "Script": "agentq.core.models",
+    "Task": "agentq.core.models",
+    "TaskStatus": "agentq.core.models",
+    "TaskSubmission": "agentq.core.models",
+    "PriceTable": "agentq.core.pricing",
+    "load_price_table": "agentq.core.pricing",
+    "Settings": "agentq.runtime",
+    "build_registry": "agentq.runtime",
+    "build_store": "agentq.runtime",
+    "parse_submission": "agentq.control.submit",
+    "submit": "agentq.control.submit",
+    "ToolContext": "agentq.core.tools",
+    "ToolRegistry": "agentq.core.tools",
+    "tool": "agentq.core.tools",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agentq' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next access skips this hook
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:
+    from agentq.api.client import ApiError, Client
+    from agentq.control.submit import parse_submission, submit
+    from agentq.core.engine import Engine, EngineConfig, RunResult
+    from agentq.core.errors import (
+        AgentqError,
+        BudgetExceeded,
+        IllegalTransition,
+        LeaseLost,
+        ProviderError,
+        TaskNotFound,
+        ValidationError,
+    )
+    from agentq.core.models import Constraints, Script, Task, TaskStatus, TaskSubmission
+    from agentq.core.pricing import PriceTable, load_price_table
+    from agentq.core.tools import ToolContext, ToolRegistry, tool
+    from agentq.runtime import Settings, build_registry, build_store

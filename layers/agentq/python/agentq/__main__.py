@@ -1,3 +1,3 @@
-from agentq.cli import main
+from agentq.cli.main import main
 
 raise SystemExit(main())

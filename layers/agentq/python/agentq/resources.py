@@ -42,7 +42,7 @@ TTL_ATTRIBUTE = "expires_at"
 # The reaper learns of a task's expiry from the table's stream: the keys of a removed META are all
 # it needs, so the stream carries keys only (no task content leaves the table that way).
 TABLE_STREAM_VIEW_TYPE = "KEYS_ONLY"
-PAYLOAD_PREFIX = "tasks/"  # every S3 key agentq.store offloads to: tasks/<task_id>/...
+PAYLOAD_PREFIX = "tasks/"  # every S3 key agentq.storage.store offloads to: tasks/<task_id>/...
 
 
 TIERS: tuple[str, ...] = ("high", "normal", "low")

@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any
 import boto3
 from botocore.config import Config
 
-from agentq.defaults import ConfigurationError, Defaults
-from agentq.queue import TaskQueues
+from agentq.control.defaults import ConfigurationError, Defaults
+from agentq.queueing.queues import TaskQueues
 from agentq.resources import ResourceNames
-from agentq.serdes import DEFAULT_OFFLOAD_THRESHOLD, PayloadStore
-from agentq.store import DAY_SECONDS, DEFAULT_TASK_RETENTION_DAYS, Store
-from agentq.tools import ToolRegistry, default_registry
+from agentq.storage.serdes import DEFAULT_OFFLOAD_THRESHOLD, PayloadStore
+from agentq.storage.store import DAY_SECONDS, DEFAULT_TASK_RETENTION_DAYS, Store
+from agentq.core.tools import ToolRegistry, default_registry
 
 if TYPE_CHECKING:
-    from agentq.engine import EngineConfig
+    from agentq.core.engine import EngineConfig
 
 
 def boto_config(pool: int = 64) -> Config:
@@ -120,7 +120,7 @@ def client(settings: Settings, service: str, sess: Any | None = None, pool: int 
 
 def engine_config(settings: Settings, **kwargs: Any) -> "EngineConfig":
     """An EngineConfig carrying the deployment's defaults (tenant cap) plus ``kwargs``."""
-    from agentq.engine import EngineConfig
+    from agentq.core.engine import EngineConfig
 
     return EngineConfig(default_tenant_limits=settings.defaults.tenant_limits(), **kwargs)
 
@@ -142,7 +142,7 @@ def build_queues(settings: Settings, sess: Any | None = None, pool: int = 64) ->
 
 def build_fanout(settings: Settings, sess: Any | None = None, pool: int = 64) -> Any:
     """The Step Functions fan-out launcher, or None where no state machine exists."""
-    from agentq.stepfunctions import StepFunctionsFanout
+    from agentq.queueing.stepfunctions import StepFunctionsFanout
 
     sfn = client(settings, "stepfunctions", sess, pool)
     arn = settings.state_machine_arn
@@ -159,8 +159,8 @@ def build_fanout(settings: Settings, sess: Any | None = None, pool: int = 64) ->
 def build_registry(settings: Settings) -> ToolRegistry:
     """Built-in tools (spawn_subagents included) plus those of each module in
     AGENTQ_TOOL_MODULES (its ``TOOLS`` list)."""
-    from agentq.approval import approval_tool_spec
-    from agentq.fanout import spawn_tool_spec
+    from agentq.core.approval import approval_tool_spec
+    from agentq.core.fanout import spawn_tool_spec
 
     registry = default_registry()
     registry.register(spawn_tool_spec())

@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from agentq.http_api import PUBLIC_PATHS, error_body
+from agentq.api.app import PUBLIC_PATHS, error_body
 
 LOCAL_TENANT = "local"
 

@@ -10,14 +10,14 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentq.auth import KeyStore
-from agentq.defaults import Defaults
-from agentq.http_api import build_app
+from agentq.api.auth import KeyStore
+from agentq.control.defaults import Defaults
+from agentq.api.app import build_app
 from agentq.local.api_server import LocalApiServer
 from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_fanout, build_queues, build_registry, build_store, session
-from agentq.worker import WorkerConfig
+from agentq.queueing.worker import WorkerConfig
 
 
 @dataclass
@@ -26,7 +26,7 @@ class LocalStack:
     workers: int = 2
     worker_config: WorkerConfig = field(default_factory=WorkerConfig)
     queue_settings: QueueSettings = field(default_factory=lambda: QueueSettings(visibility_timeout=4))
-    tool_modules: tuple[str, ...] = ("agentq.examples",)
+    tool_modules: tuple[str, ...] = ("agentq.core.tools.examples",)
     extra_env: dict[str, str] = field(default_factory=dict)
     api: bool = True
     auth: bool = False  # the API requires a bearer key (create one with create_api_key), as in AWS

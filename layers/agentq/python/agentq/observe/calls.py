@@ -20,7 +20,7 @@ from agentq.observe.names import UNREGISTERED_TOOL
 from agentq.observe.tracing import Span, span
 
 if TYPE_CHECKING:
-    from agentq.providers.base import LLMResponse
+    from agentq.core.providers.base import LLMResponse
 
 # agentq provider name -> gen_ai.provider.name (OpenTelemetry's well-known values)
 GENAI_PROVIDERS = {"anthropic": "anthropic", "bedrock": "aws.bedrock"}

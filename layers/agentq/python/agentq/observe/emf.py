@@ -29,8 +29,8 @@ from agentq.observe import names
 from agentq.observe.events import emit_event
 
 if TYPE_CHECKING:
-    from agentq.engine import RunResult
-    from agentq.models import Usage
+    from agentq.core.engine import RunResult
+    from agentq.core.models import Usage
 
 metrics = Metrics(namespace=names.NAMESPACE, service=names.EXECUTOR)
 # The API Lambda's own set (``@api_metrics.log_metrics``): ``Metrics`` instances share one

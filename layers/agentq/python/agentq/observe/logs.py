@@ -1,7 +1,7 @@
 """Where the core's log lines (the ``agentq.*`` stdlib loggers) go, and in what shape.
 
 - Lambda: through the function's powertools ``Logger`` (``route_core_logs``), so a line from
-  ``agentq.engine`` is the same JSON as the handler's own: service, Lambda context, the
+  ``agentq.core.engine`` is the same JSON as the handler's own: service, Lambda context, the
   logger's name, and the task's correlation fields as top-level keys.
 - ``agentq worker``: ``configure_process_logging``; JSON the same way with
   ``AGENTQ_LOG_FORMAT=json`` (what Fargate sets, for CloudWatch Logs Insights), else text

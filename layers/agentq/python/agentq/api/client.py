@@ -1,0 +1,329 @@
+"""``agentq.Client``: the HTTP API from Python, typed with the server's own models.
+
+    from agentq import Client
+    client = Client("https://...", api_key="aq_...")          # or AGENTQ_URL / AGENTQ_API_KEY
+    accepted = client.submit({"goal": "...", "provider": "anthropic"})
+    view = client.wait(accepted.task_id)                      # TaskView once the task ends
+    for event in client.iter_trace(accepted.task_id): ...
+
+Every API error is raised as ``ApiError`` (``status``, ``code``, ``message``, ``field``), or one
+of its subclasses by status: ``InvalidRequest`` (400/413/415/422), ``AuthenticationError``
+(401/403), ``NotFound`` (404), ``Conflict`` (409), ``ServerError`` (5xx). An unreachable API
+raises ``ConnectionFailed``; a wait that runs out raises ``WaitTimeout``.
+
+``submit`` sends an ``Idempotency-Key`` (a fresh one unless you pass yours), so the client can
+retry a submit whose answer was lost without creating a second task.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any, Callable, TypeVar
+
+from pydantic import BaseModel
+
+from agentq.api.models import (
+    CancelResult,
+    Health,
+    TaskAccepted,
+    TaskPage,
+    TaskResult,
+    TaskSummary,
+    TaskView,
+    TraceEvent,
+    TracePage,
+)
+from agentq.core.errors import AgentqError
+from agentq.core.models import TaskStatus, TaskSubmission
+
+TERMINAL = frozenset(s.value for s in TaskStatus if s.terminal)
+M = TypeVar("M", bound=BaseModel)
+
+
+class ApiError(AgentqError):
+    """The API answered with an error."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message, field=field)
+        self.status = status
+        self.code = code
+
+    def __str__(self) -> str:
+        where = f" ({self.field})" if self.field else ""
+        return f"HTTP {self.status} {self.code}: {self.message}{where}"
+
+    @staticmethod
+    def of(status: int, code: str, message: str, field: str | None = None) -> "ApiError":
+        if status in (400, 413, 415, 422):
+            return InvalidRequest(status, code, message, field)
+        kind = {401: AuthenticationError, 403: AuthenticationError, 404: NotFound, 409: Conflict}.get(status)
+        if kind is None:
+            kind = ServerError if status >= 500 else ApiError
+        return kind(status, code, message, field)
+
+
+class InvalidRequest(ApiError):
+    """400, 413, 415, 422: the request is wrong; ``field`` names what to fix."""
+
+
+class AuthenticationError(ApiError):
+    """401/403: no valid API key."""
+
+
+class NotFound(ApiError):
+    """404: no such task for this tenant."""
+
+
+class Conflict(ApiError):
+    """409: the task's state forbids the operation (or an idempotency key was reused)."""
+
+
+class ServerError(ApiError):
+    """5xx."""
+
+
+class ConnectionFailed(AgentqError):
+    code = "connection_failed"
+
+
+class WaitTimeout(AgentqError, TimeoutError):
+    code = "wait_timeout"
+
+    def __init__(self, message: str, view: TaskView) -> None:
+        super().__init__(message, field="timeout")
+        self.view = view
+
+
+_RETRYABLE = {502, 503, 504}
+
+
+class Client:
+    def __init__(
+        self, url: str | None = None, api_key: str | None = None, *, timeout: float = 30, retries: int = 2
+    ) -> None:
+        url = url or os.environ.get("AGENTQ_URL")
+        if not url:
+            raise AgentqError("no API URL: pass url= or set AGENTQ_URL (agentq dev prints it)", field="url")
+        self.url = url.rstrip("/")
+        self.api_key = api_key or os.environ.get("AGENTQ_API_KEY")
+        self.timeout = timeout
+        self.retries = retries
+
+    def __repr__(self) -> str:
+        return f"Client({self.url!r})"
+
+    # ------------------------------------------------------------ transport
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        query: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        retry: bool | None = None,
+    ) -> Any:
+        """One API call; returns the decoded JSON. GETs (and anything ``retry=True``) are retried
+        on connection failures and 502/503/504."""
+        retry = method == "GET" if retry is None else retry
+        url = self.url + path
+        if query:
+            pairs = {k: ("true" if v is True else "false" if v is False else v) for k, v in query.items() if v is not None}
+            if pairs:
+                url += "?" + urllib.parse.urlencode(pairs)
+        all_headers = {"Accept": "application/json", **(headers or {})}
+        if self.api_key:
+            all_headers["Authorization"] = f"Bearer {self.api_key}"
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            all_headers["Content-Type"] = "application/json"
+        attempts = 1 + (self.retries if retry else 0)
+        for attempt in range(attempts):
+            req = urllib.request.Request(url, data=data, method=method, headers=all_headers)
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                    raw = resp.read()
+                    return json.loads(raw) if raw else None
+            except urllib.error.HTTPError as err:
+                error = _error_of(err.code, err.read())
+                if err.code in _RETRYABLE and attempt + 1 < attempts:
+                    time.sleep(0.2 * 2**attempt)
+                    continue
+                raise error from None
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as err:
+                if attempt + 1 < attempts:
+                    time.sleep(0.2 * 2**attempt)
+                    continue
+                reason = getattr(err, "reason", err)
+                raise ConnectionFailed(f"cannot reach {self.url}: {reason}", field="url") from None
+        raise AssertionError("unreachable")
+
+    def _get(self, model: type[M], path: str, **query: Any) -> M:
+        return model.model_validate(self.request("GET", path, query=query))
+
+    # ------------------------------------------------------------- the API
+
+    def health(self) -> Health:
+        return self._get(Health, "/health")
+
+    def openapi(self) -> dict[str, Any]:
+        """The API's OpenAPI document."""
+        return dict(self.request("GET", "/openapi.json"))
+
+    def submit(
+        self,
+        submission: TaskSubmission | Mapping[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+        **fields: Any,
+    ) -> TaskAccepted:
+        """Submit a task: a ``TaskSubmission``, a dict of one, or its fields as keywords
+        (``client.submit(goal="...", provider="anthropic")``)."""
+        if isinstance(submission, TaskSubmission):
+            # Only what the caller set: the server fills the rest with its deployment's defaults.
+            body: dict[str, Any] = submission.model_dump(mode="json", exclude_none=True, exclude_unset=True)
+        else:
+            body = dict(submission or {})
+        body.update(fields)
+        key = idempotency_key or f"client-{uuid.uuid4().hex}"
+        data = self.request("POST", "/tasks", body, headers={"Idempotency-Key": key}, retry=True)
+        return TaskAccepted.model_validate(data)
+
+    def get(self, task_id: str) -> TaskView:
+        return self._get(TaskView, f"/tasks/{_seg(task_id)}")
+
+    def list_tasks(
+        self,
+        status: TaskStatus | str | None = None,
+        *,
+        limit: int = 20,
+        cursor: str | None = None,
+        include_children: bool = False,
+    ) -> TaskPage:
+        """One page of tasks, newest first; pass ``page.next_cursor`` for the next."""
+        status_value = status.value if isinstance(status, TaskStatus) else status
+        return self._get(
+            TaskPage, "/tasks", status=status_value, limit=limit, cursor=cursor, include_children=include_children or None
+        )
+
+    def iter_tasks(
+        self, status: TaskStatus | str | None = None, *, page_size: int = 100, include_children: bool = False
+    ) -> Iterator[TaskSummary]:
+        """Every task (matching ``status``), newest first, following the cursors."""
+        cursor = None
+        while True:
+            page = self.list_tasks(status, limit=page_size, cursor=cursor, include_children=include_children)
+            yield from page.tasks
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def result(self, task_id: str) -> TaskResult:
+        """A finished task's result (``complete`` is False for a partial one); Conflict
+        (``task_not_finished``) while it runs."""
+        return self._get(TaskResult, f"/tasks/{_seg(task_id)}/result")
+
+    def trace(self, task_id: str, *, limit: int = 100, cursor: str | None = None) -> TracePage:
+        return self._get(TracePage, f"/tasks/{_seg(task_id)}/trace", limit=limit, cursor=cursor)
+
+    def iter_trace(self, task_id: str, *, page_size: int = 200) -> Iterator[TraceEvent]:
+        """Every event of the task's trace, in commit order."""
+        cursor = None
+        while True:
+            page = self.trace(task_id, limit=page_size, cursor=cursor)
+            yield from page.events
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def cancel(self, task_id: str) -> CancelResult:
+        return CancelResult.model_validate(self.request("POST", f"/tasks/{_seg(task_id)}/cancel"))
+
+    def approve(self, task_id: str, note: str = "") -> TaskView:
+        return TaskView.model_validate(self.request("POST", f"/tasks/{_seg(task_id)}/approve", {"note": note}))
+
+    def reject(self, task_id: str, note: str = "") -> TaskView:
+        return TaskView.model_validate(self.request("POST", f"/tasks/{_seg(task_id)}/reject", {"note": note}))
+
+    def raise_budget(self, task_id: str, add_tokens: int = 0, add_steps: int = 0) -> TaskView:
+        body = {"add_tokens": add_tokens, "add_steps": add_steps}
+        return TaskView.model_validate(self.request("POST", f"/tasks/{_seg(task_id)}/budget", body))
+
+    def fork(self, task_id: str, at_step: int, **overrides: Any) -> TaskView:
+        """A new task from ``task_id``'s steps 1..at_step; overrides: provider, model, script,
+        system, constraints (a partial dict), priority, metadata. Returns the new task."""
+        body = {"at_step": at_step, **{k: v for k, v in overrides.items() if v is not None}}
+        return TaskView.model_validate(self.request("POST", f"/tasks/{_seg(task_id)}/fork", body))
+
+    # ------------------------------------------------------------- waiting
+
+    def wait_for(
+        self,
+        task_id: str,
+        predicate: Callable[[TaskView], bool],
+        *,
+        timeout: float = 3600,
+        poll: float = 0.5,
+        on_update: Callable[[TaskView], None] | None = None,
+    ) -> TaskView:
+        """Poll until ``predicate(view)``; ``on_update`` sees every view that differs from the last."""
+        deadline = time.monotonic() + timeout
+        last: tuple[Any, ...] | None = None
+        while True:
+            view = self.get(task_id)
+            state = (view.status, view.step, view.tokens.total, view.activity)
+            if on_update is not None and state != last:
+                on_update(view)
+            last = state
+            if predicate(view):
+                return view
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(f"task {task_id} still {view.status.value} after {timeout:g}s", view)
+            time.sleep(poll)
+
+    def wait(
+        self,
+        task_id: str,
+        *,
+        timeout: float = 3600,
+        poll: float = 0.5,
+        on_update: Callable[[TaskView], None] | None = None,
+    ) -> TaskView:
+        """The task's view once it has ended (succeeded, failed, cancelled, cost_exceeded, timed_out)."""
+        return self.wait_for(task_id, lambda v: v.status.terminal, timeout=timeout, poll=poll, on_update=on_update)
+
+    def wait_for_status(self, task_id: str, *statuses: TaskStatus | str, timeout: float = 3600, poll: float = 0.5) -> TaskView:
+        """The task's view once it is in one of ``statuses`` (or has ended)."""
+        wanted = {TaskStatus(s) for s in statuses}
+        return self.wait_for(task_id, lambda v: v.status in wanted or v.status.terminal, timeout=timeout, poll=poll)
+
+    def run(self, submission: TaskSubmission | Mapping[str, Any] | None = None, *, timeout: float = 3600, **fields: Any) -> TaskView:
+        """Submit and wait: the ended task's view."""
+        return self.wait(self.submit(submission, **fields).task_id, timeout=timeout)
+
+
+def _seg(task_id: str) -> str:
+    return urllib.parse.quote(task_id, safe="")
+
+
+def _error_of(status: int, raw: bytes) -> ApiError:
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("error"), dict):
+        err = data["error"]
+        return ApiError.of(status, str(err.get("code", "http_error")), str(err.get("message", "")), err.get("field"))
+    # API Gateway's own answers (before our handler): {"message": "Unauthorized"}
+    message = str(data.get("message") or data.get("Message") or "") if isinstance(data, dict) else ""
+    code = {401: "unauthorized", 403: "forbidden", 429: "throttled"}.get(status, "http_error")
+    return ApiError.of(status, code, message or f"HTTP {status}")

@@ -1,0 +1,274 @@
+"""The shapes of the HTTP API, shared by the server (``http_api``), the Python client and the CLI.
+
+Request bodies are strict (an unknown field is an error naming it); responses are read
+leniently by the client (``extra="ignore"``), so a newer server may add fields without
+breaking older clients. The OpenAPI document at ``/openapi.json`` is generated from these.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentq.core.models import MAX_GOAL_CHARS, Priority, Provider, Script, StrictModel, TaskStatus
+from agentq.core.models import TaskSubmission as TaskSubmission  # the body of POST /tasks, re-exported
+
+# Limits a caller can rely on (also in the OpenAPI document as schema bounds).
+MAX_BODY_BYTES = 256 * 1024  # larger request bodies answer 413
+MAX_PAGE_SIZE = 100  # GET /tasks ?limit=
+DEFAULT_PAGE_SIZE = 20
+MAX_TRACE_PAGE = 200  # GET /tasks/{id}/trace ?limit=
+DEFAULT_TRACE_PAGE = 100
+TRACE_TEXT_CHARS = 16_000  # longer LLM texts and tool outputs in a trace page are cut (``truncated``)
+MAX_NOTE_CHARS = 4_000
+TASK_ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
+IDEMPOTENCY_KEY_PATTERN = r"^[!-~]{1,255}$"  # visible ASCII
+GOAL_PREVIEW_CHARS = 200
+
+class ApiModel(BaseModel):
+    """A response shape: unknown fields are ignored when a client reads one."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+# ------------------------------------------------------------------ errors
+
+
+class ErrorDetail(ApiModel):
+    code: str = Field(description="stable, for scripts: validation_error, invalid_json, task_not_found, ...")
+    message: str
+    field: str | None = Field(default=None, description="the request field at fault, dotted (constraints.max_tokens)")
+
+
+class ErrorResponse(ApiModel):
+    error: ErrorDetail
+
+
+# ----------------------------------------------------------- request bodies
+
+
+class DecisionRequest(StrictModel):
+    note: str = Field(default="", max_length=MAX_NOTE_CHARS, description="read by the agent with the decision")
+
+
+class BudgetRequest(StrictModel):
+    add_tokens: int = Field(default=0, ge=0, le=1_000_000_000, description="raise the root token cap by this much")
+    add_steps: int = Field(default=0, ge=0, le=10_000, description="raise max_steps by this much")
+
+
+class ConstraintsPatch(StrictModel):
+    """Constraints to change on a fork; the others are the source task's."""
+
+    max_tokens: int | None = Field(default=None, ge=1, le=1_000_000_000)
+    max_steps: int | None = Field(default=None, ge=1, le=10_000)
+    timeout_seconds: int | None = Field(default=None, ge=1, le=24 * 3600)
+    tools: list[str] | None = Field(default=None, max_length=64)
+    max_output_tokens: int | None = Field(default=None, ge=1, le=128_000)
+    max_depth: int | None = Field(default=None, ge=0, le=10)
+    max_fanout: int | None = Field(default=None, ge=1, le=100)
+
+
+class ForkRequest(StrictModel):
+    at_step: int = Field(ge=0, le=1_000_000, description="copy the source's committed steps 1..at_step")
+    provider: Provider | None = None
+    model: str | None = Field(default=None, min_length=1, max_length=200)
+    script: Script | str | None = None
+    system: str | None = Field(default=None, max_length=MAX_GOAL_CHARS)
+    constraints: ConstraintsPatch | None = None
+    priority: Priority | None = None
+    metadata: dict[Annotated[str, Field(max_length=128)], Annotated[str, Field(max_length=1024)]] | None = Field(
+        default=None, max_length=32
+    )
+
+    def overrides(self) -> dict[str, Any]:
+        """What the fork changes, in the submission's shape."""
+        return self.model_dump(mode="json", exclude_none=True, exclude={"at_step"})
+
+
+# ---------------------------------------------------------------- responses
+
+
+class TaskLinks(ApiModel):
+    self_: str = Field(alias="self")
+    result: str
+    trace: str
+    cancel: str
+
+    @classmethod
+    def for_task(cls, task_id: str) -> "TaskLinks":
+        base = f"/tasks/{task_id}"
+        return cls(self=base, result=f"{base}/result", trace=f"{base}/trace", cancel=f"{base}/cancel")
+
+
+class TaskAccepted(ApiModel):
+    task_id: str
+    status: TaskStatus
+    created: bool = Field(description="false when an Idempotency-Key replay returned an earlier task")
+    links: TaskLinks
+
+
+class TokenUsage(ApiModel):
+    input: int = Field(description="this task's input tokens (cache reads and writes included)")
+    output: int
+    total: int
+    budget: int = Field(description="the token cap of this task's budget (the whole tree's, for a root)")
+
+
+class BudgetView(ApiModel):
+    """The task's budget item: for a root, the whole tree (sub-agents included)."""
+
+    cap: int
+    used: int
+    reserved: int
+    available: int
+    cost_usd: str
+
+
+class ChildrenSummary(ApiModel):
+    total: int
+    by_status: dict[str, int]
+    task_ids: list[str] = Field(description="the first 100 children, in spawn order")
+
+
+class LatencyView(ApiModel):
+    pickup_seconds: float | None = Field(description="submission to first claim")
+    resumes: int = Field(description="claims after the first (worker deaths, continuations, resumes)")
+    last_resume_gap_seconds: float | None = Field(description="previous holder's last heartbeat to the latest claim")
+    run_seconds: float | None = Field(description="first claim to finish (or to now)")
+    total_seconds: float = Field(description="submission to finish (or to now)")
+
+
+class TaskView(ApiModel):
+    task_id: str
+    status: TaskStatus
+    goal: str
+    provider: str
+    model: str
+    priority: str
+    step: int = Field(description="last committed step (LLM and tool steps)")
+    llm_steps: int
+    max_steps: int = Field(description="LLM turns allowed")
+    tokens: TokenUsage
+    budget: BudgetView | None
+    cost_usd: str = Field(description="this task's own LLM cost")
+    result: str | None
+    error: dict[str, Any] | None
+    activity: str | None = Field(description="what the task is doing now, in words")
+    pending_approval: str | None = Field(description="the question a paused task waits on")
+    parent_id: str | None
+    root_id: str
+    depth: int
+    forked_from: dict[str, Any] | None
+    children: ChildrenSummary
+    metadata: dict[str, str]
+    created_at: float
+    updated_at: float | None
+    started_at: float | None
+    finished_at: float | None
+    latency: LatencyView
+    links: TaskLinks
+
+
+class TaskSummary(ApiModel):
+    task_id: str
+    status: TaskStatus
+    goal: str = Field(description=f"the first {GOAL_PREVIEW_CHARS} characters")
+    priority: str
+    step: int
+    tokens_total: int
+    cost_usd: str
+    parent_id: str | None
+    created_at: float
+    finished_at: float | None
+    links: TaskLinks
+
+
+class TaskPage(ApiModel):
+    tasks: list[TaskSummary]
+    next_cursor: str | None = Field(description="pass as ?cursor= for the next page; null at the end")
+
+
+class TaskResult(ApiModel):
+    task_id: str
+    status: TaskStatus
+    complete: bool = Field(description="true when the task succeeded; otherwise result is partial (or null)")
+    result: str | None
+    error: dict[str, Any] | None
+    finished_at: float | None
+
+
+class CancelResult(ApiModel):
+    task_id: str
+    cancelled: list[str] = Field(description="the task and the sub-agents this request cancelled")
+
+
+class Health(ApiModel):
+    status: Literal["ok"]
+    version: str
+
+
+# -------------------------------------------------------------------- trace
+
+
+class TransitionEvent(ApiModel):
+    type: Literal["transition"] = "transition"
+    at: float
+    event: Literal["created", "forked", "claimed", "approval_requested", "approval_decided", "spawned", "finished"]
+    status: TaskStatus | None = Field(default=None, description="the status the task entered")
+    worker: str | None = None
+    epoch: int | None = None
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class LLMTokens(ApiModel):
+    input: int
+    output: int
+    cache_creation: int
+    cache_read: int
+    total: int
+
+
+class LLMCallEvent(ApiModel):
+    type: Literal["llm_call"] = "llm_call"
+    at: float = Field(description="commit time (an orphan call: its end)")
+    step: int
+    epoch: int
+    model: str
+    started_at: float
+    duration_ms: int
+    tokens: LLMTokens
+    reserved_tokens: int
+    cost_usd: str
+    stop_reason: str | None
+    attempts: int
+    text: str = Field(description="the assistant text of the turn")
+    tool_calls: list[str] = Field(description="names of the tools it asked for")
+    orphan: bool = Field(description="a call whose step was never committed (its worker lost the lease); paid for all the same")
+    truncated: bool
+
+
+class ToolCallEvent(ApiModel):
+    type: Literal["tool_call"] = "tool_call"
+    at: float = Field(description="commit time of the tool results step")
+    step: int
+    epoch: int
+    tool_use_id: str
+    name: str
+    input: dict[str, Any] | None
+    output: str
+    is_error: bool
+    status: str = Field(description="ok, error, timeout, unknown_outcome (side effect of a dead worker), replayed")
+    side_effects: bool
+    started_at: float
+    duration_ms: int
+    truncated: bool
+
+
+TraceEvent = Annotated[TransitionEvent | LLMCallEvent | ToolCallEvent, Field(discriminator="type")]
+
+
+class TracePage(ApiModel):
+    task_id: str
+    events: list[TraceEvent]
+    next_cursor: str | None = Field(description="pass as ?cursor= for the next page; null at the end")

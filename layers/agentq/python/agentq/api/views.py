@@ -1,0 +1,388 @@
+"""Read-only views the HTTP API answers with: a task's status view, list pages, the trace.
+
+Built from the store alone (no worker involved); the response shapes are ``api_models``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+import time
+from collections import Counter
+from typing import Any
+
+from agentq.api.models import (
+    GOAL_PREVIEW_CHARS,
+    TRACE_TEXT_CHARS,
+    BudgetView,
+    ChildrenSummary,
+    LatencyView,
+    LLMCallEvent,
+    LLMTokens,
+    TaskLinks,
+    TaskPage,
+    TaskResult,
+    TaskSummary,
+    TaskView,
+    TokenUsage,
+    ToolCallEvent,
+    TracePage,
+    TransitionEvent,
+)
+from agentq.core.errors import AgentqError, TaskNotFound, ValidationError
+from agentq.core.models import LLMStep, StepRecord, Task, TaskStatus, ToolsStep
+from agentq.storage.store import Store
+
+
+class InvalidCursor(ValidationError):
+    """A pagination cursor this API did not issue (or issued for another listing)."""
+
+    code = "invalid_cursor"
+
+
+class NotFinished(AgentqError):
+    code = "task_not_finished"
+
+
+# ------------------------------------------------------------------ cursors
+
+
+def encode_cursor(kind: str, value: Any) -> str:
+    raw = json.dumps({"k": kind, "v": value}, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(kind: str, cursor: str) -> Any:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        data = json.loads(raw)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise InvalidCursor("cursor is not one this API issued; pass next_cursor back unchanged", field="cursor") from None
+    if not isinstance(data, dict) or data.get("k") != kind or "v" not in data:
+        raise InvalidCursor(f"cursor does not belong to this listing ({kind})", field="cursor")
+    return data["v"]
+
+
+_GSI1SK = re.compile(r"^\d{15}#[A-Za-z0-9_-]{1,128}$")
+
+
+# --------------------------------------------------------------- task views
+
+
+def _links(task_id: str) -> TaskLinks:
+    return TaskLinks.for_task(task_id)
+
+
+def owned(store: Store, task_id: str, tenant: str) -> Task:
+    """The task if ``tenant`` owns it; any other tenant's task is simply not found (404, no oracle)."""
+    task = store.get_task(task_id)
+    if task.tenant != tenant:
+        raise TaskNotFound(f"no task {task_id!r}", field="task_id")
+    return task
+
+
+def children_summary(store: Store, task: Task) -> ChildrenSummary:
+    ids = [child for spawn in store.list_spawns(task.task_id) for child in spawn.get("children", [])]
+    if not ids:
+        return ChildrenSummary(total=0, by_status={}, task_ids=[])
+    counts = Counter(child.status.value for child in store.get_tasks(ids))
+    return ChildrenSummary(total=len(ids), by_status=dict(sorted(counts.items())), task_ids=ids[:100])
+
+
+def activity(store: Store, task: Task, children: ChildrenSummary, question: str | None) -> str | None:
+    """What the task is doing now, in words a person watching it wants."""
+    status = task.status
+    if status is TaskStatus.QUEUED:
+        if task.lease_epoch:
+            return f"queued to resume after step {task.step}"
+        return f"queued ({task.submission.priority} priority), waiting for a worker"
+    if status is TaskStatus.PAUSED:
+        return f"waiting for approval: {question}" if question else "paused"
+    if status is TaskStatus.WAITING:
+        done = sum(n for s, n in children.by_status.items() if TaskStatus(s).terminal)
+        return f"waiting for sub-agents: {done} of {children.total} finished"
+    if status is TaskStatus.RUNNING:
+        last = store.last_step(task.task_id)
+        who = f" on {task.lease_owner}" if task.lease_owner else ""
+        if last is not None and isinstance(last.body, LLMStep) and last.body.tool_uses():
+            names = ", ".join(u["name"] for u in last.body.tool_uses())
+            return f"running tools: {names} (step {last.number + 1}){who}"
+        return f"waiting for the model: turn {task.llm_steps + 1} of at most {task.submission.constraints.max_steps}{who}"
+    return None
+
+
+def task_view(store: Store, task: Task) -> TaskView:
+    try:
+        b = store.get_budget(task.budget_id)
+        budget: BudgetView | None = BudgetView(
+            cap=b.cap, used=b.used, reserved=b.reserved, available=b.available, cost_usd=str(b.cost_usd)
+        )
+    except TaskNotFound:
+        budget = None
+    children = children_summary(store, task)
+    question = None
+    if task.status is TaskStatus.PAUSED:
+        pending = store.pending_approval(task.task_id)
+        question = str(pending.get("question")) if pending else None
+    now = time.time()
+    end = task.finished_at or now
+    sub = task.submission
+    return TaskView(
+        task_id=task.task_id,
+        status=task.status,
+        goal=sub.goal,
+        provider=sub.provider,
+        model=sub.model,
+        priority=sub.priority,
+        step=task.step,
+        llm_steps=task.llm_steps,
+        max_steps=sub.constraints.max_steps,
+        tokens=TokenUsage(
+            input=task.tokens_in,
+            output=task.tokens_out,
+            total=task.tokens_in + task.tokens_out,
+            budget=budget.cap if budget else sub.constraints.max_tokens,
+        ),
+        budget=budget,
+        cost_usd=str(task.cost_usd),
+        result=task.result,
+        error=task.error,
+        activity=activity(store, task, children, question),
+        pending_approval=question,
+        parent_id=task.parent_id,
+        root_id=task.root_id,
+        depth=task.depth,
+        forked_from=task.forked_from,
+        children=children,
+        metadata=dict(sub.metadata),
+        created_at=task.created_at,
+        updated_at=task.updated_at,
+        started_at=task.started_at,
+        finished_at=task.finished_at,
+        latency=LatencyView(
+            pickup_seconds=_round(task.pickup_latency),
+            resumes=max(0, len(task.claims) - 1),
+            last_resume_gap_seconds=_round(task.last_resume_gap),
+            run_seconds=_round(end - task.started_at) if task.started_at else None,
+            total_seconds=round(end - task.created_at, 3),
+        ),
+        links=_links(task.task_id),
+    )
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def task_summary(task: Task) -> TaskSummary:
+    goal = task.submission.goal
+    return TaskSummary(
+        task_id=task.task_id,
+        status=task.status,
+        goal=goal if len(goal) <= GOAL_PREVIEW_CHARS else goal[: GOAL_PREVIEW_CHARS - 1] + "…",
+        priority=task.submission.priority,
+        step=task.step,
+        tokens_total=task.tokens_in + task.tokens_out,
+        cost_usd=str(task.cost_usd),
+        parent_id=task.parent_id,
+        created_at=task.created_at,
+        finished_at=task.finished_at,
+        links=_links(task.task_id),
+    )
+
+
+def task_page(
+    store: Store, tenant: str, *, limit: int, cursor: str | None, status: TaskStatus | None, include_children: bool
+) -> TaskPage:
+    after = None
+    if cursor:
+        after = decode_cursor("tasks", cursor)
+        if not isinstance(after, str) or not _GSI1SK.match(after):
+            raise InvalidCursor("cursor is not one this API issued; pass next_cursor back unchanged", field="cursor")
+    tasks, last = store.list_tenant_tasks(tenant, limit=limit, after=after, status=status, roots_only=not include_children)
+    return TaskPage(
+        tasks=[task_summary(t) for t in tasks if t.tenant == tenant],
+        next_cursor=encode_cursor("tasks", last) if last else None,
+    )
+
+
+def task_result(task: Task) -> TaskResult:
+    if not task.status.terminal:
+        raise NotFinished(
+            f"task {task.task_id} is {task.status.value}; its result is ready when it ends (GET /tasks/{task.task_id})",
+            field="task_id",
+        )
+    return TaskResult(
+        task_id=task.task_id,
+        status=task.status,
+        complete=task.status is TaskStatus.SUCCEEDED,
+        result=task.result,
+        error=task.error,
+        finished_at=task.finished_at,
+    )
+
+
+# -------------------------------------------------------------------- trace
+
+Key = tuple[float, int, int, int]  # (time, rank, step, index): the order events are returned in
+
+
+def _cut(text: str) -> tuple[str, bool]:
+    return (text, False) if len(text) <= TRACE_TEXT_CHARS else (text[:TRACE_TEXT_CHARS], True)
+
+
+def _llm_event(number: int, epoch: int, at: float, body: LLMStep, *, orphan: bool) -> LLMCallEvent:
+    text, cut = _cut("\n".join(b.get("text", "") for b in body.content if b.get("type") == "text"))
+    u = body.usage
+    return LLMCallEvent(
+        at=at,
+        step=number,
+        epoch=epoch,
+        model=body.model,
+        started_at=body.started_at,
+        duration_ms=body.duration_ms,
+        tokens=LLMTokens(
+            input=u.input_tokens,
+            output=u.output_tokens,
+            cache_creation=u.cache_creation_input_tokens,
+            cache_read=u.cache_read_input_tokens,
+            total=u.total,
+        ),
+        reserved_tokens=body.reserved_tokens,
+        cost_usd=str(body.cost_usd),
+        stop_reason=body.stop_reason,
+        attempts=body.attempts,
+        text=text,
+        tool_calls=[t["name"] for t in body.tool_uses()],
+        orphan=orphan,
+        truncated=cut,
+    )
+
+
+def _step_events(record: StepRecord, inputs: dict[str, dict[str, Any]]) -> list[tuple[Key, Any]]:
+    body = record.body
+    at = record.committed_at
+    if isinstance(body, LLMStep):
+        return [((at, 1, record.number, 0), _llm_event(record.number, record.epoch, at, body, orphan=False))]
+    assert isinstance(body, ToolsStep)
+    events: list[tuple[Key, Any]] = []
+    for i, r in enumerate(body.results):
+        output, cut = _cut(r.content)
+        events.append(
+            (
+                (at, 1, record.number, i),
+                ToolCallEvent(
+                    at=at,
+                    step=record.number,
+                    epoch=record.epoch,
+                    tool_use_id=r.tool_use_id,
+                    name=r.name,
+                    input=inputs.get(r.tool_use_id),
+                    output=output,
+                    is_error=r.is_error,
+                    status=r.status,
+                    side_effects=r.side_effects,
+                    started_at=r.started_at,
+                    duration_ms=r.duration_ms,
+                    truncated=cut,
+                ),
+            )
+        )
+    return events
+
+
+def _side_events(store: Store, task: Task) -> list[tuple[Key, Any]]:
+    """Transitions (from META, approvals and spawns) and orphan LLM calls: the few events that are
+    not steps, all read at once."""
+    events: list[tuple[Key, Any]] = []
+    first = "forked" if task.forked_from else "created"
+    detail = {"forked_from": task.forked_from} if task.forked_from else {"priority": task.submission.priority}
+    # always first: a fork's copied steps keep their source's (earlier) commit times
+    events.append(((0.0, 0, 0, 0), TransitionEvent(at=task.created_at, event=first, status=TaskStatus.QUEUED, detail=detail)))
+    for i, claim in enumerate(task.claims):
+        at = float(claim["at"])
+        events.append(
+            ((at, 0, 0, i + 1), TransitionEvent(at=at, event="claimed", status=TaskStatus.RUNNING, worker=claim.get("worker"), epoch=i + 1))
+        )
+    for i, a in enumerate(store.list_approvals(task.task_id)):
+        asked = float(a.get("asked_at", 0))
+        events.append(
+            ((asked, 0, 0, 10_000 + i), TransitionEvent(at=asked, event="approval_requested", status=TaskStatus.PAUSED, detail={"question": a.get("question")}))
+        )
+        if a.get("decided_at"):
+            decided = float(a["decided_at"])
+            events.append(
+                (
+                    (decided, 0, 0, 20_000 + i),
+                    TransitionEvent(
+                        at=decided,
+                        event="approval_decided",
+                        status=TaskStatus.QUEUED,
+                        detail={"decision": a.get("state"), "by": a.get("decided_by"), "note": a.get("note", "")},
+                    ),
+                )
+            )
+    for i, spawn in enumerate(store.list_spawns(task.task_id)):
+        at = float(spawn.get("created_at", 0))
+        events.append(
+            (
+                (at, 2, 0, 30_000 + i),
+                TransitionEvent(at=at, event="spawned", status=TaskStatus.WAITING, detail={"children": spawn.get("children", []), "state": spawn.get("state")}),
+            )
+        )
+    for number, epoch, call in store.orphan_records(task.task_id):
+        at = call.started_at + call.duration_ms / 1000
+        events.append(((at, 1, number, -1), _llm_event(number, epoch, at, call, orphan=True)))
+    if task.status.terminal and task.finished_at:
+        events.append(
+            (
+                (task.finished_at, 3, 0, 0),
+                TransitionEvent(at=task.finished_at, event="finished", status=task.status, detail={"error": task.error} if task.error else {}),
+            )
+        )
+    return events
+
+
+def trace_page(store: Store, task: Task, *, limit: int, cursor: str | None) -> TracePage:
+    """A page of the task's events in commit order.
+
+    Steps are read from where the previous page stopped (never the whole history); the other
+    events are few and read whole. The cursor holds the last event's sort key and the step it
+    came from.
+    """
+    after: Key | None = None
+    step_from = 1
+    if cursor:
+        value = decode_cursor("trace", cursor)
+        try:
+            key, step_from = value
+            after = (float(key[0]), int(key[1]), int(key[2]), int(key[3]))
+            step_from = int(step_from)
+        except (TypeError, ValueError, IndexError):
+            raise InvalidCursor("cursor is not one this API issued; pass next_cursor back unchanged", field="cursor") from None
+    want = limit + 2
+    steps = store.load_steps_range(task.task_id, max(1, step_from - 1), want)
+    exhausted = len(steps) < want
+    inputs = {
+        use["id"]: use.get("input") or {}
+        for record in steps
+        if isinstance(record.body, LLMStep)
+        for use in record.body.tool_uses()
+    }
+    events: list[tuple[Key, Any]] = []
+    for record in steps:
+        events.extend(_step_events(record, inputs))
+    horizon: Key | None = None if exhausted else max(k for k, _ in events)
+    events.extend(_side_events(store, task))
+    events.sort(key=lambda e: e[0])
+    ready = [e for e in events if (after is None or e[0] > after) and (horizon is None or e[0] <= horizon)]
+    page = ready[:limit]
+    more = len(ready) > limit or not exhausted
+    next_cursor = None
+    if page and more:
+        steps_seen = [k[2] for k, ev in page if isinstance(ev, ToolCallEvent) or (isinstance(ev, LLMCallEvent) and not ev.orphan)]
+        last_step = max([*steps_seen, step_from])
+        next_cursor = encode_cursor("trace", [list(page[-1][0]), last_step])
+    return TracePage(task_id=task.task_id, events=[ev for _, ev in page], next_cursor=next_cursor)

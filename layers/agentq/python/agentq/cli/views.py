@@ -1,0 +1,234 @@
+"""How the CLI shows tasks to a person: the status block, the task table, the trace tree and
+the live ``watch`` view (rich). Every function takes the API's models and returns text or a
+rich renderable; nothing here talks to the API."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+from agentq.api.models import LLMCallEvent, TaskSummary, TaskView, ToolCallEvent, TransitionEvent
+from agentq.core.models import TaskStatus
+
+STATUS_STYLE = {
+    "queued": "cyan",
+    "running": "bold blue",
+    "waiting": "magenta",
+    "paused": "yellow",
+    "succeeded": "bold green",
+    "failed": "bold red",
+    "cancelled": "red",
+    "cost_exceeded": "bold red",
+    "timed_out": "red",
+}
+
+
+def n(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def secs(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value < 1:
+        return f"{value * 1000:.0f} ms"
+    if value < 120:
+        return f"{value:.2f} s"
+    return f"{value / 60:.1f} min"
+
+
+def when(epoch: float | None) -> str:
+    if epoch is None:
+        return "-"
+    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def cut(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def status_text(status: TaskStatus | str) -> Text:
+    value = status.value if isinstance(status, TaskStatus) else str(status)
+    return Text(value, style=STATUS_STYLE.get(value, ""))
+
+
+def children_line(view: TaskView) -> str:
+    c = view.children
+    if not c.total:
+        return "none"
+    return f"{c.total}: " + ", ".join(f"{count} {status}" for status, count in c.by_status.items())
+
+
+def budget_line(view: TaskView) -> str:
+    if view.budget is None:
+        return f"{n(view.tokens.total)} tokens used of {n(view.tokens.budget)}"
+    b = view.budget
+    pct = 100 * b.used / b.cap if b.cap else 0
+    extra = f", {n(b.reserved)} reserved" if b.reserved else ""
+    return f"{n(b.used)} / {n(b.cap)} tokens ({pct:.1f}%){extra}"
+
+
+def status_block(view: TaskView) -> str:
+    """``agentq status``: one fact a line, stable labels a person or a grep can read."""
+    lat = view.latency
+    lines = [
+        f"task      {view.task_id}",
+        f"status    {view.status.value}",
+        f"goal      {cut(view.goal, 100)}",
+        f"model     {view.provider} / {view.model}   priority {view.priority}",
+        f"steps     {view.step} ({view.llm_steps} LLM turns of at most {view.max_steps})",
+        f"tokens    {n(view.tokens.input)} in, {n(view.tokens.output)} out; budget {budget_line(view)}",
+        f"cost      ${view.cost_usd}" + (f" (tree ${view.budget.cost_usd})" if view.budget and view.budget.cost_usd != view.cost_usd else ""),
+        f"children  {children_line(view)}",
+        f"created   {when(view.created_at)}   started {when(view.started_at)}   finished {when(view.finished_at)}",
+        f"latency   pickup {secs(lat.pickup_seconds)}, resumes {lat.resumes}, run {secs(lat.run_seconds)}, total {secs(lat.total_seconds)}",
+    ]
+    if view.parent_id:
+        lines.append(f"parent    {view.parent_id} (depth {view.depth})")
+    if view.forked_from:
+        lines.append(f"forked    from {view.forked_from.get('task_id')} at step {view.forked_from.get('step')}")
+    if view.activity:
+        lines.append(f"activity  {view.activity}")
+    if view.error:
+        lines.append(f"error     {view.error.get('code', '')}: {view.error.get('message', '')}")
+    if view.result:
+        lines.append("result    " + cut(view.result, 300))
+    return "\n".join(lines)
+
+
+def task_table(tasks: list[TaskSummary]) -> Table:
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("TASK", "STATUS", "STEP", "TOKENS", "COST", "CREATED"):
+        table.add_column(column, no_wrap=True, min_width=len(column))
+    table.add_column("GOAL", overflow="fold", ratio=1)
+    for t in tasks:
+        table.add_row(t.task_id, status_text(t.status), str(t.step), n(t.tokens_total), f"${t.cost_usd}", when(t.created_at), cut(t.goal, 60))
+    return table
+
+
+# -------------------------------------------------------------------- trace
+
+
+def _json_preview(value: Any, width: int) -> str:
+    return cut(json.dumps(value, separators=(",", ":"), default=str), width)
+
+
+def event_line(event: Any, origin: float) -> Text:
+    """One trace event in a line: what happened, when (from submission), what it cost."""
+    at = Text.assemble((f"+{event.at - origin:7.2f}s ", "dim"))
+    if isinstance(event, TransitionEvent):
+        d = event.detail
+        what = {
+            "created": f"created ({d.get('priority', 'normal')} priority)",
+            "forked": f"forked from {(d.get('forked_from') or {}).get('task_id')} at step {(d.get('forked_from') or {}).get('step')}",
+            "claimed": f"claimed by {event.worker} (epoch {event.epoch})",
+            "approval_requested": f"approval requested: {cut(str(d.get('question') or ''), 80)}",
+            "approval_decided": f"approval {d.get('decision')} by {d.get('by')}" + (f": {cut(str(d.get('note')), 60)}" if d.get("note") else ""),
+            "spawned": f"spawned {len(d.get('children') or [])} sub-agents",
+            "finished": f"finished: {event.status.value if event.status else '?'}"
+            + (f" ({(d.get('error') or {}).get('code')})" if d.get("error") else ""),
+        }.get(event.event, event.event)
+        style = "bold" if event.event in ("claimed", "finished") else ""
+        if event.event == "finished" and event.status is not None:
+            style = STATUS_STYLE.get(event.status.value, style)
+        return Text.assemble(at, (what, style))
+    if isinstance(event, LLMCallEvent):
+        t = event.tokens
+        calls = f" → {', '.join(event.tool_calls)}" if event.tool_calls else (" → answer" if event.stop_reason == "end_turn" else "")
+        line = Text.assemble(
+            at,
+            (f"step {event.step} ", "bold"),
+            f"LLM {event.model} · {n(t.input)} in / {n(t.output)} out tokens · {event.duration_ms:,} ms · ${event.cost_usd}{calls}",
+        )
+        if event.orphan:
+            line.append("  [orphan: lease lost, never committed; paid]", style="yellow")
+        return line
+    if isinstance(event, ToolCallEvent):
+        style = "red" if event.is_error else ""
+        return Text.assemble(
+            at,
+            (f"tool {event.name}", "bold"),
+            (
+                f" · {event.duration_ms:,} ms · {event.status}{' · side effect' if event.side_effects else ''}"
+                f" · in {_json_preview(event.input, 60)} → {cut(event.output, 80)!r}",
+                style,
+            ),
+        )
+    return Text.assemble(at, str(event))
+
+
+def trace_tree(task_id: str, view: TaskView | None, events: list[Any]) -> Tree:
+    """The trace as a tree: each worker claim holds the LLM calls it made, each LLM call the
+    tool calls of its turn; other transitions stand at the top."""
+    origin = view.created_at if view else (events[0].at if events else time.time())
+    label = Text.assemble((f"task {task_id}", "bold"))
+    if view:
+        label.append(" ")
+        label.append_text(status_text(view.status))
+        label.append(f" · {view.step} steps · {n(view.tokens.total)} tokens · ${view.cost_usd} · {secs(view.latency.total_seconds)}")
+    root = Tree(label)
+    session: Tree | None = None
+    llm_nodes: dict[int, Tree] = {}
+    for event in events:
+        line = event_line(event, origin)
+        if isinstance(event, TransitionEvent):
+            node = root.add(line)
+            if event.event == "claimed":
+                session = node
+            elif event.event == "finished":
+                session = None
+        elif isinstance(event, LLMCallEvent):
+            llm_nodes[event.step] = (session or root).add(line)
+        else:
+            parent = llm_nodes.get(event.step - 1) or session or root
+            parent.add(line)
+    return root
+
+
+# -------------------------------------------------------------------- watch
+
+
+def _bar(completed: float, total: float, label: str, *, warn_at: float = 0.9) -> Table:
+    ratio = completed / total if total else 0
+    style = "red" if ratio >= warn_at else "green"
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(width=32)
+    grid.add_column()
+    grid.add_row(ProgressBar(total=max(total, 1), completed=min(completed, total), width=32, complete_style=style, finished_style=style), label)
+    return grid
+
+
+def watch_view(view: TaskView, recent: list[Text]) -> RenderableType:
+    """The live view of ``agentq watch``: steps and tokens as bars, children, what it is doing."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", justify="right")
+    grid.add_column()
+    grid.add_row("status", Text.assemble(status_text(view.status), (f"   {view.provider} / {view.model}", "dim")))
+    grid.add_row("goal", cut(view.goal, 90))
+    grid.add_row("steps", _bar(view.llm_steps, view.max_steps, f"{view.llm_steps} / {view.max_steps} LLM turns (step {view.step})", warn_at=1.0))
+    used = view.budget.used if view.budget else view.tokens.total
+    cap = view.budget.cap if view.budget else view.tokens.budget
+    grid.add_row("tokens", _bar(used, cap, budget_line(view)))
+    grid.add_row("cost", f"${view.cost_usd}")
+    grid.add_row("children", children_line(view))
+    activity = view.activity or (f"finished {view.status.value}" if view.status.terminal else "-")
+    grid.add_row("now", Text(activity, style="italic"))
+    lat = view.latency
+    grid.add_row("timing", f"pickup {secs(lat.pickup_seconds)} · resumes {lat.resumes} · elapsed {secs(lat.total_seconds)}")
+    if view.error:
+        grid.add_row("error", Text(f"{view.error.get('code', '')}: {view.error.get('message', '')}", style="red"))
+    parts: list[RenderableType] = [grid]
+    if recent:
+        parts.append(Text("recent", style="bold"))
+        parts.extend(recent)
+    return Panel(Group(*parts), title=f"agentq watch {view.task_id}", title_align="left")

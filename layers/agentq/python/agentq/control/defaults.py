@@ -1,0 +1,72 @@
+"""A deployment's defaults for what a caller leaves out: budget constraints and the tenant
+hourly cap.
+
+The core's ``Constraints`` defaults suit a laptop; a platform team sets its own per
+environment (``budget_defaults`` in cdk.json), which reach the functions as ``AGENTQ_DEFAULT_*``
+variables. Only fields the caller did not send are filled: an explicit value always wins,
+so the same request means the same thing in every environment except where it is silent.
+A bad variable fails at cold start naming the variable, never on a request.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentq.core.errors import AgentqError
+from agentq.core.models import MAX_TIMEOUT_SECONDS, Constraints, TaskSubmission
+from agentq.storage.tenant_windows import TenantLimits
+
+# field -> environment variable
+ENVIRONMENT = {
+    "max_tokens": "AGENTQ_DEFAULT_MAX_TOKENS",
+    "max_steps": "AGENTQ_DEFAULT_MAX_STEPS",
+    "timeout_seconds": "AGENTQ_DEFAULT_TIMEOUT_SECONDS",
+    "tenant_hourly_tokens": "AGENTQ_DEFAULT_TENANT_HOURLY_TOKENS",
+}
+CONSTRAINT_FIELDS = ("max_tokens", "max_steps", "timeout_seconds")
+
+
+class ConfigurationError(AgentqError):
+    """The deployment's configuration is unusable; ``field`` names the variable."""
+
+    code = "configuration_error"
+
+
+class Defaults(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_tokens: int | None = Field(None, ge=1, le=1_000_000_000)
+    max_steps: int | None = Field(None, ge=1, le=10_000)
+    timeout_seconds: int | None = Field(None, ge=1, le=MAX_TIMEOUT_SECONDS)
+    tenant_hourly_tokens: int | None = Field(None, ge=1, description="cap for tenants with no limits of their own")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> Defaults:
+        values = {name: environ[var] for name, var in ENVIRONMENT.items() if environ.get(var, "").strip()}
+        try:
+            return cls.model_validate({name: value.strip() for name, value in values.items()})
+        except pydantic.ValidationError as exc:
+            first = exc.errors()[0]
+            var = ENVIRONMENT[str(first["loc"][0])]
+            raise ConfigurationError(f"{var}: {first['msg']} (got {values[str(first['loc'][0])]!r})", field=var) from None
+
+    def env(self) -> dict[str, str]:
+        """The variables that rebuild these defaults in another process."""
+        return {ENVIRONMENT[name]: str(value) for name, value in self.model_dump().items() if value is not None}
+
+    def apply(self, submission: TaskSubmission) -> TaskSubmission:
+        """``submission`` with every constraint the caller left out set to this deployment's
+        default. Fields the caller sent are kept as sent."""
+        given = submission.constraints.model_fields_set if "constraints" in submission.model_fields_set else set()
+        fill = {name: getattr(self, name) for name in CONSTRAINT_FIELDS if name not in given and getattr(self, name) is not None}
+        if not fill:
+            return submission
+        constraints = Constraints.model_validate({**submission.constraints.model_dump(include=given), **fill})
+        return submission.model_copy(update={"constraints": constraints})
+
+    def tenant_limits(self) -> TenantLimits | None:
+        return TenantLimits(hourly_tokens=self.tenant_hourly_tokens) if self.tenant_hourly_tokens else None

@@ -1,0 +1,155 @@
+"""Operations people perform on tasks: cancel, approve/reject, raise a budget, fork.
+
+Core functions over the store and the queues, shared by the API and the CLI. Each one
+checks first and writes second, so a refused operation changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from agentq.core.engine import conversation, final_text
+from agentq.core.errors import IllegalTransition, TaskNotFound, ValidationError
+from agentq.core.models import Task, TaskStatus, TaskSubmission
+from agentq.queueing.queues import TaskQueues
+from agentq.storage.store import Store
+from agentq.control.submit import check_submission, parse_submission
+from agentq.core.tools import ToolRegistry
+
+log = logging.getLogger("agentq.control")
+
+
+def owned_task(store: Store, task_id: str, tenant: str | None) -> Task:
+    """The task, if it exists and belongs to ``tenant``: another tenant's task is not found."""
+    task = store.get_task(task_id)
+    if tenant is not None and task.tenant != tenant:
+        raise TaskNotFound(f"no task {task_id!r}", field="task_id")
+    return task
+
+
+def subtree(store: Store, task: Task) -> list[Task]:
+    """The task and every descendant, parents before children (from the SPAWN records)."""
+    order = [task]
+    i = 0
+    while i < len(order):
+        ids = [child for spawn in store.list_spawns(order[i].task_id) for child in spawn["children"]]
+        order += store.get_tasks(ids)
+        i += 1
+    return order
+
+
+def cancel(store: Store, task_id: str, *, tenant: str | None = None, fanout: Any = None, reason: str = "cancelled on request") -> list[str]:
+    """Cancel a task and its whole subtree; returns the ids that were cancelled.
+
+    Workers running any of them stop at their next step boundary (their fenced commit finds the
+    task no longer running); children not started yet never start (their message finds them
+    cancelled); fan-out executions are stopped where the endpoint supports it. Partial results
+    are kept, and every child's budget is settled into its parent's so the root ledger closes.
+    """
+    task = owned_task(store, task_id, tenant)
+    if task.status.terminal:
+        raise IllegalTransition(f"task {task_id} is already {task.status.value}", field="task_id")
+    tree = subtree(store, task)
+    cancelled = []
+    for node in tree:
+        if node.status.terminal:
+            continue
+        partial = node.result or final_text(conversation(node.submission.goal, store.load_steps(node.task_id)))
+        try:
+            store.transition(node.task_id, TaskStatus.CANCELLED, result=partial, error={"code": "cancelled", "message": reason})
+            cancelled.append(node.task_id)
+        except IllegalTransition:
+            pass  # it finished meanwhile
+    if fanout is not None:
+        for node in tree:
+            for spawn in store.list_spawns(node.task_id):
+                if spawn.get("execution_arn"):
+                    fanout.stop(spawn["execution_arn"], reason)
+    for node in reversed(tree[1:]):  # leaves first: a child's spend reaches its parent, then the root
+        if node.parent_id:
+            store.settle_child(node.parent_id, node.task_id)
+    return cancelled
+
+
+def decide(
+    store: Store, queues: TaskQueues, task_id: str, *, approved: bool, note: str = "", by: str = "reviewer", tenant: str | None = None
+) -> Task:
+    """Approve or reject the task's pending request; the task resumes with the decision."""
+    task = owned_task(store, task_id, tenant)
+    if task.status is not TaskStatus.PAUSED:
+        raise IllegalTransition(f"task {task_id} is {task.status.value}, not waiting for approval", field="task_id")
+    pending = store.pending_approval(task_id)
+    if pending is None:
+        raise IllegalTransition(f"task {task_id} has no pending approval", field="task_id")
+    store.decide_approval(task_id, pending["sk"].split("#", 1)[1], approved=approved, note=note, by=by)
+    queues.send(task_id, task.submission.priority)
+    return store.get_task(task_id)
+
+
+def raise_budget(
+    store: Store, queues: TaskQueues, task_id: str, *, add_tokens: int, add_steps: int = 0, tenant: str | None = None
+) -> Task:
+    """Raise a root task's token cap (and optionally its step cap); a task that stopped with
+    ``cost_exceeded`` resumes from its checkpoint."""
+    if add_tokens < 0 or add_steps < 0 or (add_tokens == 0 and add_steps == 0):
+        raise ValidationError("add_tokens and add_steps must be >= 0 and not both 0", field="add_tokens")
+    task = owned_task(store, task_id, tenant)
+    if task.root_id != task.task_id:
+        raise ValidationError("budgets are raised on the root task; a sub-agent's share comes from its parent", field="task_id")
+    if task.status.terminal and task.status is not TaskStatus.COST_EXCEEDED:
+        raise IllegalTransition(f"task {task_id} is {task.status.value}; only a running or cost_exceeded task can get more budget", field="task_id")
+    if task.expires_at is not None and task.expires_at <= time.time():
+        # The requeue below would be refused (TTL may delete the task at any moment): refuse
+        # before the caps change, so a refused raise changes nothing.
+        raise IllegalTransition(f"task {task_id} is {task.status.value} and its retention ran out; it is being deleted", field="task_id")
+    if add_steps:
+        sub = task.submission.model_copy(deep=True)
+        sub.constraints.max_steps += add_steps
+        TaskSubmission.model_validate(sub.model_dump())  # the raised caps must still be valid
+        store.replace_submission(task_id, sub, when_status=task.status)
+    if add_tokens:
+        store.raise_budget(task_id, add_tokens)
+    if task.status is TaskStatus.COST_EXCEEDED:
+        store.transition(task_id, TaskStatus.QUEUED)
+        queues.send(task_id, task.submission.priority)
+    return store.get_task(task_id)
+
+
+def fork(
+    store: Store,
+    tools: ToolRegistry,
+    queues: TaskQueues,
+    task_id: str,
+    *,
+    at_step: int,
+    overrides: dict[str, Any] | None = None,
+    tenant: str | None = None,
+) -> Task:
+    """A new task that starts from ``task_id``'s committed steps 1..at_step.
+
+    Those steps are copied, never re-executed (their side effects stay done); the fork then
+    goes on under its own task id, so its tool calls get new idempotency keys. ``overrides``
+    may change the provider, model, script, system prompt, constraints or priority.
+    """
+    source = owned_task(store, task_id, tenant)
+    if source.parent_id is not None:
+        raise ValidationError("fork a root task; sub-agents belong to their parent's fan-out", field="task_id")
+    if not 0 <= at_step <= source.step:
+        raise ValidationError(f"at_step must be between 0 and {source.step} (the task's last committed step)", field="at_step")
+    body = source.submission.model_dump(mode="json", exclude_none=True)
+    for key, value in (overrides or {}).items():
+        if key == "constraints" and isinstance(value, dict):
+            body["constraints"] = {**body.get("constraints", {}), **value}
+        else:
+            body[key] = value
+    if "provider" in (overrides or {}) and overrides and overrides["provider"] != "scripted" and "script" not in overrides:
+        body.pop("script", None)
+    submission = parse_submission(body)
+    check_submission(submission, tools)
+    steps = store.load_steps(task_id)[:at_step]
+    new = store.fork_task(source, submission, steps, tenant=source.tenant)
+    queues.send(new.task_id, submission.priority)
+    log.info("forked %s at step %d into %s", task_id, at_step, new.task_id)
+    return new

@@ -1,0 +1,773 @@
+"""The agent loop: claim, rebuild from committed steps, and go on step by step.
+
+Order of writes in one turn (each a crash point, see ``faults``):
+reserve -> LLM call -> commit LLM step (tool intents durable) -> per side-effecting tool:
+begin effect -> run -> finish effect -> commit tools step (+ reserve the next call).
+A worker killed anywhere loses at most the step in flight; the next worker rebuilds the
+conversation from the committed steps and continues. Knows nothing of SQS or Lambda: the
+adapters pass a deadline and read the ``RunResult``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from contextlib import AbstractContextManager
+from typing import Any, Callable, Literal
+
+from agentq import observe
+from agentq.core.approval import APPROVAL_TOOL, decision_outcome
+from agentq.core.errors import BudgetExceeded, IllegalTransition, LeaseLost, ProviderError
+from agentq.core.fanout import (
+    SPAWN_TOOL,
+    ChildPlan,
+    FanoutLauncher,
+    SpawnRejected,
+    child_outcome,
+    parse_spawn_input,
+    plan_children,
+    render_spawn_result,
+)
+from agentq.core.faults import crash_point
+from agentq.core.models import Lease, LLMStep, StepRecord, Task, TaskStatus, TaskSubmission, ToolOutcome, ToolsStep
+from agentq.core.pricing import PriceTable, load_price_table
+from agentq.core.providers import LLMRequest, ProviderFactory, default_provider_factory
+from agentq.storage.store import NO_USAGE, BudgetDelta, Store
+from agentq.storage.tenant_windows import TenantCapReached, TenantLimits, TenantWindows
+from agentq.core.tools import ToolContext, ToolRegistry, default_registry, idempotency_key_for
+
+log = logging.getLogger("agentq.engine")
+
+Outcome = Literal["finished", "continue", "retry", "lease_lost", "not_claimed", "stopped", "waiting"]
+
+# Input estimate: 3 characters a token over the JSON of the request. Claude averages about
+# 3.5-4 on English and JSON, so this over-reserves slightly and the budget cap holds.
+ESTIMATE_CHARS_PER_TOKEN = 3
+MIN_OUTPUT_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    lease_seconds: float = 30.0
+    heartbeat_seconds: float | None = None  # default: a third of the lease
+    slice_margin_seconds: float = 30.0  # stop this long before the caller's deadline
+    default_tenant_limits: TenantLimits | None = None  # for tenants without limits of their own
+
+
+@dataclass
+class RunResult:
+    task_id: str
+    outcome: Outcome
+    status: TaskStatus | None = None
+    steps_committed: int = 0
+    resumed_from_step: int = 0
+    error: dict[str, Any] | None = None
+    claimed: Task | None = None  # the task as this run claimed it (latency figures)
+
+
+@dataclass
+class Session:
+    """One worker's hold on one task: its lease, the conversation so far, and its clock."""
+
+    lease: Lease
+    task: Task
+    steps: list[StepRecord]
+    messages: list[dict[str, Any]]
+    deadline: float | None
+    committed: int = 0
+    lost: threading.Event = field(default_factory=threading.Event)
+    stop: threading.Event | None = None  # set by a worker shutting down: end at the next step boundary
+    limits: TenantLimits | None = None  # the tenant's hourly window, read once per claim
+    claim_seconds: float = 0.0  # how long the claim's conditional write took (the worker sizes its intake on it)
+    commit_sent_at: float | None = None  # a step commit is on the wire: it renews (or ends) the lease
+
+    @property
+    def next_step(self) -> int:
+        return self.steps[-1].number + 1 if self.steps else 1
+
+    @property
+    def llm_turns(self) -> int:
+        return sum(1 for s in self.steps if s.body.kind == "llm")
+
+
+class LeaseKeeper:
+    """Extends the lease in the background; a failed extension marks the session lost.
+
+    ``on_beat`` runs after each successful extension (the SQS adapter extends the message's
+    visibility there). One thread per task: right for Lambda and single-task runs; the
+    long-running worker shares one heartbeat thread across all its tasks instead.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        session: Session,
+        lease_seconds: float,
+        interval: float,
+        on_beat: Callable[[], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.session = session
+        self.lease_seconds = lease_seconds
+        self.interval = interval
+        self.on_beat = on_beat
+        self._stop = threading.Event()
+        # Started in the task's context, so its log lines name the task and step too.
+        self._thread = threading.Thread(
+            target=contextvars.copy_context().run, args=(self._run,), name=f"lease-{session.lease.task_id[:8]}", daemon=True
+        )
+
+    def __enter__(self) -> "LeaseKeeper":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.session.lease = self.store.extend_lease(self.session.lease, self.lease_seconds)
+                if self.on_beat is not None:
+                    self.on_beat()
+            except LeaseLost:
+                log.warning("lease lost for task %s", self.session.lease.task_id)
+                self.session.lost.set()
+                return
+            except Exception:  # network blip: the next beat may succeed before expiry
+                log.exception("heartbeat failed for task %s", self.session.lease.task_id)
+
+
+KeeperFactory = Callable[["Session"], AbstractContextManager[Any]]
+
+
+class _TaskNotes:
+    """Notes seen by tools: reads are free, writes are fenced by the worker's lease."""
+
+    def __init__(self, store: Store, session: Session) -> None:
+        self.store = store
+        self.session = session
+
+    def read_note(self, key: str) -> str | None:
+        return self.store.read_note(self.session.lease.task_id, key)
+
+    def write_note(self, key: str, value: str) -> None:
+        self.store.write_note(self.session.lease, key, value)
+
+
+def conversation(goal: str, steps: list[StepRecord]) -> list[dict[str, Any]]:
+    """Messages API history rebuilt from committed steps: the goal, then each step's turn."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": goal}]
+    for record in steps:
+        body = record.body
+        if isinstance(body, LLMStep):
+            messages.append({"role": "assistant", "content": body.content})
+        else:
+            messages.append(
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": r.tool_use_id, "content": r.content, "is_error": r.is_error}
+                        for r in body.results
+                    ],
+                }
+            )
+    return messages
+
+
+def final_text(messages: list[dict[str, Any]]) -> str | None:
+    """The last thing the assistant said in words: the result, or the partial result."""
+    for message in reversed(messages):
+        if message["role"] != "assistant":
+            continue
+        texts = [b["text"] for b in message["content"] if b.get("type") == "text" and b.get("text")]
+        if texts:
+            return "\n".join(texts)
+    return None
+
+
+def estimate_input_tokens(request: LLMRequest) -> int:
+    text = json.dumps([request.system, request.messages, request.tools], separators=(",", ":"))
+    return math.ceil(len(text) / ESTIMATE_CHARS_PER_TOKEN) + 16
+
+
+class Engine:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        worker_id: str,
+        tools: ToolRegistry | None = None,
+        providers: ProviderFactory = default_provider_factory,
+        prices: PriceTable | None = None,
+        config: EngineConfig = EngineConfig(),
+        fanout: FanoutLauncher | None = None,
+    ) -> None:
+        self.store = store
+        self.worker_id = worker_id
+        self.tools = tools if tools is not None else default_registry()
+        self.providers = providers
+        self.prices = prices or load_price_table()
+        self.config = config
+        self.fanout = fanout
+        self.windows = TenantWindows(store.ddb, store.table, default=config.default_tenant_limits)
+
+    # ------------------------------------------------------------------ entry
+
+    def run(
+        self,
+        task_id: str,
+        *,
+        deadline: float | None = None,
+        keeper: "KeeperFactory | None" = None,
+        on_beat: Callable[[], None] | None = None,
+        stop: threading.Event | None = None,
+    ) -> RunResult:
+        """Run ``task_id`` until it ends, loses its lease, or ``deadline`` draws near.
+
+        ``keeper`` replaces the per-task heartbeat thread (the worker's shared heartbeat);
+        ``on_beat`` is called on every heartbeat of the default one. Every line logged
+        meanwhile, in this thread or the threads it starts, carries the task id and the step.
+        """
+        with observe.task_context(task_id=task_id, worker_id=self.worker_id):
+            return self._run(task_id, deadline=deadline, keeper=keeper, on_beat=on_beat, stop=stop)
+
+    def _run(
+        self,
+        task_id: str,
+        *,
+        deadline: float | None,
+        keeper: KeeperFactory | None,
+        on_beat: Callable[[], None] | None,
+        stop: threading.Event | None,
+    ) -> RunResult:
+        sent = time.monotonic()
+        claimed = self.store.claim(task_id, self.worker_id, self.config.lease_seconds)
+        claim_seconds = time.monotonic() - sent
+        if claimed is None:
+            return RunResult(task_id, "not_claimed")
+        lease, task = claimed
+        observe.bind(lease_epoch=lease.epoch)
+        crash_point("after_claim")
+        # The lease is kept alive from here, before the reads that rebuild the session: on a
+        # loaded store they can take a good part of the lease.
+        session = Session(
+            lease=lease, task=task, steps=[], messages=[], deadline=deadline, stop=stop, claim_seconds=claim_seconds
+        )
+        interval = self.config.heartbeat_seconds or self.config.lease_seconds / 3
+        guard = keeper(session) if keeper else LeaseKeeper(self.store, session, self.config.lease_seconds, interval, on_beat)
+        with guard:
+            steps = self.store.load_steps(task_id)
+            resumed_from = steps[-1].number if steps else 0
+            session.steps = list(steps)
+            session.messages = conversation(task.submission.goal, steps)
+            session.limits = self.windows.limits(task.tenant)
+            self._settle_stale_reservation(session)
+            try:
+                result = self._loop(session)
+            except LeaseLost as exc:
+                status = exc.details.get("status")
+                outcome: Outcome = "stopped" if status is not None else "lease_lost"
+                result = RunResult(task_id, outcome, status=status, error=exc.to_dict())
+        result.steps_committed = session.committed
+        result.resumed_from_step = resumed_from
+        result.claimed = task
+        return result
+
+    def _settle_stale_reservation(self, session: Session) -> None:
+        """A reservation left by a crashed epoch goes back to the budget.
+
+        Whether that worker's LLM call happened is unknowable (its response died with it), so
+        its hold is released rather than guessed at; the new worker reserves afresh.
+        """
+        held = session.task.inflight
+        if held and held["epoch"] != session.lease.epoch:
+            self._release_inflight(session)
+
+    # ------------------------------------------------------------------- loop
+
+    def _loop(self, s: Session) -> RunResult:
+        task_id = s.lease.task_id
+        while True:
+            observe.bind(step=s.next_step)
+            self._check_lease(s)
+            last = s.steps[-1].body if s.steps else None
+            if isinstance(last, LLMStep) and last.tool_uses():
+                parked = self._run_tools(s, last)
+                if parked is not None:
+                    return parked
+                if s.task.status.terminal:
+                    return RunResult(task_id, "finished", status=s.task.status)
+                continue
+            if isinstance(last, LLMStep):  # already finished: committed with its terminal status
+                return RunResult(task_id, "finished", status=s.task.status)
+            stop = self._stop_reason(s)
+            if stop == "slice":
+                self.store.release(s.lease)
+                return RunResult(task_id, "continue")
+            if stop is not None:
+                return self._finish_without_step(s, stop)
+            outcome = self._llm_turn(s)
+            if outcome is not None:
+                return outcome
+
+    def _check_lease(self, s: Session) -> None:
+        if s.lost.is_set():
+            raise LeaseLost(f"lease epoch {s.lease.epoch} of task {s.lease.task_id} could not be extended")
+
+    def _stop_reason(self, s: Session) -> TaskStatus | Literal["slice"] | None:
+        """Why the next LLM call must not start: a cap, the task timeout, or the time slice."""
+        constraints = s.task.submission.constraints
+        now = time.time()
+        if s.llm_turns >= constraints.max_steps:
+            return TaskStatus.COST_EXCEEDED
+        started = s.task.started_at or now
+        if now >= started + constraints.timeout_seconds:
+            return TaskStatus.TIMED_OUT
+        if s.deadline is not None and now >= s.deadline - self.config.slice_margin_seconds:
+            return "slice"
+        if s.stop is not None and s.stop.is_set():
+            return "slice"
+        return None
+
+    def _stop_error(self, s: Session, status: TaskStatus) -> dict[str, Any]:
+        c = s.task.submission.constraints
+        if status is TaskStatus.TIMED_OUT:
+            return {"code": "timeout", "message": f"task ran past its timeout of {c.timeout_seconds}s"}
+        if s.llm_turns >= c.max_steps:
+            return {"code": "max_steps_exceeded", "message": f"task used all {c.max_steps} steps"}
+        return {"code": "budget_exceeded", "message": f"token budget of the root task is exhausted (cap {c.max_tokens})"}
+
+    def _finish_without_step(self, s: Session, status: TaskStatus) -> RunResult:
+        self._release_inflight(s)
+        error = self._stop_error(s, status)
+        self.store.transition(
+            s.lease.task_id, status, lease=s.lease, result=final_text(s.messages), error=error
+        )
+        s.task = s.task.model_copy(update={"status": status})
+        return RunResult(s.lease.task_id, "finished", status=status, error=error)
+
+    def _release_inflight(self, s: Session) -> None:
+        """Return the held reservation, exactly once (see ``Store.settle_orphan``)."""
+        held = s.task.inflight
+        if held:
+            self.store.settle_orphan(
+                s.lease.task_id,
+                s.task.budget_id,
+                BudgetDelta(reserved=held["amount"], used=0, cost_usd=NO_USAGE.cost_usd, tokens_in=0, tokens_out=0),
+                inflight_epoch=held["epoch"],
+            )
+            s.task = s.task.model_copy(update={"inflight": None})
+
+    # -------------------------------------------------------------- LLM turn
+
+    def _request(self, s: Session, max_tokens: int) -> LLMRequest:
+        sub = s.task.submission
+        return LLMRequest(
+            model=sub.model,
+            system=sub.system,
+            messages=s.messages,
+            tools=self.tools.schemas(sub.constraints.tools),
+            max_tokens=max_tokens,
+            task_id=s.lease.task_id,
+        )
+
+    def _wanted_reservation(self, s: Session) -> tuple[int, int]:
+        """(input estimate, full reservation) for the next LLM call."""
+        max_out = s.task.submission.constraints.max_output_tokens
+        est_in = estimate_input_tokens(self._request(s, max_out))
+        return est_in, est_in + max_out
+
+    def _reserve(self, s: Session) -> int | None:
+        """Hold tokens for the next call; returns the amount, or None when the budget is spent.
+
+        Tries the full estimate first; near the cap, shrinks the output allowance to what is
+        left (a last, shorter answer) before giving up.
+        """
+        est_in, wanted = self._wanted_reservation(s)
+        held = s.task.inflight
+        if held and held["epoch"] == s.lease.epoch and held["amount"] >= est_in + MIN_OUTPUT_TOKENS:
+            return int(held["amount"])
+        self._release_inflight(s)
+        try:
+            self.store.reserve(s.lease, s.task.budget_id, wanted, s.next_step)
+            return wanted
+        except BudgetExceeded:
+            available = self.store.get_budget(s.task.budget_id).available
+            if available < est_in + MIN_OUTPUT_TOKENS:
+                return None
+            try:
+                self.store.reserve(s.lease, s.task.budget_id, available, s.next_step)
+                return available
+            except BudgetExceeded:
+                return None
+
+    def _llm_turn(self, s: Session) -> RunResult | None:
+        reserved = self._reserve(s)
+        if reserved is None:
+            observe.record_budget_refusal("task")
+            return self._finish_without_step(s, TaskStatus.COST_EXCEEDED)
+        s.task = s.task.model_copy(update={"inflight": {"amount": reserved, "epoch": s.lease.epoch, "step": s.next_step}})
+        crash_point("after_reserve")
+        hold = None
+        if s.limits is not None:
+            try:
+                hold = self.windows.hold(s.task.tenant, s.limits, reserved)
+            except TenantCapReached as exc:  # not this task's fault: try again next hour
+                self._release_inflight(s)
+                self.store.release(s.lease)
+                return RunResult(s.lease.task_id, "retry", error={**exc.to_dict(), "retry_after": exc.retry_after})
+        est_in, _ = self._wanted_reservation(s)
+        max_out = max(MIN_OUTPUT_TOKENS, min(s.task.submission.constraints.max_output_tokens, reserved - est_in))
+        request = self._request(s, max_out)
+        started = time.time()
+        try:
+            provider = self.providers(s.task.submission)  # may fail too (a key it cannot read)
+            with observe.llm_call(
+                provider=provider.name, model=request.model, max_tokens=max_out, task_id=s.lease.task_id, step=s.next_step
+            ) as call:
+                response = provider.complete(request)
+                call.answered(response)
+        except ProviderError as exc:
+            self._release_inflight(s)
+            if hold is not None:
+                self.windows.settle(hold, 0)
+            error = {"code": exc.code, "message": exc.message, "status_code": exc.status_code, "attempts": exc.attempts}
+            if exc.retryable:
+                self.store.release(s.lease)
+                return RunResult(s.lease.task_id, "retry", error=error)
+            self.store.transition(
+                s.lease.task_id, TaskStatus.FAILED, lease=s.lease, result=final_text(s.messages), error=error
+            )
+            return RunResult(s.lease.task_id, "finished", status=TaskStatus.FAILED, error=error)
+        crash_point("after_llm_call")
+        cost = self.prices.cost(response.model or request.model, response.usage)
+        step = LLMStep(
+            content=response.content,
+            stop_reason=response.stop_reason,
+            model=response.model or request.model,
+            usage=response.usage,
+            cost_usd=cost,
+            reserved_tokens=reserved,
+            attempts=response.attempts,
+            started_at=started,
+            duration_ms=int((time.time() - started) * 1000),
+        )
+        settle = BudgetDelta(
+            reserved=reserved,
+            used=response.usage.total,
+            cost_usd=cost,
+            tokens_in=response.usage.input_total,
+            tokens_out=response.usage.output_tokens,
+        )
+        messages = [*s.messages, {"role": "assistant", "content": step.content}]
+        finish, error = self._turn_end(step, max_out, shrunk=max_out < s.task.submission.constraints.max_output_tokens)
+        self._check_lease(s)
+        try:
+            record = self._commit(
+                s,
+                step,
+                settle=settle,
+                finish=finish,
+                result=final_text(messages) if finish else None,
+                error=error,
+            )
+        except LeaseLost:
+            # The tokens were spent whoever owns the task now: the ledger still gets them.
+            self.store.settle_orphan(s.lease.task_id, s.task.budget_id, settle, inflight_epoch=s.lease.epoch)
+            self.store.record_orphan_call(s.lease, s.next_step, step)
+            if hold is not None:
+                self.windows.settle(hold, response.usage.total)
+            raise
+        if hold is not None:
+            self.windows.settle(hold, response.usage.total)
+        self._committed(s, record, messages)
+        s.task = s.task.model_copy(update={"inflight": None, **({"status": finish} if finish else {})})
+        crash_point("after_llm_commit")
+        if finish:
+            return RunResult(s.lease.task_id, "finished", status=finish)
+        return None
+
+    @staticmethod
+    def _turn_end(step: LLMStep, max_out: int, *, shrunk: bool) -> tuple[TaskStatus | None, dict[str, Any] | None]:
+        """Whether this assistant turn ends the task: tool calls go on; an answer succeeds;
+        an answer cut off at the output limit is a failure that says which limit to raise
+        (a truncated tool call is dropped by the provider, so it cannot be carried out), or,
+        when the limit was lowered to fit what was left of the budget, the budget ran out."""
+        if step.stop_reason == "max_tokens" and shrunk:
+            return TaskStatus.COST_EXCEEDED, {
+                "code": "budget_exceeded",
+                "message": f"the token budget ran out during the model's turn ({max_out} output tokens were left)",
+            }
+        if step.stop_reason == "max_tokens":
+            return TaskStatus.FAILED, {
+                "code": "output_truncated",
+                "message": f"the model's turn was cut off at {max_out} output tokens; raise constraints.max_output_tokens",
+            }
+        if step.tool_uses():
+            return None, None
+        return TaskStatus.SUCCEEDED, None
+
+    def _commit(self, s: Session, body: Any, **kwargs: Any) -> StepRecord:
+        """Commit ``body`` as the next step; unless it ends the task, the same write renews
+        the lease, and the session learns the new expiry. While it is on the wire the
+        heartbeat may leave the lease alone: the commit renews it or ends the task."""
+        s.commit_sent_at = time.time()
+        until = None if kwargs.get("finish") else s.commit_sent_at + self.config.lease_seconds
+        try:
+            record = self.store.commit_step(s.lease, s.next_step, body, root_id=s.task.budget_id, lease_until=until, **kwargs)
+        finally:
+            s.commit_sent_at = None
+        if until is not None:
+            s.lease = s.lease.model_copy(update={"expires_at": until})
+        return record
+
+    def _committed(self, s: Session, record: StepRecord, messages: list[dict[str, Any]]) -> None:
+        s.steps.append(record)
+        s.messages = messages
+        s.committed += 1
+        body = record.body
+        if isinstance(body, LLMStep):
+            log.debug(
+                "llm step committed",
+                extra={"kind": "llm", "model": body.model, "stop_reason": body.stop_reason,
+                       "tokens_in": body.usage.input_total, "tokens_out": body.usage.output_tokens},
+            )  # fmt: skip
+        else:
+            log.debug("tools step committed", extra={"kind": "tools", "tool_errors": sum(r.is_error for r in body.results)})
+
+    # ------------------------------------------------------------------ tools
+
+    def _run_tools(self, s: Session, llm: LLMStep) -> RunResult | None:
+        """Run the turn's tool calls and commit their results; a spawn may park the task
+        in ``waiting`` instead (returns that RunResult)."""
+        allowlist = s.task.submission.constraints.tools
+        uses = llm.tool_uses()
+        decided: dict[str, ToolOutcome] = {}
+        approvals = [u for u in uses if u["name"] == APPROVAL_TOOL and APPROVAL_TOOL in allowlist]
+        if approvals:
+            gate = self._approval_gate(s, approvals[0])
+            if isinstance(gate, RunResult):
+                return gate
+            decided[gate.tool_use_id] = gate
+        spawns = [u for u in uses if u["name"] == SPAWN_TOOL and SPAWN_TOOL in allowlist]
+        if spawns and self.fanout is not None:
+            outcomes = self._spawn_turn(s, uses, spawns[0])
+            if isinstance(outcomes, RunResult):
+                return outcomes
+        else:
+            notes = _TaskNotes(self.store, s)
+            outcomes = []
+            for use in uses:
+                self._check_lease(s)
+                outcomes.append(decided.get(use["id"]) or self._run_one_tool(s, use, allowlist, notes))
+        self._check_lease(s)
+        body = ToolsStep(results=outcomes)
+        messages = conversation(s.task.submission.goal, [*s.steps, _draft(s, body)])
+        record = self._commit_tools(s, body, messages)
+        self._committed(s, record, messages)
+        crash_point("after_tools_commit")
+        return None
+
+    # -------------------------------------------------------------- approvals
+
+    def _approval_gate(self, s: Session, use: dict[str, Any]) -> ToolOutcome | RunResult:
+        """The decision as a tool result, or park the task in ``paused`` until there is one."""
+        record = self.store.get_approval(s.lease.task_id, use["id"])
+        if record is not None and record["state"] != "pending":
+            return decision_outcome(use, record, record["asked_at"], time.time())
+        question = str((use.get("input") or {}).get("question") or "(no question given)")
+        self.store.request_approval(s.lease, use["id"], question)
+        s.task = s.task.model_copy(update={"status": TaskStatus.PAUSED})
+        return RunResult(s.lease.task_id, "waiting", status=TaskStatus.PAUSED)
+
+    # ---------------------------------------------------------------- spawns
+
+    def _spawn_turn(self, s: Session, uses: list[dict[str, Any]], spawn_use: dict[str, Any]) -> list[ToolOutcome] | RunResult:
+        """The spawn protocol: create the children once, start their execution once, park the
+        parent until it is woken, then turn the children's ends into one tool result."""
+        assert self.fanout is not None
+        task = s.task
+        spawn_id = spawn_use["id"]
+        record = self.store.get_spawn(task.task_id, spawn_id)
+        if record is None:
+            allowlist = task.submission.constraints.tools
+            notes = _TaskNotes(self.store, s)
+            pending = [
+                self._run_one_tool(s, use, allowlist, notes)
+                if use["name"] != SPAWN_TOOL
+                else _error_outcome(use, f"only one {SPAWN_TOOL} call is carried out per turn")
+                for use in uses
+                if use is not spawn_use
+            ]
+            try:
+                spec = parse_spawn_input(spawn_use.get("input") or {})
+                plans = plan_children(task, spawn_id, spec, self.store.get_budget(task.budget_id).available)
+                max_concurrency = spec.max_concurrency or len(plans)
+                self.store.spawn(s.lease, task, spawn_id, plans, pending, max_concurrency)
+            except (SpawnRejected, BudgetExceeded) as exc:
+                if isinstance(exc, BudgetExceeded):
+                    observe.record_budget_refusal("task")
+                refused = _error_outcome(spawn_use, str(exc))
+                by_id = {o.tool_use_id: o for o in [*pending, refused]}
+                return [by_id[u["id"]] for u in uses]
+            crash_point("after_spawn")
+            record = self.store.get_spawn(task.task_id, spawn_id)
+            assert record is not None
+        if record.get("state") == "creating":  # a crash cut the child writes short: redo them
+            plans = [
+                ChildPlan(p["task_id"], TaskSubmission.model_validate(p["submission"]), p["share"], p["deadline_seconds"])
+                for p in record["plans"]
+            ]
+            self.store.write_children(task, spawn_id, plans)
+        children = self.store.get_tasks(record["children"])
+        if not record.get("execution_arn"):
+            arn = self.fanout.start(
+                parent=task,
+                spawn_id=spawn_id,
+                children=[(c.task_id, c.submission.constraints.timeout_seconds) for c in children],
+                max_concurrency=int(record["max_concurrency"]),
+            )
+            self.store.mark_spawn(task.task_id, spawn_id, execution_arn=arn)
+        if not record.get("woken") and not all(c.status.terminal for c in children):
+            self.store.transition(task.task_id, TaskStatus.WAITING, lease=s.lease)
+            s.task = task.model_copy(update={"status": TaskStatus.WAITING})
+            return RunResult(task.task_id, "waiting", status=TaskStatus.WAITING)
+        entries = []
+        for child in children:
+            timed_out = not child.status.terminal
+            if timed_out:  # its execution iteration gave up: stop it where it stands
+                partial = final_text(conversation(child.submission.goal, self.store.load_steps(child.task_id)))
+                try:
+                    self.store.transition(
+                        child.task_id,
+                        TaskStatus.TIMED_OUT,
+                        result=partial,
+                        error={"code": "timeout", "message": "sub-agent deadline passed"},
+                    )
+                    child = child.model_copy(update={"result": partial})
+                except IllegalTransition:
+                    child = self.store.get_task(child.task_id)
+                    timed_out = child.status is TaskStatus.TIMED_OUT or not child.status.terminal
+            self.store.settle_child(task.budget_id, child.task_id)
+            entries.append(child_outcome(child, timed_out=timed_out))
+        spawn_outcome = ToolOutcome(
+            tool_use_id=spawn_id,
+            name=SPAWN_TOOL,
+            content=render_spawn_result(entries),
+            started_at=record["created_at"],
+            duration_ms=int((time.time() - record["created_at"]) * 1000),
+        )
+        by_id = {o.tool_use_id: o for o in [*record["pending"], spawn_outcome]}
+        return [by_id[u["id"]] for u in uses]
+
+    def _run_one_tool(self, s: Session, use: dict[str, Any], allowlist: list[str], notes: _TaskNotes) -> ToolOutcome:
+        spec = self.tools.get(use["name"])
+        side_effects = bool(spec and spec.side_effects and use["name"] in allowlist)
+        started = time.time()
+        if side_effects:
+            prior = self.store.begin_effect(s.lease, use["id"], use["name"])
+            crash_point("after_effect_begin")
+            if prior is not None:
+                return self._prior_effect(use, prior, started)
+        ctx = ToolContext(
+            task_id=s.lease.task_id,
+            tool_use_id=use["id"],
+            idempotency_key=idempotency_key_for(s.lease.task_id, use["id"]),
+            notes=notes,
+            deadline=self._tool_deadline(s),
+        )
+        with observe.tool_call(
+            use["name"], registered=spec is not None, call_id=use["id"], task_id=s.lease.task_id, step=s.next_step
+        ) as call:
+            run = self.tools.execute(use["name"], use.get("input") or {}, ctx, allowlist)
+            call.finished(run.status, run.is_error)
+        crash_point("after_tool_run")
+        outcome = ToolOutcome(
+            tool_use_id=use["id"],
+            name=use["name"],
+            content=run.content,
+            is_error=run.is_error,
+            status=run.status,
+            side_effects=side_effects,
+            started_at=started,
+            duration_ms=run.duration_ms,
+        )
+        if side_effects:
+            self.store.finish_effect(s.lease, use["id"], outcome)
+            crash_point("after_effect_finish")
+        return outcome
+
+    def _prior_effect(self, use: dict[str, Any], prior: Any, started: float) -> ToolOutcome:
+        """A side-effecting call that an earlier worker already started: never run it again."""
+        if prior.state == "done":
+            return ToolOutcome(
+                tool_use_id=use["id"],
+                name=use["name"],
+                content=prior.content or "",
+                is_error=prior.is_error,
+                status="replayed",
+                side_effects=True,
+                started_at=started,
+                duration_ms=0,
+            )
+        return ToolOutcome(
+            tool_use_id=use["id"],
+            name=use["name"],
+            content=(
+                f"outcome unknown: tool '{use['name']}' was started by a worker that stopped before "
+                "recording its result. It was NOT run again, to avoid repeating a side effect. "
+                "Check its effect before deciding whether to retry."
+            ),
+            is_error=True,
+            status="unknown_outcome",
+            side_effects=True,
+            started_at=started,
+            duration_ms=0,
+        )
+
+    def _tool_deadline(self, s: Session) -> float | None:
+        started = s.task.started_at or time.time()
+        deadlines = [started + s.task.submission.constraints.timeout_seconds]
+        if s.deadline is not None:
+            deadlines.append(s.deadline)
+        return min(deadlines)
+
+    def _commit_tools(self, s: Session, body: ToolsStep, messages: list[dict[str, Any]]) -> StepRecord:
+        """Commit the tool results, and in the same write either end the task (cap, timeout)
+        or reserve tokens for the next LLM call, saving one round trip per turn."""
+        number = s.next_step
+        preview = Session(s.lease, s.task, [*s.steps, _draft(s, body)], messages, s.deadline)
+        stop = self._stop_reason(preview)
+        if isinstance(stop, TaskStatus):
+            error = self._stop_error(preview, stop)
+            record = self._commit(s, body, finish=stop, result=final_text(messages), error=error)
+            s.task = s.task.model_copy(update={"status": stop})
+            return record
+        reserve = 0
+        if stop is None:
+            _, reserve = self._wanted_reservation(preview)
+        try:
+            record = self._commit(s, body, reserve_next=reserve)
+        except BudgetExceeded:
+            record = self._commit(s, body)
+            reserve = 0
+        if reserve:
+            s.task = s.task.model_copy(update={"inflight": {"amount": reserve, "epoch": s.lease.epoch, "step": number + 1}})
+        return record
+
+
+def _error_outcome(use: dict[str, Any], message: str) -> ToolOutcome:
+    return ToolOutcome(
+        tool_use_id=use["id"], name=use["name"], content=message, is_error=True, status="error", started_at=time.time(), duration_ms=0
+    )
+
+
+def _draft(s: Session, body: ToolsStep) -> StepRecord:
+    return StepRecord(task_id=s.lease.task_id, number=s.next_step, epoch=s.lease.epoch, committed_at=time.time(), body=body)

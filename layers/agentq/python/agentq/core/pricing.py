@@ -1,0 +1,74 @@
+"""Model prices: usage in tokens -> cost in USD, per step and per root task (the billing ledger).
+
+Prices are per million tokens. The table is configuration, not code: override or extend it
+with ``AGENTQ_PRICES`` (a JSON object, or a path to one) of the same shape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from decimal import Decimal
+from pathlib import Path
+
+from pydantic import BaseModel, Field, RootModel
+
+from agentq.core.models import Usage
+
+MILLION = Decimal(1_000_000)
+
+
+class ModelPrice(BaseModel):
+    input_per_mtok: Decimal = Field(ge=0)
+    output_per_mtok: Decimal = Field(ge=0)
+    cache_write_per_mtok: Decimal | None = Field(default=None, ge=0)  # default 1.25 x input
+    cache_read_per_mtok: Decimal | None = Field(default=None, ge=0)  # default 0.1 x input
+
+    def cost(self, usage: Usage) -> Decimal:
+        cache_write = self.cache_write_per_mtok if self.cache_write_per_mtok is not None else self.input_per_mtok * Decimal("1.25")
+        cache_read = self.cache_read_per_mtok if self.cache_read_per_mtok is not None else self.input_per_mtok * Decimal("0.1")
+        total = (
+            usage.input_tokens * self.input_per_mtok
+            + usage.output_tokens * self.output_per_mtok
+            + usage.cache_creation_input_tokens * cache_write
+            + usage.cache_read_input_tokens * cache_read
+        )
+        return total / MILLION
+
+
+class PriceTable(RootModel[dict[str, ModelPrice]]):
+    """Model id (or a prefix of it) -> price. The longest matching prefix wins, so
+    ``claude-sonnet-4-5`` also prices ``claude-sonnet-4-5-20250929`` and Bedrock ids."""
+
+    def price_for(self, model: str) -> ModelPrice | None:
+        name = model.split("/")[-1]
+        if name.startswith(("anthropic.", "us.anthropic.", "eu.anthropic.", "global.anthropic.")):
+            name = name.split("anthropic.", 1)[1]
+        best: tuple[int, ModelPrice] | None = None
+        for key, price in self.root.items():
+            if name.startswith(key) and (best is None or len(key) > best[0]):
+                best = (len(key), price)
+        return best[1] if best else None
+
+    def cost(self, model: str, usage: Usage) -> Decimal:
+        price = self.price_for(model)
+        return price.cost(usage) if price else Decimal(0)
+
+
+DEFAULT_PRICES: dict[str, dict[str, str]] = {
+    "claude-opus-4": {"input_per_mtok": "15", "output_per_mtok": "75"},
+    "claude-opus-4-5": {"input_per_mtok": "5", "output_per_mtok": "25"},
+    "claude-sonnet-4": {"input_per_mtok": "3", "output_per_mtok": "15"},
+    "claude-3-7-sonnet": {"input_per_mtok": "3", "output_per_mtok": "15"},
+    "claude-haiku-4-5": {"input_per_mtok": "1", "output_per_mtok": "5"},
+    "claude-3-5-haiku": {"input_per_mtok": "0.8", "output_per_mtok": "4"},
+}
+
+
+def load_price_table(override: str | None = None) -> PriceTable:
+    table = dict(DEFAULT_PRICES)
+    raw = override if override is not None else os.environ.get("AGENTQ_PRICES")
+    if raw:
+        text = Path(raw).read_text() if not raw.lstrip().startswith("{") else raw
+        table.update(json.loads(text))
+    return PriceTable.model_validate(table)

@@ -1,0 +1,39 @@
+"""LLM providers behind one interface, and the factory that picks one for a task."""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from agentq.core.models import TaskSubmission
+from agentq.core.providers.base import LLMProvider, LLMRequest, LLMResponse
+from agentq.core.providers.keys import anthropic_api_key
+from agentq.core.providers.scripted import ScriptedProvider, load_script
+
+ProviderFactory = Callable[[TaskSubmission], LLMProvider]
+
+
+def default_provider_factory(submission: TaskSubmission) -> LLMProvider:
+    """Scripted tasks get their script; Anthropic and Bedrock read their settings from the
+    environment (ANTHROPIC_API_KEY / ANTHROPIC_BASE_URL, AWS_REGION), the SDKs' own convention,
+    and in AWS the Anthropic key from Secrets Manager (``anthropic_api_key``)."""
+    if submission.provider == "scripted":
+        assert submission.script is not None
+        return ScriptedProvider(load_script(submission.script))
+    from agentq.core.providers.anthropic_provider import AnthropicProvider, BedrockProvider
+
+    if submission.provider == "anthropic":
+        return AnthropicProvider(api_key=anthropic_api_key(), base_url=os.environ.get("ANTHROPIC_BASE_URL"))
+    return BedrockProvider(base_url=os.environ.get("AGENTQ_BEDROCK_BASE_URL"))
+
+
+__all__ = [
+    "anthropic_api_key",
+    "LLMProvider",
+    "LLMRequest",
+    "LLMResponse",
+    "ProviderFactory",
+    "ScriptedProvider",
+    "default_provider_factory",
+    "load_script",
+]

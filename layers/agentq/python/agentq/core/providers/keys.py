@@ -1,0 +1,59 @@
+"""Where the Anthropic API key comes from: the environment on a laptop, Secrets Manager in AWS.
+
+A key in a Lambda environment variable is visible to anyone who can read the function's
+configuration and cannot be rotated without a deploy; the stack instead names a secret
+(``AGENTQ_ANTHROPIC_API_KEY_SECRET``: a name or ARN) that only the task runners may read.
+powertools' parameters utility caches the value for ``KEY_MAX_AGE_SECONDS``, so a warm
+container does not call Secrets Manager per LLM call and a rotated key is picked up within
+that time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from agentq.core.errors import ProviderError
+
+SECRET_VARIABLE = "AGENTQ_ANTHROPIC_API_KEY_SECRET"
+KEY_MAX_AGE_SECONDS = 300
+JSON_KEY_FIELDS = ("ANTHROPIC_API_KEY", "api_key", "apiKey")
+
+
+def anthropic_api_key() -> str | None:
+    """The key to hand the SDK, or None to let it read ``ANTHROPIC_API_KEY`` itself.
+
+    ``ANTHROPIC_API_KEY`` wins when both are set (local runs). The secret may hold the bare key
+    or a JSON object with one of ``JSON_KEY_FIELDS``. A secret that cannot be read is a
+    retryable provider error: the message comes back, and after maxReceiveCount it waits in
+    the DLQ for a redrive once the secret or its permissions are fixed.
+    """
+    secret_id = os.environ.get(SECRET_VARIABLE, "").strip()
+    if os.environ.get("ANTHROPIC_API_KEY") or not secret_id:
+        return None
+    from aws_lambda_powertools.utilities import parameters
+
+    try:
+        value = parameters.get_secret(secret_id, max_age=KEY_MAX_AGE_SECONDS)
+    except parameters.exceptions.GetParameterError as exc:
+        raise ProviderError(f"cannot read the Anthropic API key from secret {secret_id!r}: {exc}", retryable=True) from None
+    return _key_from(str(value), secret_id)
+
+
+def _key_from(value: str, secret_id: str) -> str:
+    text = value.strip()
+    if text.startswith("{"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            data = None
+        if isinstance(data, dict):
+            for name in JSON_KEY_FIELDS:
+                if isinstance(data.get(name), str) and data[name].strip():
+                    return str(data[name]).strip()
+        raise ProviderError(
+            f"secret {secret_id!r} holds JSON without a string field {' or '.join(JSON_KEY_FIELDS)}", retryable=True
+        )
+    if not text:
+        raise ProviderError(f"secret {secret_id!r} is empty", retryable=True)
+    return text

@@ -1,0 +1,136 @@
+"""``agentq demo`` and ``agentq run``: the whole system on the embedded local stack.
+
+The demo submits the scripted research agent through the HTTP API, lets the queue-fed
+workers run it, SIGKILLs the worker holding it mid-task, and shows the other worker resume
+at the same step. It prints the step timeline, the resume latency, the ledger and the number
+of times the side-effecting tool really ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from agentq.local.stack import LocalStack
+from agentq.core.models import LLMStep, StepRecord, Task
+
+DEMO_TOOLS = ["python_exec", "note_write", "note_read", "send_report"]
+
+
+def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())  # type: ignore[no-any-return]
+
+
+def _get(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        return json.loads(resp.read())  # type: ignore[no-any-return]
+
+
+def _describe(record: StepRecord) -> str:
+    body = record.body
+    if isinstance(body, LLMStep):
+        calls = ", ".join(u["name"] for u in body.tool_uses()) or "final answer"
+        return f"llm   {calls:<26} in={body.usage.input_tokens:>5} out={body.usage.output_tokens:>4}"
+    return "tools " + ", ".join(f"{r.name}:{r.status}" for r in body.results)
+
+
+def print_timeline(task: Task, steps: list[StepRecord]) -> None:
+    workers = {i + 1: claim["worker"] for i, claim in enumerate(task.claims)}
+    print(f"{'step':>4}  {'t+':>7}  {'worker':<18} what")
+    for record in steps:
+        who = f"{workers.get(record.epoch, '?')} (e{record.epoch})"
+        print(f"{record.number:>4}  {record.committed_at - task.created_at:>6.2f}s  {who:<18} {_describe(record)}")
+
+
+def _wait_for_end(api: str, task_id: str, timeout: float = 300) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        view = _get(f"{api}/tasks/{task_id}")
+        if view["status"] in ("succeeded", "failed", "cancelled", "cost_exceeded", "timed_out"):
+            return view
+        time.sleep(0.1)
+    raise TimeoutError(f"task {task_id} did not finish in {timeout}s")
+
+
+def run_demo(*, kill_at_step: int = 6) -> int:
+    outbox = Path(tempfile.mkdtemp(prefix="agentq-demo-")) / "outbox.jsonl"
+    print("agentq demo: starting the local stack (moto server, table, bucket, 3 tier queues + DLQs, 2 workers, API) ...")
+    with LocalStack(prefix="agentq-demo", workers=2, extra_env={"AGENTQ_OUTBOX": str(outbox)}) as stack:
+        assert stack.api_server is not None
+        api = stack.api_server.url
+        store = stack.store()
+        c = stack.worker_config
+        print(f"  API {api}; workers {[p.pid for p in stack.processes]}; lease {c.lease_seconds:.0f}s, "
+              f"heartbeat {c.heartbeat_seconds:.0f}s, visibility {c.visibility_seconds}s\n")
+        created = _post(
+            f"{api}/tasks",
+            {
+                "goal": "Analyse our monthly signups for the last year, project next quarter, and send the team a report.",
+                "provider": "scripted",
+                "script": "research",
+                "priority": "high",
+                "constraints": {"max_tokens": 60_000, "max_steps": 20, "timeout_seconds": 600, "tools": DEMO_TOOLS},
+            },
+        )
+        task_id = created["task_id"]
+        print(f"POST /tasks -> 202 {task_id}")
+        killed_at: float | None = None
+        victim = None
+        while kill_at_step:
+            task = store.get_task(task_id)
+            if task.status.terminal:
+                break
+            if task.step >= kill_at_step and task.lease_owner:
+                victim = stack.worker_by_id(task.lease_owner)
+                if victim is not None:
+                    os.kill(victim.pid, signal.SIGKILL)
+                    killed_at = time.time()
+                    print(f"SIGKILL worker {victim.pid} while it holds the task (step {task.step} committed)")
+                    break
+            time.sleep(0.02)
+        view = _wait_for_end(api, task_id)
+        task = store.get_task(task_id)
+        steps = store.load_steps(task_id)
+        print()
+        print_timeline(task, steps)
+        if killed_at is not None and len(task.claims) > 1:
+            resumed = task.claims[-1]
+            print(f"\nresumed by {resumed['worker']} {resumed['at'] - killed_at:.2f}s after the kill, "
+                  f"at step {next(s.number for s in steps if s.epoch == len(task.claims))} "
+                  f"(pickup latency at submit: {task.pickup_latency:.3f}s)")
+        budget = store.get_budget(task.root_id)
+        deliveries = outbox.read_text().splitlines() if outbox.exists() else []
+        print(f"\nstatus: {view['status']}   steps: {task.step}   workers: {len(task.claims)}")
+        print(f"tokens: in {task.tokens_in}, out {task.tokens_out}; budget used {budget.used}/{budget.cap}; cost ${budget.cost_usd:.4f}")
+        print(f"send_report deliveries: {len(deliveries)} (a side effect runs at most once)")
+        print("\nresult:\n" + (task.result or "(none)"))
+        return 0 if view["status"] == "succeeded" and len(deliveries) == 1 else 1
+
+
+def run_goal(goal: str, *, model: str, max_tokens: int) -> int:
+    """One goal on the local stack: Anthropic when a key is set, the scripted agent otherwise."""
+    if os.environ.get("ANTHROPIC_API_KEY"):
+        submission: dict[str, Any] = {"goal": goal, "provider": "anthropic", "model": model}
+        print(f"using Anthropic ({model})")
+    else:
+        submission = {"goal": goal, "provider": "scripted", "script": "research"}
+        print("ANTHROPIC_API_KEY is not set: running the scripted research agent instead")
+    submission["constraints"] = {"max_tokens": max_tokens, "tools": ["python_exec", "http_fetch", "note_write", "note_read"]}
+    if submission["provider"] == "scripted":
+        submission["constraints"]["tools"].append("send_report")
+    with LocalStack(prefix="agentq-run", workers=1, extra_env={k: v for k, v in os.environ.items() if k.startswith("ANTHROPIC_")}) as stack:
+        assert stack.api_server is not None
+        task_id = _post(f"{stack.api_server.url}/tasks", submission)["task_id"]
+        view = _wait_for_end(stack.api_server.url, task_id, timeout=3600)
+        store = stack.store()
+        print_timeline(store.get_task(task_id), store.load_steps(task_id))
+        print(f"\nstatus: {view['status']}\n\n{view.get('result') or view.get('error')}")
+        return 0 if view["status"] == "succeeded" else 1

@@ -1,0 +1,189 @@
+"""What to do with one queue message: the policy shared by the Lambda executor and the worker.
+
+``Dispatcher.handle`` runs the task the message names and answers with an ``Action`` the
+adapter carries out on SQS: delete it, return it later (retry with backoff), move it to the
+DLQ, or leave it alone. Failure classes:
+
+- retryable (provider overload, throttling): the message comes back with exponential backoff;
+  on the last allowed receive the task is marked ``failed`` with the error and the message
+  goes to the DLQ, from where a redrive resumes it at its checkpoint;
+- permanent (bad request, budget, caps): the engine ends the task; the message is deleted;
+- poison (not JSON, not a task message, unknown task): straight to the DLQ with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
+
+import pydantic
+
+from agentq import observe
+from agentq.core.engine import Engine, KeeperFactory, RunResult
+from agentq.core.errors import IllegalTransition, TaskNotFound
+from agentq.core.models import Task, TaskStatus
+from agentq.queueing.queues import DEAD_LETTER_REASON, TaskMessage, TaskQueues
+
+log = logging.getLogger("agentq.dispatch")
+
+ActionKind = Literal["delete", "retry", "dead_letter", "abandon"]
+MAX_VISIBILITY = 12 * 3600
+
+
+@dataclass
+class Action:
+    kind: ActionKind
+    reason: str = ""
+    delay_seconds: int = 0
+    task_id: str | None = None
+    run: RunResult | None = None
+
+
+@dataclass(frozen=True)
+class RetryBackoff:
+    """Exponential backoff with full jitter for retryable failures, in whole seconds (SQS)."""
+
+    base_seconds: float = 2.0
+    cap_seconds: float = 900.0
+
+    def delay(self, receive_count: int, rng: random.Random | None = None) -> int:
+        ceiling = min(self.cap_seconds, self.base_seconds * 2 ** max(0, receive_count - 1))
+        return max(1, int((rng or random).uniform(ceiling / 2, ceiling)))
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        engine: Engine,
+        queues: TaskQueues,
+        *,
+        max_receive_count: int,
+        backoff: RetryBackoff = RetryBackoff(),
+    ) -> None:
+        self.engine = engine
+        self.store = engine.store
+        self.queues = queues
+        self.max_receive_count = max_receive_count
+        self.backoff = backoff
+
+    def handle(
+        self,
+        body: str,
+        *,
+        tier: str,
+        receive_count: int,
+        attributes: dict[str, Any] | None = None,
+        deadline: float | None = None,
+        keeper: KeeperFactory | None = None,
+        on_beat: Callable[[], None] | None = None,
+        stop: threading.Event | None = None,
+    ) -> Action:
+        try:
+            message = TaskMessage.model_validate_json(body)
+        except pydantic.ValidationError as exc:
+            return Action("dead_letter", f"poison: not a task message ({exc.errors()[0]['msg']})")
+        with observe.task_context(task_id=message.task_id):
+            return self._handle(
+                message, tier=tier, receive_count=receive_count, attributes=attributes,
+                deadline=deadline, keeper=keeper, on_beat=on_beat, stop=stop,
+            )  # fmt: skip
+
+    def _handle(
+        self,
+        message: TaskMessage,
+        *,
+        tier: str,
+        receive_count: int,
+        attributes: dict[str, Any] | None,
+        deadline: float | None,
+        keeper: KeeperFactory | None,
+        on_beat: Callable[[], None] | None,
+        stop: threading.Event | None,
+    ) -> Action:
+        try:
+            task = self.store.get_task(message.task_id)
+        except TaskNotFound:
+            return Action("dead_letter", f"poison: unknown task {message.task_id!r}", task_id=message.task_id)
+
+        if message.task_token and task.task_token != message.task_token:
+            self.store.set_task_token(task.task_id, message.task_token)  # continuations carry no token
+            task = task.model_copy(update={"task_token": message.task_token})
+        if task.status.terminal:
+            if not (task.status is TaskStatus.FAILED and _was_dead_lettered(attributes)):
+                self._report_end(task, task.status)  # a redelivery after a crash before the report
+                return Action("delete", f"task already {task.status.value}", task_id=task.task_id)
+            self._requeue_redriven(task)
+        if message.kind == "wake" and message.spawn_id:
+            self._wake(task, message.spawn_id)
+        elif task.status in (TaskStatus.WAITING, TaskStatus.PAUSED):
+            return Action("delete", f"task is {task.status.value}; it is woken by its own message", task_id=task.task_id)
+
+        run = self.engine.run(task.task_id, deadline=deadline, keeper=keeper, on_beat=on_beat, stop=stop)
+        observe.record_run(run)
+        if run.status is not None and run.status.terminal:
+            self._report_end(task, run.status)
+        return self._after_run(run, tier=tier, receive_count=receive_count)
+
+    def _wake(self, task: Task, spawn_id: str) -> None:
+        """The fan-out ended: note it on the spawn and make the parent runnable again."""
+        self.store.mark_spawn(task.task_id, spawn_id, woken=True)
+        try:
+            self.store.transition(task.task_id, TaskStatus.QUEUED)
+        except IllegalTransition:
+            pass  # still running (it parks itself and this message comes back) or already queued
+
+    def _report_end(self, task: Task, status: TaskStatus) -> None:
+        """A child of a fan-out reports its end through its Step Functions callback token."""
+        token = task.task_token or self.store.get_task(task.task_id).task_token
+        if token and self.engine.fanout is not None:
+            self.engine.fanout.child_finished(token, task.task_id, status)
+
+    def _requeue_redriven(self, task: Task) -> None:
+        """A message back from the DLQ for a task we failed: the operator wants it resumed."""
+        try:
+            self.store.transition(task.task_id, TaskStatus.QUEUED, error=None)
+            log.info("redrive: task %s requeued from its checkpoint (step %s)", task.task_id, task.step)
+        except IllegalTransition:
+            pass  # raced with another copy of the redrive: the claim below decides
+
+    def _after_run(self, run: RunResult, *, tier: str, receive_count: int) -> Action:
+        task_id = run.task_id
+        if run.outcome in ("finished", "stopped", "waiting"):
+            return Action("delete", f"task {run.status.value if run.status else 'ended'}", task_id=task_id, run=run)
+        if run.outcome == "continue":
+            self.queues.send(task_id, tier, kind="continue")
+            return Action("delete", "time slice used; continuation sent", task_id=task_id, run=run)
+        if run.outcome == "lease_lost":
+            # Another worker owns the task now (with this very message, if our visibility
+            # lapsed): touch nothing.
+            return Action("abandon", "lease lost to another worker", task_id=task_id, run=run)
+        if run.outcome == "retry":
+            error = run.error or {}
+            if receive_count >= self.max_receive_count:
+                reason = f"failed after {receive_count} attempts: {error.get('message', 'retryable error')}"
+                try:
+                    self.store.transition(task_id, TaskStatus.FAILED, error={**error, "attempts": receive_count})
+                except IllegalTransition:
+                    pass
+                return Action("dead_letter", reason, task_id=task_id, run=run)
+            delay = int(error.get("retry_after") or self.backoff.delay(receive_count))
+            return Action("retry", f"retryable: {error.get('message', '')}", delay_seconds=delay, task_id=task_id, run=run)
+        # not_claimed: someone holds a live lease, or the task moved on since we looked.
+        task = self.store.get_task(task_id)
+        if task.status.terminal or task.status in (TaskStatus.WAITING, TaskStatus.PAUSED):
+            return Action("delete", f"task already {task.status.value}", task_id=task_id, run=run)
+        remaining = task.lease_expires - time.time()
+        if receive_count >= self.max_receive_count:
+            # A duplicate of a message a live worker holds: that worker's own message is
+            # the task's lifeline, so this copy must not end up failing the task from the DLQ.
+            return Action("delete", "duplicate of a message held by a live worker", task_id=task_id, run=run)
+        # Come back just after the lease would lapse: if its holder died, we take over then.
+        return Action("retry", "task leased by another worker", delay_seconds=min(MAX_VISIBILITY, max(1, int(remaining) + 1)), task_id=task_id, run=run)
+
+
+def _was_dead_lettered(attributes: dict[str, Any] | None) -> bool:
+    return bool(attributes and DEAD_LETTER_REASON in attributes)
