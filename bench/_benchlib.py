@@ -34,7 +34,9 @@ import botocore.client
 from agentq.local.moto_server import MotoServer
 from agentq.local.stack import LocalStack
 from agentq.storage.serdes import to_item
-from agentq.storage.store import META, Store, task_pk
+from agentq.storage.container import Storage
+from agentq.storage.dynamodb import DynamoTable
+from agentq.storage.keys import META, task_pk
 from agentq.queueing.worker import WorkerConfig
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -276,8 +278,8 @@ class BenchStack(LocalStack):
         shutil.rmtree(self.counts_dir, ignore_errors=True)
 
 
-def patient_clients(stack: LocalStack, pool: int = 64, read_timeout: float = 900.0) -> tuple[Store, Any]:
-    """A Store and TaskQueues for the bench's own submissions, with a long read timeout.
+def patient_clients(stack: LocalStack, pool: int = 64, read_timeout: float = 900.0) -> tuple[Storage, Any]:
+    """A Storage and TaskQueues for the bench's own submissions, with a long read timeout.
 
     Under saturation a call can wait minutes in moto's DynamoDB queue; botocore's default 60 s
     read timeout then retries a TransactWriteItems that moto still executes, and the retry of
@@ -296,7 +298,7 @@ def patient_clients(stack: LocalStack, pool: int = 64, read_timeout: float = 900
     def make(service: str) -> Any:
         return sess.client(service, endpoint_url=settings.endpoint_url, config=config)
 
-    store = Store(make("dynamodb"), settings.table, PayloadStore(make("s3"), settings.bucket, settings.offload_threshold))
+    store = Storage(DynamoTable(make("dynamodb"), settings.table), PayloadStore(make("s3"), settings.bucket, settings.offload_threshold))
     return store, TaskQueues(make("sqs"), settings.names)
 
 
@@ -373,7 +375,7 @@ def proc_status(pid: int) -> dict[str, float] | None:
 
 
 def batch_get_meta(
-    store: Store, task_ids: Sequence[str], projection: Sequence[str] | None = None, parallel: int = 1
+    store: Storage, task_ids: Sequence[str], projection: Sequence[str] | None = None, parallel: int = 1
 ) -> dict[str, dict[str, Any]]:
     """META items of many tasks, 100 keys a BatchGetItem (strongly consistent): raw items by id.
 
@@ -392,10 +394,10 @@ def batch_get_meta(
             names = {f"#a{j}": name for j, name in enumerate(["task_id", *projection])}
             request["ProjectionExpression"] = ", ".join(names)
             request["ExpressionAttributeNames"] = names
-        pending: dict[str, Any] = {store.table: request}
+        pending: dict[str, Any] = {store.table.name: request}
         for _ in range(20):
-            resp = store.ddb.batch_get_item(RequestItems=pending)
-            for item in resp.get("Responses", {}).get(store.table, []):
+            resp = store.table.client.batch_get_item(RequestItems=pending)
+            for item in resp.get("Responses", {}).get(store.table.name, []):
                 got[item["task_id"]["S"]] = item
             pending = resp.get("UnprocessedKeys") or {}
             if not pending:
@@ -448,7 +450,7 @@ def queue_in_flight(queues: Any, tier: str = "normal") -> int:
 
 def wait_terminal(
     stack: LocalStack,
-    store: Store,
+    store: Storage,
     task_ids: Sequence[str],
     *,
     timeout: float,

@@ -8,7 +8,7 @@ One scripted conversation (default: 50 LLM turns, each calling a read-only tool 
    and the write capacity units AWS would bill (per item: ceil(size / 1 KB), x2 in a
    transaction, an overwrite/update billed at the larger of before and after). Item sizes
    use DynamoDB's rule (name bytes + value bytes), probed around each write by an unmetered
-   client and cross-checked against ``store.raw_items``.
+   client and cross-checked against ``store.steps.raw_items``.
 2. The common full-state upsert: one item per task holding the whole conversation JSON,
    PutItem'd every step (same moto server and client, same conversation). It reports the
    step at which the item passes DynamoDB's 400 KB limit, and moves the state to S3 after.
@@ -52,7 +52,7 @@ from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
 from agentq.core.models import StepRecord, TaskStatus, TaskSubmission
 from agentq.resources import TABLE_KEY_SCHEMA, ResourceNames, provision
 from agentq.runtime import Settings, build_registry, build_store, client, session
-from agentq.storage.store import Store
+from agentq.storage.container import Storage
 from agentq.core.tools import ToolSpec, tool
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 from langgraph.channels import DeltaChannel
@@ -442,7 +442,7 @@ class AgentqStepClock:
 
 
 def run_agentq(
-    settings: Settings, store: Store, meter: AwsMeter, llm_turns: int, tool_bytes: int, workdir: Path
+    settings: Settings, store: Storage, meter: AwsMeter, llm_turns: int, tool_bytes: int, workdir: Path
 ) -> AgentqRun:
     registry = build_registry(settings)
     registry.register(make_read_doc(tool_bytes))
@@ -468,7 +468,7 @@ def run_agentq(
     clock = AgentqStepClock(meter)
     meter.on_call, meter.on_done = clock.on_call, clock.on_done
     started = time.perf_counter()
-    task = store.create_task(submission, tenant="bench")
+    task = store.tasks.create(submission, tenant="bench")
     clock.running = True
     engine = Engine(store, worker_id="bench-worker", tools=registry, config=EngineConfig(lease_seconds=LEASE_SECONDS))
     outcome = engine.run(task.task_id)
@@ -478,10 +478,10 @@ def run_agentq(
     buckets = dict(meter.buckets)
     meter.paused = True
     try:
-        steps = store.load_steps(task.task_id)
-        raw = store.raw_items(task.task_id)
-        final = store.get_task(task.task_id)
-        budget = store.get_budget(task.task_id)
+        steps = store.steps.load(task.task_id)
+        raw = store.steps.raw_items(task.task_id)
+        final = store.tasks.get(task.task_id)
+        budget = store.budgets.get(task.task_id)
     finally:
         meter.paused = False
     n = len(steps)
@@ -495,7 +495,7 @@ def run_agentq(
     assert len(step_items) == n, (len(step_items), n)
     sizes = {i["sk"]["S"]: item_size(i) for i in raw}
     # Cross-check: STEP items are immutable, so their WCU recomputed from the table afterwards
-    # (store.raw_items) must equal what the meter probed at write time.
+    # (store.steps.raw_items) must equal what the meter probed at write time.
     step_wcu_metered = sum(units for sk, units in meter.item_wcu if sk.startswith("STEP#"))
     step_wcu_table = sum(wcu_for(item_size(i), transactional=True) for i in step_items)
     s3_puts = sum(b.calls["PutObject"] for b in step_buckets)
@@ -545,10 +545,10 @@ def _merge(into: Bucket, other: Bucket) -> None:
 # -------------------------------------------------------------------- 2. full-state upsert
 
 
-def run_upsert(store: Store, meter: AwsMeter, run: AgentqRun) -> DesignResult:
+def run_upsert(store: Storage, meter: AwsMeter, run: AgentqRun) -> DesignResult:
     """One item per task, the whole conversation JSON in it, PutItem'd after every step."""
     meter.reset()
-    ddb, table = store.ddb, store.table
+    ddb, table = store.table.client, store.table.name
     s3, bucket_name = store.payloads.s3, store.payloads.bucket
     conv_id = uuid.uuid4().hex
     pk = {"S": f"CONV#{conv_id}"}
@@ -943,7 +943,7 @@ def render_agentq_detail(d: dict[str, Any]) -> str:
         f"  totals:   {t['calls']} calls, {_fmt_int(t['ddb_write_bytes'])} B to DynamoDB, "
         f"{_fmt_int(t['s3_put_bytes'])} B to S3, {t['wcu']} WCU, {t['items_written']} item writes",
         f"  largest item {_fmt_int(d['max_item_bytes'])} B (limit 409,600); META {_fmt_int(d['meta_item_bytes'])} B; "
-        f"STEP-item WCU metered {d['step_item_wcu_check']['metered']} = from store.raw_items "
+        f"STEP-item WCU metered {d['step_item_wcu_check']['metered']} = from store.steps.raw_items "
         f"{d['step_item_wcu_check']['from_raw_items']}",
         f"  flat: first 10 steps {f['first10']['calls']:.2f} calls, {_fmt_int(f['first10']['ddb_write_bytes'])} B, "
         f"{f['first10']['wcu']:.1f} WCU/step; last 10 steps {f['last10']['calls']:.2f} calls, "
@@ -1005,7 +1005,7 @@ def main(argv: list[str] | None = None) -> int:
         provision(session(settings), names, endpoint_url=settings.endpoint_url)
         store = build_store(settings)
         meter = AwsMeter(client(settings, "dynamodb"))
-        meter.attach(store.ddb)
+        meter.attach(store.table.client)
         meter.attach(store.payloads.s3)
 
         run = run_agentq(settings, store, meter, args.turns, args.tool_bytes, workdir)

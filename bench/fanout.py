@@ -13,7 +13,7 @@ ran the child, then ``WakeParent``.
 
 Measured per size (every time comes from a record agentq itself wrote):
 
-- spawn -> resume: the SPAWN record's ``created_at`` (``store.get_spawn(parent, spawn_id)``,
+- spawn -> resume: the SPAWN record's ``created_at`` (``store.spawns.get(parent, spawn_id)``,
   spawn_id = the tool_use id of the parent's first LLM step) to the parent's second claim
   (``claims[1].at``); spawn -> finish: to the parent's ``finished_at``. Broken down into
   spawn -> execution start (``describe_execution().startDate``), the children's span (first
@@ -178,7 +178,7 @@ from agentq.local.stack import LocalStack  # noqa: E402
 from agentq.core.models import LLMStep, Task, TaskSubmission  # noqa: E402
 from agentq.resources import QueueSettings  # noqa: E402
 from agentq.runtime import build_registry, client  # noqa: E402
-from agentq.storage.store import Store  # noqa: E402
+from agentq.storage.container import Storage# noqa: E402
 from agentq.control.submit import submit  # noqa: E402
 from agentq.queueing.worker import WorkerConfig  # noqa: E402
 
@@ -262,11 +262,11 @@ def parent_submission(n: int, child_turns: int) -> TaskSubmission:
     )
 
 
-def wait_task(store: Store, task_id: str, timeout: float) -> Task:
+def wait_task(store: Storage, task_id: str, timeout: float) -> Task:
     deadline = time.monotonic() + timeout
     last_note = time.monotonic()
     while True:
-        task = store.get_task(task_id)
+        task = store.tasks.get(task_id)
         if task.status.terminal or time.monotonic() > deadline:
             return task
         if time.monotonic() - last_note > 10:
@@ -314,19 +314,19 @@ def run_size(stack: FanoutStack, n: int, child_turns: int, timeout: float) -> di
     parent = submit(store, registry, parent_submission(n, child_turns), tenant="bench", queues=queues)
     tag_thread("")
     final = wait_task(store, parent.task_id, timeout)
-    steps = store.load_steps(parent.task_id)
+    steps = store.steps.load(parent.task_id)
     first = steps[0].body
     assert isinstance(first, LLMStep), first
     spawn_id = next(u["id"] for u in first.tool_uses() if u["name"] == "spawn_subagents")
-    record = store.get_spawn(parent.task_id, spawn_id)
+    record = store.spawns.get(parent.task_id, spawn_id)
     assert record is not None
     arn = record.get("execution_arn")
     desc = wait_execution(sfn, arn, 60) if arn else {}
-    children = store.get_tasks(list(record["children"]))
+    children = store.tasks.get_many(list(record.children))
     deadline = time.monotonic() + 30
     while not all(c.status.terminal for c in children) and time.monotonic() < deadline:
         time.sleep(0.2)
-        children = store.get_tasks(list(record["children"]))
+        children = store.tasks.get_many(list(record.children))
     # Messages still to come (a safety net is sent with a delay of visibility_seconds) belong
     # to this fan-out: the window closes when the queue holds nothing, visible, in flight or delayed.
     drain_until = time.monotonic() + stack.worker_config.visibility_seconds + 30
@@ -344,9 +344,9 @@ def run_size(stack: FanoutStack, n: int, child_turns: int, timeout: float) -> di
     transitions = sum(v for k, v in types.items() if k.endswith("StateEntered"))
     sfn_sqs_sends = sum(1 for e in events if e["type"] == "TaskScheduled" and e.get("taskScheduledEventDetails", {}).get("resourceType") == "sqs")
 
-    spawn_at = float(record["created_at"])
-    resume_at = float(final.claims[1]["at"]) if len(final.claims) > 1 else None
-    child_claims = [float(c.claims[0]["at"]) for c in children if c.claims]
+    spawn_at = float(record.created_at)
+    resume_at = float(final.last_claimed_at or 0) if final.claim_count > 1 else None
+    child_claims = [float(c.first_claimed_at) for c in children if c.first_claimed_at is not None]
     child_done = [float(c.finished_at) for c in children if c.finished_at]
     exec_start, exec_stop = _ts(desc.get("startDate")), _ts(desc.get("stopDate"))
 
@@ -380,11 +380,11 @@ def run_size(stack: FanoutStack, n: int, child_turns: int, timeout: float) -> di
         "child_turns": child_turns,
         "parent_id": parent.task_id,
         "parent_status": final.status.value,
-        "parent_claims": len(final.claims),
+        "parent_claims": final.claim_count,
         "children_statuses": dict(statuses),
         "children_succeeded": statuses.get("succeeded", 0),
-        "child_claims": sum(len(c.claims) for c in children),
-        "children_claimed_more_than_once": sum(1 for c in children if len(c.claims) > 1),
+        "child_claims": sum(c.claim_count for c in children),
+        "children_claimed_more_than_once": sum(1 for c in children if c.claim_count > 1),
         "execution_arn": arn,
         "execution_status": desc.get("status"),
         "seconds": {

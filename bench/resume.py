@@ -84,7 +84,7 @@ def submission(turns: int, latency: float) -> TaskSubmission:
 def wait_until(store: Any, task_id: str, pred: Any, timeout: float, poll: float) -> Task:
     deadline = time.monotonic() + timeout
     while True:
-        task = store.get_task(task_id)
+        task = store.tasks.get(task_id)
         if pred(task) or time.monotonic() >= deadline:
             return task
         time.sleep(poll)
@@ -120,12 +120,12 @@ def one_run(
     replacement = stack.spawn_worker()
     run["replacement_pid"] = replacement.pid
     task = wait_until(store, task_id, lambda t: t.status.terminal, args.run_timeout, 0.05)
-    steps = store.load_steps(task_id)
-    after = [c for c in task.claims if c["at"] > killed_at]
+    steps = store.steps.load(task_id)
+    after = [c for c in store.tasks.claims(task_id) if c.at > killed_at]
     run.update(
         status=task.status.value,
         steps=task.step,
-        claims=len(task.claims),
+        claims=task.claim_count,
         last_step_of_killed_epoch=max((s.number for s in steps if s.epoch == run["epoch_at_kill"]), default=0),
     )
     if not after:

@@ -9,12 +9,12 @@ from decimal import Decimal
 
 from agentq.core.errors import BudgetExceeded
 from agentq.runtime import Settings, build_store
-from agentq.storage.store import BudgetDelta
+from agentq.core.records import BudgetDelta
 
 
 def main(root_id: str, task_id: str, amount: int, attempts: int, start_at: float) -> None:
     store = build_store(Settings.from_env())
-    claimed = store.claim(task_id, f"racer-{task_id}", 60)
+    claimed = store.tasks.claim(task_id, f"racer-{task_id}", 60)
     assert claimed is not None
     lease, _ = claimed
     while time.time() < start_at:
@@ -22,7 +22,7 @@ def main(root_id: str, task_id: str, amount: int, attempts: int, start_at: float
     granted = 0
     for step in range(attempts):
         try:
-            store.reserve(lease, root_id, amount, step + 1)
+            store.budgets.reserve(lease, root_id, amount, step + 1)
             granted += 1
         except BudgetExceeded:
             pass
@@ -30,7 +30,7 @@ def main(root_id: str, task_id: str, amount: int, attempts: int, start_at: float
     used = 0
     for _ in range(granted):
         spent = amount - 7
-        store.settle_orphan(lease.task_id, root_id, BudgetDelta(reserved=amount, used=spent, cost_usd=Decimal(0), tokens_in=spent, tokens_out=0), inflight_epoch=None)
+        store.budgets.settle_orphan(lease.task_id, root_id, BudgetDelta(reserved=amount, used=spent, cost_usd=Decimal(0), tokens_in=spent, tokens_out=0), inflight_epoch=None)
         used += spent
     print(json.dumps({"granted": granted, "used": used}))
 

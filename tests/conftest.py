@@ -14,7 +14,7 @@ import pytest
 from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
 from agentq.resources import ResourceNames, provision
 from agentq.runtime import Settings, build_registry, build_store, session
-from agentq.storage.store import Store
+from agentq.storage.container import Storage
 from agentq.core.tools import ToolRegistry
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -55,7 +55,7 @@ def settings(moto_server: MotoServer) -> Settings:
 
 
 @pytest.fixture
-def store(settings: Settings) -> Store:
+def store(settings: Settings) -> Storage:
     return build_store(settings)
 
 

@@ -127,8 +127,8 @@ def test_a_worker_whose_lease_writes_are_slow_holds_few_tasks_and_leaves_the_res
     config = WorkerConfig(concurrency=32, lease_seconds=3, heartbeat_seconds=1, visibility_seconds=6, beat_threads=2, admission_floor=2)
 
     slow = Worker(settings, config)
-    slow.store.claim = _slowed(slow.store.claim, 0.5)  # type: ignore[method-assign]
-    slow.store.extend_lease = _slowed(slow.store.extend_lease, 0.5)  # type: ignore[method-assign]
+    slow.store.tasks.claim = _slowed(slow.store.tasks.claim, 0.5)  # type: ignore[method-assign]
+    slow.store.tasks.extend_lease = _slowed(slow.store.tasks.extend_lease, 0.5)  # type: ignore[method-assign]
     admitted_max = [0]
     stop_watch = threading.Event()
 
@@ -146,7 +146,7 @@ def test_a_worker_whose_lease_writes_are_slow_holds_few_tasks_and_leaves_the_res
         alone = slow.stats()
         visible = int(queues.sqs.get_queue_attributes(QueueUrl=queues.url("normal"), AttributeNames=["ApproximateNumberOfMessages"])["Attributes"]["ApproximateNumberOfMessages"])
         fast.start()
-        wait_for(lambda: all(store.get_task(t).status.terminal for t in ids), timeout=45, what="every task done")
+        wait_for(lambda: all(store.tasks.get(t).status.terminal for t in ids), timeout=45, what="every task done")
     finally:
         stop_watch.set()
         slow.shutdown()
@@ -157,6 +157,6 @@ def test_a_worker_whose_lease_writes_are_slow_holds_few_tasks_and_leaves_the_res
     assert admitted_max[0] <= (alone["admission_limit_max"] or 0) + 2, (admitted_max[0], alone)
     assert visible >= 30 - slow.processed - admitted_max[0] - 2, f"only {visible} messages left in SQS"
     assert visible >= 15
-    assert all(store.get_task(t).status is TaskStatus.SUCCEEDED for t in ids)
+    assert all(store.tasks.get(t).status is TaskStatus.SUCCEEDED for t in ids)
     assert fast.processed >= 15 and fast.processed > slow.processed, (fast.processed, slow.processed)
     assert fast.stats()["held_max"] > alone["admission_limit"]  # the same config, fast writes: more held

@@ -12,7 +12,7 @@ from agentq.core.engine import Engine, EngineConfig, conversation
 from agentq.core.errors import ProviderError
 from agentq.core.models import LLMStep, TaskStatus, TaskSubmission, ToolsStep, Usage
 from agentq.core.providers import LLMRequest, LLMResponse, default_provider_factory
-from agentq.storage.store import Store
+from agentq.storage.container import Storage
 from agentq.core.tools import ToolRegistry
 
 from tests.helpers import call, scripted
@@ -24,18 +24,18 @@ THREE_TURNS = [
 ]
 
 
-def engine(store: Store, registry: ToolRegistry, **kwargs: Any) -> Engine:
+def engine(store: Storage, registry: ToolRegistry, **kwargs: Any) -> Engine:
     return Engine(store, worker_id="w1", tools=registry, config=EngineConfig(lease_seconds=5), **kwargs)
 
 
-def test_scripted_task_runs_to_success_with_every_step_committed(store: Store, registry: ToolRegistry) -> None:
-    task = store.create_task(scripted(THREE_TURNS, tools=["lookup", "charge_card"]), tenant="t")
+def test_scripted_task_runs_to_success_with_every_step_committed(store: Storage, registry: ToolRegistry) -> None:
+    task = store.tasks.create(scripted(THREE_TURNS, tools=["lookup", "charge_card"]), tenant="t")
     result = engine(store, registry).run(task.task_id)
     assert (result.outcome, result.status) == ("finished", TaskStatus.SUCCEEDED)
-    steps = store.load_steps(task.task_id)
+    steps = store.steps.load(task.task_id)
     assert [s.body.kind for s in steps] == ["llm", "tools", "llm", "tools", "llm"]
     assert [s.number for s in steps] == [1, 2, 3, 4, 5]
-    final = store.get_task(task.task_id)
+    final = store.tasks.get(task.task_id)
     assert final.status is TaskStatus.SUCCEEDED and final.result == "all done" and final.step == 5
     tools_step = steps[3].body
     assert isinstance(tools_step, ToolsStep)
@@ -43,15 +43,15 @@ def test_scripted_task_runs_to_success_with_every_step_committed(store: Store, r
     assert tools_step.results[0].content.startswith("charged 500 cents")
 
 
-def test_budget_used_equals_provider_usage_exactly_and_nothing_stays_reserved(store: Store, registry: ToolRegistry) -> None:
-    task = store.create_task(scripted(THREE_TURNS, tools=["lookup", "charge_card"]), tenant="t")
+def test_budget_used_equals_provider_usage_exactly_and_nothing_stays_reserved(store: Storage, registry: ToolRegistry) -> None:
+    task = store.tasks.create(scripted(THREE_TURNS, tools=["lookup", "charge_card"]), tenant="t")
     engine(store, registry).run(task.task_id)
-    llm_steps = [s.body for s in store.load_steps(task.task_id) if isinstance(s.body, LLMStep)]
-    budget = store.get_budget(task.task_id)
+    llm_steps = [s.body for s in store.steps.load(task.task_id) if isinstance(s.body, LLMStep)]
+    budget = store.budgets.get(task.task_id)
     assert budget.used == sum(s.usage.total for s in llm_steps)
     assert budget.reserved == 0
     assert budget.available == budget.cap - budget.used
-    final = store.get_task(task.task_id)
+    final = store.tasks.get(task.task_id)
     assert final.tokens_in == sum(s.usage.input_tokens for s in llm_steps)
     assert final.tokens_out == sum(s.usage.output_tokens for s in llm_steps)
     # claude-sonnet-4-5 at $3/$15 per million tokens
@@ -60,82 +60,82 @@ def test_budget_used_equals_provider_usage_exactly_and_nothing_stays_reserved(st
     assert all(s.cost_usd > 0 for s in llm_steps)
 
 
-def test_max_steps_stops_with_cost_exceeded_and_keeps_the_partial_result(store: Store, registry: ToolRegistry) -> None:
+def test_max_steps_stops_with_cost_exceeded_and_keeps_the_partial_result(store: Storage, registry: ToolRegistry) -> None:
     turns = [{"text": f"turn {i}", "tool_calls": [call("lookup", query=str(i))]} for i in range(10)]
-    task = store.create_task(scripted(turns, tools=["lookup"], max_steps=3), tenant="t")
+    task = store.tasks.create(scripted(turns, tools=["lookup"], max_steps=3), tenant="t")
     result = engine(store, registry).run(task.task_id)
     assert result.status is TaskStatus.COST_EXCEEDED
-    final = store.get_task(task.task_id)
+    final = store.tasks.get(task.task_id)
     assert final.llm_steps == 3
     assert final.error and final.error["code"] == "max_steps_exceeded"
     assert final.result == "turn 2"
-    assert store.get_budget(task.task_id).reserved == 0
+    assert store.budgets.get(task.task_id).reserved == 0
 
 
-def test_token_budget_exhaustion_stops_before_the_cap_is_passed(store: Store, registry: ToolRegistry) -> None:
+def test_token_budget_exhaustion_stops_before_the_cap_is_passed(store: Storage, registry: ToolRegistry) -> None:
     turns = [{"text": f"turn {i} " + "y" * 400, "tool_calls": [call("lookup", query=str(i), size=2000)]} for i in range(50)]
-    task = store.create_task(scripted(turns, tools=["lookup"], max_tokens=6000, max_output_tokens=300), tenant="t")
+    task = store.tasks.create(scripted(turns, tools=["lookup"], max_tokens=6000, max_output_tokens=300), tenant="t")
     result = engine(store, registry).run(task.task_id)
     assert result.status is TaskStatus.COST_EXCEEDED
-    budget = store.get_budget(task.task_id)
+    budget = store.budgets.get(task.task_id)
     assert budget.used <= budget.cap
     assert budget.reserved == 0
-    final = store.get_task(task.task_id)
+    final = store.tasks.get(task.task_id)
     assert final.error and final.error["code"] == "budget_exceeded"
     assert final.result and final.result.startswith("turn")
 
 
-def test_task_timeout_ends_in_timed_out(store: Store, registry: ToolRegistry) -> None:
+def test_task_timeout_ends_in_timed_out(store: Storage, registry: ToolRegistry) -> None:
     turns = [{"text": f"t{i}", "latency_seconds": 0.6, "tool_calls": [call("lookup", query="q")]} for i in range(10)]
-    task = store.create_task(scripted(turns, tools=["lookup"], timeout_seconds=1), tenant="t")
+    task = store.tasks.create(scripted(turns, tools=["lookup"], timeout_seconds=1), tenant="t")
     result = engine(store, registry).run(task.task_id)
     assert result.status is TaskStatus.TIMED_OUT
-    assert store.get_task(task.task_id).error["code"] == "timeout"  # type: ignore[index]
+    assert store.tasks.get(task.task_id).error["code"] == "timeout"  # type: ignore[index]
 
 
 def test_unknown_and_disallowed_tools_and_bad_input_become_error_results_not_crashes(
-    store: Store, registry: ToolRegistry
+    store: Storage, registry: ToolRegistry
 ) -> None:
     turns = [
         {"text": "", "tool_calls": [call("no_such_tool", x=1), call("charge_card", amount_cents=1, memo="m"), call("lookup")]},
         {"text": "recovered"},
     ]
-    task = store.create_task(scripted(turns, tools=["lookup"]), tenant="t")
+    task = store.tasks.create(scripted(turns, tools=["lookup"]), tenant="t")
     result = engine(store, registry).run(task.task_id)
     assert result.status is TaskStatus.SUCCEEDED
-    results = store.load_steps(task.task_id)[1].body.results  # type: ignore[union-attr]
+    results = store.steps.load(task.task_id)[1].body.results  # type: ignore[union-attr]
     assert all(r.is_error for r in results)
     assert "unknown tool 'no_such_tool'" in results[0].content
     assert "not allowed" in results[1].content
     assert "query" in results[2].content  # the missing field is named
 
 
-def test_a_time_slice_ends_cleanly_and_the_next_run_continues(store: Store, registry: ToolRegistry) -> None:
+def test_a_time_slice_ends_cleanly_and_the_next_run_continues(store: Storage, registry: ToolRegistry) -> None:
     turns = [{"text": f"t{i}", "latency_seconds": 0.3, "tool_calls": [call("lookup", query="q")]} for i in range(4)]
     turns.append({"text": "done"})
-    task = store.create_task(scripted(turns, tools=["lookup"]), tenant="t")
+    task = store.tasks.create(scripted(turns, tools=["lookup"]), tenant="t")
     eng = Engine(store, worker_id="w1", tools=registry, config=EngineConfig(lease_seconds=5, slice_margin_seconds=0))
     first = eng.run(task.task_id, deadline=time.time() + 0.7)
     assert first.outcome == "continue" and 0 < first.steps_committed < 9
-    assert store.get_task(task.task_id).lease_expires == 0  # released: the next claim needs no wait
+    assert store.tasks.get(task.task_id).lease_expires == 0  # released: the next claim needs no wait
     second = eng.run(task.task_id)
     assert second.status is TaskStatus.SUCCEEDED
     assert second.resumed_from_step == first.steps_committed
-    steps = store.load_steps(task.task_id)
+    steps = store.steps.load(task.task_id)
     assert len(steps) == 9 and [s.epoch for s in steps][-1] == 2
 
 
-def test_a_finished_task_cannot_be_claimed_again(store: Store, registry: ToolRegistry) -> None:
-    task = store.create_task(scripted([{"text": "done"}]), tenant="t")
+def test_a_finished_task_cannot_be_claimed_again(store: Storage, registry: ToolRegistry) -> None:
+    task = store.tasks.create(scripted([{"text": "done"}]), tenant="t")
     engine(store, registry).run(task.task_id)
     assert engine(store, registry).run(task.task_id).outcome == "not_claimed"
-    assert store.claim(task.task_id, "other", 5) is None
+    assert store.tasks.claim(task.task_id, "other", 5) is None
 
 
-def test_live_lease_blocks_a_second_worker(store: Store) -> None:
-    task = store.create_task(scripted([{"text": "done"}]), tenant="t")
-    assert store.claim(task.task_id, "a", 30) is not None
-    assert store.claim(task.task_id, "b", 30) is None
+def test_live_lease_blocks_a_second_worker(store: Storage) -> None:
+    task = store.tasks.create(scripted([{"text": "done"}]), tenant="t")
+    assert store.tasks.claim(task.task_id, "a", 30) is not None
+    assert store.tasks.claim(task.task_id, "b", 30) is None
 
 
 class _Failing:
@@ -148,27 +148,27 @@ class _Failing:
         raise ProviderError("provider said no", retryable=self.retryable, status_code=529 if self.retryable else 400, attempts=3)
 
 
-def test_provider_overload_releases_reservation_and_lease_for_a_retry(store: Store, registry: ToolRegistry) -> None:
-    task = store.create_task(scripted([{"text": "done"}]), tenant="t")
+def test_provider_overload_releases_reservation_and_lease_for_a_retry(store: Storage, registry: ToolRegistry) -> None:
+    task = store.tasks.create(scripted([{"text": "done"}]), tenant="t")
     result = engine(store, registry, providers=lambda s: _Failing(True)).run(task.task_id)
     assert result.outcome == "retry" and result.error and result.error["status_code"] == 529
-    meta = store.get_task(task.task_id)
+    meta = store.tasks.get(task.task_id)
     assert meta.status is TaskStatus.RUNNING and meta.lease_expires == 0 and meta.inflight is None
-    assert store.get_budget(task.task_id).reserved == 0
+    assert store.budgets.get(task.task_id).reserved == 0
     assert engine(store, registry).run(task.task_id).status is TaskStatus.SUCCEEDED
 
 
-def test_provider_rejection_fails_the_task_with_the_error(store: Store, registry: ToolRegistry) -> None:
-    task = store.create_task(scripted([{"text": "done"}]), tenant="t")
+def test_provider_rejection_fails_the_task_with_the_error(store: Storage, registry: ToolRegistry) -> None:
+    task = store.tasks.create(scripted([{"text": "done"}]), tenant="t")
     result = engine(store, registry, providers=lambda s: _Failing(False)).run(task.task_id)
     assert result.status is TaskStatus.FAILED
-    meta = store.get_task(task.task_id)
+    meta = store.tasks.get(task.task_id)
     assert meta.status is TaskStatus.FAILED and meta.error and meta.error["status_code"] == 400
-    assert store.get_budget(task.task_id).reserved == 0
+    assert store.budgets.get(task.task_id).reserved == 0
 
 
 def test_a_done_effect_is_replayed_not_rerun_and_a_started_one_is_reported_unknown(
-    store: Store, registry: ToolRegistry, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    store: Storage, registry: ToolRegistry, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ledger = tmp_path / "ledger.jsonl"
     monkeypatch.setenv("AGENTQ_TEST_LEDGER", str(ledger))
@@ -176,39 +176,39 @@ def test_a_done_effect_is_replayed_not_rerun_and_a_started_one_is_reported_unkno
         {"text": "", "tool_calls": [call("charge_card", amount_cents=1, memo="a"), call("charge_card", amount_cents=2, memo="b")]},
         {"text": "done"},
     ]
-    task = store.create_task(scripted(turns, tools=["charge_card"]), tenant="t")
+    task = store.tasks.create(scripted(turns, tools=["charge_card"]), tenant="t")
     # A first worker commits the LLM step and records effects as a crash would leave them.
-    lease, claimed = store.claim(task.task_id, "crashed", 0.1)  # type: ignore[misc]
+    lease, claimed = store.tasks.claim(task.task_id, "crashed", 0.1)  # type: ignore[misc]
     provider = default_provider_factory(claimed.submission)
     request = LLMRequest(model="m", messages=conversation("test goal", []), max_tokens=1000, task_id=task.task_id)
     response = provider.complete(request)
     step = LLMStep(
         content=response.content, stop_reason="tool_use", model="m", usage=response.usage, started_at=0, duration_ms=0
     )
-    store.commit_step(lease, 1, step, root_id=task.task_id)
+    store.steps.commit(lease, 1, step, root_id=task.task_id)
     first, second = step.tool_uses()
-    assert store.begin_effect(lease, first["id"], "charge_card") is None
+    assert store.effects.begin(lease, first["id"], "charge_card") is None
     from agentq.core.models import ToolOutcome
 
-    store.finish_effect(
+    store.effects.finish(
         lease,
         first["id"],
         ToolOutcome(tool_use_id=first["id"], name="charge_card", content="charged earlier", started_at=0, duration_ms=1),
     )
-    assert store.begin_effect(lease, second["id"], "charge_card") is None  # started, never finished
+    assert store.effects.begin(lease, second["id"], "charge_card") is None  # started, never finished
     time.sleep(0.15)
 
     assert engine(store, registry).run(task.task_id).status is TaskStatus.SUCCEEDED
-    results = store.load_steps(task.task_id)[1].body.results  # type: ignore[union-attr]
+    results = store.steps.load(task.task_id)[1].body.results  # type: ignore[union-attr]
     assert (results[0].status, results[0].content) == ("replayed", "charged earlier")
     assert results[1].status == "unknown_outcome" and results[1].is_error
     assert not ledger.exists()  # neither charge ran in the second worker
 
 
-def test_history_rebuilds_into_alternating_messages(store: Store, registry: ToolRegistry) -> None:
-    task = store.create_task(scripted(THREE_TURNS, tools=["lookup", "charge_card"]), tenant="t")
+def test_history_rebuilds_into_alternating_messages(store: Storage, registry: ToolRegistry) -> None:
+    task = store.tasks.create(scripted(THREE_TURNS, tools=["lookup", "charge_card"]), tenant="t")
     engine(store, registry).run(task.task_id)
-    messages = conversation("test goal", store.load_steps(task.task_id))
+    messages = conversation("test goal", store.steps.load(task.task_id))
     assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant", "user", "assistant"]
     tool_use_ids = [b["id"] for b in messages[1]["content"] if b["type"] == "tool_use"]
     assert [b["tool_use_id"] for b in messages[2]["content"]] == tool_use_ids

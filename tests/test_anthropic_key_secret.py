@@ -17,7 +17,7 @@ from agentq.core.engine import Engine, EngineConfig
 from agentq.local.moto_server import MotoServer
 from agentq.core.models import TaskStatus, TaskSubmission
 from agentq.core.providers.keys import SECRET_VARIABLE
-from agentq.storage.store import Store
+from agentq.storage.container import Storage
 from agentq.core.tools import ToolRegistry
 
 from tests.fake_messages_api import FakeMessagesAPI, RecordedRequest, text_reply
@@ -45,9 +45,9 @@ def _secret(value: str) -> str:
     return name
 
 
-def _task(store: Store) -> str:
+def _task(store: Storage) -> str:
     submission = TaskSubmission(goal="say hi", provider="anthropic", model="claude-sonnet-4-6")
-    return store.create_task(submission, tenant="acme").task_id
+    return store.tasks.create(submission, tenant="acme").task_id
 
 
 def sent_key(request: RecordedRequest) -> str | None:
@@ -56,13 +56,13 @@ def sent_key(request: RecordedRequest) -> str | None:
     return request.headers.get("x-api-key") or (bearer.removeprefix("Bearer ") if bearer.startswith("Bearer ") else None)
 
 
-def _engine(store: Store, registry: ToolRegistry) -> Engine:
+def _engine(store: Storage, registry: ToolRegistry) -> Engine:
     return Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=5))
 
 
 @pytest.mark.parametrize("stored", ["sk-ant-from-secrets", json.dumps({"ANTHROPIC_API_KEY": "sk-ant-from-secrets"})])
 def test_the_key_in_the_named_secret_is_what_the_messages_api_receives(
-    aws_env: None, store: Store, registry: ToolRegistry, messages_api: FakeMessagesAPI, monkeypatch: pytest.MonkeyPatch, stored: str
+    aws_env: None, store: Storage, registry: ToolRegistry, messages_api: FakeMessagesAPI, monkeypatch: pytest.MonkeyPatch, stored: str
 ) -> None:
     monkeypatch.setenv(SECRET_VARIABLE, _secret(stored))
     messages_api.enqueue(text_reply("hi"))
@@ -73,7 +73,7 @@ def test_the_key_in_the_named_secret_is_what_the_messages_api_receives(
 
 
 def test_an_environment_key_wins_over_the_secret(
-    aws_env: None, store: Store, registry: ToolRegistry, messages_api: FakeMessagesAPI, monkeypatch: pytest.MonkeyPatch
+    aws_env: None, store: Storage, registry: ToolRegistry, messages_api: FakeMessagesAPI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(SECRET_VARIABLE, _secret("sk-ant-from-secrets"))
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-from-env")
@@ -88,7 +88,7 @@ def test_an_environment_key_wins_over_the_secret(
 )
 def test_a_missing_or_malformed_secret_retries_the_task_naming_the_secret(
     aws_env: None,
-    store: Store,
+    store: Storage,
     registry: ToolRegistry,
     messages_api: FakeMessagesAPI,
     monkeypatch: pytest.MonkeyPatch,
@@ -101,7 +101,7 @@ def test_a_missing_or_malformed_secret_retries_the_task_naming_the_secret(
     result = _engine(store, registry).run(task_id)
     assert result.outcome == "retry" and result.error is not None
     assert says in result.error["message"] and name in result.error["message"]
-    task = store.get_task(task_id)
+    task = store.tasks.get(task_id)
     assert task.status is TaskStatus.RUNNING and task.lease_expires == 0 and task.inflight is None  # nothing held
-    assert store.get_budget(task_id).reserved == 0
+    assert store.budgets.get(task_id).reserved == 0
     assert messages_api.requests == []  # no call went out without a key

@@ -34,7 +34,7 @@ def deployment(moto_server: MotoServer) -> Iterator[tuple[Settings, Any, Any, Ke
     for key, value in settings.env().items():
         mp.setenv(key, value)
     try:
-        keys = KeyStore(build_store(settings).ddb, settings.table)
+        keys = KeyStore(build_store(settings).table.client, settings.table)
         yield settings, load_handler("authorizer"), load_handler("api"), keys
     finally:
         mp.undo()

@@ -20,7 +20,7 @@ from agentq.local.moto_server import MotoServer
 from agentq.core.models import LLMStep, Lease, TaskStatus, Usage
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_queues, build_registry, build_store, session
-from agentq.storage.store import Store
+from agentq.storage.container import Storage
 
 from tests.helpers import call as tool_call
 from tests.lambda_support import FakeLambdaContext, load_handler
@@ -46,7 +46,7 @@ APPROVAL_SCRIPT = {
 @dataclass
 class Api:
     handler: Any
-    store: Store
+    store: Storage
     settings: Settings
 
     def call(
@@ -75,7 +75,7 @@ class Api:
         engine.run(task_id)
 
     def items(self) -> int:
-        return int(self.store.ddb.scan(TableName=self.settings.table, Select="COUNT")["Count"])
+        return int(self.store.table.client.scan(TableName=self.settings.table, Select="COUNT")["Count"])
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +107,7 @@ def test_submit_answers_202_with_the_id_links_and_location_and_queues_the_task(a
     assert data["links"] == {"self": f"/tasks/{task_id}", "result": f"/tasks/{task_id}/result",
                              "trace": f"/tasks/{task_id}/trace", "cancel": f"/tasks/{task_id}/cancel"}  # fmt: skip
     assert headers["Location"] == f"/tasks/{task_id}"
-    task = api.store.get_task(task_id)
+    task = api.store.tasks.get(task_id)
     assert task.tenant == A and task.submission.priority == "high"
     queues = build_queues(api.settings)
     messages = queues.sqs.receive_message(QueueUrl=queues.url("high"), MaxNumberOfMessages=10)["Messages"]
@@ -132,8 +132,8 @@ def test_the_same_idempotency_key_and_body_return_the_same_task_another_body_409
     assert api.items() == before  # nothing written
     other = api.call("POST", "/tasks", SUB, tenant=B, headers={"Idempotency-Key": key})
     assert other[0] == 202 and other[1]["created"] is True and other[1]["task_id"] != first[1]["task_id"]  # keys are per tenant
-    record = api.store.get_idempotency(A, key)
-    assert record is not None and record["task_id"] == first[1]["task_id"] and len(record["request_hash"]) == 64
+    record = api.store.tasks.idempotency(A, key)
+    assert record is not None and record.task_id == first[1]["task_id"] and len(record.request_hash) == 64
 
 
 def test_a_failed_enqueue_leaves_nothing_behind_and_the_same_key_can_be_retried(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -206,8 +206,8 @@ def test_list_is_newest_first_paginated_by_an_opaque_cursor_and_filtered_by_stat
         ids.append(api.submit({**SUB, "goal": f"task {i}"}, tenant=tenant))
         time.sleep(0.002)  # distinct creation milliseconds
     api.run(ids[1])
-    parent = api.store.get_task(ids[0])
-    child = api.store.create_task(parent.submission, tenant=tenant, parent_id=ids[0], root_id=ids[0], depth=1)
+    parent = api.store.tasks.get(ids[0])
+    child = api.store.tasks.create(parent.submission, tenant=tenant, parent_id=ids[0], root_id=ids[0], depth=1)
     seen, cursor, pages = [], None, 0
     while True:
         status, page, _ = api.call("GET", "/tasks?limit=2" + (f"&cursor={cursor}" if cursor else ""), tenant=tenant)
@@ -314,10 +314,10 @@ def test_trace_lists_llm_calls_tool_calls_and_transitions_in_commit_order(api: A
 def test_trace_shows_orphan_llm_calls_and_approval_transitions(api: Api) -> None:
     task_id = api.submit({**SUB, "script": APPROVAL_SCRIPT, "constraints": {"tools": ["request_approval"]}})
     api.run(task_id)
-    assert api.store.get_task(task_id).status is TaskStatus.PAUSED
+    assert api.store.tasks.get(task_id).status is TaskStatus.PAUSED
     orphan = LLMStep(content=[{"type": "text", "text": "lost"}], stop_reason="end_turn", model="claude-haiku-4-5",
                      usage=Usage(input_tokens=7, output_tokens=3), started_at=time.time(), duration_ms=5)  # fmt: skip
-    api.store.record_orphan_call(Lease(task_id=task_id, owner="zombie:9", epoch=1, expires_at=0), 3, orphan)
+    api.store.steps.record_orphan(Lease(task_id=task_id, owner="zombie:9", epoch=1, expires_at=0), 3, orphan)
     assert api.call("POST", f"/tasks/{task_id}/approve", {"note": "lgtm"})[0] == 200
     api.run(task_id)
     events = api.call("GET", f"/tasks/{task_id}/trace")[1]["events"]
@@ -366,7 +366,7 @@ def test_approve_and_reject_resume_a_paused_task_with_the_decision(api: Api, ver
     status, data, _ = api.call("POST", f"/tasks/{task_id}/{verb}")  # the body is optional
     assert status == 200 and data["status"] == "queued"
     api.run(task_id)
-    steps = api.store.load_steps(task_id)
+    steps = api.store.steps.load(task_id)
     verdict = "APPROVED" if verb == "approve" else "REJECTED"
     assert steps[1].body.results[0].content.startswith(f"{verdict} by {A}")  # type: ignore[union-attr]
     assert api.call("POST", f"/tasks/{task_id}/{verb}", {})[0] == 409
@@ -376,7 +376,7 @@ def test_a_budget_raise_resumes_a_cost_exceeded_task_and_bad_raises_are_named(ap
     turns = [{"text": f"turn {i}", "tool_calls": [tool_call("lookup", query=str(i), size=1500)]} for i in range(4)] + [{"text": "end"}]
     task_id = api.submit({**SUB, "script": {"turns": turns}, "constraints": {"tools": ["lookup"], "max_tokens": 3000, "max_output_tokens": 200}})
     api.run(task_id)
-    assert api.store.get_task(task_id).status is TaskStatus.COST_EXCEEDED
+    assert api.store.tasks.get(task_id).status is TaskStatus.COST_EXCEEDED
     for body, field in [({"add_tokens": -1}, "add_tokens"), ({"add_tokens": "lots"}, "add_tokens"), ({}, "add_tokens"),
                         ({"add_tokens": 5, "more": 1}, "more"), ({"add_steps": 10_001}, "add_steps")]:  # fmt: skip
         status, data, _ = api.call("POST", f"/tasks/{task_id}/budget", body)
@@ -417,7 +417,7 @@ def test_fork_answers_202_with_the_new_task_and_bad_forks_are_named(api: Api) ->
 def test_another_tenant_can_neither_see_nor_touch_a_task(api: Api) -> None:
     task_id = api.submit({**SUB, "script": APPROVAL_SCRIPT, "constraints": {"tools": ["request_approval"]}}, tenant=A)
     api.run(task_id)  # paused: approvable, forkable, cancellable
-    before = api.store.get_task(task_id)
+    before = api.store.tasks.get(task_id)
     attempts = [
         ("GET", f"/tasks/{task_id}", None),
         ("GET", f"/tasks/{task_id}/result", None),
@@ -433,7 +433,7 @@ def test_another_tenant_can_neither_see_nor_touch_a_task(api: Api) -> None:
         status, data, _ = api.call(method, path, body, tenant=B)
         assert status == 404 and error(data) == {"code": "task_not_found", "message": f"no task {task_id!r}", "field": "task_id"}, path
     assert api.items() == items  # nothing written for B
-    after = api.store.get_task(task_id)
+    after = api.store.tasks.get(task_id)
     assert (after.status, after.step, after.updated_at) == (before.status, before.step, before.updated_at)
     listed = api.call("GET", "/tasks?limit=100&include_children=true", tenant=B)[1]["tasks"]
     assert task_id not in {t["task_id"] for t in listed}

@@ -62,7 +62,7 @@ def api(moto_server: MotoServer) -> Iterator[Api]:
     provision(session(s), s.names, endpoint_url=s.endpoint_url, queues=QueueSettings())
     store = build_store(s)
     app = build_app(store, build_registry(s), build_queues(s))
-    keys = KeyStore(store.ddb, s.table)
+    keys = KeyStore(store.table.client, s.table)
     yield Api(wsgi=wsgi_app(app.resolve, authorizer=lambda header: keys.authorize(header).tenant), key=keys.create("fuzz")[0])
 
 

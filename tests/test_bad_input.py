@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from agentq.core.errors import ValidationError
-from agentq.storage.store import Store
+from agentq.storage.container import Storage
 from agentq.control.submit import submit
 from agentq.core.tools import ToolRegistry
 
@@ -64,31 +64,31 @@ CASES = [
 
 @pytest.mark.parametrize(("path", "value", "field"), CASES, ids=[f"{p}={str(v)[:20]}" for p, v, _ in CASES])
 def test_each_invalid_field_is_named_and_nothing_is_written(
-    path: str, value: Any, field: str, store: Store, registry: ToolRegistry
+    path: str, value: Any, field: str, store: Storage, registry: ToolRegistry
 ) -> None:
     with pytest.raises(ValidationError) as err:
         submit(store, registry, _with(path, value), tenant="t")
     assert err.value.field is not None and err.value.field.startswith(field.split("[")[0])
     assert err.value.field == field or field == "script"
     assert err.value.message.startswith(err.value.field + ": ")
-    assert store.ddb.scan(TableName=store.table)["Count"] == 0
+    assert store.table.client.scan(TableName=store.table.name)["Count"] == 0
 
 
-def test_a_non_object_submission_is_refused(store: Store, registry: ToolRegistry) -> None:
+def test_a_non_object_submission_is_refused(store: Storage, registry: ToolRegistry) -> None:
     with pytest.raises(ValidationError) as err:
         submit(store, registry, ["goal"], tenant="t")
     assert err.value.field == "body"
-    assert store.ddb.scan(TableName=store.table)["Count"] == 0
+    assert store.table.client.scan(TableName=store.table.name)["Count"] == 0
 
 
-def test_a_valid_submission_writes_the_task_and_its_budget_together(store: Store, registry: ToolRegistry) -> None:
+def test_a_valid_submission_writes_the_task_and_its_budget_together(store: Storage, registry: ToolRegistry) -> None:
     task = submit(store, registry, VALID, tenant="t")
-    keys = {(i["pk"]["S"], i["sk"]["S"]) for i in store.ddb.scan(TableName=store.table)["Items"]}
-    assert keys == {(f"TASK#{task.task_id}", "META"), (f"BUDGET#{task.task_id}", "META")}
-    assert store.get_budget(task.task_id).cap == 1000
+    keys = {(i["pk"]["S"], i["sk"]["S"]) for i in store.table.client.scan(TableName=store.table.name)["Items"]}
+    assert keys == {(f"TASK#{task.task_id}", "META"), (f"TASK#{task.task_id}", "META#SUBMISSION"), (f"BUDGET#{task.task_id}", "META")}
+    assert store.budgets.get(task.task_id).cap == 1000
 
 
-def test_the_error_message_names_the_available_tools(store: Store, registry: ToolRegistry) -> None:
+def test_the_error_message_names_the_available_tools(store: Storage, registry: ToolRegistry) -> None:
     with pytest.raises(ValidationError) as err:
         submit(store, registry, _with("constraints.tools", ["nope"]), tenant="t")
     assert "unknown tool 'nope'" in err.value.message and "python_exec" in err.value.message

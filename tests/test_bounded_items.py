@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import TaskStatus
-from agentq.storage.store import Store
+from agentq.storage.container import Storage
 from agentq.core.tools import ToolRegistry
 
 from tests.helpers import call, scripted
@@ -28,16 +28,16 @@ def _item_bytes(item: dict) -> int:  # type: ignore[type-arg]
     return size
 
 
-def test_300_steps_of_50kb_tool_outputs_keep_every_item_bounded(store: Store, registry: ToolRegistry) -> None:
+def test_300_steps_of_50kb_tool_outputs_keep_every_item_bounded(store: Storage, registry: ToolRegistry) -> None:
     turns = [{"text": f"step {i}", "tool_calls": [call("lookup", query=str(i), size=50_000)]} for i in range(150)]
     turns.append({"text": "finished"})
-    task = store.create_task(
+    task = store.tasks.create(
         scripted(turns, tools=["lookup"], max_tokens=900_000_000, max_steps=200), tenant="t"
     )
-    meta_before = _item_bytes(next(i for i in store.raw_items(task.task_id) if i["sk"]["S"] == "META"))
+    meta_before = _item_bytes(next(i for i in store.steps.raw_items(task.task_id) if i["sk"]["S"] == "META"))
     result = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=60)).run(task.task_id)
     assert result.status is TaskStatus.SUCCEEDED
-    items = store.raw_items(task.task_id)
+    items = store.steps.raw_items(task.task_id)
     steps = [i for i in items if i["sk"]["S"].startswith("STEP#")]
     assert len(steps) == 301
     sizes = [_item_bytes(i) for i in items]
@@ -48,16 +48,16 @@ def test_300_steps_of_50kb_tool_outputs_keep_every_item_bounded(store: Store, re
     assert _item_bytes(meta) - meta_before < 1024
 
 
-def test_a_payload_over_the_threshold_goes_to_s3_behind_a_pointer(store: Store, registry: ToolRegistry) -> None:
+def test_a_payload_over_the_threshold_goes_to_s3_behind_a_pointer(store: Storage, registry: ToolRegistry) -> None:
     turns = [
         {"text": "big", "tool_calls": [call("lookup", query="a", size=50_000), call("lookup", query="b", size=50_000)]},
         {"text": "done"},
     ]
-    task = store.create_task(scripted(turns, tools=["lookup"]), tenant="t")
+    task = store.tasks.create(scripted(turns, tools=["lookup"]), tenant="t")
     Engine(store, worker_id="w", tools=registry).run(task.task_id)
-    items = {i["sk"]["S"]: i for i in store.raw_items(task.task_id)}
+    items = {i["sk"]["S"]: i for i in store.steps.raw_items(task.task_id)}
     tools_item = items["STEP#000002"]
     assert "ref" in tools_item and "body" not in tools_item  # 100 KB of results: offloaded
     assert _item_bytes(tools_item) < 1024
-    step = store.load_steps(task.task_id)[1].body
+    step = store.steps.load(task.task_id)[1].body
     assert [len(r.content) for r in step.results] == [50_000, 50_000]  # type: ignore[union-attr]

@@ -8,7 +8,7 @@ import sys
 import time
 
 from agentq.runtime import Settings
-from agentq.storage.store import Store
+from agentq.storage.container import Storage
 
 from tests.conftest import child_env
 from tests.helpers import scripted
@@ -19,10 +19,10 @@ ATTEMPTS = 4
 CAP = 20_000  # demand is 20 * 4 * 700 = 56,000 tokens, almost three times the cap
 
 
-def test_twenty_processes_reserving_at_once_never_push_the_root_past_its_cap(settings: Settings, store: Store) -> None:
-    root = store.create_task(scripted([{"text": "root"}], max_tokens=CAP), tenant="t")
+def test_twenty_processes_reserving_at_once_never_push_the_root_past_its_cap(settings: Settings, store: Storage) -> None:
+    root = store.tasks.create(scripted([{"text": "root"}], max_tokens=CAP), tenant="t")
     children = [
-        store.create_task(scripted([{"text": "child"}]), tenant="t", root_id=root.task_id, parent_id=root.task_id, depth=1)
+        store.tasks.create(scripted([{"text": "child"}]), tenant="t", root_id=root.task_id, parent_id=root.task_id, depth=1)
         for _ in range(PROCESSES)
     ]
     start_at = time.time() + 4.0  # every process is up and has claimed before the gun
@@ -43,7 +43,7 @@ def test_twenty_processes_reserving_at_once_never_push_the_root_past_its_cap(set
         reports.append(json.loads(out.strip().splitlines()[-1]))
 
     granted = sum(r["granted"] for r in reports)
-    budget = store.get_budget(root.task_id)
+    budget = store.budgets.get(root.task_id)
     # Never past the cap, and no lost update either: exactly as many grants as fit.
     assert granted * AMOUNT <= CAP
     assert granted == CAP // AMOUNT

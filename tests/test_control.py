@@ -15,7 +15,7 @@ from agentq.core.errors import IllegalTransition, TaskNotFound, ValidationError
 from agentq.local.stack import LocalStack
 from agentq.core.models import LLMStep, Task, TaskStatus, ToolsStep
 from agentq.runtime import build_fanout, build_registry
-from agentq.storage.store import Store
+from agentq.storage.container import Storage
 from agentq.control.submit import submit
 
 from tests.helpers import call, scripted
@@ -35,9 +35,9 @@ def _submit(stack: LocalStack, sub: Any) -> Task:
     return submit(stack.store(), build_registry(stack.settings), sub, tenant="t", queues=stack.queues())
 
 
-def _until(store: Store, task_id: str, pred: Any, timeout: float = 60) -> Task:
+def _until(store: Storage, task_id: str, pred: Any, timeout: float = 60) -> Task:
     deadline = time.monotonic() + timeout
-    while not pred(task := store.get_task(task_id)):
+    while not pred(task := store.tasks.get(task_id)):
         assert time.monotonic() < deadline, f"task {task_id} stuck in {task.status.value} at step {task.step}"
         time.sleep(0.05)
     return task
@@ -49,23 +49,23 @@ def test_cancel_mid_fan_out_stops_the_whole_subtree_and_keeps_partial_results(st
     root = _submit(stack, scripted([{"text": "fan out", "tool_calls": [call("spawn_subagents", subagents=slow, max_concurrency=2)]}, {"text": "never"}],
                                    tools=["spawn_subagents", "lookup"], max_tokens=400_000))  # fmt: skip
     _until(store, root.task_id, lambda t: t.status is TaskStatus.WAITING)
-    children = control.subtree(store, store.get_task(root.task_id))[1:]
+    children = control.subtree(store, store.tasks.get(root.task_id))[1:]
     _until(store, children[0].task_id, lambda t: t.step >= 3)
 
     cancelled = control.cancel(store, root.task_id, fanout=build_fanout(stack.settings))  # type: ignore[arg-type]
     assert root.task_id in cancelled and len(cancelled) == 5
     time.sleep(2.5)  # let running workers reach their next step boundary, pending children their message
-    tree = control.subtree(store, store.get_task(root.task_id))
+    tree = control.subtree(store, store.tasks.get(root.task_id))
     assert all(t.status is TaskStatus.CANCELLED for t in tree)
     steps_then = {t.task_id: t.step for t in tree}
     time.sleep(1.5)
-    assert {t.task_id: t.step for t in control.subtree(store, store.get_task(root.task_id))} == steps_then  # nobody writes on
-    started = [t for t in tree[1:] if t.claims]
-    never_started = [t for t in tree[1:] if not t.claims]
+    assert {t.task_id: t.step for t in control.subtree(store, store.tasks.get(root.task_id))} == steps_then  # nobody writes on
+    started = [t for t in tree[1:] if t.claim_count]
+    never_started = [t for t in tree[1:] if not t.claim_count]
     assert len(started) == 2 and len(never_started) == 2  # max_concurrency 2: the others never ran
     assert all(t.result and t.result.startswith("slow") for t in started)  # partial results kept
-    budget = store.get_budget(root.task_id)
-    every_call = sum(s.body.usage.total for t in tree for s in store.load_steps(t.task_id) if isinstance(s.body, LLMStep))
+    budget = store.budgets.get(root.task_id)
+    every_call = sum(s.body.usage.total for t in tree for s in store.steps.load(t.task_id) if isinstance(s.body, LLMStep))
     assert budget.used >= every_call and budget.used <= budget.cap  # in-flight calls of stopped workers count too
     with pytest.raises(IllegalTransition, match="already cancelled"):
         control.cancel(store, root.task_id)
@@ -82,14 +82,14 @@ def test_request_approval_pauses_without_a_worker_and_the_decision_resumes_the_t
     paused = _until(store, task.task_id, lambda t: t.status is TaskStatus.PAUSED)
     assert paused.lease_expires == 0 and paused.step == 1  # no worker holds it; the ask is committed
     time.sleep(1.0)
-    assert store.get_task(task.task_id).status is TaskStatus.PAUSED
+    assert store.tasks.get(task.task_id).status is TaskStatus.PAUSED
     with pytest.raises(TaskNotFound):
         control.decide(store, queues, task.task_id, approved=True, tenant="someone-else")
 
     control.decide(store, queues, task.task_id, approved=approved, note="checked the invoice", by="alice")
     final = _until(store, task.task_id, lambda t: t.status.terminal)
     assert final.status is TaskStatus.SUCCEEDED
-    results = store.load_steps(task.task_id)[1].body.results  # type: ignore[union-attr]
+    results = store.steps.load(task.task_id)[1].body.results  # type: ignore[union-attr]
     verdict = "APPROVED" if approved else "REJECTED"
     assert results[0].content == f"{verdict} by alice: checked the invoice"
     assert results[1].name == "charge_card" and results[1].content.startswith("charged 500000 cents")
@@ -103,16 +103,16 @@ def test_a_budget_raise_resumes_a_cost_exceeded_task_from_its_checkpoint(stack: 
     task = _submit(stack, scripted(turns, tools=["lookup"], max_tokens=4000, max_output_tokens=200))
     stopped = _until(store, task.task_id, lambda t: t.status.terminal)
     assert stopped.status is TaskStatus.COST_EXCEEDED
-    before = store.load_steps(task.task_id)
+    before = store.steps.load(task.task_id)
     with pytest.raises(ValidationError):
         control.raise_budget(store, queues, task.task_id, add_tokens=0)
 
     control.raise_budget(store, queues, task.task_id, add_tokens=100_000)
     final = _until(store, task.task_id, lambda t: t.status.terminal)
     assert final.status is TaskStatus.SUCCEEDED and final.result == "finished" and final.error is None
-    after = store.load_steps(task.task_id)
+    after = store.steps.load(task.task_id)
     assert after[: len(before)] == before
-    budget = store.get_budget(task.task_id)
+    budget = store.budgets.get(task.task_id)
     assert budget.cap == 104_000 and budget.used == sum(s.body.usage.total for s in after if isinstance(s.body, LLMStep))
 
 
@@ -134,7 +134,7 @@ def test_fork_from_step_n_with_another_model_reuses_history_and_never_repeats_it
                         overrides={"model": "claude-haiku-4-5", "script": other_script})  # fmt: skip
     final = _until(store, fork.task_id, lambda t: t.status.terminal)
     assert final.status is TaskStatus.SUCCEEDED and final.result == "forked ending"
-    src_steps, fork_steps = store.load_steps(source.task_id), store.load_steps(fork.task_id)
+    src_steps, fork_steps = store.steps.load(source.task_id), store.steps.load(fork.task_id)
     assert [s.body for s in fork_steps[:2]] == [s.body for s in src_steps[:2]]  # copied, not re-run
     assert fork_steps[2].body.model == "claude-haiku-4-5"  # type: ignore[union-attr]
     assert json.dumps(fork_steps[2].body.content).count("a different look") == 1  # type: ignore[union-attr]

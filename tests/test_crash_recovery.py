@@ -17,7 +17,7 @@ from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import LLMStep, StepRecord, TaskStatus, ToolsStep
 from agentq.resources import ResourceNames, provision
 from agentq.runtime import Settings, build_registry, build_store, session
-from agentq.storage.store import Store
+from agentq.storage.container import Storage
 
 from tests.conftest import child_env
 from tests.helpers import call, scripted
@@ -75,11 +75,11 @@ def _baseline(settings: Settings, ledger: Path, monkeypatch: pytest.MonkeyPatch)
     that is then dropped and made anew for the crash run."""
     monkeypatch.setenv("AGENTQ_TEST_LEDGER", str(ledger))
     store = build_store(settings)
-    store.create_task(scripted(TURNS, tools=TOOLS), tenant="t", task_id=TASK_ID)
+    store.tasks.create(scripted(TURNS, tools=TOOLS), tenant="t", task_id=TASK_ID)
     result = Engine(store, worker_id="baseline", tools=build_registry(settings), config=EngineConfig(lease_seconds=5)).run(TASK_ID)
     assert result.status is TaskStatus.SUCCEEDED
-    shape = _shape(store.load_steps(TASK_ID))
-    store.ddb.delete_table(TableName=settings.table)
+    shape = _shape(store.steps.load(TASK_ID))
+    store.table.client.delete_table(TableName=settings.table)
     provision(session(settings), ResourceNames(table=settings.table, bucket=settings.bucket), endpoint_url=settings.endpoint_url)
     return shape
 
@@ -89,13 +89,13 @@ def test_killed_worker_resumes_to_the_same_conversation_without_repeating_effect
     crash_at: str, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     expected = _baseline(settings, tmp_path / "baseline-ledger.jsonl", monkeypatch)
-    store: Store = build_store(settings)
-    store.create_task(scripted(TURNS, tools=TOOLS), tenant="t", task_id=TASK_ID)
+    store: Storage = build_store(settings)
+    store.tasks.create(scripted(TURNS, tools=TOOLS), tenant="t", task_id=TASK_ID)
     ledger = tmp_path / "ledger.jsonl"
 
     crashed = _worker(settings, {"AGENTQ_CRASH_AT": crash_at, "AGENTQ_TEST_LEDGER": str(ledger)}, wait=0)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
-    before = store.load_steps(TASK_ID)
+    before = store.steps.load(TASK_ID)
 
     resumed = _worker(settings, {"AGENTQ_TEST_LEDGER": str(ledger)}, wait=20)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
@@ -106,7 +106,7 @@ def test_killed_worker_resumes_to_the_same_conversation_without_repeating_effect
     else:
         assert report["resumed_from_step"] == len(before)
 
-    after = store.load_steps(TASK_ID)
+    after = store.steps.load(TASK_ID)
     # Resume, not restart: every step committed before the kill survives unchanged.
     assert after[: len(before)] == before
     assert all(s.epoch == 1 for s in before) and all(s.epoch == 2 for s in after[len(before) :])
@@ -129,7 +129,7 @@ def test_killed_worker_resumes_to_the_same_conversation_without_repeating_effect
         assert shape == expected
         assert len(charges) == 2
 
-    budget = store.get_budget(TASK_ID)
+    budget = store.budgets.get(TASK_ID)
     llm_usage = sum(s.body.usage.total for s in after if isinstance(s.body, LLMStep))
     assert budget.reserved == 0
     assert budget.used == llm_usage  # exactly the committed calls' reported usage

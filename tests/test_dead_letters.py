@@ -52,7 +52,7 @@ def _depth(queues: TaskQueues, url: str) -> int:
 
 
 def _table_items(settings: Settings, store: Any) -> list[dict[str, Any]]:
-    return list(store.ddb.scan(TableName=settings.table, ConsistentRead=True)["Items"])
+    return list(store.table.client.scan(TableName=settings.table, ConsistentRead=True)["Items"])
 
 
 @contextmanager
@@ -144,7 +144,7 @@ def _fail_into_dlq(settings: Settings, fake: FakeMessagesAPI) -> str:
     store = build_store(settings)
     queues = build_queues(settings)
     task = submit(store, build_registry(settings), _submission(), tenant="t", queues=queues)
-    _wait_for(lambda: store.get_task(task.task_id).status is TaskStatus.FAILED, what="task failed")
+    _wait_for(lambda: store.tasks.get(task.task_id).status is TaskStatus.FAILED, what="task failed")
     _wait_for(lambda: _depth(queues, queues.dlq_url(TIER)) == 1, what="message in the DLQ")
     return task.task_id
 
@@ -166,17 +166,17 @@ def test_a_task_that_keeps_failing_retryably_ends_failed_with_its_error_in_the_d
     kinds = [a.kind for _, a in applied if a.task_id == task_id]
     assert kinds == ["retry"] * (MAX_RECEIVES - 1) + ["dead_letter"]
 
-    task = store.get_task(task_id)
+    task = store.tasks.get(task_id)
     assert task.status is TaskStatus.FAILED
     assert task.error is not None
     assert task.error["code"] == "provider_error" and task.error["status_code"] == 529
     assert "overloaded (529)" in task.error["message"]
     assert task.error["attempts"] == MAX_RECEIVES
-    assert len(task.claims) == MAX_RECEIVES and task.lease_expires == 0
-    assert store.get_budget(task_id).reserved == 0  # the failed calls hold no tokens
+    assert task.claim_count == MAX_RECEIVES and task.lease_expires == 0
+    assert store.budgets.get(task_id).reserved == 0  # the failed calls hold no tokens
 
     # No step lost: the turn committed before the failures is still there, as committed.
-    steps = store.load_steps(task_id)
+    steps = store.steps.load(task_id)
     assert [(s.number, s.epoch, s.body.kind) for s in steps] == [(1, 1, "llm"), (2, 1, "tools")]
     assert isinstance(steps[0].body, LLMStep) and steps[0].body.tool_uses()[0]["name"] == "lookup"
     assert isinstance(steps[1].body, ToolsStep) and steps[1].body.results[0].content.startswith("result for x")
@@ -199,8 +199,8 @@ def test_a_redriven_task_resumes_from_its_checkpoint_and_succeeds(moto_server: M
 
             reports = redrive(queues)
             def resumed_and_done() -> bool:
-                task = store.get_task(task_id)
-                return task.status.terminal and len(task.claims) > MAX_RECEIVES
+                task = store.tasks.get(task_id)
+                return task.status.terminal and task.claim_count > MAX_RECEIVES
 
             _wait_for(resumed_and_done, what="the task claimed again and finished")
             _wait_for(lambda: _depth(queues, queues.url(TIER)) == 0, what="the source queue emptied")
@@ -212,12 +212,12 @@ def test_a_redriven_task_resumes_from_its_checkpoint_and_succeeds(moto_server: M
     assert {r.method for r in reports} == {"receive/send/delete"}
     assert {r.tier: r.moved for r in reports} == {tier: int(tier == TIER) for tier in ("high", "normal", "low")}
 
-    final = store.get_task(task_id)
+    final = store.tasks.get(task_id)
     assert final.status is TaskStatus.SUCCEEDED and final.result == "the answer, at last"
     runs = [a.run for _, a in applied if a.task_id == task_id and a.run is not None and a.run.outcome == "finished"]
     assert len(runs) == 1 and runs[0].resumed_from_step == 2
 
-    steps = store.load_steps(task_id)
+    steps = store.steps.load(task_id)
     redrive_epoch = MAX_RECEIVES + 1
     assert [(s.number, s.epoch, s.body.kind) for s in steps] == [(1, 1, "llm"), (2, 1, "tools"), (3, redrive_epoch, "llm")]
     # The resumed call saw the conversation rebuilt from the checkpoint, not a fresh start.
@@ -226,7 +226,7 @@ def test_a_redriven_task_resumes_from_its_checkpoint_and_succeeds(moto_server: M
 
     assert list_dead_letters(queues, store) == []
     assert _depth(queues, queues.dlq_url(TIER)) == 0
-    budget = store.get_budget(task_id)
+    budget = store.budgets.get(task_id)
     assert budget.reserved == 0 and budget.used == final.tokens_in + final.tokens_out
     # the redrive requeued it "from its checkpoint, error cleared": a success shows no failure
     assert final.error is None, f"a succeeded task still carries the error of its failure: {final.error}"
@@ -245,7 +245,7 @@ def test_the_dlq_cli_lists_dead_letters_as_json_and_redrives_them(moto_server: M
     settings = _deployment(moto_server)
     store = build_store(settings)
     queues = build_queues(settings)
-    task = store.create_task(_submission(), tenant="t")
+    task = store.tasks.create(_submission(), tenant="t")
     task_body = TaskMessage(task_id=task.task_id).model_dump_json()
     queues.dead_letter("normal", task_body, "failed after 5 attempts: anthropic overloaded (529)")
     queues.dead_letter("low", "garbage", "poison: not a task message (Invalid JSON)")

@@ -17,7 +17,7 @@ from agentq.local.moto_server import MotoServer
 from agentq.core.models import Constraints, TaskStatus, TaskSubmission
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_store, session
-from agentq.storage.store import Store
+from agentq.storage.container import Storage
 from agentq.storage.tenant_windows import TenantLimits, TenantWindows
 from agentq.core.tools import ToolRegistry
 
@@ -81,7 +81,7 @@ def test_defaults_travel_to_child_processes_through_settings_env(monkeypatch: py
 
 
 @pytest.fixture(scope="module")
-def api(moto_server: MotoServer) -> Iterator[tuple[Any, Store]]:
+def api(moto_server: MotoServer) -> Iterator[tuple[Any, Storage]]:
     settings = Settings.for_prefix(f"d{uuid.uuid4().hex[:10]}", moto_server.endpoint_url)
     provision(session(settings), settings.names, endpoint_url=settings.endpoint_url, queues=QueueSettings())
     mp = pytest.MonkeyPatch()
@@ -99,25 +99,25 @@ def _post(handler: Any, body: dict[str, Any], **headers: str) -> tuple[int, dict
     return resp["statusCode"], json.loads(resp["body"])
 
 
-def test_the_api_gives_a_bare_submission_the_deployment_budget(api: tuple[Any, Store]) -> None:
+def test_the_api_gives_a_bare_submission_the_deployment_budget(api: tuple[Any, Storage]) -> None:
     handler, store = api
     status, data = _post(handler, SUB)
     assert status == 202, data
-    task = store.get_task(data["task_id"])
+    task = store.tasks.get(data["task_id"])
     assert (task.submission.constraints.max_tokens, task.submission.constraints.max_steps) == (12345, 7)
     assert task.submission.constraints.timeout_seconds == 600
-    assert store.get_budget(task.task_id).cap == 12345  # the budget item holds the default cap
+    assert store.budgets.get(task.task_id).cap == 12345  # the budget item holds the default cap
 
 
-def test_the_api_keeps_what_the_caller_sent(api: tuple[Any, Store]) -> None:
+def test_the_api_keeps_what_the_caller_sent(api: tuple[Any, Storage]) -> None:
     handler, store = api
     status, data = _post(handler, {**SUB, "constraints": {"max_tokens": 999, "max_steps": 2}})
     assert status == 202, data
-    constraints = store.get_task(data["task_id"]).submission.constraints
+    constraints = store.tasks.get(data["task_id"]).submission.constraints
     assert (constraints.max_tokens, constraints.max_steps, constraints.timeout_seconds) == (999, 2, 600)
 
 
-def test_an_idempotent_retry_of_a_bare_submission_replays_the_same_task(api: tuple[Any, Store]) -> None:
+def test_an_idempotent_retry_of_a_bare_submission_replays_the_same_task(api: tuple[Any, Storage]) -> None:
     handler, _ = api
     key = f"k-{uuid.uuid4().hex}"
     first = _post(handler, SUB, **{"Idempotency-Key": key})
@@ -129,21 +129,21 @@ def test_an_idempotent_retry_of_a_bare_submission_replays_the_same_task(api: tup
 # ------------------------------------------------------------------ tenant cap
 
 
-def test_a_tenant_without_limits_gets_the_default_cap_and_its_own_limits_win(store: Store, registry: ToolRegistry) -> None:
+def test_a_tenant_without_limits_gets_the_default_cap_and_its_own_limits_win(store: Storage, registry: ToolRegistry) -> None:
     default = TenantLimits(hourly_tokens=2_000)
-    windows = TenantWindows(store.ddb, store.table, default=default)
+    windows = TenantWindows(store.table, default=default)
     assert windows.limits("nobody") == default
     windows.set_limits("vip", TenantLimits(hourly_tokens=1_000_000))
     assert windows.limits("vip") == TenantLimits(hourly_tokens=1_000_000)
 
     turns = [{"text": f"turn {i}", "tool_calls": [call("lookup", query=str(i), size=400)]} for i in range(8)] + [{"text": "done"}]
     engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=5, default_tenant_limits=default))
-    capped = store.create_task(scripted(turns, tools=["lookup"], max_output_tokens=300), tenant=f"new-{uuid.uuid4().hex[:6]}")
+    capped = store.tasks.create(scripted(turns, tools=["lookup"], max_output_tokens=300), tenant=f"new-{uuid.uuid4().hex[:6]}")
     result = engine.run(capped.task_id)
     assert result.outcome == "retry" and result.error is not None and result.error["code"] == "tenant_hourly_cap"
-    assert TenantWindows(store.ddb, store.table).usage(capped.tenant)["used"] <= 2_000
+    assert TenantWindows(store.table).usage(capped.tenant)["used"] <= 2_000
 
-    free = store.create_task(scripted(turns, tools=["lookup"], max_output_tokens=300), tenant="vip")
+    free = store.tasks.create(scripted(turns, tools=["lookup"], max_output_tokens=300), tenant="vip")
     assert engine.run(free.task_id).status is TaskStatus.SUCCEEDED
 
 

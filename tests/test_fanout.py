@@ -12,7 +12,7 @@ import pytest
 from agentq.local.stack import LocalStack
 from agentq.core.models import LLMStep, Task, TaskStatus, ToolsStep
 from agentq.runtime import build_registry
-from agentq.storage.store import Store
+from agentq.storage.container import Storage
 from agentq.control.submit import submit
 
 from tests.helpers import call, scripted
@@ -34,32 +34,32 @@ def child(i: int) -> dict[str, Any]:
     }
 
 
-def _wait(store: Store, task_id: str, timeout: float = 90) -> Task:
+def _wait(store: Storage, task_id: str, timeout: float = 90) -> Task:
     deadline = time.monotonic() + timeout
-    while not (task := store.get_task(task_id)).status.terminal:
+    while not (task := store.tasks.get(task_id)).status.terminal:
         assert time.monotonic() < deadline, f"task still {task.status.value}"
         time.sleep(0.1)
     return task
 
 
-def _tree(store: Store, root_id: str) -> list[Task]:
-    found = [store.get_task(root_id)]
+def _tree(store: Storage, root_id: str) -> list[Task]:
+    found = [store.tasks.get(root_id)]
     i = 0
     while i < len(found):
-        for record in store.load_steps(found[i].task_id):
+        for record in store.steps.load(found[i].task_id):
             if isinstance(record.body, ToolsStep):
                 for r in record.body.results:
                     if r.name == "spawn_subagents" and not r.is_error:
-                        found += store.get_tasks([s["task_id"] for s in json.loads(r.content)["subagents"]])
+                        found += store.tasks.get_many([s["task_id"] for s in json.loads(r.content)["subagents"]])
         i += 1
     return found
 
 
-def _every_call(store: Store, tree: list[Task]) -> int:
+def _every_call(store: Storage, tree: list[Task]) -> int:
     """Usage of every LLM call in the tree: committed steps, plus calls whose worker lost its
     lease before committing (kept in the trace as orphans; they were paid for)."""
-    committed = sum(s.body.usage.total for t in tree for s in store.load_steps(t.task_id) if isinstance(s.body, LLMStep))
-    return committed + sum(c.usage.total for t in tree for c in store.orphan_calls(t.task_id))
+    committed = sum(s.body.usage.total for t in tree for s in store.steps.load(t.task_id) if isinstance(s.body, LLMStep))
+    return committed + sum(c.usage.total for t in tree for c in [o.call for o in store.steps.orphans(t.task_id)])
 
 
 @pytest.fixture(scope="module")
@@ -79,12 +79,12 @@ def test_a_two_level_tree_completes_and_the_root_ledger_equals_every_call_in_it(
     final = _wait(store, root.task_id)
     assert final.status is TaskStatus.SUCCEEDED and final.result == "root summary"
 
-    steps = store.load_steps(root.task_id)
+    steps = store.steps.load(root.task_id)
     assert [s.body.kind for s in steps] == ["llm", "tools", "llm"]
     spawn_result = json.loads(steps[1].body.results[0].content)  # type: ignore[union-attr]
     assert [e["status"] for e in spawn_result["subagents"]] == ["succeeded"] * 5
     assert [e["result"] for e in spawn_result["subagents"]] == [f"child {i} summary" for i in range(5)]
-    assert len(final.claims) == 2  # submitted once, woken once with every result
+    assert final.claim_count == 2  # submitted once, woken once with every result
 
     tree = _tree(store, root.task_id)
     assert len(tree) == 1 + 5 + 10
@@ -93,7 +93,7 @@ def test_a_two_level_tree_completes_and_the_root_ledger_equals_every_call_in_it(
     assert {t.root_id for t in tree} == {root.task_id}
     assert all(t.task_token for t in tree[1:])  # every child was run by the Step Functions callback
     every_call = _every_call(store, tree)
-    budget = store.get_budget(root.task_id)
+    budget = store.budgets.get(root.task_id)
     assert budget.used == every_call
     assert budget.reserved == 0 and budget.available == budget.cap - every_call
 
@@ -113,12 +113,12 @@ def test_spawning_past_the_limits_is_an_error_result_not_a_silent_cap(stack: Loc
     root = submit(store, build_registry(stack.settings), sub, tenant="t", queues=stack.queues())
     final = _wait(store, root.task_id)
     assert final.status is TaskStatus.SUCCEEDED
-    errors = [s.body.results[0] for s in store.load_steps(root.task_id) if isinstance(s.body, ToolsStep)]
+    errors = [s.body.results[0] for s in store.steps.load(root.task_id) if isinstance(s.body, ToolsStep)]
     assert all(e.is_error for e in errors)
     assert "4 sub-agents requested, max_fanout is 3" in errors[0].content
     assert "token shares total 10000000" in errors[1].content
     assert "asks for tool 'python_exec'" in errors[2].content
-    assert store.get_budget(root.task_id).reserved == 0
+    assert store.budgets.get(root.task_id).reserved == 0
 
 
 def test_depth_past_max_depth_is_refused(stack: LocalStack) -> None:
@@ -129,7 +129,7 @@ def test_depth_past_max_depth_is_refused(stack: LocalStack) -> None:
     sub.constraints.max_depth = 0
     root = submit(store, build_registry(stack.settings), sub, tenant="t", queues=stack.queues())
     _wait(store, root.task_id)
-    result = store.load_steps(root.task_id)[1].body.results[0]  # type: ignore[union-attr]
+    result = store.steps.load(root.task_id)[1].body.results[0]  # type: ignore[union-attr]
     assert result.is_error and "max_depth is 0" in result.content
 
 
@@ -147,17 +147,17 @@ def test_a_child_past_its_deadline_becomes_timeout_and_a_child_over_budget_keeps
     root = submit(store, build_registry(stack.settings), sub, tenant="t", queues=stack.queues())
     final = _wait(store, root.task_id)
     assert final.status is TaskStatus.SUCCEEDED and final.result == "carried on with what it had"
-    entries = json.loads(store.load_steps(root.task_id)[1].body.results[0].content)["subagents"]  # type: ignore[union-attr]
+    entries = json.loads(store.steps.load(root.task_id)[1].body.results[0].content)["subagents"]  # type: ignore[union-attr]
     by_goal = {e["goal"]: e for e in entries}
     assert by_goal["slow"]["status"] == "timed_out" and by_goal["slow"]["result"].startswith("[timeout]")
-    slow_steps = store.load_steps(by_goal["slow"]["task_id"])
+    slow_steps = store.steps.load(by_goal["slow"]["task_id"])
     if any(isinstance(st.body, LLMStep) for st in slow_steps):  # it got going before its deadline
         assert by_goal["slow"]["result"].startswith("[timeout] partial result: s")
     assert by_goal["greedy"]["status"] == "cost_exceeded" and by_goal["greedy"]["result"].startswith("thinking")
     assert by_goal["quick"] == {**by_goal["quick"], "status": "succeeded", "result": "quick answer"}
-    budget = store.get_budget(root.task_id)
+    budget = store.budgets.get(root.task_id)
     assert budget.reserved == 0 and budget.used <= budget.cap
-    greedy_budget = store.get_budget(by_goal["greedy"]["task_id"])
+    greedy_budget = store.budgets.get(by_goal["greedy"]["task_id"])
     assert greedy_budget.used <= 1500  # a child never spends past its share
 
 
@@ -174,7 +174,7 @@ def test_a_parent_killed_mid_spawn_resumes_without_duplicating_children(stack: L
         {"text": "", "tool_calls": [call("spawn_subagents", subagents=[{"goal": f"c{i}", "script": {"turns": [{"text": f"r{i}"}]}} for i in range(3)])]},
         {"text": "done"},
     ]
-    root = store.create_task(scripted(turns, tools=["spawn_subagents"], max_tokens=30_000), tenant="t")
+    root = store.tasks.create(scripted(turns, tools=["spawn_subagents"], max_tokens=30_000), tenant="t")
     proc = subprocess.run(
         [sys.executable, "-m", "agentq", "run-task", root.task_id, "--lease", "1"],
         env=stack.env(AGENTQ_CRASH_AT="after_spawn_record:1"), capture_output=True, text=True, timeout=60,
@@ -184,9 +184,9 @@ def test_a_parent_killed_mid_spawn_resumes_without_duplicating_children(stack: L
     stack.queues().send(root.task_id, "normal")  # its message would come back; send it now
     final = _wait(store, root.task_id)
     assert final.status is TaskStatus.SUCCEEDED
-    entries = json.loads(store.load_steps(root.task_id)[1].body.results[0].content)["subagents"]  # type: ignore[union-attr]
+    entries = json.loads(store.steps.load(root.task_id)[1].body.results[0].content)["subagents"]  # type: ignore[union-attr]
     assert [e["result"] for e in entries] == ["r0", "r1", "r2"]
-    budget = store.get_budget(root.task_id)
+    budget = store.budgets.get(root.task_id)
     tree = _tree(store, root.task_id)
     assert len(tree) == 4  # three children, created once
     assert budget.used == _every_call(store, tree) and budget.reserved == 0  # shares taken once, settled once
@@ -210,8 +210,8 @@ def test_fifty_subagents_at_once_never_push_the_root_past_its_cap(stack: LocalSt
     assert len(tree) == 51
     assert {t.status for t in tree[1:]} == {TaskStatus.COST_EXCEEDED}
     for child_task in tree[1:]:
-        assert store.get_budget(child_task.task_id).used <= 900
-    budget = store.get_budget(root.task_id)
+        assert store.budgets.get(child_task.task_id).used <= 900
+    budget = store.budgets.get(root.task_id)
     assert budget.used == _every_call(store, tree) <= budget.cap and budget.reserved == 0
 
 
@@ -226,9 +226,9 @@ def test_a_child_whose_worker_is_killed_mid_step_resumes_and_the_fan_out_complet
     root = submit(store, build_registry(stack.settings), scripted(turns, tools=["spawn_subagents", "note_write"], max_tokens=100_000), tenant="t", queues=stack.queues())
     deadline = time.monotonic() + 60
     while True:
-        kids = [t for t in _tree(store, root.task_id)[1:]] or store.get_tasks([])
-        spawn = store.list_spawns(root.task_id)
-        victim = store.get_task(spawn[0]["children"][0]) if spawn and spawn[0].get("state") == "created" else None
+        kids = [t for t in _tree(store, root.task_id)[1:]] or store.tasks.get_many([])
+        spawn = store.spawns.list(root.task_id)
+        victim = store.tasks.get(spawn[0].children[0]) if spawn and spawn[0].state == "created" else None
         if victim is not None and victim.step >= 4 and victim.lease_owner:
             break
         assert time.monotonic() < deadline
@@ -239,8 +239,8 @@ def test_a_child_whose_worker_is_killed_mid_step_resumes_and_the_fan_out_complet
     stack.spawn_worker()  # keep two workers alive for the tests after this one
     final = _wait(store, root.task_id)
     assert final.status is TaskStatus.SUCCEEDED and final.result == "all back"
-    child_final = store.get_task(victim.task_id)
-    assert child_final.status is TaskStatus.SUCCEEDED and len(child_final.claims) >= 2
-    assert child_final.claims[-1]["worker"] != victim.lease_owner
-    assert [s.number for s in store.load_steps(victim.task_id)] == list(range(1, 18))
+    child_final = store.tasks.get(victim.task_id)
+    assert child_final.status is TaskStatus.SUCCEEDED and child_final.claim_count >= 2
+    assert store.tasks.claims(victim.task_id)[-1].worker != victim.lease_owner
+    assert [s.number for s in store.steps.load(victim.task_id)] == list(range(1, 18))
     del kids

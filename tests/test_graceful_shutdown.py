@@ -25,7 +25,7 @@ from agentq.local.moto_server import MotoServer
 from agentq.core.models import TaskStatus, TaskSubmission
 from agentq.queueing.queues import TaskQueues
 from agentq.runtime import Settings, build_queues, build_registry, build_store
-from agentq.storage.store import Store
+from agentq.storage.container import Storage
 from agentq.control.submit import submit
 from agentq.queueing.worker import Worker, WorkerConfig
 
@@ -106,8 +106,8 @@ def test_sigterm_ends_tasks_at_a_step_boundary_releases_them_and_the_next_worker
     first = _spawn_worker(settings, ledger)
     second: subprocess.Popen[str] | None = None
     try:
-        _wait_for(lambda: all(store.get_task(t).step >= 2 for t in ids), what="every task two steps in")
-        before = {t: store.load_steps(t) for t in ids}
+        _wait_for(lambda: all(store.tasks.get(t).step >= 2 for t in ids), what="every task two steps in")
+        before = {t: store.steps.load(t) for t in ids}
         first.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         try:
@@ -119,11 +119,11 @@ def test_sigterm_ends_tasks_at_a_step_boundary_releases_them_and_the_next_worker
         assert exit_seconds < 5, f"took {exit_seconds:.1f}s to exit"
         assert "Traceback" not in first_err, first_err[-3000:]
 
-        stopped = {t: store.get_task(t) for t in ids}
+        stopped = {t: store.tasks.get(t) for t in ids}
         unfinished = [t for t in ids if not stopped[t].status.terminal]
         assert unfinished, "every task finished before the SIGTERM took effect: nothing was tested"
         for t in ids:
-            steps = store.load_steps(t)
+            steps = store.steps.load(t)
             assert steps[: len(before[t])] == before[t]  # committed before the SIGTERM: still there, unchanged
             assert [s.number for s in steps] == list(range(1, len(steps) + 1))
             assert stopped[t].step == len(steps)  # no step left half-done
@@ -132,9 +132,9 @@ def test_sigterm_ends_tasks_at_a_step_boundary_releases_them_and_the_next_worker
             assert task.status is TaskStatus.RUNNING
             # released, claimable now (a late heartbeat must not have extended it again)
             assert task.lease_expires == 0, f"lease of {t} held until {task.lease_expires - time.time():+.1f}s from now"
-            assert len(task.claims) == 1
+            assert task.claim_count == 1
             # at most the next call's reservation stays held (the next claim settles it)
-            assert store.get_budget(t).reserved == (task.inflight["amount"] if task.inflight else 0)
+            assert store.budgets.get(t).reserved == (task.inflight["amount"] if task.inflight else 0)
         # one message per unfinished task, visible now: nothing waits out the 30 s visibility
         # (a delayed one would be a heartbeat "safety net" sent for a message deleted on purpose)
         counts = _counts(queues, queues.url(TIER))
@@ -142,8 +142,8 @@ def test_sigterm_ends_tasks_at_a_step_boundary_releases_them_and_the_next_worker
 
         second = _spawn_worker(settings, ledger)
         spawned = time.time()
-        _wait_for(lambda: all(len(store.get_task(t).claims) == 2 for t in unfinished), timeout=15, what="every unfinished task picked up again")
-        _wait_for(lambda: all(store.get_task(t).status.terminal for t in ids), timeout=30, what="all tasks done")
+        _wait_for(lambda: all(store.tasks.get(t).claim_count == 2 for t in unfinished), timeout=15, what="every unfinished task picked up again")
+        _wait_for(lambda: all(store.tasks.get(t).status.terminal for t in ids), timeout=30, what="all tasks done")
     finally:
         if first.poll() is None:
             _stop(first)
@@ -151,14 +151,14 @@ def test_sigterm_ends_tasks_at_a_step_boundary_releases_them_and_the_next_worker
 
     assert second is not None and second.returncode == 0, second_err[-3000:]
     for t in ids:
-        final = store.get_task(t)
+        final = store.tasks.get(t)
         assert final.status is TaskStatus.SUCCEEDED and final.result == "finished"
-        assert store.get_budget(t).reserved == 0 and final.inflight is None
-        steps = store.load_steps(t)
+        assert store.budgets.get(t).reserved == 0 and final.inflight is None
+        steps = store.steps.load(t)
         assert steps[: len(before[t])] == before[t]
         if t in unfinished:
-            resumed_at = final.claims[1]["at"]
-            assert final.claims[1]["worker"].endswith(f":{second.pid}")
+            resumed_at = store.tasks.claims(final.task_id)[1].at
+            assert store.tasks.claims(final.task_id)[1].worker.endswith(f":{second.pid}")
             # process start included; the 30 s visibility would show as >= 30 s
             assert resumed_at - spawned < 6, f"resumed {resumed_at - spawned:.1f}s after the new worker started"
             assert [s.epoch for s in steps] == [1] * stopped[t].step + [2] * (len(steps) - stopped[t].step)
@@ -174,7 +174,7 @@ def test_a_duplicate_message_starts_no_second_execution_and_is_deleted_once_the_
     ledger = tmp_path / "ledger.jsonl"
     monkeypatch.setenv("AGENTQ_TEST_LEDGER", str(ledger))
     settings = _deployment(moto_server)
-    store: Store = build_store(settings)
+    store: Storage = build_store(settings)
     queues = build_queues(settings)
     worker = Worker(settings, WorkerConfig(concurrency=4, lease_seconds=2, heartbeat_seconds=0.5, visibility_seconds=10))
     applied: list[Action] = []
@@ -188,18 +188,18 @@ def test_a_duplicate_message_starts_no_second_execution_and_is_deleted_once_the_
     task_id = submit(store, build_registry(settings), _task(turns=7, latency=0.4), tenant="t", queues=queues).task_id
     worker.start()
     try:
-        _wait_for(lambda: store.get_task(task_id).step >= 1, what="the task running")
+        _wait_for(lambda: store.tasks.get(task_id).step >= 1, what="the task running")
         queues.send(task_id, TIER)  # the duplicate
-        while not (task := store.get_task(task_id)).status.terminal:
-            assert len(task.claims) == 1, f"a second execution started: {task.claims}"
+        while not (task := store.tasks.get(task_id)).status.terminal:
+            assert task.claim_count == 1, f"a second execution started: {store.tasks.claims(task.task_id)}"
             time.sleep(0.1)
         _wait_for(lambda: _counts(queues, queues.url(TIER)) == {"visible": 0, "in_flight": 0, "delayed": 0}, what="the queue empty")
     finally:
         worker.shutdown()
 
-    final = store.get_task(task_id)
-    assert final.status is TaskStatus.SUCCEEDED and len(final.claims) == 1 and final.lease_epoch == 1
-    assert {s.epoch for s in store.load_steps(task_id)} == {1}  # nothing committed under another epoch
+    final = store.tasks.get(task_id)
+    assert final.status is TaskStatus.SUCCEEDED and final.claim_count == 1 and final.lease_epoch == 1
+    assert {s.epoch for s in store.steps.load(task_id)} == {1}  # nothing committed under another epoch
     assert len(_ledger_keys(ledger)) == len(set(_ledger_keys(ledger))) == 7
     ours = [a for a in applied if a.task_id == task_id]
     seen = [(a.kind, a.reason) for a in ours]
@@ -220,14 +220,14 @@ def test_a_heartbeat_that_lands_after_the_release_does_not_revive_the_lease(moto
     the task look held again, or the next worker waits out a lease nobody holds."""
     settings = _deployment(moto_server)
     store = build_store(settings)
-    task = store.create_task(_task(turns=1, latency=0), tenant="t")
-    claimed = store.claim(task.task_id, "w1", 3)
+    task = store.tasks.create(_task(turns=1, latency=0), tenant="t")
+    claimed = store.tasks.claim(task.task_id, "w1", 3)
     assert claimed is not None
     lease, _ = claimed
-    store.release(lease)
+    store.tasks.release(lease)
     try:
-        store.extend_lease(lease, 3)  # the late heartbeat
+        store.tasks.extend_lease(lease, 3)  # the late heartbeat
     except LeaseLost:
         pass  # refusing it is fine too
-    assert store.get_task(task.task_id).lease_expires == 0
-    assert store.claim(task.task_id, "w2", 3) is not None  # the next worker claims at once
+    assert store.tasks.get(task.task_id).lease_expires == 0
+    assert store.tasks.claim(task.task_id, "w2", 3) is not None  # the next worker claims at once

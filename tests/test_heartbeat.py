@@ -27,6 +27,11 @@ class SlowStore:
         self.calls: list[tuple[float, str]] = []
         self._lock = threading.Lock()
 
+    @property
+    def tasks(self) -> SlowStore:
+        """The hub reaches the lease through ``storage.tasks``: this fake is its own repository."""
+        return self
+
     def extend_lease(self, lease: Lease, lease_seconds: float) -> Lease:
         expires = time.time() + lease_seconds  # as the real store: from when the write is sent
         with self._lock:

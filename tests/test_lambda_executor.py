@@ -63,7 +63,7 @@ def test_a_task_longer_than_the_time_slice_completes_across_invocations(stack: t
 
     invocations, kinds = 0, []
     deadline = time.monotonic() + 60
-    while not store.get_task(task.task_id).status.terminal and time.monotonic() < deadline:
+    while not store.tasks.get(task.task_id).status.terminal and time.monotonic() < deadline:
         got = _invoke_like_lambda(handler, queues, "normal", timeout_seconds=2.2)
         if got is None:
             continue
@@ -72,12 +72,12 @@ def test_a_task_longer_than_the_time_slice_completes_across_invocations(stack: t
         invocations += 1
         kinds += [TaskMessage.model_validate_json(b).kind for b in bodies]
 
-    final = store.get_task(task.task_id)
+    final = store.tasks.get(task.task_id)
     assert final.status is TaskStatus.SUCCEEDED and final.result == "all done"
     assert invocations >= 3  # 7 turns x 0.4 s cannot fit in one 1.2 s slice
     assert kinds[0] == "run" and set(kinds[1:]) == {"continue"}
-    assert len(final.claims) == invocations  # each invocation resumed where the last stopped
-    steps = store.load_steps(task.task_id)
+    assert final.claim_count == invocations  # each invocation resumed where the last stopped
+    steps = store.steps.load(task.task_id)
     assert [s.number for s in steps] == list(range(1, 14))
     epochs = [s.epoch for s in steps]
     assert epochs == sorted(epochs) and len(set(epochs)) >= 3  # committed across several slices, in order
@@ -116,5 +116,5 @@ def test_a_retryable_failure_is_reported_for_that_record_and_the_message_comes_b
     assert json.loads(bodies[0])["task_id"] == task.task_id
     # Backoff: the message is invisible now (not immediately redelivered), the task still runnable.
     assert queues.sqs.receive_message(QueueUrl=queues.url("normal"), WaitTimeSeconds=0).get("Messages") is None
-    meta = store.get_task(task.task_id)
+    meta = store.tasks.get(task.task_id)
     assert meta.status is TaskStatus.RUNNING and meta.lease_expires == 0

@@ -14,7 +14,7 @@ import pytest
 from agentq.core.engine import Engine, EngineConfig, Session
 from agentq.core.errors import LeaseLost
 from agentq.core.models import LLMStep, TaskStatus
-from agentq.storage.store import Store
+from agentq.storage.container import Storage
 
 from tests.helpers import call, scripted
 
@@ -43,45 +43,45 @@ def _llm_step() -> LLMStep:
     )
 
 
-def test_a_commit_moves_lease_expires_forward_in_the_same_single_write(store: Store) -> None:
-    task = store.create_task(scripted([{"text": "x"}]), tenant="t")
-    claimed = store.claim(task.task_id, "w", 2)
+def test_a_commit_moves_lease_expires_forward_in_the_same_single_write(store: Storage) -> None:
+    task = store.tasks.create(scripted([{"text": "x"}]), tenant="t")
+    claimed = store.tasks.claim(task.task_id, "w", 2)
     assert claimed is not None
     lease, _ = claimed
-    calls = CallLog(store.ddb)
+    calls = CallLog(store.table.client)
     until = time.time() + 60
-    store.commit_step(lease, 1, _llm_step(), root_id=task.task_id, lease_until=until)
+    store.steps.commit(lease, 1, _llm_step(), root_id=task.task_id, lease_until=until)
     assert calls.ops == ["TransactWriteItems"]
-    meta = store.get_task(task.task_id)
+    meta = store.tasks.get(task.task_id)
     assert meta.lease_expires == pytest.approx(until) and meta.lease_expires > lease.expires_at + 50
     assert meta.lease_epoch == lease.epoch and meta.step == 1
 
 
-def test_a_commit_under_a_superseded_epoch_still_fails_and_renews_nothing(store: Store) -> None:
-    task = store.create_task(scripted([{"text": "x"}]), tenant="t")
-    old, _ = store.claim(task.task_id, "w1", 0.01)  # type: ignore[misc]
+def test_a_commit_under_a_superseded_epoch_still_fails_and_renews_nothing(store: Storage) -> None:
+    task = store.tasks.create(scripted([{"text": "x"}]), tenant="t")
+    old, _ = store.tasks.claim(task.task_id, "w1", 0.01)  # type: ignore[misc]
     time.sleep(0.05)
-    new, _ = store.claim(task.task_id, "w2", 30)  # type: ignore[misc]
+    new, _ = store.tasks.claim(task.task_id, "w2", 30)  # type: ignore[misc]
     with pytest.raises(LeaseLost):
-        store.commit_step(old, 1, _llm_step(), root_id=task.task_id, lease_until=time.time() + 600)
-    meta = store.get_task(task.task_id)
+        store.steps.commit(old, 1, _llm_step(), root_id=task.task_id, lease_until=time.time() + 600)
+    meta = store.tasks.get(task.task_id)
     assert meta.lease_epoch == new.epoch and meta.lease_expires == pytest.approx(new.expires_at) and meta.step == 0
 
 
-def test_a_finishing_commit_drops_the_lease_whatever_lease_until_says(store: Store) -> None:
-    task = store.create_task(scripted([{"text": "x"}]), tenant="t")
-    lease, _ = store.claim(task.task_id, "w", 30)  # type: ignore[misc]
-    store.commit_step(lease, 1, _llm_step(), root_id=task.task_id, finish=TaskStatus.SUCCEEDED, result="x", lease_until=time.time() + 60)
-    assert store.get_task(task.task_id).lease_expires == 0
+def test_a_finishing_commit_drops_the_lease_whatever_lease_until_says(store: Storage) -> None:
+    task = store.tasks.create(scripted([{"text": "x"}]), tenant="t")
+    lease, _ = store.tasks.claim(task.task_id, "w", 30)  # type: ignore[misc]
+    store.steps.commit(lease, 1, _llm_step(), root_id=task.task_id, finish=TaskStatus.SUCCEEDED, result="x", lease_until=time.time() + 60)
+    assert store.tasks.get(task.task_id).lease_expires == 0
 
 
-def test_a_task_committing_faster_than_its_lease_keeps_it_with_no_heartbeat(store: Store, registry: Any) -> None:
+def test_a_task_committing_faster_than_its_lease_keeps_it_with_no_heartbeat(store: Storage, registry: Any) -> None:
     """Lease 1 s, no heartbeat at all, eleven steps over ~2.5 s: a rival claims in a loop the whole
     time. Without the renewal in each commit the lease would lapse after 1 s and the rival
     would take the task over."""
     turns = [{"text": f"turn {i}", "latency_seconds": 0.35, "tool_calls": [call("lookup", query=str(i))]} for i in range(5)]
     turns.append({"text": "done", "latency_seconds": 0.35})
-    task = store.create_task(scripted(turns, tools=["lookup"]), tenant="t")
+    task = store.tasks.create(scripted(turns, tools=["lookup"]), tenant="t")
     engine = Engine(store, worker_id="w1", tools=registry, config=EngineConfig(lease_seconds=1.0))
     sessions: list[Session] = []
     claimed_lease = []
@@ -96,7 +96,7 @@ def test_a_task_committing_faster_than_its_lease_keeps_it_with_no_heartbeat(stor
 
     def rival() -> None:
         while not stop.is_set():
-            if store.claim(task.task_id, "rival", 30) is not None:
+            if store.tasks.claim(task.task_id, "rival", 30) is not None:
                 rival_won.append(time.time())
                 return
             time.sleep(0.05)
@@ -111,6 +111,6 @@ def test_a_task_committing_faster_than_its_lease_keeps_it_with_no_heartbeat(stor
     assert rival_won == [], "the lease lapsed between commits"
     assert time.monotonic() - began > 2.0  # longer than the lease, or the test proves nothing
     assert result.status is TaskStatus.SUCCEEDED
-    final = store.get_task(task.task_id)
-    assert final.lease_epoch == 1 and len(final.claims) == 1
+    final = store.tasks.get(task.task_id)
+    assert final.lease_epoch == 1 and final.claim_count == 1
     assert sessions[0].lease.expires_at > claimed_lease[0] + 0.5  # the session learned the renewals

@@ -43,7 +43,7 @@ def test_submit_over_http_returns_202_and_the_task_runs_to_its_result(api_stack:
 )
 def test_invalid_submissions_get_a_422_naming_the_field_and_write_nothing(api_stack: ApiStack, payload: Any, field: str) -> None:
     table = api_stack.stack.settings.table  # type: ignore[union-attr]
-    ddb = api_stack.stack.store().ddb
+    ddb = api_stack.stack.store().table.client
     before = ddb.scan(TableName=table, Select="COUNT")["Count"]
     code, body, _ = api_stack.http("POST", "/tasks", payload)
     assert code == 422 and body["error"]["field"] == field and body["error"]["code"] == "validation_error"

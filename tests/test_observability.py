@@ -27,7 +27,7 @@ from agentq.observe.tracing import active_tracer
 from agentq.queueing.queues import TaskQueues
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_queues, build_registry, build_store, session
-from agentq.storage.store import Store
+from agentq.storage.container import Storage
 from agentq.control.submit import submit
 from agentq.core.tools import ToolRegistry, tool
 from agentq.queueing.worker import Worker, WorkerConfig
@@ -53,7 +53,7 @@ def shout_registry(settings: Settings) -> ToolRegistry:
     return registry
 
 
-def engine_for(store: Store, registry: ToolRegistry) -> Engine:
+def engine_for(store: Storage, registry: ToolRegistry) -> Engine:
     return Engine(store, worker_id="obs:1", tools=registry, config=EngineConfig(lease_seconds=5))
 
 
@@ -79,11 +79,11 @@ def metric_total(docs: list[dict[str, Any]], name: str, **dimensions: str) -> fl
     return total
 
 
-def usage_by_model(store: Store, task_ids: list[str]) -> dict[str, tuple[int, int]]:
+def usage_by_model(store: Storage, task_ids: list[str]) -> dict[str, tuple[int, int]]:
     """(tokens in, tokens out) the tasks' committed LLM steps were charged, per model."""
     out: dict[str, tuple[int, int]] = {}
     for task_id in task_ids:
-        for step in store.load_steps(task_id):
+        for step in store.steps.load(task_id):
             if isinstance(step.body, LLMStep):
                 u = step.body.usage
                 tin, tout = out.get(step.body.model, (0, 0))
@@ -107,10 +107,10 @@ def lambda_env(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> Sett
     return settings
 
 
-def _drain_with_executor(handler: Any, queues: TaskQueues, store: Store, task_ids: list[str]) -> None:
+def _drain_with_executor(handler: Any, queues: TaskQueues, store: Storage, task_ids: list[str]) -> None:
     arn = queues.sqs.get_queue_attributes(QueueUrl=queues.url("normal"), AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     deadline = time.monotonic() + 60
-    while not all(store.get_task(t).status.terminal for t in task_ids):
+    while not all(store.tasks.get(t).status.terminal for t in task_ids):
         assert time.monotonic() < deadline, "tasks did not finish"
         messages = queues.sqs.receive_message(
             QueueUrl=queues.url("normal"), MaxNumberOfMessages=1, WaitTimeSeconds=1, AttributeNames=["All"], VisibilityTimeout=30
@@ -144,7 +144,7 @@ def test_the_executor_emits_tokens_per_model_equal_to_what_the_tasks_were_charge
         assert metric_total(docs, names.TOKENS_IN, **dims) == tokens_in > 0
         assert metric_total(docs, names.TOKENS_OUT, **dims) == tokens_out > 0
     executor = {names.SERVICE: names.EXECUTOR}
-    steps = sum(len(store.load_steps(t)) for t in tasks)
+    steps = sum(len(store.steps.load(t)) for t in tasks)
     assert metric_total(docs, names.STEPS_COMMITTED, **executor) == steps == 4
     assert metric_total(docs, names.task_outcome("succeeded"), **executor) == 2
     assert metric_total(docs, names.PICKUP_LATENCY, **executor) > 0
@@ -166,7 +166,7 @@ def test_failing_tool_calls_count_as_tool_errors_under_the_registered_name_or_un
     capsys.readouterr()
     engine_for(store, registry).run(task.task_id)
     docs = emf_documents(capsys.readouterr().out)
-    assert store.get_task(task.task_id).status is TaskStatus.SUCCEEDED
+    assert store.tasks.get(task.task_id).status is TaskStatus.SUCCEEDED
     assert metric_total(docs, names.TOOL_ERRORS, service=names.EXECUTOR, tool="shout") == 2
     assert metric_total(docs, names.TOOL_ERRORS, service=names.EXECUTOR, tool=names.UNREGISTERED_TOOL) == 1
     assert not any("made_up_tool" in json.dumps(doc) for doc in docs)  # the model's words mint no series
@@ -295,7 +295,7 @@ def test_concurrent_tasks_on_the_worker_threads_each_log_their_own_task_id(moto_
     worker = Worker(settings, WorkerConfig(concurrency=4, lease_seconds=3, heartbeat_seconds=0.5, visibility_seconds=10), engine=engine)
     worker.start()
     try:
-        wait_for(lambda: all(store.get_task(t).status is TaskStatus.SUCCEEDED for t in markers.values()), 60, "all three tasks done")
+        wait_for(lambda: all(store.tasks.get(t).status is TaskStatus.SUCCEEDED for t in markers.values()), 60, "all three tasks done")
     finally:
         worker.shutdown()
 
@@ -412,7 +412,7 @@ def test_llm_and_tool_calls_are_subsegments_with_genai_annotations(
     llm = [e for e in entities if e.name == "chat claude-haiku-4-5"]
     tools = [e for e in entities if e.name == "execute_tool shout"]
     assert len(llm) == 2 and len(tools) == 2
-    steps = [s.body for s in store.load_steps(task.task_id) if isinstance(s.body, LLMStep)]
+    steps = [s.body for s in store.steps.load(task.task_id) if isinstance(s.body, LLMStep)]
     for sub, step, number in zip(llm, steps, (1, 3)):
         a = sub.annotations
         assert a["gen_ai_operation_name"] == "chat" and a["gen_ai_request_model"] == "claude-haiku-4-5"

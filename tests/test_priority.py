@@ -184,12 +184,12 @@ def test_low_tasks_submitted_behind_a_high_backlog_are_done_long_before_it_drain
 
     worker = _small_worker(settings).start()
     try:
-        _wait_for(lambda: all(store.get_task(t).status.terminal for t in low), timeout=30, what="the low tasks done")
-        backlog = [t for t in high if not store.get_task(t).claims]  # never picked up yet
+        _wait_for(lambda: all(store.tasks.get(t).status.terminal for t in low), timeout=30, what="the low tasks done")
+        backlog = [t for t in high if not store.tasks.get(t).claim_count]  # never picked up yet
     finally:
         worker.shutdown()
 
-    lows = [store.get_task(t) for t in low]
+    lows = [store.tasks.get(t) for t in low]
     assert all(task.status is TaskStatus.SUCCEEDED for task in lows)
     assert len(backlog) >= 10, f"only {len(backlog)} of 30 high tasks were still queued when the low ones were done"
 
@@ -204,12 +204,12 @@ def test_a_lone_busy_tier_is_not_held_back_by_the_idle_tiers(moto_server: MotoSe
 
     worker = _small_worker(settings).start()
     try:
-        _wait_for(lambda: all(store.get_task(t).status.terminal for t in low), timeout=30, what="the low tasks done")
+        _wait_for(lambda: all(store.tasks.get(t).status.terminal for t in low), timeout=30, what="the low tasks done")
     finally:
         worker.shutdown()
-    tasks = [store.get_task(t) for t in low]
+    tasks = [store.tasks.get(t) for t in low]
     assert all(task.status is TaskStatus.SUCCEEDED for task in tasks)
     # low's share under contention would be 1 of the 3 slots; alone, it gets all 3 at once:
     # every task was claimed before any finished (the idle tiers' pollers held no slot).
-    assert all(len(task.claims) == 1 for task in tasks)
-    assert max(task.claims[0]["at"] for task in tasks) < min(float(task.finished_at or 0) for task in tasks)
+    assert all(task.claim_count == 1 for task in tasks)
+    assert max(float(task.first_claimed_at or 0) for task in tasks) < min(float(task.finished_at or 0) for task in tasks)

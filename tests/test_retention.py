@@ -29,7 +29,10 @@ from agentq.resources import table_definition
 from agentq.control.retention import expired_task_id, purge_task, ttl_removal_pattern
 from agentq.runtime import RETENTION_VARIABLE, Settings, build_registry, build_store, client, retention_days_from_env
 from agentq.storage.serdes import from_item, to_item, to_values
-from agentq.storage.store import DAY_SECONDS, META, Store, budget_pk, payload_prefix, task_pk
+from agentq.storage.container import Storage
+from agentq.storage.dynamodb import DynamoTable
+from agentq.storage.keys import META, budget_pk, payload_prefix, task_pk
+from agentq.storage.tasks import DAY_SECONDS
 
 from tests.helpers import call, scripted
 from tests.lambda_support import FakeLambdaContext, load_handler
@@ -58,12 +61,12 @@ def retained(settings: Settings) -> Settings:
 
 
 @pytest.fixture
-def rstore(retained: Settings) -> Store:
+def rstore(retained: Settings) -> Storage:
     return build_store(retained)
 
 
-def _meta(store: Store, task_id: str) -> dict[str, Any]:
-    resp = store.ddb.get_item(TableName=store.table, Key=to_item({"pk": task_pk(task_id), "sk": META}), ConsistentRead=True)
+def _meta(store: Storage, task_id: str) -> dict[str, Any]:
+    resp = store.table.client.get_item(TableName=store.table.name, Key=to_item({"pk": task_pk(task_id), "sk": META}), ConsistentRead=True)
     return resp["Item"]
 
 
@@ -74,20 +77,20 @@ def _assert_expires_for(item: dict[str, Any], before: float, after: float) -> No
     assert abs(expires - (after + RETENTION)) <= 1 + (after - before)
 
 
-def _engine(store: Store, settings: Settings) -> Engine:
+def _engine(store: Storage, settings: Settings) -> Engine:
     return Engine(store, worker_id="w1", tools=build_registry(settings), config=EngineConfig(lease_seconds=5))
 
 
-def _force_status(store: Store, task_id: str, status: TaskStatus) -> None:
+def _force_status(store: Storage, task_id: str, status: TaskStatus) -> None:
     """Put a task in ``status`` the way the store leaves it (expires_at only when terminal)."""
     sets, values, removes = "#s = :s", {":s": status.value}, ""
     if status.terminal:
         sets += ", expires_at = :e"
-        values[":e"] = store.expiry(time.time())
+        values[":e"] = store.tasks.expiry(time.time())
     else:
         removes = " REMOVE expires_at"
-    store.ddb.update_item(
-        TableName=store.table,
+    store.table.client.update_item(
+        TableName=store.table.name,
         Key=to_item({"pk": task_pk(task_id), "sk": META}),
         UpdateExpression=f"SET {sets}{removes}",
         ExpressionAttributeNames={"#s": "status"},
@@ -116,10 +119,10 @@ def test_an_invalid_retention_fails_naming_the_variable(monkeypatch: pytest.Monk
     assert err.value.field == RETENTION_VARIABLE
 
 
-def test_the_store_expires_tasks_after_the_configured_retention(rstore: Store) -> None:
-    assert rstore.retention_seconds == RETENTION
+def test_the_store_expires_tasks_after_the_configured_retention(rstore: Storage) -> None:
+    assert rstore.tasks.retention_seconds == RETENTION
     with pytest.raises(ValueError, match="at least one day"):
-        Store(rstore.ddb, rstore.table, rstore.payloads, retention_seconds=3600)
+        Storage(DynamoTable(rstore.table.client, rstore.table.name), rstore.payloads, retention_seconds=3600)
 
 
 # -- expires_at follows the status -------------------------------------------------------------
@@ -129,12 +132,12 @@ LEGAL_TRANSITIONS = sorted((src, dst) for src, dsts in ALLOWED_TRANSITIONS.items
 
 @pytest.mark.parametrize(("source", "target"), LEGAL_TRANSITIONS, ids=[f"{s.value}->{t.value}" for s, t in LEGAL_TRANSITIONS])
 def test_every_legal_transition_leaves_expires_at_on_terminal_tasks_only(
-    rstore: Store, source: TaskStatus, target: TaskStatus
+    rstore: Storage, source: TaskStatus, target: TaskStatus
 ) -> None:
-    task_id = rstore.create_task(scripted([{"text": "x"}]), tenant="t").task_id
+    task_id = rstore.tasks.create(scripted([{"text": "x"}]), tenant="t").task_id
     _force_status(rstore, task_id, source)
     before = time.time()
-    rstore.transition(task_id, target)
+    rstore.tasks.transition(task_id, target)
     after = time.time()
     item = _meta(rstore, task_id)
     assert item["status"]["S"] == target.value
@@ -144,24 +147,24 @@ def test_every_legal_transition_leaves_expires_at_on_terminal_tasks_only(
         assert "expires_at" not in item, f"{source.value} -> {target.value} left expires_at on a live task"
 
 
-def test_a_new_task_and_a_claimed_one_carry_no_expiry(rstore: Store) -> None:
-    task_id = rstore.create_task(scripted([{"text": "x"}]), tenant="t").task_id
+def test_a_new_task_and_a_claimed_one_carry_no_expiry(rstore: Storage) -> None:
+    task_id = rstore.tasks.create(scripted([{"text": "x"}]), tenant="t").task_id
     assert "expires_at" not in _meta(rstore, task_id)
-    rstore.claim(task_id, "w", 30)
+    rstore.tasks.claim(task_id, "w", 30)
     assert "expires_at" not in _meta(rstore, task_id)
 
 
-def test_a_task_the_engine_finishes_expires_after_the_retention(rstore: Store, retained: Settings) -> None:
-    task = rstore.create_task(scripted(LOOKUPS, tools=["lookup"]), tenant="t")
+def test_a_task_the_engine_finishes_expires_after_the_retention(rstore: Storage, retained: Settings) -> None:
+    task = rstore.tasks.create(scripted(LOOKUPS, tools=["lookup"]), tenant="t")
     before = time.time()
     assert _engine(rstore, retained).run(task.task_id).status is TaskStatus.SUCCEEDED
     after = time.time()
     _assert_expires_for(_meta(rstore, task.task_id), before, after)  # set by commit_step(finish=...)
-    assert rstore.get_task(task.task_id).expires_at == int(_meta(rstore, task.task_id)["expires_at"]["N"])
+    assert rstore.tasks.get(task.task_id).expires_at == int(_meta(rstore, task.task_id)["expires_at"]["N"])
 
 
-def test_a_budget_raise_that_resumes_a_cost_exceeded_task_removes_its_expiry(rstore: Store, retained: Settings) -> None:
-    task = rstore.create_task(scripted(LOOKUPS, tools=["lookup"], max_steps=1), tenant="t")
+def test_a_budget_raise_that_resumes_a_cost_exceeded_task_removes_its_expiry(rstore: Storage, retained: Settings) -> None:
+    task = rstore.tasks.create(scripted(LOOKUPS, tools=["lookup"], max_steps=1), tenant="t")
     before = time.time()
     assert _engine(rstore, retained).run(task.task_id).status is TaskStatus.COST_EXCEEDED
     _assert_expires_for(_meta(rstore, task.task_id), before, time.time())
@@ -176,69 +179,69 @@ def test_a_budget_raise_that_resumes_a_cost_exceeded_task_removes_its_expiry(rst
     _assert_expires_for(_meta(rstore, task.task_id), before, time.time())
 
 
-def test_cancel_stamps_the_expiry_in_the_cancelling_write(rstore: Store) -> None:
-    task_id = rstore.create_task(scripted([{"text": "x"}]), tenant="t").task_id
+def test_cancel_stamps_the_expiry_in_the_cancelling_write(rstore: Storage) -> None:
+    task_id = rstore.tasks.create(scripted([{"text": "x"}]), tenant="t").task_id
     before = time.time()
     assert control.cancel(rstore, task_id) == [task_id]
     _assert_expires_for(_meta(rstore, task_id), before, time.time())
 
 
-def test_a_dlq_redrive_of_a_failed_task_removes_its_expiry(rstore: Store) -> None:
-    task_id = rstore.create_task(scripted([{"text": "x"}]), tenant="t").task_id
-    lease, _ = rstore.claim(task_id, "w", 30)  # type: ignore[misc]
-    rstore.transition(task_id, TaskStatus.FAILED, lease=lease, error={"code": "provider_error", "message": "overloaded"})
+def test_a_dlq_redrive_of_a_failed_task_removes_its_expiry(rstore: Storage) -> None:
+    task_id = rstore.tasks.create(scripted([{"text": "x"}]), tenant="t").task_id
+    lease, _ = rstore.tasks.claim(task_id, "w", 30)  # type: ignore[misc]
+    rstore.tasks.transition(task_id, TaskStatus.FAILED, lease=lease, error={"code": "provider_error", "message": "overloaded"})
     assert "expires_at" in _meta(rstore, task_id)
-    rstore.transition(task_id, TaskStatus.QUEUED, error=None)  # what Dispatcher._requeue_redriven writes
+    rstore.tasks.transition(task_id, TaskStatus.QUEUED, error=None)  # what Dispatcher._requeue_redriven writes
     item = _meta(rstore, task_id)
     assert item["status"]["S"] == "queued" and "expires_at" not in item and "error" not in item
 
 
-def test_a_task_past_its_retention_cannot_be_brought_back(rstore: Store) -> None:
+def test_a_task_past_its_retention_cannot_be_brought_back(rstore: Storage) -> None:
     """TTL may be deleting it at any moment: resuming it could leave a live task for the reaper."""
-    task_id = rstore.create_task(scripted([{"text": "x"}]), tenant="t").task_id
+    task_id = rstore.tasks.create(scripted([{"text": "x"}]), tenant="t").task_id
     _force_status(rstore, task_id, TaskStatus.FAILED)
-    rstore.ddb.update_item(
-        TableName=rstore.table, Key=to_item({"pk": task_pk(task_id), "sk": META}),
+    rstore.table.client.update_item(
+        TableName=rstore.table.name, Key=to_item({"pk": task_pk(task_id), "sk": META}),
         UpdateExpression="SET expires_at = :past", ExpressionAttributeValues=to_values({":past": int(time.time()) - 5}),
     )  # fmt: skip
     with pytest.raises(IllegalTransition, match="retention ran out"):
-        rstore.transition(task_id, TaskStatus.QUEUED)
+        rstore.tasks.transition(task_id, TaskStatus.QUEUED)
     assert _meta(rstore, task_id)["status"]["S"] == "failed"
 
 
 # -- purge ---------------------------------------------------------------------------------------
 
 
-def _finished_task_with_everything(store: Store, settings: Settings) -> str:
+def _finished_task_with_everything(store: Storage, settings: Settings) -> str:
     """A task that leaves every kind of item behind: steps (offloaded), an effect, a note, an
     approval, an orphaned call, more than one BatchWriteItem's worth of items, its budget, and
     S3 payloads (step bodies, the effect's result, the final result)."""
-    task = store.create_task(scripted(LOOKUPS, tools=["lookup"]), tenant="t")
+    task = store.tasks.create(scripted(LOOKUPS, tools=["lookup"]), tenant="t")
     assert _engine(store, settings).run(task.task_id).status is TaskStatus.SUCCEEDED
-    steps = store.load_steps(task.task_id)
+    steps = store.steps.load(task.task_id)
     for i in range(30):
-        store.ddb.put_item(TableName=store.table, Item=to_item({"pk": task_pk(task.task_id), "sk": f"NOTE#k{i:02d}", "value": "v"}))
+        store.table.client.put_item(TableName=store.table.name, Item=to_item({"pk": task_pk(task.task_id), "sk": f"NOTE#k{i:02d}", "value": "v"}))
     for sk in ("EFFECT#toolu_1", "APPROVAL#toolu_2", "SPAWN#toolu_3", "ORPHAN#000009#e0001"):
-        store.ddb.put_item(TableName=store.table, Item=to_item({"pk": task_pk(task.task_id), "sk": sk, "state": "done"}))
+        store.table.client.put_item(TableName=store.table.name, Item=to_item({"pk": task_pk(task.task_id), "sk": sk, "state": "done"}))
     store.payloads.encode(f"{payload_prefix(task.task_id)}effects/toolu_1-e1.txt", "e" * 200)
     assert len(steps) == 7
     return task.task_id
 
 
-def _everything_of(store: Store, task_id: str) -> tuple[list[str], bool, list[str]]:
-    items = [i["sk"]["S"] for i in store.raw_items(task_id)]
-    budget = "Item" in store.ddb.get_item(TableName=store.table, Key=to_item({"pk": budget_pk(task_id), "sk": META}))
+def _everything_of(store: Storage, task_id: str) -> tuple[list[str], bool, list[str]]:
+    items = [i["sk"]["S"] for i in store.steps.raw_items(task_id)]
+    budget = "Item" in store.table.client.get_item(TableName=store.table.name, Key=to_item({"pk": budget_pk(task_id), "sk": META}))
     listing = store.payloads.s3.list_objects_v2(Bucket=store.payloads.bucket, Prefix=payload_prefix(task_id))
     return items, budget, [o["Key"] for o in listing.get("Contents", [])]
 
 
 def test_purge_deletes_every_item_budget_and_payload_of_a_finished_task_and_nothing_of_others(
-    rstore: Store, retained: Settings
+    rstore: Storage, retained: Settings
 ) -> None:
     doomed = _finished_task_with_everything(rstore, retained)
     neighbour = _finished_task_with_everything(rstore, retained)
     items, budget, objects = _everything_of(rstore, doomed)
-    assert len(items) == 1 + 7 + 30 + 4 and budget and len(objects) >= 8
+    assert len(items) == 1 + 1 + 1 + 7 + 30 + 4 and budget  # META, its submission, one claim, ... and len(objects) >= 8
     neighbour_before = _everything_of(rstore, neighbour)
 
     result = purge_task(rstore, doomed)
@@ -246,10 +249,10 @@ def test_purge_deletes_every_item_budget_and_payload_of_a_finished_task_and_noth
     assert (result.items, result.budget, result.objects) == (len(items), 1, len(objects))
     assert _everything_of(rstore, doomed) == ([], False, [])
     assert _everything_of(rstore, neighbour) == neighbour_before
-    assert rstore.get_task(neighbour).status is TaskStatus.SUCCEEDED
+    assert rstore.tasks.get(neighbour).status is TaskStatus.SUCCEEDED
 
 
-def test_purging_twice_finds_nothing_left_and_is_fine(rstore: Store, retained: Settings) -> None:
+def test_purging_twice_finds_nothing_left_and_is_fine(rstore: Storage, retained: Settings) -> None:
     task_id = _finished_task_with_everything(rstore, retained)
     first = purge_task(rstore, task_id)
     assert first.items > 0
@@ -257,23 +260,23 @@ def test_purging_twice_finds_nothing_left_and_is_fine(rstore: Store, retained: S
     assert (second.items, second.budget, second.objects) == (0, 0, 0)
 
 
-def test_purge_after_ttl_deleted_meta_removes_the_rest(rstore: Store, retained: Settings) -> None:
+def test_purge_after_ttl_deleted_meta_removes_the_rest(rstore: Storage, retained: Settings) -> None:
     task_id = _finished_task_with_everything(rstore, retained)
     items, _, objects = _everything_of(rstore, task_id)
-    rstore.ddb.delete_item(TableName=rstore.table, Key=to_item({"pk": task_pk(task_id), "sk": META}))  # what TTL does
+    rstore.table.client.delete_item(TableName=rstore.table.name, Key=to_item({"pk": task_pk(task_id), "sk": META}))  # what TTL does
     result = purge_task(rstore, task_id)
     assert (result.items, result.budget, result.objects) == (len(items) - 1, 1, len(objects))
     assert _everything_of(rstore, task_id) == ([], False, [])
 
 
 @pytest.mark.parametrize("status", [TaskStatus.QUEUED, TaskStatus.RUNNING, TaskStatus.PAUSED, TaskStatus.WAITING])
-def test_purge_refuses_a_live_task_and_deletes_nothing(rstore: Store, status: TaskStatus) -> None:
-    task_id = rstore.create_task(scripted([{"text": "x"}]), tenant="t").task_id
+def test_purge_refuses_a_live_task_and_deletes_nothing(rstore: Storage, status: TaskStatus) -> None:
+    task_id = rstore.tasks.create(scripted([{"text": "x"}]), tenant="t").task_id
     _force_status(rstore, task_id, status)
     with pytest.raises(IllegalTransition, match=f"is {status.value}; only a finished task is purged"):
         purge_task(rstore, task_id)
-    assert rstore.get_task(task_id).status is status
-    assert rstore.get_budget(task_id).cap > 0
+    assert rstore.tasks.get(task_id).status is status
+    assert rstore.budgets.get(task_id).cap > 0
 
 
 class _Throttled:
@@ -296,35 +299,35 @@ class _Throttled:
         return {"UnprocessedItems": {table: requests[1:]}}
 
 
-def test_unprocessed_batch_deletes_are_retried_until_done(rstore: Store, retained: Settings) -> None:
+def test_unprocessed_batch_deletes_are_retried_until_done(rstore: Storage, retained: Settings) -> None:
     task_id = _finished_task_with_everything(rstore, retained)
     items, _, _ = _everything_of(rstore, task_id)
-    throttled = _Throttled(rstore.ddb, times=3)
+    throttled = _Throttled(rstore.table.client, times=3)
     slept: list[float] = []
-    store = Store(throttled, rstore.table, rstore.payloads, retention_seconds=RETENTION)
+    store = Storage(DynamoTable(throttled, rstore.table.name), rstore.payloads, retention_seconds=RETENTION)
     result = purge_task(store, task_id, sleep=slept.append)
     assert result.items == len(items)
     assert _everything_of(rstore, task_id)[0] == []
     assert len(slept) == 3 and throttled.calls > len(items) // 25 + 1
 
 
-def test_deletes_still_unprocessed_after_the_attempts_fail_the_purge(rstore: Store, retained: Settings) -> None:
+def test_deletes_still_unprocessed_after_the_attempts_fail_the_purge(rstore: Storage, retained: Settings) -> None:
     task_id = _finished_task_with_everything(rstore, retained)
-    store = Store(_Throttled(rstore.ddb, times=100), rstore.table, rstore.payloads, retention_seconds=RETENTION)
+    store = Storage(DynamoTable(_Throttled(rstore.table.client, times=100), rstore.table.name), rstore.payloads, retention_seconds=RETENTION)
     with pytest.raises(RuntimeError, match="still unprocessed after 3 attempts"):
         purge_task(store, task_id, attempts=3, sleep=lambda _: None)
     assert purge_task(rstore, task_id).items > 0  # a retry of the record finishes the job
 
 
-def test_a_fork_keeps_its_own_payloads_when_its_source_is_purged(rstore: Store, retained: Settings) -> None:
+def test_a_fork_keeps_its_own_payloads_when_its_source_is_purged(rstore: Storage, retained: Settings) -> None:
     source_id = _finished_task_with_everything(rstore, retained)
-    source = rstore.get_task(source_id)
-    steps = rstore.load_steps(source_id)[:3]
-    fork = rstore.fork_task(source, source.submission, steps, tenant="t")
-    refs = [from_item(i).get("ref") for i in rstore.raw_items(fork.task_id) if i["sk"]["S"].startswith("STEP#")]
+    source = rstore.tasks.get(source_id)
+    steps = rstore.steps.load(source_id)[:3]
+    fork = rstore.tasks.fork(source, source.submission, steps, tenant="t")
+    refs = [from_item(i).get("ref") for i in rstore.steps.raw_items(fork.task_id) if i["sk"]["S"].startswith("STEP#")]
     assert refs and all(r and r.startswith(payload_prefix(fork.task_id)) for r in refs)
     purge_task(rstore, source_id)
-    assert [s.body for s in rstore.load_steps(fork.task_id)] == [s.body for s in steps]
+    assert [s.body for s in rstore.steps.load(fork.task_id)] == [s.body for s in steps]
 
 
 # -- the stream record and the reaper ---------------------------------------------------------
@@ -341,7 +344,7 @@ def _lambda_record(record: dict[str, Any], stream_arn: str, *, by_ttl: bool) -> 
 
 
 @pytest.fixture
-def streamed(retained: Settings) -> Iterator[tuple[Settings, Store, str]]:
+def streamed(retained: Settings) -> Iterator[tuple[Settings, Storage, str]]:
     """A table of this test's own with the stream the deployed table has (KEYS_ONLY)."""
     table = f"{retained.prefix}-streamed-{uuid.uuid4().hex[:6]}"
     ddb = client(retained, "dynamodb")
@@ -367,7 +370,7 @@ def _removal_of(records: list[dict[str, Any]], pk: str, sk: str) -> dict[str, An
 
 
 @pytest.fixture
-def reaper(streamed: tuple[Settings, Store, str], monkeypatch: pytest.MonkeyPatch) -> Any:
+def reaper(streamed: tuple[Settings, Storage, str], monkeypatch: pytest.MonkeyPatch) -> Any:
     """functions/reaper/handler.py, configured from the environment as in Lambda."""
     settings = streamed[0]
     for name, value in settings.env().items():
@@ -376,13 +379,13 @@ def reaper(streamed: tuple[Settings, Store, str], monkeypatch: pytest.MonkeyPatc
 
 
 def test_the_reaper_purges_a_task_from_the_stream_record_of_its_ttl_deletion(
-    streamed: tuple[Settings, Store, str], reaper: Any
+    streamed: tuple[Settings, Storage, str], reaper: Any
 ) -> None:
     settings, store, stream_arn = streamed
     doomed = _finished_task_with_everything(store, settings)
     survivor = _finished_task_with_everything(store, settings)
     survivor_before = _everything_of(store, survivor)
-    store.ddb.delete_item(TableName=store.table, Key=to_item({"pk": task_pk(doomed), "sk": META}))  # TTL's deletion
+    store.table.client.delete_item(TableName=store.table.name, Key=to_item({"pk": task_pk(doomed), "sk": META}))  # TTL's deletion
 
     record = _removal_of(_stream_records(settings, stream_arn), task_pk(doomed), META)
     assert record["dynamodb"]["StreamViewType"] == "KEYS_ONLY" and "OldImage" not in record["dynamodb"]
@@ -396,14 +399,14 @@ def test_the_reaper_purges_a_task_from_the_stream_record_of_its_ttl_deletion(
 
 
 def test_the_reaper_ignores_inserts_updates_other_removals_and_deletes_by_callers(
-    streamed: tuple[Settings, Store, str], reaper: Any
+    streamed: tuple[Settings, Storage, str], reaper: Any
 ) -> None:
     settings, store, stream_arn = streamed
     task_id = _finished_task_with_everything(store, settings)
     idem = {"pk": f"IDEMP#t#{uuid.uuid4().hex}", "sk": META, "task_id": task_id}
-    store.ddb.put_item(TableName=store.table, Item=to_item(idem))
-    store.ddb.delete_item(TableName=store.table, Key=to_item({"pk": idem["pk"], "sk": META}))
-    store.ddb.delete_item(TableName=store.table, Key=to_item({"pk": task_pk(task_id), "sk": "NOTE#k00"}))
+    store.table.client.put_item(TableName=store.table.name, Item=to_item(idem))
+    store.table.client.delete_item(TableName=store.table.name, Key=to_item({"pk": idem["pk"], "sk": META}))
+    store.table.client.delete_item(TableName=store.table.name, Key=to_item({"pk": task_pk(task_id), "sk": "NOTE#k00"}))
     before = _everything_of(store, task_id)
     records = _stream_records(settings, stream_arn)
     others = [
@@ -424,17 +427,17 @@ def test_the_reaper_ignores_inserts_updates_other_removals_and_deletes_by_caller
 
 
 def test_a_record_whose_purge_fails_is_reported_alone_and_the_others_are_purged(
-    streamed: tuple[Settings, Store, str], reaper: Any, monkeypatch: pytest.MonkeyPatch
+    streamed: tuple[Settings, Storage, str], reaper: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings, store, stream_arn = streamed
     ok, failing = (_finished_task_with_everything(store, settings) for _ in range(2))
     for task_id in (ok, failing):
-        store.ddb.delete_item(TableName=store.table, Key=to_item({"pk": task_pk(task_id), "sk": META}))
+        store.table.client.delete_item(TableName=store.table.name, Key=to_item({"pk": task_pk(task_id), "sk": META}))
     records = _stream_records(settings, stream_arn)
     event = {"Records": [_lambda_record(_removal_of(records, task_pk(t), META), stream_arn, by_ttl=True) for t in (failing, ok)]}
     real = reaper.purge_task
 
-    def purge(store_: Store, task_id: str) -> Any:
+    def purge(store_: Storage, task_id: str) -> Any:
         if task_id == failing:
             raise RuntimeError("throttled")
         return real(store_, task_id)
@@ -447,19 +450,19 @@ def test_a_record_whose_purge_fails_is_reported_alone_and_the_others_are_purged(
 
 
 def test_the_filter_pattern_admits_a_ttl_removal_of_task_meta_and_the_handler_agrees(
-    streamed: tuple[Settings, Store, str],
+    streamed: tuple[Settings, Storage, str],
 ) -> None:
     settings, store, stream_arn = streamed
-    task_id = store.create_task(scripted([{"text": "x"}]), tenant="t").task_id
-    store.transition(task_id, TaskStatus.CANCELLED)
-    store.ddb.delete_item(TableName=store.table, Key=to_item({"pk": task_pk(task_id), "sk": META}))
+    task_id = store.tasks.create(scripted([{"text": "x"}]), tenant="t").task_id
+    store.tasks.transition(task_id, TaskStatus.CANCELLED)
+    store.table.client.delete_item(TableName=store.table.name, Key=to_item({"pk": task_pk(task_id), "sk": META}))
     record = _lambda_record(_removal_of(_stream_records(settings, stream_arn), task_pk(task_id), META), stream_arn, by_ttl=True)
     assert EventPattern.load(json.dumps(ttl_removal_pattern())).matches_event(record)
     assert expired_task_id(record) == task_id
 
 
 def test_the_purge_command_deletes_a_finished_task_and_refuses_a_live_one(
-    rstore: Store, retained: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    rstore: Storage, retained: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The reaper DLQ runbook's tool: purge the tasks of a batch the reaper gave up on."""
     from agentq.cli.main import main
@@ -467,26 +470,26 @@ def test_the_purge_command_deletes_a_finished_task_and_refuses_a_live_one(
     for name, value in retained.env().items():
         monkeypatch.setenv(name, value)
     finished = _finished_task_with_everything(rstore, retained)
-    live = rstore.create_task(scripted([{"text": "x"}]), tenant="t").task_id
+    live = rstore.tasks.create(scripted([{"text": "x"}]), tenant="t").task_id
     assert main(["purge", task_pk(finished), "--json"]) == 0
     (result,) = json.loads(capsys.readouterr().out)
     assert result["task_id"] == finished and result["items"] > 0 and result["budget"] == 1 and result["objects"] > 0
     assert _everything_of(rstore, finished) == ([], False, [])
     assert main(["purge", live]) == 1
     assert "is queued; only a finished task is purged" in capsys.readouterr().err
-    assert rstore.get_task(live).status is TaskStatus.QUEUED
+    assert rstore.tasks.get(live).status is TaskStatus.QUEUED
 
 
-def test_a_budget_raise_on_a_task_past_its_retention_is_refused_and_changes_nothing(rstore: Store, retained: Settings) -> None:
-    task = rstore.create_task(scripted(LOOKUPS, tools=["lookup"], max_steps=1), tenant="t")
+def test_a_budget_raise_on_a_task_past_its_retention_is_refused_and_changes_nothing(rstore: Storage, retained: Settings) -> None:
+    task = rstore.tasks.create(scripted(LOOKUPS, tools=["lookup"], max_steps=1), tenant="t")
     assert _engine(rstore, retained).run(task.task_id).status is TaskStatus.COST_EXCEEDED
-    rstore.ddb.update_item(
-        TableName=rstore.table, Key=to_item({"pk": task_pk(task.task_id), "sk": META}),
+    rstore.table.client.update_item(
+        TableName=rstore.table.name, Key=to_item({"pk": task_pk(task.task_id), "sk": META}),
         UpdateExpression="SET expires_at = :past", ExpressionAttributeValues=to_values({":past": int(time.time()) - 1}),
     )  # fmt: skip
-    cap, steps = rstore.get_budget(task.task_id).cap, rstore.get_task(task.task_id).submission.constraints.max_steps
+    cap, steps = rstore.budgets.get(task.task_id).cap, rstore.tasks.get(task.task_id).submission.constraints.max_steps
     queues = _Queues()
     with pytest.raises(IllegalTransition, match="retention ran out"):
         control.raise_budget(rstore, queues, task.task_id, add_tokens=1000, add_steps=5)  # type: ignore[arg-type]
-    assert rstore.get_budget(task.task_id).cap == cap and queues.sent == []
-    assert rstore.get_task(task.task_id).submission.constraints.max_steps == steps
+    assert rstore.budgets.get(task.task_id).cap == cap and queues.sent == []
+    assert rstore.tasks.get(task.task_id).submission.constraints.max_steps == steps

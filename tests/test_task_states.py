@@ -6,13 +6,13 @@ import pytest
 
 from agentq.core.errors import IllegalTransition, LeaseLost
 from agentq.core.models import ALLOWED_TRANSITIONS, TERMINAL_STATUSES, TaskStatus
-from agentq.storage.store import Store
+from agentq.storage.container import Storage
 
 from tests.helpers import scripted
 
 
-def _task(store: Store) -> str:
-    return store.create_task(scripted([{"text": "x"}]), tenant="t").task_id
+def _task(store: Storage) -> str:
+    return store.tasks.create(scripted([{"text": "x"}]), tenant="t").task_id
 
 
 def test_terminal_states_lead_nowhere_but_requeue_for_failed_and_cost_exceeded() -> None:
@@ -25,53 +25,53 @@ def test_terminal_states_lead_nowhere_but_requeue_for_failed_and_cost_exceeded()
 
 
 @pytest.mark.parametrize("target", [TaskStatus.SUCCEEDED, TaskStatus.COST_EXCEEDED, TaskStatus.TIMED_OUT, TaskStatus.WAITING])
-def test_a_queued_task_cannot_jump_to_states_only_a_running_task_reaches(store: Store, target: TaskStatus) -> None:
+def test_a_queued_task_cannot_jump_to_states_only_a_running_task_reaches(store: Storage, target: TaskStatus) -> None:
     task_id = _task(store)
     with pytest.raises(IllegalTransition, match="cannot move from 'queued'"):
-        store.transition(task_id, target)
-    assert store.get_task(task_id).status is TaskStatus.QUEUED
+        store.tasks.transition(task_id, target)
+    assert store.tasks.get(task_id).status is TaskStatus.QUEUED
 
 
-def test_a_succeeded_task_cannot_be_cancelled_or_requeued(store: Store) -> None:
+def test_a_succeeded_task_cannot_be_cancelled_or_requeued(store: Storage) -> None:
     task_id = _task(store)
-    lease, _ = store.claim(task_id, "w", 30)  # type: ignore[misc]
-    store.transition(task_id, TaskStatus.SUCCEEDED, lease=lease, result="ok")
+    lease, _ = store.tasks.claim(task_id, "w", 30)  # type: ignore[misc]
+    store.tasks.transition(task_id, TaskStatus.SUCCEEDED, lease=lease, result="ok")
     for target in (TaskStatus.CANCELLED, TaskStatus.QUEUED, TaskStatus.RUNNING, TaskStatus.FAILED):
         with pytest.raises(IllegalTransition):
-            store.transition(task_id, target)
-    final = store.get_task(task_id)
+            store.tasks.transition(task_id, target)
+    final = store.tasks.get(task_id)
     assert final.status is TaskStatus.SUCCEEDED and final.result == "ok"
 
 
-def test_legal_transitions_apply_and_are_recorded(store: Store) -> None:
+def test_legal_transitions_apply_and_are_recorded(store: Storage) -> None:
     task_id = _task(store)
-    store.transition(task_id, TaskStatus.CANCELLED)
-    task = store.get_task(task_id)
+    store.tasks.transition(task_id, TaskStatus.CANCELLED)
+    task = store.tasks.get(task_id)
     assert task.status is TaskStatus.CANCELLED and task.finished_at is not None
 
 
-def test_a_transition_with_a_stale_lease_is_fenced(store: Store) -> None:
+def test_a_transition_with_a_stale_lease_is_fenced(store: Storage) -> None:
     task_id = _task(store)
-    old, _ = store.claim(task_id, "a", 0.01)  # type: ignore[misc]
+    old, _ = store.tasks.claim(task_id, "a", 0.01)  # type: ignore[misc]
     import time
 
     time.sleep(0.05)
-    new, _ = store.claim(task_id, "b", 30)  # type: ignore[misc]
+    new, _ = store.tasks.claim(task_id, "b", 30)  # type: ignore[misc]
     assert new.epoch == old.epoch + 1
     with pytest.raises(LeaseLost):
-        store.transition(task_id, TaskStatus.SUCCEEDED, lease=old, result="zombie")
+        store.tasks.transition(task_id, TaskStatus.SUCCEEDED, lease=old, result="zombie")
     with pytest.raises(LeaseLost):
-        store.extend_lease(old, 30)
-    assert store.get_task(task_id).status is TaskStatus.RUNNING
-    store.transition(task_id, TaskStatus.SUCCEEDED, lease=new, result="real")
-    assert store.get_task(task_id).result == "real"
+        store.tasks.extend_lease(old, 30)
+    assert store.tasks.get(task_id).status is TaskStatus.RUNNING
+    store.tasks.transition(task_id, TaskStatus.SUCCEEDED, lease=new, result="real")
+    assert store.tasks.get(task_id).result == "real"
 
 
-def test_a_large_result_is_stored_in_s3_and_read_back(store: Store) -> None:
+def test_a_large_result_is_stored_in_s3_and_read_back(store: Storage) -> None:
     task_id = _task(store)
-    lease, _ = store.claim(task_id, "w", 30)  # type: ignore[misc]
+    lease, _ = store.tasks.claim(task_id, "w", 30)  # type: ignore[misc]
     big = "r" * 200_000
-    store.transition(task_id, TaskStatus.SUCCEEDED, lease=lease, result=big)
-    item = next(i for i in store.raw_items(task_id) if i["sk"]["S"] == "META")
+    store.tasks.transition(task_id, TaskStatus.SUCCEEDED, lease=lease, result=big)
+    item = next(i for i in store.steps.raw_items(task_id) if i["sk"]["S"] == "META")
     assert "result_ref" in item and "result" not in item
-    assert store.get_task(task_id).result == big
+    assert store.tasks.get(task_id).result == big

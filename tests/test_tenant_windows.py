@@ -10,7 +10,7 @@ import pytest
 
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import LLMStep, TaskStatus
-from agentq.storage.store import Store
+from agentq.storage.container import Storage
 from agentq.storage.tenant_windows import TenantLimits, TenantWindows, seconds_to_next_hour
 from agentq.core.tools import ToolRegistry
 
@@ -19,30 +19,30 @@ from tests.helpers import call, scripted
 TURNS = [{"text": f"turn {i}", "tool_calls": [call("lookup", query=str(i), size=400)]} for i in range(8)] + [{"text": "done"}]
 
 
-def _engine(store: Store, registry: ToolRegistry) -> Engine:
+def _engine(store: Storage, registry: ToolRegistry) -> Engine:
     return Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=5))
 
 
-def test_the_hard_cap_refuses_new_reservations_until_the_next_hour(store: Store, registry: ToolRegistry) -> None:
-    windows = TenantWindows(store.ddb, store.table)
+def test_the_hard_cap_refuses_new_reservations_until_the_next_hour(store: Storage, registry: ToolRegistry) -> None:
+    windows = TenantWindows(store.table)
     windows.set_limits("acme", TenantLimits(hourly_tokens=6_000))
-    task = store.create_task(scripted(TURNS, tools=["lookup"], max_output_tokens=300), tenant="acme")
+    task = store.tasks.create(scripted(TURNS, tools=["lookup"], max_output_tokens=300), tenant="acme")
     result = _engine(store, registry).run(task.task_id)
     assert result.outcome == "retry" and result.error is not None
     assert result.error["code"] == "tenant_hourly_cap" and 0 < result.error["retry_after"] <= 3601
-    meta = store.get_task(task.task_id)
+    meta = store.tasks.get(task.task_id)
     assert meta.status is TaskStatus.RUNNING and meta.lease_expires == 0 and meta.inflight is None  # nothing held
     usage = windows.usage("acme")
-    spent = sum(s.body.usage.total for s in store.load_steps(task.task_id) if isinstance(s.body, LLMStep))
+    spent = sum(s.body.usage.total for s in store.steps.load(task.task_id) if isinstance(s.body, LLMStep))
     assert usage == {"held": spent, "used": spent}  # exact: holds were settled to the reported usage
     assert spent <= 6_000
-    assert store.get_budget(task.task_id).reserved == 0
+    assert store.budgets.get(task.task_id).reserved == 0
 
 
-def test_crossing_the_soft_cap_emits_a_metric_and_an_event(store: Store, registry: ToolRegistry, caplog: pytest.LogCaptureFixture) -> None:
-    windows = TenantWindows(store.ddb, store.table)
+def test_crossing_the_soft_cap_emits_a_metric_and_an_event(store: Storage, registry: ToolRegistry, caplog: pytest.LogCaptureFixture) -> None:
+    windows = TenantWindows(store.table)
     windows.set_limits("beta", TenantLimits(hourly_tokens=12_000, soft_ratio=0.5))
-    task = store.create_task(scripted(TURNS, tools=["lookup"], max_output_tokens=300), tenant="beta")
+    task = store.tasks.create(scripted(TURNS, tools=["lookup"], max_output_tokens=300), tenant="beta")
     with caplog.at_level(logging.WARNING, logger="agentq.events"):
         _engine(store, registry).run(task.task_id)
     events = [json.loads(r.getMessage()) for r in caplog.records if r.name == "agentq.events"]
@@ -51,10 +51,10 @@ def test_crossing_the_soft_cap_emits_a_metric_and_an_event(store: Store, registr
     assert events[0]["tokens_this_hour"] >= 6_000
 
 
-def test_a_tenant_without_limits_writes_no_window(store: Store, registry: ToolRegistry) -> None:
-    task = store.create_task(scripted(TURNS, tools=["lookup"]), tenant="free")
+def test_a_tenant_without_limits_writes_no_window(store: Storage, registry: ToolRegistry) -> None:
+    task = store.tasks.create(scripted(TURNS, tools=["lookup"]), tenant="free")
     assert _engine(store, registry).run(task.task_id).status is TaskStatus.SUCCEEDED
-    assert TenantWindows(store.ddb, store.table).usage("free") == {"held": 0, "used": 0}
+    assert TenantWindows(store.table).usage("free") == {"held": 0, "used": 0}
 
 
 def test_the_retry_comes_back_at_the_next_hour() -> None:

@@ -29,25 +29,26 @@ def test_a_killed_worker_s_task_completes_on_another_worker_from_its_last_step(t
         store = stack.store()
         task = submit(store, build_registry(stack.settings), scripted(TURNS, tools=["lookup", "charge_card"]), tenant="t", queues=stack.queues())
         deadline = time.monotonic() + 60
-        while (meta := store.get_task(task.task_id)).step < 6:
+        while (meta := store.tasks.get(task.task_id)).step < 6:
             assert time.monotonic() < deadline and not meta.status.terminal
             time.sleep(0.02)
         victim = stack.worker_by_id(meta.lease_owner or "")
         assert victim is not None
         os.kill(victim.pid, signal.SIGKILL)
         killed_at = time.time()
-        before = store.load_steps(task.task_id)
+        before = store.steps.load(task.task_id)
 
-        while not (final := store.get_task(task.task_id)).status.terminal:
+        while not (final := store.tasks.get(task.task_id)).status.terminal:
             assert time.monotonic() < deadline + 60
             time.sleep(0.05)
 
         assert final.status is TaskStatus.SUCCEEDED and final.result == "finished"
-        assert len(final.claims) == 2 and final.claims[0]["worker"] != final.claims[1]["worker"]
-        assert final.claims[1]["worker"].endswith(f":{[p for p in stack.processes if p is not victim][0].pid}")
-        resume_gap = final.claims[1]["at"] - killed_at
+        claims = stack.store().tasks.claims(final.task_id)
+        assert final.claim_count == 2 and claims[0].worker != claims[1].worker
+        assert claims[1].worker.endswith(f":{[p for p in stack.processes if p is not victim][0].pid}")
+        resume_gap = claims[1].at - killed_at
         assert 0 < resume_gap < 15  # visibility 4 s: back well inside the queue's own timeout
-        steps = store.load_steps(task.task_id)
+        steps = store.steps.load(task.task_id)
         assert steps[: len(before)] == before  # nothing committed before the kill was lost or rewritten
         assert all(s.epoch == 2 for s in steps[len(before) :])
         assert sum(isinstance(s.body, LLMStep) for s in steps) == len(TURNS)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from agentq.core.models import TaskStatus
 from agentq.runtime import Settings
-from agentq.storage.store import Store
+from agentq.storage.container import Storage
 
 from tests.conftest import child_env
 from tests.helpers import call, scripted
@@ -41,17 +41,17 @@ def _wait_for(predicate, timeout: float = 30) -> None:  # type: ignore[no-untype
         time.sleep(0.02)
 
 
-def test_a_paused_worker_woken_after_takeover_commits_nothing(settings: Settings, store: Store, tmp_path: Path) -> None:
-    task = store.create_task(scripted(TURNS, tools=["lookup", "charge_card"]), tenant="t")
+def test_a_paused_worker_woken_after_takeover_commits_nothing(settings: Settings, store: Storage, tmp_path: Path) -> None:
+    task = store.tasks.create(scripted(TURNS, tools=["lookup", "charge_card"]), tenant="t")
     ledger = tmp_path / "ledger.jsonl"
     zombie = _spawn(settings, task.task_id, ledger, wait=0)
-    _wait_for(lambda: store.get_task(task.task_id).step >= 3)
+    _wait_for(lambda: store.tasks.get(task.task_id).step >= 3)
     os.kill(zombie.pid, signal.SIGSTOP)
     try:
         time.sleep(1.5)  # the zombie's lease (1 s) lapses; anything it had on the wire has landed
-        frozen_at = store.get_task(task.task_id).step
+        frozen_at = store.tasks.get(task.task_id).step
         successor = _spawn(settings, task.task_id, ledger, wait=10)
-        _wait_for(lambda: store.get_task(task.task_id).lease_epoch == 2 and store.get_task(task.task_id).step > frozen_at)
+        _wait_for(lambda: store.tasks.get(task.task_id).lease_epoch == 2 and store.tasks.get(task.task_id).step > frozen_at)
     finally:
         os.kill(zombie.pid, signal.SIGCONT)  # wake it while the successor is still mid-task
     z_out, z_err = zombie.communicate(timeout=60)
@@ -61,19 +61,19 @@ def test_a_paused_worker_woken_after_takeover_commits_nothing(settings: Settings
     assert zombie_report["outcome"] == "lease_lost", z_err[-2000:]
     assert json.loads(s_out.strip().splitlines()[-1])["status"] == "succeeded", s_err[-2000:]
 
-    steps = store.load_steps(task.task_id)
+    steps = store.steps.load(task.task_id)
     assert [s.number for s in steps] == list(range(1, len(steps) + 1))
     assert all(s.epoch == 1 for s in steps[:frozen_at])
     assert all(s.epoch == 2 for s in steps[frozen_at:])  # nothing of the zombie's after the takeover
     keys = [json.loads(line)["key"] for line in ledger.read_text().splitlines()]
     assert len(keys) == len(set(keys))  # no charge twice
-    final = store.get_task(task.task_id)
+    final = store.tasks.get(task.task_id)
     assert final.status is TaskStatus.SUCCEEDED and final.lease_epoch == 2
     # The ledger counts every call, the zombie's uncommitted one included (kept in the trace).
     from agentq.core.models import LLMStep
 
     committed = sum(s.body.usage.total for s in steps if isinstance(s.body, LLMStep))
-    orphans = store.orphan_calls(task.task_id)
+    orphans = [o.call for o in store.steps.orphans(task.task_id)]
     assert all(c.model for c in orphans)
-    budget = store.get_budget(task.task_id)
+    budget = store.budgets.get(task.task_id)
     assert budget.used == committed + sum(c.usage.total for c in orphans) and budget.reserved == 0

@@ -19,15 +19,15 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from agentq.control.retention import expired_task_id, purge_task
 from agentq.runtime import Settings, build_store
-from agentq.storage.store import Store
+from agentq.storage.container import Storage
 
 logger = Logger(service="agentq-reaper")
 processor = BatchProcessor(event_type=EventType.DynamoDBStreams)
 
-_store: Store | None = None
+_store: Storage | None = None
 
 
-def store() -> Store:
+def store() -> Storage:
     """Built on first use and kept by the container (cold start only)."""
     global _store
     if _store is None:

@@ -19,7 +19,9 @@ from agentq.control.defaults import ConfigurationError, Defaults
 from agentq.queueing.queues import TaskQueues
 from agentq.resources import ResourceNames
 from agentq.storage.serdes import DEFAULT_OFFLOAD_THRESHOLD, PayloadStore
-from agentq.storage.store import DAY_SECONDS, DEFAULT_TASK_RETENTION_DAYS, Store
+from agentq.storage.container import Storage
+from agentq.storage.dynamodb import DynamoTable
+from agentq.storage.tasks import DAY_SECONDS, DEFAULT_TASK_RETENTION_DAYS
 from agentq.core.tools import ToolRegistry, default_registry
 
 if TYPE_CHECKING:
@@ -125,12 +127,11 @@ def engine_config(settings: Settings, **kwargs: Any) -> "EngineConfig":
     return EngineConfig(default_tenant_limits=settings.defaults.tenant_limits(), **kwargs)
 
 
-def build_store(settings: Settings, sess: Any | None = None, pool: int = 64) -> Store:
+def build_store(settings: Settings, sess: Any | None = None, pool: int = 64) -> Storage:
     sess = sess or session(settings)
     payloads = PayloadStore(client(settings, "s3", sess, pool), settings.bucket, settings.offload_threshold)
-    return Store(
-        client(settings, "dynamodb", sess, pool),
-        settings.table,
+    return Storage(
+        DynamoTable(client(settings, "dynamodb", sess, pool), settings.table),
         payloads,
         retention_seconds=settings.task_retention_days * DAY_SECONDS,
     )

@@ -18,7 +18,6 @@ Gateway's Lambda authorizer puts it there, and the local server does the same in
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from typing import Annotated, Any, Callable, Mapping
@@ -61,8 +60,8 @@ from agentq.control.defaults import Defaults
 from agentq.core.models import TaskStatus, TaskSubmission
 from agentq.core.providers.scripted import builtin_script_names
 from agentq.queueing.queues import TaskQueues
-from agentq.storage.store import Store
-from agentq.control.submit import check_submission, submit
+from agentq.storage.container import Storage
+from agentq.control.submit import request_hash, submit_once
 from agentq.core.tools import ToolRegistry
 
 log = logging.getLogger("agentq.api")
@@ -215,7 +214,7 @@ class AgentqResolver(APIGatewayRestResolver):
 
 
 def build_app(
-    store: Store,
+    store: Storage,
     tools: ToolRegistry,
     queues: TaskQueues,
     fanout: Any = None,
@@ -273,24 +272,11 @@ def build_app(
     ) -> Response[TaskAccepted]:
         who = tenant()
         _builtin_script_only(submission.script)
-        created = True
-        # The key's hash is of the request as sent: a retry matches even if defaults changed.
-        digest = hashlib.sha256(submission.model_dump_json(exclude_none=True).encode()).hexdigest()
-        submission = defaults.apply(submission)
-        if idempotency_key is None:
-            task = submit(store, tools, submission, tenant=who, queues=queues)
-        else:
-            check_submission(submission, tools)
-            task, created = store.create_task_idempotent(submission, tenant=who, key=idempotency_key, request_hash=digest)
-            if created:
-                try:
-                    queues.send(task.task_id, submission.priority)
-                except Exception:
-                    store.delete_unstarted(task.task_id, idempotency=(who, idempotency_key))
-                    raise
-            elif task.status is TaskStatus.QUEUED and task.lease_epoch == 0:
-                # the first request may have died before its enqueue: a duplicate message is harmless
-                queues.send(task.task_id, submission.priority)
+        digest = request_hash(submission)  # of the request as sent, before defaults fill it in
+        accepted = submit_once(
+            store, tools, defaults.apply(submission), tenant=who, queues=queues, idempotency_key=idempotency_key, digest=digest
+        )
+        task, created = accepted.task, accepted.created
         headers = {"Location": f"/tasks/{task.task_id}"}
         if created:
             observe.record_submitted()

@@ -33,7 +33,7 @@ from agentq.api.models import (
 )
 from agentq.core.errors import AgentqError, TaskNotFound, ValidationError
 from agentq.core.models import LLMStep, StepRecord, Task, TaskStatus, ToolsStep
-from agentq.storage.store import Store
+from agentq.storage.container import Storage
 
 
 class InvalidCursor(ValidationError):
@@ -75,23 +75,23 @@ def _links(task_id: str) -> TaskLinks:
     return TaskLinks.for_task(task_id)
 
 
-def owned(store: Store, task_id: str, tenant: str) -> Task:
+def owned(store: Storage, task_id: str, tenant: str) -> Task:
     """The task if ``tenant`` owns it; any other tenant's task is simply not found (404, no oracle)."""
-    task = store.get_task(task_id)
+    task = store.tasks.get(task_id)
     if task.tenant != tenant:
         raise TaskNotFound(f"no task {task_id!r}", field="task_id")
     return task
 
 
-def children_summary(store: Store, task: Task) -> ChildrenSummary:
-    ids = [child for spawn in store.list_spawns(task.task_id) for child in spawn.get("children", [])]
+def children_summary(store: Storage, task: Task) -> ChildrenSummary:
+    ids = [child for spawn in store.spawns.list(task.task_id) for child in spawn.children]
     if not ids:
         return ChildrenSummary(total=0, by_status={}, task_ids=[])
-    counts = Counter(child.status.value for child in store.get_tasks(ids))
+    counts = Counter(child.status.value for child in store.tasks.get_many(ids))
     return ChildrenSummary(total=len(ids), by_status=dict(sorted(counts.items())), task_ids=ids[:100])
 
 
-def activity(store: Store, task: Task, children: ChildrenSummary, question: str | None) -> str | None:
+def activity(store: Storage, task: Task, children: ChildrenSummary, question: str | None) -> str | None:
     """What the task is doing now, in words a person watching it wants."""
     status = task.status
     if status is TaskStatus.QUEUED:
@@ -104,7 +104,7 @@ def activity(store: Store, task: Task, children: ChildrenSummary, question: str 
         done = sum(n for s, n in children.by_status.items() if TaskStatus(s).terminal)
         return f"waiting for sub-agents: {done} of {children.total} finished"
     if status is TaskStatus.RUNNING:
-        last = store.last_step(task.task_id)
+        last = store.steps.last(task.task_id)
         who = f" on {task.lease_owner}" if task.lease_owner else ""
         if last is not None and isinstance(last.body, LLMStep) and last.body.tool_uses():
             names = ", ".join(u["name"] for u in last.body.tool_uses())
@@ -113,9 +113,9 @@ def activity(store: Store, task: Task, children: ChildrenSummary, question: str 
     return None
 
 
-def task_view(store: Store, task: Task) -> TaskView:
+def task_view(store: Storage, task: Task) -> TaskView:
     try:
-        b = store.get_budget(task.budget_id)
+        b = store.budgets.get(task.budget_id)
         budget: BudgetView | None = BudgetView(
             cap=b.cap, used=b.used, reserved=b.reserved, available=b.available, cost_usd=str(b.cost_usd)
         )
@@ -124,8 +124,8 @@ def task_view(store: Store, task: Task) -> TaskView:
     children = children_summary(store, task)
     question = None
     if task.status is TaskStatus.PAUSED:
-        pending = store.pending_approval(task.task_id)
-        question = str(pending.get("question")) if pending else None
+        pending = store.approvals.pending(task.task_id)
+        question = pending.question if pending else None
     now = time.time()
     end = task.finished_at or now
     sub = task.submission
@@ -163,7 +163,7 @@ def task_view(store: Store, task: Task) -> TaskView:
         finished_at=task.finished_at,
         latency=LatencyView(
             pickup_seconds=_round(task.pickup_latency),
-            resumes=max(0, len(task.claims) - 1),
+            resumes=max(0, task.claim_count - 1),
             last_resume_gap_seconds=_round(task.last_resume_gap),
             run_seconds=_round(end - task.started_at) if task.started_at else None,
             total_seconds=round(end - task.created_at, 3),
@@ -194,14 +194,14 @@ def task_summary(task: Task) -> TaskSummary:
 
 
 def task_page(
-    store: Store, tenant: str, *, limit: int, cursor: str | None, status: TaskStatus | None, include_children: bool
+    store: Storage, tenant: str, *, limit: int, cursor: str | None, status: TaskStatus | None, include_children: bool
 ) -> TaskPage:
     after = None
     if cursor:
         after = decode_cursor("tasks", cursor)
         if not isinstance(after, str) or not _GSI1SK.match(after):
             raise InvalidCursor("cursor is not one this API issued; pass next_cursor back unchanged", field="cursor")
-    tasks, last = store.list_tenant_tasks(tenant, limit=limit, after=after, status=status, roots_only=not include_children)
+    tasks, last = store.tasks.list_for_tenant(tenant, limit=limit, after=after, status=status, roots_only=not include_children)
     return TaskPage(
         tasks=[task_summary(t) for t in tasks if t.tenant == tenant],
         next_cursor=encode_cursor("tasks", last) if last else None,
@@ -293,7 +293,7 @@ def _step_events(record: StepRecord, inputs: dict[str, dict[str, Any]]) -> list[
     return events
 
 
-def _side_events(store: Store, task: Task) -> list[tuple[Key, Any]]:
+def _side_events(store: Storage, task: Task) -> list[tuple[Key, Any]]:
     """Transitions (from META, approvals and spawns) and orphan LLM calls: the few events that are
     not steps, all read at once."""
     events: list[tuple[Key, Any]] = []
@@ -301,18 +301,18 @@ def _side_events(store: Store, task: Task) -> list[tuple[Key, Any]]:
     detail = {"forked_from": task.forked_from} if task.forked_from else {"priority": task.submission.priority}
     # always first: a fork's copied steps keep their source's (earlier) commit times
     events.append(((0.0, 0, 0, 0), TransitionEvent(at=task.created_at, event=first, status=TaskStatus.QUEUED, detail=detail)))
-    for i, claim in enumerate(task.claims):
-        at = float(claim["at"])
+    for i, claim in enumerate(store.tasks.claims(task.task_id)):
+        at = claim.at
         events.append(
-            ((at, 0, 0, i + 1), TransitionEvent(at=at, event="claimed", status=TaskStatus.RUNNING, worker=claim.get("worker"), epoch=i + 1))
+            ((at, 0, 0, i + 1), TransitionEvent(at=at, event="claimed", status=TaskStatus.RUNNING, worker=claim.worker, epoch=claim.epoch))
         )
-    for i, a in enumerate(store.list_approvals(task.task_id)):
-        asked = float(a.get("asked_at", 0))
+    for i, a in enumerate(store.approvals.list(task.task_id)):
+        asked = a.asked_at
         events.append(
-            ((asked, 0, 0, 10_000 + i), TransitionEvent(at=asked, event="approval_requested", status=TaskStatus.PAUSED, detail={"question": a.get("question")}))
+            ((asked, 0, 0, 10_000 + i), TransitionEvent(at=asked, event="approval_requested", status=TaskStatus.PAUSED, detail={"question": a.question}))
         )
-        if a.get("decided_at"):
-            decided = float(a["decided_at"])
+        if a.decided_at:
+            decided = a.decided_at
             events.append(
                 (
                     (decided, 0, 0, 20_000 + i),
@@ -320,19 +320,20 @@ def _side_events(store: Store, task: Task) -> list[tuple[Key, Any]]:
                         at=decided,
                         event="approval_decided",
                         status=TaskStatus.QUEUED,
-                        detail={"decision": a.get("state"), "by": a.get("decided_by"), "note": a.get("note", "")},
+                        detail={"decision": a.state, "by": a.decided_by, "note": a.note or ""},
                     ),
                 )
             )
-    for i, spawn in enumerate(store.list_spawns(task.task_id)):
-        at = float(spawn.get("created_at", 0))
+    for i, spawn in enumerate(store.spawns.list(task.task_id)):
+        at = spawn.created_at
         events.append(
             (
                 (at, 2, 0, 30_000 + i),
-                TransitionEvent(at=at, event="spawned", status=TaskStatus.WAITING, detail={"children": spawn.get("children", []), "state": spawn.get("state")}),
+                TransitionEvent(at=at, event="spawned", status=TaskStatus.WAITING, detail={"children": spawn.children, "state": spawn.state}),
             )
         )
-    for number, epoch, call in store.orphan_records(task.task_id):
+    for orphan in store.steps.orphans(task.task_id):
+        number, epoch, call = orphan.number, orphan.epoch, orphan.call
         at = call.started_at + call.duration_ms / 1000
         events.append(((at, 1, number, -1), _llm_event(number, epoch, at, call, orphan=True)))
     if task.status.terminal and task.finished_at:
@@ -345,7 +346,7 @@ def _side_events(store: Store, task: Task) -> list[tuple[Key, Any]]:
     return events
 
 
-def trace_page(store: Store, task: Task, *, limit: int, cursor: str | None) -> TracePage:
+def trace_page(store: Storage, task: Task, *, limit: int, cursor: str | None) -> TracePage:
     """A page of the task's events in commit order.
 
     Steps are read from where the previous page stopped (never the whole history); the other
@@ -363,7 +364,7 @@ def trace_page(store: Store, task: Task, *, limit: int, cursor: str | None) -> T
         except (TypeError, ValueError, IndexError):
             raise InvalidCursor("cursor is not one this API issued; pass next_cursor back unchanged", field="cursor") from None
     want = limit + 2
-    steps = store.load_steps_range(task.task_id, max(1, step_from - 1), want)
+    steps = store.steps.range(task.task_id, max(1, step_from - 1), want)
     exhausted = len(steps) < want
     inputs = {
         use["id"]: use.get("input") or {}

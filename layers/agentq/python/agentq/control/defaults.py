@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentq.core.errors import AgentqError
 from agentq.core.models import MAX_TIMEOUT_SECONDS, Constraints, TaskSubmission
-from agentq.storage.tenant_windows import TenantLimits
+from agentq.core.tenancy import TenantLimits
 
 # field -> environment variable
 ENVIRONMENT = {

@@ -14,33 +14,33 @@ from agentq.core.engine import conversation, final_text
 from agentq.core.errors import IllegalTransition, TaskNotFound, ValidationError
 from agentq.core.models import Task, TaskStatus, TaskSubmission
 from agentq.queueing.queues import TaskQueues
-from agentq.storage.store import Store
+from agentq.storage.container import Storage
 from agentq.control.submit import check_submission, parse_submission
 from agentq.core.tools import ToolRegistry
 
 log = logging.getLogger("agentq.control")
 
 
-def owned_task(store: Store, task_id: str, tenant: str | None) -> Task:
+def owned_task(store: Storage, task_id: str, tenant: str | None) -> Task:
     """The task, if it exists and belongs to ``tenant``: another tenant's task is not found."""
-    task = store.get_task(task_id)
+    task = store.tasks.get(task_id)
     if tenant is not None and task.tenant != tenant:
         raise TaskNotFound(f"no task {task_id!r}", field="task_id")
     return task
 
 
-def subtree(store: Store, task: Task) -> list[Task]:
+def subtree(store: Storage, task: Task) -> list[Task]:
     """The task and every descendant, parents before children (from the SPAWN records)."""
     order = [task]
     i = 0
     while i < len(order):
-        ids = [child for spawn in store.list_spawns(order[i].task_id) for child in spawn["children"]]
-        order += store.get_tasks(ids)
+        ids = [child for spawn in store.spawns.list(order[i].task_id) for child in spawn.children]
+        order += store.tasks.get_many(ids)
         i += 1
     return order
 
 
-def cancel(store: Store, task_id: str, *, tenant: str | None = None, fanout: Any = None, reason: str = "cancelled on request") -> list[str]:
+def cancel(store: Storage, task_id: str, *, tenant: str | None = None, fanout: Any = None, reason: str = "cancelled on request") -> list[str]:
     """Cancel a task and its whole subtree; returns the ids that were cancelled.
 
     Workers running any of them stop at their next step boundary (their fenced commit finds the
@@ -56,40 +56,40 @@ def cancel(store: Store, task_id: str, *, tenant: str | None = None, fanout: Any
     for node in tree:
         if node.status.terminal:
             continue
-        partial = node.result or final_text(conversation(node.submission.goal, store.load_steps(node.task_id)))
+        partial = node.result or final_text(conversation(node.submission.goal, store.steps.load(node.task_id)))
         try:
-            store.transition(node.task_id, TaskStatus.CANCELLED, result=partial, error={"code": "cancelled", "message": reason})
+            store.tasks.transition(node.task_id, TaskStatus.CANCELLED, result=partial, error={"code": "cancelled", "message": reason})
             cancelled.append(node.task_id)
         except IllegalTransition:
             pass  # it finished meanwhile
     if fanout is not None:
         for node in tree:
-            for spawn in store.list_spawns(node.task_id):
-                if spawn.get("execution_arn"):
-                    fanout.stop(spawn["execution_arn"], reason)
+            for spawn in store.spawns.list(node.task_id):
+                if spawn.execution_arn:
+                    fanout.stop(spawn.execution_arn, reason)
     for node in reversed(tree[1:]):  # leaves first: a child's spend reaches its parent, then the root
         if node.parent_id:
-            store.settle_child(node.parent_id, node.task_id)
+            store.budgets.settle_child(node.parent_id, node.task_id)
     return cancelled
 
 
 def decide(
-    store: Store, queues: TaskQueues, task_id: str, *, approved: bool, note: str = "", by: str = "reviewer", tenant: str | None = None
+    store: Storage, queues: TaskQueues, task_id: str, *, approved: bool, note: str = "", by: str = "reviewer", tenant: str | None = None
 ) -> Task:
     """Approve or reject the task's pending request; the task resumes with the decision."""
     task = owned_task(store, task_id, tenant)
     if task.status is not TaskStatus.PAUSED:
         raise IllegalTransition(f"task {task_id} is {task.status.value}, not waiting for approval", field="task_id")
-    pending = store.pending_approval(task_id)
+    pending = store.approvals.pending(task_id)
     if pending is None:
         raise IllegalTransition(f"task {task_id} has no pending approval", field="task_id")
-    store.decide_approval(task_id, pending["sk"].split("#", 1)[1], approved=approved, note=note, by=by)
+    store.approvals.decide(task_id, pending.use_id, approved=approved, note=note, by=by)
     queues.send(task_id, task.submission.priority)
-    return store.get_task(task_id)
+    return store.tasks.get(task_id)
 
 
 def raise_budget(
-    store: Store, queues: TaskQueues, task_id: str, *, add_tokens: int, add_steps: int = 0, tenant: str | None = None
+    store: Storage, queues: TaskQueues, task_id: str, *, add_tokens: int, add_steps: int = 0, tenant: str | None = None
 ) -> Task:
     """Raise a root task's token cap (and optionally its step cap); a task that stopped with
     ``cost_exceeded`` resumes from its checkpoint."""
@@ -108,17 +108,17 @@ def raise_budget(
         sub = task.submission.model_copy(deep=True)
         sub.constraints.max_steps += add_steps
         TaskSubmission.model_validate(sub.model_dump())  # the raised caps must still be valid
-        store.replace_submission(task_id, sub, when_status=task.status)
+        store.tasks.replace_submission(task_id, sub, when_status=task.status)
     if add_tokens:
-        store.raise_budget(task_id, add_tokens)
+        store.budgets.raise_cap(task_id, add_tokens)
     if task.status is TaskStatus.COST_EXCEEDED:
-        store.transition(task_id, TaskStatus.QUEUED)
+        store.tasks.transition(task_id, TaskStatus.QUEUED)
         queues.send(task_id, task.submission.priority)
-    return store.get_task(task_id)
+    return store.tasks.get(task_id)
 
 
 def fork(
-    store: Store,
+    store: Storage,
     tools: ToolRegistry,
     queues: TaskQueues,
     task_id: str,
@@ -148,8 +148,8 @@ def fork(
         body.pop("script", None)
     submission = parse_submission(body)
     check_submission(submission, tools)
-    steps = store.load_steps(task_id)[:at_step]
-    new = store.fork_task(source, submission, steps, tenant=source.tenant)
+    steps = store.steps.load(task_id)[:at_step]
+    new = store.tasks.fork(source, submission, steps, tenant=source.tenant)
     queues.send(new.task_id, submission.priority)
     log.info("forked %s at step %d into %s", task_id, at_step, new.task_id)
     return new

@@ -13,23 +13,17 @@ retried whole) and refuses to touch a task that is still live.
 
 from __future__ import annotations
 
-import random
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentq.core.errors import IllegalTransition
-from agentq.core.models import TERMINAL_STATUSES
-from agentq.storage.serdes import from_item, to_item, to_values
-from agentq.storage.store import META, Store, budget_pk, payload_prefix, task_pk
+from agentq.storage.container import Storage
+from agentq.storage.keys import META, task_pk
 
 TTL_PRINCIPAL = "dynamodb.amazonaws.com"  # userIdentity.principalId of a TTL deletion
 TASK_PK_PREFIX = task_pk("")
-BATCH_WRITE_MAX = 25  # DeleteRequests per BatchWriteItem
-DELETE_OBJECTS_MAX = 1000  # keys per S3 DeleteObjects
 
 
 def ttl_removal_pattern() -> dict[str, Any]:
@@ -99,7 +93,7 @@ class PurgeResult(BaseModel):
 Sleep = Callable[[float], None]
 
 
-def purge_task(store: Store, task_id: str, *, attempts: int = 8, sleep: Sleep = time.sleep) -> PurgeResult:
+def purge_task(store: Storage, task_id: str, *, attempts: int = 8, sleep: Sleep = time.sleep) -> PurgeResult:
     """Delete everything ``task_id`` left behind: safe to run again, and on a task whose META
     is already gone (the TTL path) or still there but terminal (then META goes first, so a
     purge cut short never leaves a visible task without its history).
@@ -107,81 +101,5 @@ def purge_task(store: Store, task_id: str, *, attempts: int = 8, sleep: Sleep = 
     Raises IllegalTransition if the task is not finished. ``attempts`` bounds the retries of
     unprocessed batch deletes; past it a RuntimeError makes the stream batch fail and retry.
     """
-    meta = _delete_finished_meta(store, task_id)
-    items = 0
-    for keys in _partition_pages(store, task_id):
-        items += _batch_delete(store, keys, attempts=attempts, sleep=sleep)
-    budget = _delete_budget(store, task_id)
-    objects = _delete_payloads(store, task_id)
-    return PurgeResult(task_id=task_id, items=items + meta, budget=budget, objects=objects)
-
-
-def _delete_finished_meta(store: Store, task_id: str) -> int:
-    statuses = sorted(s.value for s in TERMINAL_STATUSES)
-    values = {f":t{i}": s for i, s in enumerate(statuses)}
-    try:
-        resp = store.ddb.delete_item(
-            TableName=store.table,
-            Key=to_item({"pk": task_pk(task_id), "sk": META}),
-            ConditionExpression=f"attribute_not_exists(pk) OR #s IN ({', '.join(values)})",
-            ExpressionAttributeNames={"#s": "status"},
-            ExpressionAttributeValues=to_values(values),
-            ReturnValues="ALL_OLD",
-            ReturnValuesOnConditionCheckFailure="ALL_OLD",  # names the status without a read
-        )
-    except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
-            raise
-        status = from_item(exc.response.get("Item") or {}).get("status", "live")
-        raise IllegalTransition(f"task {task_id} is {status}; only a finished task is purged", field="task_id") from exc
-    return 1 if resp.get("Attributes") else 0
-
-
-def _partition_pages(store: Store, task_id: str) -> Iterator[list[dict[str, Any]]]:
-    """The keys of the task's partition, a page at a time (deleting behind the cursor is safe)."""
-    for page in store.ddb.get_paginator("query").paginate(
-        TableName=store.table,
-        KeyConditionExpression="pk = :pk",
-        ExpressionAttributeValues=to_values({":pk": task_pk(task_id)}),
-        ProjectionExpression="pk, sk",
-        ConsistentRead=True,
-    ):
-        if page["Items"]:
-            yield page["Items"]
-
-
-def _batch_delete(store: Store, keys: list[dict[str, Any]], *, attempts: int, sleep: Sleep) -> int:
-    for start in range(0, len(keys), BATCH_WRITE_MAX):
-        pending = [{"DeleteRequest": {"Key": key}} for key in keys[start : start + BATCH_WRITE_MAX]]
-        for attempt in range(attempts):
-            resp = store.ddb.batch_write_item(RequestItems={store.table: pending})
-            pending = (resp.get("UnprocessedItems") or {}).get(store.table, [])
-            if not pending:
-                break
-            sleep(min(5.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.0))  # throttled: back off
-        else:
-            first = from_item(pending[0]["DeleteRequest"]["Key"])
-            raise RuntimeError(f"{len(pending)} deletes still unprocessed after {attempts} attempts (first: {first})")
-    return len(keys)
-
-
-def _delete_budget(store: Store, task_id: str) -> int:
-    resp = store.ddb.delete_item(
-        TableName=store.table, Key=to_item({"pk": budget_pk(task_id), "sk": META}), ReturnValues="ALL_OLD"
-    )
-    return 1 if resp.get("Attributes") else 0
-
-
-def _delete_payloads(store: Store, task_id: str) -> int:
-    s3, bucket = store.payloads.s3, store.payloads.bucket
-    deleted = 0
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=payload_prefix(task_id)):
-        keys = [{"Key": obj["Key"]} for obj in page.get("Contents", [])]
-        for start in range(0, len(keys), DELETE_OBJECTS_MAX):
-            chunk = keys[start : start + DELETE_OBJECTS_MAX]
-            resp = s3.delete_objects(Bucket=bucket, Delete={"Objects": chunk, "Quiet": True})
-            if resp.get("Errors"):
-                error = resp["Errors"][0]
-                raise RuntimeError(f"could not delete s3://{bucket}/{error['Key']}: {error.get('Code')} {error.get('Message')}")
-            deleted += len(chunk)
-    return deleted
+    done = store.purge.task(task_id, attempts=attempts, sleep=sleep)
+    return PurgeResult(task_id=task_id, items=done.items, budget=done.budget, objects=done.objects)

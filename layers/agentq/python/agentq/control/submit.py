@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import dataclass
 from typing import Any
 
 import pydantic
 
 from agentq.core.errors import ValidationError
-from agentq.core.models import Task, TaskSubmission
+from agentq.core.models import Task, TaskStatus, TaskSubmission
 from agentq.core.providers.scripted import load_script
 from agentq.queueing.queues import TaskQueues
-from agentq.storage.store import Store
+from agentq.storage.container import Storage
 from agentq.core.tools import ToolRegistry
 
 
@@ -61,19 +63,62 @@ def check_submission(submission: TaskSubmission, tools: ToolRegistry) -> None:
             raise ValidationError(f"script: {exc}", field="script") from None
 
 
-def submit(store: Store, tools: ToolRegistry, raw: Any, *, tenant: str, queues: TaskQueues | None = None) -> Task:
+def submit(store: Storage, tools: ToolRegistry, raw: Any, *, tenant: str, queues: TaskQueues | None = None) -> Task:
     """Validate fully, create the task (META + root budget, one transaction), then enqueue it.
 
     If the enqueue fails the task is deleted again, so a caller who sees an error never
     leaves a queued task that no message will ever run.
     """
+    return submit_once(store, tools, raw, tenant=tenant, queues=queues).task
+
+
+@dataclass(frozen=True)
+class Submitted:
+    task: Task
+    created: bool  # False: an earlier request with the same idempotency key created it
+
+
+def request_hash(submission: TaskSubmission) -> str:
+    """What an idempotency key is bound to: the request as sent (before deployment defaults
+    fill it in), so a retry matches even if the defaults changed in between."""
+    return hashlib.sha256(submission.model_dump_json(exclude_none=True).encode()).hexdigest()
+
+
+def submit_once(
+    store: Storage,
+    tools: ToolRegistry,
+    raw: Any,
+    *,
+    tenant: str,
+    queues: TaskQueues | None = None,
+    idempotency_key: str | None = None,
+    digest: str | None = None,
+) -> Submitted:
+    """``submit`` with an optional idempotency key: the same key and request return the task
+    the first one created (``created=False``); the same key with another request raises
+    IdempotencyConflict. Shared by the HTTP API, the CLI and the Python client's server side.
+
+    ``digest`` is the request's hash when the caller has already changed the submission (the
+    API fills deployment defaults in after hashing what was sent).
+    """
     submission = raw if isinstance(raw, TaskSubmission) else parse_submission(raw)
     check_submission(submission, tools)
-    task = store.create_task(submission, tenant=tenant)
-    if queues is not None:
+    if idempotency_key is None:
+        task = store.tasks.create(submission, tenant=tenant)
+        created = True
+    else:
+        task, created = store.tasks.create_idempotent(
+            submission, tenant=tenant, key=idempotency_key, request_hash=digest or request_hash(submission)
+        )
+    if queues is None:
+        return Submitted(task, created)
+    if created:
         try:
             queues.send(task.task_id, submission.priority)
         except Exception:
-            store.delete_unstarted(task.task_id)
+            store.tasks.delete_unstarted(task.task_id, idempotency=(tenant, idempotency_key) if idempotency_key else None)
             raise
-    return task
+    elif task.status is TaskStatus.QUEUED and task.lease_epoch == 0:
+        # the first request may have died before its enqueue: a duplicate message is harmless
+        queues.send(task.task_id, submission.priority)
+    return Submitted(task, created)

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from agentq.core.models import ToolOutcome
+from agentq.core.records import ApprovalRecord
 from agentq.core.tools import ToolSpec, tool
 
 APPROVAL_TOOL = "request_approval"
@@ -32,10 +33,10 @@ def approval_tool_spec() -> ToolSpec:
     return request_approval
 
 
-def decision_outcome(use: dict[str, Any], record: dict[str, Any], started_at: float, now: float) -> ToolOutcome:
-    verdict = "APPROVED" if record["state"] == "approved" else "REJECTED"
-    note = record.get("note") or "(no note)"
-    by = record.get("decided_by") or "a reviewer"
+def decision_outcome(use: dict[str, Any], record: ApprovalRecord, started_at: float, now: float) -> ToolOutcome:
+    verdict = "APPROVED" if record.state == "approved" else "REJECTED"
+    note = record.note or "(no note)"
+    by = record.decided_by or "a reviewer"
     return ToolOutcome(
         tool_use_id=use["id"],
         name=APPROVAL_TOOL,

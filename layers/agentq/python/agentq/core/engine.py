@@ -35,10 +35,11 @@ from agentq.core.fanout import (
 )
 from agentq.core.faults import crash_point
 from agentq.core.models import Lease, LLMStep, StepRecord, Task, TaskStatus, TaskSubmission, ToolOutcome, ToolsStep
+from agentq.core.ports import EngineStorage
 from agentq.core.pricing import PriceTable, load_price_table
 from agentq.core.providers import LLMRequest, ProviderFactory, default_provider_factory
-from agentq.storage.store import NO_USAGE, BudgetDelta, Store
-from agentq.storage.tenant_windows import TenantCapReached, TenantLimits, TenantWindows
+from agentq.core.records import NO_USAGE, BudgetDelta
+from agentq.core.tenancy import TenantCapReached, TenantLimits
 from agentq.core.tools import ToolContext, ToolRegistry, default_registry, idempotency_key_for
 
 log = logging.getLogger("agentq.engine")
@@ -105,7 +106,7 @@ class LeaseKeeper:
 
     def __init__(
         self,
-        store: Store,
+        store: EngineStorage,
         session: Session,
         lease_seconds: float,
         interval: float,
@@ -133,7 +134,7 @@ class LeaseKeeper:
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             try:
-                self.session.lease = self.store.extend_lease(self.session.lease, self.lease_seconds)
+                self.session.lease = self.store.tasks.extend_lease(self.session.lease, self.lease_seconds)
                 if self.on_beat is not None:
                     self.on_beat()
             except LeaseLost:
@@ -150,15 +151,15 @@ KeeperFactory = Callable[["Session"], AbstractContextManager[Any]]
 class _TaskNotes:
     """Notes seen by tools: reads are free, writes are fenced by the worker's lease."""
 
-    def __init__(self, store: Store, session: Session) -> None:
+    def __init__(self, store: EngineStorage, session: Session) -> None:
         self.store = store
         self.session = session
 
     def read_note(self, key: str) -> str | None:
-        return self.store.read_note(self.session.lease.task_id, key)
+        return self.store.notes.read(self.session.lease.task_id, key)
 
     def write_note(self, key: str, value: str) -> None:
-        self.store.write_note(self.session.lease, key, value)
+        self.store.notes.write(self.session.lease, key, value)
 
 
 def conversation(goal: str, steps: list[StepRecord]) -> list[dict[str, Any]]:
@@ -200,7 +201,7 @@ def estimate_input_tokens(request: LLMRequest) -> int:
 class Engine:
     def __init__(
         self,
-        store: Store,
+        store: EngineStorage,
         *,
         worker_id: str,
         tools: ToolRegistry | None = None,
@@ -216,7 +217,7 @@ class Engine:
         self.prices = prices or load_price_table()
         self.config = config
         self.fanout = fanout
-        self.windows = TenantWindows(store.ddb, store.table, default=config.default_tenant_limits)
+        self.windows = store.windows.with_default(config.default_tenant_limits)
 
     # ------------------------------------------------------------------ entry
 
@@ -248,7 +249,7 @@ class Engine:
         stop: threading.Event | None,
     ) -> RunResult:
         sent = time.monotonic()
-        claimed = self.store.claim(task_id, self.worker_id, self.config.lease_seconds)
+        claimed = self.store.tasks.claim(task_id, self.worker_id, self.config.lease_seconds)
         claim_seconds = time.monotonic() - sent
         if claimed is None:
             return RunResult(task_id, "not_claimed")
@@ -263,7 +264,7 @@ class Engine:
         interval = self.config.heartbeat_seconds or self.config.lease_seconds / 3
         guard = keeper(session) if keeper else LeaseKeeper(self.store, session, self.config.lease_seconds, interval, on_beat)
         with guard:
-            steps = self.store.load_steps(task_id)
+            steps = self.store.steps.load(task_id)
             resumed_from = steps[-1].number if steps else 0
             session.steps = list(steps)
             session.messages = conversation(task.submission.goal, steps)
@@ -309,7 +310,7 @@ class Engine:
                 return RunResult(task_id, "finished", status=s.task.status)
             stop = self._stop_reason(s)
             if stop == "slice":
-                self.store.release(s.lease)
+                self.store.tasks.release(s.lease)
                 return RunResult(task_id, "continue")
             if stop is not None:
                 return self._finish_without_step(s, stop)
@@ -347,17 +348,17 @@ class Engine:
     def _finish_without_step(self, s: Session, status: TaskStatus) -> RunResult:
         self._release_inflight(s)
         error = self._stop_error(s, status)
-        self.store.transition(
+        self.store.tasks.transition(
             s.lease.task_id, status, lease=s.lease, result=final_text(s.messages), error=error
         )
         s.task = s.task.model_copy(update={"status": status})
         return RunResult(s.lease.task_id, "finished", status=status, error=error)
 
     def _release_inflight(self, s: Session) -> None:
-        """Return the held reservation, exactly once (see ``Store.settle_orphan``)."""
+        """Return the held reservation, exactly once (see ``EngineStorage.settle_orphan``)."""
         held = s.task.inflight
         if held:
-            self.store.settle_orphan(
+            self.store.budgets.settle_orphan(
                 s.lease.task_id,
                 s.task.budget_id,
                 BudgetDelta(reserved=held["amount"], used=0, cost_usd=NO_USAGE.cost_usd, tokens_in=0, tokens_out=0),
@@ -396,14 +397,14 @@ class Engine:
             return int(held["amount"])
         self._release_inflight(s)
         try:
-            self.store.reserve(s.lease, s.task.budget_id, wanted, s.next_step)
+            self.store.budgets.reserve(s.lease, s.task.budget_id, wanted, s.next_step)
             return wanted
         except BudgetExceeded:
-            available = self.store.get_budget(s.task.budget_id).available
+            available = self.store.budgets.get(s.task.budget_id).available
             if available < est_in + MIN_OUTPUT_TOKENS:
                 return None
             try:
-                self.store.reserve(s.lease, s.task.budget_id, available, s.next_step)
+                self.store.budgets.reserve(s.lease, s.task.budget_id, available, s.next_step)
                 return available
             except BudgetExceeded:
                 return None
@@ -421,7 +422,7 @@ class Engine:
                 hold = self.windows.hold(s.task.tenant, s.limits, reserved)
             except TenantCapReached as exc:  # not this task's fault: try again next hour
                 self._release_inflight(s)
-                self.store.release(s.lease)
+                self.store.tasks.release(s.lease)
                 return RunResult(s.lease.task_id, "retry", error={**exc.to_dict(), "retry_after": exc.retry_after})
         est_in, _ = self._wanted_reservation(s)
         max_out = max(MIN_OUTPUT_TOKENS, min(s.task.submission.constraints.max_output_tokens, reserved - est_in))
@@ -440,9 +441,9 @@ class Engine:
                 self.windows.settle(hold, 0)
             error = {"code": exc.code, "message": exc.message, "status_code": exc.status_code, "attempts": exc.attempts}
             if exc.retryable:
-                self.store.release(s.lease)
+                self.store.tasks.release(s.lease)
                 return RunResult(s.lease.task_id, "retry", error=error)
-            self.store.transition(
+            self.store.tasks.transition(
                 s.lease.task_id, TaskStatus.FAILED, lease=s.lease, result=final_text(s.messages), error=error
             )
             return RunResult(s.lease.task_id, "finished", status=TaskStatus.FAILED, error=error)
@@ -480,8 +481,8 @@ class Engine:
             )
         except LeaseLost:
             # The tokens were spent whoever owns the task now: the ledger still gets them.
-            self.store.settle_orphan(s.lease.task_id, s.task.budget_id, settle, inflight_epoch=s.lease.epoch)
-            self.store.record_orphan_call(s.lease, s.next_step, step)
+            self.store.budgets.settle_orphan(s.lease.task_id, s.task.budget_id, settle, inflight_epoch=s.lease.epoch)
+            self.store.steps.record_orphan(s.lease, s.next_step, step)
             if hold is not None:
                 self.windows.settle(hold, response.usage.total)
             raise
@@ -521,7 +522,7 @@ class Engine:
         s.commit_sent_at = time.time()
         until = None if kwargs.get("finish") else s.commit_sent_at + self.config.lease_seconds
         try:
-            record = self.store.commit_step(s.lease, s.next_step, body, root_id=s.task.budget_id, lease_until=until, **kwargs)
+            record = self.store.steps.commit(s.lease, s.next_step, body, root_id=s.task.budget_id, lease_until=until, **kwargs)
         finally:
             s.commit_sent_at = None
         if until is not None:
@@ -579,11 +580,11 @@ class Engine:
 
     def _approval_gate(self, s: Session, use: dict[str, Any]) -> ToolOutcome | RunResult:
         """The decision as a tool result, or park the task in ``paused`` until there is one."""
-        record = self.store.get_approval(s.lease.task_id, use["id"])
-        if record is not None and record["state"] != "pending":
-            return decision_outcome(use, record, record["asked_at"], time.time())
+        record = self.store.approvals.get(s.lease.task_id, use["id"])
+        if record is not None and record.state != "pending":
+            return decision_outcome(use, record, record.asked_at, time.time())
         question = str((use.get("input") or {}).get("question") or "(no question given)")
-        self.store.request_approval(s.lease, use["id"], question)
+        self.store.approvals.request(s.lease, use["id"], question)
         s.task = s.task.model_copy(update={"status": TaskStatus.PAUSED})
         return RunResult(s.lease.task_id, "waiting", status=TaskStatus.PAUSED)
 
@@ -595,7 +596,7 @@ class Engine:
         assert self.fanout is not None
         task = s.task
         spawn_id = spawn_use["id"]
-        record = self.store.get_spawn(task.task_id, spawn_id)
+        record = self.store.spawns.get(task.task_id, spawn_id)
         if record is None:
             allowlist = task.submission.constraints.tools
             notes = _TaskNotes(self.store, s)
@@ -608,9 +609,9 @@ class Engine:
             ]
             try:
                 spec = parse_spawn_input(spawn_use.get("input") or {})
-                plans = plan_children(task, spawn_id, spec, self.store.get_budget(task.budget_id).available)
+                plans = plan_children(task, spawn_id, spec, self.store.budgets.get(task.budget_id).available)
                 max_concurrency = spec.max_concurrency or len(plans)
-                self.store.spawn(s.lease, task, spawn_id, plans, pending, max_concurrency)
+                self.store.spawns.create(s.lease, task, spawn_id, plans, pending, max_concurrency)
             except (SpawnRejected, BudgetExceeded) as exc:
                 if isinstance(exc, BudgetExceeded):
                     observe.record_budget_refusal("task")
@@ -618,34 +619,30 @@ class Engine:
                 by_id = {o.tool_use_id: o for o in [*pending, refused]}
                 return [by_id[u["id"]] for u in uses]
             crash_point("after_spawn")
-            record = self.store.get_spawn(task.task_id, spawn_id)
+            record = self.store.spawns.get(task.task_id, spawn_id)
             assert record is not None
-        if record.get("state") == "creating":  # a crash cut the child writes short: redo them
-            plans = [
-                ChildPlan(p["task_id"], TaskSubmission.model_validate(p["submission"]), p["share"], p["deadline_seconds"])
-                for p in record["plans"]
-            ]
-            self.store.write_children(task, spawn_id, plans)
-        children = self.store.get_tasks(record["children"])
-        if not record.get("execution_arn"):
+        if record.state == "creating":  # a crash cut the child writes short: redo them
+            self.store.spawns.write_children(task, spawn_id, record.plans)
+        children = self.store.tasks.get_many(record.children)
+        if not record.execution_arn:
             arn = self.fanout.start(
                 parent=task,
                 spawn_id=spawn_id,
                 children=[(c.task_id, c.submission.constraints.timeout_seconds) for c in children],
-                max_concurrency=int(record["max_concurrency"]),
+                max_concurrency=record.max_concurrency,
             )
-            self.store.mark_spawn(task.task_id, spawn_id, execution_arn=arn)
-        if not record.get("woken") and not all(c.status.terminal for c in children):
-            self.store.transition(task.task_id, TaskStatus.WAITING, lease=s.lease)
+            self.store.spawns.mark(task.task_id, spawn_id, execution_arn=arn)
+        if not record.woken and not all(c.status.terminal for c in children):
+            self.store.tasks.transition(task.task_id, TaskStatus.WAITING, lease=s.lease)
             s.task = task.model_copy(update={"status": TaskStatus.WAITING})
             return RunResult(task.task_id, "waiting", status=TaskStatus.WAITING)
         entries = []
         for child in children:
             timed_out = not child.status.terminal
             if timed_out:  # its execution iteration gave up: stop it where it stands
-                partial = final_text(conversation(child.submission.goal, self.store.load_steps(child.task_id)))
+                partial = final_text(conversation(child.submission.goal, self.store.steps.load(child.task_id)))
                 try:
-                    self.store.transition(
+                    self.store.tasks.transition(
                         child.task_id,
                         TaskStatus.TIMED_OUT,
                         result=partial,
@@ -653,18 +650,18 @@ class Engine:
                     )
                     child = child.model_copy(update={"result": partial})
                 except IllegalTransition:
-                    child = self.store.get_task(child.task_id)
+                    child = self.store.tasks.get(child.task_id)
                     timed_out = child.status is TaskStatus.TIMED_OUT or not child.status.terminal
-            self.store.settle_child(task.budget_id, child.task_id)
+            self.store.budgets.settle_child(task.budget_id, child.task_id)
             entries.append(child_outcome(child, timed_out=timed_out))
         spawn_outcome = ToolOutcome(
             tool_use_id=spawn_id,
             name=SPAWN_TOOL,
             content=render_spawn_result(entries),
-            started_at=record["created_at"],
-            duration_ms=int((time.time() - record["created_at"]) * 1000),
+            started_at=record.created_at,
+            duration_ms=int((time.time() - record.created_at) * 1000),
         )
-        by_id = {o.tool_use_id: o for o in [*record["pending"], spawn_outcome]}
+        by_id = {o.tool_use_id: o for o in [*record.pending, spawn_outcome]}
         return [by_id[u["id"]] for u in uses]
 
     def _run_one_tool(self, s: Session, use: dict[str, Any], allowlist: list[str], notes: _TaskNotes) -> ToolOutcome:
@@ -672,7 +669,7 @@ class Engine:
         side_effects = bool(spec and spec.side_effects and use["name"] in allowlist)
         started = time.time()
         if side_effects:
-            prior = self.store.begin_effect(s.lease, use["id"], use["name"])
+            prior = self.store.effects.begin(s.lease, use["id"], use["name"])
             crash_point("after_effect_begin")
             if prior is not None:
                 return self._prior_effect(use, prior, started)
@@ -700,7 +697,7 @@ class Engine:
             duration_ms=run.duration_ms,
         )
         if side_effects:
-            self.store.finish_effect(s.lease, use["id"], outcome)
+            self.store.effects.finish(s.lease, use["id"], outcome)
             crash_point("after_effect_finish")
         return outcome
 

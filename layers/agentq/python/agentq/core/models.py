@@ -247,7 +247,11 @@ class Task(BaseModel):
     created_at: float
     started_at: float | None = None
     finished_at: float | None = None
-    claims: list[dict[str, Any]] = Field(default_factory=list)
+    # Claim history lives in CLAIM# items (META stays small: every step commit rewrites it);
+    # META keeps what the latency figures need.
+    claim_count: int = 0
+    first_claimed_at: float | None = None
+    last_claimed_at: float | None = None
     inflight: dict[str, int] | None = None  # the reservation held for the next LLM call
     spawn_id: str | None = None  # the parent's spawn_subagents tool_use id, for a child
     task_token: str | None = None  # Step Functions callback token, for a child run by a fan-out
@@ -266,12 +270,12 @@ class Task(BaseModel):
     @property
     def pickup_latency(self) -> float | None:
         """Submission to first claim."""
-        return self.claims[0]["at"] - self.created_at if self.claims else None
+        return self.first_claimed_at - self.created_at if self.first_claimed_at is not None else None
 
     @property
     def last_resume_gap(self) -> float | None:
         """Previous holder's last heartbeat to the latest claim: an upper bound on how long
         the task sat with nobody working on it after a worker died."""
-        if len(self.claims) < 2 or self.prev_heartbeat_at is None:
+        if self.claim_count < 2 or self.prev_heartbeat_at is None or self.last_claimed_at is None:
             return None
-        return self.claims[-1]["at"] - self.prev_heartbeat_at
+        return self.last_claimed_at - self.prev_heartbeat_at

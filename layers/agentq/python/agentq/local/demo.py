@@ -19,6 +19,7 @@ from typing import Any
 
 from agentq.local.stack import LocalStack
 from agentq.core.models import LLMStep, StepRecord, Task
+from agentq.core.records import ClaimRecord
 
 DEMO_TOOLS = ["python_exec", "note_write", "note_read", "send_report"]
 
@@ -42,8 +43,8 @@ def _describe(record: StepRecord) -> str:
     return "tools " + ", ".join(f"{r.name}:{r.status}" for r in body.results)
 
 
-def print_timeline(task: Task, steps: list[StepRecord]) -> None:
-    workers = {i + 1: claim["worker"] for i, claim in enumerate(task.claims)}
+def print_timeline(task: Task, steps: list[StepRecord], claims: list[ClaimRecord]) -> None:
+    workers = {claim.epoch: claim.worker for claim in claims}
     print(f"{'step':>4}  {'t+':>7}  {'worker':<18} what")
     for record in steps:
         who = f"{workers.get(record.epoch, '?')} (e{record.epoch})"
@@ -85,7 +86,7 @@ def run_demo(*, kill_at_step: int = 6) -> int:
         killed_at: float | None = None
         victim = None
         while kill_at_step:
-            task = store.get_task(task_id)
+            task = store.tasks.get(task_id)
             if task.status.terminal:
                 break
             if task.step >= kill_at_step and task.lease_owner:
@@ -97,18 +98,19 @@ def run_demo(*, kill_at_step: int = 6) -> int:
                     break
             time.sleep(0.02)
         view = _wait_for_end(api, task_id)
-        task = store.get_task(task_id)
-        steps = store.load_steps(task_id)
+        task = store.tasks.get(task_id)
+        steps = store.steps.load(task_id)
         print()
-        print_timeline(task, steps)
-        if killed_at is not None and len(task.claims) > 1:
-            resumed = task.claims[-1]
-            print(f"\nresumed by {resumed['worker']} {resumed['at'] - killed_at:.2f}s after the kill, "
-                  f"at step {next(s.number for s in steps if s.epoch == len(task.claims))} "
+        claims = store.tasks.claims(task_id)
+        print_timeline(task, steps, claims)
+        if killed_at is not None and len(claims) > 1:
+            resumed = claims[-1]
+            print(f"\nresumed by {resumed.worker} {resumed.at - killed_at:.2f}s after the kill, "
+                  f"at step {next(s.number for s in steps if s.epoch == resumed.epoch)} "
                   f"(pickup latency at submit: {task.pickup_latency:.3f}s)")
-        budget = store.get_budget(task.root_id)
+        budget = store.budgets.get(task.root_id)
         deliveries = outbox.read_text().splitlines() if outbox.exists() else []
-        print(f"\nstatus: {view['status']}   steps: {task.step}   workers: {len(task.claims)}")
+        print(f"\nstatus: {view['status']}   steps: {task.step}   workers: {len(claims)}")
         print(f"tokens: in {task.tokens_in}, out {task.tokens_out}; budget used {budget.used}/{budget.cap}; cost ${budget.cost_usd:.4f}")
         print(f"send_report deliveries: {len(deliveries)} (a side effect runs at most once)")
         print("\nresult:\n" + (task.result or "(none)"))
@@ -131,6 +133,6 @@ def run_goal(goal: str, *, model: str, max_tokens: int) -> int:
         task_id = _post(f"{stack.api_server.url}/tasks", submission)["task_id"]
         view = _wait_for_end(stack.api_server.url, task_id, timeout=3600)
         store = stack.store()
-        print_timeline(store.get_task(task_id), store.load_steps(task_id))
+        print_timeline(store.tasks.get(task_id), store.steps.load(task_id), store.tasks.claims(task_id))
         print(f"\nstatus: {view['status']}\n\n{view.get('result') or view.get('error')}")
         return 0 if view["status"] == "succeeded" else 1

@@ -65,7 +65,7 @@ class LocalStack:
 
     def keys(self) -> KeyStore:
         assert self.settings is not None
-        return KeyStore(self.store().ddb, self.settings.table)
+        return KeyStore(self.store().table.client, self.settings.table)
 
     def create_api_key(self, tenant: str = "local") -> str:
         """A new API key for ``tenant`` (what `agentq keys create` does)."""

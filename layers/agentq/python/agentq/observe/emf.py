@@ -62,7 +62,7 @@ def record_run(run: RunResult) -> None:
         if run.status is not None and run.status.terminal:
             metrics.add_metric(name=names.task_outcome(run.status.value), unit=MetricUnit.Count, value=1)
         task = run.claimed
-        if task is None or not task.claims:
+        if task is None or not task.claim_count:
             return
         if task.lease_epoch == 1 and task.pickup_latency is not None:
             metrics.add_metric(name=names.PICKUP_LATENCY, unit=MetricUnit.Seconds, value=round(task.pickup_latency, 3))

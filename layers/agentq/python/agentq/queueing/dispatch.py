@@ -105,12 +105,12 @@ class Dispatcher:
         stop: threading.Event | None,
     ) -> Action:
         try:
-            task = self.store.get_task(message.task_id)
+            task = self.store.tasks.get(message.task_id)
         except TaskNotFound:
             return Action("dead_letter", f"poison: unknown task {message.task_id!r}", task_id=message.task_id)
 
         if message.task_token and task.task_token != message.task_token:
-            self.store.set_task_token(task.task_id, message.task_token)  # continuations carry no token
+            self.store.tasks.set_task_token(task.task_id, message.task_token)  # continuations carry no token
             task = task.model_copy(update={"task_token": message.task_token})
         if task.status.terminal:
             if not (task.status is TaskStatus.FAILED and _was_dead_lettered(attributes)):
@@ -130,22 +130,22 @@ class Dispatcher:
 
     def _wake(self, task: Task, spawn_id: str) -> None:
         """The fan-out ended: note it on the spawn and make the parent runnable again."""
-        self.store.mark_spawn(task.task_id, spawn_id, woken=True)
+        self.store.spawns.mark(task.task_id, spawn_id, woken=True)
         try:
-            self.store.transition(task.task_id, TaskStatus.QUEUED)
+            self.store.tasks.transition(task.task_id, TaskStatus.QUEUED)
         except IllegalTransition:
             pass  # still running (it parks itself and this message comes back) or already queued
 
     def _report_end(self, task: Task, status: TaskStatus) -> None:
         """A child of a fan-out reports its end through its Step Functions callback token."""
-        token = task.task_token or self.store.get_task(task.task_id).task_token
+        token = task.task_token or self.store.tasks.get(task.task_id).task_token
         if token and self.engine.fanout is not None:
             self.engine.fanout.child_finished(token, task.task_id, status)
 
     def _requeue_redriven(self, task: Task) -> None:
         """A message back from the DLQ for a task we failed: the operator wants it resumed."""
         try:
-            self.store.transition(task.task_id, TaskStatus.QUEUED, error=None)
+            self.store.tasks.transition(task.task_id, TaskStatus.QUEUED, error=None)
             log.info("redrive: task %s requeued from its checkpoint (step %s)", task.task_id, task.step)
         except IllegalTransition:
             pass  # raced with another copy of the redrive: the claim below decides
@@ -166,14 +166,14 @@ class Dispatcher:
             if receive_count >= self.max_receive_count:
                 reason = f"failed after {receive_count} attempts: {error.get('message', 'retryable error')}"
                 try:
-                    self.store.transition(task_id, TaskStatus.FAILED, error={**error, "attempts": receive_count})
+                    self.store.tasks.transition(task_id, TaskStatus.FAILED, error={**error, "attempts": receive_count})
                 except IllegalTransition:
                     pass
                 return Action("dead_letter", reason, task_id=task_id, run=run)
             delay = int(error.get("retry_after") or self.backoff.delay(receive_count))
             return Action("retry", f"retryable: {error.get('message', '')}", delay_seconds=delay, task_id=task_id, run=run)
         # not_claimed: someone holds a live lease, or the task moved on since we looked.
-        task = self.store.get_task(task_id)
+        task = self.store.tasks.get(task_id)
         if task.status.terminal or task.status in (TaskStatus.WAITING, TaskStatus.PAUSED):
             return Action("delete", f"task already {task.status.value}", task_id=task_id, run=run)
         remaining = task.lease_expires - time.time()

@@ -13,9 +13,14 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from agentq.core.errors import TaskNotFound
-from agentq.queueing.queues import DEAD_LETTER_REASON, TaskMessage, TaskQueues, describe_body
+from agentq.queueing.queues import (
+    DEAD_LETTER_REASON,
+    TaskMessage,
+    TaskQueues,
+    describe_body,
+)
 from agentq.resources import TIERS
-from agentq.storage.store import Store
+from agentq.storage.container import Storage
 
 log = logging.getLogger("agentq.dlq")
 
@@ -58,7 +63,7 @@ def _peek(queues: TaskQueues, tier: str, limit: int) -> list[dict[str, Any]]:
     return list(seen.values())
 
 
-def list_dead_letters(queues: TaskQueues, store: Store, tier: str | None = None, limit: int = 100) -> list[DeadLetter]:
+def list_dead_letters(queues: TaskQueues, store: Storage, tier: str | None = None, limit: int = 100) -> list[DeadLetter]:
     out: list[DeadLetter] = []
     for t in [tier] if tier else list(TIERS):
         for m in _peek(queues, t, limit):
@@ -67,7 +72,7 @@ def list_dead_letters(queues: TaskQueues, store: Store, tier: str | None = None,
             status: str | None = None
             try:
                 task_id = TaskMessage.model_validate_json(m["Body"]).task_id
-                status = store.get_task(task_id).status.value
+                status = store.tasks.get(task_id).status.value
             except (ValueError, TaskNotFound):
                 pass
             out.append(

@@ -8,7 +8,7 @@ the writer's lease epoch (a zombie's late upload can never overwrite a committed
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 
@@ -59,6 +59,23 @@ def from_item(item: dict[str, Any], *, keep_decimal: frozenset[str] = frozenset(
     return out
 
 
+class Payloads(Protocol):
+    """Where payloads too large for an item go (S3, or memory in tests)."""
+
+    threshold: int
+
+    def encode(self, key: str, payload: str) -> dict[str, Any]: ...
+
+    def copy(self, source_key: str, key: str) -> None: ...
+
+    def decode(self, attrs: dict[str, Any]) -> str: ...
+
+    def delete_prefix(self, prefix: str) -> int: ...
+
+
+DELETE_OBJECTS_MAX = 1000
+
+
 class PayloadStore:
     """Keeps large payloads out of DynamoDB items."""
 
@@ -84,3 +101,19 @@ class PayloadStore:
             return str(attrs["body"])
         obj = self.s3.get_object(Bucket=self.bucket, Key=attrs["ref"])
         return obj["Body"].read().decode()
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every object under ``prefix``; returns how many."""
+        deleted = 0
+        for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+            keys = [{"Key": obj["Key"]} for obj in page.get("Contents", [])]
+            for start in range(0, len(keys), DELETE_OBJECTS_MAX):
+                chunk = keys[start : start + DELETE_OBJECTS_MAX]
+                resp = self.s3.delete_objects(Bucket=self.bucket, Delete={"Objects": chunk, "Quiet": True})
+                if resp.get("Errors"):
+                    error = resp["Errors"][0]
+                    raise RuntimeError(
+                        f"could not delete s3://{self.bucket}/{error['Key']}: {error.get('Code')} {error.get('Message')}"
+                    )
+                deleted += len(chunk)
+        return deleted

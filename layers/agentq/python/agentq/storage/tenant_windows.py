@@ -14,27 +14,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from botocore.exceptions import ClientError
-from pydantic import BaseModel, Field
+from boto3.dynamodb.conditions import Attr
 
 from agentq import observe
-from agentq.core.errors import AgentqError
-from agentq.storage.serdes import from_item, to_item, to_values
+from agentq.core.tenancy import TenantCapReached, TenantLimits
+from agentq.storage import keys
+from agentq.storage.table import ConditionFailed, Table, Update, plain
 
 WINDOW_TTL_SECONDS = 3 * 24 * 3600
-
-
-class TenantLimits(BaseModel):
-    hourly_tokens: int = Field(ge=1)
-    soft_ratio: float = Field(default=0.8, gt=0, le=1)
-
-
-class TenantCapReached(AgentqError):
-    code = "tenant_hourly_cap"
-
-    def __init__(self, message: str, retry_after: int) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 @dataclass(frozen=True)
@@ -53,55 +40,48 @@ def seconds_to_next_hour(now: float) -> int:
 
 
 class TenantWindows:
-    def __init__(self, ddb: Any, table: str, default: TenantLimits | None = None) -> None:
+    def __init__(self, table: Table, default: TenantLimits | None = None) -> None:
         """``default`` applies to tenants with no LIMITS item of their own (the deployment's
         ``budget_defaults.tenant_hourly_tokens``); None leaves them uncapped."""
-        self.ddb = ddb
         self.table = table
         self.default = default
 
+    def with_default(self, default: TenantLimits | None) -> TenantWindows:
+        return TenantWindows(self.table, default)
+
     def limits(self, tenant: str) -> TenantLimits | None:
-        resp = self.ddb.get_item(TableName=self.table, Key=to_item({"pk": f"TENANT#{tenant}", "sk": "LIMITS"}))
-        if "Item" not in resp:
+        item = self.table.get({"pk": keys.tenant_pk(tenant), "sk": keys.LIMITS})
+        if item is None:
             return self.default
-        data = from_item(resp["Item"])
+        data = plain(item)
         return TenantLimits(hourly_tokens=data["hourly_tokens"], soft_ratio=data.get("soft_ratio", 0.8))
 
     def set_limits(self, tenant: str, limits: TenantLimits) -> None:
-        self.ddb.put_item(
-            TableName=self.table,
-            Item=to_item({"pk": f"TENANT#{tenant}", "sk": "LIMITS", **limits.model_dump()}),
-        )
+        self.table.put({"pk": keys.tenant_pk(tenant), "sk": keys.LIMITS, **limits.model_dump()})
+
+    def _key(self, tenant: str, hour: str) -> dict[str, str]:
+        return {"pk": keys.tenant_pk(tenant), "sk": keys.hour_sk(hour)}
 
     def usage(self, tenant: str, now: float | None = None) -> dict[str, int]:
-        resp = self.ddb.get_item(
-            TableName=self.table, Key=to_item({"pk": f"TENANT#{tenant}", "sk": f"HOUR#{hour_key(now or time.time())}"}), ConsistentRead=True
-        )
-        data = from_item(resp.get("Item", {}))
+        data = plain(self.table.get(self._key(tenant, hour_key(now or time.time()))) or {})
         return {"held": int(data.get("held", 0)), "used": int(data.get("used", 0))}
 
     def hold(self, tenant: str, limits: TenantLimits, amount: int, now: float | None = None) -> WindowHold:
         now = now or time.time()
         hour = hour_key(now)
         try:
-            resp = self.ddb.update_item(
-                TableName=self.table,
-                Key=to_item({"pk": f"TENANT#{tenant}", "sk": f"HOUR#{hour}"}),
-                UpdateExpression="SET held = if_not_exists(held, :zero) + :amount, expires_at = :ttl",
-                ConditionExpression="attribute_not_exists(held) OR held <= :limit",
-                ExpressionAttributeValues=to_values(
-                    {":zero": 0, ":amount": amount, ":limit": limits.hourly_tokens - amount, ":ttl": int(now) + WINDOW_TTL_SECONDS}
-                ),
-                ReturnValues="UPDATED_NEW",
+            new = self.table.update(
+                self._key(tenant, hour),
+                Update(add={"held": amount}, set={"expires_at": int(now) + WINDOW_TTL_SECONDS}),
+                condition=Attr("held").not_exists() | Attr("held").lte(limits.hourly_tokens - amount),
+                returns="UPDATED_NEW",
             )
-        except ClientError as exc:
-            if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
-                raise
+        except ConditionFailed:
             observe.record_budget_refusal("tenant")
             raise TenantCapReached(
                 f"tenant {tenant!r} reached its hourly cap of {limits.hourly_tokens} tokens", seconds_to_next_hour(now)
             ) from None
-        held = int(from_item(resp["Attributes"])["held"])
+        held = int((new or {})["held"])
         soft = limits.hourly_tokens * limits.soft_ratio
         if held >= soft and self._first_crossing(tenant, hour):
             observe.tenant_soft_cap_crossed(tenant, held, limits.hourly_tokens)
@@ -110,24 +90,13 @@ class TenantWindows:
     def _first_crossing(self, tenant: str, hour: str) -> bool:
         """Holds go up and settle down, so the line may be crossed many times: report once an hour."""
         try:
-            self.ddb.update_item(
-                TableName=self.table,
-                Key=to_item({"pk": f"TENANT#{tenant}", "sk": f"HOUR#{hour}"}),
-                UpdateExpression="SET soft_reported = :true",
-                ConditionExpression="attribute_not_exists(soft_reported)",
-                ExpressionAttributeValues=to_values({":true": True}),
+            self.table.update(
+                self._key(tenant, hour), Update(set={"soft_reported": True}), condition=Attr("soft_reported").not_exists()
             )
             return True
-        except ClientError as exc:
-            if exc.response["Error"]["Code"] == "ConditionalCheckFailedException":
-                return False
-            raise
+        except ConditionFailed:
+            return False
 
     def settle(self, hold: WindowHold, used: int) -> None:
         """Replace the hold by the provider-reported usage (release it all with ``used=0``)."""
-        self.ddb.update_item(
-            TableName=self.table,
-            Key=to_item({"pk": f"TENANT#{hold.tenant}", "sk": f"HOUR#{hold.hour}"}),
-            UpdateExpression="SET held = held - :back, used = if_not_exists(used, :zero) + :used",
-            ExpressionAttributeValues=to_values({":back": hold.amount - used, ":used": used, ":zero": 0}),
-        )
+        self.table.update(self._key(hold.tenant, hold.hour), Update(add={"held": used - hold.amount, "used": used}))

@@ -1,0 +1,137 @@
+"""What the engine needs from storage, as narrow protocols shaped by the engine's own use.
+
+The core imports no storage code: ``storage.Storage`` (over DynamoDB or in memory) satisfies
+``EngineStorage`` structurally, and mypy checks that where the two meet (``runtime``). Each
+protocol lists only the calls the engine makes, so a reader sees the engine's whole contract
+with the table here, and a test double needs only these.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from agentq.core.fanout import ChildPlan
+from agentq.core.models import Lease, LLMStep, StepRecord, Task, TaskStatus, ToolOutcome
+from agentq.core.records import ApprovalRecord, BudgetDelta, BudgetState, EffectRecord, Reservation, SpawnRecord
+from agentq.core.tenancy import TenantLimits
+
+
+class TaskLeases(Protocol):
+    def claim(self, task_id: str, worker: str, lease_seconds: float) -> tuple[Lease, Task] | None: ...
+
+    def extend_lease(self, lease: Lease, lease_seconds: float) -> Lease: ...
+
+    def release(self, lease: Lease) -> None: ...
+
+    def transition(
+        self,
+        task_id: str,
+        to: TaskStatus,
+        *,
+        lease: Lease | None = None,
+        result: str | None = None,
+        error: dict[str, Any] | None = None,
+    ) -> None: ...
+
+    def get(self, task_id: str) -> Task: ...
+
+    def get_many(self, task_ids: list[str]) -> list[Task]: ...
+
+
+class StepLog(Protocol):
+    def load(self, task_id: str) -> list[StepRecord]: ...
+
+    def commit(
+        self,
+        lease: Lease,
+        number: int,
+        body: Any,
+        *,
+        root_id: str,
+        settle: BudgetDelta | None = None,
+        reserve_next: int = 0,
+        finish: TaskStatus | None = None,
+        result: str | None = None,
+        error: dict[str, Any] | None = None,
+        lease_until: float | None = None,
+    ) -> StepRecord: ...
+
+    def record_orphan(self, lease: Lease, number: int, body: LLMStep) -> None: ...
+
+
+class BudgetLedger(Protocol):
+    def get(self, root_id: str) -> BudgetState: ...
+
+    def reserve(self, lease: Lease, root_id: str, amount: int, step: int) -> Reservation: ...
+
+    def settle_orphan(self, task_id: str, budget_id: str, delta: BudgetDelta, *, inflight_epoch: int | None) -> bool: ...
+
+    def settle_child(self, parent_budget_id: str, child_id: str) -> None: ...
+
+
+class TenantWindowsPort(Protocol):
+    def limits(self, tenant: str) -> TenantLimits | None: ...
+
+    def hold(self, tenant: str, limits: TenantLimits, amount: int, now: float | None = None) -> Any: ...
+
+    def settle(self, hold: Any, used: int) -> None: ...
+
+    def with_default(self, default: TenantLimits | None) -> TenantWindowsPort: ...
+
+
+class ApprovalBook(Protocol):
+    def get(self, task_id: str, use_id: str) -> ApprovalRecord | None: ...
+
+    def request(self, lease: Lease, use_id: str, question: str) -> None: ...
+
+
+class SpawnBook(Protocol):
+    def get(self, parent_id: str, spawn_id: str) -> SpawnRecord | None: ...
+
+    def create(
+        self, lease: Lease, parent: Task, spawn_id: str, children: list[ChildPlan], pending: list[ToolOutcome], max_concurrency: int
+    ) -> bool: ...
+
+    def write_children(self, parent: Task, spawn_id: str, children: list[ChildPlan]) -> None: ...
+
+    def mark(self, parent_id: str, spawn_id: str, **fields: Any) -> None: ...
+
+
+class EffectLog(Protocol):
+    def begin(self, lease: Lease, tool_use_id: str, name: str) -> EffectRecord | None: ...
+
+    def finish(self, lease: Lease, tool_use_id: str, outcome: ToolOutcome) -> None: ...
+
+
+class NoteBook(Protocol):
+    def read(self, task_id: str, key: str) -> str | None: ...
+
+    def write(self, lease: Lease, key: str, value: str) -> None: ...
+
+
+class EngineStorage(Protocol):
+    """Everything the engine reads and writes, by aggregate."""
+
+    @property
+    def tasks(self) -> TaskLeases: ...
+
+    @property
+    def steps(self) -> StepLog: ...
+
+    @property
+    def budgets(self) -> BudgetLedger: ...
+
+    @property
+    def windows(self) -> TenantWindowsPort: ...
+
+    @property
+    def approvals(self) -> ApprovalBook: ...
+
+    @property
+    def spawns(self) -> SpawnBook: ...
+
+    @property
+    def effects(self) -> EffectLog: ...
+
+    @property
+    def notes(self) -> NoteBook: ...

@@ -1,0 +1,109 @@
+"""Typed records that cross the storage seam (what repositories return besides ``Task`` and
+``StepRecord``): callers read attributes, never a raw item's keys."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Literal
+
+from agentq.core.fanout import ChildPlan
+from agentq.core.models import LLMStep, ToolOutcome
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Tokens held on the root budget for one LLM call, recorded on META as ``inflight``."""
+
+    amount: int
+    epoch: int
+    step: int
+
+
+@dataclass(frozen=True)
+class BudgetState:
+    cap: int
+    reserved: int
+    used: int
+    available: int
+    cost_usd: Decimal
+    tokens_in: int = 0
+    tokens_out: int = 0
+    settled: bool = False
+
+
+@dataclass(frozen=True)
+class BudgetDelta:
+    """How a committed LLM call settles its reservation against the root budget."""
+
+    reserved: int
+    used: int
+    cost_usd: Decimal
+    tokens_in: int
+    tokens_out: int
+
+
+NO_USAGE = BudgetDelta(reserved=0, used=0, cost_usd=Decimal(0), tokens_in=0, tokens_out=0)
+
+
+@dataclass(frozen=True)
+class EffectRecord:
+    tool_use_id: str
+    state: Literal["started", "done"]
+    content: str | None
+    is_error: bool
+    epoch: int
+
+
+@dataclass(frozen=True)
+class ClaimRecord:
+    """One claim of a task's lease: who took it, when, and the previous holder's last beat."""
+
+    epoch: int
+    worker: str
+    at: float
+    prev_heartbeat_at: float | None = None
+
+
+@dataclass(frozen=True)
+class ApprovalRecord:
+    use_id: str
+    state: Literal["pending", "approved", "rejected"]
+    question: str
+    asked_at: float
+    note: str | None = None
+    decided_by: str | None = None
+    decided_at: float | None = None
+
+
+@dataclass(frozen=True)
+class SpawnRecord:
+    spawn_id: str
+    children: list[str]
+    max_concurrency: int
+    state: Literal["creating", "created"]
+    created_at: float
+    epoch: int
+    execution_arn: str | None = None
+    woken: bool = False
+    pending: list[ToolOutcome] = field(default_factory=list)
+    plans: list[ChildPlan] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class IdempotencyRecord:
+    tenant: str
+    key: str
+    task_id: str
+    request_hash: str
+    created_at: float
+    expires_at: int
+
+
+@dataclass(frozen=True)
+class OrphanCall:
+    """An LLM call that happened but whose step was never committed (its worker lost the lease)."""
+
+    number: int
+    epoch: int
+    call: LLMStep

@@ -1,0 +1,82 @@
+"""Human approvals (``APPROVAL#tool_use_id``): a pending record and the pause of the task are
+one fenced transaction, and a decision and the task's requeue are another, refused unless the
+approval is still pending, so a decision is taken exactly once."""
+
+from __future__ import annotations
+
+import time
+
+from boto3.dynamodb.conditions import Attr
+
+from agentq.core.errors import IllegalTransition
+from agentq.core.models import Lease, TaskStatus
+from agentq.core.records import ApprovalRecord
+from agentq.storage import keys
+from agentq.storage.table import Item, Patch, Put, Table, TransactionCancelled, Update, absent, plain
+from agentq.storage.tasks import Tasks, why_fenced
+
+
+def _record(raw: Item) -> ApprovalRecord:
+    d = plain(raw)
+    return ApprovalRecord(
+        use_id=d["sk"].split("#", 1)[1],
+        state=d["state"],
+        question=d.get("question", ""),
+        asked_at=d.get("asked_at", 0.0),
+        note=d.get("note"),
+        decided_by=d.get("decided_by"),
+        decided_at=d.get("decided_at"),
+    )
+
+
+class Approvals:
+    def __init__(self, table: Table, tasks: Tasks) -> None:
+        self.table = table
+        self.tasks = tasks
+
+    def request(self, lease: Lease, use_id: str, question: str) -> None:
+        """Record a pending approval and pause the task, in one fenced transaction."""
+        record = {
+            **keys.item_key(lease.task_id, f"{keys.APPROVAL}{use_id}"),
+            "state": "pending",
+            "question": question,
+            "asked_at": time.time(),
+        }
+        try:
+            self.table.transact([Put("approval", record, absent()), self.tasks.pause(lease)])
+        except TransactionCancelled as exc:
+            if "meta" in exc.failed:
+                raise why_fenced(self.table, lease) from exc
+            # asked before (a resumed worker): pause again
+            self.table.transact([self.tasks.pause(lease)])
+
+    def get(self, task_id: str, use_id: str) -> ApprovalRecord | None:
+        raw = self.table.get(keys.item_key(task_id, f"{keys.APPROVAL}{use_id}"))
+        return _record(raw) if raw is not None else None
+
+    def list(self, task_id: str) -> list[ApprovalRecord]:
+        """Every approval of a task (pending and decided), in order of their ids."""
+        return [_record(i) for i in self.table.query(keys.task_pk(task_id), prefix=keys.APPROVAL)]
+
+    def pending(self, task_id: str) -> ApprovalRecord | None:
+        return next((a for a in self.list(task_id) if a.state == "pending"), None)
+
+    def decide(self, task_id: str, use_id: str, *, approved: bool, note: str, by: str) -> None:
+        """Record the decision and requeue the paused task, atomically; refused unless pending."""
+        now = time.time()
+        decision = Patch(
+            "approval",
+            keys.item_key(task_id, f"{keys.APPROVAL}{use_id}"),
+            Update(set={"state": "approved" if approved else "rejected", "note": note, "decided_by": by, "decided_at": now}),
+            Attr("state").eq("pending"),
+        )
+        requeue = Patch(
+            "meta",
+            keys.meta_key(task_id),
+            Update(set={"status": TaskStatus.QUEUED.value, "updated_at": now}),
+            Attr("status").eq(TaskStatus.PAUSED.value),
+        )
+        try:
+            self.table.transact([decision, requeue])
+        except TransactionCancelled as exc:
+            raise IllegalTransition(f"task {task_id} has no pending approval to decide", field="task_id") from exc

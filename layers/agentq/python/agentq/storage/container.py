@@ -1,0 +1,46 @@
+"""``Storage``: the repositories of one table, wired together. Consumers take the repository
+they need (``storage.tasks``, ``storage.steps``, ...); which backend is underneath
+(``DynamoTable`` or ``MemoryTable``) is the caller's choice, made once."""
+
+from __future__ import annotations
+
+from agentq.storage.approvals import Approvals
+from agentq.storage.budgets import Budgets
+from agentq.storage.effects import Effects
+from agentq.storage.notes import Notes
+from agentq.storage.purge import Purge
+from agentq.storage.serdes import Payloads
+from agentq.storage.spawns import Spawns
+from agentq.storage.steps import Steps
+from agentq.storage.table import Table
+from agentq.storage.tasks import DAY_SECONDS, DEFAULT_TASK_RETENTION_DAYS, Tasks
+from agentq.storage.tenant_windows import TenantLimits, TenantWindows
+
+
+class Storage:
+    def __init__(
+        self,
+        table: Table,
+        payloads: Payloads,
+        *,
+        retention_seconds: int = DEFAULT_TASK_RETENTION_DAYS * DAY_SECONDS,
+        default_tenant_limits: TenantLimits | None = None,
+    ) -> None:
+        self.table = table
+        self.payloads = payloads
+        self.tasks = Tasks(table, payloads, retention_seconds=retention_seconds)
+        self.budgets = Budgets(table)
+        self.steps = Steps(table, payloads, self.tasks)
+        self.effects = Effects(table, payloads)
+        self.spawns = Spawns(table, payloads, self.tasks, self.budgets)
+        self.approvals = Approvals(table, self.tasks)
+        self.notes = Notes(table)
+        self.windows = TenantWindows(table, default_tenant_limits)
+        self.purge = Purge(table, payloads)
+
+
+def memory_storage(**kwargs: object) -> Storage:
+    """A Storage over an in-memory table and payload store (tests, no AWS)."""
+    from agentq.storage.memory import MemoryPayloads, MemoryTable
+
+    return Storage(MemoryTable(), MemoryPayloads(), **kwargs)  # type: ignore[arg-type]

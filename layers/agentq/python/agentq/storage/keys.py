@@ -1,0 +1,103 @@
+"""The key schema of the single table: every partition and sort key agentq writes, defined once.
+
+A task's items share its partition (``TASK#id``), so one Query reads its history in commit
+order and one purge finds all of it. The root budget of a task tree has a partition of its
+own (``BUDGET#root``) because every task of the tree reserves on it, and a tenant's hourly
+windows and limits live under ``TENANT#t``. Sort keys carry zero-padded numbers so that they
+sort as text in the order they were written.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from agentq.resources import PAYLOAD_PREFIX
+
+META = "META"
+STEP = "STEP#"
+EFFECT = "EFFECT#"
+NOTE = "NOTE#"
+SPAWN = "SPAWN#"
+APPROVAL = "APPROVAL#"
+ORPHAN = "ORPHAN#"
+CLAIM = "CLAIM#"
+SUBMISSION = "META#SUBMISSION"  # sorts right after META: one Query reads both
+LIMITS = "LIMITS"
+HOUR = "HOUR#"
+
+Key = dict[str, str]
+
+
+def new_task_id() -> str:
+    return uuid.uuid4().hex
+
+
+def task_pk(task_id: str) -> str:
+    return f"TASK#{task_id}"
+
+
+def task_id_of(pk: str) -> str:
+    return pk.split("#", 1)[1]
+
+
+def budget_pk(root_id: str) -> str:
+    return f"BUDGET#{root_id}"
+
+
+def tenant_pk(tenant: str) -> str:
+    """The partition of a tenant's windows and limits, and (in ``gsi1``) of its tasks."""
+    return f"TENANT#{tenant}"
+
+
+def idempotency_pk(tenant: str, key: str) -> str:
+    return f"IDEMP#{tenant}#{key}"
+
+
+def step_sk(number: int) -> str:
+    return f"{STEP}{number:06d}"
+
+
+LAST_STEP_SK = f"{STEP}999999"
+
+
+def claim_sk(epoch: int) -> str:
+    return f"{CLAIM}{epoch:06d}"
+
+
+def orphan_sk(number: int, epoch: int) -> str:
+    return f"{ORPHAN}{number:06d}#e{epoch:04d}"
+
+
+def hour_sk(hour: str) -> str:
+    return f"{HOUR}{hour}"
+
+
+def meta_key(task_id: str) -> Key:
+    return {"pk": task_pk(task_id), "sk": META}
+
+
+def submission_key(task_id: str) -> Key:
+    return {"pk": task_pk(task_id), "sk": SUBMISSION}
+
+
+def budget_key(root_id: str) -> Key:
+    return {"pk": budget_pk(root_id), "sk": META}
+
+
+def item_key(task_id: str, sk: str) -> Key:
+    return {"pk": task_pk(task_id), "sk": sk}
+
+
+def tenant_index_sk(created_at: float, task_id: str) -> str:
+    """``gsi1`` sort key: creation time in epoch milliseconds (15 digits, so it sorts as text),
+    then the task id to break ties; a descending query lists newest first."""
+    return f"{int(created_at * 1000):015d}#{task_id}"
+
+
+def payload_prefix(task_id: str) -> str:
+    """Every S3 payload of a task is under this prefix (so its purge can list them)."""
+    return f"{PAYLOAD_PREFIX}{task_id}/"
+
+
+def step_payload_key(task_id: str, number: int, epoch: int) -> str:
+    return f"{payload_prefix(task_id)}steps/{number:06d}-e{epoch}.json"

@@ -1,0 +1,213 @@
+"""The table core: the few primitives every storage backend implements, and the conditions
+the repositories build from.
+
+Repositories (tasks, steps, budgets, ...) are written once against ``Table``; a backend
+(``DynamoTable`` on DynamoDB, ``MemoryTable`` in memory) implements only these primitives.
+So the invariants live in one place: a condition is data (``boto3.dynamodb.conditions``),
+rendered to an expression by one backend and evaluated by the other, and the conformance
+suite (tests/storage_conformance) runs every repository over both.
+
+Transactions name their actions. A cancelled transaction raises ``TransactionCancelled``
+with the names of the actions whose condition failed, so a caller says "the budget refused"
+by name instead of decoding a list of reasons by position.
+
+Items cross this seam as plain dicts of DynamoDB-typed Python values: numbers come back as
+``Decimal`` (``plain`` turns them into int/float), ``None`` attributes are not stored.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Literal, Protocol, TypeAlias
+
+from boto3.dynamodb.conditions import Attr, ConditionBase
+
+from agentq.core.models import Lease, TaskStatus
+
+Item: TypeAlias = dict[str, Any]
+Key: TypeAlias = dict[str, str]
+Returns = Literal["NONE", "ALL_NEW", "ALL_OLD", "UPDATED_NEW"]
+
+MAX_TRANSACTION_ACTIONS = 100
+
+
+class ConditionFailed(Exception):
+    """A single write's condition was false; ``old`` is the item as it was (None if absent)."""
+
+    def __init__(self, old: Item | None) -> None:
+        super().__init__("the condition of the write was not met")
+        self.old = old
+
+
+class IdempotentParameterMismatch(Exception):
+    """A transaction token was reused for a different transaction (DynamoDB keeps a token
+    for ten minutes): a caller bug, never an answer about the data."""
+
+
+class TransactionCancelled(Exception):
+    """A transaction wrote nothing because the conditions of ``failed`` (action names) were false."""
+
+    def __init__(self, failed: frozenset[str]) -> None:
+        super().__init__(f"transaction cancelled by {', '.join(sorted(failed)) or 'a conflict'}")
+        self.failed = failed
+
+
+@dataclass(frozen=True)
+class Update:
+    """What an update does to one item. ``add`` adds to a number (a missing attribute counts as
+    0, like DynamoDB's ``ADD``); ``set_if_absent`` sets only attributes not yet present. Every
+    operand is read from the item as it was before the write, as in DynamoDB."""
+
+    set: Mapping[str, Any] = field(default_factory=dict)
+    add: Mapping[str, int | Decimal] = field(default_factory=dict)
+    remove: Sequence[str] = ()
+    set_if_absent: Mapping[str, Any] = field(default_factory=dict)
+    # target -> (source, default): the source attribute's value before this write, else default
+    copy_from: Mapping[str, tuple[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        seen: set[str] = set()
+        for names in (self.set, self.add, self.remove, self.set_if_absent, self.copy_from):
+            overlap = seen & set(names)
+            if overlap:
+                raise ValueError(f"attribute(s) {sorted(overlap)} updated twice in one write")
+            seen |= set(names)
+
+
+@dataclass(frozen=True)
+class Put:
+    name: str
+    item: Item
+    condition: ConditionBase | None = None
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    key: Key
+    update: Update
+    condition: ConditionBase | None = None
+
+
+@dataclass(frozen=True)
+class Delete:
+    name: str
+    key: Key
+    condition: ConditionBase | None = None
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    key: Key
+    condition: ConditionBase
+
+
+Action: TypeAlias = Put | Patch | Delete | Check
+
+
+@dataclass(frozen=True)
+class Page:
+    items: list[Item]
+    last_key: Item | None  # where the next page starts; None at the end
+
+
+class Table(Protocol):
+    """The primitives. Reads are strongly consistent; a write's ``condition`` is evaluated on
+    the item as stored (an absent item has no attributes)."""
+
+    name: str
+
+    def get(self, key: Key) -> Item | None: ...
+
+    def query(
+        self,
+        pk: str,
+        *,
+        prefix: str | None = None,
+        between: tuple[str, str] | None = None,
+        descending: bool = False,
+        limit: int | None = None,
+        keys_only: bool = False,
+    ) -> list[Item]:
+        """Items of partition ``pk`` in sort-key order (all pages, or the first ``limit``)."""
+        ...
+
+    def query_index(
+        self,
+        index: str,
+        partition: tuple[str, str],
+        *,
+        descending: bool,
+        limit: int,
+        filter: ConditionBase | None = None,
+        start: Item | None = None,
+    ) -> Page:
+        """One page of a global secondary index (``limit`` items read before ``filter``)."""
+        ...
+
+    def put(self, item: Item, *, condition: ConditionBase | None = None) -> None: ...
+
+    def update(
+        self, key: Key, update: Update, *, condition: ConditionBase | None = None, returns: Returns = "NONE"
+    ) -> Item | None: ...
+
+    def delete(self, key: Key, *, condition: ConditionBase | None = None) -> Item | None:
+        """Delete and return the old item (None if there was none)."""
+        ...
+
+    def transact(self, actions: Sequence[Action], *, token: str | None = None) -> None:
+        """All or nothing. ``token`` makes a retry of a transaction that went through a no-op."""
+        ...
+
+    def batch_get(self, keys: Sequence[Key]) -> list[Item]: ...
+
+    def batch_delete(self, keys: Sequence[Key], *, attempts: int = 8, sleep: Callable[[float], None] = time.sleep) -> None:
+        """Delete many items; what the table leaves unprocessed (throttling) is retried with
+        backoff up to ``attempts`` times, then a RuntimeError says so."""
+        ...
+
+
+def fence(lease: Lease) -> ConditionBase:
+    """The lease fence: the writer still holds the epoch it claimed and the task still runs.
+
+    Every write a worker makes on behalf of a task carries it (directly or as a ``Check`` in
+    the same transaction), so a zombie woken after a takeover can write nothing.
+    """
+    return Attr("lease_epoch").eq(lease.epoch) & Attr("status").eq(TaskStatus.RUNNING.value)
+
+
+def absent() -> ConditionBase:
+    """The item does not exist yet (a put never overwrites)."""
+    return Attr("pk").not_exists()
+
+
+def present() -> ConditionBase:
+    return Attr("pk").exists()
+
+
+def status_in(statuses: Iterable[TaskStatus]) -> ConditionBase:
+    return Attr("status").is_in([s.value for s in statuses])
+
+
+def plain(item: Mapping[str, Any], *, keep_decimal: frozenset[str] = frozenset()) -> Item:
+    """Numbers as int or float (Decimal kept for ``keep_decimal``), recursively."""
+    return {k: (v if k in keep_decimal else _plain(v)) for k, v in item.items()}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def chunks(actions: Sequence[Action], size: int = MAX_TRANSACTION_ACTIONS) -> Iterable[Sequence[Action]]:
+    for i in range(0, len(actions), size):
+        yield actions[i : i + size]

@@ -1,0 +1,136 @@
+"""Effects, notes, approvals, spawns, tenant windows and purge on every backend."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from agentq.core.errors import BudgetExceeded, IllegalTransition, LeaseLost, TaskNotFound
+from agentq.core.fanout import ChildPlan
+from agentq.core.models import TaskStatus, ToolOutcome
+from agentq.core.tenancy import TenantCapReached, TenantLimits
+from agentq.storage.container import Storage
+
+from tests.helpers import scripted
+from tests.storage_conformance._builders import claimed, llm_step, new_task
+
+
+def _outcome(content: str) -> ToolOutcome:
+    return ToolOutcome(tool_use_id="tu1", name="charge", content=content, side_effects=True, started_at=time.time(), duration_ms=1)
+
+
+def test_a_side_effect_begins_once_and_its_result_is_found_by_the_next_worker(backend: Storage) -> None:
+    lease = claimed(backend)
+    assert backend.effects.begin(lease, "tu1", "charge") is None
+    started = backend.effects.begin(lease, "tu1", "charge")
+    assert started is not None and started.state == "started" and started.content is None
+    backend.effects.finish(lease, "tu1", _outcome("charged"))
+    done = backend.effects.get(lease.task_id, "tu1")
+    assert done is not None and done.state == "done" and done.content == "charged" and not done.is_error
+
+
+def test_a_zombie_can_neither_begin_nor_finish_an_effect_nor_write_a_note(backend: Storage) -> None:
+    lease = claimed(backend)
+    backend.tasks.release(lease)
+    assert backend.tasks.claim(lease.task_id, "w2", 30) is not None
+    with pytest.raises(LeaseLost):
+        backend.effects.begin(lease, "tu9", "charge")
+    with pytest.raises(LeaseLost):
+        backend.effects.finish(lease, "tu9", _outcome("x"))
+    with pytest.raises(LeaseLost):
+        backend.notes.write(lease, "k", "v")
+    assert backend.effects.get(lease.task_id, "tu9") is None and backend.notes.read(lease.task_id, "k") is None
+
+
+def test_notes_read_back(backend: Storage) -> None:
+    lease = claimed(backend)
+    backend.notes.write(lease, "plan", "step one")
+    assert backend.notes.read(lease.task_id, "plan") == "step one" and backend.notes.read(lease.task_id, "other") is None
+
+
+def test_an_approval_pauses_the_task_and_is_decided_once(backend: Storage) -> None:
+    lease = claimed(backend)
+    backend.approvals.request(lease, "tu1", "ship it?")
+    assert backend.tasks.get(lease.task_id).status is TaskStatus.PAUSED
+    pending = backend.approvals.pending(lease.task_id)
+    assert pending is not None and pending.use_id == "tu1" and pending.question == "ship it?"
+    backend.approvals.decide(lease.task_id, "tu1", approved=False, note="no", by="ann")
+    decided = backend.approvals.get(lease.task_id, "tu1")
+    assert decided is not None and decided.state == "rejected" and decided.decided_by == "ann"
+    assert backend.tasks.get(lease.task_id).status is TaskStatus.QUEUED
+    with pytest.raises(IllegalTransition):
+        backend.approvals.decide(lease.task_id, "tu1", approved=True, note="", by="bob")
+    assert backend.approvals.pending(lease.task_id) is None
+
+
+def _plans(store: Storage, n: int, share: int) -> list[ChildPlan]:
+    return [ChildPlan(f"child{i}-{time.time_ns()}", scripted([{"text": "c"}]), share, 60) for i in range(n)]
+
+
+def test_a_spawn_funds_its_children_once_and_writes_them(backend: Storage) -> None:
+    lease = claimed(backend, max_tokens=1000)
+    parent = backend.tasks.get(lease.task_id)
+    plans = _plans(backend, 40, 20)
+    assert backend.spawns.create(lease, parent, "sp1", plans, [], 5) is True
+    assert backend.spawns.create(lease, parent, "sp1", plans, [], 5) is False
+    record = backend.spawns.get(parent.task_id, "sp1")
+    assert record is not None and record.state == "created" and len(record.children) == 40 and len(record.plans) == 40
+    children = backend.tasks.get_many(record.children)
+    assert len(children) == 40 and all(c.parent_id == parent.task_id and c.depth == 1 for c in children)
+    budget = backend.budgets.get(parent.task_id)
+    assert (budget.available, budget.reserved) == (200, 800)
+    assert backend.budgets.get(children[0].task_id).cap == 20
+
+
+def test_a_spawn_the_budget_cannot_fund_writes_nothing(backend: Storage) -> None:
+    lease = claimed(backend, max_tokens=100)
+    parent = backend.tasks.get(lease.task_id)
+    with pytest.raises(BudgetExceeded):
+        backend.spawns.create(lease, parent, "sp1", _plans(backend, 3, 50), [], 3)
+    assert backend.spawns.get(parent.task_id, "sp1") is None and backend.budgets.get(parent.task_id).available == 100
+
+
+def test_a_child_budget_folds_into_its_parent_once(backend: Storage) -> None:
+    lease = claimed(backend, max_tokens=1000)
+    parent = backend.tasks.get(lease.task_id)
+    plans = _plans(backend, 1, 300)
+    backend.spawns.create(lease, parent, "sp1", plans, [], 1)
+    child = backend.tasks.claim(plans[0].task_id, "w2", 30)
+    assert child is not None
+    from tests.storage_conformance._builders import usage
+
+    backend.steps.commit(child[0], 1, llm_step(), root_id=plans[0].task_id, settle=usage(reserved=0, used=120))
+    backend.budgets.settle_child(parent.task_id, plans[0].task_id)
+    backend.budgets.settle_child(parent.task_id, plans[0].task_id)
+    budget = backend.budgets.get(parent.task_id)
+    assert (budget.used, budget.reserved, budget.available) == (120, 0, 880)
+
+
+def test_a_tenant_window_refuses_past_its_hourly_cap_and_settles_to_usage(backend: Storage) -> None:
+    limits = TenantLimits(hourly_tokens=1000)
+    first = backend.windows.hold("acme", limits, 800)
+    with pytest.raises(TenantCapReached):
+        backend.windows.hold("acme", limits, 300)
+    backend.windows.settle(first, 100)
+    assert backend.windows.usage("acme") == {"held": 100, "used": 100}  # held counts what was used too
+    backend.windows.hold("acme", limits, 300)
+    backend.windows.set_limits("acme", limits)
+    assert backend.windows.limits("acme") == limits and backend.windows.limits("other") is None
+
+
+def test_purge_refuses_a_live_task_and_deletes_a_finished_one_whole_twice_over(backend: Storage) -> None:
+    lease = claimed(backend)
+    neighbour = new_task(backend)
+    backend.steps.commit(lease, 1, llm_step(text="y" * 70_000), root_id=lease.task_id)
+    with pytest.raises(IllegalTransition):
+        backend.purge.task(lease.task_id)
+    backend.tasks.transition(lease.task_id, TaskStatus.SUCCEEDED, lease=lease, result="ok")
+    done = backend.purge.task(lease.task_id)
+    assert done.items == 4 and done.budget == 1 and done.objects == 1  # META, submission, claim, step
+    assert backend.steps.raw_items(lease.task_id) == []
+    with pytest.raises(TaskNotFound):
+        backend.budgets.get(lease.task_id)
+    again = backend.purge.task(lease.task_id)
+    assert (again.items, again.budget, again.objects) == (0, 0, 0)
+    assert backend.tasks.get(neighbour).status is TaskStatus.QUEUED

@@ -1,0 +1,110 @@
+"""Step commits, reservations and settlements: fenced, all or nothing, never past the cap."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentq.core.errors import BudgetExceeded, LeaseLost
+from agentq.core.models import TaskStatus
+from agentq.core.records import NO_USAGE
+from agentq.storage.container import Storage
+
+from tests.storage_conformance._builders import claimed, llm_step, tools_step, usage
+
+
+def test_a_commit_appends_the_step_advances_meta_and_settles_the_budget_together(backend: Storage) -> None:
+    lease = claimed(backend, max_tokens=1000)
+    backend.budgets.reserve(lease, lease.task_id, 300, 1)
+    backend.steps.commit(lease, 1, llm_step(), root_id=lease.task_id, settle=usage(reserved=300, used=110))
+    task, budget = backend.tasks.get(lease.task_id), backend.budgets.get(lease.task_id)
+    assert task.step == 1 and task.llm_steps == 1 and task.inflight is None and task.tokens_in == 100
+    assert (budget.used, budget.reserved, budget.available) == (110, 0, 890)
+    assert [s.number for s in backend.steps.load(lease.task_id)] == [1]
+
+
+def test_a_commit_with_the_next_reservation_is_refused_whole_when_the_budget_cannot_cover_it(backend: Storage) -> None:
+    lease = claimed(backend, max_tokens=500)
+    backend.steps.commit(lease, 1, llm_step(), root_id=lease.task_id, settle=usage(reserved=0, used=110))
+    with pytest.raises(BudgetExceeded):
+        backend.steps.commit(lease, 2, tools_step(), root_id=lease.task_id, reserve_next=1000)
+    assert backend.tasks.get(lease.task_id).step == 1 and backend.steps.last(lease.task_id).number == 1  # type: ignore[union-attr]
+    assert backend.budgets.get(lease.task_id).reserved == 0
+    backend.steps.commit(lease, 2, tools_step(), root_id=lease.task_id, reserve_next=300)
+    assert backend.tasks.get(lease.task_id).inflight == {"amount": 300, "epoch": 1, "step": 3}
+    assert backend.budgets.get(lease.task_id).reserved == 300
+
+
+def test_a_zombie_commits_nothing_and_a_step_number_is_never_written_twice(backend: Storage) -> None:
+    lease = claimed(backend)
+    backend.steps.commit(lease, 1, llm_step(), root_id=lease.task_id)
+    with pytest.raises(LeaseLost, match="step moved"):
+        backend.steps.commit(lease, 1, tools_step(), root_id=lease.task_id, reserve_next=5)
+    backend.tasks.release(lease)
+    successor = backend.tasks.claim(lease.task_id, "w2", 30)
+    assert successor is not None
+    with pytest.raises(LeaseLost, match="superseded"):
+        backend.steps.commit(lease, 2, tools_step(), root_id=lease.task_id)
+    backend.steps.commit(successor[0], 2, tools_step(), root_id=lease.task_id)
+    assert [(s.number, s.epoch) for s in backend.steps.load(lease.task_id)] == [(1, 1), (2, 2)]
+
+
+def test_a_finishing_commit_ends_the_task_with_its_result(backend: Storage) -> None:
+    lease = claimed(backend)
+    backend.steps.commit(lease, 1, llm_step(), root_id=lease.task_id, finish=TaskStatus.SUCCEEDED, result="done")
+    task = backend.tasks.get(lease.task_id)
+    assert task.status is TaskStatus.SUCCEEDED and task.result == "done" and task.lease_expires == 0 and task.expires_at
+    with pytest.raises(LeaseLost, match="succeeded"):
+        backend.steps.commit(lease, 2, tools_step(), root_id=lease.task_id)
+
+
+def test_steps_read_back_by_range_and_last_with_large_bodies_offloaded(backend: Storage) -> None:
+    lease = claimed(backend)
+    for n in range(1, 6):
+        backend.steps.commit(lease, n, llm_step() if n % 2 else tools_step("x" * 70_000), root_id=lease.task_id)
+    assert [s.number for s in backend.steps.range(lease.task_id, 2, 2)] == [2, 3]
+    last = backend.steps.last(lease.task_id)
+    assert last is not None and last.number == 5
+    assert backend.steps.load(lease.task_id)[1].body.results[0].content == "x" * 70_000  # type: ignore[union-attr]
+
+
+def test_reservations_never_pass_the_cap(backend: Storage) -> None:
+    lease = claimed(backend, max_tokens=1000)
+    backend.budgets.reserve(lease, lease.task_id, 600, 1)
+    with pytest.raises(BudgetExceeded):
+        backend.budgets.reserve(lease, lease.task_id, 600, 1)
+    budget = backend.budgets.get(lease.task_id)
+    assert budget.reserved == 600 and budget.used + budget.reserved <= budget.cap
+
+
+def test_a_hold_is_returned_exactly_once_by_whoever_holds_its_ticket(backend: Storage) -> None:
+    lease = claimed(backend, max_tokens=1000)
+    backend.budgets.reserve(lease, lease.task_id, 400, 1)
+    ticket = backend.budgets.inflight(lease.task_id)
+    assert ticket is not None and ticket.epoch == 1
+    back = usage(reserved=400, used=50)
+    assert backend.budgets.settle_orphan(lease.task_id, lease.task_id, back, inflight_epoch=1) is True
+    assert backend.budgets.settle_orphan(lease.task_id, lease.task_id, back, inflight_epoch=1) is False  # usage only
+    budget = backend.budgets.get(lease.task_id)
+    assert (budget.reserved, budget.used) == (0, 100)  # the hold back once, the usage of both calls recorded
+
+
+def test_a_reservation_by_a_zombie_is_refused(backend: Storage) -> None:
+    lease = claimed(backend, max_tokens=1000)
+    backend.tasks.release(lease)
+    assert backend.tasks.claim(lease.task_id, "w2", 30) is not None
+    with pytest.raises(LeaseLost):
+        backend.budgets.reserve(lease, lease.task_id, 100, 1)
+    assert backend.budgets.get(lease.task_id).reserved == 0
+
+
+def test_raising_the_cap_adds_to_available(backend: Storage) -> None:
+    lease = claimed(backend, max_tokens=1000)
+    backend.steps.commit(lease, 1, llm_step(), root_id=lease.task_id, settle=usage(reserved=0, used=1000))
+    raised = backend.budgets.raise_cap(lease.task_id, 500)
+    assert (raised.cap, raised.available, raised.used) == (1500, 500, 1000)
+
+
+def test_an_unsettled_commit_leaves_the_budget_alone(backend: Storage) -> None:
+    lease = claimed(backend, max_tokens=1000)
+    backend.steps.commit(lease, 1, tools_step(), root_id=lease.task_id, settle=NO_USAGE)
+    assert backend.budgets.get(lease.task_id).available == 1000

@@ -1,0 +1,155 @@
+"""Tasks, leases and transitions behave the same on every backend."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from agentq.core.errors import IdempotencyConflict, IllegalTransition, LeaseLost, TaskNotFound
+from agentq.core.models import TaskStatus
+from agentq.storage.container import Storage
+from agentq.storage.table import IdempotentParameterMismatch, TransactionCancelled
+
+from tests.helpers import scripted
+from tests.storage_conformance._builders import claimed, new_task
+
+
+def test_a_created_task_reads_back_queued_with_its_submission_and_budget(backend: Storage) -> None:
+    task_id = new_task(backend, max_tokens=1234)
+    task = backend.tasks.get(task_id)
+    assert task.status is TaskStatus.QUEUED and task.submission.goal == "test goal" and task.root_id == task_id
+    assert backend.budgets.get(task_id).cap == 1234 and backend.budgets.get(task_id).available == 1234
+
+
+def test_an_unknown_task_is_not_found(backend: Storage) -> None:
+    with pytest.raises(TaskNotFound):
+        backend.tasks.get("nope")
+    assert backend.tasks.get_many(["nope"]) == []
+
+
+def test_a_task_id_is_never_created_twice(backend: Storage) -> None:
+    backend.tasks.create(scripted([{"text": "x"}]), tenant="t", task_id="fixed")
+    # The same id is the same transaction token: DynamoDB refuses it as a different request.
+    with pytest.raises((TransactionCancelled, IdempotentParameterMismatch)):
+        backend.tasks.create(scripted([{"text": "y"}]), tenant="t2", task_id="fixed")
+    assert backend.tasks.get("fixed").tenant == "t"
+
+
+def test_one_claim_wins_and_a_live_lease_refuses_the_next(backend: Storage) -> None:
+    task_id = new_task(backend)
+    first = backend.tasks.claim(task_id, "w1", 30)
+    assert first is not None and first[0].epoch == 1 and first[1].status is TaskStatus.RUNNING
+    assert backend.tasks.claim(task_id, "w2", 30) is None
+    assert [c.worker for c in backend.tasks.claims(task_id)] == ["w1"]
+
+
+def test_a_lapsed_lease_is_taken_over_with_the_next_epoch_and_fences_the_old_holder(backend: Storage) -> None:
+    task_id = new_task(backend)
+    old = backend.tasks.claim(task_id, "w1", 0.05)
+    assert old is not None
+    time.sleep(0.1)
+    new = backend.tasks.claim(task_id, "w2", 30)
+    assert new is not None and new[0].epoch == 2 and new[1].claim_count == 2
+    with pytest.raises(LeaseLost):
+        backend.tasks.extend_lease(old[0], 30)
+    with pytest.raises(LeaseLost):
+        backend.tasks.transition(task_id, TaskStatus.SUCCEEDED, lease=old[0], result="zombie")
+    claims = backend.tasks.claims(task_id)
+    assert [(c.epoch, c.worker) for c in claims] == [(1, "w1"), (2, "w2")]
+    assert claims[1].prev_heartbeat_at is not None and backend.tasks.get(task_id).last_resume_gap is not None
+
+
+def test_a_released_lease_may_be_claimed_at_once_and_is_not_revived_by_an_extension(backend: Storage) -> None:
+    lease = claimed(backend)
+    backend.tasks.release(lease)
+    with pytest.raises(LeaseLost):
+        backend.tasks.extend_lease(lease, 30)
+    assert backend.tasks.claim(lease.task_id, "w2", 30) is not None
+
+
+@pytest.mark.parametrize("target", [TaskStatus.SUCCEEDED, TaskStatus.WAITING, TaskStatus.COST_EXCEEDED])
+def test_an_illegal_transition_is_refused_and_changes_nothing(backend: Storage, target: TaskStatus) -> None:
+    task_id = new_task(backend)
+    with pytest.raises(IllegalTransition, match="cannot move from 'queued'"):
+        backend.tasks.transition(task_id, target)
+    assert backend.tasks.get(task_id).status is TaskStatus.QUEUED
+
+
+def test_a_terminal_status_stamps_the_expiry_and_a_requeue_clears_it_and_the_error(backend: Storage) -> None:
+    lease = claimed(backend)
+    backend.tasks.transition(lease.task_id, TaskStatus.FAILED, lease=lease, error={"code": "x", "message": "boom"})
+    failed = backend.tasks.get(lease.task_id)
+    assert failed.expires_at is not None and failed.error == {"code": "x", "message": "boom"} and failed.finished_at
+    backend.tasks.transition(lease.task_id, TaskStatus.QUEUED)
+    requeued = backend.tasks.get(lease.task_id)
+    assert requeued.expires_at is None and requeued.error is None and requeued.finished_at is None
+
+
+def test_a_large_result_goes_to_the_payload_store_and_reads_back(backend: Storage) -> None:
+    lease = claimed(backend)
+    big = "r" * 100_000
+    backend.tasks.transition(lease.task_id, TaskStatus.SUCCEEDED, lease=lease, result=big)
+    assert backend.tasks.get(lease.task_id).result == big
+
+
+def test_an_idempotency_key_creates_one_task_and_refuses_another_body(backend: Storage) -> None:
+    sub = scripted([{"text": "x"}])
+    first, created = backend.tasks.create_idempotent(sub, tenant="t", key="k", request_hash="h1")
+    again, created_again = backend.tasks.create_idempotent(sub, tenant="t", key="k", request_hash="h1")
+    assert created and not created_again and again.task_id == first.task_id
+    with pytest.raises(IdempotencyConflict):
+        backend.tasks.create_idempotent(sub, tenant="t", key="k", request_hash="h2")
+    other, created_other = backend.tasks.create_idempotent(sub, tenant="t2", key="k", request_hash="h2")
+    assert created_other and other.task_id != first.task_id
+
+
+def test_an_unstarted_task_can_be_undone_but_not_once_claimed(backend: Storage) -> None:
+    sub = scripted([{"text": "x"}])
+    task, _ = backend.tasks.create_idempotent(sub, tenant="t", key="k", request_hash="h")
+    backend.tasks.delete_unstarted(task.task_id, idempotency=("t", "k"))
+    with pytest.raises(TaskNotFound):
+        backend.tasks.get(task.task_id)
+    assert backend.tasks.idempotency("t", "k") is None
+    lease = claimed(backend)
+    with pytest.raises(TransactionCancelled):
+        backend.tasks.delete_unstarted(lease.task_id)
+    assert backend.tasks.get(lease.task_id).status is TaskStatus.RUNNING
+
+
+def test_a_tenant_lists_its_own_root_tasks_newest_first_in_pages(backend: Storage) -> None:
+    ids = []
+    for _ in range(5):
+        ids.append(new_task(backend, tenant="a"))
+        time.sleep(0.002)
+    new_task(backend, tenant="b")
+    page, cursor = backend.tasks.list_for_tenant("a", limit=3)
+    assert [t.task_id for t in page] == ids[::-1][:3] and cursor is not None
+    rest, end = backend.tasks.list_for_tenant("a", limit=3, after=cursor)
+    assert [t.task_id for t in rest] == ids[::-1][3:] and end is None
+    backend.tasks.transition(ids[0], TaskStatus.CANCELLED)
+    cancelled, _ = backend.tasks.list_for_tenant("a", limit=10, status=TaskStatus.CANCELLED)
+    assert [t.task_id for t in cancelled] == [ids[0]]
+
+
+def test_a_submission_is_replaced_only_in_the_status_named(backend: Storage) -> None:
+    task_id = new_task(backend)
+    bigger = scripted([{"text": "x"}], max_steps=99)
+    backend.tasks.replace_submission(task_id, bigger, when_status=TaskStatus.QUEUED)
+    assert backend.tasks.get(task_id).submission.constraints.max_steps == 99
+    with pytest.raises(IllegalTransition):
+        backend.tasks.replace_submission(task_id, scripted([{"text": "x"}]), when_status=TaskStatus.PAUSED)
+    assert backend.tasks.get(task_id).submission.constraints.max_steps == 99
+
+
+def test_meta_stays_small_however_many_times_a_task_is_claimed(backend: Storage) -> None:
+    from agentq.storage.dynamodb import to_wire
+
+    task_id = new_task(backend)
+    for i in range(40):
+        got = backend.tasks.claim(task_id, f"worker-{i:03d}.example:{1000 + i}", 0.001)
+        assert got is not None
+        time.sleep(0.002)
+    meta = backend.table.get({"pk": f"TASK#{task_id}", "sk": "META"})
+    assert meta is not None and len(str(to_wire(meta))) < 1024
+    assert len(backend.tasks.claims(task_id)) == 40
