@@ -3,6 +3,7 @@
     python bench/import_time.py                  # every functions/*/handler.py, authorizer first
     python bench/import_time.py --runs 9 authorizer
     python bench/import_time.py --json
+    python bench/import_time.py --floor --no-pyc-runs authorizer
 
 Each run is a fresh interpreter (``python -c``) with the path Lambda gives a function: the
 functions asset (``functions/``), then the core layer (``layers/agentq/python``), then this
@@ -88,6 +89,24 @@ print(json.dumps({{
 }}))
 """
 
+# The authorizer's third-party part alone: what no change to agentq can take off its cold import.
+FLOOR = "(floor)"
+FLOOR_CHILD = r"""
+import json, sys, time
+before = set(sys.modules)
+t0 = time.perf_counter()
+import botocore.session
+from botocore.config import Config
+from aws_lambda_powertools import Logger
+Logger(service="agentq-authorizer")
+botocore.session.get_session().create_client(
+    "dynamodb", region_name="us-east-1",
+    config=Config(retries={{"max_attempts": 5, "mode": "standard"}}, max_pool_connections=4),
+)
+elapsed = time.perf_counter() - t0
+print(json.dumps({{"seconds": elapsed, "modules": len(set(sys.modules) - before), "agentq_modules": []}}))
+"""
+
 
 def handlers() -> list[str]:
     """Every functions/<name>/handler.py, the authorizer first."""
@@ -109,8 +128,11 @@ def child_env(name: str) -> dict[str, str]:
 
 def measure_once(name: str, python: str, pycache: str) -> dict[str, Any]:
     """One fresh interpreter; byte code is read from and written to ``pycache`` only."""
-    script = CHILD.format(path=[str(FUNCTIONS_DIR), str(CORE_LAYER)], module=f"{name}.handler")
-    env = {**child_env(name), "PYTHONPYCACHEPREFIX": pycache}
+    if name == FLOOR:
+        script, env = FLOOR_CHILD.format(), child_env("authorizer")
+    else:
+        script, env = CHILD.format(path=[str(FUNCTIONS_DIR), str(CORE_LAYER)], module=f"{name}.handler"), child_env(name)
+    env["PYTHONPYCACHEPREFIX"] = pycache
     proc = subprocess.run([python, "-c", script], capture_output=True, text=True, env=env, timeout=120, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"importing {name}.handler failed:\n{proc.stderr[-3000:]}")
@@ -148,11 +170,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--modules", action="store_true", help="list the agentq modules each handler loads")
     parser.add_argument("--no-pyc-runs", action="store_true", help="also time each import with nothing byte-compiled")
+    parser.add_argument(
+        "--floor", action="store_true",
+        help=f"add a {FLOOR} row: botocore, one DynamoDB client and the powertools Logger, the authorizer's third-party part",
+    )
     args = parser.parse_args(argv)
     names = args.handlers or handlers()
     unknown = [n for n in names if not (FUNCTIONS_DIR / n / "handler.py").is_file()]
     if unknown:
         parser.error(f"no functions/<name>/handler.py for: {', '.join(unknown)}")
+    if args.floor:
+        names.append(FLOOR)
     results = [measure(n, args.runs, args.python, no_pyc=args.no_pyc_runs) for n in names]
     if args.json:
         print(json.dumps({"python": sys.version.split()[0], "root": str(ROOT), "handlers": results}))
@@ -162,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'handler':<12} {'median ms':>10} {'min':>7} {'max':>7}{extra} {'agentq mods':>12} {'all mods':>9}")
     for r in results:
         extra = f" {r['no_pyc']['median_ms']:>14.1f}" if args.no_pyc_runs else ""
-        print(f"{r['handler']:<12} {r['median_ms']:>10.1f} {r['min_ms']:>7.1f} {r['max_ms']:>7.1f}{extra} {r['agentq_modules']:>12} {r['modules']:>9}")
+        times = f"{r['median_ms']:>10.1f} {r['min_ms']:>7.1f} {r['max_ms']:>7.1f}{extra}"
+        print(f"{r['handler']:<12} {times} {r['agentq_modules']:>12} {r['modules']:>9}")
         if args.modules:
             print("    " + " ".join(r["agentq_module_names"]))
     return 0
