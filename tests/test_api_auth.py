@@ -12,12 +12,13 @@ from typing import Any, Iterator
 
 import pytest
 
-from agentq.api.auth import KeyStore, Unauthorized, bearer_token, key_hash
+from agentq.api.auth import Unauthorized, bearer_token
 from agentq.cli.main import main
 from agentq.local.api_server import proxy_event
 from agentq.local.moto_server import MotoServer
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_store, session
+from agentq.storage.api_keys import KeyStore, key_hash
 
 from tests.api_support import SCRIPTED, ApiStack, api_stack  # noqa: F401  (the fixture)
 from tests.lambda_support import FakeLambdaContext, load_handler
