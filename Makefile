@@ -6,17 +6,27 @@ export CDK_DISABLE_CLI_TELEMETRY := true
 
 .PHONY: demo test bench clean
 
-$(VENV)/.installed: pyproject.toml
+# One venv, two installs. `make test` installs everything (.[dev]); `make demo` only the runtime
+# and the embedded AWS (.[local]), unless the full install is already there and current (a
+# superset). Each stamp is keyed on pyproject.toml, so either order works and an edit reinstalls.
+$(PY):
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(PY)
 	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+$(VENV)/.local-installed: pyproject.toml | $(PY)
+	if [ -f $(VENV)/.installed ] && [ $(VENV)/.installed -nt pyproject.toml ]; then :; \
+	else $(PY) -m pip install -q -e ".[local]"; fi
 	touch $@
 
 $(VENV)/.bench-installed: $(VENV)/.installed
 	$(PY) -m pip install -q -e ".[dev,bench]"
 	touch $@
 
-demo: $(VENV)/.installed
+demo: $(VENV)/.local-installed
 	$(PY) -m agentq demo
 
 test: $(VENV)/.installed

@@ -5,6 +5,7 @@ Lambdas chained as API Gateway chains them, and `agentq keys` run as a person wo
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -12,15 +13,16 @@ from typing import Any, Iterator
 
 import pytest
 
-from agentq.api.auth import KeyStore, Unauthorized, bearer_token, key_hash
+from agentq.api.auth import Unauthorized, bearer_token
 from agentq.cli.main import main
 from agentq.local.api_server import proxy_event
 from agentq.local.moto_server import MotoServer
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_store, session
+from agentq.storage.api_keys import KeyStore, key_hash
 
 from tests.api_support import SCRIPTED, ApiStack, api_stack  # noqa: F401  (the fixture)
-from tests.lambda_support import FakeLambdaContext, load_handler
+from tests.lambda_support import ROOT, FakeLambdaContext, load_handler
 
 METHOD_ARN = "arn:aws:execute-api:us-east-1:123456789012:abc123/prod/GET/tasks/xyz"
 
@@ -146,3 +148,27 @@ def test_keys_create_and_revoke_from_the_cli_against_the_local_stack(
     assert code == 1 and "no key 'key_0000000000000000'" in err
     code, _, err = agentq("keys", "create", "--tenant", "has spaces")
     assert code == 2 and "(tenant)" in err
+
+
+def test_the_authorizer_s_cold_import_stays_light() -> None:
+    """The authorizer Lambda loads the key lookup and the policy, not the rest of agentq (its
+    cold start is every uncached request's latency): bench/import_time.py has the figures."""
+    script = (
+        "import json, sys\n"
+        f"sys.path[:0] = {json.dumps([str(ROOT / 'functions'), str(ROOT / 'layers' / 'agentq' / 'python')])}\n"
+        "import authorizer.handler\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    env = {**os.environ, "AGENTQ_TABLE": "agentq-light-tasks", "AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "x",
+           "AWS_SECRET_ACCESS_KEY": "x"}  # fmt: skip
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loaded = set(json.loads(proc.stdout.strip().splitlines()[-1]))
+    heavy = {"boto3", "pydantic", "anthropic", "agentq.runtime", "agentq.resources", "agentq.core.models", "agentq.core.engine",
+             "agentq.storage.store", "agentq.storage.serdes", "agentq.observe.emf", "agentq.observe.tracing"}  # fmt: skip
+    assert not heavy & loaded
+    assert {m for m in loaded if m.startswith("agentq.")} == {
+        "agentq.api", "agentq.api.auth", "agentq.aws", "agentq.core", "agentq.core.errors", "agentq.observe",
+        "agentq.observe.correlation", "agentq.observe.logs", "agentq.storage", "agentq.storage.api_keys",
+    }  # fmt: skip

@@ -26,12 +26,13 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from agentq.api.auth import KeyStore
 from agentq.api.app import build_app, openapi_document
+from agentq.api.auth import authorize
 from agentq.local.api_server import wsgi_app
 from agentq.local.moto_server import MotoServer
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_queues, build_registry, build_store, session
+from agentq.storage.api_keys import KeyStore
 
 CHECKS = [
     not_a_server_error,
@@ -63,7 +64,7 @@ def api(moto_server: MotoServer) -> Iterator[Api]:
     store = build_store(s)
     app = build_app(store, build_registry(s), build_queues(s))
     keys = KeyStore(store.table.client, s.table)
-    yield Api(wsgi=wsgi_app(app.resolve, authorizer=lambda header: keys.authorize(header).tenant), key=keys.create("fuzz")[0])
+    yield Api(wsgi=wsgi_app(app.resolve, authorizer=lambda header: authorize(keys, header).tenant), key=keys.create("fuzz")[0])
 
 
 @schema.parametrize()

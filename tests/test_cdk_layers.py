@@ -16,12 +16,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+import tomllib
 
-from infra.build_layers import CORE_LAYER_DIR, PLATFORMS, build_deps_layer
+import pytest
+from packaging.requirements import Requirement
+
+from infra.build_layers import CORE_LAYER_DIR, PLATFORMS, REQUIREMENTS, build_deps_layer
 from infra.functions import FUNCTIONS_DIR, HANDLERS
 
 RUNTIME_PROVIDED = ("boto3", "botocore", "s3transfer", "jmespath", "dateutil", "urllib3", "six")
+# Base dependencies the deps layer leaves out: the Lambda runtime has boto3; rich is the CLI's.
+NOT_IN_LAYER = {"boto3": "provided by the Lambda runtime", "rich": "the CLI's tables and watch view only"}
 LAMBDA_ENV = {
     "AGENTQ_PREFIX": "agentq-layers-test",
     "AGENTQ_TABLE": "agentq-layers-test-tasks",
@@ -80,3 +85,22 @@ def test_handler_imports_with_only_the_layers_and_the_runtime(
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == [], "imported something from an installed site-packages"
+
+
+def _name(req: Requirement) -> str:
+    return req.name.lower().replace("_", "-")
+
+
+def test_the_layer_pins_exactly_the_base_dependencies() -> None:
+    """layers/requirements.txt and pyproject's base dependencies (what `pip install agentq`
+    brings) name the same packages with the same extras, each pin inside pyproject's range."""
+    pyproject = tomllib.loads((REQUIREMENTS.parent.parent / "pyproject.toml").read_text())
+    base = {_name(r): r for r in map(Requirement, pyproject["project"]["dependencies"])}
+    lines = [line.split("#", 1)[0].strip() for line in REQUIREMENTS.read_text().splitlines()]
+    layer = {_name(r): r for r in map(Requirement, filter(None, lines))}
+    assert set(layer) == set(base) - set(NOT_IN_LAYER)
+    for name, pinned in layer.items():
+        (spec,) = pinned.specifier
+        assert spec.operator == "==", f"{name}: pin an exact version in the layer"
+        assert base[name].specifier.contains(spec.version), f"{name}=={spec.version} outside pyproject's {base[name].specifier}"
+        assert pinned.extras == base[name].extras, name

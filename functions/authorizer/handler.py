@@ -4,6 +4,10 @@ Thin over ``agentq.api.auth``: the key's SHA-256 is looked up in the task table;
 answered with an Allow policy for the stage and ``context = {"tenant", "key_id"}``, which API
 Gateway hands to the API Lambda as ``requestContext.authorizer``. Anything else raises
 "Unauthorized", which API Gateway turns into a 401.
+
+Kept light for cold starts (``bench/import_time.py``): the import chain is the key lookup
+(``agentq.storage.api_keys``), the policy (``agentq.api.auth``), one botocore DynamoDB client
+and the powertools Logger; no models, engine, store or boto3.
 """
 
 from __future__ import annotations
@@ -12,15 +16,13 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 
-from agentq.api.auth import KeyStore, token_authorizer
-from agentq.observe import route_core_logs
-from agentq.runtime import Settings, client
+from agentq.api.auth import key_store_from_env, token_authorizer
+from agentq.observe.logs import route_core_logs
 
 logger = Logger(service="agentq-authorizer")
 route_core_logs(logger)
 
-_settings = Settings.from_env()
-_keys = KeyStore(client(_settings, "dynamodb", pool=4), _settings.table)
+_keys = key_store_from_env(pool=4)
 
 
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import boto3
-from botocore.config import Config
 
+from agentq.aws import boto_config, region_from_env
 from agentq.control.defaults import ConfigurationError, Defaults
 from agentq.queueing.queues import TaskQueues
 from agentq.resources import ResourceNames
@@ -26,11 +26,6 @@ from agentq.core.tools import ToolRegistry, default_registry
 
 if TYPE_CHECKING:
     from agentq.core.engine import EngineConfig
-
-
-def boto_config(pool: int = 64) -> Config:
-    """Standard retries; a connection pool as large as the number of threads that share it."""
-    return Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=pool)
 
 
 @dataclass(frozen=True)
@@ -65,7 +60,7 @@ class Settings:
             table=os.environ.get("AGENTQ_TABLE", names.table),
             bucket=os.environ.get("AGENTQ_BUCKET", names.bucket),
             endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None,
-            region=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+            region=region_from_env(),
             offload_threshold=int(os.environ.get("AGENTQ_OFFLOAD_BYTES", DEFAULT_OFFLOAD_THRESHOLD)),
             tool_modules=modules,
             state_machine_arn=os.environ.get("AGENTQ_STATE_MACHINE_ARN") or None,

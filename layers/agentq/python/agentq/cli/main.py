@@ -498,8 +498,8 @@ def _cmd_fork(args: argparse.Namespace) -> int:
 
 
 def _cmd_keys(args: argparse.Namespace) -> int:
-    from agentq.api.auth import KeyStore
     from agentq.runtime import Settings, client
+    from agentq.storage.api_keys import KeyStore
 
     settings = Settings.from_env()
     keys = KeyStore(client(settings, "dynamodb", pool=2), settings.table)
@@ -718,8 +718,8 @@ def build_parser() -> argparse.ArgumentParser:
 def exit_code(exc: AgentqError) -> int:
     """1 when the operation did not succeed (404, 409, 5xx, unreachable, timed out); 2 when the
     request or the usage was wrong (400, 401, 403, 413, 415, 422, a local check)."""
-    from agentq.api.auth import KeyNotFound
     from agentq.api.client import ConnectionFailed, WaitTimeout
+    from agentq.storage.api_keys import KeyNotFound
 
     status = getattr(exc, "status", None)
     if isinstance(exc, (ConnectionFailed, WaitTimeout, KeyNotFound, TaskNotFound, IllegalTransition)):

@@ -1,7 +1,7 @@
 """Serve the API's resolver on localhost: each HTTP request becomes an API Gateway REST proxy
 event, so `agentq dev` exercises the very handler API Gateway invokes.
 
-Auth works as in AWS: with an ``authorizer`` (``KeyStore.authorize``), every request but the
+Auth works as in AWS: with an ``authorizer`` (``agentq.api.auth.authorize``), every request but the
 public ones (``/health``, ``/openapi.json``) must carry ``Authorization: Bearer <key>``; a
 refused key is answered 401 before the handler runs, and the key's tenant reaches the handler
 in ``requestContext.authorizer.tenant``, where API Gateway puts a Lambda authorizer's context.

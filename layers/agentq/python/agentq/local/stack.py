@@ -10,13 +10,14 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentq.api.auth import KeyStore
+from agentq.api.auth import authorize
 from agentq.control.defaults import Defaults
 from agentq.api.app import build_app
 from agentq.local.api_server import LocalApiServer
 from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_fanout, build_queues, build_registry, build_store, session
+from agentq.storage.api_keys import KeyStore
 from agentq.queueing.worker import WorkerConfig
 
 
@@ -53,7 +54,7 @@ class LocalStack:
             authorizer = None
             if self.auth:
                 keys = self.keys()
-                authorizer = lambda header: keys.authorize(header).tenant  # noqa: E731
+                authorizer = lambda header: authorize(keys, header).tenant  # noqa: E731
             self.api_server = LocalApiServer(app.resolve, authorizer=authorizer).start()
         for _ in range(self.workers):
             self.spawn_worker()

@@ -8,42 +8,73 @@ package only; each part is a no-op where its output would go nowhere.
 - ``correlation``: task id, step, lease epoch and worker on every log line of a task;
 - ``logs``: the core's loggers as powertools JSON (Lambda, ``agentq worker``) or text;
 - ``events``: structured events (log line, EventBridge).
+
+The names below are re-exported lazily (PEP 562), as ``agentq`` does its own: importing one
+part (the authorizer wants ``route_core_logs`` only) does not load the others, so powertools'
+Metrics and Tracer are not built where nothing records metrics or traces. The submodules are
+reachable as attributes too (``observe.emf``).
 """
 
-from agentq.observe.calls import LLMCall, ToolCall, llm_call, tool_call
-from agentq.observe.correlation import CorrelationFilter, bind, task_context
-from agentq.observe.emf import (
-    api_metrics,
-    enabled,
-    flush,
-    metrics,
-    record_budget_refusal,
-    record_dead_letter,
-    record_run,
-    record_submitted,
-    tenant_soft_cap_crossed,
-)
-from agentq.observe.events import emit_event
-from agentq.observe.logs import configure_process_logging, route_core_logs
+from __future__ import annotations
 
-__all__ = [
-    "CorrelationFilter",
-    "LLMCall",
-    "ToolCall",
-    "api_metrics",
-    "bind",
-    "configure_process_logging",
-    "emit_event",
-    "enabled",
-    "flush",
-    "llm_call",
-    "metrics",
-    "record_budget_refusal",
-    "record_dead_letter",
-    "record_run",
-    "record_submitted",
-    "route_core_logs",
-    "task_context",
-    "tenant_soft_cap_crossed",
-    "tool_call",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS: dict[str, str] = {
+    "LLMCall": "calls",
+    "ToolCall": "calls",
+    "llm_call": "calls",
+    "tool_call": "calls",
+    "CorrelationFilter": "correlation",
+    "bind": "correlation",
+    "task_context": "correlation",
+    "api_metrics": "emf",
+    "enabled": "emf",
+    "flush": "emf",
+    "metrics": "emf",
+    "record_budget_refusal": "emf",
+    "record_dead_letter": "emf",
+    "record_run": "emf",
+    "record_submitted": "emf",
+    "tenant_soft_cap_crossed": "emf",
+    "emit_event": "events",
+    "configure_process_logging": "logs",
+    "route_core_logs": "logs",
+}
+_SUBMODULES = frozenset({"calls", "correlation", "emf", "events", "logs", "names", "tracing"})
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")  # the import sets the attribute
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # the next access skips this hook
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | _SUBMODULES)
+
+
+if TYPE_CHECKING:
+    from agentq.observe import calls, correlation, emf, events, logs, names, tracing
+    from agentq.observe.calls import LLMCall, ToolCall, llm_call, tool_call
+    from agentq.observe.correlation import CorrelationFilter, bind, task_context
+    from agentq.observe.emf import (
+        api_metrics,
+        enabled,
+        flush,
+        metrics,
+        record_budget_refusal,
+        record_dead_letter,
+        record_run,
+        record_submitted,
+        tenant_soft_cap_crossed,
+    )
+    from agentq.observe.events import emit_event
+    from agentq.observe.logs import configure_process_logging, route_core_logs
