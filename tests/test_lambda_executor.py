@@ -118,3 +118,18 @@ def test_a_retryable_failure_is_reported_for_that_record_and_the_message_comes_b
     assert queues.sqs.receive_message(QueueUrl=queues.url("normal"), WaitTimeSeconds=0).get("Messages") is None
     meta = store.tasks.get(task.task_id)
     assert meta.status is TaskStatus.RUNNING and meta.lease_expires == 0
+
+
+def test_a_record_with_message_attributes_is_handled_and_dead_lettered_with_them(stack: tuple[Settings, Any]) -> None:
+    """Lambda hands message attributes over as a plain mapping (a redriven message carries the DLQ reason)."""
+    settings, handler = stack
+    queues = build_queues(settings)
+    queues.sqs.send_message(
+        QueueUrl=queues.url("high"), MessageBody="{not json",
+        MessageAttributes={"origin": {"DataType": "String", "StringValue": "redrive"}},
+    )  # fmt: skip
+    result, _ = _invoke_like_lambda(handler, queues, "high", timeout_seconds=5)  # type: ignore[misc]
+    assert result["batchItemFailures"] == []
+    dlq = queues.sqs.receive_message(QueueUrl=queues.dlq_url("high"), MessageAttributeNames=["All"])["Messages"]
+    assert dlq[0]["MessageAttributes"]["origin"]["StringValue"] == "redrive"
+    assert dlq[0]["MessageAttributes"]["agentq-reason"]["StringValue"].startswith("poison: not a task message")

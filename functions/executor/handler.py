@@ -18,6 +18,7 @@ from typing import Any
 
 from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
+from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
@@ -84,7 +85,7 @@ def record_handler(record: SQSRecord) -> None:
         record.body,
         tier=tier,
         receive_count=int(record.attributes.approximate_receive_count),
-        attributes=record.message_attributes.raw_event if record.message_attributes else None,
+        attributes=_message_attributes(record) or None,
         deadline=time.time() + remaining_ms / 1000,
         on_beat=extend_visibility,
     )
@@ -100,10 +101,18 @@ def record_handler(record: SQSRecord) -> None:
     raise RetryLater(action.reason)  # retry and abandon: the message stays in the queue
 
 
+def _message_attributes(record: SQSRecord) -> dict[str, Any]:
+    """The record's message attributes as Lambda delivers them (camelCase), {} when it has none.
+
+    From the raw record: powertools' ``message_attributes`` is a dict subclass whose values are
+    wrappers (it has no ``raw_event``)."""
+    return dict(record.raw_event.get("messageAttributes") or {})
+
+
 def _sqs_attributes(record: SQSRecord) -> dict[str, Any]:
     """Lambda's camelCase message attributes back into SendMessage's shape."""
     out: dict[str, Any] = {}
-    for name, attr in (record.message_attributes.raw_event if record.message_attributes else {}).items():
+    for name, attr in _message_attributes(record).items():
         if attr.get("stringValue") is not None:
             out[name] = {"DataType": attr.get("dataType", "String"), "StringValue": attr["stringValue"]}
     return out
@@ -112,7 +121,7 @@ def _sqs_attributes(record: SQSRecord) -> dict[str, Any]:
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
 @metrics.log_metrics
-def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> PartialItemFailureResponse:
     global _context
     _context = context
     return process_partial_response(event=event, record_handler=record_handler, processor=processor, context=context)
