@@ -17,7 +17,7 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any, Protocol, TypeAlias
 
 import pydantic
 from pydantic import Field
@@ -58,10 +58,15 @@ class ChildPlan:
     deadline_seconds: int
 
 
+# A child as the execution runs it: (task_id, timeout_seconds). Only ids and deadlines cross into the
+# execution's input; the children themselves are already written (ChildPlan) when it starts.
+ChildRun: TypeAlias = tuple[str, int]
+
+
 class FanoutLauncher(Protocol):
     """Starts the execution that runs the children and wakes the parent (Step Functions)."""
 
-    def start(self, *, parent: Task, spawn_id: str, children: list[ChildPlan], max_concurrency: int) -> str: ...
+    def start(self, *, parent: Task, spawn_id: str, children: list[ChildRun], max_concurrency: int) -> str: ...
 
     def child_finished(self, task_token: str, task_id: str, status: TaskStatus) -> None: ...
 

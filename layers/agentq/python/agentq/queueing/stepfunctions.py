@@ -10,6 +10,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from agentq.core.fanout import ChildRun
 from agentq.core.models import Task, TaskStatus
 from agentq.queueing.queues import TaskQueues
 
@@ -27,7 +28,7 @@ class StepFunctionsFanout:
         self.state_machine_arn = state_machine_arn
         self.queues = queues
 
-    def start(self, *, parent: Task, spawn_id: str, children: list[tuple[str, int]], max_concurrency: int) -> str:
+    def start(self, *, parent: Task, spawn_id: str, children: list[ChildRun], max_concurrency: int) -> str:
         tier = parent.submission.priority
         name = execution_name(parent.task_id, spawn_id)
         payload = {
