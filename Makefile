@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 
-.PHONY: demo test bench clean
+.PHONY: demo test lint layers bench clean
 
 # One venv, two installs. `make test` installs everything (.[dev]); `make demo` only the runtime
 # and the embedded AWS (.[local]), unless the full install is already there and current (a
@@ -32,8 +32,22 @@ demo: $(VENV)/.local-installed
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
 
+# Every check runs even when an earlier one fails, so one run reports everything; the target fails if any did.
+lint: $(VENV)/.installed
+	@rc=0; \
+	$(VENV)/bin/ruff check . || rc=1; \
+	$(VENV)/bin/ruff format --check . || rc=1; \
+	$(VENV)/bin/mypy || rc=1; \
+	PYTHONPATH=layers/agentq/python $(VENV)/bin/lint-imports || rc=1; \
+	exit $$rc
+
+# The layer contract alone (core < storage < queueing, control < api, cli, local): CI runs it
+# before the tests until the rest of `make lint` passes too.
+layers: $(VENV)/.installed
+	PYTHONPATH=layers/agentq/python $(VENV)/bin/lint-imports
+
 bench: $(VENV)/.bench-installed
 	$(PY) bench/checkpoint_cost.py
 
 clean:
-	rm -rf $(VENV) cdk.out .pytest_cache
+	rm -rf $(VENV) cdk.out .pytest_cache .mypy_cache .ruff_cache
