@@ -4,7 +4,7 @@ The public API is re-exported here, lazily (PEP 562): ``import agentq`` loads no
 so a Lambda that needs one corner of the package (the authorizer needs only the API-key
 lookup) does not pay for the engine, the providers or the HTTP client at cold start.
 
-Layers, inner to outer (an inner one never imports an outer one; ``tests/test_layering.py``
+Layers, inner to outer (an inner one never imports an outer one; ``make layers``
 checks it): ``core`` (models, engine, tools, providers, pricing) → ``storage`` (the DynamoDB
 single table behind repositories, and an in-memory twin) → ``queueing`` and ``control`` →
 ``api``, ``cli``, ``local``. ``observe`` is used by all of them; ``resources`` names what
