@@ -12,8 +12,9 @@ from agentq.core.engine import Engine, EngineConfig, conversation
 from agentq.core.errors import ProviderError
 from agentq.core.models import LLMStep, TaskStatus, TaskSubmission, ToolsStep, Usage
 from agentq.core.providers import LLMRequest, LLMResponse, default_provider_factory
-from agentq.storage.container import Storage
 from agentq.core.tools import ToolRegistry
+from agentq.runtime import Settings, build_registry
+from agentq.storage.container import Storage, memory_storage
 
 from tests.helpers import call, scripted
 
@@ -22,6 +23,19 @@ THREE_TURNS = [
     {"text": "charging", "tool_calls": [call("charge_card", amount_cents=500, memo="m"), call("lookup", query="b")]},
     {"text": "all done"},
 ]
+
+
+@pytest.fixture
+def store() -> Storage:
+    """The engine's own behaviour needs no AWS: it runs on the in-memory storage, which the
+    conformance suite (tests/storage_conformance) holds to DynamoDB's rules. Races between
+    processes stay on moto server (test_crash_recovery, test_zombie_worker, test_budget_race)."""
+    return memory_storage()
+
+
+@pytest.fixture
+def registry() -> ToolRegistry:
+    return build_registry(Settings(table="memory", bucket="memory", tool_modules=("tests.effect_tools",)))
 
 
 def engine(store: Storage, registry: ToolRegistry, **kwargs: Any) -> Engine:
