@@ -13,9 +13,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from boto3.dynamodb.conditions import ConditionBase, ConditionExpressionBuilder
-from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+from boto3.dynamodb.types import TypeDeserializer
 from botocore.exceptions import ClientError
 
+from agentq.storage.serdes import to_attr, to_item
 from agentq.storage.table import (
     Action,
     Check,
@@ -32,15 +33,12 @@ from agentq.storage.table import (
     Update,
 )
 
-_SER = TypeSerializer()
 _DESER = TypeDeserializer()
 
 
 def to_wire(item: Item) -> dict[str, Any]:
     """DynamoDB attribute values; floats become Decimal (DynamoDB has no float), None is dropped."""
-    from agentq.storage.serdes import to_attr
-
-    return {k: to_attr(v) for k, v in item.items() if v is not None}
+    return to_item(item)
 
 
 def from_wire(item: dict[str, Any]) -> Item:
@@ -100,8 +98,6 @@ class _Expression:
 
 
 def _wire_value(value: Any) -> Any:
-    from agentq.storage.serdes import to_attr
-
     return to_attr(value)
 
 

@@ -42,7 +42,6 @@ from boto3.dynamodb.conditions import (
 from agentq.storage.dynamodb import from_wire, to_wire
 from agentq.storage.table import (
     Action,
-    Check,
     ConditionFailed,
     IdempotentParameterMismatch,
     Delete,

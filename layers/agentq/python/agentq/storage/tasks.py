@@ -380,7 +380,7 @@ class Tasks:
         """
         now = time.time()
         try:
-            old = self.table.update(
+            meta = self.table.update(
                 keys.meta_key(task_id),
                 Update(
                     set={
@@ -398,34 +398,18 @@ class Tasks:
                 condition=present()
                 & status_in([TaskStatus.QUEUED, TaskStatus.RUNNING])
                 & Attr("lease_expires").lt(Decimal(repr(now))),
-                returns="ALL_OLD",
+                returns="ALL_NEW",
             )
         except ConditionFailed:
             return None
-        assert old is not None
-        prev_heartbeat = old.get("heartbeat_at", Decimal(repr(now)))
-        epoch = int(old["lease_epoch"]) + 1
-        # What the update wrote, applied to what was there (saves reading META again).
-        meta = {
-            **old,
-            "lease_owner": worker,
-            "lease_expires": Decimal(repr(now + lease_seconds)),
-            "status": TaskStatus.RUNNING.value,
-            "updated_at": Decimal(repr(now)),
-            "heartbeat_at": Decimal(repr(now)),
-            "last_claimed_at": Decimal(repr(now)),
-            "lease_epoch": epoch,
-            "claim_count": int(old.get("claim_count", 0)) + 1,
-            "started_at": old.get("started_at", Decimal(repr(now))),
-            "first_claimed_at": old.get("first_claimed_at", Decimal(repr(now))),
-            "prev_heartbeat_at": prev_heartbeat,
-        }
+        assert meta is not None
+        epoch = int(meta["lease_epoch"])
         claim = {
             **keys.item_key(task_id, keys.claim_sk(epoch)),
             "epoch": epoch,
             "worker": worker,
             "at": now,
-            "prev_heartbeat_at": prev_heartbeat,
+            "prev_heartbeat_at": meta["prev_heartbeat_at"],
         }
         self.table.put(claim)
         sub = self.table.get(keys.submission_key(task_id))
