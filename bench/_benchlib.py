@@ -147,7 +147,10 @@ class InProcessCounter:
         original = self._original
 
         def counted(client: Any, operation_name: str, api_params: dict) -> Any:  # type: ignore[type-arg]
-            key = (getattr(counter._local, "tag", "other"), f"{client.meta.service_model.service_name}:{operation_name}")
+            key = (
+                getattr(counter._local, "tag", "other"),
+                f"{client.meta.service_model.service_name}:{operation_name}",
+            )
             with counter._lock:
                 counter.counts[key] += 1
             return original(client, operation_name, api_params)
@@ -292,20 +295,28 @@ def patient_clients(stack: LocalStack, pool: int = 64, read_timeout: float = 900
 
     settings = stack.settings
     assert settings is not None
-    config = Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=pool, read_timeout=read_timeout)
+    config = Config(
+        retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=pool, read_timeout=read_timeout
+    )
     sess = boto3.session.Session(region_name=settings.region)
 
     def make(service: str) -> Any:
         return sess.client(service, endpoint_url=settings.endpoint_url, config=config)
 
-    store = Storage(DynamoTable(make("dynamodb"), settings.table), PayloadStore(make("s3"), settings.bucket, settings.offload_threshold))
+    store = Storage(
+        DynamoTable(make("dynamodb"), settings.table),
+        PayloadStore(make("s3"), settings.bucket, settings.offload_threshold),
+    )
     return store, TaskQueues(make("sqs"), settings.names)
 
 
 def worker_config(args: Any) -> WorkerConfig:
     """The worker settings every bench takes from --concurrency/--lease/--heartbeat/--visibility."""
     return WorkerConfig(
-        concurrency=args.concurrency, lease_seconds=args.lease, heartbeat_seconds=args.heartbeat, visibility_seconds=args.visibility
+        concurrency=args.concurrency,
+        lease_seconds=args.lease,
+        heartbeat_seconds=args.heartbeat,
+        visibility_seconds=args.visibility,
     )
 
 
@@ -339,9 +350,12 @@ def machine() -> dict[str, Any]:
         moto_version = moto.__version__
     except Exception:  # pragma: no cover
         moto_version = "?"
+
     def git(*args: str) -> str:
         try:
-            return subprocess.run(["git", *args], cwd=BENCH_DIR.parent, capture_output=True, text=True, timeout=10).stdout.strip()
+            return subprocess.run(
+                ["git", *args], cwd=BENCH_DIR.parent, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return "?"
 

@@ -73,7 +73,11 @@ PROJECTION = ["status", "lease_expires", "lease_owner", "lease_epoch", "step", "
 
 def submission(turns: int, latency: float) -> TaskSubmission:
     script_turns: list[dict[str, Any]] = [
-        {"text": f"t{i}", "latency_seconds": latency, "tool_calls": [{"name": "note_write", "input": {"key": "p", "value": f"{i}"}}]}
+        {
+            "text": f"t{i}",
+            "latency_seconds": latency,
+            "tool_calls": [{"name": "note_write", "input": {"key": "p", "value": f"{i}"}}],
+        }
         for i in range(1, turns + 1)
     ]
     script_turns.append({"text": "done", "latency_seconds": latency})
@@ -130,10 +134,17 @@ class Sampler:
 
     def process(self) -> dict[str, Any]:
         st = proc_status(self.worker.pid) or {}
-        return {"at": time.time(), "rss_mb": st.get("rss_mb"), "threads": st.get("threads"), "sqs_in_flight": queue_in_flight(self.queues)}
+        return {
+            "at": time.time(),
+            "rss_mb": st.get("rss_mb"),
+            "threads": st.get("threads"),
+            "sqs_in_flight": queue_in_flight(self.queues),
+        }
 
 
-def run_level(level: int, ids: list[str], sampler: Sampler, stack: BenchStack, sub: TaskSubmission, args: argparse.Namespace) -> dict[str, Any]:
+def run_level(
+    level: int, ids: list[str], sampler: Sampler, stack: BenchStack, sub: TaskSubmission, args: argparse.Namespace
+) -> dict[str, Any]:
     store, queues = sampler.submit_store, sampler.submit_queues
     registry = build_registry(stack.settings)  # type: ignore[arg-type]
     new = level - len(ids)
@@ -165,7 +176,9 @@ def run_level(level: int, ids: list[str], sampler: Sampler, stack: BenchStack, s
         if ramp["held"] < target:
             time.sleep(1.0)
     ramp_s = time.time() - t0
-    log(f"[level {level}] submitted in {submit_s:.1f}s, held {ramp['held']} after {ramp_s:.1f}s; sampling {args.sample_seconds:g}s ...")
+    log(
+        f"[level {level}] submitted in {submit_s:.1f}s, held {ramp['held']} after {ramp_s:.1f}s; sampling {args.sample_seconds:g}s ..."
+    )
     calls_before = stack.worker_calls()
     ddb_samples = [ramp if time.time() - ramp["at"] < 1 else sampler.tasks(ids)]
     proc_samples = [sampler.process()]
@@ -249,8 +262,21 @@ def render(result: dict[str, Any]) -> str:
     ]  # fmt: skip
     out.append(
         table(
-            ["level", "held min/mean/max", "sqs in flight", "progressed", "RSS MB", "threads", "steps/s", "demand", "ddb calls/s",
-             "UpdateItem/s", "beat age", "reclaimed", "ramp s"],
+            [
+                "level",
+                "held min/mean/max",
+                "sqs in flight",
+                "progressed",
+                "RSS MB",
+                "threads",
+                "steps/s",
+                "demand",
+                "ddb calls/s",
+                "UpdateItem/s",
+                "beat age",
+                "reclaimed",
+                "ramp s",
+            ],
             rows,
         )  # fmt: skip
     )
@@ -278,7 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sample-seconds", type=float, default=20.0, help="sampling window per level")
     ap.add_argument("--ddb-every", type=float, default=5.0, help="seconds between META reads in the window")
     ap.add_argument("--ramp-timeout", type=float, default=180.0, help="max seconds to wait for a level to be held")
-    ap.add_argument("--threads", type=int, default=64, help="submitting threads (many: each submit waits its turn in moto)")
+    ap.add_argument(
+        "--threads", type=int, default=64, help="submitting threads (many: each submit waits its turn in moto)"
+    )
     ap.add_argument("--moto", choices=["fast", "stock"], default="fast", help=MOTO_MODES_HELP)
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout, nothing else")
     args = ap.parse_args(argv)
@@ -299,7 +327,11 @@ def main(argv: list[str] | None = None) -> int:
             api=False,
             moto_mode=args.moto,
         )
-        result: dict[str, Any] = {"bench": "concurrency", "machine": machine(), "task": {"turns": args.turns, "latency_s": args.latency}}
+        result: dict[str, Any] = {
+            "bench": "concurrency",
+            "machine": machine(),
+            "task": {"turns": args.turns, "latency_s": args.latency},
+        }
         levels_out: list[dict[str, Any]] = []
         try:
             log("starting the local stack ...")

@@ -178,7 +178,7 @@ from agentq.local.stack import LocalStack  # noqa: E402
 from agentq.core.models import LLMStep, Task, TaskSubmission  # noqa: E402
 from agentq.resources import QueueSettings  # noqa: E402
 from agentq.runtime import build_registry, client  # noqa: E402
-from agentq.storage.container import Storage# noqa: E402
+from agentq.storage.container import Storage  # noqa: E402
 from agentq.control.submit import submit  # noqa: E402
 from agentq.queueing.worker import WorkerConfig  # noqa: E402
 
@@ -230,7 +230,10 @@ def child_spec(i: int, turns: int) -> dict[str, Any]:
     else:
         script = {
             "turns": [
-                {"text": f"child {i}: checking notes", "tool_calls": [{"name": "note_read", "input": {"key": f"k{i}"}}]},
+                {
+                    "text": f"child {i}: checking notes",
+                    "tool_calls": [{"name": "note_read", "input": {"key": f"k{i}"}}],
+                },
                 {"text": f"child {i}: answer"},
             ]
         }
@@ -342,7 +345,11 @@ def run_size(stack: FanoutStack, n: int, child_turns: int, timeout: float) -> di
     types = Counter(e["type"] for e in events)
     # History types are per state kind (TaskStateEntered, MapStateEntered, PassStateEntered, ...).
     transitions = sum(v for k, v in types.items() if k.endswith("StateEntered"))
-    sfn_sqs_sends = sum(1 for e in events if e["type"] == "TaskScheduled" and e.get("taskScheduledEventDetails", {}).get("resourceType") == "sqs")
+    sfn_sqs_sends = sum(
+        1
+        for e in events
+        if e["type"] == "TaskScheduled" and e.get("taskScheduledEventDetails", {}).get("resourceType") == "sqs"
+    )
 
     spawn_at = float(record.created_at)
     resume_at = float(final.last_claimed_at or 0) if final.claim_count > 1 else None
@@ -422,7 +429,8 @@ def render(result: dict[str, Any]) -> str:
         f"machine: {m['cpus']} CPUs, Python {m['python']}, moto {m['moto']}; load average at start {m['loadavg_at_start']}, at end {m['loadavg_at_end']}",
         f"settings: {settings_line(s)}",
         f"parent: 1 LLM turn spawning N children (max_concurrency = max_fanout = N), then 1 answer turn; "
-        f"child: {result['child_turns']} turn(s)" + (" (note_read, then answer)" if result["child_turns"] == 2 else " (answer)"),
+        f"child: {result['child_turns']} turn(s)"
+        + (" (note_read, then answer)" if result["child_turns"] == 2 else " (answer)"),
         "",
         "Latency (seconds, from agentq's own records: SPAWN.created_at, parent claims[1].at / finished_at, child META):",
     ]
@@ -443,7 +451,9 @@ def render(result: dict[str, Any]) -> str:
     out.append("(->exec start, ->1st child: from the spawn; children span: first child claim to last child finished;")
     out.append(" claims/child > 1: a child's lease lapsed under load and another worker took it over)")
     out.append("")
-    out.append("AWS calls per child (total / N; parent's own calls, submit, idle polls and Step Functions' SQS sends included):")
+    out.append(
+        "AWS calls per child (total / N; parent's own calls, submit, idle polls and Step Functions' SQS sends included):"
+    )
     rows = []
     for r in runs:
         p = r["per_child"]
@@ -457,8 +467,12 @@ def render(result: dict[str, Any]) -> str:
          "hist events (all)", "safety nets (all)", "extra SendTaskSuccess (all)"],
         rows,
     ))  # fmt: skip
-    out.append("(safety nets = SendMessage kind=safety_net from the heartbeat hub; each comes back as a message for a task")
-    out.append(" already terminal, which repeats SendTaskSuccess (refused by Step Functions), reads META and deletes it)")
+    out.append(
+        "(safety nets = SendMessage kind=safety_net from the heartbeat hub; each comes back as a message for a task"
+    )
+    out.append(
+        " already terminal, which repeats SendTaskSuccess (refused by Step Functions), reads META and deletes it)"
+    )
     out.append("")
     out.append("$ per 1,000 children (us-east-1 list prices; Lambda/Fargate compute not included):")
     rows = []
@@ -490,8 +504,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=128, help="tasks in flight per worker")
     ap.add_argument("--lease", type=float, default=WorkerConfig().lease_seconds, help="lease seconds (agentq default)")
-    ap.add_argument("--heartbeat", type=float, default=WorkerConfig().heartbeat_seconds, help="heartbeat seconds (agentq default)")
-    ap.add_argument("--visibility", type=int, default=WorkerConfig().visibility_seconds, help="message visibility seconds (agentq default)")
+    ap.add_argument(
+        "--heartbeat", type=float, default=WorkerConfig().heartbeat_seconds, help="heartbeat seconds (agentq default)"
+    )
+    ap.add_argument(
+        "--visibility",
+        type=int,
+        default=WorkerConfig().visibility_seconds,
+        help="message visibility seconds (agentq default)",
+    )
     ap.add_argument("--timeout", type=float, default=240, help="max seconds to wait for one fan-out")
     ap.add_argument("--moto", choices=["fast", "stock"], default="fast", help=MOTO_MODES_HELP)
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout, nothing else")

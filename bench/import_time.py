@@ -131,7 +131,10 @@ def measure_once(name: str, python: str, pycache: str) -> dict[str, Any]:
     if name == FLOOR:
         script, env = FLOOR_CHILD.format(), child_env("authorizer")
     else:
-        script, env = CHILD.format(path=[str(FUNCTIONS_DIR), str(CORE_LAYER)], module=f"{name}.handler"), child_env(name)
+        script, env = (
+            CHILD.format(path=[str(FUNCTIONS_DIR), str(CORE_LAYER)], module=f"{name}.handler"),
+            child_env(name),
+        )
     env["PYTHONPYCACHEPREFIX"] = pycache
     proc = subprocess.run([python, "-c", script], capture_output=True, text=True, env=env, timeout=120, check=False)
     if proc.returncode != 0:
@@ -147,7 +150,11 @@ def measure_cold(name: str, python: str) -> dict[str, Any]:
 
 def _stats(samples: list[dict[str, Any]]) -> dict[str, float]:
     times = [s["seconds"] * 1000 for s in samples]
-    return {"median_ms": round(statistics.median(times), 1), "min_ms": round(min(times), 1), "max_ms": round(max(times), 1)}
+    return {
+        "median_ms": round(statistics.median(times), 1),
+        "min_ms": round(min(times), 1),
+        "max_ms": round(max(times), 1),
+    }
 
 
 def measure(name: str, runs: int, python: str, *, no_pyc: bool) -> dict[str, Any]:
@@ -158,7 +165,9 @@ def measure(name: str, runs: int, python: str, *, no_pyc: bool) -> dict[str, Any
     out: dict[str, Any] = {"handler": name, "runs": runs, **_stats(samples)}
     if no_pyc:
         out["no_pyc"] = _stats([measure_cold(name, python) for _ in range(runs)])
-    out.update(agentq_modules=len(last["agentq_modules"]), modules=last["modules"], agentq_module_names=last["agentq_modules"])
+    out.update(
+        agentq_modules=len(last["agentq_modules"]), modules=last["modules"], agentq_module_names=last["agentq_modules"]
+    )
     return out
 
 
@@ -171,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modules", action="store_true", help="list the agentq modules each handler loads")
     parser.add_argument("--no-pyc-runs", action="store_true", help="also time each import with nothing byte-compiled")
     parser.add_argument(
-        "--floor", action="store_true",
+        "--floor",
+        action="store_true",
         help=f"add a {FLOOR} row: botocore, one DynamoDB client and the powertools Logger, the authorizer's third-party part",
     )
     args = parser.parse_args(argv)
@@ -185,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"python": sys.version.split()[0], "root": str(ROOT), "handlers": results}))
         return 0
-    print(f"cold import of functions/<name>/handler.py, median of {args.runs} fresh interpreters (python {sys.version.split()[0]})")
+    print(
+        f"cold import of functions/<name>/handler.py, median of {args.runs} fresh interpreters (python {sys.version.split()[0]})"
+    )
     extra = f" {'no-pyc median':>14}" if args.no_pyc_runs else ""
     print(f"{'handler':<12} {'median ms':>10} {'min':>7} {'max':>7}{extra} {'agentq mods':>12} {'all mods':>9}")
     for r in results:

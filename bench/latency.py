@@ -107,7 +107,9 @@ def run_phase(
             list(pool.map(one, range(tasks)))
     submit_wall = time.time() - t0
     submitted = [t for t in ids if t]
-    log(f"[{name}] submitted {len(submitted)} in {submit_wall:.1f}s ({len(submitted) / submit_wall:.1f}/s); waiting ...")
+    log(
+        f"[{name}] submitted {len(submitted)} in {submit_wall:.1f}s ({len(submitted) / submit_wall:.1f}/s); waiting ..."
+    )
     items = wait_terminal(stack, store, submitted, timeout=timeout)
     time.sleep(1.2)  # let every worker dump its call counts (every 0.5 s)
     worker_calls = stack.worker_calls() - workers_before
@@ -148,10 +150,12 @@ def run_phase(
         "worker_calls": dict(worker_calls),
         "submit_calls": dict(submit_calls),
         "worker_calls_per_task": per_task,
-        "dynamodb_calls_per_task": sum(n for op, n in worker_calls.items() if op.startswith("dynamodb:")) / max(1, done),
+        "dynamodb_calls_per_task": sum(n for op, n in worker_calls.items() if op.startswith("dynamodb:"))
+        / max(1, done),
         "sqs_calls_per_task_excl_receive": sum(
             n for op, n in worker_calls.items() if op.startswith("sqs:") and op != "sqs:ReceiveMessage"
-        ) / max(1, done),
+        )
+        / max(1, done),
         "receive_calls_per_task": worker_calls.get("sqs:ReceiveMessage", 0) / max(1, done),
         "submit_calls_per_task": sum(submit_calls.values()) / max(1, len(submitted)),
         "dynamodb_calls_per_s": ddb_calls / window,
@@ -194,12 +198,28 @@ def render(result: dict[str, Any]) -> str:
         )  # fmt: skip
     out.append(
         table(
-            ["run", "done", "sent", "submit/s", "pickup p50", "p95", "p99", "max", "e2e p50", "e2e p99",
-             "done/s", "reclaimed", "ddb/task", f"p99<={TARGET_PICKUP_P99:g}s"],
+            [
+                "run",
+                "done",
+                "sent",
+                "submit/s",
+                "pickup p50",
+                "p95",
+                "p99",
+                "max",
+                "e2e p50",
+                "e2e p99",
+                "done/s",
+                "reclaimed",
+                "ddb/task",
+                f"p99<={TARGET_PICKUP_P99:g}s",
+            ],
             rows,
         )  # fmt: skip
     )
-    out.append("(seconds; percentiles are nearest-rank over all tasks; done/s = completed / (last finish - first submit);")
+    out.append(
+        "(seconds; percentiles are nearest-rank over all tasks; done/s = completed / (last finish - first submit);"
+    )
     out.append(" reclaimed = tasks claimed more than once; ddb/task = worker DynamoDB calls per completed task)")
     out.append("")
     out.append("AWS calls per completed task, worker side (counted in each worker process; submit adds its own):")
@@ -214,7 +234,9 @@ def render(result: dict[str, Any]) -> str:
         ops = ", ".join(f"{op.split(':', 1)[1]} {n:g}" for op, n in ph["worker_calls_per_task"].items())
         out.append(f"  {ph['name']}: {ops}")
     out.append("  (ReceiveMessage includes idle long polls, 3 tiers x workers each poll period; heartbeats are")
-    out.append("   UpdateItem on the lease + ChangeMessageVisibilityBatch while a task is held longer than a heartbeat)")
+    out.append(
+        "   UpdateItem on the lease + ChangeMessageVisibilityBatch while a task is held longer than a heartbeat)"
+    )
     out.append("")
     out.append("Admission and heartbeat, per worker (limit: tasks the worker may hold, from its lease-write latency;")
     out.append(" refused: extensions refused because the lease was taken over or its task ended as the write landed):")
@@ -236,7 +258,9 @@ def render(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", type=int, default=1000, help="tasks in the burst (0: skip the burst)")
-    ap.add_argument("--rate", default="10", help="tasks/s of the paced run; a comma list gives one paced run each (0: none)")
+    ap.add_argument(
+        "--rate", default="10", help="tasks/s of the paced run; a comma list gives one paced run each (0: none)"
+    )
     ap.add_argument("--paced-tasks", type=int, default=200, help="tasks in the paced run")
     ap.add_argument("--workers", type=int, default=2, help="worker processes")
     ap.add_argument("--concurrency", type=int, default=WorkerConfig().concurrency, help="tasks in flight per worker")
@@ -275,11 +299,22 @@ def main(argv: list[str] | None = None) -> int:
             log(f"[warm-up] {warm['succeeded']} done")
             phases = []
             if args.tasks > 0:
-                phases.append(run_phase("burst", stack, counter, tasks=args.tasks, rate=0, threads=args.threads, timeout=args.timeout))
+                phases.append(
+                    run_phase(
+                        "burst", stack, counter, tasks=args.tasks, rate=0, threads=args.threads, timeout=args.timeout
+                    )
+                )
             for rate in rates:
                 phases.append(
-                    run_phase(f"paced {rate:g}/s", stack, counter, tasks=args.paced_tasks, rate=rate,
-                              threads=args.threads, timeout=args.timeout)  # fmt: skip
+                    run_phase(
+                        f"paced {rate:g}/s",
+                        stack,
+                        counter,
+                        tasks=args.paced_tasks,
+                        rate=rate,
+                        threads=args.threads,
+                        timeout=args.timeout,
+                    )  # fmt: skip
                 )
             result["phases"] = phases
         finally:

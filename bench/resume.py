@@ -100,14 +100,23 @@ def finished_like(task: Task, steps: list[Any], reference: dict[str, Any]) -> bo
 
 
 def one_run(
-    i: int, stack: BenchStack, store: Any, registry: Any, queues: Any, sub: TaskSubmission, args: argparse.Namespace, reference: dict[str, Any]
+    i: int,
+    stack: BenchStack,
+    store: Any,
+    registry: Any,
+    queues: Any,
+    sub: TaskSubmission,
+    args: argparse.Namespace,
+    reference: dict[str, Any],
 ) -> dict[str, Any]:
     run: dict[str, Any] = {"run": i, "ok": False}
     task_id = submit(store, registry, sub, tenant="bench", queues=queues).task_id
     run["task_id"] = task_id
     task = wait_until(store, task_id, lambda t: t.step >= args.kill_step or t.status.terminal, args.run_timeout, 0.02)
     if task.status.terminal or task.step < args.kill_step or not task.lease_owner:
-        run["error"] = f"never reached step {args.kill_step} while running (status {task.status.value}, step {task.step})"
+        run["error"] = (
+            f"never reached step {args.kill_step} while running (status {task.status.value}, step {task.step})"
+        )
         return run
     victim = stack.worker_by_id(task.lease_owner)
     if victim is None or victim.poll() is not None:
@@ -169,12 +178,26 @@ def render(result: dict[str, Any]) -> str:
         "(seconds, nearest-rank percentiles: with 50 runs p99 is the 50th value, the max)",
         "",
         table(
-            ["runs", "measured", "finished like clean run", "resumed by survivor", "by replacement", "extra claims", f"p99<={TARGET_RESUME_P99:g}s"],
-            [[
-                result["runs"], result["measured"], f"{result['same_as_clean']}/{result['measured']}",
-                result["resumed_by"].get("survivor", 0), result["resumed_by"].get("replacement", 0),
-                result["extra_claims"], "yes" if result["resume_p99_met"] else "NO",
-            ]],
+            [
+                "runs",
+                "measured",
+                "finished like clean run",
+                "resumed by survivor",
+                "by replacement",
+                "extra claims",
+                f"p99<={TARGET_RESUME_P99:g}s",
+            ],
+            [
+                [
+                    result["runs"],
+                    result["measured"],
+                    f"{result['same_as_clean']}/{result['measured']}",
+                    result["resumed_by"].get("survivor", 0),
+                    result["resumed_by"].get("replacement", 0),
+                    result["extra_claims"],
+                    "yes" if result["resume_p99_met"] else "NO",
+                ]
+            ],
         ),  # fmt: skip
     ]
     if result["errors"]:

@@ -101,7 +101,9 @@ def build_data(scope: Construct, cfg: EnvironmentSettings) -> Data:
         minimum_tls_version=1.2,
         block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
         object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
-        lifecycle_rules=[s3.LifecycleRule(id="expire-access-logs", expiration=cdk.Duration.days(max(90, cfg.log_retention_days)))],
+        lifecycle_rules=[
+            s3.LifecycleRule(id="expire-access-logs", expiration=cdk.Duration.days(max(90, cfg.log_retention_days)))
+        ],
         removal_policy=removal,
         auto_delete_objects=cfg.destroy,
     )
@@ -121,7 +123,9 @@ def build_data(scope: Construct, cfg: EnvironmentSettings) -> Data:
                 prefix=PAYLOAD_PREFIX,
                 expiration=cdk.Duration.days(cfg.payload_expiration_days),
             ),
-            s3.LifecycleRule(id="abort-incomplete-uploads", abort_incomplete_multipart_upload_after=cdk.Duration.days(1)),
+            s3.LifecycleRule(
+                id="abort-incomplete-uploads", abort_incomplete_multipart_upload_after=cdk.Duration.days(1)
+            ),
         ],
         removal_policy=removal,
         auto_delete_objects=cfg.destroy,

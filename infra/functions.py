@@ -177,10 +177,14 @@ def grant_task_runner(
     if bus:
         statements.append(iam.PolicyStatement(sid="Events", actions=["events:PutEvents"], resources=[bus]))
     statements += [
-        iam.PolicyStatement(sid="StartFanout", actions=["states:StartExecution"], resources=[machine.state_machine_arn]),
+        iam.PolicyStatement(
+            sid="StartFanout", actions=["states:StartExecution"], resources=[machine.state_machine_arn]
+        ),
         iam.PolicyStatement(sid="StopFanout", actions=["states:StopExecution"], resources=[execution_arns(cfg)]),
         iam.PolicyStatement(
-            sid="ReportChild", actions=["states:SendTaskSuccess", "states:SendTaskFailure"], resources=[machine.state_machine_arn]
+            sid="ReportChild",
+            actions=["states:SendTaskSuccess", "states:SendTaskFailure"],
+            resources=[machine.state_machine_arn],
         ),
     ]
     for statement in statements:
@@ -250,7 +254,10 @@ def build_functions(
         name: str, *, memory: int, timeout: int, env: dict[str, str], reserved: int | None, description: str
     ) -> lambda_.Function:
         log_group = logs.LogGroup(
-            scope, f"{name.capitalize()}FunctionLogs", retention=log_retention(cfg.log_retention_days), removal_policy=removal
+            scope,
+            f"{name.capitalize()}FunctionLogs",
+            retention=log_retention(cfg.log_retention_days),
+            removal_policy=removal,
         )
         log_groups[name] = log_group
         return lambda_.Function(
@@ -317,7 +324,9 @@ def build_functions(
     ):
         api.add_to_role_policy(statement)
     # Cancelling a waiting parent stops its fan-out execution.
-    api.add_to_role_policy(iam.PolicyStatement(sid="StopFanout", actions=["states:StopExecution"], resources=[execution_arns(cfg)]))
+    api.add_to_role_policy(
+        iam.PolicyStatement(sid="StopFanout", actions=["states:StopExecution"], resources=[execution_arns(cfg)])
+    )
 
     authorizer = function(
         "authorizer",
@@ -340,7 +349,11 @@ def build_functions(
 
 
 def _reaper(
-    scope: Construct, cfg: EnvironmentSettings, data: Data, function: Callable[..., lambda_.Function], removal: cdk.RemovalPolicy
+    scope: Construct,
+    cfg: EnvironmentSettings,
+    data: Data,
+    function: Callable[..., lambda_.Function],
+    removal: cdk.RemovalPolicy,
 ) -> tuple[lambda_.Function, sqs.Queue]:
     """The reaper on the table's stream: only TTL deletions of task META reach it (the filter
     is ``agentq.control.retention.ttl_removal_pattern``); each one purges that task's remaining items,
@@ -401,4 +414,3 @@ def _reaper(
         )
     )
     return reaper, dlq
-

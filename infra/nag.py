@@ -38,46 +38,119 @@ def acknowledge(stack: AgentqStack) -> None:
     xray = "X-Ray PutTraceSegments/PutTelemetryRecords support no resource-level permissions: AWS requires '*'."
 
     for fn in (fns.executor, fns.api, fns.authorizer, fns.reaper):
-        _ack(fn, "AwsSolutions-L1", "Python 3.12 on purpose: both layers are built for cp312 (infra/build_layers.py) and the suite runs against it; moving runtimes is a deliberate change of layers and runtime together.")
+        _ack(
+            fn,
+            "AwsSolutions-L1",
+            "Python 3.12 on purpose: both layers are built for cp312 (infra/build_layers.py) and the suite runs against it; moving runtimes is a deliberate change of layers and runtime together.",
+        )
     for fn in (fns.executor, fns.api, fns.authorizer):
         _ack(fn.role, "AwsSolutions-IAM5[Resource::*]", xray)  # type: ignore[arg-type]
-    _ack(fns.reaper.role, "AwsSolutions-IAM5[Resource::*]", xray + " dynamodb:ListStreams, which the stream event source mapping needs, has no resource-level permissions either; reading the stream (DescribeStream/GetRecords/GetShardIterator) is granted on this table's stream only.")  # type: ignore[arg-type]
-    _ack(fns.reaper.role, f"AwsSolutions-IAM5[{payload_objects}]", f"The reaper deletes the payloads of one expired task at a time, keyed {PAYLOAD_PREFIX}<task_id>/...; the grant is DeleteObject on that prefix of this environment's bucket only (and ListBucket only with s3:prefix {PAYLOAD_PREFIX}*).")  # type: ignore[arg-type]
-    _ack(fns.reaper_dlq, "AwsSolutions-SQS3", "This queue is a dead-letter queue: the on-failure destination of the reaper's stream event source mapping (cdk-nag only recognises an SQS redrive policy). A DLQ of a DLQ would add nothing; its depth is alarmed.")
+    _ack(
+        fns.reaper.role,
+        "AwsSolutions-IAM5[Resource::*]",
+        xray
+        + " dynamodb:ListStreams, which the stream event source mapping needs, has no resource-level permissions either; reading the stream (DescribeStream/GetRecords/GetShardIterator) is granted on this table's stream only.",
+    )  # type: ignore[arg-type]
+    _ack(
+        fns.reaper.role,
+        f"AwsSolutions-IAM5[{payload_objects}]",
+        f"The reaper deletes the payloads of one expired task at a time, keyed {PAYLOAD_PREFIX}<task_id>/...; the grant is DeleteObject on that prefix of this environment's bucket only (and ListBucket only with s3:prefix {PAYLOAD_PREFIX}*).",
+    )  # type: ignore[arg-type]
+    _ack(
+        fns.reaper_dlq,
+        "AwsSolutions-SQS3",
+        "This queue is a dead-letter queue: the on-failure destination of the reaper's stream event source mapping (cdk-nag only recognises an SQS redrive policy). A DLQ of a DLQ would add nothing; its depth is alarmed.",
+    )
     runners = [fns.executor.role]
     if stack.worker is not None:
         runners.append(stack.worker.task_definition.task_role)
     for role in [*runners, fns.api.role]:
-        _ack(role, f"AwsSolutions-IAM5[{payload_objects}]", f"Payload objects are per task, keyed {PAYLOAD_PREFIX}<task_id>/...; the grant is Get/PutObject on that prefix of this environment's bucket only.")  # type: ignore[arg-type]
-        _ack(role, f"AwsSolutions-IAM5[{executions}]", "Execution names are chosen per fan-out at run time; the grant is StopExecution on executions of this environment's fan-out machine only.")  # type: ignore[arg-type]
+        _ack(
+            role,
+            f"AwsSolutions-IAM5[{payload_objects}]",
+            f"Payload objects are per task, keyed {PAYLOAD_PREFIX}<task_id>/...; the grant is Get/PutObject on that prefix of this environment's bucket only.",
+        )  # type: ignore[arg-type]
+        _ack(
+            role,
+            f"AwsSolutions-IAM5[{executions}]",
+            "Execution names are chosen per fan-out at run time; the grant is StopExecution on executions of this environment's fan-out machine only.",
+        )  # type: ignore[arg-type]
     for role in runners:
-        _ack(role, "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:bedrock:*::foundation-model/anthropic.*]", "Tasks choose their Claude model at submit time, and cross-region inference profiles invoke the model in whichever region they route to; the grant is InvokeModel on Anthropic foundation models only.")  # type: ignore[arg-type]
-        _ack(role, f"AwsSolutions-IAM5[Resource::{PARTITION_REGION_ACCOUNT.format(service='bedrock')}:inference-profile/*anthropic.*]", "Inference profiles for Anthropic models in this account and region (ids like us.anthropic.<model>); the model is chosen per task.")  # type: ignore[arg-type]
+        _ack(
+            role,
+            "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:bedrock:*::foundation-model/anthropic.*]",
+            "Tasks choose their Claude model at submit time, and cross-region inference profiles invoke the model in whichever region they route to; the grant is InvokeModel on Anthropic foundation models only.",
+        )  # type: ignore[arg-type]
+        _ack(
+            role,
+            f"AwsSolutions-IAM5[Resource::{PARTITION_REGION_ACCOUNT.format(service='bedrock')}:inference-profile/*anthropic.*]",
+            "Inference profiles for Anthropic models in this account and region (ids like us.anthropic.<model>); the model is chosen per task.",
+        )  # type: ignore[arg-type]
 
     if cfg.anthropic_api_key_secret:
         secret = f"Resource::{PARTITION_REGION_ACCOUNT.format(service='secretsmanager')}:secret:{cfg.anthropic_api_key_secret}-??????"
         for role in runners:
-            _ack(role, f"AwsSolutions-IAM5[{secret}]", "Secrets Manager appends six random characters to a secret's ARN; the grant is GetSecretValue on the one named secret (anthropic_api_key_secret).")  # type: ignore[arg-type]
+            _ack(
+                role,
+                f"AwsSolutions-IAM5[{secret}]",
+                "Secrets Manager appends six random characters to a secret's ARN; the grant is GetSecretValue on the one named secret (anthropic_api_key_secret).",
+            )  # type: ignore[arg-type]
 
-    _ack(stack.state_machine.role, "AwsSolutions-IAM5[Resource::*]", "Added by CDK for logging and tracing: CloudWatch Logs vended log delivery (logs:*LogDelivery, PutResourcePolicy, Describe*) and X-Ray accept only '*'. The machine's own work is sqs:SendMessage on the three tier queues.")
+    _ack(
+        stack.state_machine.role,
+        "AwsSolutions-IAM5[Resource::*]",
+        "Added by CDK for logging and tracing: CloudWatch Logs vended log delivery (logs:*LogDelivery, PutResourcePolicy, Describe*) and X-Ray accept only '*'. The machine's own work is sqs:SendMessage on the three tier queues.",
+    )
 
     api = stack.api.rest_api
-    _ack(api, "AwsSolutions-COG4", "Callers are tenants holding API keys, verified by the TOKEN authorizer on every method (sha256 of the key looked up in the table, cached per key); there are no end users to put in a Cognito user pool.")
-    _ack(api.node.find_child("CloudWatchRole"), "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AmazonAPIGatewayPushToCloudWatchLogs]", "The account-level role API Gateway uses to write execution logs; AWS maintains this service-role policy for exactly that and it grants nothing else.")
-    _ack(api, "AwsSolutions-APIG2", "Requests are validated by the API Lambda (pydantic models, the same ones its OpenAPI document is generated from), which answers 422 naming the exact field; a gateway model would answer the same mistakes with a 400 and no field.")
+    _ack(
+        api,
+        "AwsSolutions-COG4",
+        "Callers are tenants holding API keys, verified by the TOKEN authorizer on every method (sha256 of the key looked up in the table, cached per key); there are no end users to put in a Cognito user pool.",
+    )
+    _ack(
+        api.node.find_child("CloudWatchRole"),
+        "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AmazonAPIGatewayPushToCloudWatchLogs]",
+        "The account-level role API Gateway uses to write execution logs; AWS maintains this service-role policy for exactly that and it grants nothing else.",
+    )
+    _ack(
+        api,
+        "AwsSolutions-APIG2",
+        "Requests are validated by the API Lambda (pydantic models, the same ones its OpenAPI document is generated from), which answers 422 naming the exact field; a gateway model would answer the same mistakes with a 400 and no field.",
+    )
     for path in PUBLIC_PATHS:
         method = api.root.get_resource(path.strip("/")).node.find_child("GET")  # type: ignore[union-attr]
         for rule in ("AwsSolutions-APIG4", "AwsSolutions-COG4"):
-            _ack(method, rule, f"GET {path} is public on purpose (liveness probes, client generators) and returns no tenant data; every other method needs a key.")
+            _ack(
+                method,
+                rule,
+                f"GET {path} is public on purpose (liveness probes, client generators) and returns no tenant data; every other method needs a key.",
+            )
     if stack.api.web_acl is None:
-        _ack(api, "AwsSolutions-APIG3", f"No WAF in {stack.env_name} (api.waf=false in cdk.json): every method needs a tenant key and stage and per-route throttles apply; prod attaches a WAFv2 web ACL.")
+        _ack(
+            api,
+            "AwsSolutions-APIG3",
+            f"No WAF in {stack.env_name} (api.waf=false in cdk.json): every method needs a tenant key and stage and per-route throttles apply; prod attaches a WAFv2 web ACL.",
+        )
 
     if stack.worker is not None:
         w = stack.worker
-        _ack(w.task_definition, "AwsSolutions-ECS2", "The environment holds resource names and tuning only (table, bucket, queue prefix, state machine ARN), no secrets.")
+        _ack(
+            w.task_definition,
+            "AwsSolutions-ECS2",
+            "The environment holds resource names and tuning only (table, bucket, queue prefix, state machine ARN), no secrets.",
+        )
         if w.pulls_from_ecr:
             container = w.task_definition.default_container
-            _ack(container, "Annotation::@aws-cdk/aws-ecs:ecrImageRequiresPolicy", "The execution role is granted pull on exactly the image's ECR repository (infra/worker.py _grant_image_pull).")  # type: ignore[arg-type]
+            _ack(
+                container,
+                "Annotation::@aws-cdk/aws-ecs:ecrImageRequiresPolicy",
+                "The execution role is granted pull on exactly the image's ECR repository (infra/worker.py _grant_image_pull).",
+            )  # type: ignore[arg-type]
         execution_role = w.task_definition.execution_role
         if execution_role is not None:
-            _ack(execution_role, "AwsSolutions-IAM5[Resource::*]", "ecr:GetAuthorizationToken (registry login) supports no resource-level permissions: AWS requires '*'. Image pulls are scoped to the worker's repository.")
+            _ack(
+                execution_role,
+                "AwsSolutions-IAM5[Resource::*]",
+                "ecr:GetAuthorizationToken (registry login) supports no resource-level permissions: AWS requires '*'. Image pulls are scoped to the worker's repository.",
+            )

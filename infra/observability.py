@@ -64,16 +64,16 @@ def search_expression(metric: str, dimensions: tuple[str, ...], statistic: str, 
 
 def per_value(metric: str, dimensions: tuple[str, ...], period: cdk.Duration, label: str) -> cw.SearchExpression:
     """Each series is labelled ``label`` and its dimension value (the model, the tool)."""
-    return cw.SearchExpression(expression=search_expression(metric, dimensions, "Sum", period), label=label, period=period)
+    return cw.SearchExpression(
+        expression=search_expression(metric, dimensions, "Sum", period), label=label, period=period
+    )
 
 
 def tokens_per_minute() -> list[cw.IMetric]:
     """Tokens in and out per model (models are whatever tasks ask for, so SEARCH finds them),
     and the total across models: what the budgets are spent on, minute by minute."""
     lines: list[cw.IMetric] = [per_value(m, names.TOKEN_DIMENSIONS, ONE_MINUTE, m) for m in TOKEN_METRICS]
-    total = " + ".join(
-        f"SUM({search_expression(m, names.TOKEN_DIMENSIONS, 'Sum', ONE_MINUTE)})" for m in TOKEN_METRICS
-    )
+    total = " + ".join(f"SUM({search_expression(m, names.TOKEN_DIMENSIONS, 'Sum', ONE_MINUTE)})" for m in TOKEN_METRICS)
     lines.append(cw.MathExpression(expression=total, using_metrics={}, label="all models, in + out", period=ONE_MINUTE))
     return lines
 
@@ -120,7 +120,9 @@ def build_observability(
     alarms: list[cw.Alarm] = []
     evaluation = cfg.alarms.evaluation_minutes
 
-    def alarm(cid: str, metric: cw.IMetric, threshold: float, description: str, *, periods: int = 1, ok: bool = True) -> cw.Alarm:
+    def alarm(
+        cid: str, metric: cw.IMetric, threshold: float, description: str, *, periods: int = 1, ok: bool = True
+    ) -> cw.Alarm:
         a = cw.Alarm(
             scope,
             cid,
@@ -212,9 +214,14 @@ def build_observability(
         dashboard_name=f"{prefix}-overview",
         default_interval=cdk.Duration.hours(3),
     )
-    visible = [data.queues[t].metric_approximate_number_of_messages_visible(period=ONE_MINUTE, statistic="Maximum", label=t) for t in TIERS]
+    visible = [
+        data.queues[t].metric_approximate_number_of_messages_visible(period=ONE_MINUTE, statistic="Maximum", label=t)
+        for t in TIERS
+    ]
     in_flight = [
-        data.queues[t].metric_approximate_number_of_messages_not_visible(period=ONE_MINUTE, statistic="Maximum", label=t)
+        data.queues[t].metric_approximate_number_of_messages_not_visible(
+            period=ONE_MINUTE, statistic="Maximum", label=t
+        )
         for t in TIERS
     ]
     dashboard.add_widgets(
@@ -229,20 +236,39 @@ def build_observability(
         cw.GraphWidget(title="Queue depth (visible) per tier", left=visible, width=8),
         cw.GraphWidget(
             title="Age of oldest message per tier (s)",
-            left=[data.queues[t].metric_approximate_age_of_oldest_message(period=ONE_MINUTE, statistic="Maximum", label=t) for t in TIERS],
+            left=[
+                data.queues[t].metric_approximate_age_of_oldest_message(period=ONE_MINUTE, statistic="Maximum", label=t)
+                for t in TIERS
+            ],
             width=8,
         ),
         cw.GraphWidget(
             title="DLQ depth per tier, and the reaper's",
-            left=[data.dlqs[t].metric_approximate_number_of_messages_visible(period=ONE_MINUTE, statistic="Maximum", label=t) for t in TIERS]
-            + [fns.reaper_dlq.metric_approximate_number_of_messages_visible(period=ONE_MINUTE, statistic="Maximum", label="reaper")],
+            left=[
+                data.dlqs[t].metric_approximate_number_of_messages_visible(
+                    period=ONE_MINUTE, statistic="Maximum", label=t
+                )
+                for t in TIERS
+            ]
+            + [
+                fns.reaper_dlq.metric_approximate_number_of_messages_visible(
+                    period=ONE_MINUTE, statistic="Maximum", label="reaper"
+                )
+            ],
             width=8,
         ),
     )
     dashboard.add_widgets(
         cw.GraphWidget(
             title="Active tasks (messages in flight)",
-            left=[cw.MathExpression(expression="+".join(f"m{i}" for i in range(len(TIERS))), using_metrics={f"m{i}": m for i, m in enumerate(in_flight)}, label="all tiers", period=ONE_MINUTE)]
+            left=[
+                cw.MathExpression(
+                    expression="+".join(f"m{i}" for i in range(len(TIERS))),
+                    using_metrics={f"m{i}": m for i, m in enumerate(in_flight)},
+                    label="all tiers",
+                    period=ONE_MINUTE,
+                )
+            ]
             + in_flight,
             width=8,
         ),
@@ -258,7 +284,9 @@ def build_observability(
         ),
         cw.GraphWidget(
             title="Executor duration (ms)",
-            left=[fns.executor.metric_duration(period=ONE_MINUTE, statistic=s, label=s) for s in ("p50", "p99", "Maximum")],
+            left=[
+                fns.executor.metric_duration(period=ONE_MINUTE, statistic=s, label=s) for s in ("p50", "p99", "Maximum")
+            ],
             width=8,
         ),
     )
@@ -277,7 +305,11 @@ def build_observability(
         cw.GraphWidget(title="Tokens per minute, per model", left=tokens_per_minute(), width=8),
     )
     dashboard.add_widgets(
-        cw.GraphWidget(title="Steps, DLQ moves, tenant soft caps", left=[agentq_metric(m, "Sum", FIVE_MINUTES, m) for m in TASK_EVENTS], width=8),
+        cw.GraphWidget(
+            title="Steps, DLQ moves, tenant soft caps",
+            left=[agentq_metric(m, "Sum", FIVE_MINUTES, m) for m in TASK_EVENTS],
+            width=8,
+        ),
         cw.GraphWidget(
             title="Fan-out executions",
             left=[

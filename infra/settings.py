@@ -20,7 +20,30 @@ from agentq.resources import TIERS, QueueSettings, ResourceNames
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # CloudWatch Logs accepts only these retention periods (days).
-LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653)
+LOG_RETENTION_DAYS = (
+    1,
+    3,
+    5,
+    7,
+    14,
+    30,
+    60,
+    90,
+    120,
+    150,
+    180,
+    365,
+    400,
+    545,
+    731,
+    1096,
+    1827,
+    2192,
+    2557,
+    2922,
+    3288,
+    3653,
+)
 MAX_TASK_SECONDS = 24 * 3600  # the longest a task may run (Constraints.timeout_seconds upper bound)
 
 
@@ -48,12 +71,17 @@ class ExecutorSettings(_Strict):
         if self.slice_margin_seconds >= self.timeout_seconds:
             raise ValueError("executor.slice_margin_seconds must be below executor.timeout_seconds")
         if self.lease_seconds >= self.visibility_seconds:
-            raise ValueError("executor.lease_seconds must be below executor.visibility_seconds (the lease lapses first)")
+            raise ValueError(
+                "executor.lease_seconds must be below executor.visibility_seconds (the lease lapses first)"
+            )
         if set(self.tier_max_concurrency) != set(TIERS):
             raise ValueError(f"executor.tier_max_concurrency must name exactly the tiers {', '.join(TIERS)}")
         if any(not 2 <= n <= 1000 for n in self.tier_max_concurrency.values()):
             raise ValueError("executor.tier_max_concurrency values must be 2..1000 (SQS event source limits)")
-        if self.reserved_concurrency is not None and sum(self.tier_max_concurrency.values()) > self.reserved_concurrency:
+        if (
+            self.reserved_concurrency is not None
+            and sum(self.tier_max_concurrency.values()) > self.reserved_concurrency
+        ):
             raise ValueError(
                 "executor.tier_max_concurrency adds up past executor.reserved_concurrency: "
                 "the event sources would be throttled and messages would count receives towards the DLQ"
@@ -75,7 +103,10 @@ class ApiSettings(_Strict):
     submit_rate_limit: float = Field(20, gt=0, description="POST /tasks requests per second")
     submit_burst_limit: int = Field(40, ge=1)
     authorizer_cache_seconds: int = Field(
-        60, ge=0, le=300, description="a revoked key keeps working for up to this long (API Gateway caches the decision)"
+        60,
+        ge=0,
+        le=300,
+        description="a revoked key keeps working for up to this long (API Gateway caches the decision)",
     )
     waf: bool = Field(False, description="attach a WAFv2 web ACL (managed rules + per-IP rate limit)")
     waf_rate_limit_per_5_minutes: int = Field(2000, ge=10)
@@ -137,7 +168,11 @@ class WorkerSettings(_Strict):
     min_tasks: int = Field(0, ge=0)
     max_tasks: int = Field(4, ge=1)
     scale_out: list[ScalingStep] = Field(
-        default_factory=lambda: [ScalingStep(backlog=1, change=1), ScalingStep(backlog=200, change=2), ScalingStep(backlog=1000, change=4)]
+        default_factory=lambda: [
+            ScalingStep(backlog=1, change=1),
+            ScalingStep(backlog=200, change=2),
+            ScalingStep(backlog=1000, change=4),
+        ]
     )
     vpc_cidr: str = "10.40.0.0/16"
 
@@ -158,7 +193,9 @@ class WorkerSettings(_Strict):
 
 
 class EnvironmentSettings(_Strict):
-    prefix: str = Field(pattern=r"^[a-z][a-z0-9-]{1,40}$", description="resource names: {prefix}-{tier}, {prefix}-tasks ...")
+    prefix: str = Field(
+        pattern=r"^[a-z][a-z0-9-]{1,40}$", description="resource names: {prefix}-{tier}, {prefix}-tasks ..."
+    )
     account: str | None = Field(None, pattern=r"^\d{12}$", description="pin an account (default: the CLI's)")
     region: str | None = Field(None, description="pin a region (default: the CLI's)")
     removal_policy: Literal["destroy", "retain"]

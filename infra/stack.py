@@ -1,11 +1,11 @@
 """The agentq stack: everything one environment runs on (``cdk deploy -c env=dev|staging|prod``).
 
-    data         table (PITR, TTL, gsi1), payload bucket, tier queues + DLQs   infra/data.py
-    fan-out      Step Functions from agentq/asl/fanout.asl.json               here
-    functions    layers, executor (SQS), API, authorizer; least privilege      infra/functions.py
-    api          REST API, TOKEN authorizer, access logs, throttles, WAF       infra/api.py
-    worker       optional Fargate worker scaled on queue depth                infra/worker.py
-    observe      dashboard, alarms, SNS topic                                 infra/observability.py
+data         table (PITR, TTL, gsi1), payload bucket, tier queues + DLQs   infra/data.py
+fan-out      Step Functions from agentq/asl/fanout.asl.json               here
+functions    layers, executor (SQS), API, authorizer; least privilege      infra/functions.py
+api          REST API, TOKEN authorizer, access logs, throttles, WAF       infra/api.py
+worker       optional Fargate worker scaled on queue depth                infra/worker.py
+observe      dashboard, alarms, SNS topic                                 infra/observability.py
 """
 
 from __future__ import annotations

@@ -28,7 +28,9 @@ from infra.data import Data
 from infra.functions import METRICS_NAMESPACE, grant_task_runner, log_retention, task_runner_env
 from infra.settings import EnvironmentSettings
 
-ECR_IMAGE = re.compile(r"^(?P<account>\d{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/(?P<repo>[^:@]+)")
+ECR_IMAGE = re.compile(
+    r"^(?P<account>\d{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/(?P<repo>[^:@]+)"
+)
 STOP_TIMEOUT_SECONDS = 120  # ECS's maximum; the worker drains steps in flight for up to 60 s
 
 
@@ -58,7 +60,9 @@ def build_worker(
         subnet_configuration=[ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24)],
         restrict_default_security_group=False,
     )
-    flow_logs = logs.LogGroup(scope, "WorkerVpcFlowLogs", retention=log_retention(cfg.log_retention_days), removal_policy=removal)
+    flow_logs = logs.LogGroup(
+        scope, "WorkerVpcFlowLogs", retention=log_retention(cfg.log_retention_days), removal_policy=removal
+    )
     vpc.add_flow_log("FlowLogs", destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_logs))
     cluster = ecs.Cluster(
         scope,
@@ -77,7 +81,9 @@ def build_worker(
             operating_system_family=ecs.OperatingSystemFamily.LINUX,
         ),
     )
-    logs_group = logs.LogGroup(scope, "WorkerLogs", retention=log_retention(cfg.log_retention_days), removal_policy=removal)
+    logs_group = logs.LogGroup(
+        scope, "WorkerLogs", retention=log_retention(cfg.log_retention_days), removal_policy=removal
+    )
     environment = {
         "AGENTQ_ENV": env_name,
         "AGENTQ_PREFIX": cfg.prefix,
@@ -96,12 +102,18 @@ def build_worker(
         "worker",
         image=ecs.ContainerImage.from_registry(w.image),
         command=[
-            "agentq", "worker",
-            "--concurrency", str(w.concurrency),
-            "--heartbeat", str(w.heartbeat_seconds),
-            "--lease", str(w.lease_seconds),
-            "--visibility", str(w.visibility_seconds),
-            "--max-receive-count", str(cfg.max_receive_count),
+            "agentq",
+            "worker",
+            "--concurrency",
+            str(w.concurrency),
+            "--heartbeat",
+            str(w.heartbeat_seconds),
+            "--lease",
+            str(w.lease_seconds),
+            "--visibility",
+            str(w.visibility_seconds),
+            "--max-receive-count",
+            str(cfg.max_receive_count),
         ],
         environment=environment,
         logging=ecs.LogDrivers.aws_logs(stream_prefix="worker", log_group=logs_group),
@@ -125,8 +137,14 @@ def build_worker(
     backlog = cw.MathExpression(
         expression="+".join(f"v{i}+f{i}" for i in range(len(TIERS))),
         using_metrics={
-            **{f"v{i}": data.queues[t].metric_approximate_number_of_messages_visible(statistic="Maximum") for i, t in enumerate(TIERS)},
-            **{f"f{i}": data.queues[t].metric_approximate_number_of_messages_not_visible(statistic="Maximum") for i, t in enumerate(TIERS)},
+            **{
+                f"v{i}": data.queues[t].metric_approximate_number_of_messages_visible(statistic="Maximum")
+                for i, t in enumerate(TIERS)
+            },
+            **{
+                f"f{i}": data.queues[t].metric_approximate_number_of_messages_not_visible(statistic="Maximum")
+                for i, t in enumerate(TIERS)
+            },
         },
         label="backlog (waiting + in flight)",
         period=cdk.Duration.minutes(1),

@@ -58,7 +58,9 @@ class ApiStack:
         assert status == 202, data
         return str(data["task_id"])
 
-    def until(self, task_id: str, pred: Callable[[dict[str, Any]], bool], timeout: float = 60, key: str | None = "default") -> dict[str, Any]:
+    def until(
+        self, task_id: str, pred: Callable[[dict[str, Any]], bool], timeout: float = 60, key: str | None = "default"
+    ) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while True:
             status, view, _ = self.http("GET", f"/tasks/{task_id}", key=key)
@@ -91,9 +93,17 @@ def api_stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
             workers=2,
             auth=True,
             tool_modules=("agentq.core.tools.examples", "tests.effect_tools"),
-            extra_env={"AGENTQ_TEST_LEDGER": str(ledger), "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))},
+            extra_env={
+                "AGENTQ_TEST_LEDGER": str(ledger),
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
+            },
         ).start()
         request.config.add_cleanup(stack.stop)
         assert stack.api_server is not None
-        _shared = ApiStack(stack=stack, url=stack.api_server.url, key=stack.create_api_key("team-a"), other_key=stack.create_api_key("team-b"))
+        _shared = ApiStack(
+            stack=stack,
+            url=stack.api_server.url,
+            key=stack.create_api_key("team-a"),
+            other_key=stack.create_api_key("team-b"),
+        )
     return _shared

@@ -30,7 +30,12 @@ def main(root_id: str, task_id: str, amount: int, attempts: int, start_at: float
     used = 0
     for _ in range(granted):
         spent = amount - 7
-        store.budgets.settle_orphan(lease.task_id, root_id, BudgetDelta(reserved=amount, used=spent, cost_usd=Decimal(0), tokens_in=spent, tokens_out=0), inflight_epoch=None)
+        store.budgets.settle_orphan(
+            lease.task_id,
+            root_id,
+            BudgetDelta(reserved=amount, used=spent, cost_usd=Decimal(0), tokens_in=spent, tokens_out=0),
+            inflight_epoch=None,
+        )
         used += spent
     print(json.dumps({"granted": granted, "used": used}))
 

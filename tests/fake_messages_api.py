@@ -101,9 +101,7 @@ def tool_use_reply(
     content: list[dict[str, Any]] = []
     if text:
         content.append({"type": "text", "text": text})
-    content.append(
-        {"type": "tool_use", "id": tool_use_id or _next_id("toolu_"), "name": name, "input": tool_input}
-    )
+    content.append({"type": "tool_use", "id": tool_use_id or _next_id("toolu_"), "name": name, "input": tool_input})
     kwargs.setdefault("stop_reason", "tool_use")
     return message_reply(content, **kwargs)
 

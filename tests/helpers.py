@@ -30,8 +30,12 @@ def deployment(moto_server: Any, **queue_settings: Any) -> Any:
     from agentq.resources import QueueSettings, provision
     from agentq.runtime import Settings, session
 
-    settings = Settings.for_prefix(f"t{uuid.uuid4().hex[:12]}", moto_server.endpoint_url, tool_modules=("tests.effect_tools",))
-    provision(session(settings), settings.names, endpoint_url=settings.endpoint_url, queues=QueueSettings(**queue_settings))
+    settings = Settings.for_prefix(
+        f"t{uuid.uuid4().hex[:12]}", moto_server.endpoint_url, tool_modules=("tests.effect_tools",)
+    )
+    provision(
+        session(settings), settings.names, endpoint_url=settings.endpoint_url, queues=QueueSettings(**queue_settings)
+    )
     return settings
 
 

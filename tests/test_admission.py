@@ -20,7 +20,9 @@ from agentq.queueing.worker import Admission, LeaseWriteRate, SlotPool, Worker, 
 from tests.helpers import deployment, scripted, wait_for
 
 # lease 3 s, heartbeat 1 s, safety 0.5: a round may take 1 s; 16 threads
-CONFIG = WorkerConfig(concurrency=256, lease_seconds=3, heartbeat_seconds=1, beat_threads=16, admission_safety=0.5, admission_floor=8)
+CONFIG = WorkerConfig(
+    concurrency=256, lease_seconds=3, heartbeat_seconds=1, beat_threads=16, admission_safety=0.5, admission_floor=8
+)
 
 
 class Clock:
@@ -39,7 +41,9 @@ def _admission(latency: float | None, config: WorkerConfig = CONFIG) -> tuple[Ad
     return Admission(config, rate, clock=clock), rate, clock
 
 
-def _settle(admission: Admission, clock: Clock, busy: Callable[[int], int] = lambda limit: limit, seconds: int = 10) -> int:
+def _settle(
+    admission: Admission, clock: Clock, busy: Callable[[int], int] = lambda limit: limit, seconds: int = 10
+) -> int:
     """The limit after ``seconds`` of a backlog that fills whatever it is given."""
     limit = admission.limit(0)
     for _ in range(seconds * 4):
@@ -116,7 +120,9 @@ def _slowed(fn: Callable[..., Any], delay: float) -> Callable[..., Any]:
     return slow
 
 
-def test_a_worker_whose_lease_writes_are_slow_holds_few_tasks_and_leaves_the_rest_to_another(moto_server: MotoServer) -> None:
+def test_a_worker_whose_lease_writes_are_slow_holds_few_tasks_and_leaves_the_rest_to_another(
+    moto_server: MotoServer,
+) -> None:
     """Worker A's lease writes (claims and extensions) take 0.5 s: with 2 beat threads that is
     4 writes/s, x 1 s = a limit of 4 of its 32 slots. Its backlog stays in SQS, and worker B,
     whose writes are fast, takes it."""
@@ -124,7 +130,9 @@ def test_a_worker_whose_lease_writes_are_slow_holds_few_tasks_and_leaves_the_res
     store, queues, registry = build_store(settings), build_queues(settings), build_registry(settings)
     job = scripted([{"text": "done", "latency_seconds": 2.0}])  # held ~2 s: needs heartbeats
     ids = [submit(store, registry, job, tenant="t", queues=queues).task_id for _ in range(30)]
-    config = WorkerConfig(concurrency=32, lease_seconds=3, heartbeat_seconds=1, visibility_seconds=6, beat_threads=2, admission_floor=2)
+    config = WorkerConfig(
+        concurrency=32, lease_seconds=3, heartbeat_seconds=1, visibility_seconds=6, beat_threads=2, admission_floor=2
+    )
 
     slow = Worker(settings, config)
     slow.store.tasks.claim = _slowed(slow.store.tasks.claim, 0.5)  # type: ignore[method-assign]
@@ -144,7 +152,11 @@ def test_a_worker_whose_lease_writes_are_slow_holds_few_tasks_and_leaves_the_res
     try:
         time.sleep(5)  # A alone, long enough to measure its writes and settle
         alone = slow.stats()
-        visible = int(queues.sqs.get_queue_attributes(QueueUrl=queues.url("normal"), AttributeNames=["ApproximateNumberOfMessages"])["Attributes"]["ApproximateNumberOfMessages"])
+        visible = int(
+            queues.sqs.get_queue_attributes(
+                QueueUrl=queues.url("normal"), AttributeNames=["ApproximateNumberOfMessages"]
+            )["Attributes"]["ApproximateNumberOfMessages"]
+        )
         fast.start()
         wait_for(lambda: all(store.tasks.get(t).status.terminal for t in ids), timeout=45, what="every task done")
     finally:

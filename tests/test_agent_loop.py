@@ -57,7 +57,9 @@ def test_scripted_task_runs_to_success_with_every_step_committed(store: Storage,
     assert tools_step.results[0].content.startswith("charged 500 cents")
 
 
-def test_budget_used_equals_provider_usage_exactly_and_nothing_stays_reserved(store: Storage, registry: ToolRegistry) -> None:
+def test_budget_used_equals_provider_usage_exactly_and_nothing_stays_reserved(
+    store: Storage, registry: ToolRegistry
+) -> None:
     task = store.tasks.create(scripted(THREE_TURNS, tools=["lookup", "charge_card"]), tenant="t")
     engine(store, registry).run(task.task_id)
     llm_steps = [s.body for s in store.steps.load(task.task_id) if isinstance(s.body, LLMStep)]
@@ -74,7 +76,9 @@ def test_budget_used_equals_provider_usage_exactly_and_nothing_stays_reserved(st
     assert all(s.cost_usd > 0 for s in llm_steps)
 
 
-def test_max_steps_stops_with_cost_exceeded_and_keeps_the_partial_result(store: Storage, registry: ToolRegistry) -> None:
+def test_max_steps_stops_with_cost_exceeded_and_keeps_the_partial_result(
+    store: Storage, registry: ToolRegistry
+) -> None:
     turns = [{"text": f"turn {i}", "tool_calls": [call("lookup", query=str(i))]} for i in range(10)]
     task = store.tasks.create(scripted(turns, tools=["lookup"], max_steps=3), tenant="t")
     result = engine(store, registry).run(task.task_id)
@@ -87,7 +91,9 @@ def test_max_steps_stops_with_cost_exceeded_and_keeps_the_partial_result(store: 
 
 
 def test_token_budget_exhaustion_stops_before_the_cap_is_passed(store: Storage, registry: ToolRegistry) -> None:
-    turns = [{"text": f"turn {i} " + "y" * 400, "tool_calls": [call("lookup", query=str(i), size=2000)]} for i in range(50)]
+    turns = [
+        {"text": f"turn {i} " + "y" * 400, "tool_calls": [call("lookup", query=str(i), size=2000)]} for i in range(50)
+    ]
     task = store.tasks.create(scripted(turns, tools=["lookup"], max_tokens=6000, max_output_tokens=300), tenant="t")
     result = engine(store, registry).run(task.task_id)
     assert result.status is TaskStatus.COST_EXCEEDED
@@ -111,7 +117,10 @@ def test_unknown_and_disallowed_tools_and_bad_input_become_error_results_not_cra
     store: Storage, registry: ToolRegistry
 ) -> None:
     turns = [
-        {"text": "", "tool_calls": [call("no_such_tool", x=1), call("charge_card", amount_cents=1, memo="m"), call("lookup")]},
+        {
+            "text": "",
+            "tool_calls": [call("no_such_tool", x=1), call("charge_card", amount_cents=1, memo="m"), call("lookup")],
+        },
         {"text": "recovered"},
     ]
     task = store.tasks.create(scripted(turns, tools=["lookup"]), tenant="t")
@@ -159,7 +168,9 @@ class _Failing:
         self.retryable = retryable
 
     def complete(self, request: LLMRequest) -> LLMResponse:
-        raise ProviderError("provider said no", retryable=self.retryable, status_code=529 if self.retryable else 400, attempts=3)
+        raise ProviderError(
+            "provider said no", retryable=self.retryable, status_code=529 if self.retryable else 400, attempts=3
+        )
 
 
 def test_provider_overload_releases_reservation_and_lease_for_a_retry(store: Storage, registry: ToolRegistry) -> None:
@@ -187,7 +198,13 @@ def test_a_done_effect_is_replayed_not_rerun_and_a_started_one_is_reported_unkno
     ledger = tmp_path / "ledger.jsonl"
     monkeypatch.setenv("AGENTQ_TEST_LEDGER", str(ledger))
     turns = [
-        {"text": "", "tool_calls": [call("charge_card", amount_cents=1, memo="a"), call("charge_card", amount_cents=2, memo="b")]},
+        {
+            "text": "",
+            "tool_calls": [
+                call("charge_card", amount_cents=1, memo="a"),
+                call("charge_card", amount_cents=2, memo="b"),
+            ],
+        },
         {"text": "done"},
     ]
     task = store.tasks.create(scripted(turns, tools=["charge_card"]), tenant="t")
@@ -207,7 +224,9 @@ def test_a_done_effect_is_replayed_not_rerun_and_a_started_one_is_reported_unkno
     store.effects.finish(
         lease,
         first["id"],
-        ToolOutcome(tool_use_id=first["id"], name="charge_card", content="charged earlier", started_at=0, duration_ms=1),
+        ToolOutcome(
+            tool_use_id=first["id"], name="charge_card", content="charged earlier", started_at=0, duration_ms=1
+        ),
     )
     assert store.effects.begin(lease, second["id"], "charge_card") is None  # started, never finished
     time.sleep(0.15)

@@ -53,7 +53,9 @@ def _task(store: Storage) -> str:
 def sent_key(request: RecordedRequest) -> str | None:
     """The key as the SDK sent it: ``x-api-key`` (older SDKs) or ``Authorization: Bearer``."""
     bearer = request.headers.get("authorization", "")
-    return request.headers.get("x-api-key") or (bearer.removeprefix("Bearer ") if bearer.startswith("Bearer ") else None)
+    return request.headers.get("x-api-key") or (
+        bearer.removeprefix("Bearer ") if bearer.startswith("Bearer ") else None
+    )
 
 
 def _engine(store: Storage, registry: ToolRegistry) -> Engine:
@@ -62,7 +64,12 @@ def _engine(store: Storage, registry: ToolRegistry) -> Engine:
 
 @pytest.mark.parametrize("stored", ["sk-ant-from-secrets", json.dumps({"ANTHROPIC_API_KEY": "sk-ant-from-secrets"})])
 def test_the_key_in_the_named_secret_is_what_the_messages_api_receives(
-    aws_env: None, store: Storage, registry: ToolRegistry, messages_api: FakeMessagesAPI, monkeypatch: pytest.MonkeyPatch, stored: str
+    aws_env: None,
+    store: Storage,
+    registry: ToolRegistry,
+    messages_api: FakeMessagesAPI,
+    monkeypatch: pytest.MonkeyPatch,
+    stored: str,
 ) -> None:
     monkeypatch.setenv(SECRET_VARIABLE, _secret(stored))
     messages_api.enqueue(text_reply("hi"))
@@ -73,7 +80,11 @@ def test_the_key_in_the_named_secret_is_what_the_messages_api_receives(
 
 
 def test_an_environment_key_wins_over_the_secret(
-    aws_env: None, store: Storage, registry: ToolRegistry, messages_api: FakeMessagesAPI, monkeypatch: pytest.MonkeyPatch
+    aws_env: None,
+    store: Storage,
+    registry: ToolRegistry,
+    messages_api: FakeMessagesAPI,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv(SECRET_VARIABLE, _secret("sk-ant-from-secrets"))
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-from-env")
@@ -84,7 +95,10 @@ def test_an_environment_key_wins_over_the_secret(
 
 @pytest.mark.parametrize(
     ("stored", "says"),
-    [(None, "cannot read the Anthropic API key from secret"), ('{"token": "x"}', "without a string field ANTHROPIC_API_KEY")],
+    [
+        (None, "cannot read the Anthropic API key from secret"),
+        ('{"token": "x"}', "without a string field ANTHROPIC_API_KEY"),
+    ],
 )
 def test_a_missing_or_malformed_secret_retries_the_task_naming_the_secret(
     aws_env: None,

@@ -66,14 +66,20 @@ def test_malformed_authorization_headers_are_refused(bad: str) -> None:
     assert str(err.value) == "Unauthorized"  # what API Gateway turns into a 401
 
 
-def test_the_authorizer_maps_a_live_key_to_its_tenant_and_refuses_the_rest(deployment: tuple[Settings, Any, Any, KeyStore]) -> None:
+def test_the_authorizer_maps_a_live_key_to_its_tenant_and_refuses_the_rest(
+    deployment: tuple[Settings, Any, Any, KeyStore],
+) -> None:
     _, authorizer, _, keys = deployment
     token, record = keys.create("acme")
     answer = authorizer.lambda_handler(_token_event(f"Bearer {token}"), FakeLambdaContext(3))
     assert answer["principalId"] == record.key_id
     assert answer["context"] == {"tenant": "acme", "key_id": record.key_id}
     assert answer["policyDocument"]["Statement"] == [
-        {"Action": "execute-api:Invoke", "Effect": "Allow", "Resource": "arn:aws:execute-api:us-east-1:123456789012:abc123/prod/*"}
+        {
+            "Action": "execute-api:Invoke",
+            "Effect": "Allow",
+            "Resource": "arn:aws:execute-api:us-east-1:123456789012:abc123/prod/*",
+        }
     ]  # the whole stage, so API Gateway's cached answer serves every route
     unknown, _ = KeyStore(keys.ddb, keys.table).create("acme")
     keys.revoke(keys.lookup(unknown).key_id)  # type: ignore[union-attr]
@@ -95,7 +101,9 @@ def test_revoking_a_key_refuses_it_from_then_on(deployment: tuple[Settings, Any,
     assert next(k for k in keys.list("acme") if k.key_id == record.key_id).revoked
 
 
-def test_the_authorizer_s_context_is_the_tenant_the_api_acts_for(deployment: tuple[Settings, Any, Any, KeyStore]) -> None:
+def test_the_authorizer_s_context_is_the_tenant_the_api_acts_for(
+    deployment: tuple[Settings, Any, Any, KeyStore],
+) -> None:
     """API Gateway: authorizer answer -> requestContext.authorizer of the API Lambda's event."""
     _, authorizer, api, keys = deployment
     token_a, _ = keys.create("tenant-one")
@@ -103,7 +111,9 @@ def test_the_authorizer_s_context_is_the_tenant_the_api_acts_for(deployment: tup
 
     def through_gateway(token: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         context = authorizer.lambda_handler(_token_event(f"Bearer {token}"), FakeLambdaContext(3))["context"]
-        event = proxy_event(method, path, {"Content-Type": "application/json"}, json.dumps(body) if body else None, tenant=None)
+        event = proxy_event(
+            method, path, {"Content-Type": "application/json"}, json.dumps(body) if body else None, tenant=None
+        )
         event["requestContext"]["authorizer"] = {**context, "principalId": "x", "integrationLatency": 3}
         resp = api.lambda_handler(event, FakeLambdaContext(30))
         return resp["statusCode"], json.loads(resp["body"])
@@ -112,7 +122,9 @@ def test_the_authorizer_s_context_is_the_tenant_the_api_acts_for(deployment: tup
     assert status == 202
     assert through_gateway(token_a, "GET", f"/tasks/{created['task_id']}")[0] == 200
     assert through_gateway(token_b, "GET", f"/tasks/{created['task_id']}")[0] == 404
-    assert keys.ddb.get_item(TableName=keys.table, Key={"pk": {"S": f"TASK#{created['task_id']}"}, "sk": {"S": "META"}})["Item"]["tenant"] == {"S": "tenant-one"}
+    assert keys.ddb.get_item(
+        TableName=keys.table, Key={"pk": {"S": f"TASK#{created['task_id']}"}, "sk": {"S": "META"}}
+    )["Item"]["tenant"] == {"S": "tenant-one"}
 
 
 def test_keys_create_and_revoke_from_the_cli_against_the_local_stack(
@@ -121,7 +133,9 @@ def test_keys_create_and_revoke_from_the_cli_against_the_local_stack(
     env = api_stack.cli_env(AGENTQ_API_KEY="")
 
     def person(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "agentq", *args], capture_output=True, text=True, timeout=60, env=env)
+        return subprocess.run(
+            [sys.executable, "-m", "agentq", *args], capture_output=True, text=True, timeout=60, env=env
+        )
 
     def agentq(*args: str, key: str = "") -> tuple[int, str, str]:  # the same main(), in this process
         for name, value in {**env, "AGENTQ_API_KEY": key}.items():
@@ -162,7 +176,9 @@ def test_the_authorizer_s_cold_import_stays_light() -> None:
     env = {**os.environ, "AGENTQ_TABLE": "agentq-light-tasks", "AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "x",
            "AWS_SECRET_ACCESS_KEY": "x"}  # fmt: skip
     env.pop("PYTHONPATH", None)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     loaded = set(json.loads(proc.stdout.strip().splitlines()[-1]))
     heavy = {"boto3", "pydantic", "anthropic", "agentq.runtime", "agentq.resources", "agentq.core.models", "agentq.core.engine",

@@ -31,7 +31,10 @@ SUB = {"goal": "say hi", "provider": "scripted", "script": SCRIPT}
 TOOLS_SCRIPT = {
     "turns": [
         {"text": "looking", "tool_calls": [tool_call("lookup", query="alpha", size=40)]},
-        {"text": "and again", "tool_calls": [tool_call("lookup", query="beta", size=30), tool_call("lookup", query="gamma", size=30)]},
+        {
+            "text": "and again",
+            "tool_calls": [tool_call("lookup", query="beta", size=30), tool_call("lookup", query="gamma", size=30)],
+        },
         {"text": "done looking"},
     ]
 }
@@ -61,7 +64,9 @@ class Api:
     ) -> tuple[int, Any, dict[str, str]]:
         hdrs = {"Content-Type": "application/json", **(headers or {})}
         payload = raw if raw is not None else (json.dumps(body) if body is not None else None)
-        resp = self.handler.lambda_handler(proxy_event(method, path, hdrs, payload, tenant=tenant), FakeLambdaContext(30))
+        resp = self.handler.lambda_handler(
+            proxy_event(method, path, hdrs, payload, tenant=tenant), FakeLambdaContext(30)
+        )
         out = {k: v[-1] for k, v in (resp.get("multiValueHeaders") or {}).items()} | (resp.get("headers") or {})
         return resp["statusCode"], (json.loads(resp["body"]) if resp.get("body") else None), out
 
@@ -71,7 +76,9 @@ class Api:
         return str(data["task_id"])
 
     def run(self, task_id: str) -> None:
-        engine = Engine(self.store, worker_id="test:1", tools=build_registry(self.settings), config=EngineConfig(lease_seconds=5))
+        engine = Engine(
+            self.store, worker_id="test:1", tools=build_registry(self.settings), config=EngineConfig(lease_seconds=5)
+        )
         engine.run(task_id)
 
     def items(self) -> int:
@@ -80,7 +87,9 @@ class Api:
 
 @pytest.fixture(scope="module")
 def api(moto_server: MotoServer) -> Iterator[Api]:
-    settings = Settings.for_prefix(f"r{uuid.uuid4().hex[:10]}", moto_server.endpoint_url, tool_modules=("tests.effect_tools",))
+    settings = Settings.for_prefix(
+        f"r{uuid.uuid4().hex[:10]}", moto_server.endpoint_url, tool_modules=("tests.effect_tools",)
+    )
     provision(session(settings), settings.names, endpoint_url=settings.endpoint_url, queues=QueueSettings())
     mp = pytest.MonkeyPatch()
     for key, value in settings.env().items():
@@ -131,12 +140,16 @@ def test_the_same_idempotency_key_and_body_return_the_same_task_another_body_409
     }
     assert api.items() == before  # nothing written
     other = api.call("POST", "/tasks", SUB, tenant=B, headers={"Idempotency-Key": key})
-    assert other[0] == 202 and other[1]["created"] is True and other[1]["task_id"] != first[1]["task_id"]  # keys are per tenant
+    assert (
+        other[0] == 202 and other[1]["created"] is True and other[1]["task_id"] != first[1]["task_id"]
+    )  # keys are per tenant
     record = api.store.tasks.idempotency(A, key)
     assert record is not None and record.task_id == first[1]["task_id"] and len(record.request_hash) == 64
 
 
-def test_a_failed_enqueue_leaves_nothing_behind_and_the_same_key_can_be_retried(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_enqueue_leaves_nothing_behind_and_the_same_key_can_be_retried(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from agentq.queueing.queues import TaskQueues
 
     def broken(self: TaskQueues, *args: Any, **kwargs: Any) -> str:
@@ -146,7 +159,10 @@ def test_a_failed_enqueue_leaves_nothing_behind_and_the_same_key_can_be_retried(
     with monkeypatch.context() as m:
         m.setattr(TaskQueues, "send", broken)
         status, data, _ = api.call("POST", "/tasks", SUB, headers={"Idempotency-Key": "enqueue-fails"})
-    assert status == 500 and error(data) == {"code": "internal_error", "message": "internal error; see the service logs"}
+    assert status == 500 and error(data) == {
+        "code": "internal_error",
+        "message": "internal error; see the service logs",
+    }
     assert api.items() == before  # task, budget and idempotency record all undone
     status, data, _ = api.call("POST", "/tasks", SUB, headers={"Idempotency-Key": "enqueue-fails"})
     assert status == 202 and data["created"] is True
@@ -167,7 +183,13 @@ def test_a_malformed_idempotency_key_is_a_422_naming_the_header(api: Api, key: s
         ("[1, 2]", {}, 422, "validation_error", "body"),
         ("", {}, 422, "validation_error", "body"),
         (json.dumps({**SUB, "constraints": {"max_tokens": 0}}), {}, 422, "validation_error", "constraints.max_tokens"),
-        (json.dumps({**SUB, "constraints": {"tools": ["lookup", "rm_rf"]}}), {}, 422, "validation_error", "constraints.tools[1]"),
+        (
+            json.dumps({**SUB, "constraints": {"tools": ["lookup", "rm_rf"]}}),
+            {},
+            422,
+            "validation_error",
+            "constraints.tools[1]",
+        ),
         (json.dumps({**SUB, "goal": "g" * (MAX_GOAL_CHARS + 1)}), {}, 422, "validation_error", "goal"),
         (json.dumps({**SUB, "colour": "blue"}), {}, 422, "validation_error", "colour"),
         (json.dumps({**SUB, "priority": "urgent"}), {}, 422, "validation_error", "priority"),
@@ -178,8 +200,22 @@ def test_a_malformed_idempotency_key_is_a_422_naming_the_header(api: Api, key: s
         (json.dumps(SUB), {"Content-Type": "text/plain"}, 415, "unsupported_media_type", "Content-Type"),
         (json.dumps(SUB), {"Content-Type": "multipart/form-data"}, 415, "unsupported_media_type", "Content-Type"),
     ],
-    ids=["not-json", "not-object", "empty", "max_tokens", "unknown-tool", "goal-too-long", "unknown-field", "priority",
-         "no-script", "script-path", "script-dir", "too-large", "text-plain", "multipart"],  # fmt: skip
+    ids=[
+        "not-json",
+        "not-object",
+        "empty",
+        "max_tokens",
+        "unknown-tool",
+        "goal-too-long",
+        "unknown-field",
+        "priority",
+        "no-script",
+        "script-path",
+        "script-dir",
+        "too-large",
+        "text-plain",
+        "multipart",
+    ],  # fmt: skip
 )
 def test_each_bad_submission_gets_its_status_and_code_and_writes_nothing(
     api: Api, raw: str, headers: dict[str, str], status: int, code: str, field: str
@@ -253,11 +289,15 @@ def test_get_task_shows_status_tokens_budget_cost_timestamps_latency_and_activit
     assert view.budget.available == view.budget.cap - view.budget.used and view.tokens.budget == view.budget.cap
     assert float(view.cost_usd) > 0 and view.activity is None and view.children.total == 0
     assert view.created_at <= view.started_at <= view.finished_at  # type: ignore[operator]
-    assert view.latency.pickup_seconds is not None and view.latency.resumes == 0 and view.latency.run_seconds is not None
+    assert (
+        view.latency.pickup_seconds is not None and view.latency.resumes == 0 and view.latency.run_seconds is not None
+    )
     assert view.goal == "say hi" and view.provider == "scripted" and view.max_steps == 50
 
 
-@pytest.mark.parametrize(("task_id", "status", "code"), [("no-such-task", 404, "task_not_found"), ("bad id!", 422, "validation_error")])
+@pytest.mark.parametrize(
+    ("task_id", "status", "code"), [("no-such-task", 404, "task_not_found"), ("bad id!", 422, "validation_error")]
+)
 def test_unknown_and_malformed_task_ids(api: Api, task_id: str, status: int, code: str) -> None:
     for suffix in ("", "/result", "/trace"):
         got, data, _ = api.call("GET", f"/tasks/{task_id}{suffix}")
@@ -274,7 +314,12 @@ def test_result_is_409_until_the_task_ends_then_complete_or_partial(api: Api) ->
     cancelled = api.submit()
     api.call("POST", f"/tasks/{cancelled}/cancel")
     status, data, _ = api.call("GET", f"/tasks/{cancelled}/result")
-    assert status == 200 and data["complete"] is False and data["status"] == "cancelled" and data["error"]["code"] == "cancelled"
+    assert (
+        status == 200
+        and data["complete"] is False
+        and data["status"] == "cancelled"
+        and data["error"]["code"] == "cancelled"
+    )
 
 
 # ------------------------------------------------------------------ trace
@@ -287,7 +332,17 @@ def test_trace_lists_llm_calls_tool_calls_and_transitions_in_commit_order(api: A
     assert status == 200 and data["next_cursor"] is None
     events = TracePage.model_validate(data).events
     kinds = [e.type if e.type != "transition" else e.event for e in events]  # type: ignore[union-attr]
-    assert kinds == ["created", "claimed", "llm_call", "tool_call", "llm_call", "tool_call", "tool_call", "llm_call", "finished"]
+    assert kinds == [
+        "created",
+        "claimed",
+        "llm_call",
+        "tool_call",
+        "llm_call",
+        "tool_call",
+        "tool_call",
+        "llm_call",
+        "finished",
+    ]
     assert [e.at for e in events] == sorted(e.at for e in events)
     llm = events[2]
     assert llm.type == "llm_call" and llm.step == 1 and llm.epoch == 1 and llm.model == "claude-sonnet-4-6" or llm.model
@@ -295,14 +350,18 @@ def test_trace_lists_llm_calls_tool_calls_and_transitions_in_commit_order(api: A
     assert llm.tool_calls == ["lookup"] and llm.text == "looking" and llm.duration_ms >= 0 and not llm.orphan  # type: ignore[union-attr]
     tool = events[3]
     assert tool.type == "tool_call" and tool.name == "lookup" and tool.input == {"query": "alpha", "size": 40}  # type: ignore[union-attr]
-    assert tool.output.startswith("result for alpha") and tool.status == "ok" and tool.duration_ms >= 0 and tool.step == 2  # type: ignore[union-attr]
+    assert (
+        tool.output.startswith("result for alpha") and tool.status == "ok" and tool.duration_ms >= 0 and tool.step == 2
+    )  # type: ignore[union-attr]
     assert [e.input["query"] for e in events[5:7]] == ["beta", "gamma"]  # type: ignore[union-attr]
     assert events[1].worker == "test:1" and events[-1].status is TaskStatus.SUCCEEDED  # type: ignore[union-attr]
     # every page size gives the same events, each once
     for limit in (1, 2, 4):
         paged, cursor = [], None
         while True:
-            status, page, _ = api.call("GET", f"/tasks/{task_id}/trace?limit={limit}" + (f"&cursor={cursor}" if cursor else ""))
+            status, page, _ = api.call(
+                "GET", f"/tasks/{task_id}/trace?limit={limit}" + (f"&cursor={cursor}" if cursor else "")
+            )
             assert status == 200 and len(page["events"]) <= limit
             paged += page["events"]
             cursor = page["next_cursor"]
@@ -373,8 +432,16 @@ def test_approve_and_reject_resume_a_paused_task_with_the_decision(api: Api, ver
 
 
 def test_a_budget_raise_resumes_a_cost_exceeded_task_and_bad_raises_are_named(api: Api) -> None:
-    turns = [{"text": f"turn {i}", "tool_calls": [tool_call("lookup", query=str(i), size=1500)]} for i in range(4)] + [{"text": "end"}]
-    task_id = api.submit({**SUB, "script": {"turns": turns}, "constraints": {"tools": ["lookup"], "max_tokens": 3000, "max_output_tokens": 200}})
+    turns = [{"text": f"turn {i}", "tool_calls": [tool_call("lookup", query=str(i), size=1500)]} for i in range(4)] + [
+        {"text": "end"}
+    ]
+    task_id = api.submit(
+        {
+            **SUB,
+            "script": {"turns": turns},
+            "constraints": {"tools": ["lookup"], "max_tokens": 3000, "max_output_tokens": 200},
+        }
+    )
     api.run(task_id)
     assert api.store.tasks.get(task_id).status is TaskStatus.COST_EXCEEDED
     for body, field in [({"add_tokens": -1}, "add_tokens"), ({"add_tokens": "lots"}, "add_tokens"), ({}, "add_tokens"),
@@ -393,7 +460,11 @@ def test_fork_answers_202_with_the_new_task_and_bad_forks_are_named(api: Api) ->
     source = api.submit({**SUB, "script": TOOLS_SCRIPT, "constraints": {"tools": ["lookup"]}})
     api.run(source)
     status, data, _ = api.call("POST", f"/tasks/{source}/fork", {})
-    assert status == 422 and error(data) == {"code": "validation_error", "message": "at_step is required", "field": "at_step"}
+    assert status == 422 and error(data) == {
+        "code": "validation_error",
+        "message": "at_step is required",
+        "field": "at_step",
+    }
     status, data, _ = api.call("POST", f"/tasks/{source}/fork", {"at_step": 9})
     assert status == 422 and error(data)["field"] == "at_step" and "between 0 and 5" in error(data)["message"]
     status, data, _ = api.call("POST", f"/tasks/{source}/fork", {"at_step": 2, "constraints": {"colour": 1}})
@@ -401,7 +472,9 @@ def test_fork_answers_202_with_the_new_task_and_bad_forks_are_named(api: Api) ->
     status, data, _ = api.call("POST", f"/tasks/{source}/fork", {"at_step": 2, "script": "../../etc/passwd"})
     assert status == 422 and error(data)["field"] == "script"
     status, data, headers = api.call(
-        "POST", f"/tasks/{source}/fork", {"at_step": 2, "model": "claude-haiku-4-5", "constraints": {"max_tokens": 50_000}}
+        "POST",
+        f"/tasks/{source}/fork",
+        {"at_step": 2, "model": "claude-haiku-4-5", "constraints": {"max_tokens": 50_000}},
     )
     assert status == 202 and data["task_id"] != source and headers["Location"] == f"/tasks/{data['task_id']}"
     assert data["forked_from"] == {"task_id": source, "step": 2} and data["step"] == 2 and data["status"] == "queued"
@@ -431,7 +504,11 @@ def test_another_tenant_can_neither_see_nor_touch_a_task(api: Api) -> None:
     items = api.items()
     for method, path, body in attempts:
         status, data, _ = api.call(method, path, body, tenant=B)
-        assert status == 404 and error(data) == {"code": "task_not_found", "message": f"no task {task_id!r}", "field": "task_id"}, path
+        assert status == 404 and error(data) == {
+            "code": "task_not_found",
+            "message": f"no task {task_id!r}",
+            "field": "task_id",
+        }, path
     assert api.items() == items  # nothing written for B
     after = api.store.tasks.get(task_id)
     assert (after.status, after.step, after.updated_at) == (before.status, before.step, before.updated_at)

@@ -59,12 +59,16 @@ class Api:
 
 @pytest.fixture(scope="module")
 def api(moto_server: MotoServer) -> Iterator[Api]:
-    s = Settings.for_prefix(f"s{uuid.uuid4().hex[:10]}", moto_server.endpoint_url, tool_modules=("agentq.core.tools.examples",))
+    s = Settings.for_prefix(
+        f"s{uuid.uuid4().hex[:10]}", moto_server.endpoint_url, tool_modules=("agentq.core.tools.examples",)
+    )
     provision(session(s), s.names, endpoint_url=s.endpoint_url, queues=QueueSettings())
     store = build_store(s)
     app = build_app(store, build_registry(s), build_queues(s))
     keys = KeyStore(store.table.client, s.table)
-    yield Api(wsgi=wsgi_app(app.resolve, authorizer=lambda header: authorize(keys, header).tenant), key=keys.create("fuzz")[0])
+    yield Api(
+        wsgi=wsgi_app(app.resolve, authorizer=lambda header: authorize(keys, header).tenant), key=keys.create("fuzz")[0]
+    )
 
 
 @schema.parametrize()
@@ -83,7 +87,13 @@ def test_the_served_document_is_the_generated_one_and_valid_openapi(api: Api) ->
     served = json.loads(response.data)
     validate(served)
     assert served == json.loads(json.dumps(DOCUMENT))
-    assert served["components"]["securitySchemes"] == {"bearer": {"type": "http", "scheme": "bearer", "description": served["components"]["securitySchemes"]["bearer"]["description"]}}
+    assert served["components"]["securitySchemes"] == {
+        "bearer": {
+            "type": "http",
+            "scheme": "bearer",
+            "description": served["components"]["securitySchemes"]["bearer"]["description"],
+        }
+    }
     operations = {(m.upper(), p) for p, ops in served["paths"].items() for m in ops}
     assert operations == {
         ("POST", "/tasks"), ("GET", "/tasks"), ("GET", "/tasks/{task_id}"), ("GET", "/tasks/{task_id}/result"),
@@ -95,6 +105,8 @@ def test_the_served_document_is_the_generated_one_and_valid_openapi(api: Api) ->
         for method, op in ops.items():
             errors = {code for code in op["responses"] if code.startswith(("4", "5"))}
             for code in errors:
-                assert op["responses"][code]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorResponse"}, (method, path, code)
+                assert op["responses"][code]["content"]["application/json"]["schema"] == {
+                    "$ref": "#/components/schemas/ErrorResponse"
+                }, (method, path, code)
             if path != "/health":
                 assert "401" in errors, (method, path)

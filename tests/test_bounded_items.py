@@ -18,7 +18,7 @@ def _item_bytes(item: dict) -> int:  # type: ignore[type-arg]
     size = 0
     for name, value in item.items():
         size += len(name.encode())
-        (kind, raw), = value.items()
+        ((kind, raw),) = value.items()
         if kind == "S":
             size += len(raw.encode())
         elif kind == "N":
@@ -31,9 +31,7 @@ def _item_bytes(item: dict) -> int:  # type: ignore[type-arg]
 def test_300_steps_of_50kb_tool_outputs_keep_every_item_bounded(store: Storage, registry: ToolRegistry) -> None:
     turns = [{"text": f"step {i}", "tool_calls": [call("lookup", query=str(i), size=50_000)]} for i in range(150)]
     turns.append({"text": "finished"})
-    task = store.tasks.create(
-        scripted(turns, tools=["lookup"], max_tokens=900_000_000, max_steps=200), tenant="t"
-    )
+    task = store.tasks.create(scripted(turns, tools=["lookup"], max_tokens=900_000_000, max_steps=200), tenant="t")
     meta_before = _item_bytes(next(i for i in store.steps.raw_items(task.task_id) if i["sk"]["S"] == "META"))
     result = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=60)).run(task.task_id)
     assert result.status is TaskStatus.SUCCEEDED

@@ -19,16 +19,29 @@ ATTEMPTS = 4
 CAP = 20_000  # demand is 20 * 4 * 700 = 56,000 tokens, almost three times the cap
 
 
-def test_twenty_processes_reserving_at_once_never_push_the_root_past_its_cap(settings: Settings, store: Storage) -> None:
+def test_twenty_processes_reserving_at_once_never_push_the_root_past_its_cap(
+    settings: Settings, store: Storage
+) -> None:
     root = store.tasks.create(scripted([{"text": "root"}], max_tokens=CAP), tenant="t")
     children = [
-        store.tasks.create(scripted([{"text": "child"}]), tenant="t", root_id=root.task_id, parent_id=root.task_id, depth=1)
+        store.tasks.create(
+            scripted([{"text": "child"}]), tenant="t", root_id=root.task_id, parent_id=root.task_id, depth=1
+        )
         for _ in range(PROCESSES)
     ]
     start_at = time.time() + 4.0  # every process is up and has claimed before the gun
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.budget_racer", root.task_id, child.task_id, str(AMOUNT), str(ATTEMPTS), str(start_at)],
+            [
+                sys.executable,
+                "-m",
+                "tests.budget_racer",
+                root.task_id,
+                child.task_id,
+                str(AMOUNT),
+                str(ATTEMPTS),
+                str(start_at),
+            ],
             env=child_env(settings),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -102,5 +102,7 @@ def test_the_layer_pins_exactly_the_base_dependencies() -> None:
     for name, pinned in layer.items():
         (spec,) = pinned.specifier
         assert spec.operator == "==", f"{name}: pin an exact version in the layer"
-        assert base[name].specifier.contains(spec.version), f"{name}=={spec.version} outside pyproject's {base[name].specifier}"
+        assert base[name].specifier.contains(spec.version), (
+            f"{name}=={spec.version} outside pyproject's {base[name].specifier}"
+        )
         assert pinned.extras == base[name].extras, name

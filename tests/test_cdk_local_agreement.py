@@ -88,7 +88,11 @@ def test_table_agrees_on_keys_attributes_indexes_and_ttl(pair: tuple[Synthesized
 
     def indexes(gsis: list[dict[str, Any]]) -> dict[str, Any]:
         return {
-            g["IndexName"]: (g["KeySchema"], g["Projection"]["ProjectionType"], sorted(g["Projection"].get("NonKeyAttributes", [])))
+            g["IndexName"]: (
+                g["KeySchema"],
+                g["Projection"]["ProjectionType"],
+                sorted(g["Projection"].get("NonKeyAttributes", [])),
+            )
             for g in gsis
         }
 

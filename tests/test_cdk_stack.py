@@ -169,7 +169,9 @@ def test_no_account_or_region_is_hard_coded(synth: Synthesized) -> None:
     assert cfg.account is None and cfg.region is None
     text = json.dumps(synth.template)
     assert not re.search(r"[:/\"]\d{12}[:/.\"]", text), "an account id in the template"
-    assert not re.search(r"\b(?:us|eu|ap|sa|ca|me|af|il|mx)-(?:north|south|east|west|central|northeast|southeast)-\d\b", text)
+    assert not re.search(
+        r"\b(?:us|eu|ap|sa|ca|me|af|il|mx)-(?:north|south|east|west|central|northeast|southeast)-\d\b", text
+    )
 
 
 # -- state: table, bucket, queues ------------------------------------------------------------
@@ -230,7 +232,15 @@ def test_payload_bucket_is_private_encrypted_tls_only_and_expires_payloads(
                 "Bucket": {"Ref": lid},
                 "PolicyDocument": {
                     "Statement": Match.array_with(
-                        [Match.object_like({"Effect": "Deny", "Action": "s3:*", "Condition": {"Bool": {"aws:SecureTransport": "false"}}})]
+                        [
+                            Match.object_like(
+                                {
+                                    "Effect": "Deny",
+                                    "Action": "s3:*",
+                                    "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+                                }
+                            )
+                        ]
                     )
                 },
             },
@@ -263,7 +273,11 @@ def test_each_tier_has_an_encrypted_tls_only_queue_and_dlq_with_the_redrive_poli
                     "Queues": [{"Ref": lid}],
                     "PolicyDocument": {
                         "Statement": Match.array_with(
-                            [Match.object_like({"Effect": "Deny", "Condition": {"Bool": {"aws:SecureTransport": "false"}}})]
+                            [
+                                Match.object_like(
+                                    {"Effect": "Deny", "Condition": {"Bool": {"aws:SecureTransport": "false"}}}
+                                )
+                            ]
                         )
                     },
                 },
@@ -295,7 +309,11 @@ def test_executor_reads_each_tier_queue_one_message_at_a_time_with_partial_failu
     cfg = settings_of(synth.env_name)
     executor_id, _ = _function(synth, "executor")
     ids = _queue_ids(synth)
-    mappings = [m for m in synth.resources("AWS::Lambda::EventSourceMapping").values() if m["Properties"]["FunctionName"] == {"Ref": executor_id}]
+    mappings = [
+        m
+        for m in synth.resources("AWS::Lambda::EventSourceMapping").values()
+        if m["Properties"]["FunctionName"] == {"Ref": executor_id}
+    ]
     assert len(mappings) == len(TIERS)
     for tier in TIERS:
         template.has_resource_properties(
@@ -416,7 +434,13 @@ def test_each_function_gets_only_what_its_code_calls(synth: Synthesized) -> None
     }  # fmt: skip
     api = _actions(_role_statements(synth, "api"))
     assert {"dynamodb:Query", "dynamodb:UpdateItem", "s3:PutObject", "sqs:SendMessage", "states:StopExecution"} <= api
-    assert not api & {"sqs:ReceiveMessage", "sqs:DeleteMessage", "states:StartExecution", "bedrock:InvokeModel", "dynamodb:Scan"}
+    assert not api & {
+        "sqs:ReceiveMessage",
+        "sqs:DeleteMessage",
+        "states:StartExecution",
+        "bedrock:InvokeModel",
+        "dynamodb:Scan",
+    }
     executor = _actions(_role_statements(synth, "executor"))
     assert {
         "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query", "dynamodb:BatchGetItem",
@@ -490,7 +514,9 @@ def test_only_ttl_deletions_of_task_meta_reach_the_reaper(synth: Synthesized) ->
     }
 
 
-def test_a_failing_reaper_batch_is_bisected_retried_then_dead_lettered(synth: Synthesized, template: assertions.Template) -> None:
+def test_a_failing_reaper_batch_is_bisected_retried_then_dead_lettered(
+    synth: Synthesized, template: assertions.Template
+) -> None:
     cfg = settings_of(synth.env_name)
     dlq_id = _queue_ids(synth)[f"{cfg.prefix}-reaper-dlq"]
     mapping = _reaper_mapping(synth)
@@ -502,7 +528,11 @@ def test_a_failing_reaper_batch_is_bisected_retried_then_dead_lettered(synth: Sy
     assert mapping["DestinationConfig"] == {"OnFailure": {"Destination": {"Fn::GetAtt": [dlq_id, "Arn"]}}}
     template.has_resource_properties(
         "AWS::SQS::Queue",
-        {"QueueName": f"{cfg.prefix}-reaper-dlq", "SqsManagedSseEnabled": True, "MessageRetentionPeriod": cfg.dlq_retention_seconds},
+        {
+            "QueueName": f"{cfg.prefix}-reaper-dlq",
+            "SqsManagedSseEnabled": True,
+            "MessageRetentionPeriod": cfg.dlq_retention_seconds,
+        },
     )
     template.has_resource_properties(
         "AWS::SQS::QueuePolicy",
@@ -529,7 +559,14 @@ def test_the_reaper_may_delete_task_items_and_payloads_and_nothing_else(synth: S
     assert listing["Condition"] == {"StringLike": {"s3:prefix": [f"{PAYLOAD_PREFIX}*"]}}
     stream = [s for s in statements.values() if "dynamodb:GetRecords" in _as_list(s["Action"])]
     assert [s["Resource"] for s in stream] == [{"Fn::GetAtt": [table_id, "StreamArn"]}]
-    writes = {"dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:GetItem", "dynamodb:Scan", "s3:PutObject", "s3:GetObject"}
+    writes = {
+        "dynamodb:PutItem",
+        "dynamodb:UpdateItem",
+        "dynamodb:GetItem",
+        "dynamodb:Scan",
+        "s3:PutObject",
+        "s3:GetObject",
+    }
     assert not _actions(list(statements.values())) & writes
 
 
@@ -646,7 +683,10 @@ def test_alarms_cover_dlqs_queue_age_errors_tenant_caps_and_fanout_failures(synt
         assert age["Threshold"] == cfg.alarms.pickup_objective_seconds[tier] + cfg.executor.timeout_seconds
     error_rate = alarms[f"{p}-executor-error-rate"]
     assert error_rate["Threshold"] == cfg.alarms.executor_error_rate_percent
-    assert {m.get("MetricStat", {}).get("Metric", {}).get("MetricName") for m in error_rate["Metrics"]} >= {"Errors", "Invocations"}
+    assert {m.get("MetricStat", {}).get("Metric", {}).get("MetricName") for m in error_rate["Metrics"]} >= {
+        "Errors",
+        "Invocations",
+    }
     soft_cap = alarms[f"{p}-tenant-soft-cap"]
     assert _metric(soft_cap) == ("agentq", "tenant_soft_cap_crossed", "Sum") and soft_cap["Threshold"] == 1
     assert soft_cap["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
@@ -659,7 +699,9 @@ def test_alarms_cover_dlqs_queue_age_errors_tenant_caps_and_fanout_failures(synt
         assert alarm["TreatMissingData"] == "notBreaching", name
 
 
-def test_alarm_topic_is_encrypted_with_a_key_cloudwatch_may_use(synth: Synthesized, template: assertions.Template) -> None:
+def test_alarm_topic_is_encrypted_with_a_key_cloudwatch_may_use(
+    synth: Synthesized, template: assertions.Template
+) -> None:
     key_id, _ = _one(synth, "AWS::KMS::Key")
     template.has_resource_properties("AWS::SNS::Topic", {"KmsMasterKeyId": {"Fn::GetAtt": [key_id, "Arn"]}})
     template.has_resource_properties(
@@ -810,7 +852,9 @@ def test_optional_fargate_worker_scales_on_queue_depth_and_passes_nag_and_lint(w
             ]),
         })], "RuntimePlatform": {"CpuArchitecture": "ARM64", "OperatingSystemFamily": "LINUX"}},
     )  # fmt: skip
-    template.has_resource_properties("AWS::ApplicationAutoScaling::ScalableTarget", {"MinCapacity": 1, "MaxCapacity": 6})
+    template.has_resource_properties(
+        "AWS::ApplicationAutoScaling::ScalableTarget", {"MinCapacity": 1, "MaxCapacity": 6}
+    )
     policies = [r["Properties"] for r in worker_synth.resources("AWS::ApplicationAutoScaling::ScalingPolicy").values()]
     assert policies and all(p["PolicyType"] == "StepScaling" for p in policies)
     depth_alarms = [
@@ -850,7 +894,9 @@ def test_a_named_anthropic_secret_reaches_the_task_runners_and_only_they_may_rea
                 assert _as_list(statement["Action"]) == ["secretsmanager:GetSecretValue"]
                 assert f":secret:{ANTHROPIC_SECRET}-??????" in json.dumps(statement["Resource"])
                 readers.append(json.dumps(policy["Properties"]["Roles"]))
-    assert len(readers) == 2 and any("ExecutorFunction" in r for r in readers) and any("WorkerTask" in r for r in readers)
+    assert (
+        len(readers) == 2 and any("ExecutorFunction" in r for r in readers) and any("WorkerTask" in r for r in readers)
+    )
 
 
 def test_budget_defaults_reach_the_api_and_the_task_runners(synth: Synthesized) -> None:
@@ -868,7 +914,10 @@ def test_budget_defaults_reach_the_api_and_the_task_runners(synth: Synthesized) 
     for name in (f"{cfg.prefix}-api", f"{cfg.prefix}-executor"):
         got = {k: v for k, v in functions[name].items() if k.startswith("AGENTQ_DEFAULT_")}
         assert got == expected
-        assert Defaults.from_env(got).apply(TaskSubmission(goal="g", script="research")).constraints.max_tokens == cfg.budget_defaults.max_tokens
+        assert (
+            Defaults.from_env(got).apply(TaskSubmission(goal="g", script="research")).constraints.max_tokens
+            == cfg.budget_defaults.max_tokens
+        )
 
 
 def test_the_worker_is_absent_unless_enabled(synth: Synthesized) -> None:

@@ -54,7 +54,9 @@ def cli(api_stack: ApiStack, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Cap
     return run
 
 
-def agentq(api: ApiStack, *args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def agentq(
+    api: ApiStack, *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "agentq", *args], capture_output=True, text=True, timeout=timeout,
         env=env if env is not None else api.cli_env(), cwd=ROOT,
@@ -67,7 +69,9 @@ def test_submit_wait_then_status_result_trace_and_list(api_stack: ApiStack) -> N
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("Signups grew 2.5x")  # the result on stdout
     task_id = re.search(r"submitted ([0-9a-f]{32})", done.stderr).group(1)  # type: ignore[union-attr]
-    assert re.search(r"running\s+step \d+", done.stderr) and re.search(r"succeeded\s+step 15", done.stderr)  # progress on stderr
+    assert re.search(r"running\s+step \d+", done.stderr) and re.search(
+        r"succeeded\s+step 15", done.stderr
+    )  # progress on stderr
 
     status = agentq(api_stack, "status", task_id)
     assert status.returncode == 0
@@ -85,15 +89,23 @@ def test_submit_wait_then_status_result_trace_and_list(api_stack: ApiStack) -> N
 
     as_json = json.loads(agentq(api_stack, "trace", task_id, "--json").stdout)
     kinds = [e["type"] for e in as_json["events"]]
-    assert kinds.count("llm_call") == 8 and kinds.count("tool_call") == 8 and as_json["events"][-1]["event"] == "finished"
+    assert (
+        kinds.count("llm_call") == 8 and kinds.count("tool_call") == 8 and as_json["events"][-1]["event"] == "finished"
+    )
 
     listed = agentq(api_stack, "list", "--status", "succeeded", "--limit", "100", "--json")
     assert task_id in [t["task_id"] for t in json.loads(listed.stdout)["tasks"]]
     table = agentq(api_stack, "list", "--limit", "3")
-    assert table.returncode == 0 and re.search(rf"{task_id}\s+succeeded\s+15", table.stdout) or "more: agentq list --cursor" in table.stderr
+    assert (
+        table.returncode == 0
+        and re.search(rf"{task_id}\s+succeeded\s+15", table.stdout)
+        or "more: agentq list --cursor" in table.stderr
+    )
 
 
-def test_approve_reject_budget_fork_cancel_and_their_exit_codes(api_stack: ApiStack, cli: Callable[..., Ran], tmp_path: Path) -> None:
+def test_approve_reject_budget_fork_cancel_and_their_exit_codes(
+    api_stack: ApiStack, cli: Callable[..., Ran], tmp_path: Path
+) -> None:
     turns = [{"text": "", "tool_calls": [call("request_approval", question="ship it?")]}, {"text": "shipped"}]
     task_id = api_stack.submit({**SCRIPTED, "script": {"turns": turns}, "constraints": {"tools": ["request_approval"]}})
     api_stack.until(task_id, lambda v: v["status"] == "paused")
@@ -128,14 +140,18 @@ def test_approve_reject_budget_fork_cancel_and_their_exit_codes(api_stack: ApiSt
 
 
 def test_a_task_that_does_not_succeed_exits_1(api_stack: ApiStack, cli: Callable[..., Ran]) -> None:
-    turns = [{"text": f"turn {i}", "tool_calls": [call("lookup", query=str(i), size=1500)]} for i in range(6)] + [{"text": "end"}]
+    turns = [{"text": f"turn {i}", "tool_calls": [call("lookup", query=str(i), size=1500)]} for i in range(6)] + [
+        {"text": "end"}
+    ]
     run = cli("submit", "too costly", "--script", json.dumps({"turns": turns}), "--tools", "lookup", "--max-tokens", "3000",
               "--max-output-tokens", "200", "--wait", "--json")  # fmt: skip
     assert run.returncode == 1
     assert json.loads(run.stdout)["status"] == "cost_exceeded"
 
 
-def test_bad_usage_and_configuration_exit_2_with_a_precise_message(api_stack: ApiStack, cli: Callable[..., Ran], tmp_path: Path) -> None:
+def test_bad_usage_and_configuration_exit_2_with_a_precise_message(
+    api_stack: ApiStack, cli: Callable[..., Ran], tmp_path: Path
+) -> None:
     bare = {k: v for k, v in api_stack.cli_env().items() if k not in ("AGENTQ_URL", "AGENTQ_API_KEY")}
     bare["XDG_CONFIG_HOME"] = str(tmp_path)
     nothing = agentq(api_stack, "status", "abc", env=bare)  # what a person sees first
@@ -144,13 +160,17 @@ def test_bad_usage_and_configuration_exit_2_with_a_precise_message(api_stack: Ap
 
     profiles = tmp_path / "agentq" / "profiles.toml"
     profiles.parent.mkdir()
-    profiles.write_text(f'[default]\nurl = "{api_stack.url}"\napi_key = "{api_stack.key}"\n\n[b]\nurl = "{api_stack.url}"\napi_key = "{api_stack.other_key}"\n')
+    profiles.write_text(
+        f'[default]\nurl = "{api_stack.url}"\napi_key = "{api_stack.key}"\n\n[b]\nurl = "{api_stack.url}"\napi_key = "{api_stack.other_key}"\n'
+    )
     task_id = api_stack.submit()
     assert cli("status", task_id, "--json", env=bare).returncode == 0  # the [default] profile
     assert cli("status", task_id, "--profile", "b", env=bare).returncode == 1  # tenant b: not found
     assert cli("status", task_id, env={**bare, "AGENTQ_PROFILE": "b"}).returncode == 1
     unknown = cli("list", "--profile", "nope", env=bare)
-    assert unknown.returncode == 2 and "no profile 'nope'" in unknown.stderr and "profiles: b, default" in unknown.stderr
+    assert (
+        unknown.returncode == 2 and "no profile 'nope'" in unknown.stderr and "profiles: b, default" in unknown.stderr
+    )
 
     down = cli("status", task_id, "--url", "http://127.0.0.1:9")
     assert down.returncode == 1 and "cannot reach http://127.0.0.1:9" in down.stderr
@@ -182,7 +202,9 @@ def test_every_command_has_help_text() -> None:
 def _run_in_pty(argv: list[str], env: dict[str, str], timeout: float) -> tuple[int, str]:
     master, slave = os.openpty()
     os.set_blocking(master, False)
-    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, cwd=ROOT, close_fds=True, start_new_session=True)
+    proc = subprocess.Popen(
+        argv, stdin=slave, stdout=slave, stderr=slave, env=env, cwd=ROOT, close_fds=True, start_new_session=True
+    )
     os.close(slave)
     out = b""
     deadline = time.monotonic() + timeout
@@ -207,7 +229,10 @@ def _run_in_pty(argv: list[str], env: dict[str, str], timeout: float) -> tuple[i
 
 
 def test_watch_draws_a_live_view_in_a_terminal_until_the_task_ends(api_stack: ApiStack) -> None:
-    turns = [{"text": f"thinking {i}", "latency_seconds": 0.25, "tool_calls": [call("lookup", query=f"q{i}")]} for i in range(6)]
+    turns = [
+        {"text": f"thinking {i}", "latency_seconds": 0.25, "tool_calls": [call("lookup", query=f"q{i}")]}
+        for i in range(6)
+    ]
     task_id = api_stack.submit({**SCRIPTED, "script": {"turns": [*turns, {"text": "watched to the end"}]},
                                 "constraints": {"tools": ["lookup"], "max_steps": 20, "max_tokens": 50_000}})  # fmt: skip
     env = api_stack.cli_env(TERM="xterm-256color", COLUMNS="110", LINES="40")
@@ -236,14 +261,16 @@ def test_dev_prints_what_another_shell_needs_and_stops_on_ctrl_c(tmp_path: Path)
         assert proc.stdout is not None
         for line in proc.stdout:
             if line.strip().startswith("export "):
-                key, _, value = line.strip()[len("export "):].partition("=")
+                key, _, value = line.strip()[len("export ") :].partition("=")
                 exports[key] = value
             if line.startswith("Ctrl-C stops everything"):
                 break
         assert exports["AGENTQ_URL"].startswith("http://127.0.0.1:") and exports["AGENTQ_API_KEY"].startswith("aq_")
         assert {"AGENTQ_TABLE", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID"} <= set(exports)
         shell = {**os.environ, **exports, "XDG_CONFIG_HOME": str(tmp_path)}
-        listed = subprocess.run([sys.executable, "-m", "agentq", "list", "--json"], capture_output=True, text=True, env=shell, timeout=60)
+        listed = subprocess.run(
+            [sys.executable, "-m", "agentq", "list", "--json"], capture_output=True, text=True, env=shell, timeout=60
+        )
         assert listed.returncode == 0 and json.loads(listed.stdout) == {"tasks": [], "next_cursor": None}
         refused = subprocess.run([sys.executable, "-m", "agentq", "list"], capture_output=True, text=True, timeout=60,
                                  env={**shell, "AGENTQ_API_KEY": ""})  # fmt: skip

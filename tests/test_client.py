@@ -31,7 +31,9 @@ def client(api_stack: ApiStack) -> Client:
 
 def test_submit_wait_result_and_trace_are_typed(client: Client) -> None:
     script = {"turns": [{"text": "look", "tool_calls": [call("lookup", query="typed")]}, {"text": "typed answer"}]}
-    accepted = client.submit(TaskSubmission.model_validate({**SCRIPTED, "script": script, "constraints": {"tools": ["lookup"]}}))
+    accepted = client.submit(
+        TaskSubmission.model_validate({**SCRIPTED, "script": script, "constraints": {"tools": ["lookup"]}})
+    )
     assert isinstance(accepted, TaskAccepted) and accepted.status is TaskStatus.QUEUED and accepted.created
     assert accepted.links.self_ == f"/tasks/{accepted.task_id}"
     seen: list[TaskStatus] = []
@@ -41,7 +43,14 @@ def test_submit_wait_result_and_trace_are_typed(client: Client) -> None:
     result = client.result(accepted.task_id)
     assert result.complete and result.result == "typed answer"
     events = list(client.iter_trace(accepted.task_id, page_size=2))
-    assert [type(e) for e in events] == [TransitionEvent, TransitionEvent, LLMCallEvent, ToolCallEvent, LLMCallEvent, TransitionEvent]
+    assert [type(e) for e in events] == [
+        TransitionEvent,
+        TransitionEvent,
+        LLMCallEvent,
+        ToolCallEvent,
+        LLMCallEvent,
+        TransitionEvent,
+    ]
     assert isinstance(events[3], ToolCallEvent) and events[3].input == {"query": "typed"}
 
 
@@ -69,7 +78,9 @@ def test_listing_follows_cursors_newest_first(api_stack: ApiStack) -> None:
 
 def test_control_calls_and_waiting_for_a_status(client: Client) -> None:
     turns = [{"text": "", "tool_calls": [call("request_approval", question="go?")]}, {"text": "went"}]
-    task_id = client.submit({**SCRIPTED, "script": {"turns": turns}, "constraints": {"tools": ["request_approval"]}}).task_id
+    task_id = client.submit(
+        {**SCRIPTED, "script": {"turns": turns}, "constraints": {"tools": ["request_approval"]}}
+    ).task_id
     paused = client.wait_for_status(task_id, TaskStatus.PAUSED, timeout=60, poll=0.05)
     assert paused.status is TaskStatus.PAUSED and paused.pending_approval == "go?"
     # resumed: queued, or already picked up by a worker by the time the view is read
@@ -77,7 +88,11 @@ def test_control_calls_and_waiting_for_a_status(client: Client) -> None:
     assert client.wait(task_id, timeout=60, poll=0.05).result == "went"
     fork = client.fork(task_id, at_step=0, script={"turns": [{"text": "forked"}]}, constraints={"max_tokens": 9_000})
     assert fork.forked_from == {"task_id": task_id, "step": 0} and fork.budget is not None and fork.budget.cap == 9_000
-    slow = {"turns": [{"text": f"t{i}", "latency_seconds": 0.5, "tool_calls": [call("lookup", query="q")]} for i in range(20)]}
+    slow = {
+        "turns": [
+            {"text": f"t{i}", "latency_seconds": 0.5, "tool_calls": [call("lookup", query="q")]} for i in range(20)
+        ]
+    }
     slow_id = client.submit({**SCRIPTED, "script": slow, "constraints": {"tools": ["lookup"]}}).task_id
     assert client.cancel(slow_id).cancelled == [slow_id]
     with pytest.raises(WaitTimeout) as waited:
@@ -94,7 +109,9 @@ def test_each_failure_is_its_own_exception_with_status_code_and_field(api_stack:
     assert invalid.value.status == 422 and invalid.value.field == "constraints.max_tokens"
     assert "HTTP 422 validation_error" in str(invalid.value)
     with pytest.raises(Conflict):
-        client.result(client.submit({**SCRIPTED, "script": {"turns": [{"text": "slow", "latency_seconds": 2}]}}).task_id)
+        client.result(
+            client.submit({**SCRIPTED, "script": {"turns": [{"text": "slow", "latency_seconds": 2}]}}).task_id
+        )
     with pytest.raises(AuthenticationError) as auth:
         Client(api_stack.url, "aq_" + "z" * 43).list_tasks()
     assert auth.value.status == 401 and auth.value.code == "unauthorized"

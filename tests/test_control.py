@@ -45,7 +45,18 @@ def _until(store: Storage, task_id: str, pred: Any, timeout: float = 60) -> Task
 
 def test_cancel_mid_fan_out_stops_the_whole_subtree_and_keeps_partial_results(stack: LocalStack) -> None:
     store = stack.store()
-    slow = [{"goal": f"slow {i}", "script": {"turns": [{"text": f"slow {i} step {j}", "latency_seconds": 0.4, "tool_calls": [call("lookup", query="q")]} for j in range(30)]}} for i in range(4)]
+    slow = [
+        {
+            "goal": f"slow {i}",
+            "script": {
+                "turns": [
+                    {"text": f"slow {i} step {j}", "latency_seconds": 0.4, "tool_calls": [call("lookup", query="q")]}
+                    for j in range(30)
+                ]
+            },
+        }
+        for i in range(4)
+    ]
     root = _submit(stack, scripted([{"text": "fan out", "tool_calls": [call("spawn_subagents", subagents=slow, max_concurrency=2)]}, {"text": "never"}],
                                    tools=["spawn_subagents", "lookup"], max_tokens=400_000))  # fmt: skip
     _until(store, root.task_id, lambda t: t.status is TaskStatus.WAITING)
@@ -59,23 +70,35 @@ def test_cancel_mid_fan_out_stops_the_whole_subtree_and_keeps_partial_results(st
     assert all(t.status is TaskStatus.CANCELLED for t in tree)
     steps_then = {t.task_id: t.step for t in tree}
     time.sleep(1.5)
-    assert {t.task_id: t.step for t in control.subtree(store, store.tasks.get(root.task_id))} == steps_then  # nobody writes on
+    assert {
+        t.task_id: t.step for t in control.subtree(store, store.tasks.get(root.task_id))
+    } == steps_then  # nobody writes on
     started = [t for t in tree[1:] if t.claim_count]
     never_started = [t for t in tree[1:] if not t.claim_count]
     assert len(started) == 2 and len(never_started) == 2  # max_concurrency 2: the others never ran
     assert all(t.result and t.result.startswith("slow") for t in started)  # partial results kept
     budget = store.budgets.get(root.task_id)
-    every_call = sum(s.body.usage.total for t in tree for s in store.steps.load(t.task_id) if isinstance(s.body, LLMStep))
+    every_call = sum(
+        s.body.usage.total for t in tree for s in store.steps.load(t.task_id) if isinstance(s.body, LLMStep)
+    )
     assert budget.used >= every_call and budget.used <= budget.cap  # in-flight calls of stopped workers count too
     with pytest.raises(IllegalTransition, match="already cancelled"):
         control.cancel(store, root.task_id)
 
 
 @pytest.mark.parametrize("approved", [True, False])
-def test_request_approval_pauses_without_a_worker_and_the_decision_resumes_the_task(stack: LocalStack, approved: bool) -> None:
+def test_request_approval_pauses_without_a_worker_and_the_decision_resumes_the_task(
+    stack: LocalStack, approved: bool
+) -> None:
     store, queues = stack.store(), stack.queues()
     turns = [
-        {"text": "I need a sign-off", "tool_calls": [call("request_approval", question="Wire $5,000 to ACME?"), call("charge_card", amount_cents=500000, memo="acme")]},
+        {
+            "text": "I need a sign-off",
+            "tool_calls": [
+                call("request_approval", question="Wire $5,000 to ACME?"),
+                call("charge_card", amount_cents=500000, memo="acme"),
+            ],
+        },
         {"text": "done after the decision"},
     ]
     task = _submit(stack, scripted(turns, tools=["request_approval", "charge_card"]))
@@ -99,7 +122,9 @@ def test_request_approval_pauses_without_a_worker_and_the_decision_resumes_the_t
 
 def test_a_budget_raise_resumes_a_cost_exceeded_task_from_its_checkpoint(stack: LocalStack) -> None:
     store, queues = stack.store(), stack.queues()
-    turns = [{"text": f"turn {i}", "tool_calls": [call("lookup", query=str(i), size=1500)]} for i in range(6)] + [{"text": "finished"}]
+    turns = [{"text": f"turn {i}", "tool_calls": [call("lookup", query=str(i), size=1500)]} for i in range(6)] + [
+        {"text": "finished"}
+    ]
     task = _submit(stack, scripted(turns, tools=["lookup"], max_tokens=4000, max_output_tokens=200))
     stopped = _until(store, task.task_id, lambda t: t.status.terminal)
     assert stopped.status is TaskStatus.COST_EXCEEDED
@@ -113,7 +138,9 @@ def test_a_budget_raise_resumes_a_cost_exceeded_task_from_its_checkpoint(stack: 
     after = store.steps.load(task.task_id)
     assert after[: len(before)] == before
     budget = store.budgets.get(task.task_id)
-    assert budget.cap == 104_000 and budget.used == sum(s.body.usage.total for s in after if isinstance(s.body, LLMStep))
+    assert budget.cap == 104_000 and budget.used == sum(
+        s.body.usage.total for s in after if isinstance(s.body, LLMStep)
+    )
 
 
 def test_fork_from_step_n_with_another_model_reuses_history_and_never_repeats_its_effects(stack: LocalStack) -> None:
@@ -125,11 +152,19 @@ def test_fork_from_step_n_with_another_model_reuses_history_and_never_repeats_it
         {"text": "look", "tool_calls": [call("lookup", query="x")]},
         {"text": "original ending"},
     ]
-    source = _until(store, _submit(stack, scripted(turns, tools=["charge_card", "lookup"])).task_id, lambda t: t.status.terminal)
-    charges_before = ledger.read_text().count("\"amount\": 700}") if ledger.exists() else 0
+    source = _until(
+        store, _submit(stack, scripted(turns, tools=["charge_card", "lookup"])).task_id, lambda t: t.status.terminal
+    )
+    charges_before = ledger.read_text().count('"amount": 700}') if ledger.exists() else 0
     assert charges_before == 1
 
-    other_script = {"turns": [{"text": "unused: history covers turn 1"}, {"text": "a different look", "tool_calls": [call("lookup", query="y")]}, {"text": "forked ending"}]}
+    other_script = {
+        "turns": [
+            {"text": "unused: history covers turn 1"},
+            {"text": "a different look", "tool_calls": [call("lookup", query="y")]},
+            {"text": "forked ending"},
+        ]
+    }
     fork = control.fork(store, build_registry(stack.settings), queues, source.task_id, at_step=2,
                         overrides={"model": "claude-haiku-4-5", "script": other_script})  # fmt: skip
     final = _until(store, fork.task_id, lambda t: t.status.terminal)
@@ -138,7 +173,7 @@ def test_fork_from_step_n_with_another_model_reuses_history_and_never_repeats_it
     assert [s.body for s in fork_steps[:2]] == [s.body for s in src_steps[:2]]  # copied, not re-run
     assert fork_steps[2].body.model == "claude-haiku-4-5"  # type: ignore[union-attr]
     assert json.dumps(fork_steps[2].body.content).count("a different look") == 1  # type: ignore[union-attr]
-    assert ledger.read_text().count("\"amount\": 700}") == 1  # the charge in step 2 did not happen again
+    assert ledger.read_text().count('"amount": 700}') == 1  # the charge in step 2 did not happen again
     with pytest.raises(ValidationError, match="at_step must be between 0 and 5"):
         control.fork(store, build_registry(stack.settings), queues, source.task_id, at_step=9)
     assert isinstance(fork_steps[1].body, ToolsStep)

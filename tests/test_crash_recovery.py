@@ -24,7 +24,10 @@ from tests.helpers import call, scripted
 
 TASK_ID = "crash-task"
 TURNS = [
-    {"text": "first look", "tool_calls": [call("lookup", query="a"), call("charge_card", amount_cents=100, memo="one")]},
+    {
+        "text": "first look",
+        "tool_calls": [call("lookup", query="a"), call("charge_card", amount_cents=100, memo="one")],
+    },
     {"text": "second", "tool_calls": [call("charge_card", amount_cents=200, memo="two"), call("lookup", query="b")]},
     {"text": "final answer"},
 ]
@@ -76,11 +79,17 @@ def _baseline(settings: Settings, ledger: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("AGENTQ_TEST_LEDGER", str(ledger))
     store = build_store(settings)
     store.tasks.create(scripted(TURNS, tools=TOOLS), tenant="t", task_id=TASK_ID)
-    result = Engine(store, worker_id="baseline", tools=build_registry(settings), config=EngineConfig(lease_seconds=5)).run(TASK_ID)
+    result = Engine(
+        store, worker_id="baseline", tools=build_registry(settings), config=EngineConfig(lease_seconds=5)
+    ).run(TASK_ID)
     assert result.status is TaskStatus.SUCCEEDED
     shape = _shape(store.steps.load(TASK_ID))
     store.table.client.delete_table(TableName=settings.table)
-    provision(session(settings), ResourceNames(table=settings.table, bucket=settings.bucket), endpoint_url=settings.endpoint_url)
+    provision(
+        session(settings),
+        ResourceNames(table=settings.table, bucket=settings.bucket),
+        endpoint_url=settings.endpoint_url,
+    )
     return shape
 
 
@@ -119,7 +128,9 @@ def test_killed_worker_resumes_to_the_same_conversation_without_repeating_effect
 
     shape = _shape(after)
     if crash_at in UNKNOWN_OUTCOME:
-        unknown = [r for s in after if isinstance(s.body, ToolsStep) for r in s.body.results if r.status == "unknown_outcome"]
+        unknown = [
+            r for s in after if isinstance(s.body, ToolsStep) for r in s.body.results if r.status == "unknown_outcome"
+        ]
         assert len(unknown) == 1 and unknown[0].name == "charge_card"
         # Killed before the charge ran: it never happens; killed after: it happened once.
         # Either way the resumed worker did not run it again.

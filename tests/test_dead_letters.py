@@ -37,7 +37,6 @@ def _deployment(moto_server: MotoServer, **queue_settings: Any) -> Settings:
     return deployment(moto_server, **queue_settings)  # type: ignore[no-any-return]
 
 
-
 def _wait_for(predicate: Callable[[], Any], timeout: float = 20, what: str = "condition") -> Any:
     return wait_for(predicate, timeout, what, interval=0.05)
 
@@ -47,7 +46,11 @@ def _depth(queues: TaskQueues, url: str) -> int:
     attrs = queues.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
     return sum(
         int(attrs[k])
-        for k in ("ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible", "ApproximateNumberOfMessagesDelayed")
+        for k in (
+            "ApproximateNumberOfMessages",
+            "ApproximateNumberOfMessagesNotVisible",
+            "ApproximateNumberOfMessagesDelayed",
+        )
     )
 
 
@@ -94,7 +97,10 @@ def test_poison_messages_go_straight_to_the_dlq_with_the_reason_and_write_nothin
 
         def all_dead_lettered() -> bool:
             resp = queues.sqs.receive_message(
-                QueueUrl=queues.dlq_url(TIER), MaxNumberOfMessages=10, VisibilityTimeout=60, MessageAttributeNames=["All"]
+                QueueUrl=queues.dlq_url(TIER),
+                MaxNumberOfMessages=10,
+                VisibilityTimeout=60,
+                MessageAttributeNames=["All"],
             )
             for m in resp.get("Messages", []):
                 dead[m["Body"]] = m
@@ -118,12 +124,16 @@ def test_poison_messages_go_straight_to_the_dlq_with_the_reason_and_write_nothin
 
 
 def _failing_worker(settings: Settings, fake: FakeMessagesAPI) -> Worker:
-    config = WorkerConfig(concurrency=4, lease_seconds=3, heartbeat_seconds=1, visibility_seconds=10, max_receive_count=MAX_RECEIVES)
+    config = WorkerConfig(
+        concurrency=4, lease_seconds=3, heartbeat_seconds=1, visibility_seconds=10, max_receive_count=MAX_RECEIVES
+    )
     engine = Engine(
         build_store(settings),
         worker_id="dlq-test-worker",
         tools=build_registry(settings),
-        providers=lambda submission: AnthropicProvider(base_url=fake.base_url, api_key="k", retry=RetryPolicy(max_attempts=1)),
+        providers=lambda submission: AnthropicProvider(
+            base_url=fake.base_url, api_key="k", retry=RetryPolicy(max_attempts=1)
+        ),
         config=EngineConfig(lease_seconds=config.lease_seconds, heartbeat_seconds=config.heartbeat_seconds),
     )
     worker = Worker(settings, config, engine=engine)
@@ -133,7 +143,12 @@ def _failing_worker(settings: Settings, fake: FakeMessagesAPI) -> Worker:
 
 def _submission() -> TaskSubmission:
     return TaskSubmission.model_validate(
-        {"goal": "look something up, then answer", "provider": "anthropic", "constraints": {"tools": ["lookup"]}, "priority": TIER}
+        {
+            "goal": "look something up, then answer",
+            "provider": "anthropic",
+            "constraints": {"tools": ["lookup"]},
+            "priority": TIER,
+        }
     )
 
 
@@ -198,6 +213,7 @@ def test_a_redriven_task_resumes_from_its_checkpoint_and_succeeds(moto_server: M
             fake.enqueue(text_reply("the answer, at last"))  # the provider is back
 
             reports = redrive(queues)
+
             def resumed_and_done() -> bool:
                 task = store.tasks.get(task_id)
                 return task.status.terminal and task.claim_count > MAX_RECEIVES
@@ -219,7 +235,11 @@ def test_a_redriven_task_resumes_from_its_checkpoint_and_succeeds(moto_server: M
 
     steps = store.steps.load(task_id)
     redrive_epoch = MAX_RECEIVES + 1
-    assert [(s.number, s.epoch, s.body.kind) for s in steps] == [(1, 1, "llm"), (2, 1, "tools"), (3, redrive_epoch, "llm")]
+    assert [(s.number, s.epoch, s.body.kind) for s in steps] == [
+        (1, 1, "llm"),
+        (2, 1, "tools"),
+        (3, redrive_epoch, "llm"),
+    ]
     # The resumed call saw the conversation rebuilt from the checkpoint, not a fresh start.
     assert [m["role"] for m in resumed_request["messages"]] == ["user", "assistant", "user"]
     assert resumed_request["messages"][2]["content"][0]["type"] == "tool_result"
@@ -237,7 +257,11 @@ def test_a_redriven_task_resumes_from_its_checkpoint_and_succeeds(moto_server: M
 
 def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "agentq", "dlq", *args], env=child_env(settings), capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "agentq", "dlq", *args],
+        env=child_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -274,7 +298,9 @@ def test_the_dlq_cli_lists_dead_letters_as_json_and_redrives_them(moto_server: M
 
     assert list_dead_letters(queues, store) == []
     # the messages are back on their own tier queues, the agentq reason still attached
-    back = queues.sqs.receive_message(QueueUrl=queues.url("normal"), MessageAttributeNames=["All"], WaitTimeSeconds=1)["Messages"]
+    back = queues.sqs.receive_message(QueueUrl=queues.url("normal"), MessageAttributeNames=["All"], WaitTimeSeconds=1)[
+        "Messages"
+    ]
     assert [m["Body"] for m in back] == [task_body]
     assert back[0]["MessageAttributes"][DEAD_LETTER_REASON]["StringValue"].startswith("failed after 5 attempts")
     assert _depth(queues, queues.url("low")) == 1

@@ -25,7 +25,11 @@ from tests.helpers import call, scripted
 from tests.lambda_support import FakeLambdaContext, load_handler
 
 SUB = {"goal": "say hi", "provider": "scripted", "script": {"turns": [{"text": "hi"}]}}
-DEPLOYED = {"AGENTQ_DEFAULT_MAX_TOKENS": "12345", "AGENTQ_DEFAULT_MAX_STEPS": "7", "AGENTQ_DEFAULT_TIMEOUT_SECONDS": "600"}
+DEPLOYED = {
+    "AGENTQ_DEFAULT_MAX_TOKENS": "12345",
+    "AGENTQ_DEFAULT_MAX_STEPS": "7",
+    "AGENTQ_DEFAULT_TIMEOUT_SECONDS": "600",
+}
 
 
 def test_unset_variables_leave_the_core_defaults() -> None:
@@ -48,18 +52,30 @@ def test_a_bad_variable_fails_naming_the_variable(variable: str, value: str, say
     with pytest.raises(ConfigurationError) as err:
         Defaults.from_env({variable: value})
     assert err.value.field == variable
-    assert err.value.message.startswith(f"{variable}: ") and says in err.value.message and repr(value) in err.value.message
+    assert (
+        err.value.message.startswith(f"{variable}: ") and says in err.value.message and repr(value) in err.value.message
+    )
 
 
 def test_defaults_fill_only_the_constraints_a_submission_leaves_out() -> None:
     defaults = Defaults.from_env(DEPLOYED)
     bare = defaults.apply(TaskSubmission.model_validate(SUB))
-    assert (bare.constraints.max_tokens, bare.constraints.max_steps, bare.constraints.timeout_seconds) == (12345, 7, 600)
+    assert (bare.constraints.max_tokens, bare.constraints.max_steps, bare.constraints.timeout_seconds) == (
+        12345,
+        7,
+        600,
+    )
     assert bare.constraints.max_output_tokens == Constraints().max_output_tokens  # not a deployment default
     partial = defaults.apply(
-        TaskSubmission.model_validate({**SUB, "constraints": {"max_steps": 3, "tools": ["lookup"], "timeout_seconds": 3600}})
+        TaskSubmission.model_validate(
+            {**SUB, "constraints": {"max_steps": 3, "tools": ["lookup"], "timeout_seconds": 3600}}
+        )
     )
-    assert (partial.constraints.max_tokens, partial.constraints.max_steps, partial.constraints.timeout_seconds) == (12345, 3, 3600)
+    assert (partial.constraints.max_tokens, partial.constraints.max_steps, partial.constraints.timeout_seconds) == (
+        12345,
+        3,
+        3600,
+    )
     assert partial.constraints.tools == ["lookup"]
     # a value equal to the core default is still the caller's choice, not a gap to fill
     explicit = defaults.apply(TaskSubmission.model_validate({**SUB, "constraints": {"max_tokens": 200_000}}))
@@ -94,7 +110,9 @@ def api(moto_server: MotoServer) -> Iterator[tuple[Any, Storage]]:
 
 
 def _post(handler: Any, body: dict[str, Any], **headers: str) -> tuple[int, dict[str, Any]]:
-    event = proxy_event("POST", "/tasks", {"Content-Type": "application/json", **headers}, json.dumps(body), tenant="acme")
+    event = proxy_event(
+        "POST", "/tasks", {"Content-Type": "application/json", **headers}, json.dumps(body), tenant="acme"
+    )
     resp = handler.lambda_handler(event, FakeLambdaContext(30))
     return resp["statusCode"], json.loads(resp["body"])
 
@@ -129,16 +147,24 @@ def test_an_idempotent_retry_of_a_bare_submission_replays_the_same_task(api: tup
 # ------------------------------------------------------------------ tenant cap
 
 
-def test_a_tenant_without_limits_gets_the_default_cap_and_its_own_limits_win(store: Storage, registry: ToolRegistry) -> None:
+def test_a_tenant_without_limits_gets_the_default_cap_and_its_own_limits_win(
+    store: Storage, registry: ToolRegistry
+) -> None:
     default = TenantLimits(hourly_tokens=2_000)
     windows = TenantWindows(store.table, default=default)
     assert windows.limits("nobody") == default
     windows.set_limits("vip", TenantLimits(hourly_tokens=1_000_000))
     assert windows.limits("vip") == TenantLimits(hourly_tokens=1_000_000)
 
-    turns = [{"text": f"turn {i}", "tool_calls": [call("lookup", query=str(i), size=400)]} for i in range(8)] + [{"text": "done"}]
-    engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=5, default_tenant_limits=default))
-    capped = store.tasks.create(scripted(turns, tools=["lookup"], max_output_tokens=300), tenant=f"new-{uuid.uuid4().hex[:6]}")
+    turns = [{"text": f"turn {i}", "tool_calls": [call("lookup", query=str(i), size=400)]} for i in range(8)] + [
+        {"text": "done"}
+    ]
+    engine = Engine(
+        store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=5, default_tenant_limits=default)
+    )
+    capped = store.tasks.create(
+        scripted(turns, tools=["lookup"], max_output_tokens=300), tenant=f"new-{uuid.uuid4().hex[:6]}"
+    )
     result = engine.run(capped.task_id)
     assert result.outcome == "retry" and result.error is not None and result.error["code"] == "tenant_hourly_cap"
     assert TenantWindows(store.table).usage(capped.tenant)["used"] <= 2_000
@@ -154,7 +180,11 @@ def test_the_cli_refuses_a_bad_default_naming_the_variable_with_exit_2() -> None
 
     env = {**os.environ, "AGENTQ_DEFAULT_MAX_STEPS": "many"}
     proc = subprocess.run(
-        [sys.executable, "-m", "agentq", "worker", "--concurrency", "1"], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "agentq", "worker", "--concurrency", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2
     assert proc.stderr.startswith("agentq: AGENTQ_DEFAULT_MAX_STEPS: ") and "Traceback" not in proc.stderr

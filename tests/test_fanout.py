@@ -27,7 +27,10 @@ def child(i: int) -> dict[str, Any]:
         "goal": f"child {i}",
         "script": {
             "turns": [
-                {"text": f"child {i} splits", "tool_calls": [call("spawn_subagents", subagents=[grandchild(i, 0), grandchild(i, 1)])]},
+                {
+                    "text": f"child {i} splits",
+                    "tool_calls": [call("spawn_subagents", subagents=[grandchild(i, 0), grandchild(i, 1)])],
+                },
                 {"text": f"child {i} summary"},
             ]
         },
@@ -58,7 +61,9 @@ def _tree(store: Storage, root_id: str) -> list[Task]:
 def _every_call(store: Storage, tree: list[Task]) -> int:
     """Usage of every LLM call in the tree: committed steps, plus calls whose worker lost its
     lease before committing (kept in the trace as orphans; they were paid for)."""
-    committed = sum(s.body.usage.total for t in tree for s in store.steps.load(t.task_id) if isinstance(s.body, LLMStep))
+    committed = sum(
+        s.body.usage.total for t in tree for s in store.steps.load(t.task_id) if isinstance(s.body, LLMStep)
+    )
     return committed + sum(c.usage.total for t in tree for c in [o.call for o in store.steps.orphans(t.task_id)])
 
 
@@ -72,10 +77,19 @@ def test_a_two_level_tree_completes_and_the_root_ledger_equals_every_call_in_it(
     assert stack.settings is not None
     store = stack.store()
     turns = [
-        {"text": "fan out", "tool_calls": [call("spawn_subagents", subagents=[child(i) for i in range(5)], max_concurrency=3)]},
+        {
+            "text": "fan out",
+            "tool_calls": [call("spawn_subagents", subagents=[child(i) for i in range(5)], max_concurrency=3)],
+        },
         {"text": "root summary"},
     ]
-    root = submit(store, build_registry(stack.settings), scripted(turns, tools=["spawn_subagents"], max_tokens=400_000), tenant="t", queues=stack.queues())
+    root = submit(
+        store,
+        build_registry(stack.settings),
+        scripted(turns, tools=["spawn_subagents"], max_tokens=400_000),
+        tenant="t",
+        queues=stack.queues(),
+    )
     final = _wait(store, root.task_id)
     assert final.status is TaskStatus.SUCCEEDED and final.result == "root summary"
 
@@ -104,8 +118,24 @@ def test_spawning_past_the_limits_is_an_error_result_not_a_silent_cap(stack: Loc
     too_wide = [{"goal": f"g{i}", "script": {"turns": [{"text": "x"}]}} for i in range(4)]
     turns = [
         {"text": "", "tool_calls": [call("spawn_subagents", subagents=too_wide)]},
-        {"text": "", "tool_calls": [call("spawn_subagents", subagents=[{"goal": "g", "token_share": 10_000_000, "script": {"turns": [{"text": "x"}]}}])]},
-        {"text": "", "tool_calls": [call("spawn_subagents", subagents=[{"goal": "g", "tools": ["python_exec"], "script": {"turns": [{"text": "x"}]}}])]},
+        {
+            "text": "",
+            "tool_calls": [
+                call(
+                    "spawn_subagents",
+                    subagents=[{"goal": "g", "token_share": 10_000_000, "script": {"turns": [{"text": "x"}]}}],
+                )
+            ],
+        },
+        {
+            "text": "",
+            "tool_calls": [
+                call(
+                    "spawn_subagents",
+                    subagents=[{"goal": "g", "tools": ["python_exec"], "script": {"turns": [{"text": "x"}]}}],
+                )
+            ],
+        },
         {"text": "gave up"},
     ]
     sub = scripted(turns, tools=["spawn_subagents"], max_tokens=50_000)
@@ -124,7 +154,13 @@ def test_spawning_past_the_limits_is_an_error_result_not_a_silent_cap(stack: Loc
 def test_depth_past_max_depth_is_refused(stack: LocalStack) -> None:
     assert stack.settings is not None
     store = stack.store()
-    turns = [{"text": "", "tool_calls": [call("spawn_subagents", subagents=[{"goal": "g", "script": {"turns": [{"text": "x"}]}}])]}, {"text": "alone"}]
+    turns = [
+        {
+            "text": "",
+            "tool_calls": [call("spawn_subagents", subagents=[{"goal": "g", "script": {"turns": [{"text": "x"}]}}])],
+        },
+        {"text": "alone"},
+    ]
     sub = scripted(turns, tools=["spawn_subagents"])
     sub.constraints.max_depth = 0
     root = submit(store, build_registry(stack.settings), sub, tenant="t", queues=stack.queues())
@@ -133,11 +169,31 @@ def test_depth_past_max_depth_is_refused(stack: LocalStack) -> None:
     assert result.is_error and "max_depth is 0" in result.content
 
 
-def test_a_child_past_its_deadline_becomes_timeout_and_a_child_over_budget_keeps_its_partial_result(stack: LocalStack) -> None:
+def test_a_child_past_its_deadline_becomes_timeout_and_a_child_over_budget_keeps_its_partial_result(
+    stack: LocalStack,
+) -> None:
     assert stack.settings is not None
     store = stack.store()
-    slow = {"goal": "slow", "deadline_seconds": 2, "script": {"turns": [{"text": f"s{i}", "latency_seconds": 0.8, "tool_calls": [call("note_write", key="k", value="v")]} for i in range(20)]}}
-    greedy = {"goal": "greedy", "token_share": 1500, "script": {"turns": [{"text": f"thinking {i} " + "z" * 600, "tool_calls": [call("note_write", key="k", value="v" * 800)]} for i in range(20)]}}
+    slow = {
+        "goal": "slow",
+        "deadline_seconds": 2,
+        "script": {
+            "turns": [
+                {"text": f"s{i}", "latency_seconds": 0.8, "tool_calls": [call("note_write", key="k", value="v")]}
+                for i in range(20)
+            ]
+        },
+    }
+    greedy = {
+        "goal": "greedy",
+        "token_share": 1500,
+        "script": {
+            "turns": [
+                {"text": f"thinking {i} " + "z" * 600, "tool_calls": [call("note_write", key="k", value="v" * 800)]}
+                for i in range(20)
+            ]
+        },
+    }
     quick = {"goal": "quick", "script": {"turns": [{"text": "quick answer"}]}}
     turns = [
         {"text": "", "tool_calls": [call("spawn_subagents", subagents=[slow, greedy, quick])]},
@@ -171,7 +227,15 @@ def test_a_parent_killed_mid_spawn_resumes_without_duplicating_children(stack: L
     assert stack.settings is not None
     store = stack.store()
     turns = [
-        {"text": "", "tool_calls": [call("spawn_subagents", subagents=[{"goal": f"c{i}", "script": {"turns": [{"text": f"r{i}"}]}} for i in range(3)])]},
+        {
+            "text": "",
+            "tool_calls": [
+                call(
+                    "spawn_subagents",
+                    subagents=[{"goal": f"c{i}", "script": {"turns": [{"text": f"r{i}"}]}} for i in range(3)],
+                )
+            ],
+        },
         {"text": "done"},
     ]
     root = store.tasks.create(scripted(turns, tools=["spawn_subagents"], max_tokens=30_000), tenant="t")
@@ -198,9 +262,23 @@ def test_fifty_subagents_at_once_never_push_the_root_past_its_cap(stack: LocalSt
     assert stack.settings is not None
     store = stack.store()
     hungry = tmp_path / "hungry.json"  # a script file: keeps the spawn call itself small
-    hungry.write_text(json.dumps({"turns": [{"text": f"step {i} " + "w" * 400, "tool_calls": [call("note_write", key="k", value="v")]} for i in range(12)]}))
-    subagents = [{"goal": f"hungry {i}", "token_share": 900, "tools": ["note_write"], "script": str(hungry)} for i in range(50)]
-    turns = [{"text": "", "tool_calls": [call("spawn_subagents", subagents=subagents, max_concurrency=50)]}, {"text": "tallied"}]
+    hungry.write_text(
+        json.dumps(
+            {
+                "turns": [
+                    {"text": f"step {i} " + "w" * 400, "tool_calls": [call("note_write", key="k", value="v")]}
+                    for i in range(12)
+                ]
+            }
+        )
+    )
+    subagents = [
+        {"goal": f"hungry {i}", "token_share": 900, "tools": ["note_write"], "script": str(hungry)} for i in range(50)
+    ]
+    turns = [
+        {"text": "", "tool_calls": [call("spawn_subagents", subagents=subagents, max_concurrency=50)]},
+        {"text": "tallied"},
+    ]
     sub = scripted(turns, tools=["spawn_subagents", "note_write"], max_tokens=150_000, max_output_tokens=40_000)
     sub.constraints.max_fanout = 50
     root = submit(store, build_registry(stack.settings), sub, tenant="t", queues=stack.queues())
@@ -221,9 +299,35 @@ def test_a_child_whose_worker_is_killed_mid_step_resumes_and_the_fan_out_complet
 
     assert stack.settings is not None
     store = stack.store()
-    slowish = {"turns": [{"text": f"t{i}", "latency_seconds": 0.3, "tool_calls": [call("note_write", key="k", value=str(i))]} for i in range(8)] + [{"text": "child done"}]}
-    turns = [{"text": "", "tool_calls": [call("spawn_subagents", subagents=[{"goal": "victim", "script": slowish}, {"goal": "bystander", "script": {"turns": [{"text": "ok"}]}}])]}, {"text": "all back"}]
-    root = submit(store, build_registry(stack.settings), scripted(turns, tools=["spawn_subagents", "note_write"], max_tokens=100_000), tenant="t", queues=stack.queues())
+    slowish = {
+        "turns": [
+            {"text": f"t{i}", "latency_seconds": 0.3, "tool_calls": [call("note_write", key="k", value=str(i))]}
+            for i in range(8)
+        ]
+        + [{"text": "child done"}]
+    }
+    turns = [
+        {
+            "text": "",
+            "tool_calls": [
+                call(
+                    "spawn_subagents",
+                    subagents=[
+                        {"goal": "victim", "script": slowish},
+                        {"goal": "bystander", "script": {"turns": [{"text": "ok"}]}},
+                    ],
+                )
+            ],
+        },
+        {"text": "all back"},
+    ]
+    root = submit(
+        store,
+        build_registry(stack.settings),
+        scripted(turns, tools=["spawn_subagents", "note_write"], max_tokens=100_000),
+        tenant="t",
+        queues=stack.queues(),
+    )
     deadline = time.monotonic() + 60
     while True:
         kids = [t for t in _tree(store, root.task_id)[1:]] or store.tasks.get_many([])

@@ -43,7 +43,6 @@ def _deployment(moto_server: MotoServer) -> Settings:
     return deployment(moto_server, visibility_timeout=VISIBILITY)  # type: ignore[no-any-return]
 
 
-
 def _wait_for(predicate: Callable[[], Any], timeout: float = 20, what: str = "condition") -> Any:
     return wait_for(predicate, timeout, what, interval=0.05)
 
@@ -59,7 +58,11 @@ def _counts(queues: TaskQueues, url: str) -> dict[str, int]:
 
 def _task(turns: int, latency: float) -> TaskSubmission:
     script = [
-        {"text": f"turn {i}", "latency_seconds": latency, "tool_calls": [call("lookup", query=str(i)), call("charge_card", amount_cents=i + 1, memo=str(i))]}
+        {
+            "text": f"turn {i}",
+            "latency_seconds": latency,
+            "tool_calls": [call("lookup", query=str(i)), call("charge_card", amount_cents=i + 1, memo=str(i))],
+        }
         for i in range(turns)
     ]
     script.append({"text": "finished", "latency_seconds": latency})
@@ -73,9 +76,20 @@ def _ledger_keys(ledger: Path) -> list[str]:
 def _spawn_worker(settings: Settings, ledger: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
-            sys.executable, "-m", "agentq", "worker",
-            "--concurrency", "8", "--lease", "3", "--heartbeat", "1",
-            "--visibility", str(VISIBILITY), "--max-receive-count", "5",
+            sys.executable,
+            "-m",
+            "agentq",
+            "worker",
+            "--concurrency",
+            "8",
+            "--lease",
+            "3",
+            "--heartbeat",
+            "1",
+            "--visibility",
+            str(VISIBILITY),
+            "--max-receive-count",
+            "5",
         ],  # fmt: skip
         env=child_env(settings, AGENTQ_TEST_LEDGER=str(ledger)),
         stdout=subprocess.PIPE,
@@ -101,7 +115,10 @@ def test_sigterm_ends_tasks_at_a_step_boundary_releases_them_and_the_next_worker
     settings = _deployment(moto_server)
     store, queues = build_store(settings), build_queues(settings)
     ledger = tmp_path / "ledger.jsonl"
-    ids = [submit(store, build_registry(settings), _task(turns=TURNS, latency=0.5), tenant="t", queues=queues).task_id for _ in range(4)]
+    ids = [
+        submit(store, build_registry(settings), _task(turns=TURNS, latency=0.5), tenant="t", queues=queues).task_id
+        for _ in range(4)
+    ]
 
     first = _spawn_worker(settings, ledger)
     second: subprocess.Popen[str] | None = None
@@ -142,7 +159,11 @@ def test_sigterm_ends_tasks_at_a_step_boundary_releases_them_and_the_next_worker
 
         second = _spawn_worker(settings, ledger)
         spawned = time.time()
-        _wait_for(lambda: all(store.tasks.get(t).claim_count == 2 for t in unfinished), timeout=15, what="every unfinished task picked up again")
+        _wait_for(
+            lambda: all(store.tasks.get(t).claim_count == 2 for t in unfinished),
+            timeout=15,
+            what="every unfinished task picked up again",
+        )
         _wait_for(lambda: all(store.tasks.get(t).status.terminal for t in ids), timeout=30, what="all tasks done")
     finally:
         if first.poll() is None:
@@ -176,7 +197,9 @@ def test_a_duplicate_message_starts_no_second_execution_and_is_deleted_once_the_
     settings = _deployment(moto_server)
     store: Storage = build_store(settings)
     queues = build_queues(settings)
-    worker = Worker(settings, WorkerConfig(concurrency=4, lease_seconds=2, heartbeat_seconds=0.5, visibility_seconds=10))
+    worker = Worker(
+        settings, WorkerConfig(concurrency=4, lease_seconds=2, heartbeat_seconds=0.5, visibility_seconds=10)
+    )
     applied: list[Action] = []
     apply = worker._apply
 
@@ -193,7 +216,10 @@ def test_a_duplicate_message_starts_no_second_execution_and_is_deleted_once_the_
         while not (task := store.tasks.get(task_id)).status.terminal:
             assert task.claim_count == 1, f"a second execution started: {store.tasks.claims(task.task_id)}"
             time.sleep(0.1)
-        _wait_for(lambda: _counts(queues, queues.url(TIER)) == {"visible": 0, "in_flight": 0, "delayed": 0}, what="the queue empty")
+        _wait_for(
+            lambda: _counts(queues, queues.url(TIER)) == {"visible": 0, "in_flight": 0, "delayed": 0},
+            what="the queue empty",
+        )
     finally:
         worker.shutdown()
 
@@ -209,7 +235,10 @@ def test_a_duplicate_message_starts_no_second_execution_and_is_deleted_once_the_
     )
     assert [a.reason for a in ours if a.kind == "delete"][0] == "task succeeded"
     # ... and the duplicate, received again after the end, was simply deleted
-    assert ours[-1].kind == "delete" and ours[-1].reason in ("task already succeeded", "duplicate of a message held by a live worker")
+    assert ours[-1].kind == "delete" and ours[-1].reason in (
+        "task already succeeded",
+        "duplicate of a message held by a live worker",
+    )
     assert {a.kind for a in ours} <= {"retry", "delete"}
     assert _counts(queues, queues.dlq_url(TIER)) == {"visible": 0, "in_flight": 0, "delayed": 0}
 

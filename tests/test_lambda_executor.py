@@ -22,8 +22,12 @@ from tests.lambda_support import FakeLambdaContext, load_handler, sqs_event
 
 @pytest.fixture
 def stack(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Settings, Any]]:
-    settings = Settings.for_prefix(f"l{uuid.uuid4().hex[:10]}", moto_server.endpoint_url, tool_modules=("tests.effect_tools",))
-    provision(session(settings), settings.names, endpoint_url=settings.endpoint_url, queues=QueueSettings(max_receive_count=3))
+    settings = Settings.for_prefix(
+        f"l{uuid.uuid4().hex[:10]}", moto_server.endpoint_url, tool_modules=("tests.effect_tools",)
+    )
+    provision(
+        session(settings), settings.names, endpoint_url=settings.endpoint_url, queues=QueueSettings(max_receive_count=3)
+    )
     for key, value in settings.env().items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("AGENTQ_SLICE_MARGIN_SECONDS", "1.0")
@@ -37,7 +41,9 @@ def _arn(queues: TaskQueues, tier: str) -> str:
     return str(attrs["Attributes"]["QueueArn"])
 
 
-def _invoke_like_lambda(handler: Any, queues: TaskQueues, tier: str, timeout_seconds: float) -> tuple[dict[str, Any], list[str]] | None:
+def _invoke_like_lambda(
+    handler: Any, queues: TaskQueues, tier: str, timeout_seconds: float
+) -> tuple[dict[str, Any], list[str]] | None:
     """Receive one message (batch size 1), invoke, then delete it unless reported failed."""
     resp = queues.sqs.receive_message(
         QueueUrl=queues.url(tier), MaxNumberOfMessages=1, WaitTimeSeconds=1,
@@ -57,7 +63,9 @@ def _invoke_like_lambda(handler: Any, queues: TaskQueues, tier: str, timeout_sec
 def test_a_task_longer_than_the_time_slice_completes_across_invocations(stack: tuple[Settings, Any]) -> None:
     settings, handler = stack
     store, queues = build_store(settings), build_queues(settings)
-    turns = [{"text": f"turn {i}", "latency_seconds": 0.4, "tool_calls": [call("lookup", query=str(i))]} for i in range(6)]
+    turns = [
+        {"text": f"turn {i}", "latency_seconds": 0.4, "tool_calls": [call("lookup", query=str(i))]} for i in range(6)
+    ]
     turns.append({"text": "all done"})
     task = submit(store, build_registry(settings), scripted(turns, tools=["lookup"]), tenant="t", queues=queues)
 

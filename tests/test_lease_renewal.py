@@ -71,7 +71,15 @@ def test_a_commit_under_a_superseded_epoch_still_fails_and_renews_nothing(store:
 def test_a_finishing_commit_drops_the_lease_whatever_lease_until_says(store: Storage) -> None:
     task = store.tasks.create(scripted([{"text": "x"}]), tenant="t")
     lease, _ = store.tasks.claim(task.task_id, "w", 30)  # type: ignore[misc]
-    store.steps.commit(lease, 1, _llm_step(), root_id=task.task_id, finish=TaskStatus.SUCCEEDED, result="x", lease_until=time.time() + 60)
+    store.steps.commit(
+        lease,
+        1,
+        _llm_step(),
+        root_id=task.task_id,
+        finish=TaskStatus.SUCCEEDED,
+        result="x",
+        lease_until=time.time() + 60,
+    )
     assert store.tasks.get(task.task_id).lease_expires == 0
 
 
@@ -79,7 +87,9 @@ def test_a_task_committing_faster_than_its_lease_keeps_it_with_no_heartbeat(stor
     """Lease 1 s, no heartbeat at all, eleven steps over ~2.5 s: a rival claims in a loop the whole
     time. Without the renewal in each commit the lease would lapse after 1 s and the rival
     would take the task over."""
-    turns = [{"text": f"turn {i}", "latency_seconds": 0.35, "tool_calls": [call("lookup", query=str(i))]} for i in range(5)]
+    turns = [
+        {"text": f"turn {i}", "latency_seconds": 0.35, "tool_calls": [call("lookup", query=str(i))]} for i in range(5)
+    ]
     turns.append({"text": "done", "latency_seconds": 0.35})
     task = store.tasks.create(scripted(turns, tools=["lookup"]), tenant="t")
     engine = Engine(store, worker_id="w1", tools=registry, config=EngineConfig(lease_seconds=1.0))

@@ -16,7 +16,9 @@ from tests.helpers import call
 
 APPROVAL = {
     **SCRIPTED,
-    "script": {"turns": [{"text": "", "tool_calls": [call("request_approval", question="ship it?")]}, {"text": "shipped"}]},
+    "script": {
+        "turns": [{"text": "", "tool_calls": [call("request_approval", question="ship it?")]}, {"text": "shipped"}]
+    },
     "constraints": {"tools": ["request_approval"]},
 }
 
@@ -41,7 +43,9 @@ def test_submit_over_http_returns_202_and_the_task_runs_to_its_result(api_stack:
         ({"provider": "scripted", "script": "research"}, "goal"),
     ],
 )
-def test_invalid_submissions_get_a_422_naming_the_field_and_write_nothing(api_stack: ApiStack, payload: Any, field: str) -> None:
+def test_invalid_submissions_get_a_422_naming_the_field_and_write_nothing(
+    api_stack: ApiStack, payload: Any, field: str
+) -> None:
     table = api_stack.stack.settings.table  # type: ignore[union-attr]
     ddb = api_stack.stack.store().table.client
     before = ddb.scan(TableName=table, Select="COUNT")["Count"]
@@ -52,8 +56,14 @@ def test_invalid_submissions_get_a_422_naming_the_field_and_write_nothing(api_st
 
 def test_a_body_that_is_not_json_is_a_400_and_an_oversized_one_a_413(api_stack: ApiStack) -> None:
     code, body, _ = api_stack.http("POST", "/tasks", raw=b"{nope")
-    assert code == 400 and body["error"] == {"code": "invalid_json", "message": body["error"]["message"], "field": "body"}
-    code, body, _ = api_stack.http("POST", "/tasks", raw=json.dumps({**SCRIPTED, "goal": "g" * MAX_BODY_BYTES}).encode())
+    assert code == 400 and body["error"] == {
+        "code": "invalid_json",
+        "message": body["error"]["message"],
+        "field": "body",
+    }
+    code, body, _ = api_stack.http(
+        "POST", "/tasks", raw=json.dumps({**SCRIPTED, "goal": "g" * MAX_BODY_BYTES}).encode()
+    )
     assert code == 413 and body["error"]["code"] == "body_too_large"
 
 
@@ -74,7 +84,9 @@ def test_requests_without_a_valid_key_are_401(api_stack: ApiStack) -> None:
     for key in (None, "aq_" + "x" * 43, "not-a-key"):
         code, body, headers = api_stack.http("GET", "/tasks", key=key)
         assert code == 401 and body["error"]["code"] == "unauthorized" and headers["WWW-Authenticate"] == "Bearer"
-    code, _, _ = api_stack.http("POST", "/tasks", SCRIPTED, headers={"Authorization": f"Basic {api_stack.key}"}, key=None)
+    code, _, _ = api_stack.http(
+        "POST", "/tasks", SCRIPTED, headers={"Authorization": f"Basic {api_stack.key}"}, key=None
+    )
     assert code == 401
 
 
@@ -106,7 +118,11 @@ def test_control_routes_refuse_bad_input_precisely(api_stack: ApiStack) -> None:
     code, body, _ = api_stack.http("POST", f"/tasks/{task_id}/budget", {"add_tokens": "lots"})
     assert code == 422 and body["error"]["field"] == "add_tokens"
     code, body, _ = api_stack.http("POST", f"/tasks/{task_id}/fork", {})
-    assert code == 422 and body["error"] == {"code": "validation_error", "message": "at_step is required", "field": "at_step"}
+    assert code == 422 and body["error"] == {
+        "code": "validation_error",
+        "message": "at_step is required",
+        "field": "at_step",
+    }
     api_stack.until(task_id, lambda v: v["status"] == "succeeded")
     code, body, _ = api_stack.http("POST", f"/tasks/{task_id}/approve", {"note": "ok"})
     assert code == 409 and body["error"]["code"] == "illegal_transition"
@@ -120,20 +136,39 @@ def test_an_idempotent_submit_over_http_makes_one_task(api_stack: ApiStack) -> N
     assert first[0] == second[0] == 202 and first[1]["task_id"] == second[1]["task_id"]
     assert second[2]["Idempotent-Replayed"] == "true"
     assert api_stack.http("POST", "/tasks", {**SCRIPTED, "goal": "other"}, headers=headers)[0] == 409
-    assert api_stack.http("POST", "/tasks", SCRIPTED, headers=headers, key=api_stack.other_key)[1]["task_id"] != first[1]["task_id"]
+    assert (
+        api_stack.http("POST", "/tasks", SCRIPTED, headers=headers, key=api_stack.other_key)[1]["task_id"]
+        != first[1]["task_id"]
+    )
 
 
 def test_trace_and_list_over_http_after_real_workers_ran_the_task(api_stack: ApiStack) -> None:
-    script = {"turns": [{"text": "charging", "tool_calls": [call("charge_card", amount_cents=250, memo="http")]}, {"text": "paid"}]}
+    script = {
+        "turns": [
+            {"text": "charging", "tool_calls": [call("charge_card", amount_cents=250, memo="http")]},
+            {"text": "paid"},
+        ]
+    }
     task_id = api_stack.submit({**SCRIPTED, "script": script, "constraints": {"tools": ["charge_card"]}})
     api_stack.until(task_id, lambda v: v["status"] == "succeeded")
     code, trace, _ = api_stack.http("GET", f"/tasks/{task_id}/trace?limit=3")
     assert code == 200 and len(trace["events"]) == 3 and trace["next_cursor"]
     rest = api_stack.http("GET", f"/tasks/{task_id}/trace?cursor={trace['next_cursor']}")[1]
     events = trace["events"] + rest["events"]
-    assert [e["type"] for e in events] == ["transition", "transition", "llm_call", "tool_call", "llm_call", "transition"]
+    assert [e["type"] for e in events] == [
+        "transition",
+        "transition",
+        "llm_call",
+        "tool_call",
+        "llm_call",
+        "transition",
+    ]
     tool = events[3]
-    assert tool["name"] == "charge_card" and tool["input"] == {"amount_cents": 250, "memo": "http"} and tool["side_effects"] is True
+    assert (
+        tool["name"] == "charge_card"
+        and tool["input"] == {"amount_cents": 250, "memo": "http"}
+        and tool["side_effects"] is True
+    )
     assert tool["output"].startswith("charged 250 cents") and events[1]["worker"].count(":") == 1
     newest = api_stack.http("GET", "/tasks?limit=1")[1]
     assert len(newest["tasks"]) == 1 and newest["next_cursor"]
@@ -141,15 +176,24 @@ def test_trace_and_list_over_http_after_real_workers_ran_the_task(api_stack: Api
 
 def test_a_fan_out_parent_shows_its_children(api_stack: ApiStack) -> None:
     children = [{"goal": f"child {i}", "script": {"turns": [{"text": f"child {i} done"}]}} for i in range(2)]
-    script = {"turns": [{"text": "fan out", "tool_calls": [call("spawn_subagents", subagents=children)]}, {"text": "all done"}]}
-    task_id = api_stack.submit({**SCRIPTED, "script": script, "constraints": {"tools": ["spawn_subagents"], "max_tokens": 50_000}})
+    script = {
+        "turns": [
+            {"text": "fan out", "tool_calls": [call("spawn_subagents", subagents=children)]},
+            {"text": "all done"},
+        ]
+    }
+    task_id = api_stack.submit(
+        {**SCRIPTED, "script": script, "constraints": {"tools": ["spawn_subagents"], "max_tokens": 50_000}}
+    )
     view = api_stack.until(task_id, lambda v: v["status"] == "succeeded", timeout=90)
     assert view["children"]["total"] == 2 and view["children"]["by_status"] == {"succeeded": 2}
     child_id = view["children"]["task_ids"][0]
     child = api_stack.http("GET", f"/tasks/{child_id}")[1]
     assert child["parent_id"] == task_id and child["depth"] == 1 and child["root_id"] == task_id
     assert child_id not in [t["task_id"] for t in api_stack.http("GET", "/tasks?limit=100")[1]["tasks"]]
-    assert child_id in [t["task_id"] for t in api_stack.http("GET", "/tasks?limit=100&include_children=true")[1]["tasks"]]
+    assert child_id in [
+        t["task_id"] for t in api_stack.http("GET", "/tasks?limit=100&include_children=true")[1]["tasks"]
+    ]
     spawned = [e for e in api_stack.http("GET", f"/tasks/{task_id}/trace")[1]["events"] if e.get("event") == "spawned"]
     assert len(spawned) == 1 and sorted(spawned[0]["detail"]["children"]) == sorted(view["children"]["task_ids"])
 

@@ -95,8 +95,12 @@ def usage_by_model(store: Storage, task_ids: list[str]) -> dict[str, tuple[int, 
 @pytest.fixture
 def lambda_env(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> Settings:
     """A deployment's settings in the environment, as in Lambda (so metrics are recorded)."""
-    settings = Settings.for_prefix(f"o{uuid.uuid4().hex[:10]}", moto_server.endpoint_url, tool_modules=("tests.effect_tools",))
-    provision(session(settings), settings.names, endpoint_url=settings.endpoint_url, queues=QueueSettings(max_receive_count=3))
+    settings = Settings.for_prefix(
+        f"o{uuid.uuid4().hex[:10]}", moto_server.endpoint_url, tool_modules=("tests.effect_tools",)
+    )
+    provision(
+        session(settings), settings.names, endpoint_url=settings.endpoint_url, queues=QueueSettings(max_receive_count=3)
+    )
     for key, value in settings.env().items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("AWS_LAMBDA_FUNCTION_NAME", "agentq-test")
@@ -108,12 +112,18 @@ def lambda_env(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> Sett
 
 
 def _drain_with_executor(handler: Any, queues: TaskQueues, store: Storage, task_ids: list[str]) -> None:
-    arn = queues.sqs.get_queue_attributes(QueueUrl=queues.url("normal"), AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    arn = queues.sqs.get_queue_attributes(QueueUrl=queues.url("normal"), AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
     deadline = time.monotonic() + 60
     while not all(store.tasks.get(t).status.terminal for t in task_ids):
         assert time.monotonic() < deadline, "tasks did not finish"
         messages = queues.sqs.receive_message(
-            QueueUrl=queues.url("normal"), MaxNumberOfMessages=1, WaitTimeSeconds=1, AttributeNames=["All"], VisibilityTimeout=30
+            QueueUrl=queues.url("normal"),
+            MaxNumberOfMessages=1,
+            WaitTimeSeconds=1,
+            AttributeNames=["All"],
+            VisibilityTimeout=30,
         ).get("Messages", [])
         if not messages:
             continue
@@ -126,11 +136,18 @@ def test_the_executor_emits_tokens_per_model_equal_to_what_the_tasks_were_charge
     lambda_env: Settings, capsys: pytest.CaptureFixture[str]
 ) -> None:
     store, queues, registry = build_store(lambda_env), build_queues(lambda_env), build_registry(lambda_env)
-    haiku = scripted([{"text": "looking", "tool_calls": [call("lookup", query="a", size=900)]}, {"text": "found it " * 40}], tools=["lookup"])
+    haiku = scripted(
+        [{"text": "looking", "tool_calls": [call("lookup", query="a", size=900)]}, {"text": "found it " * 40}],
+        tools=["lookup"],
+    )
     sonnet = scripted([{"text": "straight answer " * 20}])
     tasks = [
-        submit(store, registry, haiku.model_copy(update={"model": "claude-haiku-4-5"}), tenant="t", queues=queues).task_id,
-        submit(store, registry, sonnet.model_copy(update={"model": "claude-sonnet-4-6"}), tenant="t", queues=queues).task_id,
+        submit(
+            store, registry, haiku.model_copy(update={"model": "claude-haiku-4-5"}), tenant="t", queues=queues
+        ).task_id,
+        submit(
+            store, registry, sonnet.model_copy(update={"model": "claude-sonnet-4-6"}), tenant="t", queues=queues
+        ).task_id,
     ]
     handler = load_handler("executor")
     capsys.readouterr()
@@ -191,7 +208,10 @@ def test_tokens_in_counts_cached_input_too_and_cache_metrics_appear_only_when_us
 ) -> None:
     monkeypatch.setenv("AGENTQ_EMF", "1")
     capsys.readouterr()
-    observe.emf.record_llm_usage("claude-opus-4-5", Usage(input_tokens=10, output_tokens=5, cache_creation_input_tokens=100, cache_read_input_tokens=1000))
+    observe.emf.record_llm_usage(
+        "claude-opus-4-5",
+        Usage(input_tokens=10, output_tokens=5, cache_creation_input_tokens=100, cache_read_input_tokens=1000),
+    )
     observe.emf.record_llm_usage("claude-opus-4-5", Usage(input_tokens=3, output_tokens=2))
     docs = emf_documents(capsys.readouterr().out)
     dims = {names.SERVICE: names.EXECUTOR, names.MODEL: "claude-opus-4-5"}
@@ -221,7 +241,12 @@ def test_metrics_go_nowhere_and_are_not_kept_outside_lambda_without_agentq_emf(
     for key in ("AGENTQ_EMF", "AWS_LAMBDA_FUNCTION_NAME"):
         monkeypatch.delenv(key, raising=False)
     store, registry = build_store(settings), shout_registry(settings)
-    task = submit(store, registry, scripted([{"text": "", "tool_calls": [call("shout", text="boom")]}, {"text": "ok"}], tools=["shout"]), tenant="t")
+    task = submit(
+        store,
+        registry,
+        scripted([{"text": "", "tool_calls": [call("shout", text="boom")]}, {"text": "ok"}], tools=["shout"]),
+        tenant="t",
+    )
     capsys.readouterr()
     engine_for(store, registry).run(task.task_id)
     assert emf_documents(capsys.readouterr().out) == []
@@ -265,7 +290,11 @@ def test_every_core_log_line_of_a_task_is_json_with_its_task_id_step_epoch_and_w
     stream = io.StringIO()
     json_logger(stream)
     store, registry = build_store(settings), shout_registry(settings)
-    turns = [{"text": "", "tool_calls": [call("shout", text="hello")]}, {"text": "", "tool_calls": [call("shout", text="boom")]}, {"text": "done"}]
+    turns = [
+        {"text": "", "tool_calls": [call("shout", text="hello")]},
+        {"text": "", "tool_calls": [call("shout", text="boom")]},
+        {"text": "done"},
+    ]
     task = submit(store, registry, scripted(turns, tools=["shout"]), tenant="t")
     engine_for(store, registry).run(task.task_id)
 
@@ -288,14 +317,26 @@ def test_concurrent_tasks_on_the_worker_threads_each_log_their_own_task_id(moto_
     store, queues, registry = build_store(settings), build_queues(settings), shout_registry(settings)
     markers: dict[str, str] = {}
     for name in ("red", "blue", "green"):
-        turns = [{"text": "", "latency_seconds": 0.5, "tool_calls": [call("shout", text=f"{name}-{i}")]} for i in range(3)]
+        turns = [
+            {"text": "", "latency_seconds": 0.5, "tool_calls": [call("shout", text=f"{name}-{i}")]} for i in range(3)
+        ]
         task = submit(store, registry, scripted([*turns, {"text": "done"}], tools=["shout"]), tenant="t", queues=queues)
         markers[name] = task.task_id
-    engine = Engine(store, worker_id="obs:worker", tools=registry, config=EngineConfig(lease_seconds=3, heartbeat_seconds=0.5))
-    worker = Worker(settings, WorkerConfig(concurrency=4, lease_seconds=3, heartbeat_seconds=0.5, visibility_seconds=10), engine=engine)
+    engine = Engine(
+        store, worker_id="obs:worker", tools=registry, config=EngineConfig(lease_seconds=3, heartbeat_seconds=0.5)
+    )
+    worker = Worker(
+        settings,
+        WorkerConfig(concurrency=4, lease_seconds=3, heartbeat_seconds=0.5, visibility_seconds=10),
+        engine=engine,
+    )
     worker.start()
     try:
-        wait_for(lambda: all(store.tasks.get(t).status is TaskStatus.SUCCEEDED for t in markers.values()), 60, "all three tasks done")
+        wait_for(
+            lambda: all(store.tasks.get(t).status is TaskStatus.SUCCEEDED for t in markers.values()),
+            60,
+            "all three tasks done",
+        )
     finally:
         worker.shutdown()
 
@@ -402,7 +443,9 @@ def test_llm_and_tool_calls_are_subsegments_with_genai_annotations(
     recorder, emitter = xray
     store, registry = build_store(settings), shout_registry(settings)
     turns = [{"text": "", "tool_calls": [call("shout", text="hello"), call("shout", text="boom")]}, {"text": "done"}]
-    task = submit(store, registry, scripted(turns, tools=["shout"]).model_copy(update={"model": "claude-haiku-4-5"}), tenant="t")
+    task = submit(
+        store, registry, scripted(turns, tools=["shout"]).model_copy(update={"model": "claude-haiku-4-5"}), tenant="t"
+    )
     segment = recorder.begin_segment("agentq-executor")
     engine_for(store, registry).run(task.task_id)
     recorder.end_segment()
@@ -423,13 +466,21 @@ def test_llm_and_tool_calls_are_subsegments_with_genai_annotations(
         assert sub.metadata["gen_ai"]["gen_ai.usage.output_tokens"] == step.usage.output_tokens
     assert [s.stop_reason for s in steps] == ["tool_use", "end_turn"]
     ok, failed = tools
-    expected = {"gen_ai_tool_name": "shout", "tool_status": "ok", "tool_error": False, "task_id": task.task_id, "step": 2}
+    expected = {
+        "gen_ai_tool_name": "shout",
+        "tool_status": "ok",
+        "tool_error": False,
+        "task_id": task.task_id,
+        "step": 2,
+    }
     assert expected.items() <= ok.annotations.items()
     assert failed.annotations["tool_status"] == "error" and failed.annotations["tool_error"] is True
     assert ok.metadata["gen_ai"]["gen_ai.tool.call.id"].startswith("toolu_")
 
 
-def test_a_provider_error_is_recorded_on_the_llm_subsegment(settings: Settings, xray: tuple[Any, MemoryEmitter]) -> None:
+def test_a_provider_error_is_recorded_on_the_llm_subsegment(
+    settings: Settings, xray: tuple[Any, MemoryEmitter]
+) -> None:
     from agentq.core.errors import ProviderError
 
     recorder, emitter = xray
@@ -442,7 +493,9 @@ def test_a_provider_error_is_recorded_on_the_llm_subsegment(settings: Settings, 
         def complete(self, request: Any) -> Any:
             raise ProviderError("bad request", retryable=False, status_code=400, attempts=1)
 
-    engine = Engine(store, worker_id="obs:1", tools=registry, providers=lambda sub: Refusing(), config=EngineConfig(lease_seconds=5))
+    engine = Engine(
+        store, worker_id="obs:1", tools=registry, providers=lambda sub: Refusing(), config=EngineConfig(lease_seconds=5)
+    )
     recorder.begin_segment("agentq-executor")
     assert engine.run(task.task_id).status is TaskStatus.FAILED
     recorder.end_segment()

@@ -22,7 +22,6 @@ from tests.helpers import call, deployment, scripted, wait_for
 WEIGHTS = {"high": 6, "normal": 3, "low": 1}
 
 
-
 def _wait_for(predicate: Callable[[], Any], timeout: float = 10, what: str = "condition") -> Any:
     return wait_for(predicate, timeout, what, interval=0.01)
 
@@ -36,7 +35,9 @@ class _Holders:
         self.grants: queue.Queue[tuple[str, threading.Event]] = queue.Queue()
         self.stop = threading.Event()
         self.threads = [
-            threading.Thread(target=self._hold, args=(tier,), daemon=True) for tier, n in per_tier.items() for _ in range(n)
+            threading.Thread(target=self._hold, args=(tier,), daemon=True)
+            for tier, n in per_tier.items()
+            for _ in range(n)
         ]
 
     def start(self) -> "_Holders":
@@ -167,7 +168,10 @@ def _deployment(moto_server: MotoServer) -> Settings:
 
 
 def _task(priority: str, turns: int = 2, latency: float = 0.2) -> TaskSubmission:
-    script = [{"text": f"turn {i}", "latency_seconds": latency, "tool_calls": [call("lookup", query=str(i))]} for i in range(turns - 1)]
+    script = [
+        {"text": f"turn {i}", "latency_seconds": latency, "tool_calls": [call("lookup", query=str(i))]}
+        for i in range(turns - 1)
+    ]
     script.append({"text": "done", "latency_seconds": latency})
     return scripted(script, tools=["lookup"]).model_copy(update={"priority": priority})
 
@@ -212,4 +216,6 @@ def test_a_lone_busy_tier_is_not_held_back_by_the_idle_tiers(moto_server: MotoSe
     # low's share under contention would be 1 of the 3 slots; alone, it gets all 3 at once:
     # every task was claimed before any finished (the idle tiers' pollers held no slot).
     assert all(task.claim_count == 1 for task in tasks)
-    assert max(float(task.first_claimed_at or 0) for task in tasks) < min(float(task.finished_at or 0) for task in tasks)
+    assert max(float(task.first_claimed_at or 0) for task in tasks) < min(
+        float(task.finished_at or 0) for task in tasks
+    )

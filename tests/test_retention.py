@@ -40,7 +40,9 @@ from tests.lambda_support import FakeLambdaContext, load_handler
 RETENTION_DAYS = 2
 RETENTION = RETENTION_DAYS * DAY_SECONDS
 TTL_IDENTITY = {"type": "Service", "principalId": "dynamodb.amazonaws.com"}
-LOOKUPS = [{"text": f"turn {i}", "tool_calls": [call("lookup", query=str(i), size=300)]} for i in range(3)] + [{"text": "done"}]
+LOOKUPS = [{"text": f"turn {i}", "tool_calls": [call("lookup", query=str(i), size=300)]} for i in range(3)] + [
+    {"text": "done"}
+]
 
 
 class _Queues:
@@ -66,7 +68,9 @@ def rstore(retained: Settings) -> Storage:
 
 
 def _meta(store: Storage, task_id: str) -> dict[str, Any]:
-    resp = store.table.client.get_item(TableName=store.table.name, Key=to_item({"pk": task_pk(task_id), "sk": META}), ConsistentRead=True)
+    resp = store.table.client.get_item(
+        TableName=store.table.name, Key=to_item({"pk": task_pk(task_id), "sk": META}), ConsistentRead=True
+    )
     return resp["Item"]
 
 
@@ -114,7 +118,9 @@ def test_retention_comes_from_the_environment_with_a_30_day_default(monkeypatch:
 @pytest.mark.parametrize("raw", ["abc", "0", "-3", "1.5", "30d"])
 def test_an_invalid_retention_fails_naming_the_variable(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
     monkeypatch.setenv(RETENTION_VARIABLE, raw)
-    with pytest.raises(ConfigurationError, match=f"{RETENTION_VARIABLE}: must be a whole number of days >= 1 \\(got '{raw}'\\)") as err:
+    with pytest.raises(
+        ConfigurationError, match=f"{RETENTION_VARIABLE}: must be a whole number of days >= 1 \\(got '{raw}'\\)"
+    ) as err:
         Settings.from_env()
     assert err.value.field == RETENTION_VARIABLE
 
@@ -130,7 +136,9 @@ def test_the_store_expires_tasks_after_the_configured_retention(rstore: Storage)
 LEGAL_TRANSITIONS = sorted((src, dst) for src, dsts in ALLOWED_TRANSITIONS.items() for dst in dsts)
 
 
-@pytest.mark.parametrize(("source", "target"), LEGAL_TRANSITIONS, ids=[f"{s.value}->{t.value}" for s, t in LEGAL_TRANSITIONS])
+@pytest.mark.parametrize(
+    ("source", "target"), LEGAL_TRANSITIONS, ids=[f"{s.value}->{t.value}" for s, t in LEGAL_TRANSITIONS]
+)
 def test_every_legal_transition_leaves_expires_at_on_terminal_tasks_only(
     rstore: Storage, source: TaskStatus, target: TaskStatus
 ) -> None:
@@ -163,7 +171,9 @@ def test_a_task_the_engine_finishes_expires_after_the_retention(rstore: Storage,
     assert rstore.tasks.get(task.task_id).expires_at == int(_meta(rstore, task.task_id)["expires_at"]["N"])
 
 
-def test_a_budget_raise_that_resumes_a_cost_exceeded_task_removes_its_expiry(rstore: Storage, retained: Settings) -> None:
+def test_a_budget_raise_that_resumes_a_cost_exceeded_task_removes_its_expiry(
+    rstore: Storage, retained: Settings
+) -> None:
     task = rstore.tasks.create(scripted(LOOKUPS, tools=["lookup"], max_steps=1), tenant="t")
     before = time.time()
     assert _engine(rstore, retained).run(task.task_id).status is TaskStatus.COST_EXCEEDED
@@ -189,7 +199,9 @@ def test_cancel_stamps_the_expiry_in_the_cancelling_write(rstore: Storage) -> No
 def test_a_dlq_redrive_of_a_failed_task_removes_its_expiry(rstore: Storage) -> None:
     task_id = rstore.tasks.create(scripted([{"text": "x"}]), tenant="t").task_id
     lease, _ = rstore.tasks.claim(task_id, "w", 30)  # type: ignore[misc]
-    rstore.tasks.transition(task_id, TaskStatus.FAILED, lease=lease, error={"code": "provider_error", "message": "overloaded"})
+    rstore.tasks.transition(
+        task_id, TaskStatus.FAILED, lease=lease, error={"code": "provider_error", "message": "overloaded"}
+    )
     assert "expires_at" in _meta(rstore, task_id)
     rstore.tasks.transition(task_id, TaskStatus.QUEUED, error=None)  # what Dispatcher._requeue_redriven writes
     item = _meta(rstore, task_id)
@@ -220,9 +232,14 @@ def _finished_task_with_everything(store: Storage, settings: Settings) -> str:
     assert _engine(store, settings).run(task.task_id).status is TaskStatus.SUCCEEDED
     steps = store.steps.load(task.task_id)
     for i in range(30):
-        store.table.client.put_item(TableName=store.table.name, Item=to_item({"pk": task_pk(task.task_id), "sk": f"NOTE#k{i:02d}", "value": "v"}))
+        store.table.client.put_item(
+            TableName=store.table.name,
+            Item=to_item({"pk": task_pk(task.task_id), "sk": f"NOTE#k{i:02d}", "value": "v"}),
+        )
     for sk in ("EFFECT#toolu_1", "APPROVAL#toolu_2", "SPAWN#toolu_3", "ORPHAN#000009#e0001"):
-        store.table.client.put_item(TableName=store.table.name, Item=to_item({"pk": task_pk(task.task_id), "sk": sk, "state": "done"}))
+        store.table.client.put_item(
+            TableName=store.table.name, Item=to_item({"pk": task_pk(task.task_id), "sk": sk, "state": "done"})
+        )
     store.payloads.encode(f"{payload_prefix(task.task_id)}effects/toolu_1-e1.txt", "e" * 200)
     assert len(steps) == 7
     return task.task_id
@@ -230,7 +247,9 @@ def _finished_task_with_everything(store: Storage, settings: Settings) -> str:
 
 def _everything_of(store: Storage, task_id: str) -> tuple[list[str], bool, list[str]]:
     items = [i["sk"]["S"] for i in store.steps.raw_items(task_id)]
-    budget = "Item" in store.table.client.get_item(TableName=store.table.name, Key=to_item({"pk": budget_pk(task_id), "sk": META}))
+    budget = "Item" in store.table.client.get_item(
+        TableName=store.table.name, Key=to_item({"pk": budget_pk(task_id), "sk": META})
+    )
     listing = store.payloads.s3.list_objects_v2(Bucket=store.payloads.bucket, Prefix=payload_prefix(task_id))
     return items, budget, [o["Key"] for o in listing.get("Contents", [])]
 
@@ -263,7 +282,9 @@ def test_purging_twice_finds_nothing_left_and_is_fine(rstore: Storage, retained:
 def test_purge_after_ttl_deleted_meta_removes_the_rest(rstore: Storage, retained: Settings) -> None:
     task_id = _finished_task_with_everything(rstore, retained)
     items, _, objects = _everything_of(rstore, task_id)
-    rstore.table.client.delete_item(TableName=rstore.table.name, Key=to_item({"pk": task_pk(task_id), "sk": META}))  # what TTL does
+    rstore.table.client.delete_item(
+        TableName=rstore.table.name, Key=to_item({"pk": task_pk(task_id), "sk": META})
+    )  # what TTL does
     result = purge_task(rstore, task_id)
     assert (result.items, result.budget, result.objects) == (len(items) - 1, 1, len(objects))
     assert _everything_of(rstore, task_id) == ([], False, [])
@@ -313,7 +334,11 @@ def test_unprocessed_batch_deletes_are_retried_until_done(rstore: Storage, retai
 
 def test_deletes_still_unprocessed_after_the_attempts_fail_the_purge(rstore: Storage, retained: Settings) -> None:
     task_id = _finished_task_with_everything(rstore, retained)
-    store = Storage(DynamoTable(_Throttled(rstore.table.client, times=100), rstore.table.name), rstore.payloads, retention_seconds=RETENTION)
+    store = Storage(
+        DynamoTable(_Throttled(rstore.table.client, times=100), rstore.table.name),
+        rstore.payloads,
+        retention_seconds=RETENTION,
+    )
     with pytest.raises(RuntimeError, match="still unprocessed after 3 attempts"):
         purge_task(store, task_id, attempts=3, sleep=lambda _: None)
     assert purge_task(rstore, task_id).items > 0  # a retry of the record finishes the job
@@ -359,13 +384,17 @@ def _stream_records(settings: Settings, stream_arn: str) -> list[dict[str, Any]]
     streams = client(settings, "dynamodbstreams")
     records: list[dict[str, Any]] = []
     for shard in streams.describe_stream(StreamArn=stream_arn)["StreamDescription"]["Shards"]:
-        iterator = streams.get_shard_iterator(StreamArn=stream_arn, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON")
+        iterator = streams.get_shard_iterator(
+            StreamArn=stream_arn, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON"
+        )
         records += streams.get_records(ShardIterator=iterator["ShardIterator"])["Records"]
     return records
 
 
 def _removal_of(records: list[dict[str, Any]], pk: str, sk: str) -> dict[str, Any]:
-    (found,) = [r for r in records if r["eventName"] == "REMOVE" and r["dynamodb"]["Keys"] == {"pk": {"S": pk}, "sk": {"S": sk}}]
+    (found,) = [
+        r for r in records if r["eventName"] == "REMOVE" and r["dynamodb"]["Keys"] == {"pk": {"S": pk}, "sk": {"S": sk}}
+    ]
     return found
 
 
@@ -385,7 +414,9 @@ def test_the_reaper_purges_a_task_from_the_stream_record_of_its_ttl_deletion(
     doomed = _finished_task_with_everything(store, settings)
     survivor = _finished_task_with_everything(store, settings)
     survivor_before = _everything_of(store, survivor)
-    store.table.client.delete_item(TableName=store.table.name, Key=to_item({"pk": task_pk(doomed), "sk": META}))  # TTL's deletion
+    store.table.client.delete_item(
+        TableName=store.table.name, Key=to_item({"pk": task_pk(doomed), "sk": META})
+    )  # TTL's deletion
 
     record = _removal_of(_stream_records(settings, stream_arn), task_pk(doomed), META)
     assert record["dynamodb"]["StreamViewType"] == "KEYS_ONLY" and "OldImage" not in record["dynamodb"]
@@ -434,7 +465,11 @@ def test_a_record_whose_purge_fails_is_reported_alone_and_the_others_are_purged(
     for task_id in (ok, failing):
         store.table.client.delete_item(TableName=store.table.name, Key=to_item({"pk": task_pk(task_id), "sk": META}))
     records = _stream_records(settings, stream_arn)
-    event = {"Records": [_lambda_record(_removal_of(records, task_pk(t), META), stream_arn, by_ttl=True) for t in (failing, ok)]}
+    event = {
+        "Records": [
+            _lambda_record(_removal_of(records, task_pk(t), META), stream_arn, by_ttl=True) for t in (failing, ok)
+        ]
+    }
     real = reaper.purge_task
 
     def purge(store_: Storage, task_id: str) -> Any:
@@ -456,7 +491,9 @@ def test_the_filter_pattern_admits_a_ttl_removal_of_task_meta_and_the_handler_ag
     task_id = store.tasks.create(scripted([{"text": "x"}]), tenant="t").task_id
     store.tasks.transition(task_id, TaskStatus.CANCELLED)
     store.table.client.delete_item(TableName=store.table.name, Key=to_item({"pk": task_pk(task_id), "sk": META}))
-    record = _lambda_record(_removal_of(_stream_records(settings, stream_arn), task_pk(task_id), META), stream_arn, by_ttl=True)
+    record = _lambda_record(
+        _removal_of(_stream_records(settings, stream_arn), task_pk(task_id), META), stream_arn, by_ttl=True
+    )
     assert EventPattern.load(json.dumps(ttl_removal_pattern())).matches_event(record)
     assert expired_task_id(record) == task_id
 
@@ -480,7 +517,9 @@ def test_the_purge_command_deletes_a_finished_task_and_refuses_a_live_one(
     assert rstore.tasks.get(live).status is TaskStatus.QUEUED
 
 
-def test_a_budget_raise_on_a_task_past_its_retention_is_refused_and_changes_nothing(rstore: Storage, retained: Settings) -> None:
+def test_a_budget_raise_on_a_task_past_its_retention_is_refused_and_changes_nothing(
+    rstore: Storage, retained: Settings
+) -> None:
     task = rstore.tasks.create(scripted(LOOKUPS, tools=["lookup"], max_steps=1), tenant="t")
     assert _engine(rstore, retained).run(task.task_id).status is TaskStatus.COST_EXCEEDED
     rstore.table.client.update_item(

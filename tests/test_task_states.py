@@ -24,7 +24,9 @@ def test_terminal_states_lead_nowhere_but_requeue_for_failed_and_cost_exceeded()
             assert allowed == frozenset()
 
 
-@pytest.mark.parametrize("target", [TaskStatus.SUCCEEDED, TaskStatus.COST_EXCEEDED, TaskStatus.TIMED_OUT, TaskStatus.WAITING])
+@pytest.mark.parametrize(
+    "target", [TaskStatus.SUCCEEDED, TaskStatus.COST_EXCEEDED, TaskStatus.TIMED_OUT, TaskStatus.WAITING]
+)
 def test_a_queued_task_cannot_jump_to_states_only_a_running_task_reaches(store: Storage, target: TaskStatus) -> None:
     task_id = _task(store)
     with pytest.raises(IllegalTransition, match="cannot move from 'queued'"):

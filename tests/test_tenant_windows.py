@@ -16,7 +16,9 @@ from agentq.core.tools import ToolRegistry
 
 from tests.helpers import call, scripted
 
-TURNS = [{"text": f"turn {i}", "tool_calls": [call("lookup", query=str(i), size=400)]} for i in range(8)] + [{"text": "done"}]
+TURNS = [{"text": f"turn {i}", "tool_calls": [call("lookup", query=str(i), size=400)]} for i in range(8)] + [
+    {"text": "done"}
+]
 
 
 def _engine(store: Storage, registry: ToolRegistry) -> Engine:
@@ -39,7 +41,9 @@ def test_the_hard_cap_refuses_new_reservations_until_the_next_hour(store: Storag
     assert store.budgets.get(task.task_id).reserved == 0
 
 
-def test_crossing_the_soft_cap_emits_a_metric_and_an_event(store: Storage, registry: ToolRegistry, caplog: pytest.LogCaptureFixture) -> None:
+def test_crossing_the_soft_cap_emits_a_metric_and_an_event(
+    store: Storage, registry: ToolRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
     windows = TenantWindows(store.table)
     windows.set_limits("beta", TenantLimits(hourly_tokens=12_000, soft_ratio=0.5))
     task = store.tasks.create(scripted(TURNS, tools=["lookup"], max_output_tokens=300), tenant="beta")
@@ -47,7 +51,11 @@ def test_crossing_the_soft_cap_emits_a_metric_and_an_event(store: Storage, regis
         _engine(store, registry).run(task.task_id)
     events = [json.loads(r.getMessage()) for r in caplog.records if r.name == "agentq.events"]
     assert len(events) == 1  # crossed once, reported once
-    assert events[0]["event"] == "TenantSoftCapCrossed" and events[0]["tenant"] == "beta" and events[0]["hourly_cap"] == 12_000
+    assert (
+        events[0]["event"] == "TenantSoftCapCrossed"
+        and events[0]["tenant"] == "beta"
+        and events[0]["hourly_cap"] == 12_000
+    )
     assert events[0]["tokens_this_hour"] >= 6_000
 
 

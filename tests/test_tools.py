@@ -112,7 +112,12 @@ def test_optional_tool_context_parameter_is_recognised_too() -> None:
         return ctx.task_id if ctx else "no context"
 
     assert peek.wants_context == "ctx"
-    assert peek.schema()["input_schema"] == {"type": "object", "properties": {}, "required": [], "additionalProperties": False}
+    assert peek.schema()["input_schema"] == {
+        "type": "object",
+        "properties": {},
+        "required": [],
+        "additionalProperties": False,
+    }
     assert run(ToolRegistry([peek]), "peek", {}, context(task_id="t-9")).content == "t-9"
 
 
@@ -183,7 +188,9 @@ def test_execute_injects_the_context_and_renders_a_dict_result_as_json() -> None
 def test_execute_of_an_unknown_tool_returns_an_error_naming_the_available_tools() -> None:
     registry = ToolRegistry([echo, send_letter])
     result = registry.execute("nope", {}, context(), ["echo", "send_letter"])
-    assert result == ToolExecution("unknown tool 'nope'; available: echo, send_letter", True, "error", result.duration_ms)
+    assert result == ToolExecution(
+        "unknown tool 'nope'; available: echo, send_letter", True, "error", result.duration_ms
+    )
 
 
 def test_execute_of_a_tool_outside_the_allowlist_returns_an_error_and_does_not_run_it() -> None:
@@ -313,7 +320,9 @@ def test_return_values_are_rendered_as_text_for_the_model() -> None:
         }[kind]
 
     registry = ToolRegistry([give])
-    rendered = {k: run(registry, "give", {"kind": k}).content for k in ("none", "str", "list", "model", "nested", "int")}
+    rendered = {
+        k: run(registry, "give", {"kind": k}).content for k in ("none", "str", "list", "model", "nested", "int")
+    }
     assert rendered == {
         "none": "",
         "str": "plain",
@@ -418,7 +427,9 @@ def sections(output: str) -> tuple[str, str, str]:
 
 
 def test_python_exec_returns_exit_code_and_captured_output() -> None:
-    result = run(default_registry(), "python_exec", {"code": "import sys\nprint('hi', 6 * 7)\nprint('oops', file=sys.stderr)"})
+    result = run(
+        default_registry(), "python_exec", {"code": "import sys\nprint('hi', 6 * 7)\nprint('oops', file=sys.stderr)"}
+    )
     assert result.status == "ok"
     assert sections(result.content) == ("exit code 0", "hi 42\n", "oops\n")
 
@@ -514,7 +525,9 @@ def test_python_exec_sees_an_empty_environment_and_cannot_read_the_workers(monke
 
 
 def test_python_exec_runs_in_a_fresh_temporary_directory_that_is_removed_afterwards() -> None:
-    _, stdout, _ = sections(python_exec("import os\nopen('out.txt', 'w').write('x')\nprint(os.getcwd())\nprint(sorted(os.listdir('.')))"))
+    _, stdout, _ = sections(
+        python_exec("import os\nopen('out.txt', 'w').write('x')\nprint(os.getcwd())\nprint(sorted(os.listdir('.')))")
+    )
     workdir, listing = stdout.splitlines()
     assert listing == "['main.py', 'out.txt', 'tmp']"
     assert not os.path.exists(workdir)

@@ -15,7 +15,11 @@ from agentq.control.submit import submit
 from tests.helpers import call, scripted
 
 TURNS = [
-    {"text": f"turn {i}", "latency_seconds": 0.3, "tool_calls": [call("lookup", query=str(i)), call("charge_card", amount_cents=i + 1, memo=str(i))]}
+    {
+        "text": f"turn {i}",
+        "latency_seconds": 0.3,
+        "tool_calls": [call("lookup", query=str(i)), call("charge_card", amount_cents=i + 1, memo=str(i))],
+    }
     for i in range(8)
 ] + [{"text": "finished"}]
 
@@ -27,7 +31,13 @@ def test_a_killed_worker_s_task_completes_on_another_worker_from_its_last_step(t
                                "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH", "")]))}) as stack:  # fmt: skip
         assert stack.settings is not None
         store = stack.store()
-        task = submit(store, build_registry(stack.settings), scripted(TURNS, tools=["lookup", "charge_card"]), tenant="t", queues=stack.queues())
+        task = submit(
+            store,
+            build_registry(stack.settings),
+            scripted(TURNS, tools=["lookup", "charge_card"]),
+            tenant="t",
+            queues=stack.queues(),
+        )
         deadline = time.monotonic() + 60
         while (meta := store.tasks.get(task.task_id)).step < 6:
             assert time.monotonic() < deadline and not meta.status.terminal

@@ -19,7 +19,11 @@ from tests.conftest import child_env
 from tests.helpers import call, scripted
 
 TURNS = [
-    {"text": f"turn {i}", "latency_seconds": 0.4, "tool_calls": [call("lookup", query=str(i)), call("charge_card", amount_cents=i, memo=str(i))]}
+    {
+        "text": f"turn {i}",
+        "latency_seconds": 0.4,
+        "tool_calls": [call("lookup", query=str(i)), call("charge_card", amount_cents=i, memo=str(i))],
+    }
     for i in range(6)
 ] + [{"text": "done", "latency_seconds": 0.4}]
 
@@ -41,7 +45,9 @@ def _wait_for(predicate, timeout: float = 30) -> None:  # type: ignore[no-untype
         time.sleep(0.02)
 
 
-def test_a_paused_worker_woken_after_takeover_commits_nothing(settings: Settings, store: Storage, tmp_path: Path) -> None:
+def test_a_paused_worker_woken_after_takeover_commits_nothing(
+    settings: Settings, store: Storage, tmp_path: Path
+) -> None:
     task = store.tasks.create(scripted(TURNS, tools=["lookup", "charge_card"]), tenant="t")
     ledger = tmp_path / "ledger.jsonl"
     zombie = _spawn(settings, task.task_id, ledger, wait=0)
@@ -51,7 +57,9 @@ def test_a_paused_worker_woken_after_takeover_commits_nothing(settings: Settings
         time.sleep(1.5)  # the zombie's lease (1 s) lapses; anything it had on the wire has landed
         frozen_at = store.tasks.get(task.task_id).step
         successor = _spawn(settings, task.task_id, ledger, wait=10)
-        _wait_for(lambda: store.tasks.get(task.task_id).lease_epoch == 2 and store.tasks.get(task.task_id).step > frozen_at)
+        _wait_for(
+            lambda: store.tasks.get(task.task_id).lease_epoch == 2 and store.tasks.get(task.task_id).step > frozen_at
+        )
     finally:
         os.kill(zombie.pid, signal.SIGCONT)  # wake it while the successor is still mid-task
     z_out, z_err = zombie.communicate(timeout=60)

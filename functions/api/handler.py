@@ -22,7 +22,10 @@ route_core_logs(logger)
 tracer = Tracer(service="agentq-api")
 _settings = Settings.from_env()
 app = build_app(
-    build_store(_settings), build_registry(_settings), build_queues(_settings), build_fanout(_settings),
+    build_store(_settings),
+    build_registry(_settings),
+    build_queues(_settings),
+    build_fanout(_settings),
     default_tenant=None,
     defaults=_settings.defaults,
 )

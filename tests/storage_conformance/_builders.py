@@ -35,7 +35,9 @@ def llm_step(tokens_in: int = 100, tokens_out: int = 10, text: str = "hi") -> LL
 
 
 def tools_step(content: str = "result") -> ToolsStep:
-    return ToolsStep(results=[ToolOutcome(tool_use_id="tu1", name="lookup", content=content, started_at=time.time(), duration_ms=1)])
+    return ToolsStep(
+        results=[ToolOutcome(tool_use_id="tu1", name="lookup", content=content, started_at=time.time(), duration_ms=1)]
+    )
 
 
 def usage(reserved: int, used: int) -> BudgetDelta:

@@ -17,7 +17,9 @@ from tests.storage_conformance._builders import claimed, llm_step, new_task
 
 
 def _outcome(content: str) -> ToolOutcome:
-    return ToolOutcome(tool_use_id="tu1", name="charge", content=content, side_effects=True, started_at=time.time(), duration_ms=1)
+    return ToolOutcome(
+        tool_use_id="tu1", name="charge", content=content, side_effects=True, started_at=time.time(), duration_ms=1
+    )
 
 
 def test_a_side_effect_begins_once_and_its_result_is_found_by_the_next_worker(backend: Storage) -> None:
@@ -46,7 +48,9 @@ def test_a_zombie_can_neither_begin_nor_finish_an_effect_nor_write_a_note(backen
 def test_notes_read_back(backend: Storage) -> None:
     lease = claimed(backend)
     backend.notes.write(lease, "plan", "step one")
-    assert backend.notes.read(lease.task_id, "plan") == "step one" and backend.notes.read(lease.task_id, "other") is None
+    assert (
+        backend.notes.read(lease.task_id, "plan") == "step one" and backend.notes.read(lease.task_id, "other") is None
+    )
 
 
 def test_an_approval_pauses_the_task_and_is_decided_once(backend: Storage) -> None:

@@ -146,7 +146,13 @@ def test_query_reads_a_partition_in_sort_key_order_by_prefix_range_and_limit(bac
     assert [i["sk"] for i in t.query("T#1", prefix="STEP#")] == ["STEP#000001", "STEP#000002", "STEP#000003"]
     assert [i["sk"] for i in t.query("T#1", prefix="STEP#", descending=True, limit=1)] == ["STEP#000003"]
     assert [i["sk"] for i in t.query("T#1", between=("STEP#000002", "STEP#999999"))] == ["STEP#000002", "STEP#000003"]
-    assert [i["sk"] for i in t.query("T#1", keys_only=True)] == ["META", "NOTE#a", "STEP#000001", "STEP#000002", "STEP#000003"]
+    assert [i["sk"] for i in t.query("T#1", keys_only=True)] == [
+        "META",
+        "NOTE#a",
+        "STEP#000001",
+        "STEP#000002",
+        "STEP#000003",
+    ]
 
 
 def test_batch_get_and_batch_delete(backend: Storage) -> None:

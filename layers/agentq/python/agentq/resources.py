@@ -101,7 +101,10 @@ def provision_state_machine(sfn: Any, names: ResourceNames) -> str:
                 return str(machine["stateMachineArn"])
     return str(
         sfn.create_state_machine(
-            name=names.state_machine, definition=json.dumps(fanout_definition()), roleArn=LOCAL_ROLE_ARN, type="STANDARD"
+            name=names.state_machine,
+            definition=json.dumps(fanout_definition()),
+            roleArn=LOCAL_ROLE_ARN,
+            type="STANDARD",
         )["stateMachineArn"]
     )
 

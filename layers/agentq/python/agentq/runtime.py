@@ -103,7 +103,9 @@ def retention_days_from_env() -> int:
     except ValueError:
         days = 0
     if days < 1:
-        raise ConfigurationError(f"{RETENTION_VARIABLE}: must be a whole number of days >= 1 (got {raw!r})", field=RETENTION_VARIABLE)
+        raise ConfigurationError(
+            f"{RETENTION_VARIABLE}: must be a whole number of days >= 1 (got {raw!r})", field=RETENTION_VARIABLE
+        )
     return days
 
 

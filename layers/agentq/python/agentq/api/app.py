@@ -105,7 +105,9 @@ def _error(status: int, code: str, message: str, field: str | None = None) -> Re
     return Response(status_code=status, content_type=JSON, body=json.dumps(error_body(code, message, field)))
 
 
-def proxy_error(status: int, code: str, message: str, field: str | None = None, headers: Mapping[str, str] | None = None) -> dict[str, Any]:
+def proxy_error(
+    status: int, code: str, message: str, field: str | None = None, headers: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """An API Gateway proxy response carrying an error (for answers given before routing)."""
     all_headers = {"Content-Type": JSON, **(headers or {})}
     return {
@@ -201,10 +203,14 @@ class AgentqResolver(APIGatewayRestResolver):
             return proxy_error(413, "body_too_large", f"request body over {MAX_BODY_BYTES} bytes", "body")
         content_type = _header(event, "content-type")
         if event.get("body") and content_type and not _is_json(content_type):
-            return proxy_error(415, "unsupported_media_type", f"send the body as application/json, not {content_type}", "Content-Type")
+            return proxy_error(
+                415, "unsupported_media_type", f"send the body as application/json, not {content_type}", "Content-Type"
+            )
         path = str(event.get("path") or "")
         if path not in PUBLIC_PATHS and _event_tenant(event) is None and self.default_tenant is None:
-            return proxy_error(401, "unauthorized", "send Authorization: Bearer <API key>", headers={"WWW-Authenticate": "Bearer"})
+            return proxy_error(
+                401, "unauthorized", "send Authorization: Bearer <API key>", headers={"WWW-Authenticate": "Bearer"}
+            )
         return super().resolve(event, context)
 
     def tenant(self) -> str:
@@ -274,7 +280,13 @@ def build_app(
         _builtin_script_only(submission.script)
         digest = request_hash(submission)  # of the request as sent, before defaults fill it in
         accepted = submit_once(
-            store, tools, defaults.apply(submission), tenant=who, queues=queues, idempotency_key=idempotency_key, digest=digest
+            store,
+            tools,
+            defaults.apply(submission),
+            tenant=who,
+            queues=queues,
+            idempotency_key=idempotency_key,
+            digest=digest,
         )
         task, created = accepted.task, accepted.created
         headers = {"Location": f"/tasks/{task.task_id}"}
@@ -282,7 +294,9 @@ def build_app(
             observe.record_submitted()
         else:
             headers["Idempotent-Replayed"] = "true"
-        body = TaskAccepted(task_id=task.task_id, status=task.status, created=created, links=TaskLinks.for_task(task.task_id))
+        body = TaskAccepted(
+            task_id=task.task_id, status=task.status, created=created, links=TaskLinks.for_task(task.task_id)
+        )
         return Response(status_code=202, content_type=JSON, body=body, headers=headers)
 
     @app.get(
@@ -298,9 +312,15 @@ def build_app(
         cursor: Annotated[str | None, Query(max_length=1024, description="next_cursor of the previous page")] = None,
         include_children: Annotated[bool, Query(description="also list sub-agents")] = False,
     ) -> TaskPage:
-        if status is None and app.current_event.query_string_parameters and "status" in app.current_event.query_string_parameters:
+        if (
+            status is None
+            and app.current_event.query_string_parameters
+            and "status" in app.current_event.query_string_parameters
+        ):
             raise ValidationError("status: give one of the task statuses, or leave status out", field="status")
-        return api_views.task_page(store, tenant(), limit=limit, cursor=cursor, status=status, include_children=include_children)
+        return api_views.task_page(
+            store, tenant(), limit=limit, cursor=cursor, status=status, include_children=include_children
+        )
 
     @app.get(
         "/tasks/<task_id>",
@@ -400,7 +420,9 @@ def build_app(
     )
     def fork(task_id: TaskId, request: Annotated[ForkRequest, Body()]) -> Response[TaskView]:
         _builtin_script_only(request.script)
-        new = control.fork(store, tools, queues, task_id, at_step=request.at_step, overrides=request.overrides(), tenant=tenant())
+        new = control.fork(
+            store, tools, queues, task_id, at_step=request.at_step, overrides=request.overrides(), tenant=tenant()
+        )
         observe.record_submitted()
         headers = {"Location": f"/tasks/{new.task_id}"}
         return Response(status_code=202, content_type=JSON, body=api_views.task_view(store, new), headers=headers)

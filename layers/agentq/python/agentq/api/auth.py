@@ -62,7 +62,9 @@ def authorize(keys: KeyStore, header: str | None) -> ApiKey:
     return key
 
 
-def policy(principal: str, method_arn: str, *, effect: str = "Allow", context: dict[str, str] | None = None) -> dict[str, Any]:
+def policy(
+    principal: str, method_arn: str, *, effect: str = "Allow", context: dict[str, str] | None = None
+) -> dict[str, Any]:
     """An authorizer response. The resource is widened from the one method to the whole API
     stage, so API Gateway's cached answer for this key serves every route."""
     parts = method_arn.split("/")

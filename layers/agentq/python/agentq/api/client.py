@@ -136,7 +136,9 @@ class Client:
         retry = method == "GET" if retry is None else retry
         url = self.url + path
         if query:
-            pairs = {k: ("true" if v is True else "false" if v is False else v) for k, v in query.items() if v is not None}
+            pairs = {
+                k: ("true" if v is True else "false" if v is False else v) for k, v in query.items() if v is not None
+            }
             if pairs:
                 url += "?" + urllib.parse.urlencode(pairs)
         all_headers = {"Accept": "application/json", **(headers or {})}
@@ -212,7 +214,12 @@ class Client:
         """One page of tasks, newest first; pass ``page.next_cursor`` for the next."""
         status_value = status.value if isinstance(status, TaskStatus) else status
         return self._get(
-            TaskPage, "/tasks", status=status_value, limit=limit, cursor=cursor, include_children=include_children or None
+            TaskPage,
+            "/tasks",
+            status=status_value,
+            limit=limit,
+            cursor=cursor,
+            include_children=include_children or None,
         )
 
     def iter_tasks(
@@ -301,12 +308,16 @@ class Client:
         """The task's view once it has ended (succeeded, failed, cancelled, cost_exceeded, timed_out)."""
         return self.wait_for(task_id, lambda v: v.status.terminal, timeout=timeout, poll=poll, on_update=on_update)
 
-    def wait_for_status(self, task_id: str, *statuses: TaskStatus | str, timeout: float = 3600, poll: float = 0.5) -> TaskView:
+    def wait_for_status(
+        self, task_id: str, *statuses: TaskStatus | str, timeout: float = 3600, poll: float = 0.5
+    ) -> TaskView:
         """The task's view once it is in one of ``statuses`` (or has ended)."""
         wanted = {TaskStatus(s) for s in statuses}
         return self.wait_for(task_id, lambda v: v.status in wanted or v.status.terminal, timeout=timeout, poll=poll)
 
-    def run(self, submission: TaskSubmission | Mapping[str, Any] | None = None, *, timeout: float = 3600, **fields: Any) -> TaskView:
+    def run(
+        self, submission: TaskSubmission | Mapping[str, Any] | None = None, *, timeout: float = 3600, **fields: Any
+    ) -> TaskView:
         """Submit and wait: the ended task's view."""
         return self.wait(self.submit(submission, **fields).task_id, timeout=timeout)
 

@@ -26,6 +26,7 @@ TASK_ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
 IDEMPOTENCY_KEY_PATTERN = r"^[!-~]{1,255}$"  # visible ASCII
 GOAL_PREVIEW_CHARS = 200
 
+
 class ApiModel(BaseModel):
     """A response shape: unknown fields are ignored when a client reads one."""
 
@@ -244,7 +245,9 @@ class LLMCallEvent(ApiModel):
     attempts: int
     text: str = Field(description="the assistant text of the turn")
     tool_calls: list[str] = Field(description="names of the tools it asked for")
-    orphan: bool = Field(description="a call whose step was never committed (its worker lost the lease); paid for all the same")
+    orphan: bool = Field(
+        description="a call whose step was never committed (its worker lost the lease); paid for all the same"
+    )
     truncated: bool
 
 

@@ -59,7 +59,9 @@ def decode_cursor(kind: str, cursor: str) -> Any:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         data = json.loads(raw)
     except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise InvalidCursor("cursor is not one this API issued; pass next_cursor back unchanged", field="cursor") from None
+        raise InvalidCursor(
+            "cursor is not one this API issued; pass next_cursor back unchanged", field="cursor"
+        ) from None
     if not isinstance(data, dict) or data.get("k") != kind or "v" not in data:
         raise InvalidCursor(f"cursor does not belong to this listing ({kind})", field="cursor")
     return data["v"]
@@ -109,7 +111,9 @@ def activity(store: Storage, task: Task, children: ChildrenSummary, question: st
         if last is not None and isinstance(last.body, LLMStep) and last.body.tool_uses():
             names = ", ".join(u["name"] for u in last.body.tool_uses())
             return f"running tools: {names} (step {last.number + 1}){who}"
-        return f"waiting for the model: turn {task.llm_steps + 1} of at most {task.submission.constraints.max_steps}{who}"
+        return (
+            f"waiting for the model: turn {task.llm_steps + 1} of at most {task.submission.constraints.max_steps}{who}"
+        )
     return None
 
 
@@ -201,7 +205,9 @@ def task_page(
         after = decode_cursor("tasks", cursor)
         if not isinstance(after, str) or not _GSI1SK.match(after):
             raise InvalidCursor("cursor is not one this API issued; pass next_cursor back unchanged", field="cursor")
-    tasks, last = store.tasks.list_for_tenant(tenant, limit=limit, after=after, status=status, roots_only=not include_children)
+    tasks, last = store.tasks.list_for_tenant(
+        tenant, limit=limit, after=after, status=status, roots_only=not include_children
+    )
     return TaskPage(
         tasks=[task_summary(t) for t in tasks if t.tenant == tenant],
         next_cursor=encode_cursor("tasks", last) if last else None,
@@ -300,16 +306,28 @@ def _side_events(store: Storage, task: Task) -> list[tuple[Key, Any]]:
     first = "forked" if task.forked_from else "created"
     detail = {"forked_from": task.forked_from} if task.forked_from else {"priority": task.submission.priority}
     # always first: a fork's copied steps keep their source's (earlier) commit times
-    events.append(((0.0, 0, 0, 0), TransitionEvent(at=task.created_at, event=first, status=TaskStatus.QUEUED, detail=detail)))
+    events.append(
+        ((0.0, 0, 0, 0), TransitionEvent(at=task.created_at, event=first, status=TaskStatus.QUEUED, detail=detail))
+    )
     for i, claim in enumerate(store.tasks.claims(task.task_id)):
         at = claim.at
         events.append(
-            ((at, 0, 0, i + 1), TransitionEvent(at=at, event="claimed", status=TaskStatus.RUNNING, worker=claim.worker, epoch=claim.epoch))
+            (
+                (at, 0, 0, i + 1),
+                TransitionEvent(
+                    at=at, event="claimed", status=TaskStatus.RUNNING, worker=claim.worker, epoch=claim.epoch
+                ),
+            )
         )
     for i, a in enumerate(store.approvals.list(task.task_id)):
         asked = a.asked_at
         events.append(
-            ((asked, 0, 0, 10_000 + i), TransitionEvent(at=asked, event="approval_requested", status=TaskStatus.PAUSED, detail={"question": a.question}))
+            (
+                (asked, 0, 0, 10_000 + i),
+                TransitionEvent(
+                    at=asked, event="approval_requested", status=TaskStatus.PAUSED, detail={"question": a.question}
+                ),
+            )
         )
         if a.decided_at:
             decided = a.decided_at
@@ -329,7 +347,12 @@ def _side_events(store: Storage, task: Task) -> list[tuple[Key, Any]]:
         events.append(
             (
                 (at, 2, 0, 30_000 + i),
-                TransitionEvent(at=at, event="spawned", status=TaskStatus.WAITING, detail={"children": spawn.children, "state": spawn.state}),
+                TransitionEvent(
+                    at=at,
+                    event="spawned",
+                    status=TaskStatus.WAITING,
+                    detail={"children": spawn.children, "state": spawn.state},
+                ),
             )
         )
     for orphan in store.steps.orphans(task.task_id):
@@ -340,7 +363,12 @@ def _side_events(store: Storage, task: Task) -> list[tuple[Key, Any]]:
         events.append(
             (
                 (task.finished_at, 3, 0, 0),
-                TransitionEvent(at=task.finished_at, event="finished", status=task.status, detail={"error": task.error} if task.error else {}),
+                TransitionEvent(
+                    at=task.finished_at,
+                    event="finished",
+                    status=task.status,
+                    detail={"error": task.error} if task.error else {},
+                ),
             )
         )
     return events
@@ -362,7 +390,9 @@ def trace_page(store: Storage, task: Task, *, limit: int, cursor: str | None) ->
             after = (float(key[0]), int(key[1]), int(key[2]), int(key[3]))
             step_from = int(step_from)
         except (TypeError, ValueError, IndexError):
-            raise InvalidCursor("cursor is not one this API issued; pass next_cursor back unchanged", field="cursor") from None
+            raise InvalidCursor(
+                "cursor is not one this API issued; pass next_cursor back unchanged", field="cursor"
+            ) from None
     want = limit + 2
     steps = store.steps.range(task.task_id, max(1, step_from - 1), want)
     exhausted = len(steps) < want
@@ -383,7 +413,9 @@ def trace_page(store: Storage, task: Task, *, limit: int, cursor: str | None) ->
     more = len(ready) > limit or not exhausted
     next_cursor = None
     if page and more:
-        steps_seen = [k[2] for k, ev in page if isinstance(ev, ToolCallEvent) or (isinstance(ev, LLMCallEvent) and not ev.orphan)]
+        steps_seen = [
+            k[2] for k, ev in page if isinstance(ev, ToolCallEvent) or (isinstance(ev, LLMCallEvent) and not ev.orphan)
+        ]
         last_step = max([*steps_seen, step_from])
         next_cursor = encode_cursor("trace", [list(page[-1][0]), last_step])
     return TracePage(task_id=task.task_id, events=[ev for _, ev in page], next_cursor=next_cursor)

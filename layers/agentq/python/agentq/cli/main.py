@@ -102,7 +102,9 @@ def _cmd_dev(args: argparse.Namespace) -> int:
         say(f"            workers    {', '.join(str(p.pid) for p in stack.processes) or 'none'}")
         if args.auth:
             env["AGENTQ_API_KEY"] = stack.create_api_key("local")
-            say("            auth       on: requests need Authorization: Bearer <key>; a key for tenant 'local' follows")
+            say(
+                "            auth       on: requests need Authorization: Bearer <key>; a key for tenant 'local' follows"
+            )
         else:
             say("            auth       off: every request is tenant 'local' (--auth to require API keys)")
         say("            env for other shells:")
@@ -174,7 +176,7 @@ def _load_profiles(path: Path) -> dict[str, dict[str, Any]]:
 
 NO_TARGET = (
     "no API to talk to. Set AGENTQ_URL (and AGENTQ_API_KEY if the API needs a key), pass --url/--api-key, "
-    "or name a profile with --profile (profiles live in {path}, e.g. [default] url = \"...\" api_key = \"...\"). "
+    'or name a profile with --profile (profiles live in {path}, e.g. [default] url = "..." api_key = "..."). '
     "There is no implicit local stack: it lives only while `agentq dev` runs, so start `agentq dev` in another "
     "shell and export the AGENTQ_URL it prints."
 )
@@ -240,7 +242,9 @@ def _cmd_purge(args: argparse.Namespace) -> int:
         result = purge_task(store, task_id)  # a live task raises IllegalTransition: exit 1
         results.append(result)
         if not args.json:
-            print(f"{task_id}: {result.items} item(s), {result.budget} budget, {result.objects} payload object(s) deleted")
+            print(
+                f"{task_id}: {result.items} item(s), {result.budget} budget, {result.objects} payload object(s) deleted"
+            )
     if args.json:
         print(json.dumps([r.model_dump() for r in results]))
     return 0
@@ -298,7 +302,7 @@ def build_submission(args: argparse.Namespace) -> dict[str, Any]:
     if args.goal:
         body["goal"] = args.goal
     if not body.get("goal"):
-        raise UsageError("give the goal (agentq submit \"...\") or --file with a goal", field="goal")
+        raise UsageError('give the goal (agentq submit "...") or --file with a goal', field="goal")
     if args.script:
         body["script"] = _load_script(args.script)
     if args.provider:
@@ -327,7 +331,11 @@ def _follow(client: Any, task_id: str, timeout: float) -> Any:
     """Wait for the end, telling stderr about each change of status or step."""
 
     def show(view: Any) -> None:
-        print(f"{view.status.value:<13} step {view.step:<4} tokens {view.tokens.total:<8,} {view.activity or ''}", file=sys.stderr, flush=True)
+        print(
+            f"{view.status.value:<13} step {view.step:<4} tokens {view.tokens.total:<8,} {view.activity or ''}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     return client.wait(task_id, timeout=timeout, poll=args_poll(), on_update=show)
 
@@ -340,7 +348,9 @@ def _print_result(result: Any) -> None:
     if result.result is not None:
         print(result.result)
     if result.error:
-        print(f"agentq: task {result.task_id} {result.status.value}: {result.error.get('message', '')}", file=sys.stderr)
+        print(
+            f"agentq: task {result.task_id} {result.status.value}: {result.error.get('message', '')}", file=sys.stderr
+        )
     elif not result.complete:
         print(f"agentq: task {result.task_id} {result.status.value}; the result above is partial", file=sys.stderr)
 
@@ -387,14 +397,21 @@ def _cmd_list(args: argparse.Namespace) -> int:
         if not (args.all and cursor):
             break
     if args.json:
-        print(json.dumps({"tasks": [t.model_dump(mode="json", by_alias=True) for t in tasks], "next_cursor": cursor}, indent=2))
+        print(
+            json.dumps(
+                {"tasks": [t.model_dump(mode="json", by_alias=True) for t in tasks], "next_cursor": cursor}, indent=2
+            )
+        )
         return 0
     if tasks:
         _console().print(task_table(tasks))
     else:
         print("no tasks" + (f" with status {args.status}" if args.status else ""), file=sys.stderr)
     if cursor:
-        print(f"more: agentq list --cursor {cursor}" + (f" --status {args.status}" if args.status else ""), file=sys.stderr)
+        print(
+            f"more: agentq list --cursor {cursor}" + (f" --status {args.status}" if args.status else ""),
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -460,7 +477,9 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 
 def _cmd_decide(args: argparse.Namespace) -> int:
     client = _client(args)
-    view = client.approve(args.task_id, args.note) if args.command == "approve" else client.reject(args.task_id, args.note)
+    view = (
+        client.approve(args.task_id, args.note) if args.command == "approve" else client.reject(args.task_id, args.note)
+    )
     if args.json:
         _dump(view)
     else:
@@ -506,7 +525,16 @@ def _cmd_keys(args: argparse.Namespace) -> int:
     if args.keys_command == "create":
         token, record = keys.create(args.tenant)
         if args.json:
-            print(json.dumps({"api_key": token, "key_id": record.key_id, "tenant": record.tenant, "created_at": record.created_at}))
+            print(
+                json.dumps(
+                    {
+                        "api_key": token,
+                        "key_id": record.key_id,
+                        "tenant": record.tenant,
+                        "created_at": record.created_at,
+                    }
+                )
+            )
         else:
             print(token)
             print(f"key {record.key_id} for tenant {record.tenant!r}: store it now, it cannot be shown again "
@@ -514,11 +542,20 @@ def _cmd_keys(args: argparse.Namespace) -> int:
         return 0
     if args.keys_command == "revoke":
         record = keys.revoke(args.key_id)
-        print(f"revoked {record.key_id} (tenant {record.tenant!r}); API Gateway may accept it until its authorizer cache expires")
+        print(
+            f"revoked {record.key_id} (tenant {record.tenant!r}); API Gateway may accept it until its authorizer cache expires"
+        )
         return 0
     rows = keys.list(args.tenant)
     if args.json:
-        print(json.dumps([{"key_id": k.key_id, "tenant": k.tenant, "created_at": k.created_at, "revoked": k.revoked} for k in rows]))
+        print(
+            json.dumps(
+                [
+                    {"key_id": k.key_id, "tenant": k.tenant, "created_at": k.created_at, "revoked": k.revoked}
+                    for k in rows
+                ]
+            )
+        )
         return 0
     for k in rows:
         from agentq.cli.views import when
@@ -541,7 +578,9 @@ For a local stack, run `agentq dev` and export the AGENTQ_URL it prints.
 """
 
 
-def _remote(parser: argparse.ArgumentParser, json_help: str = "print the API's JSON instead of text") -> argparse.ArgumentParser:
+def _remote(
+    parser: argparse.ArgumentParser, json_help: str = "print the API's JSON instead of text"
+) -> argparse.ArgumentParser:
     group = parser.add_argument_group("API")
     group.add_argument("--url", help="API URL (default: $AGENTQ_URL or the profile's url)")
     group.add_argument("--api-key", help="API key (default: $AGENTQ_API_KEY or the profile's api_key)")
@@ -583,7 +622,9 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--provider", choices=["anthropic", "bedrock", "scripted"],
                         help="LLM provider (default: scripted with --script, else anthropic)")  # fmt: skip
     submit.add_argument("--model", help="model id (default: the API's)")
-    submit.add_argument("--script", help="scripted provider: a built-in script name (e.g. research) or a JSON/YAML file")
+    submit.add_argument(
+        "--script", help="scripted provider: a built-in script name (e.g. research) or a JSON/YAML file"
+    )
     submit.add_argument("--system", help="system prompt")
     submit.add_argument("--max-tokens", type=int, help="token budget of the task and all its sub-agents")
     submit.add_argument("--max-steps", type=int, help="LLM turns allowed")
@@ -592,10 +633,16 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--tools", action="append", default=[], metavar="NAME[,NAME]",
                         help="tool allowlist (repeat or comma-separate)")  # fmt: skip
     submit.add_argument("--priority", choices=["high", "normal", "low"], help="queue tier (default normal)")
-    submit.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE", help="a label kept with the task")
+    submit.add_argument(
+        "--metadata", action="append", default=[], metavar="KEY=VALUE", help="a label kept with the task"
+    )
     submit.add_argument("--idempotency-key", help="retry-safe: the same key and body return the same task")
-    submit.add_argument("--wait", action="store_true", help="follow the task (status changes on stderr), then print its result")
-    submit.add_argument("--wait-timeout", type=float, default=24 * 3600, help="give up waiting after this many seconds (exit 1)")
+    submit.add_argument(
+        "--wait", action="store_true", help="follow the task (status changes on stderr), then print its result"
+    )
+    submit.add_argument(
+        "--wait-timeout", type=float, default=24 * 3600, help="give up waiting after this many seconds (exit 1)"
+    )
     submit.set_defaults(func=_cmd_submit)
 
     status = _remote(command("status", "a task's status, step, tokens against its budget, cost, children and timing"))
@@ -640,7 +687,9 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument("--add-tokens", type=int, default=0, help="tokens to add to the cap")
     budget.add_argument("--add-steps", type=int, default=0, help="LLM turns to add to max_steps")
     budget.set_defaults(func=_cmd_budget)
-    fork = _remote(command("fork", "a new task from another's committed steps 1..N (effects not repeated); prints its id"))
+    fork = _remote(
+        command("fork", "a new task from another's committed steps 1..N (effects not repeated); prints its id")
+    )
     fork.add_argument("task_id")
     fork.add_argument("--at-step", type=int, required=True, help="copy steps 1..N of the source")
     fork.add_argument("--model", help="another model for the fork")
@@ -651,7 +700,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     keys = command("keys", "create, list or revoke API keys (talks to the table: AGENTQ_* and AWS_* settings)")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
-    keys_create = keys_sub.add_parser("create", help="a new key for a tenant, printed once", description="a new key for a tenant, printed once")
+    keys_create = keys_sub.add_parser(
+        "create", help="a new key for a tenant, printed once", description="a new key for a tenant, printed once"
+    )
     keys_create.add_argument("--tenant", required=True, help="the tenant the key acts as")
     keys_create.add_argument("--json", action="store_true", help="print key, key_id and tenant as JSON")
     keys_revoke = keys_sub.add_parser("revoke", help="revoke a key by its id", description="revoke a key by its id")
@@ -668,24 +719,34 @@ def build_parser() -> argparse.ArgumentParser:
     dlq_list.add_argument("--tier", choices=["high", "normal", "low"], help="one tier only")
     dlq_list.add_argument("--limit", type=int, default=100, help="messages to show")
     dlq_list.add_argument("--json", action="store_true", help="print JSON")
-    dlq_redrive = dlq_sub.add_parser("redrive", help="move DLQ messages back; their tasks resume from their checkpoints")
+    dlq_redrive = dlq_sub.add_parser(
+        "redrive", help="move DLQ messages back; their tasks resume from their checkpoints"
+    )
     dlq_redrive.add_argument("--tier", choices=["high", "normal", "low"], help="one tier only")
     dlq.set_defaults(func=_cmd_dlq)
 
     purge = command("purge", "delete what finished tasks left behind: items, budget, payloads (AGENTQ_* and AWS_* settings)",
                     "delete everything finished tasks left behind (their items, budget and S3 payloads), as the "
                     "reaper does once TTL removed their META; refuses a task that is not finished")  # fmt: skip
-    purge.add_argument("task_ids", nargs="+", metavar="TASK_ID", help="task ids (or TASK#<id> as a stream record names them)")
+    purge.add_argument(
+        "task_ids", nargs="+", metavar="TASK_ID", help="task ids (or TASK#<id> as a stream record names them)"
+    )
     purge.add_argument("--json", action="store_true", help="print what was deleted as JSON")
     purge.set_defaults(func=_cmd_purge)
 
-    dev = command("dev", "start the local stack (moto, queues, table, workers, API) until Ctrl-C; prints the env to export")
+    dev = command(
+        "dev", "start the local stack (moto, queues, table, workers, API) until Ctrl-C; prints the env to export"
+    )
     dev.add_argument("--workers", type=int, default=2, help="worker processes")
     dev.add_argument("--auth", action="store_true", help="require API keys as in AWS (prints a key for tenant 'local')")
     dev.set_defaults(func=_cmd_dev)
 
-    demo = command("demo", "the local stack end to end: a scripted research agent, its worker SIGKILLed mid-task, resumed")
-    demo.add_argument("--kill-at-step", type=int, default=6, help="SIGKILL the worker once this step is committed (0: never)")
+    demo = command(
+        "demo", "the local stack end to end: a scripted research agent, its worker SIGKILLed mid-task, resumed"
+    )
+    demo.add_argument(
+        "--kill-at-step", type=int, default=6, help="SIGKILL the worker once this step is committed (0: never)"
+    )
     demo.set_defaults(func=_cmd_demo)
 
     run = command("run", "run one goal on a fresh local stack (Anthropic if ANTHROPIC_API_KEY is set, else scripted)")
@@ -703,14 +764,20 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--beat-threads", type=int, default=16, help="lease writes the heartbeat makes at once")
     worker.add_argument("--admission-safety", type=float, default=0.5,
                         help="hold what the heartbeat can extend in this fraction of (lease - heartbeat)")  # fmt: skip
-    worker.add_argument("--admission-floor", type=int, default=8, help="hold at least this many tasks however slow the store")
-    worker.add_argument("-v", "--verbose", action="store_true", help="log at INFO (default: $POWERTOOLS_LOG_LEVEL or WARNING)")
+    worker.add_argument(
+        "--admission-floor", type=int, default=8, help="hold at least this many tasks however slow the store"
+    )
+    worker.add_argument(
+        "-v", "--verbose", action="store_true", help="log at INFO (default: $POWERTOOLS_LOG_LEVEL or WARNING)"
+    )
     worker.set_defaults(func=_cmd_worker)
 
     run_task = command("run-task", "run one task in this process until it ends (no queue)")
     run_task.add_argument("task_id")
     run_task.add_argument("--lease", type=float, default=30.0, help="lease seconds")
-    run_task.add_argument("--wait", type=float, default=0.0, help="keep trying to claim for this long if another lease is live")
+    run_task.add_argument(
+        "--wait", type=float, default=0.0, help="keep trying to claim for this long if another lease is live"
+    )
     run_task.set_defaults(func=_cmd_run_task)
     return parser
 

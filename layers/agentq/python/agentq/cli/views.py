@@ -88,7 +88,8 @@ def status_block(view: TaskView) -> str:
         f"model     {view.provider} / {view.model}   priority {view.priority}",
         f"steps     {view.step} ({view.llm_steps} LLM turns of at most {view.max_steps})",
         f"tokens    {n(view.tokens.input)} in, {n(view.tokens.output)} out; budget {budget_line(view)}",
-        f"cost      ${view.cost_usd}" + (f" (tree ${view.budget.cost_usd})" if view.budget and view.budget.cost_usd != view.cost_usd else ""),
+        f"cost      ${view.cost_usd}"
+        + (f" (tree ${view.budget.cost_usd})" if view.budget and view.budget.cost_usd != view.cost_usd else ""),
         f"children  {children_line(view)}",
         f"created   {when(view.created_at)}   started {when(view.started_at)}   finished {when(view.finished_at)}",
         f"latency   pickup {secs(lat.pickup_seconds)}, resumes {lat.resumes}, run {secs(lat.run_seconds)}, total {secs(lat.total_seconds)}",
@@ -112,7 +113,15 @@ def task_table(tasks: list[TaskSummary]) -> Table:
         table.add_column(column, no_wrap=True, min_width=len(column))
     table.add_column("GOAL", overflow="fold", ratio=1)
     for t in tasks:
-        table.add_row(t.task_id, status_text(t.status), str(t.step), n(t.tokens_total), f"${t.cost_usd}", when(t.created_at), cut(t.goal, 60))
+        table.add_row(
+            t.task_id,
+            status_text(t.status),
+            str(t.step),
+            n(t.tokens_total),
+            f"${t.cost_usd}",
+            when(t.created_at),
+            cut(t.goal, 60),
+        )
     return table
 
 
@@ -133,7 +142,8 @@ def event_line(event: Any, origin: float) -> Text:
             "forked": f"forked from {(d.get('forked_from') or {}).get('task_id')} at step {(d.get('forked_from') or {}).get('step')}",
             "claimed": f"claimed by {event.worker} (epoch {event.epoch})",
             "approval_requested": f"approval requested: {cut(str(d.get('question') or ''), 80)}",
-            "approval_decided": f"approval {d.get('decision')} by {d.get('by')}" + (f": {cut(str(d.get('note')), 60)}" if d.get("note") else ""),
+            "approval_decided": f"approval {d.get('decision')} by {d.get('by')}"
+            + (f": {cut(str(d.get('note')), 60)}" if d.get("note") else ""),
             "spawned": f"spawned {len(d.get('children') or [])} sub-agents",
             "finished": f"finished: {event.status.value if event.status else '?'}"
             + (f" ({(d.get('error') or {}).get('code')})" if d.get("error") else ""),
@@ -144,7 +154,11 @@ def event_line(event: Any, origin: float) -> Text:
         return Text.assemble(at, (what, style))
     if isinstance(event, LLMCallEvent):
         t = event.tokens
-        calls = f" → {', '.join(event.tool_calls)}" if event.tool_calls else (" → answer" if event.stop_reason == "end_turn" else "")
+        calls = (
+            f" → {', '.join(event.tool_calls)}"
+            if event.tool_calls
+            else (" → answer" if event.stop_reason == "end_turn" else "")
+        )
         line = Text.assemble(
             at,
             (f"step {event.step} ", "bold"),
@@ -175,7 +189,9 @@ def trace_tree(task_id: str, view: TaskView | None, events: list[Any]) -> Tree:
     if view:
         label.append(" ")
         label.append_text(status_text(view.status))
-        label.append(f" · {view.step} steps · {n(view.tokens.total)} tokens · ${view.cost_usd} · {secs(view.latency.total_seconds)}")
+        label.append(
+            f" · {view.step} steps · {n(view.tokens.total)} tokens · ${view.cost_usd} · {secs(view.latency.total_seconds)}"
+        )
     root = Tree(label)
     session: Tree | None = None
     llm_nodes: dict[int, Tree] = {}
@@ -204,7 +220,12 @@ def _bar(completed: float, total: float, label: str, *, warn_at: float = 0.9) ->
     grid = Table.grid(padding=(0, 1))
     grid.add_column(width=32)
     grid.add_column()
-    grid.add_row(ProgressBar(total=max(total, 1), completed=min(completed, total), width=32, complete_style=style, finished_style=style), label)
+    grid.add_row(
+        ProgressBar(
+            total=max(total, 1), completed=min(completed, total), width=32, complete_style=style, finished_style=style
+        ),
+        label,
+    )
     return grid
 
 
@@ -215,7 +236,15 @@ def watch_view(view: TaskView, recent: list[Text]) -> RenderableType:
     grid.add_column()
     grid.add_row("status", Text.assemble(status_text(view.status), (f"   {view.provider} / {view.model}", "dim")))
     grid.add_row("goal", cut(view.goal, 90))
-    grid.add_row("steps", _bar(view.llm_steps, view.max_steps, f"{view.llm_steps} / {view.max_steps} LLM turns (step {view.step})", warn_at=1.0))
+    grid.add_row(
+        "steps",
+        _bar(
+            view.llm_steps,
+            view.max_steps,
+            f"{view.llm_steps} / {view.max_steps} LLM turns (step {view.step})",
+            warn_at=1.0,
+        ),
+    )
     used = view.budget.used if view.budget else view.tokens.total
     cap = view.budget.cap if view.budget else view.tokens.budget
     grid.add_row("tokens", _bar(used, cap, budget_line(view)))
@@ -224,7 +253,9 @@ def watch_view(view: TaskView, recent: list[Text]) -> RenderableType:
     activity = view.activity or (f"finished {view.status.value}" if view.status.terminal else "-")
     grid.add_row("now", Text(activity, style="italic"))
     lat = view.latency
-    grid.add_row("timing", f"pickup {secs(lat.pickup_seconds)} · resumes {lat.resumes} · elapsed {secs(lat.total_seconds)}")
+    grid.add_row(
+        "timing", f"pickup {secs(lat.pickup_seconds)} · resumes {lat.resumes} · elapsed {secs(lat.total_seconds)}"
+    )
     if view.error:
         grid.add_row("error", Text(f"{view.error.get('code', '')}: {view.error.get('message', '')}", style="red"))
     parts: list[RenderableType] = [grid]

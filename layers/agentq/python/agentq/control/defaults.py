@@ -52,7 +52,9 @@ class Defaults(BaseModel):
         except pydantic.ValidationError as exc:
             first = exc.errors()[0]
             var = ENVIRONMENT[str(first["loc"][0])]
-            raise ConfigurationError(f"{var}: {first['msg']} (got {values[str(first['loc'][0])]!r})", field=var) from None
+            raise ConfigurationError(
+                f"{var}: {first['msg']} (got {values[str(first['loc'][0])]!r})", field=var
+            ) from None
 
     def env(self) -> dict[str, str]:
         """The variables that rebuild these defaults in another process."""
@@ -62,7 +64,11 @@ class Defaults(BaseModel):
         """``submission`` with every constraint the caller left out set to this deployment's
         default. Fields the caller sent are kept as sent."""
         given = submission.constraints.model_fields_set if "constraints" in submission.model_fields_set else set()
-        fill = {name: getattr(self, name) for name in CONSTRAINT_FIELDS if name not in given and getattr(self, name) is not None}
+        fill = {
+            name: getattr(self, name)
+            for name in CONSTRAINT_FIELDS
+            if name not in given and getattr(self, name) is not None
+        }
         if not fill:
             return submission
         constraints = Constraints.model_validate({**submission.constraints.model_dump(include=given), **fill})

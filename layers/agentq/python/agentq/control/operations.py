@@ -40,7 +40,9 @@ def subtree(store: Storage, task: Task) -> list[Task]:
     return order
 
 
-def cancel(store: Storage, task_id: str, *, tenant: str | None = None, fanout: Any = None, reason: str = "cancelled on request") -> list[str]:
+def cancel(
+    store: Storage, task_id: str, *, tenant: str | None = None, fanout: Any = None, reason: str = "cancelled on request"
+) -> list[str]:
     """Cancel a task and its whole subtree; returns the ids that were cancelled.
 
     Workers running any of them stop at their next step boundary (their fenced commit finds the
@@ -58,7 +60,9 @@ def cancel(store: Storage, task_id: str, *, tenant: str | None = None, fanout: A
             continue
         partial = node.result or final_text(conversation(node.submission.goal, store.steps.load(node.task_id)))
         try:
-            store.tasks.transition(node.task_id, TaskStatus.CANCELLED, result=partial, error={"code": "cancelled", "message": reason})
+            store.tasks.transition(
+                node.task_id, TaskStatus.CANCELLED, result=partial, error={"code": "cancelled", "message": reason}
+            )
             cancelled.append(node.task_id)
         except IllegalTransition:
             pass  # it finished meanwhile
@@ -74,7 +78,14 @@ def cancel(store: Storage, task_id: str, *, tenant: str | None = None, fanout: A
 
 
 def decide(
-    store: Storage, queues: TaskQueues, task_id: str, *, approved: bool, note: str = "", by: str = "reviewer", tenant: str | None = None
+    store: Storage,
+    queues: TaskQueues,
+    task_id: str,
+    *,
+    approved: bool,
+    note: str = "",
+    by: str = "reviewer",
+    tenant: str | None = None,
 ) -> Task:
     """Approve or reject the task's pending request; the task resumes with the decision."""
     task = owned_task(store, task_id, tenant)
@@ -97,13 +108,20 @@ def raise_budget(
         raise ValidationError("add_tokens and add_steps must be >= 0 and not both 0", field="add_tokens")
     task = owned_task(store, task_id, tenant)
     if task.root_id != task.task_id:
-        raise ValidationError("budgets are raised on the root task; a sub-agent's share comes from its parent", field="task_id")
+        raise ValidationError(
+            "budgets are raised on the root task; a sub-agent's share comes from its parent", field="task_id"
+        )
     if task.status.terminal and task.status is not TaskStatus.COST_EXCEEDED:
-        raise IllegalTransition(f"task {task_id} is {task.status.value}; only a running or cost_exceeded task can get more budget", field="task_id")
+        raise IllegalTransition(
+            f"task {task_id} is {task.status.value}; only a running or cost_exceeded task can get more budget",
+            field="task_id",
+        )
     if task.expires_at is not None and task.expires_at <= time.time():
         # The requeue below would be refused (TTL may delete the task at any moment): refuse
         # before the caps change, so a refused raise changes nothing.
-        raise IllegalTransition(f"task {task_id} is {task.status.value} and its retention ran out; it is being deleted", field="task_id")
+        raise IllegalTransition(
+            f"task {task_id} is {task.status.value} and its retention ran out; it is being deleted", field="task_id"
+        )
     if add_steps:
         sub = task.submission.model_copy(deep=True)
         sub.constraints.max_steps += add_steps
@@ -137,14 +155,21 @@ def fork(
     if source.parent_id is not None:
         raise ValidationError("fork a root task; sub-agents belong to their parent's fan-out", field="task_id")
     if not 0 <= at_step <= source.step:
-        raise ValidationError(f"at_step must be between 0 and {source.step} (the task's last committed step)", field="at_step")
+        raise ValidationError(
+            f"at_step must be between 0 and {source.step} (the task's last committed step)", field="at_step"
+        )
     body = source.submission.model_dump(mode="json", exclude_none=True)
     for key, value in (overrides or {}).items():
         if key == "constraints" and isinstance(value, dict):
             body["constraints"] = {**body.get("constraints", {}), **value}
         else:
             body[key] = value
-    if "provider" in (overrides or {}) and overrides and overrides["provider"] != "scripted" and "script" not in overrides:
+    if (
+        "provider" in (overrides or {})
+        and overrides
+        and overrides["provider"] != "scripted"
+        and "script" not in overrides
+    ):
         body.pop("script", None)
     submission = parse_submission(body)
     check_submission(submission, tools)

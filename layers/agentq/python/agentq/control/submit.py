@@ -34,7 +34,9 @@ def parse_submission(raw: Any) -> TaskSubmission:
         return TaskSubmission.model_validate(raw)
     except pydantic.ValidationError as exc:
         first = exc.errors()[0]
-        loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and p.startswith(("function-", "Script", "str"))))
+        loc = tuple(
+            p for p in first["loc"] if not (isinstance(p, str) and p.startswith(("function-", "Script", "str")))
+        )
         field = _field_path(loc)
         message = str(first["msg"]).removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
@@ -116,7 +118,9 @@ def submit_once(
         try:
             queues.send(task.task_id, submission.priority)
         except Exception:
-            store.tasks.delete_unstarted(task.task_id, idempotency=(tenant, idempotency_key) if idempotency_key else None)
+            store.tasks.delete_unstarted(
+                task.task_id, idempotency=(tenant, idempotency_key) if idempotency_key else None
+            )
             raise
     elif task.status is TaskStatus.QUEUED and task.lease_epoch == 0:
         # the first request may have died before its enqueue: a duplicate message is harmless

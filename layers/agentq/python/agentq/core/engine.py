@@ -120,7 +120,10 @@ class LeaseKeeper:
         self._stop = threading.Event()
         # Started in the task's context, so its log lines name the task and step too.
         self._thread = threading.Thread(
-            target=contextvars.copy_context().run, args=(self._run,), name=f"lease-{session.lease.task_id[:8]}", daemon=True
+            target=contextvars.copy_context().run,
+            args=(self._run,),
+            name=f"lease-{session.lease.task_id[:8]}",
+            daemon=True,
         )
 
     def __enter__(self) -> "LeaseKeeper":
@@ -174,7 +177,12 @@ def conversation(goal: str, steps: list[StepRecord]) -> list[dict[str, Any]]:
                 {
                     "role": "user",
                     "content": [
-                        {"type": "tool_result", "tool_use_id": r.tool_use_id, "content": r.content, "is_error": r.is_error}
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": r.tool_use_id,
+                            "content": r.content,
+                            "is_error": r.is_error,
+                        }
                         for r in body.results
                     ],
                 }
@@ -262,7 +270,11 @@ class Engine:
             lease=lease, task=task, steps=[], messages=[], deadline=deadline, stop=stop, claim_seconds=claim_seconds
         )
         interval = self.config.heartbeat_seconds or self.config.lease_seconds / 3
-        guard = keeper(session) if keeper else LeaseKeeper(self.store, session, self.config.lease_seconds, interval, on_beat)
+        guard = (
+            keeper(session)
+            if keeper
+            else LeaseKeeper(self.store, session, self.config.lease_seconds, interval, on_beat)
+        )
         with guard:
             steps = self.store.steps.load(task_id)
             resumed_from = steps[-1].number if steps else 0
@@ -343,14 +355,15 @@ class Engine:
             return {"code": "timeout", "message": f"task ran past its timeout of {c.timeout_seconds}s"}
         if s.llm_turns >= c.max_steps:
             return {"code": "max_steps_exceeded", "message": f"task used all {c.max_steps} steps"}
-        return {"code": "budget_exceeded", "message": f"token budget of the root task is exhausted (cap {c.max_tokens})"}
+        return {
+            "code": "budget_exceeded",
+            "message": f"token budget of the root task is exhausted (cap {c.max_tokens})",
+        }
 
     def _finish_without_step(self, s: Session, status: TaskStatus) -> RunResult:
         self._release_inflight(s)
         error = self._stop_error(s, status)
-        self.store.tasks.transition(
-            s.lease.task_id, status, lease=s.lease, result=final_text(s.messages), error=error
-        )
+        self.store.tasks.transition(s.lease.task_id, status, lease=s.lease, result=final_text(s.messages), error=error)
         s.task = s.task.model_copy(update={"status": status})
         return RunResult(s.lease.task_id, "finished", status=status, error=error)
 
@@ -414,7 +427,9 @@ class Engine:
         if reserved is None:
             observe.record_budget_refusal("task")
             return self._finish_without_step(s, TaskStatus.COST_EXCEEDED)
-        s.task = s.task.model_copy(update={"inflight": {"amount": reserved, "epoch": s.lease.epoch, "step": s.next_step}})
+        s.task = s.task.model_copy(
+            update={"inflight": {"amount": reserved, "epoch": s.lease.epoch, "step": s.next_step}}
+        )
         crash_point("after_reserve")
         hold = None
         if s.limits is not None:
@@ -431,7 +446,11 @@ class Engine:
         try:
             provider = self.providers(s.task.submission)  # may fail too (a key it cannot read)
             with observe.llm_call(
-                provider=provider.name, model=request.model, max_tokens=max_out, task_id=s.lease.task_id, step=s.next_step
+                provider=provider.name,
+                model=request.model,
+                max_tokens=max_out,
+                task_id=s.lease.task_id,
+                step=s.next_step,
             ) as call:
                 response = provider.complete(request)
                 call.answered(response)
@@ -522,7 +541,9 @@ class Engine:
         s.commit_sent_at = time.time()
         until = None if kwargs.get("finish") else s.commit_sent_at + self.config.lease_seconds
         try:
-            record = self.store.steps.commit(s.lease, s.next_step, body, root_id=s.task.budget_id, lease_until=until, **kwargs)
+            record = self.store.steps.commit(
+                s.lease, s.next_step, body, root_id=s.task.budget_id, lease_until=until, **kwargs
+            )
         finally:
             s.commit_sent_at = None
         if until is not None:
@@ -541,7 +562,9 @@ class Engine:
                        "tokens_in": body.usage.input_total, "tokens_out": body.usage.output_tokens},
             )  # fmt: skip
         else:
-            log.debug("tools step committed", extra={"kind": "tools", "tool_errors": sum(r.is_error for r in body.results)})
+            log.debug(
+                "tools step committed", extra={"kind": "tools", "tool_errors": sum(r.is_error for r in body.results)}
+            )
 
     # ------------------------------------------------------------------ tools
 
@@ -590,7 +613,9 @@ class Engine:
 
     # ---------------------------------------------------------------- spawns
 
-    def _spawn_turn(self, s: Session, uses: list[dict[str, Any]], spawn_use: dict[str, Any]) -> list[ToolOutcome] | RunResult:
+    def _spawn_turn(
+        self, s: Session, uses: list[dict[str, Any]], spawn_use: dict[str, Any]
+    ) -> list[ToolOutcome] | RunResult:
         """The spawn protocol: create the children once, start their execution once, park the
         parent until it is woken, then turn the children's ends into one tool result."""
         assert self.fanout is not None
@@ -756,15 +781,25 @@ class Engine:
             record = self._commit(s, body)
             reserve = 0
         if reserve:
-            s.task = s.task.model_copy(update={"inflight": {"amount": reserve, "epoch": s.lease.epoch, "step": number + 1}})
+            s.task = s.task.model_copy(
+                update={"inflight": {"amount": reserve, "epoch": s.lease.epoch, "step": number + 1}}
+            )
         return record
 
 
 def _error_outcome(use: dict[str, Any], message: str) -> ToolOutcome:
     return ToolOutcome(
-        tool_use_id=use["id"], name=use["name"], content=message, is_error=True, status="error", started_at=time.time(), duration_ms=0
+        tool_use_id=use["id"],
+        name=use["name"],
+        content=message,
+        is_error=True,
+        status="error",
+        started_at=time.time(),
+        duration_ms=0,
     )
 
 
 def _draft(s: Session, body: ToolsStep) -> StepRecord:
-    return StepRecord(task_id=s.lease.task_id, number=s.next_step, epoch=s.lease.epoch, committed_at=time.time(), body=body)
+    return StepRecord(
+        task_id=s.lease.task_id, number=s.next_step, epoch=s.lease.epoch, committed_at=time.time(), body=body
+    )

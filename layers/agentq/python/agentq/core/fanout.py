@@ -33,7 +33,9 @@ RESULT_PREVIEW_CHARS = 4000
 class SubagentSpec(StrictModel):
     goal: str = Field(min_length=1, max_length=20_000, description="what this sub-agent must achieve")
     tools: list[str] | None = Field(default=None, description="its tool allowlist (a subset of yours); default: yours")
-    token_share: int | None = Field(default=None, ge=1, description="tokens it may spend; default: an even split of what is left")
+    token_share: int | None = Field(
+        default=None, ge=1, description="tokens it may spend; default: an even split of what is left"
+    )
     system: str | None = Field(default=None, max_length=20_000)
     deadline_seconds: int | None = Field(default=None, ge=1, le=86_400, description="its time limit")
     script: Script | str | None = Field(default=None, description="scripted provider only")
@@ -101,7 +103,9 @@ def parse_spawn_input(raw: dict[str, Any]) -> SpawnInput:
         raise SpawnRejected(f"invalid input for {SPAWN_TOOL}: {where}: {first['msg']}") from None
 
 
-def plan_children(parent: Task, tool_use_id: str, spec: SpawnInput, available: int, now: float | None = None) -> list[ChildPlan]:
+def plan_children(
+    parent: Task, tool_use_id: str, spec: SpawnInput, available: int, now: float | None = None
+) -> list[ChildPlan]:
     """Check every limit and turn the sub-goals into child tasks; raises SpawnRejected."""
     c = parent.submission.constraints
     if parent.depth + 1 > c.max_depth:
@@ -110,13 +114,19 @@ def plan_children(parent: Task, tool_use_id: str, spec: SpawnInput, available: i
             "do the work yourself instead"
         )
     if len(spec.subagents) > c.max_fanout:
-        raise SpawnRejected(f"{SPAWN_TOOL} refused: {len(spec.subagents)} sub-agents requested, max_fanout is {c.max_fanout}")
+        raise SpawnRejected(
+            f"{SPAWN_TOOL} refused: {len(spec.subagents)} sub-agents requested, max_fanout is {c.max_fanout}"
+        )
     for i, sub in enumerate(spec.subagents):
         for name in sub.tools or []:
             if name not in c.tools:
-                raise SpawnRejected(f"{SPAWN_TOOL} refused: subagents[{i}] asks for tool {name!r}, which this task may not use")
+                raise SpawnRejected(
+                    f"{SPAWN_TOOL} refused: subagents[{i}] asks for tool {name!r}, which this task may not use"
+                )
         if parent.submission.provider == "scripted" and sub.script is None:
-            raise SpawnRejected(f"{SPAWN_TOOL} refused: subagents[{i}] needs a script (the scripted provider plays scripts)")
+            raise SpawnRejected(
+                f"{SPAWN_TOOL} refused: subagents[{i}] needs a script (the scripted provider plays scripts)"
+            )
         if parent.submission.provider != "scripted" and sub.script is not None:
             raise SpawnRejected(f"{SPAWN_TOOL} refused: subagents[{i}].script is only valid with the scripted provider")
     shares = _shares(spec, available)
@@ -174,7 +184,9 @@ def child_outcome(child: Task, *, timed_out: bool) -> dict[str, Any]:
     if timed_out:
         result = "[timeout]" + (f" partial result: {result}" if result else "")
     elif result and len(result) > RESULT_PREVIEW_CHARS:
-        result = result[:RESULT_PREVIEW_CHARS] + f"... [{len(result)} chars; full result: GET /tasks/{child.task_id}/result]"
+        result = (
+            result[:RESULT_PREVIEW_CHARS] + f"... [{len(result)} chars; full result: GET /tasks/{child.task_id}/result]"
+        )
     entry: dict[str, Any] = {
         "task_id": child.task_id,
         "goal": child.submission.goal[:200],

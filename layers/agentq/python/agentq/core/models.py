@@ -58,9 +58,7 @@ ALLOWED_TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
     TaskStatus.WAITING: frozenset(
         {TaskStatus.RUNNING, TaskStatus.QUEUED, TaskStatus.CANCELLED, TaskStatus.FAILED, TaskStatus.TIMED_OUT}
     ),
-    TaskStatus.PAUSED: frozenset(
-        {TaskStatus.RUNNING, TaskStatus.QUEUED, TaskStatus.CANCELLED, TaskStatus.TIMED_OUT}
-    ),
+    TaskStatus.PAUSED: frozenset({TaskStatus.RUNNING, TaskStatus.QUEUED, TaskStatus.CANCELLED, TaskStatus.TIMED_OUT}),
     TaskStatus.SUCCEEDED: frozenset(),
     TaskStatus.CANCELLED: frozenset(),
     TaskStatus.TIMED_OUT: frozenset(),

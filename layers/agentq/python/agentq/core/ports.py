@@ -64,7 +64,9 @@ class BudgetLedger(Protocol):
 
     def reserve(self, lease: Lease, root_id: str, amount: int, step: int) -> Reservation: ...
 
-    def settle_orphan(self, task_id: str, budget_id: str, delta: BudgetDelta, *, inflight_epoch: int | None) -> bool: ...
+    def settle_orphan(
+        self, task_id: str, budget_id: str, delta: BudgetDelta, *, inflight_epoch: int | None
+    ) -> bool: ...
 
     def settle_child(self, parent_budget_id: str, child_id: str) -> None: ...
 
@@ -89,7 +91,13 @@ class SpawnBook(Protocol):
     def get(self, parent_id: str, spawn_id: str) -> SpawnRecord | None: ...
 
     def create(
-        self, lease: Lease, parent: Task, spawn_id: str, children: list[ChildPlan], pending: list[ToolOutcome], max_concurrency: int
+        self,
+        lease: Lease,
+        parent: Task,
+        spawn_id: str,
+        children: list[ChildPlan],
+        pending: list[ToolOutcome],
+        max_concurrency: int,
     ) -> bool: ...
 
     def write_children(self, parent: Task, spawn_id: str, children: list[ChildPlan]) -> None: ...

@@ -25,8 +25,14 @@ class ModelPrice(BaseModel):
     cache_read_per_mtok: Decimal | None = Field(default=None, ge=0)  # default 0.1 x input
 
     def cost(self, usage: Usage) -> Decimal:
-        cache_write = self.cache_write_per_mtok if self.cache_write_per_mtok is not None else self.input_per_mtok * Decimal("1.25")
-        cache_read = self.cache_read_per_mtok if self.cache_read_per_mtok is not None else self.input_per_mtok * Decimal("0.1")
+        cache_write = (
+            self.cache_write_per_mtok
+            if self.cache_write_per_mtok is not None
+            else self.input_per_mtok * Decimal("1.25")
+        )
+        cache_read = (
+            self.cache_read_per_mtok if self.cache_read_per_mtok is not None else self.input_per_mtok * Decimal("0.1")
+        )
         total = (
             usage.input_tokens * self.input_per_mtok
             + usage.output_tokens * self.output_per_mtok

@@ -37,7 +37,8 @@ def proxy_event(
         "headers": headers,
         "multiValueHeaders": {k: [v] for k, v in headers.items()},
         "queryStringParameters": query,
-        "multiValueQueryStringParameters": {k: v for k, v in parse_qs(parts.query, keep_blank_values=True).items()} or None,
+        "multiValueQueryStringParameters": {k: v for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+        or None,
         "pathParameters": None,
         "stageVariables": None,
         "requestContext": {

@@ -25,7 +25,9 @@ DEMO_TOOLS = ["python_exec", "note_write", "note_read", "send_report"]
 
 
 def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST")
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.loads(resp.read())  # type: ignore[no-any-return]
 
@@ -63,14 +65,18 @@ def _wait_for_end(api: str, task_id: str, timeout: float = 300) -> dict[str, Any
 
 def run_demo(*, kill_at_step: int = 6) -> int:
     outbox = Path(tempfile.mkdtemp(prefix="agentq-demo-")) / "outbox.jsonl"
-    print("agentq demo: starting the local stack (moto server, table, bucket, 3 tier queues + DLQs, 2 workers, API) ...")
+    print(
+        "agentq demo: starting the local stack (moto server, table, bucket, 3 tier queues + DLQs, 2 workers, API) ..."
+    )
     with LocalStack(prefix="agentq-demo", workers=2, extra_env={"AGENTQ_OUTBOX": str(outbox)}) as stack:
         assert stack.api_server is not None
         api = stack.api_server.url
         store = stack.store()
         c = stack.worker_config
-        print(f"  API {api}; workers {[p.pid for p in stack.processes]}; lease {c.lease_seconds:.0f}s, "
-              f"heartbeat {c.heartbeat_seconds:.0f}s, visibility {c.visibility_seconds}s\n")
+        print(
+            f"  API {api}; workers {[p.pid for p in stack.processes]}; lease {c.lease_seconds:.0f}s, "
+            f"heartbeat {c.heartbeat_seconds:.0f}s, visibility {c.visibility_seconds}s\n"
+        )
         created = _post(
             f"{api}/tasks",
             {
@@ -105,13 +111,17 @@ def run_demo(*, kill_at_step: int = 6) -> int:
         print_timeline(task, steps, claims)
         if killed_at is not None and len(claims) > 1:
             resumed = claims[-1]
-            print(f"\nresumed by {resumed.worker} {resumed.at - killed_at:.2f}s after the kill, "
-                  f"at step {next(s.number for s in steps if s.epoch == resumed.epoch)} "
-                  f"(pickup latency at submit: {task.pickup_latency:.3f}s)")
+            print(
+                f"\nresumed by {resumed.worker} {resumed.at - killed_at:.2f}s after the kill, "
+                f"at step {next(s.number for s in steps if s.epoch == resumed.epoch)} "
+                f"(pickup latency at submit: {task.pickup_latency:.3f}s)"
+            )
         budget = store.budgets.get(task.root_id)
         deliveries = outbox.read_text().splitlines() if outbox.exists() else []
         print(f"\nstatus: {view['status']}   steps: {task.step}   workers: {len(claims)}")
-        print(f"tokens: in {task.tokens_in}, out {task.tokens_out}; budget used {budget.used}/{budget.cap}; cost ${budget.cost_usd:.4f}")
+        print(
+            f"tokens: in {task.tokens_in}, out {task.tokens_out}; budget used {budget.used}/{budget.cap}; cost ${budget.cost_usd:.4f}"
+        )
         print(f"send_report deliveries: {len(deliveries)} (a side effect runs at most once)")
         print("\nresult:\n" + (task.result or "(none)"))
         return 0 if view["status"] == "succeeded" and len(deliveries) == 1 else 1
@@ -125,10 +135,15 @@ def run_goal(goal: str, *, model: str, max_tokens: int) -> int:
     else:
         submission = {"goal": goal, "provider": "scripted", "script": "research"}
         print("ANTHROPIC_API_KEY is not set: running the scripted research agent instead")
-    submission["constraints"] = {"max_tokens": max_tokens, "tools": ["python_exec", "http_fetch", "note_write", "note_read"]}
+    submission["constraints"] = {
+        "max_tokens": max_tokens,
+        "tools": ["python_exec", "http_fetch", "note_write", "note_read"],
+    }
     if submission["provider"] == "scripted":
         submission["constraints"]["tools"].append("send_report")
-    with LocalStack(prefix="agentq-run", workers=1, extra_env={k: v for k, v in os.environ.items() if k.startswith("ANTHROPIC_")}) as stack:
+    with LocalStack(
+        prefix="agentq-run", workers=1, extra_env={k: v for k, v in os.environ.items() if k.startswith("ANTHROPIC_")}
+    ) as stack:
         assert stack.api_server is not None
         task_id = _post(f"{stack.api_server.url}/tasks", submission)["task_id"]
         view = _wait_for_end(stack.api_server.url, task_id, timeout=3600)

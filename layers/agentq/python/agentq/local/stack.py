@@ -45,10 +45,15 @@ class LocalStack:
         self.settings = Settings.for_prefix(
             self.prefix, self.moto.endpoint_url, tool_modules=self.tool_modules, defaults=Defaults.from_env()
         )
-        provision(session(self.settings), self.settings.names, endpoint_url=self.moto.endpoint_url, queues=self.queue_settings)
+        provision(
+            session(self.settings), self.settings.names, endpoint_url=self.moto.endpoint_url, queues=self.queue_settings
+        )
         if self.api:
             app = build_app(
-                self.store(), build_registry(self.settings), build_queues(self.settings), build_fanout(self.settings),
+                self.store(),
+                build_registry(self.settings),
+                build_queues(self.settings),
+                build_fanout(self.settings),
                 defaults=self.settings.defaults,
             )
             authorizer = None

@@ -99,5 +99,7 @@ def tool_call(name: str, *, registered: bool, call_id: str, task_id: str, step: 
     tool = name if registered else UNREGISTERED_TOOL
     with span(f"execute_tool {tool}") as s:
         s.annotate(gen_ai_operation_name="execute_tool", gen_ai_tool_name=tool, task_id=task_id, step=step)
-        s.describe({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name[:200], "gen_ai.tool.call.id": call_id})
+        s.describe(
+            {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name[:200], "gen_ai.tool.call.id": call_id}
+        )
         yield ToolCall(s, tool)

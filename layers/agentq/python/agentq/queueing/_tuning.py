@@ -31,5 +31,3 @@ class WorkerConfig:
     beat_threads: int = 16
     admission_safety: float = 0.5
     admission_floor: int = 8
-
-

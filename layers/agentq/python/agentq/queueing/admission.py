@@ -16,6 +16,7 @@ from agentq.queueing._tuning import WorkerConfig
 
 log = logging.getLogger("agentq.worker")
 
+
 class LeaseWriteRate:
     """How many lease writes a second the heartbeat hub can make right now: its threads over
     the moving average (EWMA) of a lease write's latency.
@@ -187,5 +188,3 @@ class SlotPool:
         with self._cond:
             self.in_use[tier] -= count
             self._cond.notify_all()
-
-

@@ -120,7 +120,9 @@ class Dispatcher:
         if message.kind == "wake" and message.spawn_id:
             self._wake(task, message.spawn_id)
         elif task.status in (TaskStatus.WAITING, TaskStatus.PAUSED):
-            return Action("delete", f"task is {task.status.value}; it is woken by its own message", task_id=task.task_id)
+            return Action(
+                "delete", f"task is {task.status.value}; it is woken by its own message", task_id=task.task_id
+            )
 
         run = self.engine.run(task.task_id, deadline=deadline, keeper=keeper, on_beat=on_beat, stop=stop)
         observe.record_run(run)
@@ -171,7 +173,9 @@ class Dispatcher:
                     pass
                 return Action("dead_letter", reason, task_id=task_id, run=run)
             delay = int(error.get("retry_after") or self.backoff.delay(receive_count))
-            return Action("retry", f"retryable: {error.get('message', '')}", delay_seconds=delay, task_id=task_id, run=run)
+            return Action(
+                "retry", f"retryable: {error.get('message', '')}", delay_seconds=delay, task_id=task_id, run=run
+            )
         # not_claimed: someone holds a live lease, or the task moved on since we looked.
         task = self.store.tasks.get(task_id)
         if task.status.terminal or task.status in (TaskStatus.WAITING, TaskStatus.PAUSED):
@@ -182,7 +186,13 @@ class Dispatcher:
             # the task's lifeline, so this copy must not end up failing the task from the DLQ.
             return Action("delete", "duplicate of a message held by a live worker", task_id=task_id, run=run)
         # Come back just after the lease would lapse: if its holder died, we take over then.
-        return Action("retry", "task leased by another worker", delay_seconds=min(MAX_VISIBILITY, max(1, int(remaining) + 1)), task_id=task_id, run=run)
+        return Action(
+            "retry",
+            "task leased by another worker",
+            delay_seconds=min(MAX_VISIBILITY, max(1, int(remaining) + 1)),
+            task_id=task_id,
+            run=run,
+        )
 
 
 def _was_dead_lettered(attributes: dict[str, Any] | None) -> bool:

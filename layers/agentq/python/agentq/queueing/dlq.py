@@ -63,11 +63,17 @@ def _peek(queues: TaskQueues, tier: str, limit: int) -> list[dict[str, Any]]:
     return list(seen.values())
 
 
-def list_dead_letters(queues: TaskQueues, store: Storage, tier: str | None = None, limit: int = 100) -> list[DeadLetter]:
+def list_dead_letters(
+    queues: TaskQueues, store: Storage, tier: str | None = None, limit: int = 100
+) -> list[DeadLetter]:
     out: list[DeadLetter] = []
     for t in [tier] if tier else list(TIERS):
         for m in _peek(queues, t, limit):
-            reason = m.get("MessageAttributes", {}).get(DEAD_LETTER_REASON, {}).get("StringValue", "moved by SQS after maxReceiveCount")
+            reason = (
+                m.get("MessageAttributes", {})
+                .get(DEAD_LETTER_REASON, {})
+                .get("StringValue", "moved by SQS after maxReceiveCount")
+            )
             task_id: str | None = None
             status: str | None = None
             try:
@@ -124,7 +130,11 @@ def _redrive_tier(queues: TaskQueues, tier: str) -> RedriveReport:
         if not batch:
             return RedriveReport(tier, "receive/send/delete", moved)
         entries = [
-            {"Id": str(i), "MessageBody": m["Body"], **({"MessageAttributes": m["MessageAttributes"]} if m.get("MessageAttributes") else {})}
+            {
+                "Id": str(i),
+                "MessageBody": m["Body"],
+                **({"MessageAttributes": m["MessageAttributes"]} if m.get("MessageAttributes") else {}),
+            }
             for i, m in enumerate(batch)
         ]
         sent = queues.sqs.send_message_batch(QueueUrl=source, Entries=entries)

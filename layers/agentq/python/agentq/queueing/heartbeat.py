@@ -23,6 +23,7 @@ from agentq.queueing.admission import LeaseWriteRate
 
 log = logging.getLogger("agentq.worker")
 
+
 @dataclass(eq=False)
 class _Held:
     """One received message, and once claimed, the session running its task."""
@@ -127,8 +128,13 @@ class HeartbeatHub:
             self._count("skipped_fresh", len(live) - len(leased))
         jobs = []
         for tier in TIERS:
-            entries = [h for h, s in held if h.tier == tier and h.visibility_ok and not (s is not None and s.lost.is_set())]
-            jobs += [self._pool.submit(self._extend_visibility, tier, entries[i : i + 10]) for i in range(0, len(entries), 10)]
+            entries = [
+                h for h, s in held if h.tier == tier and h.visibility_ok and not (s is not None and s.lost.is_set())
+            ]
+            jobs += [
+                self._pool.submit(self._extend_visibility, tier, entries[i : i + 10])
+                for i in range(0, len(entries), 10)
+            ]
         jobs += [self._pool.submit(self._extend_lease, entry) for entry in leased]
         wait(jobs)
 
@@ -188,8 +194,11 @@ class HeartbeatHub:
             # Our message is gone (deleted through a duplicate's receipt): leave a safety net
             # so that if this process dies, the task still has a message to resume from.
             try:
-                self.queues.send(session.lease.task_id, tier, kind="safety_net", delay_seconds=min(900, int(self.config.visibility_seconds)))
+                self.queues.send(
+                    session.lease.task_id,
+                    tier,
+                    kind="safety_net",
+                    delay_seconds=min(900, int(self.config.visibility_seconds)),
+                )
             except Exception:
                 log.exception("safety-net message for %s failed", session.lease.task_id)
-
-

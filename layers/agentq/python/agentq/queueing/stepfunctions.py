@@ -40,7 +40,11 @@ class StepFunctionsFanout:
             "parent_queue_url": self.queues.url(tier),
         }
         try:
-            return str(self.sfn.start_execution(stateMachineArn=self.state_machine_arn, name=name, input=json.dumps(payload))["executionArn"])
+            return str(
+                self.sfn.start_execution(stateMachineArn=self.state_machine_arn, name=name, input=json.dumps(payload))[
+                    "executionArn"
+                ]
+            )
         except ClientError as exc:
             if exc.response["Error"]["Code"] != "ExecutionAlreadyExists":
                 raise
@@ -48,7 +52,9 @@ class StepFunctionsFanout:
 
     def child_finished(self, task_token: str, task_id: str, status: TaskStatus) -> None:
         try:
-            self.sfn.send_task_success(taskToken=task_token, output=json.dumps({"task_id": task_id, "status": status.value}))
+            self.sfn.send_task_success(
+                taskToken=task_token, output=json.dumps({"task_id": task_id, "status": status.value})
+            )
         except ClientError as exc:  # already reported, or the iteration timed out: nothing to do
             log.info("send_task_success for %s: %s", task_id, exc.response["Error"]["Code"])
 

@@ -47,7 +47,17 @@ from agentq.queueing.heartbeat import HeartbeatHub
 
 log = logging.getLogger("agentq.worker")
 
-__all__ = ["DEFAULT_WEIGHTS", "Admission", "HeartbeatHub", "LeaseWriteRate", "SlotPool", "Worker", "WorkerConfig", "run_task", "worker_id"]
+__all__ = [
+    "DEFAULT_WEIGHTS",
+    "Admission",
+    "HeartbeatHub",
+    "LeaseWriteRate",
+    "SlotPool",
+    "Worker",
+    "WorkerConfig",
+    "run_task",
+    "worker_id",
+]
 
 
 def worker_id() -> str:
@@ -65,7 +75,9 @@ class Worker:
             self.store,
             worker_id=worker_id(),
             tools=build_registry(settings),
-            config=engine_config(settings, lease_seconds=config.lease_seconds, heartbeat_seconds=config.heartbeat_seconds),
+            config=engine_config(
+                settings, lease_seconds=config.lease_seconds, heartbeat_seconds=config.heartbeat_seconds
+            ),
             fanout=build_fanout(settings, pool=pool),
         )
         self.dispatcher = Dispatcher(self.engine, self.queues, max_receive_count=config.max_receive_count)

@@ -100,8 +100,14 @@ class KeyStore:
                     "Put": {
                         "TableName": self.table,
                         "Item": to_item(
-                            {"pk": f"{HASH_PK}{digest}", "sk": META, "tenant": tenant, "key_id": record.key_id,
-                             "created_at": record.created_at, "revoked": False}
+                            {
+                                "pk": f"{HASH_PK}{digest}",
+                                "sk": META,
+                                "tenant": tenant,
+                                "key_id": record.key_id,
+                                "created_at": record.created_at,
+                                "revoked": False,
+                            }
                         ),  # fmt: skip
                         "ConditionExpression": "attribute_not_exists(pk)",
                     }
@@ -110,9 +116,16 @@ class KeyStore:
                     "Put": {
                         "TableName": self.table,
                         "Item": to_item(
-                            {"pk": f"{ID_PK}{record.key_id}", "sk": META, "key_hash": digest, "tenant": tenant,
-                             "created_at": record.created_at, "revoked": False,
-                             "gsi1pk": f"{TENANT_KEYS}{tenant}", "gsi1sk": f"{int(record.created_at * 1000):015d}#{record.key_id}"}
+                            {
+                                "pk": f"{ID_PK}{record.key_id}",
+                                "sk": META,
+                                "key_hash": digest,
+                                "tenant": tenant,
+                                "created_at": record.created_at,
+                                "revoked": False,
+                                "gsi1pk": f"{TENANT_KEYS}{tenant}",
+                                "gsi1sk": f"{int(record.created_at * 1000):015d}#{record.key_id}",
+                            }
                         ),  # fmt: skip
                         "ConditionExpression": "attribute_not_exists(pk)",
                     }
@@ -148,7 +161,9 @@ class KeyStore:
 
         if not KEY_ID_PATTERN.match(key_id or ""):
             raise ValidationError("key id looks like key_0123456789abcdef", field="key_id")
-        resp = self.ddb.get_item(TableName=self.table, Key=to_item({"pk": f"{ID_PK}{key_id}", "sk": META}), ConsistentRead=True)
+        resp = self.ddb.get_item(
+            TableName=self.table, Key=to_item({"pk": f"{ID_PK}{key_id}", "sk": META}), ConsistentRead=True
+        )
         if "Item" not in resp:
             raise KeyNotFound(f"no key {key_id!r}", field="key_id")
         item = from_item(resp["Item"])
@@ -181,7 +196,13 @@ class KeyStore:
             if exc.response.get("Error", {}).get("Code") == "TransactionCanceledException":
                 raise KeyNotFound(f"no key {key_id!r}", field="key_id") from exc
             raise
-        return ApiKey(key_id=key_id, tenant=item["tenant"], created_at=item["created_at"], revoked=True, revoked_at=item.get("revoked_at", now))
+        return ApiKey(
+            key_id=key_id,
+            tenant=item["tenant"],
+            created_at=item["created_at"],
+            revoked=True,
+            revoked_at=item.get("revoked_at", now),
+        )
 
     def list(self, tenant: str) -> list[ApiKey]:
         """A tenant's keys, newest first (ids only: the keys themselves are not stored)."""

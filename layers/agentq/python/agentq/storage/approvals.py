@@ -67,7 +67,9 @@ class Approvals:
         decision = Patch(
             "approval",
             keys.item_key(task_id, f"{keys.APPROVAL}{use_id}"),
-            Update(set={"state": "approved" if approved else "rejected", "note": note, "decided_by": by, "decided_at": now}),
+            Update(
+                set={"state": "approved" if approved else "rejected", "note": note, "decided_by": by, "decided_at": now}
+            ),
             Attr("state").eq("pending"),
         )
         requeue = Patch(

@@ -143,7 +143,11 @@ class Budgets:
                 raise
         if delta.used or delta.cost_usd:
             usage_only = BudgetDelta(
-                reserved=0, used=delta.used, cost_usd=delta.cost_usd, tokens_in=delta.tokens_in, tokens_out=delta.tokens_out
+                reserved=0,
+                used=delta.used,
+                cost_usd=delta.cost_usd,
+                tokens_in=delta.tokens_in,
+                tokens_out=delta.tokens_out,
             )
             self.table.transact([settle_and_reserve(budget_id, usage_only, 0)])
         return False

@@ -71,7 +71,9 @@ class _Expression:
 
     def update(self, update: Update) -> str:
         sets = [f"{self._name(k)} = {self._value(v)}" for k, v in update.set.items() if v is not None]
-        sets += [f"{(n := self._name(k))} = if_not_exists({n}, {self._value(v)})" for k, v in update.set_if_absent.items()]
+        sets += [
+            f"{(n := self._name(k))} = if_not_exists({n}, {self._value(v)})" for k, v in update.set_if_absent.items()
+        ]
         sets += [
             f"{self._name(k)} = if_not_exists({self._name(src)}, {self._value(default)})"
             for k, (src, default) in update.copy_from.items()
@@ -255,7 +257,10 @@ class DynamoTable:
             update_expression = expr.update(action.update)
             return {
                 "Update": expr.request(
-                    TableName=self.name, Key=to_wire(action.key), UpdateExpression=update_expression, ConditionExpression=cond
+                    TableName=self.name,
+                    Key=to_wire(action.key),
+                    UpdateExpression=update_expression,
+                    ConditionExpression=cond,
                 )
             }
         if isinstance(action, Delete):
@@ -266,14 +271,18 @@ class DynamoTable:
     def batch_get(self, keys: Sequence[Key]) -> list[Item]:
         found: list[Item] = []
         for i in range(0, len(keys), 100):
-            request: dict[str, Any] = {self.name: {"Keys": [to_wire(k) for k in keys[i : i + 100]], "ConsistentRead": True}}
+            request: dict[str, Any] = {
+                self.name: {"Keys": [to_wire(k) for k in keys[i : i + 100]], "ConsistentRead": True}
+            }
             while request:
                 resp = self.client.batch_get_item(RequestItems=request)
                 found.extend(from_wire(item) for item in resp["Responses"].get(self.name, []))
                 request = resp.get("UnprocessedKeys") or {}
         return found
 
-    def batch_delete(self, keys: Sequence[Key], *, attempts: int = 8, sleep: Callable[[float], None] = time.sleep) -> None:
+    def batch_delete(
+        self, keys: Sequence[Key], *, attempts: int = 8, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
         for start in range(0, len(keys), 25):
             pending = [{"DeleteRequest": {"Key": to_wire(k)}} for k in keys[start : start + 25]]
             for attempt in range(attempts):
@@ -284,7 +293,9 @@ class DynamoTable:
                 sleep(min(5.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.0))  # throttled: back off
             else:
                 first = from_wire(pending[0]["DeleteRequest"]["Key"])
-                raise RuntimeError(f"{len(pending)} deletes still unprocessed after {attempts} attempts (first: {first})")
+                raise RuntimeError(
+                    f"{len(pending)} deletes still unprocessed after {attempts} attempts (first: {first})"
+                )
 
 
 def _condition_failed(exc: ClientError) -> Exception:

@@ -33,7 +33,9 @@ class Effects:
             "started_at": time.time(),
         }
         try:
-            self.table.transact([Check("lease", keys.meta_key(lease.task_id), fence(lease)), Put("effect", item, absent())])
+            self.table.transact(
+                [Check("lease", keys.meta_key(lease.task_id), fence(lease)), Put("effect", item, absent())]
+            )
             return None
         except TransactionCancelled as exc:
             if "lease" in exc.failed:
@@ -62,5 +64,9 @@ class Effects:
         data = plain(raw)
         content = self.payloads.decode(data) if ("body" in data or "ref" in data) else None
         return EffectRecord(
-            tool_use_id=tool_use_id, state=data["state"], content=content, is_error=bool(data.get("is_error", False)), epoch=data["epoch"]
+            tool_use_id=tool_use_id,
+            state=data["state"],
+            content=content,
+            is_error=bool(data.get("is_error", False)),
+            epoch=data["epoch"],
         )

@@ -117,7 +117,9 @@ class MemoryTable:
         assert attribute == pk_attr, f"{index} is partitioned by {pk_attr}"
         with self._lock:
             entries = sorted(
-                ((i[sk_attr], i["pk"], i["sk"]), i) for i in self._items.values() if i.get(pk_attr) == value and sk_attr in i
+                ((i[sk_attr], i["pk"], i["sk"]), i)
+                for i in self._items.values()
+                if i.get(pk_attr) == value and sk_attr in i
             )
         if descending:
             entries.reverse()
@@ -174,7 +176,9 @@ class MemoryTable:
                     raise IdempotentParameterMismatch(f"token {token} was used for another transaction")
                 return  # a retry of a transaction that went through
             failed = frozenset(
-                a.name for a, k in zip(actions, keys) if a.condition is not None and not _holds(a.condition, self._raw(k))
+                a.name
+                for a, k in zip(actions, keys)
+                if a.condition is not None and not _holds(a.condition, self._raw(k))
             )
             if failed:
                 raise TransactionCancelled(failed)
@@ -196,7 +200,9 @@ class MemoryTable:
             if token is not None:
                 self._tokens[token] = repr(actions)
 
-    def batch_delete(self, keys: Sequence[Key], *, attempts: int = 8, sleep: Callable[[float], None] = time.sleep) -> None:
+    def batch_delete(
+        self, keys: Sequence[Key], *, attempts: int = 8, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
         with self._lock:
             for key in keys:
                 self._items.pop((key["pk"], key["sk"]), None)

@@ -34,7 +34,9 @@ class Purge:
             old = self.table.delete(keys.meta_key(task_id), condition=~present() | status_in(TERMINAL_STATUSES))
         except ConditionFailed as exc:
             status = (exc.old or {}).get("status", "live")
-            raise IllegalTransition(f"task {task_id} is {status}; only a finished task is purged", field="task_id") from exc
+            raise IllegalTransition(
+                f"task {task_id} is {status}; only a finished task is purged", field="task_id"
+            ) from exc
         rest = self.table.query(keys.task_pk(task_id), keys_only=True)
         self.table.batch_delete(rest, attempts=attempts, sleep=sleep)
         budget = self.table.delete(keys.budget_key(task_id))

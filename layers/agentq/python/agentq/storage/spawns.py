@@ -21,7 +21,20 @@ from agentq.core.records import SpawnRecord
 from agentq.storage import keys
 from agentq.storage.budgets import BUDGET, Budgets
 from agentq.storage.serdes import Payloads
-from agentq.storage.table import Action, Check, Item, Put, Table, TransactionCancelled, Update, absent, chunks, fence, plain, present
+from agentq.storage.table import (
+    Action,
+    Check,
+    Item,
+    Put,
+    Table,
+    TransactionCancelled,
+    Update,
+    absent,
+    chunks,
+    fence,
+    plain,
+    present,
+)
 from agentq.storage.tasks import Tasks, why_fenced
 
 
@@ -33,7 +46,13 @@ class Spawns:
         self.budgets = budgets
 
     def create(
-        self, lease: Lease, parent: Task, spawn_id: str, children: list[ChildPlan], pending: list[ToolOutcome], max_concurrency: int
+        self,
+        lease: Lease,
+        parent: Task,
+        spawn_id: str,
+        children: list[ChildPlan],
+        pending: list[ToolOutcome],
+        max_concurrency: int,
     ) -> bool:
         """Create the spawn record and every child (META + funded budget). Returns False when
         the spawn already existed."""
@@ -59,7 +78,9 @@ class Spawns:
             "state": "creating",
             "created_at": time.time(),
             "epoch": lease.epoch,
-            **self.payloads.encode(f"{keys.payload_prefix(parent.task_id)}spawns/{spawn_id}-e{lease.epoch}.json", payload),
+            **self.payloads.encode(
+                f"{keys.payload_prefix(parent.task_id)}spawns/{spawn_id}-e{lease.epoch}.json", payload
+            ),
         }
         try:
             self.table.transact(
@@ -116,7 +137,9 @@ class Spawns:
             payload = json.loads(self.payloads.decode(d))
             pending = [ToolOutcome.model_validate(p) for p in payload["pending"]]
             plans = [
-                ChildPlan(p["task_id"], TaskSubmission.model_validate(p["submission"]), p["share"], p["deadline_seconds"])
+                ChildPlan(
+                    p["task_id"], TaskSubmission.model_validate(p["submission"]), p["share"], p["deadline_seconds"]
+                )
                 for p in payload["plans"]
             ]
         return SpawnRecord(

@@ -50,7 +50,9 @@ class Steps:
     def _record(self, task_id: str, raw: Item) -> StepRecord:
         item = plain(raw)
         body = _STEP_ADAPTER.validate_json(self.payloads.decode(item))
-        return StepRecord(task_id=task_id, number=item["number"], epoch=item["epoch"], committed_at=item["committed_at"], body=body)
+        return StepRecord(
+            task_id=task_id, number=item["number"], epoch=item["epoch"], committed_at=item["committed_at"], body=body
+        )
 
     def commit(
         self,
@@ -116,7 +118,9 @@ class Steps:
         if settle is not None or reserve_next:
             actions.append(settle_and_reserve(root_id, settle or NO_USAGE, reserve_next))
         try:
-            self.table.transact(actions, token=request_token("commit", lease.task_id, lease.epoch, number, reserve_next))
+            self.table.transact(
+                actions, token=request_token("commit", lease.task_id, lease.epoch, number, reserve_next)
+            )
         except TransactionCancelled as exc:
             if reserve_next and exc.failed == {BUDGET}:
                 raise BudgetExceeded(f"root budget cannot cover {reserve_next} more tokens") from exc
@@ -132,7 +136,12 @@ class Steps:
             f"{keys.payload_prefix(lease.task_id)}orphans/{number:06d}-e{lease.epoch}.json", body.model_dump_json()
         )
         self.table.put(
-            {**keys.item_key(lease.task_id, keys.orphan_sk(number, lease.epoch)), "epoch": lease.epoch, "number": number, **payload}
+            {
+                **keys.item_key(lease.task_id, keys.orphan_sk(number, lease.epoch)),
+                "epoch": lease.epoch,
+                "number": number,
+                **payload,
+            }
         )
 
     def orphans(self, task_id: str) -> list[OrphanCall]:
@@ -141,7 +150,11 @@ class Steps:
         for raw in self.table.query(keys.task_pk(task_id), prefix=keys.ORPHAN):
             item = plain(raw)
             out.append(
-                OrphanCall(number=int(item["number"]), epoch=int(item["epoch"]), call=LLMStep.model_validate_json(self.payloads.decode(item)))
+                OrphanCall(
+                    number=int(item["number"]),
+                    epoch=int(item["epoch"]),
+                    call=LLMStep.model_validate_json(self.payloads.decode(item)),
+                )
             )
         return out
 

@@ -165,7 +165,9 @@ class Table(Protocol):
 
     def batch_get(self, keys: Sequence[Key]) -> list[Item]: ...
 
-    def batch_delete(self, keys: Sequence[Key], *, attempts: int = 8, sleep: Callable[[float], None] = time.sleep) -> None:
+    def batch_delete(
+        self, keys: Sequence[Key], *, attempts: int = 8, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
         """Delete many items; what the table leaves unprocessed (throttling) is retried with
         backoff up to ``attempts`` times, then a RuntimeError says so."""
         ...

@@ -156,7 +156,9 @@ class Tasks:
     ) -> tuple[list[Action], Task]:
         """The writes that create a task: META (never over an existing one), its submission and,
         with ``budget``, its own budget item; and the Task they describe."""
-        meta = self.meta_item(task_id, tenant=tenant, root_id=root_id, parent_id=parent_id, depth=depth, now=time.time(), **extra)
+        meta = self.meta_item(
+            task_id, tenant=tenant, root_id=root_id, parent_id=parent_id, depth=depth, now=time.time(), **extra
+        )
         actions: list[Action] = [
             Put("meta", meta, None if overwrite else absent()),
             Put("submission", self.submission_item(task_id, submission)),
@@ -297,7 +299,9 @@ class Tasks:
         return out
 
     def _decode(self, meta: Item, sub: Item) -> Task:
-        return self._task(plain(meta, keep_decimal=frozenset({"cost_usd"})), TaskSubmission.model_validate_json(sub["submission"]))
+        return self._task(
+            plain(meta, keep_decimal=frozenset({"cost_usd"})), TaskSubmission.model_validate_json(sub["submission"])
+        )
 
     def _task(self, data: dict[str, Any], submission: TaskSubmission) -> Task:
         if "result_ref" in data:
@@ -350,7 +354,9 @@ class Tasks:
                 limit=max(wanted, 100) if filter_ is not None else wanted,  # a filter reads wider
                 filter=filter_,
                 start=(
-                    {**keys.meta_key(start.split("#", 1)[1]), "gsi1pk": pk, "gsi1sk": start} if start is not None else None
+                    {**keys.meta_key(start.split("#", 1)[1]), "gsi1pk": pk, "gsi1sk": start}
+                    if start is not None
+                    else None
                 ),
             )
             found += [(keys.task_id_of(i["pk"]), i["gsi1sk"]) for i in page.items]
@@ -485,7 +491,8 @@ class Tasks:
                 raise LeaseLost(f"lease epoch {lease.epoch} of task {task_id} is no longer current") from exc
             if leaves_terminal and current.status.terminal and (current.expires_at or float("inf")) <= now:
                 raise IllegalTransition(
-                    f"task {task_id} is {current.status.value} and its retention ran out; it is being deleted", field="task_id"
+                    f"task {task_id} is {current.status.value} and its retention ran out; it is being deleted",
+                    field="task_id",
                 ) from exc
             raise IllegalTransition(
                 f"task {task_id} cannot move from {current.status.value!r} to {to.value!r}", field="status"
@@ -497,10 +504,23 @@ class Tasks:
         attrs = self.payloads.encode(f"{keys.payload_prefix(task_id)}result-e{epoch}.txt", result)
         return {"result": attrs["body"]} if "body" in attrs else {"result_ref": attrs["ref"]}
 
-    def finish_update(self, task_id: str, lease: Lease, finish: TaskStatus, now: float, result: str | None, error: dict[str, Any] | None) -> dict[str, Any]:
+    def finish_update(
+        self,
+        task_id: str,
+        lease: Lease,
+        finish: TaskStatus,
+        now: float,
+        result: str | None,
+        error: dict[str, Any] | None,
+    ) -> dict[str, Any]:
         """The META attributes a step commit sets when it ends the task."""
         assert finish in ALLOWED_TRANSITIONS[TaskStatus.RUNNING] and finish.terminal
-        sets: dict[str, Any] = {"status": finish.value, "finished_at": now, "lease_expires": 0, TTL_ATTRIBUTE: self.expiry(now)}
+        sets: dict[str, Any] = {
+            "status": finish.value,
+            "finished_at": now,
+            "lease_expires": 0,
+            TTL_ATTRIBUTE: self.expiry(now),
+        }
         if result is not None:
             sets.update(self._result_attrs(task_id, result, lease))
         if error is not None:
@@ -520,7 +540,12 @@ class Tasks:
         try:
             self.table.transact(
                 [
-                    Patch("meta", keys.meta_key(task_id), Update(set={"updated_at": time.time()}), Attr("status").eq(when_status.value)),
+                    Patch(
+                        "meta",
+                        keys.meta_key(task_id),
+                        Update(set={"updated_at": time.time()}),
+                        Attr("status").eq(when_status.value),
+                    ),
                     Put("submission", self.submission_item(task_id, submission)),
                 ]
             )
@@ -533,7 +558,13 @@ class Tasks:
     # ------------------------------------------------------------------ fork
 
     def fork(
-        self, source: Task, submission: TaskSubmission, steps: list[StepRecord], *, tenant: str, task_id: str | None = None
+        self,
+        source: Task,
+        submission: TaskSubmission,
+        steps: list[StepRecord],
+        *,
+        tenant: str,
+        task_id: str | None = None,
     ) -> Task:
         """A new root task whose history is ``steps`` of ``source``, copied as they were stored."""
         task_id = task_id or keys.new_task_id()

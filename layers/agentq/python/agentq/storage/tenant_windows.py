@@ -90,7 +90,9 @@ class TenantWindows:
         """Holds go up and settle down, so the line may be crossed many times: report once an hour."""
         try:
             self.table.update(
-                self._key(tenant, hour), Update(set={"soft_reported": True}), condition=Attr("soft_reported").not_exists()
+                self._key(tenant, hour),
+                Update(set={"soft_reported": True}),
+                condition=Attr("soft_reported").not_exists(),
             )
             return True
         except ConditionFailed:

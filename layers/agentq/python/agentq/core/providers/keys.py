@@ -36,7 +36,9 @@ def anthropic_api_key() -> str | None:
     try:
         value = parameters.get_secret(secret_id, max_age=KEY_MAX_AGE_SECONDS)
     except parameters.exceptions.GetParameterError as exc:
-        raise ProviderError(f"cannot read the Anthropic API key from secret {secret_id!r}: {exc}", retryable=True) from None
+        raise ProviderError(
+            f"cannot read the Anthropic API key from secret {secret_id!r}: {exc}", retryable=True
+        ) from None
     return _key_from(str(value), secret_id)
 
 

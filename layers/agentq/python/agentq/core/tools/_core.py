@@ -245,8 +245,19 @@ def _first_paragraph(doc: str | None) -> str:
 # (default, enum, const, examples...) is data and must be copied untouched: a default value
 # may well contain a "title" key.
 _SCHEMA_KEYS = frozenset(
-    {"items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
-     "unevaluatedItems", "unevaluatedProperties", "additionalItems"}
+    {
+        "items",
+        "additionalProperties",
+        "not",
+        "if",
+        "then",
+        "else",
+        "contains",
+        "propertyNames",
+        "unevaluatedItems",
+        "unevaluatedProperties",
+        "additionalItems",
+    }
 )
 _SCHEMA_LIST_KEYS = frozenset({"anyOf", "allOf", "oneOf", "prefixItems"})
 _SCHEMA_MAP_KEYS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
@@ -356,7 +367,9 @@ class ToolRegistry:
         """Names not registered, so a submission naming them can be refused up front."""
         return [n for n in dict.fromkeys(names) if n not in self._tools]
 
-    def execute(self, name: str, raw_input: dict[str, Any], ctx: ToolContext, allowlist: Iterable[str]) -> ToolExecution:
+    def execute(
+        self, name: str, raw_input: dict[str, Any], ctx: ToolContext, allowlist: Iterable[str]
+    ) -> ToolExecution:
         """Run one tool call. Never raises for a tool problem: every failure is a result.
 
         The function runs in a worker thread so a slow call can be abandoned at

@@ -83,7 +83,9 @@ def http_fetch(
     parts = urllib.parse.urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https"):
-        raise ValueError(f"http_fetch only fetches http:// and https:// URLs, not {scheme or 'scheme-less'} ones: {url!r}")
+        raise ValueError(
+            f"http_fetch only fetches http:// and https:// URLs, not {scheme or 'scheme-less'} ones: {url!r}"
+        )
     if not parts.hostname:
         raise ValueError(f"URL has no host: {url!r}")
 
@@ -168,7 +170,7 @@ _CLONE_NEWNET = 0x40000000
 # determined attacker with arbitrary Python (interpreter bugs, rebuilding a patched extension
 # module by hand) may get out. Untrusted code belongs in a separate Lambda function with no
 # IAM permissions; unsharing the network namespace (below) is defence in depth.
-_SANDBOX = r'''
+_SANDBOX = r"""
 import sys
 
 def _agentq_lock_down():
@@ -289,7 +291,7 @@ def _agentq_main():
         sys.exit(1)
 
 _agentq_main()
-'''
+"""
 
 
 def _libc_unshare() -> Callable[[int], int] | None:
@@ -509,7 +511,10 @@ def note_write(
     key: NoteKey,
     value: Annotated[
         str,
-        Field(max_length=MAX_NOTE_BYTES, description="Text to store under key (at most 32 KB); replaces any previous value."),
+        Field(
+            max_length=MAX_NOTE_BYTES,
+            description="Text to store under key (at most 32 KB); replaces any previous value.",
+        ),
         AfterValidator(_fits_note),
     ],
     ctx: ToolContext,
