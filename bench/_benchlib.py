@@ -25,19 +25,21 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import botocore.client
+
 from agentq.local.moto_server import MotoServer
 from agentq.local.stack import LocalStack
-from agentq.storage.serdes import to_item
+from agentq.queueing.worker import WorkerConfig
 from agentq.storage.container import Storage
 from agentq.storage.dynamodb import DynamoTable
 from agentq.storage.keys import META, task_pk
-from agentq.queueing.worker import WorkerConfig
+from agentq.storage.serdes import to_item
 
 BENCH_DIR = Path(__file__).resolve().parent
 COUNTING_WORKER = BENCH_DIR / "_counting_worker.py"
@@ -101,7 +103,7 @@ class JsonOut:
         self.enabled = enabled
         self._saved: int | None = None
 
-    def __enter__(self) -> "JsonOut":
+    def __enter__(self) -> JsonOut:
         if self.enabled:
             sys.stdout.flush()
             self._saved = os.dup(1)
@@ -142,7 +144,7 @@ class InProcessCounter:
         self._local = threading.local()
         self._original = botocore.client.BaseClient._make_api_call
 
-    def install(self) -> "InProcessCounter":
+    def install(self) -> InProcessCounter:
         counter = self
         original = self._original
 
@@ -289,9 +291,10 @@ def patient_clients(stack: LocalStack, pool: int = 64, read_timeout: float = 900
     ``create_task`` fails with ConditionalCheckFailed although the task exists (unqueued).
     """
     import boto3
+    from botocore.config import Config
+
     from agentq.queueing.queues import TaskQueues
     from agentq.storage.serdes import PayloadStore
-    from botocore.config import Config
 
     settings = stack.settings
     assert settings is not None

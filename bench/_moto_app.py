@@ -105,7 +105,7 @@ def _install_sqs() -> None:
 
 
 def _install_transactions() -> None:
-    import moto.dynamodb.models as models
+    from moto.dynamodb import models
     from moto.dynamodb.models.table import Table
 
     original = models.DynamoDBBackend.transact_write_items

@@ -46,14 +46,6 @@ from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 from botocore.exceptions import ClientError
-
-from agentq.core.engine import Engine, EngineConfig, conversation
-from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
-from agentq.core.models import StepRecord, TaskStatus, TaskSubmission
-from agentq.resources import TABLE_KEY_SCHEMA, ResourceNames, provision
-from agentq.runtime import Settings, build_registry, build_store, client, session
-from agentq.storage.container import Storage
-from agentq.core.tools import ToolSpec, tool
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 from langgraph.channels import DeltaChannel
 from langgraph.checkpoint.base import get_checkpoint_metadata
@@ -61,6 +53,14 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
+
+from agentq.core.engine import Engine, EngineConfig, conversation
+from agentq.core.models import StepRecord, TaskStatus, TaskSubmission
+from agentq.core.tools import ToolSpec, tool
+from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
+from agentq.resources import TABLE_KEY_SCHEMA, ResourceNames, provision
+from agentq.runtime import Settings, build_registry, build_store, client, session
+from agentq.storage.container import Storage
 
 DDB_ITEM_LIMIT = 400 * 1024
 WCU_UNIT = 1024

@@ -46,7 +46,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from _benchlib import (
-    worker_config,
     MOTO_MODES_HELP,
     BenchStack,
     JsonOut,
@@ -62,11 +61,12 @@ from _benchlib import (
     settings_of,
     table,
     text,
+    worker_config,
 )
+from agentq.control.submit import submit
 from agentq.core.models import TaskSubmission
 from agentq.resources import QueueSettings
 from agentq.runtime import build_registry
-from agentq.control.submit import submit
 
 PROJECTION = ["status", "lease_expires", "lease_owner", "lease_epoch", "step", "heartbeat_at"]
 

@@ -32,7 +32,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from _benchlib import (
-    worker_config,
     MOTO_MODES_HELP,
     BenchStack,
     InProcessCounter,
@@ -46,12 +45,13 @@ from _benchlib import (
     summary,
     table,
     wait_terminal,
+    worker_config,
 )
+from agentq.control.submit import submit
 from agentq.core.models import TaskSubmission
+from agentq.queueing.worker import WorkerConfig
 from agentq.resources import QueueSettings
 from agentq.runtime import build_registry
-from agentq.control.submit import submit
-from agentq.queueing.worker import WorkerConfig
 
 TARGET_PICKUP_P99 = 1.0
 SUBMISSION = TaskSubmission.model_validate(

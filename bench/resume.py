@@ -34,7 +34,6 @@ import time
 from typing import Any
 
 from _benchlib import (
-    worker_config,
     MOTO_MODES_HELP,
     BenchStack,
     JsonOut,
@@ -45,12 +44,13 @@ from _benchlib import (
     settings_of,
     summary,
     table,
+    worker_config,
 )
+from agentq.control.submit import submit
 from agentq.core.models import Task, TaskSubmission
+from agentq.queueing.worker import WorkerConfig
 from agentq.resources import QueueSettings
 from agentq.runtime import build_registry
-from agentq.control.submit import submit
-from agentq.queueing.worker import WorkerConfig
 
 TARGET_RESUME_P99 = 5.0
 

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import aws_cdk as cdk
-from agentq.api.app import PUBLIC_PATHS
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_wafv2 as wafv2
 from constructs import Construct
 
+from agentq.api.app import PUBLIC_PATHS
 from infra.functions import Functions, log_retention
 from infra.settings import EnvironmentSettings
 

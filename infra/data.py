@@ -10,6 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import aws_cdk as cdk
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
+
 from agentq.resources import (
     PAYLOAD_PREFIX,
     TABLE_ATTRIBUTES,
@@ -19,11 +24,6 @@ from agentq.resources import (
     TIERS,
     TTL_ATTRIBUTE,
 )
-from aws_cdk import aws_dynamodb as dynamodb
-from aws_cdk import aws_s3 as s3
-from aws_cdk import aws_sqs as sqs
-from constructs import Construct
-
 from infra.settings import EnvironmentSettings
 
 

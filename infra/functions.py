@@ -12,11 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aws_cdk as cdk
-from agentq.control.defaults import Defaults
-from agentq.observe.names import NAMESPACE as METRICS_NAMESPACE
-from agentq.core.providers.keys import SECRET_VARIABLE
-from agentq.resources import PAYLOAD_PREFIX, TIERS
-from agentq.control.retention import ttl_removal_pattern
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_event_sources as sources
@@ -25,6 +20,11 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from agentq.control.defaults import Defaults
+from agentq.control.retention import ttl_removal_pattern
+from agentq.core.providers.keys import SECRET_VARIABLE
+from agentq.observe.names import NAMESPACE as METRICS_NAMESPACE
+from agentq.resources import PAYLOAD_PREFIX, TIERS
 from infra.build_layers import CORE_LAYER_DIR, DepsLayer
 from infra.data import Data
 from infra.settings import EnvironmentSettings

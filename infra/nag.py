@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import aws_cdk as cdk
+from constructs import IConstruct
+
 from agentq.api.app import PUBLIC_PATHS
 from agentq.resources import PAYLOAD_PREFIX
-from constructs import IConstruct
 
 if TYPE_CHECKING:
     from infra.stack import AgentqStack
@@ -22,7 +23,7 @@ PARTITION_REGION_ACCOUNT = "arn:<AWS::Partition>:{service}:<AWS::Region>:<AWS::A
 
 
 def _ack(scope: IConstruct, rule: str, reason: str) -> None:
-    rule_id = rule if "::" in rule.split("[")[0] else f"AwsSolutions::{rule}"
+    rule_id = rule if "::" in rule.split("[", maxsplit=1)[0] else f"AwsSolutions::{rule}"
     cdk.Validations.of(scope).acknowledge(cdk.Acknowledgment(id=rule_id, reason=reason))
 
 

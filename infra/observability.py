@@ -12,9 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import aws_cdk as cdk
-from agentq.core.models import TaskStatus
-from agentq.observe import names
-from agentq.resources import TIERS
 from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_iam as iam
@@ -24,6 +21,9 @@ from aws_cdk import aws_sns_subscriptions as subs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from agentq.core.models import TaskStatus
+from agentq.observe import names
+from agentq.resources import TIERS
 from infra.api import Api
 from infra.data import Data
 from infra.functions import Functions

@@ -16,8 +16,9 @@ from __future__ import annotations
 import copy
 from typing import Any, Literal
 
-from agentq.resources import TIERS, QueueSettings, ResourceNames
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agentq.resources import TIERS, QueueSettings, ResourceNames
 
 # CloudWatch Logs accepts only these retention periods (days).
 LOG_RETENTION_DAYS = (

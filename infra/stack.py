@@ -14,12 +14,12 @@ import json
 from typing import Any
 
 import aws_cdk as cdk
-from agentq.resources import fanout_definition
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from agentq.resources import fanout_definition
 from infra import nag
 from infra.api import build_api
 from infra.build_layers import DepsLayer, build_deps_layer

@@ -14,7 +14,6 @@ import re
 from dataclasses import dataclass
 
 import aws_cdk as cdk
-from agentq.resources import TIERS
 from aws_cdk import aws_applicationautoscaling as appscaling
 from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_ec2 as ec2
@@ -24,6 +23,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from agentq.resources import TIERS
 from infra.data import Data
 from infra.functions import METRICS_NAMESPACE, grant_task_runner, log_retention, task_runner_env
 from infra.settings import EnvironmentSettings

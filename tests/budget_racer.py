@@ -8,8 +8,8 @@ import time
 from decimal import Decimal
 
 from agentq.core.errors import BudgetExceeded
-from agentq.runtime import Settings, build_store
 from agentq.core.records import BudgetDelta
+from agentq.runtime import Settings, build_store
 
 
 def main(root_id: str, task_id: str, amount: int, attempts: int, start_at: float) -> None:

@@ -6,16 +6,16 @@ import logging
 import os
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
+from agentq.core.tools import ToolRegistry
 from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
 from agentq.resources import ResourceNames, provision
 from agentq.runtime import Settings, build_registry, build_store, session
 from agentq.storage.container import Storage
-from agentq.core.tools import ToolRegistry
 
 TESTS_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS_DIR.parent))  # lets child workers import tests.* tool modules

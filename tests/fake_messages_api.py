@@ -162,7 +162,7 @@ class FakeMessagesAPI:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "FakeMessagesAPI":
+    def start(self) -> FakeMessagesAPI:
         self._thread.start()
         return self
 
@@ -171,7 +171,7 @@ class FakeMessagesAPI:
         self._server.server_close()
         self._thread.join(timeout=5)
 
-    def __enter__(self) -> "FakeMessagesAPI":
+    def __enter__(self) -> FakeMessagesAPI:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -200,7 +200,7 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
         protocol_version = "HTTP/1.1"  # keep-alive, as httpx expects of a real server
         disable_nagle_algorithm = True  # headers and body go out in two writes: avoid 40 ms stalls
 
-        def do_POST(self) -> None:  # noqa: N802 (http.server naming)
+        def do_POST(self) -> None:
             length = int(self.headers.get("content-length") or 0)
             raw = self.rfile.read(length) if length else b""
             path = urllib.parse.urlsplit(self.path).path
@@ -243,7 +243,7 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(payload)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: Any) -> None:
             pass  # keep pytest output clean
 
     return Handler

@@ -9,13 +9,14 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from agentq.local.moto_server import MotoServer
-from agentq.core.models import TaskStatus
-from agentq.runtime import build_queues, build_registry, build_store
 from agentq.control.submit import submit
+from agentq.core.models import TaskStatus
+from agentq.local.moto_server import MotoServer
 from agentq.queueing.worker import Admission, LeaseWriteRate, SlotPool, Worker, WorkerConfig
+from agentq.runtime import build_queues, build_registry, build_store
 
 from tests.helpers import deployment, scripted, wait_for
 

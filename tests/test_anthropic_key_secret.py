@@ -14,11 +14,11 @@ import pytest
 from aws_lambda_powertools.utilities.parameters import base as parameters_base
 
 from agentq.core.engine import Engine, EngineConfig
-from agentq.local.moto_server import MotoServer
 from agentq.core.models import TaskStatus, TaskSubmission
 from agentq.core.providers.keys import SECRET_VARIABLE
-from agentq.storage.container import Storage
 from agentq.core.tools import ToolRegistry
+from agentq.local.moto_server import MotoServer
+from agentq.storage.container import Storage
 
 from tests.fake_messages_api import FakeMessagesAPI, RecordedRequest, text_reply
 

@@ -18,6 +18,7 @@ from agentq.core.models import Usage
 from agentq.core.providers.anthropic_provider import AnthropicProvider, BedrockProvider
 from agentq.core.providers.base import LLMRequest
 from agentq.core.providers.retry import RetryPolicy, backoff_delay, call_with_retries, retry_after_seconds
+
 from tests.fake_messages_api import (
     FakeMessagesAPI,
     error_reply,

@@ -9,7 +9,8 @@ import os
 import subprocess
 import sys
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 

@@ -8,16 +8,17 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from agentq.api.models import MAX_BODY_BYTES, MAX_GOAL_CHARS, TaskView, TracePage
 from agentq.core.engine import Engine, EngineConfig
+from agentq.core.models import Lease, LLMStep, TaskStatus, Usage
 from agentq.local.api_server import proxy_event
 from agentq.local.moto_server import MotoServer
-from agentq.core.models import LLMStep, Lease, TaskStatus, Usage
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_queues, build_registry, build_store, session
 from agentq.storage.container import Storage
@@ -345,7 +346,9 @@ def test_trace_lists_llm_calls_tool_calls_and_transitions_in_commit_order(api: A
     ]
     assert [e.at for e in events] == sorted(e.at for e in events)
     llm = events[2]
-    assert llm.type == "llm_call" and llm.step == 1 and llm.epoch == 1 and llm.model == "claude-sonnet-4-6" or llm.model
+    assert (
+        llm.type == "llm_call" and llm.step == 1 and llm.epoch == 1 and llm.model == "claude-sonnet-4-6"
+    ) or llm.model
     assert llm.tokens.input > 0 and llm.tokens.total == llm.tokens.input + llm.tokens.output  # type: ignore[union-attr]
     assert llm.tool_calls == ["lookup"] and llm.text == "looking" and llm.duration_ms >= 0 and not llm.orphan  # type: ignore[union-attr]
     tool = events[3]

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from agentq.core.errors import ValidationError
-from agentq.storage.container import Storage
 from agentq.control.submit import submit
+from agentq.core.errors import ValidationError
 from agentq.core.tools import ToolRegistry
+from agentq.storage.container import Storage
 
 VALID: dict[str, Any] = {
     "goal": "summarise the report",
@@ -68,7 +68,7 @@ def test_each_invalid_field_is_named_and_nothing_is_written(
 ) -> None:
     with pytest.raises(ValidationError) as err:
         submit(store, registry, _with(path, value), tenant="t")
-    assert err.value.field is not None and err.value.field.startswith(field.split("[")[0])
+    assert err.value.field is not None and err.value.field.startswith(field.split("[", maxsplit=1)[0])
     assert err.value.field == field or field == "script"
     assert err.value.message.startswith(err.value.field + ": ")
     assert store.table.client.scan(TableName=store.table.name)["Count"] == 0

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import TaskStatus
-from agentq.storage.container import Storage
 from agentq.core.tools import ToolRegistry
+from agentq.storage.container import Storage
 
 from tests.helpers import call, scripted
 

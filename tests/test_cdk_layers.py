@@ -14,9 +14,8 @@ import os
 import platform
 import subprocess
 import sys
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement

@@ -19,7 +19,11 @@ import pytest
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
+from aws_cdk import assertions
+from aws_cdk.assertions import Match
+
 from agentq.control.defaults import Defaults
+from agentq.control.retention import ttl_removal_pattern
 from agentq.core.models import TaskSubmission
 from agentq.observe import names
 from agentq.resources import (
@@ -32,10 +36,6 @@ from agentq.resources import (
     TTL_ATTRIBUTE,
     fanout_definition,
 )
-from agentq.control.retention import ttl_removal_pattern
-from aws_cdk import assertions
-from aws_cdk.assertions import Match
-
 from infra.settings import EnvironmentSettings, resolve
 from infra.synth import Synthesized, synthesize
 

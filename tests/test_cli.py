@@ -12,9 +12,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -97,10 +97,8 @@ def test_submit_wait_then_status_result_trace_and_list(api_stack: ApiStack) -> N
     assert task_id in [t["task_id"] for t in json.loads(listed.stdout)["tasks"]]
     table = agentq(api_stack, "list", "--limit", "3")
     assert (
-        table.returncode == 0
-        and re.search(rf"{task_id}\s+succeeded\s+15", table.stdout)
-        or "more: agentq list --cursor" in table.stderr
-    )
+        table.returncode == 0 and re.search(rf"{task_id}\s+succeeded\s+15", table.stdout)
+    ) or "more: agentq list --cursor" in table.stderr
 
 
 def test_approve_reject_budget_fork_cancel_and_their_exit_codes(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 import agentq
-from agentq.api.models import LLMCallEvent, TaskAccepted, TaskView, ToolCallEvent, TransitionEvent
 from agentq.api.client import (
     ApiError,
     AuthenticationError,
@@ -17,6 +16,7 @@ from agentq.api.client import (
     NotFound,
     WaitTimeout,
 )
+from agentq.api.models import LLMCallEvent, TaskAccepted, TaskView, ToolCallEvent, TransitionEvent
 from agentq.core.errors import AgentqError
 from agentq.core.models import TaskStatus, TaskSubmission
 

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from agentq.control import operations as control
+from agentq.control.submit import submit
 from agentq.core.errors import IllegalTransition, TaskNotFound, ValidationError
-from agentq.local.stack import LocalStack
 from agentq.core.models import LLMStep, Task, TaskStatus, ToolsStep
+from agentq.local.stack import LocalStack
 from agentq.runtime import build_fanout, build_registry
 from agentq.storage.container import Storage
-from agentq.control.submit import submit
 
 from tests.helpers import call, scripted
 

@@ -8,20 +8,21 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
-from agentq.queueing.dispatch import Action, RetryBackoff
-from agentq.queueing.dlq import list_dead_letters, redrive
+from agentq.control.submit import submit
 from agentq.core.engine import Engine, EngineConfig
-from agentq.local.moto_server import MotoServer
 from agentq.core.models import LLMStep, TaskStatus, TaskSubmission, ToolsStep
 from agentq.core.providers.anthropic_provider import AnthropicProvider
 from agentq.core.providers.retry import RetryPolicy
+from agentq.local.moto_server import MotoServer
+from agentq.queueing.dispatch import Action, RetryBackoff
+from agentq.queueing.dlq import list_dead_letters, redrive
 from agentq.queueing.queues import DEAD_LETTER_REASON, TaskMessage, TaskQueues
-from agentq.runtime import Settings, build_queues, build_registry, build_store
-from agentq.control.submit import submit
 from agentq.queueing.worker import Worker, WorkerConfig
+from agentq.runtime import Settings, build_queues, build_registry, build_store
 
 from tests.conftest import child_env
 from tests.fake_messages_api import FakeMessagesAPI, overloaded, text_reply, tool_use_reply

@@ -6,20 +6,21 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from agentq.control.defaults import ConfigurationError, Defaults
 from agentq.core.engine import Engine, EngineConfig
+from agentq.core.models import Constraints, TaskStatus, TaskSubmission
+from agentq.core.tools import ToolRegistry
 from agentq.local.api_server import proxy_event
 from agentq.local.moto_server import MotoServer
-from agentq.core.models import Constraints, TaskStatus, TaskSubmission
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_store, session
 from agentq.storage.container import Storage
 from agentq.storage.tenant_windows import TenantLimits, TenantWindows
-from agentq.core.tools import ToolRegistry
 
 from tests.helpers import call, scripted
 from tests.lambda_support import FakeLambdaContext, load_handler

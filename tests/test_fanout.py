@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from agentq.local.stack import LocalStack
+from agentq.control.submit import submit
 from agentq.core.models import LLMStep, Task, TaskStatus, ToolsStep
+from agentq.local.stack import LocalStack
 from agentq.runtime import build_registry
 from agentq.storage.container import Storage
-from agentq.control.submit import submit
 
 from tests.helpers import call, scripted
 

@@ -14,20 +14,21 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
-from agentq.queueing.dispatch import Action
+from agentq.control.submit import submit
 from agentq.core.errors import LeaseLost
-from agentq.local.moto_server import MotoServer
 from agentq.core.models import TaskStatus, TaskSubmission
+from agentq.local.moto_server import MotoServer
+from agentq.queueing.dispatch import Action
 from agentq.queueing.queues import TaskQueues
+from agentq.queueing.worker import Worker, WorkerConfig
 from agentq.runtime import Settings, build_queues, build_registry, build_store
 from agentq.storage.container import Storage
-from agentq.control.submit import submit
-from agentq.queueing.worker import Worker, WorkerConfig
 
 from tests.conftest import child_env
 from tests.helpers import call, deployment, scripted, wait_for

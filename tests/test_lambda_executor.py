@@ -5,16 +5,17 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from agentq.local.moto_server import MotoServer
+from agentq.control.submit import submit
 from agentq.core.models import TaskStatus
+from agentq.local.moto_server import MotoServer
 from agentq.queueing.queues import TaskMessage, TaskQueues
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_queues, build_registry, build_store, session
-from agentq.control.submit import submit
 
 from tests.helpers import call, scripted
 from tests.lambda_support import FakeLambdaContext, load_handler, sqs_event

@@ -8,14 +8,15 @@ import queue
 import threading
 import time
 from collections import Counter, deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from agentq.local.moto_server import MotoServer
+from agentq.control.submit import submit
 from agentq.core.models import TaskStatus, TaskSubmission
+from agentq.local.moto_server import MotoServer
+from agentq.queueing.worker import DEFAULT_WEIGHTS, SlotPool, Worker, WorkerConfig
 from agentq.resources import TIERS
 from agentq.runtime import Settings, build_queues, build_registry, build_store
-from agentq.control.submit import submit
-from agentq.queueing.worker import DEFAULT_WEIGHTS, SlotPool, Worker, WorkerConfig
 
 from tests.helpers import call, deployment, scripted, wait_for
 
@@ -40,7 +41,7 @@ class _Holders:
             for _ in range(n)
         ]
 
-    def start(self) -> "_Holders":
+    def start(self) -> _Holders:
         for t in self.threads:
             t.start()
         return self
@@ -56,7 +57,7 @@ class _Holders:
                 done.wait()
             self.pool.release(tier, got)
 
-    def close(self, held: "deque[tuple[str, threading.Event]]") -> None:
+    def close(self, held: deque[tuple[str, threading.Event]]) -> None:
         self.stop.set()
         for _, done in held:
             done.set()
@@ -69,7 +70,7 @@ class _Holders:
         return self.grants.get(timeout=5)
 
 
-def _churn(holders: _Holders, held: "deque[tuple[str, threading.Event]]", rounds: int) -> list[str]:
+def _churn(holders: _Holders, held: deque[tuple[str, threading.Event]], rounds: int) -> list[str]:
     """Free the longest-held slot, see which tier the pool gives it to; ``rounds`` times."""
     given = []
     for _ in range(rounds):
@@ -89,7 +90,7 @@ def test_the_default_weights_are_six_three_one() -> None:
 
 def test_under_contention_freed_slots_converge_to_the_tier_weights() -> None:
     pool = SlotPool(10, WEIGHTS)
-    holders = _Holders(pool, {tier: 12 for tier in TIERS}).start()  # every tier wants > capacity
+    holders = _Holders(pool, dict.fromkeys(TIERS, 12)).start()  # every tier wants > capacity
     held: deque[tuple[str, threading.Event]] = deque(holders.next_grant() for _ in range(10))
     try:
         _wait_for(lambda: all(pool.waiting[t] > 0 for t in TIERS), what="all tiers waiting")

@@ -17,21 +17,20 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-
-from agentq.control.defaults import ConfigurationError
 from moto.events.models import EventPattern
 
 from agentq.control import operations as control
+from agentq.control.defaults import ConfigurationError
+from agentq.control.retention import expired_task_id, purge_task, ttl_removal_pattern
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.errors import IllegalTransition
 from agentq.core.models import ALLOWED_TRANSITIONS, TaskStatus
 from agentq.resources import table_definition
-from agentq.control.retention import expired_task_id, purge_task, ttl_removal_pattern
 from agentq.runtime import RETENTION_VARIABLE, Settings, build_registry, build_store, client, retention_days_from_env
-from agentq.storage.serdes import from_item, to_item, to_values
 from agentq.storage.container import Storage
 from agentq.storage.dynamodb import DynamoTable
 from agentq.storage.keys import META, budget_pk, payload_prefix, task_pk
+from agentq.storage.serdes import from_item, to_item, to_values
 from agentq.storage.tasks import DAY_SECONDS
 
 from tests.helpers import call, scripted

@@ -7,10 +7,10 @@ import os
 import signal
 import time
 
-from agentq.local.stack import LocalStack
-from agentq.core.models import LLMStep, TaskStatus
-from agentq.runtime import build_registry
 from agentq.control.submit import submit
+from agentq.core.models import LLMStep, TaskStatus
+from agentq.local.stack import LocalStack
+from agentq.runtime import build_registry
 
 from tests.helpers import call, scripted
 

@@ -22,9 +22,9 @@ from aws_lambda_powertools.utilities.batch.types import PartialItemFailureRespon
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from agentq.queueing.dispatch import Dispatcher
 from agentq.core.engine import Engine
 from agentq.observe import metrics, record_dead_letter, route_core_logs
+from agentq.queueing.dispatch import Dispatcher
 from agentq.resources import QueueSettings
 from agentq.runtime import Settings, build_fanout, build_queues, build_registry, build_store, engine_config
 

@@ -70,7 +70,7 @@ class ResourceNames(BaseModel):
     prefix: str = "agentq"
 
     @classmethod
-    def for_prefix(cls, prefix: str) -> "ResourceNames":
+    def for_prefix(cls, prefix: str) -> ResourceNames:
         return cls(table=f"{prefix}-tasks", bucket=f"{prefix}-payloads", prefix=prefix)
 
     def queue(self, tier: str) -> str:

@@ -16,13 +16,13 @@ import boto3
 
 from agentq.aws import boto_config, region_from_env
 from agentq.control.defaults import ConfigurationError, Defaults
+from agentq.core.tools import ToolRegistry, default_registry
 from agentq.queueing.queues import TaskQueues
 from agentq.resources import ResourceNames
-from agentq.storage.serdes import DEFAULT_OFFLOAD_THRESHOLD, PayloadStore
 from agentq.storage.container import Storage
 from agentq.storage.dynamodb import DynamoTable
+from agentq.storage.serdes import DEFAULT_OFFLOAD_THRESHOLD, PayloadStore
 from agentq.storage.tasks import DAY_SECONDS, DEFAULT_TASK_RETENTION_DAYS
-from agentq.core.tools import ToolRegistry, default_registry
 
 if TYPE_CHECKING:
     from agentq.core.engine import EngineConfig
@@ -46,12 +46,12 @@ class Settings:
         return ResourceNames(table=self.table, bucket=self.bucket, prefix=self.prefix)
 
     @classmethod
-    def for_prefix(cls, prefix: str, endpoint_url: str | None = None, **kwargs: Any) -> "Settings":
+    def for_prefix(cls, prefix: str, endpoint_url: str | None = None, **kwargs: Any) -> Settings:
         names = ResourceNames.for_prefix(prefix)
         return cls(table=names.table, bucket=names.bucket, prefix=prefix, endpoint_url=endpoint_url, **kwargs)
 
     @classmethod
-    def from_env(cls) -> "Settings":
+    def from_env(cls) -> Settings:
         prefix = os.environ.get("AGENTQ_PREFIX", "agentq")
         names = ResourceNames.for_prefix(prefix)
         modules = tuple(m for m in os.environ.get("AGENTQ_TOOL_MODULES", "").split(",") if m)
@@ -117,7 +117,7 @@ def client(settings: Settings, service: str, sess: Any | None = None, pool: int 
     return (sess or session(settings)).client(service, endpoint_url=settings.endpoint_url, config=boto_config(pool))
 
 
-def engine_config(settings: Settings, **kwargs: Any) -> "EngineConfig":
+def engine_config(settings: Settings, **kwargs: Any) -> EngineConfig:
     """An EngineConfig carrying the deployment's defaults (tenant cap) plus ``kwargs``."""
     from agentq.core.engine import EngineConfig
 

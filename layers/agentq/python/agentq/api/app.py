@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Annotated, Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 from aws_lambda_powertools.event_handler.openapi.exceptions import (
@@ -33,7 +34,6 @@ from aws_lambda_powertools.event_handler.openapi.params import Body, Header, Pat
 
 from agentq import observe
 from agentq.api import views as api_views
-from agentq.control import operations as control
 from agentq.api.models import (
     DEFAULT_PAGE_SIZE,
     DEFAULT_TRACE_PAGE,
@@ -55,14 +55,15 @@ from agentq.api.models import (
     TaskView,
     TracePage,
 )
-from agentq.core.errors import AgentqError, IdempotencyConflict, IllegalTransition, TaskNotFound, ValidationError
+from agentq.control import operations as control
 from agentq.control.defaults import Defaults
+from agentq.control.submit import request_hash, submit_once
+from agentq.core.errors import AgentqError, IdempotencyConflict, IllegalTransition, TaskNotFound, ValidationError
 from agentq.core.models import TaskStatus, TaskSubmission
 from agentq.core.providers.scripted import builtin_script_names
+from agentq.core.tools import ToolRegistry
 from agentq.queueing.queues import TaskQueues
 from agentq.storage.container import Storage
-from agentq.control.submit import request_hash, submit_once
-from agentq.core.tools import ToolRegistry
 
 log = logging.getLogger("agentq.api")
 

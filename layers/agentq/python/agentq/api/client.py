@@ -24,8 +24,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator, Mapping
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
@@ -60,7 +60,7 @@ class ApiError(AgentqError):
         return f"HTTP {self.status} {self.code}: {self.message}{where}"
 
     @staticmethod
-    def of(status: int, code: str, message: str, field: str | None = None) -> "ApiError":
+    def of(status: int, code: str, message: str, field: str | None = None) -> ApiError:
         if status in (400, 413, 415, 422):
             return InvalidRequest(status, code, message, field)
         kind = {401: AuthenticationError, 403: AuthenticationError, 404: NotFound, 409: Conflict}.get(status)

@@ -97,7 +97,7 @@ class TaskLinks(ApiModel):
     cancel: str
 
     @classmethod
-    def for_task(cls, task_id: str) -> "TaskLinks":
+    def for_task(cls, task_id: str) -> TaskLinks:
         base = f"/tasks/{task_id}"
         return cls(self=base, result=f"{base}/result", trace=f"{base}/trace", cancel=f"{base}/cancel")
 

@@ -60,10 +60,9 @@ def _cmd_run_task(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from agentq.runtime import Settings
-    from agentq.queueing.worker import Worker, WorkerConfig
-
     from agentq.observe import configure_process_logging
+    from agentq.queueing.worker import Worker, WorkerConfig
+    from agentq.runtime import Settings
 
     configure_process_logging(logging.INFO if args.verbose else None)  # JSON with AGENTQ_LOG_FORMAT=json
     config = WorkerConfig(
@@ -207,7 +206,7 @@ def resolve_target(args: argparse.Namespace) -> tuple[str, str | None]:
     return str(url), (str(key) if key else None)
 
 
-def _client(args: argparse.Namespace) -> "Client":
+def _client(args: argparse.Namespace) -> Client:
     from agentq.api.client import Client
 
     url, key = resolve_target(args)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -49,7 +49,7 @@ def secs(value: float | None) -> str:
 def when(epoch: float | None) -> str:
     if epoch is None:
         return "-"
-    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def cut(text: str, width: int) -> str:

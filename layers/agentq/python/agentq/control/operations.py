@@ -10,13 +10,13 @@ import logging
 import time
 from typing import Any
 
+from agentq.control.submit import check_submission, parse_submission
 from agentq.core.engine import conversation, final_text
 from agentq.core.errors import IllegalTransition, TaskNotFound, ValidationError
 from agentq.core.models import Task, TaskStatus, TaskSubmission
+from agentq.core.tools import ToolRegistry
 from agentq.queueing.queues import TaskQueues
 from agentq.storage.container import Storage
-from agentq.control.submit import check_submission, parse_submission
-from agentq.core.tools import ToolRegistry
 
 log = logging.getLogger("agentq.control")
 

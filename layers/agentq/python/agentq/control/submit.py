@@ -11,9 +11,9 @@ import pydantic
 from agentq.core.errors import ValidationError
 from agentq.core.models import Task, TaskStatus, TaskSubmission
 from agentq.core.providers.scripted import load_script
+from agentq.core.tools import ToolRegistry
 from agentq.queueing.queues import TaskQueues
 from agentq.storage.container import Storage
-from agentq.core.tools import ToolRegistry
 
 
 def _field_path(loc: tuple[Any, ...]) -> str:

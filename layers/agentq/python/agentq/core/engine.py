@@ -16,16 +16,16 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any, Callable, Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from agentq import observe
 from agentq.core.approval import APPROVAL_TOOL, decision_outcome
 from agentq.core.errors import BudgetExceeded, IllegalTransition, LeaseLost, ProviderError
 from agentq.core.fanout import (
     SPAWN_TOOL,
-    ChildPlan,
     FanoutLauncher,
     SpawnRejected,
     child_outcome,
@@ -34,7 +34,7 @@ from agentq.core.fanout import (
     render_spawn_result,
 )
 from agentq.core.faults import crash_point
-from agentq.core.models import Lease, LLMStep, StepRecord, Task, TaskStatus, TaskSubmission, ToolOutcome, ToolsStep
+from agentq.core.models import Lease, LLMStep, StepRecord, Task, TaskStatus, ToolOutcome, ToolsStep
 from agentq.core.ports import EngineStorage
 from agentq.core.pricing import PriceTable, load_price_table
 from agentq.core.providers import LLMRequest, ProviderFactory, default_provider_factory
@@ -126,7 +126,7 @@ class LeaseKeeper:
             daemon=True,
         )
 
-    def __enter__(self) -> "LeaseKeeper":
+    def __enter__(self) -> LeaseKeeper:
         self._thread.start()
         return self
 
@@ -234,7 +234,7 @@ class Engine:
         task_id: str,
         *,
         deadline: float | None = None,
-        keeper: "KeeperFactory | None" = None,
+        keeper: KeeperFactory | None = None,
         on_beat: Callable[[], None] | None = None,
         stop: threading.Event | None = None,
     ) -> RunResult:

@@ -108,7 +108,7 @@ class ScriptTurn(StrictModel):
     latency_seconds: float = Field(default=0.0, ge=0, le=60)
 
     @model_validator(mode="after")
-    def _not_empty(self) -> "ScriptTurn":
+    def _not_empty(self) -> ScriptTurn:
         if not self.text and not self.tool_calls:
             raise ValueError("a turn needs text or tool_calls")
         return self
@@ -139,7 +139,7 @@ class TaskSubmission(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _script_matches_provider(self) -> "TaskSubmission":
+    def _script_matches_provider(self) -> TaskSubmission:
         if self.provider == "scripted" and self.script is None:
             raise ValueError("script: required when provider is 'scripted'")
         if self.provider != "scripted" and self.script is not None:

@@ -47,7 +47,7 @@ class PriceTable(RootModel[dict[str, ModelPrice]]):
     ``claude-sonnet-4-5`` also prices ``claude-sonnet-4-5-20250929`` and Bedrock ids."""
 
     def price_for(self, model: str) -> ModelPrice | None:
-        name = model.split("/")[-1]
+        name = model.rsplit("/", maxsplit=1)[-1]
         if name.startswith(("anthropic.", "us.anthropic.", "eu.anthropic.", "global.anthropic.")):
             name = name.split("anthropic.", 1)[1]
         best: tuple[int, ModelPrice] | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Literal
 
 from agentq.core.fanout import ChildPlan
 from agentq.core.models import LLMStep, ToolOutcome

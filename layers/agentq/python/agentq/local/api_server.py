@@ -14,8 +14,9 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from agentq.api.app import PUBLIC_PATHS, error_body
@@ -146,7 +147,7 @@ class LocalApiServer:
         host, port = self.httpd.server_address[:2]
         return f"http://{host}:{port}"
 
-    def start(self) -> "LocalApiServer":
+    def start(self) -> LocalApiServer:
         self.thread.start()
         return self
 

@@ -17,9 +17,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from agentq.local.stack import LocalStack
 from agentq.core.models import LLMStep, StepRecord, Task
 from agentq.core.records import ClaimRecord
+from agentq.local.stack import LocalStack
 
 DEMO_TOOLS = ["python_exec", "note_write", "note_read", "send_report"]
 

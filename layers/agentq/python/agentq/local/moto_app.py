@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 import os
 import threading
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 from werkzeug.serving import run_simple

@@ -42,7 +42,7 @@ class MotoServer:
         """The server program; subclasses may run another moto app."""
         return [sys.executable, "-m", "agentq.local.moto_app"]
 
-    def start(self, timeout: float = 30.0) -> "MotoServer":
+    def start(self, timeout: float = 30.0) -> MotoServer:
         env = {**os.environ, **LOCAL_CREDENTIALS, "MOTO_PORT": str(self.port)}
         self.process = subprocess.Popen(
             [*self.command(), "-H", "127.0.0.1", "-p", str(self.port)],
@@ -85,7 +85,7 @@ class MotoServer:
                 self.process.kill()
         self.process = None
 
-    def __enter__(self) -> "MotoServer":
+    def __enter__(self) -> MotoServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -10,15 +10,15 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentq.api.app import build_app
 from agentq.api.auth import authorize
 from agentq.control.defaults import Defaults
-from agentq.api.app import build_app
 from agentq.local.api_server import LocalApiServer
 from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
+from agentq.queueing.worker import WorkerConfig
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_fanout, build_queues, build_registry, build_store, session
 from agentq.storage.api_keys import KeyStore
-from agentq.queueing.worker import WorkerConfig
 
 
 @dataclass
@@ -38,7 +38,7 @@ class LocalStack:
         self.api_server: LocalApiServer | None = None
         self.settings: Settings | None = None
 
-    def start(self) -> "LocalStack":
+    def start(self) -> LocalStack:
         for key, value in LOCAL_CREDENTIALS.items():
             os.environ.setdefault(key, value)
         self.moto.start()
@@ -122,7 +122,7 @@ class LocalStack:
             self.api_server.stop()
         self.moto.stop()
 
-    def __enter__(self) -> "LocalStack":
+    def __enter__(self) -> LocalStack:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

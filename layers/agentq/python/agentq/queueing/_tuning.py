@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 
 from agentq.resources import QueueSettings
 
-
 DEFAULT_WEIGHTS = {"high": 6, "normal": 3, "low": 1}
 
 

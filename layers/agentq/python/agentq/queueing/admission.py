@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from agentq.queueing._tuning import WorkerConfig
 
@@ -123,9 +123,9 @@ class SlotPool:
     def __init__(self, capacity: int, weights: dict[str, int], limit: Callable[[int], int] | None = None) -> None:
         self.max_capacity = capacity
         self.weights = weights
-        self.in_use = {tier: 0 for tier in weights}
-        self.waiting = {tier: 0 for tier in weights}
-        self.probing = {tier: 0 for tier in weights}  # idle tiers' long polls, not in the pool
+        self.in_use = dict.fromkeys(weights, 0)
+        self.waiting = dict.fromkeys(weights, 0)
+        self.probing = dict.fromkeys(weights, 0)  # idle tiers' long polls, not in the pool
         self._limit = limit
         self._cond = threading.Condition()
 

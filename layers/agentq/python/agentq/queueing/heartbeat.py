@@ -7,19 +7,19 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from agentq import observe
 from agentq.core.engine import Session
 from agentq.core.errors import LeaseLost
-from agentq.queueing.queues import TaskQueues
-from agentq.resources import TIERS
-
 from agentq.queueing._tuning import WorkerConfig
 from agentq.queueing.admission import LeaseWriteRate
+from agentq.queueing.queues import TaskQueues
+from agentq.resources import TIERS
 
 log = logging.getLogger("agentq.worker")
 

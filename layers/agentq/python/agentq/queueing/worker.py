@@ -29,7 +29,10 @@ from typing import Any
 
 from agentq import observe
 from agentq.core.engine import Engine, RunResult
+from agentq.queueing._tuning import DEFAULT_WEIGHTS, WorkerConfig
+from agentq.queueing.admission import Admission, LeaseWriteRate, SlotPool
 from agentq.queueing.dispatch import Action, Dispatcher
+from agentq.queueing.heartbeat import HeartbeatHub
 from agentq.resources import TIERS
 from agentq.runtime import (
     Settings,
@@ -39,11 +42,6 @@ from agentq.runtime import (
     build_store,
     engine_config,
 )
-
-
-from agentq.queueing._tuning import DEFAULT_WEIGHTS, WorkerConfig
-from agentq.queueing.admission import Admission, LeaseWriteRate, SlotPool
-from agentq.queueing.heartbeat import HeartbeatHub
 
 log = logging.getLogger("agentq.worker")
 
@@ -111,7 +109,7 @@ class Worker:
 
     # ---------------------------------------------------------------- running
 
-    def start(self) -> "Worker":
+    def start(self) -> Worker:
         self.hub.start()
         for tier in TIERS:
             thread = threading.Thread(target=self._poll, args=(tier,), name=f"poll-{tier}", daemon=True)

@@ -43,8 +43,8 @@ from agentq.storage.dynamodb import from_wire, to_wire
 from agentq.storage.table import (
     Action,
     ConditionFailed,
-    IdempotentParameterMismatch,
     Delete,
+    IdempotentParameterMismatch,
     Item,
     Key,
     Page,

@@ -16,7 +16,7 @@ from boto3.dynamodb.conditions import Attr
 from pydantic import TypeAdapter
 
 from agentq.core.errors import BudgetExceeded
-from agentq.core.models import LLMStep, Lease, Step, StepRecord, TaskStatus
+from agentq.core.models import Lease, LLMStep, Step, StepRecord, TaskStatus
 from agentq.core.records import NO_USAGE, BudgetDelta, OrphanCall
 from agentq.storage import keys
 from agentq.storage.budgets import BUDGET, settle_and_reserve

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from agentq.core.models import TaskSubmission
 from agentq.core.providers.base import LLMProvider, LLMRequest, LLMResponse
@@ -28,12 +28,12 @@ def default_provider_factory(submission: TaskSubmission) -> LLMProvider:
 
 
 __all__ = [
-    "anthropic_api_key",
     "LLMProvider",
     "LLMRequest",
     "LLMResponse",
     "ProviderFactory",
     "ScriptedProvider",
+    "anthropic_api_key",
     "default_provider_factory",
     "load_script",
 ]

@@ -42,7 +42,7 @@ class RetryPolicy(BaseModel):
     jitter: Literal["full", "none"] = "full"
 
     @model_validator(mode="after")
-    def _base_within_max(self) -> "RetryPolicy":
+    def _base_within_max(self) -> RetryPolicy:
         if self.base_delay > self.max_delay:
             raise ValueError("base_delay must not exceed max_delay")
         return self
