@@ -46,7 +46,36 @@ _EXPORTS: dict[str, str] = {
     "tool": "agentq.core.tools",
 }
 
-__all__ = sorted(_EXPORTS)
+# Literal, so type checkers and linters see the public names; a test keeps it equal to _EXPORTS.
+__all__ = [
+    "AgentqError",
+    "ApiError",
+    "BudgetExceeded",
+    "Client",
+    "Constraints",
+    "Engine",
+    "EngineConfig",
+    "IllegalTransition",
+    "LeaseLost",
+    "PriceTable",
+    "ProviderError",
+    "RunResult",
+    "Script",
+    "Settings",
+    "Task",
+    "TaskNotFound",
+    "TaskStatus",
+    "TaskSubmission",
+    "ToolContext",
+    "ToolRegistry",
+    "ValidationError",
+    "build_registry",
+    "build_store",
+    "load_price_table",
+    "parse_submission",
+    "submit",
+    "tool",
+]
 
 
 def __getattr__(name: str) -> Any:

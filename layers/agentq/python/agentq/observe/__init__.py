@@ -43,7 +43,28 @@ _EXPORTS: dict[str, str] = {
 }
 _SUBMODULES = frozenset({"calls", "correlation", "emf", "events", "logs", "names", "tracing"})
 
-__all__ = sorted(_EXPORTS)
+# Literal, so type checkers and linters see the public names; a test keeps it equal to _EXPORTS.
+__all__ = [
+    "CorrelationFilter",
+    "LLMCall",
+    "ToolCall",
+    "api_metrics",
+    "bind",
+    "configure_process_logging",
+    "emit_event",
+    "enabled",
+    "flush",
+    "llm_call",
+    "metrics",
+    "record_budget_refusal",
+    "record_dead_letter",
+    "record_run",
+    "record_submitted",
+    "route_core_logs",
+    "task_context",
+    "tenant_soft_cap_crossed",
+    "tool_call",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -62,7 +83,14 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from agentq.observe import calls, correlation, emf, events, logs, names, tracing
+    # The submodules too (`observe.emf`): the redundant aliases mark them re-exported.
+    from agentq.observe import calls as calls
+    from agentq.observe import correlation as correlation
+    from agentq.observe import emf as emf
+    from agentq.observe import events as events
+    from agentq.observe import logs as logs
+    from agentq.observe import names as names
+    from agentq.observe import tracing as tracing
     from agentq.observe.calls import LLMCall, ToolCall, llm_call, tool_call
     from agentq.observe.correlation import CorrelationFilter, bind, task_context
     from agentq.observe.emf import (
