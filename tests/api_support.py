@@ -1,20 +1,17 @@
 """One local stack with the HTTP API and auth on (as in AWS), shared by the HTTP, client and
-CLI tests of one pytest process: `from tests.api_support import api_stack` in a test module."""
+CLI tests of one pytest process: the session fixture `api_stack` (tests/conftest.py) starts it
+once, on first use, and hands out an `ApiStack`."""
 
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from agentq.local.stack import LocalStack
 
@@ -77,34 +74,3 @@ class ApiStack:
         env.update({"AGENTQ_URL": self.url, "AGENTQ_API_KEY": self.key, "COLUMNS": "160", "PYTHONPATH": str(ROOT)})
         env.update(extra)
         return env
-
-
-_shared: ApiStack | None = None
-
-
-@pytest.fixture(scope="session")
-def api_stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ApiStack:
-    """One stack per test process, whichever module asks first (a fixture imported into
-    several modules is a fixture per module to pytest; this one starts the stack once)."""
-    global _shared
-    if _shared is None:
-        ledger = tmp_path_factory.mktemp("api-ledger") / "ledger.jsonl"
-        stack = LocalStack(
-            prefix=f"http{uuid.uuid4().hex[:8]}",
-            workers=2,
-            auth=True,
-            tool_modules=("agentq.core.tools.examples", "tests.effect_tools"),
-            extra_env={
-                "AGENTQ_TEST_LEDGER": str(ledger),
-                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
-            },
-        ).start()
-        request.config.add_cleanup(stack.stop)
-        assert stack.api_server is not None
-        _shared = ApiStack(
-            stack=stack,
-            url=stack.api_server.url,
-            key=stack.create_api_key("team-a"),
-            other_key=stack.create_api_key("team-b"),
-        )
-    return _shared

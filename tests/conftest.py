@@ -13,9 +13,12 @@ import pytest
 
 from agentq.core.tools import ToolRegistry
 from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
+from agentq.local.stack import LocalStack
 from agentq.resources import ResourceNames, provision
 from agentq.runtime import Settings, build_registry, build_store, session
 from agentq.storage.container import Storage
+
+from tests.api_support import ROOT, ApiStack
 
 TESTS_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS_DIR.parent))  # lets child workers import tests.* tool modules
@@ -68,3 +71,30 @@ def child_env(settings: Settings, **extra: str) -> dict[str, str]:
     env = {**os.environ, **LOCAL_CREDENTIALS, **settings.env(), **extra}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR.parent), env.get("PYTHONPATH", "")]))
     return env
+
+
+@pytest.fixture(scope="session")
+def api_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiStack]:
+    """One local stack with the HTTP API and auth on, per test process, started by whichever
+    test asks first (tests/api_support.py has the helpers it hands out)."""
+    ledger = tmp_path_factory.mktemp("api-ledger") / "ledger.jsonl"
+    stack = LocalStack(
+        prefix=f"http{uuid.uuid4().hex[:8]}",
+        workers=2,
+        auth=True,
+        tool_modules=("agentq.core.tools.examples", "tests.effect_tools"),
+        extra_env={
+            "AGENTQ_TEST_LEDGER": str(ledger),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
+        },
+    ).start()
+    try:
+        assert stack.api_server is not None
+        yield ApiStack(
+            stack=stack,
+            url=stack.api_server.url,
+            key=stack.create_api_key("team-a"),
+            other_key=stack.create_api_key("team-b"),
+        )
+    finally:
+        stack.stop()

@@ -22,7 +22,7 @@ from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_store, session
 from agentq.storage.api_keys import KeyStore, key_hash
 
-from tests.api_support import SCRIPTED, ApiStack, api_stack  # noqa: F401  (the fixture)
+from tests.api_support import SCRIPTED, ApiStack
 from tests.lambda_support import ROOT, FakeLambdaContext, load_handler
 
 METHOD_ARN = "arn:aws:execute-api:us-east-1:123456789012:abc123/prod/GET/tasks/xyz"

@@ -20,7 +20,7 @@ import pytest
 
 from agentq.cli.main import build_parser, main
 
-from tests.api_support import ROOT, SCRIPTED, ApiStack, api_stack  # noqa: F401  (the fixture)
+from tests.api_support import ROOT, SCRIPTED, ApiStack
 from tests.helpers import call
 
 RESEARCH_TOOLS = "python_exec,note_write,note_read,send_report"

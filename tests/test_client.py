@@ -20,7 +20,7 @@ from agentq.api.models import LLMCallEvent, TaskAccepted, TaskView, ToolCallEven
 from agentq.core.errors import AgentqError
 from agentq.core.models import TaskStatus, TaskSubmission
 
-from tests.api_support import SCRIPTED, ApiStack, api_stack  # noqa: F401  (the fixture)
+from tests.api_support import SCRIPTED, ApiStack
 from tests.helpers import call
 
 

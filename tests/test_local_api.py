@@ -11,7 +11,7 @@ import pytest
 from agentq.api.models import MAX_BODY_BYTES
 from agentq.local.api_server import LOCAL_TENANT, dispatch, proxy_event
 
-from tests.api_support import SCRIPTED, ApiStack, api_stack  # noqa: F401  (the fixture)
+from tests.api_support import SCRIPTED, ApiStack
 from tests.helpers import call
 
 APPROVAL = {
