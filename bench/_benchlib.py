@@ -13,6 +13,7 @@ at submit, ``claims[i].at`` at each claim, ``finished_at``): measured, not infer
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -228,10 +229,8 @@ class BenchStack(LocalStack):
         """AWS calls made so far by every worker this stack started (dead ones: to their last dump)."""
         total: Counter[str] = Counter()
         for path in Path(self.counts_dir).glob("*.json"):
-            try:
+            with contextlib.suppress(OSError, ValueError, KeyError):
                 total.update(json.loads(path.read_text())["counts"])
-            except (OSError, ValueError, KeyError):
-                pass
         return total
 
     def worker_stats(self) -> dict[int, dict[str, Any]]:

@@ -13,6 +13,7 @@ Cost: one lock and one dict increment per AWS call, and one small file write per
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import sys
@@ -60,10 +61,8 @@ def _capture_worker() -> None:
 
 def _dumper(path: str, stop: threading.Event) -> None:
     while not stop.wait(0.5):
-        try:
+        with contextlib.suppress(OSError):
             _dump(path)
-        except OSError:
-            pass
 
 
 def main() -> int:

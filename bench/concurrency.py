@@ -278,7 +278,7 @@ def render(result: dict[str, Any]) -> str:
                 "ramp s",
             ],
             rows,
-        )  # fmt: skip
+        )
     )
     out.append(
         "(held = running tasks with a live lease, from META; sqs in flight = messages received and not deleted; "

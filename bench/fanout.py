@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import json
 import os
 import sys
@@ -144,10 +145,8 @@ def worker_main(argv: list[str]) -> int:
 
         def dumper() -> None:
             while not stop.wait(0.5):
-                try:
+                with contextlib.suppress(OSError):
                     _dump(path)
-                except OSError:
-                    pass
 
         threading.Thread(target=dumper, name="bench-counts", daemon=True).start()
         atexit.register(lambda: (stop.set(), _dump(path)))

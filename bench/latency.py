@@ -215,7 +215,7 @@ def render(result: dict[str, Any]) -> str:
                 f"p99<={TARGET_PICKUP_P99:g}s",
             ],
             rows,
-        )  # fmt: skip
+        )
     )
     out.append(
         "(seconds; percentiles are nearest-rank over all tasks; done/s = completed / (last finish - first submit);"
@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                         rate=rate,
                         threads=args.threads,
                         timeout=args.timeout,
-                    )  # fmt: skip
+                    )
                 )
             result["phases"] = phases
         finally:

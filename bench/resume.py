@@ -198,7 +198,7 @@ def render(result: dict[str, Any]) -> str:
                     "yes" if result["resume_p99_met"] else "NO",
                 ]
             ],
-        ),  # fmt: skip
+        ),
     ]
     if result["errors"]:
         out.append("")

@@ -267,9 +267,9 @@ def build_observability(
                     using_metrics={f"m{i}": m for i, m in enumerate(in_flight)},
                     label="all tiers",
                     period=ONE_MINUTE,
-                )
-            ]
-            + in_flight,
+                ),
+                *in_flight,
+            ],
             width=8,
         ),
         cw.GraphWidget(

@@ -216,7 +216,7 @@ def test_a_malformed_idempotency_key_is_a_422_naming_the_header(api: Api, key: s
         "too-large",
         "text-plain",
         "multipart",
-    ],  # fmt: skip
+    ],
 )
 def test_each_bad_submission_gets_its_status_and_code_and_writes_nothing(
     api: Api, raw: str, headers: dict[str, str], status: int, code: str, field: str

@@ -330,7 +330,7 @@ def test_a_child_whose_worker_is_killed_mid_step_resumes_and_the_fan_out_complet
     )
     deadline = time.monotonic() + 60
     while True:
-        kids = [t for t in _tree(store, root.task_id)[1:]] or store.tasks.get_many([])
+        kids = _tree(store, root.task_id)[1:] or store.tasks.get_many([])
         spawn = store.spawns.list(root.task_id)
         victim = store.tasks.get(spawn[0].children[0]) if spawn and spawn[0].state == "created" else None
         if victim is not None and victim.step >= 4 and victim.lease_owner:

@@ -9,6 +9,7 @@ is simply deleted once the task is done.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -91,7 +92,7 @@ def _spawn_worker(settings: Settings, ledger: Path) -> subprocess.Popen[str]:
             str(VISIBILITY),
             "--max-receive-count",
             "5",
-        ],  # fmt: skip
+        ],
         env=child_env(settings, AGENTQ_TEST_LEDGER=str(ledger)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -129,7 +130,7 @@ def test_sigterm_ends_tasks_at_a_step_boundary_releases_them_and_the_next_worker
         first.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         try:
-            first_out, first_err = first.communicate(timeout=10)
+            _first_out, first_err = first.communicate(timeout=10)
         except subprocess.TimeoutExpired:
             pytest.fail("the worker did not exit within 10 s of SIGTERM")
         exit_seconds = time.monotonic() - signalled
@@ -169,7 +170,7 @@ def test_sigterm_ends_tasks_at_a_step_boundary_releases_them_and_the_next_worker
     finally:
         if first.poll() is None:
             _stop(first)
-        second_out, second_err = _stop(second) if second is not None else ("", "")
+        _second_out, second_err = _stop(second) if second is not None else ("", "")
 
     assert second is not None and second.returncode == 0, second_err[-3000:]
     for t in ids:
@@ -234,7 +235,7 @@ def test_a_duplicate_message_starts_no_second_execution_and_is_deleted_once_the_
     assert any(a.kind == "retry" and a.reason == "task leased by another worker" for a in ours), (
         f"the duplicate was not received while the task ran (no free slot reached the {TIER} poller?): {seen}"
     )
-    assert [a.reason for a in ours if a.kind == "delete"][0] == "task succeeded"
+    assert next(a.reason for a in ours if a.kind == "delete") == "task succeeded"
     # ... and the duplicate, received again after the end, was simply deleted
     assert ours[-1].kind == "delete" and ours[-1].reason in (
         "task already succeeded",
@@ -255,9 +256,7 @@ def test_a_heartbeat_that_lands_after_the_release_does_not_revive_the_lease(moto
     assert claimed is not None
     lease, _ = claimed
     store.tasks.release(lease)
-    try:
-        store.tasks.extend_lease(lease, 3)  # the late heartbeat
-    except LeaseLost:
-        pass  # refusing it is fine too
+    with contextlib.suppress(LeaseLost):  # refusing the late heartbeat is fine too
+        store.tasks.extend_lease(lease, 3)
     assert store.tasks.get(task.task_id).lease_expires == 0
     assert store.tasks.claim(task.task_id, "w2", 3) is not None  # the next worker claims at once

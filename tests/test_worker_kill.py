@@ -55,7 +55,7 @@ def test_a_killed_worker_s_task_completes_on_another_worker_from_its_last_step(t
         assert final.status is TaskStatus.SUCCEEDED and final.result == "finished"
         claims = stack.store().tasks.claims(final.task_id)
         assert final.claim_count == 2 and claims[0].worker != claims[1].worker
-        assert claims[1].worker.endswith(f":{[p for p in stack.processes if p is not victim][0].pid}")
+        assert claims[1].worker.endswith(f":{next(p for p in stack.processes if p is not victim).pid}")
         resume_gap = claims[1].at - killed_at
         assert 0 < resume_gap < 15  # visibility 4 s: back well inside the queue's own timeout
         steps = store.steps.load(task.task_id)

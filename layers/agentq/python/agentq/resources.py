@@ -6,6 +6,7 @@ ones, so a key schema or queue setting cannot drift between local and deployed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -165,16 +166,12 @@ def provision(
     except ddb.exceptions.ResourceInUseException:
         ensure_indexes(ddb, names.table)
     ddb.get_waiter("table_exists").wait(TableName=names.table, WaiterConfig={"Delay": 0.05, "MaxAttempts": 200})
-    try:
+    with contextlib.suppress(ddb.exceptions.ClientError):  # already enabled
         ddb.update_time_to_live(
             TableName=names.table, TimeToLiveSpecification={"Enabled": True, "AttributeName": TTL_ATTRIBUTE}
         )
-    except ddb.exceptions.ClientError:
-        pass  # already enabled
-    try:
+    with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou, s3.exceptions.BucketAlreadyExists):
         s3.create_bucket(Bucket=names.bucket)
-    except (s3.exceptions.BucketAlreadyOwnedByYou, s3.exceptions.BucketAlreadyExists):
-        pass
     if queues is not None:
         provision_queues(session.client("sqs", endpoint_url=endpoint_url), names, queues)
         provision_state_machine(session.client("stepfunctions", endpoint_url=endpoint_url), names)

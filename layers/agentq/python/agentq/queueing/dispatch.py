@@ -13,6 +13,7 @@ DLQ, or leave it alone. Failure classes:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
@@ -134,10 +135,9 @@ class Dispatcher:
     def _wake(self, task: Task, spawn_id: str) -> None:
         """The fan-out ended: note it on the spawn and make the parent runnable again."""
         self.store.spawns.mark(task.task_id, spawn_id, woken=True)
-        try:
+        # Refused when still running (it parks itself and this message comes back) or already queued.
+        with contextlib.suppress(IllegalTransition):
             self.store.tasks.transition(task.task_id, TaskStatus.QUEUED)
-        except IllegalTransition:
-            pass  # still running (it parks itself and this message comes back) or already queued
 
     def _report_end(self, task: Task, status: TaskStatus) -> None:
         """A child of a fan-out reports its end through its Step Functions callback token."""
@@ -168,10 +168,8 @@ class Dispatcher:
             error = run.error or {}
             if receive_count >= self.max_receive_count:
                 reason = f"failed after {receive_count} attempts: {error.get('message', 'retryable error')}"
-                try:
+                with contextlib.suppress(IllegalTransition):
                     self.store.tasks.transition(task_id, TaskStatus.FAILED, error={**error, "attempts": receive_count})
-                except IllegalTransition:
-                    pass
                 return Action("dead_letter", reason, task_id=task_id, run=run)
             delay = int(error.get("retry_after") or self.backoff.delay(receive_count))
             return Action(

@@ -6,6 +6,7 @@ message for a task it failed and requeues that task, which resumes at its checkp
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -56,10 +57,8 @@ def _peek(queues: TaskQueues, tier: str, limit: int) -> list[dict[str, Any]]:
         for m in batch:
             seen.setdefault(m["MessageId"], m)
     for m in seen.values():
-        try:
+        with contextlib.suppress(ClientError):
             queues.sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0)
-        except ClientError:
-            pass
     return list(seen.values())
 
 

@@ -65,7 +65,7 @@ def _from_item(item: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, attr in item.items():
         ((kind, value),) = attr.items()
-        if kind == "S" or kind == "BOOL":
+        if kind in {"S", "BOOL"}:
             out[name] = value
         elif kind == "N":
             out[name] = _number(value)
@@ -108,7 +108,7 @@ class KeyStore:
                                 "created_at": record.created_at,
                                 "revoked": False,
                             }
-                        ),  # fmt: skip
+                        ),
                         "ConditionExpression": "attribute_not_exists(pk)",
                     }
                 },
@@ -126,7 +126,7 @@ class KeyStore:
                                 "gsi1pk": f"{TENANT_KEYS}{tenant}",
                                 "gsi1sk": f"{int(record.created_at * 1000):015d}#{record.key_id}",
                             }
-                        ),  # fmt: skip
+                        ),
                         "ConditionExpression": "attribute_not_exists(pk)",
                     }
                 },
