@@ -89,7 +89,10 @@ def fmt(value: Any, digits: int = 3) -> str:
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     cells = [[str(h) for h in headers]] + [[c if isinstance(c, str) else fmt(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in cells]
+    lines = [
+        "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+        for row in cells
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -356,7 +359,7 @@ def machine() -> dict[str, Any]:
     def git(*args: str) -> str:
         try:
             return subprocess.run(
-                ["git", *args], cwd=BENCH_DIR.parent, capture_output=True, text=True, timeout=10
+                ["git", *args], cwd=BENCH_DIR.parent, capture_output=True, text=True, timeout=10, check=False
             ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return "?"

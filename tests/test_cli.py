@@ -59,7 +59,7 @@ def agentq(
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "agentq", *args], capture_output=True, text=True, timeout=timeout,
-        env=env if env is not None else api.cli_env(), cwd=ROOT,
+        env=env if env is not None else api.cli_env(), cwd=ROOT, check=False
     )  # fmt: skip
 
 
@@ -267,11 +267,16 @@ def test_dev_prints_what_another_shell_needs_and_stops_on_ctrl_c(tmp_path: Path)
         assert {"AGENTQ_TABLE", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID"} <= set(exports)
         shell = {**os.environ, **exports, "XDG_CONFIG_HOME": str(tmp_path)}
         listed = subprocess.run(
-            [sys.executable, "-m", "agentq", "list", "--json"], capture_output=True, text=True, env=shell, timeout=60
+            [sys.executable, "-m", "agentq", "list", "--json"],
+            capture_output=True,
+            text=True,
+            env=shell,
+            timeout=60,
+            check=False,
         )
         assert listed.returncode == 0 and json.loads(listed.stdout) == {"tasks": [], "next_cursor": None}
         refused = subprocess.run([sys.executable, "-m", "agentq", "list"], capture_output=True, text=True, timeout=60,
-                                 env={**shell, "AGENTQ_API_KEY": ""})  # fmt: skip
+                                 env={**shell, "AGENTQ_API_KEY": ""}, check=False)  # fmt: skip
         assert refused.returncode == 2 and "unauthorized" not in refused.stdout
     finally:
         proc.send_signal(signal.SIGINT)

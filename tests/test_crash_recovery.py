@@ -57,6 +57,7 @@ def _worker(settings: Settings, env_extra: dict[str, str], wait: float) -> subpr
         capture_output=True,
         text=True,
         timeout=120,
+        check=False,
     )
 
 

@@ -263,6 +263,7 @@ def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=60,
+        check=False,
     )
 
 

@@ -186,6 +186,7 @@ def test_the_cli_refuses_a_bad_default_naming_the_variable_with_exit_2() -> None
         capture_output=True,
         text=True,
         timeout=60,
+        check=False,
     )
     assert proc.returncode == 2
     assert proc.stderr.startswith("agentq: AGENTQ_DEFAULT_MAX_STEPS: ") and "Traceback" not in proc.stderr
