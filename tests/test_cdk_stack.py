@@ -138,7 +138,7 @@ def test_every_environment_synthesizes_its_own_stack(synth: Synthesized) -> None
 def test_an_unknown_environment_is_refused_with_the_known_ones_named() -> None:
     from app import build_app
 
-    with pytest.raises(SystemExit, match="unknown environment 'qa'; cdk.json defines: dev, staging, prod"):
+    with pytest.raises(SystemExit, match=r"unknown environment 'qa'; cdk\.json defines: dev, staging, prod"):
         build_app("qa")
 
 
@@ -743,7 +743,7 @@ def _draws(entry: list[Any], namespace: str, name: str, dimensions: dict[str, st
     dimension values, or a SEARCH over exactly its dimension names that its values satisfy."""
     if isinstance(entry[0], str):
         ns, metric, *rest = [e for e in entry if not isinstance(e, dict)]
-        return (ns, metric) == (namespace, name) and dict(zip(rest[::2], rest[1::2])) == dimensions
+        return (ns, metric) == (namespace, name) and dict(zip(rest[::2], rest[1::2], strict=True)) == dimensions
     for expression in (e["expression"] for e in entry if isinstance(e, dict) and "expression" in e):
         for found in SEARCH.finditer(expression):
             schema = [part.strip() for part in found["schema"].split(",")]

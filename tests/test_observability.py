@@ -456,7 +456,7 @@ def test_llm_and_tool_calls_are_subsegments_with_genai_annotations(
     tools = [e for e in entities if e.name == "execute_tool shout"]
     assert len(llm) == 2 and len(tools) == 2
     steps = [s.body for s in store.steps.load(task.task_id) if isinstance(s.body, LLMStep)]
-    for sub, step, number in zip(llm, steps, (1, 3)):
+    for sub, step, number in zip(llm, steps, (1, 3), strict=True):
         a = sub.annotations
         assert a["gen_ai_operation_name"] == "chat" and a["gen_ai_request_model"] == "claude-haiku-4-5"
         assert a["gen_ai_usage_input_tokens"] == step.usage.input_tokens > 0

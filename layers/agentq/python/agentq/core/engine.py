@@ -663,6 +663,7 @@ class Engine:
             return RunResult(task.task_id, "waiting", status=TaskStatus.WAITING)
         entries = []
         for child in children:
+            ended = child  # as it ended, after a timeout is recorded
             timed_out = not child.status.terminal
             if timed_out:  # its execution iteration gave up: stop it where it stands
                 partial = final_text(conversation(child.submission.goal, self.store.steps.load(child.task_id)))
@@ -673,12 +674,12 @@ class Engine:
                         result=partial,
                         error={"code": "timeout", "message": "sub-agent deadline passed"},
                     )
-                    child = child.model_copy(update={"result": partial})
+                    ended = child.model_copy(update={"result": partial})
                 except IllegalTransition:
-                    child = self.store.tasks.get(child.task_id)
-                    timed_out = child.status is TaskStatus.TIMED_OUT or not child.status.terminal
+                    ended = self.store.tasks.get(child.task_id)
+                    timed_out = ended.status is TaskStatus.TIMED_OUT or not ended.status.terminal
             self.store.budgets.settle_child(task.budget_id, child.task_id)
-            entries.append(child_outcome(child, timed_out=timed_out))
+            entries.append(child_outcome(ended, timed_out=timed_out))
         spawn_outcome = ToolOutcome(
             tool_use_id=spawn_id,
             name=SPAWN_TOOL,

@@ -135,7 +135,7 @@ def plan_children(
     if remaining < 1:
         raise SpawnRejected(f"{SPAWN_TOOL} refused: this task has no time left for sub-agents")
     plans = []
-    for i, (sub, share) in enumerate(zip(spec.subagents, shares)):
+    for i, (sub, share) in enumerate(zip(spec.subagents, shares, strict=True)):
         deadline = min(sub.deadline_seconds or remaining, remaining)
         submission = TaskSubmission(
             goal=sub.goal,

@@ -314,4 +314,5 @@ def _failed_names(exc: ClientError, actions: Sequence[Action]) -> frozenset[str]
         msg = exc.response.get("Error", {}).get("Message", "")
         if "[" in msg and "]" in msg:
             codes = [part.strip() for part in msg[msg.index("[") + 1 : msg.rindex("]")].split(",")]
-    return frozenset(a.name for a, code in zip(actions, codes) if code == "ConditionalCheckFailed")
+    # Not strict: an error that names no reasons at all (codes == []) names no failed action.
+    return frozenset(a.name for a, code in zip(actions, codes, strict=False) if code == "ConditionalCheckFailed")

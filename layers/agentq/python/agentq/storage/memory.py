@@ -177,26 +177,26 @@ class MemoryTable:
                 return  # a retry of a transaction that went through
             failed = frozenset(
                 a.name
-                for a, k in zip(actions, keys)
+                for a, k in zip(actions, keys, strict=True)
                 if a.condition is not None and not _holds(a.condition, self._raw(k))
             )
             if failed:
                 raise TransactionCancelled(failed)
             new_items: list[tuple[Action, Item | None]] = []
-            for action, key in zip(actions, keys):
+            for action, key in zip(actions, keys, strict=True):
                 if isinstance(action, Put):
                     new_items.append((action, normalise(action.item)))
                 elif isinstance(action, Patch):
                     new_items.append((action, _apply(self._raw(key), key, action.update)))
                 else:
                     new_items.append((action, None))
-            for item in (i for _, i in new_items if i is not None):
-                _check_size(item)
-            for (action, item), key in zip(new_items, keys):
+            for written in (i for _, i in new_items if i is not None):
+                _check_size(written)
+            for (action, new), key in zip(new_items, keys, strict=True):
                 if isinstance(action, Delete):
                     self._items.pop((key["pk"], key["sk"]), None)
-                elif item is not None:
-                    self._items[(key["pk"], key["sk"])] = item
+                elif new is not None:
+                    self._items[(key["pk"], key["sk"])] = new
             if token is not None:
                 self._tokens[token] = repr(actions)
 
