@@ -16,7 +16,7 @@ MAX_TIMEOUT_SECONDS = 24 * 3600
 MAX_GOAL_CHARS = 20_000
 
 
-class TaskStatus(str, enum.Enum):
+class TaskStatus(enum.StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     WAITING = "waiting"  # children running
