@@ -418,7 +418,10 @@ def python_exec(
             # TMPDIR keeps tempfile inside the working directory, the only place the
             # sandbox lets the script open directories (and so clean them up).
             env={**CHILD_ENV, "TMPDIR": scratch},
-            preexec_fn=_child_setup(timeout, memory_mb),
+            # The rlimits and the namespace unsharing must be set in the child before exec, which only
+            # preexec_fn can do; the function makes plain syscalls (no locks, no imports), so the
+            # fork-with-threads hazard PLW1509 warns of does not apply.
+            preexec_fn=_child_setup(timeout, memory_mb),  # noqa: PLW1509
             start_new_session=True,  # its own process group, so the kill reaches everything it started
             close_fds=True,
         )
