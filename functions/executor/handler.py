@@ -58,7 +58,7 @@ class _Runtime:
             fanout=build_fanout(self.settings),
         )
         max_receive = int(os.environ.get("AGENTQ_MAX_RECEIVE_COUNT", QueueSettings().max_receive_count))
-        self.dispatcher = Dispatcher(engine, self.queues, max_receive_count=max_receive)
+        self.dispatcher = Dispatcher(engine, self.store, self.queues, max_receive_count=max_receive)
 
 
 _runtime: _Runtime | None = None

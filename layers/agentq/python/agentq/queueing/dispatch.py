@@ -29,6 +29,7 @@ from agentq.core.engine import Engine, KeeperFactory, RunResult
 from agentq.core.errors import IllegalTransition, TaskNotFound
 from agentq.core.models import Task, TaskStatus
 from agentq.queueing.queues import DEAD_LETTER_REASON, TaskMessage, TaskQueues
+from agentq.storage.container import Storage
 
 log = logging.getLogger("agentq.dispatch")
 
@@ -61,13 +62,16 @@ class Dispatcher:
     def __init__(
         self,
         engine: Engine,
+        store: Storage,
         queues: TaskQueues,
         *,
         max_receive_count: int,
         backoff: RetryBackoff = RetryBackoff(),
     ) -> None:
         self.engine = engine
-        self.store = engine.store
+        # The whole store, not engine.store (the engine's ports): the dispatcher also records task
+        # tokens and wakes spawns, which the engine never does.
+        self.store = store
         self.queues = queues
         self.max_receive_count = max_receive_count
         self.backoff = backoff

@@ -78,7 +78,7 @@ class Worker:
             ),
             fanout=build_fanout(settings, pool=pool),
         )
-        self.dispatcher = Dispatcher(self.engine, self.queues, max_receive_count=config.max_receive_count)
+        self.dispatcher = Dispatcher(self.engine, self.store, self.queues, max_receive_count=config.max_receive_count)
         self.hub = HeartbeatHub(self.store, self.queues, config)
         self.admission = Admission(config, self.hub.rate)
         self.slots = SlotPool(config.concurrency, config.weights, limit=self.admission.limit)
