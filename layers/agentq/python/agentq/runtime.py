@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -113,8 +114,10 @@ def session(settings: Settings) -> boto3.session.Session:
     return boto3.session.Session(region_name=settings.region)
 
 
-def client(settings: Settings, service: str, sess: Any | None = None, pool: int = 64) -> Any:
-    return (sess or session(settings)).client(service, endpoint_url=settings.endpoint_url, config=boto_config(pool))
+def client(settings: Settings, service: str, sess: boto3.session.Session | None = None, pool: int = 64) -> Any:
+    # Any service by name: the stubs type Session.client by one overload per literal service name.
+    make: Callable[..., Any] = (sess or session(settings)).client
+    return make(service, endpoint_url=settings.endpoint_url, config=boto_config(pool))
 
 
 def engine_config(settings: Settings, **kwargs: Any) -> EngineConfig:
@@ -124,7 +127,7 @@ def engine_config(settings: Settings, **kwargs: Any) -> EngineConfig:
     return EngineConfig(default_tenant_limits=settings.defaults.tenant_limits(), **kwargs)
 
 
-def build_store(settings: Settings, sess: Any | None = None, pool: int = 64) -> Storage:
+def build_store(settings: Settings, sess: boto3.session.Session | None = None, pool: int = 64) -> Storage:
     sess = sess or session(settings)
     payloads = PayloadStore(client(settings, "s3", sess, pool), settings.bucket, settings.offload_threshold)
     return Storage(
@@ -134,11 +137,11 @@ def build_store(settings: Settings, sess: Any | None = None, pool: int = 64) -> 
     )
 
 
-def build_queues(settings: Settings, sess: Any | None = None, pool: int = 64) -> TaskQueues:
+def build_queues(settings: Settings, sess: boto3.session.Session | None = None, pool: int = 64) -> TaskQueues:
     return TaskQueues(client(settings, "sqs", sess, pool), settings.names)
 
 
-def build_fanout(settings: Settings, sess: Any | None = None, pool: int = 64) -> Any:
+def build_fanout(settings: Settings, sess: boto3.session.Session | None = None, pool: int = 64) -> Any:
     """The Step Functions fan-out launcher, or None where no state machine exists."""
     from agentq.queueing.stepfunctions import StepFunctionsFanout
 

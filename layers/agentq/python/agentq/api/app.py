@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 from aws_lambda_powertools.event_handler.openapi.exceptions import (
@@ -192,6 +192,9 @@ def _event_tenant(event: Mapping[str, Any]) -> str | None:
     return str(tenant) if tenant else None
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
 class AgentqResolver(APIGatewayRestResolver):
     """The resolver plus the checks that must answer before a body is parsed: size and tenant."""
 
@@ -213,6 +216,11 @@ class AgentqResolver(APIGatewayRestResolver):
                 401, "unauthorized", "send Authorization: Bearer <API key>", headers={"WWW-Authenticate": "Bearer"}
             )
         return super().resolve(event, context)
+
+    def exception_handler(self, exc_class: type[Exception] | list[type[Exception]]) -> Callable[[_F], _F]:
+        """powertools' own, typed: it registers the function and returns it unchanged."""
+        register: Callable[[_F], _F] = super().exception_handler(exc_class)
+        return register
 
     def tenant(self) -> str:
         tenant = _event_tenant(self.current_event.raw_event) or self.default_tenant

@@ -99,7 +99,7 @@ class TaskLinks(ApiModel):
     @classmethod
     def for_task(cls, task_id: str) -> TaskLinks:
         base = f"/tasks/{task_id}"
-        return cls(self=base, result=f"{base}/result", trace=f"{base}/trace", cancel=f"{base}/cancel")
+        return cls(self_=base, result=f"{base}/result", trace=f"{base}/trace", cancel=f"{base}/cancel")
 
 
 class TaskAccepted(ApiModel):

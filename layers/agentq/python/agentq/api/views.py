@@ -11,7 +11,7 @@ import json
 import re
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, Literal
 
 from agentq.api.models import (
     GOAL_PREVIEW_CHARS,
@@ -303,7 +303,7 @@ def _side_events(store: Storage, task: Task) -> list[tuple[Key, Any]]:
     """Transitions (from META, approvals and spawns) and orphan LLM calls: the few events that are
     not steps, all read at once."""
     events: list[tuple[Key, Any]] = []
-    first = "forked" if task.forked_from else "created"
+    first: Literal["forked", "created"] = "forked" if task.forked_from else "created"
     detail = {"forked_from": task.forked_from} if task.forked_from else {"priority": task.submission.priority}
     # always first: a fork's copied steps keep their source's (earlier) commit times
     events.append(

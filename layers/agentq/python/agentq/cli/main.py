@@ -95,7 +95,10 @@ def _cmd_dev(args: argparse.Namespace) -> int:
         stack.start()
         assert stack.settings is not None and stack.api_server is not None
         env = {**LOCAL_CREDENTIALS, **stack.settings.env(), "AGENTQ_URL": stack.api_server.url}
-        say = lambda line: print(line, flush=True)  # noqa: E731
+
+        def say(line: str) -> None:
+            print(line, flush=True)
+
         say(f"agentq dev: AWS (moto) {stack.moto.endpoint_url}")
         say(f"            API        {stack.api_server.url}   (GET /openapi.json lists the routes)")
         say(f"            workers    {', '.join(str(p.pid) for p in stack.processes) or 'none'}")

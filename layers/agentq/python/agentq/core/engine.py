@@ -458,7 +458,12 @@ class Engine:
             self._release_inflight(s)
             if hold is not None:
                 self.windows.settle(hold, 0)
-            error = {"code": exc.code, "message": exc.message, "status_code": exc.status_code, "attempts": exc.attempts}
+            error: dict[str, Any] | None = {
+                "code": exc.code,
+                "message": exc.message,
+                "status_code": exc.status_code,
+                "attempts": exc.attempts,
+            }
             if exc.retryable:
                 self.store.tasks.release(s.lease)
                 return RunResult(s.lease.task_id, "retry", error=error)

@@ -108,6 +108,7 @@ class LocalApiServer:
         """``authorizer`` maps an Authorization header value to a tenant or raises (401)."""
         self.handler = handler
         self.authorizer = authorizer
+        self.host = host
 
         outer = self
 
@@ -143,8 +144,7 @@ class LocalApiServer:
 
     @property
     def url(self) -> str:
-        host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{self.host}:{self.httpd.server_port}"
 
     def start(self) -> LocalApiServer:
         self.thread.start()

@@ -18,12 +18,15 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
-from werkzeug.serving import run_simple
+from werkzeug.serving import WSGIRequestHandler, run_simple
 
+request_handler: type[WSGIRequestHandler] | None
 try:  # the request handler moto uses for its own server (keeps its header handling)
-    from moto.moto_server.threaded_moto_server import MotoRequestHandler
+    from moto.moto_server.werkzeug_app import MotoRequestHandler
+
+    request_handler = MotoRequestHandler
 except ImportError:  # pragma: no cover - older moto
-    MotoRequestHandler = None
+    request_handler = None
 
 
 class SerialisedDynamoDB:
@@ -49,8 +52,8 @@ def main() -> None:
     os.environ.setdefault("MOTO_PORT", str(args.port))
     app = DomainDispatcherApplication(create_backend_app)
     kwargs: dict[str, Any] = {"threaded": True}
-    if MotoRequestHandler is not None:
-        kwargs["request_handler"] = MotoRequestHandler
+    if request_handler is not None:
+        kwargs["request_handler"] = request_handler
     run_simple(args.host, args.port, SerialisedDynamoDB(app), **kwargs)
 
 

@@ -4,6 +4,7 @@ they need (``storage.tasks``, ``storage.steps``, ...); which backend is undernea
 
 from __future__ import annotations
 
+from agentq.core.tenancy import TenantLimits
 from agentq.storage.approvals import Approvals
 from agentq.storage.budgets import Budgets
 from agentq.storage.effects import Effects
@@ -14,7 +15,7 @@ from agentq.storage.spawns import Spawns
 from agentq.storage.steps import Steps
 from agentq.storage.table import Table
 from agentq.storage.tasks import DAY_SECONDS, DEFAULT_TASK_RETENTION_DAYS, Tasks
-from agentq.storage.tenant_windows import TenantLimits, TenantWindows
+from agentq.storage.tenant_windows import TenantWindows
 
 
 class Storage:

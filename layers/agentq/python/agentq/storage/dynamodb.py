@@ -301,8 +301,8 @@ class DynamoTable:
 def _condition_failed(exc: ClientError) -> Exception:
     if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
         return exc
-    old = exc.response.get("Item")
-    return ConditionFailed(from_wire(old) if old else None)
+    old = exc.response.get("Item")  # present when the request asked for ReturnValuesOnConditionCheckFailure
+    return ConditionFailed(from_wire(old) if isinstance(old, dict) and old else None)
 
 
 def _failed_names(exc: ClientError, actions: Sequence[Action]) -> frozenset[str]:

@@ -244,7 +244,7 @@ def _check_size(item: Item) -> None:
 
 
 def _apply(old: Item | None, key: Key, update: Update) -> Item:
-    new = copy.deepcopy(old) if old is not None else dict(key)
+    new: Item = copy.deepcopy(old) if old is not None else dict(key)
     before = old or {}
     for name, (source, default) in update.copy_from.items():
         new[name] = copy.deepcopy(before[source]) if source in before else normalise({"v": default})["v"]

@@ -8,9 +8,13 @@ the writer's lease epoch (a zombie's late upload can never overwrite a committed
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+    from mypy_boto3_s3.type_defs import ObjectIdentifierTypeDef
 
 _SER = TypeSerializer()
 _DESER = TypeDeserializer()
@@ -43,7 +47,8 @@ def to_item(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def to_attr(value: Any) -> dict[str, Any]:
-    return _SER.serialize(_to_ddb_value(value))
+    # The stub types one attribute value as a private TypedDict; items carry them as plain dicts.
+    return cast("dict[str, Any]", _SER.serialize(_to_ddb_value(value)))
 
 
 def to_values(values: dict[str, Any]) -> dict[str, Any]:
@@ -79,7 +84,7 @@ DELETE_OBJECTS_MAX = 1000
 class PayloadStore:
     """Keeps large payloads out of DynamoDB items."""
 
-    def __init__(self, s3: Any, bucket: str, threshold: int = DEFAULT_OFFLOAD_THRESHOLD) -> None:
+    def __init__(self, s3: S3Client, bucket: str, threshold: int = DEFAULT_OFFLOAD_THRESHOLD) -> None:
         self.s3 = s3
         self.bucket = bucket
         self.threshold = threshold
@@ -106,7 +111,7 @@ class PayloadStore:
         """Delete every object under ``prefix``; returns how many."""
         deleted = 0
         for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
-            keys = [{"Key": obj["Key"]} for obj in page.get("Contents", [])]
+            keys: list[ObjectIdentifierTypeDef] = [{"Key": obj["Key"]} for obj in page.get("Contents", [])]
             for start in range(0, len(keys), DELETE_OBJECTS_MAX):
                 chunk = keys[start : start + DELETE_OBJECTS_MAX]
                 resp = self.s3.delete_objects(Bucket=self.bucket, Delete={"Objects": chunk, "Quiet": True})

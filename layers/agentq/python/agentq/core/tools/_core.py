@@ -398,7 +398,7 @@ class ToolRegistry:
             if name not in allowed:
                 return result(f"tool {name!r} is not allowed for this task")
             try:
-                validated = spec.input_model.model_validate(raw_input if raw_input is not None else {})
+                validated = spec.input_model.model_validate(raw_input)
             except pydantic.ValidationError as exc:
                 return result(f"invalid input for tool {name!r}: {_describe_validation_error(exc)}")
             kwargs = {field: getattr(validated, field) for field in type(validated).model_fields}
