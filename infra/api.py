@@ -70,7 +70,7 @@ def build_api(scope: Construct, cfg: EnvironmentSettings, fns: Functions) -> Api
     authorizer = apigw.TokenAuthorizer(
         scope,
         "ApiKeyAuthorizer",
-        handler=fns.authorizer,  # type: ignore[arg-type]
+        handler=fns.authorizer,
         identity_source=apigw.IdentitySource.header("Authorization"),
         validation_regex=r"^Bearer \S+$",
         results_cache_ttl=cdk.Duration.seconds(a.authorizer_cache_seconds),
@@ -105,7 +105,7 @@ def build_api(scope: Construct, cfg: EnvironmentSettings, fns: Functions) -> Api
             authorizer=authorizer, authorization_type=apigw.AuthorizationType.CUSTOM
         ),
     )
-    integration = apigw.LambdaIntegration(fns.api, proxy=True, allow_test_invoke=False)  # type: ignore[arg-type]
+    integration = apigw.LambdaIntegration(fns.api, proxy=True, allow_test_invoke=False)
     tasks = rest_api.root.add_resource("tasks")
     tasks.add_method("POST", integration)
     tasks.add_method("GET", integration)

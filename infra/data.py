@@ -68,7 +68,7 @@ def build_data(scope: Construct, cfg: EnvironmentSettings) -> Data:
         scope,
         "Table",
         table_name=names.table,
-        partition_key=_key(TABLE_KEY_SCHEMA, "HASH", types),  # type: ignore[arg-type]
+        partition_key=_key(TABLE_KEY_SCHEMA, "HASH", types),
         sort_key=_key(TABLE_KEY_SCHEMA, "RANGE", types),
         billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
         encryption=dynamodb.TableEncryption.AWS_MANAGED,
@@ -85,7 +85,7 @@ def build_data(scope: Construct, cfg: EnvironmentSettings) -> Data:
         projection = gsi.get("Projection", {"ProjectionType": "ALL"})
         table.add_global_secondary_index(
             index_name=gsi["IndexName"],
-            partition_key=_key(gsi["KeySchema"], "HASH", types),  # type: ignore[arg-type]
+            partition_key=_key(gsi["KeySchema"], "HASH", types),
             sort_key=_key(gsi["KeySchema"], "RANGE", types),
             projection_type=_PROJECTIONS[projection["ProjectionType"]],
             non_key_attributes=projection.get("NonKeyAttributes"),

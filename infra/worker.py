@@ -23,9 +23,10 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from agentq.observe.names import NAMESPACE as METRICS_NAMESPACE
 from agentq.resources import TIERS
 from infra.data import Data
-from infra.functions import METRICS_NAMESPACE, grant_task_runner, log_retention, task_runner_env
+from infra.functions import grant_task_runner, log_retention, task_runner_env
 from infra.settings import EnvironmentSettings
 
 ECR_IMAGE = re.compile(
