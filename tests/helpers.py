@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from agentq.core.models import TaskSubmission
+from agentq.storage.container import Storage
+from agentq.storage.dynamodb import DynamoTable
+from agentq.storage.serdes import PayloadStore
 
 
-def scripted(turns: list[dict[str, Any]], *, tools: list[str] | None = None, **constraints: Any) -> TaskSubmission:
+def scripted(turns: Sequence[object], *, tools: list[str] | None = None, **constraints: Any) -> TaskSubmission:
+    """A scripted-provider submission. ``turns`` are JSON-shaped dicts (mixed value types, so
+    a literal list of them infers as ``list[object]``); TaskSubmission validates them."""
     return TaskSubmission.model_validate(
         {
             "goal": "test goal",
@@ -48,3 +54,16 @@ def wait_for(predicate: Any, timeout: float = 20, what: str = "condition", inter
         assert time.monotonic() < deadline, f"{what} not reached within {timeout}s"
         time.sleep(interval)
     return value
+
+
+def dynamo(store: Storage) -> DynamoTable:
+    """The DynamoDB table under a store from ``build_store``, for tests that read or write the
+    table around the repositories (``Storage.table`` is typed by its protocol)."""
+    assert isinstance(store.table, DynamoTable), type(store.table)
+    return store.table
+
+
+def s3_payloads(store: Storage) -> PayloadStore:
+    """The S3 payload store under a store from ``build_store`` (its client and bucket)."""
+    assert isinstance(store.payloads, PayloadStore), type(store.payloads)
+    return store.payloads

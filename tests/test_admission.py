@@ -84,7 +84,7 @@ def test_the_limit_rises_at_most_twofold_per_heartbeat_and_to_twice_what_is_held
     admission, rate, clock = _admission(latency=2.0)  # 8 writes/s: the floor
     assert _settle(admission, clock) == 8
     rate.observe(0.01)  # the store is fast again: the target is 256
-    seen = []
+    seen: list[int] = []
     for _ in range(6):
         clock.now += 1.0
         seen.append(admission.limit(seen[-1] if seen else 8))

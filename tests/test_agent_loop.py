@@ -10,7 +10,7 @@ import pytest
 
 from agentq.core.engine import Engine, EngineConfig, conversation
 from agentq.core.errors import ProviderError
-from agentq.core.models import LLMStep, TaskStatus, TaskSubmission, ToolsStep, Usage
+from agentq.core.models import LLMStep, TaskStatus, ToolsStep, Usage
 from agentq.core.providers import LLMRequest, LLMResponse, default_provider_factory
 from agentq.core.tools import ToolRegistry
 from agentq.runtime import Settings, build_registry
@@ -253,4 +253,4 @@ def test_usage_total_counts_cache_tokens() -> None:
 
 def test_submission_defaults_are_sane() -> None:
     sub = scripted([{"text": "x"}])
-    assert isinstance(sub, TaskSubmission) and sub.priority == "normal" and sub.constraints.timeout_seconds == 3600
+    assert sub.priority == "normal" and sub.constraints.timeout_seconds == 3600

@@ -23,6 +23,7 @@ from agentq.runtime import Settings, build_store, session
 from agentq.storage.api_keys import KeyStore, key_hash
 
 from tests.api_support import SCRIPTED, ApiStack
+from tests.helpers import dynamo
 from tests.lambda_support import ROOT, FakeLambdaContext, load_handler
 
 METHOD_ARN = "arn:aws:execute-api:us-east-1:123456789012:abc123/prod/GET/tasks/xyz"
@@ -37,7 +38,7 @@ def deployment(moto_server: MotoServer) -> Iterator[tuple[Settings, Any, Any, Ke
     for key, value in settings.env().items():
         mp.setenv(key, value)
     try:
-        keys = KeyStore(build_store(settings).table.client, settings.table)
+        keys = KeyStore(dynamo(build_store(settings)).client, settings.table)
         yield settings, load_handler("authorizer"), load_handler("api"), keys
     finally:
         mp.undo()

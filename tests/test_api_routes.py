@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from agentq.api.models import MAX_BODY_BYTES, MAX_GOAL_CHARS, TaskView, TracePage
+from agentq.api.models import MAX_BODY_BYTES, LLMCallEvent, TaskView, ToolCallEvent, TracePage, TransitionEvent
 from agentq.core.engine import Engine, EngineConfig
-from agentq.core.models import Lease, LLMStep, TaskStatus, Usage
+from agentq.core.models import MAX_GOAL_CHARS, Lease, LLMStep, TaskStatus, Usage
 from agentq.local.api_server import proxy_event
 from agentq.local.moto_server import MotoServer
 from agentq.resources import QueueSettings, provision
@@ -24,6 +24,7 @@ from agentq.runtime import Settings, build_queues, build_registry, build_store, 
 from agentq.storage.container import Storage
 
 from tests.helpers import call as tool_call
+from tests.helpers import dynamo
 from tests.lambda_support import FakeLambdaContext, load_handler
 
 A, B = "tenant-a", "tenant-b"
@@ -83,7 +84,7 @@ class Api:
         engine.run(task_id)
 
     def items(self) -> int:
-        return int(self.store.table.client.scan(TableName=self.settings.table, Select="COUNT")["Count"])
+        return int(dynamo(self.store).client.scan(TableName=self.settings.table, Select="COUNT")["Count"])
 
 
 @pytest.fixture(scope="module")
@@ -332,7 +333,7 @@ def test_trace_lists_llm_calls_tool_calls_and_transitions_in_commit_order(api: A
     status, data, _ = api.call("GET", f"/tasks/{task_id}/trace")
     assert status == 200 and data["next_cursor"] is None
     events = TracePage.model_validate(data).events
-    kinds = [e.type if e.type != "transition" else e.event for e in events]  # type: ignore[union-attr]
+    kinds = [e.type if e.type != "transition" else e.event for e in events]
     assert kinds == [
         "created",
         "claimed",
@@ -345,19 +346,20 @@ def test_trace_lists_llm_calls_tool_calls_and_transitions_in_commit_order(api: A
         "finished",
     ]
     assert [e.at for e in events] == sorted(e.at for e in events)
-    llm = events[2]
-    assert (
-        llm.type == "llm_call" and llm.step == 1 and llm.epoch == 1 and llm.model == "claude-sonnet-4-6"
-    ) or llm.model
-    assert llm.tokens.input > 0 and llm.tokens.total == llm.tokens.input + llm.tokens.output  # type: ignore[union-attr]
-    assert llm.tool_calls == ["lookup"] and llm.text == "looking" and llm.duration_ms >= 0 and not llm.orphan  # type: ignore[union-attr]
-    tool = events[3]
-    assert tool.type == "tool_call" and tool.name == "lookup" and tool.input == {"query": "alpha", "size": 40}  # type: ignore[union-attr]
+    llm, tool = events[2], events[3]
+    assert isinstance(llm, LLMCallEvent) and isinstance(tool, ToolCallEvent)
+    assert llm.step == 1 and llm.epoch == 1 and llm.model == "claude-sonnet-4-6"
+    assert llm.tokens.input > 0 and llm.tokens.total == llm.tokens.input + llm.tokens.output
+    assert llm.tool_calls == ["lookup"] and llm.text == "looking" and llm.duration_ms >= 0 and not llm.orphan
+    assert tool.name == "lookup" and tool.input == {"query": "alpha", "size": 40}
     assert (
         tool.output.startswith("result for alpha") and tool.status == "ok" and tool.duration_ms >= 0 and tool.step == 2
-    )  # type: ignore[union-attr]
-    assert [e.input["query"] for e in events[5:7]] == ["beta", "gamma"]  # type: ignore[union-attr]
-    assert events[1].worker == "test:1" and events[-1].status is TaskStatus.SUCCEEDED  # type: ignore[union-attr]
+    )
+    more_tools = [e for e in events[5:7] if isinstance(e, ToolCallEvent)]
+    assert [(e.input or {}).get("query") for e in more_tools] == ["beta", "gamma"]
+    claimed, finished = events[1], events[-1]
+    assert isinstance(claimed, TransitionEvent) and isinstance(finished, TransitionEvent)
+    assert claimed.worker == "test:1" and finished.status is TaskStatus.SUCCEEDED
     # every page size gives the same events, each once
     for limit in (1, 2, 4):
         paged, cursor = [], None

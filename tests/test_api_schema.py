@@ -35,6 +35,8 @@ from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_queues, build_registry, build_store, session
 from agentq.storage.api_keys import KeyStore
 
+from tests.helpers import dynamo
+
 CHECKS = [
     not_a_server_error,
     status_code_conformance,
@@ -66,7 +68,7 @@ def api(moto_server: MotoServer) -> Iterator[Api]:
     provision(session(s), s.names, endpoint_url=s.endpoint_url, queues=QueueSettings())
     store = build_store(s)
     app = build_app(store, build_registry(s), build_queues(s))
-    keys = KeyStore(store.table.client, s.table)
+    keys = KeyStore(dynamo(store).client, s.table)
     yield Api(
         wsgi=wsgi_app(app.resolve, authorizer=lambda header: authorize(keys, header).tenant), key=keys.create("fuzz")[0]
     )

@@ -11,6 +11,8 @@ from agentq.core.errors import ValidationError
 from agentq.core.tools import ToolRegistry
 from agentq.storage.container import Storage
 
+from tests.helpers import dynamo
+
 VALID: dict[str, Any] = {
     "goal": "summarise the report",
     "provider": "scripted",
@@ -71,19 +73,19 @@ def test_each_invalid_field_is_named_and_nothing_is_written(
     assert err.value.field is not None and err.value.field.startswith(field.split("[", maxsplit=1)[0])
     assert field in (err.value.field, "script")
     assert err.value.message.startswith(err.value.field + ": ")
-    assert store.table.client.scan(TableName=store.table.name)["Count"] == 0
+    assert dynamo(store).client.scan(TableName=store.table.name)["Count"] == 0
 
 
 def test_a_non_object_submission_is_refused(store: Storage, registry: ToolRegistry) -> None:
     with pytest.raises(ValidationError) as err:
         submit(store, registry, ["goal"], tenant="t")
     assert err.value.field == "body"
-    assert store.table.client.scan(TableName=store.table.name)["Count"] == 0
+    assert dynamo(store).client.scan(TableName=store.table.name)["Count"] == 0
 
 
 def test_a_valid_submission_writes_the_task_and_its_budget_together(store: Storage, registry: ToolRegistry) -> None:
     task = submit(store, registry, VALID, tenant="t")
-    keys = {(i["pk"]["S"], i["sk"]["S"]) for i in store.table.client.scan(TableName=store.table.name)["Items"]}
+    keys = {(i["pk"]["S"], i["sk"]["S"]) for i in dynamo(store).client.scan(TableName=store.table.name)["Items"]}
     assert keys == {
         (f"TASK#{task.task_id}", "META"),
         (f"TASK#{task.task_id}", "META#SUBMISSION"),

@@ -72,7 +72,9 @@ def _worker_context() -> dict[str, Any]:
 
 
 # Every synth the CDK tests use: (environment, directory under synth_root, extra context).
-SYNTHS = [(env, env, {}) for env in ENVIRONMENTS] + [("dev", "dev-worker", _worker_context())]
+SYNTHS: list[tuple[str, str, dict[str, Any]]] = [(env, env, {}) for env in ENVIRONMENTS] + [
+    ("dev", "dev-worker", _worker_context())
+]
 
 
 @pytest.fixture(scope="session")
@@ -333,6 +335,7 @@ def test_reserved_concurrency_is_the_environments(synth: Synthesized) -> None:
     _, executor = _function(synth, "executor")
     assert executor["Properties"].get("ReservedConcurrentExecutions") == cfg.executor.reserved_concurrency
     assert ENVIRONMENTS[synth.env_name]["executor"]["reserved_concurrency"] == cfg.executor.reserved_concurrency
+    assert cfg.executor.reserved_concurrency is not None
     assert sum(cfg.executor.tier_max_concurrency.values()) <= cfg.executor.reserved_concurrency
 
 
@@ -486,7 +489,7 @@ def _reaper_mapping(synth: Synthesized) -> dict[str, Any]:
         m["Properties"] for m in synth.resources("AWS::Lambda::EventSourceMapping").values()
         if m["Properties"]["FunctionName"] == {"Ref": reaper_id}
     ]  # fmt: skip
-    return mapping
+    return dict(mapping)
 
 
 def test_table_streams_keys_only_for_the_reaper(synth: Synthesized, template: assertions.Template) -> None:

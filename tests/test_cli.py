@@ -4,6 +4,7 @@ Exit codes: 0 success, 1 the task or operation did not succeed, 2 bad usage or i
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -185,7 +186,8 @@ def test_bad_usage_and_configuration_exit_2_with_a_precise_message(
 def test_every_command_has_help_text() -> None:
     parser = build_parser()
     assert "exit codes: 0 success; 1" in parser.format_help()
-    commands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    (subcommands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    commands = subcommands.choices
     expected = {"submit", "status", "watch", "result", "trace", "list", "cancel", "approve", "reject", "budget", "fork",
                 "keys", "dlq", "dev", "demo", "run", "worker", "run-task"}  # fmt: skip
     assert expected <= set(commands)

@@ -16,7 +16,7 @@ from agentq.api.client import (
     NotFound,
     WaitTimeout,
 )
-from agentq.api.models import LLMCallEvent, TaskAccepted, TaskView, ToolCallEvent, TransitionEvent
+from agentq.api.models import LLMCallEvent, ToolCallEvent, TransitionEvent
 from agentq.core.errors import AgentqError
 from agentq.core.models import TaskStatus, TaskSubmission
 
@@ -34,11 +34,11 @@ def test_submit_wait_result_and_trace_are_typed(client: Client) -> None:
     accepted = client.submit(
         TaskSubmission.model_validate({**SCRIPTED, "script": script, "constraints": {"tools": ["lookup"]}})
     )
-    assert isinstance(accepted, TaskAccepted) and accepted.status is TaskStatus.QUEUED and accepted.created
+    assert accepted.status is TaskStatus.QUEUED and accepted.created
     assert accepted.links.self_ == f"/tasks/{accepted.task_id}"
     seen: list[TaskStatus] = []
     view = client.wait(accepted.task_id, timeout=60, poll=0.05, on_update=lambda v: seen.append(v.status))
-    assert isinstance(view, TaskView) and view.status is TaskStatus.SUCCEEDED and view.result == "typed answer"
+    assert view.status is TaskStatus.SUCCEEDED and view.result == "typed answer"
     assert seen[-1] is TaskStatus.SUCCEEDED and view.tokens.total > 0 and view.budget is not None
     result = client.result(accepted.task_id)
     assert result.complete and result.result == "typed answer"

@@ -112,7 +112,7 @@ def test_request_approval_pauses_without_a_worker_and_the_decision_resumes_the_t
     control.decide(store, queues, task.task_id, approved=approved, note="checked the invoice", by="alice")
     final = _until(store, task.task_id, lambda t: t.status.terminal)
     assert final.status is TaskStatus.SUCCEEDED
-    results = store.steps.load(task.task_id)[1].body.results  # type: ignore[union-attr]
+    results = store.steps.load(task.task_id)[1].body.results
     verdict = "APPROVED" if approved else "REJECTED"
     assert results[0].content == f"{verdict} by alice: checked the invoice"
     assert results[1].name == "charge_card" and results[1].content.startswith("charged 500000 cents")
@@ -171,8 +171,8 @@ def test_fork_from_step_n_with_another_model_reuses_history_and_never_repeats_it
     assert final.status is TaskStatus.SUCCEEDED and final.result == "forked ending"
     src_steps, fork_steps = store.steps.load(source.task_id), store.steps.load(fork.task_id)
     assert [s.body for s in fork_steps[:2]] == [s.body for s in src_steps[:2]]  # copied, not re-run
-    assert fork_steps[2].body.model == "claude-haiku-4-5"  # type: ignore[union-attr]
-    assert json.dumps(fork_steps[2].body.content).count("a different look") == 1  # type: ignore[union-attr]
+    assert fork_steps[2].body.model == "claude-haiku-4-5"
+    assert json.dumps(fork_steps[2].body.content).count("a different look") == 1
     assert ledger.read_text().count('"amount": 700}') == 1  # the charge in step 2 did not happen again
     with pytest.raises(ValidationError, match="at_step must be between 0 and 5"):
         control.fork(store, build_registry(stack.settings), queues, source.task_id, at_step=9)

@@ -20,7 +20,7 @@ from agentq.runtime import Settings, build_registry, build_store, session
 from agentq.storage.container import Storage
 
 from tests.conftest import child_env
-from tests.helpers import call, scripted
+from tests.helpers import call, dynamo, scripted
 
 TASK_ID = "crash-task"
 TURNS = [
@@ -85,7 +85,7 @@ def _baseline(settings: Settings, ledger: Path, monkeypatch: pytest.MonkeyPatch)
     ).run(TASK_ID)
     assert result.status is TaskStatus.SUCCEEDED
     shape = _shape(store.steps.load(TASK_ID))
-    store.table.client.delete_table(TableName=settings.table)
+    dynamo(store).client.delete_table(TableName=settings.table)
     provision(
         session(settings),
         ResourceNames(table=settings.table, bucket=settings.bucket),

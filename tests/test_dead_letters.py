@@ -26,7 +26,7 @@ from agentq.runtime import Settings, build_queues, build_registry, build_store
 
 from tests.conftest import child_env
 from tests.fake_messages_api import FakeMessagesAPI, overloaded, text_reply, tool_use_reply
-from tests.helpers import deployment, wait_for
+from tests.helpers import deployment, dynamo, s3_payloads, wait_for
 
 MAX_RECEIVES = 2
 # The worker tests run on the high tier so that they do not depend on how the slot pool shares
@@ -56,7 +56,7 @@ def _depth(queues: TaskQueues, url: str) -> int:
 
 
 def _table_items(settings: Settings, store: Any) -> list[dict[str, Any]]:
-    return list(store.table.client.scan(TableName=settings.table, ConsistentRead=True)["Items"])
+    return list(dynamo(store).client.scan(TableName=settings.table, ConsistentRead=True)["Items"])
 
 
 @contextmanager
@@ -118,7 +118,7 @@ def test_poison_messages_go_straight_to_the_dlq_with_the_reason_and_write_nothin
     for tier in ("normal", "low"):
         assert _depth(queues, queues.dlq_url(tier)) == 0
     assert _table_items(settings, store) == []  # no task, budget, step: nothing written
-    assert store.payloads.s3.list_objects_v2(Bucket=settings.bucket).get("KeyCount", 0) == 0
+    assert s3_payloads(store).s3.list_objects_v2(Bucket=settings.bucket).get("KeyCount", 0) == 0
 
 
 # ------------------------------------------------------------ retryable failures

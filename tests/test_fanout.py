@@ -95,7 +95,7 @@ def test_a_two_level_tree_completes_and_the_root_ledger_equals_every_call_in_it(
 
     steps = store.steps.load(root.task_id)
     assert [s.body.kind for s in steps] == ["llm", "tools", "llm"]
-    spawn_result = json.loads(steps[1].body.results[0].content)  # type: ignore[union-attr]
+    spawn_result = json.loads(steps[1].body.results[0].content)
     assert [e["status"] for e in spawn_result["subagents"]] == ["succeeded"] * 5
     assert [e["result"] for e in spawn_result["subagents"]] == [f"child {i} summary" for i in range(5)]
     assert final.claim_count == 2  # submitted once, woken once with every result
@@ -165,7 +165,7 @@ def test_depth_past_max_depth_is_refused(stack: LocalStack) -> None:
     sub.constraints.max_depth = 0
     root = submit(store, build_registry(stack.settings), sub, tenant="t", queues=stack.queues())
     _wait(store, root.task_id)
-    result = store.steps.load(root.task_id)[1].body.results[0]  # type: ignore[union-attr]
+    result = store.steps.load(root.task_id)[1].body.results[0]
     assert result.is_error and "max_depth is 0" in result.content
 
 
@@ -203,7 +203,7 @@ def test_a_child_past_its_deadline_becomes_timeout_and_a_child_over_budget_keeps
     root = submit(store, build_registry(stack.settings), sub, tenant="t", queues=stack.queues())
     final = _wait(store, root.task_id)
     assert final.status is TaskStatus.SUCCEEDED and final.result == "carried on with what it had"
-    entries = json.loads(store.steps.load(root.task_id)[1].body.results[0].content)["subagents"]  # type: ignore[union-attr]
+    entries = json.loads(store.steps.load(root.task_id)[1].body.results[0].content)["subagents"]
     by_goal = {e["goal"]: e for e in entries}
     assert by_goal["slow"]["status"] == "timed_out" and by_goal["slow"]["result"].startswith("[timeout]")
     slow_steps = store.steps.load(by_goal["slow"]["task_id"])
@@ -248,7 +248,7 @@ def test_a_parent_killed_mid_spawn_resumes_without_duplicating_children(stack: L
     stack.queues().send(root.task_id, "normal")  # its message would come back; send it now
     final = _wait(store, root.task_id)
     assert final.status is TaskStatus.SUCCEEDED
-    entries = json.loads(store.steps.load(root.task_id)[1].body.results[0].content)["subagents"]  # type: ignore[union-attr]
+    entries = json.loads(store.steps.load(root.task_id)[1].body.results[0].content)["subagents"]
     assert [e["result"] for e in entries] == ["r0", "r1", "r2"]
     budget = store.budgets.get(root.task_id)
     tree = _tree(store, root.task_id)

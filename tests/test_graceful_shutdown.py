@@ -172,7 +172,7 @@ def test_sigterm_ends_tasks_at_a_step_boundary_releases_them_and_the_next_worker
             _stop(first)
         _second_out, second_err = _stop(second) if second is not None else ("", "")
 
-    assert second is not None and second.returncode == 0, second_err[-3000:]
+    assert second.returncode == 0, second_err[-3000:]
     for t in ids:
         final = store.tasks.get(t)
         assert final.status is TaskStatus.SUCCEEDED and final.result == "finished"

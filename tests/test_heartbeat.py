@@ -15,8 +15,10 @@ from itertools import pairwise
 from typing import Any
 
 from agentq.core.engine import Session
-from agentq.core.models import Lease, Task
+from agentq.core.models import Lease, Task, TaskStatus
 from agentq.queueing.worker import HeartbeatHub, WorkerConfig
+
+from tests.helpers import scripted
 
 
 class SlowStore:
@@ -61,7 +63,15 @@ class FakeQueues:
 
 def _session(task_id: str, expires_in: float = 3.0) -> Session:
     lease = Lease(task_id=task_id, owner="w", epoch=1, expires_at=time.time() + expires_in)
-    return Session(lease=lease, task=Task.model_construct(), steps=[], messages=[], deadline=None)
+    task = Task(
+        task_id=task_id,
+        tenant="t",
+        status=TaskStatus.RUNNING,
+        submission=scripted([{"text": "x"}]),
+        root_id=task_id,
+        created_at=time.time(),
+    )
+    return Session(lease=lease, task=task, steps=[], messages=[], deadline=None)
 
 
 def _hub(store: SlowStore, sqs: SlowSqs | None = None, **config: Any) -> HeartbeatHub:

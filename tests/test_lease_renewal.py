@@ -16,7 +16,7 @@ from agentq.core.errors import LeaseLost
 from agentq.core.models import LLMStep, TaskStatus
 from agentq.storage.container import Storage
 
-from tests.helpers import call, scripted
+from tests.helpers import call, dynamo, scripted
 
 
 class CallLog:
@@ -48,7 +48,7 @@ def test_a_commit_moves_lease_expires_forward_in_the_same_single_write(store: St
     claimed = store.tasks.claim(task.task_id, "w", 2)
     assert claimed is not None
     lease, _ = claimed
-    calls = CallLog(store.table.client)
+    calls = CallLog(dynamo(store).client)
     until = time.time() + 60
     store.steps.commit(lease, 1, _llm_step(), root_id=task.task_id, lease_until=until)
     assert calls.ops == ["TransactWriteItems"]

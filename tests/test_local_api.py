@@ -12,7 +12,7 @@ from agentq.api.models import MAX_BODY_BYTES
 from agentq.local.api_server import LOCAL_TENANT, dispatch, proxy_event
 
 from tests.api_support import SCRIPTED, ApiStack
-from tests.helpers import call
+from tests.helpers import call, dynamo
 
 APPROVAL = {
     **SCRIPTED,
@@ -47,7 +47,7 @@ def test_invalid_submissions_get_a_422_naming_the_field_and_write_nothing(
     api_stack: ApiStack, payload: Any, field: str
 ) -> None:
     table = api_stack.stack.settings.table  # type: ignore[union-attr]
-    ddb = api_stack.stack.store().table.client
+    ddb = dynamo(api_stack.stack.store()).client
     before = ddb.scan(TableName=table, Select="COUNT")["Count"]
     code, body, _ = api_stack.http("POST", "/tasks", payload)
     assert code == 422 and body["error"]["field"] == field and body["error"]["code"] == "validation_error"

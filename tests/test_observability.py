@@ -365,7 +365,8 @@ def test_worker_cli_json_logging_puts_the_task_fields_at_top_level(
         logging.getLogger("agentq.worker").info("between tasks")
         first, second = (json.loads(line) for line in capsys.readouterr().out.strip().splitlines()[-2:])
     finally:
-        root.handlers[:], _ = saved[0], root.setLevel(saved[1])
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
     assert first["message"] == "in a task" and first["name"] == "agentq.worker"
     assert (first["task_id"], first["step"], first["lease_epoch"], first["worker_id"]) == ("task-1", 7, 2, "host:42")
     assert second["message"] == "between tasks" and "task_id" not in second

@@ -24,7 +24,7 @@ def test_cache_tokens_are_priced_at_their_own_rates() -> None:
     assert prices.cost("claude-sonnet-4-5", usage) == Decimal("3.75") + Decimal("0.3")
 
 
-def test_the_table_can_be_overridden_from_json(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_table_can_be_overridden_from_json(tmp_path) -> None:
     path = tmp_path / "prices.json"
     path.write_text(json.dumps({"my-model": {"input_per_mtok": "2", "output_per_mtok": "4"}}))
     prices = load_price_table(str(path))

@@ -10,9 +10,10 @@ import pytest
 
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import LLMStep, TaskStatus
+from agentq.core.tenancy import TenantLimits
 from agentq.core.tools import ToolRegistry
 from agentq.storage.container import Storage
-from agentq.storage.tenant_windows import TenantLimits, TenantWindows, seconds_to_next_hour
+from agentq.storage.tenant_windows import TenantWindows, seconds_to_next_hour
 
 from tests.helpers import call, scripted
 

@@ -24,7 +24,7 @@ TURNS = [
 ] + [{"text": "finished"}]
 
 
-def test_a_killed_worker_s_task_completes_on_another_worker_from_its_last_step(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_killed_worker_s_task_completes_on_another_worker_from_its_last_step(tmp_path) -> None:
     ledger = tmp_path / "ledger.jsonl"
     with LocalStack(prefix="kill", workers=2, api=False, tool_modules=("tests.effect_tools",),
                     extra_env={"AGENTQ_TEST_LEDGER": str(ledger),

@@ -38,7 +38,7 @@ def _spawn(settings: Settings, task_id: str, ledger: Path, wait: float) -> subpr
     )
 
 
-def _wait_for(predicate, timeout: float = 30) -> None:  # type: ignore[no-untyped-def]
+def _wait_for(predicate, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached in time"

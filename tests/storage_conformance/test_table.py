@@ -9,6 +9,7 @@ from boto3.dynamodb.conditions import Attr
 
 from agentq.storage.container import Storage
 from agentq.storage.table import (
+    Action,
     Check,
     ConditionFailed,
     Delete,
@@ -104,7 +105,7 @@ def test_a_transaction_writes_all_or_nothing_and_names_the_failed_actions(backen
     t = backend.table
     t.put({**_key("budget"), "available": 10})
     t.put({**_key("meta"), "epoch": 1})
-    actions = [
+    actions: list[Action] = [
         Put("step", {**_key("step1"), "x": 1}, absent()),
         Patch("meta", _key("meta"), Update(add={"epoch": 1}), Attr("epoch").eq(1)),
         Patch("budget", _key("budget"), Update(add={"available": -20}), Attr("available").gte(20)),
@@ -133,7 +134,7 @@ def test_a_retried_transaction_with_its_token_is_not_applied_twice(backend: Stor
         pytest.skip("moto server ignores ClientRequestToken (DynamoDB keeps a token ten minutes)")
     t = backend.table
     t.put({**_key("ctr"), "n": 0})
-    actions = [Patch("ctr", _key("ctr"), Update(add={"n": 1})), Put("once", {**_key("once")}, absent())]
+    actions: list[Action] = [Patch("ctr", _key("ctr"), Update(add={"n": 1})), Put("once", {**_key("once")}, absent())]
     t.transact(actions, token="tok-1")
     t.transact(actions, token="tok-1")
     assert plain(t.get(_key("ctr")) or {})["n"] == 1
