@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +40,7 @@ from agentq.queueing.worker import WorkerConfig
 from agentq.storage.container import Storage
 from agentq.storage.dynamodb import DynamoTable
 from agentq.storage.keys import META, task_pk
-from agentq.storage.serdes import to_item
+from agentq.storage.serdes import PayloadStore, to_item
 
 BENCH_DIR = Path(__file__).resolve().parent
 COUNTING_WORKER = BENCH_DIR / "_counting_worker.py"
@@ -146,7 +146,7 @@ class InProcessCounter:
         self.counts: Counter[tuple[str, str]] = Counter()
         self._lock = threading.Lock()
         self._local = threading.local()
-        self._original = botocore.client.BaseClient._make_api_call
+        self._original = botocore.client.BaseClient._make_api_call  # type: ignore[attr-defined]  # botocore-stubs omit the private _make_api_call
 
     def install(self) -> InProcessCounter:
         counter = self
@@ -161,11 +161,11 @@ class InProcessCounter:
                 counter.counts[key] += 1
             return original(client, operation_name, api_params)
 
-        botocore.client.BaseClient._make_api_call = counted  # type: ignore[method-assign]
+        botocore.client.BaseClient._make_api_call = counted  # type: ignore[attr-defined]  # botocore-stubs omit the private _make_api_call
         return self
 
     def uninstall(self) -> None:
-        botocore.client.BaseClient._make_api_call = self._original  # type: ignore[method-assign]
+        botocore.client.BaseClient._make_api_call = self._original  # type: ignore[attr-defined]  # botocore-stubs omit the private _make_api_call
 
     def tag(self, name: str) -> None:
         self._local.tag = name
@@ -252,7 +252,7 @@ class BenchStack(LocalStack):
         """Has this worker started long-polling its queues?"""
         path = Path(self.counts_dir) / f"{proc.pid}.json"
         try:
-            return json.loads(path.read_text())["counts"].get("sqs:ReceiveMessage", 0) > 0
+            return bool(json.loads(path.read_text())["counts"].get("sqs:ReceiveMessage", 0) > 0)
         except (OSError, ValueError, KeyError):
             return False
 
@@ -306,7 +306,9 @@ def patient_clients(stack: LocalStack, pool: int = 64, read_timeout: float = 900
     sess = boto3.session.Session(region_name=settings.region)
 
     def make(service: str) -> Any:
-        return sess.client(service, endpoint_url=settings.endpoint_url, config=config)
+        # Any service by name: the stubs type Session.client by one overload per literal service name.
+        new_client: Callable[..., Any] = sess.client
+        return new_client(service, endpoint_url=settings.endpoint_url, config=config)
 
     store = Storage(
         DynamoTable(make("dynamodb"), settings.table),
@@ -415,7 +417,7 @@ def batch_get_meta(
             request["ExpressionAttributeNames"] = names
         pending: dict[str, Any] = {store.table.name: request}
         for _ in range(20):
-            resp = store.table.client.batch_get_item(RequestItems=pending)
+            resp = dynamo(store).client.batch_get_item(RequestItems=pending)
             for item in resp.get("Responses", {}).get(store.table.name, []):
                 got[item["task_id"]["S"]] = item
             pending = resp.get("UnprocessedKeys") or {}
@@ -506,3 +508,16 @@ def wait_terminal(
     if pending:
         log(f"  !! {len(pending)} task(s) not terminal after the {timeout:.0f}s limit")
     return items
+
+
+def dynamo(store: Storage) -> DynamoTable:
+    """The DynamoDB table under a store from ``build_store``, for benches that meter or write the
+    table around the repositories (``Storage.table`` is typed by its protocol)."""
+    assert isinstance(store.table, DynamoTable), type(store.table)
+    return store.table
+
+
+def s3_payloads(store: Storage) -> PayloadStore:
+    """The S3 payload store under a store from ``build_store`` (its client and bucket)."""
+    assert isinstance(store.payloads, PayloadStore), type(store.payloads)
+    return store.payloads

@@ -25,7 +25,7 @@ import botocore.client
 
 _counts: Counter[str] = Counter()
 _lock = threading.Lock()
-_original = botocore.client.BaseClient._make_api_call
+_original = botocore.client.BaseClient._make_api_call  # type: ignore[attr-defined]  # botocore-stubs omit the private _make_api_call
 _workers: list[Any] = []  # the Worker this process runs, once started
 
 
@@ -66,14 +66,19 @@ def _dumper(path: str, stop: threading.Event) -> None:
 
 
 def main() -> int:
-    botocore.client.BaseClient._make_api_call = _counted  # type: ignore[method-assign]
+    botocore.client.BaseClient._make_api_call = _counted  # type: ignore[attr-defined]  # botocore-stubs omit the private _make_api_call
     out_dir = os.environ.get("AGENTQ_BENCH_COUNTS")
     if out_dir:
         _capture_worker()
         path = os.path.join(out_dir, f"{os.getpid()}.json")
         stop = threading.Event()
         threading.Thread(target=_dumper, args=(path, stop), name="bench-counts", daemon=True).start()
-        atexit.register(lambda: (stop.set(), _dump(path)))
+
+        def final_dump() -> None:
+            stop.set()
+            _dump(path)
+
+        atexit.register(final_dump)
     from agentq.cli.main import main as agentq_main
 
     return agentq_main(sys.argv[1:])

@@ -56,7 +56,7 @@ def _install_query() -> None:
     original_query = Table.query
     original_all_items = Table.all_items
 
-    def all_items(self: Any) -> list[Any]:
+    def all_items(self: Table) -> list[Any]:
         hash_key = getattr(_state, "query_hash", None)
         if hash_key is not None and getattr(_state, "query_table", None) is self and self.range_key_attr:
             partition = self.items.get(hash_key)  # .get: never create an empty partition
@@ -84,8 +84,8 @@ def _install_sqs() -> None:
 
     import moto.sqs.models as sqs_models
 
-    original_unix_time = sqs_models.unix_time
-    original_unix_time_millis = sqs_models.unix_time_millis
+    original_unix_time = sqs_models.unix_time  # type: ignore[attr-defined]  # imported there from moto.core.utils; the patch replaces that module's own name
+    original_unix_time_millis = sqs_models.unix_time_millis  # type: ignore[attr-defined]  # (as above)
 
     def unix_time(dt: Any = None) -> float:
         return time.time() if dt is None else original_unix_time(dt)
@@ -93,12 +93,12 @@ def _install_sqs() -> None:
     def unix_time_millis(dt: Any = None) -> float:
         return time.time() * 1000.0 if dt is None else original_unix_time_millis(dt)
 
-    sqs_models.unix_time = unix_time  # type: ignore[assignment]
-    sqs_models.unix_time_millis = unix_time_millis  # type: ignore[assignment]
+    sqs_models.unix_time = unix_time  # type: ignore[attr-defined]  # (as above)
+    sqs_models.unix_time_millis = unix_time_millis  # type: ignore[attr-defined]  # (as above)
 
     def is_message_valid_based_on_retention_period(self: Any, queue_name: str, message: Any) -> bool:
         queue = self.get_queue(queue_name)
-        retain_until = int(queue.message_retention_period) + message.sent_timestamp / 1000
+        retain_until = int(queue.message_retention_period) + float(message.sent_timestamp) / 1000
         return retain_until > time.time()
 
     sqs_models.SQSBackend.is_message_valid_based_on_retention_period = is_message_valid_based_on_retention_period  # type: ignore[method-assign]
@@ -122,7 +122,7 @@ def _install_transactions() -> None:
                 return value
             return _real_deepcopy(value, memo)
 
-    models.copy = _CopyShim()  # type: ignore[attr-defined]
+    models.copy = _CopyShim()  # type: ignore[attr-defined, assignment]  # a duck-typed stand-in for the copy module moto imported
 
     def transact_write_items(self: Any, transact_items: list[dict[str, Any]]) -> None:
         try:

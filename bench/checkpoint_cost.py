@@ -54,6 +54,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 
+from _benchlib import dynamo, s3_payloads
 from agentq.core.engine import Engine, EngineConfig, conversation
 from agentq.core.models import StepRecord, TaskStatus, TaskSubmission
 from agentq.core.tools import ToolSpec, tool
@@ -548,8 +549,8 @@ def _merge(into: Bucket, other: Bucket) -> None:
 def run_upsert(store: Storage, meter: AwsMeter, run: AgentqRun) -> DesignResult:
     """One item per task, the whole conversation JSON in it, PutItem'd after every step."""
     meter.reset()
-    ddb, table = store.table.client, store.table.name
-    s3, bucket_name = store.payloads.s3, store.payloads.bucket
+    ddb, table = dynamo(store).client, store.table.name
+    s3, bucket_name = s3_payloads(store).s3, s3_payloads(store).bucket
     conv_id = uuid.uuid4().hex
     pk = {"S": f"CONV#{conv_id}"}
     fails_at: int | None = None
@@ -560,8 +561,8 @@ def run_upsert(store: Storage, meter: AwsMeter, run: AgentqRun) -> DesignResult:
         meter.bucket = n
         body = run.steps[n - 1].body
         if body.kind == "llm":
-            tokens_in += body.usage.input_tokens  # type: ignore[union-attr]
-            tokens_out += body.usage.output_tokens  # type: ignore[union-attr]
+            tokens_in += body.usage.input_tokens
+            tokens_out += body.usage.output_tokens
         state_json = json.dumps(conversation(run.goal, run.steps[:n]), separators=(",", ":"))
         last = n == len(run.steps)
         item: dict[str, Any] = {
@@ -1005,8 +1006,8 @@ def main(argv: list[str] | None = None) -> int:
         provision(session(settings), names, endpoint_url=settings.endpoint_url)
         store = build_store(settings)
         meter = AwsMeter(client(settings, "dynamodb"))
-        meter.attach(store.table.client)
-        meter.attach(store.payloads.s3)
+        meter.attach(dynamo(store).client)
+        meter.attach(s3_payloads(store).s3)
 
         run = run_agentq(settings, store, meter, args.turns, args.tool_bytes, workdir)
         upsert = run_upsert(store, meter, run)

@@ -20,7 +20,7 @@ Measured per size (every time comes from a record agentq itself wrote):
   child claim .. last child ``finished_at``), and last child done -> parent resumed (execution
   end, WakeParent's message, the wake and the re-claim).
 - AWS calls, by service, counted inside each worker process: this file re-runs itself as the
-  worker (``--as-worker``: ``agentq worker`` with botocore's ``_make_api_call`` wrapped, counts
+  worker (``--as-worker``: ``agentq worker`` with botocore's ``_make_api_call`` wrapped, counts  # type: ignore[attr-defined]  # botocore-stubs omit the private _make_api_call
   dumped to ``$AGENTQ_BENCH_COUNTS/<pid>.json`` every 0.5 s and at exit), plus the parent's
   submit (counted in this process), plus the SQS SendMessage requests Step Functions makes on
   the workflow's behalf (one TaskScheduled event per child + WakeParent in the execution
@@ -65,7 +65,7 @@ _counts: Counter[str] = Counter()
 _units: Counter[str] = Counter()  # "dynamodb:wru", "dynamodb:rru" (approximate, see ddb_units)
 _lock = threading.Lock()
 _local = threading.local()
-_original_call = botocore.client.BaseClient._make_api_call
+_original_call = botocore.client.BaseClient._make_api_call  # type: ignore[attr-defined]  # botocore-stubs omit the private _make_api_call
 
 DDB_WRITE_ONE = frozenset({"PutItem", "UpdateItem", "DeleteItem"})
 DDB_READ_ONE = frozenset({"GetItem", "Query", "Scan"})
@@ -111,7 +111,7 @@ def _counted(client: Any, operation_name: str, api_params: dict) -> Any:  # type
 
 
 def install_counter() -> None:
-    botocore.client.BaseClient._make_api_call = _counted  # type: ignore[method-assign]
+    botocore.client.BaseClient._make_api_call = _counted  # type: ignore[attr-defined]  # botocore-stubs omit the private _make_api_call
 
 
 def snapshot(tag: str) -> tuple[Counter[str], Counter[str]]:
@@ -149,7 +149,12 @@ def worker_main(argv: list[str]) -> int:
                     _dump(path)
 
         threading.Thread(target=dumper, name="bench-counts", daemon=True).start()
-        atexit.register(lambda: (stop.set(), _dump(path)))
+
+        def final_dump() -> None:
+            stop.set()
+            _dump(path)
+
+        atexit.register(final_dump)
     from agentq.cli.main import main as agentq_main
 
     return agentq_main(argv)
@@ -224,6 +229,7 @@ class FanoutStack(BenchStack):
 
 
 def child_spec(i: int, turns: int) -> dict[str, Any]:
+    script: dict[str, Any]
     if turns == 1:
         script = {"turns": [{"text": f"child {i}: answer"}]}
     else:

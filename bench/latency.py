@@ -118,11 +118,11 @@ def run_phase(
 
     parsed = store.tasks.get_many(list(items))
     statuses = Counter(t.status.value for t in parsed)
-    finished = [t for t in parsed if t.finished_at is not None and t.claim_count]
+    ends = [(t.created_at, t.finished_at) for t in parsed if t.finished_at is not None and t.claim_count]
     pickup = [t.pickup_latency for t in parsed if t.pickup_latency is not None]
-    e2e = [t.finished_at - t.created_at for t in finished]  # type: ignore[operator]
+    e2e = [end - created for created, end in ends]
     first_created = min((t.created_at for t in parsed), default=t0)
-    last_finished = max((t.finished_at for t in finished), default=time.time())  # type: ignore[type-var]
+    last_finished = max((end for _, end in ends), default=time.time())
     window = max(1e-9, last_finished - first_created)
     done = statuses.get("succeeded", 0)
     ddb_calls = sum(n for op, n in (worker_calls + submit_calls).items() if op.startswith("dynamodb:"))

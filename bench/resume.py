@@ -31,6 +31,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from _benchlib import (
@@ -51,6 +52,7 @@ from agentq.core.models import Task, TaskSubmission
 from agentq.queueing.worker import WorkerConfig
 from agentq.resources import QueueSettings
 from agentq.runtime import build_registry
+from agentq.storage.container import Storage
 
 TARGET_RESUME_P99 = 5.0
 
@@ -81,7 +83,7 @@ def submission(turns: int, latency: float) -> TaskSubmission:
     )
 
 
-def wait_until(store: Any, task_id: str, pred: Any, timeout: float, poll: float) -> Task:
+def wait_until(store: Storage, task_id: str, pred: Callable[[Task], bool], timeout: float, poll: float) -> Task:
     deadline = time.monotonic() + timeout
     while True:
         task = store.tasks.get(task_id)
