@@ -41,8 +41,7 @@ lint: $(VENV)/.installed
 	PYTHONPATH=layers/agentq/python $(VENV)/bin/lint-imports || rc=1; \
 	exit $$rc
 
-# The layer contract alone (core < storage < queueing, control < api, cli, local): CI runs it
-# before the tests until the rest of `make lint` passes too.
+# The layer contract alone (core < storage < queueing, control < api, cli, local); `make lint` runs it too.
 layers: $(VENV)/.installed
 	PYTHONPATH=layers/agentq/python $(VENV)/bin/lint-imports
 

@@ -1,6 +1,6 @@
 """The storage seam holds: no module outside ``agentq/storage`` (nor a Lambda handler) calls
 DynamoDB's data plane. The import direction between layers is import-linter's contract
-(``make layers``, run by CI); this test covers what an import graph cannot see, a call on a
+(``make layers``, part of ``make lint``, which CI runs); this test covers what an import graph cannot see, a call on a
 client handed in from elsewhere."""
 
 from __future__ import annotations
