@@ -8,7 +8,10 @@ One scripted conversation (default: 50 LLM turns, each calling a read-only tool 
    and the write capacity units AWS would bill (per item: ceil(size / 1 KB), x2 in a
    transaction, an overwrite/update billed at the larger of before and after). Item sizes
    use DynamoDB's rule (name bytes + value bytes), probed around each write by an unmetered
-   client and cross-checked against ``store.steps.raw_items``.
+   client and cross-checked against ``store.steps.raw_items``. WCU are also split by item
+   (STEP, META, BUDGET, ...) and by step kind (LLM, tools), and priced with S3 PUTs at
+   on-demand list prices (``--wru-usd-per-million``, ``--s3-put-usd-per-million``), because
+   moving bytes from DynamoDB to S3 trades write units for PUT requests.
 2. The common full-state upsert: one item per task holding the whole conversation JSON,
    PutItem'd every step (same moto server and client, same conversation). It reports the
    step at which the item passes DynamoDB's 400 KB limit, and moves the state to S3 after.
@@ -163,6 +166,16 @@ def item_size(item: dict[str, Any]) -> int:
     return sum(len(name.encode()) + attr_size(value) for name, value in item.items())
 
 
+def item_kind(key: dict[str, Any]) -> str:
+    """What a written item is, for the per-item breakdown: STEP, META, BUDGET, CLAIM, EFFECT, ..."""
+    pk, sk = str(key.get("pk", {}).get("S", "")), str(key.get("sk", {}).get("S", ""))
+    if pk.startswith("BUDGET#"):
+        return "BUDGET"
+    if sk.startswith("META#"):  # META#SUBMISSION: not the task's META
+        return sk.split("#")[1]
+    return sk.split("#")[0] or pk.split("#")[0]
+
+
 def wcu_for(size: int, *, transactional: bool) -> int:
     units = max(1, math.ceil(size / WCU_UNIT))
     return units * (2 if transactional else 1)
@@ -180,6 +193,7 @@ class Bucket:
     ddb_other_bytes: int = 0  # request bodies of DynamoDB reads
     s3_put_bytes: int = 0  # PutObject bodies
     wcu: int = 0
+    wcu_by_item: Counter[str] = field(default_factory=Counter)  # item_kind -> WCU
     items_written: int = 0
     failed: Counter[str] = field(default_factory=Counter)
 
@@ -266,17 +280,19 @@ class AwsMeter:
         if info is None:
             return
         ok = http_response.status_code < 300
-        per_item: list[tuple[str, int]] = []
+        per_item: list[tuple[dict[str, Any], int]] = []
         if ok:
             for target in info["targets"]:
                 after = self._size_now(target)
                 units = wcu_for(max(target.before, after), transactional=target.transactional)
-                per_item.append((str(target.key.get("sk", {}).get("S", "")), units))
+                per_item.append((target.key, units))
         with self._lock:
             bucket = self._get(info["bucket"])
             if ok:
-                bucket.wcu += sum(units for _, units in per_item)
-                self.item_wcu.extend(per_item)
+                for key, units in per_item:
+                    bucket.wcu += units
+                    bucket.wcu_by_item[item_kind(key)] += units
+                    self.item_wcu.append((str(key.get("sk", {}).get("S", "")), units))
                 bucket.items_written += len(info["targets"])
             else:
                 bucket.failed[info["op"]] += 1
@@ -350,6 +366,8 @@ class DesignResult:
     wall_seconds: float
     step_wcu: list[int] | None = None
     setup_wcu: int = 0
+    step_wcu_by_item: list[Counter[str]] | None = None  # per step: item kind -> WCU
+    step_s3_puts: list[int] | None = None  # per step: S3 PutObject calls
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -368,7 +386,17 @@ class DesignResult:
             out.append(total)
         return out
 
-    def summary(self) -> dict[str, Any]:
+    def wcu_by_item(self) -> dict[str, float] | None:
+        """Average WCU per step by item kind (STEP, META, BUDGET, ...), largest first."""
+        return None if self.step_wcu_by_item is None else wcu_by_item(self.step_wcu_by_item)
+
+    def cost(self, prices: Prices) -> dict[str, float] | None:
+        """Dollars per step: DynamoDB write request units plus S3 PUTs."""
+        if self.step_wcu is None:
+            return None
+        return step_cost(self.step_wcu, self.step_s3_puts or [0] * self.steps, prices)
+
+    def summary(self, prices: Prices) -> dict[str, Any]:
         first, last = self.step_bytes[:FLAT_WINDOW], self.step_bytes[-FLAT_WINDOW:]
         out: dict[str, Any] = {
             "name": self.name,
@@ -388,6 +416,8 @@ class DesignResult:
             "wcu_per_step_first10": _avg(self.step_wcu[:FLAT_WINDOW]) if self.step_wcu is not None else None,
             "wcu_per_step_last10": _avg(self.step_wcu[-FLAT_WINDOW:]) if self.step_wcu is not None else None,
             "total_wcu": (self.setup_wcu + sum(self.step_wcu)) if self.step_wcu is not None else None,
+            "wcu_per_step_by_item": self.wcu_by_item(),
+            "cost": self.cost(prices),
             "note": self.note,
             "wall_seconds_local": round(self.wall_seconds, 3),
             "bytes_per_step": self.step_bytes,
@@ -395,6 +425,38 @@ class DesignResult:
         }
         out.update(self.extra)
         return out
+
+
+@dataclass(frozen=True)
+class Prices:
+    """On-demand list prices in dollars per request (us-east-1 by default)."""
+
+    wru_usd: float  # one DynamoDB write request unit (a transactional write of 1 KB is two)
+    s3_put_usd: float  # one S3 Standard PUT
+
+    def as_dict(self) -> dict[str, float]:
+        return {"dynamodb_wru_usd_per_million": self.wru_usd * 1e6, "s3_put_usd_per_million": self.s3_put_usd * 1e6}
+
+
+def wcu_by_item(per_step: Sequence[Counter[str]]) -> dict[str, float]:
+    total: Counter[str] = Counter()
+    for counts in per_step:
+        total.update(counts)
+    return {kind: round(units / len(per_step), 2) for kind, units in total.most_common()} if per_step else {}
+
+
+def step_cost(wcu: Sequence[int], s3_puts: Sequence[int], prices: Prices) -> dict[str, float]:
+    """Average dollars per step of these steps (WCU billed as write request units)."""
+    n = max(1, len(wcu))
+    ddb = sum(wcu) / n * prices.wru_usd
+    s3 = sum(s3_puts) / n * prices.s3_put_usd
+    return {
+        "s3_puts_per_step": round(sum(s3_puts) / n, 3),
+        "usd_per_step": ddb + s3,
+        "usd_per_million_steps": round((ddb + s3) * 1e6, 3),
+        "usd_per_million_steps_dynamodb": round(ddb * 1e6, 3),
+        "usd_per_million_steps_s3": round(s3 * 1e6, 3),
+    }
 
 
 def _avg(values: Sequence[int] | Sequence[float]) -> float:
@@ -508,6 +570,8 @@ def run_agentq(
         setup_bytes=setup.bytes_written,
         step_wcu=[b.wcu for b in step_buckets],
         setup_wcu=setup.wcu,
+        step_wcu_by_item=[b.wcu_by_item for b in step_buckets],
+        step_s3_puts=[b.calls["PutObject"] for b in step_buckets],
         wall_seconds=wall,
         note=(
             f"1 TransactWriteItems/step (STEP put + META + budget); {s3_puts} S3 puts "
@@ -539,6 +603,7 @@ def _merge(into: Bucket, other: Bucket) -> None:
     into.ddb_other_bytes += other.ddb_other_bytes
     into.s3_put_bytes += other.s3_put_bytes
     into.wcu += other.wcu
+    into.wcu_by_item.update(other.wcu_by_item)
     into.items_written += other.items_written
 
 
@@ -613,6 +678,8 @@ def run_upsert(store: Storage, meter: AwsMeter, run: AgentqRun) -> DesignResult:
         setup_calls=0,
         setup_bytes=0,
         step_wcu=[b.wcu for b in buckets],
+        step_wcu_by_item=[b.wcu_by_item for b in buckets],
+        step_s3_puts=[b.calls["PutObject"] for b in buckets],
         wall_seconds=wall,
         note=f"PutItem of the whole history; {limit_note}",
         extra={
@@ -829,35 +896,8 @@ def _fmt_calls(x: float) -> str:
     return f"{x:.2f}"
 
 
-def render_table(results: list[DesignResult]) -> str:
-    headers = [
-        "design",
-        "calls/step",
-        "B/step avg",
-        "first 10",
-        "last 10",
-        "total bytes",
-        "WCU/step",
-        "note",
-    ]
-    rows: list[list[str]] = []
-    for r in results:
-        s = r.summary()
-        wcu = "n/a" if s["wcu_per_step"] is None else f"{s['wcu_per_step']:.1f}"
-        rows.append(
-            [
-                r.name,
-                _fmt_calls(s["calls_per_step"]),
-                _fmt_int(s["bytes_per_step_avg"]),
-                _fmt_int(s["bytes_per_step_first10"]),
-                _fmt_int(s["bytes_per_step_last10"]),
-                _fmt_int(s["total_bytes"]),
-                wcu,
-                r.note,
-            ]
-        )
+def _render(headers: list[str], rows: list[list[str]], right: set[int]) -> str:
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
-    right = {1, 2, 3, 4, 5, 6}
 
     def line(cells: list[str]) -> str:
         parts = [c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(cells)]
@@ -868,11 +908,78 @@ def render_table(results: list[DesignResult]) -> str:
     return "\n".join(out)
 
 
-def agentq_detail(run: AgentqRun) -> dict[str, Any]:
+def render_table(results: list[DesignResult], prices: Prices) -> str:
+    headers = [
+        "design",
+        "calls/step",
+        "B/step avg",
+        "first 10",
+        "last 10",
+        "total bytes",
+        "WCU/step",
+        "S3 PUT/step",
+        "$/1M steps",
+        "note",
+    ]
+    rows: list[list[str]] = []
+    for r in results:
+        s = r.summary(prices)
+        cost = s["cost"]
+        rows.append(
+            [
+                r.name,
+                _fmt_calls(s["calls_per_step"]),
+                _fmt_int(s["bytes_per_step_avg"]),
+                _fmt_int(s["bytes_per_step_first10"]),
+                _fmt_int(s["bytes_per_step_last10"]),
+                _fmt_int(s["total_bytes"]),
+                "n/a" if s["wcu_per_step"] is None else f"{s['wcu_per_step']:.1f}",
+                "n/a" if cost is None else f"{cost['s3_puts_per_step']:.2f}",
+                "n/a" if cost is None else f"{cost['usd_per_million_steps']:.2f}",
+                r.note,
+            ]
+        )
+    return _render(headers, rows, set(range(1, 9)))
+
+
+ITEM_ORDER = ("STEP", "META", "BUDGET")
+
+
+def render_items_table(rows_in: list[tuple[str, dict[str, float], dict[str, float]]]) -> str:
+    """WCU per step by item, S3 PUTs and dollars: one row per (label, wcu_by_item, cost)."""
+    kinds = [k for k in ITEM_ORDER if any(k in by for _, by, _ in rows_in)]
+    kinds += sorted({k for _, by, _ in rows_in for k in by} - set(kinds))
+    headers = ["WCU per step by item", *kinds, "WCU", "S3 PUTs", "$ DynamoDB", "$ S3", "$ total (per 1M steps)"]
+    rows = []
+    for label, by, cost in rows_in:
+        rows.append(
+            [
+                label,
+                *(f"{by.get(k, 0.0):.2f}" for k in kinds),
+                f"{sum(by.values()):.2f}",
+                f"{cost['s3_puts_per_step']:.2f}",
+                f"{cost['usd_per_million_steps_dynamodb']:.2f}",
+                f"{cost['usd_per_million_steps_s3']:.2f}",
+                f"{cost['usd_per_million_steps']:.2f}",
+            ]
+        )
+    return _render(headers, rows, set(range(1, len(headers))))
+
+
+def agentq_detail(run: AgentqRun, prices: Prices) -> dict[str, Any]:
     r = run.result
     n = r.steps
     steps = [run.buckets.get(i, Bucket()) for i in range(1, n + 1)]
     setup = run.buckets.get(SETUP, Bucket())
+    by_kind: dict[str, Any] = {}
+    for kind in ("llm", "tools"):
+        bs = [steps[i] for i, rec in enumerate(run.steps) if rec.body.kind == kind]
+        by_kind[kind] = {
+            "steps": len(bs),
+            "wcu_per_step": _avg([b.wcu for b in bs]),
+            "wcu_per_step_by_item": wcu_by_item([b.wcu_by_item for b in bs]),
+            "cost": step_cost([b.wcu for b in bs], [b.calls["PutObject"] for b in bs], prices),
+        }
     by_op: Counter[str] = Counter()
     for b in steps:
         by_op.update(b.calls)
@@ -901,6 +1008,9 @@ def agentq_detail(run: AgentqRun) -> dict[str, Any]:
         "ddb_write_bytes_per_step": _avg([b.ddb_write_bytes for b in steps]),
         "s3_put_bytes_per_step": _avg([b.s3_put_bytes for b in steps]),
         "wcu_per_step": _avg([b.wcu for b in steps]),
+        "wcu_per_step_by_item": r.wcu_by_item(),
+        "cost": r.cost(prices),
+        "by_step_kind": by_kind,
         "totals": {
             "calls": setup.n_calls + sum(b.n_calls for b in steps),
             "ddb_write_bytes": setup.ddb_write_bytes + sum(b.ddb_write_bytes for b in steps),
@@ -992,6 +1102,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout, nothing else")
     parser.add_argument("--turns", type=int, default=50, help="LLM turns that call the tool (default 50)")
     parser.add_argument("--tool-bytes", type=int, default=3000, help="characters per tool result (default 3000)")
+    parser.add_argument(
+        "--wru-usd-per-million",
+        type=float,
+        default=1.25,
+        help="DynamoDB on-demand price per million write request units (default 1.25)",
+    )
+    parser.add_argument(
+        "--s3-put-usd-per-million", type=float, default=5.0, help="S3 Standard price per million PUTs (default 5.00)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     for key, value in LOCAL_CREDENTIALS.items():
@@ -1013,7 +1132,8 @@ def main(argv: list[str] | None = None) -> int:
         results = [run.result, upsert]
         for kind, delta in (("sqlite", False), ("memory", False), ("sqlite", True)):
             results.append(run_langgraph(run, kind, workdir, delta=delta))
-    detail = agentq_detail(run)
+    prices = Prices(wru_usd=args.wru_usd_per_million / 1e6, s3_put_usd=args.s3_put_usd_per_million / 1e6)
+    detail = agentq_detail(run, prices)
     plot = maybe_plot(results)
     elapsed = time.perf_counter() - total_started
 
@@ -1027,7 +1147,8 @@ def main(argv: list[str] | None = None) -> int:
                 "ddb_item_limit_bytes": DDB_ITEM_LIMIT,
             },
             "tokens": run.tokens,
-            "designs": [r.summary() for r in results],
+            "prices": prices.as_dict(),
+            "designs": [r.summary(prices) for r in results],
             "agentq": detail,
             "plot": plot,
             "wall_seconds_local_total": round(elapsed, 2),
@@ -1052,7 +1173,17 @@ def main(argv: list[str] | None = None) -> int:
         f"lease {LEASE_SECONDS:.0f} s here, {beats} UpdateItem calls during the steps.)"
     )
     print()
-    print(render_table(results))
+    print(render_table(results, prices))
+    print()
+    item_rows = [(r.name, r.wcu_by_item() or {}, r.cost(prices) or {}) for r in results if r.step_wcu is not None]
+    for kind, label in (("tools", "tools"), ("llm", "LLM")):
+        k = detail["by_step_kind"][kind]
+        item_rows.insert(1, (f"  of which {label} steps ({k['steps']})", k["wcu_per_step_by_item"], k["cost"]))
+    print(render_items_table(item_rows))
+    print(
+        f"(prices: DynamoDB ${args.wru_usd_per_million:g}/M write request units, a transactional write of "
+        f"1 KB is two; S3 ${args.s3_put_usd_per_million:g}/M PUTs)"
+    )
     print()
     print(render_agentq_detail(detail))
     up = upsert.extra
