@@ -27,7 +27,6 @@ Calls, bytes, WCU and tokens are machine-independent; wall times are moto-local.
 from __future__ import annotations
 
 import argparse
-import base64
 import hashlib
 import importlib.util
 import json
@@ -64,9 +63,9 @@ from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
 from agentq.resources import TABLE_KEY_SCHEMA, ResourceNames, provision
 from agentq.runtime import Settings, build_registry, build_store, client, session
 from agentq.storage.container import Storage
+from agentq.storage.item_size import wire_item_size, write_units
 
 DDB_ITEM_LIMIT = 400 * 1024
-WCU_UNIT = 1024
 SETUP = 0  # bucket of per-task work that is not a step (create, claim, rebuild)
 FLAT_WINDOW = 10
 LEASE_SECONDS = 600.0  # long enough that no heartbeat (time-based, every lease/3 s) fires
@@ -127,43 +126,13 @@ def script_turns(llm_turns: int) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------ DynamoDB item-size rules
 
 
-def _number_size(raw: str) -> int:
-    """~1 byte per two significant digits, plus 1 (leading/trailing zeros trimmed)."""
-    digits = raw.lstrip("-").replace(".", "").split("e")[0].split("E")[0].strip("0")
-    return math.ceil(max(1, len(digits)) / 2) + 1
-
-
-def _binary_size(raw: Any) -> int:
-    return len(raw) if isinstance(raw, (bytes, bytearray)) else len(base64.b64decode(raw))
-
-
-def attr_size(value: dict[str, Any]) -> int:
-    """Size of one typed attribute value (``{"S": ...}``) by DynamoDB's documented rules."""
-    ((kind, raw),) = value.items()
-    if kind == "S":
-        return len(str(raw).encode())
-    if kind == "N":
-        return _number_size(str(raw))
-    if kind == "B":
-        return _binary_size(raw)
-    if kind in ("BOOL", "NULL"):
-        return 1
-    if kind == "SS":
-        return sum(len(s.encode()) for s in raw)
-    if kind == "NS":
-        return sum(_number_size(n) for n in raw)
-    if kind == "BS":
-        return sum(_binary_size(b) for b in raw)
-    if kind == "L":
-        return 3 + sum(1 + attr_size(v) for v in raw)
-    if kind == "M":
-        return 3 + sum(len(k.encode()) + attr_size(v) + 1 for k, v in raw.items())
-    raise ValueError(f"unknown attribute type {kind!r}")
-
-
 def item_size(item: dict[str, Any]) -> int:
-    """DynamoDB item size: for each attribute, its name's UTF-8 bytes plus its value's bytes."""
-    return sum(len(name.encode()) + attr_size(value) for name, value in item.items())
+    """DynamoDB item size (wire form): for each attribute, its name's UTF-8 bytes plus its value's."""
+    return wire_item_size(item)
+
+
+def wcu_for(size: int, *, transactional: bool) -> int:
+    return write_units(size, transactional=transactional)
 
 
 def item_kind(key: dict[str, Any]) -> str:
@@ -172,13 +141,8 @@ def item_kind(key: dict[str, Any]) -> str:
     if pk.startswith("BUDGET#"):
         return "BUDGET"
     if sk.startswith("META#"):  # META#SUBMISSION: not the task's META
-        return sk.split("#")[1]
-    return sk.split("#")[0] or pk.split("#")[0]
-
-
-def wcu_for(size: int, *, transactional: bool) -> int:
-    units = max(1, math.ceil(size / WCU_UNIT))
-    return units * (2 if transactional else 1)
+        return sk.partition("#")[2]
+    return sk.partition("#")[0] or pk.partition("#")[0]
 
 
 # -------------------------------------------------------------------------- AWS call metering
