@@ -538,7 +538,7 @@ def run_agentq(
         step_s3_puts=[b.calls["PutObject"] for b in step_buckets],
         wall_seconds=wall,
         note=(
-            f"1 TransactWriteItems/step (STEP put + META + budget); {s3_puts} S3 puts "
+            f"1 TransactWriteItems/step (STEP put + META, the budget on it); {s3_puts} S3 puts "
             f"(offload > {settings.offload_threshold // 1024} KB)"
         ),
         extra={

@@ -7,7 +7,10 @@ import pytest
 from agentq.core.errors import BudgetExceeded, LeaseLost
 from agentq.core.models import TaskStatus
 from agentq.core.records import NO_USAGE
+from agentq.storage import keys
 from agentq.storage.container import Storage
+from agentq.storage.item_size import item_size
+from agentq.storage.table import plain
 
 from tests.storage_conformance._builders import claimed, llm_step, tools_step, usage
 
@@ -108,3 +111,31 @@ def test_an_unsettled_commit_leaves_the_budget_alone(backend: Storage) -> None:
     lease = claimed(backend, max_tokens=1000)
     backend.steps.commit(lease, 1, tools_step(), root_id=lease.task_id, settle=NO_USAGE)
     assert backend.budgets.get(lease.task_id).available == 1000
+
+
+def test_the_budget_rides_on_meta_which_stays_within_one_write_unit(backend: Storage) -> None:
+    lease = claimed(backend, max_tokens=900_000_000)
+    backend.budgets.reserve(lease, lease.task_id, 123_456, 1)
+    backend.steps.commit(lease, 1, llm_step(), root_id=lease.task_id, settle=usage(reserved=123_456, used=100_110))
+    backend.steps.commit(lease, 2, tools_step(), root_id=lease.task_id, reserve_next=234_567)
+    meta = backend.table.get(keys.meta_key(lease.task_id))
+    assert meta is not None and plain(meta)["available"] == 900_000_000 - 100_110 - 234_567
+    assert item_size(meta) <= 1024  # every step commit rewrites META: one write unit, not two
+
+
+def test_a_task_reserving_on_another_tasks_budget_is_capped_and_fenced(backend: Storage) -> None:
+    root = claimed(backend, max_tokens=1000)
+    other = claimed(backend, max_tokens=10)
+    backend.budgets.reserve(other, root.task_id, 600, 1)
+    with pytest.raises(BudgetExceeded):
+        backend.budgets.reserve(other, root.task_id, 600, 2)
+    assert backend.budgets.inflight(other.task_id) is not None and backend.budgets.inflight(root.task_id) is None
+    assert (backend.budgets.get(root.task_id).reserved, backend.budgets.get(other.task_id).reserved) == (600, 0)
+    back = usage(reserved=600, used=500)
+    assert backend.budgets.settle_orphan(other.task_id, root.task_id, back, inflight_epoch=1) is True
+    assert (backend.budgets.get(root.task_id).used, backend.budgets.get(root.task_id).reserved) == (500, 0)
+    backend.tasks.release(other)
+    assert backend.tasks.claim(other.task_id, "w2", 30) is not None
+    with pytest.raises(LeaseLost):
+        backend.budgets.reserve(other, root.task_id, 100, 2)
+    assert backend.budgets.get(root.task_id).reserved == 0

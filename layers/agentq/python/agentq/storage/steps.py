@@ -21,7 +21,19 @@ from agentq.core.records import NO_USAGE, BudgetDelta, OrphanCall
 from agentq.storage import keys
 from agentq.storage.budgets import BUDGET, settle_and_reserve
 from agentq.storage.serdes import Payloads
-from agentq.storage.table import Action, Item, Patch, Put, Table, TransactionCancelled, Update, absent, plain
+from agentq.storage.table import (
+    Action,
+    Item,
+    Patch,
+    Put,
+    Table,
+    TransactionCancelled,
+    Update,
+    absent,
+    fence_holds,
+    merge,
+    plain,
+)
 from agentq.storage.tasks import Tasks, request_token, why_fenced
 
 _STEP_ADAPTER: TypeAdapter[Any] = TypeAdapter(Step)
@@ -104,26 +116,30 @@ class Steps:
         if reserve_next:
             sets["inflight"] = {"amount": reserve_next, "epoch": lease.epoch, "step": number + 1}
             removes = []
-        actions: list[Action] = [
-            Put("step", step_item, absent()),
-            Patch(
-                "meta",
-                keys.meta_key(lease.task_id),
-                Update(set=sets, add=adds, remove=removes),
-                Attr("lease_epoch").eq(lease.epoch)
-                & Attr("status").eq(TaskStatus.RUNNING.value)
-                & Attr("step").eq(number - 1),
-            ),
-        ]
+        meta = Patch(
+            "meta",
+            keys.meta_key(lease.task_id),
+            Update(set=sets, add=adds, remove=removes),
+            Attr("lease_epoch").eq(lease.epoch)
+            & Attr("status").eq(TaskStatus.RUNNING.value)
+            & Attr("step").eq(number - 1),
+        )
+        actions: list[Action] = [Put("step", step_item, absent()), meta]
         if settle is not None or reserve_next:
-            actions.append(settle_and_reserve(root_id, settle or NO_USAGE, reserve_next))
+            budget = settle_and_reserve(root_id, settle or NO_USAGE, reserve_next)
+            # The task's own budget is on its META: one write of that item, not two items.
+            actions = [actions[0], merge("meta", meta, budget)] if root_id == lease.task_id else [*actions, budget]
         try:
             self.table.transact(
                 actions, token=request_token("commit", lease.task_id, lease.epoch, number, reserve_next)
             )
         except TransactionCancelled as exc:
             if reserve_next and exc.failed == {BUDGET}:
-                raise BudgetExceeded(f"root budget cannot cover {reserve_next} more tokens") from exc
+                raise BudgetExceeded(f"the budget cannot cover {reserve_next} more tokens") from exc
+            if reserve_next and root_id == lease.task_id and exc.failed == {"meta"}:
+                current = self.table.get(keys.meta_key(lease.task_id))
+                if fence_holds(current, lease) and current is not None and current.get("step") == number - 1:
+                    raise BudgetExceeded(f"the budget cannot cover {reserve_next} more tokens") from exc
             raise why_fenced(self.table, lease) from exc
         return StepRecord(task_id=lease.task_id, number=number, epoch=lease.epoch, committed_at=now, body=body)
 
