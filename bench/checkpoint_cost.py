@@ -8,7 +8,10 @@ One scripted conversation (default: 50 LLM turns, each calling a read-only tool 
    and the write capacity units AWS would bill (per item: ceil(size / 1 KB), x2 in a
    transaction, an overwrite/update billed at the larger of before and after). Item sizes
    use DynamoDB's rule (name bytes + value bytes), probed around each write by an unmetered
-   client and cross-checked against ``store.steps.raw_items``.
+   client and cross-checked against ``store.steps.raw_items``. WCU are also split by item
+   (STEP, META, BUDGET, ...) and by step kind (LLM, tools), and priced with S3 PUTs at
+   on-demand list prices (``--wru-usd-per-million``, ``--s3-put-usd-per-million``), because
+   moving bytes from DynamoDB to S3 trades write units for PUT requests.
 2. The common full-state upsert: one item per task holding the whole conversation JSON,
    PutItem'd every step (same moto server and client, same conversation). It reports the
    step at which the item passes DynamoDB's 400 KB limit, and moves the state to S3 after.
@@ -24,7 +27,6 @@ Calls, bytes, WCU and tokens are machine-independent; wall times are moto-local.
 from __future__ import annotations
 
 import argparse
-import base64
 import hashlib
 import importlib.util
 import json
@@ -62,9 +64,10 @@ from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
 from agentq.resources import TABLE_KEY_SCHEMA, ResourceNames, provision
 from agentq.runtime import Settings, build_registry, build_store, client, session
 from agentq.storage.container import Storage
+from agentq.storage.item_size import wire_item_size, write_units
+from agentq.storage.serdes import DEFAULT_OFFLOAD_THRESHOLD
 
 DDB_ITEM_LIMIT = 400 * 1024
-WCU_UNIT = 1024
 SETUP = 0  # bucket of per-task work that is not a step (create, claim, rebuild)
 FLAT_WINDOW = 10
 LEASE_SECONDS = 600.0  # long enough that no heartbeat (time-based, every lease/3 s) fires
@@ -125,48 +128,23 @@ def script_turns(llm_turns: int) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------ DynamoDB item-size rules
 
 
-def _number_size(raw: str) -> int:
-    """~1 byte per two significant digits, plus 1 (leading/trailing zeros trimmed)."""
-    digits = raw.lstrip("-").replace(".", "").split("e")[0].split("E")[0].strip("0")
-    return math.ceil(max(1, len(digits)) / 2) + 1
-
-
-def _binary_size(raw: Any) -> int:
-    return len(raw) if isinstance(raw, (bytes, bytearray)) else len(base64.b64decode(raw))
-
-
-def attr_size(value: dict[str, Any]) -> int:
-    """Size of one typed attribute value (``{"S": ...}``) by DynamoDB's documented rules."""
-    ((kind, raw),) = value.items()
-    if kind == "S":
-        return len(str(raw).encode())
-    if kind == "N":
-        return _number_size(str(raw))
-    if kind == "B":
-        return _binary_size(raw)
-    if kind in ("BOOL", "NULL"):
-        return 1
-    if kind == "SS":
-        return sum(len(s.encode()) for s in raw)
-    if kind == "NS":
-        return sum(_number_size(n) for n in raw)
-    if kind == "BS":
-        return sum(_binary_size(b) for b in raw)
-    if kind == "L":
-        return 3 + sum(1 + attr_size(v) for v in raw)
-    if kind == "M":
-        return 3 + sum(len(k.encode()) + attr_size(v) + 1 for k, v in raw.items())
-    raise ValueError(f"unknown attribute type {kind!r}")
-
-
 def item_size(item: dict[str, Any]) -> int:
-    """DynamoDB item size: for each attribute, its name's UTF-8 bytes plus its value's bytes."""
-    return sum(len(name.encode()) + attr_size(value) for name, value in item.items())
+    """DynamoDB item size (wire form): for each attribute, its name's UTF-8 bytes plus its value's."""
+    return wire_item_size(item)
 
 
 def wcu_for(size: int, *, transactional: bool) -> int:
-    units = max(1, math.ceil(size / WCU_UNIT))
-    return units * (2 if transactional else 1)
+    return write_units(size, transactional=transactional)
+
+
+def item_kind(key: dict[str, Any]) -> str:
+    """What a written item is, for the per-item breakdown: STEP, META, BUDGET, CLAIM, EFFECT, ..."""
+    pk, sk = str(key.get("pk", {}).get("S", "")), str(key.get("sk", {}).get("S", ""))
+    if pk.startswith("BUDGET#"):
+        return "BUDGET"
+    if sk.startswith("META#"):  # META#SUBMISSION: not the task's META
+        return sk.partition("#")[2]
+    return sk.partition("#")[0] or pk.partition("#")[0]
 
 
 # -------------------------------------------------------------------------- AWS call metering
@@ -181,6 +159,7 @@ class Bucket:
     ddb_other_bytes: int = 0  # request bodies of DynamoDB reads
     s3_put_bytes: int = 0  # PutObject bodies
     wcu: int = 0
+    wcu_by_item: Counter[str] = field(default_factory=Counter)  # item_kind -> WCU
     items_written: int = 0
     failed: Counter[str] = field(default_factory=Counter)
 
@@ -215,7 +194,7 @@ class AwsMeter:
         self.paused = False
         self.on_call: Callable[[str, dict[str, Any]], None] | None = None
         self.on_done: Callable[[str, dict[str, Any], bool], None] | None = None
-        self.item_wcu: list[tuple[str, int]] = []  # (sort key, WCU) of every item written
+        self.item_wcu: list[tuple[str, int, bool]] = []  # (sort key, WCU, transactional) of every item written
         self._lock = threading.Lock()
 
     def reset(self) -> None:
@@ -267,17 +246,19 @@ class AwsMeter:
         if info is None:
             return
         ok = http_response.status_code < 300
-        per_item: list[tuple[str, int]] = []
+        per_item: list[tuple[_WriteTarget, int]] = []
         if ok:
             for target in info["targets"]:
                 after = self._size_now(target)
                 units = wcu_for(max(target.before, after), transactional=target.transactional)
-                per_item.append((str(target.key.get("sk", {}).get("S", "")), units))
+                per_item.append((target, units))
         with self._lock:
             bucket = self._get(info["bucket"])
             if ok:
-                bucket.wcu += sum(units for _, units in per_item)
-                self.item_wcu.extend(per_item)
+                for target, units in per_item:
+                    bucket.wcu += units
+                    bucket.wcu_by_item[item_kind(target.key)] += units
+                    self.item_wcu.append((str(target.key.get("sk", {}).get("S", "")), units, target.transactional))
                 bucket.items_written += len(info["targets"])
             else:
                 bucket.failed[info["op"]] += 1
@@ -351,6 +332,8 @@ class DesignResult:
     wall_seconds: float
     step_wcu: list[int] | None = None
     setup_wcu: int = 0
+    step_wcu_by_item: list[Counter[str]] | None = None  # per step: item kind -> WCU
+    step_s3_puts: list[int] | None = None  # per step: S3 PutObject calls
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -369,7 +352,17 @@ class DesignResult:
             out.append(total)
         return out
 
-    def summary(self) -> dict[str, Any]:
+    def wcu_by_item(self) -> dict[str, float] | None:
+        """Average WCU per step by item kind (STEP, META, BUDGET, ...), largest first."""
+        return None if self.step_wcu_by_item is None else wcu_by_item(self.step_wcu_by_item)
+
+    def cost(self, prices: Prices) -> dict[str, float] | None:
+        """Dollars per step: DynamoDB write request units plus S3 PUTs."""
+        if self.step_wcu is None:
+            return None
+        return step_cost(self.step_wcu, self.step_s3_puts or [0] * self.steps, prices)
+
+    def summary(self, prices: Prices) -> dict[str, Any]:
         first, last = self.step_bytes[:FLAT_WINDOW], self.step_bytes[-FLAT_WINDOW:]
         out: dict[str, Any] = {
             "name": self.name,
@@ -389,6 +382,8 @@ class DesignResult:
             "wcu_per_step_first10": _avg(self.step_wcu[:FLAT_WINDOW]) if self.step_wcu is not None else None,
             "wcu_per_step_last10": _avg(self.step_wcu[-FLAT_WINDOW:]) if self.step_wcu is not None else None,
             "total_wcu": (self.setup_wcu + sum(self.step_wcu)) if self.step_wcu is not None else None,
+            "wcu_per_step_by_item": self.wcu_by_item(),
+            "cost": self.cost(prices),
             "note": self.note,
             "wall_seconds_local": round(self.wall_seconds, 3),
             "bytes_per_step": self.step_bytes,
@@ -396,6 +391,38 @@ class DesignResult:
         }
         out.update(self.extra)
         return out
+
+
+@dataclass(frozen=True)
+class Prices:
+    """On-demand list prices in dollars per request (us-east-1 by default)."""
+
+    wru_usd: float  # one DynamoDB write request unit (a transactional write of 1 KB is two)
+    s3_put_usd: float  # one S3 Standard PUT
+
+    def as_dict(self) -> dict[str, float]:
+        return {"dynamodb_wru_usd_per_million": self.wru_usd * 1e6, "s3_put_usd_per_million": self.s3_put_usd * 1e6}
+
+
+def wcu_by_item(per_step: Sequence[Counter[str]]) -> dict[str, float]:
+    total: Counter[str] = Counter()
+    for counts in per_step:
+        total.update(counts)
+    return {kind: round(units / len(per_step), 2) for kind, units in total.most_common()} if per_step else {}
+
+
+def step_cost(wcu: Sequence[int], s3_puts: Sequence[int], prices: Prices) -> dict[str, float]:
+    """Average dollars per step of these steps (WCU billed as write request units)."""
+    n = max(1, len(wcu))
+    ddb = sum(wcu) / n * prices.wru_usd
+    s3 = sum(s3_puts) / n * prices.s3_put_usd
+    return {
+        "s3_puts_per_step": round(sum(s3_puts) / n, 3),
+        "usd_per_step": ddb + s3,
+        "usd_per_million_steps": round((ddb + s3) * 1e6, 3),
+        "usd_per_million_steps_dynamodb": round(ddb * 1e6, 3),
+        "usd_per_million_steps_s3": round(s3 * 1e6, 3),
+    }
 
 
 def _avg(values: Sequence[int] | Sequence[float]) -> float:
@@ -417,29 +444,51 @@ class AgentqRun:
 class AgentqStepClock:
     """Puts each AWS call of the engine into the bucket of the step it works towards.
 
-    Setup holds create_task, the claim and the rebuild Query; the first other call starts
-    step 1; a committed ``STEP#n`` moves the clock to step n + 1.
+    Setup holds create_task, the claim (its UpdateItem and CLAIM# record) and the reads that
+    rebuild the session; the first other call starts step 1. A step is committed when META's ``step`` moves to it: a write of META that sets
+    ``step`` after the ``STEP#n`` item was put (in the same transaction or before it) moves
+    the clock to step n + 1.
     """
 
     def __init__(self, meter: AwsMeter) -> None:
         self.meter = meter
         self.running = False
+        self.prepared: int | None = None  # the STEP#n put, not yet committed
+        self.heartbeats = 0  # lease extensions: META writes of heartbeat_at that are no claim or commit
 
     def on_call(self, op: str, request: dict[str, Any]) -> None:
         if self.meter.bucket != SETUP or not self.running:
             return
-        is_claim = op == "UpdateItem" and "lease_owner" in request.get("UpdateExpression", "")
-        if not is_claim and op != "Query":
+        is_claim = op == "UpdateItem" and "lease_owner" in _names(request)
+        is_claim_record = op == "PutItem" and request["Item"]["sk"]["S"].startswith("CLAIM#")
+        if not (is_claim or is_claim_record or op in ("Query", "GetItem")):  # claim and rebuild reads: setup
             self.meter.bucket = 1
 
     def on_done(self, op: str, request: dict[str, Any], ok: bool) -> None:
-        if not ok or op != "TransactWriteItems":
+        if not ok:
             return
-        for entry in request["TransactItems"]:
-            put = entry.get("Put")
-            sk = put["Item"].get("sk", {}).get("S", "") if put else ""
+        if op in ("PutItem", "UpdateItem"):
+            writes = [("Put" if op == "PutItem" else "Update", request)]
+        elif op == "TransactWriteItems":
+            writes = [next(iter(entry.items())) for entry in request["TransactItems"]]
+        else:
+            return
+        for kind, spec in writes:
+            sk = spec["Item"].get("sk", {}).get("S", "") if kind == "Put" else ""
             if sk.startswith("STEP#"):
-                self.meter.bucket = int(sk.removeprefix("STEP#")) + 1
+                self.prepared = int(sk.removeprefix("STEP#"))
+        for kind, spec in writes:
+            is_meta = kind == "Update" and spec["Key"].get("sk", {}).get("S") == "META"
+            if is_meta and "heartbeat_at" in _names(spec) and not _names(spec) & {"step", "lease_owner"}:
+                self.heartbeats += 1
+            if is_meta and "step" in _names(spec) and self.prepared is not None:
+                self.meter.bucket = self.prepared + 1
+                self.prepared = None
+
+
+def _names(spec: dict[str, Any]) -> set[str]:
+    """The attribute names a request's expressions use (behind their #placeholders)."""
+    return set(spec.get("ExpressionAttributeNames", {}).values())
 
 
 def run_agentq(
@@ -495,10 +544,15 @@ def run_agentq(
     step_items = [i for i in raw if i["sk"]["S"].startswith("STEP#")]
     assert len(step_items) == n, (len(step_items), n)
     sizes = {i["sk"]["S"]: item_size(i) for i in raw}
-    # Cross-check: STEP items are immutable, so their WCU recomputed from the table afterwards
-    # (store.steps.raw_items) must equal what the meter probed at write time.
-    step_wcu_metered = sum(units for sk, units in meter.item_wcu if sk.startswith("STEP#"))
-    step_wcu_table = sum(wcu_for(item_size(i), transactional=True) for i in step_items)
+    # Cross-check: STEP items are written once here (no refused commit leaves one to overwrite),
+    # so their WCU recomputed from the table afterwards (store.steps.raw_items, in or out of a
+    # transaction as the meter saw them written) must equal what the meter probed at write time.
+    step_writes = [(sk, units, tx) for sk, units, tx in meter.item_wcu if sk.startswith("STEP#")]
+    in_transaction = {sk: tx for sk, _, tx in step_writes}
+    step_wcu_metered = sum(units for _, units, _ in step_writes)
+    step_wcu_table = sum(
+        wcu_for(item_size(i), transactional=in_transaction.get(i["sk"]["S"], False)) for i in step_items
+    )
     s3_puts = sum(b.calls["PutObject"] for b in step_buckets)
     result = DesignResult(
         name="agentq (DynamoDB step log)",
@@ -509,10 +563,12 @@ def run_agentq(
         setup_bytes=setup.bytes_written,
         step_wcu=[b.wcu for b in step_buckets],
         setup_wcu=setup.wcu,
+        step_wcu_by_item=[b.wcu_by_item for b in step_buckets],
+        step_s3_puts=[b.calls["PutObject"] for b in step_buckets],
         wall_seconds=wall,
         note=(
-            f"1 TransactWriteItems/step (STEP put + META + budget); {s3_puts} S3 puts "
-            f"(offload > {settings.offload_threshold // 1024} KB)"
+            f"STEP PutItem, then META UpdateItem (budget on META); {s3_puts} S3 puts "
+            f"(offload > {settings.offload_threshold:,} B)"
         ),
         extra={
             "max_item_bytes": max(sizes.values()),
@@ -521,6 +577,7 @@ def run_agentq(
             "ddb_write_bytes_per_step": _avg([b.ddb_write_bytes for b in step_buckets]),
             "ddb_read_request_bytes_total": setup.ddb_other_bytes + sum(b.ddb_other_bytes for b in step_buckets),
             "step_item_wcu_check": {"metered": step_wcu_metered, "from_raw_items": step_wcu_table},
+            "heartbeats": clock.heartbeats,
         },
     )
     tokens = {
@@ -540,6 +597,7 @@ def _merge(into: Bucket, other: Bucket) -> None:
     into.ddb_other_bytes += other.ddb_other_bytes
     into.s3_put_bytes += other.s3_put_bytes
     into.wcu += other.wcu
+    into.wcu_by_item.update(other.wcu_by_item)
     into.items_written += other.items_written
 
 
@@ -614,6 +672,8 @@ def run_upsert(store: Storage, meter: AwsMeter, run: AgentqRun) -> DesignResult:
         setup_calls=0,
         setup_bytes=0,
         step_wcu=[b.wcu for b in buckets],
+        step_wcu_by_item=[b.wcu_by_item for b in buckets],
+        step_s3_puts=[b.calls["PutObject"] for b in buckets],
         wall_seconds=wall,
         note=f"PutItem of the whole history; {limit_note}",
         extra={
@@ -830,35 +890,8 @@ def _fmt_calls(x: float) -> str:
     return f"{x:.2f}"
 
 
-def render_table(results: list[DesignResult]) -> str:
-    headers = [
-        "design",
-        "calls/step",
-        "B/step avg",
-        "first 10",
-        "last 10",
-        "total bytes",
-        "WCU/step",
-        "note",
-    ]
-    rows: list[list[str]] = []
-    for r in results:
-        s = r.summary()
-        wcu = "n/a" if s["wcu_per_step"] is None else f"{s['wcu_per_step']:.1f}"
-        rows.append(
-            [
-                r.name,
-                _fmt_calls(s["calls_per_step"]),
-                _fmt_int(s["bytes_per_step_avg"]),
-                _fmt_int(s["bytes_per_step_first10"]),
-                _fmt_int(s["bytes_per_step_last10"]),
-                _fmt_int(s["total_bytes"]),
-                wcu,
-                r.note,
-            ]
-        )
+def _render(headers: list[str], rows: list[list[str]], right: set[int]) -> str:
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
-    right = {1, 2, 3, 4, 5, 6}
 
     def line(cells: list[str]) -> str:
         parts = [c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(cells)]
@@ -869,11 +902,78 @@ def render_table(results: list[DesignResult]) -> str:
     return "\n".join(out)
 
 
-def agentq_detail(run: AgentqRun) -> dict[str, Any]:
+def render_table(results: list[DesignResult], prices: Prices) -> str:
+    headers = [
+        "design",
+        "calls/step",
+        "B/step avg",
+        "first 10",
+        "last 10",
+        "total bytes",
+        "WCU/step",
+        "S3 PUT/step",
+        "$/1M steps",
+        "note",
+    ]
+    rows: list[list[str]] = []
+    for r in results:
+        s = r.summary(prices)
+        cost = s["cost"]
+        rows.append(
+            [
+                r.name,
+                _fmt_calls(s["calls_per_step"]),
+                _fmt_int(s["bytes_per_step_avg"]),
+                _fmt_int(s["bytes_per_step_first10"]),
+                _fmt_int(s["bytes_per_step_last10"]),
+                _fmt_int(s["total_bytes"]),
+                "n/a" if s["wcu_per_step"] is None else f"{s['wcu_per_step']:.1f}",
+                "n/a" if cost is None else f"{cost['s3_puts_per_step']:.2f}",
+                "n/a" if cost is None else f"{cost['usd_per_million_steps']:.2f}",
+                r.note,
+            ]
+        )
+    return _render(headers, rows, set(range(1, 9)))
+
+
+ITEM_ORDER = ("STEP", "META", "BUDGET")
+
+
+def render_items_table(rows_in: list[tuple[str, dict[str, float], dict[str, float]]]) -> str:
+    """WCU per step by item, S3 PUTs and dollars: one row per (label, wcu_by_item, cost)."""
+    kinds = [k for k in ITEM_ORDER if any(k in by for _, by, _ in rows_in)]
+    kinds += sorted({k for _, by, _ in rows_in for k in by} - set(kinds))
+    headers = ["WCU per step by item", *kinds, "WCU", "S3 PUTs", "$ DynamoDB", "$ S3", "$ total (per 1M steps)"]
+    rows = []
+    for label, by, cost in rows_in:
+        rows.append(
+            [
+                label,
+                *(f"{by.get(k, 0.0):.2f}" for k in kinds),
+                f"{sum(by.values()):.2f}",
+                f"{cost['s3_puts_per_step']:.2f}",
+                f"{cost['usd_per_million_steps_dynamodb']:.2f}",
+                f"{cost['usd_per_million_steps_s3']:.2f}",
+                f"{cost['usd_per_million_steps']:.2f}",
+            ]
+        )
+    return _render(headers, rows, set(range(1, len(headers))))
+
+
+def agentq_detail(run: AgentqRun, prices: Prices) -> dict[str, Any]:
     r = run.result
     n = r.steps
     steps = [run.buckets.get(i, Bucket()) for i in range(1, n + 1)]
     setup = run.buckets.get(SETUP, Bucket())
+    by_kind: dict[str, Any] = {}
+    for kind in ("llm", "tools"):
+        bs = [steps[i] for i, rec in enumerate(run.steps) if rec.body.kind == kind]
+        by_kind[kind] = {
+            "steps": len(bs),
+            "wcu_per_step": _avg([b.wcu for b in bs]),
+            "wcu_per_step_by_item": wcu_by_item([b.wcu_by_item for b in bs]),
+            "cost": step_cost([b.wcu for b in bs], [b.calls["PutObject"] for b in bs], prices),
+        }
     by_op: Counter[str] = Counter()
     for b in steps:
         by_op.update(b.calls)
@@ -902,6 +1002,9 @@ def agentq_detail(run: AgentqRun) -> dict[str, Any]:
         "ddb_write_bytes_per_step": _avg([b.ddb_write_bytes for b in steps]),
         "s3_put_bytes_per_step": _avg([b.s3_put_bytes for b in steps]),
         "wcu_per_step": _avg([b.wcu for b in steps]),
+        "wcu_per_step_by_item": r.wcu_by_item(),
+        "cost": r.cost(prices),
+        "by_step_kind": by_kind,
         "totals": {
             "calls": setup.n_calls + sum(b.n_calls for b in steps),
             "ddb_write_bytes": setup.ddb_write_bytes + sum(b.ddb_write_bytes for b in steps),
@@ -993,6 +1096,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout, nothing else")
     parser.add_argument("--turns", type=int, default=50, help="LLM turns that call the tool (default 50)")
     parser.add_argument("--tool-bytes", type=int, default=3000, help="characters per tool result (default 3000)")
+    parser.add_argument(
+        "--offload-bytes",
+        type=int,
+        default=DEFAULT_OFFLOAD_THRESHOLD,
+        help="payloads above this many bytes go to S3 (AGENTQ_OFFLOAD_BYTES; default 65536): "
+        "lower it to see write units traded for S3 PUTs",
+    )
+    parser.add_argument(
+        "--wru-usd-per-million",
+        type=float,
+        default=1.25,
+        help="DynamoDB on-demand price per million write request units (default 1.25)",
+    )
+    parser.add_argument(
+        "--s3-put-usd-per-million", type=float, default=5.0, help="S3 Standard price per million PUTs (default 5.00)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     for key, value in LOCAL_CREDENTIALS.items():
@@ -1002,7 +1121,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="agentq-bench-") as tmp, MotoServer() as server:
         workdir = Path(tmp)
         names = ResourceNames.for_prefix(f"bench{uuid.uuid4().hex[:8]}")
-        settings = Settings(table=names.table, bucket=names.bucket, endpoint_url=server.endpoint_url)
+        settings = Settings(
+            table=names.table,
+            bucket=names.bucket,
+            endpoint_url=server.endpoint_url,
+            offload_threshold=args.offload_bytes,
+        )
         provision(session(settings), names, endpoint_url=settings.endpoint_url)
         store = build_store(settings)
         meter = AwsMeter(client(settings, "dynamodb"))
@@ -1014,7 +1138,8 @@ def main(argv: list[str] | None = None) -> int:
         results = [run.result, upsert]
         for kind, delta in (("sqlite", False), ("memory", False), ("sqlite", True)):
             results.append(run_langgraph(run, kind, workdir, delta=delta))
-    detail = agentq_detail(run)
+    prices = Prices(wru_usd=args.wru_usd_per_million / 1e6, s3_put_usd=args.s3_put_usd_per_million / 1e6)
+    detail = agentq_detail(run, prices)
     plot = maybe_plot(results)
     elapsed = time.perf_counter() - total_started
 
@@ -1028,7 +1153,8 @@ def main(argv: list[str] | None = None) -> int:
                 "ddb_item_limit_bytes": DDB_ITEM_LIMIT,
             },
             "tokens": run.tokens,
-            "designs": [r.summary() for r in results],
+            "prices": prices.as_dict(),
+            "designs": [r.summary(prices) for r in results],
             "agentq": detail,
             "plot": plot,
             "wall_seconds_local_total": round(elapsed, 2),
@@ -1047,13 +1173,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("calls = AWS API calls (DynamoDB/S3 designs) or checkpointer put + put_writes (LangGraph).")
     print("bytes = DynamoDB write request bodies + S3 PutObject bodies, or serialized checkpoint/write blobs.")
-    beats = detail["calls_by_operation_steps"].get("UpdateItem", 0)
+    beats = run.result.extra["heartbeats"]
     print(
         f"(agentq's lease heartbeat, 1 UpdateItem per lease/3 s held, is time-based, not per step; "
-        f"lease {LEASE_SECONDS:.0f} s here, {beats} UpdateItem calls during the steps.)"
+        f"lease {LEASE_SECONDS:.0f} s here, {beats} heartbeats during the steps.)"
     )
     print()
-    print(render_table(results))
+    print(render_table(results, prices))
+    print()
+    item_rows = [(r.name, r.wcu_by_item() or {}, r.cost(prices) or {}) for r in results if r.step_wcu is not None]
+    for kind, label in (("tools", "tools"), ("llm", "LLM")):
+        k = detail["by_step_kind"][kind]
+        item_rows.insert(1, (f"  of which {label} steps ({k['steps']})", k["wcu_per_step_by_item"], k["cost"]))
+    print(render_items_table(item_rows))
+    print(
+        f"(prices: DynamoDB ${args.wru_usd_per_million:g}/M write request units, a transactional write of "
+        f"1 KB is two; S3 ${args.s3_put_usd_per_million:g}/M PUTs)"
+    )
     print()
     print(render_agentq_detail(detail))
     up = upsert.extra

@@ -4,8 +4,8 @@
     python bench/latency.py --tasks 100 --paced-tasks 50 --rate 10,20 --json
 
 Each phase submits scripted one-turn tasks (a final answer, no tools, no LLM latency) through
-``agentq.control.submit.submit`` (the API's own path: TransactWriteItems creating META + budget, then
-SendMessage) from a thread pool, and waits, bounded, until every task is terminal. Figures
+``agentq.control.submit.submit`` (the API's own path: TransactWriteItems creating META, which holds
+the budget, and the submission, then SendMessage) from a thread pool, and waits, bounded, until every task is terminal. Figures
 come from the times each task recorded in its META item:
 
 - pickup latency = claims[0].at - created_at (submission to first claim by a worker);
@@ -350,7 +350,8 @@ def notes(result: dict[str, Any]) -> list[str]:
             "backlog. moto serialises DynamoDB requests (one lock, one GIL, 2 cores shared with the workers, this "
             f"script and anything else running): it served {burst['dynamodb_calls_per_s']:.0f} DynamoDB calls/s here, and "
             "a clean one-turn task costs 8 (submit 1; worker 7: GetItem x3 for the message's task, the tenant's "
-            "limits and the end report, claim UpdateItem, steps Query, reserve and commit TransactWriteItems), plus "
+            "limits and the end report, claim UpdateItem, reserve UpdateItem, commit PutItem of the step then UpdateItem "
+            "of META; a task with no step committed reads no steps), plus "
             "a lease write per heartbeat it is held through, so no setting gives pickup p99 <= 1 s for 1,000 tasks at once on this "
             "machine. On DynamoDB the same burst is bounded by worker count and table throughput instead."
         )

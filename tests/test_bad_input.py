@@ -86,11 +86,7 @@ def test_a_non_object_submission_is_refused(store: Storage, registry: ToolRegist
 def test_a_valid_submission_writes_the_task_and_its_budget_together(store: Storage, registry: ToolRegistry) -> None:
     task = submit(store, registry, VALID, tenant="t")
     keys = {(i["pk"]["S"], i["sk"]["S"]) for i in dynamo(store).client.scan(TableName=store.table.name)["Items"]}
-    assert keys == {
-        (f"TASK#{task.task_id}", "META"),
-        (f"TASK#{task.task_id}", "META#SUBMISSION"),
-        (f"BUDGET#{task.task_id}", "META"),
-    }
+    assert keys == {(f"TASK#{task.task_id}", "META"), (f"TASK#{task.task_id}", "META#SUBMISSION")}  # budget on META
     assert store.budgets.get(task.task_id).cap == 1000
 
 

@@ -38,6 +38,7 @@ PASSES = {
     "after_claim": 1,
     "after_reserve": 3,
     "after_llm_call": 3,
+    "after_step_put": 5,  # every commit: 3 LLM steps, 2 tools steps (a step item written, META not yet)
     "after_llm_commit": 3,
     "after_effect_begin": 2,
     "after_tool_run": 4,

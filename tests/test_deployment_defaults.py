@@ -126,7 +126,7 @@ def test_the_api_gives_a_bare_submission_the_deployment_budget(api: tuple[Any, S
     task = store.tasks.get(data["task_id"])
     assert (task.submission.constraints.max_tokens, task.submission.constraints.max_steps) == (12345, 7)
     assert task.submission.constraints.timeout_seconds == 600
-    assert store.budgets.get(task.task_id).cap == 12345  # the budget item holds the default cap
+    assert store.budgets.get(task.task_id).cap == 12345  # the task's budget holds the default cap
 
 
 def test_the_api_keeps_what_the_caller_sent(api: tuple[Any, Storage]) -> None:

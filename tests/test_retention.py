@@ -23,13 +23,13 @@ from agentq.control import operations as control
 from agentq.control.defaults import ConfigurationError
 from agentq.control.retention import expired_task_id, purge_task, ttl_removal_pattern
 from agentq.core.engine import Engine, EngineConfig
-from agentq.core.errors import IllegalTransition
+from agentq.core.errors import IllegalTransition, TaskNotFound
 from agentq.core.models import ALLOWED_TRANSITIONS, TaskStatus
 from agentq.resources import table_definition
 from agentq.runtime import RETENTION_VARIABLE, Settings, build_registry, build_store, client, retention_days_from_env
 from agentq.storage.container import Storage
 from agentq.storage.dynamodb import DynamoTable
-from agentq.storage.keys import META, budget_pk, payload_prefix, task_pk
+from agentq.storage.keys import META, payload_prefix, task_pk
 from agentq.storage.serdes import from_item, to_item, to_values
 from agentq.storage.tasks import DAY_SECONDS
 
@@ -226,8 +226,8 @@ def test_a_task_past_its_retention_cannot_be_brought_back(rstore: Storage) -> No
 
 def _finished_task_with_everything(store: Storage, settings: Settings) -> str:
     """A task that leaves every kind of item behind: steps (offloaded), an effect, a note, an
-    approval, an orphaned call, more than one BatchWriteItem's worth of items, its budget, and
-    S3 payloads (step bodies, the effect's result, the final result)."""
+    approval, an orphaned call, more than one BatchWriteItem's worth of items, its budget (on
+    META), and S3 payloads (step bodies, the effect's result, the final result)."""
     task = store.tasks.create(scripted(LOOKUPS, tools=["lookup"]), tenant="t")
     assert _engine(store, settings).run(task.task_id).status is TaskStatus.SUCCEEDED
     steps = store.steps.load(task.task_id)
@@ -246,10 +246,12 @@ def _finished_task_with_everything(store: Storage, settings: Settings) -> str:
 
 
 def _everything_of(store: Storage, task_id: str) -> tuple[list[str], bool, list[str]]:
+    """The task's items, whether it still has a budget, and its S3 payloads."""
     items = [i["sk"]["S"] for i in store.steps.raw_items(task_id)]
-    budget = "Item" in dynamo(store).client.get_item(
-        TableName=store.table.name, Key=to_item({"pk": budget_pk(task_id), "sk": META})
-    )
+    try:
+        budget = store.budgets.get(task_id) is not None
+    except TaskNotFound:
+        budget = False
     listing = s3_payloads(store).s3.list_objects_v2(Bucket=s3_payloads(store).bucket, Prefix=payload_prefix(task_id))
     return items, budget, [o["Key"] for o in listing.get("Contents", [])]
 
@@ -265,7 +267,7 @@ def test_purge_deletes_every_item_budget_and_payload_of_a_finished_task_and_noth
 
     result = purge_task(rstore, doomed)
 
-    assert (result.items, result.budget, result.objects) == (len(items), 1, len(objects))
+    assert (result.items, result.objects) == (len(items), len(objects))
     assert _everything_of(rstore, doomed) == ([], False, [])
     assert _everything_of(rstore, neighbour) == neighbour_before
     assert rstore.tasks.get(neighbour).status is TaskStatus.SUCCEEDED
@@ -276,7 +278,7 @@ def test_purging_twice_finds_nothing_left_and_is_fine(rstore: Storage, retained:
     first = purge_task(rstore, task_id)
     assert first.items > 0
     second = purge_task(rstore, task_id)
-    assert (second.items, second.budget, second.objects) == (0, 0, 0)
+    assert (second.items, second.objects) == (0, 0)
 
 
 def test_purge_after_ttl_deleted_meta_removes_the_rest(rstore: Storage, retained: Settings) -> None:
@@ -284,9 +286,9 @@ def test_purge_after_ttl_deleted_meta_removes_the_rest(rstore: Storage, retained
     items, _, objects = _everything_of(rstore, task_id)
     dynamo(rstore).client.delete_item(
         TableName=rstore.table.name, Key=to_item({"pk": task_pk(task_id), "sk": META})
-    )  # what TTL does
+    )  # what TTL does (the budget goes with META)
     result = purge_task(rstore, task_id)
-    assert (result.items, result.budget, result.objects) == (len(items) - 1, 1, len(objects))
+    assert (result.items, result.objects) == (len(items) - 1, len(objects))
     assert _everything_of(rstore, task_id) == ([], False, [])
 
 
@@ -516,7 +518,7 @@ def test_the_purge_command_deletes_a_finished_task_and_refuses_a_live_one(
     live = rstore.tasks.create(scripted([{"text": "x"}]), tenant="t").task_id
     assert main(["purge", task_pk(finished), "--json"]) == 0
     (result,) = json.loads(capsys.readouterr().out)
-    assert result["task_id"] == finished and result["items"] > 0 and result["budget"] == 1 and result["objects"] > 0
+    assert result["task_id"] == finished and result["items"] > 0 and result["objects"] > 0
     assert _everything_of(rstore, finished) == ([], False, [])
     assert main(["purge", live]) == 1
     assert "is queued; only a finished task is purged" in capsys.readouterr().err

@@ -95,6 +95,16 @@ def test_a_spawn_the_budget_cannot_fund_writes_nothing(backend: Storage) -> None
     assert backend.spawns.get(parent.task_id, "sp1") is None and backend.budgets.get(parent.task_id).available == 100
 
 
+def test_a_zombie_parent_spawns_nothing_and_takes_no_shares(backend: Storage) -> None:
+    lease = claimed(backend, max_tokens=1000)
+    parent = backend.tasks.get(lease.task_id)
+    backend.tasks.release(lease)
+    assert backend.tasks.claim(lease.task_id, "w2", 30) is not None
+    with pytest.raises(LeaseLost, match="superseded"):
+        backend.spawns.create(lease, parent, "sp1", _plans(backend, 2, 50), [], 2)
+    assert backend.spawns.get(parent.task_id, "sp1") is None and backend.budgets.get(parent.task_id).available == 1000
+
+
 def test_a_child_budget_folds_into_its_parent_once(backend: Storage) -> None:
     lease = claimed(backend, max_tokens=1000)
     parent = backend.tasks.get(lease.task_id)
@@ -131,10 +141,10 @@ def test_purge_refuses_a_live_task_and_deletes_a_finished_one_whole_twice_over(b
         backend.purge.task(lease.task_id)
     backend.tasks.transition(lease.task_id, TaskStatus.SUCCEEDED, lease=lease, result="ok")
     done = backend.purge.task(lease.task_id)
-    assert done.items == 4 and done.budget == 1 and done.objects == 1  # META, submission, claim, step
+    assert done.items == 4 and done.objects == 1  # META (with the budget), submission, claim, step
     assert backend.steps.raw_items(lease.task_id) == []
     with pytest.raises(TaskNotFound):
         backend.budgets.get(lease.task_id)
     again = backend.purge.task(lease.task_id)
-    assert (again.items, again.budget, again.objects) == (0, 0, 0)
+    assert (again.items, again.objects) == (0, 0)
     assert backend.tasks.get(neighbour).status is TaskStatus.QUEUED

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from agentq.core.errors import BudgetExceeded, LeaseLost
 from agentq.core.models import TaskStatus
 from agentq.core.records import NO_USAGE
+from agentq.storage import keys
 from agentq.storage.container import Storage
+from agentq.storage.item_size import item_size
+from agentq.storage.steps import Steps
+from agentq.storage.table import plain
 
 from tests.storage_conformance._builders import claimed, llm_step, tools_step, usage
 
@@ -108,3 +114,82 @@ def test_an_unsettled_commit_leaves_the_budget_alone(backend: Storage) -> None:
     lease = claimed(backend, max_tokens=1000)
     backend.steps.commit(lease, 1, tools_step(), root_id=lease.task_id, settle=NO_USAGE)
     assert backend.budgets.get(lease.task_id).available == 1000
+
+
+def test_the_budget_rides_on_meta_which_stays_within_one_write_unit(backend: Storage) -> None:
+    lease = claimed(backend, max_tokens=900_000_000)
+    backend.budgets.reserve(lease, lease.task_id, 123_456, 1)
+    backend.steps.commit(lease, 1, llm_step(), root_id=lease.task_id, settle=usage(reserved=123_456, used=100_110))
+    backend.steps.commit(lease, 2, tools_step(), root_id=lease.task_id, reserve_next=234_567)
+    meta = backend.table.get(keys.meta_key(lease.task_id))
+    assert meta is not None and plain(meta)["available"] == 900_000_000 - 100_110 - 234_567
+    assert item_size(meta) <= 1024  # every step commit rewrites META: one write unit, not two
+
+
+def test_a_task_reserving_on_another_tasks_budget_is_capped_and_fenced(backend: Storage) -> None:
+    root = claimed(backend, max_tokens=1000)
+    other = claimed(backend, max_tokens=10)
+    backend.budgets.reserve(other, root.task_id, 600, 1)
+    with pytest.raises(BudgetExceeded):
+        backend.budgets.reserve(other, root.task_id, 600, 2)
+    assert backend.budgets.inflight(other.task_id) is not None and backend.budgets.inflight(root.task_id) is None
+    assert (backend.budgets.get(root.task_id).reserved, backend.budgets.get(other.task_id).reserved) == (600, 0)
+    back = usage(reserved=600, used=500)
+    assert backend.budgets.settle_orphan(other.task_id, root.task_id, back, inflight_epoch=1) is True
+    assert (backend.budgets.get(root.task_id).used, backend.budgets.get(root.task_id).reserved) == (500, 0)
+    backend.tasks.release(other)
+    assert backend.tasks.claim(other.task_id, "w2", 30) is not None
+    with pytest.raises(LeaseLost):
+        backend.budgets.reserve(other, root.task_id, 100, 2)
+    assert backend.budgets.get(root.task_id).reserved == 0
+
+
+def test_a_refused_commit_leaves_a_step_no_reader_sees_and_the_next_commit_overwrites(backend: Storage) -> None:
+    lease = claimed(backend)
+    backend.steps.commit(lease, 1, llm_step(text="one"), root_id=lease.task_id)
+    backend.tasks.release(lease)
+    successor = backend.tasks.claim(lease.task_id, "w2", 30)
+    assert successor is not None
+    with pytest.raises(LeaseLost, match="superseded"):  # the zombie's step item is written, its META write refused
+        backend.steps.commit(lease, 2, llm_step(text="zombie"), root_id=lease.task_id)
+    assert [i["sk"]["S"] for i in backend.steps.raw_items(lease.task_id)].count(keys.step_sk(2)) == 1
+    assert [s.number for s in backend.steps.load(lease.task_id)] == [1]
+    assert [s.number for s in backend.steps.range(lease.task_id, 1, 10)] == [1]
+    assert backend.steps.last(lease.task_id).number == 1  # type: ignore[union-attr]
+    backend.steps.commit(successor[0], 2, llm_step(text="two"), root_id=lease.task_id)
+    (_, two) = backend.steps.load(lease.task_id)
+    assert (two.epoch, two.body.content) == (2, [{"type": "text", "text": "two"}])  # type: ignore[union-attr]
+    with pytest.raises(LeaseLost, match="superseded"):  # a committed step is never overwritten by a zombie
+        backend.steps.commit(lease, 2, llm_step(text="zombie"), root_id=lease.task_id)
+    assert backend.steps.load(lease.task_id)[1].body.content == two.body.content  # type: ignore[union-attr]
+
+
+class _LostResponses:
+    """A table whose every write is sent twice, as a client retries a request whose response
+    was lost after the write went through (the second send meets the first one's effect)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def put(self, item: Any, *, condition: Any = None) -> None:
+        self.inner.put(item, condition=condition)
+        self.inner.put(item, condition=condition)
+
+    def update(self, key: Any, update: Any, *, condition: Any = None, returns: Any = "NONE") -> Any:
+        self.inner.update(key, update, condition=condition, returns=returns)
+        return self.inner.update(key, update, condition=condition, returns=returns)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_step_commit_sent_twice_is_applied_once(backend: Storage) -> None:
+    lease = claimed(backend, max_tokens=1000)
+    backend.budgets.reserve(lease, lease.task_id, 300, 1)
+    twice = Steps(_LostResponses(backend.table), backend.payloads, backend.tasks)
+    twice.commit(lease, 1, llm_step(), root_id=lease.task_id, settle=usage(reserved=300, used=110))
+    twice.commit(lease, 2, tools_step(), root_id=lease.task_id, reserve_next=200)
+    budget, task = backend.budgets.get(lease.task_id), backend.tasks.get(lease.task_id)
+    assert (budget.used, budget.reserved, budget.available) == (110, 200, 690)
+    assert (task.step, task.llm_steps, task.tokens_in) == (2, 1, 100)
+    assert [s.number for s in backend.steps.load(lease.task_id)] == [1, 2]

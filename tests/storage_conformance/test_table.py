@@ -18,6 +18,7 @@ from agentq.storage.table import (
     TransactionCancelled,
     Update,
     absent,
+    merge,
     plain,
 )
 
@@ -164,3 +165,24 @@ def test_batch_get_and_batch_delete(backend: Storage) -> None:
     assert len(t.batch_get([*keys, _key("absent")])) == 130
     t.batch_delete(keys[:60])
     assert len(t.query("T#1")) == 70
+
+
+def test_merged_writes_to_one_item_apply_together_and_only_if_every_condition_holds(backend: Storage) -> None:
+    t = backend.table
+    t.put({**_key("meta"), "epoch": 1, "available": 10, "inflight": 3})
+    ticket = Patch("meta", _key("meta"), Update(set={"inflight": 7}), Attr("epoch").eq(1))
+    hold = Patch("budget", _key("meta"), Update(add={"available": -20}), Attr("available").gte(20))
+    both = merge("meta", ticket, hold)
+    with pytest.raises(ConditionFailed) as refused:
+        t.update(both.key, both.update, condition=both.condition)
+    assert plain(refused.value.old or {})["inflight"] == 3  # the item as the refusal found it: tells why
+    assert plain(t.get(_key("meta")) or {}) == {**_key("meta"), "epoch": 1, "available": 10, "inflight": 3}
+    both = merge("meta", ticket, Patch("budget", _key("meta"), Update(add={"available": -4}), Attr("available").gte(4)))
+    t.update(both.key, both.update, condition=both.condition)
+    assert plain(t.get(_key("meta")) or {}) == {**_key("meta"), "epoch": 1, "available": 6, "inflight": 7}
+    merged = merge("lease", Check("lease", _key("meta"), Attr("epoch").eq(1)), ticket)
+    t.transact([merged, Put("step", {**_key("step1")}, absent())])
+    with pytest.raises(ValueError, match="cannot merge"):
+        merge("x", ticket, Patch("other", _key("other"), Update(set={"a": 1})))
+    with pytest.raises(ValueError, match="inflight"):
+        merge("x", ticket, Patch("again", _key("meta"), Update(remove=["inflight"])))

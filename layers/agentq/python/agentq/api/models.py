@@ -117,7 +117,7 @@ class TokenUsage(ApiModel):
 
 
 class BudgetView(ApiModel):
-    """The task's budget item: for a root, the whole tree (sub-agents included)."""
+    """The task's token budget: for a root, the whole tree's (sub-agents included)."""
 
     cap: int
     used: int

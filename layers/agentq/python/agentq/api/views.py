@@ -106,7 +106,7 @@ def activity(store: Storage, task: Task, children: ChildrenSummary, question: st
         done = sum(n for s, n in children.by_status.items() if TaskStatus(s).terminal)
         return f"waiting for sub-agents: {done} of {children.total} finished"
     if status is TaskStatus.RUNNING:
-        last = store.steps.last(task.task_id)
+        last = store.steps.last(task.task_id, upto=task.step)
         who = f" on {task.lease_owner}" if task.lease_owner else ""
         if last is not None and isinstance(last.body, LLMStep) and last.body.tool_uses():
             names = ", ".join(u["name"] for u in last.body.tool_uses())
@@ -394,7 +394,7 @@ def trace_page(store: Storage, task: Task, *, limit: int, cursor: str | None) ->
                 "cursor is not one this API issued; pass next_cursor back unchanged", field="cursor"
             ) from None
     want = limit + 2
-    steps = store.steps.range(task.task_id, max(1, step_from - 1), want)
+    steps = store.steps.range(task.task_id, max(1, step_from - 1), want, upto=task.step)
     exhausted = len(steps) < want
     inputs = {
         use["id"]: use.get("input") or {}

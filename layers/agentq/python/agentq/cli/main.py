@@ -244,9 +244,7 @@ def _cmd_purge(args: argparse.Namespace) -> int:
         result = purge_task(store, task_id)  # a live task raises IllegalTransition: exit 1
         results.append(result)
         if not args.json:
-            print(
-                f"{task_id}: {result.items} item(s), {result.budget} budget, {result.objects} payload object(s) deleted"
-            )
+            print(f"{task_id}: {result.items} item(s), {result.objects} payload object(s) deleted")
     if args.json:
         print(json.dumps([r.model_dump() for r in results]))
     return 0

@@ -4,8 +4,8 @@ Only META carries the TTL attribute (``expires_at``, stamped by the store in the
 makes a task terminal): a task's other items (steps, effects, notes, spawns, approvals,
 orphans) are many and immutable, and stamping each would cost a write per item. DynamoDB TTL
 deletes META; that deletion reaches the table's stream, and the reaper (functions/reaper)
-calls ``purge_task``, which deletes the rest: the task's partition, its ``BUDGET#`` item and
-its S3 payloads under ``tasks/<task_id>/``.
+calls ``purge_task``, which deletes the rest: the task's partition (its budget went with META)
+and its S3 payloads under ``tasks/<task_id>/``.
 
 ``purge_task`` is idempotent (a stream batch may be delivered twice, and a partly failed one is
 retried whole) and refuses to touch a task that is still live.
@@ -85,8 +85,9 @@ class PurgeResult(BaseModel):
     """What one ``purge_task`` call deleted (zeros when a repeat found nothing left)."""
 
     task_id: str
-    items: int = Field(description="items of the task's partition, META included if it was still there")
-    budget: int = Field(description="1 if the task's BUDGET# item was deleted")
+    items: int = Field(
+        description="items of the task's partition, META (which holds the task's budget) included if it was still there"
+    )
     objects: int = Field(description="S3 payload objects under tasks/<task_id>/")
 
 
@@ -102,4 +103,4 @@ def purge_task(store: Storage, task_id: str, *, attempts: int = 8, sleep: Sleep 
     unprocessed batch deletes; past it a RuntimeError makes the stream batch fail and retry.
     """
     done = store.purge.task(task_id, attempts=attempts, sleep=sleep)
-    return PurgeResult(task_id=task_id, items=done.items, budget=done.budget, objects=done.objects)
+    return PurgeResult(task_id=task_id, items=done.items, objects=done.objects)

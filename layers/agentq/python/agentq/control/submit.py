@@ -66,7 +66,7 @@ def check_submission(submission: TaskSubmission, tools: ToolRegistry) -> None:
 
 
 def submit(store: Storage, tools: ToolRegistry, raw: Any, *, tenant: str, queues: TaskQueues | None = None) -> Task:
-    """Validate fully, create the task (META + root budget, one transaction), then enqueue it.
+    """Validate fully, create the task (META with its budget, and the submission: one transaction), then enqueue it.
 
     If the enqueue fails the task is deleted again, so a caller who sees an error never
     leaves a queued task that no message will ever run.

@@ -276,7 +276,7 @@ class Engine:
             else LeaseKeeper(self.store, session, self.config.lease_seconds, interval, on_beat)
         )
         with guard:
-            steps = self.store.steps.load(task_id)
+            steps = self.store.steps.load(task_id, upto=task.step)  # what the claim found committed
             resumed_from = steps[-1].number if steps else 0
             session.steps = list(steps)
             session.messages = conversation(task.submission.goal, steps)

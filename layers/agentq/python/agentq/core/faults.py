@@ -15,6 +15,7 @@ CRASH_POINTS = (
     "after_claim",  # lease taken, nothing else written
     "after_reserve",  # tokens held on the budget, no LLM call yet
     "after_llm_call",  # provider answered (tokens spent), step not committed
+    "after_step_put",  # a step's item written, META not yet pointing at it (every step commit passes here)
     "after_llm_commit",  # assistant turn with tool intents durable, no tool run yet
     "after_effect_begin",  # side-effect intent recorded, tool not run
     "after_tool_run",  # tool ran, its outcome not recorded anywhere

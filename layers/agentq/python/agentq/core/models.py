@@ -261,8 +261,8 @@ class Task(BaseModel):
 
     @property
     def budget_id(self) -> str:
-        """Every task draws on its own budget item: the root's is the tree's cap, a child's is
-        the share its parent allocated to it at spawn time."""
+        """Every task draws on its own budget, kept on its META: the root's is the tree's cap, a
+        child's is the share its parent allocated to it at spawn time."""
         return self.task_id
 
     @property

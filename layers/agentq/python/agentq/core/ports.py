@@ -39,7 +39,7 @@ class TaskLeases(Protocol):
 
 
 class StepLog(Protocol):
-    def load(self, task_id: str) -> list[StepRecord]: ...
+    def load(self, task_id: str, upto: int | None = None) -> list[StepRecord]: ...
 
     def commit(
         self,

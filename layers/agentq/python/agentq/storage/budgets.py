@@ -1,10 +1,20 @@
-"""Budgets: the ``BUDGET#root`` item every task of a tree reserves on, and its settlements.
+"""Budgets: the token budget every task carries on its own META, and its settlements.
 
 ``used <= cap`` holds always because a reservation is a conditional write: ``available``
 is kept as its own attribute (DynamoDB conditions cannot do arithmetic) and a hold succeeds
 only if ``available >= amount``. A reservation also records an ``inflight`` ticket on the
 task's META, and a hold is returned only together with removing the ticket of its epoch, so a
 resumed worker and a zombie cannot both return it.
+
+Why on META and not an item of its own: every task draws on its own budget (a root's is the
+tree's cap, a child's the share its parent moved to it), and every step commit writes META
+anyway. With the budget there, a step's settlement, its next reservation, the lease fence and
+the step counter are one conditional write of one item: no second item in the step's
+transaction (a transactional write costs two units per item), and still all or nothing. The
+attributes are ``cap``, ``reserved``, ``used``, ``available``, the tree's spend
+``budget_cost_usd``/``budget_tokens_in``/``budget_tokens_out`` (children folded in, orphaned
+calls included: not the task's own ``cost_usd``/``tokens_in``/``tokens_out``) and, on a child
+whose spend was folded into its parent, ``budget_settled``.
 """
 
 from __future__ import annotations
@@ -19,39 +29,37 @@ from agentq.core.models import Lease
 from agentq.core.records import NO_USAGE, BudgetDelta, BudgetState, Reservation
 from agentq.storage import keys
 from agentq.storage.table import (
+    ConditionFailed,
     Item,
     Patch,
-    Put,
     Table,
     TransactionCancelled,
     Update,
-    absent,
     fence,
+    fence_holds,
+    merge,
     plain,
+    present,
 )
 
 BUDGET = "budget"  # the action name of a budget write in a transaction
+SETTLED = "budget_settled"
 
 
-def budget_item(budget_id: str, cap: int, **extra: Any) -> Item:
+def budget_attrs(cap: int) -> dict[str, Any]:
+    """The budget attributes of a new task's META."""
     return {
-        **keys.budget_key(budget_id),
         "cap": cap,
         "reserved": 0,
         "used": 0,
         "available": cap,
-        "cost_usd": Decimal(0),
-        "tokens_in": 0,
-        "tokens_out": 0,
-        **extra,
+        "budget_cost_usd": Decimal(0),
+        "budget_tokens_in": 0,
+        "budget_tokens_out": 0,
     }
 
 
-def create_budget(budget_id: str, cap: int, **extra: Any) -> Put:
-    return Put(BUDGET, budget_item(budget_id, cap, **extra), condition=absent())
-
-
-def settle_and_reserve(root_id: str, delta: BudgetDelta, reserve_next: int) -> Patch:
+def settle_and_reserve(budget_id: str, delta: BudgetDelta, reserve_next: int) -> Patch:
     """Settle a reservation (``reserved - est``, ``used + actual``) and optionally reserve anew,
     refused unless the budget can cover what the new hold adds beyond what the old one frees."""
     update = Update(
@@ -59,26 +67,26 @@ def settle_and_reserve(root_id: str, delta: BudgetDelta, reserve_next: int) -> P
             "reserved": reserve_next - delta.reserved,
             "used": delta.used,
             "available": delta.reserved - delta.used - reserve_next,
-            "cost_usd": delta.cost_usd,
-            "tokens_in": delta.tokens_in,
-            "tokens_out": delta.tokens_out,
+            "budget_cost_usd": delta.cost_usd,
+            "budget_tokens_in": delta.tokens_in,
+            "budget_tokens_out": delta.tokens_out,
         }
     )
     condition = Attr("available").gte(reserve_next - (delta.reserved - delta.used)) if reserve_next else None
-    return Patch(BUDGET, keys.budget_key(root_id), update, condition)
+    return Patch(BUDGET, keys.meta_key(budget_id), update, condition)
 
 
 def budget_state(item: Item) -> BudgetState:
-    data = plain(item, keep_decimal=frozenset({"cost_usd"}))
+    data = plain(item, keep_decimal=frozenset({"budget_cost_usd"}))
     return BudgetState(
         cap=data["cap"],
         reserved=data["reserved"],
         used=data["used"],
         available=data["available"],
-        cost_usd=data["cost_usd"],
-        tokens_in=data.get("tokens_in", 0),
-        tokens_out=data.get("tokens_out", 0),
-        settled=bool(data.get("settled", False)),
+        cost_usd=data["budget_cost_usd"],
+        tokens_in=data.get("budget_tokens_in", 0),
+        tokens_out=data.get("budget_tokens_out", 0),
+        settled=bool(data.get(SETTLED, False)),
     )
 
 
@@ -86,16 +94,18 @@ class Budgets:
     def __init__(self, table: Table) -> None:
         self.table = table
 
-    def get(self, root_id: str) -> BudgetState:
-        item = self.table.get(keys.budget_key(root_id))
-        if item is None:
-            raise TaskNotFound(f"no budget for root task {root_id!r}", field="root_id")
+    def get(self, budget_id: str) -> BudgetState:
+        item = self.table.get(keys.meta_key(budget_id))
+        if item is None or "cap" not in item:
+            raise TaskNotFound(f"no budget for task {budget_id!r}", field="root_id")
         return budget_state(item)
 
-    def reserve(self, lease: Lease, root_id: str, amount: int, step: int) -> Reservation:
-        """Hold ``amount`` tokens on the root budget and record it on META, atomically and fenced.
+    def reserve(self, lease: Lease, budget_id: str, amount: int, step: int) -> Reservation:
+        """Hold ``amount`` tokens on the budget and record it on META, atomically and fenced.
 
-        Raises BudgetExceeded when the root has less than ``amount`` available.
+        On the task's own budget that is one conditional UpdateItem; on another task's (the
+        budget of a tree shared by racing tasks in tests) a transaction of the two.
+        Raises BudgetExceeded when the budget has less than ``amount`` available.
         """
         ticket = Patch(
             "meta",
@@ -103,11 +113,23 @@ class Budgets:
             Update(set={"inflight": {"amount": amount, "epoch": lease.epoch, "step": step}}),
             fence(lease),
         )
+        hold = settle_and_reserve(budget_id, NO_USAGE, amount)
+        if budget_id == lease.task_id:
+            both = merge("meta", ticket, hold)
+            try:
+                self.table.update(both.key, both.update, condition=both.condition)
+            except ConditionFailed as exc:
+                if fence_holds(exc.old, lease):
+                    raise BudgetExceeded(f"budget {budget_id} cannot cover {amount} tokens") from exc
+                from agentq.storage.tasks import why_fenced
+
+                raise why_fenced(self.table, lease) from exc
+            return Reservation(amount=amount, epoch=lease.epoch, step=step)
         try:
-            self.table.transact([settle_and_reserve(root_id, NO_USAGE, amount), ticket])
+            self.table.transact([hold, ticket])
         except TransactionCancelled as exc:
             if BUDGET in exc.failed:
-                raise BudgetExceeded(f"root budget {root_id} cannot cover {amount} tokens") from exc
+                raise BudgetExceeded(f"budget {budget_id} cannot cover {amount} tokens") from exc
             from agentq.storage.tasks import why_fenced
 
             raise why_fenced(self.table, lease) from exc
@@ -123,21 +145,28 @@ class Budgets:
         error, a crashed worker's leftover), exactly once.
 
         The task's ``inflight`` marker is the claim ticket: the hold is returned only together
-        with removing the marker of ``inflight_epoch``, in one transaction, so a resumed worker
-        and a zombie cannot both return it. If the ticket is gone, only the usage is recorded
+        with removing the marker of ``inflight_epoch``, in one write, so a resumed worker and
+        a zombie cannot both return it. If the ticket is gone, only the usage is recorded
         (tokens a zombie spent are spent whoever holds the task). Not fenced by the lease for
         that reason. With ``inflight_epoch=None`` the caller owns the hold outright (no
         marker) and it is settled unconditionally. Returns whether the hold was returned.
         """
+        settle = settle_and_reserve(budget_id, delta, 0)
         if inflight_epoch is None:
-            self.table.transact([settle_and_reserve(budget_id, delta, 0)])
+            self._apply(settle)
             return True
         release_ticket = Patch(
             "ticket", keys.meta_key(task_id), Update(remove=["inflight"]), Attr("inflight.epoch").eq(inflight_epoch)
         )
         try:
-            self.table.transact([release_ticket, settle_and_reserve(budget_id, delta, 0)])
+            if budget_id == task_id:
+                both = merge("ticket", release_ticket, settle)
+                self.table.update(both.key, both.update, condition=both.condition)
+            else:
+                self.table.transact([release_ticket, settle])
             return True
+        except ConditionFailed:
+            pass
         except TransactionCancelled as exc:
             if "ticket" not in exc.failed:
                 raise
@@ -149,14 +178,21 @@ class Budgets:
                 tokens_in=delta.tokens_in,
                 tokens_out=delta.tokens_out,
             )
-            self.table.transact([settle_and_reserve(budget_id, usage_only, 0)])
+            self._apply(settle_and_reserve(budget_id, usage_only, 0))
         return False
+
+    def _apply(self, patch: Patch) -> None:
+        """An unconditional settlement, on a META that exists (never a ghost item of budget only)."""
+        try:
+            self.table.update(patch.key, patch.update, condition=present())
+        except ConditionFailed as exc:
+            raise TaskNotFound(f"no task {patch.key['pk']!r} to settle a budget on", field="task_id") from exc
 
     def fund_children(self, parent_budget_id: str, total: int) -> Patch:
         """The budget side of a spawn: move ``total`` from available to reserved, if it is there."""
         return Patch(
             BUDGET,
-            keys.budget_key(parent_budget_id),
+            keys.meta_key(parent_budget_id),
             Update(add={"available": -total, "reserved": total}),
             Attr("available").gte(total),
         )
@@ -166,7 +202,7 @@ class Budgets:
 
         The share was moved to the parent's ``reserved`` at spawn; now ``reserved`` gives it
         back, ``used`` takes the child's real usage and the rest is available again. The
-        ``settled`` flag makes a repeat (a resumed parent) a no-op.
+        ``budget_settled`` flag makes a repeat (a resumed parent) a no-op.
         """
         for _ in range(5):
             child = self.get(child_id)
@@ -174,21 +210,21 @@ class Budgets:
                 return
             close = Patch(
                 "child",
-                keys.budget_key(child_id),
-                Update(set={"settled": True, "available": 0}),
-                Attr("settled").not_exists() & Attr("used").eq(child.used) & Attr("reserved").eq(child.reserved),
+                keys.meta_key(child_id),
+                Update(set={SETTLED: True, "available": 0}),
+                Attr(SETTLED).not_exists() & Attr("used").eq(child.used) & Attr("reserved").eq(child.reserved),
             )
             fold = Patch(
                 "parent",
-                keys.budget_key(parent_budget_id),
+                keys.meta_key(parent_budget_id),
                 Update(
                     add={
                         "reserved": -child.cap,
                         "used": child.used + child.reserved,
                         "available": child.cap - child.used - child.reserved,
-                        "cost_usd": child.cost_usd,
-                        "tokens_in": child.tokens_in,
-                        "tokens_out": child.tokens_out,
+                        "budget_cost_usd": child.cost_usd,
+                        "budget_tokens_in": child.tokens_in,
+                        "budget_tokens_out": child.tokens_out,
                     }
                 ),
             )
@@ -201,11 +237,9 @@ class Budgets:
         raise RuntimeError(f"could not settle the budget of child {child_id}: it keeps changing")
 
     def raise_cap(self, task_id: str, add_tokens: int) -> BudgetState:
-        from agentq.storage.table import present
-
         self.table.update(
-            keys.budget_key(task_id),
+            keys.meta_key(task_id),
             Update(add={"cap": add_tokens, "available": add_tokens}),
-            condition=present() & Attr("settled").not_exists(),
+            condition=present() & Attr("cap").exists() & Attr(SETTLED).not_exists(),
         )
         return self.get(task_id)

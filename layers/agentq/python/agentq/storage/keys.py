@@ -1,9 +1,8 @@
 """The key schema of the single table: every partition and sort key agentq writes, defined once.
 
 A task's items share its partition (``TASK#id``), so one Query reads its history in commit
-order and one purge finds all of it. The root budget of a task tree has a partition of its
-own (``BUDGET#root``) because every task of the tree reserves on it, and a tenant's hourly
-windows and limits live under ``TENANT#t``. Sort keys carry zero-padded numbers so that they
+order and one purge finds all of it (a task's budget is on its META: ``storage.budgets``).
+A tenant's hourly windows and limits live under ``TENANT#t``. Sort keys carry zero-padded numbers so that they
 sort as text in the order they were written.
 """
 
@@ -40,10 +39,6 @@ def task_id_of(pk: str) -> str:
     return pk.split("#", 1)[1]
 
 
-def budget_pk(root_id: str) -> str:
-    return f"BUDGET#{root_id}"
-
-
 def tenant_pk(tenant: str) -> str:
     """The partition of a tenant's windows and limits, and (in ``gsi1``) of its tasks."""
     return f"TENANT#{tenant}"
@@ -78,10 +73,6 @@ def meta_key(task_id: str) -> Key:
 
 def submission_key(task_id: str) -> Key:
     return {"pk": task_pk(task_id), "sk": SUBMISSION}
-
-
-def budget_key(root_id: str) -> Key:
-    return {"pk": budget_pk(root_id), "sk": META}
 
 
 def item_key(task_id: str, sk: str) -> Key:

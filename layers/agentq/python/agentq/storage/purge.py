@@ -1,5 +1,5 @@
-"""Purge: delete everything a finished task left behind (its partition, its budget item, its
-payloads). Idempotent, and refuses a task that is still live."""
+"""Purge: delete everything a finished task left behind (its partition, its budget with it on
+META, its payloads). Idempotent, and refuses a task that is still live."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from agentq.storage.table import ConditionFailed, Table, present, status_in
 @dataclass(frozen=True)
 class Purged:
     items: int
-    budget: int
     objects: int
 
 
@@ -39,6 +38,5 @@ class Purge:
             ) from exc
         rest = self.table.query(keys.task_pk(task_id), keys_only=True)
         self.table.batch_delete(rest, attempts=attempts, sleep=sleep)
-        budget = self.table.delete(keys.budget_key(task_id))
         objects = self.payloads.delete_prefix(keys.payload_prefix(task_id))
-        return Purged(items=len(rest) + (1 if old else 0), budget=1 if budget else 0, objects=objects)
+        return Purged(items=len(rest) + (1 if old else 0), objects=objects)

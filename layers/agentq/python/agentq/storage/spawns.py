@@ -32,6 +32,8 @@ from agentq.storage.table import (
     absent,
     chunks,
     fence,
+    fence_holds,
+    merge,
     plain,
     present,
 )
@@ -82,20 +84,20 @@ class Spawns:
                 f"{keys.payload_prefix(parent.task_id)}spawns/{spawn_id}-e{lease.epoch}.json", payload
             ),
         }
+        lease_check = Check("lease", keys.meta_key(lease.task_id), fence(lease))
+        funding = self.budgets.fund_children(parent.budget_id, total)
+        # The parent's budget is on its META: the fence and the funding are one write of it.
+        writes: list[Action] = (
+            [merge("lease", lease_check, funding)] if funding.key == lease_check.key else [lease_check, funding]
+        )
         try:
-            self.table.transact(
-                [
-                    Check("lease", keys.meta_key(lease.task_id), fence(lease)),
-                    Put("spawn", record, absent()),
-                    self.budgets.fund_children(parent.budget_id, total),
-                ]
-            )
+            self.table.transact([*writes, Put("spawn", record, absent())])
         except TransactionCancelled as exc:
-            if "lease" in exc.failed:
+            if "lease" in exc.failed and not fence_holds(self.table.get(keys.meta_key(lease.task_id)), lease):
                 raise why_fenced(self.table, lease) from exc
             if "spawn" in exc.failed:
                 return False
-            if BUDGET in exc.failed:
+            if exc.failed & {"lease", BUDGET}:
                 raise BudgetExceeded(f"the budget cannot fund {total} tokens of sub-agent shares") from exc
             raise
         crash_point("after_spawn_record")
@@ -118,7 +120,7 @@ class Spawns:
                 spawn_id=spawn_id,
             )
             actions += [_renamed(a, child.task_id) for a in child_actions]
-        for chunk in chunks(actions, 99):  # 3 actions a child: a chunk never splits one
+        for chunk in chunks(actions, 100):  # 2 actions a child (META with its budget, submission): never split
             self.table.transact(chunk)
         self.mark(parent.task_id, spawn_id, state="created")
 

@@ -1,10 +1,33 @@
 """Steps: the immutable ``STEP#n`` items a task's conversation is rebuilt from, and the step
 commit that appends one.
 
-A step commit is one transaction: put the step (never overwritten), advance META from step
-n-1 to n under the lease fence, and settle the budget with the provider's reported usage, so
-state, history and accounting never disagree. Checkpoint cost grows with the step, never with
-the history: the step is a new item and META stays small.
+A step commit is two writes: first the step item (a *prepared* step), then the commit point,
+one conditional UpdateItem of META that advances ``step`` from n-1 to n under the lease fence
+and, on the same item, settles the budget with the provider's reported usage and reserves the
+next call (``storage.budgets``). So state and accounting never disagree (one item, one
+atomic write), and the step is durable before META points at it.
+
+Why not one transaction of both: a transactional write costs two write units per started KB
+of every item in it, a plain write one. The step item is the large one (a tool result of
+3 KB makes a 4 KB item: 8 units in a transaction, 4 outside), and it carries nothing the
+fence needs: a step is *committed* exactly when ``number <= META.step``, and every reader
+(``load``, ``range``, ``last``) reads only up to there. What the split costs, and why each
+invariant still holds:
+
+- A prepared step whose META write never happens (a crash between the two, a refused
+  commit: the lease lost, the task cancelled, the budget short) is a leftover at
+  ``META.step + 1``, never read. The next commit of that number overwrites it: the put's
+  condition admits an absent item or one of an *older* epoch.
+- A committed step is never overwritten: a worker that writes ``STEP#n`` claimed after the
+  commit of step n-1 and before any commit of n (a claim bumps the epoch, and a commit needs
+  the epoch it claimed), so a committed ``STEP#n`` has an epoch no older than the writer's.
+  A zombie's put therefore finds a newer epoch and is refused, and its META write is refused
+  by the fence as before.
+- A retry in the same epoch (the engine commits again without a reservation when the budget
+  refused one) finds its own prepared step: it is replaced only while META still says n-1.
+
+Checkpoint cost grows with the step, never with the history: the step is a new item and META
+stays small.
 """
 
 from __future__ import annotations
@@ -16,12 +39,24 @@ from boto3.dynamodb.conditions import Attr
 from pydantic import TypeAdapter
 
 from agentq.core.errors import BudgetExceeded
+from agentq.core.faults import crash_point
 from agentq.core.models import Lease, LLMStep, Step, StepRecord, TaskStatus
 from agentq.core.records import NO_USAGE, BudgetDelta, OrphanCall
 from agentq.storage import keys
 from agentq.storage.budgets import BUDGET, settle_and_reserve
 from agentq.storage.serdes import Payloads
-from agentq.storage.table import Action, Item, Patch, Put, Table, TransactionCancelled, Update, absent, plain
+from agentq.storage.table import (
+    ConditionFailed,
+    Item,
+    Patch,
+    Table,
+    TransactionCancelled,
+    Update,
+    absent,
+    fence_holds,
+    merge,
+    plain,
+)
 from agentq.storage.tasks import Tasks, request_token, why_fenced
 
 _STEP_ADAPTER: TypeAdapter[Any] = TypeAdapter(Step)
@@ -33,18 +68,38 @@ class Steps:
         self.payloads = payloads
         self.tasks = tasks
 
-    def load(self, task_id: str) -> list[StepRecord]:
-        return [self._record(task_id, i) for i in self.table.query(keys.task_pk(task_id), prefix=keys.STEP)]
+    def committed(self, task_id: str) -> int:
+        """How many steps are committed (META's ``step``; 0 for a task that is gone)."""
+        meta = self.table.get(keys.meta_key(task_id))
+        return int(meta["step"]) if meta is not None else 0
 
-    def range(self, task_id: str, first: int, limit: int) -> list[StepRecord]:
+    def load(self, task_id: str, upto: int | None = None) -> list[StepRecord]:
+        """Every committed step, in order. ``upto``: the committed count when the caller has
+        just read META (a claim); otherwise it is read here."""
+        upto = self.committed(task_id) if upto is None else upto
+        if upto < 1:
+            return []
+        items = self.table.query(keys.task_pk(task_id), between=(keys.step_sk(1), keys.step_sk(upto)))
+        return [self._record(task_id, i) for i in items]
+
+    def range(self, task_id: str, first: int, limit: int, upto: int | None = None) -> list[StepRecord]:
         """Up to ``limit`` committed steps from number ``first`` on, in order."""
+        upto = self.committed(task_id) if upto is None else upto
+        if upto < max(first, 1):
+            return []
         items = self.table.query(
-            keys.task_pk(task_id), between=(keys.step_sk(max(first, 0)), keys.LAST_STEP_SK), limit=limit
+            keys.task_pk(task_id), between=(keys.step_sk(max(first, 1)), keys.step_sk(upto)), limit=limit
         )
         return [self._record(task_id, i) for i in items]
 
-    def last(self, task_id: str) -> StepRecord | None:
-        items = self.table.query(keys.task_pk(task_id), prefix=keys.STEP, descending=True, limit=1)
+    def last(self, task_id: str, upto: int | None = None) -> StepRecord | None:
+        """The last committed step."""
+        upto = self.committed(task_id) if upto is None else upto
+        if upto < 1:
+            return None
+        items = self.table.query(
+            keys.task_pk(task_id), between=(keys.step_sk(1), keys.step_sk(upto)), descending=True, limit=1
+        )
         return self._record(task_id, items[0]) if items else None
 
     def _record(self, task_id: str, raw: Item) -> StepRecord:
@@ -68,7 +123,7 @@ class Steps:
         error: dict[str, Any] | None = None,
         lease_until: float | None = None,
     ) -> StepRecord:
-        """Append step ``number`` and advance META, fenced by the lease, in one transaction.
+        """Append step ``number`` and advance META, fenced by the lease (see the module).
 
         ``settle`` settles this step's LLM reservation with the reported usage; ``reserve_next``
         reserves tokens for the next LLM call in the same write (saving a round trip per turn);
@@ -89,6 +144,8 @@ class Steps:
             "committed_at": now,
             **stored,
         }
+        self._prepare(lease, number, step_item)
+        crash_point("after_step_put")
         sets: dict[str, Any] = {"step": number, "updated_at": now}
         adds: dict[str, Any] = {}
         removes: list[str] = []
@@ -104,28 +161,61 @@ class Steps:
         if reserve_next:
             sets["inflight"] = {"amount": reserve_next, "epoch": lease.epoch, "step": number + 1}
             removes = []
-        actions: list[Action] = [
-            Put("step", step_item, absent()),
-            Patch(
-                "meta",
-                keys.meta_key(lease.task_id),
-                Update(set=sets, add=adds, remove=removes),
-                Attr("lease_epoch").eq(lease.epoch)
-                & Attr("status").eq(TaskStatus.RUNNING.value)
-                & Attr("step").eq(number - 1),
-            ),
-        ]
-        if settle is not None or reserve_next:
-            actions.append(settle_and_reserve(root_id, settle or NO_USAGE, reserve_next))
+        meta = Patch(
+            "meta",
+            keys.meta_key(lease.task_id),
+            Update(set=sets, add=adds, remove=removes),
+            Attr("lease_epoch").eq(lease.epoch)
+            & Attr("status").eq(TaskStatus.RUNNING.value)
+            & Attr("step").eq(number - 1),
+        )
+        budget = settle_and_reserve(root_id, settle or NO_USAGE, reserve_next) if settle or reserve_next else None
+        if budget is not None and root_id != lease.task_id:
+            self._commit_across(lease, number, meta, budget, reserve_next)
+        else:
+            self._commit_meta(lease, number, merge("meta", meta, budget) if budget else meta, reserve_next)
+        return StepRecord(task_id=lease.task_id, number=number, epoch=lease.epoch, committed_at=now, body=body)
+
+    def _prepare(self, lease: Lease, number: int, step_item: Item) -> None:
+        """Put the step item: over nothing, or over a leftover of an older epoch."""
+        try:
+            self.table.put(step_item, condition=absent() | Attr("epoch").lt(lease.epoch))
+            return
+        except ConditionFailed as exc:
+            if exc.old is None or plain(exc.old).get("epoch") != lease.epoch:
+                raise why_fenced(self.table, lease) from exc  # a newer epoch wrote it: this worker is a zombie
+        # This epoch's own step: a commit of it that was refused (the budget) or that went
+        # through. Replace it only while it is still uncommitted.
+        current = self.table.get(keys.meta_key(lease.task_id))
+        if not fence_holds(current, lease) or current is None or current.get("step") != number - 1:
+            raise why_fenced(self.table, lease)
+        try:
+            self.table.put(step_item, condition=Attr("epoch").eq(lease.epoch))
+        except ConditionFailed as exc:
+            raise why_fenced(self.table, lease) from exc
+
+    def _commit_meta(self, lease: Lease, number: int, write: Patch, reserve_next: int) -> None:
+        """The commit point: one conditional write of META (and the task's own budget on it)."""
+        try:
+            self.table.update(write.key, write.update, condition=write.condition)
+        except ConditionFailed as exc:
+            old = exc.old or {}
+            if old.get("lease_epoch") == lease.epoch and old.get("step") == number:
+                return  # a retried request whose first attempt went through: only this epoch commits n
+            if reserve_next and fence_holds(old, lease) and old.get("step") == number - 1:
+                raise BudgetExceeded(f"the budget cannot cover {reserve_next} more tokens") from exc
+            raise why_fenced(self.table, lease) from exc
+
+    def _commit_across(self, lease: Lease, number: int, meta: Patch, budget: Patch, reserve_next: int) -> None:
+        """The commit point when the budget is another task's: META and that budget together."""
         try:
             self.table.transact(
-                actions, token=request_token("commit", lease.task_id, lease.epoch, number, reserve_next)
+                [meta, budget], token=request_token("commit", lease.task_id, lease.epoch, number, reserve_next)
             )
         except TransactionCancelled as exc:
             if reserve_next and exc.failed == {BUDGET}:
-                raise BudgetExceeded(f"root budget cannot cover {reserve_next} more tokens") from exc
+                raise BudgetExceeded(f"the budget cannot cover {reserve_next} more tokens") from exc
             raise why_fenced(self.table, lease) from exc
-        return StepRecord(task_id=lease.task_id, number=number, epoch=lease.epoch, committed_at=now, body=body)
 
     # --------------------------------------------------------------- orphans
 

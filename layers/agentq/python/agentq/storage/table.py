@@ -182,6 +182,45 @@ def fence(lease: Lease) -> ConditionBase:
     return Attr("lease_epoch").eq(lease.epoch) & Attr("status").eq(TaskStatus.RUNNING.value)
 
 
+def fence_holds(item: Mapping[str, Any] | None, lease: Lease) -> bool:
+    """Whether ``item`` (a META as read, or as a refused write found it) still passes ``fence``."""
+    return (
+        item is not None and item.get("lease_epoch") == lease.epoch and item.get("status") == TaskStatus.RUNNING.value
+    )
+
+
+def merge(name: str, *writes: Patch | Check) -> Patch:
+    """Several writes to one item as one write: their updates together, their conditions all.
+
+    A transaction may touch an item only once, and one conditional write of one item is a
+    fraction of the price of a transaction (a transactional write costs twice, per item). The
+    price is that a refusal no longer says which of the conditions failed: the caller reads the
+    item to tell (``ConditionFailed.old``, or a read after a cancelled transaction).
+    """
+    key = writes[0].key
+    sets: dict[str, Any] = {}
+    adds: dict[str, int | Decimal] = {}
+    removes: list[str] = []
+    condition: ConditionBase | None = None
+    for write in writes:
+        if write.key != key:
+            raise ValueError(f"cannot merge writes to {key} and {write.key}")
+        if isinstance(write, Patch):
+            if write.update.set_if_absent or write.update.copy_from:
+                raise ValueError("merge takes set, add and remove updates only")
+            twice = (set(sets) | set(adds) | set(removes)) & (
+                set(write.update.set) | set(write.update.add) | set(write.update.remove)
+            )
+            if twice:
+                raise ValueError(f"attribute(s) {sorted(twice)} updated by two of the merged writes")
+            sets.update(write.update.set)
+            adds.update(write.update.add)
+            removes += write.update.remove
+        if write.condition is not None:
+            condition = write.condition if condition is None else condition & write.condition
+    return Patch(name, key, Update(set=sets, add=adds, remove=removes), condition)
+
+
 def absent() -> ConditionBase:
     """The item does not exist yet (a put never overwrites)."""
     return Attr("pk").not_exists()

@@ -1,7 +1,8 @@
 """Tasks, their leases and their status transitions: the task's ``META`` item.
 
 META is rewritten by every step commit, so it is kept small (what a worker and a listing need:
-status, lease, counters, timestamps; ≤ 1 KB): the submission is its own immutable item
+status, lease, counters, timestamps, and the task's token budget, ``storage.budgets``; ≤ 1 KB,
+one write unit): the submission is its own immutable item
 (``META#SUBMISSION``, read together with META by one Query) and the claim history is one
 ``CLAIM#epoch`` item per claim.
 
@@ -33,7 +34,7 @@ from agentq.core.models import (
 from agentq.core.records import ClaimRecord, IdempotencyRecord
 from agentq.resources import GSI1, TTL_ATTRIBUTE
 from agentq.storage import keys
-from agentq.storage.budgets import create_budget
+from agentq.storage.budgets import budget_attrs
 from agentq.storage.serdes import Payloads
 from agentq.storage.table import (
     Action,
@@ -154,8 +155,11 @@ class Tasks:
         overwrite: bool = False,
         **extra: Any,
     ) -> tuple[list[Action], Task]:
-        """The writes that create a task: META (never over an existing one), its submission and,
-        with ``budget``, its own budget item; and the Task they describe."""
+        """The writes that create a task: META (never over an existing one) with, given
+        ``budget``, the task's budget on it (``storage.budgets``), and its submission; and the
+        Task they describe."""
+        if budget is not None:
+            extra = {**budget_attrs(budget), **extra}
         meta = self.meta_item(
             task_id, tenant=tenant, root_id=root_id, parent_id=parent_id, depth=depth, now=time.time(), **extra
         )
@@ -163,9 +167,6 @@ class Tasks:
             Put("meta", meta, None if overwrite else absent()),
             Put("submission", self.submission_item(task_id, submission)),
         ]
-        if budget is not None:
-            put = create_budget(task_id, budget, **({"parent_budget": parent_id} if parent_id else {}))
-            actions.append(Put(put.name, put.item, None if overwrite else put.condition))
         return actions, self._task(plain(meta), submission)
 
     def create(
@@ -178,7 +179,7 @@ class Tasks:
         root_id: str | None = None,
         depth: int = 0,
     ) -> Task:
-        """Write META, the submission (and the root budget for a root task) in one transaction."""
+        """Write META (with the budget, for a root task) and the submission in one transaction."""
         task_id = task_id or keys.new_task_id()
         root_id = root_id or task_id
         actions, task = self.create_actions(
@@ -207,7 +208,7 @@ class Tasks:
         """Create the task unless ``key`` was used before by ``tenant``; returns (task, created).
 
         The ``IDEMP#tenant#key`` record (the task id and a hash of the request) is written in
-        the same transaction as META and the budget, so a key never points at a task that does
+        the same transaction as META and the submission, so a key never points at a task that does
         not exist, and two racing requests with one key create one task. A reused key with
         another request hash raises IdempotencyConflict. A record past its ``expires_at``
         (DynamoDB TTL deletes lazily) counts as absent.
@@ -271,7 +272,6 @@ class Tasks:
         actions: list[Action] = [
             Delete("meta", keys.meta_key(task_id), Attr("lease_epoch").eq(0)),
             Delete("submission", keys.submission_key(task_id)),
-            Delete("budget", keys.budget_key(task_id)),
         ]
         if idempotency is not None:
             actions.append(Delete("idempotency", {"pk": keys.idempotency_pk(*idempotency), "sk": keys.META}))
