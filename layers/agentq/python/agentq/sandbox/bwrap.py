@@ -20,12 +20,15 @@ system paths it was given. As any other user it is that user outside. See docs/S
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import shutil
+import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 from agentq.sandbox import runner
@@ -171,7 +174,31 @@ class BwrapSandbox:
         if status.child_pid is None:
             message = result.stderr.strip() or f"bwrap exited with {result.exit_code}"
             raise SandboxUnavailable(f"bubblewrap could not set up the sandbox, so nothing ran: {message}")
+        _wait_gone(status.child_pid)
         return result
+
+
+def _wait_gone(pid: int, seconds: float = 5.0) -> None:
+    """Return once the sandbox's PID-namespace init has exited, which the kernel allows only
+    after every process in the namespace is dead: nothing of the call outlives the call.
+
+    Killing bwrap's own process group reaches the init only through --die-with-parent, a
+    signal the kernel delivers asynchronously; and the init is not our child to wait for.
+    """
+    give_up = time.monotonic() + seconds
+    while time.monotonic() < give_up:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return
+        if state in (b"Z", b"X"):
+            return
+        if time.monotonic() > give_up - seconds / 2:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.005)
+    raise SandboxUnavailable(f"the sandbox (pid {pid}) did not go away after its run")
 
 
 class _StatusReader(threading.Thread):

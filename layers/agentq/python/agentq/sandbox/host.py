@@ -103,33 +103,30 @@ def kill_descendants() -> bool:
     return not descendants(me)
 
 
-def _force_writable(func: object, path: str, _exc: object) -> None:
-    """rmtree's error hook: the code may have made a directory read-only or unlistable."""
-    parent = os.path.dirname(path)
-    try:
-        os.chmod(parent, stat.S_IRWXU)
-        if os.path.isdir(path) and not os.path.islink(path):
-            os.chmod(path, stat.S_IRWXU)
-            shutil.rmtree(path, onerror=_force_writable)
-        else:
-            os.unlink(path)
-    except OSError:
-        pass  # checked by the caller: the directory must end up empty
+def _make_removable(root: str) -> None:
+    """Give the owner rwx on every directory under ``root``: the code may have made some
+    read-only or unlistable. Runs when the code's processes are dead, so nothing changes
+    underneath it; symlinks are neither followed nor changed."""
+    for top, dirs, _ in os.walk(root, onerror=lambda _: None):
+        for name in dirs:
+            path = os.path.join(top, name)
+            if not os.path.islink(path):
+                with contextlib.suppress(OSError):
+                    os.chmod(path, stat.S_IRWXU)
 
 
 def wipe(root: str) -> bool:
-    """Remove everything under ``root`` (never following a symlink out of it)."""
+    """Remove everything under ``root`` (never following a symlink out of it); True if empty."""
     with contextlib.suppress(OSError):
         os.chmod(root, stat.S_IRWXU | stat.S_IRWXG | stat.S_IRWXO | stat.S_ISVTX)
+    _make_removable(root)
     for name in os.listdir(root):
         path = os.path.join(root, name)
-        try:
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, onerror=_force_writable)
-            else:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
                 os.unlink(path)
-        except OSError:
-            pass
     return not os.listdir(root)
 
 
