@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Any
 
 from agentq.sandbox.base import ExecRequest, SandboxLimits, SandboxUnavailable
@@ -67,7 +68,8 @@ def lambda_handler(event: Any, context: Any) -> dict[str, Any]:
         return {"error": str(exc)}
     except EnvironmentDirty as exc:
         # The environment may carry something into the next call: end it, unanswered.
-        logger.error("sandbox environment could not be cleaned, exiting: %s", exc)
+        sys.stderr.write(f"agentq sandbox: the environment could not be cleaned, exiting: {exc}\n")
+        sys.stderr.flush()
         os._exit(70)
     logger.info(
         "ran code: exit %s, %d ms, timed_out=%s, limit=%s",
