@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 
-.PHONY: demo test lint layers bench clean
+.PHONY: demo test lint layers bench clean sandbox-tools
 
 # One venv, two installs. `make test` installs everything (.[dev]); `make demo` only the runtime
 # and the embedded AWS (.[local]), unless the full install is already there and current (a
@@ -26,10 +26,22 @@ $(VENV)/.bench-installed: $(VENV)/.installed
 	$(PY) -m pip install -q -e ".[dev,bench]"
 	touch $@
 
-demo: $(VENV)/.local-installed
+# python_exec runs model-written code only inside bubblewrap (agentq/sandbox/bwrap.py) and refuses
+# to run it without. Installed from Debian's package where we can (root with apt-get); otherwise
+# say how, and python_exec will answer every call with the same advice.
+sandbox-tools:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing bubblewrap (python_exec's sandbox)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
+	  else \
+	    echo "python_exec needs bubblewrap: install the 'bubblewrap' package (e.g. sudo apt-get install bubblewrap)" >&2; \
+	  fi; }
+
+demo: $(VENV)/.local-installed sandbox-tools
 	$(PY) -m agentq demo
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed sandbox-tools
 	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
 
 # Every check runs even when an earlier one fails, so one run reports everything; the target fails if any did.

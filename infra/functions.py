@@ -1,8 +1,12 @@
-"""The Lambda layers, the four functions, and what each may do (least privilege).
+"""The Lambda layers, the functions, and what each may do (least privilege).
 
 Each function gets its own role with only the actions its code path calls, on this
 deployment's resources (no ``*`` except X-Ray's, which AWS requires). The handlers in
-``functions/`` ship as one small asset; each function runs its own module from it.
+``functions/`` ship as one small asset; each function runs its own module from it. The task
+runners (executor, worker) reach only the partitions a running task touches (``TASK#``
+and ``TENANT#``: never ``APIKEY#`` or ``IDEMP#``) and delete nothing; python_exec's
+code runs in the sandbox function (infra/sandbox.py), which they may invoke and which may
+do nothing.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ from agentq.control.retention import ttl_removal_pattern
 from agentq.core.providers.keys import SECRET_VARIABLE
 from agentq.observe.names import NAMESPACE as METRICS_NAMESPACE
 from agentq.resources import PAYLOAD_PREFIX, TIERS
+from agentq.storage.keys import task_pk, tenant_pk
 from infra.build_layers import CORE_LAYER_DIR, DepsLayer
 from infra.data import Data
+from infra.sandbox import Sandbox, build_sandbox
 from infra.settings import EnvironmentSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,6 +57,10 @@ TABLE_ACTIONS = [
     "dynamodb:DeleteItem",
     "dynamodb:ConditionCheckItem",
 ]
+# A running task creates, reads and updates its own items, its tree's budget and its tenant's
+# windows; deleting is the API's (an unstarted task) and the reaper's business.
+RUNNER_TABLE_ACTIONS = [a for a in TABLE_ACTIONS if a != "dynamodb:DeleteItem"]
+RUNNER_PARTITIONS = [task_pk("*"), tenant_pk("*")]
 PAYLOAD_ACTIONS = ["s3:GetObject", "s3:PutObject"]
 # SQS authorises the *Batch calls with the single-message action.
 SEND_ACTIONS = ["sqs:SendMessage", "sqs:GetQueueUrl", "sqs:GetQueueAttributes"]
@@ -66,6 +76,7 @@ class Functions:
     authorizer: lambda_.Function
     reaper: lambda_.Function
     reaper_dlq: sqs.Queue  # stream batches the reaper gave up on (their shard and sequence range)
+    sandbox: Sandbox
     core_layer: lambda_.LayerVersion
     deps_layer: lambda_.LayerVersion
     log_groups: dict[str, logs.LogGroup]
@@ -132,11 +143,12 @@ def anthropic_secret_arn(cfg: EnvironmentSettings) -> str:
     return f"arn:{cdk.Aws.PARTITION}:secretsmanager:{cdk.Aws.REGION}:{cdk.Aws.ACCOUNT_ID}:secret:{name}-??????"
 
 
-def task_runner_env(cfg: EnvironmentSettings) -> dict[str, str]:
+def task_runner_env(cfg: EnvironmentSettings, sandbox: Sandbox) -> dict[str, str]:
     """What running tasks needs besides the resource names, in the executor and the worker alike."""
     env = {
         "AGENTQ_TASK_RETENTION_DAYS": str(cfg.task_retention_days),
         **defaults_env(cfg),
+        **sandbox.env(),
     }
     if cfg.event_bus:
         env["AGENTQ_EVENT_BUS"] = cfg.event_bus
@@ -151,15 +163,28 @@ def defaults_env(cfg: EnvironmentSettings) -> dict[str, str]:
 
 
 def grant_task_runner(
-    principal: iam.IGrantable, data: Data, machine: sfn.StateMachine, cfg: EnvironmentSettings, *, receive: bool
+    principal: iam.IGrantable,
+    data: Data,
+    machine: sfn.StateMachine,
+    cfg: EnvironmentSettings,
+    sandbox: Sandbox,
+    *,
+    receive: bool,
 ) -> None:
     """What running tasks takes (Lambda executor; with ``receive`` the Fargate worker, which
-    polls itself): the table, payloads, sending to and holding messages of the tier queues,
-    dead-lettering, the fan-out machine, Bedrock, and agentq events."""
+    polls itself): the task partitions of the table, payloads, sending to and holding messages
+    of the tier queues, dead-lettering, the fan-out machine, Bedrock, agentq events, and
+    invoking the sandbox function."""
     queues = [q.queue_arn for q in data.queues.values()]
     dlqs = [q.queue_arn for q in data.dlqs.values()]
     statements = [
-        iam.PolicyStatement(sid="Table", actions=TABLE_ACTIONS, resources=table_resources(data, indexes=False)),
+        iam.PolicyStatement(
+            sid="Table",
+            actions=RUNNER_TABLE_ACTIONS,
+            resources=table_resources(data, indexes=False),
+            # Every item of a request (each of a transaction or batch) must be in one of these.
+            conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": RUNNER_PARTITIONS}},
+        ),
         iam.PolicyStatement(sid="Payloads", actions=PAYLOAD_ACTIONS, resources=[payload_objects(data)]),
         iam.PolicyStatement(sid="SendToQueues", actions=SEND_ACTIONS, resources=queues + dlqs),
         iam.PolicyStatement(
@@ -189,6 +214,7 @@ def grant_task_runner(
     ]
     for statement in statements:
         principal.grant_principal.add_to_principal_policy(statement)
+    sandbox.grant_invoke(principal)
 
 
 def _role(scope: Construct, name: str, log_group: logs.LogGroup, description: str) -> iam.Role:
@@ -232,6 +258,15 @@ def build_functions(
         description="agentq third-party dependencies (layers/requirements.txt, manylinux wheels)",
     )
     code = lambda_.Code.from_asset(str(FUNCTIONS_DIR), exclude=ASSET_EXCLUDES)
+    sandbox = build_sandbox(
+        scope,
+        cfg,
+        code=code,
+        core_layer=core_layer,
+        runtime=RUNTIME,
+        architecture=arch,
+        retention=log_retention(cfg.log_retention_days),
+    )
 
     common = {
         "AGENTQ_ENV": env_name,
@@ -286,7 +321,7 @@ def build_functions(
         "AGENTQ_VISIBILITY_SECONDS": str(ex.visibility_seconds),
         "AGENTQ_LEASE_SECONDS": str(ex.lease_seconds),
         "AGENTQ_MAX_RECEIVE_COUNT": str(cfg.max_receive_count),
-        **task_runner_env(cfg),
+        **task_runner_env(cfg, sandbox),
     }
     executor = function(
         "executor",
@@ -296,7 +331,7 @@ def build_functions(
         reserved=ex.reserved_concurrency,
         description="agentq executor: runs a task for one time slice per SQS message",
     )
-    grant_task_runner(executor, data, machine, cfg, receive=False)
+    grant_task_runner(executor, data, machine, cfg, sandbox, receive=False)
     for tier in TIERS:
         # Batch size 1: a message is a task slice; a failed one comes back alone.
         executor.add_event_source(
@@ -345,7 +380,7 @@ def build_functions(
         iam.PolicyStatement(sid="ApiKeys", actions=["dynamodb:GetItem"], resources=[data.table.table_arn])
     )
     reaper, reaper_dlq = _reaper(scope, cfg, data, function, removal)
-    return Functions(executor, api, authorizer, reaper, reaper_dlq, core_layer, deps_layer, log_groups)
+    return Functions(executor, api, authorizer, reaper, reaper_dlq, sandbox, core_layer, deps_layer, log_groups)
 
 
 def _reaper(

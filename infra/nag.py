@@ -44,7 +44,7 @@ def acknowledge(stack: AgentqStack) -> None:
     executions = f"Resource::{PARTITION_REGION_ACCOUNT.format(service='states')}:execution:{cfg.names.state_machine}:*"
     xray = "X-Ray PutTraceSegments/PutTelemetryRecords support no resource-level permissions: AWS requires '*'."
 
-    for fn in (fns.executor, fns.api, fns.authorizer, fns.reaper):
+    for fn in (fns.executor, fns.api, fns.authorizer, fns.reaper, fns.sandbox.function):
         _ack(
             fn,
             "AwsSolutions-L1",
@@ -67,6 +67,13 @@ def acknowledge(stack: AgentqStack) -> None:
         fns.reaper_dlq,
         "AwsSolutions-SQS3",
         "This queue is a dead-letter queue: the on-failure destination of the reaper's stream event source mapping (cdk-nag only recognises an SQS redrive policy). A DLQ of a DLQ would add nothing; its depth is alarmed.",
+    )
+    sandbox_role = fns.sandbox.function.role
+    assert sandbox_role is not None  # built with its own role (infra/sandbox.py)
+    _ack(
+        sandbox_role,
+        "AwsSolutions-IAM5[Resource::*]",
+        "Lambda attaches a VPC function to its subnets with the function's role: ec2:CreateNetworkInterface and the Describe/Delete/Assign calls it makes support no resource-level permissions for this use. The sandbox's subnets have no route anywhere, so these credentials cannot reach the EC2 API from inside the function.",
     )
     runners = [fns.executor.role]
     if stack.worker is not None:

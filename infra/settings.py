@@ -148,6 +148,24 @@ class BudgetDefaults(_Strict):
     tenant_hourly_tokens: int | None = Field(None, ge=1, description="per-tenant hourly cap when a tenant has none")
 
 
+class SandboxSettings(_Strict):
+    """The sandbox function that runs python_exec's code (infra/sandbox.py)."""
+
+    memory_mb: int = Field(1024, ge=256, le=10240)
+    timeout_seconds: int = Field(90, ge=75, le=900, description="the longest call (60 s) plus cleanup and margin")
+    ephemeral_storage_mb: int = Field(512, ge=512, le=10240, description="Lambda's /tmp")
+    reserved_concurrency: int | None = Field(None, ge=1, description="None: draw from the account's pool")
+    vpc_cidr: str = "10.41.0.0/16"
+    max_files: int = Field(2048, ge=16, description="files and directories one call may create")
+    max_disk_mb: int = Field(64, ge=1, description="bytes one call may write to /tmp")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SandboxSettings:
+        if self.max_disk_mb >= self.ephemeral_storage_mb:
+            raise ValueError("sandbox.max_disk_mb must be below sandbox.ephemeral_storage_mb")
+        return self
+
+
 class ScalingStep(_Strict):
     backlog: int = Field(ge=1, description="messages waiting or in flight across the tiers")
     change: int = Field(ge=1, description="tasks to add at this backlog")
@@ -176,6 +194,7 @@ class WorkerSettings(_Strict):
         ]
     )
     vpc_cidr: str = "10.40.0.0/16"
+    nat_gateways: int = Field(1, ge=1, le=2, description="the private subnets' way out (one per AZ at most)")
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkerSettings:
@@ -221,6 +240,7 @@ class EnvironmentSettings(_Strict):
     budget_defaults: BudgetDefaults = Field(default_factory=BudgetDefaults)
     reaper: ReaperSettings = Field(default_factory=ReaperSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
 
     @model_validator(mode="after")
     def _consistent(self) -> EnvironmentSettings:

@@ -59,7 +59,11 @@ class AgentqStack(cdk.Stack):
         self.state_machine = self._fanout(cfg, self.data)
         self.functions = build_functions(self, env_name, cfg, self.data, self.state_machine, self.deps_layer)
         self.api = build_api(self, cfg, self.functions)
-        self.worker = build_worker(self, env_name, cfg, self.data, self.state_machine) if cfg.worker.enabled else None
+        self.worker = (
+            build_worker(self, env_name, cfg, self.data, self.state_machine, self.functions.sandbox)
+            if cfg.worker.enabled
+            else None
+        )
         self.observability = build_observability(
             self, env_name, cfg, self.data, self.functions, self.state_machine, self.api
         )

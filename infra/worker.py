@@ -6,6 +6,14 @@ It polls the same tier queues as the Lambda executor and follows the same per-me
 so the two can run side by side. It scales in steps on the backlog (messages waiting or in
 flight across the tiers); on scale-in ECS sends SIGTERM and the worker drains: steps in
 flight commit, leases are released and each task gets a continuation message.
+
+Least privilege: the tasks run in private subnets (no public IP, no inbound path), leave
+through a NAT gateway on TCP 80 and 443 only (AWS APIs, the model API, http_fetch), reach
+DynamoDB and S3 through gateway endpoints, and run as uid 65534 with every Linux capability
+dropped and a read-only root filesystem (a scratch volume at /tmp). Fargate forbids the
+namespaces bubblewrap needs, so python_exec's code goes to the sandbox function instead
+(``AGENTQ_SANDBOX=lambda``); http_fetch refuses the ECS credentials endpoint like any other
+link-local address.
 """
 
 from __future__ import annotations
@@ -27,12 +35,15 @@ from agentq.observe.names import NAMESPACE as METRICS_NAMESPACE
 from agentq.resources import TIERS
 from infra.data import Data
 from infra.functions import grant_task_runner, log_retention, task_runner_env
+from infra.sandbox import Sandbox
 from infra.settings import EnvironmentSettings
 
 ECR_IMAGE = re.compile(
     r"^(?P<account>\d{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/(?P<repo>[^:@]+)"
 )
 STOP_TIMEOUT_SECONDS = 120  # ECS's maximum; the worker drains steps in flight for up to 60 s
+WORKER_USER = "65534:65534"  # nobody: present in every Debian- or Alpine-based image
+EGRESS_PORTS = (443, 80)
 
 
 @dataclass
@@ -40,27 +51,43 @@ class Worker:
     service: ecs.FargateService
     cluster: ecs.Cluster
     vpc: ec2.Vpc
+    security_group: ec2.SecurityGroup
     task_definition: ecs.FargateTaskDefinition
     pulls_from_ecr: bool
 
 
 def build_worker(
-    scope: Construct, env_name: str, cfg: EnvironmentSettings, data: Data, machine: sfn.StateMachine
+    scope: Construct, env_name: str, cfg: EnvironmentSettings, data: Data, machine: sfn.StateMachine, sandbox: Sandbox
 ) -> Worker:
     w = cfg.worker
     assert w.image, "validated by WorkerSettings"
     removal = cdk.RemovalPolicy.DESTROY if cfg.destroy else cdk.RemovalPolicy.RETAIN
-    # Public subnets only: tasks reach SQS, DynamoDB, S3, Step Functions and the LLM APIs over
-    # the internet gateway with a public IP and accept no inbound traffic, so no NAT gateway.
+    # Tasks in private subnets; the public subnets hold only the NAT gateway(s).
     vpc = ec2.Vpc(
         scope,
         "WorkerVpc",
         ip_addresses=ec2.IpAddresses.cidr(w.vpc_cidr),
         max_azs=2,
-        nat_gateways=0,
-        subnet_configuration=[ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24)],
+        nat_gateways=w.nat_gateways,
+        subnet_configuration=[
+            ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24),
+            ec2.SubnetConfiguration(name="private", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=22),
+        ],
+        gateway_endpoints={
+            "DynamoDb": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.DYNAMODB),
+            "S3": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.S3),
+        },
         restrict_default_security_group=False,
     )
+    security_group = ec2.SecurityGroup(
+        scope,
+        "WorkerSecurityGroup",
+        vpc=vpc,
+        allow_all_outbound=False,
+        description="agentq worker: no ingress; egress TCP 443 and 80 only",
+    )
+    for port in EGRESS_PORTS:
+        security_group.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(port), f"HTTP{'S' if port == 443 else ''} out")
     flow_logs = logs.LogGroup(
         scope, "WorkerVpcFlowLogs", retention=log_retention(cfg.log_retention_days), removal_policy=removal
     )
@@ -91,7 +118,8 @@ def build_worker(
         "AGENTQ_TABLE": data.table.table_name,
         "AGENTQ_BUCKET": data.payloads.bucket_name,
         "AGENTQ_STATE_MACHINE_ARN": machine.state_machine_arn,
-        **task_runner_env(cfg),
+        **task_runner_env(cfg, sandbox),
+        "HOME": "/tmp",  # the only writable place
         "AGENTQ_EMF": "1",  # the worker prints EMF lines; the awslogs driver ships them
         "AGENTQ_LOG_FORMAT": "json",  # powertools JSON lines with task_id and step, for Logs Insights
         "AWS_REGION": cdk.Aws.REGION,
@@ -99,7 +127,10 @@ def build_worker(
         "POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE,
         "POWERTOOLS_LOG_LEVEL": cfg.log_level,
     }
-    task_def.add_container(
+    task_def.add_volume(name="tmp")  # task storage: the root filesystem stays read-only
+    linux = ecs.LinuxParameters(scope, "WorkerLinuxParameters", init_process_enabled=True)
+    linux.drop_capabilities(ecs.Capability.ALL)
+    container = task_def.add_container(
         "worker",
         image=ecs.ContainerImage.from_registry(w.image),
         command=[
@@ -119,8 +150,12 @@ def build_worker(
         environment=environment,
         logging=ecs.LogDrivers.aws_logs(stream_prefix="worker", log_group=logs_group),
         stop_timeout=cdk.Duration.seconds(STOP_TIMEOUT_SECONDS),
+        user=WORKER_USER,
+        readonly_root_filesystem=True,
+        linux_parameters=linux,
     )
-    grant_task_runner(task_def.task_role, data, machine, cfg, receive=True)
+    container.add_mount_points(ecs.MountPoint(container_path="/tmp", source_volume="tmp", read_only=False))
+    grant_task_runner(task_def.task_role, data, machine, cfg, sandbox, receive=True)
     pulls_from_ecr = _grant_image_pull(task_def, w.image)
 
     service = ecs.FargateService(
@@ -130,8 +165,9 @@ def build_worker(
         cluster=cluster,
         task_definition=task_def,
         desired_count=w.min_tasks,
-        assign_public_ip=True,
-        vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC),
+        assign_public_ip=False,
+        vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
+        security_groups=[security_group],
         min_healthy_percent=100,
         circuit_breaker=ecs.DeploymentCircuitBreaker(rollback=True),
     )
@@ -161,7 +197,14 @@ def build_worker(
         cooldown=cdk.Duration.minutes(2),
         evaluation_periods=1,
     )
-    return Worker(service=service, cluster=cluster, vpc=vpc, task_definition=task_def, pulls_from_ecr=pulls_from_ecr)
+    return Worker(
+        service=service,
+        cluster=cluster,
+        vpc=vpc,
+        security_group=security_group,
+        task_definition=task_def,
+        pulls_from_ecr=pulls_from_ecr,
+    )
 
 
 def _grant_image_pull(task_def: ecs.FargateTaskDefinition, image: str) -> bool:

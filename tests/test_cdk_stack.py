@@ -36,6 +36,7 @@ from agentq.resources import (
     TTL_ATTRIBUTE,
     fanout_definition,
 )
+from infra.sandbox import VPC_ACCESS_ACTIONS
 from infra.settings import EnvironmentSettings, resolve
 from infra.synth import Synthesized, synthesize
 
@@ -51,6 +52,7 @@ STAR_ONLY_ACTIONS = {
     "logs:ListLogDeliveries", "logs:PutResourcePolicy", "logs:DescribeResourcePolicies", "logs:DescribeLogGroups",
     "ecr:GetAuthorizationToken",
     "dynamodb:ListStreams",  # what a stream event source mapping needs besides the stream's own actions
+    *VPC_ACCESS_ACTIONS,  # Lambda attaching the sandbox function to its (dead-end) subnets
 }  # fmt: skip
 FUNCTIONS = ("executor", "api", "authorizer", "reaper")
 
@@ -447,13 +449,19 @@ def test_each_function_gets_only_what_its_code_calls(synth: Synthesized) -> None
     executor = _actions(_role_statements(synth, "executor"))
     assert {
         "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query", "dynamodb:BatchGetItem",
-        "dynamodb:DeleteItem", "dynamodb:ConditionCheckItem", "s3:GetObject", "s3:PutObject",
+        "dynamodb:ConditionCheckItem", "s3:GetObject", "s3:PutObject",
         "sqs:SendMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueUrl",
         "states:StartExecution", "states:StopExecution", "states:SendTaskSuccess", "states:SendTaskFailure",
         "bedrock:InvokeModel",
     } <= executor  # fmt: skip
     assert "states:ListStateMachines" not in executor  # the ARN comes in the environment
-    assert not executor & {"dynamodb:Scan", "s3:DeleteObject", "sqs:PurgeQueue", "sqs:DeleteQueue"}
+    assert not executor & {
+        "dynamodb:Scan",
+        "dynamodb:DeleteItem",
+        "s3:DeleteObject",
+        "sqs:PurgeQueue",
+        "sqs:DeleteQueue",
+    }
     reaper = _actions(_role_statements(synth, "reaper"))
     assert reaper - {"xray:PutTraceSegments", "xray:PutTelemetryRecords"} == {
         "logs:CreateLogStream", "logs:PutLogEvents",
@@ -925,4 +933,193 @@ def test_budget_defaults_reach_the_api_and_the_task_runners(synth: Synthesized) 
 
 def test_the_worker_is_absent_unless_enabled(synth: Synthesized) -> None:
     assert not synth.resources("AWS::ECS::Service")
-    assert not synth.resources("AWS::EC2::VPC")
+    assert [lid for lid in synth.resources("AWS::EC2::VPC") if not lid.startswith("SandboxVpc")] == []
+
+
+# -- the sandbox function and least privilege for what runs tasks -----------------------------
+
+
+def _refs(value: Any) -> set[str]:
+    """Logical ids a template value refers to (Ref / Fn::GetAtt), however deep."""
+    found: set[str] = set()
+    if isinstance(value, dict):
+        if "Ref" in value and isinstance(value["Ref"], str):
+            found.add(value["Ref"])
+        if "Fn::GetAtt" in value:
+            found.add(value["Fn::GetAtt"][0])
+        for inner in value.values():
+            found |= _refs(inner)
+    elif isinstance(value, list):
+        for inner in value:
+            found |= _refs(inner)
+    return found
+
+
+def _statements_of_role(synth: Synthesized, role_id: str) -> list[dict[str, Any]]:
+    return [
+        s for policy in synth.resources("AWS::IAM::Policy").values()
+        if {"Ref": role_id} in policy["Properties"]["Roles"]
+        for s in policy["Properties"]["PolicyDocument"]["Statement"]
+    ]  # fmt: skip
+
+
+def test_the_sandbox_function_may_do_nothing_but_log(synth: Synthesized) -> None:
+    _, sandbox = _function(synth, "sandbox")
+    props = sandbox["Properties"]
+    assert props["Handler"] == "sandbox.handler.lambda_handler"
+    assert (ROOT / "functions" / "sandbox" / "handler.py").exists()
+    core_layer = next(
+        lid
+        for lid, r in synth.resources("AWS::Lambda::LayerVersion").items()
+        if "core" in r["Properties"]["Description"]
+    )
+    assert props["Layers"] == [{"Ref": core_layer}]  # no third-party dependencies at all
+    assert props["Timeout"] >= 75 and props["EphemeralStorage"] == {
+        "Size": settings_of(synth.env_name).sandbox.ephemeral_storage_mb
+    }
+    assert not any(k.startswith("AWS_") or "KEY" in k or "SECRET" in k for k in props["Environment"]["Variables"])
+    role_id = props["Role"]["Fn::GetAtt"][0]
+    role = synth.template["Resources"][role_id]["Properties"]
+    assert "ManagedPolicyArns" not in role and "Policies" not in role
+    actions = _actions(_statements_of_role(synth, role_id))
+    assert actions == {"logs:CreateLogStream", "logs:PutLogEvents", *VPC_ACCESS_ACTIONS}
+    for statement in _statements_of_role(synth, role_id):
+        if "logs:PutLogEvents" in _as_list(statement["Action"]):
+            assert _refs(statement["Resource"]) == _refs(props["LoggingConfig"])
+
+
+def test_the_sandbox_function_has_no_network_path_anywhere(synth: Synthesized) -> None:
+    _, sandbox = _function(synth, "sandbox")
+    vpc_config = sandbox["Properties"]["VpcConfig"]
+    subnets = _refs(vpc_config["SubnetIds"])
+    (group,) = _refs(vpc_config["SecurityGroupIds"])
+    (vpc_id,) = {synth.template["Resources"][s]["Properties"]["VpcId"]["Ref"] for s in subnets}
+    # No way out: no internet or NAT gateway, no endpoint, no route but the VPC's own.
+    for type_ in ("AWS::EC2::InternetGateway", "AWS::EC2::NatGateway", "AWS::EC2::EgressOnlyInternetGateway"):
+        assert not [r for r in synth.resources(type_).values() if vpc_id in _refs(r)], type_
+    for resource in [
+        *synth.resources("AWS::EC2::VPCEndpoint").values(),
+        *synth.resources("AWS::EC2::VPCGatewayAttachment").values(),
+    ]:
+        assert resource["Properties"]["VpcId"] != {"Ref": vpc_id}
+    tables = {
+        r["Properties"]["RouteTableId"]["Ref"] for r in synth.resources("AWS::EC2::SubnetRouteTableAssociation").values()
+        if r["Properties"]["SubnetId"]["Ref"] in subnets
+    }  # fmt: skip
+    assert tables and not [
+        r for r in synth.resources("AWS::EC2::Route").values() if _refs(r["Properties"]["RouteTableId"]) & tables
+    ]
+    # A security group with no ingress and only CDK's "disallow all" placeholder as egress.
+    sg = synth.template["Resources"][group]["Properties"]
+    assert "SecurityGroupIngress" not in sg
+    assert sg["SecurityGroupEgress"] == [
+        {
+            "CidrIp": "255.255.255.255/32",
+            "Description": "Disallow all traffic",
+            "FromPort": 252,
+            "IpProtocol": "icmp",
+            "ToPort": 86,
+        }
+    ]
+    assert not [r for r in synth.resources("AWS::EC2::SecurityGroupIngress").values() if group in _refs(r)]
+    assert not [r for r in synth.resources("AWS::EC2::SecurityGroupEgress").values() if group in _refs(r)]
+
+
+def _invokers(synth: Synthesized) -> dict[str, list[Any]]:
+    """Role ids that may lambda:InvokeFunction, with the resources they may invoke."""
+    out: dict[str, list[Any]] = {}
+    for policy in synth.resources("AWS::IAM::Policy").values():
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+            if any(a.startswith("lambda:") for a in _as_list(statement["Action"])):
+                assert _as_list(statement["Action"]) == ["lambda:InvokeFunction"]
+                for role in policy["Properties"]["Roles"]:
+                    out.setdefault(role["Ref"], []).extend(_as_list(statement["Resource"]))
+    return out
+
+
+def test_only_the_task_runners_may_invoke_the_sandbox_and_nothing_else(
+    synth: Synthesized, worker_synth: Synthesized
+) -> None:
+    for s, runners in ((synth, ["executor"]), (worker_synth, ["executor", "worker"])):
+        sandbox_id, _ = _function(s, "sandbox")
+        executor_role = _function(s, "executor")[1]["Properties"]["Role"]["Fn::GetAtt"][0]
+        invokers = _invokers(s)
+        expected = {executor_role}
+        if "worker" in runners:
+            (task_def,) = s.resources("AWS::ECS::TaskDefinition").values()
+            expected.add(task_def["Properties"]["TaskRoleArn"]["Fn::GetAtt"][0])
+        assert set(invokers) == expected
+        for resources in invokers.values():
+            assert resources == [{"Fn::GetAtt": [sandbox_id, "Arn"]}]
+        env = _function(s, "executor")[1]["Properties"]["Environment"]["Variables"]
+        assert env["AGENTQ_SANDBOX"] == "lambda" and env["AGENTQ_SANDBOX_FUNCTION"] == {"Ref": sandbox_id}
+
+
+def test_task_runners_reach_only_task_partitions_and_delete_nothing(worker_synth: Synthesized) -> None:
+    (task_def,) = worker_synth.resources("AWS::ECS::TaskDefinition").values()
+    roles = {
+        "executor": _function(worker_synth, "executor")[1]["Properties"]["Role"]["Fn::GetAtt"][0],
+        "worker": task_def["Properties"]["TaskRoleArn"]["Fn::GetAtt"][0],
+    }
+    for name, role_id in roles.items():
+        table = [
+            s
+            for s in _statements_of_role(worker_synth, role_id)
+            if any(a.startswith("dynamodb:") for a in _as_list(s["Action"]))
+        ]
+        assert len(table) == 1, name
+        assert table[0]["Condition"] == {
+            "ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TASK#*", "TENANT#*"]}
+        }
+        assert "dynamodb:DeleteItem" not in _as_list(table[0]["Action"])
+        assert "APIKEY" not in json.dumps(_statements_of_role(worker_synth, role_id))
+
+
+def test_the_worker_runs_as_non_root_read_only_without_capabilities_in_private_subnets(
+    worker_synth: Synthesized,
+) -> None:
+    (task_def,) = worker_synth.resources("AWS::ECS::TaskDefinition").values()
+    (container,) = task_def["Properties"]["ContainerDefinitions"]
+    assert container["User"] == "65534:65534"
+    assert container["ReadonlyRootFilesystem"] is True
+    assert container["LinuxParameters"]["Capabilities"] == {"Drop": ["ALL"]}
+    assert container["MountPoints"] == [{"ContainerPath": "/tmp", "ReadOnly": False, "SourceVolume": "tmp"}]
+    assert task_def["Properties"]["Volumes"] == [{"Name": "tmp"}]
+    env = {e["Name"]: e["Value"] for e in container["Environment"]}
+    sandbox_id, _ = _function(worker_synth, "sandbox")
+    assert env["AGENTQ_SANDBOX"] == "lambda" and env["AGENTQ_SANDBOX_FUNCTION"] == {"Ref": sandbox_id}
+
+    (service,) = worker_synth.resources("AWS::ECS::Service").values()
+    network = service["Properties"]["NetworkConfiguration"]["AwsvpcConfiguration"]
+    assert network["AssignPublicIp"] == "DISABLED"
+    subnets = _refs(network["Subnets"])
+    for subnet in subnets:
+        assert synth_subnet_is_private(worker_synth, subnet)
+    (group,) = _refs(network["SecurityGroups"])
+    sg = worker_synth.template["Resources"][group]["Properties"]
+    assert "SecurityGroupIngress" not in sg
+    assert sorted((e["IpProtocol"], e["FromPort"], e["ToPort"]) for e in sg["SecurityGroupEgress"]) == [
+        ("tcp", 80, 80),
+        ("tcp", 443, 443),
+    ]
+    endpoints = {
+        json.dumps(e["Properties"]["ServiceName"]) for e in worker_synth.resources("AWS::EC2::VPCEndpoint").values()
+    }
+    assert any("dynamodb" in e for e in endpoints) and any(".s3" in e for e in endpoints)
+
+
+def synth_subnet_is_private(synth: Synthesized, subnet: str) -> bool:
+    """No public IPs on launch, and its default route leads to a NAT gateway, not the internet gateway."""
+    props = synth.template["Resources"][subnet]["Properties"]
+    if props.get("MapPublicIpOnLaunch"):
+        return False
+    (table,) = [
+        r["Properties"]["RouteTableId"]["Ref"] for r in synth.resources("AWS::EC2::SubnetRouteTableAssociation").values()
+        if r["Properties"]["SubnetId"] == {"Ref": subnet}
+    ]  # fmt: skip
+    routes = [
+        r["Properties"]
+        for r in synth.resources("AWS::EC2::Route").values()
+        if r["Properties"]["RouteTableId"] == {"Ref": table}
+    ]
+    return bool(routes) and all("NatGatewayId" in r and "GatewayId" not in r for r in routes)

@@ -159,11 +159,15 @@ def build_fanout(settings: Settings, sess: boto3.session.Session | None = None, 
 
 def build_registry(settings: Settings) -> ToolRegistry:
     """Built-in tools (spawn_subagents included) plus those of each module in
-    AGENTQ_TOOL_MODULES (its ``TOOLS`` list)."""
+    AGENTQ_TOOL_MODULES (its ``TOOLS`` list). python_exec runs in the sandbox AGENTQ_SANDBOX
+    names and http_fetch honours AGENTQ_HTTP_FETCH_ALLOW (agentq.sandbox.config,
+    agentq.core.tools.fetch)."""
     from agentq.core.approval import approval_tool_spec
     from agentq.core.fanout import spawn_tool_spec
+    from agentq.core.tools.fetch import FetchPolicy
+    from agentq.sandbox.config import sandbox_from_env
 
-    registry = default_registry()
+    registry = default_registry(sandbox=sandbox_from_env(), fetch_policy=FetchPolicy.from_env())
     registry.register(spawn_tool_spec())
     registry.register(approval_tool_spec())
     for name in settings.tool_modules:

@@ -19,9 +19,11 @@ from agentq.core.tools.builtin import (
     BUILTIN_TOOLS,
     default_registry,
     http_fetch,
+    http_fetch_tool,
     note_read,
     note_write,
     python_exec,
+    python_exec_tool,
 )
 
 __all__ = [
@@ -33,10 +35,12 @@ __all__ = [
     "ToolSpec",
     "default_registry",
     "http_fetch",
+    "http_fetch_tool",
     "idempotency_key_for",
     "note_read",
     "note_write",
     "python_exec",
+    "python_exec_tool",
     "render_result",
     "tool",
 ]

@@ -1,0 +1,438 @@
+"""HTTP GET for the model, guarded against server-side request forgery.
+
+A URL is written by the model, and the model may be steered by whatever page it read last.
+Unguarded, "fetch this URL" reaches everything the worker can: loopback services, the local
+AWS endpoint, the VPC, the instance metadata and the ECS credentials endpoints. So:
+
+- the host is resolved once, here, and *every* address it resolves to must be a public one
+  (``refusal`` says what is not: loopback, private, link-local, shared/CGNAT, multicast,
+  unspecified, reserved, unique-local and site-local IPv6, IPv4-mapped, -compatible and
+  -embedding IPv6 forms, and the cloud metadata and credential addresses by name). Odd
+  spellings (``2130706433``, ``0x7f000001``, ``0177.0.0.1``, ``127.1``) need no rules of
+  their own: the resolver turns them into the address that is checked;
+- the connection goes to the checked address, never to the name again, so a DNS answer
+  that changes between check and use (rebinding) changes nothing; https keeps the name for
+  SNI and certificate checks, and the Host header carries it;
+- redirects are followed here, at most ``max_redirects``, each hop checked like the first;
+- one deadline covers the whole fetch (resolution, every hop, the body): a watchdog shuts
+  the socket down when it passes, however slowly the server drips bytes;
+- no proxy from the environment is used: a proxy would make the address check moot.
+
+A deployment may also name the only hosts it fetches from (``FetchPolicy.allow``). A name
+there is still checked; an IP literal there (``10.0.0.7`` or ``127.0.0.1:8080``) is the one
+way to let an internal address through, because the operator wrote that exact address.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import ipaddress
+import os
+import re
+import socket
+import ssl
+import threading
+import time
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+ALLOW_VARIABLE = "AGENTQ_HTTP_FETCH_ALLOW"
+USER_AGENT = "agentq-http-fetch/0.2"
+MAX_REDIRECTS = 5
+REDIRECT_STATUSES = (301, 302, 303, 307, 308)
+CHUNK = 64 * 1024
+
+# Cloud metadata, credential and time/DNS endpoints, named so the refusal says what they are
+# (each is also inside a range refused below).
+METADATA_ADDRESSES = frozenset(
+    ipaddress.ip_address(a)
+    for a in (
+        "169.254.169.254",  # AWS/GCP/Azure/OpenStack instance metadata
+        "169.254.170.2",  # ECS task credentials (the Fargate worker's role)
+        "169.254.170.23",  # EKS pod identity
+        "169.254.169.253",  # Amazon DNS
+        "169.254.169.123",  # Amazon time sync
+        "fd00:ec2::254",  # AWS instance metadata over IPv6
+        "fd00:ec2::23",  # EKS pod identity over IPv6
+        "fd00:ec2::253",  # Amazon DNS over IPv6
+        "100.100.100.200",  # Alibaba Cloud metadata
+        "192.0.0.192",  # Oracle Cloud metadata
+    )
+)
+
+# Ranges refused besides what ``ipaddress`` classifies: these either embed an IPv4 address a
+# gateway would translate (so ``64:ff9b::7f00:1`` could mean 127.0.0.1) or are not unicast
+# destinations anyone should fetch from.
+EXTRA_REFUSED: tuple[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, str], ...] = tuple(
+    (ipaddress.ip_network(net), why)
+    for net, why in (
+        ("0.0.0.0/8", "the 'this network' range"),
+        ("100.64.0.0/10", "shared address space (carrier-grade NAT)"),
+        ("192.0.0.0/24", "IETF protocol assignments"),
+        ("198.18.0.0/15", "benchmarking space"),
+        ("::/96", "an IPv4-compatible IPv6 address"),
+        ("::ffff:0:0/96", "an IPv4-mapped IPv6 address"),
+        ("64:ff9b::/96", "a NAT64 address embedding an IPv4 address"),
+        ("64:ff9b:1::/48", "a local-use NAT64 address"),
+        ("2002::/16", "a 6to4 address embedding an IPv4 address"),
+        ("2001::/32", "a Teredo address embedding an IPv4 address"),
+        ("100::/64", "the IPv6 discard prefix"),
+        ("fec0::/10", "a site-local IPv6 address"),
+    )
+)
+
+
+_HOST_RULE = re.compile(
+    r"\[(?P<v6>[0-9a-f:.]+)\](?::(?P<port6>\d{1,5}))?"
+    r"|(?P<bare6>[0-9a-f]*:[0-9a-f]*:[0-9a-f:.]*)"
+    r"|(?P<name>[a-z0-9_.-]+)(?::(?P<port>\d{1,5}))?"
+)
+
+
+class FetchRefused(ValueError):
+    """The URL or an address it leads to is not one http_fetch will contact."""
+
+
+def refusal(address: IPAddress) -> str | None:
+    """Why ``address`` must not be contacted, or None for a public unicast address."""
+    if address in METADATA_ADDRESSES:
+        return "a cloud metadata or credentials endpoint"
+    checks = (
+        (address.is_loopback, "a loopback address"),
+        (address.is_unspecified, "the unspecified address"),
+        (address.is_link_local, "a link-local address"),
+        (address.is_multicast, "a multicast address"),
+    )
+    for hit, why in checks:
+        if hit:
+            return why
+    for network, why in EXTRA_REFUSED:
+        if address.version == network.version and address in network:
+            return why
+    if address.is_reserved:
+        return "a reserved address"
+    if address.is_private:
+        return "a private address" if address.version == 4 else "a private or unique-local IPv6 address"
+    if not address.is_global:
+        return "not a public internet address"
+    return None
+
+
+@dataclass(frozen=True)
+class HostRule:
+    host: str  # lower-case name, or an IP literal in ipaddress's spelling
+    port: int | None = None  # None: any port
+
+    @property
+    def literal(self) -> IPAddress | None:
+        try:
+            return ipaddress.ip_address(self.host)
+        except ValueError:
+            return None
+
+    @classmethod
+    def parse(cls, text: str) -> HostRule:
+        """``name``, ``name:port``, ``1.2.3.4[:port]``, ``::1`` or ``[::1]:port``."""
+        text = text.strip().lower()
+        match = _HOST_RULE.fullmatch(text)
+        if match is None:
+            raise ValueError(f"{text!r} is not a host name, address, or host:port")
+        host = match["v6"] or match["bare6"] or match["name"]
+        port = int(match["port6"] or match["port"] or 0) or None
+        try:
+            host = str(ipaddress.ip_address(host))
+        except ValueError:
+            if match["name"] is None:
+                raise ValueError(f"{text!r} is not a valid IP address") from None
+        if port is not None and not 0 < port < 65536:
+            raise ValueError(f"{text!r}: the port must be 1..65535")
+        return cls(host, port)
+
+    def matches(self, host: str, port: int) -> bool:
+        return self.host == host and (self.port is None or self.port == port)
+
+
+@dataclass(frozen=True)
+class FetchPolicy:
+    """What one deployment lets http_fetch contact. ``allow`` empty: any public address."""
+
+    allow: tuple[HostRule, ...] = ()
+    max_redirects: int = MAX_REDIRECTS
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> FetchPolicy:
+        """``AGENTQ_HTTP_FETCH_ALLOW``: comma-separated hosts, ``host:port``s or IP literals."""
+        raw = (os.environ if env is None else env).get(ALLOW_VARIABLE, "")
+        rules = []
+        for part in raw.split(","):
+            if part.strip():
+                try:
+                    rules.append(HostRule.parse(part))
+                except ValueError as exc:
+                    raise ValueError(f"{ALLOW_VARIABLE}: {exc}") from None
+        return cls(allow=tuple(rules))
+
+    def rule_for(self, host: str, port: int) -> HostRule | None:
+        return next((r for r in self.allow if r.matches(host, port)), None)
+
+
+@dataclass(frozen=True)
+class Target:
+    url: str
+    scheme: str
+    host: str  # as sent in Host and SNI (IDNA-encoded, lower case, no brackets)
+    port: int
+    path: str  # path and query, percent-encoded
+
+
+def parse_target(url: str) -> Target:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise FetchRefused(f"not a valid URL: {url!r} ({exc})") from None
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https"):
+        raise FetchRefused(
+            f"http_fetch only fetches http:// and https:// URLs, not {scheme or 'scheme-less'} ones: {url!r}"
+        )
+    host = (parts.hostname or "").rstrip(".")
+    if not host:
+        raise FetchRefused(f"URL has no host: {url!r}")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        try:
+            host = host.encode("idna").decode("ascii").lower()
+        except UnicodeError:
+            raise FetchRefused(f"the host of {url!r} is not a valid domain name") from None
+    path = urllib.parse.quote(parts.path or "/", safe="/%:@!$&'()*+,;=-._~")
+    if parts.query:
+        path += "?" + urllib.parse.quote(parts.query, safe="/%:@!$&'()*+,;=-._~?")
+    return Target(url=url, scheme=scheme, host=host, port=port or (443 if scheme == "https" else 80), path=path)
+
+
+class Deadline:
+    """One clock for the whole fetch. When it runs out, the current socket is shut down, so a
+    read blocked on a server that sends a byte a second returns at once."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds
+        self.expired = False
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._timer = threading.Timer(max(0.0, seconds), self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def remaining(self) -> float:
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise self.error()
+        return left
+
+    def error(self) -> TimeoutError:
+        return TimeoutError(f"the fetch did not finish within its {self.seconds:.1f}s deadline")
+
+    def watch(self, sock: socket.socket | None) -> None:
+        with self._lock:
+            self._sock = sock
+            if self.expired and sock is not None:
+                _shutdown(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            if self._sock is not None:
+                _shutdown(self._sock)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def _shutdown(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def resolve(target: Target, policy: FetchPolicy, deadline: Deadline) -> list[IPAddress]:
+    """The addresses to connect to, each one checked; refuses if any answer is internal."""
+    rule = policy.rule_for(target.host, target.port)
+    if policy.allow and rule is None:
+        allowed = ", ".join(r.host + (f":{r.port}" if r.port else "") for r in policy.allow)
+        raise FetchRefused(
+            f"{target.host}:{target.port} is not among the hosts this deployment fetches from ({allowed})"
+        )
+    if rule is not None and rule.literal is not None:
+        return [rule.literal]  # the operator named this exact address
+    addresses = _getaddrinfo(target, deadline)
+    if not addresses:
+        raise FetchRefused(f"{target.host} did not resolve to any address")
+    for address in addresses:
+        why = refusal(address)
+        if why is not None:
+            shown = target.host if str(address) == target.host else f"{target.host} resolves to {address}, which"
+            raise FetchRefused(f"{shown} is {why}; http_fetch only contacts public internet addresses")
+    return addresses
+
+
+def _getaddrinfo(target: Target, deadline: Deadline) -> list[IPAddress]:
+    """getaddrinfo has no timeout of its own: it runs in a thread the deadline can abandon."""
+    box: dict[str, Any] = {}
+
+    def lookup() -> None:
+        try:
+            box["infos"] = socket.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            box["error"] = exc
+
+    worker = threading.Thread(target=lookup, name="agentq-http-fetch-dns", daemon=True)
+    worker.start()
+    worker.join(deadline.remaining())
+    if worker.is_alive():
+        raise deadline.error()
+    if "error" in box:
+        raise ConnectionError(f"could not resolve {target.host}: {box['error']}")
+    out: list[IPAddress] = []
+    for family, _, _, _, sockaddr in box["infos"]:
+        if family not in (socket.AF_INET, socket.AF_INET6):
+            continue
+        address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
+        if address not in out:
+            out.append(address)
+    return out
+
+
+@dataclass
+class Response:
+    status: int
+    content_type: str
+    charset: str
+    body: bytes
+    truncated: bool
+    url: str
+    redirects: list[str] = field(default_factory=list)
+
+
+def _connection(target: Target, address: IPAddress, timeout: float) -> http.client.HTTPConnection:
+    conn: http.client.HTTPConnection
+    if target.scheme == "https":
+        conn = http.client.HTTPSConnection(
+            target.host, target.port, timeout=timeout, context=ssl.create_default_context()
+        )
+    else:
+        conn = http.client.HTTPConnection(target.host, target.port, timeout=timeout)
+
+    def pinned(_: tuple[str, int], timeout: float, source: Any = None) -> socket.socket:
+        # Connect to the checked address; the name stays for Host, SNI and the certificate.
+        return socket.create_connection((str(address), target.port), timeout, source)
+
+    conn._create_connection = pinned  # type: ignore[attr-defined]
+    return conn
+
+
+def get(url: str, *, max_bytes: int, timeout: float, policy: FetchPolicy | None = None) -> Response:
+    policy = policy or FetchPolicy()
+    deadline = Deadline(timeout)
+    redirects: list[str] = []
+    try:
+        target = parse_target(url)
+        while True:
+            try:
+                conn = _open(target, policy, deadline)
+            except FetchRefused as exc:
+                what = "follow a redirect to" if redirects else "fetch"
+                raise FetchRefused(f"refusing to {what} {target.url}: {exc}") from None
+            try:
+                response = conn.getresponse()
+                status = response.status
+                location = response.getheader("Location")
+                if status in REDIRECT_STATUSES and location:
+                    if len(redirects) >= policy.max_redirects:
+                        raise FetchRefused(f"more than {policy.max_redirects} redirects, last to {location!r}")
+                    next_url = urllib.parse.urljoin(target.url, location)
+                    target = _redirect_target(next_url)
+                    redirects.append(next_url)
+                    continue
+                body, truncated = _read_at_most(response, max_bytes, conn, deadline)
+                return Response(
+                    status=status,
+                    content_type=response.getheader("Content-Type") or "(no content-type)",
+                    charset=response.msg.get_content_charset() or "utf-8",
+                    body=body,
+                    truncated=truncated,
+                    url=target.url,
+                    redirects=redirects,
+                )
+            finally:
+                deadline.watch(None)
+                conn.close()
+    except (FetchRefused, TimeoutError):
+        raise
+    except (OSError, http.client.HTTPException) as exc:
+        if deadline.expired:
+            raise deadline.error() from None
+        raise ConnectionError(f"could not fetch {url}: {type(exc).__name__}: {exc}") from None
+    finally:
+        deadline.cancel()
+
+
+def _redirect_target(url: str) -> Target:
+    try:
+        return parse_target(url)
+    except FetchRefused as exc:
+        raise FetchRefused(f"refusing to follow a redirect to {url!r}: {exc}") from None
+
+
+def _open(target: Target, policy: FetchPolicy, deadline: Deadline) -> http.client.HTTPConnection:
+    """Connect to the first checked address that answers, and send the request."""
+    last: Exception | None = None
+    for address in resolve(target, policy, deadline):
+        conn = _connection(target, address, deadline.remaining())
+        try:
+            conn.connect()
+            deadline.watch(conn.sock)
+            conn.request(
+                "GET",
+                target.path,
+                headers={
+                    "User-Agent": USER_AGENT,
+                    "Accept": "*/*",
+                    "Accept-Encoding": "identity",
+                    "Connection": "close",
+                },
+            )
+            return conn
+        except OSError as exc:
+            conn.close()
+            if deadline.expired:
+                raise deadline.error() from None
+            last = exc
+    raise ConnectionError(f"could not connect to {target.host}:{target.port}: {last}")
+
+
+def _read_at_most(
+    response: http.client.HTTPResponse, max_bytes: int, conn: http.client.HTTPConnection, deadline: Deadline
+) -> tuple[bytes, bool]:
+    """Read one byte past the limit to know whether anything was cut, never the whole body:
+    a multi-gigabyte download must not be buffered just to be thrown away."""
+    chunks: list[bytes] = []
+    total = 0
+    while total <= max_bytes:
+        if conn.sock is not None:
+            conn.sock.settimeout(deadline.remaining())
+        chunk = response.read(min(CHUNK, max_bytes + 1 - total))
+        if deadline.expired:
+            raise deadline.error()
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    data = b"".join(chunks)
+    return data[:max_bytes], total > max_bytes
