@@ -1068,9 +1068,7 @@ def test_task_runners_reach_only_task_partitions_and_delete_nothing(worker_synth
             if any(a.startswith("dynamodb:") for a in _as_list(s["Action"]))
         ]
         assert len(table) == 1, name
-        assert table[0]["Condition"] == {
-            "ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TASK#*", "TENANT#*"]}
-        }
+        assert table[0]["Condition"] == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TASK#*", "TENANT#*"]}}
         assert "dynamodb:DeleteItem" not in _as_list(table[0]["Action"])
         assert "APIKEY" not in json.dumps(_statements_of_role(worker_synth, role_id))
 
