@@ -19,7 +19,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from agentq.api.app import PUBLIC_PATHS, error_body
+from agentq.api.app import PUBLIC_PATHS
+from agentq.api.errors import error_body
 
 LOCAL_TENANT = "local"
 
