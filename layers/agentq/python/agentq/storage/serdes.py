@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 
 _SER = TypeSerializer()
-_DESER = TypeDeserializer()
+DESERIALIZER = TypeDeserializer()
 
 DEFAULT_OFFLOAD_THRESHOLD = 64 * 1024
 
@@ -54,7 +54,7 @@ def to_values(values: dict[str, Any]) -> dict[str, Any]:
 def from_item(item: dict[str, Any], *, keep_decimal: frozenset[str] = frozenset()) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, raw in item.items():
-        value = _DESER.deserialize(raw)
+        value = DESERIALIZER.deserialize(raw)
         out[key] = value if key in keep_decimal else _from_ddb_value(value)
     return out
 
