@@ -105,5 +105,6 @@ def table_from_env() -> str:
 def key_store_from_env(pool: int = 4) -> KeyStore:
     """The key store of this deployment, over a botocore DynamoDB client of its own."""
     from agentq.aws import botocore_client
+    from agentq.storage.dynamodb import DynamoTable
 
-    return KeyStore(botocore_client("dynamodb", pool=pool), table_from_env())
+    return KeyStore(DynamoTable(botocore_client("dynamodb", pool=pool), table_from_env()))
