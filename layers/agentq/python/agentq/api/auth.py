@@ -9,7 +9,8 @@ tenant in the same place. A missing, malformed, unknown or revoked key is answer
 the answer tells a caller nothing about which keys exist.
 
 What the authorizer Lambda imports, so it stays light: no models, engine, store, runtime or
-boto3 (``key_store_from_env`` builds a botocore client).
+boto3 (``key_store_from_env`` builds a ``DynamoTable`` over a botocore client; the key store
+reads through it without loading boto3).
 """
 
 from __future__ import annotations
