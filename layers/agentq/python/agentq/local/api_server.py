@@ -39,8 +39,7 @@ def proxy_event(
         "headers": headers,
         "multiValueHeaders": {k: [v] for k, v in headers.items()},
         "queryStringParameters": query,
-        "multiValueQueryStringParameters": {k: v for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
-        or None,
+        "multiValueQueryStringParameters": dict(parse_qs(parts.query, keep_blank_values=True).items()) or None,
         "pathParameters": None,
         "stageVariables": None,
         "requestContext": {
@@ -128,7 +127,7 @@ class LocalApiServer:
             def _serve(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length).decode(errors="replace") if length else None
-                headers = {k: v for k, v in self.headers.items()}
+                headers = dict(self.headers.items())
                 self._reply(*dispatch(outer.handler, outer.authorizer, self.command, self.path, headers, body))
 
             def __getattr__(self, name: str) -> Any:  # every method reaches the handler (405 for the wrong one)
