@@ -19,11 +19,10 @@ from agentq.cli.main import main
 from agentq.local.api_server import proxy_event
 from agentq.local.moto_server import MotoServer
 from agentq.resources import QueueSettings, provision
-from agentq.runtime import Settings, build_store, session
+from agentq.runtime import Settings, build_store, client, session
 from agentq.storage.api_keys import KeyStore, key_hash
 
 from tests.api_support import SCRIPTED, ApiStack
-from tests.helpers import dynamo
 from tests.lambda_support import ROOT, FakeLambdaContext, load_handler
 
 METHOD_ARN = "arn:aws:execute-api:us-east-1:123456789012:abc123/prod/GET/tasks/xyz"
@@ -38,7 +37,7 @@ def deployment(moto_server: MotoServer) -> Iterator[tuple[Settings, Any, Any, Ke
     for key, value in settings.env().items():
         mp.setenv(key, value)
     try:
-        keys = KeyStore(dynamo(build_store(settings)).client, settings.table)
+        keys = build_store(settings).api_keys
         yield settings, load_handler("authorizer"), load_handler("api"), keys
     finally:
         mp.undo()
@@ -55,7 +54,7 @@ def test_a_key_is_stored_only_as_its_hash(deployment: tuple[Settings, Any, Any, 
     settings, _, _, keys = deployment
     token, record = keys.create("acme")
     assert token.startswith("aq_") and len(token) > 40 and record.tenant == "acme" and record.key_id.startswith("key_")
-    dump = json.dumps(keys.ddb.scan(TableName=settings.table)["Items"])
+    dump = json.dumps(client(settings, "dynamodb").scan(TableName=settings.table)["Items"])
     assert token not in dump and token[3:] not in dump and key_hash(token) in dump
     assert keys.lookup(token) == record
     assert [k.key_id for k in keys.list("acme")][:1] == [record.key_id]
@@ -83,7 +82,7 @@ def test_the_authorizer_maps_a_live_key_to_its_tenant_and_refuses_the_rest(
             "Resource": "arn:aws:execute-api:us-east-1:123456789012:abc123/prod/*",
         }
     ]  # the whole stage, so API Gateway's cached answer serves every route
-    unknown, _ = KeyStore(keys.ddb, keys.table).create("acme")
+    unknown, _ = KeyStore(keys.table).create("acme")
     keys.revoke(keys.lookup(unknown).key_id)  # type: ignore[union-attr]
     for header in (None, "", f"Basic {token}", "Bearer aq_" + "y" * 43, f"Bearer {unknown}"):
         with pytest.raises(Exception) as err:
@@ -107,7 +106,7 @@ def test_the_authorizer_s_context_is_the_tenant_the_api_acts_for(
     deployment: tuple[Settings, Any, Any, KeyStore],
 ) -> None:
     """API Gateway: authorizer answer -> requestContext.authorizer of the API Lambda's event."""
-    _, authorizer, api, keys = deployment
+    settings, authorizer, api, keys = deployment
     token_a, _ = keys.create("tenant-one")
     token_b, _ = keys.create("tenant-two")
 
@@ -124,8 +123,8 @@ def test_the_authorizer_s_context_is_the_tenant_the_api_acts_for(
     assert status == 202
     assert through_gateway(token_a, "GET", f"/tasks/{created['task_id']}")[0] == 200
     assert through_gateway(token_b, "GET", f"/tasks/{created['task_id']}")[0] == 404
-    assert keys.ddb.get_item(
-        TableName=keys.table, Key={"pk": {"S": f"TASK#{created['task_id']}"}, "sk": {"S": "META"}}
+    assert client(settings, "dynamodb").get_item(
+        TableName=settings.table, Key={"pk": {"S": f"TASK#{created['task_id']}"}, "sk": {"S": "META"}}
     )["Item"]["tenant"] == {"S": "tenant-one"}
 
 
@@ -166,27 +165,37 @@ def test_keys_create_and_revoke_from_the_cli_against_the_local_stack(
     assert code == 2 and "(tenant)" in err
 
 
-def test_the_authorizer_s_cold_import_stays_light() -> None:
-    """The authorizer Lambda loads the key lookup and the policy, not the rest of agentq (its
-    cold start is every uncached request's latency): bench/import_time.py has the figures."""
+def test_the_authorizer_s_cold_import_and_first_call_stay_light(
+    deployment: tuple[Settings, Any, Any, KeyStore],
+) -> None:
+    """The authorizer Lambda loads the key lookup, the table seam and the policy, not the rest of
+    agentq, boto3 or pydantic (its cold start is every uncached request's latency), neither at
+    import nor in its first call: bench/import_time.py has the figures."""
+    settings, _, _, keys = deployment
+    token, record = keys.create("light")
     script = (
         "import json, sys\n"
         f"sys.path[:0] = {json.dumps([str(ROOT / 'functions'), str(ROOT / 'layers' / 'agentq' / 'python')])}\n"
         "import authorizer.handler\n"
-        "print(json.dumps(sorted(sys.modules)))\n"
+        "imported = sorted(sys.modules)\n"
+        f"answer = authorizer.handler.lambda_handler({json.dumps(_token_event(f'Bearer {token}'))}, None)\n"
+        "print(json.dumps([imported, sorted(sys.modules), answer['context']]))\n"
     )
-    env = {**os.environ, "AGENTQ_TABLE": "agentq-light-tasks", "AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "x",
-           "AWS_SECRET_ACCESS_KEY": "x"}  # fmt: skip
+    env = {**os.environ, **settings.env(), "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x"}
     env.pop("PYTHONPATH", None)
     proc = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60, check=False
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    loaded = set(json.loads(proc.stdout.strip().splitlines()[-1]))
-    heavy = {"boto3", "pydantic", "anthropic", "agentq.runtime", "agentq.resources", "agentq.core.models", "agentq.core.engine",
-             "agentq.storage.store", "agentq.storage.serdes", "agentq.observe.emf", "agentq.observe.tracing"}  # fmt: skip
-    assert not heavy & loaded
-    assert {m for m in loaded if m.startswith("agentq.")} == {
-        "agentq.api", "agentq.api.auth", "agentq.aws", "agentq.core", "agentq.core.errors", "agentq.observe",
-        "agentq.observe.correlation", "agentq.observe.logs", "agentq.storage", "agentq.storage.api_keys",
+    imported, after_call, context = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert context == {"tenant": "light", "key_id": record.key_id}
+    heavy = {"boto3", "s3transfer", "pydantic", "anthropic", "agentq.runtime", "agentq.resources", "agentq.core.models",
+             "agentq.core.engine", "agentq.storage.serdes", "agentq.storage.container", "agentq.observe.emf",
+             "agentq.observe.tracing"}  # fmt: skip
+    assert not heavy & set(after_call)
+    assert {m for m in imported if m.startswith("agentq.")} == {
+        "agentq.api", "agentq.api.auth", "agentq.aws", "agentq.core", "agentq.core.errors", "agentq.core.status",
+        "agentq.observe", "agentq.observe.correlation", "agentq.observe.logs", "agentq.storage", "agentq.storage.api_keys",
+        "agentq.storage.dynamodb", "agentq.storage.keys", "agentq.storage.table",
     }  # fmt: skip
+    assert {m for m in after_call if m.startswith("agentq.")} == {m for m in imported if m.startswith("agentq.")}

@@ -33,9 +33,6 @@ from agentq.local.api_server import wsgi_app
 from agentq.local.moto_server import MotoServer
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_queues, build_registry, build_store, session
-from agentq.storage.api_keys import KeyStore
-
-from tests.helpers import dynamo
 
 CHECKS = [
     not_a_server_error,
@@ -68,7 +65,7 @@ def api(moto_server: MotoServer) -> Iterator[Api]:
     provision(session(s), s.names, endpoint_url=s.endpoint_url, queues=QueueSettings())
     store = build_store(s)
     app = build_app(store, build_registry(s), build_queues(s))
-    keys = KeyStore(dynamo(store).client, s.table)
+    keys = store.api_keys
     yield Api(
         wsgi=wsgi_app(app.resolve, authorizer=lambda header: authorize(keys, header).tenant), key=keys.create("fuzz")[0]
     )

@@ -6,8 +6,16 @@ Gateway hands to the API Lambda as ``requestContext.authorizer``. Anything else 
 "Unauthorized", which API Gateway turns into a 401.
 
 Kept light for cold starts (``bench/import_time.py``): the import chain is the key lookup
-(``agentq.storage.api_keys``), the policy (``agentq.api.auth``), one botocore DynamoDB client
-and the powertools Logger; no models, engine, store or boto3.
+(``agentq.storage.api_keys`` over the table seam: ``storage.table``, ``storage.dynamodb``,
+``storage.keys``), the policy (``agentq.api.auth``), one botocore DynamoDB client and the
+powertools Logger; no models, engine, store or boto3, neither at import nor in the first call
+(``tests/test_api_auth.py`` checks both).
+
+The client is built here, at import, and not on the first call: deferring it would take its
+cost out of the import but put all of it on the first call (``bench/import_time.py
+--first-call`` measures both), and where Lambda initialises an environment ahead of a request
+(provisioned concurrency, SnapStart, an occasional proactive init) it would move that cost
+from the init phase onto a request's path.
 """
 
 from __future__ import annotations

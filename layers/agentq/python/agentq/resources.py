@@ -13,6 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from agentq.storage.keys import PAYLOAD_PREFIX as PAYLOAD_PREFIX
+
 TABLE_KEY_SCHEMA: list[dict[str, str]] = [
     {"AttributeName": "pk", "KeyType": "HASH"},
     {"AttributeName": "sk", "KeyType": "RANGE"},
@@ -43,7 +45,6 @@ TTL_ATTRIBUTE = "expires_at"
 # The reaper learns of a task's expiry from the table's stream: the keys of a removed META are all
 # it needs, so the stream carries keys only (no task content leaves the table that way).
 TABLE_STREAM_VIEW_TYPE = "KEYS_ONLY"
-PAYLOAD_PREFIX = "tasks/"  # every S3 key agentq.storage.store offloads to: tasks/<task_id>/...
 
 
 TIERS: tuple[str, ...] = ("high", "normal", "low")

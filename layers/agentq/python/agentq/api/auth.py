@@ -9,7 +9,8 @@ tenant in the same place. A missing, malformed, unknown or revoked key is answer
 the answer tells a caller nothing about which keys exist.
 
 What the authorizer Lambda imports, so it stays light: no models, engine, store, runtime or
-boto3 (``key_store_from_env`` builds a botocore client).
+boto3 (``key_store_from_env`` builds a ``DynamoTable`` over a botocore client; the key store
+reads through it without loading boto3).
 """
 
 from __future__ import annotations
@@ -105,5 +106,6 @@ def table_from_env() -> str:
 def key_store_from_env(pool: int = 4) -> KeyStore:
     """The key store of this deployment, over a botocore DynamoDB client of its own."""
     from agentq.aws import botocore_client
+    from agentq.storage.dynamodb import DynamoTable
 
-    return KeyStore(botocore_client("dynamodb", pool=pool), table_from_env())
+    return KeyStore(DynamoTable(botocore_client("dynamodb", pool=pool), table_from_env()))

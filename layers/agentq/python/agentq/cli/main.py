@@ -519,9 +519,10 @@ def _cmd_fork(args: argparse.Namespace) -> int:
 def _cmd_keys(args: argparse.Namespace) -> int:
     from agentq.runtime import Settings, client
     from agentq.storage.api_keys import KeyStore
+    from agentq.storage.dynamodb import DynamoTable
 
     settings = Settings.from_env()
-    keys = KeyStore(client(settings, "dynamodb", pool=2), settings.table)
+    keys = KeyStore(DynamoTable(client(settings, "dynamodb", pool=2), settings.table))
     if args.keys_command == "create":
         token, record = keys.create(args.tenant)
         if args.json:

@@ -6,41 +6,17 @@ the offending field and the same shapes serve the store, the engine and (later) 
 
 from __future__ import annotations
 
-import enum
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from agentq.core.status import TERMINAL_STATUSES as TERMINAL_STATUSES
+from agentq.core.status import TaskStatus as TaskStatus
+
 MAX_TIMEOUT_SECONDS = 24 * 3600
 MAX_GOAL_CHARS = 20_000
 
-
-class TaskStatus(enum.StrEnum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    WAITING = "waiting"  # children running
-    PAUSED = "paused"  # human approval
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    COST_EXCEEDED = "cost_exceeded"
-    TIMED_OUT = "timed_out"
-
-    @property
-    def terminal(self) -> bool:
-        return self in TERMINAL_STATUSES
-
-
-TERMINAL_STATUSES = frozenset(
-    {
-        TaskStatus.SUCCEEDED,
-        TaskStatus.FAILED,
-        TaskStatus.CANCELLED,
-        TaskStatus.COST_EXCEEDED,
-        TaskStatus.TIMED_OUT,
-    }
-)
 
 # The one table of legal transitions. The store turns the "from" side into a DynamoDB
 # condition, so an illegal transition is refused by the database, not by caller discipline.

@@ -19,7 +19,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from agentq.api.app import PUBLIC_PATHS, error_body
+from agentq.api.app import PUBLIC_PATHS
+from agentq.api.errors import error_body
 
 LOCAL_TENANT = "local"
 
@@ -38,7 +39,7 @@ def proxy_event(
         "headers": headers,
         "multiValueHeaders": {k: [v] for k, v in headers.items()},
         "queryStringParameters": query,
-        "multiValueQueryStringParameters": parse_qs(parts.query, keep_blank_values=True) or None,
+        "multiValueQueryStringParameters": dict(parse_qs(parts.query, keep_blank_values=True).items()) or None,
         "pathParameters": None,
         "stageVariables": None,
         "requestContext": {

@@ -71,7 +71,8 @@ class LocalStack:
 
     def keys(self) -> KeyStore:
         assert self.settings is not None
-        return KeyStore(self.store().table.client, self.settings.table)
+        keys: KeyStore = self.store().api_keys
+        return keys
 
     def create_api_key(self, tenant: str = "local") -> str:
         """A new API key for ``tenant`` (what `agentq keys create` does)."""

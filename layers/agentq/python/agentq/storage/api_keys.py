@@ -1,18 +1,19 @@
 """API keys in the task table: a bearer key maps to a tenant. Only the key's SHA-256 is stored.
 
-Items:
+Items (``storage.keys``):
 
-- ``APIKEY#<sha256 hex of the key>`` / ``META``: tenant, key_id, created_at, revoked
-  (what the authorizer reads: one GetItem per uncached key)
+- ``APIKEY#<sha256 hex of the key>`` / ``META``: tenant, key_id, created_at, revoked,
+  revoked_at (what the authorizer reads: one GetItem per uncached key)
 - ``APIKEYID#<key_id>`` / ``META``: the hash again, so ``agentq keys revoke KEY_ID`` finds the
   key without it; ``gsi1pk = "KEYS#<tenant>"`` lists a tenant's keys
 
-What a presented key is worth (the ``Authorization`` header, 401s, the IAM policy) is the
-API's business: ``agentq.api.auth``.
+Both are written in one transaction, and each only if absent, so a key is never half-created
+and never overwrites another. What a presented key is worth (the ``Authorization`` header,
+401s, the IAM policy) is the API's business: ``agentq.api.auth``.
 
-Light on purpose: the authorizer Lambda imports this and little else, so the lookup path
-(``lookup``) writes its one key and reads its one item of scalars by hand; the writers and the
-listing use ``agentq.storage.serdes`` (and so boto3's type (de)serializer), imported on first use.
+The authorizer Lambda imports this module, ``storage.table`` and ``storage.dynamodb`` and
+little else, so none of them loads boto3 or pydantic at import (``bench/import_time.py``); the
+index name is read from ``agentq.resources`` only by a listing.
 """
 
 from __future__ import annotations
@@ -22,18 +23,15 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
-from decimal import Decimal
-from typing import Any
 
 from agentq.core.errors import AgentqError, ValidationError
+from agentq.storage import keys
+from agentq.storage.table import Item, Key, Patch, Put, Table, TransactionCancelled, Update, absent, plain, present
 
 KEY_PREFIX = "aq_"
 TENANT_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 KEY_ID_PATTERN = re.compile(r"^key_[0-9a-f]{16}$")
-META = "META"
-HASH_PK = "APIKEY#"  # + sha256 hex of the key
-ID_PK = "APIKEYID#"  # + key id
-TENANT_KEYS = "KEYS#"  # + tenant: gsi1pk of a tenant's key ids
+LIST_PAGE = 100
 
 
 class KeyNotFound(AgentqError):
@@ -53,185 +51,84 @@ def key_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def _number(raw: str) -> int | float:
-    """A DynamoDB number as ``serdes.from_item`` returns it: int when whole, else float."""
-    value = Decimal(raw)
-    return int(value) if value == value.to_integral_value() else float(value)
-
-
-def _from_item(item: dict[str, Any]) -> dict[str, Any]:
-    """``serdes.from_item`` for an item of scalars (S, N, BOOL, NULL), without boto3's
-    deserializer; any other type goes through ``serdes.from_item`` itself."""
-    out: dict[str, Any] = {}
-    for name, attr in item.items():
-        ((kind, value),) = attr.items()
-        if kind in {"S", "BOOL"}:
-            out[name] = value
-        elif kind == "N":
-            out[name] = _number(value)
-        elif kind == "NULL":
-            out[name] = None
-        else:
-            from agentq.storage.serdes import from_item
-
-            return from_item(item)
-    return out
+def _record(key_id: str, raw: Item) -> ApiKey:
+    data = plain(raw)
+    return ApiKey(
+        key_id=key_id,
+        tenant=data["tenant"],
+        created_at=data["created_at"],
+        revoked=bool(data.get("revoked")),
+        revoked_at=data.get("revoked_at"),
+    )
 
 
 class KeyStore:
-    """A tenant's keys in the task table, through a low-level DynamoDB client."""
+    """A tenant's keys, over any ``Table`` (DynamoDB, or memory in tests)."""
 
-    def __init__(self, ddb: Any, table: str) -> None:
-        self.ddb = ddb
+    def __init__(self, table: Table, *, list_page: int = LIST_PAGE) -> None:
         self.table = table
+        self.list_page = list_page  # index items read per request of a listing
 
     def create(self, tenant: str) -> tuple[str, ApiKey]:
         """A new key for ``tenant``: returns (the key, shown once and never stored, its record)."""
-        from agentq.storage.serdes import to_item
-
         if not TENANT_PATTERN.match(tenant or ""):
             raise ValidationError("tenant: 1-64 letters, digits, '.', '_' or '-'", field="tenant")
         token = KEY_PREFIX + secrets.token_urlsafe(32)
         record = ApiKey(key_id="key_" + secrets.token_hex(8), tenant=tenant, created_at=time.time())
         digest = key_hash(token)
-        self.ddb.transact_write_items(
-            TransactItems=[
-                {
-                    "Put": {
-                        "TableName": self.table,
-                        "Item": to_item(
-                            {
-                                "pk": f"{HASH_PK}{digest}",
-                                "sk": META,
-                                "tenant": tenant,
-                                "key_id": record.key_id,
-                                "created_at": record.created_at,
-                                "revoked": False,
-                            }
-                        ),
-                        "ConditionExpression": "attribute_not_exists(pk)",
-                    }
-                },
-                {
-                    "Put": {
-                        "TableName": self.table,
-                        "Item": to_item(
-                            {
-                                "pk": f"{ID_PK}{record.key_id}",
-                                "sk": META,
-                                "key_hash": digest,
-                                "tenant": tenant,
-                                "created_at": record.created_at,
-                                "revoked": False,
-                                "gsi1pk": f"{TENANT_KEYS}{tenant}",
-                                "gsi1sk": f"{int(record.created_at * 1000):015d}#{record.key_id}",
-                            }
-                        ),
-                        "ConditionExpression": "attribute_not_exists(pk)",
-                    }
-                },
-            ]
-        )
+        common = {"tenant": tenant, "created_at": record.created_at, "revoked": False}
+        by_hash = {**keys.api_key_key(digest), **common, "key_id": record.key_id}
+        by_id = {
+            **keys.api_key_id_key(record.key_id),
+            **common,
+            "key_hash": digest,
+            "gsi1pk": keys.tenant_keys_pk(tenant),
+            "gsi1sk": keys.tenant_index_sk(record.created_at, record.key_id),
+        }
+        self.table.transact([Put("key", by_hash, absent()), Put("key_id", by_id, absent())])
         return token, record
 
     def lookup(self, token: str) -> ApiKey | None:
-        """The record of a presented key (revoked or not), or None: one consistent GetItem."""
-        resp = self.ddb.get_item(
-            TableName=self.table,
-            Key={"pk": {"S": f"{HASH_PK}{key_hash(token)}"}, "sk": {"S": META}},
-            ConsistentRead=True,
-        )
-        if "Item" not in resp:
-            return None
-        item = _from_item(resp["Item"])
-        return ApiKey(
-            key_id=item["key_id"],
-            tenant=item["tenant"],
-            created_at=item["created_at"],
-            revoked=bool(item.get("revoked")),
-            revoked_at=item.get("revoked_at"),
-        )
+        """The record of a presented key (revoked or not), or None: one consistent read."""
+        item = self.table.get(keys.api_key_key(key_hash(token)))
+        return _record(str(item["key_id"]), item) if item is not None else None
 
     def revoke(self, key_id: str) -> ApiKey:
-        """Revoke a key by its id (idempotent). API Gateway may serve a cached allow for up to the
-        authorizer's result TTL after this."""
-        from botocore.exceptions import ClientError
-
-        from agentq.storage.serdes import from_item, to_item, to_values
-
+        """Revoke a key by its id (idempotent: a second revoke keeps the first ``revoked_at``).
+        API Gateway may serve a cached allow for up to the authorizer's result TTL after this."""
         if not KEY_ID_PATTERN.match(key_id or ""):
             raise ValidationError("key id looks like key_0123456789abcdef", field="key_id")
-        resp = self.ddb.get_item(
-            TableName=self.table, Key=to_item({"pk": f"{ID_PK}{key_id}", "sk": META}), ConsistentRead=True
-        )
-        if "Item" not in resp:
+        found = self.table.get(keys.api_key_id_key(key_id))
+        if found is None:
             raise KeyNotFound(f"no key {key_id!r}", field="key_id")
-        item = from_item(resp["Item"])
         now = time.time()
-        update = "SET revoked = :true, revoked_at = if_not_exists(revoked_at, :now)"
-        values = to_values({":true": True, ":now": now})
+        revoked = Update(set={"revoked": True}, set_if_absent={"revoked_at": now})
         try:
-            self.ddb.transact_write_items(
-                TransactItems=[
-                    {
-                        "Update": {
-                            "TableName": self.table,
-                            "Key": to_item({"pk": f"{HASH_PK}{item['key_hash']}", "sk": META}),
-                            "UpdateExpression": update,
-                            "ConditionExpression": "attribute_exists(pk)",
-                            "ExpressionAttributeValues": values,
-                        }
-                    },
-                    {
-                        "Update": {
-                            "TableName": self.table,
-                            "Key": to_item({"pk": f"{ID_PK}{key_id}", "sk": META}),
-                            "UpdateExpression": update,
-                            "ExpressionAttributeValues": values,
-                        }
-                    },
+            self.table.transact(
+                [
+                    Patch("key", keys.api_key_key(str(found["key_hash"])), revoked, present()),
+                    Patch("key_id", keys.api_key_id_key(key_id), revoked, present()),
                 ]
             )
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") == "TransactionCanceledException":
-                raise KeyNotFound(f"no key {key_id!r}", field="key_id") from exc
-            raise
-        return ApiKey(
-            key_id=key_id,
-            tenant=item["tenant"],
-            created_at=item["created_at"],
-            revoked=True,
-            revoked_at=item.get("revoked_at", now),
-        )
+        except TransactionCancelled as exc:
+            raise KeyNotFound(f"no key {key_id!r}", field="key_id") from exc
+        before = _record(key_id, found)
+        return ApiKey(key_id, before.tenant, before.created_at, revoked=True, revoked_at=before.revoked_at or now)
 
     def list(self, tenant: str) -> list[ApiKey]:
         """A tenant's keys, newest first (ids only: the keys themselves are not stored)."""
         from agentq.resources import GSI1
-        from agentq.storage.serdes import from_item, to_item, to_values
 
-        out: list[ApiKey] = []
-        request: dict[str, Any] = {
-            "TableName": self.table,
-            "IndexName": GSI1,
-            "KeyConditionExpression": "gsi1pk = :pk",
-            "ExpressionAttributeValues": to_values({":pk": f"{TENANT_KEYS}{tenant}"}),
-            "ScanIndexForward": False,
-        }
+        ids: list[Key] = []
+        start: Item | None = None
         while True:
-            resp = self.ddb.query(**request)
-            for raw in resp["Items"]:
-                item = from_item(raw)
-                record = self.ddb.get_item(TableName=self.table, Key=to_item({"pk": item["pk"], "sk": META}))["Item"]
-                data = from_item(record)
-                out.append(
-                    ApiKey(
-                        key_id=item["pk"].split("#", 1)[1],
-                        tenant=data["tenant"],
-                        created_at=data["created_at"],
-                        revoked=bool(data.get("revoked")),
-                        revoked_at=data.get("revoked_at"),
-                    )
-                )
-            if "LastEvaluatedKey" not in resp:
-                return out
-            request["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+            page = self.table.query_index(
+                GSI1, ("gsi1pk", keys.tenant_keys_pk(tenant)), descending=True, limit=self.list_page, start=start
+            )
+            ids += [keys.api_key_id_key(keys.key_id_of(item["pk"])) for item in page.items]
+            if page.last_key is None:
+                break
+            start = page.last_key
+        # The index projects no key attributes (tenant, revoked): read the items themselves.
+        found = {item["pk"]: item for item in self.table.batch_get(ids)}
+        return [_record(keys.key_id_of(key["pk"]), found[key["pk"]]) for key in ids if key["pk"] in found]

@@ -5,6 +5,7 @@ they need (``storage.tasks``, ``storage.steps``, ...); which backend is undernea
 from __future__ import annotations
 
 from agentq.core.tenancy import TenantLimits
+from agentq.storage.api_keys import KeyStore
 from agentq.storage.approvals import Approvals
 from agentq.storage.budgets import Budgets
 from agentq.storage.effects import Effects
@@ -38,6 +39,7 @@ class Storage:
         self.notes = Notes(table)
         self.windows = TenantWindows(table, default_tenant_limits)
         self.purge = Purge(table, payloads)
+        self.api_keys = KeyStore(table)
 
 
 def memory_storage(**kwargs: object) -> Storage:

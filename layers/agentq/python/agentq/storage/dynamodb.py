@@ -3,6 +3,12 @@
 Conditions are rendered with boto3's own expression builder; updates are rendered here
 (``SET``/``ADD``/``REMOVE``). A cancelled transaction's reasons are mapped back to the names
 of its actions, positionally, in exactly one place (``_failed_names``).
+
+boto3 is imported on first need, not with this module: a read of an item of strings, numbers
+and booleans (what the authorizer does: one GetItem of an API key) is (de)serialized here,
+in boto3's own terms (``_NUMBERS`` is its number context), and loads no boto3 at all, whose
+import costs the authorizer's cold start about 70 ms (s3transfer, multiprocessing). Other
+values, conditions and expressions go through boto3's serializer and builder.
 """
 
 from __future__ import annotations
@@ -10,13 +16,11 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from decimal import Clamped, Context, Inexact, Overflow, Rounded, Underflow
+from typing import TYPE_CHECKING, Any
 
-from boto3.dynamodb.conditions import ConditionBase, ConditionExpressionBuilder
-from boto3.dynamodb.types import TypeDeserializer
 from botocore.exceptions import ClientError
 
-from agentq.storage.serdes import to_attr, to_item
 from agentq.storage.table import (
     Action,
     Check,
@@ -33,16 +37,38 @@ from agentq.storage.table import (
     Update,
 )
 
-_DESER = TypeDeserializer()
+if TYPE_CHECKING:
+    from boto3.dynamodb.conditions import ConditionBase
+
+# boto3.dynamodb.types.DYNAMODB_CONTEXT: DynamoDB's numbers (38 digits) exactly, or an error.
+_NUMBERS = Context(Emin=-128, Emax=126, prec=38, traps=[Clamped, Overflow, Inexact, Rounded, Underflow])
 
 
 def to_wire(item: Item) -> dict[str, Any]:
     """DynamoDB attribute values; floats become Decimal (DynamoDB has no float), None is dropped."""
-    return to_item(item)
+    return {k: ({"S": v} if type(v) is str else _wire_value(v)) for k, v in item.items() if v is not None}
 
 
 def from_wire(item: dict[str, Any]) -> Item:
-    return {k: _DESER.deserialize(v) for k, v in item.items()}
+    """Python values as boto3's TypeDeserializer gives them (numbers as Decimal)."""
+    out: Item = {}
+    for name, attr in item.items():
+        ((kind, value),) = attr.items()
+        if kind in ("S", "BOOL"):
+            out[name] = value
+        elif kind == "N":
+            out[name] = _NUMBERS.create_decimal(value)
+        elif kind == "NULL":
+            out[name] = None
+        else:
+            out[name] = _deserializer().deserialize(attr)
+    return out
+
+
+def _deserializer() -> Any:
+    from agentq.storage import serdes
+
+    return serdes.DESERIALIZER
 
 
 class _Expression:
@@ -51,6 +77,8 @@ class _Expression:
     def __init__(self) -> None:
         self.names: dict[str, str] = {}
         self.values: dict[str, Any] = {}
+        from boto3.dynamodb.conditions import ConditionExpressionBuilder
+
         self._builder = ConditionExpressionBuilder()
 
     def condition(self, condition: ConditionBase) -> str:
@@ -100,6 +128,8 @@ class _Expression:
 
 
 def _wire_value(value: Any) -> Any:
+    from agentq.storage.serdes import to_attr
+
     return to_attr(value)
 
 

@@ -2,16 +2,20 @@
 
 A task's items share its partition (``TASK#id``), so one Query reads its history in commit
 order and one purge finds all of it (a task's budget is on its META: ``storage.budgets``).
-A tenant's hourly windows and limits live under ``TENANT#t``. Sort keys carry zero-padded numbers so that they
-sort as text in the order they were written.
+A tenant's hourly windows and limits live under ``TENANT#t``. API keys have two items: ``APIKEY#<sha256>``,
+what the authorizer reads by the key it was shown, and ``APIKEYID#<key_id>``, what a revoke
+finds by id and the tenant's listing (``gsi1pk = KEYS#<tenant>``) holds. Sort keys carry
+zero-padded numbers so that they sort as text in the order they were written.
+
+This module imports nothing of agentq's (the authorizer Lambda loads it; ``agentq.resources``
+re-exports ``PAYLOAD_PREFIX`` for the stack's IAM policies).
 """
 
 from __future__ import annotations
 
 import uuid
 
-from agentq.resources import PAYLOAD_PREFIX
-
+PAYLOAD_PREFIX = "tasks/"  # every S3 key the storage offloads a payload to: tasks/<task_id>/...
 META = "META"
 STEP = "STEP#"
 EFFECT = "EFFECT#"
@@ -77,6 +81,25 @@ def submission_key(task_id: str) -> Key:
 
 def item_key(task_id: str, sk: str) -> Key:
     return {"pk": task_pk(task_id), "sk": sk}
+
+
+def api_key_key(digest: str) -> Key:
+    """The item of an API key, by the SHA-256 (hex) of the key: the key itself is never stored."""
+    return {"pk": f"APIKEY#{digest}", "sk": META}
+
+
+def api_key_id_key(key_id: str) -> Key:
+    return {"pk": f"APIKEYID#{key_id}", "sk": META}
+
+
+def key_id_of(pk: str) -> str:
+    """The key id in an ``APIKEYID#`` partition key."""
+    return pk.split("#", 1)[1]
+
+
+def tenant_keys_pk(tenant: str) -> str:
+    """``gsi1pk`` of a tenant's API keys (its tasks are under ``tenant_pk``)."""
+    return f"KEYS#{tenant}"
 
 
 def tenant_index_sk(created_at: float, task_id: str) -> str:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from mypy_boto3_s3.type_defs import ObjectIdentifierTypeDef
 
 _SER = TypeSerializer()
-_DESER = TypeDeserializer()
+DESERIALIZER = TypeDeserializer()
 
 DEFAULT_OFFLOAD_THRESHOLD = 64 * 1024
 
@@ -59,7 +59,7 @@ def to_values(values: dict[str, Any]) -> dict[str, Any]:
 def from_item(item: dict[str, Any], *, keep_decimal: frozenset[str] = frozenset()) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, raw in item.items():
-        value = _DESER.deserialize(raw)
+        value = DESERIALIZER.deserialize(raw)
         out[key] = value if key in keep_decimal else _from_ddb_value(value)
     return out
 

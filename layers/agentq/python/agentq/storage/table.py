@@ -13,6 +13,11 @@ by name instead of decoding a list of reasons by position.
 
 Items cross this seam as plain dicts of DynamoDB-typed Python values: numbers come back as
 ``Decimal`` (``plain`` turns them into int/float), ``None`` attributes are not stored.
+
+Light to import on purpose: importing this module loads neither boto3 nor pydantic (the
+condition helpers import boto3's condition classes when first called). The authorizer Lambda
+reads API keys through this seam, and boto3 (with s3transfer and multiprocessing) and the models
+are about 200 ms of a cold start it has no use for (``bench/import_time.py``).
 """
 
 from __future__ import annotations
@@ -21,11 +26,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Literal, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
 
-from boto3.dynamodb.conditions import Attr, ConditionBase
+from agentq.core.status import TaskStatus
 
-from agentq.core.models import Lease, TaskStatus
+if TYPE_CHECKING:
+    from boto3.dynamodb.conditions import ConditionBase
+
+    from agentq.core.models import Lease
 
 Item: TypeAlias = dict[str, Any]
 Key: TypeAlias = dict[str, str]
@@ -179,6 +187,8 @@ def fence(lease: Lease) -> ConditionBase:
     Every write a worker makes on behalf of a task carries it (directly or as a ``Check`` in
     the same transaction), so a zombie woken after a takeover can write nothing.
     """
+    from boto3.dynamodb.conditions import Attr
+
     return Attr("lease_epoch").eq(lease.epoch) & Attr("status").eq(TaskStatus.RUNNING.value)
 
 
@@ -223,14 +233,20 @@ def merge(name: str, *writes: Patch | Check) -> Patch:
 
 def absent() -> ConditionBase:
     """The item does not exist yet (a put never overwrites)."""
+    from boto3.dynamodb.conditions import Attr
+
     return Attr("pk").not_exists()
 
 
 def present() -> ConditionBase:
+    from boto3.dynamodb.conditions import Attr
+
     return Attr("pk").exists()
 
 
 def status_in(statuses: Iterable[TaskStatus]) -> ConditionBase:
+    from boto3.dynamodb.conditions import Attr
+
     return Attr("status").is_in([s.value for s in statuses])
 
 

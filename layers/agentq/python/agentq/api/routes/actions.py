@@ -1,0 +1,113 @@
+"""What a caller does to one of its tasks: ``POST /tasks/{id}/cancel|approve|reject|budget|fork``.
+
+The state checks are the control plane's (``agentq.control.operations``): a task whose state
+forbids the action answers 409 and is left as it was. Every action but cancel takes a JSON body
+and answers the task as it is now, so those four share one route shape (``action``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated
+
+from aws_lambda_powertools.event_handler import Response
+from aws_lambda_powertools.event_handler.openapi.params import Body
+
+from agentq import observe
+from agentq.api import views
+from agentq.api.errors import JSON, responses
+from agentq.api.models import BudgetRequest, CancelResult, DecisionRequest, ForkRequest, TaskView
+from agentq.api.routes.common import ApiDeps, F, Router, TaskId, builtin_script_only
+from agentq.control import operations as control
+
+NO_NOTE = DecisionRequest()  # approve/reject without a body
+BODY_ERRORS = (400, 404, 409, 413, 415, 422)  # a route with a body: unreadable, too large, not JSON too
+
+
+def action(
+    routes: Router,
+    verb: str,
+    summary: str,
+    operation_id: str,
+    *,
+    description: str | None = None,
+    ok: int = 200,
+    ok_description: str = "Success",
+) -> Callable[[F], F]:
+    """The route of ``POST /tasks/{id}/<verb>`` with a JSON body, answering a ``TaskView``."""
+    return routes.post(
+        f"/tasks/<task_id>/{verb}",
+        summary=summary,
+        description=description,
+        operation_id=operation_id,
+        tags=["control"],
+        responses=responses(ok, TaskView, *BODY_ERRORS, description=ok_description),
+    )
+
+
+def router(deps: ApiDeps) -> Router:
+    routes = Router()
+    store, tenant = deps.store, deps.tenant
+
+    @routes.post(
+        "/tasks/<task_id>/cancel",
+        summary="Cancel a task and its sub-agents",
+        operation_id="cancelTask",
+        tags=["control"],
+        responses=responses(200, CancelResult, 404, 409, 422),
+    )
+    def cancel_task(task_id: TaskId) -> CancelResult:
+        cancelled = control.cancel(store, task_id, tenant=tenant(), fanout=deps.fanout)
+        return CancelResult(task_id=task_id, cancelled=cancelled)
+
+    def decide(approved: bool) -> Callable[..., TaskView]:
+        def decision_route(task_id: TaskId, decision: Annotated[DecisionRequest, Body()] = NO_NOTE) -> TaskView:
+            who = tenant()
+            task = control.decide(
+                store, deps.queues, task_id, approved=approved, note=decision.note, by=who, tenant=who
+            )
+            return views.task_view(store, task)
+
+        return decision_route
+
+    action(routes, "approve", "Approve a paused task's request", "approveTask")(decide(True))
+    action(routes, "reject", "Reject a paused task's request", "rejectTask")(decide(False))
+
+    @action(
+        routes,
+        "budget",
+        "Raise a root task's budget",
+        "raiseBudget",
+        description="A cost_exceeded task resumes from its checkpoint.",
+    )
+    def budget(task_id: TaskId, raise_by: Annotated[BudgetRequest, Body()]) -> TaskView:
+        task = control.raise_budget(
+            store, deps.queues, task_id, add_tokens=raise_by.add_tokens, add_steps=raise_by.add_steps, tenant=tenant()
+        )
+        return views.task_view(store, task)
+
+    @action(
+        routes,
+        "fork",
+        "Fork a task at a committed step",
+        "forkTask",
+        description="A new task from the source's steps 1..at_step (copied, never re-run), with any overrides.",
+        ok=202,
+        ok_description="The new task, queued",
+    )
+    def fork(task_id: TaskId, request: Annotated[ForkRequest, Body()]) -> Response[TaskView]:
+        builtin_script_only(request.script)
+        new = control.fork(
+            store,
+            deps.tools,
+            deps.queues,
+            task_id,
+            at_step=request.at_step,
+            overrides=request.overrides(),
+            tenant=tenant(),
+        )
+        observe.record_submitted()
+        headers = {"Location": f"/tasks/{new.task_id}"}
+        return Response(status_code=202, content_type=JSON, body=views.task_view(store, new), headers=headers)
+
+    return routes

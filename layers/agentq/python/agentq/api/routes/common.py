@@ -1,0 +1,58 @@
+"""What the routers share: ``ApiDeps``, what every route needs, built once per app (the
+storage, tools and queues it acts on, and the caller's tenant), and ``Router``.
+
+Routers are built by a function of the deps (``router(deps)``), not at import, so two apps in
+one process (tests, the local stack) never share a router: powertools points an included
+router at the app that included it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar, cast
+
+from aws_lambda_powertools.event_handler.openapi.params import Path
+from aws_lambda_powertools.event_handler.router import APIGatewayRouter
+
+from agentq.api.models import TASK_ID_PATTERN
+from agentq.control.defaults import Defaults
+from agentq.core.errors import ValidationError
+from agentq.core.providers.scripted import builtin_script_names
+from agentq.core.tools import ToolRegistry
+from agentq.queueing.queues import TaskQueues
+from agentq.storage.container import Storage
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+TaskId = Annotated[str, Path(pattern=TASK_ID_PATTERN, description="a task id")]
+
+
+@dataclass(frozen=True)
+class ApiDeps:
+    store: Storage
+    tools: ToolRegistry
+    queues: TaskQueues
+    fanout: Any
+    defaults: Defaults
+    tenant: Callable[[], str]  # the current request's tenant (the resolver answered 401 if none)
+
+
+def builtin_script_only(script: Any) -> None:
+    """Over HTTP a script is inline or a built-in name, never a path on the server: the
+    scripted provider would read any file it names."""
+    if isinstance(script, str) and script not in builtin_script_names():
+        raise ValidationError(
+            f"script: unknown script {script!r}; built-in scripts: {', '.join(builtin_script_names())} (or send the script inline)",
+            field="script",
+        )
+
+
+class Router(APIGatewayRouter):
+    """powertools' REST router with the annotations its ``__init__`` and ``exception_handler``
+    lack, so the routes and handlers registered on it stay typed."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+
+    def exception_handler(self, exc_class: type[Exception] | list[type[Exception]]) -> Callable[[F], F]:
+        return cast("Callable[[F], F]", super().exception_handler(exc_class))

@@ -1,0 +1,135 @@
+"""Submitting a task and reading tasks back: ``POST /tasks``, ``GET /tasks``,
+``GET /tasks/{id}``, ``/result`` and ``/trace``. Every read is of the caller's own tasks:
+another tenant's task is not found (``views.owned``)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from aws_lambda_powertools.event_handler import Response
+from aws_lambda_powertools.event_handler.openapi.params import Body, Header, Query
+
+from agentq import observe
+from agentq.api import views
+from agentq.api.errors import JSON, responses
+from agentq.api.models import (
+    DEFAULT_PAGE_SIZE,
+    DEFAULT_TRACE_PAGE,
+    IDEMPOTENCY_KEY_PATTERN,
+    MAX_PAGE_SIZE,
+    MAX_TRACE_PAGE,
+    TaskAccepted,
+    TaskLinks,
+    TaskPage,
+    TaskResult,
+    TaskView,
+    TracePage,
+)
+from agentq.api.routes.common import ApiDeps, Router, TaskId, builtin_script_only
+from agentq.control.submit import request_hash, submit_once
+from agentq.core.errors import ValidationError
+from agentq.core.models import TaskStatus, TaskSubmission
+
+
+def router(deps: ApiDeps) -> Router:
+    routes = Router()
+    store, tenant = deps.store, deps.tenant
+
+    @routes.post(
+        "/tasks",
+        summary="Submit a task",
+        description="Validates fully, creates the task and queues it; 202 with its id. With an `Idempotency-Key` "
+        "header the same key and body return the same task (`created: false`), the same key with another body 409.",
+        operation_id="createTask",
+        tags=["tasks"],
+        responses=responses(202, TaskAccepted, 400, 409, 413, 415, 422, description="Accepted and queued"),
+    )
+    def create_task(
+        submission: Annotated[TaskSubmission, Body(description="goal, provider and model, constraints, priority")],
+        idempotency_key: Annotated[
+            str | None,
+            Header(alias="Idempotency-Key", pattern=IDEMPOTENCY_KEY_PATTERN, description="retry-safe submits"),
+        ] = None,
+    ) -> Response[TaskAccepted]:
+        who = tenant()
+        builtin_script_only(submission.script)
+        digest = request_hash(submission)  # of the request as sent, before defaults fill it in
+        accepted = submit_once(
+            store,
+            deps.tools,
+            deps.defaults.apply(submission),
+            tenant=who,
+            queues=deps.queues,
+            idempotency_key=idempotency_key,
+            digest=digest,
+        )
+        task, created = accepted.task, accepted.created
+        headers = {"Location": f"/tasks/{task.task_id}"}
+        if created:
+            observe.record_submitted()
+        else:
+            headers["Idempotent-Replayed"] = "true"
+        body = TaskAccepted(
+            task_id=task.task_id, status=task.status, created=created, links=TaskLinks.for_task(task.task_id)
+        )
+        return Response(status_code=202, content_type=JSON, body=body, headers=headers)
+
+    @routes.get(
+        "/tasks",
+        summary="List tasks, newest first",
+        operation_id="listTasks",
+        tags=["tasks"],
+        responses=responses(200, TaskPage, 400, 422),
+    )
+    def list_tasks(
+        status: Annotated[TaskStatus | None, Query(description="only tasks in this status")] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description="page size")] = DEFAULT_PAGE_SIZE,
+        cursor: Annotated[str | None, Query(max_length=1024, description="next_cursor of the previous page")] = None,
+        include_children: Annotated[bool, Query(description="also list sub-agents")] = False,
+    ) -> TaskPage:
+        query = routes.current_event.query_string_parameters
+        if status is None and query and "status" in query:  # given, but empty
+            raise ValidationError("status: give one of the task statuses, or leave status out", field="status")
+        return views.task_page(
+            store, tenant(), limit=limit, cursor=cursor, status=status, include_children=include_children
+        )
+
+    @routes.get(
+        "/tasks/<task_id>",
+        summary="A task's status",
+        description="Status, step, tokens against the budget, cost, timestamps, children, latency, current activity.",
+        operation_id="getTask",
+        tags=["tasks"],
+        responses=responses(200, TaskView, 404, 422),
+    )
+    def get_task(task_id: TaskId) -> TaskView:
+        return views.task_view(store, views.owned(store, task_id, tenant()))
+
+    @routes.get(
+        "/tasks/<task_id>/result",
+        summary="A finished task's result",
+        description="409 task_not_finished until the task ends; `complete` is false for a partial result.",
+        operation_id="getTaskResult",
+        tags=["tasks"],
+        responses=responses(200, TaskResult, 404, 409, 422),
+    )
+    def get_result(task_id: TaskId) -> TaskResult:
+        return views.task_result(views.owned(store, task_id, tenant()))
+
+    @routes.get(
+        "/tasks/<task_id>/trace",
+        summary="A task's trace, in commit order",
+        description="LLM calls (model, tokens, timing), tool calls (input, output, duration), transitions "
+        "and orphan LLM calls (paid for, never committed). Paginated.",
+        operation_id="getTaskTrace",
+        tags=["tasks"],
+        responses=responses(200, TracePage, 400, 404, 422),
+    )
+    def get_trace(
+        task_id: TaskId,
+        limit: Annotated[int, Query(ge=1, le=MAX_TRACE_PAGE, description="events per page")] = DEFAULT_TRACE_PAGE,
+        cursor: Annotated[str | None, Query(max_length=1024, description="next_cursor of the previous page")] = None,
+    ) -> TracePage:
+        return views.trace_page(store, views.owned(store, task_id, tenant()), limit=limit, cursor=cursor)
+
+    return routes

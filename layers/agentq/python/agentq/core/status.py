@@ -1,0 +1,34 @@
+"""A task's statuses, in a module of their own so that code that only names a status (the
+storage seam's lease fence) does not load pydantic and the models (``core.models``, which
+re-exports these, holds the legal moves between them: ``ALLOWED_TRANSITIONS``)."""
+
+from __future__ import annotations
+
+import enum
+
+
+class TaskStatus(enum.StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING = "waiting"  # children running
+    PAUSED = "paused"  # human approval
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    COST_EXCEEDED = "cost_exceeded"
+    TIMED_OUT = "timed_out"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES = frozenset(
+    {
+        TaskStatus.SUCCEEDED,
+        TaskStatus.FAILED,
+        TaskStatus.CANCELLED,
+        TaskStatus.COST_EXCEEDED,
+        TaskStatus.TIMED_OUT,
+    }
+)
