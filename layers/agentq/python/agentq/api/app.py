@@ -33,7 +33,9 @@ from aws_lambda_powertools.event_handler.openapi.models import HTTPBearer
 from aws_lambda_powertools.event_handler.openapi.params import Body, Header, Path, Query
 
 from agentq import observe
+from agentq.api import console
 from agentq.api import views as api_views
+from agentq.api.dead_letters import dead_letter_routes
 from agentq.api.models import (
     DEFAULT_PAGE_SIZE,
     DEFAULT_TRACE_PAGE,
@@ -186,6 +188,11 @@ def _is_json(content_type: str) -> bool:
     return media == JSON or (media.startswith("application/") and media.endswith("+json"))
 
 
+def is_public(path: str) -> bool:
+    """Answered without a tenant: liveness, the OpenAPI document, the console's pages (no data)."""
+    return path in PUBLIC_PATHS or console.is_console(path)
+
+
 def _event_tenant(event: Mapping[str, Any]) -> str | None:
     ctx = (event.get("requestContext") or {}).get("authorizer") or {}
     tenant = ctx.get("tenant") if isinstance(ctx, Mapping) else None
@@ -208,7 +215,7 @@ class AgentqResolver(APIGatewayRestResolver):
                 415, "unsupported_media_type", f"send the body as application/json, not {content_type}", "Content-Type"
             )
         path = str(event.get("path") or "")
-        if path not in PUBLIC_PATHS and _event_tenant(event) is None and self.default_tenant is None:
+        if not is_public(path) and _event_tenant(event) is None and self.default_tenant is None:
             return proxy_error(
                 401, "unauthorized", "send Authorization: Bearer <API key>", headers={"WWW-Authenticate": "Bearer"}
             )
@@ -427,6 +434,9 @@ def build_app(
         observe.record_submitted()
         headers = {"Location": f"/tasks/{new.task_id}"}
         return Response(status_code=202, content_type=JSON, body=api_views.task_view(store, new), headers=headers)
+
+    app.include_router(dead_letter_routes(store, queues, tenant))
+    console.install(app)
 
     # ------------------------------------------------------------ errors
 

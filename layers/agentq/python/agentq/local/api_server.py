@@ -2,7 +2,7 @@
 event, so `agentq dev` exercises the very handler API Gateway invokes.
 
 Auth works as in AWS: with an ``authorizer`` (``agentq.api.auth.authorize``), every request but the
-public ones (``/health``, ``/openapi.json``) must carry ``Authorization: Bearer <key>``; a
+public ones (``/health``, ``/openapi.json``, the console's pages) must carry ``Authorization: Bearer <key>``; a
 refused key is answered 401 before the handler runs, and the key's tenant reaches the handler
 in ``requestContext.authorizer.tenant``, where API Gateway puts a Lambda authorizer's context.
 Without one, every request is tenant ``local``.
@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from agentq.api.app import PUBLIC_PATHS, error_body
+from agentq.api.app import error_body, is_public
 
 LOCAL_TENANT = "local"
 
@@ -64,7 +64,7 @@ def dispatch(
 ) -> tuple[int, dict[str, str], bytes]:
     """One request through the authorizer (if any) and the handler: (status, headers, body)."""
     tenant: str | None = LOCAL_TENANT
-    if authorizer is not None and unquote(urlsplit(url).path) not in PUBLIC_PATHS:
+    if authorizer is not None and not is_public(unquote(urlsplit(url).path)):
         auth = next((v for k, v in headers.items() if k.lower() == "authorization"), None)
         try:
             tenant = authorizer(auth)
