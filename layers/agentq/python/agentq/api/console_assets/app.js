@@ -30,7 +30,10 @@ export function showError(err) {
   const status = err instanceof ApiError && err.status ? `${err.status} ${err.code}: ` : "";
   alertBox.textContent = `${status}${err.message}`;
   alertBox.hidden = false;
-  if (err instanceof ApiError && err.status === 401) openKeyDialog();
+  if (err instanceof ApiError && err.status === 401) {
+    if (current) current.stop(); // nothing to poll without a key; the page is drawn again once one is given
+    openKeyDialog();
+  }
 }
 
 function openKeyDialog() {
