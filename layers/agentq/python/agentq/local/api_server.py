@@ -6,6 +6,12 @@ public ones (``/health``, ``/openapi.json``, the console's pages) must carry ``A
 refused key is answered 401 before the handler runs, and the key's tenant reaches the handler
 in ``requestContext.authorizer.tenant``, where API Gateway puts a Lambda authorizer's context.
 Without one, every request is tenant ``local``.
+
+One request at a time reaches the handler, as in Lambda, where a container serves one
+invocation at a time: powertools' resolver keeps the current event and the matched route in
+shared state (class attributes and one context dict), so two requests resolved at once on two
+threads can answer with each other's route (seen as a 500 ``KeyError: '_route'`` once the web
+console polled while a client submitted). The server still accepts connections concurrently.
 """
 
 from __future__ import annotations
@@ -83,6 +89,8 @@ def wsgi_app(handler: Any, authorizer: Authorizer | None = None) -> Callable[...
     """The handler as a WSGI application (in-process clients, any WSGI server)."""
     from http import HTTPStatus
 
+    lock = threading.Lock()
+
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         length = int(environ.get("CONTENT_LENGTH") or 0)
         body = environ["wsgi.input"].read(length).decode(errors="replace") if length else None
@@ -90,7 +98,8 @@ def wsgi_app(handler: Any, authorizer: Authorizer | None = None) -> Callable[...
         if environ.get("CONTENT_TYPE"):
             headers["Content-Type"] = environ["CONTENT_TYPE"]
         url = environ.get("PATH_INFO", "/") + (f"?{environ['QUERY_STRING']}" if environ.get("QUERY_STRING") else "")
-        status, out, payload = dispatch(handler, authorizer, environ["REQUEST_METHOD"], url, headers, body)
+        with lock:
+            status, out, payload = dispatch(handler, authorizer, environ["REQUEST_METHOD"], url, headers, body)
         phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
         start_response(f"{status} {phrase}", [*out.items(), ("Content-Length", str(len(payload)))])
         return [payload]
@@ -109,6 +118,7 @@ class LocalApiServer:
         """``authorizer`` maps an Authorization header value to a tenant or raises (401)."""
         self.handler = handler
         self.authorizer = authorizer
+        self.lock = threading.Lock()  # one request in the handler at a time (see the module docstring)
 
         outer = self
 
@@ -128,7 +138,9 @@ class LocalApiServer:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length).decode(errors="replace") if length else None
                 headers = {k: v for k, v in self.headers.items()}
-                self._reply(*dispatch(outer.handler, outer.authorizer, self.command, self.path, headers, body))
+                with outer.lock:
+                    answer = dispatch(outer.handler, outer.authorizer, self.command, self.path, headers, body)
+                self._reply(*answer)
 
             def __getattr__(self, name: str) -> Any:  # every method reaches the handler (405 for the wrong one)
                 if name.startswith("do_"):
