@@ -161,18 +161,26 @@ def tab(console: Console) -> Iterator[Page]:
     context.set_default_timeout(TIMEOUT_MS)
     page = context.new_page()
     opened = Page(page)
-    # Chromium logs every refused fetch as a console error; the one 401 expected (the console's
-    # first call, made before it has a key) is checked on the responses below instead.
-    page.on("console", lambda m: m.type == "error" and "status of 401" not in m.text and opened.errors.append(m.text))
+
+    def on_console(message: Any) -> None:
+        # Chromium logs every refused fetch as a console error; the one 401 expected (the
+        # console's first call, made before it has a key) is checked on the responses instead.
+        if message.type == "error" and "status of 401" not in message.text:
+            opened.errors.append(message.text)
+
+    def on_response(response: Any) -> None:
+        opened.responses.append((response.status, response.url))
+        if response.status == 401:
+            opened.refused.append(response.request.headers.get("authorization"))
+
+    def on_request(request: Any) -> None:
+        if request.url.startswith(("http", "ws")) and not request.url.startswith(console.url):
+            opened.foreign.append(request.url)
+
+    page.on("console", on_console)
     page.on("pageerror", lambda e: opened.errors.append(f"pageerror: {e}"))
-    page.on("response", lambda r: opened.responses.append((r.status, r.url)))
-    page.on("response", lambda r: r.status == 401 and opened.refused.append(r.request.headers.get("authorization")))
-    page.on(
-        "request",
-        lambda r: (
-            r.url.startswith(("http", "ws")) and not r.url.startswith(console.url) and opened.foreign.append(r.url)
-        ),
-    )
+    page.on("response", on_response)
+    page.on("request", on_request)
     page.goto(console.url + "/console")
     # No key yet: the first API call answers 401 and the console asks for one.
     page.wait_for_selector("#key-dialog[open]")
@@ -293,6 +301,7 @@ def test_approving_a_paused_task_shows_the_exact_calls_and_resumes_it_by_keyboar
     approval = page.inner_text(".approval")
     assert "Charge $12.50 to card 4242?" in approval and "charge_card" in approval
     assert '"amount_cents": 1250' in approval and '"memo": "order 17"' in approval
+    page.wait_for_selector("#trace-h")
     shot(console, tab, "approval")
     page.fill("#decision-note", "go ahead")
     tab_to(tab, "approve")
@@ -320,6 +329,7 @@ def test_cancelling_a_fan_out_cancels_its_children_on_the_page(console: Console,
     page.goto(f"{console.url}/console/#/tasks/{task_id}")
     page.wait_for_selector("li[data-child]")
     assert page.locator("li[data-child]").count() == 3
+    page.wait_for_selector("#trace-h")
     shot(console, tab, "fanout")
     page.click("#cancel")
     page.wait_for_selector(".notice:has-text('Cancelled 4 task(s)')")
@@ -472,7 +482,7 @@ def test_agentq_dev_prints_the_console_url_and_serves_it() -> None:
         text=True,
     )
     try:
-        lines = []
+        lines: list[str] = []
         assert proc.stdout is not None
         while not any("Ctrl-C" in line for line in lines):
             line = proc.stdout.readline()

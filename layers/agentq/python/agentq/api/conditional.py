@@ -46,7 +46,7 @@ def conditional_get(app: ApiGatewayResolver, next_middleware: Callable[..., Any]
     response.headers["ETag"] = tag
     asked = next((v for k, v in (app.current_event.headers or {}).items() if k.lower() == "if-none-match"), None)
     if matches(asked, tag):
-        headers = {"ETag": tag}
+        headers: dict[str, str | list[str]] = {"ETag": tag}
         if "Cache-Control" in response.headers:
             headers["Cache-Control"] = response.headers["Cache-Control"]
         return Response(status_code=304, headers=headers, body="")

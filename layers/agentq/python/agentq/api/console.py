@@ -39,7 +39,7 @@ CSP = (
 # Revalidate every time (cheap: conditional_get answers 304), so a deploy is seen at once.
 ASSET_HEADERS = {"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
 
-router = Router()
+router = Router()  # type: ignore[no-untyped-call]  # powertools leaves __init__ unannotated
 
 
 def is_console(path: str) -> bool:

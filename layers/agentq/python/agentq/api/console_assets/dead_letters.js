@@ -1,7 +1,7 @@
 // Dead letters per tier: each message's reason and its task's status; redrive a tier's messages.
 
 import { get, post } from "./api.js";
-import { badge, fmtTime, h, replace, taskLink } from "./dom.js";
+import { badge, fmtTime, h, replace, shortId, taskLink } from "./dom.js";
 
 const TIERS = ["high", "normal", "low"];
 
@@ -46,7 +46,7 @@ export function deadLettersPage(ctx) {
           ? h("table", {},
             h("thead", {}, h("tr", {}, ["Task", "Task status", "Reason", "Dead-lettered"].map((c) => h("th", { scope: "col" }, c)))),
             h("tbody", {}, letters.map((d) => h("tr", { "data-task": d.task_id },
-              h("td", {}, taskLink(d.task_id, d.task_id.slice(0, 12))), h("td", {}, badge(d.task_status)),
+              h("td", {}, taskLink(d.task_id, shortId(d.task_id))), h("td", {}, badge(d.task_status)),
               h("td", { class: "reason" }, d.reason), h("td", {}, fmtTime(d.sent_at))))))
           : h("p", { class: "muted" }, "Empty."));
     }

@@ -44,6 +44,11 @@ export function badge(status) {
   return h("span", { class: `badge s-${status}` }, status.replace("_", " "));
 }
 
+// Long ids shortened to their ends: a sub-agent's id starts with its parent's, so the tail tells them apart.
+export function shortId(id) {
+  return id.length > 24 ? `${id.slice(0, 8)}…${id.slice(-8)}` : id;
+}
+
 export function taskLink(id, text) {
   return h("a", { href: `#/tasks/${encodeURIComponent(id)}`, class: "mono" }, text || id);
 }

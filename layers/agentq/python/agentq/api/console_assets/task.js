@@ -4,7 +4,7 @@
 import { all, get, post } from "./api.js";
 import { budgetGauge, stepChart } from "./charts.js";
 import {
-  TERMINAL, badge, fmtInt, fmtSeconds, fmtTime, fmtUsd, h, json, replace, taskLink,
+  TERMINAL, badge, fmtInt, fmtSeconds, fmtTime, fmtUsd, h, json, replace, shortId, taskLink,
 } from "./dom.js";
 
 const POLL_MS = 1500;
@@ -271,7 +271,7 @@ async function drawChildren(el, v) {
   const level = async (ids, depth) => {
     const views = await Promise.all(ids.slice(0, MAX_CHILDREN).map((id) => get(`tasks/${encodeURIComponent(id)}`)));
     return h("ul", { class: "tree" }, await Promise.all(views.map(async (c) => h("li", { "data-child": c.task_id },
-      taskLink(c.task_id, c.task_id.slice(0, 12)), " ", badge(c.status), " ", h("span", { class: "goal" }, c.goal),
+      taskLink(c.task_id, shortId(c.task_id)), " ", badge(c.status), " ", h("span", { class: "goal" }, c.goal),
       h("span", { class: "small muted" }, ` · ${fmtInt(c.tokens.total)} tokens`),
       c.children.total && depth < 3 ? await level(c.children.task_ids, depth + 1) : null))));
   };

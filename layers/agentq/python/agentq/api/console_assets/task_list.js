@@ -1,7 +1,7 @@
 // Tasks, newest first: status filters with live counts, search by id, goal or metadata.
 
 import { get } from "./api.js";
-import { STATUSES, badge, fmtAgo, fmtInt, fmtUsd, h, replace, taskLink } from "./dom.js";
+import { STATUSES, badge, fmtAgo, fmtInt, fmtUsd, h, replace, shortId, taskLink } from "./dom.js";
 
 const PAGE = 100;
 const ID = /^[A-Za-z0-9_-]{1,128}$/;
@@ -104,7 +104,7 @@ export function taskListPage(ctx) {
     const rows = [...(state.page ? state.page.tasks : []), ...state.older].filter((t) => !state.query || matches(t, state.query));
     replace(body, rows.map((t) =>
       h("tr", { "data-task": t.task_id },
-        h("td", {}, taskLink(t.task_id, t.task_id.slice(0, 12))),
+        h("td", {}, taskLink(t.task_id, shortId(t.task_id))),
         h("td", {}, badge(t.status)),
         h("td", { class: "goal" }, t.parent_id ? h("span", { class: "muted" }, "↳ ") : null, t.goal),
         h("td", { class: "num" }, t.step),
