@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 
-.PHONY: demo test lint layers bench clean sandbox-tools
+.PHONY: demo test lint layers bench clean sandbox-tools chromium console-screenshots
 
 # One venv, two installs. `make test` installs everything (.[dev]); `make demo` only the runtime
 # and the embedded AWS (.[local]), unless the full install is already there and current (a
@@ -41,8 +41,21 @@ sandbox-tools:
 demo: $(VENV)/.local-installed sandbox-tools
 	$(PY) -m agentq demo
 
-test: $(VENV)/.installed sandbox-tools
+test: $(VENV)/.installed sandbox-tools chromium
 	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
+
+# Debian's Chromium for the console's browser tests (tests/test_console.py), which Playwright
+# drives; Playwright's own browser download is never used. Installs once, quietly (apt needs root,
+# as on CI and the dev machines); a machine that already has it does nothing.
+CHROMIUM ?= /usr/bin/chromium
+chromium:
+	@test -x $(CHROMIUM) || { \
+		apt-get update -qq >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+# Re-take the README's console screenshots (docs/console/*.png) from the browser tests.
+console-screenshots: $(VENV)/.installed chromium
+	AGENTQ_CONSOLE_SCREENSHOTS=docs/console $(PY) -m pytest -q -n 0 tests/test_console.py
 
 # Every check runs even when an earlier one fails, so one run reports everything; the target fails if any did.
 lint: $(VENV)/.installed

@@ -1,5 +1,5 @@
-"""The REST API: a TOKEN authorizer in front of every method but /health and /openapi.json,
-the API Lambda behind them.
+"""The REST API: a TOKEN authorizer in front of every method but /health, /openapi.json and
+the web console's page and assets (GET /console, /console/{proxy+}), the API Lambda behind them.
 
 Routes are the API Lambda's (``agentq.api.app``); the gateway proxies ``/{proxy+}`` and
 ``/tasks/{proxy+}`` to it, so a new route needs no infrastructure change. ``POST /tasks`` is
@@ -24,6 +24,7 @@ from aws_cdk import aws_wafv2 as wafv2
 from constructs import Construct
 
 from agentq.api.app import PUBLIC_PATHS
+from agentq.api.console import CONSOLE_PATH
 from infra.functions import Functions, log_retention
 from infra.settings import EnvironmentSettings
 
@@ -116,6 +117,11 @@ def build_api(scope: Construct, cfg: EnvironmentSettings, fns: Functions) -> Api
         resource = rest_api.root.add_resource(path.strip("/"))
         # NONE without an authorizer drops the API's default one (CDK's Method does exactly this).
         resource.add_method("GET", integration, authorization_type=apigw.AuthorizationType.NONE)
+    # The web console's page and assets (agentq.api.console) hold no data: every call the page
+    # makes goes to the methods above with the person's key, through the authorizer.
+    console = rest_api.root.add_resource(CONSOLE_PATH.strip("/"))
+    console.add_method("GET", integration, authorization_type=apigw.AuthorizationType.NONE)
+    console.add_proxy(any_method=False).add_method("GET", integration, authorization_type=apigw.AuthorizationType.NONE)
 
     for cid, (response_type, status, code) in GATEWAY_ERRORS.items():
         # Gateway response templates only substitute variables; messageString is documented

@@ -358,6 +358,15 @@ def build_functions(
         iam.PolicyStatement(sid="Enqueue", actions=["sqs:SendMessage", "sqs:GetQueueUrl"], resources=queue_arns),
     ):
         api.add_to_role_policy(statement)
+    # GET /dead-letters and POST /dead-letters/{tier}/redrive (agentq.api.routes.dead_letters): a tenant's
+    # dead letters are read and moved back from the DLQs (sent with Enqueue above), one by one.
+    api.add_to_role_policy(
+        iam.PolicyStatement(
+            sid="DeadLetters",
+            actions=["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueUrl"],
+            resources=[q.queue_arn for q in data.dlqs.values()],
+        )
+    )
     # Cancelling a waiting parent stops its fan-out execution.
     api.add_to_role_policy(
         iam.PolicyStatement(sid="StopFanout", actions=["states:StopExecution"], resources=[execution_arns(cfg)])

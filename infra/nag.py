@@ -14,6 +14,7 @@ import aws_cdk as cdk
 from constructs import IConstruct
 
 from agentq.api.app import PUBLIC_PATHS
+from agentq.api.console import CONSOLE_PATH
 from agentq.resources import PAYLOAD_PREFIX
 
 if TYPE_CHECKING:
@@ -139,6 +140,15 @@ def acknowledge(stack: AgentqStack) -> None:
                 method,
                 rule,
                 f"GET {path} is public on purpose (liveness probes, client generators) and returns no tenant data; every other method needs a key.",
+            )
+    console = api.root.get_resource(CONSOLE_PATH.strip("/"))
+    assert console is not None
+    for method in (console.node.find_child("GET"), console.get_resource("{proxy+}").node.find_child("GET")):  # type: ignore[union-attr]
+        for rule in ("AwsSolutions-APIG4", "AwsSolutions-COG4"):
+            _ack(
+                method,
+                rule,
+                f"GET {CONSOLE_PATH} and its assets are public on purpose: static HTML/CSS/JS shipped in the package, no tenant data; every call the page makes goes to the keyed methods with the person's key.",
             )
     if stack.api.web_acl is None:
         _ack(

@@ -439,9 +439,17 @@ def test_each_function_gets_only_what_its_code_calls(synth: Synthesized) -> None
     }  # fmt: skip
     api = _actions(_role_statements(synth, "api"))
     assert {"dynamodb:Query", "dynamodb:UpdateItem", "s3:PutObject", "sqs:SendMessage", "states:StopExecution"} <= api
+    # The API reads and removes messages only from the DLQs (a tenant's dead letters), never a tier queue.
+    names = settings_of(synth.env_name).names
+    dlq_ids = sorted(_queue_ids(synth)[names.dlq(tier)] for tier in ("high", "normal", "low"))
+    receiving = [
+        s
+        for s in _role_statements(synth, "api")
+        if set(_as_list(s["Action"])) & {"sqs:ReceiveMessage", "sqs:DeleteMessage"}
+    ]
+    assert len(receiving) == 1 and receiving[0]["Sid"] == "DeadLetters"
+    assert sorted(r["Fn::GetAtt"][0] for r in _as_list(receiving[0]["Resource"])) == dlq_ids
     assert not api & {
-        "sqs:ReceiveMessage",
-        "sqs:DeleteMessage",
         "states:StartExecution",
         "bedrock:InvokeModel",
         "dynamodb:Scan",
@@ -617,6 +625,34 @@ def test_state_machine_runs_the_same_asl_as_the_local_stack(synth: Synthesized, 
 # -- API -------------------------------------------------------------------------------------
 
 
+def _resource_path(synth: Synthesized, resource_id: Any) -> str:
+    """The full path of an API Gateway resource (a Ref to it, or the root's GetAtt)."""
+    resources = synth.resources("AWS::ApiGateway::Resource")
+    parts: list[str] = []
+    while isinstance(resource_id, dict) and "Ref" in resource_id:
+        props = resources[resource_id["Ref"]]["Properties"]
+        parts.insert(0, props["PathPart"])
+        resource_id = props["ParentId"]
+    return "/" + "/".join(parts)
+
+
+def test_the_console_is_served_by_the_api_lambda_without_a_key_and_every_data_route_keeps_the_authorizer(
+    synth: Synthesized, template: assertions.Template
+) -> None:
+    api_fn, _ = _function(synth, "api")
+    by_path: dict[str, list[dict[str, Any]]] = {}
+    for method in synth.resources("AWS::ApiGateway::Method").values():
+        by_path.setdefault(_resource_path(synth, method["Properties"]["ResourceId"]), []).append(method["Properties"])
+    for path in ("/console", "/console/{proxy+}"):
+        (get,) = by_path[path]  # GET only: the console's routes answer nothing else
+        assert get["HttpMethod"] == "GET" and get["AuthorizationType"] == "NONE"
+        assert get["Integration"]["Type"] == "AWS_PROXY"
+        assert api_fn in json.dumps(get["Integration"]["Uri"])
+    for path in ("/tasks", "/tasks/{proxy+}", "/{proxy+}"):  # the data, dead letters included, need a key
+        assert {m["AuthorizationType"] for m in by_path[path]} == {"CUSTOM"}
+    template.has_resource_properties("AWS::ApiGateway::Resource", {"PathPart": "console"})
+
+
 def test_api_needs_a_key_everywhere_but_health_and_openapi_and_leaves_validation_to_the_api(
     synth: Synthesized, template: assertions.Template
 ) -> None:
@@ -628,19 +664,17 @@ def test_api_needs_a_key_everywhere_but_health_and_openapi_and_leaves_validation
          "AuthorizerResultTtlInSeconds": cfg.api.authorizer_cache_seconds},
     )  # fmt: skip
     authorizer_id, _ = _one(synth, "AWS::ApiGateway::Authorizer")
-    resources = synth.resources("AWS::ApiGateway::Resource")
     methods = synth.resources("AWS::ApiGateway::Method")
     public = set()
     for lid, method in methods.items():
         props = method["Properties"]
-        resource = props["ResourceId"]
-        path = resources[resource["Ref"]]["Properties"]["PathPart"] if "Ref" in resource else "/"
         if props["AuthorizationType"] == "NONE":
             assert "AuthorizerId" not in props and props["HttpMethod"] == "GET", lid
-            public.add(f"/{path}")
+            public.add(_resource_path(synth, props["ResourceId"]))
         else:
             assert props["AuthorizationType"] == "CUSTOM" and props["AuthorizerId"] == {"Ref": authorizer_id}, lid
-    assert public == {"/health", "/openapi.json"}
+    # Liveness, the OpenAPI document and the console's page and assets (no tenant data).
+    assert public == {"/health", "/openapi.json", "/console", "/console/{proxy+}"}
     submit = [m["Properties"] for m in methods.values() if m["Properties"]["HttpMethod"] == "POST"]
     assert len(submit) == 1 and "RequestModels" not in submit[0]  # the API validates, naming the field
     assert not synth.resources("AWS::ApiGateway::Model")

@@ -21,10 +21,10 @@ from typing import Any, TypeVar
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 from aws_lambda_powertools.event_handler.openapi.models import HTTPBearer
 
-from agentq.api import errors
+from agentq.api import console, errors
 from agentq.api.errors import JSON, error_response, proxy_error
 from agentq.api.models import MAX_BODY_BYTES
-from agentq.api.routes import actions, meta, tasks
+from agentq.api.routes import actions, dead_letters, meta, tasks
 from agentq.api.routes.common import ApiDeps
 from agentq.control.defaults import Defaults
 from agentq.core.tools import ToolRegistry
@@ -54,6 +54,11 @@ def _is_json(content_type: str) -> bool:
     return media == JSON or (media.startswith("application/") and media.endswith("+json"))
 
 
+def is_public(path: str) -> bool:
+    """Answered without a tenant: liveness, the OpenAPI document, the console's pages (no data)."""
+    return path in PUBLIC_PATHS or console.is_console(path)
+
+
 def _event_tenant(event: Mapping[str, Any]) -> str | None:
     ctx = (event.get("requestContext") or {}).get("authorizer") or {}
     tenant = ctx.get("tenant") if isinstance(ctx, Mapping) else None
@@ -79,7 +84,7 @@ class AgentqResolver(APIGatewayRestResolver):
                 415, "unsupported_media_type", f"send the body as application/json, not {content_type}", "Content-Type"
             )
         path = str(event.get("path") or "")
-        if path not in PUBLIC_PATHS and _event_tenant(event) is None and self.default_tenant is None:
+        if not is_public(path) and _event_tenant(event) is None and self.default_tenant is None:
             return proxy_error(
                 401, "unauthorized", "send Authorization: Bearer <API key>", headers={"WWW-Authenticate": "Bearer"}
             )
@@ -134,6 +139,8 @@ def build_app(
     app.include_router(meta.router(API_VERSION, document=lambda: openapi_document(app)))
     app.include_router(tasks.router(deps))
     app.include_router(actions.router(deps))
+    app.include_router(dead_letters.router(store, queues, app.tenant))
+    console.install(app)
     app.include_router(errors.handlers())
     app.not_found(lambda exc: app.missing_route())
     return app

@@ -140,6 +140,14 @@ class LatencyView(ApiModel):
     total_seconds: float = Field(description="submission to finish (or to now)")
 
 
+class PendingCall(ApiModel):
+    """A tool call of the turn that waits on a person's decision, exactly as the model asked for it."""
+
+    tool_use_id: str
+    name: str
+    input: dict[str, Any]
+
+
 class TaskView(ApiModel):
     task_id: str
     status: TaskStatus
@@ -157,6 +165,11 @@ class TaskView(ApiModel):
     error: dict[str, Any] | None
     activity: str | None = Field(description="what the task is doing now, in words")
     pending_approval: str | None = Field(description="the question a paused task waits on")
+    pending_calls: list[PendingCall] = Field(
+        default_factory=list,
+        description="while paused for approval: the turn's tool calls (request_approval and any requested "
+        "alongside it, which run only after the decision), with their exact input",
+    )
     parent_id: str | None
     root_id: str
     depth: int
@@ -180,6 +193,7 @@ class TaskSummary(ApiModel):
     tokens_total: int
     cost_usd: str
     parent_id: str | None
+    metadata: dict[str, str] = Field(default_factory=dict)
     created_at: float
     finished_at: float | None
     links: TaskLinks
@@ -207,6 +221,31 @@ class CancelResult(ApiModel):
 class Health(ApiModel):
     status: Literal["ok"]
     version: str
+
+
+# ------------------------------------------------------------- dead letters
+
+
+class DeadLetterView(ApiModel):
+    tier: Priority
+    message_id: str
+    task_id: str
+    task_status: TaskStatus
+    reason: str = Field(description="why agentq dead-lettered it (or that SQS moved it after maxReceiveCount)")
+    sent_at: float = Field(description="when the message was first sent (epoch seconds)")
+
+
+class DeadLetterPage(ApiModel):
+    dead_letters: list[DeadLetterView] = Field(
+        description="this tenant's dead letters, by tier then age; messages that name no task of this tenant "
+        "(another tenant's, or unreadable ones) are not listed"
+    )
+
+
+class RedriveResult(ApiModel):
+    tier: Priority
+    moved: int = Field(description="messages moved back to the tier's queue")
+    task_ids: list[str] = Field(description="the tasks they name, which resume at their checkpoint")
 
 
 # -------------------------------------------------------------------- trace

@@ -21,6 +21,7 @@ from agentq.api.models import (
     LatencyView,
     LLMCallEvent,
     LLMTokens,
+    PendingCall,
     TaskLinks,
     TaskPage,
     TaskResult,
@@ -127,9 +128,11 @@ def task_view(store: Storage, task: Task) -> TaskView:
         budget = None
     children = children_summary(store, task)
     question = None
+    pending_calls: list[PendingCall] = []
     if task.status is TaskStatus.PAUSED:
         pending = store.approvals.pending(task.task_id)
         question = pending.question if pending else None
+        pending_calls = _pending_calls(store, task)
     now = time.time()
     end = task.finished_at or now
     sub = task.submission
@@ -155,6 +158,7 @@ def task_view(store: Storage, task: Task) -> TaskView:
         error=task.error,
         activity=activity(store, task, children, question),
         pending_approval=question,
+        pending_calls=pending_calls,
         parent_id=task.parent_id,
         root_id=task.root_id,
         depth=task.depth,
@@ -176,6 +180,17 @@ def task_view(store: Storage, task: Task) -> TaskView:
     )
 
 
+def _pending_calls(store: Storage, task: Task) -> list[PendingCall]:
+    """The tool calls of the last committed turn: what a paused task will do once a person decides."""
+    last = store.steps.last(task.task_id)
+    if last is None or not isinstance(last.body, LLMStep):
+        return []
+    return [
+        PendingCall(tool_use_id=use["id"], name=use["name"], input=use.get("input") or {})
+        for use in last.body.tool_uses()
+    ]
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
@@ -191,6 +206,7 @@ def task_summary(task: Task) -> TaskSummary:
         tokens_total=task.tokens_in + task.tokens_out,
         cost_usd=str(task.cost_usd),
         parent_id=task.parent_id,
+        metadata=dict(task.submission.metadata),
         created_at=task.created_at,
         finished_at=task.finished_at,
         links=_links(task.task_id),

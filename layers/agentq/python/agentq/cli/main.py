@@ -101,6 +101,7 @@ def _cmd_dev(args: argparse.Namespace) -> int:
 
         say(f"agentq dev: AWS (moto) {stack.moto.endpoint_url}")
         say(f"            API        {stack.api_server.url}   (GET /openapi.json lists the routes)")
+        say(f"            console    {stack.api_server.url}/console/   (API explorer: /console/explorer)")
         say(f"            workers    {', '.join(str(p.pid) for p in stack.processes) or 'none'}")
         if args.auth:
             env["AGENTQ_API_KEY"] = stack.create_api_key("local")

@@ -2,10 +2,16 @@
 event, so `agentq dev` exercises the very handler API Gateway invokes.
 
 Auth works as in AWS: with an ``authorizer`` (``agentq.api.auth.authorize``), every request but the
-public ones (``/health``, ``/openapi.json``) must carry ``Authorization: Bearer <key>``; a
+public ones (``/health``, ``/openapi.json``, the console's pages) must carry ``Authorization: Bearer <key>``; a
 refused key is answered 401 before the handler runs, and the key's tenant reaches the handler
 in ``requestContext.authorizer.tenant``, where API Gateway puts a Lambda authorizer's context.
 Without one, every request is tenant ``local``.
+
+One request at a time reaches the handler, as in Lambda, where a container serves one
+invocation at a time: powertools' resolver keeps the current event and the matched route in
+shared state (class attributes and one context dict), so two requests resolved at once on two
+threads can answer with each other's route (seen as a 500 ``KeyError: '_route'`` once the web
+console polled while a client submitted). The server still accepts connections concurrently.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from agentq.api.app import PUBLIC_PATHS
+from agentq.api.app import is_public
 from agentq.api.errors import error_body
 
 LOCAL_TENANT = "local"
@@ -64,7 +70,7 @@ def dispatch(
 ) -> tuple[int, dict[str, str], bytes]:
     """One request through the authorizer (if any) and the handler: (status, headers, body)."""
     tenant: str | None = LOCAL_TENANT
-    if authorizer is not None and unquote(urlsplit(url).path) not in PUBLIC_PATHS:
+    if authorizer is not None and not is_public(unquote(urlsplit(url).path)):
         auth = next((v for k, v in headers.items() if k.lower() == "authorization"), None)
         try:
             tenant = authorizer(auth)
@@ -83,6 +89,8 @@ def wsgi_app(handler: Any, authorizer: Authorizer | None = None) -> Callable[...
     """The handler as a WSGI application (in-process clients, any WSGI server)."""
     from http import HTTPStatus
 
+    lock = threading.Lock()
+
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         length = int(environ.get("CONTENT_LENGTH") or 0)
         body = environ["wsgi.input"].read(length).decode(errors="replace") if length else None
@@ -90,7 +98,8 @@ def wsgi_app(handler: Any, authorizer: Authorizer | None = None) -> Callable[...
         if environ.get("CONTENT_TYPE"):
             headers["Content-Type"] = environ["CONTENT_TYPE"]
         url = environ.get("PATH_INFO", "/") + (f"?{environ['QUERY_STRING']}" if environ.get("QUERY_STRING") else "")
-        status, out, payload = dispatch(handler, authorizer, environ["REQUEST_METHOD"], url, headers, body)
+        with lock:
+            status, out, payload = dispatch(handler, authorizer, environ["REQUEST_METHOD"], url, headers, body)
         phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
         start_response(f"{status} {phrase}", [*out.items(), ("Content-Length", str(len(payload)))])
         return [payload]
@@ -110,6 +119,7 @@ class LocalApiServer:
         self.handler = handler
         self.authorizer = authorizer
         self.host = host
+        self.lock = threading.Lock()  # one request in the handler at a time (see the module docstring)
 
         outer = self
 
@@ -129,7 +139,9 @@ class LocalApiServer:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length).decode(errors="replace") if length else None
                 headers = dict(self.headers.items())
-                self._reply(*dispatch(outer.handler, outer.authorizer, self.command, self.path, headers, body))
+                with outer.lock:
+                    answer = dispatch(outer.handler, outer.authorizer, self.command, self.path, headers, body)
+                self._reply(*answer)
 
             def __getattr__(self, name: str) -> Any:  # every method reaches the handler (405 for the wrong one)
                 if name.startswith("do_"):

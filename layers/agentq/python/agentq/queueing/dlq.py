@@ -37,6 +37,7 @@ class DeadLetter:
     task_id: str | None
     task_status: str | None
     sent_at: float
+    tenant: str | None = None  # the task's tenant: the HTTP API lists a tenant's own dead letters only
 
 
 def _peek(queues: TaskQueues, tier: str, limit: int) -> list[dict[str, Any]]:
@@ -75,9 +76,11 @@ def list_dead_letters(
             )
             task_id: str | None = None
             status: str | None = None
+            tenant: str | None = None
             try:
                 task_id = TaskMessage.model_validate_json(m["Body"]).task_id
-                status = store.tasks.get(task_id).status.value
+                task = store.tasks.get(task_id)
+                status, tenant = task.status.value, task.tenant
             except (ValueError, TaskNotFound):
                 pass
             out.append(
@@ -89,6 +92,7 @@ def list_dead_letters(
                     task_id=task_id,
                     task_status=status,
                     sent_at=int(m.get("Attributes", {}).get("SentTimestamp", "0")) / 1000,
+                    tenant=tenant,
                 )
             )
     return out
@@ -142,3 +146,76 @@ def _redrive_tier(queues: TaskQueues, tier: str) -> RedriveReport:
         if to_delete:
             queues.sqs.delete_message_batch(QueueUrl=dlq, Entries=to_delete)
         moved += len(to_delete)
+
+
+MAX_TENANT_REDRIVE = 1000  # messages one tenant redrive looks at (a bound on one API request's work)
+
+
+@dataclass
+class TenantRedrive:
+    tier: str
+    moved: int
+    task_ids: list[str]
+
+
+def redrive_for_tenant(
+    queues: TaskQueues, store: Storage, tenant: str, tier: str, max_messages: int = MAX_TENANT_REDRIVE
+) -> TenantRedrive:
+    """Move one tenant's dead letters of a tier back to the tier's queue, and nobody else's.
+
+    ``StartMessageMoveTask`` moves a whole queue, so this receives instead: a message that
+    names one of ``tenant``'s tasks is sent back (with its attributes: the agentq reason is
+    what tells the dispatcher to requeue a task it failed) and then deleted; any other message
+    stays hidden until the scan ends, so it is seen once, and is then made visible again.
+    A message is deleted only after its copy was sent, so a failure in between can at worst
+    leave a duplicate, which the task's lease and status make harmless.
+    """
+    source, dlq = queues.url(tier), queues.dlq_url(tier)
+    owners: dict[str, str | None] = {}
+    held: list[str] = []
+    moved: list[str] = []
+    seen = 0
+
+    def owner(task_id: str) -> str | None:
+        if task_id not in owners:
+            try:
+                owners[task_id] = store.tasks.get(task_id).tenant
+            except TaskNotFound:
+                owners[task_id] = None
+        return owners[task_id]
+
+    try:
+        while seen < max_messages:
+            batch = queues.sqs.receive_message(
+                QueueUrl=dlq,
+                MaxNumberOfMessages=min(10, max_messages - seen),
+                VisibilityTimeout=60,
+                MessageAttributeNames=["All"],
+            ).get("Messages", [])
+            if not batch:
+                break
+            seen += len(batch)
+            for m in batch:
+                try:
+                    task_id: str | None = TaskMessage.model_validate_json(m["Body"]).task_id
+                except ValueError:
+                    task_id = None
+                if task_id is None or owner(task_id) != tenant:
+                    held.append(m["ReceiptHandle"])
+                    continue
+                attributes = m.get("MessageAttributes") or {}
+                queues.sqs.send_message(
+                    QueueUrl=source,
+                    MessageBody=m["Body"],
+                    **({"MessageAttributes": attributes} if attributes else {}),
+                )
+                queues.sqs.delete_message(QueueUrl=dlq, ReceiptHandle=m["ReceiptHandle"])
+                moved.append(task_id)
+    finally:
+        for receipt in held:
+            try:
+                queues.sqs.change_message_visibility(QueueUrl=dlq, ReceiptHandle=receipt, VisibilityTimeout=0)
+            except ClientError:
+                log.warning("could not release a dead letter held during a tenant redrive; it reappears on its own")
+    log.info("tenant %s redrove %d dead letter(s) of tier %s", tenant, len(moved), tier)
+    return TenantRedrive(tier=tier, moved=len(moved), task_ids=list(dict.fromkeys(moved)))

@@ -1,0 +1,91 @@
+// Every call the console makes goes through the public HTTP API with the person's key, so the
+// page sees what that key's tenant may see and nothing else. GETs are conditional: the ETag of
+// the last answer goes back as If-None-Match and a 304 reuses the body we already have.
+
+const KEY = "agentq.apiKey";
+// The console is served at <api>/console/ (behind API Gateway: <api>/<stage>/console/).
+export const apiBase = new URL("../", window.location.href);
+
+export const stats = { requests: 0, notModified: 0, last: null };
+
+export function getKey() {
+  return window.sessionStorage.getItem(KEY) || "";
+}
+
+export function setKey(value) {
+  if (value) window.sessionStorage.setItem(KEY, value);
+  else window.sessionStorage.removeItem(KEY);
+  etags.clear();
+}
+
+export class ApiError extends Error {
+  constructor(status, code, message, field) {
+    super(message);
+    this.status = status;
+    this.code = code;
+    this.field = field || null;
+  }
+}
+
+const etags = new Map(); // url -> {etag, data}
+
+export function url(path) {
+  return new URL(path.replace(/^\//, ""), apiBase);
+}
+
+export async function request(method, path, body) {
+  const target = url(path);
+  const headers = { Accept: "application/json" };
+  const key = getKey();
+  if (key) headers.Authorization = `Bearer ${key}`;
+  const cached = method === "GET" ? etags.get(target.href) : undefined;
+  if (cached) headers["If-None-Match"] = cached.etag;
+  const init = { method, headers, cache: "no-store" };
+  if (body !== undefined) {
+    headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  let resp;
+  try {
+    resp = await fetch(target, init);
+  } catch (err) {
+    throw new ApiError(0, "unreachable", `the API did not answer (${err.message})`);
+  }
+  stats.requests += 1;
+  stats.last = new Date();
+  if (resp.status === 304 && cached) {
+    stats.notModified += 1;
+    return cached.data;
+  }
+  const text = await resp.text();
+  let data = null;
+  try {
+    data = text ? JSON.parse(text) : null;
+  } catch {
+    data = null;
+  }
+  if (!resp.ok) {
+    const err = (data && data.error) || {};
+    throw new ApiError(resp.status, err.code || `http_${resp.status}`, err.message || `HTTP ${resp.status}`, err.field);
+  }
+  const etag = resp.headers.get("ETag");
+  if (method === "GET" && etag) etags.set(target.href, { etag, data });
+  return data;
+}
+
+export const get = (path) => request("GET", path);
+export const post = (path, body) => request("POST", path, body === undefined ? {} : body);
+
+// Every page of a paginated listing (trace), following next_cursor.
+export async function all(path, field, limit = 200) {
+  const out = [];
+  let cursor = null;
+  for (let page = 0; page < 100; page += 1) {
+    const sep = path.includes("?") ? "&" : "?";
+    const data = await get(`${path}${sep}limit=${limit}${cursor ? `&cursor=${encodeURIComponent(cursor)}` : ""}`);
+    out.push(...data[field]);
+    cursor = data.next_cursor;
+    if (!cursor) break;
+  }
+  return out;
+}

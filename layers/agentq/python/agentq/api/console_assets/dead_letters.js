@@ -1,0 +1,56 @@
+// Dead letters per tier: each message's reason and its task's status; redrive a tier's messages.
+
+import { get, post } from "./api.js";
+import { badge, fmtTime, h, replace, shortId, taskLink } from "./dom.js";
+
+const TIERS = ["high", "normal", "low"];
+
+export function deadLettersPage(ctx) {
+  const notice = h("p", { class: "notice", role: "status", hidden: true });
+  const sections = Object.fromEntries(TIERS.map((t) => [t, h("section", { class: "card", "aria-labelledby": `dlq-${t}` })]));
+  replace(ctx.main,
+    h("h1", {}, "Dead letters"),
+    h("p", { class: "muted" }, "Messages of your tasks that agentq or SQS gave up on. A redrive sends them back; each task resumes from its last committed step."),
+    notice,
+    TIERS.map((t) => sections[t]));
+
+  async function redrive(tier, button) {
+    button.disabled = true;
+    try {
+      const out = await post(`dead-letters/${tier}/redrive`);
+      ctx.showError(null);
+      notice.textContent = `Redrove ${out.moved} message(s) of the ${tier} tier${out.task_ids.length ? `: ${out.task_ids.join(", ")}` : ""}.`;
+      notice.hidden = false;
+      await refresh();
+    } catch (err) {
+      ctx.showError(err);
+    } finally {
+      button.disabled = false;
+    }
+  }
+
+  let shown = "";
+
+  async function refresh() {
+    const page = await get("dead-letters");
+    const sig = JSON.stringify(page);
+    if (sig === shown) return;
+    shown = sig;
+    for (const tier of TIERS) {
+      const letters = page.dead_letters.filter((d) => d.tier === tier);
+      const button = h("button", { type: "button", id: `redrive-${tier}`, disabled: !letters.length }, `Redrive ${tier}`);
+      button.addEventListener("click", () => redrive(tier, button));
+      replace(sections[tier],
+        h("div", { class: "row spread" }, h("h2", { id: `dlq-${tier}` }, `${tier} (${letters.length})`), button),
+        letters.length
+          ? h("table", {},
+            h("thead", {}, h("tr", {}, ["Task", "Task status", "Reason", "Dead-lettered"].map((c) => h("th", { scope: "col" }, c)))),
+            h("tbody", {}, letters.map((d) => h("tr", { "data-task": d.task_id },
+              h("td", {}, taskLink(d.task_id, shortId(d.task_id))), h("td", {}, badge(d.task_status)),
+              h("td", { class: "reason" }, d.reason), h("td", {}, fmtTime(d.sent_at))))))
+          : h("p", { class: "muted" }, "Empty."));
+    }
+  }
+
+  return ctx.every(5000, refresh);
+}

@@ -1,0 +1,280 @@
+// One task: status, goal, budget gauge, actions the state allows, step timeline, per-step chart,
+// trace tree, sub-agents and result. Polled; sections are redrawn only when what they show changed.
+
+import { all, get, post } from "./api.js";
+import { budgetGauge, stepChart } from "./charts.js";
+import {
+  TERMINAL, badge, fmtInt, fmtSeconds, fmtTime, fmtUsd, h, json, replace, shortId, taskLink,
+} from "./dom.js";
+
+const POLL_MS = 1500;
+const MAX_CHILDREN = 50;
+
+export async function taskPage(ctx, taskId) {
+  const path = `tasks/${encodeURIComponent(taskId)}`;
+  let view;
+  try {
+    view = await get(path);
+  } catch (err) {
+    replace(ctx.main,
+      h("h1", {}, "Task ", h("span", { class: "mono" }, taskId)),
+      h("div", { class: "error-page", role: "alert" },
+        h("p", {}, h("strong", {}, `${err.status || ""} ${err.code || "error"}`.trim())),
+        h("p", { class: "error-message" }, err.message),
+        h("p", {}, h("a", { href: "#/tasks" }, "Back to the task list"))));
+    return;
+  }
+
+  const el = {
+    head: h("section", { class: "head" }),
+    gauge: h("section", { class: "card gauge-card", "aria-labelledby": "budget-h" }),
+    facts: h("section", { class: "card facts" }),
+    actions: h("section", { class: "card actions", "aria-labelledby": "actions-h" }),
+    notice: h("p", { class: "notice", role: "status", hidden: true }),
+    result: h("section", { class: "card", "aria-labelledby": "result-h" }),
+    children: h("section", { class: "card", "aria-labelledby": "children-h" }),
+    timeline: h("section", { class: "card", "aria-labelledby": "timeline-h" }),
+    chart: h("section", { class: "card", "aria-labelledby": "chart-h" }),
+    trace: h("section", { class: "card", "aria-labelledby": "trace-h" }),
+  };
+  replace(ctx.main,
+    el.head,
+    el.notice,
+    h("div", { class: "grid" }, el.gauge, el.facts, el.actions),
+    el.result, el.children, el.timeline, el.chart, el.trace);
+
+  const open = new Set(); // trace nodes a person expanded, kept open across redraws
+  let shown = { view: "", actions: "", trace: "", children: "" };
+
+  async function refresh(first) {
+    if (!first) view = await get(path);
+    const viewSig = JSON.stringify(view);
+    if (viewSig === shown.view) return;
+    shown.view = viewSig;
+    drawHead(el.head, view);
+    drawGauge(el.gauge, view);
+    drawFacts(el.facts, view);
+    drawResult(el.result, view);
+    const actionSig = JSON.stringify([view.status, view.step, view.depth, view.pending_calls, view.model]);
+    if (actionSig !== shown.actions) {
+      shown.actions = actionSig;
+      drawActions(el.actions, view, { ctx, path, notice: el.notice, refresh: () => refresh(false) });
+    }
+    const traceSig = JSON.stringify([view.status, view.step, view.updated_at, view.latency.resumes]);
+    if (traceSig !== shown.trace) {
+      const events = await all(`${path}/trace`, "events");
+      shown.trace = traceSig;
+      drawTimeline(el.timeline, events);
+      const calls = events.filter((e) => e.type === "llm_call");
+      replace(el.chart, h("h2", { id: "chart-h" }, "Tokens and latency per step"),
+        calls.length ? stepChart(calls) : h("p", { class: "muted" }, "No LLM call yet."),
+        h("p", { class: "legend small" }, h("span", { class: "key bar-in" }), " input ", h("span", { class: "key bar-out" }), " output ",
+          h("span", { class: "key bar-ms" }), " latency ", h("span", { class: "key retried" }), " retried"));
+      drawTrace(el.trace, events, open);
+    }
+    const childSig = JSON.stringify(view.children);
+    if (childSig !== shown.children) {
+      shown.children = childSig;
+      await drawChildren(el.children, view);
+    }
+  }
+
+  await refresh(true);
+  return ctx.every(POLL_MS, () => refresh(false));
+}
+
+function drawHead(el, v) {
+  replace(el,
+    h("p", { class: "crumbs" }, h("a", { href: "#/tasks" }, "Tasks"),
+      v.parent_id ? [" / parent ", taskLink(v.parent_id)] : null,
+      v.root_id !== v.task_id && v.root_id !== v.parent_id ? [" / root ", taskLink(v.root_id)] : null),
+    h("h1", {}, "Task ", h("span", { class: "mono", id: "task-id" }, v.task_id), " ", badge(v.status)),
+    v.activity ? h("p", { class: "activity" }, v.activity) : null,
+    h("p", { class: "goal-full" }, v.goal),
+    v.error ? h("div", { class: "error-box" }, h("strong", {}, v.error.code || "error"), ": ", v.error.message || JSON.stringify(v.error)) : null,
+    v.forked_from ? h("p", { class: "muted" }, "Forked from ", taskLink(v.forked_from.task_id), ` at step ${v.forked_from.step}`) : null);
+}
+
+function drawGauge(el, v) {
+  replace(el,
+    h("h2", { id: "budget-h" }, v.depth ? "Budget (this sub-agent's share)" : "Budget (the whole tree)"),
+    budgetGauge(v.budget, v.tokens),
+    h("p", { class: "small" }, `${fmtInt(v.tokens.input)} in · ${fmtInt(v.tokens.output)} out · cost ${fmtUsd(v.cost_usd)}`,
+      v.budget ? ` · tree ${fmtUsd(v.budget.cost_usd)}` : ""));
+}
+
+function drawFacts(el, v) {
+  const row = (k, val) => [h("dt", {}, k), h("dd", {}, val)];
+  replace(el, h("h2", {}, "Run"), h("dl", {},
+    row("agent", `${v.provider} · ${v.model}`),
+    row("priority", v.priority),
+    row("steps", `${v.step} committed · ${v.llm_steps} of ${v.max_steps} LLM turns`),
+    row("pickup", fmtSeconds(v.latency.pickup_seconds)),
+    row("resumes", String(v.latency.resumes)),
+    row("run time", fmtSeconds(v.latency.run_seconds)),
+    row("created", fmtTime(v.created_at)),
+    v.finished_at ? row("finished", fmtTime(v.finished_at)) : null,
+    Object.keys(v.metadata).length ? row("metadata", Object.entries(v.metadata).map(([k, val]) => h("span", { class: "kv" }, `${k}=${val}`))) : null));
+}
+
+function drawResult(el, v) {
+  if (v.result === null || v.result === undefined) {
+    replace(el, h("h2", { id: "result-h" }, "Result"), h("p", { class: "muted" }, TERMINAL.has(v.status) ? "No result." : "Not finished yet."));
+    return;
+  }
+  let body;
+  try {
+    const parsed = JSON.parse(v.result);
+    body = parsed !== null && typeof parsed === "object" ? json(parsed) : null;
+  } catch {
+    body = null;
+  }
+  replace(el, h("h2", { id: "result-h" }, v.status === "succeeded" ? "Result" : "Partial result"),
+    body || h("pre", { class: "text" }, v.result));
+}
+
+function drawActions(el, v, env) {
+  const parts = [h("h2", { id: "actions-h" }, "Actions")];
+  const act = async (button, what, call) => {
+    button.disabled = true;
+    env.notice.hidden = true;
+    try {
+      const out = await call();
+      env.ctx.showError(null);
+      env.notice.textContent = what(out);
+      env.notice.hidden = false;
+      await env.refresh();
+    } catch (err) {
+      env.ctx.showError(err);
+    } finally {
+      button.disabled = false;
+    }
+  };
+  if (v.status === "paused" && v.pending_calls.length) {
+    const note = h("textarea", { id: "decision-note", rows: 2, maxlength: 4000 });
+    const approve = h("button", { type: "button", class: "primary", id: "approve" }, "Approve");
+    const reject = h("button", { type: "button", class: "danger", id: "reject" }, "Reject");
+    approve.addEventListener("click", () => act(approve, () => "Approved: the task is queued to resume.", () => post(`${env.path}/approve`, { note: note.value })));
+    reject.addEventListener("click", () => act(reject, () => "Rejected: the task is queued to resume with the rejection.", () => post(`${env.path}/reject`, { note: note.value })));
+    parts.push(h("div", { class: "approval" },
+      h("h3", {}, "Waiting for approval"),
+      h("p", {}, v.pending_approval || ""),
+      h("p", { class: "small muted" }, "The turn's tool calls, exactly as the model asked; none runs before the decision:"),
+      v.pending_calls.map((c) => h("div", { class: "call" }, h("code", {}, c.name), json(c.input))),
+      h("label", { for: "decision-note" }, "Note for the agent"), note,
+      h("div", { class: "row" }, approve, reject)));
+  }
+  if (!TERMINAL.has(v.status)) {
+    const cancel = h("button", { type: "button", class: "danger", id: "cancel" }, v.children.total ? "Cancel task and sub-agents" : "Cancel task");
+    cancel.addEventListener("click", () => act(cancel, (out) => `Cancelled ${out.cancelled.length} task(s).`, () => post(`${env.path}/cancel`)));
+    parts.push(h("div", { class: "row" }, cancel));
+  }
+  if (!v.parent_id && (!TERMINAL.has(v.status) || v.status === "cost_exceeded")) {
+    const tokens = h("input", { id: "add-tokens", type: "number", min: 0, step: 1000, value: 10000 });
+    const steps = h("input", { id: "add-steps", type: "number", min: 0, step: 1, value: 0 });
+    const raise = h("button", { type: "button", id: "raise-budget" }, "Raise budget");
+    raise.addEventListener("click", () => act(raise, (out) => `Budget raised: cap ${fmtInt(out.budget ? out.budget.cap : out.tokens.budget)} tokens, ${out.max_steps} turns.`,
+      () => post(`${env.path}/budget`, { add_tokens: Number(tokens.value || 0), add_steps: Number(steps.value || 0) })));
+    parts.push(h("fieldset", {}, h("legend", {}, "Raise the budget"),
+      h("label", { for: "add-tokens" }, "add tokens"), tokens,
+      h("label", { for: "add-steps" }, "add turns"), steps, raise));
+  }
+  if (!v.parent_id) {
+    const at = h("input", { id: "fork-step", type: "number", min: 0, max: v.step, value: v.step });
+    const model = h("input", { id: "fork-model", type: "text", value: v.model, maxlength: 200 });
+    const fork = h("button", { type: "button", id: "fork" }, "Fork");
+    fork.addEventListener("click", () => act(fork, (out) => `Forked as ${out.task_id}.`, async () => {
+      const out = await post(`${env.path}/fork`, { at_step: Number(at.value || 0), model: model.value.trim() || undefined });
+      window.setTimeout(() => env.ctx.go(`#/tasks/${out.task_id}`), 600);
+      return out;
+    }));
+    parts.push(h("fieldset", {}, h("legend", {}, "Fork at a step"),
+      h("label", { for: "fork-step" }, "at step"), at,
+      h("label", { for: "fork-model" }, "model"), model, fork));
+  }
+  if (parts.length === 1) parts.push(h("p", { class: "muted" }, `Nothing to do: the task is ${v.status}.`));
+  replace(el, parts);
+}
+
+// One row per committed step: which worker, under which lease epoch; a resume is marked where the epoch moves.
+function drawTimeline(el, events) {
+  const workers = new Map();
+  const claims = events.filter((e) => e.type === "transition" && e.event === "claimed");
+  for (const c of claims) workers.set(c.epoch, c.worker);
+  const steps = new Map();
+  for (const e of events) {
+    if (e.type === "transition" || e.orphan) continue;
+    const s = steps.get(e.step) || { step: e.step, epoch: e.epoch, at: e.at, llm: null, tools: [] };
+    if (e.type === "llm_call") s.llm = e;
+    else s.tools.push(e);
+    steps.set(e.step, s);
+  }
+  const rows = [];
+  let epoch = null;
+  for (const s of [...steps.values()].sort((a, b) => a.step - b.step)) {
+    if (epoch !== null && s.epoch !== epoch) {
+      rows.push(h("tr", { class: "resume" }, h("td", { colspan: 6 }, `↻ resumed: epoch ${s.epoch} on ${workers.get(s.epoch) || "another worker"} (was epoch ${epoch})`)));
+    }
+    epoch = s.epoch;
+    const what = s.llm
+      ? `LLM ${s.llm.model} · ${fmtInt(s.llm.tokens.total)} tokens · ${fmtInt(s.llm.duration_ms)} ms${s.llm.tool_calls.length ? ` → ${s.llm.tool_calls.join(", ")}` : ""}`
+      : `tools ${s.tools.map((t) => `${t.name} (${t.status})`).join(", ")}`;
+    rows.push(h("tr", { "data-step": s.step },
+      h("td", { class: "num" }, s.step), h("td", {}, s.llm ? "llm" : "tools"), h("td", {}, what),
+      h("td", { class: "mono small" }, workers.get(s.epoch) || "–"), h("td", { class: "num" }, s.epoch), h("td", {}, fmtTime(s.at))));
+  }
+  replace(el, h("h2", { id: "timeline-h" }, "Steps"),
+    rows.length
+      ? h("table", { class: "timeline" },
+        h("thead", {}, h("tr", {}, ["Step", "Kind", "What", "Worker", "Epoch", "Committed"].map((c) => h("th", { scope: "col" }, c)))),
+        h("tbody", {}, rows))
+      : h("p", { class: "muted" }, "No step committed yet."));
+}
+
+function drawTrace(el, events, open) {
+  const byStep = new Map();
+  for (const e of events) if (e.type === "tool_call") byStep.set(e.step, [...(byStep.get(e.step) || []), e]);
+  const keep = (key, details) => {
+    if (open.has(key)) details.open = true;
+    details.addEventListener("toggle", () => (details.open ? open.add(key) : open.delete(key)));
+    return details;
+  };
+  const toolNode = (t) => keep(`tool:${t.tool_use_id}`, h("details", { class: `tool ${t.is_error ? "err" : ""}` },
+    h("summary", {}, h("code", {}, t.name), ` · ${t.status}${t.side_effects ? " · side effect" : ""} · ${fmtInt(t.duration_ms)} ms`),
+    h("p", { class: "small muted" }, "input"), json(t.input),
+    h("p", { class: "small muted" }, `output${t.truncated ? " (truncated)" : ""}`), h("pre", { class: "text" }, t.output)));
+  const items = [];
+  for (const e of events) {
+    if (e.type === "transition") {
+      const detail = Object.keys(e.detail || {}).length ? ` ${JSON.stringify(e.detail)}` : "";
+      items.push(h("li", { class: "transition" }, h("span", { class: "when" }, fmtTime(e.at)), ` ${e.event}`,
+        e.status ? [" → ", badge(e.status)] : null, e.worker ? ` on ${e.worker} (epoch ${e.epoch})` : "", h("span", { class: "small muted" }, detail)));
+    } else if (e.type === "llm_call") {
+      const tools = e.orphan ? [] : byStep.get(e.step + 1) || [];
+      items.push(h("li", {}, keep(`llm:${e.step}:${e.epoch}:${e.orphan}`, h("details", { class: `llm${e.orphan ? " orphan" : ""}` },
+        h("summary", {}, h("span", { class: "when" }, fmtTime(e.at)), ` LLM call · step ${e.step} · ${e.model} · ${fmtInt(e.tokens.input)} in / ${fmtInt(e.tokens.output)} out · ${fmtInt(e.duration_ms)} ms`,
+          e.attempts > 1 ? h("span", { class: "tag warn" }, `${e.attempts} attempts`) : null,
+          e.orphan ? h("span", { class: "tag err" }, "orphan: paid for, never committed") : null,
+          e.stop_reason ? h("span", { class: "tag" }, e.stop_reason) : null),
+        e.text ? h("pre", { class: "text" }, e.text) : null,
+        tools.length ? h("ul", { class: "tree" }, tools.map((t) => h("li", {}, toolNode(t)))) : null))));
+    }
+  }
+  replace(el, h("h2", { id: "trace-h" }, "Trace"), items.length ? h("ul", { class: "tree trace" }, items) : h("p", { class: "muted" }, "Nothing yet."));
+}
+
+async function drawChildren(el, v) {
+  if (!v.children.total) {
+    replace(el, h("h2", { id: "children-h" }, "Sub-agents"), h("p", { class: "muted" }, "None."));
+    return;
+  }
+  const level = async (ids, depth) => {
+    const views = await Promise.all(ids.slice(0, MAX_CHILDREN).map((id) => get(`tasks/${encodeURIComponent(id)}`)));
+    return h("ul", { class: "tree" }, await Promise.all(views.map(async (c) => h("li", { "data-child": c.task_id },
+      taskLink(c.task_id, shortId(c.task_id)), " ", badge(c.status), " ", h("span", { class: "goal" }, c.goal),
+      h("span", { class: "small muted" }, ` · ${fmtInt(c.tokens.total)} tokens`),
+      c.children.total && depth < 3 ? await level(c.children.task_ids, depth + 1) : null))));
+  };
+  const counts = Object.entries(v.children.by_status).map(([s, n]) => `${n} ${s}`).join(", ");
+  replace(el, h("h2", { id: "children-h" }, `Sub-agents (${v.children.total}: ${counts})`), await level(v.children.task_ids, 1));
+}

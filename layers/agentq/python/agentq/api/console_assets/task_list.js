@@ -1,0 +1,126 @@
+// Tasks, newest first: status filters with live counts, search by id, goal or metadata.
+
+import { get } from "./api.js";
+import { STATUSES, badge, fmtAgo, fmtInt, fmtUsd, h, replace, shortId, taskLink } from "./dom.js";
+
+const PAGE = 100;
+const ID = /^[A-Za-z0-9_-]{1,128}$/;
+
+export function taskListPage(ctx) {
+  const params = new URLSearchParams(window.location.hash.split("?")[1] || "");
+  const state = { status: params.get("status") || "", query: "", children: false, older: [], cursor: null, page: null };
+
+  const counts = h("div", { class: "filters", role: "group", "aria-label": "Filter by status" });
+  const countNote = h("p", { class: "muted small" });
+  const search = h("input", {
+    id: "task-search",
+    type: "search",
+    placeholder: "task id, goal or metadata (key=value)",
+    oninput: () => {
+      state.query = search.value.trim();
+      draw();
+    },
+  });
+  const childrenBox = h("input", {
+    id: "include-children",
+    type: "checkbox",
+    onchange: () => {
+      state.children = childrenBox.checked;
+      state.older = [];
+      refresh().catch(() => {});
+    },
+  });
+  const body = h("tbody");
+  const more = h("button", { type: "button", class: "quiet", hidden: true, onclick: () => loadOlder() }, "Load older tasks");
+  const lookup = h("p", { class: "muted", hidden: true });
+
+  replace(
+    ctx.main,
+    h("h1", {}, "Tasks"),
+    counts,
+    countNote,
+    h("div", { class: "row" },
+      h("label", { for: "task-search" }, "Search"), search,
+      h("label", { class: "check" }, childrenBox, " include sub-agents")),
+    lookup,
+    h("table", { class: "tasks" },
+      h("thead", {}, h("tr", {}, ["Task", "Status", "Goal", "Step", "Tokens", "Cost", "Created", "Metadata"].map((c) => h("th", { scope: "col" }, c)))),
+      body),
+    more,
+  );
+
+  function query(extra) {
+    const q = new URLSearchParams({ limit: String(PAGE) });
+    if (state.children) q.set("include_children", "true");
+    for (const [k, v] of Object.entries(extra || {})) if (v) q.set(k, v);
+    return `tasks?${q}`;
+  }
+
+  async function refresh() {
+    const everything = await get(query());
+    const page = state.status ? await get(query({ status: state.status })) : everything;
+    state.page = page;
+    state.cursor = state.older.length ? state.cursor : page.next_cursor;
+    drawCounts(everything);
+    draw();
+  }
+
+  async function loadOlder() {
+    if (!state.cursor) return;
+    const page = await get(`${query({ status: state.status })}&cursor=${encodeURIComponent(state.cursor)}`);
+    state.older.push(...page.tasks);
+    state.cursor = page.next_cursor;
+    draw();
+  }
+
+  function drawCounts(everything) {
+    const tally = Object.fromEntries(STATUSES.map((s) => [s, 0]));
+    for (const t of everything.tasks) tally[t.status] += 1;
+    const chip = (status, label, n) =>
+      h("button", {
+        type: "button",
+        class: `chip${status ? ` s-${status}` : ""}`,
+        "aria-pressed": String(state.status === status),
+        "data-status": status || "all",
+        onclick: () => {
+          state.status = status;
+          state.older = [];
+          refresh().catch(() => {});
+        },
+      }, label, " ", h("span", { class: "count" }, fmtInt(n)));
+    replace(counts, chip("", "all", everything.tasks.length), STATUSES.map((s) => chip(s, s.replace("_", " "), tally[s])));
+    countNote.textContent = everything.next_cursor
+      ? `Counts are over the newest ${PAGE} tasks.`
+      : "";
+  }
+
+  function matches(t, q) {
+    const needle = q.toLowerCase();
+    if (t.task_id.toLowerCase().includes(needle) || t.goal.toLowerCase().includes(needle)) return true;
+    return Object.entries(t.metadata || {}).some(([k, v]) => `${k}=${v}`.toLowerCase().includes(needle));
+  }
+
+  function draw() {
+    const rows = [...(state.page ? state.page.tasks : []), ...state.older].filter((t) => !state.query || matches(t, state.query));
+    replace(body, rows.map((t) =>
+      h("tr", { "data-task": t.task_id },
+        h("td", {}, taskLink(t.task_id, shortId(t.task_id))),
+        h("td", {}, badge(t.status)),
+        h("td", { class: "goal" }, t.parent_id ? h("span", { class: "muted" }, "↳ ") : null, t.goal),
+        h("td", { class: "num" }, t.step),
+        h("td", { class: "num" }, fmtInt(t.tokens_total)),
+        h("td", { class: "num" }, fmtUsd(t.cost_usd)),
+        h("td", { title: new Date(t.created_at * 1000).toISOString() }, fmtAgo(t.created_at)),
+        h("td", { class: "meta" }, Object.entries(t.metadata || {}).map(([k, v]) => h("span", { class: "kv" }, `${k}=${v}`))),
+      )));
+    if (!rows.length) {
+      body.append(h("tr", {}, h("td", { colspan: 8, class: "muted" }, state.query ? "No loaded task matches." : "No tasks yet. Submit one: agentq submit \"...\"")));
+    }
+    const idLike = state.query && ID.test(state.query) && !rows.some((t) => t.task_id === state.query);
+    lookup.hidden = !idLike;
+    if (idLike) replace(lookup, "Not among the loaded tasks: ", h("a", { href: `#/tasks/${encodeURIComponent(state.query)}` }, `open task ${state.query}`));
+    more.hidden = !state.cursor;
+  }
+
+  return ctx.every(3000, refresh);
+}

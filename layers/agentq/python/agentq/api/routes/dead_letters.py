@@ -1,0 +1,84 @@
+"""Dead letters over HTTP, per tenant: list a tenant's dead-lettered tasks and redrive them.
+
+A tier's DLQ is shared by every tenant, so both routes see only messages that name one of
+the caller's tasks: the list leaves the others out, and the redrive moves the caller's own
+messages and puts every other one back untouched (``queueing.dlq.redrive_for_tenant``).
+Messages that name no task (unreadable ones) belong to no tenant; an operator sees and moves
+them with ``agentq dlq``, which talks to the queues directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from aws_lambda_powertools.event_handler.api_gateway import Router
+from aws_lambda_powertools.event_handler.openapi.params import Path, Query
+
+from agentq.api.models import DeadLetterPage, DeadLetterView, ErrorResponse, RedriveResult
+from agentq.core.models import Priority, TaskStatus
+from agentq.queueing.dlq import list_dead_letters, redrive_for_tenant
+from agentq.queueing.queues import TaskQueues
+from agentq.resources import TIERS
+from agentq.storage.container import Storage
+
+PEEK_LIMIT = 100  # messages looked at per tier for one listing
+JSON = "application/json"
+
+
+def _responses(model: type, *errors: tuple[int, str]) -> dict[int, Any]:
+    out: dict[int, Any] = {200: {"description": "Success", "content": {JSON: {"model": model}}}}
+    for status, description in ((401, "No valid API key (unauthorized)"), *errors):
+        out[status] = {"description": description, "content": {JSON: {"model": ErrorResponse}}}
+    return out
+
+
+def router(store: Storage, queues: TaskQueues, tenant: Callable[[], str]) -> Router:
+    """The routes over ``store`` and ``queues``; ``tenant()`` is the caller's tenant."""
+    router = Router()  # type: ignore[no-untyped-call]  # powertools leaves __init__ unannotated
+
+    @router.get(
+        "/dead-letters",
+        summary="This tenant's dead letters",
+        description="Per tier, each message's reason and its task's status, oldest first.",
+        operation_id="listDeadLetters",
+        tags=["dead letters"],
+        responses=_responses(DeadLetterPage, (422, "A field is invalid (validation_error); `field` names it")),
+    )
+    def list_letters(
+        tier: Annotated[Priority | None, Query(description="one tier only")] = None,
+    ) -> DeadLetterPage:
+        who = tenant()
+        views = [
+            DeadLetterView(
+                tier=d.tier,  # type: ignore[arg-type]  # one of TIERS
+                message_id=d.message_id,
+                task_id=d.task_id,
+                task_status=TaskStatus(d.task_status),
+                reason=d.reason,
+                sent_at=d.sent_at,
+            )
+            for d in list_dead_letters(queues, store, tier=tier, limit=PEEK_LIMIT)
+            if d.tenant == who and d.task_id and d.task_status
+        ]
+        views.sort(key=lambda v: (TIERS.index(v.tier), v.sent_at, v.message_id))
+        return DeadLetterPage(dead_letters=views)
+
+    @router.post(
+        "/dead-letters/<tier>/redrive",
+        summary="Redrive this tenant's dead letters of a tier",
+        description="Moves the messages naming this tenant's tasks back to the tier's queue; each task resumes "
+        "from its checkpoint. Other tenants' messages stay where they are.",
+        operation_id="redriveDeadLetters",
+        tags=["dead letters"],
+        responses=_responses(
+            RedriveResult,
+            (404, "No such route (route_not_found): a tier path segment the router cannot match"),
+            (422, "A field is invalid (validation_error); `field` names it"),
+        ),
+    )
+    def redrive(tier: Annotated[Priority, Path(description="high, normal or low")]) -> RedriveResult:
+        done = redrive_for_tenant(queues, store, tenant(), tier)
+        return RedriveResult(tier=tier, moved=done.moved, task_ids=done.task_ids)
+
+    return router

@@ -1,0 +1,498 @@
+"""The web console in a real browser: Debian's Chromium driven by Playwright against a local
+stack as `agentq dev --auth` runs it (moto server, worker processes, the API on localhost with
+API keys), with the Anthropic provider pointed at the local Messages API server for the task
+that has to fail into a dead-letter queue.
+
+One stack and one browser for the module; each test gets a fresh browser context (so a fresh
+sessionStorage: the key is typed into the console's dialog every time) and fails on any console
+error or uncaught page error. Screenshots go to $AGENTQ_CONSOLE_SCREENSHOTS when it is set
+(``make console-screenshots`` writes docs/console/), else to the test's tmp_path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentq.local.stack import LocalStack
+from agentq.resources import QueueSettings
+
+from tests.fake_messages_api import FakeMessagesAPI, overloaded, text_reply, tool_use_reply
+from tests.helpers import call
+
+CHROMIUM = os.environ.get("AGENTQ_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ROOT = Path(__file__).resolve().parent.parent
+MAX_RECEIVES = 2  # the stack's queues: a retryable failure dead-letters on the second receive
+PROVIDER_ATTEMPTS = 5  # RetryPolicy().max_attempts: each receive tries the provider this often
+TIMEOUT_MS = 30_000
+
+pytestmark = pytest.mark.skipif(
+    not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM} (make chromium installs Debian's)"
+)
+
+
+@dataclass
+class Console:
+    stack: LocalStack
+    fake: FakeMessagesAPI
+    url: str
+    key: str  # tenant team-a
+    other_key: str  # tenant team-b
+    browser: Any
+    shots: Path
+
+    def http(self, method: str, path: str, body: Any = None, key: str | None = None) -> tuple[int, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key or self.key}"}
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status, json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read() or b"null")
+
+    def submit(self, body: dict[str, Any], key: str | None = None) -> str:
+        status, data = self.http("POST", "/tasks", body, key=key)
+        assert status == 202, data
+        return str(data["task_id"])
+
+    def until(
+        self, task_id: str, pred: Callable[[dict[str, Any]], bool], timeout: float = 60, key: str | None = None
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            status, view = self.http("GET", f"/tasks/{task_id}", key=key)
+            assert status == 200, view
+            if pred(view):
+                return dict(view)
+            assert time.monotonic() < deadline, f"task {task_id} stuck: {view['status']} at step {view['step']}"
+            time.sleep(0.1)
+
+
+@dataclass
+class Page:
+    """A browser tab with the console open, and what it logged."""
+
+    page: Any
+    errors: list[str] = field(default_factory=list)
+    responses: list[tuple[int, str]] = field(default_factory=list)
+    foreign: list[str] = field(default_factory=list)  # requests to any other origin (there must be none)
+    refused: list[str | None] = field(default_factory=list)  # the Authorization header of each 401
+
+
+def scripted(goal: str, turns: list[dict[str, Any]], tools: list[str] | None = None, **extra: Any) -> dict[str, Any]:
+    return {
+        "goal": goal,
+        "provider": "scripted",
+        "script": {"turns": turns},
+        "constraints": {"tools": tools or []},
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
+    from playwright.sync_api import sync_playwright
+
+    fake = FakeMessagesAPI().start()
+    stack = LocalStack(
+        prefix=f"console{uuid.uuid4().hex[:8]}",
+        workers=2,
+        auth=True,
+        queue_settings=QueueSettings(visibility_timeout=4, max_receive_count=MAX_RECEIVES),
+        tool_modules=("agentq.core.tools.examples", "tests.effect_tools"),
+        extra_env={
+            "ANTHROPIC_BASE_URL": fake.base_url,
+            "ANTHROPIC_API_KEY": "test-key",
+            "AGENTQ_TEST_LEDGER": str(tmp_path_factory.mktemp("ledger") / "ledger.jsonl"),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
+        },
+    )
+    shots = Path(os.environ.get("AGENTQ_CONSOLE_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
+    shots.mkdir(parents=True, exist_ok=True)
+    try:
+        stack.start()
+        assert stack.api_server is not None
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                yield Console(
+                    stack=stack,
+                    fake=fake,
+                    url=stack.api_server.url,
+                    key=stack.create_api_key("team-a"),
+                    other_key=stack.create_api_key("team-b"),
+                    browser=browser,
+                    shots=shots,
+                )
+            finally:
+                browser.close()
+    finally:
+        stack.stop()
+        fake.stop()
+
+
+@pytest.fixture
+def tab(console: Console) -> Iterator[Page]:
+    """A fresh context (empty sessionStorage) at the console; the key typed into its dialog."""
+    context = console.browser.new_context(viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(TIMEOUT_MS)
+    page = context.new_page()
+    opened = Page(page)
+
+    def on_console(message: Any) -> None:
+        # Chromium logs every refused fetch as a console error; the one 401 expected (the
+        # console's first call, made before it has a key) is checked on the responses instead.
+        if message.type == "error" and "status of 401" not in message.text:
+            opened.errors.append(message.text)
+
+    def on_response(response: Any) -> None:
+        opened.responses.append((response.status, response.url))
+        if response.status == 401:
+            opened.refused.append(response.request.headers.get("authorization"))
+
+    def on_request(request: Any) -> None:
+        if request.url.startswith(("http", "ws")) and not request.url.startswith(console.url):
+            opened.foreign.append(request.url)
+
+    page.on("console", on_console)
+    page.on("pageerror", lambda e: opened.errors.append(f"pageerror: {e}"))
+    page.on("response", on_response)
+    page.on("request", on_request)
+    page.goto(console.url + "/console")
+    # No key yet: the first API call answers 401 and the console asks for one.
+    page.wait_for_selector("#key-dialog[open]")
+    assert opened.refused == [None]
+    page.fill("#key-input", console.key)
+    page.press("#key-input", "Enter")
+    page.wait_for_selector("table.tasks")
+    yield opened
+    context.close()
+    assert opened.foreign == []
+    assert opened.refused == [None]  # no call made with the key was refused
+
+
+def no_errors(tab: Page) -> None:
+    assert tab.errors == [], tab.errors
+
+
+def shot(console: Console, tab: Page, name: str) -> None:
+    tab.page.screenshot(path=str(console.shots / f"{name}.png"), full_page=True)
+
+
+def tab_to(tab: Page, element_id: str, presses: int = 80) -> None:
+    """Press Tab until the element has focus: it is reachable by keyboard alone."""
+    for _ in range(presses):
+        if tab.page.evaluate("document.activeElement && document.activeElement.id") == element_id:
+            return
+        tab.page.keyboard.press("Tab")
+    raise AssertionError(f"#{element_id} not reached with {presses} Tab presses")
+
+
+# ------------------------------------------------------------------------------------------ tests
+
+
+def test_the_list_shows_this_tenants_tasks_newest_first_with_live_counts_and_search(
+    console: Console, tab: Page
+) -> None:
+    older = console.submit(scripted("older task", [{"text": "one"}], metadata={"team": "blue"}))
+    newer = console.submit(scripted("newer task", [{"text": "two"}], metadata={"team": "green"}))
+    foreign = console.submit(scripted("someone else's", [{"text": "no"}]), key=console.other_key)
+    for task_id in (older, newer):
+        console.until(task_id, lambda v: v["status"] == "succeeded")
+    page = tab.page
+    page.wait_for_selector(f"tr[data-task='{newer}'] .badge.s-succeeded")
+    ids = page.eval_on_selector_all("tr[data-task]", "rows => rows.map(r => r.dataset.task)")
+    assert ids.index(newer) < ids.index(older) and foreign not in ids
+    succeeded = page.locator("button[data-status='succeeded'] .count")
+    before = int(succeeded.inner_text().replace(",", ""))
+
+    # Live: a task submitted now shows up, and the count moves, without a reload.
+    live = console.submit(scripted("live task", [{"text": "three"}]))
+    page.wait_for_selector(f"tr[data-task='{live}'] .badge.s-succeeded")
+    page.wait_for_function(
+        "n => Number(document.querySelector(\"button[data-status='succeeded'] .count\").textContent) > n", arg=before
+    )
+
+    page.fill("#task-search", "team=blue")
+    assert page.eval_on_selector_all("tr[data-task]", "rows => rows.map(r => r.dataset.task)") == [older]
+    page.fill("#task-search", "")
+    page.click("button[data-status='succeeded']")
+    page.wait_for_selector("button[data-status='succeeded'][aria-pressed='true']")
+    shot(console, tab, "tasks")
+    no_errors(tab)
+
+
+def test_a_running_task_shows_its_steps_as_they_commit_and_polls_with_etags(console: Console, tab: Page) -> None:
+    turns = [
+        {"text": f"looking up {i}", "tool_calls": [call("lookup", query=f"q{i}", size=50)], "latency_seconds": 0.6}
+        for i in range(4)
+    ]
+    task_id = console.submit(
+        scripted("look four things up", [*turns, {"text": '{"found": 4, "ok": true}'}], tools=["lookup"])
+    )
+    console.until(task_id, lambda v: v["status"] == "running")
+    page = tab.page
+    page.goto(f"{console.url}/console/#/tasks/{task_id}")
+    page.wait_for_selector("#task-id")
+    page.wait_for_selector("tr[data-step='1']")
+    assert page.locator("tr[data-step='8']").count() == 0  # not there yet: it appears as it commits
+    page.wait_for_selector("tr[data-step='9']", timeout=60_000)
+    page.wait_for_selector("h1 .badge.s-succeeded")
+    worker = page.inner_text("tr[data-step='1'] td:nth-child(4)")  # the lease owner, host:pid
+    assert int(worker.rsplit(":", 1)[1]) in {p.pid for p in console.stack.processes}
+    assert page.inner_text("tr[data-step='1'] td:nth-child(5)") == "1"  # its lease epoch
+    assert page.locator("svg.gauge .gauge-used").count() == 1
+    assert page.locator("svg.chart rect.bar-in").count() == 5  # one bar per LLM call
+    assert page.locator("#result-h").inner_text() == "Result"
+    assert page.locator("pre.json").first.inner_text().startswith("{")  # structured result rendered as JSON
+    page.click("ul.trace details.llm summary >> nth=0")
+    page.wait_for_selector("ul.trace details.llm[open] details.tool")
+    # Finished: the next polls find nothing new and the API answers 304.
+    page.wait_for_function("() => /, [1-9][0-9]* not modified/.test(document.getElementById('live').textContent)")
+    assert any(status == 304 and f"/tasks/{task_id}" in url for status, url in tab.responses)
+    shot(console, tab, "task")
+    no_errors(tab)
+
+
+def test_approving_a_paused_task_shows_the_exact_calls_and_resumes_it_by_keyboard(console: Console, tab: Page) -> None:
+    task_id = console.submit(
+        scripted(
+            "charge the customer once approved",
+            [
+                {
+                    "text": "I need a go-ahead.",
+                    "tool_calls": [
+                        call("request_approval", question="Charge $12.50 to card 4242?"),
+                        call("charge_card", amount_cents=1250, memo="order 17"),
+                    ],
+                },
+                {"text": "charged"},
+            ],
+            tools=["request_approval", "charge_card"],
+        )
+    )
+    console.until(task_id, lambda v: v["status"] == "paused")
+    page = tab.page
+    page.goto(f"{console.url}/console/#/tasks/{task_id}")
+    page.wait_for_selector("#approve")
+    approval = page.inner_text(".approval")
+    assert "Charge $12.50 to card 4242?" in approval and "charge_card" in approval
+    assert '"amount_cents": 1250' in approval and '"memo": "order 17"' in approval
+    page.wait_for_selector("#trace-h")
+    shot(console, tab, "approval")
+    page.fill("#decision-note", "go ahead")
+    tab_to(tab, "approve")
+    page.keyboard.press("Enter")
+    page.wait_for_selector(".notice:has-text('Approved')")
+    page.wait_for_selector("h1 .badge.s-succeeded")
+    assert page.inner_text("#result-h + pre") == "charged"
+    view = console.until(task_id, lambda v: v["status"] == "succeeded")
+    assert view["pending_calls"] == []
+    no_errors(tab)
+
+
+def test_cancelling_a_fan_out_cancels_its_children_on_the_page(console: Console, tab: Page) -> None:
+    slow = {"turns": [{"text": "thinking", "latency_seconds": 20}, {"text": "done"}]}
+    children = [{"goal": f"part {i}", "script": slow} for i in range(3)]
+    task_id = console.submit(
+        scripted(
+            "split the work",
+            [{"text": "splitting", "tool_calls": [call("spawn_subagents", subagents=children)]}, {"text": "merged"}],
+            tools=["spawn_subagents"],
+        )
+    )
+    console.until(task_id, lambda v: v["status"] == "waiting" and v["children"]["total"] == 3)
+    page = tab.page
+    page.goto(f"{console.url}/console/#/tasks/{task_id}")
+    page.wait_for_selector("li[data-child]")
+    assert page.locator("li[data-child]").count() == 3
+    page.wait_for_selector("#trace-h")
+    shot(console, tab, "fanout")
+    page.click("#cancel")
+    page.wait_for_selector(".notice:has-text('Cancelled 4 task(s)')")
+    page.wait_for_selector("h1 .badge.s-cancelled")
+    page.wait_for_function("() => document.querySelectorAll('li[data-child] > .badge.s-cancelled').length === 3")
+    assert page.locator("#cancel").count() == 0  # a cancelled task offers no cancel
+    no_errors(tab)
+
+
+def test_a_dead_letter_is_listed_with_its_reason_and_redriven_from_the_page(console: Console, tab: Page) -> None:
+    # One tool turn that commits, then the provider overloaded on every attempt of both receives:
+    # the task fails into the DLQ; the reply after those is what its redriven run gets.
+    console.fake.enqueue(
+        tool_use_reply("lookup", {"query": "x"}, text="let me look"),
+        *[overloaded()] * (PROVIDER_ATTEMPTS * MAX_RECEIVES),
+        text_reply("recovered after the redrive"),
+    )
+    task_id = console.submit(
+        {
+            "goal": "look it up",
+            "provider": "anthropic",
+            "model": "claude-haiku-4-5",
+            "constraints": {"tools": ["lookup"]},
+        }
+    )
+    console.until(task_id, lambda v: v["status"] == "failed", timeout=120)
+    # Another tenant's dead letter in the same queue: team-a never sees or moves it.
+    queues = console.stack.queues()
+    other = console.submit(scripted("theirs", [{"text": "x"}]), key=console.other_key)
+    console.until(other, lambda v: v["status"] == "succeeded", key=console.other_key)
+    queues.dead_letter("normal", json.dumps({"task_id": other, "kind": "run"}), "theirs, dead-lettered by hand")
+
+    page = tab.page
+    page.click("a[data-nav='dead-letters']")
+    page.wait_for_selector(f"tr[data-task='{task_id}']")
+    row = page.inner_text(f"tr[data-task='{task_id}']")
+    assert "failed" in row and "529" in row
+    assert page.locator(f"tr[data-task='{other}']").count() == 0
+    shot(console, tab, "dead-letters")
+    tab_to(tab, "redrive-normal")
+    page.keyboard.press("Enter")
+    page.wait_for_selector(".notice:has-text('Redrove 1 message(s) of the normal tier')")
+    view = console.until(task_id, lambda v: v["status"] == "succeeded", timeout=60)
+    assert view["result"] == "recovered after the redrive" and view["latency"]["resumes"] == MAX_RECEIVES
+    status, theirs = console.http("GET", "/dead-letters", key=console.other_key)
+    assert status == 200 and [d["task_id"] for d in theirs["dead_letters"]] == [other]
+    page.wait_for_selector("#redrive-normal[disabled]")
+    no_errors(tab)
+
+
+def test_an_unknown_or_foreign_task_shows_the_apis_error_not_a_blank_page(console: Console, tab: Page) -> None:
+    foreign = console.submit(scripted("not yours", [{"text": "x"}]), key=console.other_key)
+    page = tab.page
+    for task_id in (foreign, "no-such-task"):
+        page.goto(f"{console.url}/console/#/tasks/{task_id}")
+        page.wait_for_selector(f".error-page:has-text(\"no task '{task_id}'\")")
+        assert "404 task_not_found" in page.inner_text(".error-page")
+    shot(console, tab, "not-found")
+    # The browser logs each refused fetch; nothing else may be logged.
+    assert [e for e in tab.errors if "status of 404" not in e] == []
+    assert len(tab.errors) == 2
+
+
+def test_a_forbidden_action_shows_the_apis_409_message(console: Console, tab: Page) -> None:
+    task_id = console.submit(
+        scripted(
+            "wait",
+            [{"text": "", "tool_calls": [call("request_approval", question="ok?")]}, {"text": "done"}],
+            tools=["request_approval"],
+        )
+    )
+    console.until(task_id, lambda v: v["status"] == "paused")
+    page = tab.page
+    page.goto(f"{console.url}/console/#/tasks/{task_id}")
+    page.wait_for_selector("#approve")
+    # Someone else acts first, and this page has not polled since: its polls are held from here on.
+    page.route(f"**/tasks/{task_id}", lambda route: route.continue_() if route.request.method != "GET" else None)
+    assert console.http("POST", f"/tasks/{task_id}/cancel")[0] == 200
+    page.click("#approve")
+    page.wait_for_selector("#alert:has-text('409 illegal_transition')")
+    assert "not waiting for approval" in page.inner_text("#alert")
+    assert [e for e in tab.errors if "status of 409" not in e] == []
+
+
+def test_the_api_explorer_is_swagger_ui_over_the_generated_document_offline(console: Console, tab: Page) -> None:
+    page = tab.page
+    page.goto(f"{console.url}/console/explorer")
+    page.wait_for_selector("text=List tasks, newest first")
+    page.wait_for_selector("text=Redrive this tenant's dead letters of a tier")
+    shot(console, tab, "explorer")
+    no_errors(tab)
+
+
+# ---------------------------------------------------------------------------- the HTTP side
+
+
+def test_console_pages_need_no_key_and_are_locked_to_this_origin(console: Console) -> None:
+    def get(path: str) -> tuple[int, dict[str, str], bytes]:
+        req = urllib.request.Request(console.url + path)
+        opener = urllib.request.build_opener(_NoRedirect())
+        try:
+            with opener.open(req, timeout=10) as resp:
+                return resp.status, dict(resp.headers), resp.read()
+        except urllib.error.HTTPError as err:
+            return err.code, dict(err.headers), err.read()
+
+    status, headers, _ = get("/console")
+    assert status == 302 and headers["Location"] == "console/"
+    status, headers, body = get("/console/")
+    assert status == 200 and headers["Content-Type"].startswith("text/html") and b'src="app.js"' in body
+    assert (
+        "script-src 'self'" in headers["Content-Security-Policy"]
+        and "connect-src 'self'" in headers["Content-Security-Policy"]
+    )
+    status, headers, _ = get("/console/app.js")
+    assert status == 200 and headers["Content-Type"].startswith("text/javascript") and headers["ETag"]
+    status, _, body = get("/console/secrets.txt")
+    assert status == 404 and json.loads(body)["error"]["code"] == "route_not_found"
+    status, _, body = get("/tasks")  # the data is not public
+    assert status == 401
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def test_a_get_answers_304_when_its_etag_still_matches(console: Console) -> None:
+    task_id = console.submit(scripted("etag", [{"text": "done"}]))
+    console.until(task_id, lambda v: v["status"] == "succeeded")
+    auth = {"Authorization": f"Bearer {console.key}"}
+    with urllib.request.urlopen(urllib.request.Request(f"{console.url}/tasks/{task_id}/trace", headers=auth)) as resp:
+        etag = resp.headers["ETag"]
+    assert etag.startswith('"') and etag.endswith('"')
+    req = urllib.request.Request(f"{console.url}/tasks/{task_id}/trace", headers={**auth, "If-None-Match": etag})
+    with pytest.raises(urllib.error.HTTPError) as not_modified:
+        urllib.request.urlopen(req)
+    assert not_modified.value.code == 304 and not_modified.value.read() == b""
+    assert not_modified.value.headers["ETag"] == etag
+    req = urllib.request.Request(f"{console.url}/tasks/{task_id}/trace", headers={**auth, "If-None-Match": '"other"'})
+    with urllib.request.urlopen(req) as resp:
+        assert resp.status == 200 and json.loads(resp.read())["task_id"] == task_id
+
+
+def test_agentq_dev_prints_the_console_url_and_serves_it() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentq", "dev", "--workers", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        lines: list[str] = []
+        assert proc.stdout is not None
+        while not any("Ctrl-C" in line for line in lines):
+            line = proc.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        console_line = next(line for line in lines if line.strip().startswith("console"))
+        url = console_line.split()[1]
+        assert url.endswith("/console/")
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            assert resp.status == 200 and b"agentq console" in resp.read()
+    finally:
+        proc.send_signal(2)
+        proc.wait(timeout=60)
