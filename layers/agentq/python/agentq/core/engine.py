@@ -23,7 +23,14 @@ from typing import Any, Literal
 
 from agentq import observe
 from agentq.core.approval import APPROVAL_TOOL, decision_outcome
-from agentq.core.errors import BudgetExceeded, IllegalTransition, LeaseLost, ProviderError
+from agentq.core.errors import (
+    DETERMINISTIC_FAULTS,
+    BudgetExceeded,
+    IllegalTransition,
+    LeaseLost,
+    ProviderError,
+    fault_error,
+)
 from agentq.core.fanout import (
     SPAWN_TOOL,
     FanoutLauncher,
@@ -275,23 +282,51 @@ class Engine:
             if keeper
             else LeaseKeeper(self.store, session, self.config.lease_seconds, interval, on_beat)
         )
+        resumed_from = 0
         with guard:
-            steps = self.store.steps.load(task_id)
-            resumed_from = steps[-1].number if steps else 0
-            session.steps = list(steps)
-            session.messages = conversation(task.submission.goal, steps)
-            session.limits = self.windows.limits(task.tenant)
-            self._settle_stale_reservation(session)
             try:
+                steps = self.store.steps.load(task_id)
+                resumed_from = steps[-1].number if steps else 0
+                session.steps = list(steps)
+                session.messages = conversation(task.submission.goal, steps)
+                session.limits = self.windows.limits(task.tenant)
+                self._settle_stale_reservation(session)
                 result = self._loop(session)
             except LeaseLost as exc:
-                status = exc.details.get("status")
-                outcome: Outcome = "stopped" if status is not None else "lease_lost"
-                result = RunResult(task_id, outcome, status=status, error=exc.to_dict())
+                result = _lease_lost(task_id, exc)
+            except DETERMINISTIC_FAULTS as exc:
+                result = self._fail_on_fault(session, exc)
+            except Exception:  # an outage: give the lease back, so the redelivery can claim at once
+                self._give_back(session)
+                raise
         result.steps_committed = session.committed
         result.resumed_from_step = resumed_from
         result.claimed = task
         return result
+
+    def _fail_on_fault(self, s: Session, exc: Exception) -> RunResult:
+        """A fault that running the task again would meet again (``DETERMINISTIC_FAULTS``):
+        the task ends ``failed`` with it now, so its status says why and a parent wakes."""
+        log.exception("task %s failed: %s", s.lease.task_id, type(exc).__name__)
+        error = fault_error(exc)
+        try:
+            self._release_inflight(s)
+            self.store.tasks.transition(
+                s.lease.task_id, TaskStatus.FAILED, lease=s.lease, result=final_text(s.messages), error=error
+            )
+        except LeaseLost as lost:
+            return _lease_lost(s.lease.task_id, lost)
+        s.task = s.task.model_copy(update={"status": TaskStatus.FAILED})
+        return RunResult(s.lease.task_id, "finished", status=TaskStatus.FAILED, error=error)
+
+    def _give_back(self, s: Session) -> None:
+        """The reservation and the lease back, as after a retryable provider error (a later
+        claim would return a reservation left behind anyway, see ``_settle_stale_reservation``)."""
+        try:
+            self._release_inflight(s)
+            self.store.tasks.release(s.lease)
+        except Exception:  # lost, or the store is what failed: the lease lapses by itself
+            log.debug("could not give task %s back", s.lease.task_id, exc_info=True)
 
     def _settle_stale_reservation(self, session: Session) -> None:
         """A reservation left by a crashed epoch goes back to the budget.
@@ -785,6 +820,12 @@ class Engine:
                 update={"inflight": {"amount": reserve, "epoch": s.lease.epoch, "step": number + 1}}
             )
         return record
+
+
+def _lease_lost(task_id: str, exc: LeaseLost) -> RunResult:
+    """Fenced out: by a cancel (the status moved: ``stopped``) or by another worker."""
+    status = exc.details.get("status")
+    return RunResult(task_id, "stopped" if status is not None else "lease_lost", status=status, error=exc.to_dict())
 
 
 def _error_outcome(use: dict[str, Any], message: str) -> ToolOutcome:
