@@ -98,6 +98,14 @@ def wsgi_app(handler: Any, authorizer: Authorizer | None = None) -> Callable[...
     return app
 
 
+class _Server(ThreadingHTTPServer):
+    """A thread per connection; the resolver keeps each request's state apart
+    (``agentq.api.app.AgentqResolver``)."""
+
+    daemon_threads = True
+    request_queue_size = 1024  # the listen backlog: socketserver's 5 reset a burst of clients
+
+
 class LocalApiServer:
     def __init__(
         self,
@@ -138,8 +146,7 @@ class LocalApiServer:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.httpd = ThreadingHTTPServer((host, port), _Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _Server((host, port), _Handler)
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="local-api", daemon=True)
 
     @property
