@@ -185,7 +185,7 @@ def test_a_task_that_keeps_failing_retryably_ends_failed_with_its_error_in_the_d
     task = store.tasks.get(task_id)
     assert task.status is TaskStatus.FAILED
     assert task.error is not None
-    assert task.error["code"] == "provider_error" and task.error["status_code"] == 529
+    assert task.error["code"] == "overloaded" and task.error["status_code"] == 529
     assert "overloaded (529)" in task.error["message"]
     assert task.error["attempts"] == MAX_RECEIVES
     assert task.claim_count == MAX_RECEIVES and task.lease_expires == 0

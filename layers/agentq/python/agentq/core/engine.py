@@ -41,10 +41,11 @@ from agentq.core.fanout import (
     render_spawn_result,
 )
 from agentq.core.faults import crash_point
-from agentq.core.models import Lease, LLMStep, StepRecord, Task, TaskStatus, ToolOutcome, ToolsStep
+from agentq.core.models import Lease, LLMStep, RetryState, StepRecord, Task, TaskStatus, ToolOutcome, ToolsStep
 from agentq.core.ports import EngineStorage
 from agentq.core.pricing import PriceTable, load_price_table
 from agentq.core.providers import LLMRequest, ProviderFactory, default_provider_factory
+from agentq.core.providers.base import RetryNotice, reporting_retries
 from agentq.core.records import NO_USAGE, BudgetDelta
 from agentq.core.tenancy import TenantCapReached, TenantLimits
 from agentq.core.tools import ToolContext, ToolRegistry, default_registry, idempotency_key_for
@@ -480,13 +481,16 @@ class Engine:
         started = time.time()
         try:
             provider = self.providers(s.task.submission)  # may fail too (a key it cannot read)
-            with observe.llm_call(
-                provider=provider.name,
-                model=request.model,
-                max_tokens=max_out,
-                task_id=s.lease.task_id,
-                step=s.next_step,
-            ) as call:
+            with (
+                observe.llm_call(
+                    provider=provider.name,
+                    model=request.model,
+                    max_tokens=max_out,
+                    task_id=s.lease.task_id,
+                    step=s.next_step,
+                ) as call,
+                reporting_retries(lambda notice: self._note_retry(s, notice)),
+            ):
                 response = provider.complete(request)
                 call.answered(response)
         except ProviderError as exc:
@@ -548,6 +552,32 @@ class Engine:
         if finish:
             return RunResult(s.lease.task_id, "finished", status=finish)
         return None
+
+    def _note_retry(self, s: Session, notice: RetryNotice) -> None:
+        """A provider call failed and will be tried again: say so where status and the trace
+        read it (the write is fenced; a failure to write it changes nothing else)."""
+        now = time.time()
+        log.warning(
+            "model call failed (attempt %d of %d, %s): %s; next try in %.1fs",
+            notice.attempt, notice.max_attempts, notice.code, notice.message, notice.delay,
+        )  # fmt: skip
+        state = RetryState(
+            step=s.next_step,
+            scope="call",
+            attempt=notice.attempt,
+            max_attempts=notice.max_attempts,
+            code=notice.code[:64],
+            message=notice.message[:500],
+            status_code=notice.status_code,
+            at=now,
+            next_at=now + notice.delay,
+        )
+        try:
+            self.store.tasks.record_retry(s.lease.task_id, state, lease=s.lease)
+        except LeaseLost:
+            s.lost.set()  # the commit after the call would be refused anyway
+        except Exception:
+            log.warning("could not record the retry of task %s", s.lease.task_id, exc_info=True)
 
     @staticmethod
     def _turn_end(step: LLMStep, max_out: int, *, shrunk: bool) -> tuple[TaskStatus | None, dict[str, Any] | None]:

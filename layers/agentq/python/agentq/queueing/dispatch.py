@@ -32,7 +32,7 @@ import pydantic
 from agentq import observe
 from agentq.core.engine import Engine, KeeperFactory, RunResult
 from agentq.core.errors import DETERMINISTIC_FAULTS, IllegalTransition, TaskNotFound, fault_error
-from agentq.core.models import Task, TaskStatus
+from agentq.core.models import RetryState, Task, TaskStatus
 from agentq.queueing.queues import DEAD_LETTER_REASON, TaskMessage, TaskQueues
 
 log = logging.getLogger("agentq.dispatch")
@@ -144,7 +144,32 @@ class Dispatcher:
         observe.record_run(run)
         if run.status is not None and run.status.terminal:
             self._report_end(task, run.status)
-        return self._after_run(run, tier=tier, receive_count=receive_count)
+        action = self._after_run(run, tier=tier, receive_count=receive_count)
+        if run.outcome == "retry" and action.kind == "retry":
+            self._note_retry(task, run, action, receive_count)
+        return action
+
+    def _note_retry(self, task: Task, run: RunResult, action: Action, receive_count: int) -> None:
+        """The task comes back in ``action.delay_seconds``: record why and when, so its status
+        says so instead of "running" with no error (best effort: the retry happens anyway)."""
+        error = run.error or {}
+        now = time.time()
+        base = run.claimed or task
+        state = RetryState(
+            step=base.step + run.steps_committed + 1,
+            scope="delivery",
+            attempt=receive_count,
+            max_attempts=self.max_receive_count,
+            code=str(error.get("code") or "retryable_error")[:64],
+            message=str(error.get("message") or action.reason)[:500],
+            status_code=error.get("status_code"),
+            at=now,
+            next_at=now + action.delay_seconds,
+        )
+        try:
+            self.store.tasks.record_retry(task.task_id, state)
+        except Exception:
+            log.warning("could not record the retry of task %s", task.task_id, exc_info=True)
 
     def _fail(self, task: Task, error: dict[str, Any]) -> RunResult:
         """End ``task`` ``failed`` with ``error`` outside any lease (no run holds one)."""
