@@ -310,3 +310,23 @@ def test_usage_total_counts_cache_tokens() -> None:
 def test_submission_defaults_are_sane() -> None:
     sub = scripted([{"text": "x"}])
     assert isinstance(sub, TaskSubmission) and sub.priority == "normal" and sub.constraints.timeout_seconds == 3600
+
+
+class _Dated:
+    """Answers under a dated id the price table does not list (its family is priced)."""
+
+    name = "dated"
+
+    def complete(self, request: LLMRequest) -> LLMResponse:
+        usage = Usage(input_tokens=1000, output_tokens=100)
+        return LLMResponse(
+            content=[{"type": "text", "text": "ok"}], stop_reason="end_turn", model="2099-unknown", usage=usage
+        )
+
+
+def test_a_call_answered_under_an_unpriced_model_id_is_priced_as_the_model_asked_for(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    task = store.tasks.create(scripted([{"text": "done"}]), tenant="t")  # model claude-sonnet-4-6: $3/$15
+    engine(store, registry, providers=lambda s: _Dated()).run(task.task_id)
+    assert store.tasks.get(task.task_id).cost_usd == Decimal("0.0045")  # 1000 x 3 + 100 x 15, per million

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, Literal
 
 from agentq import observe
@@ -44,7 +45,7 @@ from agentq.core.faults import crash_point
 from agentq.core.models import Lease, LLMStep, RetryState, StepRecord, Task, TaskStatus, ToolOutcome, ToolsStep
 from agentq.core.ports import EngineStorage
 from agentq.core.pricing import PriceTable, load_price_table
-from agentq.core.providers import LLMRequest, ProviderFactory, default_provider_factory
+from agentq.core.providers import LLMRequest, LLMResponse, ProviderFactory, default_provider_factory
 from agentq.core.providers.base import RetryNotice, reporting_retries
 from agentq.core.records import NO_USAGE, BudgetDelta
 from agentq.core.tenancy import TenantCapReached, TenantLimits
@@ -506,7 +507,7 @@ class Engine:
             )
             return RunResult(s.lease.task_id, "finished", status=TaskStatus.FAILED, error=error)
         crash_point("after_llm_call")
-        cost = self.prices.cost(response.model or request.model, response.usage)
+        cost = self._cost(s, response.model or request.model, request.model, response)
         step = LLMStep(
             content=response.content,
             stop_reason=response.stop_reason,
@@ -552,6 +553,17 @@ class Engine:
         if finish:
             return RunResult(s.lease.task_id, "finished", status=finish)
         return None
+
+    def _cost(self, s: Session, answered: str, asked: str, response: LLMResponse) -> Decimal:
+        """The call's cost, priced by the model that answered, else by the one asked for (a
+        submission names a priced model: ``check_submission``). Never $0 without a word."""
+        for model in (answered, asked):
+            if self.prices.price_for(model) is not None:
+                return self.prices.cost(model, response.usage)
+        if s.task.submission.provider != "scripted":
+            log.warning("no price for model %r (nor %r): this call is recorded at $0; add it to AGENTQ_PRICES",
+                        answered, asked)  # fmt: skip
+        return Decimal(0)
 
     def _note_retry(self, s: Session, notice: RetryNotice) -> None:
         """A provider call failed and will be tried again: say so where status and the trace
