@@ -7,7 +7,9 @@ idea of it. Replies are scripted in order; every request is recorded for asserti
 Wire formats follow the installed SDK: ``POST /v1/messages`` with the Messages body, and for
 Bedrock ``POST /model/{model}/invoke`` whose body is the same minus ``model`` plus
 ``anthropic_version`` (see ``anthropic/lib/bedrock/_client.py``). Errors use the API's
-``{"type": "error", "error": {"type": ..., "message": ...}}`` envelope.
+``{"type": "error", "error": {"type": ..., "message": ...}}`` envelope. Faults a real server or a
+proxy in front of it can produce are scripted too: a 200 whose body is not JSON
+(``malformed_json``) or JSON of another shape (``wrong_shape``), 401/403/404 answers.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ class FakeReply:
     """One scripted HTTP response."""
 
     status: int
-    body: dict[str, Any] | None
+    body: dict[str, Any] | list[Any] | None
     headers: dict[str, str] = field(default_factory=dict)
+    raw: bytes | None = None  # sent as is instead of ``body`` (a body that is not JSON)
 
 
 @dataclass
@@ -126,6 +129,28 @@ def overloaded() -> FakeReply:
 
 def invalid_request(message: str = "messages: at least one message is required") -> FakeReply:
     return error_reply(400, "invalid_request_error", message)
+
+
+def authentication_error() -> FakeReply:
+    return error_reply(401, "authentication_error", "invalid x-api-key")
+
+
+def permission_denied() -> FakeReply:
+    return error_reply(403, "permission_error", "Your API key does not have permission to use the specified resource.")
+
+
+def model_not_found(model: str) -> FakeReply:
+    return error_reply(404, "not_found_error", f"model: {model}")
+
+
+def malformed_json() -> FakeReply:
+    """A 200 whose body is cut off: what a proxy that dropped the connection mid-reply leaves."""
+    return FakeReply(200, None, {"request-id": _next_id("req_")}, raw=b'{"id": "msg_01", "type": "mess')
+
+
+def wrong_shape(body: dict[str, Any] | list[Any] | None = None) -> FakeReply:
+    """A 200 with valid JSON that is not a Message (an error page a gateway rendered as JSON)."""
+    return FakeReply(200, body if body is not None else {"status": "ok", "detail": "upstream busy"})
 
 
 def _num(value: float) -> str:
@@ -234,7 +259,9 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
             self._send(reply)
 
         def _send(self, reply: FakeReply) -> None:
-            payload = b"" if reply.body is None else json.dumps(reply.body).encode()
+            payload = (
+                reply.raw if reply.raw is not None else b"" if reply.body is None else json.dumps(reply.body).encode()
+            )
             self.send_response(reply.status)
             self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(payload)))

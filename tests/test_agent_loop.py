@@ -10,7 +10,7 @@ import pytest
 
 from agentq.core.engine import Engine, EngineConfig, conversation
 from agentq.core.errors import ProviderError
-from agentq.core.models import LLMStep, TaskStatus, ToolsStep, Usage
+from agentq.core.models import LLMStep, TaskStatus, TaskSubmission, ToolsStep, Usage
 from agentq.core.providers import LLMRequest, LLMResponse, default_provider_factory
 from agentq.core.tools import ToolRegistry
 from agentq.runtime import Settings, build_registry
@@ -192,6 +192,63 @@ def test_provider_rejection_fails_the_task_with_the_error(store: Storage, regist
     assert store.budgets.get(task.task_id).reserved == 0
 
 
+class _Broken:
+    """A provider with a bug every call meets (a reply read as the wrong shape)."""
+
+    name = "broken"
+
+    def complete(self, request: LLMRequest) -> LLMResponse:
+        reply: dict[str, LLMResponse] = {}
+        return reply["content"]
+
+
+class _Unreachable:
+    name = "unreachable"
+
+    def complete(self, request: LLMRequest) -> LLMResponse:
+        raise ConnectionResetError("connection reset by peer")
+
+
+def test_a_fault_every_run_would_meet_fails_the_task_at_once_with_the_error(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    task = store.tasks.create(scripted([{"text": "done"}]), tenant="t")
+    result = engine(store, registry, providers=lambda s: _Broken()).run(task.task_id)
+    assert (result.outcome, result.status) == ("finished", TaskStatus.FAILED)
+    meta = store.tasks.get(task.task_id)
+    assert meta.status is TaskStatus.FAILED and meta.error == {
+        "code": "processing_failed",
+        "message": "KeyError: 'content'",
+    }
+    assert meta.lease_expires == 0 and meta.inflight is None
+    assert store.budgets.get(task.task_id).reserved == 0
+
+
+def test_a_script_that_cannot_be_loaded_fails_the_task_at_once(
+    store: Storage, registry: ToolRegistry, tmp_path: Any
+) -> None:
+    path = tmp_path / "gone.json"
+    path.write_text('{"turns": [{"text": "hi"}]}')
+    task = store.tasks.create(
+        TaskSubmission(goal="g", provider="scripted", script=str(path)), tenant="t"
+    )  # a trusted caller's file (the HTTP API and spawns take built-in names only)
+    path.unlink()
+    result = engine(store, registry).run(task.task_id)
+    assert result.status is TaskStatus.FAILED and result.error is not None
+    assert result.error["code"] == "invalid_script" and str(path) in result.error["message"]
+    assert store.tasks.get(task.task_id).error == result.error
+
+
+def test_an_outage_is_raised_to_the_queue_with_the_lease_given_back(store: Storage, registry: ToolRegistry) -> None:
+    task = store.tasks.create(scripted([{"text": "done"}]), tenant="t")
+    with pytest.raises(ConnectionResetError):
+        engine(store, registry, providers=lambda s: _Unreachable()).run(task.task_id)
+    meta = store.tasks.get(task.task_id)
+    assert meta.status is TaskStatus.RUNNING and meta.lease_expires == 0  # the redelivery may claim at once
+    assert meta.inflight is None and store.budgets.get(task.task_id).reserved == 0
+    assert engine(store, registry).run(task.task_id).status is TaskStatus.SUCCEEDED
+
+
 def test_a_done_effect_is_replayed_not_rerun_and_a_started_one_is_reported_unknown(
     store: Storage, registry: ToolRegistry, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -254,3 +311,23 @@ def test_usage_total_counts_cache_tokens() -> None:
 def test_submission_defaults_are_sane() -> None:
     sub = scripted([{"text": "x"}])
     assert sub.priority == "normal" and sub.constraints.timeout_seconds == 3600
+
+
+class _Dated:
+    """Answers under a dated id the price table does not list (its family is priced)."""
+
+    name = "dated"
+
+    def complete(self, request: LLMRequest) -> LLMResponse:
+        usage = Usage(input_tokens=1000, output_tokens=100)
+        return LLMResponse(
+            content=[{"type": "text", "text": "ok"}], stop_reason="end_turn", model="2099-unknown", usage=usage
+        )
+
+
+def test_a_call_answered_under_an_unpriced_model_id_is_priced_as_the_model_asked_for(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    task = store.tasks.create(scripted([{"text": "done"}]), tenant="t")  # model claude-sonnet-4-6: $3/$15
+    engine(store, registry, providers=lambda s: _Dated()).run(task.task_id)
+    assert store.tasks.get(task.task_id).cost_usd == Decimal("0.0045")  # 1000 x 3 + 100 x 15, per million

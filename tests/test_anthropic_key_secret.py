@@ -93,29 +93,46 @@ def test_an_environment_key_wins_over_the_secret(
     assert [sent_key(r) for r in messages_api.requests] == ["sk-ant-from-env"]
 
 
-@pytest.mark.parametrize(
-    ("stored", "says"),
-    [
-        (None, "cannot read the Anthropic API key from secret"),
-        ('{"token": "x"}', "without a string field ANTHROPIC_API_KEY"),
-    ],
-)
-def test_a_missing_or_malformed_secret_retries_the_task_naming_the_secret(
+def test_a_secret_that_cannot_be_read_retries_the_task_naming_the_secret(
     aws_env: None,
     store: Storage,
     registry: ToolRegistry,
     messages_api: FakeMessagesAPI,
     monkeypatch: pytest.MonkeyPatch,
-    stored: str | None,
-    says: str,
 ) -> None:
-    name = _secret(stored) if stored is not None else f"agentq/missing-{uuid.uuid4().hex[:8]}"
+    name = f"agentq/missing-{uuid.uuid4().hex[:8]}"
     monkeypatch.setenv(SECRET_VARIABLE, name)
     task_id = _task(store)
     result = _engine(store, registry).run(task_id)
     assert result.outcome == "retry" and result.error is not None
-    assert says in result.error["message"] and name in result.error["message"]
+    assert result.error["code"] == "api_key_secret_unreadable"
+    assert (
+        "cannot read the Anthropic API key from secret" in result.error["message"] and name in result.error["message"]
+    )
     task = store.tasks.get(task_id)
     assert task.status is TaskStatus.RUNNING and task.lease_expires == 0 and task.inflight is None  # nothing held
     assert store.budgets.get(task_id).reserved == 0
     assert messages_api.requests == []  # no call went out without a key
+
+
+@pytest.mark.parametrize(
+    ("stored", "says"), [('{"token": "x"}', "without a string field ANTHROPIC_API_KEY"), (" ", "is empty")]
+)
+def test_a_secret_that_holds_no_key_fails_the_task_at_once_naming_the_secret(
+    aws_env: None,
+    store: Storage,
+    registry: ToolRegistry,
+    messages_api: FakeMessagesAPI,
+    monkeypatch: pytest.MonkeyPatch,
+    stored: str,
+    says: str,
+) -> None:
+    name = _secret(stored)
+    monkeypatch.setenv(SECRET_VARIABLE, name)
+    task_id = _task(store)
+    result = _engine(store, registry).run(task_id)
+    assert result.status is TaskStatus.FAILED and result.error is not None
+    assert result.error["code"] == "invalid_api_key_secret"
+    assert says in result.error["message"] and name in result.error["message"]
+    assert store.tasks.get(task_id).error == result.error
+    assert store.budgets.get(task_id).reserved == 0 and messages_api.requests == []

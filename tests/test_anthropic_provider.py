@@ -16,18 +16,20 @@ import pytest
 from agentq.core.errors import ProviderError
 from agentq.core.models import Usage
 from agentq.core.providers.anthropic_provider import AnthropicProvider, BedrockProvider
-from agentq.core.providers.base import LLMRequest
+from agentq.core.providers.base import LLMRequest, RetryNotice, reporting_retries
 from agentq.core.providers.retry import RetryPolicy, backoff_delay, call_with_retries, retry_after_seconds
 
 from tests.fake_messages_api import (
     FakeMessagesAPI,
     error_reply,
     invalid_request,
+    malformed_json,
     overloaded,
     rate_limited,
     text_reply,
     tool_use_reply,
     usage_dict,
+    wrong_shape,
 )
 
 MODEL = "claude-sonnet-4-6"
@@ -247,6 +249,7 @@ def test_burst_of_529s_longer_than_max_attempts_ends_in_retryable_provider_error
     assert err.status_code == 529
     assert err.attempts == policy.max_attempts
     assert str(err) == "anthropic overloaded (529) after 5 attempts: Overloaded"
+    assert err.code == "overloaded"
     # Exactly max_attempts on the wire also proves the SDK's own retry loop is off.
     assert len(api.requests) == policy.max_attempts
     assert api.pending == 3
@@ -254,18 +257,18 @@ def test_burst_of_529s_longer_than_max_attempts_ends_in_retryable_provider_error
 
 
 @pytest.mark.parametrize(
-    ("status", "error_type"),
+    ("status", "error_type", "code"),
     [
-        (400, "invalid_request_error"),
-        (401, "authentication_error"),
-        (403, "permission_error"),
-        (404, "not_found_error"),
-        (413, "request_too_large"),
-        (422, "invalid_request_error"),
+        (400, "invalid_request_error", "invalid_request"),
+        (401, "authentication_error", "invalid_api_key"),
+        (403, "permission_error", "permission_denied"),
+        (404, "not_found_error", "model_not_found"),
+        (413, "request_too_large", "request_too_large"),
+        (422, "invalid_request_error", "provider_rejected"),
     ],
 )
-def test_non_retryable_status_fails_at_once_with_one_request(
-    api: FakeMessagesAPI, sleep: RecordingSleep, status: int, error_type: str
+def test_non_retryable_status_fails_at_once_with_one_request_and_a_precise_code(
+    api: FakeMessagesAPI, sleep: RecordingSleep, status: int, error_type: str, code: str
 ) -> None:
     api.enqueue(error_reply(status, error_type, "nope"), text_reply("never reached"))
     provider = anthropic_provider(api.base_url, sleep)
@@ -275,6 +278,7 @@ def test_non_retryable_status_fails_at_once_with_one_request(
 
     assert caught.value.retryable is False
     assert caught.value.status_code == status
+    assert caught.value.code == code
     assert caught.value.attempts == 1
     assert len(api.requests) == 1
     assert sleep.delays == []
@@ -306,6 +310,106 @@ def test_connection_refused_is_retried_then_fails_as_retryable_provider_error(sl
     assert err.attempts == 3
     assert str(err).startswith("anthropic connection failed after 3 attempts: ")
     assert len(sleep.delays) == 2
+
+
+# --- replies that are not a Message, missing credentials -------------------------------------
+
+
+def test_a_reply_that_is_not_json_is_retried_and_the_next_good_one_is_used(
+    api: FakeMessagesAPI, sleep: RecordingSleep
+) -> None:
+    api.enqueue(malformed_json(), wrong_shape(), text_reply("whole"))
+    provider = anthropic_provider(api.base_url, sleep)
+
+    response = provider.complete(weather_request())
+
+    assert response.content == [{"type": "text", "text": "whole"}] and response.attempts == 3
+    assert len(sleep.delays) == 2
+
+
+@pytest.mark.parametrize(
+    ("reply", "why"),
+    [
+        (malformed_json(), "not JSON"),
+        (wrong_shape(), "content: Field required"),
+        (wrong_shape([1, 2]), "a JSON list, not an object"),
+        (
+            wrong_shape({**text_reply("x").body, "usage": {"input_tokens": "many"}}),  # type: ignore[dict-item]
+            "usage.input_tokens",
+        ),
+        (
+            wrong_shape({**text_reply("x").body, "content": [{"type": "tool_use", "id": "t", "name": "n"}]}),  # type: ignore[dict-item]
+            "a tool_use block needs input (dict)",
+        ),
+    ],
+)
+def test_replies_that_are_never_a_message_fail_after_the_attempts_and_are_not_handed_to_the_queue(
+    api: FakeMessagesAPI, sleep: RecordingSleep, reply: Any, why: str
+) -> None:
+    policy = RetryPolicy(max_attempts=3)
+    api.enqueue(*[reply] * policy.max_attempts)
+    provider = anthropic_provider(api.base_url, sleep, policy)
+
+    with pytest.raises(ProviderError) as caught:
+        provider.complete(weather_request())
+
+    err = caught.value
+    assert (err.code, err.retryable, err.attempts) == ("malformed_response", False, 3)
+    assert why in err.message and "after 3 attempts" in err.message
+    assert len(api.requests) == 3 and api.pending == 0
+
+
+def test_without_an_api_key_the_provider_fails_before_any_call(
+    api: FakeMessagesAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN", raising=False)
+
+    with pytest.raises(ProviderError) as caught:
+        AnthropicProvider(base_url=api.base_url)
+
+    assert (caught.value.code, caught.value.retryable) == ("missing_api_key", False)
+    assert "ANTHROPIC_API_KEY" in caught.value.message and api.requests == []
+
+
+def test_each_retry_is_reported_with_its_attempt_error_and_wait(api: FakeMessagesAPI, sleep: RecordingSleep) -> None:
+    api.enqueue(overloaded(), rate_limited(retry_after=2), malformed_json(), text_reply("there"))
+    provider = anthropic_provider(api.base_url, sleep, RetryPolicy(max_attempts=4, jitter="none", base_delay=0.5))
+    notices: list[RetryNotice] = []
+
+    with reporting_retries(notices.append):
+        assert provider.complete(weather_request()).attempts == 4
+
+    assert [(n.attempt, n.max_attempts, n.code, n.status_code, n.delay) for n in notices] == [
+        (1, 4, "overloaded", 529, 0.5),
+        (2, 4, "rate_limited", 429, 2.0),
+        (3, 4, "malformed_response", None, 2.0),
+    ]
+    assert notices[0].message == "anthropic overloaded (529): Overloaded"
+    assert sleep.delays == [0.5, 2.0, 2.0]
+    api.enqueue(overloaded(), text_reply("again"))
+    provider.complete(weather_request())  # outside the block: nothing reported
+    assert len(notices) == 3
+
+
+def test_bedrock_without_aws_credentials_fails_with_a_precise_error(
+    api: FakeMessagesAPI, sleep: RecordingSleep, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                 "AWS_BEARER_TOKEN_BEDROCK", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                 "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_WEB_IDENTITY_TOKEN_FILE"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    # a region of its own: the SDK caches one boto3 session per region and credentials
+    provider = BedrockProvider(aws_region="ap-southeast-4", base_url=api.base_url, sleep=sleep)
+
+    with pytest.raises(ProviderError) as caught:
+        provider.complete(weather_request(BEDROCK_MODEL))
+
+    assert (caught.value.code, caught.value.retryable) == ("missing_aws_credentials", False)
+    assert api.requests == [] and sleep.delays == []
 
 
 # --- Bedrock --------------------------------------------------------------------------------

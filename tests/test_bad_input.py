@@ -94,3 +94,23 @@ def test_the_error_message_names_the_available_tools(store: Storage, registry: T
     with pytest.raises(ValidationError) as err:
         submit(store, registry, _with("constraints.tools", ["nope"]), tenant="t")
     assert "unknown tool 'nope'" in err.value.message and "python_exec" in err.value.message
+
+
+def test_a_model_with_no_price_is_refused_rather_than_charged_nothing(store: Storage, registry: ToolRegistry) -> None:
+    body = {"goal": "g", "provider": "anthropic", "model": "claude-nova-9"}
+    with pytest.raises(ValidationError) as err:
+        submit(store, registry, body, tenant="t")
+    assert err.value.field == "model"
+    assert err.value.message.startswith("model: no price for 'claude-nova-9'") and "AGENTQ_PRICES" in err.value.message
+    assert dynamo(store).client.scan(TableName=store.table.name)["Count"] == 0
+    # dated and Bedrock ids of a priced model are priced by its prefix
+    for model in ("claude-sonnet-4-5-20250929", "us.anthropic.claude-haiku-4-5-20251001-v1:0"):
+        submit(store, registry, {**body, "model": model}, tenant="t")
+
+
+def test_a_model_the_deployment_prices_is_accepted(
+    store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENTQ_PRICES", '{"claude-nova-9": {"input_per_mtok": "2", "output_per_mtok": "8"}}')
+    task = submit(store, registry, {"goal": "g", "provider": "anthropic", "model": "claude-nova-9"}, tenant="t")
+    assert task.submission.model == "claude-nova-9"

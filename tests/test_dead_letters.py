@@ -185,7 +185,7 @@ def test_a_task_that_keeps_failing_retryably_ends_failed_with_its_error_in_the_d
     task = store.tasks.get(task_id)
     assert task.status is TaskStatus.FAILED
     assert task.error is not None
-    assert task.error["code"] == "provider_error" and task.error["status_code"] == 529
+    assert task.error["code"] == "overloaded" and task.error["status_code"] == 529
     assert "overloaded (529)" in task.error["message"]
     assert task.error["attempts"] == MAX_RECEIVES
     assert task.claim_count == MAX_RECEIVES and task.lease_expires == 0
@@ -201,6 +201,38 @@ def test_a_task_that_keeps_failing_retryably_ends_failed_with_its_error_in_the_d
     letters = list_dead_letters(queues, store)
     assert [(d.tier, d.task_id, d.task_status) for d in letters] == [(TIER, task_id, "failed")]
     assert letters[0].reason.startswith(f"failed after {MAX_RECEIVES} attempts") and "529" in letters[0].reason
+
+
+def test_an_outage_that_outlasts_every_delivery_fails_the_task_with_its_error_instead_of_leaving_it_running(
+    moto_server: MotoServer,
+) -> None:
+    """A fault of no known kind escaping a run is retried like an overload, and on the last
+    delivery the task ends failed with it (before, SQS dead-lettered the message while the
+    task still said running)."""
+    settings = _deployment(moto_server, max_receive_count=MAX_RECEIVES, visibility_timeout=10)
+    store = build_store(settings)
+
+    class Unreachable:
+        name = "unreachable"
+
+        def complete(self, request: Any) -> Any:
+            raise ConnectionResetError("connection reset by peer")
+
+    with FakeMessagesAPI() as fake:
+        worker = _failing_worker(settings, fake)
+        worker.dispatcher.engine.providers = lambda submission: Unreachable()
+        with _running(worker) as applied:
+            task = submit(store, build_registry(settings), _submission(), tenant="t", queues=build_queues(settings))
+            _wait_for(lambda: store.tasks.get(task.task_id).status is TaskStatus.FAILED, what="task failed")
+            _wait_for(lambda: any(a.kind == "dead_letter" for _, a in applied), what="message dead-lettered")
+    assert [a.kind for _, a in applied if a.task_id == task.task_id] == ["retry"] * (MAX_RECEIVES - 1) + ["dead_letter"]
+    failed = store.tasks.get(task.task_id)
+    assert failed.error == {
+        "code": "worker_error",
+        "message": "ConnectionResetError: connection reset by peer",
+        "attempts": MAX_RECEIVES,
+    }
+    assert failed.lease_expires == 0 and store.budgets.get(task.task_id).reserved == 0
 
 
 def test_a_redriven_task_resumes_from_its_checkpoint_and_succeeds(moto_server: MotoServer) -> None:

@@ -12,10 +12,11 @@ import pytest
 from agentq.control.submit import submit
 from agentq.core.models import LLMStep, Task, TaskStatus, ToolsStep
 from agentq.local.stack import LocalStack
+from agentq.queueing.dlq import list_dead_letters
 from agentq.runtime import build_registry
 from agentq.storage.container import Storage
 
-from tests.helpers import call, scripted
+from tests.helpers import call, scripted, wait_for
 
 
 def grandchild(i: int, j: int) -> dict[str, Any]:
@@ -257,23 +258,17 @@ def test_a_parent_killed_mid_spawn_resumes_without_duplicating_children(stack: L
     del os
 
 
-def test_fifty_subagents_at_once_never_push_the_root_past_its_cap(stack: LocalStack, tmp_path: Any) -> None:
+def test_fifty_subagents_at_once_never_push_the_root_past_its_cap(stack: LocalStack) -> None:
     """Every child tries to spend past its share, all at the same time."""
     assert stack.settings is not None
     store = stack.store()
-    hungry = tmp_path / "hungry.json"  # a script file: keeps the spawn call itself small
-    hungry.write_text(
-        json.dumps(
-            {
-                "turns": [
-                    {"text": f"step {i} " + "w" * 400, "tool_calls": [call("note_write", key="k", value="v")]}
-                    for i in range(12)
-                ]
-            }
-        )
-    )
+    # Short turns (the 50 scripts travel inline in the spawn call), but a conversation that grows
+    # by a tool call and its result each turn: 12 turns would need several times the 900 tokens.
+    hungry = {
+        "turns": [{"text": f"step {i}", "tool_calls": [call("note_write", key="k", value="v")]} for i in range(12)]
+    }
     subagents = [
-        {"goal": f"hungry {i}", "token_share": 900, "tools": ["note_write"], "script": str(hungry)} for i in range(50)
+        {"goal": f"hungry {i}", "token_share": 900, "tools": ["note_write"], "script": hungry} for i in range(50)
     ]
     turns = [
         {"text": "", "tool_calls": [call("spawn_subagents", subagents=subagents, max_concurrency=50)]},
@@ -348,3 +343,80 @@ def test_a_child_whose_worker_is_killed_mid_step_resumes_and_the_fan_out_complet
     assert store.tasks.claims(victim.task_id)[-1].worker != victim.lease_owner
     assert [s.number for s in store.steps.load(victim.task_id)] == list(range(1, 18))
     del kids
+
+
+def _spawn_result(store: Storage, task_id: str) -> dict[str, Any]:
+    body = next(s.body for s in store.steps.load(task_id) if isinstance(s.body, ToolsStep))
+    assert isinstance(body, ToolsStep)
+    result: dict[str, Any] = json.loads(body.results[0].content)
+    return result
+
+
+def test_a_child_script_that_names_a_file_is_refused_at_spawn_and_the_model_reads_why(stack: LocalStack) -> None:
+    assert stack.settings is not None
+    store = stack.store()
+    turns = [
+        {
+            "text": "",
+            "tool_calls": [
+                call(
+                    "spawn_subagents",
+                    subagents=[{"goal": "read it", "script": "/etc/passwd"}, {"goal": "fine", "script": "research"}],
+                )
+            ],
+        },
+        {"text": "did it myself"},
+    ]
+    root = submit(
+        store,
+        build_registry(stack.settings),
+        scripted(turns, tools=["spawn_subagents"]),
+        tenant="t",
+        queues=stack.queues(),
+    )
+    final = _wait(store, root.task_id)
+    assert final.status is TaskStatus.SUCCEEDED and final.result == "did it myself"
+    body = next(s.body for s in store.steps.load(root.task_id) if isinstance(s.body, ToolsStep))
+    assert isinstance(body, ToolsStep)
+    outcome = body.results[0]
+    assert outcome.is_error and "subagents[0].script: unknown script '/etc/passwd'" in outcome.content
+    assert "built-in scripts: research" in outcome.content
+    assert store.spawns.list(root.task_id) == []  # nothing created, nothing funded
+    assert store.budgets.get(root.task_id).reserved == 0
+
+
+def test_a_child_that_fails_deterministically_ends_failed_at_once_and_its_parent_wakes(stack: LocalStack) -> None:
+    """A child stored with a script path (as spawns made them before the check above) fails to
+    load it on every delivery: it ends failed on its first, and the fan-out goes on."""
+    assert stack.settings is not None
+    store = stack.store()
+    slow = {"turns": [{"text": "a", "latency_seconds": 1.5, "tool_calls": [call("note_write", key="k", value="v")]},
+                      {"text": "first done", "latency_seconds": 1.5}]}  # fmt: skip
+    children = [{"goal": "first", "script": slow}, {"goal": "second", "script": {"turns": [{"text": "unreached"}]}}]
+    turns = [
+        {"text": "", "tool_calls": [call("spawn_subagents", subagents=children, max_concurrency=1)]},
+        {"text": "parent done"},
+    ]
+    root = submit(
+        store,
+        build_registry(stack.settings),
+        scripted(turns, tools=["spawn_subagents", "note_write"], max_tokens=50_000),
+        tenant="t",
+        queues=stack.queues(),
+    )
+    spawn = wait_for(lambda: next((r for r in store.spawns.list(root.task_id) if r.state == "created"), None), 60)
+    second = store.tasks.get(spawn.children[1])
+    assert second.status is TaskStatus.QUEUED  # its turn comes when the first has ended
+    store.tasks.replace_submission(
+        second.task_id, second.submission.model_copy(update={"script": "/etc/passwd"}), when_status=TaskStatus.QUEUED
+    )
+    final = _wait(store, root.task_id)
+    assert final.status is TaskStatus.SUCCEEDED and final.result == "parent done"
+    failed = store.tasks.get(second.task_id)
+    assert failed.status is TaskStatus.FAILED and failed.claim_count == 1  # at once, not after every delivery
+    assert failed.error is not None and failed.error["code"] == "invalid_script"
+    assert "/etc/passwd" in failed.error["message"]
+    entries = _spawn_result(store, root.task_id)["subagents"]
+    assert [e["status"] for e in entries] == ["succeeded", "failed"]
+    assert entries[1]["error"] == failed.error["message"]
+    assert second.task_id not in [d.task_id for d in list_dead_letters(stack.queues(), store)]  # deleted: it is done

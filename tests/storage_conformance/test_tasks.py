@@ -7,7 +7,7 @@ import time
 import pytest
 
 from agentq.core.errors import IdempotencyConflict, IllegalTransition, LeaseLost, TaskNotFound
-from agentq.core.models import TaskStatus
+from agentq.core.models import RetryState, TaskStatus
 from agentq.storage.container import Storage
 from agentq.storage.item_size import item_size
 from agentq.storage.table import IdempotentParameterMismatch, TransactionCancelled
@@ -153,3 +153,37 @@ def test_meta_stays_within_one_write_unit_however_many_times_a_task_is_claimed(b
     # 1 KB: every step commit rewrites META, and a write is billed per started KB of the item.
     assert meta is not None and item_size(meta) <= 1024
     assert len(backend.tasks.claims(task_id)) == 40
+
+
+def _retry(step: int, attempt: int, scope: str = "call") -> RetryState:
+    return RetryState.model_validate(
+        {"step": step, "scope": scope, "attempt": attempt, "max_attempts": 5, "code": "overloaded",
+         "message": "anthropic overloaded (529): Overloaded", "status_code": 529, "at": 100.5, "next_at": 102.0}
+    )  # fmt: skip
+
+
+def test_the_latest_retry_reads_back_with_the_task_and_is_current_until_its_step_commits(backend: Storage) -> None:
+    held = claimed(backend)
+    task_id = held.task_id
+    assert backend.tasks.record_retry(task_id, _retry(1, 1), lease=held)
+    assert backend.tasks.record_retry(task_id, _retry(1, 2), lease=held)  # replaces, never accumulates
+    task = backend.tasks.get(task_id)
+    assert task.retry == _retry(1, 2) and task.retrying == _retry(1, 2)
+    assert task.retry.next_at == 102.0 and task.retry.status_code == 529  # floats and ints survive the table
+    assert task.model_copy(update={"step": 1}).retrying is None  # its step committed: history
+
+
+def test_a_retry_is_fenced_by_the_lease_and_not_recorded_on_an_ended_task(backend: Storage) -> None:
+    task_id = new_task(backend)
+    first = backend.tasks.claim(task_id, "w1", 0.05)
+    assert first is not None
+    old = first[0]
+    time.sleep(0.1)
+    assert backend.tasks.claim(task_id, "w2", 30) is not None
+    with pytest.raises(LeaseLost):
+        backend.tasks.record_retry(task_id, _retry(1, 1), lease=old)
+    assert backend.tasks.record_retry(task_id, _retry(1, 1, "delivery"))  # the queue's, unfenced: running
+    backend.tasks.transition(task_id, TaskStatus.CANCELLED)
+    assert backend.tasks.record_retry(task_id, _retry(1, 2, "delivery")) is False
+    task = backend.tasks.get(task_id)
+    assert task.retry == _retry(1, 1, "delivery") and task.retrying is None

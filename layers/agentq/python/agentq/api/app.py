@@ -15,10 +15,14 @@ Gateway's Lambda authorizer puts it there, and the local server does the same in
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
+from aws_lambda_powertools.event_handler.api_gateway import Route
 from aws_lambda_powertools.event_handler.openapi.models import HTTPBearer
 
 from agentq.api import console, errors
@@ -68,14 +72,84 @@ def _event_tenant(event: Mapping[str, Any]) -> str | None:
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
+@dataclass
+class _RequestState:
+    """What powertools keeps per request, for one request."""
+
+    event: Any = None
+    lambda_context: Any = None
+    context: dict[str, Any] = field(default_factory=dict)
+    processed_stack_frames: list[str] = field(default_factory=list)
+
+
 class AgentqResolver(APIGatewayRestResolver):
-    """The resolver plus the checks that must answer before a body is parsed: size and tenant."""
+    """The resolver plus the checks that must answer before a body is parsed: size and tenant.
+
+    It answers concurrent requests from threads (the local server) without crossing them.
+    powertools keeps the request being answered on the class (``BaseRouter.current_event``,
+    one per process, as Lambda gives a process one event at a time) and the matched route's
+    arguments in the instance's ``context``: two threads inside one resolver answered 500
+    (``KeyError: '_route_args'``), named another request's task, and created tasks from another
+    request's body and tenant. Here that state is a per-request record behind a ``ContextVar``,
+    as powertools' own ASGI resolver (``HttpResolverLocal``) does, and the middleware stack a
+    route builds on its first call is built by one thread only (two at once wrapped it twice).
+    Routers included in the app reach the state through ``api_resolver``, so they are covered.
+    """
 
     def __init__(self, default_tenant: str | None = None) -> None:
+        self._startup = _RequestState()  # before super().__init__, which sets context
+        self._request: ContextVar[_RequestState | None] = ContextVar("agentq_api_request", default=None)
+        self._first_calls = threading.Lock()
         super().__init__(enable_validation=True)
         self.default_tenant = default_tenant
 
+    @property
+    def _state(self) -> _RequestState:
+        return self._request.get() or self._startup
+
+    @property
+    def current_event(self) -> Any:
+        return self._state.event
+
+    @current_event.setter
+    def current_event(self, value: Any) -> None:
+        self._state.event = value
+
+    @property
+    def lambda_context(self) -> Any:
+        return self._state.lambda_context
+
+    @lambda_context.setter
+    def lambda_context(self, value: Any) -> None:
+        self._state.lambda_context = value
+
+    @property
+    def context(self) -> dict[str, Any]:
+        return self._state.context
+
+    @context.setter
+    def context(self, value: dict[str, Any]) -> None:
+        self._state.context = value
+
+    @property
+    def processed_stack_frames(self) -> list[str]:
+        return self._state.processed_stack_frames
+
+    @processed_stack_frames.setter
+    def processed_stack_frames(self, value: list[str]) -> None:
+        self._state.processed_stack_frames = value
+
     def resolve(self, event: Any, context: Any) -> dict[str, Any]:
+        state = _RequestState(
+            event=self._to_proxy_event(event), lambda_context=context, context=dict(self._startup.context)
+        )
+        token = self._request.set(state)
+        try:
+            return self._checked(event, context)
+        finally:
+            self._request.reset(token)
+
+    def _checked(self, event: Any, context: Any) -> dict[str, Any]:
         if _body_bytes(event) > MAX_BODY_BYTES:
             return proxy_error(413, "body_too_large", f"request body over {MAX_BODY_BYTES} bytes", "body")
         content_type = _header(event, "content-type")
@@ -94,6 +168,12 @@ class AgentqResolver(APIGatewayRestResolver):
         """powertools' own, typed: it registers the function and returns it unchanged."""
         register: Callable[[_F], _F] = super().exception_handler(exc_class)
         return register
+
+    def _call_route(self, route: Route, route_arguments: dict[str, str]) -> Any:
+        if getattr(route, "_middleware_stack_built", False):
+            return super()._call_route(route, route_arguments)
+        with self._first_calls:  # the route builds its middleware stack in this call
+            return super()._call_route(route, route_arguments)
 
     def tenant(self) -> str:
         tenant = _event_tenant(self.current_event.raw_event) or self.default_tenant

@@ -148,6 +148,19 @@ class PendingCall(ApiModel):
     input: dict[str, Any]
 
 
+class RetryView(ApiModel):
+    """A retryable failure being retried: what failed, which attempt that was, when the next is."""
+
+    scope: Literal["call", "delivery"] = Field(
+        description="call: the worker retries the model call; delivery: the queue brings the task back later"
+    )
+    attempt: int = Field(description="the attempt (of the call, or delivery of the task) that failed")
+    max_attempts: int
+    error: dict[str, Any] = Field(description="code, message, status_code of the last failure")
+    failed_at: float
+    next_attempt_at: float
+
+
 class TaskView(ApiModel):
     task_id: str
     status: TaskStatus
@@ -164,6 +177,7 @@ class TaskView(ApiModel):
     result: str | None
     error: dict[str, Any] | None
     activity: str | None = Field(description="what the task is doing now, in words")
+    retry: RetryView | None = Field(default=None, description="set while a retryable failure is being retried")
     pending_approval: str | None = Field(description="the question a paused task waits on")
     pending_calls: list[PendingCall] = Field(
         default_factory=list,
@@ -254,7 +268,16 @@ class RedriveResult(ApiModel):
 class TransitionEvent(ApiModel):
     type: Literal["transition"] = "transition"
     at: float
-    event: Literal["created", "forked", "claimed", "approval_requested", "approval_decided", "spawned", "finished"]
+    event: Literal[
+        "created",
+        "forked",
+        "claimed",
+        "approval_requested",
+        "approval_decided",
+        "spawned",
+        "retry_scheduled",
+        "finished",
+    ]
     status: TaskStatus | None = Field(default=None, description="the status the task entered")
     worker: str | None = None
     epoch: int | None = None

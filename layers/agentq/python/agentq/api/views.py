@@ -22,6 +22,7 @@ from agentq.api.models import (
     LLMCallEvent,
     LLMTokens,
     PendingCall,
+    RetryView,
     TaskLinks,
     TaskPage,
     TaskResult,
@@ -33,7 +34,7 @@ from agentq.api.models import (
     TransitionEvent,
 )
 from agentq.core.errors import AgentqError, TaskNotFound, ValidationError
-from agentq.core.models import LLMStep, StepRecord, Task, TaskStatus, ToolsStep
+from agentq.core.models import LLMStep, RetryState, StepRecord, Task, TaskStatus, ToolsStep
 from agentq.storage.container import Storage
 
 
@@ -106,6 +107,14 @@ def activity(store: Storage, task: Task, children: ChildrenSummary, question: st
     if status is TaskStatus.WAITING:
         done = sum(n for s, n in children.by_status.items() if TaskStatus(s).terminal)
         return f"waiting for sub-agents: {done} of {children.total} finished"
+    retry = task.retrying
+    if retry is not None:
+        wait = max(0.0, retry.next_at - time.time())
+        who = "the model call" if retry.scope == "call" else "the task"
+        return (
+            f"retrying {who}: attempt {retry.attempt} of {retry.max_attempts} failed ({retry.code}: "
+            f"{retry.message}); next try in {wait:.0f}s"
+        )
     if status is TaskStatus.RUNNING:
         last = store.steps.last(task.task_id, upto=task.step)
         who = f" on {task.lease_owner}" if task.lease_owner else ""
@@ -157,6 +166,7 @@ def task_view(store: Storage, task: Task) -> TaskView:
         result=task.result,
         error=task.error,
         activity=activity(store, task, children, question),
+        retry=retry_view(task.retrying),
         pending_approval=question,
         pending_calls=pending_calls,
         parent_id=task.parent_id,
@@ -189,6 +199,19 @@ def _pending_calls(store: Storage, task: Task) -> list[PendingCall]:
         PendingCall(tool_use_id=use["id"], name=use["name"], input=use.get("input") or {})
         for use in last.body.tool_uses()
     ]
+
+
+def retry_view(retry: RetryState | None) -> RetryView | None:
+    if retry is None:
+        return None
+    return RetryView(
+        scope=retry.scope,
+        attempt=retry.attempt,
+        max_attempts=retry.max_attempts,
+        error={"code": retry.code, "message": retry.message, "status_code": retry.status_code},
+        failed_at=retry.at,
+        next_attempt_at=retry.next_at,
+    )
 
 
 def _round(value: float | None) -> float | None:
@@ -375,6 +398,16 @@ def _side_events(store: Storage, task: Task) -> list[tuple[Key, Any]]:
         number, epoch, call = orphan.number, orphan.epoch, orphan.call
         at = call.started_at + call.duration_ms / 1000
         events.append(((at, 1, number, -1), _llm_event(number, epoch, at, call, orphan=True)))
+    if task.retry is not None:  # the latest retry (earlier ones are replaced by it)
+        r = task.retry
+        view = retry_view(r)
+        assert view is not None
+        events.append(
+            (
+                (r.at, 2, 0, 40_000),
+                TransitionEvent(at=r.at, event="retry_scheduled", detail=view.model_dump()),
+            )
+        )
     if task.status.terminal and task.finished_at:
         events.append(
             (

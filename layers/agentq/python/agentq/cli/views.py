@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from agentq.api.models import LLMCallEvent, TaskSummary, TaskView, ToolCallEvent, TransitionEvent
+from agentq.api.models import LLMCallEvent, RetryView, TaskSummary, TaskView, ToolCallEvent, TransitionEvent
 from agentq.core.models import TaskStatus
 
 STATUS_STYLE = {
@@ -100,11 +100,25 @@ def status_block(view: TaskView) -> str:
         lines.append(f"forked    from {view.forked_from.get('task_id')} at step {view.forked_from.get('step')}")
     if view.activity:
         lines.append(f"activity  {view.activity}")
+    if view.retry:
+        lines.append(f"retry     {retry_line(view.retry, now=time.time())}")
     if view.error:
         lines.append(f"error     {view.error.get('code', '')}: {view.error.get('message', '')}")
     if view.result:
         lines.append("result    " + cut(view.result, 300))
     return "\n".join(lines)
+
+
+def retry_line(retry: RetryView, *, now: float | None = None) -> str:
+    """Which attempt failed and how, and when the next one is (with how far off, given ``now``)."""
+    e = retry.error
+    who = "model call" if retry.scope == "call" else "delivery"
+    status = f" HTTP {e.get('status_code')}" if e.get("status_code") else ""
+    line = (
+        f"{who} attempt {retry.attempt} of {retry.max_attempts} failed: {e.get('code')}{status}: "
+        f"{cut(str(e.get('message') or ''), 160)}; next try {when(retry.next_attempt_at)}"
+    )
+    return line + (f" (in {secs(max(0.0, retry.next_attempt_at - now))})" if now is not None else "")
 
 
 def task_table(tasks: list[TaskSummary]) -> Table:
@@ -148,6 +162,8 @@ def event_line(event: Any, origin: float) -> Text:
             "finished": f"finished: {event.status.value if event.status else '?'}"
             + (f" ({(d.get('error') or {}).get('code')})" if d.get("error") else ""),
         }.get(event.event, event.event)
+        if event.event == "retry_scheduled":
+            what = f"retry: {retry_line(RetryView.model_validate(d))}"
         style = "bold" if event.event in ("claimed", "finished") else ""
         if event.event == "finished" and event.status is not None:
             style = STATUS_STYLE.get(event.status.value, style)
@@ -256,6 +272,8 @@ def watch_view(view: TaskView, recent: list[Text]) -> RenderableType:
     grid.add_row(
         "timing", f"pickup {secs(lat.pickup_seconds)} · resumes {lat.resumes} · elapsed {secs(lat.total_seconds)}"
     )
+    if view.retry:
+        grid.add_row("retry", Text(retry_line(view.retry, now=time.time()), style="yellow"))
     if view.error:
         grid.add_row("error", Text(f"{view.error.get('code', '')}: {view.error.get('message', '')}", style="red"))
     parts: list[RenderableType] = [grid]

@@ -10,6 +10,7 @@ import pydantic
 
 from agentq.core.errors import ValidationError
 from agentq.core.models import Task, TaskStatus, TaskSubmission
+from agentq.core.pricing import load_price_table
 from agentq.core.providers.scripted import load_script
 from agentq.core.tools import ToolRegistry
 from agentq.queueing.queues import TaskQueues
@@ -51,7 +52,20 @@ def parse_submission(raw: Any) -> TaskSubmission:
 
 
 def check_submission(submission: TaskSubmission, tools: ToolRegistry) -> None:
-    """Checks that need the worker's world: known tools, a loadable script."""
+    """Checks that need the worker's world: known tools, a loadable script, a priced model.
+
+    A model the price table does not know would be charged $0 to the ledger: it is refused,
+    unless the deployment prices it (``AGENTQ_PRICES``). The scripted provider spends nothing,
+    so its model name is not checked.
+    """
+    if submission.provider != "scripted":
+        prices = load_price_table()
+        if prices.price_for(submission.model) is None:
+            raise ValidationError(
+                f"model: no price for {submission.model!r}, so its cost could not be counted; priced models: "
+                f"{', '.join(sorted(prices.root))} (and their dated or Bedrock ids); price another with AGENTQ_PRICES",
+                field="model",
+            )
     for i, name in enumerate(submission.constraints.tools):
         if tools.get(name) is None:
             raise ValidationError(

@@ -19,11 +19,19 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, Literal
 
 from agentq import observe
 from agentq.core.approval import APPROVAL_TOOL, decision_outcome
-from agentq.core.errors import BudgetExceeded, IllegalTransition, LeaseLost, ProviderError
+from agentq.core.errors import (
+    DETERMINISTIC_FAULTS,
+    BudgetExceeded,
+    IllegalTransition,
+    LeaseLost,
+    ProviderError,
+    fault_error,
+)
 from agentq.core.fanout import (
     SPAWN_TOOL,
     FanoutLauncher,
@@ -34,10 +42,11 @@ from agentq.core.fanout import (
     render_spawn_result,
 )
 from agentq.core.faults import crash_point
-from agentq.core.models import Lease, LLMStep, StepRecord, Task, TaskStatus, ToolOutcome, ToolsStep
+from agentq.core.models import Lease, LLMStep, RetryState, StepRecord, Task, TaskStatus, ToolOutcome, ToolsStep
 from agentq.core.ports import EngineStorage
 from agentq.core.pricing import PriceTable, load_price_table
-from agentq.core.providers import LLMRequest, ProviderFactory, default_provider_factory
+from agentq.core.providers import LLMRequest, LLMResponse, ProviderFactory, default_provider_factory
+from agentq.core.providers.base import RetryNotice, reporting_retries
 from agentq.core.records import NO_USAGE, BudgetDelta
 from agentq.core.tenancy import TenantCapReached, TenantLimits
 from agentq.core.tools import ToolContext, ToolRegistry, default_registry, idempotency_key_for
@@ -275,23 +284,51 @@ class Engine:
             if keeper
             else LeaseKeeper(self.store, session, self.config.lease_seconds, interval, on_beat)
         )
+        resumed_from = 0
         with guard:
-            steps = self.store.steps.load(task_id, upto=task.step)  # what the claim found committed
-            resumed_from = steps[-1].number if steps else 0
-            session.steps = list(steps)
-            session.messages = conversation(task.submission.goal, steps)
-            session.limits = self.windows.limits(task.tenant)
-            self._settle_stale_reservation(session)
             try:
+                steps = self.store.steps.load(task_id, upto=task.step)  # what the claim found committed
+                resumed_from = steps[-1].number if steps else 0
+                session.steps = list(steps)
+                session.messages = conversation(task.submission.goal, steps)
+                session.limits = self.windows.limits(task.tenant)
+                self._settle_stale_reservation(session)
                 result = self._loop(session)
             except LeaseLost as exc:
-                status = exc.details.get("status")
-                outcome: Outcome = "stopped" if status is not None else "lease_lost"
-                result = RunResult(task_id, outcome, status=status, error=exc.to_dict())
+                result = _lease_lost(task_id, exc)
+            except DETERMINISTIC_FAULTS as exc:
+                result = self._fail_on_fault(session, exc)
+            except Exception:  # an outage: give the lease back, so the redelivery can claim at once
+                self._give_back(session)
+                raise
         result.steps_committed = session.committed
         result.resumed_from_step = resumed_from
         result.claimed = task
         return result
+
+    def _fail_on_fault(self, s: Session, exc: Exception) -> RunResult:
+        """A fault that running the task again would meet again (``DETERMINISTIC_FAULTS``):
+        the task ends ``failed`` with it now, so its status says why and a parent wakes."""
+        log.exception("task %s failed: %s", s.lease.task_id, type(exc).__name__)
+        error = fault_error(exc)
+        try:
+            self._release_inflight(s)
+            self.store.tasks.transition(
+                s.lease.task_id, TaskStatus.FAILED, lease=s.lease, result=final_text(s.messages), error=error
+            )
+        except LeaseLost as lost:
+            return _lease_lost(s.lease.task_id, lost)
+        s.task = s.task.model_copy(update={"status": TaskStatus.FAILED})
+        return RunResult(s.lease.task_id, "finished", status=TaskStatus.FAILED, error=error)
+
+    def _give_back(self, s: Session) -> None:
+        """The reservation and the lease back, as after a retryable provider error (a later
+        claim would return a reservation left behind anyway, see ``_settle_stale_reservation``)."""
+        try:
+            self._release_inflight(s)
+            self.store.tasks.release(s.lease)
+        except Exception:  # lost, or the store is what failed: the lease lapses by itself
+            log.debug("could not give task %s back", s.lease.task_id, exc_info=True)
 
     def _settle_stale_reservation(self, session: Session) -> None:
         """A reservation left by a crashed epoch goes back to the budget.
@@ -445,13 +482,16 @@ class Engine:
         started = time.time()
         try:
             provider = self.providers(s.task.submission)  # may fail too (a key it cannot read)
-            with observe.llm_call(
-                provider=provider.name,
-                model=request.model,
-                max_tokens=max_out,
-                task_id=s.lease.task_id,
-                step=s.next_step,
-            ) as call:
+            with (
+                observe.llm_call(
+                    provider=provider.name,
+                    model=request.model,
+                    max_tokens=max_out,
+                    task_id=s.lease.task_id,
+                    step=s.next_step,
+                ) as call,
+                reporting_retries(lambda notice: self._note_retry(s, notice)),
+            ):
                 response = provider.complete(request)
                 call.answered(response)
         except ProviderError as exc:
@@ -472,7 +512,7 @@ class Engine:
             )
             return RunResult(s.lease.task_id, "finished", status=TaskStatus.FAILED, error=error)
         crash_point("after_llm_call")
-        cost = self.prices.cost(response.model or request.model, response.usage)
+        cost = self._cost(s, response.model or request.model, request.model, response)
         step = LLMStep(
             content=response.content,
             stop_reason=response.stop_reason,
@@ -518,6 +558,43 @@ class Engine:
         if finish:
             return RunResult(s.lease.task_id, "finished", status=finish)
         return None
+
+    def _cost(self, s: Session, answered: str, asked: str, response: LLMResponse) -> Decimal:
+        """The call's cost, priced by the model that answered, else by the one asked for (a
+        submission names a priced model: ``check_submission``). Never $0 without a word."""
+        for model in (answered, asked):
+            if self.prices.price_for(model) is not None:
+                return self.prices.cost(model, response.usage)
+        if s.task.submission.provider != "scripted":
+            log.warning("no price for model %r (nor %r): this call is recorded at $0; add it to AGENTQ_PRICES",
+                        answered, asked)  # fmt: skip
+        return Decimal(0)
+
+    def _note_retry(self, s: Session, notice: RetryNotice) -> None:
+        """A provider call failed and will be tried again: say so where status and the trace
+        read it (the write is fenced; a failure to write it changes nothing else)."""
+        now = time.time()
+        log.warning(
+            "model call failed (attempt %d of %d, %s): %s; next try in %.1fs",
+            notice.attempt, notice.max_attempts, notice.code, notice.message, notice.delay,
+        )  # fmt: skip
+        state = RetryState(
+            step=s.next_step,
+            scope="call",
+            attempt=notice.attempt,
+            max_attempts=notice.max_attempts,
+            code=notice.code[:64],
+            message=notice.message[:500],
+            status_code=notice.status_code,
+            at=now,
+            next_at=now + notice.delay,
+        )
+        try:
+            self.store.tasks.record_retry(s.lease.task_id, state, lease=s.lease)
+        except LeaseLost:
+            s.lost.set()  # the commit after the call would be refused anyway
+        except Exception:
+            log.warning("could not record the retry of task %s", s.lease.task_id, exc_info=True)
 
     @staticmethod
     def _turn_end(step: LLMStep, max_out: int, *, shrunk: bool) -> tuple[TaskStatus | None, dict[str, Any] | None]:
@@ -791,6 +868,12 @@ class Engine:
                 update={"inflight": {"amount": reserve, "epoch": s.lease.epoch, "step": number + 1}}
             )
         return record
+
+
+def _lease_lost(task_id: str, exc: LeaseLost) -> RunResult:
+    """Fenced out: by a cancel (the status moved: ``stopped``) or by another worker."""
+    status = exc.details.get("status")
+    return RunResult(task_id, "stopped" if status is not None else "lease_lost", status=status, error=exc.to_dict())
 
 
 def _error_outcome(use: dict[str, Any], message: str) -> ToolOutcome:

@@ -53,12 +53,45 @@ class BudgetExceeded(AgentqError):
 
 class ProviderError(AgentqError):
     """An LLM provider failed after the retries allowed; ``retryable`` tells the queue layer
-    whether the message should come back later (overload) or the task should fail (bad request)."""
+    whether the message should come back later (overload) or the task should fail (bad request).
+    ``code`` names the failure precisely (``invalid_api_key``, ``model_not_found``, ``overloaded``,
+    ...): it is what the task's ``error.code`` says."""
 
     code = "provider_error"
 
-    def __init__(self, message: str, *, retryable: bool, status_code: int | None = None, attempts: int = 1) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        status_code: int | None = None,
+        attempts: int = 1,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.status_code = status_code
         self.attempts = attempts
+        if code is not None:
+            self.code = code
+
+
+# Faults that running the same task again would meet again: bad data (a submission or step that
+# no longer validates, a script that cannot be loaded) or a bug on a code path the task always
+# takes. A task that hits one ends ``failed`` with it at once instead of being retried until SQS
+# dead-letters its message while its status still says running (and its parent waits forever).
+# Outages (network, throttling: botocore's own exception classes) are not among them.
+DETERMINISTIC_FAULTS: tuple[type[Exception], ...] = (
+    ValueError,  # pydantic's ValidationError, JSONDecodeError, UnicodeError among them
+    TypeError,
+    LookupError,
+    AttributeError,
+    AssertionError,
+)
+
+
+def fault_error(exc: BaseException, code: str = "processing_failed") -> dict[str, str]:
+    """A task's ``error`` for an exception that was not an ``AgentqError`` (message cut to 500)."""
+    if isinstance(exc, AgentqError):
+        return {"code": exc.code, "message": exc.message[:500]}
+    return {"code": code, "message": f"{type(exc).__name__}: {exc}"[:500]}

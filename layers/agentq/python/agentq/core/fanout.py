@@ -23,6 +23,7 @@ import pydantic
 from pydantic import Field
 
 from agentq.core.models import Constraints, Script, StrictModel, Task, TaskStatus, TaskSubmission
+from agentq.core.providers.scripted import builtin_script_names
 from agentq.core.tools import ToolSpec, tool
 
 SPAWN_TOOL = "spawn_subagents"
@@ -38,7 +39,9 @@ class SubagentSpec(StrictModel):
     )
     system: str | None = Field(default=None, max_length=20_000)
     deadline_seconds: int | None = Field(default=None, ge=1, le=86_400, description="its time limit")
-    script: Script | str | None = Field(default=None, description="scripted provider only")
+    script: Script | str | None = Field(
+        default=None, description="scripted provider only: an inline script or a built-in script name"
+    )
 
 
 class SpawnInput(StrictModel):
@@ -129,6 +132,13 @@ def plan_children(
             )
         if parent.submission.provider != "scripted" and sub.script is not None:
             raise SpawnRejected(f"{SPAWN_TOOL} refused: subagents[{i}].script is only valid with the scripted provider")
+        if isinstance(sub.script, str) and sub.script not in builtin_script_names():
+            # The model wrote this name: like a script over HTTP, it may name a built-in script,
+            # never a file on the worker (the loader would read any path it is given).
+            raise SpawnRejected(
+                f"{SPAWN_TOOL} refused: subagents[{i}].script: unknown script {sub.script[:200]!r}; "
+                f"built-in scripts: {', '.join(builtin_script_names())} (or give the script inline)"
+            )
     shares = _shares(spec, available)
     now = now or time.time()
     remaining = int((parent.started_at or now) + c.timeout_seconds - now)

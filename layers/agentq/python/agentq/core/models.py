@@ -196,6 +196,27 @@ class Lease(StrictModel):
     expires_at: float
 
 
+class RetryState(StrictModel):
+    """The latest retry of a task: the failure, which attempt it ended, when the next try is.
+
+    ``scope`` says who retries: ``call``, the worker retrying the provider call while it holds
+    the task; ``delivery``, the queue bringing the task back after the call's attempts were
+    spent (``attempt`` is then the delivery). Kept beside META (``META#RETRY``), never in it:
+    META is rewritten by every step commit and stays small. Current while ``step`` is not
+    committed and the task has not ended; afterwards it is history (the trace shows it).
+    """
+
+    step: int = Field(description="the step the failed attempt was for")
+    scope: Literal["call", "delivery"]
+    attempt: int = Field(ge=1)
+    max_attempts: int = Field(ge=1)
+    code: str = Field(max_length=64)
+    message: str = Field(max_length=500)
+    status_code: int | None = None
+    at: float = Field(description="when the attempt failed")
+    next_at: float = Field(description="when the next attempt starts")
+
+
 class Task(BaseModel):
     """The META item of a task, as the store reads it."""
 
@@ -234,6 +255,14 @@ class Task(BaseModel):
     updated_at: float | None = None
     forked_from: dict[str, Any] | None = None  # {"task_id", "step"} of a fork's source
     expires_at: int | None = None  # set while terminal: when DynamoDB TTL deletes it (epoch seconds)
+    retry: RetryState | None = None  # META#RETRY, read by Tasks.get (not by claim or get_many)
+
+    @property
+    def retrying(self) -> RetryState | None:
+        """The retry in progress: its step not committed yet, the task not ended."""
+        if self.retry is None or self.status.terminal or self.retry.step <= self.step:
+            return None
+        return self.retry
 
     @property
     def budget_id(self) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from agentq.core.fanout import ChildPlan
-from agentq.core.models import Lease, LLMStep, StepRecord, Task, TaskStatus, ToolOutcome
+from agentq.core.models import Lease, LLMStep, RetryState, StepRecord, Task, TaskStatus, ToolOutcome
 from agentq.core.records import ApprovalRecord, BudgetDelta, BudgetState, EffectRecord, Reservation, SpawnRecord
 from agentq.core.tenancy import TenantLimits
 
@@ -36,6 +36,8 @@ class TaskLeases(Protocol):
     def get(self, task_id: str) -> Task: ...
 
     def get_many(self, task_ids: list[str]) -> list[Task]: ...
+
+    def record_retry(self, task_id: str, state: RetryState, *, lease: Lease | None = None) -> bool: ...
 
 
 class StepLog(Protocol):

@@ -7,11 +7,10 @@ refused key is answered 401 before the handler runs, and the key's tenant reache
 in ``requestContext.authorizer.tenant``, where API Gateway puts a Lambda authorizer's context.
 Without one, every request is tenant ``local``.
 
-One request at a time reaches the handler, as in Lambda, where a container serves one
-invocation at a time: powertools' resolver keeps the current event and the matched route in
-shared state (class attributes and one context dict), so two requests resolved at once on two
-threads can answer with each other's route (seen as a 500 ``KeyError: '_route'`` once the web
-console polled while a client submitted). The server still accepts connections concurrently.
+Requests are served concurrently, a thread each, through one resolver: powertools keeps the
+request being answered in shared state, so ``agentq.api.app.AgentqResolver`` keeps it per
+request (a ``ContextVar``); without that, two requests at once answered with each other's route
+or body (``tests/test_local_api_isolation.py`` races 200 clients of two tenants).
 """
 
 from __future__ import annotations
@@ -107,6 +106,14 @@ def wsgi_app(handler: Any, authorizer: Authorizer | None = None) -> Callable[...
     return app
 
 
+class _Server(ThreadingHTTPServer):
+    """A thread per connection; the resolver keeps each request's state apart
+    (``agentq.api.app.AgentqResolver``)."""
+
+    daemon_threads = True
+    request_queue_size = 1024  # the listen backlog: socketserver's 5 reset a burst of clients
+
+
 class LocalApiServer:
     def __init__(
         self,
@@ -119,7 +126,6 @@ class LocalApiServer:
         self.handler = handler
         self.authorizer = authorizer
         self.host = host
-        self.lock = threading.Lock()  # one request in the handler at a time (see the module docstring)
 
         outer = self
 
@@ -139,9 +145,7 @@ class LocalApiServer:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length).decode(errors="replace") if length else None
                 headers = dict(self.headers.items())
-                with outer.lock:
-                    answer = dispatch(outer.handler, outer.authorizer, self.command, self.path, headers, body)
-                self._reply(*answer)
+                self._reply(*dispatch(outer.handler, outer.authorizer, self.command, self.path, headers, body))
 
             def __getattr__(self, name: str) -> Any:  # every method reaches the handler (405 for the wrong one)
                 if name.startswith("do_"):
@@ -151,8 +155,7 @@ class LocalApiServer:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.httpd = ThreadingHTTPServer((host, port), _Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _Server((host, port), _Handler)
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="local-api", daemon=True)
 
     @property

@@ -8,7 +8,13 @@ DLQ, or leave it alone. Failure classes:
   on the last allowed receive the task is marked ``failed`` with the error and the message
   goes to the DLQ, from where a redrive resumes it at its checkpoint;
 - permanent (bad request, budget, caps): the engine ends the task; the message is deleted;
-- poison (not JSON, not a task message, unknown task): straight to the DLQ with the reason.
+- deterministic (``DETERMINISTIC_FAULTS``: a script that cannot load, a submission or step that
+  no longer validates, a bug every run meets): the task ends ``failed`` with the error at once
+  and its parent is told, never retried until SQS dead-letters a task whose status says running;
+- poison (not JSON, not a task message, unknown task, a task that cannot be read): straight to
+  the DLQ with the reason.
+
+Any other exception escaping a run (an outage) is a retryable failure like a provider's.
 """
 
 from __future__ import annotations
@@ -26,8 +32,8 @@ import pydantic
 
 from agentq import observe
 from agentq.core.engine import Engine, KeeperFactory, RunResult
-from agentq.core.errors import IllegalTransition, TaskNotFound
-from agentq.core.models import Task, TaskStatus
+from agentq.core.errors import DETERMINISTIC_FAULTS, IllegalTransition, TaskNotFound, fault_error
+from agentq.core.models import RetryState, Task, TaskStatus
 from agentq.queueing.queues import DEAD_LETTER_REASON, TaskMessage, TaskQueues
 from agentq.storage.container import Storage
 
@@ -114,6 +120,8 @@ class Dispatcher:
             task = self.store.tasks.get(message.task_id)
         except TaskNotFound:
             return Action("dead_letter", f"poison: unknown task {message.task_id!r}", task_id=message.task_id)
+        except DETERMINISTIC_FAULTS as exc:  # stored as no code of ours can read it: every delivery would fail
+            return self._unreadable(message, exc)
 
         if message.task_token and task.task_token != message.task_token:
             self.store.tasks.set_task_token(task.task_id, message.task_token)  # continuations carry no token
@@ -130,11 +138,65 @@ class Dispatcher:
                 "delete", f"task is {task.status.value}; it is woken by its own message", task_id=task.task_id
             )
 
-        run = self.engine.run(task.task_id, deadline=deadline, keeper=keeper, on_beat=on_beat, stop=stop)
+        try:
+            run = self.engine.run(task.task_id, deadline=deadline, keeper=keeper, on_beat=on_beat, stop=stop)
+        except DETERMINISTIC_FAULTS as exc:  # before the engine held a session (the claim's read)
+            log.exception("task %s cannot run", task.task_id)
+            run = self._fail(task, fault_error(exc))
+        except Exception as exc:  # an outage, or a fault of no known kind: retried, a bounded number of times
+            log.exception("task %s: run failed", task.task_id)
+            run = RunResult(task.task_id, "retry", error=fault_error(exc, code="worker_error"))
         observe.record_run(run)
         if run.status is not None and run.status.terminal:
             self._report_end(task, run.status)
-        return self._after_run(run, tier=tier, receive_count=receive_count)
+        action = self._after_run(run, tier=tier, receive_count=receive_count)
+        if run.outcome == "retry" and action.kind == "retry":
+            self._note_retry(task, run, action, receive_count)
+        return action
+
+    def _note_retry(self, task: Task, run: RunResult, action: Action, receive_count: int) -> None:
+        """The task comes back in ``action.delay_seconds``: record why and when, so its status
+        says so instead of "running" with no error (best effort: the retry happens anyway)."""
+        error = run.error or {}
+        now = time.time()
+        base = run.claimed or task
+        state = RetryState(
+            step=base.step + run.steps_committed + 1,
+            scope="delivery",
+            attempt=receive_count,
+            max_attempts=self.max_receive_count,
+            code=str(error.get("code") or "retryable_error")[:64],
+            message=str(error.get("message") or action.reason)[:500],
+            status_code=error.get("status_code"),
+            at=now,
+            next_at=now + action.delay_seconds,
+        )
+        try:
+            self.store.tasks.record_retry(task.task_id, state)
+        except Exception:
+            log.warning("could not record the retry of task %s", task.task_id, exc_info=True)
+
+    def _fail(self, task: Task, error: dict[str, Any]) -> RunResult:
+        """End ``task`` ``failed`` with ``error`` outside any lease (no run holds one)."""
+        try:
+            self.store.tasks.transition(task.task_id, TaskStatus.FAILED, error=error)
+        except IllegalTransition:  # it ended meanwhile (a cancel): that end stands
+            current = self.store.tasks.get(task.task_id)
+            return RunResult(task.task_id, "finished", status=current.status, error=current.error)
+        return RunResult(task.task_id, "finished", status=TaskStatus.FAILED, error=error)
+
+    def _unreadable(self, message: TaskMessage, exc: Exception) -> Action:
+        """A task whose stored items no longer validate: failed (its META can still be written),
+        its parent told through the message's token, and the message dead-lettered with why."""
+        log.exception("task %s cannot be read", message.task_id)
+        error = fault_error(exc, code="unreadable_task")
+        try:
+            self.store.tasks.transition(message.task_id, TaskStatus.FAILED, error=error)
+        except Exception:  # the condition failed and reading the task to say why failed again
+            log.warning("task %s could not be marked failed", message.task_id)
+        if message.task_token and self.engine.fanout is not None:
+            self.engine.fanout.child_finished(message.task_token, message.task_id, TaskStatus.FAILED)
+        return Action("dead_letter", f"poison: {error['message']}", task_id=message.task_id)
 
     def _wake(self, task: Task, spawn_id: str) -> None:
         """The fan-out ended: note it on the spawn and make the parent runnable again."""
@@ -174,6 +236,8 @@ class Dispatcher:
                 reason = f"failed after {receive_count} attempts: {error.get('message', 'retryable error')}"
                 with contextlib.suppress(IllegalTransition):
                     self.store.tasks.transition(task_id, TaskStatus.FAILED, error={**error, "attempts": receive_count})
+                    run.status = TaskStatus.FAILED
+                    self._report_end(self.store.tasks.get(task_id), TaskStatus.FAILED)  # its parent wakes
                 return Action("dead_letter", reason, task_id=task_id, run=run)
             delay = int(error.get("retry_after") or self.backoff.delay(receive_count))
             return Action(

@@ -25,6 +25,7 @@ APPROVAL = "APPROVAL#"
 ORPHAN = "ORPHAN#"
 CLAIM = "CLAIM#"
 SUBMISSION = "META#SUBMISSION"  # sorts right after META: one Query reads both
+RETRY = "META#RETRY"  # the latest retry (RetryState): read by the same Query
 LIMITS = "LIMITS"
 HOUR = "HOUR#"
 
@@ -77,6 +78,10 @@ def meta_key(task_id: str) -> Key:
 
 def submission_key(task_id: str) -> Key:
     return {"pk": task_pk(task_id), "sk": SUBMISSION}
+
+
+def retry_key(task_id: str) -> Key:
+    return {"pk": task_pk(task_id), "sk": RETRY}
 
 
 def item_key(task_id: str, sk: str) -> Key:

@@ -25,6 +25,7 @@ from agentq.core.errors import IdempotencyConflict, IllegalTransition, LeaseLost
 from agentq.core.models import (
     ALLOWED_TRANSITIONS,
     Lease,
+    RetryState,
     StepRecord,
     Task,
     TaskStatus,
@@ -38,6 +39,7 @@ from agentq.storage.budgets import budget_attrs
 from agentq.storage.serdes import Payloads
 from agentq.storage.table import (
     Action,
+    Check,
     ConditionFailed,
     Delete,
     Item,
@@ -280,12 +282,17 @@ class Tasks:
     # ------------------------------------------------------------------ read
 
     def get(self, task_id: str) -> Task:
-        items = self.table.query(keys.task_pk(task_id), prefix=keys.META)
-        meta = next((i for i in items if i["sk"] == keys.META), None)
-        sub = next((i for i in items if i["sk"] == keys.SUBMISSION), None)
+        """META, the submission and the latest retry (``META#RETRY``): one Query."""
+        items = {i["sk"]: i for i in self.table.query(keys.task_pk(task_id), prefix=keys.META)}
+        meta, sub = items.get(keys.META), items.get(keys.SUBMISSION)
         if meta is None or sub is None:
             raise TaskNotFound(f"no task {task_id!r}", field="task_id")
-        return self._decode(meta, sub)
+        task = self._decode(meta, sub)
+        retry = items.get(keys.RETRY)
+        if retry is not None:
+            fields = {k: v for k, v in plain(retry).items() if k not in ("pk", "sk")}
+            task = task.model_copy(update={"retry": RetryState.model_validate(fields)})
+        return task
 
     def get_many(self, task_ids: list[str]) -> list[Task]:
         """Many tasks (BatchGetItem), in the order asked; missing ones are left out."""
@@ -433,6 +440,21 @@ class Tasks:
     def release(self, lease: Lease) -> None:
         """Give the task back (continuation, graceful shutdown): the next claim may run at once."""
         self._fenced(lease, Update(set={"lease_expires": 0}))
+
+    def record_retry(self, task_id: str, state: RetryState, *, lease: Lease | None = None) -> bool:
+        """Replace the task's ``META#RETRY`` with ``state``, so status and the trace show the
+        retry while it waits. With a lease the write is fenced (the worker retrying a call);
+        without one (the queue's redelivery) it is made only while the task is queued or
+        running. Returns False when the task had ended."""
+        item = {**keys.retry_key(task_id), **state.model_dump()}
+        guard = fence(lease) if lease is not None else present() & status_in([TaskStatus.QUEUED, TaskStatus.RUNNING])
+        try:
+            self.table.transact([Check("task", keys.meta_key(task_id), guard), Put("retry", item)])
+        except TransactionCancelled as exc:
+            if lease is not None:
+                raise why_fenced(self.table, lease) from exc
+            return False
+        return True
 
     def _fenced(self, lease: Lease, update: Update, extra: ConditionBase | None = None) -> None:
         condition = Attr("lease_epoch").eq(lease.epoch)

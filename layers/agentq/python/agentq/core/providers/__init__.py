@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from agentq.core.errors import ProviderError
 from agentq.core.models import TaskSubmission
 from agentq.core.providers.base import LLMProvider, LLMRequest, LLMResponse
 from agentq.core.providers.keys import anthropic_api_key
@@ -19,12 +20,22 @@ def default_provider_factory(submission: TaskSubmission) -> LLMProvider:
     and in AWS the Anthropic key from Secrets Manager (``anthropic_api_key``)."""
     if submission.provider == "scripted":
         assert submission.script is not None
-        return ScriptedProvider(load_script(submission.script))
+        try:
+            script = load_script(submission.script)
+        except (OSError, ValueError) as exc:  # gone, unreadable or not a script: as it will be next time
+            raise ProviderError(
+                f"script: cannot load {_shown(submission.script)}: {exc}"[:500], retryable=False, code="invalid_script"
+            ) from None
+        return ScriptedProvider(script)
     from agentq.core.providers.anthropic_provider import AnthropicProvider, BedrockProvider
 
     if submission.provider == "anthropic":
         return AnthropicProvider(api_key=anthropic_api_key(), base_url=os.environ.get("ANTHROPIC_BASE_URL"))
     return BedrockProvider(base_url=os.environ.get("AGENTQ_BEDROCK_BASE_URL"))
+
+
+def _shown(script: object) -> str:
+    return repr(script)[:200] if isinstance(script, str) else "the inline script"
 
 
 __all__ = [

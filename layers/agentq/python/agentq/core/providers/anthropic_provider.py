@@ -2,20 +2,29 @@
 
 Both go through the same ``messages.create`` call, so the engine sees one behaviour whichever
 endpoint a task names; only the client construction (API key vs SigV4) differs.
+
+A reply is checked before anything reads it (``to_llm_response``): the SDK hands back whatever
+a 200 carried (another JSON shape, a list, a string) without validating it, and a budget must
+never be settled from a usage that is not there. Missing credentials are found before the
+first call, as errors that no retry can fix.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Callable
 from typing import Any
 
 import anthropic
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
 
+from agentq.core.errors import ProviderError
 from agentq.core.models import Usage
 from agentq.core.providers.base import LLMRequest, LLMResponse
-from agentq.core.providers.retry import RetryPolicy, call_with_retries
+from agentq.core.providers.retry import MalformedReply, RetryPolicy, call_with_retries
 
 # What the engine persists and replays. Anything else the SDK adds (citations, caller,
 # toolset_name, ...) would make stored steps depend on the SDK version that wrote them.
@@ -58,14 +67,14 @@ class _MessagesProvider:
         if request.tools:
             kwargs["tools"] = request.tools
 
-        message, attempts = call_with_retries(
-            lambda: self._client.messages.create(**kwargs),
+        response, attempts = call_with_retries(
+            lambda: to_llm_response(self._client.messages.create(**kwargs), 1),
             self.retry,
             self._sleep,
             rng=self._rng,
             label=self.name,
         )
-        return to_llm_response(message, attempts)
+        return response.model_copy(update={"attempts": attempts})
 
 
 class AnthropicProvider(_MessagesProvider):
@@ -85,6 +94,13 @@ class AnthropicProvider(_MessagesProvider):
         rng: random.Random | None = None,
     ) -> None:
         if client is None:
+            if not (api_key or os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")):
+                raise ProviderError(
+                    "no Anthropic API key: set ANTHROPIC_API_KEY (in AWS, the secret named by "
+                    "AGENTQ_ANTHROPIC_API_KEY_SECRET)",
+                    retryable=False,
+                    code="missing_api_key",
+                )
             client = anthropic.Anthropic(api_key=api_key, base_url=base_url, timeout=timeout, max_retries=0)
         super().__init__(client, retry or RetryPolicy(), sleep, rng)
 
@@ -111,19 +127,72 @@ class BedrockProvider(_MessagesProvider):
             )
         super().__init__(client, retry or RetryPolicy(), sleep, rng)
 
+    def complete(self, request: LLMRequest) -> LLMResponse:
+        try:
+            return super().complete(request)
+        except RuntimeError as exc:  # the SDK signs each request, and says so when it finds no credentials
+            if "AWS credentials" not in str(exc):
+                raise
+            raise ProviderError(
+                f"bedrock: {exc} (give the worker an IAM role, or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)",
+                retryable=False,
+                code="missing_aws_credentials",
+            ) from None
+
+
+_BLOCK_FIELDS: dict[str, dict[str, type]] = {"text": {"text": str}, "tool_use": {"id": str, "name": str, "input": dict}}
+
+
+class _Block(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+    @pydantic.model_validator(mode="after")
+    def _complete(self) -> _Block:
+        """The fields the engine reads of a text or tool_use block are there, of their type."""
+        extra = self.model_extra or {}
+        for name, kind in _BLOCK_FIELDS.get(self.type, {}).items():
+            if not isinstance(extra.get(name), kind):
+                raise ValueError(f"a {self.type} block needs {name} ({kind.__name__})")
+        return self
+
+
+class _Usage(BaseModel):
+    input_tokens: int = Field(ge=0)
+    output_tokens: int = Field(ge=0)
+    cache_creation_input_tokens: int | None = Field(default=None, ge=0)
+    cache_read_input_tokens: int | None = Field(default=None, ge=0)
+
+
+class _Message(BaseModel):
+    """What the engine reads of a Messages API reply; anything else the reply holds is ignored."""
+
+    content: list[_Block]
+    stop_reason: str | None = None
+    model: str
+    usage: _Usage
+
 
 def to_llm_response(message: Any, attempts: int) -> LLMResponse:
-    """Turn an SDK ``Message`` into the provider-neutral shape the engine stores.
+    """Turn an SDK ``Message`` into the provider-neutral shape the engine stores; raises
+    ``MalformedReply`` when the reply is not a Message (the SDK does not check a 200's shape).
 
     Usage is copied field for field, never derived, because budgets and cost are charged from
     it; the cache fields are ``None`` when caching was not involved and count as zero.
     """
-    content = [_plain_block(block) for block in message.content]
-    usage = message.usage
+    if not isinstance(message, BaseModel):
+        raise MalformedReply(f"a JSON {type(message).__name__}, not an object")
+    try:
+        reply = _Message.model_validate(message.model_dump(exclude_none=True, warnings=False))
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "reply"
+        raise MalformedReply(f"{where}: {first['msg']}") from None
+    usage = reply.usage
     return LLMResponse(
-        content=content,
-        stop_reason=message.stop_reason,
-        model=message.model,
+        content=[_plain_block(block) for block in reply.content],
+        stop_reason=reply.stop_reason,
+        model=reply.model,
         usage=Usage(
             input_tokens=usage.input_tokens,
             output_tokens=usage.output_tokens,
@@ -134,6 +203,6 @@ def to_llm_response(message: Any, attempts: int) -> LLMResponse:
     )
 
 
-def _plain_block(block: Any) -> dict[str, Any]:
+def _plain_block(block: _Block) -> dict[str, Any]:
     dumped: dict[str, Any] = block.model_dump(exclude_none=True)
     return {key: dumped[key] for key in BLOCK_KEYS if key in dumped}

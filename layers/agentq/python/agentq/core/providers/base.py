@@ -7,6 +7,10 @@ return; the scripted provider answers in the same shapes.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
@@ -37,3 +41,38 @@ class LLMProvider(Protocol):
     def complete(self, request: LLMRequest) -> LLMResponse:
         """Return the assistant turn, or raise ``agentq.core.errors.ProviderError``."""
         ...
+
+
+@dataclass(frozen=True)
+class RetryNotice:
+    """One failed attempt of a provider call that will be retried after ``delay`` seconds."""
+
+    attempt: int
+    max_attempts: int
+    code: str
+    message: str
+    status_code: int | None
+    delay: float
+
+
+_listener: ContextVar[Callable[[RetryNotice], None] | None] = ContextVar("agentq_retry_listener", default=None)
+
+
+@contextlib.contextmanager
+def reporting_retries(listener: Callable[[RetryNotice], None]) -> Iterator[None]:
+    """Calls ``listener`` before each retry's wait, for provider calls made in this context.
+
+    A context variable rather than a parameter, so the providers' ``complete`` keeps one
+    signature whoever listens (the engine records each retry on its task)."""
+    token = _listener.set(listener)
+    try:
+        yield
+    finally:
+        _listener.reset(token)
+
+
+def report_retry(notice: RetryNotice) -> None:
+    """What a provider calls before waiting to retry."""
+    listener = _listener.get()
+    if listener is not None:
+        listener(notice)

@@ -24,9 +24,12 @@ def anthropic_api_key() -> str | None:
     """The key to hand the SDK, or None to let it read ``ANTHROPIC_API_KEY`` itself.
 
     ``ANTHROPIC_API_KEY`` wins when both are set (local runs). The secret may hold the bare key
-    or a JSON object with one of ``JSON_KEY_FIELDS``. A secret that cannot be read is a
-    retryable provider error: the message comes back, and after maxReceiveCount it waits in
-    the DLQ for a redrive once the secret or its permissions are fixed.
+    or a JSON object with one of ``JSON_KEY_FIELDS``. A secret that cannot be read
+    (``api_key_secret_unreadable``: missing, no permission, Secrets Manager unreachable) is a
+    retryable provider error: the task shows the retry, comes back, and after maxReceiveCount
+    ends failed with its message in the DLQ, for a redrive once the secret or its permissions
+    are fixed. A secret that holds no key (``invalid_api_key_secret``) fails the task at once:
+    no retry reads a key into it.
     """
     secret_id = os.environ.get(SECRET_VARIABLE, "").strip()
     if os.environ.get("ANTHROPIC_API_KEY") or not secret_id:
@@ -37,7 +40,9 @@ def anthropic_api_key() -> str | None:
         value = parameters.get_secret(secret_id, max_age=KEY_MAX_AGE_SECONDS)
     except parameters.exceptions.GetParameterError as exc:
         raise ProviderError(
-            f"cannot read the Anthropic API key from secret {secret_id!r}: {exc}", retryable=True
+            f"cannot read the Anthropic API key from secret {secret_id!r}: {exc}",
+            retryable=True,
+            code="api_key_secret_unreadable",
         ) from None
     return _key_from(str(value), secret_id)
 
@@ -54,8 +59,10 @@ def _key_from(value: str, secret_id: str) -> str:
                 if isinstance(data.get(name), str) and data[name].strip():
                     return str(data[name]).strip()
         raise ProviderError(
-            f"secret {secret_id!r} holds JSON without a string field {' or '.join(JSON_KEY_FIELDS)}", retryable=True
+            f"secret {secret_id!r} holds JSON without a string field {' or '.join(JSON_KEY_FIELDS)}",
+            retryable=False,
+            code="invalid_api_key_secret",
         )
     if not text:
-        raise ProviderError(f"secret {secret_id!r} is empty", retryable=True)
+        raise ProviderError(f"secret {secret_id!r} is empty", retryable=False, code="invalid_api_key_secret")
     return text

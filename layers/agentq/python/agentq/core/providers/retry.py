@@ -3,12 +3,19 @@
 The SDK's own retry loop is switched off (``max_retries=0``) and replaced by this one so that
 every provider retries the same way, the number of calls a step cost is known and stored on
 the step, and the failure that finally escapes says whether the queue should try again later
-(overload, rate limit, network) or give up on the task (a request the API will never accept).
+(overload, rate limit, network) or give up on the task (a request the API will never accept),
+under a code that names it (``FAILURE_CODES``). A reply that is not a Message (not JSON, or
+JSON of another shape) is retried like an overload, but once the attempts are spent the task
+fails: a server that keeps answering garbage will not be fixed by the queue's retries.
+
+Each retry is reported before its wait (``base.report_retry``): the engine records it on the
+task, so status, watch and the trace show the attempt, the error and the next try.
 """
 
 from __future__ import annotations
 
 import email.utils
+import json
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -18,12 +25,37 @@ import anthropic
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentq.core.errors import ProviderError
+from agentq.core.providers.base import RetryNotice, report_retry
 
 T = TypeVar("T")
 
 # 408 and 409 go beyond the usual 429/529/5xx, but the API uses them for request and lock
 # timeouts, which clear up by themselves; the SDK's own policy retries them too.
 RETRYABLE_4XX = frozenset({408, 409, 429})
+
+# error.code of a provider failure, by HTTP status: what a caller reads on the failed task.
+FAILURE_CODES = {
+    400: "invalid_request",
+    401: "invalid_api_key",
+    403: "permission_denied",
+    404: "model_not_found",  # the Messages endpoint exists: the model named is what is not found
+    413: "request_too_large",
+    429: "rate_limited",
+    529: "overloaded",
+}
+MALFORMED = "malformed_response"
+
+
+class MalformedReply(Exception):
+    """The provider answered 2xx with something that is not a Message."""
+
+
+def failure_code(status_code: int | None) -> str:
+    if status_code is None:
+        return "provider_unreachable"
+    if status_code in FAILURE_CODES:
+        return FAILURE_CODES[status_code]
+    return "provider_server_error" if status_code >= 500 else "provider_rejected"
 
 
 class RetryPolicy(BaseModel):
@@ -105,11 +137,13 @@ def call_with_retries(
     """Run ``fn`` until it succeeds or the policy's attempts are spent; return (result, attempts).
 
     Every failure leaves as ``ProviderError`` so callers handle one type: ``retryable=True``
-    when the queue should redeliver later, ``False`` when the task should fail now. ``sleep``
+    when the queue should redeliver later, ``False`` when the task should fail now. ``fn`` raises
+    ``MalformedReply`` (or the SDK's JSON error) for a reply that is not a Message. ``sleep``
     and ``rng`` are injectable so tests can prove the waits without waiting.
     """
-    last: anthropic.APIError | None = None
+    last: Exception | None = None
     for attempt in range(1, policy.max_attempts + 1):
+        hint: float | None = None
         try:
             return fn(), attempt
         except anthropic.APIStatusError as exc:
@@ -119,33 +153,56 @@ def call_with_retries(
                     retryable=False,
                     status_code=exc.status_code,
                     attempts=attempt,
+                    code=failure_code(exc.status_code),
                 ) from exc
             last = exc
             hint = retry_after_seconds(exc.response.headers)
         except anthropic.APIConnectionError as exc:  # includes APITimeoutError
             last = exc
-            hint = None
-        except anthropic.APIError as exc:
-            # e.g. a 2xx body the SDK could not parse: repeating the call will not fix it.
-            raise ProviderError(
-                f"{label} returned an unusable response: {_detail(exc)}",
-                retryable=False,
-                status_code=getattr(exc, "status_code", None),
-                attempts=attempt,
-            ) from exc
+        except (MalformedReply, json.JSONDecodeError, anthropic.APIError) as exc:
+            last = exc  # a 2xx that is not a Message: maybe a proxy's hiccup; bounded below
         if attempt == policy.max_attempts:
             break
         delay = min(hint, policy.max_delay) if hint is not None else backoff_delay(policy, attempt - 1, rng)
+        status = last.status_code if isinstance(last, anthropic.APIStatusError) else None
+        report_retry(
+            RetryNotice(attempt, policy.max_attempts, _code_of(last), _said(*_what(label, last)), status, delay)
+        )
         sleep(delay)
 
     assert last is not None  # the loop only falls through after a caught failure
     status = last.status_code if isinstance(last, anthropic.APIStatusError) else None
+    kind, detail = _what(label, last)
     raise ProviderError(
-        f"{label} {_failure_kind(last)} after {policy.max_attempts} attempts: {_detail(last)}",
-        retryable=True,
+        _said(f"{kind} after {policy.max_attempts} attempts", detail),
+        retryable=_code_of(last) != MALFORMED,
         status_code=status,
         attempts=policy.max_attempts,
+        code=_code_of(last),
     ) from last
+
+
+def _code_of(exc: Exception) -> str:
+    if isinstance(exc, anthropic.APIStatusError):
+        return failure_code(exc.status_code)
+    if isinstance(exc, anthropic.APITimeoutError):
+        return "provider_timeout"
+    if isinstance(exc, anthropic.APIConnectionError):
+        return "provider_unreachable"
+    return MALFORMED
+
+
+def _what(label: str, exc: Exception) -> tuple[str, str | None]:
+    """(``<label> <what happened>``, the server's own words if it gave any)."""
+    if isinstance(exc, (anthropic.APIStatusError, anthropic.APIConnectionError)):
+        return f"{label} {_failure_kind(exc)}", _detail(exc)
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{label} returned a reply that is not JSON ({exc.msg} at char {exc.pos})", None
+    return f"{label} returned a reply that is not a Message ({str(exc)[:200] or type(exc).__name__})", None
+
+
+def _said(kind: str, detail: str | None) -> str:
+    return f"{kind}: {detail}" if detail else kind
 
 
 _default_rng = random.Random()

@@ -41,7 +41,11 @@ def load_script(spec: Script | str | dict[str, Any]) -> Script:
     if not path.exists():
         known = sorted(p.stem for p in SCRIPTS_DIR.glob("*.yaml"))
         raise ValueError(f"unknown script {spec!r}; built-in scripts: {', '.join(known)}")
-    return Script.model_validate(yaml.safe_load(path.read_text()))
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:  # JSON is YAML: one parser for both
+        raise ValueError(f"script {spec!r} is neither JSON nor YAML: {exc}") from None
+    return Script.model_validate(data)
 
 
 def builtin_script_names() -> list[str]:
