@@ -176,12 +176,12 @@ class InProcessCounter:
 
 MOTO_APPS = {
     "stock": ["-m", "agentq.local.moto_app"],  # what LocalStack runs
-    "fast": [str(BENCH_DIR / "_moto_app.py")],  # the same, TransactWriteItems O(items touched)
+    "fast": [str(BENCH_DIR / "_moto_app.py")],  # the same, Query and ReceiveMessage O(what they return)
 }
 MOTO_MODES_HELP = (
-    "moto server: 'fast' (default) = agentq's moto_app with TransactWriteItems backing up only the "
-    "items it touches (bench/_moto_app.py); 'stock' = agentq's moto_app unchanged, whose transactions "
-    "deep-copy the whole table (cost grows with every item ever written)"
+    "moto server: 'fast' (default) = agentq's moto_app with a partition Query reading only its partition and "
+    "SQS ReceiveMessage not rescanning the queue per message (bench/_moto_app.py); 'stock' = agentq's moto_app "
+    "unchanged, whose Query cost grows with every item in the table"
 )
 
 

@@ -1,5 +1,9 @@
 """moto's server application with DynamoDB requests serialised: ``python -m agentq.local.moto_app``.
 
+Its transactions also roll back item by item instead of from whole-table copies
+(``moto_rollback``): exact only because requests are serialised here, and the reason a step
+commit on the local stack costs the same at 100,000 items as on an empty table.
+
 Why: moto's server runs each request on its own thread with no lock around a DynamoDB
 operation, so two concurrent conditional writes (or TransactWriteItems) can both pass their
 condition: a lost update DynamoDB itself never allows (measured: 34 grants of 700 tokens
@@ -20,10 +24,14 @@ from typing import Any
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 from werkzeug.serving import run_simple
 
-try:  # the request handler moto uses for its own server (keeps its header handling)
-    from moto.moto_server.threaded_moto_server import MotoRequestHandler
-except ImportError:  # pragma: no cover - older moto
-    MotoRequestHandler = None
+from agentq.local import moto_rollback
+
+
+def _moto_request_handler() -> Any:
+    """The request handler moto's own server uses (keeps its header handling); None before moto 5.2."""
+    from moto.moto_server import threaded_moto_server
+
+    return getattr(threaded_moto_server, "MotoRequestHandler", None)
 
 
 class SerialisedDynamoDB:
@@ -41,16 +49,20 @@ class SerialisedDynamoDB:
         return self.app(environ, start_response)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None, *, item_rollback: bool = True) -> None:
+    """Serve until killed. ``item_rollback=False`` keeps moto's own whole-table rollback (for
+    ``bench/local_commit.py``, which measures the difference)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-H", "--host", default="127.0.0.1")
     parser.add_argument("-p", "--port", type=int, default=5000)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if item_rollback:
+        moto_rollback.install()
     os.environ.setdefault("MOTO_PORT", str(args.port))
     app = DomainDispatcherApplication(create_backend_app)
     kwargs: dict[str, Any] = {"threaded": True}
-    if MotoRequestHandler is not None:
-        kwargs["request_handler"] = MotoRequestHandler
+    if (handler := _moto_request_handler()) is not None:
+        kwargs["request_handler"] = handler
     run_simple(args.host, args.port, SerialisedDynamoDB(app), **kwargs)
 
 
