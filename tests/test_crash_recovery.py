@@ -15,15 +15,15 @@ import pytest
 
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import LLMStep, StepRecord, TaskStatus, ToolsStep
-from agentq.resources import ResourceNames, provision
-from agentq.runtime import Settings, build_registry, build_store, session
+from agentq.local.moto_server import MotoServer
+from agentq.runtime import Settings, build_registry, build_store
 from agentq.storage.container import Storage
 
-from tests.conftest import child_env
+from tests.conftest import child_env, fresh_settings
 from tests.helpers import call, scripted
 
 TASK_ID = "crash-task"
-TURNS = [
+TURNS: list[dict[str, Any]] = [
     {
         "text": "first look",
         "tool_calls": [call("lookup", query="a"), call("charge_card", amount_cents=100, memo="one")],
@@ -53,6 +53,7 @@ UNKNOWN_OUTCOME = {"after_effect_begin:1", "after_effect_begin:2", "after_tool_r
 def _worker(settings: Settings, env_extra: dict[str, str], wait: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "agentq", "run-task", TASK_ID, "--lease", "1", "--wait", str(wait)],
+        check=False,
         env=child_env(settings, **env_extra),
         capture_output=True,
         text=True,
@@ -73,31 +74,26 @@ def _shape(steps: list[StepRecord]) -> list[Any]:
     return out
 
 
-def _baseline(settings: Settings, ledger: Path, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """The uninterrupted run, under the same task id (tool_use ids derive from it), in a table
-    that is then dropped and made anew for the crash run."""
-    monkeypatch.setenv("AGENTQ_TEST_LEDGER", str(ledger))
-    store = build_store(settings)
-    store.tasks.create(scripted(TURNS, tools=TOOLS), tenant="t", task_id=TASK_ID)
-    result = Engine(
-        store, worker_id="baseline", tools=build_registry(settings), config=EngineConfig(lease_seconds=5)
-    ).run(TASK_ID)
+@pytest.fixture(scope="module")
+def expected(moto_server: MotoServer, tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
+    """The uninterrupted run, made once for every scenario: the same task id (tool_use ids derive
+    from it) in a table of its own, with a ledger of its own."""
+    settings = fresh_settings(moto_server)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("AGENTQ_TEST_LEDGER", str(tmp_path_factory.mktemp("baseline") / "ledger.jsonl"))
+        store = build_store(settings)
+        store.tasks.create(scripted(TURNS, tools=TOOLS), tenant="t", task_id=TASK_ID)
+        result = Engine(
+            store, worker_id="baseline", tools=build_registry(settings), config=EngineConfig(lease_seconds=5)
+        ).run(TASK_ID)
     assert result.status is TaskStatus.SUCCEEDED
-    shape = _shape(store.steps.load(TASK_ID))
-    store.table.client.delete_table(TableName=settings.table)
-    provision(
-        session(settings),
-        ResourceNames(table=settings.table, bucket=settings.bucket),
-        endpoint_url=settings.endpoint_url,
-    )
-    return shape
+    return _shape(store.steps.load(TASK_ID))
 
 
 @pytest.mark.parametrize("crash_at", SCENARIOS)
 def test_killed_worker_resumes_to_the_same_conversation_without_repeating_effects(
-    crash_at: str, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    crash_at: str, settings: Settings, tmp_path: Path, expected: list[Any]
 ) -> None:
-    expected = _baseline(settings, tmp_path / "baseline-ledger.jsonl", monkeypatch)
     store: Storage = build_store(settings)
     store.tasks.create(scripted(TURNS, tools=TOOLS), tenant="t", task_id=TASK_ID)
     ledger = tmp_path / "ledger.jsonl"
