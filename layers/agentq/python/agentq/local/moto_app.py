@@ -1,16 +1,18 @@
-"""moto's server application with DynamoDB requests serialised: ``python -m agentq.local.moto_app``.
+"""moto's server application as the local stack and the tests run it: ``python -m agentq.local.moto_app``.
 
-Its transactions also roll back item by item instead of from whole-table copies
-(``moto_rollback``): exact only because requests are serialised here, and the reason a step
-commit on the local stack costs the same at 100,000 items as on an empty table.
+It differs from ``moto_server`` in three ways, none of which changes what a request returns:
 
-Why: moto's server runs each request on its own thread with no lock around a DynamoDB
-operation, so two concurrent conditional writes (or TransactWriteItems) can both pass their
-condition: a lost update DynamoDB itself never allows (measured: 34 grants of 700 tokens
-against a 20,000-token cap with 20 racing processes). Serialising DynamoDB requests gives
-a linearisable table, the guarantee the real service makes per item, so races in tests are
-races against DynamoDB's semantics, not moto's. Other services (SQS long polls, S3, Step
-Functions) stay concurrent.
+1. DynamoDB requests are serialised (``SerialisedDynamoDB``). moto's server runs each request
+   on its own thread with no lock around a DynamoDB operation, so two concurrent conditional
+   writes (or TransactWriteItems) can both pass their condition: a lost update DynamoDB itself
+   never allows (measured: 34 grants of 700 tokens against a 20,000-token cap with 20 racing
+   processes). Serialising DynamoDB requests gives a linearisable table, the guarantee the real
+   service makes per item, so races in tests are races against DynamoDB's semantics, not
+   moto's. Other services (SQS long polls, S3, Step Functions) stay concurrent.
+2. A transaction rolls back from copies of the items it names instead of whole-table copies
+   (``moto_rollback``; exact only because of 1), so a step commit costs the same at 100,000
+   items as on an empty table.
+3. The backend serving a host is looked up once per host (``Dispatcher``), not per request.
 """
 
 from __future__ import annotations
@@ -49,6 +51,27 @@ class SerialisedDynamoDB:
         return self.app(environ, start_response)
 
 
+class Dispatcher(DomainDispatcherApplication):
+    """moto's dispatcher, remembering which backend serves each host.
+
+    Why: for every request moto finds the backend by listing its own package directory (an
+    ``os.listdir`` and an ``isdir`` for each of its ~200 service folders) and matching the host
+    against every service's URL patterns: about 1 ms of CPU per request, more than a DynamoDB
+    GetItem itself, on every request of every test. The answer depends only on the host
+    (moto's folders and patterns do not change while it runs). ``get_application`` calls this
+    under its own lock, which also guards the cache.
+    """
+
+    def __init__(self, create_app: Callable[..., Any]) -> None:
+        super().__init__(create_app)
+        self._backends: dict[str | None, Any] = {}
+
+    def get_backend_for_host(self, host: str | None) -> Any:
+        if host not in self._backends:
+            self._backends[host] = super().get_backend_for_host(host)
+        return self._backends[host]
+
+
 def main(argv: list[str] | None = None, *, item_rollback: bool = True) -> None:
     """Serve until killed. ``item_rollback=False`` keeps moto's own whole-table rollback (for
     ``bench/local_commit.py``, which measures the difference)."""
@@ -59,7 +82,7 @@ def main(argv: list[str] | None = None, *, item_rollback: bool = True) -> None:
     if item_rollback:
         moto_rollback.install()
     os.environ.setdefault("MOTO_PORT", str(args.port))
-    app = DomainDispatcherApplication(create_backend_app)
+    app = Dispatcher(create_backend_app)
     kwargs: dict[str, Any] = {"threaded": True}
     if (handler := _moto_request_handler()) is not None:
         kwargs["request_handler"] = handler

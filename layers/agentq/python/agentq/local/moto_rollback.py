@@ -25,7 +25,7 @@ missing key.) That is the whole rollback because
   time, so no other request can see or write the table between the action and its rollback.
 
 It is also what DynamoDB does: all or nothing per transaction, no cost that grows with the table.
-``tests/test_moto_rollback.py`` checks that a cancelled transaction leaves the table exactly as
+``tests/test_moto_app.py`` checks that a cancelled transaction leaves the table exactly as
 before against the server, including items created and deleted by earlier actions of it.
 
 Which moto: the internals relied on are those of moto 5.2 (read in 5.2.5 and in moto's main

@@ -1,10 +1,10 @@
-"""A cancelled transaction on the local moto server changes nothing (agentq.local.moto_rollback).
+"""The local moto server (agentq.local.moto_app) answers as moto does, faster.
 
-The server rolls a transaction back from copies of the items it names instead of whole-table
+Transactions roll back from copies of the items they name (moto_rollback), not whole-table
 copies. All or nothing must still hold exactly: items the transaction created are gone again,
 items it deleted or changed are back as they were, wherever in it the failing action is (moto
 carries on applying the actions after a failed condition before rolling back), and a stream
-keeps no record of it.
+keeps no record of it. The backend for a host is looked up once, and is moto's.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from agentq.local import moto_rollback
+from agentq.local.moto_app import Dispatcher
 from agentq.local.moto_server import MotoServer
 
 S = "S"
@@ -185,3 +186,36 @@ def test_the_installed_moto_is_one_whose_internals_the_rollback_was_checked_agai
     slow again. Re-read moto's ``transact_write_items`` and ``Table`` against
     ``agentq/local/moto_rollback.py``, then add the series to ``VERIFIED_MOTO``."""
     assert moto_rollback.supported(), f"moto {moto_rollback.moto_series()} not in {moto_rollback.VERIFIED_MOTO}"
+
+
+# -- dispatch -----------------------------------------------------------------------------------
+
+
+def test_the_dispatcher_picks_the_backend_moto_picks_and_looks_each_host_up_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+
+    hosts = [
+        "dynamodb.us-east-1.amazonaws.com",
+        "sqs.us-east-1.amazonaws.com",
+        "s3.amazonaws.com",
+        "states.us-east-1.amazonaws.com",
+        "moto_api",
+        None,
+    ]
+    stock = DomainDispatcherApplication(create_backend_app)
+    expected = [stock.get_backend_for_host(h) for h in hosts]
+    assert expected[:4] == ["dynamodb", "sqs", "s3", "stepfunctions"]
+
+    lookups: list[str | None] = []
+    original = DomainDispatcherApplication.get_backend_for_host
+
+    def counted(self: Any, host: str | None) -> Any:
+        lookups.append(host)
+        return original(self, host)
+
+    monkeypatch.setattr(DomainDispatcherApplication, "get_backend_for_host", counted)
+    dispatcher = Dispatcher(create_backend_app)
+    assert [dispatcher.get_backend_for_host(h) for h in hosts * 3] == expected * 3
+    assert lookups == hosts
