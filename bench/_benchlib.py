@@ -176,12 +176,12 @@ class InProcessCounter:
 
 MOTO_APPS = {
     "stock": ["-m", "agentq.local.moto_app"],  # what LocalStack runs
-    "fast": [str(BENCH_DIR / "_moto_app.py")],  # the same, Query and ReceiveMessage O(what they return)
+    "fast": [str(BENCH_DIR / "_moto_app.py")],  # the same, SQS ReceiveMessage O(messages returned)
 }
 MOTO_MODES_HELP = (
-    "moto server: 'fast' (default) = agentq's moto_app with a partition Query reading only its partition and "
-    "SQS ReceiveMessage not rescanning the queue per message (bench/_moto_app.py); 'stock' = agentq's moto_app "
-    "unchanged, whose Query cost grows with every item in the table"
+    "moto server: 'fast' (default) = agentq's moto_app with SQS ReceiveMessage not rescanning the queue per "
+    "message (bench/_moto_app.py); 'stock' = agentq's moto_app unchanged, whose receives cost grows with the "
+    "queue's depth"
 )
 
 

@@ -4,7 +4,8 @@ Transactions roll back from copies of the items they name (moto_rollback), not w
 copies. All or nothing must still hold exactly: items the transaction created are gone again,
 items it deleted or changed are back as they were, wherever in it the failing action is (moto
 carries on applying the actions after a failed condition before rolling back), and a stream
-keeps no record of it. The backend for a host is looked up once, and is moto's.
+keeps no record of it. A Query by partition key reads only that partition (moto_query): its
+results must be those of moto's whole-table path. The backend for a host is looked up once.
 """
 
 from __future__ import annotations
@@ -186,6 +187,58 @@ def test_the_installed_moto_is_one_whose_internals_the_rollback_was_checked_agai
     slow again. Re-read moto's ``transact_write_items`` and ``Table`` against
     ``agentq/local/moto_rollback.py``, then add the series to ``VERIFIED_MOTO``."""
     assert moto_rollback.supported(), f"moto {moto_rollback.moto_series()} not in {moto_rollback.VERIFIED_MOTO}"
+
+
+# -- Query by partition key ---------------------------------------------------------------------
+
+
+def _query(ddb: Any, table: str, pk: str, **extra: Any) -> list[dict[str, Any]]:
+    """Every page of a Query of partition ``pk`` (with ``extra`` conditions), in order."""
+    request: dict[str, Any] = {
+        "TableName": table,
+        "KeyConditionExpression": "pk = :p" + extra.pop("and_key", ""),
+        "ExpressionAttributeValues": {":p": {S: pk}, **extra.pop("values", {})},
+        **extra,
+    }
+    items: list[dict[str, Any]] = []
+    while True:
+        page = ddb.query(**request)
+        items += page["Items"]
+        if "LastEvaluatedKey" not in page:
+            return items
+        request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+
+def test_a_partition_query_returns_that_partition_in_sort_key_order_with_every_option(ddb: Any) -> None:
+    table = _table(ddb)
+    for p in ("p0", "p1", "p2"):  # neighbours on both sides, written interleaved
+        for i in (7, 3, 11, 0, 5, 9, 1):
+            ddb.put_item(TableName=table, Item=_key(p, f"s{i:02d}") | {"n": {"N": str(i)}, "p": {S: p}})
+    mine = [f"s{i:02d}" for i in (0, 1, 3, 5, 7, 9, 11)]
+
+    def sks(items: list[dict[str, Any]]) -> list[str]:
+        return [i["sk"][S] for i in items]
+
+    assert sks(_query(ddb, table, "p1")) == mine
+    assert {i["p"][S] for i in _query(ddb, table, "p1")} == {"p1"}
+    assert sks(_query(ddb, table, "p1", Limit=2)) == mine  # paged two at a time
+    assert sks(_query(ddb, table, "p1", ScanIndexForward=False, Limit=3)) == mine[::-1]
+    between = {"and_key": " AND sk BETWEEN :a AND :b", "values": {":a": {S: "s03"}, ":b": {S: "s09"}}}
+    assert sks(_query(ddb, table, "p1", **between)) == ["s03", "s05", "s07", "s09"]
+    assert sks(_query(ddb, table, "p1", and_key=" AND begins_with(sk, :b)", values={":b": {S: "s0"}})) == mine[:6]
+    filtered = _query(ddb, table, "p1", FilterExpression="n > :m", values={":m": {"N": "4"}}, ProjectionExpression="sk")
+    assert filtered == [{"sk": {S: s}} for s in ("s05", "s07", "s09", "s11")]
+    before = ddb.scan(TableName=table)["Count"]
+    assert _query(ddb, table, "nowhere") == []
+    assert ddb.scan(TableName=table)["Count"] == before
+
+
+def test_a_query_on_a_table_without_sort_key_finds_its_one_item(ddb: Any) -> None:
+    table = _table(ddb, sort_key=False)
+    for k in ("a", "b", "c"):
+        ddb.put_item(TableName=table, Item=_key(k) | {"v": {S: k}})
+    assert _query(ddb, table, "b") == [_key("b") | {"v": {S: "b"}}]
+    assert _query(ddb, table, "zz") == []
 
 
 # -- dispatch -----------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """moto's server application as the local stack and the tests run it: ``python -m agentq.local.moto_app``.
 
-It differs from ``moto_server`` in three ways, none of which changes what a request returns:
+It differs from ``moto_server`` in four ways, none of which changes what a request returns:
 
 1. DynamoDB requests are serialised (``SerialisedDynamoDB``). moto's server runs each request
    on its own thread with no lock around a DynamoDB operation, so two concurrent conditional
@@ -12,7 +12,9 @@ It differs from ``moto_server`` in three ways, none of which changes what a requ
 2. A transaction rolls back from copies of the items it names instead of whole-table copies
    (``moto_rollback``; exact only because of 1), so a step commit costs the same at 100,000
    items as on an empty table.
-3. The backend serving a host is looked up once per host (``Dispatcher``), not per request.
+3. A Query by partition key reads that partition instead of sorting the whole table
+   (``moto_query``).
+4. The backend serving a host is looked up once per host (``Dispatcher``), not per request.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 from werkzeug.serving import run_simple
 
-from agentq.local import moto_rollback
+from agentq.local import moto_query, moto_rollback
 
 
 def _moto_request_handler() -> Any:
@@ -72,15 +74,16 @@ class Dispatcher(DomainDispatcherApplication):
         return self._backends[host]
 
 
-def main(argv: list[str] | None = None, *, item_rollback: bool = True) -> None:
-    """Serve until killed. ``item_rollback=False`` keeps moto's own whole-table rollback (for
-    ``bench/local_commit.py``, which measures the difference)."""
+def main(argv: list[str] | None = None, *, patch_moto: bool = True) -> None:
+    """Serve until killed. ``patch_moto=False`` leaves moto's DynamoDB as it is (2 and 3 above
+    off), for ``bench/local_commit.py``, which measures the difference."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-H", "--host", default="127.0.0.1")
     parser.add_argument("-p", "--port", type=int, default=5000)
     args = parser.parse_args(argv)
-    if item_rollback:
+    if patch_moto:
         moto_rollback.install()
+        moto_query.install()
     os.environ.setdefault("MOTO_PORT", str(args.port))
     app = Dispatcher(create_backend_app)
     kwargs: dict[str, Any] = {"threaded": True}
