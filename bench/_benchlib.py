@@ -180,12 +180,12 @@ class InProcessCounter:
 
 MOTO_APPS = {
     "stock": ["-m", "agentq.local.moto_app"],  # what LocalStack runs
-    "fast": [str(BENCH_DIR / "_moto_app.py")],  # the same, TransactWriteItems O(items touched)
+    "fast": [str(BENCH_DIR / "_moto_app.py")],  # the same, SQS ReceiveMessage O(messages returned)
 }
 MOTO_MODES_HELP = (
-    "moto server: 'fast' (default) = agentq's moto_app with TransactWriteItems backing up only the "
-    "items it touches (bench/_moto_app.py); 'stock' = agentq's moto_app unchanged, whose transactions "
-    "deep-copy the whole table (cost grows with every item ever written)"
+    "moto server: 'fast' (default) = agentq's moto_app with SQS ReceiveMessage not rescanning the queue per "
+    "message (bench/_moto_app.py); 'stock' = agentq's moto_app unchanged, whose receives cost grows with the "
+    "queue's depth"
 )
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from decimal import Decimal
 
 from agentq.core.errors import BudgetExceeded
@@ -12,13 +11,13 @@ from agentq.core.records import BudgetDelta
 from agentq.runtime import Settings, build_store
 
 
-def main(root_id: str, task_id: str, amount: int, attempts: int, start_at: float) -> None:
+def main(root_id: str, task_id: str, amount: int, attempts: int) -> None:
     store = build_store(Settings.from_env())
     claimed = store.tasks.claim(task_id, f"racer-{task_id}", 60)
     assert claimed is not None
     lease, _ = claimed
-    while time.time() < start_at:
-        time.sleep(0.001)
+    print("ready", flush=True)  # then wait for the starting gun: a line on stdin, sent to all at once
+    sys.stdin.readline()
     granted = 0
     for step in range(attempts):
         try:
@@ -41,4 +40,4 @@ def main(root_id: str, task_id: str, amount: int, attempts: int, start_at: float
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))

@@ -44,8 +44,8 @@ def moto_server() -> Iterator[MotoServer]:
         yield server
 
 
-@pytest.fixture
-def settings(moto_server: MotoServer) -> Settings:
+def fresh_settings(moto_server: MotoServer) -> Settings:
+    """A table and a bucket of their own on the shared moto server."""
     names = ResourceNames.for_prefix(f"t{uuid.uuid4().hex[:12]}")
     s = Settings(
         table=names.table,
@@ -55,6 +55,11 @@ def settings(moto_server: MotoServer) -> Settings:
     )
     provision(session(s), names, endpoint_url=s.endpoint_url)
     return s
+
+
+@pytest.fixture
+def settings(moto_server: MotoServer) -> Settings:
+    return fresh_settings(moto_server)
 
 
 @pytest.fixture

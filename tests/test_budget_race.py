@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 from agentq.runtime import Settings
 from agentq.storage.container import Storage
@@ -29,7 +28,6 @@ def test_twenty_processes_reserving_at_once_never_push_the_root_past_its_cap(
         )
         for _ in range(PROCESSES)
     ]
-    start_at = time.time() + 4.0  # every process is up and has claimed before the gun
     procs = [
         subprocess.Popen(
             [
@@ -40,15 +38,21 @@ def test_twenty_processes_reserving_at_once_never_push_the_root_past_its_cap(
                 child.task_id,
                 str(AMOUNT),
                 str(ATTEMPTS),
-                str(start_at),
             ],
             env=child_env(settings),
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
         for child in children
     ]
+    for proc in procs:  # every process is up and has claimed its task before the gun
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", proc.communicate()[1][-2000:]
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
     reports = []
     for proc in procs:
         out, err = proc.communicate(timeout=120)

@@ -1,6 +1,11 @@
 """Invariants 1 and 3 under real SIGKILL: a worker process is killed at every step boundary
 (between every pair of writes), another process resumes, and the outcome matches an
-uninterrupted run; no side-effecting tool runs twice."""
+uninterrupted run; no side-effecting tool runs twice.
+
+The killed worker is ``agentq run-task`` in a process of its own. The one that resumes is this
+test's process, through the same ``run_task`` (claim as soon as the dead one's 1 s lease
+lapses): it only has to be another process, and a process start per scenario is what made this
+module slow. ``run-task`` as a command that resumes is covered by tests/test_zombie_worker.py."""
 
 from __future__ import annotations
 
@@ -15,15 +20,16 @@ import pytest
 
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import LLMStep, StepRecord, TaskStatus, ToolsStep
-from agentq.resources import ResourceNames, provision
-from agentq.runtime import Settings, build_registry, build_store, session
+from agentq.local.moto_server import MotoServer
+from agentq.queueing.worker import run_task
+from agentq.runtime import Settings, build_registry, build_store
 from agentq.storage.container import Storage
 
-from tests.conftest import child_env
-from tests.helpers import call, dynamo, scripted
+from tests.conftest import child_env, fresh_settings
+from tests.helpers import call, scripted
 
 TASK_ID = "crash-task"
-TURNS = [
+TURNS: list[dict[str, Any]] = [
     {
         "text": "first look",
         "tool_calls": [call("lookup", query="a"), call("charge_card", amount_cents=100, memo="one")],
@@ -51,14 +57,14 @@ SCENARIOS = [f"{point}:{n}" for point, count in PASSES.items() for n in range(1,
 UNKNOWN_OUTCOME = {"after_effect_begin:1", "after_effect_begin:2", "after_tool_run:2", "after_tool_run:3"}
 
 
-def _worker(settings: Settings, env_extra: dict[str, str], wait: float) -> subprocess.CompletedProcess[str]:
+def _crashing_worker(settings: Settings, crash_at: str, ledger: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "agentq", "run-task", TASK_ID, "--lease", "1", "--wait", str(wait)],
-        env=child_env(settings, **env_extra),
+        [sys.executable, "-m", "agentq", "run-task", TASK_ID, "--lease", "1"],
+        check=False,
+        env=child_env(settings, AGENTQ_CRASH_AT=crash_at, AGENTQ_TEST_LEDGER=str(ledger)),
         capture_output=True,
         text=True,
         timeout=120,
-        check=False,
     )
 
 
@@ -75,47 +81,41 @@ def _shape(steps: list[StepRecord]) -> list[Any]:
     return out
 
 
-def _baseline(settings: Settings, ledger: Path, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """The uninterrupted run, under the same task id (tool_use ids derive from it), in a table
-    that is then dropped and made anew for the crash run."""
-    monkeypatch.setenv("AGENTQ_TEST_LEDGER", str(ledger))
-    store = build_store(settings)
-    store.tasks.create(scripted(TURNS, tools=TOOLS), tenant="t", task_id=TASK_ID)
-    result = Engine(
-        store, worker_id="baseline", tools=build_registry(settings), config=EngineConfig(lease_seconds=5)
-    ).run(TASK_ID)
+@pytest.fixture(scope="module")
+def expected(moto_server: MotoServer, tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
+    """The uninterrupted run, made once for every scenario: the same task id (tool_use ids derive
+    from it) in a table of its own, with a ledger of its own."""
+    settings = fresh_settings(moto_server)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("AGENTQ_TEST_LEDGER", str(tmp_path_factory.mktemp("baseline") / "ledger.jsonl"))
+        store = build_store(settings)
+        store.tasks.create(scripted(TURNS, tools=TOOLS), tenant="t", task_id=TASK_ID)
+        result = Engine(
+            store, worker_id="baseline", tools=build_registry(settings), config=EngineConfig(lease_seconds=5)
+        ).run(TASK_ID)
     assert result.status is TaskStatus.SUCCEEDED
-    shape = _shape(store.steps.load(TASK_ID))
-    dynamo(store).client.delete_table(TableName=settings.table)
-    provision(
-        session(settings),
-        ResourceNames(table=settings.table, bucket=settings.bucket),
-        endpoint_url=settings.endpoint_url,
-    )
-    return shape
+    return _shape(store.steps.load(TASK_ID))
 
 
 @pytest.mark.parametrize("crash_at", SCENARIOS)
 def test_killed_worker_resumes_to_the_same_conversation_without_repeating_effects(
-    crash_at: str, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    crash_at: str, settings: Settings, tmp_path: Path, expected: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    expected = _baseline(settings, tmp_path / "baseline-ledger.jsonl", monkeypatch)
     store: Storage = build_store(settings)
     store.tasks.create(scripted(TURNS, tools=TOOLS), tenant="t", task_id=TASK_ID)
     ledger = tmp_path / "ledger.jsonl"
 
-    crashed = _worker(settings, {"AGENTQ_CRASH_AT": crash_at, "AGENTQ_TEST_LEDGER": str(ledger)}, wait=0)
+    crashed = _crashing_worker(settings, crash_at, ledger)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
     before = store.steps.load(TASK_ID)
 
-    resumed = _worker(settings, {"AGENTQ_TEST_LEDGER": str(ledger)}, wait=20)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    report = json.loads(resumed.stdout.strip().splitlines()[-1])
-    assert report["status"] == "succeeded"
-    if report["outcome"] == "not_claimed":  # killed after its final commit: nothing left to do
+    monkeypatch.setenv("AGENTQ_TEST_LEDGER", str(ledger))
+    resumed = run_task(TASK_ID, settings=settings, lease_seconds=1, wait_seconds=20)
+    assert resumed.status is TaskStatus.SUCCEEDED, resumed
+    if resumed.outcome == "not_claimed":  # killed after its final commit: nothing left to do
         assert crash_at == "after_llm_commit:3"
     else:
-        assert report["resumed_from_step"] == len(before)
+        assert resumed.outcome == "finished" and resumed.resumed_from_step == len(before)
 
     after = store.steps.load(TASK_ID)
     # Resume, not restart: every step committed before the kill survives unchanged.

@@ -1,12 +1,20 @@
-"""moto's server application with DynamoDB requests serialised: ``python -m agentq.local.moto_app``.
+"""moto's server application as the local stack and the tests run it: ``python -m agentq.local.moto_app``.
 
-Why: moto's server runs each request on its own thread with no lock around a DynamoDB
-operation, so two concurrent conditional writes (or TransactWriteItems) can both pass their
-condition: a lost update DynamoDB itself never allows (measured: 34 grants of 700 tokens
-against a 20,000-token cap with 20 racing processes). Serialising DynamoDB requests gives
-a linearisable table, the guarantee the real service makes per item, so races in tests are
-races against DynamoDB's semantics, not moto's. Other services (SQS long polls, S3, Step
-Functions) stay concurrent.
+It differs from ``moto_server`` in four ways, none of which changes what a request returns:
+
+1. DynamoDB requests are serialised (``SerialisedDynamoDB``). moto's server runs each request
+   on its own thread with no lock around a DynamoDB operation, so two concurrent conditional
+   writes (or TransactWriteItems) can both pass their condition: a lost update DynamoDB itself
+   never allows (measured: 34 grants of 700 tokens against a 20,000-token cap with 20 racing
+   processes). Serialising DynamoDB requests gives a linearisable table, the guarantee the real
+   service makes per item, so races in tests are races against DynamoDB's semantics, not
+   moto's. Other services (SQS long polls, S3, Step Functions) stay concurrent.
+2. A transaction rolls back from copies of the items it names instead of whole-table copies
+   (``moto_rollback``; exact only because of 1), so a step commit costs the same at 100,000
+   items as on an empty table.
+3. A Query by partition key reads that partition instead of sorting the whole table
+   (``moto_query``).
+4. The backend serving a host is looked up once per host (``Dispatcher``), not per request.
 """
 
 from __future__ import annotations
@@ -18,15 +26,16 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
-from werkzeug.serving import WSGIRequestHandler, run_simple
+from werkzeug.serving import run_simple
 
-request_handler: type[WSGIRequestHandler] | None
-try:  # the request handler moto uses for its own server (keeps its header handling)
-    from moto.moto_server.werkzeug_app import MotoRequestHandler
+from agentq.local import moto_query, moto_rollback
 
-    request_handler = MotoRequestHandler
-except ImportError:  # pragma: no cover - older moto
-    request_handler = None
+
+def _moto_request_handler() -> Any:
+    """The request handler moto's own server uses (keeps its header handling); None before moto 5.2."""
+    from moto.moto_server import threaded_moto_server
+
+    return getattr(threaded_moto_server, "MotoRequestHandler", None)
 
 
 class SerialisedDynamoDB:
@@ -44,16 +53,42 @@ class SerialisedDynamoDB:
         return self.app(environ, start_response)
 
 
-def main() -> None:
+class Dispatcher(DomainDispatcherApplication):
+    """moto's dispatcher, remembering which backend serves each host.
+
+    Why: for every request moto finds the backend by listing its own package directory (an
+    ``os.listdir`` and an ``isdir`` for each of its ~200 service folders) and matching the host
+    against every service's URL patterns: about 1 ms of CPU per request, more than a DynamoDB
+    GetItem itself, on every request of every test. The answer depends only on the host
+    (moto's folders and patterns do not change while it runs). ``get_application`` calls this
+    under its own lock, which also guards the cache.
+    """
+
+    def __init__(self, create_app: Callable[..., Any]) -> None:
+        super().__init__(create_app)
+        self._backends: dict[str | None, Any] = {}
+
+    def get_backend_for_host(self, host: str | None) -> Any:
+        if host not in self._backends:
+            self._backends[host] = super().get_backend_for_host(host)
+        return self._backends[host]
+
+
+def main(argv: list[str] | None = None, *, patch_moto: bool = True) -> None:
+    """Serve until killed. ``patch_moto=False`` leaves moto's DynamoDB as it is (2 and 3 above
+    off), for ``bench/local_commit.py``, which measures the difference."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-H", "--host", default="127.0.0.1")
     parser.add_argument("-p", "--port", type=int, default=5000)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if patch_moto:
+        moto_rollback.install()
+        moto_query.install()
     os.environ.setdefault("MOTO_PORT", str(args.port))
-    app = DomainDispatcherApplication(create_backend_app)
+    app = Dispatcher(create_backend_app)
     kwargs: dict[str, Any] = {"threaded": True}
-    if request_handler is not None:
-        kwargs["request_handler"] = request_handler
+    if (handler := _moto_request_handler()) is not None:
+        kwargs["request_handler"] = handler
     run_simple(args.host, args.port, SerialisedDynamoDB(app), **kwargs)
 
 

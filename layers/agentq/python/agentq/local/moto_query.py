@@ -1,0 +1,73 @@
+"""A Query on moto by a table's own partition key reads that partition, not the whole table.
+
+Why: moto 5.2's ``Table.query`` without an index starts from ``self.all_items()``, which lists
+every item of the table and sorts them all by (hash key, range key), and only then keeps the
+items of the partition asked for. So a Query costs time proportional to the whole table
+(n log n comparisons of moto's DynamoType), however small its partition. agentq reads a task's
+steps with such a Query at every claim (``Steps.load``) and for every page of a trace, and a
+test module or ``agentq dev`` keeps one table for many tasks. Real DynamoDB reads the partition.
+
+What changes: only where the candidates come from. While ``Table.query`` runs for a base-table
+Query with a partition key, ``all_items`` on that table returns that partition's items (a
+partition is ``Table.items[hash]``, a dict by range key, or the one item of a table without
+one). moto then filters them by the hash key (all match), sorts them by range key, pages,
+applies the key condition, the filter and the projection exactly as before: the same result,
+from the items that could be in it. Index queries and scans are unchanged. The marker is per
+thread, so a request on another thread never sees it (and ``moto_app`` serialises DynamoDB
+requests anyway).
+
+Which moto: the 5.2 series, as read in 5.2.5 and in moto's main branch at 0af643a (August
+2026): ``Table.query(hash_key, ..., index_name, ...)`` building its candidates from
+``self.all_items()`` on the base-table path, and ``Table.items`` as above. ``install`` patches
+only ``moto_rollback.VERIFIED_MOTO``; ``tests/test_moto_app.py`` checks Query results against
+the server, and the conformance tests check Query semantics against the in-memory table.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from typing import Any
+
+from agentq.local import moto_rollback
+
+_state = threading.local()
+_installed = False
+
+
+def install() -> bool:
+    """Patch moto's Table in this process (idempotent). False on a moto series not verified."""
+    global _installed
+    if _installed:
+        return True
+    if not moto_rollback.supported():
+        return False
+    from moto.dynamodb.models.table import Table
+
+    original_query = Table.query
+    original_all_items = Table.all_items
+    signature = inspect.signature(original_query)
+
+    def all_items(self: Any) -> list[Any]:
+        querying = getattr(_state, "table", None) is self  # (a variable: `is` would narrow self's type)
+        if not querying:
+            return original_all_items(self)
+        partition = self.items.get(_state.hash_key)  # .get: looking creates no partition
+        if partition is None:
+            return []
+        return list(partition.values()) if self.range_key_attr else [partition]
+
+    def query(self: Any, *args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(self, *args, **kwargs).arguments
+        if bound.get("index_name") or bound.get("hash_key") is None:
+            return original_query(self, *args, **kwargs)
+        _state.table, _state.hash_key = self, bound["hash_key"]
+        try:
+            return original_query(self, *args, **kwargs)
+        finally:
+            _state.table = _state.hash_key = None
+
+    Table.all_items = all_items  # type: ignore[method-assign]
+    Table.query = query  # type: ignore[method-assign]
+    _installed = True
+    return True

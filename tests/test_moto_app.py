@@ -1,0 +1,274 @@
+"""The local moto server (agentq.local.moto_app) answers as moto does, faster.
+
+Transactions roll back from copies of the items they name (moto_rollback), not whole-table
+copies. All or nothing must still hold exactly: items the transaction created are gone again,
+items it deleted or changed are back as they were, wherever in it the failing action is (moto
+carries on applying the actions after a failed condition before rolling back), and a stream
+keeps no record of it. A Query by partition key reads only that partition (moto_query): its
+results must be those of moto's whole-table path. The backend for a host is looked up once.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+
+from agentq.local import moto_rollback
+from agentq.local.moto_app import Dispatcher
+from agentq.local.moto_server import MotoServer
+
+S = "S"
+
+
+@pytest.fixture
+def ddb(moto_server: MotoServer) -> Any:
+    return boto3.session.Session(region_name="us-east-1").client("dynamodb", endpoint_url=moto_server.endpoint_url)
+
+
+def _table(ddb: Any, *, sort_key: bool = True, stream: bool = False) -> str:
+    name = f"rollback-{uuid.uuid4().hex[:10]}"
+    keys = [("pk", "HASH"), ("sk", "RANGE")] if sort_key else [("pk", "HASH")]
+    extra: dict[str, Any] = {}
+    if stream:
+        extra["StreamSpecification"] = {"StreamEnabled": True, "StreamViewType": "NEW_AND_OLD_IMAGES"}
+    ddb.create_table(
+        TableName=name,
+        KeySchema=[{"AttributeName": a, "KeyType": k} for a, k in keys],
+        AttributeDefinitions=[{"AttributeName": a, "AttributeType": S} for a, _ in keys],
+        BillingMode="PAY_PER_REQUEST",
+        **extra,
+    )
+    return name
+
+
+def _key(pk: str, sk: str | None = None) -> dict[str, Any]:
+    return {"pk": {S: pk}} | ({"sk": {S: sk}} if sk is not None else {})
+
+
+def _everything(ddb: Any, table: str) -> list[dict[str, Any]]:
+    items = ddb.scan(TableName=table, ConsistentRead=True)["Items"]
+    return sorted(items, key=lambda i: (i["pk"][S], i.get("sk", {}).get(S, "")))
+
+
+def _seed(ddb: Any, table: str) -> None:
+    rich = {"v": {"N": "1"}, "doc": {"M": {"list": {"L": [{S: "x"}, {"N": "2"}]}, "flag": {"BOOL": True}}}}
+    for item in (
+        _key("p1", "a") | rich,  # updated by the transaction
+        _key("p1", "b") | {"v": {"N": "5"}},  # deleted by it
+        _key("p2", "d") | {"v": {"N": "7"}, "tags": {"SS": ["one", "two"]}},  # overwritten by its Put
+    ):
+        ddb.put_item(TableName=table, Item=item)
+
+
+def _writes(table: str) -> list[dict[str, Any]]:
+    """Every kind of write, each leaving a trace if it were kept."""
+    return [
+        {"Put": {"TableName": table, "Item": _key("p3", "c") | {"v": {"N": "9"}}}},  # new item, new partition
+        {"Delete": {"TableName": table, "Key": _key("p1", "b")}},
+        {
+            "Update": {
+                "TableName": table,
+                "Key": _key("p1", "a"),
+                "UpdateExpression": "SET v = v + :one, doc.flag = :no REMOVE doc.#l",
+                "ExpressionAttributeNames": {"#l": "list"},
+                "ExpressionAttributeValues": {":one": {"N": "1"}, ":no": {"BOOL": False}},
+            }
+        },
+        {"Put": {"TableName": table, "Item": _key("p2", "d") | {"v": {"N": "0"}}}},
+        {  # an Update of a missing item creates it
+            "Update": {
+                "TableName": table,
+                "Key": _key("p1", "e"),
+                "UpdateExpression": "SET v = :v",
+                "ExpressionAttributeValues": {":v": {"N": "3"}},
+            }
+        },
+    ]
+
+
+def _failing_check(table: str, key: dict[str, Any] | None = None) -> dict[str, Any]:
+    missing = key or _key("p9", "z")
+    return {"ConditionCheck": {"TableName": table, "Key": missing, "ConditionExpression": "attribute_exists(pk)"}}
+
+
+@pytest.mark.parametrize("failing_at", [0, 2, 5])
+def test_a_cancelled_transaction_leaves_every_item_as_it_was(ddb: Any, failing_at: int) -> None:
+    table = _table(ddb)
+    _seed(ddb, table)
+    before = _everything(ddb, table)
+    actions = _writes(table)
+    actions.insert(failing_at, _failing_check(table))
+
+    with pytest.raises(ClientError) as caught:
+        ddb.transact_write_items(TransactItems=actions)
+
+    assert caught.value.response["Error"]["Code"] == "TransactionCanceledException"
+    reasons = [r["Code"] for r in caught.value.response["CancellationReasons"]]
+    assert reasons == ["None"] * failing_at + ["ConditionalCheckFailed"] + ["None"] * (len(actions) - failing_at - 1)
+    assert _everything(ddb, table) == before
+    new_partition = ddb.query(
+        TableName=table, KeyConditionExpression="pk = :p", ExpressionAttributeValues={":p": {S: "p3"}}
+    )
+    assert new_partition["Items"] == []
+
+
+def test_the_same_transaction_without_the_failing_check_applies_every_write(ddb: Any) -> None:
+    """The control for the test above: these writes do change the table when nothing fails."""
+    table = _table(ddb)
+    _seed(ddb, table)
+    ddb.transact_write_items(TransactItems=_writes(table))
+    after = {(i["pk"][S], i["sk"][S]): i for i in _everything(ddb, table)}
+    assert sorted(after) == [("p1", "a"), ("p1", "e"), ("p2", "d"), ("p3", "c")]
+    assert after[("p1", "a")]["v"] == {"N": "2"} and after[("p1", "a")]["doc"] == {"M": {"flag": {"BOOL": False}}}
+    assert after[("p2", "d")] == _key("p2", "d") | {"v": {"N": "0"}}
+
+
+def test_a_transaction_refused_mid_way_for_naming_an_item_twice_leaves_the_earlier_writes_undone(ddb: Any) -> None:
+    table = _table(ddb)
+    _seed(ddb, table)
+    before = _everything(ddb, table)
+    actions = [
+        *_writes(table)[:2],  # applied by moto before it meets the second action on p3/c
+        {"Delete": {"TableName": table, "Key": _key("p3", "c")}},
+    ]
+    with pytest.raises(ClientError) as caught:
+        ddb.transact_write_items(TransactItems=actions)
+    assert caught.value.response["Error"]["Code"] == "ValidationException"
+    assert _everything(ddb, table) == before
+
+
+def test_a_cancelled_transaction_on_a_table_without_sort_key_leaves_it_as_it_was(ddb: Any) -> None:
+    table = _table(ddb, sort_key=False)
+    ddb.put_item(TableName=table, Item=_key("kept") | {"v": {"N": "1"}})
+    ddb.put_item(TableName=table, Item=_key("gone") | {"v": {"N": "2"}})
+    before = _everything(ddb, table)
+    with pytest.raises(ClientError):
+        ddb.transact_write_items(
+            TransactItems=[
+                {"Put": {"TableName": table, "Item": _key("new") | {"v": {"N": "3"}}}},
+                {"Delete": {"TableName": table, "Key": _key("gone")}},
+                {"Put": {"TableName": table, "Item": _key("kept") | {"v": {"N": "4"}}}},
+                _failing_check(table, _key("x")),
+            ]
+        )
+    assert _everything(ddb, table) == before
+
+
+def _stream_records(moto_server: MotoServer, ddb: Any, table: str) -> list[dict[str, Any]]:
+    streams = boto3.session.Session(region_name="us-east-1").client(
+        "dynamodbstreams", endpoint_url=moto_server.endpoint_url
+    )
+    arn = ddb.describe_table(TableName=table)["Table"]["LatestStreamArn"]
+    shard = streams.describe_stream(StreamArn=arn)["StreamDescription"]["Shards"][0]["ShardId"]
+    iterator = streams.get_shard_iterator(StreamArn=arn, ShardId=shard, ShardIteratorType="TRIM_HORIZON")
+    return streams.get_records(ShardIterator=iterator["ShardIterator"])["Records"]  # type: ignore[no-any-return]
+
+
+def test_a_cancelled_transaction_leaves_no_stream_record(moto_server: MotoServer, ddb: Any) -> None:
+    table = _table(ddb, stream=True)
+    ddb.put_item(TableName=table, Item=_key("p1", "a") | {"v": {"N": "1"}})
+    with pytest.raises(ClientError):
+        ddb.transact_write_items(TransactItems=[*_writes(table)[:3], _failing_check(table)])
+    assert [r["eventName"] for r in _stream_records(moto_server, ddb, table)] == ["INSERT"]
+
+    ddb.transact_write_items(TransactItems=[_writes(table)[0]])
+    records = _stream_records(moto_server, ddb, table)
+    assert [(r["eventName"], r["dynamodb"]["Keys"]["pk"][S]) for r in records] == [("INSERT", "p1"), ("INSERT", "p3")]
+    numbers = [int(r["dynamodb"]["SequenceNumber"]) for r in records]
+    assert numbers[1] == numbers[0] + 1  # no gap where the cancelled writes were
+
+
+def test_the_installed_moto_is_one_whose_internals_the_rollback_was_checked_against() -> None:
+    """On another moto series the server keeps moto's own (whole-table) rollback: correct but
+    slow again. Re-read moto's ``transact_write_items`` and ``Table`` against
+    ``agentq/local/moto_rollback.py``, then add the series to ``VERIFIED_MOTO``."""
+    assert moto_rollback.supported(), f"moto {moto_rollback.moto_series()} not in {moto_rollback.VERIFIED_MOTO}"
+
+
+# -- Query by partition key ---------------------------------------------------------------------
+
+
+def _query(ddb: Any, table: str, pk: str, **extra: Any) -> list[dict[str, Any]]:
+    """Every page of a Query of partition ``pk`` (with ``extra`` conditions), in order."""
+    request: dict[str, Any] = {
+        "TableName": table,
+        "KeyConditionExpression": "pk = :p" + extra.pop("and_key", ""),
+        "ExpressionAttributeValues": {":p": {S: pk}, **extra.pop("values", {})},
+        **extra,
+    }
+    items: list[dict[str, Any]] = []
+    while True:
+        page = ddb.query(**request)
+        items += page["Items"]
+        if "LastEvaluatedKey" not in page:
+            return items
+        request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+
+def test_a_partition_query_returns_that_partition_in_sort_key_order_with_every_option(ddb: Any) -> None:
+    table = _table(ddb)
+    for p in ("p0", "p1", "p2"):  # neighbours on both sides, written interleaved
+        for i in (7, 3, 11, 0, 5, 9, 1):
+            ddb.put_item(TableName=table, Item=_key(p, f"s{i:02d}") | {"n": {"N": str(i)}, "p": {S: p}})
+    mine = [f"s{i:02d}" for i in (0, 1, 3, 5, 7, 9, 11)]
+
+    def sks(items: list[dict[str, Any]]) -> list[str]:
+        return [i["sk"][S] for i in items]
+
+    assert sks(_query(ddb, table, "p1")) == mine
+    assert {i["p"][S] for i in _query(ddb, table, "p1")} == {"p1"}
+    assert sks(_query(ddb, table, "p1", Limit=2)) == mine  # paged two at a time
+    assert sks(_query(ddb, table, "p1", ScanIndexForward=False, Limit=3)) == mine[::-1]
+    between = {"and_key": " AND sk BETWEEN :a AND :b", "values": {":a": {S: "s03"}, ":b": {S: "s09"}}}
+    assert sks(_query(ddb, table, "p1", **between)) == ["s03", "s05", "s07", "s09"]
+    assert sks(_query(ddb, table, "p1", and_key=" AND begins_with(sk, :b)", values={":b": {S: "s0"}})) == mine[:6]
+    filtered = _query(ddb, table, "p1", FilterExpression="n > :m", values={":m": {"N": "4"}}, ProjectionExpression="sk")
+    assert filtered == [{"sk": {S: s}} for s in ("s05", "s07", "s09", "s11")]
+    before = ddb.scan(TableName=table)["Count"]
+    assert _query(ddb, table, "nowhere") == []
+    assert ddb.scan(TableName=table)["Count"] == before
+
+
+def test_a_query_on_a_table_without_sort_key_finds_its_one_item(ddb: Any) -> None:
+    table = _table(ddb, sort_key=False)
+    for k in ("a", "b", "c"):
+        ddb.put_item(TableName=table, Item=_key(k) | {"v": {S: k}})
+    assert _query(ddb, table, "b") == [_key("b") | {"v": {S: "b"}}]
+    assert _query(ddb, table, "zz") == []
+
+
+# -- dispatch -----------------------------------------------------------------------------------
+
+
+def test_the_dispatcher_picks_the_backend_moto_picks_and_looks_each_host_up_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+
+    hosts = [
+        "dynamodb.us-east-1.amazonaws.com",
+        "sqs.us-east-1.amazonaws.com",
+        "s3.amazonaws.com",
+        "states.us-east-1.amazonaws.com",
+        "moto_api",
+        None,
+    ]
+    stock = DomainDispatcherApplication(create_backend_app)
+    expected = [stock.get_backend_for_host(h) for h in hosts]
+    assert expected[:4] == ["dynamodb", "sqs", "s3", "stepfunctions"]
+
+    lookups: list[str | None] = []
+    original = DomainDispatcherApplication.get_backend_for_host
+
+    def counted(self: Any, host: str | None) -> Any:
+        lookups.append(host)
+        return original(self, host)
+
+    monkeypatch.setattr(DomainDispatcherApplication, "get_backend_for_host", counted)
+    dispatcher = Dispatcher(create_backend_app)
+    assert [dispatcher.get_backend_for_host(h) for h in hosts * 3] == expected * 3
+    assert lookups == hosts
