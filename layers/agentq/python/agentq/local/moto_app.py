@@ -10,8 +10,8 @@ It differs from ``moto_server`` in four ways, none of which changes what a reque
    service makes per item, so races in tests are races against DynamoDB's semantics, not
    moto's. Other services (SQS long polls, S3, Step Functions) stay concurrent.
 2. A transaction rolls back from copies of the items it names instead of whole-table copies
-   (``moto_rollback``; exact only because of 1), so a step commit costs the same at 100,000
-   items as on an empty table.
+   (``moto_rollback``; exact only because of 1): a step commit no longer costs time in
+   proportion to the table (10 ms at 100,000 items, not 10 s).
 3. A Query by partition key reads that partition instead of sorting the whole table
    (``moto_query``).
 4. The backend serving a host is looked up once per host (``Dispatcher``), not per request.

@@ -5,7 +5,9 @@ every item of the table and sorts them all by (hash key, range key), and only th
 items of the partition asked for. So a Query costs time proportional to the whole table
 (n log n comparisons of moto's DynamoType), however small its partition. agentq reads a task's
 steps with such a Query at every claim (``Steps.load``) and for every page of a trace, and a
-test module or ``agentq dev`` keeps one table for many tasks. Real DynamoDB reads the partition.
+test module or ``agentq dev`` keeps one table for many tasks. Measured (``bench/local_commit.py``,
+loading a task's 10 steps, p50): 12 ms on an empty table, 53 ms at 10,000 items, 437 ms at
+100,000; with this patch 6, 6 and 8 ms. Real DynamoDB reads the partition.
 
 What changes: only where the candidates come from. While ``Table.query`` runs for a base-table
 Query with a partition key, ``all_items`` on that table returns that partition's items (a

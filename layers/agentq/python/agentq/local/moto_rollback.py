@@ -4,10 +4,10 @@ Why: moto 5.2's ``DynamoDBBackend.transact_write_items`` takes its rollback copy
 ``copy.deepcopy(self.tables[name])`` once per action in the transaction, so every transaction
 copies each table it names, whole, two or three times. agentq commits every step, reserve and
 submission with a transaction, so on stock moto a commit costs time proportional to everything
-ever written to the table: a step commit (three actions) took 8 ms on an empty table, 635 ms at
-10,000 items and 13 s at 100,000, where a PutItem takes 3-6 ms (``bench/local_commit.py``). A
-long test module, the demo or ``agentq dev`` then measures moto's deepcopy, not agentq. Real
-DynamoDB has no such term.
+ever written to the table: a step commit (three actions, p50) took 11 ms on an empty table,
+0.7 s at 10,000 items and 10.6 s at 100,000, where a PutItem takes 2 ms; with this patch 6, 6
+and 10 ms (``bench/local_commit.py``, 2 shared cores). A long test module, the demo or ``agentq
+dev`` then measured moto's deepcopy, not agentq. Real DynamoDB has no such term.
 
 What changes: only the backup. Before moto's own ``transact_write_items`` runs (its conditions,
 order of actions, uniqueness check, errors and cancellation reasons are all kept), each item the
