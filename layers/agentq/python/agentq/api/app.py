@@ -26,6 +26,7 @@ from aws_lambda_powertools.event_handler.api_gateway import Route
 from aws_lambda_powertools.event_handler.openapi.models import HTTPBearer
 
 from agentq.api import console, errors
+from agentq.api.body_guard import BodyProblem, check_body
 from agentq.api.errors import JSON, error_response, proxy_error
 from agentq.api.models import MAX_BODY_BYTES
 from agentq.api.routes import actions, dead_letters, meta, tasks
@@ -162,6 +163,10 @@ class AgentqResolver(APIGatewayRestResolver):
             return proxy_error(
                 401, "unauthorized", "send Authorization: Bearer <API key>", headers={"WWW-Authenticate": "Bearer"}
             )
+        try:
+            check_body(event)
+        except BodyProblem as problem:
+            return proxy_error(400, "invalid_body", problem.message, problem.field)
         return super().resolve(event, context)
 
     def exception_handler(self, exc_class: type[Exception] | list[type[Exception]]) -> Callable[[_F], _F]:

@@ -1,0 +1,86 @@
+"""JSON a request body may not hold, refused before powertools parses it.
+
+Why here and not in the models: powertools parses the body with ``json.loads`` before any
+model sees it, and three kinds of valid-looking JSON break outside pydantic's reach, each
+once a 500: nesting deep enough to exhaust the parser's recursion (``RecursionError``), an
+integer longer than Python's 4,300-digit conversion limit (``ValueError`` from ``int``), and
+a lone UTF-16 surrogate (``"\\ud800"``), which ``json`` accepts but no UTF-8 encoder will
+write, so it fails later, when the task is stored. Each is a 400 naming where it is, and
+nothing is written.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Mapping
+from typing import Any
+
+MAX_DEPTH = 64  # far beyond any submission's shape (a script's tool input nests ~6 levels)
+MAX_INT_DIGITS = 4300  # Python's int/str conversion limit (sys.get_int_max_str_digits' default)
+
+
+class _HugeInt:
+    """An integer literal too long to convert, kept as text so the walk can say where it is."""
+
+    def __init__(self, digits: str) -> None:
+        self.digits = len(digits)
+
+
+def _parse_int(text: str) -> int | _HugeInt:
+    return int(text) if len(text.lstrip("-")) <= MAX_INT_DIGITS else _HugeInt(text)
+
+
+class BodyProblem(Exception):
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+def check_body(event: Mapping[str, Any]) -> None:
+    """Raise ``BodyProblem`` for a JSON body that would break the parser or the store."""
+    raw = event.get("body")
+    if not raw:
+        return
+    if event.get("isBase64Encoded"):
+        try:
+            raw = base64.b64decode(raw).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError) as exc:
+            raise BodyProblem(f"body is not UTF-8 text: {exc}", "body") from exc
+    try:
+        value = json.loads(raw, parse_int=_parse_int)
+    except RecursionError as exc:
+        raise BodyProblem(f"body nests deeper than {MAX_DEPTH} levels", "body") from exc
+    except ValueError:  # not JSON at all: the resolver's own answer (400 invalid_json) names it
+        return
+    _walk(value)
+
+
+def _walk(root: Any) -> None:
+    """Depth and text checks without recursion (the value may be deep)."""
+    stack: list[tuple[Any, str, int]] = [(root, "", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise BodyProblem(f"body nests deeper than {MAX_DEPTH} levels", path or "body")
+        if isinstance(value, _HugeInt):
+            raise BodyProblem(f"{path or 'body'}: an integer of {value.digits} digits", path or "body")
+        if isinstance(value, str):
+            _text(value, path)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                _text(key, path or "body")
+                stack.append((item, f"{path}.{key}" if path else key, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value))
+
+
+def _text(value: str, path: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BodyProblem(
+            f"{path or 'body'}: a lone UTF-16 surrogate is not text ({exc.reason})", path or "body"
+        ) from exc
