@@ -143,9 +143,9 @@ def one_run(
         run["error"] = f"no claim after the kill (status {task.status.value})"
         return run
     resumed = after[0]
-    pid = int(resumed["worker"].rsplit(":", 1)[-1])
+    pid = int(resumed.worker.rsplit(":", 1)[-1])
     run.update(
-        resume_latency=resumed["at"] - killed_at,
+        resume_latency=resumed.at - killed_at,
         heartbeat_gap=task.last_resume_gap if len(after) == 1 else None,
         resumed_by="replacement" if pid == replacement.pid else "survivor",
         claims_after_kill=len(after),
