@@ -328,7 +328,7 @@ def run_size(stack: FanoutStack, n: int, child_turns: int, timeout: float) -> di
     spawn_id = next(u["id"] for u in first.tool_uses() if u["name"] == "spawn_subagents")
     record = store.spawns.get(parent.task_id, spawn_id)
     assert record is not None
-    arn = record.get("execution_arn")
+    arn = record.execution_arn
     desc = wait_execution(sfn, arn, 60) if arn else {}
     children = store.tasks.get_many(list(record.children))
     deadline = time.monotonic() + 30
