@@ -63,6 +63,7 @@ from _benchlib import (
     text,
     worker_config,
 )
+from _plot import Panel, add_plot_args, plot_from_args
 from agentq.control.submit import submit
 from agentq.core.models import TaskSubmission
 from agentq.resources import QueueSettings
@@ -292,6 +293,23 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def panels(result: dict[str, Any]) -> list[Panel]:
+    """Per in-flight level: committed steps/s against the demand, memory, and DynamoDB calls."""
+    levels = result["levels"]
+    xs = [lv["level"] for lv in levels]
+    return [
+        Panel("line", "steps per second", "steps/s", xs,
+              {"committed": [lv["steps_per_s"] for lv in levels], "demand": [lv["demand_steps_per_s"] for lv in levels]},
+              xlabel="tasks in flight"),
+        Panel("line", "worker RSS (max over the window)", "MB", xs, {"RSS": [lv["rss_mb_max"] for lv in levels]},
+              xlabel="tasks in flight"),
+        Panel("line", "worker DynamoDB calls per second", "calls/s", xs,
+              {"all": [lv["worker_ddb_calls_per_s"] for lv in levels],
+               "lease UpdateItem": [lv["lease_heartbeats_per_s"] for lv in levels]},
+              xlabel="tasks in flight"),
+    ]  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--levels", default="50,200,500,1000", help="comma-separated in-flight targets, ascending")
@@ -309,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--moto", choices=["fast", "stock"], default="fast", help=MOTO_MODES_HELP)
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout, nothing else")
+    add_plot_args(ap, "concurrency")
     args = ap.parse_args(argv)
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
     if levels != sorted(levels) or not levels or levels[0] <= 0:
@@ -382,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
             out.emit(result)
         else:
             print(render(result))
+    plot_from_args(args, "agentq in-flight tasks per worker process", panels(result))
     ok = all(lv["held_min"] >= lv["level"] for lv in levels_out) and len(levels_out) == len(levels)
     return 0 if ok else 1
 

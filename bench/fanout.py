@@ -178,6 +178,7 @@ from _benchlib import (  # noqa: E402
     table,
     worker_config,
 )
+from _plot import Panel, add_plot_args, plot_from_args  # noqa: E402
 from agentq.control.submit import submit  # noqa: E402
 from agentq.core.models import LLMStep, Task, TaskSubmission  # noqa: E402
 from agentq.local.stack import LocalStack  # noqa: E402
@@ -502,6 +503,24 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def panels(result: dict[str, Any]) -> list[Panel]:
+    """Per fan-out size: time from the spawn, AWS calls per child, and dollars per 1,000 children."""
+    runs = result["runs"]
+    ns = [r["n"] for r in runs]
+    return [
+        Panel("line", "time from the spawn", "s", ns,
+              {"to the parent's resume": [r["seconds"]["spawn_to_resume"] for r in runs],
+               "to the parent's finish": [r["seconds"]["spawn_to_finish"] for r in runs],
+               "children span": [r["seconds"]["children_span"] for r in runs]}, xlabel="children"),
+        Panel("bar", "AWS calls per child", "calls", ns,
+              {k: [r["per_child"][k] for r in runs] for k in ("dynamodb", "sqs_other", "sqs_receive", "stepfunctions")},
+              xlabel="children"),
+        Panel("bar", "$ per 1,000 children", "USD", ns,
+              {k: [r["cost_usd_per_1000_children"][k] for r in runs]
+               for k in ("stepfunctions", "sqs", "dynamodb_write", "dynamodb_read")}, xlabel="children"),
+    ]  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="10,50,100", help="children per fan-out, comma-separated (each 1..100)")
@@ -521,6 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=240, help="max seconds to wait for one fan-out")
     ap.add_argument("--moto", choices=["fast", "stock"], default="fast", help=MOTO_MODES_HELP)
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout, nothing else")
+    add_plot_args(ap, "fanout")
     args = ap.parse_args(argv)
     sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
     if not sizes or any(not 1 <= n <= 100 for n in sizes):
@@ -564,6 +584,7 @@ def main(argv: list[str] | None = None) -> int:
             out.emit(result)
         else:
             print(render(result))
+    plot_from_args(args, "agentq sub-agent fan-out on the local stack", panels(result))
     ok = all(r["parent_status"] == "succeeded" and r["children_succeeded"] == r["n"] for r in result["runs"])
     return 0 if ok else 1
 

@@ -54,6 +54,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from _plot import Panel, add_plot_args, plot_from_args
+
 ROOT = Path(__file__).resolve().parent.parent
 FUNCTIONS_DIR = ROOT / "functions"
 CORE_LAYER = ROOT / "layers" / "agentq" / "python"
@@ -291,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also time the first and second lambda_handler call after the import (authorizer only; a local moto server)",
     )
+    add_plot_args(parser, "import_time")
     args = parser.parse_args(argv)
     names = args.handlers or handlers()
     unknown = [n for n in names if not (FUNCTIONS_DIR / n / "handler.py").is_file()]
@@ -306,6 +309,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if first_call is not None:
             first_call.close()
+    series = {"wall median": [r["median_ms"] for r in results], "cpu median": [r["cpu_median_ms"] for r in results]}
+    if args.first_call:
+        series["import + 1st call"] = [r.get("import_and_first_call", {}).get("median_ms") for r in results]
+    plot_from_args(
+        args,
+        f"cold import of each Lambda handler, median of {args.runs} fresh interpreters",
+        [Panel("bar", "import time", "ms", [r["handler"] for r in results], series)],
+    )
     if args.json:
         print(json.dumps({"python": sys.version.split()[0], "root": str(ROOT), "handlers": results}))
         return 0

@@ -47,6 +47,7 @@ from _benchlib import (
     wait_terminal,
     worker_config,
 )
+from _plot import Panel, add_plot_args, plot_from_args
 from agentq.control.submit import submit
 from agentq.core.models import TaskSubmission
 from agentq.queueing.worker import WorkerConfig
@@ -255,6 +256,24 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def panels(result: dict[str, Any]) -> list[Panel]:
+    """Pickup and end-to-end percentiles per run, and the AWS calls a task costs the worker."""
+    phases = result["phases"]
+    names = [ph["name"] for ph in phases]
+    quantiles = ("p50", "p95", "p99", "max")
+    return [
+        Panel("bar", "pickup (submit to claim)", "s", names,
+              {q: [ph["pickup_s"][q] for ph in phases] for q in quantiles},
+              hlines={f"p99 target {TARGET_PICKUP_P99:g} s": TARGET_PICKUP_P99}),
+        Panel("bar", "end to end", "s", names, {q: [ph["end_to_end_s"][q] for ph in phases] for q in ("p50", "p99")}),
+        Panel("bar", "AWS calls per task (worker)", "calls", names, {
+            "DynamoDB": [ph["dynamodb_calls_per_task"] for ph in phases],
+            "SQS (no receive)": [ph["sqs_calls_per_task_excl_receive"] for ph in phases],
+            "SQS receive": [ph["receive_calls_per_task"] for ph in phases],
+        }),
+    ]  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", type=int, default=1000, help="tasks in the burst (0: skip the burst)")
@@ -271,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600, help="max seconds to wait for a phase to finish")
     ap.add_argument("--moto", choices=["fast", "stock"], default="fast", help=MOTO_MODES_HELP)
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout, nothing else")
+    add_plot_args(ap, "latency")
     args = ap.parse_args(argv)
     try:
         rates = [float(r) for r in args.rate.split(",") if r.strip() and float(r) > 0] if args.paced_tasks > 0 else []
@@ -327,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
             out.emit(result)
         else:
             print(render(result))
+    plot_from_args(args, "agentq pickup latency on the local stack", panels(result))
     ok = all(ph["succeeded"] == ph["submitted"] == ph["tasks"] for ph in result["phases"])
     return 0 if ok else 1
 

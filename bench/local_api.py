@@ -38,6 +38,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from _benchlib import JsonOut, fmt, log, machine, percentile, table
+from _plot import Panel, add_plot_args, plot_from_args
 from agentq.api.app import AgentqResolver, build_app
 from agentq.api.auth import authorize
 from agentq.local.api_server import LocalApiServer
@@ -161,12 +162,32 @@ def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
+def panels(rows: list[dict[str, Any]]) -> list[Panel]:
+    """Throughput and p99 per mode against concurrent clients; crossed answers are the third
+    panel because their only acceptable height is zero."""
+    levels = sorted({r["clients"] for r in rows})
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    by = {(r["mode"], r["clients"]): r for r in rows}
+
+    def series(key: str) -> dict[str, list[float | None]]:
+        return {m: [by[(m, c)][key] if (m, c) in by else None for c in levels] for m in modes}
+
+    return [
+        Panel("line", "requests per second", "req/s", levels, series("requests_per_s"), xlabel="concurrent clients"),
+        Panel("line", "p99 latency", "s", levels, series("p99_s"), xlabel="concurrent clients"),
+        Panel("bar", "5xx and crossed answers", "answers", levels,
+              {f"{m} 5xx+crossed": [by[(m, c)]["errors_5xx"] + by[(m, c)]["crossed"] if (m, c) in by else None
+                                     for c in levels] for m in modes}, xlabel="concurrent clients"),
+    ]  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", default="1,10,50,200", help="comma-separated client counts")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--rounds", type=int, default=1, help="runs of every cell; the table shows medians")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    add_plot_args(parser, "local_api")
     args = parser.parse_args()
     levels = [int(x) for x in args.clients.split(",")]
     modes = [m for m in args.modes.split(",") if m]
@@ -181,7 +202,9 @@ def main() -> None:
         rows = [median_row([r for r in runs if r["clients"] == c and r["mode"] == m]) for c in levels for m in modes]
         if args.json:
             out.emit({"machine": machine(), "rounds": args.rounds, "rows": rows, "runs": runs})
-            return
+    plot_from_args(args, "local API server under concurrent clients (agentq dev)", panels(rows))
+    if args.json:
+        return
     print(
         table(
             ["clients", "mode", "requests", "wall s", "req/s", "p50 s", "p99 s", "5xx", "other 4xx", "crossed"],

@@ -47,6 +47,7 @@ from _benchlib import (
     table,
     worker_config,
 )
+from _plot import Panel, add_plot_args, plot_from_args
 from agentq.control.submit import submit
 from agentq.core.models import Task, TaskSubmission
 from agentq.queueing.worker import WorkerConfig
@@ -211,6 +212,18 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def panels(result: dict[str, Any]) -> list[Panel]:
+    """The resume latency's and the heartbeat gap's percentiles against the target."""
+    quantiles = ("p50", "p95", "p99", "max")
+    r, g = result["resume_latency_s"], result["heartbeat_gap_s"]
+    return [
+        Panel("bar", f"{result['measured']} kill-and-resume runs", "s", list(quantiles),
+              {"resume latency (new claim - kill)": [r[q] for q in quantiles],
+               "gap (last heartbeat - new claim)": [g[q] for q in quantiles]},
+              hlines={f"p99 target {TARGET_RESUME_P99:g} s": TARGET_RESUME_P99}),
+    ]  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=50, help="kill-and-resume runs")
@@ -225,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-timeout", type=float, default=60, help="max seconds per wait within a run")
     ap.add_argument("--moto", choices=["fast", "stock"], default="fast", help=MOTO_MODES_HELP)
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout, nothing else")
+    add_plot_args(ap, "resume")
     args = ap.parse_args(argv)
     if 2 * args.turns + 1 <= args.kill_step:
         ap.error("--kill-step must be below the task's step count (2 x turns + 1)")
@@ -315,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             out.emit(result)
         else:
             print(render(result))
+    plot_from_args(args, "agentq resume after SIGKILL on the local stack", panels(result))
     return 0 if result["measured"] == result["runs"] and result["same_as_clean"] == result["measured"] else 1
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _plot import Panel, add_plot_args, plot_from_args
 from agentq.core.tools import ToolContext, ToolRegistry, default_registry
 from agentq.core.tools.fetch import FetchPolicy, HostRule
 from agentq.sandbox.bwrap import BwrapSandbox
@@ -77,6 +78,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--json", action="store_true")
+    add_plot_args(parser, "sandbox_cost")
     args = parser.parse_args()
 
     rows: dict[str, dict[str, float]] = {}
@@ -99,6 +101,13 @@ def main() -> None:
     rows["http_fetch (allowlisted loopback)"] = measure(fetch, args.runs)
     server.shutdown()
 
+    names = list(rows)
+    plot_from_args(
+        args,
+        f"isolated tool calls, {args.runs} runs each",
+        [Panel("bar", "latency per call", "ms", names,
+               {q: [rows[n][f"{q}_ms"] for n in names] for q in ("p50", "p90", "max")})],
+    )  # fmt: skip
     if args.json:
         print(json.dumps({"runs": args.runs, "rows": rows}))
         return
