@@ -314,6 +314,86 @@ def test_approving_a_paused_task_shows_the_exact_calls_and_resumes_it_by_keyboar
     no_errors(tab)
 
 
+def test_rejecting_a_paused_task_resumes_it_with_the_rejection_on_the_page(console: Console, tab: Page) -> None:
+    task_id = console.submit(
+        scripted(
+            "ship only if approved",
+            [
+                {"text": "", "tool_calls": [call("request_approval", question="Ship release 4.2 today?")]},
+                {"text": "not shipped: the release was rejected"},
+            ],
+            tools=["request_approval"],
+        )
+    )
+    console.until(task_id, lambda v: v["status"] == "paused")
+    page = tab.page
+    page.goto(f"{console.url}/console/#/tasks/{task_id}")
+    page.wait_for_selector("#reject")
+    assert "Ship release 4.2 today?" in page.inner_text(".approval")
+    page.fill("#decision-note", "wait for the freeze to end")
+    tab_to(tab, "reject")
+    page.keyboard.press("Enter")
+    page.wait_for_selector(".notice:has-text('Rejected')")
+    page.wait_for_selector("h1 .badge.s-succeeded")
+    assert page.inner_text("#result-h + pre") == "not shipped: the release was rejected"
+    assert page.locator("#approve").count() == 0 and page.locator("#reject").count() == 0
+    # What the model was told is in the trace: the verdict, who gave it and the note.
+    page.click("ul.trace details.llm summary >> nth=0")
+    page.wait_for_selector("ul.trace details.tool:has-text('REJECTED')")
+    assert "wait for the freeze to end" in page.inner_text("ul.trace")
+    no_errors(tab)
+
+
+def test_raising_the_budget_of_a_cost_exceeded_task_resumes_it_from_the_page(console: Console, tab: Page) -> None:
+    turns = [{"text": f"turn {i}", "tool_calls": [call("lookup", query=str(i), size=1500)]} for i in range(4)]
+    task_id = console.submit(
+        scripted(
+            "read four pages",
+            [*turns, {"text": "read them all"}],
+            constraints={"tools": ["lookup"], "max_tokens": 3000, "max_output_tokens": 200},
+        )
+    )
+    stopped = console.until(task_id, lambda v: v["status"] == "cost_exceeded")
+    page = tab.page
+    page.goto(f"{console.url}/console/#/tasks/{task_id}")
+    page.wait_for_selector("h1 .badge.s-cost_exceeded")
+    page.wait_for_selector("svg.gauge .gauge-used")
+    page.fill("#add-tokens", "100000")
+    tab_to(tab, "raise-budget")
+    page.keyboard.press("Enter")
+    page.wait_for_selector(".notice:has-text('Budget raised: cap 103,000 tokens')")
+    page.wait_for_selector("h1 .badge.s-succeeded")
+    assert page.inner_text("#result-h + pre") == "read them all"
+    view = console.until(task_id, lambda v: v["status"] == "succeeded")
+    assert view["step"] > stopped["step"] and view["budget"]["cap"] == 103_000
+    assert page.locator("#raise-budget").count() == 0  # a finished task has no budget to raise
+    no_errors(tab)
+
+
+def test_forking_a_finished_task_at_a_step_opens_the_fork_with_its_model(console: Console, tab: Page) -> None:
+    turns = [{"text": f"looking up {i}", "tool_calls": [call("lookup", query=f"q{i}", size=40)]} for i in range(2)]
+    source = console.submit(scripted("look two things up", [*turns, {"text": "found both"}], tools=["lookup"]))
+    console.until(source, lambda v: v["status"] == "succeeded")
+    page = tab.page
+    page.goto(f"{console.url}/console/#/tasks/{source}")
+    page.wait_for_selector("#fork")
+    page.fill("#fork-step", "2")
+    page.fill("#fork-model", "claude-haiku-4-5")
+    tab_to(tab, "fork")
+    page.keyboard.press("Enter")
+    page.wait_for_selector(".notice:has-text('Forked as')")
+    fork_id = page.inner_text(".notice").split("Forked as ", 1)[1].rstrip(".")
+    page.wait_for_url(f"**/console/#/tasks/{fork_id}")
+    page.wait_for_selector(f"#task-id:has-text('{fork_id}')")
+    page.wait_for_selector("h1 .badge.s-succeeded")
+    assert "at step 2" in page.inner_text("main") and page.locator(f"a[href='#/tasks/{source}']").count() >= 1
+    view = console.until(fork_id, lambda v: v["status"] == "succeeded")
+    assert view["forked_from"] == {"task_id": source, "step": 2} and view["model"] == "claude-haiku-4-5"
+    # The fork copied steps 1-2 and ran on from there: the source is untouched.
+    assert console.until(source, lambda v: True)["step"] == 5
+    no_errors(tab)
+
+
 def test_cancelling_a_fan_out_cancels_its_children_on_the_page(console: Console, tab: Page) -> None:
     slow = {"turns": [{"text": "thinking", "latency_seconds": 20}, {"text": "done"}]}
     children = [{"goal": f"part {i}", "script": slow} for i in range(3)]
