@@ -554,6 +554,30 @@ def test_a_get_answers_304_when_its_etag_still_matches(console: Console) -> None
         assert resp.status == 200 and json.loads(resp.read())["task_id"] == task_id
 
 
+def test_a_running_task_that_has_not_changed_answers_304(console: Console) -> None:
+    """The view reads no clock, so between two commits of a running task a poll costs a 304."""
+    task_id = console.submit(scripted("think slowly", [{"text": "done", "latency_seconds": 6}]))
+    console.until(task_id, lambda v: v["status"] == "running")
+    auth = {"Authorization": f"Bearer {console.key}"}
+    answers: list[tuple[int, str]] = []
+    etag = None
+    for _ in range(6):
+        headers = {**auth, **({"If-None-Match": etag} if etag else {})}
+        req = urllib.request.Request(f"{console.url}/tasks/{task_id}", headers=headers)
+        try:
+            with urllib.request.urlopen(req) as resp:
+                view = json.loads(resp.read())
+                answers.append((resp.status, view["status"]))
+                etag = resp.headers["ETag"]
+                assert view["latency"]["run_seconds"] is None and view["latency"]["total_seconds"] is None
+        except urllib.error.HTTPError as err:
+            answers.append((err.code, "not modified"))
+        time.sleep(0.3)
+    assert answers[0] == (200, "running") and (304, "not modified") in answers, answers
+    done = console.until(task_id, lambda v: v["status"] == "succeeded")
+    assert done["latency"]["total_seconds"] >= done["latency"]["run_seconds"] >= 6
+
+
 def test_agentq_dev_prints_the_console_url_and_serves_it() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentq", "dev", "--workers", "1"],

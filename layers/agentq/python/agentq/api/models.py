@@ -136,8 +136,12 @@ class LatencyView(ApiModel):
     pickup_seconds: float | None = Field(description="submission to first claim")
     resumes: int = Field(description="claims after the first (worker deaths, continuations, resumes)")
     last_resume_gap_seconds: float | None = Field(description="previous holder's last heartbeat to the latest claim")
-    run_seconds: float | None = Field(description="first claim to finish (or to now)")
-    total_seconds: float = Field(description="submission to finish (or to now)")
+    run_seconds: float | None = Field(
+        description="first claim to finish; null until the task ends (measure a running task from started_at)"
+    )
+    total_seconds: float | None = Field(
+        description="submission to finish; null until the task ends (measure a running task from created_at)"
+    )
 
 
 class PendingCall(ApiModel):

@@ -9,7 +9,6 @@ import base64
 import binascii
 import json
 import re
-import time
 from collections import Counter
 from typing import Any, Literal
 
@@ -109,12 +108,10 @@ def activity(store: Storage, task: Task, children: ChildrenSummary, question: st
         return f"waiting for sub-agents: {done} of {children.total} finished"
     retry = task.retrying
     if retry is not None:
-        wait = max(0.0, retry.next_at - time.time())
+        # No countdown here: the view reads no clock (see task_view); ``retry.next_attempt_at``
+        # says when, and each client counts down to it with its own clock.
         who = "the model call" if retry.scope == "call" else "the task"
-        return (
-            f"retrying {who}: attempt {retry.attempt} of {retry.max_attempts} failed ({retry.code}: "
-            f"{retry.message}); next try in {wait:.0f}s"
-        )
+        return f"retrying {who}: attempt {retry.attempt} of {retry.max_attempts} failed ({retry.code}: {retry.message})"
     if status is TaskStatus.RUNNING:
         last = store.steps.last(task.task_id, upto=task.step)
         who = f" on {task.lease_owner}" if task.lease_owner else ""
@@ -128,6 +125,13 @@ def activity(store: Storage, task: Task, children: ChildrenSummary, question: st
 
 
 def task_view(store: Storage, task: Task) -> TaskView:
+    """The task as the API shows it: a function of its stored records only, never of the clock.
+
+    Why: the console and ``watch`` poll with ETags (api/conditional.py), and a view that read
+    the clock (an elapsed time "to now", a countdown) would differ on every poll, so a task
+    that has not changed would never get its 304. Open intervals are therefore null while the
+    task runs, and clients measure them from ``started_at``/``created_at`` themselves.
+    """
     try:
         b = store.budgets.get(task.budget_id)
         budget: BudgetView | None = BudgetView(
@@ -142,8 +146,7 @@ def task_view(store: Storage, task: Task) -> TaskView:
         pending = store.approvals.pending(task.task_id)
         question = pending.question if pending else None
         pending_calls = _pending_calls(store, task)
-    now = time.time()
-    end = task.finished_at or now
+    end = task.finished_at
     sub = task.submission
     return TaskView(
         task_id=task.task_id,
@@ -183,8 +186,8 @@ def task_view(store: Storage, task: Task) -> TaskView:
             pickup_seconds=_round(task.pickup_latency),
             resumes=max(0, task.claim_count - 1),
             last_resume_gap_seconds=_round(task.last_resume_gap),
-            run_seconds=_round(end - task.started_at) if task.started_at else None,
-            total_seconds=round(end - task.created_at, 3),
+            run_seconds=_round(end - task.started_at) if end is not None and task.started_at else None,
+            total_seconds=round(end - task.created_at, 3) if end is not None else None,
         ),
         links=_links(task.task_id),
     )

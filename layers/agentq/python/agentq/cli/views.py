@@ -269,9 +269,8 @@ def watch_view(view: TaskView, recent: list[Text]) -> RenderableType:
     activity = view.activity or (f"finished {view.status.value}" if view.status.terminal else "-")
     grid.add_row("now", Text(activity, style="italic"))
     lat = view.latency
-    grid.add_row(
-        "timing", f"pickup {secs(lat.pickup_seconds)} · resumes {lat.resumes} · elapsed {secs(lat.total_seconds)}"
-    )
+    elapsed = lat.total_seconds if lat.total_seconds is not None else time.time() - view.created_at
+    grid.add_row("timing", f"pickup {secs(lat.pickup_seconds)} · resumes {lat.resumes} · elapsed {secs(elapsed)}")
     if view.retry:
         grid.add_row("retry", Text(retry_line(view.retry, now=time.time()), style="yellow"))
     if view.error:

@@ -90,6 +90,8 @@ function drawHead(el, v) {
       v.root_id !== v.task_id && v.root_id !== v.parent_id ? [" / root ", taskLink(v.root_id)] : null),
     h("h1", {}, "Task ", h("span", { class: "mono", id: "task-id" }, v.task_id), " ", badge(v.status)),
     v.activity ? h("p", { class: "activity" }, v.activity) : null,
+    v.retry ? h("p", { class: "activity", id: "retry" }, `next try at ${fmtTime(v.retry.next_attempt_at)}`,
+      v.retry.error.status_code ? ` · last error HTTP ${v.retry.error.status_code}` : "") : null,
     h("p", { class: "goal-full" }, v.goal),
     v.error ? h("div", { class: "error-box" }, h("strong", {}, v.error.code || "error"), ": ", v.error.message || JSON.stringify(v.error)) : null,
     v.forked_from ? h("p", { class: "muted" }, "Forked from ", taskLink(v.forked_from.task_id), ` at step ${v.forked_from.step}`) : null);
@@ -111,7 +113,10 @@ function drawFacts(el, v) {
     row("steps", `${v.step} committed · ${v.llm_steps} of ${v.max_steps} LLM turns`),
     row("pickup", fmtSeconds(v.latency.pickup_seconds)),
     row("resumes", String(v.latency.resumes)),
-    row("run time", fmtSeconds(v.latency.run_seconds)),
+    // The API's view reads no clock (so an unchanged task polls as 304): a running task's run
+    // time is counted here, from started_at, as of this drawing.
+    row("run time", v.latency.run_seconds !== null ? fmtSeconds(v.latency.run_seconds)
+      : v.started_at ? `${fmtSeconds(Date.now() / 1000 - v.started_at)} so far` : "-"),
     row("created", fmtTime(v.created_at)),
     v.finished_at ? row("finished", fmtTime(v.finished_at)) : null,
     Object.keys(v.metadata).length ? row("metadata", Object.entries(v.metadata).map(([k, val]) => h("span", { class: "kv" }, `${k}=${val}`))) : null));
