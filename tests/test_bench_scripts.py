@@ -1,0 +1,91 @@
+"""Every benchmark script runs end to end on the local stack, at the smallest size that still
+exercises its whole path, and its ``--json`` carries the figures its table and its plot are
+drawn from.
+
+Why in the suite: the benches are not imported by anything else, and their helpers are mostly
+untyped (mypy treats the stack they drive as Any), so a change to a record type broke
+``bench/resume.py`` and ``bench/fanout.py`` on every run without any check noticing. This test
+times nothing; the figures are the benches' business, only their presence is checked here.
+``bench/checkpoint_cost.py`` needs the ``bench`` extra (LangGraph) and is run by ``make bench``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+
+CASES = {
+    "local_commit": ["--sizes", "0,200", "--commits", "2", "--dynamodb", "agentq"],
+    "resume": ["--runs", "1"],
+    "fanout": ["--sizes", "2", "--child-turns", "1"],
+    "latency": ["--tasks", "4", "--paced-tasks", "4"],
+    "concurrency": ["--levels", "3", "--sample-seconds", "2", "--turns", "30", "--latency", "0.5"],
+    "local_api": ["--clients", "4"],
+    "import_time": ["--runs", "1", "authorizer"],
+}
+
+
+def run_bench(name: str, args: list[str], tmp_path: Path) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / f"{name}.py"), *args, "--json", "--plot", str(tmp_path / f"{name}.png")],
+        check=False,  # the exit code is asserted with the stderr that explains it
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads(proc.stdout)  # --json: one object on stdout, nothing else
+    return result
+
+
+@pytest.fixture
+def bench_module(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.syspath_prepend(str(BENCH))
+    return importlib.import_module
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
+    name: str, tmp_path: Path, bench_module: Any
+) -> None:
+    result = run_bench(name, CASES[name], tmp_path)
+    module = bench_module(name)
+    if name == "local_commit":
+        assert [r["filler_items"] for r in result["rows"]] == [0, 200]
+        assert all(r["commit_ms"]["n"] == 2 and r["commit_ms"]["p50"] > 0 for r in result["rows"])
+    elif name == "resume":
+        assert result["measured"] == 1 and result["same_as_clean"] == 1 and result["errors"] == []
+        assert result["resume_latency_s"]["n"] == 1
+    elif name == "fanout":
+        [run] = result["runs"]
+        assert run["n"] == 2 and run["children_succeeded"] == 2 and run["parent_status"] == "succeeded"
+        assert run["cost_usd_per_1000_children"]["total"] > 0
+    elif name == "latency":
+        assert [p["succeeded"] for p in result["phases"]] == [4, 4]
+        assert all(p["dynamodb_calls_per_task"] > 0 for p in result["phases"])
+    elif name == "concurrency":
+        [level] = result["levels"]
+        assert level["level"] == 3 and level["held_max"] == 3
+    elif name == "local_api":
+        [row] = result["rows"][:1]
+        assert row["errors_5xx"] == 0 and row["crossed"] == 0
+    elif name == "import_time":
+        [handler] = result["handlers"]
+        assert handler["handler"] == "authorizer" and handler["median_ms"] > 0
+    if hasattr(module, "panels"):  # the plot is drawn from these: they must build from the JSON
+        panels = module.panels(result["rows"] if name == "local_api" else result)
+        assert panels and all(p.series for p in panels)
