@@ -57,6 +57,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 
 from _benchlib import dynamo, s3_payloads
+from _plot import add_plot_args
 from agentq.core.engine import Engine, EngineConfig, conversation
 from agentq.core.models import StepRecord, TaskStatus, TaskSubmission
 from agentq.core.tools import ToolSpec, tool
@@ -73,7 +74,6 @@ FLAT_WINDOW = 10
 LEASE_SECONDS = 600.0  # long enough that no heartbeat (time-based, every lease/3 s) fires
 KEY_NAMES: tuple[str, ...] = tuple(k["AttributeName"] for k in TABLE_KEY_SCHEMA)
 DDB_WRITES = frozenset({"PutItem", "UpdateItem", "DeleteItem", "TransactWriteItems", "BatchWriteItem"})
-OUT_PNG = Path(__file__).resolve().parent / "out" / "checkpoint_cost.png"
 
 _WORDS = (
     "agent checkpoint durable lease epoch budget token step commit replay worker queue table item "
@@ -1061,8 +1061,8 @@ def render_agentq_detail(d: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def maybe_plot(results: list[DesignResult]) -> str | None:
-    if importlib.util.find_spec("matplotlib") is None:
+def maybe_plot(results: list[DesignResult], out_png: Path | None) -> str | None:
+    if out_png is None or importlib.util.find_spec("matplotlib") is None:
         return None
     try:
         import matplotlib
@@ -1070,7 +1070,7 @@ def maybe_plot(results: list[DesignResult]) -> str | None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        OUT_PNG.parent.mkdir(parents=True, exist_ok=True)
+        out_png.parent.mkdir(parents=True, exist_ok=True)
         fig, ax = plt.subplots(figsize=(9, 5.5))
         for r in results:
             cum = r.cumulative_bytes()
@@ -1081,9 +1081,9 @@ def maybe_plot(results: list[DesignResult]) -> str | None:
         ax.grid(True, alpha=0.3)
         ax.legend()
         fig.tight_layout()
-        fig.savefig(OUT_PNG, dpi=120)
+        fig.savefig(out_png, dpi=120)
         plt.close(fig)
-        return str(OUT_PNG)
+        return str(out_png)
     except Exception:  # a broken matplotlib install must not fail the bench
         return None
 
@@ -1112,6 +1112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--s3-put-usd-per-million", type=float, default=5.0, help="S3 Standard price per million PUTs (default 5.00)"
     )
+    add_plot_args(parser, "checkpoint_cost")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     for key, value in LOCAL_CREDENTIALS.items():
@@ -1140,7 +1141,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append(run_langgraph(run, kind, workdir, delta=delta))
     prices = Prices(wru_usd=args.wru_usd_per_million / 1e6, s3_put_usd=args.s3_put_usd_per_million / 1e6)
     detail = agentq_detail(run, prices)
-    plot = maybe_plot(results)
+    plot = maybe_plot(results, None if args.no_plot else args.plot)
     elapsed = time.perf_counter() - total_started
 
     if args.json:
