@@ -72,6 +72,12 @@ def registry(settings: Settings) -> ToolRegistry:
     return build_registry(settings)
 
 
+# The scripted provider and tests/fake_messages_api.py answer within a second or two, so their
+# maximum call time is a few seconds: a worker killed mid-call then holds its successor back
+# (the hold's deadline, invariant 4) for seconds, not the production default of 11 minutes.
+os.environ.setdefault("AGENTQ_MAX_CALL_SECONDS", "3")
+
+
 def child_env(settings: Settings, **extra: str) -> dict[str, str]:
     env = {**os.environ, **LOCAL_CREDENTIALS, **settings.env(), **extra}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR.parent), env.get("PYTHONPATH", "")]))

@@ -53,7 +53,11 @@ from agentq.core.tools import ToolContext, ToolRegistry, default_registry, idemp
 
 log = logging.getLogger("agentq.engine")
 
-Outcome = Literal["finished", "continue", "retry", "lease_lost", "not_claimed", "stopped", "waiting"]
+Outcome = Literal["finished", "continue", "retry", "deferred", "lease_lost", "not_claimed", "stopped", "waiting"]
+
+# A call must start within this many seconds of its hold's reservation, or the hold's deadline
+# is moved first (a fenced write): the deadline is reservation + this + the maximum call time.
+CALL_START_SLACK_SECONDS = 2.0
 
 # Input estimate: 3 characters a token over the JSON of the request. Claude averages about
 # 3.5-4 on English and JSON, so this over-reserves slightly and the budget cap holds.
@@ -67,6 +71,9 @@ class EngineConfig:
     heartbeat_seconds: float | None = None  # default: a third of the lease
     slice_margin_seconds: float = 30.0  # stop this long before the caller's deadline
     default_tenant_limits: TenantLimits | None = None  # for tenants without limits of their own
+    # The longest a provider call (its retries included) can take to complete. A hold stays
+    # counted that long after its call could have started, even if its worker lost the lease.
+    max_call_seconds: float = 660.0
 
 
 @dataclass
@@ -292,8 +299,8 @@ class Engine:
                 session.steps = list(steps)
                 session.messages = conversation(task.submission.goal, steps)
                 session.limits = self.windows.limits(task.tenant)
-                self._settle_stale_reservation(session)
-                result = self._loop(session)
+                deferred = self._settle_stale_reservation(session)
+                result = deferred or self._loop(session)
             except LeaseLost as exc:
                 result = _lease_lost(task_id, exc)
             except DETERMINISTIC_FAULTS as exc:
@@ -330,15 +337,39 @@ class Engine:
         except Exception:  # lost, or the store is what failed: the lease lapses by itself
             log.debug("could not give task %s back", s.lease.task_id, exc_info=True)
 
-    def _settle_stale_reservation(self, session: Session) -> None:
-        """A reservation left by a crashed epoch goes back to the budget.
+    def _settle_stale_reservation(self, session: Session) -> RunResult | None:
+        """A reservation left by an older epoch: wait for its deadline, then return it.
 
-        Whether that worker's LLM call happened is unknowable (its response died with it), so
-        its hold is released rather than guessed at; the new worker reserves afresh.
+        Its worker may be paused, not dead, with its call in flight: until the hold's deadline
+        that call can still complete and be charged (by that worker, as an orphan), so the hold
+        stays counted and this run defers the task to just past the deadline rather than
+        reserve on top and overshoot the cap. After the deadline the call can no longer
+        complete; whether it happened is unknowable, so the hold is returned, not guessed at.
         """
         held = session.task.inflight
-        if held and held["epoch"] != session.lease.epoch:
-            self._release_inflight(session)
+        if not held or held["epoch"] == session.lease.epoch:
+            return None
+        until = held.get("until")
+        wait = (until or 0.0) - time.time()
+        if wait > 0:
+            self.store.tasks.release(session.lease)
+            log.info(
+                "task %s deferred %.1fs: epoch %s's call may still be in flight",
+                session.lease.task_id,
+                wait,
+                held["epoch"],
+            )
+            return RunResult(
+                session.lease.task_id,
+                "deferred",
+                error={
+                    "code": "call_in_flight",
+                    "message": f"a call of lease epoch {held['epoch']} may complete until {until:.3f}",
+                    "retry_after": wait,
+                },
+            )
+        self._release_inflight(session)
+        return None
 
     # ------------------------------------------------------------------- loop
 
@@ -446,27 +477,46 @@ class Engine:
         if held and held["epoch"] == s.lease.epoch and held["amount"] >= est_in + MIN_OUTPUT_TOKENS:
             return int(held["amount"])
         self._release_inflight(s)
+        amount = wanted
         try:
-            self.store.budgets.reserve(s.lease, s.task.budget_id, wanted, s.next_step)
-            return wanted
+            self._hold(s, wanted)
         except BudgetExceeded:
-            available = self.store.budgets.get(s.task.budget_id).available
-            if available < est_in + MIN_OUTPUT_TOKENS:
+            amount = self.store.budgets.get(s.task.budget_id).available
+            if amount < est_in + MIN_OUTPUT_TOKENS:
                 return None
             try:
-                self.store.budgets.reserve(s.lease, s.task.budget_id, available, s.next_step)
-                return available
+                self._hold(s, amount)
             except BudgetExceeded:
                 return None
+        return amount
+
+    def _hold(self, s: Session, amount: int) -> None:
+        until = self._hold_until()
+        self.store.budgets.reserve(s.lease, s.task.budget_id, amount, s.next_step, until=until)
+        s.task = s.task.model_copy(
+            update={"inflight": {"amount": amount, "epoch": s.lease.epoch, "step": s.next_step, "until": until}}
+        )
+
+    def _hold_until(self) -> float:
+        """The deadline of a hold taken now: its call starts within the slack, then runs at most
+        the provider's maximum call time."""
+        return time.time() + CALL_START_SLACK_SECONDS + self.config.max_call_seconds
+
+    def _before_call(self, s: Session) -> None:
+        """Make sure the hold outlives the call about to start: if the start came later than its
+        reservation allowed for, move the deadline first (fenced: a zombie stops here)."""
+        held = s.task.inflight or {}
+        until = held.get("until")
+        if until is None or time.time() + self.config.max_call_seconds > until:
+            new_until = self._hold_until()
+            self.store.budgets.extend_hold(s.lease, new_until)
+            s.task = s.task.model_copy(update={"inflight": {**held, "until": new_until}})
 
     def _llm_turn(self, s: Session) -> RunResult | None:
         reserved = self._reserve(s)
         if reserved is None:
             observe.record_budget_refusal("task")
             return self._finish_without_step(s, TaskStatus.COST_EXCEEDED)
-        s.task = s.task.model_copy(
-            update={"inflight": {"amount": reserved, "epoch": s.lease.epoch, "step": s.next_step}}
-        )
         crash_point("after_reserve")
         hold = None
         if s.limits is not None:
@@ -479,6 +529,12 @@ class Engine:
         est_in, _ = self._wanted_reservation(s)
         max_out = max(MIN_OUTPUT_TOKENS, min(s.task.submission.constraints.max_output_tokens, reserved - est_in))
         request = self._request(s, max_out)
+        try:
+            self._before_call(s)
+        except LeaseLost:
+            if hold is not None:
+                self.windows.settle(hold, 0)
+            raise
         started = time.time()
         try:
             provider = self.providers(s.task.submission)  # may fail too (a key it cannot read)
@@ -533,8 +589,13 @@ class Engine:
         )
         messages = [*s.messages, {"role": "assistant", "content": step.content}]
         finish, error = self._turn_end(step, max_out, shrunk=max_out < s.task.submission.constraints.max_output_tokens)
-        self._check_lease(s)
+        until = (s.task.inflight or {}).get("until")
+        if until is not None and time.time() > until:
+            log.warning(
+                "task %s: call answered after its hold's deadline; raise AGENTQ_MAX_CALL_SECONDS", s.lease.task_id
+            )
         try:
+            self._check_lease(s)  # the heartbeat may have learned first that the lease is lost
             record = self._commit(
                 s,
                 step,
@@ -544,7 +605,8 @@ class Engine:
                 error=error,
             )
         except LeaseLost:
-            # The tokens were spent whoever owns the task now: the ledger still gets them.
+            # The provider answered, so the tokens are spent whoever owns the task now, and
+            # whoever learned of the lost lease: the ledger gets them once, as an orphan.
             self.store.budgets.settle_orphan(s.lease.task_id, s.task.budget_id, settle, inflight_epoch=s.lease.epoch)
             self.store.steps.record_orphan(s.lease, s.next_step, step)
             if hold is not None:
@@ -858,14 +920,15 @@ class Engine:
         reserve = 0
         if stop is None:
             _, reserve = self._wanted_reservation(preview)
+        until = self._hold_until()
         try:
-            record = self._commit(s, body, reserve_next=reserve)
+            record = self._commit(s, body, reserve_next=reserve, hold_until=until if reserve else None)
         except BudgetExceeded:
             record = self._commit(s, body)
             reserve = 0
         if reserve:
             s.task = s.task.model_copy(
-                update={"inflight": {"amount": reserve, "epoch": s.lease.epoch, "step": number + 1}}
+                update={"inflight": {"amount": reserve, "epoch": s.lease.epoch, "step": number + 1, "until": until}}
             )
         return record
 

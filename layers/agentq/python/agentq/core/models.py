@@ -247,7 +247,7 @@ class Task(BaseModel):
     claim_count: int = 0
     first_claimed_at: float | None = None
     last_claimed_at: float | None = None
-    inflight: dict[str, int] | None = None  # the reservation held for the next LLM call
+    inflight: dict[str, int | float] | None = None  # the hold for the next LLM call (until: its deadline)
     spawn_id: str | None = None  # the parent's spawn_subagents tool_use id, for a child
     task_token: str | None = None  # Step Functions callback token, for a child run by a fan-out
     heartbeat_at: float | None = None  # last sign of life of the lease holder

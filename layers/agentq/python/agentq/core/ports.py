@@ -56,6 +56,7 @@ class StepLog(Protocol):
         result: str | None = None,
         error: dict[str, Any] | None = None,
         lease_until: float | None = None,
+        hold_until: float | None = None,
     ) -> StepRecord: ...
 
     def record_orphan(self, lease: Lease, number: int, body: LLMStep) -> None: ...
@@ -64,7 +65,11 @@ class StepLog(Protocol):
 class BudgetLedger(Protocol):
     def get(self, root_id: str) -> BudgetState: ...
 
-    def reserve(self, lease: Lease, root_id: str, amount: int, step: int) -> Reservation: ...
+    def reserve(
+        self, lease: Lease, root_id: str, amount: int, step: int, *, until: float | None = None
+    ) -> Reservation: ...
+
+    def extend_hold(self, lease: Lease, until: float) -> None: ...
 
     def settle_orphan(
         self, task_id: str, budget_id: str, delta: BudgetDelta, *, inflight_epoch: int | None

@@ -18,6 +18,7 @@ class Reservation:
     amount: int
     epoch: int
     step: int
+    until: float | None = None  # the hold's deadline: its call cannot complete after it
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import random
 import threading
 import time
@@ -41,6 +42,7 @@ log = logging.getLogger("agentq.dispatch")
 
 ActionKind = Literal["delete", "retry", "dead_letter", "abandon"]
 MAX_VISIBILITY = 12 * 3600
+MAX_DELAY = 900  # SQS DelaySeconds limit
 
 
 @dataclass
@@ -226,6 +228,16 @@ class Dispatcher:
         if run.outcome == "continue":
             self.queues.send(task_id, tier, kind="continue")
             return Action("delete", "time slice used; continuation sent", task_id=task_id, run=run)
+        if run.outcome == "deferred":
+            # A zombie's call may still be charged against the budget: come back after its
+            # hold's deadline. A fresh delayed message, not a visibility change, so waiting
+            # spends none of the task's receives (SQS caps a message's delay at 15 minutes;
+            # a longer wait defers again).
+            wait = (run.error or {}).get("retry_after") or 1
+            self.queues.send(task_id, tier, kind="continue", delay_seconds=min(MAX_DELAY, math.ceil(wait)))
+            return Action(
+                "delete", "deferred until a lost lease's call can no longer complete", task_id=task_id, run=run
+            )
         if run.outcome == "lease_lost":
             # Another worker owns the task now (with this very message, if our visibility
             # lapsed): touch nothing.

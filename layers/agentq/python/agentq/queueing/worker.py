@@ -243,6 +243,12 @@ def run_task(
     give_up = time.monotonic() + wait_seconds
     while True:
         result = engine.run(task_id)
+        if result.outcome == "deferred":  # a lost lease's call may still complete: wait it out
+            wait = float((result.error or {}).get("retry_after") or poll_seconds)
+            if time.monotonic() + wait > give_up:
+                return result
+            time.sleep(wait)
+            continue
         if result.outcome != "not_claimed":
             return result
         status = store.tasks.get(task_id).status

@@ -6,6 +6,14 @@ only if ``available >= amount``. A reservation also records an ``inflight`` tick
 task's META, and a hold is returned only together with removing the ticket of its epoch, so a
 resumed worker and a zombie cannot both return it.
 
+A ticket carries ``until``, the hold's deadline: the time after which the call it pays for can
+no longer complete (the call's start, at the latest, plus the provider's maximum call time).
+Until then the call may be in flight in a paused worker whose lease lapsed, so a successor
+must leave the hold counted and wait (the engine defers the task) instead of returning it and
+reserving again: returned early, the zombie's late usage would land on top of the successor's
+and push ``used`` past ``cap``. ``extend_hold`` moves the deadline, fenced, when a call starts
+later than its reservation allowed for: a zombie fails that write and never starts its call.
+
 Why on META and not an item of its own: every task draws on its own budget (a root's is the
 tree's cap, a child's the share its parent moved to it), and every step commit writes META
 anyway. With the budget there, a step's settlement, its next reservation, the lease fence and
@@ -59,6 +67,29 @@ def budget_attrs(cap: int) -> dict[str, Any]:
     }
 
 
+def _stored_time(seconds: float) -> Decimal:
+    """A deadline as DynamoDB stores it: rounded up to the millisecond, never earlier."""
+    return (Decimal(str(seconds)) * 1000).to_integral_value(rounding="ROUND_CEILING") / 1000
+
+
+def ticket_value(amount: int, epoch: int, step: int, until: float | None) -> dict[str, Any]:
+    """The ``inflight`` map on META: the hold, its epoch and step, and its deadline."""
+    ticket: dict[str, Any] = {"amount": amount, "epoch": epoch, "step": step}
+    if until is not None:
+        ticket["until"] = _stored_time(until)
+    return ticket
+
+
+def reservation_of(raw: dict[str, Any]) -> Reservation:
+    until = raw.get("until")
+    return Reservation(
+        amount=int(raw["amount"]),
+        epoch=int(raw["epoch"]),
+        step=int(raw["step"]),
+        until=float(until) if until is not None else None,
+    )
+
+
 def settle_and_reserve(budget_id: str, delta: BudgetDelta, reserve_next: int) -> Patch:
     """Settle a reservation (``reserved - est``, ``used + actual``) and optionally reserve anew,
     refused unless the budget can cover what the new hold adds beyond what the old one frees."""
@@ -100,8 +131,12 @@ class Budgets:
             raise TaskNotFound(f"no budget for task {budget_id!r}", field="root_id")
         return budget_state(item)
 
-    def reserve(self, lease: Lease, budget_id: str, amount: int, step: int) -> Reservation:
+    def reserve(
+        self, lease: Lease, budget_id: str, amount: int, step: int, *, until: float | None = None
+    ) -> Reservation:
         """Hold ``amount`` tokens on the budget and record it on META, atomically and fenced.
+
+        ``until`` is the hold's deadline (see the module), kept on the ticket.
 
         On the task's own budget that is one conditional UpdateItem; on another task's (the
         budget of a tree shared by racing tasks in tests) a transaction of the two.
@@ -110,7 +145,7 @@ class Budgets:
         ticket = Patch(
             "meta",
             keys.meta_key(lease.task_id),
-            Update(set={"inflight": {"amount": amount, "epoch": lease.epoch, "step": step}}),
+            Update(set={"inflight": ticket_value(amount, lease.epoch, step, until)}),
             fence(lease),
         )
         hold = settle_and_reserve(budget_id, NO_USAGE, amount)
@@ -124,7 +159,7 @@ class Budgets:
                 from agentq.storage.tasks import why_fenced
 
                 raise why_fenced(self.table, lease) from exc
-            return Reservation(amount=amount, epoch=lease.epoch, step=step)
+            return Reservation(amount=amount, epoch=lease.epoch, step=step, until=until)
         try:
             self.table.transact([hold, ticket])
         except TransactionCancelled as exc:
@@ -133,12 +168,25 @@ class Budgets:
             from agentq.storage.tasks import why_fenced
 
             raise why_fenced(self.table, lease) from exc
-        return Reservation(amount=amount, epoch=lease.epoch, step=step)
+        return Reservation(amount=amount, epoch=lease.epoch, step=step, until=until)
 
     def inflight(self, task_id: str) -> Reservation | None:
         item = self.table.get(keys.meta_key(task_id))
         raw = plain(item or {}).get("inflight")
-        return Reservation(**raw) if raw else None
+        return reservation_of(raw) if raw else None
+
+    def extend_hold(self, lease: Lease, until: float) -> None:
+        """Move this epoch's hold deadline to ``until`` before its call starts; fenced, so a
+        worker that lost its lease learns it here and does not start the call."""
+        condition = fence(lease) & Attr("inflight.epoch").eq(lease.epoch)
+        try:
+            self.table.update(
+                keys.meta_key(lease.task_id), Update(set={"inflight.until": _stored_time(until)}), condition=condition
+            )
+        except ConditionFailed as exc:
+            from agentq.storage.tasks import why_fenced
+
+            raise why_fenced(self.table, lease) from exc
 
     def settle_orphan(self, task_id: str, budget_id: str, delta: BudgetDelta, *, inflight_epoch: int | None) -> bool:
         """Account for a reservation whose step will not be committed (lease lost, provider

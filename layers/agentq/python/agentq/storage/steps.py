@@ -43,7 +43,7 @@ from agentq.core.faults import crash_point
 from agentq.core.models import Lease, LLMStep, Step, StepRecord, TaskStatus
 from agentq.core.records import NO_USAGE, BudgetDelta, OrphanCall
 from agentq.storage import keys
-from agentq.storage.budgets import BUDGET, settle_and_reserve
+from agentq.storage.budgets import BUDGET, settle_and_reserve, ticket_value
 from agentq.storage.serdes import Payloads
 from agentq.storage.table import (
     ConditionFailed,
@@ -122,11 +122,13 @@ class Steps:
         result: str | None = None,
         error: dict[str, Any] | None = None,
         lease_until: float | None = None,
+        hold_until: float | None = None,
     ) -> StepRecord:
         """Append step ``number`` and advance META, fenced by the lease (see the module).
 
         ``settle`` settles this step's LLM reservation with the reported usage; ``reserve_next``
-        reserves tokens for the next LLM call in the same write (saving a round trip per turn);
+        reserves tokens for the next LLM call in the same write (saving a round trip per turn),
+        with ``hold_until`` as that hold's deadline (``storage/budgets.py``);
         ``finish`` moves the task to a terminal status with its result. ``lease_until`` (unless
         finishing, which drops the lease) also moves ``lease_expires`` there: progress is a
         heartbeat, so the heartbeat need not write this lease again soon. The condition is
@@ -159,7 +161,7 @@ class Steps:
         if finish is not None:
             sets.update(self.tasks.finish_update(lease.task_id, lease, finish, now, result, error))
         if reserve_next:
-            sets["inflight"] = {"amount": reserve_next, "epoch": lease.epoch, "step": number + 1}
+            sets["inflight"] = ticket_value(reserve_next, lease.epoch, number + 1, hold_until)
             removes = []
         meta = Patch(
             "meta",
