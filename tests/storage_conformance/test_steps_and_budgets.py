@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -193,3 +194,49 @@ def test_a_step_commit_sent_twice_is_applied_once(backend: Storage) -> None:
     assert (budget.used, budget.reserved, budget.available) == (110, 200, 690)
     assert (task.step, task.llm_steps, task.tokens_in) == (2, 1, 100)
     assert [s.number for s in backend.steps.load(lease.task_id)] == [1, 2]
+
+
+def test_a_hold_keeps_its_deadline_on_the_ticket_and_a_new_claim_leaves_it_counted(backend: Storage) -> None:
+    lease = claimed(backend, max_tokens=1000)
+    until = time.time() + 60.0004
+    backend.budgets.reserve(lease, lease.task_id, 400, 1, until=until)
+    backend.tasks.release(lease)
+    assert backend.tasks.claim(lease.task_id, "w2", 30) is not None  # the successor's claim
+    ticket = backend.budgets.inflight(lease.task_id)
+    assert ticket is not None and ticket.epoch == 1 and ticket.amount == 400
+    assert ticket.until is not None and until <= ticket.until < until + 0.001  # rounded up, never earlier
+    budget = backend.budgets.get(lease.task_id)
+    assert (budget.reserved, budget.available) == (400, 600)  # still counted under the new epoch
+
+
+def test_a_commit_reserving_the_next_call_records_the_holds_deadline(backend: Storage) -> None:
+    lease = claimed(backend, max_tokens=1000)
+    backend.steps.commit(lease, 1, llm_step(), root_id=lease.task_id, settle=usage(reserved=0, used=110))
+    backend.steps.commit(lease, 2, tools_step(), root_id=lease.task_id, reserve_next=300, hold_until=1234.5)
+    assert backend.tasks.get(lease.task_id).inflight == {"amount": 300, "epoch": 1, "step": 3, "until": 1234.5}
+
+
+def test_extending_a_holds_deadline_is_fenced_so_a_zombie_learns_it_before_its_call(backend: Storage) -> None:
+    lease = claimed(backend, max_tokens=1000)
+    held = backend.budgets.reserve(lease, lease.task_id, 400, 1, until=100.0)
+    backend.budgets.extend_hold(lease, held, 200.25)
+    assert backend.budgets.inflight(lease.task_id).until == 200.25  # type: ignore[union-attr]
+    backend.tasks.release(lease)
+    assert backend.tasks.claim(lease.task_id, "w2", 30) is not None
+    with pytest.raises(LeaseLost):
+        backend.budgets.extend_hold(lease, held, 300.0)
+    ticket = backend.budgets.inflight(lease.task_id)
+    assert ticket is not None and ticket.until == 200.25 and ticket.epoch == 1
+
+
+def test_the_zombie_returns_its_own_hold_with_its_usage_while_its_ticket_is_still_there(backend: Storage) -> None:
+    """What the successor's deferral buys: the zombie's late call is settled against its own hold."""
+    lease = claimed(backend, max_tokens=1000)
+    backend.budgets.reserve(lease, lease.task_id, 400, 1, until=time.time() + 60)
+    backend.tasks.release(lease)
+    assert backend.tasks.claim(lease.task_id, "w2", 30) is not None
+    back = usage(reserved=400, used=380)
+    assert backend.budgets.settle_orphan(lease.task_id, lease.task_id, back, inflight_epoch=1) is True
+    budget = backend.budgets.get(lease.task_id)
+    assert (budget.reserved, budget.used, budget.available) == (0, 380, 620)
+    assert backend.budgets.inflight(lease.task_id) is None

@@ -47,7 +47,7 @@ from agentq.core.ports import EngineStorage
 from agentq.core.pricing import PriceTable, load_price_table
 from agentq.core.providers import LLMRequest, LLMResponse, ProviderFactory, default_provider_factory
 from agentq.core.providers.base import RetryNotice, reporting_retries
-from agentq.core.records import NO_USAGE, BudgetDelta
+from agentq.core.records import NO_USAGE, BudgetDelta, Reservation
 from agentq.core.tenancy import TenantCapReached, TenantLimits
 from agentq.core.tools import ToolContext, ToolRegistry, default_registry, idempotency_key_for
 
@@ -509,7 +509,8 @@ class Engine:
         until = held.get("until")
         if until is None or time.time() + self.config.max_call_seconds > until:
             new_until = self._hold_until()
-            self.store.budgets.extend_hold(s.lease, new_until)
+            ticket = Reservation(amount=int(held["amount"]), epoch=s.lease.epoch, step=int(held["step"]))
+            self.store.budgets.extend_hold(s.lease, ticket, new_until)
             s.task = s.task.model_copy(update={"inflight": {**held, "until": new_until}})
 
     def _llm_turn(self, s: Session) -> RunResult | None:

@@ -175,14 +175,13 @@ class Budgets:
         raw = plain(item or {}).get("inflight")
         return reservation_of(raw) if raw else None
 
-    def extend_hold(self, lease: Lease, until: float) -> None:
+    def extend_hold(self, lease: Lease, held: Reservation, until: float) -> None:
         """Move this epoch's hold deadline to ``until`` before its call starts; fenced, so a
         worker that lost its lease learns it here and does not start the call."""
         condition = fence(lease) & Attr("inflight.epoch").eq(lease.epoch)
+        ticket = ticket_value(held.amount, lease.epoch, held.step, until)
         try:
-            self.table.update(
-                keys.meta_key(lease.task_id), Update(set={"inflight.until": _stored_time(until)}), condition=condition
-            )
+            self.table.update(keys.meta_key(lease.task_id), Update(set={"inflight": ticket}), condition=condition)
         except ConditionFailed as exc:
             from agentq.storage.tasks import why_fenced
 
