@@ -120,7 +120,10 @@ def test_killed_worker_resumes_to_the_same_conversation_without_repeating_effect
     after = store.steps.load(TASK_ID)
     # Resume, not restart: every step committed before the kill survives unchanged.
     assert after[: len(before)] == before
-    assert all(s.epoch == 1 for s in before) and all(s.epoch == 2 for s in after[len(before) :])
+    # The resumer's steps share one epoch: 2, or 3 when it first had to wait out the killed
+    # worker's live hold (killed holding a reservation whose call might still complete).
+    resumed_epochs = {s.epoch for s in after[len(before) :]}
+    assert all(s.epoch == 1 for s in before) and len(resumed_epochs) <= 1 and resumed_epochs <= {2, 3}
     assert len(after) == len(expected)
 
     # At most once: every charge happened no more than once per idempotency key.
