@@ -39,6 +39,7 @@ class FakeReply:
     body: dict[str, Any] | list[Any] | None
     headers: dict[str, str] = field(default_factory=dict)
     raw: bytes | None = None  # sent as is instead of ``body`` (a body that is not JSON)
+    delay_seconds: float = 0.0  # a slow model: the reply is sent this long after the request
 
 
 @dataclass
@@ -171,6 +172,7 @@ class FakeMessagesAPI:
         self._lock = threading.Lock()
         self._replies: deque[FakeReply] = deque()
         self.requests: list[RecordedRequest] = []
+        self.delivered_usage: list[dict[str, Any]] = []  # the usage of every message reply sent
         self.unexpected: list[RecordedRequest] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
         self._server.daemon_threads = True
@@ -220,6 +222,18 @@ class FakeMessagesAPI:
             return None
 
 
+def _within_max_tokens(reply: FakeReply, request: Any) -> FakeReply:
+    """Like the real API, never answer (or bill) more output tokens than the request allowed."""
+    if not (isinstance(reply.body, dict) and reply.body.get("type") == "message" and isinstance(request, dict)):
+        return reply
+    limit = request.get("max_tokens")
+    usage = reply.body["usage"]
+    if not isinstance(limit, int) or usage.get("output_tokens", 0) <= limit:
+        return reply
+    body = {**reply.body, "usage": {**usage, "output_tokens": limit}, "stop_reason": "max_tokens"}
+    return FakeReply(reply.status, body, reply.headers, reply.delay_seconds)
+
+
 def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as httpx expects of a real server
@@ -255,8 +269,14 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
             if reply is None:
                 reply = invalid_request(f"fake server: no reply queued for POST {path}")
             elif isinstance(reply.body, dict) and reply.body.get("type") == "message" and reply.body["model"] is None:
-                reply = FakeReply(reply.status, {**reply.body, "model": model}, reply.headers)
+                reply = FakeReply(reply.status, {**reply.body, "model": model}, reply.headers, delay_seconds=reply.delay_seconds)
+            reply = _within_max_tokens(reply, body)
+            if reply.delay_seconds:
+                time.sleep(reply.delay_seconds)
             self._send(reply)
+            if reply.status == 200 and isinstance(reply.body, dict) and reply.body.get("type") == "message":
+                with api._lock:
+                    api.delivered_usage.append(reply.body["usage"])
 
         def _send(self, reply: FakeReply) -> None:
             payload = (
