@@ -168,7 +168,10 @@ class FakeMessagesAPI:
     than retrying) and is also listed in ``unexpected`` so a test can tell it apart.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, within_max_tokens: bool = False) -> None:
+        # Bill no more output than the request's max_tokens, as the real API; off by default so
+        # a test can script any usage it wants the client to see.
+        self.within_max_tokens = within_max_tokens
         self._lock = threading.Lock()
         self._replies: deque[FakeReply] = deque()
         self.requests: list[RecordedRequest] = []
@@ -270,7 +273,8 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
                 reply = invalid_request(f"fake server: no reply queued for POST {path}")
             elif isinstance(reply.body, dict) and reply.body.get("type") == "message" and reply.body["model"] is None:
                 reply = FakeReply(reply.status, {**reply.body, "model": model}, reply.headers, delay_seconds=reply.delay_seconds)
-            reply = _within_max_tokens(reply, body)
+            if api.within_max_tokens:
+                reply = _within_max_tokens(reply, body)
             if reply.delay_seconds:
                 time.sleep(reply.delay_seconds)
             self._send(reply)

@@ -118,7 +118,7 @@ def test_a_zombies_call_in_flight_is_charged_once_and_its_successor_never_oversh
     is charged exactly once, as an orphan, so ``used`` equals what the provider delivered."""
     from agentq.core.models import TaskSubmission
 
-    with FakeMessagesAPI() as fake:
+    with FakeMessagesAPI(within_max_tokens=True) as fake:
         fake.enqueue(
             dataclasses.replace(
                 message_reply([{"type": "text", "text": "A's answer"}], usage=usage_dict(**BIG_ANSWER)),
@@ -127,19 +127,19 @@ def test_a_zombies_call_in_flight_is_charged_once_and_its_successor_never_oversh
             message_reply([{"type": "text", "text": "B's answer"}], usage=usage_dict(**BIG_ANSWER)),
         )
         task = store.tasks.create(TaskSubmission.model_validate(_anthropic_one_turn()), tenant="t")
-        env = {"ANTHROPIC_BASE_URL": fake.base_url, "ANTHROPIC_API_KEY": "k", "AGENTQ_MAX_CALL_SECONDS": "3"}
+        # The hold's deadline must outlast A's pause (the premise: a call cannot take longer than
+        # the configured maximum), also on a loaded machine: 8 s against a pause of ~1.5 s.
+        env = {"ANTHROPIC_BASE_URL": fake.base_url, "ANTHROPIC_API_KEY": "k", "AGENTQ_MAX_CALL_SECONDS": "8"}
         zombie = _spawn_with(settings, task.task_id, env, wait=0)
         _wait_for(lambda: len(fake.requests) == 1)  # A's call is on the wire, its answer 1 s away
         os.kill(zombie.pid, signal.SIGSTOP)
         try:
-            time.sleep(1.5)  # A's lease (1 s) lapses mid call
-            successor = _spawn_with(settings, task.task_id, env, wait=30)
-            _wait_for(lambda: store.tasks.get(task.task_id).lease_epoch >= 2)  # B has claimed
-            time.sleep(0.5)
+            successor = _spawn_with(settings, task.task_id, env, wait=60)  # claims once A's lease (1 s) lapses
+            _wait_for(lambda: store.tasks.get(task.task_id).lease_epoch >= 2)
         finally:
             os.kill(zombie.pid, signal.SIGCONT)  # A's answer arrives now; its lease is gone
         z_out, z_err = zombie.communicate(timeout=60)
-        _, s_err = successor.communicate(timeout=60)
+        _, s_err = successor.communicate(timeout=90)
         delivered = sum(u["input_tokens"] + u["output_tokens"] for u in fake.delivered_usage)
 
     assert json.loads(z_out.strip().splitlines()[-1])["outcome"] == "lease_lost", z_err[-2000:]
