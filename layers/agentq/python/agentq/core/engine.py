@@ -442,8 +442,10 @@ class Engine:
             self.store.budgets.settle_orphan(
                 s.lease.task_id,
                 s.task.budget_id,
-                BudgetDelta(reserved=held["amount"], used=0, cost_usd=NO_USAGE.cost_usd, tokens_in=0, tokens_out=0),
-                inflight_epoch=held["epoch"],
+                BudgetDelta(
+                    reserved=int(held["amount"]), used=0, cost_usd=NO_USAGE.cost_usd, tokens_in=0, tokens_out=0
+                ),
+                inflight_epoch=int(held["epoch"]),
             )
             s.task = s.task.model_copy(update={"inflight": None})
 
