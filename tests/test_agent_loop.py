@@ -331,3 +331,46 @@ def test_a_call_answered_under_an_unpriced_model_id_is_priced_as_the_model_asked
     task = store.tasks.create(scripted([{"text": "done"}]), tenant="t")  # model claude-sonnet-4-6: $3/$15
     engine(store, registry, providers=lambda s: _Dated()).run(task.task_id)
     assert store.tasks.get(task.task_id).cost_usd == Decimal("0.0045")  # 1000 x 3 + 100 x 15, per million
+
+
+def test_a_call_answered_after_the_heartbeat_lost_the_lease_is_charged_once_as_an_orphan(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    """The other half of issue 12.1: the heartbeat learns first that the lease is lost (here,
+    while the call is on the wire: a successor took the task), so the run never tries the
+    commit; the provider answered all the same, so its usage must reach the ledger."""
+    task = store.tasks.create(scripted([{"text": "done"}]), tenant="t")
+    sessions: list[Any] = []
+    delivered: list[int] = []
+
+    class _Keeper:
+        def __init__(self, session: Any) -> None:
+            sessions.append(session)
+
+        def __enter__(self) -> _Keeper:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    def provider(submission: Any) -> Any:
+        inner = default_provider_factory(submission)
+
+        class _LosesLeaseMidCall:
+            name = inner.name
+
+            def complete(self, request: LLMRequest) -> LLMResponse:
+                sessions[0].lost.set()  # what a failed heartbeat does
+                response = inner.complete(request)
+                delivered.append(response.usage.total)
+                return response
+
+        return _LosesLeaseMidCall()
+
+    result = engine(store, registry, providers=provider).run(task.task_id, keeper=_Keeper)
+    assert result.outcome == "lease_lost"
+    budget = store.budgets.get(task.task_id)
+    orphans = store.steps.orphans(task.task_id)
+    assert len(orphans) == 1 and orphans[0].call.usage.total == delivered[0]
+    assert budget.used == sum(delivered) and budget.reserved == 0
+    assert store.steps.load(task.task_id) == []
