@@ -72,10 +72,11 @@ def registry(settings: Settings) -> ToolRegistry:
     return build_registry(settings)
 
 
-# The scripted provider and tests/fake_messages_api.py answer within a second or two, so their
-# maximum call time is a few seconds: a worker killed mid-call then holds its successor back
-# (the hold's deadline, invariant 4) for seconds, not the production default of 11 minutes.
-os.environ.setdefault("AGENTQ_MAX_CALL_SECONDS", "3")
+# The scripted provider and tests/fake_messages_api.py answer within seconds, so the maximum
+# call time (the SDK's timeout and a budget hold's deadline, invariant 4) is 30 s here, not the
+# production default of 600: a successor that must wait for a lost lease's hold (only when the
+# budget cannot cover both) waits seconds. Tests of that wait set a shorter one of their own.
+os.environ.setdefault("AGENTQ_MAX_CALL_SECONDS", "30")
 
 
 def child_env(settings: Settings, **extra: str) -> dict[str, str]:

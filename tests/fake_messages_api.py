@@ -234,7 +234,7 @@ def _within_max_tokens(reply: FakeReply, request: Any) -> FakeReply:
     if not isinstance(limit, int) or usage.get("output_tokens", 0) <= limit:
         return reply
     body = {**reply.body, "usage": {**usage, "output_tokens": limit}, "stop_reason": "max_tokens"}
-    return FakeReply(reply.status, body, reply.headers, reply.delay_seconds)
+    return FakeReply(reply.status, body, reply.headers, delay_seconds=reply.delay_seconds)
 
 
 def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
@@ -272,7 +272,9 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
             if reply is None:
                 reply = invalid_request(f"fake server: no reply queued for POST {path}")
             elif isinstance(reply.body, dict) and reply.body.get("type") == "message" and reply.body["model"] is None:
-                reply = FakeReply(reply.status, {**reply.body, "model": model}, reply.headers, delay_seconds=reply.delay_seconds)
+                reply = FakeReply(
+                    reply.status, {**reply.body, "model": model}, reply.headers, delay_seconds=reply.delay_seconds
+                )
             if api.within_max_tokens:
                 reply = _within_max_tokens(reply, body)
             if reply.delay_seconds:

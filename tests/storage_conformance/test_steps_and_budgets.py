@@ -240,3 +240,67 @@ def test_the_zombie_returns_its_own_hold_with_its_usage_while_its_ticket_is_stil
     budget = backend.budgets.get(lease.task_id)
     assert (budget.reserved, budget.used, budget.available) == (0, 380, 620)
     assert backend.budgets.inflight(lease.task_id) is None
+
+
+def _taken_over_with_a_live_hold(backend: Storage, *, cap: int, hold: int) -> tuple[Any, Any, Any]:
+    """Epoch 1 holds ``hold`` and loses its lease; epoch 2 claims and sets the hold aside."""
+    lease = claimed(backend, max_tokens=cap)
+    held = backend.budgets.reserve(lease, lease.task_id, hold, 1, until=time.time() + 60)
+    backend.tasks.release(lease)
+    claim = backend.tasks.claim(lease.task_id, "w2", 30)
+    assert claim is not None
+    successor = claim[0]
+    backend.budgets.set_aside(successor, held)
+    return lease, held, successor
+
+
+def test_a_successor_sets_a_live_hold_aside_and_reserves_on_top_while_the_budget_covers_both(
+    backend: Storage,
+) -> None:
+    lease, _, successor = _taken_over_with_a_live_hold(backend, cap=1000, hold=400)
+    task = backend.tasks.get(lease.task_id)
+    assert task.inflight is None and set(task.lapsed_holds) == {1} and task.lapsed_holds[1]["amount"] == 400
+    backend.budgets.reserve(successor, lease.task_id, 500, 2)
+    budget = backend.budgets.get(lease.task_id)
+    assert (budget.reserved, budget.available) == (900, 100)  # both holds counted: used <= cap whoever lands
+    with pytest.raises(BudgetExceeded):
+        backend.budgets.reserve(successor, lease.task_id, 200, 2)
+    assert backend.budgets.get(lease.task_id).reserved == 900
+
+
+def test_a_zombie_settles_its_set_aside_hold_with_its_usage_exactly_once(backend: Storage) -> None:
+    lease, _, _ = _taken_over_with_a_live_hold(backend, cap=1000, hold=400)
+    late = usage(reserved=400, used=380)
+    assert backend.budgets.settle_orphan(lease.task_id, lease.task_id, late, inflight_epoch=1) is True
+    budget = backend.budgets.get(lease.task_id)
+    assert (budget.reserved, budget.used, budget.available) == (0, 380, 620)
+    assert backend.tasks.get(lease.task_id).lapsed_holds == {}
+    # Sent again (a retried write): the hold is gone, so only usage could be recorded; none here.
+    assert (
+        backend.budgets.settle_orphan(lease.task_id, lease.task_id, usage(reserved=400, used=0), inflight_epoch=1)
+        is False
+    )
+    assert backend.budgets.get(lease.task_id).reserved == 0
+
+
+def test_a_set_aside_hold_goes_back_once_after_its_deadline(backend: Storage) -> None:
+    lease, held, _ = _taken_over_with_a_live_hold(backend, cap=1000, hold=400)
+    assert backend.budgets.return_lapsed(lease.task_id, lease.task_id, held) is True
+    assert backend.budgets.return_lapsed(lease.task_id, lease.task_id, held) is False
+    budget = backend.budgets.get(lease.task_id)
+    assert (budget.reserved, budget.used, budget.available) == (0, 0, 1000)
+    assert backend.tasks.get(lease.task_id).lapsed_holds == {}
+
+
+def test_setting_aside_is_fenced_and_a_hold_already_settled_is_left_alone(backend: Storage) -> None:
+    lease = claimed(backend, max_tokens=1000)
+    held = backend.budgets.reserve(lease, lease.task_id, 400, 1, until=time.time() + 60)
+    backend.tasks.release(lease)
+    claim = backend.tasks.claim(lease.task_id, "w2", 30)
+    assert claim is not None
+    with pytest.raises(LeaseLost):
+        backend.budgets.set_aside(lease, held)  # the old epoch cannot move tickets
+    assert backend.budgets.settle_orphan(lease.task_id, lease.task_id, usage(reserved=400, used=0), inflight_epoch=1)
+    backend.budgets.set_aside(claim[0], held)  # settled meanwhile by its own worker: nothing to set aside
+    task = backend.tasks.get(lease.task_id)
+    assert task.lapsed_holds == {} and backend.budgets.get(lease.task_id).reserved == 0

@@ -154,25 +154,16 @@ def engine_config(settings: Settings, **kwargs: Any) -> EngineConfig:
     return EngineConfig(default_tenant_limits=settings.defaults.tenant_limits(), **kwargs)
 
 
-MAX_CALL_VARIABLE = "AGENTQ_MAX_CALL_SECONDS"
-DEFAULT_MAX_CALL_SECONDS = 660.0
-
-
 def max_call_seconds() -> float:
-    """The provider's maximum call time, retries included (``AGENTQ_MAX_CALL_SECONDS``): how
-    long a lost lease's hold stays counted after its call could have started."""
-    raw = os.environ.get(MAX_CALL_VARIABLE, "").strip()
-    if not raw:
-        return DEFAULT_MAX_CALL_SECONDS
+    """``AGENTQ_MAX_CALL_SECONDS`` (``agentq.core.providers.base.max_call_seconds``), a bad
+    value refused as configuration naming the variable."""
+    from agentq.core.providers.base import MAX_CALL_VARIABLE
+    from agentq.core.providers.base import max_call_seconds as parse
+
     try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = 0.0
-    if not 0 < seconds < 86400:
-        raise ConfigurationError(
-            f"{MAX_CALL_VARIABLE}: must be a number of seconds > 0 and < 86400 (got {raw!r})", field=MAX_CALL_VARIABLE
-        )
-    return seconds
+        return parse()
+    except ValueError as exc:
+        raise ConfigurationError(str(exc), field=MAX_CALL_VARIABLE) from None
 
 
 def build_store(settings: Settings, sess: boto3.session.Session | None = None, pool: int = 64) -> Storage:

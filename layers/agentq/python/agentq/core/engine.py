@@ -46,7 +46,7 @@ from agentq.core.models import Lease, LLMStep, RetryState, StepRecord, Task, Tas
 from agentq.core.ports import EngineStorage
 from agentq.core.pricing import PriceTable, load_price_table
 from agentq.core.providers import LLMRequest, LLMResponse, ProviderFactory, default_provider_factory
-from agentq.core.providers.base import RetryNotice, reporting_retries
+from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS, RetryNotice, reporting_retries
 from agentq.core.records import NO_USAGE, BudgetDelta, Reservation
 from agentq.core.tenancy import TenantCapReached, TenantLimits
 from agentq.core.tools import ToolContext, ToolRegistry, default_registry, idempotency_key_for
@@ -54,6 +54,23 @@ from agentq.core.tools import ToolContext, ToolRegistry, default_registry, idemp
 log = logging.getLogger("agentq.engine")
 
 Outcome = Literal["finished", "continue", "retry", "deferred", "lease_lost", "not_claimed", "stopped", "waiting"]
+
+
+class HoldsInFlight(Exception):
+    """The budget cannot cover the next call while an older epoch's call may still be charged:
+    the task waits ``wait`` seconds for that hold's deadline instead of overshooting the cap."""
+
+    def __init__(self, wait: float) -> None:
+        super().__init__(f"a lost lease's call may complete within {wait:.1f}s")
+        self.wait = wait
+
+
+def _reservation(epoch: int, raw: dict[str, int | float]) -> Reservation:
+    until = raw.get("until")
+    return Reservation(
+        amount=int(raw["amount"]), epoch=epoch, step=int(raw["step"]), until=None if until is None else float(until)
+    )
+
 
 # A call must start within this many seconds of its hold's reservation, or the hold's deadline
 # is moved first (a fenced write): the deadline is reservation + this + the maximum call time.
@@ -73,7 +90,7 @@ class EngineConfig:
     default_tenant_limits: TenantLimits | None = None  # for tenants without limits of their own
     # The longest a provider call (its retries included) can take to complete. A hold stays
     # counted that long after its call could have started, even if its worker lost the lease.
-    max_call_seconds: float = 660.0
+    max_call_seconds: float = DEFAULT_MAX_CALL_SECONDS
 
 
 @dataclass
@@ -85,6 +102,8 @@ class RunResult:
     resumed_from_step: int = 0
     error: dict[str, Any] | None = None
     claimed: Task | None = None  # the task as this run claimed it (latency figures)
+    # Ended while an older epoch's call may still be charged: its hold goes back after this.
+    lapsed_until: float | None = None
 
 
 @dataclass
@@ -299,8 +318,10 @@ class Engine:
                 session.steps = list(steps)
                 session.messages = conversation(task.submission.goal, steps)
                 session.limits = self.windows.limits(task.tenant)
-                deferred = self._settle_stale_reservation(session)
-                result = deferred or self._loop(session)
+                self._settle_stale_reservation(session)
+                result = self._loop(session)
+            except HoldsInFlight as exc:
+                result = self._defer(session, exc.wait)
             except LeaseLost as exc:
                 result = _lease_lost(task_id, exc)
             except DETERMINISTIC_FAULTS as exc:
@@ -311,7 +332,33 @@ class Engine:
         result.steps_committed = session.committed
         result.resumed_from_step = resumed_from
         result.claimed = task
+        if result.status is not None and result.status.terminal:
+            live = [float(h["until"]) for h in session.task.lapsed_holds.values() if h.get("until")]
+            result.lapsed_until = max(live, default=None)
         return result
+
+    def release_lapsed_holds(self, task: Task) -> float:
+        """Return the lapsed holds of ``task`` (ended or not) whose calls can no longer
+        complete; the seconds until the last live one can (0: none is left)."""
+        now = time.time()
+        live = []
+        for epoch, raw in task.lapsed_holds.items():
+            held = _reservation(epoch, raw)
+            if held.until is None or held.until <= now:
+                self.store.budgets.return_lapsed(task.task_id, task.budget_id, held)
+            else:
+                live.append(held.until - now)
+        return max(live, default=0.0)
+
+    def _defer(self, s: Session, wait: float) -> RunResult:
+        """Give the lease back and come back when the lapsed hold's call can no longer complete."""
+        self.store.tasks.release(s.lease)
+        log.info("task %s deferred %.1fs: a lost lease's call may still be charged", s.lease.task_id, wait)
+        return RunResult(
+            s.lease.task_id,
+            "deferred",
+            error={"code": "call_in_flight", "message": str(HoldsInFlight(wait)), "retry_after": wait},
+        )
 
     def _fail_on_fault(self, s: Session, exc: Exception) -> RunResult:
         """A fault that running the task again would meet again (``DETERMINISTIC_FAULTS``):
@@ -338,38 +385,50 @@ class Engine:
             log.debug("could not give task %s back", s.lease.task_id, exc_info=True)
 
     def _settle_stale_reservation(self, session: Session) -> RunResult | None:
-        """A reservation left by an older epoch: wait for its deadline, then return it.
+        """Holds left by older epochs: set a live one aside, return the ones whose call is over.
 
-        Its worker may be paused, not dead, with its call in flight: until the hold's deadline
-        that call can still complete and be charged (by that worker, as an orphan), so the hold
-        stays counted and this run defers the task to just past the deadline rather than
-        reserve on top and overshoot the cap. After the deadline the call can no longer
-        complete; whether it happened is unknowable, so the hold is returned, not guessed at.
+        An older epoch's worker may be paused, not dead, with its call in flight: until the
+        hold's deadline that call can still complete and be charged (by that worker, as an
+        orphan), so a live hold stays counted, set aside as lapsed, and this run reserves on
+        top of it when the budget covers both (``_reserve`` waits for it only when it does
+        not). After the deadline the call can no longer complete; whether it happened is
+        unknowable, so the hold is returned, not guessed at.
         """
-        held = session.task.inflight
-        if not held or held["epoch"] == session.lease.epoch:
-            return None
-        until = held.get("until")
-        wait = (until or 0.0) - time.time()
-        if wait > 0:
-            self.store.tasks.release(session.lease)
-            log.info(
-                "task %s deferred %.1fs: epoch %s's call may still be in flight",
-                session.lease.task_id,
-                wait,
-                held["epoch"],
-            )
-            return RunResult(
-                session.lease.task_id,
-                "deferred",
-                error={
-                    "code": "call_in_flight",
-                    "message": f"a call of lease epoch {held['epoch']} may complete until {until:.3f}",
-                    "retry_after": wait,
-                },
-            )
-        self._release_inflight(session)
+        now = time.time()
+        task = session.task
+        for epoch, raw in task.lapsed_holds.items():
+            held = _reservation(epoch, raw)
+            if held.until is None or held.until <= now:
+                self.store.budgets.return_lapsed(task.task_id, task.budget_id, held)
+        current = task.inflight
+        if current and int(current["epoch"]) != session.lease.epoch:
+            held = _reservation(int(current["epoch"]), current)
+            if held.until is not None and held.until > now:
+                self.store.budgets.set_aside(session.lease, held)
+                log.info(
+                    "task %s: epoch %s's call may complete until %.3f; its hold stays counted",
+                    task.task_id, held.epoch, held.until,
+                )  # fmt: skip
+                lapsed = {**task.lapsed_holds, held.epoch: dict(current)}
+                session.task = task.model_copy(update={"inflight": None, "lapsed_holds": lapsed})
+            else:
+                self._release_inflight(session)
         return None
+
+    def _wait_for_lapsed_holds(self, s: Session) -> tuple[float, bool]:
+        """When the budget cannot cover this call: return the lapsed holds whose deadline has
+        passed, and say how long until the earliest live one ends (0: none is live, the
+        budget really is spent) and whether any went back."""
+        now = time.time()
+        task = self.store.tasks.get(s.lease.task_id)
+        live, returned = [], False
+        for epoch, raw in task.lapsed_holds.items():
+            held = _reservation(epoch, raw)
+            if held.until is None or held.until <= now:
+                returned |= self.store.budgets.return_lapsed(task.task_id, task.budget_id, held)
+            else:
+                live.append(held.until - now)
+        return min(live, default=0.0), returned
 
     # ------------------------------------------------------------------- loop
 
@@ -390,6 +449,9 @@ class Engine:
                 return RunResult(task_id, "finished", status=s.task.status)
             stop = self._stop_reason(s)
             if stop == "slice":
+                # The next call will not start under this lease: its hold goes back now, known
+                # unspent, rather than counted until its deadline by the next claim.
+                self._release_inflight(s)
                 self.store.tasks.release(s.lease)
                 return RunResult(task_id, "continue")
             if stop is not None:
@@ -479,18 +541,29 @@ class Engine:
         if held and held["epoch"] == s.lease.epoch and held["amount"] >= est_in + MIN_OUTPUT_TOKENS:
             return int(held["amount"])
         self._release_inflight(s)
-        amount = wanted
+        amount = self._try_hold(s, est_in, wanted)
+        if amount is None:
+            wait, returned = self._wait_for_lapsed_holds(s)
+            if wait > 0:  # a lost lease's call may still be charged: wait for it, never overshoot
+                raise HoldsInFlight(wait)
+            if returned:  # lapsed holds whose calls are over went back: the budget may cover it now
+                amount = self._try_hold(s, est_in, wanted)
+        return amount
+
+    def _try_hold(self, s: Session, est_in: int, wanted: int) -> int | None:
+        """The full estimate, else what is left if it still allows a short answer."""
         try:
             self._hold(s, wanted)
+            return wanted
         except BudgetExceeded:
-            amount = self.store.budgets.get(s.task.budget_id).available
-            if amount < est_in + MIN_OUTPUT_TOKENS:
+            available = self.store.budgets.get(s.task.budget_id).available
+            if available < est_in + MIN_OUTPUT_TOKENS:
                 return None
             try:
-                self._hold(s, amount)
+                self._hold(s, available)
+                return available
             except BudgetExceeded:
                 return None
-        return amount
 
     def _hold(self, s: Session, amount: int) -> None:
         until = self._hold_until()
@@ -507,10 +580,14 @@ class Engine:
     def _before_call(self, s: Session) -> None:
         """Make sure the hold outlives the call about to start: if the start came later than its
         reservation allowed for, move the deadline first (fenced: a zombie stops here)."""
+        self._extend_hold(s, time.time())
+
+    def _extend_hold(self, s: Session, start: float) -> None:
+        """The hold's deadline covers an attempt starting at ``start`` (moved, fenced, if not)."""
         held = s.task.inflight or {}
         until = held.get("until")
-        if until is None or time.time() + self.config.max_call_seconds > until:
-            new_until = self._hold_until()
+        if held and (until is None or start + self.config.max_call_seconds > until):
+            new_until = start + CALL_START_SLACK_SECONDS + self.config.max_call_seconds
             ticket = Reservation(amount=int(held["amount"]), epoch=s.lease.epoch, step=int(held["step"]))
             self.store.budgets.extend_hold(s.lease, ticket, new_until)
             s.task = s.task.model_copy(update={"inflight": {**held, "until": new_until}})
@@ -656,8 +733,11 @@ class Engine:
         )
         try:
             self.store.tasks.record_retry(s.lease.task_id, state, lease=s.lease)
+            self._extend_hold(s, now + notice.delay)  # the next attempt is a call of its own
         except LeaseLost:
-            s.lost.set()  # the commit after the call would be refused anyway
+            # Lost: no further attempt starts, so none can be answered past its hold's deadline.
+            s.lost.set()
+            raise
         except Exception:
             log.warning("could not record the retry of task %s", s.lease.task_id, exc_info=True)
 

@@ -248,6 +248,8 @@ class Task(BaseModel):
     first_claimed_at: float | None = None
     last_claimed_at: float | None = None
     inflight: dict[str, int | float] | None = None  # the hold for the next LLM call (until: its deadline)
+    # Holds of older epochs whose calls may still complete, set aside by a successor: by epoch.
+    lapsed_holds: dict[int, dict[str, int | float]] = Field(default_factory=dict)
     spawn_id: str | None = None  # the parent's spawn_subagents tool_use id, for a child
     task_token: str | None = None  # Step Functions callback token, for a child run by a fan-out
     heartbeat_at: float | None = None  # last sign of life of the lease holder

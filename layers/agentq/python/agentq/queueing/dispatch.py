@@ -131,6 +131,8 @@ class Dispatcher:
         if task.status.terminal:
             if not (task.status is TaskStatus.FAILED and _was_dead_lettered(attributes)):
                 self._report_end(task, task.status)  # a redelivery after a crash before the report
+                if task.lapsed_holds:
+                    self._release_lapsed(task, tier)
                 return Action("delete", f"task already {task.status.value}", task_id=task.task_id)
             self._requeue_redriven(task)
         if message.kind == "wake" and message.spawn_id:
@@ -221,8 +223,18 @@ class Dispatcher:
         except IllegalTransition:
             pass  # raced with another copy of the redrive: the claim below decides
 
+    def _release_lapsed(self, task: Task, tier: str) -> None:
+        """An ended task still holding an older epoch's hold: give it back once its call can
+        no longer complete, coming back for it with a delayed message until then."""
+        wait = self.engine.release_lapsed_holds(task)
+        if wait > 0:
+            self.queues.send(task.task_id, tier, kind="release_holds", delay_seconds=min(MAX_DELAY, math.ceil(wait)))
+
     def _after_run(self, run: RunResult, *, tier: str, receive_count: int) -> Action:
         task_id = run.task_id
+        if run.lapsed_until is not None:  # ended with a lost lease's call maybe still in flight
+            wait = run.lapsed_until - time.time()
+            self.queues.send(task_id, tier, kind="release_holds", delay_seconds=min(MAX_DELAY, max(1, math.ceil(wait))))
         if run.outcome in ("finished", "stopped", "waiting"):
             return Action("delete", f"task {run.status.value if run.status else 'ended'}", task_id=task_id, run=run)
         if run.outcome == "continue":

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from agentq.resources import TIERS, ResourceNames
 
-MessageKind = Literal["run", "continue", "wake", "redrive", "safety_net"]
+MessageKind = Literal["run", "continue", "wake", "redrive", "safety_net", "release_holds"]
 DEAD_LETTER_REASON = "agentq-reason"  # message attribute set when agentq dead-letters a message
 
 

@@ -8,11 +8,17 @@ resumed worker and a zombie cannot both return it.
 
 A ticket carries ``until``, the hold's deadline: the time after which the call it pays for can
 no longer complete (the call's start, at the latest, plus the provider's maximum call time).
-Until then the call may be in flight in a paused worker whose lease lapsed, so a successor
-must leave the hold counted and wait (the engine defers the task) instead of returning it and
-reserving again: returned early, the zombie's late usage would land on top of the successor's
-and push ``used`` past ``cap``. ``extend_hold`` moves the deadline, fenced, when a call starts
-later than its reservation allowed for: a zombie fails that write and never starts its call.
+Until then the call may be in flight in a paused worker whose lease lapsed. A successor
+therefore never returns an older epoch's live hold: it sets the ticket aside as
+``lapsed_<epoch>`` (still counted in ``reserved``) and reserves on top of it when the budget
+can cover both, so a resume after a crash does not wait. Only when it cannot does it wait for
+the earliest lapsed deadline (the engine defers the task). Returned early instead, a zombie's
+late usage would land on top of the successor's and push ``used`` past ``cap``. Whoever learns
+of the call's end settles the hold once: the zombie with its usage (``settle_orphan`` finds its
+ticket under either name), or anyone after the deadline with none (``return_lapsed``), each
+conditional on the ticket still being there. ``extend_hold`` moves a deadline, fenced, when a
+call starts later than its reservation allowed for: a zombie fails that write and never
+starts its call.
 
 Why on META and not an item of its own: every task draws on its own budget (a root's is the
 tree's cap, a child's the share its parent moved to it), and every step commit writes META
@@ -78,6 +84,22 @@ def ticket_value(amount: int, epoch: int, step: int, until: float | None) -> dic
     if until is not None:
         ticket["until"] = _stored_time(until)
     return ticket
+
+
+LAPSED_PREFIX = "lapsed_"  # META attribute of an older epoch's hold set aside: lapsed_<epoch>
+
+
+def lapsed_name(epoch: int) -> str:
+    return f"{LAPSED_PREFIX}{epoch}"
+
+
+def lapsed_holds(data: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """The holds of older epochs set aside on a META item (plain values), by epoch."""
+    return {
+        int(name.removeprefix(LAPSED_PREFIX)): value
+        for name, value in data.items()
+        if name.startswith(LAPSED_PREFIX) and name.removeprefix(LAPSED_PREFIX).isdigit()
+    }
 
 
 def reservation_of(raw: dict[str, Any]) -> Reservation:
@@ -187,13 +209,53 @@ class Budgets:
 
             raise why_fenced(self.table, lease) from exc
 
+    def set_aside(self, lease: Lease, held: Reservation) -> None:
+        """Keep an older epoch's live hold counted under ``lapsed_<epoch>`` and free ``inflight``
+        for this epoch's own; fenced, and only while that epoch's ticket is still current."""
+        condition = fence(lease) & Attr("inflight.epoch").eq(held.epoch)
+        ticket = ticket_value(held.amount, held.epoch, held.step, held.until)
+        update = Update(set={lapsed_name(held.epoch): ticket}, remove=["inflight"])
+        try:
+            self.table.update(keys.meta_key(lease.task_id), update, condition=condition)
+        except ConditionFailed as exc:
+            if fence_holds(exc.old, lease):
+                return  # that ticket is gone already: its worker settled it
+            from agentq.storage.tasks import why_fenced
+
+            raise why_fenced(self.table, lease) from exc
+
+    def return_lapsed(self, task_id: str, budget_id: str, held: Reservation) -> bool:
+        """Give a lapsed hold back after its deadline, when its call can no longer complete;
+        once (conditional on the ticket), and by anyone: the task may have ended meanwhile."""
+        release = Patch(
+            "ticket", keys.meta_key(task_id), Update(remove=[lapsed_name(held.epoch)]),
+            Attr(lapsed_name(held.epoch)).exists(),
+        )  # fmt: skip
+        give_back = settle_and_reserve(
+            budget_id, BudgetDelta(reserved=held.amount, used=0, cost_usd=NO_USAGE.cost_usd, tokens_in=0, tokens_out=0),
+            0,
+        )  # fmt: skip
+        try:
+            if budget_id == task_id:
+                both = merge("ticket", release, give_back)
+                self.table.update(both.key, both.update, condition=both.condition)
+            else:
+                self.table.transact([release, give_back])
+            return True
+        except ConditionFailed:
+            return False
+        except TransactionCancelled as exc:
+            if "ticket" not in exc.failed:
+                raise
+            return False
+
     def settle_orphan(self, task_id: str, budget_id: str, delta: BudgetDelta, *, inflight_epoch: int | None) -> bool:
         """Account for a reservation whose step will not be committed (lease lost, provider
         error, a crashed worker's leftover), exactly once.
 
         The task's ``inflight`` marker is the claim ticket: the hold is returned only together
-        with removing the marker of ``inflight_epoch``, in one write, so a resumed worker and
-        a zombie cannot both return it. If the ticket is gone, only the usage is recorded
+        with removing the marker of ``inflight_epoch`` (current, or set aside as lapsed by a
+        successor), in one write, so a resumed worker and a zombie cannot both return it. If the ticket is gone, only the usage is recorded
         (tokens a zombie spent are spent whoever holds the task). Not fenced by the lease for
         that reason. With ``inflight_epoch=None`` the caller owns the hold outright (no
         marker) and it is settled unconditionally. Returns whether the hold was returned.
@@ -202,21 +264,26 @@ class Budgets:
         if inflight_epoch is None:
             self._apply(settle)
             return True
-        release_ticket = Patch(
+        current = Patch(
             "ticket", keys.meta_key(task_id), Update(remove=["inflight"]), Attr("inflight.epoch").eq(inflight_epoch)
         )
-        try:
-            if budget_id == task_id:
-                both = merge("ticket", release_ticket, settle)
-                self.table.update(both.key, both.update, condition=both.condition)
-            else:
-                self.table.transact([release_ticket, settle])
-            return True
-        except ConditionFailed:
-            pass
-        except TransactionCancelled as exc:
-            if "ticket" not in exc.failed:
-                raise
+        lapsed = Patch(
+            "ticket", keys.meta_key(task_id), Update(remove=[lapsed_name(inflight_epoch)]),
+            Attr(lapsed_name(inflight_epoch)).exists(),
+        )  # fmt: skip
+        for release_ticket in (current, lapsed):  # set aside by a successor, or not
+            try:
+                if budget_id == task_id:
+                    both = merge("ticket", release_ticket, settle)
+                    self.table.update(both.key, both.update, condition=both.condition)
+                else:
+                    self.table.transact([release_ticket, settle])
+                return True
+            except ConditionFailed:
+                pass
+            except TransactionCancelled as exc:
+                if "ticket" not in exc.failed:
+                    raise
         if delta.used or delta.cost_usd:
             usage_only = BudgetDelta(
                 reserved=0,

@@ -35,7 +35,7 @@ from agentq.core.models import (
 from agentq.core.records import ClaimRecord, IdempotencyRecord
 from agentq.resources import GSI1, TTL_ATTRIBUTE
 from agentq.storage import keys
-from agentq.storage.budgets import budget_attrs
+from agentq.storage.budgets import budget_attrs, lapsed_holds
 from agentq.storage.serdes import Payloads
 from agentq.storage.table import (
     Action,
@@ -311,6 +311,7 @@ class Tasks:
         )
 
     def _task(self, data: dict[str, Any], submission: TaskSubmission) -> Task:
+        data["lapsed_holds"] = lapsed_holds(data)
         if "result_ref" in data:
             data["result"] = self.payloads.decode({"ref": data["result_ref"]})
         return Task.model_validate({**data, "submission": submission})

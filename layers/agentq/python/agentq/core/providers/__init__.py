@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from agentq.core.errors import ProviderError
 from agentq.core.models import TaskSubmission
-from agentq.core.providers.base import LLMProvider, LLMRequest, LLMResponse
+from agentq.core.providers.base import LLMProvider, LLMRequest, LLMResponse, max_call_seconds
 from agentq.core.providers.keys import anthropic_api_key
 from agentq.core.providers.scripted import ScriptedProvider, load_script
 
@@ -29,9 +29,12 @@ def default_provider_factory(submission: TaskSubmission) -> LLMProvider:
         return ScriptedProvider(script)
     from agentq.core.providers.anthropic_provider import AnthropicProvider, BedrockProvider
 
+    timeout = max_call_seconds()  # one attempt cannot outlive the budget hold it spends
     if submission.provider == "anthropic":
-        return AnthropicProvider(api_key=anthropic_api_key(), base_url=os.environ.get("ANTHROPIC_BASE_URL"))
-    return BedrockProvider(base_url=os.environ.get("AGENTQ_BEDROCK_BASE_URL"))
+        return AnthropicProvider(
+            api_key=anthropic_api_key(), base_url=os.environ.get("ANTHROPIC_BASE_URL"), timeout=timeout
+        )
+    return BedrockProvider(base_url=os.environ.get("AGENTQ_BEDROCK_BASE_URL"), timeout=timeout)
 
 
 def _shown(script: object) -> str:

@@ -23,14 +23,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentq.core.errors import ProviderError
 from agentq.core.models import Usage
-from agentq.core.providers.base import LLMRequest, LLMResponse
+from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS, LLMRequest, LLMResponse
 from agentq.core.providers.retry import MalformedReply, RetryPolicy, call_with_retries
 
 # What the engine persists and replays. Anything else the SDK adds (citations, caller,
 # toolset_name, ...) would make stored steps depend on the SDK version that wrote them.
 BLOCK_KEYS = ("type", "text", "id", "name", "input")
 
-DEFAULT_TIMEOUT_SECONDS = 600.0
+DEFAULT_TIMEOUT_SECONDS = DEFAULT_MAX_CALL_SECONDS  # AGENTQ_MAX_CALL_SECONDS overrides it (providers/base.py)
 
 
 class _MessagesProvider:

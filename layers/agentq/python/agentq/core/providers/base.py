@@ -8,6 +8,7 @@ return; the scripted provider answers in the same shapes.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -41,6 +42,30 @@ class LLMProvider(Protocol):
     def complete(self, request: LLMRequest) -> LLMResponse:
         """Return the assistant turn, or raise ``agentq.core.errors.ProviderError``."""
         ...
+
+
+MAX_CALL_VARIABLE = "AGENTQ_MAX_CALL_SECONDS"
+DEFAULT_MAX_CALL_SECONDS = 600.0  # the Anthropic SDK's own default timeout
+
+
+def max_call_seconds() -> float:
+    """The longest one attempt of a provider call may take (``AGENTQ_MAX_CALL_SECONDS``).
+
+    Two things are set from it, so that together they hold: the SDK's timeout (the attempt
+    cannot complete later) and the deadline of the budget hold the attempt spends (kept counted
+    that long even if its worker loses the lease; ``storage/budgets.py``). Raises ValueError
+    for a value that is not a number of seconds in (0, 86400).
+    """
+    raw = os.environ.get(MAX_CALL_VARIABLE, "").strip()
+    if not raw:
+        return DEFAULT_MAX_CALL_SECONDS
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < 86400:
+        raise ValueError(f"{MAX_CALL_VARIABLE}: must be a number of seconds > 0 and < 86400 (got {raw!r})")
+    return seconds
 
 
 @dataclass(frozen=True)
