@@ -159,7 +159,7 @@ def build_data(scope: Construct, cfg: EnvironmentSettings) -> Data:
             enforce_ssl=True,
             visibility_timeout=cdk.Duration.seconds(qs.visibility_timeout),
             retention_period=cdk.Duration.seconds(qs.retention_seconds),
-            dead_letter_queue=sqs.DeadLetterQueue(queue=dlq, max_receive_count=qs.max_receive_count),
+            dead_letter_queue=sqs.DeadLetterQueue(queue=dlq, max_receive_count=qs.sqs_max_receive_count),
             removal_policy=removal,
         )
         queues[tier] = queue

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aws_cdk as cdk
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_event_sources as sources
@@ -28,7 +30,7 @@ from agentq.control.defaults import Defaults
 from agentq.control.retention import ttl_removal_pattern
 from agentq.core.providers.keys import SECRET_VARIABLE
 from agentq.observe.names import NAMESPACE as METRICS_NAMESPACE
-from agentq.resources import PAYLOAD_PREFIX, TIERS
+from agentq.resources import GSI_LIVE, PAYLOAD_PREFIX, TIERS
 from agentq.storage.keys import task_pk, tenant_pk
 from infra.build_layers import CORE_LAYER_DIR, DepsLayer
 from infra.data import Data
@@ -42,6 +44,7 @@ HANDLERS = {
     "api": "api.handler.lambda_handler",
     "authorizer": "authorizer.handler.lambda_handler",
     "reaper": "reaper.handler.lambda_handler",
+    "sweeper": "sweeper.handler.lambda_handler",
 }
 RUNTIME = lambda_.Runtime.PYTHON_3_12  # the layers are built for cp312 (infra/build_layers.py)
 ASSET_EXCLUDES = ["**/__pycache__", "**/*.pyc", "*.egg-info", "README.md"]
@@ -76,6 +79,7 @@ class Functions:
     authorizer: lambda_.Function
     reaper: lambda_.Function
     reaper_dlq: sqs.Queue  # stream batches the reaper gave up on (their shard and sequence range)
+    sweeper: lambda_.Function
     sandbox: Sandbox
     core_layer: lambda_.LayerVersion
     deps_layer: lambda_.LayerVersion
@@ -389,7 +393,60 @@ def build_functions(
         iam.PolicyStatement(sid="ApiKeys", actions=["dynamodb:GetItem"], resources=[data.table.table_arn])
     )
     reaper, reaper_dlq = _reaper(scope, cfg, data, function, removal)
-    return Functions(executor, api, authorizer, reaper, reaper_dlq, sandbox, core_layer, deps_layer, log_groups)
+    sweeper = _sweeper(scope, cfg, data, function)
+    return Functions(
+        executor, api, authorizer, reaper, reaper_dlq, sweeper, sandbox, core_layer, deps_layer, log_groups
+    )
+
+
+def _sweeper(
+    scope: Construct, cfg: EnvironmentSettings, data: Data, function: Callable[..., lambda_.Function]
+) -> lambda_.Function:
+    """The sweeper on a schedule: it lists unfinished tasks from the sparse ``live`` index,
+    reads their META, re-enqueues the stranded ones and takes ended ones out of the index."""
+    names, sc = cfg.names, cfg.sweeper
+    sweeper = function(
+        "sweeper",
+        memory=sc.memory_mb,
+        timeout=sc.timeout_seconds,
+        env={
+            "AGENTQ_PREFIX": names.prefix,
+            "AGENTQ_TABLE": data.table.table_name,
+            "AGENTQ_BUCKET": data.payloads.bucket_name,
+            "AGENTQ_SWEEP_STALE_AFTER_SECONDS": str(sc.stale_after_seconds),
+            "AGENTQ_EMF": "1",
+            "POWERTOOLS_LOG_LEVEL": cfg.log_level,
+            "POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE,
+        },
+        reserved=1,  # one sweep at a time: two would only send duplicates
+        description="agentq sweeper: re-enqueues unfinished tasks left with no worker and no message",
+    )
+    table = data.table.table_arn
+    for statement in (
+        iam.PolicyStatement(sid="ListLive", actions=["dynamodb:Query"], resources=[f"{table}/index/{GSI_LIVE}"]),
+        # META of the listed tasks (and their submissions, for the tier), and taking an ended
+        # task out of the index; only task partitions.
+        iam.PolicyStatement(
+            sid="ReadTasks",
+            actions=["dynamodb:BatchGetItem", "dynamodb:GetItem", "dynamodb:UpdateItem"],
+            resources=[table],
+            conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [task_pk("*")]}},
+        ),
+        iam.PolicyStatement(
+            sid="Enqueue",
+            actions=["sqs:SendMessage", "sqs:GetQueueUrl"],
+            resources=[q.queue_arn for q in data.queues.values()],
+        ),
+    ):
+        sweeper.add_to_role_policy(statement)
+    events.Rule(
+        scope,
+        "SweeperSchedule",
+        description="agentq: run the sweeper",
+        schedule=events.Schedule.rate(cdk.Duration.minutes(sc.every_minutes)),
+        targets=[targets.LambdaFunction(sweeper, retry_attempts=0)],
+    )
+    return sweeper
 
 
 def _reaper(

@@ -139,6 +139,17 @@ class ReaperSettings(_Strict):
     retry_attempts: int = Field(5, ge=0, le=10_000, description="then the batch goes to the reaper DLQ")
 
 
+class SweeperSettings(_Strict):
+    """The sweeper (agentq.queueing.sweeper): re-enqueues unfinished tasks left with no worker
+    and no message. ``stale_after_seconds`` must exceed the longest silence of a healthy task:
+    SQS's longest delay (900 s) plus the queues' visibility timeout."""
+
+    every_minutes: int = Field(5, ge=1, le=1440, description="how often it runs (an EventBridge schedule)")
+    stale_after_seconds: int = Field(960, ge=60, le=86_400, description="silence after which a task is swept")
+    memory_mb: int = Field(256, ge=128, le=10240)
+    timeout_seconds: int = Field(120, ge=10, le=900)
+
+
 class BudgetDefaults(_Strict):
     """Handed to the functions as AGENTQ_DEFAULT_* environment variables."""
 
@@ -239,6 +250,7 @@ class EnvironmentSettings(_Strict):
     alarms: AlarmSettings = Field(default_factory=AlarmSettings)
     budget_defaults: BudgetDefaults = Field(default_factory=BudgetDefaults)
     reaper: ReaperSettings = Field(default_factory=ReaperSettings)
+    sweeper: SweeperSettings = Field(default_factory=SweeperSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
 

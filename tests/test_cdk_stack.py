@@ -27,6 +27,8 @@ from agentq.control.retention import ttl_removal_pattern
 from agentq.core.models import TaskSubmission
 from agentq.observe import names
 from agentq.resources import (
+    FAULT_RECEIVES,
+    GSI_LIVE,
     PAYLOAD_PREFIX,
     TABLE_ATTRIBUTES,
     TABLE_GSIS,
@@ -262,7 +264,8 @@ def test_each_tier_has_an_encrypted_tls_only_queue_and_dlq_with_the_redrive_poli
         assert queue["SqsManagedSseEnabled"] is True
         assert queue["RedrivePolicy"] == {
             "deadLetterTargetArn": {"Fn::GetAtt": [dlq_id, "Arn"]},
-            "maxReceiveCount": cfg.max_receive_count,
+            # the backstop for messages no worker can handle; a task's own failures are counted on META
+            "maxReceiveCount": cfg.max_receive_count + FAULT_RECEIVES,
         }
         assert queue["MessageRetentionPeriod"] == cfg.queue_retention_seconds
         dlq = synth.template["Resources"][dlq_id]["Properties"]
@@ -1155,3 +1158,22 @@ def synth_subnet_is_private(synth: Synthesized, subnet: str) -> bool:
         if r["Properties"]["RouteTableId"] == {"Ref": table}
     ]
     return bool(routes) and all("NatGatewayId" in r and "GatewayId" not in r for r in routes)
+
+
+def test_the_sweeper_runs_on_a_schedule_with_only_the_index_the_tasks_and_the_queues(synth: Synthesized) -> None:
+    cfg = settings_of(synth.env_name)
+    fn_id, fn = _function(synth, "sweeper")
+    env = fn["Properties"]["Environment"]["Variables"]
+    assert env["AGENTQ_SWEEP_STALE_AFTER_SECONDS"] == str(cfg.sweeper.stale_after_seconds)
+    assert fn["Properties"]["ReservedConcurrentExecutions"] == 1
+    _, rule = _one(synth, "AWS::Events::Rule", Description="agentq: run the sweeper")
+    assert rule["Properties"]["ScheduleExpression"] == f"rate({cfg.sweeper.every_minutes} minutes)"
+    assert rule["Properties"]["Targets"][0]["Arn"] == {"Fn::GetAtt": [fn_id, "Arn"]}
+    statements = {s.get("Sid"): s for s in _role_statements(synth, "sweeper")}
+    assert _as_list(statements["ListLive"]["Action"]) == ["dynamodb:Query"]
+    [index] = _as_list(statements["ListLive"]["Resource"])
+    assert json.dumps(index).endswith(f'/index/{GSI_LIVE}"]]}}')
+    assert statements["ReadTasks"]["Condition"] == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TASK#*"]}}
+    assert "dynamodb:DeleteItem" not in _actions(list(statements.values()))
+    assert set(_as_list(statements["Enqueue"]["Action"])) == {"sqs:SendMessage", "sqs:GetQueueUrl"}
+    assert len(_as_list(statements["Enqueue"]["Resource"])) == len(TIERS)

@@ -187,3 +187,29 @@ def test_a_retry_is_fenced_by_the_lease_and_not_recorded_on_an_ended_task(backen
     assert backend.tasks.record_retry(task_id, _retry(1, 2, "delivery")) is False
     task = backend.tasks.get(task_id)
     assert task.retry == _retry(1, 1, "delivery") and task.retrying is None
+
+
+def test_unfinished_tasks_are_listed_for_the_sweeper_and_leave_the_list_when_they_end(backend: Storage) -> None:
+    running, cancelled, requeued = claimed(backend).task_id, new_task(backend), new_task(backend)
+    backend.tasks.transition(cancelled, TaskStatus.CANCELLED)
+    backend.tasks.transition(requeued, TaskStatus.FAILED, error={"code": "x", "message": "y"})
+    listed = set(backend.tasks.live_task_ids(page_size=2))  # pages through every shard
+    assert running in listed and cancelled not in listed and requeued not in listed
+    backend.tasks.transition(requeued, TaskStatus.QUEUED)  # a redrive: back on the list
+    assert requeued in set(backend.tasks.live_task_ids())
+    metas = {m["task_id"]: m for m in backend.tasks.metas([running, requeued])}
+    assert metas[running]["status"] == "running" and metas[requeued]["status"] == "queued"
+
+
+def test_only_an_ended_task_can_be_taken_off_the_sweepers_list(backend: Storage) -> None:
+    queued = new_task(backend)
+    backend.tasks.unlist(queued)  # refused: it has not ended
+    assert queued in set(backend.tasks.live_task_ids())
+
+
+def test_a_tasks_own_failures_are_counted_at_its_step_and_progress_starts_the_count_again(backend: Storage) -> None:
+    task_id = new_task(backend)
+    assert [backend.tasks.record_failure(task_id, 1) for _ in range(3)] == [1, 2, 3]
+    assert backend.tasks.record_failure(task_id, 2) == 1  # a step committed since: a new count
+    with pytest.raises(TaskNotFound):
+        backend.tasks.record_failure("no-such-task", 1)

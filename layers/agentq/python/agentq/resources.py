@@ -24,6 +24,8 @@ TABLE_ATTRIBUTES: list[dict[str, str]] = [
     {"AttributeName": "sk", "AttributeType": "S"},
     {"AttributeName": "gsi1pk", "AttributeType": "S"},
     {"AttributeName": "gsi1sk", "AttributeType": "S"},
+    {"AttributeName": "live_pk", "AttributeType": "S"},
+    {"AttributeName": "live_sk", "AttributeType": "S"},
 ]
 # A tenant's tasks, newest first: META items carry gsi1pk = "TENANT#<tenant>" and
 # gsi1sk = "<created_at epoch millis, 15 digits>#<task_id>". The projection holds the keys plus
@@ -39,8 +41,24 @@ TABLE_GSIS: list[dict[str, Any]] = [
             {"AttributeName": "gsi1sk", "KeyType": "RANGE"},
         ],
         "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": GSI1_PROJECTED},
-    }
+    },
+    {
+        "IndexName": "live",
+        "KeySchema": [
+            {"AttributeName": "live_pk", "KeyType": "HASH"},
+            {"AttributeName": "live_sk", "KeyType": "RANGE"},
+        ],
+        "Projection": {"ProjectionType": "KEYS_ONLY"},
+    },
 ]
+# The sweeper's index of unfinished tasks (sparse): META carries live_pk = "LIVE#<shard>" and
+# live_sk = <task_id> from creation until the task ends (a step commit or transition to a terminal
+# status removes them, a requeue from the DLQ sets them again). Keys only, and the keys never
+# change while the task lives, so heartbeats and step commits never write to the index; the
+# sweeper reads the few META items it lists. ``LIVE_SHARDS`` partitions spread the writes.
+GSI_LIVE = "live"
+LIVE_SHARDS = 8
+LIVE_ATTRIBUTES = ("live_pk", "live_sk")
 TTL_ATTRIBUTE = "expires_at"
 # The reaper learns of a task's expiry from the table's stream: the keys of a removed META are all
 # it needs, so the stream carries keys only (no task content leaves the table that way).
@@ -50,18 +68,36 @@ TABLE_STREAM_VIEW_TYPE = "KEYS_ONLY"
 TIERS: tuple[str, ...] = ("high", "normal", "low")
 
 
+# Receives a message may spend on worker faults (a SIGKILL, a takeover, a duplicate waiting out
+# a live lease) on top of the task's own attempts, before SQS's redrive policy moves it.
+FAULT_RECEIVES = 20
+
+
 class QueueSettings(BaseModel):
     """SQS settings shared by the CDK stack and the local stack.
 
     ``visibility_timeout`` is what a message gets on receive; a worker's heartbeat keeps
     extending it while the task runs, so a dead worker's message is back within one
     heartbeat period of this value, which bounds resume latency.
+
+    ``max_receive_count`` is how many times a task may fail before it ends ``failed`` and its
+    message goes to the DLQ with the reason: the task's own failures, counted on its META
+    (``Tasks.record_failure``), not the message's receives. A receive also happens when a worker
+    dies holding the message or a duplicate waits for a live lease, and those must not fail a
+    healthy task. So the queue's own redrive policy is a backstop set ``FAULT_RECEIVES`` higher
+    (``sqs_max_receive_count``), for a message no worker can even get to the dispatcher (one
+    that kills its worker every time); and the dispatcher renews a message (a fresh copy, count
+    1) once its receives pass ``max_receive_count``, long before that.
     """
 
     visibility_timeout: int = 30
     max_receive_count: int = 5
     retention_seconds: int = 4 * 24 * 3600
     dlq_retention_seconds: int = 14 * 24 * 3600
+
+    @property
+    def sqs_max_receive_count(self) -> int:
+        return self.max_receive_count + FAULT_RECEIVES
 
 
 class ResourceNames(BaseModel):
@@ -115,7 +151,9 @@ def queue_attributes(settings: QueueSettings, dlq_arn: str) -> dict[str, str]:
     return {
         "VisibilityTimeout": str(settings.visibility_timeout),
         "MessageRetentionPeriod": str(settings.retention_seconds),
-        "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": settings.max_receive_count}),
+        "RedrivePolicy": json.dumps(
+            {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": settings.sqs_max_receive_count}
+        ),
     }
 
 

@@ -3,10 +3,12 @@ the API handler on localhost. What `agentq dev`, `agentq demo` and the system te
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +17,7 @@ from agentq.api.auth import authorize
 from agentq.control.defaults import Defaults
 from agentq.local.api_server import LocalApiServer
 from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
+from agentq.queueing.sweeper import sweep
 from agentq.queueing.worker import WorkerConfig
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_fanout, build_queues, build_registry, build_store, session
@@ -31,12 +34,20 @@ class LocalStack:
     extra_env: dict[str, str] = field(default_factory=dict)
     api: bool = True
     auth: bool = False  # the API requires a bearer key (create one with create_api_key), as in AWS
+    # The sweeper (queueing/sweeper.py), a thread here as the scheduled Lambda is in AWS: every
+    # ``sweep_every`` seconds (None: no sweeper), tasks silent for ``sweep_stale_after`` seconds
+    # are re-enqueued. Shorter than in AWS: local retries and deferrals wait seconds, not minutes.
+    sweep_every: float | None = 15.0
+    sweep_stale_after: float = 120.0
 
     def __post_init__(self) -> None:
         self.moto = MotoServer()
         self.processes: list[subprocess.Popen[bytes]] = []
         self.api_server: LocalApiServer | None = None
         self.settings: Settings | None = None
+        self._stopping = threading.Event()
+        self._sweeper: threading.Thread | None = None
+        self.swept: list[str] = []  # every task the sweeper re-enqueued
 
     def start(self) -> LocalStack:
         for key, value in LOCAL_CREDENTIALS.items():
@@ -63,6 +74,9 @@ class LocalStack:
             self.api_server = LocalApiServer(app.resolve, authorizer=authorizer).start()
         for _ in range(self.workers):
             self.spawn_worker()
+        if self.sweep_every is not None:
+            self._sweeper = threading.Thread(target=self._sweep_loop, name="agentq-sweeper", daemon=True)
+            self._sweeper.start()
         return self
 
     def store(self) -> Any:
@@ -110,7 +124,19 @@ class LocalStack:
         pid = int(worker.rsplit(":", 1)[-1])
         return next((p for p in self.processes if p.pid == pid), None)
 
+    def _sweep_loop(self) -> None:
+        assert self.settings is not None and self.sweep_every is not None
+        store, queues = self.store(), self.queues()
+        while not self._stopping.wait(self.sweep_every):
+            try:
+                self.swept += sweep(store, queues, stale_after=self.sweep_stale_after).swept
+            except Exception:  # the store going away at shutdown, a moto hiccup: next round
+                logging.getLogger("agentq.sweeper").warning("sweep failed", exc_info=True)
+
     def stop(self) -> None:
+        self._stopping.set()
+        if self._sweeper is not None:
+            self._sweeper.join(timeout=30)
         for proc in self.processes:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)

@@ -34,6 +34,7 @@ _EXPORTS: dict[str, str] = {
     "metrics": "emf",
     "record_budget_refusal": "emf",
     "record_dead_letter": "emf",
+    "record_swept": "emf",
     "record_run": "emf",
     "record_submitted": "emf",
     "tenant_soft_cap_crossed": "emf",
@@ -60,6 +61,7 @@ __all__ = [
     "record_dead_letter",
     "record_run",
     "record_submitted",
+    "record_swept",
     "route_core_logs",
     "task_context",
     "tenant_soft_cap_crossed",
@@ -102,6 +104,7 @@ if TYPE_CHECKING:
         record_dead_letter,
         record_run,
         record_submitted,
+        record_swept,
         tenant_soft_cap_crossed,
     )
     from agentq.observe.events import emit_event

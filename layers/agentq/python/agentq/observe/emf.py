@@ -77,6 +77,14 @@ def record_dead_letter() -> None:
         metrics.add_metric(name=names.DLQ_MOVES, unit=MetricUnit.Count, value=1)
 
 
+def record_swept(count: int) -> None:
+    """Tasks the sweeper found stranded (lease lapsed long ago, nothing since) and re-enqueued:
+    each is a message lost or dead-lettered while its task could still run; 0 in a healthy fleet."""
+    if not enabled():
+        return
+    _write_now({names.TASKS_SWEPT: count}, MetricUnit.Count, {})
+
+
 def record_submitted() -> None:
     """A task was created on request (POST /tasks, a fork); replays of an idempotent submit
     are not counted."""

@@ -42,6 +42,8 @@ TOOL_ERRORS = "tool_errors"
 BUDGET_REFUSALS = "budget_refusals"
 # service=api, dimensions {service}
 TASKS_SUBMITTED = "tasks_submitted"
+# service=executor, no dimension: unfinished tasks with no worker and no message, re-enqueued
+TASKS_SWEPT = "tasks_swept"
 
 TOKEN_DIMENSIONS = (SERVICE, MODEL)
 TOOL_DIMENSIONS = (SERVICE, TOOL)

@@ -52,6 +52,7 @@ class Action:
     delay_seconds: int = 0
     task_id: str | None = None
     run: RunResult | None = None
+    attempts: int = 0  # a retry: the task's own failures so far (not the message's receives)
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,14 @@ class Dispatcher:
                     self._release_lapsed(task, tier)
                 return Action("delete", f"task already {task.status.value}", task_id=task.task_id)
             self._requeue_redriven(task)
+        if receive_count > self.max_receive_count:
+            # Receives spent by worker faults (a killed or stopped holder, a duplicate waiting
+            # out a live lease), not by the task's own failures, which are counted on its META:
+            # a fresh copy (count 1) so SQS's redrive backstop never dead-letters a healthy task.
+            self.queues.send_body(tier, message.model_dump_json(exclude_defaults=True))
+            return Action(
+                "delete", f"renewed after {receive_count} receives spent by worker faults", task_id=task.task_id
+            )
         if message.kind == "wake" and message.spawn_id:
             self._wake(task, message.spawn_id)
         elif task.status in (TaskStatus.WAITING, TaskStatus.PAUSED):
@@ -155,10 +164,10 @@ class Dispatcher:
             self._report_end(task, run.status)
         action = self._after_run(run, tier=tier, receive_count=receive_count)
         if run.outcome == "retry" and action.kind == "retry":
-            self._note_retry(task, run, action, receive_count)
+            self._note_retry(task, run, action)
         return action
 
-    def _note_retry(self, task: Task, run: RunResult, action: Action, receive_count: int) -> None:
+    def _note_retry(self, task: Task, run: RunResult, action: Action) -> None:
         """The task comes back in ``action.delay_seconds``: record why and when, so its status
         says so instead of "running" with no error (best effort: the retry happens anyway)."""
         error = run.error or {}
@@ -167,7 +176,7 @@ class Dispatcher:
         state = RetryState(
             step=base.step + run.steps_committed + 1,
             scope="delivery",
-            attempt=receive_count,
+            attempt=action.attempts,
             max_attempts=self.max_receive_count,
             code=str(error.get("code") or "retryable_error")[:64],
             message=str(error.get("message") or action.reason)[:500],
@@ -223,6 +232,16 @@ class Dispatcher:
         except IllegalTransition:
             pass  # raced with another copy of the redrive: the claim below decides
 
+    def _count_failure(self, run: RunResult) -> int:
+        """This retryable failure, counted on the task (at the step it failed on): the attempts
+        so far. A worker fault never gets here, so it never counts."""
+        claimed = run.claimed
+        step = (claimed.step if claimed else 0) + run.steps_committed + 1
+        try:
+            return self.store.tasks.record_failure(run.task_id, step)
+        except TaskNotFound:
+            return self.max_receive_count  # gone: nothing left to retry
+
     def _release_lapsed(self, task: Task, tier: str) -> None:
         """An ended task still holding an older epoch's hold: give it back once its call can
         no longer complete, coming back for it with a delayed message until then."""
@@ -256,16 +275,22 @@ class Dispatcher:
             return Action("abandon", "lease lost to another worker", task_id=task_id, run=run)
         if run.outcome == "retry":
             error = run.error or {}
-            if receive_count >= self.max_receive_count:
-                reason = f"failed after {receive_count} attempts: {error.get('message', 'retryable error')}"
+            attempts = self._count_failure(run)
+            if attempts >= self.max_receive_count:
+                reason = f"failed after {attempts} attempts: {error.get('message', 'retryable error')}"
                 with contextlib.suppress(IllegalTransition):
-                    self.store.tasks.transition(task_id, TaskStatus.FAILED, error={**error, "attempts": receive_count})
+                    self.store.tasks.transition(task_id, TaskStatus.FAILED, error={**error, "attempts": attempts})
                     run.status = TaskStatus.FAILED
                     self._report_end(self.store.tasks.get(task_id), TaskStatus.FAILED)  # its parent wakes
                 return Action("dead_letter", reason, task_id=task_id, run=run)
-            delay = int(error.get("retry_after") or self.backoff.delay(receive_count))
+            delay = int(error.get("retry_after") or self.backoff.delay(attempts))
             return Action(
-                "retry", f"retryable: {error.get('message', '')}", delay_seconds=delay, task_id=task_id, run=run
+                "retry",
+                f"retryable: {error.get('message', '')}",
+                delay_seconds=delay,
+                task_id=task_id,
+                run=run,
+                attempts=attempts,
             )
         # not_claimed: someone holds a live lease, or the task moved on since we looked.
         task = self.store.tasks.get(task_id)

@@ -15,8 +15,27 @@ from pydantic import BaseModel, Field
 
 from agentq.resources import TIERS, ResourceNames
 
-MessageKind = Literal["run", "continue", "wake", "redrive", "safety_net", "release_holds"]
+MessageKind = Literal["run", "continue", "wake", "redrive", "safety_net", "release_holds", "renewed", "swept"]
 DEAD_LETTER_REASON = "agentq-reason"  # message attribute set when agentq dead-letters a message
+
+# SQS's answers to a receipt handle that is no longer ours: the message was deleted through a
+# duplicate's receipt, or our visibility lapsed while we were stopped and another receive took
+# it. Both are expected races under takeovers, not faults.
+STALE_RECEIPT_CODES = frozenset(
+    {"ReceiptHandleIsInvalid", "AWS.SimpleQueueService.MessageNotInflight", "MessageNotInflight"}
+)
+
+
+def is_stale_receipt(exc: BaseException) -> bool:
+    """True when ``exc`` is SQS refusing a receipt handle that another receive superseded."""
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return False
+    error = response.get("Error", {})
+    code = str(error.get("Code", ""))
+    return code in STALE_RECEIPT_CODES or (
+        code == "InvalidParameterValue" and "receipt handle" in str(error.get("Message", "")).lower()
+    )
 
 
 class TaskMessage(BaseModel):
@@ -56,6 +75,11 @@ class TaskQueues:
 
     def send(self, task_id: str, tier: str, kind: MessageKind = "run", delay_seconds: int = 0) -> str:
         body = TaskMessage(task_id=task_id, kind=kind).model_dump_json()
+        resp = self.sqs.send_message(QueueUrl=self.url(tier), MessageBody=body, DelaySeconds=delay_seconds)
+        return str(resp["MessageId"])
+
+    def send_body(self, tier: str, body: str, delay_seconds: int = 0) -> str:
+        """Send ``body`` again as a fresh message (receive count 1): how a message is renewed."""
         resp = self.sqs.send_message(QueueUrl=self.url(tier), MessageBody=body, DelaySeconds=delay_seconds)
         return str(resp["MessageId"])
 

@@ -33,6 +33,7 @@ from agentq.queueing._tuning import DEFAULT_WEIGHTS, WorkerConfig
 from agentq.queueing.admission import Admission, LeaseWriteRate, SlotPool
 from agentq.queueing.dispatch import Action, Dispatcher
 from agentq.queueing.heartbeat import HeartbeatHub
+from agentq.queueing.queues import is_stale_receipt
 from agentq.resources import TIERS
 from agentq.runtime import (
     Settings,
@@ -217,7 +218,12 @@ class Worker:
     def _safe(op: Any) -> None:
         try:
             op()
-        except Exception:
+        except Exception as exc:
+            if is_stale_receipt(exc):
+                # Another receive of this message superseded ours (a takeover, or the message
+                # was deleted through a duplicate's receipt): expected, one line, no traceback.
+                log.info("SQS refused a superseded receipt handle: %s", exc)
+                return
             log.exception("SQS call failed")
 
 

@@ -67,7 +67,9 @@ class MemoryTable:
     def __init__(self, name: str = "memory", indexes: dict[str, tuple[str, str]] | None = None) -> None:
         """``indexes``: GSI name -> (partition attribute, sort attribute)."""
         self.name = name
-        self.indexes = indexes if indexes is not None else {"gsi1": ("gsi1pk", "gsi1sk")}
+        self.indexes = (
+            indexes if indexes is not None else {"gsi1": ("gsi1pk", "gsi1sk"), "live": ("live_pk", "live_sk")}
+        )
         self._items: dict[tuple[str, str], Item] = {}
         self._lock = threading.RLock()
         self._tokens: dict[str, str] = {}  # token -> the transaction it was used for

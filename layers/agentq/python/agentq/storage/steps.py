@@ -42,6 +42,7 @@ from agentq.core.errors import BudgetExceeded
 from agentq.core.faults import crash_point
 from agentq.core.models import Lease, LLMStep, Step, StepRecord, TaskStatus
 from agentq.core.records import NO_USAGE, BudgetDelta, OrphanCall
+from agentq.resources import LIVE_ATTRIBUTES
 from agentq.storage import keys
 from agentq.storage.budgets import BUDGET, settle_and_reserve, ticket_value
 from agentq.storage.serdes import Payloads
@@ -163,6 +164,8 @@ class Steps:
         if reserve_next:
             sets["inflight"] = ticket_value(reserve_next, lease.epoch, number + 1, hold_until)
             removes = []
+        if finish is not None:
+            removes = [*removes, *LIVE_ATTRIBUTES]  # out of the sweeper's index
         meta = Patch(
             "meta",
             keys.meta_key(lease.task_id),

@@ -14,8 +14,10 @@ transition is refused by DynamoDB, not by a read-then-write race.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
+from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -33,7 +35,7 @@ from agentq.core.models import (
     sources_of,
 )
 from agentq.core.records import ClaimRecord, IdempotencyRecord
-from agentq.resources import GSI1, TTL_ATTRIBUTE
+from agentq.resources import GSI1, GSI_LIVE, LIVE_ATTRIBUTES, LIVE_SHARDS, TTL_ATTRIBUTE
 from agentq.storage import keys
 from agentq.storage.budgets import budget_attrs, lapsed_holds
 from agentq.storage.serdes import Payloads
@@ -59,6 +61,12 @@ from agentq.storage.table import (
 DEFAULT_TASK_RETENTION_DAYS = 30
 DAY_SECONDS = 86_400
 IDEMPOTENCY_TTL_SECONDS = 24 * 3600
+
+
+def live_keys(task_id: str) -> dict[str, str]:
+    """The sparse ``live`` index keys an unfinished task's META carries (``resources.GSI_LIVE``)."""
+    shard = int(hashlib.sha256(task_id.encode()).hexdigest()[:8], 16) % LIVE_SHARDS
+    return {"live_pk": f"LIVE#{shard}", "live_sk": task_id}
 
 
 def request_token(*parts: object) -> str:
@@ -137,6 +145,7 @@ class Tasks:
             "created_at": now,
             "updated_at": now,
             "claim_count": 0,
+            **live_keys(task_id),
             **extra,
         }
 
@@ -491,7 +500,9 @@ class Tasks:
             removes += ["error", "finished_at"]
         if to.terminal:
             sets.update({"finished_at": now, TTL_ATTRIBUTE: self.expiry(now)})
+            removes += LIVE_ATTRIBUTES  # out of the sweeper's index
         else:
+            sets.update(live_keys(task_id))  # back in it (a requeue from the DLQ)
             removes.append(TTL_ATTRIBUTE)  # a live task never expires (a no-op unless leaving a terminal status)
         if result is not None:
             sets.update(self._result_attrs(task_id, result, lease))
@@ -549,6 +560,61 @@ class Tasks:
         if error is not None:
             sets["error"] = error
         return sets
+
+    # ------------------------------------------------------- failures, sweeps
+
+    def record_failure(self, task_id: str, step: int) -> int:
+        """Count one retryable failure of the task at ``step``; returns the failures in a row there.
+
+        The count is the task's own (on META), so it grows only when the task itself fails, not
+        when a message is received again because a worker was killed or stopped; a step
+        committed since the last failure starts the count again.
+        """
+        key = keys.meta_key(task_id)
+        try:
+            item = self.table.update(
+                key,
+                Update(add={"failures": 1}, set={"updated_at": time.time()}),
+                condition=present() & Attr("failure_step").eq(step),
+                returns="ALL_NEW",
+            )
+            assert item is not None
+            return int(item["failures"])
+        except ConditionFailed:
+            try:
+                self.table.update(
+                    key,
+                    Update(set={"failures": 1, "failure_step": step, "updated_at": time.time()}),
+                    condition=present(),
+                )
+            except ConditionFailed as exc:
+                raise TaskNotFound(f"no task {task_id!r}", field="task_id") from exc
+            return 1
+
+    def live_task_ids(self, page_size: int = 500) -> Iterator[str]:
+        """Every task in the sparse ``live`` index: the unfinished ones (and a few just finished,
+        as the index is eventually consistent)."""
+        for shard in range(LIVE_SHARDS):
+            start: Item | None = None
+            while True:
+                page = self.table.query_index(
+                    GSI_LIVE, ("live_pk", f"LIVE#{shard}"), descending=False, limit=page_size, start=start
+                )
+                yield from (str(i["live_sk"]) for i in page.items)
+                if page.last_key is None:
+                    break
+                start = page.last_key
+
+    def metas(self, task_ids: list[str]) -> list[dict[str, Any]]:
+        """The META attributes of many tasks (BatchGetItem, no submissions), as plain values."""
+        return [plain(i) for i in self.table.batch_get([keys.meta_key(t) for t in task_ids])]
+
+    def unlist(self, task_id: str) -> None:
+        """Take an ended task out of the ``live`` index (one whose end did not, e.g. written
+        before the index existed); only while it is terminal."""
+        ended = [s for s in TaskStatus if s.terminal]
+        with contextlib.suppress(ConditionFailed):
+            self.table.update(keys.meta_key(task_id), Update(remove=LIVE_ATTRIBUTES), condition=status_in(ended))
 
     def pause(self, lease: Lease) -> Patch:
         """The fenced write that pauses a running task (it gives up its lease)."""

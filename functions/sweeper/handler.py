@@ -1,0 +1,41 @@
+"""Sweeper Lambda: on a schedule (EventBridge), re-enqueue unfinished tasks that have no worker
+and no message (``agentq.queueing.sweeper``). A thin adapter: the sweep is the core's; the
+schedule, the grace (``AGENTQ_SWEEP_STALE_AFTER_SECONDS``) and the metric's flush are this
+function's."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from aws_lambda_powertools import Logger
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from agentq import observe
+from agentq.queueing.queues import TaskQueues
+from agentq.queueing.sweeper import DEFAULT_STALE_AFTER_SECONDS, sweep
+from agentq.runtime import Settings, build_queues, build_store
+from agentq.storage.container import Storage
+
+logger = Logger(service="agentq-sweeper")
+
+_clients: tuple[Storage, TaskQueues] | None = None
+
+
+def clients() -> tuple[Storage, TaskQueues]:
+    """Built on first use and kept by the container (cold start only)."""
+    global _clients
+    if _clients is None:
+        settings = Settings.from_env()
+        _clients = build_store(settings, pool=4), build_queues(settings, pool=4)
+    return _clients
+
+
+@logger.inject_lambda_context
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    store, queues = clients()
+    stale_after = float(os.environ.get("AGENTQ_SWEEP_STALE_AFTER_SECONDS") or DEFAULT_STALE_AFTER_SECONDS)
+    report = sweep(store, queues, stale_after=stale_after)
+    observe.flush()
+    logger.info("swept", extra={"listed": report.listed, "swept": report.swept, "unlisted": report.unlisted})
+    return {"listed": report.listed, "swept": len(report.swept), "unlisted": report.unlisted}

@@ -1,0 +1,77 @@
+"""The sweeper: every unfinished task always has a way forward.
+
+A task moves only when a message for it is received, so its message is its lifeline, and
+there are ways to lose one: SQS's redrive backstop moves it to a DLQ (a message that crashed
+its worker too often), a worker dies between sending a continuation and deleting its own
+message, an operator purges a queue. Such a task stays ``queued`` or ``running`` forever with
+nothing to resume it, not even a redrive.
+
+So the sweeper, periodically (a scheduled Lambda in AWS, a thread in ``agentq dev``), lists
+the unfinished tasks from the sparse ``live`` index (``resources.GSI_LIVE``: keys only, and
+only tasks that have not ended carry the keys), reads their META items, and sends a ``swept``
+message for each ``queued`` or ``running`` task that shows no sign of life for
+``stale_after`` seconds: its lease lapsed that long ago and nothing was written to it since
+(no claim, commit, heartbeat, retry note or release). ``stale_after`` must be longer than the
+longest silence a healthy task keeps: SQS's longest delay (15 minutes: a retry's backoff, a
+deferral) plus the visibility timeout. A sweep that is wrong anyway is harmless: a claim is
+fenced, a message for a task that is leased waits for the lease, and one for a task that has
+ended is deleted. ``waiting`` and ``paused`` tasks are woken by their own messages (the
+fan-out's, a person's decision) and are left alone. Each sweep counts what it re-enqueued
+(metric ``tasks_swept``, 0 in a healthy fleet).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from agentq import observe
+from agentq.core.status import TaskStatus
+from agentq.queueing.queues import TaskQueues
+from agentq.storage.container import Storage
+
+log = logging.getLogger("agentq.sweeper")
+
+# The longest a healthy task can stay silent: a message delayed by SQS's maximum (a retry's
+# backoff, a deferral), received after its visibility timeout; plus a minute of slack.
+DEFAULT_STALE_AFTER_SECONDS = 900 + 60
+BATCH = 100  # BatchGetItem's limit
+STRANDABLE = (TaskStatus.QUEUED.value, TaskStatus.RUNNING.value)
+
+
+@dataclass
+class SweepReport:
+    listed: int = 0  # tasks in the live index
+    swept: list[str] = field(default_factory=list)  # re-enqueued
+    unlisted: int = 0  # ended tasks still in the index, taken out
+
+
+def sweep(store: Storage, queues: TaskQueues, *, stale_after: float, now: float | None = None) -> SweepReport:
+    """One pass over the unfinished tasks (see the module)."""
+    now = time.time() if now is None else now
+    report = SweepReport()
+    ids = list(store.tasks.live_task_ids())
+    report.listed = len(ids)
+    stranded: list[str] = []
+    for start in range(0, len(ids), BATCH):
+        for meta in store.tasks.metas(ids[start : start + BATCH]):
+            status = str(meta.get("status"))
+            if status not in STRANDABLE:
+                if TaskStatus(status).terminal:
+                    store.tasks.unlist(str(meta["task_id"]))
+                    report.unlisted += 1
+                continue
+            quiet_since = max(float(meta.get("lease_expires") or 0), float(meta.get("updated_at") or 0),
+                              float(meta.get("heartbeat_at") or 0))  # fmt: skip
+            if now - quiet_since >= stale_after:
+                stranded.append(str(meta["task_id"]))
+    for task in store.tasks.get_many(stranded):
+        if task.status.value not in STRANDABLE:
+            continue
+        queues.send(task.task_id, task.submission.priority, kind="swept")
+        report.swept.append(task.task_id)
+        log.warning("task %s swept: %s with no sign of life for over %.0fs; re-enqueued", task.task_id, task.status.value,
+                    stale_after)  # fmt: skip
+    observe.record_swept(len(report.swept))
+    return report
