@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -148,3 +149,45 @@ def test_purge_refuses_a_live_task_and_deletes_a_finished_one_whole_twice_over(b
     again = backend.purge.task(lease.task_id)
     assert (again.items, again.objects) == (0, 0)
     assert backend.tasks.get(neighbour).status is TaskStatus.QUEUED
+
+
+def _folded_with_a_live_lapsed_hold(backend: Storage) -> tuple[str, str, Any]:
+    """A child killed mid call (epoch 1, hold 200), finished by its successor, folded into its
+    parent while the lapsed hold was still counted: the parent took it as spent."""
+    lease = claimed(backend, max_tokens=1000)
+    parent = backend.tasks.get(lease.task_id)
+    plans = _plans(backend, 1, 300)
+    backend.spawns.create(lease, parent, "sp1", plans, [], 1)
+    child_id = plans[0].task_id
+    first = backend.tasks.claim(child_id, "w2", 30)
+    assert first is not None
+    held = backend.budgets.reserve(first[0], child_id, 200, 1, until=time.time() + 60)
+    backend.tasks.release(first[0])
+    second = backend.tasks.claim(child_id, "w3", 30)
+    assert second is not None
+    backend.budgets.set_aside(second[0], held)
+    from tests.storage_conformance._builders import usage
+
+    backend.steps.commit(second[0], 1, llm_step(), root_id=child_id, settle=usage(reserved=0, used=50),
+                         finish=TaskStatus.SUCCEEDED, result="ok")  # fmt: skip
+    backend.budgets.settle_child(parent.task_id, child_id)
+    assert backend.budgets.get(parent.task_id).used == 250  # 50 used + the 200 hold, as if spent
+    return parent.task_id, child_id, held
+
+
+def test_a_lapsed_hold_returned_after_its_child_was_folded_corrects_the_parent_once(backend: Storage) -> None:
+    parent_id, child_id, held = _folded_with_a_live_lapsed_hold(backend)
+    assert backend.budgets.return_lapsed(child_id, child_id, held, parent_id=parent_id) is True
+    assert backend.budgets.return_lapsed(child_id, child_id, held, parent_id=parent_id) is False
+    budget = backend.budgets.get(parent_id)
+    assert (budget.used, budget.reserved, budget.available) == (50, 0, 950)  # what the calls really used
+
+
+def test_a_zombie_child_call_answered_after_the_fold_charges_the_parent_what_it_used(backend: Storage) -> None:
+    parent_id, child_id, _ = _folded_with_a_live_lapsed_hold(backend)
+    from tests.storage_conformance._builders import usage
+
+    late = usage(reserved=200, used=120)
+    assert backend.budgets.settle_orphan(child_id, child_id, late, inflight_epoch=1, parent_id=parent_id) is True
+    budget = backend.budgets.get(parent_id)
+    assert (budget.used, budget.reserved, budget.available) == (170, 0, 830)

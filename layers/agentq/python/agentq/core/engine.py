@@ -345,7 +345,7 @@ class Engine:
         for epoch, raw in task.lapsed_holds.items():
             held = _reservation(epoch, raw)
             if held.until is None or held.until <= now:
-                self.store.budgets.return_lapsed(task.task_id, task.budget_id, held)
+                self.store.budgets.return_lapsed(task.task_id, task.budget_id, held, parent_id=task.parent_id)
             else:
                 live.append(held.until - now)
         return max(live, default=0.0)
@@ -399,7 +399,7 @@ class Engine:
         for epoch, raw in task.lapsed_holds.items():
             held = _reservation(epoch, raw)
             if held.until is None or held.until <= now:
-                self.store.budgets.return_lapsed(task.task_id, task.budget_id, held)
+                self.store.budgets.return_lapsed(task.task_id, task.budget_id, held, parent_id=task.parent_id)
         current = task.inflight
         if current and int(current["epoch"]) != session.lease.epoch:
             held = _reservation(int(current["epoch"]), current)
@@ -425,7 +425,9 @@ class Engine:
         for epoch, raw in task.lapsed_holds.items():
             held = _reservation(epoch, raw)
             if held.until is None or held.until <= now:
-                returned |= self.store.budgets.return_lapsed(task.task_id, task.budget_id, held)
+                returned |= self.store.budgets.return_lapsed(
+                    task.task_id, task.budget_id, held, parent_id=task.parent_id
+                )
             else:
                 live.append(held.until - now)
         return min(live, default=0.0), returned
@@ -508,6 +510,7 @@ class Engine:
                     reserved=int(held["amount"]), used=0, cost_usd=NO_USAGE.cost_usd, tokens_in=0, tokens_out=0
                 ),
                 inflight_epoch=int(held["epoch"]),
+                parent_id=s.task.parent_id,
             )
             s.task = s.task.model_copy(update={"inflight": None})
 
@@ -687,7 +690,9 @@ class Engine:
         except LeaseLost:
             # The provider answered, so the tokens are spent whoever owns the task now, and
             # whoever learned of the lost lease: the ledger gets them once, as an orphan.
-            self.store.budgets.settle_orphan(s.lease.task_id, s.task.budget_id, settle, inflight_epoch=s.lease.epoch)
+            self.store.budgets.settle_orphan(
+                s.lease.task_id, s.task.budget_id, settle, inflight_epoch=s.lease.epoch, parent_id=s.task.parent_id
+            )
             self.store.steps.record_orphan(s.lease, s.next_step, step)
             if hold is not None:
                 self.windows.settle(hold, response.usage.total)

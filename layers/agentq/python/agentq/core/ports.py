@@ -73,10 +73,18 @@ class BudgetLedger(Protocol):
 
     def set_aside(self, lease: Lease, held: Reservation) -> None: ...
 
-    def return_lapsed(self, task_id: str, budget_id: str, held: Reservation) -> bool: ...
+    def return_lapsed(
+        self, task_id: str, budget_id: str, held: Reservation, *, parent_id: str | None = None
+    ) -> bool: ...
 
     def settle_orphan(
-        self, task_id: str, budget_id: str, delta: BudgetDelta, *, inflight_epoch: int | None
+        self,
+        task_id: str,
+        budget_id: str,
+        delta: BudgetDelta,
+        *,
+        inflight_epoch: int | None,
+        parent_id: str | None = None,
     ) -> bool: ...
 
     def settle_child(self, parent_budget_id: str, child_id: str) -> None: ...

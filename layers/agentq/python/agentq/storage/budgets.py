@@ -129,6 +129,10 @@ def settle_and_reserve(budget_id: str, delta: BudgetDelta, reserve_next: int) ->
     return Patch(BUDGET, keys.meta_key(budget_id), update, condition)
 
 
+def _and(condition: Any, more: Any) -> Any:
+    return more if condition is None else condition & more
+
+
 def budget_state(item: Item) -> BudgetState:
     data = plain(item, keep_decimal=frozenset({"budget_cost_usd"}))
     return BudgetState(
@@ -224,32 +228,74 @@ class Budgets:
 
             raise why_fenced(self.table, lease) from exc
 
-    def return_lapsed(self, task_id: str, budget_id: str, held: Reservation) -> bool:
+    def return_lapsed(self, task_id: str, budget_id: str, held: Reservation, *, parent_id: str | None = None) -> bool:
         """Give a lapsed hold back after its deadline, when its call can no longer complete;
-        once (conditional on the ticket), and by anyone: the task may have ended meanwhile."""
+        once (conditional on the ticket), and by anyone: the task may have ended meanwhile.
+        ``parent_id``: see ``_release``."""
         release = Patch(
             "ticket", keys.meta_key(task_id), Update(remove=[lapsed_name(held.epoch)]),
             Attr(lapsed_name(held.epoch)).exists(),
         )  # fmt: skip
-        give_back = settle_and_reserve(
-            budget_id, BudgetDelta(reserved=held.amount, used=0, cost_usd=NO_USAGE.cost_usd, tokens_in=0, tokens_out=0),
-            0,
-        )  # fmt: skip
-        try:
-            if budget_id == task_id:
-                both = merge("ticket", release, give_back)
-                self.table.update(both.key, both.update, condition=both.condition)
-            else:
-                self.table.transact([release, give_back])
-            return True
-        except ConditionFailed:
-            return False
-        except TransactionCancelled as exc:
-            if "ticket" not in exc.failed:
-                raise
-            return False
+        back = BudgetDelta(reserved=held.amount, used=0, cost_usd=NO_USAGE.cost_usd, tokens_in=0, tokens_out=0)
+        return self._release(task_id, budget_id, release, back, parent_id)
 
-    def settle_orphan(self, task_id: str, budget_id: str, delta: BudgetDelta, *, inflight_epoch: int | None) -> bool:
+    def _release(self, task_id: str, budget_id: str, release: Patch, delta: BudgetDelta, parent_id: str | None) -> bool:
+        """Remove a hold's ticket and settle the hold with ``delta``, in one write; False when
+        the ticket is gone (settled already).
+
+        A child whose budget its parent already folded in (``settle_child`` took its ``used +
+        reserved``, this hold counted as spent) passes its ``parent_id``: the parent then gets
+        the difference in the same transaction (``used + actual - hold``), so the tree's ledger
+        ends equal to what the calls used, not to what they were allowed. One level: a parent
+        folded into its own parent meanwhile is not corrected further.
+        """
+        settle = settle_and_reserve(budget_id, delta, 0)
+        unfolded = Patch(release.name, release.key, release.update, _and(release.condition, Attr(SETTLED).not_exists()))
+        attempts: list[list[Patch]] = [[unfolded, settle]]
+        if parent_id is not None:
+            folded = Patch(release.name, release.key, release.update, _and(release.condition, Attr(SETTLED).exists()))
+            correction = Patch(
+                "parent",
+                keys.meta_key(parent_id),
+                Update(add={
+                    "used": delta.used - delta.reserved, "available": delta.reserved - delta.used,
+                    "budget_cost_usd": delta.cost_usd, "budget_tokens_in": delta.tokens_in,
+                    "budget_tokens_out": delta.tokens_out,
+                }),
+            )  # fmt: skip
+            attempts.append([folded, settle, correction])
+        else:
+            attempts = [[release, settle]]
+        for _ in range(3):  # a fold may land between the two tries: try both again
+            for patches in attempts:
+                ticket, own, *rest = patches
+                try:
+                    if budget_id == task_id and not rest:
+                        both = merge("ticket", ticket, own)
+                        self.table.update(both.key, both.update, condition=both.condition)
+                    elif budget_id == task_id:
+                        self.table.transact([merge("ticket", ticket, own), *rest])
+                    else:
+                        self.table.transact(patches)
+                    return True
+                except ConditionFailed:
+                    pass
+                except TransactionCancelled as exc:
+                    if "ticket" not in exc.failed:
+                        raise
+            if parent_id is None:
+                break
+        return False
+
+    def settle_orphan(
+        self,
+        task_id: str,
+        budget_id: str,
+        delta: BudgetDelta,
+        *,
+        inflight_epoch: int | None,
+        parent_id: str | None = None,
+    ) -> bool:
         """Account for a reservation whose step will not be committed (lease lost, provider
         error, a crashed worker's leftover), exactly once.
 
@@ -259,10 +305,10 @@ class Budgets:
         (tokens a zombie spent are spent whoever holds the task). Not fenced by the lease for
         that reason. With ``inflight_epoch=None`` the caller owns the hold outright (no
         marker) and it is settled unconditionally. Returns whether the hold was returned.
+        ``parent_id``: see ``_release``.
         """
-        settle = settle_and_reserve(budget_id, delta, 0)
         if inflight_epoch is None:
-            self._apply(settle)
+            self._apply(settle_and_reserve(budget_id, delta, 0))
             return True
         current = Patch(
             "ticket", keys.meta_key(task_id), Update(remove=["inflight"]), Attr("inflight.epoch").eq(inflight_epoch)
@@ -272,18 +318,8 @@ class Budgets:
             Attr(lapsed_name(inflight_epoch)).exists(),
         )  # fmt: skip
         for release_ticket in (current, lapsed):  # set aside by a successor, or not
-            try:
-                if budget_id == task_id:
-                    both = merge("ticket", release_ticket, settle)
-                    self.table.update(both.key, both.update, condition=both.condition)
-                else:
-                    self.table.transact([release_ticket, settle])
+            if self._release(task_id, budget_id, release_ticket, delta, parent_id):
                 return True
-            except ConditionFailed:
-                pass
-            except TransactionCancelled as exc:
-                if "ticket" not in exc.failed:
-                    raise
         if delta.used or delta.cost_usd:
             usage_only = BudgetDelta(
                 reserved=0,
