@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 
-.PHONY: demo test lint layers bench clean sandbox-tools chromium console-screenshots
+.PHONY: demo test lint layers bench chaos clean sandbox-tools chromium console-screenshots
 
 # One venv, two installs. `make test` installs everything (.[dev]); `make demo` only the runtime
 # and the embedded AWS (.[local]), unless the full install is already there and current (a
@@ -72,6 +72,12 @@ layers: $(VENV)/.installed
 
 bench: $(VENV)/.bench-installed
 	$(PY) bench/checkpoint_cost.py
+
+# The chaos suite (bench/chaos.py): 200 tasks under random SIGKILL/SIGSTOP of 4 workers and a
+# faulty model server, then every invariant checked; exits 1 naming what broke. CHAOS_ARGS to
+# change it (e.g. CHAOS_ARGS="--tasks 50 --seed 3"). A smaller seeded run is in `make test`.
+chaos: $(VENV)/.installed
+	$(PY) bench/chaos.py $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) cdk.out .pytest_cache .mypy_cache .ruff_cache

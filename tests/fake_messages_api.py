@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
+import struct
 import threading
 import time
 import urllib.parse
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -168,10 +171,20 @@ class FakeMessagesAPI:
     than retrying) and is also listed in ``unexpected`` so a test can tell it apart.
     """
 
-    def __init__(self, *, within_max_tokens: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        within_max_tokens: bool = False,
+        responder: Callable[[RecordedRequest], FakeReply | None] | None = None,
+        on_delivered: Callable[[RecordedRequest, dict[str, Any]], None] | None = None,
+    ) -> None:
         # Bill no more output than the request's max_tokens, as the real API; off by default so
         # a test can script any usage it wants the client to see.
         self.within_max_tokens = within_max_tokens
+        # Answers a request when nothing is queued (a model that plays a plan, bench/chaos.py);
+        # None from it resets the connection, as a dropped proxy would.
+        self.responder = responder
+        self.on_delivered = on_delivered  # told of every message reply sent, with its usage
         self._lock = threading.Lock()
         self._replies: deque[FakeReply] = deque()
         self.requests: list[RecordedRequest] = []
@@ -218,11 +231,17 @@ class FakeMessagesAPI:
 
     def _take(self, recorded: RecordedRequest) -> FakeReply | None:
         with self._lock:
-            self.requests.append(recorded)
+            if self.responder is None:
+                self.requests.append(recorded)
             if self._replies:
                 return self._replies.popleft()
-            self.unexpected.append(recorded)
-            return None
+            if self.responder is None:
+                self.unexpected.append(recorded)
+                return None
+        return self.responder(recorded) or RESET
+
+
+RESET = FakeReply(0, None)  # not sent: the connection is reset instead
 
 
 def _within_max_tokens(reply: FakeReply, request: Any) -> FakeReply:
@@ -269,6 +288,11 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
                 model=model,
             )
             reply = api._take(recorded)
+            if reply is RESET:
+                # SO_LINGER 0: closing sends an RST, what a client sees of a dropped connection.
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.close_connection = True
+                return
             if reply is None:
                 reply = invalid_request(f"fake server: no reply queued for POST {path}")
             elif isinstance(reply.body, dict) and reply.body.get("type") == "message" and reply.body["model"] is None:
@@ -283,6 +307,8 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
             if reply.status == 200 and isinstance(reply.body, dict) and reply.body.get("type") == "message":
                 with api._lock:
                     api.delivered_usage.append(reply.body["usage"])
+                if api.on_delivered is not None:
+                    api.on_delivered(recorded, reply.body["usage"])
 
         def _send(self, reply: FakeReply) -> None:
             payload = (

@@ -1,0 +1,441 @@
+"""agentq's chaos suite: the local stack under random worker faults and a faulty model server,
+then every invariant checked (``make chaos``; a smaller seeded run is part of ``make test``).
+
+    python bench/chaos.py                                # 200 tasks, 4 workers, 90 s of chaos
+    python bench/chaos.py --tasks 24 --workers 3 --chaos-seconds 20 --seed 7 --json
+
+What runs: the local stack (moto server, the HTTP API with API keys, the sweeper thread) and
+``--workers`` worker processes; a Messages API server that answers as a model would from each
+task's plan (encoded in its goal) and injects faults into ``--fault-rate`` of the requests:
+429 with retry-after, 529, 500, a connection reset, a slow reply, a 200 that is not JSON. Tasks go
+in through the HTTP API: multi-tool turns of a read-only tool (``lookup``) and a side-effecting
+one (``charge_card``, which appends a line per execution to a ledger file no worker can take
+back), tight budgets that must end ``cost_exceeded``, and fan-outs of sub-agents. Meanwhile a
+chaos loop SIGKILLs (and replaces) or SIGSTOPs/SIGCONTs a random worker every 1-3 s.
+
+Checked at the end, each a line of the table and a non-zero exit if broken (naming tasks):
+every task ended, with the status and result its plan implies; each side effect ran at most
+once, and exactly once when its committed step says it ran; ``used <= cap`` and
+``reserved == 0`` on every budget; the ledger equals the usage the model server delivered for
+every tree that no SIGKILL touched (a worker killed after a reply reached it but before it
+recorded it takes that usage with it: its hold is returned at its deadline, so such trees are
+reported, not failed); no task stranded (the sweeper's count is a figure); no DLQ holds a
+message (no task in the plan really fails); no worker logged a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from _benchlib import JsonOut, log, machine, table  # noqa: E402
+from agentq.api.client import Client  # noqa: E402
+from agentq.core.models import TaskStatus, ToolsStep  # noqa: E402
+from agentq.local.stack import LocalStack  # noqa: E402
+from agentq.queueing.worker import WorkerConfig  # noqa: E402
+from agentq.resources import TIERS, QueueSettings  # noqa: E402
+
+from tests.fake_messages_api import (  # noqa: E402
+    FakeMessagesAPI,
+    FakeReply,
+    RecordedRequest,
+    error_reply,
+    malformed_json,
+    message_reply,
+    overloaded,
+    rate_limited,
+    usage_dict,
+)
+
+MODEL = "claude-haiku-4-5"
+OUTPUT_TOKENS = 40
+
+
+@dataclass
+class Plan:
+    """What one task's model does, turn by turn: decided by the runner, played by the server."""
+
+    tag: str
+    kind: str  # tools | budget | fanout | child
+    turns: int  # tool-calling turns before the final answer
+    children: list[str] = field(default_factory=list)
+
+    @property
+    def final(self) -> str:
+        return f"done {self.tag}"
+
+
+class ChaosModel:
+    """The model server's brain: a reply from the task's plan and its conversation so far, and
+    a fault instead of it for ``fault_rate`` of the requests. Counts the usage it delivered per
+    task tree, and the faults it injected."""
+
+    def __init__(self, plans: dict[str, Plan], fault_rate: float, seed: int) -> None:
+        self.plans = plans
+        self.fault_rate = fault_rate
+        self.rng = random.Random(seed)
+        self.lock = threading.Lock()
+        self.faults: Counter[str] = Counter()
+        self.delivered: Counter[str] = Counter()  # tree tag -> tokens delivered in 200 replies
+
+    def __call__(self, request: RecordedRequest) -> FakeReply | None:
+        body = request.body if isinstance(request.body, dict) else {}
+        messages = body.get("messages") or []
+        plan = self.plans.get(_tag_of(messages))
+        if plan is None:
+            return error_reply(400, "invalid_request_error", "chaos model: no plan for this goal")
+        with self.lock:
+            roll, kind = self.rng.random(), self.rng.choice(["429", "529", "500", "reset", "slow", "malformed"])
+            slow = self.rng.uniform(0.5, 2.0)
+        if roll < self.fault_rate:
+            if kind != "slow":
+                with self.lock:
+                    self.faults[kind] += 1
+            if kind == "429":
+                return rate_limited(retry_after=0.2)
+            if kind == "529":
+                return overloaded()
+            if kind == "500":
+                return error_reply(500, "api_error", "chaos: internal error")
+            if kind == "reset":
+                return None  # the handler drops the connection
+            if kind == "malformed":
+                return malformed_json()
+        reply = self._answer(plan, messages)
+        if roll < self.fault_rate and kind == "slow":
+            with self.lock:
+                self.faults["slow"] += 1
+            return dataclasses.replace(reply, delay_seconds=slow)
+        return reply
+
+    def delivered_reply(self, request: RecordedRequest, usage: dict[str, Any]) -> None:
+        messages = request.body.get("messages") if isinstance(request.body, dict) else []
+        tree = _tag_of(messages or []).split(".", 1)[0]
+        with self.lock:
+            self.delivered[tree] += int(usage["input_tokens"]) + int(usage["output_tokens"])
+
+    def _answer(self, plan: Plan, messages: list[dict[str, Any]]) -> FakeReply:
+        done = sum(1 for m in messages if m.get("role") == "assistant")
+        usage = usage_dict(input_tokens=max(1, len(json.dumps(messages)) // 4), output_tokens=OUTPUT_TOKENS)
+        if plan.kind == "fanout" and done == 0:
+            spawn = {
+                "subagents": [{"goal": f"chaos [{c}] child of {plan.tag}", "tools": ["lookup", "charge_card"]}
+                              for c in plan.children]
+            }  # fmt: skip
+            content = [_tool_use(plan.tag, done, 0, "spawn_subagents", spawn)]
+        elif done < plan.turns:
+            content = [
+                {"type": "text", "text": f"turn {done} of {plan.tag}"},
+                _tool_use(plan.tag, done, 0, "lookup", {"query": f"{plan.tag}-{done}", "size": 300}),
+                _tool_use(plan.tag, done, 1, "charge_card", {"amount_cents": done + 1, "memo": plan.tag}),
+            ]
+        else:
+            content = [{"type": "text", "text": plan.final}]
+        return message_reply(content, usage=usage)
+
+
+def _tool_use(tag: str, turn: int, n: int, name: str, tool_input: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "tool_use", "id": f"toolu_{tag.replace('.', '_')}_{turn}_{n}", "name": name, "input": tool_input}
+
+
+def _tag_of(messages: list[dict[str, Any]]) -> str:
+    """The plan's tag from the task's goal, the first user message: ``chaos [<tag>] ...``."""
+    if not messages:
+        return ""
+    content = messages[0].get("content")
+    text = content if isinstance(content, str) else " ".join(b.get("text", "") for b in content or [])
+    start = text.find("chaos [")
+    end = text.find("]", start)
+    return text[start + 7 : end] if start >= 0 and end > start else ""
+
+
+def make_plans(n: int, rng: random.Random) -> dict[str, Plan]:
+    plans: dict[str, Plan] = {}
+    for i in range(n):
+        tag = f"t{i}"
+        kind = rng.choices(["tools", "budget", "fanout"], weights=[6, 2, 2])[0]
+        if kind == "fanout":
+            children = [f"{tag}.c{j}" for j in range(rng.randint(2, 3))]
+            plans[tag] = Plan(tag, kind, turns=1, children=children)
+            for child in children:
+                plans[child] = Plan(child, "child", turns=rng.randint(1, 2))
+        else:
+            plans[tag] = Plan(tag, kind, turns=rng.randint(2, 5) if kind == "tools" else 12)
+    return plans
+
+
+def submission(plan: Plan) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "goal": f"chaos [{plan.tag}] {plan.kind}",
+        "provider": "anthropic",
+        "model": MODEL,
+        "constraints": {"tools": ["lookup", "charge_card"], "max_output_tokens": 200},
+    }
+    if plan.kind == "fanout":
+        body["constraints"]["tools"].append("spawn_subagents")
+        body["constraints"]["max_tokens"] = 200_000
+    elif plan.kind == "budget":
+        body["constraints"]["max_tokens"] = 5_000  # a handful of turns: it must end cost_exceeded
+    else:
+        body["constraints"]["max_tokens"] = 60_000
+    return body
+
+
+@dataclass
+class Chaos:
+    """Worker processes under a fault loop: SIGKILL (and a replacement), SIGSTOP, SIGCONT."""
+
+    stack: LocalStack
+    logs: Path
+    rng: random.Random
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    stopped: set[int] = field(default_factory=set)
+    kills: int = 0
+    stops: int = 0
+    kill_times: list[float] = field(default_factory=list)
+
+    def spawn(self) -> None:
+        out = (self.logs / f"worker-{len(self.workers)}.log").open("wb")
+        self.workers.append(subprocess.Popen(self.stack.worker_command(), env=self.stack.env(), stdout=out, stderr=out))
+
+    def live(self) -> list[subprocess.Popen[bytes]]:
+        return [w for w in self.workers if w.poll() is None]
+
+    def fault(self) -> None:
+        victim = self.rng.choice(self.live())
+        if victim.pid in self.stopped:
+            os.kill(victim.pid, signal.SIGCONT)
+            self.stopped.discard(victim.pid)
+        elif self.rng.random() < 0.5:
+            victim.kill()
+            victim.wait()
+            self.kills += 1
+            self.kill_times.append(time.time())
+            self.spawn()
+        else:
+            os.kill(victim.pid, signal.SIGSTOP)
+            self.stopped.add(victim.pid)
+            self.stops += 1
+            if len([w for w in self.live() if w.pid not in self.stopped]) < 2:
+                self.spawn()
+
+    def calm(self) -> None:
+        for pid in list(self.stopped):
+            os.kill(pid, signal.SIGCONT)
+        self.stopped.clear()
+
+    def stop(self) -> None:
+        self.calm()
+        for w in self.live():
+            w.terminate()
+        for w in self.workers:
+            try:
+                w.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                w.kill()
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    plans = make_plans(args.tasks, rng)
+    roots = [p for p in plans.values() if p.kind != "child"]
+    model = ChaosModel(plans, args.fault_rate, args.seed)
+    work = Path(tempfile.mkdtemp(prefix="agentq-chaos-"))
+    ledger = work / "ledger.jsonl"
+    began = time.monotonic()
+    with FakeMessagesAPI(within_max_tokens=True, responder=model, on_delivered=model.delivered_reply) as server:
+        stack = LocalStack(
+            prefix=f"chaos{os.getpid()}",
+            workers=0,
+            auth=True,
+            worker_config=WorkerConfig(lease_seconds=2, heartbeat_seconds=0.5, visibility_seconds=3, concurrency=32),
+            queue_settings=QueueSettings(visibility_timeout=3, max_receive_count=3),
+            tool_modules=("agentq.core.tools.examples", "tests.effect_tools"),
+            extra_env={
+                "ANTHROPIC_BASE_URL": server.base_url,
+                "ANTHROPIC_API_KEY": "chaos",
+                "AGENTQ_TEST_LEDGER": str(ledger),
+                "AGENTQ_MAX_CALL_SECONDS": "10",
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            },
+            sweep_every=2.0,
+            sweep_stale_after=20.0,
+        )
+        os.environ["AGENTQ_MAX_CALL_SECONDS"] = "10"  # the API's and the sweeper's view of holds
+        chaos = Chaos(stack, work, random.Random(args.seed + 1))
+        stack.start()
+        try:
+            assert stack.api_server is not None
+            client = Client(stack.api_server.url, stack.create_api_key("chaos"))
+            for _ in range(args.workers):
+                chaos.spawn()
+            ids = {p.tag: client.submit(submission(p)).task_id for p in roots}
+            log(f"submitted {len(ids)} tasks; chaos for {args.chaos_seconds:g}s")
+            until = time.monotonic() + args.chaos_seconds
+            while time.monotonic() < until:
+                time.sleep(chaos.rng.uniform(1, 3))
+                chaos.fault()
+            chaos.calm()
+            log(f"chaos over ({chaos.kills} kills, {chaos.stops} stops); draining")
+            store = stack.store()
+            deadline = time.monotonic() + args.drain_seconds
+            while time.monotonic() < deadline:
+                tasks = store.tasks.get_many(list(ids.values()))
+                if all(t.status.terminal for t in tasks):
+                    break
+                time.sleep(1)
+            time.sleep(12)  # lapsed holds' deadlines (10 s calls) pass; release_holds messages land
+            result = check(stack, store, plans, ids, model, ledger, chaos)
+        finally:
+            chaos.stop()
+            stack.stop()
+    result["wall_seconds"] = round(time.monotonic() - began, 1)
+    result["settings"] = {k: v for k, v in vars(args).items() if k != "json"}
+    return result
+
+
+def check(
+    stack: LocalStack, store: Any, plans: dict[str, Plan], ids: dict[str, str], model: ChaosModel,
+    ledger: Path, chaos: Chaos,
+) -> dict[str, Any]:  # fmt: skip
+    broken: dict[str, list[str]] = defaultdict(list)
+    roots = store.tasks.get_many(list(ids.values()))
+    by_tag = {_tag(t): t for t in roots}
+    every = list(roots)
+    for t in roots:
+        children = [c for spawn in store.spawns.list(t.task_id) for c in spawn.children]
+        every += store.tasks.get_many(children) if children else []
+    charges: Counter[str] = Counter()
+    if ledger.exists():
+        charges.update(json.loads(line)["tool_use_id"] for line in ledger.read_text().splitlines())
+    steps_committed = orphans = claims_beyond_first = 0
+    for t in every:
+        plan = plans[_tag(t)]
+        if not t.status.terminal:
+            broken["every task ended"].append(f"{t.task_id} ({plan.tag}) is {t.status.value}")
+            continue
+        want = TaskStatus.COST_EXCEEDED if plan.kind == "budget" else TaskStatus.SUCCEEDED
+        if t.status is not want or (want is TaskStatus.SUCCEEDED and t.result != plan.final):
+            broken["status and result as planned"].append(f"{t.task_id} ({plan.tag}): {t.status.value} {t.error}")
+        steps = store.steps.load(t.task_id)
+        steps_committed += len(steps)
+        orphans += len(store.steps.orphans(t.task_id))
+        claims_beyond_first += max(0, t.claim_count - 1)
+        for s in steps:
+            if isinstance(s.body, ToolsStep):
+                for r in s.body.results:
+                    if r.name == "charge_card" and r.status == "ok" and charges[r.tool_use_id] != 1:
+                        broken["a done side effect ran exactly once"].append(f"{t.task_id} {r.tool_use_id}")
+    for use_id, n in charges.items():
+        if n > 1:
+            broken["each side effect at most once"].append(f"{use_id} ran {n} times")
+    kill_touched = 0
+    for tag, root in by_tag.items():
+        budget = store.budgets.get(root.task_id)
+        if budget.used > budget.cap:
+            broken["used <= cap"].append(f"{root.task_id} ({tag}): used {budget.used} > cap {budget.cap}")
+        if budget.reserved != 0:
+            broken["reserved == 0 at the end"].append(f"{root.task_id} ({tag}): reserved {budget.reserved}")
+        delivered = model.delivered[tag]
+        if budget.used != delivered:
+            touched = any(root.created_at <= k <= (root.finished_at or time.time()) for k in chaos.kill_times)
+            if touched and budget.used < delivered:
+                kill_touched += 1
+            else:
+                broken["ledger == provider usage"].append(
+                    f"{root.task_id} ({tag}): used {budget.used}, delivered {delivered}"
+                )
+    queues = stack.queues()
+    for tier in TIERS:
+        attrs = queues.sqs.get_queue_attributes(QueueUrl=queues.dlq_url(tier), AttributeNames=["All"])["Attributes"]
+        depth = int(attrs["ApproximateNumberOfMessages"]) + int(attrs["ApproximateNumberOfMessagesNotVisible"])
+        if depth:
+            broken["DLQs hold nothing"].append(f"{tier}: {depth}")
+    for path in sorted(chaos.logs.glob("worker-*.log")):
+        text = path.read_text(errors="replace")
+        if "Traceback" in text:
+            broken["no worker traceback"].append(f"{path.name}: {text[text.index('Traceback') :][:400]}")
+    figures = {
+        "plans by kind": dict(Counter(p.kind for p in plans.values())),
+        "tasks": len(every),
+        "roots": len(roots),
+        "by status": dict(Counter(t.status.value for t in every)),
+        "kills": chaos.kills,
+        "stops": chaos.stops,
+        "model faults": dict(model.faults),
+        "claims beyond the first": claims_beyond_first,
+        "orphaned calls (zombies' answered calls)": orphans,
+        "steps committed": steps_committed,
+        "side effects run": sum(charges.values()),
+        "trees under-charged by a SIGKILL mid call": kill_touched,
+        "tasks swept": len(stack.swept),
+    }
+    invariants = [
+        "every task ended", "status and result as planned", "each side effect at most once",
+        "a done side effect ran exactly once", "used <= cap", "reserved == 0 at the end",
+        "ledger == provider usage", "DLQs hold nothing", "no worker traceback",
+    ]  # fmt: skip
+    return {
+        "figures": figures,
+        "invariants": {name: (not broken[name], broken[name][:10]) for name in invariants},
+        "ok": not any(broken.values()),
+    }
+
+
+def _tag(task: Any) -> str:
+    goal = str(task.submission.goal)
+    return goal[goal.index("[") + 1 : goal.index("]")]
+
+
+def render(result: dict[str, Any]) -> str:
+    rows = [
+        [name, "ok" if ok else "BROKEN", "; ".join(detail)[:200]] for name, (ok, detail) in result["invariants"].items()
+    ]
+    figures = [[k, json.dumps(v) if isinstance(v, dict) else v] for k, v in result["figures"].items()]
+    return "\n".join([
+        f"agentq chaos run: {result['settings']}",
+        "",
+        table(["invariant", "", "where"], rows),
+        "",
+        table(["figure", "value"], [*figures, ["wall seconds", result["wall_seconds"]]]),
+    ])  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tasks", type=int, default=200, help="root tasks (fan-outs add their children)")
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--chaos-seconds", type=float, default=90)
+    ap.add_argument("--drain-seconds", type=float, default=300, help="after the chaos, how long tasks may take to end")
+    ap.add_argument("--fault-rate", type=float, default=0.1, help="share of model requests answered with a fault")
+    ap.add_argument("--seed", type=int, default=12)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    with JsonOut(args.json) as out:
+        result = run(args)
+        result["machine"] = machine()
+        if args.json:
+            out.emit(result)
+        else:
+            print(render(result))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
