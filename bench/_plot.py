@@ -118,4 +118,5 @@ def _lines(ax: Any, panel: Panel) -> None:
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
     if panel.logx:
         ax.set_xscale("symlog", linthresh=max(1.0, min((x for x in xs if x > 0), default=1.0)))
-    ax.set_xticks(xs, [f"{x:,.0f}" for x in xs], fontsize=8)
+    if len(xs) <= 12:  # a few levels: label each; a time series keeps matplotlib's ticks
+        ax.set_xticks(xs, [f"{x:,.0f}" for x in xs], fontsize=8)

@@ -32,6 +32,7 @@ CASES = {
     "concurrency": ["--levels", "3", "--sample-seconds", "2", "--turns", "30", "--latency", "0.5"],
     "local_api": ["--clients", "4"],
     "import_time": ["--runs", "1", "authorizer"],
+    "local_soak": ["--minutes", "0.15", "--rate", "1", "--sample-seconds", "3"],
 }
 
 
@@ -83,6 +84,8 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
     elif name == "local_api":
         [row] = result["rows"][:1]
         assert row["errors_5xx"] == 0 and row["crossed"] == 0
+    elif name == "local_soak":
+        assert len(result["samples"]) >= 3 and result["rss_max_mb"] > 0 and result["tasks_submitted"] >= 5
     elif name == "import_time":
         [handler] = result["handlers"]
         assert handler["handler"] == "authorizer" and handler["median_ms"] > 0
