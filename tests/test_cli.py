@@ -119,6 +119,10 @@ def test_approve_reject_budget_fork_cancel_and_their_exit_codes(
     assert result.returncode == 0 and result.stdout.strip() == "shipped"
     again = cli("approve", task_id)
     assert again.returncode == 1 and "not waiting for approval" in again.stderr
+    other = api_stack.submit({**SCRIPTED, "script": {"turns": turns}, "constraints": {"tools": ["request_approval"]}})
+    api_stack.until(other, lambda v: v["status"] == "paused")
+    refused = cli("reject", other, "--note", "not today")
+    assert refused.returncode == 0 and refused.stdout.startswith(f"rejected {other}; it is queued"), refused.stdout
     bad = cli("budget", task_id, "--add-tokens", "-5")
     assert bad.returncode == 2 and "(add_tokens)" in bad.stderr
 

@@ -484,7 +484,8 @@ def _cmd_decide(args: argparse.Namespace) -> int:
     if args.json:
         _dump(view)
     else:
-        print(f"{args.command}d {view.task_id}; it is {view.status.value} and resumes with the decision")
+        done = {"approve": "approved", "reject": "rejected"}[args.command]
+        print(f"{done} {view.task_id}; it is {view.status.value} and resumes with the decision")
     return 0
 
 
