@@ -67,3 +67,16 @@ def s3_payloads(store: Storage) -> PayloadStore:
     """The S3 payload store under a store from ``build_store`` (its client and bucket)."""
     assert isinstance(store.payloads, PayloadStore), type(store.payloads)
     return store.payloads
+
+
+def queue_depth(queues: Any, url: str) -> int:
+    """Every message the queue holds: visible, in flight and delayed."""
+    attrs = queues.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    return sum(
+        int(attrs[k])
+        for k in (
+            "ApproximateNumberOfMessages",
+            "ApproximateNumberOfMessagesNotVisible",
+            "ApproximateNumberOfMessagesDelayed",
+        )
+    )

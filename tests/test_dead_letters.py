@@ -20,13 +20,13 @@ from agentq.core.providers.retry import RetryPolicy
 from agentq.local.moto_server import MotoServer
 from agentq.queueing.dispatch import Action, RetryBackoff
 from agentq.queueing.dlq import list_dead_letters, redrive
-from agentq.queueing.queues import DEAD_LETTER_REASON, TaskMessage, TaskQueues
+from agentq.queueing.queues import DEAD_LETTER_REASON, TaskMessage
 from agentq.queueing.worker import Worker, WorkerConfig
 from agentq.runtime import Settings, build_queues, build_registry, build_store
 
 from tests.conftest import child_env
 from tests.fake_messages_api import FakeMessagesAPI, overloaded, text_reply, tool_use_reply
-from tests.helpers import deployment, dynamo, s3_payloads, wait_for
+from tests.helpers import deployment, dynamo, queue_depth, s3_payloads, wait_for
 
 MAX_RECEIVES = 2
 # The worker tests run on the high tier so that they do not depend on how the slot pool shares
@@ -40,19 +40,6 @@ def _deployment(moto_server: MotoServer, **queue_settings: Any) -> Settings:
 
 def _wait_for(predicate: Callable[[], Any], timeout: float = 20, what: str = "condition") -> Any:
     return wait_for(predicate, timeout, what, interval=0.05)
-
-
-def _depth(queues: TaskQueues, url: str) -> int:
-    """Every message the queue holds: visible, in flight and delayed."""
-    attrs = queues.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
-    return sum(
-        int(attrs[k])
-        for k in (
-            "ApproximateNumberOfMessages",
-            "ApproximateNumberOfMessagesNotVisible",
-            "ApproximateNumberOfMessagesDelayed",
-        )
-    )
 
 
 def _table_items(settings: Settings, store: Any) -> list[dict[str, Any]]:
@@ -108,7 +95,7 @@ def test_poison_messages_go_straight_to_the_dlq_with_the_reason_and_write_nothin
             return len(dead) == len(poison)
 
         _wait_for(all_dead_lettered, what="three messages in the DLQ")
-        _wait_for(lambda: _depth(queues, queues.url(TIER)) == 0, what="the source queue emptied")
+        _wait_for(lambda: queue_depth(queues, queues.url(TIER)) == 0, what="the source queue emptied")
 
     for body, why in poison.items():
         reason = dead[body]["MessageAttributes"][DEAD_LETTER_REASON]["StringValue"]
@@ -116,7 +103,7 @@ def test_poison_messages_go_straight_to_the_dlq_with_the_reason_and_write_nothin
     # each handled once, on its first receive: no retries, no backoff
     assert sorted(a.kind for _, a in applied) == ["dead_letter"] * 3
     for tier in ("normal", "low"):
-        assert _depth(queues, queues.dlq_url(tier)) == 0
+        assert queue_depth(queues, queues.dlq_url(tier)) == 0
     assert _table_items(settings, store) == []  # no task, budget, step: nothing written
     assert s3_payloads(store).s3.list_objects_v2(Bucket=settings.bucket).get("KeyCount", 0) == 0
 
@@ -161,7 +148,7 @@ def _fail_into_dlq(settings: Settings, fake: FakeMessagesAPI) -> str:
     queues = build_queues(settings)
     task = submit(store, build_registry(settings), _submission(), tenant="t", queues=queues)
     _wait_for(lambda: store.tasks.get(task.task_id).status is TaskStatus.FAILED, what="task failed")
-    _wait_for(lambda: _depth(queues, queues.dlq_url(TIER)) == 1, what="message in the DLQ")
+    _wait_for(lambda: queue_depth(queues, queues.dlq_url(TIER)) == 1, what="message in the DLQ")
     return task.task_id
 
 
@@ -175,7 +162,7 @@ def test_a_task_that_keeps_failing_retryably_ends_failed_with_its_error_in_the_d
         worker = _failing_worker(settings, fake)
         with _running(worker) as applied:
             task_id = _fail_into_dlq(settings, fake)
-            _wait_for(lambda: _depth(queues, queues.url(TIER)) == 0, what="the source queue emptied")
+            _wait_for(lambda: queue_depth(queues, queues.url(TIER)) == 0, what="the source queue emptied")
         assert fake.unexpected == []
         assert len(fake.requests) == 1 + MAX_RECEIVES  # one tool turn, then one 529 per receive
 
@@ -252,7 +239,7 @@ def test_a_redriven_task_resumes_from_its_checkpoint_and_succeeds(moto_server: M
                 return task.status.terminal and task.claim_count > MAX_RECEIVES
 
             _wait_for(resumed_and_done, what="the task claimed again and finished")
-            _wait_for(lambda: _depth(queues, queues.url(TIER)) == 0, what="the source queue emptied")
+            _wait_for(lambda: queue_depth(queues, queues.url(TIER)) == 0, what="the source queue emptied")
         assert fake.unexpected == []
         resumed_request = fake.requests[-1].body
         assert len(fake.requests) == 1 + MAX_RECEIVES + 1
@@ -278,7 +265,7 @@ def test_a_redriven_task_resumes_from_its_checkpoint_and_succeeds(moto_server: M
     assert resumed_request["messages"][2]["content"][0]["type"] == "tool_result"
 
     assert list_dead_letters(queues, store) == []
-    assert _depth(queues, queues.dlq_url(TIER)) == 0
+    assert queue_depth(queues, queues.dlq_url(TIER)) == 0
     budget = store.budgets.get(task_id)
     assert budget.reserved == 0 and budget.used == final.tokens_in + final.tokens_out
     # the redrive requeued it "from its checkpoint, error cleared": a success shows no failure
@@ -320,7 +307,7 @@ def test_the_dlq_cli_lists_dead_letters_as_json_and_redrives_them(moto_server: M
     only_normal = _cli(settings, "redrive", "--tier", "normal")
     assert only_normal.returncode == 0, only_normal.stderr[-2000:]
     assert only_normal.stdout.split() == "normal 1 message(s) back to the normal queue (receive/send/delete)".split()
-    assert _depth(queues, queues.dlq_url("normal")) == 0 and _depth(queues, queues.dlq_url("low")) == 1
+    assert queue_depth(queues, queues.dlq_url("normal")) == 0 and queue_depth(queues, queues.dlq_url("low")) == 1
 
     rest = _cli(settings, "redrive")
     assert rest.returncode == 0, rest.stderr[-2000:]
@@ -337,4 +324,4 @@ def test_the_dlq_cli_lists_dead_letters_as_json_and_redrives_them(moto_server: M
     ]
     assert [m["Body"] for m in back] == [task_body]
     assert back[0]["MessageAttributes"][DEAD_LETTER_REASON]["StringValue"].startswith("failed after 5 attempts")
-    assert _depth(queues, queues.url("low")) == 1
+    assert queue_depth(queues, queues.url("low")) == 1

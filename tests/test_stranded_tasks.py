@@ -17,22 +17,10 @@ from agentq.queueing.queues import TaskMessage, TaskQueues
 from agentq.queueing.sweeper import sweep
 from agentq.runtime import build_queues, build_registry, build_store
 
-from tests.helpers import deployment, scripted
+from tests.helpers import deployment, queue_depth, scripted
 
 MAX_RECEIVES = 2
 TIER = "normal"
-
-
-def _depth(queues: TaskQueues, url: str) -> int:
-    attrs = queues.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
-    return sum(
-        int(attrs[k])
-        for k in (
-            "ApproximateNumberOfMessages",
-            "ApproximateNumberOfMessagesNotVisible",
-            "ApproximateNumberOfMessagesDelayed",
-        )
-    )
 
 
 def _dispatcher(moto_server: MotoServer) -> tuple[Any, Any, TaskQueues, Dispatcher]:
@@ -51,7 +39,7 @@ def test_a_message_whose_receives_went_to_worker_faults_is_renewed_not_dead_lett
     [fresh] = queues.sqs.receive_message(QueueUrl=queues.url(TIER), WaitTimeSeconds=1)["Messages"]
     assert fresh["Body"] == TaskMessage.model_validate_json(body).model_dump_json(exclude_defaults=True)
     assert store.tasks.get(task.task_id).status is TaskStatus.QUEUED  # untouched: the fresh copy runs it
-    assert _depth(queues, queues.dlq_url(TIER)) == 0
+    assert queue_depth(queues, queues.dlq_url(TIER)) == 0
 
 
 def test_a_duplicate_of_a_finished_tasks_message_is_deleted_however_often_it_was_received(
@@ -65,7 +53,7 @@ def test_a_duplicate_of_a_finished_tasks_message_is_deleted_however_often_it_was
     for receives in (1, MAX_RECEIVES, MAX_RECEIVES + 5):
         action = dispatcher.handle(body, tier=TIER, receive_count=receives)
         assert (action.kind, action.reason) == ("delete", "task already succeeded")
-    assert _depth(queues, queues.url(TIER)) == 0 and _depth(queues, queues.dlq_url(TIER)) == 0
+    assert queue_depth(queues, queues.url(TIER)) == 0 and queue_depth(queues, queues.dlq_url(TIER)) == 0
 
 
 def test_a_task_left_with_no_message_is_swept_back_into_its_queue_once_it_has_been_silent(
