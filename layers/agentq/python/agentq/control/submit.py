@@ -72,6 +72,13 @@ def check_submission(submission: TaskSubmission, tools: ToolRegistry) -> None:
                 f"constraints.tools[{i}]: unknown tool {name!r}; available: {', '.join(sorted(tools.names()))}",
                 field=f"constraints.tools[{i}]",
             )
+    for name in submission.constraints.tool_policies:
+        if name not in submission.constraints.tools:
+            raise ValidationError(
+                f"constraints.tool_policies.{name}: a policy for a tool the task may not use; "
+                f"its tools: {', '.join(submission.constraints.tools) or '(none)'}",
+                field=f"constraints.tool_policies.{name}",
+            )
     if submission.script is not None:
         try:
             load_script(submission.script)

@@ -42,12 +42,22 @@ from agentq.core.fanout import (
     render_spawn_result,
 )
 from agentq.core.faults import crash_point
-from agentq.core.models import Lease, LLMStep, RetryState, StepRecord, Task, TaskStatus, ToolOutcome, ToolsStep
+from agentq.core.models import (
+    Constraints,
+    Lease,
+    LLMStep,
+    RetryState,
+    StepRecord,
+    Task,
+    TaskStatus,
+    ToolOutcome,
+    ToolsStep,
+)
 from agentq.core.ports import EngineStorage
 from agentq.core.pricing import PriceTable, load_price_table
 from agentq.core.providers import LLMRequest, LLMResponse, ProviderFactory, default_provider_factory
 from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS, RetryNotice, reporting_retries
-from agentq.core.records import NO_USAGE, BudgetDelta, Reservation
+from agentq.core.records import NO_USAGE, ApprovalRecord, BudgetDelta, Reservation
 from agentq.core.tenancy import TenantCapReached, TenantLimits
 from agentq.core.tools import ToolContext, ToolRegistry, default_registry, idempotency_key_for
 
@@ -522,7 +532,7 @@ class Engine:
             model=sub.model,
             system=sub.system,
             messages=s.messages,
-            tools=self.tools.schemas(sub.constraints.tools),
+            tools=self.tools.schemas(offered_tools(sub.constraints)),
             max_tokens=max_tokens,
             task_id=s.lease.task_id,
         )
@@ -802,19 +812,16 @@ class Engine:
 
     def _run_tools(self, s: Session, llm: LLMStep) -> RunResult | None:
         """Run the turn's tool calls and commit their results; a spawn may park the task
-        in ``waiting`` instead (returns that RunResult)."""
-        allowlist = s.task.submission.constraints.tools
+        in ``waiting`` instead, and a call that needs a person's decision in ``paused``
+        (returns that RunResult)."""
+        allowlist = offered_tools(s.task.submission.constraints)
         uses = llm.tool_uses()
-        decided: dict[str, ToolOutcome] = {}
-        approvals = [u for u in uses if u["name"] == APPROVAL_TOOL and APPROVAL_TOOL in allowlist]
-        if approvals:
-            gate = self._approval_gate(s, approvals[0])
-            if isinstance(gate, RunResult):
-                return gate
-            decided[gate.tool_use_id] = gate
-        spawns = [u for u in uses if u["name"] == SPAWN_TOOL and SPAWN_TOOL in allowlist]
+        decided = self._decisions(s, uses, allowlist)
+        if isinstance(decided, RunResult):
+            return decided
+        spawns = [u for u in uses if u["name"] == SPAWN_TOOL and SPAWN_TOOL in allowlist and u["id"] not in decided]
         if spawns and self.fanout is not None:
-            outcomes = self._spawn_turn(s, uses, spawns[0])
+            outcomes = self._spawn_turn(s, uses, spawns[0], decided)
             if isinstance(outcomes, RunResult):
                 return outcomes
         else:
@@ -833,12 +840,56 @@ class Engine:
 
     # -------------------------------------------------------------- approvals
 
-    def _approval_gate(self, s: Session, use: dict[str, Any]) -> ToolOutcome | RunResult:
-        """The decision as a tool result, or park the task in ``paused`` until there is one."""
+    def _decisions(
+        self, s: Session, uses: list[dict[str, Any]], allowlist: list[str]
+    ) -> dict[str, ToolOutcome] | RunResult:
+        """The outcomes a person decided for this turn's calls, or park the task in ``paused``
+        until the next decision is made.
+
+        ``request_approval`` gets the decision as its result; if it was rejected, no other call
+        of the turn runs (the approval gated them). A call of a tool whose policy is ``ask``
+        waits for its own decision (one at a time, in the turn's order); rejected, it gets the
+        denial as its result and never runs. Decisions are stored, so a resumed worker reads
+        them instead of asking again, and never runs a rejected call.
+        """
+        policies = s.task.submission.constraints.tool_policies
+        decided: dict[str, ToolOutcome] = {}
+        approvals = [u for u in uses if u["name"] == APPROVAL_TOOL and APPROVAL_TOOL in allowlist]
+        if approvals:
+            use = approvals[0]
+            question = str((use.get("input") or {}).get("question") or "(no question given)")
+            record = self._decision(s, use, question)
+            if isinstance(record, RunResult):
+                return record
+            decided[use["id"]] = decision_outcome(use, record, record.asked_at, time.time())
+            if record.state != "approved":
+                for other in uses:
+                    if other["id"] != use["id"]:
+                        decided[other["id"]] = _error_outcome(
+                            other,
+                            f"not run: the approval asked for in this turn was rejected ({record.note or 'no note'})",
+                        )
+                return decided
+        for use in uses:
+            if policies.get(use["name"]) != "ask" or use["name"] not in allowlist:
+                continue
+            shown = json.dumps(use.get("input") or {}, sort_keys=True)
+            question = f"Run {use['name']} with {shown}?"[:4000]
+            record = self._decision(s, use, question)
+            if isinstance(record, RunResult):
+                return record
+            if record.state != "approved":
+                by = record.decided_by or "a reviewer"
+                decided[use["id"]] = _error_outcome(
+                    use, f"REJECTED by {by}: {record.note or '(no note)'}; {use['name']} was not run"
+                )
+        return decided
+
+    def _decision(self, s: Session, use: dict[str, Any], question: str) -> ApprovalRecord | RunResult:
+        """The stored decision on ``use``, or ask for one and park the task in ``paused``."""
         record = self.store.approvals.get(s.lease.task_id, use["id"])
         if record is not None and record.state != "pending":
-            return decision_outcome(use, record, record.asked_at, time.time())
-        question = str((use.get("input") or {}).get("question") or "(no question given)")
+            return record
         self.store.approvals.request(s.lease, use["id"], question)
         s.task = s.task.model_copy(update={"status": TaskStatus.PAUSED})
         return RunResult(s.lease.task_id, "waiting", status=TaskStatus.PAUSED)
@@ -846,7 +897,7 @@ class Engine:
     # ---------------------------------------------------------------- spawns
 
     def _spawn_turn(
-        self, s: Session, uses: list[dict[str, Any]], spawn_use: dict[str, Any]
+        self, s: Session, uses: list[dict[str, Any]], spawn_use: dict[str, Any], decided: dict[str, ToolOutcome]
     ) -> list[ToolOutcome] | RunResult:
         """The spawn protocol: create the children once, start their execution once, park the
         parent until it is woken, then turn the children's ends into one tool result."""
@@ -855,10 +906,10 @@ class Engine:
         spawn_id = spawn_use["id"]
         record = self.store.spawns.get(task.task_id, spawn_id)
         if record is None:
-            allowlist = task.submission.constraints.tools
+            allowlist = offered_tools(task.submission.constraints)
             notes = _TaskNotes(self.store, s)
             pending = [
-                self._run_one_tool(s, use, allowlist, notes)
+                decided.get(use["id"]) or self._run_one_tool(s, use, allowlist, notes)
                 if use["name"] != SPAWN_TOOL
                 else _error_outcome(use, f"only one {SPAWN_TOOL} call is carried out per turn")
                 for use in uses
@@ -1025,6 +1076,11 @@ def _lease_lost(task_id: str, exc: LeaseLost) -> RunResult:
     """Fenced out: by a cancel (the status moved: ``stopped``) or by another worker."""
     status = exc.details.get("status")
     return RunResult(task_id, "stopped" if status is not None else "lease_lost", status=status, error=exc.to_dict())
+
+
+def offered_tools(constraints: Constraints) -> list[str]:
+    """The tools a task's model is shown and may run: its allowlist without the denied ones."""
+    return [name for name in constraints.tools if constraints.tool_policies.get(name) != "deny"]
 
 
 def _error_outcome(use: dict[str, Any], message: str) -> ToolOutcome:

@@ -158,6 +158,13 @@ def plan_children(
                 max_steps=c.max_steps,
                 timeout_seconds=deadline,
                 tools=list(sub.tools if sub.tools is not None else c.tools),
+                # A sub-agent asks and is denied as its parent is: a model cannot spawn its way
+                # around a policy.
+                tool_policies={
+                    name: policy
+                    for name, policy in c.tool_policies.items()
+                    if name in (sub.tools if sub.tools is not None else c.tools)
+                },
                 max_output_tokens=c.max_output_tokens,
                 max_depth=c.max_depth,
                 max_fanout=c.max_fanout,

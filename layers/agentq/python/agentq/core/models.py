@@ -52,6 +52,9 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+ToolPolicy = Literal["allow", "ask", "deny"]
+
+
 class Constraints(StrictModel):
     """Hard limits of one task. ``max_tokens`` is the root budget when the task is a root."""
 
@@ -62,6 +65,14 @@ class Constraints(StrictModel):
     max_output_tokens: int = Field(default=4096, ge=1, le=128_000, description="per LLM call")
     max_depth: int = Field(default=3, ge=0, le=10, description="sub-agent nesting allowed below the root")
     max_fanout: int = Field(default=10, ge=1, le=100, description="children per spawn_subagents call")
+    tool_policies: dict[str, ToolPolicy] = Field(
+        default_factory=dict,
+        max_length=64,
+        description=(
+            "per tool of `tools`: allow (the default), ask (each call waits for a person's approve or "
+            "reject before it runs; a rejected call never runs) or deny (never offered, never run)"
+        ),
+    )
 
     @field_validator("tools")
     @classmethod

@@ -1,0 +1,210 @@
+"""Per-tool permission policies (issue 13.4), against moto server: ``deny`` is never offered
+and never runs; ``ask`` pauses the task before the call runs, approve runs it once, reject gives
+the model the denial and the tool never runs, also with the worker process killed around the
+decision; a rejected ``request_approval`` stops the calls requested alongside it; a policy
+naming a tool the task lacks is refused at submission."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentq.control.submit import submit
+from agentq.core.engine import Engine, EngineConfig, offered_tools
+from agentq.core.errors import ValidationError
+from agentq.core.models import LLMStep, TaskStatus, TaskSubmission, ToolsStep
+from agentq.core.providers import LLMRequest, LLMResponse, default_provider_factory
+from agentq.core.tools import ToolRegistry
+from agentq.local.moto_server import MotoServer
+from agentq.runtime import Settings, build_queues, build_registry, build_store
+from agentq.storage.container import Storage
+
+from tests.conftest import child_env
+from tests.helpers import call, deployment, scripted
+
+CHARGE = [
+    {
+        "text": "charging",
+        "tool_calls": [call("lookup", query="price"), call("charge_card", amount_cents=500, memo="x")],
+    },
+    {"text": "finished"},
+]
+
+
+def _with_policies(turns: list[Any], tools: list[str], **policies: str) -> TaskSubmission:
+    body = scripted(turns, tools=tools).model_dump()
+    body["constraints"]["tool_policies"] = policies
+    return TaskSubmission.model_validate(body)
+
+
+def _charges(ledger: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in ledger.read_text().splitlines()] if ledger.exists() else []
+
+
+@pytest.fixture
+def settings(moto_server: MotoServer) -> Settings:
+    """Table, bucket and queues (a decision requeues the task) under a prefix of its own."""
+    return deployment(moto_server)  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def store(settings: Settings) -> Storage:
+    return build_store(settings)
+
+
+@pytest.fixture
+def registry(settings: Settings) -> ToolRegistry:
+    return build_registry(settings)
+
+
+@pytest.fixture
+def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "ledger.jsonl"
+    monkeypatch.setenv("AGENTQ_TEST_LEDGER", str(path))
+    return path
+
+
+def _engine(store: Storage, registry: ToolRegistry, **kwargs: Any) -> Engine:
+    return Engine(store, worker_id="w1", tools=registry, config=EngineConfig(lease_seconds=5), **kwargs)
+
+
+def _results(store: Storage, task_id: str) -> dict[str, Any]:
+    return {r.name: r for s in store.steps.load(task_id) if isinstance(s.body, ToolsStep) for r in s.body.results}
+
+
+def test_a_denied_tool_is_never_offered_to_the_model_and_a_call_to_it_never_runs(
+    store: Storage, registry: ToolRegistry, ledger: Path
+) -> None:
+    sub = _with_policies(CHARGE, ["lookup", "charge_card"], charge_card="deny")
+    assert offered_tools(sub.constraints) == ["lookup"]
+    task = store.tasks.create(sub, tenant="t")
+    offered: list[list[str]] = []
+
+    def provider(submission: TaskSubmission) -> Any:
+        inner = default_provider_factory(submission)
+
+        class _Recording:
+            name = inner.name
+
+            def complete(self, request: LLMRequest) -> LLMResponse:
+                offered.append([t["name"] for t in request.tools])
+                return inner.complete(request)
+
+        return _Recording()
+
+    assert _engine(store, registry, providers=provider).run(task.task_id).status is TaskStatus.SUCCEEDED
+    assert offered and all(names == ["lookup"] for names in offered)
+    denied = _results(store, task.task_id)["charge_card"]
+    assert denied.is_error and _charges(ledger) == []
+
+
+def test_an_ask_tool_pauses_before_it_runs_and_runs_once_when_approved(
+    store: Storage, registry: ToolRegistry, ledger: Path, settings: Settings
+) -> None:
+    from agentq.control.operations import decide
+
+    task = store.tasks.create(_with_policies(CHARGE, ["lookup", "charge_card"], charge_card="ask"), tenant="t")
+    assert _engine(store, registry).run(task.task_id).status is TaskStatus.PAUSED
+    pending = store.approvals.pending(task.task_id)
+    assert pending is not None and pending.question == 'Run charge_card with {"amount_cents": 500, "memo": "x"}?'
+    assert _charges(ledger) == [] and store.steps.load(task.task_id)[-1].number == 1  # nothing ran yet
+    decide(store, build_queues(settings), task.task_id, approved=True, note="ok", by="alice")
+    assert _engine(store, registry).run(task.task_id).status is TaskStatus.SUCCEEDED
+    assert len(_charges(ledger)) == 1 and not _results(store, task.task_id)["charge_card"].is_error
+
+
+def test_an_ask_tool_rejected_never_runs_and_the_model_reads_the_denial(
+    store: Storage, registry: ToolRegistry, ledger: Path, settings: Settings
+) -> None:
+    from agentq.control.operations import decide
+
+    task = store.tasks.create(_with_policies(CHARGE, ["lookup", "charge_card"], charge_card="ask"), tenant="t")
+    _engine(store, registry).run(task.task_id)
+    decide(store, build_queues(settings), task.task_id, approved=False, note="too much", by="bob")
+    assert _engine(store, registry).run(task.task_id).status is TaskStatus.SUCCEEDED
+    results = _results(store, task.task_id)
+    assert results["charge_card"].is_error and results["charge_card"].content == (
+        "REJECTED by bob: too much; charge_card was not run"
+    )
+    assert not results["lookup"].is_error  # an allowed call of the same turn runs
+    assert _charges(ledger) == []
+
+
+def test_a_rejected_request_approval_stops_the_calls_requested_alongside_it(
+    store: Storage, registry: ToolRegistry, ledger: Path, settings: Settings
+) -> None:
+    from agentq.control.operations import decide
+
+    turns = [
+        {"text": "", "tool_calls": [call("request_approval", question="charge?"), call("charge_card", amount_cents=1, memo="m")]},
+        {"text": "stopped"},
+    ]  # fmt: skip
+    task = store.tasks.create(scripted(turns, tools=["request_approval", "charge_card"]), tenant="t")
+    assert _engine(store, registry).run(task.task_id).status is TaskStatus.PAUSED
+    decide(store, build_queues(settings), task.task_id, approved=False, note="no", by="carol")
+    assert _engine(store, registry).run(task.task_id).status is TaskStatus.SUCCEEDED
+    results = _results(store, task.task_id)
+    assert results["request_approval"].content.startswith("REJECTED by carol")
+    assert results["charge_card"].is_error and "not run: the approval asked for in this turn was rejected" in (
+        results["charge_card"].content
+    )
+    assert _charges(ledger) == []
+
+
+def test_a_policy_for_a_tool_the_task_lacks_is_refused_naming_it(
+    store: Storage, registry: ToolRegistry, settings: Settings
+) -> None:
+    sub = _with_policies(CHARGE, ["lookup"], charge_card="ask")
+    with pytest.raises(ValidationError) as refused:
+        submit(store, registry, sub, tenant="t", queues=build_queues(settings))
+    assert refused.value.field == "constraints.tool_policies.charge_card"
+    with pytest.raises(ValueError):
+        _with_policies(CHARGE, ["lookup"], lookup="sometimes")
+    assert store.tasks.list_for_tenant("t", limit=5)[0] == []  # nothing written
+
+
+def _worker(
+    settings: Settings, task_id: str, ledger: Path, crash_at: str | None = None, wait: float = 0
+) -> subprocess.CompletedProcess[str]:
+    env = child_env(settings, AGENTQ_TEST_LEDGER=str(ledger), **({"AGENTQ_CRASH_AT": crash_at} if crash_at else {}))
+    return subprocess.run(
+        [sys.executable, "-m", "agentq", "run-task", task_id, "--lease", "1", "--wait", str(wait)],
+        check=False, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("approved", "crash_at", "charges"),
+    [
+        (False, "after_claim:1", 0),  # killed right after claiming the resumed task: still never runs
+        (False, "after_tools_commit:1", 0),  # killed after committing the denial
+        (True, "after_tool_run:1", 1),  # killed after the approved charge ran, before it was recorded
+        (True, "after_effect_begin:1", 0),  # killed before the charge ran: outcome unknown, never re-run
+    ],
+)
+def test_a_decision_holds_when_the_worker_is_killed_around_it(
+    store: Storage, settings: Settings, tmp_path: Path, approved: bool, crash_at: str, charges: int
+) -> None:
+    from agentq.control.operations import decide
+
+    ledger = tmp_path / "ledger.jsonl"
+    task = store.tasks.create(_with_policies(CHARGE, ["lookup", "charge_card"], charge_card="ask"), tenant="t")
+    first = _worker(settings, task.task_id, ledger)
+    assert json.loads(first.stdout.splitlines()[-1])["status"] == "paused", first.stderr[-2000:]
+    decide(store, build_queues(settings), task.task_id, approved=approved, note="n", by="dana")
+    killed = _worker(settings, task.task_id, ledger, crash_at)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    resumed = _worker(settings, task.task_id, ledger, wait=20)  # once the killed worker's lease lapses
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    final = store.tasks.get(task.task_id)
+    assert final.status is TaskStatus.SUCCEEDED and final.result == "finished"
+    assert len(_charges(ledger)) == charges
+    result = _results(store, task.task_id)["charge_card"]
+    assert result.is_error is (not approved or charges == 0)
+    assert sum(isinstance(s.body, LLMStep) for s in store.steps.load(task.task_id)) == 2
