@@ -208,3 +208,19 @@ def test_a_decision_holds_when_the_worker_is_killed_around_it(
     result = _results(store, task.task_id)["charge_card"]
     assert result.is_error is (not approved or charges == 0)
     assert sum(isinstance(s.body, LLMStep) for s in store.steps.load(task.task_id)) == 2
+
+
+def test_a_sub_agent_inherits_the_policies_of_the_tools_it_gets(store: Storage) -> None:
+    from agentq.core.fanout import SpawnInput, plan_children
+
+    parent = store.tasks.create(
+        _with_policies(CHARGE, ["lookup", "charge_card", "spawn_subagents"], charge_card="ask", lookup="deny"),
+        tenant="t",
+    )
+    spec = SpawnInput.model_validate({"subagents": [
+        {"goal": "a", "tools": ["charge_card"], "script": {"turns": [{"text": "x"}]}},
+        {"goal": "b", "script": {"turns": [{"text": "y"}]}},
+    ]})  # fmt: skip
+    first, second = plan_children(parent, "toolu_1", spec, available=10_000)
+    assert first.submission.constraints.tool_policies == {"charge_card": "ask"}
+    assert second.submission.constraints.tool_policies == {"charge_card": "ask", "lookup": "deny"}
