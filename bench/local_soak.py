@@ -11,6 +11,11 @@ the start, at each tenth of the run and at the end, the maximum, and the slope o
 half of the run (MB per minute), with the table's item count and the tasks finished, so growth
 can be told apart from the data the run itself keeps (DynamoDB items are state, not a leak;
 deleted SQS messages must not stay). A PNG of RSS and items against time next to the table.
+
+``--retention-seconds N`` purges each finished task N seconds after it ends, with the reaper's
+own code (``control.retention.purge_task``): what DynamoDB TTL and the reaper do in AWS after
+``AGENTQ_TASK_RETENTION_DAYS``, at a pace a 30-minute run can show. Without it the table only
+grows, and so does the moto server, by what its items take.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from _benchlib import JsonOut, dynamo, fmt, log, machine, proc_status, table  # noqa: E402
 from _plot import Panel, add_plot_args, plot_from_args  # noqa: E402
+from agentq.control.retention import purge_task  # noqa: E402
 from agentq.control.submit import submit  # noqa: E402
 from agentq.local.stack import LocalStack  # noqa: E402
 from agentq.queueing.worker import WorkerConfig  # noqa: E402
@@ -50,6 +56,23 @@ def _slope(points: list[tuple[float, float]]) -> float | None:
     mx, my = sum(p[0] for p in points) / n, sum(p[1] for p in points) / n
     var = sum((p[0] - mx) ** 2 for p in points)
     return sum((p[0] - mx) * (p[1] - my) for p in points) / var if var else None
+
+
+def _purge_expired(store: Any, submitted: list[str], start: int, retention: float) -> int:
+    """Purge, oldest first, the submitted tasks that ended more than ``retention`` seconds ago;
+    returns how many (it stops at the first that has not)."""
+    done = 0
+    cutoff = time.time() - retention
+    for batch_start in range(start, len(submitted), 100):
+        batch = submitted[batch_start : batch_start + 100]
+        tasks = {t.task_id: t for t in store.tasks.get_many(batch)}
+        for task_id in batch:
+            task = tasks.get(task_id)
+            if task is None or not task.status.terminal or (task.finished_at or 0) > cutoff:
+                return done
+            purge_task(store, task_id)
+            done += 1
+    return done
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -85,6 +108,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 next_at += period
                 stop.wait(max(0.0, next_at - time.monotonic()))
 
+        purged = 0
         thread = threading.Thread(target=submitter, daemon=True)
         began = time.monotonic()
         thread.start()
@@ -95,13 +119,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             items = ddb.describe_table(TableName=table_name)["Table"].get("ItemCount")
             samples.append({"minute": round((now - began) / 60, 3), "rss_mb": status.get("rss_mb", 0.0),
                             "submitted": len(submitted), "items": items or 0})  # fmt: skip
-            log(f"{samples[-1]['minute']:6.2f} min: moto RSS {samples[-1]['rss_mb']:.0f} MB, {len(submitted)} tasks")
+            log(
+                f"{samples[-1]['minute']:6.2f} min: moto RSS {samples[-1]['rss_mb']:.0f} MB, {len(submitted)} tasks, "
+                f"{items} items, {purged} purged"
+            )
+            if args.retention_seconds is not None:
+                purged += _purge_expired(store, submitted, purged, args.retention_seconds)
             if now >= end:
                 break
             time.sleep(min(args.sample_seconds, max(0.0, end - now)))
         stop.set()
         thread.join(timeout=10)
-        finished = sum(1 for t in store.tasks.get_many(submitted[-200:]) if t.status.terminal)
+        running = sum(1 for t in store.tasks.get_many(submitted[-200:]) if not t.status.terminal)
     finally:
         stop.set()
         stack.stop()
@@ -115,7 +144,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rss_max_mb": max(s["rss_mb"] for s in samples),
         "rss_slope_mb_per_min_second_half": _slope(second_half),
         "tasks_submitted": len(submitted),
-        "last_200_finished": finished,
+        "tasks_purged": purged,
+        "last_200_still_running": running,
     }
 
 
@@ -132,7 +162,7 @@ def render(result: dict[str, Any]) -> str:
         "",
         f"RSS start {result['rss_start_mb']:.1f} MB, end {result['rss_end_mb']:.1f} MB, max {result['rss_max_mb']:.1f} MB; "
         f"slope over the second half {fmt(slope, 2)} MB/min; {result['tasks_submitted']} tasks submitted, "
-        f"{result['last_200_finished']} of the last 200 finished",
+        f"{result['last_200_still_running']} of the last 200 still running at the end, {result['tasks_purged']} purged",
     ])  # fmt: skip
 
 
@@ -142,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=2.0, help="tasks submitted per second")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--sample-seconds", type=float, default=30)
+    ap.add_argument(
+        "--retention-seconds", type=float, default=None, help="purge finished tasks this long after they end"
+    )
     ap.add_argument("--json", action="store_true")
     add_plot_args(ap, "local_soak")
     args = ap.parse_args(argv)
