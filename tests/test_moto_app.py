@@ -272,3 +272,30 @@ def test_the_dispatcher_picks_the_backend_moto_picks_and_looks_each_host_up_once
     dispatcher = Dispatcher(create_backend_app)
     assert [dispatcher.get_backend_for_host(h) for h in hosts * 3] == expected * 3
     assert lookups == hosts
+
+
+def test_an_sqs_queue_remembers_only_its_most_recent_deleted_receipts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """moto kept every deleted message's receipt handle for ever (memory growing with traffic);
+    a queue now keeps the newest ones, and a second delete of a recent one still succeeds."""
+    import boto3
+    from moto import mock_aws
+
+    from agentq.local import moto_sqs
+
+    moto_sqs.install()
+    receipts = moto_sqs.RecentReceipts(limit=3)
+    receipts.update(["a", "b", "c", "d"])
+    assert list(receipts) == ["b", "c", "d"] and "a" not in receipts and "d" in receipts
+    monkeypatch.setattr(moto_sqs, "RECENT", 3)
+    with mock_aws():
+        sqs = boto3.client("sqs", region_name="us-east-1")
+        url = sqs.create_queue(QueueName="recent")["QueueUrl"]
+        for i in range(5):
+            sqs.send_message(QueueUrl=url, MessageBody=str(i))
+            [message] = sqs.receive_message(QueueUrl=url)["Messages"]
+            sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+            sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])  # again: still a success
+        from moto.sqs.models import sqs_backends
+
+        queue = sqs_backends["123456789012"]["us-east-1"].queues["recent"]
+        assert isinstance(queue.deleted_messages, moto_sqs.RecentReceipts) and len(queue.deleted_messages) == 3

@@ -1,6 +1,6 @@
 """moto's server application as the local stack and the tests run it: ``python -m agentq.local.moto_app``.
 
-It differs from ``moto_server`` in four ways, none of which changes what a request returns:
+It differs from ``moto_server`` in five ways, none of which changes what a request returns:
 
 1. DynamoDB requests are serialised (``SerialisedDynamoDB``). moto's server runs each request
    on its own thread with no lock around a DynamoDB operation, so two concurrent conditional
@@ -15,6 +15,9 @@ It differs from ``moto_server`` in four ways, none of which changes what a reque
 3. A Query by partition key reads that partition instead of sorting the whole table
    (``moto_query``).
 4. The backend serving a host is looked up once per host (``Dispatcher``), not per request.
+5. An SQS queue remembers the receipt handles of its last 100,000 deleted messages, not of
+   every message it ever deleted (``moto_sqs``): the server's memory no longer grows with
+   every message it carries.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 from werkzeug.serving import run_simple
 
-from agentq.local import moto_query, moto_rollback
+from agentq.local import moto_query, moto_rollback, moto_sqs
 
 
 def _moto_request_handler() -> Any:
@@ -84,6 +87,7 @@ def main(argv: list[str] | None = None, *, patch_moto: bool = True) -> None:
     if patch_moto:
         moto_rollback.install()
         moto_query.install()
+    moto_sqs.install()
     os.environ.setdefault("MOTO_PORT", str(args.port))
     app = Dispatcher(create_backend_app)
     kwargs: dict[str, Any] = {"threaded": True}

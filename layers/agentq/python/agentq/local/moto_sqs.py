@@ -1,0 +1,58 @@
+"""moto's SQS keeps the receipt handle of every message ever deleted (``Queue.deleted_messages``)
+so that a second delete of the same message answers success, as SQS does, and never trims it:
+the server grows by a few hundred bytes per message for as long as it runs (a long ``agentq dev``
+session, a soak). Here each queue keeps its ``RECENT`` most recent handles instead. A handle
+is only ever presented again by a worker that received the message moments earlier (a
+visibility timeout of seconds locally), so the window loses nothing the local stack can meet.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+RECENT = 100_000
+
+
+class RecentReceipts:
+    """The set interface moto uses (``in``, ``add``, ``update``), keeping the newest ``limit``."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = RECENT if limit is None else limit
+        self._handles: OrderedDict[str, None] = OrderedDict()
+
+    def __contains__(self, handle: object) -> bool:
+        return handle in self._handles
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._handles)
+
+    def add(self, handle: str) -> None:
+        self._handles[handle] = None
+        self._handles.move_to_end(handle)
+        while len(self._handles) > self.limit:
+            self._handles.popitem(last=False)
+
+    def update(self, handles: Iterable[str]) -> None:
+        for handle in handles:
+            self.add(handle)
+
+
+def install() -> None:
+    """Give every SQS queue moto creates from now on a ``RecentReceipts`` (idempotent)."""
+    from moto.sqs.models import Queue
+
+    if getattr(Queue.__init__, "_agentq_recent_receipts", False):
+        return
+    original = Queue.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        self.deleted_messages = RecentReceipts()
+
+    __init__._agentq_recent_receipts = True  # type: ignore[attr-defined]
+    Queue.__init__ = __init__  # type: ignore[method-assign]
