@@ -7,7 +7,6 @@ the tests point everything at moto.
 
 from __future__ import annotations
 
-import importlib
 import os
 import threading
 from collections.abc import Callable
@@ -197,20 +196,19 @@ def build_fanout(settings: Settings, sess: boto3.session.Session | None = None, 
 
 
 def build_registry(settings: Settings) -> ToolRegistry:
-    """Built-in tools (spawn_subagents included) plus those of each module in
-    AGENTQ_TOOL_MODULES (its ``TOOLS`` list). python_exec runs in the sandbox AGENTQ_SANDBOX
+    """Built-in tools (spawn_subagents included) plus those of the deployment's tool modules
+    (``agentq.tool_modules``: AGENTQ_TOOL_MODULES and installed packages). python_exec runs in the sandbox AGENTQ_SANDBOX
     names and http_fetch honours AGENTQ_HTTP_FETCH_ALLOW (agentq.sandbox.config,
     agentq.core.tools.fetch)."""
     from agentq.core.approval import approval_tool_spec
     from agentq.core.fanout import spawn_tool_spec
     from agentq.core.tools.fetch import FetchPolicy
     from agentq.sandbox.config import sandbox_from_env
+    from agentq.tool_modules import load_tool_modules
 
     registry = default_registry(sandbox=sandbox_from_env(), fetch_policy=FetchPolicy.from_env())
     registry.register(spawn_tool_spec())
     registry.register(approval_tool_spec())
-    for name in settings.tool_modules:
-        module = importlib.import_module(name)
-        for spec in getattr(module, "TOOLS", []):
-            registry.register(spec)
+    for spec in load_tool_modules(settings.tool_modules):
+        registry.register(spec)
     return registry

@@ -13,6 +13,7 @@ and errors to stderr.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -33,10 +34,25 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(kill_at_step=args.kill_at_step)
 
 
+def _tool_modules(args: argparse.Namespace) -> tuple[str, ...]:
+    """``AGENTQ_TOOL_MODULES`` and every ``--tools``, each once, each importable (checked here,
+    so a typo is one line naming the module, before anything starts)."""
+    from agentq.tool_modules import VARIABLE, load_tool_modules
+
+    if os.getcwd() not in sys.path:  # `--tools my_tools` from the project's folder, as uvicorn finds an app
+        sys.path.insert(0, os.getcwd())
+    names = [m.strip() for m in os.environ.get(VARIABLE, "").split(",") if m.strip()]
+    names += [m for m in args.tools or [] if m not in names]
+    load_tool_modules(names)
+    return tuple(names)
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from agentq.local.demo import run_goal
 
-    return run_goal(args.goal, model=args.model, max_tokens=args.max_tokens)
+    return run_goal(
+        args.goal, model=args.model, max_tokens=args.max_tokens, tool_modules=_tool_modules(args), system=args.system
+    )
 
 
 def _cmd_run_task(args: argparse.Namespace) -> int:
@@ -75,7 +91,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         admission_safety=args.admission_safety,
         admission_floor=args.admission_floor,
     )
-    Worker(Settings.from_env(), config).serve_forever()
+    settings = dataclasses.replace(Settings.from_env(), tool_modules=_tool_modules(args))
+    Worker(settings, config).serve_forever()
     return 0
 
 
@@ -90,7 +107,11 @@ def _cmd_dev(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)  # even when started with SIGINT ignored (a background job)
-    stack = LocalStack(workers=args.workers, auth=args.auth)
+    from agentq.local.stack import DEFAULT_TOOL_MODULES
+    from agentq.runtime import build_registry
+
+    modules = _tool_modules(args)
+    stack = LocalStack(workers=args.workers, auth=args.auth, tool_modules=(*DEFAULT_TOOL_MODULES, *modules))
     try:
         stack.start()
         assert stack.settings is not None and stack.api_server is not None
@@ -103,6 +124,7 @@ def _cmd_dev(args: argparse.Namespace) -> int:
         say(f"            API        {stack.api_server.url}   (GET /openapi.json lists the routes)")
         say(f"            console    {stack.api_server.url}/console/   (API explorer: /console/explorer)")
         say(f"            workers    {', '.join(str(p.pid) for p in stack.processes) or 'none'}")
+        say(f"            tools      {', '.join(sorted(build_registry(stack.settings).names()))}")
         if args.auth:
             env["AGENTQ_API_KEY"] = stack.create_api_key("local")
             say(
@@ -606,6 +628,8 @@ STATUSES = ["queued", "running", "waiting", "paused", "succeeded", "failed", "ca
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from agentq.core.models import DEFAULT_MODEL
+
     parser = argparse.ArgumentParser(
         prog="agentq",
         description="A durable task queue for long-running AI agents.",
@@ -742,6 +766,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dev.add_argument("--workers", type=int, default=2, help="worker processes")
     dev.add_argument("--auth", action="store_true", help="require API keys as in AWS (prints a key for tenant 'local')")
+    dev.add_argument(
+        "--tools", action="append", metavar="MODULE",
+        help="a module of your @tool functions (repeatable; added to $AGENTQ_TOOL_MODULES and installed agentq.tools packages)",
+    )  # fmt: skip
     dev.set_defaults(func=_cmd_dev)
 
     demo = command(
@@ -754,8 +782,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = command("run", "run one goal on a fresh local stack (Anthropic if ANTHROPIC_API_KEY is set, else scripted)")
     run.add_argument("goal", help="what the agent should achieve")
-    run.add_argument("--model", default="claude-sonnet-4-5", help="Anthropic model id")
+    run.add_argument(
+        "--model", default=DEFAULT_MODEL, help=f"Anthropic model id (default {DEFAULT_MODEL}, as the API's)"
+    )
     run.add_argument("--max-tokens", type=int, default=100_000, help="token budget")
+    run.add_argument("--system", help="the system prompt")
+    run.add_argument(
+        "--tools", action="append", metavar="MODULE",
+        help="a module of your @tool functions (repeatable; added to $AGENTQ_TOOL_MODULES and installed agentq.tools packages)",
+    )  # fmt: skip
     run.set_defaults(func=_cmd_run)
 
     worker = command("worker", "long-poll the tier queues and run tasks (uses AGENTQ_* and AWS_* settings)")
@@ -773,6 +808,10 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "-v", "--verbose", action="store_true", help="log at INFO (default: $POWERTOOLS_LOG_LEVEL or WARNING)"
     )
+    worker.add_argument(
+        "--tools", action="append", metavar="MODULE",
+        help="a module of your @tool functions (repeatable; added to $AGENTQ_TOOL_MODULES and installed agentq.tools packages)",
+    )  # fmt: skip
     worker.set_defaults(func=_cmd_worker)
 
     run_task = command("run-task", "run one task in this process until it ends (no queue)")

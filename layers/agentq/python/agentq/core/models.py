@@ -53,6 +53,7 @@ class StrictModel(BaseModel):
 
 
 ToolPolicy = Literal["allow", "ask", "deny"]
+DEFAULT_MODEL = "claude-sonnet-4-6"  # a submission that names none; `agentq run` uses it too
 
 
 class Constraints(StrictModel):
@@ -115,7 +116,7 @@ class TaskSubmission(StrictModel):
     goal: str = Field(min_length=1, max_length=MAX_GOAL_CHARS)
     system: str | None = Field(default=None, max_length=MAX_GOAL_CHARS)
     provider: Provider = "scripted"
-    model: str = Field(default="claude-sonnet-4-6", min_length=1, max_length=200)
+    model: str = Field(default=DEFAULT_MODEL, min_length=1, max_length=200)
     script: Script | str | None = Field(
         default=None, description="scripted provider only: an inline script or a built-in script name"
     )

@@ -19,7 +19,7 @@ from typing import Any
 
 from agentq.core.models import LLMStep, StepRecord, Task
 from agentq.core.records import ClaimRecord
-from agentq.local.stack import LocalStack
+from agentq.local.stack import DEFAULT_TOOL_MODULES, LocalStack
 
 DEMO_TOOLS = ["python_exec", "note_write", "note_read", "send_report"]
 
@@ -127,22 +127,31 @@ def run_demo(*, kill_at_step: int = 6) -> int:
         return 0 if view["status"] == "succeeded" and len(deliveries) == 1 else 1
 
 
-def run_goal(goal: str, *, model: str, max_tokens: int) -> int:
-    """One goal on the local stack: Anthropic when a key is set, the scripted agent otherwise."""
+def run_goal(
+    goal: str, *, model: str, max_tokens: int, tool_modules: tuple[str, ...] = (), system: str | None = None
+) -> int:
+    """One goal on the local stack: Anthropic when a key is set, the scripted agent otherwise.
+    The agent gets the built-in tools and every tool of ``tool_modules`` (yours)."""
+    from agentq.tool_modules import load_tool_modules
+
+    yours = [spec.name for spec in load_tool_modules(tool_modules)]
     if os.environ.get("ANTHROPIC_API_KEY"):
         submission: dict[str, Any] = {"goal": goal, "provider": "anthropic", "model": model}
         print(f"using Anthropic ({model})")
     else:
         submission = {"goal": goal, "provider": "scripted", "script": "research"}
         print("ANTHROPIC_API_KEY is not set: running the scripted research agent instead")
-    submission["constraints"] = {
-        "max_tokens": max_tokens,
-        "tools": ["python_exec", "http_fetch", "note_write", "note_read"],
-    }
+    if system:
+        submission["system"] = system
+    tools = ["python_exec", "http_fetch", "note_write", "note_read", *yours]
     if submission["provider"] == "scripted":
-        submission["constraints"]["tools"].append("send_report")
+        tools.append("send_report")
+    submission["constraints"] = {"max_tokens": max_tokens, "tools": list(dict.fromkeys(tools))}
     with LocalStack(
-        prefix="agentq-run", workers=1, extra_env={k: v for k, v in os.environ.items() if k.startswith("ANTHROPIC_")}
+        prefix="agentq-run",
+        workers=1,
+        tool_modules=(*DEFAULT_TOOL_MODULES, *tool_modules),
+        extra_env={k: v for k, v in os.environ.items() if k.startswith("ANTHROPIC_")},
     ) as stack:
         assert stack.api_server is not None
         task_id = _post(f"{stack.api_server.url}/tasks", submission)["task_id"]

@@ -23,6 +23,9 @@ from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_fanout, build_queues, build_registry, build_store, session
 from agentq.storage.api_keys import KeyStore
 
+# The demo's own tools (send_report): always there locally, whatever else is loaded.
+DEFAULT_TOOL_MODULES: tuple[str, ...] = ("agentq.core.tools.examples",)
+
 
 @dataclass
 class LocalStack:
@@ -30,7 +33,7 @@ class LocalStack:
     workers: int = 2
     worker_config: WorkerConfig = field(default_factory=WorkerConfig)
     queue_settings: QueueSettings = field(default_factory=lambda: QueueSettings(visibility_timeout=4))
-    tool_modules: tuple[str, ...] = ("agentq.core.tools.examples",)
+    tool_modules: tuple[str, ...] = DEFAULT_TOOL_MODULES
     extra_env: dict[str, str] = field(default_factory=dict)
     api: bool = True
     auth: bool = False  # the API requires a bearer key (create one with create_api_key), as in AWS
