@@ -4,6 +4,7 @@ once without pushing the budget past its cap."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -35,9 +36,11 @@ TURNS = [
 ] + [{"text": "done", "latency_seconds": 0.4}]
 
 
-def _spawn(settings: Settings, task_id: str, ledger: Path, wait: float) -> subprocess.Popen[str]:
+def _spawn(settings: Settings, task_id: str, ledger: Path, wait: float, lease: float = 1) -> subprocess.Popen[str]:
+    """A worker for one task. The zombie's lease is short so that a pause outlasts it; a
+    successor's is long so that a loaded CI machine cannot starve its heartbeat into a loss."""
     return subprocess.Popen(
-        [sys.executable, "-m", "agentq", "run-task", task_id, "--lease", "1", "--wait", str(wait)],
+        [sys.executable, "-m", "agentq", "run-task", task_id, "--lease", str(lease), "--wait", str(wait)],
         env=child_env(settings, AGENTQ_TEST_LEDGER=str(ledger)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -63,7 +66,7 @@ def test_a_paused_worker_woken_after_takeover_commits_nothing(
     try:
         time.sleep(1.5)  # the zombie's lease (1 s) lapses; anything it had on the wire has landed
         frozen_at = store.tasks.get(task.task_id).step
-        successor = _spawn(settings, task.task_id, ledger, wait=10)
+        successor = _spawn(settings, task.task_id, ledger, wait=10, lease=10)
         _wait_for(
             lambda: store.tasks.get(task.task_id).lease_epoch == 2 and store.tasks.get(task.task_id).step > frozen_at
         )
@@ -137,7 +140,8 @@ def test_a_zombies_call_in_flight_is_charged_once_and_its_successor_never_oversh
         _wait_for(lambda: len(fake.requests) == 1)  # A's call is on the wire, its answer 1 s away
         os.kill(zombie.pid, signal.SIGSTOP)
         try:
-            successor = _spawn_with(settings, task.task_id, env, wait=60)  # claims once A's lease (1 s) lapses
+            # claims once A's lease (1 s) lapses
+            successor = _spawn_with(settings, task.task_id, env, wait=60, lease=10)
             _wait_for(lambda: store.tasks.get(task.task_id).lease_epoch >= 2)
         finally:
             os.kill(zombie.pid, signal.SIGCONT)  # A's answer arrives now; its lease is gone
@@ -157,9 +161,11 @@ def test_a_zombies_call_in_flight_is_charged_once_and_its_successor_never_oversh
     assert len(orphans) == 1 and orphans[0].call.usage.total == sum(BIG_ANSWER.values())
 
 
-def _spawn_with(settings: Settings, task_id: str, env: dict[str, str], wait: float) -> subprocess.Popen[str]:
+def _spawn_with(
+    settings: Settings, task_id: str, env: dict[str, str], wait: float, lease: float = 1
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "agentq", "run-task", task_id, "--lease", "1", "--wait", str(wait)],
+        [sys.executable, "-m", "agentq", "run-task", task_id, "--lease", str(lease), "--wait", str(wait)],
         env=child_env(settings, **env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -202,3 +208,36 @@ def test_a_task_that_ends_with_a_lost_leases_hold_still_counted_gets_it_back_aft
     dispatcher.handle(message["Body"], tier="normal", receive_count=1)
     assert store.budgets.get(task.task_id).reserved == 0 and store.tasks.get(task.task_id).lapsed_holds == {}
     assert store.budgets.get(task.task_id).used == budget.used  # given back, never charged
+
+
+def test_a_worker_that_learns_of_its_lost_lease_before_its_call_starts_gives_the_hold_back_at_once(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Paused between its reservation and its call, the worker finds at the call's start that
+    its lease is gone. Nothing went on the wire, so nothing can be charged: its hold goes back
+    now, not at its deadline (before, it stayed counted until a ``release_holds`` message)."""
+    from agentq.core import engine as engine_module
+    from agentq.core.engine import Engine, EngineConfig
+    from agentq.runtime import build_registry, build_store
+
+    settings = deployment(moto_server)
+    store = build_store(settings)
+    task = store.tasks.create(scripted([{"text": "never said"}]), tenant="t")
+    stolen: list[str] = []
+
+    def pause_past_the_lease(name: str) -> None:
+        if name == "after_reserve" and not stolen:
+            time.sleep(1.2)  # the lease (1 s) lapses, and the call's start is later than its slack
+            claim = store.tasks.claim(task.task_id, "successor", 30)
+            assert claim is not None
+            stolen.append(claim[0].owner)
+
+    monkeypatch.setattr(engine_module, "crash_point", pause_past_the_lease)
+    monkeypatch.setattr(engine_module, "CALL_START_SLACK_SECONDS", 0.5)
+    engine = Engine(store, worker_id="zombie", tools=build_registry(settings), config=EngineConfig(lease_seconds=1))
+    result = engine.run(task.task_id, keeper=lambda session: contextlib.nullcontext())  # paused: no heartbeat
+
+    assert result.outcome == "lease_lost" and stolen
+    budget = store.budgets.get(task.task_id)
+    assert budget.reserved == 0 and budget.used == 0
+    assert store.steps.orphans(task.task_id) == []

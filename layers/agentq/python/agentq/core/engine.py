@@ -625,6 +625,9 @@ class Engine:
         try:
             self._before_call(s)
         except LeaseLost:
+            # Nothing went on the wire, so no call can be charged: the hold goes back now (from
+            # wherever a successor set it aside), not at its deadline.
+            self._release_inflight(s)
             if hold is not None:
                 self.windows.settle(hold, 0)
             raise
