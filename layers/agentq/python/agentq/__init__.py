@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS: dict[str, str] = {
     "ApiError": "agentq.api.client",
     "Client": "agentq.api.client",
+    "AgentSpec": "agentq.core.agents",
+    "AgentVersion": "agentq.core.agents",
     "Engine": "agentq.core.engine",
     "EngineConfig": "agentq.core.engine",
     "RunResult": "agentq.core.engine",
@@ -48,6 +50,8 @@ _EXPORTS: dict[str, str] = {
 
 # Literal, so type checkers and linters see the public names; a test keeps it equal to _EXPORTS.
 __all__ = [
+    "AgentSpec",
+    "AgentVersion",
     "AgentqError",
     "ApiError",
     "BudgetExceeded",
@@ -94,6 +98,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from agentq.api.client import ApiError, Client
     from agentq.control.submit import parse_submission, submit
+    from agentq.core.agents import AgentSpec, AgentVersion
     from agentq.core.engine import Engine, EngineConfig, RunResult
     from agentq.core.errors import (
         AgentqError,

@@ -30,6 +30,12 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from agentq.api.models import (
+    AgentCreated,
+    AgentList,
+    AgentSpec,
+    AgentSummary,
+    AgentVersion,
+    AgentVersions,
     CancelResult,
     Health,
     TaskAccepted,
@@ -40,7 +46,7 @@ from agentq.api.models import (
     TraceEvent,
     TracePage,
 )
-from agentq.core.errors import AgentqError
+from agentq.core.errors import AgentqError, ValidationError
 from agentq.core.models import TaskStatus, TaskSubmission
 
 TERMINAL = frozenset(s.value for s in TaskStatus if s.terminal)
@@ -199,6 +205,32 @@ class Client:
         key = idempotency_key or f"client-{uuid.uuid4().hex}"
         data = self.request("POST", "/tasks", body, headers={"Idempotency-Key": key}, retry=True)
         return TaskAccepted.model_validate(data)
+
+    # ------------------------------------------------------------ agents
+
+    def create_agent(self, spec: AgentSpec | Mapping[str, Any] | None = None, **fields: Any) -> AgentCreated:
+        """Create the next version of an agent (or get the latest, ``created`` False, if it is
+        the same definition): an ``AgentSpec``, a dict of one, or its fields as keywords."""
+        body = spec.model_dump(mode="json", exclude_none=True) if isinstance(spec, AgentSpec) else dict(spec or {})
+        body.update(fields)
+        return AgentCreated.model_validate(self.request("POST", "/agents", body, retry=True))
+
+    def list_agents(self) -> list[AgentSummary]:
+        return self._get(AgentList, "/agents").agents
+
+    def get_agent(self, name: str, version: int | None = None) -> AgentVersion:
+        """A version of an agent; ``name`` may also be ``name@version``."""
+        if version is None and "@" in name:
+            name, _, number = name.partition("@")
+            version = int(number) if number.isdigit() else None
+            if version is None:
+                raise ValidationError("agent: name or name@version, e.g. researcher@3", field="agent")
+        return self._get(AgentVersion, f"/agents/{_seg(name)}", version=version)
+
+    def agent_versions(self, name: str) -> list[AgentVersion]:
+        return self._get(AgentVersions, f"/agents/{_seg(name)}/versions").versions
+
+    # ------------------------------------------------------------- tasks
 
     def get(self, task_id: str) -> TaskView:
         return self._get(TaskView, f"/tasks/{_seg(task_id)}")

@@ -11,6 +11,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentq.core.agents import AgentSpec as AgentSpec  # the body of POST /agents, re-exported
+from agentq.core.agents import AgentSummary as AgentSummary
+from agentq.core.agents import AgentVersion as AgentVersion
 from agentq.core.models import MAX_GOAL_CHARS, Priority, Provider, Script, StrictModel, TaskStatus
 from agentq.core.models import TaskSubmission as TaskSubmission  # the body of POST /tasks, re-exported
 
@@ -169,6 +172,7 @@ class TaskView(ApiModel):
     task_id: str
     status: TaskStatus
     goal: str
+    agent: str | None = Field(default=None, description="the agent version the task runs (name@version)")
     provider: str
     model: str
     priority: str
@@ -341,3 +345,17 @@ class TracePage(ApiModel):
     task_id: str
     events: list[TraceEvent]
     next_cursor: str | None = Field(description="pass as ?cursor= for the next page; null at the end")
+
+
+class AgentCreated(ApiModel):
+    created: bool = Field(description="false: the latest version already was this definition")
+    agent: AgentVersion
+
+
+class AgentList(ApiModel):
+    agents: list[AgentSummary]
+
+
+class AgentVersions(ApiModel):
+    name: str
+    versions: list[AgentVersion] = Field(description="newest first")

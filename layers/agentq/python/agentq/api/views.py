@@ -153,6 +153,7 @@ def task_view(store: Storage, task: Task) -> TaskView:
         status=task.status,
         goal=sub.goal,
         provider=sub.provider,
+        agent=sub.agent,
         model=sub.model,
         priority=sub.priority,
         step=task.step,

@@ -328,9 +328,11 @@ def build_submission(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError('give the goal (agentq submit "...") or --file with a goal', field="goal")
     if args.script:
         body["script"] = _load_script(args.script)
+    if getattr(args, "agent", None):
+        body["agent"] = args.agent
     if args.provider:
         body["provider"] = args.provider
-    elif "provider" not in body:
+    elif "provider" not in body and "agent" not in body:
         body["provider"] = "scripted" if body.get("script") is not None else "anthropic"
     for flag, key in (("model", "model"), ("system", "system"), ("priority", "priority")):
         if getattr(args, flag):
@@ -591,6 +593,75 @@ def _cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_agent_file(value: str) -> dict[str, Any]:
+    """An agent definition from YAML or JSON ('-': stdin). A ``script`` naming a file beside it
+    is read here and sent inline, since the API cannot read the caller's files."""
+    import yaml
+
+    try:
+        text = sys.stdin.read() if value == "-" else Path(value).read_text()
+        body = yaml.safe_load(text)  # JSON is YAML
+    except (OSError, yaml.YAMLError) as exc:
+        raise UsageError(f"cannot read the agent definition from {value}: {exc}", field="file") from None
+    if not isinstance(body, dict):
+        raise UsageError(f"{value} must hold a mapping (name, model, tools, ...)", field="file")
+    script = body.get("script")
+    if isinstance(script, str) and value != "-" and (Path(value).parent / script).is_file():
+        body["script"] = _load_script(str(Path(value).parent / script))
+    return body
+
+
+def _cmd_agents(args: argparse.Namespace) -> int:
+    from agentq.cli.views import when
+
+    client = _client(args)
+    if args.agents_command == "create":
+        created = client.create_agent(_read_agent_file(args.file))
+        if args.json:
+            _dump(created)
+        else:
+            agent = created.agent
+            what = "created" if created.created else "unchanged, the latest version is"
+            print(agent.ref)
+            print(f"{what} {agent.ref} ({len(agent.tools)} tools, model {agent.model}); "
+                  f"submit with: agentq submit --agent {agent.name} \"...\"", file=sys.stderr)  # fmt: skip
+        return 0
+    if args.agents_command == "show":
+        agent = client.get_agent(args.agent)
+        if args.json:
+            _dump(agent)
+            return 0
+        policies = agent.tool_policies
+        print(f"{agent.ref}  created {when(agent.created_at)}")
+        if agent.description:
+            print(f"  {agent.description}")
+        print(f"  provider {agent.provider}, model {agent.model}")
+        tools = ", ".join(f"{t} ({policies[t]})" if t in policies else t for t in agent.tools)
+        print(f"  tools: {tools or '(none)'}")
+        limits = agent.constraints.model_dump(exclude_none=True)
+        if limits:
+            print("  defaults: " + ", ".join(f"{k}={v}" for k, v in limits.items()))
+        if agent.system:
+            print("  system: " + agent.system if len(agent.system) < 200 else f"  system: {agent.system[:200]}...")
+        return 0
+    if args.agents_command == "versions":
+        versions = client.agent_versions(args.name)
+        if args.json:
+            print(json.dumps([v.model_dump(mode="json") for v in versions], indent=2))
+        for v in [] if args.json else versions:
+            print(f"{v.ref:<40} {when(v.created_at)}  {v.model}  {len(v.tools)} tools")
+        return 0
+    agents = client.list_agents()
+    if args.json:
+        print(json.dumps([a.model_dump(mode="json") for a in agents], indent=2))
+        return 0
+    for a in agents:
+        print(f"{a.name:<32} v{a.latest_version:<5} {when(a.updated_at)}  {a.description or ''}".rstrip())
+    if not agents:
+        print("no agents (create one: agentq agents create -f agent.yaml)", file=sys.stderr)
+    return 0
+
+
 # ------------------------------------------------------------------------ parser
 
 EPILOG = """\
@@ -653,6 +724,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--script", help="scripted provider: a built-in script name (e.g. research) or a JSON/YAML file"
     )
     submit.add_argument("--system", help="system prompt")
+    submit.add_argument("--agent", help="an agent definition, NAME or NAME@VERSION (it sets model, system, tools)")
     submit.add_argument("--max-tokens", type=int, help="token budget of the task and all its sub-agents")
     submit.add_argument("--max-steps", type=int, help="LLM turns allowed")
     submit.add_argument("--max-output-tokens", type=int, help="output tokens per LLM call")
@@ -724,6 +796,27 @@ def build_parser() -> argparse.ArgumentParser:
     fork.add_argument("--script", help="scripted provider: a built-in script name or a JSON/YAML file")
     fork.add_argument("--max-tokens", type=int, help="the fork's token budget")
     fork.set_defaults(func=_cmd_fork)
+
+    agents = command("agents", "create, list or show agent definitions (versioned: model, system, tools, policies)")
+    agents_sub = agents.add_subparsers(dest="agents_command", required=True, metavar="ACTION")
+    agents_create = _remote(
+        agents_sub.add_parser(
+            "create",
+            help="the next version of an agent from a YAML or JSON file (unchanged: nothing is created)",
+            description="the next version of an agent from a YAML or JSON file (unchanged: nothing is created)",
+        )
+    )
+    agents_create.add_argument("-f", "--file", required=True, help="agent.yaml or agent.json ('-' reads stdin)")
+    _remote(agents_sub.add_parser("list", help="your agents with their latest version", description="your agents"))
+    agents_show = _remote(
+        agents_sub.add_parser("show", help="one version (default: the latest)", description="one version of an agent")
+    )
+    agents_show.add_argument("agent", help="NAME or NAME@VERSION")
+    agents_versions = _remote(
+        agents_sub.add_parser("versions", help="every version, newest first", description="every version of an agent")
+    )
+    agents_versions.add_argument("name", help="the agent's name")
+    agents.set_defaults(func=_cmd_agents)
 
     keys = command("keys", "create, list or revoke API keys (talks to the table: AGENTQ_* and AWS_* settings)")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pydantic
 
+from agentq.control.defaults import Defaults
 from agentq.core.errors import ValidationError
-from agentq.core.models import Task, TaskStatus, TaskSubmission
+from agentq.core.models import Script, Task, TaskStatus, TaskSubmission
 from agentq.core.pricing import load_price_table
 from agentq.core.providers.scripted import load_script
 from agentq.core.tools import ToolRegistry
 from agentq.queueing.queues import TaskQueues
 from agentq.storage.container import Storage
+
+M = TypeVar("M", bound=pydantic.BaseModel)
 
 
 def _field_path(loc: tuple[Any, ...]) -> str:
@@ -29,10 +33,15 @@ def _field_path(loc: tuple[Any, ...]) -> str:
 
 def parse_submission(raw: Any) -> TaskSubmission:
     """Validate a submission; the error names the first bad field in dotted form."""
+    return validate_body(TaskSubmission, raw, what="the submission")
+
+
+def validate_body(model: type[M], raw: Any, *, what: str) -> M:
+    """``raw`` as ``model``, or a ValidationError naming the first bad field in dotted form."""
     if not isinstance(raw, dict):
-        raise ValidationError("the submission must be a JSON object", field="body")
+        raise ValidationError(f"{what} must be a JSON object", field="body")
     try:
-        return TaskSubmission.model_validate(raw)
+        return model.model_validate(raw)
     except pydantic.ValidationError as exc:
         first = exc.errors()[0]
         loc = tuple(
@@ -58,32 +67,47 @@ def check_submission(submission: TaskSubmission, tools: ToolRegistry) -> None:
     unless the deployment prices it (``AGENTQ_PRICES``). The scripted provider spends nothing,
     so its model name is not checked.
     """
-    if submission.provider != "scripted":
-        prices = load_price_table()
-        if prices.price_for(submission.model) is None:
-            raise ValidationError(
-                f"model: no price for {submission.model!r}, so its cost could not be counted; priced models: "
-                f"{', '.join(sorted(prices.root))} (and their dated or Bedrock ids); price another with AGENTQ_PRICES",
-                field="model",
-            )
-    for i, name in enumerate(submission.constraints.tools):
+    check_model(submission.provider, submission.model)
+    check_tools(submission.constraints.tools, submission.constraints.tool_policies, tools, prefix="constraints.")
+    check_script(submission.script)
+
+
+def check_model(provider: str, model: str) -> None:
+    if provider == "scripted":
+        return
+    prices = load_price_table()
+    if prices.price_for(model) is None:
+        raise ValidationError(
+            f"model: no price for {model!r}, so its cost could not be counted; priced models: "
+            f"{', '.join(sorted(prices.root))} (and their dated or Bedrock ids); price another with AGENTQ_PRICES",
+            field="model",
+        )
+
+
+def check_tools(names: list[str], policies: Mapping[str, str], tools: ToolRegistry, *, prefix: str) -> None:
+    """Every tool named is one this deployment has; every policy is for one of them."""
+    for i, name in enumerate(names):
         if tools.get(name) is None:
             raise ValidationError(
-                f"constraints.tools[{i}]: unknown tool {name!r}; available: {', '.join(sorted(tools.names()))}",
-                field=f"constraints.tools[{i}]",
+                f"{prefix}tools[{i}]: unknown tool {name!r}; available: {', '.join(sorted(tools.names()))}",
+                field=f"{prefix}tools[{i}]",
             )
-    for name in submission.constraints.tool_policies:
-        if name not in submission.constraints.tools:
+    for name in policies:
+        if name not in names:
             raise ValidationError(
-                f"constraints.tool_policies.{name}: a policy for a tool the task may not use; "
-                f"its tools: {', '.join(submission.constraints.tools) or '(none)'}",
-                field=f"constraints.tool_policies.{name}",
+                f"{prefix}tool_policies.{name}: a policy for a tool the task may not use; "
+                f"its tools: {', '.join(names) or '(none)'}",
+                field=f"{prefix}tool_policies.{name}",
             )
-    if submission.script is not None:
-        try:
-            load_script(submission.script)
-        except (ValueError, pydantic.ValidationError) as exc:
-            raise ValidationError(f"script: {exc}", field="script") from None
+
+
+def check_script(script: Script | str | None) -> None:
+    if script is None:
+        return
+    try:
+        load_script(script)
+    except (ValueError, pydantic.ValidationError) as exc:
+        raise ValidationError(f"script: {exc}", field="script") from None
 
 
 def submit(store: Storage, tools: ToolRegistry, raw: Any, *, tenant: str, queues: TaskQueues | None = None) -> Task:
@@ -116,22 +140,32 @@ def submit_once(
     queues: TaskQueues | None = None,
     idempotency_key: str | None = None,
     digest: str | None = None,
+    defaults: Defaults | None = None,
 ) -> Submitted:
     """``submit`` with an optional idempotency key: the same key and request return the task
     the first one created (``created=False``); the same key with another request raises
     IdempotencyConflict. Shared by the HTTP API, the CLI and the Python client's server side.
 
-    ``digest`` is the request's hash when the caller has already changed the submission (the
-    API fills deployment defaults in after hashing what was sent).
+    A submission naming an agent is resolved to the agent's version first (``control.agents``),
+    then ``defaults`` (the deployment's) fill what neither sets. An idempotency key is bound to
+    the request as sent (``digest``, else its hash before either), so a retry matches even
+    after a new agent version or new defaults.
     """
     submission = raw if isinstance(raw, TaskSubmission) else parse_submission(raw)
+    digest = digest or request_hash(submission)
+    if submission.agent is not None:
+        from agentq.control.agents import resolve_agent
+
+        submission = resolve_agent(store, submission, tenant=tenant)
+    if defaults is not None:
+        submission = defaults.apply(submission)
     check_submission(submission, tools)
     if idempotency_key is None:
         task = store.tasks.create(submission, tenant=tenant)
         created = True
     else:
         task, created = store.tasks.create_idempotent(
-            submission, tenant=tenant, key=idempotency_key, request_hash=digest or request_hash(submission)
+            submission, tenant=tenant, key=idempotency_key, request_hash=digest
         )
     if queues is None:
         return Submitted(task, created)

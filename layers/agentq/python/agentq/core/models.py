@@ -53,6 +53,7 @@ class StrictModel(BaseModel):
 
 
 ToolPolicy = Literal["allow", "ask", "deny"]
+AGENT_REF_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}(@[1-9][0-9]{0,8})?$"  # name, or name@version
 DEFAULT_MODEL = "claude-sonnet-4-6"  # a submission that names none; `agentq run` uses it too
 
 
@@ -114,6 +115,12 @@ Priority = Literal["high", "normal", "low"]
 
 class TaskSubmission(StrictModel):
     goal: str = Field(min_length=1, max_length=MAX_GOAL_CHARS)
+    agent: str | None = Field(
+        default=None,
+        pattern=AGENT_REF_PATTERN,
+        description="an agent definition, `name` (its latest version) or `name@version`; the task pins the "
+        "version. The agent sets provider, model, system, script, tools and tool policies; the submission may not",
+    )
     system: str | None = Field(default=None, max_length=MAX_GOAL_CHARS)
     provider: Provider = "scripted"
     model: str = Field(default=DEFAULT_MODEL, min_length=1, max_length=200)
@@ -128,6 +135,8 @@ class TaskSubmission(StrictModel):
 
     @model_validator(mode="after")
     def _script_matches_provider(self) -> TaskSubmission:
+        if self.agent is not None and "provider" not in self.model_fields_set:
+            return self  # not resolved yet: the agent's version brings provider and script
         if self.provider == "scripted" and self.script is None:
             raise ValueError("script: required when provider is 'scripted'")
         if self.provider != "scripted" and self.script is not None:

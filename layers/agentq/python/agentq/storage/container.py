@@ -5,6 +5,7 @@ they need (``storage.tasks``, ``storage.steps``, ...); which backend is undernea
 from __future__ import annotations
 
 from agentq.core.tenancy import TenantLimits
+from agentq.storage.agents import Agents
 from agentq.storage.api_keys import KeyStore
 from agentq.storage.approvals import Approvals
 from agentq.storage.budgets import Budgets
@@ -40,6 +41,7 @@ class Storage:
         self.windows = TenantWindows(table, default_tenant_limits)
         self.purge = Purge(table, payloads)
         self.api_keys = KeyStore(table)
+        self.agents = Agents(table)
 
 
 def memory_storage(**kwargs: object) -> Storage:

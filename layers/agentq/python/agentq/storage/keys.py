@@ -120,3 +120,20 @@ def payload_prefix(task_id: str) -> str:
 
 def step_payload_key(task_id: str, number: int, epoch: int) -> str:
     return f"{payload_prefix(task_id)}steps/{number:06d}-e{epoch}.json"
+
+
+def agent_pk(tenant: str, name: str) -> str:
+    """The partition of one agent of one tenant: its ``HEAD`` and every version."""
+    return f"AGENT#{tenant}#{name}"
+
+
+AGENT_HEAD = "HEAD"
+
+
+def agent_version_sk(version: int) -> str:
+    return f"V#{version:09d}"
+
+
+def tenant_agents_pk(tenant: str) -> str:
+    """``gsi1pk`` of a tenant's agents (one HEAD item each; ``gsi1sk`` is the name)."""
+    return f"AGENTS#{tenant}"

@@ -57,11 +57,12 @@ def router(deps: ApiDeps) -> Router:
         accepted = submit_once(
             store,
             deps.tools,
-            deps.defaults.apply(submission),
+            submission,
             tenant=who,
             queues=deps.queues,
             idempotency_key=idempotency_key,
             digest=digest,
+            defaults=deps.defaults,
         )
         task, created = accepted.task, accepted.created
         headers = {"Location": f"/tasks/{task.task_id}"}

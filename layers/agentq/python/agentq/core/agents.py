@@ -1,0 +1,147 @@
+"""Agent definitions: a named, versioned recipe (model, system prompt, tools, their policies,
+constraint defaults) that a submission names instead of spelling it out.
+
+Versions are immutable and numbered from 1 per tenant and name. A submission that names
+``"researcher"`` gets the latest version, ``"researcher@3"`` that one; either way the task
+stores the version it resolved to, pinned (``agent: "researcher@3"``) along with the fields
+copied from it, so a resume, a retry or a fork runs exactly what the first run ran, whatever
+versions are created later. What the agent defines a submission may not also set: two
+sources for one field would leave a reader guessing which one ran.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from agentq.core.models import (
+    AGENT_REF_PATTERN,
+    DEFAULT_MODEL,
+    MAX_GOAL_CHARS,
+    MAX_TIMEOUT_SECONDS,
+    Provider,
+    Script,
+    StrictModel,
+    ToolPolicy,
+)
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+MAX_DESCRIPTION_CHARS = 1024
+# Fields of a submission the agent defines; a submission naming an agent may not set them.
+DEFINED_BY_AGENT = ("provider", "model", "system", "script")
+DEFINED_CONSTRAINTS = ("tools", "tool_policies")
+
+
+class AgentConstraints(StrictModel):
+    """Defaults for a task of this agent; a submission's own constraint wins, a deployment's
+    default fills only what neither sets. Strict: a JSON ``true`` is not a number here."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    max_tokens: int | None = Field(default=None, ge=1, le=1_000_000_000)
+    max_steps: int | None = Field(default=None, ge=1, le=10_000)
+    timeout_seconds: int | None = Field(default=None, ge=1, le=MAX_TIMEOUT_SECONDS)
+    max_output_tokens: int | None = Field(default=None, ge=1, le=128_000)
+    max_depth: int | None = Field(default=None, ge=0, le=10)
+    max_fanout: int | None = Field(default=None, ge=1, le=100)
+
+
+class AgentSpec(StrictModel):
+    """What a caller sends to ``POST /agents``: a new version of ``name`` when it differs from
+    the latest one."""
+
+    name: str = Field(pattern=NAME_PATTERN, description="lowercase letters, digits, '-' and '_'; 1-64")
+    description: str | None = Field(default=None, max_length=MAX_DESCRIPTION_CHARS)
+    provider: Provider = "anthropic"
+    model: str = Field(default=DEFAULT_MODEL, min_length=1, max_length=200)
+    system: str | None = Field(default=None, max_length=MAX_GOAL_CHARS)
+    script: Script | str | None = Field(
+        default=None, description="scripted provider only: an inline script or a built-in script name"
+    )
+    tools: list[str] = Field(default_factory=list, max_length=64, description="the tools its tasks may use")
+    tool_policies: dict[str, ToolPolicy] = Field(
+        default_factory=dict, max_length=64, description="per tool of `tools`: allow (default), ask or deny"
+    )
+    constraints: AgentConstraints = Field(default_factory=AgentConstraints)
+
+    @field_validator("tools")
+    @classmethod
+    def _unique_tools(cls, tools: list[str]) -> list[str]:
+        if len(set(tools)) != len(tools):
+            raise ValueError("tool names must be unique")
+        return tools
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AgentSpec:
+        if self.provider == "scripted" and self.script is None:
+            raise ValueError("script: required when provider is 'scripted'")
+        if self.provider != "scripted" and self.script is not None:
+            raise ValueError("script: only valid when provider is 'scripted'")
+        return self
+
+    def digest(self) -> str:
+        """What makes two versions the same: every field, in a canonical form."""
+        return hashlib.sha256(self.model_dump_json(exclude_none=True).encode()).hexdigest()
+
+
+class AgentVersion(AgentSpec):
+    """One immutable version of an agent, as stored and as the API returns it."""
+
+    version: int = Field(ge=1)
+    created_at: float
+    ref: str = Field(description="name@version: what a task of this version records")
+
+    @classmethod
+    def of(cls, spec: AgentSpec, version: int, created_at: float) -> AgentVersion:
+        return cls.model_validate(
+            {**spec.model_dump(), "version": version, "created_at": created_at, "ref": f"{spec.name}@{version}"}
+        )
+
+    def spec(self) -> AgentSpec:
+        return AgentSpec.model_validate(self.model_dump(include=set(AgentSpec.model_fields)))
+
+
+class AgentSummary(StrictModel):
+    """One agent in a tenant's listing: its latest version."""
+
+    name: str
+    latest_version: int
+    description: str | None = None
+    updated_at: float
+
+
+def parse_ref(ref: str) -> tuple[str, int | None]:
+    """``"researcher"`` -> ("researcher", None: the latest); ``"researcher@3"`` -> ("researcher", 3)."""
+    if not re.match(AGENT_REF_PATTERN, ref):
+        raise ValueError("name or name@version, e.g. researcher or researcher@3")
+    name, _, version = ref.partition("@")
+    return name, int(version) if version else None
+
+
+def resolved_fields(version: AgentVersion, submission_fields: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a submission of ``version``: the agent's, then the submission's own
+    constraints over the agent's defaults; ``agent`` pinned to the version."""
+    sent = dict(submission_fields)
+    sent_constraints = dict(sent.pop("constraints", None) or {})
+    agent_defaults = version.constraints.model_dump(exclude_none=True)
+    constraints = {
+        **agent_defaults,
+        **sent_constraints,
+        "tools": list(version.tools),
+        "tool_policies": dict(version.tool_policies),
+    }
+    fields: dict[str, Any] = {
+        **sent,
+        "agent": version.ref,
+        "provider": version.provider,
+        "model": version.model,
+        "constraints": constraints,
+    }
+    if version.system is not None:
+        fields["system"] = version.system
+    if version.script is not None:
+        fields["script"] = version.script if isinstance(version.script, str) else version.script.model_dump()
+    return fields

@@ -1,0 +1,154 @@
+"""Agent definitions in the task table, versioned and tenant-scoped.
+
+Items (``storage.keys``), all in the partition ``AGENT#<tenant>#<name>``:
+
+- ``V#<version, 9 digits>``: one immutable version (``spec``: its JSON), written once, only if
+  absent, so two writers can never produce two different version 3s;
+- ``HEAD``: the latest version's number and digest, its description, ``updated_at``, and
+  ``gsi1pk = AGENTS#<tenant>`` so a tenant's agents are one index query.
+
+A new version is one transaction: put ``V#n+1`` if absent, and move ``HEAD`` from ``n`` to
+``n+1`` on the condition that it is still at ``n``. A writer that lost the race reads ``HEAD``
+again and tries the next number. Creating what the latest version already is creates nothing
+and returns that version, so applying the same file twice is harmless.
+"""
+
+from __future__ import annotations
+
+import time
+
+from agentq.core.agents import AgentSpec, AgentSummary, AgentVersion
+from agentq.core.errors import AgentqError, ValidationError
+from agentq.storage import keys
+from agentq.storage.table import Item, Put, Table, TransactionCancelled, absent, plain
+
+MAX_SPEC_BYTES = 300_000  # a version is one item: far under DynamoDB's 400 KB, with room for keys
+ATTEMPTS = 8
+LIST_PAGE = 100
+
+
+class AgentNotFound(AgentqError):
+    code = "agent_not_found"
+
+
+class AgentConflict(AgentqError):
+    code = "agent_conflict"
+
+
+class Agents:
+    """A tenant's agent definitions, over any ``Table`` (DynamoDB, or memory in tests)."""
+
+    def __init__(self, table: Table, *, list_page: int = LIST_PAGE) -> None:
+        self.table = table
+        self.list_page = list_page
+
+    def create(self, tenant: str, spec: AgentSpec) -> tuple[AgentVersion, bool]:
+        """The next version of ``spec.name``, or the latest if it is the same (created False)."""
+        body = spec.model_dump_json(exclude_none=True)
+        if len(body.encode()) > MAX_SPEC_BYTES:
+            raise ValidationError(
+                f"body: the agent definition is {len(body.encode()):,} bytes; at most {MAX_SPEC_BYTES:,}", field="body"
+            )
+        digest = spec.digest()
+        pk = keys.agent_pk(tenant, spec.name)
+        for _ in range(ATTEMPTS):
+            head = self.table.get({"pk": pk, "sk": keys.AGENT_HEAD})
+            latest = int(head["latest"]) if head else 0
+            if head is not None and head.get("digest") == digest:
+                return self.get(tenant, spec.name, latest), False
+            version = AgentVersion.of(spec, latest + 1, time.time())
+            from boto3.dynamodb.conditions import Attr
+
+            head_condition = absent() if head is None else Attr("latest").eq(latest)
+            try:
+                self.table.transact(
+                    [
+                        Put(
+                            "version",
+                            {
+                                "pk": pk,
+                                "sk": keys.agent_version_sk(version.version),
+                                "spec": body,
+                                "version": version.version,
+                                "created_at": version.created_at,
+                            },
+                            absent(),
+                        ),
+                        Put(
+                            "head",
+                            {
+                                "pk": pk,
+                                "sk": keys.AGENT_HEAD,
+                                "name": spec.name,
+                                "tenant": tenant,
+                                "latest": version.version,
+                                "digest": digest,
+                                "description": spec.description,
+                                "updated_at": version.created_at,
+                                "gsi1pk": keys.tenant_agents_pk(tenant),
+                                "gsi1sk": spec.name,
+                            },
+                            head_condition,
+                        ),
+                    ]
+                )
+            except TransactionCancelled:
+                continue  # another writer took this number: read HEAD again
+            return version, True
+        raise AgentConflict(f"agent {spec.name!r} is being changed by others; try again", field="name")
+
+    def get(self, tenant: str, name: str, version: int | None = None) -> AgentVersion:
+        """A version of ``name`` (the latest when ``version`` is None) of ``tenant`` only."""
+        pk = keys.agent_pk(tenant, name)
+        if version is None:
+            head = self.table.get({"pk": pk, "sk": keys.AGENT_HEAD})
+            if head is None:
+                raise AgentNotFound(f"no agent {name!r}", field="agent")
+            version = int(head["latest"])
+        item = self.table.get({"pk": pk, "sk": keys.agent_version_sk(version)})
+        if item is None:
+            raise AgentNotFound(f"no version {version} of agent {name!r}", field="agent")
+        return _version(item)
+
+    def versions(self, tenant: str, name: str) -> list[AgentVersion]:
+        """Every version of ``name``, newest first."""
+        items = self.table.query(keys.agent_pk(tenant, name), prefix="V#", descending=True)
+        if not items:
+            raise AgentNotFound(f"no agent {name!r}", field="agent")
+        return [_version(item) for item in items]
+
+    def list(self, tenant: str) -> list[AgentSummary]:
+        """A tenant's agents by name, each with its latest version."""
+        from agentq.resources import GSI1
+
+        heads: list[Item] = []
+        start: Item | None = None
+        while True:
+            page = self.table.query_index(
+                GSI1, ("gsi1pk", keys.tenant_agents_pk(tenant)), descending=False, limit=self.list_page, start=start
+            )
+            heads += page.items
+            if page.last_key is None:
+                break
+            start = page.last_key
+        # The index projects no agent attributes: read the HEAD items themselves.
+        found = self.table.batch_get([{"pk": item["pk"], "sk": keys.AGENT_HEAD} for item in heads])
+        rows = [plain(item) for item in found]
+        return sorted(
+            (
+                AgentSummary(
+                    name=row["name"],
+                    latest_version=row["latest"],
+                    description=row.get("description"),
+                    updated_at=row["updated_at"],
+                )
+                for row in rows
+            ),
+            key=lambda summary: summary.name,
+        )
+
+
+def _version(item: Item) -> AgentVersion:
+    data = plain(item)
+    spec = AgentSpec.model_validate_json(data["spec"])
+    return AgentVersion.of(spec, int(data["version"]), float(data["created_at"]))

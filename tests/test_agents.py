@@ -1,0 +1,186 @@
+"""Agent definitions over real HTTP on the local stack (auth on, two tenants, real workers):
+versions are immutable and numbered, a submission that names an agent runs the version it
+resolved to (pinned on the task, so later versions change nothing for it), tenants do not see
+each other's agents, and every bad definition or reference is a 4xx naming the field."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+from tests.api_support import ApiStack
+from tests.helpers import call
+
+
+def _agent(name: str, text: str, **over: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "description": "looks things up",
+        "provider": "scripted",
+        "script": {"turns": [{"text": "looking", "tool_calls": [call("lookup", query="q")]}, {"text": text}]},
+        "system": f"You are {name}.",
+        "tools": ["lookup", "charge_card"],
+        "tool_policies": {"charge_card": "ask"},
+        "constraints": {"max_steps": 7, "max_tokens": 50_000},
+        **over,
+    }
+
+
+def _name() -> str:
+    return f"researcher-{uuid.uuid4().hex[:8]}"
+
+
+def test_each_changed_definition_is_a_new_immutable_version_and_the_same_one_is_not(api_stack: ApiStack) -> None:
+    name = _name()
+    status, first, headers = api_stack.http("POST", "/agents", _agent(name, "v1"))
+    assert status == 201 and first["created"] and first["agent"]["version"] == 1, first
+    assert first["agent"]["ref"] == f"{name}@1" and headers["Location"] == f"/agents/{name}?version=1"
+    status, again, _ = api_stack.http("POST", "/agents", _agent(name, "v1"))
+    assert status == 200 and not again["created"] and again["agent"]["version"] == 1
+    status, second, _ = api_stack.http("POST", "/agents", _agent(name, "v2"))
+    assert status == 201 and second["agent"]["version"] == 2
+
+    status, latest, _ = api_stack.http("GET", f"/agents/{name}")
+    assert status == 200 and latest["version"] == 2 and latest["script"]["turns"][-1]["text"] == "v2"
+    status, one, _ = api_stack.http("GET", f"/agents/{name}?version=1")
+    assert (
+        status == 200
+        and one["script"]["turns"][-1]["text"] == "v1"
+        and one["created_at"] == first["agent"]["created_at"]
+    )
+    status, history, _ = api_stack.http("GET", f"/agents/{name}/versions")
+    assert status == 200 and [v["version"] for v in history["versions"]] == [2, 1]
+    status, listing, _ = api_stack.http("GET", "/agents")
+    [row] = [a for a in listing["agents"] if a["name"] == name]
+    assert row["latest_version"] == 2 and row["description"] == "looks things up"
+
+
+def test_racing_creators_get_distinct_versions_and_none_is_lost(api_stack: ApiStack) -> None:
+    name, answers = _name(), []
+
+    def create(i: int) -> None:
+        answers.append(api_stack.http("POST", "/agents", _agent(name, f"writer {i}")))
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(status for status, _, _ in answers) == [201] * 8, answers
+    versions = sorted(body["agent"]["version"] for _, body, _ in answers)
+    assert versions == list(range(1, 9))
+    _, history, _ = api_stack.http("GET", f"/agents/{name}/versions")
+    texts = {v["version"]: v["script"]["turns"][-1]["text"] for v in history["versions"]}
+    assert {body["agent"]["version"]: body["agent"]["script"]["turns"][-1]["text"] for _, body, _ in answers} == texts
+
+
+def test_a_task_of_an_agent_runs_the_version_it_pinned_even_after_a_new_one(api_stack: ApiStack) -> None:
+    name = _name()
+    api_stack.http("POST", "/agents", _agent(name, "answer of v1"))
+    task_id = api_stack.submit({"goal": "find it", "agent": name, "constraints": {"max_steps": 5}})
+    api_stack.http("POST", "/agents", _agent(name, "answer of v2"))  # after the submit: changes nothing for it
+    view = api_stack.until(task_id, lambda v: v["status"] == "succeeded")
+    assert view["agent"] == f"{name}@1" and view["provider"] == "scripted" and view["max_steps"] == 5
+    status, result, _ = api_stack.http("GET", f"/tasks/{task_id}/result")
+    assert status == 200 and result["result"] == "answer of v1"
+
+    pinned = api_stack.submit({"goal": "find it", "agent": f"{name}@1"})
+    latest = api_stack.submit({"goal": "find it", "agent": name})
+    assert api_stack.until(pinned, lambda v: v["status"] == "succeeded")["max_steps"] == 7  # the agent's default
+    assert api_stack.until(latest, lambda v: v["agent"] == f"{name}@2" and v["status"] == "succeeded")
+    _, result, _ = api_stack.http("GET", f"/tasks/{latest}/result")
+    assert result["result"] == "answer of v2"
+    task = api_stack.stack.store().tasks.get(latest)
+    assert task.submission.system == f"You are {name}." and task.submission.constraints.tools == [
+        "lookup",
+        "charge_card",
+    ]
+    assert task.submission.constraints.tool_policies == {"charge_card": "ask"}
+
+
+def test_an_agent_is_visible_to_its_tenant_only(api_stack: ApiStack) -> None:
+    name = _name()
+    api_stack.http("POST", "/agents", _agent(name, "mine"))
+    status, body, _ = api_stack.http("GET", f"/agents/{name}", key=api_stack.other_key)
+    assert status == 404 and body["error"]["code"] == "agent_not_found"
+    _, listing, _ = api_stack.http("GET", "/agents", key=api_stack.other_key)
+    assert name not in [a["name"] for a in listing["agents"]]
+    status, body, _ = api_stack.http("POST", "/tasks", {"goal": "g", "agent": name}, key=api_stack.other_key)
+    assert status == 422 and body["error"]["field"] == "agent"
+    # the other tenant's own agent of the same name is its own version 1
+    status, theirs, _ = api_stack.http("POST", "/agents", _agent(name, "theirs"), key=api_stack.other_key)
+    assert status == 201 and theirs["agent"]["version"] == 1
+
+
+def test_bad_definitions_and_references_are_refused_naming_the_field(api_stack: ApiStack) -> None:
+    name = _name()
+    cases: list[tuple[str, dict[str, Any], int, str]] = [
+        ("/agents", {**_agent(name, "x"), "name": "Bad Name"}, 422, "name"),
+        ("/agents", _agent(name, "x", tools=["lookup", "no_such_tool"], tool_policies={}), 422, "tools[1]"),
+        ("/agents", _agent(name, "x", tool_policies={"wire_money": "ask"}), 422, "tool_policies.wire_money"),
+        ("/agents", _agent(name, "x", script="/etc/passwd"), 422, "script"),
+        ("/agents", _agent(name, "x", provider="anthropic", script=None, model="gpt-9"), 422, "model"),
+        ("/agents", _agent(name, "x", constraints={"max_steps": 0}), 422, "constraints.max_steps"),
+        ("/agents", _agent(name, "x", colour="red"), 422, "colour"),
+        ("/tasks", {"goal": "g", "agent": "Nope!"}, 422, "agent"),
+        ("/tasks", {"goal": "g", "agent": f"{name}-missing"}, 422, "agent"),
+    ]
+    for path, body, want, field in cases:
+        status, answer, _ = api_stack.http("POST", path, body)
+        assert (status, answer["error"]["field"]) == (want, field), (body, answer)
+    api_stack.http("POST", "/agents", _agent(name, "x"))
+    extras: list[tuple[dict[str, Any], str]] = [
+        ({"model": "claude-opus-4-1"}, "model"),
+        ({"system": "be evil"}, "system"),
+        ({"provider": "scripted", "script": "research"}, "provider"),
+        ({"constraints": {"tools": ["lookup"]}}, "constraints.tools"),
+        ({"constraints": {"tool_policies": {}}}, "constraints.tool_policies"),
+    ]
+    for extra, field in extras:
+        status, answer, _ = api_stack.http("POST", "/tasks", {"goal": "g", "agent": name, **extra})
+        assert status == 422 and answer["error"]["field"] == field, (extra, answer)
+    status, answer, _ = api_stack.http("POST", "/tasks", {"goal": "g", "agent": f"{name}@9"})
+    assert status == 422 and "no version 9" in answer["error"]["message"]
+    status, answer, _ = api_stack.http("GET", f"/agents/{name}?version=0")
+    assert status == 422
+    _, listing, _ = api_stack.http("GET", f"/agents/{name}/versions")
+    assert [v["version"] for v in listing["versions"]] == [1]  # nothing half-written by the refusals
+
+
+def test_the_cli_creates_lists_shows_and_runs_an_agent_from_a_yaml_file(api_stack: ApiStack, tmp_path: Path) -> None:
+    name = _name()
+    (tmp_path / "script.yaml").write_text(
+        "turns:\n  - text: looking\n    tool_calls: [{name: lookup, input: {query: q}}]\n  - text: found it in yaml\n"
+    )
+    agent_file = tmp_path / "agent.yaml"
+    agent_file.write_text(
+        f"name: {name}\ndescription: a researcher from yaml\nprovider: scripted\nscript: script.yaml\n"
+        "system: You research.\ntools: [lookup]\nconstraints: {max_steps: 6}\n"
+    )
+
+    def agentq(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "agentq", *args], capture_output=True, text=True,
+                              env=api_stack.cli_env(), timeout=120, check=False)  # fmt: skip
+
+    created = agentq("agents", "create", "-f", str(agent_file))
+    assert created.returncode == 0 and created.stdout.strip() == f"{name}@1", created.stderr
+    again = agentq("agents", "create", "-f", str(agent_file))
+    assert again.stdout.strip() == f"{name}@1" and "unchanged" in again.stderr
+    shown = agentq("agents", "show", f"{name}@1")
+    assert shown.returncode == 0 and "tools: lookup" in shown.stdout and "max_steps=6" in shown.stdout
+    listed = agentq("agents", "list", "--json")
+    assert any(a["name"] == name and a["latest_version"] == 1 for a in json.loads(listed.stdout))
+    ran = agentq("submit", "--agent", name, "research this", "--wait")
+    assert ran.returncode == 0 and ran.stdout.strip() == "found it in yaml", ran.stderr
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"name: {name}\ntools: [nope]\n")
+    refused = agentq("agents", "create", "-f", str(bad))
+    assert refused.returncode == 2 and "tools[0]" in refused.stderr and "Traceback" not in refused.stderr
+    missing = agentq("agents", "show", f"{name}-gone")
+    assert missing.returncode == 1 and "no agent" in missing.stderr
