@@ -224,3 +224,75 @@ def test_a_sub_agent_inherits_the_policies_of_the_tools_it_gets(store: Storage) 
     first, second = plan_children(parent, "toolu_1", spec, available=10_000)
     assert first.submission.constraints.tool_policies == {"charge_card": "ask"}
     assert second.submission.constraints.tool_policies == {"charge_card": "ask", "lookup": "deny"}
+
+
+def _receive(settings: Settings, kind: str, timeout: float = 15) -> str:
+    """The body of the next message of ``kind`` on the normal queue (others are dropped)."""
+    from agentq.queueing.queues import TaskMessage
+
+    from tests.helpers import wait_for
+
+    queues = build_queues(settings)
+
+    def one() -> str | None:
+        for m in queues.sqs.receive_message(QueueUrl=queues.url("normal"), WaitTimeSeconds=1).get("Messages", []):
+            queues.sqs.delete_message(QueueUrl=queues.url("normal"), ReceiptHandle=m["ReceiptHandle"])
+            if TaskMessage.model_validate_json(m["Body"]).kind == kind:
+                return str(m["Body"])
+        return None
+
+    return str(wait_for(one, timeout=timeout, what=f"a {kind} message"))
+
+
+@pytest.mark.parametrize(("default", "charges"), [("reject", 0), ("approve", 1)])
+def test_an_approval_undecided_past_its_timeout_takes_the_default_decision(
+    store: Storage, registry: ToolRegistry, ledger: Path, settings: Settings, default: str, charges: int
+) -> None:
+    from agentq.queueing.dispatch import Dispatcher
+
+    sub = _with_policies(CHARGE, ["lookup", "charge_card"], charge_card="ask")
+    sub = sub.model_copy(
+        update={
+            "constraints": sub.constraints.model_copy(
+                update={"approval_timeout_seconds": 2, "approval_default": default}
+            )
+        }
+    )
+    task = store.tasks.create(sub, tenant="t")
+    dispatcher = Dispatcher(_engine(store, registry), store, build_queues(settings), max_receive_count=5)
+    first = dispatcher.handle(json.dumps({"task_id": task.task_id}), tier="normal", receive_count=1)
+    assert first.run is not None and first.run.status is TaskStatus.PAUSED
+    due = _receive(settings, "approval_due")  # sent delayed by the timeout: the task holds no worker meanwhile
+    assert store.tasks.get(task.task_id).status is TaskStatus.PAUSED
+    dispatcher.handle(due, tier="normal", receive_count=1)
+    final = store.tasks.get(task.task_id)
+    assert final.status is TaskStatus.SUCCEEDED
+    [decided] = store.approvals.list(task.task_id)
+    assert decided.decided_by == "timeout" and decided.state == ("approved" if default == "approve" else "rejected")
+    assert len(_charges(ledger)) == charges
+    result = _results(store, task.task_id)["charge_card"]
+    assert result.is_error is (default == "reject")
+    if default == "reject":
+        assert result.content.startswith("REJECTED by timeout: no decision within 2s")
+
+
+def test_a_person_who_decides_before_the_timeout_wins_and_the_timer_changes_nothing(
+    store: Storage, registry: ToolRegistry, ledger: Path, settings: Settings
+) -> None:
+    from agentq.control.operations import decide
+    from agentq.queueing.dispatch import Dispatcher
+
+    sub = _with_policies(CHARGE, ["lookup", "charge_card"], charge_card="ask")
+    sub = sub.model_copy(update={"constraints": sub.constraints.model_copy(update={"approval_timeout_seconds": 2})})
+    task = store.tasks.create(sub, tenant="t")
+    queues = build_queues(settings)
+    dispatcher = Dispatcher(_engine(store, registry), store, queues, max_receive_count=5)
+    dispatcher.handle(json.dumps({"task_id": task.task_id}), tier="normal", receive_count=1)
+    decide(store, queues, task.task_id, approved=True, note="go", by="erin")
+    due = _receive(settings, "approval_due")
+    action = dispatcher.handle(due, tier="normal", receive_count=1)
+    assert action.kind == "delete" and action.run is None  # the timer found nothing pending
+    dispatcher.handle(json.dumps({"task_id": task.task_id}), tier="normal", receive_count=1)
+    assert store.tasks.get(task.task_id).status is TaskStatus.SUCCEEDED
+    [decided] = store.approvals.list(task.task_id)
+    assert decided.decided_by == "erin" and len(_charges(ledger)) == 1

@@ -22,6 +22,7 @@ from agentq.core.models import (
     DEFAULT_MODEL,
     MAX_GOAL_CHARS,
     MAX_TIMEOUT_SECONDS,
+    ApprovalDefault,
     Provider,
     Script,
     StrictModel,
@@ -47,6 +48,8 @@ class AgentConstraints(StrictModel):
     max_output_tokens: int | None = Field(default=None, ge=1, le=128_000)
     max_depth: int | None = Field(default=None, ge=0, le=10)
     max_fanout: int | None = Field(default=None, ge=1, le=100)
+    approval_timeout_seconds: int | None = Field(default=None, ge=1, le=MAX_TIMEOUT_SECONDS)
+    approval_default: ApprovalDefault | None = None
 
 
 class AgentSpec(StrictModel):

@@ -114,6 +114,7 @@ class RunResult:
     claimed: Task | None = None  # the task as this run claimed it (latency figures)
     # Ended while an older epoch's call may still be charged: its hold goes back after this.
     lapsed_until: float | None = None
+    approval_due: float | None = None  # paused on an approval that takes its default at this time
 
 
 @dataclass
@@ -895,7 +896,11 @@ class Engine:
             return record
         self.store.approvals.request(s.lease, use["id"], question)
         s.task = s.task.model_copy(update={"status": TaskStatus.PAUSED})
-        return RunResult(s.lease.task_id, "waiting", status=TaskStatus.PAUSED)
+        paused = RunResult(s.lease.task_id, "waiting", status=TaskStatus.PAUSED)
+        timeout = s.task.submission.constraints.approval_timeout_seconds
+        if timeout is not None:  # asked before (a resumed worker): the first ask's clock runs on
+            paused.approval_due = (record.asked_at if record is not None else time.time()) + timeout
+        return paused
 
     # ---------------------------------------------------------------- spawns
 

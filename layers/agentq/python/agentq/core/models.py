@@ -53,6 +53,7 @@ class StrictModel(BaseModel):
 
 
 ToolPolicy = Literal["allow", "ask", "deny"]
+ApprovalDefault = Literal["reject", "approve"]
 AGENT_REF_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}(@[1-9][0-9]{0,8})?$"  # name, or name@version
 DEFAULT_MODEL = "claude-sonnet-4-6"  # a submission that names none; `agentq run` uses it too
 
@@ -74,6 +75,16 @@ class Constraints(StrictModel):
             "per tool of `tools`: allow (the default), ask (each call waits for a person's approve or "
             "reject before it runs; a rejected call never runs) or deny (never offered, never run)"
         ),
+    )
+    approval_timeout_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_TIMEOUT_SECONDS,
+        description="an approval (an `ask` tool's or request_approval's) undecided this long takes "
+        "`approval_default`; unset: it waits for a person (or the task's timeout)",
+    )
+    approval_default: ApprovalDefault = Field(
+        default="reject", description="the decision a timed-out approval takes (reject: the call never runs)"
     )
 
     @field_validator("tools")

@@ -144,6 +144,10 @@ class Dispatcher:
             return Action(
                 "delete", f"renewed after {receive_count} receives spent by worker faults", task_id=task.task_id
             )
+        if message.kind == "approval_due":
+            if not self._approval_due(task, tier):
+                return Action("delete", "no approval to time out, or not yet", task_id=task.task_id)
+            task = self.store.tasks.get(task.task_id)
         if message.kind == "wake" and message.spawn_id:
             self._wake(task, message.spawn_id)
         elif task.status in (TaskStatus.WAITING, TaskStatus.PAUSED):
@@ -249,8 +253,39 @@ class Dispatcher:
         if wait > 0:
             self.queues.send(task.task_id, tier, kind="release_holds", delay_seconds=min(MAX_DELAY, math.ceil(wait)))
 
+    def _approval_due(self, task: Task, tier: str) -> bool:
+        """A paused task's approval timer fired: past its timeout, the approval takes the
+        task's ``approval_default`` (recorded as decided by ``timeout``, on the same condition
+        a person's decision has, so exactly one of them wins) and the task runs on with it.
+        Not yet due (SQS delays at most 15 minutes): the timer is set again."""
+        constraints = task.submission.constraints
+        timeout = constraints.approval_timeout_seconds
+        pending = self.store.approvals.pending(task.task_id) if task.status is TaskStatus.PAUSED else None
+        if pending is None or timeout is None:
+            return False
+        wait = pending.asked_at + timeout - time.time()
+        if wait > 0:
+            self.queues.send(task.task_id, tier, kind="approval_due", delay_seconds=min(MAX_DELAY, math.ceil(wait)))
+            return False
+        note = f"no decision within {timeout}s; the default ({constraints.approval_default}) applies"
+        try:
+            self.store.approvals.decide(
+                task.task_id,
+                pending.use_id,
+                approved=constraints.approval_default == "approve",
+                note=note,
+                by="timeout",
+            )
+        except IllegalTransition:  # a person decided first: their decision stands, their message runs it
+            return False
+        log.info("task %s: approval %s timed out: %s", task.task_id, pending.use_id, note)
+        return True
+
     def _after_run(self, run: RunResult, *, tier: str, receive_count: int) -> Action:
         task_id = run.task_id
+        if run.approval_due is not None:
+            wait = run.approval_due - time.time()
+            self.queues.send(task_id, tier, kind="approval_due", delay_seconds=min(MAX_DELAY, max(1, math.ceil(wait))))
         if run.lapsed_until is not None:  # ended with a lost lease's call maybe still in flight
             wait = run.lapsed_until - time.time()
             self.queues.send(task_id, tier, kind="release_holds", delay_seconds=min(MAX_DELAY, max(1, math.ceil(wait))))

@@ -15,7 +15,9 @@ from pydantic import BaseModel, Field
 
 from agentq.resources import TIERS, ResourceNames
 
-MessageKind = Literal["run", "continue", "wake", "redrive", "safety_net", "release_holds", "renewed", "swept"]
+MessageKind = Literal[
+    "run", "continue", "wake", "redrive", "safety_net", "release_holds", "renewed", "swept", "approval_due"
+]
 DEAD_LETTER_REASON = "agentq-reason"  # message attribute set when agentq dead-letters a message
 
 # SQS's answers to a receipt handle that is no longer ours: the message was deleted through a
