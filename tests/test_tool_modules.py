@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -136,6 +137,80 @@ def test_agentq_dev_with_tools_serves_them_through_the_api_and_runs_them_on_its_
             time.sleep(0.1)
         assert view["status"] == "succeeded" and view["result"] == "charged"
         assert [json.loads(line)["amount"] for line in ledger.read_text().splitlines()] == [7]
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+
+
+def _post(url: str, body: dict[str, object]) -> str:
+    request = urllib.request.Request(
+        f"{url}/tasks", data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return str(json.loads(resp.read())["task_id"])
+    except urllib.error.HTTPError as err:
+        return f"{err.code}: {err.read().decode()}"
+
+
+def _finished(url: str, task_id: str) -> dict[str, object]:
+    import time
+
+    for _ in range(300):
+        with urllib.request.urlopen(f"{url}/tasks/{task_id}", timeout=30) as resp:
+            view = json.loads(resp.read())
+        if view["status"] in ("succeeded", "failed"):
+            return dict(view)
+        time.sleep(0.1)
+    raise AssertionError(f"task {task_id} did not finish: {view}")
+
+
+def test_agentq_dev_reload_restarts_the_workers_on_a_changed_tool_module_and_keeps_them_on_a_broken_one(
+    tmp_path: Path,
+) -> None:
+    module = tmp_path / "shop_tools.py"
+    module.write_text(
+        'from agentq import tool\n\n@tool\ndef price(sku: str) -> str:\n    """A price."""\n    return "v1 " + sku\n'
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentq", "dev", "--workers", "1", "--tools", "shop_tools", "--reload"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+        env=_env(PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)])), start_new_session=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    lines: list[str] = []
+
+    def read_until(marker: str) -> str:
+        while True:
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            assert line, "".join(lines)
+            lines.append(line)
+            if marker in line:
+                return line
+
+    def task(tool: str) -> dict[str, object]:
+        task_id = _post(url, {"goal": "price it", "provider": "scripted", "constraints": {"tools": [tool]},
+                              "script": {"turns": [{"text": "", "tool_calls": [{"name": tool, "input": {"sku": "a1"}}]},
+                                                   {"text": "priced"}]}})  # fmt: skip
+        assert len(task_id) == 32, task_id
+        return _finished(url, task_id)
+
+    try:
+        read_until("Ctrl-C")
+        url = next(line.split("=", 1)[1].strip() for line in lines if "export AGENTQ_URL=" in line)
+        assert task("price")["status"] == "succeeded"
+
+        module.write_text(
+            module.read_text().replace('"v1 "', '"v2 "')
+            + '\n@tool\ndef stock(sku: str) -> str:\n    """Stock."""\n    return "3 of " + sku\n'
+        )
+        assert "stock" in read_until("tools ") and "restarted" in "".join(lines[-3:])
+        view = task("stock")  # the API knows the new tool, and the new workers run it
+        assert view["status"] == "succeeded"
+
+        module.write_text("def broken(:\n")
+        assert "workers kept" in read_until("does not load")
+        assert proc.poll() is None and task("price")["status"] == "succeeded"  # the last good code still runs
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=60)

@@ -26,7 +26,15 @@ from agentq.core.engine import Engine
 from agentq.observe import metrics, record_dead_letter, route_core_logs
 from agentq.queueing.dispatch import Dispatcher
 from agentq.resources import QueueSettings
-from agentq.runtime import Settings, build_fanout, build_queues, build_registry, build_store, engine_config
+from agentq.runtime import (
+    Settings,
+    build_fanout,
+    build_queues,
+    build_registry,
+    build_secrets,
+    build_store,
+    engine_config,
+)
 
 logger = Logger(service="agentq-executor")
 route_core_logs(logger)
@@ -56,6 +64,7 @@ class _Runtime:
             tools=build_registry(self.settings),
             config=engine_config(self.settings, lease_seconds=LEASE_SECONDS, slice_margin_seconds=SLICE_MARGIN_SECONDS),
             fanout=build_fanout(self.settings),
+            secrets=build_secrets(),
         )
         max_receive = int(os.environ.get("AGENTQ_MAX_RECEIVE_COUNT", QueueSettings().max_receive_count))
         self.dispatcher = Dispatcher(engine, self.store, self.queues, max_receive_count=max_receive)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +18,9 @@ import botocore.session
 
 from agentq.aws import boto_config, region_from_env
 from agentq.control.defaults import ConfigurationError, Defaults
+from agentq.core.secrets import Secrets
 from agentq.core.tools import ToolRegistry, default_registry
+from agentq.core.tools.mcp import McpServers
 from agentq.queueing.queues import TaskQueues
 from agentq.resources import ResourceNames
 from agentq.storage.container import Storage
@@ -193,6 +195,29 @@ def build_fanout(settings: Settings, sess: boto3.session.Session | None = None, 
     if arn is None:
         return None
     return StepFunctionsFanout(sfn, arn, build_queues(settings, sess, pool))
+
+
+def build_secrets(environ: Mapping[str, str] = os.environ) -> Secrets:
+    """The deployment's secrets for tools and MCP headers (``core.secrets``): the environment
+    locally; Secrets Manager where ``AGENTQ_SECRETS_BACKEND=secretsmanager`` (the CDK stack sets
+    it), read through powertools' parameters utility with a five-minute cache."""
+    base = Secrets.from_env(environ)
+    if environ.get("AGENTQ_SECRETS_BACKEND", "env") != "secretsmanager":
+        return base
+    from aws_lambda_powertools.utilities import parameters
+
+    def read(name: str) -> str | None:
+        try:
+            return parameters.get_secret(name, max_age=300)
+        except parameters.exceptions.GetParameterError:
+            return None
+
+    return Secrets(read, base.allowed)
+
+
+def build_mcp(environ: Mapping[str, str] = os.environ) -> McpServers:
+    """The deployment's MCP servers (``AGENTQ_MCP_SERVERS``), their headers read from its secrets."""
+    return McpServers.from_env(environ, secrets=build_secrets(environ))
 
 
 def build_registry(settings: Settings) -> ToolRegistry:

@@ -204,10 +204,12 @@ def build_app(
     *,
     default_tenant: str | None = None,
     defaults: Defaults | None = None,
+    mcp: Any = None,
 ) -> AgentqResolver:
     """The API over ``store``. ``default_tenant`` serves requests that carry no authorizer
     context (never in AWS, where the authorizer always sets one; ``None`` answers 401).
-    ``defaults`` fill the constraints a submission leaves out (the deployment's budget_defaults)."""
+    ``defaults`` fill the constraints a submission leaves out (the deployment's budget_defaults);
+    ``mcp`` are the MCP servers an agent may name (default: ``AGENTQ_MCP_SERVERS``)."""
     app = AgentqResolver(default_tenant=default_tenant)
     app.configure_openapi(
         title="agentq",
@@ -217,8 +219,18 @@ def build_app(
         security_schemes={"bearer": HTTPBearer(description="an agentq API key (agentq keys create)")},
         security=[{"bearer": []}],
     )
+    if mcp is None:
+        from agentq.core.tools.mcp import McpServers
+
+        mcp = McpServers.from_env()
     deps = ApiDeps(
-        store=store, tools=tools, queues=queues, fanout=fanout, defaults=defaults or Defaults(), tenant=app.tenant
+        store=store,
+        tools=tools,
+        queues=queues,
+        fanout=fanout,
+        defaults=defaults or Defaults(),
+        tenant=app.tenant,
+        mcp=mcp,
     )
     # The order of inclusion is the order of the paths in the OpenAPI document.
     app.include_router(meta.router(API_VERSION, document=lambda: openapi_document(app)))

@@ -19,6 +19,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -96,6 +97,24 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reload(stack: Any, modules: tuple[str, ...], changed: list[Path], say: Callable[[str], None]) -> None:
+    """Import the changed tool modules afresh; if they load, restart the workers on them."""
+    from agentq.local.reload import forget
+    from agentq.runtime import build_registry
+
+    names = ", ".join(p.name for p in changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+    forget(modules)
+    try:
+        tools = sorted(build_registry(stack.settings).names())
+    except Exception as exc:  # a module mid-edit: keep the workers that work
+        message = exc.message if isinstance(exc, AgentqError) else f"{type(exc).__name__}: {exc}"
+        say(f"agentq dev: {names} changed but does not load ({message}); workers kept")
+        return
+    workers = stack.restart_workers()
+    say(f"agentq dev: {names} changed; workers restarted ({', '.join(str(p.pid) for p in workers)})")
+    say(f"            tools      {', '.join(tools)}")
+
+
 def _cmd_dev(args: argparse.Namespace) -> int:
     import signal
 
@@ -135,9 +154,16 @@ def _cmd_dev(args: argparse.Namespace) -> int:
         say("            env for other shells:")
         for key, value in env.items():
             say(f"              export {key}={value}")
-        say("Ctrl-C stops everything.")
+        say("Ctrl-C stops everything." + (" Workers restart when a tool module changes." if args.reload else ""))
+        watcher = None
+        if args.reload:
+            from agentq.local.reload import ModuleWatcher
+
+            watcher = ModuleWatcher(modules)
         while all(p.poll() is None for p in stack.processes):
             time.sleep(0.5)
+            if watcher is not None and (changed := watcher.changed()):
+                _reload(stack, modules, changed, say)
         print("a worker exited; stopping", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -863,6 +889,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--tools", action="append", metavar="MODULE",
         help="a module of your @tool functions (repeatable; added to $AGENTQ_TOOL_MODULES and installed agentq.tools packages)",
     )  # fmt: skip
+    dev.add_argument("--reload", action="store_true", help="restart the workers when a tool module's source changes")
     dev.set_defaults(func=_cmd_dev)
 
     demo = command(

@@ -20,8 +20,9 @@ from agentq.core.agents import (
     resolved_fields,
 )
 from agentq.core.errors import ValidationError
-from agentq.core.models import TaskSubmission
+from agentq.core.models import McpToolPin, TaskSubmission
 from agentq.core.tools import ToolRegistry
+from agentq.core.tools.mcp import McpError, McpServers, valid_tool_name
 from agentq.storage.agents import AgentNotFound
 from agentq.storage.container import Storage
 
@@ -31,17 +32,65 @@ def parse_agent_spec(raw: Any) -> AgentSpec:
     return validate_body(AgentSpec, raw, what="the agent definition")
 
 
-def check_agent(spec: AgentSpec, tools: ToolRegistry) -> None:
+def check_agent(spec: AgentSpec, tools: ToolRegistry, mcp_tools: list[McpToolPin] | None = None) -> None:
     check_model(spec.provider, spec.model)
-    check_tools(spec.tools, spec.tool_policies, tools, prefix="")
+    names = [*spec.tools, *(p.qualified for p in mcp_tools or [])]
+    check_tools(spec.tools, {}, tools, prefix="")
+    for name in spec.tool_policies:
+        if name not in names:
+            raise ValidationError(
+                f"tool_policies.{name}: a policy for a tool the agent may not use; its tools: {', '.join(names) or '(none)'}",
+                field=f"tool_policies.{name}",
+            )
     check_script(spec.script)
 
 
-def create_agent(store: Storage, tools: ToolRegistry, raw: Any, *, tenant: str) -> tuple[AgentVersion, bool]:
-    """Validate fully, then store a new version (or find the latest is the same: created False)."""
+def pin_mcp_tools(spec: AgentSpec, servers: McpServers | None) -> list[McpToolPin]:
+    """List the tools of each MCP server the agent names, now, keeping those it asks for."""
+    pins: list[McpToolPin] = []
+    for i, ref in enumerate(spec.mcp_servers):
+        field = f"mcp_servers[{i}]"
+        if servers is None or ref.name not in servers.servers:
+            registered = ", ".join(servers.names()) if servers else ""
+            raise ValidationError(
+                f"{field}.name: no MCP server {ref.name!r} in this deployment; registered: {registered or '(none)'}",
+                field=f"{field}.name",
+            )
+        try:
+            listed = servers.list_tools(ref.name)
+        except McpError as exc:
+            raise ValidationError(
+                f"{field}: could not list its tools ({exc.message}); the version was not created", field=field
+            ) from None
+        by_name = {p.name: p for p in listed}
+        for j, wanted in enumerate(ref.tools or []):
+            if wanted not in by_name:
+                raise ValidationError(
+                    f"{field}.tools[{j}]: {ref.name!r} has no tool {wanted!r}; it has: {', '.join(sorted(by_name))}",
+                    field=f"{field}.tools[{j}]",
+                )
+        chosen = [by_name[t] for t in dict.fromkeys(ref.tools)] if ref.tools is not None else listed
+        for pin in chosen:
+            if not valid_tool_name(pin):
+                raise ValidationError(
+                    f"{field}: tool {pin.name!r} cannot be offered to a model as {pin.qualified!r} "
+                    "(letters, digits, '_' and '-', up to 64); leave it out with tools",
+                    field=field,
+                )
+        pins += chosen
+    return pins
+
+
+def create_agent(
+    store: Storage, tools: ToolRegistry, raw: Any, *, tenant: str, mcp: McpServers | None = None
+) -> tuple[AgentVersion, bool]:
+    """Validate fully (listing its MCP servers' tools), then store a new version (or find the
+    latest is the same: created False)."""
     spec = raw if isinstance(raw, AgentSpec) else parse_agent_spec(raw)
-    check_agent(spec, tools)
-    return store.agents.create(tenant, spec)
+    check_model(spec.provider, spec.model)
+    pins = pin_mcp_tools(spec, mcp)
+    check_agent(spec, tools, pins)
+    return store.agents.create(tenant, spec, pins)
 
 
 def resolve_agent(store: Storage, submission: TaskSubmission, *, tenant: str) -> TaskSubmission:

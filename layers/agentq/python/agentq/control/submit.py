@@ -68,6 +68,10 @@ def check_submission(submission: TaskSubmission, tools: ToolRegistry) -> None:
     so its model name is not checked.
     """
     check_model(submission.provider, submission.model)
+    if submission.mcp_tools:
+        from agentq.core.tools.mcp import mcp_tool_specs
+
+        tools = tools.with_tools(mcp_tool_specs(submission.mcp_tools, None))
     check_tools(submission.constraints.tools, submission.constraints.tool_policies, tools, prefix="constraints.")
     check_script(submission.script)
 
@@ -153,6 +157,11 @@ def submit_once(
     """
     submission = raw if isinstance(raw, TaskSubmission) else parse_submission(raw)
     digest = digest or request_hash(submission)
+    if submission.agent is None and submission.mcp_tools:
+        raise ValidationError(
+            "mcp_tools: set from an agent version's mcp_servers; create an agent that names the server",
+            field="mcp_tools",
+        )
     if submission.agent is not None:
         from agentq.control.agents import resolve_agent
 

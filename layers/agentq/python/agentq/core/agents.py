@@ -22,7 +22,9 @@ from agentq.core.models import (
     DEFAULT_MODEL,
     MAX_GOAL_CHARS,
     MAX_TIMEOUT_SECONDS,
+    MCP_SERVER_PATTERN,
     ApprovalDefault,
+    McpToolPin,
     Provider,
     Script,
     StrictModel,
@@ -32,7 +34,7 @@ from agentq.core.models import (
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 MAX_DESCRIPTION_CHARS = 1024
 # Fields of a submission the agent defines; a submission naming an agent may not set them.
-DEFINED_BY_AGENT = ("provider", "model", "system", "script")
+DEFINED_BY_AGENT = ("provider", "model", "system", "script", "mcp_tools")
 DEFINED_CONSTRAINTS = ("tools", "tool_policies")
 
 
@@ -52,6 +54,13 @@ class AgentConstraints(StrictModel):
     approval_default: ApprovalDefault | None = None
 
 
+class McpServerRef(StrictModel):
+    """An MCP server of the deployment an agent uses, and which of its tools (all if unset)."""
+
+    name: str = Field(pattern=MCP_SERVER_PATTERN, description="a server registered in AGENTQ_MCP_SERVERS")
+    tools: list[str] | None = Field(default=None, max_length=128, description="only these of its tools")
+
+
 class AgentSpec(StrictModel):
     """What a caller sends to ``POST /agents``: a new version of ``name`` when it differs from
     the latest one."""
@@ -69,6 +78,9 @@ class AgentSpec(StrictModel):
         default_factory=dict, max_length=64, description="per tool of `tools`: allow (default), ask or deny"
     )
     constraints: AgentConstraints = Field(default_factory=AgentConstraints)
+    mcp_servers: list[McpServerRef] = Field(
+        default_factory=list, max_length=16, description="MCP servers whose tools (listed now, pinned) it may use"
+    )
 
     @field_validator("tools")
     @classmethod
@@ -85,9 +97,10 @@ class AgentSpec(StrictModel):
             raise ValueError("script: only valid when provider is 'scripted'")
         return self
 
-    def digest(self) -> str:
-        """What makes two versions the same: every field, in a canonical form."""
-        return hashlib.sha256(self.model_dump_json(exclude_none=True).encode()).hexdigest()
+    def digest(self, mcp_tools: list[McpToolPin] | None = None) -> str:
+        """What makes two versions the same: every field, and the MCP tools pinned for it."""
+        pinned = "".join(p.model_dump_json() for p in mcp_tools or [])
+        return hashlib.sha256((self.model_dump_json(exclude_none=True) + pinned).encode()).hexdigest()
 
 
 class AgentVersion(AgentSpec):
@@ -96,12 +109,27 @@ class AgentVersion(AgentSpec):
     version: int = Field(ge=1)
     created_at: float
     ref: str = Field(description="name@version: what a task of this version records")
+    mcp_tools: list[McpToolPin] = Field(
+        default_factory=list, description="the MCP servers' tools as listed when this version was created"
+    )
 
     @classmethod
-    def of(cls, spec: AgentSpec, version: int, created_at: float) -> AgentVersion:
+    def of(
+        cls, spec: AgentSpec, version: int, created_at: float, mcp_tools: list[McpToolPin] | None = None
+    ) -> AgentVersion:
         return cls.model_validate(
-            {**spec.model_dump(), "version": version, "created_at": created_at, "ref": f"{spec.name}@{version}"}
+            {
+                **spec.model_dump(),
+                "version": version,
+                "created_at": created_at,
+                "ref": f"{spec.name}@{version}",
+                "mcp_tools": [p.model_dump() for p in mcp_tools or []],
+            }
         )
+
+    def tool_names(self) -> list[str]:
+        """Every tool a task of this version may use: its own, then its MCP tools."""
+        return [*self.tools, *(p.qualified for p in self.mcp_tools)]
 
     def spec(self) -> AgentSpec:
         return AgentSpec.model_validate(self.model_dump(include=set(AgentSpec.model_fields)))
@@ -133,7 +161,7 @@ def resolved_fields(version: AgentVersion, submission_fields: dict[str, Any]) ->
     constraints = {
         **agent_defaults,
         **sent_constraints,
-        "tools": list(version.tools),
+        "tools": version.tool_names(),
         "tool_policies": dict(version.tool_policies),
     }
     fields: dict[str, Any] = {
@@ -142,6 +170,7 @@ def resolved_fields(version: AgentVersion, submission_fields: dict[str, Any]) ->
         "provider": version.provider,
         "model": version.model,
         "constraints": constraints,
+        "mcp_tools": [p.model_dump() for p in version.mcp_tools],
     }
     if version.system is not None:
         fields["system"] = version.system

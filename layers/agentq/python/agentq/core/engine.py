@@ -58,8 +58,10 @@ from agentq.core.pricing import PriceTable, load_price_table
 from agentq.core.providers import LLMRequest, LLMResponse, ProviderFactory, default_provider_factory
 from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS, RetryNotice, reporting_retries
 from agentq.core.records import NO_USAGE, ApprovalRecord, BudgetDelta, Reservation
+from agentq.core.secrets import Secrets, SecretSource
 from agentq.core.tenancy import TenantCapReached, TenantLimits
 from agentq.core.tools import ToolContext, ToolRegistry, default_registry, idempotency_key_for
+from agentq.core.tools.mcp import McpServers, mcp_tool_specs
 
 log = logging.getLogger("agentq.engine")
 
@@ -132,6 +134,7 @@ class Session:
     limits: TenantLimits | None = None  # the tenant's hourly window, read once per claim
     claim_seconds: float = 0.0  # how long the claim's conditional write took (the worker sizes its intake on it)
     commit_sent_at: float | None = None  # a step commit is on the wire: it renews (or ends) the lease
+    tools: ToolRegistry | None = None  # the worker's tools plus the task's MCP tools (Engine._registry)
 
     @property
     def next_step(self) -> int:
@@ -263,10 +266,14 @@ class Engine:
         prices: PriceTable | None = None,
         config: EngineConfig = EngineConfig(),
         fanout: FanoutLauncher | None = None,
+        secrets: SecretSource | None = None,
+        mcp: McpServers | None = None,
     ) -> None:
         self.store = store
         self.worker_id = worker_id
         self.tools = tools if tools is not None else default_registry()
+        self.secrets: SecretSource = secrets if secrets is not None else Secrets.from_env()
+        self._mcp = mcp
         self.providers = providers
         self.prices = prices or load_price_table()
         self.config = config
@@ -527,13 +534,22 @@ class Engine:
 
     # -------------------------------------------------------------- LLM turn
 
+    def _registry(self, s: Session) -> ToolRegistry:
+        """The tools of this task: the worker's, plus the MCP tools its agent version pinned."""
+        if s.tools is None:
+            pins = s.task.submission.mcp_tools
+            if pins and self._mcp is None:
+                self._mcp = McpServers.from_env(secrets=self.secrets if isinstance(self.secrets, Secrets) else None)
+            s.tools = self.tools.with_tools(mcp_tool_specs(pins, self._mcp)) if pins else self.tools
+        return s.tools
+
     def _request(self, s: Session, max_tokens: int) -> LLMRequest:
         sub = s.task.submission
         return LLMRequest(
             model=sub.model,
             system=sub.system,
             messages=s.messages,
-            tools=self.tools.schemas(offered_tools(sub.constraints)),
+            tools=self._registry(s).schemas(offered_tools(sub.constraints)),
             max_tokens=max_tokens,
             task_id=s.lease.task_id,
         )
@@ -982,7 +998,8 @@ class Engine:
         return [by_id[u["id"]] for u in uses]
 
     def _run_one_tool(self, s: Session, use: dict[str, Any], allowlist: list[str], notes: _TaskNotes) -> ToolOutcome:
-        spec = self.tools.get(use["name"])
+        registry = self._registry(s)
+        spec = registry.get(use["name"])
         side_effects = bool(spec and spec.side_effects and use["name"] in allowlist)
         started = time.time()
         if side_effects:
@@ -996,11 +1013,12 @@ class Engine:
             idempotency_key=idempotency_key_for(s.lease.task_id, use["id"]),
             notes=notes,
             deadline=self._tool_deadline(s),
+            secrets=self.secrets,
         )
         with observe.tool_call(
             use["name"], registered=spec is not None, call_id=use["id"], task_id=s.lease.task_id, step=s.next_step
         ) as call:
-            run = self.tools.execute(use["name"], use.get("input") or {}, ctx, allowlist)
+            run = registry.execute(use["name"], use.get("input") or {}, ctx, allowlist)
             call.finished(run.status, run.is_error)
         crash_point("after_tool_run")
         outcome = ToolOutcome(

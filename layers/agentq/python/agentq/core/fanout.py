@@ -171,6 +171,13 @@ def plan_children(
             ),
             priority=parent.submission.priority,
             metadata={"parent_id": parent.task_id, "spawn_id": tool_use_id},
+            # the parent's pinned MCP tools the child may use: the same schemas, the same servers
+            agent=parent.submission.agent,
+            mcp_tools=[
+                p
+                for p in parent.submission.mcp_tools
+                if p.qualified in (sub.tools if sub.tools is not None else c.tools)
+            ],
         )
         plans.append(ChildPlan(child_id_for(parent.task_id, tool_use_id, i), submission, share, deadline))
     return plans

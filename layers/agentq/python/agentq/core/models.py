@@ -124,6 +124,26 @@ Provider = Literal["anthropic", "bedrock", "scripted"]
 Priority = Literal["high", "normal", "low"]
 
 
+MCP_SERVER_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,23}$"
+
+
+class McpToolPin(StrictModel):
+    """One tool of an MCP server as listed when an agent version was created: the schema the
+    model is shown and the server's read-only hint, pinned so every run of the version sees
+    the same tool whatever the server lists later."""
+
+    server: str = Field(pattern=MCP_SERVER_PATTERN)
+    name: str = Field(min_length=1, max_length=128)
+    description: str = Field(default="", max_length=8000)
+    input_schema: dict[str, Any]
+    read_only: bool = Field(default=False, description="readOnlyHint: may run again on resume; else at most once")
+
+    @property
+    def qualified(self) -> str:
+        """The name the model calls it by (server and tool, so two servers never collide)."""
+        return f"mcp__{self.server}__{self.name}"
+
+
 class TaskSubmission(StrictModel):
     goal: str = Field(min_length=1, max_length=MAX_GOAL_CHARS)
     agent: str | None = Field(
@@ -142,6 +162,11 @@ class TaskSubmission(StrictModel):
     priority: Priority = "normal"
     metadata: dict[Annotated[str, Field(max_length=128)], Annotated[str, Field(max_length=1024)]] = Field(
         default_factory=dict, max_length=32
+    )
+    mcp_tools: list[McpToolPin] = Field(
+        default_factory=list,
+        max_length=128,
+        description="set from the agent version's MCP servers when the submission names an agent; not sent",
     )
 
     @model_validator(mode="after")

@@ -15,6 +15,8 @@ from typing import Any
 from agentq.api.app import build_app
 from agentq.api.auth import authorize
 from agentq.control.defaults import Defaults
+from agentq.core.secrets import Secrets
+from agentq.core.tools.mcp import McpServers
 from agentq.local.api_server import LocalApiServer
 from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
 from agentq.queueing.sweeper import sweep
@@ -63,13 +65,7 @@ class LocalStack:
             session(self.settings), self.settings.names, endpoint_url=self.moto.endpoint_url, queues=self.queue_settings
         )
         if self.api:
-            app = build_app(
-                self.store(),
-                build_registry(self.settings),
-                build_queues(self.settings),
-                build_fanout(self.settings),
-                defaults=self.settings.defaults,
-            )
+            app = self._build_app()
             authorizer = None
             if self.auth:
                 keys = self.keys()
@@ -81,6 +77,18 @@ class LocalStack:
             self._sweeper = threading.Thread(target=self._sweep_loop, name="agentq-sweeper", daemon=True)
             self._sweeper.start()
         return self
+
+    def _build_app(self) -> Any:
+        assert self.settings is not None
+        return build_app(
+            self.store(),
+            build_registry(self.settings),
+            build_queues(self.settings),
+            build_fanout(self.settings),
+            defaults=self.settings.defaults,
+            # the API reads the MCP servers and secrets its workers get, not this process's
+            mcp=McpServers.from_env(self.env(), secrets=Secrets.from_env(self.env())),
+        )
 
     def store(self) -> Any:
         assert self.settings is not None
@@ -121,6 +129,22 @@ class LocalStack:
         proc = subprocess.Popen(self.worker_command(), env=self.env(**extra_env), start_new_session=True)
         self.processes.append(proc)
         return proc
+
+    def restart_workers(self) -> list[subprocess.Popen[bytes]]:
+        """Stop every worker (SIGTERM: each ends its tasks at a step boundary) and start as many
+        new ones, which load the tool modules afresh; the API's tools are rebuilt too."""
+        old, self.processes = self.processes, []
+        for proc in old:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in old:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if self.api_server is not None:
+            self.api_server.handler = self._build_app().resolve
+        return [self.spawn_worker() for _ in old]
 
     def worker_by_id(self, worker: str) -> subprocess.Popen[bytes] | None:
         """The process behind a lease owner id (``host:pid``)."""

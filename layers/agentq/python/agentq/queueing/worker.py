@@ -40,6 +40,7 @@ from agentq.runtime import (
     build_fanout,
     build_queues,
     build_registry,
+    build_secrets,
     build_store,
     engine_config,
 )
@@ -78,6 +79,7 @@ class Worker:
                 settings, lease_seconds=config.lease_seconds, heartbeat_seconds=config.heartbeat_seconds
             ),
             fanout=build_fanout(settings, pool=pool),
+            secrets=build_secrets(),
         )
         self.dispatcher = Dispatcher(self.engine, self.store, self.queues, max_receive_count=config.max_receive_count)
         self.hub = HeartbeatHub(self.store, self.queues, config)
@@ -245,6 +247,7 @@ def run_task(
         tools=build_registry(settings),
         config=engine_config(settings, lease_seconds=lease_seconds),
         fanout=build_fanout(settings),
+        secrets=build_secrets(),
     )
     give_up = time.monotonic() + wait_seconds
     while True:

@@ -15,10 +15,12 @@ and returns that version, so applying the same file twice is harmless.
 
 from __future__ import annotations
 
+import json
 import time
 
 from agentq.core.agents import AgentSpec, AgentSummary, AgentVersion
 from agentq.core.errors import AgentqError, ValidationError
+from agentq.core.models import McpToolPin
 from agentq.storage import keys
 from agentq.storage.table import Item, Put, Table, TransactionCancelled, absent, plain
 
@@ -42,21 +44,27 @@ class Agents:
         self.table = table
         self.list_page = list_page
 
-    def create(self, tenant: str, spec: AgentSpec) -> tuple[AgentVersion, bool]:
-        """The next version of ``spec.name``, or the latest if it is the same (created False)."""
+    def create(
+        self, tenant: str, spec: AgentSpec, mcp_tools: list[McpToolPin] | None = None
+    ) -> tuple[AgentVersion, bool]:
+        """The next version of ``spec.name`` (with the MCP tools listed for it), or the latest
+        if it is the same (created False)."""
         body = spec.model_dump_json(exclude_none=True)
-        if len(body.encode()) > MAX_SPEC_BYTES:
+        pinned = json.dumps([p.model_dump(mode="json") for p in mcp_tools or []])
+        size = len(body.encode()) + len(pinned.encode())
+        if size > MAX_SPEC_BYTES:
             raise ValidationError(
-                f"body: the agent definition is {len(body.encode()):,} bytes; at most {MAX_SPEC_BYTES:,}", field="body"
+                f"body: the agent definition (with its MCP tools' schemas) is {size:,} bytes; at most {MAX_SPEC_BYTES:,}",
+                field="body",
             )
-        digest = spec.digest()
+        digest = spec.digest(mcp_tools)
         pk = keys.agent_pk(tenant, spec.name)
         for _ in range(ATTEMPTS):
             head = self.table.get({"pk": pk, "sk": keys.AGENT_HEAD})
             latest = int(head["latest"]) if head else 0
             if head is not None and head.get("digest") == digest:
                 return self.get(tenant, spec.name, latest), False
-            version = AgentVersion.of(spec, latest + 1, time.time())
+            version = AgentVersion.of(spec, latest + 1, time.time(), mcp_tools)
             from boto3.dynamodb.conditions import Attr
 
             head_condition = absent() if head is None else Attr("latest").eq(latest)
@@ -69,6 +77,7 @@ class Agents:
                                 "pk": pk,
                                 "sk": keys.agent_version_sk(version.version),
                                 "spec": body,
+                                "mcp_tools": pinned,
                                 "version": version.version,
                                 "created_at": version.created_at,
                             },
@@ -151,4 +160,5 @@ class Agents:
 def _version(item: Item) -> AgentVersion:
     data = plain(item)
     spec = AgentSpec.model_validate_json(data["spec"])
-    return AgentVersion.of(spec, int(data["version"]), float(data["created_at"]))
+    pins = [McpToolPin.model_validate(p) for p in json.loads(data.get("mcp_tools") or "[]")]
+    return AgentVersion.of(spec, int(data["version"]), float(data["created_at"]), pins)

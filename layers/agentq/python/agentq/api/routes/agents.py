@@ -36,7 +36,7 @@ def router(deps: ApiDeps) -> Router:
     )
     def create(spec: Annotated[AgentSpec, Body(description="the agent's definition")]) -> Response[AgentCreated]:
         builtin_script_only(spec.script)
-        version, created = create_agent(store, deps.tools, spec, tenant=tenant())
+        version, created = create_agent(store, deps.tools, spec, tenant=tenant(), mcp=deps.mcp)
         headers = {"Location": f"/agents/{version.name}?version={version.version}"}
         body = AgentCreated(created=created, agent=version)
         return Response(status_code=201 if created else 200, content_type=JSON, body=body, headers=headers)

@@ -35,6 +35,7 @@ class ApiDeps:
     fanout: Any
     defaults: Defaults
     tenant: Callable[[], str]  # the current request's tenant (the resolver answered 401 if none)
+    mcp: Any = None  # the deployment's MCP servers (core.tools.mcp.McpServers): listed when an agent is created
 
 
 def builtin_script_only(script: Any) -> None:

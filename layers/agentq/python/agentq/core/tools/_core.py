@@ -30,6 +30,8 @@ from typing import Annotated, Any, Literal, Protocol, Union, runtime_checkable
 import pydantic
 from pydantic import BaseModel, ConfigDict
 
+from agentq.core.secrets import SecretSource
+
 logger = logging.getLogger("agentq.tools")
 
 # Anthropic's rule for tool names; checked at declaration so a bad name fails in a unit test,
@@ -73,6 +75,16 @@ class ToolContext:
     idempotency_key: str  # stable for (task_id, tool_use_id): use idempotency_key_for()
     notes: NoteStore | None = None
     deadline: float | None = None  # time.time() by which the tool must end, if any
+    secrets: SecretSource | None = None
+
+    def secret(self, name: str) -> str:
+        """A secret the deployment grants its tools (``core.secrets``): never from the task's
+        input, so a model cannot name its way to one."""
+        if self.secrets is None:
+            from agentq.core.secrets import SecretUnavailable
+
+            raise SecretUnavailable("this worker has no secrets configured", field="secret")
+        return self.secrets.get(name)
 
     @classmethod
     def create(
@@ -82,6 +94,7 @@ class ToolContext:
         *,
         notes: NoteStore | None = None,
         deadline: float | None = None,
+        secrets: SecretSource | None = None,
     ) -> ToolContext:
         """Build a context whose idempotency key cannot disagree with ``idempotency_key_for``."""
         return cls(
@@ -90,6 +103,7 @@ class ToolContext:
             idempotency_key=idempotency_key_for(task_id, tool_use_id),
             notes=notes,
             deadline=deadline,
+            secrets=secrets,
         )
 
     def remaining(self) -> float | None:
@@ -109,6 +123,9 @@ class ToolSpec:
     fn: Callable[..., Any]
     input_model: type[BaseModel]
     wants_context: str | None  # name of the ToolContext parameter, if any
+    # A tool described by a schema of its own (an MCP server's): ``fn`` gets the input as
+    # ``arguments`` (a dict) and the server validates it; ``input_model`` is not used.
+    raw_schema: dict[str, Any] | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -118,7 +135,7 @@ class ToolSpec:
         return {
             "name": self.name,
             "description": self.description,
-            "input_schema": copy.deepcopy(_input_schema(self.input_model)),
+            "input_schema": copy.deepcopy(self.raw_schema or _input_schema(self.input_model)),
         }
 
 
@@ -349,6 +366,17 @@ class ToolRegistry:
     def get(self, name: str) -> ToolSpec | None:
         return self._tools.get(name)
 
+    def with_tools(self, extra: Iterable[ToolSpec]) -> ToolRegistry:
+        """This registry plus ``extra`` (a task's MCP tools), leaving this one unchanged."""
+        extra = list(extra)
+        if not extra:
+            return self
+        combined = ToolRegistry()
+        combined._tools = dict(self._tools)
+        for spec in extra:
+            combined.register(spec)
+        return combined
+
     def names(self) -> list[str]:
         return list(self._tools)
 
@@ -397,11 +425,14 @@ class ToolRegistry:
                 return result(f"unknown tool {name!r}; available: {', '.join(available) or '(none)'}")
             if name not in allowed:
                 return result(f"tool {name!r} is not allowed for this task")
-            try:
-                validated = spec.input_model.model_validate(raw_input)
-            except pydantic.ValidationError as exc:
-                return result(f"invalid input for tool {name!r}: {_describe_validation_error(exc)}")
-            kwargs = {field: getattr(validated, field) for field in type(validated).model_fields}
+            if spec.raw_schema is not None:  # the model's input is a JSON object (the API's rule)
+                kwargs: dict[str, Any] = {"arguments": dict(raw_input)}
+            else:
+                try:
+                    validated = spec.input_model.model_validate(raw_input)
+                except pydantic.ValidationError as exc:
+                    return result(f"invalid input for tool {name!r}: {_describe_validation_error(exc)}")
+                kwargs = {field: getattr(validated, field) for field in type(validated).model_fields}
             if spec.wants_context is not None:
                 kwargs[spec.wants_context] = ctx
 

@@ -1,0 +1,65 @@
+"""Secrets a tool (or an MCP server's headers) may read: named by the deployment, read by
+the worker, never part of a task's input.
+
+A tool asks its ``ToolContext`` for ``ctx.secret("stripe-key")``; the model never names a
+secret and never sees one unless a tool returns it. Which names exist is the deployment's
+list (``AGENTQ_SECRET_NAMES``, from cdk.json's ``secrets``); a name not on it is refused
+even if the backend has it, so a tool cannot be talked into reading another team's secret.
+Locally the value is the environment variable ``AGENTQ_SECRET_<NAME>`` (upper case, ``-``
+and ``.`` as ``_``); in AWS it is the Secrets Manager secret of that name
+(``agentq.aws.SecretsManagerSecrets``, chosen with ``AGENTQ_SECRETS_BACKEND=secretsmanager``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from agentq.core.errors import AgentqError
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
+REFERENCE = re.compile(r"\$\{secret:([^}]+)\}")
+
+
+class SecretUnavailable(AgentqError):
+    """A secret that is not on the deployment's list, or that the backend does not have."""
+
+    code = "secret_unavailable"
+
+
+class SecretSource(Protocol):
+    def get(self, name: str) -> str: ...
+
+
+def env_var_for(name: str) -> str:
+    return "AGENTQ_SECRET_" + re.sub(r"[^A-Za-z0-9]", "_", name).upper()
+
+
+class Secrets:
+    """The deployment's secrets: ``allowed`` names (None: any), values from ``read``."""
+
+    def __init__(self, read: Callable[[str], str | None], allowed: frozenset[str] | None = None) -> None:
+        self._read = read
+        self.allowed = allowed
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> Secrets:
+        """Environment-backed secrets with the deployment's list, if it gives one."""
+        names = [n.strip() for n in environ.get("AGENTQ_SECRET_NAMES", "").split(",") if n.strip()]
+        return cls(lambda name: environ.get(env_var_for(name)), frozenset(names) if names else None)
+
+    def get(self, name: str) -> str:
+        if not NAME_PATTERN.match(name or ""):
+            raise SecretUnavailable(f"{name!r} is not a secret name", field="secret")
+        if self.allowed is not None and name not in self.allowed:
+            raise SecretUnavailable(f"secret {name!r} is not one this deployment grants its tools", field="secret")
+        value = self._read(name)
+        if value is None:
+            raise SecretUnavailable(f"secret {name!r} is not set (locally: ${env_var_for(name)})", field="secret")
+        return value
+
+    def expand(self, text: str) -> str:
+        """``text`` with every ``${secret:NAME}`` replaced by the secret's value."""
+        return REFERENCE.sub(lambda m: self.get(m.group(1)), text)

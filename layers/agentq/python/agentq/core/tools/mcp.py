@@ -1,0 +1,277 @@
+"""MCP servers as tool sources, through the ``mcp`` package's client.
+
+The deployment registers the servers (``AGENTQ_MCP_SERVERS``: JSON, or a JSON/YAML file of
+``{name: {url, headers, timeout_seconds}}`` for streamable HTTP, ``{name: {command, env}}``
+for stdio); an agent version names the ones it uses. Registering is the operator's act, not a
+caller's: a server is a command the worker starts or a URL it connects to with credentials,
+and neither may be chosen by whoever can create an agent (or by the model). Header and
+environment values may hold ``${secret:NAME}``, read on the worker from the deployment's
+secrets (``core.secrets``), never stored with the agent.
+
+A server's tools are listed when an agent version is created and pinned in it
+(``McpToolPin``). A call opens a session, calls, closes: no connection outlives a call, so
+nothing is lost when a worker dies, and each call is one effect for the engine. A pin's
+``read_only`` (the server's ``readOnlyHint``) decides how: a read-only tool may run again on
+resume; any other is side-effecting, at most once, and *outcome unknown* after a crash. A
+server that is down, answers an error, or drops the call gives the model a tool error that
+says which (and, for a call that may have run, that its outcome is unknown).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agentq.core.errors import AgentqError
+from agentq.core.models import MCP_SERVER_PATTERN, McpToolPin
+from agentq.core.secrets import Secrets
+from agentq.core.tools._core import TOOL_NAME_PATTERN, ToolSpec
+
+DEFAULT_TIMEOUT_SECONDS = 60.0
+LIST_TIMEOUT_SECONDS = 20.0
+
+
+class McpError(AgentqError):
+    code = "mcp_error"
+
+
+class McpConfigurationError(McpError):
+    """The deployment's ``AGENTQ_MCP_SERVERS`` is unusable (fails at start, naming it)."""
+
+    code = "configuration_error"
+
+
+class McpUnreachable(McpError):
+    """No session could be opened: nothing was sent."""
+
+    code = "mcp_unreachable"
+
+
+class McpCallFailed(McpError):
+    """The server answered the call with an error (``isError``), or dropped it."""
+
+    code = "mcp_call_failed"
+
+
+class McpServerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str | None = Field(default=None, pattern=r"^https?://")
+    headers: dict[str, str] = Field(default_factory=dict)
+    command: list[str] | None = Field(default=None, min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    timeout_seconds: float = Field(default=DEFAULT_TIMEOUT_SECONDS, gt=0, le=900)
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerConfig:
+        if (self.url is None) == (self.command is None):
+            raise ValueError("give url (streamable HTTP) or command (stdio), not both")
+        return self
+
+    @property
+    def transport(self) -> str:
+        return "streamable-http" if self.url else "stdio"
+
+
+class McpServers:
+    """The deployment's MCP servers by name."""
+
+    def __init__(self, servers: Mapping[str, McpServerConfig], secrets: Secrets | None = None) -> None:
+        self.servers = dict(servers)
+        self.secrets = secrets or Secrets.from_env()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ, secrets: Secrets | None = None) -> McpServers:
+        """The servers of ``AGENTQ_MCP_SERVERS`` (JSON, or the path of a JSON or YAML file)."""
+        raw = environ.get("AGENTQ_MCP_SERVERS", "").strip()
+        if not raw:
+            return cls({}, secrets)
+        try:
+            if raw.startswith("{"):
+                data = json.loads(raw)
+            else:
+                import yaml
+
+                data = yaml.safe_load(Path(raw).read_text())
+            if not isinstance(data, dict):
+                raise ValueError("expected a mapping of server name to settings")
+            servers = {}
+            for name, settings in data.items():
+                if not isinstance(name, str) or not _matches(MCP_SERVER_PATTERN, name):
+                    raise ValueError(f"server name {name!r}: lowercase letters, digits, '-', '_'; up to 24")
+                servers[name] = McpServerConfig.model_validate(settings)
+        except Exception as exc:
+            raise McpConfigurationError(f"AGENTQ_MCP_SERVERS: {exc}", field="AGENTQ_MCP_SERVERS") from None
+        return cls(servers, secrets)
+
+    def names(self) -> list[str]:
+        return sorted(self.servers)
+
+    def get(self, name: str) -> McpServerConfig:
+        config = self.servers.get(name)
+        if config is None:
+            raise McpUnreachable(
+                f"no MCP server {name!r} in this deployment; registered: {', '.join(self.names()) or '(none)'}",
+                field="mcp_servers",
+            )
+        return config
+
+    # ------------------------------------------------------------ calls
+
+    def list_tools(self, name: str) -> list[McpToolPin]:
+        """The server's tools now, as pins (every page of the listing)."""
+        config = self.get(name)
+
+        async def listing(client: Any) -> list[McpToolPin]:
+            pins, cursor = [], None
+            while True:
+                page = await client.list_tools(cursor=cursor)
+                for t in page.tools:
+                    hints = t.annotations
+                    pins.append(
+                        McpToolPin(
+                            server=name,
+                            name=t.name,
+                            description=(t.description or "")[:8000],
+                            input_schema=dict(t.input_schema or {"type": "object"}),
+                            read_only=bool(hints is not None and hints.read_only_hint),
+                        )
+                    )
+                cursor = page.next_cursor
+                if not cursor:
+                    return pins
+
+        pins: list[McpToolPin] = self._session(
+            name, config, listing, min(config.timeout_seconds, LIST_TIMEOUT_SECONDS), False
+        )
+        return pins
+
+    def call(self, name: str, tool: str, arguments: dict[str, Any], *, may_have_run: bool) -> str:
+        """Call ``tool`` and return its text; an error result or a dropped call raises."""
+        config = self.get(name)
+
+        async def calling(client: Any) -> str:
+            result = await client.call_tool(tool, arguments, read_timeout_seconds=config.timeout_seconds)
+            text = _render(result.content, result.structured_content)
+            if result.is_error:
+                raise McpCallFailed(f"MCP server {name!r} answered {tool} with an error: {text or '(no detail)'}")
+            return text
+
+        text: str = self._session(name, config, calling, config.timeout_seconds, may_have_run)
+        return text
+
+    def _session(
+        self, name: str, config: McpServerConfig, work: Callable[[Any], Any], timeout: float, may_have_run: bool
+    ) -> Any:
+        import anyio
+
+        opened = False
+
+        async def run() -> Any:
+            nonlocal opened
+            from mcp import Client
+
+            with anyio.fail_after(timeout + 5):
+                async with Client(self._transport(config), read_timeout_seconds=timeout, mode="legacy") as client:
+                    opened = True
+                    return await work(client)
+
+        try:
+            return anyio.run(run)
+        except McpError:
+            raise
+        except BaseException as exc:  # anyio wraps the cause in exception groups
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            cause = _root_cause(exc)
+            detail = f"{type(cause).__name__}: {cause}".rstrip(": ")[:500]
+            if isinstance(cause, McpError):
+                raise cause from None
+            if not opened:
+                raise McpUnreachable(f"cannot reach MCP server {name!r} ({config.transport}): {detail}") from None
+            if may_have_run:
+                raise McpCallFailed(
+                    f"MCP server {name!r} dropped the call ({detail}); it may or may not have run: outcome unknown"
+                ) from None
+            raise McpCallFailed(f"MCP server {name!r} failed: {detail}") from None
+
+    def _transport(self, config: McpServerConfig) -> Any:
+        if config.url is not None:
+            from mcp.client.streamable_http import streamable_http_client
+            from mcp.shared._httpx_utils import create_mcp_http_client
+
+            headers = {k: self.secrets.expand(v) for k, v in config.headers.items()}
+            return streamable_http_client(config.url, http_client=create_mcp_http_client(headers=headers))
+        from mcp.client.stdio import StdioServerParameters, stdio_client
+
+        assert config.command is not None
+        env = {k: self.secrets.expand(v) for k, v in config.env.items()}
+        params = StdioServerParameters(command=config.command[0], args=config.command[1:], env=env or None)
+        return stdio_client(params, errlog=sys.stderr)
+
+
+def mcp_tool_specs(pins: Iterable[McpToolPin], servers: McpServers | None) -> list[ToolSpec]:
+    """Registry entries for a task's pinned MCP tools (calls go to ``servers``)."""
+    from pydantic import create_model
+
+    specs = []
+    for pin in pins:
+
+        def call(arguments: dict[str, Any], _pin: McpToolPin = pin) -> str:
+            if servers is None:
+                raise McpUnreachable("this worker has no MCP servers configured")
+            return servers.call(_pin.server, _pin.name, arguments, may_have_run=not _pin.read_only)
+
+        timeout = (servers.servers[pin.server].timeout_seconds if servers and pin.server in servers.servers
+                   else DEFAULT_TIMEOUT_SECONDS)  # fmt: skip
+        specs.append(
+            ToolSpec(
+                name=pin.qualified,
+                description=pin.description or f"{pin.name} (MCP server {pin.server})",
+                side_effects=not pin.read_only,
+                timeout_seconds=timeout + 10,  # the session's own deadline comes first
+                fn=call,
+                input_model=create_model(f"{pin.server}_{pin.name}_input"),
+                wants_context=None,
+                raw_schema=pin.input_schema,
+            )
+        )
+    return specs
+
+
+def valid_tool_name(pin: McpToolPin) -> bool:
+    return bool(TOOL_NAME_PATTERN.match(pin.qualified))
+
+
+def _matches(pattern: str, value: str) -> bool:
+    import re
+
+    return re.match(pattern, value) is not None
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _render(content: list[Any], structured: Any) -> str:
+    """The call's content as text: text blocks as they are, anything else as JSON."""
+    parts = []
+    for block in content or []:
+        if getattr(block, "type", None) == "text":
+            parts.append(block.text)
+        else:
+            dump = block.model_dump(mode="json") if hasattr(block, "model_dump") else block
+            if isinstance(dump, dict) and "data" in dump:
+                dump = {**dump, "data": f"({len(str(dump['data']))} characters of {dump.get('mimeType', 'data')})"}
+            parts.append(json.dumps(dump, ensure_ascii=False))
+    if not parts and structured is not None:
+        parts.append(json.dumps(structured, ensure_ascii=False))
+    return "\n".join(parts)
