@@ -112,6 +112,60 @@ def build_deps_layer(
     return DepsLayer(final, True, f"built into {final}")
 
 
+def build_user_layer(
+    package_dir: Path, requirements: Path | None, architecture: str = "arm64", *, timeout: float = 300
+) -> DepsLayer:
+    """Your tools as a layer: the contents of ``package_dir`` on the layer's Python path, plus
+    ``requirements`` installed as for the dependencies layer (manylinux wheels, no Docker).
+    Cached under a hash of every file and the requirements, so an unchanged package is not
+    rebuilt; ``built=False`` (a placeholder) when pip cannot install the requirements."""
+    if not package_dir.is_dir():
+        raise ValueError(f"user_code.package_dir: {package_dir} is not a folder")
+    digest = hashlib.sha256(f"{PLATFORMS[architecture]}|cp{PYTHON_VERSION}".encode())
+    sources = sorted(p for p in package_dir.rglob("*") if p.is_file() and not _skipped(p.relative_to(package_dir)))
+    for path in sources:
+        digest.update(str(path.relative_to(package_dir)).encode() + b"\0" + path.read_bytes())
+    if requirements is not None:
+        digest.update(requirements.read_bytes())
+    root = cache_root()
+    final = root / f"user-{architecture}-{digest.hexdigest()[:16]}"
+    if (final / COMPLETE_MARKER).exists():
+        return DepsLayer(final, True, f"cached at {final}")
+    root.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
+    target = work / "python"
+    target.mkdir()
+    if requirements is not None:
+        try:
+            command = pip_command(target, architecture, requirements=requirements)
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            proc = subprocess.CompletedProcess([], 1, "", f"{type(exc).__name__}: {exc}")
+        if proc.returncode != 0:
+            shutil.rmtree(work, ignore_errors=True)
+            lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "is ignored" not in ln]
+            reason = lines[-1] if lines else f"pip exited {proc.returncode}"
+            return _placeholder(root, f"user-{architecture}", f"pip could not install {requirements.name} ({reason})")
+    for path in sources:
+        dest = target / path.relative_to(package_dir)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, dest)
+    (work / COMPLETE_MARKER).write_text(f"{package_dir} + {requirements}\n")
+    try:
+        work.rename(final)
+    except OSError:
+        shutil.rmtree(work, ignore_errors=True)
+    return DepsLayer(final, True, f"built into {final}")
+
+
+def _skipped(path: Path) -> bool:
+    return (
+        "__pycache__" in path.parts
+        or path.suffix in (".pyc", ".pyo")
+        or any(part.startswith(".") for part in path.parts)
+    )
+
+
 def _placeholder(root: Path, architecture: str, message: str) -> DepsLayer:
     path = root / f"unbuilt-{architecture}"
     (path / "python").mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ do nothing.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -221,6 +222,47 @@ def grant_task_runner(
     sandbox.grant_invoke(principal)
 
 
+def user_code_env(cfg: EnvironmentSettings) -> dict[str, str]:
+    """The variables that load your tools and grant their secrets (``user_code`` in cdk.json)."""
+    user = cfg.user_code
+    if user is None:
+        return {}
+    env = {"AGENTQ_TOOL_MODULES": ",".join(user.tool_modules)}
+    if user.secrets:
+        env.update({"AGENTQ_SECRET_NAMES": ",".join(user.secrets), "AGENTQ_SECRETS_BACKEND": "secretsmanager"})
+    if user.mcp_servers:
+        env["AGENTQ_MCP_SERVERS"] = json.dumps(user.mcp_servers, sort_keys=True)
+    return env
+
+
+def secret_arn(name: str) -> str:
+    """A named secret's ARN: Secrets Manager appends six random characters."""
+    return f"arn:{cdk.Aws.PARTITION}:secretsmanager:{cdk.Aws.REGION}:{cdk.Aws.ACCOUNT_ID}:secret:{name}-??????"
+
+
+def grant_user_code(principal: iam.IGrantable, cfg: EnvironmentSettings, *, runs_tools: bool) -> None:
+    """Reading the granted secrets; for what runs tools, also the statements the tools need."""
+    user = cfg.user_code
+    if user is None:
+        return
+    statements = []
+    if user.secrets:
+        statements.append(
+            iam.PolicyStatement(
+                sid="UserCodeSecrets",
+                actions=["secretsmanager:GetSecretValue"],
+                resources=[secret_arn(name) for name in user.secrets],
+            )
+        )
+    if runs_tools:
+        for i, extra in enumerate(user.iam_statements):
+            statements.append(
+                iam.PolicyStatement(sid=extra.sid or f"UserCode{i}", actions=extra.actions, resources=extra.resources)
+            )
+    for statement in statements:
+        principal.grant_principal.add_to_principal_policy(statement)
+
+
 def _role(scope: Construct, name: str, log_group: logs.LogGroup, description: str) -> iam.Role:
     """A function role that may write its own log group and nothing else (yet)."""
     role = iam.Role(
@@ -241,6 +283,7 @@ def build_functions(
     data: Data,
     machine: sfn.StateMachine,
     deps: DepsLayer,
+    user_layer: DepsLayer | None = None,
 ) -> Functions:
     removal = cdk.RemovalPolicy.DESTROY if cfg.destroy else cdk.RemovalPolicy.RETAIN
     arch = _architecture(cfg)
@@ -261,6 +304,19 @@ def build_functions(
         compatible_architectures=[arch],
         description="agentq third-party dependencies (layers/requirements.txt, manylinux wheels)",
     )
+    user_code_layer = (
+        lambda_.LayerVersion(
+            scope,
+            "UserCodeLayer",
+            code=lambda_.Code.from_asset(str(user_layer.path), exclude=[".agentq-layer-complete"]),
+            compatible_runtimes=[RUNTIME],
+            compatible_architectures=[arch],
+            description="your tools (user_code.package_dir and its requirements)",
+        )
+        if user_layer is not None
+        else None
+    )
+    tool_layers: list[lambda_.ILayerVersion] = [user_code_layer] if user_code_layer is not None else []
     code = lambda_.Code.from_asset(str(FUNCTIONS_DIR), exclude=ASSET_EXCLUDES)
     sandbox = build_sandbox(
         scope,
@@ -290,7 +346,14 @@ def build_functions(
     log_groups: dict[str, logs.LogGroup] = {}
 
     def function(
-        name: str, *, memory: int, timeout: int, env: dict[str, str], reserved: int | None, description: str
+        name: str,
+        *,
+        memory: int,
+        timeout: int,
+        env: dict[str, str],
+        reserved: int | None,
+        description: str,
+        extra_layers: list[lambda_.ILayerVersion] | None = None,
     ) -> lambda_.Function:
         log_group = logs.LogGroup(
             scope,
@@ -308,7 +371,7 @@ def build_functions(
             architecture=arch,
             code=code,
             handler=HANDLERS[name],
-            layers=[core_layer, deps_layer],
+            layers=[core_layer, deps_layer, *(extra_layers or [])],
             memory_size=memory,
             timeout=cdk.Duration.seconds(timeout),
             reserved_concurrent_executions=reserved,
@@ -326,6 +389,7 @@ def build_functions(
         "AGENTQ_LEASE_SECONDS": str(ex.lease_seconds),
         "AGENTQ_MAX_RECEIVE_COUNT": str(cfg.max_receive_count),
         **task_runner_env(cfg, sandbox),
+        **user_code_env(cfg),
     }
     executor = function(
         "executor",
@@ -334,8 +398,10 @@ def build_functions(
         env=executor_env,
         reserved=ex.reserved_concurrency,
         description="agentq executor: runs a task for one time slice per SQS message",
+        extra_layers=tool_layers,
     )
     grant_task_runner(executor, data, machine, cfg, sandbox, receive=False)
+    grant_user_code(executor, cfg, runs_tools=True)
     for tier in TIERS:
         # Batch size 1: a message is a task slice; a failed one comes back alone.
         executor.add_event_source(
@@ -351,10 +417,12 @@ def build_functions(
         "api",
         memory=cfg.api.memory_mb,
         timeout=cfg.api.timeout_seconds,
-        env=dict(common),
+        env={**common, **user_code_env(cfg)},  # it validates tool names and lists MCP servers' tools
         reserved=cfg.api.reserved_concurrency,
         description="agentq HTTP API (API Gateway REST proxy)",
+        extra_layers=tool_layers,
     )
+    grant_user_code(api, cfg, runs_tools=False)
     queue_arns = [q.queue_arn for q in data.queues.values()]
     for statement in (
         iam.PolicyStatement(sid="Table", actions=TABLE_ACTIONS, resources=table_resources(data, indexes=True)),

@@ -14,6 +14,7 @@ environment-agnostic.
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -186,7 +187,11 @@ class WorkerSettings(_Strict):
     """The optional long-running worker on ECS Fargate (``agentq worker``)."""
 
     enabled: bool = False
-    image: str | None = Field(None, description="container image URI holding agentq (ECR or another registry)")
+    image: str | None = Field(
+        None,
+        description="container image URI holding agentq (ECR or another registry); null: CDK builds the repo's "
+        "Dockerfile (agentq, plus user_code) at deploy time",
+    )
     cpu: int = Field(1024, description="Fargate CPU units")
     memory_mb: int = Field(2048, ge=512)
     concurrency: int = Field(256, ge=1, description="tasks in flight per container")
@@ -209,8 +214,6 @@ class WorkerSettings(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkerSettings:
-        if self.enabled and not self.image:
-            raise ValueError("worker.image is required when worker.enabled is true")
         if not self.heartbeat_seconds < self.lease_seconds < self.visibility_seconds:
             raise ValueError("worker: heartbeat_seconds < lease_seconds < visibility_seconds is required")
         if self.min_tasks > self.max_tasks:
@@ -220,6 +223,56 @@ class WorkerSettings(_Strict):
         backlogs = [s.backlog for s in self.scale_out]
         if not backlogs or backlogs != sorted(set(backlogs)):
             raise ValueError("worker.scale_out backlogs must be distinct and ascending")
+        return self
+
+
+class IamStatement(_Strict):
+    """An extra permission your tools need (the executor's and the worker's roles get it)."""
+
+    sid: str | None = Field(None, pattern=r"^[A-Za-z0-9]{1,100}$")
+    actions: list[str] = Field(min_length=1, description="e.g. dynamodb:GetItem")
+    resources: list[str] = Field(min_length=1, description="ARNs; '*' is refused: name what the tool touches")
+
+    @model_validator(mode="after")
+    def _named(self) -> IamStatement:
+        for action in self.actions:
+            if not re.match(r"^[a-z0-9-]+:[A-Za-z0-9*]+$", action):
+                raise ValueError(f"user_code.iam_statements: action {action!r} is not service:Action")
+        if any(r.strip() == "*" for r in self.resources):
+            raise ValueError("user_code.iam_statements: resources must name ARNs, not '*'")
+        return self
+
+
+class UserCodeSettings(_Strict):
+    """Your tools in the stack: the package is bundled into a layer of its own (and the worker
+    image), the modules are loaded by the executor, the API and the worker, the statements
+    granted to the roles that run tools, and the secrets readable through ``ctx.secret``."""
+
+    package_dir: str = Field(description="a folder, relative to cdk.json, whose contents go on the Python path")
+    requirements: str | None = Field(None, description="a requirements.txt, relative to cdk.json, for the layer")
+    tool_modules: list[str] = Field(min_length=1, description="modules of @tool functions (AGENTQ_TOOL_MODULES)")
+    iam_statements: list[IamStatement] = Field(default_factory=list)
+    secrets: list[str] = Field(
+        default_factory=list, description="Secrets Manager names the tools and MCP headers read (ctx.secret)"
+    )
+    mcp_servers: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="AGENTQ_MCP_SERVERS: name -> {url, headers} (streamable HTTP)"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> UserCodeSettings:
+        for name in self.tool_modules:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$", name):
+                raise ValueError(f"user_code.tool_modules: {name!r} is not a module name")
+        for name in self.secrets:
+            if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$", name):
+                raise ValueError(f"user_code.secrets: {name!r} is not a secret name")
+        from agentq.core.tools.mcp import McpServerConfig
+
+        for name, server in self.mcp_servers.items():
+            config = McpServerConfig.model_validate(server)
+            if config.command is not None:
+                raise ValueError(f"user_code.mcp_servers.{name}: the Lambda functions run no stdio servers; give url")
         return self
 
 
@@ -253,6 +306,7 @@ class EnvironmentSettings(_Strict):
     sweeper: SweeperSettings = Field(default_factory=SweeperSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+    user_code: UserCodeSettings | None = Field(None, description="your tools: package, modules, IAM, secrets")
 
     @model_validator(mode="after")
     def _consistent(self) -> EnvironmentSettings:

@@ -22,7 +22,7 @@ from constructs import Construct
 from agentq.resources import fanout_definition
 from infra import nag
 from infra.api import build_api
-from infra.build_layers import DepsLayer, build_deps_layer
+from infra.build_layers import ROOT, DepsLayer, build_deps_layer, build_user_layer
 from infra.data import Data, build_data
 from infra.functions import build_functions, log_retention
 from infra.observability import build_observability
@@ -55,9 +55,13 @@ class AgentqStack(cdk.Stack):
                 "run `.venv/bin/python infra/build_layers.py` where PyPI is reachable."
             )
 
+        self.user_layer = self._user_layer(cfg)
+
         self.data = build_data(self, cfg)
         self.state_machine = self._fanout(cfg, self.data)
-        self.functions = build_functions(self, env_name, cfg, self.data, self.state_machine, self.deps_layer)
+        self.functions = build_functions(
+            self, env_name, cfg, self.data, self.state_machine, self.deps_layer, self.user_layer
+        )
         self.api = build_api(self, cfg, self.functions)
         self.worker = (
             build_worker(self, env_name, cfg, self.data, self.state_machine, self.functions.sandbox)
@@ -75,6 +79,19 @@ class AgentqStack(cdk.Stack):
         cdk.CfnOutput(self, "AlarmTopicArn", value=self.observability.topic.topic_arn)
         cdk.CfnOutput(self, "DashboardName", value=f"{cfg.prefix}-overview")
         nag.acknowledge(self)
+
+    def _user_layer(self, cfg: EnvironmentSettings) -> DepsLayer | None:
+        """Your tools' layer (``user_code``: paths relative to cdk.json, i.e. the project root)."""
+        user = cfg.user_code
+        if user is None:
+            return None
+        requirements = ROOT / user.requirements if user.requirements else None
+        if requirements is not None and not requirements.is_file():
+            raise ValueError(f"user_code.requirements: {requirements} is not a file")
+        layer = build_user_layer(ROOT / user.package_dir, requirements, cfg.architecture)
+        if not layer.built and not self.node.try_get_context(ALLOW_UNBUILT_DEPS_LAYER):
+            raise RuntimeError(f"{layer.message}. The user code layer must be built before a deployable synth.")
+        return layer
 
     def _fanout(self, cfg: EnvironmentSettings, data: Data) -> sfn.StateMachine:
         """The fan-out machine from the one ASL document the local stack runs too. Its queue

@@ -1,6 +1,6 @@
 """The optional long-running worker: ``agentq worker`` on ECS Fargate, for tasks whose tool
-calls outlast a Lambda slice. Off unless ``worker.enabled``; the image comes from
-``worker.image`` (no Docker build here: build and push it in CI, name it in cdk.json).
+calls outlast a Lambda slice. Off unless ``worker.enabled``; the image is ``worker.image`` if
+set, else the repo's Dockerfile with ``user_code`` in it, built by CDK at deploy time.
 
 It polls the same tier queues as the Lambda executor and follows the same per-message policy,
 so the two can run side by side. It scales in steps on the backlog (messages waiting or in
@@ -25,6 +25,7 @@ import aws_cdk as cdk
 from aws_cdk import aws_applicationautoscaling as appscaling
 from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
@@ -33,8 +34,9 @@ from constructs import Construct
 
 from agentq.observe.names import NAMESPACE as METRICS_NAMESPACE
 from agentq.resources import TIERS
+from infra.build_layers import ROOT
 from infra.data import Data
-from infra.functions import grant_task_runner, log_retention, task_runner_env
+from infra.functions import grant_task_runner, grant_user_code, log_retention, task_runner_env, user_code_env
 from infra.sandbox import Sandbox
 from infra.settings import EnvironmentSettings
 
@@ -60,7 +62,6 @@ def build_worker(
     scope: Construct, env_name: str, cfg: EnvironmentSettings, data: Data, machine: sfn.StateMachine, sandbox: Sandbox
 ) -> Worker:
     w = cfg.worker
-    assert w.image, "validated by WorkerSettings"
     removal = cdk.RemovalPolicy.DESTROY if cfg.destroy else cdk.RemovalPolicy.RETAIN
     # Tasks in private subnets; the public subnets hold only the NAT gateway(s).
     vpc = ec2.Vpc(
@@ -119,6 +120,7 @@ def build_worker(
         "AGENTQ_BUCKET": data.payloads.bucket_name,
         "AGENTQ_STATE_MACHINE_ARN": machine.state_machine_arn,
         **task_runner_env(cfg, sandbox),
+        **user_code_env(cfg),
         "HOME": "/tmp",  # the only writable place
         "AGENTQ_EMF": "1",  # the worker prints EMF lines; the awslogs driver ships them
         "AGENTQ_LOG_FORMAT": "json",  # powertools JSON lines with task_id and step, for Logs Insights
@@ -132,7 +134,7 @@ def build_worker(
     linux.drop_capabilities(ecs.Capability.ALL)
     container = task_def.add_container(
         "worker",
-        image=ecs.ContainerImage.from_registry(w.image),
+        image=worker_image(cfg),
         command=[
             "agentq",
             "worker",
@@ -156,7 +158,8 @@ def build_worker(
     )
     container.add_mount_points(ecs.MountPoint(container_path="/tmp", source_volume="tmp", read_only=False))
     grant_task_runner(task_def.task_role, data, machine, cfg, sandbox, receive=True)
-    pulls_from_ecr = _grant_image_pull(task_def, w.image)
+    grant_user_code(task_def.task_role, cfg, runs_tools=True)
+    pulls_from_ecr = _grant_image_pull(task_def, w.image) if w.image else True
 
     service = ecs.FargateService(
         scope,
@@ -204,6 +207,24 @@ def build_worker(
         security_group=security_group,
         task_definition=task_def,
         pulls_from_ecr=pulls_from_ecr,
+    )
+
+
+# What the image build never needs: the asset hash covers the rest of the project.
+IMAGE_EXCLUDES = [".venv", ".git", "cdk.out", "node_modules", "**/__pycache__", "**/*.pyc", ".mypy_cache",
+                  ".ruff_cache", ".pytest_cache", ".hypothesis", ".import_linter_cache", "bench/out", "docs"]  # fmt: skip
+
+
+def worker_image(cfg: EnvironmentSettings) -> ecs.ContainerImage:
+    """``worker.image`` if given; else the repo's Dockerfile, built by CDK at deploy time (an
+    asset: synth only fingerprints the files), with ``user_code`` baked in."""
+    if cfg.worker.image:
+        return ecs.ContainerImage.from_registry(cfg.worker.image)
+    user = cfg.user_code
+    args = {"USER_CODE_DIR": user.package_dir, "USER_REQUIREMENTS": user.requirements or ""} if user else {}
+    platform = ecr_assets.Platform.LINUX_ARM64 if cfg.architecture == "arm64" else ecr_assets.Platform.LINUX_AMD64
+    return ecs.ContainerImage.from_asset(
+        str(ROOT), file="Dockerfile", build_args=args, exclude=IMAGE_EXCLUDES, platform=platform
     )
 
 

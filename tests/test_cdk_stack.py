@@ -154,7 +154,7 @@ def test_an_unknown_environment_is_refused_with_the_known_ones_named() -> None:
         ({"executor": {"reserved_concurrency": 4}}, "tier_max_concurrency adds up past executor.reserved_concurrency"),
         ({"executor": {"lease_seconds": 90}}, "lease_seconds must be below executor.visibility_seconds"),
         ({"payload_expiration_days": 2}, "payload_expiration_days must be at least"),
-        ({"worker": {"enabled": True}}, "worker.image is required"),
+        ({"user_code": {"package_dir": "src", "tool_modules": []}}, "tool_modules"),
         ({"worker": {"heartbeat_seconds": 60}}, "heartbeat_seconds < lease_seconds < visibility_seconds"),
         ({"log_retention_days": 10}, "log_retention_days must be one of"),
         ({"executor": {"tier_max_concurrency": {"urgent": 2}}}, "must name exactly the tiers"),
