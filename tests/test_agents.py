@@ -184,3 +184,20 @@ def test_the_cli_creates_lists_shows_and_runs_an_agent_from_a_yaml_file(api_stac
     assert refused.returncode == 2 and "tools[0]" in refused.stderr and "Traceback" not in refused.stderr
     missing = agentq("agents", "show", f"{name}-gone")
     assert missing.returncode == 1 and "no agent" in missing.stderr
+
+
+def test_the_python_client_creates_lists_and_reads_versions(api_stack: ApiStack) -> None:
+    from agentq import AgentSpec, Client
+
+    client = Client(api_stack.url, api_stack.key)
+    name = _name()
+    first = client.create_agent(AgentSpec.model_validate(_agent(name, "one")))
+    assert first.created and first.agent.ref == f"{name}@1"
+    second = client.create_agent(**_agent(name, "two"))
+    assert second.agent.version == 2
+    assert client.get_agent(f"{name}@1").script == first.agent.script
+    assert client.get_agent(name).version == 2
+    assert [v.version for v in client.agent_versions(name)] == [2, 1]
+    assert any(a.name == name and a.latest_version == 2 for a in client.list_agents())
+    view = client.run({"goal": "find", "agent": f"{name}@1"}, timeout=60)
+    assert view.agent == f"{name}@1" and view.status.value == "succeeded"

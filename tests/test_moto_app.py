@@ -299,3 +299,35 @@ def test_an_sqs_queue_remembers_only_its_most_recent_deleted_receipts(monkeypatc
 
         queue = sqs_backends["123456789012"]["us-east-1"].queues["recent"]
         assert isinstance(queue.deleted_messages, moto_sqs.RecentReceipts) and len(queue.deleted_messages) == 3
+
+
+def test_a_stream_shard_keeps_its_newest_records_with_sequence_numbers_going_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """moto's stream shard kept a record of every write forever; the local server keeps a window
+    (here in-process moto, with the same patch the server installs, and a window of 5)."""
+    from moto import mock_aws
+
+    from agentq.local import moto_streams
+
+    moto_streams.install()
+    monkeypatch.setattr(moto_streams.trim, "__defaults__", (5, 0))
+    with mock_aws():
+        ddb = boto3.client("dynamodb", region_name="us-east-1")
+        ddb.create_table(
+            TableName="t", KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+            AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}], BillingMode="PAY_PER_REQUEST",
+            StreamSpecification={"StreamEnabled": True, "StreamViewType": "KEYS_ONLY"},
+        )  # fmt: skip
+        for i in range(12):
+            ddb.put_item(TableName="t", Item={"pk": {"S": f"p{i}"}})
+        from moto.core.models import DEFAULT_ACCOUNT_ID
+        from moto.dynamodb.models import dynamodb_backends
+
+        shard = dynamodb_backends[DEFAULT_ACCOUNT_ID]["us-east-1"].tables["t"].stream_shard
+        assert shard is not None
+        records = shard.get(0, 100)  # from before the window: read from its start
+        assert len(shard.items) == 5
+    assert [r["dynamodb"]["Keys"]["pk"]["S"] for r in records] == [f"p{i}" for i in range(7, 12)]
+    numbers = [int(r["dynamodb"]["SequenceNumber"]) for r in records]
+    assert numbers == sorted(numbers) and len(set(numbers)) == 5  # still increasing, none reused

@@ -18,6 +18,8 @@ It differs from ``moto_server`` in five ways, none of which changes what a reque
 5. An SQS queue remembers the receipt handles of its last 100,000 deleted messages, not of
    every message it ever deleted (``moto_sqs``): the server's memory no longer grows with
    every message it carries.
+6. A DynamoDB stream shard keeps its newest 10,000 records, not every record of every write
+   (``moto_streams``): with the table's stream on, that list was the server's main growth.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 from werkzeug.serving import run_simple
 
-from agentq.local import moto_query, moto_rollback, moto_sqs
+from agentq.local import moto_query, moto_rollback, moto_sqs, moto_streams
 
 
 def _moto_request_handler() -> Any:
@@ -88,6 +90,7 @@ def main(argv: list[str] | None = None, *, patch_moto: bool = True) -> None:
         moto_rollback.install()
         moto_query.install()
     moto_sqs.install()
+    moto_streams.install()
     os.environ.setdefault("MOTO_PORT", str(args.port))
     app = Dispatcher(create_backend_app)
     kwargs: dict[str, Any] = {"threaded": True}
