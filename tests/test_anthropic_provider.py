@@ -109,8 +109,9 @@ def free_port() -> int:
 
 
 def test_tool_use_round_trip_sends_tools_and_messages_and_returns_blocks(
-    api: FakeMessagesAPI, sleep: RecordingSleep
+    api: FakeMessagesAPI, sleep: RecordingSleep, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("AGENTQ_PROMPT_CACHE", "off")  # the request as the engine builds it (caching: its own tests)
     api.enqueue(
         tool_use_reply("get_weather", {"city": "Paris"}, tool_use_id="toolu_01A", text="Let me check."),
         text_reply("It is 18C and sunny in Paris."),
@@ -419,6 +420,7 @@ def test_bedrock_tool_use_round_trip_goes_through_model_invoke(
     api: FakeMessagesAPI, sleep: RecordingSleep, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("AWS_BEARER_TOKEN_BEDROCK", raising=False)  # would bypass SigV4
+    monkeypatch.setenv("AGENTQ_PROMPT_CACHE", "off")  # the request as the engine builds it
     monkeypatch.delenv("AWS_PROFILE", raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")

@@ -167,5 +167,7 @@ def test_the_example_runs_end_to_end_on_the_local_stack_through_the_cli(
     [refund] = [json.loads(line) for line in ledger.read_text().splitlines()]
     assert refund["order_id"] == "17" and refund["amount_cents"] == 4200 and refund["authenticated"]
     sent = model.requests[0].body
-    assert sent["system"].startswith("You handle refund requests") and sent["model"] == "claude-sonnet-4-6"
+    [system] = sent["system"]  # one text block, with the prompt cache's breakpoint
+    assert system["text"].startswith("You handle refund requests") and sent["model"] == "claude-sonnet-4-6"
+    assert system["cache_control"] == {"type": "ephemeral", "ttl": "1h"}  # refunds wait for a person: an hour
     assert [t["name"] for t in sent["tools"]] == ["lookup_order", "refund_order"]

@@ -552,6 +552,7 @@ class Engine:
             tools=self._registry(s).schemas(offered_tools(sub.constraints)),
             max_tokens=max_tokens,
             task_id=s.lease.task_id,
+            cache_ttl=_cache_ttl(sub.constraints),
         )
 
     def _wanted_reservation(self, s: Session) -> tuple[int, int]:
@@ -1102,6 +1103,16 @@ def _lease_lost(task_id: str, exc: LeaseLost) -> RunResult:
     """Fenced out: by a cancel (the status moved: ``stopped``) or by another worker."""
     status = exc.details.get("status")
     return RunResult(task_id, "stopped" if status is not None else "lease_lost", status=status, error=exc.to_dict())
+
+
+def _cache_ttl(constraints: Constraints) -> Literal["5m", "1h"]:
+    """The prompt cache's TTL for a task's calls: an hour where it may wait longer than five
+    minutes between two calls (a person's approval, sub-agents), so the wait does not cost a
+    full re-read of the conversation; else five minutes (a cheaper write)."""
+    offered = offered_tools(constraints)
+    pauses = APPROVAL_TOOL in offered or SPAWN_TOOL in offered
+    asks = any(policy == "ask" for name, policy in constraints.tool_policies.items() if name in offered)
+    return "1h" if pauses or asks else "5m"
 
 
 def offered_tools(constraints: Constraints) -> list[str]:

@@ -185,6 +185,7 @@ class Usage(StrictModel):
     output_tokens: int = 0
     cache_creation_input_tokens: int = 0
     cache_read_input_tokens: int = 0
+    cache_creation_1h_input_tokens: int = 0  # of the writes, those with the one-hour TTL (priced higher)
 
     @property
     def input_total(self) -> int:

@@ -21,7 +21,8 @@ MILLION = Decimal(1_000_000)
 class ModelPrice(BaseModel):
     input_per_mtok: Decimal = Field(ge=0)
     output_per_mtok: Decimal = Field(ge=0)
-    cache_write_per_mtok: Decimal | None = Field(default=None, ge=0)  # default 1.25 x input
+    cache_write_per_mtok: Decimal | None = Field(default=None, ge=0)  # default 1.25 x input (5-minute TTL)
+    cache_write_1h_per_mtok: Decimal | None = Field(default=None, ge=0)  # default 2 x input (1-hour TTL)
     cache_read_per_mtok: Decimal | None = Field(default=None, ge=0)  # default 0.1 x input
 
     def cost(self, usage: Usage) -> Decimal:
@@ -33,10 +34,15 @@ class ModelPrice(BaseModel):
         cache_read = (
             self.cache_read_per_mtok if self.cache_read_per_mtok is not None else self.input_per_mtok * Decimal("0.1")
         )
+        cache_write_1h = (
+            self.cache_write_1h_per_mtok if self.cache_write_1h_per_mtok is not None else self.input_per_mtok * 2
+        )
+        writes_1h = min(usage.cache_creation_1h_input_tokens, usage.cache_creation_input_tokens)
         total = (
             usage.input_tokens * self.input_per_mtok
             + usage.output_tokens * self.output_per_mtok
-            + usage.cache_creation_input_tokens * cache_write
+            + (usage.cache_creation_input_tokens - writes_1h) * cache_write
+            + writes_1h * cache_write_1h
             + usage.cache_read_input_tokens * cache_read
         )
         return total / MILLION

@@ -23,7 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentq.core.errors import ProviderError
 from agentq.core.models import Usage
+from agentq.core.providers import caching
 from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS, LLMRequest, LLMResponse
+from agentq.core.providers.caching import CacheTtl
 from agentq.core.providers.retry import MalformedReply, RetryPolicy, call_with_retries
 
 # What the engine persists and replays. Anything else the SDK adds (citations, caller,
@@ -66,6 +68,8 @@ class _MessagesProvider:
             kwargs["system"] = request.system
         if request.tools:
             kwargs["tools"] = request.tools
+        if caching.enabled():
+            kwargs = caching.cached_request(kwargs, self._cache_ttl(request))
 
         response, attempts = call_with_retries(
             lambda: to_llm_response(self._client.messages.create(**kwargs), 1),
@@ -75,6 +79,9 @@ class _MessagesProvider:
             label=self.name,
         )
         return response.model_copy(update={"attempts": attempts})
+
+    def _cache_ttl(self, request: LLMRequest) -> CacheTtl | None:
+        return request.cache_ttl
 
 
 class AnthropicProvider(_MessagesProvider):
@@ -107,6 +114,9 @@ class AnthropicProvider(_MessagesProvider):
 
 class BedrockProvider(_MessagesProvider):
     """Claude on Amazon Bedrock, signed with the ambient AWS credentials (the Lambda role)."""
+
+    def _cache_ttl(self, request: LLMRequest) -> CacheTtl | None:
+        return None  # Bedrock caches for five minutes and takes no ttl field
 
     name = "bedrock"
 
@@ -157,11 +167,17 @@ class _Block(BaseModel):
         return self
 
 
+class _CacheCreation(BaseModel):
+    ephemeral_5m_input_tokens: int | None = Field(default=None, ge=0)
+    ephemeral_1h_input_tokens: int | None = Field(default=None, ge=0)
+
+
 class _Usage(BaseModel):
     input_tokens: int = Field(ge=0)
     output_tokens: int = Field(ge=0)
     cache_creation_input_tokens: int | None = Field(default=None, ge=0)
     cache_read_input_tokens: int | None = Field(default=None, ge=0)
+    cache_creation: _CacheCreation | None = None  # the writes by TTL, when the API splits them
 
 
 class _Message(BaseModel):
@@ -198,6 +214,10 @@ def to_llm_response(message: Any, attempts: int) -> LLMResponse:
             output_tokens=usage.output_tokens,
             cache_creation_input_tokens=usage.cache_creation_input_tokens or 0,
             cache_read_input_tokens=usage.cache_read_input_tokens or 0,
+            cache_creation_1h_input_tokens=min(
+                (usage.cache_creation.ephemeral_1h_input_tokens or 0) if usage.cache_creation else 0,
+                usage.cache_creation_input_tokens or 0,
+            ),
         ),
         attempts=attempts,
     )

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -26,6 +26,9 @@ class LLMRequest(BaseModel):
     tools: list[dict[str, Any]] = Field(default_factory=list)  # {name, description, input_schema}
     max_tokens: int
     task_id: str = ""  # lets deterministic providers derive stable ids
+    # The prompt-cache TTL this call's breakpoints ask for (providers/caching.py): "1h" when the
+    # task may wait longer than five minutes before its next call.
+    cache_ttl: Literal["5m", "1h"] = "5m"
 
 
 class LLMResponse(BaseModel):
