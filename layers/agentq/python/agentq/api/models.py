@@ -231,6 +231,9 @@ class TaskResult(ApiModel):
     status: TaskStatus
     complete: bool = Field(description="true when the task succeeded; otherwise result is partial (or null)")
     result: str | None
+    output: Any = Field(
+        default=None, description="with an output_schema: the answer, as JSON that validated against it"
+    )
     error: dict[str, Any] | None
     finished_at: float | None
 

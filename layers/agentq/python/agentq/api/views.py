@@ -263,11 +263,15 @@ def task_result(task: Task) -> TaskResult:
             f"task {task.task_id} is {task.status.value}; its result is ready when it ends (GET /tasks/{task.task_id})",
             field="task_id",
         )
+    output = None
+    if task.submission.output_schema is not None and task.status is TaskStatus.SUCCEEDED and task.result:
+        output = json.loads(task.result)  # the engine stores a valid answer as JSON, and only that
     return TaskResult(
         task_id=task.task_id,
         status=task.status,
         complete=task.status is TaskStatus.SUCCEEDED,
         result=task.result,
+        output=output,
         error=task.error,
         finished_at=task.finished_at,
     )

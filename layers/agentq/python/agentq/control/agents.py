@@ -116,6 +116,11 @@ def resolve_agent(store: Storage, submission: TaskSubmission, *, tenant: str) ->
         found = store.agents.get(tenant, name, version)
     except AgentNotFound as exc:  # in a submission, a bad field, not a missing resource
         raise ValidationError(f"agent: {exc.message}", field="agent") from None
+    if found.output_schema is not None and "output_schema" in submission.model_fields_set:
+        raise ValidationError(
+            f"output_schema: set by agent {name!r}; leave it out, or create a new version of the agent",
+            field="output_schema",
+        )
     sent = submission.model_dump(include=submission.model_fields_set - {"constraints", "agent"})
     sent["constraints"] = submission.constraints.model_dump(include=sent_constraints)
     return parse_submission(resolved_fields(found, sent))

@@ -12,6 +12,7 @@ import pydantic
 from agentq.control.defaults import Defaults
 from agentq.core.errors import ValidationError
 from agentq.core.models import Script, Task, TaskStatus, TaskSubmission
+from agentq.core.output import FINAL_ANSWER_TOOL
 from agentq.core.pricing import load_price_table
 from agentq.core.providers.scripted import load_script
 from agentq.core.tools import ToolRegistry
@@ -73,6 +74,12 @@ def check_submission(submission: TaskSubmission, tools: ToolRegistry) -> None:
 
         tools = tools.with_tools(mcp_tool_specs(submission.mcp_tools, None))
     check_tools(submission.constraints.tools, submission.constraints.tool_policies, tools, prefix="constraints.")
+    if submission.output_schema is not None and FINAL_ANSWER_TOOL in submission.constraints.tools:
+        raise ValidationError(
+            f"constraints.tools: {FINAL_ANSWER_TOOL!r} is how a task with an output_schema answers; "
+            "a tool of that name cannot be offered too",
+            field="constraints.tools",
+        )
     check_script(submission.script)
 
 

@@ -81,6 +81,18 @@ class AgentSpec(StrictModel):
     mcp_servers: list[McpServerRef] = Field(
         default_factory=list, max_length=16, description="MCP servers whose tools (listed now, pinned) it may use"
     )
+    output_schema: dict[str, Any] | None = Field(
+        default=None, description="a JSON Schema every final answer of its tasks must validate against"
+    )
+
+    @field_validator("output_schema")
+    @classmethod
+    def _usable_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        if schema is not None:
+            from agentq.core.output import check_schema
+
+            check_schema(schema)
+        return schema
 
     @field_validator("tools")
     @classmethod
@@ -172,6 +184,8 @@ def resolved_fields(version: AgentVersion, submission_fields: dict[str, Any]) ->
         "constraints": constraints,
         "mcp_tools": [p.model_dump() for p in version.mcp_tools],
     }
+    if version.output_schema is not None:
+        fields["output_schema"] = version.output_schema
     if version.system is not None:
         fields["system"] = version.system
     if version.script is not None:

@@ -50,9 +50,12 @@ from agentq.core.models import (
     StepRecord,
     Task,
     TaskStatus,
+    TaskSubmission,
     ToolOutcome,
     ToolsStep,
 )
+from agentq.core.output import FINAL_ANSWER_TOOL, answer_of, feedback, final_answer_tool
+from agentq.core.output import INSTRUCTION as OUTPUT_INSTRUCTION
 from agentq.core.ports import EngineStorage
 from agentq.core.pricing import PriceTable, load_price_table
 from agentq.core.providers import LLMRequest, LLMResponse, ProviderFactory, default_provider_factory
@@ -214,13 +217,19 @@ class _TaskNotes:
         self.store.notes.write(self.session.lease, key, value)
 
 
-def conversation(goal: str, steps: list[StepRecord]) -> list[dict[str, Any]]:
-    """Messages API history rebuilt from committed steps: the goal, then each step's turn."""
+def conversation(
+    goal: str, steps: list[StepRecord], output_schema: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """Messages API history rebuilt from committed steps: the goal, then each step's turn
+    (with an ``output_schema``, a text answer that was not valid is followed by the feedback
+    the model was given, derived again from the step: ``core.output``)."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": goal}]
     for record in steps:
         body = record.body
         if isinstance(body, LLMStep):
             messages.append({"role": "assistant", "content": body.content})
+            if output_schema is not None and not body.tool_uses() and not answer_of(output_schema, body.content)[0]:
+                messages.append({"role": "user", "content": feedback(output_schema, body.content)})
         else:
             messages.append(
                 {
@@ -334,7 +343,7 @@ class Engine:
                 steps = self.store.steps.load(task_id, upto=task.step)  # what the claim found committed
                 resumed_from = steps[-1].number if steps else 0
                 session.steps = list(steps)
-                session.messages = conversation(task.submission.goal, steps)
+                session.messages = conversation(task.submission.goal, steps, task.submission.output_schema)
                 session.limits = self.windows.limits(task.tenant)
                 self._settle_stale_reservation(session)
                 result = self._loop(session)
@@ -465,7 +474,9 @@ class Engine:
                 if s.task.status.terminal:
                     return RunResult(task_id, "finished", status=s.task.status)
                 continue
-            if isinstance(last, LLMStep):  # already finished: committed with its terminal status
+            if isinstance(last, LLMStep) and not (
+                s.task.submission.output_schema is not None and not s.task.status.terminal
+            ):  # already finished: committed with its terminal status
                 return RunResult(task_id, "finished", status=s.task.status)
             stop = self._stop_reason(s)
             if stop == "slice":
@@ -540,16 +551,23 @@ class Engine:
             pins = s.task.submission.mcp_tools
             if pins and self._mcp is None:
                 self._mcp = McpServers.from_env(secrets=self.secrets if isinstance(self.secrets, Secrets) else None)
-            s.tools = self.tools.with_tools(mcp_tool_specs(pins, self._mcp)) if pins else self.tools
+            extra = mcp_tool_specs(pins, self._mcp) if pins else []
+            schema = s.task.submission.output_schema
+            if schema is not None:
+                extra.append(final_answer_tool(schema))
+            s.tools = self.tools.with_tools(extra)
         return s.tools
 
     def _request(self, s: Session, max_tokens: int) -> LLMRequest:
         sub = s.task.submission
+        system = sub.system
+        if sub.output_schema is not None:
+            system = f"{system}\n\n{OUTPUT_INSTRUCTION}" if system else OUTPUT_INSTRUCTION
         return LLMRequest(
             model=sub.model,
-            system=sub.system,
+            system=system,
             messages=s.messages,
-            tools=self._registry(s).schemas(offered_tools(sub.constraints)),
+            tools=self._registry(s).schemas(task_tools(sub)),
             max_tokens=max_tokens,
             task_id=s.lease.task_id,
             cache_ttl=_cache_ttl(sub.constraints),
@@ -703,6 +721,15 @@ class Engine:
         )
         messages = [*s.messages, {"role": "assistant", "content": step.content}]
         finish, error = self._turn_end(step, max_out, shrunk=max_out < s.task.submission.constraints.max_output_tokens)
+        result = final_text(messages) if finish else None
+        schema = s.task.submission.output_schema
+        if schema is not None and error is None:
+            answered, answer = answer_of(schema, step.content)
+            if answered:  # a valid final answer ends the task, whatever else the turn holds
+                finish, result = TaskStatus.SUCCEEDED, json.dumps(answer, ensure_ascii=False)
+            elif finish is TaskStatus.SUCCEEDED:  # text that is not a valid answer: the model is told why
+                finish = None
+                messages.append({"role": "user", "content": feedback(schema, step.content)})
         until = (s.task.inflight or {}).get("until")
         if until is not None and time.time() > until:
             log.warning(
@@ -715,7 +742,7 @@ class Engine:
                 step,
                 settle=settle,
                 finish=finish,
-                result=final_text(messages) if finish else None,
+                result=result,
                 error=error,
             )
         except LeaseLost:
@@ -835,7 +862,7 @@ class Engine:
         """Run the turn's tool calls and commit their results; a spawn may park the task
         in ``waiting`` instead, and a call that needs a person's decision in ``paused``
         (returns that RunResult)."""
-        allowlist = offered_tools(s.task.submission.constraints)
+        allowlist = task_tools(s.task.submission)
         uses = llm.tool_uses()
         decided = self._decisions(s, uses, allowlist)
         if isinstance(decided, RunResult):
@@ -853,7 +880,7 @@ class Engine:
                 outcomes.append(decided.get(use["id"]) or self._run_one_tool(s, use, allowlist, notes))
         self._check_lease(s)
         body = ToolsStep(results=outcomes)
-        messages = conversation(s.task.submission.goal, [*s.steps, _draft(s, body)])
+        messages = conversation(s.task.submission.goal, [*s.steps, _draft(s, body)], s.task.submission.output_schema)
         record = self._commit_tools(s, body, messages)
         self._committed(s, record, messages)
         crash_point("after_tools_commit")
@@ -931,7 +958,7 @@ class Engine:
         spawn_id = spawn_use["id"]
         record = self.store.spawns.get(task.task_id, spawn_id)
         if record is None:
-            allowlist = offered_tools(task.submission.constraints)
+            allowlist = task_tools(task.submission)
             notes = _TaskNotes(self.store, s)
             pending = [
                 decided.get(use["id"]) or self._run_one_tool(s, use, allowlist, notes)
@@ -1113,6 +1140,12 @@ def _cache_ttl(constraints: Constraints) -> Literal["5m", "1h"]:
     pauses = APPROVAL_TOOL in offered or SPAWN_TOOL in offered
     asks = any(policy == "ask" for name, policy in constraints.tool_policies.items() if name in offered)
     return "1h" if pauses or asks else "5m"
+
+
+def task_tools(submission: TaskSubmission) -> list[str]:
+    """The tools a task's model is offered: its allowed ones, and final_answer with an output schema."""
+    offered = offered_tools(submission.constraints)
+    return [*offered, FINAL_ANSWER_TOOL] if submission.output_schema is not None else offered
 
 
 def offered_tools(constraints: Constraints) -> list[str]:

@@ -168,6 +168,20 @@ class TaskSubmission(StrictModel):
         max_length=128,
         description="set from the agent version's MCP servers when the submission names an agent; not sent",
     )
+    output_schema: dict[str, Any] | None = Field(
+        default=None,
+        description="a JSON Schema the final answer must validate against; the model answers through a "
+        "final_answer tool, and the result is the answer as JSON",
+    )
+
+    @field_validator("output_schema")
+    @classmethod
+    def _usable_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        if schema is not None:
+            from agentq.core.output import check_schema
+
+            check_schema(schema)
+        return schema
 
     @model_validator(mode="after")
     def _script_matches_provider(self) -> TaskSubmission:
