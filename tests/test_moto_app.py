@@ -331,3 +331,30 @@ def test_a_stream_shard_keeps_its_newest_records_with_sequence_numbers_going_on(
     assert [r["dynamodb"]["Keys"]["pk"]["S"] for r in records] == [f"p{i}" for i in range(7, 12)]
     numbers = [int(r["dynamodb"]["SequenceNumber"]) for r in records]
     assert numbers == sorted(numbers) and len(set(numbers)) == 5  # still increasing, none reused
+
+
+def test_the_server_keeps_no_item_objects_of_deleted_items() -> None:
+    """moto tracked every model object it ever created (every item copy) for its dashboard;
+    with the local server's patch, deleted items leave nothing behind (in-process moto here)."""
+    import gc
+
+    from moto import mock_aws
+    from moto.dynamodb.models.dynamo_type import Item
+
+    from agentq.local import moto_models
+
+    moto_models.install()
+    with mock_aws():
+        ddb = boto3.client("dynamodb", region_name="us-east-1")
+        ddb.create_table(
+            TableName="t", KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+            AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}], BillingMode="PAY_PER_REQUEST",
+        )  # fmt: skip
+        for i in range(200):
+            key = {"pk": {"S": f"p{i}"}}
+            ddb.put_item(TableName="t", Item=key | {"v": {"N": "1"}})
+            ddb.update_item(TableName="t", Key=key, UpdateExpression="SET v = :v",
+                            ExpressionAttributeValues={":v": {"N": "2"}}, ReturnValues="ALL_OLD")  # fmt: skip
+            ddb.delete_item(TableName="t", Key=key)
+        gc.collect()
+        assert [o for o in gc.get_objects() if isinstance(o, Item)] == []
