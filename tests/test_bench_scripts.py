@@ -33,6 +33,7 @@ CASES = {
     "local_api": ["--clients", "4"],
     "import_time": ["--runs", "1", "authorizer"],
     "local_soak": ["--minutes", "0.15", "--rate", "1", "--sample-seconds", "3"],
+    "agent_cost": ["--turns", "30", "--doc-bytes", "2000"],
 }
 
 
@@ -86,6 +87,12 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
         assert row["errors_5xx"] == 0 and row["crossed"] == 0
     elif name == "local_soak":
         assert len(result["samples"]) >= 3 and result["rss_max_mb"] > 0 and result["tasks_submitted"] >= 5
+    elif name == "agent_cost":
+        off, cached = result["rows"]
+        assert off["status"] == cached["status"] == "succeeded"
+        assert off["per_call_input"] == cached["per_call_input"], (off, cached)
+        assert cached["cache_reads"] > 0 and cached["input_usd"] < off["input_usd"]
+        assert off["ledger_equals_provider"] and cached["ledger_equals_provider"]
     elif name == "import_time":
         [handler] = result["handlers"]
         assert handler["handler"] == "authorizer" and handler["median_ms"] > 0

@@ -98,3 +98,23 @@ def test_cache_writes_by_ttl_and_reads_are_priced_as_the_provider_prices_them() 
     assert load_price_table().cost("claude-sonnet-4-6", response.usage) == expected
     assert response.usage.input_total == 23_100  # the ledger counts every input token the model read
     assert to_llm_response is not None
+
+
+@pytest.mark.parametrize(("ttl", "read_after_ten_minutes"), [(None, False), ("1h", True)])
+def test_the_local_cache_server_reads_a_prefix_within_its_ttl_only(
+    ttl: str | None, read_after_ten_minutes: bool
+) -> None:
+    from tests.prompt_cache_server import CacheAccounting
+
+    kwargs = {"model": "m", "system": "s" * 6000, "tools": TOOLS, "messages": MESSAGES, "max_tokens": 5}
+    body = cached_request(kwargs, ttl)  # type: ignore[arg-type]
+    cache = CacheAccounting()
+    first = cache.bill(body)
+    assert first is not None and first["cache_read_input_tokens"] == 0 and first["cache_creation_input_tokens"] > 1024
+    again = cache.bill(body)
+    assert again is not None and again["cache_read_input_tokens"] == first["cache_creation_input_tokens"]
+    cache.clock += 600
+    later = cache.bill(body)
+    assert later is not None and (later["cache_read_input_tokens"] > 0) is read_after_ten_minutes
+    plain = CacheAccounting().bill(kwargs)  # no breakpoints: nothing cached, all plain input
+    assert plain is not None and plain["cache_creation_input_tokens"] == plain["cache_read_input_tokens"] == 0
