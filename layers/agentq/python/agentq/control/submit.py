@@ -81,6 +81,28 @@ def check_submission(submission: TaskSubmission, tools: ToolRegistry) -> None:
             field="constraints.tools",
         )
     check_script(submission.script)
+    check_context(submission)
+
+
+def check_context(submission: TaskSubmission) -> None:
+    """The system prompt and tool list alone must fit under the context threshold, or no call
+    could ever be made."""
+    from agentq.core.context import context_window
+    from agentq.core.engine import estimate_input_tokens
+    from agentq.core.providers import LLMRequest
+
+    window = context_window(submission.model)
+    limit = int(window * submission.constraints.context_threshold)
+    fixed = estimate_input_tokens(
+        LLMRequest(model=submission.model, system=submission.system, messages=[{"role": "user", "content": submission.goal}],
+                   max_tokens=1)
+    )  # fmt: skip
+    if fixed > limit:
+        raise ValidationError(
+            f"constraints.context_threshold: the system prompt and goal alone are ~{fixed:,} tokens, over "
+            f"{submission.constraints.context_threshold} of {submission.model}'s {window:,}-token window ({limit:,})",
+            field="constraints.context_threshold",
+        )
 
 
 def check_model(provider: str, model: str) -> None:

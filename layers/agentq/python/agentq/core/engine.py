@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from agentq import observe
 from agentq.core.approval import APPROVAL_TOOL, decision_outcome
+from agentq.core.context import RECALL_TOOL, cleared, context_window, recall_tool, tool_results
 from agentq.core.errors import (
     DETERMINISTIC_FAULTS,
     BudgetExceeded,
@@ -558,16 +559,36 @@ class Engine:
             s.tools = self.tools.with_tools(extra)
         return s.tools
 
+    def _context(self, s: Session) -> tuple[list[dict[str, Any]], int]:
+        """The messages this call sends and how many tool results they clear (``core.context``):
+        the previous call's boundary, moved up to all but the latest ``keep_tool_results`` when
+        the request would pass the threshold of the model's window."""
+        sub = s.task.submission
+        last = next((r.body for r in reversed(s.steps) if isinstance(r.body, LLMStep)), None)
+        boundary = last.cleared_before if last is not None else 0
+        messages = cleared(s.messages, boundary)
+        limit = context_window(sub.model) * sub.constraints.context_threshold
+        probe = LLMRequest(model=sub.model, system=sub.system, messages=messages, tools=[], max_tokens=1)
+        if estimate_input_tokens(probe) > limit:
+            moved = max(boundary, tool_results(s.messages) - sub.constraints.keep_tool_results)
+            if moved > boundary:
+                boundary, messages = moved, cleared(s.messages, moved)
+        return messages, boundary
+
     def _request(self, s: Session, max_tokens: int) -> LLMRequest:
         sub = s.task.submission
         system = sub.system
         if sub.output_schema is not None:
             system = f"{system}\n\n{OUTPUT_INSTRUCTION}" if system else OUTPUT_INSTRUCTION
+        messages, boundary = self._context(s)
+        tools = self._registry(s).schemas(task_tools(sub))
+        if boundary:
+            tools.append(recall_tool().schema())
         return LLMRequest(
             model=sub.model,
             system=system,
-            messages=s.messages,
-            tools=self._registry(s).schemas(task_tools(sub)),
+            messages=messages,
+            tools=tools,
             max_tokens=max_tokens,
             task_id=s.lease.task_id,
             cache_ttl=_cache_ttl(sub.constraints),
@@ -711,6 +732,7 @@ class Engine:
             attempts=response.attempts,
             started_at=started,
             duration_ms=int((time.time() - started) * 1000),
+            cleared_before=self._context(s)[1],
         )
         settle = BudgetDelta(
             reserved=reserved,
@@ -1026,6 +1048,8 @@ class Engine:
         return [by_id[u["id"]] for u in uses]
 
     def _run_one_tool(self, s: Session, use: dict[str, Any], allowlist: list[str], notes: _TaskNotes) -> ToolOutcome:
+        if use["name"] == RECALL_TOOL:
+            return _recalled(s, use)
         registry = self._registry(s)
         spec = registry.get(use["name"])
         side_effects = bool(spec and spec.side_effects and use["name"] in allowlist)
@@ -1151,6 +1175,20 @@ def task_tools(submission: TaskSubmission) -> list[str]:
 def offered_tools(constraints: Constraints) -> list[str]:
     """The tools a task's model is shown and may run: its allowlist without the denied ones."""
     return [name for name in constraints.tools if constraints.tool_policies.get(name) != "deny"]
+
+
+def _recalled(s: Session, use: dict[str, Any]) -> ToolOutcome:
+    """``recall``: a tool result cleared from the context, read from the task's own steps."""
+    wanted = (use.get("input") or {}).get("tool_use_id")
+    for record in s.steps:
+        if isinstance(record.body, ToolsStep):
+            for result in record.body.results:
+                if result.tool_use_id == wanted:
+                    return ToolOutcome(
+                        tool_use_id=use["id"], name=RECALL_TOOL, content=result.content, is_error=result.is_error,
+                        started_at=time.time(), duration_ms=0,
+                    )  # fmt: skip
+    return _error_outcome(use, f"no tool result with id {wanted!r} in this task")
 
 
 def _error_outcome(use: dict[str, Any], message: str) -> ToolOutcome:

@@ -86,6 +86,14 @@ class Constraints(StrictModel):
     approval_default: ApprovalDefault = Field(
         default="reject", description="the decision a timed-out approval takes (reject: the call never runs)"
     )
+    context_threshold: float = Field(
+        default=0.7,
+        ge=0.1,
+        le=0.95,
+        description="share of the model's context window past which old tool results are cleared from what is "
+        "sent (they stay in the steps; the model can recall them)",
+    )
+    keep_tool_results: int = Field(default=5, ge=0, le=1000, description="tool results never cleared: the latest")
 
     @field_validator("tools")
     @classmethod
@@ -225,6 +233,7 @@ class LLMStep(StrictModel):
     attempts: int = 1
     started_at: float
     duration_ms: int
+    cleared_before: int = Field(default=0, description="tool results cleared from this call's request (core.context)")
 
     def tool_uses(self) -> list[dict[str, Any]]:
         return [b for b in self.content if b.get("type") == "tool_use"]

@@ -1,0 +1,113 @@
+"""Context management: past the threshold of the model's window, old tool results are cleared
+from what is sent (never from the steps), the latest ones kept, and the model can read any of
+them back with ``recall``; the boundary is recorded on each LLM step, so a resumed worker sends
+exactly the request the first one did; a threshold that cannot work is refused at submission."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agentq.control.submit import parse_submission, submit
+from agentq.core.engine import Engine, EngineConfig, Session, conversation
+from agentq.core.errors import ValidationError
+from agentq.core.models import Lease, LLMStep, TaskStatus, ToolsStep, Usage
+from agentq.core.providers import LLMRequest, LLMResponse
+from agentq.core.tools import ToolRegistry, tool
+from agentq.runtime import Settings, build_queues
+from agentq.storage.container import Storage
+
+DOC = 1500  # characters per document: ~500 tokens by the engine's estimate
+
+
+@tool(name="read_doc")
+def read_doc(n: int) -> str:
+    """Read document n."""
+    return f"doc {n}: " + ("lorem ipsum " * 200)[:DOC]
+
+
+class RecordingModel:
+    """Reads documents 1..docs, recalls document 1, then answers; keeps every request."""
+
+    name = "anthropic"
+
+    def __init__(self, docs: int) -> None:
+        self.docs = docs
+        self.requests: list[LLMRequest] = []
+
+    def complete(self, request: LLMRequest) -> LLMResponse:
+        self.requests.append(request)
+        results = [b for m in request.messages if isinstance(m["content"], list) for b in m["content"]
+                   if b.get("type") == "tool_result"]  # fmt: skip
+        n = len(results)
+        if n < self.docs:
+            content = [{"type": "tool_use", "id": f"toolu_{n + 1:03d}", "name": "read_doc", "input": {"n": n + 1}}]
+        elif n == self.docs:
+            content = [
+                {"type": "tool_use", "id": "toolu_recall", "name": "recall", "input": {"tool_use_id": "toolu_001"}}
+            ]
+        else:
+            content = [{"type": "text", "text": "done"}]
+        stop = "tool_use" if content[0]["type"] == "tool_use" else "end_turn"
+        return LLMResponse(
+            content=content, stop_reason=stop, model=request.model, usage=Usage(input_tokens=100, output_tokens=10)
+        )
+
+
+def _submission(**constraints: Any) -> dict[str, Any]:
+    return {"goal": "read them all", "provider": "anthropic", "model": "claude-sonnet-4-6",
+            "constraints": {"tools": ["read_doc"], "max_steps": 40, "keep_tool_results": 2, **constraints}}  # fmt: skip
+
+
+def test_old_results_are_cleared_past_the_threshold_and_recall_reads_them_back(
+    store: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENTQ_CONTEXT_WINDOWS", '{"claude-sonnet-4": 5000}')  # a small window: 3,500 tokens
+    model = RecordingModel(docs=12)
+    task = store.tasks.create(parse_submission(_submission()), tenant="t")
+    engine = Engine(store, worker_id="w", tools=ToolRegistry([read_doc]), config=EngineConfig(lease_seconds=30),
+                    providers=lambda _: model)  # fmt: skip
+    assert engine.run(task.task_id).status is TaskStatus.SUCCEEDED
+
+    steps = store.steps.load(task.task_id)
+    boundaries = [s.body.cleared_before for s in steps if isinstance(s.body, LLMStep)]
+    assert boundaries == sorted(boundaries) and boundaries[-1] > 0  # moved up, never back
+    last = model.requests[-2]  # the call that recalled document 1
+    sent = [b["content"] for m in last.messages if isinstance(m["content"], list) for b in m["content"]
+            if b.get("type") == "tool_result"]  # fmt: skip
+    assert (
+        sent[0].startswith("[cleared to save context: read_doc returned")
+        and "recall(tool_use_id='toolu_001')" in sent[0]
+    )
+    assert sent[-1].startswith("doc 12:") and sent[-2].startswith("doc 11:")  # the latest kept whole
+    assert "recall" in [t["name"] for t in last.tools]
+    assert all(len(m.messages) and sum(len(str(x)) for x in m.messages) < 5000 * 3 for m in model.requests)
+    stored = [r for s in steps if isinstance(s.body, ToolsStep) for r in s.body.results]
+    assert stored[0].content.startswith("doc 1:")  # the steps keep everything
+    recalled = next(r for r in stored if r.name == "recall")
+    assert recalled.content == stored[0].content and not recalled.is_error
+
+    # A resumed worker rebuilds exactly the request each call sent.
+    for i, record in enumerate(steps):
+        if isinstance(record.body, LLMStep):
+            lease = Lease(task_id=task.task_id, owner="resumed", epoch=2, expires_at=0)
+            messages_so_far = conversation(task.submission.goal, steps[:i])
+            session = Session(lease=lease, task=task, steps=steps[:i], messages=messages_so_far, deadline=None)
+            messages, boundary = engine._context(session)
+            assert boundary == record.body.cleared_before
+            assert messages == model.requests[sum(isinstance(s.body, LLMStep) for s in steps[:i])].messages
+
+
+def test_a_threshold_the_system_prompt_alone_passes_is_refused_naming_it(
+    store: Storage, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENTQ_CONTEXT_WINDOWS", '{"claude-sonnet-4": 20000}')
+    body = _submission(context_threshold=0.2)  # 4,000 tokens
+    body["system"] = "You are thorough. " * 1000  # ~6,000 tokens by the engine's estimate
+    with pytest.raises(ValidationError) as refused:
+        submit(store, ToolRegistry([read_doc]), body, tenant="t", queues=build_queues(settings))
+    assert refused.value.field == "constraints.context_threshold"
+    with pytest.raises(ValidationError) as bad:
+        parse_submission(_submission(context_threshold=1.5))
+    assert bad.value.field == "constraints.context_threshold"
