@@ -52,6 +52,7 @@ class AgentConstraints(StrictModel):
     max_fanout: int | None = Field(default=None, ge=1, le=100)
     approval_timeout_seconds: int | None = Field(default=None, ge=1, le=MAX_TIMEOUT_SECONDS)
     approval_default: ApprovalDefault | None = None
+    thinking_budget_tokens: int | None = Field(default=None, ge=1024, le=128_000)
 
 
 class McpServerRef(StrictModel):

@@ -592,6 +592,9 @@ class Engine:
             max_tokens=max_tokens,
             task_id=s.lease.task_id,
             cache_ttl=_cache_ttl(sub.constraints),
+            thinking_budget=sub.constraints.thinking_budget_tokens
+            if max_tokens > (sub.constraints.thinking_budget_tokens or 0)
+            else None,
         )
 
     def _wanted_reservation(self, s: Session) -> tuple[int, int]:

@@ -94,6 +94,21 @@ class Constraints(StrictModel):
         "sent (they stay in the steps; the model can recall them)",
     )
     keep_tool_results: int = Field(default=5, ge=0, le=1000, description="tool results never cleared: the latest")
+    thinking_budget_tokens: int | None = Field(
+        default=None,
+        ge=1024,
+        le=128_000,
+        description="extended thinking: output tokens per call the model may think with (below max_output_tokens)",
+    )
+
+    @model_validator(mode="after")
+    def _thinking_fits(self) -> Constraints:
+        if self.thinking_budget_tokens is not None and self.thinking_budget_tokens >= self.max_output_tokens:
+            raise ValueError(
+                f"thinking_budget_tokens: {self.thinking_budget_tokens} must be below max_output_tokens "
+                f"({self.max_output_tokens}), which it is part of"
+            )
+        return self
 
     @field_validator("tools")
     @classmethod

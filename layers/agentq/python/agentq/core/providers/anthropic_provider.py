@@ -30,7 +30,7 @@ from agentq.core.providers.retry import MalformedReply, RetryPolicy, call_with_r
 
 # What the engine persists and replays. Anything else the SDK adds (citations, caller,
 # toolset_name, ...) would make stored steps depend on the SDK version that wrote them.
-BLOCK_KEYS = ("type", "text", "id", "name", "input")
+BLOCK_KEYS = ("type", "text", "id", "name", "input", "thinking", "signature", "data")
 
 DEFAULT_TIMEOUT_SECONDS = DEFAULT_MAX_CALL_SECONDS  # AGENTQ_MAX_CALL_SECONDS overrides it (providers/base.py)
 
@@ -68,6 +68,8 @@ class _MessagesProvider:
             kwargs["system"] = request.system
         if request.tools:
             kwargs["tools"] = request.tools
+        if request.thinking_budget:
+            kwargs["thinking"] = {"type": "enabled", "budget_tokens": request.thinking_budget}
         if caching.enabled():
             kwargs = caching.cached_request(kwargs, self._cache_ttl(request))
 
@@ -150,7 +152,14 @@ class BedrockProvider(_MessagesProvider):
             ) from None
 
 
-_BLOCK_FIELDS: dict[str, dict[str, type]] = {"text": {"text": str}, "tool_use": {"id": str, "name": str, "input": dict}}
+_BLOCK_FIELDS: dict[str, dict[str, type]] = {
+    "text": {"text": str},
+    "tool_use": {"id": str, "name": str, "input": dict},
+    # Extended thinking: kept whole (the signature too) and sent back unchanged, as the API
+    # requires of the assistant turn before a tool result; a redacted block is opaque data.
+    "thinking": {"thinking": str, "signature": str},
+    "redacted_thinking": {"data": str},
+}
 
 
 class _Block(BaseModel):

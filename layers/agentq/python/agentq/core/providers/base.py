@@ -29,6 +29,7 @@ class LLMRequest(BaseModel):
     # The prompt-cache TTL this call's breakpoints ask for (providers/caching.py): "1h" when the
     # task may wait longer than five minutes before its next call.
     cache_ttl: Literal["5m", "1h"] = "5m"
+    thinking_budget: int | None = None  # extended thinking: tokens of max_tokens the model may think with
 
 
 class LLMResponse(BaseModel):

@@ -1,0 +1,62 @@
+"""Extended thinking per task: the real ``anthropic`` SDK asks for it, thinking blocks (their
+signatures, and redacted ones) are checkpointed in the step and sent back unchanged within the
+tool-use loop, as the API requires; their tokens are output tokens in the ledger; a thinking
+budget that cannot fit in the output limit is refused at submission."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentq.control.submit import parse_submission
+from agentq.core.engine import Engine, EngineConfig
+from agentq.core.errors import ValidationError
+from agentq.core.models import LLMStep, TaskStatus
+from agentq.core.providers.anthropic_provider import AnthropicProvider
+from agentq.runtime import Settings, build_registry
+from agentq.storage.container import Storage
+
+from tests.fake_messages_api import FakeMessagesAPI, message_reply, text_reply, usage_dict
+
+THINKING = {
+    "type": "thinking",
+    "thinking": "The user wants the price; look it up first.",
+    "signature": "sig-EqQBCgIYAh",
+}
+REDACTED = {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix"}
+
+
+def _submission(**constraints: object) -> dict[str, object]:
+    return {"goal": "what does sku 7 cost?", "provider": "anthropic", "model": "claude-sonnet-4-6",
+            "constraints": {"tools": ["lookup"], "max_output_tokens": 4096, **constraints}}  # fmt: skip
+
+
+def test_thinking_blocks_are_checkpointed_and_sent_back_unchanged(store: Storage, settings: Settings) -> None:
+    use = {"type": "tool_use", "id": "toolu_think_1", "name": "lookup", "input": {"query": "sku 7"}}
+    with FakeMessagesAPI() as api:
+        api.enqueue(
+            message_reply([THINKING, REDACTED, {"type": "text", "text": "Looking it up."}, use], stop_reason="tool_use",
+                          usage=usage_dict(input_tokens=50, output_tokens=700)),
+            text_reply("It costs 7 euros.", usage=usage_dict(input_tokens=90, output_tokens=20)),
+        )  # fmt: skip
+        task = store.tasks.create(parse_submission(_submission(thinking_budget_tokens=2048)), tenant="t")
+        engine = Engine(store, worker_id="w", tools=build_registry(settings), config=EngineConfig(lease_seconds=30),
+                        providers=lambda _: AnthropicProvider(api_key="k", base_url=api.base_url))  # fmt: skip
+        assert engine.run(task.task_id).status is TaskStatus.SUCCEEDED
+        first, second = (r.body for r in api.requests)
+    assert first["thinking"] == {"type": "enabled", "budget_tokens": 2048} and first["max_tokens"] == 4096
+    replayed = [{k: v for k, v in b.items() if k != "cache_control"} for b in second["messages"][1]["content"]]
+    assert replayed[:2] == [THINKING, REDACTED]  # exactly as the API returned them, signature included
+    [llm, _, _] = store.steps.load(task.task_id)
+    assert isinstance(llm.body, LLMStep) and llm.body.content[:2] == [THINKING, REDACTED]
+    assert store.tasks.get(task.task_id).result == "It costs 7 euros."  # thinking is not the answer
+    budget = store.budgets.get(task.task_id)
+    assert budget.used == 50 + 700 + 90 + 20  # thinking is billed as output, and counted
+
+
+def test_a_thinking_budget_that_does_not_fit_the_output_limit_is_refused() -> None:
+    with pytest.raises(ValidationError) as refused:
+        parse_submission(_submission(thinking_budget_tokens=4096))
+    assert refused.value.field == "constraints.thinking_budget_tokens"
+    with pytest.raises(ValidationError) as small:
+        parse_submission(_submission(thinking_budget_tokens=100))
+    assert small.value.field == "constraints.thinking_budget_tokens"
