@@ -88,16 +88,10 @@ def build_deps_layer(
     # Build beside the cache and rename into place: concurrent builders (pytest-xdist workers,
     # two synths) never see a half-built directory; the loser of the rename drops its copy.
     work = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
-    try:
-        command = pip_command(work / "python", architecture, python_version)
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        proc = subprocess.CompletedProcess([], 1, "", f"{type(exc).__name__}: {exc}")
-    if proc.returncode != 0:
+    failure = _pip(pip_command(work / "python", architecture, python_version), timeout)
+    if failure is not None:
         shutil.rmtree(work, ignore_errors=True)
-        lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "is ignored" not in ln]
-        reason = lines[-1] if lines else f"pip exited {proc.returncode}"
-        return _placeholder(root, architecture, f"pip could not build the dependencies layer ({reason})")
+        return _placeholder(root, architecture, f"pip could not build the dependencies layer ({failure})")
     for name in os.listdir(work / "python"):
         base = name.split("-")[0] if name.endswith(".dist-info") else name
         if base.lower() in PRUNE:
@@ -136,16 +130,10 @@ def build_user_layer(
     target = work / "python"
     target.mkdir()
     if requirements is not None:
-        try:
-            command = pip_command(target, architecture, requirements=requirements)
-            proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            proc = subprocess.CompletedProcess([], 1, "", f"{type(exc).__name__}: {exc}")
-        if proc.returncode != 0:
+        failure = _pip(pip_command(target, architecture, requirements=requirements), timeout)
+        if failure is not None:
             shutil.rmtree(work, ignore_errors=True)
-            lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "is ignored" not in ln]
-            reason = lines[-1] if lines else f"pip exited {proc.returncode}"
-            return _placeholder(root, f"user-{architecture}", f"pip could not install {requirements.name} ({reason})")
+            return _placeholder(root, f"user-{architecture}", f"pip could not install {requirements.name} ({failure})")
     for path in sources:
         dest = target / path.relative_to(package_dir)
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -156,6 +144,18 @@ def build_user_layer(
     except OSError:
         shutil.rmtree(work, ignore_errors=True)
     return DepsLayer(final, True, f"built into {final}")
+
+
+def _pip(command: list[str], timeout: float) -> str | None:
+    """Run pip; None when it succeeded, else the last line of what it said."""
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if proc.returncode == 0:
+        return None
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "is ignored" not in ln]
+    return lines[-1] if lines else f"pip exited {proc.returncode}"
 
 
 def _skipped(path: Path) -> bool:

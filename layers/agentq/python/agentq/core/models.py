@@ -200,11 +200,9 @@ class TaskSubmission(StrictModel):
     @field_validator("output_schema")
     @classmethod
     def _usable_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
-        if schema is not None:
-            from agentq.core.output import check_schema
+        from agentq.core.output import usable_schema
 
-            check_schema(schema)
-        return schema
+        return usable_schema(schema)
 
     @model_validator(mode="after")
     def _script_matches_provider(self) -> TaskSubmission:

@@ -40,6 +40,13 @@ def check_schema(schema: dict[str, Any]) -> None:
         raise ValueError(f"not a valid JSON Schema at {where}: {exc.message}") from None
 
 
+def usable_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A pydantic validator for an ``output_schema`` field (submissions and agents)."""
+    if schema is not None:
+        check_schema(schema)
+    return schema
+
+
 def errors(schema: dict[str, Any], value: Any) -> str | None:
     """Why ``value`` does not validate against ``schema`` (None: it does)."""
     import jsonschema
