@@ -303,7 +303,16 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
                 reply = _within_max_tokens(reply, body)
             if reply.delay_seconds:
                 time.sleep(reply.delay_seconds)
-            self._send(reply)
+            streamed = isinstance(body, dict) and body.get("stream") is True
+            if (
+                streamed
+                and reply.status == 200
+                and isinstance(reply.body, dict)
+                and reply.body.get("type") == "message"
+            ):
+                self._send_stream(reply)
+            else:
+                self._send(reply)
             if reply.status == 200 and isinstance(reply.body, dict) and reply.body.get("type") == "message":
                 with api._lock:
                     api.delivered_usage.append(reply.body["usage"])
@@ -316,6 +325,52 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
             )
             self.send_response(reply.status)
             self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(payload)))
+            for key, value in reply.headers.items():
+                self.send_header(key, value)
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def _send_stream(self, reply: FakeReply) -> None:
+            """The reply as the API streams it (server-sent events), text in a few deltas."""
+            message: dict[str, Any] = dict(reply.body) if isinstance(reply.body, dict) else {}
+            usage = message["usage"]
+            events: list[tuple[str, dict[str, Any]]] = [
+                ("message_start", {"type": "message_start", "message": {
+                    **message, "content": [], "stop_reason": None,
+                    "usage": {**usage, "output_tokens": 1}}}),
+            ]  # fmt: skip
+            for i, block in enumerate(message["content"]):
+                kind = block.get("type")
+                start = {"type": "text", "text": ""} if kind == "text" else (
+                    {**block, "input": {}} if kind == "tool_use" else
+                    {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else block)  # fmt: skip
+                events.append(
+                    ("content_block_start", {"type": "content_block_start", "index": i, "content_block": start})
+                )
+                if kind == "text":
+                    text = block["text"]
+                    for j in range(0, len(text), max(1, len(text) // 3)):
+                        delta = {"type": "text_delta", "text": text[j : j + max(1, len(text) // 3)]}
+                        events.append(
+                            ("content_block_delta", {"type": "content_block_delta", "index": i, "delta": delta})
+                        )
+                elif kind == "tool_use":
+                    delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+                    events.append(("content_block_delta", {"type": "content_block_delta", "index": i, "delta": delta}))
+                elif kind == "thinking":
+                    for delta in ({"type": "thinking_delta", "thinking": block["thinking"]},
+                                  {"type": "signature_delta", "signature": block["signature"]}):  # fmt: skip
+                        events.append(
+                            ("content_block_delta", {"type": "content_block_delta", "index": i, "delta": delta})
+                        )
+                events.append(("content_block_stop", {"type": "content_block_stop", "index": i}))
+            events.append(("message_delta", {"type": "message_delta", "usage": {"output_tokens": usage["output_tokens"]},
+                                             "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None}}))  # fmt: skip
+            events.append(("message_stop", {"type": "message_stop"}))
+            payload = "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events).encode()
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
             self.send_header("content-length", str(len(payload)))
             for key, value in reply.headers.items():
                 self.send_header(key, value)

@@ -60,3 +60,30 @@ def test_a_thinking_budget_that_does_not_fit_the_output_limit_is_refused() -> No
     with pytest.raises(ValidationError) as small:
         parse_submission(_submission(thinking_budget_tokens=100))
     assert small.value.field == "constraints.thinking_budget_tokens"
+
+
+def test_a_long_output_is_streamed_and_assembled_into_the_same_step(store: Storage, settings: Settings) -> None:
+    """Past AGENTQ_STREAM_ABOVE_TOKENS (8,192) of output the SDK streams the call (server-sent
+    events, thinking deltas and signature included) and the step is what a plain call gives."""
+    use = {"type": "tool_use", "id": "toolu_long_1", "name": "lookup", "input": {"query": "sku 9"}}
+    with FakeMessagesAPI() as api:
+        api.enqueue(
+            message_reply([THINKING, {"type": "text", "text": "Looking sku 9 up now."}, use], stop_reason="tool_use",
+                          usage=usage_dict(input_tokens=40, output_tokens=900)),
+            text_reply("It costs 9 euros, as the catalogue says.", usage=usage_dict(input_tokens=80, output_tokens=30)),
+        )  # fmt: skip
+        body = _submission(thinking_budget_tokens=16_000, max_output_tokens=32_000)
+        task = store.tasks.create(parse_submission(body), tenant="t")
+        engine = Engine(store, worker_id="w", tools=build_registry(settings), config=EngineConfig(lease_seconds=30),
+                        providers=lambda _: AnthropicProvider(api_key="k", base_url=api.base_url))  # fmt: skip
+        assert engine.run(task.task_id).status is TaskStatus.SUCCEEDED
+        assert all(r.body["stream"] is True for r in api.requests)
+    [llm, _, answer] = store.steps.load(task.task_id)
+    assert isinstance(llm.body, LLMStep) and llm.body.content == [
+        THINKING,
+        {"type": "text", "text": "Looking sku 9 up now."},
+        use,
+    ]
+    assert llm.body.usage.output_tokens == 900 and llm.body.usage.input_tokens == 40
+    assert store.tasks.get(task.task_id).result == "It costs 9 euros, as the catalogue says."
+    assert isinstance(answer.body, LLMStep) and answer.body.stop_reason == "end_turn"

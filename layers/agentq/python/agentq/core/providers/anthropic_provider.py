@@ -73,8 +73,9 @@ class _MessagesProvider:
         if caching.enabled():
             kwargs = caching.cached_request(kwargs, self._cache_ttl(request))
 
+        send = self._streamed if request.max_tokens > stream_above() else self._client.messages.create
         response, attempts = call_with_retries(
-            lambda: to_llm_response(self._client.messages.create(**kwargs), 1),
+            lambda: to_llm_response(send(**kwargs), 1),
             self.retry,
             self._sleep,
             rng=self._rng,
@@ -84,6 +85,18 @@ class _MessagesProvider:
 
     def _cache_ttl(self, request: LLMRequest) -> CacheTtl | None:
         return request.cache_ttl
+
+    def _streamed(self, **kwargs: Any) -> Any:
+        """A long output streamed (server-sent events) and assembled by the SDK: the connection
+        carries data all along, so no proxy or idle timeout cuts a call that writes for minutes.
+        The Message it returns is what ``create`` would have returned."""
+        with self._client.messages.stream(**kwargs) as stream:
+            return stream.get_final_message()
+
+
+def stream_above() -> int:
+    """Calls allowed more output tokens than this are streamed (``AGENTQ_STREAM_ABOVE_TOKENS``)."""
+    return int(os.environ.get("AGENTQ_STREAM_ABOVE_TOKENS", "8192"))
 
 
 class AnthropicProvider(_MessagesProvider):
