@@ -14,6 +14,7 @@ proxy in front of it can produce are scripted too: a 200 whose body is not JSON
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import socket
@@ -43,6 +44,7 @@ class FakeReply:
     headers: dict[str, str] = field(default_factory=dict)
     raw: bytes | None = None  # sent as is instead of ``body`` (a body that is not JSON)
     delay_seconds: float = 0.0  # a slow model: the reply is sent this long after the request
+    stream_pause_seconds: float = 0.0  # streamed: a pause after each text delta (a model writing slowly)
 
 
 @dataclass
@@ -253,7 +255,7 @@ def _within_max_tokens(reply: FakeReply, request: Any) -> FakeReply:
     if not isinstance(limit, int) or usage.get("output_tokens", 0) <= limit:
         return reply
     body = {**reply.body, "usage": {**usage, "output_tokens": limit}, "stop_reason": "max_tokens"}
-    return FakeReply(reply.status, body, reply.headers, delay_seconds=reply.delay_seconds)
+    return dataclasses.replace(reply, body=body)
 
 
 def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
@@ -296,9 +298,7 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
             if reply is None:
                 reply = invalid_request(f"fake server: no reply queued for POST {path}")
             elif isinstance(reply.body, dict) and reply.body.get("type") == "message" and reply.body["model"] is None:
-                reply = FakeReply(
-                    reply.status, {**reply.body, "model": model}, reply.headers, delay_seconds=reply.delay_seconds
-                )
+                reply = dataclasses.replace(reply, body={**reply.body, "model": model})
             if api.within_max_tokens:
                 reply = _within_max_tokens(reply, body)
             if reply.delay_seconds:
@@ -368,14 +368,22 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
             events.append(("message_delta", {"type": "message_delta", "usage": {"output_tokens": usage["output_tokens"]},
                                              "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None}}))  # fmt: skip
             events.append(("message_stop", {"type": "message_stop"}))
-            payload = "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events).encode()
+            chunks = [f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in events]
             self.send_response(200)
             self.send_header("content-type", "text/event-stream")
-            self.send_header("content-length", str(len(payload)))
+            if reply.stream_pause_seconds:  # written as it goes: no length, the connection ends the body
+                self.send_header("connection", "close")
+                self.close_connection = True
+            else:
+                self.send_header("content-length", str(sum(len(c) for c in chunks)))
             for key, value in reply.headers.items():
                 self.send_header(key, value)
             self.end_headers()
-            self.wfile.write(payload)
+            for (_name, data), chunk in zip(events, chunks, strict=True):
+                self.wfile.write(chunk)
+                if reply.stream_pause_seconds and data.get("delta", {}).get("type") == "text_delta":
+                    self.wfile.flush()
+                    time.sleep(reply.stream_pause_seconds)
 
         def log_message(self, format: str, *args: Any) -> None:
             pass  # keep pytest output clean

@@ -34,7 +34,7 @@ class SlowStore:
         """The hub reaches the lease through ``storage.tasks``: this fake is its own repository."""
         return self
 
-    def extend_lease(self, lease: Lease, lease_seconds: float) -> Lease:
+    def extend_lease(self, lease: Lease, lease_seconds: float, *, live_text: str | None = None) -> Lease:
         expires = time.time() + lease_seconds  # as the real store: from when the write is sent
         with self._lock:
             self.calls.append((time.monotonic(), lease.task_id))

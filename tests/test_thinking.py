@@ -87,3 +87,35 @@ def test_a_long_output_is_streamed_and_assembled_into_the_same_step(store: Stora
     assert llm.body.usage.output_tokens == 900 and llm.body.usage.input_tokens == 40
     assert store.tasks.get(task.task_id).result == "It costs 9 euros, as the catalogue says."
     assert isinstance(answer.body, LLMStep) and answer.body.stop_reason == "end_turn"
+
+
+def test_the_text_of_a_streamed_call_in_flight_rides_on_the_heartbeat_and_is_gone_once_committed(
+    store: Storage, settings: Settings
+) -> None:
+    """What `agentq watch` shows as "writing": best effort, from the lease heartbeat's own write."""
+    import dataclasses
+    import threading
+    import time
+
+    from agentq.api.views import task_view
+
+    text = "First the catalogue. Then the price list. Finally the answer: 9 euros."
+    with FakeMessagesAPI() as api:
+        api.enqueue(dataclasses.replace(text_reply(text), stream_pause_seconds=1.2))
+        body = _submission(max_output_tokens=32_000)
+        task = store.tasks.create(parse_submission(body), tenant="t")
+        engine = Engine(store, worker_id="w", tools=build_registry(settings),
+                        config=EngineConfig(lease_seconds=3, heartbeat_seconds=0.3),
+                        providers=lambda _: AnthropicProvider(api_key="k", base_url=api.base_url))  # fmt: skip
+        runner = threading.Thread(target=engine.run, args=(task.task_id,))
+        runner.start()
+        seen: set[str] = set()
+        while runner.is_alive():
+            live = task_view(store, store.tasks.get(task.task_id)).live_text
+            if live:
+                seen.add(live)
+            time.sleep(0.1)
+        runner.join()
+    assert any(text.startswith(s) and s != text for s in seen), seen  # a part, while it was being written
+    final = store.tasks.get(task.task_id)
+    assert final.result == text and final.live_text is None

@@ -185,6 +185,11 @@ class TaskView(ApiModel):
     result: str | None
     error: dict[str, Any] | None
     activity: str | None = Field(description="what the task is doing now, in words")
+    live_text: str | None = Field(
+        default=None,
+        description="while a long (streamed) call is in flight: the tail of its text as of the last heartbeat; "
+        "best effort, only committed steps are durable",
+    )
     retry: RetryView | None = Field(default=None, description="set while a retryable failure is being retried")
     pending_approval: str | None = Field(description="the question a paused task waits on")
     pending_calls: list[PendingCall] = Field(

@@ -268,6 +268,8 @@ def watch_view(view: TaskView, recent: list[Text]) -> RenderableType:
     grid.add_row("children", children_line(view))
     activity = view.activity or (f"finished {view.status.value}" if view.status.terminal else "-")
     grid.add_row("now", Text(activity, style="italic"))
+    if view.live_text:  # a streamed call in flight, as far as the last heartbeat saw it
+        grid.add_row("writing", Text("…" + view.live_text[-240:].replace("\n", " "), style="dim"))
     lat = view.latency
     elapsed = lat.total_seconds if lat.total_seconds is not None else time.time() - view.created_at
     grid.add_row("timing", f"pickup {secs(lat.pickup_seconds)} · resumes {lat.resumes} · elapsed {secs(elapsed)}")

@@ -60,7 +60,7 @@ from agentq.core.output import INSTRUCTION as OUTPUT_INSTRUCTION
 from agentq.core.ports import EngineStorage
 from agentq.core.pricing import PriceTable, load_price_table
 from agentq.core.providers import LLMRequest, LLMResponse, ProviderFactory, default_provider_factory
-from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS, RetryNotice, reporting_retries
+from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS, RetryNotice, reporting_retries, reporting_text
 from agentq.core.records import NO_USAGE, ApprovalRecord, BudgetDelta, Reservation
 from agentq.core.secrets import Secrets, SecretSource
 from agentq.core.tenancy import TenantCapReached, TenantLimits
@@ -139,6 +139,7 @@ class Session:
     claim_seconds: float = 0.0  # how long the claim's conditional write took (the worker sizes its intake on it)
     commit_sent_at: float | None = None  # a step commit is on the wire: it renews (or ends) the lease
     tools: ToolRegistry | None = None  # the worker's tools plus the task's MCP tools (Engine._registry)
+    live_text: str | None = None  # a streamed call's text so far, which the heartbeat publishes
 
     @property
     def next_step(self) -> int:
@@ -190,7 +191,9 @@ class LeaseKeeper:
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             try:
-                self.session.lease = self.store.tasks.extend_lease(self.session.lease, self.lease_seconds)
+                self.session.lease = self.store.tasks.extend_lease(
+                    self.session.lease, self.lease_seconds, live_text=self.session.live_text
+                )
                 if self.on_beat is not None:
                     self.on_beat()
             except LeaseLost:
@@ -703,8 +706,12 @@ class Engine:
                     step=s.next_step,
                 ) as call,
                 reporting_retries(lambda notice: self._note_retry(s, notice)),
+                reporting_text(lambda text: setattr(s, "live_text", text)),
             ):
-                response = provider.complete(request)
+                try:
+                    response = provider.complete(request)
+                finally:
+                    s.live_text = None
                 call.answered(response)
         except ProviderError as exc:
             self._release_inflight(s)

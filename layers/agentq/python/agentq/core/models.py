@@ -352,6 +352,7 @@ class Task(BaseModel):
     forked_from: dict[str, Any] | None = None  # {"task_id", "step"} of a fork's source
     expires_at: int | None = None  # set while terminal: when DynamoDB TTL deletes it (epoch seconds)
     retry: RetryState | None = None  # META#RETRY, read by Tasks.get (not by claim or get_many)
+    live_text: str | None = None  # the tail of the text of a streamed call in flight (best effort)
 
     @property
     def retrying(self) -> RetryState | None:

@@ -154,7 +154,9 @@ class HeartbeatHub:
         with observe.task_context(task_id=session.lease.task_id, lease_epoch=session.lease.epoch):
             sent = time.monotonic()
             try:
-                session.lease = self.store.tasks.extend_lease(session.lease, self.config.lease_seconds)
+                session.lease = self.store.tasks.extend_lease(
+                    session.lease, self.config.lease_seconds, live_text=session.live_text
+                )
                 self._count("extended")
             except LeaseLost:
                 # Taken over by another worker, or dropped by the task itself (it finished or was

@@ -156,14 +156,14 @@ class Steps:
             sets.update({"lease_expires": lease_until, "heartbeat_at": now})
         if body.kind == "llm":
             adds["llm_steps"] = 1
-            removes.append("inflight")
+            removes += ["inflight", "live_text"]  # the call's text is in the step now
         if settle is not None:
             adds.update({"tokens_in": settle.tokens_in, "tokens_out": settle.tokens_out, "cost_usd": settle.cost_usd})
         if finish is not None:
             sets.update(self.tasks.finish_update(lease.task_id, lease, finish, now, result, error))
         if reserve_next:
             sets["inflight"] = ticket_value(reserve_next, lease.epoch, number + 1, hold_until)
-            removes = []
+            removes = [r for r in removes if r != "inflight"]
         if finish is not None:
             removes = [*removes, *LIVE_ATTRIBUTES]  # out of the sweeper's index
         meta = Patch(

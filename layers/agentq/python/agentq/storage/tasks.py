@@ -93,6 +93,9 @@ def _read_meta(table: Table, task_id: str) -> Item | None:
     return table.get(keys.meta_key(task_id))
 
 
+LIVE_TEXT_CHARS = 1000  # of a call in flight: enough to watch, small enough for one write unit
+
+
 class Tasks:
     def __init__(
         self, table: Table, payloads: Payloads, *, retention_seconds: int = DEFAULT_TASK_RETENTION_DAYS * DAY_SECONDS
@@ -441,10 +444,15 @@ class Tasks:
         task = self._decode(meta, sub)
         return Lease(task_id=task_id, owner=worker, epoch=epoch, expires_at=task.lease_expires), task
 
-    def extend_lease(self, lease: Lease, lease_seconds: float) -> Lease:
+    def extend_lease(self, lease: Lease, lease_seconds: float, *, live_text: str | None = None) -> Lease:
+        """Extend the lease; ``live_text`` (the tail of a streamed call's text, best effort) rides
+        on the same write, so showing it costs no write of its own."""
         now = time.time()
         expires = now + lease_seconds
-        self._fenced(lease, Update(set={"lease_expires": expires, "heartbeat_at": now}), Attr("lease_expires").gt(0))
+        sets: dict[str, Any] = {"lease_expires": expires, "heartbeat_at": now}
+        if live_text:
+            sets["live_text"] = live_text[-LIVE_TEXT_CHARS:]
+        self._fenced(lease, Update(set=sets), Attr("lease_expires").gt(0))
         return lease.model_copy(update={"expires_at": expires})
 
     def release(self, lease: Lease) -> None:

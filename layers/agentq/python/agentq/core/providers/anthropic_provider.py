@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentq.core.errors import ProviderError
 from agentq.core.models import Usage
 from agentq.core.providers import caching
-from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS, LLMRequest, LLMResponse
+from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS, LLMRequest, LLMResponse, report_text
 from agentq.core.providers.caching import CacheTtl
 from agentq.core.providers.retry import MalformedReply, RetryPolicy, call_with_retries
 
@@ -91,6 +91,10 @@ class _MessagesProvider:
         carries data all along, so no proxy or idle timeout cuts a call that writes for minutes.
         The Message it returns is what ``create`` would have returned."""
         with self._client.messages.stream(**kwargs) as stream:
+            text = ""
+            for chunk in stream.text_stream:
+                text += chunk
+                report_text(text)
             return stream.get_final_message()
 
 

@@ -105,3 +105,24 @@ def report_retry(notice: RetryNotice) -> None:
     listener = _listener.get()
     if listener is not None:
         listener(notice)
+
+
+_text_listener: ContextVar[Callable[[str], None] | None] = ContextVar("agentq_text_listener", default=None)
+
+
+@contextlib.contextmanager
+def reporting_text(listener: Callable[[str], None]) -> Iterator[None]:
+    """Calls ``listener`` with the text so far of a streamed call made in this context (best
+    effort: what a person watching sees; only the committed step is durable)."""
+    token = _text_listener.set(listener)
+    try:
+        yield
+    finally:
+        _text_listener.reset(token)
+
+
+def report_text(text: str) -> None:
+    """What a streaming provider calls as text arrives."""
+    listener = _text_listener.get()
+    if listener is not None:
+        listener(text)
