@@ -38,12 +38,13 @@ def test_thinking_blocks_are_checkpointed_and_sent_back_unchanged(store: Storage
                           usage=usage_dict(input_tokens=50, output_tokens=700)),
             text_reply("It costs 7 euros.", usage=usage_dict(input_tokens=90, output_tokens=20)),
         )  # fmt: skip
-        task = store.tasks.create(parse_submission(_submission(thinking_budget_tokens=2048)), tenant="t")
+        task = store.tasks.create(parse_submission(_submission(thinking_budget_tokens=2048, effort="high")), tenant="t")
         engine = Engine(store, worker_id="w", tools=build_registry(settings), config=EngineConfig(lease_seconds=30),
                         providers=lambda _: AnthropicProvider(api_key="k", base_url=api.base_url))  # fmt: skip
         assert engine.run(task.task_id).status is TaskStatus.SUCCEEDED
         first, second = (r.body for r in api.requests)
     assert first["thinking"] == {"type": "enabled", "budget_tokens": 2048} and first["max_tokens"] == 4096
+    assert first["output_config"] == {"effort": "high"}
     replayed = [{k: v for k, v in b.items() if k != "cache_control"} for b in second["messages"][1]["content"]]
     assert replayed[:2] == [THINKING, REDACTED]  # exactly as the API returned them, signature included
     [llm, _, _] = store.steps.load(task.task_id)
@@ -60,6 +61,9 @@ def test_a_thinking_budget_that_does_not_fit_the_output_limit_is_refused() -> No
     with pytest.raises(ValidationError) as small:
         parse_submission(_submission(thinking_budget_tokens=100))
     assert small.value.field == "constraints.thinking_budget_tokens"
+    with pytest.raises(ValidationError) as effort:
+        parse_submission(_submission(effort="extreme"))
+    assert effort.value.field == "constraints.effort"
 
 
 def test_a_long_output_is_streamed_and_assembled_into_the_same_step(store: Storage, settings: Settings) -> None:

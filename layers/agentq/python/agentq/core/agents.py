@@ -24,6 +24,7 @@ from agentq.core.models import (
     MAX_TIMEOUT_SECONDS,
     MCP_SERVER_PATTERN,
     ApprovalDefault,
+    Effort,
     McpToolPin,
     Provider,
     Script,
@@ -53,6 +54,7 @@ class AgentConstraints(StrictModel):
     approval_timeout_seconds: int | None = Field(default=None, ge=1, le=MAX_TIMEOUT_SECONDS)
     approval_default: ApprovalDefault | None = None
     thinking_budget_tokens: int | None = Field(default=None, ge=1024, le=128_000)
+    effort: Effort | None = None
 
 
 class McpServerRef(StrictModel):

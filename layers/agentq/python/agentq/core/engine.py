@@ -595,6 +595,7 @@ class Engine:
             max_tokens=max_tokens,
             task_id=s.lease.task_id,
             cache_ttl=_cache_ttl(sub.constraints),
+            effort=sub.constraints.effort,
             thinking_budget=sub.constraints.thinking_budget_tokens
             if max_tokens > (sub.constraints.thinking_budget_tokens or 0)
             else None,

@@ -54,6 +54,7 @@ class StrictModel(BaseModel):
 
 ToolPolicy = Literal["allow", "ask", "deny"]
 ApprovalDefault = Literal["reject", "approve"]
+Effort = Literal["low", "medium", "high", "xhigh", "max"]
 AGENT_REF_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}(@[1-9][0-9]{0,8})?$"  # name, or name@version
 DEFAULT_MODEL = "claude-sonnet-4-6"  # a submission that names none; `agentq run` uses it too
 
@@ -99,6 +100,9 @@ class Constraints(StrictModel):
         ge=1024,
         le=128_000,
         description="extended thinking: output tokens per call the model may think with (below max_output_tokens)",
+    )
+    effort: Effort | None = Field(
+        default=None, description="how much effort the model puts into each response (the API's output_config.effort)"
     )
 
     @model_validator(mode="after")

@@ -70,6 +70,8 @@ class _MessagesProvider:
             kwargs["tools"] = request.tools
         if request.thinking_budget:
             kwargs["thinking"] = {"type": "enabled", "budget_tokens": request.thinking_budget}
+        if request.effort:
+            kwargs["output_config"] = {"effort": request.effort}
         if caching.enabled():
             kwargs = caching.cached_request(kwargs, self._cache_ttl(request))
 

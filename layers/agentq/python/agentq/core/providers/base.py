@@ -30,6 +30,7 @@ class LLMRequest(BaseModel):
     # task may wait longer than five minutes before its next call.
     cache_ttl: Literal["5m", "1h"] = "5m"
     thinking_budget: int | None = None  # extended thinking: tokens of max_tokens the model may think with
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None  # the API's output_config.effort
 
 
 class LLMResponse(BaseModel):
