@@ -201,3 +201,15 @@ def test_the_python_client_creates_lists_and_reads_versions(api_stack: ApiStack)
     assert any(a.name == name and a.latest_version == 2 for a in client.list_agents())
     view = client.run({"goal": "find", "agent": f"{name}@1"}, timeout=60)
     assert view.agent == f"{name}@1" and view.status.value == "succeeded"
+
+
+def test_an_agents_constraint_defaults_have_the_bounds_of_a_tasks_constraints() -> None:
+    """A default the task would refuse must be refused when the version is created, not on
+    every submission of it: each field is bounded exactly as ``Constraints`` bounds it."""
+    from agentq.core.agents import AgentConstraints
+    from agentq.core.models import Constraints
+
+    for name, field in AgentConstraints.model_fields.items():
+        task_field = Constraints.model_fields[name]
+        assert field.metadata == task_field.metadata, name
+        assert field.default is None  # unset: the task's own default or the deployment's applies

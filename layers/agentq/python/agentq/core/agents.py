@@ -30,6 +30,7 @@ from agentq.core.models import (
     Script,
     StrictModel,
     ToolPolicy,
+    unique_tool_names,
 )
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
@@ -98,9 +99,7 @@ class AgentSpec(StrictModel):
     @field_validator("tools")
     @classmethod
     def _unique_tools(cls, tools: list[str]) -> list[str]:
-        if len(set(tools)) != len(tools):
-            raise ValueError("tool names must be unique")
-        return tools
+        return unique_tool_names(tools)
 
     @model_validator(mode="after")
     def _consistent(self) -> AgentSpec:

@@ -48,6 +48,13 @@ def sources_of(target: TaskStatus) -> list[TaskStatus]:
     return [src for src, dsts in ALLOWED_TRANSITIONS.items() if target in dsts]
 
 
+def unique_tool_names(tools: list[str]) -> list[str]:
+    """A pydantic validator for a tool allowlist (submissions and agents)."""
+    if len(set(tools)) != len(tools):
+        raise ValueError("tool names must be unique")
+    return tools
+
+
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -117,9 +124,7 @@ class Constraints(StrictModel):
     @field_validator("tools")
     @classmethod
     def _unique_tools(cls, tools: list[str]) -> list[str]:
-        if len(set(tools)) != len(tools):
-            raise ValueError("tool names must be unique")
-        return tools
+        return unique_tool_names(tools)
 
 
 class ScriptToolCall(StrictModel):
