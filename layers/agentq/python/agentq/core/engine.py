@@ -140,6 +140,9 @@ class Session:
     commit_sent_at: float | None = None  # a step commit is on the wire: it renews (or ends) the lease
     tools: ToolRegistry | None = None  # the worker's tools plus the task's MCP tools (Engine._registry)
     live_text: str | None = None  # a streamed call's text so far, which the heartbeat publishes
+    # Engine._context of the next step, worked out once per step (the reservation's estimate,
+    # the request and the step record all need it; each costs a pass over the conversation).
+    context: tuple[int, list[dict[str, Any]], int] | None = None
 
     @property
     def next_step(self) -> int:
@@ -566,6 +569,8 @@ class Engine:
         """The messages this call sends and how many tool results they clear (``core.context``):
         the previous call's boundary, moved up to all but the latest ``keep_tool_results`` when
         the request would pass the threshold of the model's window."""
+        if s.context is not None and s.context[0] == s.next_step:
+            return s.context[1], s.context[2]
         sub = s.task.submission
         last = next((r.body for r in reversed(s.steps) if isinstance(r.body, LLMStep)), None)
         boundary = last.cleared_before if last is not None else 0
@@ -576,6 +581,7 @@ class Engine:
             moved = max(boundary, tool_results(s.messages) - sub.constraints.keep_tool_results)
             if moved > boundary:
                 boundary, messages = moved, cleared(s.messages, moved)
+        s.context = (s.next_step, messages, boundary)
         return messages, boundary
 
     def _request(self, s: Session, max_tokens: int) -> LLMRequest:
