@@ -15,6 +15,7 @@ from agentq.core.errors import ValidationError
 from agentq.core.models import Lease, LLMStep, TaskStatus, ToolsStep, Usage
 from agentq.core.providers import LLMRequest, LLMResponse
 from agentq.core.tools import ToolRegistry, tool
+from agentq.local.moto_server import MotoServer
 from agentq.runtime import Settings, build_queues
 from agentq.storage.container import Storage
 
@@ -111,3 +112,44 @@ def test_a_threshold_the_system_prompt_alone_passes_is_refused_naming_it(
     with pytest.raises(ValidationError) as bad:
         parse_submission(_submission(context_threshold=1.5))
     assert bad.value.field == "constraints.context_threshold"
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_a_fork_before_or_after_the_clearing_sends_what_the_source_sent_next(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A fork copies the steps, and with them each call's boundary: its next request is the
+    one the source sent at that point, cleared results and all."""
+    from agentq.control.operations import fork
+    from agentq.runtime import build_store
+
+    from tests.helpers import deployment
+
+    settings = deployment(moto_server)  # with queues: a fork is enqueued
+    store = build_store(settings)
+
+    monkeypatch.setenv("AGENTQ_CONTEXT_WINDOWS", '{"claude-sonnet-4": 5000}')
+    source_model = RecordingModel(docs=12)
+    task = store.tasks.create(parse_submission(_submission()), tenant="t")
+    registry = ToolRegistry([read_doc])
+    engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30),
+                    providers=lambda _: source_model)  # fmt: skip
+    assert engine.run(task.task_id).status is TaskStatus.SUCCEEDED
+    steps = store.steps.load(task.task_id)
+    llm_steps = [(s.number, s.body) for s in steps if isinstance(s.body, LLMStep)]
+    first_cleared = next(i for i, (_, body) in enumerate(llm_steps) if body.cleared_before > 0)
+    call = first_cleared - 1 if where == "before" else first_cleared + 1
+    at_step = llm_steps[call][0] - 1  # the fork's next call is the source's call number `call`
+
+    forked = fork(store, registry, build_queues(settings), task.task_id, at_step=at_step, tenant="t")
+    fork_model = RecordingModel(docs=12)
+    fork_engine = Engine(store, worker_id="w2", tools=registry, config=EngineConfig(lease_seconds=30),
+                         providers=lambda _: fork_model)  # fmt: skip
+    assert fork_engine.run(forked.task_id).status is TaskStatus.SUCCEEDED
+
+    def results(request: LLMRequest) -> list[str]:
+        return [str(b["content"])[:60] for m in request.messages if isinstance(m["content"], list)
+                for b in m["content"] if b.get("type") == "tool_result"]  # fmt: skip
+
+    assert results(fork_model.requests[0]) == results(source_model.requests[call])
+    assert fork_model.requests[0].tools == source_model.requests[call].tools  # recall offered alike
