@@ -122,7 +122,10 @@ def test_approve_reject_budget_fork_cancel_and_their_exit_codes(
     other = api_stack.submit({**SCRIPTED, "script": {"turns": turns}, "constraints": {"tools": ["request_approval"]}})
     api_stack.until(other, lambda v: v["status"] == "paused")
     refused = cli("reject", other, "--note", "not today")
-    assert refused.returncode == 0 and refused.stdout.startswith(f"rejected {other}; it is queued"), refused.stdout
+    # the decision re-enqueues the task, so a worker may already hold it when the answer is printed
+    assert refused.returncode == 0 and re.match(
+        rf"rejected {other}; it is (queued|running|succeeded)", refused.stdout
+    ), refused.stdout
     bad = cli("budget", task_id, "--add-tokens", "-5")
     assert bad.returncode == 2 and "(add_tokens)" in bad.stderr
 
