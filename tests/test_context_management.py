@@ -95,7 +95,7 @@ def test_old_results_are_cleared_past_the_threshold_and_recall_reads_them_back(
             lease = Lease(task_id=task.task_id, owner="resumed", epoch=2, expires_at=0)
             messages_so_far = conversation(task.submission.goal, steps[:i])
             session = Session(lease=lease, task=task, steps=steps[:i], messages=messages_so_far, deadline=None)
-            messages, boundary = engine._context(session)
+            messages, boundary, _ = engine._context(session)
             assert boundary == record.body.cleared_before
             assert messages == model.requests[sum(isinstance(s.body, LLMStep) for s in steps[:i])].messages
 

@@ -323,6 +323,11 @@ class LLMCallEvent(ApiModel):
     attempts: int
     text: str = Field(description="the assistant text of the turn")
     tool_calls: list[str] = Field(description="names of the tools it asked for")
+    purpose: Literal["turn", "compaction"] = Field(
+        default="turn",
+        description="turn: the agent's own turn; compaction: a summary of the conversation so far, which the "
+        "conversation goes on from (its text is the summary)",
+    )
     orphan: bool = Field(
         description="a call whose step was never committed (its worker lost the lease); paid for all the same"
     )

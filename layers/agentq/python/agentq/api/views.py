@@ -33,7 +33,7 @@ from agentq.api.models import (
     TransitionEvent,
 )
 from agentq.core.errors import AgentqError, TaskNotFound, ValidationError
-from agentq.core.models import LLMStep, RetryState, StepRecord, Task, TaskStatus, ToolsStep
+from agentq.core.models import CompactStep, LLMStep, RetryState, StepRecord, Task, TaskStatus, ToolsStep
 from agentq.storage.container import Storage
 
 
@@ -287,7 +287,7 @@ def _cut(text: str) -> tuple[str, bool]:
     return (text, False) if len(text) <= TRACE_TEXT_CHARS else (text[:TRACE_TEXT_CHARS], True)
 
 
-def _llm_event(number: int, epoch: int, at: float, body: LLMStep, *, orphan: bool) -> LLMCallEvent:
+def _llm_event(number: int, epoch: int, at: float, body: LLMStep | CompactStep, *, orphan: bool) -> LLMCallEvent:
     text, cut = _cut("\n".join(b.get("text", "") for b in body.content if b.get("type") == "text"))
     u = body.usage
     return LLMCallEvent(
@@ -309,7 +309,8 @@ def _llm_event(number: int, epoch: int, at: float, body: LLMStep, *, orphan: boo
         stop_reason=body.stop_reason,
         attempts=body.attempts,
         text=text,
-        tool_calls=[t["name"] for t in body.tool_uses()],
+        tool_calls=[t["name"] for t in body.tool_uses()] if isinstance(body, LLMStep) else [],
+        purpose="turn" if isinstance(body, LLMStep) else "compaction",
         orphan=orphan,
         truncated=cut,
     )
@@ -318,7 +319,7 @@ def _llm_event(number: int, epoch: int, at: float, body: LLMStep, *, orphan: boo
 def _step_events(record: StepRecord, inputs: dict[str, dict[str, Any]]) -> list[tuple[Key, Any]]:
     body = record.body
     at = record.committed_at
-    if isinstance(body, LLMStep):
+    if isinstance(body, LLMStep | CompactStep):
         return [((at, 1, record.number, 0), _llm_event(record.number, record.epoch, at, body, orphan=False))]
     assert isinstance(body, ToolsStep)
     events: list[tuple[Key, Any]] = []

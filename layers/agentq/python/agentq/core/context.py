@@ -10,8 +10,12 @@ is recorded on the LLM step that was sent with it, so a resumed worker rebuilds 
 request the first one sent, and it moves in one jump when the threshold is crossed, not every
 turn, so the prompt cache keeps hitting between jumps.
 
-Not yet (issue 14.1): summarising the conversation in a compaction step when clearing is not
-enough, and the provider's native compaction.
+When clearing is not enough (``constraints.compaction == "summary"``), the next call is a
+compaction instead: the same request (so the prompt cache still hits) with an instruction to
+summarise, committed as its own ``CompactStep``, charged to the budget and shown in the trace
+like any call. The conversation then goes on from the goal and that summary alone, and META
+records the step (``compacted_at``), so a resumed worker reads the steps from it on, not the
+whole history; ``recall`` still reads any earlier result back from the steps.
 """
 
 from __future__ import annotations
@@ -98,3 +102,30 @@ def cleared(messages: list[dict[str, Any]], boundary: int) -> list[dict[str, Any
             blocks.append(block)
         out.append({**message, "content": blocks})
     return out
+
+
+COMPACT_MAX_TOKENS = 4096
+COMPACT_INSTRUCTION = (
+    "The conversation is about to pass the context window. Do not call a tool now: reply with a summary "
+    "that lets you carry on the task from it alone. Keep what the goal still needs: what is done and how "
+    "(tool calls that changed something, with their results, so they are never repeated), facts and numbers "
+    "found, decisions made and why, what is left to do and the next step. Name the tool_use_id of any tool "
+    "result you may need again verbatim: recall(tool_use_id=...) reads it back. Reply with the summary only."
+)
+
+
+def compaction_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with the instruction to summarise added to the last (user) message, so the
+    request shares its whole prefix with the turn it replaces (a copy)."""
+    *head, last = messages
+    content = last["content"]
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+    return [*head, {**last, "content": [*blocks, {"type": "text", "text": COMPACT_INSTRUCTION}]}]
+
+
+def resumed_goal(goal: str, summary: str) -> str:
+    """The first message of a compacted conversation: the goal, then the summary of the work."""
+    return (
+        f"{goal}\n\n<summary_of_work_so_far>\n{summary}\n</summary_of_work_so_far>\n"
+        "The conversation so far was compacted into the summary above. Continue the task from it."
+    )

@@ -24,7 +24,16 @@ from typing import Any, Literal
 
 from agentq import observe
 from agentq.core.approval import APPROVAL_TOOL, decision_outcome
-from agentq.core.context import RECALL_TOOL, cleared, context_window, recall_tool, tool_results
+from agentq.core.context import (
+    COMPACT_MAX_TOKENS,
+    RECALL_TOOL,
+    cleared,
+    compaction_messages,
+    context_window,
+    recall_tool,
+    resumed_goal,
+    tool_results,
+)
 from agentq.core.errors import (
     DETERMINISTIC_FAULTS,
     BudgetExceeded,
@@ -44,6 +53,8 @@ from agentq.core.fanout import (
 )
 from agentq.core.faults import crash_point
 from agentq.core.models import (
+    CallStep,
+    CompactStep,
     Constraints,
     Lease,
     LLMStep,
@@ -142,7 +153,8 @@ class Session:
     live_text: str | None = None  # a streamed call's text so far, which the heartbeat publishes
     # Engine._context of the next step, worked out once per step (the reservation's estimate,
     # the request and the step record all need it; each costs a pass over the conversation).
-    context: tuple[int, list[dict[str, Any]], int] | None = None
+    context: tuple[int, list[dict[str, Any]], int, bool] | None = None
+    earlier_turns: int = 0  # LLM turns before the steps loaded (a resume starts at the latest compaction)
 
     @property
     def next_step(self) -> int:
@@ -150,7 +162,7 @@ class Session:
 
     @property
     def llm_turns(self) -> int:
-        return sum(1 for s in self.steps if s.body.kind == "llm")
+        return self.earlier_turns + sum(1 for s in self.steps if s.body.kind == "llm")
 
 
 class LeaseKeeper:
@@ -229,11 +241,16 @@ def conversation(
 ) -> list[dict[str, Any]]:
     """Messages API history rebuilt from committed steps: the goal, then each step's turn
     (with an ``output_schema``, a text answer that was not valid is followed by the feedback
-    the model was given, derived again from the step: ``core.output``)."""
+    the model was given, derived again from the step: ``core.output``). A compaction starts
+    it again from the goal and its summary (``core.context``)."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": goal}]
     for record in steps:
         body = record.body
-        if isinstance(body, LLMStep):
+        if isinstance(body, CompactStep):
+            summary = body.text()
+            if summary:  # a compaction that wrote nothing leaves the conversation as it was
+                messages = [{"role": "user", "content": resumed_goal(goal, summary)}]
+        elif isinstance(body, LLMStep):
             messages.append({"role": "assistant", "content": body.content})
             if output_schema is not None and not body.tool_uses() and not answer_of(output_schema, body.content)[0]:
                 messages.append({"role": "user", "content": feedback(output_schema, body.content)})
@@ -347,9 +364,12 @@ class Engine:
         resumed_from = 0
         with guard:
             try:
-                steps = self.store.steps.load(task_id, upto=task.step)  # what the claim found committed
+                # What the claim found committed, from the latest compaction on: nothing before
+                # it is sent again, so nothing before it is read.
+                steps = self.store.steps.load(task_id, upto=task.step, since=task.compacted_at)
                 resumed_from = steps[-1].number if steps else 0
                 session.steps = list(steps)
+                session.earlier_turns = task.llm_steps - session.llm_turns
                 session.messages = conversation(task.submission.goal, steps, task.submission.output_schema)
                 session.limits = self.windows.limits(task.tenant)
                 self._settle_stale_reservation(session)
@@ -565,51 +585,74 @@ class Engine:
             s.tools = self.tools.with_tools(extra)
         return s.tools
 
-    def _context(self, s: Session) -> tuple[list[dict[str, Any]], int]:
-        """The messages this call sends and how many tool results they clear (``core.context``):
-        the previous call's boundary, moved up to all but the latest ``keep_tool_results`` when
-        the request would pass the threshold of the model's window."""
+    def _context(self, s: Session) -> tuple[list[dict[str, Any]], int, bool]:
+        """The messages the next call sends, how many tool results they clear, and whether the
+        call must be a compaction (``core.context``): the previous call's boundary, moved up to
+        all but the latest ``keep_tool_results`` when the request would pass the threshold of
+        the model's window; a compaction when it still would, and a turn was taken since the
+        last one (a summary that is itself over the threshold is not summarised again)."""
         if s.context is not None and s.context[0] == s.next_step:
-            return s.context[1], s.context[2]
+            return s.context[1], s.context[2], s.context[3]
         sub = s.task.submission
-        last = next((r.body for r in reversed(s.steps) if isinstance(r.body, LLMStep)), None)
+        last = None
+        for record in reversed(s.steps):
+            if isinstance(record.body, CompactStep):
+                break  # tool results are counted from the compaction on
+            if isinstance(record.body, LLMStep):
+                last = record.body
+                break
         boundary = last.cleared_before if last is not None else 0
         messages = cleared(s.messages, boundary)
         limit = context_window(sub.model) * sub.constraints.context_threshold
-        probe = LLMRequest(model=sub.model, system=sub.system, messages=messages, tools=[], max_tokens=1)
-        if estimate_input_tokens(probe) > limit:
+        compact = False
+        if self._estimate(sub.model, sub.system, messages) > limit:
             moved = max(boundary, tool_results(s.messages) - sub.constraints.keep_tool_results)
             if moved > boundary:
                 boundary, messages = moved, cleared(s.messages, moved)
-        s.context = (s.next_step, messages, boundary)
-        return messages, boundary
+            compact = (
+                sub.constraints.compaction == "summary"
+                and last is not None
+                and self._estimate(sub.model, sub.system, messages) > limit
+            )
+        s.context = (s.next_step, messages, boundary, compact)
+        return messages, boundary, compact
+
+    @staticmethod
+    def _estimate(model: str, system: str | None, messages: list[dict[str, Any]]) -> int:
+        return estimate_input_tokens(LLMRequest(model=model, system=system, messages=messages, tools=[], max_tokens=1))
+
+    def _max_out(self, s: Session) -> int:
+        """The output allowance of the next call: a compaction's summary is kept short."""
+        max_out = s.task.submission.constraints.max_output_tokens
+        return min(max_out, COMPACT_MAX_TOKENS) if self._context(s)[2] else max_out
 
     def _request(self, s: Session, max_tokens: int) -> LLMRequest:
         sub = s.task.submission
         system = sub.system
         if sub.output_schema is not None:
             system = f"{system}\n\n{OUTPUT_INSTRUCTION}" if system else OUTPUT_INSTRUCTION
-        messages, boundary = self._context(s)
+        messages, boundary, compact = self._context(s)
         tools = self._registry(s).schemas(task_tools(sub))
-        if boundary:
+        if boundary or s.task.compacted_at:
             tools.append(recall_tool().schema())
+        thinking = sub.constraints.thinking_budget_tokens
         return LLMRequest(
             model=sub.model,
             system=system,
-            messages=messages,
+            # A compaction sends the turn's own request plus the instruction (the same tools
+            # too): its whole prefix is the cached one.
+            messages=compaction_messages(messages) if compact else messages,
             tools=tools,
             max_tokens=max_tokens,
             task_id=s.lease.task_id,
             cache_ttl=_cache_ttl(sub.constraints),
-            effort=sub.constraints.effort,
-            thinking_budget=sub.constraints.thinking_budget_tokens
-            if max_tokens > (sub.constraints.thinking_budget_tokens or 0)
-            else None,
+            effort=None if compact else sub.constraints.effort,
+            thinking_budget=thinking if not compact and max_tokens > (thinking or 0) else None,
         )
 
     def _wanted_reservation(self, s: Session) -> tuple[int, int]:
         """(input estimate, full reservation) for the next LLM call."""
-        max_out = s.task.submission.constraints.max_output_tokens
+        max_out = self._max_out(s)
         est_in = estimate_input_tokens(self._request(s, max_out))
         return est_in, est_in + max_out
 
@@ -690,8 +733,9 @@ class Engine:
                 self.store.tasks.release(s.lease)
                 return RunResult(s.lease.task_id, "retry", error={**exc.to_dict(), "retry_after": exc.retry_after})
         est_in, _ = self._wanted_reservation(s)
-        max_out = max(MIN_OUTPUT_TOKENS, min(s.task.submission.constraints.max_output_tokens, reserved - est_in))
+        max_out = max(MIN_OUTPUT_TOKENS, min(self._max_out(s), reserved - est_in))
         request = self._request(s, max_out)
+        compact = self._context(s)[2]
         try:
             self._before_call(s)
         except LeaseLost:
@@ -739,7 +783,7 @@ class Engine:
             return RunResult(s.lease.task_id, "finished", status=TaskStatus.FAILED, error=error)
         crash_point("after_llm_call")
         cost = self._cost(s, response.model or request.model, request.model, response)
-        step = LLMStep(
+        answered = CallStep(
             content=response.content,
             stop_reason=response.stop_reason,
             model=response.model or request.model,
@@ -749,7 +793,6 @@ class Engine:
             attempts=response.attempts,
             started_at=started,
             duration_ms=int((time.time() - started) * 1000),
-            cleared_before=self._context(s)[1],
         )
         settle = BudgetDelta(
             reserved=reserved,
@@ -758,17 +801,16 @@ class Engine:
             tokens_in=response.usage.input_total,
             tokens_out=response.usage.output_tokens,
         )
-        messages = [*s.messages, {"role": "assistant", "content": step.content}]
-        finish, error = self._turn_end(step, max_out, shrunk=max_out < s.task.submission.constraints.max_output_tokens)
-        result = final_text(messages) if finish else None
-        schema = s.task.submission.output_schema
-        if schema is not None and error is None:
-            answered, answer = answer_of(schema, step.content)
-            if answered:  # a valid final answer ends the task, whatever else the turn holds
-                finish, result = TaskStatus.SUCCEEDED, json.dumps(answer, ensure_ascii=False)
-            elif finish is TaskStatus.SUCCEEDED:  # text that is not a valid answer: the model is told why
-                finish = None
-                messages.append({"role": "user", "content": feedback(schema, step.content)})
+        step: LLMStep | CompactStep
+        if compact:
+            step = CompactStep(**dict(answered), summarised_through=s.next_step - 1)
+            summary = step.text()
+            goal = s.task.submission.goal
+            messages = [{"role": "user", "content": resumed_goal(goal, summary)}] if summary else s.messages
+            finish, result, error = None, None, None
+        else:
+            step = LLMStep(**dict(answered), cleared_before=self._context(s)[1])
+            messages, finish, result, error = self._turn_outcome(s, step, max_out)
         until = (s.task.inflight or {}).get("until")
         if until is not None and time.time() > until:
             log.warning(
@@ -797,11 +839,31 @@ class Engine:
         if hold is not None:
             self.windows.settle(hold, response.usage.total)
         self._committed(s, record, messages)
-        s.task = s.task.model_copy(update={"inflight": None, **({"status": finish} if finish else {})})
-        crash_point("after_llm_commit")
+        update: dict[str, Any] = {"inflight": None, **({"status": finish} if finish else {})}
+        if compact:
+            update["compacted_at"] = record.number
+        s.task = s.task.model_copy(update=update)
+        crash_point("after_compaction" if compact else "after_llm_commit")
         if finish:
             return RunResult(s.lease.task_id, "finished", status=finish)
         return None
+
+    def _turn_outcome(
+        self, s: Session, step: LLMStep, max_out: int
+    ) -> tuple[list[dict[str, Any]], TaskStatus | None, str | None, dict[str, Any] | None]:
+        """The conversation after an agent turn, and whether (and how) the turn ends the task."""
+        messages = [*s.messages, {"role": "assistant", "content": step.content}]
+        finish, error = self._turn_end(step, max_out, shrunk=max_out < s.task.submission.constraints.max_output_tokens)
+        result = final_text(messages) if finish else None
+        schema = s.task.submission.output_schema
+        if schema is not None and error is None:
+            answered, answer = answer_of(schema, step.content)
+            if answered:  # a valid final answer ends the task, whatever else the turn holds
+                finish, result = TaskStatus.SUCCEEDED, json.dumps(answer, ensure_ascii=False)
+            elif finish is TaskStatus.SUCCEEDED:  # text that is not a valid answer: the model is told why
+                finish = None
+                messages.append({"role": "user", "content": feedback(schema, step.content)})
+        return messages, finish, result, error
 
     def _cost(self, s: Session, answered: str, asked: str, response: LLMResponse) -> Decimal:
         """The call's cost, priced by the model that answered, else by the one asked for (a
@@ -884,10 +946,10 @@ class Engine:
         s.messages = messages
         s.committed += 1
         body = record.body
-        if isinstance(body, LLMStep):
+        if isinstance(body, LLMStep | CompactStep):
             log.debug(
-                "llm step committed",
-                extra={"kind": "llm", "model": body.model, "stop_reason": body.stop_reason,
+                f"{body.kind} step committed",
+                extra={"kind": body.kind, "model": body.model, "stop_reason": body.stop_reason,
                        "tokens_in": body.usage.input_total, "tokens_out": body.usage.output_tokens},
             )  # fmt: skip
         else:
@@ -1066,7 +1128,7 @@ class Engine:
 
     def _run_one_tool(self, s: Session, use: dict[str, Any], allowlist: list[str], notes: _TaskNotes) -> ToolOutcome:
         if use["name"] == RECALL_TOOL:
-            return _recalled(s, use)
+            return _recalled(self.store, s, use)
         registry = self._registry(s)
         spec = registry.get(use["name"])
         side_effects = bool(spec and spec.side_effects and use["name"] in allowlist)
@@ -1144,7 +1206,9 @@ class Engine:
         """Commit the tool results, and in the same write either end the task (cap, timeout)
         or reserve tokens for the next LLM call, saving one round trip per turn."""
         number = s.next_step
-        preview = Session(s.lease, s.task, [*s.steps, _draft(s, body)], messages, s.deadline)
+        preview = Session(
+            s.lease, s.task, [*s.steps, _draft(s, body)], messages, s.deadline, earlier_turns=s.earlier_turns
+        )
         stop = self._stop_reason(preview)
         if isinstance(stop, TaskStatus):
             error = self._stop_error(preview, stop)
@@ -1194,17 +1258,20 @@ def offered_tools(constraints: Constraints) -> list[str]:
     return [name for name in constraints.tools if constraints.tool_policies.get(name) != "deny"]
 
 
-def _recalled(s: Session, use: dict[str, Any]) -> ToolOutcome:
-    """``recall``: a tool result cleared from the context, read from the task's own steps."""
+def _recalled(store: EngineStorage, s: Session, use: dict[str, Any]) -> ToolOutcome:
+    """``recall``: a tool result cleared from the context, read from the task's own steps
+    (those before the latest compaction from the store: a resumed session does not hold them)."""
     wanted = (use.get("input") or {}).get("tool_use_id")
-    for record in s.steps:
-        if isinstance(record.body, ToolsStep):
-            for result in record.body.results:
-                if result.tool_use_id == wanted:
-                    return ToolOutcome(
-                        tool_use_id=use["id"], name=RECALL_TOOL, content=result.content, is_error=result.is_error,
-                        started_at=time.time(), duration_ms=0,
-                    )  # fmt: skip
+    first = s.steps[0].number if s.steps else 1
+    for steps in (s.steps, store.steps.load(s.lease.task_id, upto=first - 1) if first > 1 else []):
+        for record in steps:
+            if isinstance(record.body, ToolsStep):
+                for result in record.body.results:
+                    if result.tool_use_id == wanted:
+                        return ToolOutcome(
+                            tool_use_id=use["id"], name=RECALL_TOOL, content=result.content,
+                            is_error=result.is_error, started_at=time.time(), duration_ms=0,
+                        )  # fmt: skip
     return _error_outcome(use, f"no tool result with id {wanted!r} in this task")
 
 

@@ -17,6 +17,7 @@ CRASH_POINTS = (
     "after_llm_call",  # provider answered (tokens spent), step not committed
     "after_step_put",  # a step's item written, META not yet pointing at it (every step commit passes here)
     "after_llm_commit",  # assistant turn with tool intents durable, no tool run yet
+    "after_compaction",  # compaction step durable (the summary the conversation goes on from)
     "after_effect_begin",  # side-effect intent recorded, tool not run
     "after_tool_run",  # tool ran, its outcome not recorded anywhere
     "after_effect_finish",  # side-effect outcome recorded, tools step not committed

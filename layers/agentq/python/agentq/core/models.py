@@ -102,6 +102,11 @@ class Constraints(StrictModel):
         "sent (they stay in the steps; the model can recall them)",
     )
     keep_tool_results: int = Field(default=5, ge=0, le=1000, description="tool results never cleared: the latest")
+    compaction: Literal["summary", "off"] = Field(
+        default="summary",
+        description="when clearing old tool results is not enough: summary (a compaction call writes a summary "
+        "the conversation goes on from, committed as its own step) or off (the request is sent as it is)",
+    )
     thinking_budget_tokens: int | None = Field(
         default=None,
         ge=1024,
@@ -242,10 +247,9 @@ class Usage(StrictModel):
         return self.input_total + self.output_tokens
 
 
-class LLMStep(StrictModel):
-    """An assistant turn as the provider returned it, plus what it cost."""
+class CallStep(StrictModel):
+    """What one LLM call returned and what it cost: the fields every step made by a call shares."""
 
-    kind: Literal["llm"] = "llm"
     content: list[dict[str, Any]]
     stop_reason: str | None
     model: str
@@ -255,10 +259,27 @@ class LLMStep(StrictModel):
     attempts: int = 1
     started_at: float
     duration_ms: int
+
+    def text(self) -> str:
+        return "\n".join(b["text"] for b in self.content if b.get("type") == "text" and b.get("text"))
+
+
+class LLMStep(CallStep):
+    """An assistant turn as the provider returned it, plus what it cost."""
+
+    kind: Literal["llm"] = "llm"
     cleared_before: int = Field(default=0, description="tool results cleared from this call's request (core.context)")
 
     def tool_uses(self) -> list[dict[str, Any]]:
         return [b for b in self.content if b.get("type") == "tool_use"]
+
+
+class CompactStep(CallStep):
+    """A summary of the conversation so far, written by a compaction call (``core.context``):
+    the conversation goes on from it, so the steps before it are never read again to resume."""
+
+    kind: Literal["compact"] = "compact"
+    summarised_through: int = Field(description="the last step the summary stands for")
 
 
 class ToolOutcome(StrictModel):
@@ -279,7 +300,7 @@ class ToolsStep(StrictModel):
     results: list[ToolOutcome]
 
 
-Step = Annotated[LLMStep | ToolsStep, Field(discriminator="kind")]
+Step = Annotated[LLMStep | ToolsStep | CompactStep, Field(discriminator="kind")]
 
 
 class StepRecord(StrictModel):
@@ -334,6 +355,7 @@ class Task(BaseModel):
     depth: int = 0
     step: int = 0
     llm_steps: int = 0
+    compacted_at: int = 0  # the latest compaction step: a resume reads the steps from it on
     lease_owner: str | None = None
     lease_epoch: int = 0
     lease_expires: float = 0

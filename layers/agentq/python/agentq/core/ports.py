@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from agentq.core.fanout import ChildPlan
-from agentq.core.models import Lease, LLMStep, RetryState, StepRecord, Task, TaskStatus, ToolOutcome
+from agentq.core.models import CompactStep, Lease, LLMStep, RetryState, StepRecord, Task, TaskStatus, ToolOutcome
 from agentq.core.records import ApprovalRecord, BudgetDelta, BudgetState, EffectRecord, Reservation, SpawnRecord
 from agentq.core.tenancy import TenantLimits
 
@@ -41,7 +41,7 @@ class TaskLeases(Protocol):
 
 
 class StepLog(Protocol):
-    def load(self, task_id: str, upto: int | None = None) -> list[StepRecord]: ...
+    def load(self, task_id: str, upto: int | None = None, since: int = 1) -> list[StepRecord]: ...
 
     def commit(
         self,
@@ -59,7 +59,7 @@ class StepLog(Protocol):
         hold_until: float | None = None,
     ) -> StepRecord: ...
 
-    def record_orphan(self, lease: Lease, number: int, body: LLMStep) -> None: ...
+    def record_orphan(self, lease: Lease, number: int, body: LLMStep | CompactStep) -> None: ...
 
 
 class BudgetLedger(Protocol):

@@ -8,7 +8,7 @@ from decimal import Decimal
 from typing import Literal
 
 from agentq.core.fanout import ChildPlan
-from agentq.core.models import LLMStep, ToolOutcome
+from agentq.core.models import CompactStep, LLMStep, ToolOutcome
 
 
 @dataclass(frozen=True)
@@ -107,4 +107,4 @@ class OrphanCall:
 
     number: int
     epoch: int
-    call: LLMStep
+    call: LLMStep | CompactStep

@@ -40,7 +40,7 @@ from pydantic import TypeAdapter
 
 from agentq.core.errors import BudgetExceeded
 from agentq.core.faults import crash_point
-from agentq.core.models import Lease, LLMStep, Step, StepRecord, TaskStatus
+from agentq.core.models import CompactStep, Lease, LLMStep, Step, StepRecord, TaskStatus
 from agentq.core.records import NO_USAGE, BudgetDelta, OrphanCall
 from agentq.resources import LIVE_ATTRIBUTES
 from agentq.storage import keys
@@ -61,6 +61,7 @@ from agentq.storage.table import (
 from agentq.storage.tasks import Tasks, request_token, why_fenced
 
 _STEP_ADAPTER: TypeAdapter[Any] = TypeAdapter(Step)
+CALL_STEP: TypeAdapter[LLMStep | CompactStep] = TypeAdapter(LLMStep | CompactStep)
 
 
 class Steps:
@@ -74,13 +75,15 @@ class Steps:
         meta = self.table.get(keys.meta_key(task_id))
         return int(meta["step"]) if meta is not None else 0
 
-    def load(self, task_id: str, upto: int | None = None) -> list[StepRecord]:
-        """Every committed step, in order. ``upto``: the committed count when the caller has
-        just read META (a claim); otherwise it is read here."""
+    def load(self, task_id: str, upto: int | None = None, since: int = 1) -> list[StepRecord]:
+        """Every committed step from number ``since`` on (a resume starts at the latest
+        compaction), in order. ``upto``: the committed count when the caller has just read
+        META (a claim); otherwise it is read here."""
         upto = self.committed(task_id) if upto is None else upto
-        if upto < 1:
+        since = max(since, 1)
+        if upto < since:
             return []
-        items = self.table.query(keys.task_pk(task_id), between=(keys.step_sk(1), keys.step_sk(upto)))
+        items = self.table.query(keys.task_pk(task_id), between=(keys.step_sk(since), keys.step_sk(upto)))
         return [self._record(task_id, i) for i in items]
 
     def range(self, task_id: str, first: int, limit: int, upto: int | None = None) -> list[StepRecord]:
@@ -156,7 +159,10 @@ class Steps:
             sets.update({"lease_expires": lease_until, "heartbeat_at": now})
         if body.kind == "llm":
             adds["llm_steps"] = 1
+        if body.kind in ("llm", "compact"):
             removes += ["inflight", "live_text"]  # the call's text is in the step now
+        if body.kind == "compact":
+            sets["compacted_at"] = number  # a resume reads the steps from here on
         if settle is not None:
             adds.update({"tokens_in": settle.tokens_in, "tokens_out": settle.tokens_out, "cost_usd": settle.cost_usd})
         if finish is not None:
@@ -224,7 +230,7 @@ class Steps:
 
     # --------------------------------------------------------------- orphans
 
-    def record_orphan(self, lease: Lease, number: int, body: LLMStep) -> None:
+    def record_orphan(self, lease: Lease, number: int, body: LLMStep | CompactStep) -> None:
         """Keep an LLM call whose step could not be committed (its worker lost the lease) in
         the trace: it happened and it was paid for, so the trace and the ledger show it."""
         payload = self.payloads.encode(
@@ -248,7 +254,7 @@ class Steps:
                 OrphanCall(
                     number=int(item["number"]),
                     epoch=int(item["epoch"]),
-                    call=LLMStep.model_validate_json(self.payloads.decode(item)),
+                    call=CALL_STEP.validate_json(self.payloads.decode(item)),
                 )
             )
         return out

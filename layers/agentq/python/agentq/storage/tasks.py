@@ -691,6 +691,8 @@ class Tasks:
         )
         meta = actions[0]
         assert isinstance(meta, Put)
-        meta.item.update({"step": len(steps), "llm_steps": llm_steps})
+        compacted_at = max((s.number for s in steps if s.body.kind == "compact"), default=0)
+        counters = {"step": len(steps), "llm_steps": llm_steps, "compacted_at": compacted_at}
+        meta.item.update(counters)
         self.table.transact(actions)
-        return task.model_copy(update={"step": len(steps), "llm_steps": llm_steps})
+        return task.model_copy(update=counters)

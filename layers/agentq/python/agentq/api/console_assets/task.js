@@ -221,11 +221,14 @@ function drawTimeline(el, events) {
       rows.push(h("tr", { class: "resume" }, h("td", { colspan: 6 }, `↻ resumed: epoch ${s.epoch} on ${workers.get(s.epoch) || "another worker"} (was epoch ${epoch})`)));
     }
     epoch = s.epoch;
-    const what = s.llm
+    const compaction = s.llm && s.llm.purpose === "compaction";
+    const what = compaction
+      ? `compaction ${s.llm.model} · ${fmtInt(s.llm.tokens.total)} tokens: the conversation goes on from its summary`
+      : s.llm
       ? `LLM ${s.llm.model} · ${fmtInt(s.llm.tokens.total)} tokens · ${fmtInt(s.llm.duration_ms)} ms${s.llm.tool_calls.length ? ` → ${s.llm.tool_calls.join(", ")}` : ""}`
       : `tools ${s.tools.map((t) => `${t.name} (${t.status})`).join(", ")}`;
     rows.push(h("tr", { "data-step": s.step },
-      h("td", { class: "num" }, s.step), h("td", {}, s.llm ? "llm" : "tools"), h("td", {}, what),
+      h("td", { class: "num" }, s.step), h("td", {}, compaction ? "compact" : s.llm ? "llm" : "tools"), h("td", {}, what),
       h("td", { class: "mono small" }, workers.get(s.epoch) || "–"), h("td", { class: "num" }, s.epoch), h("td", {}, fmtTime(s.at))));
   }
   replace(el, h("h2", { id: "timeline-h" }, "Steps"),

@@ -1,7 +1,10 @@
 """A provider that plays a declared script: deterministic agents with no API key.
 
 Turn k of the script answers the k-th assistant turn of the conversation, so a resumed
-task gets exactly the reply the crashed one would have got. tool_use ids derive from the
+task gets exactly the reply the crashed one would have got. A compaction request (the
+instruction of ``core.context``) is answered with a summary that says how many turns it
+stands for, and a conversation that starts from such a summary counts them: turn k stays
+turn k across compactions, and the script is never consumed by one. tool_use ids derive from the
 task id and turn, and usage is computed from the bytes in and out (about 4 characters a
 token, like English text on Claude's tokenizer) so budgets and ledgers behave as they would
 with a real model.
@@ -12,12 +15,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from agentq.core.context import COMPACT_INSTRUCTION
 from agentq.core.models import Script, ScriptTurn, Usage
 from agentq.core.providers.base import LLMRequest, LLMResponse
 
@@ -60,7 +65,9 @@ class ScriptedProvider:
         self.sleep = sleep
 
     def complete(self, request: LLMRequest) -> LLMResponse:
-        turn_index = sum(1 for m in request.messages if m["role"] == "assistant")
+        turn_index = _turns_summarised(request.messages) + sum(1 for m in request.messages if m["role"] == "assistant")
+        if _asks_for_compaction(request.messages):
+            return self._summary(request, turn_index)
         turn = self._turn(turn_index)
         if turn.latency_seconds:
             self.sleep(turn.latency_seconds)
@@ -88,7 +95,34 @@ class ScriptedProvider:
             usage=Usage(input_tokens=count_tokens(prompt), output_tokens=output_tokens),
         )
 
+    def _summary(self, request: LLMRequest, turns: int) -> LLMResponse:
+        text = f"{SUMMARY_PREFIX} {turns} turns: the script goes on at turn {turns + 1}."
+        prompt = json.dumps([request.system, request.messages, request.tools], separators=(",", ":"))
+        return LLMResponse(
+            content=[{"type": "text", "text": text}],
+            stop_reason="end_turn",
+            model=request.model,
+            usage=Usage(input_tokens=count_tokens(prompt), output_tokens=count_tokens(text)),
+        )
+
     def _turn(self, index: int) -> ScriptTurn:
         if index < len(self.script.turns):
             return self.script.turns[index]
         return ScriptTurn(text=f"(script exhausted after {len(self.script.turns)} turns)")
+
+
+SUMMARY_PREFIX = "Scripted summary of"
+_SUMMARISED = re.compile(re.escape(SUMMARY_PREFIX) + r" (\d+) turns")
+
+
+def _asks_for_compaction(messages: list[dict[str, Any]]) -> bool:
+    content = messages[-1]["content"] if messages else None
+    return isinstance(content, list) and bool(content) and content[-1].get("text") == COMPACT_INSTRUCTION
+
+
+def _turns_summarised(messages: list[dict[str, Any]]) -> int:
+    """The turns a compaction summary at the start of the conversation stands for (0: none)."""
+    first = messages[0]["content"] if messages else ""
+    text = first if isinstance(first, str) else " ".join(b.get("text", "") for b in first)
+    found = _SUMMARISED.search(text)
+    return int(found.group(1)) if found else 0

@@ -1,0 +1,353 @@
+"""Compaction: when clearing old tool results does not bring the request under the threshold,
+the next call is a summary, committed as its own step and charged like any call; the
+conversation goes on from the goal and that summary; a resume reads only the steps from the
+latest compaction on; a worker killed at any write around a compaction resumes to the same
+conversation; a fork before or after one goes on as the source did."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentq.api.views import trace_page
+from agentq.control.submit import parse_submission
+from agentq.core.context import COMPACT_INSTRUCTION, resumed_goal
+from agentq.core.engine import Engine, EngineConfig
+from agentq.core.errors import ProviderError
+from agentq.core.models import CallStep, CompactStep, LLMStep, StepRecord, TaskStatus, ToolsStep, Usage
+from agentq.core.providers import LLMRequest, LLMResponse
+from agentq.core.tools import ToolRegistry, tool
+from agentq.local.moto_server import MotoServer
+from agentq.queueing.worker import run_task
+from agentq.runtime import Settings, build_registry, build_store
+from agentq.storage.container import Storage
+
+from tests.conftest import child_env, fresh_settings
+from tests.helpers import call, scripted
+
+WINDOW = '{"claude-sonnet-4": 5000}'  # threshold 70%: 3,500 tokens, ~10,500 characters
+NOTES = "n" * 2400  # what the model writes each turn: clearing tool results cannot remove it
+
+
+@tool(name="read_doc")
+def read_doc(n: int) -> str:
+    """Read document n."""
+    return f"doc {n}: " + "lorem ipsum " * 20
+
+
+class SummarisingModel:
+    """Reads documents 1..docs, writing long notes each turn; summarises when asked to; then
+    answers. Keeps every request. ``fail_at``: that call raises a retryable error once."""
+
+    name = "anthropic"
+
+    def __init__(self, docs: int, fail_at: int | None = None) -> None:
+        self.docs = docs
+        self.read = 0
+        self.fail_at = fail_at
+        self.requests: list[LLMRequest] = []
+
+    def complete(self, request: LLMRequest) -> LLMResponse:
+        self.requests.append(request)
+        if len(self.requests) == self.fail_at:
+            self.fail_at = None
+            raise ProviderError("overloaded", retryable=True, code="overloaded")
+        last = request.messages[-1]["content"]
+        usage = Usage(input_tokens=len(str(request.messages)) // 4, output_tokens=50)
+        if isinstance(last, list) and last[-1].get("text") == COMPACT_INSTRUCTION:
+            text = f"SUMMARY: documents 1 to {self.read} read; all were lorem ipsum."
+            return LLMResponse(content=[{"type": "text", "text": text}], stop_reason="end_turn",
+                               model=request.model, usage=usage)  # fmt: skip
+        self.note(request)
+        if self.read >= self.docs:
+            return LLMResponse(content=[{"type": "text", "text": f"read {self.read} documents"}],
+                               stop_reason="end_turn", model=request.model, usage=usage)  # fmt: skip
+        n = self.read + 1
+        content: list[dict[str, Any]] = [
+            {"type": "text", "text": f"notes on {self.read}: {NOTES}"},
+            {"type": "tool_use", "id": f"toolu_{n:03d}", "name": "read_doc", "input": {"n": n}},
+        ]
+        return LLMResponse(content=content, stop_reason="tool_use", model=request.model, usage=usage)
+
+    def note(self, request: LLMRequest) -> None:
+        """Count the documents read so far from the latest tool result."""
+        last = request.messages[-1]["content"]
+        if isinstance(last, list) and last[-1].get("type") == "tool_result" and last[-1]["content"].startswith("doc"):
+            self.read = max(self.read, int(last[-1]["content"].split(":")[0].split()[-1]))
+
+
+def _is_compaction(request: LLMRequest) -> bool:
+    last = request.messages[-1]["content"]
+    return isinstance(last, list) and last[-1].get("text") == COMPACT_INSTRUCTION
+
+
+def _submission(**constraints: Any) -> dict[str, Any]:
+    return {"goal": "read them all", "provider": "anthropic", "model": "claude-sonnet-4-6",
+            "constraints": {"tools": ["read_doc"], "max_steps": 40, "keep_tool_results": 1, **constraints}}  # fmt: skip
+
+
+def _engine(store: Storage, model: SummarisingModel) -> Engine:
+    return Engine(store, worker_id="w", tools=ToolRegistry([read_doc]), config=EngineConfig(lease_seconds=30),
+                  providers=lambda _: model)  # fmt: skip
+
+
+def test_when_clearing_is_not_enough_a_summary_step_is_committed_and_the_conversation_goes_on_from_it(
+    store: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENTQ_CONTEXT_WINDOWS", WINDOW)
+    model = SummarisingModel(docs=10)
+    task = store.tasks.create(parse_submission(_submission()), tenant="t")
+    assert _engine(store, model).run(task.task_id).status is TaskStatus.SUCCEEDED
+
+    steps = store.steps.load(task.task_id)
+    compactions = [s for s in steps if isinstance(s.body, CompactStep)]
+    assert len(compactions) >= 2
+    for record in compactions:
+        assert isinstance(record.body, CompactStep) and record.body.summarised_through == record.number - 1
+        assert record.body.text().startswith("SUMMARY: documents 1 to")
+    assert store.tasks.get(task.task_id).compacted_at == compactions[-1].number
+
+    # Each compaction sends the turn's own request plus the instruction, then the next turn
+    # starts from the goal and the summary alone.
+    asks = [i for i, r in enumerate(model.requests) if _is_compaction(r)]
+    assert len(asks) == len(compactions)
+    for i, record in zip(asks, compactions, strict=True):
+        assert isinstance(record.body, CompactStep)
+        ask, after = model.requests[i], model.requests[i + 1]
+        assert ask.tools[0]["name"] == "read_doc" and ask.messages[-1]["content"][0]["type"] == "tool_result"
+        assert after.messages == [{"role": "user", "content": resumed_goal("read them all", record.body.text())}]
+        assert "recall" in [t["name"] for t in after.tools]
+    limit = 5000 * 0.7 * 3  # characters, by the engine's own estimate
+    turns = [r for j, r in enumerate(model.requests) if j not in asks]
+    assert all(len(str(r.messages)) < limit for r in turns)
+
+    # Charged like any call: the budget holds every call's usage, the task every call's cost.
+    calls = [s.body for s in steps if isinstance(s.body, CallStep)]
+    budget = store.budgets.get(task.task_id)
+    assert budget.used == sum(c.usage.total for c in calls) and budget.reserved == 0
+    assert store.tasks.get(task.task_id).cost_usd == sum(c.cost_usd for c in calls) > 0
+    assert store.tasks.get(task.task_id).llm_steps == sum(isinstance(c, LLMStep) for c in calls)
+
+    # In the trace: an llm_call whose purpose is compaction, its text the summary.
+    events = trace_page(store, store.tasks.get(task.task_id), limit=500, cursor=None).events
+    summaries = [e for e in events if e.type == "llm_call" and e.purpose == "compaction"]
+    assert [e.step for e in summaries] == [r.number for r in compactions]
+    assert summaries[0].text.startswith("SUMMARY:")
+
+
+def test_recall_reads_back_a_result_from_before_the_compaction(store: Storage, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTQ_CONTEXT_WINDOWS", WINDOW)
+
+    class Recalling(SummarisingModel):
+        """Once every document is read, recalls the first one (long cleared and compacted away)."""
+
+        recalled = False
+
+        def complete(self, request: LLMRequest) -> LLMResponse:
+            self.note(request)
+            if self.read < self.docs or self.recalled or _is_compaction(request):
+                return super().complete(request)
+            self.recalled = True
+            self.requests.append(request)
+            use = {"type": "tool_use", "id": "toolu_recall", "name": "recall", "input": {"tool_use_id": "toolu_001"}}
+            usage = Usage(input_tokens=10, output_tokens=10)
+            return LLMResponse(content=[use], stop_reason="tool_use", model=request.model, usage=usage)
+
+    model = Recalling(docs=8)
+    task = store.tasks.create(parse_submission(_submission()), tenant="t")
+    engine = _engine(store, model)
+    assert engine.run(task.task_id).status is TaskStatus.SUCCEEDED
+    steps = store.steps.load(task.task_id)
+    first_compaction = next(s.number for s in steps if isinstance(s.body, CompactStep))
+    recalled = next(r for s in steps if isinstance(s.body, ToolsStep) for r in s.body.results if r.name == "recall")
+    assert not recalled.is_error and recalled.content.startswith("doc 1: lorem ipsum")
+    assert first_compaction < next(
+        s.number for s in steps if isinstance(s.body, ToolsStep) and s.body.results[0].name == "recall"
+    )
+
+
+def test_a_resume_reads_only_the_steps_from_the_latest_compaction_and_sends_the_same_request(
+    store: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENTQ_CONTEXT_WINDOWS", WINDOW)
+    reference = SummarisingModel(docs=10)
+    first = store.tasks.create(parse_submission(_submission()), tenant="t")
+    assert _engine(store, reference).run(first.task_id).status is TaskStatus.SUCCEEDED
+    asks = [i for i, r in enumerate(reference.requests) if _is_compaction(r)]
+    fail_at = asks[0] + 3  # the second turn after the first compaction
+
+    model = SummarisingModel(docs=10, fail_at=fail_at + 1)
+    task = store.tasks.create(parse_submission(_submission()), tenant="t")
+    engine = _engine(store, model)
+    assert engine.run(task.task_id).outcome == "retry"  # the worker gave the task back
+    compacted_at = store.tasks.get(task.task_id).compacted_at
+    assert compacted_at > 0
+    loads: list[tuple[int | None, int]] = []
+    real_load = store.steps.load
+
+    def load(task_id: str, upto: int | None = None, since: int = 1) -> list[StepRecord]:
+        loads.append((upto, since))
+        return real_load(task_id, upto=upto, since=since)
+
+    monkeypatch.setattr(store.steps, "load", load)
+    resumed = engine.run(task.task_id)
+    assert resumed.status is TaskStatus.SUCCEEDED and resumed.resumed_from_step > compacted_at
+    assert loads[0][1] == compacted_at  # the claim read the compaction step and what followed it
+    assert model.requests[fail_at + 1] == model.requests[fail_at]  # the retried call is the failed one
+    monkeypatch.setattr(store.steps, "load", real_load)
+    assert [s.body.kind for s in store.steps.load(task.task_id)] == [
+        s.body.kind for s in store.steps.load(first.task_id)
+    ]
+
+
+def test_compaction_off_sends_the_request_as_it_is(store: Storage, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTQ_CONTEXT_WINDOWS", WINDOW)
+    model = SummarisingModel(docs=6)
+    task = store.tasks.create(parse_submission(_submission(compaction="off")), tenant="t")
+    assert _engine(store, model).run(task.task_id).status is TaskStatus.SUCCEEDED
+    assert not any(isinstance(s.body, CompactStep) for s in store.steps.load(task.task_id))
+    with pytest.raises(Exception, match="compaction"):
+        parse_submission(_submission(compaction="sometimes"))
+
+
+# ---------------------------------------------------------------------- real processes
+
+TASK_ID = "compact-task"
+LONG = "x" * 3000  # each scripted turn's text: a compaction every few turns
+TURNS: list[dict[str, Any]] = (
+    [{"text": f"look {i} {LONG}", "tool_calls": [call("lookup", query=f"q{i}")]} for i in range(3)]
+    + [
+        {"text": f"pay {LONG}", "tool_calls": [call("charge_card", amount_cents=100, memo="one")]},
+    ]
+    + [{"text": f"look {i} {LONG}", "tool_calls": [call("lookup", query=f"q{i}")]} for i in range(4, 8)]
+    + [
+        {"text": "final answer"},
+    ]
+)
+WINDOWS = '{"claude-sonnet-4": 4000}'  # threshold 2,800 tokens, ~8,400 characters: about two turns
+
+
+def _shape(steps: list[StepRecord]) -> list[Any]:
+    out: list[Any] = []
+    for record in steps:
+        body = record.body
+        if isinstance(body, CallStep):
+            out.append((body.kind, body.content, body.usage.model_dump()))
+        else:
+            assert isinstance(body, ToolsStep)
+            out.append(("tools", [(r.tool_use_id, r.name, r.content) for r in body.results]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def baseline(moto_server: MotoServer) -> list[StepRecord]:
+    settings = fresh_settings(moto_server)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("AGENTQ_CONTEXT_WINDOWS", WINDOWS)
+        store = build_store(settings)
+        store.tasks.create(scripted(TURNS, tools=["lookup", "charge_card"]), tenant="t", task_id=TASK_ID)
+        engine = Engine(
+            store, worker_id="baseline", tools=build_registry(settings), config=EngineConfig(lease_seconds=5)
+        )
+        assert engine.run(TASK_ID).status is TaskStatus.SUCCEEDED
+    return store.steps.load(TASK_ID)
+
+
+def _pass_of(steps: list[StepRecord], point: str, which: int) -> int:
+    """The pass of ``point`` that belongs to the ``which``-th compaction of an uninterrupted run."""
+    number = [s.number for s in steps if isinstance(s.body, CompactStep)][which]
+    before = steps[:number]  # the compaction and every step before it
+    calls = sum(isinstance(s.body, CallStep) for s in before)
+    return {"after_reserve": calls, "after_llm_call": calls, "after_step_put": number, "after_compaction": which + 1}[
+        point
+    ]
+
+
+@pytest.mark.parametrize("which", [0, 1])
+@pytest.mark.parametrize("point", ["after_reserve", "after_llm_call", "after_step_put", "after_compaction"])
+def test_a_worker_killed_around_a_compaction_resumes_to_the_same_conversation(
+    point: str, which: int, baseline: list[StepRecord], settings: Settings, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    assert sum(isinstance(s.body, CompactStep) for s in baseline) >= 2
+    crash_at = f"{point}:{_pass_of(baseline, point, which)}"
+    store = build_store(settings)
+    store.tasks.create(scripted(TURNS, tools=["lookup", "charge_card"]), tenant="t", task_id=TASK_ID)
+    ledger = tmp_path / "ledger.jsonl"
+    crashed = subprocess.run(
+        [sys.executable, "-m", "agentq", "run-task", TASK_ID, "--lease", "1"],
+        check=False,
+        env=child_env(
+            settings,
+            AGENTQ_CRASH_AT=crash_at,
+            AGENTQ_TEST_LEDGER=str(ledger),
+            AGENTQ_MAX_CALL_SECONDS="1",
+            AGENTQ_CONTEXT_WINDOWS=WINDOWS,
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    before = store.steps.load(TASK_ID)
+    number = [s.number for s in baseline if isinstance(s.body, CompactStep)][which]
+    assert len(before) == (number if point == "after_compaction" else number - 1)  # killed where meant
+
+    monkeypatch.setenv("AGENTQ_TEST_LEDGER", str(ledger))
+    monkeypatch.setenv("AGENTQ_CONTEXT_WINDOWS", WINDOWS)
+    resumed = run_task(TASK_ID, settings=settings, lease_seconds=1, wait_seconds=20)
+    assert resumed.status is TaskStatus.SUCCEEDED, resumed
+    after = store.steps.load(TASK_ID)
+    assert after[: len(before)] == before  # resumed, not restarted
+    assert _shape(after) == _shape(baseline)
+    charges = ledger.read_text().splitlines()
+    assert len(charges) == 1  # the payment between the compactions ran once
+    task = store.tasks.get(TASK_ID)
+    assert task.compacted_at == [s.number for s in baseline if isinstance(s.body, CompactStep)][-1]
+    if task.lapsed_holds:  # the killed worker's hold goes back once its call cannot complete
+        import time
+
+        time.sleep(max(0.0, max(float(h["until"]) for h in task.lapsed_holds.values()) - time.time()) + 0.05)
+        Engine(store, worker_id="releaser", tools=build_registry(settings)).release_lapsed_holds(task)
+    budget = store.budgets.get(TASK_ID)
+    assert budget.reserved == 0
+    assert budget.used == sum(s.body.usage.total for s in after if isinstance(s.body, CallStep))
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_a_fork_before_or_after_a_compaction_goes_on_as_the_source_did(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    from agentq.control.operations import fork
+
+    from tests.helpers import deployment
+
+    monkeypatch.setenv("AGENTQ_CONTEXT_WINDOWS", WINDOWS)
+    settings = deployment(moto_server)  # with queues: a fork is enqueued
+    store = build_store(settings)
+    registry = build_registry(settings)
+    source = store.tasks.create(scripted(TURNS, tools=["lookup", "charge_card"]), tenant="t")
+    engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30))
+    assert engine.run(source.task_id).status is TaskStatus.SUCCEEDED
+    steps = store.steps.load(source.task_id)
+    compaction = next(s.number for s in steps if isinstance(s.body, CompactStep))
+    at = compaction - 1 if where == "before" else compaction
+
+    from agentq.runtime import build_queues
+
+    forked = fork(store, registry, build_queues(settings), source.task_id, at_step=at)
+    assert forked.compacted_at == (compaction if where == "after" else 0)
+    assert engine.run(forked.task_id).status is TaskStatus.SUCCEEDED
+    mine = store.steps.load(forked.task_id)
+
+    def words(records: list[StepRecord]) -> list[Any]:
+        return [(r.body.kind, r.body.text()[:40] if isinstance(r.body, CallStep) else len(r.body.results))
+                for r in records]  # fmt: skip
+
+    assert words(mine) == words(steps)  # the same turns, compactions at the same steps
+    assert mine[:at] == [s.model_copy(update={"task_id": forked.task_id}) for s in steps[:at]]
