@@ -68,6 +68,13 @@ class Billing:
             self.proc.wait()
             self.proc = None
 
+    def started(self, customer: str) -> bool:
+        """Whether the server has received a send_invoice call for ``customer`` (it may still run)."""
+        marks = self.ledger.with_name(self.ledger.name + ".started")
+        return marks.exists() and any(
+            json.loads(line)["customer"] == customer for line in marks.read_text().splitlines()
+        )
+
     def invoices(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.ledger.read_text().splitlines()] if self.ledger.exists() else []
 
@@ -218,7 +225,7 @@ def test_a_worker_killed_mid_call_never_sends_an_invoice_twice_and_reruns_a_read
     store = billing.stack.store()
     wait_for(lambda: store.effects.get(task_id, turns_id(store, task_id)) is not None, timeout=30,
              what="the invoice call to start")  # fmt: skip
-    time.sleep(0.5)  # on the wire, mid-call
+    wait_for(lambda: billing.started("globex"), timeout=30, what="the server to receive the call")  # mid-call
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     report = billing.resume(task_id)
@@ -246,7 +253,7 @@ def test_a_server_that_is_down_or_dies_mid_call_gives_the_model_a_clear_error(bi
     agent = billing.agent(slow, servers=[{"name": "billing"}])
     try:
         proc = billing.run_task(agent, lease=10)
-        time.sleep(2.0)  # the call is on the wire
+        wait_for(lambda: billing.started("hooli"), timeout=60, what="the server to receive the call")  # mid-call
         billing.kill()
         out, err = proc.communicate(timeout=120)
         assert json.loads(out.splitlines()[-1])["status"] == "succeeded", err[-3000:]

@@ -30,8 +30,11 @@ def lookup_price(sku: str) -> str:
 @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False))
 def send_invoice(customer: str, amount_cents: int, slow_seconds: float = 0) -> str:
     """Send an invoice to a customer (it is recorded; never send one twice)."""
-    time.sleep(slow_seconds)
     ledger = os.environ.get("BILLING_LEDGER")
+    if ledger:  # the call arrived: tests that kill something mid-call wait for this
+        with open(f"{ledger}.started", "a") as out:
+            out.write(json.dumps({"customer": customer}) + "\n")
+    time.sleep(slow_seconds)
     if ledger:
         with open(ledger, "a") as out:
             out.write(json.dumps({"customer": customer, "amount_cents": amount_cents, "pid": os.getpid()}) + "\n")
