@@ -11,7 +11,8 @@ from agentq.core.records import BudgetDelta
 from agentq.runtime import Settings, build_store
 
 
-def main(root_id: str, task_id: str, amount: int, attempts: int) -> None:
+def main(root_id: str, task_id: str, amount: int, attempts: int, hold_micros: int = 0) -> None:
+    """``hold_micros``: each hold also takes that much money (the race is then for the money cap)."""
     store = build_store(Settings.from_env())
     claimed = store.tasks.claim(task_id, f"racer-{task_id}", 60)
     assert claimed is not None
@@ -21,23 +22,27 @@ def main(root_id: str, task_id: str, amount: int, attempts: int) -> None:
     granted = 0
     for step in range(attempts):
         try:
-            store.budgets.reserve(lease, root_id, amount, step + 1)
+            store.budgets.reserve(lease, root_id, amount, step + 1, micros=hold_micros)
             granted += 1
         except BudgetExceeded:
             pass
     # Settle every grant with a provider-reported usage below the hold, as a real call would.
-    used = 0
+    used = used_micros = 0
     for _ in range(granted):
         spent = amount - 7
+        cost = Decimal(max(hold_micros - 7, 0)) / 1_000_000
         store.budgets.settle_orphan(
             lease.task_id,
             root_id,
-            BudgetDelta(reserved=amount, used=spent, cost_usd=Decimal(0), tokens_in=spent, tokens_out=0),
+            BudgetDelta(
+                reserved=amount, used=spent, cost_usd=cost, tokens_in=spent, tokens_out=0, reserved_micros=hold_micros
+            ),
             inflight_epoch=None,
         )
         used += spent
-    print(json.dumps({"granted": granted, "used": used}))
+        used_micros += max(hold_micros - 7, 0)
+    print(json.dumps({"granted": granted, "used": used, "used_micros": used_micros}))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), *(int(a) for a in sys.argv[5:6]))

@@ -127,6 +127,16 @@ class BudgetView(ApiModel):
     reserved: int
     available: int
     cost_usd: str
+    money: MoneyView | None = Field(default=None, description="the money budget, when the task has max_cost_usd")
+
+
+class MoneyView(ApiModel):
+    """The money budget in US dollars (the ledger counts millionths): the same invariant as tokens."""
+
+    cap_usd: str
+    used_usd: str = Field(description="what the calls cost, each rounded up to the millionth")
+    reserved_usd: str = Field(description="held for calls in flight, at the most each can cost")
+    available_usd: str
 
 
 class ChildrenSummary(ApiModel):

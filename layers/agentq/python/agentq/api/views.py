@@ -10,6 +10,7 @@ import binascii
 import json
 import re
 from collections import Counter
+from decimal import Decimal
 from typing import Any, Literal
 
 from agentq.api.models import (
@@ -20,6 +21,7 @@ from agentq.api.models import (
     LatencyView,
     LLMCallEvent,
     LLMTokens,
+    MoneyView,
     PendingCall,
     RetryView,
     TaskLinks,
@@ -34,6 +36,7 @@ from agentq.api.models import (
 )
 from agentq.core.errors import AgentqError, TaskNotFound, ValidationError
 from agentq.core.models import CompactStep, LLMStep, RetryState, StepRecord, Task, TaskStatus, ToolsStep
+from agentq.core.pricing import NO_MONEY_CAP
 from agentq.storage.container import Storage
 
 
@@ -134,8 +137,14 @@ def task_view(store: Storage, task: Task) -> TaskView:
     """
     try:
         b = store.budgets.get(task.budget_id)
+        money = None
+        if b.cap_micros < NO_MONEY_CAP:
+            money = MoneyView(
+                cap_usd=_usd(b.cap_micros), used_usd=_usd(b.used_micros),
+                reserved_usd=_usd(b.reserved_micros), available_usd=_usd(b.available_micros),
+            )  # fmt: skip
         budget: BudgetView | None = BudgetView(
-            cap=b.cap, used=b.used, reserved=b.reserved, available=b.available, cost_usd=str(b.cost_usd)
+            cap=b.cap, used=b.used, reserved=b.reserved, available=b.available, cost_usd=str(b.cost_usd), money=money
         )
     except TaskNotFound:
         budget = None
@@ -217,6 +226,10 @@ def retry_view(retry: RetryState | None) -> RetryView | None:
         failed_at=retry.at,
         next_attempt_at=retry.next_at,
     )
+
+
+def _usd(micros: int) -> str:
+    return str((Decimal(micros) / 1_000_000).quantize(Decimal("0.000001")))
 
 
 def _round(value: float | None) -> float | None:

@@ -78,6 +78,15 @@ def budget_line(view: TaskView) -> str:
     return f"{n(b.used)} / {n(b.cap)} tokens ({pct:.1f}%){extra}"
 
 
+def money_line(view: TaskView) -> str:
+    """The money budget, when the task has one: ``; budget $used / $cap (+ $reserved held)``."""
+    money = view.budget.money if view.budget else None
+    if money is None:
+        return ""
+    held = f" (+ ${money.reserved_usd} held)" if money.reserved_usd.strip("0.") else ""
+    return f"; budget ${money.used_usd} / ${money.cap_usd}{held}"
+
+
 def status_block(view: TaskView) -> str:
     """``agentq status``: one fact a line, stable labels a person or a grep can read."""
     lat = view.latency
@@ -89,7 +98,8 @@ def status_block(view: TaskView) -> str:
         f"steps     {view.step} ({view.llm_steps} LLM turns of at most {view.max_steps})",
         f"tokens    {n(view.tokens.input)} in, {n(view.tokens.output)} out; budget {budget_line(view)}",
         f"cost      ${view.cost_usd}"
-        + (f" (tree ${view.budget.cost_usd})" if view.budget and view.budget.cost_usd != view.cost_usd else ""),
+        + (f" (tree ${view.budget.cost_usd})" if view.budget and view.budget.cost_usd != view.cost_usd else "")
+        + money_line(view),
         f"children  {children_line(view)}",
         f"created   {when(view.created_at)}   started {when(view.started_at)}   finished {when(view.finished_at)}",
         f"latency   pickup {secs(lat.pickup_seconds)}, resumes {lat.resumes}, run {secs(lat.run_seconds)}, total {secs(lat.total_seconds)}",
@@ -264,7 +274,7 @@ def watch_view(view: TaskView, recent: list[Text]) -> RenderableType:
     used = view.budget.used if view.budget else view.tokens.total
     cap = view.budget.cap if view.budget else view.tokens.budget
     grid.add_row("tokens", _bar(used, cap, budget_line(view)))
-    grid.add_row("cost", f"${view.cost_usd}")
+    grid.add_row("cost", f"${view.cost_usd}{money_line(view)}")
     grid.add_row("children", children_line(view))
     activity = view.activity or (f"finished {view.status.value}" if view.status.terminal else "-")
     grid.add_row("now", Text(activity, style="italic"))

@@ -66,9 +66,9 @@ def check_submission(submission: TaskSubmission, tools: ToolRegistry) -> None:
 
     A model the price table does not know would be charged $0 to the ledger: it is refused,
     unless the deployment prices it (``AGENTQ_PRICES``). The scripted provider spends nothing,
-    so its model name is not checked.
+    so its model name is not checked, unless a money budget (``max_cost_usd``) needs its price.
     """
-    check_model(submission.provider, submission.model)
+    check_model(submission.provider, submission.model, money=submission.constraints.max_cost_usd is not None)
     if submission.mcp_tools:
         from agentq.core.tools.mcp import mcp_tool_specs
 
@@ -105,11 +105,17 @@ def check_context(submission: TaskSubmission) -> None:
         )
 
 
-def check_model(provider: str, model: str) -> None:
-    if provider == "scripted":
+def check_model(provider: str, model: str, *, money: bool = False) -> None:
+    if provider == "scripted" and not money:
         return
     prices = load_price_table()
     if prices.price_for(model) is None:
+        if money:
+            raise ValidationError(
+                f"constraints.max_cost_usd: no price for {model!r}, so a money budget could not be kept; "
+                f"priced models: {', '.join(sorted(prices.root))}; price another with AGENTQ_PRICES",
+                field="constraints.max_cost_usd",
+            )
         raise ValidationError(
             f"model: no price for {model!r}, so its cost could not be counted; priced models: "
             f"{', '.join(sorted(prices.root))} (and their dated or Bedrock ids); price another with AGENTQ_PRICES",

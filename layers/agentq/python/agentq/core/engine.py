@@ -69,7 +69,7 @@ from agentq.core.models import (
 from agentq.core.output import FINAL_ANSWER_TOOL, answer_of, feedback, final_answer_tool
 from agentq.core.output import INSTRUCTION as OUTPUT_INSTRUCTION
 from agentq.core.ports import EngineStorage
-from agentq.core.pricing import PriceTable, load_price_table
+from agentq.core.pricing import NO_MONEY_CAP, PriceTable, load_price_table
 from agentq.core.providers import LLMRequest, LLMResponse, ProviderFactory, default_provider_factory
 from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS, RetryNotice, reporting_retries, reporting_text
 from agentq.core.records import NO_USAGE, ApprovalRecord, BudgetDelta, Reservation
@@ -95,7 +95,11 @@ class HoldsInFlight(Exception):
 def _reservation(epoch: int, raw: dict[str, int | float]) -> Reservation:
     until = raw.get("until")
     return Reservation(
-        amount=int(raw["amount"]), epoch=epoch, step=int(raw["step"]), until=None if until is None else float(until)
+        amount=int(raw["amount"]),
+        epoch=epoch,
+        step=int(raw["step"]),
+        until=None if until is None else float(until),
+        micros=int(raw.get("usd", 0)),
     )
 
 
@@ -155,6 +159,7 @@ class Session:
     # the request and the step record all need it; each costs a pass over the conversation).
     context: tuple[int, list[dict[str, Any]], int, bool] | None = None
     earlier_turns: int = 0  # LLM turns before the steps loaded (a resume starts at the latest compaction)
+    short_of: Literal["tokens", "money"] = "tokens"  # what the budget lacked when a hold was refused
 
     @property
     def next_step(self) -> int:
@@ -543,6 +548,13 @@ class Engine:
             return {"code": "timeout", "message": f"task ran past its timeout of {c.timeout_seconds}s"}
         if s.llm_turns >= c.max_steps:
             return {"code": "max_steps_exceeded", "message": f"task used all {c.max_steps} steps"}
+        if s.short_of == "money":
+            root = c.max_cost_usd if s.task.parent_id is None else None
+            cap = f" (${root})" if root is not None else ""
+            return {
+                "code": "budget_exceeded",
+                "message": f"money budget of the root task is exhausted{cap}: the next call could cost more than is left",
+            }
         return {
             "code": "budget_exceeded",
             "message": f"token budget of the root task is exhausted (cap {c.max_tokens})",
@@ -563,7 +575,12 @@ class Engine:
                 s.lease.task_id,
                 s.task.budget_id,
                 BudgetDelta(
-                    reserved=int(held["amount"]), used=0, cost_usd=NO_USAGE.cost_usd, tokens_in=0, tokens_out=0
+                    reserved=int(held["amount"]),
+                    used=0,
+                    cost_usd=NO_USAGE.cost_usd,
+                    tokens_in=0,
+                    tokens_out=0,
+                    reserved_micros=int(held.get("usd", 0)),
                 ),
                 inflight_epoch=int(held["epoch"]),
                 parent_id=s.task.parent_id,
@@ -677,25 +694,60 @@ class Engine:
         return amount
 
     def _try_hold(self, s: Session, est_in: int, wanted: int) -> int | None:
-        """The full estimate, else what is left if it still allows a short answer."""
+        """The full estimate, else what is left (of tokens and of money) if it still allows a
+        short answer."""
         try:
             self._hold(s, wanted)
             return wanted
         except BudgetExceeded:
-            available = self.store.budgets.get(s.task.budget_id).available
-            if available < est_in + MIN_OUTPUT_TOKENS:
+            state = self.store.budgets.get(s.task.budget_id)
+            affordable = est_in + self._affordable_output(s, est_in, state.available_micros)
+            amount = min(wanted, state.available, affordable)
+            s.short_of = "money" if affordable < min(wanted, state.available) else "tokens"
+            if amount < est_in + MIN_OUTPUT_TOKENS:
                 return None
             try:
-                self._hold(s, available)
-                return available
+                self._hold(s, amount)
+                return amount
             except BudgetExceeded:
                 return None
 
+    def _affordable_output(self, s: Session, est_in: int, available_micros: int) -> int:
+        """The most output tokens a call of ``est_in`` input can be allowed on what is left of
+        the money budget (negative: not even the input)."""
+        price = self.prices.price_for(s.task.submission.model)
+        if price is None or price.output_per_mtok <= 0:
+            return 1 << 40
+        base = price.hold_micros(est_in, 0)
+        if base > available_micros:
+            return -1
+        out = int((available_micros - base) / price.output_per_mtok)
+        while out > 0 and price.hold_micros(est_in, out) > available_micros:
+            out -= 1  # rounding up to the millionth may cost one token
+        return out
+
+    def _hold_micros(self, s: Session, amount: int) -> int:
+        """The money a hold of ``amount`` tokens takes: its call at the most it can cost."""
+        price = self.prices.price_for(s.task.submission.model)
+        if price is None:
+            return 0
+        est_in = min(self._wanted_reservation(s)[0], amount)
+        return price.hold_micros(est_in, amount - est_in)
+
     def _hold(self, s: Session, amount: int) -> None:
         until = self._hold_until()
-        self.store.budgets.reserve(s.lease, s.task.budget_id, amount, s.next_step, until=until)
+        money = self._hold_micros(s, amount)
+        self.store.budgets.reserve(s.lease, s.task.budget_id, amount, s.next_step, until=until, micros=money)
         s.task = s.task.model_copy(
-            update={"inflight": {"amount": amount, "epoch": s.lease.epoch, "step": s.next_step, "until": until}}
+            update={
+                "inflight": {
+                    "amount": amount,
+                    "epoch": s.lease.epoch,
+                    "step": s.next_step,
+                    "until": until,
+                    "usd": money,
+                }
+            }
         )
 
     def _hold_until(self) -> float:
@@ -714,7 +766,9 @@ class Engine:
         until = held.get("until")
         if held and (until is None or start + self.config.max_call_seconds > until):
             new_until = start + CALL_START_SLACK_SECONDS + self.config.max_call_seconds
-            ticket = Reservation(amount=int(held["amount"]), epoch=s.lease.epoch, step=int(held["step"]))
+            ticket = Reservation(
+                amount=int(held["amount"]), epoch=s.lease.epoch, step=int(held["step"]), micros=int(held.get("usd", 0))
+            )
             self.store.budgets.extend_hold(s.lease, ticket, new_until)
             s.task = s.task.model_copy(update={"inflight": {**held, "until": new_until}})
 
@@ -800,6 +854,7 @@ class Engine:
             cost_usd=cost,
             tokens_in=response.usage.input_total,
             tokens_out=response.usage.output_tokens,
+            reserved_micros=int((s.task.inflight or {}).get("usd", 0)),
         )
         step: LLMStep | CompactStep
         if compact:
@@ -914,7 +969,7 @@ class Engine:
         if step.stop_reason == "max_tokens" and shrunk:
             return TaskStatus.COST_EXCEEDED, {
                 "code": "budget_exceeded",
-                "message": f"the token budget ran out during the model's turn ({max_out} output tokens were left)",
+                "message": f"the budget ran out during the model's turn ({max_out} output tokens were left)",
             }
         if step.stop_reason == "max_tokens":
             return TaskStatus.FAILED, {
@@ -1070,7 +1125,9 @@ class Engine:
             ]
             try:
                 spec = parse_spawn_input(spawn_use.get("input") or {})
-                plans = plan_children(task, spawn_id, spec, self.store.budgets.get(task.budget_id).available)
+                budget = self.store.budgets.get(task.budget_id)
+                money = budget.available_micros if budget.cap_micros < NO_MONEY_CAP else None
+                plans = plan_children(task, spawn_id, spec, budget.available, available_micros=money)
                 max_concurrency = spec.max_concurrency or len(plans)
                 self.store.spawns.create(s.lease, task, spawn_id, plans, pending, max_concurrency)
             except (SpawnRejected, BudgetExceeded) as exc:
@@ -1215,19 +1272,21 @@ class Engine:
             record = self._commit(s, body, finish=stop, result=final_text(messages), error=error)
             s.task = s.task.model_copy(update={"status": stop})
             return record
-        reserve = 0
+        reserve = money = 0
         if stop is None:
             _, reserve = self._wanted_reservation(preview)
+            money = self._hold_micros(preview, reserve)
         until = self._hold_until()
         try:
-            record = self._commit(s, body, reserve_next=reserve, hold_until=until if reserve else None)
+            record = self._commit(
+                s, body, reserve_next=reserve, reserve_next_micros=money, hold_until=until if reserve else None
+            )
         except BudgetExceeded:
             record = self._commit(s, body)
             reserve = 0
         if reserve:
-            s.task = s.task.model_copy(
-                update={"inflight": {"amount": reserve, "epoch": s.lease.epoch, "step": number + 1, "until": until}}
-            )
+            ticket = {"amount": reserve, "epoch": s.lease.epoch, "step": number + 1, "until": until, "usd": money}
+            s.task = s.task.model_copy(update={"inflight": ticket})
         return record
 
 

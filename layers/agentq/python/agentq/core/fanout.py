@@ -17,12 +17,14 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Annotated, Any, Protocol, TypeAlias
 
 import pydantic
 from pydantic import Field
 
 from agentq.core.models import Constraints, Script, StrictModel, Task, TaskStatus, TaskSubmission
+from agentq.core.pricing import MILLION, micros
 from agentq.core.providers.scripted import builtin_script_names
 from agentq.core.tools import ToolSpec, tool
 
@@ -61,6 +63,12 @@ class ChildPlan:
     submission: TaskSubmission
     share: int
     deadline_seconds: int
+
+    @property
+    def share_micros(self) -> int:
+        """The dollars (millionths) moved to the child: its ``max_cost_usd``, 0 without one."""
+        money = self.submission.constraints.max_cost_usd
+        return micros(money) if money is not None else 0
 
 
 # A child as the execution runs it: (task_id, timeout_seconds). Only ids and deadlines cross into the
@@ -107,9 +115,16 @@ def parse_spawn_input(raw: dict[str, Any]) -> SpawnInput:
 
 
 def plan_children(
-    parent: Task, tool_use_id: str, spec: SpawnInput, available: int, now: float | None = None
+    parent: Task,
+    tool_use_id: str,
+    spec: SpawnInput,
+    available: int,
+    now: float | None = None,
+    *,
+    available_micros: int | None = None,
 ) -> list[ChildPlan]:
-    """Check every limit and turn the sub-goals into child tasks; raises SpawnRejected."""
+    """Check every limit and turn the sub-goals into child tasks; raises SpawnRejected.
+    ``available_micros``: what is left of a money budget (None: the parent has none)."""
     c = parent.submission.constraints
     if parent.depth + 1 > c.max_depth:
         raise SpawnRejected(
@@ -140,6 +155,8 @@ def plan_children(
                 f"built-in scripts: {', '.join(builtin_script_names())} (or give the script inline)"
             )
     shares = _shares(spec, available)
+    if available_micros is not None and min(available_micros * share // available for share in shares) < 1:
+        raise SpawnRejected(f"{SPAWN_TOOL} refused: the money budget has ${Decimal(available_micros) / MILLION} left")
     now = now or time.time()
     remaining = int((parent.started_at or now) + c.timeout_seconds - now)
     if remaining < 1:
@@ -155,6 +172,11 @@ def plan_children(
             script=sub.script,
             constraints=Constraints(
                 max_tokens=share,
+                # With a money budget, each child gets the part of what is left that its token
+                # share is of the tokens left.
+                max_cost_usd=None
+                if available_micros is None
+                else Decimal(available_micros * share // available) / MILLION,
                 max_steps=c.max_steps,
                 timeout_seconds=deadline,
                 tools=list(sub.tools if sub.tools is not None else c.tools),

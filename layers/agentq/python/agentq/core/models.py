@@ -70,6 +70,14 @@ class Constraints(StrictModel):
     """Hard limits of one task. ``max_tokens`` is the root budget when the task is a root."""
 
     max_tokens: int = Field(default=200_000, ge=1, le=1_000_000_000)
+    max_cost_usd: Decimal | None = Field(
+        default=None,
+        gt=0,
+        le=1_000_000,
+        decimal_places=6,
+        description="the most the task (its sub-agents included) may spend, in US dollars, priced by the "
+        "deployment's price table: reserved before each call at the most it can cost, settled at what it did",
+    )
     max_steps: int = Field(default=50, ge=1, le=10_000, description="LLM turns allowed")
     timeout_seconds: int = Field(default=3600, ge=1, le=MAX_TIMEOUT_SECONDS)
     tools: list[str] = Field(default_factory=list, max_length=64, description="tool allowlist")

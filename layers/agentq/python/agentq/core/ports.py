@@ -52,6 +52,7 @@ class StepLog(Protocol):
         root_id: str,
         settle: BudgetDelta | None = None,
         reserve_next: int = 0,
+        reserve_next_micros: int = 0,
         finish: TaskStatus | None = None,
         result: str | None = None,
         error: dict[str, Any] | None = None,
@@ -66,7 +67,7 @@ class BudgetLedger(Protocol):
     def get(self, root_id: str) -> BudgetState: ...
 
     def reserve(
-        self, lease: Lease, root_id: str, amount: int, step: int, *, until: float | None = None
+        self, lease: Lease, root_id: str, amount: int, step: int, *, until: float | None = None, micros: int = 0
     ) -> Reservation: ...
 
     def extend_hold(self, lease: Lease, held: Reservation, until: float) -> None: ...

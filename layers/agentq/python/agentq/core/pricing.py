@@ -18,12 +18,32 @@ from agentq.core.models import Usage
 MILLION = Decimal(1_000_000)
 
 
+NO_MONEY_CAP = 10**15  # millionths of a dollar ($1,000,000,000): the money cap of a budget without max_cost_usd
+
+
+def micros(usd: Decimal) -> int:
+    """Dollars as the budget ledger counts them: whole millionths, rounded up (never under)."""
+    return int((usd * MILLION).to_integral_value(rounding="ROUND_CEILING"))
+
+
 class ModelPrice(BaseModel):
     input_per_mtok: Decimal = Field(ge=0)
     output_per_mtok: Decimal = Field(ge=0)
     cache_write_per_mtok: Decimal | None = Field(default=None, ge=0)  # default 1.25 x input (5-minute TTL)
     cache_write_1h_per_mtok: Decimal | None = Field(default=None, ge=0)  # default 2 x input (1-hour TTL)
     cache_read_per_mtok: Decimal | None = Field(default=None, ge=0)  # default 0.1 x input
+
+    def hold_micros(self, input_tokens: int, output_tokens: int) -> int:
+        """The most a call of this size can cost, in millionths of a dollar: every input token at
+        the dearest input rate (a 1-hour cache write), every output token at the output rate."""
+        dearest_in = max(
+            self.input_per_mtok,
+            self.cache_write_per_mtok
+            if self.cache_write_per_mtok is not None
+            else self.input_per_mtok * Decimal("1.25"),
+            self.cache_write_1h_per_mtok if self.cache_write_1h_per_mtok is not None else self.input_per_mtok * 2,
+        )
+        return micros((input_tokens * dearest_in + output_tokens * self.output_per_mtok) / MILLION)
 
     def cost(self, usage: Usage) -> Decimal:
         cache_write = (

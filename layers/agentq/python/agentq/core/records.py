@@ -9,6 +9,7 @@ from typing import Literal
 
 from agentq.core.fanout import ChildPlan
 from agentq.core.models import CompactStep, LLMStep, ToolOutcome
+from agentq.core.pricing import micros
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,7 @@ class Reservation:
     epoch: int
     step: int
     until: float | None = None  # the hold's deadline: its call cannot complete after it
+    micros: int = 0  # dollars held, in millionths (the most the call can cost)
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,12 @@ class BudgetState:
     tokens_in: int = 0
     tokens_out: int = 0
     settled: bool = False
+    # The same ledger in millionths of a dollar (``max_cost_usd``; a budget without one has
+    # NO_MONEY_CAP, so both ledgers always run and one code path keeps both exact).
+    cap_micros: int = 0
+    reserved_micros: int = 0
+    used_micros: int = 0
+    available_micros: int = 0
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,11 @@ class BudgetDelta:
     cost_usd: Decimal
     tokens_in: int
     tokens_out: int
+    reserved_micros: int = 0  # the dollars the hold took, in millionths
+
+    @property
+    def used_micros(self) -> int:
+        return micros(self.cost_usd)
 
 
 NO_USAGE = BudgetDelta(reserved=0, used=0, cost_usd=Decimal(0), tokens_in=0, tokens_out=0)

@@ -29,6 +29,15 @@ attributes are ``cap``, ``reserved``, ``used``, ``available``, the tree's spend
 ``budget_cost_usd``/``budget_tokens_in``/``budget_tokens_out`` (children folded in, orphaned
 calls included: not the task's own ``cost_usd``/``tokens_in``/``tokens_out``) and, on a child
 whose spend was folded into its parent, ``budget_settled``.
+
+Money (``max_cost_usd``) is the same ledger in millionths of a dollar, kept beside the tokens
+in the same writes: ``usd_cap``, ``usd_reserved``, ``usd_used``, ``usd_available``. A hold
+takes the most its call can cost (``ModelPrice.hold_micros``: every input token at the dearest
+input rate), the ticket carries it as ``usd``, and the settlement replaces it with the call's
+priced cost, rounded up to the millionth: so ``usd_used <= usd_cap`` holds always, exactly as
+``used <= cap`` does. A budget without ``max_cost_usd`` gets ``NO_MONEY_CAP``: both ledgers
+always run, one code path. META written before money budgets has no ``usd_available``; its
+holds pass (no cap was asked for).
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ from boto3.dynamodb.conditions import Attr
 
 from agentq.core.errors import BudgetExceeded, TaskNotFound
 from agentq.core.models import Lease
+from agentq.core.pricing import NO_MONEY_CAP
 from agentq.core.records import NO_USAGE, BudgetDelta, BudgetState, Reservation
 from agentq.storage import keys
 from agentq.storage.table import (
@@ -60,13 +70,17 @@ BUDGET = "budget"  # the action name of a budget write in a transaction
 SETTLED = "budget_settled"
 
 
-def budget_attrs(cap: int) -> dict[str, Any]:
+def budget_attrs(cap: int, cap_micros: int = NO_MONEY_CAP) -> dict[str, Any]:
     """The budget attributes of a new task's META."""
     return {
         "cap": cap,
         "reserved": 0,
         "used": 0,
         "available": cap,
+        "usd_cap": cap_micros,
+        "usd_reserved": 0,
+        "usd_used": 0,
+        "usd_available": cap_micros,
         "budget_cost_usd": Decimal(0),
         "budget_tokens_in": 0,
         "budget_tokens_out": 0,
@@ -78,9 +92,12 @@ def _stored_time(seconds: float) -> Decimal:
     return (Decimal(str(seconds)) * 1000).to_integral_value(rounding="ROUND_CEILING") / 1000
 
 
-def ticket_value(amount: int, epoch: int, step: int, until: float | None) -> dict[str, Any]:
-    """The ``inflight`` map on META: the hold, its epoch and step, and its deadline."""
+def ticket_value(amount: int, epoch: int, step: int, until: float | None, micros: int = 0) -> dict[str, Any]:
+    """The ``inflight`` map on META: the hold (tokens, and dollars as ``usd``), its epoch and
+    step, and its deadline."""
     ticket: dict[str, Any] = {"amount": amount, "epoch": epoch, "step": step}
+    if micros:
+        ticket["usd"] = micros
     if until is not None:
         ticket["until"] = _stored_time(until)
     return ticket
@@ -109,24 +126,38 @@ def reservation_of(raw: dict[str, Any]) -> Reservation:
         epoch=int(raw["epoch"]),
         step=int(raw["step"]),
         until=float(until) if until is not None else None,
+        micros=int(raw.get("usd", 0)),
     )
 
 
-def settle_and_reserve(budget_id: str, delta: BudgetDelta, reserve_next: int) -> Patch:
-    """Settle a reservation (``reserved - est``, ``used + actual``) and optionally reserve anew,
-    refused unless the budget can cover what the new hold adds beyond what the old one frees."""
+def settle_and_reserve(budget_id: str, delta: BudgetDelta, reserve_next: int, reserve_next_micros: int = 0) -> Patch:
+    """Settle a reservation (``reserved - est``, ``used + actual``, in tokens and in dollars)
+    and optionally reserve anew, refused unless the budget can cover what the new hold adds
+    beyond what the old one frees, in both."""
+    used_micros = delta.used_micros
     update = Update(
         add={
             "reserved": reserve_next - delta.reserved,
             "used": delta.used,
             "available": delta.reserved - delta.used - reserve_next,
+            "usd_reserved": reserve_next_micros - delta.reserved_micros,
+            "usd_used": used_micros,
+            "usd_available": delta.reserved_micros - used_micros - reserve_next_micros,
             "budget_cost_usd": delta.cost_usd,
             "budget_tokens_in": delta.tokens_in,
             "budget_tokens_out": delta.tokens_out,
         }
     )
-    condition = Attr("available").gte(reserve_next - (delta.reserved - delta.used)) if reserve_next else None
+    condition = None
+    if reserve_next:
+        condition = Attr("available").gte(reserve_next - (delta.reserved - delta.used)) & _money_covers(
+            reserve_next_micros - (delta.reserved_micros - used_micros)
+        )
     return Patch(BUDGET, keys.meta_key(budget_id), update, condition)
+
+
+def _money_covers(micros: int) -> Any:
+    return Attr("usd_available").gte(micros) | Attr("usd_available").not_exists()
 
 
 def _and(condition: Any, more: Any) -> Any:
@@ -144,6 +175,10 @@ def budget_state(item: Item) -> BudgetState:
         tokens_in=data.get("budget_tokens_in", 0),
         tokens_out=data.get("budget_tokens_out", 0),
         settled=bool(data.get(SETTLED, False)),
+        cap_micros=data.get("usd_cap", NO_MONEY_CAP),
+        reserved_micros=data.get("usd_reserved", 0),
+        used_micros=data.get("usd_used", 0),
+        available_micros=data.get("usd_available", NO_MONEY_CAP),
     )
 
 
@@ -158,9 +193,10 @@ class Budgets:
         return budget_state(item)
 
     def reserve(
-        self, lease: Lease, budget_id: str, amount: int, step: int, *, until: float | None = None
+        self, lease: Lease, budget_id: str, amount: int, step: int, *, until: float | None = None, micros: int = 0
     ) -> Reservation:
-        """Hold ``amount`` tokens on the budget and record it on META, atomically and fenced.
+        """Hold ``amount`` tokens (and ``micros`` millionths of a dollar) on the budget and
+        record it on META, atomically and fenced.
 
         ``until`` is the hold's deadline (see the module), kept on the ticket.
 
@@ -171,10 +207,10 @@ class Budgets:
         ticket = Patch(
             "meta",
             keys.meta_key(lease.task_id),
-            Update(set={"inflight": ticket_value(amount, lease.epoch, step, until)}),
+            Update(set={"inflight": ticket_value(amount, lease.epoch, step, until, micros)}),
             fence(lease),
         )
-        hold = settle_and_reserve(budget_id, NO_USAGE, amount)
+        hold = settle_and_reserve(budget_id, NO_USAGE, amount, micros)
         if budget_id == lease.task_id:
             both = merge("meta", ticket, hold)
             try:
@@ -185,7 +221,7 @@ class Budgets:
                 from agentq.storage.tasks import why_fenced
 
                 raise why_fenced(self.table, lease) from exc
-            return Reservation(amount=amount, epoch=lease.epoch, step=step, until=until)
+            return Reservation(amount=amount, epoch=lease.epoch, step=step, until=until, micros=micros)
         try:
             self.table.transact([hold, ticket])
         except TransactionCancelled as exc:
@@ -194,7 +230,7 @@ class Budgets:
             from agentq.storage.tasks import why_fenced
 
             raise why_fenced(self.table, lease) from exc
-        return Reservation(amount=amount, epoch=lease.epoch, step=step, until=until)
+        return Reservation(amount=amount, epoch=lease.epoch, step=step, until=until, micros=micros)
 
     def inflight(self, task_id: str) -> Reservation | None:
         item = self.table.get(keys.meta_key(task_id))
@@ -205,7 +241,7 @@ class Budgets:
         """Move this epoch's hold deadline to ``until`` before its call starts; fenced, so a
         worker that lost its lease learns it here and does not start the call."""
         condition = fence(lease) & Attr("inflight.epoch").eq(lease.epoch)
-        ticket = ticket_value(held.amount, lease.epoch, held.step, until)
+        ticket = ticket_value(held.amount, lease.epoch, held.step, until, held.micros)
         try:
             self.table.update(keys.meta_key(lease.task_id), Update(set={"inflight": ticket}), condition=condition)
         except ConditionFailed as exc:
@@ -217,7 +253,7 @@ class Budgets:
         """Keep an older epoch's live hold counted under ``lapsed_<epoch>`` and free ``inflight``
         for this epoch's own; fenced, and only while that epoch's ticket is still current."""
         condition = fence(lease) & Attr("inflight.epoch").eq(held.epoch)
-        ticket = ticket_value(held.amount, held.epoch, held.step, held.until)
+        ticket = ticket_value(held.amount, held.epoch, held.step, held.until, held.micros)
         update = Update(set={lapsed_name(held.epoch): ticket}, remove=["inflight"])
         try:
             self.table.update(keys.meta_key(lease.task_id), update, condition=condition)
@@ -236,7 +272,10 @@ class Budgets:
             "ticket", keys.meta_key(task_id), Update(remove=[lapsed_name(held.epoch)]),
             Attr(lapsed_name(held.epoch)).exists(),
         )  # fmt: skip
-        back = BudgetDelta(reserved=held.amount, used=0, cost_usd=NO_USAGE.cost_usd, tokens_in=0, tokens_out=0)
+        back = BudgetDelta(
+            reserved=held.amount, used=0, cost_usd=NO_USAGE.cost_usd, tokens_in=0, tokens_out=0,
+            reserved_micros=held.micros,
+        )  # fmt: skip
         return self._release(task_id, budget_id, release, back, parent_id)
 
     def _release(self, task_id: str, budget_id: str, release: Patch, delta: BudgetDelta, parent_id: str | None) -> bool:
@@ -259,6 +298,8 @@ class Budgets:
                 keys.meta_key(parent_id),
                 Update(add={
                     "used": delta.used - delta.reserved, "available": delta.reserved - delta.used,
+                    "usd_used": delta.used_micros - delta.reserved_micros,
+                    "usd_available": delta.reserved_micros - delta.used_micros,
                     "budget_cost_usd": delta.cost_usd, "budget_tokens_in": delta.tokens_in,
                     "budget_tokens_out": delta.tokens_out,
                 }),
@@ -338,13 +379,21 @@ class Budgets:
         except ConditionFailed as exc:
             raise TaskNotFound(f"no task {patch.key['pk']!r} to settle a budget on", field="task_id") from exc
 
-    def fund_children(self, parent_budget_id: str, total: int) -> Patch:
-        """The budget side of a spawn: move ``total`` from available to reserved, if it is there."""
+    def fund_children(self, parent_budget_id: str, total: int, total_micros: int = 0) -> Patch:
+        """The budget side of a spawn: move ``total`` tokens (and ``total_micros`` of dollars)
+        from available to reserved, if they are there."""
         return Patch(
             BUDGET,
             keys.meta_key(parent_budget_id),
-            Update(add={"available": -total, "reserved": total}),
-            Attr("available").gte(total),
+            Update(
+                add={
+                    "available": -total,
+                    "reserved": total,
+                    "usd_available": -total_micros,
+                    "usd_reserved": total_micros,
+                }
+            ),
+            Attr("available").gte(total) & _money_covers(total_micros),
         )
 
     def settle_child(self, parent_budget_id: str, child_id: str) -> None:
@@ -362,8 +411,13 @@ class Budgets:
                 "child",
                 keys.meta_key(child_id),
                 Update(set={SETTLED: True, "available": 0}),
-                Attr(SETTLED).not_exists() & Attr("used").eq(child.used) & Attr("reserved").eq(child.reserved),
-            )
+                Attr(SETTLED).not_exists() & Attr("used").eq(child.used) & Attr("reserved").eq(child.reserved)
+                & Attr("usd_reserved").eq(child.reserved_micros),
+            )  # fmt: skip
+            # A child funded before money budgets (or without a money share) has NO_MONEY_CAP:
+            # the parent moved no dollars to it, so none come back.
+            share_micros = child.cap_micros if child.cap_micros < NO_MONEY_CAP else 0
+            spent_micros = child.used_micros + child.reserved_micros
             fold = Patch(
                 "parent",
                 keys.meta_key(parent_budget_id),
@@ -372,6 +426,9 @@ class Budgets:
                         "reserved": -child.cap,
                         "used": child.used + child.reserved,
                         "available": child.cap - child.used - child.reserved,
+                        "usd_reserved": -share_micros,
+                        "usd_used": spent_micros,
+                        "usd_available": share_micros - spent_micros,
                         "budget_cost_usd": child.cost_usd,
                         "budget_tokens_in": child.tokens_in,
                         "budget_tokens_out": child.tokens_out,
@@ -386,10 +443,12 @@ class Budgets:
                     raise
         raise RuntimeError(f"could not settle the budget of child {child_id}: it keeps changing")
 
-    def raise_cap(self, task_id: str, add_tokens: int) -> BudgetState:
+    def raise_cap(self, task_id: str, add_tokens: int, add_micros: int = 0) -> BudgetState:
         self.table.update(
             keys.meta_key(task_id),
-            Update(add={"cap": add_tokens, "available": add_tokens}),
+            Update(
+                add={"cap": add_tokens, "available": add_tokens, "usd_cap": add_micros, "usd_available": add_micros}
+            ),
             condition=present() & Attr("cap").exists() & Attr(SETTLED).not_exists(),
         )
         return self.get(task_id)

@@ -85,7 +85,7 @@ class Spawns:
             ),
         }
         lease_check = Check("lease", keys.meta_key(lease.task_id), fence(lease))
-        funding = self.budgets.fund_children(parent.budget_id, total)
+        funding = self.budgets.fund_children(parent.budget_id, total, sum(c.share_micros for c in children))
         # The parent's budget is on its META: the fence and the funding are one write of it.
         writes: list[Action] = (
             [merge("lease", lease_check, funding)] if funding.key == lease_check.key else [lease_check, funding]

@@ -122,6 +122,7 @@ class Steps:
         root_id: str,
         settle: BudgetDelta | None = None,
         reserve_next: int = 0,
+        reserve_next_micros: int = 0,
         finish: TaskStatus | None = None,
         result: str | None = None,
         error: dict[str, Any] | None = None,
@@ -132,9 +133,10 @@ class Steps:
 
         ``settle`` settles this step's LLM reservation with the reported usage; ``reserve_next``
         reserves tokens for the next LLM call in the same write (saving a round trip per turn),
-        with ``hold_until`` as that hold's deadline (``storage/budgets.py``);
-        ``finish`` moves the task to a terminal status with its result. ``lease_until`` (unless
-        finishing, which drops the lease) also moves ``lease_expires`` there: progress is a
+        with ``hold_until`` as that hold's deadline (``storage/budgets.py``) and
+        ``reserve_next_micros`` as its money (millionths of a dollar); ``finish`` moves the
+        task to a terminal status with its result. ``lease_until`` (unless finishing, which
+        drops the lease) also moves ``lease_expires`` there: progress is a
         heartbeat, so the heartbeat need not write this lease again soon. The condition is
         unchanged (the epoch, the status, the previous step), so it cannot take a lease over;
         and a run never commits after releasing its lease, so it cannot revive a released
@@ -168,7 +170,7 @@ class Steps:
         if finish is not None:
             sets.update(self.tasks.finish_update(lease.task_id, lease, finish, now, result, error))
         if reserve_next:
-            sets["inflight"] = ticket_value(reserve_next, lease.epoch, number + 1, hold_until)
+            sets["inflight"] = ticket_value(reserve_next, lease.epoch, number + 1, hold_until, reserve_next_micros)
             removes = [r for r in removes if r != "inflight"]
         if finish is not None:
             removes = [*removes, *LIVE_ATTRIBUTES]  # out of the sweeper's index
@@ -180,7 +182,11 @@ class Steps:
             & Attr("status").eq(TaskStatus.RUNNING.value)
             & Attr("step").eq(number - 1),
         )
-        budget = settle_and_reserve(root_id, settle or NO_USAGE, reserve_next) if settle or reserve_next else None
+        budget = (
+            settle_and_reserve(root_id, settle or NO_USAGE, reserve_next, reserve_next_micros)
+            if settle or reserve_next
+            else None
+        )
         if budget is not None and root_id != lease.task_id:
             self._commit_across(lease, number, meta, budget, reserve_next)
         else:

@@ -34,6 +34,7 @@ from agentq.core.models import (
     TaskSubmission,
     sources_of,
 )
+from agentq.core.pricing import NO_MONEY_CAP, micros
 from agentq.core.records import ClaimRecord, IdempotencyRecord
 from agentq.resources import GSI1, GSI_LIVE, LIVE_ATTRIBUTES, LIVE_SHARDS, TTL_ATTRIBUTE
 from agentq.storage import keys
@@ -173,7 +174,8 @@ class Tasks:
         ``budget``, the task's budget on it (``storage.budgets``), and its submission; and the
         Task they describe."""
         if budget is not None:
-            extra = {**budget_attrs(budget), **extra}
+            money = submission.constraints.max_cost_usd
+            extra = {**budget_attrs(budget, micros(money) if money is not None else NO_MONEY_CAP), **extra}
         meta = self.meta_item(
             task_id, tenant=tenant, root_id=root_id, parent_id=parent_id, depth=depth, now=time.time(), **extra
         )

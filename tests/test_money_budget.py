@@ -1,0 +1,167 @@
+"""Money budgets (``max_cost_usd``): reserved before each call at the most it can cost and
+settled at what it did, in the same writes as tokens, so ``used <= cap`` holds in dollars too;
+the ledger's spend equals the calls' priced cost; a model without a price is refused."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from decimal import Decimal
+
+import pytest
+
+from agentq.api.views import task_view
+from agentq.control.submit import check_submission, parse_submission
+from agentq.core.engine import Engine, EngineConfig
+from agentq.core.errors import ValidationError
+from agentq.core.models import CallStep, TaskStatus
+from agentq.core.pricing import load_price_table, micros
+from agentq.core.tools import ToolRegistry
+from agentq.runtime import Settings
+from agentq.storage.container import Storage
+
+from tests.conftest import child_env
+from tests.helpers import call, scripted
+
+NOTES = "n" * 800  # ~200 output tokens a turn by the scripted provider's count
+
+
+def _long_task(cap: str, turns: int = 40) -> dict[str, object]:
+    script = [{"text": f"turn {i} {NOTES}", "tool_calls": [call("lookup", query=f"q{i}")]} for i in range(turns)]
+    return {"goal": "spend", "provider": "scripted", "script": {"turns": script},
+            "constraints": {"tools": ["lookup"], "max_steps": 100, "max_output_tokens": 500,
+                            "max_cost_usd": cap}}  # fmt: skip
+
+
+def test_a_money_cap_ends_the_task_before_a_call_could_take_it_past_the_cap(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    submission = parse_submission(_long_task("0.02"))
+    assert submission.constraints.max_cost_usd == Decimal("0.02")
+    task = store.tasks.create(submission, tenant="t")
+    result = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30)).run(task.task_id)
+
+    assert result.status is TaskStatus.COST_EXCEEDED
+    final = store.tasks.get(task.task_id)
+    assert final.error is not None and final.error["code"] == "budget_exceeded"
+    assert "money budget" in final.error["message"] and "$0.02" in final.error["message"]
+    calls = [s.body for s in store.steps.load(task.task_id) if isinstance(s.body, CallStep)]
+    assert len(calls) >= 3  # it ran until the money, not the tokens, ran out
+    budget = store.budgets.get(task.task_id)
+    assert budget.cap_micros == 20_000 and budget.reserved_micros == 0
+    assert budget.used_micros == sum(micros(c.cost_usd) for c in calls) <= budget.cap_micros
+    assert final.cost_usd == sum(c.cost_usd for c in calls) <= Decimal("0.02")
+    assert budget.used < budget.cap  # tokens were left
+
+    view = task_view(store, final)
+    assert view.budget is not None and view.budget.money is not None
+    assert view.budget.money.cap_usd == "0.020000" and Decimal(view.budget.money.used_usd) <= Decimal("0.02")
+
+
+def test_a_cap_a_call_fits_leaves_the_task_alone_and_the_ledger_holds_its_cost(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    task = store.tasks.create(parse_submission(_long_task("5", turns=4)), tenant="t")
+    result = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30)).run(task.task_id)
+    assert result.status is TaskStatus.SUCCEEDED
+    calls = [s.body for s in store.steps.load(task.task_id) if isinstance(s.body, CallStep)]
+    budget = store.budgets.get(task.task_id)
+    assert budget.used_micros == sum(micros(c.cost_usd) for c in calls) > 0
+    assert budget.reserved_micros == 0 and budget.available_micros == budget.cap_micros - budget.used_micros
+
+
+def test_a_money_cap_on_a_model_without_a_price_or_out_of_range_is_refused_naming_the_field(
+    registry: ToolRegistry,
+) -> None:
+    unpriced = parse_submission({**_long_task("1"), "model": "mystery-model-1"})
+    with pytest.raises(ValidationError) as refused:
+        check_submission(unpriced, registry)
+    assert refused.value.field == "constraints.max_cost_usd" and "no price for 'mystery-model-1'" in str(refused.value)
+    check_submission(parse_submission({**_long_task("1"), "constraints": {}, "model": "mystery-model-1"}), registry)
+    for bad in ("0", "-1", "0.0000001", "2000000", "lots"):
+        with pytest.raises(ValidationError) as invalid:
+            parse_submission(_long_task(bad))
+        assert invalid.value.field == "constraints.max_cost_usd", bad
+
+
+def test_a_hold_is_the_most_a_call_can_cost() -> None:
+    price = load_price_table().price_for("claude-sonnet-4-6")
+    assert price is not None
+    # 1,000 input tokens at the 1-hour cache-write rate ($6/M) + 500 output at $15/M = $0.0135
+    assert price.hold_micros(1000, 500) == 13_500
+    assert micros(Decimal("0.0000001")) == 1  # rounded up, never under
+
+
+PROCESSES = 20
+HOLD_MICROS = 700
+ATTEMPTS = 4
+CAP_MICROS = 20_000  # demand is 56,000 millionths: almost three times the cap
+
+
+def test_twenty_processes_reserving_money_at_once_never_push_the_root_past_its_money_cap(
+    settings: Settings, store: Storage
+) -> None:
+    root = store.tasks.create(
+        scripted([{"text": "root"}], max_tokens=10_000_000, max_cost_usd=Decimal(CAP_MICROS) / 1_000_000), tenant="t"
+    )
+    children = [
+        store.tasks.create(
+            scripted([{"text": "child"}]), tenant="t", root_id=root.task_id, parent_id=root.task_id, depth=1
+        )
+        for _ in range(PROCESSES)
+    ]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.budget_racer",
+                root.task_id,
+                child.task_id,
+                "10",
+                str(ATTEMPTS),
+                str(HOLD_MICROS),
+            ],
+            env=child_env(settings),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for child in children
+    ]
+    for proc in procs:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", proc.communicate()[1][-2000:]
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    reports = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-2000:]
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+
+    granted = sum(r["granted"] for r in reports)
+    budget = store.budgets.get(root.task_id)
+    assert granted == CAP_MICROS // HOLD_MICROS  # as many as fit, and no lost update
+    assert budget.used_micros == sum(r["used_micros"] for r in reports) <= CAP_MICROS
+    assert budget.reserved_micros == 0 and budget.available_micros == CAP_MICROS - budget.used_micros
+    assert sum(1 for r in reports if r["granted"] < ATTEMPTS) > 0  # there really was contention
+
+
+def test_sub_agents_get_the_part_of_the_money_their_token_share_is(store: Storage) -> None:
+    from agentq.core.fanout import parse_spawn_input, plan_children
+
+    root = store.tasks.create(parse_submission({**_long_task("0.50"), "constraints": {
+        "tools": ["spawn_subagents"], "max_tokens": 100_000, "max_cost_usd": "0.50"}}), tenant="t")  # fmt: skip
+    spec = parse_spawn_input({"subagents": [
+        {"goal": "a", "token_share": 50_000, "script": {"turns": [{"text": "a"}]}},
+        {"goal": "b", "token_share": 25_000, "script": {"turns": [{"text": "b"}]}},
+    ]})  # fmt: skip
+    plans = plan_children(root, "toolu_x", spec, 100_000, available_micros=500_000)
+    assert [p.share_micros for p in plans] == [250_000, 125_000]
+    assert [p.submission.constraints.max_cost_usd for p in plans] == [Decimal("0.25"), Decimal("0.125")]
+    with pytest.raises(Exception, match="money budget has"):
+        plan_children(root, "toolu_y", spec, 100_000, available_micros=1)
