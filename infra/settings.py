@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import re
+from decimal import Decimal
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -158,6 +159,9 @@ class BudgetDefaults(_Strict):
     max_steps: int = Field(50, ge=1)
     timeout_seconds: int = Field(3600, ge=1, le=MAX_TASK_SECONDS)
     tenant_hourly_tokens: int | None = Field(None, ge=1, description="per-tenant hourly cap when a tenant has none")
+    tenant_hourly_usd: Decimal | None = Field(
+        None, gt=0, decimal_places=6, description="per-tenant hourly money cap (dollars) when a tenant has none"
+    )
 
 
 class SandboxSettings(_Strict):

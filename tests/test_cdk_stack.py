@@ -959,6 +959,8 @@ def test_budget_defaults_reach_the_api_and_the_task_runners(synth: Synthesized) 
                 "AGENTQ_DEFAULT_TIMEOUT_SECONDS": str(cfg.budget_defaults.timeout_seconds)}  # fmt: skip
     if cfg.budget_defaults.tenant_hourly_tokens:
         expected["AGENTQ_DEFAULT_TENANT_HOURLY_TOKENS"] = str(cfg.budget_defaults.tenant_hourly_tokens)
+    if cfg.budget_defaults.tenant_hourly_usd:
+        expected["AGENTQ_DEFAULT_TENANT_HOURLY_USD"] = str(cfg.budget_defaults.tenant_hourly_usd)
     for name in (f"{cfg.prefix}-api", f"{cfg.prefix}-executor"):
         got = {k: v for k, v in functions[name].items() if k.startswith("AGENTQ_DEFAULT_")}
         assert got == expected

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
+from decimal import Decimal
 
 import pytest
 
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import LLMStep, TaskStatus
+from agentq.core.pricing import micros
 from agentq.core.tenancy import TenantLimits
 from agentq.core.tools import ToolRegistry
 from agentq.storage.container import Storage
@@ -68,3 +70,18 @@ def test_a_tenant_without_limits_writes_no_window(store: Storage, registry: Tool
 
 def test_the_retry_comes_back_at_the_next_hour() -> None:
     assert seconds_to_next_hour(7200.0) == 3601 and seconds_to_next_hour(7199.0) == 2
+
+
+def test_the_money_cap_refuses_a_call_that_could_take_the_hour_past_it(store: Storage, registry: ToolRegistry) -> None:
+    windows = TenantWindows(store.table)
+    windows.set_limits("cash", TenantLimits(hourly_usd=Decimal("0.02")))
+    assert windows.limits("cash") == TenantLimits(hourly_usd=Decimal("0.02"))
+    task = store.tasks.create(scripted(TURNS, tools=["lookup"], max_output_tokens=300), tenant="cash")
+    result = _engine(store, registry).run(task.task_id)
+    assert result.outcome == "retry" and result.error is not None
+    assert result.error["code"] == "tenant_hourly_cap" and "$0.02" in result.error["message"]
+    calls = [s.body for s in store.steps.load(task.task_id) if isinstance(s.body, LLMStep)]
+    spent = sum(micros(c.cost_usd) for c in calls)
+    assert len(calls) >= 2 and windows.money_usage("cash") == {"held": spent, "used": spent} and spent <= 20_000
+    with pytest.raises(ValueError, match="at least one cap"):
+        TenantLimits()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from decimal import Decimal
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
@@ -26,6 +27,7 @@ ENVIRONMENT = {
     "max_steps": "AGENTQ_DEFAULT_MAX_STEPS",
     "timeout_seconds": "AGENTQ_DEFAULT_TIMEOUT_SECONDS",
     "tenant_hourly_tokens": "AGENTQ_DEFAULT_TENANT_HOURLY_TOKENS",
+    "tenant_hourly_usd": "AGENTQ_DEFAULT_TENANT_HOURLY_USD",
 }
 CONSTRAINT_FIELDS = ("max_tokens", "max_steps", "timeout_seconds")
 
@@ -43,6 +45,9 @@ class Defaults(BaseModel):
     max_steps: int | None = Field(None, ge=1, le=10_000)
     timeout_seconds: int | None = Field(None, ge=1, le=MAX_TIMEOUT_SECONDS)
     tenant_hourly_tokens: int | None = Field(None, ge=1, description="cap for tenants with no limits of their own")
+    tenant_hourly_usd: Decimal | None = Field(
+        None, gt=0, decimal_places=6, description="money cap (dollars an hour) for tenants with no limits of their own"
+    )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Defaults:
@@ -75,4 +80,6 @@ class Defaults(BaseModel):
         return submission.model_copy(update={"constraints": constraints})
 
     def tenant_limits(self) -> TenantLimits | None:
-        return TenantLimits(hourly_tokens=self.tenant_hourly_tokens) if self.tenant_hourly_tokens else None
+        if self.tenant_hourly_tokens is None and self.tenant_hourly_usd is None:
+            return None
+        return TenantLimits(hourly_tokens=self.tenant_hourly_tokens, hourly_usd=self.tenant_hourly_usd)

@@ -69,7 +69,7 @@ from agentq.core.models import (
 from agentq.core.output import FINAL_ANSWER_TOOL, answer_of, feedback, final_answer_tool
 from agentq.core.output import INSTRUCTION as OUTPUT_INSTRUCTION
 from agentq.core.ports import EngineStorage
-from agentq.core.pricing import NO_MONEY_CAP, PriceTable, load_price_table
+from agentq.core.pricing import NO_MONEY_CAP, PriceTable, load_price_table, micros
 from agentq.core.providers import LLMRequest, LLMResponse, ProviderFactory, default_provider_factory
 from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS, RetryNotice, reporting_retries, reporting_text
 from agentq.core.records import NO_USAGE, ApprovalRecord, BudgetDelta, Reservation
@@ -779,9 +779,10 @@ class Engine:
             return self._finish_without_step(s, TaskStatus.COST_EXCEEDED)
         crash_point("after_reserve")
         hold = None
+        held_usd = (s.task.inflight or {}).get("usd", 0)
         if s.limits is not None:
             try:
-                hold = self.windows.hold(s.task.tenant, s.limits, reserved)
+                hold = self.windows.hold(s.task.tenant, s.limits, reserved, micros=int(held_usd))
             except TenantCapReached as exc:  # not this task's fault: try again next hour
                 self._release_inflight(s)
                 self.store.tasks.release(s.lease)
@@ -889,10 +890,10 @@ class Engine:
             )
             self.store.steps.record_orphan(s.lease, s.next_step, step)
             if hold is not None:
-                self.windows.settle(hold, response.usage.total)
+                self.windows.settle(hold, response.usage.total, micros(cost))
             raise
         if hold is not None:
-            self.windows.settle(hold, response.usage.total)
+            self.windows.settle(hold, response.usage.total, micros(cost))
         self._committed(s, record, messages)
         update: dict[str, Any] = {"inflight": None, **({"status": finish} if finish else {})}
         if compact:

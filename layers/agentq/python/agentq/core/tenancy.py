@@ -1,16 +1,25 @@
-"""Per-tenant limits: the hourly token cap a tenant's tasks share, and the error that says it
-was reached (``storage.tenant_windows`` keeps the windows themselves)."""
+"""Per-tenant limits: the hourly token and money caps a tenant's tasks share, and the error
+that says one was reached (``storage.tenant_windows`` keeps the windows themselves)."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from decimal import Decimal
+
+from pydantic import BaseModel, Field, model_validator
 
 from agentq.core.errors import AgentqError
 
 
 class TenantLimits(BaseModel):
-    hourly_tokens: int = Field(ge=1)
+    hourly_tokens: int | None = Field(default=None, ge=1)
+    hourly_usd: Decimal | None = Field(default=None, gt=0, decimal_places=6, description="dollars an hour, priced")
     soft_ratio: float = Field(default=0.8, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _a_cap(self) -> TenantLimits:
+        if self.hourly_tokens is None and self.hourly_usd is None:
+            raise ValueError("hourly_tokens or hourly_usd: a tenant's limits need at least one cap")
+        return self
 
 
 class TenantCapReached(AgentqError):
