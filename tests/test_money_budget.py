@@ -18,6 +18,7 @@ from agentq.core.errors import ValidationError
 from agentq.core.models import CallStep, TaskStatus
 from agentq.core.pricing import load_price_table, micros
 from agentq.core.tools import ToolRegistry
+from agentq.local.moto_server import MotoServer
 from agentq.runtime import Settings
 from agentq.storage.container import Storage
 
@@ -30,7 +31,7 @@ NOTES = "n" * 800  # ~200 output tokens a turn by the scripted provider's count
 def _long_task(cap: str, turns: int = 40) -> dict[str, object]:
     script = [{"text": f"turn {i} {NOTES}", "tool_calls": [call("lookup", query=f"q{i}")]} for i in range(turns)]
     return {"goal": "spend", "provider": "scripted", "script": {"turns": script},
-            "constraints": {"tools": ["lookup"], "max_steps": 100, "max_output_tokens": 500,
+            "constraints": {"tools": ["lookup"], "max_steps": 100, "max_output_tokens": 500, "max_tokens": 2_000_000,
                             "max_cost_usd": cap}}  # fmt: skip
 
 
@@ -165,3 +166,32 @@ def test_sub_agents_get_the_part_of_the_money_their_token_share_is(store: Storag
     assert [p.submission.constraints.max_cost_usd for p in plans] == [Decimal("0.25"), Decimal("0.125")]
     with pytest.raises(Exception, match="money budget has"):
         plan_children(root, "toolu_y", spec, 100_000, available_micros=1)
+
+
+def test_raising_the_money_cap_resumes_a_task_that_ran_out_and_a_task_without_one_is_refused(
+    moto_server: MotoServer,
+) -> None:
+    from agentq.control.operations import raise_budget
+    from agentq.runtime import build_queues, build_registry, build_store
+
+    from tests.helpers import deployment
+
+    settings = deployment(moto_server)
+    store, registry, queues = build_store(settings), build_registry(settings), build_queues(settings)
+    task = store.tasks.create(parse_submission(_long_task("0.02")), tenant="t")
+    engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30))
+    assert engine.run(task.task_id).status is TaskStatus.COST_EXCEEDED
+    steps_before = store.tasks.get(task.task_id).step
+
+    raised = raise_budget(store, queues, task.task_id, add_tokens=0, add_usd=Decimal("5"))
+    assert raised.status is TaskStatus.QUEUED and raised.submission.constraints.max_cost_usd == Decimal("5.02")
+    assert store.budgets.get(task.task_id).cap_micros == 5_020_000
+    resumed = engine.run(task.task_id)
+    assert resumed.status is TaskStatus.SUCCEEDED and resumed.resumed_from_step == steps_before
+    calls = [s.body for s in store.steps.load(task.task_id) if isinstance(s.body, CallStep)]
+    assert store.budgets.get(task.task_id).used_micros == sum(micros(c.cost_usd) for c in calls)
+
+    plain = store.tasks.create(scripted([{"text": "hi"}]), tenant="t")
+    with pytest.raises(ValidationError) as refused:
+        raise_budget(store, queues, plain.task_id, add_tokens=0, add_usd=Decimal("1"))
+    assert refused.value.field == "add_usd"

@@ -25,6 +25,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from decimal import Decimal
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
@@ -293,8 +294,12 @@ class Client:
     def reject(self, task_id: str, note: str = "") -> TaskView:
         return TaskView.model_validate(self.request("POST", f"/tasks/{_seg(task_id)}/reject", {"note": note}))
 
-    def raise_budget(self, task_id: str, add_tokens: int = 0, add_steps: int = 0) -> TaskView:
-        body = {"add_tokens": add_tokens, "add_steps": add_steps}
+    def raise_budget(
+        self, task_id: str, add_tokens: int = 0, add_steps: int = 0, add_usd: Decimal | str | None = None
+    ) -> TaskView:
+        body: dict[str, Any] = {"add_tokens": add_tokens, "add_steps": add_steps}
+        if add_usd:
+            body["add_usd"] = str(add_usd)
         return TaskView.model_validate(self.request("POST", f"/tasks/{_seg(task_id)}/budget", body))
 
     def fork(self, task_id: str, at_step: int, **overrides: Any) -> TaskView:

@@ -7,6 +7,7 @@ breaking older clients. The OpenAPI document at ``/openapi.json`` is generated f
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -59,6 +60,9 @@ class DecisionRequest(StrictModel):
 class BudgetRequest(StrictModel):
     add_tokens: int = Field(default=0, ge=0, le=1_000_000_000, description="raise the root token cap by this much")
     add_steps: int = Field(default=0, ge=0, le=10_000, description="raise max_steps by this much")
+    add_usd: Decimal = Field(
+        default=Decimal(0), ge=0, le=1_000_000, decimal_places=6, description="raise the root money cap by this much"
+    )
 
 
 class ConstraintsPatch(StrictModel):

@@ -540,13 +540,16 @@ def _cmd_decide(args: argparse.Namespace) -> int:
 
 
 def _cmd_budget(args: argparse.Namespace) -> int:
-    view = _client(args).raise_budget(args.task_id, args.add_tokens, args.add_steps)
+    view = _client(args).raise_budget(args.task_id, args.add_tokens, args.add_steps, args.add_usd)
     if args.json:
         _dump(view)
     else:
-        from agentq.cli.views import budget_line
+        from agentq.cli.views import budget_line, money_line
 
-        print(f"{view.task_id}: {view.status.value}; budget {budget_line(view)}; max steps {view.max_steps}")
+        print(
+            f"{view.task_id}: {view.status.value}; budget {budget_line(view)}{money_line(view)}; "
+            f"max steps {view.max_steps}"
+        )
     return 0
 
 
@@ -811,6 +814,7 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument("task_id")
     budget.add_argument("--add-tokens", type=int, default=0, help="tokens to add to the cap")
     budget.add_argument("--add-steps", type=int, default=0, help="LLM turns to add to max_steps")
+    budget.add_argument("--add-usd", default=None, help="dollars to add to the money cap (max_cost_usd)")
     budget.set_defaults(func=_cmd_budget)
     fork = _remote(
         command("fork", "a new task from another's committed steps 1..N (effects not repeated); prints its id")

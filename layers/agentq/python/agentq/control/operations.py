@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import logging
 import time
+from decimal import Decimal
 from typing import Any
 
 from agentq.control.submit import check_submission, parse_submission
 from agentq.core.engine import conversation, final_text
 from agentq.core.errors import IllegalTransition, TaskNotFound, ValidationError
 from agentq.core.models import Task, TaskStatus, TaskSubmission
+from agentq.core.pricing import micros
 from agentq.core.tools import ToolRegistry
 from agentq.queueing.queues import TaskQueues
 from agentq.storage.container import Storage
@@ -100,13 +102,24 @@ def decide(
 
 
 def raise_budget(
-    store: Storage, queues: TaskQueues, task_id: str, *, add_tokens: int, add_steps: int = 0, tenant: str | None = None
+    store: Storage,
+    queues: TaskQueues,
+    task_id: str,
+    *,
+    add_tokens: int,
+    add_steps: int = 0,
+    add_usd: Decimal = Decimal(0),
+    tenant: str | None = None,
 ) -> Task:
-    """Raise a root task's token cap (and optionally its step cap); a task that stopped with
-    ``cost_exceeded`` resumes from its checkpoint."""
-    if add_tokens < 0 or add_steps < 0 or (add_tokens == 0 and add_steps == 0):
-        raise ValidationError("add_tokens and add_steps must be >= 0 and not both 0", field="add_tokens")
+    """Raise a root task's token cap (and optionally its step cap and its money cap); a task
+    that stopped with ``cost_exceeded`` resumes from its checkpoint."""
+    if add_tokens < 0 or add_steps < 0 or add_usd < 0 or not (add_tokens or add_steps or add_usd):
+        raise ValidationError("add_tokens, add_steps and add_usd must be >= 0 and not all 0", field="add_tokens")
     task = owned_task(store, task_id, tenant)
+    if add_usd and task.submission.constraints.max_cost_usd is None:
+        raise ValidationError(
+            f"task {task_id} has no money budget (constraints.max_cost_usd) to raise", field="add_usd"
+        )
     if task.root_id != task.task_id:
         raise ValidationError(
             "budgets are raised on the root task; a sub-agent's share comes from its parent", field="task_id"
@@ -122,13 +135,15 @@ def raise_budget(
         raise IllegalTransition(
             f"task {task_id} is {task.status.value} and its retention ran out; it is being deleted", field="task_id"
         )
-    if add_steps:
+    if add_steps or add_usd:
         sub = task.submission.model_copy(deep=True)
         sub.constraints.max_steps += add_steps
+        if add_usd and sub.constraints.max_cost_usd is not None:
+            sub.constraints.max_cost_usd += add_usd
         TaskSubmission.model_validate(sub.model_dump())  # the raised caps must still be valid
         store.tasks.replace_submission(task_id, sub, when_status=task.status)
-    if add_tokens:
-        store.budgets.raise_cap(task_id, add_tokens)
+    if add_tokens or add_usd:
+        store.budgets.raise_cap(task_id, add_tokens, micros(add_usd))
     if task.status is TaskStatus.COST_EXCEEDED:
         store.tasks.transition(task_id, TaskStatus.QUEUED)
         queues.send(task_id, task.submission.priority)

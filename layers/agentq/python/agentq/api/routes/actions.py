@@ -82,7 +82,13 @@ def router(deps: ApiDeps) -> Router:
     )
     def budget(task_id: TaskId, raise_by: Annotated[BudgetRequest, Body()]) -> TaskView:
         task = control.raise_budget(
-            store, deps.queues, task_id, add_tokens=raise_by.add_tokens, add_steps=raise_by.add_steps, tenant=tenant()
+            store,
+            deps.queues,
+            task_id,
+            add_tokens=raise_by.add_tokens,
+            add_steps=raise_by.add_steps,
+            add_usd=raise_by.add_usd,
+            tenant=tenant(),
         )
         return views.task_view(store, task)
 
