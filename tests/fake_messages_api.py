@@ -179,6 +179,7 @@ class FakeMessagesAPI:
         within_max_tokens: bool = False,
         responder: Callable[[RecordedRequest], FakeReply | None] | None = None,
         on_delivered: Callable[[RecordedRequest, dict[str, Any]], None] | None = None,
+        batch_seconds: float = 0.2,
     ) -> None:
         # Bill no more output than the request's max_tokens, as the real API; off by default so
         # a test can script any usage it wants the client to see.
@@ -192,6 +193,10 @@ class FakeMessagesAPI:
         self.requests: list[RecordedRequest] = []
         self.delivered_usage: list[dict[str, Any]] = []  # the usage of every message reply sent
         self.unexpected: list[RecordedRequest] = []
+        # Message Batches: each batch's requests are answered when it is created (by the queue or
+        # the responder, as /v1/messages would be) and reported ended ``batch_seconds`` later.
+        self.batch_seconds = batch_seconds
+        self.batches: dict[str, dict[str, Any]] = {}
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
         self._server.daemon_threads = True
         # A short poll interval keeps shutdown() (and so each test's teardown) near-instant.
@@ -258,6 +263,32 @@ def _within_max_tokens(reply: FakeReply, request: Any) -> FakeReply:
     return dataclasses.replace(reply, body=body)
 
 
+def _batch_ended(api: FakeMessagesAPI, batch: dict[str, Any]) -> bool:
+    return bool(time.time() >= batch["created"] + api.batch_seconds)
+
+
+def _iso(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+def _batch_view(api: FakeMessagesAPI, batch: dict[str, Any]) -> dict[str, Any]:
+    """A MessageBatch as the API returns it."""
+    ended = _batch_ended(api, batch)
+    results = batch["results"]
+    counts = {"processing": 0 if ended else len(results), "canceled": 0, "expired": 0,
+              "succeeded": sum(r["result"]["type"] == "succeeded" for r in results) if ended else 0,
+              "errored": sum(r["result"]["type"] == "errored" for r in results) if ended else 0}  # fmt: skip
+    return {
+        "id": batch["id"], "type": "message_batch",
+        "processing_status": "ended" if ended else "in_progress",
+        "request_counts": counts,
+        "created_at": _iso(batch["created"]), "expires_at": _iso(batch["created"] + 86400),
+        "ended_at": _iso(batch["created"] + api.batch_seconds) if ended else None,
+        "cancel_initiated_at": None, "archived_at": None,
+        "results_url": f"{api.base_url}/v1/messages/batches/{batch['id']}/results" if ended else None,
+    }  # fmt: skip
+
+
 def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as httpx expects of a real server
@@ -272,6 +303,9 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
             except ValueError:
                 body = raw.decode("utf-8", "replace")
 
+            if path == "/v1/messages/batches":
+                self._create_batch(body)
+                return
             model: str | None = None
             if path == "/v1/messages":
                 model = body.get("model") if isinstance(body, dict) else None
@@ -318,6 +352,56 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
                     api.delivered_usage.append(reply.body["usage"])
                 if api.on_delivered is not None:
                     api.on_delivered(recorded, reply.body["usage"])
+
+        def do_GET(self) -> None:
+            path = urllib.parse.urlsplit(self.path).path
+            parts = path.strip("/").split("/")  # v1 messages batches <id> [results]
+            batch = (
+                api.batches.get(parts[3]) if len(parts) >= 4 and parts[:3] == ["v1", "messages", "batches"] else None
+            )
+            if batch is None:
+                self._send(error_reply(404, "not_found_error", f"no route for GET {path}"))
+            elif len(parts) == 4:
+                self._send(FakeReply(200, _batch_view(api, batch)))
+            elif not _batch_ended(api, batch):
+                self._send(error_reply(400, "invalid_request_error", "the batch has not ended yet"))
+            else:
+                lines = "".join(json.dumps(r) + "\n" for r in batch["results"]).encode()
+                self._send(FakeReply(200, None, raw=lines))
+
+        def _create_batch(self, body: Any) -> None:
+            requests = body.get("requests") if isinstance(body, dict) else None
+            if not isinstance(requests, list) or not requests:
+                self._send(invalid_request("requests: at least one request is required"))
+                return
+            results = []
+            for item in requests:
+                params = item.get("params") or {}
+                recorded = RecordedRequest(
+                    method="POST", path="/v1/messages", headers={k.lower(): v for k, v in self.headers.items()},
+                    body=params, received_at=time.monotonic(), model=params.get("model"),
+                )  # fmt: skip
+                reply = api._take(recorded)
+                if reply is not None and reply is not RESET and api.within_max_tokens:
+                    reply = _within_max_tokens(reply, params)
+                if reply is not None and reply.status == 200 and isinstance(reply.body, dict):
+                    message = {**reply.body, "model": reply.body.get("model") or params.get("model")}
+                    results.append(
+                        {"custom_id": item["custom_id"], "result": {"type": "succeeded", "message": message}}
+                    )
+                    with api._lock:
+                        api.delivered_usage.append(message["usage"])
+                    if api.on_delivered is not None:
+                        api.on_delivered(recorded, message["usage"])
+                else:
+                    error = reply.body if reply is not None and isinstance(reply.body, dict) else {
+                        "type": "error", "error": {"type": "api_error", "message": "the request failed"}}  # fmt: skip
+                    results.append({"custom_id": item["custom_id"], "result": {"type": "errored", "error": error}})
+            batch_id = _next_id("msgbatch")
+            batch: dict[str, Any] = {"id": batch_id, "created": time.time(), "results": results}
+            with api._lock:
+                api.batches[batch_id] = batch
+            self._send(FakeReply(200, _batch_view(api, batch)))
 
         def _send(self, reply: FakeReply) -> None:
             payload = (

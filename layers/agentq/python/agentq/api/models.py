@@ -337,6 +337,7 @@ class LLMCallEvent(ApiModel):
     attempts: int
     text: str = Field(description="the assistant text of the turn")
     tool_calls: list[str] = Field(description="names of the tools it asked for")
+    batched: bool = Field(default=False, description="answered through the Message Batches API (economy, half price)")
     purpose: Literal["turn", "compaction"] = Field(
         default="turn",
         description="turn: the agent's own turn; compaction: a summary of the conversation so far, which the "

@@ -106,6 +106,8 @@ def activity(store: Storage, task: Task, children: ChildrenSummary, question: st
         return f"queued ({task.submission.priority} priority), waiting for a worker"
     if status is TaskStatus.PAUSED:
         return f"waiting for approval: {question}" if question else "paused"
+    if status is TaskStatus.WAITING and task.batch:
+        return f"waiting for its turn's batch {task.batch.get('id')} (economy): it runs again when the batch ends"
     if status is TaskStatus.WAITING:
         done = sum(n for s, n in children.by_status.items() if TaskStatus(s).terminal)
         return f"waiting for sub-agents: {done} of {children.total} finished"
@@ -324,6 +326,7 @@ def _llm_event(number: int, epoch: int, at: float, body: LLMStep | CompactStep, 
         text=text,
         tool_calls=[t["name"] for t in body.tool_uses()] if isinstance(body, LLMStep) else [],
         purpose="turn" if isinstance(body, LLMStep) else "compaction",
+        batched=body.batched,
         orphan=orphan,
         truncated=cut,
     )

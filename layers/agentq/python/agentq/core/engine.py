@@ -14,6 +14,7 @@ import contextvars
 import json
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -71,7 +72,15 @@ from agentq.core.output import INSTRUCTION as OUTPUT_INSTRUCTION
 from agentq.core.ports import EngineStorage
 from agentq.core.pricing import NO_MONEY_CAP, PriceTable, load_price_table, micros
 from agentq.core.providers import LLMRequest, LLMResponse, ProviderFactory, default_provider_factory
-from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS, RetryNotice, reporting_retries, reporting_text
+from agentq.core.providers.base import (
+    BATCH_PRICE_RATIO,
+    BATCH_WINDOW_SECONDS,
+    DEFAULT_MAX_CALL_SECONDS,
+    BatchProvider,
+    RetryNotice,
+    reporting_retries,
+    reporting_text,
+)
 from agentq.core.records import NO_USAGE, ApprovalRecord, BudgetDelta, Reservation
 from agentq.core.secrets import Secrets, SecretSource
 from agentq.core.tenancy import TenantCapReached, TenantLimits
@@ -136,6 +145,7 @@ class RunResult:
     # Ended while an older epoch's call may still be charged: its hold goes back after this.
     lapsed_until: float | None = None
     approval_due: float | None = None  # paused on an approval that takes its default at this time
+    batch_poll: float | None = None  # waiting on a batch (economy): look at it again in this many seconds
 
 
 @dataclass
@@ -460,7 +470,13 @@ class Engine:
             if held.until is None or held.until <= now:
                 self.store.budgets.return_lapsed(task.task_id, task.budget_id, held, parent_id=task.parent_id)
         current = task.inflight
-        if current and int(current["epoch"]) != session.lease.epoch:
+        batch = task.batch
+        if current and batch and int(current["epoch"]) == int(batch["epoch"]) != session.lease.epoch:
+            # The hold of the batched call this task waited on: its result is settled by this run.
+            held = _reservation(int(current["epoch"]), current)
+            self.store.budgets.adopt(session.lease, held)
+            session.task = task.model_copy(update={"inflight": {**current, "epoch": session.lease.epoch}})
+        elif current and int(current["epoch"]) != session.lease.epoch:
             held = _reservation(int(current["epoch"]), current)
             if held.until is not None and held.until > now:
                 self.store.budgets.set_aside(session.lease, held)
@@ -718,6 +734,8 @@ class Engine:
         price = self.prices.price_for(s.task.submission.model)
         if price is None or price.output_per_mtok <= 0:
             return 1 << 40
+        if _economy(s):  # a batched call costs half: twice the money goes as far
+            available_micros *= 2
         base = price.hold_micros(est_in, 0)
         if base > available_micros:
             return -1
@@ -732,10 +750,11 @@ class Engine:
         if price is None:
             return 0
         est_in = min(self._wanted_reservation(s)[0], amount)
-        return price.hold_micros(est_in, amount - est_in)
+        most = price.hold_micros(est_in, amount - est_in)
+        return math.ceil(most * BATCH_PRICE_RATIO) if _economy(s) else most
 
     def _hold(self, s: Session, amount: int) -> None:
-        until = self._hold_until()
+        until = self._hold_until(s)
         money = self._hold_micros(s, amount)
         self.store.budgets.reserve(s.lease, s.task.budget_id, amount, s.next_step, until=until, micros=money)
         s.task = s.task.model_copy(
@@ -750,10 +769,11 @@ class Engine:
             }
         )
 
-    def _hold_until(self) -> float:
+    def _hold_until(self, s: Session) -> float:
         """The deadline of a hold taken now: its call starts within the slack, then runs at most
-        the provider's maximum call time."""
-        return time.time() + CALL_START_SLACK_SECONDS + self.config.max_call_seconds
+        the provider's maximum call time (a batched call: the batch's 24-hour window)."""
+        window = BATCH_WINDOW_SECONDS if _economy(s) else 0.0
+        return time.time() + CALL_START_SLACK_SECONDS + window + self.config.max_call_seconds
 
     def _before_call(self, s: Session) -> None:
         """Make sure the hold outlives the call about to start: if the start came later than its
@@ -780,9 +800,12 @@ class Engine:
         crash_point("after_reserve")
         hold = None
         held_usd = (s.task.inflight or {}).get("usd", 0)
+        batch = s.task.batch if s.task.batch and int(s.task.batch["step"]) == s.next_step else None
         if s.limits is not None:
             try:
-                hold = self.windows.hold(s.task.tenant, s.limits, reserved, micros=int(held_usd))
+                # A batch's result was paid for when it was sent: the window counts it now, from 0.
+                amount, money = (0, 0) if batch else (reserved, int(held_usd))
+                hold = self.windows.hold(s.task.tenant, s.limits, amount, micros=money)
             except TenantCapReached as exc:  # not this task's fault: try again next hour
                 self._release_inflight(s)
                 self.store.tasks.release(s.lease)
@@ -791,6 +814,15 @@ class Engine:
         max_out = max(MIN_OUTPUT_TOKENS, min(self._max_out(s), reserved - est_in))
         request = self._request(s, max_out)
         compact = self._context(s)[2]
+        if _economy(s):
+            try:
+                sent = self._batched(s, request, hold, batch)
+            except ProviderError as exc:
+                return self._call_failed(s, exc, hold)
+            if isinstance(sent, RunResult):
+                return sent
+            response, started = sent
+            return self._answered(s, request, response, started, reserved, max_out, hold, compact)
         try:
             self._before_call(s)
         except LeaseLost:
@@ -820,24 +852,81 @@ class Engine:
                     s.live_text = None
                 call.answered(response)
         except ProviderError as exc:
-            self._release_inflight(s)
-            if hold is not None:
-                self.windows.settle(hold, 0)
-            error: dict[str, Any] | None = {
-                "code": exc.code,
-                "message": exc.message,
-                "status_code": exc.status_code,
-                "attempts": exc.attempts,
-            }
-            if exc.retryable:
-                self.store.tasks.release(s.lease)
-                return RunResult(s.lease.task_id, "retry", error=error)
-            self.store.tasks.transition(
-                s.lease.task_id, TaskStatus.FAILED, lease=s.lease, result=final_text(s.messages), error=error
-            )
-            return RunResult(s.lease.task_id, "finished", status=TaskStatus.FAILED, error=error)
+            return self._call_failed(s, exc, hold)
+        return self._answered(s, request, response, started, reserved, max_out, hold, compact)
+
+    def _call_failed(self, s: Session, exc: ProviderError, hold: Any) -> RunResult:
+        """The provider failed the call (its retries spent): the hold goes back; the task is
+        tried again later, or fails now when no retry can help."""
+        self._release_inflight(s)
+        if hold is not None:
+            self.windows.settle(hold, 0)
+        error: dict[str, Any] = {
+            "code": exc.code,
+            "message": exc.message,
+            "status_code": exc.status_code,
+            "attempts": exc.attempts,
+        }
+        if exc.retryable:
+            self.store.tasks.release(s.lease, forget_batch=s.task.batch is not None)
+            return RunResult(s.lease.task_id, "retry", error=error)
+        self.store.tasks.transition(
+            s.lease.task_id, TaskStatus.FAILED, lease=s.lease, result=final_text(s.messages), error=error
+        )
+        return RunResult(s.lease.task_id, "finished", status=TaskStatus.FAILED, error=error)
+
+    def _batched(
+        self, s: Session, request: LLMRequest, hold: Any, batch: dict[str, Any] | None
+    ) -> RunResult | tuple[LLMResponse, float]:
+        """Economy: the turn goes out as a batch of one and the task parks in ``waiting``,
+        holding no compute and keeping its budget hold (deadline: the batch's 24-hour window);
+        the run that claims it once the batch ended gets the answer here, to commit as any.
+
+        A worker killed between sending the batch and parking leaves the hold of its epoch: the
+        next claim sets it aside until that deadline and sends the turn again (the batch that
+        may have gone out is never read, like any call whose worker died with the answer)."""
+        provider = self.providers(s.task.submission)
+        if not isinstance(provider, BatchProvider):
+            raise ProviderError(
+                f"economy: the {s.task.submission.provider} provider has no batch API", retryable=False,
+                code="economy_unsupported",
+            )  # fmt: skip
+        if batch is not None:
+            response = provider.batch_result(str(batch["id"]), str(batch["custom_id"]))
+            if response is None:  # looked at before it ended: wait again
+                return self._park_for_batch(s, batch, hold)
+            return response, float(batch["submitted_at"])
+        custom_id = f"{s.lease.task_id}-s{s.next_step}-e{s.lease.epoch}"[:64]
+        record = {"custom_id": custom_id, "step": s.next_step, "epoch": s.lease.epoch, "submitted_at": time.time()}
+        record["id"] = provider.submit_batch(request, custom_id)
+        crash_point("after_batch_submit")
+        return self._park_for_batch(s, record, hold)
+
+    def _park_for_batch(self, s: Session, record: dict[str, Any], hold: Any) -> RunResult:
+        if hold is not None:  # the tenant window counts the call when its result is in
+            self.windows.settle(hold, 0)
+        self.store.tasks.transition(s.lease.task_id, TaskStatus.WAITING, lease=s.lease, extra={"batch": record})
+        s.task = s.task.model_copy(update={"status": TaskStatus.WAITING, "batch": record})
+        log.info("task %s: turn %s sent as batch %s", s.lease.task_id, record["step"], record["id"])
+        return RunResult(s.lease.task_id, "waiting", status=TaskStatus.WAITING, batch_poll=batch_poll_seconds(record))
+
+    def _answered(
+        self,
+        s: Session,
+        request: LLMRequest,
+        response: LLMResponse,
+        started: float,
+        reserved: int,
+        max_out: int,
+        hold: Any,
+        compact: bool,
+    ) -> RunResult | None:
+        """Commit the call's answer as the next step, settling its hold with what it used."""
         crash_point("after_llm_call")
+        batched = _economy(s)
         cost = self._cost(s, response.model or request.model, request.model, response)
+        if batched:
+            cost = cost * BATCH_PRICE_RATIO
         answered = CallStep(
             content=response.content,
             stop_reason=response.stop_reason,
@@ -848,6 +937,7 @@ class Engine:
             attempts=response.attempts,
             started_at=started,
             duration_ms=int((time.time() - started) * 1000),
+            batched=batched,
         )
         settle = BudgetDelta(
             reserved=reserved,
@@ -895,7 +985,7 @@ class Engine:
         if hold is not None:
             self.windows.settle(hold, response.usage.total, micros(cost))
         self._committed(s, record, messages)
-        update: dict[str, Any] = {"inflight": None, **({"status": finish} if finish else {})}
+        update: dict[str, Any] = {"inflight": None, "batch": None, **({"status": finish} if finish else {})}
         if compact:
             update["compacted_at"] = record.number
         s.task = s.task.model_copy(update=update)
@@ -1277,7 +1367,7 @@ class Engine:
         if stop is None:
             _, reserve = self._wanted_reservation(preview)
             money = self._hold_micros(preview, reserve)
-        until = self._hold_until()
+        until = self._hold_until(s)
         try:
             record = self._commit(
                 s, body, reserve_next=reserve, reserve_next_micros=money, hold_until=until if reserve else None
@@ -1289,6 +1379,18 @@ class Engine:
             ticket = {"amount": reserve, "epoch": s.lease.epoch, "step": number + 1, "until": until, "usd": money}
             s.task = s.task.model_copy(update={"inflight": ticket})
         return record
+
+
+def _economy(s: Session) -> bool:
+    return s.task.submission.constraints.economy
+
+
+def batch_poll_seconds(batch: dict[str, Any]) -> float:
+    """When to look at a batch again: soon at first, then a quarter of its age (most end
+    within minutes; none lasts past 24 hours), between ``AGENTQ_BATCH_POLL_SECONDS`` (30) and
+    SQS's longest delay."""
+    floor = float(os.environ.get("AGENTQ_BATCH_POLL_SECONDS", "30"))
+    return min(900.0, max(floor, (time.time() - float(batch["submitted_at"])) / 4))
 
 
 def _lease_lost(task_id: str, exc: LeaseLost) -> RunResult:

@@ -110,6 +110,11 @@ class Constraints(StrictModel):
         "sent (they stay in the steps; the model can recall them)",
     )
     keep_tool_results: int = Field(default=5, ge=0, le=1000, description="tool results never cleared: the latest")
+    economy: bool = Field(
+        default=False,
+        description="send each LLM turn through the provider's Message Batches API at half price: the task waits, "
+        "holding no compute, until the turn's result is in (minutes, at most 24 hours); Anthropic only",
+    )
     compaction: Literal["summary", "off"] = Field(
         default="summary",
         description="when clearing old tool results is not enough: summary (a compaction call writes a summary "
@@ -267,6 +272,7 @@ class CallStep(StrictModel):
     attempts: int = 1
     started_at: float
     duration_ms: int
+    batched: bool = Field(default=False, description="answered through the Message Batches API (economy)")
 
     def text(self) -> str:
         return "\n".join(b["text"] for b in self.content if b.get("type") == "text" and b.get("text"))
@@ -364,6 +370,7 @@ class Task(BaseModel):
     step: int = 0
     llm_steps: int = 0
     compacted_at: int = 0  # the latest compaction step: a resume reads the steps from it on
+    batch: dict[str, Any] | None = None  # economy: the batch the next LLM turn was sent in (id, custom_id, step, epoch)
     lease_owner: str | None = None
     lease_epoch: int = 0
     lease_expires: float = 0

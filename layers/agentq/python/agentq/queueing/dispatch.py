@@ -32,9 +32,10 @@ from typing import Any, Literal
 import pydantic
 
 from agentq import observe
-from agentq.core.engine import Engine, KeeperFactory, RunResult
-from agentq.core.errors import DETERMINISTIC_FAULTS, IllegalTransition, TaskNotFound, fault_error
+from agentq.core.engine import Engine, KeeperFactory, RunResult, batch_poll_seconds
+from agentq.core.errors import DETERMINISTIC_FAULTS, IllegalTransition, ProviderError, TaskNotFound, fault_error
 from agentq.core.models import RetryState, Task, TaskStatus
+from agentq.core.providers.base import BatchProvider
 from agentq.queueing.queues import DEAD_LETTER_REASON, TaskMessage, TaskQueues
 from agentq.storage.container import Storage
 
@@ -148,7 +149,11 @@ class Dispatcher:
             if not self._approval_due(task, tier):
                 return Action("delete", "no approval to time out, or not yet", task_id=task.task_id)
             task = self.store.tasks.get(task.task_id)
-        if message.kind == "wake" and message.spawn_id:
+        if message.kind == "batch_poll":
+            if not self._batch_ended(task, tier):
+                return Action("delete", "no batch to look at, or it has not ended yet", task_id=task.task_id)
+            task = self.store.tasks.get(task.task_id)
+        elif message.kind == "wake" and message.spawn_id:
             self._wake(task, message.spawn_id)
         elif task.status in (TaskStatus.WAITING, TaskStatus.PAUSED):
             return Action(
@@ -253,6 +258,30 @@ class Dispatcher:
         if wait > 0:
             self.queues.send(task.task_id, tier, kind="release_holds", delay_seconds=min(MAX_DELAY, math.ceil(wait)))
 
+    def _batch_ended(self, task: Task, tier: str) -> bool:
+        """The poller of economy mode: a task waiting on a batch looks at it on a delayed message
+        of its own (no table scan, nothing to schedule). Ended (or failed: the run reads why):
+        the task is queued and runs now. Not yet: the next look is set, later as the batch ages."""
+        batch = task.batch
+        if task.status is not TaskStatus.WAITING or not batch:
+            return False
+        provider = self.engine.providers(task.submission)
+        try:
+            ended = not isinstance(provider, BatchProvider) or (
+                provider.batch_result(str(batch["id"]), str(batch["custom_id"])) is not None
+            )
+        except ProviderError:
+            ended = True  # the run meets the same error and handles it
+        if not ended:
+            wait = batch_poll_seconds(batch)
+            self.queues.send(
+                task.task_id, tier, kind="batch_poll", delay_seconds=min(MAX_DELAY, max(1, math.ceil(wait)))
+            )
+            return False
+        with contextlib.suppress(IllegalTransition):
+            self.store.tasks.transition(task.task_id, TaskStatus.QUEUED)
+        return True
+
     def _approval_due(self, task: Task, tier: str) -> bool:
         """A paused task's approval timer fired: past its timeout, the approval takes the
         task's ``approval_default`` (recorded as decided by ``timeout``, on the same condition
@@ -283,6 +312,9 @@ class Dispatcher:
 
     def _after_run(self, run: RunResult, *, tier: str, receive_count: int) -> Action:
         task_id = run.task_id
+        if run.batch_poll is not None:
+            delay = min(MAX_DELAY, max(1, math.ceil(run.batch_poll)))
+            self.queues.send(task_id, tier, kind="batch_poll", delay_seconds=delay)
         if run.approval_due is not None:
             wait = run.approval_due - time.time()
             self.queues.send(task_id, tier, kind="approval_due", delay_seconds=min(MAX_DELAY, max(1, math.ceil(wait))))

@@ -16,7 +16,16 @@ from pydantic import BaseModel, Field
 from agentq.resources import TIERS, ResourceNames
 
 MessageKind = Literal[
-    "run", "continue", "wake", "redrive", "safety_net", "release_holds", "renewed", "swept", "approval_due"
+    "run",
+    "continue",
+    "wake",
+    "redrive",
+    "safety_net",
+    "release_holds",
+    "renewed",
+    "swept",
+    "approval_due",
+    "batch_poll",
 ]
 DEAD_LETTER_REASON = "agentq-reason"  # message attribute set when agentq dead-letters a message
 

@@ -249,6 +249,19 @@ class Budgets:
 
             raise why_fenced(self.table, lease) from exc
 
+    def adopt(self, lease: Lease, held: Reservation) -> None:
+        """Make an older epoch's hold this epoch's own: the hold of a batched call (economy),
+        whose worker parked the task and let go; its result is settled by whoever claims it
+        next. Fenced, and only while that epoch's ticket is current."""
+        condition = fence(lease) & Attr("inflight.epoch").eq(held.epoch)
+        ticket = ticket_value(held.amount, lease.epoch, held.step, held.until, held.micros)
+        try:
+            self.table.update(keys.meta_key(lease.task_id), Update(set={"inflight": ticket}), condition=condition)
+        except ConditionFailed as exc:
+            from agentq.storage.tasks import why_fenced
+
+            raise why_fenced(self.table, lease) from exc
+
     def set_aside(self, lease: Lease, held: Reservation) -> None:
         """Keep an older epoch's live hold counted under ``lapsed_<epoch>`` and free ``inflight``
         for this epoch's own; fenced, and only while that epoch's ticket is still current."""

@@ -162,7 +162,7 @@ class Steps:
         if body.kind == "llm":
             adds["llm_steps"] = 1
         if body.kind in ("llm", "compact"):
-            removes += ["inflight", "live_text"]  # the call's text is in the step now
+            removes += ["inflight", "live_text", "batch"]  # the call's text is in the step now
         if body.kind == "compact":
             sets["compacted_at"] = number  # a resume reads the steps from here on
         if settle is not None:

@@ -457,9 +457,10 @@ class Tasks:
         self._fenced(lease, Update(set=sets), Attr("lease_expires").gt(0))
         return lease.model_copy(update={"expires_at": expires})
 
-    def release(self, lease: Lease) -> None:
-        """Give the task back (continuation, graceful shutdown): the next claim may run at once."""
-        self._fenced(lease, Update(set={"lease_expires": 0}))
+    def release(self, lease: Lease, *, forget_batch: bool = False) -> None:
+        """Give the task back (continuation, graceful shutdown): the next claim may run at once.
+        ``forget_batch``: the batch its next turn was sent in failed; the next claim sends anew."""
+        self._fenced(lease, Update(set={"lease_expires": 0}, remove=["batch"] if forget_batch else []))
 
     def record_retry(self, task_id: str, state: RetryState, *, lease: Lease | None = None) -> bool:
         """Replace the task's ``META#RETRY`` with ``state``, so status and the trace show the
@@ -493,10 +494,12 @@ class Tasks:
         lease: Lease | None = None,
         result: str | None = None,
         error: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         """Move a task to ``to``; DynamoDB refuses it unless the current status may lead there.
 
-        With a lease the write is also fenced by its epoch.
+        With a lease the write is also fenced by its epoch. ``extra``: attributes set in the
+        same write (a waiting task's ``batch``).
         """
         allowed = sources_of(to)
         if not allowed:
@@ -519,6 +522,7 @@ class Tasks:
         if error is not None:
             sets["error"] = error
             removes = [r for r in removes if r != "error"]
+        sets.update(extra or {})
         condition = present() & status_in(allowed)
         leaves_terminal = any(src.terminal for src in allowed)
         if leaves_terminal:

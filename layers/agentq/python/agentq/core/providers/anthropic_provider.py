@@ -58,6 +58,19 @@ class _MessagesProvider:
 
     def complete(self, request: LLMRequest) -> LLMResponse:
         """One assistant turn; raises ``ProviderError`` once the retry policy gives up."""
+        kwargs = self._params(request)
+        send = self._streamed if request.max_tokens > stream_above() else self._client.messages.create
+        response, attempts = call_with_retries(
+            lambda: to_llm_response(send(**kwargs), 1),
+            self.retry,
+            self._sleep,
+            rng=self._rng,
+            label=self.name,
+        )
+        return response.model_copy(update={"attempts": attempts})
+
+    def _params(self, request: LLMRequest) -> dict[str, Any]:
+        """The Messages API parameters of ``request`` (a call's, or a batch request's)."""
         kwargs: dict[str, Any] = {
             "model": request.model,
             "max_tokens": request.max_tokens,
@@ -74,16 +87,7 @@ class _MessagesProvider:
             kwargs["output_config"] = {"effort": request.effort}
         if caching.enabled():
             kwargs = caching.cached_request(kwargs, self._cache_ttl(request))
-
-        send = self._streamed if request.max_tokens > stream_above() else self._client.messages.create
-        response, attempts = call_with_retries(
-            lambda: to_llm_response(send(**kwargs), 1),
-            self.retry,
-            self._sleep,
-            rng=self._rng,
-            label=self.name,
-        )
-        return response.model_copy(update={"attempts": attempts})
+        return kwargs
 
     def _cache_ttl(self, request: LLMRequest) -> CacheTtl | None:
         return request.cache_ttl
@@ -131,6 +135,47 @@ class AnthropicProvider(_MessagesProvider):
                 )
             client = anthropic.Anthropic(api_key=api_key, base_url=base_url, timeout=timeout, max_retries=0)
         super().__init__(client, retry or RetryPolicy(), sleep, rng)
+
+    # Economy mode (``core.providers.base.BatchProvider``): one request per batch, so a task's
+    # turn waits for nothing but itself; the custom_id ties the result to the task's step.
+
+    def submit_batch(self, request: LLMRequest, custom_id: str) -> str:
+        params = self._params(request)
+        batch, _ = call_with_retries(
+            lambda: self._client.messages.batches.create(requests=[{"custom_id": custom_id, "params": params}]),
+            self.retry, self._sleep, rng=self._rng, label=self.name,
+        )  # fmt: skip
+        return str(batch.id)
+
+    def batch_result(self, batch_id: str, custom_id: str) -> LLMResponse | None:
+        batch, _ = call_with_retries(
+            lambda: self._client.messages.batches.retrieve(batch_id),
+            self.retry, self._sleep, rng=self._rng, label=self.name,
+        )  # fmt: skip
+        if batch.processing_status != "ended":
+            return None
+        items, _ = call_with_retries(
+            lambda: list(self._client.messages.batches.results(batch_id)),
+            self.retry, self._sleep, rng=self._rng, label=self.name,
+        )  # fmt: skip
+        for item in items:
+            if item.custom_id != custom_id:
+                continue
+            result = item.result
+            if result.type == "succeeded":
+                return to_llm_response(result.message, 1)
+            if result.type == "errored":
+                error = getattr(result.error, "error", None)
+                kind = str(getattr(error, "type", "api_error"))
+                raise ProviderError(
+                    f"batch {batch_id}: {getattr(error, 'message', 'the request errored')}",
+                    retryable=kind in ("api_error", "overloaded_error", "rate_limit_error"),
+                    code=kind,
+                )
+            raise ProviderError(
+                f"batch {batch_id}: the request {result.type}", retryable=True, code=f"batch_{result.type}"
+            )
+        raise ProviderError(f"batch {batch_id} holds no result for {custom_id}", retryable=True, code="batch_missing")
 
 
 class BedrockProvider(_MessagesProvider):

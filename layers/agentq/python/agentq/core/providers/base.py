@@ -12,7 +12,8 @@ import os
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from decimal import Decimal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
@@ -47,6 +48,25 @@ class LLMProvider(Protocol):
     def complete(self, request: LLMRequest) -> LLMResponse:
         """Return the assistant turn, or raise ``agentq.core.errors.ProviderError``."""
         ...
+
+
+@runtime_checkable
+class BatchProvider(Protocol):
+    """A provider that can also answer a turn through a batch (economy mode: half price, the
+    answer minutes to hours later)."""
+
+    def submit_batch(self, request: LLMRequest, custom_id: str) -> str:
+        """Send ``request`` as a batch of one; returns the batch id."""
+        ...
+
+    def batch_result(self, batch_id: str, custom_id: str) -> LLMResponse | None:
+        """The answer once the batch has ended (None before); ``ProviderError`` when the
+        request errored, expired or was canceled."""
+        ...
+
+
+BATCH_PRICE_RATIO = Decimal("0.5")  # a batched call costs half the list price
+BATCH_WINDOW_SECONDS = 24 * 3600.0  # a batch ends (or expires) within this of its creation
 
 
 MAX_CALL_VARIABLE = "AGENTQ_MAX_CALL_SECONDS"

@@ -1,0 +1,140 @@
+"""Economy mode: each LLM turn goes through the Message Batches API (the real ``anthropic`` SDK
+against a local server that implements the batch endpoints); the task parks in ``waiting``
+holding no compute while the batch runs, keeps its budget hold until the result is in, and is
+charged half the list price, exactly; a failed batch request ends or retries the task as a
+failed call would; providers without a batch API are refused at submission."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from agentq.control.submit import check_submission, parse_submission, submit
+from agentq.core.engine import Engine, EngineConfig
+from agentq.core.errors import ValidationError
+from agentq.core.models import LLMStep, TaskStatus
+from agentq.core.pricing import load_price_table, micros
+from agentq.core.tools import ToolRegistry
+from agentq.local.stack import LocalStack
+from agentq.storage.container import Storage
+
+from tests.fake_messages_api import FakeMessagesAPI, RecordedRequest, invalid_request, message_reply
+from tests.helpers import wait_for
+
+LOOKUPS = 3
+
+
+def _plan(request: RecordedRequest) -> Any:
+    """Look up three things, one a turn, then answer."""
+    body = request.body
+    turns = sum(1 for m in body["messages"] if m["role"] == "assistant")
+    usage = {"input_tokens": len(json.dumps(body["messages"])) // 4, "output_tokens": 40}
+    if turns < LOOKUPS:
+        use = {"type": "tool_use", "id": f"toolu_e{turns}", "name": "lookup", "input": {"query": f"q{turns}"}}
+        return message_reply([use], stop_reason="tool_use", usage=usage)
+    return message_reply([{"type": "text", "text": "all looked up"}], usage=usage)
+
+
+@pytest.fixture
+def api(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeMessagesAPI]:
+    with FakeMessagesAPI(responder=_plan, batch_seconds=0.3) as server:
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
+        yield server
+
+
+def _economy(**constraints: Any) -> dict[str, Any]:
+    return {"goal": "look things up", "provider": "anthropic", "model": "claude-sonnet-4-6",
+            "constraints": {"tools": ["lookup"], "economy": True, **constraints}}  # fmt: skip
+
+
+def test_an_economy_task_waits_for_each_batch_holding_its_budget_and_pays_half_the_price(
+    api: FakeMessagesAPI, store: Storage, registry: ToolRegistry
+) -> None:
+    task = store.tasks.create(parse_submission(_economy(max_cost_usd="1")), tenant="t")
+    parks = 0
+    for worker in range(20):
+        result = Engine(store, worker_id=f"w{worker}", tools=registry, config=EngineConfig(lease_seconds=30)).run(
+            task.task_id
+        )
+        if result.outcome == "finished":
+            break
+        assert result.outcome == "waiting" and result.batch_poll is not None, result
+        parks += 1
+        waiting = store.tasks.get(task.task_id)
+        assert waiting.status is TaskStatus.WAITING and waiting.lease_expires == 0  # no compute held
+        assert waiting.batch is not None and waiting.batch["id"] in api.batches
+        assert waiting.inflight is not None and float(waiting.inflight["until"]) > time.time() + 23 * 3600
+        assert store.budgets.get(task.task_id).reserved == int(waiting.inflight["amount"])  # still counted
+        time.sleep(0.35)  # the batch ends
+        store.tasks.transition(task.task_id, TaskStatus.QUEUED)  # what the poll message does
+    assert result.status is TaskStatus.SUCCEEDED, result
+    assert parks == LOOKUPS + 1 == len(api.batches)
+
+    calls = [s.body for s in store.steps.load(task.task_id) if isinstance(s.body, LLMStep)]
+    assert len(calls) == LOOKUPS + 1 and all(c.batched for c in calls)
+    prices = load_price_table()
+    assert all(c.cost_usd == prices.cost("claude-sonnet-4-6", c.usage) / 2 for c in calls)
+    final = store.tasks.get(task.task_id)
+    assert final.batch is None and final.inflight is None and final.result == "all looked up"
+    budget = store.budgets.get(task.task_id)
+    assert budget.reserved == 0 and budget.used == sum(c.usage.total for c in calls)
+    assert budget.reserved_micros == 0 and budget.used_micros == sum(micros(c.cost_usd) for c in calls)
+    assert final.cost_usd == sum(c.cost_usd for c in calls)
+
+
+def test_a_batch_request_the_api_refused_fails_the_task_with_its_error_and_returns_the_hold(
+    api: FakeMessagesAPI, store: Storage, registry: ToolRegistry
+) -> None:
+    api.enqueue(invalid_request("messages.0.content: too long for this model"))
+    task = store.tasks.create(parse_submission(_economy()), tenant="t")
+    engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30))
+    assert engine.run(task.task_id).outcome == "waiting"
+    time.sleep(0.35)
+    store.tasks.transition(task.task_id, TaskStatus.QUEUED)
+    result = engine.run(task.task_id)
+    assert result.status is TaskStatus.FAILED and result.error is not None
+    assert result.error["code"] == "invalid_request_error" and "too long" in result.error["message"]
+    budget = store.budgets.get(task.task_id)
+    assert budget.reserved == 0 and budget.used == 0 and budget.reserved_micros == 0
+
+
+def test_economy_needs_a_provider_with_a_batch_api(registry: ToolRegistry) -> None:
+    for provider, extra in (("bedrock", {}), ("scripted", {"script": {"turns": [{"text": "x"}]}})):
+        submission = parse_submission({**_economy(), "provider": provider, **extra})
+        with pytest.raises(ValidationError) as refused:
+            check_submission(submission, registry)
+        assert refused.value.field == "constraints.economy" and "no batch API" in str(refused.value)
+    assert parse_submission(_economy()).constraints.economy is True
+
+
+def test_on_the_local_stack_the_poll_message_resumes_the_task_when_its_batch_ends(
+    api: FakeMessagesAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENTQ_BATCH_POLL_SECONDS", "1")
+    with LocalStack(prefix="econ", workers=1, api=False, tool_modules=("tests.effect_tools",)) as stack:
+        assert stack.settings is not None
+        store = stack.store()
+        from agentq.runtime import build_registry
+
+        task = submit(store, build_registry(stack.settings), _economy(max_cost_usd=Decimal("1")), tenant="t",
+                      queues=stack.queues())  # fmt: skip
+        seen: set[str] = set()
+
+        def ended() -> bool:
+            current = store.tasks.get(task.task_id)
+            seen.add(current.status.value)
+            return bool(current.status.terminal)
+
+        wait_for(ended, timeout=90, what="the economy task to end", interval=0.05)
+        final = store.tasks.get(task.task_id)
+        assert final.status is TaskStatus.SUCCEEDED, final.error
+        assert "waiting" in seen  # it parked while its batches ran
+        calls = [s.body for s in store.steps.load(task.task_id) if isinstance(s.body, LLMStep)]
+        assert len(calls) == LOOKUPS + 1 and all(c.batched for c in calls)
+        assert final.claim_count == LOOKUPS + 2  # submitted once, resumed once per batch
