@@ -162,6 +162,11 @@ class BudgetDefaults(_Strict):
     tenant_hourly_usd: Decimal | None = Field(
         None, gt=0, decimal_places=6, description="per-tenant hourly money cap (dollars) when a tenant has none"
     )
+    economy_tiers: str | None = Field(
+        None,
+        pattern=r"^(high|normal|low)(,(high|normal|low))*$",
+        description="tiers whose Anthropic tasks use the Message Batches API (half price) unless they say otherwise",
+    )
 
 
 class SandboxSettings(_Strict):

@@ -48,6 +48,8 @@ def test_unset_variables_leave_the_core_defaults() -> None:
         ("AGENTQ_DEFAULT_MAX_STEPS", "0", "greater than or equal to 1"),
         ("AGENTQ_DEFAULT_TIMEOUT_SECONDS", "999999", "less than or equal to"),
         ("AGENTQ_DEFAULT_TENANT_HOURLY_TOKENS", "-5", "greater than or equal to 1"),
+        ("AGENTQ_DEFAULT_TENANT_HOURLY_USD", "free", "decimal"),
+        ("AGENTQ_ECONOMY_TIERS", "cheap", "should match pattern"),
     ],
 )
 def test_a_bad_variable_fails_naming_the_variable(variable: str, value: str, says: str) -> None:
@@ -191,3 +193,17 @@ def test_the_cli_refuses_a_bad_default_naming_the_variable_with_exit_2() -> None
     )
     assert proc.returncode == 2
     assert proc.stderr.startswith("agentq: AGENTQ_DEFAULT_MAX_STEPS: ") and "Traceback" not in proc.stderr
+
+
+def test_an_economy_tier_puts_its_anthropic_tasks_in_economy_unless_they_say_otherwise() -> None:
+    defaults = Defaults.from_env({"AGENTQ_ECONOMY_TIERS": "low,normal"})
+    low = TaskSubmission.model_validate({"goal": "g", "provider": "anthropic", "priority": "low"})
+    assert defaults.apply(low).constraints.economy is True
+    high = TaskSubmission.model_validate({"goal": "g", "provider": "anthropic", "priority": "high"})
+    assert defaults.apply(high).constraints.economy is False
+    said_no = TaskSubmission.model_validate(
+        {"goal": "g", "provider": "anthropic", "priority": "low", "constraints": {"economy": False}}
+    )
+    assert defaults.apply(said_no).constraints.economy is False
+    scripted = TaskSubmission.model_validate({"goal": "g", "script": "research", "priority": "low"})
+    assert defaults.apply(scripted).constraints.economy is False  # no batch API: left as it was

@@ -28,6 +28,7 @@ ENVIRONMENT = {
     "timeout_seconds": "AGENTQ_DEFAULT_TIMEOUT_SECONDS",
     "tenant_hourly_tokens": "AGENTQ_DEFAULT_TENANT_HOURLY_TOKENS",
     "tenant_hourly_usd": "AGENTQ_DEFAULT_TENANT_HOURLY_USD",
+    "economy_tiers": "AGENTQ_ECONOMY_TIERS",
 }
 CONSTRAINT_FIELDS = ("max_tokens", "max_steps", "timeout_seconds")
 
@@ -45,6 +46,11 @@ class Defaults(BaseModel):
     max_steps: int | None = Field(None, ge=1, le=10_000)
     timeout_seconds: int | None = Field(None, ge=1, le=MAX_TIMEOUT_SECONDS)
     tenant_hourly_tokens: int | None = Field(None, ge=1, description="cap for tenants with no limits of their own")
+    economy_tiers: str | None = Field(
+        None,
+        pattern=r"^(high|normal|low)(,(high|normal|low))*$",
+        description="tiers (comma-separated) whose Anthropic tasks run in economy mode unless they say otherwise",
+    )
     tenant_hourly_usd: Decimal | None = Field(
         None, gt=0, decimal_places=6, description="money cap (dollars an hour) for tenants with no limits of their own"
     )
@@ -74,6 +80,10 @@ class Defaults(BaseModel):
             for name in CONSTRAINT_FIELDS
             if name not in given and getattr(self, name) is not None
         }
+        tiers = (self.economy_tiers or "").split(",")
+        economy = submission.provider == "anthropic" and submission.priority in tiers and "economy" not in given
+        if economy:
+            fill["economy"] = True
         if not fill:
             return submission
         constraints = Constraints.model_validate({**submission.constraints.model_dump(include=given), **fill})
