@@ -1,7 +1,7 @@
 """What a long agent conversation costs in input tokens and dollars, with and without prompt caching.
 
-    python bench/agent_cost.py                           # 50 and 1,000 turns, caching off and on
-    python bench/agent_cost.py --turns 50 --json
+    python bench/agent_cost.py                           # 50 and 1,000 turns, every mode
+    python bench/agent_cost.py --turns 50 --modes off,cache,economy --json
 
 The same conversation as ``bench/checkpoint_cost.py`` (each turn calls a read-only tool that
 returns ~3 KB of text, then a final answer) runs through the real engine and the real
@@ -9,22 +9,29 @@ returns ~3 KB of text, then a final answer) runs through the real engine and the
 the API does, prompt cache included (tests/prompt_cache_server.py: prefix match up to a
 breakpoint with the 20-block lookback, writes and reads, TTLs on a simulated clock, the
 1,024-token minimum, a 200,000-token context window). Modes: ``off`` (``AGENTQ_PROMPT_CACHE=off``:
-every turn re-sends and pays for the whole conversation) and ``cache`` (the default breakpoints).
+every turn re-sends and pays for the whole conversation); ``cache`` (the default breakpoints;
+old tool results are cleared past 70% of the window, so a long run stays under it);
+``economy`` (caching, and every turn through the Message Batches API at half price: the task
+parks while each batch runs and is resumed by a new claim, as the poll message does); and
+``compact`` (caching with clearing kept off, ``keep_tool_results`` = all, so only the
+summarising compaction keeps the conversation under the threshold).
 
 Figures per run (machine-independent): LLM calls; input tokens billed as plain input, cache
 writes and cache reads; input dollars at Sonnet list prices ($3/M input, writes 1.25x, reads
 0.1x); the cache hit ratio (reads / all input tokens); the peak input of one call; whether
 the run ended or hit the context window (without compaction a long enough conversation
 cannot go on: issue 14.1); steps a resume reads (all of them, without compaction); and
-whether the budget's ``used`` equals what the provider reported. Economy mode (Message
-Batches) and compaction are not built yet: their columns are absent, not zero.
+whether the budget's ``used`` equals what the provider reported. Input dollars of a batched
+call are half the list price, as the ledger charges them.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
+import re
 import sys
 import time
 from decimal import Decimal
@@ -36,10 +43,12 @@ sys.path.insert(0, str(ROOT))
 
 from _benchlib import JsonOut, log, machine, table  # noqa: E402
 from _plot import Panel, add_plot_args, plot_from_args  # noqa: E402
+from agentq.core.context import COMPACT_INSTRUCTION  # noqa: E402
 from agentq.core.engine import Engine, EngineConfig  # noqa: E402
-from agentq.core.models import TaskSubmission  # noqa: E402
+from agentq.core.models import TaskStatus, TaskSubmission  # noqa: E402
 from agentq.core.pricing import load_price_table  # noqa: E402
 from agentq.core.providers.anthropic_provider import AnthropicProvider  # noqa: E402
+from agentq.core.providers.base import BATCH_PRICE_RATIO  # noqa: E402
 from agentq.core.tools import ToolRegistry, tool  # noqa: E402
 from agentq.storage.container import memory_storage  # noqa: E402
 
@@ -65,13 +74,20 @@ def document_text(doc_id: str, size: int) -> str:
 
 
 def plan_for(turns: int) -> Any:
-    """The model's side: read document n+1 until ``turns`` are read, then summarise."""
+    """The model's side: read document n+1 until ``turns`` are read, then summarise. Asked to
+    compact, it writes a summary that says how many documents it read, and counts on from it."""
 
     def plan(body: dict[str, Any]) -> tuple[list[dict[str, Any]], str, int]:
-        done = sum(
+        first = body["messages"][0]["content"]
+        earlier = re.search(r"documents 1 to (\d+) read", first if isinstance(first, str) else json.dumps(first))
+        done = (int(earlier.group(1)) if earlier else 0) + sum(
             1 for m in body["messages"] if isinstance(m["content"], list)
             for b in m["content"] if b.get("type") == "tool_result"
         )  # fmt: skip
+        last = body["messages"][-1]["content"]
+        if isinstance(last, list) and last[-1].get("text") == COMPACT_INSTRUCTION:
+            text = f"Documents 1 to {done} read; each supports the survey's findings. Next: document {done + 1}."
+            return [{"type": "text", "text": text}], "end_turn", 400
         if done < turns:
             use = {"type": "tool_use", "id": f"toolu_{done + 1:05d}", "name": "read_doc",
                    "input": {"doc_id": f"doc-{done + 1:04d}"}}  # fmt: skip
@@ -84,6 +100,9 @@ def plan_for(turns: int) -> Any:
 
 def run(turns: int, mode: str, doc_bytes: int) -> dict[str, Any]:
     os.environ["AGENTQ_PROMPT_CACHE"] = "off" if mode == "off" else "on"
+    extra: dict[str, Any] = {"economy": True} if mode == "economy" else {}
+    if mode == "compact":
+        extra["keep_tool_results"] = 1000  # clearing off: only compaction keeps the context in
 
     @tool(name="read_doc")
     def read_doc(doc_id: str) -> str:
@@ -92,11 +111,11 @@ def run(turns: int, mode: str, doc_bytes: int) -> dict[str, Any]:
 
     accounting = CacheAccounting()
     store = memory_storage()
-    with FakeMessagesAPI(responder=responder(accounting, plan_for(turns))) as api:
+    with FakeMessagesAPI(responder=responder(accounting, plan_for(turns)), batch_seconds=0) as api:
         submission = TaskSubmission.model_validate(
             {"goal": f"Summarise the {turns} documents of the corpus.", "provider": "anthropic", "model": MODEL,
              "system": SYSTEM, "constraints": {"tools": ["read_doc"], "max_tokens": 1_000_000_000,
-                                               "max_steps": turns + 5, "timeout_seconds": 86_400}}
+                                               "max_steps": turns + 5, "timeout_seconds": 86_400, **extra}}
         )  # fmt: skip
         task = store.tasks.create(submission, tenant="bench")
         engine = Engine(
@@ -105,8 +124,14 @@ def run(turns: int, mode: str, doc_bytes: int) -> dict[str, Any]:
         )  # fmt: skip
         started = time.perf_counter()
         result = engine.run(task.task_id)
+        claims = 1
+        while result.outcome == "waiting":  # economy: parked on a batch, which has ended: queue and claim again
+            store.tasks.transition(task.task_id, TaskStatus.QUEUED)
+            result = engine.run(task.task_id)
+            claims += 1
         wall = time.perf_counter() - started
-        answered = sum(1 for step in store.steps.load(task.task_id) if step.body.kind == "llm")
+        steps = store.steps.load(task.task_id)
+        answered = sum(1 for step in steps if step.body.kind in ("llm", "compact"))
         deadline = time.monotonic() + 10
         while len(api.delivered_usage) < answered and time.monotonic() < deadline:
             time.sleep(0.01)  # the server notes a reply just after sending it
@@ -122,6 +147,8 @@ def run(turns: int, mode: str, doc_bytes: int) -> dict[str, Any]:
     million = Decimal(1_000_000)
     input_usd = (plain * price.input_per_mtok + writes * price.input_per_mtok * Decimal("1.25")
                  + reads * price.input_per_mtok * Decimal("0.1")) / million  # fmt: skip
+    if mode == "economy":
+        input_usd *= BATCH_PRICE_RATIO
     provider_total = sum(per_call) + sum(u["output_tokens"] for u in delivered)
     budget = store.budgets.get(task.task_id)
     return {
@@ -138,7 +165,9 @@ def run(turns: int, mode: str, doc_bytes: int) -> dict[str, Any]:
         "hit_ratio": round(reads / sum(per_call), 3) if per_call else 0.0,
         "peak_input": max(per_call, default=0),
         "per_call_input": per_call,
-        "steps_read_on_resume": len(store.steps.load(task.task_id)),
+        "compactions": sum(1 for step in steps if step.body.kind == "compact"),
+        "steps_read_on_resume": len([step for step in steps if step.number >= max(final.compacted_at, 1)]),
+        "claims": claims,
         "ledger_equals_provider": budget.used == provider_total,
         "wall_seconds": round(wall, 1),
         "outcome": result.outcome,
@@ -173,7 +202,7 @@ def panels(result: dict[str, Any]) -> list[Panel]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--turns", default="50,1000", help="conversation lengths, comma-separated")
-    ap.add_argument("--modes", default="off,cache")
+    ap.add_argument("--modes", default="off,cache,economy,compact")
     ap.add_argument("--doc-bytes", type=int, default=3000, help="characters each read_doc returns")
     ap.add_argument("--json", action="store_true")
     add_plot_args(ap, "agent_cost")
@@ -193,11 +222,12 @@ def main(argv: list[str] | None = None) -> int:
             out.emit(result)
         else:
             print(table(
-                ["turns", "caching", "calls", "ended", "input tokens", "uncached", "cache writes", "cache reads",
-                 "input $", "x cheaper", "hit ratio", "peak input", "resume reads", "used = provider"],
+                ["turns", "mode", "calls", "ended", "input tokens", "uncached", "cache writes", "cache reads",
+                 "input $", "x cheaper", "hit ratio", "peak input", "compactions", "resume reads", "used = provider"],
                 [[r["turns"], r["mode"], r["llm_calls"], r["ended"], r["input_tokens"], r["uncached_input"],
                   r["cache_writes"], r["cache_reads"], f"{r['input_usd']:.4f}", r["cheaper_than_off"],
-                  r["hit_ratio"], r["peak_input"], r["steps_read_on_resume"], r["ledger_equals_provider"]]
+                  r["hit_ratio"], r["peak_input"], r["compactions"], r["steps_read_on_resume"],
+                  r["ledger_equals_provider"]]
                  for r in rows],
             ))  # fmt: skip
     plot_from_args(args, "agentq: input cost of a long conversation", panels(result))
