@@ -86,8 +86,8 @@ def plan_for(turns: int) -> Any:
         )  # fmt: skip
         last = body["messages"][-1]["content"]
         if isinstance(last, list) and last[-1].get("text") == COMPACT_INSTRUCTION:
-            text = f"Documents 1 to {done} read; each supports the survey's findings. Next: document {done + 1}."
-            return [{"type": "text", "text": text}], "end_turn", 400
+            summary = f"Documents 1 to {done} read; each supports the survey's findings. Next: document {done + 1}."
+            return [{"type": "text", "text": summary}], "end_turn", 400
         if done < turns:
             use = {"type": "tool_use", "id": f"toolu_{done + 1:05d}", "name": "read_doc",
                    "input": {"doc_id": f"doc-{done + 1:04d}"}}  # fmt: skip

@@ -263,6 +263,41 @@ def _within_max_tokens(reply: FakeReply, request: Any) -> FakeReply:
     return dataclasses.replace(reply, body=body)
 
 
+def native_compaction(reply: FakeReply, request: Any) -> FakeReply:
+    """Anthropic's server-side compaction (``compact_20260112``, beta ``compact-2026-01-12``) as
+    the SDK documents it: when the live context (from the latest compaction block on) reaches
+    the trigger, the reply opens with a ``compaction`` block summarising it, and the usage of
+    that summarising call is reported in ``usage.iterations``, not in the top-level fields."""
+    if not (isinstance(request, dict) and isinstance(reply.body, dict) and reply.body.get("type") == "message"):
+        return reply
+    edits = (request.get("context_management") or {}).get("edits") or []
+    edit = next((e for e in edits if e.get("type") == "compact_20260112"), None)
+    if edit is None:
+        return reply
+    trigger = int((edit.get("trigger") or {}).get("value", 150_000))
+    messages = request.get("messages") or []
+    start = 0
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if isinstance(content, list) and any(b.get("type") == "compaction" for b in content):
+            start = i
+    live = len(json.dumps(messages[start:])) // 4
+    if live < trigger:
+        return reply
+    summary = f"Compacted summary of {len(messages) - start} messages."
+    usage = dict(reply.body["usage"])
+    iterations = [
+        {"type": "compaction", "input_tokens": live, "output_tokens": len(summary) // 4 + 1,
+         "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+        {"type": "message", "input_tokens": usage["input_tokens"], "output_tokens": usage["output_tokens"],
+         "cache_creation_input_tokens": usage.get("cache_creation_input_tokens") or 0,
+         "cache_read_input_tokens": usage.get("cache_read_input_tokens") or 0},
+    ]  # fmt: skip
+    block = {"type": "compaction", "content": summary, "encrypted_content": f"enc:{start}:{len(messages)}"}
+    body = {**reply.body, "content": [block, *reply.body["content"]], "usage": {**usage, "iterations": iterations}}
+    return dataclasses.replace(reply, body=body)
+
+
 def _batch_ended(api: FakeMessagesAPI, batch: dict[str, Any]) -> bool:
     return bool(time.time() >= batch["created"] + api.batch_seconds)
 
@@ -335,6 +370,7 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
                 reply = dataclasses.replace(reply, body={**reply.body, "model": model})
             if api.within_max_tokens:
                 reply = _within_max_tokens(reply, body)
+            reply = native_compaction(reply, body)
             if reply.delay_seconds:
                 time.sleep(reply.delay_seconds)
             streamed = isinstance(body, dict) and body.get("stream") is True

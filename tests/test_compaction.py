@@ -6,6 +6,7 @@ conversation; a fork before or after one goes on as the source did."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from agentq.api.views import trace_page
 from agentq.control.submit import parse_submission
 from agentq.core.context import COMPACT_INSTRUCTION, resumed_goal
 from agentq.core.engine import Engine, EngineConfig
-from agentq.core.errors import ProviderError
+from agentq.core.errors import ProviderError, ValidationError
 from agentq.core.models import CallStep, CompactStep, LLMStep, StepRecord, TaskStatus, ToolsStep, Usage
 from agentq.core.providers import LLMRequest, LLMResponse
 from agentq.core.tools import ToolRegistry, tool
@@ -351,3 +352,72 @@ def test_a_fork_before_or_after_a_compaction_goes_on_as_the_source_did(
 
     assert words(mine) == words(steps)  # the same turns, compactions at the same steps
     assert mine[:at] == [s.model_copy(update={"task_id": forked.task_id}) for s in steps[:at]]
+
+
+# ---------------------------------------------------------------------- native compaction
+
+
+def test_native_compaction_keeps_the_servers_block_in_the_step_sends_it_back_and_charges_its_call(
+    store: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``compaction: native``: the request asks for Anthropic's server-side compaction at the
+    threshold (beta ``compact-2026-01-12``); the compaction block the server returns is kept in
+    the step as it came and sent back with the history; the compaction's own call, reported in
+    ``usage.iterations``, is charged with the turn."""
+    from tests.fake_messages_api import FakeMessagesAPI, RecordedRequest, message_reply
+
+    seen: list[RecordedRequest] = []
+
+    def plan(request: RecordedRequest) -> Any:
+        seen.append(request)
+        messages = request.body["messages"]
+        read = sum(1 for m in messages if isinstance(m["content"], list) for b in m["content"]
+                   if b.get("type") == "tool_result")  # fmt: skip
+        usage = {"input_tokens": len(json.dumps(messages)) // 4, "output_tokens": 50}
+        if read >= 8:
+            return message_reply([{"type": "text", "text": f"read {read}"}], usage=usage)
+        use = {"type": "tool_use", "id": f"toolu_n{read + 1}", "name": "read_doc", "input": {"n": read + 1}}
+        return message_reply([{"type": "text", "text": NOTES}, use], stop_reason="tool_use", usage=usage)
+
+    monkeypatch.setenv("AGENTQ_CONTEXT_WINDOWS", WINDOW)
+    with FakeMessagesAPI(responder=plan) as api:
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.base_url)
+        task = store.tasks.create(parse_submission(_submission(compaction="native")), tenant="t")
+        engine = Engine(store, worker_id="w", tools=ToolRegistry([read_doc]), config=EngineConfig(lease_seconds=30))
+        assert engine.run(task.task_id).status is TaskStatus.SUCCEEDED
+        delivered = list(api.delivered_usage)
+        requests = [r.body for r in seen]
+        beta_headers = {r.headers.get("anthropic-beta") for r in seen}
+
+    steps = store.steps.load(task.task_id)
+    assert not any(isinstance(s.body, CompactStep) for s in steps)  # the server compacted, not us
+    compacted = [s for s in steps if isinstance(s.body, LLMStep) and s.body.content[0].get("type") == "compaction"]
+    assert compacted, "the server never compacted"
+    first = compacted[0].body
+    assert isinstance(first, LLMStep)
+    block = first.content[0]
+    assert block["content"].startswith("Compacted summary of") and block["encrypted_content"].startswith("enc:")
+    assert beta_headers == {"compact-2026-01-12"}
+    assert all(r["context_management"]["edits"][0]["trigger"]["value"] == 3500 for r in requests)
+    index = next(i for i, s in enumerate(s for s in steps if isinstance(s.body, LLMStep)) if s in compacted)
+    later = requests[index + 1]  # the request after the compacting turn sends the block back as it came
+    assert any(m["role"] == "assistant" and m["content"][0] == block for m in later["messages"])
+
+    def total(u: dict[str, Any]) -> int:
+        own = int(u["input_tokens"]) + int(u["output_tokens"])
+        return own + sum(int(i["input_tokens"]) + int(i["output_tokens"]) for i in u.get("iterations", [])
+                         if i["type"] == "compaction")  # fmt: skip
+
+    budget = store.budgets.get(task.task_id)
+    assert budget.used == sum(total(u) for u in delivered) and budget.reserved == 0
+    assert budget.used <= store.tasks.get(task.task_id).submission.constraints.max_tokens
+
+
+def test_native_compaction_needs_anthropic(registry: ToolRegistry) -> None:
+    from agentq.control.submit import check_submission
+
+    body = {**_submission(compaction="native"), "provider": "bedrock"}
+    with pytest.raises(ValidationError) as refused:
+        check_submission(parse_submission(body), registry)
+    assert refused.value.field == "constraints.compaction"

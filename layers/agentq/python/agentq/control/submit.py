@@ -69,6 +69,12 @@ def check_submission(submission: TaskSubmission, tools: ToolRegistry) -> None:
     so its model name is not checked, unless a money budget (``max_cost_usd``) needs its price.
     """
     check_model(submission.provider, submission.model, money=submission.constraints.max_cost_usd is not None)
+    if submission.constraints.compaction == "native" and submission.provider != "anthropic":
+        raise ValidationError(
+            f"constraints.compaction: native compaction is Anthropic's (compact_20260112); the "
+            f"{submission.provider} provider has none: use summary",
+            field="constraints.compaction",
+        )
     if submission.constraints.economy and submission.provider != "anthropic":
         raise ValidationError(
             f"constraints.economy: the {submission.provider} provider has no batch API; economy needs provider "

@@ -120,6 +120,10 @@ CALL_START_SLACK_SECONDS = 2.0
 # 3.5-4 on English and JSON, so this over-reserves slightly and the budget cap holds.
 ESTIMATE_CHARS_PER_TOKEN = 3
 MIN_OUTPUT_TOKENS = 16
+# Native compaction: a request this close to the trigger may be compacted by the server first;
+# the summary that call writes is held at this many output tokens.
+NATIVE_TRIGGER_MARGIN = 0.8
+NATIVE_SUMMARY_TOKENS = 16_384
 
 
 @dataclass(frozen=True)
@@ -638,7 +642,7 @@ class Engine:
         messages = cleared(s.messages, boundary)
         limit = context_window(sub.model) * sub.constraints.context_threshold
         compact = False
-        if self._estimate(sub.model, sub.system, messages) > limit:
+        if sub.constraints.compaction != "native" and self._estimate(sub.model, sub.system, messages) > limit:
             moved = max(boundary, tool_results(s.messages) - sub.constraints.keep_tool_results)
             if moved > boundary:
                 boundary, messages = moved, cleared(s.messages, moved)
@@ -669,7 +673,9 @@ class Engine:
         if boundary or s.task.compacted_at:
             tools.append(recall_tool().schema())
         thinking = sub.constraints.thinking_budget_tokens
+        native = sub.constraints.compaction == "native"
         return LLMRequest(
+            compact_at=int(context_window(sub.model) * sub.constraints.context_threshold) if native else None,
             model=sub.model,
             system=system,
             # A compaction sends the turn's own request plus the instruction (the same tools
@@ -686,7 +692,12 @@ class Engine:
     def _wanted_reservation(self, s: Session) -> tuple[int, int]:
         """(input estimate, full reservation) for the next LLM call."""
         max_out = self._max_out(s)
-        est_in = estimate_input_tokens(self._request(s, max_out))
+        request = self._request(s, max_out)
+        est_in = estimate_input_tokens(request)
+        if request.compact_at and est_in >= request.compact_at * NATIVE_TRIGGER_MARGIN:
+            # The server may compact first: a call of its own that reads the context and writes
+            # a summary, billed with this one. Its hold covers that too, so used <= cap holds.
+            return est_in, est_in + max_out + est_in + NATIVE_SUMMARY_TOKENS
         return est_in, est_in + max_out
 
     def _reserve(self, s: Session) -> int | None:

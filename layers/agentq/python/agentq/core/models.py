@@ -115,10 +115,11 @@ class Constraints(StrictModel):
         description="send each LLM turn through the provider's Message Batches API at half price: the task waits, "
         "holding no compute, until the turn's result is in (minutes, at most 24 hours); Anthropic only",
     )
-    compaction: Literal["summary", "off"] = Field(
+    compaction: Literal["summary", "native", "off"] = Field(
         default="summary",
         description="when clearing old tool results is not enough: summary (a compaction call writes a summary "
-        "the conversation goes on from, committed as its own step) or off (the request is sent as it is)",
+        "the conversation goes on from, committed as its own step), native (Anthropic's server-side compaction, "
+        "compact_20260112: its compaction block is kept in the step and sent back) or off (sent as it is)",
     )
     thinking_budget_tokens: int | None = Field(
         default=None,

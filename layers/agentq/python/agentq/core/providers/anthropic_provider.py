@@ -30,7 +30,9 @@ from agentq.core.providers.retry import MalformedReply, RetryPolicy, call_with_r
 
 # What the engine persists and replays. Anything else the SDK adds (citations, caller,
 # toolset_name, ...) would make stored steps depend on the SDK version that wrote them.
-BLOCK_KEYS = ("type", "text", "id", "name", "input", "thinking", "signature", "data")
+BLOCK_KEYS = ("type", "text", "id", "name", "input", "thinking", "signature", "data",
+              "content", "encrypted_content", "tool_changes")  # fmt: skip
+NATIVE_COMPACTION_BETA = "compact-2026-01-12"
 
 DEFAULT_TIMEOUT_SECONDS = DEFAULT_MAX_CALL_SECONDS  # AGENTQ_MAX_CALL_SECONDS overrides it (providers/base.py)
 
@@ -59,7 +61,8 @@ class _MessagesProvider:
     def complete(self, request: LLMRequest) -> LLMResponse:
         """One assistant turn; raises ``ProviderError`` once the retry policy gives up."""
         kwargs = self._params(request)
-        send = self._streamed if request.max_tokens > stream_above() else self._client.messages.create
+        messages = self._client.beta.messages if "betas" in kwargs else self._client.messages
+        send = (lambda **kw: self._streamed(messages, **kw)) if request.max_tokens > stream_above() else messages.create
         response, attempts = call_with_retries(
             lambda: to_llm_response(send(**kwargs), 1),
             self.retry,
@@ -87,16 +90,23 @@ class _MessagesProvider:
             kwargs["output_config"] = {"effort": request.effort}
         if caching.enabled():
             kwargs = caching.cached_request(kwargs, self._cache_ttl(request))
+        if request.compact_at:
+            kwargs["betas"] = [NATIVE_COMPACTION_BETA]
+            kwargs["context_management"] = {
+                "edits": [
+                    {"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": request.compact_at}}
+                ]
+            }
         return kwargs
 
     def _cache_ttl(self, request: LLMRequest) -> CacheTtl | None:
         return request.cache_ttl
 
-    def _streamed(self, **kwargs: Any) -> Any:
+    def _streamed(self, messages: Any, **kwargs: Any) -> Any:
         """A long output streamed (server-sent events) and assembled by the SDK: the connection
         carries data all along, so no proxy or idle timeout cuts a call that writes for minutes.
         The Message it returns is what ``create`` would have returned."""
-        with self._client.messages.stream(**kwargs) as stream:
+        with messages.stream(**kwargs) as stream:
             text = ""
             for chunk in stream.text_stream:
                 text += chunk
@@ -141,6 +151,8 @@ class AnthropicProvider(_MessagesProvider):
 
     def submit_batch(self, request: LLMRequest, custom_id: str) -> str:
         params = self._params(request)
+        for beta in ("betas", "context_management"):  # a batch takes Messages parameters only
+            params.pop(beta, None)
         batch, _ = call_with_retries(
             lambda: self._client.messages.batches.create(requests=[{"custom_id": custom_id, "params": params}]),
             self.retry, self._sleep, rng=self._rng, label=self.name,
@@ -245,12 +257,21 @@ class _CacheCreation(BaseModel):
     ephemeral_1h_input_tokens: int | None = Field(default=None, ge=0)
 
 
+class _Iteration(BaseModel):
+    type: str
+    input_tokens: int = Field(default=0, ge=0)
+    output_tokens: int = Field(default=0, ge=0)
+    cache_creation_input_tokens: int | None = Field(default=None, ge=0)
+    cache_read_input_tokens: int | None = Field(default=None, ge=0)
+
+
 class _Usage(BaseModel):
     input_tokens: int = Field(ge=0)
     output_tokens: int = Field(ge=0)
     cache_creation_input_tokens: int | None = Field(default=None, ge=0)
     cache_read_input_tokens: int | None = Field(default=None, ge=0)
     cache_creation: _CacheCreation | None = None  # the writes by TTL, when the API splits them
+    iterations: list[_Iteration] | None = None  # native compaction: its call's usage is here only
 
 
 class _Message(BaseModel):
@@ -278,15 +299,19 @@ def to_llm_response(message: Any, attempts: int) -> LLMResponse:
         where = ".".join(str(p) for p in first["loc"]) or "reply"
         raise MalformedReply(f"{where}: {first['msg']}") from None
     usage = reply.usage
+    # A native compaction's own call is billed but reported apart from the top-level usage.
+    compactions = [i for i in usage.iterations or [] if i.type == "compaction"]
     return LLMResponse(
         content=[_plain_block(block) for block in reply.content],
         stop_reason=reply.stop_reason,
         model=reply.model,
         usage=Usage(
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            cache_creation_input_tokens=usage.cache_creation_input_tokens or 0,
-            cache_read_input_tokens=usage.cache_read_input_tokens or 0,
+            input_tokens=usage.input_tokens + sum(i.input_tokens for i in compactions),
+            output_tokens=usage.output_tokens + sum(i.output_tokens for i in compactions),
+            cache_creation_input_tokens=(usage.cache_creation_input_tokens or 0)
+            + sum(i.cache_creation_input_tokens or 0 for i in compactions),
+            cache_read_input_tokens=(usage.cache_read_input_tokens or 0)
+            + sum(i.cache_read_input_tokens or 0 for i in compactions),
             cache_creation_1h_input_tokens=min(
                 (usage.cache_creation.ephemeral_1h_input_tokens or 0) if usage.cache_creation else 0,
                 usage.cache_creation_input_tokens or 0,

@@ -32,6 +32,9 @@ class LLMRequest(BaseModel):
     cache_ttl: Literal["5m", "1h"] = "5m"
     thinking_budget: int | None = None  # extended thinking: tokens of max_tokens the model may think with
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None  # the API's output_config.effort
+    # Native compaction (Anthropic's compact_20260112, a beta): the server summarises the
+    # conversation once its input passes this many tokens.
+    compact_at: int | None = None
 
 
 class LLMResponse(BaseModel):
