@@ -88,11 +88,15 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
     elif name == "local_soak":
         assert len(result["samples"]) >= 3 and result["rss_max_mb"] > 0 and result["tasks_submitted"] >= 5
     elif name == "agent_cost":
-        off, cached = result["rows"]
-        assert off["status"] == cached["status"] == "succeeded"
-        assert off["per_call_input"] == cached["per_call_input"], (off, cached)
+        off, cached, economy, compact = result["rows"]
+        assert {r["status"] for r in result["rows"]} == {"succeeded"}
+        assert off["per_call_input"] == cached["per_call_input"] == economy["per_call_input"], (off, cached)
         assert cached["cache_reads"] > 0 and cached["input_usd"] < off["input_usd"]
-        assert off["ledger_equals_provider"] and cached["ledger_equals_provider"]
+        assert (
+            economy["input_usd"] == round(cached["input_usd"] / 2, 4) and economy["claims"] == economy["llm_calls"] + 1
+        )
+        assert all(r["ledger_equals_provider"] for r in result["rows"])
+        assert compact["mode"] == "compact"
     elif name == "import_time":
         [handler] = result["handlers"]
         assert handler["handler"] == "authorizer" and handler["median_ms"] > 0
