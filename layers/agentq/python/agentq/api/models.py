@@ -215,6 +215,7 @@ class TaskView(ApiModel):
     root_id: str
     depth: int
     forked_from: dict[str, Any] | None
+    depends_on: list[str] = Field(default_factory=list, description="tasks this one runs after (blocked until then)")
     children: ChildrenSummary
     metadata: dict[str, str]
     created_at: float

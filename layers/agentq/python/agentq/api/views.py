@@ -100,6 +100,11 @@ def children_summary(store: Storage, task: Task) -> ChildrenSummary:
 def activity(store: Storage, task: Task, children: ChildrenSummary, question: str | None) -> str | None:
     """What the task is doing now, in words a person watching it wants."""
     status = task.status
+    if status is TaskStatus.BLOCKED:
+        deps = store.tasks.get_many(task.submission.depends_on)
+        done = sum(1 for d in deps if d.status is TaskStatus.SUCCEEDED)
+        left = [d.task_id for d in deps if d.status is not TaskStatus.SUCCEEDED]
+        return f"blocked: {done} of {len(task.submission.depends_on)} dependencies succeeded; waiting for {', '.join(left[:3])}"
     if status is TaskStatus.QUEUED:
         if task.lease_epoch:
             return f"queued to resume after step {task.step}"
@@ -189,6 +194,7 @@ def task_view(store: Storage, task: Task) -> TaskView:
         root_id=task.root_id,
         depth=task.depth,
         forked_from=task.forked_from,
+        depends_on=task.submission.depends_on,
         children=children,
         metadata=dict(sub.metadata),
         created_at=task.created_at,

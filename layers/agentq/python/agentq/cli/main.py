@@ -375,6 +375,8 @@ def build_submission(args: argparse.Namespace) -> dict[str, Any]:
         body["constraints"] = constraints
     if args.metadata:
         body["metadata"] = {**(body.get("metadata") or {}), **_parse_metadata(args.metadata)}
+    if getattr(args, "after", None):
+        body["depends_on"] = [t for value in args.after for t in value.split(",") if t]
     return body
 
 
@@ -724,7 +726,18 @@ def _positive(value: str) -> int:
     return number
 
 
-STATUSES = ["queued", "running", "waiting", "paused", "succeeded", "failed", "cancelled", "cost_exceeded", "timed_out"]
+STATUSES = [
+    "queued",
+    "blocked",
+    "running",
+    "waiting",
+    "paused",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "cost_exceeded",
+    "timed_out",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -764,6 +777,8 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument(
         "--metadata", action="append", default=[], metavar="KEY=VALUE", help="a label kept with the task"
     )
+    submit.add_argument("--after", action="append", default=[], metavar="TASK_ID[,TASK_ID]",
+                        help="run after these tasks succeed (depends_on); it waits blocked until then")  # fmt: skip
     submit.add_argument("--idempotency-key", help="retry-safe: the same key and body return the same task")
     submit.add_argument(
         "--wait", action="store_true", help="follow the task (status changes on stderr), then print its result"

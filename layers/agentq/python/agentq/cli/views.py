@@ -21,6 +21,7 @@ from agentq.core.models import TaskStatus
 
 STATUS_STYLE = {
     "queued": "cyan",
+    "blocked": "dim cyan",
     "running": "bold blue",
     "waiting": "magenta",
     "paused": "yellow",

@@ -17,6 +17,7 @@ from agentq.core.errors import IllegalTransition, TaskNotFound, ValidationError
 from agentq.core.models import Task, TaskStatus, TaskSubmission
 from agentq.core.pricing import micros
 from agentq.core.tools import ToolRegistry
+from agentq.queueing.dependencies import release_dependents
 from agentq.queueing.queues import TaskQueues
 from agentq.storage.container import Storage
 
@@ -76,6 +77,8 @@ def cancel(
     for node in reversed(tree[1:]):  # leaves first: a child's spend reaches its parent, then the root
         if node.parent_id:
             store.budgets.settle_child(node.parent_id, node.task_id)
+    for ended in cancelled:  # what waited for them is cancelled too (dependency_failed)
+        release_dependents(store, None, ended)
     return cancelled
 
 

@@ -216,13 +216,23 @@ def submit_once(
     if defaults is not None:
         submission = defaults.apply(submission)
     check_submission(submission, tools)
+    blocked = bool(submission.depends_on)
+    if blocked:
+        from agentq.queueing.dependencies import check_dependencies
+
+        check_dependencies(store, submission, tenant=tenant)
     if idempotency_key is None:
-        task = store.tasks.create(submission, tenant=tenant)
+        task = store.tasks.create(submission, tenant=tenant, blocked=blocked)
         created = True
     else:
         task, created = store.tasks.create_idempotent(
-            submission, tenant=tenant, key=idempotency_key, request_hash=digest
+            submission, tenant=tenant, key=idempotency_key, request_hash=digest, blocked=blocked
         )
+    if blocked:  # no message until its dependencies allow: they may have ended already
+        from agentq.queueing.dependencies import resolve
+
+        resolve(store, queues, task.task_id)
+        return Submitted(store.tasks.get(task.task_id), created)
     if queues is None:
         return Submitted(task, created)
     if created:

@@ -35,6 +35,7 @@ from agentq.core.context import (
     resumed_goal,
     tool_results,
 )
+from agentq.core.dependencies import dependency_goal
 from agentq.core.errors import (
     DETERMINISTIC_FAULTS,
     BudgetExceeded,
@@ -174,6 +175,7 @@ class Session:
     context: tuple[int, list[dict[str, Any]], int, bool] | None = None
     earlier_turns: int = 0  # LLM turns before the steps loaded (a resume starts at the latest compaction)
     short_of: Literal["tokens", "money"] = "tokens"  # what the budget lacked when a hold was refused
+    goal: str = ""  # the first message: the submission's goal, with its dependencies' results (core.dependencies)
 
     @property
     def next_step(self) -> int:
@@ -389,7 +391,8 @@ class Engine:
                 resumed_from = steps[-1].number if steps else 0
                 session.steps = list(steps)
                 session.earlier_turns = task.llm_steps - session.llm_turns
-                session.messages = conversation(task.submission.goal, steps, task.submission.output_schema)
+                session.goal = self._goal(task)
+                session.messages = conversation(session.goal, steps, task.submission.output_schema)
                 session.limits = self.windows.limits(task.tenant)
                 self._settle_stale_reservation(session)
                 result = self._loop(session)
@@ -409,6 +412,14 @@ class Engine:
             live = [float(h["until"]) for h in session.task.lapsed_holds.values() if h.get("until")]
             result.lapsed_until = max(live, default=None)
         return result
+
+    def _goal(self, task: Task) -> str:
+        """The task's goal, followed by the results of the tasks it depends on (immutable once
+        they succeeded, so every claim rebuilds the same first message)."""
+        if not task.submission.depends_on:
+            return task.submission.goal
+        found = {t.task_id: t for t in self.store.tasks.get_many(task.submission.depends_on)}
+        return dependency_goal(task.submission.goal, [found[i] for i in task.submission.depends_on if i in found])
 
     def release_lapsed_holds(self, task: Task) -> float:
         """Return the lapsed holds of ``task`` (ended or not) whose calls can no longer
@@ -962,7 +973,7 @@ class Engine:
         if compact:
             step = CompactStep(**dict(answered), summarised_through=s.next_step - 1)
             summary = step.text()
-            goal = s.task.submission.goal
+            goal = s.goal or s.task.submission.goal
             messages = [{"role": "user", "content": resumed_goal(goal, summary)}] if summary else s.messages
             finish, result, error = None, None, None
         else:
@@ -1138,7 +1149,9 @@ class Engine:
                 outcomes.append(decided.get(use["id"]) or self._run_one_tool(s, use, allowlist, notes))
         self._check_lease(s)
         body = ToolsStep(results=outcomes)
-        messages = conversation(s.task.submission.goal, [*s.steps, _draft(s, body)], s.task.submission.output_schema)
+        messages = conversation(
+            s.goal or s.task.submission.goal, [*s.steps, _draft(s, body)], s.task.submission.output_schema
+        )
         record = self._commit_tools(s, body, messages)
         self._committed(s, record, messages)
         crash_point("after_tools_commit")

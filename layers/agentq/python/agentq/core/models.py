@@ -22,6 +22,7 @@ MAX_GOAL_CHARS = 20_000
 # condition, so an illegal transition is refused by the database, not by caller discipline.
 # cost_exceeded -> queued is the budget-raise resume; failed -> queued is a DLQ redrive.
 ALLOWED_TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
+    TaskStatus.BLOCKED: frozenset({TaskStatus.QUEUED, TaskStatus.CANCELLED}),
     TaskStatus.QUEUED: frozenset({TaskStatus.RUNNING, TaskStatus.CANCELLED, TaskStatus.FAILED}),
     TaskStatus.RUNNING: frozenset(
         {
@@ -211,6 +212,12 @@ class TaskSubmission(StrictModel):
     )
     constraints: Constraints = Field(default_factory=Constraints)
     priority: Priority = "normal"
+    depends_on: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,128}$")]] = Field(
+        default_factory=list,
+        max_length=50,
+        description="tasks of the same tenant this one runs after: it waits in `blocked` until all succeed (their "
+        "results open its conversation); one that fails, is cancelled or times out cancels it (dependency_failed)",
+    )
     metadata: dict[Annotated[str, Field(max_length=128)], Annotated[str, Field(max_length=1024)]] = Field(
         default_factory=dict, max_length=32
     )
@@ -231,6 +238,13 @@ class TaskSubmission(StrictModel):
         from agentq.core.output import usable_schema
 
         return usable_schema(schema)
+
+    @field_validator("depends_on")
+    @classmethod
+    def _unique_dependencies(cls, ids: list[str]) -> list[str]:
+        if len(set(ids)) != len(ids):
+            raise ValueError("task ids must be unique")
+        return ids
 
     @model_validator(mode="after")
     def _script_matches_provider(self) -> TaskSubmission:

@@ -9,6 +9,7 @@ import enum
 
 class TaskStatus(enum.StrEnum):
     QUEUED = "queued"
+    BLOCKED = "blocked"  # waiting for the tasks it depends on (no message, no compute)
     RUNNING = "running"
     WAITING = "waiting"  # children running
     PAUSED = "paused"  # human approval

@@ -36,6 +36,7 @@ from agentq.core.engine import Engine, KeeperFactory, RunResult, batch_poll_seco
 from agentq.core.errors import DETERMINISTIC_FAULTS, IllegalTransition, ProviderError, TaskNotFound, fault_error
 from agentq.core.models import RetryState, Task, TaskStatus
 from agentq.core.providers.base import BatchProvider
+from agentq.queueing.dependencies import release_dependents
 from agentq.queueing.queues import DEAD_LETTER_REASON, TaskMessage, TaskQueues
 from agentq.storage.container import Storage
 
@@ -228,10 +229,12 @@ class Dispatcher:
             self.store.tasks.transition(task.task_id, TaskStatus.QUEUED)
 
     def _report_end(self, task: Task, status: TaskStatus) -> None:
-        """A child of a fan-out reports its end through its Step Functions callback token."""
+        """A child of a fan-out reports its end through its Step Functions callback token; the
+        tasks that wait for this one (``depends_on``) are looked at."""
         token = task.task_token or self.store.tasks.get(task.task_id).task_token
         if token and self.engine.fanout is not None:
             self.engine.fanout.child_finished(token, task.task_id, status)
+        release_dependents(self.store, self.queues, task.task_id)
 
     def _requeue_redriven(self, task: Task) -> None:
         """A message back from the DLQ for a task we failed: the operator wants it resumed."""

@@ -24,6 +24,7 @@ SPAWN = "SPAWN#"
 APPROVAL = "APPROVAL#"
 ORPHAN = "ORPHAN#"
 CLAIM = "CLAIM#"
+DEPENDENT = "DEPENDENT#"  # in a task's partition: a task that waits for it (depends_on)
 SUBMISSION = "META#SUBMISSION"  # sorts right after META: one Query reads both
 RETRY = "META#RETRY"  # the latest retry (RetryState): read by the same Query
 LIMITS = "LIMITS"

@@ -194,8 +194,10 @@ class Tasks:
         parent_id: str | None = None,
         root_id: str | None = None,
         depth: int = 0,
+        blocked: bool = False,
     ) -> Task:
-        """Write META (with the budget, for a root task) and the submission in one transaction."""
+        """Write META (with the budget, for a root task) and the submission in one transaction.
+        ``blocked``: the task waits for its ``depends_on`` (see ``blocked_actions``)."""
         task_id = task_id or keys.new_task_id()
         root_id = root_id or task_id
         actions, task = self.create_actions(
@@ -207,10 +209,33 @@ class Tasks:
             depth=depth,
             budget=submission.constraints.max_tokens if root_id == task_id else None,
         )
+        if blocked:
+            actions, task = self.blocked_actions(actions, task)
         # botocore retries a timed-out transaction; the token makes a retry of one that did
         # go through succeed instead of failing its own attribute_not_exists conditions.
         self.table.transact(actions, token=request_token("create", task_id))
         return task
+
+    def blocked_actions(self, actions: list[Action], task: Task) -> tuple[list[Action], Task]:
+        """``actions`` creating ``task`` in ``blocked``, with an edge ``DEPENDENT#<task>`` in each
+        dependency's partition (written with the task, before anyone looks at the dependencies:
+        a dependency that ends after this write finds the edge; one that ended before is seen by
+        the submitter's own look, ``queueing.dependencies.resolve``)."""
+        meta = actions[0]
+        assert isinstance(meta, Put)
+        meta.item["status"] = TaskStatus.BLOCKED.value
+        edges: list[Action] = [
+            Put(
+                f"edge{i}",
+                {"pk": keys.task_pk(dep), "sk": f"{keys.DEPENDENT}{task.task_id}", "dependent": task.task_id},
+            )
+            for i, dep in enumerate(task.submission.depends_on)
+        ]
+        return [*actions, *edges], task.model_copy(update={"status": TaskStatus.BLOCKED})
+
+    def dependents(self, task_id: str) -> list[str]:
+        """The blocked tasks that named ``task_id`` in their ``depends_on``."""
+        return [str(i["dependent"]) for i in self.table.query(keys.task_pk(task_id), prefix=keys.DEPENDENT)]
 
     def create_idempotent(
         self,
@@ -220,6 +245,7 @@ class Tasks:
         key: str,
         request_hash: str,
         ttl_seconds: int = IDEMPOTENCY_TTL_SECONDS,
+        blocked: bool = False,
     ) -> tuple[Task, bool]:
         """Create the task unless ``key`` was used before by ``tenant``; returns (task, created).
 
@@ -235,6 +261,8 @@ class Tasks:
             actions, task = self.create_actions(
                 task_id, submission, tenant=tenant, root_id=task_id, budget=submission.constraints.max_tokens
             )
+            if blocked:
+                actions, task = self.blocked_actions(actions, task)
             record = {
                 "pk": keys.idempotency_pk(tenant, key),
                 "sk": keys.META,

@@ -1,0 +1,159 @@
+"""Task dependencies: a task naming ``depends_on`` waits ``blocked`` (no message, no compute)
+until every dependency succeeded, then runs with their results in its first message; one that
+fails or is cancelled cancels it with ``dependency_failed``, cascading; a dependency that ends
+while the dependent is being submitted is never missed; bad references change nothing."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from agentq.control.operations import cancel
+from agentq.control.submit import submit
+from agentq.core.engine import Engine
+from agentq.core.errors import ValidationError
+from agentq.core.models import TaskStatus
+from agentq.local.moto_server import MotoServer
+from agentq.local.stack import LocalStack
+from agentq.queueing.dependencies import release_dependents
+from agentq.runtime import build_queues, build_registry, build_store
+
+from tests.helpers import call, deployment, queue_depth, wait_for
+
+
+def _scripted(text: str, *, latency: float = 0.0, after: list[str] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"goal": f"say {text}", "provider": "scripted",
+                            "script": {"turns": [{"text": text, "latency_seconds": latency}]}}  # fmt: skip
+    if after:
+        body["depends_on"] = after
+    return body
+
+
+@pytest.fixture(scope="module")
+def stack() -> Any:
+    with LocalStack(prefix="deps", workers=2, api=False, tool_modules=("tests.effect_tools",)) as s:
+        yield s
+
+
+def test_a_dependent_waits_blocked_until_its_dependencies_succeed_then_runs_with_their_results(
+    stack: LocalStack,
+) -> None:
+    assert stack.settings is not None
+    store, registry, queues = stack.store(), build_registry(stack.settings), stack.queues()
+    a = submit(store, registry, _scripted("alpha facts", latency=1.5), tenant="t", queues=queues)
+    b = submit(store, registry, _scripted("beta facts", latency=0.5), tenant="t", queues=queues)
+    c = submit(store, registry, _scripted("combined", after=[a.task_id, b.task_id]), tenant="t", queues=queues)
+    assert c.status is TaskStatus.BLOCKED
+    blocked = store.tasks.get(c.task_id)
+    assert blocked.status is TaskStatus.BLOCKED and blocked.claim_count == 0  # no compute, no message
+    from agentq.api.views import task_view
+
+    assert (task_view(store, blocked).activity or "").startswith("blocked: ")
+    assert task_view(store, blocked).depends_on == [a.task_id, b.task_id]
+
+    done = wait_for(lambda: (t := store.tasks.get(c.task_id)).status.terminal and t, timeout=60, what="c to end")
+    assert done.status is TaskStatus.SUCCEEDED and done.result == "combined"
+    first, second = store.tasks.get(a.task_id), store.tasks.get(b.task_id)
+    assert (done.first_claimed_at or 0) >= max(first.finished_at or 0, second.finished_at or 0)
+    goal = Engine(store, worker_id="probe", tools=registry)._goal(done)
+    assert goal.startswith("say combined") and "alpha facts" in goal and "beta facts" in goal
+
+
+def test_a_failed_or_cancelled_dependency_cancels_its_dependents_with_dependency_failed_down_the_chain(
+    stack: LocalStack,
+) -> None:
+    assert stack.settings is not None
+    store, registry, queues = stack.store(), build_registry(stack.settings), stack.queues()
+    slow = {"goal": "slow", "provider": "scripted", "constraints": {"tools": ["lookup"]}, "script": {"turns": [
+        {"text": f"t{i}", "latency_seconds": 0.3, "tool_calls": [call("lookup", query="q")]} for i in range(40)]}}  # fmt: skip
+    a = submit(store, registry, slow, tenant="t", queues=queues)
+    b = submit(store, registry, _scripted("b", after=[a.task_id]), tenant="t", queues=queues)
+    c = submit(store, registry, _scripted("c", after=[b.task_id]), tenant="t", queues=queues)
+    assert cancel(store, a.task_id) == [a.task_id]
+    for dependent, cause in ((b, a), (c, b)):
+        ended = store.tasks.get(dependent.task_id)
+        assert ended.status is TaskStatus.CANCELLED and ended.error is not None
+        assert ended.error["code"] == "dependency_failed" and ended.error["dependency"] == cause.task_id
+        assert ended.claim_count == 0
+
+    # A dependency that already ended badly: the dependent is cancelled at once; one that
+    # succeeded: it is queued at once.
+    late = submit(store, registry, _scripted("late", after=[a.task_id]), tenant="t", queues=queues)
+    assert late.status is TaskStatus.CANCELLED
+    ok = submit(store, registry, _scripted("fine"), tenant="t", queues=queues)
+    wait_for(lambda: store.tasks.get(ok.task_id).status is TaskStatus.SUCCEEDED, timeout=30, what="ok to succeed")
+    after_ok = submit(store, registry, _scripted("after ok", after=[ok.task_id]), tenant="t", queues=queues)
+    assert after_ok.status is TaskStatus.QUEUED
+    wait_for(lambda: store.tasks.get(after_ok.task_id).status is TaskStatus.SUCCEEDED, timeout=30, what="it to run")
+
+
+def test_an_unknown_foreign_or_repeated_dependency_is_refused_naming_it_and_writes_nothing(
+    moto_server: MotoServer,
+) -> None:
+    settings = deployment(moto_server)
+    store, registry, queues = build_store(settings), build_registry(settings), build_queues(settings)
+    mine = store.tasks.create(submit_body := _scripted_body("mine"), tenant="t")
+    theirs = store.tasks.create(submit_body, tenant="other")
+    before = len(list(store.tasks.live_task_ids()))
+    for after, field in (
+        ([mine.task_id, "no-such-task"], "depends_on[1]"),
+        ([theirs.task_id], "depends_on[0]"),
+        ([mine.task_id, mine.task_id], "depends_on"),
+        ([f"t{i}" for i in range(51)], "depends_on"),
+        (["../etc"], "depends_on[0]"),
+    ):
+        with pytest.raises(ValidationError) as refused:
+            submit(store, registry, _scripted("x", after=after), tenant="t", queues=queues)
+        assert refused.value.field == field, (after, refused.value)
+    assert len(list(store.tasks.live_task_ids())) == before
+    assert store.tasks.dependents(mine.task_id) == []
+    assert queue_depth(queues, queues.url("normal")) == 0
+
+
+def test_a_dependency_ending_while_its_dependent_is_submitted_is_never_missed(moto_server: MotoServer) -> None:
+    """The submitter writes the edge then looks; the ender writes its status then looks: in
+    every interleaving one of them sees the other, and the dependent moves exactly once."""
+    settings = deployment(moto_server)
+    store, registry, queues = build_store(settings), build_registry(settings), build_queues(settings)
+    for round_ in range(15):
+        dep = store.tasks.create(_scripted_body(f"dep {round_}"), tenant="t")
+        ending = TaskStatus.CANCELLED if round_ % 2 else TaskStatus.FAILED
+        made = _race(lambda d=dep.task_id, e=ending: _end(store, queues, d, e),
+                     lambda d=dep.task_id: submit(store, registry, _scripted("d", after=[d]), tenant="t", queues=queues))  # fmt: skip
+        final = store.tasks.get(made.task_id)
+        assert final.status is TaskStatus.CANCELLED, (round_, final.status)
+        assert final.error is not None and final.error["code"] == "dependency_failed"
+
+
+def _end(store: Any, queues: Any, task_id: str, status: TaskStatus) -> None:
+    store.tasks.transition(task_id, status)
+    release_dependents(store, queues, task_id)
+
+
+def _race(first: Any, second: Any) -> Any:
+    """Run both at once (a barrier releases them together); returns what ``second`` returned."""
+    go = threading.Barrier(2)
+    out: list[Any] = []
+
+    def run_first() -> None:
+        go.wait()
+        first()
+
+    def run_second() -> None:
+        go.wait()
+        out.append(second())
+
+    threads = [threading.Thread(target=run_first), threading.Thread(target=run_second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    return out[0]
+
+
+def _scripted_body(text: str) -> Any:
+    from agentq.control.submit import parse_submission
+
+    return parse_submission(_scripted(text))
