@@ -79,7 +79,7 @@ def plan_for(turns: int) -> Any:
 
     def plan(body: dict[str, Any]) -> tuple[list[dict[str, Any]], str, int]:
         first = body["messages"][0]["content"]
-        earlier = re.search(r"documents 1 to (\d+) read", first if isinstance(first, str) else json.dumps(first))
+        earlier = re.search(r"documents 1 to (\d+) read", first if isinstance(first, str) else json.dumps(first), re.I)
         done = (int(earlier.group(1)) if earlier else 0) + sum(
             1 for m in body["messages"] if isinstance(m["content"], list)
             for b in m["content"] if b.get("type") == "tool_result"

@@ -34,6 +34,7 @@ CASES = {
     "import_time": ["--runs", "1", "authorizer"],
     "local_soak": ["--minutes", "0.15", "--rate", "1", "--sample-seconds", "3"],
     "agent_cost": ["--turns", "30", "--doc-bytes", "2000"],
+    "outage": ["--tasks", "4", "--down-seconds", "3", "--cooldown", "1", "--modes", "on"],
 }
 
 
@@ -97,6 +98,9 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
         )
         assert all(r["ledger_equals_provider"] for r in result["rows"])
         assert compact["mode"] == "compact"
+    elif name == "outage":
+        [row] = result["rows"]
+        assert row["succeeded"] == 4 and row["dlq_messages"] == 0 and row["calls_while_down"] > 0
     elif name == "import_time":
         [handler] = result["handlers"]
         assert handler["handler"] == "authorizer" and handler["median_ms"] > 0

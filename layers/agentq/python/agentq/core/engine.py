@@ -54,6 +54,7 @@ from agentq.core.fanout import (
     render_spawn_result,
 )
 from agentq.core.faults import crash_point
+from agentq.core.flow import Admission, FlowSettings, flow_key
 from agentq.core.models import (
     CallStep,
     CompactStep,
@@ -175,6 +176,7 @@ class Session:
     context: tuple[int, list[dict[str, Any]], int, bool] | None = None
     earlier_turns: int = 0  # LLM turns before the steps loaded (a resume starts at the latest compaction)
     short_of: Literal["tokens", "money"] = "tokens"  # what the budget lacked when a hold was refused
+    admission: Admission | None = None  # fleet flow control's answer for the call in progress (core.flow)
     goal: str = ""  # the first message: the submission's goal, with its dependencies' results (core.dependencies)
 
     @property
@@ -814,7 +816,35 @@ class Engine:
             self.store.budgets.extend_hold(s.lease, ticket, new_until)
             s.task = s.task.model_copy(update={"inflight": {**held, "until": new_until}})
 
+    def _admit(self, s: Session) -> RunResult | None:
+        """Fleet-wide flow control before the call (``core.flow``): a circuit open, a 429's
+        slow-down or an empty rate bucket defers the task (its next call's hold goes back with
+        the lease; the delayed message spends no receive toward the DLQ)."""
+        sub = s.task.submission
+        s.admission = None
+        if sub.provider == "scripted" or _economy(s):  # no provider to protect; batches queue at the provider
+            return None
+        est_in, wanted = self._wanted_reservation(s)
+        admission = self.store.flow.admit(flow_key(sub.provider, sub.model), est_in, wanted - est_in)
+        if admission.ok:
+            s.admission = admission
+            return None
+        self._release_inflight(s)
+        self.store.tasks.release(s.lease)
+        log.info("task %s deferred %.1fs: %s for %s", s.lease.task_id, admission.wait, admission.reason, sub.model)
+        message = {"circuit_open": f"the circuit for {sub.provider}/{sub.model} is open after repeated failures",
+                   "slowed_down": f"{sub.provider} asked the fleet to slow down for {sub.model} (429)",
+                   "rate_limited": f"the fleet's rate limit for {sub.provider}/{sub.model} is spent"}  # fmt: skip
+        return RunResult(
+            s.lease.task_id, "deferred",
+            error={"code": admission.reason, "message": message.get(admission.reason, admission.reason),
+                   "retry_after": max(1.0, admission.wait)},
+        )  # fmt: skip
+
     def _llm_turn(self, s: Session) -> RunResult | None:
+        deferred = self._admit(s)
+        if deferred is not None:
+            return deferred
         reserved = self._reserve(s)
         if reserved is None:
             observe.record_budget_refusal("task")
@@ -889,6 +919,18 @@ class Engine:
             "status_code": exc.status_code,
             "attempts": exc.attempts,
         }
+        if exc.retryable and s.admission is not None:  # an outage or an overload: the fleet learns of it
+            sub = s.task.submission
+            key = flow_key(sub.provider, sub.model)
+            if exc.status_code == 429 and exc.retry_after:
+                self.store.flow.slow_down(key, exc.retry_after)
+            if self.store.flow.failed(key, s.admission):
+                # Open: the task waits for the circuit, not for the DLQ.
+                self.store.tasks.release(s.lease, forget_batch=s.task.batch is not None)
+                wait = FlowSettings.from_env().breaker.cooldown_seconds
+                return RunResult(
+                    s.lease.task_id, "deferred", error={**error, "code": "circuit_open", "retry_after": wait}
+                )
         if exc.retryable:
             self.store.tasks.release(s.lease, forget_batch=s.task.batch is not None)
             return RunResult(s.lease.task_id, "retry", error=error)
@@ -945,6 +987,9 @@ class Engine:
     ) -> RunResult | None:
         """Commit the call's answer as the next step, settling its hold with what it used."""
         crash_point("after_llm_call")
+        if s.admission is not None:
+            sub = s.task.submission
+            self.store.flow.succeeded(flow_key(sub.provider, sub.model), s.admission)
         batched = _economy(s)
         cost = self._cost(s, response.model or request.model, request.model, response)
         if batched:
@@ -1063,6 +1108,9 @@ class Engine:
             at=now,
             next_at=now + notice.delay,
         )
+        if notice.status_code == 429 and s.admission is not None:  # the whole fleet slows down, not only this call
+            sub = s.task.submission
+            self.store.flow.slow_down(flow_key(sub.provider, sub.model), notice.delay)
         try:
             self.store.tasks.record_retry(s.lease.task_id, state, lease=s.lease)
             self._extend_hold(s, now + notice.delay)  # the next attempt is a call of its own

@@ -67,11 +67,13 @@ class ProviderError(AgentqError):
         status_code: int | None = None,
         attempts: int = 1,
         code: str | None = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.status_code = status_code
         self.attempts = attempts
+        self.retry_after = retry_after  # the server's retry-after on the last attempt, if it gave one
         if code is not None:
             self.code = code
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from agentq.core.fanout import ChildPlan
+from agentq.core.flow import Admission
 from agentq.core.models import CompactStep, Lease, LLMStep, RetryState, StepRecord, Task, TaskStatus, ToolOutcome
 from agentq.core.records import ApprovalRecord, BudgetDelta, BudgetState, EffectRecord, Reservation, SpawnRecord
 from agentq.core.tenancy import TenantLimits
@@ -142,6 +143,18 @@ class NoteBook(Protocol):
     def write(self, lease: Lease, key: str, value: str) -> None: ...
 
 
+class FlowPort(Protocol):
+    """Fleet-wide flow control per provider and model (``core.flow``, ``storage.flow``)."""
+
+    def admit(self, key: str, input_tokens: int, output_tokens: int, now: float | None = None) -> Admission: ...
+
+    def succeeded(self, key: str, admission: Admission) -> None: ...
+
+    def failed(self, key: str, admission: Admission, now: float | None = None) -> bool: ...
+
+    def slow_down(self, key: str, seconds: float, now: float | None = None) -> None: ...
+
+
 class EngineStorage(Protocol):
     """Everything the engine reads and writes, by aggregate."""
 
@@ -168,3 +181,6 @@ class EngineStorage(Protocol):
 
     @property
     def notes(self) -> NoteBook: ...
+
+    @property
+    def flow(self) -> FlowPort: ...

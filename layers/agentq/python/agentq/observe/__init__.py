@@ -38,6 +38,7 @@ _EXPORTS: dict[str, str] = {
     "record_run": "emf",
     "record_submitted": "emf",
     "tenant_soft_cap_crossed": "emf",
+    "circuit_changed": "emf",
     "emit_event": "events",
     "configure_process_logging": "logs",
     "route_core_logs": "logs",
@@ -51,6 +52,7 @@ __all__ = [
     "ToolCall",
     "api_metrics",
     "bind",
+    "circuit_changed",
     "configure_process_logging",
     "emit_event",
     "enabled",
@@ -97,6 +99,7 @@ if TYPE_CHECKING:
     from agentq.observe.correlation import CorrelationFilter, bind, task_context
     from agentq.observe.emf import (
         api_metrics,
+        circuit_changed,
         enabled,
         flush,
         metrics,

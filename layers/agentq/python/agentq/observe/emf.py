@@ -19,7 +19,7 @@ import json
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
@@ -132,6 +132,15 @@ def tenant_soft_cap_crossed(tenant: str, held: int, cap: int) -> None:
         with _lock:
             metrics.add_metric(name=names.TENANT_SOFT_CAP_CROSSED, unit=MetricUnit.Count, value=1)
     emit_event("TenantSoftCapCrossed", {"tenant": tenant, "tokens_this_hour": held, "hourly_cap": cap})
+
+
+def circuit_changed(circuit: str, state: str, detail: dict[str, Any]) -> None:
+    """A shared circuit breaker opened or closed (``storage.flow``): a metric the stack alarms
+    on, and an event (EventBridge when AGENTQ_EVENT_BUS is set; always a log line)."""
+    if enabled():
+        name = names.CIRCUIT_OPENED if state == "open" else names.CIRCUIT_CLOSED
+        _write_now({name: 1}, MetricUnit.Count, {names.CIRCUIT: circuit[:200]})
+    emit_event("CircuitOpened" if state == "open" else "CircuitClosed", {"circuit": circuit, **detail})
 
 
 def flush() -> None:

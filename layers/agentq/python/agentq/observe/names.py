@@ -44,6 +44,9 @@ BUDGET_REFUSALS = "budget_refusals"
 TASKS_SUBMITTED = "tasks_submitted"
 # service=executor, no dimension: unfinished tasks with no worker and no message, re-enqueued
 TASKS_SWEPT = "tasks_swept"
+CIRCUIT_OPENED = "circuit_opened"  # a provider/model or tool circuit opened (dimension: circuit)
+CIRCUIT_CLOSED = "circuit_closed"
+CIRCUIT = "circuit"
 
 TOKEN_DIMENSIONS = (SERVICE, MODEL)
 TOOL_DIMENSIONS = (SERVICE, TOOL)

@@ -10,6 +10,7 @@ from agentq.storage.api_keys import KeyStore
 from agentq.storage.approvals import Approvals
 from agentq.storage.budgets import Budgets
 from agentq.storage.effects import Effects
+from agentq.storage.flow import FlowControl
 from agentq.storage.notes import Notes
 from agentq.storage.purge import Purge
 from agentq.storage.serdes import Payloads
@@ -42,6 +43,7 @@ class Storage:
         self.purge = Purge(table, payloads)
         self.api_keys = KeyStore(table)
         self.agents = Agents(table)
+        self.flow = FlowControl(table)
 
 
 def memory_storage(**kwargs: object) -> Storage:

@@ -144,7 +144,7 @@ class AnthropicProvider(_MessagesProvider):
                     code="missing_api_key",
                 )
             client = anthropic.Anthropic(api_key=api_key, base_url=base_url, timeout=timeout, max_retries=0)
-        super().__init__(client, retry or RetryPolicy(), sleep, rng)
+        super().__init__(client, retry or RetryPolicy.from_env(), sleep, rng)
 
     # Economy mode (``core.providers.base.BatchProvider``): one request per batch, so a task's
     # turn waits for nothing but itself; the custom_id ties the result to the task's step.
@@ -213,7 +213,7 @@ class BedrockProvider(_MessagesProvider):
             client = anthropic.AnthropicBedrock(
                 aws_region=aws_region, base_url=base_url, timeout=timeout, max_retries=0
             )
-        super().__init__(client, retry or RetryPolicy(), sleep, rng)
+        super().__init__(client, retry or RetryPolicy.from_env(), sleep, rng)
 
     def complete(self, request: LLMRequest) -> LLMResponse:
         try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import email.utils
 import json
+import os
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -72,6 +73,12 @@ class RetryPolicy(BaseModel):
     base_delay: float = Field(default=0.5, ge=0)
     max_delay: float = Field(default=30.0, ge=0)
     jitter: Literal["full", "none"] = "full"
+
+    @classmethod
+    def from_env(cls) -> RetryPolicy:
+        """``AGENTQ_PROVIDER_RETRY`` (JSON of these fields) or the defaults."""
+        raw = os.environ.get("AGENTQ_PROVIDER_RETRY", "").strip()
+        return cls.model_validate(json.loads(raw)) if raw else cls()
 
     @model_validator(mode="after")
     def _base_within_max(self) -> RetryPolicy:
@@ -179,6 +186,7 @@ def call_with_retries(
         status_code=status,
         attempts=policy.max_attempts,
         code=_code_of(last),
+        retry_after=hint,
     ) from last
 
 

@@ -1,0 +1,78 @@
+"""Flow control shared by the whole fleet, per provider and model: the settings and the
+answer every call asks for first (``storage.flow`` keeps the shared state).
+
+- **Circuit breaker.** ``failures`` failed calls (each after its own retries) within
+  ``window_seconds`` open the circuit; while open, tasks are deferred (a delayed message, no
+  receive spent toward the DLQ), not failed. After ``cooldown_seconds`` up to ``probes`` calls
+  go through (half-open); one success closes it, a failure opens it again. The provider sees
+  only the probes during an outage.
+- **Slow-down.** A 429 with ``retry-after`` makes the whole fleet wait that long for that model.
+- **Rate limits.** Token buckets (requests, input tokens, output tokens per minute: the shape
+  providers enforce per organisation), taken before each call; an empty bucket defers the task.
+
+Settings: ``AGENTQ_BREAKER`` (JSON: failures, window_seconds, cooldown_seconds, probes) and
+``AGENTQ_RATE_LIMITS`` (JSON: ``{"anthropic/claude-sonnet-4": {"rpm": 50, "itpm": 30000,
+"otpm": 8000}}``, the longest matching ``provider/model`` prefix).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class BreakerSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    failures: int = Field(default=5, ge=1, le=10_000, description="failed calls within the window that open it")
+    window_seconds: float = Field(default=60, gt=0, le=86_400)
+    cooldown_seconds: float = Field(default=30, gt=0, le=86_400, description="open this long before probing")
+    probes: int = Field(default=1, ge=1, le=100, description="calls let through while half-open")
+
+
+class RateLimits(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rpm: int | None = Field(default=None, gt=0, description="requests per minute")
+    itpm: int | None = Field(default=None, gt=0, description="input tokens per minute")
+    otpm: int | None = Field(default=None, gt=0, description="output tokens per minute")
+
+
+class FlowSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    breaker: BreakerSettings = Field(default_factory=BreakerSettings)
+    limits: dict[str, RateLimits] = Field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls) -> FlowSettings:
+        breaker = os.environ.get("AGENTQ_BREAKER", "").strip()
+        limits = os.environ.get("AGENTQ_RATE_LIMITS", "").strip()
+        return cls.model_validate(
+            {"breaker": json.loads(breaker) if breaker else {}, "limits": json.loads(limits) if limits else {}}
+        )
+
+    def limits_for(self, key: str) -> RateLimits | None:
+        best = max((k for k in self.limits if key.startswith(k)), key=len, default=None)
+        return self.limits[best] if best is not None else None
+
+
+def flow_key(provider: str, model: str) -> str:
+    return f"{provider}/{model}"
+
+
+@dataclass(frozen=True)
+class Admission:
+    """May the call go now? If not, ``wait`` seconds and ``reason`` (circuit_open,
+    rate_limited, slowed_down). ``probe``: it goes as a half-open probe."""
+
+    ok: bool
+    wait: float = 0.0
+    reason: str = ""
+    probe: bool = False
+
+
+ADMITTED = Admission(ok=True)

@@ -1,0 +1,199 @@
+"""The shared state of fleet-wide flow control (``core.flow``), one partition per provider and
+model (``FLOW#anthropic/claude-sonnet-4-6``): the circuit breaker and the slow-down on
+``STATE``, one token bucket per limit on ``BUCKET#rpm|itpm|otpm``.
+
+Every executor reads ``STATE`` before a call (one GetItem) and writes it only when something
+changes: a failure counted, the circuit opened, a probe taken, the circuit closed, a 429's
+slow-down. The moves are conditional writes on what was read, so two executors that see the
+circuit open together take no more probes than allowed, and one opening is recorded once.
+A bucket is refilled and taken in one conditional write on its last refill time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Any
+
+from boto3.dynamodb.conditions import Attr
+
+from agentq import observe
+from agentq.core.flow import ADMITTED, Admission, FlowSettings, RateLimits
+from agentq.storage.table import ConditionFailed, Table, Update, plain
+
+log = logging.getLogger("agentq.flow")
+
+MINUTE = 60.0
+
+
+def _state_key(key: str) -> dict[str, str]:
+    return {"pk": f"FLOW#{key}", "sk": "STATE"}
+
+
+def _bucket_key(key: str, dimension: str) -> dict[str, str]:
+    return {"pk": f"FLOW#{key}", "sk": f"BUCKET#{dimension}"}
+
+
+class FlowControl:
+    def __init__(self, table: Table, settings: FlowSettings | None = None) -> None:
+        self.table = table
+        self.settings = settings or FlowSettings.from_env()
+
+    # -------------------------------------------------------------- admission
+
+    def admit(self, key: str, input_tokens: int, output_tokens: int, now: float | None = None) -> Admission:
+        """Whether a call to ``key`` may go now (see ``core.flow``)."""
+        now = time.time() if now is None else now
+        state = plain(self.table.get(_state_key(key)) or {})
+        slow_until = float(state.get("slow_until", 0))
+        if now < slow_until:
+            return Admission(ok=False, wait=slow_until - now, reason="slowed_down")
+        breaker = self.settings.breaker
+        status = state.get("state", "closed")
+        if status == "open":
+            reopen = float(state["opened_at"]) + breaker.cooldown_seconds
+            if now < reopen:
+                return Admission(ok=False, wait=reopen - now, reason="circuit_open")
+            return self._probe(key, state, now, first=True)
+        if status == "half_open":
+            return self._probe(key, state, now, first=False)
+        limits = self.settings.limits_for(key)
+        if limits is not None:
+            wait = self._take(key, limits, input_tokens, output_tokens, now)
+            if wait > 0:
+                return Admission(ok=False, wait=wait, reason="rate_limited")
+        return ADMITTED if not state.get("failures") else Admission(ok=True, reason="failures")
+
+    def _probe(self, key: str, state: dict[str, Any], now: float, *, first: bool) -> Admission:
+        """Half-open: take one of the probes, if one is left (or the last round's probes went
+        silent for a cooldown: their workers died)."""
+        breaker = self.settings.breaker
+        if first:
+            condition = Attr("state").eq("open") & Attr("opened_at").eq(state["opened_at"])
+            update = Update(set={"state": "half_open", "probes": 1, "probing_since": now})
+        else:
+            stale = now - breaker.cooldown_seconds
+            condition = Attr("state").eq("half_open") & (
+                Attr("probes").lt(breaker.probes) | Attr("probing_since").lt(stale)
+            )
+            fresh = float(state.get("probing_since", 0)) < stale
+            update = Update(set={"probes": 1, "probing_since": now}) if fresh else Update(add={"probes": 1})
+        try:
+            self.table.update(_state_key(key), update, condition=condition)
+        except ConditionFailed:
+            return Admission(ok=False, wait=min(breaker.cooldown_seconds, 5.0), reason="circuit_open")
+        log.info("circuit %s half-open: a probe goes through", key)
+        return Admission(ok=True, reason="probe", probe=True)
+
+    def _take(self, key: str, limits: RateLimits, input_tokens: int, output_tokens: int, now: float) -> float:
+        """Take from each bucket; the seconds to wait when one cannot give (0: taken)."""
+        for dimension, per_minute, amount in (
+            ("rpm", limits.rpm, 1),
+            ("itpm", limits.itpm, input_tokens),
+            ("otpm", limits.otpm, output_tokens),
+        ):
+            if per_minute is None:
+                continue
+            wait = self._take_one(key, dimension, per_minute, min(amount, per_minute), now)
+            if wait > 0:
+                return wait
+        return 0.0
+
+    def _take_one(self, key: str, dimension: str, per_minute: int, amount: int, now: float) -> float:
+        rate = per_minute / MINUTE
+        for _ in range(8):  # another executor took from it between the read and the write: read again
+            item = plain(self.table.get(_bucket_key(key, dimension)) or {})
+            at = item.get("at")
+            level = per_minute if at is None else min(per_minute, float(item["tokens"]) + (now - float(at)) * rate)
+            if level < amount:
+                return (amount - level) / rate
+            condition = Attr("at").not_exists() if at is None else Attr("at").eq(item["at"])
+            try:
+                self.table.update(
+                    _bucket_key(key, dimension),
+                    Update(set={"tokens": _dec(level - amount), "at": _dec(max(now, float(at or 0)))}),
+                    condition=condition,
+                )
+                return 0.0
+            except ConditionFailed:
+                continue
+        return 1.0
+
+    # -------------------------------------------------------------- outcomes
+
+    def succeeded(self, key: str, admission: Admission) -> None:
+        """A call went through: a probe closes the circuit; counted failures are forgotten."""
+        if not (admission.probe or admission.reason == "failures"):
+            return  # the common case: nothing to write
+        try:
+            self.table.update(
+                _state_key(key),
+                Update(set={"state": "closed", "failures": 0}, remove=["probes", "probing_since", "opened_at"]),
+                condition=Attr("state").ne("closed") | Attr("failures").gt(0),
+            )
+        except ConditionFailed:
+            return
+        if admission.probe:
+            log.warning("circuit %s closed: a probe succeeded", key)
+            observe.circuit_changed(key, "closed", {})
+
+    def failed(self, key: str, admission: Admission, now: float | None = None) -> bool:
+        """A call failed after its retries: counted; the circuit opens at the threshold (or at
+        once, for a probe). Returns whether the circuit is open now."""
+        now = time.time() if now is None else now
+        breaker = self.settings.breaker
+        if admission.probe:
+            self.table.update(_state_key(key), Update(set={"state": "open", "opened_at": _dec(now)}, remove=["probes"]))
+            log.warning("circuit %s open again: a probe failed", key)
+            observe.circuit_changed(key, "open", {"reason": "probe failed"})
+            return True
+        state = plain(self.table.get(_state_key(key)) or {})
+        if state.get("state", "closed") != "closed":
+            return True
+        started = float(state.get("window_start", 0))
+        try:
+            if now - started > breaker.window_seconds:
+                condition = Attr("window_start").not_exists() | Attr("window_start").eq(state.get("window_start"))
+                self.table.update(
+                    _state_key(key), Update(set={"failures": 1, "window_start": _dec(now), "state": "closed"}),
+                    condition=condition,
+                )  # fmt: skip
+                count = 1
+            else:
+                new = self.table.update(_state_key(key), Update(add={"failures": 1}), returns="UPDATED_NEW")
+                count = int((new or {}).get("failures", 0))
+        except ConditionFailed:
+            return False  # another executor started the window: this failure is one of many
+        if count < breaker.failures:
+            return False
+        try:
+            self.table.update(
+                _state_key(key),
+                Update(set={"state": "open", "opened_at": _dec(now)}),
+                condition=Attr("state").not_exists() | Attr("state").eq("closed"),
+            )
+        except ConditionFailed:
+            return True  # opened by another executor
+        log.warning("circuit %s open: %d failures within %.0fs", key, count, breaker.window_seconds)
+        observe.circuit_changed(key, "open", {"failures": count, "window_seconds": breaker.window_seconds})
+        return True
+
+    def slow_down(self, key: str, seconds: float, now: float | None = None) -> None:
+        """A 429 said when to come back: the whole fleet waits that long for this model."""
+        until = (time.time() if now is None else now) + seconds
+        with contextlib.suppress(ConditionFailed):  # a later slow-down is already set
+            self.table.update(
+                _state_key(key),
+                Update(set={"slow_until": _dec(until)}),
+                condition=Attr("slow_until").not_exists() | Attr("slow_until").lt(_dec(until)),
+            )
+
+    def state(self, key: str) -> dict[str, Any]:
+        return plain(self.table.get(_state_key(key)) or {})
+
+
+def _dec(value: float) -> Any:
+    from decimal import Decimal
+
+    return Decimal(repr(round(value, 6)))

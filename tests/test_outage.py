@@ -1,0 +1,146 @@
+"""Fleet-wide flow control under an outage, on the local stack with real worker processes and
+the real ``anthropic`` SDK: the model server goes down mid-run; a few failed calls open the
+shared circuit; from then on the provider sees only the half-open probes; tasks are deferred,
+not failed and not dead-lettered; when the server is back a probe closes the circuit and every
+task finishes. Also: a 429's retry-after slows the whole fleet; the breaker's moves alone."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from agentq.control.submit import submit
+from agentq.core.flow import Admission, BreakerSettings, FlowSettings, RateLimits
+from agentq.core.models import TaskStatus
+from agentq.local.stack import LocalStack
+from agentq.runtime import build_registry
+from agentq.storage.container import Storage, memory_storage
+from agentq.storage.flow import FlowControl
+
+from tests.fake_messages_api import FakeMessagesAPI, RecordedRequest, message_reply
+from tests.helpers import queue_depth, wait_for
+
+TASKS = 12
+COOLDOWN = 1.5
+ATTEMPTS = 2
+
+
+class Model:
+    """Two lookups, then an answer; refuses connections while ``down`` (each one counted)."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.lock = threading.Lock()
+        self.calls: list[tuple[float, bool]] = []  # (when, while down)
+
+    def __call__(self, request: RecordedRequest) -> Any:
+        with self.lock:
+            self.calls.append((time.time(), self.down))
+            if self.down:
+                return None  # the connection is reset, as a dead endpoint's would be
+        turns = sum(1 for m in request.body["messages"] if m["role"] == "assistant")
+        usage = {"input_tokens": len(json.dumps(request.body["messages"])) // 4, "output_tokens": 20}
+        time.sleep(0.2)
+        if turns < 2:
+            use = {"type": "tool_use", "id": f"toolu_o{turns}", "name": "lookup", "input": {"query": f"q{turns}"}}
+            return message_reply([use], stop_reason="tool_use", usage=usage)
+        return message_reply([{"type": "text", "text": "done"}], usage=usage)
+
+
+@pytest.fixture
+def model(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Model, FakeMessagesAPI]]:
+    behaviour = Model()
+    with FakeMessagesAPI(responder=behaviour) as api:
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.base_url)
+        monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", json.dumps({"max_attempts": ATTEMPTS, "base_delay": 0.1,
+                                                                "max_delay": 0.2}))  # fmt: skip
+        monkeypatch.setenv("AGENTQ_BREAKER", json.dumps({"failures": 3, "window_seconds": 30,
+                                                         "cooldown_seconds": COOLDOWN, "probes": 1}))  # fmt: skip
+        yield behaviour, api
+
+
+def test_an_outage_opens_the_circuit_tasks_wait_not_fail_and_the_provider_sees_only_probes(
+    model: tuple[Model, FakeMessagesAPI],
+) -> None:
+    behaviour, _ = model
+    with LocalStack(prefix="outage", workers=2, api=False, tool_modules=("tests.effect_tools",)) as stack:
+        assert stack.settings is not None
+        store, queues = stack.store(), stack.queues()
+        registry = build_registry(stack.settings)
+        body = {"goal": "look up", "provider": "anthropic", "model": "claude-sonnet-4-6",
+                "constraints": {"tools": ["lookup"]}}  # fmt: skip
+        ids = [submit(store, registry, body, tenant="t", queues=queues).task_id for _ in range(TASKS)]
+        wait_for(lambda: sum(t.step for t in store.tasks.get_many(ids)) >= TASKS, timeout=60, what="a first step each")
+        behaviour.down, went_down = True, time.time()
+        key = "anthropic/claude-sonnet-4-6"
+        wait_for(lambda: store.flow.state(key).get("state") == "open", timeout=60, what="the circuit to open")
+        opened = time.time()
+        time.sleep(4 * COOLDOWN)
+        behaviour.down, came_back = False, time.time()
+        wait_for(
+            lambda: all(t.status.terminal for t in store.tasks.get_many(ids)), timeout=120, what="every task to end"
+        )
+        finished = time.time()
+
+        tasks = store.tasks.get_many(ids)
+        assert [t.status for t in tasks] == [TaskStatus.SUCCEEDED] * TASKS, [t.error for t in tasks]
+        assert all(queue_depth(queues, queues.dlq_url(tier)) == 0 for tier in ("high", "normal", "low"))
+        assert store.flow.state(key).get("state") == "closed"
+        # Once open, the provider saw only probes: at most one per cooldown (each with its own
+        # retries), where without the circuit every waiting task would have kept calling.
+        after_open = [at for at, down in behaviour.calls if down and at > opened + 0.5]
+        rounds = (came_back - opened) / COOLDOWN + 1
+        assert len(after_open) <= ATTEMPTS * rounds, (len(after_open), rounds)
+        during = sum(1 for _, down in behaviour.calls if down)
+        print(f"outage {came_back - went_down:.1f}s: {during} calls while down, {len(after_open)} after the circuit "
+              f"opened; recovery to last task {finished - came_back:.1f}s")  # fmt: skip
+
+
+def test_a_429_slows_the_whole_fleet_down_for_its_retry_after() -> None:
+    flow = FlowControl(memory_storage().table, FlowSettings())
+    key = "anthropic/claude-haiku-4-5"
+    assert flow.admit(key, 10, 10, now=1000.0).ok
+    flow.slow_down(key, 30, now=1000.0)
+    waiting = flow.admit(key, 10, 10, now=1010.0)
+    assert not waiting.ok and waiting.reason == "slowed_down" and waiting.wait == pytest.approx(20)
+    flow.slow_down(key, 5, now=1010.0)  # a shorter one does not cut the longer short
+    assert flow.admit(key, 10, 10, now=1020.0).reason == "slowed_down"
+    assert flow.admit(key, 10, 10, now=1031.0).ok
+
+
+def test_the_breaker_opens_at_the_threshold_lets_bounded_probes_through_and_closes_on_success() -> None:
+    settings = FlowSettings(breaker=BreakerSettings(failures=3, window_seconds=60, cooldown_seconds=10, probes=2))
+    store: Storage = memory_storage()
+    flow = FlowControl(store.table, settings)
+    key = "anthropic/m"
+    closed = flow.admit(key, 1, 1, now=100.0)
+    assert [flow.failed(key, closed, now=100.0 + i) for i in range(3)] == [False, False, True]
+    refused = flow.admit(key, 1, 1, now=105.0)
+    assert not refused.ok and refused.reason == "circuit_open" and refused.wait == pytest.approx(7)
+    probes = [flow.admit(key, 1, 1, now=113.0) for _ in range(4)]
+    assert [p.ok for p in probes] == [True, True, False, False] and all(p.probe for p in probes[:2])
+    assert flow.failed(key, probes[0], now=114.0)  # a failed probe opens it again
+    assert not flow.admit(key, 1, 1, now=120.0).ok
+    probe = flow.admit(key, 1, 1, now=125.0)
+    assert probe.ok and probe.probe
+    flow.succeeded(key, probe)
+    assert flow.state(key)["state"] == "closed" and flow.admit(key, 1, 1, now=126.0) == Admission(ok=True)
+    # Failures spread wider than the window never open it.
+    assert not any(flow.failed(key, Admission(ok=True), now=200.0 + 61 * i) for i in range(5))
+
+
+def test_rate_limit_buckets_defer_a_call_until_they_refill() -> None:
+    settings = FlowSettings(limits={"anthropic/claude": RateLimits(rpm=2, itpm=1000)})
+    flow = FlowControl(memory_storage().table, settings)
+    key = "anthropic/claude-sonnet-4-6"
+    assert flow.admit(key, 400, 50, now=0.0).ok and flow.admit(key, 400, 50, now=1.0).ok
+    third = flow.admit(key, 400, 50, now=2.0)
+    assert not third.ok and third.reason == "rate_limited" and 0 < third.wait <= 30
+    assert flow.admit(key, 400, 50, now=2.0 + third.wait + 0.01).ok
+    assert flow.admit("anthropic/other", 10**6, 1, now=0.0).ok  # no limit configured for it
