@@ -196,6 +196,14 @@ def build_observability(
         ok=False,
     )
     alarm(
+        "CircuitOpened",
+        agentq_metric(names.CIRCUIT_OPENED, "Sum", FIVE_MINUTES),
+        1,
+        "a provider circuit opened (repeated failed calls to one model): its tasks wait, deferred, until a probe "
+        "succeeds; the CircuitOpened event names the provider and model",
+        ok=False,
+    )
+    alarm(
         "FanoutExecutionsFailed",
         machine.metric_failed(period=FIVE_MINUTES, statistic="Sum"),
         1,

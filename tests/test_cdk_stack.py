@@ -739,6 +739,8 @@ def test_alarms_cover_dlqs_queue_age_errors_tenant_caps_and_fanout_failures(synt
     assert _metric(soft_cap) == ("agentq", "tenant_soft_cap_crossed", "Sum") and soft_cap["Threshold"] == 1
     assert soft_cap["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
     assert f"{p}-reaper-dlq-not-empty" in alarms
+    circuit = alarms[f"{p}-circuit-opened"]
+    assert _metric(circuit) == ("agentq", "circuit_opened", "Sum") and circuit["Threshold"] == 1
     fanout = alarms[f"{p}-fanout-executions-failed"]
     assert _metric(fanout) == ("AWS/States", "ExecutionsFailed", "Sum")
     assert _metric(alarms[f"{p}-pickup-latency"]) == ("agentq", "pickup_latency", "p99")

@@ -140,6 +140,7 @@ def circuit_changed(circuit: str, state: str, detail: dict[str, Any]) -> None:
     if enabled():
         name = names.CIRCUIT_OPENED if state == "open" else names.CIRCUIT_CLOSED
         _write_now({name: 1}, MetricUnit.Count, {names.CIRCUIT: circuit[:200]})
+        _write_now({name: 1}, MetricUnit.Count, {})  # the fleet-wide count the alarm watches
     emit_event("CircuitOpened" if state == "open" else "CircuitClosed", {"circuit": circuit, **detail})
 
 
