@@ -3,9 +3,10 @@
     python bench/outage.py                               # 200 tasks, 2 minutes down, circuit on and off
     python bench/outage.py --tasks 50 --down-seconds 30 --modes on --json
 
-``--tasks`` tasks (three LLM turns each, the real ``anthropic`` SDK against a local Messages
-API server) run on the local stack with two worker processes. Once every task has taken a
-first step, the server refuses every connection for ``--down-seconds``, then answers again.
+``--tasks`` tasks (``--turns`` LLM turns each, the real ``anthropic`` SDK against a local
+Messages API server) run on the local stack with two worker processes. Once a third of all
+their calls are answered, the server refuses every connection for ``--down-seconds``, then
+answers again.
 Modes: ``on`` (the shared circuit breaker: 3 failures within 30 s open it, a probe every
 ``--cooldown`` seconds) and ``off`` (a threshold no outage reaches: every executor finds the
 outage on its own, retries, and its tasks walk toward the DLQ).
@@ -43,9 +44,10 @@ TIERS = ("high", "normal", "low")
 
 
 class Model:
-    """Two lookups, then an answer; resets every connection while ``down``."""
+    """Lookups, then an answer; resets every connection while ``down``."""
 
-    def __init__(self) -> None:
+    def __init__(self, turns: int) -> None:
+        self.turns = turns
         self.down = False
         self.lock = threading.Lock()
         self.calls: list[tuple[float, bool]] = []
@@ -58,14 +60,14 @@ class Model:
         turns = sum(1 for m in request.body["messages"] if m["role"] == "assistant")
         usage = {"input_tokens": len(json.dumps(request.body["messages"])) // 4, "output_tokens": 20}
         time.sleep(0.2)
-        if turns < 2:
+        if turns < self.turns - 1:
             use = {"type": "tool_use", "id": f"toolu_d{turns}", "name": "lookup", "input": {"query": f"q{turns}"}}
             return message_reply([use], stop_reason="tool_use", usage=usage)
         return message_reply([{"type": "text", "text": "done"}], usage=usage)
 
 
-def run(mode: str, tasks: int, down_seconds: float, cooldown: float) -> dict[str, Any]:
-    behaviour = Model()
+def run(mode: str, tasks: int, turns: int, down_seconds: float, cooldown: float) -> dict[str, Any]:
+    behaviour = Model(turns)
     failures = 3 if mode == "on" else 10_000
     with FakeMessagesAPI(responder=behaviour) as api:
         os.environ.update({
@@ -82,8 +84,8 @@ def run(mode: str, tasks: int, down_seconds: float, cooldown: float) -> dict[str
                     "constraints": {"tools": ["lookup"]}}  # fmt: skip
             ids = [submit(store, registry, body, tenant="bench", queues=queues).task_id for _ in range(tasks)]
             deadline = time.monotonic() + 300
-            while sum(1 for t in store.tasks.get_many(ids) if t.step >= 1) < tasks and time.monotonic() < deadline:
-                time.sleep(0.5)
+            while len(behaviour.calls) < tasks * turns // 3 and time.monotonic() < deadline:
+                time.sleep(0.1)
             log(f"  {mode}: the model server goes down for {down_seconds:.0f}s")
             behaviour.down, went_down = True, time.time()
             opened_at = None
@@ -138,6 +140,7 @@ def panels(result: dict[str, Any]) -> list[Panel]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", type=int, default=200)
+    ap.add_argument("--turns", type=int, default=6, help="LLM calls per task")
     ap.add_argument("--down-seconds", type=float, default=120)
     ap.add_argument("--cooldown", type=float, default=10, help="seconds the open circuit waits before a probe")
     ap.add_argument("--modes", default="on,off")
@@ -145,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     add_plot_args(ap, "outage")
     args = ap.parse_args(argv)
     with JsonOut(args.json) as out:
-        rows = [run(mode, args.tasks, args.down_seconds, args.cooldown) for mode in args.modes.split(",")]
+        rows = [run(mode, args.tasks, args.turns, args.down_seconds, args.cooldown) for mode in args.modes.split(",")]
         result = {"rows": rows, "machine": machine()}
         if args.json:
             out.emit(result)

@@ -144,3 +144,35 @@ def test_rate_limit_buckets_defer_a_call_until_they_refill() -> None:
     assert not third.ok and third.reason == "rate_limited" and 0 < third.wait <= 30
     assert flow.admit(key, 400, 50, now=2.0 + third.wait + 0.01).ok
     assert flow.admit("anthropic/other", 10**6, 1, now=0.0).ok  # no limit configured for it
+
+
+def test_a_tool_that_keeps_failing_gets_its_circuit_opened_and_the_model_a_clear_unavailable_result(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agentq.control.submit import parse_submission
+    from agentq.core.engine import Engine, EngineConfig
+    from agentq.core.models import ToolsStep
+    from agentq.core.tools import ToolRegistry, tool
+
+    from tests.helpers import call
+
+    monkeypatch.setenv("AGENTQ_BREAKER", json.dumps({"failures": 3, "window_seconds": 60, "cooldown_seconds": 600}))
+    runs: list[int] = []
+
+    @tool(name="flaky_backend", side_effects=True)
+    def flaky_backend(n: int) -> str:
+        """Call a backend that is down."""
+        runs.append(n)
+        raise ConnectionError("backend refused the connection")
+
+    store = memory_storage()
+    turns = [{"text": f"try {i}", "tool_calls": [call("flaky_backend", n=i)]} for i in range(5)] + [{"text": "gave up"}]
+    task = store.tasks.create(parse_submission({"goal": "g", "script": {"turns": turns},
+                                                "constraints": {"tools": ["flaky_backend"]}}), tenant="t")  # fmt: skip
+    engine = Engine(store, worker_id="w", tools=ToolRegistry([flaky_backend]), config=EngineConfig(lease_seconds=30))
+    assert engine.run(task.task_id).status is TaskStatus.SUCCEEDED
+    results = [r for s in store.steps.load(task.task_id) if isinstance(s.body, ToolsStep) for r in s.body.results]
+    assert runs == [0, 1, 2]  # the circuit opened after three failures: the side effect was not tried again
+    assert all(r.is_error for r in results)
+    assert all("is unavailable: it failed repeatedly and its circuit is open" in r.content for r in results[3:])
+    assert store.flow.state("tool/flaky_backend")["state"] == "open"

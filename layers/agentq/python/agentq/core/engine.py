@@ -1352,6 +1352,14 @@ class Engine:
         registry = self._registry(s)
         spec = registry.get(use["name"])
         side_effects = bool(spec and spec.side_effects and use["name"] in allowlist)
+        circuit = f"tool/{use['name']}"
+        admission = self.store.flow.admit(circuit, 0, 0) if spec is not None else None
+        if admission is not None and not admission.ok:  # it failed repeatedly, fleet-wide: not run, not started
+            return _error_outcome(
+                use,
+                f"tool {use['name']!r} is unavailable: it failed repeatedly and its circuit is open; try again in "
+                f"{admission.wait:.0f}s, or do without it",
+            )
         started = time.time()
         if side_effects:
             prior = self.store.effects.begin(s.lease, use["id"], use["name"])
@@ -1372,6 +1380,11 @@ class Engine:
             run = registry.execute(use["name"], use.get("input") or {}, ctx, allowlist)
             call.finished(run.status, run.is_error)
         crash_point("after_tool_run")
+        if admission is not None:
+            if run.tool_failed:
+                self.store.flow.failed(circuit, admission)
+            else:
+                self.store.flow.succeeded(circuit, admission)
         outcome = ToolOutcome(
             tool_use_id=use["id"],
             name=use["name"],

@@ -344,6 +344,7 @@ class ToolExecution:
     is_error: bool
     status: Literal["ok", "error", "timeout"]
     duration_ms: int
+    tool_failed: bool = False  # what the tool depends on was unreachable (``backend_down``): its circuit counts it
 
 
 class ToolRegistry:
@@ -409,12 +410,15 @@ class ToolRegistry:
         """
         started = time.monotonic()
 
-        def result(content: str, status: Literal["ok", "error", "timeout"] = "error") -> ToolExecution:
+        def result(
+            content: str, status: Literal["ok", "error", "timeout"] = "error", *, failed: bool = False
+        ) -> ToolExecution:
             return ToolExecution(
                 content=_cap(content),
                 is_error=status != "ok",
                 status=status,
                 duration_ms=int((time.monotonic() - started) * 1000),
+                tool_failed=failed,
             )
 
         try:
@@ -450,7 +454,7 @@ class ToolRegistry:
             failure = future.exception()
             if failure is not None:
                 logger.info("tool %s raised (task %s)", name, ctx.task_id, exc_info=failure)
-                return result(_describe_exception(failure))
+                return result(_describe_exception(failure), failed=backend_down(failure))
             return result(render_result(future.result()), "ok")
         except Exception as exc:  # the contract is "never raises": even our own bugs become a result
             logger.exception("tool %s failed in the registry (task %s)", name, getattr(ctx, "task_id", "?"))
@@ -509,6 +513,13 @@ def _describe_validation_error(exc: pydantic.ValidationError) -> str:
         loc = ".".join(str(p) for p in err.get("loc", ())) or "(input)"
         parts.append(f"{loc}: {err.get('msg', 'invalid')}")
     return "; ".join(parts)
+
+
+def backend_down(exc: BaseException) -> bool:
+    """Whether a tool's exception says what it depends on is unreachable (a network error, a
+    timeout, an exception marked ``backend_down``), which its circuit counts; a refusal or a
+    bug caused by the model's input is the call's own problem and does not."""
+    return isinstance(exc, OSError) or bool(getattr(exc, "backend_down", False))
 
 
 def _describe_exception(exc: BaseException) -> str:

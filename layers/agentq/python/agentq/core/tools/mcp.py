@@ -51,6 +51,7 @@ class McpUnreachable(McpError):
     """No session could be opened: nothing was sent."""
 
     code = "mcp_unreachable"
+    backend_down = True  # the tool's circuit counts it (core.tools._core.backend_down)
 
 
 class McpCallFailed(McpError):
