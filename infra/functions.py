@@ -64,7 +64,7 @@ TABLE_ACTIONS = [
 # A running task creates, reads and updates its own items, its tree's budget and its tenant's
 # windows; deleting is the API's (an unstarted task) and the reaper's business.
 RUNNER_TABLE_ACTIONS = [a for a in TABLE_ACTIONS if a != "dynamodb:DeleteItem"]
-RUNNER_PARTITIONS = [task_pk("*"), tenant_pk("*")]
+RUNNER_PARTITIONS = [task_pk("*"), tenant_pk("*"), "FLOW#*"]  # FLOW#: fleet flow control (storage/flow.py)
 PAYLOAD_ACTIONS = ["s3:GetObject", "s3:PutObject"]
 # SQS authorises the *Batch calls with the single-message action.
 SEND_ACTIONS = ["sqs:SendMessage", "sqs:GetQueueUrl", "sqs:GetQueueAttributes"]
@@ -136,10 +136,18 @@ def execution_arns(cfg: EnvironmentSettings) -> str:
     return f"arn:{cdk.Aws.PARTITION}:states:{cdk.Aws.REGION}:{cdk.Aws.ACCOUNT_ID}:execution:{cfg.names.state_machine}:*"
 
 
-def event_bus_arn(cfg: EnvironmentSettings) -> str | None:
+def event_bus_name(cfg: EnvironmentSettings) -> str | None:
+    """``stack``: the bus the stack creates (``{prefix}-events``); another name: that bus; None: none."""
     if not cfg.event_bus:
         return None
-    return f"arn:{cdk.Aws.PARTITION}:events:{cdk.Aws.REGION}:{cdk.Aws.ACCOUNT_ID}:event-bus/{cfg.event_bus}"
+    return f"{cfg.prefix}-events" if cfg.event_bus == "stack" else cfg.event_bus
+
+
+def event_bus_arn(cfg: EnvironmentSettings) -> str | None:
+    name = event_bus_name(cfg)
+    if name is None:
+        return None
+    return f"arn:{cdk.Aws.PARTITION}:events:{cdk.Aws.REGION}:{cdk.Aws.ACCOUNT_ID}:event-bus/{name}"
 
 
 def anthropic_secret_arn(cfg: EnvironmentSettings) -> str:
@@ -155,8 +163,9 @@ def task_runner_env(cfg: EnvironmentSettings, sandbox: Sandbox) -> dict[str, str
         **defaults_env(cfg),
         **sandbox.env(),
     }
-    if cfg.event_bus:
-        env["AGENTQ_EVENT_BUS"] = cfg.event_bus
+    bus = event_bus_name(cfg)
+    if bus:
+        env["AGENTQ_EVENT_BUS"] = bus
     if cfg.anthropic_api_key_secret:
         env[SECRET_VARIABLE] = cfg.anthropic_api_key_secret
     return env
@@ -417,7 +426,8 @@ def build_functions(
         "api",
         memory=cfg.api.memory_mb,
         timeout=cfg.api.timeout_seconds,
-        env={**common, **user_code_env(cfg)},  # it validates tool names and lists MCP servers' tools
+        # it validates tool names and lists MCP servers' tools; its status changes go to the bus too
+        env={**common, **user_code_env(cfg), **({"AGENTQ_EVENT_BUS": bus} if (bus := event_bus_name(cfg)) else {})},
         reserved=cfg.api.reserved_concurrency,
         description="agentq HTTP API (API Gateway REST proxy)",
         extra_layers=tool_layers,
@@ -439,6 +449,8 @@ def build_functions(
             resources=[q.queue_arn for q in data.dlqs.values()],
         )
     )
+    if (bus_arn := event_bus_arn(cfg)) is not None:
+        api.add_to_role_policy(iam.PolicyStatement(sid="Events", actions=["events:PutEvents"], resources=[bus_arn]))
     # Cancelling a waiting parent stops its fan-out execution.
     api.add_to_role_policy(
         iam.PolicyStatement(sid="StopFanout", actions=["states:StopExecution"], resources=[execution_arns(cfg)])

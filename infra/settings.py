@@ -300,7 +300,11 @@ class EnvironmentSettings(_Strict):
     max_receive_count: int = Field(5, ge=1, le=1000)
     queue_retention_seconds: int = Field(QueueSettings().retention_seconds, ge=60, le=1_209_600)
     dlq_retention_seconds: int = Field(QueueSettings().dlq_retention_seconds, ge=60, le=1_209_600)
-    event_bus: str | None = Field("default", description="EventBridge bus for agentq events; null: none")
+    event_bus: str | None = Field(
+        "stack",
+        description="EventBridge bus for agentq events (every status change, circuits, soft caps): 'stack' creates "
+        "{prefix}-events; another name sends to that existing bus; null: none",
+    )
     anthropic_api_key_secret: str | None = Field(
         None,
         pattern=r"^[A-Za-z0-9/_+=.@-]{1,512}$",

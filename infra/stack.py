@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 import aws_cdk as cdk
+from aws_cdk import aws_events as events
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
@@ -58,6 +59,11 @@ class AgentqStack(cdk.Stack):
         self.user_layer = self._user_layer(cfg)
 
         self.data = build_data(self, cfg)
+        self.event_bus = (
+            events.EventBus(self, "EventBus", event_bus_name=f"{cfg.prefix}-events")
+            if cfg.event_bus == "stack"
+            else None
+        )
         self.state_machine = self._fanout(cfg, self.data)
         self.functions = build_functions(
             self, env_name, cfg, self.data, self.state_machine, self.deps_layer, self.user_layer

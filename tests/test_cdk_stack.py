@@ -370,7 +370,11 @@ def test_functions_run_python_312_traced_with_both_layers_and_their_environment(
     _, executor = _function(synth, "executor")
     env = executor["Properties"]["Environment"]["Variables"]
     assert env["AGENTQ_MAX_RECEIVE_COUNT"] == str(cfg.max_receive_count)
-    assert env.get("AGENTQ_EVENT_BUS") == cfg.event_bus
+    assert cfg.event_bus == "stack" and env.get("AGENTQ_EVENT_BUS") == f"{cfg.prefix}-events"
+    [bus] = synth.resources("AWS::Events::EventBus").values()
+    assert bus["Properties"]["Name"] == f"{cfg.prefix}-events"
+    _, api = _function(synth, "api")
+    assert api["Properties"]["Environment"]["Variables"]["AGENTQ_EVENT_BUS"] == f"{cfg.prefix}-events"
 
 
 def test_every_function_handler_is_a_module_in_functions(synth: Synthesized) -> None:
@@ -1109,7 +1113,9 @@ def test_task_runners_reach_only_task_partitions_and_delete_nothing(worker_synth
             if any(a.startswith("dynamodb:") for a in _as_list(s["Action"]))
         ]
         assert len(table) == 1, name
-        assert table[0]["Condition"] == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TASK#*", "TENANT#*"]}}
+        assert table[0]["Condition"] == {
+            "ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TASK#*", "TENANT#*", "FLOW#*"]}
+        }
         assert "dynamodb:DeleteItem" not in _as_list(table[0]["Action"])
         assert "APIKEY" not in json.dumps(_statements_of_role(worker_synth, role_id))
 

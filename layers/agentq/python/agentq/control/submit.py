@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import pydantic
 
+from agentq import observe
 from agentq.control.defaults import Defaults
 from agentq.core.errors import ValidationError
 from agentq.core.models import Script, Task, TaskStatus, TaskSubmission
@@ -228,6 +229,8 @@ def submit_once(
         task, created = store.tasks.create_idempotent(
             submission, tenant=tenant, key=idempotency_key, request_hash=digest, blocked=blocked
         )
+    if created:
+        observe.task_status_changed(task.task_id, tenant, task.status.value)
     if blocked:  # no message until its dependencies allow: they may have ended already
         from agentq.queueing.dependencies import resolve
 

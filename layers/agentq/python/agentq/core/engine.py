@@ -1155,6 +1155,12 @@ class Engine:
             s.commit_sent_at = None
         if until is not None:
             s.lease = s.lease.model_copy(update={"expires_at": until})
+        finish = kwargs.get("finish")
+        if finish is not None:
+            error = kwargs.get("error") or {}
+            observe.task_status_changed(
+                s.lease.task_id, s.task.tenant, finish.value, **({"error": error["code"]} if error else {})
+            )
         return record
 
     def _committed(self, s: Session, record: StepRecord, messages: list[dict[str, Any]]) -> None:

@@ -40,6 +40,7 @@ _EXPORTS: dict[str, str] = {
     "tenant_soft_cap_crossed": "emf",
     "circuit_changed": "emf",
     "emit_event": "events",
+    "task_status_changed": "events",
     "configure_process_logging": "logs",
     "route_core_logs": "logs",
 }
@@ -66,6 +67,7 @@ __all__ = [
     "record_swept",
     "route_core_logs",
     "task_context",
+    "task_status_changed",
     "tenant_soft_cap_crossed",
     "tool_call",
 ]
@@ -110,5 +112,5 @@ if TYPE_CHECKING:
         record_swept,
         tenant_soft_cap_crossed,
     )
-    from agentq.observe.events import emit_event
+    from agentq.observe.events import emit_event, task_status_changed
     from agentq.observe.logs import configure_process_logging, route_core_logs

@@ -23,6 +23,7 @@ from typing import Any
 
 from boto3.dynamodb.conditions import Attr, ConditionBase
 
+from agentq import observe
 from agentq.core.errors import IdempotencyConflict, IllegalTransition, LeaseLost, TaskNotFound
 from agentq.core.models import (
     ALLOWED_TRANSITIONS,
@@ -472,6 +473,7 @@ class Tasks:
         if sub is None:
             raise TaskNotFound(f"task {task_id!r} has no submission", field="task_id")
         task = self._decode(meta, sub)
+        observe.task_status_changed(task_id, task.tenant, TaskStatus.RUNNING.value, epoch=epoch, worker=worker)
         return Lease(task_id=task_id, owner=worker, epoch=epoch, expires_at=task.lease_expires), task
 
     def extend_lease(self, lease: Lease, lease_seconds: float, *, live_text: str | None = None) -> Lease:
@@ -560,7 +562,9 @@ class Tasks:
         if lease is not None:
             condition = condition & Attr("lease_epoch").eq(lease.epoch)
         try:
-            self.table.update(keys.meta_key(task_id), Update(set=sets, remove=removes), condition=condition)
+            new = self.table.update(
+                keys.meta_key(task_id), Update(set=sets, remove=removes), condition=condition, returns="ALL_NEW"
+            )
         except ConditionFailed as exc:
             current = self.get(task_id)  # raises TaskNotFound if absent
             if lease is not None and current.lease_epoch != lease.epoch:
@@ -573,6 +577,9 @@ class Tasks:
             raise IllegalTransition(
                 f"task {task_id} cannot move from {current.status.value!r} to {to.value!r}", field="status"
             ) from exc
+        observe.task_status_changed(
+            task_id, str((new or {}).get("tenant", "")), to.value, **({"error": error.get("code")} if error else {})
+        )
 
     def _result_attrs(self, task_id: str, result: str, lease: Lease | None) -> dict[str, Any]:
         """``result`` inline, or an S3 pointer (``result_ref``) when it is large."""
