@@ -23,6 +23,8 @@ from agentq.resources import (
     TABLE_STREAM_VIEW_TYPE,
     TIERS,
     TTL_ATTRIBUTE,
+    WEBHOOK_ATTEMPTS,
+    WEBHOOK_VISIBILITY_SECONDS,
 )
 from infra.settings import EnvironmentSettings
 
@@ -53,6 +55,8 @@ class Data:
     access_logs: s3.Bucket
     queues: dict[str, sqs.Queue]
     dlqs: dict[str, sqs.Queue]
+    webhooks: sqs.Queue
+    webhooks_dlq: sqs.Queue
 
     @property
     def gsi_names(self) -> list[str]:
@@ -164,4 +168,18 @@ def build_data(scope: Construct, cfg: EnvironmentSettings) -> Data:
         )
         queues[tier] = queue
         dlqs[tier] = dlq
-    return Data(table=table, payloads=payloads, access_logs=access_logs, queues=queues, dlqs=dlqs)
+    # Callbacks (agentq.queueing.webhooks): a queue of their own, WEBHOOK_ATTEMPTS tries, a DLQ.
+    webhooks_dlq = sqs.Queue(
+        scope, "WebhooksDlq", queue_name=names.webhooks_dlq, encryption=sqs.QueueEncryption.SQS_MANAGED,
+        enforce_ssl=True, retention_period=cdk.Duration.seconds(qs.dlq_retention_seconds), removal_policy=removal,
+    )  # fmt: skip
+    webhooks = sqs.Queue(
+        scope, "WebhooksQueue", queue_name=names.webhooks, encryption=sqs.QueueEncryption.SQS_MANAGED,
+        enforce_ssl=True, visibility_timeout=cdk.Duration.seconds(WEBHOOK_VISIBILITY_SECONDS),
+        dead_letter_queue=sqs.DeadLetterQueue(queue=webhooks_dlq, max_receive_count=WEBHOOK_ATTEMPTS),
+        removal_policy=removal,
+    )  # fmt: skip
+    return Data(
+        table=table, payloads=payloads, access_logs=access_logs, queues=queues, dlqs=dlqs,
+        webhooks=webhooks, webhooks_dlq=webhooks_dlq,
+    )  # fmt: skip

@@ -46,6 +46,7 @@ HANDLERS = {
     "authorizer": "authorizer.handler.lambda_handler",
     "reaper": "reaper.handler.lambda_handler",
     "sweeper": "sweeper.handler.lambda_handler",
+    "webhooks": "webhooks.handler.lambda_handler",
 }
 RUNTIME = lambda_.Runtime.PYTHON_3_12  # the layers are built for cp312 (infra/build_layers.py)
 ASSET_EXCLUDES = ["**/__pycache__", "**/*.pyc", "*.egg-info", "README.md"]
@@ -81,6 +82,7 @@ class Functions:
     reaper: lambda_.Function
     reaper_dlq: sqs.Queue  # stream batches the reaper gave up on (their shard and sequence range)
     sweeper: lambda_.Function
+    webhooks: lambda_.Function
     sandbox: Sandbox
     core_layer: lambda_.LayerVersion
     deps_layer: lambda_.LayerVersion
@@ -200,7 +202,9 @@ def grant_task_runner(
             conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": RUNNER_PARTITIONS}},
         ),
         iam.PolicyStatement(sid="Payloads", actions=PAYLOAD_ACTIONS, resources=[payload_objects(data)]),
-        iam.PolicyStatement(sid="SendToQueues", actions=SEND_ACTIONS, resources=queues + dlqs),
+        iam.PolicyStatement(
+            sid="SendToQueues", actions=SEND_ACTIONS, resources=[*queues, *dlqs, data.webhooks.queue_arn]
+        ),
         iam.PolicyStatement(
             sid="HoldMessages", actions=HOLD_ACTIONS + (RECEIVE_ACTIONS if receive else []), resources=queues
         ),
@@ -437,7 +441,11 @@ def build_functions(
     for statement in (
         iam.PolicyStatement(sid="Table", actions=TABLE_ACTIONS, resources=table_resources(data, indexes=True)),
         iam.PolicyStatement(sid="Payloads", actions=PAYLOAD_ACTIONS, resources=[payload_objects(data)]),
-        iam.PolicyStatement(sid="Enqueue", actions=["sqs:SendMessage", "sqs:GetQueueUrl"], resources=queue_arns),
+        iam.PolicyStatement(
+            sid="Enqueue",
+            actions=["sqs:SendMessage", "sqs:GetQueueUrl"],
+            resources=[*queue_arns, data.webhooks.queue_arn],  # a cancel queues the task's callback
+        ),
     ):
         api.add_to_role_policy(statement)
     # GET /dead-letters and POST /dead-letters/{tier}/redrive (agentq.api.routes.dead_letters): a tenant's
@@ -474,9 +482,45 @@ def build_functions(
     )
     reaper, reaper_dlq = _reaper(scope, cfg, data, function, removal)
     sweeper = _sweeper(scope, cfg, data, function)
+    webhooks = _webhooks(cfg, data, function, common)
     return Functions(
-        executor, api, authorizer, reaper, reaper_dlq, sweeper, sandbox, core_layer, deps_layer, log_groups
+        executor, api, authorizer, reaper, reaper_dlq, sweeper, webhooks, sandbox, core_layer, deps_layer, log_groups
     )
+
+
+def _webhooks(
+    cfg: EnvironmentSettings, data: Data, function: Callable[..., lambda_.Function], common: dict[str, str]
+) -> lambda_.Function:
+    """The deliverer of callbacks, on the webhooks queue (10 a batch, partial failures): it reads
+    the tenant's signing secret (made on first use), POSTs, sets a retry's backoff, and sends a
+    refused callback to the webhooks DLQ with its reason."""
+    deliverer = function(
+        "webhooks",
+        memory=256,
+        timeout=20,
+        env=common,
+        reserved=None,
+        description="agentq webhooks: POSTs signed task-end callbacks",
+    )
+    deliverer.add_event_source(sources.SqsEventSource(data.webhooks, batch_size=10, report_batch_item_failures=True))
+    for statement in (
+        iam.PolicyStatement(
+            sid="Secrets",
+            actions=["dynamodb:GetItem", "dynamodb:PutItem"],
+            resources=[data.table.table_arn],
+            conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [tenant_pk("*")]}},
+        ),
+        iam.PolicyStatement(
+            sid="Backoff",
+            actions=["sqs:ChangeMessageVisibility", "sqs:GetQueueUrl"],
+            resources=[data.webhooks.queue_arn],
+        ),
+        iam.PolicyStatement(
+            sid="DeadLetter", actions=["sqs:SendMessage", "sqs:GetQueueUrl"], resources=[data.webhooks_dlq.queue_arn]
+        ),
+    ):
+        deliverer.add_to_role_policy(statement)
+    return deliverer
 
 
 def _sweeper(

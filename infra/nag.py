@@ -45,13 +45,13 @@ def acknowledge(stack: AgentqStack) -> None:
     executions = f"Resource::{PARTITION_REGION_ACCOUNT.format(service='states')}:execution:{cfg.names.state_machine}:*"
     xray = "X-Ray PutTraceSegments/PutTelemetryRecords support no resource-level permissions: AWS requires '*'."
 
-    for fn in (fns.executor, fns.api, fns.authorizer, fns.reaper, fns.sweeper, fns.sandbox.function):
+    for fn in (fns.executor, fns.api, fns.authorizer, fns.reaper, fns.sweeper, fns.webhooks, fns.sandbox.function):
         _ack(
             fn,
             "AwsSolutions-L1",
             "Python 3.12 on purpose: both layers are built for cp312 (infra/build_layers.py) and the suite runs against it; moving runtimes is a deliberate change of layers and runtime together.",
         )
-    for fn in (fns.executor, fns.api, fns.authorizer, fns.sweeper):
+    for fn in (fns.executor, fns.api, fns.authorizer, fns.sweeper, fns.webhooks):
         _ack(fn.role, "AwsSolutions-IAM5[Resource::*]", xray)
     _ack(
         fns.reaper.role,

@@ -196,6 +196,13 @@ def build_observability(
         ok=False,
     )
     alarm(
+        "WebhooksDlqNotEmpty",
+        data.webhooks_dlq.metric_approximate_number_of_messages_visible(period=FIVE_MINUTES, statistic="Maximum"),
+        1,
+        "a task-end callback could not be delivered (its receiver kept failing, or its URL was refused); read "
+        "the message's agentq-reason in the webhooks DLQ",
+    )
+    alarm(
         "CircuitOpened",
         agentq_metric(names.CIRCUIT_OPENED, "Sum", FIVE_MINUTES),
         1,

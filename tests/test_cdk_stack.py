@@ -1187,3 +1187,18 @@ def test_the_sweeper_runs_on_a_schedule_with_only_the_index_the_tasks_and_the_qu
     assert "dynamodb:DeleteItem" not in _actions(list(statements.values()))
     assert set(_as_list(statements["Enqueue"]["Action"])) == {"sqs:SendMessage", "sqs:GetQueueUrl"}
     assert len(_as_list(statements["Enqueue"]["Resource"])) == len(TIERS)
+
+
+def test_callbacks_have_their_own_queue_dlq_deliverer_and_alarm(synth: Synthesized) -> None:
+    cfg = settings_of(synth.env_name)
+    queues = {r["Properties"].get("QueueName"): r for r in synth.resources("AWS::SQS::Queue").values()}
+    webhooks = queues[f"{cfg.prefix}-webhooks"]
+    assert webhooks["Properties"]["RedrivePolicy"]["maxReceiveCount"] == 6
+    assert f"{cfg.prefix}-webhooks-dlq" in queues
+    _, deliverer = _function(synth, "webhooks")
+    assert deliverer["Properties"]["Handler"] == "webhooks.handler.lambda_handler"
+    mappings = [m["Properties"] for m in synth.resources("AWS::Lambda::EventSourceMapping").values()]
+    assert any(m.get("FunctionResponseTypes") == ["ReportBatchItemFailures"] and m.get("BatchSize") == 10
+               for m in mappings)  # fmt: skip
+    alarms = {a["Properties"]["AlarmName"]: a for a in synth.resources("AWS::CloudWatch::Alarm").values()}
+    assert f"{cfg.prefix}-webhooks-dlq-not-empty" in alarms

@@ -118,6 +118,14 @@ class ResourceNames(BaseModel):
         return f"{self.prefix}-{tier}-dlq"
 
     @property
+    def webhooks(self) -> str:
+        return f"{self.prefix}-webhooks"
+
+    @property
+    def webhooks_dlq(self) -> str:
+        return f"{self.prefix}-webhooks-dlq"
+
+    @property
     def state_machine(self) -> str:
         return f"{self.prefix}-fanout"
 
@@ -145,6 +153,10 @@ def provision_state_machine(sfn: Any, names: ResourceNames) -> str:
             type="STANDARD",
         )["stateMachineArn"]
     )
+
+
+WEBHOOK_ATTEMPTS = 6  # deliveries of one callback before its message goes to the webhooks DLQ
+WEBHOOK_VISIBILITY_SECONDS = 30  # a delivery's own timeout is 10 s
 
 
 def queue_attributes(settings: QueueSettings, dlq_arn: str) -> dict[str, str]:
@@ -227,4 +239,17 @@ def provision_queues(sqs: Any, names: ResourceNames, settings: QueueSettings) ->
         urls[tier] = sqs.create_queue(QueueName=names.queue(tier), Attributes=queue_attributes(settings, dlq_arn))[
             "QueueUrl"
         ]
+    # Callbacks (queueing/webhooks.py): their own queue, so a receiver that is down delays
+    # nothing else; WEBHOOK_ATTEMPTS receives, then the DLQ.
+    dlq_url = sqs.create_queue(
+        QueueName=names.webhooks_dlq, Attributes={"MessageRetentionPeriod": str(settings.dlq_retention_seconds)}
+    )["QueueUrl"]
+    dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    urls["webhooks"] = sqs.create_queue(
+        QueueName=names.webhooks,
+        Attributes={
+            "VisibilityTimeout": str(WEBHOOK_VISIBILITY_SECONDS),
+            "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": WEBHOOK_ATTEMPTS}),
+        },
+    )["QueueUrl"]
     return urls

@@ -46,6 +46,7 @@ from agentq.api.models import (
     TaskView,
     TraceEvent,
     TracePage,
+    WebhookSecret,
 )
 from agentq.core.errors import AgentqError, ValidationError
 from agentq.core.models import TaskStatus, TaskSubmission
@@ -215,6 +216,10 @@ class Client:
         body = spec.model_dump(mode="json", exclude_none=True) if isinstance(spec, AgentSpec) else dict(spec or {})
         body.update(fields)
         return AgentCreated.model_validate(self.request("POST", "/agents", body, retry=True))
+
+    def webhook_secret(self) -> str:
+        """This tenant's callback signing secret (``agentq.core.webhooks.verify`` checks with it)."""
+        return self._get(WebhookSecret, "/webhooks/secret").secret
 
     def list_agents(self) -> list[AgentSummary]:
         return self._get(AgentList, "/agents").agents

@@ -388,3 +388,7 @@ class AgentList(ApiModel):
 class AgentVersions(ApiModel):
     name: str
     versions: list[AgentVersion] = Field(description="newest first")
+
+
+class WebhookSecret(ApiModel):
+    secret: str = Field(description="the HMAC-SHA256 key of this tenant's callbacks")

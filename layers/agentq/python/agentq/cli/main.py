@@ -375,6 +375,8 @@ def build_submission(args: argparse.Namespace) -> dict[str, Any]:
         body["constraints"] = constraints
     if args.metadata:
         body["metadata"] = {**(body.get("metadata") or {}), **_parse_metadata(args.metadata)}
+    if getattr(args, "notify", None):
+        body["notify"] = {"url": args.notify}
     if getattr(args, "after", None):
         body["depends_on"] = [t for value in args.after for t in value.split(",") if t]
     return body
@@ -538,6 +540,11 @@ def _cmd_decide(args: argparse.Namespace) -> int:
     else:
         done = {"approve": "approved", "reject": "rejected"}[args.command]
         print(f"{done} {view.task_id}; it is {view.status.value} and resumes with the decision")
+    return 0
+
+
+def _cmd_webhook_secret(args: argparse.Namespace) -> int:
+    print(_client(args).webhook_secret())
     return 0
 
 
@@ -777,6 +784,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument(
         "--metadata", action="append", default=[], metavar="KEY=VALUE", help="a label kept with the task"
     )
+    submit.add_argument("--notify", metavar="URL", help="an https:// URL to POST the task's end to, signed")
     submit.add_argument("--after", action="append", default=[], metavar="TASK_ID[,TASK_ID]",
                         help="run after these tasks succeed (depends_on); it waits blocked until then")  # fmt: skip
     submit.add_argument("--idempotency-key", help="retry-safe: the same key and body return the same task")
@@ -787,6 +795,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--wait-timeout", type=float, default=24 * 3600, help="give up waiting after this many seconds (exit 1)"
     )
     submit.set_defaults(func=_cmd_submit)
+
+    secret = _remote(
+        command("webhook-secret", "print this tenant's callback signing secret (verify callbacks with it)")
+    )
+    secret.set_defaults(func=_cmd_webhook_secret)
 
     status = _remote(command("status", "a task's status, step, tokens against its budget, cost, children and timing"))
     status.add_argument("task_id")

@@ -19,6 +19,7 @@ from agentq.core.pricing import micros
 from agentq.core.tools import ToolRegistry
 from agentq.queueing.dependencies import release_dependents
 from agentq.queueing.queues import TaskQueues
+from agentq.queueing.webhooks import enqueue_end
 from agentq.storage.container import Storage
 
 log = logging.getLogger("agentq.control")
@@ -44,7 +45,13 @@ def subtree(store: Storage, task: Task) -> list[Task]:
 
 
 def cancel(
-    store: Storage, task_id: str, *, tenant: str | None = None, fanout: Any = None, reason: str = "cancelled on request"
+    store: Storage,
+    task_id: str,
+    *,
+    tenant: str | None = None,
+    fanout: Any = None,
+    reason: str = "cancelled on request",
+    queues: TaskQueues | None = None,
 ) -> list[str]:
     """Cancel a task and its whole subtree; returns the ids that were cancelled.
 
@@ -77,8 +84,10 @@ def cancel(
     for node in reversed(tree[1:]):  # leaves first: a child's spend reaches its parent, then the root
         if node.parent_id:
             store.budgets.settle_child(node.parent_id, node.task_id)
-    for ended in cancelled:  # what waited for them is cancelled too (dependency_failed)
-        release_dependents(store, None, ended)
+    for node in tree:  # their callbacks, and what waited for them is cancelled too (dependency_failed)
+        if node.task_id in cancelled:
+            enqueue_end(queues, node, TaskStatus.CANCELLED)
+            release_dependents(store, queues, node.task_id)
     return cancelled
 
 

@@ -70,6 +70,10 @@ def check_submission(submission: TaskSubmission, tools: ToolRegistry) -> None:
     so its model name is not checked, unless a money budget (``max_cost_usd``) needs its price.
     """
     check_model(submission.provider, submission.model, money=submission.constraints.max_cost_usd is not None)
+    if submission.notify is not None:
+        from agentq.core.webhooks import check_url
+
+        check_url(submission.notify.url)
     if submission.constraints.compaction == "native" and submission.provider != "anthropic":
         raise ValidationError(
             f"constraints.compaction: native compaction is Anthropic's (compact_20260112); the "

@@ -196,6 +196,21 @@ class McpToolPin(StrictModel):
         return f"mcp__{self.server}__{self.name}"
 
 
+NotifyEvent = Literal["succeeded", "failed", "cancelled", "cost_exceeded", "timed_out"]
+TASK_ENDS: tuple[NotifyEvent, ...] = ("succeeded", "failed", "cancelled", "cost_exceeded", "timed_out")
+
+
+class Notify(StrictModel):
+    """Where and when to call back: an HTTPS POST signed for the tenant (``core.webhooks``)."""
+
+    url: str = Field(min_length=8, max_length=2048, description="https:// URL to POST the task's end to")
+    events: list[NotifyEvent] = Field(
+        default_factory=lambda: list(TASK_ENDS),
+        min_length=1,
+        description="the ends to call back for (default: every end)",
+    )
+
+
 class TaskSubmission(StrictModel):
     goal: str = Field(min_length=1, max_length=MAX_GOAL_CHARS)
     agent: str | None = Field(
@@ -212,6 +227,7 @@ class TaskSubmission(StrictModel):
     )
     constraints: Constraints = Field(default_factory=Constraints)
     priority: Priority = "normal"
+    notify: Notify | None = Field(default=None, description="a signed HTTPS callback when the task ends")
     depends_on: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,128}$")]] = Field(
         default_factory=list,
         max_length=50,

@@ -20,6 +20,7 @@ from agentq.core.tools.mcp import McpServers
 from agentq.local.api_server import LocalApiServer
 from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
 from agentq.queueing.sweeper import sweep
+from agentq.queueing.webhooks import delivery_loop
 from agentq.queueing.worker import WorkerConfig
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_fanout, build_queues, build_registry, build_store, session
@@ -76,6 +77,12 @@ class LocalStack:
         if self.sweep_every is not None:
             self._sweeper = threading.Thread(target=self._sweep_loop, name="agentq-sweeper", daemon=True)
             self._sweeper.start()
+        # The callbacks' deliverer, a thread here as the Lambda on the webhooks queue is in AWS.
+        self._deliverer = threading.Thread(
+            target=delivery_loop, args=(self.store(), self.queues(), self._stopping), name="agentq-webhooks",
+            daemon=True,
+        )  # fmt: skip
+        self._deliverer.start()
         return self
 
     def _build_app(self) -> Any:
@@ -164,6 +171,8 @@ class LocalStack:
         self._stopping.set()
         if self._sweeper is not None:
             self._sweeper.join(timeout=30)
+        if getattr(self, "_deliverer", None) is not None:
+            self._deliverer.join(timeout=10)
         for proc in self.processes:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)

@@ -19,6 +19,7 @@ import logging
 from agentq.core.errors import IllegalTransition, ValidationError
 from agentq.core.models import TaskStatus, TaskSubmission
 from agentq.queueing.queues import TaskQueues
+from agentq.queueing.webhooks import enqueue_end
 from agentq.storage.container import Storage
 
 log = logging.getLogger("agentq.dependencies")
@@ -50,6 +51,7 @@ def resolve(store: Storage, queues: TaskQueues | None, task_id: str) -> TaskStat
             except IllegalTransition:
                 return None  # another look moved it first
             log.info("task %s cancelled: dependency %s ended %s", task_id, dep_id, ended)
+            enqueue_end(queues, task, TaskStatus.CANCELLED)
             release_dependents(store, queues, task_id)
             return TaskStatus.CANCELLED
     if all(deps[d].status is TaskStatus.SUCCEEDED for d in task.submission.depends_on):

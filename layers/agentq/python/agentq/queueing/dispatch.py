@@ -38,6 +38,7 @@ from agentq.core.models import RetryState, Task, TaskStatus
 from agentq.core.providers.base import BatchProvider
 from agentq.queueing.dependencies import release_dependents
 from agentq.queueing.queues import DEAD_LETTER_REASON, TaskMessage, TaskQueues
+from agentq.queueing.webhooks import enqueue_end
 from agentq.storage.container import Storage
 
 log = logging.getLogger("agentq.dispatch")
@@ -234,6 +235,10 @@ class Dispatcher:
         token = task.task_token or self.store.tasks.get(task.task_id).task_token
         if token and self.engine.fanout is not None:
             self.engine.fanout.child_finished(token, task.task_id, status)
+        try:
+            enqueue_end(self.queues, task, status)
+        except Exception:  # a callback that cannot be queued never holds up the task's end
+            log.warning("could not queue the callback of task %s", task.task_id, exc_info=True)
         release_dependents(self.store, self.queues, task.task_id)
 
     def _requeue_redriven(self, task: Task) -> None:

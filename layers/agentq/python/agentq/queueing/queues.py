@@ -76,6 +76,19 @@ class TaskQueues:
             self._urls[key] = self.sqs.get_queue_url(QueueName=self.names.dlq(tier))["QueueUrl"]
         return self._urls[key]
 
+    def webhooks_url(self) -> str:
+        if "webhooks" not in self._urls:
+            self._urls["webhooks"] = self.sqs.get_queue_url(QueueName=self.names.webhooks)["QueueUrl"]
+        return self._urls["webhooks"]
+
+    def webhooks_dlq_url(self) -> str:
+        if "webhooks-dlq" not in self._urls:
+            self._urls["webhooks-dlq"] = self.sqs.get_queue_url(QueueName=self.names.webhooks_dlq)["QueueUrl"]
+        return self._urls["webhooks-dlq"]
+
+    def send_webhook(self, body: str) -> None:
+        self.sqs.send_message(QueueUrl=self.webhooks_url(), MessageBody=body)
+
     def tier_of(self, queue: str) -> str:
         """The tier of a queue given its URL, ARN or name."""
         name = queue.rstrip("/").split("/")[-1].split(":")[-1]

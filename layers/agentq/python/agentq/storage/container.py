@@ -19,6 +19,7 @@ from agentq.storage.steps import Steps
 from agentq.storage.table import Table
 from agentq.storage.tasks import DAY_SECONDS, DEFAULT_TASK_RETENTION_DAYS, Tasks
 from agentq.storage.tenant_windows import TenantWindows
+from agentq.storage.webhooks import WebhookSecrets
 
 
 class Storage:
@@ -44,6 +45,7 @@ class Storage:
         self.api_keys = KeyStore(table)
         self.agents = Agents(table)
         self.flow = FlowControl(table)
+        self.webhook_secrets = WebhookSecrets(table)
 
 
 def memory_storage(**kwargs: object) -> Storage:

@@ -1,0 +1,41 @@
+"""Webhooks Lambda: on the webhooks queue (batch, partial failures), POST each task-end callback,
+signed (``agentq.queueing.webhooks``). A thin adapter: a delivery to try again is reported as a
+batch item failure after its visibility was set to the backoff; SQS moves it to the webhooks
+DLQ after the last attempt; a refused URL goes there at once, with the reason."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools import Logger
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from agentq.queueing.queues import TaskQueues
+from agentq.queueing.webhooks import handle_message
+from agentq.runtime import Settings, build_queues, build_store
+from agentq.storage.container import Storage
+
+logger = Logger(service="agentq-webhooks")
+
+_clients: tuple[Storage, TaskQueues] | None = None
+
+
+def clients() -> tuple[Storage, TaskQueues]:
+    """Built on first use and kept by the container (cold start only)."""
+    global _clients
+    if _clients is None:
+        settings = Settings.from_env()
+        _clients = build_store(settings, pool=4), build_queues(settings, pool=4)
+    return _clients
+
+
+@logger.inject_lambda_context
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    store, queues = clients()
+    failures = []
+    for record in event.get("Records", []):
+        count = int(record.get("attributes", {}).get("ApproximateReceiveCount", 1))
+        outcome = handle_message(store, queues, record["body"], record["receiptHandle"], count, delete=False)
+        if outcome == "retry":
+            failures.append({"itemIdentifier": record["messageId"]})
+    return {"batchItemFailures": failures}

@@ -1,0 +1,160 @@
+"""Callbacks: a task's end POSTed to the URL its submission names (``notify``), signed so the
+receiver knows it came from this deployment for this tenant, and aimed only where it is safe.
+
+Signature (Stripe's scheme, which receivers know): ``agentq-signature: t=<unix seconds>,
+v1=<hex HMAC-SHA256 of "<t>.<body>" under the tenant's secret>``. ``verify`` checks it and
+refuses a timestamp more than five minutes off, so a captured request cannot be replayed later.
+
+Where: ``https://`` only, and never to an internal address (loopback, private, link-local,
+metadata...), checked when the task is submitted and again, on the resolved addresses, when the
+POST is made (the connection goes to the address that was checked: a DNS answer that changes in
+between cannot redirect it). ``AGENTQ_WEBHOOK_ALLOW`` names hosts (``host``, ``host:port``)
+that may be contacted anyway, over http too: a development receiver on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import http.client
+import json
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from agentq.core.errors import ValidationError
+from agentq.core.tools.fetch import (
+    Deadline,
+    FetchRefused,
+    HostRule,
+    IPAddress,
+    Target,
+    _connection,
+    _getaddrinfo,
+    parse_target,
+    refusal,
+)
+
+ALLOW_VARIABLE = "AGENTQ_WEBHOOK_ALLOW"
+SIGNATURE_HEADER = "agentq-signature"
+TOLERANCE_SECONDS = 300
+TIMEOUT_SECONDS = 10.0
+
+
+def allowed_hosts(env: Mapping[str, str] | None = None) -> list[HostRule]:
+    raw = (os.environ if env is None else env).get(ALLOW_VARIABLE, "")
+    return [HostRule.parse(part) for part in raw.split(",") if part.strip()]
+
+
+def check_url(url: str, *, field: str = "notify.url", resolve: bool = True) -> None:
+    """Refuse (ValidationError naming ``field``) a URL that is not https or leads inside."""
+    try:
+        target = parse_target(url)
+    except FetchRefused as exc:
+        raise ValidationError(f"{field}: {exc}", field=field) from None
+    if any(rule.matches(target.host, target.port) for rule in allowed_hosts()):
+        return
+    if target.scheme != "https":
+        raise ValidationError(f"{field}: callbacks go to https:// URLs only, not {url!r}", field=field)
+    if resolve:
+        try:
+            _checked_addresses(target)
+        except (FetchRefused, OSError, TimeoutError) as exc:
+            raise ValidationError(f"{field}: {exc}", field=field) from None
+
+
+def _checked_addresses(target: Target) -> list[IPAddress]:
+    deadline = Deadline(5.0)
+    try:
+        addresses = _getaddrinfo(target, deadline)
+    finally:
+        deadline.cancel()
+    if not addresses:
+        raise FetchRefused(f"{target.host} did not resolve to any address")
+    for address in addresses:
+        why = refusal(address)
+        if why is not None:
+            raise FetchRefused(f"{target.host} resolves to {address}, which is {why}")
+    return addresses
+
+
+def _resolved(target: Target) -> list[IPAddress]:
+    deadline = Deadline(5.0)
+    try:
+        return _getaddrinfo(target, deadline)
+    finally:
+        deadline.cancel()
+
+
+def signature(secret: str, body: bytes, timestamp: int) -> str:
+    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={mac}"
+
+
+def verify(
+    secret: str, header: str, body: bytes, *, now: float | None = None, tolerance: float = TOLERANCE_SECONDS
+) -> bool:
+    """Whether ``header`` (the ``agentq-signature`` value) signs ``body`` under ``secret`` and
+    is recent: what a receiver calls before trusting a callback."""
+    try:
+        parts = dict(item.split("=", 1) for item in header.split(","))
+        timestamp = int(parts["t"])
+    except (ValueError, KeyError):
+        return False
+    if abs((time.time() if now is None else now) - timestamp) > tolerance:
+        return False
+    return hmac.compare_digest(signature(secret, body, timestamp), f"t={timestamp},v1={parts.get('v1', '')}")
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One callback, as queued: what to POST where, and for whom (whose secret signs it)."""
+
+    delivery_id: str
+    tenant: str
+    url: str
+    payload: dict[str, object]
+
+    @classmethod
+    def for_task_end(cls, tenant: str, url: str, task: Mapping[str, object]) -> Delivery:
+        return cls(delivery_id=uuid.uuid4().hex, tenant=tenant, url=url,
+                   payload={"type": "task.ended", **task})  # fmt: skip
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, default=str)
+
+    @classmethod
+    def from_json(cls, raw: str) -> Delivery:
+        data = json.loads(raw)
+        return cls(delivery_id=str(data["delivery_id"]), tenant=str(data["tenant"]), url=str(data["url"]),
+                   payload=dict(data["payload"]))  # fmt: skip
+
+
+def post(delivery: Delivery, secret: str, *, now: float | None = None) -> int:
+    """POST the delivery, signed; returns the status. Raises on a refused address, a
+    connection failure or a timeout (the queue retries it)."""
+    target = parse_target(delivery.url)
+    allowed = next((r for r in allowed_hosts() if r.matches(target.host, target.port)), None)
+    if allowed is None and target.scheme != "https":
+        raise FetchRefused(f"callbacks go to https:// URLs only, not {delivery.url!r}")
+    addresses = [allowed.literal] if allowed is not None and allowed.literal is not None else None
+    if addresses is None:
+        addresses = _checked_addresses(target) if allowed is None else _resolved(target)
+    body = json.dumps(delivery.payload, default=str).encode()
+    timestamp = int(time.time() if now is None else now)
+    conn = _connection(target, addresses[0], TIMEOUT_SECONDS)
+    try:
+        conn.request("POST", target.path, body=body, headers={
+            "Content-Type": "application/json", "User-Agent": "agentq-webhooks/1",
+            SIGNATURE_HEADER: signature(secret, body, timestamp), "agentq-delivery": delivery.delivery_id,
+            "Connection": "close",
+        })  # fmt: skip
+        response = conn.getresponse()
+        response.read(4096)
+        return int(response.status)
+    except (OSError, http.client.HTTPException) as exc:
+        raise ConnectionError(f"could not deliver to {target.host}: {type(exc).__name__}: {exc}") from None
+    finally:
+        conn.close()

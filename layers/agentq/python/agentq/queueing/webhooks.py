@@ -1,0 +1,103 @@
+"""Delivering callbacks: a task that ended with a subscribed status (``notify``) gets one
+message on the webhooks queue; a deliverer (a Lambda on that queue in AWS, a thread in the
+local stack) POSTs it, signed (``core.webhooks``). A receiver that answers non-2xx, or cannot be
+reached, gets it again later (the message's visibility grows with each receive), up to
+``WEBHOOK_ATTEMPTS``; then SQS moves it to the webhooks DLQ. A URL that is refused (it now
+resolves inside) is not retried: it goes to the DLQ at once, with the reason."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from agentq.core.models import Task, TaskStatus
+from agentq.core.tools.fetch import FetchRefused
+from agentq.core.webhooks import Delivery, post
+from agentq.queueing.queues import TaskQueues
+from agentq.storage.container import Storage
+
+log = logging.getLogger("agentq.webhooks")
+
+
+class DeliveryFailed(Exception):
+    """The receiver did not take it (non-2xx, unreachable): try again later."""
+
+
+def enqueue_end(queues: TaskQueues | None, task: Task, status: TaskStatus) -> bool:
+    """Queue the callback of ``task`` ending ``status``, if its submission asked for it."""
+    notify = task.submission.notify
+    if queues is None or notify is None or status.value not in notify.events:
+        return False
+    payload = {"task_id": task.task_id, "tenant": task.tenant, "status": status.value,
+               "root_id": task.root_id, "metadata": task.submission.metadata}  # fmt: skip
+    queues.send_webhook(Delivery.for_task_end(task.tenant, notify.url, payload).to_json())
+    return True
+
+
+def deliver(store: Storage, body: str) -> int:
+    """POST one queued delivery; returns the receiver's status. Raises ``DeliveryFailed``
+    (retry later) or ``FetchRefused`` (never: to the DLQ)."""
+    delivery = Delivery.from_json(body)
+    secret = store.webhook_secrets.get_or_create(delivery.tenant)
+    try:
+        status = post(delivery, secret)
+    except FetchRefused:
+        raise
+    except (OSError, TimeoutError) as exc:
+        raise DeliveryFailed(str(exc)) from None
+    if not 200 <= status < 300:
+        raise DeliveryFailed(f"{delivery.url} answered {status}")
+    log.info("callback %s delivered to %s (%d)", delivery.delivery_id, delivery.url, status)
+    return status
+
+
+def backoff_seconds(receive_count: int) -> int:
+    """The wait before the next try: 5 s, 20 s, 80 s, ... at most 15 minutes (SQS's maximum)."""
+    return int(min(900, 5 * 4 ** max(0, receive_count - 1)))
+
+
+def handle_message(
+    store: Storage, queues: TaskQueues, body: str, receipt: str, receive_count: int, *, delete: bool = True
+) -> str:
+    """What a deliverer does with one received message: ``delivered``, ``dead_lettered`` (a
+    refused URL, or a body that is not a delivery) or ``retry`` (left on the queue, hidden for
+    the backoff; SQS dead-letters it after the last attempt). ``delete=False``: the caller
+    deletes what is done (a Lambda's event source, from the batch's reported failures)."""
+    try:
+        deliver(store, body)
+    except DeliveryFailed as exc:
+        log.warning("callback not delivered (attempt %d): %s", receive_count, exc)
+        queues.sqs.change_message_visibility(
+            QueueUrl=queues.webhooks_url(), ReceiptHandle=receipt, VisibilityTimeout=backoff_seconds(receive_count)
+        )
+        return "retry"
+    except (FetchRefused, ValueError, KeyError) as exc:
+        log.warning("callback dead-lettered: %s", exc)
+        queues.sqs.send_message(
+            QueueUrl=queues.webhooks_dlq_url(), MessageBody=body,
+            MessageAttributes={"agentq-reason": {"DataType": "String", "StringValue": str(exc)[:1000]}},
+        )  # fmt: skip
+    else:
+        if delete:
+            queues.sqs.delete_message(QueueUrl=queues.webhooks_url(), ReceiptHandle=receipt)
+        return "delivered"
+    if delete:
+        queues.sqs.delete_message(QueueUrl=queues.webhooks_url(), ReceiptHandle=receipt)
+    return "dead_lettered"
+
+
+def delivery_loop(store: Storage, queues: TaskQueues, stop: threading.Event) -> None:
+    """The local deliverer: long-polls the webhooks queue until ``stop``."""
+    while not stop.is_set():
+        try:
+            got: Any = queues.sqs.receive_message(
+                QueueUrl=queues.webhooks_url(), MaxNumberOfMessages=10, WaitTimeSeconds=1,
+                MessageSystemAttributeNames=["ApproximateReceiveCount"],
+            )  # fmt: skip
+            for message in got.get("Messages", []):
+                count = int(message.get("Attributes", {}).get("ApproximateReceiveCount", 1))
+                handle_message(store, queues, message["Body"], message["ReceiptHandle"], count)
+        except Exception:
+            log.warning("webhook delivery loop failed; going on", exc_info=True)
+            stop.wait(1)

@@ -1,0 +1,139 @@
+"""Callbacks: a task that names ``notify`` gets its end POSTed, signed with its tenant's secret
+(HMAC-SHA256 over a timestamp and the body), through its own queue; a receiver that fails gets
+it again later; URLs that are not https or lead inside are refused at submission, naming the
+field, with nothing written; a signature that is old, or under another secret, does not verify."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from agentq.control.submit import submit
+from agentq.core.errors import ValidationError
+from agentq.core.models import TaskStatus
+from agentq.core.webhooks import SIGNATURE_HEADER, signature, verify
+from agentq.local.stack import LocalStack
+from agentq.runtime import build_registry
+
+from tests.helpers import wait_for
+
+
+class Receiver:
+    """An HTTP endpoint that records what it is sent; answers 500 to the first ``fail`` posts."""
+
+    def __init__(self, fail: int = 0) -> None:
+        self.fail = fail
+        self.received: list[tuple[dict[str, str], bytes, int]] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                status = 500 if len(owner.received) < owner.fail else 204
+                owner.received.append(({k.lower(): v for k, v in self.headers.items()}, body, status))
+                self.send_response(status)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/hooks/agentq"
+
+
+@pytest.fixture
+def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
+    r = Receiver(fail=1)
+    monkeypatch.setenv("AGENTQ_WEBHOOK_ALLOW", f"127.0.0.1:{r.server.server_address[1]}")  # a dev receiver
+    yield r
+    r.server.shutdown()
+
+
+def test_a_task_end_is_posted_signed_for_its_tenant_and_a_failed_delivery_is_tried_again(receiver: Receiver) -> None:
+    with LocalStack(prefix="hooks", workers=1, api=False) as stack:
+        assert stack.settings is not None
+        store, queues = stack.store(), stack.queues()
+        body = {"goal": "g", "script": {"turns": [{"text": "done"}]}, "metadata": {"order": "42"},
+                "notify": {"url": receiver.url}}  # fmt: skip
+        task = submit(store, build_registry(stack.settings), body, tenant="acme", queues=queues)
+        quiet = submit(store, build_registry(stack.settings), {**body, "notify": {"url": receiver.url,
+                       "events": ["failed"]}}, tenant="acme", queues=queues)  # fmt: skip
+        wait_for(lambda: len([r for r in receiver.received if r[2] == 204]) >= 1, timeout=60, what="a delivery")
+        secret = store.webhook_secrets.get_or_create("acme")
+        assert store.tasks.get(quiet.task_id).status is TaskStatus.SUCCEEDED
+
+    headers, raw, _ = receiver.received[-1]
+    assert [status for *_, status in receiver.received] == [500, 204]  # the first try failed; the second came later
+    assert receiver.received[0][1] == raw and receiver.received[0][0]["agentq-delivery"] == headers["agentq-delivery"]
+    payload = json.loads(raw)
+    assert payload == {"type": "task.ended", "task_id": task.task_id, "tenant": "acme", "status": "succeeded",
+                       "root_id": task.task_id, "metadata": {"order": "42"}}  # fmt: skip
+    assert verify(secret, headers[SIGNATURE_HEADER], raw)
+    assert not verify("whsec_another", headers[SIGNATURE_HEADER], raw)
+    assert not verify(secret, headers[SIGNATURE_HEADER], raw + b" ")
+    assert not verify(secret, signature(secret, raw, int(time.time()) - 600), raw)  # a replay, ten minutes on
+    assert all(json.loads(b)["task_id"] != quiet.task_id for _, b, _ in receiver.received)  # not subscribed
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("http://example.com/hook", "https:// URLs only"),
+        ("https://127.0.0.1/hook", "loopback"),
+        ("https://169.254.169.254/latest", "metadata"),
+        ("https://10.1.2.3/x", "private"),
+        ("ftp://example.com/x", "http:// and https://"),
+        ("https://localhost:8443/x", "loopback"),
+    ],
+)
+def test_a_callback_url_that_is_not_https_or_leads_inside_is_refused_naming_the_field(
+    url: str, says: str, store: Any, registry: Any
+) -> None:
+    body = {"goal": "g", "script": {"turns": [{"text": "x"}]}, "notify": {"url": url}}
+    with pytest.raises(ValidationError) as refused:
+        submit(store, registry, body, tenant="acme")
+    assert refused.value.field == "notify.url" and says in str(refused.value), str(refused.value)
+    assert list(store.tasks.live_task_ids()) == []
+
+
+def test_the_lambda_deliverer_posts_reports_a_failed_try_and_dead_letters_a_refused_url(
+    moto_server: Any, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentq.core.webhooks import Delivery
+    from agentq.runtime import build_queues, build_store
+
+    from tests.helpers import deployment, queue_depth
+    from tests.lambda_support import FakeLambdaContext, load_handler, sqs_event
+
+    settings = deployment(moto_server)
+    for key, value in settings.env().items():
+        monkeypatch.setenv(key, value)
+    store, queues = build_store(settings), build_queues(settings)
+    good = Delivery.for_task_end("acme", receiver.url, {"task_id": "t1", "status": "succeeded"})
+    refused = Delivery.for_task_end("acme", "https://10.0.0.1/hook", {"task_id": "t2", "status": "failed"})
+    for delivery in (good, good, refused):  # the receiver fails the first post of the good one
+        queues.send_webhook(delivery.to_json())
+    got = queues.sqs.receive_message(QueueUrl=queues.webhooks_url(), MaxNumberOfMessages=10,
+                                     MessageSystemAttributeNames=["All"])["Messages"]  # fmt: skip
+    handler = load_handler("webhooks")
+    arn = queues.sqs.get_queue_attributes(QueueUrl=queues.webhooks_url(), AttributeNames=["QueueArn"])
+    result = handler.lambda_handler(sqs_event(got, arn["Attributes"]["QueueArn"]), FakeLambdaContext(20))
+    assert len(result["batchItemFailures"]) == 1  # one post of the good delivery failed: tried again later
+    assert [status for *_, status in receiver.received] == [500, 204]
+    assert verify(store.webhook_secrets.get_or_create("acme"), receiver.received[1][0][SIGNATURE_HEADER],
+                  receiver.received[1][1])  # fmt: skip
+    dead = queues.sqs.receive_message(QueueUrl=queues.webhooks_dlq_url(), MessageAttributeNames=["All"])["Messages"]
+    assert json.loads(dead[0]["Body"])["payload"]["task_id"] == "t2"
+    assert "private" in dead[0]["MessageAttributes"]["agentq-reason"]["StringValue"]
+    assert queue_depth(queues, queues.webhooks_dlq_url()) == 1
