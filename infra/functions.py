@@ -23,6 +23,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_event_sources as sources
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_scheduler as scheduler
 from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
@@ -65,7 +66,8 @@ TABLE_ACTIONS = [
 # A running task creates, reads and updates its own items, its tree's budget and its tenant's
 # windows; deleting is the API's (an unstarted task) and the reaper's business.
 RUNNER_TABLE_ACTIONS = [a for a in TABLE_ACTIONS if a != "dynamodb:DeleteItem"]
-RUNNER_PARTITIONS = [task_pk("*"), tenant_pk("*"), "FLOW#*"]  # FLOW#: fleet flow control (storage/flow.py)
+# FLOW#: fleet flow control (storage/flow.py); SCHEDULES: a schedule's fire (storage/schedules.py)
+RUNNER_PARTITIONS = [task_pk("*"), tenant_pk("*"), "FLOW#*", "SCHEDULES"]
 PAYLOAD_ACTIONS = ["s3:GetObject", "s3:PutObject"]
 # SQS authorises the *Batch calls with the single-message action.
 SEND_ACTIONS = ["sqs:SendMessage", "sqs:GetQueueUrl", "sqs:GetQueueAttributes"]
@@ -459,6 +461,7 @@ def build_functions(
     )
     if (bus_arn := event_bus_arn(cfg)) is not None:
         api.add_to_role_policy(iam.PolicyStatement(sid="Events", actions=["events:PutEvents"], resources=[bus_arn]))
+    _schedules(scope, cfg, data, api)
     # Cancelling a waiting parent stops its fan-out execution.
     api.add_to_role_policy(
         iam.PolicyStatement(sid="StopFanout", actions=["states:StopExecution"], resources=[execution_arns(cfg)])
@@ -486,6 +489,39 @@ def build_functions(
     return Functions(
         executor, api, authorizer, reaper, reaper_dlq, sweeper, webhooks, sandbox, core_layer, deps_layer, log_groups
     )
+
+
+def _schedules(scope: Construct, cfg: EnvironmentSettings, data: Data, api: lambda_.Function) -> iam.Role:
+    """EventBridge Scheduler for ``POST /schedules``: a schedule group of this environment, and
+    the role its schedules send with, which may only send to the normal tier queue (the fire
+    message; the executor that receives it submits the task). The API may create, update and
+    delete schedules in that group only, and pass that role only, to the Scheduler only."""
+    group = scheduler.CfnScheduleGroup(scope, "ScheduleGroup", name=f"{cfg.prefix}-schedules")
+    role = iam.Role(
+        scope, "SchedulerRole", role_name=f"{cfg.prefix}-scheduler",
+        assumed_by=iam.ServicePrincipal("scheduler.amazonaws.com", conditions={
+            "StringEquals": {"aws:SourceAccount": cdk.Aws.ACCOUNT_ID}}),
+        description=f"agentq schedules ({cfg.prefix}): send a fire message to the normal tier queue",
+    )  # fmt: skip
+    data.queues["normal"].grant_send_messages(role)
+    schedules = f"arn:{cdk.Aws.PARTITION}:scheduler:{cdk.Aws.REGION}:{cdk.Aws.ACCOUNT_ID}:schedule/{group.name}/*"
+    api.add_to_role_policy(
+        iam.PolicyStatement(
+            sid="Schedules",
+            actions=["scheduler:CreateSchedule", "scheduler:UpdateSchedule", "scheduler:DeleteSchedule"],
+            resources=[schedules],
+        )
+    )
+    api.add_to_role_policy(
+        iam.PolicyStatement(
+            sid="PassSchedulerRole", actions=["iam:PassRole"], resources=[role.role_arn],
+            conditions={"StringEquals": {"iam:PassedToService": "scheduler.amazonaws.com"}},
+        )
+    )  # fmt: skip
+    api.add_environment("AGENTQ_SCHEDULER_GROUP", str(group.name))
+    api.add_environment("AGENTQ_SCHEDULER_ROLE_ARN", role.role_arn)
+    api.add_environment("AGENTQ_SCHEDULE_TARGET_ARN", data.queues["normal"].queue_arn)
+    return role
 
 
 def _webhooks(

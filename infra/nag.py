@@ -54,6 +54,11 @@ def acknowledge(stack: AgentqStack) -> None:
     for fn in (fns.executor, fns.api, fns.authorizer, fns.sweeper, fns.webhooks):
         _ack(fn.role, "AwsSolutions-IAM5[Resource::*]", xray)
     _ack(
+        fns.api.role,
+        f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:scheduler:<AWS::Region>:<AWS::AccountId>:schedule/{cfg.prefix}-schedules/*]",
+        "POST/DELETE /schedules create and delete one EventBridge Scheduler schedule per tenant schedule, named at run time; the grant is limited to this environment's schedule group.",
+    )
+    _ack(
         fns.reaper.role,
         "AwsSolutions-IAM5[Resource::*]",
         xray

@@ -101,6 +101,7 @@ def test_the_served_document_is_the_generated_one_and_valid_openapi(api: Api) ->
         ("POST", "/tasks/{task_id}/reject"), ("POST", "/tasks/{task_id}/budget"), ("POST", "/tasks/{task_id}/fork"),
         ("GET", "/health"), ("GET", "/dead-letters"), ("POST", "/dead-letters/{tier}/redrive"),
         ("POST", "/agents"), ("GET", "/agents"), ("GET", "/agents/{name}"), ("GET", "/agents/{name}/versions"), ("GET", "/webhooks/secret"),
+        ("POST", "/schedules"), ("GET", "/schedules"), ("GET", "/schedules/{name}"), ("DELETE", "/schedules/{name}"),
     }  # fmt: skip
     for path, ops in served["paths"].items():
         for method, op in ops.items():

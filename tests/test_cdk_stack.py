@@ -1114,7 +1114,7 @@ def test_task_runners_reach_only_task_partitions_and_delete_nothing(worker_synth
         ]
         assert len(table) == 1, name
         assert table[0]["Condition"] == {
-            "ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TASK#*", "TENANT#*", "FLOW#*"]}
+            "ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TASK#*", "TENANT#*", "FLOW#*", "SCHEDULES"]}
         }
         assert "dynamodb:DeleteItem" not in _as_list(table[0]["Action"])
         assert "APIKEY" not in json.dumps(_statements_of_role(worker_synth, role_id))
@@ -1202,3 +1202,27 @@ def test_callbacks_have_their_own_queue_dlq_deliverer_and_alarm(synth: Synthesiz
                for m in mappings)  # fmt: skip
     alarms = {a["Properties"]["AlarmName"]: a for a in synth.resources("AWS::CloudWatch::Alarm").values()}
     assert f"{cfg.prefix}-webhooks-dlq-not-empty" in alarms
+
+
+def test_schedules_have_a_group_a_role_that_only_sends_fires_and_an_api_that_may_only_use_them(
+    synth: Synthesized,
+) -> None:
+    cfg = settings_of(synth.env_name)
+    [group] = synth.resources("AWS::Scheduler::ScheduleGroup").values()
+    assert group["Properties"]["Name"] == f"{cfg.prefix}-schedules"
+    roles = {r["Properties"].get("RoleName"): r for r in synth.resources("AWS::IAM::Role").values()}
+    role = roles[f"{cfg.prefix}-scheduler"]
+    [trust] = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+    assert trust["Principal"] == {"Service": "scheduler.amazonaws.com"}
+    _, api = _function(synth, "api")
+    env = api["Properties"]["Environment"]["Variables"]
+    assert env["AGENTQ_SCHEDULER_GROUP"] == f"{cfg.prefix}-schedules"
+    assert {"AGENTQ_SCHEDULER_ROLE_ARN", "AGENTQ_SCHEDULE_TARGET_ARN"} <= set(env)
+    statements = [
+        s for p in synth.resources("AWS::IAM::Policy").values() for s in p["Properties"]["PolicyDocument"]["Statement"]
+    ]
+    passes = [s for s in statements if s.get("Sid") == "PassSchedulerRole"]
+    assert passes and passes[0]["Condition"] == {"StringEquals": {"iam:PassedToService": "scheduler.amazonaws.com"}}
+    [schedules] = [s for s in statements if s.get("Sid") == "Schedules"]
+    assert sorted(schedules["Action"]) == ["scheduler:CreateSchedule", "scheduler:DeleteSchedule",
+                                           "scheduler:UpdateSchedule"]  # fmt: skip

@@ -39,6 +39,8 @@ from agentq.api.models import (
     AgentVersions,
     CancelResult,
     Health,
+    ScheduleList,
+    ScheduleView,
     TaskAccepted,
     TaskPage,
     TaskResult,
@@ -216,6 +218,18 @@ class Client:
         body = spec.model_dump(mode="json", exclude_none=True) if isinstance(spec, AgentSpec) else dict(spec or {})
         body.update(fields)
         return AgentCreated.model_validate(self.request("POST", "/agents", body, retry=True))
+
+    def create_schedule(self, spec: dict[str, Any]) -> ScheduleView:
+        return ScheduleView.model_validate(self.request("POST", "/schedules", spec, retry=True))
+
+    def list_schedules(self) -> list[ScheduleView]:
+        return self._get(ScheduleList, "/schedules").schedules
+
+    def get_schedule(self, name: str) -> ScheduleView:
+        return self._get(ScheduleView, f"/schedules/{_seg(name)}")
+
+    def delete_schedule(self, name: str) -> ScheduleView:
+        return ScheduleView.model_validate(self.request("DELETE", f"/schedules/{_seg(name)}"))
 
     def webhook_secret(self) -> str:
         """This tenant's callback signing secret (``agentq.core.webhooks.verify`` checks with it)."""

@@ -392,3 +392,21 @@ class AgentVersions(ApiModel):
 
 class WebhookSecret(ApiModel):
     secret: str = Field(description="the HMAC-SHA256 key of this tenant's callbacks")
+
+
+class ScheduleView(ApiModel):
+    name: str
+    expression: str
+    overlap: Literal["skip", "allow"]
+    submission: dict[str, Any]
+    created_at: float
+    next_fire_at: float = Field(
+        description="when it fires next (UTC seconds; the local scheduler's, in AWS the Scheduler's)"
+    )
+    last_task_id: str | None
+    fired: int = Field(description="fires that submitted a task")
+    skipped: int = Field(description="fires skipped by the overlap policy")
+
+
+class ScheduleList(ApiModel):
+    schedules: list[ScheduleView]

@@ -649,6 +649,38 @@ def _read_agent_file(value: str) -> dict[str, Any]:
     return body
 
 
+def _cmd_schedules(args: argparse.Namespace) -> int:
+    from agentq.cli.views import when
+
+    client = _client(args)
+    if args.schedules_command == "create":
+        import yaml
+
+        try:
+            text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+            body = yaml.safe_load(text)
+        except (OSError, yaml.YAMLError) as exc:
+            raise UsageError(f"cannot read the schedule from {args.file}: {exc}", field="file") from None
+        schedule = client.create_schedule(body)
+        if args.json:
+            _dump(schedule)
+        else:
+            print(f"{schedule.name}: {schedule.expression}; next fire {when(schedule.next_fire_at)}")
+        return 0
+    if args.schedules_command == "delete":
+        deleted = client.delete_schedule(args.name)
+        print(f"deleted {deleted.name}")
+        return 0
+    schedules = client.list_schedules()
+    if args.json:
+        _dump(schedules)
+        return 0
+    for s in schedules:
+        print(f"{s.name:<24} {s.expression:<28} overlap {s.overlap:<5} fired {s.fired} skipped {s.skipped} "
+              f"next {when(s.next_fire_at)} last {s.last_task_id or '-'}")  # fmt: skip
+    return 0
+
+
 def _cmd_agents(args: argparse.Namespace) -> int:
     from agentq.cli.views import when
 
@@ -875,6 +907,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     agents_versions.add_argument("name", help="the agent's name")
     agents.set_defaults(func=_cmd_agents)
+
+    schedules = command("schedules", "create, list or delete schedules (a cron or rate expression and a task)")
+    schedules_sub = schedules.add_subparsers(dest="schedules_command", required=True, metavar="ACTION")
+    schedules_create = _remote(
+        schedules_sub.add_parser(
+            "create", help="create or replace a schedule from a YAML or JSON file",
+            description="create or replace a schedule: name, expression (cron(...) or rate(...)), submission, overlap",
+        )
+    )  # fmt: skip
+    schedules_create.add_argument(
+        "-f", "--file", required=True, help="schedule.yaml or schedule.json ('-' reads stdin)"
+    )
+    _remote(schedules_sub.add_parser("list", help="your schedules", description="your schedules"))
+    schedules_delete = _remote(schedules_sub.add_parser("delete", help="delete one", description="delete a schedule"))
+    schedules_delete.add_argument("name")
+    schedules.set_defaults(func=_cmd_schedules)
 
     keys = command("keys", "create, list or revoke API keys (talks to the table: AGENTQ_* and AWS_* settings)")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")

@@ -187,28 +187,12 @@ def request_hash(submission: TaskSubmission) -> str:
     return hashlib.sha256(submission.model_dump_json(exclude_none=True).encode()).hexdigest()
 
 
-def submit_once(
-    store: Storage,
-    tools: ToolRegistry,
-    raw: Any,
-    *,
-    tenant: str,
-    queues: TaskQueues | None = None,
-    idempotency_key: str | None = None,
-    digest: str | None = None,
-    defaults: Defaults | None = None,
-) -> Submitted:
-    """``submit`` with an optional idempotency key: the same key and request return the task
-    the first one created (``created=False``); the same key with another request raises
-    IdempotencyConflict. Shared by the HTTP API, the CLI and the Python client's server side.
-
-    A submission naming an agent is resolved to the agent's version first (``control.agents``),
-    then ``defaults`` (the deployment's) fill what neither sets. An idempotency key is bound to
-    the request as sent (``digest``, else its hash before either), so a retry matches even
-    after a new agent version or new defaults.
-    """
-    submission = raw if isinstance(raw, TaskSubmission) else parse_submission(raw)
-    digest = digest or request_hash(submission)
+def prepare_submission(
+    store: Storage, tools: ToolRegistry, submission: TaskSubmission, *, tenant: str, defaults: Defaults | None = None
+) -> TaskSubmission:
+    """The submission as it will run, fully checked, nothing written: its agent version
+    resolved, the deployment's defaults filled in, tools, model, script, callback URL and
+    dependencies checked (``submit_once``; a schedule's template is checked the same way)."""
     if submission.agent is None and submission.mcp_tools:
         raise ValidationError(
             "mcp_tools: set from an agent version's mcp_servers; create an agent that names the server",
@@ -221,13 +205,41 @@ def submit_once(
     if defaults is not None:
         submission = defaults.apply(submission)
     check_submission(submission, tools)
-    blocked = bool(submission.depends_on)
-    if blocked:
+    if submission.depends_on:
         from agentq.queueing.dependencies import check_dependencies
 
         check_dependencies(store, submission, tenant=tenant)
+    return submission
+
+
+def submit_once(
+    store: Storage,
+    tools: ToolRegistry,
+    raw: Any,
+    *,
+    tenant: str,
+    queues: TaskQueues | None = None,
+    idempotency_key: str | None = None,
+    digest: str | None = None,
+    defaults: Defaults | None = None,
+    task_id: str | None = None,
+) -> Submitted:
+    """``submit`` with an optional idempotency key: the same key and request return the task
+    the first one created (``created=False``); the same key with another request raises
+    IdempotencyConflict. Shared by the HTTP API, the CLI and the Python client's server side.
+
+    A submission naming an agent is resolved to the agent's version first (``control.agents``),
+    then ``defaults`` (the deployment's) fill what neither sets. An idempotency key is bound to
+    the request as sent (``digest``, else its hash before either), so a retry matches even
+    after a new agent version or new defaults. ``task_id``: the id to create it under (a
+    schedule's fire).
+    """
+    submission = raw if isinstance(raw, TaskSubmission) else parse_submission(raw)
+    digest = digest or request_hash(submission)
+    submission = prepare_submission(store, tools, submission, tenant=tenant, defaults=defaults)
+    blocked = bool(submission.depends_on)
     if idempotency_key is None:
-        task = store.tasks.create(submission, tenant=tenant, blocked=blocked)
+        task = store.tasks.create(submission, tenant=tenant, blocked=blocked, task_id=task_id)
         created = True
     else:
         task, created = store.tasks.create_idempotent(

@@ -83,6 +83,9 @@ class LocalStack:
             daemon=True,
         )  # fmt: skip
         self._deliverer.start()
+        # The schedules' clock, a thread here as EventBridge Scheduler is in AWS.
+        self._scheduler = threading.Thread(target=self._schedule_loop, name="agentq-scheduler", daemon=True)
+        self._scheduler.start()
         return self
 
     def _build_app(self) -> Any:
@@ -158,6 +161,18 @@ class LocalStack:
         pid = int(worker.rsplit(":", 1)[-1])
         return next((p for p in self.processes if p.pid == pid), None)
 
+    def _schedule_loop(self) -> None:
+        from agentq.control.schedules import fire_due
+        from agentq.runtime import build_registry
+
+        assert self.settings is not None
+        store, queues, tools = self.store(), self.queues(), build_registry(self.settings)
+        while not self._stopping.wait(1.0):
+            try:
+                fire_due(store, tools, queues)
+            except Exception:  # the store going away at shutdown, a moto hiccup: next tick
+                logging.getLogger("agentq.schedules").warning("scheduler tick failed", exc_info=True)
+
     def _sweep_loop(self) -> None:
         assert self.settings is not None and self.sweep_every is not None
         store, queues = self.store(), self.queues()
@@ -173,6 +188,8 @@ class LocalStack:
             self._sweeper.join(timeout=30)
         if getattr(self, "_deliverer", None) is not None:
             self._deliverer.join(timeout=10)
+        if getattr(self, "_scheduler", None) is not None:
+            self._scheduler.join(timeout=10)
         for proc in self.processes:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)

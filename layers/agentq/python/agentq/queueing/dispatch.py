@@ -104,11 +104,30 @@ class Dispatcher:
             message = TaskMessage.model_validate_json(body)
         except pydantic.ValidationError as exc:
             return Action("dead_letter", f"poison: not a task message ({exc.errors()[0]['msg']})")
+        if message.kind == "schedule":
+            return self._fire(message)
         with observe.task_context(task_id=message.task_id):
             return self._handle(
                 message, tier=tier, receive_count=receive_count, attributes=attributes,
                 deadline=deadline, keeper=keeper, on_beat=on_beat, stop=stop,
             )  # fmt: skip
+
+    def _fire(self, message: TaskMessage) -> Action:
+        """A schedule's fire, delivered by EventBridge Scheduler: submit its task (once per
+        fire time, whatever the deliveries)."""
+        from datetime import datetime
+
+        from agentq.control.schedules import fire
+
+        tenant, _, name = (message.schedule or "").partition("#")
+        try:
+            at = datetime.fromisoformat((message.scheduled_time or "").replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return Action("dead_letter", f"poison: a schedule message with no valid time ({message.scheduled_time!r})")
+        if not tenant or not name:
+            return Action("dead_letter", f"poison: a schedule message naming no schedule ({message.schedule!r})")
+        task_id = fire(self.store, self.engine.tools, self.queues, tenant=tenant, name=name, fire_time=at)
+        return Action("delete", f"schedule {name} fired: {task_id or 'skipped'}", task_id=task_id)
 
     def _handle(
         self,

@@ -26,6 +26,7 @@ MessageKind = Literal[
     "swept",
     "approval_due",
     "batch_poll",
+    "schedule",
 ]
 DEAD_LETTER_REASON = "agentq-reason"  # message attribute set when agentq dead-letters a message
 
@@ -55,6 +56,8 @@ class TaskMessage(BaseModel):
     sent_at: float = Field(default_factory=time.time)
     task_token: str | None = Field(default=None, max_length=4096)  # from a Step Functions fan-out
     spawn_id: str | None = Field(default=None, max_length=256)  # on a wake: the fan-out that ended
+    schedule: str | None = Field(default=None, max_length=200)  # on a schedule's fire: <tenant>#<name>
+    scheduled_time: str | None = Field(default=None, max_length=64)  # ... and its time (ISO 8601, from the Scheduler)
 
 
 @dataclass

@@ -13,6 +13,7 @@ from agentq.storage.effects import Effects
 from agentq.storage.flow import FlowControl
 from agentq.storage.notes import Notes
 from agentq.storage.purge import Purge
+from agentq.storage.schedules import Schedules
 from agentq.storage.serdes import Payloads
 from agentq.storage.spawns import Spawns
 from agentq.storage.steps import Steps
@@ -46,6 +47,7 @@ class Storage:
         self.agents = Agents(table)
         self.flow = FlowControl(table)
         self.webhook_secrets = WebhookSecrets(table)
+        self.schedules = Schedules(table)
 
 
 def memory_storage(**kwargs: object) -> Storage:

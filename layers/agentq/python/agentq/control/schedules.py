@@ -1,0 +1,121 @@
+"""Schedules: create, list, delete, and fire (``core.schedules`` has the expressions).
+
+In AWS (``AGENTQ_SCHEDULER_GROUP`` set) creating a schedule also creates an EventBridge
+Scheduler schedule in the stack's group, whose target is the normal tier queue with a
+``schedule`` message (the fire time filled in by the Scheduler), sent with the stack's
+scheduler role: the executor that receives it fires. In ``agentq dev`` a thread calls
+``fire_due`` every second instead. Either way a fire is ``fire``: the overlap policy, then one
+task per fire time (its id derived from it), enqueued.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from typing import Any
+
+from agentq.control.submit import parse_submission, prepare_submission, submit_once, validate_body
+from agentq.core.errors import AgentqError, ValidationError
+from agentq.core.schedules import ScheduleSpec, fire_task_id, next_fire
+from agentq.core.tools import ToolRegistry
+from agentq.queueing.queues import TaskQueues
+from agentq.storage.container import Storage
+from agentq.storage.schedules import Schedule
+
+log = logging.getLogger("agentq.schedules")
+
+
+def create_schedule(store: Storage, tools: ToolRegistry, raw: Any, *, tenant: str) -> Schedule:
+    """Validate fully (the expression; the submission as POST /tasks would), store it, and in
+    AWS create its Scheduler schedule. A bad field is a ValidationError naming it; nothing is written."""
+    spec = validate_body(ScheduleSpec, raw, what="a schedule")
+    try:
+        prepare_submission(store, tools, parse_submission(spec.submission), tenant=tenant)
+    except AgentqError as exc:
+        field = f"submission.{exc.field}" if exc.field and exc.field != "body" else "submission"
+        raise ValidationError(f"submission: {exc.message}", field=field) from None
+    now = time.time()
+    schedule = store.schedules.put(tenant, spec, next_fire(spec.expression, now))
+    group = os.environ.get("AGENTQ_SCHEDULER_GROUP")
+    if group:
+        _aws_schedule(group, tenant, spec)
+    return schedule
+
+
+def delete_schedule(store: Storage, *, tenant: str, name: str) -> None:
+    store.schedules.delete(tenant, name)
+    group = os.environ.get("AGENTQ_SCHEDULER_GROUP")
+    if group:
+        import boto3
+
+        client = boto3.client("scheduler")
+        with contextlib.suppress(client.exceptions.ResourceNotFoundException):  # never made, or gone
+            client.delete_schedule(Name=_aws_name(tenant, name), GroupName=group)
+
+
+def _aws_name(tenant: str, name: str) -> str:
+    import hashlib
+
+    return f"{name}-{hashlib.sha256(tenant.encode()).hexdigest()[:12]}"  # unique per tenant, within 64 chars
+
+
+def _aws_schedule(group: str, tenant: str, spec: ScheduleSpec) -> None:
+    import boto3
+
+    message = {"task_id": f"schedule:{tenant}#{spec.name}"[:128], "kind": "schedule", "schedule": f"{tenant}#{spec.name}",
+               "scheduled_time": "<aws.scheduler.scheduled-time>"}  # fmt: skip
+    target = {"Arn": os.environ["AGENTQ_SCHEDULE_TARGET_ARN"], "RoleArn": os.environ["AGENTQ_SCHEDULER_ROLE_ARN"],
+              "Input": json.dumps(message)}  # fmt: skip
+    client = boto3.client("scheduler")
+    kwargs = {"Name": _aws_name(tenant, spec.name), "GroupName": group, "ScheduleExpression": spec.expression,
+              "FlexibleTimeWindow": {"Mode": "OFF"}, "Target": target}  # fmt: skip
+    try:
+        client.create_schedule(**kwargs)
+    except client.exceptions.ConflictException:
+        client.update_schedule(**kwargs)
+
+
+def fire(
+    store: Storage, tools: ToolRegistry, queues: TaskQueues | None, *, tenant: str, name: str, fire_time: float
+) -> str | None:
+    """One fire of a schedule: the task it created (or had created: a repeated delivery), or
+    None when the overlap policy skipped it (or the schedule is gone)."""
+    try:
+        schedule = store.schedules.get(tenant, name)
+    except AgentqError:
+        return None
+    task_id = fire_task_id(tenant, name, fire_time)
+    if store.tasks.get_many([task_id]):
+        return task_id  # this fire already made its task: a repeated delivery
+    if schedule.spec.overlap == "skip" and schedule.last_task_id:
+        previous = store.tasks.get_many([schedule.last_task_id])
+        if previous and not previous[0].status.terminal:
+            store.schedules.record_fire(tenant, name, None)
+            log.info("schedule %s/%s skipped a fire: task %s is still live", tenant, name, schedule.last_task_id)
+            return None
+    submitted = submit_once(store, tools, schedule.spec.submission, tenant=tenant, queues=queues, task_id=task_id)
+    store.schedules.record_fire(tenant, name, submitted.task.task_id)
+    log.info("schedule %s/%s fired: task %s", tenant, name, submitted.task.task_id)
+    return submitted.task.task_id
+
+
+def fire_due(store: Storage, tools: ToolRegistry, queues: TaskQueues | None, *, now: float | None = None) -> list[str]:
+    """The local scheduler's tick: fire every schedule whose time has come, once (a schedule
+    that missed several fires while nothing ran fires once, for the latest)."""
+    now = time.time() if now is None else now
+    fired = []
+    for schedule in store.schedules.list():
+        if schedule.next_fire_at > now:
+            continue
+        due = schedule.next_fire_at
+        while (following := next_fire(schedule.spec.expression, due)) <= now:
+            due = following
+        if not store.schedules.advance(schedule, following):
+            continue  # another loop fired it
+        task_id = fire(store, tools, queues, tenant=schedule.tenant, name=schedule.spec.name, fire_time=due)
+        if task_id is not None:
+            fired.append(task_id)
+    return fired

@@ -1,0 +1,102 @@
+"""Schedules in one partition (``SCHEDULES``, sort key ``<tenant>#<name>``): a tenant lists its
+own by prefix, and the local scheduler reads every schedule with one Query. ``next_fire_at`` is
+moved by a conditional write on its old value, so two loops firing the same schedule agree on
+who fires it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import dataclass
+from decimal import Decimal
+
+from boto3.dynamodb.conditions import Attr
+
+from agentq.core.errors import TaskNotFound
+from agentq.core.schedules import ScheduleSpec
+from agentq.storage.table import ConditionFailed, Table, Update, plain
+
+PARTITION = "SCHEDULES"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    tenant: str
+    spec: ScheduleSpec
+    created_at: float
+    next_fire_at: float
+    last_task_id: str | None = None
+    fired: int = 0
+    skipped: int = 0
+
+
+class ScheduleNotFound(TaskNotFound):
+    """A 404 like an unknown task (another tenant's schedule is not found either)."""
+
+    code = "schedule_not_found"
+
+
+class Schedules:
+    def __init__(self, table: Table) -> None:
+        self.table = table
+
+    @staticmethod
+    def _key(tenant: str, name: str) -> dict[str, str]:
+        return {"pk": PARTITION, "sk": f"{tenant}#{name}"}
+
+    def put(self, tenant: str, spec: ScheduleSpec, next_fire_at: float) -> Schedule:
+        now = time.time()
+        self.table.put({
+            **self._key(tenant, spec.name), "tenant": tenant, "spec": spec.model_dump_json(),
+            "created_at": Decimal(repr(now)), "next_fire_at": Decimal(repr(next_fire_at)), "fired": 0, "skipped": 0,
+        })  # fmt: skip
+        return Schedule(tenant, spec, now, next_fire_at)
+
+    def get(self, tenant: str, name: str) -> Schedule:
+        item = self.table.get(self._key(tenant, name))
+        if item is None:
+            raise ScheduleNotFound(f"no schedule {name!r}", field="name")
+        return _schedule(plain(item))
+
+    def list(self, tenant: str | None = None) -> list[Schedule]:
+        items = self.table.query(PARTITION, prefix=f"{tenant}#" if tenant is not None else None)
+        return [_schedule(plain(i)) for i in items]
+
+    def delete(self, tenant: str, name: str) -> None:
+        if self.table.delete(self._key(tenant, name)) is None:
+            raise ScheduleNotFound(f"no schedule {name!r}", field="name")
+
+    def advance(self, schedule: Schedule, to: float) -> bool:
+        """Move ``next_fire_at`` on, if no one else did: True when this caller fires it."""
+        try:
+            self.table.update(
+                self._key(schedule.tenant, schedule.spec.name),
+                Update(set={"next_fire_at": Decimal(repr(to))}),
+                condition=Attr("next_fire_at").eq(Decimal(repr(schedule.next_fire_at))),
+            )
+        except ConditionFailed:
+            return False
+        return True
+
+    def record_fire(self, tenant: str, name: str, task_id: str | None) -> None:
+        """Count a fire: its task, or a skip (``task_id`` None)."""
+        update = (
+            Update(set={"last_task_id": task_id}, add={"fired": 1})
+            if task_id is not None
+            else Update(add={"skipped": 1})
+        )
+        with contextlib.suppress(ConditionFailed):  # deleted meanwhile
+            self.table.update(self._key(tenant, name), update, condition=Attr("pk").exists())
+
+
+def _schedule(item: dict[str, object]) -> Schedule:
+    return Schedule(
+        tenant=str(item["tenant"]),
+        spec=ScheduleSpec.model_validate(json.loads(str(item["spec"]))),
+        created_at=float(item["created_at"]),  # type: ignore[arg-type]
+        next_fire_at=float(item["next_fire_at"]),  # type: ignore[arg-type]
+        last_task_id=str(item["last_task_id"]) if item.get("last_task_id") else None,
+        fired=int(item.get("fired", 0)),  # type: ignore[call-overload]
+        skipped=int(item.get("skipped", 0)),  # type: ignore[call-overload]
+    )

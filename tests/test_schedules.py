@@ -1,0 +1,143 @@
+"""Schedules: EventBridge Scheduler's expressions give the next fire time; a due schedule fires
+one task per fire time (a repeated fire makes none), skips while its previous task is live
+(overlap skip) or not (allow); bad input names its field and writes nothing; in AWS the API
+creates a Scheduler schedule whose message, delivered to the tier queue, fires the task."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import boto3
+import pytest
+
+from agentq.control.schedules import create_schedule, delete_schedule, fire, fire_due
+from agentq.core.errors import ValidationError
+from agentq.core.models import TaskStatus
+from agentq.core.schedules import fire_task_id, next_fire
+from agentq.local.moto_server import MotoServer
+from agentq.runtime import build_queues, build_registry, build_store
+
+from tests.helpers import deployment, queue_depth
+
+
+def _at(text: str) -> float:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+
+
+def test_cron_and_rate_expressions_give_the_next_fire_time() -> None:
+    now = _at("2026-11-25T10:00:00")  # a Wednesday
+    assert next_fire("rate(5 minutes)", now) == _at("2026-11-25T10:05:00")
+    assert next_fire("rate(1 day)", now) == _at("2026-11-26T00:00:00")
+    assert next_fire("cron(0 9 ? * MON-FRI *)", now) == _at("2026-11-26T09:00:00")
+    assert next_fire("cron(30 8 ? * 2 *)", now) == _at("2026-11-30T08:30:00")  # 2 is Monday, as in EventBridge
+    assert next_fire("cron(0 12 1 * ? *)", now) == _at("2026-12-01T12:00:00")
+
+
+def _spec(name: str = "nightly", expression: str = "rate(1 minute)", **extra: Any) -> dict[str, Any]:
+    return {"name": name, "expression": expression,
+            "submission": {"goal": "report", "script": {"turns": [{"text": "report done"}]}}, **extra}  # fmt: skip
+
+
+def test_a_due_schedule_fires_one_task_per_fire_time_and_skips_while_the_previous_one_is_live(
+    moto_server: MotoServer,
+) -> None:
+    settings = deployment(moto_server)
+    store, tools, queues = build_store(settings), build_registry(settings), build_queues(settings)
+    schedule = create_schedule(store, tools, _spec(), tenant="acme")
+    first_time = schedule.next_fire_at
+    assert first_time > time.time() and fire_due(store, tools, queues, now=first_time - 1) == []
+
+    [first] = fire_due(store, tools, queues, now=first_time + 1)
+    assert first == fire_task_id("acme", "nightly", first_time)
+    assert fire_due(store, tools, queues, now=first_time + 2) == []  # the next fire is a minute on
+    assert fire(store, tools, queues, tenant="acme", name="nightly", fire_time=first_time) == first  # a repeat
+    task = store.tasks.get(first)
+    assert task.status is TaskStatus.QUEUED and task.submission.goal == "report" and task.tenant == "acme"
+    assert queue_depth(queues, queues.url("normal")) == 1
+
+    assert fire_due(store, tools, queues, now=first_time + 61) == []  # the first task is still queued: skipped
+    kept = store.schedules.get("acme", "nightly")
+    assert (kept.fired, kept.skipped, kept.last_task_id) == (1, 1, first)
+
+    store.tasks.transition(first, TaskStatus.CANCELLED)
+    [second] = fire_due(store, tools, queues, now=first_time + 121)
+    assert second != first and store.schedules.get("acme", "nightly").fired == 2
+
+    create_schedule(store, tools, _spec("always", overlap="allow"), tenant="acme")
+    always = store.schedules.get("acme", "always").next_fire_at
+    fired = [fire_due(store, tools, queues, now=always + 60 * i + 1) for i in range(3)]
+    assert [len(f) for f in fired] == [1, 1, 1]  # allow: a task per fire, live or not
+    assert [s.spec.name for s in store.schedules.list("acme")] == ["always", "nightly"]
+    assert store.schedules.list("other") == []
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        (_spec(expression="every day"), "expression"),
+        (_spec(expression="cron(0 9 * * MON *)"), "expression"),
+        (_spec(name="Bad Name"), "name"),
+        (_spec(overlap="queue"), "overlap"),
+        (
+            {
+                **_spec(),
+                "submission": {
+                    "goal": "g",
+                    "script": {"turns": [{"text": "x"}]},
+                    "constraints": {"tools": ["no_such_tool"]},
+                },
+            },
+            "submission.constraints.tools[0]",
+        ),
+        ({**_spec(), "submission": {"goal": ""}}, "submission.goal"),
+    ],
+)
+def test_a_bad_schedule_is_refused_naming_the_field_and_nothing_is_written(
+    moto_server: MotoServer, spec: dict[str, Any], field: str
+) -> None:
+    settings = deployment(moto_server)
+    store, tools = build_store(settings), build_registry(settings)
+    with pytest.raises(ValidationError) as refused:
+        create_schedule(store, tools, spec, tenant="acme")
+    assert refused.value.field == field, refused.value
+    assert store.schedules.list() == []
+
+
+def test_in_aws_a_scheduler_schedule_is_made_and_its_message_fires_the_task(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentq.core.engine import Engine
+    from agentq.queueing.dispatch import Dispatcher
+
+    settings = deployment(moto_server)
+    store, tools, queues = build_store(settings), build_registry(settings), build_queues(settings)
+    scheduler = boto3.client("scheduler", endpoint_url=moto_server.endpoint_url, region_name="us-east-1")
+    scheduler.create_schedule_group(Name=f"{settings.prefix}-schedules")
+    queue_arn = queues.sqs.get_queue_attributes(QueueUrl=queues.url("normal"), AttributeNames=["QueueArn"])
+    monkeypatch.setenv("AGENTQ_SCHEDULER_GROUP", f"{settings.prefix}-schedules")
+    monkeypatch.setenv("AGENTQ_SCHEDULE_TARGET_ARN", queue_arn["Attributes"]["QueueArn"])
+    monkeypatch.setenv("AGENTQ_SCHEDULER_ROLE_ARN", "arn:aws:iam::123456789012:role/agentq-scheduler")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SCHEDULER", moto_server.endpoint_url)
+
+    create_schedule(store, tools, _spec(expression="cron(0 9 ? * MON-FRI *)"), tenant="acme")
+    [made] = scheduler.list_schedules(GroupName=f"{settings.prefix}-schedules")["Schedules"]
+    described = scheduler.get_schedule(Name=made["Name"], GroupName=f"{settings.prefix}-schedules")
+    assert described["ScheduleExpression"] == "cron(0 9 ? * MON-FRI *)"
+    assert described["Target"]["Arn"] == queue_arn["Attributes"]["QueueArn"]
+
+    # What the Scheduler sends at 09:00: its Input, the time filled in.
+    body = described["Target"]["Input"].replace("<aws.scheduler.scheduled-time>", "2026-11-26T09:00:00Z")
+    dispatcher = Dispatcher(Engine(store, worker_id="w", tools=tools), store, queues, max_receive_count=5)
+    action = dispatcher.handle(body, tier="normal", receive_count=1)
+    fired = fire_task_id("acme", "nightly", _at("2026-11-26T09:00:00"))
+    assert action.kind == "delete" and action.task_id == fired
+    assert dispatcher.handle(body, tier="normal", receive_count=2).task_id == fired  # a repeated delivery
+    assert store.tasks.get(fired).submission.goal == "report"
+    assert json.loads(body)["kind"] == "schedule"
+
+    delete_schedule(store, tenant="acme", name="nightly")
+    assert scheduler.list_schedules(GroupName=f"{settings.prefix}-schedules")["Schedules"] == []
+    assert store.schedules.list() == []
