@@ -137,3 +137,20 @@ def test_the_lambda_deliverer_posts_reports_a_failed_try_and_dead_letters_a_refu
     assert json.loads(dead[0]["Body"])["payload"]["task_id"] == "t2"
     assert "private" in dead[0]["MessageAttributes"]["agentq-reason"]["StringValue"]
     assert queue_depth(queues, queues.webhooks_dlq_url()) == 1
+
+
+def test_an_agent_can_name_the_callback_of_its_tasks_and_a_submission_its_own(store: Any, registry: Any) -> None:
+    from agentq.control.agents import create_agent
+
+    agent = {"name": "reporter", "provider": "scripted", "script": {"turns": [{"text": "r"}]},
+             "notify": {"url": "https://hooks.example.com/agentq", "events": ["failed"]}}  # fmt: skip
+    create_agent(store, registry, agent, tenant="acme")
+    inherited = submit(store, registry, {"agent": "reporter", "goal": "g"}, tenant="acme")
+    assert inherited.submission.notify is not None and inherited.submission.notify.events == ["failed"]
+    own = submit(store, registry, {"agent": "reporter", "goal": "g", "notify": {"url": "https://mine.example.com/"}},
+                 tenant="acme")  # fmt: skip
+    assert own.submission.notify is not None and own.submission.notify.url == "https://mine.example.com/"
+    with pytest.raises(ValidationError) as refused:
+        create_agent(store, registry, {**agent, "name": "bad", "notify": {"url": "http://hooks.example.com/"}},
+                     tenant="acme")  # fmt: skip
+    assert refused.value.field == "notify.url"

@@ -43,6 +43,10 @@ def check_agent(spec: AgentSpec, tools: ToolRegistry, mcp_tools: list[McpToolPin
                 field=f"tool_policies.{name}",
             )
     check_script(spec.script)
+    if spec.notify is not None:
+        from agentq.core.webhooks import check_url
+
+        check_url(spec.notify.url)
 
 
 def pin_mcp_tools(spec: AgentSpec, servers: McpServers | None) -> list[McpToolPin]:

@@ -26,6 +26,7 @@ from agentq.core.models import (
     ApprovalDefault,
     Effort,
     McpToolPin,
+    Notify,
     Provider,
     Script,
     StrictModel,
@@ -87,6 +88,9 @@ class AgentSpec(StrictModel):
     )
     output_schema: dict[str, Any] | None = Field(
         default=None, description="a JSON Schema every final answer of its tasks must validate against"
+    )
+    notify: Notify | None = Field(
+        default=None, description="the callback of its tasks' ends (a submission's own notify takes precedence)"
     )
 
     @field_validator("output_schema")
@@ -186,6 +190,8 @@ def resolved_fields(version: AgentVersion, submission_fields: dict[str, Any]) ->
     }
     if version.output_schema is not None:
         fields["output_schema"] = version.output_schema
+    if version.notify is not None and "notify" not in sent:
+        fields["notify"] = version.notify.model_dump()
     if version.system is not None:
         fields["system"] = version.system
     if version.script is not None:

@@ -61,8 +61,10 @@ def check_url(url: str, *, field: str = "notify.url", resolve: bool = True) -> N
     if resolve:
         try:
             _checked_addresses(target)
-        except (FetchRefused, OSError, TimeoutError) as exc:
+        except FetchRefused as exc:
             raise ValidationError(f"{field}: {exc}", field=field) from None
+        except (OSError, TimeoutError):
+            pass  # not resolvable now: the delivery resolves it again, and refuses an internal answer
 
 
 def _checked_addresses(target: Target) -> list[IPAddress]:
