@@ -1,7 +1,7 @@
 """Events for whoever subscribes: always a structured log line on ``agentq.events``, and an
 EventBridge event when ``AGENTQ_EVENT_BUS`` names a bus (the stack creates ``{prefix}-events``).
 
-Status changes (``TaskStatusChanged``) are sent as they are written, best effort: a bus that
+Status changes (``TaskStatusChanged``) are sent as they are written (to a bus only), best effort: a bus that
 cannot be reached is logged, never raised, so a task never fails for its notification. The
 events client is made once per process (boto3 clients are not cheap to make)."""
 
@@ -46,9 +46,12 @@ def emit_event(detail_type: str, detail: dict[str, object], *, level: int = logg
 
 def task_status_changed(task_id: str, tenant: str, status: str, **detail: object) -> None:
     """A task moved to ``status`` (``TaskStatusChanged``: task id, tenant, status, time, and
-    what the writer knows besides: the error code, the previous status)."""
+    what the writer knows besides: the error code, the claim's epoch). Without a bus nothing
+    is written: the task's own trace and log lines already say it."""
+    if not os.environ.get("AGENTQ_EVENT_BUS"):
+        return
     emit_event(
         "TaskStatusChanged",
         {"task_id": task_id, "tenant": tenant, "status": status, "at": round(time.time(), 3), **detail},
-        level=logging.INFO,
+        level=logging.DEBUG,  # one a transition: the bus carries them; the trace shows them already
     )

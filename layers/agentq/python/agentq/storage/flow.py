@@ -2,9 +2,10 @@
 model (``FLOW#anthropic/claude-sonnet-4-6``): the circuit breaker and the slow-down on
 ``STATE``, one token bucket per limit on ``BUCKET#rpm|itpm|otpm``.
 
-Every executor reads ``STATE`` before a call (one GetItem) and writes it only when something
-changes: a failure counted, the circuit opened, a probe taken, the circuit closed, a 429's
-slow-down. The moves are conditional writes on what was read, so two executors that see the
+Every executor reads ``STATE`` before a call (one GetItem, kept for ``CACHE_SECONDS`` while the
+circuit is closed and nothing slows it: a fleet learns of an opening within that) and writes it
+only when something changes: a failure counted, the circuit opened, a probe taken, the circuit
+closed, a 429's slow-down. The moves are conditional writes on what was read, so two executors that see the
 circuit open together take no more probes than allowed, and one opening is recorded once.
 A bucket is refilled and taken in one conditional write on its last refill time.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from typing import Any
 
@@ -25,6 +27,7 @@ from agentq.storage.table import ConditionFailed, Table, Update, plain
 log = logging.getLogger("agentq.flow")
 
 MINUTE = 60.0
+CACHE_SECONDS = 1.0
 
 
 def _state_key(key: str) -> dict[str, str]:
@@ -39,13 +42,35 @@ class FlowControl:
     def __init__(self, table: Table, settings: FlowSettings | None = None) -> None:
         self.table = table
         self.settings = settings or FlowSettings.from_env()
+        self._seen: dict[str, tuple[float, dict[str, Any]]] = {}  # key -> (when read, a healthy STATE)
+        self._lock = threading.Lock()
+
+    def _state(self, key: str) -> dict[str, Any]:
+        """``STATE``, from this process's copy when it was healthy and is under a second old."""
+        now = time.monotonic()
+        with self._lock:
+            seen = self._seen.get(key)
+        if seen is not None and now - seen[0] < CACHE_SECONDS:
+            return seen[1]
+        state = plain(self.table.get(_state_key(key)) or {})
+        healthy = state.get("state", "closed") == "closed" and not state.get("failures") and not state.get("slow_until")
+        with self._lock:
+            if healthy:
+                self._seen[key] = (now, state)
+            else:
+                self._seen.pop(key, None)
+        return state
+
+    def _forget(self, key: str) -> None:
+        with self._lock:
+            self._seen.pop(key, None)
 
     # -------------------------------------------------------------- admission
 
     def admit(self, key: str, input_tokens: int, output_tokens: int, now: float | None = None) -> Admission:
         """Whether a call to ``key`` may go now (see ``core.flow``)."""
         now = time.time() if now is None else now
-        state = plain(self.table.get(_state_key(key)) or {})
+        state = self._state(key)
         slow_until = float(state.get("slow_until", 0))
         if now < slow_until:
             return Admission(ok=False, wait=slow_until - now, reason="slowed_down")
@@ -126,6 +151,7 @@ class FlowControl:
         """A call went through: a probe closes the circuit; counted failures are forgotten."""
         if not (admission.probe or admission.reason == "failures"):
             return  # the common case: nothing to write
+        self._forget(key)
         try:
             self.table.update(
                 _state_key(key),
@@ -143,6 +169,7 @@ class FlowControl:
         once, for a probe). Returns whether the circuit is open now."""
         now = time.time() if now is None else now
         breaker = self.settings.breaker
+        self._forget(key)
         if admission.probe:
             self.table.update(_state_key(key), Update(set={"state": "open", "opened_at": _dec(now)}, remove=["probes"]))
             log.warning("circuit %s open again: a probe failed", key)
@@ -181,6 +208,7 @@ class FlowControl:
 
     def slow_down(self, key: str, seconds: float, now: float | None = None) -> None:
         """A 429 said when to come back: the whole fleet waits that long for this model."""
+        self._forget(key)
         until = (time.time() if now is None else now) + seconds
         with contextlib.suppress(ConditionFailed):  # a later slow-down is already set
             self.table.update(

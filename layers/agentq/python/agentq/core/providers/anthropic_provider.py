@@ -61,8 +61,8 @@ class _MessagesProvider:
     def complete(self, request: LLMRequest) -> LLMResponse:
         """One assistant turn; raises ``ProviderError`` once the retry policy gives up."""
         kwargs = self._params(request)
-        messages = self._client.beta.messages if "betas" in kwargs else self._client.messages
-        send = (lambda **kw: self._streamed(messages, **kw)) if request.max_tokens > stream_above() else messages.create
+        endpoint = self._client.beta.messages if "betas" in kwargs else self._client.messages
+        send = (lambda **kw: self._streamed(endpoint, **kw)) if request.max_tokens > stream_above() else endpoint.create
         response, attempts = call_with_retries(
             lambda: to_llm_response(send(**kwargs), 1),
             self.retry,
@@ -102,11 +102,11 @@ class _MessagesProvider:
     def _cache_ttl(self, request: LLMRequest) -> CacheTtl | None:
         return request.cache_ttl
 
-    def _streamed(self, messages: Any, **kwargs: Any) -> Any:
+    def _streamed(self, endpoint: Any, **kwargs: Any) -> Any:
         """A long output streamed (server-sent events) and assembled by the SDK: the connection
         carries data all along, so no proxy or idle timeout cuts a call that writes for minutes.
         The Message it returns is what ``create`` would have returned."""
-        with messages.stream(**kwargs) as stream:
+        with endpoint.stream(**kwargs) as stream:
             text = ""
             for chunk in stream.text_stream:
                 text += chunk
