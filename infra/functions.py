@@ -170,6 +170,9 @@ def task_runner_env(cfg: EnvironmentSettings, sandbox: Sandbox) -> dict[str, str
     bus = event_bus_name(cfg)
     if bus:
         env["AGENTQ_EVENT_BUS"] = bus
+    env["AGENTQ_BREAKER"] = cfg.flow.breaker.model_dump_json()
+    if cfg.flow.limits:
+        env["AGENTQ_RATE_LIMITS"] = json.dumps({k: v.model_dump(exclude_none=True) for k, v in cfg.flow.limits.items()})
     if cfg.anthropic_api_key_secret:
         env[SECRET_VARIABLE] = cfg.anthropic_api_key_secret
     return env

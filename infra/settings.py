@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from agentq.core.flow import FlowSettings
 from agentq.resources import TIERS, QueueSettings, ResourceNames
 
 # CloudWatch Logs accepts only these retention periods (days).
@@ -286,6 +287,9 @@ class UserCodeSettings(_Strict):
 
 
 class EnvironmentSettings(_Strict):
+    """One environment of cdk.json (``flow`` is ``agentq.core.flow.FlowSettings``: breaker,
+    limits), validated before anything is synthesized."""
+
     prefix: str = Field(
         pattern=r"^[a-z][a-z0-9-]{1,40}$", description="resource names: {prefix}-{tier}, {prefix}-tasks ..."
     )
@@ -317,6 +321,10 @@ class EnvironmentSettings(_Strict):
     budget_defaults: BudgetDefaults = Field(default_factory=BudgetDefaults)
     reaper: ReaperSettings = Field(default_factory=ReaperSettings)
     sweeper: SweeperSettings = Field(default_factory=SweeperSettings)
+    flow: FlowSettings = Field(
+        default_factory=FlowSettings,
+        description="fleet-wide flow control: the circuit breaker's thresholds and rate limits per provider/model",
+    )
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     user_code: UserCodeSettings | None = Field(None, description="your tools: package, modules, IAM, secrets")

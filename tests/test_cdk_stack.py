@@ -371,6 +371,7 @@ def test_functions_run_python_312_traced_with_both_layers_and_their_environment(
     env = executor["Properties"]["Environment"]["Variables"]
     assert env["AGENTQ_MAX_RECEIVE_COUNT"] == str(cfg.max_receive_count)
     assert cfg.event_bus == "stack" and env.get("AGENTQ_EVENT_BUS") == f"{cfg.prefix}-events"
+    assert json.loads(env["AGENTQ_BREAKER"]) == cfg.flow.breaker.model_dump()  # the thresholds of this environment
     [bus] = synth.resources("AWS::Events::EventBus").values()
     assert bus["Properties"]["Name"] == f"{cfg.prefix}-events"
     _, api = _function(synth, "api")

@@ -176,3 +176,18 @@ def test_a_tool_that_keeps_failing_gets_its_circuit_opened_and_the_model_a_clear
     assert all(r.is_error for r in results)
     assert all("is unavailable: it failed repeatedly and its circuit is open" in r.content for r in results[3:])
     assert store.flow.state("tool/flaky_backend")["state"] == "open"
+
+
+def test_flow_settings_that_cannot_work_are_refused_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    for variable, value, says in (
+        ("AGENTQ_BREAKER", '{"failures": 0}', "failures: Input should be greater than or equal to 1"),
+        ("AGENTQ_BREAKER", "{not json", "not JSON"),
+        ("AGENTQ_RATE_LIMITS", '{"anthropic/claude": {"rpm": -5}}', "rpm: Input should be greater than 0"),
+    ):
+        monkeypatch.setenv(variable, value)
+        with pytest.raises(ValueError) as refused:
+            FlowSettings.from_env()
+        assert str(refused.value).startswith(f"{variable}: ") and says in str(refused.value), str(refused.value)
+        monkeypatch.delenv(variable)
+    monkeypatch.setenv("AGENTQ_RATE_LIMITS", '{"anthropic/claude-sonnet-4": {"rpm": 50, "itpm": 30000}}')
+    assert FlowSettings.from_env().limits_for("anthropic/claude-sonnet-4-6") == RateLimits(rpm=50, itpm=30000)

@@ -21,6 +21,7 @@ import json
 import os
 from dataclasses import dataclass
 
+import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -49,11 +50,24 @@ class FlowSettings(BaseModel):
 
     @classmethod
     def from_env(cls) -> FlowSettings:
-        breaker = os.environ.get("AGENTQ_BREAKER", "").strip()
-        limits = os.environ.get("AGENTQ_RATE_LIMITS", "").strip()
-        return cls.model_validate(
-            {"breaker": json.loads(breaker) if breaker else {}, "limits": json.loads(limits) if limits else {}}
-        )
+        """``AGENTQ_BREAKER`` and ``AGENTQ_RATE_LIMITS``; a bad one is a ValueError naming it."""
+        values: dict[str, object] = {}
+        for variable, field in (("AGENTQ_BREAKER", "breaker"), ("AGENTQ_RATE_LIMITS", "limits")):
+            raw = os.environ.get(variable, "").strip()
+            if not raw:
+                continue
+            try:
+                values[field] = json.loads(raw)
+                cls.model_validate({field: values[field]})
+            except pydantic.ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(p) for p in first["loc"][1:])
+                raise ValueError(
+                    f"{variable}: {where + ': ' if where else ''}{first['msg']} (got {raw[:200]!r})"
+                ) from None
+            except ValueError as exc:
+                raise ValueError(f"{variable}: not JSON: {exc} (got {raw[:200]!r})") from None
+        return cls.model_validate(values)
 
     def limits_for(self, key: str) -> RateLimits | None:
         best = max((k for k in self.limits if key.startswith(k)), key=len, default=None)
