@@ -57,6 +57,11 @@ def test_a_dependent_waits_blocked_until_its_dependencies_succeed_then_runs_with
     assert done.status is TaskStatus.SUCCEEDED and done.result == "combined"
     first, second = store.tasks.get(a.task_id), store.tasks.get(b.task_id)
     assert (done.first_claimed_at or 0) >= max(first.finished_at or 0, second.finished_at or 0)
+    from agentq.api.views import trace_page
+
+    events = trace_page(store, done, limit=100, cursor=None).events
+    blocked = [e for e in events if e.type == "transition" and e.event == "blocked"]
+    assert len(blocked) == 1 and blocked[0].detail == {"depends_on": [a.task_id, b.task_id]}
     goal = Engine(store, worker_id="probe", tools=registry)._goal(done)
     assert goal.startswith("say combined") and "alpha facts" in goal and "beta facts" in goal
 

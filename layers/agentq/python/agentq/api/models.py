@@ -302,6 +302,7 @@ class TransitionEvent(ApiModel):
     event: Literal[
         "created",
         "forked",
+        "blocked",
         "claimed",
         "approval_requested",
         "approval_decided",

@@ -380,6 +380,14 @@ def _side_events(store: Storage, task: Task) -> list[tuple[Key, Any]]:
     events.append(
         ((0.0, 0, 0, 0), TransitionEvent(at=task.created_at, event=first, status=TaskStatus.QUEUED, detail=detail))
     )
+    if task.submission.depends_on:  # it waited for these before its first claim
+        events.append(
+            (
+                (0.0, 0, 0, 1),
+                TransitionEvent(at=task.created_at, event="blocked", status=TaskStatus.BLOCKED,
+                                detail={"depends_on": task.submission.depends_on}),
+            )
+        )  # fmt: skip
     for i, claim in enumerate(store.tasks.claims(task.task_id)):
         at = claim.at
         events.append(
