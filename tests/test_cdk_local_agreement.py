@@ -38,7 +38,8 @@ def pair(
     ddb = sess.client("dynamodb", endpoint_url=url)
     sfn = sess.client("stepfunctions", endpoint_url=url)
     queues = {}
-    for name in [cfg.names.queue(t) for t in TIERS] + [cfg.names.dlq(t) for t in TIERS]:
+    tiers = [cfg.names.queue(t) for t in TIERS] + [cfg.names.dlq(t) for t in TIERS]
+    for name in [*tiers, cfg.names.webhooks, cfg.names.webhooks_dlq]:
         queue_url = sqs.get_queue_url(QueueName=name)["QueueUrl"]
         queues[name] = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["All"])["Attributes"]
     machine = next(
@@ -77,6 +78,11 @@ def test_queues_agree_on_visibility_retention_and_redrive(pair: tuple[Synthesize
         assert local_redrive["deadLetterTargetArn"].rsplit(":", 1)[-1] == deployed_dlq == cfg.names.dlq(tier)
         dlq = cfg.names.dlq(tier)
         assert int(local["queues"][dlq]["MessageRetentionPeriod"]) == deployed[dlq]["MessageRetentionPeriod"]
+    hooks, theirs = deployed[cfg.names.webhooks], local["queues"][cfg.names.webhooks]
+    assert int(theirs["VisibilityTimeout"]) == hooks["VisibilityTimeout"]
+    assert int(json.loads(theirs["RedrivePolicy"])["maxReceiveCount"]) == hooks["RedrivePolicy"]["maxReceiveCount"]
+    dlq = cfg.names.webhooks_dlq
+    assert int(local["queues"][dlq]["MessageRetentionPeriod"]) == deployed[dlq]["MessageRetentionPeriod"]
 
 
 def test_table_agrees_on_keys_attributes_indexes_and_ttl(pair: tuple[Synthesized, dict[str, Any]]) -> None:
