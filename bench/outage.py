@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -36,38 +35,16 @@ from agentq.control.submit import submit  # noqa: E402
 from agentq.local.stack import LocalStack  # noqa: E402
 from agentq.runtime import build_registry  # noqa: E402
 
-from tests.fake_messages_api import FakeMessagesAPI, RecordedRequest, message_reply  # noqa: E402
+from tests.fake_messages_api import FakeMessagesAPI  # noqa: E402
 from tests.helpers import queue_depth  # noqa: E402
+from tests.outage_model import OutageModel  # noqa: E402
 
 KEY = "anthropic/claude-sonnet-4-6"
 TIERS = ("high", "normal", "low")
 
 
-class Model:
-    """Lookups, then an answer; resets every connection while ``down``."""
-
-    def __init__(self, turns: int) -> None:
-        self.turns = turns
-        self.down = False
-        self.lock = threading.Lock()
-        self.calls: list[tuple[float, bool]] = []
-
-    def __call__(self, request: RecordedRequest) -> Any:
-        with self.lock:
-            self.calls.append((time.time(), self.down))
-            if self.down:
-                return None
-        turns = sum(1 for m in request.body["messages"] if m["role"] == "assistant")
-        usage = {"input_tokens": len(json.dumps(request.body["messages"])) // 4, "output_tokens": 20}
-        time.sleep(0.2)
-        if turns < self.turns - 1:
-            use = {"type": "tool_use", "id": f"toolu_d{turns}", "name": "lookup", "input": {"query": f"q{turns}"}}
-            return message_reply([use], stop_reason="tool_use", usage=usage)
-        return message_reply([{"type": "text", "text": "done"}], usage=usage)
-
-
 def run(mode: str, tasks: int, turns: int, down_seconds: float, cooldown: float) -> dict[str, Any]:
-    behaviour = Model(turns)
+    behaviour = OutageModel(turns)
     failures = 3 if mode == "on" else 10_000
     with FakeMessagesAPI(responder=behaviour) as api:
         os.environ.update({

@@ -7,10 +7,8 @@ task finishes. Also: a 429's retry-after slows the whole fleet; the breaker's mo
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -22,39 +20,18 @@ from agentq.runtime import build_registry
 from agentq.storage.container import Storage, memory_storage
 from agentq.storage.flow import FlowControl
 
-from tests.fake_messages_api import FakeMessagesAPI, RecordedRequest, message_reply
+from tests.fake_messages_api import FakeMessagesAPI
 from tests.helpers import queue_depth, wait_for
+from tests.outage_model import OutageModel
 
 TASKS = 12
 COOLDOWN = 1.5
 ATTEMPTS = 2
 
 
-class Model:
-    """Two lookups, then an answer; refuses connections while ``down`` (each one counted)."""
-
-    def __init__(self) -> None:
-        self.down = False
-        self.lock = threading.Lock()
-        self.calls: list[tuple[float, bool]] = []  # (when, while down)
-
-    def __call__(self, request: RecordedRequest) -> Any:
-        with self.lock:
-            self.calls.append((time.time(), self.down))
-            if self.down:
-                return None  # the connection is reset, as a dead endpoint's would be
-        turns = sum(1 for m in request.body["messages"] if m["role"] == "assistant")
-        usage = {"input_tokens": len(json.dumps(request.body["messages"])) // 4, "output_tokens": 20}
-        time.sleep(0.2)
-        if turns < 2:
-            use = {"type": "tool_use", "id": f"toolu_o{turns}", "name": "lookup", "input": {"query": f"q{turns}"}}
-            return message_reply([use], stop_reason="tool_use", usage=usage)
-        return message_reply([{"type": "text", "text": "done"}], usage=usage)
-
-
 @pytest.fixture
-def model(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Model, FakeMessagesAPI]]:
-    behaviour = Model()
+def model(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[OutageModel, FakeMessagesAPI]]:
+    behaviour = OutageModel()
     with FakeMessagesAPI(responder=behaviour) as api:
         monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
         monkeypatch.setenv("ANTHROPIC_BASE_URL", api.base_url)
@@ -66,7 +43,7 @@ def model(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Model, FakeMessages
 
 
 def test_an_outage_opens_the_circuit_tasks_wait_not_fail_and_the_provider_sees_only_probes(
-    model: tuple[Model, FakeMessagesAPI],
+    model: tuple[OutageModel, FakeMessagesAPI],
 ) -> None:
     behaviour, _ = model
     with LocalStack(prefix="outage", workers=2, api=False, tool_modules=("tests.effect_tools",)) as stack:
