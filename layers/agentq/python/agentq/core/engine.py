@@ -54,7 +54,7 @@ from agentq.core.fanout import (
     render_spawn_result,
 )
 from agentq.core.faults import crash_point
-from agentq.core.flow import Admission, FlowSettings, flow_key
+from agentq.core.flow import Admission, flow_key
 from agentq.core.models import (
     CallStep,
     CompactStep,
@@ -737,7 +737,7 @@ class Engine:
         """The full estimate, else what is left (of tokens and of money) if it still allows a
         short answer."""
         try:
-            self._hold(s, wanted)
+            self._hold(s, wanted, est_in)
             return wanted
         except BudgetExceeded:
             state = self.store.budgets.get(s.task.budget_id)
@@ -747,7 +747,7 @@ class Engine:
             if amount < est_in + MIN_OUTPUT_TOKENS:
                 return None
             try:
-                self._hold(s, amount)
+                self._hold(s, amount, est_in)
                 return amount
             except BudgetExceeded:
                 return None
@@ -768,18 +768,19 @@ class Engine:
             out -= 1  # rounding up to the millionth may cost one token
         return out
 
-    def _hold_micros(self, s: Session, amount: int) -> int:
-        """The money a hold of ``amount`` tokens takes: its call at the most it can cost."""
+    def _hold_micros(self, s: Session, amount: int, est_in: int) -> int:
+        """The money a hold of ``amount`` tokens (``est_in`` of them input) takes: its call at
+        the most it can cost."""
         price = self.prices.price_for(s.task.submission.model)
         if price is None:
             return 0
-        est_in = min(self._wanted_reservation(s)[0], amount)
+        est_in = min(est_in, amount)
         most = price.hold_micros(est_in, amount - est_in)
         return math.ceil(most * BATCH_PRICE_RATIO) if _economy(s) else most
 
-    def _hold(self, s: Session, amount: int) -> None:
+    def _hold(self, s: Session, amount: int, est_in: int) -> None:
         until = self._hold_until(s)
-        money = self._hold_micros(s, amount)
+        money = self._hold_micros(s, amount, est_in)
         self.store.budgets.reserve(s.lease, s.task.budget_id, amount, s.next_step, until=until, micros=money)
         s.task = s.task.model_copy(
             update={
@@ -927,7 +928,7 @@ class Engine:
             if self.store.flow.failed(key, s.admission):
                 # Open: the task waits for the circuit, not for the DLQ.
                 self.store.tasks.release(s.lease, forget_batch=s.task.batch is not None)
-                wait = FlowSettings.from_env().breaker.cooldown_seconds
+                wait = self.store.flow.cooldown_seconds
                 return RunResult(
                     s.lease.task_id, "deferred", error={**error, "code": "circuit_open", "retry_after": wait}
                 )
@@ -1456,8 +1457,8 @@ class Engine:
             return record
         reserve = money = 0
         if stop is None:
-            _, reserve = self._wanted_reservation(preview)
-            money = self._hold_micros(preview, reserve)
+            est_in, reserve = self._wanted_reservation(preview)
+            money = self._hold_micros(preview, reserve, est_in)
         until = self._hold_until(s)
         try:
             record = self._commit(

@@ -154,6 +154,9 @@ class FlowPort(Protocol):
 
     def slow_down(self, key: str, seconds: float, now: float | None = None) -> None: ...
 
+    @property
+    def cooldown_seconds(self) -> float: ...
+
 
 class EngineStorage(Protocol):
     """Everything the engine reads and writes, by aggregate."""

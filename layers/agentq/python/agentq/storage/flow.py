@@ -45,6 +45,11 @@ class FlowControl:
         self._seen: dict[str, tuple[float, dict[str, Any]]] = {}  # key -> (when read, a healthy STATE)
         self._lock = threading.Lock()
 
+    @property
+    def cooldown_seconds(self) -> float:
+        """How long an open circuit waits before its probe: what a deferred task waits."""
+        return self.settings.breaker.cooldown_seconds
+
     def _state(self, key: str) -> dict[str, Any]:
         """``STATE``, from this process's copy when it was healthy and is under a second old."""
         now = time.monotonic()
