@@ -68,11 +68,7 @@ def check_url(url: str, *, field: str = "notify.url", resolve: bool = True) -> N
 
 
 def _checked_addresses(target: Target) -> list[IPAddress]:
-    deadline = Deadline(5.0)
-    try:
-        addresses = _getaddrinfo(target, deadline)
-    finally:
-        deadline.cancel()
+    addresses = _resolved(target)
     if not addresses:
         raise FetchRefused(f"{target.host} did not resolve to any address")
     for address in addresses:
