@@ -394,6 +394,121 @@ def test_forking_a_finished_task_at_a_step_opens_the_fork_with_its_model(console
     no_errors(tab)
 
 
+def test_a_money_budget_is_a_second_gauge_and_is_raised_in_dollars_from_the_page(console: Console, tab: Page) -> None:
+    notes = "n" * 800  # ~200 output tokens a turn: a few turns cost more than two cents
+    turns = [{"text": f"turn {i} {notes}", "tool_calls": [call("lookup", query=f"q{i}")]} for i in range(8)]
+    task_id = console.submit(
+        scripted(
+            "spend in dollars",
+            [*turns, {"text": "spent"}],
+            constraints={"tools": ["lookup"], "max_steps": 20, "max_output_tokens": 500, "max_tokens": 2_000_000,
+                         "max_cost_usd": "0.02"},
+        )
+    )  # fmt: skip
+    stopped = console.until(task_id, lambda v: v["status"] == "cost_exceeded")
+    assert "money budget" in stopped["error"]["message"]
+    page = tab.page
+    page.goto(f"{console.url}/console/#/tasks/{task_id}")
+    page.wait_for_selector("#money-gauge")
+    label = page.get_attribute("#money-gauge", "aria-label") or ""
+    assert " of $0.0200 dollars used (" in label, label
+    assert page.locator("#token-gauge").count() == 1
+    page.wait_for_selector("#trace-h")
+    shot(console, tab, "money-budget")
+    page.fill("#add-tokens", "0")
+    page.fill("#add-usd", "5")
+    tab_to(tab, "raise-budget")
+    page.keyboard.press("Enter")
+    page.wait_for_selector(".notice:has-text('$5.02')")
+    page.wait_for_selector("h1 .badge.s-succeeded")
+    view = console.until(task_id, lambda v: v["status"] == "succeeded")
+    assert view["budget"]["money"]["cap_usd"] == "5.020000" and view["step"] > stopped["step"]
+    no_errors(tab)
+
+
+def test_a_blocked_task_shows_what_it_runs_after_and_starts_when_that_succeeds(console: Console, tab: Page) -> None:
+    first = console.submit(
+        scripted(
+            "collect the figures once approved",
+            [{"text": "", "tool_calls": [call("request_approval", question="Collect?")]}, {"text": "figures: 3, 5"}],
+            tools=["request_approval"],
+        )
+    )
+    console.until(first, lambda v: v["status"] == "paused")
+    then = console.submit({**scripted("sum the figures", [{"text": "sum: 8"}]), "depends_on": [first]})
+    page = tab.page
+    page.goto(f"{console.url}/console/#/tasks/{then}")
+    page.wait_for_selector("h1 .badge.s-blocked")
+    page.wait_for_selector(f"#depends-on li[data-dependency='{first}'] .badge.s-paused")
+    shot(console, tab, "blocked")
+    assert console.http("POST", f"/tasks/{first}/approve", {"note": "yes"})[0] == 200
+    page.wait_for_selector("h1 .badge.s-succeeded", timeout=60_000)
+    page.wait_for_selector(f"#depends-on li[data-dependency='{first}'] .badge.s-succeeded")
+    assert page.inner_text("#result-h + pre") == "sum: 8"
+    no_errors(tab)
+
+
+def test_an_agent_is_shown_by_version_and_run_from_the_page(console: Console, tab: Page) -> None:
+    name = f"triage-{uuid.uuid4().hex[:6]}"
+    agent = {"name": name, "description": "sorts tickets", "provider": "scripted",
+             "script": {"turns": [{"text": "ticket 7 is a billing question"}]}, "tools": ["lookup"],
+             "system": "You sort support tickets."}  # fmt: skip
+    assert console.http("POST", "/agents", agent)[0] == 201
+    assert console.http("POST", "/agents", {**agent, "system": "You sort support tickets, briefly."})[0] == 201
+    # The other tenant's agent of the same name is theirs alone.
+    assert console.http("POST", "/agents", {**agent, "description": "theirs"}, key=console.other_key)[0] == 201
+    page = tab.page
+    page.click("a[data-nav='agents']")
+    page.wait_for_selector(f"tr[data-agent='{name}']")
+    row = page.inner_text(f"tr[data-agent='{name}']")
+    assert "sorts tickets" in row and "2" in row and "theirs" not in page.inner_text("table.agents")
+    page.click(f"tr[data-agent='{name}'] a")
+    page.wait_for_selector(f"#definition-h:has-text('{name}@2')")
+    assert "briefly" in page.inner_text("main")
+    page.select_option("#agent-version", "1")
+    page.wait_for_selector(f"#definition-h:has-text('{name}@1')")
+    assert "briefly" not in page.inner_text("main") and "lookup" in page.inner_text("main")
+    shot(console, tab, "agent")
+    page.fill("#run-goal", "sort ticket 7")
+    tab_to(tab, "run-agent")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#task-id")
+    page.wait_for_selector("h1 .badge.s-succeeded")
+    task_id = page.inner_text("#task-id")
+    view = console.until(task_id, lambda v: v["status"] == "succeeded")
+    assert view["agent"] == f"{name}@1" and view["result"] == "ticket 7 is a billing question"
+    assert f"{name}@1" in page.inner_text("main")
+    # An agent that is not this tenant's: the API's 404 on the page.
+    page.goto(f"{console.url}/console/#/agents/no-such-agent")
+    page.wait_for_selector(".error-page:has-text('404')")
+    assert [e for e in tab.errors if "status of 404" not in e] == []
+
+
+def test_schedules_are_listed_with_their_next_fire_and_deleted_from_the_page(console: Console, tab: Page) -> None:
+    name = f"nightly-{uuid.uuid4().hex[:6]}"
+    spec = {"name": name, "expression": "cron(0 3 * * ? *)", "submission": scripted("nightly report", [{"text": "ok"}])}
+    status, created = console.http("POST", "/schedules", spec)
+    assert status == 201, created
+    assert console.http("POST", "/schedules", {**spec, "name": f"{name}-theirs"}, key=console.other_key)[0] == 201
+    page = tab.page
+    page.click("a[data-nav='schedules']")
+    page.wait_for_selector(f"tr[data-schedule='{name}']")
+    row = page.inner_text(f"tr[data-schedule='{name}']")
+    assert "cron(0 3 * * ? *)" in row and "nightly report" in row and "skip" in row
+    assert page.locator(f"tr[data-schedule='{name}-theirs']").count() == 0
+    shot(console, tab, "schedules")
+    tab_to(tab, f"delete-{name}")
+    page.keyboard.press("Enter")
+    page.wait_for_selector(f"#delete-{name}:has-text('Click again')")
+    assert console.http("GET", f"/schedules/{name}")[0] == 200  # one press does not delete
+    page.keyboard.press("Enter")
+    page.wait_for_selector(f".notice:has-text('Deleted schedule {name}')")
+    page.wait_for_selector(f"tr[data-schedule='{name}']", state="detached")
+    assert console.http("GET", f"/schedules/{name}")[0] == 404
+    assert console.http("GET", f"/schedules/{name}-theirs", key=console.other_key)[0] == 200
+    no_errors(tab)
+
+
 def test_cancelling_a_fan_out_cancels_its_children_on_the_page(console: Console, tab: Page) -> None:
     slow = {"turns": [{"text": "thinking", "latency_seconds": 20}, {"text": "done"}]}
     children = [{"goal": f"part {i}", "script": slow} for i in range(3)]

@@ -1,8 +1,10 @@
 // The console's shell: hash routes, the key dialog, the alert line, and a poller per page.
 
 import { ApiError, getKey, setKey, stats } from "./api.js";
+import { agentListPage, agentPage } from "./agents.js";
 import { deadLettersPage } from "./dead_letters.js";
 import { replace } from "./dom.js";
+import { schedulesPage } from "./schedules.js";
 import { taskListPage } from "./task_list.js";
 import { taskPage } from "./task.js";
 
@@ -15,6 +17,9 @@ const keyInput = document.getElementById("key-input");
 // A page is a function (ctx) that renders into ctx.main and may call ctx.every(ms, fn) to poll.
 const routes = [
   [/^#\/tasks\/([^/]+)$/, (ctx, m) => taskPage(ctx, decodeURIComponent(m[1]))],
+  [/^#\/agents\/([^/]+)$/, (ctx, m) => agentPage(ctx, decodeURIComponent(m[1]))],
+  [/^#\/agents$/, (ctx) => agentListPage(ctx)],
+  [/^#\/schedules$/, (ctx) => schedulesPage(ctx)],
   [/^#\/dead-letters$/, (ctx) => deadLettersPage(ctx)],
   [/^(#\/?(tasks)?)?$/, (ctx) => taskListPage(ctx)],
 ];
@@ -83,7 +88,8 @@ function render() {
   showError(null);
   const hash = window.location.hash;
   for (const link of document.querySelectorAll("[data-nav]")) {
-    const active = hash.startsWith(`#/${link.dataset.nav}`) || (!hash.startsWith("#/dead") && link.dataset.nav === "tasks");
+    const section = (hash.match(/^#\/([a-z-]+)/) || [null, "tasks"])[1];
+    const active = section === link.dataset.nav;
     if (active) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");
   }

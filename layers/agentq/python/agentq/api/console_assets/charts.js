@@ -1,13 +1,11 @@
 // Pictures where people would rather look than read: the budget gauge and the per-step chart.
 // Plain SVG, sized by viewBox; every shape has a <title> and each chart an aria-label.
 
-import { fmtInt, svg } from "./dom.js";
+import { fmtInt, fmtUsd, svg } from "./dom.js";
 
-// A half-ring: used (solid) then reserved (light) out of the cap.
-export function budgetGauge(budget, tokens) {
-  const cap = budget ? budget.cap : tokens.budget;
-  const used = budget ? budget.used : tokens.total;
-  const reserved = budget ? budget.reserved : 0;
+// A half-ring: used (solid) then reserved (light) out of the cap. `fmt` writes an amount
+// (tokens or dollars), `unit` names it in the label a screen reader reads.
+export function gauge({ cap, used, reserved, fmt, unit, id }) {
   const r = 80;
   const cx = 100;
   const cy = 95;
@@ -22,13 +20,37 @@ export function budgetGauge(budget, tokens) {
   const ur = frac(used + reserved);
   const level = u >= 0.9 ? "hot" : u >= 0.7 ? "warm" : "ok";
   const pct = cap ? Math.round((100 * used) / cap) : 0;
-  return svg("svg", { viewBox: "0 0 200 120", class: "gauge", role: "img", "aria-label": `${fmtInt(used)} of ${fmtInt(cap)} tokens used (${pct}%)` },
+  return svg("svg", { viewBox: "0 0 200 120", class: "gauge", id, role: "img", "aria-label": `${fmt(used)} of ${fmt(cap)} ${unit} used (${pct}%)` },
     svg("path", { d: arc(0, 1), class: "gauge-track" }),
-    ur > u ? svg("path", { d: arc(u, ur), class: "gauge-reserved" }, svg("title", {}, `${fmtInt(reserved)} reserved`)) : null,
-    u > 0 ? svg("path", { d: arc(0, u), class: `gauge-used ${level}` }, svg("title", {}, `${fmtInt(used)} used`)) : null,
+    ur > u ? svg("path", { d: arc(u, ur), class: "gauge-reserved" }, svg("title", {}, `${fmt(reserved)} reserved`)) : null,
+    u > 0 ? svg("path", { d: arc(0, u), class: `gauge-used ${level}` }, svg("title", {}, `${fmt(used)} used`)) : null,
     svg("text", { x: cx, y: cy - 12, class: "gauge-pct" }, `${pct}%`),
-    svg("text", { x: cx, y: cy + 14, class: "gauge-label" }, `${fmtInt(used)} / ${fmtInt(cap)}`),
+    svg("text", { x: cx, y: cy + 14, class: "gauge-label" }, `${fmt(used)} / ${fmt(cap)}`),
   );
+}
+
+// The token budget: the ledger's (the whole tree's, for a root) or, without one, the task's own count.
+export function budgetGauge(budget, tokens) {
+  return gauge({
+    cap: budget ? budget.cap : tokens.budget,
+    used: budget ? budget.used : tokens.total,
+    reserved: budget ? budget.reserved : 0,
+    fmt: fmtInt,
+    unit: "tokens",
+    id: "token-gauge",
+  });
+}
+
+// The money budget (max_cost_usd): the same ledger in dollars, held calls at the most they can cost.
+export function moneyGauge(money) {
+  return gauge({
+    cap: Number(money.cap_usd),
+    used: Number(money.used_usd),
+    reserved: Number(money.reserved_usd),
+    fmt: fmtUsd,
+    unit: "dollars",
+    id: "money-gauge",
+  });
 }
 
 // Two aligned bar charts over the LLM calls: tokens (input + output, stacked) and latency.

@@ -90,3 +90,14 @@ export function fmtSeconds(s) {
 export function json(value) {
   return h("pre", { class: "json" }, JSON.stringify(value, null, 2));
 }
+
+// What a page shows when the API refused what it asked for (unknown id, another tenant's): the
+// API's own code and message, never a blank page.
+export function errorPage(main, title, err, back) {
+  replace(main,
+    h("h1", {}, title),
+    h("div", { class: "error-page", role: "alert" },
+      h("p", {}, h("strong", {}, `${err.status || ""} ${err.code || "error"}`.trim())),
+      h("p", { class: "error-message" }, err.message),
+      h("p", {}, h("a", { href: back.href }, back.text))));
+}

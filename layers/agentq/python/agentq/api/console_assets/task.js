@@ -2,9 +2,9 @@
 // trace tree, sub-agents and result. Polled; sections are redrawn only when what they show changed.
 
 import { all, get, post } from "./api.js";
-import { budgetGauge, stepChart } from "./charts.js";
+import { budgetGauge, moneyGauge, stepChart } from "./charts.js";
 import {
-  TERMINAL, badge, fmtInt, fmtSeconds, fmtTime, fmtUsd, h, json, replace, shortId, taskLink,
+  TERMINAL, badge, errorPage, fmtInt, fmtSeconds, fmtTime, fmtUsd, h, json, replace, shortId, taskLink,
 } from "./dom.js";
 
 const POLL_MS = 1500;
@@ -16,12 +16,7 @@ export async function taskPage(ctx, taskId) {
   try {
     view = await get(path);
   } catch (err) {
-    replace(ctx.main,
-      h("h1", {}, "Task ", h("span", { class: "mono" }, taskId)),
-      h("div", { class: "error-page", role: "alert" },
-        h("p", {}, h("strong", {}, `${err.status || ""} ${err.code || "error"}`.trim())),
-        h("p", { class: "error-message" }, err.message),
-        h("p", {}, h("a", { href: "#/tasks" }, "Back to the task list"))));
+    errorPage(ctx.main, h("span", {}, "Task ", h("span", { class: "mono" }, taskId)), err, { href: "#/tasks", text: "Back to the task list" });
     return;
   }
 
@@ -98,17 +93,22 @@ function drawHead(el, v) {
 }
 
 function drawGauge(el, v) {
+  const money = v.budget && v.budget.money;
   replace(el,
     h("h2", { id: "budget-h" }, v.depth ? "Budget (this sub-agent's share)" : "Budget (the whole tree)"),
-    budgetGauge(v.budget, v.tokens),
+    h("div", { class: "gauges" },
+      h("figure", {}, budgetGauge(v.budget, v.tokens), h("figcaption", { class: "small muted" }, "tokens")),
+      money ? h("figure", {}, moneyGauge(money), h("figcaption", { class: "small muted" }, `dollars (max_cost_usd ${fmtUsd(money.cap_usd)})`)) : null),
     h("p", { class: "small" }, `${fmtInt(v.tokens.input)} in · ${fmtInt(v.tokens.output)} out · cost ${fmtUsd(v.cost_usd)}`,
-      v.budget ? ` · tree ${fmtUsd(v.budget.cost_usd)}` : ""));
+      v.budget ? ` · tree ${fmtUsd(v.budget.cost_usd)}` : "",
+      money && Number(money.reserved_usd) ? ` · ${fmtUsd(money.reserved_usd)} held for calls in flight` : ""));
 }
 
 function drawFacts(el, v) {
   const row = (k, val) => [h("dt", {}, k), h("dd", {}, val)];
   replace(el, h("h2", {}, "Run"), h("dl", {},
-    row("agent", `${v.provider} · ${v.model}`),
+    v.agent ? row("agent", v.agent) : null,
+    row("model", `${v.provider} · ${v.model}`),
     row("priority", v.priority),
     row("steps", `${v.step} committed · ${v.llm_steps} of ${v.max_steps} LLM turns`),
     row("pickup", fmtSeconds(v.latency.pickup_seconds)),
@@ -119,7 +119,15 @@ function drawFacts(el, v) {
       : v.started_at ? `${fmtSeconds(Date.now() / 1000 - v.started_at)} so far` : "-"),
     row("created", fmtTime(v.created_at)),
     v.finished_at ? row("finished", fmtTime(v.finished_at)) : null,
+    v.depends_on.length ? row("runs after", h("ul", { class: "deps", id: "depends-on" }, v.depends_on.map(dependency))) : null,
     Object.keys(v.metadata).length ? row("metadata", Object.entries(v.metadata).map(([k, val]) => h("span", { class: "kv" }, `${k}=${val}`))) : null));
+}
+
+// A dependency's link, and its status once fetched: a blocked task waits on the ones not yet succeeded.
+function dependency(id) {
+  const status = h("span", { class: "dep-status" });
+  get(`tasks/${encodeURIComponent(id)}`).then((d) => replace(status, " ", badge(d.status)), (err) => replace(status, ` (${err.message})`));
+  return h("li", { "data-dependency": id }, taskLink(id, shortId(id)), status);
 }
 
 function drawResult(el, v) {
@@ -175,14 +183,24 @@ function drawActions(el, v, env) {
     parts.push(h("div", { class: "row" }, cancel));
   }
   if (!v.parent_id && (!TERMINAL.has(v.status) || v.status === "cost_exceeded")) {
+    const money = v.budget && v.budget.money;
     const tokens = h("input", { id: "add-tokens", type: "number", min: 0, step: 1000, value: 10000 });
     const steps = h("input", { id: "add-steps", type: "number", min: 0, step: 1, value: 0 });
+    const usd = money ? h("input", { id: "add-usd", type: "number", min: 0, step: 0.5, value: 0 }) : null;
     const raise = h("button", { type: "button", id: "raise-budget" }, "Raise budget");
-    raise.addEventListener("click", () => act(raise, (out) => `Budget raised: cap ${fmtInt(out.budget ? out.budget.cap : out.tokens.budget)} tokens, ${out.max_steps} turns.`,
-      () => post(`${env.path}/budget`, { add_tokens: Number(tokens.value || 0), add_steps: Number(steps.value || 0) })));
+    const raised = (out) => {
+      const m = out.budget && out.budget.money;
+      return `Budget raised: cap ${fmtInt(out.budget ? out.budget.cap : out.tokens.budget)} tokens${m ? `, ${fmtUsd(m.cap_usd)}` : ""}, ${out.max_steps} turns.`;
+    };
+    raise.addEventListener("click", () => act(raise, raised, () => post(`${env.path}/budget`, {
+      add_tokens: Number(tokens.value || 0),
+      add_steps: Number(steps.value || 0),
+      ...(usd && Number(usd.value || 0) ? { add_usd: usd.value } : {}),
+    })));
     parts.push(h("fieldset", {}, h("legend", {}, "Raise the budget"),
       h("label", { for: "add-tokens" }, "add tokens"), tokens,
-      h("label", { for: "add-steps" }, "add turns"), steps, raise));
+      h("label", { for: "add-steps" }, "add turns"), steps,
+      usd ? [h("label", { for: "add-usd" }, "add $"), usd] : null, raise));
   }
   if (!v.parent_id) {
     const at = h("input", { id: "fork-step", type: "number", min: 0, max: v.step, value: v.step });
@@ -262,6 +280,8 @@ function drawTrace(el, events, open) {
       items.push(h("li", {}, keep(`llm:${e.step}:${e.epoch}:${e.orphan}`, h("details", { class: `llm${e.orphan ? " orphan" : ""}` },
         h("summary", {}, h("span", { class: "when" }, fmtTime(e.at)), ` LLM call · step ${e.step} · ${e.model} · ${fmtInt(e.tokens.input)} in / ${fmtInt(e.tokens.output)} out · ${fmtInt(e.duration_ms)} ms`,
           e.attempts > 1 ? h("span", { class: "tag warn" }, `${e.attempts} attempts`) : null,
+          e.batched ? h("span", { class: "tag" }, "batch · half price") : null,
+          e.purpose === "compaction" ? h("span", { class: "tag" }, "compaction") : null,
           e.orphan ? h("span", { class: "tag err" }, "orphan: paid for, never committed") : null,
           e.stop_reason ? h("span", { class: "tag" }, e.stop_reason) : null),
         e.text ? h("pre", { class: "text" }, e.text) : null,

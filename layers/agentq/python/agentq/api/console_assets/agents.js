@@ -1,0 +1,85 @@
+// Agents: the tenant's agent definitions, each version's exact definition, and a form that runs
+// one (POST /tasks with `agent`, so the version is pinned and validated as any submission is).
+
+import { get, post } from "./api.js";
+import { errorPage, fmtAgo, fmtTime, h, json, replace } from "./dom.js";
+
+export function agentListPage(ctx) {
+  const body = h("tbody");
+  replace(ctx.main,
+    h("h1", {}, "Agents"),
+    h("p", { class: "muted" }, "Your agent definitions. Each change is a new, immutable version; a task pins the version it ran. Create one with ",
+      h("code", {}, "agentq agents create"), " or POST /agents."),
+    h("table", { class: "agents" },
+      h("thead", {}, h("tr", {}, ["Agent", "Latest version", "Description", "Updated"].map((c) => h("th", { scope: "col" }, c)))),
+      body));
+  let shown = "";
+  return ctx.every(5000, async () => {
+    const page = await get("agents");
+    const sig = JSON.stringify(page);
+    if (sig === shown) return;
+    shown = sig;
+    replace(body, page.agents.length
+      ? page.agents.map((a) => h("tr", { "data-agent": a.name },
+        h("td", {}, h("a", { href: `#/agents/${encodeURIComponent(a.name)}`, class: "mono" }, a.name)),
+        h("td", { class: "num" }, a.latest_version),
+        h("td", {}, a.description || ""),
+        h("td", { title: new Date(a.updated_at * 1000).toISOString() }, fmtAgo(a.updated_at))))
+      : h("tr", {}, h("td", { colspan: 4, class: "muted" }, "No agents yet.")));
+  });
+}
+
+export async function agentPage(ctx, name) {
+  const path = `agents/${encodeURIComponent(name)}`;
+  let history;
+  try {
+    history = await get(`${path}/versions`);
+  } catch (err) {
+    errorPage(ctx.main, h("span", {}, "Agent ", h("span", { class: "mono" }, name)), err, { href: "#/agents", text: "Back to the agents" });
+    return;
+  }
+  const picker = h("select", { id: "agent-version" },
+    history.versions.map((v) => h("option", { value: String(v.version) }, `version ${v.version}${v === history.versions[0] ? " (latest)" : ""}`)));
+  const definition = h("section", { class: "card", "aria-labelledby": "definition-h" });
+  const goal = h("textarea", { id: "run-goal", rows: 3, maxlength: 20000, required: true, placeholder: "What should the agent do?" });
+  const run = h("button", { type: "button", class: "primary", id: "run-agent" }, "Run");
+  run.addEventListener("click", async () => {
+    run.disabled = true;
+    try {
+      const out = await post("tasks", { agent: `${name}@${picker.value}`, goal: goal.value });
+      ctx.go(`#/tasks/${encodeURIComponent(out.task_id)}`);
+    } catch (err) {
+      ctx.showError(err);
+    } finally {
+      run.disabled = false;
+    }
+  });
+  const draw = () => {
+    const v = history.versions.find((x) => String(x.version) === picker.value) || history.versions[0];
+    const row = (k, val) => [h("dt", {}, k), h("dd", {}, val)];
+    const policies = Object.entries(v.tool_policies || {});
+    replace(definition, h("h2", { id: "definition-h" }, `${v.ref}`),
+      h("dl", {},
+        v.description ? row("description", v.description) : null,
+        row("model", `${v.provider} · ${v.model}`),
+        row("tools", v.tools.length ? v.tools.map((t) => h("code", { class: "kv" }, t)) : "none"),
+        policies.length ? row("tool policies", policies.map(([t, p]) => h("span", { class: "kv" }, `${t}: ${p}`))) : null,
+        v.mcp_servers.length ? row("MCP servers", v.mcp_servers.map((s) => h("span", { class: "kv" }, s.tools ? `${s.name} (${s.tools.join(", ")})` : s.name))) : null,
+        v.mcp_tools.length ? row("MCP tools pinned", v.mcp_tools.map((t) => h("code", { class: "kv" }, `${t.server}.${t.name}`))) : null,
+        row("created", fmtTime(v.created_at))),
+      v.system ? [h("h3", {}, "System prompt"), h("pre", { class: "text" }, v.system)] : null,
+      h("h3", {}, "Constraints (defaults a submission may lower)"), json(v.constraints),
+      v.output_schema ? [h("h3", {}, "Output schema"), json(v.output_schema)] : null);
+  };
+  picker.addEventListener("change", draw);
+  replace(ctx.main,
+    h("p", { class: "crumbs" }, h("a", { href: "#/agents" }, "Agents")),
+    h("h1", {}, "Agent ", h("span", { class: "mono", id: "agent-name" }, name)),
+    h("section", { class: "card", "aria-labelledby": "run-h" },
+      h("h2", { id: "run-h" }, "Run it"),
+      h("div", { class: "row" }, h("label", { for: "agent-version" }, "version"), picker),
+      h("label", { for: "run-goal" }, "goal"),
+      h("div", { class: "row" }, goal, run)),
+    definition);
+  draw();
+}
