@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from _benchlib import JsonOut, log, machine, table  # noqa: E402
+from _plot import Panel, add_plot_args, plot_from_args  # noqa: E402
 from agentq.api.client import Client  # noqa: E402
 from agentq.core.models import TaskStatus, ToolsStep  # noqa: E402
 from agentq.local.stack import LocalStack  # noqa: E402
@@ -417,6 +418,22 @@ def render(result: dict[str, Any]) -> str:
     ])  # fmt: skip
 
 
+def panels(result: dict[str, Any]) -> list[Panel]:
+    """What the chaos did (faults by kind) and how the tasks ended (by status), each invariant
+    broken drawn as a count: a clean run's third panel is all zeros."""
+    figures = result["figures"]
+    faults = {"SIGKILL": figures["kills"], "SIGSTOP": figures["stops"], **figures["model faults"]}
+    statuses = figures["by status"]
+    broken = {name: len(detail) for name, (_, detail) in result["invariants"].items()}
+    return [
+        Panel(kind="bar", title="faults injected", ylabel="count", x=list(faults), series={"faults": list(faults.values())}),
+        Panel(kind="bar", title=f"{figures['tasks']} tasks by end status", ylabel="tasks", x=list(statuses),
+              series={"tasks": list(statuses.values())}),
+        Panel(kind="bar", title="invariants broken (tasks named, up to 10)", ylabel="violations", x=list(broken),
+              series={"violations": list(broken.values())}),
+    ]  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", type=int, default=200, help="root tasks (fan-outs add their children)")
@@ -426,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fault-rate", type=float, default=0.1, help="share of model requests answered with a fault")
     ap.add_argument("--seed", type=int, default=12)
     ap.add_argument("--json", action="store_true")
+    add_plot_args(ap, "chaos")
     args = ap.parse_args(argv)
     with JsonOut(args.json) as out:
         result = run(args)
@@ -434,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
             out.emit(result)
         else:
             print(render(result))
+    plot_from_args(args, "agentq chaos run: faults in, ends out, invariants", panels(result))
     return 0 if result["ok"] else 1
 
 

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_the_seeded_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     args = ["--tasks", "12", "--workers", "3", "--chaos-seconds", "20", "--seed", "4", "--drain-seconds", "150"]
+    args.append("--no-plot")  # the test checks the invariants; the picture is the bench's
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "chaos.py"), *args, "--json"],
         check=False,  # the exit code is asserted below, with the invariants that explain it
