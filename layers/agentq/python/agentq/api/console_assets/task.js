@@ -284,7 +284,8 @@ function drawTrace(el, events, open) {
           e.purpose === "compaction" ? h("span", { class: "tag" }, "compaction") : null,
           e.orphan ? h("span", { class: "tag err" }, "orphan: paid for, never committed") : null,
           e.stop_reason ? h("span", { class: "tag" }, e.stop_reason) : null),
-        e.text ? h("pre", { class: "text" }, e.text) : null,
+        h("p", { class: "small muted" }, `input: ${fmtInt(e.tokens.input)} tokens (${fmtInt(e.tokens.cache_read)} read from the prompt cache, ${fmtInt(e.tokens.cache_creation)} written to it) · ${e.reserved_tokens ? `${fmtInt(e.reserved_tokens)} reserved beforehand · ` : ""}${fmtUsd(e.cost_usd)}`),
+        e.text ? [h("p", { class: "small muted" }, e.purpose === "compaction" ? "summary" : "output"), h("pre", { class: "text" }, e.text)] : null,
         tools.length ? h("ul", { class: "tree" }, tools.map((t) => h("li", {}, toolNode(t)))) : null))));
     }
   }
