@@ -156,7 +156,10 @@ class LocalApiServer:
                 pass
 
         self.httpd = _Server((host, port), _Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, name="local-api", daemon=True)
+        # A short poll interval: shutdown() waits for the loop's next look at its flag.
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1}, name="local-api", daemon=True
+        )
 
     @property
     def url(self) -> str:

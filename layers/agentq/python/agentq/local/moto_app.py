@@ -23,11 +23,17 @@ It differs from ``moto_server`` in five ways, none of which changes what a reque
 7. moto's dashboard list of every model object it ever created (every item copy, stream record
    and message, deleted or not) is not kept (``moto_models``): it was the server's main growth,
    ~210 KB per task.
+8. The backends every stack provisions are imported by a thread as the server starts
+   (``warm_up``), while its client is still busy starting up, instead of by the first request
+   to each: Step Functions' state-machine interpreter alone takes 2-3 s to import, which every
+   local stack (and every test that starts one) used to wait for in ``provision``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import os
 import threading
 from collections.abc import Callable, Iterable
@@ -82,6 +88,31 @@ class Dispatcher(DomainDispatcherApplication):
         return self._backends[host]
 
 
+# What a local stack's provisioning touches first, slowest last (an import holds its module's
+# lock, so a request that needs a module still being imported waits for it, then finds it done).
+WARM_UP_MODULES = (
+    "moto.dynamodb.models",
+    "moto.sqs.models",
+    "moto.s3.models",
+    "moto.stepfunctions.models",
+    "moto.stepfunctions.parser.models",
+)
+
+
+def warm_up() -> threading.Thread:
+    """Import the backends the stacks use in the background (8 above); a module that fails to
+    import is left to the first request, which reports it as moto always did."""
+
+    def run() -> None:
+        for name in WARM_UP_MODULES:
+            with contextlib.suppress(Exception):
+                importlib.import_module(name)
+
+    thread = threading.Thread(target=run, name="moto-warm-up", daemon=True)
+    thread.start()
+    return thread
+
+
 def main(argv: list[str] | None = None, *, patch_moto: bool = True) -> None:
     """Serve until killed. ``patch_moto=False`` leaves moto's DynamoDB as it is (2 and 3 above
     off), for ``bench/local_commit.py``, which measures the difference."""
@@ -96,6 +127,7 @@ def main(argv: list[str] | None = None, *, patch_moto: bool = True) -> None:
     moto_streams.install()
     moto_models.install()
     os.environ.setdefault("MOTO_PORT", str(args.port))
+    warm_up()
     app = Dispatcher(create_backend_app)
     kwargs: dict[str, Any] = {"threaded": True}
     if (handler := _moto_request_handler()) is not None:

@@ -183,16 +183,18 @@ class LocalStack:
                 logging.getLogger("agentq.sweeper").warning("sweep failed", exc_info=True)
 
     def stop(self) -> None:
+        # The workers are told first: each ends its long poll (up to a second) and its tasks at a
+        # step boundary while the background loops here finish their own last poll.
         self._stopping.set()
+        for proc in self.processes:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
         if self._sweeper is not None:
             self._sweeper.join(timeout=30)
         if getattr(self, "_deliverer", None) is not None:
             self._deliverer.join(timeout=10)
         if getattr(self, "_scheduler", None) is not None:
             self._scheduler.join(timeout=10)
-        for proc in self.processes:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
         for proc in self.processes:
             try:
                 proc.wait(timeout=30)
