@@ -78,6 +78,16 @@ class Console:
         assert status == 202, data
         return str(data["task_id"])
 
+    def paused(self, goal: str, question: str, answer: str) -> str:
+        """A task that asks for approval (and answers ``answer`` after the decision), once paused."""
+        turns: list[dict[str, Any]] = [
+            {"text": "", "tool_calls": [call("request_approval", question=question)]},
+            {"text": answer},
+        ]
+        task_id = self.submit(scripted(goal, turns, tools=["request_approval"]))
+        self.until(task_id, lambda v: v["status"] == "paused")
+        return task_id
+
     def until(
         self, task_id: str, pred: Callable[[dict[str, Any]], bool], timeout: float = 60, key: str | None = None
     ) -> dict[str, Any]:
@@ -315,17 +325,9 @@ def test_approving_a_paused_task_shows_the_exact_calls_and_resumes_it_by_keyboar
 
 
 def test_rejecting_a_paused_task_resumes_it_with_the_rejection_on_the_page(console: Console, tab: Page) -> None:
-    task_id = console.submit(
-        scripted(
-            "ship only if approved",
-            [
-                {"text": "", "tool_calls": [call("request_approval", question="Ship release 4.2 today?")]},
-                {"text": "not shipped: the release was rejected"},
-            ],
-            tools=["request_approval"],
-        )
+    task_id = console.paused(
+        "ship only if approved", "Ship release 4.2 today?", "not shipped: the release was rejected"
     )
-    console.until(task_id, lambda v: v["status"] == "paused")
     page = tab.page
     page.goto(f"{console.url}/console/#/tasks/{task_id}")
     page.wait_for_selector("#reject")
@@ -427,14 +429,7 @@ def test_a_money_budget_is_a_second_gauge_and_is_raised_in_dollars_from_the_page
 
 
 def test_a_blocked_task_shows_what_it_runs_after_and_starts_when_that_succeeds(console: Console, tab: Page) -> None:
-    first = console.submit(
-        scripted(
-            "collect the figures once approved",
-            [{"text": "", "tool_calls": [call("request_approval", question="Collect?")]}, {"text": "figures: 3, 5"}],
-            tools=["request_approval"],
-        )
-    )
-    console.until(first, lambda v: v["status"] == "paused")
+    first = console.paused("collect the figures once approved", "Collect?", "figures: 3, 5")
     then = console.submit({**scripted("sum the figures", [{"text": "sum: 8"}]), "depends_on": [first]})
     page = tab.page
     page.goto(f"{console.url}/console/#/tasks/{then}")
@@ -589,14 +584,7 @@ def test_an_unknown_or_foreign_task_shows_the_apis_error_not_a_blank_page(consol
 
 
 def test_a_forbidden_action_shows_the_apis_409_message(console: Console, tab: Page) -> None:
-    task_id = console.submit(
-        scripted(
-            "wait",
-            [{"text": "", "tool_calls": [call("request_approval", question="ok?")]}, {"text": "done"}],
-            tools=["request_approval"],
-        )
-    )
-    console.until(task_id, lambda v: v["status"] == "paused")
+    task_id = console.paused("wait", "ok?", "done")
     page = tab.page
     page.goto(f"{console.url}/console/#/tasks/{task_id}")
     page.wait_for_selector("#approve")
