@@ -1,10 +1,13 @@
-"""A process that races for tokens on a shared root budget (run by test_budget_race)."""
+"""A process that races for tokens (and money) on a shared root budget, and ``race``, which
+starts many of them at once (test_budget_race, test_money_budget)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from decimal import Decimal
+from typing import Any
 
 from agentq.core.errors import BudgetExceeded
 from agentq.core.records import BudgetDelta
@@ -42,6 +45,39 @@ def main(root_id: str, task_id: str, amount: int, attempts: int, hold_micros: in
         used += spent
         used_micros += max(hold_micros - 7, 0)
     print(json.dumps({"granted": granted, "used": used, "used_micros": used_micros}))
+
+
+def race(
+    settings: Settings, root_id: str, task_ids: list[str], amount: int, attempts: int, hold_micros: int = 0
+) -> list[dict[str, Any]]:
+    """One racer process per task of ``task_ids``, every one up and holding its lease before a
+    starting line sent to all at once; returns each one's report (granted, used, used_micros)."""
+    from tests.conftest import child_env
+
+    args = [str(amount), str(attempts), *([str(hold_micros)] if hold_micros else [])]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.budget_racer", root_id, task_id, *args],
+            env=child_env(settings),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for task_id in task_ids
+    ]
+    for proc in procs:  # every process is up and has claimed its task before the gun
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", proc.communicate()[1][-2000:]
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    reports = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-2000:]
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    return reports
 
 
 if __name__ == "__main__":

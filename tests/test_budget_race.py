@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 from agentq.runtime import Settings
 from agentq.storage.container import Storage
 
-from tests.conftest import child_env
+from tests.budget_racer import race
 from tests.helpers import scripted
 
 PROCESSES = 20
@@ -28,36 +24,7 @@ def test_twenty_processes_reserving_at_once_never_push_the_root_past_its_cap(
         )
         for _ in range(PROCESSES)
     ]
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.budget_racer",
-                root.task_id,
-                child.task_id,
-                str(AMOUNT),
-                str(ATTEMPTS),
-            ],
-            env=child_env(settings),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for child in children
-    ]
-    for proc in procs:  # every process is up and has claimed its task before the gun
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", proc.communicate()[1][-2000:]
-    for proc in procs:
-        assert proc.stdin is not None
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-    reports = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err[-2000:]
-        reports.append(json.loads(out.strip().splitlines()[-1]))
+    reports = race(settings, root.task_id, [c.task_id for c in children], AMOUNT, ATTEMPTS)
 
     granted = sum(r["granted"] for r in reports)
     budget = store.budgets.get(root.task_id)

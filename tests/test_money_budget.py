@@ -4,9 +4,6 @@ the ledger's spend equals the calls' priced cost; a model without a price is ref
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from decimal import Decimal
 
 import pytest
@@ -22,7 +19,7 @@ from agentq.local.moto_server import MotoServer
 from agentq.runtime import Settings
 from agentq.storage.container import Storage
 
-from tests.conftest import child_env
+from tests.budget_racer import race
 from tests.helpers import call, scripted
 
 NOTES = "n" * 800  # ~200 output tokens a turn by the scripted provider's count
@@ -112,37 +109,7 @@ def test_twenty_processes_reserving_money_at_once_never_push_the_root_past_its_m
         )
         for _ in range(PROCESSES)
     ]
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.budget_racer",
-                root.task_id,
-                child.task_id,
-                "10",
-                str(ATTEMPTS),
-                str(HOLD_MICROS),
-            ],
-            env=child_env(settings),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for child in children
-    ]
-    for proc in procs:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", proc.communicate()[1][-2000:]
-    for proc in procs:
-        assert proc.stdin is not None
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-    reports = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err[-2000:]
-        reports.append(json.loads(out.strip().splitlines()[-1]))
+    reports = race(settings, root.task_id, [c.task_id for c in children], 10, ATTEMPTS, HOLD_MICROS)
 
     granted = sum(r["granted"] for r in reports)
     budget = store.budgets.get(root.task_id)
