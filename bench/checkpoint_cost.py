@@ -818,7 +818,7 @@ def run_langgraph(run: AgentqRun, saver_kind: str, workdir: Path, *, delta: bool
         last = state["messages"][-1]
         return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
 
-    builder = StateGraph(schema)
+    builder: Any = StateGraph(schema)  # langgraph types nodes by the state schema, which is chosen at run time
     builder.add_node("agent", agent)
     builder.add_node("tools", tools)
     builder.add_edge(START, "agent")
