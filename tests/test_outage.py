@@ -123,6 +123,65 @@ def test_rate_limit_buckets_defer_a_call_until_they_refill() -> None:
     assert flow.admit("anthropic/other", 10**6, 1, now=0.0).ok  # no limit configured for it
 
 
+def test_an_answered_call_gives_back_the_output_allowance_it_did_not_use() -> None:
+    """Taken at the most a call may use (so no burst goes past the limit), settled at what it
+    used: short answers do not hold the fleet to a tenth of its output limit."""
+    settings = FlowSettings(limits={"anthropic/claude": RateLimits(itpm=10_000, otpm=1000)})
+    flow = FlowControl(memory_storage().table, settings)
+    key = "anthropic/claude-sonnet-4-6"
+    first = flow.admit(key, 2000, 800, now=0.0)
+    assert first.ok and (first.taken_input, first.taken_output) == (2000, 800)
+    assert not flow.admit(key, 2000, 800, now=0.0).ok  # 200 output tokens left
+    flow.settle(key, first, input_tokens=1500, output_tokens=90)  # the answer was short
+    second = flow.admit(key, 2000, 800, now=0.0)
+    assert second.ok and second.taken_output == 800
+    assert not flow.admit(key, 2000, 800, now=0.0).ok  # 910 - 800 = 110 left: no more than the limit
+    # A refused take gives back what the buckets before it gave: the input bucket is whole again.
+    itpm = flow.table.get({"pk": f"FLOW#{key}", "sk": "BUCKET#itpm"})
+    assert itpm is not None and float(itpm["tokens"]) == 10_000 - 2000 - 2000 + 500
+    # Given back while nearly full, a bucket still holds no more than its limit at the next take.
+    flow.settle(key, second, input_tokens=0, output_tokens=0)
+    flow.settle(key, second, input_tokens=0, output_tokens=0)
+    assert flow.admit(key, 0, 1000, now=0.0).ok and not flow.admit(key, 0, 1, now=0.0).ok
+
+
+def test_the_engine_settles_each_answered_call_with_the_usage_the_provider_counts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agentq.control.submit import parse_submission
+    from agentq.core.engine import Engine, EngineConfig
+    from agentq.core.providers.anthropic_provider import AnthropicProvider
+    from agentq.core.tools import ToolRegistry
+
+    from tests.fake_messages_api import text_reply, usage_dict
+
+    monkeypatch.setenv("AGENTQ_RATE_LIMITS", json.dumps({"anthropic/claude": {"itpm": 400_000, "otpm": 80_000}}))
+    store = memory_storage()
+    settled: list[tuple[int, int, int, int]] = []
+    settle = store.flow.settle
+
+    def recording(key: str, admission: Admission, input_tokens: int, output_tokens: int) -> None:
+        settled.append((admission.taken_input, admission.taken_output, input_tokens, output_tokens))
+        settle(key, admission, input_tokens, output_tokens)
+
+    monkeypatch.setattr(store.flow, "settle", recording)
+    fake = FakeMessagesAPI().start()
+    try:
+        usage = usage_dict(input_tokens=300, output_tokens=40, cache_creation_input_tokens=100,
+                           cache_read_input_tokens=5000)  # fmt: skip
+        fake.enqueue(text_reply("done", usage=usage))
+        task = store.tasks.create(parse_submission({"goal": "g", "provider": "anthropic", "model": "claude-sonnet-4-6",
+                                                    "constraints": {"max_output_tokens": 4096}}), tenant="t")  # fmt: skip
+        engine = Engine(store, worker_id="w", tools=ToolRegistry([]), config=EngineConfig(lease_seconds=30),
+                        providers=lambda sub: AnthropicProvider(api_key="sk-ant-test", base_url=fake.base_url))  # fmt: skip
+        assert engine.run(task.task_id).status is TaskStatus.SUCCEEDED
+    finally:
+        fake.stop()
+    [(taken_in, taken_out, used_in, used_out)] = settled
+    assert taken_out == 4096 and taken_in > 0  # held at the most the call could use
+    assert (used_in, used_out) == (400, 40)  # given back down to what counts: cache reads do not
+
+
 def test_a_tool_that_keeps_failing_gets_its_circuit_opened_and_the_model_a_clear_unavailable_result(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -989,8 +989,13 @@ class Engine:
         """Commit the call's answer as the next step, settling its hold with what it used."""
         crash_point("after_llm_call")
         if s.admission is not None:
-            sub = s.task.submission
-            self.store.flow.succeeded(flow_key(sub.provider, sub.model), s.admission)
+            sub, usage = s.task.submission, response.usage
+            key = flow_key(sub.provider, sub.model)
+            self.store.flow.succeeded(key, s.admission)
+            # Against a provider's input limit count uncached and cache-write tokens, not reads.
+            self.store.flow.settle(
+                key, s.admission, usage.input_tokens + usage.cache_creation_input_tokens, usage.output_tokens
+            )
         batched = _economy(s)
         cost = self._cost(s, response.model or request.model, request.model, response)
         if batched:

@@ -9,6 +9,10 @@ answer every call asks for first (``storage.flow`` keeps the shared state).
 - **Slow-down.** A 429 with ``retry-after`` makes the whole fleet wait that long for that model.
 - **Rate limits.** Token buckets (requests, input tokens, output tokens per minute: the shape
   providers enforce per organisation), taken before each call; an empty bucket defers the task.
+  A call takes what it may use at the most (its input estimate, its whole output allowance),
+  so no burst can go past a limit; once answered it gives back what it did not use (input as
+  the provider counts it against the limit: uncached and cache-write tokens, not cache reads),
+  so the fleet is not held to the allowance when the answers are short.
 
 Settings: ``AGENTQ_BREAKER`` (JSON: failures, window_seconds, cooldown_seconds, probes) and
 ``AGENTQ_RATE_LIMITS`` (JSON: ``{"anthropic/claude-sonnet-4": {"rpm": 50, "itpm": 30000,
@@ -87,6 +91,8 @@ class Admission:
     wait: float = 0.0
     reason: str = ""
     probe: bool = False
+    taken_input: int = 0  # taken from the input-token bucket (0: none is configured)
+    taken_output: int = 0  # taken from the output-token bucket
 
 
 ADMITTED = Admission(ok=True)

@@ -89,11 +89,19 @@ class FlowControl:
         if status == "half_open":
             return self._probe(key, state, now, first=False)
         limits = self.settings.limits_for(key)
+        taken: dict[str, int] = {}
         if limits is not None:
-            wait = self._take(key, limits, input_tokens, output_tokens, now)
+            wait, taken = self._take(key, limits, input_tokens, output_tokens, now)
             if wait > 0:
                 return Admission(ok=False, wait=wait, reason="rate_limited")
-        return ADMITTED if not state.get("failures") else Admission(ok=True, reason="failures")
+        if not taken and not state.get("failures"):
+            return ADMITTED
+        return Admission(
+            ok=True,
+            reason="failures" if state.get("failures") else "",
+            taken_input=taken.get("itpm", 0),
+            taken_output=taken.get("otpm", 0),
+        )
 
     def _probe(self, key: str, state: dict[str, Any], now: float, *, first: bool) -> Admission:
         """Half-open: take one of the probes, if one is left (or the last round's probes went
@@ -116,19 +124,27 @@ class FlowControl:
         log.info("circuit %s half-open: a probe goes through", key)
         return Admission(ok=True, reason="probe", probe=True)
 
-    def _take(self, key: str, limits: RateLimits, input_tokens: int, output_tokens: int, now: float) -> float:
-        """Take from each bucket; the seconds to wait when one cannot give (0: taken)."""
-        for dimension, per_minute, amount in (
+    def _take(
+        self, key: str, limits: RateLimits, input_tokens: int, output_tokens: int, now: float
+    ) -> tuple[float, dict[str, int]]:
+        """Take from each bucket: (0, what was taken per bucket), or the seconds to wait when one
+        cannot give (what the buckets before it gave is given back: the call does not go)."""
+        taken: dict[str, int] = {}
+        for dimension, per_minute, wanted in (
             ("rpm", limits.rpm, 1),
             ("itpm", limits.itpm, input_tokens),
             ("otpm", limits.otpm, output_tokens),
         ):
             if per_minute is None:
                 continue
-            wait = self._take_one(key, dimension, per_minute, min(amount, per_minute), now)
+            amount = min(wanted, per_minute)
+            wait = self._take_one(key, dimension, per_minute, amount, now)
             if wait > 0:
-                return wait
-        return 0.0
+                for given, back in taken.items():
+                    self._give_back(key, given, back)
+                return wait, {}
+            taken[dimension] = amount
+        return 0.0, taken
 
     def _take_one(self, key: str, dimension: str, per_minute: int, amount: int, now: float) -> float:
         rate = per_minute / MINUTE
@@ -149,6 +165,22 @@ class FlowControl:
             except ConditionFailed:
                 continue
         return 1.0
+
+    def _give_back(self, key: str, dimension: str, amount: int) -> None:
+        """Put ``amount`` back into a bucket (one atomic ADD; the next take caps the level at
+        the limit, so a bucket given back while full holds no more than a full minute)."""
+        if amount <= 0:
+            return
+        with contextlib.suppress(ConditionFailed):  # never taken from: nothing to give back
+            self.table.update(
+                _bucket_key(key, dimension), Update(add={"tokens": amount}), condition=Attr("at").exists()
+            )
+
+    def settle(self, key: str, admission: Admission, input_tokens: int, output_tokens: int) -> None:
+        """An answered call gives back what it took and did not use: ``input_tokens`` and
+        ``output_tokens`` as the provider counts them against its limits."""
+        self._give_back(key, "itpm", admission.taken_input - input_tokens)
+        self._give_back(key, "otpm", admission.taken_output - output_tokens)
 
     # -------------------------------------------------------------- outcomes
 
