@@ -272,6 +272,47 @@ def test_list_is_newest_first_paginated_by_an_opaque_cursor_and_filtered_by_stat
     assert summary["parent_id"] == ids[0] and summary["goal"] == "task 0"
 
 
+def test_a_metadata_search_finds_matching_tasks_past_the_newest_pages_and_pages_on(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentq.api import views
+    from agentq.control.submit import parse_submission
+
+    tenant = f"search-{uuid.uuid4().hex[:6]}"
+    create = api.store.tasks.create
+    older = create(parse_submission({**SUB, "metadata": {"customer": "acme", "region": "eu"}}), tenant=tenant)
+    time.sleep(0.002)
+    old = create(parse_submission({**SUB, "metadata": {"customer": "acme"}}), tenant=tenant)
+    for i in range(130):  # newer tasks of others: the matches are far past the first page
+        create(parse_submission({**SUB, "metadata": {"customer": f"other-{i}"}}), tenant=tenant)
+    monkeypatch.setattr(views, "METADATA_SCAN_LIMIT", 100)  # so one call reads fewer than there are
+
+    def search(query: str) -> list[str]:
+        found, cursor, calls = [], None, 0
+        while True:
+            status, page, _ = api.call(
+                "GET", f"/tasks?{query}" + (f"&cursor={cursor}" if cursor else ""), tenant=tenant
+            )
+            assert status == 200, page
+            found += [t["task_id"] for t in page["tasks"]]
+            calls += 1
+            cursor = page["next_cursor"]
+            if not cursor:
+                return found
+            assert calls < 10
+
+    status, first, _ = api.call("GET", "/tasks?metadata=customer=acme&limit=1", tenant=tenant)
+    assert status == 200 and first["tasks"] == [] and first["next_cursor"]  # 100 read, none matched: go on
+    assert search("metadata=customer=acme&limit=1") == [old.task_id, older.task_id]
+    assert search("metadata=customer=acme&metadata=region=eu") == [older.task_id]  # every pair must match
+    assert search("metadata=customer=nobody") == []
+    # Another tenant's tasks never match, whatever their metadata.
+    status, theirs, _ = api.call("GET", "/tasks?metadata=customer=acme", tenant=B)
+    assert status == 200 and not {older.task_id, old.task_id} & {t["task_id"] for t in theirs["tasks"]}
+    status, data, _ = api.call("GET", "/tasks?metadata=customer", tenant=tenant)
+    assert status == 422 and error(data)["field"] == "metadata"
+
+
 @pytest.mark.parametrize(
     ("query", "status", "field"),
     [("limit=0", 422, "limit"), ("limit=101", 422, "limit"), ("limit=ten", 422, "limit"), ("status=bogus", 422, "status"),

@@ -65,8 +65,10 @@ def agentq(
 
 
 def test_submit_wait_then_status_result_trace_and_list(api_stack: ApiStack) -> None:
+    run = f"cli-{time.time_ns()}"
     done = agentq(api_stack, "submit", "Analyse our signups", "--script", "research", "--tools", RESEARCH_TOOLS,
-                  "--max-tokens", "60000", "--priority", "high", "--metadata", "team=growth", "--wait")  # fmt: skip
+                  "--max-tokens", "60000", "--priority", "high", "--metadata", "team=growth", "--metadata", f"run={run}",
+                  "--wait")  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("Signups grew 2.5x")  # the result on stdout
     task_id = re.search(r"submitted ([0-9a-f]{32})", done.stderr).group(1)  # type: ignore[union-attr]
@@ -100,6 +102,12 @@ def test_submit_wait_then_status_result_trace_and_list(api_stack: ApiStack) -> N
     assert (
         table.returncode == 0 and re.search(rf"{task_id}\s+succeeded\s+15", table.stdout)
     ) or "more: agentq list --cursor" in table.stderr
+    found = agentq(api_stack, "list", "--metadata", f"run={run}", "--metadata", "team=growth", "--all", "--json")
+    assert [t["task_id"] for t in json.loads(found.stdout)["tasks"]] == [task_id]
+    none = agentq(api_stack, "list", "--metadata", f"run={run}", "--metadata", "team=other", "--all", "--json")
+    assert json.loads(none.stdout)["tasks"] == []
+    bad = agentq(api_stack, "list", "--metadata", "run")
+    assert bad.returncode == 2 and "--metadata takes KEY=VALUE" in bad.stderr
 
 
 def test_approve_reject_budget_fork_cancel_and_their_exit_codes(

@@ -150,7 +150,7 @@ class Client:
                 k: ("true" if v is True else "false" if v is False else v) for k, v in query.items() if v is not None
             }
             if pairs:
-                url += "?" + urllib.parse.urlencode(pairs)
+                url += "?" + urllib.parse.urlencode(pairs, doseq=True)  # a list is a repeated parameter
         all_headers = {"Accept": "application/json", **(headers or {})}
         if self.api_key:
             all_headers["Authorization"] = f"Bearer {self.api_key}"
@@ -262,8 +262,10 @@ class Client:
         limit: int = 20,
         cursor: str | None = None,
         include_children: bool = False,
+        metadata: Mapping[str, str] | None = None,
     ) -> TaskPage:
-        """One page of tasks, newest first; pass ``page.next_cursor`` for the next."""
+        """One page of tasks, newest first; pass ``page.next_cursor`` for the next. ``metadata``:
+        only tasks whose metadata has every pair (a page may then hold fewer than ``limit``)."""
         status_value = status.value if isinstance(status, TaskStatus) else status
         return self._get(
             TaskPage,
@@ -272,15 +274,23 @@ class Client:
             limit=limit,
             cursor=cursor,
             include_children=include_children or None,
+            metadata=[f"{k}={v}" for k, v in (metadata or {}).items()] or None,
         )
 
     def iter_tasks(
-        self, status: TaskStatus | str | None = None, *, page_size: int = 100, include_children: bool = False
+        self,
+        status: TaskStatus | str | None = None,
+        *,
+        page_size: int = 100,
+        include_children: bool = False,
+        metadata: Mapping[str, str] | None = None,
     ) -> Iterator[TaskSummary]:
-        """Every task (matching ``status``), newest first, following the cursors."""
+        """Every task (matching ``status`` and ``metadata``), newest first, following the cursors."""
         cursor = None
         while True:
-            page = self.list_tasks(status, limit=page_size, cursor=cursor, include_children=include_children)
+            page = self.list_tasks(
+                status, limit=page_size, cursor=cursor, include_children=include_children, metadata=metadata
+            )
             yield from page.tasks
             if not page.next_cursor:
                 return

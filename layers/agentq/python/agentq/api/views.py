@@ -37,6 +37,7 @@ from agentq.api.models import (
 from agentq.core.errors import AgentqError, TaskNotFound, ValidationError
 from agentq.core.models import CompactStep, LLMStep, RetryState, StepRecord, Task, TaskStatus, ToolsStep
 from agentq.core.pricing import NO_MONEY_CAP
+from agentq.storage import keys
 from agentq.storage.container import Storage
 
 
@@ -262,21 +263,70 @@ def task_summary(task: Task) -> TaskSummary:
     )
 
 
+METADATA_SCAN_LIMIT = 1000  # tasks one metadata search reads before it answers with a cursor
+_METADATA_SCAN_PAGE = 100
+
+
+def parse_metadata_filter(pairs: list[str]) -> dict[str, str]:
+    """``["customer=acme", "run=7"]`` -> ``{"customer": "acme", "run": "7"}``; a pair without
+    ``=`` or with an empty key is a ValidationError naming ``metadata``."""
+    wanted: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValidationError(f"metadata: expected key=value, got {pair[:100]!r}", field="metadata")
+        wanted[key] = value
+    return wanted
+
+
 def task_page(
-    store: Storage, tenant: str, *, limit: int, cursor: str | None, status: TaskStatus | None, include_children: bool
+    store: Storage,
+    tenant: str,
+    *,
+    limit: int,
+    cursor: str | None,
+    status: TaskStatus | None,
+    include_children: bool,
+    metadata: dict[str, str] | None = None,
 ) -> TaskPage:
+    """A page of the tenant's tasks, newest first. With ``metadata`` (every pair must match) the
+    tasks are read in pages and filtered here, since metadata is not on the index: at most
+    ``METADATA_SCAN_LIMIT`` are read per call, so a page may hold fewer matches than ``limit``
+    while ``next_cursor`` says more may follow (the same contract as a status filter)."""
     after = None
     if cursor:
         after = decode_cursor("tasks", cursor)
         if not isinstance(after, str) or not _GSI1SK.match(after):
             raise InvalidCursor("cursor is not one this API issued; pass next_cursor back unchanged", field="cursor")
-    tasks, last = store.tasks.list_for_tenant(
-        tenant, limit=limit, after=after, status=status, roots_only=not include_children
-    )
-    return TaskPage(
-        tasks=[task_summary(t) for t in tasks if t.tenant == tenant],
-        next_cursor=encode_cursor("tasks", last) if last else None,
-    )
+    if not metadata:
+        tasks, last = store.tasks.list_for_tenant(
+            tenant, limit=limit, after=after, status=status, roots_only=not include_children
+        )
+        return TaskPage(
+            tasks=[task_summary(t) for t in tasks if t.tenant == tenant],
+            next_cursor=encode_cursor("tasks", last) if last else None,
+        )
+    found: list[Task] = []
+    read = 0
+    while True:
+        tasks, last = store.tasks.list_for_tenant(
+            tenant, limit=_METADATA_SCAN_PAGE, after=after, status=status, roots_only=not include_children
+        )
+        for task in tasks:
+            read += 1
+            meta = task.submission.metadata
+            if task.tenant == tenant and all(meta.get(k) == v for k, v in metadata.items()):
+                found.append(task)
+                if len(found) == limit:  # go on after this one next time
+                    return TaskPage(
+                        tasks=[task_summary(t) for t in found],
+                        next_cursor=encode_cursor("tasks", keys.tenant_index_sk(task.created_at, task.task_id)),
+                    )
+        if last is None or read >= METADATA_SCAN_LIMIT:
+            return TaskPage(
+                tasks=[task_summary(t) for t in found], next_cursor=encode_cursor("tasks", last) if last else None
+            )
+        after = last
 
 
 def task_result(task: Task) -> TaskResult:

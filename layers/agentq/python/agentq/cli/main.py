@@ -444,9 +444,12 @@ def _cmd_list(args: argparse.Namespace) -> int:
     from agentq.cli.views import task_table
 
     client = _client(args)
+    metadata = _parse_metadata(args.metadata)
     tasks, cursor = [], args.cursor
     while True:
-        page = client.list_tasks(args.status, limit=args.limit, cursor=cursor, include_children=args.children)
+        page = client.list_tasks(
+            args.status, limit=args.limit, cursor=cursor, include_children=args.children, metadata=metadata
+        )
         tasks.extend(page.tasks)
         cursor = page.next_cursor
         if not (args.all and cursor):
@@ -463,10 +466,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
     else:
         print("no tasks" + (f" with status {args.status}" if args.status else ""), file=sys.stderr)
     if cursor:
-        print(
-            f"more: agentq list --cursor {cursor}" + (f" --status {args.status}" if args.status else ""),
-            file=sys.stderr,
-        )
+        again = (f" --status {args.status}" if args.status else "") + "".join(f" --metadata {p}" for p in args.metadata)
+        print(f"more: agentq list --cursor {cursor}{again}", file=sys.stderr)
     return 0
 
 
@@ -860,6 +861,9 @@ def build_parser() -> argparse.ArgumentParser:
     list_.add_argument("--cursor", help="continue from a previous page")
     list_.add_argument("--all", action="store_true", help="follow every page")
     list_.add_argument("--children", action="store_true", help="include sub-agents")
+    list_.add_argument(
+        "--metadata", action="append", default=[], metavar="KEY=VALUE", help="only tasks with this label (repeatable)"
+    )
     list_.set_defaults(func=_cmd_list)
 
     cancel = _remote(command("cancel", "cancel a task and its whole subtree (partial results kept)"))

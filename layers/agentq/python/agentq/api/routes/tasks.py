@@ -87,13 +87,22 @@ def router(deps: ApiDeps) -> Router:
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description="page size")] = DEFAULT_PAGE_SIZE,
         cursor: Annotated[str | None, Query(max_length=1024, description="next_cursor of the previous page")] = None,
         include_children: Annotated[bool, Query(description="also list sub-agents")] = False,
+        metadata: Annotated[
+            list[str] | None,
+            Query(
+                max_length=10,
+                description="key=value: only tasks whose metadata has it (repeat: every pair). Read in pages "
+                f"and filtered, at most {views.METADATA_SCAN_LIMIT} tasks a call: follow next_cursor for more",
+            ),
+        ] = None,
     ) -> TaskPage:
         query = routes.current_event.query_string_parameters
         if status is None and query and "status" in query:  # given, but empty
             raise ValidationError("status: give one of the task statuses, or leave status out", field="status")
         return views.task_page(
-            store, tenant(), limit=limit, cursor=cursor, status=status, include_children=include_children
-        )
+            store, tenant(), limit=limit, cursor=cursor, status=status, include_children=include_children,
+            metadata=views.parse_metadata_filter(metadata or []),
+        )  # fmt: skip
 
     @routes.get(
         "/tasks/<task_id>",
