@@ -246,8 +246,17 @@ def test_the_list_shows_this_tenants_tasks_newest_first_with_live_counts_and_sea
         "n => Number(document.querySelector(\"button[data-status='succeeded'] .count\").textContent) > n", arg=before
     )
 
+    # key=value is the API's search over every task of the tenant; other text filters the page.
     page.fill("#task-search", "team=blue")
-    assert page.eval_on_selector_all("tr[data-task]", "rows => rows.map(r => r.dataset.task)") == [older]
+    page.wait_for_selector("p:has-text('Tasks whose metadata has team=blue')")
+    page.wait_for_function(
+        "id => [...document.querySelectorAll('tr[data-task]')].map(r => r.dataset.task).join() === id", arg=older
+    )
+    assert any("metadata=team%3Dblue" in url for _, url in tab.responses)
+    page.fill("#task-search", "newer task")
+    page.wait_for_function(
+        "id => [...document.querySelectorAll('tr[data-task]')].map(r => r.dataset.task).join() === id", arg=newer
+    )
     page.fill("#task-search", "")
     page.click("button[data-status='succeeded']")
     page.wait_for_selector("button[data-status='succeeded'][aria-pressed='true']")

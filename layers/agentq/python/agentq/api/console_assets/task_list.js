@@ -1,4 +1,6 @@
-// Tasks, newest first: status filters with live counts, search by id, goal or metadata.
+// Tasks, newest first: status filters with live counts, search by id, goal or metadata. A search
+// of key=value pairs is the API's (GET /tasks?metadata=...: every task of the tenant, not only the
+// pages loaded); any other text filters the loaded tasks here.
 
 import { get } from "./api.js";
 import { STATUSES, badge, fmtAgo, fmtInt, fmtUsd, h, replace, shortId, taskLink } from "./dom.js";
@@ -8,17 +10,26 @@ const ID = /^[A-Za-z0-9_-]{1,128}$/;
 
 export function taskListPage(ctx) {
   const params = new URLSearchParams(window.location.hash.split("?")[1] || "");
-  const state = { status: params.get("status") || "", query: "", children: false, older: [], cursor: null, page: null };
+  const state = { status: params.get("status") || "", query: "", meta: null, children: false, older: [], cursor: null, page: null };
+  let searchTimer = null;
 
   const counts = h("div", { class: "filters", role: "group", "aria-label": "Filter by status" });
   const countNote = h("p", { class: "muted small" });
   const search = h("input", {
     id: "task-search",
     type: "search",
-    placeholder: "task id, goal or metadata (key=value)",
+    placeholder: "task id, goal, or key=value to search all tasks' metadata",
     oninput: () => {
       state.query = search.value.trim();
-      draw();
+      const meta = metadataPairs(state.query);
+      if (JSON.stringify(meta) === JSON.stringify(state.meta)) {
+        draw();
+        return;
+      }
+      state.meta = meta;
+      state.older = [];
+      window.clearTimeout(searchTimer);
+      searchTimer = window.setTimeout(() => refresh().catch(ctx.showError), 300);
     },
   });
   const childrenBox = h("input", {
@@ -53,6 +64,7 @@ export function taskListPage(ctx) {
     const q = new URLSearchParams({ limit: String(PAGE) });
     if (state.children) q.set("include_children", "true");
     for (const [k, v] of Object.entries(extra || {})) if (v) q.set(k, v);
+    for (const pair of state.meta || []) q.append("metadata", pair);
     return `tasks?${q}`;
   }
 
@@ -89,12 +101,19 @@ export function taskListPage(ctx) {
         },
       }, label, " ", h("span", { class: "count" }, fmtInt(n)));
     replace(counts, chip("", "all", everything.tasks.length), STATUSES.map((s) => chip(s, s.replace("_", " "), tally[s])));
-    countNote.textContent = everything.next_cursor
-      ? `Counts are over the newest ${PAGE} tasks.`
-      : "";
+    countNote.textContent = state.meta
+      ? `Tasks whose metadata has ${state.meta.join(" and ")}${everything.next_cursor ? `: counts are over the first ${everything.tasks.length} found` : ""}.`
+      : everything.next_cursor ? `Counts are over the newest ${PAGE} tasks.` : "";
+  }
+
+  // "customer=acme region=eu": every word a key=value pair, searched for by the API.
+  function metadataPairs(q) {
+    const words = q.split(/\s+/).filter(Boolean);
+    return words.length && words.every((w) => /^[^=]+=/.test(w)) ? words : null;
   }
 
   function matches(t, q) {
+    if (state.meta) return true; // the API already matched every pair
     const needle = q.toLowerCase();
     if (t.task_id.toLowerCase().includes(needle) || t.goal.toLowerCase().includes(needle)) return true;
     return Object.entries(t.metadata || {}).some(([k, v]) => `${k}=${v}`.toLowerCase().includes(needle));
@@ -114,7 +133,7 @@ export function taskListPage(ctx) {
         h("td", { class: "meta" }, Object.entries(t.metadata || {}).map(([k, v]) => h("span", { class: "kv" }, `${k}=${v}`))),
       )));
     if (!rows.length) {
-      body.append(h("tr", {}, h("td", { colspan: 8, class: "muted" }, state.query ? "No loaded task matches." : "No tasks yet. Submit one: agentq submit \"...\"")));
+      body.append(h("tr", {}, h("td", { colspan: 8, class: "muted" }, state.meta ? "No task's metadata has that." : state.query ? "No loaded task matches." : "No tasks yet. Submit one: agentq submit \"...\"")));
     }
     const idLike = state.query && ID.test(state.query) && !rows.some((t) => t.task_id === state.query);
     lookup.hidden = !idLike;
