@@ -264,6 +264,40 @@ def test_the_list_shows_this_tenants_tasks_newest_first_with_live_counts_and_sea
     no_errors(tab)
 
 
+def test_a_task_submitted_from_the_page_opens_and_a_refused_one_shows_the_apis_field(
+    console: Console, tab: Page
+) -> None:
+    page = tab.page
+    tab_to(tab, "new-task")
+    page.keyboard.press("Enter")  # a <details> opens by keyboard
+    page.wait_for_selector("#new-task-json", state="visible")
+    template = json.loads(page.input_value("#new-task-json"))
+    assert set(template) >= {"goal", "provider", "model", "constraints"}
+    # What the API refuses is shown with its field, and nothing is created.
+    before = [t["task_id"] for t in console.http("GET", "/tasks?limit=100")[1]["tasks"]]
+    page.fill(
+        "#new-task-json", json.dumps({**scripted("g", [{"text": "x"}]), "constraints": {"tools": ["no_such_tool"]}})
+    )
+    page.click("#submit-task")
+    page.wait_for_selector(".new-task .error-box:has-text('422')")
+    assert "constraints.tools" in page.inner_text(".new-task .error-box")
+    page.fill("#new-task-json", '{"goal": "unfinished"')
+    page.click("#submit-task")
+    page.wait_for_selector(".new-task .error-box:has-text('Not JSON')")
+    assert [t["task_id"] for t in console.http("GET", "/tasks?limit=100")[1]["tasks"]] == before
+    page.fill(
+        "#new-task-json",
+        json.dumps(scripted("from the console", [{"text": "submitted by hand"}], metadata={"via": "console"})),
+    )
+    tab_to(tab, "submit-task")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#task-id")
+    page.wait_for_selector("h1 .badge.s-succeeded")
+    view = console.until(page.inner_text("#task-id"), lambda v: v["status"] == "succeeded")
+    assert view["result"] == "submitted by hand" and view["metadata"] == {"via": "console"}
+    assert [e for e in tab.errors if "status of 422" not in e] == []
+
+
 def test_a_running_task_shows_its_steps_as_they_commit_and_polls_with_etags(console: Console, tab: Page) -> None:
     turns = [
         {"text": f"looking up {i}", "tool_calls": [call("lookup", query=f"q{i}", size=50)], "latency_seconds": 0.6}

@@ -3,6 +3,7 @@
 // pages loaded); any other text filters the loaded tasks here.
 
 import { get } from "./api.js";
+import { newTaskForm } from "./new_task.js";
 import { STATUSES, badge, fmtAgo, fmtInt, fmtUsd, h, replace, shortId, taskLink } from "./dom.js";
 
 const PAGE = 100;
@@ -18,7 +19,7 @@ export function taskListPage(ctx) {
   const search = h("input", {
     id: "task-search",
     type: "search",
-    placeholder: "task id, goal, or key=value to search all tasks' metadata",
+    placeholder: "id, goal, or key=value (metadata)",
     oninput: () => {
       state.query = search.value.trim();
       const meta = metadataPairs(state.query);
@@ -48,6 +49,7 @@ export function taskListPage(ctx) {
   replace(
     ctx.main,
     h("h1", {}, "Tasks"),
+    newTaskForm(ctx),
     counts,
     countNote,
     h("div", { class: "row" },
