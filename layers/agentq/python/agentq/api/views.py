@@ -35,6 +35,7 @@ from agentq.api.models import (
     TransitionEvent,
 )
 from agentq.core.errors import AgentqError, TaskNotFound, ValidationError
+from agentq.core.metadata import BadPair, parse_pairs
 from agentq.core.models import CompactStep, LLMStep, RetryState, StepRecord, Task, TaskStatus, ToolsStep
 from agentq.core.pricing import NO_MONEY_CAP
 from agentq.storage import keys
@@ -268,15 +269,11 @@ _METADATA_SCAN_PAGE = 100
 
 
 def parse_metadata_filter(pairs: list[str]) -> dict[str, str]:
-    """``["customer=acme", "run=7"]`` -> ``{"customer": "acme", "run": "7"}``; a pair without
-    ``=`` or with an empty key is a ValidationError naming ``metadata``."""
-    wanted: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValidationError(f"metadata: expected key=value, got {pair[:100]!r}", field="metadata")
-        wanted[key] = value
-    return wanted
+    """``?metadata=`` words as a dict; a word that is not ``key=value`` is a ValidationError naming ``metadata``."""
+    try:
+        return parse_pairs(pairs)
+    except BadPair as exc:
+        raise ValidationError(f"metadata: {exc}", field="metadata") from None
 
 
 def task_page(

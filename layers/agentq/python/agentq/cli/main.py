@@ -311,13 +311,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _parse_metadata(pairs: list[str]) -> dict[str, str]:
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--metadata takes KEY=VALUE, not {pair!r}", field="metadata")
-        out[key] = value
-    return out
+    from agentq.core.metadata import BadPair, parse_pairs
+
+    try:
+        return parse_pairs(pairs)
+    except BadPair as exc:
+        raise UsageError(f"--metadata takes KEY=VALUE, not {exc.pair!r}", field="metadata") from None
 
 
 def _load_script(value: str) -> Any:
