@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -143,6 +144,40 @@ def test_an_answered_call_gives_back_the_output_allowance_it_did_not_use() -> No
     flow.settle(key, second, input_tokens=0, output_tokens=0)
     flow.settle(key, second, input_tokens=0, output_tokens=0)
     assert flow.admit(key, 0, 1000, now=0.0).ok and not flow.admit(key, 0, 1, now=0.0).ok
+
+
+def test_two_executors_taking_at_the_same_instant_never_both_get_the_last_tokens() -> None:
+    """A take is conditional on the bucket's version, not on its refill time: two executors whose
+    clocks give the same `at` cannot both pass (the lost update would grant 1,300 of 1,000)."""
+    from typing import cast
+
+    from agentq.storage.table import Table
+
+    settings = FlowSettings(limits={"anthropic/claude": RateLimits(otpm=1000)})
+    table = memory_storage().table
+    other = FlowControl(table, settings)
+    key = "anthropic/claude-sonnet-4-6"
+    assert other.admit(key, 0, 100, now=5.0).ok  # the bucket exists: 900 left as of t=5
+
+    class CutIn:
+        """This executor's table: the other executor takes between its read and its write."""
+
+        cut_in = True
+
+        def get(self, item_key: dict[str, str]) -> Any:
+            item = table.get(item_key)
+            if self.cut_in and item_key["sk"] == "BUCKET#otpm":
+                self.cut_in = False
+                assert other.admit(key, 0, 600, now=5.0).ok  # same instant: `at` stays 5.0
+            return item
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(table, name)
+
+    late = FlowControl(cast(Table, CutIn()), settings).admit(key, 0, 600, now=5.0)
+    assert not late.ok and late.reason == "rate_limited"  # it read again and found 300
+    bucket = table.get({"pk": f"FLOW#{key}", "sk": "BUCKET#otpm"})
+    assert bucket is not None and float(bucket["tokens"]) == 300
 
 
 def test_the_engine_settles_each_answered_call_with_the_usage_the_provider_counts(

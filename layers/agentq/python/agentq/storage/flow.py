@@ -1,13 +1,15 @@
 """The shared state of fleet-wide flow control (``core.flow``), one partition per provider and
 model (``FLOW#anthropic/claude-sonnet-4-6``): the circuit breaker and the slow-down on
-``STATE``, one token bucket per limit on ``BUCKET#rpm|itpm|otpm``.
+``STATE``, one token bucket per limit on ``BUCKET#rpm|itpm|otpm`` (level ``tokens`` as of ``at``,
+and a version ``v`` every write bumps).
 
 Every executor reads ``STATE`` before a call (one GetItem, kept for ``CACHE_SECONDS`` while the
 circuit is closed and nothing slows it: a fleet learns of an opening within that) and writes it
 only when something changes: a failure counted, the circuit opened, a probe taken, the circuit
 closed, a 429's slow-down. The moves are conditional writes on what was read, so two executors that see the
 circuit open together take no more probes than allowed, and one opening is recorded once.
-A bucket is refilled and taken in one conditional write on its last refill time.
+A bucket is refilled and taken in one write conditional on the version read; an answered call
+gives back what it did not use with an atomic ADD that bumps the version too.
 """
 
 from __future__ import annotations
@@ -154,11 +156,20 @@ class FlowControl:
             level = per_minute if at is None else min(per_minute, float(item["tokens"]) + (now - float(at)) * rate)
             if level < amount:
                 return (amount - level) / rate
-            condition = Attr("at").not_exists() if at is None else Attr("at").eq(item["at"])
+            # Conditional on the version read: any write since (a take, a give-back) makes it fail
+            # and read again, so no update is lost even when two executors' clocks give one `at`.
+            version = int(item.get("v", 0))
+            condition = (
+                Attr("at").not_exists()
+                if at is None
+                else Attr("v").eq(version) | (Attr("v").not_exists() & Attr("at").eq(item["at"]))
+            )
             try:
                 self.table.update(
                     _bucket_key(key, dimension),
-                    Update(set={"tokens": _dec(level - amount), "at": _dec(max(now, float(at or 0)))}),
+                    Update(
+                        set={"tokens": _dec(level - amount), "at": _dec(max(now, float(at or 0))), "v": version + 1}
+                    ),
                     condition=condition,
                 )
                 return 0.0
@@ -173,7 +184,7 @@ class FlowControl:
             return
         with contextlib.suppress(ConditionFailed):  # never taken from: nothing to give back
             self.table.update(
-                _bucket_key(key, dimension), Update(add={"tokens": amount}), condition=Attr("at").exists()
+                _bucket_key(key, dimension), Update(add={"tokens": amount, "v": 1}), condition=Attr("at").exists()
             )
 
     def settle(self, key: str, admission: Admission, input_tokens: int, output_tokens: int) -> None:
