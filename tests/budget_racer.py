@@ -1,10 +1,9 @@
 """A process that races for tokens (and money) on a shared root budget, and ``race``, which
-starts many of them at once (test_budget_race, test_money_budget)."""
+starts many of them at once (test_budget_race, test_money_budget; tests/racers.py)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from decimal import Decimal
 from typing import Any
@@ -50,34 +49,12 @@ def main(root_id: str, task_id: str, amount: int, attempts: int, hold_micros: in
 def race(
     settings: Settings, root_id: str, task_ids: list[str], amount: int, attempts: int, hold_micros: int = 0
 ) -> list[dict[str, Any]]:
-    """One racer process per task of ``task_ids``, every one up and holding its lease before a
-    starting line sent to all at once; returns each one's report (granted, used, used_micros)."""
-    from tests.conftest import child_env
+    """One racer per task of ``task_ids``, each holding its task's lease before the gun; returns
+    each one's report (granted, used, used_micros)."""
+    from tests import racers
 
     args = [str(amount), str(attempts), *([str(hold_micros)] if hold_micros else [])]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.budget_racer", root_id, task_id, *args],
-            env=child_env(settings),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for task_id in task_ids
-    ]
-    for proc in procs:  # every process is up and has claimed its task before the gun
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", proc.communicate()[1][-2000:]
-    for proc in procs:
-        assert proc.stdin is not None
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-    reports = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err[-2000:]
-        reports.append(json.loads(out.strip().splitlines()[-1]))
-    return reports
+    return racers.race(settings, "tests.budget_racer", [[root_id, task_id, *args] for task_id in task_ids])
 
 
 if __name__ == "__main__":

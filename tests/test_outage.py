@@ -17,7 +17,7 @@ from agentq.control.submit import submit
 from agentq.core.flow import Admission, BreakerSettings, FlowSettings, RateLimits
 from agentq.core.models import TaskStatus
 from agentq.local.stack import LocalStack
-from agentq.runtime import build_registry
+from agentq.runtime import Settings, build_registry
 from agentq.storage.container import Storage, memory_storage
 from agentq.storage.flow import FlowControl
 
@@ -178,6 +178,23 @@ def test_two_executors_taking_at_the_same_instant_never_both_get_the_last_tokens
     assert not late.ok and late.reason == "rate_limited"  # it read again and found 300
     bucket = table.get({"pk": f"FLOW#{key}", "sk": "BUCKET#otpm"})
     assert bucket is not None and float(bucket["tokens"]) == 300
+
+
+def test_twelve_processes_taking_from_one_bucket_at_once_never_get_more_than_it_holds(
+    settings: Settings, store: Storage
+) -> None:
+    """Real processes against moto server, all at the same instant: the grants never pass the
+    limit, and the bucket's level is exactly what they leave (no update lost either way)."""
+    from tests.racers import race
+
+    key = f"anthropic/claude-race-{time.time_ns()}"  # a fresh bucket
+    limits = json.dumps({"anthropic/claude": {"otpm": 1000}})
+    reports = race(settings, "tests.bucket_racer", [[key, "100", "4", "1000.0"]] * 12, AGENTQ_RATE_LIMITS=limits)
+    granted = sum(r["granted"] for r in reports)
+    bucket = store.table.get({"pk": f"FLOW#{key}", "sk": "BUCKET#otpm"})
+    assert bucket is not None and 0 < granted <= 10, granted
+    assert float(bucket["tokens"]) == 1000 - 100 * granted
+    assert sum(1 for r in reports if r["granted"] < 4) > 0  # there really was contention
 
 
 def test_the_engine_settles_each_answered_call_with_the_usage_the_provider_counts(
