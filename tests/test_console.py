@@ -278,18 +278,18 @@ def test_a_task_submitted_from_the_page_opens_and_a_refused_one_shows_the_apis_f
     page.fill(
         "#new-task-json", json.dumps({**scripted("g", [{"text": "x"}]), "constraints": {"tools": ["no_such_tool"]}})
     )
-    page.click("#submit-task")
-    page.wait_for_selector(".new-task .error-box:has-text('422')")
-    assert "constraints.tools" in page.inner_text(".new-task .error-box")
+    page.click("#new-task-submit")
+    page.wait_for_selector(".json-form .error-box:has-text('422')")
+    assert "constraints.tools" in page.inner_text(".json-form .error-box")
     page.fill("#new-task-json", '{"goal": "unfinished"')
-    page.click("#submit-task")
-    page.wait_for_selector(".new-task .error-box:has-text('Not JSON')")
+    page.click("#new-task-submit")
+    page.wait_for_selector(".json-form .error-box:has-text('Not JSON')")
     assert [t["task_id"] for t in console.http("GET", "/tasks?limit=100")[1]["tasks"]] == before
     page.fill(
         "#new-task-json",
         json.dumps(scripted("from the console", [{"text": "submitted by hand"}], metadata={"via": "console"})),
     )
-    tab_to(tab, "submit-task")
+    tab_to(tab, "new-task-submit")
     page.keyboard.press("Enter")
     page.wait_for_selector("#task-id")
     page.wait_for_selector("h1 .badge.s-succeeded")
@@ -486,7 +486,9 @@ def test_a_blocked_task_shows_what_it_runs_after_and_starts_when_that_succeeds(c
     no_errors(tab)
 
 
-def test_an_agent_is_shown_by_version_and_run_from_the_page(console: Console, tab: Page) -> None:
+def test_an_agent_is_shown_by_version_run_and_edited_into_a_new_version_from_the_page(
+    console: Console, tab: Page
+) -> None:
     name = f"triage-{uuid.uuid4().hex[:6]}"
     agent = {"name": name, "description": "sorts tickets", "provider": "scripted",
              "script": {"turns": [{"text": "ticket 7 is a billing question"}]}, "tools": ["lookup"],
@@ -516,10 +518,36 @@ def test_an_agent_is_shown_by_version_and_run_from_the_page(console: Console, ta
     view = console.until(task_id, lambda v: v["status"] == "succeeded")
     assert view["agent"] == f"{name}@1" and view["result"] == "ticket 7 is a billing question"
     assert f"{name}@1" in page.inner_text("main")
+    # A new version from the page: the latest definition, edited; then a new agent from the list.
+    page.goto(f"{console.url}/console/#/agents/{name}")
+    page.click("#new-version")
+    edited = {**json.loads(page.input_value("#new-version-json")), "system": "You sort tickets, in one word."}
+    assert edited["name"] == name and edited["tools"] == ["lookup"] and "version" not in edited
+    page.fill("#new-version-json", json.dumps(edited))
+    page.click("#new-version-submit")
+    page.wait_for_selector(f".notice:has-text('Created {name}@3')")
+    assert page.input_value("#agent-version") == "3" and "in one word" in page.inner_text(
+        "#definition-h + dl + h3 + pre"
+    )
+    page.click("#new-version-submit")  # the same definition again: no new version
+    page.wait_for_selector(f".notice:has-text('Unchanged: {name}@3')")
+    page.click("a[data-nav='agents']")
+    page.click("#new-agent")
+    fresh = f"{name}-b"
+    page.fill(
+        "#new-agent-json", json.dumps({"name": fresh, "provider": "scripted", "script": {"turns": [{"text": "ok"}]}})
+    )
+    page.click("#new-agent-submit")
+    page.wait_for_selector(f"#definition-h:has-text('{fresh}@1')")
+    page.click("a[data-nav='agents']")
+    page.click("#new-agent")
+    page.fill("#new-agent-json", json.dumps({"name": "Bad Name!", "provider": "scripted"}))
+    page.click("#new-agent-submit")
+    page.wait_for_selector(".json-form .error-box:has-text('422')")
     # An agent that is not this tenant's: the API's 404 on the page.
     page.goto(f"{console.url}/console/#/agents/no-such-agent")
     page.wait_for_selector(".error-page:has-text('404')")
-    assert [e for e in tab.errors if "status of 404" not in e] == []
+    assert [e for e in tab.errors if "status of 404" not in e and "status of 422" not in e] == []
 
 
 def test_schedules_are_listed_with_their_next_fire_and_deleted_from_the_page(console: Console, tab: Page) -> None:

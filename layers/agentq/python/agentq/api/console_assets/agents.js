@@ -3,11 +3,41 @@
 
 import { get, post } from "./api.js";
 import { errorPage, fmtAgo, fmtTime, h, json, replace } from "./dom.js";
+import { jsonForm } from "./json_form.js";
+
+// What POST /agents takes of a version (the rest is the store's: version, ref, created_at, pins).
+const SPEC_FIELDS = ["name", "description", "provider", "model", "system", "script", "tools", "tool_policies",
+  "constraints", "mcp_servers", "output_schema", "notify"];
+
+const TEMPLATE = {
+  name: "",
+  description: "",
+  provider: "anthropic",
+  model: "claude-sonnet-4-6",
+  system: "",
+  tools: [],
+  constraints: { max_tokens: 100000 },
+};
+
+function specOf(version) {
+  return Object.fromEntries(SPEC_FIELDS.filter((f) => version[f] !== null && version[f] !== undefined).map((f) => [f, version[f]]));
+}
 
 export function agentListPage(ctx) {
   const body = h("tbody");
   replace(ctx.main,
     h("h1", {}, "Agents"),
+    jsonForm({
+      id: "new-agent",
+      title: "New agent",
+      help: "The body of POST /agents: a name, the model, its system prompt, tools and their policies, default constraints. The same name again makes a new version.",
+      value: TEMPLATE,
+      label: "Create",
+      send: async (spec) => {
+        const out = await post("agents", spec);
+        ctx.go(`#/agents/${encodeURIComponent(out.agent.name)}`);
+      },
+    }),
     h("p", { class: "muted" }, "Your agent definitions. Each change is a new, immutable version; a task pins the version it ran. Create one with ",
       h("code", {}, "agentq agents create"), " or POST /agents."),
     h("table", { class: "agents" },
@@ -38,8 +68,13 @@ export async function agentPage(ctx, name) {
     errorPage(ctx.main, h("span", {}, "Agent ", h("span", { class: "mono" }, name)), err, { href: "#/agents", text: "Back to the agents" });
     return;
   }
-  const picker = h("select", { id: "agent-version" },
-    history.versions.map((v) => h("option", { value: String(v.version) }, `version ${v.version}${v === history.versions[0] ? " (latest)" : ""}`)));
+  const picker = h("select", { id: "agent-version" });
+  const fillPicker = (selected) => {
+    replace(picker, history.versions.map((v) => h("option", { value: String(v.version) }, `version ${v.version}${v === history.versions[0] ? " (latest)" : ""}`)));
+    picker.value = String(selected);
+  };
+  fillPicker(history.versions[0].version);
+  const notice = h("p", { class: "notice", role: "status", hidden: true });
   const definition = h("section", { class: "card", "aria-labelledby": "definition-h" });
   const goal = h("textarea", { id: "run-goal", rows: 3, maxlength: 20000, required: true, placeholder: "What should the agent do?" });
   const run = h("button", { type: "button", class: "primary", id: "run-agent" }, "Run");
@@ -72,14 +107,31 @@ export async function agentPage(ctx, name) {
       v.output_schema ? [h("h3", {}, "Output schema"), json(v.output_schema)] : null);
   };
   picker.addEventListener("change", draw);
+  const edit = jsonForm({
+    id: "new-version",
+    title: "New version",
+    help: "This agent's latest definition, as POST /agents takes it: change it and create the next version (an unchanged definition creates none).",
+    value: specOf(history.versions[0]),
+    label: "Create version",
+    send: async (spec) => {
+      const out = await post("agents", { ...spec, name });
+      history = await get(`${path}/versions`);
+      fillPicker(out.agent.version);
+      draw();
+      notice.textContent = out.created ? `Created ${out.agent.ref}.` : `Unchanged: ${out.agent.ref} is already this definition.`;
+      notice.hidden = false;
+    },
+  });
   replace(ctx.main,
     h("p", { class: "crumbs" }, h("a", { href: "#/agents" }, "Agents")),
     h("h1", {}, "Agent ", h("span", { class: "mono", id: "agent-name" }, name)),
+    notice,
     h("section", { class: "card", "aria-labelledby": "run-h" },
       h("h2", { id: "run-h" }, "Run it"),
       h("div", { class: "row" }, h("label", { for: "agent-version" }, "version"), picker),
       h("label", { for: "run-goal" }, "goal"),
       h("div", { class: "row" }, goal, run)),
-    definition);
+    definition,
+    edit);
   draw();
 }
