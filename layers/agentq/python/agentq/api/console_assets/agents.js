@@ -103,7 +103,10 @@ export async function agentPage(ctx, name) {
         v.mcp_tools.length ? row("MCP tools pinned", v.mcp_tools.map((t) => h("code", { class: "kv" }, `${t.server}.${t.name}`))) : null,
         row("created", fmtTime(v.created_at))),
       v.system ? [h("h3", {}, "System prompt"), h("pre", { class: "text" }, v.system)] : null,
-      h("h3", {}, "Constraints (defaults a submission may lower)"), json(v.constraints),
+      h("h3", {}, "Constraints (defaults a submission may lower)"),
+      Object.values(v.constraints).some((x) => x !== null)
+        ? json(Object.fromEntries(Object.entries(v.constraints).filter(([, x]) => x !== null)))
+        : h("p", { class: "muted" }, "None set: the deployment's defaults apply."),
       v.output_schema ? [h("h3", {}, "Output schema"), json(v.output_schema)] : null);
   };
   picker.addEventListener("change", draw);
