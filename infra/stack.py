@@ -20,6 +20,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from agentq.api.console import CONSOLE_PATH
 from agentq.resources import fanout_definition
 from infra import nag
 from infra.api import build_api
@@ -79,6 +80,12 @@ class AgentqStack(cdk.Stack):
         )
 
         cdk.CfnOutput(self, "ApiUrl", value=self.api.rest_api.url, description="AGENTQ_URL for the CLI and client")
+        cdk.CfnOutput(
+            self,
+            "ConsoleUrl",
+            value=self.api.rest_api.url_for_path(f"{CONSOLE_PATH}/"),
+            description="the web console (it asks for an API key)",
+        )
         cdk.CfnOutput(self, "TableName", value=self.data.table.table_name)
         cdk.CfnOutput(self, "PayloadBucket", value=self.data.payloads.bucket_name)
         cdk.CfnOutput(self, "StateMachineArn", value=self.state_machine.state_machine_arn)

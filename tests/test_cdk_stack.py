@@ -659,6 +659,9 @@ def test_the_console_is_served_by_the_api_lambda_without_a_key_and_every_data_ro
     for path in ("/tasks", "/tasks/{proxy+}", "/{proxy+}"):  # the data, dead letters included, need a key
         assert {m["AuthorizationType"] for m in by_path[path]} == {"CUSTOM"}
     template.has_resource_properties("AWS::ApiGateway::Resource", {"PathPart": "console"})
+    # The stack says where the console is: the API's URL (with its stage) and console/.
+    output = json.dumps(template.find_outputs("ConsoleUrl"))
+    assert "execute-api" in output and "/console/" in output
 
 
 def test_api_needs_a_key_everywhere_but_health_and_openapi_and_leaves_validation_to_the_api(
