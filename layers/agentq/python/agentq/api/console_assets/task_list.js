@@ -143,5 +143,12 @@ export function taskListPage(ctx) {
     more.hidden = !state.cursor;
   }
 
-  return ctx.every(3000, refresh);
+  // A metadata search reads up to a thousand tasks a call: kept live, but every 15 s, not 3.
+  let searched = { meta: null, at: 0 };
+  return ctx.every(3000, () => {
+    const same = JSON.stringify(state.meta) === JSON.stringify(searched.meta);
+    if (state.meta && same && Date.now() - searched.at < 15000) return undefined;
+    searched = { meta: state.meta, at: Date.now() };
+    return refresh();
+  });
 }
