@@ -64,8 +64,17 @@ def cancel(
     if task.status.terminal:
         raise IllegalTransition(f"task {task_id} is already {task.status.value}", field="task_id")
     tree = subtree(store, task)
+    # No new child may start while the tree is being cancelled: the fan-out executions are
+    # stopped first, then the children that never ran are cancelled (nothing to read for them),
+    # then the ones that did. Cancelling a running child first would let its fan-out start the
+    # next one (its slot freed) before the loop reached that one.
+    if fanout is not None:
+        for node in tree:
+            for spawn in store.spawns.list(node.task_id):
+                if spawn.execution_arn:
+                    fanout.stop(spawn.execution_arn, reason)
     cancelled = []
-    for node in tree:
+    for node in sorted(tree, key=lambda n: n.claim_count > 0):  # stable: never-started first, in tree order
         if node.status.terminal:
             continue
         partial = node.result or final_text(conversation(node.submission.goal, store.steps.load(node.task_id)))
@@ -76,11 +85,6 @@ def cancel(
             cancelled.append(node.task_id)
         except IllegalTransition:
             pass  # it finished meanwhile
-    if fanout is not None:
-        for node in tree:
-            for spawn in store.spawns.list(node.task_id):
-                if spawn.execution_arn:
-                    fanout.stop(spawn.execution_arn, reason)
     for node in reversed(tree[1:]):  # leaves first: a child's spend reaches its parent, then the root
         if node.parent_id:
             store.budgets.settle_child(node.parent_id, node.task_id)
