@@ -304,13 +304,14 @@ def task_page(
             next_cursor=encode_cursor("tasks", last) if last else None,
         )
     found: list[Task] = []
-    read = 0
-    while True:
+    last = after
+    # At most METADATA_SCAN_LIMIT tasks read, in listing calls of a page each (with a status
+    # filter a call's index reads are bounded too), however rare the match.
+    for _ in range(max(1, METADATA_SCAN_LIMIT // _METADATA_SCAN_PAGE)):
         tasks, last = store.tasks.list_for_tenant(
-            tenant, limit=_METADATA_SCAN_PAGE, after=after, status=status, roots_only=not include_children
+            tenant, limit=_METADATA_SCAN_PAGE, after=last, status=status, roots_only=not include_children
         )
         for task in tasks:
-            read += 1
             meta = task.submission.metadata
             if task.tenant == tenant and all(meta.get(k) == v for k, v in metadata.items()):
                 found.append(task)
@@ -319,11 +320,9 @@ def task_page(
                         tasks=[task_summary(t) for t in found],
                         next_cursor=encode_cursor("tasks", keys.tenant_index_sk(task.created_at, task.task_id)),
                     )
-        if last is None or read >= METADATA_SCAN_LIMIT:
-            return TaskPage(
-                tasks=[task_summary(t) for t in found], next_cursor=encode_cursor("tasks", last) if last else None
-            )
-        after = last
+        if last is None:
+            break
+    return TaskPage(tasks=[task_summary(t) for t in found], next_cursor=encode_cursor("tasks", last) if last else None)
 
 
 def task_result(task: Task) -> TaskResult:
