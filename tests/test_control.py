@@ -86,6 +86,41 @@ def test_cancel_mid_fan_out_stops_the_whole_subtree_and_keeps_partial_results(st
         control.cancel(store, root.task_id)
 
 
+def test_cancel_stops_the_fan_out_first_then_cancels_children_that_never_ran_before_running_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The order that keeps a freed Map slot from starting another child mid-cancel: stop the
+    executions while every task is still live, then the children nobody ran, then the rest."""
+    from agentq.core.records import SpawnRecord
+    from agentq.storage.container import memory_storage
+
+    store = memory_storage()
+    root = store.tasks.create(scripted([{"text": "r"}]), tenant="t")
+    kids = [
+        # Each with a budget of its own (as a spawn funds one), so the cancel can fold it into the root's.
+        store.tasks.create(scripted([{"text": "c"}]), tenant="t", parent_id=root.task_id, depth=1)
+        for _ in range(3)
+    ]
+    for task in (root, kids[0]):  # the root and the first child have run
+        assert store.tasks.claim(task.task_id, "w", 30) is not None
+    spawn = SpawnRecord(spawn_id="s", children=[k.task_id for k in kids], max_concurrency=1, state="created",
+                        created_at=0.0, epoch=1, execution_arn="arn:aws:states:::execution:fanout:s")  # fmt: skip
+    monkeypatch.setattr(store.spawns, "list", lambda task_id: [spawn] if task_id == root.task_id else [])
+
+    class Fanout:
+        def __init__(self) -> None:
+            self.live_at_stop: list[bool] = []
+
+        def stop(self, arn: str, reason: str) -> None:
+            every = [root, *kids]
+            self.live_at_stop = [not store.tasks.get(t.task_id).status.terminal for t in every]
+
+    fanout = Fanout()
+    cancelled = control.cancel(store, root.task_id, fanout=fanout)
+    assert fanout.live_at_stop == [True] * 4  # stopped before any task was cancelled
+    assert cancelled == [kids[1].task_id, kids[2].task_id, root.task_id, kids[0].task_id]
+
+
 @pytest.mark.parametrize("approved", [True, False])
 def test_request_approval_pauses_without_a_worker_and_the_decision_resumes_the_task(
     stack: LocalStack, approved: bool
