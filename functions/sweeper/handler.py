@@ -12,23 +12,12 @@ from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from agentq import observe
-from agentq.queueing.queues import TaskQueues
 from agentq.queueing.sweeper import DEFAULT_STALE_AFTER_SECONDS, sweep
-from agentq.runtime import Settings, build_queues, build_store
-from agentq.storage.container import Storage
+from agentq.runtime import lazy_store_and_queues
 
 logger = Logger(service="agentq-sweeper")
 
-_clients: tuple[Storage, TaskQueues] | None = None
-
-
-def clients() -> tuple[Storage, TaskQueues]:
-    """Built on first use and kept by the container (cold start only)."""
-    global _clients
-    if _clients is None:
-        settings = Settings.from_env()
-        _clients = build_store(settings, pool=4), build_queues(settings, pool=4)
-    return _clients
+clients = lazy_store_and_queues()
 
 
 @logger.inject_lambda_context

@@ -181,6 +181,21 @@ def build_queues(settings: Settings, sess: boto3.session.Session | None = None, 
     return TaskQueues(client(settings, "sqs", sess, pool), settings.names)
 
 
+def lazy_store_and_queues(pool: int = 4) -> Callable[[], tuple[Storage, TaskQueues]]:
+    """For a Lambda handler module: a function that builds the store and the queues from the
+    environment on first use and keeps them for the container's life (cold start only). One per
+    module, not one per process, so a handler loaded afresh (as tests do) reads its env afresh."""
+    built: list[tuple[Storage, TaskQueues]] = []
+
+    def clients() -> tuple[Storage, TaskQueues]:
+        if not built:
+            settings = Settings.from_env()
+            built.append((build_store(settings, pool=pool), build_queues(settings, pool=pool)))
+        return built[0]
+
+    return clients
+
+
 def build_fanout(settings: Settings, sess: boto3.session.Session | None = None, pool: int = 64) -> Any:
     """The Step Functions fan-out launcher, or None where no state machine exists."""
     from agentq.queueing.stepfunctions import StepFunctionsFanout
