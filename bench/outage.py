@@ -31,13 +31,11 @@ sys.path.insert(0, str(ROOT))
 
 from _benchlib import JsonOut, log, machine, table  # noqa: E402
 from _plot import Panel, add_plot_args, plot_from_args  # noqa: E402
-from agentq.control.submit import submit  # noqa: E402
 from agentq.local.stack import LocalStack  # noqa: E402
-from agentq.runtime import build_registry  # noqa: E402
 
 from tests.fake_messages_api import FakeMessagesAPI  # noqa: E402
 from tests.helpers import queue_depth  # noqa: E402
-from tests.outage_model import OutageModel  # noqa: E402
+from tests.outage_model import OutageModel, submit_lookups  # noqa: E402
 
 KEY = "anthropic/claude-sonnet-4-6"
 TIERS = ("high", "normal", "low")
@@ -54,12 +52,7 @@ def run(mode: str, tasks: int, turns: int, down_seconds: float, cooldown: float)
                                           "probes": 1}),
         })  # fmt: skip
         with LocalStack(prefix=f"outage{mode}", workers=2, api=False, tool_modules=("tests.effect_tools",)) as stack:
-            assert stack.settings is not None
-            store, queues = stack.store(), stack.queues()
-            registry = build_registry(stack.settings)
-            body = {"goal": "look up", "provider": "anthropic", "model": "claude-sonnet-4-6",
-                    "constraints": {"tools": ["lookup"]}}  # fmt: skip
-            ids = [submit(store, registry, body, tenant="bench", queues=queues).task_id for _ in range(tasks)]
+            store, queues, ids = submit_lookups(stack, tasks, tenant="bench")
             deadline = time.monotonic() + 300
             while len(behaviour.calls) < tasks * turns // 3 and time.monotonic() < deadline:
                 time.sleep(0.1)

@@ -9,7 +9,17 @@ import threading
 import time
 from typing import Any
 
+from agentq.local.stack import LocalStack
+from agentq.storage.container import Storage
+
 from tests.fake_messages_api import RecordedRequest, message_reply
+
+LOOKUP_TASK = {
+    "goal": "look up",
+    "provider": "anthropic",
+    "model": "claude-sonnet-4-6",
+    "constraints": {"tools": ["lookup"]},
+}
 
 
 class OutageModel:
@@ -31,3 +41,16 @@ class OutageModel:
             use = {"type": "tool_use", "id": f"toolu_o{turns}", "name": "lookup", "input": {"query": f"q{turns}"}}
             return message_reply([use], stop_reason="tool_use", usage=usage)
         return message_reply([{"type": "text", "text": "done"}], usage=usage)
+
+
+def submit_lookups(stack: LocalStack, count: int, tenant: str) -> tuple[Storage, Any, list[str]]:
+    """``count`` tasks that look things up through the model (``LOOKUP_TASK``), on a started
+    stack; returns its store, its queues and the task ids."""
+    from agentq.control.submit import submit
+    from agentq.runtime import build_registry
+
+    assert stack.settings is not None
+    store, queues = stack.store(), stack.queues()
+    registry = build_registry(stack.settings)
+    ids = [submit(store, registry, LOOKUP_TASK, tenant=tenant, queues=queues).task_id for _ in range(count)]
+    return store, queues, ids

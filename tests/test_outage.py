@@ -13,17 +13,16 @@ from typing import Any
 
 import pytest
 
-from agentq.control.submit import submit
 from agentq.core.flow import Admission, BreakerSettings, FlowSettings, RateLimits
 from agentq.core.models import TaskStatus
 from agentq.local.stack import LocalStack
-from agentq.runtime import Settings, build_registry
+from agentq.runtime import Settings
 from agentq.storage.container import Storage, memory_storage
 from agentq.storage.flow import FlowControl
 
 from tests.fake_messages_api import FakeMessagesAPI
 from tests.helpers import queue_depth, wait_for
-from tests.outage_model import OutageModel
+from tests.outage_model import OutageModel, submit_lookups
 
 TASKS = 12
 COOLDOWN = 1.5
@@ -48,12 +47,7 @@ def test_an_outage_opens_the_circuit_tasks_wait_not_fail_and_the_provider_sees_o
 ) -> None:
     behaviour, _ = model
     with LocalStack(prefix="outage", workers=2, api=False, tool_modules=("tests.effect_tools",)) as stack:
-        assert stack.settings is not None
-        store, queues = stack.store(), stack.queues()
-        registry = build_registry(stack.settings)
-        body = {"goal": "look up", "provider": "anthropic", "model": "claude-sonnet-4-6",
-                "constraints": {"tools": ["lookup"]}}  # fmt: skip
-        ids = [submit(store, registry, body, tenant="t", queues=queues).task_id for _ in range(TASKS)]
+        store, queues, ids = submit_lookups(stack, TASKS, tenant="t")
         wait_for(lambda: sum(t.step for t in store.tasks.get_many(ids)) >= TASKS, timeout=60, what="a first step each")
         behaviour.down, went_down = True, time.time()
         key = "anthropic/claude-sonnet-4-6"
