@@ -313,7 +313,7 @@ def test_a_worker_killed_around_a_compaction_resumes_to_the_same_conversation(
     if task.lapsed_holds:  # the killed worker's hold goes back once its call cannot complete
         import time
 
-        time.sleep(max(0.0, max(float(h["until"]) for h in task.lapsed_holds.values()) - time.time()) + 0.05)
+        time.sleep(max(0.0, max(h.until or 0.0 for h in task.lapsed_holds.values()) - time.time()) + 0.05)
         Engine(store, worker_id="releaser", tools=build_registry(settings)).release_lapsed_holds(task)
     budget = store.budgets.get(TASK_ID)
     assert budget.reserved == 0

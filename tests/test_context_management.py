@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from agentq.control.submit import parse_submission, submit
-from agentq.core.engine import Engine, EngineConfig, Session, conversation
+from agentq.core.engine import Engine, EngineConfig, LeaseState, Session, conversation
 from agentq.core.errors import ValidationError
 from agentq.core.models import Lease, LLMStep, TaskStatus, ToolsStep, Usage
 from agentq.core.providers import LLMRequest, LLMResponse
@@ -94,8 +94,10 @@ def test_old_results_are_cleared_past_the_threshold_and_recall_reads_them_back(
         if isinstance(record.body, LLMStep):
             lease = Lease(task_id=task.task_id, owner="resumed", epoch=2, expires_at=0)
             messages_so_far = conversation(task.submission.goal, steps[:i])
-            session = Session(lease=lease, task=task, steps=steps[:i], messages=messages_so_far, deadline=None)
-            messages, boundary, _ = engine._context(session)
+            session = Session(
+                held=LeaseState(lease), task=task, steps=steps[:i], messages=messages_so_far, deadline=None
+            )
+            messages, boundary, _ = engine._requests.context(session)
             assert boundary == record.body.cleared_before
             assert messages == model.requests[sum(isinstance(s.body, LLMStep) for s in steps[:i])].messages
 

@@ -149,9 +149,9 @@ def test_killed_worker_resumes_to_the_same_conversation_without_repeating_effect
     # complete (set aside as lapsed, invariant 4); then it goes back, once.
     task = store.tasks.get(TASK_ID)
     lapsed = task.lapsed_holds
-    assert store.budgets.get(TASK_ID).reserved == sum(int(h["amount"]) for h in lapsed.values())
+    assert store.budgets.get(TASK_ID).reserved == sum(h.amount for h in lapsed.values())
     if lapsed:
-        time.sleep(max(0.0, max(float(h["until"]) for h in lapsed.values()) - time.time()) + 0.05)
+        time.sleep(max(0.0, max(h.until or 0.0 for h in lapsed.values()) - time.time()) + 0.05)
         engine = Engine(store, worker_id="releaser", tools=build_registry(settings))
         assert engine.release_lapsed_holds(task) == 0
         assert engine.release_lapsed_holds(task) == 0  # a second release returns nothing more

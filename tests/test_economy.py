@@ -69,8 +69,8 @@ def test_an_economy_task_waits_for_each_batch_holding_its_budget_and_pays_half_t
         waiting = store.tasks.get(task.task_id)
         assert waiting.status is TaskStatus.WAITING and waiting.lease_expires == 0  # no compute held
         assert waiting.batch is not None and waiting.batch["id"] in api.batches
-        assert waiting.inflight is not None and float(waiting.inflight["until"]) > time.time() + 23 * 3600
-        assert store.budgets.get(task.task_id).reserved == int(waiting.inflight["amount"])  # still counted
+        assert waiting.inflight is not None and (waiting.inflight.until or 0) > time.time() + 23 * 3600
+        assert store.budgets.get(task.task_id).reserved == waiting.inflight.amount  # still counted
         time.sleep(0.35)  # the batch ends
         store.tasks.transition(task.task_id, TaskStatus.QUEUED)  # what the poll message does
     assert result.status is TaskStatus.SUCCEEDED, result

@@ -14,11 +14,9 @@ from contextlib import ExitStack
 from itertools import pairwise
 from typing import Any
 
-from agentq.core.engine import Session
-from agentq.core.models import Lease, Task, TaskStatus
+from agentq.core.engine import LeaseState
+from agentq.core.models import Lease
 from agentq.queueing.worker import HeartbeatHub, WorkerConfig
-
-from tests.helpers import scripted
 
 
 class SlowStore:
@@ -61,24 +59,16 @@ class FakeQueues:
         return f"queue-{tier}"
 
 
-def _session(task_id: str, expires_in: float = 3.0) -> Session:
+def _session(task_id: str, expires_in: float = 3.0) -> LeaseState:
     lease = Lease(task_id=task_id, owner="w", epoch=1, expires_at=time.time() + expires_in)
-    task = Task(
-        task_id=task_id,
-        tenant="t",
-        status=TaskStatus.RUNNING,
-        submission=scripted([{"text": "x"}]),
-        root_id=task_id,
-        created_at=time.time(),
-    )
-    return Session(lease=lease, task=task, steps=[], messages=[], deadline=None)
+    return LeaseState(lease=lease)
 
 
 def _hub(store: SlowStore, sqs: SlowSqs | None = None, **config: Any) -> HeartbeatHub:
     return HeartbeatHub(store, FakeQueues(sqs or SlowSqs(0)), WorkerConfig(**config))  # type: ignore[arg-type]
 
 
-def _holding(hub: HeartbeatHub, stack: ExitStack, sessions: list[Session], tier: str = "normal") -> None:
+def _holding(hub: HeartbeatHub, stack: ExitStack, sessions: list[LeaseState], tier: str = "normal") -> None:
     for i, session in enumerate(sessions):
         held = stack.enter_context(hub.hold(tier, f"receipt-{i}"))
         stack.enter_context(hub.track(held, session))
@@ -127,7 +117,7 @@ def test_leases_closest_to_expiry_are_extended_first() -> None:
     expiries = {"t-late": 2.9, "t-soon": 0.4, "t-mid": 1.5, "t-sooner": 0.2, "t-later": 2.5}
     with ExitStack() as stack:
         _holding(hub, stack, [_session(t, expires_in=e) for t, e in expiries.items()])
-        hub.beat([(h, h.session) for h in hub._held])
+        hub.beat([(h, h.lease_state) for h in hub._held])
     assert [t for _, t in store.calls] == sorted(expiries, key=expiries.__getitem__)
 
 
@@ -138,7 +128,7 @@ def test_visibility_batches_of_one_round_go_out_together_not_one_after_another()
     with ExitStack() as stack:
         _holding(hub, stack, [_session(f"t{i}") for i in range(40)])
         began = time.monotonic()
-        hub.beat([(h, h.session) for h in hub._held])
+        hub.beat([(h, h.lease_state) for h in hub._held])
         took = time.monotonic() - began
     assert sorted(len(b) for b in sqs.batches) == [10, 10, 10, 10]
     assert took < 0.6, f"a round of 4 visibility batches took {took:.2f}s"
@@ -150,7 +140,7 @@ def test_a_received_message_is_kept_invisible_before_its_task_is_claimed() -> No
     store = SlowStore(delay=0)
     hub = _hub(store, sqs)
     with hub.hold("normal", "receipt-unclaimed"):
-        hub.beat([(h, h.session) for h in hub._held])
+        hub.beat([(h, h.lease_state) for h in hub._held])
     assert sqs.batches == [["receipt-unclaimed"]]
     assert store.calls == []  # no lease to extend yet
 
@@ -161,7 +151,7 @@ def test_a_lease_renewed_since_the_last_round_is_not_written_again_but_one_a_hea
     with ExitStack() as stack:
         # just committed (the commit moved the lease a full lease ahead) / extended by the last round
         _holding(hub, stack, [_session("t-committed", expires_in=2.9), _session("t-last-round", expires_in=2.0)])
-        hub.beat([(h, h.session) for h in hub._held])
+        hub.beat([(h, h.lease_state) for h in hub._held])
     assert [t for _, t in store.calls] == ["t-last-round"]
     assert hub.counts["skipped_fresh"] == 1
 
@@ -175,5 +165,5 @@ def test_a_lease_whose_commit_is_on_the_wire_is_left_to_the_commit_unless_it_has
     stuck.commit_sent_at = time.time() - 0.8
     with ExitStack() as stack:
         _holding(hub, stack, [committing, stuck])
-        hub.beat([(h, h.session) for h in hub._held])
+        hub.beat([(h, h.lease_state) for h in hub._held])
     assert [t for _, t in store.calls] == ["t-stuck"]

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agentq.core.engine import Engine, EngineConfig, Session
+from agentq.core.engine import Engine, EngineConfig, LeaseState
 from agentq.core.errors import LeaseLost
 from agentq.core.models import LLMStep, TaskStatus
 from agentq.storage.container import Storage
@@ -93,12 +93,12 @@ def test_a_task_committing_faster_than_its_lease_keeps_it_with_no_heartbeat(stor
     turns.append({"text": "done", "latency_seconds": 0.35})
     task = store.tasks.create(scripted(turns, tools=["lookup"]), tenant="t")
     engine = Engine(store, worker_id="w1", tools=registry, config=EngineConfig(lease_seconds=1.0))
-    sessions: list[Session] = []
+    sessions: list[LeaseState] = []
     claimed_lease = []
     stop = threading.Event()
     rival_won = []
 
-    def keeper(session: Session) -> Any:  # entered right after the claim: the rival starts then
+    def keeper(session: LeaseState) -> Any:  # entered right after the claim: the rival starts then
         sessions.append(session)
         claimed_lease.append(session.lease.expires_at)
         thread.start()

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from agentq.core.engine import _cache_ttl
+from agentq.core.engine import cache_ttl
 from agentq.core.models import Constraints, Usage
 from agentq.core.pricing import load_price_table
 from agentq.core.providers.anthropic_provider import AnthropicProvider, to_llm_response
@@ -74,11 +74,11 @@ def test_no_breakpoints_when_caching_is_turned_off_and_no_ttl_for_bedrock(monkey
 
 
 def test_a_task_that_may_wait_for_a_person_or_its_children_caches_for_an_hour() -> None:
-    assert _cache_ttl(Constraints(tools=["lookup"])) == "5m"
-    assert _cache_ttl(Constraints(tools=["lookup", "request_approval"])) == "1h"
-    assert _cache_ttl(Constraints(tools=["spawn_subagents"])) == "1h"
-    assert _cache_ttl(Constraints(tools=["charge"], tool_policies={"charge": "ask"})) == "1h"
-    assert _cache_ttl(Constraints(tools=["charge"], tool_policies={"charge": "deny"})) == "5m"
+    assert cache_ttl(Constraints(tools=["lookup"])) == "5m"
+    assert cache_ttl(Constraints(tools=["lookup", "request_approval"])) == "1h"
+    assert cache_ttl(Constraints(tools=["spawn_subagents"])) == "1h"
+    assert cache_ttl(Constraints(tools=["charge"], tool_policies={"charge": "ask"})) == "1h"
+    assert cache_ttl(Constraints(tools=["charge"], tool_policies={"charge": "deny"})) == "5m"
 
 
 def test_cache_writes_by_ttl_and_reads_are_priced_as_the_provider_prices_them() -> None:

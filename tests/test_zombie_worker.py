@@ -216,8 +216,7 @@ def test_a_worker_that_learns_of_its_lost_lease_before_its_call_starts_gives_the
     """Paused between its reservation and its call, the worker finds at the call's start that
     its lease is gone. Nothing went on the wire, so nothing can be charged: its hold goes back
     now, not at its deadline (before, it stayed counted until a ``release_holds`` message)."""
-    from agentq.core import engine as engine_module
-    from agentq.core.engine import Engine, EngineConfig
+    from agentq.core.engine import Engine, EngineConfig, _holds, _llm_turn
     from agentq.runtime import build_registry, build_store
 
     settings = deployment(moto_server)
@@ -232,8 +231,8 @@ def test_a_worker_that_learns_of_its_lost_lease_before_its_call_starts_gives_the
             assert claim is not None
             stolen.append(claim[0].owner)
 
-    monkeypatch.setattr(engine_module, "crash_point", pause_past_the_lease)
-    monkeypatch.setattr(engine_module, "CALL_START_SLACK_SECONDS", 0.5)
+    monkeypatch.setattr(_llm_turn, "crash_point", pause_past_the_lease)
+    monkeypatch.setattr(_holds, "CALL_START_SLACK_SECONDS", 0.5)
     engine = Engine(store, worker_id="zombie", tools=build_registry(settings), config=EngineConfig(lease_seconds=1))
     result = engine.run(task.task_id, keeper=lambda session: contextlib.nullcontext())  # paused: no heartbeat
 

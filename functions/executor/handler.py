@@ -22,19 +22,10 @@ from aws_lambda_powertools.utilities.batch.types import PartialItemFailureRespon
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from agentq.core.engine import Engine
 from agentq.observe import metrics, record_dead_letter, route_core_logs
 from agentq.queueing.dispatch import Dispatcher
 from agentq.resources import QueueSettings
-from agentq.runtime import (
-    Settings,
-    build_fanout,
-    build_queues,
-    build_registry,
-    build_secrets,
-    build_store,
-    engine_config,
-)
+from agentq.runtime import Settings, build_engine, build_queues, build_store
 
 logger = Logger(service="agentq-executor")
 route_core_logs(logger)
@@ -58,13 +49,12 @@ class _Runtime:
         self.settings = Settings.from_env()
         self.store = build_store(self.settings)
         self.queues = build_queues(self.settings)
-        engine = Engine(
+        engine = build_engine(
+            self.settings,
             self.store,
             worker_id=f"lambda:{os.environ.get('AWS_LAMBDA_LOG_STREAM_NAME', os.getpid())}",
-            tools=build_registry(self.settings),
-            config=engine_config(self.settings, lease_seconds=LEASE_SECONDS, slice_margin_seconds=SLICE_MARGIN_SECONDS),
-            fanout=build_fanout(self.settings),
-            secrets=build_secrets(),
+            lease_seconds=LEASE_SECONDS,
+            slice_margin_seconds=SLICE_MARGIN_SECONDS,
         )
         max_receive = int(os.environ.get("AGENTQ_MAX_RECEIVE_COUNT", QueueSettings().max_receive_count))
         self.dispatcher = Dispatcher(engine, self.store, self.queues, max_receive_count=max_receive)

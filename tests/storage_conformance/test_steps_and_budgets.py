@@ -9,7 +9,7 @@ import pytest
 
 from agentq.core.errors import BudgetExceeded, LeaseLost
 from agentq.core.models import TaskStatus
-from agentq.core.records import NO_USAGE
+from agentq.core.records import NO_USAGE, Reservation
 from agentq.storage import keys
 from agentq.storage.container import Storage
 from agentq.storage.item_size import item_size
@@ -37,7 +37,7 @@ def test_a_commit_with_the_next_reservation_is_refused_whole_when_the_budget_can
     assert backend.tasks.get(lease.task_id).step == 1 and backend.steps.last(lease.task_id).number == 1  # type: ignore[union-attr]
     assert backend.budgets.get(lease.task_id).reserved == 0
     backend.steps.commit(lease, 2, tools_step(), root_id=lease.task_id, reserve_next=300)
-    assert backend.tasks.get(lease.task_id).inflight == {"amount": 300, "epoch": 1, "step": 3}
+    assert backend.tasks.get(lease.task_id).inflight == Reservation(amount=300, epoch=1, step=3)
     assert backend.budgets.get(lease.task_id).reserved == 300
 
 
@@ -213,7 +213,7 @@ def test_a_commit_reserving_the_next_call_records_the_holds_deadline(backend: St
     lease = claimed(backend, max_tokens=1000)
     backend.steps.commit(lease, 1, llm_step(), root_id=lease.task_id, settle=usage(reserved=0, used=110))
     backend.steps.commit(lease, 2, tools_step(), root_id=lease.task_id, reserve_next=300, hold_until=1234.5)
-    assert backend.tasks.get(lease.task_id).inflight == {"amount": 300, "epoch": 1, "step": 3, "until": 1234.5}
+    assert backend.tasks.get(lease.task_id).inflight == Reservation(amount=300, epoch=1, step=3, until=1234.5)
 
 
 def test_extending_a_holds_deadline_is_fenced_so_a_zombie_learns_it_before_its_call(backend: Storage) -> None:
@@ -259,7 +259,7 @@ def test_a_successor_sets_a_live_hold_aside_and_reserves_on_top_while_the_budget
 ) -> None:
     lease, _, successor = _taken_over_with_a_live_hold(backend, cap=1000, hold=400)
     task = backend.tasks.get(lease.task_id)
-    assert task.inflight is None and set(task.lapsed_holds) == {1} and task.lapsed_holds[1]["amount"] == 400
+    assert task.inflight is None and set(task.lapsed_holds) == {1} and task.lapsed_holds[1].amount == 400
     backend.budgets.reserve(successor, lease.task_id, 500, 2)
     budget = backend.budgets.get(lease.task_id)
     assert (budget.reserved, budget.available) == (900, 100)  # both holds counted: used <= cap whoever lands

@@ -29,7 +29,7 @@ from agentq.storage.serdes import DEFAULT_OFFLOAD_THRESHOLD, PayloadStore
 from agentq.storage.tasks import DAY_SECONDS, DEFAULT_TASK_RETENTION_DAYS
 
 if TYPE_CHECKING:
-    from agentq.core.engine import EngineConfig
+    from agentq.core.engine import Engine, EngineConfig
 
 
 @dataclass(frozen=True)
@@ -153,6 +153,22 @@ def engine_config(settings: Settings, **kwargs: Any) -> EngineConfig:
 
     kwargs.setdefault("max_call_seconds", max_call_seconds())
     return EngineConfig(default_tenant_limits=settings.defaults.tenant_limits(), **kwargs)
+
+
+def build_engine(settings: Settings, store: Storage, *, worker_id: str, pool: int = 64, **config: Any) -> Engine:
+    """The engine a worker or an executor runs: the deployment's tools, fan-out, secrets and
+    defaults, with ``config`` (lease, heartbeat, slice margin) on top. One place builds it, so
+    the Lambda executor and the long-running worker cannot drift apart."""
+    from agentq.core.engine import Engine
+
+    return Engine(
+        store,
+        worker_id=worker_id,
+        tools=build_registry(settings),
+        config=engine_config(settings, **config),
+        fanout=build_fanout(settings, pool=pool),
+        secrets=build_secrets(),
+    )
 
 
 def max_call_seconds() -> float:

@@ -12,7 +12,7 @@ from decimal import Decimal
 from typing import Any
 
 from agentq.control.submit import check_submission, parse_submission
-from agentq.core.engine import conversation, final_text
+from agentq.core.engine.conversation import conversation, final_text
 from agentq.core.errors import IllegalTransition, TaskNotFound, ValidationError
 from agentq.core.models import Task, TaskStatus, TaskSubmission
 from agentq.core.pricing import micros

@@ -105,7 +105,7 @@ def check_context(submission: TaskSubmission) -> None:
     """The system prompt and tool list alone must fit under the context threshold, or no call
     could ever be made."""
     from agentq.core.context import context_window
-    from agentq.core.engine import estimate_input_tokens
+    from agentq.core.engine.conversation import estimate_input_tokens
     from agentq.core.providers import LLMRequest
 
     window = context_window(submission.model)

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from agentq.core.reservation import Reservation
 from agentq.core.status import TERMINAL_STATUSES as TERMINAL_STATUSES
 from agentq.core.status import TaskStatus as TaskStatus
 
@@ -418,9 +419,9 @@ class Task(BaseModel):
     claim_count: int = 0
     first_claimed_at: float | None = None
     last_claimed_at: float | None = None
-    inflight: dict[str, int | float] | None = None  # the hold for the next LLM call (until: its deadline)
+    inflight: Reservation | None = None  # the hold for the next LLM call (until: its deadline)
     # Holds of older epochs whose calls may still complete, set aside by a successor: by epoch.
-    lapsed_holds: dict[int, dict[str, int | float]] = Field(default_factory=dict)
+    lapsed_holds: dict[int, Reservation] = Field(default_factory=dict)
     spawn_id: str | None = None  # the parent's spawn_subagents tool_use id, for a child
     task_token: str | None = None  # Step Functions callback token, for a child run by a fan-out
     heartbeat_at: float | None = None  # last sign of life of the lease holder
@@ -430,6 +431,22 @@ class Task(BaseModel):
     expires_at: int | None = None  # set while terminal: when DynamoDB TTL deletes it (epoch seconds)
     retry: RetryState | None = None  # META#RETRY, read by Tasks.get (not by claim or get_many)
     live_text: str | None = None  # the tail of the text of a streamed call in flight (best effort)
+
+    @field_validator("inflight", mode="before")
+    @classmethod
+    def _stored_hold(cls, raw: Any) -> Any:
+        """META stores a hold as a map (``storage.budgets.ticket_value``): read it as one."""
+        return Reservation.from_ticket(raw) if isinstance(raw, dict) else raw
+
+    @field_validator("lapsed_holds", mode="before")
+    @classmethod
+    def _stored_lapsed_holds(cls, raw: Any) -> Any:
+        if not isinstance(raw, dict):
+            return raw
+        return {
+            int(epoch): Reservation.from_ticket(hold, epoch=int(epoch)) if isinstance(hold, dict) else hold
+            for epoch, hold in raw.items()
+        }
 
     @property
     def retrying(self) -> RetryState | None:

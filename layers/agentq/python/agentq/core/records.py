@@ -10,17 +10,7 @@ from typing import Literal
 from agentq.core.fanout import ChildPlan
 from agentq.core.models import CompactStep, LLMStep, ToolOutcome
 from agentq.core.pricing import micros
-
-
-@dataclass(frozen=True)
-class Reservation:
-    """Tokens held on the root budget for one LLM call, recorded on META as ``inflight``."""
-
-    amount: int
-    epoch: int
-    step: int
-    until: float | None = None  # the hold's deadline: its call cannot complete after it
-    micros: int = 0  # dollars held, in millionths (the most the call can cost)
+from agentq.core.reservation import Reservation as Reservation
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from agentq.observe import names
 from agentq.observe.events import emit_event
 
 if TYPE_CHECKING:
-    from agentq.core.engine import RunResult
+    from agentq.core.engine.result import RunResult
     from agentq.core.models import Usage
 
 metrics = Metrics(namespace=names.NAMESPACE, service=names.EXECUTOR)

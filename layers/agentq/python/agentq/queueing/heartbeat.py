@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentq import observe
-from agentq.core.engine import Session
+from agentq.core.engine import LeaseState
 from agentq.core.errors import LeaseLost
 from agentq.queueing._tuning import WorkerConfig
 from agentq.queueing.admission import LeaseWriteRate
@@ -26,11 +26,11 @@ log = logging.getLogger("agentq.worker")
 
 @dataclass(eq=False)
 class _Held:
-    """One received message, and once claimed, the session running its task."""
+    """One received message, and once claimed, the lease state of the run working on its task."""
 
     tier: str
     receipt: str
-    session: Session | None = None
+    lease_state: LeaseState | None = None
     visibility_ok: bool = True
 
 
@@ -72,7 +72,7 @@ class HeartbeatHub:
 
     def _claimed(self) -> int:
         """Held messages whose task is claimed here (callers hold the lock)."""
-        return sum(1 for h in self._held if h.session is not None)
+        return sum(1 for h in self._held if h.lease_state is not None)
 
     @contextmanager
     def hold(self, tier: str, receipt: str) -> Iterator[_Held]:
@@ -87,18 +87,18 @@ class HeartbeatHub:
                 self._held.discard(held)
 
     @contextmanager
-    def track(self, held: _Held, session: Session) -> Iterator[None]:
-        """Keep the lease of ``session``, claimed through ``held``'s message, alive."""
-        if session.claim_seconds:
-            self.rate.observe(session.claim_seconds)
+    def track(self, held: _Held, state: LeaseState) -> Iterator[None]:
+        """Keep the lease of ``state``, claimed through ``held``'s message, alive."""
+        if state.claim_seconds:
+            self.rate.observe(state.claim_seconds)
         with self._lock:
-            held.session = session
+            held.lease_state = state
             self.held_max = max(self.held_max, self._claimed())
         try:
             yield
         finally:
             with self._lock:
-                held.session = None
+                held.lease_state = None
 
     def _run(self) -> None:
         """Rounds at a fixed rate: each is due ``heartbeat_seconds`` after the previous one
@@ -110,7 +110,7 @@ class HeartbeatHub:
         while not self._stop.wait(max(0.0, due - time.monotonic())):
             started = time.monotonic()
             with self._lock:
-                held = [(h, h.session) for h in self._held]
+                held = [(h, h.lease_state) for h in self._held]
             if held:
                 self._count("rounds")
                 self.beat(held)
@@ -118,7 +118,7 @@ class HeartbeatHub:
             if time.monotonic() > due:
                 self._count("overruns")
 
-    def beat(self, held: list[tuple[_Held, Session | None]]) -> None:
+    def beat(self, held: list[tuple[_Held, LeaseState | None]]) -> None:
         """One round: every visibility batch and every lease write go to the pool at once,
         the leases closest to expiry first; returns when all have landed."""
         now = time.time()
@@ -138,33 +138,33 @@ class HeartbeatHub:
         jobs += [self._pool.submit(self._extend_lease, entry) for entry in leased]
         wait(jobs)
 
-    def _fresh(self, session: Session, now: float) -> bool:
+    def _fresh(self, state: LeaseState, now: float) -> bool:
         """Was this lease written less than half a heartbeat ago, by its claim or a step
         commit (one on the wire counts: it renews the lease or ends the task)? Then it is
         left for the next round. The hub's own writes are a heartbeat old by then, so only
         progress between rounds saves a write, and the gap between two writes of a lease
         stays under 1.5 heartbeats."""
-        written = max(session.lease.expires_at - self.config.lease_seconds, session.commit_sent_at or 0.0)
+        written = max(state.lease.expires_at - self.config.lease_seconds, state.commit_sent_at or 0.0)
         return now - written < self.config.heartbeat_seconds / 2
 
-    def _extend_lease(self, entry: tuple[_Held, Session]) -> None:
-        h, session = entry
-        if h.session is not session:
+    def _extend_lease(self, entry: tuple[_Held, LeaseState]) -> None:
+        h, state = entry
+        if h.lease_state is not state:
             return  # the task ended while this write waited for a beat thread: nothing to keep
-        with observe.task_context(task_id=session.lease.task_id, lease_epoch=session.lease.epoch):
+        with observe.task_context(task_id=state.lease.task_id, lease_epoch=state.lease.epoch):
             sent = time.monotonic()
             try:
-                session.lease = self.store.tasks.extend_lease(
-                    session.lease, self.config.lease_seconds, live_text=session.live_text
+                state.lease = self.store.tasks.extend_lease(
+                    state.lease, self.config.lease_seconds, live_text=state.live_text
                 )
                 self._count("extended")
             except LeaseLost:
                 # Taken over by another worker, or dropped by the task itself (it finished or was
                 # released) while this write was on the wire: the store cannot tell us which.
-                session.lost.set()
+                state.lost.set()
                 self._count("refused")
             except Exception:
-                log.exception("lease heartbeat failed for %s", session.lease.task_id)
+                log.exception("lease heartbeat failed for %s", state.lease.task_id)
             finally:
                 self.rate.observe(time.monotonic() - sent)
 
@@ -188,8 +188,8 @@ class HeartbeatHub:
             h = batch[int(failure["Id"])]
             h.visibility_ok = False
             with self._lock:
-                session = h.session if h in self._held else None
-            if session is None:
+                state = h.lease_state if h in self._held else None
+            if state is None:
                 # The task ended after this beat began (its message was deleted on purpose),
                 # or it was never claimed here: either way nothing of ours needs the message.
                 continue
@@ -197,10 +197,10 @@ class HeartbeatHub:
             # so that if this process dies, the task still has a message to resume from.
             try:
                 self.queues.send(
-                    session.lease.task_id,
+                    state.lease.task_id,
                     tier,
                     kind="safety_net",
                     delay_seconds=min(900, int(self.config.visibility_seconds)),
                 )
             except Exception:
-                log.exception("safety-net message for %s failed", session.lease.task_id)
+                log.exception("safety-net message for %s failed", state.lease.task_id)

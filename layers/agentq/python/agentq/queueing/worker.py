@@ -35,15 +35,7 @@ from agentq.queueing.dispatch import Action, Dispatcher
 from agentq.queueing.heartbeat import HeartbeatHub
 from agentq.queueing.queues import is_stale_receipt
 from agentq.resources import TIERS
-from agentq.runtime import (
-    Settings,
-    build_fanout,
-    build_queues,
-    build_registry,
-    build_secrets,
-    build_store,
-    engine_config,
-)
+from agentq.runtime import Settings, build_engine, build_queues, build_store
 
 log = logging.getLogger("agentq.worker")
 
@@ -71,15 +63,13 @@ class Worker:
         pool = config.concurrency + 32
         self.store = build_store(settings, pool=pool)
         self.queues = build_queues(settings, pool=pool)
-        self.engine = engine or Engine(
+        self.engine = engine or build_engine(
+            settings,
             self.store,
             worker_id=worker_id(),
-            tools=build_registry(settings),
-            config=engine_config(
-                settings, lease_seconds=config.lease_seconds, heartbeat_seconds=config.heartbeat_seconds
-            ),
-            fanout=build_fanout(settings, pool=pool),
-            secrets=build_secrets(),
+            pool=pool,
+            lease_seconds=config.lease_seconds,
+            heartbeat_seconds=config.heartbeat_seconds,
         )
         self.dispatcher = Dispatcher(self.engine, self.store, self.queues, max_receive_count=config.max_receive_count)
         self.hub = HeartbeatHub(self.store, self.queues, config)
@@ -193,7 +183,7 @@ class Worker:
                     tier=tier,
                     receive_count=int(message.get("Attributes", {}).get("ApproximateReceiveCount", "1")),
                     attributes=message.get("MessageAttributes"),
-                    keeper=lambda session: self.hub.track(held, session),
+                    keeper=lambda state: self.hub.track(held, state),
                     stop=self.stopping,
                 )
         except Exception as exc:  # a bug or an outage: the message comes back after a pause
@@ -241,14 +231,7 @@ def run_task(
     retry the claim for up to ``wait_seconds`` (how a replacement picks up a dead one's task)."""
     settings = settings or Settings.from_env()
     store = build_store(settings)
-    engine = Engine(
-        store,
-        worker_id=worker_id(),
-        tools=build_registry(settings),
-        config=engine_config(settings, lease_seconds=lease_seconds),
-        fanout=build_fanout(settings),
-        secrets=build_secrets(),
-    )
+    engine = build_engine(settings, store, worker_id=worker_id(), lease_seconds=lease_seconds)
     give_up = time.monotonic() + wait_seconds
     while True:
         result = engine.run(task_id)

@@ -1,0 +1,49 @@
+"""The agent loop: claim, rebuild from committed steps, and go on step by step.
+
+Order of writes in one turn (each a crash point, see ``faults``):
+reserve -> LLM call -> commit LLM step (tool intents durable) -> per side-effecting tool:
+begin effect -> run -> finish effect -> commit tools step (+ reserve the next call).
+A worker killed anywhere loses at most the step in flight; the next worker rebuilds the
+conversation from the committed steps and continues. Knows nothing of SQS or Lambda: the
+adapters pass a deadline and read the ``RunResult``.
+
+The package, by module: ``_loop`` (``Engine``: claim, the loop, how a run ends), one module per
+kind of turn (``_llm_turn``, ``_tool_turn``, ``_tool_call``, ``_approvals``, ``_spawn``) over the
+protocol they share (``_operation``), budget holds (``_holds``), the request (``_request``), the
+step commit (``_commit``), why a call must not start (``_stops``), the session and its lease
+(``_session``); public: ``conversation`` (pure helpers ``control`` uses too), ``config``, ``result``.
+"""
+
+from agentq.core.engine._holds import HoldsInFlight
+from agentq.core.engine._llm_turn import batch_poll_seconds
+from agentq.core.engine._loop import Engine
+from agentq.core.engine._request import cache_ttl
+from agentq.core.engine._session import KeeperFactory, LeaseKeeper, LeaseState, Session
+from agentq.core.engine.config import EngineConfig
+from agentq.core.engine.conversation import (
+    conversation,
+    estimate_input_tokens,
+    final_text,
+    offered_tools,
+    task_tools,
+)
+from agentq.core.engine.result import Outcome, RunResult
+
+__all__ = [
+    "Engine",
+    "EngineConfig",
+    "HoldsInFlight",
+    "KeeperFactory",
+    "LeaseKeeper",
+    "LeaseState",
+    "Outcome",
+    "RunResult",
+    "Session",
+    "batch_poll_seconds",
+    "cache_ttl",
+    "conversation",
+    "estimate_input_tokens",
+    "final_text",
+    "offered_tools",
+    "task_tools",
+]

@@ -1,0 +1,98 @@
+"""A person's decisions on a turn's calls: ``request_approval``, and each call of an ``ask`` tool.
+
+A decision is stored once and read by every later attempt, so a resumed worker never asks
+again for what was decided and never runs a rejected call. Until one is made the task parks in
+``paused`` and holds nothing (its message comes back when the decision is made).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from agentq.core.approval import APPROVAL_TOOL, decision_outcome
+from agentq.core.engine._operation import RecordedOperation
+from agentq.core.engine._session import Session
+from agentq.core.engine._tool_call import error_outcome
+from agentq.core.engine.result import RunResult
+from agentq.core.models import TaskStatus, ToolOutcome
+from agentq.core.ports import EngineStorage
+from agentq.core.records import ApprovalRecord
+
+
+class Decision(RecordedOperation[ApprovalRecord, "ApprovalRecord | RunResult"]):
+    """The stored decision on one call, or ask for it (fenced) and park the task in ``paused``."""
+
+    def __init__(self, store: EngineStorage, s: Session, use: dict[str, Any], question: str) -> None:
+        self.store, self.s, self.use, self.question = store, s, use, question
+        self._asked: ApprovalRecord | None = None  # asked before, not decided yet (a resumed worker)
+
+    def check(self) -> ApprovalRecord | None:
+        record = self.store.approvals.get(self.s.task_id, self.use["id"])
+        if record is not None and record.state != "pending":
+            return record
+        self._asked = record
+        return None
+
+    def create(self) -> None:
+        self.store.approvals.request(self.s.lease, self.use["id"], self.question)
+
+    def check_again(self) -> ApprovalRecord | None:
+        return None  # just asked: nobody has decided yet
+
+    def act(self, record: ApprovalRecord | None) -> ApprovalRecord | RunResult:
+        if record is not None:
+            return record
+        s = self.s
+        s.task = s.task.model_copy(update={"status": TaskStatus.PAUSED})
+        paused = RunResult(s.task_id, "waiting", status=TaskStatus.PAUSED)
+        timeout = s.task.submission.constraints.approval_timeout_seconds
+        if timeout is not None:  # asked before (a resumed worker): the first ask's clock runs on
+            paused.approval_due = (self._asked.asked_at if self._asked is not None else time.time()) + timeout
+        return paused
+
+
+def decisions(
+    store: EngineStorage, s: Session, uses: list[dict[str, Any]], allowlist: list[str]
+) -> dict[str, ToolOutcome] | RunResult:
+    """The outcomes a person decided for this turn's calls, or park the task in ``paused``
+    until the next decision is made.
+
+    ``request_approval`` gets the decision as its result; if it was rejected, no other call
+    of the turn runs (the approval gated them). A call of a tool whose policy is ``ask``
+    waits for its own decision (one at a time, in the turn's order); rejected, it gets the
+    denial as its result and never runs.
+    """
+    policies = s.task.submission.constraints.tool_policies
+    decided: dict[str, ToolOutcome] = {}
+    approvals = [u for u in uses if u["name"] == APPROVAL_TOOL and APPROVAL_TOOL in allowlist]
+    if approvals:
+        use = approvals[0]
+        question = str((use.get("input") or {}).get("question") or "(no question given)")
+        record = Decision(store, s, use, question).run()
+        if isinstance(record, RunResult):
+            return record
+        decided[use["id"]] = decision_outcome(use, record, record.asked_at, time.time())
+        if record.state != "approved":
+            for other in uses:
+                if other["id"] != use["id"]:
+                    decided[other["id"]] = error_outcome(
+                        other,
+                        f"not run: the approval asked for in this turn was rejected ({record.note or 'no note'})",
+                    )
+            return decided
+    for use in uses:
+        if policies.get(use["name"]) != "ask" or use["name"] not in allowlist:
+            continue
+        shown = json.dumps(use.get("input") or {}, sort_keys=True)
+        question = f"Run {use['name']} with {shown}?"[:4000]
+        record = Decision(store, s, use, question).run()
+        if isinstance(record, RunResult):
+            return record
+        if record.state != "approved":
+            by = record.decided_by or "a reviewer"
+            decided[use["id"]] = error_outcome(
+                use, f"REJECTED by {by}: {record.note or '(no note)'}; {use['name']} was not run"
+            )
+    return decided

@@ -1,0 +1,61 @@
+"""Committing a step: the one write that makes a turn durable, renews the lease and (for a
+tools step) holds the budget for the next call, or ends the task."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from agentq import observe
+from agentq.core.engine._session import Session
+from agentq.core.engine.config import EngineConfig
+from agentq.core.models import CompactStep, LLMStep, StepRecord
+from agentq.core.ports import EngineStorage
+
+log = logging.getLogger("agentq.engine")
+
+
+class StepWriter:
+    def __init__(self, store: EngineStorage, config: EngineConfig) -> None:
+        self.store = store
+        self.config = config
+
+    def commit(self, s: Session, body: Any, **kwargs: Any) -> StepRecord:
+        """Commit ``body`` as the next step; unless it ends the task, the same write renews
+        the lease, and the session learns the new expiry. While it is on the wire the
+        heartbeat may leave the lease alone: the commit renews it or ends the task."""
+        s.held.commit_sent_at = time.time()
+        until = None if kwargs.get("finish") else s.held.commit_sent_at + self.config.lease_seconds
+        try:
+            record = self.store.steps.commit(
+                s.lease, s.next_step, body, root_id=s.task.budget_id, lease_until=until, **kwargs
+            )
+        finally:
+            s.held.commit_sent_at = None
+        if until is not None:
+            s.held.lease = s.lease.model_copy(update={"expires_at": until})
+        finish = kwargs.get("finish")
+        if finish is not None:
+            error = kwargs.get("error") or {}
+            observe.task_status_changed(
+                s.task_id, s.task.tenant, finish.value, **({"error": error["code"]} if error else {})
+            )
+        return record
+
+    def committed(self, s: Session, record: StepRecord, messages: list[dict[str, Any]]) -> None:
+        """The session after a commit: the step appended, the conversation it makes."""
+        s.steps.append(record)
+        s.messages = messages
+        s.committed += 1
+        body = record.body
+        if isinstance(body, LLMStep | CompactStep):
+            log.debug(
+                f"{body.kind} step committed",
+                extra={"kind": body.kind, "model": body.model, "stop_reason": body.stop_reason,
+                       "tokens_in": body.usage.input_total, "tokens_out": body.usage.output_tokens},
+            )  # fmt: skip
+        else:
+            log.debug(
+                "tools step committed", extra={"kind": "tools", "tool_errors": sum(r.is_error for r in body.results)}
+            )

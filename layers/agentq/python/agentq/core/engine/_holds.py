@@ -1,0 +1,229 @@
+"""Budget holds: tokens and dollars held on the root budget before each LLM call.
+
+Invariant (ARCHITECTURE 4, ``used <= cap``): a call starts only under a hold that covers the
+most it can use and cost; the hold is settled at what the call used in the step's commit, or
+returned, exactly once (``EngineStorage.settle_orphan``'s ticket condition). A hold has a
+deadline: its call starts within ``CALL_START_SLACK_SECONDS`` and lasts at most the maximum
+call time, so a hold left by a worker that lost its lease stays counted (set aside as lapsed)
+until its call can no longer complete, and only then goes back. Never guessed at earlier.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+from agentq.core.engine._request import RequestBuilder
+from agentq.core.engine._session import Session
+from agentq.core.engine.config import EngineConfig
+from agentq.core.errors import BudgetExceeded
+from agentq.core.models import Task
+from agentq.core.ports import EngineStorage
+from agentq.core.pricing import PriceTable
+from agentq.core.providers.base import BATCH_PRICE_RATIO, BATCH_WINDOW_SECONDS
+from agentq.core.records import NO_USAGE, BudgetDelta
+from agentq.core.reservation import Reservation
+
+log = logging.getLogger("agentq.engine")
+
+# A call must start within this many seconds of its hold's reservation, or the hold's deadline
+# is moved first (a fenced write): the deadline is reservation + this + the maximum call time.
+CALL_START_SLACK_SECONDS = 2.0
+MIN_OUTPUT_TOKENS = 16
+
+
+class HoldsInFlight(Exception):
+    """The budget cannot cover the next call while an older epoch's call may still be charged:
+    the task waits ``wait`` seconds for that hold's deadline instead of overshooting the cap."""
+
+    def __init__(self, wait: float) -> None:
+        super().__init__(f"a lost lease's call may complete within {wait:.1f}s")
+        self.wait = wait
+
+
+@dataclass(frozen=True)
+class LapsedHolds:
+    """What returning a task's lapsed holds did: whether any went back, and the seconds left
+    until each hold still live can no longer be charged."""
+
+    returned: bool
+    live: list[float]
+
+
+class BudgetHolds:
+    def __init__(
+        self, store: EngineStorage, prices: PriceTable, config: EngineConfig, requests: RequestBuilder
+    ) -> None:
+        self.store = store
+        self.prices = prices
+        self.config = config
+        self.requests = requests
+
+    # ------------------------------------------------------------- lapsed holds
+
+    def return_lapsed(self, task: Task) -> LapsedHolds:
+        """Return the holds older epochs left on ``task`` whose calls can no longer complete."""
+        now = time.time()
+        live, returned = [], False
+        for held in task.lapsed_holds.values():
+            if held.lapsed_by(now):
+                returned |= self.store.budgets.return_lapsed(
+                    task.task_id, task.budget_id, held, parent_id=task.parent_id
+                )
+            else:
+                live.append(held.until - now if held.until is not None else 0.0)
+        return LapsedHolds(returned, live)
+
+    def take_over(self, s: Session) -> None:
+        """At claim: the holds left by older epochs. Those whose calls are over go back; the
+        current hold of an older epoch is adopted (a batch this run settles), set aside as
+        lapsed while its call may still complete, or returned.
+
+        An older epoch's worker may be paused, not dead, with its call in flight: until the
+        hold's deadline that call can still complete and be charged (by that worker, as an
+        orphan), so a live hold stays counted, set aside as lapsed, and this run reserves on
+        top of it when the budget covers both (``reserve`` waits for it only when it does
+        not). After the deadline the call can no longer complete; whether it happened is
+        unknowable, so the hold is returned, not guessed at.
+        """
+        now = time.time()
+        task = s.task
+        self.return_lapsed(task)
+        current, batch = task.inflight, task.batch
+        if current and batch and current.epoch == int(batch["epoch"]) != s.lease.epoch:
+            # The hold of the batched call this task waited on: its result is settled by this run.
+            self.store.budgets.adopt(s.lease, current)
+            s.task = task.model_copy(update={"inflight": current.moved_to(epoch=s.lease.epoch)})
+        elif current and current.epoch != s.lease.epoch:
+            if not current.lapsed_by(now):
+                self.store.budgets.set_aside(s.lease, current)
+                log.info(
+                    "task %s: epoch %s's call may complete until %.3f; its hold stays counted",
+                    task.task_id, current.epoch, current.until,
+                )  # fmt: skip
+                lapsed = {**task.lapsed_holds, current.epoch: current}
+                s.task = task.model_copy(update={"inflight": None, "lapsed_holds": lapsed})
+            else:
+                self.release(s)
+
+    # ------------------------------------------------------------ current hold
+
+    def release(self, s: Session) -> None:
+        """Return the held reservation, exactly once (see ``EngineStorage.settle_orphan``)."""
+        held = s.task.inflight
+        if held:
+            self.store.budgets.settle_orphan(
+                s.task_id,
+                s.task.budget_id,
+                BudgetDelta(
+                    reserved=held.amount,
+                    used=0,
+                    cost_usd=NO_USAGE.cost_usd,
+                    tokens_in=0,
+                    tokens_out=0,
+                    reserved_micros=held.micros,
+                ),
+                inflight_epoch=held.epoch,
+                parent_id=s.task.parent_id,
+            )
+            s.task = s.task.model_copy(update={"inflight": None})
+
+    def reserve(self, s: Session) -> int | None:
+        """Hold tokens for the next call; returns the amount, or None when the budget is spent.
+
+        Tries the full estimate first; near the cap, shrinks the output allowance to what is
+        left (a last, shorter answer) before giving up. When it cannot, and an older epoch's
+        call may still be charged, raises ``HoldsInFlight``: the task waits for that hold's
+        deadline rather than overshoot the cap or give up on a budget that will come back.
+        """
+        est_in, wanted = self.requests.wanted_reservation(s)
+        held = s.task.inflight
+        if held and held.epoch == s.lease.epoch and held.amount >= est_in + MIN_OUTPUT_TOKENS:
+            return held.amount
+        self.release(s)
+        amount = self._try_hold(s, est_in, wanted)
+        if amount is None:
+            lapsed = self.return_lapsed(self.store.tasks.get(s.task_id))
+            wait = min(lapsed.live, default=0.0)
+            if wait > 0:  # a lost lease's call may still be charged: wait for it, never overshoot
+                raise HoldsInFlight(wait)
+            if lapsed.returned:  # lapsed holds whose calls are over went back: the budget may cover it now
+                amount = self._try_hold(s, est_in, wanted)
+        return amount
+
+    def _try_hold(self, s: Session, est_in: int, wanted: int) -> int | None:
+        """The full estimate, else what is left (of tokens and of money) if it still allows a
+        short answer."""
+        try:
+            self._hold(s, wanted, est_in)
+            return wanted
+        except BudgetExceeded:
+            state = self.store.budgets.get(s.task.budget_id)
+            affordable = est_in + self._affordable_output(s, est_in, state.available_micros)
+            amount = min(wanted, state.available, affordable)
+            s.short_of = "money" if affordable < min(wanted, state.available) else "tokens"
+            if amount < est_in + MIN_OUTPUT_TOKENS:
+                return None
+            try:
+                self._hold(s, amount, est_in)
+                return amount
+            except BudgetExceeded:
+                return None
+
+    def _affordable_output(self, s: Session, est_in: int, available_micros: int) -> int:
+        """The most output tokens a call of ``est_in`` input can be allowed on what is left of
+        the money budget (negative: not even the input)."""
+        price = self.prices.price_for(s.task.submission.model)
+        if price is None or price.output_per_mtok <= 0:
+            return 1 << 40
+        if s.economy:  # a batched call costs half: twice the money goes as far
+            available_micros *= 2
+        base = price.hold_micros(est_in, 0)
+        if base > available_micros:
+            return -1
+        out = int((available_micros - base) / price.output_per_mtok)
+        while out > 0 and price.hold_micros(est_in, out) > available_micros:
+            out -= 1  # rounding up to the millionth may cost one token
+        return out
+
+    def hold_micros(self, s: Session, amount: int, est_in: int) -> int:
+        """The money a hold of ``amount`` tokens (``est_in`` of them input) takes: its call at
+        the most it can cost."""
+        price = self.prices.price_for(s.task.submission.model)
+        if price is None:
+            return 0
+        est_in = min(est_in, amount)
+        most = price.hold_micros(est_in, amount - est_in)
+        return math.ceil(most * BATCH_PRICE_RATIO) if s.economy else most
+
+    def _hold(self, s: Session, amount: int, est_in: int) -> None:
+        until = self.hold_until(s)
+        money = self.hold_micros(s, amount, est_in)
+        self.store.budgets.reserve(s.lease, s.task.budget_id, amount, s.next_step, until=until, micros=money)
+        held = Reservation(amount=amount, epoch=s.lease.epoch, step=s.next_step, until=until, micros=money)
+        s.task = s.task.model_copy(update={"inflight": held})
+
+    def hold_until(self, s: Session) -> float:
+        """The deadline of a hold taken now: its call starts within the slack, then runs at most
+        the provider's maximum call time (a batched call: the batch's 24-hour window)."""
+        window = BATCH_WINDOW_SECONDS if s.economy else 0.0
+        return time.time() + CALL_START_SLACK_SECONDS + window + self.config.max_call_seconds
+
+    def cover(self, s: Session, start: float) -> None:
+        """Make sure the hold outlives an attempt starting at ``start``: if it started later
+        than its reservation allowed for, move the deadline first (fenced: a zombie stops here)."""
+        held = s.task.inflight
+        if held and (held.until is None or start + self.config.max_call_seconds > held.until):
+            new_until = start + CALL_START_SLACK_SECONDS + self.config.max_call_seconds
+            self.store.budgets.extend_hold(
+                s.lease, Reservation(held.amount, s.lease.epoch, held.step, micros=held.micros), new_until
+            )
+            s.task = s.task.model_copy(update={"inflight": held.moved_to(until=new_until)})
+
+    def hand_back(self, s: Session) -> None:
+        """The hold and the lease back: the run ends before its next call (a slice, a
+        deferral), and both are known unspent, so neither waits for a deadline."""
+        self.release(s)
+        self.store.tasks.release(s.lease)

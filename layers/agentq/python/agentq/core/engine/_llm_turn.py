@@ -1,0 +1,396 @@
+"""The LLM turn: admit the call (fleet flow control), hold the budget, call the model (or send
+the turn as a batch), and commit its answer as the next step, settling the hold with what the
+call used in the same write.
+
+A call answered after its worker lost the lease is still paid for: its usage is settled once
+as an orphan (ARCHITECTURE 4) and kept in the trace, and the step is left to the new owner.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from decimal import Decimal
+from typing import Any
+
+from agentq import observe
+from agentq.core.context import resumed_goal
+from agentq.core.engine._commit import StepWriter
+from agentq.core.engine._holds import MIN_OUTPUT_TOKENS, BudgetHolds
+from agentq.core.engine._request import RequestBuilder
+from agentq.core.engine._session import Session
+from agentq.core.engine._stops import stop_error
+from agentq.core.engine.conversation import final_text
+from agentq.core.engine.result import RunResult
+from agentq.core.errors import LeaseLost, ProviderError
+from agentq.core.faults import crash_point
+from agentq.core.flow import flow_key
+from agentq.core.models import CallStep, CompactStep, LLMStep, RetryState, TaskStatus
+from agentq.core.output import answer_of, feedback
+from agentq.core.ports import EngineStorage, TenantWindowsPort
+from agentq.core.pricing import PriceTable, micros
+from agentq.core.providers import LLMRequest, LLMResponse, ProviderFactory
+from agentq.core.providers.base import (
+    BATCH_PRICE_RATIO,
+    BatchProvider,
+    RetryNotice,
+    reporting_retries,
+    reporting_text,
+)
+from agentq.core.records import BudgetDelta
+from agentq.core.tenancy import TenantCapReached
+
+log = logging.getLogger("agentq.engine")
+
+DEFERRAL_MESSAGES = {
+    "circuit_open": "the circuit for {provider}/{model} is open after repeated failures",
+    "slowed_down": "{provider} asked the fleet to slow down for {model} (429)",
+    "rate_limited": "the fleet's rate limit for {provider}/{model} is spent",
+}
+
+
+class LLMTurn:
+    def __init__(
+        self,
+        store: EngineStorage,
+        windows: TenantWindowsPort,
+        providers: ProviderFactory,
+        prices: PriceTable,
+        holds: BudgetHolds,
+        requests: RequestBuilder,
+        writer: StepWriter,
+    ) -> None:
+        self.store, self.windows, self.providers, self.prices = store, windows, providers, prices
+        self.holds, self.requests, self.writer = holds, requests, writer
+
+    def run(self, s: Session) -> RunResult | None:
+        """One call and its commit (None), or how the run ends instead."""
+        deferred = self._admit(s)
+        if deferred is not None:
+            return deferred
+        reserved = self.holds.reserve(s)
+        if reserved is None:
+            observe.record_budget_refusal("task")
+            return finish_without_step(self.store, self.holds, s, TaskStatus.COST_EXCEEDED)
+        crash_point("after_reserve")
+        window = None
+        held_usd = s.task.inflight.micros if s.task.inflight else 0
+        batch = s.task.batch if s.task.batch and int(s.task.batch["step"]) == s.next_step else None
+        if s.limits is not None:
+            try:
+                # A batch's result was paid for when it was sent: the window counts it now, from 0.
+                amount, money = (0, 0) if batch else (reserved, held_usd)
+                window = self.windows.hold(s.task.tenant, s.limits, amount, micros=money)
+            except TenantCapReached as exc:  # not this task's fault: try again next hour
+                self.holds.hand_back(s)
+                return RunResult(s.task_id, "retry", error={**exc.to_dict(), "retry_after": exc.retry_after})
+        est_in, _ = self.requests.wanted_reservation(s)
+        max_out = max(MIN_OUTPUT_TOKENS, min(self.requests.max_out(s), reserved - est_in))
+        request = self.requests.request(s, max_out)
+        compact = self.requests.compacting(s)
+        if s.economy:
+            try:
+                sent = self._batched(s, request, window, batch)
+            except ProviderError as exc:
+                return self._call_failed(s, exc, window)
+            if isinstance(sent, RunResult):
+                return sent
+            response, started = sent
+            return self._answered(s, request, response, started, reserved, max_out, window, compact)
+        try:
+            self.holds.cover(s, time.time())
+        except LeaseLost:
+            # Nothing went on the wire, so no call can be charged: the hold goes back now (from
+            # wherever a successor set it aside), not at its deadline.
+            self.holds.release(s)
+            if window is not None:
+                self.windows.settle(window, 0)
+            raise
+        started = time.time()
+        try:
+            provider = self.providers(s.task.submission)  # may fail too (a key it cannot read)
+            with (
+                observe.llm_call(
+                    provider=provider.name, model=request.model, max_tokens=max_out, task_id=s.task_id,
+                    step=s.next_step,
+                ) as call,
+                reporting_retries(lambda notice: self._note_retry(s, notice)),
+                reporting_text(lambda text: setattr(s.held, "live_text", text)),
+            ):  # fmt: skip
+                try:
+                    response = provider.complete(request)
+                finally:
+                    s.held.live_text = None
+                call.answered(response)
+        except ProviderError as exc:
+            return self._call_failed(s, exc, window)
+        return self._answered(s, request, response, started, reserved, max_out, window, compact)
+
+    def _admit(self, s: Session) -> RunResult | None:
+        """Fleet-wide flow control before the call (``core.flow``): a circuit open, a 429's
+        slow-down or an empty rate bucket defers the task (its next call's hold goes back with
+        the lease; the delayed message spends no receive toward the DLQ)."""
+        sub = s.task.submission
+        s.admission = None
+        if sub.provider == "scripted" or s.economy:  # no provider to protect; batches queue at the provider
+            return None
+        est_in, wanted = self.requests.wanted_reservation(s)
+        admission = self.store.flow.admit(flow_key(sub.provider, sub.model), est_in, wanted - est_in)
+        if admission.ok:
+            s.admission = admission
+            return None
+        self.holds.hand_back(s)
+        log.info("task %s deferred %.1fs: %s for %s", s.task_id, admission.wait, admission.reason, sub.model)
+        template = DEFERRAL_MESSAGES.get(admission.reason, admission.reason)
+        message = template.format(provider=sub.provider, model=sub.model)
+        return RunResult(
+            s.task_id, "deferred",
+            error={"code": admission.reason, "message": message, "retry_after": max(1.0, admission.wait)},
+        )  # fmt: skip
+
+    def _call_failed(self, s: Session, exc: ProviderError, window: Any) -> RunResult:
+        """The provider failed the call (its retries spent): the hold goes back; the task is
+        tried again later, or fails now when no retry can help."""
+        self.holds.release(s)
+        if window is not None:
+            self.windows.settle(window, 0)
+        error: dict[str, Any] = {
+            "code": exc.code,
+            "message": exc.message,
+            "status_code": exc.status_code,
+            "attempts": exc.attempts,
+        }
+        if exc.retryable and s.admission is not None:  # an outage or an overload: the fleet learns of it
+            sub = s.task.submission
+            key = flow_key(sub.provider, sub.model)
+            if exc.status_code == 429 and exc.retry_after:
+                self.store.flow.slow_down(key, exc.retry_after)
+            if self.store.flow.failed(key, s.admission):
+                # Open: the task waits for the circuit, not for the DLQ.
+                self.store.tasks.release(s.lease, forget_batch=s.task.batch is not None)
+                wait = self.store.flow.cooldown_seconds
+                return RunResult(s.task_id, "deferred", error={**error, "code": "circuit_open", "retry_after": wait})
+        if exc.retryable:
+            self.store.tasks.release(s.lease, forget_batch=s.task.batch is not None)
+            return RunResult(s.task_id, "retry", error=error)
+        self.store.tasks.transition(
+            s.task_id, TaskStatus.FAILED, lease=s.lease, result=final_text(s.messages), error=error
+        )
+        return RunResult(s.task_id, "finished", status=TaskStatus.FAILED, error=error)
+
+    def _batched(
+        self, s: Session, request: LLMRequest, window: Any, batch: dict[str, Any] | None
+    ) -> RunResult | tuple[LLMResponse, float]:
+        """Economy: the turn goes out as a batch of one and the task parks in ``waiting``,
+        holding no compute and keeping its budget hold (deadline: the batch's 24-hour window);
+        the run that claims it once the batch ended gets the answer here, to commit as any.
+
+        A worker killed between sending the batch and parking leaves the hold of its epoch: the
+        next claim sets it aside until that deadline and sends the turn again (the batch that
+        may have gone out is never read, like any call whose worker died with the answer)."""
+        provider = self.providers(s.task.submission)
+        if not isinstance(provider, BatchProvider):
+            raise ProviderError(
+                f"economy: the {s.task.submission.provider} provider has no batch API", retryable=False,
+                code="economy_unsupported",
+            )  # fmt: skip
+        if batch is not None:
+            response = provider.batch_result(str(batch["id"]), str(batch["custom_id"]))
+            if response is None:  # looked at before it ended: wait again
+                return self._park_for_batch(s, batch, window)
+            return response, float(batch["submitted_at"])
+        custom_id = f"{s.task_id}-s{s.next_step}-e{s.lease.epoch}"[:64]
+        record = {"custom_id": custom_id, "step": s.next_step, "epoch": s.lease.epoch, "submitted_at": time.time()}
+        record["id"] = provider.submit_batch(request, custom_id)
+        crash_point("after_batch_submit")
+        return self._park_for_batch(s, record, window)
+
+    def _park_for_batch(self, s: Session, record: dict[str, Any], window: Any) -> RunResult:
+        if window is not None:  # the tenant window counts the call when its result is in
+            self.windows.settle(window, 0)
+        self.store.tasks.transition(s.task_id, TaskStatus.WAITING, lease=s.lease, extra={"batch": record})
+        s.task = s.task.model_copy(update={"status": TaskStatus.WAITING, "batch": record})
+        log.info("task %s: turn %s sent as batch %s", s.task_id, record["step"], record["id"])
+        return RunResult(s.task_id, "waiting", status=TaskStatus.WAITING, batch_poll=batch_poll_seconds(record))
+
+    def _answered(
+        self,
+        s: Session,
+        request: LLMRequest,
+        response: LLMResponse,
+        started: float,
+        reserved: int,
+        max_out: int,
+        window: Any,
+        compact: bool,
+    ) -> RunResult | None:
+        """Commit the call's answer as the next step, settling its hold with what it used."""
+        crash_point("after_llm_call")
+        if s.admission is not None:
+            sub, usage = s.task.submission, response.usage
+            key = flow_key(sub.provider, sub.model)
+            self.store.flow.succeeded(key, s.admission)
+            # Against a provider's input limit count uncached and cache-write tokens, not reads.
+            self.store.flow.settle(
+                key, s.admission, usage.input_tokens + usage.cache_creation_input_tokens, usage.output_tokens
+            )
+        cost = self._cost(s, response.model or request.model, request.model, response)
+        if s.economy:
+            cost = cost * BATCH_PRICE_RATIO
+        answered = CallStep(
+            content=response.content,
+            stop_reason=response.stop_reason,
+            model=response.model or request.model,
+            usage=response.usage,
+            cost_usd=cost,
+            reserved_tokens=reserved,
+            attempts=response.attempts,
+            started_at=started,
+            duration_ms=int((time.time() - started) * 1000),
+            batched=s.economy,
+        )
+        held = s.task.inflight
+        settle = BudgetDelta(
+            reserved=reserved,
+            used=response.usage.total,
+            cost_usd=cost,
+            tokens_in=response.usage.input_total,
+            tokens_out=response.usage.output_tokens,
+            reserved_micros=held.micros if held else 0,
+        )
+        step: LLMStep | CompactStep
+        if compact:
+            step = CompactStep(**dict(answered), summarised_through=s.next_step - 1)
+            summary = step.text()
+            goal = s.goal or s.task.submission.goal
+            messages = [{"role": "user", "content": resumed_goal(goal, summary)}] if summary else s.messages
+            finish, result, error = None, None, None
+        else:
+            step = LLMStep(**dict(answered), cleared_before=self.requests.context(s)[1])
+            messages, finish, result, error = self._turn_outcome(s, step, max_out)
+        if held is not None and held.until is not None and time.time() > held.until:
+            log.warning("task %s: call answered after its hold's deadline; raise AGENTQ_MAX_CALL_SECONDS", s.task_id)
+        try:
+            s.held.check()  # the heartbeat may have learned first that the lease is lost
+            record = self.writer.commit(s, step, settle=settle, finish=finish, result=result, error=error)
+        except LeaseLost:
+            # The provider answered, so the tokens are spent whoever owns the task now, and
+            # whoever learned of the lost lease: the ledger gets them once, as an orphan.
+            self.store.budgets.settle_orphan(
+                s.task_id, s.task.budget_id, settle, inflight_epoch=s.lease.epoch, parent_id=s.task.parent_id
+            )
+            self.store.steps.record_orphan(s.lease, s.next_step, step)
+            if window is not None:
+                self.windows.settle(window, response.usage.total, micros(cost))
+            raise
+        if window is not None:
+            self.windows.settle(window, response.usage.total, micros(cost))
+        self.writer.committed(s, record, messages)
+        update: dict[str, Any] = {"inflight": None, "batch": None, **({"status": finish} if finish else {})}
+        if compact:
+            update["compacted_at"] = record.number
+        s.task = s.task.model_copy(update=update)
+        crash_point("after_compaction" if compact else "after_llm_commit")
+        if finish:
+            return RunResult(s.task_id, "finished", status=finish)
+        return None
+
+    def _turn_outcome(
+        self, s: Session, step: LLMStep, max_out: int
+    ) -> tuple[list[dict[str, Any]], TaskStatus | None, str | None, dict[str, Any] | None]:
+        """The conversation after an agent turn, and whether (and how) the turn ends the task."""
+        messages = [*s.messages, {"role": "assistant", "content": step.content}]
+        finish, error = turn_end(step, max_out, shrunk=max_out < s.task.submission.constraints.max_output_tokens)
+        result = final_text(messages) if finish else None
+        schema = s.task.submission.output_schema
+        if schema is not None and error is None:
+            answered, answer = answer_of(schema, step.content)
+            if answered:  # a valid final answer ends the task, whatever else the turn holds
+                finish, result = TaskStatus.SUCCEEDED, json.dumps(answer, ensure_ascii=False)
+            elif finish is TaskStatus.SUCCEEDED:  # text that is not a valid answer: the model is told why
+                finish = None
+                messages.append({"role": "user", "content": feedback(schema, step.content)})
+        return messages, finish, result, error
+
+    def _cost(self, s: Session, answered: str, asked: str, response: LLMResponse) -> Decimal:
+        """The call's cost, priced by the model that answered, else by the one asked for (a
+        submission names a priced model: ``check_submission``). Never $0 without a word."""
+        for model in (answered, asked):
+            if self.prices.price_for(model) is not None:
+                return self.prices.cost(model, response.usage)
+        if s.task.submission.provider != "scripted":
+            log.warning("no price for model %r (nor %r): this call is recorded at $0; add it to AGENTQ_PRICES",
+                        answered, asked)  # fmt: skip
+        return Decimal(0)
+
+    def _note_retry(self, s: Session, notice: RetryNotice) -> None:
+        """A provider call failed and will be tried again: say so where status and the trace
+        read it (the write is fenced; a failure to write it changes nothing else)."""
+        now = time.time()
+        log.warning(
+            "model call failed (attempt %d of %d, %s): %s; next try in %.1fs",
+            notice.attempt, notice.max_attempts, notice.code, notice.message, notice.delay,
+        )  # fmt: skip
+        state = RetryState(
+            step=s.next_step,
+            scope="call",
+            attempt=notice.attempt,
+            max_attempts=notice.max_attempts,
+            code=notice.code[:64],
+            message=notice.message[:500],
+            status_code=notice.status_code,
+            at=now,
+            next_at=now + notice.delay,
+        )
+        if notice.status_code == 429 and s.admission is not None:  # the whole fleet slows down, not only this call
+            sub = s.task.submission
+            self.store.flow.slow_down(flow_key(sub.provider, sub.model), notice.delay)
+        try:
+            self.store.tasks.record_retry(s.task_id, state, lease=s.lease)
+            self.holds.cover(s, now + notice.delay)  # the next attempt is a call of its own
+        except LeaseLost:
+            # Lost: no further attempt starts, so none can be answered past its hold's deadline.
+            s.held.lost.set()
+            raise
+        except Exception:
+            log.warning("could not record the retry of task %s", s.task_id, exc_info=True)
+
+
+def finish_without_step(store: EngineStorage, holds: BudgetHolds, s: Session, status: TaskStatus) -> RunResult:
+    """End the task before its next call (a cap, the timeout): the hold goes back, the status
+    and the partial result are written under the lease."""
+    holds.release(s)
+    error = stop_error(s, status)
+    store.tasks.transition(s.task_id, status, lease=s.lease, result=final_text(s.messages), error=error)
+    s.task = s.task.model_copy(update={"status": status})
+    return RunResult(s.task_id, "finished", status=status, error=error)
+
+
+def turn_end(step: LLMStep, max_out: int, *, shrunk: bool) -> tuple[TaskStatus | None, dict[str, Any] | None]:
+    """Whether this assistant turn ends the task: tool calls go on; an answer succeeds;
+    an answer cut off at the output limit is a failure that says which limit to raise
+    (a truncated tool call is dropped by the provider, so it cannot be carried out), or,
+    when the limit was lowered to fit what was left of the budget, the budget ran out."""
+    if step.stop_reason == "max_tokens" and shrunk:
+        return TaskStatus.COST_EXCEEDED, {
+            "code": "budget_exceeded",
+            "message": f"the budget ran out during the model's turn ({max_out} output tokens were left)",
+        }
+    if step.stop_reason == "max_tokens":
+        return TaskStatus.FAILED, {
+            "code": "output_truncated",
+            "message": f"the model's turn was cut off at {max_out} output tokens; raise constraints.max_output_tokens",
+        }
+    if step.tool_uses():
+        return None, None
+    return TaskStatus.SUCCEEDED, None
+
+
+def batch_poll_seconds(batch: dict[str, Any]) -> float:
+    """When to look at a batch again: soon at first, then a quarter of its age (most end
+    within minutes; none lasts past 24 hours), between ``AGENTQ_BATCH_POLL_SECONDS`` (30) and
+    SQS's longest delay."""
+    floor = float(os.environ.get("AGENTQ_BATCH_POLL_SECONDS", "30"))
+    return min(900.0, max(floor, (time.time() - float(batch["submitted_at"])) / 4))

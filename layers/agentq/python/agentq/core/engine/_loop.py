@@ -1,0 +1,220 @@
+"""``Engine``: claim a task, rebuild its session from the committed steps, and run turns until
+it ends, parks, loses its lease, or its time slice ends.
+
+Each turn is a module of its own (``_llm_turn``, ``_tool_turn`` with ``_tool_call``,
+``_approvals`` and ``_spawn``); budget holds are ``_holds``; the request is ``_request``. The
+loop only decides which turn comes next from the last committed step, and how a run ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from agentq import observe
+from agentq.core.dependencies import dependency_goal
+from agentq.core.engine._commit import StepWriter
+from agentq.core.engine._holds import BudgetHolds, HoldsInFlight
+from agentq.core.engine._llm_turn import LLMTurn, finish_without_step
+from agentq.core.engine._request import RequestBuilder
+from agentq.core.engine._session import KeeperFactory, LeaseKeeper, LeaseState, Session
+from agentq.core.engine._stops import stop_reason
+from agentq.core.engine._tool_call import ToolCaller
+from agentq.core.engine._tool_turn import ToolTurn
+from agentq.core.engine.config import EngineConfig
+from agentq.core.engine.conversation import conversation, final_text
+from agentq.core.engine.result import RunResult, lease_lost
+from agentq.core.errors import DETERMINISTIC_FAULTS, LeaseLost, fault_error
+from agentq.core.fanout import FanoutLauncher
+from agentq.core.faults import crash_point
+from agentq.core.models import LLMStep, Task, TaskStatus
+from agentq.core.ports import EngineStorage
+from agentq.core.pricing import PriceTable, load_price_table
+from agentq.core.providers import ProviderFactory, default_provider_factory
+from agentq.core.secrets import Secrets, SecretSource
+from agentq.core.tools import ToolRegistry, default_registry
+from agentq.core.tools.mcp import McpServers
+
+log = logging.getLogger("agentq.engine")
+
+
+class Engine:
+    def __init__(
+        self,
+        store: EngineStorage,
+        *,
+        worker_id: str,
+        tools: ToolRegistry | None = None,
+        providers: ProviderFactory = default_provider_factory,
+        prices: PriceTable | None = None,
+        config: EngineConfig = EngineConfig(),
+        fanout: FanoutLauncher | None = None,
+        secrets: SecretSource | None = None,
+        mcp: McpServers | None = None,
+    ) -> None:
+        self.store = store
+        self.worker_id = worker_id
+        self.tools = tools if tools is not None else default_registry()
+        self.secrets: SecretSource = secrets if secrets is not None else Secrets.from_env()
+        self.providers = providers
+        self.prices = prices or load_price_table()
+        self.config = config
+        self.fanout = fanout
+        self.windows = store.windows.with_default(config.default_tenant_limits)
+        self._requests = RequestBuilder(self.tools, self.secrets, mcp)
+        self._holds = BudgetHolds(store, self.prices, config, self._requests)
+        writer = StepWriter(store, config)
+        self._llm_turn = LLMTurn(store, self.windows, providers, self.prices, self._holds, self._requests, writer)
+        caller = ToolCaller(store, self._requests, self.secrets)
+        self._tool_turn = ToolTurn(store, config, caller, fanout, writer, self._holds, self._requests)
+
+    def run(
+        self,
+        task_id: str,
+        *,
+        deadline: float | None = None,
+        keeper: KeeperFactory | None = None,
+        on_beat: Callable[[], None] | None = None,
+        stop: threading.Event | None = None,
+    ) -> RunResult:
+        """Run ``task_id`` until it ends, loses its lease, or ``deadline`` draws near.
+
+        ``keeper`` replaces the per-task heartbeat thread (the worker's shared heartbeat);
+        ``on_beat`` is called on every heartbeat of the default one. Every line logged
+        meanwhile, in this thread or the threads it starts, carries the task id and the step.
+        """
+        with observe.task_context(task_id=task_id, worker_id=self.worker_id):
+            return self._run(task_id, deadline=deadline, keeper=keeper, on_beat=on_beat, stop=stop)
+
+    def _run(
+        self,
+        task_id: str,
+        *,
+        deadline: float | None,
+        keeper: KeeperFactory | None,
+        on_beat: Callable[[], None] | None,
+        stop: threading.Event | None,
+    ) -> RunResult:
+        sent = time.monotonic()
+        claimed = self.store.tasks.claim(task_id, self.worker_id, self.config.lease_seconds)
+        claim_seconds = time.monotonic() - sent
+        if claimed is None:
+            return RunResult(task_id, "not_claimed")
+        lease, task = claimed
+        observe.bind(lease_epoch=lease.epoch)
+        crash_point("after_claim")
+        # The lease is kept alive from here, before the reads that rebuild the session: on a
+        # loaded store they can take a good part of the lease.
+        held = LeaseState(lease=lease, claim_seconds=claim_seconds)
+        session = Session(held=held, task=task, steps=[], messages=[], deadline=deadline, stop=stop)
+        guard = (
+            keeper(held)
+            if keeper
+            else LeaseKeeper(self.store, held, self.config.lease_seconds, self.config.heartbeat_interval, on_beat)
+        )
+        resumed_from = 0
+        with guard:
+            try:
+                # What the claim found committed, from the latest compaction on: nothing before
+                # it is sent again, so nothing before it is read.
+                steps = self.store.steps.load(task_id, upto=task.step, since=task.compacted_at)
+                resumed_from = steps[-1].number if steps else 0
+                session.steps = list(steps)
+                session.earlier_turns = task.llm_steps - session.llm_turns
+                session.goal = self._goal(task)
+                session.messages = conversation(session.goal, steps, task.submission.output_schema)
+                session.limits = self.windows.limits(task.tenant)
+                self._holds.take_over(session)
+                result = self._loop(session)
+            except HoldsInFlight as exc:
+                result = self._defer(session, exc.wait)
+            except LeaseLost as exc:
+                result = lease_lost(task_id, exc)
+            except DETERMINISTIC_FAULTS as exc:
+                result = self._fail_on_fault(session, exc)
+            except Exception:  # an outage: give the lease back, so the redelivery can claim at once
+                self._give_back(session)
+                raise
+        result.steps_committed = session.committed
+        result.resumed_from_step = resumed_from
+        result.claimed = task
+        if result.status is not None and result.status.terminal:
+            live = [h.until for h in session.task.lapsed_holds.values() if h.until]
+            result.lapsed_until = max(live, default=None)
+        return result
+
+    def _loop(self, s: Session) -> RunResult:
+        while True:
+            observe.bind(step=s.next_step)
+            s.held.check()
+            last = s.steps[-1].body if s.steps else None
+            if isinstance(last, LLMStep) and last.tool_uses():
+                parked = self._tool_turn.run(s, last)
+                if parked is not None:
+                    return parked
+                if s.task.status.terminal:
+                    return RunResult(s.task_id, "finished", status=s.task.status)
+                continue
+            if isinstance(last, LLMStep) and not (
+                s.task.submission.output_schema is not None and not s.task.status.terminal
+            ):  # already finished: committed with its terminal status
+                return RunResult(s.task_id, "finished", status=s.task.status)
+            stop = stop_reason(s, self.config.slice_margin_seconds)
+            if stop == "slice":
+                # The next call will not start under this lease: its hold goes back now, known
+                # unspent, rather than counted until its deadline by the next claim.
+                self._holds.hand_back(s)
+                return RunResult(s.task_id, "continue")
+            if stop is not None:
+                return finish_without_step(self.store, self._holds, s, stop)
+            ended = self._llm_turn.run(s)
+            if ended is not None:
+                return ended
+
+    def _goal(self, task: Task) -> str:
+        """The task's goal, followed by the results of the tasks it depends on (immutable once
+        they succeeded, so every claim rebuilds the same first message)."""
+        if not task.submission.depends_on:
+            return task.submission.goal
+        found = {t.task_id: t for t in self.store.tasks.get_many(task.submission.depends_on)}
+        return dependency_goal(task.submission.goal, [found[i] for i in task.submission.depends_on if i in found])
+
+    def release_lapsed_holds(self, task: Task) -> float:
+        """Return the lapsed holds of ``task`` (ended or not) whose calls can no longer
+        complete; the seconds until the last live one can (0: none is left)."""
+        return max(self._holds.return_lapsed(task).live, default=0.0)
+
+    def _defer(self, s: Session, wait: float) -> RunResult:
+        """Give the lease back and come back when the lapsed hold's call can no longer complete."""
+        self.store.tasks.release(s.lease)
+        log.info("task %s deferred %.1fs: a lost lease's call may still be charged", s.task_id, wait)
+        return RunResult(
+            s.task_id,
+            "deferred",
+            error={"code": "call_in_flight", "message": str(HoldsInFlight(wait)), "retry_after": wait},
+        )
+
+    def _fail_on_fault(self, s: Session, exc: Exception) -> RunResult:
+        """A fault that running the task again would meet again (``DETERMINISTIC_FAULTS``):
+        the task ends ``failed`` with it now, so its status says why and a parent wakes."""
+        log.exception("task %s failed: %s", s.task_id, type(exc).__name__)
+        error = fault_error(exc)
+        try:
+            self._holds.release(s)
+            self.store.tasks.transition(
+                s.task_id, TaskStatus.FAILED, lease=s.lease, result=final_text(s.messages), error=error
+            )
+        except LeaseLost as lost:
+            return lease_lost(s.task_id, lost)
+        s.task = s.task.model_copy(update={"status": TaskStatus.FAILED})
+        return RunResult(s.task_id, "finished", status=TaskStatus.FAILED, error=error)
+
+    def _give_back(self, s: Session) -> None:
+        """The reservation and the lease back, as after a retryable provider error (a later
+        claim would return a reservation left behind anyway, see ``BudgetHolds.take_over``)."""
+        try:
+            self._holds.hand_back(s)
+        except Exception:  # lost, or the store is what failed: the lease lapses by itself
+            log.debug("could not give task %s back", s.task_id, exc_info=True)

@@ -1,0 +1,158 @@
+"""One worker's hold on one task, in two parts with different owners.
+
+``LeaseState`` is what the heartbeat shares with the loop (its own thread, or the worker's
+shared heartbeat in ``queueing.heartbeat``): the lease it renews, the flag it raises when a
+renewal is refused, the commit on the wire that renews the lease anyway, and the live text a
+streamed call publishes. ``Session`` is the run's own state, touched by the loop's thread only:
+the task as last written, the committed steps and the conversation they make.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from agentq.core.errors import LeaseLost
+from agentq.core.flow import Admission
+from agentq.core.models import Lease, StepRecord, Task
+from agentq.core.ports import EngineStorage
+from agentq.core.tenancy import TenantLimits
+from agentq.core.tools import ToolRegistry
+
+log = logging.getLogger("agentq.engine")
+
+
+@dataclass
+class LeaseState:
+    """What the heartbeat and the loop share: written by both, each field by one side at a time."""
+
+    lease: Lease
+    lost: threading.Event = field(default_factory=threading.Event)
+    claim_seconds: float = 0.0  # how long the claim's conditional write took (the worker sizes its intake on it)
+    commit_sent_at: float | None = None  # a step commit is on the wire: it renews (or ends) the lease
+    live_text: str | None = None  # a streamed call's text so far, which the heartbeat publishes
+
+    def check(self) -> None:
+        """Raise ``LeaseLost`` if the heartbeat learned that another worker holds the task."""
+        if self.lost.is_set():
+            raise LeaseLost(f"lease epoch {self.lease.epoch} of task {self.lease.task_id} could not be extended")
+
+
+@dataclass
+class Session:
+    """The run's conversation state: the task as this run last wrote it, its committed steps
+    and the messages they make; read and written by the loop's thread only."""
+
+    held: LeaseState
+    task: Task
+    steps: list[StepRecord]
+    messages: list[dict[str, Any]]
+    deadline: float | None
+    committed: int = 0
+    stop: threading.Event | None = None  # set by a worker shutting down: end at the next step boundary
+    limits: TenantLimits | None = None  # the tenant's hourly window, read once per claim
+    tools: ToolRegistry | None = None  # the worker's tools plus the task's MCP tools (RequestBuilder.registry)
+    # The context of the next step, worked out once per step (the reservation's estimate,
+    # the request and the step record all need it; each costs a pass over the conversation).
+    context: tuple[int, list[dict[str, Any]], int, bool] | None = None
+    earlier_turns: int = 0  # LLM turns before the steps loaded (a resume starts at the latest compaction)
+    short_of: Literal["tokens", "money"] = "tokens"  # what the budget lacked when a hold was refused
+    admission: Admission | None = None  # fleet flow control's answer for the call in progress (core.flow)
+    goal: str = ""  # the first message: the submission's goal, with its dependencies' results (core.dependencies)
+
+    @property
+    def lease(self) -> Lease:
+        return self.held.lease
+
+    @property
+    def task_id(self) -> str:
+        return self.held.lease.task_id
+
+    @property
+    def next_step(self) -> int:
+        return self.steps[-1].number + 1 if self.steps else 1
+
+    @property
+    def llm_turns(self) -> int:
+        return self.earlier_turns + sum(1 for s in self.steps if s.body.kind == "llm")
+
+    @property
+    def economy(self) -> bool:
+        return self.task.submission.constraints.economy
+
+
+class LeaseKeeper:
+    """Extends the lease in the background; a failed extension marks the lease lost.
+
+    ``on_beat`` runs after each successful extension (the SQS adapter extends the message's
+    visibility there). One thread per task: right for Lambda and single-task runs; the
+    long-running worker shares one heartbeat thread across all its tasks instead.
+    """
+
+    def __init__(
+        self,
+        store: EngineStorage,
+        held: LeaseState,
+        lease_seconds: float,
+        interval: float,
+        on_beat: Callable[[], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.held = held
+        self.lease_seconds = lease_seconds
+        self.interval = interval
+        self.on_beat = on_beat
+        self._stop = threading.Event()
+        # Started in the task's context, so its log lines name the task and step too.
+        self._thread = threading.Thread(
+            target=contextvars.copy_context().run,
+            args=(self._run,),
+            name=f"lease-{held.lease.task_id[:8]}",
+            daemon=True,
+        )
+
+    def __enter__(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.held.lease = self.store.tasks.extend_lease(
+                    self.held.lease, self.lease_seconds, live_text=self.held.live_text
+                )
+                if self.on_beat is not None:
+                    self.on_beat()
+            except LeaseLost:
+                log.warning("lease lost for task %s", self.held.lease.task_id)
+                self.held.lost.set()
+                return
+            except Exception:  # network blip: the next beat may succeed before expiry
+                log.exception("heartbeat failed for task %s", self.held.lease.task_id)
+
+
+# What keeps a run's lease alive: given the shared lease state, a context manager around the run.
+KeeperFactory = Callable[[LeaseState], AbstractContextManager[Any]]
+
+
+class TaskNotes:
+    """Notes seen by tools: reads are free, writes are fenced by the worker's lease."""
+
+    def __init__(self, store: EngineStorage, held: LeaseState) -> None:
+        self.store = store
+        self.held = held
+
+    def read_note(self, key: str) -> str | None:
+        return self.store.notes.read(self.held.lease.task_id, key)
+
+    def write_note(self, key: str, value: str) -> None:
+        self.store.notes.write(self.held.lease, key, value)

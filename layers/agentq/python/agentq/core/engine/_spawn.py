@@ -1,0 +1,134 @@
+"""The spawn turn: sub-agents created once, their execution started once, the parent parked in
+``waiting`` until the fan-out wakes it, then the children's ends turned into one tool result.
+
+The SPAWN record is written (fenced) with the children's shares taken from the parent's budget
+in the same transaction, so a parent killed anywhere in the spawn resumes it without creating a
+child twice or taking a share twice (ARCHITECTURE 5); the other calls of the turn run before it
+and their outcomes are kept on the record.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from agentq import observe
+from agentq.core.engine._operation import RecordedOperation, Settled
+from agentq.core.engine._session import Session, TaskNotes
+from agentq.core.engine._tool_call import ToolCaller, error_outcome
+from agentq.core.engine.conversation import conversation, final_text, task_tools
+from agentq.core.engine.result import RunResult
+from agentq.core.errors import BudgetExceeded, IllegalTransition
+from agentq.core.fanout import (
+    SPAWN_TOOL,
+    FanoutLauncher,
+    SpawnRejected,
+    child_outcome,
+    parse_spawn_input,
+    plan_children,
+    render_spawn_result,
+)
+from agentq.core.models import TaskStatus, ToolOutcome
+from agentq.core.ports import EngineStorage
+from agentq.core.pricing import NO_MONEY_CAP
+from agentq.core.records import SpawnRecord
+
+
+class Spawn(RecordedOperation[SpawnRecord, "list[ToolOutcome] | RunResult"]):
+    after_create = "after_spawn"
+
+    def __init__(
+        self,
+        store: EngineStorage,
+        fanout: FanoutLauncher,
+        tools: ToolCaller,
+        s: Session,
+        uses: list[dict[str, Any]],
+        spawn_use: dict[str, Any],
+        decided: dict[str, ToolOutcome],
+    ) -> None:
+        self.store, self.fanout, self.tools, self.s = store, fanout, tools, s
+        self.uses, self.spawn_use, self.decided = uses, spawn_use, decided
+
+    def check(self) -> SpawnRecord | None:
+        return self.store.spawns.get(self.s.task_id, self.spawn_use["id"])
+
+    def create(self) -> None:
+        """Run the turn's other calls, then write the record with the children planned from
+        what is left of the budget; a spawn the limits or the budget refuse settles the turn
+        with the refusal as the spawn's result."""
+        s, uses, spawn_use = self.s, self.uses, self.spawn_use
+        allowlist = task_tools(s.task.submission)
+        notes = TaskNotes(self.store, s.held)
+        pending = [
+            self.decided.get(use["id"]) or self.tools.call(s, use, allowlist, notes)
+            if use["name"] != SPAWN_TOOL
+            else error_outcome(use, f"only one {SPAWN_TOOL} call is carried out per turn")
+            for use in uses
+            if use is not spawn_use
+        ]
+        try:
+            spec = parse_spawn_input(spawn_use.get("input") or {})
+            budget = self.store.budgets.get(s.task.budget_id)
+            money = budget.available_micros if budget.cap_micros < NO_MONEY_CAP else None
+            plans = plan_children(s.task, spawn_use["id"], spec, budget.available, available_micros=money)
+            max_concurrency = spec.max_concurrency or len(plans)
+            self.store.spawns.create(s.lease, s.task, spawn_use["id"], plans, pending, max_concurrency)
+        except (SpawnRejected, BudgetExceeded) as exc:
+            if isinstance(exc, BudgetExceeded):
+                observe.record_budget_refusal("task")
+            refused = error_outcome(spawn_use, str(exc))
+            by_id = {o.tool_use_id: o for o in [*pending, refused]}
+            raise Settled([by_id[u["id"]] for u in uses]) from None
+
+    def check_again(self) -> SpawnRecord | None:
+        record = self.check()
+        assert record is not None, "a spawn record just written must be readable"
+        return record
+
+    def act(self, record: SpawnRecord | None) -> list[ToolOutcome] | RunResult:
+        assert record is not None
+        task, spawn_id = self.s.task, self.spawn_use["id"]
+        if record.state == "creating":  # a crash cut the child writes short: redo them
+            self.store.spawns.write_children(task, spawn_id, record.plans)
+        children = self.store.tasks.get_many(record.children)
+        if not record.execution_arn:
+            arn = self.fanout.start(
+                parent=task,
+                spawn_id=spawn_id,
+                children=[(c.task_id, c.submission.constraints.timeout_seconds) for c in children],
+                max_concurrency=record.max_concurrency,
+            )
+            self.store.spawns.mark(task.task_id, spawn_id, execution_arn=arn)
+        if not record.woken and not all(c.status.terminal for c in children):
+            self.store.tasks.transition(task.task_id, TaskStatus.WAITING, lease=self.s.lease)
+            self.s.task = task.model_copy(update={"status": TaskStatus.WAITING})
+            return RunResult(task.task_id, "waiting", status=TaskStatus.WAITING)
+        entries = []
+        for child in children:
+            ended = child  # as it ended, after a timeout is recorded
+            timed_out = not child.status.terminal
+            if timed_out:  # its execution iteration gave up: stop it where it stands
+                partial = final_text(conversation(child.submission.goal, self.store.steps.load(child.task_id)))
+                try:
+                    self.store.tasks.transition(
+                        child.task_id,
+                        TaskStatus.TIMED_OUT,
+                        result=partial,
+                        error={"code": "timeout", "message": "sub-agent deadline passed"},
+                    )
+                    ended = child.model_copy(update={"result": partial})
+                except IllegalTransition:
+                    ended = self.store.tasks.get(child.task_id)
+                    timed_out = ended.status is TaskStatus.TIMED_OUT or not ended.status.terminal
+            self.store.budgets.settle_child(task.budget_id, child.task_id)
+            entries.append(child_outcome(ended, timed_out=timed_out))
+        spawn_outcome = ToolOutcome(
+            tool_use_id=spawn_id,
+            name=SPAWN_TOOL,
+            content=render_spawn_result(entries),
+            started_at=record.created_at,
+            duration_ms=int((time.time() - record.created_at) * 1000),
+        )
+        by_id = {o.tool_use_id: o for o in [*record.pending, spawn_outcome]}
+        return [by_id[u["id"]] for u in self.uses]

@@ -1,0 +1,48 @@
+"""Why the next LLM call must not start (a cap, the task's timeout, the end of a time slice or
+a worker shutting down), and what the task's error then says. Pure: read by the loop before
+each call and by the tools turn, whose commit ends the task in the same write when it must."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from agentq.core.engine._session import Session
+from agentq.core.models import TaskStatus
+
+Stop = TaskStatus | Literal["slice"]
+
+
+def stop_reason(s: Session, slice_margin_seconds: float) -> Stop | None:
+    """Why the next LLM call must not start: a cap, the task timeout, or the time slice."""
+    constraints = s.task.submission.constraints
+    now = time.time()
+    if s.llm_turns >= constraints.max_steps:
+        return TaskStatus.COST_EXCEEDED
+    started = s.task.started_at or now
+    if now >= started + constraints.timeout_seconds:
+        return TaskStatus.TIMED_OUT
+    if s.deadline is not None and now >= s.deadline - slice_margin_seconds:
+        return "slice"
+    if s.stop is not None and s.stop.is_set():
+        return "slice"
+    return None
+
+
+def stop_error(s: Session, status: TaskStatus) -> dict[str, Any]:
+    c = s.task.submission.constraints
+    if status is TaskStatus.TIMED_OUT:
+        return {"code": "timeout", "message": f"task ran past its timeout of {c.timeout_seconds}s"}
+    if s.llm_turns >= c.max_steps:
+        return {"code": "max_steps_exceeded", "message": f"task used all {c.max_steps} steps"}
+    if s.short_of == "money":
+        root = c.max_cost_usd if s.task.parent_id is None else None
+        cap = f" (${root})" if root is not None else ""
+        return {
+            "code": "budget_exceeded",
+            "message": f"money budget of the root task is exhausted{cap}: the next call could cost more than is left",
+        }
+    return {
+        "code": "budget_exceeded",
+        "message": f"token budget of the root task is exhausted (cap {c.max_tokens})",
+    }

@@ -1,0 +1,199 @@
+"""One tool call of a turn: a side-effecting one runs at most once (ARCHITECTURE 3).
+
+Its effect record is begun, fenced, before the tool runs and finished after: a worker that finds
+a record begun by another never runs the tool again (the model reads ``unknown_outcome``, or the
+recorded result when it was finished). A tool whose calls keep failing fleet-wide has its
+circuit opened (``core.flow``) and is not run while it is open.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from agentq import observe
+from agentq.core.context import RECALL_TOOL
+from agentq.core.engine._operation import RecordedOperation
+from agentq.core.engine._request import RequestBuilder
+from agentq.core.engine._session import Session, TaskNotes
+from agentq.core.faults import crash_point
+from agentq.core.flow import Admission
+from agentq.core.models import ToolOutcome, ToolsStep
+from agentq.core.ports import EngineStorage
+from agentq.core.records import EffectRecord
+from agentq.core.secrets import SecretSource
+from agentq.core.tools import ToolContext, idempotency_key_for
+
+
+class ToolCaller:
+    def __init__(self, store: EngineStorage, requests: RequestBuilder, secrets: SecretSource) -> None:
+        self.store = store
+        self.requests = requests
+        self.secrets = secrets
+
+    def call(self, s: Session, use: dict[str, Any], allowlist: list[str], notes: TaskNotes) -> ToolOutcome:
+        if use["name"] == RECALL_TOOL:
+            return recalled(self.store, s, use)
+        spec = self.requests.registry(s).get(use["name"])
+        side_effects = bool(spec and spec.side_effects and use["name"] in allowlist)
+        circuit = f"tool/{use['name']}"
+        admission = self.store.flow.admit(circuit, 0, 0) if spec is not None else None
+        if admission is not None and not admission.ok:  # it failed repeatedly, fleet-wide: not run, not started
+            return error_outcome(
+                use,
+                f"tool {use['name']!r} is unavailable: it failed repeatedly and its circuit is open; try again in "
+                f"{admission.wait:.0f}s, or do without it",
+            )
+        started = time.time()
+        if side_effects:
+            return SideEffect(self, s, use, allowlist, notes, admission, started).run()
+        return self.execute(s, use, allowlist, notes, admission, started, side_effects=False)
+
+    def execute(
+        self,
+        s: Session,
+        use: dict[str, Any],
+        allowlist: list[str],
+        notes: TaskNotes,
+        admission: Admission | None,
+        started: float,
+        *,
+        side_effects: bool,
+    ) -> ToolOutcome:
+        ctx = ToolContext(
+            task_id=s.task_id,
+            tool_use_id=use["id"],
+            idempotency_key=idempotency_key_for(s.task_id, use["id"]),
+            notes=notes,
+            deadline=tool_deadline(s),
+            secrets=self.secrets,
+        )
+        registry = self.requests.registry(s)
+        with observe.tool_call(
+            use["name"], registered=registry.get(use["name"]) is not None, call_id=use["id"], task_id=s.task_id,
+            step=s.next_step,
+        ) as call:  # fmt: skip
+            run = registry.execute(use["name"], use.get("input") or {}, ctx, allowlist)
+            call.finished(run.status, run.is_error)
+        crash_point("after_tool_run")
+        if admission is not None:
+            if run.tool_failed:
+                self.store.flow.failed(f"tool/{use['name']}", admission)
+            else:
+                self.store.flow.succeeded(f"tool/{use['name']}", admission)
+        return ToolOutcome(
+            tool_use_id=use["id"],
+            name=use["name"],
+            content=run.content,
+            is_error=run.is_error,
+            status=run.status,
+            side_effects=side_effects,
+            started_at=started,
+            duration_ms=run.duration_ms,
+        )
+
+
+class SideEffect(RecordedOperation[EffectRecord, ToolOutcome]):
+    """A side-effecting call: begin (fenced; answers with an earlier worker's record if there
+    is one), crash point, then run and finish, or replay what the earlier worker recorded."""
+
+    after_create = "after_effect_begin"
+
+    def __init__(
+        self,
+        caller: ToolCaller,
+        s: Session,
+        use: dict[str, Any],
+        allowlist: list[str],
+        notes: TaskNotes,
+        admission: Admission | None,
+        started: float,
+    ) -> None:
+        self.caller, self.s, self.use = caller, s, use
+        self.allowlist, self.notes, self.admission, self.started = allowlist, notes, admission, started
+        self._prior: EffectRecord | None = None
+
+    def check(self) -> EffectRecord | None:
+        return None  # the begin is the check: one conditional write that answers with a prior record
+
+    def create(self) -> None:
+        self._prior = self.caller.store.effects.begin(self.s.lease, self.use["id"], self.use["name"])
+
+    def check_again(self) -> EffectRecord | None:
+        return self._prior
+
+    def act(self, record: EffectRecord | None) -> ToolOutcome:
+        if record is not None:
+            return prior_effect(self.use, record, self.started)
+        outcome = self.caller.execute(
+            self.s, self.use, self.allowlist, self.notes, self.admission, self.started, side_effects=True
+        )
+        self.caller.store.effects.finish(self.s.lease, self.use["id"], outcome)
+        crash_point("after_effect_finish")
+        return outcome
+
+
+def prior_effect(use: dict[str, Any], prior: EffectRecord, started: float) -> ToolOutcome:
+    """A side-effecting call that an earlier worker already started: never run it again."""
+    if prior.state == "done":
+        return ToolOutcome(
+            tool_use_id=use["id"],
+            name=use["name"],
+            content=prior.content or "",
+            is_error=prior.is_error,
+            status="replayed",
+            side_effects=True,
+            started_at=started,
+            duration_ms=0,
+        )
+    return ToolOutcome(
+        tool_use_id=use["id"],
+        name=use["name"],
+        content=(
+            f"outcome unknown: tool '{use['name']}' was started by a worker that stopped before "
+            "recording its result. It was NOT run again, to avoid repeating a side effect. "
+            "Check its effect before deciding whether to retry."
+        ),
+        is_error=True,
+        status="unknown_outcome",
+        side_effects=True,
+        started_at=started,
+        duration_ms=0,
+    )
+
+
+def tool_deadline(s: Session) -> float | None:
+    started = s.task.started_at or time.time()
+    deadlines = [started + s.task.submission.constraints.timeout_seconds]
+    if s.deadline is not None:
+        deadlines.append(s.deadline)
+    return min(deadlines)
+
+
+def recalled(store: EngineStorage, s: Session, use: dict[str, Any]) -> ToolOutcome:
+    """``recall``: a tool result cleared from the context, read from the task's own steps
+    (those before the latest compaction from the store: a resumed session does not hold them)."""
+    wanted = (use.get("input") or {}).get("tool_use_id")
+    first = s.steps[0].number if s.steps else 1
+    for steps in (s.steps, store.steps.load(s.task_id, upto=first - 1) if first > 1 else []):
+        for record in steps:
+            if isinstance(record.body, ToolsStep):
+                for result in record.body.results:
+                    if result.tool_use_id == wanted:
+                        return ToolOutcome(
+                            tool_use_id=use["id"], name=RECALL_TOOL, content=result.content,
+                            is_error=result.is_error, started_at=time.time(), duration_ms=0,
+                        )  # fmt: skip
+    return error_outcome(use, f"no tool result with id {wanted!r} in this task")
+
+
+def error_outcome(use: dict[str, Any], message: str) -> ToolOutcome:
+    return ToolOutcome(
+        tool_use_id=use["id"],
+        name=use["name"],
+        content=message,
+        is_error=True,
+        status="error",
+        started_at=time.time(),
+        duration_ms=0,
+    )

@@ -1,0 +1,108 @@
+"""The tools turn: the calls the committed LLM step asked for, then one commit of their results.
+
+The commit also ends the task when the next call must not start (a cap, the timeout), or holds
+the budget for that call in the same write, saving a round trip per turn. A spawn may park the
+task in ``waiting`` instead, and a call that needs a person's decision in ``paused``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from agentq.core.engine._approvals import decisions
+from agentq.core.engine._commit import StepWriter
+from agentq.core.engine._holds import BudgetHolds
+from agentq.core.engine._request import RequestBuilder
+from agentq.core.engine._session import Session, TaskNotes
+from agentq.core.engine._spawn import Spawn
+from agentq.core.engine._stops import stop_error, stop_reason
+from agentq.core.engine._tool_call import ToolCaller
+from agentq.core.engine.config import EngineConfig
+from agentq.core.engine.conversation import conversation, final_text, task_tools
+from agentq.core.engine.result import RunResult
+from agentq.core.errors import BudgetExceeded
+from agentq.core.fanout import SPAWN_TOOL, FanoutLauncher
+from agentq.core.faults import crash_point
+from agentq.core.models import LLMStep, StepRecord, TaskStatus, ToolOutcome, ToolsStep
+from agentq.core.ports import EngineStorage
+from agentq.core.reservation import Reservation
+
+
+class ToolTurn:
+    def __init__(
+        self,
+        store: EngineStorage,
+        config: EngineConfig,
+        tools: ToolCaller,
+        fanout: FanoutLauncher | None,
+        writer: StepWriter,
+        holds: BudgetHolds,
+        requests: RequestBuilder,
+    ) -> None:
+        self.store, self.config, self.tools, self.fanout = store, config, tools, fanout
+        self.writer, self.holds, self.requests = writer, holds, requests
+
+    def run(self, s: Session, llm: LLMStep) -> RunResult | None:
+        """Run the turn's tool calls and commit their results (None), or park the task."""
+        allowlist = task_tools(s.task.submission)
+        uses = llm.tool_uses()
+        decided = decisions(self.store, s, uses, allowlist)
+        if isinstance(decided, RunResult):
+            return decided
+        spawns = [u for u in uses if u["name"] == SPAWN_TOOL and SPAWN_TOOL in allowlist and u["id"] not in decided]
+        outcomes: list[ToolOutcome]
+        if spawns and self.fanout is not None:
+            spawned = Spawn(self.store, self.fanout, self.tools, s, uses, spawns[0], decided).run()
+            if isinstance(spawned, RunResult):
+                return spawned
+            outcomes = spawned
+        else:
+            notes = TaskNotes(self.store, s.held)
+            outcomes = []
+            for use in uses:
+                s.held.check()
+                outcomes.append(decided.get(use["id"]) or self.tools.call(s, use, allowlist, notes))
+        s.held.check()
+        body = ToolsStep(results=outcomes)
+        messages = conversation(
+            s.goal or s.task.submission.goal, [*s.steps, _draft(s, body)], s.task.submission.output_schema
+        )
+        record = self._commit(s, body, messages)
+        self.writer.committed(s, record, messages)
+        crash_point("after_tools_commit")
+        return None
+
+    def _commit(self, s: Session, body: ToolsStep, messages: list[dict[str, Any]]) -> StepRecord:
+        """Commit the tool results, and in the same write either end the task (cap, timeout)
+        or reserve tokens for the next LLM call, saving one round trip per turn."""
+        number = s.next_step
+        preview = Session(
+            s.held, s.task, [*s.steps, _draft(s, body)], messages, s.deadline, earlier_turns=s.earlier_turns
+        )
+        stop = stop_reason(preview, self.config.slice_margin_seconds)
+        if isinstance(stop, TaskStatus):
+            error = stop_error(preview, stop)
+            record = self.writer.commit(s, body, finish=stop, result=final_text(messages), error=error)
+            s.task = s.task.model_copy(update={"status": stop})
+            return record
+        reserve = money = 0
+        if stop is None:
+            est_in, reserve = self.requests.wanted_reservation(preview)
+            money = self.holds.hold_micros(preview, reserve, est_in)
+        until = self.holds.hold_until(s)
+        try:
+            record = self.writer.commit(
+                s, body, reserve_next=reserve, reserve_next_micros=money, hold_until=until if reserve else None
+            )
+        except BudgetExceeded:
+            record = self.writer.commit(s, body)
+            reserve = 0
+        if reserve:
+            held = Reservation(amount=reserve, epoch=s.lease.epoch, step=number + 1, until=until, micros=money)
+            s.task = s.task.model_copy(update={"inflight": held})
+        return record
+
+
+def _draft(s: Session, body: ToolsStep) -> StepRecord:
+    return StepRecord(task_id=s.task_id, number=s.next_step, epoch=s.lease.epoch, committed_at=time.time(), body=body)

@@ -1,0 +1,23 @@
+"""The engine's settings (``runtime.build_engine`` reads them from the environment)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS
+from agentq.core.tenancy import TenantLimits
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    lease_seconds: float = 30.0
+    heartbeat_seconds: float | None = None  # default: a third of the lease
+    slice_margin_seconds: float = 30.0  # stop this long before the caller's deadline
+    default_tenant_limits: TenantLimits | None = None  # for tenants without limits of their own
+    # The longest a provider call (its retries included) can take to complete. A hold stays
+    # counted that long after its call could have started, even if its worker lost the lease.
+    max_call_seconds: float = DEFAULT_MAX_CALL_SECONDS
+
+    @property
+    def heartbeat_interval(self) -> float:
+        return self.heartbeat_seconds or self.lease_seconds / 3

@@ -1,0 +1,83 @@
+"""The conversation as the committed steps define it: pure functions of the steps and the task.
+
+Rebuilt, never stored: the steps are the truth, so a resumed worker, a fork (``control``) and
+the trace all derive the same messages from the same steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from agentq.core.context import resumed_goal
+from agentq.core.models import CompactStep, Constraints, LLMStep, StepRecord, TaskSubmission
+from agentq.core.output import FINAL_ANSWER_TOOL, answer_of, feedback
+from agentq.core.providers import LLMRequest
+
+# Input estimate: 3 characters a token over the JSON of the request. Claude averages about
+# 3.5-4 on English and JSON, so this over-reserves slightly and the budget cap holds.
+ESTIMATE_CHARS_PER_TOKEN = 3
+
+
+def conversation(
+    goal: str, steps: list[StepRecord], output_schema: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """Messages API history rebuilt from committed steps: the goal, then each step's turn
+    (with an ``output_schema``, a text answer that was not valid is followed by the feedback
+    the model was given, derived again from the step: ``core.output``). A compaction starts
+    it again from the goal and its summary (``core.context``)."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": goal}]
+    for record in steps:
+        body = record.body
+        if isinstance(body, CompactStep):
+            summary = body.text()
+            if summary:  # a compaction that wrote nothing leaves the conversation as it was
+                messages = [{"role": "user", "content": resumed_goal(goal, summary)}]
+        elif isinstance(body, LLMStep):
+            messages.append({"role": "assistant", "content": body.content})
+            if output_schema is not None and not body.tool_uses() and not answer_of(output_schema, body.content)[0]:
+                messages.append({"role": "user", "content": feedback(output_schema, body.content)})
+        else:
+            messages.append(
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": r.tool_use_id,
+                            "content": r.content,
+                            "is_error": r.is_error,
+                        }
+                        for r in body.results
+                    ],
+                }
+            )
+    return messages
+
+
+def final_text(messages: list[dict[str, Any]]) -> str | None:
+    """The last thing the assistant said in words: the result, or the partial result."""
+    for message in reversed(messages):
+        if message["role"] != "assistant":
+            continue
+        texts = [b["text"] for b in message["content"] if b.get("type") == "text" and b.get("text")]
+        if texts:
+            return "\n".join(texts)
+    return None
+
+
+def estimate_input_tokens(request: LLMRequest) -> int:
+    text = json.dumps([request.system, request.messages, request.tools], separators=(",", ":"))
+    return math.ceil(len(text) / ESTIMATE_CHARS_PER_TOKEN) + 16
+
+
+def task_tools(submission: TaskSubmission) -> list[str]:
+    """The tools a task's model is offered: its allowed ones, and final_answer with an output schema."""
+    offered = offered_tools(submission.constraints)
+    return [*offered, FINAL_ANSWER_TOOL] if submission.output_schema is not None else offered
+
+
+def offered_tools(constraints: Constraints) -> list[str]:
+    """The tools a task's model is shown and may run: its allowlist without the denied ones."""
+    return [name for name in constraints.tools if constraints.tool_policies.get(name) != "deny"]

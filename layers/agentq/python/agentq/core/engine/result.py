@@ -1,0 +1,36 @@
+"""What a run of a task ends with: the adapters (SQS worker, Lambda executor) act on it.
+
+Its own module, importing nothing of the engine, so that ``observe`` (which reports it) and the
+adapters can name it without importing the loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from agentq.core.errors import LeaseLost
+from agentq.core.models import Task, TaskStatus
+
+Outcome = Literal["finished", "continue", "retry", "deferred", "lease_lost", "not_claimed", "stopped", "waiting"]
+
+
+@dataclass
+class RunResult:
+    task_id: str
+    outcome: Outcome
+    status: TaskStatus | None = None
+    steps_committed: int = 0
+    resumed_from_step: int = 0
+    error: dict[str, Any] | None = None
+    claimed: Task | None = None  # the task as this run claimed it (latency figures)
+    # Ended while an older epoch's call may still be charged: its hold goes back after this.
+    lapsed_until: float | None = None
+    approval_due: float | None = None  # paused on an approval that takes its default at this time
+    batch_poll: float | None = None  # waiting on a batch (economy): look at it again in this many seconds
+
+
+def lease_lost(task_id: str, exc: LeaseLost) -> RunResult:
+    """Fenced out: by a cancel (the status moved: ``stopped``) or by another worker."""
+    status = exc.details.get("status")
+    return RunResult(task_id, "stopped" if status is not None else "lease_lost", status=status, error=exc.to_dict())
