@@ -374,3 +374,39 @@ def test_a_call_answered_after_the_heartbeat_lost_the_lease_is_charged_once_as_a
     assert len(orphans) == 1 and orphans[0].call.usage.total == delivered[0]
     assert budget.used == sum(delivered) and budget.reserved == 0
     assert store.steps.load(task.task_id) == []
+
+
+def test_a_run_deferred_behind_a_lapsed_hold_after_losing_its_lease_ends_lease_lost_in_one_log_line(
+    store: Storage, registry: ToolRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found under chaos: the budget cannot cover the next call while an older epoch's call may
+    still be charged (the run defers), and meanwhile another worker took the task over. Giving
+    the lease back is then refused: the run ends ``lease_lost`` (an expected race), no traceback."""
+    import contextlib
+
+    task = store.tasks.create(scripted([{"text": "never said"}], max_tokens=5_000), tenant="t")
+    dead, _ = store.tasks.claim(task.task_id, "dead", 0.05)  # type: ignore[misc]
+    store.budgets.reserve(dead, task.task_id, 4_990, 1, until=time.time() + 60)  # its call may complete for a minute
+    wait_for_claimable = store.tasks.get  # the dead worker's lease lapses after 0.05 s
+    from tests.helpers import wait_for
+
+    wait_for(lambda: wait_for_claimable(task.task_id).lease_expires < time.time(), what="the dead lease lapses")
+
+    real_get = store.tasks.get
+    taken: list[bool] = []
+
+    def get_then_lose_the_lease(task_id: str) -> Any:
+        found = real_get(task_id)
+        if not taken:  # the read that finds the live lapsed hold: a rival takes the task over now
+            wait_for(lambda: store.tasks.claim(task_id, "rival", 30) is not None, what="the rival's claim")
+            taken.append(True)
+        return found
+
+    store.tasks.get = get_then_lose_the_lease  # type: ignore[method-assign]
+    with caplog.at_level("INFO", logger="agentq"):
+        result = Engine(store, worker_id="w2", tools=registry, config=EngineConfig(lease_seconds=0.05)).run(
+            task.task_id, keeper=lambda _: contextlib.nullcontext()
+        )
+    assert taken and result.outcome == "lease_lost", result
+    assert not [r for r in caplog.records if r.exc_info], "an expected race logs no traceback"
+    assert store.budgets.get(task.task_id).reserved == 4_990  # the lapsed hold stays counted until its deadline

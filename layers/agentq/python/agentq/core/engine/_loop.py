@@ -187,8 +187,16 @@ class Engine:
         return max(self._holds.return_lapsed(task).live, default=0.0)
 
     def _defer(self, s: Session, wait: float) -> RunResult:
-        """Give the lease back and come back when the lapsed hold's call can no longer complete."""
-        self.store.tasks.release(s.lease)
+        """Give the lease back and come back when the lapsed hold's call can no longer complete.
+
+        The lease may have been taken over meanwhile (the wait is for an older epoch's call, so
+        this run may itself be slow): then there is nothing to give back, and the run ends
+        ``lease_lost`` like any other fenced-out run (an expected race: one log line)."""
+        try:
+            self.store.tasks.release(s.lease)
+        except LeaseLost as lost:
+            log.info("task %s: lease taken over while deferring for a lapsed hold", s.task_id)
+            return lease_lost(s.task_id, lost)
         log.info("task %s deferred %.1fs: a lost lease's call may still be charged", s.task_id, wait)
         return RunResult(
             s.task_id,
