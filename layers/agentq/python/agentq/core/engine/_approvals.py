@@ -17,26 +17,26 @@ from agentq.core.engine._session import Session
 from agentq.core.engine._tool_call import error_outcome
 from agentq.core.engine.result import RunResult
 from agentq.core.models import TaskStatus, ToolOutcome
-from agentq.core.ports import EngineStorage
+from agentq.core.ports import ApprovalBook
 from agentq.core.records import ApprovalRecord
 
 
 class Decision(RecordedOperation[ApprovalRecord, "ApprovalRecord | RunResult"]):
     """The stored decision on one call, or ask for it (fenced) and park the task in ``paused``."""
 
-    def __init__(self, store: EngineStorage, s: Session, use: dict[str, Any], question: str) -> None:
-        self.store, self.s, self.use, self.question = store, s, use, question
+    def __init__(self, approvals: ApprovalBook, s: Session, use: dict[str, Any], question: str) -> None:
+        self.approvals, self.s, self.use, self.question = approvals, s, use, question
         self._asked: ApprovalRecord | None = None  # asked before, not decided yet (a resumed worker)
 
     def check(self) -> ApprovalRecord | None:
-        record = self.store.approvals.get(self.s.task_id, self.use["id"])
+        record = self.approvals.get(self.s.task_id, self.use["id"])
         if record is not None and record.state != "pending":
             return record
         self._asked = record
         return None
 
     def create(self) -> None:
-        self.store.approvals.request(self.s.lease, self.use["id"], self.question)
+        self.approvals.request(self.s.lease, self.use["id"], self.question)
 
     def check_again(self) -> ApprovalRecord | None:
         return None  # just asked: nobody has decided yet
@@ -54,7 +54,7 @@ class Decision(RecordedOperation[ApprovalRecord, "ApprovalRecord | RunResult"]):
 
 
 def decisions(
-    store: EngineStorage, s: Session, uses: list[dict[str, Any]], allowlist: list[str]
+    book: ApprovalBook, s: Session, uses: list[dict[str, Any]], allowlist: list[str]
 ) -> dict[str, ToolOutcome] | RunResult:
     """The outcomes a person decided for this turn's calls, or park the task in ``paused``
     until the next decision is made.
@@ -70,7 +70,7 @@ def decisions(
     if approvals:
         use = approvals[0]
         question = str((use.get("input") or {}).get("question") or "(no question given)")
-        record = Decision(store, s, use, question).run()
+        record = Decision(book, s, use, question).run()
         if isinstance(record, RunResult):
             return record
         decided[use["id"]] = decision_outcome(use, record, record.asked_at, time.time())
@@ -87,7 +87,7 @@ def decisions(
             continue
         shown = json.dumps(use.get("input") or {}, sort_keys=True)
         question = f"Run {use['name']} with {shown}?"[:4000]
-        record = Decision(store, s, use, question).run()
+        record = Decision(book, s, use, question).run()
         if isinstance(record, RunResult):
             return record
         if record.state != "approved":

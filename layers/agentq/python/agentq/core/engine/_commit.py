@@ -11,14 +11,14 @@ from agentq import observe
 from agentq.core.engine._session import Session
 from agentq.core.engine.config import EngineConfig
 from agentq.core.models import CompactStep, LLMStep, StepRecord
-from agentq.core.ports import EngineStorage
+from agentq.core.ports import StepLog
 
 log = logging.getLogger("agentq.engine")
 
 
 class StepWriter:
-    def __init__(self, store: EngineStorage, config: EngineConfig) -> None:
-        self.store = store
+    def __init__(self, steps: StepLog, config: EngineConfig) -> None:
+        self.steps = steps
         self.config = config
 
     def commit(self, s: Session, body: Any, **kwargs: Any) -> StepRecord:
@@ -28,7 +28,7 @@ class StepWriter:
         s.held.commit_sent_at = time.time()
         until = None if kwargs.get("finish") else s.held.commit_sent_at + self.config.lease_seconds
         try:
-            record = self.store.steps.commit(
+            record = self.steps.commit(
                 s.lease, s.next_step, body, root_id=s.task.budget_id, lease_until=until, **kwargs
             )
         finally:

@@ -20,7 +20,7 @@ from agentq.core.engine._session import Session
 from agentq.core.engine.config import EngineConfig
 from agentq.core.errors import BudgetExceeded
 from agentq.core.models import Task
-from agentq.core.ports import EngineStorage
+from agentq.core.ports import BudgetLedger, TaskLeases
 from agentq.core.pricing import PriceTable
 from agentq.core.providers.base import BATCH_PRICE_RATIO, BATCH_WINDOW_SECONDS
 from agentq.core.records import NO_USAGE, BudgetDelta
@@ -54,9 +54,15 @@ class LapsedHolds:
 
 class BudgetHolds:
     def __init__(
-        self, store: EngineStorage, prices: PriceTable, config: EngineConfig, requests: RequestBuilder
+        self,
+        budgets: BudgetLedger,
+        tasks: TaskLeases,
+        prices: PriceTable,
+        config: EngineConfig,
+        requests: RequestBuilder,
     ) -> None:
-        self.store = store
+        self.budgets = budgets
+        self.tasks = tasks
         self.prices = prices
         self.config = config
         self.requests = requests
@@ -69,9 +75,7 @@ class BudgetHolds:
         live, returned = [], False
         for held in task.lapsed_holds.values():
             if held.lapsed_by(now):
-                returned |= self.store.budgets.return_lapsed(
-                    task.task_id, task.budget_id, held, parent_id=task.parent_id
-                )
+                returned |= self.budgets.return_lapsed(task.task_id, task.budget_id, held, parent_id=task.parent_id)
             else:
                 live.append(held.until - now if held.until is not None else 0.0)
         return LapsedHolds(returned, live)
@@ -94,11 +98,11 @@ class BudgetHolds:
         current, batch = task.inflight, task.batch
         if current and batch and current.epoch == int(batch["epoch"]) != s.lease.epoch:
             # The hold of the batched call this task waited on: its result is settled by this run.
-            self.store.budgets.adopt(s.lease, current)
+            self.budgets.adopt(s.lease, current)
             s.task = task.model_copy(update={"inflight": current.moved_to(epoch=s.lease.epoch)})
         elif current and current.epoch != s.lease.epoch:
             if not current.lapsed_by(now):
-                self.store.budgets.set_aside(s.lease, current)
+                self.budgets.set_aside(s.lease, current)
                 log.info(
                     "task %s: epoch %s's call may complete until %.3f; its hold stays counted",
                     task.task_id, current.epoch, current.until,
@@ -114,7 +118,7 @@ class BudgetHolds:
         """Return the held reservation, exactly once (see ``EngineStorage.settle_orphan``)."""
         held = s.task.inflight
         if held:
-            self.store.budgets.settle_orphan(
+            self.budgets.settle_orphan(
                 s.task_id,
                 s.task.budget_id,
                 BudgetDelta(
@@ -145,7 +149,7 @@ class BudgetHolds:
         self.release(s)
         amount = self._try_hold(s, est_in, wanted)
         if amount is None:
-            lapsed = self.return_lapsed(self.store.tasks.get(s.task_id))
+            lapsed = self.return_lapsed(self.tasks.get(s.task_id))
             wait = min(lapsed.live, default=0.0)
             if wait > 0:  # a lost lease's call may still be charged: wait for it, never overshoot
                 raise HoldsInFlight(wait)
@@ -160,7 +164,7 @@ class BudgetHolds:
             self._hold(s, wanted, est_in)
             return wanted
         except BudgetExceeded:
-            state = self.store.budgets.get(s.task.budget_id)
+            state = self.budgets.get(s.task.budget_id)
             affordable = est_in + self._affordable_output(s, est_in, state.available_micros)
             amount = min(wanted, state.available, affordable)
             s.short_of = "money" if affordable < min(wanted, state.available) else "tokens"
@@ -201,7 +205,7 @@ class BudgetHolds:
     def _hold(self, s: Session, amount: int, est_in: int) -> None:
         until = self.hold_until(s)
         money = self.hold_micros(s, amount, est_in)
-        self.store.budgets.reserve(s.lease, s.task.budget_id, amount, s.next_step, until=until, micros=money)
+        self.budgets.reserve(s.lease, s.task.budget_id, amount, s.next_step, until=until, micros=money)
         held = Reservation(amount=amount, epoch=s.lease.epoch, step=s.next_step, until=until, micros=money)
         s.task = s.task.model_copy(update={"inflight": held})
 
@@ -217,7 +221,7 @@ class BudgetHolds:
         held = s.task.inflight
         if held and (held.until is None or start + self.config.max_call_seconds > held.until):
             new_until = start + CALL_START_SLACK_SECONDS + self.config.max_call_seconds
-            self.store.budgets.extend_hold(
+            self.budgets.extend_hold(
                 s.lease, Reservation(held.amount, s.lease.epoch, held.step, micros=held.micros), new_until
             )
             s.task = s.task.model_copy(update={"inflight": held.moved_to(until=new_until)})
@@ -226,4 +230,4 @@ class BudgetHolds:
         """The hold and the lease back: the run ends before its next call (a slice, a
         deferral), and both are known unspent, so neither waits for a deadline."""
         self.release(s)
-        self.store.tasks.release(s.lease)
+        self.tasks.release(s.lease)

@@ -29,7 +29,7 @@ from agentq.core.faults import crash_point
 from agentq.core.flow import flow_key
 from agentq.core.models import CallStep, CompactStep, LLMStep, RetryState, TaskStatus
 from agentq.core.output import answer_of, feedback
-from agentq.core.ports import EngineStorage, TenantWindowsPort
+from agentq.core.ports import BudgetLedger, FlowPort, StepLog, TaskLeases, TenantWindowsPort
 from agentq.core.pricing import PriceTable, micros
 from agentq.core.providers import LLMRequest, LLMResponse, ProviderFactory
 from agentq.core.providers.base import (
@@ -54,7 +54,10 @@ DEFERRAL_MESSAGES = {
 class LLMTurn:
     def __init__(
         self,
-        store: EngineStorage,
+        tasks: TaskLeases,
+        steps: StepLog,
+        budgets: BudgetLedger,
+        flow: FlowPort,
         windows: TenantWindowsPort,
         providers: ProviderFactory,
         prices: PriceTable,
@@ -62,7 +65,8 @@ class LLMTurn:
         requests: RequestBuilder,
         writer: StepWriter,
     ) -> None:
-        self.store, self.windows, self.providers, self.prices = store, windows, providers, prices
+        self.tasks, self.steps, self.budgets, self.flow = tasks, steps, budgets, flow
+        self.windows, self.providers, self.prices = windows, providers, prices
         self.holds, self.requests, self.writer = holds, requests, writer
 
     def run(self, s: Session) -> RunResult | None:
@@ -73,7 +77,7 @@ class LLMTurn:
         reserved = self.holds.reserve(s)
         if reserved is None:
             observe.record_budget_refusal("task")
-            return finish_without_step(self.store, self.holds, s, TaskStatus.COST_EXCEEDED)
+            return finish_without_step(self.tasks, self.holds, s, TaskStatus.COST_EXCEEDED)
         crash_point("after_reserve")
         window = None
         held_usd = s.task.inflight.micros if s.task.inflight else 0
@@ -137,7 +141,7 @@ class LLMTurn:
         if sub.provider == "scripted" or s.economy:  # no provider to protect; batches queue at the provider
             return None
         est_in, wanted = self.requests.wanted_reservation(s)
-        admission = self.store.flow.admit(flow_key(sub.provider, sub.model), est_in, wanted - est_in)
+        admission = self.flow.admit(flow_key(sub.provider, sub.model), est_in, wanted - est_in)
         if admission.ok:
             s.admission = admission
             return None
@@ -166,18 +170,16 @@ class LLMTurn:
             sub = s.task.submission
             key = flow_key(sub.provider, sub.model)
             if exc.status_code == 429 and exc.retry_after:
-                self.store.flow.slow_down(key, exc.retry_after)
-            if self.store.flow.failed(key, s.admission):
+                self.flow.slow_down(key, exc.retry_after)
+            if self.flow.failed(key, s.admission):
                 # Open: the task waits for the circuit, not for the DLQ.
-                self.store.tasks.release(s.lease, forget_batch=s.task.batch is not None)
-                wait = self.store.flow.cooldown_seconds
+                self.tasks.release(s.lease, forget_batch=s.task.batch is not None)
+                wait = self.flow.cooldown_seconds
                 return RunResult(s.task_id, "deferred", error={**error, "code": "circuit_open", "retry_after": wait})
         if exc.retryable:
-            self.store.tasks.release(s.lease, forget_batch=s.task.batch is not None)
+            self.tasks.release(s.lease, forget_batch=s.task.batch is not None)
             return RunResult(s.task_id, "retry", error=error)
-        self.store.tasks.transition(
-            s.task_id, TaskStatus.FAILED, lease=s.lease, result=final_text(s.messages), error=error
-        )
+        self.tasks.transition(s.task_id, TaskStatus.FAILED, lease=s.lease, result=final_text(s.messages), error=error)
         return RunResult(s.task_id, "finished", status=TaskStatus.FAILED, error=error)
 
     def _batched(
@@ -210,7 +212,7 @@ class LLMTurn:
     def _park_for_batch(self, s: Session, record: dict[str, Any], window: Any) -> RunResult:
         if window is not None:  # the tenant window counts the call when its result is in
             self.windows.settle(window, 0)
-        self.store.tasks.transition(s.task_id, TaskStatus.WAITING, lease=s.lease, extra={"batch": record})
+        self.tasks.transition(s.task_id, TaskStatus.WAITING, lease=s.lease, extra={"batch": record})
         s.task = s.task.model_copy(update={"status": TaskStatus.WAITING, "batch": record})
         log.info("task %s: turn %s sent as batch %s", s.task_id, record["step"], record["id"])
         return RunResult(s.task_id, "waiting", status=TaskStatus.WAITING, batch_poll=batch_poll_seconds(record))
@@ -231,9 +233,9 @@ class LLMTurn:
         if s.admission is not None:
             sub, usage = s.task.submission, response.usage
             key = flow_key(sub.provider, sub.model)
-            self.store.flow.succeeded(key, s.admission)
+            self.flow.succeeded(key, s.admission)
             # Against a provider's input limit count uncached and cache-write tokens, not reads.
-            self.store.flow.settle(
+            self.flow.settle(
                 key, s.admission, usage.input_tokens + usage.cache_creation_input_tokens, usage.output_tokens
             )
         cost = self._cost(s, response.model or request.model, request.model, response)
@@ -278,10 +280,10 @@ class LLMTurn:
         except LeaseLost:
             # The provider answered, so the tokens are spent whoever owns the task now, and
             # whoever learned of the lost lease: the ledger gets them once, as an orphan.
-            self.store.budgets.settle_orphan(
+            self.budgets.settle_orphan(
                 s.task_id, s.task.budget_id, settle, inflight_epoch=s.lease.epoch, parent_id=s.task.parent_id
             )
-            self.store.steps.record_orphan(s.lease, s.next_step, step)
+            self.steps.record_orphan(s.lease, s.next_step, step)
             if window is not None:
                 self.windows.settle(window, response.usage.total, micros(cost))
             raise
@@ -346,9 +348,9 @@ class LLMTurn:
         )
         if notice.status_code == 429 and s.admission is not None:  # the whole fleet slows down, not only this call
             sub = s.task.submission
-            self.store.flow.slow_down(flow_key(sub.provider, sub.model), notice.delay)
+            self.flow.slow_down(flow_key(sub.provider, sub.model), notice.delay)
         try:
-            self.store.tasks.record_retry(s.task_id, state, lease=s.lease)
+            self.tasks.record_retry(s.task_id, state, lease=s.lease)
             self.holds.cover(s, now + notice.delay)  # the next attempt is a call of its own
         except LeaseLost:
             # Lost: no further attempt starts, so none can be answered past its hold's deadline.
@@ -358,12 +360,12 @@ class LLMTurn:
             log.warning("could not record the retry of task %s", s.task_id, exc_info=True)
 
 
-def finish_without_step(store: EngineStorage, holds: BudgetHolds, s: Session, status: TaskStatus) -> RunResult:
+def finish_without_step(tasks: TaskLeases, holds: BudgetHolds, s: Session, status: TaskStatus) -> RunResult:
     """End the task before its next call (a cap, the timeout): the hold goes back, the status
     and the partial result are written under the lease."""
     holds.release(s)
     error = stop_error(s, status)
-    store.tasks.transition(s.task_id, status, lease=s.lease, result=final_text(s.messages), error=error)
+    tasks.transition(s.task_id, status, lease=s.lease, result=final_text(s.messages), error=error)
     s.task = s.task.model_copy(update={"status": status})
     return RunResult(s.task_id, "finished", status=status, error=error)
 

@@ -20,6 +20,7 @@ from agentq.core.engine._holds import BudgetHolds, HoldsInFlight
 from agentq.core.engine._llm_turn import LLMTurn, finish_without_step
 from agentq.core.engine._request import RequestBuilder
 from agentq.core.engine._session import KeeperFactory, LeaseKeeper, LeaseState, Session
+from agentq.core.engine._spawn import SpawnPorts
 from agentq.core.engine._stops import stop_reason
 from agentq.core.engine._tool_call import ToolCaller
 from agentq.core.engine._tool_turn import ToolTurn
@@ -64,11 +65,18 @@ class Engine:
         self.fanout = fanout
         self.windows = store.windows.with_default(config.default_tenant_limits)
         self._requests = RequestBuilder(self.tools, self.secrets, mcp)
-        self._holds = BudgetHolds(store, self.prices, config, self._requests)
-        writer = StepWriter(store, config)
-        self._llm_turn = LLMTurn(store, self.windows, providers, self.prices, self._holds, self._requests, writer)
-        caller = ToolCaller(store, self._requests, self.secrets)
-        self._tool_turn = ToolTurn(store, config, caller, fanout, writer, self._holds, self._requests)
+        # Each part gets the storage ports it uses, no more (core.ports).
+        self._holds = BudgetHolds(store.budgets, store.tasks, self.prices, config, self._requests)
+        writer = StepWriter(store.steps, config)
+        self._llm_turn = LLMTurn(
+            store.tasks, store.steps, store.budgets, store.flow, self.windows, providers, self.prices, self._holds,
+            self._requests, writer,
+        )  # fmt: skip
+        caller = ToolCaller(store.flow, store.effects, store.notes, store.steps, self._requests, self.secrets)
+        spawning = SpawnPorts(store.spawns, store.budgets, store.tasks, store.steps)
+        self._tool_turn = ToolTurn(
+            store.approvals, spawning, config, caller, fanout, writer, self._holds, self._requests
+        )
 
     def run(
         self,
@@ -112,7 +120,7 @@ class Engine:
         guard = (
             keeper(held)
             if keeper
-            else LeaseKeeper(self.store, held, self.config.lease_seconds, self.config.heartbeat_interval, on_beat)
+            else LeaseKeeper(self.store.tasks, held, self.config.lease_seconds, self.config.heartbeat_interval, on_beat)
         )
         resumed_from = 0
         with guard:
@@ -168,7 +176,7 @@ class Engine:
                 self._holds.hand_back(s)
                 return RunResult(s.task_id, "continue")
             if stop is not None:
-                return finish_without_step(self.store, self._holds, s, stop)
+                return finish_without_step(self.store.tasks, self._holds, s, stop)
             ended = self._llm_turn.run(s)
             if ended is not None:
                 return ended

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from agentq.core.errors import LeaseLost
 from agentq.core.flow import Admission
 from agentq.core.models import Lease, StepRecord, Task
-from agentq.core.ports import EngineStorage
+from agentq.core.ports import NoteBook, TaskLeases
 from agentq.core.tenancy import TenantLimits
 from agentq.core.tools import ToolRegistry
 
@@ -96,13 +96,13 @@ class LeaseKeeper:
 
     def __init__(
         self,
-        store: EngineStorage,
+        tasks: TaskLeases,
         held: LeaseState,
         lease_seconds: float,
         interval: float,
         on_beat: Callable[[], None] | None = None,
     ) -> None:
-        self.store = store
+        self.tasks = tasks
         self.held = held
         self.lease_seconds = lease_seconds
         self.interval = interval
@@ -127,7 +127,7 @@ class LeaseKeeper:
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             try:
-                self.held.lease = self.store.tasks.extend_lease(
+                self.held.lease = self.tasks.extend_lease(
                     self.held.lease, self.lease_seconds, live_text=self.held.live_text
                 )
                 if self.on_beat is not None:
@@ -147,12 +147,12 @@ KeeperFactory = Callable[[LeaseState], AbstractContextManager[Any]]
 class TaskNotes:
     """Notes seen by tools: reads are free, writes are fenced by the worker's lease."""
 
-    def __init__(self, store: EngineStorage, held: LeaseState) -> None:
-        self.store = store
+    def __init__(self, notes: NoteBook, held: LeaseState) -> None:
+        self.notes = notes
         self.held = held
 
     def read_note(self, key: str) -> str | None:
-        return self.store.notes.read(self.held.lease.task_id, key)
+        return self.notes.read(self.held.lease.task_id, key)
 
     def write_note(self, key: str, value: str) -> None:
-        self.store.notes.write(self.held.lease, key, value)
+        self.notes.write(self.held.lease, key, value)

@@ -10,11 +10,12 @@ and their outcomes are kept on the record.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from agentq import observe
 from agentq.core.engine._operation import RecordedOperation, Settled
-from agentq.core.engine._session import Session, TaskNotes
+from agentq.core.engine._session import Session
 from agentq.core.engine._tool_call import ToolCaller, error_outcome
 from agentq.core.engine.conversation import conversation, final_text, task_tools
 from agentq.core.engine.result import RunResult
@@ -29,9 +30,20 @@ from agentq.core.fanout import (
     render_spawn_result,
 )
 from agentq.core.models import TaskStatus, ToolOutcome
-from agentq.core.ports import EngineStorage
+from agentq.core.ports import BudgetLedger, SpawnBook, StepLog, TaskLeases
 from agentq.core.pricing import NO_MONEY_CAP
 from agentq.core.records import SpawnRecord
+
+
+@dataclass(frozen=True)
+class SpawnPorts:
+    """What a spawn reads and writes: its record, the parent's budget, the children's tasks and
+    (for a child cut off at its deadline) their steps."""
+
+    spawns: SpawnBook
+    budgets: BudgetLedger
+    tasks: TaskLeases
+    steps: StepLog
 
 
 class Spawn(RecordedOperation[SpawnRecord, "list[ToolOutcome] | RunResult"]):
@@ -39,7 +51,7 @@ class Spawn(RecordedOperation[SpawnRecord, "list[ToolOutcome] | RunResult"]):
 
     def __init__(
         self,
-        store: EngineStorage,
+        ports: SpawnPorts,
         fanout: FanoutLauncher,
         tools: ToolCaller,
         s: Session,
@@ -47,11 +59,11 @@ class Spawn(RecordedOperation[SpawnRecord, "list[ToolOutcome] | RunResult"]):
         spawn_use: dict[str, Any],
         decided: dict[str, ToolOutcome],
     ) -> None:
-        self.store, self.fanout, self.tools, self.s = store, fanout, tools, s
+        self.ports, self.fanout, self.tools, self.s = ports, fanout, tools, s
         self.uses, self.spawn_use, self.decided = uses, spawn_use, decided
 
     def check(self) -> SpawnRecord | None:
-        return self.store.spawns.get(self.s.task_id, self.spawn_use["id"])
+        return self.ports.spawns.get(self.s.task_id, self.spawn_use["id"])
 
     def create(self) -> None:
         """Run the turn's other calls, then write the record with the children planned from
@@ -59,7 +71,7 @@ class Spawn(RecordedOperation[SpawnRecord, "list[ToolOutcome] | RunResult"]):
         with the refusal as the spawn's result."""
         s, uses, spawn_use = self.s, self.uses, self.spawn_use
         allowlist = task_tools(s.task.submission)
-        notes = TaskNotes(self.store, s.held)
+        notes = self.tools.notes_for(s)
         pending = [
             self.decided.get(use["id"]) or self.tools.call(s, use, allowlist, notes)
             if use["name"] != SPAWN_TOOL
@@ -69,11 +81,11 @@ class Spawn(RecordedOperation[SpawnRecord, "list[ToolOutcome] | RunResult"]):
         ]
         try:
             spec = parse_spawn_input(spawn_use.get("input") or {})
-            budget = self.store.budgets.get(s.task.budget_id)
+            budget = self.ports.budgets.get(s.task.budget_id)
             money = budget.available_micros if budget.cap_micros < NO_MONEY_CAP else None
             plans = plan_children(s.task, spawn_use["id"], spec, budget.available, available_micros=money)
             max_concurrency = spec.max_concurrency or len(plans)
-            self.store.spawns.create(s.lease, s.task, spawn_use["id"], plans, pending, max_concurrency)
+            self.ports.spawns.create(s.lease, s.task, spawn_use["id"], plans, pending, max_concurrency)
         except (SpawnRejected, BudgetExceeded) as exc:
             if isinstance(exc, BudgetExceeded):
                 observe.record_budget_refusal("task")
@@ -90,8 +102,8 @@ class Spawn(RecordedOperation[SpawnRecord, "list[ToolOutcome] | RunResult"]):
         assert record is not None
         task, spawn_id = self.s.task, self.spawn_use["id"]
         if record.state == "creating":  # a crash cut the child writes short: redo them
-            self.store.spawns.write_children(task, spawn_id, record.plans)
-        children = self.store.tasks.get_many(record.children)
+            self.ports.spawns.write_children(task, spawn_id, record.plans)
+        children = self.ports.tasks.get_many(record.children)
         if not record.execution_arn:
             arn = self.fanout.start(
                 parent=task,
@@ -99,9 +111,9 @@ class Spawn(RecordedOperation[SpawnRecord, "list[ToolOutcome] | RunResult"]):
                 children=[(c.task_id, c.submission.constraints.timeout_seconds) for c in children],
                 max_concurrency=record.max_concurrency,
             )
-            self.store.spawns.mark(task.task_id, spawn_id, execution_arn=arn)
+            self.ports.spawns.mark(task.task_id, spawn_id, execution_arn=arn)
         if not record.woken and not all(c.status.terminal for c in children):
-            self.store.tasks.transition(task.task_id, TaskStatus.WAITING, lease=self.s.lease)
+            self.ports.tasks.transition(task.task_id, TaskStatus.WAITING, lease=self.s.lease)
             self.s.task = task.model_copy(update={"status": TaskStatus.WAITING})
             return RunResult(task.task_id, "waiting", status=TaskStatus.WAITING)
         entries = []
@@ -109,9 +121,9 @@ class Spawn(RecordedOperation[SpawnRecord, "list[ToolOutcome] | RunResult"]):
             ended = child  # as it ended, after a timeout is recorded
             timed_out = not child.status.terminal
             if timed_out:  # its execution iteration gave up: stop it where it stands
-                partial = final_text(conversation(child.submission.goal, self.store.steps.load(child.task_id)))
+                partial = final_text(conversation(child.submission.goal, self.ports.steps.load(child.task_id)))
                 try:
-                    self.store.tasks.transition(
+                    self.ports.tasks.transition(
                         child.task_id,
                         TaskStatus.TIMED_OUT,
                         result=partial,
@@ -119,9 +131,9 @@ class Spawn(RecordedOperation[SpawnRecord, "list[ToolOutcome] | RunResult"]):
                     )
                     ended = child.model_copy(update={"result": partial})
                 except IllegalTransition:
-                    ended = self.store.tasks.get(child.task_id)
+                    ended = self.ports.tasks.get(child.task_id)
                     timed_out = ended.status is TaskStatus.TIMED_OUT or not ended.status.terminal
-            self.store.budgets.settle_child(task.budget_id, child.task_id)
+            self.ports.budgets.settle_child(task.budget_id, child.task_id)
             entries.append(child_outcome(ended, timed_out=timed_out))
         spawn_outcome = ToolOutcome(
             tool_use_id=spawn_id,

@@ -19,25 +19,37 @@ from agentq.core.engine._session import Session, TaskNotes
 from agentq.core.faults import crash_point
 from agentq.core.flow import Admission
 from agentq.core.models import ToolOutcome, ToolsStep
-from agentq.core.ports import EngineStorage
+from agentq.core.ports import EffectLog, FlowPort, NoteBook, StepLog
 from agentq.core.records import EffectRecord
 from agentq.core.secrets import SecretSource
 from agentq.core.tools import ToolContext, idempotency_key_for
 
 
 class ToolCaller:
-    def __init__(self, store: EngineStorage, requests: RequestBuilder, secrets: SecretSource) -> None:
-        self.store = store
+    def __init__(
+        self,
+        flow: FlowPort,
+        effects: EffectLog,
+        notes: NoteBook,
+        steps: StepLog,
+        requests: RequestBuilder,
+        secrets: SecretSource,
+    ) -> None:
+        self.flow, self.effects, self.notes, self.steps = flow, effects, notes, steps
         self.requests = requests
         self.secrets = secrets
 
+    def notes_for(self, s: Session) -> TaskNotes:
+        """The notes the turn's tools see (writes fenced by the run's lease)."""
+        return TaskNotes(self.notes, s.held)
+
     def call(self, s: Session, use: dict[str, Any], allowlist: list[str], notes: TaskNotes) -> ToolOutcome:
         if use["name"] == RECALL_TOOL:
-            return recalled(self.store, s, use)
+            return recalled(self.steps, s, use)
         spec = self.requests.registry(s).get(use["name"])
         side_effects = bool(spec and spec.side_effects and use["name"] in allowlist)
         circuit = f"tool/{use['name']}"
-        admission = self.store.flow.admit(circuit, 0, 0) if spec is not None else None
+        admission = self.flow.admit(circuit, 0, 0) if spec is not None else None
         if admission is not None and not admission.ok:  # it failed repeatedly, fleet-wide: not run, not started
             return error_outcome(
                 use,
@@ -78,9 +90,9 @@ class ToolCaller:
         crash_point("after_tool_run")
         if admission is not None:
             if run.tool_failed:
-                self.store.flow.failed(f"tool/{use['name']}", admission)
+                self.flow.failed(f"tool/{use['name']}", admission)
             else:
-                self.store.flow.succeeded(f"tool/{use['name']}", admission)
+                self.flow.succeeded(f"tool/{use['name']}", admission)
         return ToolOutcome(
             tool_use_id=use["id"],
             name=use["name"],
@@ -117,7 +129,7 @@ class SideEffect(RecordedOperation[EffectRecord, ToolOutcome]):
         return None  # the begin is the check: one conditional write that answers with a prior record
 
     def create(self) -> None:
-        self._prior = self.caller.store.effects.begin(self.s.lease, self.use["id"], self.use["name"])
+        self._prior = self.caller.effects.begin(self.s.lease, self.use["id"], self.use["name"])
 
     def check_again(self) -> EffectRecord | None:
         return self._prior
@@ -128,7 +140,7 @@ class SideEffect(RecordedOperation[EffectRecord, ToolOutcome]):
         outcome = self.caller.execute(
             self.s, self.use, self.allowlist, self.notes, self.admission, self.started, side_effects=True
         )
-        self.caller.store.effects.finish(self.s.lease, self.use["id"], outcome)
+        self.caller.effects.finish(self.s.lease, self.use["id"], outcome)
         crash_point("after_effect_finish")
         return outcome
 
@@ -170,12 +182,12 @@ def tool_deadline(s: Session) -> float | None:
     return min(deadlines)
 
 
-def recalled(store: EngineStorage, s: Session, use: dict[str, Any]) -> ToolOutcome:
+def recalled(steps_log: StepLog, s: Session, use: dict[str, Any]) -> ToolOutcome:
     """``recall``: a tool result cleared from the context, read from the task's own steps
     (those before the latest compaction from the store: a resumed session does not hold them)."""
     wanted = (use.get("input") or {}).get("tool_use_id")
     first = s.steps[0].number if s.steps else 1
-    for steps in (s.steps, store.steps.load(s.task_id, upto=first - 1) if first > 1 else []):
+    for steps in (s.steps, steps_log.load(s.task_id, upto=first - 1) if first > 1 else []):
         for record in steps:
             if isinstance(record.body, ToolsStep):
                 for result in record.body.results:

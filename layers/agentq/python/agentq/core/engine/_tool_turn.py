@@ -14,8 +14,8 @@ from agentq.core.engine._approvals import decisions
 from agentq.core.engine._commit import StepWriter
 from agentq.core.engine._holds import BudgetHolds
 from agentq.core.engine._request import RequestBuilder
-from agentq.core.engine._session import Session, TaskNotes
-from agentq.core.engine._spawn import Spawn
+from agentq.core.engine._session import Session
+from agentq.core.engine._spawn import Spawn, SpawnPorts
 from agentq.core.engine._stops import stop_error, stop_reason
 from agentq.core.engine._tool_call import ToolCaller
 from agentq.core.engine.config import EngineConfig
@@ -25,14 +25,15 @@ from agentq.core.errors import BudgetExceeded
 from agentq.core.fanout import SPAWN_TOOL, FanoutLauncher
 from agentq.core.faults import crash_point
 from agentq.core.models import LLMStep, StepRecord, TaskStatus, ToolOutcome, ToolsStep
-from agentq.core.ports import EngineStorage
+from agentq.core.ports import ApprovalBook
 from agentq.core.reservation import Reservation
 
 
 class ToolTurn:
     def __init__(
         self,
-        store: EngineStorage,
+        approvals: ApprovalBook,
+        spawn_ports: SpawnPorts,
         config: EngineConfig,
         tools: ToolCaller,
         fanout: FanoutLauncher | None,
@@ -40,25 +41,26 @@ class ToolTurn:
         holds: BudgetHolds,
         requests: RequestBuilder,
     ) -> None:
-        self.store, self.config, self.tools, self.fanout = store, config, tools, fanout
+        self.approvals, self.spawn_ports = approvals, spawn_ports
+        self.config, self.tools, self.fanout = config, tools, fanout
         self.writer, self.holds, self.requests = writer, holds, requests
 
     def run(self, s: Session, llm: LLMStep) -> RunResult | None:
         """Run the turn's tool calls and commit their results (None), or park the task."""
         allowlist = task_tools(s.task.submission)
         uses = llm.tool_uses()
-        decided = decisions(self.store, s, uses, allowlist)
+        decided = decisions(self.approvals, s, uses, allowlist)
         if isinstance(decided, RunResult):
             return decided
         spawns = [u for u in uses if u["name"] == SPAWN_TOOL and SPAWN_TOOL in allowlist and u["id"] not in decided]
         outcomes: list[ToolOutcome]
         if spawns and self.fanout is not None:
-            spawned = Spawn(self.store, self.fanout, self.tools, s, uses, spawns[0], decided).run()
+            spawned = Spawn(self.spawn_ports, self.fanout, self.tools, s, uses, spawns[0], decided).run()
             if isinstance(spawned, RunResult):
                 return spawned
             outcomes = spawned
         else:
-            notes = TaskNotes(self.store, s.held)
+            notes = self.tools.notes_for(s)
             outcomes = []
             for use in uses:
                 s.held.check()
