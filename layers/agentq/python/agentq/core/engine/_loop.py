@@ -30,10 +30,10 @@ from agentq.core.engine.result import RunResult, lease_lost
 from agentq.core.errors import DETERMINISTIC_FAULTS, LeaseLost, fault_error
 from agentq.core.fanout import FanoutLauncher
 from agentq.core.faults import crash_point
-from agentq.core.models import LLMStep, Task, TaskStatus
+from agentq.core.models import LLMStep, Task, TaskStatus, TaskSubmission
 from agentq.core.ports import EngineStorage
 from agentq.core.pricing import PriceTable, load_price_table
-from agentq.core.providers import ProviderFactory, default_provider_factory
+from agentq.core.providers import LLMProvider, ProviderFactory, default_provider_factory
 from agentq.core.secrets import Secrets, SecretSource
 from agentq.core.tools import ToolRegistry, default_registry
 from agentq.core.tools.mcp import McpServers
@@ -69,7 +69,7 @@ class Engine:
         self._holds = BudgetHolds(store.budgets, store.tasks, self.prices, config, self._requests)
         writer = StepWriter(store.steps, config)
         self._llm_turn = LLMTurn(
-            store.tasks, store.steps, store.budgets, store.flow, self.windows, providers, self.prices, self._holds,
+            store.tasks, store.steps, store.budgets, store.flow, self.windows, self._provider, self.prices, self._holds,
             self._requests, writer,
         )  # fmt: skip
         caller = ToolCaller(store.flow, store.effects, store.notes, store.steps, self._requests, self.secrets)
@@ -77,6 +77,10 @@ class Engine:
         self._tool_turn = ToolTurn(
             store.approvals, spawning, config, caller, fanout, writer, self._holds, self._requests
         )
+
+    def _provider(self, submission: TaskSubmission) -> LLMProvider:
+        """``self.providers`` as it is when the call is made (an adapter may swap it)."""
+        return self.providers(submission)
 
     def run(
         self,
