@@ -1,0 +1,138 @@
+"""``agentq submit``: a task from a goal and flags (or a JSON ``--file`` they override),
+printed as its id, or followed to its end with ``--wait``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from agentq.cli.args import UsageError, add_command
+from agentq.cli.output import dump, final, follow, print_result
+from agentq.cli.target import api_client, remote
+
+
+def parse_metadata(pairs: list[str]) -> dict[str, str]:
+    from agentq.core.metadata import BadPair, parse_pairs
+
+    try:
+        return parse_pairs(pairs)
+    except BadPair as exc:
+        raise UsageError(f"--metadata takes KEY=VALUE, not {exc.pair!r}", field="metadata") from None
+
+
+def load_script(value: str) -> Any:
+    """A built-in script name as is; a file (JSON or YAML) read here and sent inline, since the
+    API cannot read the caller's files."""
+    if value.lstrip().startswith("{"):
+        try:
+            return json.loads(value)
+        except ValueError as exc:
+            raise UsageError(f"--script is not valid JSON: {exc}", field="script") from None
+    path = Path(value)
+    if not path.is_file():
+        return value
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise UsageError(f"cannot read script {value}: {exc}", field="script") from None
+
+
+def build_submission(args: argparse.Namespace) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    if args.file:
+        try:
+            body = json.loads(Path(args.file).read_text()) if args.file != "-" else json.load(sys.stdin)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"cannot read the submission from {args.file}: {exc}", field="file") from None
+        if not isinstance(body, dict):
+            raise UsageError(f"{args.file} must hold a JSON object", field="file")
+    if args.goal:
+        body["goal"] = args.goal
+    if not body.get("goal"):
+        raise UsageError('give the goal (agentq submit "...") or --file with a goal', field="goal")
+    if args.script:
+        body["script"] = load_script(args.script)
+    if getattr(args, "agent", None):
+        body["agent"] = args.agent
+    if args.provider:
+        body["provider"] = args.provider
+    elif "provider" not in body and "agent" not in body:
+        body["provider"] = "scripted" if body.get("script") is not None else "anthropic"
+    for flag, key in (("model", "model"), ("system", "system"), ("priority", "priority")):
+        if getattr(args, flag):
+            body[key] = getattr(args, flag)
+    constraints = dict(body.get("constraints") or {})
+    for flag, key in (("max_tokens", "max_tokens"), ("max_steps", "max_steps"), ("timeout", "timeout_seconds"),
+                      ("max_output_tokens", "max_output_tokens")):  # fmt: skip
+        if getattr(args, flag) is not None:
+            constraints[key] = getattr(args, flag)
+    tools = [t.strip() for item in args.tools for t in item.split(",") if t.strip()]
+    if tools:
+        constraints["tools"] = tools
+    if constraints:
+        body["constraints"] = constraints
+    if args.metadata:
+        body["metadata"] = {**(body.get("metadata") or {}), **parse_metadata(args.metadata)}
+    if getattr(args, "notify", None):
+        body["notify"] = {"url": args.notify}
+    if getattr(args, "after", None):
+        body["depends_on"] = [t for value in args.after for t in value.split(",") if t]
+    return body
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    client = api_client(args)
+    accepted = client.submit(build_submission(args), idempotency_key=args.idempotency_key)
+    if not args.wait:
+        if args.json:
+            dump(accepted)
+        else:
+            print(accepted.task_id)
+        return 0
+    print(f"submitted {accepted.task_id}", file=sys.stderr, flush=True)
+    view = follow(client, accepted.task_id, args.wait_timeout)
+    if args.json:
+        dump(view)
+    else:
+        print_result(client.result(accepted.task_id))
+    return final(view)
+
+
+def register(sub: Any) -> None:
+    submit = remote(add_command(sub, "submit", "submit a task; prints its id (--wait: follow it to the end)"))
+    submit.add_argument("goal", nargs="?", help="what the agent should achieve")
+    submit.add_argument("--file", help="a JSON submission to start from ('-' reads stdin); flags override it")
+    submit.add_argument("--provider", choices=["anthropic", "bedrock", "scripted"],
+                        help="LLM provider (default: scripted with --script, else anthropic)")  # fmt: skip
+    submit.add_argument("--model", help="model id (default: the API's)")
+    submit.add_argument(
+        "--script", help="scripted provider: a built-in script name (e.g. research) or a JSON/YAML file"
+    )
+    submit.add_argument("--system", help="system prompt")
+    submit.add_argument("--agent", help="an agent definition, NAME or NAME@VERSION (it sets model, system, tools)")
+    submit.add_argument("--max-tokens", type=int, help="token budget of the task and all its sub-agents")
+    submit.add_argument("--max-steps", type=int, help="LLM turns allowed")
+    submit.add_argument("--max-output-tokens", type=int, help="output tokens per LLM call")
+    submit.add_argument("--timeout", type=int, help="seconds the task may run in all")
+    submit.add_argument("--tools", action="append", default=[], metavar="NAME[,NAME]",
+                        help="tool allowlist (repeat or comma-separate)")  # fmt: skip
+    submit.add_argument("--priority", choices=["high", "normal", "low"], help="queue tier (default normal)")
+    submit.add_argument(
+        "--metadata", action="append", default=[], metavar="KEY=VALUE", help="a label kept with the task"
+    )
+    submit.add_argument("--notify", metavar="URL", help="an https:// URL to POST the task's end to, signed")
+    submit.add_argument("--after", action="append", default=[], metavar="TASK_ID[,TASK_ID]",
+                        help="run after these tasks succeed (depends_on); it waits blocked until then")  # fmt: skip
+    submit.add_argument("--idempotency-key", help="retry-safe: the same key and body return the same task")
+    submit.add_argument(
+        "--wait", action="store_true", help="follow the task (status changes on stderr), then print its result"
+    )
+    submit.add_argument(
+        "--wait-timeout", type=float, default=24 * 3600, help="give up waiting after this many seconds (exit 1)"
+    )
+    submit.set_defaults(func=_cmd_submit)
