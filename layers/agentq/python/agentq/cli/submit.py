@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,62 @@ def load_script(value: str) -> Any:
         raise UsageError(f"cannot read script {value}: {exc}", field="script") from None
 
 
+def constraint_value(field: str) -> Callable[[str], Any]:
+    """An argparse type for one field of the task's constraints, checked against the bounds the
+    API checks (``Constraints``), so a bad value is refused here, naming the flag, before any
+    request. A money amount stays a decimal string: a float would round it."""
+
+    def parse(text: str) -> Any:
+        from pydantic import ValidationError
+
+        from agentq.core.models import Constraints
+
+        try:
+            value = getattr(Constraints.model_validate({field: text}), field)
+        except ValidationError as exc:
+            raise argparse.ArgumentTypeError(f"{exc.errors()[0]['msg']} (got {text!r})") from None
+        return str(value) if isinstance(value, Decimal) else value
+
+    return parse
+
+
+TOOL_POLICIES = ("allow", "ask", "deny")
+
+
+def tool_policy(text: str) -> tuple[str, str]:
+    """``NAME=allow|ask|deny``, as an argparse type."""
+    name, sep, policy = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"takes NAME=allow|ask|deny, not {text!r}")
+    if policy.strip() not in TOOL_POLICIES:
+        raise argparse.ArgumentTypeError(f"the policy of {name.strip()!r} is allow, ask or deny, not {policy!r}")
+    return name.strip(), policy.strip()
+
+
+def load_output_schema(value: str) -> dict[str, Any]:
+    """A JSON Schema inline (``{...}``) or in a JSON or YAML file, checked as the API checks it."""
+    import yaml
+
+    from agentq.core.output import check_schema
+
+    inline = value.lstrip().startswith("{")
+    source = "the inline JSON" if inline else value
+    try:
+        schema = json.loads(value) if inline else yaml.safe_load(Path(value).read_text())  # JSON is YAML
+    except OSError as exc:
+        raise UsageError(f"--output-schema: cannot read {value}: {exc}", field="output_schema") from None
+    except (ValueError, yaml.YAMLError) as exc:
+        what = "not JSON" if inline else "neither JSON nor YAML"
+        raise UsageError(f"--output-schema: {source} is {what}: {exc}", field="output_schema") from None
+    if not isinstance(schema, dict):
+        raise UsageError(f"--output-schema: {source} must hold a JSON object (a schema)", field="output_schema")
+    try:
+        check_schema(schema)
+    except ValueError as exc:
+        raise UsageError(f"--output-schema: {exc}", field="output_schema") from None
+    return schema
+
+
 def build_submission(args: argparse.Namespace) -> dict[str, Any]:
     body: dict[str, Any] = {}
     if args.file:
@@ -71,6 +129,13 @@ def build_submission(args: argparse.Namespace) -> dict[str, Any]:
                       ("max_output_tokens", "max_output_tokens")):  # fmt: skip
         if getattr(args, flag) is not None:
             constraints[key] = getattr(args, flag)
+    for flag, key in (("max_cost_usd", "max_cost_usd"), ("context_threshold", "context_threshold")):
+        if getattr(args, flag, None) is not None:
+            constraints[key] = getattr(args, flag)
+    if getattr(args, "economy", False):
+        constraints["economy"] = True
+    if getattr(args, "tool_policy", None):
+        constraints["tool_policies"] = {**(constraints.get("tool_policies") or {}), **dict(args.tool_policy)}
     tools = [t.strip() for item in args.tools for t in item.split(",") if t.strip()]
     if tools:
         constraints["tools"] = tools
@@ -78,6 +143,8 @@ def build_submission(args: argparse.Namespace) -> dict[str, Any]:
         body["constraints"] = constraints
     if args.metadata:
         body["metadata"] = {**(body.get("metadata") or {}), **parse_metadata(args.metadata)}
+    if getattr(args, "output_schema", None):
+        body["output_schema"] = load_output_schema(args.output_schema)
     if getattr(args, "notify", None):
         body["notify"] = {"url": args.notify}
     if getattr(args, "after", None):
@@ -121,6 +188,19 @@ def register(sub: Any) -> None:
     submit.add_argument("--timeout", type=int, help="seconds the task may run in all")
     submit.add_argument("--tools", action="append", default=[], metavar="NAME[,NAME]",
                         help="tool allowlist (repeat or comma-separate)")  # fmt: skip
+    submit.add_argument("--tool-policy", action="append", default=[], type=tool_policy, metavar="NAME=allow|ask|deny",
+                        help="a tool's policy: allow (default), ask (each call waits for approve/reject), deny "
+                        "(repeatable)")  # fmt: skip
+    submit.add_argument("--output-schema", metavar="FILE|JSON",
+                        help="a JSON Schema the answer must validate against: a JSON/YAML file or inline JSON")  # fmt: skip
+    submit.add_argument("--max-cost-usd", type=constraint_value("max_cost_usd"), metavar="USD",
+                        help="the most the task (sub-agents included) may spend, in US dollars")  # fmt: skip
+    submit.add_argument("--economy", action="store_true",
+                        help="each LLM turn through the Message Batches API at half price, waiting minutes to hours "
+                        "(Anthropic only)")  # fmt: skip
+    submit.add_argument("--context-threshold", type=constraint_value("context_threshold"), metavar="SHARE",
+                        help="share of the context window (0.1-0.95, default 0.7) past which old tool results "
+                        "are cleared")  # fmt: skip
     submit.add_argument("--priority", choices=["high", "normal", "low"], help="queue tier (default normal)")
     submit.add_argument(
         "--metadata", action="append", default=[], metavar="KEY=VALUE", help="a label kept with the task"
