@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agentq.cli.args import add_command
+from agentq.cli.submit import SCRIPT_DOC, load_script
 from agentq.core.errors import AgentqError
 
 TOOLS_HELP = (
@@ -42,11 +43,29 @@ def _tool_modules(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(names)
 
 
+KEYLESS_SCRIPT = "first_task"  # built in; the same turns as examples/scripts/first_task.yaml
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
+    """The goal by Anthropic when there is a key, else by a script; which one is said before
+    anything starts, so a run without a key is never mistaken for a model's work."""
     from agentq.local.demo import run_goal
 
+    modules = _tool_modules(args)
+    script = load_script(args.script) if args.script else None
+    if script is not None:
+        shown = args.script if isinstance(script, str) else f"{len(script.get('turns') or [])} turns of {args.script}"
+        print(f"agentq run: running your goal with the scripted provider (script: {shown}); see {SCRIPT_DOC}")
+    elif not os.environ.get("ANTHROPIC_API_KEY"):
+        script = KEYLESS_SCRIPT
+        print(
+            f"agentq run: no ANTHROPIC_API_KEY: running your goal with the scripted provider (script: {KEYLESS_SCRIPT}, "
+            f"built in, as examples/scripts/first_task.yaml; the format: {SCRIPT_DOC}); set ANTHROPIC_API_KEY for a "
+            "real model",
+            flush=True,
+        )
     return run_goal(
-        args.goal, model=args.model, max_tokens=args.max_tokens, tool_modules=_tool_modules(args), system=args.system
+        args.goal, model=args.model, max_tokens=args.max_tokens, tool_modules=modules, system=args.system, script=script
     )
 
 
@@ -191,7 +210,9 @@ def register(sub: Any) -> None:
     )
     demo.set_defaults(func=_cmd_demo)
 
-    run = command("run", "run one goal on a fresh local stack (Anthropic if ANTHROPIC_API_KEY is set, else scripted)")
+    run = command(
+        "run", "run one goal on a fresh local stack (Anthropic if ANTHROPIC_API_KEY is set, else a script it names)"
+    )
     run.add_argument("goal", help="what the agent should achieve")
     run.add_argument(
         "--model", default=DEFAULT_MODEL, help=f"Anthropic model id (default {DEFAULT_MODEL}, as the API's)"
@@ -199,6 +220,9 @@ def register(sub: Any) -> None:
     run.add_argument("--max-tokens", type=int, default=100_000, help="token budget")
     run.add_argument("--system", help="the system prompt")
     run.add_argument("--tools", action="append", metavar="MODULE", help=TOOLS_HELP)
+    run.add_argument("--script", metavar="NAME|FILE|JSON",
+                     help=f"play the goal with this script, key or not (without a key: {KEYLESS_SCRIPT}); "
+                     f"the format: {SCRIPT_DOC}")  # fmt: skip
     run.set_defaults(func=_cmd_run)
 
     worker = command("worker", "long-poll the tier queues and run tasks (uses AGENTQ_* and AWS_* settings)")

@@ -15,6 +15,8 @@ from agentq.cli.args import UsageError, add_command
 from agentq.cli.output import dump, final, follow, print_result
 from agentq.cli.target import api_client, remote
 
+SCRIPT_DOC = "docs/SCRIPTED_PROVIDER.md"
+
 
 def parse_metadata(pairs: list[str]) -> dict[str, str]:
     from agentq.core.metadata import BadPair, parse_pairs
@@ -100,6 +102,29 @@ def load_output_schema(value: str) -> dict[str, Any]:
     return schema
 
 
+def tools_called(script: Any) -> list[str]:
+    """The tools a script calls, in order, each once: what a scripted task given no allowlist
+    is allowed, since a script calling a tool it may not run can only fail that call. A
+    built-in's name is read from this installation's copy (an unknown name: the API says so).
+    ``final_answer`` is left out: a task with an output schema is offered it anyway."""
+    from agentq.core.output import FINAL_ANSWER_TOOL
+    from agentq.core.providers.scripted import builtin_script_names
+    from agentq.core.providers.scripted import load_script as load_builtin
+
+    if isinstance(script, str) and script in builtin_script_names():
+        script = load_builtin(script).model_dump()
+    if not isinstance(script, dict) or not isinstance(script.get("turns"), list):
+        return []
+    names = [
+        call.get("name")
+        for turn in script["turns"]
+        if isinstance(turn, dict)
+        for call in turn.get("tool_calls") or []
+        if isinstance(call, dict)
+    ]
+    return [n for n in dict.fromkeys(names) if isinstance(n, str) and n and n != FINAL_ANSWER_TOOL]
+
+
 def build_submission(args: argparse.Namespace) -> dict[str, Any]:
     body: dict[str, Any] = {}
     if args.file:
@@ -139,6 +164,11 @@ def build_submission(args: argparse.Namespace) -> dict[str, Any]:
     tools = [t.strip() for item in args.tools for t in item.split(",") if t.strip()]
     if tools:
         constraints["tools"] = tools
+    elif "tools" not in constraints and "agent" not in body and body.get("provider") == "scripted":
+        tools = tools_called(body.get("script"))
+        if tools:
+            constraints["tools"] = tools
+            print(f"agentq: no --tools: allowing the tools the script calls: {', '.join(tools)}", file=sys.stderr)
     if constraints:
         body["constraints"] = constraints
     if args.metadata:
@@ -177,9 +207,10 @@ def register(sub: Any) -> None:
     submit.add_argument("--provider", choices=["anthropic", "bedrock", "scripted"],
                         help="LLM provider (default: scripted with --script, else anthropic)")  # fmt: skip
     submit.add_argument("--model", help="model id (default: the API's)")
-    submit.add_argument(
-        "--script", help="scripted provider: a built-in script name (e.g. research) or a JSON/YAML file"
-    )
+    submit.add_argument("--script", metavar="NAME|FILE|JSON",
+                        help="scripted provider, no API key: a built-in script (first_task, research), a JSON/YAML "
+                        "file or inline JSON (its tools are allowed unless --tools is given); the format: "
+                        f"{SCRIPT_DOC}")  # fmt: skip
     submit.add_argument("--system", help="system prompt")
     submit.add_argument("--agent", help="an agent definition, NAME or NAME@VERSION (it sets model, system, tools)")
     submit.add_argument("--max-tokens", type=int, help="token budget of the task and all its sub-agents")
