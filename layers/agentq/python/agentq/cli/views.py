@@ -129,7 +129,9 @@ def retry_line(retry: RetryView, *, now: float | None = None) -> str:
         f"{who} attempt {retry.attempt} of {retry.max_attempts} failed: {e.get('code')}{status}: "
         f"{cut(str(e.get('message') or ''), 160)}; next try {when(retry.next_attempt_at)}"
     )
-    return line + (f" (in {secs(max(0.0, retry.next_attempt_at - now))})" if now is not None else "")
+    if now is None:
+        return line
+    return line + (f" (in {secs(retry.next_attempt_at - now)})" if retry.next_attempt_at > now else " (due now)")
 
 
 def task_table(tasks: list[TaskSummary]) -> Table:
@@ -181,11 +183,12 @@ def event_line(event: Any, origin: float) -> Text:
         return Text.assemble(at, (what, style))
     if isinstance(event, LLMCallEvent):
         t = event.tokens
-        calls = (
-            f" → {', '.join(event.tool_calls)}"
-            if event.tool_calls
-            else (" → answer" if event.stop_reason == "end_turn" else "")
-        )
+        if event.purpose == "compaction":  # its text is a summary the conversation goes on from, not an answer
+            calls = " → compaction: the conversation goes on from its summary"
+        elif event.tool_calls:
+            calls = f" → {', '.join(event.tool_calls)}"
+        else:
+            calls = " → answer" if event.stop_reason == "end_turn" else ""
         line = Text.assemble(
             at,
             (f"step {event.step} ", "bold"),
