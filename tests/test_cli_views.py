@@ -1,11 +1,12 @@
 """What the CLI draws from the API's models, for the states that used to read wrong: a
-compaction call in the trace, a retry whose next try has come."""
+compaction call in the trace, a retry whose next try has come, an agent's MCP tools."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from agentq.api.models import LLMCallEvent, RetryView
+from agentq.api.models import AgentVersion, LLMCallEvent, RetryView
+from agentq.cli.catalogue import agent_block
 from agentq.cli.views import event_line, retry_line
 
 
@@ -38,3 +39,27 @@ def test_a_retry_whose_next_try_has_come_says_due_now_never_a_time_ago() -> None
     assert retry_line(retry, now=1_010.0).endswith("next try 1970-01-01 00:16:50Z (due now)")
     assert retry_line(retry, now=4_000.0).endswith("(due now)")
     assert retry_line(retry).endswith("next try 1970-01-01 00:16:50Z")  # the trace: no clock, no countdown
+
+
+def test_agents_show_lists_the_mcp_servers_and_the_tools_pinned_from_each() -> None:
+    def pin(server: str, name: str, read_only: bool) -> dict[str, Any]:
+        schema = {"type": "object", "properties": {}}
+        return {"server": server, "name": name, "description": f"{name} of {server}", "input_schema": schema,
+                "read_only": read_only}  # fmt: skip
+
+    agent = AgentVersion.model_validate(
+        {
+            "name": "billing", "version": 3, "created_at": 0.0, "ref": "billing@3", "model": "claude-sonnet-4-6",
+            "tools": ["note_read"], "tool_policies": {"mcp__billing__create_invoice": "ask"},
+            "mcp_servers": [{"name": "billing", "tools": ["create_invoice", "get_invoice"]}, {"name": "docs"}],
+            "mcp_tools": [pin("billing", "create_invoice", False), pin("billing", "get_invoice", True),
+                          pin("docs", "search", True)],
+        }
+    )  # fmt: skip
+    lines = agent_block(agent)
+    assert "  tools: note_read" in lines
+    assert "  mcp server billing (only create_invoice, get_invoice): 2 tool(s) pinned" in lines
+    assert "    mcp__billing__create_invoice (ask)  runs at most once  create_invoice of billing" in lines
+    assert "    mcp__billing__get_invoice  read-only  get_invoice of billing" in lines
+    assert "  mcp server docs (all its tools): 1 tool(s) pinned" in lines
+    assert "    mcp__docs__search  read-only  search of docs" in lines

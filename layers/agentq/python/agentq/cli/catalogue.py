@@ -7,12 +7,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentq.cli.args import UsageError, add_command
 from agentq.cli.output import dump
 from agentq.cli.submit import load_script
 from agentq.cli.target import api_client, remote
+
+if TYPE_CHECKING:
+    from agentq.api.models import AgentVersion
 
 
 def _read_agent_file(value: str) -> dict[str, Any]:
@@ -31,6 +34,37 @@ def _read_agent_file(value: str) -> dict[str, Any]:
     if isinstance(script, str) and value != "-" and (Path(value).parent / script).is_file():
         body["script"] = load_script(str(Path(value).parent / script))
     return body
+
+
+def agent_block(agent: AgentVersion) -> list[str]:
+    """``agentq agents show``: the version, its model, its tools with their policies, and its
+    MCP servers with the tools pinned from each when the version was created (what its tasks
+    are offered, whatever the server lists now)."""
+    from agentq.cli.views import cut, when
+
+    policies = agent.tool_policies
+
+    def with_policy(name: str) -> str:
+        return f"{name} ({policies[name]})" if name in policies else name
+
+    lines = [f"{agent.ref}  created {when(agent.created_at)}"]
+    if agent.description:
+        lines.append(f"  {agent.description}")
+    lines.append(f"  provider {agent.provider}, model {agent.model}")
+    lines.append(f"  tools: {', '.join(with_policy(t) for t in agent.tools) or '(none)'}")
+    for server in agent.mcp_servers:
+        pins = [p for p in agent.mcp_tools if p.server == server.name]
+        chosen = "all its tools" if server.tools is None else "only " + ", ".join(server.tools)
+        lines.append(f"  mcp server {server.name} ({chosen}): {len(pins)} tool(s) pinned")
+        for pin in pins:
+            hint = "read-only" if pin.read_only else "runs at most once"
+            lines.append(f"    {with_policy(pin.qualified)}  {hint}  {cut(pin.description, 80)}".rstrip())
+    limits = agent.constraints.model_dump(exclude_none=True)
+    if limits:
+        lines.append("  defaults: " + ", ".join(f"{k}={v}" for k, v in limits.items()))
+    if agent.system:
+        lines.append("  system: " + agent.system if len(agent.system) < 200 else f"  system: {agent.system[:200]}...")
+    return lines
 
 
 def _cmd_schedules(args: argparse.Namespace) -> int:
@@ -85,18 +119,7 @@ def _cmd_agents(args: argparse.Namespace) -> int:
         if args.json:
             dump(agent)
             return 0
-        policies = agent.tool_policies
-        print(f"{agent.ref}  created {when(agent.created_at)}")
-        if agent.description:
-            print(f"  {agent.description}")
-        print(f"  provider {agent.provider}, model {agent.model}")
-        tools = ", ".join(f"{t} ({policies[t]})" if t in policies else t for t in agent.tools)
-        print(f"  tools: {tools or '(none)'}")
-        limits = agent.constraints.model_dump(exclude_none=True)
-        if limits:
-            print("  defaults: " + ", ".join(f"{k}={v}" for k, v in limits.items()))
-        if agent.system:
-            print("  system: " + agent.system if len(agent.system) < 200 else f"  system: {agent.system[:200]}...")
+        print("\n".join(agent_block(agent)))
         return 0
     if args.agents_command == "versions":
         versions = client.agent_versions(args.name)
