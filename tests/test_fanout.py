@@ -380,7 +380,7 @@ def test_a_child_script_that_names_a_file_is_refused_at_spawn_and_the_model_read
     assert isinstance(body, ToolsStep)
     outcome = body.results[0]
     assert outcome.is_error and "subagents[0].script: unknown script '/etc/passwd'" in outcome.content
-    assert "built-in scripts: research" in outcome.content
+    assert "built-in scripts: first_task, research" in outcome.content
     assert store.spawns.list(root.task_id) == []  # nothing created, nothing funded
     assert store.budgets.get(root.task_id).reserved == 0
 

@@ -51,5 +51,5 @@ def test_a_reply_longer_than_max_tokens_is_cut_like_a_real_model() -> None:
 def test_built_in_scripts_load_and_unknown_ones_are_named() -> None:
     assert "research" in builtin_script_names()
     assert len(load_script("research").turns) == 8
-    with pytest.raises(ValueError, match="unknown script 'nope'; built-in scripts: research"):
+    with pytest.raises(ValueError, match="unknown script 'nope'; built-in scripts: first_task, research"):
         load_script("nope")

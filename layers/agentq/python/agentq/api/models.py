@@ -143,6 +143,18 @@ class MoneyView(ApiModel):
     available_usd: str
 
 
+class LapsedHoldView(ApiModel):
+    """Tokens (and dollars) still reserved for a call its worker started before losing the
+    lease: that call may yet complete and be charged, so the hold is kept until the latest it
+    could, then returned. Why a finished task can show a reservation for a while."""
+
+    tokens: int
+    usd: str = Field(description="the money held with it (0 without a money cap)")
+    step: int = Field(description="the step the call was for")
+    epoch: int = Field(description="the lease epoch of the worker that lost it")
+    until: float | None = Field(description="when the call can no longer complete and the hold is returned")
+
+
 class ChildrenSummary(ApiModel):
     total: int
     by_status: dict[str, int]
@@ -205,6 +217,10 @@ class TaskView(ApiModel):
         "best effort, only committed steps are durable",
     )
     retry: RetryView | None = Field(default=None, description="set while a retryable failure is being retried")
+    lapsed_holds: list[LapsedHoldView] = Field(
+        default_factory=list,
+        description="reservations kept for calls of workers that lost the lease (part of budget.reserved)",
+    )
     pending_approval: str | None = Field(description="the question a paused task waits on")
     pending_calls: list[PendingCall] = Field(
         default_factory=list,

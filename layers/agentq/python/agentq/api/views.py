@@ -18,6 +18,7 @@ from agentq.api.models import (
     TRACE_TEXT_CHARS,
     BudgetView,
     ChildrenSummary,
+    LapsedHoldView,
     LatencyView,
     LLMCallEvent,
     LLMTokens,
@@ -190,6 +191,16 @@ def task_view(store: Storage, task: Task) -> TaskView:
         error=task.error,
         activity=activity(store, task, children, question),
         retry=retry_view(task.retrying),
+        lapsed_holds=[
+            LapsedHoldView(
+                tokens=int(raw["amount"]),
+                usd=_usd(int(raw.get("usd", 0))),
+                step=int(raw["step"]),
+                epoch=epoch,
+                until=None if raw.get("until") is None else float(raw["until"]),
+            )
+            for epoch, raw in sorted(task.lapsed_holds.items())
+        ],
         pending_approval=question,
         pending_calls=pending_calls,
         parent_id=task.parent_id,

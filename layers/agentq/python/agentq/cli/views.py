@@ -70,13 +70,30 @@ def children_line(view: TaskView) -> str:
     return f"{c.total}: " + ", ".join(f"{count} {status}" for status, count in c.by_status.items())
 
 
-def budget_line(view: TaskView) -> str:
+def budget_line(view: TaskView, *, now: float | None = None) -> str:
     if view.budget is None:
         return f"{n(view.tokens.total)} tokens used of {n(view.tokens.budget)}"
     b = view.budget
     pct = 100 * b.used / b.cap if b.cap else 0
-    extra = f", {n(b.reserved)} reserved" if b.reserved else ""
-    return f"{n(b.used)} / {n(b.cap)} tokens ({pct:.1f}%){extra}"
+    return f"{n(b.used)} / {n(b.cap)} tokens ({pct:.1f}%){reserved_text(view, now=now)}"
+
+
+def reserved_text(view: TaskView, *, now: float | None = None) -> str:
+    """What the budget holds back, by why: calls in flight (``reserved``), and the holds kept
+    for calls of workers that lost the lease, which may still complete and be charged: those
+    are said as such, with when they go back, since a finished task can show them for minutes."""
+    assert view.budget is not None
+    lapsed = sum(h.tokens for h in view.lapsed_holds)
+    parts = []
+    if view.budget.reserved - lapsed > 0:
+        parts.append(f"{n(view.budget.reserved - lapsed)} reserved")
+    if lapsed:
+        until = max((h.until for h in view.lapsed_holds if h.until is not None), default=None)
+        held = f"{n(lapsed)} held for a call a lost worker may still complete"
+        if until is not None:
+            held += ", returned now" if now is not None and until <= now else f", until {when(until)}"
+        parts.append(held)
+    return "".join(f", {part}" for part in parts)
 
 
 def money_line(view: TaskView) -> str:
@@ -91,13 +108,14 @@ def money_line(view: TaskView) -> str:
 def status_block(view: TaskView) -> str:
     """``agentq status``: one fact a line, stable labels a person or a grep can read."""
     lat = view.latency
+    now = time.time()
     lines = [
         f"task      {view.task_id}",
         f"status    {view.status.value}",
         f"goal      {cut(view.goal, 100)}",
         f"model     {view.provider} / {view.model}   priority {view.priority}",
         f"steps     {view.step} ({view.llm_steps} LLM turns of at most {view.max_steps})",
-        f"tokens    {n(view.tokens.input)} in, {n(view.tokens.output)} out; budget {budget_line(view)}",
+        f"tokens    {n(view.tokens.input)} in, {n(view.tokens.output)} out; budget {budget_line(view, now=now)}",
         f"cost      ${view.cost_usd}"
         + (f" (tree ${view.budget.cost_usd})" if view.budget and view.budget.cost_usd != view.cost_usd else "")
         + money_line(view),
@@ -112,7 +130,7 @@ def status_block(view: TaskView) -> str:
     if view.activity:
         lines.append(f"activity  {view.activity}")
     if view.retry:
-        lines.append(f"retry     {retry_line(view.retry, now=time.time())}")
+        lines.append(f"retry     {retry_line(view.retry, now=now)}")
     if view.error:
         lines.append(f"error     {view.error.get('code', '')}: {view.error.get('message', '')}")
     if view.result:
@@ -129,7 +147,9 @@ def retry_line(retry: RetryView, *, now: float | None = None) -> str:
         f"{who} attempt {retry.attempt} of {retry.max_attempts} failed: {e.get('code')}{status}: "
         f"{cut(str(e.get('message') or ''), 160)}; next try {when(retry.next_attempt_at)}"
     )
-    return line + (f" (in {secs(max(0.0, retry.next_attempt_at - now))})" if now is not None else "")
+    if now is None:
+        return line
+    return line + (f" (in {secs(retry.next_attempt_at - now)})" if retry.next_attempt_at > now else " (due now)")
 
 
 def task_table(tasks: list[TaskSummary]) -> Table:
@@ -181,11 +201,12 @@ def event_line(event: Any, origin: float) -> Text:
         return Text.assemble(at, (what, style))
     if isinstance(event, LLMCallEvent):
         t = event.tokens
-        calls = (
-            f" → {', '.join(event.tool_calls)}"
-            if event.tool_calls
-            else (" → answer" if event.stop_reason == "end_turn" else "")
-        )
+        if event.purpose == "compaction":  # its text is a summary the conversation goes on from, not an answer
+            calls = " → compaction: the conversation goes on from its summary"
+        elif event.tool_calls:
+            calls = f" → {', '.join(event.tool_calls)}"
+        else:
+            calls = " → answer" if event.stop_reason == "end_turn" else ""
         line = Text.assemble(
             at,
             (f"step {event.step} ", "bold"),
@@ -274,7 +295,7 @@ def watch_view(view: TaskView, recent: list[Text]) -> RenderableType:
     )
     used = view.budget.used if view.budget else view.tokens.total
     cap = view.budget.cap if view.budget else view.tokens.budget
-    grid.add_row("tokens", _bar(used, cap, budget_line(view)))
+    grid.add_row("tokens", _bar(used, cap, budget_line(view, now=time.time())))
     grid.add_row("cost", f"${view.cost_usd}{money_line(view)}")
     grid.add_row("children", children_line(view))
     activity = view.activity or (f"finished {view.status.value}" if view.status.terminal else "-")

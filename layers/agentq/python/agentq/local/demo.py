@@ -130,15 +130,24 @@ def run_demo(*, kill_at_step: int = 6) -> int:
 
 
 def run_goal(
-    goal: str, *, model: str, max_tokens: int, tool_modules: tuple[str, ...] = (), system: str | None = None
+    goal: str,
+    *,
+    model: str,
+    max_tokens: int,
+    tool_modules: tuple[str, ...] = (),
+    system: str | None = None,
+    script: str | dict[str, Any] | None = None,
 ) -> int:
-    """One goal on the local stack: Anthropic when a key is set, the scripted agent otherwise.
-    The agent gets the built-in tools and every tool of ``tool_modules`` (yours)."""
+    """One goal on the local stack: played by ``script`` (the scripted provider) when one is
+    given, else Anthropic when a key is set, else the scripted research agent. The agent gets
+    the built-in tools and every tool of ``tool_modules`` (yours)."""
     from agentq.tool_modules import load_tool_modules
 
     yours = [spec.name for spec in load_tool_modules(tool_modules)]
-    if os.environ.get("ANTHROPIC_API_KEY"):
-        submission: dict[str, Any] = {"goal": goal, "provider": "anthropic", "model": model}
+    if script is not None:  # the caller has said which script plays the goal
+        submission: dict[str, Any] = {"goal": goal, "provider": "scripted", "script": script}
+    elif os.environ.get("ANTHROPIC_API_KEY"):
+        submission = {"goal": goal, "provider": "anthropic", "model": model}
         print(f"using Anthropic ({model})")
     else:
         submission = {"goal": goal, "provider": "scripted", "script": "research"}

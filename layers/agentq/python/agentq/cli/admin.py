@@ -1,0 +1,139 @@
+"""Operator commands that use the deployment's table and queues directly (its AGENTQ_* and
+AWS_* settings, not the HTTP API): API keys, the dead-letter queues, purging finished tasks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from agentq.cli.args import add_command
+
+
+def _cmd_keys(args: argparse.Namespace) -> int:
+    from agentq.runtime import Settings, client
+    from agentq.storage.api_keys import KeyStore
+    from agentq.storage.dynamodb import DynamoTable
+
+    settings = Settings.from_env()
+    keys = KeyStore(DynamoTable(client(settings, "dynamodb", pool=2), settings.table))
+    if args.keys_command == "create":
+        token, record = keys.create(args.tenant)
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "api_key": token,
+                        "key_id": record.key_id,
+                        "tenant": record.tenant,
+                        "created_at": record.created_at,
+                    }
+                )
+            )
+        else:
+            print(token)
+            print(f"key {record.key_id} for tenant {record.tenant!r}: store it now, it cannot be shown again "
+                  f"(revoke with: agentq keys revoke {record.key_id})", file=sys.stderr)  # fmt: skip
+        return 0
+    if args.keys_command == "revoke":
+        record = keys.revoke(args.key_id)
+        print(
+            f"revoked {record.key_id} (tenant {record.tenant!r}); API Gateway may accept it until its authorizer cache expires"
+        )
+        return 0
+    rows = keys.list(args.tenant)
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {"key_id": k.key_id, "tenant": k.tenant, "created_at": k.created_at, "revoked": k.revoked}
+                    for k in rows
+                ]
+            )
+        )
+        return 0
+    for k in rows:
+        from agentq.cli.views import when
+
+        print(f"{k.key_id}  {when(k.created_at)}  {'revoked ' + when(k.revoked_at) if k.revoked else 'active'}")
+    if not rows:
+        print(f"no keys for tenant {args.tenant!r}", file=sys.stderr)
+    return 0
+
+
+def _cmd_dlq(args: argparse.Namespace) -> int:
+    from agentq.queueing.dlq import list_dead_letters, redrive
+    from agentq.runtime import Settings, build_queues, build_store
+
+    settings = Settings.from_env()
+    queues = build_queues(settings)
+    if args.dlq_command == "list":
+        letters = list_dead_letters(queues, build_store(settings), tier=args.tier, limit=args.limit)
+        if args.json:
+            print(json.dumps([letter.__dict__ for letter in letters]))
+            return 0
+        if not letters:
+            print("no messages in the dead-letter queues")
+        for d in letters:
+            print(f"{d.tier:<7} {d.task_id or '-':<34} {d.task_status or '-':<10} {d.reason}")
+        return 0
+    reports = redrive(queues, tier=args.tier)
+    for r in reports:
+        moved = "moving asynchronously" if r.moved is None else f"{r.moved} message(s)"
+        print(f"{r.tier:<7} {moved} back to the {r.tier} queue ({r.method})")
+    return 0
+
+
+def _cmd_purge(args: argparse.Namespace) -> int:
+    from agentq.control.retention import TASK_PK_PREFIX, purge_task
+    from agentq.runtime import Settings, build_store
+
+    store = build_store(Settings.from_env(), pool=4)
+    results = []
+    for raw in args.task_ids:
+        task_id = raw.removeprefix(TASK_PK_PREFIX)  # as the stream's keys name it, or bare
+        result = purge_task(store, task_id)  # a live task raises IllegalTransition: exit 1
+        results.append(result)
+        if not args.json:
+            print(f"{task_id}: {result.items} item(s), {result.objects} payload object(s) deleted")
+    if args.json:
+        print(json.dumps([r.model_dump() for r in results]))
+    return 0
+
+
+def register(sub: Any) -> None:
+    keys = add_command(sub, "keys", "create, list or revoke API keys (talks to the table: AGENTQ_* and AWS_* settings)")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    keys_create = keys_sub.add_parser(
+        "create", help="a new key for a tenant, printed once", description="a new key for a tenant, printed once"
+    )
+    keys_create.add_argument("--tenant", required=True, help="the tenant the key acts as")
+    keys_create.add_argument("--json", action="store_true", help="print key, key_id and tenant as JSON")
+    keys_revoke = keys_sub.add_parser("revoke", help="revoke a key by its id", description="revoke a key by its id")
+    keys_revoke.add_argument("key_id", help="the key's id (key_...), as printed by create and list")
+    keys_list = keys_sub.add_parser("list", help="a tenant's key ids", description="a tenant's key ids")
+    keys_list.add_argument("--tenant", required=True, help="whose keys")
+    keys_list.add_argument("--json", action="store_true", help="print JSON")
+    keys.set_defaults(func=_cmd_keys)
+
+    dlq = add_command(sub, "dlq", "inspect or redrive the dead-letter queues (AGENTQ_* and AWS_* settings)")
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
+    dlq_list = dlq_sub.add_parser("list", help="messages in the DLQs, with their task and reason")
+    dlq_list.add_argument("--tier", choices=["high", "normal", "low"], help="one tier only")
+    dlq_list.add_argument("--limit", type=int, default=100, help="messages to show")
+    dlq_list.add_argument("--json", action="store_true", help="print JSON")
+    dlq_redrive = dlq_sub.add_parser(
+        "redrive", help="move DLQ messages back; their tasks resume from their checkpoints"
+    )
+    dlq_redrive.add_argument("--tier", choices=["high", "normal", "low"], help="one tier only")
+    dlq.set_defaults(func=_cmd_dlq)
+
+    purge = add_command(sub, "purge", "delete what finished tasks left behind: items, budget, payloads (AGENTQ_* and AWS_* settings)",
+                        "delete everything finished tasks left behind (their items, budget and S3 payloads), as the "
+                        "reaper does once TTL removed their META; refuses a task that is not finished")  # fmt: skip
+    purge.add_argument(
+        "task_ids", nargs="+", metavar="TASK_ID", help="task ids (or TASK#<id> as a stream record names them)"
+    )
+    purge.add_argument("--json", action="store_true", help="print what was deleted as JSON")
+    purge.set_defaults(func=_cmd_purge)

@@ -1,0 +1,44 @@
+"""What every command group's parser shares: the epilog (exit codes, how the API is found),
+``add_command`` that gives each subcommand that epilog and a description, and ``UsageError``,
+the error of bad usage or input (exit 2, the message naming the field)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from agentq.core.errors import AgentqError
+
+EPILOG = """\
+exit codes: 0 success; 1 the task or operation did not succeed (task failed, not found, conflict,
+API unreachable); 2 bad usage or input (the message names the field); 130 interrupted.
+
+Remote commands find the API from --url/--api-key, else --profile NAME (or $AGENTQ_PROFILE) in
+~/.config/agentq/profiles.toml, else $AGENTQ_URL/$AGENTQ_API_KEY, else the [default] profile.
+For a local stack, run `agentq dev` and export the AGENTQ_URL it prints.
+"""
+
+
+class UsageError(AgentqError):
+    """Bad usage or configuration: exit 2."""
+
+    code = "usage"
+
+
+def add_command(sub: Any, name: str, help: str, description: str | None = None) -> argparse.ArgumentParser:
+    """A top-level subcommand: its help, its description (the help unless given), the epilog."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name, help=help, description=description or help, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    return parser
+
+
+def positive(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, not {number}")
+    return number

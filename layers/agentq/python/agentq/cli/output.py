@@ -1,0 +1,54 @@
+"""How the remote commands print: the API's JSON, a rich console sized for a pipe, a task
+followed to its end (changes on stderr), its result (stdout) and the exit code of that end."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+
+def dump(model: Any) -> None:
+    data = model.model_dump(mode="json", by_alias=True) if hasattr(model, "model_dump") else model
+    print(json.dumps(data, indent=2))
+
+
+def console(stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() else int(os.environ.get("COLUMNS") or 200)  # piped: don't wrap at 80
+    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
+
+
+def final(view: Any) -> int:
+    return 0 if view.status.value == "succeeded" else 1
+
+
+def follow(client: Any, task_id: str, timeout: float) -> Any:
+    """Wait for the end, telling stderr about each change of status or step."""
+
+    def show(view: Any) -> None:
+        print(
+            f"{view.status.value:<13} step {view.step:<4} tokens {view.tokens.total:<8,} {view.activity or ''}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return client.wait(task_id, timeout=timeout, poll=poll_seconds(), on_update=show)
+
+
+def poll_seconds() -> float:
+    return float(os.environ.get("AGENTQ_POLL_SECONDS", "0.5"))
+
+
+def print_result(result: Any) -> None:
+    if result.result is not None:
+        print(result.result)
+    if result.error:
+        print(
+            f"agentq: task {result.task_id} {result.status.value}: {result.error.get('message', '')}", file=sys.stderr
+        )
+    elif not result.complete:
+        print(f"agentq: task {result.task_id} {result.status.value}; the result above is partial", file=sys.stderr)

@@ -1,0 +1,257 @@
+"""The commands on tasks that exist: status, watch, result, trace, list, cancel, approve and
+reject, budget, fork; and webhook-secret, the tenant's key to check their callbacks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from agentq.cli.args import add_command, positive
+from agentq.cli.output import console, dump, final, follow, print_result
+from agentq.cli.submit import load_script, parse_metadata
+from agentq.cli.target import api_client, remote
+
+STATUSES = [
+    "queued",
+    "blocked",
+    "running",
+    "waiting",
+    "paused",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "cost_exceeded",
+    "timed_out",
+]
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from agentq.cli.views import status_block
+
+    view = api_client(args).get(args.task_id)
+    if args.json:
+        dump(view)
+    else:
+        print(status_block(view))
+    return 0
+
+
+def _cmd_result(args: argparse.Namespace) -> int:
+    client = api_client(args)
+    if args.wait:
+        follow(client, args.task_id, args.wait_timeout)
+    result = client.result(args.task_id)
+    if args.json:
+        dump(result)
+    else:
+        print_result(result)
+    return 0 if result.complete else 1
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from agentq.cli.views import task_table
+
+    client = api_client(args)
+    metadata = parse_metadata(args.metadata)
+    tasks, cursor = [], args.cursor
+    while True:
+        page = client.list_tasks(
+            args.status, limit=args.limit, cursor=cursor, include_children=args.children, metadata=metadata
+        )
+        tasks.extend(page.tasks)
+        cursor = page.next_cursor
+        if not (args.all and cursor):
+            break
+    if args.json:
+        print(
+            json.dumps(
+                {"tasks": [t.model_dump(mode="json", by_alias=True) for t in tasks], "next_cursor": cursor}, indent=2
+            )
+        )
+        return 0
+    if tasks:
+        console().print(task_table(tasks))
+    else:
+        print("no tasks" + (f" with status {args.status}" if args.status else ""), file=sys.stderr)
+    if cursor:
+        again = (f" --status {args.status}" if args.status else "") + "".join(f" --metadata {p}" for p in args.metadata)
+        print(f"more: agentq list --cursor {cursor}{again}", file=sys.stderr)
+    return 0
+
+
+def _cmd_trace(args: argparse.Namespace) -> int:
+    from agentq.cli.views import trace_tree
+
+    client = api_client(args)
+    view = client.get(args.task_id)
+    events = list(client.iter_trace(args.task_id))
+    if args.json:
+        print(json.dumps({"task_id": args.task_id, "events": [e.model_dump(mode="json") for e in events]}, indent=2))
+    else:
+        console().print(trace_tree(args.task_id, view, events))
+    return 0
+
+
+def _cmd_watch(args: argparse.Namespace) -> int:
+    from rich.live import Live
+
+    from agentq.cli.views import event_line, watch_view
+
+    client = api_client(args)
+    view = client.get(args.task_id)
+    screen = console()
+    page_cursor: str | None = None
+    seen_on_page = 0
+    recent: list[Any] = []
+
+    def tail() -> None:
+        """New trace events since the last look: re-read the last page, move on when it fills."""
+        nonlocal page_cursor, seen_on_page
+        while True:
+            page = client.trace(args.task_id, limit=100, cursor=page_cursor)
+            fresh = page.events[seen_on_page:]
+            recent.extend(event_line(e, view.created_at) for e in fresh)
+            del recent[: max(0, len(recent) - args.events)]
+            if page.next_cursor:
+                page_cursor, seen_on_page = page.next_cursor, 0
+            else:
+                seen_on_page = len(page.events)
+                return
+
+    with Live(watch_view(view, recent), console=screen, refresh_per_second=8, transient=False) as live:
+        while True:
+            if args.events:
+                tail()
+            live.update(watch_view(view, recent))
+            if view.status.terminal:
+                break
+            time.sleep(args.interval)
+            view = client.get(args.task_id)
+    return final(view)
+
+
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    result = api_client(args).cancel(args.task_id)
+    if args.json:
+        dump(result)
+    else:
+        print(f"cancelled {len(result.cancelled)} task(s): {', '.join(result.cancelled)}")
+    return 0
+
+
+def _cmd_decide(args: argparse.Namespace) -> int:
+    client = api_client(args)
+    view = (
+        client.approve(args.task_id, args.note) if args.command == "approve" else client.reject(args.task_id, args.note)
+    )
+    if args.json:
+        dump(view)
+    else:
+        done = {"approve": "approved", "reject": "rejected"}[args.command]
+        print(f"{done} {view.task_id}; it is {view.status.value} and resumes with the decision")
+    return 0
+
+
+def _cmd_webhook_secret(args: argparse.Namespace) -> int:
+    print(api_client(args).webhook_secret())
+    return 0
+
+
+def _cmd_budget(args: argparse.Namespace) -> int:
+    view = api_client(args).raise_budget(args.task_id, args.add_tokens, args.add_steps, args.add_usd)
+    if args.json:
+        dump(view)
+    else:
+        from agentq.cli.views import budget_line, money_line
+
+        print(
+            f"{view.task_id}: {view.status.value}; budget {budget_line(view)}{money_line(view)}; "
+            f"max steps {view.max_steps}"
+        )
+    return 0
+
+
+def _cmd_fork(args: argparse.Namespace) -> int:
+    overrides: dict[str, Any] = {}
+    if args.model:
+        overrides["model"] = args.model
+    if args.provider:
+        overrides["provider"] = args.provider
+    if args.script:
+        overrides["script"] = load_script(args.script)
+    if args.max_tokens:
+        overrides["constraints"] = {"max_tokens": args.max_tokens}
+    view = api_client(args).fork(args.task_id, args.at_step, **overrides)
+    if args.json:
+        dump(view)
+    else:
+        print(view.task_id)
+    return 0
+
+
+def register(sub: Any) -> None:
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return add_command(sub, name, help)
+
+    secret = remote(command("webhook-secret", "print this tenant's callback signing secret (verify callbacks with it)"))
+    secret.set_defaults(func=_cmd_webhook_secret)
+
+    status = remote(command("status", "a task's status, step, tokens against its budget, cost, children and timing"))
+    status.add_argument("task_id")
+    status.set_defaults(func=_cmd_status)
+
+    watch = remote(command("watch", "a live view of a task until it ends: steps, tokens as a bar, children, activity"))
+    watch.add_argument("task_id")
+    watch.add_argument("--interval", type=float, default=0.5, help="seconds between refreshes")
+    watch.add_argument("--events", type=positive, default=6, help="recent trace events to show (0: none)")
+    watch.set_defaults(func=_cmd_watch)
+
+    result = remote(command("result", "a finished task's result on stdout (exit 1 unless it succeeded)"))
+    result.add_argument("task_id")
+    result.add_argument("--wait", action="store_true", help="wait for the task to end first")
+    result.add_argument("--wait-timeout", type=float, default=24 * 3600, help="give up waiting after this many seconds")
+    result.set_defaults(func=_cmd_result)
+
+    trace = remote(command("trace", "the task's LLM and tool calls as a tree, with timings and tokens"),
+                   json_help="print every event as JSON (all pages)")  # fmt: skip
+    trace.add_argument("task_id")
+    trace.set_defaults(func=_cmd_trace)
+
+    list_ = remote(command("list", "your tasks, newest first"))
+    list_.add_argument("--status", choices=STATUSES, help="only tasks in this status")
+    list_.add_argument("--limit", type=int, default=20, help="tasks per page (1-100)")
+    list_.add_argument("--cursor", help="continue from a previous page")
+    list_.add_argument("--all", action="store_true", help="follow every page")
+    list_.add_argument("--children", action="store_true", help="include sub-agents")
+    list_.add_argument(
+        "--metadata", action="append", default=[], metavar="KEY=VALUE", help="only tasks with this label (repeatable)"
+    )
+    list_.set_defaults(func=_cmd_list)
+
+    cancel = remote(command("cancel", "cancel a task and its whole subtree (partial results kept)"))
+    cancel.add_argument("task_id")
+    cancel.set_defaults(func=_cmd_cancel)
+    for verb in ("approve", "reject"):
+        decide = remote(command(verb, f"{verb} a task paused by request_approval; it resumes with the decision"))
+        decide.add_argument("task_id")
+        decide.add_argument("--note", default="", help="a note the agent reads with the decision")
+        decide.set_defaults(func=_cmd_decide)
+    budget = remote(command("budget", "raise a root task's token/step caps; a cost_exceeded task resumes"))
+    budget.add_argument("task_id")
+    budget.add_argument("--add-tokens", type=int, default=0, help="tokens to add to the cap")
+    budget.add_argument("--add-steps", type=int, default=0, help="LLM turns to add to max_steps")
+    budget.add_argument("--add-usd", default=None, help="dollars to add to the money cap (max_cost_usd)")
+    budget.set_defaults(func=_cmd_budget)
+    fork = remote(
+        command("fork", "a new task from another's committed steps 1..N (effects not repeated); prints its id")
+    )
+    fork.add_argument("task_id")
+    fork.add_argument("--at-step", type=int, required=True, help="copy steps 1..N of the source")
+    fork.add_argument("--model", help="another model for the fork")
+    fork.add_argument("--provider", choices=["anthropic", "bedrock", "scripted"], help="another provider")
+    fork.add_argument("--script", help="scripted provider: a built-in script name or a JSON/YAML file")
+    fork.add_argument("--max-tokens", type=int, help="the fork's token budget")
+    fork.set_defaults(func=_cmd_fork)
