@@ -123,6 +123,8 @@ def activity(store: Storage, task: Task, children: ChildrenSummary, question: st
     if retry is not None:
         # No countdown here: the view reads no clock (see task_view); ``retry.next_attempt_at``
         # says when, and each client counts down to it with its own clock.
+        if retry.scope == "deferral":
+            return f"deferred before its next call ({retry.code}): {retry.message}"
         who = "the model call" if retry.scope == "call" else "the task"
         return f"retrying {who}: attempt {retry.attempt} of {retry.max_attempts} failed ({retry.code}: {retry.message})"
     if status is TaskStatus.RUNNING:
@@ -192,14 +194,8 @@ def task_view(store: Storage, task: Task) -> TaskView:
         activity=activity(store, task, children, question),
         retry=retry_view(task.retrying),
         lapsed_holds=[
-            LapsedHoldView(
-                tokens=int(raw["amount"]),
-                usd=_usd(int(raw.get("usd", 0))),
-                step=int(raw["step"]),
-                epoch=epoch,
-                until=None if raw.get("until") is None else float(raw["until"]),
-            )
-            for epoch, raw in sorted(task.lapsed_holds.items())
+            LapsedHoldView(tokens=hold.amount, usd=_usd(hold.micros), step=hold.step, epoch=epoch, until=hold.until)
+            for epoch, hold in sorted(task.lapsed_holds.items())
         ],
         pending_approval=question,
         pending_calls=pending_calls,
