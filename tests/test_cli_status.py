@@ -49,7 +49,7 @@ def test_a_lost_workers_hold_on_a_succeeded_task_is_said_as_such_with_until_when
 
     task = store.tasks.get(task_id)
     (held,) = task.lapsed_holds.values()  # the killed worker's, set aside by the one that resumed
-    tokens, until = int(held["amount"]), float(held["until"])
+    tokens, until = held.amount, held.until or 0.0
     assert store.budgets.get(task_id).reserved == tokens > 0
 
     status = cli("status", task_id)
