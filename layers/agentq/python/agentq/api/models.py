@@ -184,8 +184,10 @@ class PendingCall(ApiModel):
 class RetryView(ApiModel):
     """A retryable failure being retried: what failed, which attempt that was, when the next is."""
 
-    scope: Literal["call", "delivery"] = Field(
-        description="call: the worker retries the model call; delivery: the queue brings the task back later"
+    scope: Literal["call", "delivery", "deferral"] = Field(
+        description="call: the worker retries the model call; delivery: the queue brings the task back later; "
+        "deferral: the task was put off before its call (error.code: circuit_open, slowed_down, rate_limited, "
+        "call_in_flight) and comes back at next_attempt_at"
     )
     attempt: int = Field(description="the attempt (of the call, or delivery of the task) that failed")
     max_attempts: int

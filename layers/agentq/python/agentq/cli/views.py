@@ -141,12 +141,15 @@ def status_block(view: TaskView) -> str:
 def retry_line(retry: RetryView, *, now: float | None = None) -> str:
     """Which attempt failed and how, and when the next one is (with how far off, given ``now``)."""
     e = retry.error
-    who = "model call" if retry.scope == "call" else "delivery"
-    status = f" HTTP {e.get('status_code')}" if e.get("status_code") else ""
-    line = (
-        f"{who} attempt {retry.attempt} of {retry.max_attempts} failed: {e.get('code')}{status}: "
-        f"{cut(str(e.get('message') or ''), 160)}; next try {when(retry.next_attempt_at)}"
-    )
+    if retry.scope == "deferral":  # nothing failed: the call was put off (an open circuit, a rate limit)
+        line = f"deferred: {e.get('code')}: {cut(str(e.get('message') or ''), 160)}; next try {when(retry.next_attempt_at)}"
+    else:
+        who = "model call" if retry.scope == "call" else "delivery"
+        status = f" HTTP {e.get('status_code')}" if e.get("status_code") else ""
+        line = (
+            f"{who} attempt {retry.attempt} of {retry.max_attempts} failed: {e.get('code')}{status}: "
+            f"{cut(str(e.get('message') or ''), 160)}; next try {when(retry.next_attempt_at)}"
+        )
     if now is None:
         return line
     return line + (f" (in {secs(retry.next_attempt_at - now)})" if retry.next_attempt_at > now else " (due now)")

@@ -371,13 +371,15 @@ class RetryState(StrictModel):
 
     ``scope`` says who retries: ``call``, the worker retrying the provider call while it holds
     the task; ``delivery``, the queue bringing the task back after the call's attempts were
-    spent (``attempt`` is then the delivery). Kept beside META (``META#RETRY``), never in it:
+    spent (``attempt`` is then the delivery); ``deferral``, the task put off before its call
+    by the fleet's flow control (``code``: circuit_open, slowed_down, rate_limited) or by a lost
+    lease's call that may still be charged (call_in_flight): nothing failed, it waits. Kept beside META (``META#RETRY``), never in it:
     META is rewritten by every step commit and stays small. Current while ``step`` is not
     committed and the task has not ended; afterwards it is history (the trace shows it).
     """
 
     step: int = Field(description="the step the failed attempt was for")
-    scope: Literal["call", "delivery"]
+    scope: Literal["call", "delivery", "deferral"]
     attempt: int = Field(ge=1)
     max_attempts: int = Field(ge=1)
     code: str = Field(max_length=64)

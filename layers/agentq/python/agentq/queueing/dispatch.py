@@ -195,7 +195,31 @@ class Dispatcher:
         action = self._after_run(run, tier=tier, receive_count=receive_count)
         if run.outcome == "retry" and action.kind == "retry":
             self._note_retry(task, run, action)
+        if run.outcome == "deferred":
+            self._note_deferral(task, run)
         return action
+
+    def _note_deferral(self, task: Task, run: RunResult) -> None:
+        """The run put the task off before its call (an open circuit, a 429's slow-down, a spent
+        rate bucket, a lost lease's call in flight): record why and until when, so its status
+        names the deferral instead of an older retry whose time has passed (best effort)."""
+        error = run.error or {}
+        now = time.time()
+        base = run.claimed or task
+        state = RetryState(
+            step=base.step + run.steps_committed + 1,
+            scope="deferral",
+            attempt=1,
+            max_attempts=1,
+            code=str(error.get("code") or "deferred")[:64],
+            message=str(error.get("message") or "deferred")[:500],
+            at=now,
+            next_at=now + float(error.get("retry_after") or 1),
+        )
+        try:
+            self.store.tasks.record_retry(task.task_id, state)
+        except Exception:
+            log.warning("could not record the deferral of task %s", task.task_id, exc_info=True)
 
     def _note_retry(self, task: Task, run: RunResult, action: Action) -> None:
         """The task comes back in ``action.delay_seconds``: record why and when, so its status
@@ -360,9 +384,8 @@ class Dispatcher:
             # a longer wait defers again).
             wait = (run.error or {}).get("retry_after") or 1
             self.queues.send(task_id, tier, kind="continue", delay_seconds=min(MAX_DELAY, math.ceil(wait)))
-            return Action(
-                "delete", "deferred until a lost lease's call can no longer complete", task_id=task_id, run=run
-            )
+            why = (run.error or {}).get("message") or "deferred"
+            return Action("delete", f"deferred: {why}", task_id=task_id, run=run)
         if run.outcome == "lease_lost":
             # Another worker owns the task now (with this very message, if our visibility
             # lapsed): touch nothing.
