@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable
 
 from agentq.cli.views import when
+from agentq.core.reservation import Reservation
 
 from tests import test_cli
 from tests.api_support import ROOT, ApiStack
@@ -22,8 +23,8 @@ from tests.test_cli import Ran
 cli = test_cli.cli  # the fixture: `agentq ...` in this process, against the local API
 
 
-def held_usd(held: dict[str, float]) -> str:
-    return f"{int(held.get('usd', 0)) / 1_000_000:.6f}"
+def held_usd(held: Reservation) -> str:
+    return f"{held.micros / 1_000_000:.6f}"
 
 
 def _run_task(api_stack: ApiStack, task_id: str, **env: str) -> subprocess.CompletedProcess[str]:
