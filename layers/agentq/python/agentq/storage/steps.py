@@ -44,7 +44,8 @@ from agentq.core.models import CompactStep, Lease, LLMStep, Step, StepRecord, Ta
 from agentq.core.records import NO_USAGE, BudgetDelta, OrphanCall
 from agentq.resources import LIVE_ATTRIBUTES
 from agentq.storage import keys
-from agentq.storage.budgets import BUDGET, settle_and_reserve, ticket_value
+from agentq.storage.budget_items import ticket_value
+from agentq.storage.budgets import BUDGET, settle_and_reserve
 from agentq.storage.serdes import Payloads
 from agentq.storage.table import (
     ConditionFailed,

@@ -39,7 +39,7 @@ from agentq.core.pricing import NO_MONEY_CAP, micros
 from agentq.core.records import ClaimRecord, IdempotencyRecord
 from agentq.resources import GSI1, GSI_LIVE, LIVE_ATTRIBUTES, LIVE_SHARDS, TTL_ATTRIBUTE
 from agentq.storage import keys
-from agentq.storage.budgets import budget_attrs, lapsed_holds
+from agentq.storage.budget_items import budget_attrs, lapsed_holds
 from agentq.storage.serdes import Payloads
 from agentq.storage.table import (
     Action,
