@@ -52,6 +52,7 @@ from agentq.core.pricing import NO_MONEY_CAP
 from agentq.core.records import NO_USAGE, BudgetDelta, BudgetState, Reservation
 from agentq.storage import keys
 from agentq.storage.budget_items import SETTLED, budget_state, lapsed_name, reservation_of, ticket_value
+from agentq.storage.leases import why_fenced
 from agentq.storage.table import (
     ConditionFailed,
     Patch,
@@ -138,8 +139,6 @@ class Budgets:
             except ConditionFailed as exc:
                 if fence_holds(exc.old, lease):
                     raise BudgetExceeded(f"budget {budget_id} cannot cover {amount} tokens") from exc
-                from agentq.storage.tasks import why_fenced
-
                 raise why_fenced(self.table, lease) from exc
             return Reservation(amount=amount, epoch=lease.epoch, step=step, until=until, micros=micros)
         try:
@@ -147,8 +146,6 @@ class Budgets:
         except TransactionCancelled as exc:
             if BUDGET in exc.failed:
                 raise BudgetExceeded(f"budget {budget_id} cannot cover {amount} tokens") from exc
-            from agentq.storage.tasks import why_fenced
-
             raise why_fenced(self.table, lease) from exc
         return Reservation(amount=amount, epoch=lease.epoch, step=step, until=until, micros=micros)
 
@@ -165,8 +162,6 @@ class Budgets:
         try:
             self.table.update(keys.meta_key(lease.task_id), Update(set={"inflight": ticket}), condition=condition)
         except ConditionFailed as exc:
-            from agentq.storage.tasks import why_fenced
-
             raise why_fenced(self.table, lease) from exc
 
     def adopt(self, lease: Lease, held: Reservation) -> None:
@@ -178,8 +173,6 @@ class Budgets:
         try:
             self.table.update(keys.meta_key(lease.task_id), Update(set={"inflight": ticket}), condition=condition)
         except ConditionFailed as exc:
-            from agentq.storage.tasks import why_fenced
-
             raise why_fenced(self.table, lease) from exc
 
     def set_aside(self, lease: Lease, held: Reservation) -> None:
@@ -193,8 +186,6 @@ class Budgets:
         except ConditionFailed as exc:
             if fence_holds(exc.old, lease):
                 return  # that ticket is gone already: its worker settled it
-            from agentq.storage.tasks import why_fenced
-
             raise why_fenced(self.table, lease) from exc
 
     def return_lapsed(self, task_id: str, budget_id: str, held: Reservation, *, parent_id: str | None = None) -> bool:
