@@ -1,12 +1,21 @@
 """The storage seam holds: no module outside ``agentq/storage`` (nor a Lambda handler) calls
-DynamoDB's data plane. The import direction between layers is import-linter's contract
-(``make layers``, part of ``make lint``, which CI runs); this test covers what an import graph cannot see, a call on a
-client handed in from elsewhere."""
+DynamoDB's data plane. The import direction between layers, and that no module imports itself
+through others, are import-linter's contracts (``make layers``, part of ``make lint``, which CI
+runs); this test covers what an import graph cannot see, a call on a client handed in from
+elsewhere, and shows that the circle contract (``tests/import_cycles.py``) catches a circle."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import grimp
+import pytest
+
+from tests.import_cycles import find_cycles
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "layers" / "agentq" / "python" / "agentq"
@@ -39,3 +48,59 @@ def test_the_check_finds_a_call_where_there_is_one(tmp_path: Path) -> None:
     assert [line for p in (bad, good) for line in p.read_text().splitlines() if DATA_PLANE.search(line)] == [
         "    return ddb.get_item(TableName='t', Key={})"
     ]
+
+
+CIRCLE = {
+    "__init__.py": "",
+    "a.py": "from circles import b\n",
+    "b.py": "def later():\n    from circles import c\n",  # inside a function
+    "c.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from circles.a import A\n",
+    "d.py": "import circles.a\n",  # imports the circle, is not on it
+}
+
+
+def _package(root: Path, files: dict[str, str]) -> None:
+    (root / "circles").mkdir()
+    for name, text in files.items():
+        (root / "circles" / name).write_text(text)
+
+
+def test_the_circle_check_finds_a_circle_closed_inside_a_function_and_under_type_checking(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _package(tmp_path, CIRCLE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    graph = grimp.build_graph("circles", cache_dir=None)
+    imports = {m: graph.find_modules_directly_imported_by(m) for m in graph.modules}
+    assert find_cycles(imports) == [("circles.a", "circles.b", "circles.c", "circles.a")]
+    del imports["circles.c"]  # without c's import the chain is open
+    assert find_cycles(imports) == []
+
+
+def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    (root / "contracts.ini").write_text(
+        "[importlinter]\nroot_package = circles\n"
+        "contract_types =\n    acyclic_modules: tests.import_cycles.AcyclicModulesContract\n\n"
+        "[importlinter:contract:acyclic]\nname = no circle\ntype = acyclic_modules\ncontainers =\n    circles\n"
+    )
+    lint_imports = Path(sys.executable).parent / "lint-imports"
+    return subprocess.run(
+        [str(lint_imports), "--config", "contracts.ini", "--no-cache"],
+        check=False,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{ROOT}", "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_lint_imports_fails_on_a_circle_and_prints_it_as_a_chain_with_each_import_line(tmp_path: Path) -> None:
+    _package(tmp_path, CIRCLE)
+    broken = _lint_imports(tmp_path)
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    assert "circles.a -> circles.b -> circles.c -> circles.a" in broken.stdout
+    assert "circles.b -> circles.c (l.2: from circles import c)" in broken.stdout
+    (tmp_path / "circles" / "c.py").write_text("")
+    kept = _lint_imports(tmp_path)
+    assert kept.returncode == 0, kept.stdout + kept.stderr

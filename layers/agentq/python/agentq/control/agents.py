@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentq.control.submit import check_model, check_script, check_tools, parse_submission, validate_body
+from agentq.control.validation import check_model, check_script, check_tools, parse_submission, validate_body
 from agentq.core.agents import (
     DEFINED_BY_AGENT,
     DEFINED_CONSTRAINTS,

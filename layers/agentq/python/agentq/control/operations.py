@@ -11,7 +11,7 @@ import time
 from decimal import Decimal
 from typing import Any
 
-from agentq.control.submit import check_submission, parse_submission
+from agentq.control.validation import check_submission, parse_submission
 from agentq.core.engine.conversation import conversation, final_text
 from agentq.core.errors import IllegalTransition, TaskNotFound, ValidationError
 from agentq.core.models import Task, TaskStatus, TaskSubmission

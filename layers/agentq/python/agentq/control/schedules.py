@@ -17,7 +17,8 @@ import os
 import time
 from typing import Any
 
-from agentq.control.submit import parse_submission, prepare_submission, submit_once, validate_body
+from agentq.control.submit import prepare_submission, submit_once
+from agentq.control.validation import parse_submission, validate_body
 from agentq.core.errors import AgentqError, ValidationError
 from agentq.core.schedules import ScheduleSpec, fire_task_id, next_fire
 from agentq.core.tools import ToolRegistry

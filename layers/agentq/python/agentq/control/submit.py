@@ -3,167 +3,21 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
-
-import pydantic
+from typing import Any
 
 from agentq import observe
+from agentq.control.agents import resolve_agent
 from agentq.control.defaults import Defaults
+
+# Re-exported: the package root (agentq.parse_submission), the benches and tests import them from here.
+from agentq.control.validation import check_submission as check_submission
+from agentq.control.validation import parse_submission as parse_submission
 from agentq.core.errors import ValidationError
-from agentq.core.models import Script, Task, TaskStatus, TaskSubmission
-from agentq.core.output import FINAL_ANSWER_TOOL
-from agentq.core.pricing import load_price_table
-from agentq.core.providers.scripted import load_script
+from agentq.core.models import Task, TaskStatus, TaskSubmission
 from agentq.core.tools import ToolRegistry
 from agentq.queueing.queues import TaskQueues
 from agentq.storage.container import Storage
-
-M = TypeVar("M", bound=pydantic.BaseModel)
-
-
-def _field_path(loc: tuple[Any, ...]) -> str:
-    path = ""
-    for part in loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        else:
-            path += ("." if path else "") + str(part)
-    return path
-
-
-def parse_submission(raw: Any) -> TaskSubmission:
-    """Validate a submission; the error names the first bad field in dotted form."""
-    return validate_body(TaskSubmission, raw, what="the submission")
-
-
-def validate_body(model: type[M], raw: Any, *, what: str) -> M:
-    """``raw`` as ``model``, or a ValidationError naming the first bad field in dotted form."""
-    if not isinstance(raw, dict):
-        raise ValidationError(f"{what} must be a JSON object", field="body")
-    try:
-        return model.model_validate(raw)
-    except pydantic.ValidationError as exc:
-        first = exc.errors()[0]
-        loc = tuple(
-            p for p in first["loc"] if not (isinstance(p, str) and p.startswith(("function-", "Script", "str")))
-        )
-        field = _field_path(loc)
-        message = str(first["msg"]).removeprefix("Value error, ")
-        if first["type"] == "extra_forbidden":
-            message = "unknown field"
-        # A model-level check names its field as "field: message" (pydantic gives no loc).
-        head, sep, rest = message.partition(": ")
-        if sep and head.isidentifier():
-            field = ".".join(filter(None, [field, head]))
-            message = rest
-        field = field or "body"
-        raise ValidationError(f"{field}: {message}", field=field) from None
-
-
-def check_submission(submission: TaskSubmission, tools: ToolRegistry) -> None:
-    """Checks that need the worker's world: known tools, a loadable script, a priced model.
-
-    A model the price table does not know would be charged $0 to the ledger: it is refused,
-    unless the deployment prices it (``AGENTQ_PRICES``). The scripted provider spends nothing,
-    so its model name is not checked, unless a money budget (``max_cost_usd``) needs its price.
-    """
-    check_model(submission.provider, submission.model, money=submission.constraints.max_cost_usd is not None)
-    if submission.notify is not None:
-        from agentq.core.webhooks import check_url
-
-        check_url(submission.notify.url)
-    if submission.constraints.compaction == "native" and submission.provider != "anthropic":
-        raise ValidationError(
-            f"constraints.compaction: native compaction is Anthropic's (compact_20260112); the "
-            f"{submission.provider} provider has none: use summary",
-            field="constraints.compaction",
-        )
-    if submission.constraints.economy and submission.provider != "anthropic":
-        raise ValidationError(
-            f"constraints.economy: the {submission.provider} provider has no batch API; economy needs provider "
-            "anthropic (Message Batches)",
-            field="constraints.economy",
-        )
-    if submission.mcp_tools:
-        from agentq.core.tools.mcp import mcp_tool_specs
-
-        tools = tools.with_tools(mcp_tool_specs(submission.mcp_tools, None))
-    check_tools(submission.constraints.tools, submission.constraints.tool_policies, tools, prefix="constraints.")
-    if submission.output_schema is not None and FINAL_ANSWER_TOOL in submission.constraints.tools:
-        raise ValidationError(
-            f"constraints.tools: {FINAL_ANSWER_TOOL!r} is how a task with an output_schema answers; "
-            "a tool of that name cannot be offered too",
-            field="constraints.tools",
-        )
-    check_script(submission.script)
-    check_context(submission)
-
-
-def check_context(submission: TaskSubmission) -> None:
-    """The system prompt and tool list alone must fit under the context threshold, or no call
-    could ever be made."""
-    from agentq.core.context import context_window
-    from agentq.core.engine.conversation import estimate_input_tokens
-    from agentq.core.providers import LLMRequest
-
-    window = context_window(submission.model)
-    limit = int(window * submission.constraints.context_threshold)
-    fixed = estimate_input_tokens(
-        LLMRequest(model=submission.model, system=submission.system, messages=[{"role": "user", "content": submission.goal}],
-                   max_tokens=1)
-    )  # fmt: skip
-    if fixed > limit:
-        raise ValidationError(
-            f"constraints.context_threshold: the system prompt and goal alone are ~{fixed:,} tokens, over "
-            f"{submission.constraints.context_threshold} of {submission.model}'s {window:,}-token window ({limit:,})",
-            field="constraints.context_threshold",
-        )
-
-
-def check_model(provider: str, model: str, *, money: bool = False) -> None:
-    if provider == "scripted" and not money:
-        return
-    prices = load_price_table()
-    if prices.price_for(model) is None:
-        if money:
-            raise ValidationError(
-                f"constraints.max_cost_usd: no price for {model!r}, so a money budget could not be kept; "
-                f"priced models: {', '.join(sorted(prices.root))}; price another with AGENTQ_PRICES",
-                field="constraints.max_cost_usd",
-            )
-        raise ValidationError(
-            f"model: no price for {model!r}, so its cost could not be counted; priced models: "
-            f"{', '.join(sorted(prices.root))} (and their dated or Bedrock ids); price another with AGENTQ_PRICES",
-            field="model",
-        )
-
-
-def check_tools(names: list[str], policies: Mapping[str, str], tools: ToolRegistry, *, prefix: str) -> None:
-    """Every tool named is one this deployment has; every policy is for one of them."""
-    for i, name in enumerate(names):
-        if tools.get(name) is None:
-            raise ValidationError(
-                f"{prefix}tools[{i}]: unknown tool {name!r}; available: {', '.join(sorted(tools.names()))}",
-                field=f"{prefix}tools[{i}]",
-            )
-    for name in policies:
-        if name not in names:
-            raise ValidationError(
-                f"{prefix}tool_policies.{name}: a policy for a tool the task may not use; "
-                f"its tools: {', '.join(names) or '(none)'}",
-                field=f"{prefix}tool_policies.{name}",
-            )
-
-
-def check_script(script: Script | str | None) -> None:
-    if script is None:
-        return
-    try:
-        load_script(script)
-    except (ValueError, pydantic.ValidationError) as exc:
-        raise ValidationError(f"script: {exc}", field="script") from None
 
 
 def submit(store: Storage, tools: ToolRegistry, raw: Any, *, tenant: str, queues: TaskQueues | None = None) -> Task:
@@ -199,8 +53,6 @@ def prepare_submission(
             field="mcp_tools",
         )
     if submission.agent is not None:
-        from agentq.control.agents import resolve_agent
-
         submission = resolve_agent(store, submission, tenant=tenant)
     if defaults is not None:
         submission = defaults.apply(submission)

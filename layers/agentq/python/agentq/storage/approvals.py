@@ -12,8 +12,9 @@ from agentq.core.errors import IllegalTransition
 from agentq.core.models import Lease, TaskStatus
 from agentq.core.records import ApprovalRecord
 from agentq.storage import keys
+from agentq.storage.leases import why_fenced
 from agentq.storage.table import Item, Patch, Put, Table, TransactionCancelled, Update, absent, plain
-from agentq.storage.tasks import Tasks, why_fenced
+from agentq.storage.tasks import Tasks
 
 
 def _record(raw: Item) -> ApprovalRecord:

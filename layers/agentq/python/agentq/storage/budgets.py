@@ -42,7 +42,6 @@ holds pass (no cap was asked for).
 
 from __future__ import annotations
 
-from decimal import Decimal
 from typing import Any
 
 from boto3.dynamodb.conditions import Attr
@@ -52,9 +51,10 @@ from agentq.core.models import Lease
 from agentq.core.pricing import NO_MONEY_CAP
 from agentq.core.records import NO_USAGE, BudgetDelta, BudgetState, Reservation
 from agentq.storage import keys
+from agentq.storage.budget_items import SETTLED, budget_state, lapsed_name, reservation_of, ticket_value
+from agentq.storage.leases import why_fenced
 from agentq.storage.table import (
     ConditionFailed,
-    Item,
     Patch,
     Table,
     TransactionCancelled,
@@ -67,67 +67,6 @@ from agentq.storage.table import (
 )
 
 BUDGET = "budget"  # the action name of a budget write in a transaction
-SETTLED = "budget_settled"
-
-
-def budget_attrs(cap: int, cap_micros: int = NO_MONEY_CAP) -> dict[str, Any]:
-    """The budget attributes of a new task's META."""
-    return {
-        "cap": cap,
-        "reserved": 0,
-        "used": 0,
-        "available": cap,
-        "usd_cap": cap_micros,
-        "usd_reserved": 0,
-        "usd_used": 0,
-        "usd_available": cap_micros,
-        "budget_cost_usd": Decimal(0),
-        "budget_tokens_in": 0,
-        "budget_tokens_out": 0,
-    }
-
-
-def _stored_time(seconds: float) -> Decimal:
-    """A deadline as DynamoDB stores it: rounded up to the millisecond, never earlier."""
-    return (Decimal(str(seconds)) * 1000).to_integral_value(rounding="ROUND_CEILING") / 1000
-
-
-def ticket_value(amount: int, epoch: int, step: int, until: float | None, micros: int = 0) -> dict[str, Any]:
-    """The ``inflight`` map on META: the hold (tokens, and dollars as ``usd``), its epoch and
-    step, and its deadline."""
-    ticket: dict[str, Any] = {"amount": amount, "epoch": epoch, "step": step}
-    if micros:
-        ticket["usd"] = micros
-    if until is not None:
-        ticket["until"] = _stored_time(until)
-    return ticket
-
-
-LAPSED_PREFIX = "lapsed_"  # META attribute of an older epoch's hold set aside: lapsed_<epoch>
-
-
-def lapsed_name(epoch: int) -> str:
-    return f"{LAPSED_PREFIX}{epoch}"
-
-
-def lapsed_holds(data: dict[str, Any]) -> dict[int, dict[str, Any]]:
-    """The holds of older epochs set aside on a META item (plain values), by epoch."""
-    return {
-        int(name.removeprefix(LAPSED_PREFIX)): value
-        for name, value in data.items()
-        if name.startswith(LAPSED_PREFIX) and name.removeprefix(LAPSED_PREFIX).isdigit()
-    }
-
-
-def reservation_of(raw: dict[str, Any]) -> Reservation:
-    until = raw.get("until")
-    return Reservation(
-        amount=int(raw["amount"]),
-        epoch=int(raw["epoch"]),
-        step=int(raw["step"]),
-        until=float(until) if until is not None else None,
-        micros=int(raw.get("usd", 0)),
-    )
 
 
 def settle_and_reserve(budget_id: str, delta: BudgetDelta, reserve_next: int, reserve_next_micros: int = 0) -> Patch:
@@ -162,24 +101,6 @@ def _money_covers(micros: int) -> Any:
 
 def _and(condition: Any, more: Any) -> Any:
     return more if condition is None else condition & more
-
-
-def budget_state(item: Item) -> BudgetState:
-    data = plain(item, keep_decimal=frozenset({"budget_cost_usd"}))
-    return BudgetState(
-        cap=data["cap"],
-        reserved=data["reserved"],
-        used=data["used"],
-        available=data["available"],
-        cost_usd=data["budget_cost_usd"],
-        tokens_in=data.get("budget_tokens_in", 0),
-        tokens_out=data.get("budget_tokens_out", 0),
-        settled=bool(data.get(SETTLED, False)),
-        cap_micros=data.get("usd_cap", NO_MONEY_CAP),
-        reserved_micros=data.get("usd_reserved", 0),
-        used_micros=data.get("usd_used", 0),
-        available_micros=data.get("usd_available", NO_MONEY_CAP),
-    )
 
 
 class Budgets:
@@ -218,8 +139,6 @@ class Budgets:
             except ConditionFailed as exc:
                 if fence_holds(exc.old, lease):
                     raise BudgetExceeded(f"budget {budget_id} cannot cover {amount} tokens") from exc
-                from agentq.storage.tasks import why_fenced
-
                 raise why_fenced(self.table, lease) from exc
             return Reservation(amount=amount, epoch=lease.epoch, step=step, until=until, micros=micros)
         try:
@@ -227,8 +146,6 @@ class Budgets:
         except TransactionCancelled as exc:
             if BUDGET in exc.failed:
                 raise BudgetExceeded(f"budget {budget_id} cannot cover {amount} tokens") from exc
-            from agentq.storage.tasks import why_fenced
-
             raise why_fenced(self.table, lease) from exc
         return Reservation(amount=amount, epoch=lease.epoch, step=step, until=until, micros=micros)
 
@@ -245,8 +162,6 @@ class Budgets:
         try:
             self.table.update(keys.meta_key(lease.task_id), Update(set={"inflight": ticket}), condition=condition)
         except ConditionFailed as exc:
-            from agentq.storage.tasks import why_fenced
-
             raise why_fenced(self.table, lease) from exc
 
     def adopt(self, lease: Lease, held: Reservation) -> None:
@@ -258,8 +173,6 @@ class Budgets:
         try:
             self.table.update(keys.meta_key(lease.task_id), Update(set={"inflight": ticket}), condition=condition)
         except ConditionFailed as exc:
-            from agentq.storage.tasks import why_fenced
-
             raise why_fenced(self.table, lease) from exc
 
     def set_aside(self, lease: Lease, held: Reservation) -> None:
@@ -273,8 +186,6 @@ class Budgets:
         except ConditionFailed as exc:
             if fence_holds(exc.old, lease):
                 return  # that ticket is gone already: its worker settled it
-            from agentq.storage.tasks import why_fenced
-
             raise why_fenced(self.table, lease) from exc
 
     def return_lapsed(self, task_id: str, budget_id: str, held: Reservation, *, parent_id: str | None = None) -> bool:

@@ -18,7 +18,8 @@ from agentq.storage.serdes import Payloads
 from agentq.storage.spawns import Spawns
 from agentq.storage.steps import Steps
 from agentq.storage.table import Table
-from agentq.storage.tasks import DAY_SECONDS, DEFAULT_TASK_RETENTION_DAYS, Tasks
+from agentq.storage.task_items import DAY_SECONDS, DEFAULT_TASK_RETENTION_DAYS
+from agentq.storage.tasks import Tasks
 from agentq.storage.tenant_windows import TenantWindows
 from agentq.storage.webhooks import WebhookSecrets
 

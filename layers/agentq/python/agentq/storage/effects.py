@@ -13,9 +13,9 @@ import time
 from agentq.core.models import Lease, ToolOutcome
 from agentq.core.records import EffectRecord
 from agentq.storage import keys
+from agentq.storage.leases import why_fenced
 from agentq.storage.serdes import Payloads
 from agentq.storage.table import Check, Patch, Put, Table, TransactionCancelled, Update, absent, fence, plain
-from agentq.storage.tasks import why_fenced
 
 
 class Effects:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from agentq.core.models import Lease
 from agentq.storage import keys
+from agentq.storage.leases import why_fenced
 from agentq.storage.table import Check, Put, Table, TransactionCancelled, fence
-from agentq.storage.tasks import why_fenced
 
 
 class Notes:

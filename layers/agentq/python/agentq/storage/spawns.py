@@ -20,6 +20,7 @@ from agentq.core.models import Lease, Task, TaskSubmission, ToolOutcome
 from agentq.core.records import SpawnRecord
 from agentq.storage import keys
 from agentq.storage.budgets import BUDGET, Budgets
+from agentq.storage.leases import why_fenced
 from agentq.storage.serdes import Payloads
 from agentq.storage.table import (
     Action,
@@ -37,7 +38,7 @@ from agentq.storage.table import (
     plain,
     present,
 )
-from agentq.storage.tasks import Tasks, why_fenced
+from agentq.storage.tasks import Tasks
 
 
 class Spawns:

@@ -44,7 +44,9 @@ from agentq.core.models import CompactStep, Lease, LLMStep, Step, StepRecord, Ta
 from agentq.core.records import NO_USAGE, BudgetDelta, OrphanCall
 from agentq.resources import LIVE_ATTRIBUTES
 from agentq.storage import keys
-from agentq.storage.budgets import BUDGET, settle_and_reserve, ticket_value
+from agentq.storage.budget_items import ticket_value
+from agentq.storage.budgets import BUDGET, settle_and_reserve
+from agentq.storage.leases import why_fenced
 from agentq.storage.serdes import Payloads
 from agentq.storage.table import (
     ConditionFailed,
@@ -58,7 +60,8 @@ from agentq.storage.table import (
     merge,
     plain,
 )
-from agentq.storage.tasks import Tasks, request_token, why_fenced
+from agentq.storage.task_items import request_token
+from agentq.storage.tasks import Tasks
 
 _STEP_ADAPTER: TypeAdapter[Any] = TypeAdapter(Step)
 CALL_STEP: TypeAdapter[LLMStep | CompactStep] = TypeAdapter(LLMStep | CompactStep)

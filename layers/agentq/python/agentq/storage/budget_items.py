@@ -1,0 +1,95 @@
+"""How a task's budget is laid out on its META: the attributes a new task starts with, the
+tickets of its holds (``inflight``, and ``lapsed_<epoch>`` for an older epoch's hold set aside)
+and how they all read back. Plain functions of items, no reads or writes: task creation and
+decoding (``storage.tasks``, ``storage.task_items``) and the budget's own writes
+(``storage.budgets``, where the invariants are) share them.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from agentq.core.pricing import NO_MONEY_CAP
+from agentq.core.records import BudgetState, Reservation
+from agentq.storage.table import Item, plain
+
+SETTLED = "budget_settled"
+
+
+def budget_attrs(cap: int, cap_micros: int = NO_MONEY_CAP) -> dict[str, Any]:
+    """The budget attributes of a new task's META."""
+    return {
+        "cap": cap,
+        "reserved": 0,
+        "used": 0,
+        "available": cap,
+        "usd_cap": cap_micros,
+        "usd_reserved": 0,
+        "usd_used": 0,
+        "usd_available": cap_micros,
+        "budget_cost_usd": Decimal(0),
+        "budget_tokens_in": 0,
+        "budget_tokens_out": 0,
+    }
+
+
+def _stored_time(seconds: float) -> Decimal:
+    """A deadline as DynamoDB stores it: rounded up to the millisecond, never earlier."""
+    return (Decimal(str(seconds)) * 1000).to_integral_value(rounding="ROUND_CEILING") / 1000
+
+
+def ticket_value(amount: int, epoch: int, step: int, until: float | None, micros: int = 0) -> dict[str, Any]:
+    """The ``inflight`` map on META: the hold (tokens, and dollars as ``usd``), its epoch and
+    step, and its deadline."""
+    ticket: dict[str, Any] = {"amount": amount, "epoch": epoch, "step": step}
+    if micros:
+        ticket["usd"] = micros
+    if until is not None:
+        ticket["until"] = _stored_time(until)
+    return ticket
+
+
+LAPSED_PREFIX = "lapsed_"  # META attribute of an older epoch's hold set aside: lapsed_<epoch>
+
+
+def lapsed_name(epoch: int) -> str:
+    return f"{LAPSED_PREFIX}{epoch}"
+
+
+def lapsed_holds(data: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """The holds of older epochs set aside on a META item (plain values), by epoch."""
+    return {
+        int(name.removeprefix(LAPSED_PREFIX)): value
+        for name, value in data.items()
+        if name.startswith(LAPSED_PREFIX) and name.removeprefix(LAPSED_PREFIX).isdigit()
+    }
+
+
+def reservation_of(raw: dict[str, Any]) -> Reservation:
+    until = raw.get("until")
+    return Reservation(
+        amount=int(raw["amount"]),
+        epoch=int(raw["epoch"]),
+        step=int(raw["step"]),
+        until=float(until) if until is not None else None,
+        micros=int(raw.get("usd", 0)),
+    )
+
+
+def budget_state(item: Item) -> BudgetState:
+    data = plain(item, keep_decimal=frozenset({"budget_cost_usd"}))
+    return BudgetState(
+        cap=data["cap"],
+        reserved=data["reserved"],
+        used=data["used"],
+        available=data["available"],
+        cost_usd=data["budget_cost_usd"],
+        tokens_in=data.get("budget_tokens_in", 0),
+        tokens_out=data.get("budget_tokens_out", 0),
+        settled=bool(data.get(SETTLED, False)),
+        cap_micros=data.get("usd_cap", NO_MONEY_CAP),
+        reserved_micros=data.get("usd_reserved", 0),
+        used_micros=data.get("usd_used", 0),
+        available_micros=data.get("usd_available", NO_MONEY_CAP),
+    )

@@ -1,0 +1,128 @@
+"""A task's items, ``META`` and ``META#SUBMISSION``, and the ``Task`` read back from them: the
+base that every part of the ``Tasks`` repository (``storage.tasks``) builds on.
+
+The retention is here too: whichever part ends a task (a transition, a step commit) stamps META's
+``expires_at`` with ``expiry``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from decimal import Decimal
+from typing import Any
+
+from agentq.core.errors import TaskNotFound
+from agentq.core.models import RetryState, Task, TaskStatus, TaskSubmission
+from agentq.resources import LIVE_SHARDS
+from agentq.storage import keys
+from agentq.storage.budget_items import lapsed_holds
+from agentq.storage.serdes import Payloads
+from agentq.storage.table import Item, Table, plain
+
+DEFAULT_TASK_RETENTION_DAYS = 30
+DAY_SECONDS = 86_400
+
+
+def live_keys(task_id: str) -> dict[str, str]:
+    """The sparse ``live`` index keys an unfinished task's META carries (``resources.GSI_LIVE``)."""
+    shard = int(hashlib.sha256(task_id.encode()).hexdigest()[:8], 16) % LIVE_SHARDS
+    return {"live_pk": f"LIVE#{shard}", "live_sk": task_id}
+
+
+def request_token(*parts: object) -> str:
+    """A TransactWriteItems idempotency token (at most 36 characters) for one logical write."""
+    return hashlib.sha256(":".join(map(str, parts)).encode()).hexdigest()[:36]
+
+
+class TaskItems:
+    def __init__(
+        self, table: Table, payloads: Payloads, *, retention_seconds: int = DEFAULT_TASK_RETENTION_DAYS * DAY_SECONDS
+    ) -> None:
+        """``retention_seconds``: how long a finished task stays readable. Entering a terminal
+        status stamps META's ``expires_at`` (the table's TTL attribute) in the same write; DynamoDB
+        TTL then deletes META and the reaper (``agentq.control.retention``) the rest of the task."""
+        if retention_seconds < DAY_SECONDS:
+            # Idempotency records live 24 h and a fan-out waits at most 24 h for a child: a
+            # shorter retention could delete a task something still points at.
+            raise ValueError(f"task retention must be at least one day, got {retention_seconds} s")
+        self.table = table
+        self.payloads = payloads
+        self.retention_seconds = retention_seconds
+
+    def expiry(self, now: float) -> int:
+        """The ``expires_at`` of a task that finishes at ``now`` (epoch seconds, as TTL wants)."""
+        return int(now + self.retention_seconds)
+
+    @staticmethod
+    def meta_item(
+        task_id: str,
+        *,
+        tenant: str,
+        root_id: str,
+        parent_id: str | None,
+        depth: int,
+        now: float,
+        **extra: Any,
+    ) -> Item:
+        return {
+            **keys.meta_key(task_id),
+            "gsi1pk": keys.tenant_pk(tenant),
+            "gsi1sk": keys.tenant_index_sk(now, task_id),
+            "task_id": task_id,
+            "tenant": tenant,
+            "status": TaskStatus.QUEUED.value,
+            "root_id": root_id,
+            "parent_id": parent_id,
+            "depth": depth,
+            "step": 0,
+            "llm_steps": 0,
+            "lease_epoch": 0,
+            "lease_expires": 0,
+            "tokens_in": 0,
+            "tokens_out": 0,
+            "cost_usd": Decimal(0),
+            "created_at": now,
+            "updated_at": now,
+            "claim_count": 0,
+            **live_keys(task_id),
+            **extra,
+        }
+
+    @staticmethod
+    def submission_item(task_id: str, submission: TaskSubmission) -> Item:
+        return {**keys.submission_key(task_id), "submission": submission.model_dump_json(exclude_none=True)}
+
+    def get(self, task_id: str) -> Task:
+        """META, the submission and the latest retry (``META#RETRY``): one Query."""
+        items = {i["sk"]: i for i in self.table.query(keys.task_pk(task_id), prefix=keys.META)}
+        meta, sub = items.get(keys.META), items.get(keys.SUBMISSION)
+        if meta is None or sub is None:
+            raise TaskNotFound(f"no task {task_id!r}", field="task_id")
+        task = self._decode(meta, sub)
+        retry = items.get(keys.RETRY)
+        if retry is not None:
+            fields = {k: v for k, v in plain(retry).items() if k not in ("pk", "sk")}
+            task = task.model_copy(update={"retry": RetryState.model_validate(fields)})
+        return task
+
+    def get_many(self, task_ids: list[str]) -> list[Task]:
+        """Many tasks (BatchGetItem), in the order asked; missing ones are left out."""
+        wanted = [k for t in task_ids for k in (keys.meta_key(t), keys.submission_key(t))]
+        by_key = {(i["pk"], i["sk"]): i for i in self.table.batch_get(wanted)}
+        out = []
+        for t in task_ids:
+            meta, sub = by_key.get((keys.task_pk(t), keys.META)), by_key.get((keys.task_pk(t), keys.SUBMISSION))
+            if meta is not None and sub is not None:
+                out.append(self._decode(meta, sub))
+        return out
+
+    def _decode(self, meta: Item, sub: Item) -> Task:
+        return self._task(
+            plain(meta, keep_decimal=frozenset({"cost_usd"})), TaskSubmission.model_validate_json(sub["submission"])
+        )
+
+    def _task(self, data: dict[str, Any], submission: TaskSubmission) -> Task:
+        data["lapsed_holds"] = lapsed_holds(data)
+        if "result_ref" in data:
+            data["result"] = self.payloads.decode({"ref": data["result_ref"]})
+        return Task.model_validate({**data, "submission": submission})

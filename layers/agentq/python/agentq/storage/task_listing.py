@@ -1,0 +1,102 @@
+"""Finding tasks: a tenant's, newest first (the ``gsi1`` index), and the unfinished ones (the
+sparse ``live`` index, which the sweeper walks)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from boto3.dynamodb.conditions import Attr, ConditionBase
+
+from agentq.core.models import Task, TaskStatus
+from agentq.resources import GSI1, GSI_LIVE, LIVE_ATTRIBUTES, LIVE_SHARDS
+from agentq.storage import keys
+from agentq.storage.table import ConditionFailed, Item, Update, plain, status_in
+from agentq.storage.task_items import TaskItems
+
+
+class TaskListing(TaskItems):
+    def list_for_tenant(
+        self,
+        tenant: str,
+        *,
+        limit: int,
+        after: str | None = None,
+        status: TaskStatus | None = None,
+        roots_only: bool = True,
+        max_reads: int = 5,
+    ) -> tuple[list[Task], str | None]:
+        """A page of ``tenant``'s tasks, newest first, from the ``gsi1`` index.
+
+        ``after`` is the ``gsi1sk`` of the last task of the previous page. Filters are applied
+        on the index (status and parent_id are projected), then the page's tasks are read in
+        one BatchGetItem. Returns the tasks and the ``gsi1sk`` to continue after, or None at
+        the end. With a filter, a page may hold fewer than ``limit`` tasks although more follow:
+        at most ``max_reads`` index queries are made per call.
+        """
+        pk = keys.tenant_pk(tenant)
+        conditions: list[ConditionBase] = []
+        if status is not None:
+            conditions.append(Attr("status").eq(status.value))
+        if roots_only:
+            conditions.append(Attr("parent_id").not_exists())
+        filter_ = None
+        for c in conditions:
+            filter_ = c if filter_ is None else filter_ & c
+        found: list[tuple[str, str]] = []  # (task_id, gsi1sk)
+        start = after
+        last: Item | None = None
+        for _ in range(max_reads):
+            wanted = limit + 1 - len(found)  # one more than needed tells whether another page exists
+            page = self.table.query_index(
+                GSI1,
+                ("gsi1pk", pk),
+                descending=True,
+                limit=max(wanted, 100) if filter_ is not None else wanted,  # a filter reads wider
+                filter=filter_,
+                start=(
+                    {**keys.meta_key(start.split("#", 1)[1]), "gsi1pk": pk, "gsi1sk": start}
+                    if start is not None
+                    else None
+                ),
+            )
+            found += [(keys.task_id_of(i["pk"]), i["gsi1sk"]) for i in page.items]
+            last = page.last_key
+            if len(found) > limit or last is None:
+                break
+            start = last["gsi1sk"]
+        cursor: str | None
+        if len(found) > limit:
+            found = found[:limit]
+            cursor = found[-1][1]
+        elif last is None:
+            cursor = None
+        else:  # read budget spent: go on from the last index entry evaluated
+            cursor = last["gsi1sk"]
+        return self.get_many([task_id for task_id, _ in found]), cursor
+
+    def live_task_ids(self, page_size: int = 500) -> Iterator[str]:
+        """Every task in the sparse ``live`` index: the unfinished ones (and a few just finished,
+        as the index is eventually consistent)."""
+        for shard in range(LIVE_SHARDS):
+            start: Item | None = None
+            while True:
+                page = self.table.query_index(
+                    GSI_LIVE, ("live_pk", f"LIVE#{shard}"), descending=False, limit=page_size, start=start
+                )
+                yield from (str(i["live_sk"]) for i in page.items)
+                if page.last_key is None:
+                    break
+                start = page.last_key
+
+    def metas(self, task_ids: list[str]) -> list[dict[str, Any]]:
+        """The META attributes of many tasks (BatchGetItem, no submissions), as plain values."""
+        return [plain(i) for i in self.table.batch_get([keys.meta_key(t) for t in task_ids])]
+
+    def unlist(self, task_id: str) -> None:
+        """Take an ended task out of the ``live`` index (one whose end did not, e.g. written
+        before the index existed); only while it is terminal."""
+        ended = [s for s in TaskStatus if s.terminal]
+        with contextlib.suppress(ConditionFailed):
+            self.table.update(keys.meta_key(task_id), Update(remove=LIVE_ATTRIBUTES), condition=status_in(ended))

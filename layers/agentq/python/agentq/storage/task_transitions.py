@@ -1,0 +1,202 @@
+"""A task's status transitions, and the failure and retry records a worker or the queue keeps
+on the way.
+
+Status changes are conditional on the current status being one that may lead to the new one
+(``sources_of``), so an illegal transition is refused by DynamoDB, not by a read-then-write
+race. Entering a terminal status stamps META's ``expires_at`` (the retention, ``TaskItems``) in
+the same write; leaving one is refused once that retention has run out.
+"""
+
+from __future__ import annotations
+
+import time
+from decimal import Decimal
+from typing import Any
+
+from boto3.dynamodb.conditions import Attr
+
+from agentq import observe
+from agentq.core.errors import IllegalTransition, LeaseLost, TaskNotFound
+from agentq.core.models import ALLOWED_TRANSITIONS, Lease, RetryState, TaskStatus, TaskSubmission, sources_of
+from agentq.resources import LIVE_ATTRIBUTES, TTL_ATTRIBUTE
+from agentq.storage import keys
+from agentq.storage.leases import why_fenced
+from agentq.storage.table import (
+    Check,
+    ConditionFailed,
+    Patch,
+    Put,
+    TransactionCancelled,
+    Update,
+    fence,
+    present,
+    status_in,
+)
+from agentq.storage.task_items import TaskItems, live_keys
+
+
+class TaskTransitions(TaskItems):
+    def transition(
+        self,
+        task_id: str,
+        to: TaskStatus,
+        *,
+        lease: Lease | None = None,
+        result: str | None = None,
+        error: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        """Move a task to ``to``; DynamoDB refuses it unless the current status may lead there.
+
+        With a lease the write is also fenced by its epoch. ``extra``: attributes set in the
+        same write (a waiting task's ``batch``).
+        """
+        allowed = sources_of(to)
+        if not allowed:
+            raise IllegalTransition(f"no status may move to {to.value!r}", field="status")
+        now = time.time()
+        sets: dict[str, Any] = {"status": to.value, "updated_at": now}
+        removes: list[str] = []
+        if to is not TaskStatus.RUNNING:  # only a running task holds a lease
+            sets["lease_expires"] = 0
+        if to is TaskStatus.QUEUED:  # a requeue starts clean
+            removes += ["error", "finished_at"]
+        if to.terminal:
+            sets.update({"finished_at": now, TTL_ATTRIBUTE: self.expiry(now)})
+            removes += LIVE_ATTRIBUTES  # out of the sweeper's index
+        else:
+            sets.update(live_keys(task_id))  # back in it (a requeue from the DLQ)
+            removes.append(TTL_ATTRIBUTE)  # a live task never expires (a no-op unless leaving a terminal status)
+        if result is not None:
+            sets.update(self._result_attrs(task_id, result, lease))
+        if error is not None:
+            sets["error"] = error
+            removes = [r for r in removes if r != "error"]
+        sets.update(extra or {})
+        condition = present() & status_in(allowed)
+        leaves_terminal = any(src.terminal for src in allowed)
+        if leaves_terminal:
+            # Not once the retention has run out: from then on DynamoDB TTL may delete META (and
+            # the reaper the rest of the task) at any moment. Only terminal tasks carry expires_at.
+            condition = condition & (Attr(TTL_ATTRIBUTE).not_exists() | Attr(TTL_ATTRIBUTE).gt(Decimal(repr(now))))
+        if lease is not None:
+            condition = condition & Attr("lease_epoch").eq(lease.epoch)
+        try:
+            new = self.table.update(
+                keys.meta_key(task_id), Update(set=sets, remove=removes), condition=condition, returns="ALL_NEW"
+            )
+        except ConditionFailed as exc:
+            current = self.get(task_id)  # raises TaskNotFound if absent
+            if lease is not None and current.lease_epoch != lease.epoch:
+                raise LeaseLost(f"lease epoch {lease.epoch} of task {task_id} is no longer current") from exc
+            if leaves_terminal and current.status.terminal and (current.expires_at or float("inf")) <= now:
+                raise IllegalTransition(
+                    f"task {task_id} is {current.status.value} and its retention ran out; it is being deleted",
+                    field="task_id",
+                ) from exc
+            raise IllegalTransition(
+                f"task {task_id} cannot move from {current.status.value!r} to {to.value!r}", field="status"
+            ) from exc
+        observe.task_status_changed(
+            task_id, str((new or {}).get("tenant", "")), to.value, **({"error": error.get("code")} if error else {})
+        )
+
+    def _result_attrs(self, task_id: str, result: str, lease: Lease | None) -> dict[str, Any]:
+        """``result`` inline, or an S3 pointer (``result_ref``) when it is large."""
+        epoch = lease.epoch if lease else 0
+        attrs = self.payloads.encode(f"{keys.payload_prefix(task_id)}result-e{epoch}.txt", result)
+        return {"result": attrs["body"]} if "body" in attrs else {"result_ref": attrs["ref"]}
+
+    def finish_update(
+        self,
+        task_id: str,
+        lease: Lease,
+        finish: TaskStatus,
+        now: float,
+        result: str | None,
+        error: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        """The META attributes a step commit sets when it ends the task."""
+        assert finish in ALLOWED_TRANSITIONS[TaskStatus.RUNNING] and finish.terminal
+        sets: dict[str, Any] = {
+            "status": finish.value,
+            "finished_at": now,
+            "lease_expires": 0,
+            TTL_ATTRIBUTE: self.expiry(now),
+        }
+        if result is not None:
+            sets.update(self._result_attrs(task_id, result, lease))
+        if error is not None:
+            sets["error"] = error
+        return sets
+
+    def pause(self, lease: Lease) -> Patch:
+        """The fenced write that pauses a running task (it gives up its lease)."""
+        return Patch(
+            "meta",
+            keys.meta_key(lease.task_id),
+            Update(set={"status": TaskStatus.PAUSED.value, "lease_expires": 0, "updated_at": time.time()}),
+            fence(lease),
+        )
+
+    def replace_submission(self, task_id: str, submission: TaskSubmission, *, when_status: TaskStatus) -> None:
+        try:
+            self.table.transact(
+                [
+                    Patch(
+                        "meta",
+                        keys.meta_key(task_id),
+                        Update(set={"updated_at": time.time()}),
+                        Attr("status").eq(when_status.value),
+                    ),
+                    Put("submission", self.submission_item(task_id, submission)),
+                ]
+            )
+        except TransactionCancelled as exc:
+            raise IllegalTransition(f"task {task_id} is no longer {when_status.value}", field="task_id") from exc
+
+    def set_task_token(self, task_id: str, token: str) -> None:
+        self.table.update(keys.meta_key(task_id), Update(set={"task_token": token}), condition=present())
+
+    def record_failure(self, task_id: str, step: int) -> int:
+        """Count one retryable failure of the task at ``step``; returns the failures in a row there.
+
+        The count is the task's own (on META), so it grows only when the task itself fails, not
+        when a message is received again because a worker was killed or stopped; a step
+        committed since the last failure starts the count again.
+        """
+        key = keys.meta_key(task_id)
+        try:
+            item = self.table.update(
+                key,
+                Update(add={"failures": 1}, set={"updated_at": time.time()}),
+                condition=present() & Attr("failure_step").eq(step),
+                returns="ALL_NEW",
+            )
+            assert item is not None
+            return int(item["failures"])
+        except ConditionFailed:
+            try:
+                self.table.update(
+                    key,
+                    Update(set={"failures": 1, "failure_step": step, "updated_at": time.time()}),
+                    condition=present(),
+                )
+            except ConditionFailed as exc:
+                raise TaskNotFound(f"no task {task_id!r}", field="task_id") from exc
+            return 1
+
+    def record_retry(self, task_id: str, state: RetryState, *, lease: Lease | None = None) -> bool:
+        """Replace the task's ``META#RETRY`` with ``state``, so status and the trace show the
+        retry while it waits. With a lease the write is fenced (the worker retrying a call);
+        without one (the queue's redelivery) it is made only while the task is queued or
+        running. Returns False when the task had ended."""
+        item = {**keys.retry_key(task_id), **state.model_dump()}
+        guard = fence(lease) if lease is not None else present() & status_in([TaskStatus.QUEUED, TaskStatus.RUNNING])
+        try:
+            self.table.transact([Check("task", keys.meta_key(task_id), guard), Put("retry", item)])
+        except TransactionCancelled as exc:
+            if lease is not None:
+                raise why_fenced(self.table, lease) from exc
+            return False
+        return True
