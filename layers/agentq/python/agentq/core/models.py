@@ -438,7 +438,9 @@ class Task(BaseModel):
     @classmethod
     def _stored_hold(cls, raw: Any) -> Any:
         """META stores a hold as a map (``storage.budgets.ticket_value``): read it as one."""
-        return Reservation.from_ticket(raw) if isinstance(raw, dict) else raw
+        if isinstance(raw, dict):
+            return Reservation.from_ticket(raw) if raw else None
+        return raw
 
     @field_validator("lapsed_holds", mode="before")
     @classmethod

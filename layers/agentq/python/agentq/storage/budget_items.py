@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import Any
 
 from agentq.core.pricing import NO_MONEY_CAP
-from agentq.core.records import BudgetState, Reservation
+from agentq.core.records import BudgetState
 from agentq.storage.table import Item, plain
 
 SETTLED = "budget_settled"
@@ -64,17 +64,6 @@ def lapsed_holds(data: dict[str, Any]) -> dict[int, dict[str, Any]]:
         for name, value in data.items()
         if name.startswith(LAPSED_PREFIX) and name.removeprefix(LAPSED_PREFIX).isdigit()
     }
-
-
-def reservation_of(raw: dict[str, Any]) -> Reservation:
-    until = raw.get("until")
-    return Reservation(
-        amount=int(raw["amount"]),
-        epoch=int(raw["epoch"]),
-        step=int(raw["step"]),
-        until=float(until) if until is not None else None,
-        micros=int(raw.get("usd", 0)),
-    )
 
 
 def budget_state(item: Item) -> BudgetState:

@@ -51,7 +51,7 @@ from agentq.core.models import Lease
 from agentq.core.pricing import NO_MONEY_CAP
 from agentq.core.records import NO_USAGE, BudgetDelta, BudgetState, Reservation
 from agentq.storage import keys
-from agentq.storage.budget_items import SETTLED, budget_state, lapsed_name, reservation_of, ticket_value
+from agentq.storage.budget_items import SETTLED, budget_state, lapsed_name, ticket_value
 from agentq.storage.leases import why_fenced
 from agentq.storage.table import (
     ConditionFailed,
@@ -152,7 +152,7 @@ class Budgets:
     def inflight(self, task_id: str) -> Reservation | None:
         item = self.table.get(keys.meta_key(task_id))
         raw = plain(item or {}).get("inflight")
-        return reservation_of(raw) if raw else None
+        return Reservation.from_ticket(raw) if raw else None
 
     def extend_hold(self, lease: Lease, held: Reservation, until: float) -> None:
         """Move this epoch's hold deadline to ``until`` before its call starts; fenced, so a

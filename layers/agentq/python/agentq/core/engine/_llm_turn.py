@@ -147,8 +147,8 @@ class LLMTurn:
             return None
         self.holds.hand_back(s)
         log.info("task %s deferred %.1fs: %s for %s", s.task_id, admission.wait, admission.reason, sub.model)
-        template = DEFERRAL_MESSAGES.get(admission.reason, admission.reason)
-        message = template.format(provider=sub.provider, model=sub.model)
+        known = DEFERRAL_MESSAGES.get(admission.reason)
+        message = known.format(provider=sub.provider, model=sub.model) if known else admission.reason
         return RunResult(
             s.task_id, "deferred",
             error={"code": admission.reason, "message": message, "retry_after": max(1.0, admission.wait)},
