@@ -138,3 +138,46 @@ def test_on_the_local_stack_the_poll_message_resumes_the_task_when_its_batch_end
         calls = [s.body for s in store.steps.load(task.task_id) if isinstance(s.body, LLMStep)]
         assert len(calls) == LOOKUPS + 1 and all(c.batched for c in calls)
         assert final.claim_count == LOOKUPS + 2  # submitted once, resumed once per batch
+
+
+def test_a_batch_looked_at_twice_before_it_ends_keeps_one_hold_and_no_wait(registry: ToolRegistry) -> None:
+    """Each poll is a claim of its own: the hold of the batch's turn passes from claim to claim
+    (adopted), never set aside as a lost worker's (which would count it twice for the batch's
+    24 hours and could make the task wait that long)."""
+    from agentq.core.models import Script
+    from agentq.core.providers import LLMRequest, LLMResponse
+    from agentq.core.providers.scripted import ScriptedProvider
+    from agentq.storage.container import memory_storage
+
+    store = memory_storage()
+    turns = [{"text": "all looked up"}]
+    ended: list[bool] = []
+    sent: dict[str, LLMRequest] = {}
+
+    class Batches:
+        name = "anthropic"
+        inner = ScriptedProvider(Script.model_validate({"turns": turns}))
+
+        def complete(self, request: LLMRequest) -> LLMResponse:
+            raise AssertionError("an economy task's calls go through batches")
+
+        def submit_batch(self, request: LLMRequest, custom_id: str) -> str:
+            sent["b1"] = request
+            return "b1"
+
+        def batch_result(self, batch_id: str, custom_id: str) -> LLMResponse | None:
+            return self.inner.complete(sent[batch_id]) if ended else None
+
+    task = store.tasks.create(parse_submission(_economy()), tenant="t")
+    held = []
+    for worker in ("w1", "w2", "w3"):  # sent, then looked at twice before it ends
+        run = Engine(store, worker_id=worker, tools=registry, providers=lambda _: Batches()).run(task.task_id)
+        assert run.outcome == "waiting", run
+        held.append(store.budgets.get(task.task_id).reserved)
+        store.tasks.transition(task.task_id, TaskStatus.QUEUED)  # what the poll message does
+    assert held[0] > 0 and held == [held[0]] * 3  # one hold, whichever claim looked
+    assert store.tasks.get(task.task_id).lapsed_holds == {}
+    ended.append(True)
+    done = Engine(store, worker_id="w4", tools=registry, providers=lambda _: Batches()).run(task.task_id)
+    assert done.status is TaskStatus.SUCCEEDED, done
+    assert store.budgets.get(task.task_id).reserved == 0

@@ -98,8 +98,12 @@ class BudgetHolds:
         current, batch = task.inflight, task.batch
         if current and batch and current.epoch == int(batch["epoch"]) != s.lease.epoch:
             # The hold of the batched call this task waited on: its result is settled by this run.
+            # The batch is this run's now too: a run that finds it still running parks with it
+            # again, and the next claim must adopt the hold again, not take it for a lost worker's.
             self.budgets.adopt(s.lease, current)
-            s.task = task.model_copy(update={"inflight": current.moved_to(epoch=s.lease.epoch)})
+            s.task = task.model_copy(
+                update={"inflight": current.moved_to(epoch=s.lease.epoch), "batch": {**batch, "epoch": s.lease.epoch}}
+            )
         elif current and current.epoch != s.lease.epoch:
             if not current.lapsed_by(now):
                 self.budgets.set_aside(s.lease, current)
