@@ -410,3 +410,29 @@ def test_a_run_deferred_behind_a_lapsed_hold_after_losing_its_lease_ends_lease_l
     assert taken and result.outcome == "lease_lost", result
     assert not [r for r in caplog.records if r.exc_info], "an expected race logs no traceback"
     assert store.budgets.get(task.task_id).reserved == 4_990  # the lapsed hold stays counted until its deadline
+
+
+def test_a_run_that_returned_every_lapsed_hold_at_its_claim_reports_none_left(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    """A lapsed hold returned at claim is gone: the run's ``lapsed_until`` (which schedules a
+    ``release_holds`` message) does not name it."""
+    import contextlib
+
+    from tests.helpers import wait_for
+
+    task = store.tasks.create(scripted([{"text": "done"}]), tenant="t")
+    dead, _ = store.tasks.claim(task.task_id, "dead", 0.05)  # type: ignore[misc]
+    store.budgets.reserve(dead, task.task_id, 300, 1, until=time.time() + 0.3)
+    wait_for(lambda: store.tasks.get(task.task_id).lease_expires < time.time(), what="the dead lease lapses")
+    second = Engine(store, worker_id="w2", tools=registry, config=EngineConfig(lease_seconds=0.05))
+    stopping = __import__("threading").Event()
+    stopping.set()  # a worker shutting down: the run sets the live hold aside and ends at once
+    assert second.run(task.task_id, keeper=lambda _: contextlib.nullcontext(), stop=stopping).outcome == "continue"
+    assert set(store.tasks.get(task.task_id).lapsed_holds) == {dead.epoch}
+    wait_for(lambda: time.time() > (store.tasks.get(task.task_id).lapsed_holds[dead.epoch].until or 0), what="deadline")
+    wait_for(lambda: store.tasks.get(task.task_id).lease_expires < time.time(), what="the second lease lapses")
+
+    result = Engine(store, worker_id="w3", tools=registry, config=EngineConfig(lease_seconds=30)).run(task.task_id)
+    assert result.status is TaskStatus.SUCCEEDED and store.tasks.get(task.task_id).lapsed_holds == {}
+    assert result.lapsed_until is None

@@ -45,10 +45,11 @@ class HoldsInFlight(Exception):
 
 @dataclass(frozen=True)
 class LapsedHolds:
-    """What returning a task's lapsed holds did: whether any went back, and the seconds left
-    until each hold still live can no longer be charged."""
+    """What returning a task's lapsed holds did: whether any went back, the holds still live
+    (by epoch), and the seconds left until each of them can no longer be charged."""
 
     returned: bool
+    kept: dict[int, Reservation]
     live: list[float]
 
 
@@ -72,13 +73,14 @@ class BudgetHolds:
     def return_lapsed(self, task: Task) -> LapsedHolds:
         """Return the holds older epochs left on ``task`` whose calls can no longer complete."""
         now = time.time()
-        live, returned = [], False
-        for held in task.lapsed_holds.values():
+        live, kept, returned = [], {}, False
+        for epoch, held in task.lapsed_holds.items():
             if held.lapsed_by(now):
                 returned |= self.budgets.return_lapsed(task.task_id, task.budget_id, held, parent_id=task.parent_id)
             else:
+                kept[epoch] = held
                 live.append(held.until - now if held.until is not None else 0.0)
-        return LapsedHolds(returned, live)
+        return LapsedHolds(returned, kept, live)
 
     def take_over(self, s: Session) -> None:
         """At claim: the holds left by older epochs. Those whose calls are over go back; the
@@ -93,8 +95,8 @@ class BudgetHolds:
         unknowable, so the hold is returned, not guessed at.
         """
         now = time.time()
-        task = s.task
-        self.return_lapsed(task)
+        # The holds returned here are gone: the run's end (``lapsed_until``) names only the rest.
+        task = s.task = s.task.model_copy(update={"lapsed_holds": self.return_lapsed(s.task).kept})
         current, batch = task.inflight, task.batch
         if current and batch and current.epoch == int(batch["epoch"]) != s.lease.epoch:
             # The hold of the batched call this task waited on: its result is settled by this run.
