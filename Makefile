@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 
-.PHONY: demo test lint layers bench chaos clean sandbox-tools chromium console-screenshots
+.PHONY: demo test lint layers bench chaos clean sandbox-tools chromium console-screenshots cdk
 
 # One venv, two installs. `make test` installs everything (.[dev]); `make demo` only the runtime
 # and the embedded AWS (.[local]), unless the full install is already there and current (a
@@ -21,6 +21,15 @@ $(VENV)/.local-installed: pyproject.toml | $(PY)
 	if [ -f $(VENV)/.installed ] && [ $(VENV)/.installed -nt pyproject.toml ]; then :; \
 	else $(PY) -m pip install -q -e ".[local]"; fi
 	touch $@
+
+# What `npx cdk synth/deploy` runs (cdk.json: .venv/bin/python app.py): aws-cdk-lib, cdk-nag, cfn-lint.
+# `make test` installs them too; after `make demo` alone, `make cdk` adds just these.
+$(VENV)/.cdk-installed: pyproject.toml | $(PY)
+	if [ -f $(VENV)/.installed ] && [ $(VENV)/.installed -nt pyproject.toml ]; then :; \
+	else $(PY) -m pip install -q -e ".[local,cdk]"; fi
+	touch $@
+
+cdk: $(VENV)/.cdk-installed
 
 $(VENV)/.bench-installed: $(VENV)/.installed
 	$(PY) -m pip install -q -e ".[dev,bench]"
