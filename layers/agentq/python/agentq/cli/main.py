@@ -54,9 +54,23 @@ def exit_code(exc: AgentqError) -> int:
     return 2 if status in (400, 401, 403, 413, 415, 422) else 1
 
 
+def _subcommand_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
+    """The deepest subcommand parser the words of ``argv`` name (``agents show`` -> its own)."""
+    current = parser
+    for word in argv:
+        choices = next((a.choices for a in current._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if not isinstance(choices, dict) or word not in choices:
+            continue
+        current = choices[word]
+    return current
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the subcommand's own parser, so its usage (the flags it has) is shown
+        chosen = _subcommand_parser(parser, argv if argv is not None else sys.argv[1:])
+        chosen.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args.func(args))
     except AgentqError as exc:

@@ -36,12 +36,17 @@ def load_script(value: str) -> Any:
         except ValueError as exc:
             raise UsageError(f"--script is not valid JSON: {exc}", field="script") from None
     path = Path(value)
+    if path.is_dir():
+        raise UsageError(f"--script {value}: a directory, not a script file", field="script")
+    if not path.is_file() and ("/" in value or value.endswith((".yaml", ".yml", ".json"))):
+        raise UsageError(f"--script {value}: no such file", field="script")
     if not path.is_file():
-        return value
+        return value  # a built-in script's name: the API knows them
     import yaml
 
     try:
-        return yaml.safe_load(path.read_text())
+        with path.open() as stream:  # a stream, so a YAML error names the file
+            return yaml.safe_load(stream)
     except (OSError, yaml.YAMLError) as exc:
         raise UsageError(f"cannot read script {value}: {exc}", field="script") from None
 

@@ -67,6 +67,8 @@ def resolve_target(args: argparse.Namespace) -> tuple[str, str | None]:
     key = key or profile.get("api_key")
     if not url:
         raise UsageError(NO_TARGET.format(path=path), field="url")
+    if not str(url).startswith(("http://", "https://")):
+        raise UsageError(f"the API's URL must start with http:// or https:// (got {url!r})", field="url")
     return str(url), (str(key) if key else None)
 
 

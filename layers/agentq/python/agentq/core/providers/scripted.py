@@ -41,6 +41,10 @@ def load_script(spec: Script | str | dict[str, Any]) -> Script:
     if isinstance(spec, dict):
         return Script.model_validate(spec)
     path = Path(spec)
+    if path.is_dir():
+        raise ValueError(f"script {spec!r} is a directory, not a script file")
+    if not path.exists() and _looks_like_a_path(spec):
+        raise ValueError(f"no such script file: {spec!r}")
     if not path.exists():
         path = SCRIPTS_DIR / f"{spec}.yaml"
     if not path.exists():
@@ -51,6 +55,11 @@ def load_script(spec: Script | str | dict[str, Any]) -> Script:
     except yaml.YAMLError as exc:  # JSON is YAML: one parser for both
         raise ValueError(f"script {spec!r} is neither JSON nor YAML: {exc}") from None
     return Script.model_validate(data)
+
+
+def _looks_like_a_path(spec: str) -> bool:
+    """A file was meant (a folder in it, or a script's suffix), not a built-in script's name."""
+    return "/" in spec or spec.endswith((".yaml", ".yml", ".json"))
 
 
 def builtin_script_names() -> list[str]:

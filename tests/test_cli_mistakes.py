@@ -1,0 +1,53 @@
+"""Mistakes a newcomer makes with `agentq`, each met with a message that says what is wrong and
+exit 2, and no request sent (the URL points at nothing: a request would exit 1 "cannot reach")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from agentq.core.providers.scripted import load_script
+
+from tests import test_cli
+from tests.test_cli import Ran
+
+cli = test_cli.cli
+NOWHERE = "http://127.0.0.1:9"
+
+
+def test_a_misspelt_flag_shows_the_usage_of_the_command_it_was_given_to(cli: Callable[..., Ran]) -> None:
+    ran = cli("submit", "x", "--scrpit", "first_task", "--url", NOWHERE)
+    assert ran.returncode == 2
+    assert "usage: agentq submit" in ran.stderr and "unrecognized arguments: --scrpit first_task" in ran.stderr
+    nested = cli("agents", "show", "shop", "--verison", "2", "--url", NOWHERE)
+    assert nested.returncode == 2 and "usage: agentq agents show" in nested.stderr
+
+
+def test_a_url_without_its_scheme_is_named_as_such(cli: Callable[..., Ran]) -> None:
+    ran = cli("list", "--url", "127.0.0.1:35829")
+    assert ran.returncode == 2
+    assert "the API's URL must start with http:// or https:// (got '127.0.0.1:35829')" in ran.stderr
+
+
+def test_a_script_file_that_is_not_there_is_said_to_be_missing_not_an_unknown_built_in(
+    cli: Callable[..., Ran], tmp_path: Path
+) -> None:
+    missing = cli("submit", "x", "--script", "examples/scripts/frist_task.yaml", "--url", NOWHERE)
+    assert missing.returncode == 2 and "--script examples/scripts/frist_task.yaml: no such file" in missing.stderr
+    folder = cli("submit", "x", "--script", str(tmp_path), "--url", NOWHERE)
+    assert folder.returncode == 2 and "a directory, not a script file" in folder.stderr
+    broken = tmp_path / "broken.yaml"
+    broken.write_text('turns: [\n  - text: "a\n')
+    bad = cli("submit", "x", "--script", str(broken), "--url", NOWHERE)
+    assert bad.returncode == 2 and f'in "{broken}", line' in bad.stderr  # the YAML error names the file
+
+
+def test_the_scripted_provider_tells_a_missing_file_from_an_unknown_built_in(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"no such script file: 'scripts/nope\.yaml'"):
+        load_script("scripts/nope.yaml")
+    with pytest.raises(ValueError, match="is a directory"):
+        load_script(str(tmp_path))
+    with pytest.raises(ValueError, match="unknown script 'nope'; built-in scripts: first_task, research"):
+        load_script("nope")
