@@ -130,7 +130,9 @@ def _cmd_dev(args: argparse.Namespace) -> int:
     from agentq.runtime import build_registry
 
     modules = _tool_modules(args)
-    stack = LocalStack(workers=args.workers, auth=args.auth, tool_modules=(*DEFAULT_TOOL_MODULES, *modules))
+    stack = LocalStack(
+        workers=args.workers, auth=args.auth, tool_modules=(*DEFAULT_TOOL_MODULES, *modules), supervise=True
+    )
     try:
         stack.start()
         assert stack.settings is not None and stack.api_server is not None
@@ -160,12 +162,10 @@ def _cmd_dev(args: argparse.Namespace) -> int:
             from agentq.local.reload import ModuleWatcher
 
             watcher = ModuleWatcher(modules)
-        while all(p.poll() is None for p in stack.processes):
+        while True:  # a worker that exits is replaced by the stack's supervisor
             time.sleep(0.5)
             if watcher is not None and (changed := watcher.changed()):
                 _reload(stack, modules, changed, say)
-        print("a worker exited; stopping", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         return 0
     finally:
@@ -966,7 +966,7 @@ def build_parser() -> argparse.ArgumentParser:
     dev = command(
         "dev", "start the local stack (moto, queues, table, workers, API) until Ctrl-C; prints the env to export"
     )
-    dev.add_argument("--workers", type=int, default=2, help="worker processes")
+    dev.add_argument("--workers", type=int, default=2, help="worker processes (one that exits is replaced)")
     dev.add_argument("--auth", action="store_true", help="require API keys as in AWS (prints a key for tenant 'local')")
     dev.add_argument(
         "--tools", action="append", metavar="MODULE",
