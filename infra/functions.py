@@ -454,11 +454,18 @@ def build_functions(
     ):
         api.add_to_role_policy(statement)
     # GET /dead-letters and POST /dead-letters/{tier}/redrive (agentq.api.routes.dead_letters): a tenant's
-    # dead letters are read and moved back from the DLQs (sent with Enqueue above), one by one.
+    # dead letters are read and moved back from the DLQs (sent with Enqueue above), one by one; the
+    # queue's counts tell either one that another holds messages for a moment (agentq.queueing.dlq).
     api.add_to_role_policy(
         iam.PolicyStatement(
             sid="DeadLetters",
-            actions=["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueUrl"],
+            actions=[
+                "sqs:ReceiveMessage",
+                "sqs:DeleteMessage",
+                "sqs:ChangeMessageVisibility",
+                "sqs:GetQueueUrl",
+                "sqs:GetQueueAttributes",
+            ],
             resources=[q.queue_arn for q in data.dlqs.values()],
         )
     )

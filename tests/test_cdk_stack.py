@@ -456,6 +456,7 @@ def test_each_function_gets_only_what_its_code_calls(synth: Synthesized) -> None
         if set(_as_list(s["Action"])) & {"sqs:ReceiveMessage", "sqs:DeleteMessage"}
     ]
     assert len(receiving) == 1 and receiving[0]["Sid"] == "DeadLetters"
+    assert "sqs:GetQueueAttributes" in _as_list(receiving[0]["Action"])  # a listing waits for held messages
     assert sorted(r["Fn::GetAtt"][0] for r in _as_list(receiving[0]["Resource"])) == dlq_ids
     assert not api & {
         "states:StartExecution",

@@ -93,7 +93,7 @@ def test_a_task_end_is_posted_signed_for_its_tenant_and_a_failed_delivery_is_tri
         ("https://127.0.0.1/hook", "loopback"),
         ("https://169.254.169.254/latest", "metadata"),
         ("https://10.1.2.3/x", "private"),
-        ("ftp://example.com/x", "http:// and https://"),
+        ("ftp://example.com/x", "https:// URLs only"),
         ("https://localhost:8443/x", "loopback"),
     ],
 )

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from agentq.api.models import (
+    MAX_PAGE_SIZE,
     AgentCreated,
     AgentList,
     AgentSpec,
@@ -264,8 +265,11 @@ class Client:
         include_children: bool = False,
         metadata: Mapping[str, str] | None = None,
     ) -> TaskPage:
-        """One page of tasks, newest first; pass ``page.next_cursor`` for the next. ``metadata``:
-        only tasks whose metadata has every pair (a page may then hold fewer than ``limit``)."""
+        """One page of tasks, newest first; pass ``page.next_cursor`` for the next (``iter_tasks``
+        follows them). ``limit``: 1 to ``MAX_PAGE_SIZE`` (100) tasks; the API refuses more with
+        a 422 naming ``limit``. ``metadata``: only tasks whose metadata has every pair; a call
+        reads at most 1,000 tasks, so a page may then hold fewer than ``limit``, even none,
+        with a cursor to go on."""
         status_value = status.value if isinstance(status, TaskStatus) else status
         return self._get(
             TaskPage,
@@ -281,7 +285,7 @@ class Client:
         self,
         status: TaskStatus | str | None = None,
         *,
-        page_size: int = 100,
+        page_size: int = MAX_PAGE_SIZE,
         include_children: bool = False,
         metadata: Mapping[str, str] | None = None,
     ) -> Iterator[TaskSummary]:

@@ -124,7 +124,20 @@ def describe_validation_error(error: Mapping[str, Any]) -> tuple[str, str | None
         return f"{name}: unknown field", field
     if kind == "model_attributes_type" and field == "body":
         return "the body must be a JSON object", field
+    bound = _QUERY_BOUNDS.get(kind) if loc and loc[0] == "query" else None
+    if bound is not None:  # ?limit=1000: say the bound, in the caller's terms
+        return f"{name}: {bound.format(**(error.get('ctx') or {}))}, not {error.get('input')}", field
     return f"{name}: {message}", field
+
+
+# A query parameter out of its range: pydantic's words ("Input should be less than or equal
+# to 100") replaced by the bound itself.
+_QUERY_BOUNDS = {
+    "less_than_equal": "at most {le}",
+    "greater_than_equal": "at least {ge}",
+    "less_than": "less than {lt}",
+    "greater_than": "more than {gt}",
+}
 
 
 def internal_error() -> Response[Any]:

@@ -143,7 +143,9 @@ def _cmd_dev(args: argparse.Namespace) -> int:
     from agentq.runtime import build_registry
 
     modules = _tool_modules(args)
-    stack = LocalStack(workers=args.workers, auth=args.auth, tool_modules=(*DEFAULT_TOOL_MODULES, *modules))
+    stack = LocalStack(
+        workers=args.workers, auth=args.auth, tool_modules=(*DEFAULT_TOOL_MODULES, *modules), supervise=True
+    )
     try:
         stack.start()
         assert stack.settings is not None and stack.api_server is not None
@@ -167,18 +169,19 @@ def _cmd_dev(args: argparse.Namespace) -> int:
         say("            env for other shells:")
         for key, value in env.items():
             say(f"              export {key}={value}")
-        say("Ctrl-C stops everything." + (" Workers restart when a tool module changes." if args.reload else ""))
+        say(
+            "Ctrl-C stops everything. A worker that dies is replaced (SIGKILL one to watch its task resume)."
+            + (" Workers restart when a tool module changes." if args.reload else "")
+        )
         watcher = None
         if args.reload:
             from agentq.local.reload import ModuleWatcher
 
             watcher = ModuleWatcher(modules)
-        while all(p.poll() is None for p in stack.processes):
+        while True:  # a worker that exits is replaced by the stack's supervisor (local.fleet)
             time.sleep(0.5)
             if watcher is not None and (changed := watcher.changed()):
                 _reload(stack, modules, changed, say)
-        print("a worker exited; stopping", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         return 0
     finally:
@@ -196,7 +199,7 @@ def register(sub: Any) -> None:
     dev = command(
         "dev", "start the local stack (moto, queues, table, workers, API) until Ctrl-C; prints the env to export"
     )
-    dev.add_argument("--workers", type=int, default=2, help="worker processes")
+    dev.add_argument("--workers", type=int, default=2, help="worker processes (one that exits is replaced)")
     dev.add_argument("--auth", action="store_true", help="require API keys as in AWS (prints a key for tenant 'local')")
     dev.add_argument("--tools", action="append", metavar="MODULE", help=TOOLS_HELP)
     dev.add_argument("--reload", action="store_true", help="restart the workers when a tool module's source changes")

@@ -20,6 +20,7 @@ import http.client
 import json
 import os
 import time
+import urllib.parse
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -48,16 +49,32 @@ def allowed_hosts(env: Mapping[str, str] | None = None) -> list[HostRule]:
     return [HostRule.parse(part) for part in raw.split(",") if part.strip()]
 
 
+def _https_only(url: str) -> str:
+    return f"callbacks go to https:// URLs only (http:// too for a host {ALLOW_VARIABLE} names), not {url!r}"
+
+
+def _target(url: str) -> Target:
+    """The callback's target, its scheme checked first: a scheme no callback uses is refused
+    in the callbacks' own words, not in those of ``http_fetch``, whose URL parser this is."""
+    try:
+        scheme = urllib.parse.urlsplit(url).scheme.lower()
+    except ValueError:
+        return parse_target(url)  # which says what is wrong with it
+    if scheme not in ("http", "https"):
+        raise FetchRefused(_https_only(url))
+    return parse_target(url)
+
+
 def check_url(url: str, *, field: str = "notify.url", resolve: bool = True) -> None:
     """Refuse (ValidationError naming ``field``) a URL that is not https or leads inside."""
     try:
-        target = parse_target(url)
+        target = _target(url)
     except FetchRefused as exc:
         raise ValidationError(f"{field}: {exc}", field=field) from None
     if any(rule.matches(target.host, target.port) for rule in allowed_hosts()):
         return
     if target.scheme != "https":
-        raise ValidationError(f"{field}: callbacks go to https:// URLs only, not {url!r}", field=field)
+        raise ValidationError(f"{field}: {_https_only(url)}", field=field)
     if resolve:
         try:
             _checked_addresses(target)
@@ -133,10 +150,10 @@ class Delivery:
 def post(delivery: Delivery, secret: str, *, now: float | None = None) -> int:
     """POST the delivery, signed; returns the status. Raises on a refused address, a
     connection failure or a timeout (the queue retries it)."""
-    target = parse_target(delivery.url)
+    target = _target(delivery.url)
     allowed = next((r for r in allowed_hosts() if r.matches(target.host, target.port)), None)
     if allowed is None and target.scheme != "https":
-        raise FetchRefused(f"callbacks go to https:// URLs only, not {delivery.url!r}")
+        raise FetchRefused(_https_only(delivery.url))
     addresses = [allowed.literal] if allowed is not None and allowed.literal is not None else None
     if addresses is None:
         addresses = _checked_addresses(target) if allowed is None else _resolved(target)

@@ -1,9 +1,11 @@
 """``agentq demo`` and ``agentq run``: the whole system on the embedded local stack.
 
 The demo submits the scripted research agent through the HTTP API, lets the queue-fed
-workers run it, SIGKILLs the worker holding it mid-task, and shows the other worker resume
-at the same step. It prints the step timeline, the resume latency, the ledger and the number
-of times the side-effecting tool really ran.
+workers run it, SIGKILLs the worker holding it mid-task, and shows another worker resume at
+the same step: the surviving one, or the replacement the stack starts for the killed one
+(whichever receives the task's message first once it is visible again). It prints the step
+timeline, the resume latency, the ledger and the number of times the side-effecting tool
+really ran.
 """
 
 from __future__ import annotations
@@ -70,13 +72,16 @@ def run_demo(*, kill_at_step: int = 6) -> int:
     print(
         "agentq demo: starting the local stack (moto server, table, bucket, 3 tier queues + DLQs, 2 workers, API) ..."
     )
-    with LocalStack(prefix="agentq-demo", workers=2, extra_env={"AGENTQ_OUTBOX": str(outbox)}) as stack:
+    with LocalStack(
+        prefix="agentq-demo", workers=2, extra_env={"AGENTQ_OUTBOX": str(outbox)}, supervise=True, announce=print
+    ) as stack:
         assert stack.api_server is not None
         api = stack.api_server.url
         store = stack.store()
         c = stack.worker_config
+        started = {p.pid for p in stack.processes}
         print(
-            f"  API {api}; workers {[p.pid for p in stack.processes]}; lease {c.lease_seconds:.0f}s, "
+            f"  API {api}; workers {sorted(started)}; lease {c.lease_seconds:.0f}s, "
             f"heartbeat {c.heartbeat_seconds:.0f}s, visibility {c.visibility_seconds}s\n"
         )
         created = _post(
@@ -113,14 +118,16 @@ def run_demo(*, kill_at_step: int = 6) -> int:
         print_timeline(task, steps, claims)
         if killed_at is not None and len(claims) > 1:
             resumed = claims[-1]
+            pid = int(resumed.worker.rsplit(":", 1)[-1])
+            who = "the surviving worker" if pid in started else "the replacement worker"
             print(
-                f"\nresumed by {resumed.worker} {resumed.at - killed_at:.2f}s after the kill, "
+                f"\nresumed by {resumed.worker} ({who}) {resumed.at - killed_at:.2f}s after the kill, "
                 f"at step {next(s.number for s in steps if s.epoch == resumed.epoch)} "
                 f"(pickup latency at submit: {task.pickup_latency:.3f}s)"
             )
         budget = store.budgets.get(task.root_id)
         deliveries = outbox.read_text().splitlines() if outbox.exists() else []
-        print(f"\nstatus: {view['status']}   steps: {task.step}   workers: {len(claims)}")
+        print(f"\nstatus: {view['status']}   steps: {task.step}   workers that ran it: {len(claims)}")
         print(
             f"tokens: in {task.tokens_in}, out {task.tokens_out}; budget used {budget.used}/{budget.cap}; cost ${budget.cost_usd:.4f}"
         )

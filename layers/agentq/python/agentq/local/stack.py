@@ -1,5 +1,11 @@
 """The embedded local stack: moto server, the production resources, N worker processes and
-the API handler on localhost. What `agentq dev`, `agentq demo` and the system tests run."""
+the API handler on localhost. What `agentq dev`, `agentq demo` and the system tests run.
+
+With ``supervise`` the stack keeps its workers up as a fleet is kept (``local.fleet``): a
+worker that exits is replaced, the API and the other workers carry on, and the dead worker's
+task resumes once its message is visible again. Off by default, for the tests that kill
+workers and then count on exactly the processes they started.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,8 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +26,7 @@ from agentq.control.defaults import Defaults
 from agentq.core.secrets import Secrets
 from agentq.core.tools.mcp import McpServers
 from agentq.local.api_server import LocalApiServer
+from agentq.local.fleet import RestartBackoff, describe_exit
 from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
 from agentq.queueing.sweeper import sweep
 from agentq.queueing.webhooks import delivery_loop
@@ -28,6 +37,31 @@ from agentq.storage.api_keys import KeyStore
 
 # The demo's own tools (send_report): always there locally, whatever else is loaded.
 DEFAULT_TOOL_MODULES: tuple[str, ...] = ("agentq.core.tools.examples",)
+SUPERVISE_EVERY_SECONDS = 0.25  # how soon a dead worker is noticed
+
+log = logging.getLogger("agentq.local")
+
+
+@dataclass(frozen=True)
+class WorkerReplacement:
+    """A supervised worker that exited, and the one started in its place."""
+
+    exited: int  # pid
+    returncode: int  # negative: the signal that killed it
+    replacement: int  # pid
+    delay_seconds: float  # the crash-loop back-off waited before the replacement started
+
+
+@dataclass
+class _Pending:
+    """A replacement held back by the crash-loop back-off."""
+
+    due: float  # time.monotonic()
+    exited: int
+    returncode: int
+    quick_exits: int
+    delay_seconds: float
+    env: dict[str, str]
 
 
 @dataclass
@@ -45,10 +79,22 @@ class LocalStack:
     # are re-enqueued. Shorter than in AWS: local retries and deferrals wait seconds, not minutes.
     sweep_every: float | None = 15.0
     sweep_stale_after: float = 120.0
+    supervise: bool = False  # replace a worker that exits (agentq dev, agentq demo)
+    restart_backoff: RestartBackoff = field(default_factory=RestartBackoff)
+    announce: Callable[[str], None] | None = None  # where a replacement is told (default: a warning log)
 
     def __post_init__(self) -> None:
         self.moto = MotoServer()
         self.processes: list[subprocess.Popen[bytes]] = []
+        self.replacements: list[WorkerReplacement] = []  # every worker the supervisor replaced
+        self.backoffs: list[float] = []  # every delay the crash-loop back-off imposed
+        # The supervisor thread and the methods that change the fleet (restart_workers) take
+        # turns on ``processes``; each worker's start (monotonic), its line's quick exits so far
+        # and its own environment are kept by pid, for its replacement.
+        self._fleet_lock = threading.RLock()
+        self._lineage: dict[int, tuple[float, int, dict[str, str]]] = {}
+        self._pending: list[_Pending] = []
+        self._supervisor: threading.Thread | None = None
         self.api_server: LocalApiServer | None = None
         self.settings: Settings | None = None
         self._stopping = threading.Event()
@@ -74,6 +120,9 @@ class LocalStack:
             self.api_server = LocalApiServer(app.resolve, authorizer=authorizer).start()
         for _ in range(self.workers):
             self.spawn_worker()
+        if self.supervise:
+            self._supervisor = threading.Thread(target=self._supervise_loop, name="agentq-supervisor", daemon=True)
+            self._supervisor.start()
         if self.sweep_every is not None:
             self._sweeper = threading.Thread(target=self._sweep_loop, name="agentq-sweeper", daemon=True)
             self._sweeper.start()
@@ -136,14 +185,25 @@ class LocalStack:
         ]  # fmt: skip
 
     def spawn_worker(self, **extra_env: str) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(self.worker_command(), env=self.env(**extra_env), start_new_session=True)
-        self.processes.append(proc)
-        return proc
+        return self._spawn(extra_env, quick_exits=0)
+
+    def _spawn(self, extra_env: dict[str, str], quick_exits: int) -> subprocess.Popen[bytes]:
+        with self._fleet_lock:
+            proc = subprocess.Popen(self.worker_command(), env=self.env(**extra_env), start_new_session=True)
+            self.processes.append(proc)
+            self._lineage[proc.pid] = (time.monotonic(), quick_exits, dict(extra_env))
+            return proc
 
     def restart_workers(self) -> list[subprocess.Popen[bytes]]:
         """Stop every worker (SIGTERM: each ends its tasks at a step boundary) and start as many
-        new ones, which load the tool modules afresh; the API's tools are rebuilt too."""
-        old, self.processes = self.processes, []
+        new ones, which load the tool modules afresh; the API's tools are rebuilt too. A
+        replacement held back by the crash-loop back-off starts now too, afresh (a reload is
+        how a module that killed its workers gets fixed)."""
+        with self._fleet_lock:
+            old, self.processes = self.processes, []
+            held_back, self._pending = self._pending, []
+            for proc in old:
+                self._lineage.pop(proc.pid, None)
         for proc in old:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -154,12 +214,56 @@ class LocalStack:
                 proc.kill()
         if self.api_server is not None:
             self.api_server.handler = self._build_app().resolve
-        return [self.spawn_worker() for _ in old]
+        return [self.spawn_worker() for _ in old] + [self._spawn(p.env, quick_exits=0) for p in held_back]
 
     def worker_by_id(self, worker: str) -> subprocess.Popen[bytes] | None:
         """The process behind a lease owner id (``host:pid``)."""
         pid = int(worker.rsplit(":", 1)[-1])
         return next((p for p in self.processes if p.pid == pid), None)
+
+    def _supervise_loop(self) -> None:
+        while not self._stopping.wait(SUPERVISE_EVERY_SECONDS):
+            try:
+                self.supervise_once()
+            except Exception:  # a fork that failed (out of memory, pids): the next round tries again
+                log.warning("worker supervision failed", exc_info=True)
+
+    def supervise_once(self) -> None:
+        """Replace every worker that exited (or hold it back, if its line keeps dying at start)
+        and start the held-back replacements that are due; one line says what happened."""
+        say = self.announce or log.warning
+        now = time.monotonic()
+        with self._fleet_lock:
+            if self._stopping.is_set():
+                return
+            for proc in [p for p in self.processes if p.poll() is not None]:
+                self.processes.remove(proc)
+                code = proc.returncode
+                started, quick_before, env = self._lineage.pop(proc.pid, (None, 0, {}))
+                lived = now - started if started is not None else float("inf")
+                restart = self.restart_backoff.after_exit(lived, quick_before)
+                if restart.delay_seconds <= 0:
+                    new = self._spawn(env, restart.quick_exits)
+                    self.replacements.append(WorkerReplacement(proc.pid, code, new.pid, 0.0))
+                    say(f"local stack: worker {proc.pid} {describe_exit(code)}; worker {new.pid} replaces it")
+                    continue
+                self.backoffs.append(restart.delay_seconds)
+                self._pending.append(
+                    _Pending(now + restart.delay_seconds, proc.pid, code, restart.quick_exits,
+                             restart.delay_seconds, env)
+                )  # fmt: skip
+                say(
+                    f"local stack: worker {proc.pid} {describe_exit(code)} {lived:.1f}s after it started "
+                    f"({restart.quick_exits} quick exits in a row): its replacement starts in "
+                    f"{restart.delay_seconds:.0f}s"
+                )
+            for pending in [p for p in self._pending if p.due <= now]:
+                self._pending.remove(pending)
+                new = self._spawn(pending.env, pending.quick_exits)
+                self.replacements.append(
+                    WorkerReplacement(pending.exited, pending.returncode, new.pid, pending.delay_seconds)
+                )
+                say(f"local stack: worker {new.pid} replaces worker {pending.exited} after the back-off")
 
     def _schedule_loop(self) -> None:
         from agentq.control.schedules import fire_due
@@ -184,8 +288,11 @@ class LocalStack:
 
     def stop(self) -> None:
         # The workers are told first: each ends its long poll (up to a second) and its tasks at a
-        # step boundary while the background loops here finish their own last poll.
+        # step boundary while the background loops here finish their own last poll. The
+        # supervisor is stopped first, so the workers told to stop are not replaced.
         self._stopping.set()
+        if self._supervisor is not None:
+            self._supervisor.join(timeout=10)
         for proc in self.processes:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)

@@ -2,12 +2,24 @@
 
 A redriven message names its task; the dispatcher sees the agentq reason attribute on a
 message for a task it failed and requeues that task, which resumes at its checkpoint.
+
+A task whose message agentq dead-letters says ``failed`` before the message reaches the DLQ
+(``Dispatcher._after_run`` writes the failure, then the worker or the Lambda sends the message).
+A listing keeps that true for what it shows: SQS has no peek, so it receives the messages, and
+it reads their tasks' statuses while it still holds them (invisible, ``PEEK_SECONDS`` at most).
+A redrive racing the listing cannot take a message out from under it, requeue its task and
+leave the listing showing a dead letter whose task already runs again. The one dead letter
+whose task may still say running is SQS's own move after ``sqs_max_receive_count`` receives
+(reason "moved by SQS after maxReceiveCount", in AWS and on moto alike): a message no worker
+got through the dispatcher, so nothing could write the task's failure.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +38,9 @@ from agentq.storage.container import Storage
 log = logging.getLogger("agentq.dlq")
 
 PEEK_SECONDS = 5
+HELD_WAIT_SECONDS = PEEK_SECONDS + 1  # how long a listing or a redrive waits for messages another one holds
+HELD_POLL_SECONDS = 0.1
+SQS_MOVED = "moved by SQS after maxReceiveCount"  # the reason of a message agentq did not dead-letter
 
 
 @dataclass
@@ -40,62 +55,89 @@ class DeadLetter:
     tenant: str | None = None  # the task's tenant: the HTTP API lists a tenant's own dead letters only
 
 
-def _peek(queues: TaskQueues, tier: str, limit: int) -> list[dict[str, Any]]:
-    """Read up to ``limit`` messages without consuming them (they are made visible again)."""
+@contextlib.contextmanager
+def _peeked(queues: TaskQueues, tier: str, limit: int) -> Iterator[list[dict[str, Any]]]:
+    """Up to ``limit`` messages, held (invisible) while the caller reads them, then made
+    visible again: received, not consumed."""
     url = queues.dlq_url(tier)
     seen: dict[str, dict[str, Any]] = {}
-    while len(seen) < limit:
-        resp = queues.sqs.receive_message(
-            QueueUrl=url,
-            MaxNumberOfMessages=min(10, limit - len(seen)),
-            VisibilityTimeout=PEEK_SECONDS,
-            MessageAttributeNames=["All"],
-            AttributeNames=["SentTimestamp"],
-        )
-        batch = resp.get("Messages", [])
-        if not batch:
-            break
-        for m in batch:
-            seen.setdefault(m["MessageId"], m)
-    for m in seen.values():
-        with contextlib.suppress(ClientError):
-            queues.sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0)
-    return list(seen.values())
+    patience = time.monotonic() + HELD_WAIT_SECONDS
+    try:
+        while len(seen) < limit:
+            resp = queues.sqs.receive_message(
+                QueueUrl=url,
+                MaxNumberOfMessages=min(10, limit - len(seen)),
+                VisibilityTimeout=PEEK_SECONDS,
+                MessageAttributeNames=["All"],
+                AttributeNames=["SentTimestamp"],
+            )
+            batch = resp.get("Messages", [])
+            if not batch:
+                if _held_elsewhere(queues, url, len(seen), patience):
+                    continue
+                break
+            for m in batch:
+                seen.setdefault(m["MessageId"], m)
+        yield list(seen.values())
+    finally:
+        for m in seen.values():
+            with contextlib.suppress(ClientError):
+                queues.sqs.change_message_visibility(
+                    QueueUrl=url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0
+                )
+
+
+def _held_elsewhere(queues: TaskQueues, url: str, ours: int, patience: float) -> bool:
+    """Are messages of this DLQ held by another listing or a redrive (received, not by us)?
+    Then wait a moment, until ``patience`` (a monotonic time) at most, and look again: a
+    listing holds them for its reads only, so a console's poll must not make a redrive miss
+    a message, nor another listing leave it out. A redrive holds another tenant's messages
+    for its whole scan; past ``patience`` they are left out."""
+    if time.monotonic() >= patience:
+        return False
+    attrs = queues.sqs.get_queue_attributes(
+        QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+    )["Attributes"]
+    released = int(attrs.get("ApproximateNumberOfMessages", "0")) > 0  # since our receive came back empty
+    if not released and int(attrs.get("ApproximateNumberOfMessagesNotVisible", "0")) <= ours:
+        return False
+    time.sleep(HELD_POLL_SECONDS)  # the counts are approximate (in AWS): never a tight loop on them
+    return True
 
 
 def list_dead_letters(
     queues: TaskQueues, store: Storage, tier: str | None = None, limit: int = 100
 ) -> list[DeadLetter]:
+    """The dead letters of ``tier`` (every tier by default), each with its task's status as
+    read while the listing held the message (see the module's docstring)."""
     out: list[DeadLetter] = []
     for t in [tier] if tier else list(TIERS):
-        for m in _peek(queues, t, limit):
-            reason = (
-                m.get("MessageAttributes", {})
-                .get(DEAD_LETTER_REASON, {})
-                .get("StringValue", "moved by SQS after maxReceiveCount")
-            )
-            task_id: str | None = None
-            status: str | None = None
-            tenant: str | None = None
-            try:
-                task_id = TaskMessage.model_validate_json(m["Body"]).task_id
-                task = store.tasks.get(task_id)
-                status, tenant = task.status.value, task.tenant
-            except (ValueError, TaskNotFound):
-                pass
-            out.append(
-                DeadLetter(
-                    tier=t,
-                    message_id=m["MessageId"],
-                    body=describe_body(m["Body"]),
-                    reason=reason,
-                    task_id=task_id,
-                    task_status=status,
-                    sent_at=int(m.get("Attributes", {}).get("SentTimestamp", "0")) / 1000,
-                    tenant=tenant,
-                )
-            )
+        with _peeked(queues, t, limit) as messages:
+            out += [_dead_letter(store, t, m) for m in messages]
     return out
+
+
+def _dead_letter(store: Storage, tier: str, m: dict[str, Any]) -> DeadLetter:
+    reason = m.get("MessageAttributes", {}).get(DEAD_LETTER_REASON, {}).get("StringValue", SQS_MOVED)
+    task_id: str | None = None
+    status: str | None = None
+    tenant: str | None = None
+    try:
+        task_id = TaskMessage.model_validate_json(m["Body"]).task_id
+        task = store.tasks.get(task_id)
+        status, tenant = task.status.value, task.tenant
+    except (ValueError, TaskNotFound):
+        pass
+    return DeadLetter(
+        tier=tier,
+        message_id=m["MessageId"],
+        body=describe_body(m["Body"]),
+        reason=reason,
+        task_id=task_id,
+        task_status=status,
+        sent_at=int(m.get("Attributes", {}).get("SentTimestamp", "0")) / 1000,
+        tenant=tenant,
+    )
 
 
 @dataclass
@@ -175,6 +217,7 @@ def redrive_for_tenant(
     held: list[str] = []
     moved: list[str] = []
     seen = 0
+    patience = time.monotonic() + HELD_WAIT_SECONDS
 
     def owner(task_id: str) -> str | None:
         if task_id not in owners:
@@ -193,6 +236,8 @@ def redrive_for_tenant(
                 MessageAttributeNames=["All"],
             ).get("Messages", [])
             if not batch:
+                if _held_elsewhere(queues, dlq, len(held), patience):
+                    continue
                 break
             seen += len(batch)
             for m in batch:

@@ -84,7 +84,14 @@ def router(deps: ApiDeps) -> Router:
     )
     def list_tasks(
         status: Annotated[TaskStatus | None, Query(description="only tasks in this status")] = None,
-        limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description="page size")] = DEFAULT_PAGE_SIZE,
+        limit: Annotated[
+            int,
+            Query(
+                ge=1,
+                le=MAX_PAGE_SIZE,
+                description=f"tasks per page, at most {MAX_PAGE_SIZE}: follow next_cursor for the next page",
+            ),
+        ] = DEFAULT_PAGE_SIZE,
         cursor: Annotated[str | None, Query(max_length=1024, description="next_cursor of the previous page")] = None,
         include_children: Annotated[bool, Query(description="also list sub-agents")] = False,
         metadata: Annotated[

@@ -1,0 +1,90 @@
+"""Listings and redrives of the DLQs racing each other (the console polls the listing every 5 s
+while a person presses Redrive, another tab polls too): a listing never shows a dead letter whose
+task already runs again, since it reads each task's status while it still holds the message; and
+neither a listing nor a redrive misses a message another one holds for a moment: it waits for it
+(queueing/dlq.py). Each race is made deterministic: the redrive runs at the exact moment the
+listing reads the status; the other holder is a receive whose visibility lapses in a second."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from agentq.control.submit import submit
+from agentq.core.models import TaskStatus
+from agentq.local.moto_server import MotoServer
+from agentq.queueing import dlq
+from agentq.queueing.dlq import list_dead_letters, redrive_for_tenant
+from agentq.queueing.queues import TaskMessage, TaskQueues
+from agentq.runtime import build_queues, build_registry, build_store
+from agentq.storage.container import Storage
+
+from tests.helpers import deployment
+
+TIER = "normal"
+
+
+def _dead_lettered(moto_server: MotoServer) -> tuple[Storage, TaskQueues, str]:
+    """A task as the dispatcher leaves it after its last allowed failure: failed, and then
+    its message in the DLQ with the reason."""
+    settings = deployment(moto_server, max_receive_count=2)
+    store, queues = build_store(settings), build_queues(settings)
+    body = {"goal": "g", "provider": "scripted", "script": {"turns": [{"text": "x"}]}}
+    task = submit(store, build_registry(settings), body, tenant="acme")  # no message: the test plays the queue
+    store.tasks.transition(task.task_id, TaskStatus.FAILED, error={"code": "overloaded", "status_code": 529})
+    queues.dead_letter(TIER, TaskMessage(task_id=task.task_id).model_dump_json(), "failed after 2 attempts: (529)")
+    return store, queues, task.task_id
+
+
+def _held_for_a_second(queues: TaskQueues) -> None:
+    """Another listing or redrive has the message: received, invisible for a second."""
+    got = queues.sqs.receive_message(QueueUrl=queues.dlq_url(TIER), VisibilityTimeout=1)
+    assert len(got.get("Messages", [])) == 1
+
+
+def test_a_redrive_racing_a_listing_never_makes_it_show_a_dead_letter_whose_task_runs_again(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, queues, task_id = _dead_lettered(moto_server)
+    # The redrive below runs inside the listing, so it cannot wait for the listing's hold to end.
+    monkeypatch.setattr(dlq, "HELD_WAIT_SECONDS", 0.3)
+
+    redriven: list[str] = []
+    read_status = store.tasks.get
+
+    def get_while_a_redrive_lands(task_id: str) -> Any:
+        moved = redrive_for_tenant(queues, store, "acme", TIER)
+        for requeued in moved.task_ids:  # what Dispatcher._requeue_redriven does with the copy
+            store.tasks.transition(requeued, TaskStatus.QUEUED, error=None)
+        redriven.extend(moved.task_ids)
+        return read_status(task_id)
+
+    store.tasks.get = get_while_a_redrive_lands  # type: ignore[method-assign]
+    letters = list_dead_letters(queues, store, tier=TIER)
+    store.tasks.get = read_status  # type: ignore[method-assign]
+
+    assert [(d.task_id, d.task_status) for d in letters] == [(task_id, "failed")]
+    assert redriven == []  # the listing held the message: the racing redrive found none
+    # Once the listing is done, the message is there to redrive, and its task is requeued.
+    moved = redrive_for_tenant(queues, store, "acme", TIER)
+    assert moved.task_ids == [task_id]
+    assert list_dead_letters(queues, store, tier=TIER) == []
+
+
+def test_a_redrive_waits_for_a_message_another_listing_holds_instead_of_moving_none(moto_server: MotoServer) -> None:
+    store, queues, task_id = _dead_lettered(moto_server)
+    _held_for_a_second(queues)
+    started = time.monotonic()
+    moved = redrive_for_tenant(queues, store, "acme", TIER)
+    assert moved.task_ids == [task_id] and moved.moved == 1
+    assert time.monotonic() - started < dlq.HELD_WAIT_SECONDS + 1
+
+
+def test_a_listing_waits_for_a_message_another_listing_holds_instead_of_leaving_it_out(
+    moto_server: MotoServer,
+) -> None:
+    store, queues, task_id = _dead_lettered(moto_server)
+    _held_for_a_second(queues)
+    assert [(d.task_id, d.task_status) for d in list_dead_letters(queues, store, tier=TIER)] == [(task_id, "failed")]
