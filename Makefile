@@ -41,8 +41,12 @@ sandbox-tools:
 demo: $(VENV)/.local-installed sandbox-tools
 	$(PY) -m agentq demo
 
+# Two xdist workers, each test module whole on one of them (--dist loadscope): a module's
+# local stack, baseline run or server (a module-scoped fixture) starts once, not once per worker.
+# Modules go out in file order, not xdist's most-tests-first (--no-loadscope-reorder), so the
+# long single-test modules (the benches, chaos) start early instead of ending the run alone.
 test: $(VENV)/.installed sandbox-tools chromium
-	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Debian's Chromium for the console's browser tests (tests/test_console.py), which Playwright
 # drives; Playwright's own browser download is never used. Installs once, quietly (apt needs root,
