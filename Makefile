@@ -41,12 +41,12 @@ sandbox-tools:
 demo: $(VENV)/.local-installed sandbox-tools
 	$(PY) -m agentq demo
 
-# Two xdist workers, each test module whole on one of them (--dist loadscope): a module's
-# local stack, baseline run or server (a module-scoped fixture) starts once, not once per worker.
-# Modules go out in file order, not xdist's most-tests-first (--no-loadscope-reorder), so the
-# long single-test modules (the benches, chaos) start early instead of ending the run alone.
+# Two xdist workers with xdist's default distribution (test by test). Not --dist loadscope,
+# loadfile or loadgroup, though they would start each module's local stack once instead of once
+# per worker: they key tests by node id, and schemathesis gives the generated tests of
+# tests/test_api_schema.py one node id between them, so all but one would silently not run.
 test: $(VENV)/.installed sandbox-tools chromium
-	$(PY) -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
 
 # Debian's Chromium for the console's browser tests (tests/test_console.py), which Playwright
 # drives; Playwright's own browser download is never used. Installs once, quietly (apt needs root,
