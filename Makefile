@@ -50,6 +50,10 @@ sandbox-tools:
 demo: $(VENV)/.local-installed sandbox-tools
 	$(PY) -m agentq demo
 
+# Two xdist workers with xdist's default distribution (test by test). Not --dist loadscope,
+# loadfile or loadgroup, though they would start each module's local stack once instead of once
+# per worker: they key tests by node id, and schemathesis gives the generated tests of
+# tests/test_api_schema.py one node id between them, so all but one would silently not run.
 test: $(VENV)/.installed sandbox-tools chromium
 	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
 

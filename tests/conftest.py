@@ -1,4 +1,5 @@
-"""Shared fixtures: one moto server per test session, a fresh table and bucket per test."""
+"""Shared fixtures: one moto server per test session, a fresh table and bucket per test; the
+in-memory twin of both for tests of the engine's own behaviour."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
 from agentq.local.stack import LocalStack
 from agentq.resources import ResourceNames, provision
 from agentq.runtime import Settings, build_registry, build_store, session
-from agentq.storage.container import Storage
+from agentq.storage.container import Storage, memory_storage
 
 from tests.api_support import ROOT, ApiStack
 
@@ -70,6 +71,20 @@ def store(settings: Settings) -> Storage:
 @pytest.fixture
 def registry(settings: Settings) -> ToolRegistry:
     return build_registry(settings)
+
+
+@pytest.fixture
+def memory_store() -> Storage:
+    """The in-memory twin of the table and the bucket (agentq.storage.memory), for tests of the
+    engine's own behaviour: no AWS, no network, milliseconds a request. tests/storage_conformance
+    holds it to DynamoDB's rules; races between processes and AWS's own semantics stay on moto."""
+    return memory_storage()
+
+
+@pytest.fixture
+def memory_registry() -> ToolRegistry:
+    """The tests' tool modules, for an engine on ``memory_store`` (no endpoint to point at)."""
+    return build_registry(Settings(table="memory", bucket="memory", tool_modules=("tests.effect_tools",)))
 
 
 # The scripted provider and tests/fake_messages_api.py answer within seconds, so the maximum

@@ -1,4 +1,7 @@
-"""Invariant 7: each invalid field of a submission gets a precise error and writes nothing."""
+"""Invariant 7: each invalid field of a submission gets a precise error and writes nothing.
+
+Validation is the control plane's own, so this runs on the in-memory twin of the table, where
+"nothing written" is every item of the table (a scan of DynamoDB's, before)."""
 
 from __future__ import annotations
 
@@ -10,8 +13,7 @@ from agentq.control.submit import submit
 from agentq.core.errors import ValidationError
 from agentq.core.tools import ToolRegistry
 from agentq.storage.container import Storage
-
-from tests.helpers import dynamo
+from agentq.storage.memory import MemoryTable
 
 VALID: dict[str, Any] = {
     "goal": "summarise the report",
@@ -21,6 +23,22 @@ VALID: dict[str, Any] = {
     "priority": "high",
     "metadata": {"team": "growth"},
 }
+
+
+@pytest.fixture
+def store(memory_store: Storage) -> Storage:
+    return memory_store
+
+
+@pytest.fixture
+def registry(memory_registry: ToolRegistry) -> ToolRegistry:
+    return memory_registry
+
+
+def _items(store: Storage) -> list[dict[str, Any]]:
+    """Every item of the table."""
+    assert isinstance(store.table, MemoryTable), type(store.table)
+    return store.table.items()
 
 
 def _with(path: str, value: Any) -> dict[str, Any]:
@@ -73,19 +91,19 @@ def test_each_invalid_field_is_named_and_nothing_is_written(
     assert err.value.field is not None and err.value.field.startswith(field.split("[", maxsplit=1)[0])
     assert field in (err.value.field, "script")
     assert err.value.message.startswith(err.value.field + ": ")
-    assert dynamo(store).client.scan(TableName=store.table.name)["Count"] == 0
+    assert _items(store) == []
 
 
 def test_a_non_object_submission_is_refused(store: Storage, registry: ToolRegistry) -> None:
     with pytest.raises(ValidationError) as err:
         submit(store, registry, ["goal"], tenant="t")
     assert err.value.field == "body"
-    assert dynamo(store).client.scan(TableName=store.table.name)["Count"] == 0
+    assert _items(store) == []
 
 
 def test_a_valid_submission_writes_the_task_and_its_budget_together(store: Storage, registry: ToolRegistry) -> None:
     task = submit(store, registry, VALID, tenant="t")
-    keys = {(i["pk"]["S"], i["sk"]["S"]) for i in dynamo(store).client.scan(TableName=store.table.name)["Items"]}
+    keys = {(i["pk"], i["sk"]) for i in _items(store)}
     assert keys == {(f"TASK#{task.task_id}", "META"), (f"TASK#{task.task_id}", "META#SUBMISSION")}  # budget on META
     assert store.budgets.get(task.task_id).cap == 1000
 
@@ -102,7 +120,7 @@ def test_a_model_with_no_price_is_refused_rather_than_charged_nothing(store: Sto
         submit(store, registry, body, tenant="t")
     assert err.value.field == "model"
     assert err.value.message.startswith("model: no price for 'claude-nova-9'") and "AGENTQ_PRICES" in err.value.message
-    assert dynamo(store).client.scan(TableName=store.table.name)["Count"] == 0
+    assert _items(store) == []
     # dated and Bedrock ids of a priced model are priced by its prefix
     for model in ("claude-sonnet-4-5-20250929", "us.anthropic.claude-haiku-4-5-20251001-v1:0"):
         submit(store, registry, {**body, "model": model}, tenant="t")

@@ -1,7 +1,12 @@
 """Invariant 6: a 300-step conversation with 50 KB tool outputs keeps every DynamoDB item
-far under 400 KB, and payloads over the threshold go to S3 behind a pointer."""
+far under 400 KB, and payloads over the threshold go to the payload store (S3) behind a pointer.
+
+The item layout is the engine's and the repositories', so this runs on the in-memory twin,
+which keeps items in DynamoDB's wire form and refuses one over 400 KB as DynamoDB does."""
 
 from __future__ import annotations
+
+import pytest
 
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import TaskStatus
@@ -11,6 +16,16 @@ from agentq.storage.container import Storage
 from tests.helpers import call, scripted
 
 DDB_ITEM_LIMIT = 400 * 1024
+
+
+@pytest.fixture
+def store(memory_store: Storage) -> Storage:
+    return memory_store
+
+
+@pytest.fixture
+def registry(memory_registry: ToolRegistry) -> ToolRegistry:
+    return memory_registry
 
 
 def _item_bytes(item: dict) -> int:  # type: ignore[type-arg]

@@ -2,7 +2,10 @@
 the next call is a summary, committed as its own step and charged like any call; the
 conversation goes on from the goal and that summary; a resume reads only the steps from the
 latest compaction on; a worker killed at any write around a compaction resumes to the same
-conversation; a fork before or after one goes on as the source did."""
+conversation; a fork before or after one goes on as the source did.
+
+The engine's own tests run on the in-memory twin (``store``, ``registry``); those that kill a
+worker process or enqueue a fork run on moto server (``settings``, ``deployment``)."""
 
 from __future__ import annotations
 
@@ -90,6 +93,16 @@ def _is_compaction(request: LLMRequest) -> bool:
 def _submission(**constraints: Any) -> dict[str, Any]:
     return {"goal": "read them all", "provider": "anthropic", "model": "claude-sonnet-4-6",
             "constraints": {"tools": ["read_doc"], "max_steps": 40, "keep_tool_results": 1, **constraints}}  # fmt: skip
+
+
+@pytest.fixture
+def store(memory_store: Storage) -> Storage:
+    return memory_store
+
+
+@pytest.fixture
+def registry(memory_registry: ToolRegistry) -> ToolRegistry:
+    return memory_registry
 
 
 def _engine(store: Storage, model: SummarisingModel) -> Engine:

@@ -41,6 +41,17 @@ def _plan(request: RecordedRequest) -> Any:
 
 
 @pytest.fixture
+def store(memory_store: Storage) -> Storage:
+    """The engine against the batch API needs no AWS (the local stack test below does)."""
+    return memory_store
+
+
+@pytest.fixture
+def registry(memory_registry: ToolRegistry) -> ToolRegistry:
+    return memory_registry
+
+
+@pytest.fixture
 def api(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeMessagesAPI]:
     with FakeMessagesAPI(responder=_plan, batch_seconds=0.3) as server:
         monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")

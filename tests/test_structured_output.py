@@ -1,7 +1,8 @@
 """Structured final output: a task with an ``output_schema`` ends only with an answer that
 validates. The model answers through ``final_answer``; an invalid answer (as the tool's input or
 as text) is shown to the model with the validation error and it tries again within its budget;
-``/result`` returns the answer as JSON; a schema that cannot work is refused at submission."""
+``/result`` returns the answer as JSON; a schema that cannot work is refused at submission. The
+engine's tests run on the in-memory twin of the table; ``/result`` on the local stack."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from agentq.core.engine import Engine, EngineConfig, conversation
 from agentq.core.errors import ValidationError
 from agentq.core.models import LLMStep, TaskStatus, ToolsStep
 from agentq.core.output import FINAL_ANSWER_TOOL
-from agentq.runtime import Settings, build_registry
+from agentq.core.tools import ToolRegistry
 from agentq.storage.container import Storage
 
 from tests.api_support import ApiStack
@@ -29,12 +30,24 @@ SCHEMA = {
 }
 
 
+@pytest.fixture
+def store(memory_store: Storage) -> Storage:
+    return memory_store
+
+
+@pytest.fixture
+def registry(memory_registry: ToolRegistry) -> ToolRegistry:
+    return memory_registry
+
+
 def _task(turns: list[dict[str, Any]], schema: dict[str, Any] = SCHEMA) -> dict[str, Any]:
     return {"goal": "sum the invoices", "provider": "scripted", "script": {"turns": turns}, "output_schema": schema,
             "constraints": {"tools": ["lookup"]}}  # fmt: skip
 
 
-def test_invalid_answers_are_sent_back_with_the_error_until_one_validates(store: Storage, settings: Settings) -> None:
+def test_invalid_answers_are_sent_back_with_the_error_until_one_validates(
+    store: Storage, registry: ToolRegistry
+) -> None:
     turns: list[dict[str, Any]] = [
         {"text": "The total is 42 euros."},  # text, not JSON: the next request says why
         {"text": "", "tool_calls": [call(FINAL_ANSWER_TOOL, answer={"total": "many", "currency": "EUR"})]},
@@ -42,7 +55,7 @@ def test_invalid_answers_are_sent_back_with_the_error_until_one_validates(store:
         {"text": "never reached"},
     ]
     task = store.tasks.create(parse_submission(_task(turns)), tenant="t")
-    engine = Engine(store, worker_id="w", tools=build_registry(settings), config=EngineConfig(lease_seconds=10))
+    engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=10))
     result = engine.run(task.task_id)
     assert result.status is TaskStatus.SUCCEEDED
     final = store.tasks.get(task.task_id)
@@ -60,19 +73,19 @@ def test_invalid_answers_are_sent_back_with_the_error_until_one_validates(store:
     assert sum(isinstance(s.body, LLMStep) for s in steps) == 3  # each try is a turn of the budget
 
 
-def test_a_valid_answer_given_as_text_ends_the_task(store: Storage, settings: Settings) -> None:
+def test_a_valid_answer_given_as_text_ends_the_task(store: Storage, registry: ToolRegistry) -> None:
     turns = [{"text": '```json\n{"total": 7, "currency": "USD"}\n```'}]
     task = store.tasks.create(parse_submission(_task(turns)), tenant="t")
-    engine = Engine(store, worker_id="w", tools=build_registry(settings), config=EngineConfig(lease_seconds=10))
+    engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=10))
     assert engine.run(task.task_id).status is TaskStatus.SUCCEEDED
     assert json.loads(store.tasks.get(task.task_id).result or "") == {"total": 7, "currency": "USD"}
 
 
-def test_a_task_that_never_validates_stops_at_its_step_cap(store: Storage, settings: Settings) -> None:
+def test_a_task_that_never_validates_stops_at_its_step_cap(store: Storage, registry: ToolRegistry) -> None:
     body = _task([{"text": "no idea"}] * 5)
     body["constraints"]["max_steps"] = 3
     task = store.tasks.create(parse_submission(body), tenant="t")
-    engine = Engine(store, worker_id="w", tools=build_registry(settings), config=EngineConfig(lease_seconds=10))
+    engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=10))
     assert engine.run(task.task_id).status is TaskStatus.COST_EXCEEDED
 
 

@@ -1,5 +1,6 @@
 """Per-tenant hourly token windows: hard cap refuses new reservations, soft cap at 80% emits
-a metric and an event, and the window counts exactly the provider-reported usage."""
+a metric and an event, and the window counts exactly the provider-reported usage. The engine's
+behaviour, so on the in-memory twin (the windows' conditional writes are in the conformance suite)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,16 @@ from tests.helpers import call, scripted
 TURNS = [{"text": f"turn {i}", "tool_calls": [call("lookup", query=str(i), size=400)]} for i in range(8)] + [
     {"text": "done"}
 ]
+
+
+@pytest.fixture
+def store(memory_store: Storage) -> Storage:
+    return memory_store
+
+
+@pytest.fixture
+def registry(memory_registry: ToolRegistry) -> ToolRegistry:
+    return memory_registry
 
 
 def _engine(store: Storage, registry: ToolRegistry) -> Engine:

@@ -1,7 +1,8 @@
 """Extended thinking per task: the real ``anthropic`` SDK asks for it, thinking blocks (their
 signatures, and redacted ones) are checkpointed in the step and sent back unchanged within the
 tool-use loop, as the API requires; their tokens are output tokens in the ledger; a thinking
-budget that cannot fit in the output limit is refused at submission."""
+budget that cannot fit in the output limit is refused at submission. The engine and the SDK
+against tests/fake_messages_api.py, on the in-memory twin of the table (no AWS semantics here)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from agentq.core.engine import Engine, EngineConfig
 from agentq.core.errors import ValidationError
 from agentq.core.models import LLMStep, TaskStatus
 from agentq.core.providers.anthropic_provider import AnthropicProvider
-from agentq.runtime import Settings, build_registry
+from agentq.core.tools import ToolRegistry
 from agentq.storage.container import Storage
 
 from tests.fake_messages_api import FakeMessagesAPI, message_reply, text_reply, usage_dict
@@ -25,12 +26,22 @@ THINKING = {
 REDACTED = {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix"}
 
 
+@pytest.fixture
+def store(memory_store: Storage) -> Storage:
+    return memory_store
+
+
+@pytest.fixture
+def registry(memory_registry: ToolRegistry) -> ToolRegistry:
+    return memory_registry
+
+
 def _submission(**constraints: object) -> dict[str, object]:
     return {"goal": "what does sku 7 cost?", "provider": "anthropic", "model": "claude-sonnet-4-6",
             "constraints": {"tools": ["lookup"], "max_output_tokens": 4096, **constraints}}  # fmt: skip
 
 
-def test_thinking_blocks_are_checkpointed_and_sent_back_unchanged(store: Storage, settings: Settings) -> None:
+def test_thinking_blocks_are_checkpointed_and_sent_back_unchanged(store: Storage, registry: ToolRegistry) -> None:
     use = {"type": "tool_use", "id": "toolu_think_1", "name": "lookup", "input": {"query": "sku 7"}}
     with FakeMessagesAPI() as api:
         api.enqueue(
@@ -39,7 +50,7 @@ def test_thinking_blocks_are_checkpointed_and_sent_back_unchanged(store: Storage
             text_reply("It costs 7 euros.", usage=usage_dict(input_tokens=90, output_tokens=20)),
         )  # fmt: skip
         task = store.tasks.create(parse_submission(_submission(thinking_budget_tokens=2048, effort="high")), tenant="t")
-        engine = Engine(store, worker_id="w", tools=build_registry(settings), config=EngineConfig(lease_seconds=30),
+        engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30),
                         providers=lambda _: AnthropicProvider(api_key="k", base_url=api.base_url))  # fmt: skip
         assert engine.run(task.task_id).status is TaskStatus.SUCCEEDED
         first, second = (r.body for r in api.requests)
@@ -66,7 +77,7 @@ def test_a_thinking_budget_that_does_not_fit_the_output_limit_is_refused() -> No
     assert effort.value.field == "constraints.effort"
 
 
-def test_a_long_output_is_streamed_and_assembled_into_the_same_step(store: Storage, settings: Settings) -> None:
+def test_a_long_output_is_streamed_and_assembled_into_the_same_step(store: Storage, registry: ToolRegistry) -> None:
     """Past AGENTQ_STREAM_ABOVE_TOKENS (8,192) of output the SDK streams the call (server-sent
     events, thinking deltas and signature included) and the step is what a plain call gives."""
     use = {"type": "tool_use", "id": "toolu_long_1", "name": "lookup", "input": {"query": "sku 9"}}
@@ -78,7 +89,7 @@ def test_a_long_output_is_streamed_and_assembled_into_the_same_step(store: Stora
         )  # fmt: skip
         body = _submission(thinking_budget_tokens=16_000, max_output_tokens=32_000)
         task = store.tasks.create(parse_submission(body), tenant="t")
-        engine = Engine(store, worker_id="w", tools=build_registry(settings), config=EngineConfig(lease_seconds=30),
+        engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30),
                         providers=lambda _: AnthropicProvider(api_key="k", base_url=api.base_url))  # fmt: skip
         assert engine.run(task.task_id).status is TaskStatus.SUCCEEDED
         assert all(r.body["stream"] is True for r in api.requests)
@@ -94,7 +105,7 @@ def test_a_long_output_is_streamed_and_assembled_into_the_same_step(store: Stora
 
 
 def test_the_text_of_a_streamed_call_in_flight_rides_on_the_heartbeat_and_is_gone_once_committed(
-    store: Storage, settings: Settings
+    store: Storage, registry: ToolRegistry
 ) -> None:
     """What `agentq watch` shows as "writing": best effort, from the lease heartbeat's own write."""
     import dataclasses
@@ -108,7 +119,7 @@ def test_the_text_of_a_streamed_call_in_flight_rides_on_the_heartbeat_and_is_gon
         api.enqueue(dataclasses.replace(text_reply(text), stream_pause_seconds=1.2))
         body = _submission(max_output_tokens=32_000)
         task = store.tasks.create(parse_submission(body), tenant="t")
-        engine = Engine(store, worker_id="w", tools=build_registry(settings),
+        engine = Engine(store, worker_id="w", tools=registry,
                         config=EngineConfig(lease_seconds=3, heartbeat_seconds=0.3),
                         providers=lambda _: AnthropicProvider(api_key="k", base_url=api.base_url))  # fmt: skip
         runner = threading.Thread(target=engine.run, args=(task.task_id,))

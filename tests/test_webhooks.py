@@ -17,9 +17,11 @@ import pytest
 from agentq.control.submit import submit
 from agentq.core.errors import ValidationError
 from agentq.core.models import TaskStatus
+from agentq.core.tools import ToolRegistry
 from agentq.core.webhooks import SIGNATURE_HEADER, signature, verify
 from agentq.local.stack import LocalStack
 from agentq.runtime import build_registry
+from agentq.storage.container import Storage
 
 from tests.helpers import wait_for
 
@@ -50,6 +52,17 @@ class Receiver:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}/hooks/agentq"
+
+
+@pytest.fixture
+def store(memory_store: Storage) -> Storage:
+    """Submission checks and the engine need no AWS (the delivery and stack tests below do)."""
+    return memory_store
+
+
+@pytest.fixture
+def registry(memory_registry: ToolRegistry) -> ToolRegistry:
+    return memory_registry
 
 
 @pytest.fixture
@@ -98,7 +111,7 @@ def test_a_task_end_is_posted_signed_for_its_tenant_and_a_failed_delivery_is_tri
     ],
 )
 def test_a_callback_url_that_is_not_https_or_leads_inside_is_refused_naming_the_field(
-    url: str, says: str, store: Any, registry: Any
+    url: str, says: str, store: Storage, registry: ToolRegistry
 ) -> None:
     body = {"goal": "g", "script": {"turns": [{"text": "x"}]}, "notify": {"url": url}}
     with pytest.raises(ValidationError) as refused:
@@ -139,7 +152,9 @@ def test_the_lambda_deliverer_posts_reports_a_failed_try_and_dead_letters_a_refu
     assert queue_depth(queues, queues.webhooks_dlq_url()) == 1
 
 
-def test_an_agent_can_name_the_callback_of_its_tasks_and_a_submission_its_own(store: Any, registry: Any) -> None:
+def test_an_agent_can_name_the_callback_of_its_tasks_and_a_submission_its_own(
+    store: Storage, registry: ToolRegistry
+) -> None:
     from agentq.control.agents import create_agent
 
     agent = {"name": "reporter", "provider": "scripted", "script": {"turns": [{"text": "r"}]},
