@@ -235,12 +235,12 @@ def test_a_duplicate_message_starts_no_second_execution_and_is_deleted_once_the_
     assert any(a.kind == "retry" and a.reason == "task leased by another worker" for a in ours), (
         f"the duplicate was not received while the task ran (no free slot reached the {TIER} poller?): {seen}"
     )
-    assert next(a.reason for a in ours if a.kind == "delete") == "task succeeded"
-    # ... and the duplicate, received again after the end, was simply deleted
-    assert ours[-1].kind == "delete" and ours[-1].reason in (
-        "task already succeeded",
-        "duplicate of a message held by a live worker",
-    )
+    # ... and the duplicate, received again once the task ended, was simply deleted. The two
+    # deletes race (the original's is applied after its run returns, on another thread), so
+    # either may come first.
+    deletes = sorted(a.reason for a in ours if a.kind == "delete")
+    assert len(deletes) == 2 and deletes.count("task succeeded") == 1, seen
+    assert {*deletes} - {"task succeeded"} <= {"task already succeeded", "duplicate of a message held by a live worker"}
     assert {a.kind for a in ours} <= {"retry", "delete"}
     assert _counts(queues, queues.dlq_url(TIER)) == {"visible": 0, "in_flight": 0, "delayed": 0}
 
