@@ -68,7 +68,10 @@ def test_an_outage_opens_the_circuit_tasks_wait_not_fail_and_the_provider_sees_o
         # retries), where without the circuit every waiting task would have kept calling.
         after_open = [at for at, down in behaviour.calls if down and at > opened + 0.5]
         rounds = (came_back - opened) / COOLDOWN + 1
-        assert len(after_open) <= ATTEMPTS * rounds, (len(after_open), rounds)
+        # A round whose probe went silent for a cooldown is renewed (core.flow): on a loaded machine a
+        # starved worker's probe can overlap the next round's, so allow twice one round per cooldown,
+        # still a fraction of what twelve waiting tasks would send (each retrying every delivery).
+        assert len(after_open) <= 2 * ATTEMPTS * rounds, (len(after_open), rounds)
         during = sum(1 for _, down in behaviour.calls if down)
         print(f"outage {came_back - went_down:.1f}s: {during} calls while down, {len(after_open)} after the circuit "
               f"opened; recovery to last task {finished - came_back:.1f}s")  # fmt: skip
