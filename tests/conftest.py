@@ -63,13 +63,33 @@ def settings(moto_server: MotoServer) -> Settings:
     return fresh_settings(moto_server)
 
 
+def _on_memory(request: pytest.FixtureRequest) -> bool:
+    """Whether the test's module runs its engine on the in-memory twin: ``STORAGE = "memory"``."""
+    return getattr(request.module, "STORAGE", "moto") == "memory"
+
+
 @pytest.fixture
-def store(settings: Settings) -> Storage:
+def store(request: pytest.FixtureRequest) -> Storage:
+    """A table and a bucket of the test's own on the shared moto server, or the in-memory twin
+    where the module says ``STORAGE = "memory"`` (see ``memory_store``)."""
+    made: Storage = request.getfixturevalue("memory_store" if _on_memory(request) else "settings_store")
+    return made
+
+
+@pytest.fixture
+def registry(request: pytest.FixtureRequest) -> ToolRegistry:
+    """The tests' tool modules, for ``store``."""
+    made: ToolRegistry = request.getfixturevalue("memory_registry" if _on_memory(request) else "settings_registry")
+    return made
+
+
+@pytest.fixture
+def settings_store(settings: Settings) -> Storage:
     return build_store(settings)
 
 
 @pytest.fixture
-def registry(settings: Settings) -> ToolRegistry:
+def settings_registry(settings: Settings) -> ToolRegistry:
     return build_registry(settings)
 
 

@@ -6,8 +6,6 @@ which keeps items in DynamoDB's wire form and refuses one over 400 KB as DynamoD
 
 from __future__ import annotations
 
-import pytest
-
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import TaskStatus
 from agentq.core.tools import ToolRegistry
@@ -18,14 +16,9 @@ from tests.helpers import call, scripted
 DDB_ITEM_LIMIT = 400 * 1024
 
 
-@pytest.fixture
-def store(memory_store: Storage) -> Storage:
-    return memory_store
-
-
-@pytest.fixture
-def registry(memory_registry: ToolRegistry) -> ToolRegistry:
-    return memory_registry
+# The engine's own behaviour needs no AWS. ``store`` and ``registry`` (tests/conftest.py) are the in-memory twin's;
+# tests that race processes or use queues ask for ``settings`` and build their own.
+STORAGE = "memory"
 
 
 def _item_bytes(item: dict) -> int:  # type: ignore[type-arg]

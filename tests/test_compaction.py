@@ -95,14 +95,9 @@ def _submission(**constraints: Any) -> dict[str, Any]:
             "constraints": {"tools": ["read_doc"], "max_steps": 40, "keep_tool_results": 1, **constraints}}  # fmt: skip
 
 
-@pytest.fixture
-def store(memory_store: Storage) -> Storage:
-    return memory_store
-
-
-@pytest.fixture
-def registry(memory_registry: ToolRegistry) -> ToolRegistry:
-    return memory_registry
+# The engine's own behaviour needs no AWS. ``store`` and ``registry`` (tests/conftest.py) are the in-memory twin's;
+# tests that race processes or use queues ask for ``settings`` and build their own.
+STORAGE = "memory"
 
 
 def _engine(store: Storage, model: SummarisingModel) -> Engine:

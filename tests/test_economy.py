@@ -40,15 +40,9 @@ def _plan(request: RecordedRequest) -> Any:
     return message_reply([{"type": "text", "text": "all looked up"}], usage=usage)
 
 
-@pytest.fixture
-def store(memory_store: Storage) -> Storage:
-    """The engine against the batch API needs no AWS (the local stack test below does)."""
-    return memory_store
-
-
-@pytest.fixture
-def registry(memory_registry: ToolRegistry) -> ToolRegistry:
-    return memory_registry
+# The engine against the batch API needs no AWS (the local stack test below does). ``store`` and ``registry`` (tests/conftest.py) are the in-memory twin's;
+# tests that race processes or use queues ask for ``settings`` and build their own.
+STORAGE = "memory"
 
 
 @pytest.fixture

@@ -30,14 +30,9 @@ SCHEMA = {
 }
 
 
-@pytest.fixture
-def store(memory_store: Storage) -> Storage:
-    return memory_store
-
-
-@pytest.fixture
-def registry(memory_registry: ToolRegistry) -> ToolRegistry:
-    return memory_registry
+# The engine's own behaviour needs no AWS. ``store`` and ``registry`` (tests/conftest.py) are the in-memory twin's;
+# tests that race processes or use queues ask for ``settings`` and build their own.
+STORAGE = "memory"
 
 
 def _task(turns: list[dict[str, Any]], schema: dict[str, Any] = SCHEMA) -> dict[str, Any]:

@@ -54,15 +54,9 @@ class Receiver:
         return f"http://127.0.0.1:{self.server.server_address[1]}/hooks/agentq"
 
 
-@pytest.fixture
-def store(memory_store: Storage) -> Storage:
-    """Submission checks and the engine need no AWS (the delivery and stack tests below do)."""
-    return memory_store
-
-
-@pytest.fixture
-def registry(memory_registry: ToolRegistry) -> ToolRegistry:
-    return memory_registry
+# Submission checks and the engine need no AWS (the delivery and stack tests below do). ``store`` and ``registry`` (tests/conftest.py) are the in-memory twin's;
+# tests that race processes or use queues ask for ``settings`` and build their own.
+STORAGE = "memory"
 
 
 @pytest.fixture
