@@ -204,44 +204,49 @@ class Dispatcher:
         rate bucket, a lost lease's call in flight): record why and until when, so its status
         names the deferral instead of an older retry whose time has passed (best effort)."""
         error = run.error or {}
-        now = time.time()
-        base = run.claimed or task
-        state = RetryState(
-            step=base.step + run.steps_committed + 1,
-            scope="deferral",
-            attempt=1,
-            max_attempts=1,
-            code=str(error.get("code") or "deferred")[:64],
-            message=str(error.get("message") or "deferred")[:500],
-            at=now,
-            next_at=now + float(error.get("retry_after") or 1),
-        )
-        try:
-            self.store.tasks.record_retry(task.task_id, state)
-        except Exception:
-            log.warning("could not record the deferral of task %s", task.task_id, exc_info=True)
+        self._note(task, run, "deferral", attempt=1, max_attempts=1, code=error.get("code") or "deferred",
+                   message=error.get("message") or "deferred", delay=float(error.get("retry_after") or 1))  # fmt: skip
 
     def _note_retry(self, task: Task, run: RunResult, action: Action) -> None:
         """The task comes back in ``action.delay_seconds``: record why and when, so its status
         says so instead of "running" with no error (best effort: the retry happens anyway)."""
         error = run.error or {}
+        self._note(task, run, "delivery", attempt=action.attempts, max_attempts=self.max_receive_count,
+                   code=error.get("code") or "retryable_error", message=error.get("message") or action.reason,
+                   delay=action.delay_seconds, status_code=error.get("status_code"))  # fmt: skip
+
+    def _note(
+        self,
+        task: Task,
+        run: RunResult,
+        scope: Literal["delivery", "deferral"],
+        *,
+        attempt: int,
+        max_attempts: int,
+        code: Any,
+        message: Any,
+        delay: float,
+        status_code: int | None = None,
+    ) -> None:
+        """Record on the task (META#RETRY) what will bring it back, and when: for the step after
+        the ones this run committed."""
         now = time.time()
         base = run.claimed or task
         state = RetryState(
             step=base.step + run.steps_committed + 1,
-            scope="delivery",
-            attempt=action.attempts,
-            max_attempts=self.max_receive_count,
-            code=str(error.get("code") or "retryable_error")[:64],
-            message=str(error.get("message") or action.reason)[:500],
-            status_code=error.get("status_code"),
+            scope=scope,
+            attempt=attempt,
+            max_attempts=max_attempts,
+            code=str(code)[:64],
+            message=str(message)[:500],
+            status_code=status_code,
             at=now,
-            next_at=now + action.delay_seconds,
+            next_at=now + delay,
         )
         try:
             self.store.tasks.record_retry(task.task_id, state)
         except Exception:
-            log.warning("could not record the retry of task %s", task.task_id, exc_info=True)
+            log.warning("could not record the %s of task %s", scope, task.task_id, exc_info=True)
 
     def _fail(self, task: Task, error: dict[str, Any]) -> RunResult:
         """End ``task`` ``failed`` with ``error`` outside any lease (no run holds one)."""
