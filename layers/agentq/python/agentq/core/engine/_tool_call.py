@@ -9,6 +9,7 @@ circuit opened (``core.flow``) and is not run while it is open.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from agentq import observe
@@ -47,7 +48,6 @@ class ToolCaller:
         if use["name"] == RECALL_TOOL:
             return recalled(self.steps, s, use)
         spec = self.requests.registry(s).get(use["name"])
-        side_effects = bool(spec and spec.side_effects and use["name"] in allowlist)
         circuit = f"tool/{use['name']}"
         admission = self.flow.admit(circuit, 0, 0) if spec is not None else None
         if admission is not None and not admission.ok:  # it failed repeatedly, fleet-wide: not run, not started
@@ -56,53 +56,61 @@ class ToolCaller:
                 f"tool {use['name']!r} is unavailable: it failed repeatedly and its circuit is open; try again in "
                 f"{admission.wait:.0f}s, or do without it",
             )
-        started = time.time()
-        if side_effects:
-            return SideEffect(self, s, use, allowlist, notes, admission, started).run()
-        return self.execute(s, use, allowlist, notes, admission, started, side_effects=False)
+        pending = PendingCall(
+            s=s, use=use, allowlist=allowlist, notes=notes, registered=spec is not None,
+            side_effects=bool(spec and spec.side_effects and use["name"] in allowlist),
+            circuit=circuit, admission=admission, started=time.time(),
+        )  # fmt: skip
+        if pending.side_effects:
+            return SideEffect(self, pending).run()
+        return self.execute(pending)
 
-    def execute(
-        self,
-        s: Session,
-        use: dict[str, Any],
-        allowlist: list[str],
-        notes: TaskNotes,
-        admission: Admission | None,
-        started: float,
-        *,
-        side_effects: bool,
-    ) -> ToolOutcome:
+    def execute(self, pending: PendingCall) -> ToolOutcome:
+        s, use = pending.s, pending.use
         ctx = ToolContext(
             task_id=s.task_id,
             tool_use_id=use["id"],
             idempotency_key=idempotency_key_for(s.task_id, use["id"]),
-            notes=notes,
+            notes=pending.notes,
             deadline=tool_deadline(s),
             secrets=self.secrets,
         )
-        registry = self.requests.registry(s)
         with observe.tool_call(
-            use["name"], registered=registry.get(use["name"]) is not None, call_id=use["id"], task_id=s.task_id,
-            step=s.next_step,
-        ) as call:  # fmt: skip
-            run = registry.execute(use["name"], use.get("input") or {}, ctx, allowlist)
+            use["name"], registered=pending.registered, call_id=use["id"], task_id=s.task_id, step=s.next_step
+        ) as call:
+            run = self.requests.registry(s).execute(use["name"], use.get("input") or {}, ctx, pending.allowlist)
             call.finished(run.status, run.is_error)
         crash_point("after_tool_run")
-        if admission is not None:
+        if pending.admission is not None:
             if run.tool_failed:
-                self.flow.failed(f"tool/{use['name']}", admission)
+                self.flow.failed(pending.circuit, pending.admission)
             else:
-                self.flow.succeeded(f"tool/{use['name']}", admission)
+                self.flow.succeeded(pending.circuit, pending.admission)
         return ToolOutcome(
             tool_use_id=use["id"],
             name=use["name"],
             content=run.content,
             is_error=run.is_error,
             status=run.status,
-            side_effects=side_effects,
-            started_at=started,
+            side_effects=pending.side_effects,
+            started_at=pending.started,
             duration_ms=run.duration_ms,
         )
+
+
+@dataclass(frozen=True)
+class PendingCall:
+    """One call of the turn, admitted and about to run: what running it (or replaying it) needs."""
+
+    s: Session
+    use: dict[str, Any]
+    allowlist: list[str]
+    notes: TaskNotes
+    registered: bool  # the registry knows the tool (an unknown one runs to an error result)
+    side_effects: bool  # it may change the world: it runs at most once (SideEffect)
+    circuit: str  # its fleet-wide circuit (core.flow)
+    admission: Admission | None
+    started: float
 
 
 class SideEffect(RecordedOperation[EffectRecord, ToolOutcome]):
@@ -111,36 +119,25 @@ class SideEffect(RecordedOperation[EffectRecord, ToolOutcome]):
 
     after_create = "after_effect_begin"
 
-    def __init__(
-        self,
-        caller: ToolCaller,
-        s: Session,
-        use: dict[str, Any],
-        allowlist: list[str],
-        notes: TaskNotes,
-        admission: Admission | None,
-        started: float,
-    ) -> None:
-        self.caller, self.s, self.use = caller, s, use
-        self.allowlist, self.notes, self.admission, self.started = allowlist, notes, admission, started
+    def __init__(self, caller: ToolCaller, pending: PendingCall) -> None:
+        self.caller, self.pending = caller, pending
         self._prior: EffectRecord | None = None
 
     def check(self) -> EffectRecord | None:
         return None  # the begin is the check: one conditional write that answers with a prior record
 
     def create(self) -> None:
-        self._prior = self.caller.effects.begin(self.s.lease, self.use["id"], self.use["name"])
+        use = self.pending.use
+        self._prior = self.caller.effects.begin(self.pending.s.lease, use["id"], use["name"])
 
     def check_again(self) -> EffectRecord | None:
         return self._prior
 
     def act(self, record: EffectRecord | None) -> ToolOutcome:
         if record is not None:
-            return prior_effect(self.use, record, self.started)
-        outcome = self.caller.execute(
-            self.s, self.use, self.allowlist, self.notes, self.admission, self.started, side_effects=True
-        )
-        self.caller.effects.finish(self.s.lease, self.use["id"], outcome)
+            return prior_effect(self.pending.use, record, self.pending.started)
+        outcome = self.caller.execute(self.pending)
+        self.caller.effects.finish(self.pending.s.lease, self.pending.use["id"], outcome)
         crash_point("after_effect_finish")
         return outcome
 
