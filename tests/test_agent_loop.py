@@ -13,8 +13,7 @@ from agentq.core.errors import ProviderError
 from agentq.core.models import LLMStep, TaskStatus, TaskSubmission, ToolsStep, Usage
 from agentq.core.providers import LLMRequest, LLMResponse, default_provider_factory
 from agentq.core.tools import ToolRegistry
-from agentq.runtime import Settings, build_registry
-from agentq.storage.container import Storage, memory_storage
+from agentq.storage.container import Storage
 
 from tests.helpers import call, scripted
 
@@ -25,17 +24,10 @@ THREE_TURNS = [
 ]
 
 
-@pytest.fixture
-def store() -> Storage:
-    """The engine's own behaviour needs no AWS: it runs on the in-memory storage, which the
-    conformance suite (tests/storage_conformance) holds to DynamoDB's rules. Races between
-    processes stay on moto server (test_crash_recovery, test_zombie_worker, test_budget_race)."""
-    return memory_storage()
-
-
-@pytest.fixture
-def registry() -> ToolRegistry:
-    return build_registry(Settings(table="memory", bucket="memory", tool_modules=("tests.effect_tools",)))
+# The engine's own behaviour needs no AWS: ``store`` and ``registry`` (tests/conftest.py) are the
+# in-memory twin's, which tests/storage_conformance holds to DynamoDB's rules. Races between
+# processes stay on moto server (test_crash_recovery, test_zombie_worker, test_budget_race).
+STORAGE = "memory"
 
 
 def engine(store: Storage, registry: ToolRegistry, **kwargs: Any) -> Engine:

@@ -145,16 +145,16 @@ def test_on_the_local_stack_the_poll_message_resumes_the_task_when_its_batch_end
         assert final.claim_count == LOOKUPS + 2  # submitted once, resumed once per batch
 
 
-def test_a_batch_looked_at_twice_before_it_ends_keeps_one_hold_and_no_wait(registry: ToolRegistry) -> None:
+def test_a_batch_looked_at_twice_before_it_ends_keeps_one_hold_and_no_wait(
+    store: Storage, registry: ToolRegistry
+) -> None:
     """Each poll is a claim of its own: the hold of the batch's turn passes from claim to claim
     (adopted), never set aside as a lost worker's (which would count it twice for the batch's
     24 hours and could make the task wait that long)."""
     from agentq.core.models import Script
     from agentq.core.providers import LLMRequest, LLMResponse
     from agentq.core.providers.scripted import ScriptedProvider
-    from agentq.storage.container import memory_storage
 
-    store = memory_storage()
     turns = [{"text": "all looked up"}]
     ended: list[bool] = []
     sent: dict[str, LLMRequest] = {}

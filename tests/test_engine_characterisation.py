@@ -26,7 +26,6 @@ from agentq.core.providers import LLMRequest, LLMResponse
 from agentq.core.providers.base import RetryNotice, report_retry
 from agentq.core.providers.scripted import ScriptedProvider
 from agentq.core.tools import ToolRegistry
-from agentq.runtime import Settings, build_registry
 from agentq.storage.container import Storage, memory_storage
 
 from tests.engine_recording import Recorder, RecordingStorage, record_crash_points
@@ -37,15 +36,13 @@ NOTES = "n" * 800  # ~200 output tokens a turn by the scripted provider's count
 
 
 class Harness:
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, registry: ToolRegistry) -> None:
         monkeypatch.setenv("AGENTQ_TEST_LEDGER", str(tmp_path / "ledger.jsonl"))
         self.recorder = Recorder()
         record_crash_points(monkeypatch, self.recorder)
         self.raw: Storage = memory_storage()
         self.store = RecordingStorage(self.raw, self.recorder)
-        self.registry: ToolRegistry = build_registry(
-            Settings(table="memory", bucket="memory", tool_modules=("tests.effect_tools",))
-        )
+        self.registry = registry
         self.providers: Callable[[TaskSubmission], Any] | None = None
         self.fanout: Any = None
 
@@ -88,8 +85,8 @@ class Harness:
 
 
 @pytest.fixture
-def h(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Harness]:
-    yield Harness(monkeypatch, tmp_path)
+def h(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, memory_registry: ToolRegistry) -> Iterator[Harness]:
+    yield Harness(monkeypatch, tmp_path, memory_registry)
 
 
 def _wrapped(turns: list[Any], around: Callable[[int, LLMRequest, ScriptedProvider], LLMResponse]) -> Any:
