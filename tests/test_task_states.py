@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentq.core.errors import IllegalTransition, LeaseLost
-from agentq.core.models import ALLOWED_TRANSITIONS, TERMINAL_STATUSES, TaskStatus
+from agentq.core.models import ALLOWED_TRANSITIONS, REOPENED_BY_MESSAGE, TERMINAL_STATUSES, TaskStatus
 from agentq.storage.container import Storage
 
 from tests.helpers import scripted
@@ -15,13 +15,14 @@ def _task(store: Storage) -> str:
     return store.tasks.create(scripted([{"text": "x"}]), tenant="t").task_id
 
 
-def test_terminal_states_lead_nowhere_but_requeue_for_failed_and_cost_exceeded() -> None:
+def test_terminal_states_lead_nowhere_but_requeue_for_failed_cost_exceeded_and_a_follow_up() -> None:
     for status in TERMINAL_STATUSES:
         allowed = ALLOWED_TRANSITIONS[status]
-        if status in (TaskStatus.FAILED, TaskStatus.COST_EXCEEDED):
+        if status in (TaskStatus.FAILED, TaskStatus.COST_EXCEEDED, TaskStatus.SUCCEEDED):
             assert allowed == {TaskStatus.QUEUED}
         else:
             assert allowed == frozenset()
+    assert {TaskStatus.SUCCEEDED, TaskStatus.IDLE} == REOPENED_BY_MESSAGE  # only a message takes these edges
 
 
 @pytest.mark.parametrize(

@@ -109,11 +109,15 @@ def activity(store: Storage, task: Task, children: ChildrenSummary, question: st
         left = [d.task_id for d in deps if d.status is not TaskStatus.SUCCEEDED]
         return f"blocked: {done} of {len(task.submission.depends_on)} dependencies succeeded; waiting for {', '.join(left[:3])}"
     if status is TaskStatus.QUEUED:
+        if task.messages_received > task.messages_delivered and task.step:
+            return "queued to answer your message"
         if task.lease_epoch:
             return f"queued to resume after step {task.step}"
         return f"queued ({task.submission.priority} priority), waiting for a worker"
     if status is TaskStatus.PAUSED:
         return f"waiting for approval: {question}" if question else "paused"
+    if status is TaskStatus.IDLE:
+        return "interrupted: waiting for your next message (POST /tasks/{id}/messages)"
     if status is TaskStatus.WAITING and task.batch:
         return f"waiting for its turn's batch {task.batch.get('id')} (economy): it runs again when the batch ends"
     if status is TaskStatus.WAITING:

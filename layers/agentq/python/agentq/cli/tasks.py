@@ -20,6 +20,7 @@ STATUSES = [
     "running",
     "waiting",
     "paused",
+    "idle",
     "succeeded",
     "failed",
     "cancelled",

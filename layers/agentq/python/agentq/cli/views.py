@@ -25,6 +25,7 @@ STATUS_STYLE = {
     "running": "bold blue",
     "waiting": "magenta",
     "paused": "yellow",
+    "idle": "yellow",
     "succeeded": "bold green",
     "failed": "bold red",
     "cancelled": "red",

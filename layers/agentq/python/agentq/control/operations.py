@@ -126,9 +126,11 @@ def raise_budget(
     add_steps: int = 0,
     add_usd: Decimal = Decimal(0),
     tenant: str | None = None,
+    any_status: bool = False,
 ) -> Task:
     """Raise a root task's token cap (and optionally its step cap and its money cap); a task
-    that stopped with ``cost_exceeded`` resumes from its checkpoint."""
+    that stopped with ``cost_exceeded`` resumes from its checkpoint. ``any_status``: also an
+    answered task's, for the follow-up message that comes with the raise (``control.conversations``)."""
     if add_tokens < 0 or add_steps < 0 or add_usd < 0 or not (add_tokens or add_steps or add_usd):
         raise ValidationError("add_tokens, add_steps and add_usd must be >= 0 and not all 0", field="add_tokens")
     task = owned_task(store, task_id, tenant)
@@ -140,7 +142,8 @@ def raise_budget(
         raise ValidationError(
             "budgets are raised on the root task; a sub-agent's share comes from its parent", field="task_id"
         )
-    if task.status.terminal and task.status is not TaskStatus.COST_EXCEEDED:
+    raisable = (TaskStatus.COST_EXCEEDED, TaskStatus.SUCCEEDED) if any_status else (TaskStatus.COST_EXCEEDED,)
+    if task.status.terminal and task.status not in raisable:
         raise IllegalTransition(
             f"task {task_id} is {task.status.value}; only a running or cost_exceeded task can get more budget",
             field="task_id",

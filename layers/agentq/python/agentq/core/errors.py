@@ -41,6 +41,25 @@ class IdempotencyConflict(AgentqError):
     code = "idempotency_conflict"
 
 
+class MessageRefused(AgentqError):
+    """A message a task cannot take: it ended without an answer to continue from, its
+    conversation is closed, it is busy and refuses double texts, or it took the most it may."""
+
+    code = "message_refused"
+
+
+class ConversationMoved(AgentqError):
+    """A step commit that would have ended the turn found a person's message waiting or an
+    interrupt asked for (``storage.messages``): the engine hears them before it stops."""
+
+    code = "conversation_moved"
+
+    def __init__(self, message: str, *, received: int, interrupt_at: float | None) -> None:
+        super().__init__(message)
+        self.received = received
+        self.interrupt_at = interrupt_at
+
+
 class LeaseLost(AgentqError):
     """The worker's lease epoch is no longer current: it must stop writing at once."""
 

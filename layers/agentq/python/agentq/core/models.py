@@ -30,6 +30,7 @@ ALLOWED_TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
             TaskStatus.WAITING,
             TaskStatus.PAUSED,
             TaskStatus.QUEUED,
+            TaskStatus.IDLE,
             *TERMINAL_STATUSES,
         }
     ),
@@ -37,12 +38,18 @@ ALLOWED_TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
         {TaskStatus.RUNNING, TaskStatus.QUEUED, TaskStatus.CANCELLED, TaskStatus.FAILED, TaskStatus.TIMED_OUT}
     ),
     TaskStatus.PAUSED: frozenset({TaskStatus.RUNNING, TaskStatus.QUEUED, TaskStatus.CANCELLED, TaskStatus.TIMED_OUT}),
-    TaskStatus.SUCCEEDED: frozenset(),
+    TaskStatus.IDLE: frozenset({TaskStatus.QUEUED, TaskStatus.CANCELLED, TaskStatus.TIMED_OUT}),
+    TaskStatus.SUCCEEDED: frozenset({TaskStatus.QUEUED}),  # a follow-up message continues the conversation
     TaskStatus.CANCELLED: frozenset(),
     TaskStatus.TIMED_OUT: frozenset(),
     TaskStatus.FAILED: frozenset({TaskStatus.QUEUED}),
     TaskStatus.COST_EXCEEDED: frozenset({TaskStatus.QUEUED}),
 }
+
+
+# What only a person's message leaves (``storage.messages``): an answered or interrupted
+# conversation goes on. A generic ``transition`` never takes these edges.
+REOPENED_BY_MESSAGE = frozenset({TaskStatus.SUCCEEDED, TaskStatus.IDLE})
 
 
 def sources_of(target: TaskStatus) -> list[TaskStatus]:
@@ -62,6 +69,8 @@ class StrictModel(BaseModel):
 
 
 ToolPolicy = Literal["allow", "ask", "deny"]
+DoubleTexting = Literal["queue", "interrupt", "reject"]
+MAX_MESSAGE_CHARS = 32_000  # a person's message to a task (POST /tasks/{id}/messages)
 ApprovalDefault = Literal["reject", "approve"]
 Effort = Literal["low", "medium", "high", "xhigh", "max"]
 AGENT_REF_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}(@[1-9][0-9]{0,8})?$"  # name, or name@version
@@ -229,6 +238,12 @@ class TaskSubmission(StrictModel):
     constraints: Constraints = Field(default_factory=Constraints)
     priority: Priority = "normal"
     notify: Notify | None = Field(default=None, description="a signed HTTPS callback when the task ends")
+    double_texting: DoubleTexting = Field(
+        default="queue",
+        description="what a message sent while the agent is busy (running, queued, waiting, paused) does: queue "
+        "(delivered at the next turn boundary), interrupt (the turn in flight stops and the agent goes on with the "
+        "message) or reject (409 until the agent answers)",
+    )
     depends_on: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,128}$")]] = Field(
         default_factory=list,
         max_length=50,
@@ -346,7 +361,29 @@ class ToolsStep(StrictModel):
     results: list[ToolOutcome]
 
 
-Step = Annotated[LLMStep | ToolsStep | CompactStep, Field(discriminator="kind")]
+class UserMessage(StrictModel):
+    """A person's message to a task, as accepted (``POST /tasks/{id}/messages``): ``seq`` is its
+    place among the task's messages, fixed when it was accepted."""
+
+    message_id: str
+    seq: int
+    text: str
+    sent_at: float
+
+
+class MessageStep(StrictModel):
+    """Messages delivered into the conversation at a turn boundary, committed as one step: the
+    commit that makes them part of the conversation is the delivery, so a worker dying before it
+    delivers nothing and one dying after it delivered them once (``storage.messages``)."""
+
+    kind: Literal["message"] = "message"
+    messages: list[UserMessage]
+
+    def text(self) -> str:
+        return "\n\n".join(m.text for m in self.messages)
+
+
+Step = Annotated[LLMStep | ToolsStep | CompactStep | MessageStep, Field(discriminator="kind")]
 
 
 class StepRecord(StrictModel):
@@ -357,6 +394,15 @@ class StepRecord(StrictModel):
     epoch: int
     committed_at: float
     body: Step
+
+
+class CommittedStep(StepRecord):
+    """A step as its commit left the task: META's message counters and pending interrupt, read
+    back by the commit's own write (``ReturnValues``), so the engine hears of a message
+    without reading for it."""
+
+    messages_received: int | None = None  # None: not read back (a sub-agent's commit across two items)
+    interrupt_at: float | None = None
 
 
 class Lease(StrictModel):
@@ -433,6 +479,12 @@ class Task(BaseModel):
     expires_at: int | None = None  # set while terminal: when DynamoDB TTL deletes it (epoch seconds)
     retry: RetryState | None = None  # META#RETRY, read by Tasks.get (not by claim or get_many)
     live_text: str | None = None  # the tail of the text of a streamed call in flight (best effort)
+    # A person's messages (storage.messages): accepted, delivered into the conversation, and an
+    # interrupt asked for and not yet heard; a closed conversation takes no more.
+    messages_received: int = 0
+    messages_delivered: int = 0
+    interrupt_at: float | None = None
+    conversation_closed: bool = False
 
     @field_validator("inflight", mode="before")
     @classmethod

@@ -12,8 +12,19 @@ from typing import Any, Protocol
 
 from agentq.core.fanout import ChildPlan
 from agentq.core.flow import Admission
-from agentq.core.models import CompactStep, Lease, LLMStep, RetryState, StepRecord, Task, TaskStatus, ToolOutcome
-from agentq.core.records import ApprovalRecord, BudgetDelta, BudgetState, EffectRecord, Reservation, SpawnRecord
+from agentq.core.models import (
+    CommittedStep,
+    CompactStep,
+    Lease,
+    LLMStep,
+    RetryState,
+    StepRecord,
+    Task,
+    TaskStatus,
+    ToolOutcome,
+    UserMessage,
+)
+from agentq.core.records import ApprovalRecord, BudgetDelta, BudgetState, EffectRecord, Inbox, Reservation, SpawnRecord
 from agentq.core.tenancy import TenantLimits
 
 
@@ -60,7 +71,8 @@ class StepLog(Protocol):
         error: dict[str, Any] | None = None,
         lease_until: float | None = None,
         hold_until: float | None = None,
-    ) -> StepRecord: ...
+        delivered: int | None = None,
+    ) -> CommittedStep: ...
 
     def record_orphan(self, lease: Lease, number: int, body: LLMStep | CompactStep) -> None: ...
 
@@ -160,6 +172,12 @@ class FlowPort(Protocol):
     def cooldown_seconds(self) -> float: ...
 
 
+class MessageBox(Protocol):
+    def waiting(self, task_id: str, *, after: int, upto: int) -> list[UserMessage]: ...
+
+    def go_idle(self, lease: Lease, *, delivered: int) -> Inbox | None: ...
+
+
 class EngineStorage(Protocol):
     """Everything the engine reads and writes, by aggregate."""
 
@@ -189,3 +207,6 @@ class EngineStorage(Protocol):
 
     @property
     def flow(self) -> FlowPort: ...
+
+    @property
+    def messages(self) -> MessageBox: ...

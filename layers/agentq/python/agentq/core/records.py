@@ -51,6 +51,20 @@ NO_USAGE = BudgetDelta(reserved=0, used=0, cost_usd=Decimal(0), tokens_in=0, tok
 
 
 @dataclass(frozen=True)
+class Inbox:
+    """What META says of a task's messages (``storage.messages``): how many it accepted, how
+    many the conversation holds, and an interrupt asked for and not yet heard."""
+
+    received: int = 0
+    delivered: int = 0
+    interrupt_at: float | None = None
+
+    @property
+    def waiting(self) -> int:
+        return self.received - self.delivered
+
+
+@dataclass(frozen=True)
 class EffectRecord:
     tool_use_id: str
     state: Literal["started", "done"]

@@ -13,6 +13,7 @@ class TaskStatus(enum.StrEnum):
     RUNNING = "running"
     WAITING = "waiting"  # children running
     PAUSED = "paused"  # human approval
+    IDLE = "idle"  # interrupted by a person: holds no compute and waits for their next message
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"

@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from agentq.core.models import CompactStep, LLMStep, StepRecord, Task
+from agentq.core.models import CompactStep, LLMStep, MessageStep, StepRecord, Task
 from agentq.core.records import ClaimRecord
 from agentq.local.stack import DEFAULT_TOOL_MODULES, LocalStack
 
@@ -46,6 +46,8 @@ def _describe(record: StepRecord) -> str:
         return f"llm   {calls:<26} in={body.usage.input_tokens:>5} out={body.usage.output_tokens:>4}"
     if isinstance(body, CompactStep):
         return f"compact summary of steps 1-{body.summarised_through} in={body.usage.input_tokens:>5}"
+    if isinstance(body, MessageStep):
+        return f"message {len(body.messages)} from a person"
     return "tools " + ", ".join(f"{r.name}:{r.status}" for r in body.results)
 
 

@@ -176,7 +176,7 @@ class Dispatcher:
             task = self.store.tasks.get(task.task_id)
         elif message.kind == "wake" and message.spawn_id:
             self._wake(task, message.spawn_id)
-        elif task.status in (TaskStatus.WAITING, TaskStatus.PAUSED):
+        elif task.status in (TaskStatus.WAITING, TaskStatus.PAUSED, TaskStatus.IDLE):
             return Action(
                 "delete", f"task is {task.status.value}; it is woken by its own message", task_id=task.task_id
             )
@@ -416,7 +416,7 @@ class Dispatcher:
             )
         # not_claimed: someone holds a live lease, or the task moved on since we looked.
         task = self.store.tasks.get(task_id)
-        if task.status.terminal or task.status in (TaskStatus.WAITING, TaskStatus.PAUSED):
+        if task.status.terminal or task.status in (TaskStatus.WAITING, TaskStatus.PAUSED, TaskStatus.IDLE):
             return Action("delete", f"task already {task.status.value}", task_id=task_id, run=run)
         remaining = task.lease_expires - time.time()
         if receive_count >= self.max_receive_count:

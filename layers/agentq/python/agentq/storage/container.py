@@ -11,6 +11,7 @@ from agentq.storage.approvals import Approvals
 from agentq.storage.budgets import Budgets
 from agentq.storage.effects import Effects
 from agentq.storage.flow import FlowControl
+from agentq.storage.messages import Messages
 from agentq.storage.notes import Notes
 from agentq.storage.purge import Purge
 from agentq.storage.schedules import Schedules
@@ -38,6 +39,7 @@ class Storage:
         self.tasks = Tasks(table, payloads, retention_seconds=retention_seconds)
         self.budgets = Budgets(table)
         self.steps = Steps(table, payloads, self.tasks)
+        self.messages = Messages(table, retention_seconds=retention_seconds)
         self.effects = Effects(table, payloads)
         self.spawns = Spawns(table, payloads, self.tasks, self.budgets)
         self.approvals = Approvals(table, self.tasks)

@@ -33,20 +33,22 @@ stays small.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from boto3.dynamodb.conditions import Attr
 from pydantic import TypeAdapter
 
-from agentq.core.errors import BudgetExceeded
+from agentq.core.errors import BudgetExceeded, ConversationMoved
 from agentq.core.faults import crash_point
-from agentq.core.models import CompactStep, Lease, LLMStep, Step, StepRecord, TaskStatus
-from agentq.core.records import NO_USAGE, BudgetDelta, OrphanCall
+from agentq.core.models import CommittedStep, CompactStep, Lease, LLMStep, MessageStep, Step, StepRecord, TaskStatus
+from agentq.core.records import NO_USAGE, BudgetDelta, Inbox, OrphanCall
 from agentq.resources import LIVE_ATTRIBUTES
 from agentq.storage import keys
 from agentq.storage.budget_items import ticket_value
 from agentq.storage.budgets import BUDGET, settle_and_reserve
 from agentq.storage.leases import why_fenced
+from agentq.storage.messages import inbox_of, nothing_waits
 from agentq.storage.serdes import Payloads
 from agentq.storage.table import (
     ConditionFailed,
@@ -65,6 +67,15 @@ from agentq.storage.tasks import Tasks
 
 _STEP_ADAPTER: TypeAdapter[Any] = TypeAdapter(Step)
 CALL_STEP: TypeAdapter[LLMStep | CompactStep] = TypeAdapter(LLMStep | CompactStep)
+
+
+@dataclass(frozen=True)
+class _Heeds:
+    """What a commit's condition listens for besides the fence: messages beyond ``delivered``
+    (a commit that ends the task), an interrupt (an LLM step: its answer is then discarded)."""
+
+    delivered: int | None
+    interrupt: bool
 
 
 class Steps:
@@ -131,8 +142,15 @@ class Steps:
         error: dict[str, Any] | None = None,
         lease_until: float | None = None,
         hold_until: float | None = None,
-    ) -> StepRecord:
+        delivered: int | None = None,
+    ) -> CommittedStep:
         """Append step ``number`` and advance META, fenced by the lease (see the module).
+
+        ``delivered``: how many of the task's messages the conversation holds after this step
+        (``storage.messages``). A ``MessageStep`` moves META's count there; a commit that ends
+        the task is refused while more were accepted, and an LLM step while an interrupt is
+        asked for (``ConversationMoved``): the engine hears them first. The commit returns
+        META's counters as its write left them.
 
         ``settle`` settles this step's LLM reservation with the reported usage; ``reserve_next``
         reserves tokens for the next LLM call in the same write (saving a round trip per turn),
@@ -177,14 +195,23 @@ class Steps:
             removes = [r for r in removes if r != "inflight"]
         if finish is not None:
             removes = [*removes, *LIVE_ATTRIBUTES]  # out of the sweeper's index
-        meta = Patch(
-            "meta",
-            keys.meta_key(lease.task_id),
-            Update(set=sets, add=adds, remove=removes),
+        condition = (
             Attr("lease_epoch").eq(lease.epoch)
             & Attr("status").eq(TaskStatus.RUNNING.value)
-            & Attr("step").eq(number - 1),
+            & Attr("step").eq(number - 1)
         )
+        if isinstance(body, MessageStep):
+            sets["messages_delivered"] = body.messages[-1].seq
+            removes.append("interrupt_at")  # the person spoke: the agent goes on with what they said
+        heeds = _Heeds(
+            delivered=delivered if finish is TaskStatus.SUCCEEDED else None,
+            interrupt=delivered is not None and body.kind == "llm",
+        )
+        if heeds.delivered is not None:
+            condition = condition & nothing_waits(heeds.delivered)
+        if heeds.interrupt:
+            condition = condition & Attr("interrupt_at").not_exists()
+        meta = Patch("meta", keys.meta_key(lease.task_id), Update(set=sets, add=adds, remove=removes), condition)
         budget = (
             settle_and_reserve(root_id, settle or NO_USAGE, reserve_next, reserve_next_micros)
             if settle or reserve_next
@@ -192,9 +219,15 @@ class Steps:
         )
         if budget is not None and root_id != lease.task_id:
             self._commit_across(lease, number, meta, budget, reserve_next)
+            after = None  # a sub-agent's commit: sub-agents take no messages
         else:
-            self._commit_meta(lease, number, merge("meta", meta, budget) if budget else meta, reserve_next)
-        return StepRecord(task_id=lease.task_id, number=number, epoch=lease.epoch, committed_at=now, body=body)
+            after = self._commit_meta(
+                lease, number, merge("meta", meta, budget) if budget else meta, reserve_next, heeds
+            )
+        return CommittedStep(
+            task_id=lease.task_id, number=number, epoch=lease.epoch, committed_at=now, body=body,
+            messages_received=after.received if after else None, interrupt_at=after.interrupt_at if after else None,
+        )  # fmt: skip
 
     def _prepare(self, lease: Lease, number: int, step_item: Item) -> None:
         """Put the step item: over nothing, or over a leftover of an older epoch."""
@@ -214,14 +247,25 @@ class Steps:
         except ConditionFailed as exc:
             raise why_fenced(self.table, lease) from exc
 
-    def _commit_meta(self, lease: Lease, number: int, write: Patch, reserve_next: int) -> None:
+    def _commit_meta(self, lease: Lease, number: int, write: Patch, reserve_next: int, heeds: _Heeds) -> Inbox:
         """The commit point: one conditional write of META (and the task's own budget on it)."""
         try:
-            self.table.update(write.key, write.update, condition=write.condition)
+            return inbox_of(self.table.update(write.key, write.update, condition=write.condition, returns="ALL_NEW"))
         except ConditionFailed as exc:
             old = exc.old or {}
             if old.get("lease_epoch") == lease.epoch and old.get("step") == number:
-                return  # a retried request whose first attempt went through: only this epoch commits n
+                return inbox_of(old)  # a retried request whose first attempt went through: only this epoch commits n
+            if fence_holds(old, lease) and old.get("step") == number - 1:
+                moved = inbox_of(old)
+                if heeds.interrupt and moved.interrupt_at is not None:
+                    raise ConversationMoved(
+                        f"task {lease.task_id}: an interrupt was asked for", received=moved.received,
+                        interrupt_at=moved.interrupt_at,
+                    ) from exc  # fmt: skip
+                if heeds.delivered is not None and moved.received != heeds.delivered:
+                    raise ConversationMoved(
+                        f"task {lease.task_id}: a message came in", received=moved.received, interrupt_at=None
+                    ) from exc
             if reserve_next and fence_holds(old, lease) and old.get("step") == number - 1:
                 raise BudgetExceeded(f"the budget cannot cover {reserve_next} more tokens") from exc
             raise why_fenced(self.table, lease) from exc

@@ -17,7 +17,15 @@ from boto3.dynamodb.conditions import Attr
 
 from agentq import observe
 from agentq.core.errors import IllegalTransition, LeaseLost, TaskNotFound
-from agentq.core.models import ALLOWED_TRANSITIONS, Lease, RetryState, TaskStatus, TaskSubmission, sources_of
+from agentq.core.models import (
+    ALLOWED_TRANSITIONS,
+    REOPENED_BY_MESSAGE,
+    Lease,
+    RetryState,
+    TaskStatus,
+    TaskSubmission,
+    sources_of,
+)
 from agentq.resources import LIVE_ATTRIBUTES, TTL_ATTRIBUTE
 from agentq.storage import keys
 from agentq.storage.leases import why_fenced
@@ -51,7 +59,9 @@ class TaskTransitions(TaskItems):
         With a lease the write is also fenced by its epoch. ``extra``: attributes set in the
         same write (a waiting task's ``batch``).
         """
-        allowed = sources_of(to)
+        # Only a person's message reopens a conversation (``storage.messages``), in a write that
+        # also delivers the message: never a generic requeue (a stale wake, a redrive).
+        allowed = [src for src in sources_of(to) if src not in REOPENED_BY_MESSAGE]
         if not allowed:
             raise IllegalTransition(f"no status may move to {to.value!r}", field="status")
         now = time.time()

@@ -36,7 +36,7 @@ export function replace(el, ...children) {
 }
 
 export const STATUSES = [
-  "queued", "blocked", "running", "waiting", "paused", "succeeded", "failed", "cancelled", "cost_exceeded", "timed_out",
+  "queued", "blocked", "running", "waiting", "paused", "idle", "succeeded", "failed", "cancelled", "cost_exceeded", "timed_out",
 ];
 export const TERMINAL = new Set(["succeeded", "failed", "cancelled", "cost_exceeded", "timed_out"]);
 

@@ -8,6 +8,7 @@ as an orphan (ARCHITECTURE 4) and kept in the trace, and the step is left to the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -24,7 +25,7 @@ from agentq.core.engine._session import Session
 from agentq.core.engine._stops import stop_error
 from agentq.core.engine.conversation import final_text
 from agentq.core.engine.result import RunResult
-from agentq.core.errors import LeaseLost, ProviderError
+from agentq.core.errors import ConversationMoved, LeaseLost, ProviderError
 from agentq.core.faults import crash_point
 from agentq.core.flow import flow_key
 from agentq.core.models import CallStep, CompactStep, LLMStep, RetryState, TaskStatus
@@ -276,16 +277,25 @@ class LLMTurn:
             log.warning("task %s: call answered after its hold's deadline; raise AGENTQ_MAX_CALL_SECONDS", s.task_id)
         try:
             s.held.check()  # the heartbeat may have learned first that the lease is lost
-            record = self.writer.commit(s, step, settle=settle, finish=finish, result=result, error=error)
+            try:
+                record = self.writer.commit(s, step, settle=settle, finish=finish, result=result, error=error)
+            except ConversationMoved as moved:
+                s.inbox = dataclasses.replace(s.inbox, received=moved.received, interrupt_at=moved.interrupt_at)
+                if moved.interrupt_at is not None:
+                    raise
+                # A message came in while the model answered: the answer is a turn, not the end.
+                finish, result, error = None, None, None
+                record = self.writer.commit(s, step, settle=settle)
+        except ConversationMoved as moved:
+            # Interrupted: the answer is discarded, and paid for, as a lost lease's would be.
+            s.inbox = dataclasses.replace(s.inbox, received=moved.received, interrupt_at=moved.interrupt_at)
+            self._discard(s, step, settle, window, response, cost)
+            log.info("task %s: answer of step %d discarded (interrupted)", s.task_id, s.next_step)
+            return None
         except LeaseLost:
             # The provider answered, so the tokens are spent whoever owns the task now, and
             # whoever learned of the lost lease: the ledger gets them once, as an orphan.
-            self.budgets.settle_orphan(
-                s.task_id, s.task.budget_id, settle, inflight_epoch=s.lease.epoch, parent_id=s.task.parent_id
-            )
-            self.steps.record_orphan(s.lease, s.next_step, step)
-            if window is not None:
-                self.windows.settle(window, response.usage.total, micros(cost))
+            self._discard(s, step, settle, window, response, cost)
             raise
         if window is not None:
             self.windows.settle(window, response.usage.total, micros(cost))
@@ -298,6 +308,25 @@ class LLMTurn:
         if finish:
             return RunResult(s.task_id, "finished", status=finish)
         return None
+
+    def _discard(
+        self,
+        s: Session,
+        step: LLMStep | CompactStep,
+        settle: BudgetDelta,
+        window: Any,
+        response: LLMResponse,
+        cost: Decimal,
+    ) -> None:
+        """An answer that will not be committed: its usage is settled once, with the hold, and
+        the call stays in the trace as an orphan."""  # fmt: skip
+        self.budgets.settle_orphan(
+            s.task_id, s.task.budget_id, settle, inflight_epoch=s.lease.epoch, parent_id=s.task.parent_id
+        )
+        self.steps.record_orphan(s.lease, s.next_step, step)
+        if window is not None:
+            self.windows.settle(window, response.usage.total, micros(cost))
+        s.task = s.task.model_copy(update={"inflight": None, "batch": None})
 
     def _turn_outcome(
         self, s: Session, step: LLMStep, max_out: int

@@ -2,7 +2,7 @@
 it ends, parks, loses its lease, or its time slice ends.
 
 Each turn is a module of its own (``_llm_turn``, ``_tool_turn`` with ``_tool_call``,
-``_approvals`` and ``_spawn``); budget holds are ``_holds``; the request is ``_request``. The
+``_approvals`` and ``_spawn``, ``_messages`` for a person's messages and interrupts); budget holds are ``_holds``; the request is ``_request``. The
 loop only decides which turn comes next from the last committed step, and how a run ends.
 """
 
@@ -18,6 +18,7 @@ from agentq.core.dependencies import dependency_goal
 from agentq.core.engine._commit import StepWriter
 from agentq.core.engine._holds import BudgetHolds, HoldsInFlight
 from agentq.core.engine._llm_turn import LLMTurn, finish_without_step
+from agentq.core.engine._messages import MessageTurn
 from agentq.core.engine._request import RequestBuilder
 from agentq.core.engine._session import KeeperFactory, LeaseKeeper, LeaseState, Session
 from agentq.core.engine._spawn import SpawnPorts
@@ -34,6 +35,7 @@ from agentq.core.models import LLMStep, Task, TaskStatus, TaskSubmission
 from agentq.core.ports import EngineStorage
 from agentq.core.pricing import PriceTable, load_price_table
 from agentq.core.providers import LLMProvider, ProviderFactory, default_provider_factory
+from agentq.core.records import Inbox
 from agentq.core.secrets import Secrets, SecretSource
 from agentq.core.tools import ToolRegistry, default_registry
 from agentq.core.tools.mcp import McpServers
@@ -77,6 +79,7 @@ class Engine:
         self._tool_turn = ToolTurn(
             store.approvals, spawning, config, caller, fanout, writer, self._holds, self._requests
         )
+        self._message_turn = MessageTurn(store.messages, self._holds, writer)
 
     def _provider(self, submission: TaskSubmission) -> LLMProvider:
         """``self.providers`` as it is when the call is made (an adapter may swap it)."""
@@ -138,6 +141,7 @@ class Engine:
                 session.goal = self._goal(task)
                 session.messages = conversation(session.goal, steps, task.submission.output_schema)
                 session.limits = self.windows.limits(task.tenant)
+                session.inbox = Inbox(task.messages_received, task.messages_delivered, task.interrupt_at)
                 self._holds.take_over(session)
                 result = self._loop(session)
             except HoldsInFlight as exc:
@@ -161,6 +165,11 @@ class Engine:
         while True:
             observe.bind(step=s.next_step)
             s.held.check()
+            if self._message_turn.due(s):
+                idle = self._message_turn.run(s)
+                if idle is not None:
+                    return idle
+                continue
             last = s.steps[-1].body if s.steps else None
             if isinstance(last, LLMStep) and last.tool_uses():
                 parked = self._tool_turn.run(s, last)

@@ -21,6 +21,7 @@ from agentq.core.errors import LeaseLost
 from agentq.core.flow import Admission
 from agentq.core.models import Lease, StepRecord, Task
 from agentq.core.ports import NoteBook, TaskLeases
+from agentq.core.records import Inbox
 from agentq.core.tenancy import TenantLimits
 from agentq.core.tools import ToolRegistry
 
@@ -64,6 +65,7 @@ class Session:
     short_of: Literal["tokens", "money"] = "tokens"  # what the budget lacked when a hold was refused
     admission: Admission | None = None  # fleet flow control's answer for the call in progress (core.flow)
     goal: str = ""  # the first message: the submission's goal, with its dependencies' results (core.dependencies)
+    inbox: Inbox = field(default_factory=Inbox)  # a person's messages and interrupt, as META last said (_messages)
 
     @property
     def lease(self) -> Lease:

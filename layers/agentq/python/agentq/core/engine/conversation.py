@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from agentq.core.context import resumed_goal
-from agentq.core.models import CompactStep, Constraints, LLMStep, StepRecord, TaskSubmission
+from agentq.core.models import CompactStep, Constraints, LLMStep, MessageStep, StepRecord, TaskSubmission
 from agentq.core.output import FINAL_ANSWER_TOOL, answer_of, feedback
 from agentq.core.providers import LLMRequest
 
@@ -38,6 +38,8 @@ def conversation(
             messages.append({"role": "assistant", "content": body.content})
             if output_schema is not None and not body.tool_uses() and not answer_of(output_schema, body.content)[0]:
                 messages.append({"role": "user", "content": feedback(output_schema, body.content)})
+        elif isinstance(body, MessageStep):
+            _say(messages, [{"type": "text", "text": m.text} for m in body.messages])
         else:
             messages.append(
                 {
@@ -54,6 +56,25 @@ def conversation(
                 }
             )
     return messages
+
+
+def said(messages: list[dict[str, Any]], body: MessageStep) -> list[dict[str, Any]]:
+    """The conversation after ``body``'s messages were delivered into it."""
+    out = list(messages)
+    _say(out, [{"type": "text", "text": m.text} for m in body.messages])
+    return out
+
+
+def _say(messages: list[dict[str, Any]], blocks: list[dict[str, Any]]) -> None:
+    """A person's words as the next user turn: joined to the user turn already last (the goal,
+    tool results: roles must alternate, and tool results must lead their turn), or a new one."""
+    last = messages[-1]
+    if last["role"] != "user":
+        messages.append({"role": "user", "content": blocks})
+        return
+    content = last["content"]
+    before = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+    messages[-1] = {"role": "user", "content": [*before, *blocks]}
 
 
 def final_text(messages: list[dict[str, Any]]) -> str | None:

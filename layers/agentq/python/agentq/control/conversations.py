@@ -1,0 +1,97 @@
+"""Talking to a task: send it a message, interrupt it, close its conversation.
+
+The unit of a conversation is the task, not a session resource beside it: a task already is a
+conversation (its committed steps), with the budget, the compaction, the prompt cache and the
+trace that a follow-up must keep, and a fork at a later exchange is the fork a task already has.
+A follow-up to an answered task continues it in place (``succeeded -> queued``); its result is the
+latest answer, and the trace shows each exchange. See ``storage.messages`` for the delivery rules.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from decimal import Decimal
+
+from agentq.control.operations import owned_task, raise_budget
+from agentq.core.errors import IllegalTransition, ValidationError
+from agentq.core.models import MAX_MESSAGE_CHARS, TaskStatus, UserMessage
+from agentq.queueing.queues import TaskQueues
+from agentq.storage.container import Storage
+from agentq.storage.messages import REFUSALS, Accepted
+
+log = logging.getLogger("agentq.control")
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What became of a message: the task took it (``accepted``), or it had already (``replayed``)."""
+
+    message: UserMessage
+    status: TaskStatus
+    reopened: bool
+    interrupting: bool
+    replayed: bool
+
+
+def send_message(
+    store: Storage,
+    queues: TaskQueues,
+    task_id: str,
+    text: str,
+    *,
+    tenant: str | None = None,
+    idempotency_key: str | None = None,
+    add_tokens: int = 0,
+    add_steps: int = 0,
+    add_usd: Decimal = Decimal(0),
+) -> Sent:
+    """Give ``text`` to the task (see the module); ``add_tokens``, ``add_steps`` and ``add_usd``
+    raise its caps first, which is how a task that ran out of budget takes a follow-up (and how a
+    long conversation gets more turns)."""
+    if not text.strip():
+        raise ValidationError("text must not be empty", field="text")
+    if len(text) > MAX_MESSAGE_CHARS:
+        raise ValidationError(f"text is {len(text):,} characters; a message holds at most {MAX_MESSAGE_CHARS:,}",
+                              field="text")  # fmt: skip
+    task = owned_task(store, task_id, tenant)
+    if add_tokens or add_steps or add_usd:
+        if task.status in REFUSALS and task.status is not TaskStatus.COST_EXCEEDED:
+            raise IllegalTransition(f"task {task_id} takes no messages: {REFUSALS[task.status]}", field="task_id")
+        raise_budget(store, queues, task_id, add_tokens=add_tokens, add_steps=add_steps, add_usd=add_usd,
+                     tenant=tenant, any_status=True)  # fmt: skip
+    accepted: Accepted = store.messages.accept(
+        task_id,
+        text,
+        tenant=tenant,
+        idempotency_key=idempotency_key,
+        double_texting=task.submission.double_texting,
+    )
+    if accepted.reopened:
+        queues.send(task_id, task.submission.priority)
+        log.info("task %s: follow-up message %d reopened it", task_id, accepted.message.seq)
+    return Sent(
+        message=accepted.message,
+        status=accepted.status,
+        reopened=accepted.reopened,
+        interrupting=accepted.interrupting,
+        replayed=accepted.replayed,
+    )
+
+
+def interrupt(store: Storage, task_id: str, *, tenant: str | None = None) -> TaskStatus:
+    """Ask the agent to stop at its earliest safe point and wait for the next message."""
+    owned_task(store, task_id, tenant)
+    return store.messages.interrupt(task_id, tenant=tenant)
+
+
+def close(store: Storage, task_id: str, *, tenant: str | None = None) -> None:
+    """The conversation takes no more messages; the task itself is left as it is."""
+    owned_task(store, task_id, tenant)
+    store.messages.close(task_id, tenant=tenant)
+
+
+def messages(store: Storage, task_id: str, *, tenant: str | None = None) -> list[UserMessage]:
+    """Every message the task accepted, in order (delivered or not: the trace says which)."""
+    owned_task(store, task_id, tenant)
+    return store.messages.listed(task_id)

@@ -1,0 +1,326 @@
+"""A person's messages to a task: accepted in order, delivered into the conversation once.
+
+Two counters on META carry the whole protocol. ``messages_received`` is how many messages the
+task has accepted: a message is accepted by one transaction that bumps it from the value the
+sender read (``n``) and puts ``MSG#<n+1>``, so messages are numbered without gaps in the order
+they were accepted, and two senders racing for the same number cannot both win (the loser reads
+again and takes the next). ``messages_delivered`` is how many of them the conversation holds: it
+moves only in the step commit that puts them into the conversation (a ``MessageStep``, fenced
+like every commit). So a worker killed before that commit delivered nothing (the next claim sees
+``received > delivered`` and delivers them), and one killed after it delivered them once: the
+step is the delivery. No message is marked, read back or deleted to deliver it.
+
+Where the message goes depends on the task's status when it is accepted, in the same write:
+
+- ``running``, ``queued``, ``waiting``, ``paused``, ``blocked``: it waits; the engine delivers
+  it at the next turn boundary (a queued, waiting or paused task when it runs again). The step
+  commit's META write returns the counters (``ReturnValues``), so learning that a message waits
+  costs no read: none when nothing waits.
+- ``succeeded`` or ``idle`` (answered, or interrupted): a follow-up. The same write moves the
+  task back to ``queued`` (the caller then sends its queue message), and the run that claims it
+  delivers the message and goes on from the conversation as it was.
+- ``failed``, ``cancelled``, ``timed_out``, ``cost_exceeded``: refused, with the reason.
+
+A turn never ends over a waiting message: the commit that would end the task, and the move to
+``idle`` after an interrupt, are conditional on ``messages_received`` being what the engine has
+delivered, so a message accepted while the last call was in flight is delivered, not stranded in
+a finished task. An interrupt is ``interrupt_at`` on META: the next LLM step's commit is
+conditional on its absence, so the answer of a call in flight is discarded (and charged: it is
+settled as an orphan call), and the engine moves the task to ``idle`` (or delivers what waits).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from boto3.dynamodb.conditions import Attr, ConditionBase
+
+from agentq.core.errors import IdempotencyConflict, IllegalTransition, MessageRefused, TaskNotFound
+from agentq.core.models import DoubleTexting, Lease, TaskStatus, UserMessage
+from agentq.core.records import Inbox
+from agentq.resources import TTL_ATTRIBUTE
+from agentq.storage import keys
+from agentq.storage.leases import why_fenced
+from agentq.storage.table import (
+    ConditionFailed,
+    Item,
+    Patch,
+    Put,
+    Table,
+    TransactionCancelled,
+    Update,
+    absent,
+    fence,
+    plain,
+)
+from agentq.storage.task_items import live_keys
+
+MESSAGE = "MSG#"
+MESSAGE_KEY = "MSGKEY#"
+MAX_MESSAGES_PER_TASK = 1000
+ACCEPT_ATTEMPTS = 200  # senders racing for the next number: each loss means another one won
+
+HELD = frozenset({TaskStatus.RUNNING, TaskStatus.QUEUED, TaskStatus.WAITING, TaskStatus.PAUSED, TaskStatus.BLOCKED})
+BUSY = frozenset({TaskStatus.RUNNING, TaskStatus.QUEUED, TaskStatus.WAITING, TaskStatus.PAUSED})
+REOPENED = frozenset({TaskStatus.SUCCEEDED, TaskStatus.IDLE})
+
+
+REFUSALS = {
+    TaskStatus.FAILED: "it failed; redrive it from the dead-letter queue or fork it to go on",
+    TaskStatus.CANCELLED: "it was cancelled",
+    TaskStatus.TIMED_OUT: "it timed out",
+    TaskStatus.COST_EXCEEDED: "it ran out of budget; raise it (POST /tasks/{id}/budget) first",
+}
+
+
+def message_sk(seq: int) -> str:
+    return f"{MESSAGE}{seq:06d}"
+
+
+def _key_sk(idempotency_key: str) -> str:
+    return MESSAGE_KEY + hashlib.sha256(idempotency_key.encode()).hexdigest()[:40]
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A message the task took: ``reopened`` when it moved an answered or interrupted task back
+    to ``queued`` (its queue message is the caller's to send); ``replayed`` when the same
+    idempotency key had already delivered it (nothing was written this time)."""
+
+    message: UserMessage
+    status: TaskStatus  # the task's status after the write
+    reopened: bool = False
+    interrupting: bool = False
+    replayed: bool = False
+
+
+def inbox_of(meta: dict[str, Any] | None) -> Inbox:
+    meta = meta or {}
+    at = meta.get("interrupt_at")
+    return Inbox(
+        received=int(meta.get("messages_received") or 0),
+        delivered=int(meta.get("messages_delivered") or 0),
+        interrupt_at=float(at) if at is not None else None,
+    )
+
+
+def nothing_waits(delivered: int) -> ConditionBase:
+    """The condition of a write that ends a turn: no message accepted beyond ``delivered``."""
+    return (
+        Attr("messages_received").not_exists() | Attr("messages_received").eq(delivered)
+        if delivered == 0
+        else Attr("messages_received").eq(delivered)
+    )
+
+
+class Messages:
+    def __init__(self, table: Table, *, retention_seconds: int) -> None:
+        self.table = table
+        self.retention_seconds = retention_seconds
+
+    def accept(
+        self,
+        task_id: str,
+        text: str,
+        *,
+        tenant: str | None = None,
+        idempotency_key: str | None = None,
+        double_texting: DoubleTexting = "queue",
+    ) -> Accepted:
+        """Accept ``text`` as the task's next message (see the module)."""
+        request_hash = hashlib.sha256(text.encode()).hexdigest()
+        for _ in range(ACCEPT_ATTEMPTS):
+            meta = self.table.get(keys.meta_key(task_id))
+            if meta is None or (tenant is not None and meta.get("tenant") != tenant):
+                raise TaskNotFound(f"task {task_id} not found", field="task_id")
+            if idempotency_key is not None:
+                replay = self._replay(task_id, idempotency_key, request_hash)
+                if replay is not None:
+                    return replay
+            status = TaskStatus(str(meta["status"]))
+            self._check(task_id, meta, status, double_texting)
+            received = int(meta.get("messages_received") or 0)
+            now = time.time()
+            message = UserMessage(message_id=uuid.uuid4().hex, seq=received + 1, text=text, sent_at=now)
+            interrupting = double_texting == "interrupt" and status is TaskStatus.RUNNING
+            actions: list[Patch | Put] = [
+                self._meta_write(task_id, status, received, now, interrupting),
+                Put(
+                    "message",
+                    {
+                        **keys.item_key(task_id, message_sk(message.seq)),
+                        **message.model_dump(),
+                        "sent_at": Decimal(repr(now)),
+                    },
+                    absent(),
+                ),
+            ]
+            if idempotency_key is not None:
+                actions.append(
+                    Put(
+                        "key",
+                        {
+                            **keys.item_key(task_id, _key_sk(idempotency_key)),
+                            "seq": message.seq,
+                            "request_hash": request_hash,
+                        },
+                        absent(),
+                    )
+                )
+            try:
+                self.table.transact(actions)
+            except TransactionCancelled:
+                continue  # another message took the number, the status moved, or the key was used: look again
+            reopened = status in REOPENED
+            return Accepted(
+                message=message,
+                status=TaskStatus.QUEUED if reopened else status,
+                reopened=reopened,
+                interrupting=interrupting,
+            )
+        raise MessageRefused(f"task {task_id} is taking too many messages at once; send again", field="task_id")
+
+    def _check(self, task_id: str, meta: Item, status: TaskStatus, double_texting: DoubleTexting) -> None:
+        if status in REFUSALS:
+            raise IllegalTransition(
+                f"task {task_id} takes no messages: {REFUSALS[status]}", field="task_id", status=status.value
+            )
+        if meta.get("parent_id"):
+            raise MessageRefused(
+                f"task {task_id} is a sub-agent: it takes its instructions from its parent", field="task_id"
+            )
+        if meta.get("conversation_closed"):
+            raise MessageRefused(f"task {task_id}'s conversation is closed", field="task_id")
+        if int(meta.get("messages_received") or 0) >= MAX_MESSAGES_PER_TASK:
+            raise MessageRefused(
+                f"task {task_id} has taken the most messages a task may ({MAX_MESSAGES_PER_TASK:,}); fork it to go on",
+                field="text",
+            )
+        if status in REOPENED and (meta.get(TTL_ATTRIBUTE) or float("inf")) <= time.time():
+            raise IllegalTransition(
+                f"task {task_id} is {status.value} and its retention ran out; it is being deleted", field="task_id"
+            )
+        if double_texting == "reject" and status in BUSY:
+            raise MessageRefused(
+                f"task {task_id} is {status.value} and refuses messages until it answers (double_texting: reject)",
+                field="task_id",
+            )
+
+    def _meta_write(self, task_id: str, status: TaskStatus, received: int, now: float, interrupting: bool) -> Patch:
+        counted = Attr("messages_received").eq(received) if received else Attr("messages_received").not_exists()
+        condition = Attr("status").eq(status.value) & counted
+        sets: dict[str, Any] = {"messages_received": received + 1, "updated_at": now}
+        removes: list[str] = []
+        if interrupting:
+            sets["interrupt_at"] = Decimal(repr(now))
+        if status in REOPENED:
+            # The follow-up's requeue: as ``Tasks.transition`` requeues (a clean lease, back in
+            # the sweeper's index, no expiry), in the write that accepts the message.
+            sets.update({"status": TaskStatus.QUEUED.value, "lease_expires": 0, **live_keys(task_id)})
+            removes += ["error", "finished_at", TTL_ATTRIBUTE, "interrupt_at"]
+            condition = condition & (Attr(TTL_ATTRIBUTE).not_exists() | Attr(TTL_ATTRIBUTE).gt(Decimal(repr(now))))
+        return Patch("meta", keys.meta_key(task_id), Update(set=sets, remove=removes), condition)
+
+    def _replay(self, task_id: str, idempotency_key: str, request_hash: str) -> Accepted | None:
+        seen = self.table.get(keys.item_key(task_id, _key_sk(idempotency_key)))
+        if seen is None:
+            return None
+        if seen.get("request_hash") != request_hash:
+            raise IdempotencyConflict(
+                "this Idempotency-Key was used for a different message to this task", field="Idempotency-Key"
+            )
+        stored = self.table.get(keys.item_key(task_id, message_sk(int(seen["seq"]))))
+        meta = self.table.get(keys.meta_key(task_id)) or {}
+        assert stored is not None  # written in the same transaction as the key
+        return Accepted(message=_message(stored), status=TaskStatus(str(meta.get("status", "queued"))), replayed=True)
+
+    def waiting(self, task_id: str, *, after: int, upto: int) -> list[UserMessage]:
+        """Messages ``after+1 .. upto`` in order (what a delivery puts into the conversation)."""
+        if upto <= after:
+            return []
+        items = self.table.query(keys.task_pk(task_id), between=(message_sk(after + 1), message_sk(upto)))
+        return [_message(i) for i in items]
+
+    def listed(self, task_id: str) -> list[UserMessage]:
+        """Every message the task has accepted, in order."""
+        return [_message(i) for i in self.table.query(keys.task_pk(task_id), prefix=MESSAGE)]
+
+    def inbox(self, task_id: str) -> Inbox:
+        return inbox_of(self.table.get(keys.meta_key(task_id)))
+
+    def interrupt(self, task_id: str, *, tenant: str | None = None) -> TaskStatus:
+        """Ask the task to stop at its earliest safe point (see the module). A task already
+        ``idle`` is left as it is; one that is not running or queued cannot be interrupted."""
+        meta = self.table.get(keys.meta_key(task_id))
+        if meta is None or (tenant is not None and meta.get("tenant") != tenant):
+            raise TaskNotFound(f"task {task_id} not found", field="task_id")
+        status = TaskStatus(str(meta["status"]))
+        if status is TaskStatus.IDLE:
+            return status
+        if status not in (TaskStatus.RUNNING, TaskStatus.QUEUED):
+            raise IllegalTransition(
+                f"task {task_id} is {status.value}: only a running or queued task can be interrupted",
+                field="task_id",
+                status=status.value,
+            )
+        now = Decimal(repr(time.time()))
+        try:
+            self.table.update(
+                keys.meta_key(task_id),
+                Update(set={"interrupt_at": now, "updated_at": now}),
+                condition=Attr("status").is_in([TaskStatus.RUNNING.value, TaskStatus.QUEUED.value]),
+            )
+        except ConditionFailed as exc:
+            moved = TaskStatus(str((exc.old or {}).get("status", status.value)))
+            if moved is TaskStatus.IDLE:
+                return moved
+            raise IllegalTransition(
+                f"task {task_id} is {moved.value}: only a running or queued task can be interrupted",
+                field="task_id",
+                status=moved.value,
+            ) from exc
+        return status
+
+    def go_idle(self, lease: Lease, *, delivered: int) -> Inbox | None:
+        """An interrupted task stops: ``running -> idle``, fenced, and only while no message
+        waits (then: the inbox as it is, and the engine delivers instead of stopping)."""
+        now = time.time()
+        try:
+            self.table.update(
+                keys.meta_key(lease.task_id),
+                Update(
+                    set={
+                        "status": TaskStatus.IDLE.value,
+                        "lease_expires": 0,
+                        "updated_at": now,
+                        TTL_ATTRIBUTE: int(now + self.retention_seconds),
+                    },
+                    remove=["interrupt_at", "inflight", "live_text"],
+                ),
+                condition=fence(lease) & nothing_waits(delivered),
+            )
+        except ConditionFailed as exc:
+            old = exc.old or {}
+            if old.get("lease_epoch") == lease.epoch and old.get("status") == TaskStatus.RUNNING.value:
+                return inbox_of(old)  # the fence holds: a message came in
+            raise why_fenced(self.table, lease) from exc
+        return None
+
+    def close(self, task_id: str, *, tenant: str | None = None) -> None:
+        """Close the conversation: it takes no more messages (the task runs on if it runs)."""
+        meta = self.table.get(keys.meta_key(task_id))
+        if meta is None or (tenant is not None and meta.get("tenant") != tenant):
+            raise TaskNotFound(f"task {task_id} not found", field="task_id")
+        self.table.update(keys.meta_key(task_id), Update(set={"conversation_closed": True}))
+
+
+def _message(raw: Item) -> UserMessage:
+    item = plain(raw)
+    return UserMessage(
+        message_id=str(item["message_id"]), seq=int(item["seq"]), text=str(item["text"]), sent_at=float(item["sent_at"])
+    )

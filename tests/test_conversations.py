@@ -1,0 +1,346 @@
+"""Talking to a task: follow-ups, messages while it runs, interrupts (storage.messages, engine._messages).
+
+The engine's side runs on the in-memory twin; tests/test_conversations_race.py races real processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentq.control.conversations import close, interrupt, send_message
+from agentq.core.engine import Engine, EngineConfig
+from agentq.core.errors import IdempotencyConflict, IllegalTransition, MessageRefused, ValidationError
+from agentq.core.models import LLMStep, MessageStep, TaskStatus, TaskSubmission, ToolsStep
+from agentq.core.providers import LLMRequest, LLMResponse, default_provider_factory
+from agentq.core.tools import ToolRegistry
+from agentq.storage.container import Storage
+from agentq.storage.messages import MAX_MESSAGES_PER_TASK
+
+from tests.helpers import call, scripted
+
+STORAGE = "memory"
+
+
+class _Queues:
+    """Stands in for TaskQueues: what was enqueued (a follow-up's run)."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def send(self, task_id: str, priority: Any, **_: Any) -> None:
+        self.sent.append(task_id)
+
+
+def Queues() -> Any:
+    return _Queues()
+
+
+class Recording:
+    """The scripted provider, keeping each request; ``during`` runs inside the n-th call (a
+    person acting while the model is answering)."""
+
+    name = "scripted"
+
+    def __init__(self, submission: TaskSubmission, during: dict[int, Callable[[], object]] | None = None) -> None:
+        self.inner = default_provider_factory(submission)
+        self.requests: list[LLMRequest] = []
+        self.during = during or {}
+
+    def complete(self, request: LLMRequest) -> LLMResponse:
+        self.requests.append(request)
+        action = self.during.pop(len(self.requests), None)
+        if action is not None:
+            action()
+        return self.inner.complete(request)
+
+
+def engine(store: Storage, registry: ToolRegistry, provider: Recording | None = None) -> Engine:
+    kwargs: dict[str, Any] = {"providers": (lambda s: provider)} if provider else {}
+    return Engine(store, worker_id="w1", tools=registry, config=EngineConfig(lease_seconds=5), **kwargs)
+
+
+def kinds(store: Storage, task_id: str) -> list[str]:
+    return [s.body.kind for s in store.steps.load(task_id)]
+
+
+def texts_sent(request: LLMRequest) -> list[str]:
+    """Every text block of the request's user turns, in order."""
+    out: list[str] = []
+    for m in request.messages:
+        if m["role"] != "user":
+            continue
+        content = m["content"]
+        out += [content] if isinstance(content, str) else [b["text"] for b in content if b.get("type") == "text"]
+    return out
+
+
+def test_a_follow_up_continues_the_answered_conversation_with_its_steps_and_budget(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    sub = scripted([{"text": "A is big"}, {"text": "C is small"}])
+    task = store.tasks.create(sub, tenant="t")
+    assert engine(store, registry).run(task.task_id).status is TaskStatus.SUCCEEDED
+    used_first = store.budgets.get(task.task_id).used
+    queues = Queues()
+
+    sent = send_message(store, queues, task.task_id, "also cover competitor C", tenant="t")
+
+    assert (sent.status, sent.reopened, sent.message.seq) == (TaskStatus.QUEUED, True, 1)
+    assert queues.sent == [task.task_id]  # the follow-up's run is on its way
+    reopened = store.tasks.get(task.task_id)
+    assert reopened.status is TaskStatus.QUEUED and reopened.expires_at is None and reopened.finished_at is None
+    provider = Recording(sub)
+    assert engine(store, registry, provider).run(task.task_id).status is TaskStatus.SUCCEEDED
+    assert kinds(store, task.task_id) == ["llm", "message", "llm"]
+    (request,) = provider.requests
+    assert texts_sent(request) == [sub.goal, "also cover competitor C"]  # the whole conversation, then the message
+    assert request.messages[1] == {"role": "assistant", "content": [{"type": "text", "text": "A is big"}]}
+    done = store.tasks.get(task.task_id)
+    assert done.result == "C is small" and done.messages_delivered == 1
+    budget = store.budgets.get(task.task_id)
+    assert budget.used > used_first and budget.reserved == 0  # the same budget, charged for both exchanges
+
+
+def test_a_message_that_arrives_while_the_last_answer_is_in_flight_is_heard_not_stranded(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    sub = scripted([{"text": "first answer"}, {"text": "answer to the message"}])
+    task = store.tasks.create(sub, tenant="t")
+    queues = Queues()
+    provider = Recording(
+        sub, during={1: lambda: send_message(store, queues, task.task_id, "wait, one more", tenant="t")}
+    )
+
+    result = engine(store, registry, provider).run(task.task_id)
+
+    assert result.status is TaskStatus.SUCCEEDED and queues.sent == []  # held for the running task, no requeue
+    assert kinds(store, task.task_id) == ["llm", "message", "llm"]
+    assert texts_sent(provider.requests[1])[-1] == "wait, one more"
+    assert store.tasks.get(task.task_id).result == "answer to the message"
+
+
+def test_messages_to_a_running_task_wait_for_its_tools_and_arrive_in_order_in_one_turn(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    sub = scripted([{"text": "looking", "tool_calls": [call("lookup", query="a")]}, {"text": "done"}], tools=["lookup"])
+    task = store.tasks.create(sub, tenant="t")
+    queues = Queues()
+
+    def three() -> None:
+        for text in ("one", "two", "three"):
+            send_message(store, queues, task.task_id, text, tenant="t")
+
+    provider = Recording(sub, during={1: three})
+    assert engine(store, registry, provider).run(task.task_id).status is TaskStatus.SUCCEEDED
+
+    steps = store.steps.load(task.task_id)
+    assert [s.body.kind for s in steps] == ["llm", "tools", "message", "llm"]  # the tool result first
+    delivered = steps[2].body
+    assert isinstance(delivered, MessageStep) and [m.seq for m in delivered.messages] == [1, 2, 3]
+    last_user = provider.requests[1].messages[-1]
+    assert last_user["role"] == "user"
+    assert [b["type"] for b in last_user["content"]] == ["tool_result", "text", "text", "text"]
+    assert [b["text"] for b in last_user["content"][1:]] == ["one", "two", "three"]
+
+
+def test_an_interrupt_discards_the_answer_in_flight_charges_it_and_leaves_the_task_idle(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    sub = scripted([{"text": "a long essay"}, {"text": "the short version"}])
+    task = store.tasks.create(sub, tenant="t")
+    provider = Recording(sub, during={1: lambda: interrupt(store, task.task_id, tenant="t")})
+
+    result = engine(store, registry, provider).run(task.task_id)
+
+    assert (result.outcome, result.status) == ("waiting", TaskStatus.IDLE)
+    idle = store.tasks.get(task.task_id)
+    assert idle.status is TaskStatus.IDLE and idle.step == 0 and idle.interrupt_at is None
+    assert idle.lease_expires == 0 and idle.inflight is None
+    (orphan,) = store.steps.orphans(task.task_id)  # the discarded answer: in the trace, and paid for
+    budget = store.budgets.get(task.task_id)
+    assert budget.used == orphan.call.usage.total and budget.reserved == 0
+
+    queues = Queues()
+    assert send_message(store, queues, task.task_id, "shorter please", tenant="t").reopened
+    assert engine(store, registry).run(task.task_id).status is TaskStatus.SUCCEEDED
+    assert kinds(store, task.task_id) == ["message", "llm"]
+    assert store.tasks.get(task.task_id).result == "a long essay"  # the script's first turn, asked again
+
+
+def test_an_interrupt_during_a_side_effect_lets_it_finish_once_and_records_it(
+    store: Storage, registry: ToolRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger = tmp_path / "ledger.jsonl"
+    monkeypatch.setenv("AGENTQ_TEST_LEDGER", str(ledger))
+    sub = scripted(
+        [{"text": "charging", "tool_calls": [call("charge_card", amount_cents=5, memo="m")]}, {"text": "done"}],
+        tools=["charge_card"],
+    )
+    task = store.tasks.create(sub, tenant="t")
+    # The person interrupts while the model asks for the charge: the call it asked for still runs.
+    provider = Recording(sub, during={1: lambda: interrupt(store, task.task_id, tenant="t")})
+
+    result = engine(store, registry, provider).run(task.task_id)
+
+    # The LLM step was answered under the interrupt, so it was discarded: no charge asked for.
+    assert result.status is TaskStatus.IDLE and kinds(store, task.task_id) == []
+    assert not ledger.exists()
+
+    # Interrupted after the model asked for the charge (the LLM step committed first): it runs once.
+    sub2 = scripted(
+        [{"text": "charging", "tool_calls": [call("charge_card", amount_cents=7, memo="m")]}, {"text": "done"}],
+        tools=["charge_card"],
+    )
+    task2 = store.tasks.create(sub2, tenant="t")
+    lease, _ = store.tasks.claim(task2.task_id, "w0", 5)  # type: ignore[misc]
+    store.tasks.release(lease)
+    provider2 = Recording(sub2)
+    eng = engine(store, registry, provider2)
+    original = eng._tool_turn.tools.call
+
+    def interrupted_mid_tool(*args: Any, **kwargs: Any) -> Any:
+        interrupt(store, task2.task_id, tenant="t")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(eng._tool_turn.tools, "call", interrupted_mid_tool)
+    assert eng.run(task2.task_id).status is TaskStatus.IDLE
+    steps = store.steps.load(task2.task_id)
+    assert [s.body.kind for s in steps] == ["llm", "tools"]  # the effect completed and is recorded
+    tools_step = steps[1].body
+    assert isinstance(tools_step, ToolsStep) and tools_step.results[0].content.startswith("charged 7 cents")
+    assert len(ledger.read_text().splitlines()) == 1  # exactly once
+    assert store.budgets.get(task2.task_id).reserved == 0  # the next call's hold went back
+
+
+def test_an_interrupt_with_a_message_goes_on_with_the_message(store: Storage, registry: ToolRegistry) -> None:
+    sub = scripted([{"text": "drafting"}, {"text": "about C now"}]).model_copy(update={"double_texting": "interrupt"})
+    task = store.tasks.create(sub, tenant="t")
+    queues = Queues()
+    provider = Recording(sub, during={1: lambda: send_message(store, queues, task.task_id, "switch to C", tenant="t")})
+
+    result = engine(store, registry, provider).run(task.task_id)
+
+    assert result.status is TaskStatus.SUCCEEDED
+    assert kinds(store, task.task_id) == ["message", "llm"]  # the first answer discarded, the message heard
+    assert len(store.steps.orphans(task.task_id)) == 1
+    assert store.tasks.get(task.task_id).interrupt_at is None
+
+
+def test_double_texting_reject_refuses_a_message_while_busy_and_takes_it_once_answered(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    sub = scripted([{"text": "one"}, {"text": "two"}]).model_copy(update={"double_texting": "reject"})
+    task = store.tasks.create(sub, tenant="t")
+    with pytest.raises(MessageRefused, match="double_texting: reject"):
+        send_message(store, Queues(), task.task_id, "hurry", tenant="t")
+    assert store.tasks.get(task.task_id).messages_received == 0  # nothing written
+    engine(store, registry).run(task.task_id)
+    assert send_message(store, Queues(), task.task_id, "and now?", tenant="t").reopened
+
+
+@pytest.mark.parametrize("ending", [TaskStatus.FAILED, TaskStatus.CANCELLED])
+def test_a_message_to_a_failed_or_cancelled_task_is_refused_with_the_reason(store: Storage, ending: TaskStatus) -> None:
+    task = store.tasks.create(scripted([{"text": "x"}]), tenant="t")
+    lease, _ = store.tasks.claim(task.task_id, "w", 5)  # type: ignore[misc]
+    store.tasks.transition(task.task_id, ending, lease=lease)
+    with pytest.raises(IllegalTransition, match=r"takes no messages: it (failed|was cancelled)"):
+        send_message(store, Queues(), task.task_id, "hello", tenant="t")
+    assert store.messages.listed(task.task_id) == []
+
+
+def test_another_tenants_task_is_not_found_and_bad_messages_are_refused_precisely(store: Storage) -> None:
+    task = store.tasks.create(scripted([{"text": "x"}]), tenant="t")
+    from agentq.core.errors import TaskNotFound
+
+    with pytest.raises(TaskNotFound):
+        send_message(store, Queues(), task.task_id, "hi", tenant="other")
+    with pytest.raises(TaskNotFound):
+        interrupt(store, task.task_id, tenant="other")
+    with pytest.raises(ValidationError) as empty:
+        send_message(store, Queues(), task.task_id, "  ", tenant="t")
+    assert empty.value.field == "text"
+    with pytest.raises(ValidationError, match="at most 32,000") as big:
+        send_message(store, Queues(), task.task_id, "x" * 32_001, tenant="t")
+    assert big.value.field == "text"
+    assert store.messages.listed(task.task_id) == []
+
+
+def test_the_same_idempotency_key_gives_the_same_message_once(store: Storage) -> None:
+    task = store.tasks.create(scripted([{"text": "x"}]), tenant="t")
+    first = send_message(store, Queues(), task.task_id, "once", tenant="t", idempotency_key="k1")
+    again = send_message(store, Queues(), task.task_id, "once", tenant="t", idempotency_key="k1")
+    assert again.replayed and again.message == first.message
+    assert [m.text for m in store.messages.listed(task.task_id)] == ["once"]
+    with pytest.raises(IdempotencyConflict):
+        send_message(store, Queues(), task.task_id, "different", tenant="t", idempotency_key="k1")
+
+
+def test_a_closed_conversation_and_a_full_inbox_take_no_more_messages(store: Storage) -> None:
+    task = store.tasks.create(scripted([{"text": "x"}]), tenant="t")
+    close(store, task.task_id, tenant="t")
+    with pytest.raises(MessageRefused, match="closed"):
+        send_message(store, Queues(), task.task_id, "hi", tenant="t")
+    other = store.tasks.create(scripted([{"text": "x"}]), tenant="t")
+    from agentq.storage import keys
+    from agentq.storage.table import Update
+
+    store.table.update(keys.meta_key(other.task_id), Update(set={"messages_received": MAX_MESSAGES_PER_TASK}))
+    with pytest.raises(MessageRefused, match="most messages") as full:
+        send_message(store, Queues(), other.task_id, "hi", tenant="t")
+    assert full.value.field == "text"
+
+
+def test_a_follow_up_may_raise_the_budget_of_a_task_that_ran_out(store: Storage, registry: ToolRegistry) -> None:
+    sub = scripted([{"text": "x" * 400}, {"text": "fine"}], max_tokens=3000)
+    task = store.tasks.create(sub, tenant="t")
+    lease, _ = store.tasks.claim(task.task_id, "w", 5)  # type: ignore[misc]
+    store.tasks.transition(task.task_id, TaskStatus.COST_EXCEEDED, lease=lease)
+    with pytest.raises(IllegalTransition, match="ran out of budget"):
+        send_message(store, Queues(), task.task_id, "go on", tenant="t")
+    queues = Queues()
+    sent = send_message(store, queues, task.task_id, "go on", tenant="t", add_tokens=5000)
+    assert sent.status is TaskStatus.QUEUED and queues.sent == [task.task_id]
+    assert store.budgets.get(task.task_id).cap == 8000
+    assert engine(store, registry).run(task.task_id).status is TaskStatus.SUCCEEDED
+
+
+def test_a_message_to_a_paused_task_is_held_until_it_runs_again(store: Storage, registry: ToolRegistry) -> None:
+    sub = scripted(
+        [{"text": "asking", "tool_calls": [call("request_approval", question="ok?")]}, {"text": "approved, done"}],
+        tools=["request_approval"],
+    )
+    task = store.tasks.create(sub, tenant="t")
+    assert engine(store, registry).run(task.task_id).status is TaskStatus.PAUSED
+    queues = Queues()
+    assert send_message(store, queues, task.task_id, "please hurry", tenant="t").status is TaskStatus.PAUSED
+    assert queues.sent == []
+    from agentq.control.operations import decide
+
+    decide(store, queues, task.task_id, approved=True, tenant="t")
+    assert engine(store, registry).run(task.task_id).status is TaskStatus.SUCCEEDED
+    assert kinds(store, task.task_id) == ["llm", "tools", "message", "llm"]
+
+
+def test_the_conversation_rebuilt_from_steps_joins_tool_results_and_messages_in_one_user_turn() -> None:
+    from agentq.core.engine.conversation import conversation
+    from agentq.core.models import StepRecord, ToolOutcome, Usage, UserMessage
+
+    llm = LLMStep(
+        content=[{"type": "tool_use", "id": "u1", "name": "lookup", "input": {}}], stop_reason="tool_use",
+        model="m", usage=Usage(), started_at=0, duration_ms=0,
+    )  # fmt: skip
+    tools = ToolsStep(results=[ToolOutcome(tool_use_id="u1", name="lookup", content="r", started_at=0, duration_ms=0)])
+    said = MessageStep(messages=[UserMessage(message_id="m1", seq=1, text="hi", sent_at=0)])
+    bodies: list[LLMStep | ToolsStep | MessageStep] = [llm, tools, said]
+    records = [StepRecord(task_id="t", number=i + 1, epoch=1, committed_at=0, body=b) for i, b in enumerate(bodies)]
+    messages = conversation("goal", records)
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    assert messages[-1]["content"][-1] == {"type": "text", "text": "hi"}
+    first = conversation("goal", records[2:])  # a message before any turn joins the goal's turn
+    assert first == [{"role": "user", "content": [{"type": "text", "text": "goal"}, {"type": "text", "text": "hi"}]}]
+    assert Decimal(0) == 0
