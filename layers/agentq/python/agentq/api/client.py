@@ -39,7 +39,12 @@ from agentq.api.models import (
     AgentVersion,
     AgentVersions,
     CancelResult,
+    CloseResult,
     Health,
+    InterruptResult,
+    MessageAccepted,
+    MessageList,
+    MessageView,
     ScheduleList,
     ScheduleView,
     TaskAccepted,
@@ -341,6 +346,40 @@ class Client:
         body = {"at_step": at_step, **{k: v for k, v in overrides.items() if v is not None}}
         return TaskView.model_validate(self.request("POST", f"/tasks/{_seg(task_id)}/fork", body))
 
+    # -------------------------------------------------------- conversation
+
+    def send(
+        self,
+        task_id: str,
+        text: str,
+        *,
+        idempotency_key: str | None = None,
+        add_tokens: int = 0,
+        add_steps: int = 0,
+        add_usd: Decimal | str | None = None,
+    ) -> MessageAccepted:
+        """Send the task a message: delivered at its next turn boundary, or a follow-up that
+        continues an answered or interrupted task. Retried safely (an Idempotency-Key)."""
+        body: dict[str, Any] = {"text": text, "add_tokens": add_tokens, "add_steps": add_steps}
+        if add_usd:
+            body["add_usd"] = str(add_usd)
+        key = idempotency_key or f"client-{uuid.uuid4().hex}"
+        data = self.request(
+            "POST", f"/tasks/{_seg(task_id)}/messages", body, headers={"Idempotency-Key": key}, retry=True
+        )
+        return MessageAccepted.model_validate(data)
+
+    def messages(self, task_id: str) -> list[MessageView]:
+        """Every message the task was sent, in the order it reads them."""
+        return self._get(MessageList, f"/tasks/{_seg(task_id)}/messages").messages
+
+    def interrupt(self, task_id: str) -> InterruptResult:
+        """Stop the agent at its earliest safe point; it waits ``idle`` for the next message."""
+        return InterruptResult.model_validate(self.request("POST", f"/tasks/{_seg(task_id)}/interrupt"))
+
+    def close_conversation(self, task_id: str) -> CloseResult:
+        return CloseResult.model_validate(self.request("POST", f"/tasks/{_seg(task_id)}/close"))
+
     # ------------------------------------------------------------- waiting
 
     def wait_for(
@@ -375,8 +414,9 @@ class Client:
         poll: float = 0.5,
         on_update: Callable[[TaskView], None] | None = None,
     ) -> TaskView:
-        """The task's view once it has ended (succeeded, failed, cancelled, cost_exceeded, timed_out)."""
-        return self.wait_for(task_id, lambda v: v.status.terminal, timeout=timeout, poll=poll, on_update=on_update)
+        """The task's view once it has stopped: ended (succeeded, failed, cancelled, cost_exceeded,
+        timed_out), or ``idle`` after an interrupt, waiting for a message."""
+        return self.wait_for(task_id, _stopped, timeout=timeout, poll=poll, on_update=on_update)
 
     def wait_for_status(
         self, task_id: str, *statuses: TaskStatus | str, timeout: float = 3600, poll: float = 0.5
@@ -390,6 +430,10 @@ class Client:
     ) -> TaskView:
         """Submit and wait: the ended task's view."""
         return self.wait(self.submit(submission, **fields).task_id, timeout=timeout)
+
+
+def _stopped(view: TaskView) -> bool:
+    return view.status.terminal or view.status is TaskStatus.IDLE
 
 
 def _seg(task_id: str) -> str:

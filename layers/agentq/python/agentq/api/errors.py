@@ -34,7 +34,14 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import (
 from agentq.api import views as api_views
 from agentq.api.models import MAX_BODY_BYTES, ErrorResponse
 from agentq.api.routes.common import Router
-from agentq.core.errors import AgentqError, IdempotencyConflict, IllegalTransition, TaskNotFound, ValidationError
+from agentq.core.errors import (
+    AgentqError,
+    IdempotencyConflict,
+    IllegalTransition,
+    MessageRefused,
+    TaskNotFound,
+    ValidationError,
+)
 from agentq.storage.agents import AgentConflict, AgentNotFound
 
 log = logging.getLogger("agentq.api")
@@ -183,7 +190,9 @@ def handlers() -> Router:
     def on_not_found(exc: AgentqError) -> Response[Any]:
         return error_response(404, exc.code, exc.message, exc.field)
 
-    @router.exception_handler([IllegalTransition, IdempotencyConflict, AgentConflict, api_views.NotFinished])
+    @router.exception_handler(
+        [IllegalTransition, IdempotencyConflict, MessageRefused, AgentConflict, api_views.NotFinished]
+    )
     def on_conflict(exc: AgentqError) -> Response[Any]:
         return error_response(409, exc.code, exc.message, exc.field)
 

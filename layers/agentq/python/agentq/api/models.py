@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentq.core.agents import AgentSpec as AgentSpec  # the body of POST /agents, re-exported
 from agentq.core.agents import AgentSummary as AgentSummary
 from agentq.core.agents import AgentVersion as AgentVersion
-from agentq.core.models import MAX_GOAL_CHARS, Priority, Provider, Script, StrictModel, TaskStatus
+from agentq.core.models import MAX_GOAL_CHARS, MAX_MESSAGE_CHARS, Priority, Provider, Script, StrictModel, TaskStatus
 from agentq.core.models import TaskSubmission as TaskSubmission  # the body of POST /tasks, re-exported
 
 # Limits a caller can rely on (also in the OpenAPI document as schema bounds).
@@ -276,6 +276,50 @@ class TaskResult(ApiModel):
     finished_at: float | None
 
 
+class MessageRequest(StrictModel):
+    """A person's message to a task, and optionally more budget for the turns it starts."""
+
+    text: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS, description="what the agent reads as your turn")
+    add_tokens: int = Field(default=0, ge=0, le=1_000_000_000, description="raise the task's token cap first")
+    add_steps: int = Field(default=0, ge=0, le=10_000, description="raise max_steps first")
+    add_usd: Decimal = Field(
+        default=Decimal(0), ge=0, le=1_000_000, decimal_places=6, description="raise the money cap first"
+    )
+
+
+class MessageAccepted(ApiModel):
+    task_id: str
+    message_id: str
+    seq: int = Field(description="the message's place among the task's messages: the order the agent reads them in")
+    status: TaskStatus = Field(description="the task's status once it took the message")
+    reopened: bool = Field(description="the message continued an answered or interrupted task (queued to run again)")
+    interrupting: bool = Field(description="the task's double_texting policy is interrupt: the turn in flight stops")
+    replayed: bool = Field(description="the same Idempotency-Key had already sent this message: nothing new was sent")
+
+
+class MessageView(ApiModel):
+    message_id: str
+    seq: int
+    text: str
+    sent_at: float
+    delivered: bool = Field(description="the agent has it in its conversation (a step committed it)")
+
+
+class MessageList(ApiModel):
+    task_id: str
+    messages: list[MessageView]
+
+
+class InterruptResult(ApiModel):
+    task_id: str
+    status: TaskStatus = Field(description="the task's status when the interrupt was recorded (idle: already stopped)")
+
+
+class CloseResult(ApiModel):
+    task_id: str
+    closed: bool
+
+
 class CancelResult(ApiModel):
     task_id: str
     cancelled: list[str] = Field(description="the task and the sub-agents this request cancelled")
@@ -386,7 +430,19 @@ class ToolCallEvent(ApiModel):
     truncated: bool
 
 
-TraceEvent = Annotated[TransitionEvent | LLMCallEvent | ToolCallEvent, Field(discriminator="type")]
+class MessageEvent(ApiModel):
+    type: Literal["message"] = "message"
+    at: float = Field(description="commit time of the step that delivered the message into the conversation")
+    step: int
+    epoch: int
+    message_id: str
+    seq: int
+    text: str
+    sent_at: float
+    truncated: bool
+
+
+TraceEvent = Annotated[TransitionEvent | LLMCallEvent | ToolCallEvent | MessageEvent, Field(discriminator="type")]
 
 
 class TracePage(ApiModel):

@@ -22,6 +22,7 @@ from agentq.api.models import (
     LatencyView,
     LLMCallEvent,
     LLMTokens,
+    MessageEvent,
     MoneyView,
     PendingCall,
     RetryView,
@@ -37,7 +38,17 @@ from agentq.api.models import (
 )
 from agentq.core.errors import AgentqError, TaskNotFound, ValidationError
 from agentq.core.metadata import BadPair, parse_pairs
-from agentq.core.models import CompactStep, LLMStep, RetryState, StepRecord, Task, TaskStatus, ToolsStep
+from agentq.core.models import (
+    CompactStep,
+    LLMStep,
+    MessageStep,
+    RetryState,
+    StepRecord,
+    Task,
+    TaskStatus,
+    ToolsStep,
+    UserMessage,
+)
 from agentq.core.pricing import NO_MONEY_CAP
 from agentq.storage import keys
 from agentq.storage.container import Storage
@@ -395,11 +406,19 @@ def _llm_event(number: int, epoch: int, at: float, body: LLMStep | CompactStep, 
     )
 
 
+def _message_event(record: StepRecord, m: UserMessage) -> MessageEvent:
+    text, cut = _cut(m.text)
+    return MessageEvent(at=record.committed_at, step=record.number, epoch=record.epoch, message_id=m.message_id,
+                        seq=m.seq, text=text, sent_at=m.sent_at, truncated=cut)  # fmt: skip
+
+
 def _step_events(record: StepRecord, inputs: dict[str, dict[str, Any]]) -> list[tuple[Key, Any]]:
     body = record.body
     at = record.committed_at
     if isinstance(body, LLMStep | CompactStep):
         return [((at, 1, record.number, 0), _llm_event(record.number, record.epoch, at, body, orphan=False))]
+    if isinstance(body, MessageStep):
+        return [((at, 1, record.number, i), _message_event(record, m)) for i, m in enumerate(body.messages)]
     assert isinstance(body, ToolsStep)
     events: list[tuple[Key, Any]] = []
     for i, r in enumerate(body.results):

@@ -16,7 +16,15 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from agentq.api.models import LLMCallEvent, RetryView, TaskSummary, TaskView, ToolCallEvent, TransitionEvent
+from agentq.api.models import (
+    LLMCallEvent,
+    MessageEvent,
+    RetryView,
+    TaskSummary,
+    TaskView,
+    ToolCallEvent,
+    TransitionEvent,
+)
 from agentq.core.models import TaskStatus
 
 STATUS_STYLE = {
@@ -230,6 +238,8 @@ def event_line(event: Any, origin: float) -> Text:
                 style,
             ),
         )
+    if isinstance(event, MessageEvent):
+        return Text.assemble(at, (f"step {event.step} ", "bold"), ("you: ", "bold cyan"), repr(cut(event.text, 100)))
     return Text.assemble(at, str(event))
 
 
@@ -257,6 +267,8 @@ def trace_tree(task_id: str, view: TaskView | None, events: list[Any]) -> Tree:
                 session = None
         elif isinstance(event, LLMCallEvent):
             llm_nodes[event.step] = (session or root).add(line)
+        elif isinstance(event, MessageEvent):
+            (session or root).add(line)
         else:
             parent = llm_nodes.get(event.step - 1) or session or root
             parent.add(line)

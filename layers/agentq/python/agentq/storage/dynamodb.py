@@ -34,6 +34,7 @@ from agentq.storage.table import (
     Put,
     Returns,
     TransactionCancelled,
+    TransactionConflict,
     Update,
 )
 
@@ -274,8 +275,11 @@ class DynamoTable:
             if code != "TransactionCanceledException":
                 raise
             failed = _failed_names(exc, actions)
+            reasons = [r.get("Code") for r in exc.response.get("CancellationReasons", [])]
+            if not failed and "TransactionConflict" in reasons:
+                raise TransactionConflict(str(exc)) from exc
             if not failed and "ConditionalCheckFailed" not in str(exc):
-                raise  # a conflict or throttling: not an answer about our conditions
+                raise  # throttling: not an answer about our conditions
             raise TransactionCancelled(failed) from exc
 
     def _action(self, action: Action) -> dict[str, Any]:

@@ -32,6 +32,7 @@ settled as an orphan call), and the engine moves the task to ``idle`` (or delive
 from __future__ import annotations
 
 import hashlib
+import random
 import time
 import uuid
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ from agentq.storage.table import (
     Put,
     Table,
     TransactionCancelled,
+    TransactionConflict,
     Update,
     absent,
     fence,
@@ -64,6 +66,7 @@ MESSAGE = "MSG#"
 MESSAGE_KEY = "MSGKEY#"
 MAX_MESSAGES_PER_TASK = 1000
 ACCEPT_ATTEMPTS = 200  # senders racing for the next number: each loss means another one won
+ACCEPT_BACKOFF_SECONDS = 0.02  # jitter between attempts, so racing senders spread out
 
 HELD = frozenset({TaskStatus.RUNNING, TaskStatus.QUEUED, TaskStatus.WAITING, TaskStatus.PAUSED, TaskStatus.BLOCKED})
 BUSY = frozenset({TaskStatus.RUNNING, TaskStatus.QUEUED, TaskStatus.WAITING, TaskStatus.PAUSED})
@@ -174,8 +177,11 @@ class Messages:
                 )
             try:
                 self.table.transact(actions)
-            except TransactionCancelled:
-                continue  # another message took the number, the status moved, or the key was used: look again
+            except (TransactionCancelled, TransactionConflict):
+                # Another message took the number, the status moved, the key was used, or a
+                # write to META raced this one: look again.
+                time.sleep(random.uniform(0, ACCEPT_BACKOFF_SECONDS))
+                continue
             reopened = status in REOPENED
             return Accepted(
                 message=message,

@@ -63,6 +63,11 @@ class TransactionCancelled(Exception):
         self.failed = failed
 
 
+class TransactionConflict(Exception):
+    """A transaction lost a race with another write to one of its items (DynamoDB's
+    ``TransactionConflict`` reason): nothing was written, and trying again may succeed."""
+
+
 @dataclass(frozen=True)
 class Update:
     """What an update does to one item. ``add`` adds to a number (a missing attribute counts as

@@ -23,6 +23,7 @@ from agentq.core.engine._holds import BudgetHolds
 from agentq.core.engine._session import Session
 from agentq.core.engine.conversation import said
 from agentq.core.engine.result import RunResult
+from agentq.core.faults import crash_point
 from agentq.core.models import LLMStep, MessageStep, TaskStatus
 from agentq.core.ports import MessageBox
 from agentq.core.records import Inbox
@@ -55,6 +56,7 @@ class MessageTurn:
         body = MessageStep(messages=waiting)
         record = self.writer.commit(s, body)
         self.writer.committed(s, record, said(s.messages, body))
+        crash_point("after_message_commit")
         log.info("task %s: %d message(s) delivered at step %d", s.task_id, len(waiting), record.number)
 
     def _go_idle(self, s: Session) -> RunResult | None:

@@ -1,0 +1,62 @@
+"""Talking to a task through the local stack's workers: the Python client's send/interrupt,
+`agentq send --wait` and `agentq chat` driven through stdin as a person types."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import agentq
+from agentq.api.client import Client, Conflict
+from agentq.api.models import MessageEvent
+from agentq.core.models import TaskStatus
+
+from tests.api_support import ROOT, ApiStack
+
+CHATTY = {
+    "goal": "greet",
+    "provider": "scripted",
+    "script": {"turns": [{"text": "hello"}, {"text": "second answer"}, {"text": "third answer"}]},
+}
+
+
+@pytest.fixture
+def client(api_stack: ApiStack) -> Client:
+    return agentq.Client(api_stack.url, api_stack.key)
+
+
+def test_the_client_sends_a_follow_up_and_the_trace_shows_the_exchange(client: Client) -> None:
+    task_id = client.submit(CHATTY).task_id
+    assert client.wait(task_id, timeout=60, poll=0.05).result == "hello"
+    sent = client.send(task_id, "and then?")
+    assert sent.reopened and sent.status is TaskStatus.QUEUED
+    view = client.wait(task_id, timeout=60, poll=0.05)
+    assert view.status is TaskStatus.SUCCEEDED and view.result == "second answer"
+    assert [(m.text, m.delivered) for m in client.messages(task_id)] == [("and then?", True)]
+    said = [e for e in client.iter_trace(task_id) if isinstance(e, MessageEvent)]
+    assert [e.text for e in said] == ["and then?"]
+    client.close_conversation(task_id)
+    with pytest.raises(Conflict) as refused:
+        client.send(task_id, "one more")
+    assert refused.value.code == "message_refused"
+
+
+def test_agentq_send_waits_for_the_answer_and_chat_answers_each_line(api_stack: ApiStack, client: Client) -> None:
+    task_id = client.submit(CHATTY).task_id
+    client.wait(task_id, timeout=60, poll=0.05)
+    env = {**api_stack.cli_env(), "AGENTQ_POLL_SECONDS": "0.05"}
+    sent = subprocess.run(
+        [sys.executable, "-m", "agentq", "send", task_id, "more please", "--wait"],
+        capture_output=True, text=True, timeout=120, env=env, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert sent.returncode == 0, sent.stderr
+    assert sent.stdout.strip() == "second answer"
+    chat = subprocess.run(
+        [sys.executable, "-m", "agentq", "chat", task_id],
+        input="and finally?\n", capture_output=True, text=True, timeout=120, env=env, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert chat.returncode == 0, chat.stderr
+    assert "agent> third answer" in chat.stdout
+    assert [m.text for m in client.messages(task_id)] == ["more please", "and finally?"]
