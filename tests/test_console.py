@@ -774,3 +774,38 @@ def test_agentq_dev_prints_the_console_url_and_serves_it() -> None:
     finally:
         proc.send_signal(2)
         proc.wait(timeout=60)
+
+
+def test_the_conversation_is_a_chat_with_a_follow_up_sent_and_an_interrupt_from_the_page(
+    console: Console, tab: Page
+) -> None:
+    task_id = console.submit(
+        scripted("summarise Q3", [{"text": "Q3 grew 2.5x"}, {"text": "C grew 1.4x"}, {"text": "unused"}])
+    )
+    console.until(task_id, lambda v: v["status"] == "succeeded")
+    page = tab.page
+    page.goto(f"{console.url}/console/#/tasks/{task_id}")
+    page.wait_for_selector("#chat .bubble.agent:has-text('Q3 grew 2.5x')")
+    assert page.inner_text("#turn-goal p") == "summarise Q3"
+    page.fill("#message-text", "also cover competitor C")
+    tab_to(tab, "send-message")
+    page.keyboard.press("Enter")
+    page.wait_for_selector(".notice:has-text('Follow-up sent (message 1)')")
+    page.wait_for_selector("#turn-m1:has-text('also cover competitor C')")
+    page.wait_for_selector("#chat .bubble.agent:has-text('C grew 1.4x')")  # answered in the same task
+    assert [b.inner_text().split("\n", 1)[0] for b in page.locator("#chat .bubble").all()] == [
+        "you", "agent", "you", "agent",
+    ]  # fmt: skip
+    assert console.until(task_id, lambda v: v["status"] == "succeeded")["result"] == "C grew 1.4x"
+
+    slow = console.submit(
+        scripted("write slowly", [{"text": "a very long essay", "latency_seconds": 12}, {"text": "ok"}])
+    )
+    console.until(slow, lambda v: v["status"] == "running")
+    page.goto(f"{console.url}/console/#/tasks/{slow}")
+    page.click("#interrupt")
+    page.wait_for_selector(".notice:has-text('Interrupt recorded')")
+    page.wait_for_selector("h1 .badge.s-idle", timeout=60_000)  # the answer in flight discarded
+    page.wait_for_selector("#chat-idle")
+    assert page.locator("#chat .bubble.agent").count() == 0
+    no_errors(tab)

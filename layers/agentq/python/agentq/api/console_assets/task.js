@@ -3,6 +3,7 @@
 
 import { all, get, post } from "./api.js";
 import { budgetGauge, moneyGauge, stepChart } from "./charts.js";
+import { drawChat } from "./chat.js";
 import {
   TERMINAL, badge, errorPage, fmtInt, fmtSeconds, fmtTime, fmtUsd, h, json, replace, shortId, taskLink,
 } from "./dom.js";
@@ -27,6 +28,7 @@ export async function taskPage(ctx, taskId) {
     actions: h("section", { class: "card actions", "aria-labelledby": "actions-h" }),
     notice: h("p", { class: "notice", role: "status", hidden: true }),
     result: h("section", { class: "card", "aria-labelledby": "result-h" }),
+    chat: h("section", { class: "card", "aria-labelledby": "chat-h" }),
     children: h("section", { class: "card", "aria-labelledby": "children-h" }),
     timeline: h("section", { class: "card", "aria-labelledby": "timeline-h" }),
     chart: h("section", { class: "card", "aria-labelledby": "chart-h" }),
@@ -36,7 +38,7 @@ export async function taskPage(ctx, taskId) {
     el.head,
     el.notice,
     h("div", { class: "grid" }, el.gauge, el.facts, el.actions),
-    el.result, el.children, el.timeline, el.chart, el.trace);
+    el.result, el.chat, el.children, el.timeline, el.chart, el.trace);
 
   const open = new Set(); // trace nodes a person expanded, kept open across redraws
   let shown = { view: "", actions: "", trace: "", children: "" };
@@ -55,10 +57,11 @@ export async function taskPage(ctx, taskId) {
       shown.actions = actionSig;
       drawActions(el.actions, view, { ctx, path, notice: el.notice, refresh: () => refresh(false) });
     }
-    const traceSig = JSON.stringify([view.status, view.step, view.updated_at, view.latency.resumes]);
+    const traceSig = JSON.stringify([view.status, view.step, view.updated_at, view.latency.resumes, view.live_text]);
     if (traceSig !== shown.trace) {
       const events = await all(`${path}/trace`, "events");
       shown.trace = traceSig;
+      drawChat(el.chat, view, events, { path, act: actor({ ctx, notice: el.notice, refresh: () => refresh(false) }) });
       drawTimeline(el.timeline, events);
       const calls = events.filter((e) => e.type === "llm_call");
       replace(el.chart, h("h2", { id: "chart-h" }, "Tokens and latency per step"),
@@ -146,9 +149,9 @@ function drawResult(el, v) {
     body || h("pre", { class: "text" }, v.result));
 }
 
-function drawActions(el, v, env) {
-  const parts = [h("h2", { id: "actions-h" }, "Actions")];
-  const act = async (button, what, call) => {
+// A button's action: disabled while it runs, its outcome in the notice (or the API's error), then a redraw.
+function actor(env) {
+  return async (button, what, call) => {
     button.disabled = true;
     env.notice.hidden = true;
     try {
@@ -163,6 +166,11 @@ function drawActions(el, v, env) {
       button.disabled = false;
     }
   };
+}
+
+function drawActions(el, v, env) {
+  const parts = [h("h2", { id: "actions-h" }, "Actions")];
+  const act = actor(env);
   if (v.status === "paused" && v.pending_calls.length) {
     const note = h("textarea", { id: "decision-note", rows: 2, maxlength: 4000 });
     const approve = h("button", { type: "button", class: "primary", id: "approve" }, "Approve");
