@@ -10,12 +10,16 @@ task's plan (encoded in its goal) and injects faults into ``--fault-rate`` of th
 429 with retry-after, 529, 500, a connection reset, a slow reply, a 200 that is not JSON. Tasks go
 in through the HTTP API: multi-tool turns of a read-only tool (``lookup``) and a side-effecting
 one (``charge_card``, which appends a line per execution to a ledger file no worker can take
-back), tight budgets that must end ``cost_exceeded``, and fan-outs of sub-agents. Meanwhile a
-chaos loop SIGKILLs (and replaces) or SIGSTOPs/SIGCONTs a random worker every 1-3 s.
+back), tight budgets that must end ``cost_exceeded``, fan-outs of sub-agents, and conversations:
+tasks that people send messages to while they run (and after they answer), some of them
+interrupted mid-run and then told to go on. Meanwhile a chaos loop SIGKILLs (and replaces) or
+SIGSTOPs/SIGCONTs a random worker every 1-3 s.
 
 Checked at the end, each a line of the table and a non-zero exit if broken (naming tasks):
 every task ended, with the status and result its plan implies; each side effect ran at most
-once, and exactly once when its committed step says it ran; ``used <= cap`` and
+once, and exactly once when its committed step says it ran; each message accepted is delivered
+into its conversation exactly once, in the order accepted, and the last answer came after all of
+them (a conversation's answer says how many messages it heard); ``used <= cap`` and
 ``reserved == 0`` on every budget; the ledger equals the usage the model server delivered for
 every tree that no SIGKILL touched (a worker killed after a reply reached it but before it
 recorded it takes that usage with it: its hold is returned at its deadline, so such trees are
@@ -46,8 +50,8 @@ sys.path.insert(0, str(ROOT))
 
 from _benchlib import JsonOut, log, machine, table  # noqa: E402
 from _plot import Panel, add_plot_args, plot_from_args  # noqa: E402
-from agentq.api.client import Client  # noqa: E402
-from agentq.core.models import TaskStatus, ToolsStep  # noqa: E402
+from agentq.api.client import ApiError, Client  # noqa: E402
+from agentq.core.models import MessageStep, TaskStatus, ToolsStep  # noqa: E402
 from agentq.local.stack import LocalStack  # noqa: E402
 from agentq.queueing.worker import WorkerConfig  # noqa: E402
 from agentq.resources import TIERS, QueueSettings  # noqa: E402
@@ -73,7 +77,7 @@ class Plan:
     """What one task's model does, turn by turn: decided by the runner, played by the server."""
 
     tag: str
-    kind: str  # tools | budget | fanout | child
+    kind: str  # tools | budget | fanout | child | talk
     turns: int  # tool-calling turns before the final answer
     children: list[str] = field(default_factory=list)
 
@@ -134,6 +138,8 @@ class ChaosModel:
     def _answer(self, plan: Plan, messages: list[dict[str, Any]]) -> FakeReply:
         done = sum(1 for m in messages if m.get("role") == "assistant")
         usage = usage_dict(input_tokens=max(1, len(json.dumps(messages)) // 4), output_tokens=OUTPUT_TOKENS)
+        if plan.kind == "talk" and done >= plan.turns:
+            return message_reply([{"type": "text", "text": heard(plan, _said(messages))}], usage=usage)
         if plan.kind == "fanout" and done == 0:
             spawn = {
                 "subagents": [{"goal": f"chaos [{c}] child of {plan.tag}", "tools": ["lookup", "charge_card"]}
@@ -155,6 +161,22 @@ def _tool_use(tag: str, turn: int, n: int, name: str, tool_input: dict[str, Any]
     return {"type": "tool_use", "id": f"toolu_{tag.replace('.', '_')}_{turn}_{n}", "name": name, "input": tool_input}
 
 
+def heard(plan: Plan, messages: int) -> str:
+    """A conversation's answer: it names how many of the person's messages it has read."""
+    return f"{plan.final} heard {messages}"
+
+
+def _said(messages: list[dict[str, Any]]) -> int:
+    """The person's messages in a conversation: the text blocks of user turns, less the goal."""
+    texts = 0
+    for m in messages:
+        if m.get("role") != "user":
+            continue
+        content = m.get("content")
+        texts += 1 if isinstance(content, str) else sum(1 for b in content or [] if b.get("type") == "text")
+    return max(0, texts - 1)
+
+
 def _tag_of(messages: list[dict[str, Any]]) -> str:
     """The plan's tag from the task's goal, the first user message: ``chaos [<tag>] ...``."""
     if not messages:
@@ -170,14 +192,14 @@ def make_plans(n: int, rng: random.Random) -> dict[str, Plan]:
     plans: dict[str, Plan] = {}
     for i in range(n):
         tag = f"t{i}"
-        kind = rng.choices(["tools", "budget", "fanout"], weights=[6, 2, 2])[0]
+        kind = rng.choices(["tools", "budget", "fanout", "talk"], weights=[5, 2, 2, 3])[0]
         if kind == "fanout":
             children = [f"{tag}.c{j}" for j in range(rng.randint(2, 3))]
             plans[tag] = Plan(tag, kind, turns=1, children=children)
             for child in children:
                 plans[child] = Plan(child, "child", turns=rng.randint(1, 2))
         else:
-            plans[tag] = Plan(tag, kind, turns=rng.randint(2, 5) if kind == "tools" else 12)
+            plans[tag] = Plan(tag, kind, turns=rng.randint(2, 5) if kind in ("tools", "talk") else 12)
     return plans
 
 
@@ -188,14 +210,63 @@ def submission(plan: Plan) -> dict[str, Any]:
         "model": MODEL,
         "constraints": {"tools": ["lookup", "charge_card"], "max_output_tokens": 200},
     }
+    if plan.kind == "talk":
+        body["constraints"]["max_tokens"] = 200_000
+        body["constraints"]["max_steps"] = 200
     if plan.kind == "fanout":
         body["constraints"]["tools"].append("spawn_subagents")
         body["constraints"]["max_tokens"] = 200_000
     elif plan.kind == "budget":
         body["constraints"]["max_tokens"] = 5_000  # a handful of turns: it must end cost_exceeded
-    else:
+    elif plan.kind != "talk":
         body["constraints"]["max_tokens"] = 60_000
     return body
+
+
+@dataclass
+class People:
+    """People talking to the conversations while the chaos runs: a message now and then (retried
+    with its Idempotency-Key, as a client would), and an interrupt to some; after the chaos,
+    a last message to each conversation left idle by an interrupt, so that every one ends."""
+
+    client: Client
+    tasks: dict[str, str]  # tag -> task id, the talk plans only
+    rng: random.Random
+    accepted: Counter[str] = field(default_factory=Counter)  # task id -> messages it took
+    interrupts: int = 0
+    refused: Counter[str] = field(default_factory=Counter)  # why a send or an interrupt was refused
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def talk(self, until: float) -> None:
+        while time.monotonic() < until and not self._stop.is_set() and self.tasks:
+            task_id = self.rng.choice(list(self.tasks.values()))
+            if self.rng.random() < 0.25:
+                self.interrupt(task_id)
+            else:
+                self.send(task_id)
+            time.sleep(self.rng.uniform(0.05, 0.4))
+
+    def send(self, task_id: str) -> None:
+        key = f"chaos-{task_id}-{self.accepted[task_id] + 1}-{self.rng.random()}"
+        try:
+            sent = self.client.send(task_id, f"message {self.accepted[task_id] + 1}", idempotency_key=key)
+        except ApiError as err:
+            self.refused[err.code] += 1
+            return
+        if not sent.replayed:
+            self.accepted[task_id] += 1
+
+    def interrupt(self, task_id: str) -> None:
+        try:
+            self.client.interrupt(task_id)
+            self.interrupts += 1
+        except ApiError as err:
+            self.refused[err.code] += 1
+
+    def wake_the_idle(self, store: Any) -> None:
+        for task in store.tasks.get_many(list(self.tasks.values())):
+            if task.status is TaskStatus.IDLE:
+                self.send(task.task_id)
 
 
 @dataclass
@@ -289,20 +360,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ids = {p.tag: client.submit(submission(p)).task_id for p in roots}
             log(f"submitted {len(ids)} tasks; chaos for {args.chaos_seconds:g}s")
             until = time.monotonic() + args.chaos_seconds
+            people = People(
+                client, {p.tag: ids[p.tag] for p in roots if p.kind == "talk"}, random.Random(args.seed + 2)
+            )
+            talking = threading.Thread(target=people.talk, args=(until,), daemon=True)
+            talking.start()
             while time.monotonic() < until:
                 time.sleep(chaos.rng.uniform(1, 3))
                 chaos.fault()
             chaos.calm()
+            talking.join()
             log(f"chaos over ({chaos.kills} kills, {chaos.stops} stops); draining")
             store = stack.store()
             deadline = time.monotonic() + args.drain_seconds
             while time.monotonic() < deadline:
+                people.wake_the_idle(store)  # an interrupted conversation ends when it is told to go on
                 tasks = store.tasks.get_many(list(ids.values()))
                 if all(t.status.terminal for t in tasks):
                     break
                 time.sleep(1)
             time.sleep(12)  # lapsed holds' deadlines (10 s calls) pass; release_holds messages land
-            result = check(stack, store, plans, ids, model, ledger, chaos)
+            result = check(stack, store, plans, ids, model, ledger, chaos, people)
         finally:
             chaos.stop()
             stack.stop()
@@ -313,7 +391,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def check(
     stack: LocalStack, store: Any, plans: dict[str, Plan], ids: dict[str, str], model: ChaosModel,
-    ledger: Path, chaos: Chaos,
+    ledger: Path, chaos: Chaos, people: People,
 ) -> dict[str, Any]:  # fmt: skip
     broken: dict[str, list[str]] = defaultdict(list)
     roots = store.tasks.get_many(list(ids.values()))
@@ -325,16 +403,28 @@ def check(
     charges: Counter[str] = Counter()
     if ledger.exists():
         charges.update(json.loads(line)["tool_use_id"] for line in ledger.read_text().splitlines())
-    steps_committed = orphans = claims_beyond_first = 0
+    steps_committed = orphans = claims_beyond_first = messages_sent = messages_delivered = 0
     for t in every:
         plan = plans[_tag(t)]
         if not t.status.terminal:
             broken["every task ended"].append(f"{t.task_id} ({plan.tag}) is {t.status.value}")
             continue
         want = TaskStatus.COST_EXCEEDED if plan.kind == "budget" else TaskStatus.SUCCEEDED
-        if t.status is not want or (want is TaskStatus.SUCCEEDED and t.result != plan.final):
-            broken["status and result as planned"].append(f"{t.task_id} ({plan.tag}): {t.status.value} {t.error}")
+        answer = heard(plan, people.accepted[t.task_id]) if plan.kind == "talk" else plan.final
+        if t.status is not want or (want is TaskStatus.SUCCEEDED and t.result != answer):
+            broken["status and result as planned"].append(
+                f"{t.task_id} ({plan.tag}): {t.status.value} {t.error} {t.result!r} (want {answer!r})"
+            )
         steps = store.steps.load(t.task_id)
+        in_conversation = [m.seq for s in steps if isinstance(s.body, MessageStep) for m in s.body.messages]
+        messages_sent += people.accepted[t.task_id]
+        messages_delivered += len(in_conversation)
+        expected = list(range(1, t.messages_received + 1))
+        if in_conversation != expected or t.messages_received != people.accepted[t.task_id]:
+            broken["each message delivered once, in order"].append(
+                f"{t.task_id} ({plan.tag}): accepted {people.accepted[t.task_id]}, META {t.messages_received}, "
+                f"delivered {in_conversation}"
+            )
         steps_committed += len(steps)
         orphans += len(store.steps.orphans(t.task_id))
         claims_beyond_first += max(0, t.claim_count - 1)
@@ -384,12 +474,17 @@ def check(
         "orphaned calls (zombies' answered calls)": orphans,
         "steps committed": steps_committed,
         "side effects run": sum(charges.values()),
+        "messages sent (accepted)": messages_sent,
+        "messages delivered": messages_delivered,
+        "interrupts recorded": people.interrupts,
+        "sends or interrupts refused": dict(people.refused),
         "trees under-charged by a SIGKILL mid call": kill_touched,
         "tasks swept": len(stack.swept),
     }
     invariants = [
         "every task ended", "status and result as planned", "each side effect at most once",
-        "a done side effect ran exactly once", "used <= cap", "reserved == 0 at the end",
+        "a done side effect ran exactly once", "each message delivered once, in order", "used <= cap",
+        "reserved == 0 at the end",
         "ledger == provider usage", "DLQs hold nothing", "no worker traceback",
     ]  # fmt: skip
     return {

@@ -1,5 +1,6 @@
 """The chaos suite's small seeded run (``make chaos`` is the large one): 12 root tasks with
-their sub-agents through the HTTP API, 3 worker processes SIGKILLed and SIGSTOPped every
+their sub-agents through the HTTP API (four of them conversations that people message and
+interrupt while the workers die), 3 worker processes SIGKILLed and SIGSTOPped every
 1-3 s for 20 s, a model server faulting one request in ten. Every invariant ``bench/chaos.py``
 checks must hold; its table is printed when one does not."""
 
@@ -16,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_the_seeded_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    args = ["--tasks", "12", "--workers", "3", "--chaos-seconds", "20", "--seed", "4", "--drain-seconds", "150"]
+    args = ["--tasks", "12", "--workers", "3", "--chaos-seconds", "20", "--seed", "6", "--drain-seconds", "150"]
     args.append("--no-plot")  # the test checks the invariants; the picture is the bench's
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "chaos.py"), *args, "--json"],
@@ -32,4 +33,6 @@ def test_the_seeded_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
     assert broken == {} and proc.returncode == 0, (broken, result["figures"], proc.stderr[-3000:])
     figures = result["figures"]
     assert figures["kills"] + figures["stops"] >= 5 and sum(figures["model faults"].values()) >= 1
-    assert set(figures["plans by kind"]) == {"tools", "budget", "fanout", "child"}  # every shape was run
+    assert set(figures["plans by kind"]) == {"tools", "budget", "fanout", "child", "talk"}  # every shape was run
+    assert figures["messages delivered"] == figures["messages sent (accepted)"] >= 5
+    assert figures["interrupts recorded"] >= 1
