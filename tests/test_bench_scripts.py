@@ -35,6 +35,7 @@ CASES = {
     "local_soak": ["--minutes", "0.15", "--rate", "1", "--sample-seconds", "3"],
     "agent_cost": ["--turns", "30", "--doc-bytes", "2000"],
     "outage": ["--tasks", "4", "--down-seconds", "3", "--cooldown", "1", "--modes", "on"],
+    "message_cost": ["--turns", "4"],
 }
 
 
@@ -88,6 +89,10 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
         assert row["errors_5xx"] == 0 and row["crossed"] == 0
     elif name == "local_soak":
         assert len(result["samples"]) >= 3 and result["rss_max_mb"] > 0 and result["tasks_submitted"] >= 5
+    elif name == "message_cost":
+        quiet, talked, follow_up = result["scenarios"]
+        assert talked["steps"] == quiet["steps"] + 1 and follow_up["steps"] == 2  # a message step; its answer
+        assert talked["extra_vs_baseline"] > 0 and follow_up["calls"].get("sqs:SendMessage") == 1
     elif name == "agent_cost":
         off, cached, economy, compact = result["rows"]
         assert {r["status"] for r in result["rows"]} == {"succeeded"}

@@ -344,3 +344,27 @@ def test_the_conversation_rebuilt_from_steps_joins_tool_results_and_messages_in_
     first = conversation("goal", records[2:])  # a message before any turn joins the goal's turn
     assert first == [{"role": "user", "content": [{"type": "text", "text": "goal"}, {"type": "text", "text": "hi"}]}]
     assert Decimal(0) == 0
+
+
+def test_a_follow_up_after_a_resume_resends_what_the_first_run_sent_so_the_cache_prefix_holds(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    sub = scripted(
+        [{"text": "looking", "tool_calls": [call("lookup", query="a")]}, {"text": "found it"}, {"text": "and more"}],
+        tools=["lookup"],
+    )
+    task = store.tasks.create(sub, tenant="t")
+    first = Recording(sub)
+    assert engine(store, registry, first).run(task.task_id).status is TaskStatus.SUCCEEDED
+    send_message(store, Queues(), task.task_id, "tell me more", tenant="t")
+    later = Recording(sub)  # another worker, another process as far as the engine knows: rebuilt from the steps
+    resumed = Engine(store, worker_id="w2", tools=registry, config=EngineConfig(lease_seconds=5),
+                     providers=lambda s: later)  # fmt: skip
+    assert resumed.run(task.task_id).status is TaskStatus.SUCCEEDED
+
+    before, after = first.requests[-1], later.requests[0]
+    assert (after.system, after.tools, after.model) == (before.system, before.tools, before.model)
+    n = len(before.messages)
+    assert after.messages[:n] == before.messages  # the prefix the first run sent, byte for byte
+    assert after.messages[n]["role"] == "assistant" and after.messages[n + 1]["role"] == "user"
+    assert after.messages[n + 1]["content"] == [{"type": "text", "text": "tell me more"}]
