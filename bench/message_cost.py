@@ -85,8 +85,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sub = submission(args.turns)
 
         def engine(provider: Any = None) -> Engine:
-            kwargs = {"providers": (lambda s: provider)} if provider is not None else {}
-            return Engine(store, worker_id="bench", tools=tools, config=EngineConfig(lease_seconds=30), **kwargs)
+            providers = (lambda s: provider) if provider is not None else default_provider_factory
+            return Engine(store, worker_id="bench", tools=tools, config=EngineConfig(lease_seconds=30),
+                          providers=providers)  # fmt: skip
 
         def measured(name: str, work: Callable[[], None], task_id: str) -> None:
             counter.tag(name)
