@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             return Engine(store, worker_id="bench", tools=tools, config=EngineConfig(lease_seconds=30),
                           providers=providers)  # fmt: skip
 
-        def measured(name: str, work: Callable[[], None], task_id: str) -> None:
+        def measured(name: str, work: Callable[[], object], task_id: str) -> None:
             counter.tag(name)
             before = store.tasks.get(task_id).step
             work()
