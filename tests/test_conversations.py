@@ -5,6 +5,7 @@ The engine's side runs on the in-memory twin; tests/test_conversations_race.py r
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
@@ -31,9 +32,13 @@ class _Queues:
 
     def __init__(self) -> None:
         self.sent: list[str] = []
+        self.webhooks: list[dict[str, Any]] = []
 
     def send(self, task_id: str, priority: Any, **_: Any) -> None:
         self.sent.append(task_id)
+
+    def send_webhook(self, body: str) -> None:
+        self.webhooks.append(json.loads(body)["payload"])
 
 
 def Queues() -> Any:
@@ -368,3 +373,25 @@ def test_a_follow_up_after_a_resume_resends_what_the_first_run_sent_so_the_cache
     assert after.messages[:n] == before.messages  # the prefix the first run sent, byte for byte
     assert after.messages[n]["role"] == "assistant" and after.messages[n + 1]["role"] == "user"
     assert after.messages[n + 1]["content"] == [{"type": "text", "text": "tell me more"}]
+
+
+def test_callbacks_carry_message_received_and_idle_when_the_submission_asks(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    from agentq.core.models import Notify
+    from agentq.queueing.dispatch import Dispatcher
+
+    hook = Notify(url="https://example.com/hook", events=["idle", "message_received", "succeeded"])
+    sub = scripted([{"text": "a long essay"}, {"text": "ok"}]).model_copy(update={"notify": hook})
+    task = store.tasks.create(sub, tenant="t")
+    queues = Queues()
+    interrupt(store, task.task_id, tenant="t")
+    dispatcher = Dispatcher(engine(store, registry), store, queues, max_receive_count=5)
+    action = dispatcher.handle(json.dumps({"task_id": task.task_id}), tier="normal", receive_count=1)
+    assert action.kind == "delete" and store.tasks.get(task.task_id).status is TaskStatus.IDLE
+    send_message(store, queues, task.task_id, "hello", tenant="t")
+    dispatcher.handle(json.dumps({"task_id": task.task_id}), tier="normal", receive_count=1)
+    assert [(w["type"], w["status"]) for w in queues.webhooks] == [
+        ("task.idle", "idle"), ("task.message_received", "queued"), ("task.ended", "succeeded"),
+    ]  # fmt: skip
+    assert queues.webhooks[1]["seq"] == 1

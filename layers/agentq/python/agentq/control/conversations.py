@@ -13,10 +13,12 @@ import logging
 from dataclasses import dataclass
 from decimal import Decimal
 
+from agentq import observe
 from agentq.control.operations import owned_task, raise_budget
 from agentq.core.errors import IllegalTransition, ValidationError
 from agentq.core.models import MAX_MESSAGE_CHARS, TaskStatus, UserMessage
 from agentq.queueing.queues import TaskQueues
+from agentq.queueing.webhooks import enqueue_event
 from agentq.storage.container import Storage
 from agentq.storage.messages import REFUSALS, Accepted
 
@@ -70,6 +72,13 @@ def send_message(
     if accepted.reopened:
         queues.send(task_id, task.submission.priority)
         log.info("task %s: follow-up message %d reopened it", task_id, accepted.message.seq)
+    if not accepted.replayed:
+        observe.message_received(task_id, task.tenant, accepted.message.seq, reopened=accepted.reopened)
+        try:
+            enqueue_event(queues, task.model_copy(update={"status": accepted.status}), "message_received",
+                          seq=accepted.message.seq, message_id=accepted.message.message_id)  # fmt: skip
+        except Exception:  # the message is taken; its callback is a notification, never a reason to fail
+            log.warning("could not queue the message_received callback of task %s", task_id, exc_info=True)
     return Sent(
         message=accepted.message,
         status=accepted.status,

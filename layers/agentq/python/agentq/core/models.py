@@ -206,7 +206,7 @@ class McpToolPin(StrictModel):
         return f"mcp__{self.server}__{self.name}"
 
 
-NotifyEvent = Literal["succeeded", "failed", "cancelled", "cost_exceeded", "timed_out"]
+NotifyEvent = Literal["succeeded", "failed", "cancelled", "cost_exceeded", "timed_out", "idle", "message_received"]
 TASK_ENDS: tuple[NotifyEvent, ...] = ("succeeded", "failed", "cancelled", "cost_exceeded", "timed_out")
 
 
@@ -217,7 +217,8 @@ class Notify(StrictModel):
     events: list[NotifyEvent] = Field(
         default_factory=lambda: list(TASK_ENDS),
         min_length=1,
-        description="the ends to call back for (default: every end)",
+        description="what to call back for (default: every end): the ends, and for a conversation `idle` (the "
+        "agent stopped after an interrupt and waits for a message) and `message_received`",
     )
 
 

@@ -137,6 +137,11 @@ class Delivery:
         return cls(delivery_id=uuid.uuid4().hex, tenant=tenant, url=url,
                    payload={"type": "task.ended", **task})  # fmt: skip
 
+    @classmethod
+    def for_task_event(cls, tenant: str, url: str, kind: str, task: Mapping[str, object]) -> Delivery:
+        """A callback that is not an end: ``task.idle``, ``task.message_received``."""
+        return cls(delivery_id=uuid.uuid4().hex, tenant=tenant, url=url, payload={"type": f"task.{kind}", **task})
+
     def to_json(self) -> str:
         return json.dumps(self.__dict__, default=str)
 

@@ -41,6 +41,7 @@ _EXPORTS: dict[str, str] = {
     "circuit_changed": "emf",
     "emit_event": "events",
     "task_status_changed": "events",
+    "message_received": "events",
     "configure_process_logging": "logs",
     "route_core_logs": "logs",
 }
@@ -59,6 +60,7 @@ __all__ = [
     "enabled",
     "flush",
     "llm_call",
+    "message_received",
     "metrics",
     "record_budget_refusal",
     "record_dead_letter",
@@ -112,5 +114,5 @@ if TYPE_CHECKING:
         record_swept,
         tenant_soft_cap_crossed,
     )
-    from agentq.observe.events import emit_event, task_status_changed
+    from agentq.observe.events import emit_event, message_received, task_status_changed
     from agentq.observe.logs import configure_process_logging, route_core_logs

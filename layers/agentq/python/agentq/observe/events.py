@@ -55,3 +55,15 @@ def task_status_changed(task_id: str, tenant: str, status: str, **detail: object
         {"task_id": task_id, "tenant": tenant, "status": status, "at": round(time.time(), 3), **detail},
         level=logging.DEBUG,  # one a transition: the bus carries them; the trace shows them already
     )
+
+
+def message_received(task_id: str, tenant: str, seq: int, *, reopened: bool) -> None:
+    """A task took a person's message (``MessageReceived``: its place among the task's messages,
+    and whether it reopened an answered or interrupted task). To a bus only, like a status change."""
+    if not os.environ.get("AGENTQ_EVENT_BUS"):
+        return
+    emit_event(
+        "MessageReceived",
+        {"task_id": task_id, "tenant": tenant, "seq": seq, "reopened": reopened, "at": round(time.time(), 3)},
+        level=logging.DEBUG,
+    )

@@ -38,7 +38,7 @@ from agentq.core.models import RetryState, Task, TaskStatus
 from agentq.core.providers.base import BatchProvider
 from agentq.queueing.dependencies import release_dependents
 from agentq.queueing.queues import DEAD_LETTER_REASON, TaskMessage, TaskQueues
-from agentq.queueing.webhooks import enqueue_end
+from agentq.queueing.webhooks import enqueue_end, enqueue_event
 from agentq.storage.container import Storage
 
 log = logging.getLogger("agentq.dispatch")
@@ -192,6 +192,8 @@ class Dispatcher:
         observe.record_run(run)
         if run.status is not None and run.status.terminal:
             self._report_end(task, run.status)
+        elif run.status is TaskStatus.IDLE:
+            self._report_idle(task)
         action = self._after_run(run, tier=tier, receive_count=receive_count)
         if run.outcome == "retry" and action.kind == "retry":
             self._note_retry(task, run, action)
@@ -288,6 +290,13 @@ class Dispatcher:
         except Exception:  # a callback that cannot be queued never holds up the task's end
             log.warning("could not queue the callback of task %s", task.task_id, exc_info=True)
         release_dependents(self.store, self.queues, task.task_id)
+
+    def _report_idle(self, task: Task) -> None:
+        """An interrupted conversation stopped and waits for a message: its ``idle`` callback."""
+        try:
+            enqueue_event(self.queues, task.model_copy(update={"status": TaskStatus.IDLE}), "idle")
+        except Exception:  # as for an end: a callback that cannot be queued holds nothing up
+            log.warning("could not queue the idle callback of task %s", task.task_id, exc_info=True)
 
     def _requeue_redriven(self, task: Task) -> None:
         """A message back from the DLQ for a task we failed: the operator wants it resumed."""

@@ -35,6 +35,17 @@ def enqueue_end(queues: TaskQueues | None, task: Task, status: TaskStatus) -> bo
     return True
 
 
+def enqueue_event(queues: TaskQueues | None, task: Task, kind: str, **detail: object) -> bool:
+    """Queue a conversation's callback (``idle``, ``message_received``), if the submission asked."""
+    notify = task.submission.notify
+    if queues is None or notify is None or kind not in notify.events:
+        return False
+    payload = {"task_id": task.task_id, "tenant": task.tenant, "status": task.status.value,
+               "root_id": task.root_id, "metadata": task.submission.metadata, **detail}  # fmt: skip
+    queues.send_webhook(Delivery.for_task_event(task.tenant, notify.url, kind, payload).to_json())
+    return True
+
+
 def deliver(store: Storage, body: str) -> int:
     """POST one queued delivery; returns the receiver's status. Raises ``DeliveryFailed``
     (retry later) or ``FetchRefused`` (never: to the DLQ)."""
