@@ -59,6 +59,7 @@ from agentq.storage.table import (
     absent,
     fence,
     plain,
+    present,
 )
 from agentq.storage.task_items import live_keys
 
@@ -68,7 +69,6 @@ MAX_MESSAGES_PER_TASK = 1000
 ACCEPT_ATTEMPTS = 200  # senders racing for the next number: each loss means another one won
 ACCEPT_BACKOFF_SECONDS = 0.02  # jitter between attempts, so racing senders spread out
 
-HELD = frozenset({TaskStatus.RUNNING, TaskStatus.QUEUED, TaskStatus.WAITING, TaskStatus.PAUSED, TaskStatus.BLOCKED})
 BUSY = frozenset({TaskStatus.RUNNING, TaskStatus.QUEUED, TaskStatus.WAITING, TaskStatus.PAUSED})
 REOPENED = frozenset({TaskStatus.SUCCEEDED, TaskStatus.IDLE})
 
@@ -266,6 +266,11 @@ class Messages:
         if meta is None or (tenant is not None and meta.get("tenant") != tenant):
             raise TaskNotFound(f"task {task_id} not found", field="task_id")
         status = TaskStatus(str(meta["status"]))
+        if meta.get("parent_id"):
+            raise MessageRefused(
+                f"task {task_id} is a sub-agent: interrupt its parent, which takes its children's results",
+                field="task_id",
+            )
         if status is TaskStatus.IDLE:
             return status
         if status not in (TaskStatus.RUNNING, TaskStatus.QUEUED):
@@ -322,7 +327,10 @@ class Messages:
         meta = self.table.get(keys.meta_key(task_id))
         if meta is None or (tenant is not None and meta.get("tenant") != tenant):
             raise TaskNotFound(f"task {task_id} not found", field="task_id")
-        self.table.update(keys.meta_key(task_id), Update(set={"conversation_closed": True}))
+        try:
+            self.table.update(keys.meta_key(task_id), Update(set={"conversation_closed": True}), condition=present())
+        except ConditionFailed as exc:  # deleted meanwhile (its retention ran out)
+            raise TaskNotFound(f"task {task_id} not found", field="task_id") from exc
 
 
 def _message(raw: Item) -> UserMessage:
