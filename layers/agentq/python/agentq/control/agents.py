@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentq.control.memory import check_attachments
 from agentq.control.validation import check_model, check_script, check_tools, parse_submission, validate_body
 from agentq.core.agents import (
     DEFINED_BY_AGENT,
@@ -94,6 +95,7 @@ def create_agent(
     check_model(spec.provider, spec.model)
     pins = pin_mcp_tools(spec, mcp)
     check_agent(spec, tools, pins)
+    check_attachments(store, spec.memory, tenant=tenant)
     return store.agents.create(tenant, spec, pins)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from agentq import observe
 from agentq.control.agents import resolve_agent
 from agentq.control.defaults import Defaults
+from agentq.control.memory import check_attachments
 
 # Re-exported: the package root (agentq.parse_submission), the benches and tests import them from here.
 from agentq.control.validation import check_submission as check_submission
@@ -57,6 +58,8 @@ def prepare_submission(
     if defaults is not None:
         submission = defaults.apply(submission)
     check_submission(submission, tools)
+    if submission.memory:
+        check_attachments(store, submission.memory, tenant=tenant)
     if submission.depends_on:
         from agentq.queueing.dependencies import check_dependencies
 
