@@ -150,13 +150,13 @@ class MemoryStores:
 
     def list_documents(self, tenant: str, store: str, prefix: str = "/") -> list[MemoryDocument]:
         """The store's documents whose path starts with ``prefix``, by path, without content."""
-        check_path(prefix, prefix=True)
+        _path(prefix, prefix=True)
         self.get_store(tenant, store)
         items = self.table.query(keys.memory_store_pk(tenant, store), prefix=keys.memory_doc_sk(prefix))
         return [_document(store, item, content=False) for item in items if not item.get("deleted")]
 
     def read(self, tenant: str, store: str, path: str) -> MemoryDocument:
-        check_path(path)
+        _path(path)
         head = self.table.get(_doc_key(tenant, store, path))
         if head is None or head.get("deleted"):
             self.get_store(tenant, store)  # a missing store says so, not "no document"
@@ -181,7 +181,7 @@ class MemoryStores:
         ``expected_sha256``: the content hash the writer last read; None means the writer
         expects no document there. ``unconditional`` (a person's overwrite) skips both.
         ``lease``: a task's write, fenced by its lease."""
-        check_path(path)
+        _path(path)
         size = len(content.encode("utf-8"))
         digest = content_sha256(content)
         for _ in range(ATTEMPTS):
@@ -221,7 +221,7 @@ class MemoryStores:
     ) -> MemoryVersion:
         """Delete a document (its versions stay, until retention drops them); with
         ``expected_sha256``, only if it still has that content."""
-        check_path(path)
+        _path(path)
         for _ in range(ATTEMPTS):
             settings = self.get_store(tenant, store)
             head = self.table.get(_doc_key(tenant, store, path))
@@ -317,7 +317,7 @@ class MemoryStores:
 
     def versions(self, tenant: str, store: str, path: str) -> list[MemoryVersion]:
         """A document's retained versions, newest first (a deleted document's too)."""
-        check_path(path)
+        _path(path)
         self.get_store(tenant, store)
         items = self.table.query(
             keys.memory_store_pk(tenant, store), prefix=keys.memory_versions_prefix(path), descending=True
@@ -329,7 +329,7 @@ class MemoryStores:
         return found
 
     def version(self, tenant: str, store: str, path: str, version: int) -> MemoryVersion:
-        check_path(path)
+        _path(path)
         item = self.table.get({"pk": keys.memory_store_pk(tenant, store), "sk": keys.memory_version_sk(path, version)})
         if item is None or _expired(item, time.time()):
             self.get_store(tenant, store)
@@ -413,6 +413,16 @@ def _snippet(content: str, word: str) -> str:
     start = max(0, at - SNIPPET_CHARS // 3) if at >= 0 else 0
     piece = content[start : start + SNIPPET_CHARS]
     return ("…" if start > 0 else "") + piece + ("…" if start + SNIPPET_CHARS < len(content) else "")
+
+
+def _path(path: str, *, prefix: bool = False) -> str:
+    """``check_path``, its refusal a ``ValidationError`` naming the field (a 422, not a 500)."""
+    try:
+        return check_path(path, prefix=prefix)
+    except ValueError as exc:
+        raise ValidationError(
+            f"{'path_prefix' if prefix else 'path'}: {exc}", field="path_prefix" if prefix else "path"
+        ) from None
 
 
 def _expired(item: Item, now: float) -> bool:
