@@ -33,7 +33,7 @@ MEMORY_STORE_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 MAX_MEMORY_ATTACHMENTS = 8
 MemoryAccessMode = Literal["read_write", "read_only"]
 STORE_NAME_PATTERN = MEMORY_STORE_PATTERN
-PATH_SEGMENT = re.compile(r"^[A-Za-z0-9._-]{1,255}$")
+PATH_SEGMENT = re.compile(r"^[A-Za-z0-9._@+-]{1,255}$")
 MAX_PATH_BYTES = 1024
 MAX_PATH_SEGMENTS = 20
 MAX_DOCUMENT_BYTES = 102_400  # Claude Managed Agents' 100 kB; a version is one item, far under 400 KB
@@ -87,7 +87,7 @@ def content_sha256(content: str) -> str:
 
 
 def check_path(path: str, *, prefix: bool = False) -> str:
-    """A document path: ``/`` then 1-20 segments of letters, digits, ``. _ -`` (no ``.``/``..``),
+    """A document path: ``/`` then 1-20 segments of letters, digits, ``. _ - @ +`` (no ``.``/``..``),
     at most 1,024 bytes. ``#`` can never appear, so a path's key prefix in the table
     (``VER#<path>#``) never matches another path's. ``prefix``: a listing prefix, which may end
     with ``/`` or be ``/`` alone."""
@@ -108,7 +108,7 @@ def check_path(path: str, *, prefix: bool = False) -> str:
     for segment in segments:
         if segment in ("", ".", "..") or not PATH_SEGMENT.match(segment):
             raise ValueError(
-                f"path segment {segment!r}: letters, digits, '.', '_' and '-' only; not empty, '.' or '..'"
+                f"path segment {segment!r}: letters, digits, '.', '_', '-', '@' and '+' only; not empty, '.' or '..'"
             )
     return path
 
