@@ -195,3 +195,21 @@ def test_sub_agents_get_their_parents_stores_read_only(store: Storage) -> None:
     spec = SpawnInput.model_validate({"subagents": [{"goal": "a", "script": {"turns": [{"text": "x"}]}}]})
     [child] = plan_children(parent, "toolu_1", spec, available=10_000)
     assert [(a.store, a.access) for a in child.submission.memory] == [("shop", "read_only")]
+
+
+def test_memory_write_may_be_named_to_get_a_policy_and_then_waits_for_approval(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    from agentq.control.submit import prepare_submission
+
+    _shop(store)
+    write = call("memory_write", store="shop", path="/x", content="asked first")
+    sent = _submission(
+        [{"tool_calls": [write]}, {"text": "ok"}],
+        [{"store": "shop"}],
+        constraints={"tools": ["memory_write"], "tool_policies": {"memory_write": "ask"}},
+    )
+    submission = prepare_submission(store, registry, sent, tenant="t")
+    _, result = _run(store, registry, submission)
+    assert result.status is TaskStatus.PAUSED
+    assert store.memory_stores.list_documents("t", "shop") == []

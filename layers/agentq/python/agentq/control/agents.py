@@ -36,6 +36,10 @@ def parse_agent_spec(raw: Any) -> AgentSpec:
 def check_agent(spec: AgentSpec, tools: ToolRegistry, mcp_tools: list[McpToolPin] | None = None) -> None:
     check_model(spec.provider, spec.model)
     names = [*spec.tools, *(p.qualified for p in mcp_tools or [])]
+    if spec.memory:  # its memory tools may be named too, to give one a policy (memory_write: ask)
+        from agentq.core.tools.memory import memory_tools
+
+        tools = tools.with_tools(memory_tools(spec.memory))
     check_tools(spec.tools, {}, tools, prefix="")
     for name in spec.tool_policies:
         if name not in names:
