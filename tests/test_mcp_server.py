@@ -22,7 +22,7 @@ REPORT_SCHEMA = {
 }
 
 
-def _session(url: str, key: str | None, work: Callable[[Any], Awaitable[Any]]) -> Any:
+def _session(url: str, key: str | None, work: Callable[[Any], Awaitable[Any]], mode: str = "legacy") -> Any:
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
     from mcp.shared._httpx_utils import create_mcp_http_client
@@ -31,7 +31,7 @@ def _session(url: str, key: str | None, work: Callable[[Any], Awaitable[Any]]) -
 
     async def run() -> Any:
         transport = streamable_http_client(f"{url}/mcp", http_client=create_mcp_http_client(headers=headers))
-        async with Client(transport, mode="legacy") as client:
+        async with Client(transport, mode=mode) as client:
             return await work(client)
 
     return anyio.run(run)
@@ -45,7 +45,10 @@ def _agent(api_stack: ApiStack, turns: list[dict[str, Any]], **fields: Any) -> s
     return name
 
 
-def test_an_mcp_client_lists_the_tenants_agents_and_runs_one_to_its_structured_output(api_stack: ApiStack) -> None:
+@pytest.mark.parametrize("mode", ["legacy", "auto"])  # the initialize handshake, and the newer discovery
+def test_an_mcp_client_lists_the_tenants_agents_and_runs_one_to_its_structured_output(
+    api_stack: ApiStack, mode: str
+) -> None:
     answer = {"answer": "42", "confidence": 0.9}
     turns = [
         {"tool_calls": [{"name": "final_answer", "input": {"answer": answer}}]}
@@ -58,7 +61,7 @@ def test_an_mcp_client_lists_the_tenants_agents_and_runs_one_to_its_structured_o
         result = await client.call_tool(name, {"goal": "what is the answer?", "constraints": {"max_steps": 5}})
         return listed, result
 
-    listed, result = _session(api_stack.url, api_stack.key, work)
+    listed, result = _session(api_stack.url, api_stack.key, work, mode)
     names = {t.name for t in listed.tools}
     assert {name, other, "agentq_task"} <= names
     assert not result.is_error, result

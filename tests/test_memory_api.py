@@ -67,6 +67,10 @@ def test_a_store_is_created_written_read_and_audited_over_http_and_another_tenan
         ("PUT", "/memory-stores/{store}/document?path=/a", {"content": "x", "expected_content_sha256": "nope"}, 422,
          "expected_content_sha256"),
         ("GET", "/memory-stores/{store}/search?query=", None, 422, "query"),
+        ("POST", "/tasks", {"goal": "g", "provider": "scripted", "script": "research",
+                            "memory": [{"store": "Bad Name"}]}, 422, "memory[0].store"),
+        ("POST", "/tasks", {"goal": "g", "provider": "scripted", "script": "research",
+                            "memory": [{"store": "{store}", "access": "sometimes"}]}, 422, "memory[0].access"),
     ],
 )  # fmt: skip
 def test_bad_input_is_refused_naming_the_field_and_writes_nothing(
@@ -74,7 +78,8 @@ def test_bad_input_is_refused_naming_the_field_and_writes_nothing(
 ) -> None:
     name = _name()
     assert api_stack.http("POST", "/memory-stores", {"name": name, "max_document_bytes": 10})[0] == 201
-    got, data, _ = api_stack.http(method, path.format(store=name), body)
+    sent = json.loads(json.dumps(body).replace("{store}", name)) if body is not None else None
+    got, data, _ = api_stack.http(method, path.format(store=name), sent)
     assert (got, data["error"]["field"]) == (status, field), data
     assert api_stack.http("GET", f"/memory-stores/{name}")[1]["documents"] == 0
 
