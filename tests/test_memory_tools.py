@@ -213,3 +213,14 @@ def test_memory_write_may_be_named_to_get_a_policy_and_then_waits_for_approval(
     _, result = _run(store, registry, submission)
     assert result.status is TaskStatus.PAUSED
     assert store.memory_stores.list_documents("t", "shop") == []
+
+
+def test_an_agent_without_memory_keeps_the_digest_it_had_before_agents_could_attach_stores() -> None:
+    import hashlib
+
+    from agentq.core.agents import AgentSpec
+
+    spec = AgentSpec(name="helper", provider="scripted", script="research", system="s")
+    before = spec.model_dump_json(exclude_none=True).replace(',"memory":[]', "")
+    assert spec.digest() == hashlib.sha256(before.encode()).hexdigest()
+    assert AgentSpec(**{**spec.model_dump(), "memory": [{"store": "shop"}]}).digest() != spec.digest()

@@ -127,7 +127,10 @@ class AgentSpec(StrictModel):
     def digest(self, mcp_tools: list[McpToolPin] | None = None) -> str:
         """What makes two versions the same: every field, and the MCP tools pinned for it."""
         pinned = "".join(p.model_dump_json() for p in mcp_tools or [])
-        return hashlib.sha256((self.model_dump_json(exclude_none=True) + pinned).encode()).hexdigest()
+        # Without memory stores, the digest a version had before agents could attach any: the
+        # same file applied again after an upgrade is still the same version.
+        body = self.model_dump_json(exclude_none=True, exclude=None if self.memory else {"memory"})
+        return hashlib.sha256((body + pinned).encode()).hexdigest()
 
 
 class AgentVersion(AgentSpec):
