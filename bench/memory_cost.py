@@ -82,7 +82,7 @@ def write_cost(store: Storage, sizes: list[int]) -> list[dict[str, Any]]:
 
 
 def search_cost(store: Storage, backend: str, counts: list[int], doc_bytes: int, searches: int) -> list[dict[str, Any]]:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for count in counts:
         name = f"search-{count}-{uuid.uuid4().hex[:6]}"
         store.memory_stores.create_store("bench", MemoryStoreSpec(name=name, max_documents=max(count, 1)))
@@ -94,16 +94,17 @@ def search_cost(store: Storage, backend: str, counts: list[int], doc_bytes: int,
             started = time.perf_counter()
             hits = store.memory_stores.search("bench", name, "lamp refund", limit=10)
             took.append((time.perf_counter() - started) * 1000)
+        timed = summary(took)
         rows.append(
             {
                 "backend": backend,
                 "documents": count,
                 "hits": len(hits),
-                "search_ms": summary(took),
+                "search_ms": timed,
                 "read_units": max(1, math.ceil(sum(item_size(i) for i in items) / READ_UNIT_BYTES)),
             }
         )
-        log(f"{backend}: {count} documents, search p50 {rows[-1]['search_ms']['p50']:.1f} ms")
+        log(f"{backend}: {count} documents, search p50 {timed['p50']:.1f} ms")
     return rows
 
 
