@@ -1,19 +1,18 @@
 """examples/shop's support agent remembers a customer across tasks: the first task writes what
 the customer asked about their order into the `customers` memory store, the second task, a week
 later in the story, reads it and the model is sent that earlier order. On the local stack
-through the CLI, the real `anthropic` SDK against a local Messages API server."""
+through the CLI (in this process), the real `anthropic` SDK against a local Messages API server."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
+from agentq.cli.main import main
 from agentq.core.memory import content_sha256
 from agentq.local.stack import LocalStack
 
@@ -26,7 +25,7 @@ FIRST_NOTE = "2026-11-19: asked where order 17 (4200 cents, delivered) is; said 
 
 
 def test_the_support_agent_remembers_a_customers_earlier_order_in_its_next_task(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.syspath_prepend(str(EXAMPLE / "src"))
     with FakeMessagesAPI() as model:
@@ -62,19 +61,23 @@ def test_the_support_agent_remembers_a_customers_earlier_order_in_its_next_task(
             assert stack.api_server is not None
             env = stack.env(AGENTQ_URL=stack.api_server.url)
 
-            def agentq(*args: str) -> subprocess.CompletedProcess[str]:
-                done = subprocess.run([sys.executable, "-m", "agentq", *args], capture_output=True, text=True,
-                                      env=env, timeout=120, check=False, cwd=ROOT)  # fmt: skip
-                assert done.returncode == 0, done.stderr
-                return done
+            for key, value in env.items():  # a person's shell after `agentq dev`: the CLI runs in this process
+                monkeypatch.setenv(key, value)
+
+            def agentq(*args: str) -> str:
+                capsys.readouterr()
+                code = main(list(args))
+                out, err = capsys.readouterr()
+                assert code == 0, err
+                return out
 
             agentq("memory", "create", "customers", "--description", "what each customer ordered and asked about")
-            assert agentq("agents", "create", "-f", str(EXAMPLE / "support.yaml")).stdout.strip() == "support@1"
+            assert agentq("agents", "create", "-f", str(EXAMPLE / "support.yaml")).strip() == "support@1"
             first = agentq("submit", "--agent", "support", "Hi, it's ada@example.com: where is order 17?", "--wait")
-            assert first.stdout.startswith("Order 17 shows as delivered")
+            assert first.startswith("Order 17 shows as delivered")
             second = agentq("submit", "--agent", "support", "ada@example.com again: any news on my order?", "--wait")
-            assert second.stdout.startswith("You wrote about order 17 last week")
-            history = json.loads(agentq("memory", "history", "customers", ADA, "--json").stdout)
+            assert second.startswith("You wrote about order 17 last week")
+            history = json.loads(agentq("memory", "history", "customers", ADA, "--json"))
 
     # The second task's model was sent what the first task wrote (its memory_read result).
     second_task_reads = model.requests[5].body["messages"][-1]["content"][0]
