@@ -224,3 +224,14 @@ def test_an_agent_without_memory_keeps_the_digest_it_had_before_agents_could_att
     before = spec.model_dump_json(exclude_none=True).replace(',"memory":[]', "")
     assert spec.digest() == hashlib.sha256(before.encode()).hexdigest()
     assert AgentSpec(**{**spec.model_dump(), "memory": [{"store": "shop"}]}).digest() != spec.digest()
+
+
+def test_a_request_without_memory_keeps_the_idempotency_hash_it_had_before_memory_existed() -> None:
+    import hashlib
+
+    from agentq.control.submit import request_hash
+
+    sent = _submission([{"text": "x"}], [])
+    before = sent.model_dump_json(exclude_none=True).replace(',"memory":[]', "")
+    assert request_hash(sent) == hashlib.sha256(before.encode()).hexdigest()
+    assert request_hash(_submission([{"text": "x"}], [{"store": "shop"}])) != request_hash(sent)

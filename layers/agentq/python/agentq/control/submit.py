@@ -39,7 +39,10 @@ class Submitted:
 def request_hash(submission: TaskSubmission) -> str:
     """What an idempotency key is bound to: the request as sent (before deployment defaults
     fill it in), so a retry matches even if the defaults changed in between."""
-    return hashlib.sha256(submission.model_dump_json(exclude_none=True).encode()).hexdigest()
+    # Without memory stores, the hash a request had before submissions could attach any: a retry
+    # across the upgrade still matches its first attempt.
+    body = submission.model_dump_json(exclude_none=True, exclude=None if submission.memory else {"memory"})
+    return hashlib.sha256(body.encode()).hexdigest()
 
 
 def prepare_submission(
