@@ -37,7 +37,10 @@ ID_PATTERNS = (
     ("U", re.compile(r"toolu_[0-9a-f]{24}")),  # a scripted tool_use id
     ("H", re.compile(r"(?<![0-9a-zA-Z])[0-9a-f]{12,}(?![0-9a-zA-Z])")),  # any other hash
 )
-PORTS = ("tasks", "steps", "budgets", "windows", "approvals", "spawns", "effects", "notes", "flow", "messages")
+PORTS = (
+    "tasks", "steps", "budgets", "windows", "approvals", "spawns", "effects", "notes", "flow", "messages",
+    "memory_stores",
+)
 
 
 class Recorder:

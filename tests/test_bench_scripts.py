@@ -36,6 +36,7 @@ CASES = {
     "agent_cost": ["--turns", "30", "--doc-bytes", "2000"],
     "outage": ["--tasks", "4", "--down-seconds", "3", "--cooldown", "1", "--modes", "on"],
     "message_cost": ["--turns", "4"],
+    "memory_cost": ["--sizes", "100,5000", "--stores", "3", "--searches", "1"],
 }
 
 
@@ -106,6 +107,12 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
     elif name == "outage":
         [row] = result["rows"]
         assert row["succeeded"] == 4 and row["dlq_messages"] == 0 and row["calls_while_down"] > 0
+    elif name == "memory_cost":
+        assert [w["content_bytes"] for w in result["writes"]] == [100, 5000]
+        assert result["writes"][1]["write_units_total"] > result["writes"][0]["write_units_total"] >= 8
+        assert {(r["backend"], r["documents"], r["hits"]) for r in result["searches_by_size"]} == {
+            ("in-memory twin", 3, 3), ("moto server", 3, 3),
+        }  # fmt: skip
     elif name == "import_time":
         [handler] = result["handlers"]
         assert handler["handler"] == "authorizer" and handler["median_ms"] > 0

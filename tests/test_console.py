@@ -809,3 +809,38 @@ def test_the_conversation_is_a_chat_with_a_follow_up_sent_and_an_interrupt_from_
     page.wait_for_selector("#chat-idle")
     assert page.locator("#chat .bubble.agent").count() == 0
     no_errors(tab)
+
+
+def test_a_memory_store_is_browsed_edited_audited_and_a_stale_edit_shows_the_conflict(
+    console: Console, tab: Page
+) -> None:
+    name = f"mem-{uuid.uuid4().hex[:6]}"
+    assert console.http("POST", "/memory-stores", {"name": name, "description": "customers"})[0] == 201
+    assert console.http("POST", "/memory-stores", {"name": f"{name}-theirs"}, key=console.other_key)[0] == 201
+    doc = f"/memory-stores/{name}/document?path=/customers/ann.md"
+    assert console.http("PUT", doc, {"content": "card 4242; ordered a lamp"})[0] == 200
+    page = tab.page
+    page.click("a[data-nav='memory']")
+    page.wait_for_selector(f"tr[data-store='{name}']")
+    assert page.locator(f"tr[data-store='{name}-theirs']").count() == 0
+    page.click(f"tr[data-store='{name}'] a")
+    page.click("tr[data-path='/customers/ann.md'] a")
+    page.wait_for_selector("#memory-content")
+    assert page.input_value("#memory-content") == "card 4242; ordered a lamp"
+    page.fill("#memory-content", "card on file; ordered a lamp")
+    page.click("#memory-save")
+    page.wait_for_selector(".notice:has-text('as version 2')")
+    page.wait_for_selector("tr[data-version='1'] #redact-1")
+    shot(console, tab, "memory")
+    page.click("#redact-1")
+    page.wait_for_selector(".notice:has-text('Redacted version 1')")
+    status, first = console.http("GET", f"/memory-stores/{name}/versions?path=/customers/ann.md")
+    assert status == 200 and first["versions"][-1]["content"] is None and first["versions"][-1]["redacted_at"]
+    # Someone else writes; this page still holds version 2's hash: its save is refused, not lost.
+    current = console.http("GET", doc)[1]["content_sha256"]
+    assert console.http("PUT", doc, {"content": "changed elsewhere", "expected_content_sha256": current})[0] == 200
+    page.fill("#memory-content", "my stale edit")
+    page.click("#memory-save")
+    page.wait_for_selector("#alert:has-text('409 memory_conflict')")
+    assert console.http("GET", doc)[1]["content"] == "changed elsewhere"
+    assert [e for e in tab.errors if "status of 409" not in e] == []

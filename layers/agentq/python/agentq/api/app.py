@@ -29,7 +29,8 @@ from agentq.api import console, errors
 from agentq.api.body_guard import BodyProblem, check_body
 from agentq.api.errors import JSON, error_response, proxy_error
 from agentq.api.models import MAX_BODY_BYTES
-from agentq.api.routes import actions, agents, conversations, dead_letters, meta, schedules, tasks, webhooks
+from agentq.api.routes import actions, agents, conversations, dead_letters, memory, meta, schedules, tasks, webhooks
+from agentq.api.routes import mcp as mcp_route
 from agentq.api.routes.common import ApiDeps
 from agentq.control.defaults import Defaults
 from agentq.core.tools import ToolRegistry
@@ -238,6 +239,8 @@ def build_app(
     app.include_router(actions.router(deps))
     app.include_router(conversations.router(deps))
     app.include_router(agents.router(deps))
+    app.include_router(memory.router(deps))
+    app.include_router(mcp_route.router(deps))
     app.include_router(webhooks.router(deps))
     app.include_router(schedules.router(deps))
     app.include_router(dead_letters.router(store, queues, app.tenant))

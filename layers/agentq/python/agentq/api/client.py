@@ -26,9 +26,12 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from decimal import Decimal
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from agentq.api.memory_client import MemoryStoresClient
 
 from agentq.api.models import (
     MAX_PAGE_SIZE,
@@ -134,6 +137,13 @@ class Client:
 
     def __repr__(self) -> str:
         return f"Client({self.url!r})"
+
+    @property
+    def memory(self) -> MemoryStoresClient:
+        """The tenant's memory stores (``agentq.api.memory_client``)."""
+        from agentq.api.memory_client import MemoryStoresClient
+
+        return MemoryStoresClient(self)
 
     # ------------------------------------------------------------ transport
 

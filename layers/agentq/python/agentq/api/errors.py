@@ -42,6 +42,7 @@ from agentq.core.errors import (
     TaskNotFound,
     ValidationError,
 )
+from agentq.core.memory import MemoryConflict, MemoryDocumentNotFound, MemoryLimitExceeded, MemoryStoreNotFound
 from agentq.storage.agents import AgentConflict, AgentNotFound
 
 log = logging.getLogger("agentq.api")
@@ -186,12 +187,16 @@ def handlers() -> Router:
     def on_validation(exc: ValidationError) -> Response[Any]:
         return error_response(422, exc.code, exc.message, exc.field)
 
-    @router.exception_handler([TaskNotFound, AgentNotFound])
+    @router.exception_handler(MemoryLimitExceeded)
+    def on_limit(exc: MemoryLimitExceeded) -> Response[Any]:
+        return error_response(422, exc.code, exc.message, exc.field)
+
+    @router.exception_handler([TaskNotFound, AgentNotFound, MemoryStoreNotFound, MemoryDocumentNotFound])
     def on_not_found(exc: AgentqError) -> Response[Any]:
         return error_response(404, exc.code, exc.message, exc.field)
 
     @router.exception_handler(
-        [IllegalTransition, IdempotencyConflict, MessageRefused, AgentConflict, api_views.NotFinished]
+        [IllegalTransition, IdempotencyConflict, MessageRefused, AgentConflict, MemoryConflict, api_views.NotFinished]
     )
     def on_conflict(exc: AgentqError) -> Response[Any]:
         return error_response(409, exc.code, exc.message, exc.field)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from agentq.cli import admin, catalogue, conversation, local, submit, tasks
+from agentq.cli import admin, catalogue, conversation, local, memory, submit, tasks
 from agentq.cli.args import EPILOG, UsageError
 from agentq.cli.submit import build_submission
 from agentq.cli.target import resolve_target
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (submit, tasks, conversation, catalogue, admin, local):  # the order `agentq --help` lists them in
+    for group in (submit, tasks, conversation, catalogue, memory, admin, local):  # the order `agentq --help` lists them in
         group.register(sub)
     return parser
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentq.control.memory import check_attachments
 from agentq.control.validation import check_model, check_script, check_tools, parse_submission, validate_body
 from agentq.core.agents import (
     DEFINED_BY_AGENT,
@@ -35,6 +36,10 @@ def parse_agent_spec(raw: Any) -> AgentSpec:
 def check_agent(spec: AgentSpec, tools: ToolRegistry, mcp_tools: list[McpToolPin] | None = None) -> None:
     check_model(spec.provider, spec.model)
     names = [*spec.tools, *(p.qualified for p in mcp_tools or [])]
+    if spec.memory:  # its memory tools may be named too, to give one a policy (memory_write: ask)
+        from agentq.core.tools.memory import memory_tools
+
+        tools = tools.with_tools(memory_tools(spec.memory))
     check_tools(spec.tools, {}, tools, prefix="")
     for name in spec.tool_policies:
         if name not in names:
@@ -94,6 +99,7 @@ def create_agent(
     check_model(spec.provider, spec.model)
     pins = pin_mcp_tools(spec, mcp)
     check_agent(spec, tools, pins)
+    check_attachments(store, spec.memory, tenant=tenant)
     return store.agents.create(tenant, spec, pins)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from agentq import observe
 from agentq.control.agents import resolve_agent
 from agentq.control.defaults import Defaults
+from agentq.control.memory import check_attachments
 
 # Re-exported: the package root (agentq.parse_submission), the benches and tests import them from here.
 from agentq.control.validation import check_submission as check_submission
@@ -38,7 +39,10 @@ class Submitted:
 def request_hash(submission: TaskSubmission) -> str:
     """What an idempotency key is bound to: the request as sent (before deployment defaults
     fill it in), so a retry matches even if the defaults changed in between."""
-    return hashlib.sha256(submission.model_dump_json(exclude_none=True).encode()).hexdigest()
+    # Without memory stores, the hash a request had before submissions could attach any: a retry
+    # across the upgrade still matches its first attempt.
+    body = submission.model_dump_json(exclude_none=True, exclude=None if submission.memory else {"memory"})
+    return hashlib.sha256(body.encode()).hexdigest()
 
 
 def prepare_submission(
@@ -57,6 +61,8 @@ def prepare_submission(
     if defaults is not None:
         submission = defaults.apply(submission)
     check_submission(submission, tools)
+    if submission.memory:
+        check_attachments(store, submission.memory, tenant=tenant)
     if submission.depends_on:
         from agentq.queueing.dependencies import check_dependencies
 

@@ -87,6 +87,10 @@ def check_submission(submission: TaskSubmission, tools: ToolRegistry) -> None:
         from agentq.core.tools.mcp import mcp_tool_specs
 
         tools = tools.with_tools(mcp_tool_specs(submission.mcp_tools, None))
+    if submission.memory:  # its attachments' tools may be named too, to give one a policy (memory_write: ask)
+        from agentq.core.tools.memory import memory_tools
+
+        tools = tools.with_tools(memory_tools(submission.memory))
     check_tools(submission.constraints.tools, submission.constraints.tool_policies, tools, prefix="constraints.")
     if submission.output_schema is not None and FINAL_ANSWER_TOOL in submission.constraints.tools:
         raise ValidationError(

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from agentq.core.memory import MAX_MEMORY_ATTACHMENTS, MemoryAttachment, merged_attachments, unique_stores
 from agentq.core.models import (
     AGENT_REF_PATTERN,
     DEFAULT_MODEL,
@@ -92,6 +93,16 @@ class AgentSpec(StrictModel):
     notify: Notify | None = Field(
         default=None, description="the callback of its tasks' ends (a submission's own notify takes precedence)"
     )
+    memory: list[MemoryAttachment] = Field(
+        default_factory=list,
+        max_length=MAX_MEMORY_ATTACHMENTS,
+        description="memory stores its tasks may use; a submission may attach more, or attach one of these otherwise",
+    )
+
+    @field_validator("memory")
+    @classmethod
+    def _unique_memory(cls, attachments: list[MemoryAttachment]) -> list[MemoryAttachment]:
+        return unique_stores(attachments)
 
     @field_validator("output_schema")
     @classmethod
@@ -116,7 +127,10 @@ class AgentSpec(StrictModel):
     def digest(self, mcp_tools: list[McpToolPin] | None = None) -> str:
         """What makes two versions the same: every field, and the MCP tools pinned for it."""
         pinned = "".join(p.model_dump_json() for p in mcp_tools or [])
-        return hashlib.sha256((self.model_dump_json(exclude_none=True) + pinned).encode()).hexdigest()
+        # Without memory stores, the digest a version had before agents could attach any: the
+        # same file applied again after an upgrade is still the same version.
+        body = self.model_dump_json(exclude_none=True, exclude=None if self.memory else {"memory"})
+        return hashlib.sha256((body + pinned).encode()).hexdigest()
 
 
 class AgentVersion(AgentSpec):
@@ -188,6 +202,9 @@ def resolved_fields(version: AgentVersion, submission_fields: dict[str, Any]) ->
         "constraints": constraints,
         "mcp_tools": [p.model_dump() for p in version.mcp_tools],
     }
+    if version.memory:
+        own = [MemoryAttachment.model_validate(a) for a in sent.get("memory") or []]
+        fields["memory"] = [a.model_dump(exclude_none=True) for a in merged_attachments(version.memory, own)]
     if version.output_schema is not None:
         fields["output_schema"] = version.output_schema
     if version.notify is not None and "notify" not in sent:

@@ -200,6 +200,9 @@ def plan_children(
                 for p in parent.submission.mcp_tools
                 if p.qualified in (sub.tools if sub.tools is not None else c.tools)
             ],
+            # the parent's memory stores, read-only: children run at once, and the parent, which
+            # reads their results, is the one to write what the tree learnt
+            memory=[a.model_copy(update={"access": "read_only"}) for a in parent.submission.memory],
         )
         plans.append(ChildPlan(child_id_for(parent.task_id, tool_use_id, i), submission, share, deadline))
     return plans

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from agentq.core.memory import MAX_MEMORY_ATTACHMENTS, MemoryAttachment, unique_stores
 from agentq.core.reservation import Reservation
 from agentq.core.status import TERMINAL_STATUSES as TERMINAL_STATUSES
 from agentq.core.status import TaskStatus as TaskStatus
@@ -264,6 +265,17 @@ class TaskSubmission(StrictModel):
         description="a JSON Schema the final answer must validate against; the model answers through a "
         "final_answer tool, and the result is the answer as JSON",
     )
+    memory: list[MemoryAttachment] = Field(
+        default_factory=list,
+        max_length=MAX_MEMORY_ATTACHMENTS,
+        description="memory stores the task may use (memory_list, memory_read, memory_search; memory_write when "
+        "read_write), added to the agent version's; a store the agent attaches too takes this attachment",
+    )
+
+    @field_validator("memory")
+    @classmethod
+    def _unique_memory(cls, attachments: list[MemoryAttachment]) -> list[MemoryAttachment]:
+        return unique_stores(attachments)
 
     @field_validator("output_schema")
     @classmethod

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from agentq.core.fanout import ChildPlan
 from agentq.core.flow import Admission
+from agentq.core.memory import Author, MemoryDocument, MemorySearchHit
 from agentq.core.models import (
     CommittedStep,
     CompactStep,
@@ -155,6 +156,29 @@ class NoteBook(Protocol):
     def write(self, lease: Lease, key: str, value: str) -> None: ...
 
 
+class MemoryBook(Protocol):
+    """The memory stores (``core.memory``, ``storage.memory_stores``) as the memory tools use them."""
+
+    def list_documents(self, tenant: str, store: str, prefix: str = "/") -> list[MemoryDocument]: ...
+
+    def read(self, tenant: str, store: str, path: str) -> MemoryDocument: ...
+
+    def write(
+        self,
+        tenant: str,
+        store: str,
+        path: str,
+        content: str,
+        *,
+        author: Author,
+        expected_sha256: str | None = None,
+        unconditional: bool = False,
+        lease: Lease | None = None,
+    ) -> tuple[MemoryDocument, bool]: ...
+
+    def search(self, tenant: str, store: str, query: str, *, limit: int = 10) -> list[MemorySearchHit]: ...
+
+
 class FlowPort(Protocol):
     """Fleet-wide flow control per provider and model (``core.flow``, ``storage.flow``)."""
 
@@ -210,3 +234,6 @@ class EngineStorage(Protocol):
 
     @property
     def messages(self) -> MessageBox: ...
+
+    @property
+    def memory_stores(self) -> MemoryBook: ...

@@ -11,6 +11,7 @@ from agentq.storage.approvals import Approvals
 from agentq.storage.budgets import Budgets
 from agentq.storage.effects import Effects
 from agentq.storage.flow import FlowControl
+from agentq.storage.memory_stores import MemoryStores
 from agentq.storage.messages import Messages
 from agentq.storage.notes import Notes
 from agentq.storage.purge import Purge
@@ -51,6 +52,7 @@ class Storage:
         self.flow = FlowControl(table)
         self.webhook_secrets = WebhookSecrets(table)
         self.schedules = Schedules(table)
+        self.memory_stores = MemoryStores(table)
 
 
 def memory_storage(**kwargs: object) -> Storage:

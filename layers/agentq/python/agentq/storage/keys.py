@@ -138,3 +138,31 @@ def agent_version_sk(version: int) -> str:
 def tenant_agents_pk(tenant: str) -> str:
     """``gsi1pk`` of a tenant's agents (one HEAD item each; ``gsi1sk`` is the name)."""
     return f"AGENTS#{tenant}"
+
+
+def memory_store_pk(tenant: str, name: str) -> str:
+    """The partition of one memory store of one tenant: its ``STORE`` item, documents, versions."""
+    return f"MEMSTORE#{tenant}#{name}"
+
+
+MEMORY_STORE = "STORE"
+MEMORY_DOC = "DOC#"  # DOC#<path>: a document's current content (or its tombstone)
+MEMORY_VERSION = "VER#"  # VER#<path>#<version, 9 digits>: one change of it
+
+
+def memory_doc_sk(path: str) -> str:
+    return f"{MEMORY_DOC}{path}"
+
+
+def memory_versions_prefix(path: str) -> str:
+    """Every version of ``path`` (a path never holds ``#``, so no other path shares it)."""
+    return f"{MEMORY_VERSION}{path}#"
+
+
+def memory_version_sk(path: str, version: int) -> str:
+    return f"{memory_versions_prefix(path)}{version:09d}"
+
+
+def tenant_memory_stores_pk(tenant: str) -> str:
+    """``gsi1pk`` of a tenant's memory stores (one STORE item each; ``gsi1sk`` is the name)."""
+    return f"MEMSTORES#{tenant}"

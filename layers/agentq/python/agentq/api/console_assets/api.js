@@ -75,6 +75,7 @@ export async function request(method, path, body) {
 
 export const get = (path) => request("GET", path);
 export const post = (path, body) => request("POST", path, body === undefined ? {} : body);
+export const put = (path, body) => request("PUT", path, body);
 export const del = (path) => request("DELETE", path);
 
 // Every page of a paginated listing (trace), following next_cursor.

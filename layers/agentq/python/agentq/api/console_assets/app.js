@@ -3,6 +3,7 @@
 import { ApiError, getKey, setKey, stats } from "./api.js";
 import { agentListPage, agentPage } from "./agents.js";
 import { deadLettersPage } from "./dead_letters.js";
+import { memoryListPage, memoryStorePage } from "./memory.js";
 import { replace } from "./dom.js";
 import { schedulesPage } from "./schedules.js";
 import { taskListPage } from "./task_list.js";
@@ -19,6 +20,8 @@ const routes = [
   [/^#\/tasks\/([^/]+)$/, (ctx, m) => taskPage(ctx, decodeURIComponent(m[1]))],
   [/^#\/agents\/([^/]+)$/, (ctx, m) => agentPage(ctx, decodeURIComponent(m[1]))],
   [/^#\/agents$/, (ctx) => agentListPage(ctx)],
+  [/^#\/memory\/([^/]+)$/, (ctx, m) => memoryStorePage(ctx, decodeURIComponent(m[1]))],
+  [/^#\/memory$/, (ctx) => memoryListPage(ctx)],
   [/^#\/schedules$/, (ctx) => schedulesPage(ctx)],
   [/^#\/dead-letters$/, (ctx) => deadLettersPage(ctx)],
   [/^(#\/?(tasks)?)?$/, (ctx) => taskListPage(ctx)],

@@ -74,7 +74,9 @@ class Engine:
             store.tasks, store.steps, store.budgets, store.flow, self.windows, self._provider, self.prices, self._holds,
             self._requests, writer,
         )  # fmt: skip
-        caller = ToolCaller(store.flow, store.effects, store.notes, store.steps, self._requests, self.secrets)
+        caller = ToolCaller(
+            store.flow, store.effects, store.notes, store.steps, self._requests, self.secrets, store.memory_stores
+        )
         spawning = SpawnPorts(store.spawns, store.budgets, store.tasks, store.steps)
         self._tool_turn = ToolTurn(
             store.approvals, spawning, config, caller, fanout, writer, self._holds, self._requests

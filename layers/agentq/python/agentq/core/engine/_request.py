@@ -26,6 +26,7 @@ from agentq.core.providers import LLMRequest
 from agentq.core.secrets import Secrets, SecretSource
 from agentq.core.tools import ToolRegistry
 from agentq.core.tools.mcp import McpServers, mcp_tool_specs
+from agentq.core.tools.memory import memory_tools
 
 # Native compaction: a request this close to the trigger may be compacted by the server first;
 # the summary that call writes is held at this many output tokens.
@@ -49,6 +50,7 @@ class RequestBuilder:
             schema = s.task.submission.output_schema
             if schema is not None:
                 extra.append(final_answer_tool(schema))
+            extra += memory_tools(s.task.submission.memory)
             s.tools = self.tools.with_tools(extra)
         return s.tools
 

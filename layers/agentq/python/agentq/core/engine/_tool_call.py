@@ -14,13 +14,14 @@ from typing import Any
 
 from agentq import observe
 from agentq.core.context import RECALL_TOOL
+from agentq.core.engine._memory import TaskMemory
 from agentq.core.engine._operation import RecordedOperation
 from agentq.core.engine._request import RequestBuilder
 from agentq.core.engine._session import Session, TaskNotes
 from agentq.core.faults import crash_point
 from agentq.core.flow import Admission
 from agentq.core.models import ToolOutcome, ToolsStep
-from agentq.core.ports import EffectLog, FlowPort, NoteBook, StepLog
+from agentq.core.ports import EffectLog, FlowPort, MemoryBook, NoteBook, StepLog
 from agentq.core.records import EffectRecord
 from agentq.core.secrets import SecretSource
 from agentq.core.tools import ToolContext, idempotency_key_for
@@ -35,14 +36,23 @@ class ToolCaller:
         steps: StepLog,
         requests: RequestBuilder,
         secrets: SecretSource,
+        memory: MemoryBook | None = None,
     ) -> None:
         self.flow, self.effects, self.notes, self.steps = flow, effects, notes, steps
         self.requests = requests
         self.secrets = secrets
+        self.memory = memory
 
     def notes_for(self, s: Session) -> TaskNotes:
         """The notes the turn's tools see (writes fenced by the run's lease)."""
         return TaskNotes(self.notes, s.held)
+
+    def memory_for(self, s: Session, tool_use_id: str) -> TaskMemory | None:
+        """The task's memory stores, if it has any attached; the step is the one holding the call."""
+        attachments = s.task.submission.memory
+        if not attachments or self.memory is None:
+            return None
+        return TaskMemory(self.memory, s.task.tenant, s.held, attachments, s.next_step - 1, tool_use_id)
 
     def call(self, s: Session, use: dict[str, Any], allowlist: list[str], notes: TaskNotes) -> ToolOutcome:
         if use["name"] == RECALL_TOOL:
@@ -74,6 +84,7 @@ class ToolCaller:
             notes=pending.notes,
             deadline=tool_deadline(s),
             secrets=self.secrets,
+            memory=self.memory_for(s, use["id"]),
         )
         with observe.tool_call(
             use["name"], registered=pending.registered, call_id=use["id"], task_id=s.task_id, step=s.next_step

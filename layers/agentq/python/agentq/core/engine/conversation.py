@@ -14,6 +14,7 @@ from agentq.core.context import resumed_goal
 from agentq.core.models import CompactStep, Constraints, LLMStep, MessageStep, StepRecord, TaskSubmission
 from agentq.core.output import FINAL_ANSWER_TOOL, answer_of, feedback
 from agentq.core.providers import LLMRequest
+from agentq.core.tools.memory import offered_memory_tools
 
 # Input estimate: 3 characters a token over the JSON of the request. Claude averages about
 # 3.5-4 on English and JSON, so this over-reserves slightly and the budget cap holds.
@@ -94,8 +95,12 @@ def estimate_input_tokens(request: LLMRequest) -> int:
 
 
 def task_tools(submission: TaskSubmission) -> list[str]:
-    """The tools a task's model is offered: its allowed ones, and final_answer with an output schema."""
-    offered = offered_tools(submission.constraints)
+    """The tools a task's model is offered: its allowed ones, the memory tools of its attached
+    stores (``core.tools.memory``; a ``deny`` policy still removes one), and final_answer with an
+    output schema."""
+    policies = submission.constraints.tool_policies
+    memory = [n for n in offered_memory_tools(submission.memory) if policies.get(n) != "deny"]
+    offered = [*offered_tools(submission.constraints), *(n for n in memory if n not in submission.constraints.tools)]
     return [*offered, FINAL_ANSWER_TOOL] if submission.output_schema is not None else offered
 
 

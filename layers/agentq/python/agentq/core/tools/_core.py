@@ -29,6 +29,7 @@ from typing import Annotated, Any, Literal, Protocol, Union, runtime_checkable
 import pydantic
 from pydantic import BaseModel, ConfigDict
 
+from agentq.core.memory import MemoryDocument, MemorySearchHit
 from agentq.core.secrets import SecretSource
 from agentq.core.tools._schema import input_schema
 
@@ -56,6 +57,23 @@ class NoteStore(Protocol):
     def write_note(self, key: str, value: str) -> None: ...
 
 
+@runtime_checkable
+class MemoryAccess(Protocol):
+    """The memory stores attached to a task (``core.memory``), as its tools see them: the
+    engine supplies one (``core.engine._memory.TaskMemory``) that names the tenant, fences
+    writes with the lease and records the step and call that wrote each version."""
+
+    def list_documents(self, store: str, prefix: str) -> list[MemoryDocument]: ...
+
+    def read(self, store: str, path: str) -> MemoryDocument: ...
+
+    def write(
+        self, store: str, path: str, content: str, expected_sha256: str | None
+    ) -> tuple[MemoryDocument, bool]: ...
+
+    def search(self, store: str, query: str, limit: int) -> list[MemorySearchHit]: ...
+
+
 def idempotency_key_for(task_id: str, tool_use_id: str) -> str:
     """The key a side-effecting tool passes to the outside world (payment API, email sender...).
 
@@ -76,6 +94,7 @@ class ToolContext:
     notes: NoteStore | None = None
     deadline: float | None = None  # time.time() by which the tool must end, if any
     secrets: SecretSource | None = None
+    memory: MemoryAccess | None = None  # the task's attached memory stores, if any
 
     def secret(self, name: str) -> str:
         """A secret the deployment grants its tools (``core.secrets``): never from the task's
@@ -95,6 +114,7 @@ class ToolContext:
         notes: NoteStore | None = None,
         deadline: float | None = None,
         secrets: SecretSource | None = None,
+        memory: MemoryAccess | None = None,
     ) -> ToolContext:
         """Build a context whose idempotency key cannot disagree with ``idempotency_key_for``."""
         return cls(
@@ -104,6 +124,7 @@ class ToolContext:
             notes=notes,
             deadline=deadline,
             secrets=secrets,
+            memory=memory,
         )
 
     def remaining(self) -> float | None:

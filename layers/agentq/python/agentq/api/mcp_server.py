@@ -1,0 +1,189 @@
+"""agentq as an MCP server: each of a tenant's agents is a tool another agent platform (Claude
+Code, Claude Desktop, an agent of agentq's own) can call, served at ``/mcp`` (``api/routes/mcp.py``).
+
+A call of agent ``support`` submits a task of ``support`` with the call's goal and optional
+constraints (through ``control.submit``, so it is checked and budgeted as any submission) and
+waits up to ``wait_seconds`` for it to end: the result comes back (the agent's structured output
+too, when it has an output schema), or, for a longer run, the task id, which ``agentq_task``
+checks on later (and waits for again). Tools are listed per request from the tenant's agents, so
+a new agent is a new tool at once; the server keeps no state between requests.
+
+The tenant is the request's (the API key's, as for every route), handed to the handlers in a
+context variable the route sets: one server object serves every tenant.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import time
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentq.api.views import task_result
+from agentq.control.operations import owned_task
+from agentq.control.submit import submit_once
+from agentq.core.errors import AgentqError
+from agentq.core.models import MAX_GOAL_CHARS, MAX_TIMEOUT_SECONDS, Task
+
+STATUS_TOOL = "agentq_task"
+MAX_WAIT_SECONDS = 25.0  # API Gateway answers within 29 s: a run longer than this comes back as its task id
+DEFAULT_WAIT_SECONDS = 20.0
+POLL_SECONDS = 0.2
+
+tenant_var: contextvars.ContextVar[str] = contextvars.ContextVar("agentq_mcp_tenant")
+
+
+class CallConstraints(BaseModel):
+    """The constraints a caller may set on the task it starts (the agent's defaults fill the rest)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_tokens: int | None = Field(default=None, ge=1, le=1_000_000_000)
+    max_cost_usd: Decimal | None = Field(default=None, gt=0, le=1_000_000)
+    max_steps: int | None = Field(default=None, ge=1, le=10_000)
+    timeout_seconds: int | None = Field(default=None, ge=1, le=MAX_TIMEOUT_SECONDS)
+
+
+class AgentCall(BaseModel):
+    """A call of an agent's tool."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    goal: str = Field(min_length=1, max_length=MAX_GOAL_CHARS, description="what the agent is to do")
+    constraints: CallConstraints | None = Field(default=None, description="limits of the task (optional)")
+    wait_seconds: float = Field(
+        default=DEFAULT_WAIT_SECONDS,
+        ge=0,
+        le=MAX_WAIT_SECONDS,
+        description="how long to wait for the result; a longer run answers with its task id",
+    )
+
+
+class TaskCheck(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    task_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,128}$", description="the task id an agent's tool answered with")
+    wait_seconds: float = Field(default=0, ge=0, le=MAX_WAIT_SECONDS, description="wait this long for it to end")
+
+
+class Outcome(BaseModel):
+    """What every tool answers, as structured content: the task, and its result once it ended."""
+
+    task_id: str
+    status: str
+    result: Any = Field(default=None, description="the agent's output: JSON with an output schema, else its text")
+    error: dict[str, Any] | None = None
+    next: str | None = Field(default=None, description="what to do while it runs")
+
+
+@dataclass(frozen=True)
+class McpDeps:
+    """What the tools act on: the API's own deps (``api.routes.common.ApiDeps``)."""
+
+    store: Any
+    tools: Any
+    queues: Any
+    defaults: Any
+
+
+def build_server(deps: McpDeps) -> Any:
+    """The ``mcp`` package's low-level server with agentq's two handlers."""
+    import mcp_types as types
+    from mcp.server.lowlevel.server import Server
+
+    async def list_tools(ctx: Any, params: Any) -> Any:
+        import anyio
+
+        agents = await anyio.to_thread.run_sync(deps.store.agents.list, tenant_var.get())
+        tools = [
+            types.Tool(
+                name=agent.name,
+                description=(agent.description or f"Run agentq agent {agent.name!r}")
+                + f" (version {agent.latest_version}). Starts a task with your goal and waits up to wait_seconds; "
+                f"a longer run answers with its task_id: check on it with {STATUS_TOOL}.",
+                input_schema=AgentCall.model_json_schema(),
+                output_schema=Outcome.model_json_schema(),
+            )
+            for agent in agents
+            if agent.name != STATUS_TOOL
+        ]
+        tools.append(
+            types.Tool(
+                name=STATUS_TOOL,
+                description="Check on a task an agent's tool started: its status, and its result once it ended "
+                "(optionally wait for it).",
+                input_schema=TaskCheck.model_json_schema(),
+                output_schema=Outcome.model_json_schema(),
+                annotations=types.ToolAnnotations(read_only_hint=True),
+            )
+        )
+        return types.ListToolsResult(tools=tools)
+
+    async def call_tool(ctx: Any, params: Any) -> Any:
+        import anyio
+
+        tenant = tenant_var.get()
+        arguments = dict(params.arguments or {})
+        try:
+            if params.name == STATUS_TOOL:
+                check = TaskCheck.model_validate(arguments)
+                outcome = await anyio.to_thread.run_sync(lambda: _check(deps, tenant, check))
+            else:
+                call = AgentCall.model_validate(arguments)
+                outcome = await anyio.to_thread.run_sync(lambda: _run_agent(deps, tenant, params.name, call))
+        except AgentqError as exc:
+            where = f" ({exc.field})" if exc.field else ""
+            return types.CallToolResult(content=[types.TextContent(text=f"{exc.message}{where}")], is_error=True)
+        except ValueError as exc:  # pydantic's: the arguments, named
+            return types.CallToolResult(content=[types.TextContent(text=f"invalid arguments: {exc}")], is_error=True)
+        failed = outcome.status not in ("succeeded", "queued", "running", "blocked", "waiting", "paused")
+        return types.CallToolResult(
+            content=[types.TextContent(text=_text(outcome))],
+            structured_content=outcome.model_dump(mode="json"),
+            is_error=failed,
+        )
+
+    return Server("agentq", on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+def _run_agent(deps: McpDeps, tenant: str, agent: str, call: AgentCall) -> Outcome:
+    constraints = call.constraints.model_dump(mode="json", exclude_none=True) if call.constraints else {}
+    raw = {"goal": call.goal, "agent": agent, "constraints": constraints, "metadata": {"via": "mcp"}}
+    submitted = submit_once(deps.store, deps.tools, raw, tenant=tenant, queues=deps.queues, defaults=deps.defaults)
+    return _outcome(_wait(deps, submitted.task, call.wait_seconds))
+
+
+def _check(deps: McpDeps, tenant: str, check: TaskCheck) -> Outcome:
+    return _outcome(_wait(deps, owned_task(deps.store, check.task_id, tenant), check.wait_seconds))
+
+
+def _wait(deps: McpDeps, task: Task, seconds: float) -> Task:
+    deadline = time.monotonic() + seconds
+    while not task.status.terminal and time.monotonic() < deadline:
+        time.sleep(POLL_SECONDS)
+        task = deps.store.tasks.get(task.task_id)
+    return task
+
+
+def _outcome(task: Task) -> Outcome:
+    if not task.status.terminal:
+        return Outcome(
+            task_id=task.task_id,
+            status=task.status.value,
+            next=f"still {task.status.value}: call {STATUS_TOOL} with this task_id (and wait_seconds) for its result",
+        )
+    ended = task_result(task)
+    result = ended.output if ended.output is not None else ended.result
+    return Outcome(task_id=task.task_id, status=task.status.value, result=result, error=ended.error)
+
+
+def _text(outcome: Outcome) -> str:
+    if outcome.next is not None:
+        return f"task {outcome.task_id} is {outcome.status}; {outcome.next}"
+    if outcome.status == "succeeded":
+        return outcome.result if isinstance(outcome.result, str) else json.dumps(outcome.result)
+    return f"task {outcome.task_id} ended {outcome.status}: {json.dumps(outcome.error)}"

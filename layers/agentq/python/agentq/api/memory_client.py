@@ -1,0 +1,106 @@
+"""``client.memory``: the memory-store routes from Python (``api/routes/memory.py``), typed with
+the server's models; errors are the client's (``NotFound``, ``Conflict`` for a stale
+``expected_content_sha256``, ``InvalidRequest`` naming the field).
+
+    doc = client.memory.read("shop", "/customers/ann.md")
+    client.memory.write("shop", "/customers/ann.md", doc.content + "\\nreturned the lamp",
+                        expected_content_sha256=doc.content_sha256)
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from agentq.api.memory_models import (
+    MemoryDocumentList,
+    MemorySearchResult,
+    MemoryStoreList,
+    MemoryVersionList,
+    MemoryWritten,
+)
+from agentq.core.memory import (
+    MemoryDocument,
+    MemorySearchHit,
+    MemoryStore,
+    MemoryStoreSpec,
+    MemoryStoreUpdate,
+    MemoryVersion,
+)
+
+
+class Transport(Protocol):
+    """``agentq.api.client.Client.request``: one API call, its JSON decoded, errors raised."""
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        query: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        retry: bool | None = None,
+    ) -> Any: ...
+
+
+class MemoryStoresClient:
+    def __init__(self, client: Transport) -> None:
+        self.client = client
+
+    def _store(self, name: str) -> str:
+        return f"/memory-stores/{urllib.parse.quote(name, safe='')}"
+
+    def create_store(self, name: str, **settings: Any) -> MemoryStore:
+        """A new store: ``description``, ``max_documents``, ``max_document_bytes``, ``version_retention_days``."""
+        body = MemoryStoreSpec.model_validate({"name": name, **settings}).model_dump()
+        return MemoryStore.model_validate(self.client.request("POST", "/memory-stores", body))
+
+    def list_stores(self) -> list[MemoryStore]:
+        return MemoryStoreList.model_validate(self.client.request("GET", "/memory-stores")).stores
+
+    def get_store(self, name: str) -> MemoryStore:
+        return MemoryStore.model_validate(self.client.request("GET", self._store(name)))
+
+    def update_store(self, name: str, **settings: Any) -> MemoryStore:
+        body = MemoryStoreUpdate.model_validate(settings).model_dump(exclude_none=True)
+        return MemoryStore.model_validate(self.client.request("PATCH", self._store(name), body))
+
+    def delete_store(self, name: str) -> MemoryStore:
+        return MemoryStore.model_validate(self.client.request("DELETE", self._store(name)))
+
+    def documents(self, store: str, path_prefix: str = "/") -> list[MemoryDocument]:
+        data = self.client.request("GET", f"{self._store(store)}/documents", query={"path_prefix": path_prefix})
+        return MemoryDocumentList.model_validate(data).documents
+
+    def read(self, store: str, path: str) -> MemoryDocument:
+        return MemoryDocument.model_validate(
+            self.client.request("GET", f"{self._store(store)}/document", query={"path": path})
+        )
+
+    def write(
+        self, store: str, path: str, content: str, *, expected_content_sha256: str | None = None
+    ) -> MemoryWritten:
+        """Write a document; with ``expected_content_sha256``, only if it still has that content."""
+        body = {"content": content, "expected_content_sha256": expected_content_sha256}
+        data = self.client.request("PUT", f"{self._store(store)}/document", body, query={"path": path})
+        return MemoryWritten.model_validate(data)
+
+    def delete(self, store: str, path: str, *, expected_content_sha256: str | None = None) -> MemoryVersion:
+        query = {"path": path, "expected_content_sha256": expected_content_sha256}
+        return MemoryVersion.model_validate(
+            self.client.request("DELETE", f"{self._store(store)}/document", query=query)
+        )
+
+    def versions(self, store: str, path: str) -> list[MemoryVersion]:
+        data = self.client.request("GET", f"{self._store(store)}/versions", query={"path": path})
+        return MemoryVersionList.model_validate(data).versions
+
+    def redact(self, store: str, path: str, version: int) -> MemoryVersion:
+        data = self.client.request("POST", f"{self._store(store)}/versions/{version}/redact", query={"path": path})
+        return MemoryVersion.model_validate(data)
+
+    def search(self, store: str, query: str, *, limit: int = 10) -> list[MemorySearchHit]:
+        data = self.client.request("GET", f"{self._store(store)}/search", query={"query": query, "limit": limit})
+        return MemorySearchResult.model_validate(data).hits

@@ -1,0 +1,50 @@
+"""Request and response shapes of the memory-store routes (``api/routes/memory.py``), shared
+with the client; the stores' own shapes are ``core.memory``'s."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from agentq.api.models import ApiModel
+from agentq.core.memory import MAX_DOCUMENT_BYTES, MemoryDocument, MemorySearchHit, MemoryStore, MemoryVersion
+from agentq.core.models import StrictModel
+
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+
+
+class MemoryWrite(StrictModel):
+    """``PUT /memory-stores/{store}/document?path=...``: a document's whole new content."""
+
+    content: str = Field(max_length=MAX_DOCUMENT_BYTES, description="UTF-8 text; the store's byte limit applies")
+    expected_content_sha256: str | None = Field(
+        default=None,
+        pattern=SHA256_PATTERN,
+        description="write only if the document still has this content_sha256 (else 409, nothing written); "
+        "omit to overwrite whatever is there",
+    )
+
+
+class MemoryStoreList(ApiModel):
+    stores: list[MemoryStore]
+
+
+class MemoryDocumentList(ApiModel):
+    store: str
+    documents: list[MemoryDocument] = Field(description="by path, without content")
+
+
+class MemoryWritten(ApiModel):
+    written: bool = Field(description="false: the document already had this content, no version was made")
+    document: MemoryDocument
+
+
+class MemoryVersionList(ApiModel):
+    store: str
+    path: str
+    versions: list[MemoryVersion] = Field(description="newest first, while retained")
+
+
+class MemorySearchResult(ApiModel):
+    store: str
+    query: str
+    hits: list[MemorySearchHit]

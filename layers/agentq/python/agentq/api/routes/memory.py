@@ -1,0 +1,155 @@
+"""Memory stores (``core.memory``, docs/MEMORY.md) for people: create, list, change and delete
+stores; list, read, write, delete and search documents; read and redact versions. Every read and
+write is of the caller's own stores: another tenant's store is not found (404).
+
+A document's path goes in the query (``?path=/customers/ann.md``), not the URL's path, since it
+holds slashes of its own. A person's write is a version like a task's, its author the API key
+when the authorizer names one."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from aws_lambda_powertools.event_handler import Response
+from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
+
+from agentq.api.errors import JSON, responses
+from agentq.api.memory_models import (
+    SHA256_PATTERN,
+    MemoryDocumentList,
+    MemorySearchResult,
+    MemoryStoreList,
+    MemoryVersionList,
+    MemoryWrite,
+    MemoryWritten,
+)
+from agentq.api.routes.common import ApiDeps, Router
+from agentq.core.memory import (
+    MEMORY_STORE_PATTERN,
+    Author,
+    MemoryDocument,
+    MemoryStore,
+    MemoryStoreSpec,
+    MemoryStoreUpdate,
+    MemoryVersion,
+)
+from agentq.storage.memory_stores import MemoryStores
+
+StoreName = Annotated[str, Path(pattern=MEMORY_STORE_PATTERN, description="a memory store's name")]
+DocPath = Annotated[
+    str, Query(min_length=1, max_length=1024, description="the document's path, e.g. /customers/ann.md")
+]
+Sha256 = Annotated[str | None, Query(pattern=SHA256_PATTERN, description="only if it still has this content_sha256")]
+TAGS = ["memory"]
+
+
+def router(deps: ApiDeps) -> Router:
+    routes = Router()
+    tenant = deps.tenant
+
+    def stores() -> MemoryStores:
+        return deps.store.memory_stores
+
+    def person() -> Author:
+        ctx: Any = (routes.current_event.raw_event.get("requestContext") or {}).get("authorizer") or {}
+        key_id = ctx.get("key_id") if isinstance(ctx, dict) else None
+        return Author(type="api", key_id=str(key_id) if key_id else None)
+
+    @routes.post("/memory-stores", summary="Create a memory store", operation_id="createMemoryStore", tags=TAGS,
+                 responses=responses(201, MemoryStore, 400, 409, 413, 415, 422, description="Created"))  # fmt: skip
+    def create(spec: Annotated[MemoryStoreSpec, Body(description="the store and its limits")]) -> Response[MemoryStore]:
+        made = stores().create_store(tenant(), spec)
+        headers = {"Location": f"/memory-stores/{made.name}"}
+        return Response(status_code=201, content_type=JSON, body=made, headers=headers)
+
+    @routes.get("/memory-stores", summary="List memory stores", operation_id="listMemoryStores", tags=TAGS,
+                responses=responses(200, MemoryStoreList))  # fmt: skip
+    def list_stores() -> MemoryStoreList:
+        return MemoryStoreList(stores=stores().list_stores(tenant()))
+
+    @routes.get("/memory-stores/<name>", summary="A memory store", operation_id="getMemoryStore", tags=TAGS,
+                responses=responses(200, MemoryStore, 404, 422))  # fmt: skip
+    def get_store(name: StoreName) -> MemoryStore:
+        return stores().get_store(tenant(), name)
+
+    @routes.patch(
+        "/memory-stores/<name>",
+        summary="Change a memory store's settings",
+        description="A limit lowered below what the store holds stops new documents only; a shorter retention "
+        "applies to versions written from now on.",
+        operation_id="updateMemoryStore",
+        tags=TAGS,
+        responses=responses(200, MemoryStore, 400, 404, 415, 422),
+    )
+    def update_store(name: StoreName, update: Annotated[MemoryStoreUpdate, Body()]) -> MemoryStore:
+        return stores().update_store(tenant(), name, update)
+
+    @routes.delete("/memory-stores/<name>", summary="Delete a memory store, its documents and versions",
+                   operation_id="deleteMemoryStore", tags=TAGS, responses=responses(200, MemoryStore, 404, 422))  # fmt: skip
+    def delete_store(name: StoreName) -> MemoryStore:
+        gone = stores().get_store(tenant(), name)
+        stores().delete_store(tenant(), name)
+        return gone
+
+    @routes.get("/memory-stores/<name>/documents", summary="List a store's documents (no content)",
+                operation_id="listMemoryDocuments", tags=TAGS, responses=responses(200, MemoryDocumentList, 404, 422))  # fmt: skip
+    def list_documents(
+        name: StoreName,
+        path_prefix: Annotated[str, Query(max_length=1024, description="only paths starting with this")] = "/",
+    ) -> MemoryDocumentList:
+        return MemoryDocumentList(store=name, documents=stores().list_documents(tenant(), name, path_prefix))
+
+    @routes.get("/memory-stores/<name>/document", summary="Read a document", operation_id="getMemoryDocument",
+                tags=TAGS, responses=responses(200, MemoryDocument, 404, 422))  # fmt: skip
+    def read(name: StoreName, path: DocPath) -> MemoryDocument:
+        return stores().read(tenant(), name, path)
+
+    @routes.put(
+        "/memory-stores/<name>/document",
+        summary="Write a document (a new version)",
+        description="With expected_content_sha256, only if the document still has that content: else 409 "
+        "memory_conflict and nothing is written. The same content as now makes no version (written: false).",
+        operation_id="putMemoryDocument",
+        tags=TAGS,
+        responses=responses(200, MemoryWritten, 400, 404, 409, 413, 415, 422),
+    )
+    def write(name: StoreName, path: DocPath, body: Annotated[MemoryWrite, Body()]) -> MemoryWritten:
+        doc, written = stores().write(
+            tenant(), name, path, body.content, author=person(),
+            expected_sha256=body.expected_content_sha256, unconditional=body.expected_content_sha256 is None,
+        )  # fmt: skip
+        return MemoryWritten(written=written, document=doc)
+
+    @routes.delete("/memory-stores/<name>/document", summary="Delete a document (its versions stay)",
+                   operation_id="deleteMemoryDocument", tags=TAGS,
+                   responses=responses(200, MemoryVersion, 404, 409, 422))  # fmt: skip
+    def delete_document(name: StoreName, path: DocPath, expected_content_sha256: Sha256 = None) -> MemoryVersion:
+        return stores().delete_document(tenant(), name, path, author=person(), expected_sha256=expected_content_sha256)
+
+    @routes.get("/memory-stores/<name>/versions", summary="A document's versions, newest first",
+                operation_id="listMemoryVersions", tags=TAGS, responses=responses(200, MemoryVersionList, 404, 422))  # fmt: skip
+    def versions(name: StoreName, path: DocPath) -> MemoryVersionList:
+        return MemoryVersionList(store=name, path=path, versions=stores().versions(tenant(), name, path))
+
+    @routes.post(
+        "/memory-stores/<name>/versions/<version>/redact",
+        summary="Redact a past version: its content is removed for good",
+        description="The author and time stay. The document's current version cannot be redacted (409): "
+        "overwrite or delete the document first.",
+        operation_id="redactMemoryVersion",
+        tags=TAGS,
+        responses=responses(200, MemoryVersion, 404, 409, 422),
+    )
+    def redact(name: StoreName, version: Annotated[int, Path(ge=1, le=999_999_999)], path: DocPath) -> MemoryVersion:
+        return stores().redact(tenant(), name, path, version)
+
+    @routes.get("/memory-stores/<name>/search", summary="Find documents holding every word of a query",
+                operation_id="searchMemory", tags=TAGS, responses=responses(200, MemorySearchResult, 404, 422))  # fmt: skip
+    def search(
+        name: StoreName,
+        query: Annotated[str, Query(min_length=1, max_length=500, description="words to find, case-insensitive")],
+        limit: Annotated[int, Query(ge=1, le=20)] = 10,
+    ) -> MemorySearchResult:
+        return MemorySearchResult(store=name, query=query, hits=stores().search(tenant(), name, query, limit=limit))
+
+    return routes

@@ -1,0 +1,182 @@
+"""Memory stores on every backend: tenant-scoped, each write a version with its author, the
+content-hash precondition (one of two writers wins, the other is told), limits that write
+nothing, redaction, retention, a zombie that writes nothing."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from agentq.core.errors import LeaseLost
+from agentq.core.memory import (
+    Author,
+    MemoryConflict,
+    MemoryDocumentNotFound,
+    MemoryLimitExceeded,
+    MemoryStoreNotFound,
+    MemoryStoreSpec,
+    MemoryStoreUpdate,
+    content_sha256,
+)
+from agentq.storage import keys
+from agentq.storage.container import Storage
+
+from tests.storage_conformance._builders import claimed
+
+PERSON = Author(type="api", key_id="k1")
+
+
+def _store(backend: Storage, name: str = "shop", tenant: str = "t", **limits: int) -> None:
+    backend.memory_stores.create_store(tenant, MemoryStoreSpec(name=name, description="customers", **limits))
+
+
+def test_a_store_is_seen_only_by_its_tenant(backend: Storage) -> None:
+    _store(backend)
+    _store(backend, tenant="u")
+    backend.memory_stores.write("t", "shop", "/a.md", "t's", author=PERSON)
+    assert [s.name for s in backend.memory_stores.list_stores("t")] == ["shop"]
+    with pytest.raises(MemoryDocumentNotFound):
+        backend.memory_stores.read("u", "shop", "/a.md")
+    with pytest.raises(MemoryStoreNotFound):
+        backend.memory_stores.read("v", "shop", "/a.md")
+    with pytest.raises(MemoryConflict, match="exists already"):
+        _store(backend)
+
+
+def test_each_write_is_a_version_with_its_author_and_equal_content_makes_none(backend: Storage) -> None:
+    _store(backend)
+    first, made = backend.memory_stores.write("t", "shop", "/c/42.md", "ordered a lamp", author=PERSON)
+    assert made and first.version == 1 and first.content_sha256 == content_sha256("ordered a lamp")
+    by_task = Author(type="task", task_id="task1", step=3, tool_use_id="tu1")
+    second, made = backend.memory_stores.write(
+        "t", "shop", "/c/42.md", "ordered a lamp, then a shade", author=by_task, expected_sha256=first.content_sha256
+    )
+    assert made and second.version == 2 and second.updated_by == by_task
+    same, made = backend.memory_stores.write(
+        "t", "shop", "/c/42.md", "ordered a lamp, then a shade", author=PERSON, expected_sha256=second.content_sha256
+    )
+    assert not made and same.version == 2
+    versions = backend.memory_stores.versions("t", "shop", "/c/42.md")
+    assert [(v.version, v.operation, v.created_by.step) for v in versions] == [(2, "modified", 3), (1, "created", None)]
+    assert [d.path for d in backend.memory_stores.list_documents("t", "shop", "/c/")] == ["/c/42.md"]
+    assert backend.memory_stores.get_store("t", "shop").documents == 1
+
+
+def test_a_stale_precondition_is_a_conflict_naming_the_current_hash_and_writes_nothing(backend: Storage) -> None:
+    _store(backend)
+    doc, _ = backend.memory_stores.write("t", "shop", "/x", "one", author=PERSON)
+    with pytest.raises(MemoryConflict) as absent_expected:
+        backend.memory_stores.write("t", "shop", "/x", "two", author=PERSON)  # expects no document
+    assert absent_expected.value.current_sha256 == doc.content_sha256
+    with pytest.raises(MemoryConflict, match="no document"):
+        backend.memory_stores.write("t", "shop", "/y", "two", author=PERSON, expected_sha256=doc.content_sha256)
+    assert backend.memory_stores.read("t", "shop", "/x").content == "one"
+    assert len(backend.memory_stores.versions("t", "shop", "/x")) == 1
+
+
+def test_two_writers_of_one_read_one_wins_and_the_other_gets_the_conflict(backend: Storage) -> None:
+    _store(backend)
+    doc, _ = backend.memory_stores.write("t", "shop", "/x", "base", author=PERSON)
+    outcomes: list[str] = []
+    start = threading.Barrier(2)
+
+    def writer(text: str) -> None:
+        start.wait()
+        try:
+            backend.memory_stores.write("t", "shop", "/x", text, author=PERSON, expected_sha256=doc.content_sha256)
+            outcomes.append(f"wrote {text}")
+        except MemoryConflict:
+            outcomes.append("conflict")
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in ("left", "right")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(o == "conflict" for o in outcomes) == [False, True]
+    winner = next(o for o in outcomes if o != "conflict").removeprefix("wrote ")
+    assert backend.memory_stores.read("t", "shop", "/x").content == winner
+    assert [v.version for v in backend.memory_stores.versions("t", "shop", "/x")] == [2, 1]
+
+
+def test_limits_refuse_with_the_field_and_write_nothing(backend: Storage) -> None:
+    _store(backend, max_documents=1, max_document_bytes=10)
+    backend.memory_stores.write("t", "shop", "/a", "0123456789", author=PERSON)
+    with pytest.raises(MemoryLimitExceeded) as too_big:
+        backend.memory_stores.write("t", "shop", "/b", "0123456789x", author=PERSON)
+    assert too_big.value.field == "content"
+    with pytest.raises(MemoryLimitExceeded, match="1 documents, its limit"):
+        backend.memory_stores.write("t", "shop", "/b", "small", author=PERSON)
+    assert [d.path for d in backend.memory_stores.list_documents("t", "shop")] == ["/a"]
+    with pytest.raises(MemoryDocumentNotFound):
+        backend.memory_stores.versions("t", "shop", "/b")
+    backend.memory_stores.update_store("t", "shop", MemoryStoreUpdate(max_documents=2))
+    backend.memory_stores.write("t", "shop", "/b", "small", author=PERSON)
+    assert backend.memory_stores.get_store("t", "shop").documents == 2
+
+
+def test_a_deleted_document_keeps_its_versions_and_numbering_goes_on(backend: Storage) -> None:
+    _store(backend)
+    doc, _ = backend.memory_stores.write("t", "shop", "/x", "one", author=PERSON)
+    with pytest.raises(MemoryConflict):
+        backend.memory_stores.delete_document("t", "shop", "/x", author=PERSON, expected_sha256="0" * 64)
+    gone = backend.memory_stores.delete_document("t", "shop", "/x", author=PERSON, expected_sha256=doc.content_sha256)
+    assert gone.operation == "deleted" and gone.version == 2 and gone.content is None
+    assert backend.memory_stores.list_documents("t", "shop") == []
+    assert backend.memory_stores.get_store("t", "shop").documents == 0
+    again, _ = backend.memory_stores.write("t", "shop", "/x", "two", author=PERSON)
+    assert again.version == 3
+    assert [v.operation for v in backend.memory_stores.versions("t", "shop", "/x")] == ["created", "deleted", "created"]
+
+
+def test_a_past_version_can_be_redacted_but_not_the_current_one(backend: Storage) -> None:
+    _store(backend)
+    doc, _ = backend.memory_stores.write("t", "shop", "/x", "card 4242", author=PERSON)
+    backend.memory_stores.write("t", "shop", "/x", "card on file", author=PERSON, expected_sha256=doc.content_sha256)
+    with pytest.raises(MemoryConflict, match="current content"):
+        backend.memory_stores.redact("t", "shop", "/x", 2)
+    redacted = backend.memory_stores.redact("t", "shop", "/x", 1)
+    assert redacted.redacted_at is not None and redacted.content is None and redacted.content_sha256 is None
+    assert redacted.created_by == PERSON
+    assert backend.memory_stores.version("t", "shop", "/x", 1).content is None
+
+
+def test_a_version_past_its_retention_is_not_read(backend: Storage) -> None:
+    _store(backend)
+    backend.memory_stores.write("t", "shop", "/x", "one", author=PERSON)
+    item = backend.table.get({"pk": keys.memory_store_pk("t", "shop"), "sk": keys.memory_version_sk("/x", 1)})
+    assert item is not None and float(item["expires_at"]) > time.time() + 29 * 86_400
+    backend.table.put({**item, "expires_at": int(time.time()) - 1})
+    with pytest.raises(MemoryDocumentNotFound):
+        backend.memory_stores.versions("t", "shop", "/x")
+    assert backend.memory_stores.read("t", "shop", "/x").content == "one"  # the current content stays
+
+
+def test_search_finds_documents_holding_every_word_most_matches_first(backend: Storage) -> None:
+    _store(backend)
+    backend.memory_stores.write("t", "shop", "/c/1.md", "Lamp ordered. Lamp returned.", author=PERSON)
+    backend.memory_stores.write("t", "shop", "/c/2.md", "ordered a lamp shade", author=PERSON)
+    backend.memory_stores.write("t", "shop", "/c/3.md", "asked about shipping", author=PERSON)
+    hits = backend.memory_stores.search("t", "shop", "LAMP ordered")
+    assert [h.path for h in hits] == ["/c/1.md", "/c/2.md"] and hits[0].matches == 3
+
+
+def test_a_zombie_writes_no_memory(backend: Storage) -> None:
+    _store(backend)
+    lease = claimed(backend)
+    backend.tasks.release(lease)
+    assert backend.tasks.claim(lease.task_id, "w2", 30) is not None
+    author = Author(type="task", task_id=lease.task_id, step=1, tool_use_id="tu1")
+    with pytest.raises(LeaseLost):
+        backend.memory_stores.write("t", "shop", "/x", "late", author=author, lease=lease)
+    assert backend.memory_stores.list_documents("t", "shop") == []
+
+
+def test_deleting_a_store_deletes_its_documents(backend: Storage) -> None:
+    _store(backend)
+    backend.memory_stores.write("t", "shop", "/x", "one", author=PERSON)
+    backend.memory_stores.delete_store("t", "shop")
+    assert backend.memory_stores.list_stores("t") == []
+    assert backend.table.query(keys.memory_store_pk("t", "shop")) == []

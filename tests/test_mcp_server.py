@@ -1,0 +1,117 @@
+"""agentq as an MCP server: the ``mcp`` package's own client against ``/mcp`` of the local stack
+with auth on (what `agentq dev --auth` serves): the tenant's agents are its tools, a call runs
+the agent end to end and answers with its structured output, a longer run answers with its task
+id and ``agentq_task`` gets its result; another tenant's task is not found; no key, no answer."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.api_support import ApiStack
+
+REPORT_SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string"}, "confidence": {"type": "number"}},
+    "required": ["answer", "confidence"],
+}
+
+
+def _session(url: str, key: str | None, work: Callable[[Any], Awaitable[Any]], mode: str = "legacy") -> Any:
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+
+    async def run() -> Any:
+        transport = streamable_http_client(f"{url}/mcp", http_client=create_mcp_http_client(headers=headers))
+        async with Client(transport, mode=mode) as client:
+            return await work(client)
+
+    return anyio.run(run)
+
+
+def _agent(api_stack: ApiStack, turns: list[dict[str, Any]], **fields: Any) -> str:
+    name = f"mcp-{uuid.uuid4().hex[:8]}"
+    body = {"name": name, "provider": "scripted", "script": {"turns": turns}, "description": "answers", **fields}
+    status, data, _ = api_stack.http("POST", "/agents", body)
+    assert status == 201, data
+    return name
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])  # the initialize handshake, and the newer discovery
+def test_an_mcp_client_lists_the_tenants_agents_and_runs_one_to_its_structured_output(
+    api_stack: ApiStack, mode: str
+) -> None:
+    answer = {"answer": "42", "confidence": 0.9}
+    turns = [
+        {"tool_calls": [{"name": "final_answer", "input": {"answer": answer}}]}
+    ]  # final_answer takes {"answer": ...}
+    name = _agent(api_stack, turns, output_schema=REPORT_SCHEMA)
+    other = _agent(api_stack, [{"text": "x"}])
+
+    async def work(client: Any) -> Any:
+        listed = await client.list_tools()
+        result = await client.call_tool(name, {"goal": "what is the answer?", "constraints": {"max_steps": 5}})
+        return listed, result
+
+    listed, result = _session(api_stack.url, api_stack.key, work, mode)
+    names = {t.name for t in listed.tools}
+    assert {name, other, "agentq_task"} <= names
+    assert not result.is_error, result
+    assert result.structured_content["status"] == "succeeded"
+    assert result.structured_content["result"] == answer
+    task = api_stack.until(result.structured_content["task_id"], lambda v: v["status"] == "succeeded")
+    assert task["task_id"] == result.structured_content["task_id"]
+    # Another tenant's listing does not show this tenant's agents.
+    theirs = _session(api_stack.url, api_stack.other_key, lambda c: c.list_tools())
+    assert name not in {t.name for t in theirs.tools}
+
+
+def test_a_long_run_answers_with_its_task_id_and_agentq_task_gets_the_result(api_stack: ApiStack) -> None:
+    name = _agent(api_stack, [{"text": "slow answer", "latency_seconds": 1.0}])
+
+    async def work(client: Any) -> Any:
+        started = await client.call_tool(name, {"goal": "take your time", "wait_seconds": 0})
+        task_id = started.structured_content["task_id"]
+        ended = await client.call_tool("agentq_task", {"task_id": task_id, "wait_seconds": 20})
+        return started, ended
+
+    started, ended = _session(api_stack.url, api_stack.key, work)
+    assert started.structured_content["status"] in ("queued", "running")
+    assert "agentq_task" in started.content[0].text
+    assert ended.structured_content == {**ended.structured_content, "status": "succeeded", "result": "slow answer"}
+    foreign = _session(
+        api_stack.url,
+        api_stack.other_key,
+        lambda c: c.call_tool("agentq_task", {"task_id": started.structured_content["task_id"]}),
+    )
+    assert foreign.is_error and "no task" in foreign.content[0].text
+
+
+def test_bad_arguments_are_an_error_result_naming_them_and_start_nothing(api_stack: ApiStack) -> None:
+    name = _agent(api_stack, [{"text": "x"}])
+
+    async def work(client: Any) -> Any:
+        return await client.call_tool(name, {"goal": "x", "constraints": {"max_steps": 0}})
+
+    result = _session(api_stack.url, api_stack.key, work)
+    assert result.is_error and "max_steps" in result.content[0].text
+
+
+def test_without_a_key_mcp_answers_401(api_stack: ApiStack) -> None:
+    status, data, _ = api_stack.http("POST", "/mcp", {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, key=None)
+    assert status == 401, data
+    assert json.dumps(data).count("error") >= 1
+
+
+@pytest.mark.parametrize("method", ["GET", "DELETE"])
+def test_other_methods_are_answered_by_the_transport_not_a_500(api_stack: ApiStack, method: str) -> None:
+    status, _, _ = api_stack.http(method, "/mcp")
+    assert status in (400, 405, 406)

@@ -1,0 +1,161 @@
+"""Memory stores for people, against the local stack with auth on: the HTTP routes (statuses,
+error bodies naming the field, tenant isolation), the Python client and `agentq memory`; and a
+task reading what a person wrote, through the stack's own workers."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import agentq
+from agentq.api.client import Client, Conflict, InvalidRequest, NotFound
+from agentq.cli.main import main
+from agentq.core.memory import content_sha256
+
+from tests.api_support import ApiStack
+from tests.helpers import call
+
+
+def _name() -> str:
+    return f"mem-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def client(api_stack: ApiStack) -> Client:
+    return agentq.Client(api_stack.url, api_stack.key)
+
+
+def test_a_store_is_created_written_read_and_audited_over_http_and_another_tenant_gets_404(
+    api_stack: ApiStack,
+) -> None:
+    name = _name()
+    status, made, headers = api_stack.http("POST", "/memory-stores", {"name": name, "max_documents": 5})
+    assert status == 201 and made["documents"] == 0 and headers["Location"] == f"/memory-stores/{name}"
+    assert api_stack.http("POST", "/memory-stores", {"name": name})[0] == 409
+    doc = f"/memory-stores/{name}/document?path=/customers/ann.md"
+    status, written, _ = api_stack.http("PUT", doc, {"content": "ordered: blue lamp"})
+    assert status == 200 and written["written"] and written["document"]["version"] == 1
+    sha = written["document"]["content_sha256"]
+    status, stale, _ = api_stack.http("PUT", doc, {"content": "x", "expected_content_sha256": "0" * 64})
+    assert status == 409 and stale["error"]["code"] == "memory_conflict" and sha in stale["error"]["message"]
+    assert (
+        api_stack.http("PUT", doc, {"content": "ordered: blue lamp, red shade", "expected_content_sha256": sha})[0]
+        == 200
+    )
+    status, history, _ = api_stack.http("GET", f"/memory-stores/{name}/versions?path=/customers/ann.md")
+    assert status == 200 and [v["version"] for v in history["versions"]] == [2, 1]
+    assert history["versions"][0]["created_by"]["type"] == "api"
+    # Another tenant sees none of it.
+    assert api_stack.http("GET", f"/memory-stores/{name}", key=api_stack.other_key)[0] == 404
+    status, foreign, _ = api_stack.http("GET", doc, key=api_stack.other_key)
+    assert status == 404 and foreign["error"]["code"] == "memory_store_not_found"
+    assert name not in json.dumps(api_stack.http("GET", "/memory-stores", key=api_stack.other_key)[1])
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "field"),
+    [
+        ("POST", "/memory-stores", {"name": "Bad Name"}, 422, "name"),
+        ("POST", "/memory-stores", {"name": "ok", "max_document_bytes": 200_000}, 422, "max_document_bytes"),
+        ("PUT", "/memory-stores/{store}/document?path=no-slash", {"content": "x"}, 422, "path"),
+        ("PUT", "/memory-stores/{store}/document?path=/a/../b", {"content": "x"}, 422, "path"),
+        ("PUT", "/memory-stores/{store}/document?path=/big", {"content": "x" * 11}, 422, "content"),
+        ("PUT", "/memory-stores/{store}/document?path=/a", {"content": "x", "expected_content_sha256": "nope"}, 422,
+         "expected_content_sha256"),
+        ("GET", "/memory-stores/{store}/search?query=", None, 422, "query"),
+        ("POST", "/tasks", {"goal": "g", "provider": "scripted", "script": "research",
+                            "memory": [{"store": "Bad Name"}]}, 422, "memory[0].store"),
+        ("POST", "/tasks", {"goal": "g", "provider": "scripted", "script": "research",
+                            "memory": [{"store": "{store}", "access": "sometimes"}]}, 422, "memory[0].access"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_refused_naming_the_field_and_writes_nothing(
+    api_stack: ApiStack, method: str, path: str, body: Any, status: int, field: str
+) -> None:
+    name = _name()
+    assert api_stack.http("POST", "/memory-stores", {"name": name, "max_document_bytes": 10})[0] == 201
+    sent = json.loads(json.dumps(body).replace("{store}", name)) if body is not None else None
+    got, data, _ = api_stack.http(method, path.format(store=name), sent)
+    assert (got, data["error"]["field"]) == (status, field), data
+    assert api_stack.http("GET", f"/memory-stores/{name}")[1]["documents"] == 0
+
+
+def test_the_client_reads_edits_redacts_searches_and_deletes(client: Client) -> None:
+    name = _name()
+    client.memory.create_store(name, description="customers")
+    first = client.memory.write(name, "/c/ann.md", "card 4242; ordered a lamp").document
+    second = client.memory.write(name, "/c/ann.md", "card on file; ordered a lamp",
+                                 expected_content_sha256=first.content_sha256).document  # fmt: skip
+    with pytest.raises(Conflict):
+        client.memory.write(name, "/c/ann.md", "lost", expected_content_sha256=first.content_sha256)
+    with pytest.raises(Conflict):
+        client.memory.redact(name, "/c/ann.md", second.version)
+    assert client.memory.redact(name, "/c/ann.md", first.version).content is None
+    assert [h.path for h in client.memory.search(name, "LAMP")] == ["/c/ann.md"]
+    assert [d.path for d in client.memory.documents(name, "/c/")] == ["/c/ann.md"]
+    with pytest.raises(InvalidRequest) as bad:
+        client.memory.read(name, "relative")
+    assert bad.value.field == "path"
+    client.memory.delete(name, "/c/ann.md", expected_content_sha256=second.content_sha256)
+    with pytest.raises(NotFound):
+        client.memory.read(name, "/c/ann.md")
+    assert client.memory.delete_store(name).name == name
+    assert name not in [s.name for s in client.memory.list_stores()]
+
+
+def test_a_task_reads_what_a_person_wrote_and_its_write_is_audited_with_its_step(client: Client) -> None:
+    name = _name()
+    client.memory.create_store(name)
+    client.memory.write(name, "/prefs.md", "likes: blue")
+    script = {
+        "turns": [
+            {"tool_calls": [call("memory_read", store=name, path="/prefs.md")]},
+            {"tool_calls": [call("memory_write", store=name, path="/prefs.md", content="likes: blue, red",
+                                 expected_sha256=content_sha256("likes: blue"))]},
+            {"text": "remembered"},
+        ]
+    }  # fmt: skip
+    accepted = client.submit(goal="remember", provider="scripted", script=script, memory=[{"store": name}])
+    assert client.wait(accepted.task_id, timeout=60, poll=0.05).status.value == "succeeded"
+    assert client.memory.read(name, "/prefs.md").content == "likes: blue, red"
+    latest = client.memory.versions(name, "/prefs.md")[0].created_by
+    assert (latest.type, latest.task_id, latest.step) == ("task", accepted.task_id, 3)
+    with pytest.raises(InvalidRequest) as missing:
+        client.submit(goal="x", provider="scripted", script=script, memory=[{"store": "no-such-store"}])
+    assert missing.value.field == "memory[0].store"
+
+
+@pytest.fixture
+def cli(api_stack: ApiStack, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Callable[..., Any]:
+    def run(*args: str) -> tuple[int, str, str]:
+        for key, value in api_stack.cli_env().items():
+            monkeypatch.setenv(key, value)
+        capsys.readouterr()
+        try:
+            code = main(list(args))
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+def test_agentq_memory_creates_puts_cats_and_shows_history_and_a_conflict_exits_1(cli: Callable[..., Any]) -> None:
+    name = _name()
+    assert cli("memory", "create", name, "--description", "notes")[0] == 0
+    code, out, _ = cli("memory", "put", name, "/a.md", "--content", "one")
+    assert code == 0 and "as v1" in out
+    code, out, err = cli("memory", "cat", name, "/a.md")
+    assert (code, out) == (0, "one") and content_sha256("one") in err
+    code, _, err = cli("memory", "put", name, "/a.md", "--content", "two", "--expect", "0" * 64)
+    assert code == 1 and "memory store" in err
+    code, out, _ = cli("memory", "history", name, "/a.md", "--json")
+    assert code == 0 and [v["version"] for v in json.loads(out)] == [1]
+    assert cli("memory", "put", name, "/a.md")[0] == 2  # no content given
+    code, out, _ = cli("memory", "ls", name)
+    assert code == 0 and out.startswith("/a.md  v1")
