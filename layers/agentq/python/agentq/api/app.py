@@ -29,7 +29,7 @@ from agentq.api import console, errors
 from agentq.api.body_guard import BodyProblem, check_body
 from agentq.api.errors import JSON, error_response, proxy_error
 from agentq.api.models import MAX_BODY_BYTES
-from agentq.api.routes import actions, agents, dead_letters, meta, schedules, tasks, webhooks
+from agentq.api.routes import actions, agents, dead_letters, events, meta, schedules, tasks, webhooks
 from agentq.api.routes.common import ApiDeps
 from agentq.control.defaults import Defaults
 from agentq.core.tools import ToolRegistry
@@ -235,6 +235,7 @@ def build_app(
     # The order of inclusion is the order of the paths in the OpenAPI document.
     app.include_router(meta.router(API_VERSION, document=lambda: openapi_document(app)))
     app.include_router(tasks.router(deps))
+    app.include_router(events.router(deps))
     app.include_router(actions.router(deps))
     app.include_router(agents.router(deps))
     app.include_router(webhooks.router(deps))
