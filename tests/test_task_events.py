@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -161,7 +162,7 @@ def test_bad_input_is_answered_before_any_event(api_stack: ApiStack, accept: str
         (f"{task_id}:999999.0.0.0", "after"),  # past the end
         (_cursor_of(other), "after"),  # a tree's, without tree=true
     ]:
-        status, body = get(f"/tasks/{task_id}/events?after={urllib.request.quote(cursor)}")
+        status, body = get(f"/tasks/{task_id}/events?after={urllib.parse.quote(cursor)}")
         assert (status, body["error"]["code"], body["error"]["field"]) == (400, "invalid_cursor", field), cursor
     status, body = get(f"/tasks/{task_id}/events", **{"Last-Event-ID": "1e400"})
     assert (status, body["error"]["field"]) == (400, "Last-Event-ID")
