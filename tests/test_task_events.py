@@ -123,7 +123,7 @@ def test_the_tree_streams_the_task_and_each_sub_agent_naming_its_task(api_stack:
     assert {e.task_id for e in events} == {task_id, *kids}
     for kid in kids:
         texts = [e.data.get("text") for e in events if e.task_id == kid and e.type == "agent.message"]
-        assert texts and texts[0].startswith("child")
+        assert texts and str(texts[0]).startswith("child")
         assert [e.data["status"] for e in events if e.task_id == kid and e.type == "task.status"][-1] == "succeeded"
     assert events[-1].task_id == task_id or all(e.committed for e in events)
     assert [e.data["status"] for e in events if e.task_id == task_id and e.type == "task.status"][-1] == "succeeded"
