@@ -70,6 +70,7 @@ class TaskLeases(TaskItems):
                     },
                     add={"lease_epoch": 1, "claim_count": 1},
                     set_if_absent={"started_at": now, "first_claimed_at": now},
+                    remove=["live_text"],  # a lapsed lease's call in flight: never shown as this one's
                     # where the claim falls in the task's event log (storage/events.py), and whether
                     # it took a running task over: the values as they were before this write
                     copy_from={
