@@ -9,6 +9,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from agentq.api.event_hub import EventHub
 from agentq.api.events import Watch
@@ -47,7 +48,7 @@ def _watch(hub: EventHub, store: Storage, task_id: str) -> Watch:
     return hub.open(store.tasks.get(task_id).tenant, task_id, None, tree=False, field="after")
 
 
-def _event(frame: dict[str, str]) -> dict[str, object]:
+def _event(frame: dict[str, str]) -> dict[str, Any]:
     return dict(json.loads(frame["data"]))
 
 
@@ -126,12 +127,12 @@ def test_live_text_arrives_as_uncommitted_deltas_and_starts_over_for_a_new_lease
     sub = Subscriber(hub, _watch(hub, store, task_id))
     sub.until(lambda f: f.get("event") == "task.status")
 
-    def delta() -> dict[str, object]:
+    def delta() -> dict[str, Any]:
         frame = sub.until(lambda f: f.get("event") == "agent.message_delta")[-1]
         assert "id" not in frame  # moves no cursor
         event = _event(frame)
         assert event["id"] is None and event["committed"] is False
-        return dict(event["data"])  # type: ignore[arg-type]
+        return dict(event["data"])
 
     store.tasks.extend_lease(lease, 0.2, live_text="Hello")
     assert delta() == {"step": 1, "epoch": 1, "text": "Hello", "reset": True}
@@ -143,10 +144,10 @@ def test_live_text_arrives_as_uncommitted_deltas_and_starts_over_for_a_new_lease
     second: Lease = taken[0]
     store.tasks.extend_lease(second, 30, live_text="Hi again")
     frames = sub.until(lambda f: f.get("event") == "agent.message_delta" and "again" in f["data"])
-    assert any(f.get("event") == "task.status" and _event(f)["data"]["takeover"] for f in frames)  # type: ignore[index]
+    assert any(f.get("event") == "task.status" and _event(f)["data"]["takeover"] for f in frames)
     assert _event(frames[-1])["data"] == {"step": 1, "epoch": 2, "text": "Hi again", "reset": True}
     stale = [f for f in frames if f.get("event") == "agent.message_delta" and "Hello" in f["data"]]
     assert stale == []  # the dead lease's text is never shown as the new one's
     store.steps.commit(second, 1, llm_step(text="Hi again, done"), root_id=task_id)
     message = _event(sub.until(lambda f: f.get("event") == "agent.message")[-1])
-    assert message["committed"] is True and message["data"]["text"] == "Hi again, done"  # type: ignore[index]
+    assert message["committed"] is True and message["data"]["text"] == "Hi again, done"
