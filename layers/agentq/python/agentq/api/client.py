@@ -25,7 +25,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -337,7 +337,7 @@ class Client:
         tree: bool = False,
         stream: bool = True,
         poll_interval: float = 1.0,
-    ) -> Iterator[TaskEvent]:
+    ) -> Generator[TaskEvent, None, None]:
         """The task's events (with ``tree``, its sub-agents' too) from after ``after`` until
         every watched task has ended. Reads the server-sent stream and reconnects after the
         last event it received (as ``Last-Event-ID`` would) when it drops, so no committed event is lost or repeated; falls back
