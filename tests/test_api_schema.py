@@ -97,7 +97,7 @@ def test_the_served_document_is_the_generated_one_and_valid_openapi(api: Api) ->
     operations = {(m.upper(), p) for p, ops in served["paths"].items() for m in ops}
     assert operations == {
         ("POST", "/tasks"), ("GET", "/tasks"), ("GET", "/tasks/{task_id}"), ("GET", "/tasks/{task_id}/result"),
-        ("GET", "/tasks/{task_id}/trace"), ("POST", "/tasks/{task_id}/cancel"), ("POST", "/tasks/{task_id}/approve"),
+        ("GET", "/tasks/{task_id}/trace"), ("GET", "/tasks/{task_id}/events"), ("POST", "/tasks/{task_id}/cancel"), ("POST", "/tasks/{task_id}/approve"),
         ("POST", "/tasks/{task_id}/reject"), ("POST", "/tasks/{task_id}/budget"), ("POST", "/tasks/{task_id}/fork"),
         ("GET", "/health"), ("GET", "/dead-letters"), ("POST", "/dead-letters/{tier}/redrive"),
         ("POST", "/agents"), ("GET", "/agents"), ("GET", "/agents/{name}"), ("GET", "/agents/{name}/versions"), ("GET", "/webhooks/secret"),
