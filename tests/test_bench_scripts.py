@@ -35,6 +35,7 @@ CASES = {
     "local_soak": ["--minutes", "0.15", "--rate", "1", "--sample-seconds", "3"],
     "agent_cost": ["--turns", "30", "--doc-bytes", "2000"],
     "outage": ["--tasks", "4", "--down-seconds", "3", "--cooldown", "1", "--modes", "on"],
+    "events": ["--subscribers", "3", "--turns", "2", "--latency", "0.1"],
 }
 
 
@@ -101,6 +102,10 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
     elif name == "outage":
         [row] = result["rows"]
         assert row["succeeded"] == 4 and row["dlq_messages"] == 0 and row["calls_while_down"] > 0
+    elif name == "events":
+        [row] = result["rows"]
+        assert row["subscribers_with_every_step"] == row["ended"] == 3 and row["steps"] == 5
+        assert row["latency_ms"]["n"] == 15 and row["reads"] > 0
     elif name == "import_time":
         [handler] = result["handlers"]
         assert handler["handler"] == "authorizer" and handler["median_ms"] > 0

@@ -127,6 +127,7 @@ class EventHub:
         self.linger = linger
         self.lock = threading.Lock()
         self.pollers: dict[str, TaskPoller] = {}
+        self.direct_reads = 0  # subscribers reading their own way up to a poller's buffer
 
     def attach(self, task_id: str, wake: threading.Event) -> TaskPoller:
         with self.lock:
@@ -154,8 +155,9 @@ class EventHub:
 
     @property
     def reads(self) -> int:
+        """The table reads of this hub's pollers (those alive) and of subscribers catching up."""
         with self.lock:
-            return sum(p.reads for p in self.pollers.values())
+            return self.direct_reads + sum(p.reads for p in self.pollers.values())
 
     def open(self, tenant: str, task_id: str, cursor: str | None, *, tree: bool, field: str) -> Watch:
         """The watch a stream serves, checked before any byte is sent: another tenant's or
@@ -230,6 +232,7 @@ class EventHub:
                 return [], False
             watch.prime_inputs(watched, head)
             events = self.store.events.read(watched.task_id, head, watched.seen, limit=READ_PAGE)
+            self.direct_reads += 2
             frames = [frame(watch.view(watched, e)) for e in events]
             if len(events) < READ_PAGE:
                 watched.seen = max(watched.seen, head.position) if watched.seen else head.position
