@@ -71,6 +71,7 @@ class Subscribers:
         self.latencies: list[float] = []
         self.ended = 0
         self.steps_seen: dict[int, set[str]] = {}
+        self.joined: set[int] = set()  # subscribers that received their first event (caught up)
         request = (f"GET {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nAccept: text/event-stream\r\n\r\n").encode()
         for i in range(count):
             sock = socket.create_connection((parts.hostname, parts.port or 80))
@@ -106,6 +107,8 @@ class Subscribers:
         if fields.get("event") == "end":
             self.ended += 1
             return
+        if "id" in fields:
+            self.joined.add(who)
         if "id" not in fields or fields.get("event") not in STEP_TYPES:
             return
         event = json.loads(fields["data"])
@@ -134,10 +137,10 @@ def run(subscribers: int, turns: int, latency: float, timeout: float) -> dict[st
         connect_started = time.monotonic()
         subs = Subscribers(stack.api_server.url, f"/tasks/{task_id}/events", subscribers)
         subs.pump(time.monotonic() + 0.5)
-        while len(hub.pollers) == 0 or any(len(p.subscribers) < subscribers for p in hub.pollers.values()):
+        while len(subs.joined) < subscribers:
             subs.pump(time.monotonic() + 0.2)
             if time.monotonic() - connect_started > timeout:
-                raise RuntimeError(f"only {sum(len(p.subscribers) for p in hub.pollers.values())} subscribers joined")
+                raise RuntimeError(f"only {len(subs.joined)} of {subscribers} subscribers joined")
         connect_seconds = time.monotonic() - connect_started
         connect_reads = hub.reads - reads0
         rss_connected = _rss_mb()

@@ -16,7 +16,7 @@ from agentq.api.events import Watch
 from agentq.core.models import Lease, TaskStatus
 from agentq.storage.container import Storage, memory_storage
 
-from tests.storage_conformance._builders import claimed, llm_step, new_task
+from tests.storage_conformance._builders import claimed, llm_step, new_task, tools_step
 
 
 class Subscriber:
@@ -151,3 +151,20 @@ def test_live_text_arrives_as_uncommitted_deltas_and_starts_over_for_a_new_lease
     store.steps.commit(second, 1, llm_step(text="Hi again, done"), root_id=task_id)
     message = _event(sub.until(lambda f: f.get("event") == "agent.message")[-1])
     assert message["committed"] is True and message["data"]["text"] == "Hi again, done"
+
+
+def test_subscribers_sharing_frames_each_get_a_tools_step_with_the_inputs_its_llm_step_asked_for() -> None:
+    store = memory_storage()
+    lease = claimed(store)
+    hub = EventHub(store, interval=0.02, keepalive=60)
+    subscribers = [Subscriber(hub, _watch(hub, store, lease.task_id)) for _ in range(5)]
+    for s in subscribers:
+        s.until(lambda f: f.get("event") == "task.status")
+    asks = llm_step(text="looking")
+    asks.content.append({"type": "tool_use", "id": "tu1", "name": "lookup", "input": {"query": "alpha"}})
+    store.steps.commit(lease, 1, asks, root_id=lease.task_id)
+    store.steps.commit(lease, 2, tools_step(), root_id=lease.task_id)
+    for s in subscribers:
+        frame = s.until(lambda f: f.get("event") == "agent.tool_results")[-1]
+        [call] = _event(frame)["data"]["tool_calls"]
+        assert (call["name"], call["input"]) == ("lookup", {"query": "alpha"})

@@ -25,6 +25,7 @@ from typing import Any
 
 from agentq.api.events import Watch, Watched, parse_cursor
 from agentq.api.views import InvalidCursor, owned
+from agentq.core.models import LLMStep
 from agentq.storage.container import Storage
 from agentq.storage.events import Head, LogEvent, Position
 
@@ -59,6 +60,7 @@ class TaskPoller:
         self.base: Position | None = None
         self.through: Position | None = None
         self.buffer: list[LogEvent] = []
+        self.frames: dict[Position, str] = {}  # the frame of each buffered event, for one-task watches
         self.stopped = threading.Event()
         self.reads = 0  # table calls made (bench/events.py)
         self.idle_since: float | None = None
@@ -105,6 +107,7 @@ class TaskPoller:
                     drop = len(self.buffer) - BUFFER_EVENTS
                     self.base = self.buffer[drop - 1].position
                     del self.buffer[:drop]
+                    self.frames = {p: f for p, f in self.frames.items() if p > self.base}
                 self.through = head.position
             waiting = list(self.subscribers)
         for wake in waiting:
@@ -213,11 +216,33 @@ class EventHub:
                     yield ": keep-alive\n\n"
                     quiet_since = time.monotonic()
                     continue
-                wake.wait(timeout=min(wait, 1.0))
+                wake.wait(timeout=wait)  # a poller sets it on any change
                 wake.clear()
         finally:
             for poller in attached.values():
                 self.detach(poller, wake)
+
+    @staticmethod
+    def _shared_frame(watch: Watch, watched: Watched, poller: TaskPoller, event: LogEvent) -> str:
+        """The frame of a buffered event: made once per poller for every one-task watch (its id
+        and text are the same for all of them), so a thousand subscribers encode it once."""
+        if watch.tree:
+            return frame(watch.view(watched, event))
+        with poller.lock:
+            cached = poller.frames.get(event.position)
+        if cached is None:
+            cached = frame(watch.view(watched, event))
+            with poller.lock:
+                poller.frames[event.position] = cached
+        else:
+            watched.cursor = event.position
+            if watched.seen is None or event.position > watched.seen:
+                watched.seen = event.position
+            if event.step is not None:
+                watched.live = None  # the step supersedes the live text sent before it
+                if isinstance(event.step.body, LLMStep):  # the inputs a later tools step's frame names
+                    watched.inputs = {u["id"]: u.get("input") or {} for u in event.step.body.tool_uses()}
+        return cached
 
     def _next(self, watch: Watch, watched: Watched, poller: TaskPoller) -> tuple[list[str], bool]:
         """What to send of one task now, and whether more is ready at once (reading behind)."""
@@ -239,7 +264,7 @@ class EventHub:
                 watched.done = head.status.terminal
                 return frames, False
             return frames, True
-        frames = [frame(watch.view(watched, e)) for e in snap.events]
+        frames = [self._shared_frame(watch, watched, poller, e) for e in snap.events]
         if snap.through is not None and snap.through > watched.seen:
             watched.seen = snap.through
         watched.done = snap.head.status.terminal
