@@ -178,3 +178,15 @@ def test_the_client_raises_the_api_errors_of_a_stream(api_stack: ApiStack) -> No
     with pytest.raises(InvalidRequest) as err:
         next(client.iter_events(api_stack.submit(SCRIPTED), after="nonsense"))
     assert err.value.field == "after"
+
+
+def test_behind_the_web_adapter_the_tenant_is_the_authorizers_from_the_request_context() -> None:
+    from agentq.local.api_server import context_tenant, dispatch
+
+    assert context_tenant(json.dumps({"authorizer": {"tenant": "team-a"}, "stage": "prod"})) == "team-a"
+    for header in (None, "{}", json.dumps({"authorizer": {}}), json.dumps({"authorizer": {"tenant": ""}})):
+        with pytest.raises(PermissionError):
+            context_tenant(header)
+    # no request context: refused before the handler runs (it is never called)
+    status, _, body = dispatch(None, context_tenant, "GET", f"/tasks/{'0' * 32}/events", {}, None)
+    assert status == 401 and json.loads(body)["error"]["code"] == "unauthorized"

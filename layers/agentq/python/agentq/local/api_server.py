@@ -74,10 +74,24 @@ def proxy_event(
 Authorizer = Callable[[str | None], str]
 
 
+REQUEST_CONTEXT = "x-amzn-request-context"  # where the Lambda Web Adapter puts API Gateway's request context
+
+
+def context_tenant(header: str | None) -> str:
+    """The tenant API Gateway's authorizer put in the request context, as the Lambda Web Adapter
+    forwards it (the server behind it in AWS, ``functions/events``); raises without one."""
+    tenant = ((json.loads(header or "{}") or {}).get("authorizer") or {}).get("tenant")
+    if not isinstance(tenant, str) or not tenant:
+        raise PermissionError("no tenant in the request context")
+    return tenant
+
+
 def _tenant(authorizer: Authorizer | None, url: str, headers: dict[str, str]) -> str | None:
     """The caller's tenant; raises when the authorizer refuses the key."""
     if authorizer is None or is_public(unquote(urlsplit(url).path)):
         return LOCAL_TENANT
+    if authorizer is context_tenant:
+        return context_tenant(next((v for k, v in headers.items() if k.lower() == REQUEST_CONTEXT), None))
     return authorizer(next((v for k, v in headers.items() if k.lower() == "authorization"), None))
 
 
