@@ -168,3 +168,21 @@ def test_subscribers_sharing_frames_each_get_a_tools_step_with_the_inputs_its_ll
         frame = s.until(lambda f: f.get("event") == "agent.tool_results")[-1]
         [call] = _event(frame)["data"]["tool_calls"]
         assert (call["name"], call["input"]) == ("lookup", {"query": "alpha"})
+
+
+def test_a_poller_stops_reading_once_its_last_subscriber_has_gone() -> None:
+    store = memory_storage()
+    lease = claimed(store)
+    hub = EventHub(store, interval=0.02, keepalive=60, linger=0.1)
+    sub = Subscriber(hub, _watch(hub, store, lease.task_id))
+    sub.until(lambda f: f.get("event") == "task.status")
+    store.steps.commit(lease, 1, llm_step(text="bye"), root_id=lease.task_id, finish=TaskStatus.SUCCEEDED, result="x")
+    sub.until(lambda f: f.get("event") == "end")
+    sub.thread.join(5)
+    deadline = time.monotonic() + 5
+    while hub.pollers and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert hub.pollers == {}
+    reads = hub.reads
+    time.sleep(0.2)
+    assert hub.reads == reads  # nobody watches: no more reads

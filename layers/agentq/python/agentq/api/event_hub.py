@@ -50,10 +50,14 @@ class Snapshot:
 
 
 class TaskPoller:
-    def __init__(self, store: Storage, task_id: str, interval: float) -> None:
+    def __init__(
+        self, store: Storage, task_id: str, interval: float, linger: float = 10.0, on_stop: Any = None
+    ) -> None:
         self.store = store
         self.task_id = task_id
         self.interval = interval
+        self.linger = linger
+        self.on_stop = on_stop  # called once the poller has stopped for want of subscribers
         self.lock = threading.Lock()
         self.subscribers: set[threading.Event] = set()
         self.head: Head | None = None
@@ -77,6 +81,14 @@ class TaskPoller:
 
     def _run(self) -> None:
         while not self.stopped.wait(self.interval):
+            with self.lock:
+                idle = self.idle_since is not None and time.monotonic() - self.idle_since > self.linger
+                if idle:
+                    self.stopped.set()  # no subscriber for a while: stop reading the table
+            if idle:
+                if self.on_stop is not None:
+                    self.on_stop(self)
+                return
             try:
                 self.poll()
             except Exception:  # a failed read is retried at the next tick; the stream stays up
@@ -131,16 +143,20 @@ class EventHub:
         self.lock = threading.Lock()
         self.pollers: dict[str, TaskPoller] = {}
         self.direct_reads = 0  # subscribers reading their own way up to a poller's buffer
+        self.retired_reads = 0  # of pollers that have stopped
 
     def attach(self, task_id: str, wake: threading.Event) -> TaskPoller:
         with self.lock:
-            self._reap()
             poller = self.pollers.get(task_id)
-            if poller is None:
-                poller = self.pollers[task_id] = TaskPoller(self.store, task_id, self.interval).start()
-            with poller.lock:
-                poller.subscribers.add(wake)
-                poller.idle_since = None
+            if poller is not None:
+                with poller.lock:
+                    if not poller.stopped.is_set():
+                        poller.subscribers.add(wake)
+                        poller.idle_since = None
+                        return poller
+            poller = TaskPoller(self.store, task_id, self.interval, self.linger, self._stopped)
+            poller.subscribers.add(wake)
+            self.pollers[task_id] = poller.start()
             return poller
 
     def detach(self, poller: TaskPoller, wake: threading.Event) -> None:
@@ -149,18 +165,17 @@ class EventHub:
             if not poller.subscribers:
                 poller.idle_since = time.monotonic()
 
-    def _reap(self) -> None:
-        now = time.monotonic()
-        for task_id, poller in list(self.pollers.items()):
-            if poller.idle_since is not None and now - poller.idle_since > self.linger:
-                poller.stopped.set()
-                del self.pollers[task_id]
+    def _stopped(self, poller: TaskPoller) -> None:
+        with self.lock:
+            if self.pollers.get(poller.task_id) is poller:
+                del self.pollers[poller.task_id]
+                self.retired_reads += poller.reads
 
     @property
     def reads(self) -> int:
-        """The table reads of this hub's pollers (those alive) and of subscribers catching up."""
+        """The table reads of this hub's pollers and of subscribers catching up."""
         with self.lock:
-            return self.direct_reads + sum(p.reads for p in self.pollers.values())
+            return self.direct_reads + self.retired_reads + sum(p.reads for p in self.pollers.values())
 
     def open(self, tenant: str, task_id: str, cursor: str | None, *, tree: bool, field: str) -> Watch:
         """The watch a stream serves, checked before any byte is sent: another tenant's or
