@@ -47,6 +47,7 @@ from agentq.api.client import Client
 from agentq.local.stack import LocalStack
 
 STEP_TYPES = ("agent.message", "agent.tool_results")
+RAMP = 50  # connections opened at once
 
 
 def _rss_mb() -> float:
@@ -65,19 +66,23 @@ def _cpu_seconds() -> float:
 class Subscribers:
     """S event-stream connections read by one selector: what arrived, and when."""
 
-    def __init__(self, url: str, path: str, count: int) -> None:
-        parts = urlsplit(url)
+    def __init__(self, url: str, path: str) -> None:
+        self.parts = urlsplit(url)
         self.selector = selectors.DefaultSelector()
         self.latencies: list[float] = []
         self.ended = 0
+        self.refused = 0
         self.steps_seen: dict[int, set[str]] = {}
         self.joined: set[int] = set()  # subscribers that received their first event (caught up)
-        request = (f"GET {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nAccept: text/event-stream\r\n\r\n").encode()
-        for i in range(count):
-            sock = socket.create_connection((parts.hostname, parts.port or 80))
-            sock.sendall(request)
-            sock.setblocking(False)
-            self.selector.register(sock, selectors.EVENT_READ, {"i": i, "buf": b"", "head": False})
+        self.request = (
+            f"GET {path} HTTP/1.1\r\nHost: {self.parts.netloc}\r\nAccept: text/event-stream\r\n\r\n"
+        ).encode()
+
+    def connect(self, i: int) -> None:
+        sock = socket.create_connection((self.parts.hostname, self.parts.port or 80))
+        sock.sendall(self.request)
+        sock.setblocking(False)
+        self.selector.register(sock, selectors.EVENT_READ, {"i": i, "buf": b"", "head": False})
 
     def pump(self, until: float) -> None:
         while time.monotonic() < until and self.selector.get_map():
@@ -96,8 +101,14 @@ class Subscribers:
                 if not state["head"]:
                     if b"\r\n\r\n" not in state["buf"]:
                         continue
-                    state["buf"] = state["buf"].split(b"\r\n\r\n", 1)[1]
+                    head, state["buf"] = state["buf"].split(b"\r\n\r\n", 1)
                     state["head"] = True
+                    if not head.startswith(b"HTTP/1.1 200"):  # the server could not take it: again
+                        self.refused += 1
+                        self.selector.unregister(key.fileobj)
+                        key.fileobj.close()  # type: ignore[union-attr]
+                        self.connect(state["i"])
+                        continue
                 while b"\n\n" in state["buf"]:
                     block, state["buf"] = state["buf"].split(b"\n\n", 1)
                     self._frame(state["i"], block.decode(), now)
@@ -135,12 +146,14 @@ def run(subscribers: int, turns: int, latency: float, timeout: float) -> dict[st
         task_id = client.submit(body).task_id
         rss0, reads0 = _rss_mb(), hub.reads
         connect_started = time.monotonic()
-        subs = Subscribers(stack.api_server.url, f"/tasks/{task_id}/events", subscribers)
-        subs.pump(time.monotonic() + 0.5)
-        while len(subs.joined) < subscribers:
-            subs.pump(time.monotonic() + 0.2)
-            if time.monotonic() - connect_started > timeout:
-                raise RuntimeError(f"only {len(subs.joined)} of {subscribers} subscribers joined")
+        subs = Subscribers(stack.api_server.url, f"/tasks/{task_id}/events")
+        for first in range(0, subscribers, RAMP):  # in waves: a thousand at once is a test of moto, not of this
+            for i in range(first, min(first + RAMP, subscribers)):
+                subs.connect(i)
+            while len(subs.joined) < min(first + RAMP, subscribers):
+                subs.pump(time.monotonic() + 0.2)
+                if time.monotonic() - connect_started > timeout:
+                    raise RuntimeError(f"only {len(subs.joined)} of {subscribers} subscribers joined")
         connect_seconds = time.monotonic() - connect_started
         connect_reads = hub.reads - reads0
         rss_connected = _rss_mb()
@@ -163,6 +176,7 @@ def run(subscribers: int, turns: int, latency: float, timeout: float) -> dict[st
         "ended": subs.ended,
         "latency_ms": summary([x * 1000 for x in subs.latencies]),
         "connect_seconds": round(connect_seconds, 2),
+        "connects_refused": subs.refused,
         "connect_reads_per_subscriber": round(connect_reads / subscribers, 2),
         "run_seconds": round(wall, 2),
         "reads": steady_reads,
