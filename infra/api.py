@@ -1,8 +1,9 @@
 """The REST API: a TOKEN authorizer in front of every method but /health, /openapi.json and
 the web console's page and assets (GET /console, /console/{proxy+}), the API Lambda behind them.
 
-Routes are the API Lambda's (``agentq.api.app``); the gateway proxies ``/{proxy+}`` and
-``/tasks/{proxy+}`` to it, so a new route needs no infrastructure change. ``POST /tasks`` is
+Routes are the API Lambda's (``agentq.api.app``); the gateway proxies ``/{proxy+}``,
+``/tasks/{task_id}`` and ``/tasks/{task_id}/{proxy+}`` to it, so a new route needs no
+infrastructure change; ``GET /tasks/{task_id}/events`` streams from the events function. ``POST /tasks`` is
 declared on its own for its own throttle.
 
 Requests are validated by the API (powertools' resolver with the pydantic models its OpenAPI
@@ -25,6 +26,7 @@ from constructs import Construct
 
 from agentq.api.app import PUBLIC_PATHS
 from agentq.api.console import CONSOLE_PATH
+from infra.events import STREAM_TIMEOUT_SECONDS
 from infra.functions import Functions, log_retention
 from infra.settings import EnvironmentSettings
 
@@ -110,7 +112,23 @@ def build_api(scope: Construct, cfg: EnvironmentSettings, fns: Functions) -> Api
     tasks = rest_api.root.add_resource("tasks")
     tasks.add_method("POST", integration)
     tasks.add_method("GET", integration)
-    tasks.add_proxy(default_integration=integration, any_method=True)
+    # /tasks/{task_id}/events streams from its own function (infra/events.py); every other path of
+    # a task is the API Lambda's. (API Gateway allows one variable per level: {task_id}, not {proxy+}.)
+    task = tasks.add_resource("{task_id}")
+    task.add_method("ANY", integration)
+    task.add_proxy(default_integration=integration, any_method=True)
+    events = task.add_resource("events")
+    events.add_method(
+        "GET",
+        apigw.LambdaIntegration(
+            fns.events,
+            proxy=True,
+            allow_test_invoke=False,
+            response_transfer_mode=apigw.ResponseTransferMode.STREAM,
+            timeout=cdk.Duration.seconds(STREAM_TIMEOUT_SECONDS),
+        ),
+    )
+    events.add_method("ANY", integration)  # other methods: the API's 405
     rest_api.root.add_proxy(default_integration=integration, any_method=True)
     # Liveness and the API's own description need no key (load balancers, client generators).
     for path in PUBLIC_PATHS:

@@ -36,6 +36,7 @@ from agentq.resources import GSI_LIVE, PAYLOAD_PREFIX, TIERS
 from agentq.storage.keys import task_pk, tenant_pk
 from infra.build_layers import CORE_LAYER_DIR, DepsLayer
 from infra.data import Data
+from infra.events import ADAPTER_ENV, STREAM_TIMEOUT_SECONDS, adapter_layer
 from infra.sandbox import Sandbox, build_sandbox
 from infra.settings import EnvironmentSettings
 
@@ -48,6 +49,7 @@ HANDLERS = {
     "reaper": "reaper.handler.lambda_handler",
     "sweeper": "sweeper.handler.lambda_handler",
     "webhooks": "webhooks.handler.lambda_handler",
+    "events": "events/run.sh",  # the startup script the Lambda Web Adapter runs (infra/events.py)
 }
 RUNTIME = lambda_.Runtime.PYTHON_3_12  # the layers are built for cp312 (infra/build_layers.py)
 ASSET_EXCLUDES = ["**/__pycache__", "**/*.pyc", "*.egg-info", "README.md"]
@@ -85,6 +87,7 @@ class Functions:
     reaper_dlq: sqs.Queue  # stream batches the reaper gave up on (their shard and sequence range)
     sweeper: lambda_.Function
     webhooks: lambda_.Function
+    events: lambda_.Function  # GET /tasks/{id}/events, streamed (infra/events.py)
     sandbox: Sandbox
     core_layer: lambda_.LayerVersion
     deps_layer: lambda_.LayerVersion
@@ -496,8 +499,36 @@ def build_functions(
     reaper, reaper_dlq = _reaper(scope, cfg, data, function, removal)
     sweeper = _sweeper(scope, cfg, data, function)
     webhooks = _webhooks(cfg, data, function, common)
+    streams = function(
+        "events",
+        memory=512,
+        timeout=STREAM_TIMEOUT_SECONDS,
+        env={**common, **ADAPTER_ENV},
+        reserved=None,
+        description="agentq task event streams (GET /tasks/{id}/events) behind the Lambda Web Adapter",
+        extra_layers=[adapter_layer(scope, arch)],
+    )
+    # It reads a task's META, its log (steps, events, claims) and offloaded step bodies; nothing else.
+    streams.add_to_role_policy(
+        iam.PolicyStatement(sid="Table", actions=["dynamodb:GetItem", "dynamodb:Query"],
+                            resources=table_resources(data, indexes=False))
+    )  # fmt: skip
+    streams.add_to_role_policy(
+        iam.PolicyStatement(sid="Payloads", actions=["s3:GetObject"], resources=[payload_objects(data)])
+    )
     return Functions(
-        executor, api, authorizer, reaper, reaper_dlq, sweeper, webhooks, sandbox, core_layer, deps_layer, log_groups
+        executor,
+        api,
+        authorizer,
+        reaper,
+        reaper_dlq,
+        sweeper,
+        webhooks,
+        streams,
+        sandbox,
+        core_layer,
+        deps_layer,
+        log_groups,
     )
 
 

@@ -45,14 +45,20 @@ def acknowledge(stack: AgentqStack) -> None:
     executions = f"Resource::{PARTITION_REGION_ACCOUNT.format(service='states')}:execution:{cfg.names.state_machine}:*"
     xray = "X-Ray PutTraceSegments/PutTelemetryRecords support no resource-level permissions: AWS requires '*'."
 
-    for fn in (fns.executor, fns.api, fns.authorizer, fns.reaper, fns.sweeper, fns.webhooks, fns.sandbox.function):
+    for fn in (fns.executor, fns.api, fns.authorizer, fns.reaper, fns.sweeper, fns.webhooks, fns.events,
+               fns.sandbox.function):  # fmt: skip
         _ack(
             fn,
             "AwsSolutions-L1",
             "Python 3.12 on purpose: both layers are built for cp312 (infra/build_layers.py) and the suite runs against it; moving runtimes is a deliberate change of layers and runtime together.",
         )
-    for fn in (fns.executor, fns.api, fns.authorizer, fns.sweeper, fns.webhooks):
+    for fn in (fns.executor, fns.api, fns.authorizer, fns.sweeper, fns.webhooks, fns.events):
         _ack(fn.role, "AwsSolutions-IAM5[Resource::*]", xray)
+    _ack(
+        fns.events.role,
+        f"AwsSolutions-IAM5[{payload_objects}]",
+        f"An event stream shows committed steps, whose bodies may be offloaded under {PAYLOAD_PREFIX}<task_id>/...; the grant is GetObject on that prefix of this environment's bucket only.",
+    )
     _ack(
         fns.api.role,
         f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:scheduler:<AWS::Region>:<AWS::AccountId>:schedule/{cfg.prefix}-schedules/*]",

@@ -217,6 +217,21 @@ def build_observability(
         "a fan-out execution failed: its parent task may not be woken; read the execution's history (docs/DEPLOY.md)",
     )
     alarm(
+        "EventStreamFailures",
+        cw.MathExpression(
+            expression="errors + throttles",
+            using_metrics={
+                "errors": fns.events.metric_errors(period=FIVE_MINUTES, statistic="Sum"),
+                "throttles": fns.events.metric_throttles(period=FIVE_MINUTES, statistic="Sum"),
+            },
+            label="event stream errors and throttles",
+            period=FIVE_MINUTES,
+        ),
+        5,
+        "the task event stream function (GET /tasks/{id}/events) failed or was throttled five times or more in "
+        "five minutes: watchers fall back to polling; read its logs (a stream ending at 15 minutes is not an error)",
+    )
+    alarm(
         "Api5xx",
         api.rest_api.metric_server_error(period=FIVE_MINUTES, statistic="Sum"),
         5,

@@ -38,7 +38,16 @@ ID_PATTERNS = (
     ("H", re.compile(r"(?<![0-9a-zA-Z])[0-9a-f]{12,}(?![0-9a-zA-Z])")),  # any other hash
 )
 PORTS = (
-    "tasks", "steps", "budgets", "windows", "approvals", "spawns", "effects", "notes", "flow", "messages",
+    "tasks",
+    "steps",
+    "budgets",
+    "windows",
+    "approvals",
+    "spawns",
+    "effects",
+    "notes",
+    "flow",
+    "messages",
     "memory_stores",
 )
 

@@ -5,6 +5,7 @@ Tasks are run in-process by the engine (no workers), so every state is reached o
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import uuid
@@ -449,6 +450,16 @@ def test_a_trace_cursor_must_be_one_the_api_issued(api: Api) -> None:
         status, data, _ = api.call("GET", f"/tasks/{task_id}/trace?cursor={cursor}")
         assert status == 400 and error(data) == {**error(data), "code": "invalid_cursor", "field": "cursor"}
     assert api.call("GET", f"/tasks/{task_id}/trace?limit=201")[0] == 422
+
+
+@pytest.mark.parametrize("value", [[[1e400, 0, 1, 0], 1], [[0.0, 1e400, 1, 0], 1], [[0.0, 0, 1, 0], 1e400],
+                                   [[0.0, 0, 1e400, 0], 1], [[float("nan"), 0, 1, 0], 1]])  # fmt: skip
+def test_a_trace_cursor_holding_a_number_too_large_for_an_int_is_a_400_not_a_500(api: Api, value: Any) -> None:
+    task_id = api.submit()
+    raw = json.dumps({"k": "trace", "v": value}).replace("Infinity", "1e400")
+    cursor = base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+    status, data, _ = api.call("GET", f"/tasks/{task_id}/trace?cursor={cursor}")
+    assert status == 400 and error(data) == {**error(data), "code": "invalid_cursor", "field": "cursor"}
 
 
 # ---------------------------------------------------------------- control

@@ -37,6 +37,7 @@ CASES = {
     "outage": ["--tasks", "4", "--down-seconds", "3", "--cooldown", "1", "--modes", "on"],
     "message_cost": ["--turns", "4"],
     "memory_cost": ["--sizes", "100,5000", "--stores", "3", "--searches", "1"],
+    "events": ["--subscribers", "3", "--turns", "2", "--latency", "0.1"],
 }
 
 
@@ -113,6 +114,10 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
         assert {(r["backend"], r["documents"], r["hits"]) for r in result["searches_by_size"]} == {
             ("in-memory twin", 3, 3), ("moto server", 3, 3),
         }  # fmt: skip
+    elif name == "events":
+        [row] = result["rows"]
+        assert row["subscribers_with_every_step"] == row["ended"] == 3 and row["steps"] == 5
+        assert row["latency_ms"]["n"] == 15 and row["reads"] > 0
     elif name == "import_time":
         [handler] = result["handlers"]
         assert handler["handler"] == "authorizer" and handler["median_ms"] > 0

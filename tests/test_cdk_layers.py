@@ -21,6 +21,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from infra.build_layers import CORE_LAYER_DIR, PLATFORMS, REQUIREMENTS, build_deps_layer
+from infra.events import SERVER_MODULE
 from infra.functions import FUNCTIONS_DIR, HANDLERS
 
 RUNTIME_PROVIDED = ("boto3", "botocore", "s3transfer", "jmespath", "dateutil", "urllib3", "six")
@@ -67,6 +68,8 @@ def test_handler_imports_with_only_the_layers_and_the_runtime(
     function: str, local_deps_layer: Path, tmp_path: Path
 ) -> None:
     module, _, attr = HANDLERS[function].rpartition(".")
+    if HANDLERS[function].endswith(".sh"):  # a startup script (infra/events.py): the server module it runs
+        module, attr = SERVER_MODULE, "main"
     path = [str(FUNCTIONS_DIR), str(CORE_LAYER_DIR / "python"), str(local_deps_layer), str(_runtime_dir(tmp_path))]
     script = (
         "import importlib, json, sys\n"

@@ -38,6 +38,7 @@ from agentq.resources import (
     TTL_ATTRIBUTE,
     fanout_definition,
 )
+from infra.events import ADAPTER_ACCOUNT
 from infra.sandbox import VPC_ACCESS_ACTIONS
 from infra.settings import EnvironmentSettings, resolve
 from infra.synth import Synthesized, synthesize
@@ -173,7 +174,8 @@ def test_inconsistent_settings_fail_with_the_field_named(override: dict[str, Any
 def test_no_account_or_region_is_hard_coded(synth: Synthesized) -> None:
     cfg = settings_of(synth.env_name)
     assert cfg.account is None and cfg.region is None
-    text = json.dumps(synth.template)
+    # the Lambda Web Adapter's public layers are published from AWS's account, not ours (infra/events.py)
+    text = json.dumps(synth.template).replace(f":{ADAPTER_ACCOUNT}:layer:", ":ADAPTER:layer:")
     assert not re.search(r"[:/\"]\d{12}[:/.\"]", text), "an account id in the template"
     assert not re.search(
         r"\b(?:us|eu|ap|sa|ca|me|af|il|mx)-(?:north|south|east|west|central|northeast|southeast)-\d\b", text
@@ -657,12 +659,53 @@ def test_the_console_is_served_by_the_api_lambda_without_a_key_and_every_data_ro
         assert get["HttpMethod"] == "GET" and get["AuthorizationType"] == "NONE"
         assert get["Integration"]["Type"] == "AWS_PROXY"
         assert api_fn in json.dumps(get["Integration"]["Uri"])
-    for path in ("/tasks", "/tasks/{proxy+}", "/{proxy+}"):  # the data, dead letters included, need a key
+    for path in ("/tasks", "/tasks/{task_id}", "/tasks/{task_id}/{proxy+}", "/tasks/{task_id}/events", "/{proxy+}"):
+        # the data, dead letters and event streams included, need a key
         assert {m["AuthorizationType"] for m in by_path[path]} == {"CUSTOM"}
     template.has_resource_properties("AWS::ApiGateway::Resource", {"PathPart": "console"})
     # The stack says where the console is: the API's URL (with its stage) and console/.
     output = json.dumps(template.find_outputs("ConsoleUrl"))
     assert "execute-api" in output and "/console/" in output
+
+
+def test_event_streams_are_their_own_function_behind_the_web_adapter_and_api_gateway_response_streaming(
+    synth: Synthesized,
+) -> None:
+    fn_id, fn = _function(synth, "events")
+    props = fn["Properties"]
+    assert props["Handler"] == "events/run.sh" and props["Timeout"] == 900
+    run = ROOT / "functions" / "events" / "run.sh"
+    assert os.access(run, os.X_OK) and "events/server.py" in run.read_text()
+    env = props["Environment"]["Variables"]
+    assert env["AWS_LAMBDA_EXEC_WRAPPER"] == "/opt/bootstrap" and env["AWS_LWA_INVOKE_MODE"] == "response_stream"
+    assert env["AWS_LWA_READINESS_CHECK_PATH"] == "/health" and "AGENTQ_TABLE" in env
+    adapter = (
+        "LambdaAdapterLayerArm64" if settings_of(synth.env_name).architecture == "arm64" else "LambdaAdapterLayerX86"
+    )
+    assert any(f"layer:{adapter}:26" in json.dumps(layer) for layer in props["Layers"])
+    # It only reads: the task's items and offloaded step bodies.
+    actions = _actions(_role_statements(synth, "events")) - {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}
+    assert actions == {
+        "dynamodb:GetItem",
+        "dynamodb:Query",
+        "s3:GetObject",
+        "logs:CreateLogStream",
+        "logs:PutLogEvents",
+    }
+    by_path: dict[str, list[dict[str, Any]]] = {}
+    for method in synth.resources("AWS::ApiGateway::Method").values():
+        by_path.setdefault(_resource_path(synth, method["Properties"]["ResourceId"]), []).append(method["Properties"])
+    (get,) = [m for m in by_path["/tasks/{task_id}/events"] if m["HttpMethod"] == "GET"]
+    integration = get["Integration"]
+    assert get["AuthorizationType"] == "CUSTOM"  # the same authorizer: its tenant reaches the stream
+    assert integration["ResponseTransferMode"] == "STREAM" and integration["TimeoutInMillis"] == 900_000
+    uri = json.dumps(integration["Uri"])
+    assert fn_id in uri and "response-streaming-invocations" in uri
+    alarm = _alarms(synth)[f"{settings_of(synth.env_name).prefix}-event-stream-failures"]
+    assert {m.get("MetricStat", {}).get("Metric", {}).get("MetricName") for m in alarm["Metrics"]} >= {
+        "Errors",
+        "Throttles",
+    }
 
 
 def test_api_needs_a_key_everywhere_but_health_and_openapi_and_leaves_validation_to_the_api(

@@ -203,7 +203,7 @@ def test_every_command_has_help_text() -> None:
     assert "exit codes: 0 success; 1" in parser.format_help()
     (subcommands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     commands = subcommands.choices
-    expected = {"submit", "status", "watch", "result", "trace", "list", "cancel", "approve", "reject", "budget", "fork",
+    expected = {"submit", "status", "watch", "events", "result", "trace", "list", "cancel", "approve", "reject", "budget", "fork",
                 "keys", "dlq", "dev", "demo", "run", "worker", "run-task"}  # fmt: skip
     assert expected <= set(commands)
     for name, sub in commands.items():
@@ -261,6 +261,25 @@ def test_watch_draws_a_live_view_in_a_terminal_until_the_task_ends(api_stack: Ap
     assert re.search(r"now\s+(running tools: lookup|waiting for the model)", plain)  # a frame while it ran
     assert "finished succeeded" in plain and "7 / 20 LLM turns" in plain
     assert re.search(r"tool lookup · [\d,]+ ms · ok", plain)  # recent trace events
+
+
+def test_events_prints_each_committed_event_until_the_task_ends_and_resumes_after_one(
+    api_stack: ApiStack, cli: Callable[..., Ran]
+) -> None:
+    task_id = api_stack.submit({**SCRIPTED, "script": {"turns": [{"text": "one", "tool_calls": [call("lookup", query="q")]},
+                                                                 {"text": "two"}]}, "constraints": {"tools": ["lookup"]}})  # fmt: skip
+    run = cli("events", task_id, "--json")
+    assert run.returncode == 0, run.stderr
+    events = [json.loads(line) for line in run.stdout.splitlines()]
+    assert [e["type"] for e in events] == ["task.created", "task.status", "agent.message", "agent.tool_results",
+                                           "agent.message", "task.status"]  # fmt: skip
+    assert events[-1]["data"]["status"] == "succeeded"
+    rest = cli("events", task_id, "--json", "--after", events[2]["id"])
+    assert [json.loads(line)["id"] for line in rest.stdout.splitlines()] == [e["id"] for e in events[3:]]
+    text = cli("events", task_id)
+    assert text.returncode == 0 and "finished succeeded" in text.stdout and "tool lookup" in text.stdout
+    bad = cli("events", task_id, "--after", "nonsense")
+    assert bad.returncode == 2 and "after" in bad.stderr
 
 
 def test_watch_of_an_unknown_task_exits_1_without_drawing(cli: Callable[..., Ran]) -> None:

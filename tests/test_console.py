@@ -330,6 +330,36 @@ def test_a_running_task_shows_its_steps_as_they_commit_and_polls_with_etags(cons
     no_errors(tab)
 
 
+def test_a_running_task_page_follows_the_event_stream_and_polls_where_there_is_none(
+    console: Console, tab: Page
+) -> None:
+    turns = [
+        {"text": f"step {i}", "tool_calls": [call("lookup", query=f"q{i}", size=20)], "latency_seconds": 0.4}
+        for i in range(3)
+    ]
+    body = scripted("look three things up", [*turns, {"text": "streamed to the end"}], tools=["lookup"])
+    page = tab.page
+    streamed = console.submit(body)
+    console.until(streamed, lambda v: v["status"] == "running")
+    page.goto(f"{console.url}/console/#/tasks/{streamed}")
+    page.wait_for_function("() => window.agentqStream && window.agentqStream.streaming === true")
+    page.wait_for_selector("h1 .badge.s-succeeded", timeout=60_000)
+    page.wait_for_function("() => window.agentqStream.ended === 'ended'")
+    assert page.evaluate("window.agentqStream.events") >= 6  # its steps and its end, each from the stream
+    assert page.locator("tr[data-step='7']").count() == 1
+    assert any(status == 200 and url.endswith(f"/tasks/{streamed}/events") for status, url in tab.responses)
+
+    # An API that does not stream (a proxy that buffers, say): the page polls and still follows the task.
+    page.route("**/events", lambda route: route.fulfill(status=200, content_type="application/json", body="{}"))
+    polled = console.submit(body)
+    console.until(polled, lambda v: v["status"] == "running")
+    page.goto(f"{console.url}/console/#/tasks/{polled}")
+    page.wait_for_function("() => window.agentqStream && window.agentqStream.fallback")
+    page.wait_for_selector("h1 .badge.s-succeeded", timeout=60_000)
+    assert page.locator("tr[data-step='7']").count() == 1
+    no_errors(tab)
+
+
 def test_approving_a_paused_task_shows_the_exact_calls_and_resumes_it_by_keyboard(console: Console, tab: Page) -> None:
     task_id = console.submit(
         scripted(

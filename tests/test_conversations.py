@@ -395,3 +395,28 @@ def test_callbacks_carry_message_received_and_idle_when_the_submission_asks(
         ("task.idle", "idle"), ("task.message_received", "queued"), ("task.ended", "succeeded"),
     ]  # fmt: skip
     assert queues.webhooks[1]["seq"] == 1
+
+
+def test_the_event_log_holds_each_message_its_delivery_the_interrupt_and_the_idle_stop_in_order(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    sub = scripted([{"text": "a long essay"}, {"text": "short"}])
+    task = store.tasks.create(sub, tenant="t")
+    provider = Recording(sub, during={1: lambda: interrupt(store, task.task_id, tenant="t")})
+    assert engine(store, registry, provider).run(task.task_id).status is TaskStatus.IDLE
+    send_message(store, Queues(), task.task_id, "shorter please", tenant="t")
+    assert engine(store, registry).run(task.task_id).status is TaskStatus.SUCCEEDED
+
+    head = store.events.head(task.task_id)
+    assert head is not None
+    log = store.events.read(task.task_id, head, None)
+    kinds = [(e.type, e.data.get("status")) for e in log if e.type != "step"]
+    assert kinds == [
+        ("task.created", "queued"), ("task.status", "running"), ("task.interrupt_requested", None),
+        ("task.status", "idle"), ("message.received", "queued"), ("task.status", "running"),
+        ("task.status", "succeeded"),
+    ]  # fmt: skip
+    steps = [e.step.body.kind for e in log if e.step is not None]
+    assert steps == ["message", "llm"]  # the discarded answer is no step; the message's delivery is
+    received = next(e for e in log if e.type == "message.received")
+    assert received.data["text"] == "shorter please" and received.data["seq"] == 1

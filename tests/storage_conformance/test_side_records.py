@@ -142,7 +142,7 @@ def test_purge_refuses_a_live_task_and_deletes_a_finished_one_whole_twice_over(b
         backend.purge.task(lease.task_id)
     backend.tasks.transition(lease.task_id, TaskStatus.SUCCEEDED, lease=lease, result="ok")
     done = backend.purge.task(lease.task_id)
-    assert done.items == 4 and done.objects == 1  # META (with the budget), submission, claim, step
+    assert done.items == 5 and done.objects == 1  # META (with the budget), submission, claim, step, event
     assert backend.steps.raw_items(lease.task_id) == []
     with pytest.raises(TaskNotFound):
         backend.budgets.get(lease.task_id)

@@ -29,7 +29,18 @@ from agentq.api import console, errors
 from agentq.api.body_guard import BodyProblem, check_body
 from agentq.api.errors import JSON, error_response, proxy_error
 from agentq.api.models import MAX_BODY_BYTES
-from agentq.api.routes import actions, agents, conversations, dead_letters, memory, meta, schedules, tasks, webhooks
+from agentq.api.routes import (
+    actions,
+    agents,
+    conversations,
+    dead_letters,
+    events,
+    memory,
+    meta,
+    schedules,
+    tasks,
+    webhooks,
+)
 from agentq.api.routes import mcp as mcp_route
 from agentq.api.routes.common import ApiDeps
 from agentq.control.defaults import Defaults
@@ -236,6 +247,7 @@ def build_app(
     # The order of inclusion is the order of the paths in the OpenAPI document.
     app.include_router(meta.router(API_VERSION, document=lambda: openapi_document(app)))
     app.include_router(tasks.router(deps))
+    app.include_router(events.router(deps))
     app.include_router(actions.router(deps))
     app.include_router(conversations.router(deps))
     app.include_router(agents.router(deps))

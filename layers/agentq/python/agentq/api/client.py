@@ -5,6 +5,7 @@
     accepted = client.submit({"goal": "...", "provider": "anthropic"})
     view = client.wait(accepted.task_id)                      # TaskView once the task ends
     for event in client.iter_trace(accepted.task_id): ...
+    for event in client.iter_events(accepted.task_id): ...   # live, resumable (Last-Event-ID)
 
 Every API error is raised as ``ApiError`` (``status``, ``code``, ``message``, ``field``), or one
 of its subclasses by status: ``InvalidRequest`` (400/413/415/422), ``AuthenticationError``
@@ -24,7 +25,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -43,6 +44,7 @@ from agentq.api.models import (
     AgentVersions,
     CancelResult,
     CloseResult,
+    EventPage,
     Health,
     InterruptResult,
     MessageAccepted,
@@ -51,6 +53,7 @@ from agentq.api.models import (
     ScheduleList,
     ScheduleView,
     TaskAccepted,
+    TaskEvent,
     TaskPage,
     TaskResult,
     TaskSummary,
@@ -106,6 +109,10 @@ class Conflict(ApiError):
 
 class ServerError(ApiError):
     """5xx."""
+
+
+class _NotStreaming(Exception):
+    """The server answered an event stream request with something else (it cannot stream)."""
 
 
 class ConnectionFailed(AgentqError):
@@ -332,6 +339,87 @@ class Client:
             if not page.next_cursor:
                 return
             cursor = page.next_cursor
+
+    def events(self, task_id: str, *, after: str | None = None, tree: bool = False, limit: int = 100) -> EventPage:
+        """One JSON page of the task's events after ``after`` (an event id or ``next_cursor``)."""
+        return self._get(EventPage, f"/tasks/{_seg(task_id)}/events", after=after, tree=tree, limit=limit)
+
+    def iter_events(
+        self,
+        task_id: str,
+        *,
+        after: str | None = None,
+        tree: bool = False,
+        stream: bool = True,
+        poll_interval: float = 1.0,
+    ) -> Generator[TaskEvent, None, None]:
+        """The task's events (with ``tree``, its sub-agents' too) from after ``after`` until
+        every watched task has ended. Reads the server-sent stream and reconnects after the
+        last event it received (as ``Last-Event-ID`` would) when it drops, so no committed event is lost or repeated; falls back
+        to polling JSON pages when the server does not stream (or ``stream=False``).
+        Uncommitted events (``committed`` false: live text) come too, while streaming."""
+        cursor = after
+        failures = 0
+        while stream:
+            try:
+                for event in self._sse(task_id, cursor, tree):
+                    failures = 0
+                    if event is None:  # the stream's end: every watched task has ended
+                        return
+                    if event.id:
+                        cursor = event.id
+                    yield event
+            except _NotStreaming:
+                stream = False
+                break
+            except (ConnectionFailed, ServerError, TimeoutError, OSError):
+                failures += 1
+                if failures > 8 + self.retries:
+                    raise
+            time.sleep(min(0.1 * 2**failures, 2.0))  # the stream dropped (or a batch ended): resume
+        while True:
+            page = self.events(task_id, after=cursor, tree=tree, limit=200)
+            yield from page.events
+            cursor = page.next_cursor or cursor
+            if page.done:
+                return
+            if not page.events:
+                time.sleep(poll_interval)
+
+    def _sse(self, task_id: str, cursor: str | None, tree: bool) -> Iterator[TaskEvent | None]:
+        """One connection to the stream: its events, then None if it said ``end``."""
+        query = {k: v for k, v in {"tree": "true" if tree else None, "after": cursor}.items() if v}
+        url = f"{self.url}/tasks/{_seg(task_id)}/events" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+        headers = {"Accept": "text/event-stream", "Cache-Control": "no-cache"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        req = urllib.request.Request(url, headers=headers)
+        try:
+            resp = urllib.request.urlopen(req, timeout=max(self.timeout, 60))
+        except urllib.error.HTTPError as err:
+            raise _error_of(err.code, err.read()) from None
+        except urllib.error.URLError as err:
+            raise ConnectionFailed(f"cannot reach {self.url}: {err.reason}", field="url") from None
+        with resp:
+            if resp.status == 204:
+                yield None
+                return
+            if "text/event-stream" not in (resp.headers.get("Content-Type") or ""):
+                raise _NotStreaming()
+            kind, data = "", list[str]()
+            for raw in resp:
+                line = raw.decode("utf-8").rstrip("\r\n")
+                if not line:
+                    if kind == "end":
+                        yield None
+                        return
+                    if data:
+                        yield TaskEvent.model_validate_json("\n".join(data))
+                    kind, data = "", list[str]()
+                elif line.startswith("event:"):
+                    kind = line[6:].strip()
+                elif line.startswith("data:"):
+                    data.append(line[5:].lstrip(" "))
 
     def cancel(self, task_id: str) -> CancelResult:
         return CancelResult.model_validate(self.request("POST", f"/tasks/{_seg(task_id)}/cancel"))

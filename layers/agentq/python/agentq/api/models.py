@@ -23,6 +23,8 @@ MAX_BODY_BYTES = 256 * 1024  # larger request bodies answer 413
 MAX_PAGE_SIZE = 100  # GET /tasks ?limit=
 DEFAULT_PAGE_SIZE = 20
 MAX_TRACE_PAGE = 200  # GET /tasks/{id}/trace ?limit=
+MAX_EVENT_PAGE = 200  # GET /tasks/{id}/events ?limit=
+DEFAULT_EVENT_PAGE = 100
 DEFAULT_TRACE_PAGE = 100
 TRACE_TEXT_CHARS = 16_000  # longer LLM texts and tool outputs in a trace page are cut (``truncated``)
 MAX_NOTE_CHARS = 4_000
@@ -449,6 +451,26 @@ class TracePage(ApiModel):
     task_id: str
     events: list[TraceEvent]
     next_cursor: str | None = Field(description="pass as ?cursor= for the next page; null at the end")
+
+
+class TaskEvent(ApiModel):
+    """One event of a task's stream (``api/events.py`` lists the types)."""
+
+    id: str | None = Field(description="the cursor after this event (send as Last-Event-ID or ?after=); null: "
+                           "uncommitted (a live text delta), which moves no cursor")  # fmt: skip
+    type: str = Field(description="task.created, task.status, agent.message, agent.tool_results, task.retry, "
+                      "approval.requested, approval.decided, task.spawned, budget.raised, agent.message_delta")  # fmt: skip
+    task_id: str
+    at: float
+    committed: bool
+    data: dict[str, Any]
+
+
+class EventPage(ApiModel):
+    task_id: str
+    events: list[TaskEvent] = Field(description="in commit order (a tree: in commit order per task)")
+    next_cursor: str | None = Field(description="pass as ?after= for what follows; null before any event")
+    done: bool = Field(description="every watched task has ended and no event follows")
 
 
 class AgentCreated(ApiModel):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import re
 from collections import Counter
 from decimal import Decimal
@@ -446,6 +447,14 @@ def _step_events(record: StepRecord, inputs: dict[str, dict[str, Any]]) -> list[
     return events
 
 
+def step_views(
+    record: StepRecord, inputs: dict[str, dict[str, Any]]
+) -> list[LLMCallEvent | ToolCallEvent | MessageEvent]:
+    """A committed step as the trace shows it: its LLM call, or each of its tool calls
+    (``inputs``: the input of each tool call by id, from the LLM step before)."""
+    return [view for _, view in _step_events(record, inputs)]
+
+
 def _side_events(store: Storage, task: Task) -> list[tuple[Key, Any]]:
     """Transitions (from META, approvals and spawns) and orphan LLM calls: the few events that are
     not steps, all read at once."""
@@ -554,7 +563,9 @@ def trace_page(store: Storage, task: Task, *, limit: int, cursor: str | None) ->
             key, step_from = value
             after = (float(key[0]), int(key[1]), int(key[2]), int(key[3]))
             step_from = int(step_from)
-        except (TypeError, ValueError, IndexError):
+            if not math.isfinite(after[0]):
+                raise ValueError("not a commit time")
+        except (TypeError, ValueError, IndexError, OverflowError):  # int(1e400): OverflowError
             raise InvalidCursor(
                 "cursor is not one this API issued; pass next_cursor back unchanged", field="cursor"
             ) from None

@@ -1,6 +1,6 @@
 """The ``agentq`` command line: one entry point for people and scripts.
 
-Remote commands (submit, status, watch, result, trace, list, cancel, approve, reject, budget,
+Remote commands (submit, status, watch, events, result, trace, list, cancel, approve, reject, budget,
 fork) talk to any deployment's HTTP API by URL and key; ``keys`` and ``dlq`` use the table and
 queues directly (AGENTQ_* and AWS_* settings); ``dev``, ``demo`` and ``run`` start the local stack.
 Each command group registers its subcommands next to their handlers: ``submit`` and ``tasks``
@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from agentq.cli import admin, catalogue, conversation, local, memory, submit, tasks
+from agentq.cli import admin, catalogue, conversation, events, local, memory, submit, tasks
 from agentq.cli.args import EPILOG, UsageError
 from agentq.cli.submit import build_submission
 from agentq.cli.target import resolve_target
@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (submit, tasks, conversation, catalogue, memory, admin, local):  # the order `agentq --help` lists them in
+    # the order `agentq --help` lists them in
+    for group in (submit, tasks, events, conversation, catalogue, memory, admin, local):
         group.register(sub)
     return parser
 

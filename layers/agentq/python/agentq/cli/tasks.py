@@ -97,16 +97,39 @@ def _cmd_trace(args: argparse.Namespace) -> int:
 
 
 def _cmd_watch(args: argparse.Namespace) -> int:
+    """Follow the task's event stream (``agentq events``); where it cannot be read, poll."""
     from rich.live import Live
 
-    from agentq.cli.views import event_line, watch_view
+    from agentq.api.client import ConnectionFailed, ServerError
+    from agentq.cli.events import stream_line
+    from agentq.cli.views import watch_view
 
     client = api_client(args)
     view = client.get(args.task_id)
-    screen = console()
+    recent: list[Any] = []
+    with Live(watch_view(view, recent), console=console(), refresh_per_second=8, transient=False) as live:
+        try:
+            refreshed = time.monotonic()
+            for event in client.iter_events(args.task_id, poll_interval=args.interval):
+                if event.committed and args.events:
+                    recent.append(stream_line(event, view.created_at))
+                    del recent[: max(0, len(recent) - args.events)]
+                if event.committed or time.monotonic() - refreshed >= args.interval:
+                    view, refreshed = client.get(args.task_id), time.monotonic()  # tokens, children, activity
+                live.update(watch_view(view, recent))
+        except (ConnectionFailed, ServerError):
+            _poll_watch(client, args, live, recent)  # no stream (or it keeps failing): poll the task
+        view = client.get(args.task_id)
+        live.update(watch_view(view, recent))
+    return final(view)
+
+
+def _poll_watch(client: Any, args: argparse.Namespace, live: Any, recent: list[Any]) -> None:
+    from agentq.cli.views import event_line, watch_view
+
+    view = client.get(args.task_id)
     page_cursor: str | None = None
     seen_on_page = 0
-    recent: list[Any] = []
 
     def tail() -> None:
         """New trace events since the last look: re-read the last page, move on when it fills."""
@@ -122,16 +145,14 @@ def _cmd_watch(args: argparse.Namespace) -> int:
                 seen_on_page = len(page.events)
                 return
 
-    with Live(watch_view(view, recent), console=screen, refresh_per_second=8, transient=False) as live:
-        while True:
-            if args.events:
-                tail()
-            live.update(watch_view(view, recent))
-            if view.status.terminal:
-                break
-            time.sleep(args.interval)
-            view = client.get(args.task_id)
-    return final(view)
+    while True:
+        if args.events:
+            tail()
+        live.update(watch_view(view, recent))
+        if view.status.terminal:
+            return
+        time.sleep(args.interval)
+        view = client.get(args.task_id)
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
@@ -204,10 +225,11 @@ def register(sub: Any) -> None:
     status.add_argument("task_id")
     status.set_defaults(func=_cmd_status)
 
-    watch = remote(command("watch", "a live view of a task until it ends: steps, tokens as a bar, children, activity"))
+    watch = remote(command("watch", "a live view of a task until it ends: steps, tokens as a bar, children, activity "
+                           "(follows its event stream; polls where there is none)"))  # fmt: skip
     watch.add_argument("task_id")
-    watch.add_argument("--interval", type=float, default=0.5, help="seconds between refreshes")
-    watch.add_argument("--events", type=positive, default=6, help="recent trace events to show (0: none)")
+    watch.add_argument("--interval", type=float, default=0.5, help="seconds between refreshes of the live text")
+    watch.add_argument("--events", type=positive, default=6, help="recent events to show (0: none)")
     watch.set_defaults(func=_cmd_watch)
 
     result = remote(command("result", "a finished task's result on stdout (exit 1 unless it succeeded)"))

@@ -7,6 +7,11 @@ refused key is answered 401 before the handler runs, and the key's tenant reache
 in ``requestContext.authorizer.tenant``, where API Gateway puts a Lambda authorizer's context.
 Without one, every request is tenant ``local``.
 
+A request for ``/tasks/{id}/events`` that accepts ``text/event-stream`` is streamed (when the
+server has an ``EventHub``): the handler answers it first as a one-event JSON page, so the task
+and the cursor are checked (404, 400, 422) exactly as in AWS before any event; then the hub keeps
+the connection, sending each event as it commits (``api/event_hub.py``).
+
 Requests are served concurrently, a thread each, through one resolver: powertools keeps the
 request being answered in shared state, so ``agentq.api.app.AgentqResolver`` keeps it per
 request (a ``ContextVar``); without that, two requests at once answered with each other's route
@@ -16,16 +21,21 @@ or body (``tests/test_local_api_isolation.py`` races 200 clients of two tenants)
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 from agentq.api.app import is_public
 from agentq.api.errors import error_body
+from agentq.core.errors import AgentqError, TaskNotFound
+
+if TYPE_CHECKING:
+    from agentq.api.event_hub import EventHub
 
 LOCAL_TENANT = "local"
 
@@ -64,18 +74,42 @@ def proxy_event(
 Authorizer = Callable[[str | None], str]
 
 
+REQUEST_CONTEXT = "x-amzn-request-context"  # where the Lambda Web Adapter puts API Gateway's request context
+
+
+def context_tenant(header: str | None) -> str:
+    """The tenant API Gateway's authorizer put in the request context, as the Lambda Web Adapter
+    forwards it (the server behind it in AWS, ``functions/events``); raises without one."""
+    tenant = ((json.loads(header or "{}") or {}).get("authorizer") or {}).get("tenant")
+    if not isinstance(tenant, str) or not tenant:
+        raise PermissionError("no tenant in the request context")
+    return tenant
+
+
+def _tenant(authorizer: Authorizer | None, url: str, headers: dict[str, str]) -> str | None:
+    """The caller's tenant; raises when the authorizer refuses the key."""
+    if authorizer is None or is_public(unquote(urlsplit(url).path)):
+        return LOCAL_TENANT
+    if authorizer is context_tenant:
+        return context_tenant(next((v for k, v in headers.items() if k.lower() == REQUEST_CONTEXT), None))
+    return authorizer(next((v for k, v in headers.items() if k.lower() == "authorization"), None))
+
+
+_UNAUTHORIZED = (
+    401,
+    {"Content-Type": "application/json", "WWW-Authenticate": "Bearer"},
+    json.dumps(error_body("unauthorized", "missing, unknown or revoked API key")).encode(),
+)
+
+
 def dispatch(
     handler: Any, authorizer: Authorizer | None, method: str, url: str, headers: dict[str, str], body: str | None
 ) -> tuple[int, dict[str, str], bytes]:
     """One request through the authorizer (if any) and the handler: (status, headers, body)."""
-    tenant: str | None = LOCAL_TENANT
-    if authorizer is not None and not is_public(unquote(urlsplit(url).path)):
-        auth = next((v for k, v in headers.items() if k.lower() == "authorization"), None)
-        try:
-            tenant = authorizer(auth)
-        except Exception:  # the authorizer's refusal, whatever the reason: 401 as API Gateway
-            payload = json.dumps(error_body("unauthorized", "missing, unknown or revoked API key")).encode()
-            return 401, {"Content-Type": "application/json", "WWW-Authenticate": "Bearer"}, payload
+    try:
+        tenant = _tenant(authorizer, url, headers)
+    except Exception:  # the authorizer's refusal, whatever the reason: 401 as API Gateway
+        return _UNAUTHORIZED
     result = handler(proxy_event(method, url, headers, body, tenant=tenant), None)
     out = {**(result.get("headers") or {})}
     for name, values in (result.get("multiValueHeaders") or {}).items():
@@ -114,6 +148,9 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 1024  # the listen backlog: socketserver's 5 reset a burst of clients
 
 
+_EVENTS_PATH = re.compile(r"^/tasks/([^/]+)/events$")
+
+
 class LocalApiServer:
     def __init__(
         self,
@@ -121,11 +158,14 @@ class LocalApiServer:
         host: str = "127.0.0.1",
         port: int = 0,
         authorizer: Authorizer | None = None,
+        hub: EventHub | None = None,
     ) -> None:
-        """``authorizer`` maps an Authorization header value to a tenant or raises (401)."""
+        """``authorizer`` maps an Authorization header value to a tenant or raises (401);
+        ``hub`` streams task events (without one, event streams are answered as in Lambda)."""
         self.handler = handler
         self.authorizer = authorizer
         self.host = host
+        self.hub = hub
 
         outer = self
 
@@ -145,7 +185,55 @@ class LocalApiServer:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length).decode(errors="replace") if length else None
                 headers = dict(self.headers.items())
+                parts = urlsplit(self.path)
+                match = _EVENTS_PATH.match(unquote(parts.path))
+                if (
+                    outer.hub is not None
+                    and self.command == "GET"
+                    and match is not None
+                    and "text/event-stream" in (self.headers.get("Accept") or "").lower()
+                ):
+                    self._stream(outer.hub, match[1], headers)
+                    return
                 self._reply(*dispatch(outer.handler, outer.authorizer, self.command, self.path, headers, body))
+
+            def _stream(self, hub: EventHub, task_id: str, headers: dict[str, str]) -> None:
+                """Check the request as the handler would (one-event JSON page), then stream."""
+                query = parse_qs(urlsplit(self.path).query, keep_blank_values=True)
+                check = {k: v for k, v in headers.items() if k.lower() != "accept"}
+                probe = urlsplit(self.path)._replace(
+                    query=urlencode({"limit": 1, **{k: v[-1] for k, v in query.items()}})
+                )
+                status, out, payload = dispatch(outer.handler, outer.authorizer, "GET", probe.geturl(), check, None)
+                if status != 200:
+                    self._reply(status, out, payload)
+                    return
+                tenant = _tenant(outer.authorizer, self.path, headers) or LOCAL_TENANT
+                after = query.get("after", [None])[-1] or self.headers.get("Last-Event-ID")
+                tree = query.get("tree", ["false"])[-1].lower() in ("true", "1")
+                field = "after" if query.get("after") else "Last-Event-ID"
+                try:
+                    watch = hub.open(tenant, task_id, after, tree=tree, field=field)
+                except AgentqError as exc:  # the task or cursor changed since the check: as the handler says
+                    code = 404 if isinstance(exc, TaskNotFound) else 400
+                    self._reply(code, {"Content-Type": "application/json"},
+                                json.dumps(error_body(exc.code, exc.message, exc.field)).encode())  # fmt: skip
+                    return
+                if hub.finished(watch):
+                    self._reply(204, {}, b"")
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Cache-Control", "no-cache")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.close_connection = True
+                try:
+                    for chunk in hub.stream(watch):
+                        self.wfile.write(chunk.encode())
+                        self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client went away: its poller subscription ends with the generator
 
             def __getattr__(self, name: str) -> Any:  # every method reaches the handler (405 for the wrong one)
                 if name.startswith("do_"):

@@ -22,6 +22,7 @@ from typing import Any
 
 from agentq.api.app import build_app
 from agentq.api.auth import authorize
+from agentq.api.event_hub import EventHub
 from agentq.control.defaults import Defaults
 from agentq.core.secrets import Secrets
 from agentq.core.tools.mcp import McpServers
@@ -117,7 +118,8 @@ class LocalStack:
             if self.auth:
                 keys = self.keys()
                 authorizer = lambda header: authorize(keys, header).tenant  # noqa: E731
-            self.api_server = LocalApiServer(app.resolve, authorizer=authorizer).start()
+            hub = EventHub(self.store())  # task event streams, served by this process as in `agentq dev`
+            self.api_server = LocalApiServer(app.resolve, authorizer=authorizer, hub=hub).start()
         for _ in range(self.workers):
             self.spawn_worker()
         if self.supervise:

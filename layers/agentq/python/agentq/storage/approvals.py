@@ -12,6 +12,7 @@ from agentq.core.errors import IllegalTransition
 from agentq.core.models import Lease, TaskStatus
 from agentq.core.records import ApprovalRecord
 from agentq.storage import keys
+from agentq.storage.events import EVENT_TEXT_CHARS, NewEvent, logged_transact
 from agentq.storage.leases import why_fenced
 from agentq.storage.table import Item, Patch, Put, Table, TransactionCancelled, Update, absent, plain
 from agentq.storage.tasks import Tasks
@@ -43,13 +44,21 @@ class Approvals:
             "question": question,
             "asked_at": time.time(),
         }
+        paused = NewEvent("task.status", {"status": TaskStatus.PAUSED.value, "approval": use_id})
+        asked = NewEvent("approval.requested", {"tool_use_id": use_id, "question": question[:EVENT_TEXT_CHARS],
+                                               "status": TaskStatus.PAUSED.value})  # fmt: skip
         try:
-            self.table.transact([Put("approval", record, absent()), self.tasks.pause(lease)])
+            logged_transact(
+                self.table, lease.task_id, [Put("approval", record, absent()), self.tasks.pause(lease)], asked
+            )
         except TransactionCancelled as exc:
             if "meta" in exc.failed:
                 raise why_fenced(self.table, lease) from exc
             # asked before (a resumed worker): pause again
-            self.table.transact([self.tasks.pause(lease)])
+            try:
+                logged_transact(self.table, lease.task_id, [self.tasks.pause(lease)], paused)
+            except TransactionCancelled as again:
+                raise why_fenced(self.table, lease) from again
 
     def get(self, task_id: str, use_id: str) -> ApprovalRecord | None:
         raw = self.table.get(keys.item_key(task_id, f"{keys.APPROVAL}{use_id}"))
@@ -79,7 +88,12 @@ class Approvals:
             Update(set={"status": TaskStatus.QUEUED.value, "updated_at": now}),
             Attr("status").eq(TaskStatus.PAUSED.value),
         )
+        decided = NewEvent(
+            "approval.decided",
+            {"tool_use_id": use_id, "approved": approved, "note": note[:EVENT_TEXT_CHARS], "by": by,
+             "status": TaskStatus.QUEUED.value},
+        )  # fmt: skip
         try:
-            self.table.transact([decision, requeue])
+            logged_transact(self.table, task_id, [decision, requeue], decided)
         except TransactionCancelled as exc:
             raise IllegalTransition(f"task {task_id} has no pending approval to decide", field="task_id") from exc

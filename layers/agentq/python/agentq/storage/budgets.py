@@ -52,6 +52,7 @@ from agentq.core.pricing import NO_MONEY_CAP
 from agentq.core.records import NO_USAGE, BudgetDelta, BudgetState, Reservation
 from agentq.storage import keys
 from agentq.storage.budget_items import SETTLED, budget_state, lapsed_name, ticket_value
+from agentq.storage.events import NewEvent, logged_transact
 from agentq.storage.leases import why_fenced
 from agentq.storage.table import (
     ConditionFailed,
@@ -368,11 +369,19 @@ class Budgets:
         raise RuntimeError(f"could not settle the budget of child {child_id}: it keeps changing")
 
     def raise_cap(self, task_id: str, add_tokens: int, add_micros: int = 0) -> BudgetState:
-        self.table.update(
+        """Raise the task's own budget; logged as a ``budget.raised`` event with the write.
+        Raises ``ConditionFailed`` when the task has no budget of its own left to raise."""
+        raised = Patch(
+            "meta",
             keys.meta_key(task_id),
             Update(
                 add={"cap": add_tokens, "available": add_tokens, "usd_cap": add_micros, "usd_available": add_micros}
             ),
-            condition=present() & Attr("cap").exists() & Attr(SETTLED).not_exists(),
+            present() & Attr("cap").exists() & Attr(SETTLED).not_exists(),
         )
+        event = NewEvent("budget.raised", {"add_tokens": add_tokens, "add_usd_micros": add_micros})
+        try:
+            logged_transact(self.table, task_id, [raised], event)
+        except TransactionCancelled as exc:
+            raise ConditionFailed(None) from exc
         return self.get(task_id)

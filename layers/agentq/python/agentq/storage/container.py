@@ -10,6 +10,7 @@ from agentq.storage.api_keys import KeyStore
 from agentq.storage.approvals import Approvals
 from agentq.storage.budgets import Budgets
 from agentq.storage.effects import Effects
+from agentq.storage.events import EventLog
 from agentq.storage.flow import FlowControl
 from agentq.storage.memory_stores import MemoryStores
 from agentq.storage.messages import Messages
@@ -42,6 +43,7 @@ class Storage:
         self.steps = Steps(table, payloads, self.tasks)
         self.messages = Messages(table, retention_seconds=retention_seconds)
         self.effects = Effects(table, payloads)
+        self.events = EventLog(table, self.steps.record)
         self.spawns = Spawns(table, payloads, self.tasks, self.budgets)
         self.approvals = Approvals(table, self.tasks)
         self.notes = Notes(table)

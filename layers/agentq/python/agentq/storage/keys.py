@@ -24,6 +24,7 @@ SPAWN = "SPAWN#"
 APPROVAL = "APPROVAL#"
 ORPHAN = "ORPHAN#"
 CLAIM = "CLAIM#"
+EVENT = "EVENT#"  # a task's logged event (storage/events.py), numbered by META's seq
 DEPENDENT = "DEPENDENT#"  # in a task's partition: a task that waits for it (depends_on)
 SUBMISSION = "META#SUBMISSION"  # sorts right after META: one Query reads both
 RETRY = "META#RETRY"  # the latest retry (RetryState): read by the same Query
@@ -63,6 +64,10 @@ LAST_STEP_SK = f"{STEP}999999"
 
 def claim_sk(epoch: int) -> str:
     return f"{CLAIM}{epoch:06d}"
+
+
+def event_sk(seq: int) -> str:
+    return f"{EVENT}{seq:09d}"
 
 
 def orphan_sk(number: int, epoch: int) -> str:

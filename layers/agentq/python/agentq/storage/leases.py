@@ -70,7 +70,15 @@ class TaskLeases(TaskItems):
                     },
                     add={"lease_epoch": 1, "claim_count": 1},
                     set_if_absent={"started_at": now, "first_claimed_at": now},
-                    copy_from={"prev_heartbeat_at": ("heartbeat_at", now)},
+                    remove=["live_text"],  # a lapsed lease's call in flight: never shown as this one's
+                    # where the claim falls in the task's event log (storage/events.py), and whether
+                    # it took a running task over: the values as they were before this write
+                    copy_from={
+                        "prev_heartbeat_at": ("heartbeat_at", now),
+                        "claim_step": ("step", 0),
+                        "claim_seq": ("seq", 0),
+                        "claimed_from": ("status", TaskStatus.QUEUED.value),
+                    },
                 ),
                 condition=present()
                 & status_in([TaskStatus.QUEUED, TaskStatus.RUNNING])
@@ -87,6 +95,9 @@ class TaskLeases(TaskItems):
             "worker": worker,
             "at": now,
             "prev_heartbeat_at": meta["prev_heartbeat_at"],
+            "step": meta["claim_step"],
+            "seq": meta["claim_seq"],
+            "claimed_from": meta["claimed_from"],
         }
         self.table.put(claim)
         sub = self.table.get(keys.submission_key(task_id))

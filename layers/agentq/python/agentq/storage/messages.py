@@ -27,6 +27,10 @@ delivered, so a message accepted while the last call was in flight is delivered,
 a finished task. An interrupt is ``interrupt_at`` on META: the next LLM step's commit is
 conditional on its absence, so the answer of a call in flight is discarded (and charged: it is
 settled as an orphan call), and the engine moves the task to ``idle`` (or delivers what waits).
+
+Each of these writes logs its event in the same transaction (``storage.events``):
+``message.received`` with the accept, ``task.interrupt_requested``, ``task.status`` idle,
+``conversation.closed``; the delivery is a step, an event of its own.
 """
 
 from __future__ import annotations
@@ -46,9 +50,9 @@ from agentq.core.models import DoubleTexting, Lease, TaskStatus, UserMessage
 from agentq.core.records import Inbox
 from agentq.resources import TTL_ATTRIBUTE
 from agentq.storage import keys
+from agentq.storage.events import EVENT_TEXT_CHARS, NewEvent, logged_transact
 from agentq.storage.leases import why_fenced
 from agentq.storage.table import (
-    ConditionFailed,
     Item,
     Patch,
     Put,
@@ -175,8 +179,13 @@ class Messages:
                         absent(),
                     )
                 )
+            said = {"message_id": message.message_id, "seq": message.seq, "text": text[:EVENT_TEXT_CHARS]}
+            if status in REOPENED:
+                said["status"] = TaskStatus.QUEUED.value  # a follow-up: the event leaves the task queued
+            if interrupting:
+                said["interrupting"] = True
             try:
-                self.table.transact(actions)
+                logged_transact(self.table, task_id, actions, NewEvent("message.received", said), retry_moved=False)
             except (TransactionCancelled, TransactionConflict):
                 # Another message took the number, the status moved, the key was used, or a
                 # write to META raced this one: look again.
@@ -280,14 +289,16 @@ class Messages:
                 status=status.value,
             )
         now = Decimal(repr(time.time()))
+        ask = Patch(
+            "meta",
+            keys.meta_key(task_id),
+            Update(set={"interrupt_at": now, "updated_at": now}),
+            Attr("status").is_in([TaskStatus.RUNNING.value, TaskStatus.QUEUED.value]),
+        )
         try:
-            self.table.update(
-                keys.meta_key(task_id),
-                Update(set={"interrupt_at": now, "updated_at": now}),
-                condition=Attr("status").is_in([TaskStatus.RUNNING.value, TaskStatus.QUEUED.value]),
-            )
-        except ConditionFailed as exc:
-            moved = TaskStatus(str((exc.old or {}).get("status", status.value)))
+            logged_transact(self.table, task_id, [ask], NewEvent("task.interrupt_requested", {}))
+        except TransactionCancelled as exc:
+            moved = TaskStatus(str((self.table.get(keys.meta_key(task_id)) or {}).get("status", status.value)))
             if moved is TaskStatus.IDLE:
                 return moved
             raise IllegalTransition(
@@ -301,22 +312,24 @@ class Messages:
         """An interrupted task stops: ``running -> idle``, fenced, and only while no message
         waits (then: the inbox as it is, and the engine delivers instead of stopping)."""
         now = time.time()
+        idle = Patch(
+            "meta",
+            keys.meta_key(lease.task_id),
+            Update(
+                set={
+                    "status": TaskStatus.IDLE.value,
+                    "lease_expires": 0,
+                    "updated_at": now,
+                    TTL_ATTRIBUTE: int(now + self.retention_seconds),
+                },
+                remove=["interrupt_at", "inflight", "live_text"],
+            ),
+            fence(lease) & nothing_waits(delivered),
+        )
         try:
-            self.table.update(
-                keys.meta_key(lease.task_id),
-                Update(
-                    set={
-                        "status": TaskStatus.IDLE.value,
-                        "lease_expires": 0,
-                        "updated_at": now,
-                        TTL_ATTRIBUTE: int(now + self.retention_seconds),
-                    },
-                    remove=["interrupt_at", "inflight", "live_text"],
-                ),
-                condition=fence(lease) & nothing_waits(delivered),
-            )
-        except ConditionFailed as exc:
-            old = exc.old or {}
+            logged_transact(self.table, lease.task_id, [idle], NewEvent("task.status", {"status": "idle"}))
+        except TransactionCancelled as exc:
+            old = self.table.get(keys.meta_key(lease.task_id)) or {}
             if old.get("lease_epoch") == lease.epoch and old.get("status") == TaskStatus.RUNNING.value:
                 return inbox_of(old)  # the fence holds: a message came in
             raise why_fenced(self.table, lease) from exc
@@ -327,9 +340,10 @@ class Messages:
         meta = self.table.get(keys.meta_key(task_id))
         if meta is None or (tenant is not None and meta.get("tenant") != tenant):
             raise TaskNotFound(f"task {task_id} not found", field="task_id")
+        closing = Patch("meta", keys.meta_key(task_id), Update(set={"conversation_closed": True}), present())
         try:
-            self.table.update(keys.meta_key(task_id), Update(set={"conversation_closed": True}), condition=present())
-        except ConditionFailed as exc:  # deleted meanwhile (its retention ran out)
+            logged_transact(self.table, task_id, [closing], NewEvent("conversation.closed", {}))
+        except TransactionCancelled as exc:  # deleted meanwhile (its retention ran out)
             raise TaskNotFound(f"task {task_id} not found", field="task_id") from exc
 
 

@@ -20,6 +20,7 @@ from agentq.core.models import Lease, Task, TaskSubmission, ToolOutcome
 from agentq.core.records import SpawnRecord
 from agentq.storage import keys
 from agentq.storage.budgets import BUDGET, Budgets
+from agentq.storage.events import NewEvent, logged_transact
 from agentq.storage.leases import why_fenced
 from agentq.storage.serdes import Payloads
 from agentq.storage.table import (
@@ -92,7 +93,11 @@ class Spawns:
             [merge("lease", lease_check, funding)] if funding.key == lease_check.key else [lease_check, funding]
         )
         try:
-            self.table.transact([*writes, Put("spawn", record, absent())])
+            spawned = NewEvent(
+                "task.spawned",
+                {"spawn_id": spawn_id, "children": [c.task_id for c in children], "max_concurrency": max_concurrency},
+            )
+            logged_transact(self.table, lease.task_id, [*writes, Put("spawn", record, absent())], spawned, meta="lease")
         except TransactionCancelled as exc:
             if "lease" in exc.failed and not fence_holds(self.table.get(keys.meta_key(lease.task_id)), lease):
                 raise why_fenced(self.table, lease) from exc

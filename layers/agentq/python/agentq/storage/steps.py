@@ -120,6 +120,10 @@ class Steps:
         )
         return self._record(task_id, items[0]) if items else None
 
+    def record(self, task_id: str, raw: Item) -> StepRecord:
+        """A step item as read (its body fetched from S3 when it was offloaded)."""
+        return self._record(task_id, raw)
+
     def _record(self, task_id: str, raw: Item) -> StepRecord:
         item = plain(raw)
         body = _STEP_ADAPTER.validate_json(self.payloads.decode(item))
@@ -173,6 +177,10 @@ class Steps:
             "committed_at": now,
             **stored,
         }
+        if finish is not None:  # the step's second event in the task's log (storage/events.py)
+            step_item["finish"] = finish.value
+            if error and error.get("code"):
+                step_item["finish_error"] = str(error["code"])
         self._prepare(lease, number, step_item)
         crash_point("after_step_put")
         sets: dict[str, Any] = {"step": number, "updated_at": now}

@@ -28,6 +28,7 @@ from agentq.core.models import (
 )
 from agentq.resources import LIVE_ATTRIBUTES, TTL_ATTRIBUTE
 from agentq.storage import keys
+from agentq.storage.events import NewEvent, logged_transact
 from agentq.storage.leases import why_fenced
 from agentq.storage.table import (
     Check,
@@ -91,11 +92,15 @@ class TaskTransitions(TaskItems):
             condition = condition & (Attr(TTL_ATTRIBUTE).not_exists() | Attr(TTL_ATTRIBUTE).gt(Decimal(repr(now))))
         if lease is not None:
             condition = condition & Attr("lease_epoch").eq(lease.epoch)
+        event = {"status": to.value, **({"error": error.get("code")} if error else {})}
         try:
-            new = self.table.update(
-                keys.meta_key(task_id), Update(set=sets, remove=removes), condition=condition, returns="ALL_NEW"
+            meta = logged_transact(
+                self.table,
+                task_id,
+                [Patch("meta", keys.meta_key(task_id), Update(set=sets, remove=removes), condition)],
+                NewEvent("task.status", event),
             )
-        except ConditionFailed as exc:
+        except TransactionCancelled as exc:
             current = self.get(task_id)  # raises TaskNotFound if absent
             if lease is not None and current.lease_epoch != lease.epoch:
                 raise LeaseLost(f"lease epoch {lease.epoch} of task {task_id} is no longer current") from exc
@@ -108,7 +113,7 @@ class TaskTransitions(TaskItems):
                 f"task {task_id} cannot move from {current.status.value!r} to {to.value!r}", field="status"
             ) from exc
         observe.task_status_changed(
-            task_id, str((new or {}).get("tenant", "")), to.value, **({"error": error.get("code")} if error else {})
+            task_id, str((meta or {}).get("tenant", "")), to.value, **({"error": error.get("code")} if error else {})
         )
 
     def _result_attrs(self, task_id: str, result: str, lease: Lease | None) -> dict[str, Any]:
@@ -203,8 +208,10 @@ class TaskTransitions(TaskItems):
         running. Returns False when the task had ended."""
         item = {**keys.retry_key(task_id), **state.model_dump()}
         guard = fence(lease) if lease is not None else present() & status_in([TaskStatus.QUEUED, TaskStatus.RUNNING])
+        event = NewEvent("task.retry", state.model_dump(mode="json"))
         try:
-            self.table.transact([Check("task", keys.meta_key(task_id), guard), Put("retry", item)])
+            logged_transact(self.table, task_id, [Check("task", keys.meta_key(task_id), guard), Put("retry", item)],
+                            event, meta="task")  # fmt: skip
         except TransactionCancelled as exc:
             if lease is not None:
                 raise why_fenced(self.table, lease) from exc

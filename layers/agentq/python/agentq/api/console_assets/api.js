@@ -91,3 +91,69 @@ export async function all(path, field, limit = 200) {
   }
   return out;
 }
+
+// Follow a server-sent event stream (GET .../events) with the key: EventSource cannot send an
+// Authorization header, so this is its protocol over fetch: each event to onEvent, a reconnect
+// with Last-Event-ID when the connection drops, done at `event: end` or a 204. Rejects when the
+// API does not stream (or keeps failing), so the caller can poll instead.
+export async function follow(path, onEvent, signal, state = {}) {
+  let lastId = null;
+  let failures = 0;
+  while (!signal.aborted) {
+    const headers = { Accept: "text/event-stream" };
+    const key = getKey();
+    if (key) headers.Authorization = `Bearer ${key}`;
+    if (lastId) headers["Last-Event-ID"] = lastId;
+    let resp;
+    try {
+      resp = await fetch(url(path), { headers, cache: "no-store", signal });
+    } catch (err) {
+      if (signal.aborted) return "stopped";
+      failures += 1;
+      if (failures > 5) throw new ApiError(0, "unreachable", `the event stream did not answer (${err.message})`);
+      await new Promise((r) => window.setTimeout(r, 250 * 2 ** failures));
+      continue;
+    }
+    stats.requests += 1;
+    stats.last = new Date();
+    if (resp.status === 204) return "ended";
+    const type = resp.headers.get("Content-Type") || "";
+    if (!resp.ok || !type.includes("text/event-stream") || !resp.body) {
+      throw new ApiError(resp.status, "not_streaming", "the API did not answer with an event stream");
+    }
+    state.streaming = true;
+    failures = 0;
+    const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    try {
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += value;
+        let cut;
+        while ((cut = buffer.indexOf("\n\n")) >= 0) {
+          const block = buffer.slice(0, cut);
+          buffer = buffer.slice(cut + 2);
+          const fields = { data: [] };
+          for (const line of block.split("\n")) {
+            const at = line.indexOf(":");
+            if (at <= 0) continue; // a comment (keep-alive) or nothing
+            const name = line.slice(0, at);
+            const value = line.slice(at + 1).replace(/^ /, "");
+            if (name === "data") fields.data.push(value);
+            else fields[name] = value;
+          }
+          if (fields.event === "end") return "ended";
+          if (fields.id) lastId = fields.id;
+          if (fields.data.length) onEvent(JSON.parse(fields.data.join("\n")));
+        }
+      }
+    } catch (err) {
+      if (signal.aborted) return "stopped";
+    } finally {
+      state.streaming = false;
+    }
+    await new Promise((r) => window.setTimeout(r, 500)); // dropped: resume after the last event
+  }
+  return "stopped";
+}

@@ -58,6 +58,7 @@ class Context {
     this.showError = showError;
     this.timers = [];
     this.stopped = false;
+    this.abort = new AbortController(); // ends the page's event streams when it is left
   }
 
   // Run fn now and then every ms while this page is shown; an error is shown, and polling goes on.
@@ -79,6 +80,7 @@ class Context {
   stop() {
     this.stopped = true;
     this.timers.forEach((t) => window.clearTimeout(t));
+    this.abort.abort();
   }
 
   go(hash) {

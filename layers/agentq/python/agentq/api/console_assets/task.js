@@ -1,7 +1,9 @@
 // One task: status, goal, budget gauge, actions the state allows, step timeline, per-step chart,
-// trace tree, sub-agents and result. Polled; sections are redrawn only when what they show changed.
+// trace tree, sub-agents and result. It follows the task's event stream (each committed event
+// redraws what changed; the live text of a model call shows as it streams) and polls when there
+// is no stream, or once the stream has ended. Sections are redrawn only when what they show changed.
 
-import { all, get, post } from "./api.js";
+import { all, follow, get, post } from "./api.js";
 import { budgetGauge, moneyGauge, stepChart } from "./charts.js";
 import { drawChat } from "./chat.js";
 import {
@@ -27,6 +29,7 @@ export async function taskPage(ctx, taskId) {
     facts: h("section", { class: "card facts" }),
     actions: h("section", { class: "card actions", "aria-labelledby": "actions-h" }),
     notice: h("p", { class: "notice", role: "status", hidden: true }),
+    live: h("pre", { class: "live-text", id: "live-text", "aria-live": "polite", hidden: true }),
     result: h("section", { class: "card", "aria-labelledby": "result-h" }),
     chat: h("section", { class: "card", "aria-labelledby": "chat-h" }),
     children: h("section", { class: "card", "aria-labelledby": "children-h" }),
@@ -36,6 +39,7 @@ export async function taskPage(ctx, taskId) {
   };
   replace(ctx.main,
     el.head,
+    el.live,
     el.notice,
     h("div", { class: "grid" }, el.gauge, el.facts, el.actions),
     el.result, el.chat, el.children, el.timeline, el.chart, el.trace);
@@ -78,6 +82,39 @@ export async function taskPage(ctx, taskId) {
   }
 
   await refresh(true);
+  // Live: each committed event redraws (a burst of them once); uncommitted text shows as it comes.
+  let queued = false;
+  const redraw = () => {
+    if (queued) return;
+    queued = true;
+    window.setTimeout(() => {
+      queued = false;
+      refresh(false).catch(ctx.showError);
+    }, 100);
+  };
+  const stream = { streaming: false };
+  window.agentqStream = stream; // what the page is doing, for the browser tests
+  const onEvent = (event) => {
+    if (event.committed) {
+      stream.events = (stream.events || 0) + 1;
+      el.live.hidden = true;
+      el.live.textContent = "";
+      redraw();
+    } else if (event.type === "agent.message_delta") {
+      stream.deltas = (stream.deltas || 0) + 1;
+      el.live.textContent = event.data.reset ? event.data.text : el.live.textContent + event.data.text;
+      el.live.hidden = false;
+    }
+  };
+  if (!TERMINAL.has(view.status)) {
+    try {
+      const how = await follow(`${path}/events`, onEvent, ctx.abort.signal, stream);
+      stream.ended = how;
+      if (how === "stopped") return;
+    } catch (err) {
+      stream.fallback = err.message; // no stream here: poll
+    }
+  }
   return ctx.every(POLL_MS, () => refresh(false));
 }
 

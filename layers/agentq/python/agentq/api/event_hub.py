@@ -1,0 +1,289 @@
+"""Server-sent event streams of tasks, one poller per watched task per process.
+
+Why a poller per task rather than per client: a watcher learns of a change by reading META, and
+a thousand clients of one task reading it each would multiply the table's reads by a thousand.
+A ``TaskPoller`` reads META (one strongly consistent GetItem) every ``interval`` and the new
+items only when META's step, seq, epoch, status or live text changed; it keeps what it read in a
+buffer that every subscriber of the task takes its events from. A subscriber behind the buffer
+(a reconnect with an old ``Last-Event-ID``) reads its own way up from the table first, then
+joins: whatever it reads is at positions the log never changes, so the two never disagree.
+
+A stream: ``retry:``, then each committed event (``id:`` its cursor, ``event:`` its type,
+``data:`` the JSON event), the live text of a model call in flight as ``agent.message_delta``
+without an id, a ``: keep-alive`` comment after ``keepalive`` seconds of silence, and the end
+once every watched task has ended and all its events were sent (``event: end``).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from agentq.api.events import Watch, Watched, parse_cursor
+from agentq.api.views import InvalidCursor, owned
+from agentq.core.models import LLMStep
+from agentq.storage.container import Storage
+from agentq.storage.events import Head, LogEvent, Position
+
+READ_PAGE = 200
+END = "event: end\ndata: {}\n\n"  # every watched task has ended: a client stops here (no reconnect)
+BUFFER_EVENTS = 2000  # per task: a subscriber further behind reads the table itself
+
+
+def frame(event: dict[str, Any]) -> str:
+    """One server-sent event. An uncommitted one has no ``id:`` line, so a client's
+    ``Last-Event-ID`` stays at the last committed event."""
+    head = f"id: {event['id']}\n" if event.get("id") else ""
+    return f"{head}event: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    head: Head | None
+    base: Position | None  # the buffer holds every event after this up to ``through``
+    through: Position | None
+    events: list[LogEvent]
+
+
+class TaskPoller:
+    def __init__(
+        self, store: Storage, task_id: str, interval: float, linger: float = 10.0, on_stop: Any = None
+    ) -> None:
+        self.store = store
+        self.task_id = task_id
+        self.interval = interval
+        self.linger = linger
+        self.on_stop = on_stop  # called once the poller has stopped for want of subscribers
+        self.lock = threading.Lock()
+        self.subscribers: set[threading.Event] = set()
+        self.head: Head | None = None
+        self.base: Position | None = None
+        self.through: Position | None = None
+        self.buffer: list[LogEvent] = []
+        self.frames: dict[Position, str] = {}  # the frame of each buffered event, for one-task watches
+        self.stopped = threading.Event()
+        self.reads = 0  # table calls made (bench/events.py)
+        self.idle_since: float | None = None
+        self.thread = threading.Thread(target=self._run, name=f"events-{task_id[:8]}", daemon=True)
+
+    def start(self) -> TaskPoller:
+        head = self.store.events.head(self.task_id)
+        self.reads += 1
+        with self.lock:
+            self.head = head
+            self.base = self.through = head.position if head else None
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            with self.lock:
+                idle = self.idle_since is not None and time.monotonic() - self.idle_since > self.linger
+                if idle:
+                    self.stopped.set()  # no subscriber for a while: stop reading the table
+            if idle:
+                if self.on_stop is not None:
+                    self.on_stop(self)
+                return
+            try:
+                self.poll()
+            except Exception:  # a failed read is retried at the next tick; the stream stays up
+                time.sleep(self.interval)
+
+    def poll(self) -> None:
+        head = self.store.events.head(self.task_id)
+        self.reads += 1
+        if head is not None and self.head is not None and head.fingerprint == self.head.fingerprint:
+            return
+        new: list[LogEvent] = []
+        if head is not None:
+            after = self.through
+            while True:
+                page = self.store.events.read(self.task_id, head, after, limit=READ_PAGE)
+                self.reads += 1
+                new += page
+                if len(page) < READ_PAGE:
+                    break
+                after = page[-1].position
+        with self.lock:
+            self.head = head
+            if head is not None:
+                if self.base is None:
+                    self.base = head.position
+                self.buffer += new
+                if len(self.buffer) > BUFFER_EVENTS:
+                    drop = len(self.buffer) - BUFFER_EVENTS
+                    self.base = self.buffer[drop - 1].position
+                    del self.buffer[:drop]
+                    self.frames = {p: f for p, f in self.frames.items() if p > self.base}
+                self.through = head.position
+            waiting = list(self.subscribers)
+        for wake in waiting:
+            wake.set()
+
+    def snapshot(self, after: Position | None) -> Snapshot:
+        with self.lock:
+            events = [e for e in self.buffer if after is None or e.position > after]
+            return Snapshot(self.head, self.base, self.through, events)
+
+
+class EventHub:
+    """The pollers of one process; a poller lives while it has subscribers (and ``linger``
+    seconds after, so a client that reconnects finds it warm)."""
+
+    def __init__(self, store: Storage, *, interval: float = 0.3, keepalive: float = 15.0, linger: float = 10.0) -> None:
+        self.store = store
+        self.interval = interval
+        self.keepalive = keepalive
+        self.linger = linger
+        self.lock = threading.Lock()
+        self.pollers: dict[str, TaskPoller] = {}
+        self.direct_reads = 0  # subscribers reading their own way up to a poller's buffer
+        self.retired_reads = 0  # of pollers that have stopped
+
+    def attach(self, task_id: str, wake: threading.Event) -> TaskPoller:
+        with self.lock:
+            poller = self.pollers.get(task_id)
+            if poller is not None:
+                with poller.lock:
+                    if not poller.stopped.is_set():
+                        poller.subscribers.add(wake)
+                        poller.idle_since = None
+                        return poller
+            poller = TaskPoller(self.store, task_id, self.interval, self.linger, self._stopped)
+            poller.subscribers.add(wake)
+            self.pollers[task_id] = poller.start()
+            return poller
+
+    def detach(self, poller: TaskPoller, wake: threading.Event) -> None:
+        with poller.lock:
+            poller.subscribers.discard(wake)
+            if not poller.subscribers:
+                poller.idle_since = time.monotonic()
+
+    def _stopped(self, poller: TaskPoller) -> None:
+        with self.lock:
+            if self.pollers.get(poller.task_id) is poller:
+                del self.pollers[poller.task_id]
+                self.retired_reads += poller.reads
+
+    @property
+    def reads(self) -> int:
+        """The table reads of this hub's pollers and of subscribers catching up."""
+        with self.lock:
+            return self.direct_reads + self.retired_reads + sum(p.reads for p in self.pollers.values())
+
+    def open(self, tenant: str, task_id: str, cursor: str | None, *, tree: bool, field: str) -> Watch:
+        """The watch a stream serves, checked before any byte is sent: another tenant's or
+        an unknown task is ``TaskNotFound``, a cursor not of this task (or tree) ``InvalidCursor``."""
+        task = owned(self.store, task_id, tenant)
+        watch = Watch(self.store, task, parse_cursor(task, cursor, tree=tree, field=field), tree=tree)
+        for watched in watch.tasks.values():
+            head = self.store.events.head(watched.task_id)
+            if watched.cursor is not None and (head is None or watched.cursor > head.position):
+                raise InvalidCursor(
+                    f"{field}: event {watched.cursor} of task {watched.task_id} is past its end", field=field
+                )
+        return watch
+
+    def finished(self, watch: Watch) -> bool:
+        """Whether a stream of ``watch`` would send nothing: every task has ended and no event
+        follows its cursor (answered 204, which tells an EventSource not to reconnect)."""
+        for watched in watch.tasks.values():
+            head = self.store.events.head(watched.task_id)
+            if head is None:
+                continue
+            if not head.status.terminal or self.store.events.read(watched.task_id, head, watched.cursor, limit=1):
+                return False
+        return True
+
+    def stream(self, watch: Watch) -> Iterator[str]:
+        """The frames of ``watch``'s stream until every task has ended (see the module)."""
+        wake = threading.Event()
+        attached: dict[str, TaskPoller] = {}
+        try:
+            yield "retry: 1000\n\n"
+            quiet_since = time.monotonic()
+            while True:
+                for task_id in list(watch.tasks):
+                    if task_id not in attached:
+                        attached[task_id] = self.attach(task_id, wake)
+                out: list[str] = []
+                behind = False
+                for task_id, watched in list(watch.tasks.items()):
+                    frames, more = self._next(watch, watched, attached[task_id])
+                    out += frames
+                    behind = behind or more
+                if out:
+                    yield "".join(out)
+                    quiet_since = time.monotonic()
+                if watch.done:
+                    yield END
+                    return
+                if behind or set(watch.tasks) - set(attached):
+                    continue
+                wait = self.keepalive - (time.monotonic() - quiet_since)
+                if wait <= 0:
+                    yield ": keep-alive\n\n"
+                    quiet_since = time.monotonic()
+                    continue
+                wake.wait(timeout=wait)  # a poller sets it on any change
+                wake.clear()
+        finally:
+            for poller in attached.values():
+                self.detach(poller, wake)
+
+    @staticmethod
+    def _shared_frame(watch: Watch, watched: Watched, poller: TaskPoller, event: LogEvent) -> str:
+        """The frame of a buffered event: made once per poller for every one-task watch (its id
+        and text are the same for all of them), so a thousand subscribers encode it once."""
+        if watch.tree:
+            return frame(watch.view(watched, event))
+        with poller.lock:
+            cached = poller.frames.get(event.position)
+        if cached is None:
+            cached = frame(watch.view(watched, event))
+            with poller.lock:
+                poller.frames[event.position] = cached
+        else:
+            watched.cursor = event.position
+            if watched.seen is None or event.position > watched.seen:
+                watched.seen = event.position
+            if event.step is not None:
+                watched.live = None  # the step supersedes the live text sent before it
+                if isinstance(event.step.body, LLMStep):  # the inputs a later tools step's frame names
+                    watched.inputs = {u["id"]: u.get("input") or {} for u in event.step.body.tool_uses()}
+        return cached
+
+    def _next(self, watch: Watch, watched: Watched, poller: TaskPoller) -> tuple[list[str], bool]:
+        """What to send of one task now, and whether more is ready at once (reading behind)."""
+        snap = poller.snapshot(watched.seen)
+        if snap.head is None:
+            watched.done = True
+            return [], False
+        if watched.seen is None or snap.base is None or watched.seen < snap.base:
+            head = self.store.events.head(watched.task_id)
+            if head is None:
+                watched.done = True
+                return [], False
+            watch.prime_inputs(watched, head)
+            events = self.store.events.read(watched.task_id, head, watched.seen, limit=READ_PAGE)
+            self.direct_reads += 2
+            frames = [frame(watch.view(watched, e)) for e in events]
+            if len(events) < READ_PAGE:
+                watched.seen = max(watched.seen, head.position) if watched.seen else head.position
+                watched.done = head.status.terminal
+                return frames, False
+            return frames, True
+        frames = [self._shared_frame(watch, watched, poller, e) for e in snap.events]
+        if snap.through is not None and snap.through > watched.seen:
+            watched.seen = snap.through
+        watched.done = snap.head.status.terminal
+        delta = watch.delta(watched, snap.head)
+        if delta is not None:
+            frames.append(frame(delta))
+        return frames, False

@@ -1,0 +1,85 @@
+"""``agentq events``: a task's event stream (``GET /tasks/{id}/events``) as lines or JSON lines,
+and the line of each event that ``agentq watch`` shows while it follows the same stream."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from agentq.cli.args import add_command
+from agentq.cli.output import console
+from agentq.cli.target import api_client, remote
+
+
+def stream_line(event: Any, origin: float) -> Any:
+    """One committed event in a line: a step as the trace shows it, anything else by its type."""
+    from rich.text import Text
+
+    from agentq.api.client import TERMINAL
+    from agentq.api.models import LLMCallEvent, ToolCallEvent
+    from agentq.cli.views import STATUS_STYLE, cut, event_line
+
+    data = event.data
+    if event.type == "agent.message":
+        return event_line(LLMCallEvent.model_validate(data), origin)
+    if event.type == "agent.tool_results":
+        lines = [event_line(ToolCallEvent.model_validate(c), origin) for c in data.get("tool_calls", [])]
+        return Text("\n").join(lines) if lines else Text("")
+    at = Text.assemble((f"+{event.at - origin:7.2f}s ", "dim"))
+    status = str(data.get("status") or "")
+    what = {
+        "task.created": f"created ({status})",
+        "task.retry": f"retry {data.get('attempt')}/{data.get('max_attempts')} ({data.get('scope')}): "
+        f"{data.get('code')} {cut(str(data.get('message') or ''), 60)}",
+        "approval.requested": f"approval requested: {cut(str(data.get('question') or ''), 80)}",
+        "approval.decided": f"approval {'approved' if data.get('approved') else 'rejected'} by {data.get('by')}",
+        "task.spawned": f"spawned {len(data.get('children') or [])} sub-agents",
+        "budget.raised": f"budget raised by {data.get('add_tokens')} tokens",
+    }.get(event.type, "")
+    if event.type == "task.status":
+        what = f"finished {status}" if status in TERMINAL else status
+        if data.get("worker"):
+            what += f" on {data['worker']} (epoch {data.get('epoch')}{', takeover' if data.get('takeover') else ''})"
+        if data.get("error"):
+            what += f" ({data['error']})"
+    return Text.assemble(at, (what or event.type, STATUS_STYLE.get(status, "")))
+
+
+def _cmd_events(args: argparse.Namespace) -> int:
+    client = api_client(args)
+    screen = console()
+    origin: float | None = None
+    prefix = args.tree
+    for event in client.iter_events(args.task_id, after=args.after, tree=args.tree, stream=not args.poll):
+        if args.json:
+            if event.committed or args.deltas:
+                print(json.dumps(event.model_dump(mode="json")), flush=True)
+            continue
+        if not event.committed:
+            continue  # live text: `agentq watch` shows it; --json --deltas prints it
+        origin = event.at if origin is None else origin
+        line = stream_line(event, origin)
+        if prefix:
+            screen.print(f"[dim]{event.task_id[:8]}[/dim] ", end="")
+        screen.print(line)
+    return 0
+
+
+def register(sub: Any) -> None:
+    events = remote(
+        add_command(
+            sub,
+            "events",
+            "a task's events as they commit (status, steps, retries, approvals, spawns), until it ends",
+            "Follows GET /tasks/{id}/events: reconnects after the last event it received when the stream "
+            "drops, so nothing is missed or repeated; polls JSON pages where the API cannot stream.",
+        ),
+        json_help="one JSON event a line",
+    )
+    events.add_argument("task_id")
+    events.add_argument("--tree", action="store_true", help="the task and all its sub-agents")
+    events.add_argument("--after", help="an event id: start after it (resume)")
+    events.add_argument("--deltas", action="store_true", help="with --json: also the uncommitted live text")
+    events.add_argument("--poll", action="store_true", help="poll JSON pages instead of streaming")
+    events.set_defaults(func=_cmd_events)

@@ -1,0 +1,158 @@
+"""The task event log (storage/events.py) on both backends: commit order, resumption from any
+event with nothing lost or repeated, and a transition racing a step commit."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from agentq.core.errors import IllegalTransition
+from agentq.core.models import RetryState, TaskStatus
+from agentq.storage import keys
+from agentq.storage.container import Storage
+from agentq.storage.events import CREATED, LogEvent, NewEvent, Position, logged_transact
+from agentq.storage.table import Action, Check, present
+
+from ._builders import claimed, llm_step, new_task, tools_step
+
+
+def _all(store: Storage, task_id: str, after: Position | None = None, limit: int = 200) -> list[LogEvent]:
+    head = store.events.head(task_id)
+    assert head is not None
+    return store.events.read(task_id, head, after, limit=limit)
+
+
+def _kinds(events: list[LogEvent]) -> list[str]:
+    return [e.type + (f":{e.step.number}" if e.step else "") + (f":{e.data['status']}" if "status" in e.data else "")
+            for e in events]  # fmt: skip
+
+
+def _retry(step: int) -> RetryState:
+    now = time.time()
+    return RetryState(step=step, scope="call", attempt=1, max_attempts=3, code="rate_limited", message="429",
+                      at=now, next_at=now + 1)  # fmt: skip
+
+
+def _a_finished_task(backend: Storage) -> str:
+    lease = claimed(backend)
+    backend.steps.commit(lease, 1, llm_step(), root_id=lease.task_id)
+    backend.tasks.record_retry(lease.task_id, _retry(2), lease=lease)
+    backend.steps.commit(lease, 2, tools_step(), root_id=lease.task_id)
+    backend.steps.commit(lease, 3, llm_step(text="done"), root_id=lease.task_id, finish=TaskStatus.SUCCEEDED,
+                         result="done")  # fmt: skip
+    return lease.task_id
+
+
+def test_a_task_log_holds_creation_claim_steps_retry_and_end_in_commit_order(backend: Storage) -> None:
+    task_id = _a_finished_task(backend)
+    events = _all(backend, task_id)
+    assert _kinds(events) == [
+        "task.created:queued",
+        "task.status:running",
+        "step:1",
+        "task.retry",
+        "step:2",
+        "step:3",
+        "task.status:succeeded",
+    ]
+    assert events[0].position == CREATED
+    assert [e.position for e in events] == sorted(e.position for e in events)
+    assert len({e.position for e in events}) == len(events)
+
+
+def test_reading_after_any_event_yields_exactly_the_events_after_it(backend: Storage) -> None:
+    task_id = _a_finished_task(backend)
+    everything = _all(backend, task_id)
+    for i, event in enumerate(everything):
+        rest = _all(backend, task_id, Position.parse(str(event.position)))
+        assert [e.position for e in rest] == [e.position for e in everything[i + 1 :]]
+
+
+def test_pages_of_any_size_put_together_are_the_whole_log(backend: Storage) -> None:
+    task_id = _a_finished_task(backend)
+    everything = [e.position for e in _all(backend, task_id)]
+    for size in (1, 2, 3):
+        got: list[Position] = []
+        after: Position | None = None
+        while True:
+            page = _all(backend, task_id, after, limit=size)
+            if not page:
+                break
+            got += [e.position for e in page]
+            after = page[-1].position
+        assert got == everything, size
+
+
+def test_a_takeover_is_a_second_running_event_after_what_the_first_holder_committed(backend: Storage) -> None:
+    task_id = new_task(backend)
+    first = backend.tasks.claim(task_id, "w1", 0.05)
+    assert first is not None
+    backend.steps.commit(first[0], 1, llm_step(), root_id=task_id)
+    time.sleep(0.1)
+    second = backend.tasks.claim(task_id, "w2", 30)
+    assert second is not None
+    backend.steps.commit(second[0], 2, tools_step(), root_id=task_id)
+    events = _all(backend, task_id)
+    assert _kinds(events) == ["task.created:queued", "task.status:running", "step:1", "task.status:running", "step:2"]
+    claims = [e for e in events if e.type == "task.status"]
+    assert [(c.data["worker"], c.data["epoch"], c.data["takeover"]) for c in claims] == [
+        ("w1", 1, False),
+        ("w2", 2, True),
+    ]
+
+
+class _StepCommitsFirst:
+    """A table whose first transaction is preceded by a step commit of another writer: the
+    event's META write then finds ``step`` moved and must go after that step."""
+
+    def __init__(self, table: Any, commit: Any) -> None:
+        self._table = table
+        self._commit = commit
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._table, name)
+
+    def transact(self, actions: list[Action], **kwargs: Any) -> None:
+        if self._commit is not None:
+            commit, self._commit = self._commit, None
+            commit()
+        self._table.transact(actions, **kwargs)
+
+
+def test_an_event_racing_a_step_commit_is_written_once_after_that_step(backend: Storage) -> None:
+    lease = claimed(backend)
+    backend.steps.commit(lease, 1, llm_step(), root_id=lease.task_id)
+    racing = _StepCommitsFirst(
+        backend.table, lambda: backend.steps.commit(lease, 2, tools_step(), root_id=lease.task_id)
+    )
+    logged_transact(
+        racing,  # type: ignore[arg-type]
+        lease.task_id,
+        [Check("meta", keys.meta_key(lease.task_id), present())],
+        NewEvent("task.note", {"n": 1}),
+    )
+    events = _all(backend, lease.task_id)
+    assert _kinds(events)[-3:] == ["step:1", "step:2", "task.note"]
+    logged = backend.table.query(keys.task_pk(lease.task_id), prefix=keys.EVENT)
+    assert [(int(i["seq"]), int(i["after_step"])) for i in logged] == [(1, 2)]
+
+
+def test_a_refused_transition_logs_nothing(backend: Storage) -> None:
+    task_id = _a_finished_task(backend)
+    before = _all(backend, task_id)
+    with pytest.raises(IllegalTransition):
+        backend.tasks.transition(task_id, TaskStatus.WAITING)
+    assert [e.position for e in _all(backend, task_id)] == [e.position for e in before]
+
+
+def test_a_cursor_past_the_end_or_not_issued_by_the_log_is_refused(backend: Storage) -> None:
+    task_id = _a_finished_task(backend)
+    head = backend.events.head(task_id)
+    assert head is not None
+    with pytest.raises(ValueError, match="past the end"):
+        backend.events.read(task_id, head, Position(head.step + 1, 0, 0))
+    for bad in ("1e400", "1.2.3", "1.2.9.0", "-1.0.0.0", "1.0.0.0 ", ""):
+        with pytest.raises(ValueError):
+            Position.parse(bad)

@@ -1,0 +1,188 @@
+"""The event hub (api/event_hub.py) on the in-memory store: many subscribers of one task share
+one poller's reads, idle streams get keep-alives, and the live text of a call in flight arrives
+as uncommitted deltas that a committed step or a new lease starts over."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from agentq.api.event_hub import EventHub
+from agentq.api.events import Watch
+from agentq.core.models import Lease, TaskStatus
+from agentq.storage.container import Storage, memory_storage
+
+from tests.storage_conformance._builders import claimed, llm_step, new_task, tools_step
+
+
+class Subscriber:
+    """A stream read on a thread of its own, its frames parsed as they come."""
+
+    def __init__(self, hub: EventHub, watch: Watch) -> None:
+        self.frames: queue.Queue[dict[str, str]] = queue.Queue()
+        self.thread = threading.Thread(target=self._run, args=(hub.stream(watch),), daemon=True)
+        self.thread.start()
+
+    def _run(self, stream: Iterator[str]) -> None:
+        for chunk in stream:
+            for block in chunk.split("\n\n"):
+                if block:
+                    self.frames.put(dict(line.partition(": ")[::2] for line in block.splitlines()))
+
+    def until(self, predicate: object, timeout: float = 5.0) -> list[dict[str, str]]:
+        """Frames up to and including the first that ``predicate`` accepts."""
+        seen = []
+        deadline = time.monotonic() + timeout
+        while True:
+            frame = self.frames.get(timeout=max(0.01, deadline - time.monotonic()))
+            seen.append(frame)
+            if predicate(frame):  # type: ignore[operator]
+                return seen
+
+
+def _watch(hub: EventHub, store: Storage, task_id: str) -> Watch:
+    return hub.open(store.tasks.get(task_id).tenant, task_id, None, tree=False, field="after")
+
+
+def _event(frame: dict[str, str]) -> dict[str, Any]:
+    return dict(json.loads(frame["data"]))
+
+
+def test_a_hundred_subscribers_of_one_task_share_one_pollers_reads() -> None:
+    store = memory_storage()
+    lease = claimed(store)
+    hub = EventHub(store, interval=0.02, keepalive=60)
+    subscribers = [Subscriber(hub, _watch(hub, store, lease.task_id)) for _ in range(100)]
+    for s in subscribers:
+        s.until(lambda f: f.get("event") == "task.status")
+    store.steps.commit(lease, 1, llm_step(text="one"), root_id=lease.task_id)
+    store.steps.commit(lease, 2, llm_step(text="two"), root_id=lease.task_id, finish=TaskStatus.SUCCEEDED, result="x")
+    for s in subscribers:
+        got = s.until(lambda f: f.get("event") == "end")
+        assert [f["event"] for f in got if "id" in f] == ["agent.message", "agent.message", "task.status"]
+        s.thread.join(5)
+    assert len(hub.pollers) == 1
+
+
+def test_subscribers_of_one_task_do_not_multiply_the_reads_once_caught_up() -> None:
+    store = memory_storage()
+    lease = claimed(store)
+    reads = Counting(store)
+    hub = EventHub(store, interval=0.02, keepalive=60)
+    subscribers = [Subscriber(hub, _watch(hub, store, lease.task_id)) for _ in range(100)]
+    for s in subscribers:
+        s.until(lambda f: f.get("event") == "task.status")
+    before, started = reads.calls, time.monotonic()
+    time.sleep(0.3)
+    store.steps.commit(lease, 1, llm_step(text="one"), root_id=lease.task_id)
+    for s in subscribers:
+        s.until(lambda f: f.get("event") == "agent.message")
+    ticks = (time.monotonic() - started) / 0.02
+    assert reads.calls - before <= ticks + 10  # one META read a tick, one log read for the commit: not 100 of each
+
+
+class Counting:
+    """Counts the reads the event log makes of the table."""
+
+    def __init__(self, store: Storage) -> None:
+        self.calls = 0
+        table = store.events.table
+        outer = self
+
+        class _Table:
+            def __getattr__(self, name: str) -> object:
+                attr = getattr(table, name)
+                if name in ("get", "query"):
+
+                    def counted(*args: object, **kwargs: object) -> object:
+                        outer.calls += 1
+                        return attr(*args, **kwargs)
+
+                    return counted
+                return attr
+
+        store.events.table = _Table()  # type: ignore[assignment]
+
+
+def test_an_idle_stream_gets_keep_alive_comments() -> None:
+    store = memory_storage()
+    lease = claimed(store)
+    hub = EventHub(store, interval=0.02, keepalive=0.1)
+    sub = Subscriber(hub, _watch(hub, store, lease.task_id))
+    sub.until(lambda f: f.get("event") == "task.status")
+    assert sub.until(lambda f: f.get("") == "keep-alive", timeout=2)[-1] == {"": "keep-alive"}
+
+
+def test_live_text_arrives_as_uncommitted_deltas_and_starts_over_for_a_new_lease() -> None:
+    store = memory_storage()
+    task_id = new_task(store)
+    got = store.tasks.claim(task_id, "w1", 0.2)
+    assert got is not None
+    lease = got[0]
+    hub = EventHub(store, interval=0.02, keepalive=60)
+    sub = Subscriber(hub, _watch(hub, store, task_id))
+    sub.until(lambda f: f.get("event") == "task.status")
+
+    def delta() -> dict[str, Any]:
+        frame = sub.until(lambda f: f.get("event") == "agent.message_delta")[-1]
+        assert "id" not in frame  # moves no cursor
+        event = _event(frame)
+        assert event["id"] is None and event["committed"] is False
+        return dict(event["data"])
+
+    store.tasks.extend_lease(lease, 0.2, live_text="Hello")
+    assert delta() == {"step": 1, "epoch": 1, "text": "Hello", "reset": True}
+    store.tasks.extend_lease(lease, 0.2, live_text="Hello, wor")
+    assert delta() == {"step": 1, "epoch": 1, "text": ", wor", "reset": False}
+    time.sleep(0.3)  # the first worker's lease lapses
+    taken = store.tasks.claim(task_id, "w2", 30)
+    assert taken is not None
+    second: Lease = taken[0]
+    store.tasks.extend_lease(second, 30, live_text="Hi again")
+    frames = sub.until(lambda f: f.get("event") == "agent.message_delta" and "again" in f["data"])
+    assert any(f.get("event") == "task.status" and _event(f)["data"]["takeover"] for f in frames)
+    assert _event(frames[-1])["data"] == {"step": 1, "epoch": 2, "text": "Hi again", "reset": True}
+    stale = [f for f in frames if f.get("event") == "agent.message_delta" and "Hello" in f["data"]]
+    assert stale == []  # the dead lease's text is never shown as the new one's
+    store.steps.commit(second, 1, llm_step(text="Hi again, done"), root_id=task_id)
+    message = _event(sub.until(lambda f: f.get("event") == "agent.message")[-1])
+    assert message["committed"] is True and message["data"]["text"] == "Hi again, done"
+
+
+def test_subscribers_sharing_frames_each_get_a_tools_step_with_the_inputs_its_llm_step_asked_for() -> None:
+    store = memory_storage()
+    lease = claimed(store)
+    hub = EventHub(store, interval=0.02, keepalive=60)
+    subscribers = [Subscriber(hub, _watch(hub, store, lease.task_id)) for _ in range(5)]
+    for s in subscribers:
+        s.until(lambda f: f.get("event") == "task.status")
+    asks = llm_step(text="looking")
+    asks.content.append({"type": "tool_use", "id": "tu1", "name": "lookup", "input": {"query": "alpha"}})
+    store.steps.commit(lease, 1, asks, root_id=lease.task_id)
+    store.steps.commit(lease, 2, tools_step(), root_id=lease.task_id)
+    for s in subscribers:
+        frame = s.until(lambda f: f.get("event") == "agent.tool_results")[-1]
+        [call] = _event(frame)["data"]["tool_calls"]
+        assert (call["name"], call["input"]) == ("lookup", {"query": "alpha"})
+
+
+def test_a_poller_stops_reading_once_its_last_subscriber_has_gone() -> None:
+    store = memory_storage()
+    lease = claimed(store)
+    hub = EventHub(store, interval=0.02, keepalive=60, linger=0.1)
+    sub = Subscriber(hub, _watch(hub, store, lease.task_id))
+    sub.until(lambda f: f.get("event") == "task.status")
+    store.steps.commit(lease, 1, llm_step(text="bye"), root_id=lease.task_id, finish=TaskStatus.SUCCEEDED, result="x")
+    sub.until(lambda f: f.get("event") == "end")
+    sub.thread.join(5)
+    deadline = time.monotonic() + 5
+    while hub.pollers and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert hub.pollers == {}
+    reads = hub.reads
+    time.sleep(0.2)
+    assert hub.reads == reads  # nobody watches: no more reads
