@@ -173,7 +173,7 @@ class Script(StrictModel):
     turns: list[ScriptTurn] = Field(min_length=1, max_length=10_000)
 
 
-Provider = Literal["anthropic", "bedrock", "scripted"]
+Provider = Literal["anthropic", "bedrock", "bedrock-converse", "openai", "scripted"]
 Priority = Literal["high", "normal", "low"]
 
 
