@@ -23,7 +23,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
-import anthropic
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentq.core.errors import ProviderError
@@ -153,19 +152,6 @@ class CallFailure:
 Classifier = Callable[[Exception], "CallFailure | None"]
 
 
-def anthropic_failure(exc: Exception) -> CallFailure | None:
-    """The Anthropic SDK's exceptions (Anthropic API and Bedrock alike); None: not the SDK's."""
-    if isinstance(exc, anthropic.APIStatusError):
-        return CallFailure("status", exc.status_code, _error_field(exc, "type"), _detail(exc), exc.response.headers)
-    if isinstance(exc, anthropic.APITimeoutError):
-        return CallFailure("timeout", detail=_detail(exc))
-    if isinstance(exc, anthropic.APIConnectionError):
-        return CallFailure("connection", detail=_detail(exc))
-    if isinstance(exc, anthropic.APIError):
-        return CallFailure("malformed", detail=str(exc)[:200] or type(exc).__name__)
-    return None
-
-
 def call_with_retries(
     fn: Callable[[], T],
     policy: RetryPolicy,
@@ -173,7 +159,7 @@ def call_with_retries(
     *,
     rng: random.Random | None = None,
     label: str = "anthropic",
-    classify: Classifier = anthropic_failure,
+    classify: Classifier | None = None,
 ) -> tuple[T, int]:
     """Run ``fn`` until it succeeds or the policy's attempts are spent; return (result, attempts).
 
@@ -194,7 +180,7 @@ def call_with_retries(
         except json.JSONDecodeError as exc:
             last, last_exc = CallFailure("malformed", detail=f"not JSON ({exc.msg} at char {exc.pos})"), exc
         except Exception as exc:
-            failure = classify(exc)
+            failure = classify(exc) if classify is not None else None
             if failure is None:
                 raise
             if failure.kind == "status" and failure.status_code is not None:
@@ -264,18 +250,3 @@ _default_rng = random.Random()
 
 def _status_label(failure: CallFailure) -> str:
     return f"{failure.status_code} {failure.error_type}" if failure.error_type else str(failure.status_code)
-
-
-def _detail(exc: anthropic.APIError) -> str:
-    return _error_field(exc, "message") or exc.message or type(exc).__name__
-
-
-def _error_field(exc: anthropic.APIError, key: str) -> str | None:
-    # Read from the body, not SDK attributes (``api_message``/``type``), which older SDKs lack.
-    # Anthropic nests the fields under "error"; Bedrock puts "message" at the top level.
-    body = exc.body
-    if not isinstance(body, dict):
-        return None
-    error = body.get("error")
-    value = error.get(key) if isinstance(error, dict) else body.get(key)
-    return value if isinstance(value, str) else None
