@@ -21,6 +21,7 @@ from agentq.core.agents import (
 )
 from agentq.core.errors import ValidationError
 from agentq.core.models import McpToolPin, TaskSubmission
+from agentq.core.providers.features import check_features
 from agentq.core.tools import ToolRegistry
 from agentq.core.tools.mcp import McpError, McpServers, valid_tool_name
 from agentq.storage.agents import AgentNotFound
@@ -34,6 +35,9 @@ def parse_agent_spec(raw: Any) -> AgentSpec:
 
 def check_agent(spec: AgentSpec, tools: ToolRegistry, mcp_tools: list[McpToolPin] | None = None) -> None:
     check_model(spec.provider, spec.model)
+    check_features(
+        spec.provider, spec.model, thinking=spec.constraints.thinking_budget_tokens, effort=spec.constraints.effort
+    )
     names = [*spec.tools, *(p.qualified for p in mcp_tools or [])]
     check_tools(spec.tools, {}, tools, prefix="")
     for name in spec.tool_policies:

@@ -14,6 +14,7 @@ from agentq.core.errors import ValidationError
 from agentq.core.models import Script, TaskSubmission
 from agentq.core.output import FINAL_ANSWER_TOOL
 from agentq.core.pricing import load_price_table
+from agentq.core.providers.features import check_features
 from agentq.core.providers.scripted import load_script
 from agentq.core.tools import ToolRegistry
 
@@ -71,18 +72,11 @@ def check_submission(submission: TaskSubmission, tools: ToolRegistry) -> None:
         from agentq.core.webhooks import check_url
 
         check_url(submission.notify.url)
-    if submission.constraints.compaction == "native" and submission.provider != "anthropic":
-        raise ValidationError(
-            f"constraints.compaction: native compaction is Anthropic's (compact_20260112); the "
-            f"{submission.provider} provider has none: use summary",
-            field="constraints.compaction",
-        )
-    if submission.constraints.economy and submission.provider != "anthropic":
-        raise ValidationError(
-            f"constraints.economy: the {submission.provider} provider has no batch API; economy needs provider "
-            "anthropic (Message Batches)",
-            field="constraints.economy",
-        )
+    c = submission.constraints
+    check_features(
+        submission.provider, submission.model, compaction=c.compaction, economy=c.economy,
+        thinking=c.thinking_budget_tokens, effort=c.effort,
+    )  # fmt: skip
     if submission.mcp_tools:
         from agentq.core.tools.mcp import mcp_tool_specs
 

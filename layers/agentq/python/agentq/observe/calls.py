@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from agentq.core.providers.base import LLMResponse
 
 # agentq provider name -> gen_ai.provider.name (OpenTelemetry's well-known values)
-GENAI_PROVIDERS = {"anthropic": "anthropic", "bedrock": "aws.bedrock"}
+GENAI_PROVIDERS = {"anthropic": "anthropic", "bedrock": "aws.bedrock", "bedrock-converse": "aws.bedrock",
+                   "openai": "openai"}  # fmt: skip
 
 
 @dataclass
