@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentq.control.validation import check_model, check_script, check_tools, parse_submission, validate_body
+from agentq.control.validation import (
+    check_fallbacks,
+    check_model,
+    check_script,
+    check_tools,
+    parse_submission,
+    validate_body,
+)
 from agentq.core.agents import (
     DEFINED_BY_AGENT,
     DEFINED_CONSTRAINTS,
@@ -35,9 +42,9 @@ def parse_agent_spec(raw: Any) -> AgentSpec:
 
 def check_agent(spec: AgentSpec, tools: ToolRegistry, mcp_tools: list[McpToolPin] | None = None) -> None:
     check_model(spec.provider, spec.model)
-    check_features(
-        spec.provider, spec.model, thinking=spec.constraints.thinking_budget_tokens, effort=spec.constraints.effort
-    )
+    thinking, effort = spec.constraints.thinking_budget_tokens, spec.constraints.effort
+    check_features(spec.provider, spec.model, thinking=thinking, effort=effort)
+    check_fallbacks(spec.fallbacks or [], thinking=thinking, effort=effort)
     names = [*spec.tools, *(p.qualified for p in mcp_tools or [])]
     check_tools(spec.tools, {}, tools, prefix="")
     for name in spec.tool_policies:

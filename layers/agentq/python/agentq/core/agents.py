@@ -20,24 +20,27 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from agentq.core.models import (
     AGENT_REF_PATTERN,
     DEFAULT_MODEL,
+    MAX_FALLBACKS,
     MAX_GOAL_CHARS,
     MAX_TIMEOUT_SECONDS,
     MCP_SERVER_PATTERN,
     ApprovalDefault,
     Effort,
     McpToolPin,
+    ModelChoice,
     Notify,
     Provider,
     Script,
     StrictModel,
     ToolPolicy,
+    distinct_fallbacks,
     unique_tool_names,
 )
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 MAX_DESCRIPTION_CHARS = 1024
 # Fields of a submission the agent defines; a submission naming an agent may not set them.
-DEFINED_BY_AGENT = ("provider", "model", "system", "script", "mcp_tools")
+DEFINED_BY_AGENT = ("provider", "model", "system", "script", "mcp_tools", "fallbacks")
 DEFINED_CONSTRAINTS = ("tools", "tool_policies")
 
 
@@ -92,6 +95,11 @@ class AgentSpec(StrictModel):
     notify: Notify | None = Field(
         default=None, description="the callback of its tasks' ends (a submission's own notify takes precedence)"
     )
+    # None, not []: a version's digest is its JSON without None fields, so versions made before
+    # fallbacks existed keep theirs.
+    fallbacks: list[ModelChoice] | None = Field(
+        default=None, max_length=MAX_FALLBACKS, description="models its tasks fall back to, in order"
+    )
 
     @field_validator("output_schema")
     @classmethod
@@ -111,6 +119,9 @@ class AgentSpec(StrictModel):
             raise ValueError("script: required when provider is 'scripted'")
         if self.provider != "scripted" and self.script is not None:
             raise ValueError("script: only valid when provider is 'scripted'")
+        if self.fallbacks and self.provider == "scripted":
+            raise ValueError("fallbacks: the scripted provider plays its script; it has no model to fall back from")
+        distinct_fallbacks(self.provider, self.model, self.fallbacks or [])
         return self
 
     def digest(self, mcp_tools: list[McpToolPin] | None = None) -> str:
@@ -188,6 +199,8 @@ def resolved_fields(version: AgentVersion, submission_fields: dict[str, Any]) ->
         "constraints": constraints,
         "mcp_tools": [p.model_dump() for p in version.mcp_tools],
     }
+    if version.fallbacks:
+        fields["fallbacks"] = [f.model_dump() for f in version.fallbacks]
     if version.output_schema is not None:
         fields["output_schema"] = version.output_schema
     if version.notify is not None and "notify" not in sent:

@@ -85,6 +85,28 @@ class PriceTable(RootModel[dict[str, ModelPrice]]):
                 best = (len(key), price)
         return best[1] if best else None
 
+    def dearest(self, models: list[str]) -> ModelPrice | None:
+        """A price no call to any of ``models`` can cost more than, rate by rate: what a hold
+        for a task with fallbacks is sized on, so whichever model answers, the hold covers it.
+        None when the first (the task's own model) has no price, as ``price_for``."""
+        prices = [p for p in (self.price_for(m) for m in models) if p is not None]
+        if not models or self.price_for(models[0]) is None:
+            return None
+        if len(prices) == 1:
+            return prices[0]
+
+        def rate(price: ModelPrice, name: str, default: Decimal) -> Decimal:
+            value = getattr(price, name)
+            return value if value is not None else price.input_per_mtok * default
+
+        return ModelPrice(
+            input_per_mtok=max(p.input_per_mtok for p in prices),
+            output_per_mtok=max(p.output_per_mtok for p in prices),
+            cache_write_per_mtok=max(rate(p, "cache_write_per_mtok", Decimal("1.25")) for p in prices),
+            cache_write_1h_per_mtok=max(rate(p, "cache_write_1h_per_mtok", Decimal(2)) for p in prices),
+            cache_read_per_mtok=max(rate(p, "cache_read_per_mtok", Decimal("0.1")) for p in prices),
+        )
+
     def cost(self, model: str, usage: Usage) -> Decimal:
         price = self.price_for(model)
         return price.cost(usage) if price else Decimal(0)
