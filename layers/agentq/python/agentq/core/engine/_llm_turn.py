@@ -175,6 +175,9 @@ class LLMTurn:
             self.flow.failed(key, s.admission)
             log.warning("task %s: %s/%s failed (%s); falling back to %s/%s", s.task_id, failed.provider,
                         failed.model, exc.code, choice.provider, choice.model)  # fmt: skip
+            observe.otel.event("agentq.fallback", {"agentq.failed_model": f"{failed.provider}/{failed.model}",
+                                                   "agentq.error_code": exc.code, "gen_ai.request.model": choice.model,
+                                                   "gen_ai.provider.name": choice.provider})  # fmt: skip
             s.admission, s.model_choice = admission, choice
             return True
         return False
@@ -414,6 +417,9 @@ class LLMTurn:
             "model call failed (attempt %d of %d, %s): %s; next try in %.1fs",
             notice.attempt, notice.max_attempts, notice.code, notice.message, notice.delay,
         )  # fmt: skip
+        observe.otel.event("agentq.retry", {"agentq.attempt": notice.attempt, "agentq.max_attempts": notice.max_attempts,
+                                            "error.type": notice.code, "agentq.message": notice.message[:500],
+                                            "agentq.next_try_seconds": notice.delay})  # fmt: skip
         state = RetryState(
             step=s.next_step,
             scope="call",
