@@ -212,3 +212,9 @@ def test_a_task_runs_its_tool_loop_on_an_openai_compatible_server_and_is_priced(
     first = (400 * Decimal("0.4") + 30 * Decimal("1.6")) / 1_000_000
     second = (100 * Decimal("0.4") + 400 * Decimal("0.1") + 10 * Decimal("1.6")) / 1_000_000
     assert task.cost_usd == first + second
+
+
+def test_openai_itself_is_sent_max_completion_tokens_and_a_compatible_server_max_tokens() -> None:
+    own = OpenAIProvider(api_key="k")
+    local = OpenAIProvider(api_key="k", base_url="http://127.0.0.1:8000/v1")
+    assert own._limit == "max_completion_tokens" and local._limit == "max_tokens"

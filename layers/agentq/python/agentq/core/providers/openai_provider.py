@@ -77,12 +77,15 @@ class OpenAIProvider:
         elif client.max_retries != 0:
             client = client.with_options(max_retries=0)
         self._client = client
+        # OpenAI's own API takes max_completion_tokens (its reasoning models refuse max_tokens);
+        # vLLM, Ollama and LiteLLM servers take the older max_tokens.
+        self._limit = "max_completion_tokens" if "api.openai.com" in str(client.base_url) else "max_tokens"
         self.retry = retry or RetryPolicy.from_env()
         self._sleep = sleep
         self._rng = rng
 
     def complete(self, request: LLMRequest) -> LLMResponse:
-        params = chat_params(request)
+        params = chat_params(request, self._limit)
         response, attempts = call_with_retries(
             lambda: to_llm_response(self._client.chat.completions.create(**params)),
             self.retry,
@@ -117,7 +120,7 @@ def openai_failure(exc: Exception) -> CallFailure | None:
 # --- the request ------------------------------------------------------------------------------
 
 
-def chat_params(request: LLMRequest) -> dict[str, Any]:
+def chat_params(request: LLMRequest, limit: str = "max_tokens") -> dict[str, Any]:
     """The Chat Completions body of ``request``. Thinking blocks of a fallback's earlier
     Claude turns are not sent (another model cannot read them); nothing else is dropped."""
     messages: list[dict[str, Any]] = []
@@ -125,7 +128,7 @@ def chat_params(request: LLMRequest) -> dict[str, Any]:
         messages.append({"role": "system", "content": request.system})
     for message in request.messages:
         messages.extend(_chat_messages(message))
-    params: dict[str, Any] = {"model": request.model, "messages": messages, "max_tokens": request.max_tokens}
+    params: dict[str, Any] = {"model": request.model, "messages": messages, limit: request.max_tokens}
     if request.tools:
         params["tools"] = [
             {
