@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,8 +20,10 @@ from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import Task, TaskStatus, TaskSubmission
 from agentq.core.tools import ToolRegistry
 from agentq.observe import otel
+from agentq.runtime import Settings, build_registry, build_store
 from agentq.storage.container import Storage
 
+from tests.conftest import child_env
 from tests.fake_model_servers import FakeChatCompletions, chat_completion, chat_error
 from tests.helpers import call, scripted
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
@@ -134,3 +138,33 @@ def test_a_model_call_carries_the_genai_attributes_and_its_retry_as_an_event(
     assert attributes["gen_ai.usage.cache_read.input_tokens"] == 100
     ((name, event),) = chat.events
     assert name == "agentq.retry" and event["error.type"] == "provider_server_error" and event["agentq.attempt"] == 1
+
+
+def test_runs_in_two_processes_hang_under_the_same_task_span(
+    receiver: OtlpReceiver, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker process runs the task to its approval and exits; this process resumes it: both
+    runs' spans arrive in the root's trace under the one task span, derived by each alone."""
+    store = build_store(settings)
+    registry = build_registry(settings)
+    turns = [{"text": "asking", "tool_calls": [call("request_approval", question="go?")]}, {"text": "went"}]
+    task = store.tasks.create(scripted(turns, tools=["request_approval"]), tenant="t")
+    first = subprocess.run(
+        [sys.executable, "-m", "agentq", "run-task", task.task_id],
+        env=child_env(settings, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint), capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert store.tasks.get(task.task_id).status is TaskStatus.PAUSED, first.stderr[-2000:]
+    pending = store.approvals.pending(task.task_id)
+    assert pending is not None
+    store.approvals.decide(task.task_id, pending.use_id, approved=True, note="", by="alice")
+    assert run(store, registry, task.task_id, "here") is TaskStatus.SUCCEEDED
+
+    spans = receiver.spans
+    assert {s.trace_id for s in spans} == {otel.trace_id_of(task.task_id)}
+    task_span = otel.span_id_of("task", task.task_id)
+    runs = [s for s in spans if s.name.startswith("run ")]
+    assert len(runs) == 2 and {r.parent_span_id for r in runs} == {task_span}
+    workers = {r.attributes["agentq.worker_id"] for r in runs}
+    assert len(workers) == 2 and "here" in workers
+    assert [s.name for s in spans if s.parent_span_id is None] == ["invoke_agent agentq"]
