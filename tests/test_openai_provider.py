@@ -5,19 +5,25 @@ retry and failure codes as the Anthropic provider's; then the engine's tool loop
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
+import boto3
 import pytest
+from aws_lambda_powertools.utilities.parameters import base as parameters_base
 
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.errors import ProviderError
 from agentq.core.models import LLMStep, TaskStatus, TaskSubmission, ToolsStep
-from agentq.core.providers import LLMRequest
+from agentq.core.providers import LLMRequest, default_provider_factory
+from agentq.core.providers.keys import OPENAI_SECRET_VARIABLE
 from agentq.core.providers.openai_provider import OpenAIProvider
 from agentq.core.providers.retry import RetryPolicy
 from agentq.core.tools import ToolRegistry
+from agentq.local.moto_server import MotoServer
 from agentq.storage.container import Storage
 
 from tests.fake_model_servers import FakeChatCompletions, FakeReply, chat_completion, chat_error
@@ -218,3 +224,20 @@ def test_openai_itself_is_sent_max_completion_tokens_and_a_compatible_server_max
     own = OpenAIProvider(api_key="k")
     local = OpenAIProvider(api_key="k", base_url="http://127.0.0.1:8000/v1")
     assert own._limit == "max_completion_tokens" and local._limit == "max_tokens"
+
+
+def test_the_key_in_the_named_secret_is_what_the_server_receives(
+    server: FakeChatCompletions, moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server.endpoint_url)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.setenv("OPENAI_BASE_URL", server.openai_base_url)
+    monkeypatch.setattr(parameters_base, "DEFAULT_PROVIDERS", {})  # powertools' per-process cache
+    name = f"agentq/openai-{uuid.uuid4().hex[:8]}"
+    boto3.client("secretsmanager").create_secret(Name=name, SecretString=json.dumps({"OPENAI_API_KEY": "sk-secret"}))
+    monkeypatch.setenv(OPENAI_SECRET_VARIABLE, name)
+    server.enqueue(chat_completion("hi"))
+    provider = default_provider_factory(TaskSubmission(goal="g", provider="openai", model=MODEL))
+    provider.complete(request())
+    assert server.requests[0].headers["authorization"] == "Bearer sk-secret"
