@@ -208,3 +208,12 @@ def test_a_task_runs_its_tool_loop_on_a_converse_model_and_is_priced(
     first = (400 * Decimal("0.8") + 30 * Decimal("3.2")) / 1_000_000
     second = (100 * Decimal("0.8") + 400 * Decimal("0.2") + 10 * Decimal("3.2")) / 1_000_000
     assert store.tasks.get(task_id).cost_usd == first + second
+
+
+def test_a_model_without_reasoning_taking_over_a_claude_conversation_is_sent_no_thinking(server: FakeConverse) -> None:
+    server.enqueue(converse_reply("ok"))
+    claude_turn = [{"type": "thinking", "thinking": "hmm", "signature": "s"}, {"type": "text", "text": "first"}]
+    follow: list[dict[str, Any]] = [{"role": "user", "content": "q"}, {"role": "assistant", "content": claude_turn},
+              {"role": "user", "content": "more"}]  # fmt: skip
+    provider().complete(request(LLAMA, messages=follow))
+    assert server.requests[0].body["messages"][1]["content"] == [{"text": "first"}]

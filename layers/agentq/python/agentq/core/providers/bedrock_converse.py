@@ -134,7 +134,7 @@ def converse_params(request: LLMRequest) -> dict[str, Any]:
     """``converse``'s keyword arguments for ``request`` (a copy: the conversation is the
     engine's checkpoint and is never changed in place)."""
     cache = caching.enabled() and caches_prompts(request.model)
-    messages = [_converse_message(m) for m in request.messages]
+    messages = [_converse_message(m, reasons(request.model)) for m in request.messages]
     messages = [m for m in messages if m["content"]]
     if cache and messages:
         messages[-1] = {**messages[-1], "content": [*messages[-1]["content"], dict(CACHE_POINT)]}
@@ -166,7 +166,10 @@ def converse_params(request: LLMRequest) -> dict[str, Any]:
     return params
 
 
-def _converse_message(message: dict[str, Any]) -> dict[str, Any]:
+def _converse_message(message: dict[str, Any], reasoning: bool) -> dict[str, Any]:
+    """One message in Converse's blocks. Thinking is sent back to a model that reasons (Claude
+    requires its own blocks back); another model (a fallback taking over from Claude) refuses
+    reasoning content it did not write, so it gets none."""
     content = message["content"]
     if isinstance(content, str):
         return {"role": message["role"], "content": [{"text": content}] if content else []}
@@ -184,10 +187,10 @@ def _converse_message(message: dict[str, Any]) -> dict[str, Any]:
             if block.get("is_error"):
                 result["status"] = "error"
             blocks.append({"toolResult": result})
-        elif kind == "thinking":
+        elif kind == "thinking" and reasoning:
             blocks.append({"reasoningContent": {"reasoningText": {"text": block["thinking"],
                                                                   "signature": block["signature"]}}})  # fmt: skip
-        elif kind == "redacted_thinking":
+        elif kind == "redacted_thinking" and reasoning:
             blocks.append({"reasoningContent": {"redactedContent": base64.b64decode(block["data"])}})
     return {"role": message["role"], "content": blocks}
 
