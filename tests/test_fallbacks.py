@@ -26,7 +26,7 @@ from tests.fake_messages_api import FakeMessagesAPI, FakeReply, RecordedRequest,
 from tests.fake_model_servers import FakeChatCompletions, Recorded, chat_completion
 
 STORAGE = "memory"
-CLAUDE = "claude-sonnet-4-5"
+CLAUDE = "claude-sonnet-4-6"
 GPT = "gpt-4.1-mini"
 TASK: dict[str, Any] = {
     "goal": "look up a",
@@ -130,7 +130,7 @@ def test_the_hold_is_sized_on_the_dearest_of_the_tasks_models() -> None:
     claude, gpt = prices.price_for(CLAUDE), prices.price_for(GPT)
     assert dearest is not None and claude is not None and gpt is not None
     assert dearest.hold_micros(1000, 1000) == claude.hold_micros(1000, 1000) > gpt.hold_micros(1000, 1000)
-    assert dearest.cache_read_per_mtok == max(Decimal("0.3"), Decimal("0.1"))
+    assert dearest.cache_read_per_mtok == Decimal("0.3")  # Claude's reads (0.1 x $3) cost more than GPT's ($0.10)
     assert prices.dearest(["no-such-model", CLAUDE]) is None  # the task's own model must be priced
 
 
