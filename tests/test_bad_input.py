@@ -56,7 +56,7 @@ CASES = [
     ("goal", "x" * 20_001, "goal"),
     ("goal", _DELETE, "goal"),
     ("goal", 42, "goal"),
-    ("provider", "openai", "provider"),
+    ("provider", "vertex", "provider"),
     ("model", "", "model"),
     ("priority", "urgent", "priority"),
     ("constraints.max_tokens", 0, "constraints.max_tokens"),

@@ -14,15 +14,16 @@ from typing import Any
 import pytest
 
 from agentq.core.flow import Admission, BreakerSettings, FlowSettings, RateLimits
-from agentq.core.models import TaskStatus
+from agentq.core.models import CallStep, TaskStatus
 from agentq.local.stack import LocalStack
 from agentq.runtime import Settings
 from agentq.storage.container import Storage, memory_storage
 from agentq.storage.flow import FlowControl
 
 from tests.fake_messages_api import FakeMessagesAPI
+from tests.fake_model_servers import FakeChatCompletions, FakeReply, Recorded, chat_completion
 from tests.helpers import queue_depth, wait_for
-from tests.outage_model import OutageModel, submit_lookups
+from tests.outage_model import LOOKUP_TASK, OutageModel, submit_lookups
 
 TASKS = 12
 COOLDOWN = 1.5
@@ -276,3 +277,48 @@ def test_flow_settings_that_cannot_work_are_refused_naming_the_variable(monkeypa
         monkeypatch.delenv(variable)
     monkeypatch.setenv("AGENTQ_RATE_LIMITS", '{"anthropic/claude-sonnet-4": {"rpm": 50, "itpm": 30000}}')
     assert FlowSettings.from_env().limits_for("anthropic/claude-sonnet-4-6") == RateLimits(rpm=50, itpm=30000)
+
+
+DRILL_TASKS = 6
+
+
+def chat_lookups(recorded: Recorded) -> FakeReply:
+    """The fallback model: the same plan as ``OutageModel``'s (lookups, then the answer), over
+    Chat Completions, from wherever the conversation stands."""
+    turns = sum(1 for m in recorded.body["messages"] if m["role"] == "assistant")
+    tokens = len(json.dumps(recorded.body["messages"])) // 4
+    if turns < 2:
+        return chat_completion(None, [("lookup", {"query": f"q{turns}"})], prompt_tokens=tokens, completion_tokens=20)
+    return chat_completion("done", prompt_tokens=tokens, completion_tokens=5)
+
+
+def test_the_outage_drill_with_two_providers_the_fallback_takes_over_and_no_task_fails(
+    model: tuple[OutageModel, FakeMessagesAPI], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    behaviour, _ = model
+    fallback = {"provider": "openai", "model": "gpt-4.1-mini"}
+    monkeypatch.setitem(LOOKUP_TASK, "fallbacks", [fallback])
+    with FakeChatCompletions(responder=chat_lookups) as second:
+        monkeypatch.setenv("OPENAI_BASE_URL", second.openai_base_url)  # before the workers start: they inherit it
+        monkeypatch.setenv("OPENAI_API_KEY", "k")
+        with LocalStack(prefix="outage2", workers=2, api=False, tool_modules=("tests.effect_tools",)) as stack:
+            run_the_drill(stack, behaviour)
+
+
+def run_the_drill(stack: LocalStack, behaviour: OutageModel) -> None:
+    store, queues, ids = submit_lookups(stack, DRILL_TASKS, tenant="t")
+    wait_for(lambda: all(t.step for t in store.tasks.get_many(ids)), timeout=60, what="a first step each")
+    behaviour.down = True  # mid-run: conversations begun on Claude go on on the fallback
+    wait_for(lambda: all(t.status.terminal for t in store.tasks.get_many(ids)), timeout=90, what="every task to end")
+
+    tasks = store.tasks.get_many(ids)
+    assert [t.status for t in tasks] == [TaskStatus.SUCCEEDED] * DRILL_TASKS, [t.error for t in tasks]
+    assert all(queue_depth(queues, queues.dlq_url(tier)) == 0 for tier in ("high", "normal", "low"))
+    assert store.flow.state("anthropic/claude-sonnet-4-6").get("state") in ("open", "half_open")
+    for task_id in ids:
+        answered = [(s.body.provider, s.body.model) for s in store.steps.load(task_id) if isinstance(s.body, CallStep)]
+        # Once a call went to the fallback, the task stayed with it.
+        switched = answered.index(("openai", "gpt-4.1-mini")) if ("openai", "gpt-4.1-mini") in answered else None
+        assert switched is None or set(answered[switched:]) == {("openai", "gpt-4.1-mini")}, answered
+    assert any((s.body.provider, s.body.model) == ("openai", "gpt-4.1-mini") for i in ids for s in store.steps.load(i)
+               if isinstance(s.body, CallStep))  # fmt: skip

@@ -209,7 +209,7 @@ def register(sub: Any) -> None:
     submit = remote(add_command(sub, "submit", "submit a task; prints its id (--wait: follow it to the end)"))
     submit.add_argument("goal", nargs="?", help="what the agent should achieve")
     submit.add_argument("--file", help="a JSON submission to start from ('-' reads stdin); flags override it")
-    submit.add_argument("--provider", choices=["anthropic", "bedrock", "scripted"],
+    submit.add_argument("--provider", choices=["anthropic", "bedrock", "bedrock-converse", "openai", "scripted"],
                         help="LLM provider (default: scripted with --script, else anthropic)")  # fmt: skip
     submit.add_argument("--model", help="model id (default: the API's)")
     submit.add_argument("--script", metavar="NAME|FILE|JSON",

@@ -274,7 +274,11 @@ def register(sub: Any) -> None:
     fork.add_argument("task_id")
     fork.add_argument("--at-step", type=int, required=True, help="copy steps 1..N of the source")
     fork.add_argument("--model", help="another model for the fork")
-    fork.add_argument("--provider", choices=["anthropic", "bedrock", "scripted"], help="another provider")
+    fork.add_argument(
+        "--provider",
+        choices=["anthropic", "bedrock", "bedrock-converse", "openai", "scripted"],
+        help="another provider",
+    )
     fork.add_argument("--script", help="scripted provider: a built-in script name or a JSON/YAML file")
     fork.add_argument("--max-tokens", type=int, help="the fork's token budget")
     fork.set_defaults(func=_cmd_fork)

@@ -11,7 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from agentq.control.memory import check_attachments
-from agentq.control.validation import check_model, check_script, check_tools, parse_submission, validate_body
+from agentq.control.validation import (
+    check_fallbacks,
+    check_model,
+    check_script,
+    check_tools,
+    parse_submission,
+    validate_body,
+)
 from agentq.core.agents import (
     DEFINED_BY_AGENT,
     DEFINED_CONSTRAINTS,
@@ -22,6 +29,7 @@ from agentq.core.agents import (
 )
 from agentq.core.errors import ValidationError
 from agentq.core.models import McpToolPin, TaskSubmission
+from agentq.core.providers.features import check_features
 from agentq.core.tools import ToolRegistry
 from agentq.core.tools.mcp import McpError, McpServers, valid_tool_name
 from agentq.storage.agents import AgentNotFound
@@ -35,6 +43,9 @@ def parse_agent_spec(raw: Any) -> AgentSpec:
 
 def check_agent(spec: AgentSpec, tools: ToolRegistry, mcp_tools: list[McpToolPin] | None = None) -> None:
     check_model(spec.provider, spec.model)
+    thinking, effort = spec.constraints.thinking_budget_tokens, spec.constraints.effort
+    check_features(spec.provider, spec.model, thinking=thinking, effort=effort)
+    check_fallbacks(spec.fallbacks or [], thinking=thinking, effort=effort)
     names = [*spec.tools, *(p.qualified for p in mcp_tools or [])]
     if spec.memory:  # its memory tools may be named too, to give one a policy (memory_write: ask)
         from agentq.core.tools.memory import memory_tools

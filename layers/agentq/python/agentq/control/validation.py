@@ -11,9 +11,10 @@ from typing import Any, TypeVar
 import pydantic
 
 from agentq.core.errors import ValidationError
-from agentq.core.models import Script, TaskSubmission
+from agentq.core.models import ModelChoice, Script, TaskSubmission
 from agentq.core.output import FINAL_ANSWER_TOOL
 from agentq.core.pricing import load_price_table
+from agentq.core.providers.features import check_features
 from agentq.core.providers.scripted import load_script
 from agentq.core.tools import ToolRegistry
 
@@ -71,18 +72,13 @@ def check_submission(submission: TaskSubmission, tools: ToolRegistry) -> None:
         from agentq.core.webhooks import check_url
 
         check_url(submission.notify.url)
-    if submission.constraints.compaction == "native" and submission.provider != "anthropic":
-        raise ValidationError(
-            f"constraints.compaction: native compaction is Anthropic's (compact_20260112); the "
-            f"{submission.provider} provider has none: use summary",
-            field="constraints.compaction",
-        )
-    if submission.constraints.economy and submission.provider != "anthropic":
-        raise ValidationError(
-            f"constraints.economy: the {submission.provider} provider has no batch API; economy needs provider "
-            "anthropic (Message Batches)",
-            field="constraints.economy",
-        )
+    c = submission.constraints
+    check_features(
+        submission.provider, submission.model, compaction=c.compaction, economy=c.economy,
+        thinking=c.thinking_budget_tokens, effort=c.effort,
+    )  # fmt: skip
+    check_fallbacks(submission.fallbacks, money=c.max_cost_usd is not None, compaction=c.compaction,
+                    economy=c.economy, thinking=c.thinking_budget_tokens, effort=c.effort)  # fmt: skip
     if submission.mcp_tools:
         from agentq.core.tools.mcp import mcp_tool_specs
 
@@ -123,7 +119,7 @@ def check_context(submission: TaskSubmission) -> None:
         )
 
 
-def check_model(provider: str, model: str, *, money: bool = False) -> None:
+def check_model(provider: str, model: str, *, money: bool = False, field: str = "model") -> None:
     if provider == "scripted" and not money:
         return
     prices = load_price_table()
@@ -135,10 +131,30 @@ def check_model(provider: str, model: str, *, money: bool = False) -> None:
                 field="constraints.max_cost_usd",
             )
         raise ValidationError(
-            f"model: no price for {model!r}, so its cost could not be counted; priced models: "
+            f"{field}: no price for {model!r}, so its cost could not be counted; priced models: "
             f"{', '.join(sorted(prices.root))} (and their dated or Bedrock ids); price another with AGENTQ_PRICES",
-            field="model",
+            field=field,
         )
+
+
+def check_fallbacks(
+    fallbacks: list[ModelChoice], *, money: bool = False, economy: bool = False, **constraints: Any
+) -> None:
+    """Every fallback is priced, and can honour the task's constraints as its own model must
+    (a fallback that silently dropped thinking or native compaction would change the task)."""
+    if fallbacks and economy:
+        raise ValidationError(
+            "fallbacks: an economy task's turns wait in a batch at the provider, they never fail over; "
+            "leave out fallbacks or economy",
+            field="fallbacks",
+        )
+    for i, choice in enumerate(fallbacks):
+        check_model(choice.provider, choice.model, money=money, field=f"fallbacks[{i}].model")
+        try:
+            check_features(choice.provider, choice.model, **constraints)
+        except ValidationError as exc:
+            raise ValidationError(f"{exc.message} (fallbacks[{i}]: {choice.provider}/{choice.model})",
+                                  field=exc.field) from None  # fmt: skip
 
 
 def check_tools(names: list[str], policies: Mapping[str, str], tools: ToolRegistry, *, prefix: str) -> None:

@@ -21,24 +21,27 @@ from agentq.core.memory import MAX_MEMORY_ATTACHMENTS, MemoryAttachment, merged_
 from agentq.core.models import (
     AGENT_REF_PATTERN,
     DEFAULT_MODEL,
+    MAX_FALLBACKS,
     MAX_GOAL_CHARS,
     MAX_TIMEOUT_SECONDS,
     MCP_SERVER_PATTERN,
     ApprovalDefault,
     Effort,
     McpToolPin,
+    ModelChoice,
     Notify,
     Provider,
     Script,
     StrictModel,
     ToolPolicy,
+    distinct_fallbacks,
     unique_tool_names,
 )
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 MAX_DESCRIPTION_CHARS = 1024
 # Fields of a submission the agent defines; a submission naming an agent may not set them.
-DEFINED_BY_AGENT = ("provider", "model", "system", "script", "mcp_tools")
+DEFINED_BY_AGENT = ("provider", "model", "system", "script", "mcp_tools", "fallbacks")
 DEFINED_CONSTRAINTS = ("tools", "tool_policies")
 
 
@@ -104,6 +107,12 @@ class AgentSpec(StrictModel):
     def _unique_memory(cls, attachments: list[MemoryAttachment]) -> list[MemoryAttachment]:
         return unique_stores(attachments)
 
+    # None, not []: a version's digest is its JSON without None fields, so versions made before
+    # fallbacks existed keep theirs.
+    fallbacks: list[ModelChoice] | None = Field(
+        default=None, max_length=MAX_FALLBACKS, description="models its tasks fall back to, in order"
+    )
+
     @field_validator("output_schema")
     @classmethod
     def _usable_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -122,6 +131,9 @@ class AgentSpec(StrictModel):
             raise ValueError("script: required when provider is 'scripted'")
         if self.provider != "scripted" and self.script is not None:
             raise ValueError("script: only valid when provider is 'scripted'")
+        if self.fallbacks and self.provider == "scripted":
+            raise ValueError("fallbacks: the scripted provider plays its script; it has no model to fall back from")
+        distinct_fallbacks(self.provider, self.model, self.fallbacks or [])
         return self
 
     def digest(self, mcp_tools: list[McpToolPin] | None = None) -> str:
@@ -205,6 +217,8 @@ def resolved_fields(version: AgentVersion, submission_fields: dict[str, Any]) ->
     if version.memory:
         own = [MemoryAttachment.model_validate(a) for a in sent.get("memory") or []]
         fields["memory"] = [a.model_dump(exclude_none=True) for a in merged_attachments(version.memory, own)]
+    if version.fallbacks:
+        fields["fallbacks"] = [f.model_dump() for f in version.fallbacks]
     if version.output_schema is not None:
         fields["output_schema"] = version.output_schema
     if version.notify is not None and "notify" not in sent:

@@ -183,8 +183,25 @@ class Script(StrictModel):
     turns: list[ScriptTurn] = Field(min_length=1, max_length=10_000)
 
 
-Provider = Literal["anthropic", "bedrock", "scripted"]
+Provider = Literal["anthropic", "bedrock", "bedrock-converse", "openai", "scripted"]
 Priority = Literal["high", "normal", "low"]
+MAX_FALLBACKS = 4
+
+
+class ModelChoice(StrictModel):
+    """A model to fall back to: another provider, or another model of the same one."""
+
+    provider: Literal["anthropic", "bedrock", "bedrock-converse", "openai"]
+    model: str = Field(min_length=1, max_length=200)
+
+
+def distinct_fallbacks(provider: str, model: str, fallbacks: list[ModelChoice]) -> None:
+    """A fallback names neither the primary model nor an earlier fallback (pydantic validator helper)."""
+    seen = {(provider, model)}
+    for i, choice in enumerate(fallbacks):
+        if (choice.provider, choice.model) in seen:
+            raise ValueError(f"fallbacks: [{i}] {choice.provider}/{choice.model} is named twice (the model, or before)")
+        seen.add((choice.provider, choice.model))
 
 
 MCP_SERVER_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,23}$"
@@ -277,6 +294,20 @@ class TaskSubmission(StrictModel):
     def _unique_memory(cls, attachments: list[MemoryAttachment]) -> list[MemoryAttachment]:
         return unique_stores(attachments)
 
+    fallbacks: list[ModelChoice] = Field(
+        default_factory=list,
+        max_length=MAX_FALLBACKS,
+        description="models to use, in order, when the model's circuit is open or a call still fails with an "
+        "overload after its retries; each step records the provider and model that answered, and the task "
+        "goes on with it (a resume and a fork too)",
+    )
+
+    def candidates(self) -> list[ModelChoice]:
+        """The models this task may call, in order of preference: its own, then its fallbacks."""
+        if self.provider == "scripted":
+            return []
+        return [ModelChoice(provider=self.provider, model=self.model), *self.fallbacks]
+
     @field_validator("output_schema")
     @classmethod
     def _usable_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -299,6 +330,9 @@ class TaskSubmission(StrictModel):
             raise ValueError("script: required when provider is 'scripted'")
         if self.provider != "scripted" and self.script is not None:
             raise ValueError("script: only valid when provider is 'scripted'")
+        if self.fallbacks and self.provider == "scripted":
+            raise ValueError("fallbacks: the scripted provider plays its script; it has no model to fall back from")
+        distinct_fallbacks(self.provider, self.model, self.fallbacks)
         return self
 
 
@@ -333,6 +367,9 @@ class CallStep(StrictModel):
     started_at: float
     duration_ms: int
     batched: bool = Field(default=False, description="answered through the Message Batches API (economy)")
+    provider: str | None = Field(
+        default=None, description="the provider that answered (with ``model``: a fallback, if the task has them)"
+    )
 
     def text(self) -> str:
         return "\n".join(b["text"] for b in self.content if b.get("type") == "text" and b.get("text"))

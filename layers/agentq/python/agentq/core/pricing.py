@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, RootModel
 
+from agentq.core.model_ids import model_family
 from agentq.core.models import Usage
 
 MILLION = Decimal(1_000_000)
@@ -70,11 +71,13 @@ class ModelPrice(BaseModel):
 
 class PriceTable(RootModel[dict[str, ModelPrice]]):
     """Model id (or a prefix of it) -> price. The longest matching prefix wins, so
-    ``claude-sonnet-4-5`` also prices ``claude-sonnet-4-5-20250929`` and Bedrock ids."""
+    ``claude-sonnet-4-5`` also prices ``claude-sonnet-4-5-20250929`` and Bedrock ids (an
+    inference profile's region prefix and Claude's ``anthropic.`` are not part of the key:
+    ``us.amazon.nova-pro-v1:0`` is priced as ``amazon.nova-pro``)."""
 
     def price_for(self, model: str) -> ModelPrice | None:
-        name = model.rsplit("/", maxsplit=1)[-1]
-        if name.startswith(("anthropic.", "us.anthropic.", "eu.anthropic.", "global.anthropic.")):
+        name = model_family(model)
+        if name.startswith("anthropic."):
             name = name.split("anthropic.", 1)[1]
         best: tuple[int, ModelPrice] | None = None
         for key, price in self.root.items():
@@ -82,9 +85,39 @@ class PriceTable(RootModel[dict[str, ModelPrice]]):
                 best = (len(key), price)
         return best[1] if best else None
 
+    def dearest(self, models: list[str]) -> ModelPrice | None:
+        """A price no call to any of ``models`` can cost more than, rate by rate: what a hold
+        for a task with fallbacks is sized on, so whichever model answers, the hold covers it.
+        None when the first (the task's own model) has no price, as ``price_for``."""
+        prices = [p for p in (self.price_for(m) for m in models) if p is not None]
+        if not models or self.price_for(models[0]) is None:
+            return None
+        if len(prices) == 1:
+            return prices[0]
+
+        def rate(price: ModelPrice, name: str, default: Decimal) -> Decimal:
+            value = getattr(price, name)
+            return value if value is not None else price.input_per_mtok * default
+
+        return ModelPrice(
+            input_per_mtok=max(p.input_per_mtok for p in prices),
+            output_per_mtok=max(p.output_per_mtok for p in prices),
+            cache_write_per_mtok=max(rate(p, "cache_write_per_mtok", Decimal("1.25")) for p in prices),
+            cache_write_1h_per_mtok=max(rate(p, "cache_write_1h_per_mtok", Decimal(2)) for p in prices),
+            cache_read_per_mtok=max(rate(p, "cache_read_per_mtok", Decimal("0.1")) for p in prices),
+        )
+
     def cost(self, model: str, usage: Usage) -> Decimal:
         price = self.price_for(model)
         return price.cost(usage) if price else Decimal(0)
+
+
+def _flat(input_: str, output: str, cached: str | None) -> dict[str, str]:
+    """A model whose cache writes cost what uncached input does (OpenAI, Bedrock's non-Claude
+    models): no 1.25x or 2x write surcharge, so a hold is not sized on one either. Reads cost
+    ``cached`` (or the input price where the model has no prompt cache)."""
+    return {"input_per_mtok": input_, "output_per_mtok": output, "cache_write_per_mtok": input_,
+            "cache_write_1h_per_mtok": input_, "cache_read_per_mtok": cached or input_}  # fmt: skip
 
 
 DEFAULT_PRICES: dict[str, dict[str, str]] = {
@@ -94,6 +127,39 @@ DEFAULT_PRICES: dict[str, dict[str, str]] = {
     "claude-3-7-sonnet": {"input_per_mtok": "3", "output_per_mtok": "15"},
     "claude-haiku-4-5": {"input_per_mtok": "1", "output_per_mtok": "5"},
     "claude-3-5-haiku": {"input_per_mtok": "0.8", "output_per_mtok": "4"},
+    # Provider openai (list prices; cached input as OpenAI bills it, writes at no surcharge).
+    **{
+        model: _flat(input_, output, cached)
+        for model, (input_, output, cached) in {
+            "gpt-4.1": ("2", "8", "0.5"),
+            "gpt-4.1-mini": ("0.4", "1.6", "0.1"),
+            "gpt-4.1-nano": ("0.1", "0.4", "0.025"),
+            "gpt-4o": ("2.5", "10", "1.25"),
+            "gpt-4o-mini": ("0.15", "0.6", "0.075"),
+            "gpt-5": ("1.25", "10", "0.125"),
+            "gpt-5-mini": ("0.25", "2", "0.025"),
+            "o4-mini": ("1.1", "4.4", "0.275"),
+        }.items()
+    },
+    # Provider bedrock-converse: Bedrock on-demand prices (us-east-1) by model id without its
+    # region prefix; Nova bills cache reads at a quarter of the input price, writes at no surcharge.
+    **{
+        model: _flat(input_, output, cached)
+        for model, (input_, output, cached) in {
+            "amazon.nova-micro": ("0.035", "0.14", "0.00875"),
+            "amazon.nova-lite": ("0.06", "0.24", "0.015"),
+            "amazon.nova-pro": ("0.8", "3.2", "0.2"),
+            "amazon.nova-premier": ("2.5", "12.5", "0.625"),
+            "meta.llama3-3-70b-instruct": ("0.72", "0.72", None),
+            "meta.llama4-maverick-17b-instruct": ("0.24", "0.97", None),
+            "meta.llama4-scout-17b-instruct": ("0.17", "0.66", None),
+            "mistral.mistral-large-2407": ("2", "6", None),
+            "mistral.pixtral-large-2502": ("2", "6", None),
+            "deepseek.r1": ("1.35", "5.4", None),
+            "openai.gpt-oss-120b": ("0.15", "0.6", None),
+            "openai.gpt-oss-20b": ("0.07", "0.3", None),
+        }.items()
+    },
 }
 
 

@@ -21,7 +21,7 @@ from agentq.core.engine.config import EngineConfig
 from agentq.core.errors import BudgetExceeded
 from agentq.core.models import Task
 from agentq.core.ports import BudgetLedger, TaskLeases
-from agentq.core.pricing import PriceTable
+from agentq.core.pricing import ModelPrice, PriceTable
 from agentq.core.providers.base import BATCH_PRICE_RATIO, BATCH_WINDOW_SECONDS
 from agentq.core.records import NO_USAGE, BudgetDelta
 from agentq.core.reservation import Reservation
@@ -185,7 +185,7 @@ class BudgetHolds:
     def _affordable_output(self, s: Session, est_in: int, available_micros: int) -> int:
         """The most output tokens a call of ``est_in`` input can be allowed on what is left of
         the money budget (negative: not even the input)."""
-        price = self.prices.price_for(s.task.submission.model)
+        price = self._price(s)
         if price is None or price.output_per_mtok <= 0:
             return 1 << 40
         if s.economy:  # a batched call costs half: twice the money goes as far
@@ -198,10 +198,16 @@ class BudgetHolds:
             out -= 1  # rounding up to the millionth may cost one token
         return out
 
+    def _price(self, s: Session) -> ModelPrice | None:
+        """The price a hold is sized on: the task's model's, or with fallbacks the dearest of
+        its models' (any of them may answer the call the hold is for)."""
+        sub = s.task.submission
+        return self.prices.dearest([sub.model, *(f.model for f in sub.fallbacks)])
+
     def hold_micros(self, s: Session, amount: int, est_in: int) -> int:
         """The money a hold of ``amount`` tokens (``est_in`` of them input) takes: its call at
         the most it can cost."""
-        price = self.prices.price_for(s.task.submission.model)
+        price = self._price(s)
         if price is None:
             return 0
         est_in = min(est_in, amount)

@@ -27,8 +27,8 @@ from agentq.core.engine.conversation import final_text
 from agentq.core.engine.result import RunResult
 from agentq.core.errors import ConversationMoved, LeaseLost, ProviderError
 from agentq.core.faults import crash_point
-from agentq.core.flow import flow_key
-from agentq.core.models import CallStep, CompactStep, LLMStep, RetryState, TaskStatus
+from agentq.core.flow import Admission, flow_key
+from agentq.core.models import CallStep, CompactStep, LLMStep, ModelChoice, RetryState, TaskStatus
 from agentq.core.output import answer_of, feedback
 from agentq.core.ports import BudgetLedger, FlowPort, StepLog, TaskLeases, TenantWindowsPort
 from agentq.core.pricing import PriceTable, micros
@@ -44,6 +44,12 @@ from agentq.core.records import BudgetDelta
 from agentq.core.tenancy import TenantCapReached
 
 log = logging.getLogger("agentq.engine")
+
+# A call that still fails with one of these after its retries is an outage or an overload of its
+# model: a task with fallbacks sends it to the next (``LLMTurn._fall_over``).
+FALLBACK_CODES = frozenset(
+    {"overloaded", "rate_limited", "provider_server_error", "provider_unreachable", "provider_timeout"}
+)
 
 DEFERRAL_MESSAGES = {
     "circuit_open": "the circuit for {provider}/{model} is open after repeated failures",
@@ -114,24 +120,82 @@ class LLMTurn:
                 self.windows.settle(window, 0)
             raise
         started = time.time()
-        try:
-            provider = self.providers(s.task.submission)  # may fail too (a key it cannot read)
-            with (
-                observe.llm_call(
-                    provider=provider.name, model=request.model, max_tokens=max_out, task_id=s.task_id,
-                    step=s.next_step,
-                ) as call,
-                reporting_retries(lambda notice: self._note_retry(s, notice)),
-                reporting_text(lambda text: setattr(s.held, "live_text", text)),
-            ):  # fmt: skip
-                try:
-                    response = provider.complete(request)
-                finally:
-                    s.held.live_text = None
-                call.answered(response)
-        except ProviderError as exc:
-            return self._call_failed(s, exc, window)
-        return self._answered(s, request, response, started, reserved, max_out, window, compact)
+        while True:
+            asked = self._asked(s, request)
+            try:
+                response = self._call(s, asked, max_out)
+                break
+            except ProviderError as exc:
+                if not self._fall_over(s, exc):
+                    return self._call_failed(s, exc, window)
+                self.holds.cover(s, time.time())  # the next model's call is an attempt of its own
+        return self._answered(s, asked, response, started, reserved, max_out, window, compact)
+
+    def _asked(self, s: Session, request: LLMRequest) -> LLMRequest:
+        """The request as it goes to the model chosen for it (a fallback's own model id)."""
+        choice = s.model_choice
+        return request if choice is None else request.model_copy(update={"model": choice.model})
+
+    def _call(self, s: Session, request: LLMRequest, max_out: int) -> LLMResponse:
+        sub = s.task.submission
+        choice = s.model_choice
+        if choice is not None and (choice.provider, choice.model) != (sub.provider, sub.model):
+            sub = sub.model_copy(update={"provider": choice.provider, "model": choice.model})
+        provider = self.providers(sub)  # may fail too (a key it cannot read)
+        with (
+            observe.llm_call(
+                provider=provider.name, model=request.model, max_tokens=max_out, task_id=s.task_id,
+                step=s.next_step,
+            ) as call,
+            reporting_retries(lambda notice: self._note_retry(s, notice)),
+            reporting_text(lambda text: setattr(s.held, "live_text", text)),
+        ):  # fmt: skip
+            try:
+                response = provider.complete(request)
+            finally:
+                s.held.live_text = None
+            call.answered(response)
+        return response
+
+    def _fall_over(self, s: Session, exc: ProviderError) -> bool:
+        """After the model's call failed with an overload or an outage (its retries spent),
+        the next of the task's models whose circuit lets it through takes the call: the
+        failure counts toward the failed model's circuit, as any failed call does."""
+        if not (exc.retryable and exc.code in FALLBACK_CODES and s.admission is not None and s.model_choice):
+            return False
+        failed = s.model_choice
+        order = self._candidates(s)
+        for choice in order[order.index(failed) + 1 :]:
+            est_in, wanted = self.requests.wanted_reservation(s)
+            admission = self.flow.admit(flow_key(choice.provider, choice.model), est_in, wanted - est_in)
+            if not admission.ok:
+                continue
+            key = flow_key(failed.provider, failed.model)
+            if exc.status_code == 429 and exc.retry_after:
+                self.flow.slow_down(key, exc.retry_after)
+            self.flow.failed(key, s.admission)
+            log.warning("task %s: %s/%s failed (%s); falling back to %s/%s", s.task_id, failed.provider,
+                        failed.model, exc.code, choice.provider, choice.model)  # fmt: skip
+            observe.otel.event("agentq.fallback", {"agentq.failed_model": f"{failed.provider}/{failed.model}",
+                                                   "agentq.error_code": exc.code, "gen_ai.request.model": choice.model,
+                                                   "gen_ai.provider.name": choice.provider})  # fmt: skip
+            s.admission, s.model_choice = admission, choice
+            return True
+        return False
+
+    def _candidates(self, s: Session) -> list[ModelChoice]:
+        """The task's models in the order this call tries them: from the one its latest call
+        step records (a resume and a fork go on with the model that answered), then the others
+        in the order the task names them."""
+        choices = s.task.submission.candidates()
+        recorded = next((r.body for r in reversed(s.steps) if isinstance(r.body, CallStep) and r.body.provider), None)
+        if recorded is None or len(choices) < 2:
+            return choices
+        same = [c for c in choices if c.provider == recorded.provider and recorded.model.startswith(c.model)]
+        if not same:
+            return choices
+        start = choices.index(max(same, key=lambda c: len(c.model)))
+        return choices[start:] + choices[:start]
 
     def _admit(self, s: Session) -> RunResult | None:
         """Fleet-wide flow control before the call (``core.flow``): a circuit open, a 429's
@@ -139,20 +203,32 @@ class LLMTurn:
         the lease; the delayed message spends no receive toward the DLQ)."""
         sub = s.task.submission
         s.admission = None
+        s.model_choice = None
         if sub.provider == "scripted" or s.economy:  # no provider to protect; batches queue at the provider
             return None
         est_in, wanted = self.requests.wanted_reservation(s)
-        admission = self.flow.admit(flow_key(sub.provider, sub.model), est_in, wanted - est_in)
-        if admission.ok:
-            s.admission = admission
-            return None
+        order = self._candidates(s)
+        refused: list[tuple[ModelChoice, Admission]] = []
+        for choice in order:
+            admission = self.flow.admit(flow_key(choice.provider, choice.model), est_in, wanted - est_in)
+            if admission.ok:
+                if refused:
+                    log.info("task %s: %s for %s/%s; its call goes to %s/%s", s.task_id, refused[0][1].reason,
+                             refused[0][0].provider, refused[0][0].model, choice.provider, choice.model)  # fmt: skip
+                s.admission, s.model_choice = admission, choice
+                return None
+            refused.append((choice, admission))
+            if admission.reason != "circuit_open":
+                break  # a slow-down or a rate limit is waited for: it is not an outage
         self.holds.hand_back(s)
-        log.info("task %s deferred %.1fs: %s for %s", s.task_id, admission.wait, admission.reason, sub.model)
+        choice, admission = refused[0]
+        log.info("task %s deferred %.1fs: %s for %s", s.task_id, admission.wait, admission.reason, choice.model)
         known = DEFERRAL_MESSAGES.get(admission.reason)
-        message = known.format(provider=sub.provider, model=sub.model) if known else admission.reason
+        message = known.format(provider=choice.provider, model=choice.model) if known else admission.reason
+        wait = min(a.wait for _, a in refused)
         return RunResult(
             s.task_id, "deferred",
-            error={"code": admission.reason, "message": message, "retry_after": max(1.0, admission.wait)},
+            error={"code": admission.reason, "message": message, "retry_after": max(1.0, wait)},
         )  # fmt: skip
 
     def _call_failed(self, s: Session, exc: ProviderError, window: Any) -> RunResult:
@@ -168,8 +244,7 @@ class LLMTurn:
             "attempts": exc.attempts,
         }
         if exc.retryable and s.admission is not None:  # an outage or an overload: the fleet learns of it
-            sub = s.task.submission
-            key = flow_key(sub.provider, sub.model)
+            key = self._key(s)
             if exc.status_code == 429 and exc.retry_after:
                 self.flow.slow_down(key, exc.retry_after)
             if self.flow.failed(key, s.admission):
@@ -232,8 +307,8 @@ class LLMTurn:
         """Commit the call's answer as the next step, settling its hold with what it used."""
         crash_point("after_llm_call")
         if s.admission is not None:
-            sub, usage = s.task.submission, response.usage
-            key = flow_key(sub.provider, sub.model)
+            usage = response.usage
+            key = self._key(s)
             self.flow.succeeded(key, s.admission)
             # Against a provider's input limit count uncached and cache-write tokens, not reads.
             self.flow.settle(
@@ -253,6 +328,7 @@ class LLMTurn:
             started_at=started,
             duration_ms=int((time.time() - started) * 1000),
             batched=s.economy,
+            provider=s.model_choice.provider if s.model_choice else s.task.submission.provider,
         )
         held = s.task.inflight
         settle = BudgetDelta(
@@ -345,6 +421,12 @@ class LLMTurn:
                 messages.append({"role": "user", "content": feedback(schema, step.content)})
         return messages, finish, result, error
 
+    def _key(self, s: Session) -> str:
+        """The flow-control key of the call in progress: the model it goes to."""
+        choice = s.model_choice
+        sub = s.task.submission
+        return flow_key(choice.provider, choice.model) if choice else flow_key(sub.provider, sub.model)
+
     def _cost(self, s: Session, answered: str, asked: str, response: LLMResponse) -> Decimal:
         """The call's cost, priced by the model that answered, else by the one asked for (a
         submission names a priced model: ``check_submission``). Never $0 without a word."""
@@ -364,6 +446,9 @@ class LLMTurn:
             "model call failed (attempt %d of %d, %s): %s; next try in %.1fs",
             notice.attempt, notice.max_attempts, notice.code, notice.message, notice.delay,
         )  # fmt: skip
+        observe.otel.event("agentq.retry", {"agentq.attempt": notice.attempt, "agentq.max_attempts": notice.max_attempts,
+                                            "error.type": notice.code, "agentq.message": notice.message[:500],
+                                            "agentq.next_try_seconds": notice.delay})  # fmt: skip
         state = RetryState(
             step=s.next_step,
             scope="call",
@@ -376,8 +461,7 @@ class LLMTurn:
             next_at=now + notice.delay,
         )
         if notice.status_code == 429 and s.admission is not None:  # the whole fleet slows down, not only this call
-            sub = s.task.submission
-            self.flow.slow_down(flow_key(sub.provider, sub.model), notice.delay)
+            self.flow.slow_down(self._key(s), notice.delay)
         try:
             self.tasks.record_retry(s.task_id, state, lease=s.lease)
             self.holds.cover(s, now + notice.delay)  # the next attempt is a call of its own

@@ -29,7 +29,7 @@ from agentq.core.engine.config import EngineConfig
 from agentq.core.engine.conversation import conversation, final_text
 from agentq.core.engine.result import RunResult, lease_lost
 from agentq.core.errors import DETERMINISTIC_FAULTS, LeaseLost, fault_error
-from agentq.core.fanout import FanoutLauncher
+from agentq.core.fanout import SPAWN_TOOL, FanoutLauncher
 from agentq.core.faults import crash_point
 from agentq.core.models import LLMStep, Task, TaskStatus, TaskSubmission
 from agentq.core.ports import EngineStorage
@@ -132,7 +132,7 @@ class Engine:
             else LeaseKeeper(self.store.tasks, held, self.config.lease_seconds, self.config.heartbeat_interval, on_beat)
         )
         resumed_from = 0
-        with guard:
+        with guard, observe.otel.task_run(task, self.worker_id, task.step):
             try:
                 # What the claim found committed, from the latest compaction on: nothing before
                 # it is sent again, so nothing before it is read.
@@ -158,6 +158,8 @@ class Engine:
         result.steps_committed = session.committed
         result.resumed_from_step = resumed_from
         result.claimed = task
+        if result.status is not None and result.status.terminal and result.outcome == "finished":
+            observe.otel.task_ended(session.task, result.status.value, result.error)
         if result.status is not None and result.status.terminal:
             live = [h.until for h in session.task.lapsed_holds.values() if h.until]
             result.lapsed_until = max(live, default=None)
@@ -174,7 +176,13 @@ class Engine:
                 continue
             last = s.steps[-1].body if s.steps else None
             if isinstance(last, LLMStep) and last.tool_uses():
-                parked = self._tool_turn.run(s, last)
+                with observe.otel.step(s.next_step, "tools"):
+                    started = time.time()
+                    parked = self._tool_turn.run(s, last)
+                    if parked is None:
+                        for use in last.tool_uses():
+                            if use["name"] == SPAWN_TOOL:
+                                observe.otel.spawned(s.task_id, use["id"], started)
                 if parked is not None:
                     return parked
                 if s.task.status.terminal:
@@ -192,7 +200,8 @@ class Engine:
                 return RunResult(s.task_id, "continue")
             if stop is not None:
                 return finish_without_step(self.store.tasks, self._holds, s, stop)
-            ended = self._llm_turn.run(s)
+            with observe.otel.step(s.next_step, "llm"):
+                ended = self._llm_turn.run(s)
             if ended is not None:
                 return ended
 

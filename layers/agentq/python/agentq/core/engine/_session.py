@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from agentq.core.errors import LeaseLost
 from agentq.core.flow import Admission
-from agentq.core.models import Lease, StepRecord, Task
+from agentq.core.models import Lease, ModelChoice, StepRecord, Task
 from agentq.core.ports import NoteBook, TaskLeases
 from agentq.core.records import Inbox
 from agentq.core.tenancy import TenantLimits
@@ -64,6 +64,7 @@ class Session:
     earlier_turns: int = 0  # LLM turns before the steps loaded (a resume starts at the latest compaction)
     short_of: Literal["tokens", "money"] = "tokens"  # what the budget lacked when a hold was refused
     admission: Admission | None = None  # fleet flow control's answer for the call in progress (core.flow)
+    model_choice: ModelChoice | None = None  # the model the call in progress goes to (its own, or a fallback)
     goal: str = ""  # the first message: the submission's goal, with its dependencies' results (core.dependencies)
     inbox: Inbox = field(default_factory=Inbox)  # a person's messages and interrupt, as META last said (_messages)
 

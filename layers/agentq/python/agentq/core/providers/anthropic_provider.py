@@ -26,7 +26,7 @@ from agentq.core.models import Usage
 from agentq.core.providers import caching
 from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS, LLMRequest, LLMResponse, report_text
 from agentq.core.providers.caching import CacheTtl
-from agentq.core.providers.retry import MalformedReply, RetryPolicy, call_with_retries
+from agentq.core.providers.retry import CallFailure, MalformedReply, RetryPolicy, call_with_retries
 
 # What the engine persists and replays. Anything else the SDK adds (citations, caller,
 # toolset_name, ...) would make stored steps depend on the SDK version that wrote them.
@@ -69,6 +69,7 @@ class _MessagesProvider:
             self._sleep,
             rng=self._rng,
             label=self.name,
+            classify=anthropic_failure,
         )
         return response.model_copy(update={"attempts": attempts})
 
@@ -119,6 +120,34 @@ def stream_above() -> int:
     return int(os.environ.get("AGENTQ_STREAM_ABOVE_TOKENS", "8192"))
 
 
+def anthropic_failure(exc: Exception) -> CallFailure | None:
+    """The Anthropic SDK's exceptions (Anthropic API and Bedrock alike); None: not the SDK's."""
+    if isinstance(exc, anthropic.APIStatusError):
+        return CallFailure("status", exc.status_code, _error_field(exc, "type"), _detail(exc), exc.response.headers)
+    if isinstance(exc, anthropic.APITimeoutError):
+        return CallFailure("timeout", detail=_detail(exc))
+    if isinstance(exc, anthropic.APIConnectionError):
+        return CallFailure("connection", detail=_detail(exc))
+    if isinstance(exc, anthropic.APIError):
+        return CallFailure("malformed", detail=str(exc)[:200] or type(exc).__name__)
+    return None
+
+
+def _detail(exc: anthropic.APIError) -> str:
+    return _error_field(exc, "message") or exc.message or type(exc).__name__
+
+
+def _error_field(exc: anthropic.APIError, key: str) -> str | None:
+    # Read from the body, not SDK attributes (``api_message``/``type``), which older SDKs lack.
+    # Anthropic nests the fields under "error"; Bedrock puts "message" at the top level.
+    body = exc.body
+    if not isinstance(body, dict):
+        return None
+    error = body.get("error")
+    value = error.get(key) if isinstance(error, dict) else body.get(key)
+    return value if isinstance(value, str) else None
+
+
 class AnthropicProvider(_MessagesProvider):
     """The Anthropic API; ``api_key=None`` lets the SDK read ``ANTHROPIC_API_KEY``."""
 
@@ -155,20 +184,20 @@ class AnthropicProvider(_MessagesProvider):
             params.pop(beta, None)
         batch, _ = call_with_retries(
             lambda: self._client.messages.batches.create(requests=[{"custom_id": custom_id, "params": params}]),
-            self.retry, self._sleep, rng=self._rng, label=self.name,
+            self.retry, self._sleep, rng=self._rng, label=self.name, classify=anthropic_failure,
         )  # fmt: skip
         return str(batch.id)
 
     def batch_result(self, batch_id: str, custom_id: str) -> LLMResponse | None:
         batch, _ = call_with_retries(
             lambda: self._client.messages.batches.retrieve(batch_id),
-            self.retry, self._sleep, rng=self._rng, label=self.name,
+            self.retry, self._sleep, rng=self._rng, label=self.name, classify=anthropic_failure,
         )  # fmt: skip
         if batch.processing_status != "ended":
             return None
         items, _ = call_with_retries(
             lambda: list(self._client.messages.batches.results(batch_id)),
-            self.retry, self._sleep, rng=self._rng, label=self.name,
+            self.retry, self._sleep, rng=self._rng, label=self.name, classify=anthropic_failure,
         )  # fmt: skip
         for item in items:
             if item.custom_id != custom_id:

@@ -1,4 +1,5 @@
-"""Where the Anthropic API key comes from: the environment on a laptop, Secrets Manager in AWS.
+"""Where a provider's API key comes from (Anthropic, OpenAI): the environment on a laptop,
+Secrets Manager in AWS.
 
 A key in a Lambda environment variable is visible to anyone who can read the function's
 configuration and cannot be rotated without a deploy; the stack instead names a secret
@@ -16,8 +17,10 @@ import os
 from agentq.core.errors import ProviderError
 
 SECRET_VARIABLE = "AGENTQ_ANTHROPIC_API_KEY_SECRET"
+OPENAI_SECRET_VARIABLE = "AGENTQ_OPENAI_API_KEY_SECRET"
 KEY_MAX_AGE_SECONDS = 300
 JSON_KEY_FIELDS = ("ANTHROPIC_API_KEY", "api_key", "apiKey")
+OPENAI_JSON_KEY_FIELDS = ("OPENAI_API_KEY", "api_key", "apiKey")
 
 
 def anthropic_api_key() -> str | None:
@@ -31,8 +34,18 @@ def anthropic_api_key() -> str | None:
     are fixed. A secret that holds no key (``invalid_api_key_secret``) fails the task at once:
     no retry reads a key into it.
     """
-    secret_id = os.environ.get(SECRET_VARIABLE, "").strip()
-    if os.environ.get("ANTHROPIC_API_KEY") or not secret_id:
+    return _secret_key("ANTHROPIC_API_KEY", SECRET_VARIABLE, JSON_KEY_FIELDS, "Anthropic")
+
+
+def openai_api_key() -> str | None:
+    """The OpenAI (or OpenAI-compatible server's) key, as ``anthropic_api_key`` finds its:
+    ``OPENAI_API_KEY`` wins; else the secret ``AGENTQ_OPENAI_API_KEY_SECRET`` names."""
+    return _secret_key("OPENAI_API_KEY", OPENAI_SECRET_VARIABLE, OPENAI_JSON_KEY_FIELDS, "OpenAI")
+
+
+def _secret_key(variable: str, secret_variable: str, fields: tuple[str, ...], who: str) -> str | None:
+    secret_id = os.environ.get(secret_variable, "").strip()
+    if os.environ.get(variable) or not secret_id:
         return None
     from aws_lambda_powertools.utilities import parameters
 
@@ -40,14 +53,14 @@ def anthropic_api_key() -> str | None:
         value = parameters.get_secret(secret_id, max_age=KEY_MAX_AGE_SECONDS)
     except parameters.exceptions.GetParameterError as exc:
         raise ProviderError(
-            f"cannot read the Anthropic API key from secret {secret_id!r}: {exc}",
+            f"cannot read the {who} API key from secret {secret_id!r}: {exc}",
             retryable=True,
             code="api_key_secret_unreadable",
         ) from None
-    return _key_from(str(value), secret_id)
+    return _key_from(str(value), secret_id, fields)
 
 
-def _key_from(value: str, secret_id: str) -> str:
+def _key_from(value: str, secret_id: str, fields: tuple[str, ...] = JSON_KEY_FIELDS) -> str:
     text = value.strip()
     if text.startswith("{"):
         try:
@@ -55,11 +68,11 @@ def _key_from(value: str, secret_id: str) -> str:
         except json.JSONDecodeError:
             data = None
         if isinstance(data, dict):
-            for name in JSON_KEY_FIELDS:
+            for name in fields:
                 if isinstance(data.get(name), str) and data[name].strip():
                     return str(data[name]).strip()
         raise ProviderError(
-            f"secret {secret_id!r} holds JSON without a string field {' or '.join(JSON_KEY_FIELDS)}",
+            f"secret {secret_id!r} holds JSON without a string field {' or '.join(fields)}",
             retryable=False,
             code="invalid_api_key_secret",
         )

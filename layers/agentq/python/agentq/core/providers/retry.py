@@ -1,6 +1,6 @@
-"""Bounded, counted retries for Anthropic-SDK calls (Anthropic API and Bedrock alike).
+"""Bounded, counted retries for every provider's calls (Anthropic, Bedrock, OpenAI-compatible).
 
-The SDK's own retry loop is switched off (``max_retries=0``) and replaced by this one so that
+Each SDK's own retry loop is switched off (``max_retries=0``; botocore: one attempt) and replaced by this one so that
 every provider retries the same way, the number of calls a step cost is known and stored on
 the step, and the failure that finally escapes says whether the queue should try again later
 (overload, rate limit, network) or give up on the task (a request the API will never accept),
@@ -20,9 +20,9 @@ import os
 import random
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Literal, TypeVar
 
-import anthropic
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentq.core.errors import ProviderError
@@ -133,6 +133,25 @@ def is_retryable_status(status_code: int) -> bool:
     return status_code >= 500 or status_code in RETRYABLE_4XX
 
 
+@dataclass(frozen=True)
+class CallFailure:
+    """One failed attempt as any SDK reports it, in the terms the retry loop decides on.
+
+    ``kind``: ``status`` (the server answered with an error status), ``timeout``,
+    ``connection`` (no answer at all), or ``malformed`` (a 2xx that is not a reply). Each
+    provider module supplies a ``Classifier`` that turns its SDK's exceptions into one, so the
+    Anthropic SDK, the OpenAI SDK and botocore are retried, coded and worded alike."""
+
+    kind: Literal["status", "timeout", "connection", "malformed"]
+    status_code: int | None = None
+    error_type: str | None = None  # the server's own name for the error (rate_limit_error, ThrottlingException)
+    detail: str = ""  # the server's own words
+    headers: Mapping[str, str] | None = None  # for retry-after
+
+
+Classifier = Callable[[Exception], "CallFailure | None"]
+
+
 def call_with_retries(
     fn: Callable[[], T],
     policy: RetryPolicy,
@@ -140,73 +159,86 @@ def call_with_retries(
     *,
     rng: random.Random | None = None,
     label: str = "anthropic",
+    classify: Classifier | None = None,
 ) -> tuple[T, int]:
     """Run ``fn`` until it succeeds or the policy's attempts are spent; return (result, attempts).
 
     Every failure leaves as ``ProviderError`` so callers handle one type: ``retryable=True``
     when the queue should redeliver later, ``False`` when the task should fail now. ``fn`` raises
-    ``MalformedReply`` (or the SDK's JSON error) for a reply that is not a Message. ``sleep``
+    ``MalformedReply`` (or a JSON error) for a reply that is not a Message; ``classify`` reads
+    the SDK's own exceptions (an exception it does not know goes through unchanged). ``sleep``
     and ``rng`` are injectable so tests can prove the waits without waiting.
     """
-    last: Exception | None = None
+    last: CallFailure | None = None
+    last_exc: Exception | None = None
     for attempt in range(1, policy.max_attempts + 1):
         hint: float | None = None
         try:
             return fn(), attempt
-        except anthropic.APIStatusError as exc:
-            if not is_retryable_status(exc.status_code):
-                raise ProviderError(
-                    f"{label} rejected the request ({_status_label(exc)}): {_detail(exc)}",
-                    retryable=False,
-                    status_code=exc.status_code,
-                    attempts=attempt,
-                    code=failure_code(exc.status_code),
-                ) from exc
-            last = exc
-            hint = retry_after_seconds(exc.response.headers)
-        except anthropic.APIConnectionError as exc:  # includes APITimeoutError
-            last = exc
-        except (MalformedReply, json.JSONDecodeError, anthropic.APIError) as exc:
-            last = exc  # a 2xx that is not a Message: maybe a proxy's hiccup; bounded below
+        except MalformedReply as exc:  # a 2xx that is not a Message: maybe a proxy's hiccup; bounded below
+            last, last_exc = CallFailure("malformed", detail=str(exc)[:200] or type(exc).__name__), exc
+        except json.JSONDecodeError as exc:
+            last, last_exc = CallFailure("malformed", detail=f"not JSON ({exc.msg} at char {exc.pos})"), exc
+        except Exception as exc:
+            failure = classify(exc) if classify is not None else None
+            if failure is None:
+                raise
+            if failure.kind == "status" and failure.status_code is not None:
+                if not is_retryable_status(failure.status_code):
+                    raise ProviderError(
+                        f"{label} rejected the request ({_status_label(failure)}): {failure.detail}",
+                        retryable=False,
+                        status_code=failure.status_code,
+                        attempts=attempt,
+                        code=failure_code(failure.status_code),
+                    ) from exc
+                hint = retry_after_seconds(failure.headers)
+            last, last_exc = failure, exc
         if attempt == policy.max_attempts:
             break
         delay = min(hint, policy.max_delay) if hint is not None else backoff_delay(policy, attempt - 1, rng)
-        status = last.status_code if isinstance(last, anthropic.APIStatusError) else None
         report_retry(
-            RetryNotice(attempt, policy.max_attempts, _code_of(last), _said(*_what(label, last)), status, delay)
+            RetryNotice(
+                attempt, policy.max_attempts, _code_of(last), _said(*_what(label, last)), last.status_code, delay
+            )
         )
         sleep(delay)
 
     assert last is not None  # the loop only falls through after a caught failure
-    status = last.status_code if isinstance(last, anthropic.APIStatusError) else None
     kind, detail = _what(label, last)
     raise ProviderError(
         _said(f"{kind} after {policy.max_attempts} attempts", detail),
         retryable=_code_of(last) != MALFORMED,
-        status_code=status,
+        status_code=last.status_code,
         attempts=policy.max_attempts,
         code=_code_of(last),
         retry_after=hint,
-    ) from last
+    ) from last_exc
 
 
-def _code_of(exc: Exception) -> str:
-    if isinstance(exc, anthropic.APIStatusError):
-        return failure_code(exc.status_code)
-    if isinstance(exc, anthropic.APITimeoutError):
+def _code_of(failure: CallFailure) -> str:
+    if failure.kind == "status":
+        return failure_code(failure.status_code)
+    if failure.kind == "timeout":
         return "provider_timeout"
-    if isinstance(exc, anthropic.APIConnectionError):
+    if failure.kind == "connection":
         return "provider_unreachable"
     return MALFORMED
 
 
-def _what(label: str, exc: Exception) -> tuple[str, str | None]:
+def _what(label: str, failure: CallFailure) -> tuple[str, str | None]:
     """(``<label> <what happened>``, the server's own words if it gave any)."""
-    if isinstance(exc, (anthropic.APIStatusError, anthropic.APIConnectionError)):
-        return f"{label} {_failure_kind(exc)}", _detail(exc)
-    if isinstance(exc, json.JSONDecodeError):
-        return f"{label} returned a reply that is not JSON ({exc.msg} at char {exc.pos})", None
-    return f"{label} returned a reply that is not a Message ({str(exc)[:200] or type(exc).__name__})", None
+    if failure.kind == "timeout":
+        return f"{label} request timed out", failure.detail or None
+    if failure.kind == "connection":
+        return f"{label} connection failed", failure.detail or None
+    if failure.kind == "status":
+        code = failure.status_code
+        what = "overloaded (529)" if code == 529 else "rate limited (429)" if code == 429 else f"server error ({code})"
+        return f"{label} {what}", failure.detail or None
+    if failure.detail.startswith("not JSON ("):
+        return f"{label} returned a reply that is {failure.detail}", None
+    return f"{label} returned a reply that is not a Message ({failure.detail})", None
 
 
 def _said(kind: str, detail: str | None) -> str:
@@ -216,34 +248,5 @@ def _said(kind: str, detail: str | None) -> str:
 _default_rng = random.Random()
 
 
-def _failure_kind(exc: anthropic.APIError) -> str:
-    if isinstance(exc, anthropic.APITimeoutError):
-        return "request timed out"
-    if isinstance(exc, anthropic.APIConnectionError):
-        return "connection failed"
-    assert isinstance(exc, anthropic.APIStatusError)
-    if exc.status_code == 529:
-        return "overloaded (529)"
-    if exc.status_code == 429:
-        return "rate limited (429)"
-    return f"server error ({exc.status_code})"
-
-
-def _status_label(exc: anthropic.APIStatusError) -> str:
-    error_type = _error_field(exc, "type")
-    return f"{exc.status_code} {error_type}" if error_type else str(exc.status_code)
-
-
-def _detail(exc: anthropic.APIError) -> str:
-    return _error_field(exc, "message") or exc.message or type(exc).__name__
-
-
-def _error_field(exc: anthropic.APIError, key: str) -> str | None:
-    # Read from the body, not SDK attributes (``api_message``/``type``), which older SDKs lack.
-    # Anthropic nests the fields under "error"; Bedrock puts "message" at the top level.
-    body = exc.body
-    if not isinstance(body, dict):
-        return None
-    error = body.get("error")
-    value = error.get(key) if isinstance(error, dict) else body.get(key)
-    return value if isinstance(value, str) else None
+def _status_label(failure: CallFailure) -> str:
+    return f"{failure.status_code} {failure.error_type}" if failure.error_type else str(failure.status_code)

@@ -1,0 +1,286 @@
+"""Provider ``bedrock-converse``: any Bedrock model with tool use (Amazon Nova, Llama, Mistral,
+DeepSeek, gpt-oss, Claude, ...) through boto3's ``bedrock-runtime`` ``converse``.
+
+As the OpenAI provider, this module only translates between the engine's Messages API blocks
+and Converse's (``toolUse``/``toolResult``/``reasoningContent`` members of a content block), so
+stored steps keep one shape whichever provider answered. boto3 finds its endpoint the SDK's way
+(``AWS_ENDPOINT_URL_BEDROCK_RUNTIME``, which the tests point at a local Converse server) and its
+credentials from the worker's role; botocore's own retries are off (one attempt), the shared
+retry loop (``providers/retry.py``) counts and reports every attempt as for the other providers.
+
+Prompt caching: a ``cachePoint`` goes after the tools, the system prompt and the latest message
+for the models whose Bedrock documentation lists prompt caching (``caches_prompts``); other models
+would refuse the request with a ValidationException, so theirs never carry one. Reasoning
+(extended thinking) is Claude's on Bedrock, sent in ``additionalModelRequestFields``; its
+``reasoningContent`` is kept and sent back unchanged like an Anthropic thinking block.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import os
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import botocore.config
+import botocore.exceptions
+import botocore.parsers
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentq.core.errors import ProviderError
+from agentq.core.model_ids import model_family
+from agentq.core.models import Usage
+from agentq.core.providers import caching
+from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS, LLMRequest, LLMResponse
+from agentq.core.providers.retry import CallFailure, MalformedReply, RetryPolicy, call_with_retries
+
+# Converse's stopReason -> the Messages API's stop_reason the engine reads.
+STOP_REASONS = {"guardrail_intervened": "refusal", "content_filtered": "refusal"}
+# Model families (by the id past any region prefix) whose Converse requests may carry cachePoint.
+CACHING_FAMILIES = ("anthropic.claude", "amazon.nova")
+CACHE_POINT = {"cachePoint": {"type": "default"}}
+
+
+@functools.cache
+def shared_client(region: str | None, timeout: float, endpoint: str | None) -> Any:
+    """One ``bedrock-runtime`` client per process and setting (boto3 clients are thread-safe;
+    building one parses botocore's service model, ~100 ms, too much to pay on every turn).
+    ``endpoint`` is in the key so a changed ``AWS_ENDPOINT_URL_BEDROCK_RUNTIME`` is honoured."""
+    import boto3
+
+    config = botocore.config.Config(
+        retries={"total_max_attempts": 1, "mode": "standard"}, read_timeout=timeout, connect_timeout=10
+    )
+    return boto3.session.Session().client("bedrock-runtime", region_name=region, config=config)
+
+
+def caches_prompts(model: str) -> bool:
+    return model_family(model).startswith(CACHING_FAMILIES)
+
+
+def reasons(model: str) -> bool:
+    """Whether extended thinking (``thinking_budget_tokens``) applies: Claude's, on Bedrock."""
+    return model_family(model).startswith("anthropic.claude")
+
+
+class BedrockConverseProvider:
+    name = "bedrock-converse"
+
+    def __init__(
+        self,
+        client: Any = None,
+        *,
+        region: str | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float = DEFAULT_MAX_CALL_SECONDS,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        if client is None:
+            client = shared_client(region, timeout, os.environ.get("AWS_ENDPOINT_URL_BEDROCK_RUNTIME"))
+        self._client = client
+        self.retry = retry or RetryPolicy.from_env()
+        self._sleep = sleep
+        self._rng = rng
+
+    def complete(self, request: LLMRequest) -> LLMResponse:
+        params = converse_params(request)
+        try:
+            response, attempts = call_with_retries(
+                lambda: to_llm_response(self._client.converse(**params), request.model),
+                self.retry,
+                self._sleep,
+                rng=self._rng,
+                label=self.name,
+                classify=botocore_failure,
+            )
+        except botocore.exceptions.NoCredentialsError as exc:
+            raise ProviderError(
+                f"{self.name}: {exc} (give the worker an IAM role, or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)",
+                retryable=False,
+                code="missing_aws_credentials",
+            ) from None
+        return response.model_copy(update={"attempts": attempts})
+
+
+def botocore_failure(exc: Exception) -> CallFailure | None:
+    """botocore's exceptions in the retry loop's terms: a ``ClientError`` by its HTTP status
+    (ThrottlingException 429, ServiceUnavailableException 503, ValidationException 400, ...),
+    a read timeout, no connection, or a 200 botocore could not parse."""
+    if isinstance(exc, botocore.exceptions.ClientError):
+        meta: dict[str, Any] = dict(exc.response.get("ResponseMetadata") or {})
+        error: dict[str, Any] = dict(exc.response.get("Error") or {})
+        status = int(meta.get("HTTPStatusCode") or 500)
+        return CallFailure(
+            "status", status, error.get("Code") or None, str(error.get("Message") or exc), meta.get("HTTPHeaders")
+        )
+    if isinstance(exc, (botocore.exceptions.ReadTimeoutError, botocore.exceptions.ConnectTimeoutError)):
+        return CallFailure("timeout", detail=str(exc))
+    if isinstance(exc, (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError)):
+        return CallFailure("connection", detail=str(exc))
+    if isinstance(exc, botocore.parsers.ResponseParserError):
+        return CallFailure("malformed", detail=str(exc).splitlines()[0][:200])
+    return None
+
+
+# --- the request ------------------------------------------------------------------------------
+
+
+def converse_params(request: LLMRequest) -> dict[str, Any]:
+    """``converse``'s keyword arguments for ``request`` (a copy: the conversation is the
+    engine's checkpoint and is never changed in place)."""
+    cache = caching.enabled() and caches_prompts(request.model)
+    messages = [_converse_message(m, reasons(request.model)) for m in request.messages]
+    messages = [m for m in messages if m["content"]]
+    if cache and messages:
+        messages[-1] = {**messages[-1], "content": [*messages[-1]["content"], dict(CACHE_POINT)]}
+    params: dict[str, Any] = {
+        "modelId": request.model,
+        "messages": messages,
+        "inferenceConfig": {"maxTokens": request.max_tokens},
+    }
+    if request.system:
+        params["system"] = [{"text": request.system}, *([dict(CACHE_POINT)] if cache else [])]
+    if request.tools:
+        tools: list[dict[str, Any]] = [
+            {
+                "toolSpec": {
+                    "name": tool["name"],
+                    "description": tool.get("description") or tool["name"],
+                    "inputSchema": {"json": tool.get("input_schema") or {"type": "object", "properties": {}}},
+                }
+            }
+            for tool in request.tools
+        ]
+        if cache:
+            tools.append(dict(CACHE_POINT))
+        params["toolConfig"] = {"tools": tools}
+    if request.thinking_budget and reasons(request.model):
+        params["additionalModelRequestFields"] = {
+            "thinking": {"type": "enabled", "budget_tokens": request.thinking_budget}
+        }
+    return params
+
+
+def _converse_message(message: dict[str, Any], reasoning: bool) -> dict[str, Any]:
+    """One message in Converse's blocks. Thinking is sent back to a model that reasons (Claude
+    requires its own blocks back); another model (a fallback taking over from Claude) refuses
+    reasoning content it did not write, so it gets none."""
+    content = message["content"]
+    if isinstance(content, str):
+        return {"role": message["role"], "content": [{"text": content}] if content else []}
+    blocks: list[dict[str, Any]] = []
+    for block in content:
+        kind = block.get("type")
+        if kind == "text" and block.get("text"):
+            blocks.append({"text": block["text"]})
+        elif kind == "tool_use":
+            blocks.append(
+                {"toolUse": {"toolUseId": block["id"], "name": block["name"], "input": block.get("input") or {}}}
+            )
+        elif kind == "tool_result":
+            result: dict[str, Any] = {"toolUseId": block["tool_use_id"], "content": [{"text": _result_text(block)}]}
+            if block.get("is_error"):
+                result["status"] = "error"
+            blocks.append({"toolResult": result})
+        elif kind == "thinking" and reasoning:
+            blocks.append({"reasoningContent": {"reasoningText": {"text": block["thinking"],
+                                                                  "signature": block["signature"]}}})  # fmt: skip
+        elif kind == "redacted_thinking" and reasoning:
+            blocks.append({"reasoningContent": {"redactedContent": base64.b64decode(block["data"])}})
+    return {"role": message["role"], "content": blocks}
+
+
+def _result_text(block: dict[str, Any]) -> str:
+    content = block.get("content")
+    if isinstance(content, str):
+        return content or "(empty)"
+    text = "".join(b.get("text", "") for b in content or [] if isinstance(b, dict))
+    return text or "(empty)"  # Converse refuses an empty text block
+
+
+# --- the reply --------------------------------------------------------------------------------
+
+
+class _ToolUse(BaseModel):
+    toolUseId: str
+    name: str
+    input: dict[str, Any]
+
+
+class _ReasoningText(BaseModel):
+    text: str
+    signature: str = ""
+
+
+class _Reasoning(BaseModel):
+    reasoningText: _ReasoningText | None = None
+    redactedContent: bytes | None = None
+
+
+class _Block(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    text: str | None = None
+    toolUse: _ToolUse | None = None
+    reasoningContent: _Reasoning | None = None
+
+
+class _Message(BaseModel):
+    content: list[_Block]
+
+
+class _Output(BaseModel):
+    message: _Message
+
+
+class _Usage(BaseModel):
+    inputTokens: int = Field(ge=0)
+    outputTokens: int = Field(ge=0)
+    cacheReadInputTokens: int = Field(default=0, ge=0)
+    cacheWriteInputTokens: int = Field(default=0, ge=0)
+
+
+class _Reply(BaseModel):
+    output: _Output
+    stopReason: str
+    usage: _Usage
+
+
+def to_llm_response(reply: Any, model: str) -> LLMResponse:
+    """The Converse reply in the engine's shape; ``MalformedReply`` when it is not one.
+    Converse's ``inputTokens`` excludes the cache reads and writes, as the Messages API's does."""
+    try:
+        parsed = _Reply.model_validate(reply)
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "reply"
+        raise MalformedReply(f"{where}: {first['msg']}") from None
+    content: list[dict[str, Any]] = []
+    for block in parsed.output.message.content:
+        if block.text:
+            content.append({"type": "text", "text": block.text})
+        elif block.toolUse is not None:
+            use = block.toolUse
+            content.append({"type": "tool_use", "id": use.toolUseId, "name": use.name, "input": use.input})
+        elif block.reasoningContent is not None and block.reasoningContent.reasoningText is not None:
+            said = block.reasoningContent.reasoningText
+            content.append({"type": "thinking", "thinking": said.text, "signature": said.signature})
+        elif block.reasoningContent is not None and block.reasoningContent.redactedContent is not None:
+            data = base64.b64encode(block.reasoningContent.redactedContent).decode()
+            content.append({"type": "redacted_thinking", "data": data})
+    usage = parsed.usage
+    return LLMResponse(
+        content=content,
+        stop_reason=STOP_REASONS.get(parsed.stopReason, parsed.stopReason),
+        model=model,
+        usage=Usage(
+            input_tokens=usage.inputTokens,
+            output_tokens=usage.outputTokens,
+            cache_read_input_tokens=usage.cacheReadInputTokens,
+            cache_creation_input_tokens=usage.cacheWriteInputTokens,
+        ),
+    )

@@ -1,0 +1,270 @@
+"""Provider ``openai``: the Chat Completions API through the real ``openai`` SDK, at any
+``base_url`` (OpenAI itself, or a vLLM, Ollama or LiteLLM server that speaks the same wire).
+
+The engine speaks Messages API blocks whatever the provider (``providers/base.py``), so this
+module translates both ways and nothing else: the conversation out (a ``tool_result`` block
+becomes a ``role: tool`` message, a ``tool_use`` block a ``tool_calls`` entry whose arguments
+are JSON text), and the reply back (``tool_calls`` become ``tool_use`` blocks, the
+``finish_reason`` a Messages ``stop_reason``). The stored steps stay in one shape, so a task's
+trace, its resume and a fork read the same whoever answered.
+
+Usage: ``prompt_tokens`` counts cached tokens too (``prompt_tokens_details.cached_tokens``);
+they are split out as cache reads, so the ledger prices them as such and the total is what the
+server billed. A reply is checked before anything reads it, as the Anthropic provider does:
+a 200 that is not a completion, or a tool call whose arguments are not a JSON object, is
+retried like an overload and fails the task once the attempts are spent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import openai
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentq.core.errors import ProviderError
+from agentq.core.models import Usage
+from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS, LLMRequest, LLMResponse
+from agentq.core.providers.retry import CallFailure, MalformedReply, RetryPolicy, call_with_retries
+
+API_KEY_VARIABLE = "OPENAI_API_KEY"
+BASE_URL_VARIABLE = "OPENAI_BASE_URL"
+
+# finish_reason -> the Messages API's stop_reason, which the engine reads (core/engine/_llm_turn.turn_end).
+STOP_REASONS = {
+    "stop": "end_turn",
+    "tool_calls": "tool_use",
+    "function_call": "tool_use",
+    "length": "max_tokens",
+    "content_filter": "refusal",
+}
+
+
+class OpenAIProvider:
+    """Chat Completions; ``api_key=None`` lets the SDK read ``OPENAI_API_KEY``. A local server
+    that wants no key (Ollama, vLLM without ``--api-key``) is given a placeholder, as their own
+    documentation tells OpenAI clients to do."""
+
+    name = "openai"
+
+    def __init__(
+        self,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float = DEFAULT_MAX_CALL_SECONDS,
+        client: openai.OpenAI | None = None,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        if client is None:
+            key = api_key or os.environ.get(API_KEY_VARIABLE)
+            if not key and not base_url:
+                raise ProviderError(
+                    f"no OpenAI API key: set {API_KEY_VARIABLE} (in AWS, the secret named by "
+                    "AGENTQ_OPENAI_API_KEY_SECRET), or OPENAI_BASE_URL for a local server that needs none",
+                    retryable=False,
+                    code="missing_api_key",
+                )
+            client = openai.OpenAI(api_key=key or "not-needed", base_url=base_url, timeout=timeout, max_retries=0)
+        elif client.max_retries != 0:
+            client = client.with_options(max_retries=0)
+        self._client = client
+        # OpenAI's own API takes max_completion_tokens (its reasoning models refuse max_tokens);
+        # vLLM, Ollama and LiteLLM servers take the older max_tokens.
+        self._limit = "max_completion_tokens" if "api.openai.com" in str(client.base_url) else "max_tokens"
+        self.retry = retry or RetryPolicy.from_env()
+        self._sleep = sleep
+        self._rng = rng
+
+    def complete(self, request: LLMRequest) -> LLMResponse:
+        params = chat_params(request, self._limit)
+        response, attempts = call_with_retries(
+            lambda: to_llm_response(self._client.chat.completions.create(**params)),
+            self.retry,
+            self._sleep,
+            rng=self._rng,
+            label=self.name,
+            classify=openai_failure,
+        )
+        return response.model_copy(update={"attempts": attempts})
+
+
+def openai_failure(exc: Exception) -> CallFailure | None:
+    """The OpenAI SDK's exceptions in the retry loop's terms (``providers/retry.py``)."""
+    if isinstance(exc, openai.APIStatusError):
+        body: dict[str, Any] = exc.body if isinstance(exc.body, dict) else {}
+        nested = body.get("error")
+        error: dict[str, Any] = nested if isinstance(nested, dict) else body
+        kind = error.get("type") or error.get("code")
+        detail = error.get("message") if isinstance(error.get("message"), str) else exc.message
+        return CallFailure(
+            "status", exc.status_code, kind if isinstance(kind, str) else None, str(detail), exc.response.headers
+        )
+    if isinstance(exc, openai.APITimeoutError):
+        return CallFailure("timeout", detail=exc.message)
+    if isinstance(exc, openai.APIConnectionError):
+        return CallFailure("connection", detail=exc.message)
+    if isinstance(exc, openai.APIError):
+        return CallFailure("malformed", detail=str(exc)[:200] or type(exc).__name__)
+    return None
+
+
+# --- the request ------------------------------------------------------------------------------
+
+
+def chat_params(request: LLMRequest, limit: str = "max_tokens") -> dict[str, Any]:
+    """The Chat Completions body of ``request``. Thinking blocks of a fallback's earlier
+    Claude turns are not sent (another model cannot read them); nothing else is dropped."""
+    messages: list[dict[str, Any]] = []
+    if request.system:
+        messages.append({"role": "system", "content": request.system})
+    for message in request.messages:
+        messages.extend(_chat_messages(message))
+    params: dict[str, Any] = {"model": request.model, "messages": messages, limit: request.max_tokens}
+    if request.tools:
+        params["tools"] = [
+            {
+                "type": "function",
+                "function": {
+                    "name": tool["name"],
+                    "description": tool.get("description", ""),
+                    "parameters": tool.get("input_schema") or {"type": "object", "properties": {}},
+                },
+            }
+            for tool in request.tools
+        ]
+    return params
+
+
+def _chat_messages(message: dict[str, Any]) -> list[dict[str, Any]]:
+    role, content = message["role"], message["content"]
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    if role == "assistant":
+        text = "".join(b["text"] for b in content if b.get("type") == "text")
+        calls = [
+            {
+                "id": b["id"],
+                "type": "function",
+                "function": {"name": b["name"], "arguments": json.dumps(b.get("input") or {}, ensure_ascii=False)},
+            }
+            for b in content
+            if b.get("type") == "tool_use"
+        ]
+        out: dict[str, Any] = {"role": "assistant", "content": text or None}
+        if calls:
+            out["tool_calls"] = calls
+        return [out]
+    # A user turn: tool results first (each its own ``tool`` message, answering its call), then the text.
+    out_messages: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for block in content:
+        kind = block.get("type")
+        if kind == "tool_result":
+            out_messages.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": _result_text(block)})
+        elif kind == "text":
+            texts.append(block["text"])
+    if texts:
+        out_messages.append({"role": "user", "content": "\n\n".join(texts)})
+    return out_messages
+
+
+def _result_text(block: dict[str, Any]) -> str:
+    content = block.get("content")
+    text = (
+        content
+        if isinstance(content, str)
+        else "".join(b.get("text", "") for b in content or [] if isinstance(b, dict))
+    )
+    return f"Error: {text}" if block.get("is_error") else text
+
+
+# --- the reply --------------------------------------------------------------------------------
+
+
+class _Function(BaseModel):
+    name: str
+    arguments: str
+
+
+class _ToolCall(BaseModel):
+    id: str
+    function: _Function
+
+
+class _Message(BaseModel):
+    content: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+
+
+class _Choice(BaseModel):
+    message: _Message
+    finish_reason: str | None = None
+
+
+class _PromptDetails(BaseModel):
+    cached_tokens: int | None = Field(default=None, ge=0)
+
+
+class _Usage(BaseModel):
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0)
+    prompt_tokens_details: _PromptDetails | None = None
+
+
+class _Completion(BaseModel):
+    """What the engine reads of a chat completion; anything else it holds is ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str
+    choices: list[_Choice] = Field(min_length=1)
+    usage: _Usage
+
+
+def to_llm_response(completion: Any) -> LLMResponse:
+    """The completion in the engine's shape; ``MalformedReply`` when it is not one (the SDK
+    does not check a 200's shape), or when a tool call's arguments are not a JSON object."""
+    if not isinstance(completion, BaseModel):
+        raise MalformedReply(f"a JSON {type(completion).__name__}, not an object")
+    try:
+        reply = _Completion.model_validate(completion.model_dump(exclude_none=True, warnings=False))
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "reply"
+        raise MalformedReply(f"{where}: {first['msg']}") from None
+    choice = reply.choices[0]
+    content: list[dict[str, Any]] = []
+    if choice.message.content:
+        content.append({"type": "text", "text": choice.message.content})
+    for call in choice.message.tool_calls or []:
+        try:
+            arguments = json.loads(call.function.arguments or "{}")
+        except json.JSONDecodeError:
+            arguments = None
+        if not isinstance(arguments, dict):
+            raise MalformedReply(f"tool call {call.function.name!r}: arguments are not a JSON object")
+        content.append({"type": "tool_use", "id": call.id, "name": call.function.name, "input": arguments})
+    stop = STOP_REASONS.get(choice.finish_reason or "", choice.finish_reason)
+    if stop == "end_turn" and any(b["type"] == "tool_use" for b in content):
+        stop = "tool_use"  # some servers (Ollama) say "stop" for a turn that calls tools
+    usage = reply.usage
+    cached = min((usage.prompt_tokens_details.cached_tokens or 0) if usage.prompt_tokens_details else 0,
+                 usage.prompt_tokens)  # fmt: skip
+    return LLMResponse(
+        content=content,
+        stop_reason=stop,
+        model=reply.model,
+        usage=Usage(
+            input_tokens=usage.prompt_tokens - cached,
+            output_tokens=usage.completion_tokens,
+            cache_read_input_tokens=cached,
+        ),
+    )

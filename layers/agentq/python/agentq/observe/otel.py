@@ -1,0 +1,238 @@
+"""OpenTelemetry traces by OTLP/HTTP, when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (X-Ray stays
+the default tracer: ``observe/tracing.py``). ADOT, Langfuse, Honeycomb and Datadog take them.
+
+One trace per root task, whatever worker runs it and however often it resumes: its trace id is
+derived from the root task's id, and a task's own span id from the task's, so a run started
+anywhere, any time, hangs its spans under the same parent without reading anything first:
+
+    invoke_agent <agent>                 the task (emitted once, when it ends: created -> ended)
+      run <task>                         one claim of it by a worker (a resume is another)
+        step <n>                         one step: an LLM turn or a tools turn
+          chat <model>                   the model call, GenAI attributes; retries as events
+          execute_tool <tool>            each tool call
+          execute_tool spawn_subagents   a spawn: its id derived from the tool call's
+            invoke_agent <child>         each sub-agent, a child of the spawning call
+
+Spans go out through a batch processor flushed at the end of every run (a Lambda may be frozen
+right after). Without the endpoint, or without the ``otel`` extra installed, every function
+here does nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span, Tracer
+
+    from agentq.core.models import Task
+
+log = logging.getLogger("agentq.observe")
+
+ENDPOINT_VARIABLE = "OTEL_EXPORTER_OTLP_ENDPOINT"
+SERVICE_NAME = "agentq"
+Attributes = Mapping[str, str | int | float | bool | list[str]]
+
+# Set around the start of a span whose id is derived rather than random (``_DerivedIds``).
+_forced_span_id: ContextVar[int | None] = ContextVar("agentq_otel_span_id", default=None)
+_forced_trace_id: ContextVar[int | None] = ContextVar("agentq_otel_trace_id", default=None)
+
+
+def trace_id_of(root_id: str) -> int:
+    """The trace of a root task and all its sub-agents: 128 bits of its id's SHA-256."""
+    return int.from_bytes(hashlib.sha256(f"agentq-trace:{root_id}".encode()).digest()[:16], "big") or 1
+
+
+def span_id_of(*parts: str) -> int:
+    """A span id that any worker derives alike (a task's span, a spawn's)."""
+    return int.from_bytes(hashlib.sha256(":".join(("agentq-span", *parts)).encode()).digest()[:8], "big") or 1
+
+
+@functools.cache
+def _provider() -> Any:
+    """The process's TracerProvider, or None (decided once; ``reset`` forgets it)."""
+    if not os.environ.get(ENDPOINT_VARIABLE, "").strip():
+        return None
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+    except ImportError:
+        log.warning("%s is set but OpenTelemetry is not installed (pip install 'agentq[otel]'): no traces",
+                    ENDPOINT_VARIABLE)  # fmt: skip
+        return None
+
+    class DerivedIds(RandomIdGenerator):
+        """Random ids, except for the spans whose ids are derived (``_forced_*``)."""
+
+        def generate_span_id(self) -> int:
+            return _forced_span_id.get() or super().generate_span_id()
+
+        def generate_trace_id(self) -> int:
+            return _forced_trace_id.get() or super().generate_trace_id()
+
+    service = os.environ.get("OTEL_SERVICE_NAME") or SERVICE_NAME
+    provider = TracerProvider(resource=Resource.create({"service.name": service}), id_generator=DerivedIds())
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))  # reads the OTEL_EXPORTER_OTLP_* settings
+    return provider
+
+
+def tracer() -> Tracer | None:
+    provider = _provider()
+    return provider.get_tracer("agentq") if provider is not None else None
+
+
+def enabled() -> bool:
+    return _provider() is not None
+
+
+def reset() -> None:
+    """Flush and forget the provider: the next span reads the environment again (tests)."""
+    provider = _provider()
+    if provider is not None:
+        provider.shutdown()
+    _provider.cache_clear()
+
+
+def flush(timeout_seconds: float = 5.0) -> None:
+    provider = _provider()
+    if provider is not None and not provider.force_flush(int(timeout_seconds * 1000)):
+        log.warning("OpenTelemetry: spans not exported within %.0fs", timeout_seconds)
+
+
+def _remote_parent(trace_id: int, span_id: int) -> Any:
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    parent = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    return trace.set_span_in_context(NonRecordingSpan(parent))
+
+
+def _task_parent(task: Task) -> Any:
+    """The context a task's runs hang from: its own span, in its root's trace."""
+    return _remote_parent(trace_id_of(task.root_id), span_id_of("task", task.task_id))
+
+
+@contextlib.contextmanager
+def _started(name: str, context: Any, span_id: int | None = None, **kwargs: Any) -> Iterator[Span]:
+    found = tracer()
+    assert found is not None
+    token = _forced_span_id.set(span_id)
+    try:
+        span = found.start_span(name, context=context, **kwargs)
+    finally:
+        _forced_span_id.reset(token)
+    yield span
+
+
+@contextlib.contextmanager
+def task_run(task: Task, worker_id: str, resumed_from: int) -> Iterator[None]:
+    """One claim of ``task``: the run's span is current for everything the run does."""
+    if tracer() is None:
+        yield
+        return
+    from opentelemetry import trace
+
+    attributes = {
+        "agentq.task_id": task.task_id,
+        "agentq.worker_id": worker_id,
+        "agentq.resumed_from_step": resumed_from,
+    }
+    with _started(f"run {task.task_id}", _task_parent(task), attributes=attributes) as span:
+        try:
+            with trace.use_span(span, end_on_exit=True, record_exception=True, set_status_on_exception=True):
+                yield
+        finally:
+            flush()
+
+
+@contextlib.contextmanager
+def step(number: int, kind: str) -> Iterator[None]:
+    """One step of the run in progress (an LLM turn or a tools turn)."""
+    found = tracer()
+    if found is None:
+        yield
+        return
+    with found.start_as_current_span(f"step {number}", attributes={"agentq.step": number, "agentq.step_kind": kind}):
+        yield
+
+
+@contextlib.contextmanager
+def span(name: str, attributes: Attributes, *, span_id: int | None = None) -> Iterator[Span | None]:
+    """A span under the current one (a model call, a tool call); an exception leaving the block
+    is recorded on it as an ``exception`` event, its status an error."""
+    if tracer() is None:
+        yield None
+        return
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+    from opentelemetry.trace import SpanKind
+
+    context = otel_context.get_current()
+    with (
+        _started(name, context, span_id, kind=SpanKind.CLIENT, attributes=attributes) as made,
+        trace.use_span(made, end_on_exit=True, record_exception=True, set_status_on_exception=True),
+    ):
+        yield made
+
+
+def event(name: str, attributes: Attributes) -> None:
+    """An event on the current span (a retry, a fallback)."""
+    if tracer() is None:
+        return
+    from opentelemetry import trace
+
+    trace.get_current_span().add_event(name, attributes=dict(attributes))
+
+
+def spawned(task_id: str, use_id: str, started: float) -> None:
+    """The spawn_subagents call of a tools step that committed: its span, whose id every
+    sub-agent of it derives as its parent's (``task_ended``)."""
+    if tracer() is None:
+        return
+    from opentelemetry import context as otel_context
+
+    attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "spawn_subagents",
+                  "gen_ai.tool.call.id": use_id}  # fmt: skip
+    with _started("execute_tool spawn_subagents", otel_context.get_current(), span_id_of("tool", task_id, use_id),
+                  attributes=attributes, start_time=int(started * 1e9)) as made:  # fmt: skip
+        made.end()
+
+
+def task_ended(task: Task, status: str, error: Mapping[str, Any] | None = None) -> None:
+    """The task's own span, from its creation to now, emitted once by the run that ended it:
+    the root of its trace, or a child of the spawn_subagents call that made it."""
+    if tracer() is None:
+        return
+    from opentelemetry.trace import Status, StatusCode
+
+    if task.parent_id and task.spawn_id:
+        parent = _remote_parent(trace_id_of(task.root_id), span_id_of("tool", task.parent_id, task.spawn_id))
+    else:
+        from opentelemetry import context as otel_context
+
+        parent = otel_context.Context()  # a root: no parent; its trace id is derived
+    agent = task.submission.agent or "agentq"
+    attributes = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent, "agentq.task_id": task.task_id,
+                  "agentq.root_id": task.root_id, "agentq.status": status,
+                  "gen_ai.request.model": task.submission.model}  # fmt: skip
+    token = _forced_trace_id.set(trace_id_of(task.root_id))
+    try:
+        with _started(f"invoke_agent {agent}", parent, span_id_of("task", task.task_id), attributes=attributes,
+                      start_time=int(task.created_at * 1e9)) as made:  # fmt: skip
+            if status != "succeeded":
+                made.set_status(Status(StatusCode.ERROR, str((error or {}).get("code") or status)))
+            made.end(int(time.time() * 1e9))
+    finally:
+        _forced_trace_id.reset(token)
+    flush()

@@ -1,0 +1,151 @@
+"""Fallbacks: a task names an ordered list of models across providers. When its model's circuit
+is open, or a call still fails with an overload after its retries, the next model takes the
+call; the step records the provider and model that answered, and the task goes on with it, a
+resume included; the budget hold is sized on the dearest of the task's models, so it covers
+whichever answers. Through the real SDKs against the local Messages and Chat Completions fakes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from agentq.control.submit import submit
+from agentq.core.engine import Engine, EngineConfig
+from agentq.core.errors import ValidationError
+from agentq.core.flow import Admission
+from agentq.core.models import CallStep, TaskStatus
+from agentq.core.pricing import load_price_table
+from agentq.core.tools import ToolRegistry
+from agentq.storage.container import Storage
+
+from tests.fake_messages_api import FakeMessagesAPI, FakeReply, RecordedRequest, overloaded, text_reply
+from tests.fake_model_servers import FakeChatCompletions, Recorded, chat_completion
+
+STORAGE = "memory"
+CLAUDE = "claude-sonnet-4-6"
+GPT = "gpt-4.1-mini"
+TASK: dict[str, Any] = {
+    "goal": "look up a",
+    "provider": "anthropic",
+    "model": CLAUDE,
+    "fallbacks": [{"provider": "openai", "model": GPT}],
+    "constraints": {"tools": ["lookup"], "tool_policies": {"lookup": "ask"}},
+}
+
+
+class Claude:
+    """Down (529) until told otherwise; answers at once when up."""
+
+    def __init__(self) -> None:
+        self.down = True
+        self.calls = 0
+
+    def __call__(self, request: RecordedRequest) -> FakeReply:
+        self.calls += 1
+        return overloaded() if self.down else text_reply("claude here")
+
+
+def gpt_plan(recorded: Recorded) -> Any:
+    last = recorded.body["messages"][-1]
+    if last["role"] == "tool":
+        return chat_completion("done", prompt_tokens=300, completion_tokens=5)
+    return chat_completion(None, [("lookup", {"query": "a", "size": 20})], prompt_tokens=200, completion_tokens=20)
+
+
+@pytest.fixture
+def models(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Claude, FakeMessagesAPI, FakeChatCompletions]]:
+    claude = Claude()
+    with FakeMessagesAPI(responder=claude) as anthropic_api, FakeChatCompletions(responder=gpt_plan) as openai_api:
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", anthropic_api.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "k")
+        monkeypatch.setenv("OPENAI_BASE_URL", openai_api.openai_base_url)
+        monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", json.dumps({"max_attempts": 2, "base_delay": 0, "max_delay": 0}))
+        yield claude, anthropic_api, openai_api
+
+
+def engine(store: Storage, registry: ToolRegistry, worker: str = "w1") -> Engine:
+    return Engine(store, worker_id=worker, tools=registry, config=EngineConfig(lease_seconds=5))
+
+
+def call_steps(store: Storage, task_id: str) -> list[CallStep]:
+    return [r.body for r in store.steps.load(task_id) if isinstance(r.body, CallStep)]
+
+
+def test_an_overload_after_the_retries_falls_over_and_the_resume_stays_with_the_model_that_answered(
+    models: tuple[Claude, FakeMessagesAPI, FakeChatCompletions], store: Storage, registry: ToolRegistry
+) -> None:
+    claude, _, openai_api = models
+    task = submit(store, registry, TASK, tenant="t")
+    first = engine(store, registry).run(task.task_id)
+    assert first.status is TaskStatus.PAUSED, first.error  # the lookup waits for a person
+    assert claude.calls == 2  # its two attempts, then the fallback took the call
+    (answered,) = call_steps(store, task.task_id)
+    assert (answered.provider, answered.model) == ("openai", GPT)
+    assert store.flow.state(f"anthropic/{CLAUDE}")["failures"]  # the failure counts on Claude's circuit
+
+    claude.down = False  # Claude is back, but the conversation goes on with the model that answered
+    pending = store.approvals.pending(task.task_id)
+    assert pending is not None
+    store.approvals.decide(task.task_id, pending.use_id, approved=True, note="", by="alice")
+    resumed = engine(store, registry, "w2").run(task.task_id)
+    assert resumed.status is TaskStatus.SUCCEEDED, resumed.error
+    assert claude.calls == 2 and len(openai_api.requests) == 2
+    assert [(s.provider, s.model) for s in call_steps(store, task.task_id)] == [("openai", GPT)] * 2
+    assert store.tasks.get(task.task_id).result == "done"
+
+
+def test_an_open_circuit_sends_the_call_to_the_fallback_without_trying_the_model(
+    models: tuple[Claude, FakeMessagesAPI, FakeChatCompletions], store: Storage, registry: ToolRegistry
+) -> None:
+    claude, _, openai_api = models
+    key = f"anthropic/{CLAUDE}"
+    while not store.flow.failed(key, Admission(ok=True)):
+        pass  # the fleet's failures opened Claude's circuit
+    task = submit(store, registry, {**TASK, "constraints": {"tools": ["lookup"]}}, tenant="t")
+    assert engine(store, registry).run(task.task_id).status is TaskStatus.SUCCEEDED
+    assert claude.calls == 0 and len(openai_api.requests) == 2
+
+
+def test_a_task_fails_over_only_for_an_outage_not_for_a_request_the_model_refuses(
+    models: tuple[Claude, FakeMessagesAPI, FakeChatCompletions], store: Storage, registry: ToolRegistry
+) -> None:
+    _, anthropic_api, openai_api = models
+    anthropic_api.responder = lambda request: FakeReply(
+        400, {"type": "error", "error": {"type": "invalid_request_error", "message": "bad"}}
+    )
+    task = submit(store, registry, TASK, tenant="t")
+    result = engine(store, registry).run(task.task_id)
+    assert result.status is TaskStatus.FAILED and result.error is not None
+    assert result.error["code"] == "invalid_request" and openai_api.requests == []
+
+
+def test_the_hold_is_sized_on_the_dearest_of_the_tasks_models() -> None:
+    prices = load_price_table()
+    dearest = prices.dearest([GPT, CLAUDE])
+    claude, gpt = prices.price_for(CLAUDE), prices.price_for(GPT)
+    assert dearest is not None and claude is not None and gpt is not None
+    assert dearest.hold_micros(1000, 1000) == claude.hold_micros(1000, 1000) > gpt.hold_micros(1000, 1000)
+    assert dearest.cache_read_per_mtok == Decimal("0.3")  # Claude's reads (0.1 x $3) cost more than GPT's ($0.10)
+    assert prices.dearest(["no-such-model", CLAUDE]) is None  # the task's own model must be priced
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [({"fallbacks": [{"provider": "openai", "model": "no-such-model"}]}, "fallbacks[0].model"),
+     ({"fallbacks": [{"provider": "scripted", "model": "x"}]}, "fallbacks[0].provider"),
+     ({"fallbacks": [{"provider": "anthropic", "model": CLAUDE}]}, "fallbacks"),
+     ({"constraints": {"economy": True}}, "fallbacks"),
+     ({"constraints": {"thinking_budget_tokens": 2048, "max_output_tokens": 8192}},
+      "constraints.thinking_budget_tokens")],
+)  # fmt: skip
+def test_a_fallback_that_could_not_take_the_task_is_refused_at_submission(
+    change: dict[str, Any], field: str, store: Storage, registry: ToolRegistry
+) -> None:
+    with pytest.raises(ValidationError) as refused:
+        submit(store, registry, {**TASK, **change}, tenant="t")
+    assert refused.value.field == field, refused.value.message

@@ -1,0 +1,243 @@
+"""Provider ``openai`` through the real ``openai`` SDK against a local server that speaks Chat
+Completions as vLLM and Ollama do: the translation both ways (tools, tool calls and results,
+system prompt), usage with cached tokens, stop reasons, and every failure mapped to the same
+retry and failure codes as the Anthropic provider's; then the engine's tool loop on it."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import boto3
+import pytest
+from aws_lambda_powertools.utilities.parameters import base as parameters_base
+
+from agentq.core.engine import Engine, EngineConfig
+from agentq.core.errors import ProviderError
+from agentq.core.models import LLMStep, TaskStatus, TaskSubmission, ToolsStep
+from agentq.core.providers import LLMRequest, default_provider_factory
+from agentq.core.providers.keys import OPENAI_SECRET_VARIABLE
+from agentq.core.providers.openai_provider import OpenAIProvider
+from agentq.core.providers.retry import RetryPolicy
+from agentq.core.tools import ToolRegistry
+from agentq.local.moto_server import MotoServer
+from agentq.storage.container import Storage
+
+from tests.fake_model_servers import FakeChatCompletions, FakeReply, chat_completion, chat_error
+
+STORAGE = "memory"
+MODEL = "gpt-4.1-mini"
+WEATHER_TOOL = {
+    "name": "get_weather",
+    "description": "Weather for a city",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+
+
+class Sleeps(list[float]):
+    def __call__(self, seconds: float) -> None:
+        self.append(seconds)
+
+
+@pytest.fixture
+def server() -> Iterator[FakeChatCompletions]:
+    with FakeChatCompletions() as fake:
+        yield fake
+
+
+def provider(server: FakeChatCompletions, sleeps: Sleeps | None = None, attempts: int = 3) -> OpenAIProvider:
+    return OpenAIProvider(
+        api_key="sk-test",
+        base_url=server.openai_base_url,
+        retry=RetryPolicy(max_attempts=attempts, base_delay=0.01, max_delay=5),
+        sleep=sleeps if sleeps is not None else Sleeps(),
+    )
+
+
+def request(messages: list[dict[str, Any]] | None = None, **kwargs: Any) -> LLMRequest:
+    return LLMRequest(
+        model=MODEL,
+        system="You answer briefly.",
+        messages=messages or [{"role": "user", "content": "Weather in Paris?"}],
+        tools=[WEATHER_TOOL],
+        max_tokens=256,
+        **kwargs,
+    )
+
+
+def test_a_tool_call_round_trip_is_sent_as_chat_completions_and_read_back_as_messages_blocks(
+    server: FakeChatCompletions,
+) -> None:
+    server.enqueue(chat_completion("Let me look.", [("get_weather", {"city": "Paris"})]))
+    first = provider(server).complete(request())
+    assert first.stop_reason == "tool_use" and first.model == MODEL
+    text, use = first.content
+    assert text == {"type": "text", "text": "Let me look."}
+    assert use["type"] == "tool_use" and use["name"] == "get_weather" and use["input"] == {"city": "Paris"}
+
+    sent = server.requests[0].body
+    assert server.requests[0].path == "/v1/chat/completions"
+    assert server.requests[0].headers["authorization"] == "Bearer sk-test"
+    assert sent["messages"] == [
+        {"role": "system", "content": "You answer briefly."},
+        {"role": "user", "content": "Weather in Paris?"},
+    ]
+    assert sent["tools"] == [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
+                                                               "parameters": WEATHER_TOOL["input_schema"]}}]  # fmt: skip
+    assert sent["max_tokens"] == 256
+
+    server.enqueue(chat_completion("Sunny, 21C."))
+    follow: list[dict[str, Any]] = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": first.content},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "sunny, 21C"}]},
+    ]
+    second = provider(server).complete(request(follow))
+    assert second.content == [{"type": "text", "text": "Sunny, 21C."}] and second.stop_reason == "end_turn"
+    assistant, tool = server.requests[1].body["messages"][2:]
+    assert assistant == {
+        "role": "assistant",
+        "content": "Let me look.",
+        "tool_calls": [{"id": use["id"], "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}],
+    }  # fmt: skip
+    assert tool == {"role": "tool", "tool_call_id": use["id"], "content": "sunny, 21C"}
+
+
+def test_cached_prompt_tokens_are_counted_as_cache_reads_not_twice(server: FakeChatCompletions) -> None:
+    server.enqueue(chat_completion("ok", prompt_tokens=1000, completion_tokens=20, cached_tokens=800))
+    usage = provider(server).complete(request()).usage
+    assert (usage.input_tokens, usage.cache_read_input_tokens, usage.output_tokens) == (200, 800, 20)
+    assert usage.input_total == 1000  # what the server billed as prompt tokens, once
+
+
+@pytest.mark.parametrize(
+    ("finish", "calls", "stop"),
+    [("length", None, "max_tokens"), ("content_filter", None, "refusal"),
+     ("stop", [("get_weather", {"city": "Oslo"})], "tool_use")],  # Ollama says "stop" for a tool call
+)  # fmt: skip
+def test_finish_reasons_become_the_stop_reasons_the_engine_reads(
+    server: FakeChatCompletions, finish: str, calls: Any, stop: str
+) -> None:
+    server.enqueue(chat_completion("x", calls, finish_reason=finish))
+    assert provider(server).complete(request()).stop_reason == stop
+
+
+def test_a_429_waits_for_the_servers_retry_after_then_succeeds(server: FakeChatCompletions) -> None:
+    sleeps = Sleeps()
+    server.enqueue(chat_error(429, "rate_limit_exceeded", "slow down", {"retry-after": "2"}), chat_completion("ok"))
+    response = provider(server, sleeps).complete(request())
+    assert response.attempts == 2 and sleeps == [2.0]
+
+
+def test_server_errors_are_retried_and_the_last_one_is_a_retryable_provider_error(server: FakeChatCompletions) -> None:
+    server.enqueue(*[chat_error(503, "server_error", "model is loading")] * 3)
+    with pytest.raises(ProviderError) as caught:
+        provider(server).complete(request())
+    error = caught.value
+    assert error.retryable and error.code == "provider_server_error" and error.attempts == 3
+    assert error.message == "openai server error (503) after 3 attempts: model is loading"
+
+
+@pytest.mark.parametrize(
+    ("status", "kind", "code"),
+    [(401, "invalid_api_key", "invalid_api_key"), (404, "model_not_found", "model_not_found"),
+     (400, "invalid_request_error", "invalid_request")],
+)  # fmt: skip
+def test_a_request_the_server_will_never_accept_fails_at_once_with_its_code(
+    server: FakeChatCompletions, status: int, kind: str, code: str
+) -> None:
+    server.enqueue(chat_error(status, kind, "no"))
+    with pytest.raises(ProviderError) as caught:
+        provider(server).complete(request())
+    assert not caught.value.retryable and caught.value.code == code and len(server.requests) == 1
+    assert caught.value.message == f"openai rejected the request ({status} {kind}): no"
+
+
+def test_a_reply_that_is_not_json_is_retried_and_the_next_good_one_is_used(server: FakeChatCompletions) -> None:
+    server.enqueue(FakeReply(200, raw=b'{"id": "chatcmpl-1", "obj'), chat_completion("ok"))
+    response = provider(server).complete(request())
+    assert response.attempts == 2 and response.content == [{"type": "text", "text": "ok"}]
+
+
+def test_tool_arguments_that_are_not_a_json_object_fail_the_task_once_the_attempts_are_spent(
+    server: FakeChatCompletions,
+) -> None:
+    server.enqueue(*[chat_completion(None, [("get_weather", {})], raw_arguments='{"city": "Par')] * 2)
+    with pytest.raises(ProviderError) as caught:
+        provider(server, attempts=2).complete(request())
+    assert caught.value.code == "malformed_response" and not caught.value.retryable
+    assert "arguments are not a JSON object" in caught.value.message
+
+
+def test_a_server_that_is_not_there_is_a_retryable_unreachable_error() -> None:
+    gone = OpenAIProvider(
+        api_key="k", base_url="http://127.0.0.1:9/v1", retry=RetryPolicy(max_attempts=2, base_delay=0), sleep=Sleeps()
+    )
+    with pytest.raises(ProviderError) as caught:
+        gone.complete(request())
+    assert caught.value.retryable and caught.value.code == "provider_unreachable" and caught.value.attempts == 2
+
+
+def test_without_a_key_or_a_local_server_the_provider_fails_before_any_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(ProviderError) as caught:
+        OpenAIProvider()
+    assert caught.value.code == "missing_api_key" and not caught.value.retryable
+
+
+# --- the engine's tool loop on it -------------------------------------------------------------
+
+
+def test_a_task_runs_its_tool_loop_on_an_openai_compatible_server_and_is_priced(
+    server: FakeChatCompletions, store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", server.openai_base_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    server.enqueue(
+        chat_completion(None, [("lookup", {"query": "a", "size": 30})], prompt_tokens=400, completion_tokens=30),
+        chat_completion("found it", prompt_tokens=500, completion_tokens=10, cached_tokens=400),
+    )
+    submission = TaskSubmission(goal="look up a", provider="openai", model=MODEL)
+    submission.constraints.tools = ["lookup"]
+    task_id = store.tasks.create(submission, tenant="t").task_id
+    result = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=5)).run(task_id)
+    assert result.status is TaskStatus.SUCCEEDED, result.error
+
+    steps = [r.body for r in store.steps.load(task_id)]
+    assert [type(s) for s in steps] == [LLMStep, ToolsStep, LLMStep]
+    assert isinstance(steps[1], ToolsStep) and steps[1].results[0].content.startswith("result for a")
+    tool_message = server.requests[1].body["messages"][-1]
+    assert tool_message["role"] == "tool" and tool_message["content"].startswith("result for a")
+    task = store.tasks.get(task_id)
+    assert task.result == "found it"
+    # gpt-4.1-mini a million tokens: $0.40 in, $1.60 out, $0.10 a cache read.
+    first = (400 * Decimal("0.4") + 30 * Decimal("1.6")) / 1_000_000
+    second = (100 * Decimal("0.4") + 400 * Decimal("0.1") + 10 * Decimal("1.6")) / 1_000_000
+    assert task.cost_usd == first + second
+
+
+def test_openai_itself_is_sent_max_completion_tokens_and_a_compatible_server_max_tokens() -> None:
+    own = OpenAIProvider(api_key="k")
+    local = OpenAIProvider(api_key="k", base_url="http://127.0.0.1:8000/v1")
+    assert own._limit == "max_completion_tokens" and local._limit == "max_tokens"
+
+
+def test_the_key_in_the_named_secret_is_what_the_server_receives(
+    server: FakeChatCompletions, moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server.endpoint_url)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.setenv("OPENAI_BASE_URL", server.openai_base_url)
+    monkeypatch.setattr(parameters_base, "DEFAULT_PROVIDERS", {})  # powertools' per-process cache
+    name = f"agentq/openai-{uuid.uuid4().hex[:8]}"
+    boto3.client("secretsmanager").create_secret(Name=name, SecretString=json.dumps({"OPENAI_API_KEY": "sk-secret"}))
+    monkeypatch.setenv(OPENAI_SECRET_VARIABLE, name)
+    server.enqueue(chat_completion("hi"))
+    provider = default_provider_factory(TaskSubmission(goal="g", provider="openai", model=MODEL))
+    provider.complete(request())
+    assert server.requests[0].headers["authorization"] == "Bearer sk-secret"

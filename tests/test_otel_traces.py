@@ -1,0 +1,170 @@
+"""OpenTelemetry traces by OTLP/HTTP (``observe/otel.py``), received by a local OTLP receiver
+that decodes the protobuf the real exporter sends: a task that spawns sub-agents, parks, and
+resumes on another worker arrives as one tree in one trace (its id derived from the root task):
+the task's span, a span per run, a span per step, ``chat`` spans with the GenAI attributes,
+``execute_tool`` spans, sub-agents under the spawning call; a retried model call carries its
+retry as a span event."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from agentq.core.engine import Engine, EngineConfig
+from agentq.core.models import Task, TaskStatus, TaskSubmission
+from agentq.core.tools import ToolRegistry
+from agentq.observe import otel
+from agentq.runtime import Settings, build_registry, build_store
+from agentq.storage.container import Storage
+
+from tests.conftest import child_env
+from tests.fake_model_servers import FakeChatCompletions, chat_completion, chat_error
+from tests.helpers import call, scripted
+from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
+
+STORAGE = "memory"
+
+
+@pytest.fixture
+def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[OtlpReceiver]:
+    with OtlpReceiver() as received:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", received.endpoint)
+        monkeypatch.setenv("OTEL_SERVICE_NAME", "agentq-test")
+        otel.reset()
+        yield received
+        otel.reset()
+
+
+class Fanout:
+    """Step Functions' part of a spawn (the children are run by hand below)."""
+
+    def start(self, *, parent: Task, spawn_id: str, children: list[Any], max_concurrency: int) -> str:
+        return "arn:aws:states:local:000000000000:execution:fanout:1"
+
+    def child_finished(self, task_token: str, task_id: str, status: TaskStatus) -> None:
+        raise AssertionError("not reached")
+
+
+def run(store: Storage, registry: ToolRegistry, task_id: str, worker: str) -> TaskStatus | None:
+    engine = Engine(store, worker_id=worker, tools=registry, config=EngineConfig(lease_seconds=30), fanout=Fanout())
+    return engine.run(task_id, keeper=lambda _: contextlib.nullcontext()).status
+
+
+def by_id(spans: list[ReceivedSpan]) -> dict[int, ReceivedSpan]:
+    return {s.span_id: s for s in spans}
+
+
+def test_a_resumed_task_with_sub_agents_arrives_as_one_tree_in_one_trace(
+    receiver: OtlpReceiver, store: Storage, registry: ToolRegistry
+) -> None:
+    child = {"turns": [{"text": "child looks", "tool_calls": [call("lookup", query="c")]}, {"text": "child done"}]}
+    turns = [
+        {"text": "splitting", "tool_calls": [call("spawn_subagents", subagents=[
+            {"goal": "one", "tools": ["lookup"], "script": child},
+            {"goal": "two", "tools": ["lookup"], "script": child},
+        ])]},
+        {"text": "both done"},
+    ]  # fmt: skip
+    root = store.tasks.create(scripted(turns, tools=["spawn_subagents", "lookup"]), tenant="t")
+    assert run(store, registry, root.task_id, "w1") is TaskStatus.WAITING
+    spawn = store.steps.load(root.task_id)[-1].body.tool_uses()[0]["id"]  # type: ignore[union-attr]
+    record = store.spawns.get(root.task_id, spawn)
+    assert record is not None
+    for child_id in record.children:
+        assert run(store, registry, child_id, "w3") is TaskStatus.SUCCEEDED
+    store.spawns.mark(root.task_id, record.spawn_id, woken=True)
+    store.tasks.transition(root.task_id, TaskStatus.QUEUED)
+    assert run(store, registry, root.task_id, "w2") is TaskStatus.SUCCEEDED
+
+    spans = receiver.spans
+    assert {s.trace_id for s in spans} == {otel.trace_id_of(root.task_id)}  # one trace, its id the root's
+    assert {s.service for s in spans} == {"agentq-test"}
+    ids = by_id(spans)
+    assert len(ids) == len(spans)  # no span sent twice
+    roots = [s for s in spans if s.parent_span_id is None]
+    assert [(s.name, s.span_id) for s in roots] == [("invoke_agent agentq", otel.span_id_of("task", root.task_id))]
+    assert all(s.parent_span_id in ids for s in spans if s.parent_span_id is not None)  # one tree: no orphan
+
+    def children(of: ReceivedSpan, prefix: str) -> list[ReceivedSpan]:
+        return [s for s in spans if s.parent_span_id == of.span_id and s.name.startswith(prefix)]
+
+    task_span = roots[0]
+    assert task_span.attributes["gen_ai.operation.name"] == "invoke_agent"
+    runs = sorted(children(task_span, "run "), key=lambda r: r.start_ns)
+    assert len(runs) == 2  # the first worker's run and the resumed one
+    steps = [s for r in runs for s in children(r, "step ")]
+    # Step 2 (the spawn) is begun by the first run, which parks for the sub-agents, and ended by the second.
+    numbers = [sorted(s.attributes["agentq.step"] for s in children(r, "step ")) for r in runs]
+    assert numbers == [[1, 2], [2, 3]]
+    chats = [s for st in steps for s in children(st, "chat ")]
+    assert len(chats) == 2 and all(c.attributes["gen_ai.operation.name"] == "chat" for c in chats)
+    assert all(c.attributes["gen_ai.usage.output_tokens"] > 0 for c in chats)
+    (spawned,) = [s for st in steps for s in children(st, "execute_tool spawn_subagents")]
+    assert spawned.span_id == otel.span_id_of("tool", root.task_id, spawn)
+    agents = children(spawned, "invoke_agent")
+    assert sorted(a.attributes["agentq.task_id"] for a in agents) == sorted(record.children)
+    for agent in agents:  # each sub-agent's own run, steps, model calls and tool call under it
+        (child_run,) = children(agent, "run ")
+        child_steps = children(child_run, "step ")
+        assert len(child_steps) == 3
+        assert [s.name for st in child_steps for s in children(st, "execute_tool")] == ["execute_tool lookup"]
+
+
+def test_a_model_call_carries_the_genai_attributes_and_its_retry_as_an_event(
+    receiver: OtlpReceiver, store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with FakeChatCompletions() as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.openai_base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "k")
+        monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", json.dumps({"max_attempts": 3, "base_delay": 0, "max_delay": 0}))
+        server.enqueue(
+            chat_error(503, "server_error", "loading"),
+            chat_completion("hello", prompt_tokens=120, completion_tokens=7, cached_tokens=100),
+        )
+        task = store.tasks.create(TaskSubmission(goal="hi", provider="openai", model="gpt-4.1-mini"), tenant="t")
+        assert run(store, registry, task.task_id, "w1") is TaskStatus.SUCCEEDED
+    (chat,) = [s for s in receiver.spans if s.name.startswith("chat ")]
+    assert chat.name == "chat gpt-4.1-mini"
+    attributes = chat.attributes
+    assert attributes["gen_ai.provider.name"] == "openai" and attributes["gen_ai.request.model"] == "gpt-4.1-mini"
+    assert attributes["gen_ai.response.finish_reasons"] == ["end_turn"]
+    assert (attributes["gen_ai.usage.input_tokens"], attributes["gen_ai.usage.output_tokens"]) == (120, 7)
+    assert attributes["gen_ai.usage.cache_read.input_tokens"] == 100
+    ((name, event),) = chat.events
+    assert name == "agentq.retry" and event["error.type"] == "provider_server_error" and event["agentq.attempt"] == 1
+
+
+def test_runs_in_two_processes_hang_under_the_same_task_span(
+    receiver: OtlpReceiver, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker process runs the task to its approval and exits; this process resumes it: both
+    runs' spans arrive in the root's trace under the one task span, derived by each alone."""
+    store = build_store(settings)
+    registry = build_registry(settings)
+    turns = [{"text": "asking", "tool_calls": [call("request_approval", question="go?")]}, {"text": "went"}]
+    task = store.tasks.create(scripted(turns, tools=["request_approval"]), tenant="t")
+    first = subprocess.run(
+        [sys.executable, "-m", "agentq", "run-task", task.task_id],
+        env=child_env(settings, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint), capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert store.tasks.get(task.task_id).status is TaskStatus.PAUSED, first.stderr[-2000:]
+    pending = store.approvals.pending(task.task_id)
+    assert pending is not None
+    store.approvals.decide(task.task_id, pending.use_id, approved=True, note="", by="alice")
+    assert run(store, registry, task.task_id, "here") is TaskStatus.SUCCEEDED
+
+    spans = receiver.spans
+    assert {s.trace_id for s in spans} == {otel.trace_id_of(task.task_id)}
+    task_span = otel.span_id_of("task", task.task_id)
+    runs = [s for s in spans if s.name.startswith("run ")]
+    assert len(runs) == 2 and {r.parent_span_id for r in runs} == {task_span}
+    workers = {r.attributes["agentq.worker_id"] for r in runs}
+    assert len(workers) == 2 and "here" in workers
+    assert [s.name for s in spans if s.parent_span_id is None] == ["invoke_agent agentq"]
