@@ -78,7 +78,7 @@ class BudgetLedger(Protocol):
 
     def set_aside(self, lease: Lease, held: Reservation) -> None: ...
 
-    def return_lapsed(
+    def spend_lapsed(
         self, task_id: str, budget_id: str, held: Reservation, *, parent_id: str | None = None
     ) -> bool: ...
 

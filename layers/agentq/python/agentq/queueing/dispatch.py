@@ -308,9 +308,9 @@ class Dispatcher:
             return self.max_receive_count  # gone: nothing left to retry
 
     def _release_lapsed(self, task: Task, tier: str) -> None:
-        """An ended task still holding an older epoch's hold: give it back once its call can
-        no longer complete, coming back for it with a delayed message until then."""
-        wait = self.engine.release_lapsed_holds(task)
+        """An ended task still holding an older epoch's hold: count it as spent once its call
+        can no longer complete, coming back for it with a delayed message until then."""
+        wait = self.engine.spend_lapsed_holds(task)
         if wait > 0:
             self.queues.send(task.task_id, tier, kind="release_holds", delay_seconds=min(MAX_DELAY, math.ceil(wait)))
 

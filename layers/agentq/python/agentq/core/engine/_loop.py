@@ -193,10 +193,11 @@ class Engine:
         found = {t.task_id: t for t in self.store.tasks.get_many(task.submission.depends_on)}
         return dependency_goal(task.submission.goal, [found[i] for i in task.submission.depends_on if i in found])
 
-    def release_lapsed_holds(self, task: Task) -> float:
-        """Return the lapsed holds of ``task`` (ended or not) whose calls can no longer
-        complete; the seconds until the last live one can (0: none is left)."""
-        return max(self._holds.return_lapsed(task).live, default=0.0)
+    def spend_lapsed_holds(self, task: Task) -> float:
+        """Count as spent the lapsed holds of ``task`` (ended or not) whose calls can no longer
+        complete (their outcome is unknown: see ``_holds``); the seconds until the last live
+        one can (0: none is left)."""
+        return max(self._holds.spend_lapsed(task).live, default=0.0)
 
     def _defer(self, s: Session, wait: float) -> RunResult:
         """Give the lease back and come back when the lapsed hold's call can no longer complete.
