@@ -13,12 +13,22 @@ from typing import Any, Protocol
 from agentq.core.fanout import ChildPlan
 from agentq.core.flow import Admission
 from agentq.core.models import CompactStep, Lease, LLMStep, RetryState, StepRecord, Task, TaskStatus, ToolOutcome
-from agentq.core.records import ApprovalRecord, BudgetDelta, BudgetState, EffectRecord, Reservation, SpawnRecord
+from agentq.core.records import (
+    ApprovalRecord,
+    BudgetDelta,
+    BudgetState,
+    ClaimOwner,
+    EffectRecord,
+    Reservation,
+    SpawnRecord,
+)
 from agentq.core.tenancy import TenantLimits
 
 
 class TaskLeases(Protocol):
-    def claim(self, task_id: str, worker: str, lease_seconds: float) -> tuple[Lease, Task] | None: ...
+    def claim(
+        self, task_id: str, worker: str, lease_seconds: float, *, owner: ClaimOwner | None = None
+    ) -> tuple[Lease, Task] | None: ...
 
     def extend_lease(self, lease: Lease, lease_seconds: float, *, live_text: str | None = None) -> Lease: ...
 
