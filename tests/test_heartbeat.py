@@ -287,3 +287,19 @@ def test_a_worker_whose_liveness_writes_fail_past_its_liveness_drops_the_tasks_t
         hub.renew()
     assert taken.lost.is_set() and not mine.lost.is_set()
     assert store.adopted == []  # it cannot know its epoch was declared dead: nothing re-adopted
+
+
+def test_a_worker_whose_liveness_is_not_renewed_within_its_period_is_not_alive_to_take_tasks() -> None:
+    store = SlowStore(delay=0)
+    hub = _hub(store, lease_seconds=0.05)
+    assert not hub.alive()  # not started: no liveness yet
+    hub.life = store.workers.start("w", 0.05)
+    hub.renew()
+    assert hub.alive()
+    store.workers.failing = True
+    time.sleep(0.06)
+    hub.renew()
+    assert not hub.alive()  # its pollers take nothing new while this lasts
+    store.workers.failing = False
+    hub.renew()
+    assert hub.alive()

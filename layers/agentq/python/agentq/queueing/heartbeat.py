@@ -193,6 +193,12 @@ class HeartbeatHub:
             if time.monotonic() - self._renewed_at > self.config.lease_seconds:
                 self.recheck(adopt=False)  # perhaps declared dead: find what was taken over
 
+    def alive(self) -> bool:
+        """Was this process's liveness renewed within its period? A worker whose liveness
+        writes fail takes no new task: its peers may declare it dead at any moment (and its
+        claims, recorded under that epoch, would be theirs to take at once)."""
+        return self.life is not None and time.monotonic() - self._renewed_at <= self.config.lease_seconds
+
     def recheck(self, *, adopt: bool) -> None:
         """Lease-loss detection after a lapse: read every held task's META at once; those taken
         over are marked lost, those still this process's are re-adopted (``adopt``)."""

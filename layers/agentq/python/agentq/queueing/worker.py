@@ -139,6 +139,9 @@ class Worker:
         url = self.queues.url(tier)
         idle = True  # an idle tier probes with one slot of its own, outside the pool's contest
         while not self.stopping.is_set():
+            if not self.hub.alive():  # its liveness is not being renewed: take nothing new
+                self.stopping.wait(self.config.heartbeat_seconds)
+                continue
             probing = idle
             if probing:
                 self.slots.probe(tier)
@@ -178,6 +181,10 @@ class Worker:
                 self._executor.submit(self._process, tier, message)
 
     def _process(self, tier: str, message: dict[str, Any]) -> None:
+        if not self.hub.alive():  # received just before its liveness went stale: another worker takes it
+            self._safe(lambda: self.queues.change_visibility(tier, message["ReceiptHandle"], 0))
+            self.slots.release(tier)
+            return
         try:
             with self.hub.hold(tier, message["ReceiptHandle"]) as held:
                 action = self.dispatcher.handle(
