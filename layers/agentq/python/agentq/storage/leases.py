@@ -83,7 +83,6 @@ class TaskLeases(TaskItems):
             "heartbeat_at": now,
             "last_claimed_at": now,
         }
-        remove: list[str] = []
         if owner is not None:
             sets.update(owner_worker=owner.worker, owner_epoch=owner.epoch, owner_task=task_id)
             sets.update({k: v for k, v in (("owner_message", owner.message), ("owner_queue", owner.queue)) if v})
@@ -100,7 +99,6 @@ class TaskLeases(TaskItems):
         meta = self._claim_write(task_id, update, now)
         if meta is None:
             return None
-        assert meta is not None
         epoch = int(meta["lease_epoch"])
         claim = {
             **keys.item_key(task_id, keys.claim_sk(epoch)),
