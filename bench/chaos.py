@@ -21,9 +21,9 @@ once, and exactly once when its committed step says it ran; each message accepte
 into its conversation exactly once, in the order accepted, and the last answer came after all of
 them (a conversation's answer says how many messages it heard); ``used <= cap`` and
 ``reserved == 0`` on every budget; the ledger equals the usage the model server delivered for
-every tree that no SIGKILL touched (a worker killed after a reply reached it but before it
-recorded it takes that usage with it: its hold is returned at its deadline, so such trees are
-reported, not failed); no task stranded (the sweeper's count is a figure); no DLQ holds a
+every tree that no SIGKILL touched (a worker killed with a call in flight never reports it:
+its hold is counted as spent at its deadline, whether or not the call was answered, so such a
+tree's ledger may exceed the delivered usage by that hold, and it is reported, not failed); no task stranded (the sweeper's count is a figure); no DLQ holds a
 message (no task in the plan really fails); no worker logged a traceback.
 """
 
@@ -446,7 +446,7 @@ def check(
         delivered = model.delivered[tag]
         if budget.used != delivered:
             touched = any(root.created_at <= k <= (root.finished_at or time.time()) for k in chaos.kill_times)
-            if touched and budget.used < delivered:
+            if touched and budget.used > delivered:  # a killed worker's hold, counted as spent
                 kill_touched += 1
             else:
                 broken["ledger == provider usage"].append(
@@ -478,7 +478,7 @@ def check(
         "messages delivered": messages_delivered,
         "interrupts recorded": people.interrupts,
         "sends or interrupts refused": dict(people.refused),
-        "trees under-charged by a SIGKILL mid call": kill_touched,
+        "trees charged a SIGKILLed call's full hold": kill_touched,
         "tasks swept": len(stack.swept),
     }
     invariants = [
@@ -522,7 +522,7 @@ def panels(result: dict[str, Any]) -> list[Panel]:
     recovery = {
         "re-claims": figures["claims beyond the first"],
         "orphan calls": figures["orphaned calls (zombies' answered calls)"],
-        "under-charged\ntrees": figures["trees under-charged by a SIGKILL mid call"],
+        "full hold\ncharged": figures["trees charged a SIGKILLed call's full hold"],
         "swept": figures["tasks swept"],
         "invariants\nbroken": sum(not ok for ok, _ in result["invariants"].values()),
     }

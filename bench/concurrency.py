@@ -31,6 +31,16 @@ held 66-200 at level 200, 0-1 at level 500 with 1,229 threads). Run with ``--lea
 --heartbeat 10 --visibility 40`` to see it. The "beat age" column (oldest ``heartbeat_at``
 among running tasks) shows how far behind the hub is against the lease.
 
+Liveness (``--liveness``, issue 23): with the default short liveness (lease 3 s, heartbeat 1 s,
+visibility 4 s) and long scripted turns (``--latency 30``), the worker keeps its tasks alive
+with one liveness item per process (``storage.workers``). The bench reads the worker's own
+heartbeat counters (``Worker.stats()``) over each window and reports the liveness calls per
+held task per second (DynamoDB writes: the liveness renewal, backstop lease writes, live text;
+reads: the Query of every worker's item; SQS: visibility batches), and the dollars of liveness
+per 10,000 concurrent tasks per hour at on-demand prices, against the per-task leases it
+replaced (0.99 lease writes + ~0.1 SQS calls per held task per second, measured with this
+bench at 150 held tasks before the change, issue 23).
+
 steps/s here is the moto server's capacity, not the worker's: the demand is held x 2 steps /
 (latency + commit time). The figure that matters is that the held count follows the level
 (200+ per process, aim 1,000) with bounded memory and threads.
@@ -70,6 +80,31 @@ from agentq.resources import QueueSettings
 from agentq.runtime import build_registry
 
 PROJECTION = ["status", "lease_expires", "lease_owner", "lease_epoch", "step", "heartbeat_at"]
+
+# On-demand prices (us-east-1, as the other benches use): per million write / read request
+# units, per million SQS requests.
+PRICE_WRU, PRICE_RRU, PRICE_SQS = 1.25e-6, 0.25e-6, 0.40e-6
+# Per-task leases before worker liveness, per held task per second (issue 23, this bench at 150
+# held tasks, lease 3 s, heartbeat 1 s, visibility 4 s, 20 s turns).
+BEFORE_WRITES, BEFORE_SQS = 0.99, 0.1
+LIVENESS_COUNTERS = {
+    "writes": ("beat_liveness_renewed", "beat_extended", "beat_live_text", "beat_liveness_lapsed"),
+    "reads": ("beat_peers_read",),
+    "sqs": ("beat_visibility_calls",),
+}
+
+
+def liveness_dollars(writes: float, reads: float, sqs: float, tasks: int = 10_000) -> float:
+    """Dollars an hour of liveness calls for ``tasks`` concurrent tasks, per held task per second."""
+    return tasks * 3600 * (writes * PRICE_WRU + reads * PRICE_RRU + sqs * PRICE_SQS)
+
+
+def _hub_counts(stack: BenchStack) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for stats in stack.worker_stats().values():
+        for group, names in LIVENESS_COUNTERS.items():
+            total[group] = total.get(group, 0) + sum(int(stats.get(n, 0) or 0) for n in names)
+    return total
 
 
 def submission(turns: int, latency: float) -> TaskSubmission:
@@ -181,6 +216,7 @@ def run_level(
         f"[level {level}] submitted in {submit_s:.1f}s, held {ramp['held']} after {ramp_s:.1f}s; sampling {args.sample_seconds:g}s ..."
     )
     calls_before = stack.worker_calls()
+    hub_before = _hub_counts(stack)
     ddb_samples = [ramp if time.time() - ramp["at"] < 1 else sampler.tasks(ids)]
     proc_samples = [sampler.process()]
     start = time.monotonic()
@@ -195,6 +231,7 @@ def run_level(
         ddb_samples.append(sampler.tasks(ids))
     time.sleep(0.6)  # the worker dumps its call counts every 0.5 s
     calls = stack.worker_calls() - calls_before
+    hub_after = _hub_counts(stack)
     first, last = ddb_samples[0], ddb_samples[-1]
     window = max(1e-9, last["at"] - first["at"])
     held = [s["held"] for s in ddb_samples]
@@ -206,7 +243,14 @@ def run_level(
     call_window = window + 0.6
     ddb_calls = sum(n for op, n in calls.items() if op.startswith("dynamodb:"))
     progressed = sum(1 for t, n in last["step_by_id"].items() if n > ramp_first["step_by_id"].get(t, 0))
+    held_mean = sum(held) / len(held)
+    per_task = {
+        g: (hub_after.get(g, 0) - hub_before.get(g, 0)) / call_window / max(1.0, held_mean) for g in LIVENESS_COUNTERS
+    }
     return {
+        "liveness_per_task_per_s": per_task,
+        "liveness_calls_per_task_per_s": per_task["writes"] + per_task["sqs"],
+        "liveness_usd_per_10k_hour": liveness_dollars(per_task["writes"], per_task["reads"], per_task["sqs"]),
         "level": level,
         "submitted": len(ids),
         "submit_errors": len(errors),
@@ -246,8 +290,6 @@ def render(result: dict[str, Any]) -> str:
         f"machine: {m['cpus']} CPUs, Python {m['python']}, moto {m['moto']}; load average at start {m['loadavg_at_start']}, at end {m['loadavg_at_end']}; "
         f"code: git {m['git_head']} + {m['core_uncommitted_files']} uncommitted file(s) under layers/",
         f"settings: {settings_line(s)}",
-        "  (long leases for this bench: on moto a heartbeat round over N held tasks takes ~N/16 x N/100 s; "
-        "see the module doc and the 'beat age' column)",
         f"task: {result['task']['turns']} turns x ({result['task']['latency_s']:g}s scripted LLM + note_write), never finishing during the bench; "
         f"idle worker before the ramp: RSS {fmt(result['idle']['rss_mb'], 1)} MB, {result['idle']['threads']} threads",
         "",
@@ -285,8 +327,29 @@ def render(result: dict[str, Any]) -> str:
         "(held = running tasks with a live lease, from META; sqs in flight = messages received and not deleted; "
         "progressed = tasks whose step advanced between the end of the level's submissions and the end of its window; "
         "RSS/threads = max over the window; steps/s committed over the window; demand = held x 2 steps / LLM latency; "
-        "UpdateItem/s = lease heartbeats + claims; beat age = oldest last-heartbeat among running tasks, s; "
+        "UpdateItem/s = step commits, claims, notes and liveness writes; beat age = oldest last-heartbeat among running tasks, s; "
         "reclaimed = tasks whose lease was ever taken over)"
+    )
+    out.append("")
+    before = liveness_dollars(BEFORE_WRITES, 0.0, BEFORE_SQS)
+    live_rows = [
+        [
+            lv["level"], f"{lv['liveness_per_task_per_s']['writes']:.4f}", f"{lv['liveness_per_task_per_s']['reads']:.4f}",
+            f"{lv['liveness_per_task_per_s']['sqs']:.4f}", f"{lv['liveness_calls_per_task_per_s']:.4f}",
+            f"{lv['liveness_usd_per_10k_hour']:.3f}", f"{before:.2f}",
+        ]
+        for lv in result["levels"]
+    ]  # fmt: skip
+    out.append(
+        table(
+            ["level", "ddb writes", "ddb reads", "sqs calls", "writes+sqs", "$/h per 10k tasks", "before $/h"],
+            live_rows,
+        )
+    )
+    out.append(
+        "(liveness calls per held task per second over the window, from the worker's heartbeat counters; "
+        f"$ at on-demand ${PRICE_WRU * 1e6:.2f}/M writes, ${PRICE_RRU * 1e6:.2f}/M reads, ${PRICE_SQS * 1e6:.2f}/M SQS; "
+        f"before = per-task leases, {BEFORE_WRITES} writes + {BEFORE_SQS} SQS calls per held task per second, issue 23)"
     )
     out.append("")
     out.extend(result["notes"])
@@ -307,6 +370,9 @@ def panels(result: dict[str, Any]) -> list[Panel]:
               {"all": [lv["worker_ddb_calls_per_s"] for lv in levels],
                "lease UpdateItem": [lv["lease_heartbeats_per_s"] for lv in levels]},
               xlabel="tasks in flight"),
+        Panel("bar", "liveness $/hour per 10,000 concurrent tasks", "$/h", ["before", *[str(x) for x in xs]],
+              {"$/h": [liveness_dollars(BEFORE_WRITES, 0.0, BEFORE_SQS),
+                       *[lv["liveness_usd_per_10k_hour"] for lv in levels]]}),
     ]  # fmt: skip
 
 
@@ -368,7 +434,8 @@ def main(argv: list[str] | None = None) -> int:
                 lv = run_level(level, ids, sampler, stack, sub, args)
                 levels_out.append(lv)
                 log(f"[level {level}] held {lv['held_min']}-{lv['held_max']}, RSS {lv['rss_mb_max']:.1f} MB, "
-                    f"{lv['threads_max']} threads, {lv['steps_per_s']:.1f} steps/s")  # fmt: skip
+                    f"{lv['threads_max']} threads, {lv['steps_per_s']:.1f} steps/s; liveness per held task per s: "
+                    f"{lv['liveness_per_task_per_s']}, ${lv['liveness_usd_per_10k_hour']:.3f}/h per 10k tasks")  # fmt: skip
         finally:
             log("stopping the local stack (the worker drains: each task ends its step in flight) ...")
             stack.stop(grace=20.0)

@@ -17,10 +17,13 @@ gives the reference: its number of steps and its result. Then, each run:
    what the worker's own metric reports), and whether the resumed task finished exactly like
    the clean run (status succeeded, same number of steps, same result, steps 1..n contiguous).
 
-Mechanism being timed: the dead worker's lease lapses ``lease`` s after its last heartbeat,
-its message becomes visible again ``visibility`` s after its last visibility extension (the
-heartbeat extends both every ``heartbeat`` s), the next long poll receives it and the claim
-succeeds. Expected resume: about visibility - heartbeat/2 (+ poll and claim).
+Mechanism being timed (liveness per worker process, issue 23): the dead worker's liveness item
+stops beating; the other worker, which reads every worker's item each heartbeat, sees its beat
+stand still for ``lease`` s of its own clock, declares it dead, lists its tasks (the ``owner``
+index) and makes their messages visible again at once (their receipts are on META); the next
+long poll receives the message and the claim takes the task over. Expected resume: about
+lease + heartbeat/2 (+ poll and claim). The message itself stays invisible for minutes while
+its worker lives: nothing waits for its visibility to lapse.
 Target stated by the project: resume p99 <= 5 s.
 """
 
@@ -319,11 +322,11 @@ def main(argv: list[str] | None = None) -> int:
             f"resume p99 {fmt(rl['p99'])}s -> target p99 <= {TARGET_RESUME_P99:g}s "
             f"{'met' if result['resume_p99_met'] else 'NOT met'}; {result['same_as_clean']}/{len(measured)} resumed tasks "
             f"finished with the clean run's {result['reference']['steps']} steps and result.",
-            f"What sets it: the killed worker's message comes back {s['visibility_seconds']}s after its last visibility "
-            f"extension (heartbeat every {s['heartbeat_seconds']:g}s), and its lease ({s['lease_seconds']:g}s) has lapsed "
-            "by then, so the first receive claims at once: resume ~ visibility - (0..heartbeat) + poll + claim. "
-            "Lowering visibility/lease lowers it at the cost of one lease write + 1/10 of a visibility call per held "
-            "task per heartbeat.",
+            f"What sets it: the surviving worker sees the killed one's liveness beat stand still for "
+            f"{s['lease_seconds']:g}s of its own clock (it reads every worker's item each {s['heartbeat_seconds']:g}s "
+            "heartbeat), declares it dead and makes its tasks' messages visible at once, so the first receive "
+            "takes the task over: resume ~ liveness + (0..heartbeat) + poll + claim. Lowering the liveness lowers "
+            "it at the cost of one liveness write per worker process (not per task) per heartbeat.",
         ]
         if args.json:
             out.emit(result)

@@ -32,8 +32,9 @@ from agentq.control.defaults import Defaults
 from agentq.control.retention import ttl_removal_pattern
 from agentq.core.providers.keys import SECRET_VARIABLE
 from agentq.observe.names import NAMESPACE as METRICS_NAMESPACE
-from agentq.resources import GSI_LIVE, PAYLOAD_PREFIX, TIERS
+from agentq.resources import GSI_LIVE, GSI_OWNER, PAYLOAD_PREFIX, TIERS
 from agentq.storage.keys import task_pk, tenant_pk
+from agentq.storage.workers import WORKERS_PK
 from infra.build_layers import CORE_LAYER_DIR, DepsLayer
 from infra.data import Data
 from infra.events import ADAPTER_ENV, STREAM_TIMEOUT_SECONDS, adapter_layer
@@ -68,8 +69,9 @@ TABLE_ACTIONS = [
 # A running task creates, reads and updates its own items, its tree's budget and its tenant's
 # windows; deleting is the API's (an unstarted task) and the reaper's business.
 RUNNER_TABLE_ACTIONS = [a for a in TABLE_ACTIONS if a != "dynamodb:DeleteItem"]
-# FLOW#: fleet flow control (storage/flow.py); SCHEDULES: a schedule's fire (storage/schedules.py)
-RUNNER_PARTITIONS = [task_pk("*"), tenant_pk("*"), "FLOW#*", "SCHEDULES"]
+# FLOW#: fleet flow control (storage/flow.py); SCHEDULES: a schedule's fire (storage/schedules.py);
+# WORKERS: worker liveness (storage/workers.py: a claim reads a task's owner's, a worker keeps its own)
+RUNNER_PARTITIONS = [task_pk("*"), tenant_pk("*"), "FLOW#*", "SCHEDULES", WORKERS_PK]
 PAYLOAD_ACTIONS = ["s3:GetObject", "s3:PutObject"]
 # SQS authorises the *Batch calls with the single-message action.
 SEND_ACTIONS = ["sqs:SendMessage", "sqs:GetQueueUrl", "sqs:GetQueueAttributes"]
@@ -186,6 +188,28 @@ def defaults_env(cfg: EnvironmentSettings) -> dict[str, str]:
     return Defaults.model_validate(cfg.budget_defaults.model_dump()).env()
 
 
+def _liveness_statements(data: Data) -> list[iam.PolicyStatement]:
+    """Worker liveness (``storage.workers``, ``queueing.recovery``): the ``WORKERS`` partition
+    (its items are removed when a worker stops or its recovery ends) and the ``owner`` index
+    that lists a dead worker's tasks."""
+    table = data.table.table_arn
+    return [
+        iam.PolicyStatement(
+            sid="WorkerLiveness",
+            actions=[
+                "dynamodb:Query",
+                "dynamodb:GetItem",
+                "dynamodb:PutItem",
+                "dynamodb:UpdateItem",
+                "dynamodb:DeleteItem",
+            ],
+            resources=[table],
+            conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [WORKERS_PK]}},
+        ),
+        iam.PolicyStatement(sid="OwnerIndex", actions=["dynamodb:Query"], resources=[f"{table}/index/{GSI_OWNER}"]),
+    ]
+
+
 def grant_task_runner(
     principal: iam.IGrantable,
     data: Data,
@@ -218,6 +242,8 @@ def grant_task_runner(
         ),
         iam.PolicyStatement(sid="Bedrock", actions=BEDROCK_ACTIONS, resources=bedrock_resources()),
     ]
+    if receive:  # a long-running worker keeps its liveness item and recovers dead peers' tasks
+        statements += _liveness_statements(data)
     if cfg.anthropic_api_key_secret:
         statements.append(
             iam.PolicyStatement(
@@ -635,9 +661,11 @@ def _sweeper(
         ),
         iam.PolicyStatement(
             sid="Enqueue",
-            actions=["sqs:SendMessage", "sqs:GetQueueUrl"],
+            # ChangeMessageVisibility: a dead worker's held messages are made visible again
+            actions=["sqs:SendMessage", "sqs:GetQueueUrl", "sqs:ChangeMessageVisibility"],
             resources=[q.queue_arn for q in data.queues.values()],
         ),
+        *_liveness_statements(data),
     ):
         sweeper.add_to_role_policy(statement)
     events.Rule(

@@ -63,6 +63,16 @@ def test_held_tasks_are_capped_at_what_the_hub_can_extend_within_the_lease() -> 
     assert _settle(admission, clock) == 32
 
 
+def test_held_tasks_that_need_few_writes_each_are_capped_that_much_later() -> None:
+    """With worker liveness a held task needs a write only now and then (its backstop lease,
+    live text): the same slow store holds as many more tasks as each needs fewer writes."""
+    admission, _, clock = _admission(latency=0.5)
+    admission.demand = lambda: 0.125  # one write per task every 8 heartbeats
+    assert _settle(admission, clock) == 256  # 32 x 8, then capped by the concurrency
+    admission.demand = lambda: 0.25
+    assert _settle(admission, clock) == 128
+
+
 def test_a_fast_store_caps_nothing_below_the_concurrency() -> None:
     admission, _, clock = _admission(latency=0.005)  # 3,200 writes/s
     assert _settle(admission, clock) == 256
@@ -125,15 +135,17 @@ def test_a_worker_whose_lease_writes_are_slow_holds_few_tasks_and_leaves_the_res
     moto_server: MotoServer,
 ) -> None:
     """Worker A's lease writes (claims and extensions) take 0.5 s: with 2 beat threads that is
-    4 writes/s, x 1 s = a limit of 4 of its 32 slots. Its backlog stays in SQS, and worker B,
-    whose writes are fast, takes it."""
+    4 writes/s, x 1 s = a limit of 4 of its 32 slots while each held task needs a lease write
+    every heartbeat (a 2 s task lease, renewed when half is left). Its backlog stays in SQS,
+    and worker B, whose writes are fast, takes it."""
     settings = deployment(moto_server, visibility_timeout=10)
     store, queues, registry = build_store(settings), build_queues(settings), build_registry(settings)
     job = scripted([{"text": "done", "latency_seconds": 2.0}])  # held ~2 s: needs heartbeats
     ids = [submit(store, registry, job, tenant="t", queues=queues).task_id for _ in range(30)]
     config = WorkerConfig(
-        concurrency=32, lease_seconds=3, heartbeat_seconds=1, visibility_seconds=6, beat_threads=2, admission_floor=2
-    )
+        concurrency=32, lease_seconds=3, heartbeat_seconds=1, visibility_seconds=6, beat_threads=2, admission_floor=2,
+        task_lease_seconds=2,
+    )  # fmt: skip
 
     slow = Worker(settings, config)
     slow.store.tasks.claim = _slowed(slow.store.tasks.claim, 0.5)  # type: ignore[method-assign]

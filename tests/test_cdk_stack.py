@@ -29,6 +29,7 @@ from agentq.observe import names
 from agentq.resources import (
     FAULT_RECEIVES,
     GSI_LIVE,
+    GSI_OWNER,
     PAYLOAD_PREFIX,
     TABLE_ATTRIBUTES,
     TABLE_GSIS,
@@ -38,6 +39,7 @@ from agentq.resources import (
     TTL_ATTRIBUTE,
     fanout_definition,
 )
+from agentq.storage.workers import WORKERS_PK
 from infra.events import ADAPTER_ACCOUNT
 from infra.sandbox import VPC_ACCESS_ACTIONS
 from infra.settings import EnvironmentSettings, resolve
@@ -1148,23 +1150,32 @@ def test_only_the_task_runners_may_invoke_the_sandbox_and_nothing_else(
         assert env["AGENTQ_SANDBOX"] == "lambda" and env["AGENTQ_SANDBOX_FUNCTION"] == {"Ref": sandbox_id}
 
 
-def test_task_runners_reach_only_task_partitions_and_delete_nothing(worker_synth: Synthesized) -> None:
+def test_task_runners_reach_only_task_and_worker_partitions_and_delete_only_a_liveness_item(
+    worker_synth: Synthesized,
+) -> None:
     (task_def,) = worker_synth.resources("AWS::ECS::TaskDefinition").values()
     roles = {
         "executor": _function(worker_synth, "executor")[1]["Properties"]["Role"]["Fn::GetAtt"][0],
         "worker": task_def["Properties"]["TaskRoleArn"]["Fn::GetAtt"][0],
     }
     for name, role_id in roles.items():
-        table = [
-            s
+        table = {
+            s["Sid"]: s
             for s in _statements_of_role(worker_synth, role_id)
             if any(a.startswith("dynamodb:") for a in _as_list(s["Action"]))
-        ]
-        assert len(table) == 1, name
-        assert table[0]["Condition"] == {
-            "ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TASK#*", "TENANT#*", "FLOW#*", "SCHEDULES"]}
         }
-        assert "dynamodb:DeleteItem" not in _as_list(table[0]["Action"])
+        # The worker also keeps its liveness item and reads the owner index (storage/workers.py).
+        assert set(table) == ({"Table", "WorkerLiveness", "OwnerIndex"} if name == "worker" else {"Table"}), name
+        assert table["Table"]["Condition"] == {
+            "ForAllValues:StringLike": {
+                "dynamodb:LeadingKeys": ["TASK#*", "TENANT#*", "FLOW#*", "SCHEDULES", WORKERS_PK]
+            }
+        }
+        assert "dynamodb:DeleteItem" not in _as_list(table["Table"]["Action"])
+        if name == "worker":
+            assert table["WorkerLiveness"]["Condition"] == {
+                "ForAllValues:StringLike": {"dynamodb:LeadingKeys": [WORKERS_PK]}
+            }
         assert "APIKEY" not in json.dumps(_statements_of_role(worker_synth, role_id))
 
 
@@ -1218,7 +1229,9 @@ def synth_subnet_is_private(synth: Synthesized, subnet: str) -> bool:
     return bool(routes) and all("NatGatewayId" in r and "GatewayId" not in r for r in routes)
 
 
-def test_the_sweeper_runs_on_a_schedule_with_only_the_index_the_tasks_and_the_queues(synth: Synthesized) -> None:
+def test_the_sweeper_runs_on_a_schedule_with_only_the_indexes_the_tasks_the_workers_and_the_queues(
+    synth: Synthesized,
+) -> None:
     cfg = settings_of(synth.env_name)
     fn_id, fn = _function(synth, "sweeper")
     env = fn["Properties"]["Environment"]["Variables"]
@@ -1232,8 +1245,15 @@ def test_the_sweeper_runs_on_a_schedule_with_only_the_index_the_tasks_and_the_qu
     [index] = _as_list(statements["ListLive"]["Resource"])
     assert json.dumps(index).endswith(f'/index/{GSI_LIVE}"]]}}')
     assert statements["ReadTasks"]["Condition"] == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TASK#*"]}}
-    assert "dynamodb:DeleteItem" not in _actions(list(statements.values()))
-    assert set(_as_list(statements["Enqueue"]["Action"])) == {"sqs:SendMessage", "sqs:GetQueueUrl"}
+    # Deleting only a dead worker's liveness item (storage/workers.py), never a task's item.
+    deleting = [s for s in statements.values() if "dynamodb:DeleteItem" in _as_list(s["Action"])]
+    assert [s["Sid"] for s in deleting] == ["WorkerLiveness"]
+    assert deleting[0]["Condition"] == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [WORKERS_PK]}}
+    [owner_index] = _as_list(statements["OwnerIndex"]["Resource"])
+    assert json.dumps(owner_index).endswith(f'/index/{GSI_OWNER}"]]}}')
+    assert set(_as_list(statements["Enqueue"]["Action"])) == {
+        "sqs:SendMessage", "sqs:GetQueueUrl", "sqs:ChangeMessageVisibility",
+    }  # fmt: skip
     assert len(_as_list(statements["Enqueue"]["Resource"])) == len(TIERS)
 
 

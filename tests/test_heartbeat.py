@@ -1,6 +1,7 @@
-"""The worker's heartbeat hub: rounds at a fixed rate, the leases closest to expiry first,
-visibility batches in parallel, received messages kept invisible before their claim, and no
-write for a lease that progress renewed since the last round.
+"""The worker's heartbeat hub: rounds at a fixed rate, one liveness write per process per
+round whatever it holds, no per-task write for a task that waits, the backstop leases closest
+to expiry first, visibility batches in parallel, received messages kept invisible before their
+claim, live text only when it changed, and lease-loss detection after a lapse.
 
 Against fake clients whose calls take a set time, so the timing of rounds is what the hub
 does, not what moto happens to do."""
@@ -16,15 +17,53 @@ from typing import Any
 
 from agentq.core.engine import LeaseState
 from agentq.core.models import Lease
+from agentq.core.records import ClaimOwner
 from agentq.queueing.worker import HeartbeatHub, WorkerConfig
+from agentq.storage.workers import LivenessLapsed, WorkerLife
+
+
+class FakeWorkers:
+    """The liveness item: ``renew`` takes ``delay`` seconds, records when it began, and fails
+    as told (``lapsed``: declared dead; ``failing``: the write does not reach the table)."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.renewals: list[float] = []
+        self.starts = 0
+        self.lapsed = False
+        self.failing = False
+
+    def start(self, worker: str, seconds: float) -> WorkerLife:
+        self.starts += 1
+        self.lapsed = False
+        return WorkerLife(worker, self.starts, 0, time.time() + seconds)
+
+    def renew(self, life: WorkerLife, seconds: float) -> WorkerLife:
+        self.renewals.append(time.monotonic())
+        time.sleep(self.delay)
+        if self.failing:
+            raise ConnectionError("unreachable")
+        if self.lapsed:
+            raise LivenessLapsed("declared dead")
+        return WorkerLife(life.worker, life.epoch, life.beat + 1, time.time() + seconds)
+
+    def peers(self) -> list[Any]:
+        return []
+
+    def stop(self, life: WorkerLife) -> None:
+        pass
 
 
 class SlowStore:
     """``extend_lease`` that takes ``delay`` seconds and records when each call began."""
 
-    def __init__(self, delay: float) -> None:
+    def __init__(self, delay: float = 0.0, renew_delay: float = 0.0) -> None:
         self.delay = delay
         self.calls: list[tuple[float, str]] = []
+        self.published: list[tuple[str, str]] = []
+        self.workers = FakeWorkers(renew_delay)
+        self.meta: dict[str, dict[str, Any]] = {}  # what a recheck reads
+        self.adopted: list[tuple[str, int]] = []
         self._lock = threading.Lock()
 
     @property
@@ -38,6 +77,19 @@ class SlowStore:
             self.calls.append((time.monotonic(), lease.task_id))
         time.sleep(self.delay)
         return lease.model_copy(update={"expires_at": expires})
+
+    def publish_live_text(self, lease: Lease, text: str) -> None:
+        self.published.append((lease.task_id, text))
+
+    def disown(self, lease: Lease) -> None:
+        pass
+
+    def metas(self, task_ids: list[str]) -> list[dict[str, Any]]:
+        return [self.meta[t] for t in task_ids if t in self.meta]
+
+    def adopt(self, lease: Lease, owner: ClaimOwner) -> bool:
+        self.adopted.append((lease.task_id, owner.epoch))
+        return True
 
 
 class SlowSqs:
@@ -59,13 +111,13 @@ class FakeQueues:
         return f"queue-{tier}"
 
 
-def _session(task_id: str, expires_in: float = 3.0) -> LeaseState:
+def _session(task_id: str, expires_in: float = 600.0) -> LeaseState:
     lease = Lease(task_id=task_id, owner="w", epoch=1, expires_at=time.time() + expires_in)
     return LeaseState(lease=lease)
 
 
 def _hub(store: SlowStore, sqs: SlowSqs | None = None, **config: Any) -> HeartbeatHub:
-    return HeartbeatHub(store, FakeQueues(sqs or SlowSqs(0)), WorkerConfig(**config))  # type: ignore[arg-type]
+    return HeartbeatHub(store, FakeQueues(sqs or SlowSqs(0)), WorkerConfig(**config), "w")  # type: ignore[arg-type]
 
 
 def _holding(hub: HeartbeatHub, stack: ExitStack, sessions: list[LeaseState], tier: str = "normal") -> None:
@@ -74,21 +126,21 @@ def _holding(hub: HeartbeatHub, stack: ExitStack, sessions: list[LeaseState], ti
         stack.enter_context(hub.track(held, session))
 
 
-def _round_starts(store: SlowStore) -> list[float]:
-    return [at for at, _ in store.calls]
+def _beat(hub: HeartbeatHub) -> None:
+    hub.beat([(h, h.lease_state) for h in hub._held])
 
 
 def test_rounds_start_a_heartbeat_apart_even_when_each_round_takes_most_of_it() -> None:
-    """One task, a lease write that takes 0.25 s, a heartbeat of 0.4 s: a hub that waited a
-    heartbeat after each round would start them 0.65 s apart."""
-    store = SlowStore(delay=0.25)
+    """A liveness write that takes 0.25 s, a heartbeat of 0.4 s: a hub that waited a heartbeat
+    after each round would start them 0.65 s apart."""
+    store = SlowStore(renew_delay=0.25)
     hub = _hub(store, heartbeat_seconds=0.4, lease_seconds=3, beat_threads=1)
     with ExitStack() as stack:
         _holding(hub, stack, [_session("t1")])
         hub.start()
         time.sleep(2.5)
         hub.stop()
-    starts = _round_starts(store)
+    starts = store.workers.renewals
     gaps = [b - a for a, b in pairwise(starts)]
     assert len(starts) >= 5, starts
     assert statistics.median(gaps) < 0.5, f"rounds {gaps} apart: fixed delay, not fixed rate"
@@ -96,14 +148,14 @@ def test_rounds_start_a_heartbeat_apart_even_when_each_round_takes_most_of_it() 
 
 
 def test_a_round_longer_than_the_heartbeat_is_followed_at_once_without_catch_up_rounds() -> None:
-    store = SlowStore(delay=0.6)
+    store = SlowStore(renew_delay=0.6)
     hub = _hub(store, heartbeat_seconds=0.4, lease_seconds=3, beat_threads=1)
     with ExitStack() as stack:
         _holding(hub, stack, [_session("t1")])
         hub.start()
         time.sleep(2.6)
         hub.stop()
-    starts = _round_starts(store)
+    starts = store.workers.renewals
     gaps = [b - a for a, b in pairwise(starts)]
     assert len(starts) >= 3, starts
     assert min(gaps) > 0.55, f"rounds {gaps} apart: catch-up rounds after an overrun"
@@ -111,10 +163,10 @@ def test_a_round_longer_than_the_heartbeat_is_followed_at_once_without_catch_up_
     assert hub.counts["overruns"] >= 2
 
 
-def test_leases_closest_to_expiry_are_extended_first() -> None:
+def test_backstop_leases_closest_to_expiry_are_extended_first() -> None:
     store = SlowStore(delay=0)
-    hub = _hub(store, beat_threads=1, lease_seconds=10)
-    expiries = {"t-late": 2.9, "t-soon": 0.4, "t-mid": 1.5, "t-sooner": 0.2, "t-later": 2.5}
+    hub = _hub(store, beat_threads=1, task_lease_seconds=10)
+    expiries = {"t-late": 4.9, "t-soon": 0.4, "t-mid": 1.5, "t-sooner": 0.2, "t-later": 2.5}
     with ExitStack() as stack:
         _holding(hub, stack, [_session(t, expires_in=e) for t, e in expiries.items()])
         hub.beat([(h, h.lease_state) for h in hub._held])
@@ -145,25 +197,109 @@ def test_a_received_message_is_kept_invisible_before_its_task_is_claimed() -> No
     assert store.calls == []  # no lease to extend yet
 
 
-def test_a_lease_renewed_since_the_last_round_is_not_written_again_but_one_a_heartbeat_old_is() -> None:
+def test_a_backstop_lease_is_written_only_when_half_of_it_is_left() -> None:
     store = SlowStore(delay=0)
-    hub = _hub(store, lease_seconds=3, heartbeat_seconds=1)
+    hub = _hub(store, task_lease_seconds=600)
     with ExitStack() as stack:
-        # just committed (the commit moved the lease a full lease ahead) / extended by the last round
-        _holding(hub, stack, [_session("t-committed", expires_in=2.9), _session("t-last-round", expires_in=2.0)])
-        hub.beat([(h, h.lease_state) for h in hub._held])
-    assert [t for _, t in store.calls] == ["t-last-round"]
-    assert hub.counts["skipped_fresh"] == 1
+        _holding(hub, stack, [_session("t-fresh", expires_in=590), _session("t-half", expires_in=290)])
+        _beat(hub)
+    assert [t for _, t in store.calls] == ["t-half"]
 
 
-def test_a_lease_whose_commit_is_on_the_wire_is_left_to_the_commit_unless_it_has_been_there_long() -> None:
+def test_a_backstop_lease_whose_commit_is_on_the_wire_is_left_to_the_commit() -> None:
     """The commit renews the lease (or ends the task): an extension racing it is wasted."""
     store = SlowStore(delay=0)
-    hub = _hub(store, lease_seconds=3, heartbeat_seconds=1)
-    committing, stuck = _session("t-committing", expires_in=1.5), _session("t-stuck", expires_in=1.5)
+    hub = _hub(store, task_lease_seconds=600)
+    committing, stuck = _session("t-committing", expires_in=200), _session("t-stuck", expires_in=200)
     committing.commit_sent_at = time.time()
-    stuck.commit_sent_at = time.time() - 0.8
+    stuck.commit_sent_at = time.time() - 400
     with ExitStack() as stack:
         _holding(hub, stack, [committing, stuck])
-        hub.beat([(h, h.lease_state) for h in hub._held])
+        _beat(hub)
     assert [t for _, t in store.calls] == ["t-stuck"]
+
+
+def test_tasks_waiting_on_their_calls_cost_no_write_and_no_queue_call_after_the_first_round() -> None:
+    """200 held tasks: one round sets their messages' long visibility (20 batches), and the
+    rounds after it touch neither their leases nor their messages: one liveness write each."""
+    sqs, store = SlowSqs(delay=0), SlowStore(delay=0)
+    hub = _hub(store, sqs, beat_threads=4)
+    hub.life = store.workers.start("w", 3)
+    with ExitStack() as stack:
+        _holding(hub, stack, [_session(f"t{i}") for i in range(200)])
+        _beat(hub)
+        assert len(sqs.batches) == 20
+        for _ in range(10):
+            hub.renew()
+            _beat(hub)
+    assert len(sqs.batches) == 20 and store.calls == [] and store.published == []
+    assert len(store.workers.renewals) == 10
+    assert hub.demand() < 0.1  # admission sees a held task needs almost no writes
+
+
+def test_live_text_is_written_only_when_it_changed() -> None:
+    store = SlowStore(delay=0)
+    hub = _hub(store)
+    streaming, quiet = _session("t-streaming"), _session("t-quiet")
+    with ExitStack() as stack:
+        _holding(hub, stack, [streaming, quiet])
+        streaming.live_text = "Hello"
+        _beat(hub)
+        _beat(hub)  # unchanged: nothing written
+        streaming.live_text = "Hello, world"
+        _beat(hub)
+    assert store.published == [("t-streaming", "Hello"), ("t-streaming", "Hello, world")]
+
+
+def test_a_worker_declared_dead_starts_a_new_epoch_re_adopts_its_own_tasks_and_drops_the_taken_ones() -> None:
+    store = SlowStore(delay=0)
+    hub = _hub(store)
+    mine, taken = _session("t-mine"), _session("t-taken")
+    store.meta = {
+        "t-mine": {"task_id": "t-mine", "lease_epoch": 1, "status": "running"},
+        "t-taken": {"task_id": "t-taken", "lease_epoch": 2, "status": "running"},  # a peer claimed it
+    }
+    hub.life = store.workers.start("w", 3)
+    with ExitStack() as stack:
+        _holding(hub, stack, [mine, taken])
+        store.workers.lapsed = True
+        hub.renew()
+    assert store.workers.starts == 2 and hub.life.epoch == 2
+    assert store.adopted == [("t-mine", 2)]
+    assert taken.lost.is_set() and not mine.lost.is_set()
+
+
+def test_a_worker_whose_liveness_writes_fail_past_its_liveness_drops_the_tasks_taken_over() -> None:
+    store = SlowStore(delay=0)
+    hub = _hub(store, lease_seconds=0.05)
+    mine, taken = _session("t-mine"), _session("t-taken")
+    store.meta = {
+        "t-mine": {"task_id": "t-mine", "lease_epoch": 1, "status": "running"},
+        "t-taken": {"task_id": "t-taken", "lease_epoch": 2, "status": "running"},
+    }
+    hub.life = store.workers.start("w", 0.05)
+    with ExitStack() as stack:
+        _holding(hub, stack, [mine, taken])
+        store.workers.failing = True
+        hub.renew()  # within its liveness: nothing to suspect yet
+        assert not taken.lost.is_set()
+        time.sleep(0.06)
+        hub.renew()
+    assert taken.lost.is_set() and not mine.lost.is_set()
+    assert store.adopted == []  # it cannot know its epoch was declared dead: nothing re-adopted
+
+
+def test_a_worker_whose_liveness_is_not_renewed_within_its_period_is_not_alive_to_take_tasks() -> None:
+    store = SlowStore(delay=0)
+    hub = _hub(store, lease_seconds=0.05)
+    assert not hub.alive()  # not started: no liveness yet
+    hub.life = store.workers.start("w", 0.05)
+    hub.renew()
+    assert hub.alive()
+    store.workers.failing = True
+    time.sleep(0.06)
+    hub.renew()
+    assert not hub.alive()  # its pollers take nothing new while this lasts
+    store.workers.failing = False
+    hub.renew()
+    assert hub.alive()

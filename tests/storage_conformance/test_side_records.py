@@ -175,12 +175,29 @@ def _folded_with_a_live_lapsed_hold(backend: Storage) -> tuple[str, str, Any]:
     return parent.task_id, child_id, held
 
 
-def test_a_lapsed_hold_returned_after_its_child_was_folded_corrects_the_parent_once(backend: Storage) -> None:
+def test_a_lapsed_hold_past_its_deadline_after_its_child_was_folded_stays_spent_in_the_parent(
+    backend: Storage,
+) -> None:
     parent_id, child_id, held = _folded_with_a_live_lapsed_hold(backend)
-    assert backend.budgets.return_lapsed(child_id, child_id, held, parent_id=parent_id) is True
-    assert backend.budgets.return_lapsed(child_id, child_id, held, parent_id=parent_id) is False
+    assert backend.budgets.spend_lapsed(child_id, child_id, held, parent_id=parent_id) is True
+    assert backend.budgets.spend_lapsed(child_id, child_id, held, parent_id=parent_id) is False
     budget = backend.budgets.get(parent_id)
-    assert (budget.used, budget.reserved, budget.available) == (50, 0, 950)  # what the calls really used
+    assert (budget.used, budget.reserved, budget.available) == (250, 0, 750)  # its outcome is unknown: spent
+    child = backend.budgets.get(child_id)
+    assert (child.used, child.reserved) == (250, 0)
+
+
+def test_a_child_call_reported_after_its_hold_was_spent_and_folded_corrects_the_parent_once(
+    backend: Storage,
+) -> None:
+    parent_id, child_id, held = _folded_with_a_live_lapsed_hold(backend)
+    from tests.storage_conformance._builders import usage
+
+    backend.budgets.spend_lapsed(child_id, child_id, held, parent_id=parent_id)
+    late = usage(reserved=200, used=120)
+    assert backend.budgets.settle_orphan(child_id, child_id, late, inflight_epoch=1, parent_id=parent_id) is True
+    budget = backend.budgets.get(parent_id)
+    assert (budget.used, budget.reserved, budget.available) == (170, 0, 830)  # what the calls really used
 
 
 def test_a_zombie_child_call_answered_after_the_fold_charges_the_parent_what_it_used(backend: Storage) -> None:

@@ -283,13 +283,48 @@ def test_a_zombie_settles_its_set_aside_hold_with_its_usage_exactly_once(backend
     assert backend.budgets.get(lease.task_id).reserved == 0
 
 
-def test_a_set_aside_hold_goes_back_once_after_its_deadline(backend: Storage) -> None:
+def test_a_set_aside_hold_is_counted_spent_once_after_its_deadline(backend: Storage) -> None:
     lease, held, _ = _taken_over_with_a_live_hold(backend, cap=1000, hold=400)
-    assert backend.budgets.return_lapsed(lease.task_id, lease.task_id, held) is True
-    assert backend.budgets.return_lapsed(lease.task_id, lease.task_id, held) is False
+    assert backend.budgets.spend_lapsed(lease.task_id, lease.task_id, held) is True
+    assert backend.budgets.spend_lapsed(lease.task_id, lease.task_id, held) is False
     budget = backend.budgets.get(lease.task_id)
-    assert (budget.reserved, budget.used, budget.available) == (0, 0, 1000)
+    assert (budget.reserved, budget.used, budget.available) == (0, 400, 600)  # never returned unspent
     assert backend.tasks.get(lease.task_id).lapsed_holds == {}
+
+
+def test_an_older_epochs_current_hold_past_its_deadline_is_counted_spent_with_its_dollars(
+    backend: Storage,
+) -> None:
+    lease = claimed(backend, max_tokens=1000)
+    held = backend.budgets.reserve(lease, lease.task_id, 400, 1, until=time.time() + 60, micros=30_000)
+    backend.tasks.release(lease)
+    assert backend.budgets.spend_lapsed(lease.task_id, lease.task_id, held) is True
+    budget = backend.budgets.get(lease.task_id)
+    assert (budget.reserved, budget.used, budget.available) == (0, 400, 600)
+    assert (budget.reserved_micros, budget.used_micros) == (0, 30_000)
+    assert backend.budgets.inflight(lease.task_id) is None
+
+
+def test_a_call_reported_after_its_hold_was_counted_spent_is_corrected_to_its_usage_once(
+    backend: Storage,
+) -> None:
+    """A paused worker wakes after its hold's deadline and reports the provider's answer: the
+    ledger ends at the real usage, and ``used <= cap`` held all along."""
+    lease, held, successor = _taken_over_with_a_live_hold(backend, cap=1000, hold=400)
+    backend.budgets.spend_lapsed(lease.task_id, lease.task_id, held)
+    backend.budgets.reserve(successor, lease.task_id, 600, 2)  # the successor takes what is left
+    with pytest.raises(BudgetExceeded):
+        backend.budgets.reserve(successor, lease.task_id, 1, 2)
+    late = usage(reserved=400, used=380)
+    assert backend.budgets.settle_orphan(lease.task_id, lease.task_id, late, inflight_epoch=1) is True
+    budget = backend.budgets.get(lease.task_id)
+    assert (budget.reserved, budget.used, budget.available) == (600, 380, 20)
+    assert budget.used + budget.reserved <= budget.cap
+    assert (
+        backend.budgets.settle_orphan(lease.task_id, lease.task_id, usage(reserved=400, used=0), inflight_epoch=1)
+        is False
+    )
+    assert backend.budgets.get(lease.task_id).used == 380
 
 
 def test_setting_aside_is_fenced_and_a_hold_already_settled_is_left_alone(backend: Storage) -> None:

@@ -26,6 +26,8 @@ TABLE_ATTRIBUTES: list[dict[str, str]] = [
     {"AttributeName": "gsi1sk", "AttributeType": "S"},
     {"AttributeName": "live_pk", "AttributeType": "S"},
     {"AttributeName": "live_sk", "AttributeType": "S"},
+    {"AttributeName": "owner_worker", "AttributeType": "S"},
+    {"AttributeName": "owner_task", "AttributeType": "S"},
 ]
 # A tenant's tasks, newest first: META items carry gsi1pk = "TENANT#<tenant>" and
 # gsi1sk = "<created_at epoch millis, 15 digits>#<task_id>". The projection holds the keys plus
@@ -50,6 +52,14 @@ TABLE_GSIS: list[dict[str, Any]] = [
         ],
         "Projection": {"ProjectionType": "KEYS_ONLY"},
     },
+    {
+        "IndexName": "owner",
+        "KeySchema": [
+            {"AttributeName": "owner_worker", "KeyType": "HASH"},
+            {"AttributeName": "owner_task", "KeyType": "RANGE"},
+        ],
+        "Projection": {"ProjectionType": "KEYS_ONLY"},
+    },
 ]
 # The sweeper's index of unfinished tasks (sparse): META carries live_pk = "LIVE#<shard>" and
 # live_sk = <task_id> from creation until the task ends (a step commit or transition to a terminal
@@ -59,6 +69,11 @@ TABLE_GSIS: list[dict[str, Any]] = [
 GSI_LIVE = "live"
 LIVE_SHARDS = 8
 LIVE_ATTRIBUTES = ("live_pk", "live_sk")
+# The tasks a worker process holds under its liveness (sparse): META carries owner_worker =
+# <worker id> and owner_task = <task_id> from a worker's claim until its run ends (``disown``).
+# When a worker is found dead, one Query lists what it held (``queueing.recovery``). Keys only;
+# a claim writes the index once, a heartbeat never does.
+GSI_OWNER = "owner"
 TTL_ATTRIBUTE = "expires_at"
 # The reaper learns of a task's expiry from the table's stream: the keys of a removed META are all
 # it needs, so the stream carries keys only (no task content leaves the table that way).

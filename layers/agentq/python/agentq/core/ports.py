@@ -25,12 +25,23 @@ from agentq.core.models import (
     ToolOutcome,
     UserMessage,
 )
-from agentq.core.records import ApprovalRecord, BudgetDelta, BudgetState, EffectRecord, Inbox, Reservation, SpawnRecord
+from agentq.core.records import (
+    ApprovalRecord,
+    BudgetDelta,
+    BudgetState,
+    ClaimOwner,
+    EffectRecord,
+    Inbox,
+    Reservation,
+    SpawnRecord,
+)
 from agentq.core.tenancy import TenantLimits
 
 
 class TaskLeases(Protocol):
-    def claim(self, task_id: str, worker: str, lease_seconds: float) -> tuple[Lease, Task] | None: ...
+    def claim(
+        self, task_id: str, worker: str, lease_seconds: float, *, owner: ClaimOwner | None = None
+    ) -> tuple[Lease, Task] | None: ...
 
     def extend_lease(self, lease: Lease, lease_seconds: float, *, live_text: str | None = None) -> Lease: ...
 
@@ -91,7 +102,7 @@ class BudgetLedger(Protocol):
 
     def set_aside(self, lease: Lease, held: Reservation) -> None: ...
 
-    def return_lapsed(
+    def spend_lapsed(
         self, task_id: str, budget_id: str, held: Reservation, *, parent_id: str | None = None
     ) -> bool: ...
 

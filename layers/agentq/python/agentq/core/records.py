@@ -74,6 +74,18 @@ class EffectRecord:
 
 
 @dataclass(frozen=True)
+class ClaimOwner:
+    """The worker process whose liveness keeps a claimed task alive (``storage.workers``): its
+    id and liveness epoch, and the task's queue message (its receipt and tier), which whoever
+    finds the worker dead makes visible again so that the task resumes at once."""
+
+    worker: str
+    epoch: int
+    message: str | None = None
+    queue: str | None = None
+
+
+@dataclass(frozen=True)
 class ClaimRecord:
     """One claim of a task's lease: who took it, when, and the previous holder's last beat."""
 

@@ -13,13 +13,20 @@ DEFAULT_WEIGHTS = {"high": 6, "normal": 3, "low": 1}
 @dataclass(frozen=True)
 class WorkerConfig:
     concurrency: int = 256
-    # A dead worker's task is resumed once its message is visible again: within
-    # ``visibility_seconds`` of its last heartbeat. The lease lapses a second earlier, so the
-    # next receiver can claim at once. Cost: one lease write per task per heartbeat, less the
-    # heartbeats a step commit makes unnecessary (it renews the lease in its own write).
+    # The worker process's liveness (``storage.workers``): renewed every heartbeat, one write
+    # per process whatever it holds. A peer that sees it stand still for ``lease_seconds`` of
+    # its own clock hands its tasks on (``queueing.recovery``): a dead worker's task resumes
+    # within about lease + heartbeat + a receive.
     lease_seconds: float = 3.0
     heartbeat_seconds: float = 1.0
+    # A received message not yet claimed is kept invisible this long at a time.
     visibility_seconds: int = 4
+    # A claimed task's own lease, a backstop under the worker's liveness: renewed (a write)
+    # only when half of it is left, so a task that waits on a model call costs no write.
+    task_lease_seconds: float = 600.0
+    # A claimed task's message stays invisible this long, extended in batches of 10 when half
+    # is left; a dead worker's are made visible again at once by whoever notices.
+    held_visibility_seconds: int = 600
     poll_wait_seconds: int = 1
     max_receive_count: int = QueueSettings().max_receive_count
     weights: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))

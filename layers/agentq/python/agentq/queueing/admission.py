@@ -1,8 +1,9 @@
-"""Admission control: a worker holds no more tasks than its heartbeat can keep leased.
+"""Admission control: a worker holds no more tasks than its heartbeat can keep.
 
-Every held task needs a lease write each heartbeat, and a round of writes must land well
-inside the lease, or leases lapse and other workers take tasks over. ``LeaseWriteRate``
-measures what a lease write costs now; ``Admission`` turns it into a limit on held tasks;
+A held task needs a few writes a heartbeat at most (with worker liveness, a task that waits on
+a model call needs none: ``queueing.heartbeat``), and a round of writes must land well inside
+the liveness period. ``LeaseWriteRate`` measures what a write costs now and the hub how many a
+held task needs per round (``demand``); ``Admission`` turns both into a limit on held tasks;
 ``SlotPool`` shares that limit between the tier pollers with weighted fair shares."""
 
 from __future__ import annotations
@@ -56,8 +57,11 @@ class Admission:
     Every held task needs a lease write each heartbeat, and a round of writes must land well
     inside the lease or leases lapse and other workers take tasks over (correct, since writes
     are fenced, but every takeover repeats the claim, the reads and the step in flight, which
-    slows the store further). So the limit is ``rate x (lease - heartbeat) x safety``, where
-    ``rate`` is ``LeaseWriteRate``; between ``floor`` and ``concurrency``. Until the first
+    slows the store further). So the limit is ``rate x (lease - heartbeat) x safety / demand``,
+    where ``rate`` is ``LeaseWriteRate`` and ``demand`` the writes a held task needs per
+    heartbeat (1 with a lease write per task; with worker liveness, what the hub measures:
+    about one write per backstop half-period, plus the live text of streamed calls); between
+    ``floor`` and ``concurrency``. Until the first
     lease write is timed nothing is known, and the worker starts at the floor. The limit
     follows the store both ways: fewer tasks held means fewer calls queued ahead of each
     write, lower latency, and a higher limit. It falls at once but rises to at most twice
@@ -67,13 +71,20 @@ class Admission:
     them all through the slowdown it causes.
     """
 
-    def __init__(self, config: WorkerConfig, rate: LeaseWriteRate, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        rate: LeaseWriteRate,
+        clock: Callable[[], float] = time.monotonic,
+        demand: Callable[[], float] = lambda: 1.0,
+    ) -> None:
         self.concurrency = config.concurrency
         self.floor = max(1, min(config.admission_floor, config.concurrency))
         self.window = max(0.0, config.lease_seconds - config.heartbeat_seconds) * config.admission_safety
         self.doubling_seconds = config.heartbeat_seconds
         self.rate = rate
         self.clock = clock
+        self.demand = demand  # writes a held task needs per heartbeat (1.0: a lease write each)
         self._value = float(self.floor)
         self._at = clock()
         self._value_lock = threading.Lock()
@@ -86,7 +97,7 @@ class Admission:
         per_second = self.rate.per_second()
         if per_second is None:
             return self.floor
-        target = max(self.floor, min(self.concurrency, per_second * self.window))
+        target = max(self.floor, min(self.concurrency, per_second * self.window / max(self.demand(), 1e-3)))
         with self._value_lock:
             now = self.clock()
             grown = self._value * 2 ** ((now - self._at) / self.doubling_seconds)

@@ -36,6 +36,7 @@ from agentq.core.engine import Engine, KeeperFactory, RunResult, batch_poll_seco
 from agentq.core.errors import DETERMINISTIC_FAULTS, IllegalTransition, ProviderError, TaskNotFound, fault_error
 from agentq.core.models import RetryState, Task, TaskStatus
 from agentq.core.providers.base import BatchProvider
+from agentq.core.records import ClaimOwner
 from agentq.queueing.dependencies import release_dependents
 from agentq.queueing.queues import DEAD_LETTER_REASON, TaskMessage, TaskQueues
 from agentq.queueing.webhooks import enqueue_end, enqueue_event
@@ -99,6 +100,7 @@ class Dispatcher:
         keeper: KeeperFactory | None = None,
         on_beat: Callable[[], None] | None = None,
         stop: threading.Event | None = None,
+        owner: ClaimOwner | None = None,
     ) -> Action:
         try:
             message = TaskMessage.model_validate_json(body)
@@ -109,7 +111,7 @@ class Dispatcher:
         with observe.task_context(task_id=message.task_id):
             return self._handle(
                 message, tier=tier, receive_count=receive_count, attributes=attributes,
-                deadline=deadline, keeper=keeper, on_beat=on_beat, stop=stop,
+                deadline=deadline, keeper=keeper, on_beat=on_beat, stop=stop, owner=owner,
             )  # fmt: skip
 
     def _fire(self, message: TaskMessage) -> Action:
@@ -140,6 +142,7 @@ class Dispatcher:
         keeper: KeeperFactory | None,
         on_beat: Callable[[], None] | None,
         stop: threading.Event | None,
+        owner: ClaimOwner | None,
     ) -> Action:
         try:
             task = self.store.tasks.get(message.task_id)
@@ -182,7 +185,9 @@ class Dispatcher:
             )
 
         try:
-            run = self.engine.run(task.task_id, deadline=deadline, keeper=keeper, on_beat=on_beat, stop=stop)
+            run = self.engine.run(
+                task.task_id, deadline=deadline, keeper=keeper, on_beat=on_beat, stop=stop, owner=owner
+            )
         except DETERMINISTIC_FAULTS as exc:  # before the engine held a session (the claim's read)
             log.exception("task %s cannot run", task.task_id)
             run = self._fail(task, fault_error(exc))
@@ -306,6 +311,12 @@ class Dispatcher:
         except IllegalTransition:
             pass  # raced with another copy of the redrive: the claim below decides
 
+    def _held_by_live_worker(self, task_id: str) -> bool:
+        """Is the task held under a worker process's liveness that has not lapsed?"""
+        metas = self.store.tasks.metas([task_id])
+        owner = _owner_of(metas[0]) if metas else None
+        return owner is not None and not self.store.tasks.workers.lapsed(*owner)
+
     def _count_failure(self, run: RunResult) -> int:
         """This retryable failure, counted on the task (at the step it failed on): the attempts
         so far. A worker fault never gets here, so it never counts."""
@@ -317,9 +328,9 @@ class Dispatcher:
             return self.max_receive_count  # gone: nothing left to retry
 
     def _release_lapsed(self, task: Task, tier: str) -> None:
-        """An ended task still holding an older epoch's hold: give it back once its call can
-        no longer complete, coming back for it with a delayed message until then."""
-        wait = self.engine.release_lapsed_holds(task)
+        """An ended task still holding an older epoch's hold: count it as spent once its call
+        can no longer complete, coming back for it with a delayed message until then."""
+        wait = self.engine.spend_lapsed_holds(task)
         if wait > 0:
             self.queues.send(task.task_id, tier, kind="release_holds", delay_seconds=min(MAX_DELAY, math.ceil(wait)))
 
@@ -427,6 +438,11 @@ class Dispatcher:
         task = self.store.tasks.get(task_id)
         if task.status.terminal or task.status in (TaskStatus.WAITING, TaskStatus.PAUSED, TaskStatus.IDLE):
             return Action("delete", f"task already {task.status.value}", task_id=task_id, run=run)
+        if self._held_by_live_worker(task_id):
+            # Its worker process is alive (the claim just asked) and holds the task's own message,
+            # which a peer makes visible again if that worker dies (queueing.recovery): this copy
+            # is not needed, and coming back for it would only wait out the long backstop lease.
+            return Action("delete", "duplicate of a message held by a live worker", task_id=task_id, run=run)
         remaining = task.lease_expires - time.time()
         if receive_count >= self.max_receive_count:
             # A duplicate of a message a live worker holds: that worker's own message is
@@ -440,6 +456,11 @@ class Dispatcher:
             task_id=task_id,
             run=run,
         )
+
+
+def _owner_of(meta: dict[str, Any]) -> tuple[str, int] | None:
+    worker, epoch = meta.get("owner_worker"), meta.get("owner_epoch")
+    return None if worker is None or epoch is None else (str(worker), int(epoch))
 
 
 def _was_dead_lettered(attributes: dict[str, Any] | None) -> bool:

@@ -24,6 +24,7 @@ MessageKind = Literal[
     "release_holds",
     "renewed",
     "swept",
+    "recovered",
     "approval_due",
     "batch_poll",
     "schedule",

@@ -18,6 +18,11 @@ fenced, a message for a task that is leased waits for the lease, and one for a t
 ended is deleted. ``waiting`` and ``paused`` tasks are woken by their own messages (the
 fan-out's, a person's decision) and are left alone. Each sweep counts what it re-enqueued
 (metric ``tasks_swept``, 0 in a healthy fleet).
+
+A task a worker process holds under its liveness (``storage.workers``) has a long lease and an
+invisible message; the live workers hand on a dead peer's tasks within seconds
+(``queueing.recovery``). When none is left to notice (the whole fleet died), each sweep first
+recovers every worker whose liveness lapsed by the wall clock, so its tasks come back then.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from dataclasses import dataclass, field
 from agentq import observe
 from agentq.core.status import TaskStatus
 from agentq.queueing.queues import TaskQueues
+from agentq.queueing.recovery import recover_lapsed
 from agentq.storage.container import Storage
 
 log = logging.getLogger("agentq.sweeper")
@@ -44,6 +50,7 @@ STRANDABLE = (TaskStatus.QUEUED.value, TaskStatus.RUNNING.value)
 class SweepReport:
     listed: int = 0  # tasks in the live index
     swept: list[str] = field(default_factory=list)  # re-enqueued
+    recovered: list[str] = field(default_factory=list)  # tasks of dead workers handed on
     unlisted: int = 0  # ended tasks still in the index, taken out
 
 
@@ -51,6 +58,7 @@ def sweep(store: Storage, queues: TaskQueues, *, stale_after: float, now: float 
     """One pass over the unfinished tasks (see the module)."""
     now = time.time() if now is None else now
     report = SweepReport()
+    report.recovered = recover_lapsed(store, queues, now=now)
     ids = list(store.tasks.live_task_ids())
     report.listed = len(ids)
     stranded: list[str] = []

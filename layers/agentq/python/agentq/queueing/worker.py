@@ -7,11 +7,13 @@ hundreds of them. Three pieces keep that cheap and fair:
 - ``SlotPool``: the concurrency limit, shared by one poller per tier with weighted fair
   shares (high 6 : normal 3 : low 1 by default). Under contention a freed slot goes to the
   tier furthest below its share, so high goes first and low is never starved.
-- ``HeartbeatHub``: one thread extends every held lease and message visibility (batched 10
-  per SQS call), instead of a heartbeat thread per task.
-- ``Admission``: the pool admits no more tasks than the hub can keep leased. It times every
-  lease write (claims and extensions) and caps what the pollers receive at what the hub can
-  extend within a fraction of the lease; what it does not take stays in SQS for another worker.
+- ``HeartbeatHub``: one thread keeps every held task alive with one liveness write for the
+  whole process per heartbeat (``storage.workers``), and hands on the tasks of a peer it finds
+  dead (``queueing.recovery``); per task it writes only what is due (a long backstop lease,
+  live text, a long message visibility in batches of 10).
+- ``Admission``: the pool admits no more tasks than the hub can keep with the per-task writes
+  it makes. It times every lease write (claims and extensions) and caps what the pollers
+  receive; what it does not take stays in SQS for another worker.
 - graceful SIGTERM: polling stops, running tasks end at their next step boundary (the step in
   flight is committed), leases are released and each task gets a continuation message.
 """
@@ -68,12 +70,12 @@ class Worker:
             self.store,
             worker_id=worker_id(),
             pool=pool,
-            lease_seconds=config.lease_seconds,
+            lease_seconds=config.task_lease_seconds,
             heartbeat_seconds=config.heartbeat_seconds,
         )
         self.dispatcher = Dispatcher(self.engine, self.store, self.queues, max_receive_count=config.max_receive_count)
-        self.hub = HeartbeatHub(self.store, self.queues, config)
-        self.admission = Admission(config, self.hub.rate)
+        self.hub = HeartbeatHub(self.store, self.queues, config, self.engine.worker_id)
+        self.admission = Admission(config, self.hub.rate, demand=self.hub.demand)
         self.slots = SlotPool(config.concurrency, config.weights, limit=self.admission.limit)
         self.stopping = threading.Event()
         self._executor = ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="task")
@@ -137,6 +139,9 @@ class Worker:
         url = self.queues.url(tier)
         idle = True  # an idle tier probes with one slot of its own, outside the pool's contest
         while not self.stopping.is_set():
+            if not self.hub.alive():  # its liveness is not being renewed: take nothing new
+                self.stopping.wait(self.config.heartbeat_seconds)
+                continue
             probing = idle
             if probing:
                 self.slots.probe(tier)
@@ -176,6 +181,10 @@ class Worker:
                 self._executor.submit(self._process, tier, message)
 
     def _process(self, tier: str, message: dict[str, Any]) -> None:
+        if not self.hub.alive():  # received just before its liveness went stale: another worker takes it
+            self._safe(lambda: self.queues.change_visibility(tier, message["ReceiptHandle"], 0))
+            self.slots.release(tier)
+            return
         try:
             with self.hub.hold(tier, message["ReceiptHandle"]) as held:
                 action = self.dispatcher.handle(
@@ -185,6 +194,7 @@ class Worker:
                     attributes=message.get("MessageAttributes"),
                     keeper=lambda state: self.hub.track(held, state),
                     stop=self.stopping,
+                    owner=self.hub.owner(held),
                 )
         except Exception as exc:  # a bug or an outage: the message comes back after a pause
             log.exception("task message failed on %s", tier)

@@ -1,6 +1,6 @@
 """How a task's budget is laid out on its META: the attributes a new task starts with, the
-tickets of its holds (``inflight``, and ``lapsed_<epoch>`` for an older epoch's hold set aside)
-and how they all read back. Plain functions of items, no reads or writes: task creation and
+tickets of its holds (``inflight``, ``lapsed_<epoch>`` for an older epoch's hold set aside,
+and ``spent_<epoch>`` for one whose deadline passed with its outcome unknown) and how they all read back. Plain functions of items, no reads or writes: task creation and
 decoding (``storage.tasks``, ``storage.task_items``) and the budget's own writes
 (``storage.budgets``, where the invariants are) share them.
 """
@@ -55,6 +55,13 @@ LAPSED_PREFIX = "lapsed_"  # META attribute of an older epoch's hold set aside: 
 
 def lapsed_name(epoch: int) -> str:
     return f"{LAPSED_PREFIX}{epoch}"
+
+
+SPENT_PREFIX = "spent_"  # META attribute of a hold counted as spent at its deadline: spent_<epoch>
+
+
+def spent_name(epoch: int) -> str:
+    return f"{SPENT_PREFIX}{epoch}"
 
 
 def lapsed_holds(data: dict[str, Any]) -> dict[int, dict[str, Any]]:

@@ -15,10 +15,17 @@ can cover both, so a resume after a crash does not wait. Only when it cannot doe
 the earliest lapsed deadline (the engine defers the task). Returned early instead, a zombie's
 late usage would land on top of the successor's and push ``used`` past ``cap``. Whoever learns
 of the call's end settles the hold once: the zombie with its usage (``settle_orphan`` finds its
-ticket under either name), or anyone after the deadline with none (``return_lapsed``), each
-conditional on the ticket still being there. ``extend_hold`` moves a deadline, fenced, when a
-call starts later than its reservation allowed for: a zombie fails that write and never
-starts its call.
+ticket under any name), conditional on the ticket still being there.
+
+A deadline passed with the call's outcome unknown does not mean the call did not happen: the
+provider may have answered a worker that was paused (SIGSTOP, a long GC, a frozen VM) and will
+report the answer when it wakes. So after its deadline a hold is counted as spent, never
+returned (``spend_lapsed``: ``reserved`` moves to ``used``, ``available`` is unchanged, and the
+ticket becomes ``spent_<epoch>``). If the call is ever reported, ``settle_orphan`` finds that
+ticket and corrects ``used`` to the real usage (frees ``hold - actual``), once. ``used <= cap``
+then holds always, and the ledger equals the provider's usage whenever every call's outcome is
+known. ``extend_hold`` moves a deadline, fenced, when a call starts later than its reservation
+allowed for: a zombie fails that write and never starts its call.
 
 Why on META and not an item of its own: every task draws on its own budget (a root's is the
 tree's cap, a child's the share its parent moved to it), and every step commit writes META
@@ -51,7 +58,7 @@ from agentq.core.models import Lease
 from agentq.core.pricing import NO_MONEY_CAP
 from agentq.core.records import NO_USAGE, BudgetDelta, BudgetState, Reservation
 from agentq.storage import keys
-from agentq.storage.budget_items import SETTLED, budget_state, lapsed_name, ticket_value
+from agentq.storage.budget_items import SETTLED, budget_state, lapsed_name, spent_name, ticket_value
 from agentq.storage.events import NewEvent, logged_transact
 from agentq.storage.leases import why_fenced
 from agentq.storage.table import (
@@ -94,6 +101,20 @@ def settle_and_reserve(budget_id: str, delta: BudgetDelta, reserve_next: int, re
             reserve_next_micros - (delta.reserved_micros - used_micros)
         )
     return Patch(BUDGET, keys.meta_key(budget_id), update, condition)
+
+
+def _correction(delta: BudgetDelta) -> dict[str, Any]:
+    """What turns a hold already counted in ``used`` (spent at its deadline, or folded into a
+    parent) into the call's real usage: ``used`` takes ``actual - hold``, ``available`` the rest."""
+    return {
+        "used": delta.used - delta.reserved,
+        "available": delta.reserved - delta.used,
+        "usd_used": delta.used_micros - delta.reserved_micros,
+        "usd_available": delta.reserved_micros - delta.used_micros,
+        "budget_cost_usd": delta.cost_usd,
+        "budget_tokens_in": delta.tokens_in,
+        "budget_tokens_out": delta.tokens_out,
+    }
 
 
 def _money_covers(micros: int) -> Any:
@@ -189,21 +210,53 @@ class Budgets:
                 return  # that ticket is gone already: its worker settled it
             raise why_fenced(self.table, lease) from exc
 
-    def return_lapsed(self, task_id: str, budget_id: str, held: Reservation, *, parent_id: str | None = None) -> bool:
-        """Give a lapsed hold back after its deadline, when its call can no longer complete;
-        once (conditional on the ticket), and by anyone: the task may have ended meanwhile.
-        ``parent_id``: see ``_release``."""
-        release = Patch(
-            "ticket", keys.meta_key(task_id), Update(remove=[lapsed_name(held.epoch)]),
-            Attr(lapsed_name(held.epoch)).exists(),
-        )  # fmt: skip
-        back = BudgetDelta(
-            reserved=held.amount, used=0, cost_usd=NO_USAGE.cost_usd, tokens_in=0, tokens_out=0,
-            reserved_micros=held.micros,
-        )  # fmt: skip
-        return self._release(task_id, budget_id, release, back, parent_id)
+    def spend_lapsed(self, task_id: str, budget_id: str, held: Reservation, *, parent_id: str | None = None) -> bool:
+        """Count a hold whose deadline passed with its call's outcome unknown as spent: its
+        ticket (``inflight`` of that epoch, or ``lapsed_<epoch>``) becomes ``spent_<epoch>`` and
+        ``reserved`` moves to ``used`` (``available`` unchanged), once and by anyone: the task
+        may have ended meanwhile. ``settle_orphan`` corrects it if the call is ever reported.
+        False when no such ticket is left (settled already).
 
-    def _release(self, task_id: str, budget_id: str, release: Patch, delta: BudgetDelta, parent_id: str | None) -> bool:
+        A child already folded into its parent needs no correction of the parent: the fold
+        counted ``used + reserved``, and moving between the two leaves that sum unchanged.
+        """
+        spent = ticket_value(held.amount, held.epoch, held.step, held.until, held.micros)
+        spend = Patch(
+            BUDGET, keys.meta_key(budget_id),
+            Update(add={"reserved": -held.amount, "used": held.amount,
+                        "usd_reserved": -held.micros, "usd_used": held.micros}),
+            None,
+        )  # fmt: skip
+        for name, condition in (
+            ("inflight", Attr("inflight.epoch").eq(held.epoch)),
+            (lapsed_name(held.epoch), Attr(lapsed_name(held.epoch)).exists()),
+        ):
+            ticket = Patch("ticket", keys.meta_key(task_id), Update(set={spent_name(held.epoch): spent}, remove=[name]),
+                           condition)  # fmt: skip
+            try:
+                if budget_id == task_id:
+                    both = merge("ticket", ticket, spend)
+                    self.table.update(both.key, both.update, condition=both.condition)
+                else:
+                    self.table.transact([ticket, spend])
+                return True
+            except ConditionFailed:
+                continue
+            except TransactionCancelled as exc:
+                if "ticket" not in exc.failed:
+                    raise
+        return False
+
+    def _release(
+        self,
+        task_id: str,
+        budget_id: str,
+        release: Patch,
+        delta: BudgetDelta,
+        parent_id: str | None,
+        *,
+        counted_spent: bool = False,
+    ) -> bool:
         """Remove a hold's ticket and settle the hold with ``delta``, in one write; False when
         the ticket is gone (settled already).
 
@@ -213,22 +266,18 @@ class Budgets:
         ends equal to what the calls used, not to what they were allowed. One level: a parent
         folded into its own parent meanwhile is not corrected further.
         """
-        settle = settle_and_reserve(budget_id, delta, 0)
+        # A hold counted as spent at its deadline is corrected, not settled: ``used`` takes the
+        # difference between the call's usage and the hold (``reserved`` gave it up already).
+        settle = (
+            Patch(BUDGET, keys.meta_key(budget_id), Update(add=_correction(delta)))
+            if counted_spent
+            else settle_and_reserve(budget_id, delta, 0)
+        )
         unfolded = Patch(release.name, release.key, release.update, _and(release.condition, Attr(SETTLED).not_exists()))
         attempts: list[list[Patch]] = [[unfolded, settle]]
         if parent_id is not None:
             folded = Patch(release.name, release.key, release.update, _and(release.condition, Attr(SETTLED).exists()))
-            correction = Patch(
-                "parent",
-                keys.meta_key(parent_id),
-                Update(add={
-                    "used": delta.used - delta.reserved, "available": delta.reserved - delta.used,
-                    "usd_used": delta.used_micros - delta.reserved_micros,
-                    "usd_available": delta.reserved_micros - delta.used_micros,
-                    "budget_cost_usd": delta.cost_usd, "budget_tokens_in": delta.tokens_in,
-                    "budget_tokens_out": delta.tokens_out,
-                }),
-            )  # fmt: skip
+            correction = Patch("parent", keys.meta_key(parent_id), Update(add=_correction(delta)))
             attempts.append([folded, settle, correction])
         else:
             attempts = [[release, settle]]
@@ -267,8 +316,10 @@ class Budgets:
 
         The task's ``inflight`` marker is the claim ticket: the hold is returned only together
         with removing the marker of ``inflight_epoch`` (current, or set aside as lapsed by a
-        successor), in one write, so a resumed worker and a zombie cannot both return it. If the ticket is gone, only the usage is recorded
-        (tokens a zombie spent are spent whoever holds the task). Not fenced by the lease for
+        successor), in one write, so a resumed worker and a zombie cannot both return it. A
+        marker counted as spent at its deadline (``spent_<epoch>``) is corrected to this usage
+        instead, once. If no marker is left, only the usage is recorded (tokens a zombie spent
+        are spent whoever holds the task). Not fenced by the lease for
         that reason. With ``inflight_epoch=None`` the caller owns the hold outright (no
         marker) and it is settled unconditionally. Returns whether the hold was returned.
         ``parent_id``: see ``_release``.
@@ -283,9 +334,15 @@ class Budgets:
             "ticket", keys.meta_key(task_id), Update(remove=[lapsed_name(inflight_epoch)]),
             Attr(lapsed_name(inflight_epoch)).exists(),
         )  # fmt: skip
+        spent = Patch(
+            "ticket", keys.meta_key(task_id), Update(remove=[spent_name(inflight_epoch)]),
+            Attr(spent_name(inflight_epoch)).exists(),
+        )  # fmt: skip
         for release_ticket in (current, lapsed):  # set aside by a successor, or not
             if self._release(task_id, budget_id, release_ticket, delta, parent_id):
                 return True
+        if self._release(task_id, budget_id, spent, delta, parent_id, counted_spent=True):
+            return True  # counted as spent at its deadline: corrected to the real usage
         if delta.used or delta.cost_usd:
             usage_only = BudgetDelta(
                 reserved=0,

@@ -5,10 +5,20 @@ bumps ``lease_epoch``. Every write a worker makes carries the lease fence (``tab
 worker whose lease was taken over (a zombie woken from SIGSTOP) can write nothing. ``why_fenced``
 tells which part of the fence refused a write, for every repository that writes fenced (tasks,
 steps, budgets, spawns, approvals, effects, notes), so it depends on none of them.
+
+A claim made by a long-running worker names its owner (``ClaimOwner``: the worker process, its
+liveness epoch, the task's queue message) on META: ``owner_worker``, ``owner_epoch``,
+``owner_message``, ``owner_queue``, and ``owner_task`` (the sparse ``owner`` index's sort key,
+so the tasks of a dead worker are one Query). Such a task's own lease is long (a backstop): the
+worker's liveness item (``storage.workers``) keeps it alive, one write per worker per
+heartbeat. A claim may take a task whose lease has not lapsed when its owner's liveness has;
+the fence is the same ``lease_epoch`` either way.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from decimal import Decimal
 from typing import Any
@@ -18,10 +28,14 @@ from boto3.dynamodb.conditions import Attr, ConditionBase
 from agentq import observe
 from agentq.core.errors import LeaseLost, TaskNotFound
 from agentq.core.models import Lease, Task, TaskStatus
-from agentq.core.records import ClaimRecord
+from agentq.core.records import ClaimOwner, ClaimRecord
+from agentq.resources import GSI_OWNER
 from agentq.storage import keys
 from agentq.storage.table import ConditionFailed, Item, Table, Update, plain, present, status_in
 from agentq.storage.task_items import TaskItems
+from agentq.storage.workers import WorkerLiveness
+
+log = logging.getLogger("agentq.storage")
 
 
 def why_fenced(table: Table, lease: Lease) -> LeaseLost:
@@ -44,50 +58,54 @@ def _read_meta(table: Table, task_id: str) -> Item | None:
 
 
 LIVE_TEXT_CHARS = 1000  # of a call in flight: enough to watch, small enough for one write unit
+OWNER_ATTRIBUTES = ("owner_worker", "owner_epoch", "owner_message", "owner_queue", "owner_task")
+CLAIMABLE = (TaskStatus.QUEUED, TaskStatus.RUNNING)
 
 
 class TaskLeases(TaskItems):
-    def claim(self, task_id: str, worker: str, lease_seconds: float) -> tuple[Lease, Task] | None:
+    def claim(
+        self, task_id: str, worker: str, lease_seconds: float, *, owner: ClaimOwner | None = None
+    ) -> tuple[Lease, Task] | None:
         """Take the task if it is claimable and no live lease exists; bumps the epoch.
 
-        Returns None when another worker holds a live lease or the task is not runnable
-        (finished, paused, waiting). A conditional UpdateItem of META, then the claim's own
-        ``CLAIM#epoch`` record and a read of the submission. The record is history only: a
-        crash between the two loses one line of it, never the lease.
+        Returns None when another worker holds a live lease (or its owner is alive) or the task
+        is not runnable (finished, paused, waiting). A conditional UpdateItem of META
+        (``_claim_write``), then the claim's own ``CLAIM#epoch`` record and a read of the
+        submission. The record is history only: a crash between the two loses one line of it,
+        never the lease. ``owner``: see the module.
         """
         now = time.time()
-        try:
-            meta = self.table.update(
-                keys.meta_key(task_id),
-                Update(
-                    set={
-                        "lease_owner": worker,
-                        "lease_expires": now + lease_seconds,
-                        "status": TaskStatus.RUNNING.value,
-                        "updated_at": now,
-                        "heartbeat_at": now,
-                        "last_claimed_at": now,
-                    },
-                    add={"lease_epoch": 1, "claim_count": 1},
-                    set_if_absent={"started_at": now, "first_claimed_at": now},
-                    remove=["live_text"],  # a lapsed lease's call in flight: never shown as this one's
-                    # where the claim falls in the task's event log (storage/events.py), and whether
-                    # it took a running task over: the values as they were before this write
-                    copy_from={
-                        "prev_heartbeat_at": ("heartbeat_at", now),
-                        "claim_step": ("step", 0),
-                        "claim_seq": ("seq", 0),
-                        "claimed_from": ("status", TaskStatus.QUEUED.value),
-                    },
-                ),
-                condition=present()
-                & status_in([TaskStatus.QUEUED, TaskStatus.RUNNING])
-                & Attr("lease_expires").lt(Decimal(repr(now))),
-                returns="ALL_NEW",
-            )
-        except ConditionFailed:
+        sets: dict[str, Any] = {
+            "lease_owner": worker,
+            "lease_expires": now + lease_seconds,
+            "status": TaskStatus.RUNNING.value,
+            "updated_at": now,
+            "heartbeat_at": now,
+            "last_claimed_at": now,
+        }
+        if owner is not None:
+            sets.update(owner_worker=owner.worker, owner_epoch=owner.epoch, owner_task=task_id)
+            sets.update({k: v for k, v in (("owner_message", owner.message), ("owner_queue", owner.queue)) if v})
+            remove = [a for a in ("owner_message", "owner_queue") if a not in sets]
+        else:
+            remove = list(OWNER_ATTRIBUTES)  # a per-task lease: no worker's liveness covers it
+        update = Update(
+            set=sets,
+            add={"lease_epoch": 1, "claim_count": 1},
+            set_if_absent={"started_at": now, "first_claimed_at": now},
+            remove=[*remove, "live_text"],  # a lapsed lease's call in flight: never shown as this one's
+            # where the claim falls in the task's event log (storage/events.py), and whether it
+            # took a running task over: the values as they were before this write
+            copy_from={
+                "prev_heartbeat_at": ("heartbeat_at", now),
+                "claim_step": ("step", 0),
+                "claim_seq": ("seq", 0),
+                "claimed_from": ("status", TaskStatus.QUEUED.value),
+            },
+        )
+        meta = self._claim_write(task_id, update, now)
+        if meta is None:
             return None
-        assert meta is not None
         epoch = int(meta["lease_epoch"])
         claim = {
             **keys.item_key(task_id, keys.claim_sk(epoch)),
@@ -106,6 +124,92 @@ class TaskLeases(TaskItems):
         task = self._decode(meta, sub)
         observe.task_status_changed(task_id, task.tenant, TaskStatus.RUNNING.value, epoch=epoch, worker=worker)
         return Lease(task_id=task_id, owner=worker, epoch=epoch, expires_at=task.lease_expires), task
+
+    def _claim_write(self, task_id: str, update: Update, now: float) -> Item | None:
+        """The claim's one conditional write of META (ALL_NEW), or None when it may not claim.
+
+        Taken when the task is claimable and its lease lapsed; or, refused, when the refusal's
+        old item names an owner worker whose liveness lapsed (``WorkerLiveness.lapsed``): the
+        same write again, conditional on that owner, that epoch and the ``lease_epoch`` seen.
+        Read-then-conditional rather than a transaction with a ConditionCheck on the worker's
+        item: a lapsed liveness epoch never comes back (its owner can only start a new one), so
+        the read cannot go stale in the way that matters, and a takeover pays one read and one
+        write instead of a transaction's double price. Exactly one claimant wins; an owner
+        re-adopting the task (``adopt``) races it on the same condition.
+        """
+        key = keys.meta_key(task_id)
+        claimable = present() & status_in(list(CLAIMABLE))
+        try:
+            return self.table.update(
+                key, update, condition=claimable & Attr("lease_expires").lt(Decimal(repr(now))), returns="ALL_NEW"
+            )
+        except ConditionFailed as exc:
+            old = plain(exc.old or {})
+        if "owner_worker" not in old or old.get("status") not in {s.value for s in CLAIMABLE}:
+            return None
+        owner, epoch = str(old["owner_worker"]), int(old["owner_epoch"])
+        if not self.workers.lapsed(owner, epoch, now):
+            return None
+        takeover = (
+            claimable
+            & Attr("owner_worker").eq(owner)
+            & Attr("owner_epoch").eq(epoch)
+            & Attr("lease_epoch").eq(int(old["lease_epoch"]))
+        )
+        try:
+            meta = self.table.update(key, update, condition=takeover, returns="ALL_NEW")
+        except ConditionFailed:
+            return None
+        log.info("task %s taken over from worker %s (liveness epoch %s lapsed)", task_id, owner, epoch)
+        return meta
+
+    @property
+    def workers(self) -> WorkerLiveness:
+        return WorkerLiveness(self.table)
+
+    def adopt(self, lease: Lease, owner: ClaimOwner) -> bool:
+        """Move a task this worker still holds under ``lease`` to its new liveness epoch (after
+        it learned it lapsed); False when it was taken over meanwhile (or is no longer its own)."""
+        try:
+            self.table.update(
+                keys.meta_key(lease.task_id),
+                Update(set={"owner_epoch": owner.epoch}),
+                condition=Attr("lease_epoch").eq(lease.epoch) & Attr("owner_worker").eq(owner.worker),
+            )
+        except ConditionFailed:
+            return False
+        return True
+
+    def disown(self, lease: Lease) -> None:
+        """The run under ``lease`` is over: the task leaves its worker's ``owner`` index (a dead
+        worker's recovery lists only what it held), if the lease is still this one."""
+        with contextlib.suppress(ConditionFailed):
+            self.table.update(
+                keys.meta_key(lease.task_id),
+                Update(remove=list(OWNER_ATTRIBUTES)),
+                condition=Attr("lease_epoch").eq(lease.epoch) & Attr("owner_worker").exists(),
+            )
+
+    def owned_by(self, worker: str) -> list[dict[str, Any]]:
+        """The META items (plain) of the tasks claimed under ``worker``'s liveness and not yet
+        disowned: one Query of the sparse ``owner`` index, then BatchGetItem."""
+        ids: list[str] = []
+        start: Item | None = None
+        while True:
+            page = self.table.query_index(GSI_OWNER, ("owner_worker", worker), descending=False, limit=500, start=start)
+            ids += [str(i["owner_task"]) for i in page.items]
+            if page.last_key is None:
+                break
+            start = page.last_key
+        found: list[dict[str, Any]] = []
+        for i in range(0, len(ids), 100):
+            found += [plain(m) for m in self.table.batch_get([keys.meta_key(t) for t in ids[i : i + 100]])]
+        return found
+
+    def publish_live_text(self, lease: Lease, live_text: str) -> None:
+        """The tail of a streamed call's text on META (``live_text``), fenced: the worker writes
+        it only when it changed, at most once a heartbeat, and only for a task that streams."""
+        self._fenced(lease, Update(set={"live_text": live_text[-LIVE_TEXT_CHARS:]}))
 
     def extend_lease(self, lease: Lease, lease_seconds: float, *, live_text: str | None = None) -> Lease:
         """Extend the lease; ``live_text`` (the tail of a streamed call's text, best effort) rides

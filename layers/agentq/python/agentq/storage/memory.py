@@ -68,7 +68,13 @@ class MemoryTable:
         """``indexes``: GSI name -> (partition attribute, sort attribute)."""
         self.name = name
         self.indexes = (
-            indexes if indexes is not None else {"gsi1": ("gsi1pk", "gsi1sk"), "live": ("live_pk", "live_sk")}
+            indexes
+            if indexes is not None
+            else {
+                "gsi1": ("gsi1pk", "gsi1sk"),
+                "live": ("live_pk", "live_sk"),
+                "owner": ("owner_worker", "owner_task"),
+            }
         )
         self._items: dict[tuple[str, str], Item] = {}
         self._lock = threading.RLock()

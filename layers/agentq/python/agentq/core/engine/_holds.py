@@ -5,7 +5,9 @@ most it can use and cost; the hold is settled at what the call used in the step'
 returned, exactly once (``EngineStorage.settle_orphan``'s ticket condition). A hold has a
 deadline: its call starts within ``CALL_START_SLACK_SECONDS`` and lasts at most the maximum
 call time, so a hold left by a worker that lost its lease stays counted (set aside as lapsed)
-until its call can no longer complete, and only then goes back. Never guessed at earlier.
+until its call can no longer complete. Then it is counted as spent, never returned: the
+provider may have answered a paused worker that reports the answer later (then the ledger is
+corrected to the real usage). Only a hold its own run knows unspent goes back.
 """
 
 from __future__ import annotations
@@ -45,10 +47,9 @@ class HoldsInFlight(Exception):
 
 @dataclass(frozen=True)
 class LapsedHolds:
-    """What returning a task's lapsed holds did: whether any went back, the holds still live
-    (by epoch), and the seconds left until each of them can no longer be charged."""
+    """What settling a task's lapsed holds left: the holds still live (by epoch), and the
+    seconds left until each of them can no longer be charged."""
 
-    returned: bool
     kept: dict[int, Reservation]
     live: list[float]
 
@@ -70,33 +71,35 @@ class BudgetHolds:
 
     # ------------------------------------------------------------- lapsed holds
 
-    def return_lapsed(self, task: Task) -> LapsedHolds:
-        """Return the holds older epochs left on ``task`` whose calls can no longer complete."""
+    def spend_lapsed(self, task: Task) -> LapsedHolds:
+        """Count as spent the holds older epochs left on ``task`` whose calls can no longer
+        complete: whether they were answered is unknown here (see the module)."""
         now = time.time()
-        live, kept, returned = [], {}, False
+        live, kept = [], {}
         for epoch, held in task.lapsed_holds.items():
             if held.lapsed_by(now):
-                returned |= self.budgets.return_lapsed(task.task_id, task.budget_id, held, parent_id=task.parent_id)
+                self.budgets.spend_lapsed(task.task_id, task.budget_id, held, parent_id=task.parent_id)
             else:
                 kept[epoch] = held
                 live.append(held.until - now if held.until is not None else 0.0)
-        return LapsedHolds(returned, kept, live)
+        return LapsedHolds(kept, live)
 
     def take_over(self, s: Session) -> None:
-        """At claim: the holds left by older epochs. Those whose calls are over go back; the
-        current hold of an older epoch is adopted (a batch this run settles), set aside as
-        lapsed while its call may still complete, or returned.
+        """At claim: the holds left by older epochs. Those whose calls are over are counted as
+        spent; the current hold of an older epoch is adopted (a batch this run settles), set
+        aside as lapsed while its call may still complete, or counted as spent.
 
         An older epoch's worker may be paused, not dead, with its call in flight: until the
         hold's deadline that call can still complete and be charged (by that worker, as an
         orphan), so a live hold stays counted, set aside as lapsed, and this run reserves on
         top of it when the budget covers both (``reserve`` waits for it only when it does
-        not). After the deadline the call can no longer complete; whether it happened is
-        unknowable, so the hold is returned, not guessed at.
+        not). After the deadline the call can no longer complete, but whether the provider
+        answered is unknown until that worker reports it (if ever): the hold is counted as
+        spent, and corrected to the real usage when the call is reported (``settle_orphan``).
         """
         now = time.time()
-        # The holds returned here are gone: the run's end (``lapsed_until``) names only the rest.
-        task = s.task = s.task.model_copy(update={"lapsed_holds": self.return_lapsed(s.task).kept})
+        # The holds spent here are gone: the run's end (``lapsed_until``) names only the rest.
+        task = s.task = s.task.model_copy(update={"lapsed_holds": self.spend_lapsed(s.task).kept})
         current, batch = task.inflight, task.batch
         if current and batch and current.epoch == int(batch["epoch"]) != s.lease.epoch:
             # The hold of the batched call this task waited on: its result is settled by this run.
@@ -116,7 +119,8 @@ class BudgetHolds:
                 lapsed = {**task.lapsed_holds, current.epoch: current}
                 s.task = task.model_copy(update={"inflight": None, "lapsed_holds": lapsed})
             else:
-                self.release(s)
+                self.budgets.spend_lapsed(task.task_id, task.budget_id, current, parent_id=task.parent_id)
+                s.task = task.model_copy(update={"inflight": None})
 
     # ------------------------------------------------------------ current hold
 
@@ -146,7 +150,8 @@ class BudgetHolds:
         Tries the full estimate first; near the cap, shrinks the output allowance to what is
         left (a last, shorter answer) before giving up. When it cannot, and an older epoch's
         call may still be charged, raises ``HoldsInFlight``: the task waits for that hold's
-        deadline rather than overshoot the cap or give up on a budget that will come back.
+        deadline rather than overshoot the cap (its worker may report a usage below the hold
+        meanwhile, and the difference comes back); past it the hold is counted as spent.
         """
         est_in, wanted = self.requests.wanted_reservation(s)
         held = s.task.inflight
@@ -155,12 +160,10 @@ class BudgetHolds:
         self.release(s)
         amount = self._try_hold(s, est_in, wanted)
         if amount is None:
-            lapsed = self.return_lapsed(self.tasks.get(s.task_id))
-            wait = min(lapsed.live, default=0.0)
+            # Lapsed holds past their deadline are counted as spent: that frees nothing, so no retry.
+            wait = min(self.spend_lapsed(self.tasks.get(s.task_id)).live, default=0.0)
             if wait > 0:  # a lost lease's call may still be charged: wait for it, never overshoot
                 raise HoldsInFlight(wait)
-            if lapsed.returned:  # lapsed holds whose calls are over went back: the budget may cover it now
-                amount = self._try_hold(s, est_in, wanted)
         return amount
 
     def _try_hold(self, s: Session, est_in: int, wanted: int) -> int | None:

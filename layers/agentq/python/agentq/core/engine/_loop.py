@@ -35,7 +35,7 @@ from agentq.core.models import LLMStep, Task, TaskStatus, TaskSubmission
 from agentq.core.ports import EngineStorage
 from agentq.core.pricing import PriceTable, load_price_table
 from agentq.core.providers import LLMProvider, ProviderFactory, default_provider_factory
-from agentq.core.records import Inbox
+from agentq.core.records import ClaimOwner, Inbox
 from agentq.core.secrets import Secrets, SecretSource
 from agentq.core.tools import ToolRegistry, default_registry
 from agentq.core.tools.mcp import McpServers
@@ -95,15 +95,18 @@ class Engine:
         keeper: KeeperFactory | None = None,
         on_beat: Callable[[], None] | None = None,
         stop: threading.Event | None = None,
+        owner: ClaimOwner | None = None,
     ) -> RunResult:
         """Run ``task_id`` until it ends, loses its lease, or ``deadline`` draws near.
 
         ``keeper`` replaces the per-task heartbeat thread (the worker's shared heartbeat);
-        ``on_beat`` is called on every heartbeat of the default one. Every line logged
-        meanwhile, in this thread or the threads it starts, carries the task id and the step.
+        ``on_beat`` is called on every heartbeat of the default one. ``owner``: the worker
+        process whose liveness keeps the claim alive (``storage.workers``), recorded by the
+        claim. Every line logged meanwhile, in this thread or the threads it starts, carries
+        the task id and the step.
         """
         with observe.task_context(task_id=task_id, worker_id=self.worker_id):
-            return self._run(task_id, deadline=deadline, keeper=keeper, on_beat=on_beat, stop=stop)
+            return self._run(task_id, deadline=deadline, keeper=keeper, on_beat=on_beat, stop=stop, owner=owner)
 
     def _run(
         self,
@@ -113,9 +116,13 @@ class Engine:
         keeper: KeeperFactory | None,
         on_beat: Callable[[], None] | None,
         stop: threading.Event | None,
+        owner: ClaimOwner | None,
     ) -> RunResult:
         sent = time.monotonic()
-        claimed = self.store.tasks.claim(task_id, self.worker_id, self.config.lease_seconds)
+        if owner is None:
+            claimed = self.store.tasks.claim(task_id, self.worker_id, self.config.lease_seconds)
+        else:
+            claimed = self.store.tasks.claim(task_id, self.worker_id, self.config.lease_seconds, owner=owner)
         claim_seconds = time.monotonic() - sent
         if claimed is None:
             return RunResult(task_id, "not_claimed")
@@ -213,10 +220,11 @@ class Engine:
         found = {t.task_id: t for t in self.store.tasks.get_many(task.submission.depends_on)}
         return dependency_goal(task.submission.goal, [found[i] for i in task.submission.depends_on if i in found])
 
-    def release_lapsed_holds(self, task: Task) -> float:
-        """Return the lapsed holds of ``task`` (ended or not) whose calls can no longer
-        complete; the seconds until the last live one can (0: none is left)."""
-        return max(self._holds.return_lapsed(task).live, default=0.0)
+    def spend_lapsed_holds(self, task: Task) -> float:
+        """Count as spent the lapsed holds of ``task`` (ended or not) whose calls can no longer
+        complete (their outcome is unknown: see ``_holds``); the seconds until the last live
+        one can (0: none is left)."""
+        return max(self._holds.spend_lapsed(task).live, default=0.0)
 
     def _defer(self, s: Session, wait: float) -> RunResult:
         """Give the lease back and come back when the lapsed hold's call can no longer complete.

@@ -1,0 +1,147 @@
+"""Worker liveness: one item per worker process, renewed each heartbeat, instead of a lease
+write per held task.
+
+A worker process keeps ``WORKERS`` / ``<worker id>`` with its ``epoch`` (unique per start of
+its liveness), a ``beat`` counter it bumps on every renewal and ``alive_until`` (its clock +
+the liveness period). A claim made under it records the owner and that epoch on the task's
+META (``storage.leases``); the task's own lease (``lease_epoch``, the fence every worker write
+carries) is unchanged, so safety never rests on this item: a worker whose tasks were taken
+over fails its next fenced write, as before. This item only decides *when* a takeover is
+allowed, and costs one write per worker per heartbeat whatever the number of tasks it holds.
+
+Death is judged without comparing clocks: a peer is dead when its ``beat`` has not moved for
+a liveness period of the *observer's* monotonic clock (``queueing.recovery``). The observer
+then marks the epoch ``recovered`` (conditional on the beat it saw, so a renewal that raced it
+wins), and from then on the owner can renew nothing (``renew`` requires the item unmarked): a
+paused worker that wakes learns it lapsed and starts a new epoch. ``lapsed`` is what a claim
+asks: the owner's item is gone, moved to another epoch, marked recovered, or (for claimants
+that never observed it, such as a Lambda slice) its ``alive_until`` is older than
+``SKEW_ALLOWANCE_SECONDS`` by the claimant's clock.
+
+The items share one partition so that one Query reads every worker; that partition takes one
+write per worker per second, far below a partition's 1,000 writes/s, for up to a few hundred
+worker processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from decimal import Decimal
+
+from boto3.dynamodb.conditions import Attr
+
+from agentq.storage.table import ConditionFailed, Table, Update, plain
+
+WORKERS_PK = "WORKERS"
+# A claimant that never watched the owner's beat judges it by wall clocks: this much skew
+# between two hosts never makes a live worker look dead.
+SKEW_ALLOWANCE_SECONDS = 10.0
+
+
+class LivenessLapsed(Exception):
+    """This worker's liveness epoch was declared dead (or replaced): its claims may be taken."""
+
+
+@dataclass(frozen=True)
+class WorkerLife:
+    """One epoch of one worker process's liveness, as its owner last renewed it."""
+
+    worker: str
+    epoch: int
+    beat: int
+    alive_until: float
+
+
+@dataclass(frozen=True)
+class PeerBeat:
+    """A worker's liveness item as another worker reads it."""
+
+    worker: str
+    epoch: int
+    beat: int
+    alive_until: float
+    recovered: bool
+
+
+def _key(worker: str) -> dict[str, str]:
+    return {"pk": WORKERS_PK, "sk": worker}
+
+
+def _time(seconds: float) -> Decimal:
+    return Decimal(repr(round(seconds, 3)))
+
+
+class WorkerLiveness:
+    def __init__(self, table: Table) -> None:
+        self.table = table
+
+    def start(self, worker: str, seconds: float) -> WorkerLife:
+        """A new epoch for ``worker`` (at start, or after learning it lapsed). The epoch is the
+        start time in microseconds: unique per worker id, and never reused, so a claim recorded
+        under an older epoch stays claimable once a newer one replaced it."""
+        now = time.time()
+        epoch = time.time_ns() // 1000
+        self.table.put({**_key(worker), "epoch": epoch, "beat": 0, "alive_until": _time(now + seconds)})
+        return WorkerLife(worker, epoch, 0, now + seconds)
+
+    def renew(self, life: WorkerLife, seconds: float) -> WorkerLife:
+        """One heartbeat; ``LivenessLapsed`` if the epoch was declared dead or replaced."""
+        until = time.time() + seconds
+        try:
+            self.table.update(
+                _key(life.worker),
+                Update(set={"alive_until": _time(until)}, add={"beat": 1}),
+                condition=Attr("epoch").eq(life.epoch) & Attr("recovered").not_exists(),
+            )
+        except ConditionFailed as exc:
+            raise LivenessLapsed(f"worker {life.worker} epoch {life.epoch} was declared dead") from exc
+        return WorkerLife(life.worker, life.epoch, life.beat + 1, until)
+
+    def stop(self, life: WorkerLife) -> None:
+        """A worker leaving (after it handed back its tasks): its item goes, if still its own."""
+        with contextlib.suppress(ConditionFailed):
+            self.table.delete(_key(life.worker), condition=Attr("epoch").eq(life.epoch))
+
+    def peers(self) -> list[PeerBeat]:
+        """Every worker's liveness item: one Query of one partition."""
+        return [
+            PeerBeat(
+                worker=str(d["sk"]),
+                epoch=int(d["epoch"]),
+                beat=int(d.get("beat", 0)),
+                alive_until=float(d.get("alive_until", 0)),
+                recovered=d.get("recovered") is not None,
+            )
+            for d in (plain(i) for i in self.table.query(WORKERS_PK))
+        ]
+
+    def mark_recovered(self, peer: PeerBeat) -> bool:
+        """Declare ``peer``'s epoch dead, if its beat has not moved since it was read and nobody
+        declared it first: exactly one observer recovers its tasks."""
+        try:
+            self.table.update(
+                _key(peer.worker),
+                Update(set={"recovered": _time(time.time())}),
+                condition=Attr("epoch").eq(peer.epoch) & Attr("beat").eq(peer.beat) & Attr("recovered").not_exists(),
+            )
+        except ConditionFailed:
+            return False
+        return True
+
+    def forget(self, peer: PeerBeat) -> None:
+        """Remove a recovered epoch's item once its tasks were handed on."""
+        with contextlib.suppress(ConditionFailed):
+            self.table.delete(_key(peer.worker), condition=Attr("epoch").eq(peer.epoch) & Attr("recovered").exists())
+
+    def lapsed(self, worker: str, epoch: int, now: float | None = None) -> bool:
+        """May a claim recorded under ``worker``'s ``epoch`` be taken over? (See the module.)"""
+        item = self.table.get(_key(worker))
+        if item is None:
+            return True
+        data = plain(item)
+        if int(data["epoch"]) != epoch or data.get("recovered") is not None:
+            return True
+        now = time.time() if now is None else now
+        return float(data.get("alive_until", 0)) + SKEW_ALLOWANCE_SECONDS < now
