@@ -459,7 +459,8 @@ class TaskEvent(ApiModel):
     id: str | None = Field(description="the cursor after this event (send as Last-Event-ID or ?after=); null: "
                            "uncommitted (a live text delta), which moves no cursor")  # fmt: skip
     type: str = Field(description="task.created, task.status, agent.message, agent.tool_results, task.retry, "
-                      "approval.requested, approval.decided, task.spawned, budget.raised, agent.message_delta")  # fmt: skip
+                      "approval.requested, approval.decided, task.spawned, budget.raised, message.received, "
+                      "user.message, task.interrupt_requested, conversation.closed, agent.message_delta")  # fmt: skip
     task_id: str
     at: float
     committed: bool

@@ -1,7 +1,8 @@
 """Talking to a task from the terminal: ``send``, ``interrupt``, ``messages`` and ``chat``.
 
-``chat`` is the loop a person wants: type a message, see the agent's answer, type the next. While
-the agent works, Ctrl-C interrupts it (it stops at its earliest safe point and waits for your next
+``chat`` is the loop a person wants: type a message, watch the agent's answer arrive through the
+task's event stream (its live text while a model call streams, then each committed answer), type
+the next. While the agent works, Ctrl-C interrupts it (it stops at its earliest safe point and waits for your next
 message); Ctrl-C at the prompt, or Ctrl-D, leaves the chat and the task as it is.
 """
 
@@ -63,8 +64,9 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     view = client.get(args.task_id)
     print(f"chatting with {view.task_id} ({view.status.value}). Ctrl-C interrupts the agent; Ctrl-D leaves.",
           file=sys.stderr)  # fmt: skip
+    cursor = _latest_cursor(client, args.task_id)
     if not (view.status.terminal or view.status.value == "idle"):
-        view = _until_stopped(client, args.task_id)
+        cursor, view = _follow(client, args.task_id, cursor)
     while True:
         try:
             text = input("you> ")
@@ -74,25 +76,64 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         if not text.strip():
             continue
         client.send(args.task_id, text)
-        view = _until_stopped(client, args.task_id)
+        cursor, view = _follow(client, args.task_id, cursor)
         if view.status.value not in ("succeeded", "idle"):
             print(f"agentq: the task is {view.status.value}; the conversation cannot go on", file=sys.stderr)
             return 1
 
 
-def _until_stopped(client: Any, task_id: str) -> Any:
-    """Wait for the agent to answer (or stop), printing its answer; Ctrl-C interrupts it."""
-    try:
-        view = client.wait(task_id, poll=poll_seconds())
-    except KeyboardInterrupt:
-        client.interrupt(task_id)
-        print("\n(interrupting: the agent stops at its earliest safe point)", file=sys.stderr)
-        view = client.wait(task_id, poll=poll_seconds())
+def _latest_cursor(client: Any, task_id: str) -> str | None:
+    """Where the task's event log ends now: what the chat follows from (history is not replayed)."""
+    cursor: str | None = None
+    while True:
+        page = client.events(task_id, after=cursor, limit=200)
+        if not page.events or page.next_cursor is None:
+            return cursor
+        cursor = str(page.next_cursor)
+        if page.done or len(page.events) < 200:
+            return cursor
+
+
+def _follow(client: Any, task_id: str, cursor: str | None) -> tuple[str | None, Any]:
+    """The agent's output as it comes (its live text, then each answer), until it stops: answered,
+    idle after an interrupt, or ended. Ctrl-C interrupts it, and the chat follows it to its stop."""
+    interrupted = False
+    while True:
+        try:
+            cursor = _print_until_stopped(client, task_id, cursor)
+            break
+        except KeyboardInterrupt:
+            if interrupted:
+                raise
+            interrupted = True
+            client.interrupt(task_id)
+            print("\n(interrupting: the agent stops at its earliest safe point)", file=sys.stderr)
+    view = client.get(task_id)
     if view.status.value == "idle":
         print("(interrupted: say what it should do next)", file=sys.stderr)
-    elif view.result is not None:
-        print(f"agent> {view.result}")
-    return view
+    return cursor, view
+
+
+STOPS = frozenset({"idle", "succeeded", "failed", "cancelled", "cost_exceeded", "timed_out"})
+
+
+def _print_until_stopped(client: Any, task_id: str, cursor: str | None) -> str | None:
+    streamed = False  # this answer's text already went out as deltas
+    for event in client.iter_events(task_id, after=cursor, poll_interval=poll_seconds()):
+        cursor = event.id or cursor
+        if event.type == "agent.message_delta":
+            if not streamed:
+                print("agent> ", end="")
+                streamed = True
+            if event.data.get("reset"):
+                print("\n       ", end="")
+            print(event.data.get("text", ""), end="", flush=True)
+        elif event.type == "agent.message" and event.data.get("purpose") == "turn" and event.data.get("text"):
+            print() if streamed else print(f"agent> {event.data['text']}")
+            streamed = False
+        elif event.type == "task.status" and event.data.get("status") in STOPS:
+            return cursor
+    return cursor
 
 
 def register(sub: Any) -> None:
