@@ -50,12 +50,13 @@ sandbox-tools:
 demo: $(VENV)/.local-installed sandbox-tools
 	$(PY) -m agentq demo
 
-# Two xdist workers with xdist's default distribution (test by test). Not --dist loadscope,
-# loadfile or loadgroup, though they would start each module's local stack once instead of once
-# per worker: they key tests by node id, and schemathesis gives the generated tests of
-# tests/test_api_schema.py one node id between them, so all but one would silently not run.
+# Two xdist workers. --dist loadgroup: tests/conftest.py puts each module whose tests share a
+# module-scoped fixture (a local stack, a browser, a synth) in one group, run by one worker, so
+# that fixture starts once a run instead of once per worker; every other test is scheduled on
+# its own, as by xdist's default distribution. The conftest also gives schemathesis' generated
+# tests (tests/test_api_schema.py) node ids of their own, which group scheduling needs.
 test: $(VENV)/.installed sandbox-tools chromium
-	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 # Debian's Chromium for the console's browser tests (tests/test_console.py), which Playwright
 # drives; Playwright's own browser download is never used. Installs once, quietly (apt needs root,
