@@ -420,3 +420,25 @@ def test_the_event_log_holds_each_message_its_delivery_the_interrupt_and_the_idl
     assert steps == ["message", "llm"]  # the discarded answer is no step; the message's delivery is
     received = next(e for e in log if e.type == "message.received")
     assert received.data["text"] == "shorter please" and received.data["seq"] == 1
+
+
+def test_a_fork_at_a_later_exchange_carries_the_messages_and_goes_on_as_a_conversation_of_its_own(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    from agentq.control.operations import fork
+
+    sub = scripted([{"text": "first"}, {"text": "second"}, {"text": "third"}, {"text": "fourth"}])
+    source = store.tasks.create(sub, tenant="t")
+    engine(store, registry).run(source.task_id)
+    send_message(store, Queues(), source.task_id, "go on", tenant="t")
+    engine(store, registry).run(source.task_id)
+    assert kinds(store, source.task_id) == ["llm", "message", "llm"]
+
+    forked = fork(store, registry, Queues(), source.task_id, at_step=3, tenant="t")
+    assert kinds(store, forked.task_id) == ["llm", "message", "llm"]  # the exchange, copied
+    send_message(store, Queues(), forked.task_id, "and in the fork?", tenant="t")
+    later = Recording(sub)
+    assert engine(store, registry, later).run(forked.task_id).status is TaskStatus.SUCCEEDED
+    assert texts_sent(later.requests[0])[-2:] == ["go on", "and in the fork?"]  # both exchanges, in order
+    assert store.tasks.get(forked.task_id).result == "third"
+    assert [m.text for m in store.messages.listed(source.task_id)] == ["go on"]  # the source is its own

@@ -24,7 +24,7 @@ from agentq.control.defaults import ConfigurationError
 from agentq.control.retention import expired_task_id, purge_task, ttl_removal_pattern
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.errors import IllegalTransition, TaskNotFound
-from agentq.core.models import ALLOWED_TRANSITIONS, TaskStatus
+from agentq.core.models import ALLOWED_TRANSITIONS, REOPENED_BY_MESSAGE, TaskStatus
 from agentq.resources import table_definition
 from agentq.runtime import RETENTION_VARIABLE, Settings, build_registry, build_store, client, retention_days_from_env
 from agentq.storage.container import Storage
@@ -85,10 +85,10 @@ def _engine(store: Storage, settings: Settings) -> Engine:
 
 
 def _force_status(store: Storage, task_id: str, status: TaskStatus) -> None:
-    """Put a task in ``status`` the way the store leaves it (expires_at only when terminal)."""
+    """Put a task in ``status`` the way the store leaves it (expires_at only when terminal or idle)."""
     values: dict[str, Any] = {":s": status.value}
     sets, removes = "#s = :s", ""
-    if status.terminal:
+    if status.terminal or status is TaskStatus.IDLE:
         sets += ", expires_at = :e"
         values[":e"] = store.tasks.expiry(time.time())
     else:
@@ -145,11 +145,16 @@ def test_every_legal_transition_leaves_expires_at_on_terminal_tasks_only(
     task_id = rstore.tasks.create(scripted([{"text": "x"}]), tenant="t").task_id
     _force_status(rstore, task_id, source)
     before = time.time()
-    rstore.tasks.transition(task_id, target)
+    if target is TaskStatus.QUEUED and source in REOPENED_BY_MESSAGE:
+        with pytest.raises(IllegalTransition):  # only a person's message reopens a conversation
+            rstore.tasks.transition(task_id, target)
+        rstore.messages.accept(task_id, "a follow-up")
+    else:
+        rstore.tasks.transition(task_id, target)
     after = time.time()
     item = _meta(rstore, task_id)
     assert item["status"]["S"] == target.value
-    if target.terminal:
+    if target.terminal or target is TaskStatus.IDLE:  # an interrupted conversation expires too
         _assert_expires_for(item, before, after)
     else:
         assert "expires_at" not in item, f"{source.value} -> {target.value} left expires_at on a live task"

@@ -62,7 +62,7 @@ class TaskTransitions(TaskItems):
         """
         # Only a person's message reopens a conversation (``storage.messages``), in a write that
         # also delivers the message: never a generic requeue (a stale wake, a redrive).
-        allowed = [src for src in sources_of(to) if src not in REOPENED_BY_MESSAGE]
+        allowed = [src for src in sources_of(to) if not (to is TaskStatus.QUEUED and src in REOPENED_BY_MESSAGE)]
         if not allowed:
             raise IllegalTransition(f"no status may move to {to.value!r}", field="status")
         now = time.time()
@@ -75,6 +75,8 @@ class TaskTransitions(TaskItems):
         if to.terminal:
             sets.update({"finished_at": now, TTL_ATTRIBUTE: self.expiry(now)})
             removes += LIVE_ATTRIBUTES  # out of the sweeper's index
+        elif to is TaskStatus.IDLE:  # an interrupted conversation expires after the same retention
+            sets[TTL_ATTRIBUTE] = self.expiry(now)
         else:
             sets.update(live_keys(task_id))  # back in it (a requeue from the DLQ)
             removes.append(TTL_ATTRIBUTE)  # a live task never expires (a no-op unless leaving a terminal status)
