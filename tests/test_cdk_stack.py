@@ -1294,3 +1294,18 @@ def test_schedules_have_a_group_a_role_that_only_sends_fires_and_an_api_that_may
     [schedules] = [s for s in statements if s.get("Sid") == "Schedules"]
     assert sorted(schedules["Action"]) == ["scheduler:CreateSchedule", "scheduler:DeleteSchedule",
                                            "scheduler:UpdateSchedule"]  # fmt: skip
+
+
+def test_conversation_routes_reach_the_api_lambda_behind_the_authorizer(synth: Synthesized) -> None:
+    """POST /tasks/{id}/messages, /interrupt and /close (and GET /messages) are served in AWS by the
+    same function as every data route: /tasks/{task_id}/{proxy+}, any method, with the API key."""
+    api_fn, _ = _function(synth, "api")
+    methods = [
+        m["Properties"]
+        for m in synth.resources("AWS::ApiGateway::Method").values()
+        if _resource_path(synth, m["Properties"]["ResourceId"]) == "/tasks/{task_id}/{proxy+}"
+    ]
+    assert [m["HttpMethod"] for m in methods] == ["ANY"]
+    (route,) = methods
+    assert route["AuthorizationType"] == "CUSTOM" and route["Integration"]["Type"] == "AWS_PROXY"
+    assert api_fn in json.dumps(route["Integration"]["Uri"])
