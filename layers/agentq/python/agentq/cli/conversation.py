@@ -15,6 +15,7 @@ from typing import Any
 from agentq.cli.args import add_command
 from agentq.cli.output import dump, final, follow, poll_seconds
 from agentq.cli.target import api_client, remote
+from agentq.core.status import TaskStatus
 
 
 def _cmd_send(args: argparse.Namespace) -> int:
@@ -114,7 +115,7 @@ def _follow(client: Any, task_id: str, cursor: str | None) -> tuple[str | None, 
     return cursor, view
 
 
-STOPS = frozenset({"idle", "succeeded", "failed", "cancelled", "cost_exceeded", "timed_out"})
+STOPS = frozenset({TaskStatus.IDLE.value, *(s.value for s in TaskStatus if s.terminal)})  # where a turn stops
 
 
 def _print_until_stopped(client: Any, task_id: str, cursor: str | None) -> str | None:

@@ -10,7 +10,6 @@ latest answer, and the trace shows each exchange. See ``storage.messages`` for t
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from decimal import Decimal
 
 from agentq import observe
@@ -25,17 +24,6 @@ from agentq.storage.messages import REFUSALS, Accepted
 log = logging.getLogger("agentq.control")
 
 
-@dataclass(frozen=True)
-class Sent:
-    """What became of a message: the task took it (``accepted``), or it had already (``replayed``)."""
-
-    message: UserMessage
-    status: TaskStatus
-    reopened: bool
-    interrupting: bool
-    replayed: bool
-
-
 def send_message(
     store: Storage,
     queues: TaskQueues,
@@ -47,7 +35,7 @@ def send_message(
     add_tokens: int = 0,
     add_steps: int = 0,
     add_usd: Decimal = Decimal(0),
-) -> Sent:
+) -> Accepted:
     """Give ``text`` to the task (see the module); ``add_tokens``, ``add_steps`` and ``add_usd``
     raise its caps first, which is how a task that ran out of budget takes a follow-up (and how a
     long conversation gets more turns)."""
@@ -79,24 +67,16 @@ def send_message(
                           seq=accepted.message.seq, message_id=accepted.message.message_id)  # fmt: skip
         except Exception:  # the message is taken; its callback is a notification, never a reason to fail
             log.warning("could not queue the message_received callback of task %s", task_id, exc_info=True)
-    return Sent(
-        message=accepted.message,
-        status=accepted.status,
-        reopened=accepted.reopened,
-        interrupting=accepted.interrupting,
-        replayed=accepted.replayed,
-    )
+    return accepted
 
 
 def interrupt(store: Storage, task_id: str, *, tenant: str | None = None) -> TaskStatus:
     """Ask the agent to stop at its earliest safe point and wait for the next message."""
-    owned_task(store, task_id, tenant)
     return store.messages.interrupt(task_id, tenant=tenant)
 
 
 def close(store: Storage, task_id: str, *, tenant: str | None = None) -> None:
     """The conversation takes no more messages; the task itself is left as it is."""
-    owned_task(store, task_id, tenant)
     store.messages.close(task_id, tenant=tenant)
 
 

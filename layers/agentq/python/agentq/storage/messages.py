@@ -62,6 +62,7 @@ from agentq.storage.table import (
     Update,
     absent,
     fence,
+    fence_holds,
     plain,
     present,
 )
@@ -130,6 +131,13 @@ class Messages:
         self.table = table
         self.retention_seconds = retention_seconds
 
+    def _meta(self, task_id: str, tenant: str | None) -> Item:
+        """The task's META, if it exists and is ``tenant``'s: another tenant's task is not found."""
+        meta = self.table.get(keys.meta_key(task_id))
+        if meta is None or (tenant is not None and meta.get("tenant") != tenant):
+            raise TaskNotFound(f"task {task_id} not found", field="task_id")
+        return meta
+
     def accept(
         self,
         task_id: str,
@@ -142,9 +150,7 @@ class Messages:
         """Accept ``text`` as the task's next message (see the module)."""
         request_hash = hashlib.sha256(text.encode()).hexdigest()
         for _ in range(ACCEPT_ATTEMPTS):
-            meta = self.table.get(keys.meta_key(task_id))
-            if meta is None or (tenant is not None and meta.get("tenant") != tenant):
-                raise TaskNotFound(f"task {task_id} not found", field="task_id")
+            meta = self._meta(task_id, tenant)
             if idempotency_key is not None:
                 replay = self._replay(task_id, idempotency_key, request_hash)
                 if replay is not None:
@@ -271,9 +277,7 @@ class Messages:
     def interrupt(self, task_id: str, *, tenant: str | None = None) -> TaskStatus:
         """Ask the task to stop at its earliest safe point (see the module). A task already
         ``idle`` is left as it is; one that is not running or queued cannot be interrupted."""
-        meta = self.table.get(keys.meta_key(task_id))
-        if meta is None or (tenant is not None and meta.get("tenant") != tenant):
-            raise TaskNotFound(f"task {task_id} not found", field="task_id")
+        meta = self._meta(task_id, tenant)
         status = TaskStatus(str(meta["status"]))
         if meta.get("parent_id"):
             raise MessageRefused(
@@ -329,17 +333,15 @@ class Messages:
         try:
             logged_transact(self.table, lease.task_id, [idle], NewEvent("task.status", {"status": "idle"}))
         except TransactionCancelled as exc:
-            old = self.table.get(keys.meta_key(lease.task_id)) or {}
-            if old.get("lease_epoch") == lease.epoch and old.get("status") == TaskStatus.RUNNING.value:
+            old = self.table.get(keys.meta_key(lease.task_id))
+            if fence_holds(old, lease):
                 return inbox_of(old)  # the fence holds: a message came in
             raise why_fenced(self.table, lease) from exc
         return None
 
     def close(self, task_id: str, *, tenant: str | None = None) -> None:
         """Close the conversation: it takes no more messages (the task runs on if it runs)."""
-        meta = self.table.get(keys.meta_key(task_id))
-        if meta is None or (tenant is not None and meta.get("tenant") != tenant):
-            raise TaskNotFound(f"task {task_id} not found", field="task_id")
+        self._meta(task_id, tenant)
         closing = Patch("meta", keys.meta_key(task_id), Update(set={"conversation_closed": True}), present())
         try:
             logged_transact(self.table, task_id, [closing], NewEvent("conversation.closed", {}))

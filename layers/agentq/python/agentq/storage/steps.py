@@ -263,7 +263,8 @@ class Steps:
             old = exc.old or {}
             if old.get("lease_epoch") == lease.epoch and old.get("step") == number:
                 return inbox_of(old)  # a retried request whose first attempt went through: only this epoch commits n
-            if fence_holds(old, lease) and old.get("step") == number - 1:
+            unmoved = fence_holds(old, lease) and old.get("step") == number - 1  # refused by the rest of the condition
+            if unmoved:
                 moved = inbox_of(old)
                 if heeds.interrupt and moved.interrupt_at is not None:
                     raise ConversationMoved(
@@ -274,7 +275,7 @@ class Steps:
                     raise ConversationMoved(
                         f"task {lease.task_id}: a message came in", received=moved.received, interrupt_at=None
                     ) from exc
-            if reserve_next and fence_holds(old, lease) and old.get("step") == number - 1:
+            if reserve_next and unmoved:
                 raise BudgetExceeded(f"the budget cannot cover {reserve_next} more tokens") from exc
             raise why_fenced(self.table, lease) from exc
 

@@ -356,9 +356,9 @@ class LLMTurn:
             try:
                 record = self.writer.commit(s, step, settle=settle, finish=finish, result=result, error=error)
             except ConversationMoved as moved:
-                s.inbox = dataclasses.replace(s.inbox, received=moved.received, interrupt_at=moved.interrupt_at)
                 if moved.interrupt_at is not None:
                     raise
+                s.inbox = dataclasses.replace(s.inbox, received=moved.received)
                 # A message came in while the model answered: the answer is a turn, not the end.
                 finish, result, error = None, None, None
                 record = self.writer.commit(s, step, settle=settle)
