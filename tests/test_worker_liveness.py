@@ -74,6 +74,8 @@ def test_a_worker_paused_past_its_liveness_loses_its_task_to_a_peer_and_commits_
         store = stack.store()
         first = stack.spawn_worker()
         task = _submit(stack)
+        # The peer starts once the first worker holds the task: a slow start must not hand it over.
+        wait_for(lambda: store.tasks.get(task.task_id).lease_owner, timeout=60, what="the first claim")
         peer = stack.spawn_worker()
         wait_for(lambda: store.tasks.get(task.task_id).step >= SLOW_CALL_STEP, timeout=60, what="the slow call")
         os.kill(first.pid, signal.SIGSTOP)
