@@ -125,8 +125,11 @@ def test_workers_with_clocks_seconds_apart_take_nothing_from_each_other_and_resu
         store = stack.store()
         behind = stack.spawn_worker(AGENTQ_TEST_CLOCK_SKEW="-6")
         task = _submit(stack)
+        # The second worker starts once the first holds the task: a slow start must not hand it over.
+        wait_for(lambda: store.tasks.get(task.task_id).lease_owner, timeout=60, what="the first claim")
         ahead = stack.spawn_worker(AGENTQ_TEST_CLOCK_SKEW="6")
         wait_for(lambda: store.tasks.get(task.task_id).step >= SLOW_CALL_STEP, timeout=60, what="the slow call")
+        wait_for(lambda: len(store.tasks.workers.peers()) == 2, timeout=30, what="both workers beating")
         watched = {p.worker: p.beat for p in store.tasks.workers.peers()}
         # Both beat on for more than a liveness period (3 s) while the call waits: no takeover.
         wait_for(
