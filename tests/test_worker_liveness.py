@@ -103,8 +103,11 @@ def test_a_worker_whose_liveness_writes_fail_while_its_task_writes_succeed_hands
         store = stack.store()
         sick = stack.spawn_worker(AGENTQ_TEST_LIVENESS_FAILS_WHILE=str(failing))
         task = _submit(stack)
+        # The healthy worker starts once the sick one holds the task: a slow start must not hand it over.
+        wait_for(lambda: store.tasks.get(task.task_id).lease_owner, timeout=60, what="the first claim")
         healthy = stack.spawn_worker()
         wait_for(lambda: store.tasks.get(task.task_id).step >= SLOW_CALL_STEP, timeout=60, what="the slow call")
+        assert _pid_of(store.tasks.get(task.task_id).lease_owner or "") == sick.pid
         failing.touch()  # from now on its liveness writes fail; its task writes still land
         taken = wait_for(
             lambda: (t := store.tasks.get(task.task_id)).lease_epoch >= 2 and t, timeout=60, what="a takeover"
@@ -137,7 +140,8 @@ def test_workers_with_clocks_seconds_apart_take_nothing_from_each_other_and_resu
             and len(watched) == 2,
             timeout=30, what="four more beats of each worker",
         )  # fmt: skip
-        assert store.tasks.get(task.task_id).claim_count == 1
+        held = store.tasks.get(task.task_id)
+        assert held.claim_count == 1 and _pid_of(held.lease_owner or "") == behind.pid
         os.kill(behind.pid, signal.SIGKILL)
         killed_at = time.time()
         wait_for(lambda: store.tasks.get(task.task_id).status.terminal, timeout=90, what="the task's end")
