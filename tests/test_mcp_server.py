@@ -1,7 +1,8 @@
 """agentq as an MCP server: the ``mcp`` package's own client against ``/mcp`` of the local stack
 with auth on (what `agentq dev --auth` serves): the tenant's agents are its tools, a call runs
 the agent end to end and answers with its structured output, a longer run answers with its task
-id and ``agentq_task`` gets its result; another tenant's task is not found; no key, no answer."""
+id and ``agentq_task`` gets its result; ``agentq_message`` continues the conversation once (its
+key makes a repeated call send nothing more); another tenant's task is not found; no key, no answer."""
 
 from __future__ import annotations
 
@@ -93,6 +94,40 @@ def test_a_long_run_answers_with_its_task_id_and_agentq_task_gets_the_result(api
         lambda c: c.call_tool("agentq_task", {"task_id": started.structured_content["task_id"]}),
     )
     assert foreign.is_error and "no task" in foreign.content[0].text
+
+
+def test_agentq_message_continues_the_conversation_once_and_waits_for_the_answer_that_takes_it_in(
+    api_stack: ApiStack,
+) -> None:
+    name = _agent(api_stack, [{"text": "first answer"}, {"text": "second answer"}])
+    said = {"text": "and then?", "idempotency_key": "mcp-follow-up-1", "wait_seconds": 20}
+
+    async def work(client: Any) -> Any:
+        first = await client.call_tool(name, {"goal": "talk to me"})
+        task_id = first.structured_content["task_id"]
+        follow_up = await client.call_tool("agentq_message", {"task_id": task_id, **said})
+        repeated = await client.call_tool("agentq_message", {"task_id": task_id, **said})
+        return first, follow_up, repeated
+
+    first, follow_up, repeated = _session(api_stack.url, api_stack.key, work)
+    task_id = first.structured_content["task_id"]
+    assert first.structured_content["result"] == "first answer"
+    assert not follow_up.is_error, follow_up
+    assert follow_up.structured_content == {**follow_up.structured_content, "task_id": task_id,
+                                            "status": "succeeded", "result": "second answer"}  # fmt: skip
+    assert repeated.structured_content == follow_up.structured_content  # the key sent it once
+    status, listed, _ = api_stack.http("GET", f"/tasks/{task_id}/messages")
+    assert status == 200 and [m["text"] for m in listed["messages"]] == ["and then?"]
+    foreign = _session(
+        api_stack.url,
+        api_stack.other_key,
+        lambda c: c.call_tool("agentq_message", {"task_id": task_id, "text": "hi"}),
+    )
+    assert foreign.is_error and "no task" in foreign.content[0].text
+    empty = _session(
+        api_stack.url, api_stack.key, lambda c: c.call_tool("agentq_message", {"task_id": task_id, "text": ""})
+    )
+    assert empty.is_error and "text" in empty.content[0].text
 
 
 def test_bad_arguments_are_an_error_result_naming_them_and_start_nothing(api_stack: ApiStack) -> None:

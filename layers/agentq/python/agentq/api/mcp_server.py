@@ -5,8 +5,11 @@ A call of agent ``support`` submits a task of ``support`` with the call's goal a
 constraints (through ``control.submit``, so it is checked and budgeted as any submission) and
 waits up to ``wait_seconds`` for it to end: the result comes back (the agent's structured output
 too, when it has an output schema), or, for a longer run, the task id, which ``agentq_task``
-checks on later (and waits for again). Tools are listed per request from the tenant's agents, so
-a new agent is a new tool at once; the server keeps no state between requests.
+checks on later (and waits for again), and ``agentq_message`` talks to: a follow-up to an answered
+task, or a message to one still running (``control.conversations``, so it is delivered once, at
+the agent's next turn boundary), waiting for the answer that takes it in. Tools are listed per
+request from the tenant's agents, so a new agent is a new tool at once; the server keeps no state
+between requests.
 
 The tenant is the request's (the API key's, as for every route), handed to the handlers in a
 context variable the route sets: one server object serves every tenant.
@@ -24,12 +27,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentq.api.views import task_result
+from agentq.control.conversations import send_message
 from agentq.control.operations import owned_task
 from agentq.control.submit import submit_once
 from agentq.core.errors import AgentqError
-from agentq.core.models import MAX_GOAL_CHARS, MAX_TIMEOUT_SECONDS, Task
+from agentq.core.models import MAX_GOAL_CHARS, MAX_MESSAGE_CHARS, MAX_TIMEOUT_SECONDS, Task, TaskStatus
 
 STATUS_TOOL = "agentq_task"
+MESSAGE_TOOL = "agentq_message"
+RESERVED_TOOLS = frozenset({STATUS_TOOL, MESSAGE_TOOL})
 MAX_WAIT_SECONDS = 25.0  # API Gateway answers within 29 s: a run longer than this comes back as its task id
 DEFAULT_WAIT_SECONDS = 20.0
 POLL_SECONDS = 0.2
@@ -68,6 +74,24 @@ class TaskCheck(BaseModel):
 
     task_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,128}$", description="the task id an agent's tool answered with")
     wait_seconds: float = Field(default=0, ge=0, le=MAX_WAIT_SECONDS, description="wait this long for it to end")
+
+
+class TaskMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    task_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,128}$", description="the task to talk to")
+    text: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS, description="your message to the agent")
+    idempotency_key: str | None = Field(
+        default=None,
+        pattern=r"^[\x21-\x7e]{1,128}$",
+        description="the same key sends the message once however often the call is repeated",
+    )
+    wait_seconds: float = Field(
+        default=DEFAULT_WAIT_SECONDS,
+        ge=0,
+        le=MAX_WAIT_SECONDS,
+        description="how long to wait for the answer that takes your message in",
+    )
 
 
 class Outcome(BaseModel):
@@ -109,7 +133,7 @@ def build_server(deps: McpDeps) -> Any:
                 output_schema=Outcome.model_json_schema(),
             )
             for agent in agents
-            if agent.name != STATUS_TOOL
+            if agent.name not in RESERVED_TOOLS
         ]
         tools.append(
             types.Tool(
@@ -119,6 +143,16 @@ def build_server(deps: McpDeps) -> Any:
                 input_schema=TaskCheck.model_json_schema(),
                 output_schema=Outcome.model_json_schema(),
                 annotations=types.ToolAnnotations(read_only_hint=True),
+            )
+        )
+        tools.append(
+            types.Tool(
+                name=MESSAGE_TOOL,
+                description="Send a message to a task an agent's tool started: a follow-up once it has answered "
+                "(it continues the same conversation), or a message it takes at its next turn while it runs. "
+                "Waits up to wait_seconds for the answer that takes the message in.",
+                input_schema=TaskMessage.model_json_schema(),
+                output_schema=Outcome.model_json_schema(),
             )
         )
         return types.ListToolsResult(tools=tools)
@@ -132,6 +166,9 @@ def build_server(deps: McpDeps) -> Any:
             if params.name == STATUS_TOOL:
                 check = TaskCheck.model_validate(arguments)
                 outcome = await anyio.to_thread.run_sync(lambda: _check(deps, tenant, check))
+            elif params.name == MESSAGE_TOOL:
+                message = TaskMessage.model_validate(arguments)
+                outcome = await anyio.to_thread.run_sync(lambda: _message(deps, tenant, message))
             else:
                 call = AgentCall.model_validate(arguments)
                 outcome = await anyio.to_thread.run_sync(lambda: _run_agent(deps, tenant, params.name, call))
@@ -140,7 +177,7 @@ def build_server(deps: McpDeps) -> Any:
             return types.CallToolResult(content=[types.TextContent(text=f"{exc.message}{where}")], is_error=True)
         except ValueError as exc:  # pydantic's: the arguments, named
             return types.CallToolResult(content=[types.TextContent(text=f"invalid arguments: {exc}")], is_error=True)
-        failed = outcome.status not in ("succeeded", "queued", "running", "blocked", "waiting", "paused")
+        failed = outcome.status not in ("succeeded", "queued", "running", "blocked", "waiting", "paused", "idle")
         return types.CallToolResult(
             content=[types.TextContent(text=_text(outcome))],
             structured_content=outcome.model_dump(mode="json"),
@@ -161,15 +198,37 @@ def _check(deps: McpDeps, tenant: str, check: TaskCheck) -> Outcome:
     return _outcome(_wait(deps, owned_task(deps.store, check.task_id, tenant), check.wait_seconds))
 
 
-def _wait(deps: McpDeps, task: Task, seconds: float) -> Task:
+def _message(deps: McpDeps, tenant: str, message: TaskMessage) -> Outcome:
+    accepted = send_message(deps.store, deps.queues, message.task_id, message.text, tenant=tenant,
+                            idempotency_key=message.idempotency_key)  # fmt: skip
+    task = deps.store.tasks.get(message.task_id)
+    # Not before the message is in the conversation: the task's status may still be the answer before it.
+    return _outcome(_wait(deps, task, message.wait_seconds, heard=accepted.message.seq))
+
+
+def _wait(deps: McpDeps, task: Task, seconds: float, heard: int = 0) -> Task:
+    """The task once it has stopped (ended, or ``idle`` waiting for a message) with the first
+    ``heard`` messages delivered, or as it is after ``seconds``."""
     deadline = time.monotonic() + seconds
-    while not task.status.terminal and time.monotonic() < deadline:
+    while not _stopped(task, heard) and time.monotonic() < deadline:
         time.sleep(POLL_SECONDS)
         task = deps.store.tasks.get(task.task_id)
     return task
 
 
+def _stopped(task: Task, heard: int) -> bool:
+    if task.status.terminal and task.status is not TaskStatus.SUCCEEDED:
+        return True  # failed, cancelled, ...: no answer is coming
+    return (task.status.terminal or task.status is TaskStatus.IDLE) and task.messages_delivered >= heard
+
+
 def _outcome(task: Task) -> Outcome:
+    if task.status is TaskStatus.IDLE:
+        return Outcome(
+            task_id=task.task_id,
+            status=task.status.value,
+            next=f"interrupted, waiting for a message: call {MESSAGE_TOOL} with this task_id to go on",
+        )
     if not task.status.terminal:
         return Outcome(
             task_id=task.task_id,
