@@ -346,6 +346,8 @@ def test_a_running_task_page_follows_the_event_stream_and_polls_where_there_is_n
     page.wait_for_selector("h1 .badge.s-succeeded", timeout=60_000)
     page.wait_for_function("() => window.agentqStream.ended === 'ended'")
     assert page.evaluate("window.agentqStream.events") >= 6  # its steps and its end, each from the stream
+    # The head is drawn before the trace's fetch returns: the last step's row comes a moment after the badge.
+    page.wait_for_selector("tr[data-step='7']", timeout=30_000)
     assert page.locator("tr[data-step='7']").count() == 1
     assert any(status == 200 and url.endswith(f"/tasks/{streamed}/events") for status, url in tab.responses)
 
@@ -356,6 +358,7 @@ def test_a_running_task_page_follows_the_event_stream_and_polls_where_there_is_n
     page.goto(f"{console.url}/console/#/tasks/{polled}")
     page.wait_for_function("() => window.agentqStream && window.agentqStream.fallback")
     page.wait_for_selector("h1 .badge.s-succeeded", timeout=60_000)
+    page.wait_for_selector("tr[data-step='7']", timeout=30_000)
     assert page.locator("tr[data-step='7']").count() == 1
     no_errors(tab)
 
