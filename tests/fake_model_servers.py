@@ -276,3 +276,28 @@ def converse_error(status: int, code: str, message: str, headers: dict[str, str]
         {"message": message},
         {"x-amzn-errortype": f"{code}:http://internal.amazon.com/coral/com.amazon.bedrock/", **(headers or {})},
     )
+
+
+# --- what the providers' tests share ------------------------------------------------------------
+
+WEATHER_TOOL = {
+    "name": "get_weather",
+    "description": "Weather for a city",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+
+
+class Sleeps(list[float]):
+    """A provider's ``sleep``: records the waits of its retries instead of waiting."""
+
+    def __call__(self, seconds: float) -> None:
+        self.append(seconds)
+
+
+def point_boto3_at(server: FakeConverse, setenv: Callable[[str, str], None]) -> None:
+    """boto3's ``bedrock-runtime`` at ``server``, with placeholder credentials it signs with
+    (``setenv``: a ``monkeypatch.setenv``, so the test undoes it)."""
+    setenv("AWS_ENDPOINT_URL_BEDROCK_RUNTIME", server.base_url)
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                        ("AWS_DEFAULT_REGION", "us-east-1")):  # fmt: skip
+        setenv(name, value)
