@@ -7,12 +7,14 @@ FROM ${PYTHON_IMAGE}
 
 ARG USER_CODE_DIR=""
 ARG USER_REQUIREMENTS=""
+# "otel" when cdk.json's tracing.exporter is "adot" (infra/worker.py): agentq[otel]
+ARG AGENTQ_EXTRAS=""
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /opt/agentq
 COPY pyproject.toml README.md ./
 COPY layers/agentq/python ./layers/agentq/python
-RUN pip install --no-compile .
+RUN pip install --no-compile ".${AGENTQ_EXTRAS:+[$AGENTQ_EXTRAS]}"
 
 # Your code: copied whole (the build context is the project), then only its folder is kept.
 COPY . /tmp/context

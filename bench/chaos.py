@@ -49,6 +49,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from _benchlib import JsonOut, log, machine, table  # noqa: E402
+from _chaos_wires import (  # noqa: E402
+    Turn,
+    chat_reply,
+    chat_turns,
+    converse_reply_of,
+    converse_turns,
+    delivered_tokens,
+)
 from _plot import Panel, add_plot_args, plot_from_args  # noqa: E402
 from agentq.api.client import ApiError, Client  # noqa: E402
 from agentq.core.models import MessageStep, TaskStatus, ToolsStep  # noqa: E402
@@ -67,8 +75,11 @@ from tests.fake_messages_api import (  # noqa: E402
     rate_limited,
     usage_dict,
 )
+from tests.fake_model_servers import FakeChatCompletions, FakeConverse, Recorded, chat_error, converse_error  # noqa: E402
+from tests.fake_model_servers import FakeReply as WireReply  # noqa: E402
 
-MODEL = "claude-haiku-4-5"
+# The model each provider's tasks name (bench/_chaos_wires.py plays them on their own wires).
+MODELS = {"anthropic": "claude-haiku-4-5", "openai": "gpt-4.1-mini", "bedrock-converse": "us.amazon.nova-pro-v1:0"}
 OUTPUT_TOKENS = 40
 
 
@@ -80,6 +91,7 @@ class Plan:
     kind: str  # tools | budget | fanout | child | talk
     turns: int  # tool-calling turns before the final answer
     children: list[str] = field(default_factory=list)
+    provider: str = "anthropic"  # a root's; its sub-agents run on their parent's model
 
     @property
     def final(self) -> str:
@@ -99,47 +111,68 @@ class ChaosModel:
         self.faults: Counter[str] = Counter()
         self.delivered: Counter[str] = Counter()  # tree tag -> tokens delivered in 200 replies
 
-    def __call__(self, request: RecordedRequest) -> FakeReply | None:
-        body = request.body if isinstance(request.body, dict) else {}
-        messages = body.get("messages") or []
+    def play(self, messages: list[dict[str, Any]]) -> Turn | None:
+        """The model's turn for a conversation in Messages API shape (any wire's, read back by
+        bench/_chaos_wires.py); None when no plan's goal starts it."""
         plan = self.plans.get(_tag_of(messages))
         if plan is None:
-            return error_reply(400, "invalid_request_error", "chaos model: no plan for this goal")
+            return None
         with self.lock:
             roll, kind = self.rng.random(), self.rng.choice(["429", "529", "500", "reset", "slow", "malformed"])
             slow = self.rng.uniform(0.5, 2.0)
-        if roll < self.fault_rate:
-            if kind != "slow":
-                with self.lock:
-                    self.faults[kind] += 1
-            if kind == "429":
-                return rate_limited(retry_after=0.2)
-            if kind == "529":
-                return overloaded()
-            if kind == "500":
-                return error_reply(500, "api_error", "chaos: internal error")
-            if kind == "reset":
-                return None  # the handler drops the connection
-            if kind == "malformed":
-                return malformed_json()
-        reply = self._answer(plan, messages)
-        if roll < self.fault_rate and kind == "slow":
-            with self.lock:
-                self.faults["slow"] += 1
-            return dataclasses.replace(reply, delay_seconds=slow)
-        return reply
+            if roll < self.fault_rate:
+                self.faults[kind] += 1
+        if roll < self.fault_rate and kind != "slow":
+            return Turn(fault=kind)
+        content = self._answer(plan, messages)
+        return Turn(None, slow if roll < self.fault_rate else 0.0, content, max(1, len(json.dumps(messages)) // 4),
+                    OUTPUT_TOKENS)  # fmt: skip
+
+    def __call__(self, request: RecordedRequest) -> FakeReply | None:
+        """The Messages API's reply (provider anthropic); None drops the connection."""
+        body = request.body if isinstance(request.body, dict) else {}
+        turn = self.play(body.get("messages") or [])
+        if turn is None:
+            return error_reply(400, "invalid_request_error", "chaos model: no plan for this goal")
+        if turn.fault is not None:
+            return {
+                "429": rate_limited(retry_after=0.2),
+                "529": overloaded(),
+                "500": error_reply(500, "api_error", "chaos: internal error"),
+                "malformed": malformed_json(),
+            }.get(turn.fault)  # "reset": None, the handler drops the connection
+        usage = usage_dict(input_tokens=turn.input_tokens, output_tokens=turn.output_tokens)
+        return dataclasses.replace(message_reply(turn.content, usage=usage), delay_seconds=turn.slow)
+
+    def chat(self, request: Recorded) -> WireReply:
+        """The Chat Completions reply (provider openai)."""
+        turn = self.play(chat_turns(request.body))
+        return chat_reply(turn) if turn is not None else chat_error(400, "invalid_request_error", "chaos: no plan")
+
+    def converse(self, request: Recorded) -> WireReply:
+        """The Converse reply (provider bedrock-converse)."""
+        turn = self.play(converse_turns(request.body))
+        return converse_reply_of(turn) if turn is not None else converse_error(400, "ValidationException", "no plan")
 
     def delivered_reply(self, request: RecordedRequest, usage: dict[str, Any]) -> None:
         messages = request.body.get("messages") if isinstance(request.body, dict) else []
-        tree = _tag_of(messages or []).split(".", 1)[0]
-        with self.lock:
-            self.delivered[tree] += int(usage["input_tokens"]) + int(usage["output_tokens"])
+        self._delivered(messages or [], int(usage["input_tokens"]) + int(usage["output_tokens"]))
 
-    def _answer(self, plan: Plan, messages: list[dict[str, Any]]) -> FakeReply:
+    def delivered_chat(self, request: Recorded, reply: WireReply) -> None:
+        self._delivered(chat_turns(request.body), delivered_tokens(reply))
+
+    def delivered_converse(self, request: Recorded, reply: WireReply) -> None:
+        self._delivered(converse_turns(request.body), delivered_tokens(reply))
+
+    def _delivered(self, messages: list[dict[str, Any]], tokens: int) -> None:
+        tree = _tag_of(messages).split(".", 1)[0]
+        with self.lock:
+            self.delivered[tree] += tokens
+
+    def _answer(self, plan: Plan, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         done = sum(1 for m in messages if m.get("role") == "assistant")
-        usage = usage_dict(input_tokens=max(1, len(json.dumps(messages)) // 4), output_tokens=OUTPUT_TOKENS)
         if plan.kind == "talk" and done >= plan.turns:
-            return message_reply([{"type": "text", "text": heard(plan, _said(messages))}], usage=usage)
+            return [{"type": "text", "text": heard(plan, _said(messages))}]
         if plan.kind == "fanout" and done == 0:
             spawn = {
                 "subagents": [{"goal": f"chaos [{c}] child of {plan.tag}", "tools": ["lookup", "charge_card"]}
@@ -154,7 +187,7 @@ class ChaosModel:
             ]
         else:
             content = [{"type": "text", "text": plan.final}]
-        return message_reply(content, usage=usage)
+        return content
 
 
 def _tool_use(tag: str, turn: int, n: int, name: str, tool_input: dict[str, Any]) -> dict[str, Any]:
@@ -188,26 +221,29 @@ def _tag_of(messages: list[dict[str, Any]]) -> str:
     return text[start + 7 : end] if start >= 0 and end > start else ""
 
 
-def make_plans(n: int, rng: random.Random) -> dict[str, Plan]:
+def make_plans(n: int, rng: random.Random, providers: tuple[str, ...] = ("anthropic",)) -> dict[str, Plan]:
+    """``n`` root plans of random kinds, their providers taken in turn from ``providers``."""
     plans: dict[str, Plan] = {}
     for i in range(n):
         tag = f"t{i}"
+        provider = providers[i % len(providers)]
         kind = rng.choices(["tools", "budget", "fanout", "talk"], weights=[5, 2, 2, 3])[0]
         if kind == "fanout":
             children = [f"{tag}.c{j}" for j in range(rng.randint(2, 3))]
-            plans[tag] = Plan(tag, kind, turns=1, children=children)
+            plans[tag] = Plan(tag, kind, turns=1, children=children, provider=provider)
             for child in children:
-                plans[child] = Plan(child, "child", turns=rng.randint(1, 2))
+                plans[child] = Plan(child, "child", turns=rng.randint(1, 2), provider=provider)
         else:
-            plans[tag] = Plan(tag, kind, turns=rng.randint(2, 5) if kind in ("tools", "talk") else 12)
+            turns = rng.randint(2, 5) if kind in ("tools", "talk") else 12
+            plans[tag] = Plan(tag, kind, turns=turns, provider=provider)
     return plans
 
 
 def submission(plan: Plan) -> dict[str, Any]:
     body: dict[str, Any] = {
         "goal": f"chaos [{plan.tag}] {plan.kind}",
-        "provider": "anthropic",
-        "model": MODEL,
+        "provider": plan.provider,
+        "model": MODELS[plan.provider],
         "constraints": {"tools": ["lookup", "charge_card"], "max_output_tokens": 200},
     }
     if plan.kind == "talk":
@@ -325,13 +361,19 @@ class Chaos:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
-    plans = make_plans(args.tasks, rng)
+    plans = make_plans(args.tasks, rng, tuple(args.providers.split(",")))
     roots = [p for p in plans.values() if p.kind != "child"]
     model = ChaosModel(plans, args.fault_rate, args.seed)
     work = Path(tempfile.mkdtemp(prefix="agentq-chaos-"))
     ledger = work / "ledger.jsonl"
     began = time.monotonic()
-    with FakeMessagesAPI(within_max_tokens=True, responder=model, on_delivered=model.delivered_reply) as server:
+    chat = FakeChatCompletions(responder=model.chat, on_delivered=model.delivered_chat)
+    converse = FakeConverse(responder=model.converse, on_delivered=model.delivered_converse)
+    with (
+        FakeMessagesAPI(within_max_tokens=True, responder=model, on_delivered=model.delivered_reply) as server,
+        chat,
+        converse,
+    ):
         stack = LocalStack(
             prefix=f"chaos{os.getpid()}",
             workers=0,
@@ -342,6 +384,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             extra_env={
                 "ANTHROPIC_BASE_URL": server.base_url,
                 "ANTHROPIC_API_KEY": "chaos",
+                "OPENAI_BASE_URL": chat.openai_base_url,
+                "OPENAI_API_KEY": "chaos",
+                "AWS_ENDPOINT_URL_BEDROCK_RUNTIME": converse.base_url,
                 "AGENTQ_TEST_LEDGER": str(ledger),
                 "AGENTQ_MAX_CALL_SECONDS": "10",
                 "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
@@ -464,6 +509,7 @@ def check(
             broken["no worker traceback"].append(f"{path.name}: {text[text.index('Traceback') :][:400]}")
     figures = {
         "plans by kind": dict(Counter(p.kind for p in plans.values())),
+        "plans by provider": dict(Counter(p.provider for p in plans.values())),
         "tasks": len(every),
         "roots": len(roots),
         "by status": dict(Counter(t.status.value for t in every)),
@@ -543,6 +589,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drain-seconds", type=float, default=300, help="after the chaos, how long tasks may take to end")
     ap.add_argument("--fault-rate", type=float, default=0.1, help="share of model requests answered with a fault")
     ap.add_argument("--seed", type=int, default=12)
+    ap.add_argument(
+        "--providers",
+        default="anthropic,openai,bedrock-converse",
+        help="the root tasks' providers, taken in turn (comma-separated; fake servers for each)",
+    )
     ap.add_argument("--json", action="store_true")
     add_plot_args(ap, "chaos")
     args = ap.parse_args(argv)

@@ -74,21 +74,27 @@ def pip_command(
 
 
 def build_deps_layer(
-    architecture: str = "arm64", *, python_version: str = PYTHON_VERSION, force: bool = False, timeout: float = 300
+    architecture: str = "arm64",
+    *,
+    python_version: str = PYTHON_VERSION,
+    force: bool = False,
+    timeout: float = 300,
+    requirements: Path = REQUIREMENTS,
 ) -> DepsLayer:
     """The dependencies layer directory for ``architecture``, built if not cached.
-    (``python_version`` other than the runtime's is for tests that import the layer here.)"""
+    (``python_version`` other than the runtime's is for tests that import the layer here;
+    ``requirements`` another pinned file, for a layer only some stacks add.)"""
     if architecture not in PLATFORMS:
         raise ValueError(f"architecture must be one of {', '.join(PLATFORMS)}, not {architecture!r}")
     root = cache_root()
-    final = root / cache_key(architecture, python_version)
+    final = root / cache_key(architecture, python_version, requirements)
     if (final / COMPLETE_MARKER).exists() and not force:
         return DepsLayer(final, True, f"cached at {final}")
     root.mkdir(parents=True, exist_ok=True)
     # Build beside the cache and rename into place: concurrent builders (pytest-xdist workers,
     # two synths) never see a half-built directory; the loser of the rename drops its copy.
     work = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
-    failure = _pip(pip_command(work / "python", architecture, python_version), timeout)
+    failure = _pip(pip_command(work / "python", architecture, python_version, requirements), timeout)
     if failure is not None:
         shutil.rmtree(work, ignore_errors=True)
         return _placeholder(root, architecture, f"pip could not build the dependencies layer ({failure})")
@@ -96,7 +102,9 @@ def build_deps_layer(
         base = name.split("-")[0] if name.endswith(".dist-info") else name
         if base.lower() in PRUNE:
             shutil.rmtree(work / "python" / name, ignore_errors=True)
-    (work / COMPLETE_MARKER).write_text(" ".join(pip_command(Path("python"), architecture, python_version)) + "\n")
+    (work / COMPLETE_MARKER).write_text(
+        " ".join(pip_command(Path("python"), architecture, python_version, requirements)) + "\n"
+    )
     if force and final.exists():
         shutil.rmtree(final, ignore_errors=True)
     try:

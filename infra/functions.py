@@ -30,7 +30,8 @@ from constructs import Construct
 
 from agentq.control.defaults import Defaults
 from agentq.control.retention import ttl_removal_pattern
-from agentq.core.providers.keys import SECRET_VARIABLE
+from agentq.core.providers.keys import OPENAI_SECRET_VARIABLE, SECRET_VARIABLE
+from agentq.core.providers.openai_provider import BASE_URL_VARIABLE as OPENAI_BASE_URL_VARIABLE
 from agentq.observe.names import NAMESPACE as METRICS_NAMESPACE
 from agentq.resources import GSI_LIVE, GSI_OWNER, PAYLOAD_PREFIX, TIERS
 from agentq.storage.keys import task_pk, tenant_pk
@@ -38,8 +39,10 @@ from agentq.storage.workers import WORKERS_PK
 from infra.build_layers import CORE_LAYER_DIR, DepsLayer
 from infra.data import Data
 from infra.events import ADAPTER_ENV, STREAM_TIMEOUT_SECONDS, adapter_layer
+from infra.model_access import BEDROCK_ACTIONS, bedrock_resource_templates
 from infra.sandbox import Sandbox, build_sandbox
 from infra.settings import EnvironmentSettings
+from infra.telemetry import lambda_collector, otel_env
 
 ROOT = Path(__file__).resolve().parent.parent
 FUNCTIONS_DIR = ROOT / "functions"
@@ -77,7 +80,6 @@ PAYLOAD_ACTIONS = ["s3:GetObject", "s3:PutObject"]
 SEND_ACTIONS = ["sqs:SendMessage", "sqs:GetQueueUrl", "sqs:GetQueueAttributes"]
 HOLD_ACTIONS = ["sqs:ChangeMessageVisibility", "sqs:DeleteMessage"]
 RECEIVE_ACTIONS = ["sqs:ReceiveMessage"]
-BEDROCK_ACTIONS = ["bedrock:InvokeModel", "bedrock:InvokeModelWithResponseStream"]
 
 
 @dataclass
@@ -130,13 +132,12 @@ REAPER_TABLE_ACTIONS = ["dynamodb:Query", "dynamodb:BatchWriteItem", "dynamodb:D
 REAPER_PAYLOAD_ACTIONS = ["s3:DeleteObject"]
 
 
-def bedrock_resources() -> list[str]:
-    """Anthropic models on Bedrock: foundation models in any region (cross-region inference
-    profiles route to other regions) and this account's inference profiles for them."""
-    stack = cdk.Aws
+def bedrock_resources(cfg: EnvironmentSettings) -> list[str]:
+    """The Bedrock models ``bedrock_models`` names (infra/model_access.py)."""
+    aws = cdk.Aws
     return [
-        f"arn:{stack.PARTITION}:bedrock:*::foundation-model/anthropic.*",
-        f"arn:{stack.PARTITION}:bedrock:{stack.REGION}:{stack.ACCOUNT_ID}:inference-profile/*anthropic.*",
+        t.format(partition=aws.PARTITION, region=aws.REGION, account=aws.ACCOUNT_ID)
+        for t in bedrock_resource_templates(cfg.bedrock_models)
     ]
 
 
@@ -161,8 +162,7 @@ def event_bus_arn(cfg: EnvironmentSettings) -> str | None:
 
 def anthropic_secret_arn(cfg: EnvironmentSettings) -> str:
     """The named secret: Secrets Manager appends six random characters to a secret's ARN."""
-    name = cfg.anthropic_api_key_secret
-    return f"arn:{cdk.Aws.PARTITION}:secretsmanager:{cdk.Aws.REGION}:{cdk.Aws.ACCOUNT_ID}:secret:{name}-??????"
+    return secret_arn(str(cfg.anthropic_api_key_secret))
 
 
 def task_runner_env(cfg: EnvironmentSettings, sandbox: Sandbox) -> dict[str, str]:
@@ -180,6 +180,10 @@ def task_runner_env(cfg: EnvironmentSettings, sandbox: Sandbox) -> dict[str, str
         env["AGENTQ_RATE_LIMITS"] = json.dumps({k: v.model_dump(exclude_none=True) for k, v in cfg.flow.limits.items()})
     if cfg.anthropic_api_key_secret:
         env[SECRET_VARIABLE] = cfg.anthropic_api_key_secret
+    if cfg.openai_api_key_secret:
+        env[OPENAI_SECRET_VARIABLE] = cfg.openai_api_key_secret
+    if cfg.openai_base_url:
+        env[OPENAI_BASE_URL_VARIABLE] = cfg.openai_base_url
     return env
 
 
@@ -240,7 +244,7 @@ def grant_task_runner(
         iam.PolicyStatement(
             sid="HoldMessages", actions=HOLD_ACTIONS + (RECEIVE_ACTIONS if receive else []), resources=queues
         ),
-        iam.PolicyStatement(sid="Bedrock", actions=BEDROCK_ACTIONS, resources=bedrock_resources()),
+        iam.PolicyStatement(sid="Bedrock", actions=BEDROCK_ACTIONS, resources=bedrock_resources(cfg)),
     ]
     if receive:  # a long-running worker keeps its liveness item and recovers dead peers' tasks
         statements += _liveness_statements(data)
@@ -248,6 +252,14 @@ def grant_task_runner(
         statements.append(
             iam.PolicyStatement(
                 sid="AnthropicApiKey", actions=["secretsmanager:GetSecretValue"], resources=[anthropic_secret_arn(cfg)]
+            )
+        )
+    if cfg.openai_api_key_secret:
+        statements.append(
+            iam.PolicyStatement(
+                sid="OpenAIApiKey",
+                actions=["secretsmanager:GetSecretValue"],
+                resources=[secret_arn(cfg.openai_api_key_secret)],
             )
         )
     bus = event_bus_arn(cfg)
@@ -428,6 +440,7 @@ def build_functions(
             role=_role(scope, f"{name.capitalize()}Function", log_group, f"agentq {name} ({names.prefix})"),
         )
 
+    collector_layers, collector_env = lambda_collector(scope, cfg)  # tracing.exporter = "adot" only
     ex = cfg.executor
     executor_env = {
         **common,
@@ -437,6 +450,8 @@ def build_functions(
         "AGENTQ_MAX_RECEIVE_COUNT": str(cfg.max_receive_count),
         **task_runner_env(cfg, sandbox),
         **user_code_env(cfg),
+        **collector_env,
+        **otel_env(cfg, "agentq-executor"),
     }
     executor = function(
         "executor",
@@ -445,7 +460,7 @@ def build_functions(
         env=executor_env,
         reserved=ex.reserved_concurrency,
         description="agentq executor: runs a task for one time slice per SQS message",
-        extra_layers=tool_layers,
+        extra_layers=[*tool_layers, *collector_layers],
     )
     grant_task_runner(executor, data, machine, cfg, sandbox, receive=False)
     grant_user_code(executor, cfg, runs_tools=True)

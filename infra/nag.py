@@ -16,6 +16,8 @@ from constructs import IConstruct
 from agentq.api.app import PUBLIC_PATHS
 from agentq.api.console import CONSOLE_PATH
 from agentq.resources import PAYLOAD_PREFIX
+from infra.model_access import bedrock_resource_templates, wildcard_reason
+from infra.telemetry import adot
 
 if TYPE_CHECKING:
     from infra.stack import AgentqStack
@@ -102,25 +104,31 @@ def acknowledge(stack: AgentqStack) -> None:
             "Execution names are chosen per fan-out at run time; the grant is StopExecution on executions of this environment's fan-out machine only.",
         )
     for role in runners:
-        _ack(
-            role,
-            "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:bedrock:*::foundation-model/anthropic.*]",
-            "Tasks choose their Claude model at submit time, and cross-region inference profiles invoke the model in whichever region they route to; the grant is InvokeModel on Anthropic foundation models only.",
-        )
-        _ack(
-            role,
-            f"AwsSolutions-IAM5[Resource::{PARTITION_REGION_ACCOUNT.format(service='bedrock')}:inference-profile/*anthropic.*]",
-            "Inference profiles for Anthropic models in this account and region (ids like us.anthropic.<model>); the model is chosen per task.",
-        )
+        for template in bedrock_resource_templates(cfg.bedrock_models):  # infra/model_access.py
+            if "*" in template:
+                resource = template.format(
+                    partition="<AWS::Partition>", region="<AWS::Region>", account="<AWS::AccountId>"
+                )
+                _ack(role, f"AwsSolutions-IAM5[Resource::{resource}]", wildcard_reason(template))
 
-    if cfg.anthropic_api_key_secret:
-        secret = f"Resource::{PARTITION_REGION_ACCOUNT.format(service='secretsmanager')}:secret:{cfg.anthropic_api_key_secret}-??????"
+    for setting, name in (("anthropic_api_key_secret", cfg.anthropic_api_key_secret),
+                          ("openai_api_key_secret", cfg.openai_api_key_secret)):  # fmt: skip
+        if not name:
+            continue
+        secret = f"Resource::{PARTITION_REGION_ACCOUNT.format(service='secretsmanager')}:secret:{name}-??????"
         for role in runners:
             _ack(
                 role,
                 f"AwsSolutions-IAM5[{secret}]",
-                "Secrets Manager appends six random characters to a secret's ARN; the grant is GetSecretValue on the one named secret (anthropic_api_key_secret).",
+                f"Secrets Manager appends six random characters to a secret's ARN; the grant is GetSecretValue on the one named secret ({setting}).",
             )
+    if stack.worker is not None and adot(cfg):
+        _ack(
+            stack.worker.task_definition.task_role,
+            "AwsSolutions-IAM5[Resource::*]",
+            xray
+            + " They are the ADOT collector sidecar's (tracing.exporter = adot), which forwards the worker's spans to X-Ray.",
+        )
 
     _ack(
         stack.state_machine.role,

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentq.core.flow import FlowSettings
+from agentq.core.model_ids import model_family
 from agentq.resources import TIERS, QueueSettings, ResourceNames
 
 # CloudWatch Logs accepts only these retention periods (days).
@@ -286,6 +287,35 @@ class UserCodeSettings(_Strict):
         return self
 
 
+BEDROCK_MODEL = re.compile(
+    r"^(arn:[a-z-]+:bedrock:[a-z0-9-]*:\d{0,12}:[a-z-]+/[A-Za-z0-9._:/*-]+|[A-Za-z0-9*][A-Za-z0-9._:*-]{0,200})$"
+)
+ADOT_COLLECTOR_IMAGE = "public.ecr.aws/aws-observability/aws-otel-collector:v0.43.3"
+# ADOT's collector-only Lambda layer (account 901920570463 publishes it in every region); the
+# architecture goes into its name.
+ADOT_COLLECTOR_LAYER = "aws-otel-collector-{arch}-ver-0-117-0:1"
+
+
+class TracingSettings(_Strict):
+    """Where traces go. ``xray`` (the default): X-Ray segments from Lambda's active tracing.
+    ``adot``: besides, agentq's OpenTelemetry spans (``agentq.observe.otel``) go by OTLP/HTTP to
+    an ADOT collector next to the code that runs tasks (a Lambda layer on the executor; a sidecar
+    container in the Fargate worker's task), which forwards them where its configuration says:
+    X-Ray with ADOT's own configuration, or any OTLP backend with yours."""
+
+    exporter: Literal["xray", "adot"] = "xray"
+    collector_config: str | None = Field(
+        None,
+        pattern=r"^(s3|https?|file|env)://?[^\s]+$|^/[^\s]+$",
+        description="the collector's configuration (s3://, https://, or a path in the image/layer); "
+        "null: ADOT's default, which sends traces to X-Ray",
+    )
+    collector_layer_arn: str | None = Field(
+        None, pattern=r"^arn:[a-z-]+:lambda:", description="null: ADOT's collector layer for the architecture"
+    )
+    collector_image: str = Field(ADOT_COLLECTOR_IMAGE, description="the Fargate worker's collector sidecar")
+
+
 class EnvironmentSettings(_Strict):
     """One environment of cdk.json (``flow`` is ``agentq.core.flow.FlowSettings``: breaker,
     limits), validated before anything is synthesized."""
@@ -315,6 +345,23 @@ class EnvironmentSettings(_Strict):
         description="name of a Secrets Manager secret holding the Anthropic API key (provider=anthropic); "
         "null: only Bedrock (and scripted) tasks can run",
     )
+    openai_api_key_secret: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9/_+=.@-]{1,512}$",
+        description="name of a Secrets Manager secret holding the key of the OpenAI-compatible server "
+        "(provider=openai); null: OPENAI_API_KEY is not set and only a server that wants no key can be used",
+    )
+    openai_base_url: str | None = Field(
+        None,
+        pattern=r"^https?://[^\s]+$",
+        description="OPENAI_BASE_URL for provider=openai (a vLLM, Ollama or LiteLLM server); null: api.openai.com",
+    )
+    bedrock_models: list[str] = Field(
+        default_factory=lambda: ["anthropic.*", "*.anthropic.*"],
+        description="the Bedrock models (ids, inference profile ids, or ARNs) the task runners may invoke, "
+        "through AnthropicBedrock or Converse; a trailing '*' names a family",
+    )
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
     executor: ExecutorSettings = Field(default_factory=ExecutorSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     alarms: AlarmSettings = Field(default_factory=AlarmSettings)
@@ -343,6 +390,13 @@ class EnvironmentSettings(_Strict):
             )
         if self.dlq_retention_seconds < self.queue_retention_seconds:
             raise ValueError("dlq_retention_seconds must not be shorter than queue_retention_seconds")
+        for model in self.bedrock_models:
+            family = model_family(model)
+            if not BEDROCK_MODEL.match(model) or not family.strip("*.") or "*" in model.rstrip("*").lstrip("*."):
+                raise ValueError(
+                    f"bedrock_models: {model!r} is not a model id, an inference profile id or a Bedrock ARN "
+                    "('*' only at the end of a family, or as the profile's region: *.anthropic.*)"
+                )
         return self
 
     @property

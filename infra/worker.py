@@ -39,6 +39,7 @@ from infra.data import Data
 from infra.functions import grant_task_runner, grant_user_code, log_retention, task_runner_env, user_code_env
 from infra.sandbox import Sandbox
 from infra.settings import EnvironmentSettings
+from infra.telemetry import add_collector_sidecar, otel_env
 
 ECR_IMAGE = re.compile(
     r"^(?P<account>\d{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/(?P<repo>[^:@]+)"
@@ -121,6 +122,7 @@ def build_worker(
         "AGENTQ_STATE_MACHINE_ARN": machine.state_machine_arn,
         **task_runner_env(cfg, sandbox),
         **user_code_env(cfg),
+        **otel_env(cfg, "agentq-worker"),
         "HOME": "/tmp",  # the only writable place
         "AGENTQ_EMF": "1",  # the worker prints EMF lines; the awslogs driver ships them
         "AGENTQ_LOG_FORMAT": "json",  # powertools JSON lines with task_id and step, for Logs Insights
@@ -157,6 +159,7 @@ def build_worker(
         linux_parameters=linux,
     )
     container.add_mount_points(ecs.MountPoint(container_path="/tmp", source_volume="tmp", read_only=False))
+    add_collector_sidecar(task_def, container, cfg, logs_group)  # tracing.exporter = "adot" only
     grant_task_runner(task_def.task_role, data, machine, cfg, sandbox, receive=True)
     grant_user_code(task_def.task_role, cfg, runs_tools=True)
     pulls_from_ecr = _grant_image_pull(task_def, w.image) if w.image else True
@@ -222,6 +225,8 @@ def worker_image(cfg: EnvironmentSettings) -> ecs.ContainerImage:
         return ecs.ContainerImage.from_registry(cfg.worker.image)
     user = cfg.user_code
     args = {"USER_CODE_DIR": user.package_dir, "USER_REQUIREMENTS": user.requirements or ""} if user else {}
+    if cfg.tracing.exporter == "adot":
+        args["AGENTQ_EXTRAS"] = "otel"  # the OpenTelemetry SDK that sends to the collector sidecar
     platform = ecr_assets.Platform.LINUX_ARM64 if cfg.architecture == "arm64" else ecr_assets.Platform.LINUX_AMD64
     return ecs.ContainerImage.from_asset(
         str(ROOT), file="Dockerfile", build_args=args, exclude=IMAGE_EXCLUDES, platform=platform

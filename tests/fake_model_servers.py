@@ -2,11 +2,14 @@
 tests through the real SDKs over real sockets:
 
 - ``FakeChatCompletions``: OpenAI's ``POST /v1/chat/completions`` as vLLM, Ollama and LiteLLM
-  serve it (errors in the ``{"error": {"message", "type", "code"}}`` envelope; streaming not
-  needed: the provider never asks for it);
+  serve it (errors in the ``{"error": {"message", "type", "code"}}`` envelope); a request with
+  ``stream: true`` gets its completion as server-sent ``chat.completion.chunk`` events, the
+  usage in a last chunk when ``stream_options.include_usage`` asks, then ``data: [DONE]``;
 - ``FakeConverse``: Bedrock's ``POST /model/{modelId}/converse`` (restJson1: the model in the
   path, errors named by the ``x-amzn-errortype`` header with ``{"message"}`` bodies, as botocore
-  parses them).
+  parses them) and ``/converse-stream``, whose reply goes out as ConverseStream events in AWS's
+  event-stream binary framing (``event_stream_frame``: prelude, headers, payload, two CRC32s,
+  as ``botocore.eventstream`` decodes them).
 
 Replies are queued in order, or made by a ``responder`` when nothing is queued (a model that
 plays a plan); every request is recorded. A request with nothing to answer it gets a 400 and is
@@ -15,6 +18,7 @@ listed in ``unexpected``. ``FakeReply``'s ``reset`` drops the connection (a prox
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import socket
@@ -22,6 +26,7 @@ import struct
 import threading
 import time
 import urllib.parse
+import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +47,10 @@ class FakeReply:
     headers: dict[str, str] = field(default_factory=dict)
     raw: bytes | None = None  # sent as is (a body that is not JSON)
     reset: bool = False  # drop the connection instead of answering
+    content_type: str = "application/json"
+    delay_seconds: float = 0.0  # wait this long before answering (a slow model)
+    events: list[bytes] | None = None  # a stream's events, sent chunked (one chunk each) instead of ``raw``
+    stream_pause_seconds: float = 0.0  # a stream waits this long halfway through its events
 
 
 @dataclass
@@ -54,13 +63,15 @@ class Recorded:
 
 
 Responder = Callable[[Recorded], FakeReply]
+Delivered = Callable[[Recorded, FakeReply], None]
 
 
 class _ScriptedServer:
     name = "fake-model-server"
 
-    def __init__(self, responder: Responder | None = None) -> None:
+    def __init__(self, responder: Responder | None = None, *, on_delivered: Delivered | None = None) -> None:
         self.responder = responder
+        self.on_delivered = on_delivered  # told of each 2xx reply once it is written (what a ledger counts)
         self._lock = threading.Lock()
         self._replies: deque[FakeReply] = deque()
         self.requests: list[Recorded] = []
@@ -109,6 +120,10 @@ class _ScriptedServer:
         """A last touch before sending (fill in the model a reply left out)."""
         return reply
 
+    def streamed(self, reply: FakeReply, recorded: Recorded) -> FakeReply:
+        """The reply in the API's streaming wire format when the request asked for a stream."""
+        return reply
+
 
 def _handler(api: _ScriptedServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
@@ -134,17 +149,39 @@ def _handler(api: _ScriptedServer) -> type[BaseHTTPRequestHandler]:
                 self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 self.close_connection = True
                 return
-            self._send(reply)
+            if reply.delay_seconds:
+                time.sleep(reply.delay_seconds)
+            self._send(api.streamed(reply, recorded) if 200 <= reply.status < 300 else reply)
+            if api.on_delivered is not None and 200 <= reply.status < 300:
+                api.on_delivered(recorded, reply)
 
         def _send(self, reply: FakeReply) -> None:
+            if reply.events is not None:
+                self._send_chunked(reply, reply.events)
+                return
             payload = reply.raw if reply.raw is not None else json.dumps(reply.body).encode()
             self.send_response(reply.status)
-            self.send_header("content-type", "application/json")
+            self.send_header("content-type", reply.content_type)
             self.send_header("content-length", str(len(payload)))
             for key, value in reply.headers.items():
                 self.send_header(key, value)
             self.end_headers()
             self.wfile.write(payload)
+
+        def _send_chunked(self, reply: FakeReply, events: list[bytes]) -> None:
+            """A stream as it arrives from a model: chunked, one event a chunk, flushed each."""
+            self.send_response(reply.status)
+            self.send_header("content-type", reply.content_type)
+            self.send_header("transfer-encoding", "chunked")
+            for key, value in reply.headers.items():
+                self.send_header(key, value)
+            self.end_headers()
+            for n, event in enumerate(events):
+                if n == len(events) // 2 and reply.stream_pause_seconds:
+                    time.sleep(reply.stream_pause_seconds)
+                self.wfile.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
 
         def log_message(self, format: str, *args: Any) -> None:
             pass
@@ -172,8 +209,18 @@ class FakeChatCompletions(_ScriptedServer):
 
     def finish(self, reply: FakeReply, recorded: Recorded) -> FakeReply:
         if isinstance(reply.body, dict) and reply.body.get("object") == "chat.completion" and not reply.body["model"]:
-            reply = FakeReply(reply.status, {**reply.body, "model": recorded.model}, reply.headers)
+            reply = dataclasses.replace(reply, body={**reply.body, "model": recorded.model})
         return reply
+
+    def streamed(self, reply: FakeReply, recorded: Recorded) -> FakeReply:
+        request = recorded.body if isinstance(recorded.body, dict) else {}
+        if not request.get("stream") or not isinstance(reply.body, dict) or reply.raw is not None:
+            return reply
+        usage = bool((request.get("stream_options") or {}).get("include_usage"))
+        events = [f"data: {json.dumps(c)}\n\n".encode() for c in completion_chunks(reply.body, usage=usage)]
+        return dataclasses.replace(
+            reply, body=None, events=[*events, b"data: [DONE]\n\n"], content_type="text/event-stream"
+        )
 
 
 def chat_completion(
@@ -216,6 +263,34 @@ def chat_completion(
     return FakeReply(200, body)
 
 
+def completion_chunks(completion: dict[str, Any], *, usage: bool) -> list[dict[str, Any]]:
+    """A completion as the chunks a server streams: the role, the text in three pieces, each
+    tool call (id and name first, its arguments in two pieces), the finish reason, the usage."""
+    head = {"id": completion["id"], "object": "chat.completion.chunk", "created": completion["created"],
+            "model": completion["model"]}  # fmt: skip
+    choice = completion["choices"][0]
+    message = choice["message"]
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    out = [chunk({"role": "assistant", "content": ""})]
+    text = message.get("content") or ""
+    third = max(1, len(text) // 3)
+    out += [chunk({"content": text[i : i + third]}) for i in range(0, len(text), third)]
+    for n, call in enumerate(message.get("tool_calls") or []):
+        arguments = call["function"]["arguments"]
+        half = len(arguments) // 2
+        out.append(chunk({"tool_calls": [{"index": n, "id": call["id"], "type": "function",
+                                          "function": {"name": call["function"]["name"], "arguments": ""}}]}))  # fmt: skip
+        for piece in (arguments[:half], arguments[half:]):
+            out.append(chunk({"tool_calls": [{"index": n, "function": {"arguments": piece}}]}))
+    out.append(chunk({}, choice["finish_reason"]))
+    if usage:
+        out.append({**head, "choices": [], "usage": completion["usage"]})
+    return out
+
+
 def chat_error(status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> FakeReply:
     return FakeReply(status, {"error": {"message": message, "type": kind, "param": None, "code": None}}, headers or {})
 
@@ -229,12 +304,76 @@ class FakeConverse(_ScriptedServer):
     name = "fake-converse"
 
     def route(self, path: str) -> str | None:
-        if path.startswith("/model/") and path.endswith("/converse"):
-            return urllib.parse.unquote(path[len("/model/") : -len("/converse")])
+        for operation in ("/converse", "/converse-stream"):
+            if path.startswith("/model/") and path.endswith(operation):
+                return urllib.parse.unquote(path[len("/model/") : -len(operation)])
         return None
 
     def no_reply(self) -> FakeReply:
         return converse_error(400, "ValidationException", "fake server: no reply queued")
+
+    def streamed(self, reply: FakeReply, recorded: Recorded) -> FakeReply:
+        if not recorded.path.endswith("/converse-stream") or reply.raw is not None or not isinstance(reply.body, dict):
+            return reply
+        frames = [event_stream_frame(kind, event) for kind, event in converse_events(reply.body)]
+        return dataclasses.replace(reply, body=None, events=frames, content_type="application/vnd.amazon.eventstream")
+
+
+def event_stream_frame(kind: str, payload: dict[str, Any], *, message_type: str = "event") -> bytes:
+    """One message of AWS's event-stream encoding: a prelude (total length, headers length, the
+    CRC32 of those 8 bytes), string headers (name length byte, name, type 7, 2-byte value
+    length, value), the JSON payload, and the CRC32 of everything before it."""
+    name = ":event-type" if message_type == "event" else ":exception-type"
+    headers = {name: kind, ":content-type": "application/json", ":message-type": message_type}
+    encoded = b"".join(
+        bytes([len(k)]) + k.encode() + b"\x07" + struct.pack(">H", len(v.encode())) + v.encode()
+        for k, v in headers.items()
+    )
+    body = json.dumps(payload).encode()
+    prelude = struct.pack(">II", 12 + len(encoded) + len(body) + 4, len(encoded))
+    message = prelude + struct.pack(">I", zlib.crc32(prelude)) + encoded + body
+    return message + struct.pack(">I", zlib.crc32(message))
+
+
+def converse_events(reply: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """A Converse reply as the ConverseStream events that carry it: messageStart, per content
+    block its start (a tool use's id and name), its deltas (text in three pieces, tool input as
+    JSON text in two, reasoning text then signature) and its stop, messageStop, metadata."""
+    events: list[tuple[str, dict[str, Any]]] = [("messageStart", {"role": "assistant"})]
+    for i, block in enumerate(reply["output"]["message"]["content"]):
+        deltas: list[dict[str, Any]] = []
+        if "toolUse" in block:
+            use = block["toolUse"]
+            events.append(("contentBlockStart", {"contentBlockIndex": i,
+                                                 "start": {"toolUse": {"toolUseId": use["toolUseId"], "name": use["name"]}}}))  # fmt: skip
+            text = json.dumps(use["input"])
+            deltas = [{"toolUse": {"input": text[: len(text) // 2]}}, {"toolUse": {"input": text[len(text) // 2 :]}}]
+        elif "reasoningContent" in block:
+            said = block["reasoningContent"]["reasoningText"]
+            deltas = [
+                {"reasoningContent": {"text": said["text"]}},
+                {"reasoningContent": {"signature": said["signature"]}},
+            ]
+        elif "text" in block:
+            third = max(1, len(block["text"]) // 3)
+            deltas = [{"text": block["text"][j : j + third]} for j in range(0, len(block["text"]), third)]
+        events += [("contentBlockDelta", {"contentBlockIndex": i, "delta": d}) for d in deltas]
+        events.append(("contentBlockStop", {"contentBlockIndex": i}))
+    events.append(("messageStop", {"stopReason": reply["stopReason"]}))
+    events.append(("metadata", {"usage": reply["usage"], "metrics": reply.get("metrics", {"latencyMs": 1})}))
+    return events
+
+
+def converse_stream_exception(code: str, message: str) -> FakeReply:
+    """A ConverseStream that starts (200) and then carries an exception event (``throttlingException``...)."""
+    return FakeReply(
+        200,
+        events=[
+            event_stream_frame("messageStart", {"role": "assistant"}),
+            event_stream_frame(code, {"message": message}, message_type="exception"),
+        ],
+        content_type="application/vnd.amazon.eventstream",
+    )
 
 
 def converse_reply(
@@ -276,3 +415,28 @@ def converse_error(status: int, code: str, message: str, headers: dict[str, str]
         {"message": message},
         {"x-amzn-errortype": f"{code}:http://internal.amazon.com/coral/com.amazon.bedrock/", **(headers or {})},
     )
+
+
+# --- what the providers' tests share ------------------------------------------------------------
+
+WEATHER_TOOL = {
+    "name": "get_weather",
+    "description": "Weather for a city",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+
+
+class Sleeps(list[float]):
+    """A provider's ``sleep``: records the waits of its retries instead of waiting."""
+
+    def __call__(self, seconds: float) -> None:
+        self.append(seconds)
+
+
+def point_boto3_at(server: FakeConverse, setenv: Callable[[str, str], None]) -> None:
+    """boto3's ``bedrock-runtime`` at ``server``, with placeholder credentials it signs with
+    (``setenv``: a ``monkeypatch.setenv``, so the test undoes it)."""
+    setenv("AWS_ENDPOINT_URL_BEDROCK_RUNTIME", server.base_url)
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                        ("AWS_DEFAULT_REGION", "us-east-1")):  # fmt: skip
+        setenv(name, value)

@@ -21,30 +21,25 @@ from agentq.core.providers.retry import RetryPolicy
 from agentq.core.tools import ToolRegistry
 from agentq.storage.container import Storage
 
-from tests.fake_model_servers import FakeConverse, FakeReply, converse_error, converse_reply
+from tests.fake_model_servers import (
+    WEATHER_TOOL,
+    FakeConverse,
+    FakeReply,
+    Sleeps,
+    converse_error,
+    converse_reply,
+    point_boto3_at,
+)
 
 STORAGE = "memory"
 NOVA = "us.amazon.nova-pro-v1:0"
 LLAMA = "meta.llama3-3-70b-instruct-v1:0"
-WEATHER_TOOL = {
-    "name": "get_weather",
-    "description": "Weather for a city",
-    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}
-
-
-class Sleeps(list[float]):
-    def __call__(self, seconds: float) -> None:
-        self.append(seconds)
 
 
 @pytest.fixture
 def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeConverse]:
     with FakeConverse() as fake:
-        monkeypatch.setenv("AWS_ENDPOINT_URL_BEDROCK_RUNTIME", fake.base_url)
-        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        point_boto3_at(fake, monkeypatch.setenv)
         yield fake
 
 

@@ -50,6 +50,14 @@ CDK_CONTEXT = json.loads((ROOT / "cdk.json").read_text())["context"]
 ENVIRONMENTS = CDK_CONTEXT["environments"]
 WORKER_IMAGE = "123456789012.dkr.ecr.eu-west-1.amazonaws.com/agentq-worker:1.0"
 ANTHROPIC_SECRET = "agentq/dev/anthropic-api-key"
+OPENAI_SECRET = "agentq/dev/vllm-api-key"
+OPENAI_BASE_URL = "https://vllm.internal.example.com/v1"
+# A deployment naming its models: a model in this region, a cross-region profile, an ARN as is.
+BEDROCK_MODELS = [
+    "amazon.nova-pro-v1:0",
+    "us.meta.llama3-3-70b-instruct-v1:0",
+    "arn:aws:bedrock:eu-west-1:123456789012:application-inference-profile/a1b2c3d4",
+]
 # The only actions allowed on Resource "*": AWS offers no resource-level permission for them.
 STAR_ONLY_ACTIONS = {
     "xray:PutTraceSegments", "xray:PutTelemetryRecords", "xray:GetSamplingRules", "xray:GetSamplingTargets",
@@ -71,10 +79,13 @@ def settings_of(env_name: str) -> EnvironmentSettings:
 
 
 def _worker_context() -> dict[str, Any]:
-    """dev with the optional Fargate worker switched on."""
+    """dev with the optional Fargate worker switched on, and every model and tracing option set."""
     dev = json.loads(json.dumps(ENVIRONMENTS["dev"]))
     dev["worker"] = {"enabled": True, "image": WORKER_IMAGE, "min_tasks": 1, "max_tasks": 6}
     dev["anthropic_api_key_secret"] = ANTHROPIC_SECRET
+    # the models and traces a platform team configures (tests/test_cdk_model_access.py)
+    dev.update(openai_api_key_secret=OPENAI_SECRET, openai_base_url=OPENAI_BASE_URL, bedrock_models=BEDROCK_MODELS)
+    dev["tracing"] = {"exporter": "adot"}
     return {"environments": {**ENVIRONMENTS, "dev": dev}}
 
 
@@ -943,7 +954,7 @@ def test_optional_fargate_worker_scales_on_queue_depth_and_passes_nag_and_lint(w
     template.resource_count_is("AWS::ECS::Service", 1)
     template.has_resource_properties(
         "AWS::ECS::TaskDefinition",
-        {"ContainerDefinitions": [Match.object_like({
+        {"ContainerDefinitions": Match.array_with([Match.object_like({
             "Image": WORKER_IMAGE,
             "Command": ["agentq", "worker", "--concurrency", "256", "--heartbeat", "10.0", "--lease", "30.0",
                         "--visibility", "40", "--max-receive-count", "5"],
@@ -954,7 +965,7 @@ def test_optional_fargate_worker_scales_on_queue_depth_and_passes_nag_and_lint(w
                 {"Name": "AGENTQ_LOG_FORMAT", "Value": "json"},
                 {"Name": "POWERTOOLS_METRICS_NAMESPACE", "Value": names.NAMESPACE},
             ]),
-        })], "RuntimePlatform": {"CpuArchitecture": "ARM64", "OperatingSystemFamily": "LINUX"}},
+        })]), "RuntimePlatform": {"CpuArchitecture": "ARM64", "OperatingSystemFamily": "LINUX"}},
     )  # fmt: skip
     template.has_resource_properties(
         "AWS::ApplicationAutoScaling::ScalableTarget", {"MinCapacity": 1, "MaxCapacity": 6}
@@ -980,23 +991,29 @@ def test_optional_fargate_worker_scales_on_queue_depth_and_passes_nag_and_lint(w
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_a_named_anthropic_secret_reaches_the_task_runners_and_only_they_may_read_it(worker_synth: Synthesized) -> None:
+@pytest.mark.parametrize(
+    ("variable", "secret"),
+    [("AGENTQ_ANTHROPIC_API_KEY_SECRET", ANTHROPIC_SECRET), ("AGENTQ_OPENAI_API_KEY_SECRET", OPENAI_SECRET)],
+)
+def test_a_named_api_key_secret_reaches_the_task_runners_and_only_they_may_read_it(
+    worker_synth: Synthesized, variable: str, secret: str
+) -> None:
     env_of = {
         r["Properties"]["FunctionName"]: r["Properties"]["Environment"]["Variables"]
         for r in worker_synth.resources("AWS::Lambda::Function").values()
         if isinstance(r["Properties"].get("FunctionName"), str)
     }
-    assert env_of["agentq-dev-executor"]["AGENTQ_ANTHROPIC_API_KEY_SECRET"] == ANTHROPIC_SECRET
-    assert "AGENTQ_ANTHROPIC_API_KEY_SECRET" not in env_of["agentq-dev-api"]
+    assert env_of["agentq-dev-executor"][variable] == secret
+    assert variable not in env_of["agentq-dev-api"]
     (task_def,) = worker_synth.resources("AWS::ECS::TaskDefinition").values()
     container_env = {e["Name"]: e["Value"] for e in task_def["Properties"]["ContainerDefinitions"][0]["Environment"]}
-    assert container_env["AGENTQ_ANTHROPIC_API_KEY_SECRET"] == ANTHROPIC_SECRET
+    assert container_env[variable] == secret
     readers = []
     for policy in worker_synth.resources("AWS::IAM::Policy").values():
         for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
-            if "secretsmanager:GetSecretValue" in _as_list(statement["Action"]):
+            if f":secret:{secret}-??????" in json.dumps(statement["Resource"]):
                 assert _as_list(statement["Action"]) == ["secretsmanager:GetSecretValue"]
-                assert f":secret:{ANTHROPIC_SECRET}-??????" in json.dumps(statement["Resource"])
+                assert len(_as_list(statement["Resource"])) == 1  # that secret only
                 readers.append(json.dumps(policy["Properties"]["Roles"]))
     assert (
         len(readers) == 2 and any("ExecutorFunction" in r for r in readers) and any("WorkerTask" in r for r in readers)
@@ -1183,7 +1200,7 @@ def test_the_worker_runs_as_non_root_read_only_without_capabilities_in_private_s
     worker_synth: Synthesized,
 ) -> None:
     (task_def,) = worker_synth.resources("AWS::ECS::TaskDefinition").values()
-    (container,) = task_def["Properties"]["ContainerDefinitions"]
+    container = task_def["Properties"]["ContainerDefinitions"][0]  # [1]: the trace collector (test_cdk_model_access)
     assert container["User"] == "65534:65534"
     assert container["ReadonlyRootFilesystem"] is True
     assert container["LinuxParameters"]["Capabilities"] == {"Drop": ["ALL"]}

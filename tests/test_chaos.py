@@ -1,8 +1,10 @@
 """The chaos suite's small seeded run (``make chaos`` is the large one): 12 root tasks with
 their sub-agents through the HTTP API (four of them conversations that people message and
 interrupt while the workers die), 3 worker processes SIGKILLed and SIGSTOPped every
-1-3 s for 20 s, a model server faulting one request in ten. Every invariant ``bench/chaos.py``
-checks must hold; its table is printed when one does not."""
+1-3 s for 20 s, model servers faulting one request in ten, the tasks spread over the
+``anthropic``, ``openai`` and ``bedrock-converse`` providers (a mixed fleet, each on its own
+wire). Every invariant ``bench/chaos.py`` checks must hold; its table is printed when one does
+not."""
 
 from __future__ import annotations
 
@@ -34,5 +36,6 @@ def test_the_seeded_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
     figures = result["figures"]
     assert figures["kills"] + figures["stops"] >= 5 and sum(figures["model faults"].values()) >= 1
     assert set(figures["plans by kind"]) == {"tools", "budget", "fanout", "child", "talk"}  # every shape was run
+    assert set(figures["plans by provider"]) == {"anthropic", "openai", "bedrock-converse"}  # on every wire
     assert figures["messages delivered"] == figures["messages sent (accepted)"] >= 5
     assert figures["interrupts recorded"] >= 1

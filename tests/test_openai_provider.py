@@ -26,20 +26,10 @@ from agentq.core.tools import ToolRegistry
 from agentq.local.moto_server import MotoServer
 from agentq.storage.container import Storage
 
-from tests.fake_model_servers import FakeChatCompletions, FakeReply, chat_completion, chat_error
+from tests.fake_model_servers import WEATHER_TOOL, FakeChatCompletions, FakeReply, Sleeps, chat_completion, chat_error
 
 STORAGE = "memory"
 MODEL = "gpt-4.1-mini"
-WEATHER_TOOL = {
-    "name": "get_weather",
-    "description": "Weather for a city",
-    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}
-
-
-class Sleeps(list[float]):
-    def __call__(self, seconds: float) -> None:
-        self.append(seconds)
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from tests.fake_model_servers import (
     Recorded,
     chat_completion,
     converse_reply,
+    point_boto3_at,
 )
 
 STORAGE = "memory"
@@ -69,14 +70,10 @@ def test_the_shop_agent_runs_on_another_model_by_changing_its_provider_and_model
 ) -> None:
     server = FakeChatCompletions(responder=chat_plan) if provider == "openai" else FakeConverse(responder=converse_plan)
     with server:
-        monkeypatch.setenv("OPENAI_BASE_URL", f"{server.base_url}/v1")
-        monkeypatch.setenv("AWS_ENDPOINT_URL_BEDROCK_RUNTIME", server.base_url)
-        for name, value in (
-            ("AWS_ACCESS_KEY_ID", "k"),
-            ("AWS_SECRET_ACCESS_KEY", "k"),
-            ("AWS_DEFAULT_REGION", "us-east-1"),
-        ):
-            monkeypatch.setenv(name, value)
+        if isinstance(server, FakeChatCompletions):
+            monkeypatch.setenv("OPENAI_BASE_URL", server.openai_base_url)
+        else:
+            point_boto3_at(server, monkeypatch.setenv)
         registry = build_registry(Settings(table="memory", bucket="memory", tool_modules=("shop_tools",)))
         spec = {**yaml.safe_load((EXAMPLE / "agent.yaml").read_text()), "provider": provider, "model": model}
         create_agent(store, registry, spec, tenant="t")

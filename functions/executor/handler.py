@@ -22,7 +22,7 @@ from aws_lambda_powertools.utilities.batch.types import PartialItemFailureRespon
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from agentq.observe import metrics, record_dead_letter, route_core_logs
+from agentq.observe import metrics, otel, record_dead_letter, route_core_logs
 from agentq.queueing.dispatch import Dispatcher
 from agentq.resources import QueueSettings
 from agentq.runtime import Settings, build_engine, build_queues, build_store
@@ -123,4 +123,9 @@ def _sqs_attributes(record: SQSRecord) -> dict[str, Any]:
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> PartialItemFailureResponse:
     global _context
     _context = context
-    return process_partial_response(event=event, record_handler=record_handler, processor=processor, context=context)
+    try:
+        return process_partial_response(
+            event=event, record_handler=record_handler, processor=processor, context=context
+        )
+    finally:
+        otel.flush()  # OpenTelemetry spans (tracing.exporter = adot) out before Lambda freezes the container

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentq.core.errors import ProviderError
 from agentq.core.models import Usage
 from agentq.core.providers import caching
-from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS, LLMRequest, LLMResponse, report_text
+from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS, LLMRequest, LLMResponse, report_text, stream_above
 from agentq.core.providers.caching import CacheTtl
 from agentq.core.providers.retry import CallFailure, MalformedReply, RetryPolicy, call_with_retries
 
@@ -113,11 +113,6 @@ class _MessagesProvider:
                 text += chunk
                 report_text(text)
             return stream.get_final_message()
-
-
-def stream_above() -> int:
-    """Calls allowed more output tokens than this are streamed (``AGENTQ_STREAM_ABOVE_TOKENS``)."""
-    return int(os.environ.get("AGENTQ_STREAM_ABOVE_TOKENS", "8192"))
 
 
 def anthropic_failure(exc: Exception) -> CallFailure | None:

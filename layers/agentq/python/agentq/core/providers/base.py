@@ -150,3 +150,13 @@ def report_text(text: str) -> None:
     listener = _text_listener.get()
     if listener is not None:
         listener(text)
+
+
+STREAM_ABOVE_VARIABLE = "AGENTQ_STREAM_ABOVE_TOKENS"
+
+
+def stream_above() -> int:
+    """Calls allowed more output tokens than this are streamed (``AGENTQ_STREAM_ABOVE_TOKENS``),
+    by every provider that can: the connection carries data all along, so no proxy or idle
+    timeout cuts a call that writes for minutes, and the text so far reaches ``report_text``."""
+    return int(os.environ.get(STREAM_ABOVE_VARIABLE, "8192"))

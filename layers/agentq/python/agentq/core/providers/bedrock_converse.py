@@ -13,12 +13,20 @@ for the models whose Bedrock documentation lists prompt caching (``caches_prompt
 would refuse the request with a ValidationException, so theirs never carry one. Reasoning
 (extended thinking) is Claude's on Bedrock, sent in ``additionalModelRequestFields``; its
 ``reasoningContent`` is kept and sent back unchanged like an Anthropic thinking block.
+
+A call allowed more than ``AGENTQ_STREAM_ABOVE_TOKENS`` of output goes through
+``converse_stream`` (ConverseStream: AWS event-stream frames that botocore decodes into
+events): the text so far goes to ``report_text`` (the task's live text), and the content
+blocks, stop reason and usage of the events are assembled into the reply ``converse`` would
+have returned, then read by the same checks. An exception event in the stream (a throttle,
+a model error) is botocore's ``EventStreamError`` and is retried by its code like a status.
 """
 
 from __future__ import annotations
 
 import base64
 import functools
+import json
 import os
 import random
 import time
@@ -35,7 +43,7 @@ from agentq.core.errors import ProviderError
 from agentq.core.model_ids import model_family
 from agentq.core.models import Usage
 from agentq.core.providers import caching
-from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS, LLMRequest, LLMResponse
+from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS, LLMRequest, LLMResponse, report_text, stream_above
 from agentq.core.providers.retry import CallFailure, MalformedReply, RetryPolicy, call_with_retries
 
 # Converse's stopReason -> the Messages API's stop_reason the engine reads.
@@ -43,6 +51,14 @@ STOP_REASONS = {"guardrail_intervened": "refusal", "content_filtered": "refusal"
 # Model families (by the id past any region prefix) whose Converse requests may carry cachePoint.
 CACHING_FAMILIES = ("anthropic.claude", "amazon.nova")
 CACHE_POINT = {"cachePoint": {"type": "default"}}
+# ConverseStream's exception events carry a code but no HTTP status: the status each stands for.
+STREAM_EXCEPTION_STATUS = {
+    "throttlingException": 429,
+    "serviceUnavailableException": 503,
+    "internalServerException": 500,
+    "modelStreamErrorException": 500,
+    "validationException": 400,
+}
 
 
 @functools.cache
@@ -89,9 +105,14 @@ class BedrockConverseProvider:
 
     def complete(self, request: LLMRequest) -> LLMResponse:
         params = converse_params(request)
+        streamed = request.max_tokens > stream_above()
         try:
             response, attempts = call_with_retries(
-                lambda: to_llm_response(self._client.converse(**params), request.model),
+                lambda: (
+                    self._streamed(params)
+                    if streamed
+                    else to_llm_response(self._client.converse(**params), request.model)
+                ),
                 self.retry,
                 self._sleep,
                 rng=self._rng,
@@ -106,6 +127,92 @@ class BedrockConverseProvider:
             ) from None
         return response.model_copy(update={"attempts": attempts})
 
+    def _streamed(self, params: dict[str, Any]) -> LLMResponse:
+        reply = StreamedReply()
+        for event in self._client.converse_stream(**params)["stream"]:
+            if reply.add(event):
+                report_text(reply.text)
+        return to_llm_response(reply.whole(), params["modelId"])
+
+
+class StreamedReply:
+    """ConverseStream's events put back together as a Converse reply: content blocks by
+    ``contentBlockIndex`` (a tool use's id and name in its start, its input as JSON text in
+    pieces; reasoning text and signature in pieces), ``messageStop``'s stop reason and
+    ``metadata``'s usage."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self._blocks: dict[int, dict[str, Any]] = {}
+        self._stop: str | None = None
+        self._usage: dict[str, Any] | None = None
+
+    def add(self, event: dict[str, Any]) -> bool:
+        """Take one event; True when it added text."""
+        if "contentBlockStart" in event:
+            start = event["contentBlockStart"]
+            use = (start.get("start") or {}).get("toolUse")
+            if use:
+                self._block(start)["toolUse"] = {"toolUseId": use.get("toolUseId"), "name": use.get("name"), "json": ""}
+        elif "contentBlockDelta" in event:
+            change = event["contentBlockDelta"]
+            delta, block = change.get("delta") or {}, self._block(change)
+            if "text" in delta:
+                block["text"] = block.get("text", "") + delta["text"]
+                self.text += delta["text"]
+                return True
+            if "toolUse" in delta:
+                block.setdefault("toolUse", {"json": ""})["json"] += delta["toolUse"].get("input", "")
+            if "reasoningContent" in delta:
+                said = delta["reasoningContent"]
+                thought = block.setdefault("reasoning", {"text": "", "signature": ""})
+                thought["text"] += said.get("text", "")
+                thought["signature"] += said.get("signature", "")
+                if "redactedContent" in said:
+                    thought["redacted"] = thought.get("redacted", b"") + said["redactedContent"]
+        elif "messageStop" in event:
+            self._stop = event["messageStop"].get("stopReason")
+        elif "metadata" in event:
+            self._usage = event["metadata"].get("usage")
+        return False
+
+    def _block(self, event: dict[str, Any]) -> dict[str, Any]:
+        return self._blocks.setdefault(int(event.get("contentBlockIndex", 0)), {})
+
+    def whole(self) -> dict[str, Any]:
+        """The reply ``converse`` would have returned (``MalformedReply`` for tool input that is not JSON)."""
+        content: list[dict[str, Any]] = []
+        for _, block in sorted(self._blocks.items()):
+            if "toolUse" in block:
+                use = block["toolUse"]
+                try:
+                    tool_input = json.loads(use["json"] or "{}")
+                except json.JSONDecodeError:
+                    raise MalformedReply(f"tool use {use.get('name')!r}: its input is not JSON") from None
+                content.append(
+                    {"toolUse": {"toolUseId": use.get("toolUseId"), "name": use.get("name"), "input": tool_input}}
+                )
+            elif "reasoning" in block:
+                thought = block["reasoning"]
+                if "redacted" in thought:
+                    content.append({"reasoningContent": {"redactedContent": thought["redacted"]}})
+                else:
+                    content.append(
+                        {
+                            "reasoningContent": {
+                                "reasoningText": {"text": thought["text"], "signature": thought["signature"]}
+                            }
+                        }
+                    )
+            elif "text" in block:
+                content.append({"text": block["text"]})
+        reply: dict[str, Any] = {"output": {"message": {"role": "assistant", "content": content}}}
+        if self._stop is not None:
+            reply["stopReason"] = self._stop
+        if self._usage is not None:
+            reply["usage"] = self._usage
+        return reply
+
 
 def botocore_failure(exc: Exception) -> CallFailure | None:
     """botocore's exceptions in the retry loop's terms: a ``ClientError`` by its HTTP status
@@ -114,7 +221,7 @@ def botocore_failure(exc: Exception) -> CallFailure | None:
     if isinstance(exc, botocore.exceptions.ClientError):
         meta: dict[str, Any] = dict(exc.response.get("ResponseMetadata") or {})
         error: dict[str, Any] = dict(exc.response.get("Error") or {})
-        status = int(meta.get("HTTPStatusCode") or 500)
+        status = int(meta.get("HTTPStatusCode") or STREAM_EXCEPTION_STATUS.get(str(error.get("Code")), 500))
         return CallFailure(
             "status", status, error.get("Code") or None, str(error.get("Message") or exc), meta.get("HTTPHeaders")
         )

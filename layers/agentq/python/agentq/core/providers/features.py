@@ -38,8 +38,8 @@ class Features:
 FEATURES: dict[str, Features] = {
     "anthropic": Features("yes", "yes", "yes", "yes", "yes", "yes", "yes", "yes", "estimate"),
     "bedrock": Features("yes", "no", "yes", "no", "yes", "yes", "yes", "yes", "estimate"),
-    "bedrock-converse": Features("per model", "no", "yes", "no", "per model", "no", "yes", "no", "estimate"),
-    "openai": Features("automatic", "no", "yes", "no", "no", "no", "yes", "no", "estimate"),
+    "bedrock-converse": Features("per model", "no", "yes", "no", "per model", "no", "yes", "yes", "estimate"),
+    "openai": Features("automatic", "no", "yes", "no", "no", "no", "yes", "yes", "estimate"),
     "scripted": Features("no", "no", "yes", "no", "yes", "yes", "yes", "no", "estimate"),
 }
 

@@ -13,6 +13,12 @@ they are split out as cache reads, so the ledger prices them as such and the tot
 server billed. A reply is checked before anything reads it, as the Anthropic provider does:
 a 200 that is not a completion, or a tool call whose arguments are not a JSON object, is
 retried like an overload and fails the task once the attempts are spent.
+
+A call allowed more than ``AGENTQ_STREAM_ABOVE_TOKENS`` of output is streamed (``stream=True``,
+server-sent chunks, with ``stream_options.include_usage`` so the last chunk carries the usage a
+budget is settled from): the text so far goes to ``report_text`` (the task's live text), and
+the chunks are assembled into the completion ``create`` would have returned, then read by the
+same checks. A stream that ends without its usage is a malformed reply.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentq.core.errors import ProviderError
 from agentq.core.models import Usage
-from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS, LLMRequest, LLMResponse
+from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS, LLMRequest, LLMResponse, report_text, stream_above
 from agentq.core.providers.retry import CallFailure, MalformedReply, RetryPolicy, call_with_retries
 
 API_KEY_VARIABLE = "OPENAI_API_KEY"
@@ -86,8 +92,11 @@ class OpenAIProvider:
 
     def complete(self, request: LLMRequest) -> LLMResponse:
         params = chat_params(request, self._limit)
+        streamed = request.max_tokens > stream_above()
         response, attempts = call_with_retries(
-            lambda: to_llm_response(self._client.chat.completions.create(**params)),
+            lambda: (
+                self._streamed(params) if streamed else to_llm_response(self._client.chat.completions.create(**params))
+            ),
             self.retry,
             self._sleep,
             rng=self._rng,
@@ -95,6 +104,68 @@ class OpenAIProvider:
             classify=openai_failure,
         )
         return response.model_copy(update={"attempts": attempts})
+
+    def _streamed(self, params: dict[str, Any]) -> LLMResponse:
+        chunks = self._client.chat.completions.create(**params, stream=True, stream_options={"include_usage": True})
+        completion = StreamedCompletion()
+        with chunks:
+            for chunk in chunks:
+                if completion.add(chunk):
+                    report_text(completion.text)
+        return completion.response()
+
+
+class StreamedCompletion:
+    """Chat Completions chunks put back together: the text, each tool call by its ``index``
+    (its id and name come in its first delta, its arguments in pieces), the finish reason, and
+    the usage of the last chunk."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.model = ""
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self._calls: dict[int, dict[str, Any]] = {}
+
+    def add(self, chunk: Any) -> bool:
+        """Take one chunk; True when it added text."""
+        if not isinstance(chunk, BaseModel):
+            raise MalformedReply(f"a stream chunk that is a JSON {type(chunk).__name__}, not an object")
+        data = chunk.model_dump(exclude_none=True, warnings=False)
+        self.model = data.get("model") or self.model
+        if isinstance(data.get("usage"), dict):
+            self.usage = data["usage"]
+        added = False
+        for choice in data.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if isinstance(delta.get("content"), str) and delta["content"]:
+                self.text += delta["content"]
+                added = True
+            for call in delta.get("tool_calls") or []:
+                into = self._calls.setdefault(int(call.get("index", len(self._calls))), {"arguments": ""})
+                function = call.get("function") or {}
+                into["id"] = call.get("id") or into.get("id")
+                into["name"] = function.get("name") or into.get("name")
+                into["arguments"] += function.get("arguments") or ""
+            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+        return added
+
+    def response(self) -> LLMResponse:
+        """The assembled completion, checked like a whole one (``to_llm_response``)."""
+        calls = [
+            {"id": c.get("id"), "type": "function", "function": {"name": c.get("name"), "arguments": c["arguments"]}}
+            for _, c in sorted(self._calls.items())
+        ]
+        message: dict[str, Any] = {"role": "assistant", "content": self.text or None}
+        if calls:
+            message["tool_calls"] = calls
+        whole: dict[str, Any] = {
+            "model": self.model,
+            "choices": [{"message": message, "finish_reason": self.finish_reason}],
+        }
+        if self.usage is not None:
+            whole["usage"] = self.usage
+        return completion_response(whole)
 
 
 def openai_failure(exc: Exception) -> CallFailure | None:
@@ -234,8 +305,13 @@ def to_llm_response(completion: Any) -> LLMResponse:
     does not check a 200's shape), or when a tool call's arguments are not a JSON object."""
     if not isinstance(completion, BaseModel):
         raise MalformedReply(f"a JSON {type(completion).__name__}, not an object")
+    return completion_response(completion.model_dump(exclude_none=True, warnings=False))
+
+
+def completion_response(data: dict[str, Any]) -> LLMResponse:
+    """A completion as plain data (a whole one dumped, or a stream's assembled) in the engine's shape."""
     try:
-        reply = _Completion.model_validate(completion.model_dump(exclude_none=True, warnings=False))
+        reply = _Completion.model_validate(data)
     except pydantic.ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "reply"
