@@ -114,7 +114,7 @@ def submit_once(
         return Submitted(task, created)
     if created:
         try:
-            queues.send(task.task_id, submission.priority)
+            queues.send(task.task_id, submission.priority, tenant=tenant)
         except Exception:
             store.tasks.delete_unstarted(
                 task.task_id, idempotency=(tenant, idempotency_key) if idempotency_key else None
@@ -122,5 +122,5 @@ def submit_once(
             raise
     elif task.status is TaskStatus.QUEUED and task.lease_epoch == 0:
         # the first request may have died before its enqueue: a duplicate message is harmless
-        queues.send(task.task_id, submission.priority)
+        queues.send(task.task_id, submission.priority, tenant=tenant)
     return Submitted(task, created)
