@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from agentq.control.defaults import Defaults
+from agentq.control.submit import submit_once
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import Task, TaskStatus, TaskSubmission
 from agentq.local.moto_server import MotoServer
@@ -16,6 +18,7 @@ from agentq.queueing.dispatch import Dispatcher
 from agentq.queueing.queues import TaskMessage, TaskQueues
 from agentq.runtime import build_queues
 from agentq.storage.container import Storage
+from agentq.storage.running_slots import SlotUsage
 
 from tests.helpers import deployment, scripted
 
@@ -131,3 +134,21 @@ def test_a_key_at_its_limit_with_cancel_running_cancels_the_holder_and_runs_once
     _handle(dispatcher, new.task_id)
     assert store.tasks.get(new.task_id).status is TaskStatus.SUCCEEDED
     assert store.slots.holders("shop2", "customer-7") == []
+
+
+def test_a_submission_over_its_tenants_limit_never_enters_the_queue(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    _received(queues)
+    defaults = Defaults(tenant_max_running=1)
+    first = submit_once(store, registry, scripted([{"text": "a"}]), tenant="burst", queues=queues, defaults=defaults)
+    second = submit_once(store, registry, scripted([{"text": "b"}]), tenant="burst", queues=queues, defaults=defaults)
+    sent = [TaskMessage.model_validate_json(m["Body"]).task_id for m in _received(queues)]
+    assert sent == [first.task.task_id]  # the second waits on the tenant's list, not in the queue
+    assert store.tasks.get(second.task.task_id).status is TaskStatus.QUEUED
+    assert store.slots.with_default(1).usage("burst") == SlotUsage(tenant="burst", running=1, waiting=1, limit=1)
+
+    dispatcher = _dispatcher(store, queues, registry, limit=1)
+    _handle(dispatcher, first.task.task_id)  # runs, ends, and its slot wakes the second
+    (woken,) = _received(queues)
+    assert TaskMessage.model_validate_json(woken["Body"]).task_id == second.task.task_id

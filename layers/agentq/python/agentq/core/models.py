@@ -557,6 +557,7 @@ class Task(BaseModel):
     messages_delivered: int = 0
     interrupt_at: float | None = None
     conversation_closed: bool = False
+    slots: list[str] = Field(default_factory=list)  # the running slots it holds (storage.running_slots)
 
     @field_validator("inflight", mode="before")
     @classmethod

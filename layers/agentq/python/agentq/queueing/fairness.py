@@ -52,6 +52,8 @@ class FairShare:
         """Whether ``task`` needs slots, and, when it may not run now, why its message may be
         deleted (it is parked). It may run when admitted, already holding its slots, needing
         none, or no longer runnable (then the claim refuses it)."""
+        if task.slots:  # admitted already (at submission, or a takeover of a running task)
+            return Gate(limited=True)
         slots = self.slots.slots_for(task)
         if not slots:
             return Gate(limited=False)

@@ -35,6 +35,7 @@ SQS send. An unlimited tenant without a key pays one read of the slot item per a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -209,6 +210,19 @@ class RunningSlots:
         except (TransactionCancelled, TransactionConflict):
             return []  # released by another copy of the message meanwhile (or it runs again)
         return held
+
+    def give_back(self, task_id: str) -> None:
+        """Undo an admission whose task is deleted before it ever ran (its enqueue failed)."""
+        held = [str(pk) for pk in plain(self.table.get(keys.meta_key(task_id)) or {}).get("slots") or []]
+        if not held:
+            return
+        actions: list[Any] = [Patch("meta", keys.meta_key(task_id), Update(remove=["slots"]), Attr("slots").exists())]
+        for i, pk in enumerate(held):
+            actions.append(Patch(f"slot{i}", self._key(pk), Update(add={"running": -1})))
+            if pk.startswith("CKEY#"):
+                actions.append(Delete(f"hold{i}", {"pk": pk, "sk": HOLD + task_id}))
+        with contextlib.suppress(TransactionCancelled, TransactionConflict):
+            self.table.transact(actions)
 
     def holders(self, tenant: str, key: str) -> list[str]:
         """The tasks holding a slot of a concurrency key."""
