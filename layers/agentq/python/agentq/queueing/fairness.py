@@ -29,7 +29,7 @@ from agentq.core.errors import IllegalTransition
 from agentq.core.models import Task, TaskStatus
 from agentq.queueing.queues import TaskQueues
 from agentq.storage.container import Storage
-from agentq.storage.running_slots import RunningSlots, Slot
+from agentq.storage.running_slots import Admission, RunningSlots, Slot
 
 log = logging.getLogger("agentq.fairness")
 
@@ -60,8 +60,10 @@ class FairShare:
         return Gate(limited=True, waits=self._admit(task, tier, slots))
 
     def _admit(self, task: Task, tier: str, slots: list[Slot]) -> str | None:
+        full = next((s for s in slots if s.seen_full), None)  # refused by the read: no transaction
         for _ in range(ADMIT_ATTEMPTS):
-            admission = self.slots.admit(task, slots)
+            admission = Admission("refused", full) if full is not None else self.slots.admit(task, slots)
+            full = None
             if admission.outcome != "refused" or admission.slot is None:
                 return None
             slot = admission.slot

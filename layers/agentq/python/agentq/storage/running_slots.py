@@ -83,6 +83,7 @@ class Slot:
     limit: int
     stored_limit: bool = False
     key: bool = False
+    seen_full: bool = False  # the read that found it saw running >= limit: refuse without a transaction
 
 
 @dataclass(frozen=True)
@@ -146,12 +147,13 @@ class RunningSlots:
     def slots_for(self, task: Task) -> list[Slot]:
         """The slots ``task`` needs (one read: the tenant's slot item for its override)."""
         slots: list[Slot] = []
-        item = self.table.get(self._key(keys.tenant_pk(task.tenant)))
-        stored = plain(item or {}).get("limit")
+        item = plain(self.table.get(self._key(keys.tenant_pk(task.tenant))) or {})
+        stored, running = item.get("limit"), int(item.get("running", 0))
         if stored is not None:
-            slots.append(Slot(keys.tenant_pk(task.tenant), int(stored), stored_limit=True))
+            slots.append(Slot(keys.tenant_pk(task.tenant), int(stored), stored_limit=True, seen_full=running >= stored))
         elif self.default_limit is not None:
-            slots.append(Slot(keys.tenant_pk(task.tenant), self.default_limit))
+            pk = keys.tenant_pk(task.tenant)
+            slots.append(Slot(pk, self.default_limit, seen_full=running >= self.default_limit))
         concurrency = task.submission.concurrency
         if concurrency is not None:
             slots.append(Slot(key_pk(task.tenant, concurrency.key), concurrency.limit, key=True))
