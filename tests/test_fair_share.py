@@ -11,6 +11,7 @@ import pytest
 
 from agentq.control.defaults import Defaults
 from agentq.control.submit import submit_once
+from agentq.control.tenants import set_max_running
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import Task, TaskStatus, TaskSubmission
 from agentq.local.moto_server import MotoServer
@@ -152,3 +153,20 @@ def test_a_submission_over_its_tenants_limit_never_enters_the_queue(
     _handle(dispatcher, first.task.task_id)  # runs, ends, and its slot wakes the second
     (woken,) = _received(queues)
     assert TaskMessage.model_validate_json(woken["Body"]).task_id == second.task.task_id
+
+
+def test_raising_a_tenants_limit_wakes_as_many_waiting_tasks_as_it_made_room_for(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    _received(queues)
+    defaults = Defaults(tenant_max_running=1)
+    ids = [
+        submit_once(store, registry, scripted([{"text": "a"}]), tenant="grows", queues=queues, defaults=defaults)
+        for _ in range(4)
+    ]
+    assert len(_received(queues)) == 1  # one admitted, three waiting
+    store.slots.set_limit("grows", 1)
+    usage = set_max_running(store, "grows", 3, queues)
+    woken = [TaskMessage.model_validate_json(m["Body"]).task_id for m in _received(queues)]
+    assert woken == [ids[1].task.task_id, ids[2].task.task_id]  # oldest first, two slots made
+    assert usage.waiting == 1 and usage.limit == 3

@@ -65,7 +65,7 @@ def _cmd_keys(args: argparse.Namespace) -> int:
 
 def _cmd_tenants(args: argparse.Namespace) -> int:
     from agentq.control.tenants import set_max_running
-    from agentq.runtime import Settings, build_store
+    from agentq.runtime import Settings, build_queues, build_store
 
     settings = Settings.from_env()
     store = build_store(settings, pool=4)
@@ -74,7 +74,7 @@ def _cmd_tenants(args: argparse.Namespace) -> int:
         if args.max_running is None and not args.clear:
             print("agentq: tenants limit needs --max-running N or --clear", file=sys.stderr)
             return 2
-        usage = set_max_running(store, args.tenant, None if args.clear else args.max_running)
+        usage = set_max_running(store, args.tenant, None if args.clear else args.max_running, build_queues(settings))
         rows = [usage]
     else:
         rows = [store.slots.usage(t) for t in args.tenants]

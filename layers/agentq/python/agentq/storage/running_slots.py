@@ -259,14 +259,16 @@ class RunningSlots:
         limit = int(item["limit"]) if "limit" in item and not slot.key else slot.limit
         return int(item.get("running", 0)) < limit
 
-    def next_waiters(self, pk: str) -> list[tuple[str, str, str]]:
-        """Take (delete) the waiters a freed slot has room for, oldest first: (task id, tier,
-        tenant) each, for the caller to send. A waiter that is no longer ``queued`` (cancelled
-        while it waited) is dropped and does not count. A conditional delete, so two wakers
-        never take the same one."""
+    def next_waiters(self, pk: str, most: int = 1) -> list[tuple[str, str, str]]:
+        """Take (delete) up to ``most`` waiters the slot has room for, oldest first: (task id,
+        tier, tenant) each, for the caller to send. A release wakes one per slot it freed, never
+        ``limit - running``: concurrent releases would each read the same room and wake the
+        whole list at once (measured: a thundering herd of refused admissions). A waiter that is
+        no longer ``queued`` (cancelled while it waited) is dropped and does not count. A
+        conditional delete, so two wakers never take the same one."""
         item = plain(self.table.get(self._key(pk)) or {})
         limit = item.get("limit", self.default_limit) if pk.startswith("TENANT#") else None
-        room = 1 if limit is None else max(0, int(limit) - int(item.get("running", 0)))
+        room = most if limit is None else min(most, max(0, int(limit) - int(item.get("running", 0))))
         taken: list[tuple[str, str, str]] = []
         while room > 0:
             waiters = self.table.query(pk, prefix=WAIT, limit=room + 4)
