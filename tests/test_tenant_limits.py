@@ -73,3 +73,9 @@ def test_a_bad_concurrency_key_is_a_422_naming_the_field_and_submits_nothing(
     assert status == 422 and data["error"]["code"] == "validation_error" and data["error"]["field"] == field, data
     _, after, _ = api_stack.http("GET", "/tasks?limit=100")
     assert after["tasks"] == before["tasks"]
+
+
+def test_the_caller_sees_its_running_and_waiting_counts_and_its_limit(api_stack: ApiStack) -> None:
+    status, data, _ = api_stack.http("GET", "/usage")
+    assert status == 200 and data == {"tenant": "team-a", "running": 0, "waiting": 0, "max_running": None}, data
+    assert api_stack.http("GET", "/usage", key=None)[0] == 401
