@@ -619,7 +619,13 @@ def test_state_machine_runs_the_same_asl_as_the_local_stack(synth: Synthesized, 
     _, machine = _one(synth, "AWS::StepFunctions::StateMachine")
     props = machine["Properties"]
     assert props["StateMachineName"] == cfg.names.state_machine
-    assert json.loads(_resolve_string(props["DefinitionString"])) == fanout_definition()
+    definition = json.loads(_resolve_string(props["DefinitionString"]))
+    assert definition == fanout_definition()
+    # Fair queues: both of its sends (a child's run, the parent's wake) carry the tenant as MessageGroupId.
+    child = definition["States"]["RunChildren"]["ItemProcessor"]["States"]["RunChild"]["Parameters"]
+    assert (
+        child["MessageGroupId.$"] == definition["States"]["WakeParent"]["Parameters"]["MessageGroupId.$"] == "$.tenant"
+    )
     assert props["TracingConfiguration"] == {"Enabled": True}
     assert props["LoggingConfiguration"]["Level"] == "ALL"
     role_id = props["RoleArn"]["Fn::GetAtt"][0]
