@@ -79,8 +79,8 @@ export function taskListPage(ctx) {
   }
 
   async function refresh() {
-    get("usage").then(drawUsage, () => { usageNote.textContent = ""; });
     const everything = await get(query());
+    get("usage").then(drawUsage, () => { usageNote.textContent = ""; }); // once the key is known to work
     const page = state.status ? await get(query({ status: state.status })) : everything;
     state.page = page;
     state.cursor = state.older.length ? state.cursor : page.next_cursor;
