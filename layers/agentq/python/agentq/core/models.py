@@ -252,7 +252,7 @@ class Concurrency(StrictModel):
     ``concurrency_skipped``), ``cancel_running`` (cancel the tasks running under the key, then
     take a slot as they stop)."""
 
-    key: str = Field(min_length=1, max_length=MAX_CONCURRENCY_KEY_CHARS, pattern=r"^[^#\s]+$")
+    key: str = Field(min_length=1, max_length=MAX_CONCURRENCY_KEY_CHARS)
     limit: int = Field(default=1, ge=1, le=10_000)
     on_conflict: ConcurrencyConflict = "queue"
 
