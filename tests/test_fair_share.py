@@ -170,3 +170,17 @@ def test_raising_a_tenants_limit_wakes_as_many_waiting_tasks_as_it_made_room_for
     woken = [TaskMessage.model_validate_json(m["Body"]).task_id for m in _received(queues)]
     assert woken == [ids[1].task.task_id, ids[2].task.task_id]  # oldest first, two slots made
     assert usage.waiting == 1 and usage.limit == 3
+
+
+def test_a_task_taken_over_from_a_dead_worker_keeps_its_one_slot_and_gives_it_back_when_it_ends(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=1)
+    task = _submit(store, "orphaned")
+    assert dispatcher.fair.admit(task, "normal").waits is None
+    claimed = store.tasks.claim(task.task_id, "dead-worker", 30)
+    assert claimed is not None
+    store.tasks.release(claimed[0])  # its lease lapses: the recovery path hands its message on
+    assert _handle(dispatcher, task.task_id).kind == "delete"  # taken over: no second slot asked for
+    assert store.tasks.get(task.task_id).status is TaskStatus.SUCCEEDED
+    assert store.slots.usage("orphaned").running == 0
