@@ -22,9 +22,9 @@ META's ``slots`` names the slot partitions it holds.
   under the slot's partition, and its message is deleted: it waits ``queued`` without
   spending receives or polling. It then reads the slot again: a release between its refusal
   and its item woke nobody, so it admits itself if the slot is free by now.
-- **Wake** (``wake``): a release reads each slot it freed and, while it is below its limit,
-  takes its oldest waiter (a conditional delete: one waker wins) and sends that task's
-  message. The sweeper's ``swept`` messages are the backstop for a wake lost in a crash.
+- **Wake** (``next_waiters``): for each slot a release freed, while the slot is below its
+  limit, the releaser takes its oldest waiter (a conditional delete: one waker wins) and sends
+  that task's message: one per slot freed, never ``limit - running`` (see ``next_waiters``). The sweeper's ``swept`` messages are the backstop for a wake lost in a crash.
 
 Lowering a limit below ``running`` kills nothing: admissions are refused until enough tasks
 have left. Cost for a limited tenant: one read of the slot item per admission, a
@@ -36,7 +36,6 @@ SQS send. An unlimited tenant without a key pays one read of the slot item per a
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -59,8 +58,6 @@ from agentq.storage.table import (
     present,
     status_in,
 )
-
-log = logging.getLogger("agentq.storage")
 
 RUNNING = "RUNNING"
 WAIT = "WAIT#"
