@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
+from agentq.control.agents import create_agent
 from agentq.control.defaults import Defaults
 from agentq.control.submit import submit_once
 from agentq.control.tenants import set_max_running
 from agentq.core.engine import Engine, EngineConfig
-from agentq.core.models import Task, TaskStatus, TaskSubmission
+from agentq.core.models import Concurrency, Task, TaskStatus, TaskSubmission
 from agentq.local.moto_server import MotoServer
 from agentq.queueing.dispatch import Dispatcher
 from agentq.queueing.queues import TaskMessage, TaskQueues
@@ -184,3 +185,19 @@ def test_a_task_taken_over_from_a_dead_worker_keeps_its_one_slot_and_gives_it_ba
     assert _handle(dispatcher, task.task_id).kind == "delete"  # taken over: no second slot asked for
     assert store.tasks.get(task.task_id).status is TaskStatus.SUCCEEDED
     assert store.slots.usage("orphaned").running == 0
+
+
+def test_an_agents_concurrency_key_holds_its_tasks_unless_the_submission_names_its_own(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    spec = {"name": "nightly", "provider": "scripted", "script": {"turns": [{"text": "done"}]},
+            "concurrency": {"key": "nightly-report", "limit": 1, "on_conflict": "skip"}}  # fmt: skip
+    create_agent(store, registry, spec, tenant="ops")
+    first = submit_once(store, registry, {"goal": "report", "agent": "nightly"}, tenant="ops", queues=queues)
+    assert first.task.submission.concurrency == Concurrency(key="nightly-report", limit=1, on_conflict="skip")
+    second = submit_once(store, registry, {"goal": "report", "agent": "nightly"}, tenant="ops", queues=queues)
+    assert store.tasks.get(second.task.task_id).status is TaskStatus.CANCELLED  # the key is held: skipped
+    own = {"goal": "report", "agent": "nightly", "concurrency": {"key": "customer-9"}}
+    third = submit_once(store, registry, own, tenant="ops", queues=queues)
+    assert third.task.submission.concurrency == Concurrency(key="customer-9")
+    assert store.tasks.get(third.task.task_id).status is TaskStatus.QUEUED
