@@ -196,6 +196,15 @@ def build_observability(
         ok=False,
     )
     alarm(
+        "TenantHeldAtLimit",
+        agentq_metric(names.TASKS_HELD_AT_LIMIT, "Sum", FIVE_MINUTES),
+        1,
+        "tasks kept waiting at a running limit for 15 minutes: a tenant (or a concurrency key) is held at its "
+        "limit; the TenantHeldAtLimit event names the tenant (raise its override with `agentq tenants limit`)",
+        periods=3,
+        ok=False,
+    )
+    alarm(
         "WebhooksDlqNotEmpty",
         data.webhooks_dlq.metric_approximate_number_of_messages_visible(period=FIVE_MINUTES, statistic="Maximum"),
         1,

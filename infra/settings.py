@@ -169,6 +169,9 @@ class BudgetDefaults(_Strict):
         pattern=r"^(high|normal|low)(,(high|normal|low))*$",
         description="tiers whose Anthropic tasks use the Message Batches API (half price) unless they say otherwise",
     )
+    tenant_max_running: int | None = Field(
+        None, ge=1, description="the most running tasks (sub-agents included) per tenant when a tenant has no override"
+    )
 
 
 class SandboxSettings(_Strict):

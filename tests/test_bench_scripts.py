@@ -38,7 +38,9 @@ CASES = {
     "message_cost": ["--turns", "4"],
     "memory_cost": ["--sizes", "100,5000", "--stores", "3", "--searches", "1"],
     "events": ["--subscribers", "3", "--turns", "2", "--latency", "0.1"],
-}
+    "fairness": ["--sizes", "8", "--b-tasks", "2", "--latency", "0.5", "--limit", "2", "--window", "2",
+                 "--concurrency", "4"],
+}  # fmt: skip
 
 
 def run_bench(name: str, args: list[str], tmp_path: Path) -> dict[str, Any]:
@@ -118,6 +120,10 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
         [row] = result["rows"]
         assert row["subscribers_with_every_step"] == row["ended"] == 3 and row["steps"] == 5
         assert row["latency_ms"]["n"] == 15 and row["reads"] > 0
+    elif name == "fairness":
+        [row] = result["rows"]
+        assert row["b_claimed"] == 2 and row["a_running_max"] <= 2 and row["b_pickup_s"]["n"] == 2
+        assert row["a_submit_calls_per_task"]["dynamodb:TransactWriteItems"] > 0
     elif name == "import_time":
         [handler] = result["handlers"]
         assert handler["handler"] == "authorizer" and handler["median_ms"] > 0

@@ -630,7 +630,13 @@ def test_state_machine_runs_the_same_asl_as_the_local_stack(synth: Synthesized, 
     _, machine = _one(synth, "AWS::StepFunctions::StateMachine")
     props = machine["Properties"]
     assert props["StateMachineName"] == cfg.names.state_machine
-    assert json.loads(_resolve_string(props["DefinitionString"])) == fanout_definition()
+    definition = json.loads(_resolve_string(props["DefinitionString"]))
+    assert definition == fanout_definition()
+    # Fair queues: both of its sends (a child's run, the parent's wake) carry the tenant as MessageGroupId.
+    child = definition["States"]["RunChildren"]["ItemProcessor"]["States"]["RunChild"]["Parameters"]
+    assert (
+        child["MessageGroupId.$"] == definition["States"]["WakeParent"]["Parameters"]["MessageGroupId.$"] == "$.tenant"
+    )
     assert props["TracingConfiguration"] == {"Enabled": True}
     assert props["LoggingConfiguration"]["Level"] == "ALL"
     role_id = props["RoleArn"]["Fn::GetAtt"][0]
@@ -803,6 +809,9 @@ def test_alarms_cover_dlqs_queue_age_errors_tenant_caps_and_fanout_failures(synt
     soft_cap = alarms[f"{p}-tenant-soft-cap"]
     assert _metric(soft_cap) == ("agentq", "tenant_soft_cap_crossed", "Sum") and soft_cap["Threshold"] == 1
     assert soft_cap["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+    held = alarms[f"{p}-tenant-held-at-limit"]  # a tenant (or key) held at its running limit for 15 minutes
+    assert _metric(held) == ("agentq", "tasks_held_at_limit", "Sum") and held["Threshold"] == 1
+    assert held["EvaluationPeriods"] == 3
     assert f"{p}-reaper-dlq-not-empty" in alarms
     circuit = alarms[f"{p}-circuit-opened"]
     assert _metric(circuit) == ("agentq", "circuit_opened", "Sum") and circuit["Threshold"] == 1
@@ -1034,6 +1043,8 @@ def test_budget_defaults_reach_the_api_and_the_task_runners(synth: Synthesized) 
         expected["AGENTQ_DEFAULT_TENANT_HOURLY_TOKENS"] = str(cfg.budget_defaults.tenant_hourly_tokens)
     if cfg.budget_defaults.tenant_hourly_usd:
         expected["AGENTQ_DEFAULT_TENANT_HOURLY_USD"] = str(cfg.budget_defaults.tenant_hourly_usd)
+    if cfg.budget_defaults.tenant_max_running:  # the executors and the worker honour it in the dispatcher
+        expected["AGENTQ_DEFAULT_TENANT_MAX_RUNNING"] = str(cfg.budget_defaults.tenant_max_running)
     for name in (f"{cfg.prefix}-api", f"{cfg.prefix}-executor"):
         got = {k: v for k, v in functions[name].items() if k.startswith("AGENTQ_DEFAULT_")}
         assert got == expected

@@ -236,6 +236,8 @@ def test_the_list_shows_this_tenants_tasks_newest_first_with_live_counts_and_sea
     page.wait_for_selector(f"tr[data-task='{newer}'] .badge.s-succeeded")
     ids = page.eval_on_selector_all("tr[data-task]", "rows => rows.map(r => r.dataset.task)")
     assert ids.index(newer) < ids.index(older) and foreign not in ids
+    # This tenant's running slots, from GET /usage (no limit on the test stack).
+    page.wait_for_selector("#tenant-usage:has-text('waiting for a slot (no running limit)')")
     succeeded = page.locator("button[data-status='succeeded'] .count")
     before = int(succeeded.inner_text().replace(",", ""))
 

@@ -57,7 +57,10 @@ class _Runtime:
             slice_margin_seconds=SLICE_MARGIN_SECONDS,
         )
         max_receive = int(os.environ.get("AGENTQ_MAX_RECEIVE_COUNT", QueueSettings().max_receive_count))
-        self.dispatcher = Dispatcher(engine, self.store, self.queues, max_receive_count=max_receive)
+        self.dispatcher = Dispatcher(
+            engine, self.store, self.queues, max_receive_count=max_receive,
+            default_max_running=self.settings.defaults.tenant_max_running,
+        )  # fmt: skip
 
 
 _runtime: _Runtime | None = None

@@ -39,6 +39,7 @@ from agentq.api.routes import (
     meta,
     schedules,
     tasks,
+    usage,
     webhooks,
 )
 from agentq.api.routes import mcp as mcp_route
@@ -255,6 +256,7 @@ def build_app(
     app.include_router(mcp_route.router(deps))
     app.include_router(webhooks.router(deps))
     app.include_router(schedules.router(deps))
+    app.include_router(usage.router(deps))
     app.include_router(dead_letters.router(store, queues, app.tenant))
     console.install(app)
     app.include_router(errors.handlers())

@@ -327,6 +327,13 @@ class CancelResult(ApiModel):
     cancelled: list[str] = Field(description="the task and the sub-agents this request cancelled")
 
 
+class TenantUsage(ApiModel):
+    tenant: str
+    running: int = Field(description="tasks holding one of the tenant's running slots")
+    waiting: int = Field(description="tasks waiting queued for a slot (counted up to 1,000)")
+    max_running: int | None = Field(description="the tenant's running limit; null: unlimited")
+
+
 class Health(ApiModel):
     status: Literal["ok"]
     version: str

@@ -1,5 +1,6 @@
 """Operator commands that use the deployment's table and queues directly (its AGENTQ_* and
-AWS_* settings, not the HTTP API): API keys, the dead-letter queues, purging finished tasks."""
+AWS_* settings, not the HTTP API): API keys, tenants' running limits, the dead-letter queues,
+purging finished tasks."""
 
 from __future__ import annotations
 
@@ -62,6 +63,30 @@ def _cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_tenants(args: argparse.Namespace) -> int:
+    from agentq.control.tenants import set_max_running
+    from agentq.runtime import Settings, build_queues, build_store
+
+    settings = Settings.from_env()
+    store = build_store(settings, pool=4)
+    store.slots = store.slots.with_default(settings.defaults.tenant_max_running)
+    if args.tenants_command == "limit":
+        if args.max_running is None and not args.clear:
+            print("agentq: tenants limit needs --max-running N or --clear", file=sys.stderr)
+            return 2
+        usage = set_max_running(store, args.tenant, None if args.clear else args.max_running, build_queues(settings))
+        rows = [usage]
+    else:
+        rows = [store.slots.usage(t) for t in args.tenants]
+    if args.json:
+        print(json.dumps([r.__dict__ for r in rows]))
+        return 0
+    for r in rows:
+        limit = "unlimited" if r.limit is None else str(r.limit)
+        print(f"{r.tenant}  running {r.running}  waiting {r.waiting}  max_running {limit}")
+    return 0
+
+
 def _cmd_dlq(args: argparse.Namespace) -> int:
     from agentq.queueing.dlq import list_dead_letters, redrive
     from agentq.runtime import Settings, build_queues, build_store
@@ -116,6 +141,24 @@ def register(sub: Any) -> None:
     keys_list.add_argument("--tenant", required=True, help="whose keys")
     keys_list.add_argument("--json", action="store_true", help="print JSON")
     keys.set_defaults(func=_cmd_keys)
+
+    tenants = add_command(
+        sub, "tenants", "a tenant's running limit and its running and waiting tasks (AGENTQ_* and AWS_* settings)"
+    )
+    tenants_sub = tenants.add_subparsers(dest="tenants_command", required=True, metavar="ACTION")
+    tenants_limit = tenants_sub.add_parser(
+        "limit", help="set a tenant's most running tasks (its override of the deployment's default)",
+        description="set a tenant's most running tasks, sub-agents included (its override of the deployment's "
+        "AGENTQ_DEFAULT_TENANT_MAX_RUNNING); lowering it below its running count stops nothing: new tasks wait",
+    )  # fmt: skip
+    tenants_limit.add_argument("tenant", help="a tenant with an API key or a task")
+    tenants_limit.add_argument("--max-running", type=int, help="at least 1")
+    tenants_limit.add_argument("--clear", action="store_true", help="remove the override: the default applies")
+    tenants_limit.add_argument("--json", action="store_true", help="print JSON")
+    tenants_usage = tenants_sub.add_parser("usage", help="running and waiting tasks per tenant, and each limit")
+    tenants_usage.add_argument("tenants", nargs="+", metavar="TENANT")
+    tenants_usage.add_argument("--json", action="store_true", help="print JSON")
+    tenants.set_defaults(func=_cmd_tenants)
 
     dlq = add_command(sub, "dlq", "inspect or redrive the dead-letter queues (AGENTQ_* and AWS_* settings)")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")

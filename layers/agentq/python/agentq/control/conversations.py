@@ -58,7 +58,7 @@ def send_message(
         double_texting=task.submission.double_texting,
     )
     if accepted.reopened:
-        queues.send(task_id, task.submission.priority)
+        queues.send(task_id, task.submission.priority, tenant=task.tenant)
         log.info("task %s: follow-up message %d reopened it", task_id, accepted.message.seq)
     if not accepted.replayed:
         observe.message_received(task_id, task.tenant, accepted.message.seq, reopened=accepted.reopened)

@@ -1,5 +1,5 @@
-"""A deployment's defaults for what a caller leaves out: budget constraints and the tenant
-hourly cap.
+"""A deployment's defaults for what a caller leaves out: budget constraints, the tenant
+hourly cap and the tenant running limit.
 
 The core's ``Constraints`` defaults suit a laptop; a platform team sets its own per
 environment (``budget_defaults`` in cdk.json), which reach the functions as ``AGENTQ_DEFAULT_*``
@@ -28,6 +28,7 @@ ENVIRONMENT = {
     "timeout_seconds": "AGENTQ_DEFAULT_TIMEOUT_SECONDS",
     "tenant_hourly_tokens": "AGENTQ_DEFAULT_TENANT_HOURLY_TOKENS",
     "tenant_hourly_usd": "AGENTQ_DEFAULT_TENANT_HOURLY_USD",
+    "tenant_max_running": "AGENTQ_DEFAULT_TENANT_MAX_RUNNING",
     "economy_tiers": "AGENTQ_ECONOMY_TIERS",
 }
 CONSTRAINT_FIELDS = ("max_tokens", "max_steps", "timeout_seconds")
@@ -53,6 +54,9 @@ class Defaults(BaseModel):
     )
     tenant_hourly_usd: Decimal | None = Field(
         None, gt=0, decimal_places=6, description="money cap (dollars an hour) for tenants with no limits of their own"
+    )
+    tenant_max_running: int | None = Field(
+        None, ge=1, description="the most running tasks (sub-agents included) of a tenant with no override of its own"
     )
 
     @classmethod

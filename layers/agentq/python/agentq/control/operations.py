@@ -113,7 +113,7 @@ def decide(
     if pending is None:
         raise IllegalTransition(f"task {task_id} has no pending approval", field="task_id")
     store.approvals.decide(task_id, pending.use_id, approved=approved, note=note, by=by)
-    queues.send(task_id, task.submission.priority)
+    queues.send(task_id, task.submission.priority, tenant=task.tenant)
     return store.tasks.get(task_id)
 
 
@@ -165,7 +165,7 @@ def raise_budget(
         store.budgets.raise_cap(task_id, add_tokens, micros(add_usd))
     if task.status is TaskStatus.COST_EXCEEDED:
         store.tasks.transition(task_id, TaskStatus.QUEUED)
-        queues.send(task_id, task.submission.priority)
+        queues.send(task_id, task.submission.priority, tenant=task.tenant)
     return store.tasks.get(task_id)
 
 
@@ -209,6 +209,6 @@ def fork(
     check_submission(submission, tools)
     steps = store.steps.load(task_id)[:at_step]
     new = store.tasks.fork(source, submission, steps, tenant=source.tenant)
-    queues.send(new.task_id, submission.priority)
+    queues.send(new.task_id, submission.priority, tenant=new.tenant)
     log.info("forked %s at step %d into %s", task_id, at_step, new.task_id)
     return new

@@ -17,6 +17,7 @@ from agentq.control.validation import parse_submission as parse_submission
 from agentq.core.errors import ValidationError
 from agentq.core.models import Task, TaskStatus, TaskSubmission
 from agentq.core.tools import ToolRegistry
+from agentq.queueing.fairness import FairShare
 from agentq.queueing.queues import TaskQueues
 from agentq.storage.container import Storage
 
@@ -113,14 +114,22 @@ def submit_once(
     if queues is None:
         return Submitted(task, created)
     if created:
+        # Admitted here, a task of a tenant at its running limit never enters the queue: it waits
+        # on the tenant's list, and a burst of one tenant never stands in front of another's tasks.
+        fair = FairShare(store, queues, default_limit=defaults.tenant_max_running if defaults else None)
+        gate = fair.admit(task, submission.priority)
+        if gate.waits is not None:
+            return Submitted(task, created)
         try:
-            queues.send(task.task_id, submission.priority)
+            queues.send(task.task_id, submission.priority, tenant=tenant)
         except Exception:
+            if gate.limited:
+                store.slots.give_back(task.task_id)
             store.tasks.delete_unstarted(
                 task.task_id, idempotency=(tenant, idempotency_key) if idempotency_key else None
             )
             raise
     elif task.status is TaskStatus.QUEUED and task.lease_epoch == 0:
         # the first request may have died before its enqueue: a duplicate message is harmless
-        queues.send(task.task_id, submission.priority)
+        queues.send(task.task_id, submission.priority, tenant=tenant)
     return Submitted(task, created)

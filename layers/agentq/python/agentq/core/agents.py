@@ -26,6 +26,7 @@ from agentq.core.models import (
     MAX_TIMEOUT_SECONDS,
     MCP_SERVER_PATTERN,
     ApprovalDefault,
+    Concurrency,
     Effort,
     McpToolPin,
     ModelChoice,
@@ -95,6 +96,11 @@ class AgentSpec(StrictModel):
     )
     notify: Notify | None = Field(
         default=None, description="the callback of its tasks' ends (a submission's own notify takes precedence)"
+    )
+    concurrency: Concurrency | None = Field(
+        default=None,
+        description="the concurrency key of its tasks (a submission's own takes precedence): e.g. limit 1 for an "
+        "agent that schedules or webhooks start and that must not run twice at once",
     )
     memory: list[MemoryAttachment] = Field(
         default_factory=list,
@@ -223,6 +229,8 @@ def resolved_fields(version: AgentVersion, submission_fields: dict[str, Any]) ->
         fields["output_schema"] = version.output_schema
     if version.notify is not None and "notify" not in sent:
         fields["notify"] = version.notify.model_dump()
+    if version.concurrency is not None and "concurrency" not in sent:
+        fields["concurrency"] = version.concurrency.model_dump()
     if version.system is not None:
         fields["system"] = version.system
     if version.script is not None:

@@ -240,6 +240,23 @@ class Notify(StrictModel):
     )
 
 
+ConcurrencyConflict = Literal["queue", "cancel_running", "skip"]
+MAX_CONCURRENCY_KEY_CHARS = 128
+
+
+class Concurrency(StrictModel):
+    """At most ``limit`` running tasks of the tenant per ``key`` (``storage.running_slots``):
+    for agents that webhooks and schedules start, which must not run twice at once for the
+    same customer. ``on_conflict`` says what a task that finds the key full does: ``queue``
+    (wait ``queued`` for a slot), ``skip`` (end ``cancelled`` at once, code
+    ``concurrency_skipped``), ``cancel_running`` (cancel the tasks running under the key, then
+    take a slot as they stop)."""
+
+    key: str = Field(min_length=1, max_length=MAX_CONCURRENCY_KEY_CHARS)
+    limit: int = Field(default=1, ge=1, le=10_000)
+    on_conflict: ConcurrencyConflict = "queue"
+
+
 class TaskSubmission(StrictModel):
     goal: str = Field(min_length=1, max_length=MAX_GOAL_CHARS)
     agent: str | None = Field(
@@ -271,6 +288,11 @@ class TaskSubmission(StrictModel):
     )
     metadata: dict[Annotated[str, Field(max_length=128)], Annotated[str, Field(max_length=1024)]] = Field(
         default_factory=dict, max_length=32
+    )
+    concurrency: Concurrency | None = Field(
+        default=None,
+        description="a concurrency key: at most `limit` running tasks of the tenant with this `key`; "
+        "on_conflict queue|cancel_running|skip",
     )
     mcp_tools: list[McpToolPin] = Field(
         default_factory=list,
@@ -535,6 +557,7 @@ class Task(BaseModel):
     messages_delivered: int = 0
     interrupt_at: float | None = None
     conversation_closed: bool = False
+    slots: list[str] = Field(default_factory=list)  # the running slots it holds (storage.running_slots)
 
     @field_validator("inflight", mode="before")
     @classmethod

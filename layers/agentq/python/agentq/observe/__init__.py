@@ -39,6 +39,7 @@ _EXPORTS: dict[str, str] = {
     "record_run": "emf",
     "record_submitted": "emf",
     "tenant_soft_cap_crossed": "emf",
+    "tenant_held_at_limit": "emf",
     "circuit_changed": "emf",
     "emit_event": "events",
     "task_status_changed": "events",
@@ -71,6 +72,7 @@ __all__ = [
     "route_core_logs",
     "task_context",
     "task_status_changed",
+    "tenant_held_at_limit",
     "tenant_soft_cap_crossed",
     "tool_call",
 ]
@@ -114,6 +116,7 @@ if TYPE_CHECKING:
         record_run,
         record_submitted,
         record_swept,
+        tenant_held_at_limit,
         tenant_soft_cap_crossed,
     )
     from agentq.observe.events import emit_event, message_received, task_status_changed

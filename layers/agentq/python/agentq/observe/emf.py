@@ -134,6 +134,16 @@ def tenant_soft_cap_crossed(tenant: str, held: int, cap: int) -> None:
     emit_event("TenantSoftCapCrossed", {"tenant": tenant, "tokens_this_hour": held, "hourly_cap": cap})
 
 
+def tenant_held_at_limit(tenant: str, held_by: Literal["tenant", "key"], limit: int) -> None:
+    """A task parked at its tenant's (or its concurrency key's) running limit: a metric the
+    stack alarms on (its series stay two, whatever the tenants) and an event naming the tenant
+    (EventBridge when AGENTQ_EVENT_BUS is set; always a structured log line)."""
+    if enabled():
+        _write_now({names.TASKS_HELD_AT_LIMIT: 1}, MetricUnit.Count, {names.HELD_BY: held_by})
+        _write_now({names.TASKS_HELD_AT_LIMIT: 1}, MetricUnit.Count, {})  # the fleet-wide count the alarm watches
+    emit_event("TenantHeldAtLimit", {"tenant": tenant, "held_by": held_by, "limit": limit})
+
+
 def circuit_changed(circuit: str, state: str, detail: dict[str, Any]) -> None:
     """A shared circuit breaker opened or closed (``storage.flow``): a metric the stack alarms
     on, and an event (EventBridge when AGENTQ_EVENT_BUS is set; always a log line)."""

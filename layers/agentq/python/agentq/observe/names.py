@@ -31,6 +31,10 @@ PICKUP_LATENCY = "pickup_latency"
 RESUME_LATENCY = "resume_latency"
 DLQ_MOVES = "dlq_moves"
 TENANT_SOFT_CAP_CROSSED = "tenant_soft_cap_crossed"
+# a task parked because its tenant (or its concurrency key) was at its running limit
+# (dimension: held_by = tenant | key; the tenant itself is in the TenantHeldAtLimit event)
+TASKS_HELD_AT_LIMIT = "tasks_held_at_limit"
+HELD_BY = "held_by"
 # service=executor, dimensions {service, model}: one EMF document per LLM call
 TOKENS_IN = "tokens_in"  # every input token the model read: uncached, cache writes and cache reads
 TOKENS_OUT = "tokens_out"

@@ -60,7 +60,7 @@ def resolve(store: Storage, queues: TaskQueues | None, task_id: str) -> TaskStat
         except IllegalTransition:
             return None
         if queues is not None:
-            queues.send(task_id, task.submission.priority)
+            queues.send(task_id, task.submission.priority, tenant=task.tenant)
         log.info("task %s unblocked: its %d dependencies succeeded", task_id, len(deps))
         return TaskStatus.QUEUED
     return None

@@ -38,6 +38,7 @@ from agentq.core.models import RetryState, Task, TaskStatus
 from agentq.core.providers.base import BatchProvider
 from agentq.core.records import ClaimOwner
 from agentq.queueing.dependencies import release_dependents
+from agentq.queueing.fairness import FairShare
 from agentq.queueing.queues import DEAD_LETTER_REASON, TaskMessage, TaskQueues
 from agentq.queueing.webhooks import enqueue_end, enqueue_event
 from agentq.storage.container import Storage
@@ -80,7 +81,10 @@ class Dispatcher:
         *,
         max_receive_count: int,
         backoff: RetryBackoff = RetryBackoff(),
+        default_max_running: int | None = None,
     ) -> None:
+        """``default_max_running``: the most running tasks per tenant without an override of
+        its own (the deployment's ``AGENTQ_DEFAULT_TENANT_MAX_RUNNING``; None: unlimited)."""
         self.engine = engine
         # The whole store, not engine.store (the engine's ports): the dispatcher also records task
         # tokens and wakes spawns, which the engine never does.
@@ -88,6 +92,7 @@ class Dispatcher:
         self.queues = queues
         self.max_receive_count = max_receive_count
         self.backoff = backoff
+        self.fair = FairShare(store, queues, default_limit=default_max_running)
 
     def handle(
         self,
@@ -159,6 +164,7 @@ class Dispatcher:
                 self._report_end(task, task.status)  # a redelivery after a crash before the report
                 if task.lapsed_holds:
                     self._release_lapsed(task, tier)
+                self.fair.release(task.task_id)  # a crash between its end and the release
                 return Action("delete", f"task already {task.status.value}", task_id=task.task_id)
             self._requeue_redriven(task)
         if receive_count > self.max_receive_count:
@@ -184,6 +190,9 @@ class Dispatcher:
                 "delete", f"task is {task.status.value}; it is woken by its own message", task_id=task.task_id
             )
 
+        gate = self.fair.admit(task, tier)
+        if gate.waits is not None:
+            return Action("delete", gate.waits, task_id=task.task_id)
         try:
             run = self.engine.run(
                 task.task_id, deadline=deadline, keeper=keeper, on_beat=on_beat, stop=stop, owner=owner
@@ -195,6 +204,8 @@ class Dispatcher:
             log.exception("task %s: run failed", task.task_id)
             run = RunResult(task.task_id, "retry", error=fault_error(exc, code="worker_error"))
         observe.record_run(run)
+        if gate.limited and run.status not in (TaskStatus.RUNNING, TaskStatus.QUEUED):
+            self.fair.release(task.task_id)
         if run.status is not None and run.status.terminal:
             self._report_end(task, run.status)
         elif run.status is TaskStatus.IDLE:

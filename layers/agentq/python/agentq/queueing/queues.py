@@ -68,6 +68,7 @@ class TaskQueues:
     sqs: Any
     names: ResourceNames
     _urls: dict[str, str] = field(default_factory=dict)
+    fair: bool = True  # send tier messages with the tenant as MessageGroupId (SQS fair queues)
 
     def url(self, tier: str) -> str:
         if tier not in self._urls:
@@ -101,10 +102,19 @@ class TaskQueues:
                 return tier
         raise ValueError(f"{queue!r} is not one of this deployment's tier queues")
 
-    def send(self, task_id: str, tier: str, kind: MessageKind = "run", delay_seconds: int = 0) -> str:
+    def send(
+        self, task_id: str, tier: str, kind: MessageKind = "run", delay_seconds: int = 0, *, tenant: str | None = None
+    ) -> str:
+        """``tenant``: the message's fair-queue group (``MessageGroupId``): SQS fair queues
+        serve a quiet tenant's messages ahead of a noisy one's backlog."""
         body = TaskMessage(task_id=task_id, kind=kind).model_dump_json()
-        resp = self.sqs.send_message(QueueUrl=self.url(tier), MessageBody=body, DelaySeconds=delay_seconds)
+        resp = self.sqs.send_message(
+            QueueUrl=self.url(tier), MessageBody=body, DelaySeconds=delay_seconds, **self._group(tenant)
+        )
         return str(resp["MessageId"])
+
+    def _group(self, tenant: str | None) -> dict[str, str]:
+        return {"MessageGroupId": tenant[:128]} if tenant and self.fair else {}
 
     def send_body(self, tier: str, body: str, delay_seconds: int = 0) -> str:
         """Send ``body`` again as a fresh message (receive count 1): how a message is renewed."""

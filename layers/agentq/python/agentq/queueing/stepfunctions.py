@@ -38,6 +38,7 @@ class StepFunctionsFanout:
             "max_concurrency": max_concurrency,
             "child_queue_url": self.queues.url(tier),
             "parent_queue_url": self.queues.url(tier),
+            "tenant": parent.tenant,  # every message's fair-queue group (MessageGroupId)
         }
         try:
             return str(

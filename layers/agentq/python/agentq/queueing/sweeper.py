@@ -77,7 +77,7 @@ def sweep(store: Storage, queues: TaskQueues, *, stale_after: float, now: float 
     for task in store.tasks.get_many(stranded):
         if task.status.value not in STRANDABLE:
             continue
-        queues.send(task.task_id, task.submission.priority, kind="swept")
+        queues.send(task.task_id, task.submission.priority, kind="swept", tenant=task.tenant)
         report.swept.append(task.task_id)
         log.warning("task %s swept: %s with no sign of life for over %.0fs; re-enqueued", task.task_id, task.status.value,
                     stale_after)  # fmt: skip

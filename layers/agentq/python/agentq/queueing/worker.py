@@ -73,7 +73,10 @@ class Worker:
             lease_seconds=config.task_lease_seconds,
             heartbeat_seconds=config.heartbeat_seconds,
         )
-        self.dispatcher = Dispatcher(self.engine, self.store, self.queues, max_receive_count=config.max_receive_count)
+        self.dispatcher = Dispatcher(
+            self.engine, self.store, self.queues, max_receive_count=config.max_receive_count,
+            default_max_running=settings.defaults.tenant_max_running,
+        )  # fmt: skip
         self.hub = HeartbeatHub(self.store, self.queues, config, self.engine.worker_id)
         self.admission = Admission(config, self.hub.rate, demand=self.hub.demand)
         self.slots = SlotPool(config.concurrency, config.weights, limit=self.admission.limit)

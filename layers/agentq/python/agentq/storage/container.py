@@ -16,6 +16,7 @@ from agentq.storage.memory_stores import MemoryStores
 from agentq.storage.messages import Messages
 from agentq.storage.notes import Notes
 from agentq.storage.purge import Purge
+from agentq.storage.running_slots import RunningSlots
 from agentq.storage.schedules import Schedules
 from agentq.storage.serdes import Payloads
 from agentq.storage.spawns import Spawns
@@ -48,6 +49,7 @@ class Storage:
         self.approvals = Approvals(table, self.tasks)
         self.notes = Notes(table)
         self.windows = TenantWindows(table, default_tenant_limits)
+        self.slots = RunningSlots(table)
         self.purge = Purge(table, payloads)
         self.api_keys = KeyStore(table)
         self.agents = Agents(table)

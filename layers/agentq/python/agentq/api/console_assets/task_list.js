@@ -16,6 +16,8 @@ export function taskListPage(ctx) {
 
   const counts = h("div", { class: "filters", role: "group", "aria-label": "Filter by status" });
   const countNote = h("p", { class: "muted small" });
+  // This tenant's running slots (GET /usage): running and waiting tasks against its limit.
+  const usageNote = h("p", { id: "tenant-usage", class: "muted small" });
   const search = h("input", {
     id: "task-search",
     type: "search",
@@ -51,6 +53,7 @@ export function taskListPage(ctx) {
     h("h1", {}, "Tasks"),
     newTaskForm(ctx),
     counts,
+    usageNote,
     countNote,
     h("div", { class: "row" },
       h("label", { for: "task-search" }, "Search"), search,
@@ -70,8 +73,14 @@ export function taskListPage(ctx) {
     return `tasks?${q}`;
   }
 
+  function drawUsage(u) {
+    const limit = u.max_running === null ? "no running limit" : `limit ${fmtInt(u.max_running)} running`;
+    usageNote.textContent = `${fmtInt(u.running)} running, ${fmtInt(u.waiting)} waiting for a slot (${limit})`;
+  }
+
   async function refresh() {
     const everything = await get(query());
+    get("usage").then(drawUsage, () => { usageNote.textContent = ""; }); // once the key is known to work
     const page = state.status ? await get(query({ status: state.status })) : everything;
     state.page = page;
     state.cursor = state.older.length ? state.cursor : page.next_cursor;

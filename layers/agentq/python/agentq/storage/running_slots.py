@@ -1,0 +1,300 @@
+"""Running slots: at most ``limit`` running tasks per tenant and per concurrency key.
+
+Invariant: running ≤ limit for every tenant that has a limit, and for every concurrency key.
+
+A slot item per tenant (``TENANT#t`` / ``RUNNING``) and per concurrency key (``CKEY#t#key`` /
+``RUNNING``) counts in ``running`` the tasks holding one of its slots; a tenant's item also
+carries its override ``limit`` when it has one (else the deployment's default applies, else the
+tenant is unlimited and pays nothing). A task holds a slot from its admission until it leaves
+``running`` and ``queued`` (it ends, goes idle, waits for its children, pauses for an approval):
+META's ``slots`` names the slot partitions it holds.
+
+- **Admit** (``admit``) is one transaction: META gets ``slots``, conditional on holding none
+  and on being ``queued`` or ``running``; each slot item gets ``running + 1``, conditional on
+  ``running < limit``. **Release** (``release``) is its mirror: META loses ``slots``,
+  conditional on holding them and on having left ``queued``/``running``; each slot ``- 1``.
+  Both are idempotent, so a redelivered message never takes a second slot nor gives one back
+  twice, and ``running`` always equals the number of tasks whose META names the slot. The
+  dispatcher admits before every claim (the claim is the only way into ``running``), hence the
+  invariant. A dead worker's task stays ``running`` and keeps its slot; the worker that takes
+  it over finds it already admitted: a slot comes back only with the task's own exit.
+- **Wait** (``park``): a task refused puts a ``WAIT#<tier rank>#<created>#<task id>`` item
+  under the slot's partition, and its message is deleted: it waits ``queued`` without
+  spending receives or polling. It then reads the slot again: a release between its refusal
+  and its item woke nobody, so it admits itself if the slot is free by now.
+- **Wake** (``next_waiters``): for each slot a release freed, while the slot is below its
+  limit, the releaser takes its oldest waiter (a conditional delete: one waker wins) and sends
+  that task's message: one per slot freed, never ``limit - running`` (see ``next_waiters``). The sweeper's ``swept`` messages are the backstop for a wake lost in a crash.
+
+Lowering a limit below ``running`` kills nothing: admissions are refused until enough tasks
+have left. Cost for a limited tenant: one read of the slot item per admission, a
+two-item transaction (three with a key) when admitted, the same transaction and a read
+and a Query at release; for a refused task one Put, one read, later one Delete and one
+SQS send. An unlimited tenant without a key pays one read of the slot item per admission.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from boto3.dynamodb.conditions import Attr, ConditionBase
+
+from agentq.core.errors import ValidationError
+from agentq.core.models import Task, TaskStatus
+from agentq.storage import keys
+from agentq.storage.table import (
+    ConditionFailed,
+    Delete,
+    Patch,
+    Put,
+    Table,
+    TransactionCancelled,
+    TransactionConflict,
+    Update,
+    plain,
+    present,
+    status_in,
+)
+
+RUNNING = "RUNNING"
+WAIT = "WAIT#"
+HOLD = "HOLD#"  # under a key's partition: a task holding one of its slots (cancel_running lists them)
+TIER_RANK = {"high": 0, "normal": 1, "low": 2}
+ADMISSIBLE = (TaskStatus.QUEUED, TaskStatus.RUNNING)
+
+
+def key_pk(tenant: str, key: str) -> str:
+    return f"CKEY#{tenant}#{key}"
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One limit a task must fit under: its partition, its limit, and whether that limit is
+    the tenant's override stored on the item (conditioned as stored, so a concurrent change of
+    the override is seen) or a value the caller knows (the default, a key's limit)."""
+
+    pk: str
+    limit: int
+    stored_limit: bool = False
+    key: bool = False
+    seen_full: bool = False  # the read that found it saw running >= limit: refuse without a transaction
+
+
+@dataclass(frozen=True)
+class Admission:
+    outcome: Literal["admitted", "refused", "not_admissible"]
+    slot: Slot | None = None  # refused: the slot that was full
+
+
+@dataclass(frozen=True)
+class SlotUsage:
+    tenant: str
+    running: int
+    waiting: int
+    limit: int | None
+
+
+class RunningSlots:
+    def __init__(self, table: Table, default_limit: int | None = None) -> None:
+        """``default_limit``: the deployment's most running tasks per tenant without an
+        override (``AGENTQ_DEFAULT_TENANT_MAX_RUNNING``); None leaves them unlimited."""
+        self.table = table
+        self.default_limit = default_limit
+
+    def with_default(self, default_limit: int | None) -> RunningSlots:
+        return RunningSlots(self.table, default_limit)
+
+    @staticmethod
+    def _key(pk: str) -> dict[str, str]:
+        return {"pk": pk, "sk": RUNNING}
+
+    # --- limits -------------------------------------------------------------------------
+
+    def set_limit(self, tenant: str, limit: int | None) -> None:
+        """The tenant's override (None removes it: the default applies again). Changing it
+        never touches a running task."""
+        if limit is not None and limit < 1:
+            raise ValidationError(f"max_running must be at least 1 (got {limit})", field="max_running")
+        update = Update(set={"limit": limit}) if limit is not None else Update(remove=["limit"])
+        self.table.update(self._key(keys.tenant_pk(tenant)), update)
+
+    def limit(self, tenant: str) -> int | None:
+        return self._limit_of(self.table.get(self._key(keys.tenant_pk(tenant))))
+
+    def _limit_of(self, item: dict[str, Any] | None) -> int | None:
+        stored = plain(item or {}).get("limit")
+        return int(stored) if stored is not None else self.default_limit
+
+    def usage(self, tenant: str, *, waiting_up_to: int = 1000) -> SlotUsage:
+        item = plain(self.table.get(self._key(keys.tenant_pk(tenant))) or {})
+        waiting = self.table.query(keys.tenant_pk(tenant), prefix=WAIT, limit=waiting_up_to, keys_only=True)
+        limit = item.get("limit")
+        return SlotUsage(
+            tenant=tenant,
+            running=int(item.get("running", 0)),
+            waiting=len(waiting),
+            limit=int(limit) if limit is not None else self.default_limit,
+        )
+
+    # --- admission ----------------------------------------------------------------------
+
+    def slots_for(self, task: Task) -> list[Slot]:
+        """The slots ``task`` needs (one read: the tenant's slot item for its override)."""
+        slots: list[Slot] = []
+        item = plain(self.table.get(self._key(keys.tenant_pk(task.tenant))) or {})
+        stored, running = item.get("limit"), int(item.get("running", 0))
+        if stored is not None:
+            slots.append(Slot(keys.tenant_pk(task.tenant), int(stored), stored_limit=True, seen_full=running >= stored))
+        elif self.default_limit is not None:
+            pk = keys.tenant_pk(task.tenant)
+            slots.append(Slot(pk, self.default_limit, seen_full=running >= self.default_limit))
+        concurrency = task.submission.concurrency
+        if concurrency is not None:
+            slots.append(Slot(key_pk(task.tenant, concurrency.key), concurrency.limit, key=True))
+        return slots
+
+    def admit(self, task: Task, slots: list[Slot]) -> Admission:
+        """Take one slot of each of ``slots`` for ``task`` (see the module), or say which was full."""
+        condition = present() & status_in(list(ADMISSIBLE)) & Attr("slots").not_exists()
+        actions: list[Any] = [
+            Patch(
+                "meta",
+                keys.meta_key(task.task_id),
+                Update(set={"slots": [s.pk for s in slots]}),
+                condition=condition,
+            )
+        ]
+        for i, slot in enumerate(slots):
+            actions.append(Patch(f"slot{i}", self._key(slot.pk), Update(add={"running": 1}), condition=_room(slot)))
+            if slot.key:
+                actions.append(Put(f"hold{i}", {"pk": slot.pk, "sk": HOLD + task.task_id, "task_id": task.task_id}))
+        try:
+            self.table.transact(actions)
+        except TransactionCancelled as exc:
+            full = [s for i, s in enumerate(slots) if f"slot{i}" in exc.failed]
+            if "meta" in exc.failed or not full:
+                return Admission("not_admissible")
+            return Admission("refused", full[0])
+        except TransactionConflict:  # raced another admission or release: the park re-reads
+            return Admission("refused", slots[0])
+        return Admission("admitted")
+
+    def holds_slots(self, task_id: str) -> bool:
+        return "slots" in plain(self.table.get(keys.meta_key(task_id)) or {})
+
+    def release(self, task_id: str) -> list[str]:
+        """Give back the slots of a task that left ``queued``/``running``; the slot partitions
+        freed ([] when it held none, or still runs)."""
+        meta = plain(self.table.get(keys.meta_key(task_id)) or {})
+        held = [str(pk) for pk in meta.get("slots") or []]
+        if not held or meta.get("status") in {s.value for s in ADMISSIBLE}:
+            return []
+        actions: list[Any] = [
+            Patch(
+                "meta",
+                keys.meta_key(task_id),
+                Update(remove=["slots"]),
+                condition=Attr("slots").exists() & ~status_in(list(ADMISSIBLE)),
+            )
+        ]
+        for i, pk in enumerate(held):
+            actions.append(Patch(f"slot{i}", self._key(pk), Update(add={"running": -1})))
+            if pk.startswith("CKEY#"):
+                actions.append(Delete(f"hold{i}", {"pk": pk, "sk": HOLD + task_id}))
+        try:
+            self.table.transact(actions)
+        except (TransactionCancelled, TransactionConflict):
+            return []  # released by another copy of the message meanwhile (or it runs again)
+        return held
+
+    def give_back(self, task_id: str) -> None:
+        """Undo an admission whose task is deleted before it ever ran (its enqueue failed)."""
+        held = [str(pk) for pk in plain(self.table.get(keys.meta_key(task_id)) or {}).get("slots") or []]
+        if not held:
+            return
+        actions: list[Any] = [Patch("meta", keys.meta_key(task_id), Update(remove=["slots"]), Attr("slots").exists())]
+        for i, pk in enumerate(held):
+            actions.append(Patch(f"slot{i}", self._key(pk), Update(add={"running": -1})))
+            if pk.startswith("CKEY#"):
+                actions.append(Delete(f"hold{i}", {"pk": pk, "sk": HOLD + task_id}))
+        with contextlib.suppress(TransactionCancelled, TransactionConflict):
+            self.table.transact(actions)
+
+    def holders(self, tenant: str, key: str) -> list[str]:
+        """The tasks holding a slot of a concurrency key."""
+        return [str(i["task_id"]) for i in self.table.query(key_pk(tenant, key), prefix=HOLD)]
+
+    # --- waiting ------------------------------------------------------------------------
+
+    def park(self, task: Task, slot: Slot, tier: str) -> None:
+        """``task`` waits for ``slot``: its item in the slot's waiting list (idempotent)."""
+        self.table.put(
+            {
+                "pk": slot.pk,
+                "sk": _wait_sk(task, tier),
+                "task_id": task.task_id,
+                "tier": tier,
+                "tenant": task.tenant,
+                "parked_at": time.time(),
+            }
+        )
+
+    def unpark(self, task: Task, slot: Slot, tier: str) -> bool:
+        """Take ``task`` off ``slot``'s list; False when a waker took it first (its message is sent)."""
+        try:
+            self.table.delete({"pk": slot.pk, "sk": _wait_sk(task, tier)}, condition=present())
+        except ConditionFailed:
+            return False
+        return True
+
+    def has_room(self, slot: Slot) -> bool:
+        """Is ``slot`` below its limit now (a tenant's override as stored now)?"""
+        item = plain(self.table.get(self._key(slot.pk)) or {})
+        limit = int(item["limit"]) if "limit" in item and not slot.key else slot.limit
+        return int(item.get("running", 0)) < limit
+
+    def next_waiters(self, pk: str, most: int = 1) -> list[tuple[str, str, str]]:
+        """Take (delete) up to ``most`` waiters the slot has room for, oldest first: (task id,
+        tier, tenant) each, for the caller to send. A release wakes one per slot it freed, never
+        ``limit - running``: concurrent releases would each read the same room and wake the
+        whole list at once (measured: a thundering herd of refused admissions). A waiter that is
+        no longer ``queued`` (cancelled while it waited) is dropped and does not count. A
+        conditional delete, so two wakers never take the same one."""
+        item = plain(self.table.get(self._key(pk)) or {})
+        limit = item.get("limit", self.default_limit) if pk.startswith("TENANT#") else None
+        room = most if limit is None else min(most, max(0, int(limit) - int(item.get("running", 0))))
+        taken: list[tuple[str, str, str]] = []
+        while room > 0:
+            waiters = self.table.query(pk, prefix=WAIT, limit=room + 4)
+            if not waiters:
+                break
+            metas = self.table.batch_get([keys.meta_key(str(w["task_id"])) for w in waiters])
+            queued = {str(m["pk"]) for m in metas if m.get("status") == TaskStatus.QUEUED.value}
+            for waiter in waiters:
+                if room <= 0:
+                    break
+                try:
+                    self.table.delete({"pk": pk, "sk": waiter["sk"]}, condition=present())
+                except ConditionFailed:
+                    continue
+                if keys.task_pk(str(waiter["task_id"])) in queued:
+                    taken.append((str(waiter["task_id"]), str(waiter["tier"]), str(waiter.get("tenant", ""))))
+                    room -= 1
+        return taken
+
+
+def _room(slot: Slot) -> ConditionBase:
+    """``running < limit`` on the slot item, as the admission must see it."""
+    free = Attr("running").not_exists() | Attr("running").lt(slot.limit)
+    if slot.stored_limit:
+        return Attr("limit").eq(slot.limit) & free
+    if slot.key:
+        return free
+    return Attr("limit").not_exists() & free
+
+
+def _wait_sk(task: Task, tier: str) -> str:
+    return f"{WAIT}{TIER_RANK.get(tier, 1)}#{task.created_at:017.6f}#{task.task_id}"

@@ -1,0 +1,111 @@
+"""Running slots (storage/running_slots.py) on every backend: running ≤ limit per tenant and per
+concurrency key, admission and release idempotent, waiters oldest first."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from agentq.core.errors import ValidationError
+from agentq.core.models import Task, TaskStatus, TaskSubmission
+from agentq.storage import keys
+from agentq.storage.container import Storage
+from agentq.storage.running_slots import RunningSlots, key_pk
+
+from tests.helpers import scripted
+
+
+def _tenant() -> str:
+    return f"t-{uuid.uuid4().hex[:8]}"  # the DynamoDB backend is shared by the session's tests
+
+
+def _task(store: Storage, tenant: str, *, key: str | None = None, limit: int = 1) -> Task:
+    submission = scripted([{"text": "x"}])
+    if key is not None:
+        submission = TaskSubmission.model_validate(
+            {**submission.model_dump(), "concurrency": {"key": key, "limit": limit}}
+        )
+    return store.tasks.create(submission, tenant=tenant)
+
+
+def test_a_tenant_never_has_more_slots_taken_than_its_limit_and_a_second_admission_takes_none(
+    backend: Storage,
+) -> None:
+    tenant = _tenant()
+    slots = backend.slots.with_default(2)
+    tasks = [_task(backend, tenant) for _ in range(3)]
+    outcomes = [slots.admit(t, slots.slots_for(t)).outcome for t in tasks]
+    assert outcomes == ["admitted", "admitted", "refused"]
+    assert slots.admit(tasks[0], slots.slots_for(tasks[0])).outcome == "not_admissible"  # already holds it
+    assert slots.usage(tenant).running == 2
+
+
+def test_a_slot_comes_back_once_when_its_task_leaves_running_and_never_while_it_runs(backend: Storage) -> None:
+    tenant = _tenant()
+    slots = backend.slots.with_default(1)
+    task = _task(backend, tenant)
+    assert slots.admit(task, slots.slots_for(task)).outcome == "admitted"
+    assert backend.tasks.claim(task.task_id, "w", 30) is not None
+    assert slots.release(task.task_id) == []  # still running: it keeps its slot
+    backend.tasks.transition(task.task_id, TaskStatus.SUCCEEDED)
+    assert slots.release(task.task_id) == [keys.tenant_pk(tenant)]
+    assert slots.release(task.task_id) == []  # a second release (a redelivered message) gives nothing back
+    assert slots.usage(tenant).running == 0
+
+
+def test_an_override_beats_the_default_and_lowering_it_below_the_running_count_stops_only_new_admissions(
+    backend: Storage,
+) -> None:
+    tenant = _tenant()
+    slots = backend.slots.with_default(1)
+    slots.set_limit(tenant, 3)
+    tasks = [_task(backend, tenant) for _ in range(4)]
+    assert [slots.admit(t, slots.slots_for(t)).outcome for t in tasks[:3]] == ["admitted"] * 3
+    slots.set_limit(tenant, 1)
+    assert slots.admit(tasks[3], slots.slots_for(tasks[3])).outcome == "refused"
+    assert slots.usage(tenant) == slots.usage(tenant).__class__(tenant=tenant, running=3, waiting=0, limit=1)
+    for t in tasks[:3]:  # nothing was killed: each still holds its slot until it ends
+        assert slots.holds_slots(t.task_id)
+    slots.set_limit(tenant, None)
+    assert slots.limit(tenant) == 1  # the default again
+
+
+def test_a_limit_below_one_is_refused_naming_the_field(backend: Storage) -> None:
+    with pytest.raises(ValidationError) as refused:
+        backend.slots.set_limit(_tenant(), 0)
+    assert refused.value.field == "max_running"
+
+
+def test_a_concurrency_key_holds_its_own_limit_and_lists_its_holders(backend: Storage) -> None:
+    tenant = _tenant()
+    slots: RunningSlots = backend.slots  # no tenant limit: only the key's
+    first, second = _task(backend, tenant, key="customer-42"), _task(backend, tenant, key="customer-42")
+    other = _task(backend, tenant, key="customer-7")
+    assert slots.admit(first, slots.slots_for(first)).outcome == "admitted"
+    refused = slots.admit(second, slots.slots_for(second))
+    assert (
+        refused.outcome == "refused" and refused.slot is not None and refused.slot.pk == key_pk(tenant, "customer-42")
+    )
+    assert slots.admit(other, slots.slots_for(other)).outcome == "admitted"
+    assert slots.holders(tenant, "customer-42") == [first.task_id]
+
+
+def test_waiters_wake_oldest_first_as_many_as_there_is_room_skipping_cancelled_ones(backend: Storage) -> None:
+    tenant = _tenant()
+    slots = backend.slots.with_default(1)
+    running = _task(backend, tenant)
+    assert slots.admit(running, slots.slots_for(running)).outcome == "admitted"
+    waiting = [_task(backend, tenant) for _ in range(3)]
+    for t in waiting:
+        refused = slots.admit(t, slots.slots_for(t))
+        assert refused.slot is not None
+        slots.park(t, refused.slot, "normal")
+    backend.tasks.transition(waiting[0].task_id, TaskStatus.CANCELLED)  # gave up while it waited
+    assert slots.usage(tenant).waiting == 3
+    assert slots.next_waiters(keys.tenant_pk(tenant)) == []  # no room yet
+    assert backend.tasks.claim(running.task_id, "w", 30) is not None
+    backend.tasks.transition(running.task_id, TaskStatus.SUCCEEDED)
+    freed = slots.release(running.task_id)
+    assert [w[0] for pk in freed for w in slots.next_waiters(pk)] == [waiting[1].task_id]
+    assert slots.usage(tenant).waiting == 1  # the cancelled one is gone too; the last still waits

@@ -1,0 +1,203 @@
+"""Per-tenant running limits and concurrency keys at the dispatcher (queueing/fairness.py): a
+task over a limit waits ``queued`` with its message deleted, and the task that frees the slot
+sends its message; a key's ``skip`` and ``cancel_running``. The engine runs on the in-memory
+twin; the tier queues are real SQS on moto server (the wake is a message)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agentq.control.agents import create_agent
+from agentq.control.defaults import Defaults
+from agentq.control.submit import submit_once
+from agentq.control.tenants import set_max_running
+from agentq.core.engine import Engine, EngineConfig
+from agentq.core.models import Concurrency, Task, TaskStatus, TaskSubmission
+from agentq.local.moto_server import MotoServer
+from agentq.queueing.dispatch import Dispatcher
+from agentq.queueing.queues import TaskMessage, TaskQueues
+from agentq.runtime import build_queues
+from agentq.storage.container import Storage
+from agentq.storage.running_slots import SlotUsage
+
+from tests.helpers import deployment, scripted
+
+STORAGE = "memory"
+
+
+@pytest.fixture(scope="module")
+def queues(moto_server: MotoServer) -> TaskQueues:
+    return build_queues(deployment(moto_server))
+
+
+def _dispatcher(store: Storage, queues: TaskQueues, registry: Any, limit: int | None) -> Dispatcher:
+    engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30))
+    return Dispatcher(engine, store, queues, max_receive_count=5, default_max_running=limit)
+
+
+def _submit(store: Storage, tenant: str, concurrency: dict[str, Any] | None = None) -> Task:
+    submission = scripted([{"text": "done"}])
+    if concurrency is not None:
+        submission = TaskSubmission.model_validate({**submission.model_dump(), "concurrency": concurrency})
+    return store.tasks.create(submission, tenant=tenant)
+
+
+def _mid_run(dispatcher: Dispatcher, task: Task) -> None:
+    """``task`` admitted and claimed, as by a worker in the middle of its run."""
+    assert dispatcher.fair.admit(task, "normal").waits is None
+    assert dispatcher.store.tasks.claim(task.task_id, "other-worker", 30) is not None
+
+
+def _handle(dispatcher: Dispatcher, task_id: str) -> Any:
+    return dispatcher.handle(TaskMessage(task_id=task_id).model_dump_json(), tier="normal", receive_count=1)
+
+
+def _received(queues: TaskQueues) -> list[dict[str, Any]]:
+    got = queues.sqs.receive_message(
+        QueueUrl=queues.url("normal"), MaxNumberOfMessages=10, WaitTimeSeconds=0, MessageSystemAttributeNames=["All"]
+    ).get("Messages", [])
+    for m in got:
+        queues.delete("normal", m["ReceiptHandle"])
+    return list(got)
+
+
+def test_a_task_over_its_tenants_limit_waits_queued_without_its_message_and_runs_when_the_slot_frees(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=1)
+    _received(queues)
+    first, second = _submit(store, "acme"), _submit(store, "acme")
+    _mid_run(dispatcher, first)
+
+    parked = _handle(dispatcher, second.task_id)
+    assert parked.kind == "delete" and "waits queued" in parked.reason  # no receive spent, no retry
+    assert store.tasks.get(second.task_id).status is TaskStatus.QUEUED
+    assert store.slots.usage("acme").waiting == 1 and _received(queues) == []
+
+    store.tasks.transition(first.task_id, TaskStatus.SUCCEEDED)
+    dispatcher.fair.release(first.task_id)
+    (woken,) = _received(queues)
+    assert TaskMessage.model_validate_json(woken["Body"]).task_id == second.task_id
+    assert woken["Attributes"]["MessageGroupId"] == "acme"  # the fair queue's group: the tenant
+
+    ran = _handle(dispatcher, second.task_id)
+    assert ran.kind == "delete" and store.tasks.get(second.task_id).status is TaskStatus.SUCCEEDED
+    assert store.slots.usage("acme").running == 0  # its slot came back when it ended
+
+
+def test_another_tenant_is_not_held_by_a_tenant_at_its_limit(store: Storage, queues: TaskQueues, registry: Any) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=1)
+    _mid_run(dispatcher, _submit(store, "noisy"))
+    assert "waits queued" in _handle(dispatcher, _submit(store, "noisy").task_id).reason
+    quiet = _submit(store, "quiet")
+    assert _handle(dispatcher, quiet.task_id).kind == "delete"
+    assert store.tasks.get(quiet.task_id).status is TaskStatus.SUCCEEDED
+
+
+def test_a_tenant_without_a_limit_runs_without_slots(store: Storage, queues: TaskQueues, registry: Any) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=None)
+    task = _submit(store, "free")
+    assert _handle(dispatcher, task.task_id).kind == "delete"
+    assert store.tasks.get(task.task_id).status is TaskStatus.SUCCEEDED
+    assert store.slots.usage("free").running == 0 and not store.slots.holds_slots(task.task_id)
+
+
+def test_a_key_at_its_limit_with_skip_ends_the_new_task_cancelled_and_leaves_the_running_one(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=None)
+    key = {"key": "customer-42", "limit": 1, "on_conflict": "skip"}
+    running, late = _submit(store, "shop", key), _submit(store, "shop", key)
+    _mid_run(dispatcher, running)
+    assert "skipped" in _handle(dispatcher, late.task_id).reason
+    ended = store.tasks.get(late.task_id)
+    assert ended.status is TaskStatus.CANCELLED and ended.error is not None
+    assert ended.error["code"] == "concurrency_skipped"
+    assert store.tasks.get(running.task_id).status is TaskStatus.RUNNING
+
+
+def test_a_key_at_its_limit_with_cancel_running_cancels_the_holder_and_runs_once_it_stops(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=None)
+    _received(queues)
+    key = {"key": "customer-7", "limit": 1, "on_conflict": "cancel_running"}
+    old, new = _submit(store, "shop2", key), _submit(store, "shop2", key)
+    _mid_run(dispatcher, old)
+    assert "waits queued" in _handle(dispatcher, new.task_id).reason
+    assert store.tasks.get(old.task_id).status is TaskStatus.CANCELLED
+    # The cancelled task's worker stops at its next step and gives the key's slot back.
+    dispatcher.fair.release(old.task_id)
+    assert store.slots.holders("shop2", "customer-7") == []
+    woken = [TaskMessage.model_validate_json(m["Body"]).task_id for m in _received(queues)]
+    assert new.task_id in woken
+    _handle(dispatcher, new.task_id)
+    assert store.tasks.get(new.task_id).status is TaskStatus.SUCCEEDED
+    assert store.slots.holders("shop2", "customer-7") == []
+
+
+def test_a_submission_over_its_tenants_limit_never_enters_the_queue(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    _received(queues)
+    defaults = Defaults(tenant_max_running=1)
+    first = submit_once(store, registry, scripted([{"text": "a"}]), tenant="burst", queues=queues, defaults=defaults)
+    second = submit_once(store, registry, scripted([{"text": "b"}]), tenant="burst", queues=queues, defaults=defaults)
+    sent = [TaskMessage.model_validate_json(m["Body"]).task_id for m in _received(queues)]
+    assert sent == [first.task.task_id]  # the second waits on the tenant's list, not in the queue
+    assert store.tasks.get(second.task.task_id).status is TaskStatus.QUEUED
+    assert store.slots.with_default(1).usage("burst") == SlotUsage(tenant="burst", running=1, waiting=1, limit=1)
+
+    dispatcher = _dispatcher(store, queues, registry, limit=1)
+    _handle(dispatcher, first.task.task_id)  # runs, ends, and its slot wakes the second
+    (woken,) = _received(queues)
+    assert TaskMessage.model_validate_json(woken["Body"]).task_id == second.task.task_id
+
+
+def test_raising_a_tenants_limit_wakes_as_many_waiting_tasks_as_it_made_room_for(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    _received(queues)
+    defaults = Defaults(tenant_max_running=1)
+    ids = [
+        submit_once(store, registry, scripted([{"text": "a"}]), tenant="grows", queues=queues, defaults=defaults)
+        for _ in range(4)
+    ]
+    assert len(_received(queues)) == 1  # one admitted, three waiting
+    store.slots.set_limit("grows", 1)
+    usage = set_max_running(store, "grows", 3, queues)
+    woken = [TaskMessage.model_validate_json(m["Body"]).task_id for m in _received(queues)]
+    assert woken == [ids[1].task.task_id, ids[2].task.task_id]  # oldest first, two slots made
+    assert usage.waiting == 1 and usage.limit == 3
+
+
+def test_a_task_taken_over_from_a_dead_worker_keeps_its_one_slot_and_gives_it_back_when_it_ends(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=1)
+    task = _submit(store, "orphaned")
+    assert dispatcher.fair.admit(task, "normal").waits is None
+    claimed = store.tasks.claim(task.task_id, "dead-worker", 30)
+    assert claimed is not None
+    store.tasks.release(claimed[0])  # its lease lapses: the recovery path hands its message on
+    assert _handle(dispatcher, task.task_id).kind == "delete"  # taken over: no second slot asked for
+    assert store.tasks.get(task.task_id).status is TaskStatus.SUCCEEDED
+    assert store.slots.usage("orphaned").running == 0
+
+
+def test_an_agents_concurrency_key_holds_its_tasks_unless_the_submission_names_its_own(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    spec = {"name": "nightly", "provider": "scripted", "script": {"turns": [{"text": "done"}]},
+            "concurrency": {"key": "nightly-report", "limit": 1, "on_conflict": "skip"}}  # fmt: skip
+    create_agent(store, registry, spec, tenant="ops")
+    first = submit_once(store, registry, {"goal": "report", "agent": "nightly"}, tenant="ops", queues=queues)
+    assert first.task.submission.concurrency == Concurrency(key="nightly-report", limit=1, on_conflict="skip")
+    second = submit_once(store, registry, {"goal": "report", "agent": "nightly"}, tenant="ops", queues=queues)
+    assert store.tasks.get(second.task.task_id).status is TaskStatus.CANCELLED  # the key is held: skipped
+    own = {"goal": "report", "agent": "nightly", "concurrency": {"key": "customer-9"}}
+    third = submit_once(store, registry, own, tenant="ops", queues=queues)
+    assert third.task.submission.concurrency == Concurrency(key="customer-9")
+    assert store.tasks.get(third.task.task_id).status is TaskStatus.QUEUED

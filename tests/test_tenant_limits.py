@@ -1,0 +1,81 @@
+"""Setting a tenant's running limit and a submission's concurrency key: bad input gets a precise
+error naming the field (a 422 from the API, a CLI message and exit code 2) and changes nothing."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+
+import pytest
+
+from agentq.cli.main import main
+from agentq.local.moto_server import LOCAL_CREDENTIALS
+from agentq.runtime import Settings
+from agentq.storage.container import Storage
+
+from tests.api_support import SCRIPTED, ApiStack
+
+Cli = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def agentq(settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Cli:
+    for name, value in {**LOCAL_CREDENTIALS, **settings.env()}.items():
+        monkeypatch.setenv(name, value)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+def test_a_tenants_limit_is_set_and_cleared_from_the_cli_and_its_usage_shown(agentq: Cli, store: Storage) -> None:
+    tenant = f"acme-{uuid.uuid4().hex[:6]}"
+    store.api_keys.create(tenant)
+    code, out, _ = agentq("tenants", "limit", tenant, "--max-running", "3")
+    assert code == 0 and f"{tenant}  running 0  waiting 0  max_running 3" in out
+    assert store.slots.limit(tenant) == 3
+    code, out, _ = agentq("tenants", "usage", tenant, "--json")
+    assert code == 0 and json.loads(out) == [{"tenant": tenant, "running": 0, "waiting": 0, "limit": 3}]
+    code, out, _ = agentq("tenants", "limit", tenant, "--clear")
+    assert code == 0 and "max_running unlimited" in out and store.slots.limit(tenant) is None
+
+
+def test_a_limit_below_one_or_an_unknown_tenant_is_refused_naming_the_field_and_writes_nothing(
+    agentq: Cli, store: Storage
+) -> None:
+    tenant = f"acme-{uuid.uuid4().hex[:6]}"
+    store.api_keys.create(tenant)
+    code, _, err = agentq("tenants", "limit", tenant, "--max-running", "0")
+    assert code == 2 and "max_running must be at least 1 (got 0) (max_running)" in err
+    code, _, err = agentq("tenants", "limit", "nobody-" + tenant, "--max-running", "5")
+    assert code == 2 and f"unknown tenant 'nobody-{tenant}'" in err and "(tenant)" in err
+    assert store.slots.limit(tenant) is None and store.slots.limit("nobody-" + tenant) is None
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "field"),
+    [
+        ({"key": "k" * 129}, "concurrency.key"),
+        ({"key": "customer-42", "limit": 0}, "concurrency.limit"),
+        ({"key": "customer-42", "on_conflict": "wait"}, "concurrency.on_conflict"),
+    ],
+)
+def test_a_bad_concurrency_key_is_a_422_naming_the_field_and_submits_nothing(
+    api_stack: ApiStack, concurrency: dict[str, object], field: str
+) -> None:
+    _, before, _ = api_stack.http("GET", "/tasks?limit=100")
+    status, data, _ = api_stack.http("POST", "/tasks", {**SCRIPTED, "concurrency": concurrency})
+    assert status == 422 and data["error"]["code"] == "validation_error" and data["error"]["field"] == field, data
+    _, after, _ = api_stack.http("GET", "/tasks?limit=100")
+    assert after["tasks"] == before["tasks"]
+
+
+def test_the_caller_sees_its_running_and_waiting_counts_and_its_limit(api_stack: ApiStack) -> None:
+    status, data, _ = api_stack.http("GET", "/usage")
+    assert status == 200 and data == {"tenant": "team-a", "running": 0, "waiting": 0, "max_running": None}, data
+    assert api_stack.http("GET", "/usage", key=None)[0] == 401
