@@ -23,6 +23,7 @@ from agentq.core.engine import Engine, EngineConfig
 from agentq.core.errors import ProviderError, ValidationError
 from agentq.core.models import CallStep, CompactStep, LLMStep, MessageStep, StepRecord, TaskStatus, ToolsStep, Usage
 from agentq.core.providers import LLMRequest, LLMResponse
+from agentq.core.providers.base import max_call_seconds
 from agentq.core.tools import ToolRegistry, tool
 from agentq.runtime import Settings, build_registry
 from agentq.storage.container import Storage, memory_storage
@@ -293,7 +294,8 @@ def test_a_worker_killed_around_a_compaction_resumes_to_the_same_conversation(
         number = [s.number for s in baseline if isinstance(s.body, CompactStep)][which]
         assert len(before) == (number if point == "after_compaction" else number - 1)  # stopped where meant
 
-        successor = Engine(store, worker_id="successor", tools=registry, config=EngineConfig(lease_seconds=1))
+        config = EngineConfig(lease_seconds=1, max_call_seconds=max_call_seconds())  # as run_task's engine
+        successor = Engine(store, worker_id="successor", tools=registry, config=config)
         resumed = resume(successor, TASK_ID, wait_seconds=20)
         assert resumed.status is TaskStatus.SUCCEEDED, resumed
     after = store.steps.load(TASK_ID)
