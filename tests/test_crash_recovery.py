@@ -111,6 +111,7 @@ def test_killed_worker_resumes_to_the_same_conversation_without_repeating_effect
     crashed = _crashing_worker(settings, crash_at, ledger)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
     before = store.steps.load(TASK_ID)
+    held = store.budgets.get(TASK_ID).reserved  # the killed worker's hold, if it held one
 
     monkeypatch.setenv("AGENTQ_TEST_LEDGER", str(ledger))
     resumed = run_task(TASK_ID, settings=settings, lease_seconds=1, wait_seconds=20)
@@ -147,7 +148,8 @@ def test_killed_worker_resumes_to_the_same_conversation_without_repeating_effect
 
     # The killed worker's hold, if it held one, stays counted until its call could no longer
     # complete (set aside as lapsed, invariant 4); then it is counted as spent, once: whether the
-    # provider answered the killed worker is unknown.
+    # provider answered the killed worker is unknown. Its deadline may pass before the resumed
+    # run ends (on a loaded machine): then that run has spent it already and none is left lapsed.
     task = store.tasks.get(TASK_ID)
     lapsed = task.lapsed_holds
     assert store.budgets.get(TASK_ID).reserved == sum(h.amount for h in lapsed.values())
@@ -160,4 +162,4 @@ def test_killed_worker_resumes_to_the_same_conversation_without_repeating_effect
     llm_usage = sum(s.body.usage.total for s in after if isinstance(s.body, LLMStep))
     assert budget.reserved == 0 and store.tasks.get(TASK_ID).lapsed_holds == {}
     # The committed calls' reported usage, plus the killed worker's hold (outcome unknown).
-    assert budget.used == llm_usage + sum(h.amount for h in lapsed.values())
+    assert budget.used == llm_usage + held and sum(h.amount for h in lapsed.values()) in (0, held)
