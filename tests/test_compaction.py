@@ -4,15 +4,13 @@ conversation goes on from the goal and that summary; a resume reads only the ste
 latest compaction on; a worker killed at any write around a compaction resumes to the same
 conversation; a fork before or after one goes on as the source did.
 
-The engine's own tests run on the in-memory twin (``store``, ``registry``); those that kill a
-worker process or enqueue a fork run on moto server (``settings``, ``deployment``)."""
+All of it is the engine's own behaviour and runs on the in-memory twin (``store``, ``registry``):
+a killed worker is one stopped dead at its crash point (tests/stopped_worker.py), a fork's
+queue a stand-in that keeps what was enqueued."""
 
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +23,13 @@ from agentq.core.engine import Engine, EngineConfig
 from agentq.core.errors import ProviderError, ValidationError
 from agentq.core.models import CallStep, CompactStep, LLMStep, MessageStep, StepRecord, TaskStatus, ToolsStep, Usage
 from agentq.core.providers import LLMRequest, LLMResponse
+from agentq.core.providers.base import max_call_seconds
 from agentq.core.tools import ToolRegistry, tool
-from agentq.local.moto_server import MotoServer
-from agentq.queueing.worker import run_task
-from agentq.runtime import Settings, build_registry, build_store
-from agentq.storage.container import Storage
+from agentq.runtime import Settings, build_registry
+from agentq.storage.container import Storage, memory_storage
 
-from tests.conftest import child_env, fresh_settings
 from tests.helpers import call, scripted
+from tests.stopped_worker import resume, stopped_at
 
 WINDOW = '{"claude-sonnet-4": 5000}'  # threshold 70%: 3,500 tokens, ~10,500 characters
 NOTES = "n" * 2400  # what the model writes each turn: clearing tool results cannot remove it
@@ -95,8 +92,7 @@ def _submission(**constraints: Any) -> dict[str, Any]:
             "constraints": {"tools": ["read_doc"], "max_steps": 40, "keep_tool_results": 1, **constraints}}  # fmt: skip
 
 
-# The engine's own behaviour needs no AWS. ``store`` and ``registry`` (tests/conftest.py) are the in-memory twin's;
-# tests that race processes or use queues ask for ``settings`` and build their own.
+# The engine's own behaviour needs no AWS: ``store`` and ``registry`` (tests/conftest.py) are the in-memory twin's.
 STORAGE = "memory"
 
 
@@ -224,7 +220,7 @@ def test_compaction_off_sends_the_request_as_it_is(store: Storage, monkeypatch: 
         parse_submission(_submission(compaction="sometimes"))
 
 
-# ---------------------------------------------------------------------- real processes
+# ---------------------------------------------------------------------- killed workers and forks
 
 TASK_ID = "compact-task"
 LONG = "x" * 3000  # each scripted turn's text: a compaction every few turns
@@ -254,17 +250,18 @@ def _shape(steps: list[StepRecord]) -> list[Any]:
 
 
 @pytest.fixture(scope="module")
-def baseline(moto_server: MotoServer) -> list[StepRecord]:
-    settings = fresh_settings(moto_server)
+def baseline() -> list[StepRecord]:
     with pytest.MonkeyPatch.context() as env:
         env.setenv("AGENTQ_CONTEXT_WINDOWS", WINDOWS)
-        store = build_store(settings)
+        store = memory_storage()
         store.tasks.create(scripted(TURNS, tools=["lookup", "charge_card"]), tenant="t", task_id=TASK_ID)
-        engine = Engine(
-            store, worker_id="baseline", tools=build_registry(settings), config=EngineConfig(lease_seconds=5)
-        )
+        engine = Engine(store, worker_id="baseline", tools=_effect_tools(), config=EngineConfig(lease_seconds=5))
         assert engine.run(TASK_ID).status is TaskStatus.SUCCEEDED
     return store.steps.load(TASK_ID)
+
+
+def _effect_tools() -> ToolRegistry:
+    return build_registry(Settings(table="memory", bucket="memory", tool_modules=("tests.effect_tools",)))
 
 
 def _pass_of(steps: list[StepRecord], point: str, which: int) -> int:
@@ -280,37 +277,27 @@ def _pass_of(steps: list[StepRecord], point: str, which: int) -> int:
 @pytest.mark.parametrize("which", [0, 1])
 @pytest.mark.parametrize("point", ["after_reserve", "after_llm_call", "after_step_put", "after_compaction"])
 def test_a_worker_killed_around_a_compaction_resumes_to_the_same_conversation(
-    point: str, which: int, baseline: list[StepRecord], settings: Settings, tmp_path: Path,
+    point: str, which: int, baseline: list[StepRecord], store: Storage, registry: ToolRegistry, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
+    """The killed worker stops dead at the point in a thread (tests/stopped_worker.py): it
+    writes nothing more, as a SIGKILLed process would; its successor waits out its lease."""
     assert sum(isinstance(s.body, CompactStep) for s in baseline) >= 2
     crash_at = f"{point}:{_pass_of(baseline, point, which)}"
-    store = build_store(settings)
     store.tasks.create(scripted(TURNS, tools=["lookup", "charge_card"]), tenant="t", task_id=TASK_ID)
     ledger = tmp_path / "ledger.jsonl"
-    crashed = subprocess.run(
-        [sys.executable, "-m", "agentq", "run-task", TASK_ID, "--lease", "1"],
-        check=False,
-        env=child_env(
-            settings,
-            AGENTQ_CRASH_AT=crash_at,
-            AGENTQ_TEST_LEDGER=str(ledger),
-            AGENTQ_MAX_CALL_SECONDS="1",
-            AGENTQ_CONTEXT_WINDOWS=WINDOWS,
-        ),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
-    before = store.steps.load(TASK_ID)
-    number = [s.number for s in baseline if isinstance(s.body, CompactStep)][which]
-    assert len(before) == (number if point == "after_compaction" else number - 1)  # killed where meant
-
     monkeypatch.setenv("AGENTQ_TEST_LEDGER", str(ledger))
     monkeypatch.setenv("AGENTQ_CONTEXT_WINDOWS", WINDOWS)
-    resumed = run_task(TASK_ID, settings=settings, lease_seconds=1, wait_seconds=20)
-    assert resumed.status is TaskStatus.SUCCEEDED, resumed
+    killed = Engine(store, worker_id="killed", tools=registry, config=EngineConfig(lease_seconds=1, max_call_seconds=1))
+    with stopped_at(killed, TASK_ID, crash_at, monkeypatch):
+        before = store.steps.load(TASK_ID)
+        number = [s.number for s in baseline if isinstance(s.body, CompactStep)][which]
+        assert len(before) == (number if point == "after_compaction" else number - 1)  # stopped where meant
+
+        config = EngineConfig(lease_seconds=1, max_call_seconds=max_call_seconds())  # as run_task's engine
+        successor = Engine(store, worker_id="successor", tools=registry, config=config)
+        resumed = resume(successor, TASK_ID, wait_seconds=20)
+        assert resumed.status is TaskStatus.SUCCEEDED, resumed
     after = store.steps.load(TASK_ID)
     assert after[: len(before)] == before  # resumed, not restarted
     assert _shape(after) == _shape(baseline)
@@ -323,24 +310,29 @@ def test_a_worker_killed_around_a_compaction_resumes_to_the_same_conversation(
         import time
 
         time.sleep(max(0.0, max(h.until or 0.0 for h in task.lapsed_holds.values()) - time.time()) + 0.05)
-        Engine(store, worker_id="releaser", tools=build_registry(settings)).spend_lapsed_holds(task)
+        Engine(store, worker_id="releaser", tools=registry).spend_lapsed_holds(task)
     budget = store.budgets.get(TASK_ID)
     assert budget.reserved == 0
     assert budget.used == spent + sum(s.body.usage.total for s in after if isinstance(s.body, CallStep))
 
 
+class _Queues:
+    """Stands in for TaskQueues: a fork is enqueued; here the test runs it itself."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def send(self, task_id: str, priority: Any, **_: Any) -> None:
+        self.sent.append(task_id)
+
+
 @pytest.mark.parametrize("where", ["before", "after"])
 def test_a_fork_before_or_after_a_compaction_goes_on_as_the_source_did(
-    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch, where: str
+    store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
     from agentq.control.operations import fork
 
-    from tests.helpers import deployment
-
     monkeypatch.setenv("AGENTQ_CONTEXT_WINDOWS", WINDOWS)
-    settings = deployment(moto_server)  # with queues: a fork is enqueued
-    store = build_store(settings)
-    registry = build_registry(settings)
     source = store.tasks.create(scripted(TURNS, tools=["lookup", "charge_card"]), tenant="t")
     engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30))
     assert engine.run(source.task_id).status is TaskStatus.SUCCEEDED
@@ -348,10 +340,9 @@ def test_a_fork_before_or_after_a_compaction_goes_on_as_the_source_did(
     compaction = next(s.number for s in steps if isinstance(s.body, CompactStep))
     at = compaction - 1 if where == "before" else compaction
 
-    from agentq.runtime import build_queues
-
-    forked = fork(store, registry, build_queues(settings), source.task_id, at_step=at)
-    assert forked.compacted_at == (compaction if where == "after" else 0)
+    queues = _Queues()
+    forked = fork(store, registry, queues, source.task_id, at_step=at)  # type: ignore[arg-type]
+    assert forked.compacted_at == (compaction if where == "after" else 0) and queues.sent == [forked.task_id]
     assert engine.run(forked.task_id).status is TaskStatus.SUCCEEDED
     mine = store.steps.load(forked.task_id)
 

@@ -1,10 +1,14 @@
 """Money budgets (``max_cost_usd``): reserved before each call at the most it can cost and
 settled at what it did, in the same writes as tokens, so ``used <= cap`` holds in dollars too;
-the ledger's spend equals the calls' priced cost; a model without a price is refused."""
+the ledger's spend equals the calls' priced cost; a model without a price is refused.
+
+The engine's behaviour runs on the in-memory twin (``store``, ``registry``); twenty processes
+racing for the money cap run on moto server (``settings``, ``settings_store``)."""
 
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 import pytest
 
@@ -15,13 +19,13 @@ from agentq.core.errors import ValidationError
 from agentq.core.models import CallStep, TaskStatus
 from agentq.core.pricing import load_price_table, micros
 from agentq.core.tools import ToolRegistry
-from agentq.local.moto_server import MotoServer
 from agentq.runtime import Settings
 from agentq.storage.container import Storage
 
 from tests.budget_racer import race
 from tests.helpers import call, scripted
 
+STORAGE = "memory"
 NOTES = "n" * 800  # ~200 output tokens a turn by the scripted provider's count
 
 
@@ -98,8 +102,9 @@ CAP_MICROS = 20_000  # demand is 56,000 millionths: almost three times the cap
 
 
 def test_twenty_processes_reserving_money_at_once_never_push_the_root_past_its_money_cap(
-    settings: Settings, store: Storage
+    settings: Settings, settings_store: Storage
 ) -> None:
+    store = settings_store
     root = store.tasks.create(
         scripted([{"text": "root"}], max_tokens=10_000_000, max_cost_usd=Decimal(CAP_MICROS) / 1_000_000), tenant="t"
     )
@@ -135,16 +140,22 @@ def test_sub_agents_get_the_part_of_the_money_their_token_share_is(store: Storag
         plan_children(root, "toolu_y", spec, 100_000, available_micros=1)
 
 
+class _Queues:
+    """Stands in for TaskQueues: a raise requeues the task; here the test runs it itself."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def send(self, task_id: str, priority: Any, **_: Any) -> None:
+        self.sent.append(task_id)
+
+
 def test_raising_the_money_cap_resumes_a_task_that_ran_out_and_a_task_without_one_is_refused(
-    moto_server: MotoServer,
+    store: Storage, registry: ToolRegistry
 ) -> None:
     from agentq.control.operations import raise_budget
-    from agentq.runtime import build_queues, build_registry, build_store
 
-    from tests.helpers import deployment
-
-    settings = deployment(moto_server)
-    store, registry, queues = build_store(settings), build_registry(settings), build_queues(settings)
+    queues: Any = _Queues()
     task = store.tasks.create(parse_submission(_long_task("0.02")), tenant="t")
     engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30))
     assert engine.run(task.task_id).status is TaskStatus.COST_EXCEEDED
@@ -152,6 +163,7 @@ def test_raising_the_money_cap_resumes_a_task_that_ran_out_and_a_task_without_on
 
     raised = raise_budget(store, queues, task.task_id, add_tokens=0, add_usd=Decimal("5"))
     assert raised.status is TaskStatus.QUEUED and raised.submission.constraints.max_cost_usd == Decimal("5.02")
+    assert queues.sent == [task.task_id]
     assert store.budgets.get(task.task_id).cap_micros == 5_020_000
     resumed = engine.run(task.task_id)
     assert resumed.status is TaskStatus.SUCCEEDED and resumed.resumed_from_step == steps_before

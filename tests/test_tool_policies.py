@@ -1,15 +1,17 @@
-"""Per-tool permission policies (issue 13.4), against moto server: ``deny`` is never offered
-and never runs; ``ask`` pauses the task before the call runs, approve runs it once, reject gives
-the model the denial and the tool never runs, also with the worker process killed around the
-decision; a rejected ``request_approval`` stops the calls requested alongside it; a policy
-naming a tool the task lacks is refused at submission."""
+"""Per-tool permission policies (issue 13.4): ``deny`` is never offered and never runs; ``ask``
+pauses the task before the call runs, approve runs it once, reject gives the model the denial
+and the tool never runs, also with the worker killed around the decision; a rejected
+``request_approval`` stops the calls requested alongside it; a policy naming a tool the task
+lacks is refused at submission.
+
+The engine's behaviour runs on the in-memory twin (``store``, ``registry``), a killed worker
+being one stopped dead at its crash point (tests/stopped_worker.py) and a decision's requeue a
+stand-in queue; an approval's timeout is a message SQS delivers delayed, so those tests run on
+moto server (``settings``, ``moto_store``)."""
 
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +22,16 @@ from agentq.core.engine import Engine, EngineConfig, offered_tools
 from agentq.core.errors import ValidationError
 from agentq.core.models import LLMStep, TaskStatus, TaskSubmission, ToolsStep
 from agentq.core.providers import LLMRequest, LLMResponse, default_provider_factory
+from agentq.core.providers.base import max_call_seconds
 from agentq.core.tools import ToolRegistry
 from agentq.local.moto_server import MotoServer
 from agentq.runtime import Settings, build_queues, build_registry, build_store
 from agentq.storage.container import Storage
 
-from tests.conftest import child_env
 from tests.helpers import call, deployment, scripted
+from tests.stopped_worker import resume, stopped_at
+
+STORAGE = "memory"  # the engine's behaviour; moto server for the approval timer's delayed message
 
 CHARGE = [
     {
@@ -49,18 +54,28 @@ def _charges(ledger: Path) -> list[dict[str, Any]]:
 
 @pytest.fixture
 def settings(moto_server: MotoServer) -> Settings:
-    """Table, bucket and queues (a decision requeues the task) under a prefix of its own."""
+    """Table, bucket and queues (an approval's timer is a delayed message) under a prefix of its own."""
     return deployment(moto_server)  # type: ignore[no-any-return]
 
 
 @pytest.fixture
-def store(settings: Settings) -> Storage:
+def moto_store(settings: Settings) -> Storage:
     return build_store(settings)
 
 
 @pytest.fixture
-def registry(settings: Settings) -> ToolRegistry:
+def moto_registry(settings: Settings) -> ToolRegistry:
     return build_registry(settings)
+
+
+class _Queues:
+    """Stands in for TaskQueues where a decision requeues the task: the test runs it itself."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def send(self, task_id: str, priority: Any, **_: Any) -> None:
+        self.sent.append(task_id)
 
 
 @pytest.fixture
@@ -105,7 +120,7 @@ def test_a_denied_tool_is_never_offered_to_the_model_and_a_call_to_it_never_runs
 
 
 def test_an_ask_tool_pauses_before_it_runs_and_runs_once_when_approved(
-    store: Storage, registry: ToolRegistry, ledger: Path, settings: Settings
+    store: Storage, registry: ToolRegistry, ledger: Path
 ) -> None:
     from agentq.control.operations import decide
 
@@ -114,19 +129,21 @@ def test_an_ask_tool_pauses_before_it_runs_and_runs_once_when_approved(
     pending = store.approvals.pending(task.task_id)
     assert pending is not None and pending.question == 'Run charge_card with {"amount_cents": 500, "memo": "x"}?'
     assert _charges(ledger) == [] and store.steps.load(task.task_id)[-1].number == 1  # nothing ran yet
-    decide(store, build_queues(settings), task.task_id, approved=True, note="ok", by="alice")
+    queues = _Queues()
+    decide(store, queues, task.task_id, approved=True, note="ok", by="alice")  # type: ignore[arg-type]
+    assert queues.sent == [task.task_id]  # requeued to run the decision
     assert _engine(store, registry).run(task.task_id).status is TaskStatus.SUCCEEDED
     assert len(_charges(ledger)) == 1 and not _results(store, task.task_id)["charge_card"].is_error
 
 
 def test_an_ask_tool_rejected_never_runs_and_the_model_reads_the_denial(
-    store: Storage, registry: ToolRegistry, ledger: Path, settings: Settings
+    store: Storage, registry: ToolRegistry, ledger: Path
 ) -> None:
     from agentq.control.operations import decide
 
     task = store.tasks.create(_with_policies(CHARGE, ["lookup", "charge_card"], charge_card="ask"), tenant="t")
     _engine(store, registry).run(task.task_id)
-    decide(store, build_queues(settings), task.task_id, approved=False, note="too much", by="bob")
+    decide(store, _Queues(), task.task_id, approved=False, note="too much", by="bob")  # type: ignore[arg-type]
     assert _engine(store, registry).run(task.task_id).status is TaskStatus.SUCCEEDED
     results = _results(store, task.task_id)
     assert results["charge_card"].is_error and results["charge_card"].content == (
@@ -137,7 +154,7 @@ def test_an_ask_tool_rejected_never_runs_and_the_model_reads_the_denial(
 
 
 def test_a_rejected_request_approval_stops_the_calls_requested_alongside_it(
-    store: Storage, registry: ToolRegistry, ledger: Path, settings: Settings
+    store: Storage, registry: ToolRegistry, ledger: Path
 ) -> None:
     from agentq.control.operations import decide
 
@@ -147,7 +164,7 @@ def test_a_rejected_request_approval_stops_the_calls_requested_alongside_it(
     ]  # fmt: skip
     task = store.tasks.create(scripted(turns, tools=["request_approval", "charge_card"]), tenant="t")
     assert _engine(store, registry).run(task.task_id).status is TaskStatus.PAUSED
-    decide(store, build_queues(settings), task.task_id, approved=False, note="no", by="carol")
+    decide(store, _Queues(), task.task_id, approved=False, note="no", by="carol")  # type: ignore[arg-type]
     assert _engine(store, registry).run(task.task_id).status is TaskStatus.SUCCEEDED
     results = _results(store, task.task_id)
     assert results["request_approval"].content.startswith("REJECTED by carol")
@@ -157,26 +174,15 @@ def test_a_rejected_request_approval_stops_the_calls_requested_alongside_it(
     assert _charges(ledger) == []
 
 
-def test_a_policy_for_a_tool_the_task_lacks_is_refused_naming_it(
-    store: Storage, registry: ToolRegistry, settings: Settings
-) -> None:
+def test_a_policy_for_a_tool_the_task_lacks_is_refused_naming_it(store: Storage, registry: ToolRegistry) -> None:
     sub = _with_policies(CHARGE, ["lookup"], charge_card="ask")
+    queues = _Queues()
     with pytest.raises(ValidationError) as refused:
-        submit(store, registry, sub, tenant="t", queues=build_queues(settings))
+        submit(store, registry, sub, tenant="t", queues=queues)  # type: ignore[arg-type]
     assert refused.value.field == "constraints.tool_policies.charge_card"
     with pytest.raises(ValueError):
         _with_policies(CHARGE, ["lookup"], lookup="sometimes")
-    assert store.tasks.list_for_tenant("t", limit=5)[0] == []  # nothing written
-
-
-def _worker(
-    settings: Settings, task_id: str, ledger: Path, crash_at: str | None = None, wait: float = 0
-) -> subprocess.CompletedProcess[str]:
-    env = child_env(settings, AGENTQ_TEST_LEDGER=str(ledger), **({"AGENTQ_CRASH_AT": crash_at} if crash_at else {}))
-    return subprocess.run(
-        [sys.executable, "-m", "agentq", "run-task", task_id, "--lease", "1", "--wait", str(wait)],
-        check=False, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    assert store.tasks.list_for_tenant("t", limit=5)[0] == [] and queues.sent == []  # nothing written or sent
 
 
 @pytest.mark.parametrize(
@@ -189,19 +195,23 @@ def _worker(
     ],
 )
 def test_a_decision_holds_when_the_worker_is_killed_around_it(
-    store: Storage, settings: Settings, tmp_path: Path, approved: bool, crash_at: str, charges: int
-) -> None:
+    store: Storage, registry: ToolRegistry, ledger: Path, monkeypatch: pytest.MonkeyPatch,
+    approved: bool, crash_at: str, charges: int,
+) -> None:  # fmt: skip
+    """Each worker as ``agentq run-task --lease 1`` runs it; the killed one stops dead at its
+    crash point (tests/stopped_worker.py) and its successor waits out its lease."""
     from agentq.control.operations import decide
 
-    ledger = tmp_path / "ledger.jsonl"
+    def worker(name: str) -> Engine:
+        config = EngineConfig(lease_seconds=1, max_call_seconds=max_call_seconds())
+        return Engine(store, worker_id=name, tools=registry, config=config)
+
     task = store.tasks.create(_with_policies(CHARGE, ["lookup", "charge_card"], charge_card="ask"), tenant="t")
-    first = _worker(settings, task.task_id, ledger)
-    assert json.loads(first.stdout.splitlines()[-1])["status"] == "paused", first.stderr[-2000:]
-    decide(store, build_queues(settings), task.task_id, approved=approved, note="n", by="dana")
-    killed = _worker(settings, task.task_id, ledger, crash_at)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    resumed = _worker(settings, task.task_id, ledger, wait=20)  # once the killed worker's lease lapses
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert resume(worker("first"), task.task_id, wait_seconds=0).status is TaskStatus.PAUSED
+    decide(store, _Queues(), task.task_id, approved=approved, note="n", by="dana")  # type: ignore[arg-type]
+    with stopped_at(worker("killed"), task.task_id, crash_at, monkeypatch):
+        resumed = resume(worker("resumed"), task.task_id, wait_seconds=20)  # once the killed one's lease lapses
+        assert resumed.status is TaskStatus.SUCCEEDED, resumed
     final = store.tasks.get(task.task_id)
     assert final.status is TaskStatus.SUCCEEDED and final.result == "finished"
     assert len(_charges(ledger)) == charges
@@ -246,10 +256,11 @@ def _receive(settings: Settings, kind: str, timeout: float = 15) -> str:
 
 @pytest.mark.parametrize(("default", "charges"), [("reject", 0), ("approve", 1)])
 def test_an_approval_undecided_past_its_timeout_takes_the_default_decision(
-    store: Storage, registry: ToolRegistry, ledger: Path, settings: Settings, default: str, charges: int
+    moto_store: Storage, moto_registry: ToolRegistry, ledger: Path, settings: Settings, default: str, charges: int
 ) -> None:
     from agentq.queueing.dispatch import Dispatcher
 
+    store, registry = moto_store, moto_registry
     sub = _with_policies(CHARGE, ["lookup", "charge_card"], charge_card="ask")
     sub = sub.model_copy(
         update={
@@ -277,11 +288,12 @@ def test_an_approval_undecided_past_its_timeout_takes_the_default_decision(
 
 
 def test_a_person_who_decides_before_the_timeout_wins_and_the_timer_changes_nothing(
-    store: Storage, registry: ToolRegistry, ledger: Path, settings: Settings
+    moto_store: Storage, moto_registry: ToolRegistry, ledger: Path, settings: Settings
 ) -> None:
     from agentq.control.operations import decide
     from agentq.queueing.dispatch import Dispatcher
 
+    store, registry = moto_store, moto_registry
     sub = _with_policies(CHARGE, ["lookup", "charge_card"], charge_card="ask")
     sub = sub.model_copy(update={"constraints": sub.constraints.model_copy(update={"approval_timeout_seconds": 2})})
     task = store.tasks.create(sub, tenant="t")
