@@ -150,3 +150,18 @@ def test_without_a_key_mcp_answers_401(api_stack: ApiStack) -> None:
 def test_other_methods_are_answered_by_the_transport_not_a_500(api_stack: ApiStack, method: str) -> None:
     status, _, _ = api_stack.http(method, "/mcp")
     assert status in (400, 405, 406)
+
+
+def test_a_get_for_the_server_stream_is_answered_405_at_once_not_held_open(api_stack: ApiStack) -> None:
+    """What an MCP client's GET for server-initiated messages gets: a stateless server has no such
+    stream (the transport would hold the request, and the Lambda, open until its timeout)."""
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"{api_stack.url}/mcp",
+        headers={"Accept": "text/event-stream", "Authorization": f"Bearer {api_stack.key}"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as answered:
+        urllib.request.urlopen(request, timeout=20)
+    assert answered.value.code == 405 and answered.value.headers["Allow"] == "POST"
+    assert "stateless" in json.loads(answered.value.read())["error"]["message"]

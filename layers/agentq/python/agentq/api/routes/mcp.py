@@ -12,12 +12,18 @@ JSON-RPC, not the REST API's shapes.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import MutableMapping
 from typing import Any
 
 from aws_lambda_powertools.event_handler import Response
 
 from agentq.api.routes.common import ApiDeps, Router
+
+_NO_STREAM = json.dumps(
+    {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "Method Not Allowed: this server is stateless "
+                                                                       "and offers no SSE stream; POST requests"}}
+)  # fmt: skip
 
 
 def router(deps: ApiDeps) -> Router:
@@ -28,9 +34,16 @@ def router(deps: ApiDeps) -> Router:
     def mcp() -> Response[str]:
         from agentq.api.mcp_server import McpDeps, build_server, tenant_var
 
+        event = routes.current_event
+        if event.http_method.upper() == "GET":
+            # A GET asks for a standalone SSE stream of server-initiated messages; a stateless
+            # server has none to send, and the transport would hold the stream (and the Lambda)
+            # open until its timeout: the spec's answer is 405.
+            return Response(
+                status_code=405, content_type="application/json", body=_NO_STREAM, headers={"Allow": "POST"}
+            )
         if not server:
             server.append(build_server(McpDeps(deps.store, deps.tools, deps.queues, deps.defaults)))
-        event = routes.current_event
         body = (event.decoded_body or "").encode()
         headers = [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in (event.headers or {}).items()]
         token = tenant_var.set(deps.tenant())
