@@ -88,8 +88,10 @@ class HeartbeatHub:
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
     def start(self) -> None:
+        sent = time.monotonic()
         self.life = self.store.tasks.workers.start(self.worker_id, self.config.lease_seconds)
         self._renewed_at = time.monotonic()
+        self.rate.observe(self._renewed_at - sent)  # admission has an estimate before the first claim
         self._thread.start()
 
     def stop(self) -> None:
@@ -135,8 +137,6 @@ class HeartbeatHub:
     def track(self, held: _Held, state: LeaseState) -> Iterator[None]:
         """Keep the task of ``state``, claimed through ``held``'s message, alive; when its run
         ends, the task leaves this worker's ``owner`` index."""
-        if state.claim_seconds:
-            self.rate.observe(state.claim_seconds)
         with self._lock:
             held.lease_state = state
             self.held_max = max(self.held_max, self._claimed())
@@ -177,9 +177,11 @@ class HeartbeatHub:
         if self.life is None:
             return
         workers = self.store.tasks.workers
+        sent = time.monotonic()
         try:
             self.life = workers.renew(self.life, self.config.lease_seconds)
             self._renewed_at = time.monotonic()
+            self.rate.observe(self._renewed_at - sent)  # one sample a round: the estimate never goes stale
             self._count("liveness_renewed")
         except LivenessLapsed:
             self._count("liveness_lapsed")
