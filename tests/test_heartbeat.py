@@ -19,7 +19,7 @@ from agentq.core.engine import LeaseState
 from agentq.core.models import Lease
 from agentq.core.records import ClaimOwner
 from agentq.queueing.worker import HeartbeatHub, WorkerConfig
-from agentq.storage.workers import LivenessLapsed, WorkerLife
+from agentq.storage.workers import LivenessLapsed, Watched, WorkerLife
 
 
 class FakeWorkers:
@@ -49,6 +49,9 @@ class FakeWorkers:
 
     def peers(self) -> list[Any]:
         return []
+
+    def successors(self, me: str) -> Watched:
+        return Watched([], queries=1, items=1)
 
     def stop(self, life: WorkerLife) -> None:
         pass

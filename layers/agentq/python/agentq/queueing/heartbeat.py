@@ -2,8 +2,9 @@
 liveness write per process per heartbeat instead of a lease write per task.
 
 Each round (fixed rate, ``heartbeat_seconds``) it renews the worker's liveness item
-(``storage.workers``: one write), reads every peer's (one Query) and hands on the tasks of a
-peer found dead (``queueing.recovery``). Per held task it writes only what a task needs now:
+(``storage.workers``: one write), reads those of the few peers it watches (one Query, two for
+the last workers in the ring) and hands on the tasks of a peer found dead
+(``queueing.recovery``). Per held task it writes only what a task needs now:
 the task's own lease when that backstop comes within half of its length of expiring (a task
 silent for minutes: a long tool call), the live text of a streamed call when it changed, and
 its message's visibility, long (``held_visibility_seconds``) once claimed and extended in
@@ -72,7 +73,7 @@ class HeartbeatHub:
         self.worker_id = worker_id
         self.rate = LeaseWriteRate(config.beat_threads)
         # rounds, overruns, extended, refused, liveness_renewed, liveness_lapsed, visibility_calls,
-        # live_text, peers_read, recovered, lost_found
+        # live_text, peers_read (Queries), peer_items_read, recovered, lost_found
         self.counts: Counter[str] = Counter()
         self.held_max = 0
         # Per-task writes a held task needed per round (EWMA), which admission divides by:
@@ -231,11 +232,13 @@ class HeartbeatHub:
                 log.info("task %s was taken over while %s lapsed", state.lease.task_id, self.worker_id)
 
     def watch_peers(self) -> None:
-        """Read every worker's liveness (one Query); hand on the tasks of any found dead."""
+        """Read the liveness of the workers this one watches (its successors, ``storage.workers``:
+        one or two Queries of a few items, whatever the fleet); hand on the tasks of any found dead."""
         try:
-            peers = self.store.tasks.workers.peers()
-            self._count("peers_read")
-            for peer in self.peers.dead(peers):
+            watched = self.store.tasks.workers.successors(self.worker_id)
+            self._count("peers_read", watched.queries)
+            self._count("peer_items_read", watched.items)
+            for peer in self.peers.dead(watched.peers):
                 if recover(self.store, self.queues, peer):
                     self._count("recovered")
         except Exception:

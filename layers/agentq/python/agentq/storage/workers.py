@@ -18,9 +18,18 @@ asks: the owner's item is gone, moved to another epoch, marked recovered, or (fo
 that never observed it, such as a Lambda slice) its ``alive_until`` is older than
 ``SKEW_ALLOWANCE_SECONDS`` by the claimant's clock.
 
-The items share one partition so that one Query reads every worker; that partition takes one
-write per worker per second, far below a partition's 1,000 writes/s, for up to a few hundred
-worker processes.
+Who watches whom: each worker reads only the ``WATCHED_PEERS`` workers after it in the order of
+worker ids, wrapping around (``successors``: one Query of at most that many items after its own,
+a second from the start when it is among the last), so every worker is watched by as many
+predecessors and a worker's reads per heartbeat do not grow with the fleet. Reading every
+peer's item each heartbeat (as a first version did) costs each worker read units in proportion
+to the fleet, the fleet in proportion to its square. When a worker and the ones watching it
+die at once, the nearest live predecessor sees its successors dead, recovers them (their items
+go) and reads further on the next heartbeat; the sweeper's pass reads every item as a backstop.
+
+The items share one partition, so that the successors are one Query; that partition takes
+one write per worker per heartbeat, far below a partition's 1,000 writes/s, for up to a few
+hundred worker processes.
 """
 
 from __future__ import annotations
@@ -32,9 +41,14 @@ from decimal import Decimal
 
 from boto3.dynamodb.conditions import Attr
 
-from agentq.storage.table import ConditionFailed, Table, Update, plain
+from agentq.storage.table import ConditionFailed, Item, Table, Update, plain
 
 WORKERS_PK = "WORKERS"
+# How many workers each worker watches (its successors in the order of worker ids): the first
+# to notice a death is the first of them to read after the liveness period, so more watchers
+# buy nothing in resume time, only against several neighbours dying at once.
+WATCHED_PEERS = 2
+_LAST_ID = "\U0010ffff"  # above every worker id in DynamoDB's (UTF-8) order of sort keys
 # A claimant that never watched the owner's beat judges it by wall clocks: this much skew
 # between two hosts never makes a live worker look dead.
 SKEW_ALLOWANCE_SECONDS = 10.0
@@ -63,6 +77,26 @@ class PeerBeat:
     beat: int
     alive_until: float
     recovered: bool
+
+
+@dataclass(frozen=True)
+class Watched:
+    """What one read of a worker's successors found, and what it cost (Queries, items read)."""
+
+    peers: list[PeerBeat]
+    queries: int
+    items: int
+
+
+def _beat(item: Item) -> PeerBeat:
+    d = plain(item)
+    return PeerBeat(
+        worker=str(d["sk"]),
+        epoch=int(d["epoch"]),
+        beat=int(d.get("beat", 0)),
+        alive_until=float(d.get("alive_until", 0)),
+        recovered=d.get("recovered") is not None,
+    )
 
 
 def _key(worker: str) -> dict[str, str]:
@@ -105,17 +139,23 @@ class WorkerLiveness:
             self.table.delete(_key(life.worker), condition=Attr("epoch").eq(life.epoch))
 
     def peers(self) -> list[PeerBeat]:
-        """Every worker's liveness item: one Query of one partition."""
-        return [
-            PeerBeat(
-                worker=str(d["sk"]),
-                epoch=int(d["epoch"]),
-                beat=int(d.get("beat", 0)),
-                alive_until=float(d.get("alive_until", 0)),
-                recovered=d.get("recovered") is not None,
-            )
-            for d in (plain(i) for i in self.table.query(WORKERS_PK))
-        ]
+        """Every worker's liveness item: one Query of one partition (the sweeper's pass)."""
+        return [_beat(i) for i in self.table.query(WORKERS_PK)]
+
+    def successors(self, me: str, count: int = WATCHED_PEERS) -> Watched:
+        """The items of the ``count`` workers after ``me`` in the order of worker ids, wrapping
+        around (``me`` excluded; fewer when the fleet is smaller): what one worker watches."""
+        items = self.table.query(WORKERS_PK, between=(me, _LAST_ID), limit=count + 1)
+        queries = 1
+        if len(items) < count + 1:  # among the last: the ring goes on from the first
+            items += self.table.query(WORKERS_PK, limit=count + 1)
+            queries = 2
+        read = len(items)
+        seen: dict[str, PeerBeat] = {}
+        for item in items:
+            if item["sk"] != me and item["sk"] not in seen and len(seen) < count:
+                seen[str(item["sk"])] = _beat(item)
+        return Watched(list(seen.values()), queries=queries, items=read)
 
     def mark_recovered(self, peer: PeerBeat) -> bool:
         """Declare ``peer``'s epoch dead, if its beat has not moved since it was read and nobody
