@@ -50,7 +50,7 @@ class FakeWorkers:
     def peers(self) -> list[Any]:
         return []
 
-    def successors(self, me: str) -> Watched:
+    def successors(self, me: str, small: bool = False) -> Watched:
         return Watched([], queries=1, items=1)
 
     def stop(self, life: WorkerLife) -> None:

@@ -128,4 +128,16 @@ def test_a_lone_worker_watches_nobody_and_a_pair_watch_each_other(backend: Stora
     assert workers.successors("a", 2).peers == []
     workers.start("b", 3)
     assert [p.worker for p in workers.successors("a", 2).peers] == ["b"]
-    assert [p.worker for p in workers.successors("b", 2).peers] == ["a"]
+    first = workers.successors("b", 2)
+    assert [p.worker for p in first.peers] == ["a"] and first.whole and first.queries == 2
+    again = workers.successors("b", 2, small=True)  # it saw the whole fleet: one Query of the partition
+    assert [p.worker for p in again.peers] == ["a"] and again.whole and again.queries == 1
+
+
+def test_a_small_fleet_that_grows_is_watched_as_a_ring_again(backend: Storage) -> None:
+    workers = backend.tasks.workers
+    for name in ("a", "b", "c", "d", "e"):
+        workers.start(name, 3)
+    grown = workers.successors("b", 2, small=True)  # the fleet grew past what one small Query reads
+    assert [p.worker for p in grown.peers] == ["c", "d"] and not grown.whole
+    assert [p.worker for p in workers.successors("e", 2, small=True).peers] == ["a", "b"]

@@ -82,6 +82,7 @@ class HeartbeatHub:
         self.life: WorkerLife | None = None
         self._renewed_at = time.monotonic()
         self.peers = PeerWatch(worker_id, config.lease_seconds)
+        self._small_fleet = False  # the last read of the peers saw every one (storage.workers.successors)
         self._held: set[_Held] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -235,7 +236,8 @@ class HeartbeatHub:
         """Read the liveness of the workers this one watches (its successors, ``storage.workers``:
         one or two Queries of a few items, whatever the fleet); hand on the tasks of any found dead."""
         try:
-            watched = self.store.tasks.workers.successors(self.worker_id)
+            watched = self.store.tasks.workers.successors(self.worker_id, small=self._small_fleet)
+            self._small_fleet = watched.whole
             self._count("peers_read", watched.queries)
             self._count("peer_items_read", watched.items)
             for peer in self.peers.dead(watched.peers):

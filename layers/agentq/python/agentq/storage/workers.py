@@ -20,7 +20,8 @@ that never observed it, such as a Lambda slice) its ``alive_until`` is older tha
 
 Who watches whom: each worker reads only the ``WATCHED_PEERS`` workers after it in the order of
 worker ids, wrapping around (``successors``: one Query of at most that many items after its own,
-a second from the start when it is among the last), so every worker is watched by as many
+a second from the start when it is among the last, one Query of the partition in a fleet that
+small), so every worker is watched by as many
 predecessors and a worker's reads per heartbeat do not grow with the fleet. Reading every
 peer's item each heartbeat (as a first version did) costs each worker read units in proportion
 to the fleet, the fleet in proportion to its square. When a worker and the ones watching it
@@ -81,11 +82,21 @@ class PeerBeat:
 
 @dataclass(frozen=True)
 class Watched:
-    """What one read of a worker's successors found, and what it cost (Queries, items read)."""
+    """What one read of a worker's successors found, what it cost (Queries, items read), and
+    whether it saw the whole fleet (the next read may then try one Query of the partition)."""
 
     peers: list[PeerBeat]
     queries: int
     items: int
+    whole: bool = False
+
+
+def _ring(me: str, count: int, items: list[Item], *, queries: int, read: int, whole: bool) -> Watched:
+    """The first ``count`` workers after ``me`` among ``items`` (in the order of worker ids,
+    wrapping around), ``me`` and repeats left out."""
+    ids = sorted({str(i["sk"]): i for i in items}.items())
+    ring = [i for sk, i in ids if sk > me] + [i for sk, i in ids if sk < me]
+    return Watched([_beat(i) for i in ring[:count]], queries=queries, items=read, whole=whole)
 
 
 def _beat(item: Item) -> PeerBeat:
@@ -142,20 +153,30 @@ class WorkerLiveness:
         """Every worker's liveness item: one Query of one partition (the sweeper's pass)."""
         return [_beat(i) for i in self.table.query(WORKERS_PK)]
 
-    def successors(self, me: str, count: int = WATCHED_PEERS) -> Watched:
+    def successors(self, me: str, count: int = WATCHED_PEERS, *, small: bool = False) -> Watched:
         """The items of the ``count`` workers after ``me`` in the order of worker ids, wrapping
-        around (``me`` excluded; fewer when the fleet is smaller): what one worker watches."""
-        items = self.table.query(WORKERS_PK, between=(me, _LAST_ID), limit=count + 1)
-        queries = 1
-        if len(items) < count + 1:  # among the last: the ring goes on from the first
-            items += self.table.query(WORKERS_PK, limit=count + 1)
-            queries = 2
-        read = len(items)
-        seen: dict[str, PeerBeat] = {}
-        for item in items:
-            if item["sk"] != me and item["sk"] not in seen and len(seen) < count:
-                seen[str(item["sk"])] = _beat(item)
-        return Watched(list(seen.values()), queries=queries, items=read)
+        around (``me`` excluded; fewer when the fleet is smaller): what one worker watches.
+
+        One Query of ``count + 1`` items from ``me`` on; a second from the first worker when
+        ``me`` is among the last. ``small``: the last read saw the whole fleet (``Watched.whole``),
+        so one Query of the partition, ``count + 2`` items at most, is tried first: it is the
+        whole fleet again unless the fleet grew, and a fleet of three or fewer costs one Query
+        a round instead of two."""
+        if small:
+            items = self.table.query(WORKERS_PK, limit=count + 2)
+            if len(items) <= count + 1:
+                return _ring(me, count, items, queries=1, read=len(items), whole=True)
+            queries, read = 1, len(items)
+        else:
+            queries, read = 0, 0
+        after = self.table.query(WORKERS_PK, between=(me, _LAST_ID), limit=count + 1)
+        queries, read = queries + 1, read + len(after)
+        if len(after) == count + 1:
+            return _ring(me, count, after, queries=queries, read=read, whole=False)
+        first = self.table.query(WORKERS_PK, limit=count + 1)  # among the last: the ring goes on from the first
+        seen = {str(i["sk"]) for i in after}
+        whole = len(first) < count + 1 or any(str(i["sk"]) in seen for i in first)
+        return _ring(me, count, after + first, queries=queries + 1, read=read + len(first), whole=whole)
 
     def mark_recovered(self, peer: PeerBeat) -> bool:
         """Declare ``peer``'s epoch dead, if its beat has not moved since it was read and nobody
