@@ -4,7 +4,7 @@ liveness write per process per heartbeat instead of a lease write per task.
 Each round (fixed rate, ``heartbeat_seconds``) it renews the worker's liveness item
 (``storage.workers``: one write), reads those of the few peers it watches (one Query, two for
 the last workers in the ring) and hands on the tasks of a peer found dead
-(``queueing.recovery``). Per held task it writes only what a task needs now:
+(``queueing.recovery``); the watch runs beside the round and never delays the next renewal. Per held task it writes only what a task needs now:
 the task's own lease when that backstop comes within half of its length of expiring (a task
 silent for minutes: a long tool call), the live text of a streamed call when it changed, and
 its message's visibility, long (``held_visibility_seconds``) once claimed and extended in
@@ -26,7 +26,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -156,18 +156,24 @@ class HeartbeatHub:
         """Rounds at a fixed rate: each is due ``heartbeat_seconds`` after the previous one
         started, not after it ended, so a slow round does not push the liveness closer to
         expiry. A round that overruns its slot is followed at once by the next (counted as
-        ``overruns``), never by a burst of catch-up rounds."""
+        ``overruns``), never by a burst of catch-up rounds. Watching the peers runs beside the
+        round, on a beat thread, and no round waits for it: its Query on a slow store, or the
+        recovery of a dead peer's thousand tasks, never delays this worker's own renewal (it
+        would be declared dead for handing on another's tasks); a watch still running when the
+        next is due is not doubled."""
         period = self.config.heartbeat_seconds
         due = time.monotonic() + period
+        watching: Future[None] | None = None
         while not self._stop.wait(max(0.0, due - time.monotonic())):
             started = time.monotonic()
             self._count("rounds")
             self.renew()
+            if watching is None or watching.done():
+                watching = self._pool.submit(self.watch_peers)
             with self._lock:
                 held = [(h, h.lease_state) for h in self._held]
             if held:
                 self.beat(held)
-            self.watch_peers()
             due = started + period
             if time.monotonic() > due:
                 self._count("overruns")
