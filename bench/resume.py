@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{'met' if result['resume_p99_met'] else 'NOT met'}; {result['same_as_clean']}/{len(measured)} resumed tasks "
             f"finished with the clean run's {result['reference']['steps']} steps and result.",
             f"What sets it: the surviving worker sees the killed one's liveness beat stand still for "
-            f"{s['lease_seconds']:g}s of its own clock (it reads every worker's item each {s['heartbeat_seconds']:g}s "
+            f"{s['lease_seconds']:g}s of its own clock (it reads the items of the workers it watches each {s['heartbeat_seconds']:g}s "
             "heartbeat), declares it dead and makes its tasks' messages visible at once, so the first receive "
             "takes the task over: resume ~ liveness + (0..heartbeat) + poll + claim. Lowering the liveness lowers "
             "it at the cost of one liveness write per worker process (not per task) per heartbeat.",
