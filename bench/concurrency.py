@@ -468,19 +468,25 @@ def main(argv: list[str] | None = None) -> int:
                 f"(+{(lv['rss_mb_max'] - result['idle'].get('rss_mb', 0)) * 1024 / max(1, lv['held_max']):.0f} KB per held task over idle), "
                 f"{lv['threads_max']} threads, {lv['steps_per_s']:.1f} of {lv['demand_steps_per_s']:.0f} steps/s demanded"
             )
-        if any(lv["statuses"].get("queued") for lv in levels_out):
+        if any(
+            lv["statuses"].get("queued")
+            and all(
+                (limit or 0) > held
+                for limit, held in zip(lv["admission_limit_by_worker"], lv["held_by_worker"], strict=True)
+            )
+            for lv in levels_out
+        ):  # queued while admission would have taken more
             notes.append(
                 "Tasks left 'queued' while the worker had free slots: the pollers of the empty tiers (high, low) "
                 "hold up to 10 slots each during their long polls and the slot pool prefers them (lowest use/weight), "
                 "so the busy tier cannot take the last free slots (agentq/worker.py SlotPool/_poll)."
             )
         notes.append(
-            "steps/s is bounded by the moto server, not the worker: moto serialises every DynamoDB request (one "
-            "lock, ~130 conditional writes/s on 2 cores shared with the worker and this script) and each turn is "
-            "~3 writes (LLM-step commit, note_write, tool-results commit with the next reservation), so ~40 "
-            "turns/s is the ceiling whatever the worker holds; once demand passes it every held task simply "
-            "waits longer for its commits. Lease heartbeats (one UpdateItem per held task per heartbeat) come "
-            "out of the same budget."
+            "steps/s is bounded by the moto server, not the worker: moto serialises every DynamoDB request in one "
+            "process (~290 calls/s on this machine when it is quiet, far fewer when it is shared) and each turn is "
+            "~5.4 DynamoDB calls (two step commits of a PutItem and an UpdateItem each, note_write's transaction), "
+            "a claim ~6; once demand passes what moto serves every call waits in its queue, the worker's liveness "
+            "renewal too (the 'hub write latency' above), and admission stops taking tasks."
         )
         result["notes"] = notes
         if args.json:
