@@ -18,10 +18,11 @@ gives the reference: its number of steps and its result. Then, each run:
    the clean run (status succeeded, same number of steps, same result, steps 1..n contiguous).
 
 Mechanism being timed (liveness per worker process, issue 23): the dead worker's liveness item
-stops beating; the other worker, which reads every worker's item each heartbeat, sees its beat
-stand still for ``lease`` s of its own clock, declares it dead, lists its tasks (the ``owner``
-index) and makes their messages visible again at once (their receipts are on META); the next
-long poll receives the message and the claim takes the task over. Expected resume: about
+stops beating; a worker that watches it (each watches the next two in the order of worker
+ids: here every one watches every other) sees its beat stand still for ``lease`` s of its own
+clock, declares it dead, lists its tasks (the ``owner`` index) and makes their messages
+visible again at once (their receipts are on META); the next long poll receives the message
+and the claim takes the task over. Expected resume: about
 lease + heartbeat/2 (+ poll and claim). The message itself stays invisible for minutes while
 its worker lives: nothing waits for its visibility to lapse.
 Target stated by the project: resume p99 <= 5 s.
@@ -323,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{'met' if result['resume_p99_met'] else 'NOT met'}; {result['same_as_clean']}/{len(measured)} resumed tasks "
             f"finished with the clean run's {result['reference']['steps']} steps and result.",
             f"What sets it: the surviving worker sees the killed one's liveness beat stand still for "
-            f"{s['lease_seconds']:g}s of its own clock (it reads every worker's item each {s['heartbeat_seconds']:g}s "
+            f"{s['lease_seconds']:g}s of its own clock (it reads the items of the workers it watches each {s['heartbeat_seconds']:g}s "
             "heartbeat), declares it dead and makes its tasks' messages visible at once, so the first receive "
             "takes the task over: resume ~ liveness + (0..heartbeat) + poll + claim. Lowering the liveness lowers "
             "it at the cost of one liveness write per worker process (not per task) per heartbeat.",

@@ -1,8 +1,8 @@
 """Admission control: a worker holds no more tasks than its heartbeat can keep leased, and what
 it does not take stays in SQS for another worker.
 
-The limit is ``beat_threads / lease-write latency x (lease - heartbeat) x safety``, between a
-floor and the concurrency; it falls at once and rises at most twofold per heartbeat."""
+The limit is ``beat_threads / write latency x (lease - heartbeat) x safety`` (the latency of the
+hub's own writes: liveness renewals, lease extensions), between a floor and the concurrency; it falls at once and rises at most twofold per heartbeat."""
 
 from __future__ import annotations
 
@@ -134,10 +134,10 @@ def _slowed(fn: Callable[..., Any], delay: float) -> Callable[..., Any]:
 def test_a_worker_whose_lease_writes_are_slow_holds_few_tasks_and_leaves_the_rest_to_another(
     moto_server: MotoServer,
 ) -> None:
-    """Worker A's lease writes (claims and extensions) take 0.5 s: with 2 beat threads that is
-    4 writes/s, x 1 s = a limit of 4 of its 32 slots while each held task needs a lease write
-    every heartbeat (a 2 s task lease, renewed when half is left). Its backlog stays in SQS,
-    and worker B, whose writes are fast, takes it."""
+    """Worker A's writes (its liveness renewals, lease extensions, commits) take 0.5 s: with 2
+    beat threads that is 4 writes/s, x 1 s = a limit of 4 of its 32 slots while each held task
+    needs a lease write every heartbeat (a 2 s task lease, renewed when half is left). Its
+    backlog stays in SQS, and worker B, whose writes are fast, takes it."""
     settings = deployment(moto_server, visibility_timeout=10)
     store, queues, registry = build_store(settings), build_queues(settings), build_registry(settings)
     job = scripted([{"text": "done", "latency_seconds": 2.0}])  # held ~2 s: needs heartbeats
@@ -148,8 +148,9 @@ def test_a_worker_whose_lease_writes_are_slow_holds_few_tasks_and_leaves_the_res
     )  # fmt: skip
 
     slow = Worker(settings, config)
-    slow.store.tasks.claim = _slowed(slow.store.tasks.claim, 0.5)  # type: ignore[method-assign]
-    slow.store.tasks.extend_lease = _slowed(slow.store.tasks.extend_lease, 0.5)  # type: ignore[method-assign]
+    slow_table = slow.store.tasks.table  # every repository of A's store writes through it
+    slow_table.update = _slowed(slow_table.update, 0.5)  # type: ignore[method-assign]
+    slow_table.put = _slowed(slow_table.put, 0.5)  # type: ignore[method-assign]
     admitted_max = [0]
     stop_watch = threading.Event()
 

@@ -965,8 +965,8 @@ def test_optional_fargate_worker_scales_on_queue_depth_and_passes_nag_and_lint(w
         "AWS::ECS::TaskDefinition",
         {"ContainerDefinitions": Match.array_with([Match.object_like({
             "Image": WORKER_IMAGE,
-            "Command": ["agentq", "worker", "--concurrency", "256", "--heartbeat", "10.0", "--lease", "30.0",
-                        "--visibility", "40", "--max-receive-count", "5"],
+            "Command": ["agentq", "worker", "--concurrency", "256", "--heartbeat", "1.0", "--lease", "3.0",
+                        "--visibility", "4", "--max-receive-count", "5"],
             "StopTimeout": 120,
             "LogConfiguration": Match.object_like({"LogDriver": "awslogs"}),
             "Environment": Match.array_with([

@@ -19,7 +19,7 @@ from agentq.core.engine import LeaseState
 from agentq.core.models import Lease
 from agentq.core.records import ClaimOwner
 from agentq.queueing.worker import HeartbeatHub, WorkerConfig
-from agentq.storage.workers import LivenessLapsed, WorkerLife
+from agentq.storage.workers import LivenessLapsed, Watched, WorkerLife
 
 
 class FakeWorkers:
@@ -32,6 +32,8 @@ class FakeWorkers:
         self.starts = 0
         self.lapsed = False
         self.failing = False
+        self.watches: list[float] = []
+        self.watch_delay = 0.0  # reading the peers (or recovering a dead one's tasks) takes this long
 
     def start(self, worker: str, seconds: float) -> WorkerLife:
         self.starts += 1
@@ -49,6 +51,11 @@ class FakeWorkers:
 
     def peers(self) -> list[Any]:
         return []
+
+    def successors(self, me: str, small: bool = False) -> Watched:
+        self.watches.append(time.monotonic())
+        time.sleep(self.watch_delay)
+        return Watched([], queries=1, items=1)
 
     def stop(self, life: WorkerLife) -> None:
         pass
@@ -145,6 +152,21 @@ def test_rounds_start_a_heartbeat_apart_even_when_each_round_takes_most_of_it() 
     assert len(starts) >= 5, starts
     assert statistics.median(gaps) < 0.5, f"rounds {gaps} apart: fixed delay, not fixed rate"
     assert hub.counts["overruns"] == 0
+
+
+def test_a_slow_watch_of_the_peers_never_delays_the_renewal() -> None:
+    """Reading the peers (or handing on a dead peer's tasks) takes 1.2 s, three heartbeats:
+    the renewals still go out a heartbeat apart, and no second watch starts beside the first."""
+    store = SlowStore()
+    store.workers.watch_delay = 1.2
+    hub = _hub(store, heartbeat_seconds=0.4, lease_seconds=3, beat_threads=2)
+    hub.start()
+    time.sleep(3.0)
+    hub.stop()
+    gaps = [b - a for a, b in pairwise(store.workers.renewals)]
+    assert len(gaps) >= 5 and statistics.median(gaps) < 0.5, f"renewals {gaps} apart"
+    watch_gaps = [b - a for a, b in pairwise(store.workers.watches)]
+    assert watch_gaps and min(watch_gaps) >= 1.2, f"watches {watch_gaps} apart: one began before the last ended"
 
 
 def test_a_round_longer_than_the_heartbeat_is_followed_at_once_without_catch_up_rounds() -> None:

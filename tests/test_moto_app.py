@@ -301,6 +301,44 @@ def test_an_sqs_queue_remembers_only_its_most_recent_deleted_receipts(monkeypatc
         assert isinstance(queue.deleted_messages, moto_sqs.RecentReceipts) and len(queue.deleted_messages) == 3
 
 
+def test_a_message_made_visible_again_wakes_the_long_polls_waiting_on_its_queue() -> None:
+    """SQS hands a message made visible again (visibility 0: how a dead worker's tasks are
+    handed on) to a long poll already waiting; moto woke its waiting polls only for a new
+    message, so they slept out the rest of their second. The waiter below is woken by the
+    change itself (``wait`` answers True), not by its timeout."""
+    import threading
+
+    from moto import mock_aws
+    from moto.sqs.models import sqs_backends
+
+    from agentq.local import moto_sqs
+
+    moto_sqs.install()
+    with mock_aws():
+        sqs = boto3.client("sqs", region_name="us-east-1")
+        url = sqs.create_queue(QueueName="wake")["QueueUrl"]
+        sqs.send_message(QueueUrl=url, MessageBody="task")
+        [held] = sqs.receive_message(QueueUrl=url, VisibilityTimeout=600)["Messages"]
+        lock = sqs_backends["123456789012"]["us-east-1"].queues["wake"]._messages_lock
+        waiting = threading.Event()
+        woken: list[bool] = []
+
+        def long_poll() -> None:
+            with lock:
+                waiting.set()
+                woken.append(lock.wait(timeout=60))
+
+        poller = threading.Thread(target=long_poll)
+        poller.start()
+        waiting.wait()  # the poller holds the lock until it waits: the change cannot come first
+        sqs.change_message_visibility_batch(
+            QueueUrl=url, Entries=[{"Id": "0", "ReceiptHandle": held["ReceiptHandle"], "VisibilityTimeout": 0}]
+        )
+        poller.join()
+        assert woken == [True]
+        assert [m["Body"] for m in sqs.receive_message(QueueUrl=url)["Messages"]] == ["task"]
+
+
 def test_a_stream_shard_keeps_its_newest_records_with_sequence_numbers_going_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -98,3 +98,46 @@ def test_a_disowned_task_leaves_its_workers_index(backend: Storage) -> None:
 
     backend.tasks.disown(Lease(task_id=task_id, owner="w1", epoch=claim.epoch, expires_at=time.time() + 60))
     assert backend.tasks.owned_by("w1") == []
+
+
+def test_a_worker_watches_its_successors_in_a_ring_of_worker_ids_whatever_the_fleet(backend: Storage) -> None:
+    """Each worker reads a bounded window of peers (its successors, wrapping around), so its
+    reads do not grow with the fleet and every worker is watched by as many predecessors."""
+    workers = backend.tasks.workers
+    for name in ("w1", "w2", "w3", "w4", "w5"):
+        workers.start(name, 3)
+
+    def watched(me: str) -> list[str]:
+        return [p.worker for p in workers.successors(me, 2).peers]
+
+    assert watched("w1") == ["w2", "w3"]
+    assert watched("w4") == ["w5", "w1"]  # the ring goes on from the first
+    assert watched("w5") == ["w1", "w2"]
+    assert sorted(w for me in ("w1", "w2", "w3", "w4", "w5") for w in watched(me)) == sorted(
+        ["w1", "w2", "w3", "w4", "w5"] * 2
+    )  # every worker watched by two
+    window = workers.successors("w2", 2)
+    assert window.queries == 1 and window.items == 3  # itself and two: one Query, whatever the fleet
+    workers.start("w0", 3)  # a newcomer between the last and the first
+    assert watched("w5") == ["w0", "w1"]
+
+
+def test_a_lone_worker_watches_nobody_and_a_pair_watch_each_other(backend: Storage) -> None:
+    workers = backend.tasks.workers
+    workers.start("a", 3)
+    assert workers.successors("a", 2).peers == []
+    workers.start("b", 3)
+    assert [p.worker for p in workers.successors("a", 2).peers] == ["b"]
+    first = workers.successors("b", 2)
+    assert [p.worker for p in first.peers] == ["a"] and first.whole and first.queries == 2
+    again = workers.successors("b", 2, small=True)  # it saw the whole fleet: one Query of the partition
+    assert [p.worker for p in again.peers] == ["a"] and again.whole and again.queries == 1
+
+
+def test_a_small_fleet_that_grows_is_watched_as_a_ring_again(backend: Storage) -> None:
+    workers = backend.tasks.workers
+    for name in ("a", "b", "c", "d", "e"):
+        workers.start(name, 3)
+    grown = workers.successors("b", 2, small=True)  # the fleet grew past what one small Query reads
+    assert [p.worker for p in grown.peers] == ["c", "d"] and not grown.whole
+    assert [p.worker for p in workers.successors("e", 2, small=True).peers] == ["a", "b"]

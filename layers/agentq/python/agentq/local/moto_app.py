@@ -17,7 +17,8 @@ It differs from ``moto_server`` in five ways, none of which changes what a reque
 4. The backend serving a host is looked up once per host (``Dispatcher``), not per request.
 5. An SQS queue remembers the receipt handles of its last 100,000 deleted messages, not of
    every message it ever deleted (``moto_sqs``): the server's memory no longer grows with
-   every message it carries.
+   every message it carries. And a message made visible again wakes the queue's waiting long
+   polls, as SQS does (moto woke them only for a new message).
 6. A DynamoDB stream shard keeps its newest 10,000 records, not every record of every write
    (``moto_streams``).
 7. moto's dashboard list of every model object it ever created (every item copy, stream record

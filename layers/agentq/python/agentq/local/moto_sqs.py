@@ -4,6 +4,12 @@ the server grows by a few hundred bytes per message for as long as it runs (a lo
 session, a soak). Here each queue keeps its ``RECENT`` most recent handles instead. A handle
 is only ever presented again by a worker that received the message moments earlier (a
 visibility timeout of seconds locally), so the window loses nothing the local stack can meet.
+
+Also: a long poll waiting on a queue returns as soon as a message of it is made visible again
+(``ChangeMessageVisibility`` to 0), as with SQS. moto wakes its waiting long polls only when a
+message is sent; one made visible waited out the poll's remaining second, which every hand-on
+of a dead worker's tasks (``queueing.recovery``: its messages made visible at once) paid on
+top of the resume it measures.
 """
 
 from __future__ import annotations
@@ -43,11 +49,22 @@ class RecentReceipts:
 
 
 def install() -> None:
-    """Give every SQS queue moto creates from now on a ``RecentReceipts`` (idempotent)."""
-    from moto.sqs.models import Queue
+    """Give every SQS queue moto creates from now on a ``RecentReceipts``, and wake the long
+    polls of a queue whose message is made visible (idempotent)."""
+    from moto.sqs.models import Queue, SQSBackend
 
     if getattr(Queue.__init__, "_agentq_recent_receipts", False):
         return
+    change_visibility = SQSBackend.change_message_visibility
+
+    def change_message_visibility(self: Any, queue_name: str, receipt_handle: str, visibility_timeout: int) -> None:
+        change_visibility(self, queue_name, receipt_handle, visibility_timeout)
+        if int(visibility_timeout) == 0:  # visible now: a waiting long poll takes it (the batch comes here too)
+            lock = self.get_queue(queue_name)._messages_lock
+            with lock:
+                lock.notify_all()
+
+    SQSBackend.change_message_visibility = change_message_visibility  # type: ignore[method-assign]
     original = Queue.__init__
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:

@@ -20,13 +20,18 @@ log = logging.getLogger("agentq.worker")
 
 class LeaseWriteRate:
     """How many lease writes a second the heartbeat hub can make right now: its threads over
-    the moving average (EWMA) of a lease write's latency.
+    the moving average (EWMA) of a write's latency.
 
-    Claims are sampled too: a claim is the same conditional UpdateItem of META as an
-    extension, and every task makes one, so the estimate exists before the first heartbeat
-    and follows the store even while tasks are too short to need one. What is measured is
-    latency, not the hub's realised throughput: a hub with little to do extends little, and
-    that must not read as a slow store.
+    Sampled are the writes the hub itself makes: the worker's liveness renewal (one every
+    round, so the estimate exists from the worker's start and never goes stale) and the
+    backstop lease extensions. Not claims: a claim is three calls in a row (the conditional
+    write, its ``CLAIM#`` record, the submission read) queued behind every held task's step
+    commits, so its time measures the store's backlog three times over, not a write; and while
+    admission holds claims back there is no new claim to sample, so an estimate made of claims
+    froze at its worst (measured: a worker stuck at 625 of 1,000 tasks for minutes on a claim
+    time of 30 s while the store served a third of what it could). What is measured is latency,
+    not the hub's realised throughput: a hub with little to do extends little, and that must
+    not read as a slow store.
     """
 
     def __init__(self, threads: int, alpha: float = 0.2) -> None:

@@ -2,8 +2,9 @@
 liveness write per process per heartbeat instead of a lease write per task.
 
 Each round (fixed rate, ``heartbeat_seconds``) it renews the worker's liveness item
-(``storage.workers``: one write), reads every peer's (one Query) and hands on the tasks of a
-peer found dead (``queueing.recovery``). Per held task it writes only what a task needs now:
+(``storage.workers``: one write), reads those of the few peers it watches (one Query, two for
+the last workers in the ring) and hands on the tasks of a peer found dead
+(``queueing.recovery``); the watch runs beside the round and never delays the next renewal. Per held task it writes only what a task needs now:
 the task's own lease when that backstop comes within half of its length of expiring (a task
 silent for minutes: a long tool call), the live text of a streamed call when it changed, and
 its message's visibility, long (``held_visibility_seconds``) once claimed and extended in
@@ -25,7 +26,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -72,7 +73,7 @@ class HeartbeatHub:
         self.worker_id = worker_id
         self.rate = LeaseWriteRate(config.beat_threads)
         # rounds, overruns, extended, refused, liveness_renewed, liveness_lapsed, visibility_calls,
-        # live_text, peers_read, recovered, lost_found
+        # live_text, peers_read (Queries), peer_items_read, recovered, lost_found
         self.counts: Counter[str] = Counter()
         self.held_max = 0
         # Per-task writes a held task needed per round (EWMA), which admission divides by:
@@ -81,6 +82,7 @@ class HeartbeatHub:
         self.life: WorkerLife | None = None
         self._renewed_at = time.monotonic()
         self.peers = PeerWatch(worker_id, config.lease_seconds)
+        self._small_fleet = False  # the last read of the peers saw every one (storage.workers.successors)
         self._held: set[_Held] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -88,8 +90,10 @@ class HeartbeatHub:
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
     def start(self) -> None:
+        sent = time.monotonic()
         self.life = self.store.tasks.workers.start(self.worker_id, self.config.lease_seconds)
         self._renewed_at = time.monotonic()
+        self.rate.observe(self._renewed_at - sent)  # admission has an estimate before the first claim
         self._thread.start()
 
     def stop(self) -> None:
@@ -135,8 +139,6 @@ class HeartbeatHub:
     def track(self, held: _Held, state: LeaseState) -> Iterator[None]:
         """Keep the task of ``state``, claimed through ``held``'s message, alive; when its run
         ends, the task leaves this worker's ``owner`` index."""
-        if state.claim_seconds:
-            self.rate.observe(state.claim_seconds)
         with self._lock:
             held.lease_state = state
             self.held_max = max(self.held_max, self._claimed())
@@ -154,18 +156,24 @@ class HeartbeatHub:
         """Rounds at a fixed rate: each is due ``heartbeat_seconds`` after the previous one
         started, not after it ended, so a slow round does not push the liveness closer to
         expiry. A round that overruns its slot is followed at once by the next (counted as
-        ``overruns``), never by a burst of catch-up rounds."""
+        ``overruns``), never by a burst of catch-up rounds. Watching the peers runs beside the
+        round, on a beat thread, and no round waits for it: its Query on a slow store, or the
+        recovery of a dead peer's thousand tasks, never delays this worker's own renewal (it
+        would be declared dead for handing on another's tasks); a watch still running when the
+        next is due is not doubled."""
         period = self.config.heartbeat_seconds
         due = time.monotonic() + period
+        watching: Future[None] | None = None
         while not self._stop.wait(max(0.0, due - time.monotonic())):
             started = time.monotonic()
             self._count("rounds")
             self.renew()
+            if watching is None or watching.done():
+                watching = self._pool.submit(self.watch_peers)
             with self._lock:
                 held = [(h, h.lease_state) for h in self._held]
             if held:
                 self.beat(held)
-            self.watch_peers()
             due = started + period
             if time.monotonic() > due:
                 self._count("overruns")
@@ -177,9 +185,11 @@ class HeartbeatHub:
         if self.life is None:
             return
         workers = self.store.tasks.workers
+        sent = time.monotonic()
         try:
             self.life = workers.renew(self.life, self.config.lease_seconds)
             self._renewed_at = time.monotonic()
+            self.rate.observe(self._renewed_at - sent)  # one sample a round: the estimate never goes stale
             self._count("liveness_renewed")
         except LivenessLapsed:
             self._count("liveness_lapsed")
@@ -229,11 +239,14 @@ class HeartbeatHub:
                 log.info("task %s was taken over while %s lapsed", state.lease.task_id, self.worker_id)
 
     def watch_peers(self) -> None:
-        """Read every worker's liveness (one Query); hand on the tasks of any found dead."""
+        """Read the liveness of the workers this one watches (its successors, ``storage.workers``:
+        one or two Queries of a few items, whatever the fleet); hand on the tasks of any found dead."""
         try:
-            peers = self.store.tasks.workers.peers()
-            self._count("peers_read")
-            for peer in self.peers.dead(peers):
+            watched = self.store.tasks.workers.successors(self.worker_id, small=self._small_fleet)
+            self._small_fleet = watched.whole
+            self._count("peers_read", watched.queries)
+            self._count("peer_items_read", watched.items)
+            for peer in self.peers.dead(watched.peers):
                 if recover(self.store, self.queues, peer):
                     self._count("recovered")
         except Exception:

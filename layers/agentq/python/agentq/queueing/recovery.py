@@ -2,9 +2,10 @@
 
 A worker process keeps its tasks alive with one liveness item (``storage.workers``) and keeps
 their queue messages invisible for long stretches (``HeartbeatHub``), so when it dies nothing
-expires soon on its own: the tasks must be handed on. Every live worker's heartbeat reads all
-liveness items (one Query) and ``PeerWatch`` remembers, by its own monotonic clock, when each
-peer's ``beat`` last moved. A peer whose beat stood still for a liveness period is dead by
+expires soon on its own: the tasks must be handed on. Every live worker's heartbeat reads the
+liveness items of the few workers it watches (its successors in a ring of worker ids,
+``WorkerLiveness.successors``) and ``PeerWatch`` remembers, by its own monotonic clock, when
+each peer's ``beat`` last moved. A peer whose beat stood still for a liveness period is dead by
 that observer's clock, whatever the two hosts' wall clocks say (clock skew cannot make a live
 worker look dead, nor a dead one alive). ``recover`` then declares it dead (one conditional
 write: of several observers exactly one wins, and a renewal that raced it wins over both),

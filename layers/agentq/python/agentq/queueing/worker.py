@@ -12,8 +12,9 @@ hundreds of them. Three pieces keep that cheap and fair:
   dead (``queueing.recovery``); per task it writes only what is due (a long backstop lease,
   live text, a long message visibility in batches of 10).
 - ``Admission``: the pool admits no more tasks than the hub can keep with the per-task writes
-  it makes. It times every lease write (claims and extensions) and caps what the pollers
-  receive; what it does not take stays in SQS for another worker.
+  it makes. It times the hub's own writes (the liveness renewal each round, backstop lease
+  extensions) and caps what the pollers receive; what it does not take stays in SQS for
+  another worker.
 - graceful SIGTERM: polling stops, running tasks end at their next step boundary (the step in
   flight is committed), leases are released and each task gets a continuation message.
 """

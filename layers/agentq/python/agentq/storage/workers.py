@@ -18,9 +18,19 @@ asks: the owner's item is gone, moved to another epoch, marked recovered, or (fo
 that never observed it, such as a Lambda slice) its ``alive_until`` is older than
 ``SKEW_ALLOWANCE_SECONDS`` by the claimant's clock.
 
-The items share one partition so that one Query reads every worker; that partition takes one
-write per worker per second, far below a partition's 1,000 writes/s, for up to a few hundred
-worker processes.
+Who watches whom: each worker reads only the ``WATCHED_PEERS`` workers after it in the order of
+worker ids, wrapping around (``successors``: one Query of at most that many items after its own,
+a second from the start when it is among the last, one Query of the partition in a fleet that
+small), so every worker is watched by as many
+predecessors and a worker's reads per heartbeat do not grow with the fleet. Reading every
+peer's item each heartbeat (as a first version did) costs each worker read units in proportion
+to the fleet, the fleet in proportion to its square. When a worker and the ones watching it
+die at once, the nearest live predecessor sees its successors dead, recovers them (their items
+go) and reads further on the next heartbeat; the sweeper's pass reads every item as a backstop.
+
+The items share one partition, so that the successors are one Query; that partition takes
+one write per worker per heartbeat, far below a partition's 1,000 writes/s, for up to a few
+hundred worker processes.
 """
 
 from __future__ import annotations
@@ -32,9 +42,14 @@ from decimal import Decimal
 
 from boto3.dynamodb.conditions import Attr
 
-from agentq.storage.table import ConditionFailed, Table, Update, plain
+from agentq.storage.table import ConditionFailed, Item, Table, Update, plain
 
 WORKERS_PK = "WORKERS"
+# How many workers each worker watches (its successors in the order of worker ids): the first
+# to notice a death is the first of them to read after the liveness period, so more watchers
+# buy nothing in resume time, only against several neighbours dying at once.
+WATCHED_PEERS = 2
+_LAST_ID = "\U0010ffff"  # above every worker id in DynamoDB's (UTF-8) order of sort keys
 # A claimant that never watched the owner's beat judges it by wall clocks: this much skew
 # between two hosts never makes a live worker look dead.
 SKEW_ALLOWANCE_SECONDS = 10.0
@@ -63,6 +78,36 @@ class PeerBeat:
     beat: int
     alive_until: float
     recovered: bool
+
+
+@dataclass(frozen=True)
+class Watched:
+    """What one read of a worker's successors found, what it cost (Queries, items read), and
+    whether it saw the whole fleet (the next read may then try one Query of the partition)."""
+
+    peers: list[PeerBeat]
+    queries: int
+    items: int
+    whole: bool = False
+
+
+def _ring(me: str, count: int, items: list[Item], *, queries: int, read: int, whole: bool) -> Watched:
+    """The first ``count`` workers after ``me`` among ``items`` (in the order of worker ids,
+    wrapping around), ``me`` and repeats left out."""
+    ids = sorted({str(i["sk"]): i for i in items}.items())
+    ring = [i for sk, i in ids if sk > me] + [i for sk, i in ids if sk < me]
+    return Watched([_beat(i) for i in ring[:count]], queries=queries, items=read, whole=whole)
+
+
+def _beat(item: Item) -> PeerBeat:
+    d = plain(item)
+    return PeerBeat(
+        worker=str(d["sk"]),
+        epoch=int(d["epoch"]),
+        beat=int(d.get("beat", 0)),
+        alive_until=float(d.get("alive_until", 0)),
+        recovered=d.get("recovered") is not None,
+    )
 
 
 def _key(worker: str) -> dict[str, str]:
@@ -105,17 +150,33 @@ class WorkerLiveness:
             self.table.delete(_key(life.worker), condition=Attr("epoch").eq(life.epoch))
 
     def peers(self) -> list[PeerBeat]:
-        """Every worker's liveness item: one Query of one partition."""
-        return [
-            PeerBeat(
-                worker=str(d["sk"]),
-                epoch=int(d["epoch"]),
-                beat=int(d.get("beat", 0)),
-                alive_until=float(d.get("alive_until", 0)),
-                recovered=d.get("recovered") is not None,
-            )
-            for d in (plain(i) for i in self.table.query(WORKERS_PK))
-        ]
+        """Every worker's liveness item: one Query of one partition (the sweeper's pass)."""
+        return [_beat(i) for i in self.table.query(WORKERS_PK)]
+
+    def successors(self, me: str, count: int = WATCHED_PEERS, *, small: bool = False) -> Watched:
+        """The items of the ``count`` workers after ``me`` in the order of worker ids, wrapping
+        around (``me`` excluded; fewer when the fleet is smaller): what one worker watches.
+
+        One Query of ``count + 1`` items from ``me`` on; a second from the first worker when
+        ``me`` is among the last. ``small``: the last read saw the whole fleet (``Watched.whole``),
+        so one Query of the partition, ``count + 2`` items at most, is tried first: it is the
+        whole fleet again unless the fleet grew, and a fleet of three or fewer costs one Query
+        a round instead of two."""
+        if small:
+            items = self.table.query(WORKERS_PK, limit=count + 2)
+            if len(items) <= count + 1:
+                return _ring(me, count, items, queries=1, read=len(items), whole=True)
+            queries, read = 1, len(items)
+        else:
+            queries, read = 0, 0
+        after = self.table.query(WORKERS_PK, between=(me, _LAST_ID), limit=count + 1)
+        queries, read = queries + 1, read + len(after)
+        if len(after) == count + 1:
+            return _ring(me, count, after, queries=queries, read=read, whole=False)
+        first = self.table.query(WORKERS_PK, limit=count + 1)  # among the last: the ring goes on from the first
+        seen = {str(i["sk"]) for i in after}
+        whole = len(first) < count + 1 or any(str(i["sk"]) in seen for i in first)
+        return _ring(me, count, after + first, queries=queries + 1, read=read + len(first), whole=whole)
 
     def mark_recovered(self, peer: PeerBeat) -> bool:
         """Declare ``peer``'s epoch dead, if its beat has not moved since it was read and nobody

@@ -118,12 +118,10 @@ class Engine:
         stop: threading.Event | None,
         owner: ClaimOwner | None,
     ) -> RunResult:
-        sent = time.monotonic()
         if owner is None:
             claimed = self.store.tasks.claim(task_id, self.worker_id, self.config.lease_seconds)
         else:
             claimed = self.store.tasks.claim(task_id, self.worker_id, self.config.lease_seconds, owner=owner)
-        claim_seconds = time.monotonic() - sent
         if claimed is None:
             return RunResult(task_id, "not_claimed")
         lease, task = claimed
@@ -131,7 +129,7 @@ class Engine:
         crash_point("after_claim")
         # The lease is kept alive from here, before the reads that rebuild the session: on a
         # loaded store they can take a good part of the lease.
-        held = LeaseState(lease=lease, claim_seconds=claim_seconds)
+        held = LeaseState(lease=lease)
         session = Session(held=held, task=task, steps=[], messages=[], deadline=deadline, stop=stop)
         guard = (
             keeper(held)

@@ -34,7 +34,6 @@ class LeaseState:
 
     lease: Lease
     lost: threading.Event = field(default_factory=threading.Event)
-    claim_seconds: float = 0.0  # how long the claim's conditional write took (the worker sizes its intake on it)
     commit_sent_at: float | None = None  # a step commit is on the wire: it renews (or ends) the lease
     live_text: str | None = None  # a streamed call's text so far, which the heartbeat publishes
 
