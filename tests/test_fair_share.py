@@ -5,6 +5,7 @@ twin; the tier queues are real SQS on moto server (the wake is a message)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -19,8 +20,10 @@ from agentq.local.moto_server import MotoServer
 from agentq.queueing.dispatch import Dispatcher
 from agentq.queueing.queues import TaskMessage, TaskQueues
 from agentq.runtime import build_queues
+from agentq.storage import keys
 from agentq.storage.container import Storage
-from agentq.storage.running_slots import SlotUsage
+from agentq.storage.running_slots import RunningSlots, SlotUsage
+from agentq.storage.table import TransactionConflict
 
 from tests.helpers import deployment, scripted
 
@@ -201,3 +204,50 @@ def test_an_agents_concurrency_key_holds_its_tasks_unless_the_submission_names_i
     third = submit_once(store, registry, own, tenant="ops", queues=queues)
     assert third.task.submission.concurrency == Concurrency(key="customer-9")
     assert store.tasks.get(third.task.task_id).status is TaskStatus.QUEUED
+
+
+class ConflictingTable:
+    """The storage table, but its transactions meet ``conflicts`` TransactionConflicts first
+    (DynamoDB's answer when another transaction writes the same hot slot item at the same
+    moment; neither the memory twin nor moto ever gives it)."""
+
+    def __init__(self, table: Any, conflicts: float) -> None:
+        self.table, self.conflicts, self.met = table, conflicts, 0
+
+    def transact(self, actions: Any, **kwargs: Any) -> None:
+        if self.met < self.conflicts:
+            self.met += 1
+            raise TransactionConflict("another transaction on the slot item")
+        self.table.transact(actions, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.table, name)
+
+
+def test_a_release_that_meets_a_transaction_conflict_tries_again_and_gives_the_slot_back(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=1)
+    task = _submit(store, "hot")
+    _mid_run(dispatcher, task)
+    store.tasks.transition(task.task_id, TaskStatus.SUCCEEDED)
+    conflicting = ConflictingTable(store.slots.table, conflicts=2)
+    assert RunningSlots(conflicting, 1).release(task.task_id) == [keys.tenant_pk("hot")]
+    assert conflicting.met == 2 and store.slots.usage("hot").running == 0
+    assert not store.slots.holds_slots(task.task_id)
+
+
+def test_a_release_that_keeps_meeting_conflicts_raises_so_its_message_comes_back_and_releases(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=1)
+    task = _submit(store, "hotter")
+    assert dispatcher.fair.admit(task, "normal").waits is None
+    real = dispatcher.fair.slots
+    dispatcher.fair.slots = RunningSlots(ConflictingTable(store.slots.table, conflicts=math.inf), 1)
+    with pytest.raises(TransactionConflict):  # the adapter keeps the message (a worker error)
+        _handle(dispatcher, task.task_id)
+    assert store.tasks.get(task.task_id).status is TaskStatus.SUCCEEDED and store.slots.holds_slots(task.task_id)
+    dispatcher.fair.slots = real
+    assert _handle(dispatcher, task.task_id).kind == "delete"  # the next delivery releases
+    assert store.slots.usage("hotter").running == 0 and not store.slots.holds_slots(task.task_id)

@@ -14,7 +14,9 @@ META's ``slots`` names the slot partitions it holds.
   ``running < limit``. **Release** (``release``) is its mirror: META loses ``slots``,
   conditional on holding them and on having left ``queued``/``running``; each slot ``- 1``.
   Both are idempotent, so a redelivered message never takes a second slot nor gives one back
-  twice, and ``running`` always equals the number of tasks whose META names the slot. The
+  twice, and ``running`` always equals the number of tasks whose META names the slot. A
+  release that meets a TransactionConflict (the slot item is hot) is tried again, and raised
+  if it keeps meeting one: never dropped, or the slot would be lost for good. The
   dispatcher admits before every claim (the claim is the only way into ``running``), hence the
   invariant. A dead worker's task stays ``running`` and keeps its slot; the worker that takes
   it over finds it already admitted: a slot comes back only with the task's own exit.
@@ -36,6 +38,7 @@ SQS send. An unlimited tenant without a key pays one read of the slot item per a
 from __future__ import annotations
 
 import contextlib
+import random
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -205,8 +208,8 @@ class RunningSlots:
             if pk.startswith("CKEY#"):
                 actions.append(Delete(f"hold{i}", {"pk": pk, "sk": HOLD + task_id}))
         try:
-            self.table.transact(actions)
-        except (TransactionCancelled, TransactionConflict):
+            _transact_through_conflicts(self.table, actions)
+        except TransactionCancelled:
             return []  # released by another copy of the message meanwhile (or it runs again)
         return held
 
@@ -220,8 +223,8 @@ class RunningSlots:
             actions.append(Patch(f"slot{i}", self._key(pk), Update(add={"running": -1})))
             if pk.startswith("CKEY#"):
                 actions.append(Delete(f"hold{i}", {"pk": pk, "sk": HOLD + task_id}))
-        with contextlib.suppress(TransactionCancelled, TransactionConflict):
-            self.table.transact(actions)
+        with contextlib.suppress(TransactionCancelled):  # given back by another copy meanwhile
+            _transact_through_conflicts(self.table, actions)
 
     def holders(self, tenant: str, key: str) -> list[str]:
         """The tasks holding a slot of a concurrency key."""
@@ -284,6 +287,26 @@ class RunningSlots:
                     taken.append((str(waiter["task_id"]), str(waiter["tier"]), str(waiter.get("tenant", ""))))
                     room -= 1
         return taken
+
+
+RELEASE_ATTEMPTS = 5
+RELEASE_BACKOFF_SECONDS = 0.02  # the first retry's ceiling; doubles each time (full jitter)
+
+
+def _transact_through_conflicts(table: Table, actions: list[Any]) -> None:
+    """A release's transaction, retried while it meets a TransactionConflict. A conflict says
+    another transaction was writing the slot item at the same moment (the item every admission
+    and release of the tenant writes), not that the slot was given back: dropping the release
+    would lose the slot for good. Bounded, with jitter; still conflicting, the conflict is
+    raised, so the message is not deleted and its next delivery releases."""
+    for attempt in range(RELEASE_ATTEMPTS):
+        try:
+            table.transact(actions)
+            return
+        except TransactionConflict:
+            if attempt == RELEASE_ATTEMPTS - 1:
+                raise
+            time.sleep(random.uniform(0, RELEASE_BACKOFF_SECONDS * 2**attempt))
 
 
 def _room(slot: Slot) -> ConditionBase:
