@@ -23,7 +23,7 @@ from agentq.runtime import build_queues
 from agentq.storage import keys
 from agentq.storage.container import Storage
 from agentq.storage.running_slots import RunningSlots, SlotUsage
-from agentq.storage.table import TransactionConflict
+from agentq.storage.table import TransactionConflict, Update
 
 from tests.helpers import deployment, scripted
 
@@ -251,3 +251,31 @@ def test_a_release_that_keeps_meeting_conflicts_raises_so_its_message_comes_back
     dispatcher.fair.slots = real
     assert _handle(dispatcher, task.task_id).kind == "delete"  # the next delivery releases
     assert store.slots.usage("hotter").running == 0 and not store.slots.holds_slots(task.task_id)
+
+
+def test_a_task_that_runs_out_of_retries_ends_failed_and_gives_its_slot_back(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=1)
+    dispatcher.max_receive_count = 1
+    task = _submit(store, "outage")
+
+    def outage(task_id: str, **_: Any) -> Any:
+        store.tasks.claim(task_id, "w", 30)
+        raise RuntimeError("provider outage")
+
+    dispatcher.engine.run = outage  # type: ignore[method-assign]
+    assert _handle(dispatcher, task.task_id).kind == "dead_letter"
+    assert store.tasks.get(task.task_id).status is TaskStatus.FAILED
+    assert not store.slots.holds_slots(task.task_id) and store.slots.usage("outage").running == 0
+
+
+def test_a_task_that_cannot_be_read_is_dead_lettered_and_gives_its_slot_back(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=1)
+    task = _submit(store, "garbled")
+    _mid_run(dispatcher, task)
+    store.slots.table.update(keys.meta_key(task.task_id), Update(set={"created_at": "not a time"}))
+    assert _handle(dispatcher, task.task_id).kind == "dead_letter"
+    assert not store.slots.holds_slots(task.task_id) and store.slots.usage("garbled").running == 0

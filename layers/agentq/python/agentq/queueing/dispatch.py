@@ -211,6 +211,8 @@ class Dispatcher:
         elif run.status is TaskStatus.IDLE:
             self._report_idle(task)
         action = self._after_run(run, tier=tier, receive_count=receive_count)
+        if gate.limited and action.kind == "dead_letter":
+            self.fair.release(task.task_id)  # out of retries: failed only now, by _after_run
         if run.outcome == "retry" and action.kind == "retry":
             self._note_retry(task, run, action)
         if run.outcome == "deferred":
@@ -284,6 +286,8 @@ class Dispatcher:
             self.store.tasks.transition(message.task_id, TaskStatus.FAILED, error=error)
         except Exception:  # the condition failed and reading the task to say why failed again
             log.warning("task %s could not be marked failed", message.task_id)
+        # Its slots are read from the raw META (no model): a failed task gives them back.
+        self.fair.release(message.task_id)
         if message.task_token and self.engine.fanout is not None:
             self.engine.fanout.child_finished(message.task_token, message.task_id, TaskStatus.FAILED)
         return Action("dead_letter", f"poison: {error['message']}", task_id=message.task_id)
