@@ -279,3 +279,30 @@ def test_a_task_that_cannot_be_read_is_dead_lettered_and_gives_its_slot_back(
     store.slots.table.update(keys.meta_key(task.task_id), Update(set={"created_at": "not a time"}))
     assert _handle(dispatcher, task.task_id).kind == "dead_letter"
     assert not store.slots.holds_slots(task.task_id) and store.slots.usage("garbled").running == 0
+
+
+def test_a_parked_task_whose_wake_came_before_its_recheck_admits_again_rather_than_run_without_a_slot(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=1)
+    _received(queues)
+    running, parked, other = _submit(store, "race"), _submit(store, "race"), _submit(store, "race")
+    _mid_run(dispatcher, running)
+    slots = dispatcher.fair.slots
+    real_park, real_has_room = slots.park, slots.has_room
+    stale_reads = [True]  # the parked task reads the slot free: before the other task takes it
+
+    def park(task: Task, slot: Any, tier: str) -> None:
+        real_park(task, slot, tier)
+        if task.task_id == parked.task_id and stale_reads:
+            # The running task ends: its release wakes the parked task (deletes its item, sends
+            # its message), and another worker admits a third task into the freed slot.
+            store.tasks.transition(running.task_id, TaskStatus.SUCCEEDED)
+            dispatcher.fair.release(running.task_id)
+            assert dispatcher.fair.admit(store.tasks.get(other.task_id), "normal").waits is None
+
+    slots.park = park  # type: ignore[method-assign]
+    slots.has_room = lambda slot: stale_reads.pop() if stale_reads else real_has_room(slot)  # type: ignore[method-assign]
+    gate = dispatcher.fair.admit(store.tasks.get(parked.task_id), "normal")
+    assert gate.waits is not None and not store.slots.holds_slots(parked.task_id)  # it does not run
+    assert store.slots.with_default(1).usage("race") == SlotUsage(tenant="race", running=1, waiting=1, limit=1)

@@ -77,8 +77,10 @@ class FairShare:
             if not self.slots.has_room(slot):
                 return f"over its {_what(slot)} limit of {slot.limit}: waits queued for a slot"
             # A release between the refusal and the park woke nobody: take the slot ourselves.
-            if not self.slots.unpark(task, slot, tier):
-                return None  # a waker took our item and sent our message: run on this one
+            # When a waker took our item first (and sent our message), admit again all the
+            # same: its room may be gone to another task by now, and running unadmitted would
+            # break running <= limit; the woken message is a duplicate the claim refuses.
+            self.slots.unpark(task, slot, tier)
         return f"over its limits after {ADMIT_ATTEMPTS} attempts: waits queued for a slot"
 
     def release(self, task_id: str) -> None:
