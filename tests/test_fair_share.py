@@ -22,7 +22,7 @@ from agentq.queueing.queues import TaskMessage, TaskQueues
 from agentq.runtime import build_queues
 from agentq.storage import keys
 from agentq.storage.container import Storage
-from agentq.storage.running_slots import RunningSlots, SlotUsage
+from agentq.storage.running_slots import Admission, RunningSlots, SlotUsage
 from agentq.storage.table import TransactionConflict, Update
 
 from tests.helpers import deployment, scripted
@@ -306,3 +306,32 @@ def test_a_parked_task_whose_wake_came_before_its_recheck_admits_again_rather_th
     gate = dispatcher.fair.admit(store.tasks.get(parked.task_id), "normal")
     assert gate.waits is not None and not store.slots.holds_slots(parked.task_id)  # it does not run
     assert store.slots.with_default(1).usage("race") == SlotUsage(tenant="race", running=1, waiting=1, limit=1)
+
+
+def test_a_task_whose_admissions_keep_conflicting_keeps_its_message_and_runs_on_a_later_delivery(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=2)
+    task = _submit(store, "contended")
+    real = dispatcher.fair.slots
+    dispatcher.fair.slots = RunningSlots(ConflictingTable(store.slots.table, conflicts=math.inf), 2)
+    kept = _handle(dispatcher, task.task_id)
+    assert kept.kind == "retry" and kept.delay_seconds >= 1  # not deleted: nothing else would wake it
+    assert store.tasks.get(task.task_id).status is TaskStatus.QUEUED and not store.slots.holds_slots(task.task_id)
+    assert store.slots.with_default(2).usage("contended").waiting == 0
+    dispatcher.fair.slots = real
+    assert _handle(dispatcher, task.task_id).kind == "delete"
+    assert store.tasks.get(task.task_id).status is TaskStatus.SUCCEEDED
+
+
+def test_a_task_refused_whose_every_recheck_finds_room_keeps_its_message_rather_than_lose_its_wait(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=2)
+    task = _submit(store, "flicker")
+    # Each admission is refused, yet each re-check finds room: a slot freed in between, every time.
+    dispatcher.fair.slots.admit = lambda task, slots: Admission("refused", slots[0])  # type: ignore[method-assign]
+    kept = _handle(dispatcher, task.task_id)
+    assert kept.kind == "retry" and "comes back" in kept.reason
+    assert store.slots.with_default(2).usage("flicker").waiting == 0  # it took its item back each time
+    assert store.tasks.get(task.task_id).status is TaskStatus.QUEUED

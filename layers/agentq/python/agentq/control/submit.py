@@ -120,6 +120,8 @@ def submit_once(
         gate = fair.admit(task, submission.priority)
         if gate.waits is not None:
             return Submitted(task, created)
+        # Admitted, or neither admitted nor parked (``gate.keep``): then its message is sent
+        # unadmitted, and the dispatcher admits it on delivery.
         try:
             queues.send(task.task_id, submission.priority, tenant=tenant)
         except Exception:

@@ -193,6 +193,8 @@ class Dispatcher:
         gate = self.fair.admit(task, tier)
         if gate.waits is not None:
             return Action("delete", gate.waits, task_id=task.task_id)
+        if gate.keep is not None:
+            return Action("retry", gate.keep, delay_seconds=1, task_id=task.task_id)
         try:
             run = self.engine.run(
                 task.task_id, deadline=deadline, keeper=keeper, on_beat=on_beat, stop=stop, owner=owner

@@ -39,7 +39,8 @@ ADMIT_ATTEMPTS = 3  # a park's re-check admits again; each refusal names the slo
 @dataclass(frozen=True)
 class Gate:
     limited: bool  # the task holds (or waits for) slots: release them when it leaves running
-    waits: str | None = None  # parked: why its message may be deleted
+    waits: str | None = None  # parked (its WAIT item written and still there): why its message may be deleted
+    keep: str | None = None  # neither admitted nor parked: its message must come back (a retry)
 
 
 class FairShare:
@@ -50,38 +51,45 @@ class FairShare:
 
     def admit(self, task: Task, tier: str) -> Gate:
         """Whether ``task`` needs slots, and, when it may not run now, why its message may be
-        deleted (it is parked). It may run when admitted, already holding its slots, needing
-        none, or no longer runnable (then the claim refuses it)."""
+        deleted (it is parked), or why its message must be kept (neither). It may run when
+        admitted, already holding its slots, needing none, or no longer runnable (then the
+        claim refuses it)."""
         if task.slots:  # admitted already (at submission, or a takeover of a running task)
             return Gate(limited=True)
         slots = self.slots.slots_for(task)
         if not slots:
             return Gate(limited=False)
-        return Gate(limited=True, waits=self._admit(task, tier, slots))
+        return self._admit(task, tier, slots)
 
-    def _admit(self, task: Task, tier: str, slots: list[Slot]) -> str | None:
+    def _admit(self, task: Task, tier: str, slots: list[Slot]) -> Gate:
         full = next((s for s in slots if s.seen_full), None)  # refused by the read: no transaction
         for _ in range(ADMIT_ATTEMPTS):
             admission = Admission("refused", full) if full is not None else self.slots.admit(task, slots)
             full = None
+            if admission.outcome == "conflict":
+                continue  # raced another write of a slot item: nothing was decided, try again
             if admission.outcome != "refused" or admission.slot is None:
-                return None
+                return Gate(limited=True)
             slot = admission.slot
             conflict = task.submission.concurrency.on_conflict if slot.key and task.submission.concurrency else "queue"
             if conflict == "skip":
-                return self._skip(task)
+                return Gate(limited=True, waits=self._skip(task))
             if conflict == "cancel_running":
                 self._cancel_holders(task)
             self.slots.park(task, slot, tier)
             observe.tenant_held_at_limit(task.tenant, "key" if slot.key else "tenant", slot.limit)
             if not self.slots.has_room(slot):
-                return f"over its {_what(slot)} limit of {slot.limit}: waits queued for a slot"
+                return Gate(
+                    limited=True, waits=f"over its {_what(slot)} limit of {slot.limit}: waits queued for a slot"
+                )
             # A release between the refusal and the park woke nobody: take the slot ourselves.
             # When a waker took our item first (and sent our message), admit again all the
             # same: its room may be gone to another task by now, and running unadmitted would
             # break running <= limit; the woken message is a duplicate the claim refuses.
             self.slots.unpark(task, slot, tier)
-        return f"over its limits after {ADMIT_ATTEMPTS} attempts: waits queued for a slot"
+        # Not admitted and not parked (its last re-check took its item back, or every attempt
+        # conflicted): deleting its message would leave the task with neither, so it comes back.
+        return Gate(limited=True, keep=f"not admitted after {ADMIT_ATTEMPTS} attempts: its message comes back")
 
     def release(self, task_id: str) -> None:
         """Give back the slots of a task that left running; wake what they have room for."""

@@ -88,7 +88,7 @@ class Slot:
 
 @dataclass(frozen=True)
 class Admission:
-    outcome: Literal["admitted", "refused", "not_admissible"]
+    outcome: Literal["admitted", "refused", "not_admissible", "conflict"]
     slot: Slot | None = None  # refused: the slot that was full
 
 
@@ -181,8 +181,8 @@ class RunningSlots:
             if "meta" in exc.failed or not full:
                 return Admission("not_admissible")
             return Admission("refused", full[0])
-        except TransactionConflict:  # raced another admission or release: the park re-reads
-            return Admission("refused", slots[0])
+        except TransactionConflict:  # raced another admission or release: nothing decided
+            return Admission("conflict")
         return Admission("admitted")
 
     def holds_slots(self, task_id: str) -> bool:
