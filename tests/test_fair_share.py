@@ -335,3 +335,55 @@ def test_a_task_refused_whose_every_recheck_finds_room_keeps_its_message_rather_
     assert kept.kind == "retry" and "comes back" in kept.reason
     assert store.slots.with_default(2).usage("flicker").waiting == 0  # it took its item back each time
     assert store.tasks.get(task.task_id).status is TaskStatus.QUEUED
+
+
+@pytest.mark.parametrize("on_conflict", ["skip", "cancel_running"])
+def test_a_task_resuming_work_it_started_queues_for_its_key_instead_of_skipping_or_cancelling(
+    store: Storage, queues: TaskQueues, registry: Any, on_conflict: str
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=None)
+    _received(queues)
+    key = {"key": "conversation-3", "limit": 1, "on_conflict": on_conflict}
+    parent = _submit(store, "resumes", key)
+    _mid_run(dispatcher, parent)
+    store.tasks.transition(parent.task_id, TaskStatus.WAITING)  # waits for its children: its slot freed
+    dispatcher.fair.release(parent.task_id)
+    newer = _submit(store, "resumes", key)
+    _mid_run(dispatcher, newer)
+    store.tasks.transition(parent.task_id, TaskStatus.QUEUED)  # its children ended: woken
+    assert "waits queued" in _handle(dispatcher, parent.task_id).reason
+    assert store.tasks.get(parent.task_id).status is TaskStatus.QUEUED
+    assert store.tasks.get(newer.task_id).status is TaskStatus.RUNNING
+
+
+def test_a_skipped_task_reports_its_end_its_callback_and_releases_the_tasks_that_depend_on_it(
+    store: Storage, queues: TaskQueues, registry: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=None)
+    key = {"key": "customer-5", "limit": 1, "on_conflict": "skip"}
+    _mid_run(dispatcher, _submit(store, "deps", key))
+    body = {**scripted([{"text": "x"}]).model_dump(), "concurrency": key, "notify": {"url": "https://example.com/h"}}
+    skipped = store.tasks.create(TaskSubmission.model_validate(body), tenant="deps")
+    after = {**scripted([{"text": "y"}]).model_dump(), "depends_on": [skipped.task_id]}
+    dependent = submit_once(store, registry, after, tenant="deps", queues=queues).task
+    assert store.tasks.get(dependent.task_id).status is TaskStatus.BLOCKED
+    sent: list[str] = []
+    monkeypatch.setattr(queues, "send_webhook", sent.append)
+
+    assert "skipped" in _handle(dispatcher, skipped.task_id).reason
+    assert store.tasks.get(skipped.task_id).status is TaskStatus.CANCELLED
+    assert store.tasks.get(dependent.task_id).status is not TaskStatus.BLOCKED
+    assert len(sent) == 1 and '"cancelled"' in sent[0] and skipped.task_id in sent[0]
+
+
+def test_a_submission_skipped_by_its_key_is_answered_cancelled(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    key = {"key": "customer-6", "limit": 1, "on_conflict": "skip"}
+    body = {**scripted([{"text": "x"}]).model_dump(), "concurrency": key}
+    first = submit_once(store, registry, body, tenant="answers", queues=queues)
+    assert first.task.status is TaskStatus.QUEUED
+    second = submit_once(store, registry, body, tenant="answers", queues=queues)
+    assert second.task.status is TaskStatus.CANCELLED and second.task.error is not None
+    assert second.task.error["code"] == "concurrency_skipped"
+    _received(queues)

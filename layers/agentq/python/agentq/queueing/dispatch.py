@@ -191,6 +191,8 @@ class Dispatcher:
             )
 
         gate = self.fair.admit(task, tier)
+        if gate.skipped:
+            self._report_end(self.store.tasks.get(task.task_id), TaskStatus.CANCELLED)
         if gate.waits is not None:
             return Action("delete", gate.waits, task_id=task.task_id)
         if gate.keep is not None:

@@ -8,9 +8,11 @@ slots of a task that left ``running`` (ended, idle, waiting for its children, pa
 approval) and sends the message of the oldest waiter each freed slot has room for, so the next
 task starts as soon as a worker receives it (well within a second or two on a polling worker).
 
-A concurrency key's ``on_conflict`` applies when the key (not the tenant) is full: ``queue``
-parks, ``skip`` ends the new task ``cancelled`` (``concurrency_skipped``), ``cancel_running``
-cancels the key's running tasks and parks the new one, which they wake as they stop.
+A concurrency key's ``on_conflict`` applies when the key (not the tenant) is full, on a task's
+first admission (a task resuming work it started queues): ``queue`` parks, ``skip`` ends the
+new task ``cancelled`` (``concurrency_skipped``; the caller reports that end as any other:
+callback, dependents, fan-out parent), ``cancel_running`` cancels the key's running tasks and
+parks the new one, which they wake as they stop.
 
 Shared by the Lambda executor and the long-running worker (through ``Dispatcher``), so both
 honour the limits the same way; a reserved-concurrency executor that meets a full tenant
@@ -19,7 +21,6 @@ deletes the message instead of retrying it.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -27,7 +28,9 @@ from agentq import observe
 from agentq.control.operations import cancel
 from agentq.core.errors import IllegalTransition
 from agentq.core.models import Task, TaskStatus
+from agentq.queueing.dependencies import release_dependents
 from agentq.queueing.queues import TaskQueues
+from agentq.queueing.webhooks import enqueue_end
 from agentq.storage.container import Storage
 from agentq.storage.running_slots import Admission, RunningSlots, Slot
 
@@ -41,6 +44,7 @@ class Gate:
     limited: bool  # the task holds (or waits for) slots: release them when it leaves running
     waits: str | None = None  # parked (its WAIT item written and still there): why its message may be deleted
     keep: str | None = None  # neither admitted nor parked: its message must come back (a retry)
+    skipped: bool = False  # ended cancelled here (its key's skip): the caller reports the end
 
 
 class FairShare:
@@ -71,9 +75,11 @@ class FairShare:
             if admission.outcome != "refused" or admission.slot is None:
                 return Gate(limited=True)
             slot = admission.slot
-            conflict = task.submission.concurrency.on_conflict if slot.key and task.submission.concurrency else "queue"
+            conflict = _on_conflict(task, slot)
             if conflict == "skip":
-                return Gate(limited=True, waits=self._skip(task))
+                return Gate(
+                    limited=True, waits="skipped: its concurrency key is at its limit", skipped=self._skip(task)
+                )
             if conflict == "cancel_running":
                 self._cancel_holders(task)
             self.slots.park(task, slot, tier)
@@ -98,15 +104,30 @@ class FairShare:
                 self.queues.send(waiter, tier, tenant=tenant or None)
                 log.info("task %s woken: a slot of %s freed", waiter, pk)
 
-    def _skip(self, task: Task) -> str:
+    def report_skipped(self, task_id: str) -> Task:
+        """The end of a task skipped at its submission, reported as the dispatcher reports any
+        end (its callback, the tasks that depend on it; no fan-out parent knows it yet): the
+        task as it is now."""
+        task = self.store.tasks.get(task_id)
+        try:
+            enqueue_end(self.queues, task, TaskStatus.CANCELLED)
+        except Exception:  # a callback that cannot be queued never holds up the task's end
+            log.warning("could not queue the callback of task %s", task_id, exc_info=True)
+        release_dependents(self.store, self.queues, task_id)
+        return task
+
+    def _skip(self, task: Task) -> bool:
+        """End ``task`` cancelled; False when it ended otherwise meanwhile (that end is reported)."""
         error = {
             "code": "concurrency_skipped",
             "message": f"concurrency key {task.submission.concurrency.key!r} is at its limit"  # type: ignore[union-attr]
             " and on_conflict is skip",
         }
-        with contextlib.suppress(IllegalTransition):  # it ended meanwhile
+        try:
             self.store.tasks.transition(task.task_id, TaskStatus.CANCELLED, error=error)
-        return "skipped: its concurrency key is at its limit"
+        except IllegalTransition:  # it ended meanwhile
+            return False
+        return True
 
     def _cancel_holders(self, task: Task) -> None:
         concurrency = task.submission.concurrency
@@ -119,6 +140,17 @@ class FairShare:
                        reason=f"cancelled by task {task.task_id} (concurrency key {concurrency.key!r})")  # fmt: skip
             except IllegalTransition:
                 continue  # it ended meanwhile
+
+
+def _on_conflict(task: Task, slot: Slot) -> str:
+    """What a refusal by ``slot`` does. A key's ``skip`` and ``cancel_running`` apply to a
+    task's first admission only: a task that already ran (``claim_count`` > 0: a parent woken
+    by its children, a resumed approval, a reopened conversation, a redrive) is resuming work
+    it started, and queues like any other."""
+    concurrency = task.submission.concurrency
+    if not slot.key or concurrency is None or task.claim_count > 0:
+        return "queue"
+    return concurrency.on_conflict
 
 
 def _what(slot: Slot) -> str:
