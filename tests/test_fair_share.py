@@ -12,6 +12,7 @@ import pytest
 
 from agentq.control.agents import create_agent
 from agentq.control.defaults import Defaults
+from agentq.control.operations import cancel
 from agentq.control.submit import submit_once
 from agentq.control.tenants import set_max_running
 from agentq.core.engine import Engine, EngineConfig
@@ -387,3 +388,37 @@ def test_a_submission_skipped_by_its_key_is_answered_cancelled(
     assert second.task.status is TaskStatus.CANCELLED and second.task.error is not None
     assert second.task.error["code"] == "concurrency_skipped"
     _received(queues)
+
+
+def test_a_woken_task_cancelled_before_its_message_is_read_passes_its_wake_to_the_next_waiter(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=1)
+    _received(queues)
+    running, first, second = _submit(store, "passes"), _submit(store, "passes"), _submit(store, "passes")
+    _mid_run(dispatcher, running)
+    assert "waits queued" in _handle(dispatcher, first.task_id).reason
+    assert "waits queued" in _handle(dispatcher, second.task_id).reason
+    store.tasks.transition(running.task_id, TaskStatus.SUCCEEDED)
+    dispatcher.fair.release(running.task_id)
+    assert [TaskMessage.model_validate_json(m["Body"]).task_id for m in _received(queues)] == [first.task_id]
+    cancel(store, first.task_id, queues=queues)  # the user gives up on it before its message is read
+    _handle(dispatcher, first.task_id)
+    assert [TaskMessage.model_validate_json(m["Body"]).task_id for m in _received(queues)] == [second.task_id]
+
+
+def test_a_task_woken_by_its_tenant_but_refused_by_its_key_passes_the_tenants_wake_on(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=1)
+    _received(queues)
+    key = {"key": "customer-8", "limit": 1}
+    holder = _submit(store, "keyed", key)
+    _mid_run(dispatcher, holder)  # holds the tenant's one slot and the key's
+    keyed, plain = _submit(store, "keyed", key), _submit(store, "keyed")
+    assert "waits queued" in _handle(dispatcher, keyed.task_id).reason  # on the tenant's list
+    assert "waits queued" in _handle(dispatcher, plain.task_id).reason
+    set_max_running(store, "keyed", 2, queues)  # room for one more on the tenant, none on the key
+    assert [TaskMessage.model_validate_json(m["Body"]).task_id for m in _received(queues)] == [keyed.task_id]
+    assert "concurrency key's" in _handle(dispatcher, keyed.task_id).reason  # refused by the key: re-parks
+    assert [TaskMessage.model_validate_json(m["Body"]).task_id for m in _received(queues)] == [plain.task_id]

@@ -164,7 +164,10 @@ class Dispatcher:
                 self._report_end(task, task.status)  # a redelivery after a crash before the report
                 if task.lapsed_holds:
                     self._release_lapsed(task, tier)
-                self.fair.release(task.task_id)  # a crash between its end and the release
+                # A crash between its end and the release; or, holding none, it may have been
+                # woken for a slot and ended (cancelled) before this message: pass the wake on.
+                if not self.fair.release(task.task_id):
+                    self.fair.pass_on(task)
                 return Action("delete", f"task already {task.status.value}", task_id=task.task_id)
             self._requeue_redriven(task)
         if receive_count > self.max_receive_count:

@@ -85,6 +85,7 @@ class FairShare:
             self.slots.park(task, slot, tier)
             observe.tenant_held_at_limit(task.tenant, "key" if slot.key else "tenant", slot.limit)
             if not self.slots.has_room(slot):
+                self.pass_on(task, besides=slot)  # it may have been woken for another slot
                 return Gate(
                     limited=True, waits=f"over its {_what(slot)} limit of {slot.limit}: waits queued for a slot"
                 )
@@ -97,12 +98,31 @@ class FairShare:
         # conflicted): deleting its message would leave the task with neither, so it comes back.
         return Gate(limited=True, keep=f"not admitted after {ADMIT_ATTEMPTS} attempts: its message comes back")
 
-    def release(self, task_id: str) -> None:
-        """Give back the slots of a task that left running; wake what they have room for."""
-        for pk in self.slots.release(task_id):
-            for waiter, tier, tenant in self.slots.next_waiters(pk):
-                self.queues.send(waiter, tier, tenant=tenant or None)
-                log.info("task %s woken: a slot of %s freed", waiter, pk)
+    def release(self, task_id: str) -> list[str]:
+        """Give back the slots of a task that left running; wake what they have room for. The
+        slot partitions freed."""
+        freed = self.slots.release(task_id)
+        for pk in freed:
+            self._wake(pk)
+        return freed
+
+    def pass_on(self, task: Task, *, besides: Slot | None = None) -> None:
+        """Wake the next waiter of each of ``task``'s slots that has room (but ``besides``).
+        A release wakes one waiter per slot it freed; a woken task that does not take that slot
+        (cancelled before its message was read, or refused by another of its slots) must pass
+        the wake on, or the waiters behind it wait with the slot free and, when no task of the
+        tenant runs, no release to come."""
+        for slot in self.slots.slots_for(task):
+            if slot.pk == (besides.pk if besides else None) or slot.seen_full:
+                continue
+            if slot.key and not self.slots.has_room(slot):
+                continue
+            self._wake(slot.pk)
+
+    def _wake(self, pk: str) -> None:
+        for waiter, tier, tenant in self.slots.next_waiters(pk):
+            self.queues.send(waiter, tier, tenant=tenant or None)
+            log.info("task %s woken: a slot of %s has room", waiter, pk)
 
     def report_skipped(self, task_id: str) -> Task:
         """The end of a task skipped at its submission, reported as the dispatcher reports any

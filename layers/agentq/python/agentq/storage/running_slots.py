@@ -26,7 +26,10 @@ META's ``slots`` names the slot partitions it holds.
   and its item woke nobody, so it admits itself if the slot is free by now.
 - **Wake** (``next_waiters``): for each slot a release freed, while the slot is below its
   limit, the releaser takes its oldest waiter (a conditional delete: one waker wins) and sends
-  that task's message: one per slot freed, never ``limit - running`` (see ``next_waiters``). The sweeper's ``swept`` messages are the backstop for a wake lost in a crash.
+  that task's message: one per slot freed, never ``limit - running`` (see ``next_waiters``). A
+  woken task that does not take the slot (cancelled first, refused by another of its slots)
+  passes the wake on (``FairShare.pass_on``). The sweeper's ``swept`` messages are the
+  backstop for a wake lost in a crash (late: ``stale_after``).
 
 Lowering a limit below ``running`` kills nothing: admissions are refused until enough tasks
 have left. Cost for a limited tenant: one read of the slot item per admission, a
