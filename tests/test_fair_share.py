@@ -422,3 +422,19 @@ def test_a_task_woken_by_its_tenant_but_refused_by_its_key_passes_the_tenants_wa
     assert [TaskMessage.model_validate_json(m["Body"]).task_id for m in _received(queues)] == [keyed.task_id]
     assert "concurrency key's" in _handle(dispatcher, keyed.task_id).reason  # refused by the key: re-parks
     assert [TaskMessage.model_validate_json(m["Body"]).task_id for m in _received(queues)] == [plain.task_id]
+
+
+def test_a_wake_skips_a_waiter_admitted_meanwhile_by_another_route_and_wakes_the_next(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=1)
+    _received(queues)
+    running, admitted, waiting = _submit(store, "stale"), _submit(store, "stale"), _submit(store, "stale")
+    _mid_run(dispatcher, running)
+    assert "waits queued" in _handle(dispatcher, admitted.task_id).reason
+    assert "waits queued" in _handle(dispatcher, waiting.task_id).reason
+    store.slots.set_limit("stale", 2)  # room, and a swept message admits the first waiter: its item stays
+    assert dispatcher.fair.admit(store.tasks.get(admitted.task_id), "normal").waits is None
+    store.tasks.transition(running.task_id, TaskStatus.SUCCEEDED)
+    dispatcher.fair.release(running.task_id)
+    assert [TaskMessage.model_validate_json(m["Body"]).task_id for m in _received(queues)] == [waiting.task_id]

@@ -267,7 +267,8 @@ class RunningSlots:
         tier, tenant) each, for the caller to send. A release wakes one per slot it freed, never
         ``limit - running``: concurrent releases would each read the same room and wake the
         whole list at once (measured: a thundering herd of refused admissions). A waiter that is
-        no longer ``queued`` (cancelled while it waited) is dropped and does not count. A
+        no longer ``queued`` (cancelled while it waited), or was admitted meanwhile by another
+        route, is dropped and does not count. A
         conditional delete, so two wakers never take the same one."""
         item = plain(self.table.get(self._key(pk)) or {})
         limit = item.get("limit", self.default_limit) if pk.startswith("TENANT#") else None
@@ -278,7 +279,9 @@ class RunningSlots:
             if not waiters:
                 break
             metas = self.table.batch_get([keys.meta_key(str(w["task_id"])) for w in waiters])
-            queued = {str(m["pk"]) for m in metas if m.get("status") == TaskStatus.QUEUED.value}
+            # Queued and not admitted yet: a waiter admitted by another route meanwhile (a
+            # re-POST, a swept message) has a message of its own; its item is stale.
+            queued = {str(m["pk"]) for m in metas if m.get("status") == TaskStatus.QUEUED.value and not m.get("slots")}
             for waiter in waiters:
                 if room <= 0:
                     break
