@@ -438,3 +438,18 @@ def test_a_wake_skips_a_waiter_admitted_meanwhile_by_another_route_and_wakes_the
     store.tasks.transition(running.task_id, TaskStatus.SUCCEEDED)
     dispatcher.fair.release(running.task_id)
     assert [TaskMessage.model_validate_json(m["Body"]).task_id for m in _received(queues)] == [waiting.task_id]
+
+
+def test_cancel_running_parks_the_new_task_even_when_a_holder_of_its_key_no_longer_exists(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=None)
+    _received(queues)
+    key = {"key": "customer-purged", "limit": 1, "on_conflict": "cancel_running"}
+    holder = _submit(store, "ghosts", key)
+    _mid_run(dispatcher, holder)
+    for item in store.slots.table.query(keys.task_pk(holder.task_id)):  # TTL purges it; its HOLD item stays
+        store.slots.table.delete({"pk": item["pk"], "sk": item["sk"]})
+    assert store.slots.holders("ghosts", "customer-purged") == [holder.task_id]
+    late = _submit(store, "ghosts", key)
+    assert "waits queued" in _handle(dispatcher, late.task_id).reason  # no TaskNotFound, no redelivery loop

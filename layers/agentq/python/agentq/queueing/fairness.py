@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from agentq import observe
 from agentq.control.operations import cancel
-from agentq.core.errors import IllegalTransition
+from agentq.core.errors import IllegalTransition, TaskNotFound
 from agentq.core.models import Task, TaskStatus
 from agentq.queueing.dependencies import release_dependents
 from agentq.queueing.queues import TaskQueues
@@ -160,6 +160,8 @@ class FairShare:
                        reason=f"cancelled by task {task.task_id} (concurrency key {concurrency.key!r})")  # fmt: skip
             except IllegalTransition:
                 continue  # it ended meanwhile
+            except TaskNotFound:  # purged (TTL) while its HOLD item stayed: nothing to cancel
+                log.warning("task %s holds key %r but no longer exists", holder, concurrency.key)
 
 
 def _on_conflict(task: Task, slot: Slot) -> str:
