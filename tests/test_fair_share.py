@@ -5,12 +5,14 @@ twin; the tier queues are real SQS on moto server (the wake is a message)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
 
 from agentq.control.agents import create_agent
 from agentq.control.defaults import Defaults
+from agentq.control.operations import cancel
 from agentq.control.submit import submit_once
 from agentq.control.tenants import set_max_running
 from agentq.core.engine import Engine, EngineConfig
@@ -19,8 +21,10 @@ from agentq.local.moto_server import MotoServer
 from agentq.queueing.dispatch import Dispatcher
 from agentq.queueing.queues import TaskMessage, TaskQueues
 from agentq.runtime import build_queues
+from agentq.storage import keys
 from agentq.storage.container import Storage
-from agentq.storage.running_slots import SlotUsage
+from agentq.storage.running_slots import Admission, RunningSlots, SlotUsage
+from agentq.storage.table import TransactionConflict, Update
 
 from tests.helpers import deployment, scripted
 
@@ -201,3 +205,251 @@ def test_an_agents_concurrency_key_holds_its_tasks_unless_the_submission_names_i
     third = submit_once(store, registry, own, tenant="ops", queues=queues)
     assert third.task.submission.concurrency == Concurrency(key="customer-9")
     assert store.tasks.get(third.task.task_id).status is TaskStatus.QUEUED
+
+
+class ConflictingTable:
+    """The storage table, but its transactions meet ``conflicts`` TransactionConflicts first
+    (DynamoDB's answer when another transaction writes the same hot slot item at the same
+    moment; neither the memory twin nor moto ever gives it)."""
+
+    def __init__(self, table: Any, conflicts: float) -> None:
+        self.table, self.conflicts, self.met = table, conflicts, 0
+
+    def transact(self, actions: Any, **kwargs: Any) -> None:
+        if self.met < self.conflicts:
+            self.met += 1
+            raise TransactionConflict("another transaction on the slot item")
+        self.table.transact(actions, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.table, name)
+
+
+def test_a_release_that_meets_a_transaction_conflict_tries_again_and_gives_the_slot_back(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=1)
+    task = _submit(store, "hot")
+    _mid_run(dispatcher, task)
+    store.tasks.transition(task.task_id, TaskStatus.SUCCEEDED)
+    conflicting = ConflictingTable(store.slots.table, conflicts=2)
+    assert RunningSlots(conflicting, 1).release(task.task_id) == [keys.tenant_pk("hot")]
+    assert conflicting.met == 2 and store.slots.usage("hot").running == 0
+    assert not store.slots.holds_slots(task.task_id)
+
+
+def test_a_release_that_keeps_meeting_conflicts_raises_so_its_message_comes_back_and_releases(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=1)
+    task = _submit(store, "hotter")
+    assert dispatcher.fair.admit(task, "normal").waits is None
+    real = dispatcher.fair.slots
+    dispatcher.fair.slots = RunningSlots(ConflictingTable(store.slots.table, conflicts=math.inf), 1)
+    with pytest.raises(TransactionConflict):  # the adapter keeps the message (a worker error)
+        _handle(dispatcher, task.task_id)
+    assert store.tasks.get(task.task_id).status is TaskStatus.SUCCEEDED and store.slots.holds_slots(task.task_id)
+    dispatcher.fair.slots = real
+    assert _handle(dispatcher, task.task_id).kind == "delete"  # the next delivery releases
+    assert store.slots.usage("hotter").running == 0 and not store.slots.holds_slots(task.task_id)
+
+
+def test_a_task_that_runs_out_of_retries_ends_failed_and_gives_its_slot_back(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=1)
+    dispatcher.max_receive_count = 1
+    task = _submit(store, "outage")
+
+    def outage(task_id: str, **_: Any) -> Any:
+        store.tasks.claim(task_id, "w", 30)
+        raise RuntimeError("provider outage")
+
+    dispatcher.engine.run = outage  # type: ignore[method-assign]
+    assert _handle(dispatcher, task.task_id).kind == "dead_letter"
+    assert store.tasks.get(task.task_id).status is TaskStatus.FAILED
+    assert not store.slots.holds_slots(task.task_id) and store.slots.usage("outage").running == 0
+
+
+def test_a_task_that_cannot_be_read_is_dead_lettered_and_gives_its_slot_back(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=1)
+    task = _submit(store, "garbled")
+    _mid_run(dispatcher, task)
+    store.slots.table.update(keys.meta_key(task.task_id), Update(set={"created_at": "not a time"}))
+    assert _handle(dispatcher, task.task_id).kind == "dead_letter"
+    assert not store.slots.holds_slots(task.task_id) and store.slots.usage("garbled").running == 0
+
+
+def test_a_parked_task_whose_wake_came_before_its_recheck_admits_again_rather_than_run_without_a_slot(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=1)
+    _received(queues)
+    running, parked, other = _submit(store, "race"), _submit(store, "race"), _submit(store, "race")
+    _mid_run(dispatcher, running)
+    slots = dispatcher.fair.slots
+    real_park, real_has_room = slots.park, slots.has_room
+    stale_reads = [True]  # the parked task reads the slot free: before the other task takes it
+
+    def park(task: Task, slot: Any, tier: str) -> None:
+        real_park(task, slot, tier)
+        if task.task_id == parked.task_id and stale_reads:
+            # The running task ends: its release wakes the parked task (deletes its item, sends
+            # its message), and another worker admits a third task into the freed slot.
+            store.tasks.transition(running.task_id, TaskStatus.SUCCEEDED)
+            dispatcher.fair.release(running.task_id)
+            assert dispatcher.fair.admit(store.tasks.get(other.task_id), "normal").waits is None
+
+    slots.park = park  # type: ignore[method-assign]
+    slots.has_room = lambda slot: stale_reads.pop() if stale_reads else real_has_room(slot)  # type: ignore[method-assign]
+    gate = dispatcher.fair.admit(store.tasks.get(parked.task_id), "normal")
+    assert gate.waits is not None and not store.slots.holds_slots(parked.task_id)  # it does not run
+    assert store.slots.with_default(1).usage("race") == SlotUsage(tenant="race", running=1, waiting=1, limit=1)
+
+
+def test_a_task_whose_admissions_keep_conflicting_keeps_its_message_and_runs_on_a_later_delivery(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=2)
+    task = _submit(store, "contended")
+    real = dispatcher.fair.slots
+    dispatcher.fair.slots = RunningSlots(ConflictingTable(store.slots.table, conflicts=math.inf), 2)
+    kept = _handle(dispatcher, task.task_id)
+    assert kept.kind == "retry" and kept.delay_seconds >= 1  # not deleted: nothing else would wake it
+    assert store.tasks.get(task.task_id).status is TaskStatus.QUEUED and not store.slots.holds_slots(task.task_id)
+    assert store.slots.with_default(2).usage("contended").waiting == 0
+    dispatcher.fair.slots = real
+    assert _handle(dispatcher, task.task_id).kind == "delete"
+    assert store.tasks.get(task.task_id).status is TaskStatus.SUCCEEDED
+
+
+def test_a_task_refused_whose_every_recheck_finds_room_keeps_its_message_rather_than_lose_its_wait(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=2)
+    task = _submit(store, "flicker")
+    # Each admission is refused, yet each re-check finds room: a slot freed in between, every time.
+    dispatcher.fair.slots.admit = lambda task, slots: Admission("refused", slots[0])  # type: ignore[method-assign]
+    kept = _handle(dispatcher, task.task_id)
+    assert kept.kind == "retry" and "comes back" in kept.reason
+    assert store.slots.with_default(2).usage("flicker").waiting == 0  # it took its item back each time
+    assert store.tasks.get(task.task_id).status is TaskStatus.QUEUED
+
+
+@pytest.mark.parametrize("on_conflict", ["skip", "cancel_running"])
+def test_a_task_resuming_work_it_started_queues_for_its_key_instead_of_skipping_or_cancelling(
+    store: Storage, queues: TaskQueues, registry: Any, on_conflict: str
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=None)
+    _received(queues)
+    key = {"key": "conversation-3", "limit": 1, "on_conflict": on_conflict}
+    parent = _submit(store, "resumes", key)
+    _mid_run(dispatcher, parent)
+    store.tasks.transition(parent.task_id, TaskStatus.WAITING)  # waits for its children: its slot freed
+    dispatcher.fair.release(parent.task_id)
+    newer = _submit(store, "resumes", key)
+    _mid_run(dispatcher, newer)
+    store.tasks.transition(parent.task_id, TaskStatus.QUEUED)  # its children ended: woken
+    assert "waits queued" in _handle(dispatcher, parent.task_id).reason
+    assert store.tasks.get(parent.task_id).status is TaskStatus.QUEUED
+    assert store.tasks.get(newer.task_id).status is TaskStatus.RUNNING
+
+
+def test_a_skipped_task_reports_its_end_its_callback_and_releases_the_tasks_that_depend_on_it(
+    store: Storage, queues: TaskQueues, registry: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=None)
+    key = {"key": "customer-5", "limit": 1, "on_conflict": "skip"}
+    _mid_run(dispatcher, _submit(store, "deps", key))
+    body = {**scripted([{"text": "x"}]).model_dump(), "concurrency": key, "notify": {"url": "https://example.com/h"}}
+    skipped = store.tasks.create(TaskSubmission.model_validate(body), tenant="deps")
+    after = {**scripted([{"text": "y"}]).model_dump(), "depends_on": [skipped.task_id]}
+    dependent = submit_once(store, registry, after, tenant="deps", queues=queues).task
+    assert store.tasks.get(dependent.task_id).status is TaskStatus.BLOCKED
+    sent: list[str] = []
+    monkeypatch.setattr(queues, "send_webhook", sent.append)
+
+    assert "skipped" in _handle(dispatcher, skipped.task_id).reason
+    assert store.tasks.get(skipped.task_id).status is TaskStatus.CANCELLED
+    assert store.tasks.get(dependent.task_id).status is not TaskStatus.BLOCKED
+    assert len(sent) == 1 and '"cancelled"' in sent[0] and skipped.task_id in sent[0]
+
+
+def test_a_submission_skipped_by_its_key_is_answered_cancelled(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    key = {"key": "customer-6", "limit": 1, "on_conflict": "skip"}
+    body = {**scripted([{"text": "x"}]).model_dump(), "concurrency": key}
+    first = submit_once(store, registry, body, tenant="answers", queues=queues)
+    assert first.task.status is TaskStatus.QUEUED
+    second = submit_once(store, registry, body, tenant="answers", queues=queues)
+    assert second.task.status is TaskStatus.CANCELLED and second.task.error is not None
+    assert second.task.error["code"] == "concurrency_skipped"
+    _received(queues)
+
+
+def test_a_woken_task_cancelled_before_its_message_is_read_passes_its_wake_to_the_next_waiter(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=1)
+    _received(queues)
+    running, first, second = _submit(store, "passes"), _submit(store, "passes"), _submit(store, "passes")
+    _mid_run(dispatcher, running)
+    assert "waits queued" in _handle(dispatcher, first.task_id).reason
+    assert "waits queued" in _handle(dispatcher, second.task_id).reason
+    store.tasks.transition(running.task_id, TaskStatus.SUCCEEDED)
+    dispatcher.fair.release(running.task_id)
+    assert [TaskMessage.model_validate_json(m["Body"]).task_id for m in _received(queues)] == [first.task_id]
+    cancel(store, first.task_id, queues=queues)  # the user gives up on it before its message is read
+    _handle(dispatcher, first.task_id)
+    assert [TaskMessage.model_validate_json(m["Body"]).task_id for m in _received(queues)] == [second.task_id]
+
+
+def test_a_task_woken_by_its_tenant_but_refused_by_its_key_passes_the_tenants_wake_on(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=1)
+    _received(queues)
+    key = {"key": "customer-8", "limit": 1}
+    holder = _submit(store, "keyed", key)
+    _mid_run(dispatcher, holder)  # holds the tenant's one slot and the key's
+    keyed, plain = _submit(store, "keyed", key), _submit(store, "keyed")
+    assert "waits queued" in _handle(dispatcher, keyed.task_id).reason  # on the tenant's list
+    assert "waits queued" in _handle(dispatcher, plain.task_id).reason
+    set_max_running(store, "keyed", 2, queues)  # room for one more on the tenant, none on the key
+    assert [TaskMessage.model_validate_json(m["Body"]).task_id for m in _received(queues)] == [keyed.task_id]
+    assert "concurrency key's" in _handle(dispatcher, keyed.task_id).reason  # refused by the key: re-parks
+    assert [TaskMessage.model_validate_json(m["Body"]).task_id for m in _received(queues)] == [plain.task_id]
+
+
+def test_a_wake_skips_a_waiter_admitted_meanwhile_by_another_route_and_wakes_the_next(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=1)
+    _received(queues)
+    running, admitted, waiting = _submit(store, "stale"), _submit(store, "stale"), _submit(store, "stale")
+    _mid_run(dispatcher, running)
+    assert "waits queued" in _handle(dispatcher, admitted.task_id).reason
+    assert "waits queued" in _handle(dispatcher, waiting.task_id).reason
+    store.slots.set_limit("stale", 2)  # room, and a swept message admits the first waiter: its item stays
+    assert dispatcher.fair.admit(store.tasks.get(admitted.task_id), "normal").waits is None
+    store.tasks.transition(running.task_id, TaskStatus.SUCCEEDED)
+    dispatcher.fair.release(running.task_id)
+    assert [TaskMessage.model_validate_json(m["Body"]).task_id for m in _received(queues)] == [waiting.task_id]
+
+
+def test_cancel_running_parks_the_new_task_even_when_a_holder_of_its_key_no_longer_exists(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=None)
+    _received(queues)
+    key = {"key": "customer-purged", "limit": 1, "on_conflict": "cancel_running"}
+    holder = _submit(store, "ghosts", key)
+    _mid_run(dispatcher, holder)
+    for item in store.slots.table.query(keys.task_pk(holder.task_id)):  # TTL purges it; its HOLD item stays
+        store.slots.table.delete({"pk": item["pk"], "sk": item["sk"]})
+    assert store.slots.holders("ghosts", "customer-purged") == [holder.task_id]
+    late = _submit(store, "ghosts", key)
+    assert "waits queued" in _handle(dispatcher, late.task_id).reason  # no TaskNotFound, no redelivery loop

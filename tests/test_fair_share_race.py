@@ -30,4 +30,4 @@ def test_workers_admitting_one_tenants_tasks_at_once_never_exceed_its_running_li
     assert len(admitted) == LIMIT == usage.running  # never more, and no slot lost to a race either
     assert sum(store.slots.holds_slots(t) for row in ids for t in row) == LIMIT
     assert usage.waiting == PROCESSES * TASKS_EACH - LIMIT == sum(r["parked"] for r in reports)
-    assert sum(1 for r in reports if r["parked"]) > 1  # there really was contention
+    assert sum(r["kept"] for r in reports) == 0  # no releases: nobody's re-check found room

@@ -118,8 +118,12 @@ def submit_once(
         # on the tenant's list, and a burst of one tenant never stands in front of another's tasks.
         fair = FairShare(store, queues, default_limit=defaults.tenant_max_running if defaults else None)
         gate = fair.admit(task, submission.priority)
+        if gate.skipped:  # its key's skip ended it: reported as any end, and answered as it is now
+            task = fair.report_skipped(task.task_id)
         if gate.waits is not None:
             return Submitted(task, created)
+        # Admitted, or neither admitted nor parked (``gate.keep``): then its message is sent
+        # unadmitted, and the dispatcher admits it on delivery.
         try:
             queues.send(task.task_id, submission.priority, tenant=tenant)
         except Exception:

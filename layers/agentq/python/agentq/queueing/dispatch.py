@@ -164,7 +164,10 @@ class Dispatcher:
                 self._report_end(task, task.status)  # a redelivery after a crash before the report
                 if task.lapsed_holds:
                     self._release_lapsed(task, tier)
-                self.fair.release(task.task_id)  # a crash between its end and the release
+                # A crash between its end and the release; or, holding none, it may have been
+                # woken for a slot and ended (cancelled) before this message: pass the wake on.
+                if not self.fair.release(task.task_id):
+                    self.fair.pass_on(task)
                 return Action("delete", f"task already {task.status.value}", task_id=task.task_id)
             self._requeue_redriven(task)
         if receive_count > self.max_receive_count:
@@ -191,8 +194,12 @@ class Dispatcher:
             )
 
         gate = self.fair.admit(task, tier)
+        if gate.skipped:
+            self._report_end(self.store.tasks.get(task.task_id), TaskStatus.CANCELLED)
         if gate.waits is not None:
             return Action("delete", gate.waits, task_id=task.task_id)
+        if gate.keep is not None:
+            return Action("retry", gate.keep, delay_seconds=1, task_id=task.task_id)
         try:
             run = self.engine.run(
                 task.task_id, deadline=deadline, keeper=keeper, on_beat=on_beat, stop=stop, owner=owner
@@ -211,6 +218,8 @@ class Dispatcher:
         elif run.status is TaskStatus.IDLE:
             self._report_idle(task)
         action = self._after_run(run, tier=tier, receive_count=receive_count)
+        if gate.limited and action.kind == "dead_letter":
+            self.fair.release(task.task_id)  # out of retries: failed only now, by _after_run
         if run.outcome == "retry" and action.kind == "retry":
             self._note_retry(task, run, action)
         if run.outcome == "deferred":
@@ -284,6 +293,8 @@ class Dispatcher:
             self.store.tasks.transition(message.task_id, TaskStatus.FAILED, error=error)
         except Exception:  # the condition failed and reading the task to say why failed again
             log.warning("task %s could not be marked failed", message.task_id)
+        # Its slots are read from the raw META (no model): a failed task gives them back.
+        self.fair.release(message.task_id)
         if message.task_token and self.engine.fanout is not None:
             self.engine.fanout.child_finished(message.task_token, message.task_id, TaskStatus.FAILED)
         return Action("dead_letter", f"poison: {error['message']}", task_id=message.task_id)

@@ -8,9 +8,11 @@ slots of a task that left ``running`` (ended, idle, waiting for its children, pa
 approval) and sends the message of the oldest waiter each freed slot has room for, so the next
 task starts as soon as a worker receives it (well within a second or two on a polling worker).
 
-A concurrency key's ``on_conflict`` applies when the key (not the tenant) is full: ``queue``
-parks, ``skip`` ends the new task ``cancelled`` (``concurrency_skipped``), ``cancel_running``
-cancels the key's running tasks and parks the new one, which they wake as they stop.
+A concurrency key's ``on_conflict`` applies when the key (not the tenant) is full, on a task's
+first admission (a task resuming work it started queues): ``queue`` parks, ``skip`` ends the
+new task ``cancelled`` (``concurrency_skipped``; the caller reports that end as any other:
+callback, dependents, fan-out parent), ``cancel_running`` cancels the key's running tasks and
+parks the new one, which they wake as they stop.
 
 Shared by the Lambda executor and the long-running worker (through ``Dispatcher``), so both
 honour the limits the same way; a reserved-concurrency executor that meets a full tenant
@@ -19,15 +21,16 @@ deletes the message instead of retrying it.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import dataclass
 
 from agentq import observe
 from agentq.control.operations import cancel
-from agentq.core.errors import IllegalTransition
+from agentq.core.errors import IllegalTransition, TaskNotFound
 from agentq.core.models import Task, TaskStatus
+from agentq.queueing.dependencies import release_dependents
 from agentq.queueing.queues import TaskQueues
+from agentq.queueing.webhooks import enqueue_end
 from agentq.storage.container import Storage
 from agentq.storage.running_slots import Admission, RunningSlots, Slot
 
@@ -39,7 +42,9 @@ ADMIT_ATTEMPTS = 3  # a park's re-check admits again; each refusal names the slo
 @dataclass(frozen=True)
 class Gate:
     limited: bool  # the task holds (or waits for) slots: release them when it leaves running
-    waits: str | None = None  # parked: why its message may be deleted
+    waits: str | None = None  # parked (its WAIT item written and still there): why its message may be deleted
+    keep: str | None = None  # neither admitted nor parked: its message must come back (a retry)
+    skipped: bool = False  # ended cancelled here (its key's skip): the caller reports the end
 
 
 class FairShare:
@@ -50,53 +55,99 @@ class FairShare:
 
     def admit(self, task: Task, tier: str) -> Gate:
         """Whether ``task`` needs slots, and, when it may not run now, why its message may be
-        deleted (it is parked). It may run when admitted, already holding its slots, needing
-        none, or no longer runnable (then the claim refuses it)."""
+        deleted (it is parked), or why its message must be kept (neither). It may run when
+        admitted, already holding its slots, needing none, or no longer runnable (then the
+        claim refuses it)."""
         if task.slots:  # admitted already (at submission, or a takeover of a running task)
             return Gate(limited=True)
         slots = self.slots.slots_for(task)
         if not slots:
             return Gate(limited=False)
-        return Gate(limited=True, waits=self._admit(task, tier, slots))
+        return self._admit(task, tier, slots)
 
-    def _admit(self, task: Task, tier: str, slots: list[Slot]) -> str | None:
+    def _admit(self, task: Task, tier: str, slots: list[Slot]) -> Gate:
         full = next((s for s in slots if s.seen_full), None)  # refused by the read: no transaction
         for _ in range(ADMIT_ATTEMPTS):
             admission = Admission("refused", full) if full is not None else self.slots.admit(task, slots)
             full = None
+            if admission.outcome == "conflict":
+                continue  # raced another write of a slot item: nothing was decided, try again
             if admission.outcome != "refused" or admission.slot is None:
-                return None
+                return Gate(limited=True)
             slot = admission.slot
-            conflict = task.submission.concurrency.on_conflict if slot.key and task.submission.concurrency else "queue"
+            conflict = _on_conflict(task, slot)
             if conflict == "skip":
-                return self._skip(task)
+                return Gate(
+                    limited=True, waits="skipped: its concurrency key is at its limit", skipped=self._skip(task)
+                )
             if conflict == "cancel_running":
                 self._cancel_holders(task)
             self.slots.park(task, slot, tier)
             observe.tenant_held_at_limit(task.tenant, "key" if slot.key else "tenant", slot.limit)
             if not self.slots.has_room(slot):
-                return f"over its {_what(slot)} limit of {slot.limit}: waits queued for a slot"
+                self.pass_on(task, besides=slot)  # it may have been woken for another slot
+                return Gate(
+                    limited=True, waits=f"over its {_what(slot)} limit of {slot.limit}: waits queued for a slot"
+                )
             # A release between the refusal and the park woke nobody: take the slot ourselves.
-            if not self.slots.unpark(task, slot, tier):
-                return None  # a waker took our item and sent our message: run on this one
-        return f"over its limits after {ADMIT_ATTEMPTS} attempts: waits queued for a slot"
+            # When a waker took our item first (and sent our message), admit again all the
+            # same: its room may be gone to another task by now, and running unadmitted would
+            # break running <= limit; the woken message is a duplicate the claim refuses.
+            self.slots.unpark(task, slot, tier)
+        # Not admitted and not parked (its last re-check took its item back, or every attempt
+        # conflicted): deleting its message would leave the task with neither, so it comes back.
+        return Gate(limited=True, keep=f"not admitted after {ADMIT_ATTEMPTS} attempts: its message comes back")
 
-    def release(self, task_id: str) -> None:
-        """Give back the slots of a task that left running; wake what they have room for."""
-        for pk in self.slots.release(task_id):
-            for waiter, tier, tenant in self.slots.next_waiters(pk):
-                self.queues.send(waiter, tier, tenant=tenant or None)
-                log.info("task %s woken: a slot of %s freed", waiter, pk)
+    def release(self, task_id: str) -> list[str]:
+        """Give back the slots of a task that left running; wake what they have room for. The
+        slot partitions freed."""
+        freed = self.slots.release(task_id)
+        for pk in freed:
+            self._wake(pk)
+        return freed
 
-    def _skip(self, task: Task) -> str:
+    def pass_on(self, task: Task, *, besides: Slot | None = None) -> None:
+        """Wake the next waiter of each of ``task``'s slots that has room (but ``besides``).
+        A release wakes one waiter per slot it freed; a woken task that does not take that slot
+        (cancelled before its message was read, or refused by another of its slots) must pass
+        the wake on, or the waiters behind it wait with the slot free and, when no task of the
+        tenant runs, no release to come."""
+        for slot in self.slots.slots_for(task):
+            if slot.pk == (besides.pk if besides else None) or slot.seen_full:
+                continue
+            if slot.key and not self.slots.has_room(slot):
+                continue
+            self._wake(slot.pk)
+
+    def _wake(self, pk: str) -> None:
+        for waiter, tier, tenant in self.slots.next_waiters(pk):
+            self.queues.send(waiter, tier, tenant=tenant or None)
+            log.info("task %s woken: a slot of %s has room", waiter, pk)
+
+    def report_skipped(self, task_id: str) -> Task:
+        """The end of a task skipped at its submission, reported as the dispatcher reports any
+        end (its callback, the tasks that depend on it; no fan-out parent knows it yet): the
+        task as it is now."""
+        task = self.store.tasks.get(task_id)
+        try:
+            enqueue_end(self.queues, task, TaskStatus.CANCELLED)
+        except Exception:  # a callback that cannot be queued never holds up the task's end
+            log.warning("could not queue the callback of task %s", task_id, exc_info=True)
+        release_dependents(self.store, self.queues, task_id)
+        return task
+
+    def _skip(self, task: Task) -> bool:
+        """End ``task`` cancelled; False when it ended otherwise meanwhile (that end is reported)."""
         error = {
             "code": "concurrency_skipped",
             "message": f"concurrency key {task.submission.concurrency.key!r} is at its limit"  # type: ignore[union-attr]
             " and on_conflict is skip",
         }
-        with contextlib.suppress(IllegalTransition):  # it ended meanwhile
+        try:
             self.store.tasks.transition(task.task_id, TaskStatus.CANCELLED, error=error)
-        return "skipped: its concurrency key is at its limit"
+        except IllegalTransition:  # it ended meanwhile
+            return False
+        return True
 
     def _cancel_holders(self, task: Task) -> None:
         concurrency = task.submission.concurrency
@@ -109,6 +160,19 @@ class FairShare:
                        reason=f"cancelled by task {task.task_id} (concurrency key {concurrency.key!r})")  # fmt: skip
             except IllegalTransition:
                 continue  # it ended meanwhile
+            except TaskNotFound:  # purged (TTL) while its HOLD item stayed: nothing to cancel
+                log.warning("task %s holds key %r but no longer exists", holder, concurrency.key)
+
+
+def _on_conflict(task: Task, slot: Slot) -> str:
+    """What a refusal by ``slot`` does. A key's ``skip`` and ``cancel_running`` apply to a
+    task's first admission only: a task that already ran (``claim_count`` > 0: a parent woken
+    by its children, a resumed approval, a reopened conversation, a redrive) is resuming work
+    it started, and queues like any other."""
+    concurrency = task.submission.concurrency
+    if not slot.key or concurrency is None or task.claim_count > 0:
+        return "queue"
+    return concurrency.on_conflict
 
 
 def _what(slot: Slot) -> str:

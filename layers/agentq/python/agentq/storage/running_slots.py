@@ -14,7 +14,9 @@ META's ``slots`` names the slot partitions it holds.
   ``running < limit``. **Release** (``release``) is its mirror: META loses ``slots``,
   conditional on holding them and on having left ``queued``/``running``; each slot ``- 1``.
   Both are idempotent, so a redelivered message never takes a second slot nor gives one back
-  twice, and ``running`` always equals the number of tasks whose META names the slot. The
+  twice, and ``running`` always equals the number of tasks whose META names the slot. A
+  release that meets a TransactionConflict (the slot item is hot) is tried again, and raised
+  if it keeps meeting one: never dropped, or the slot would be lost for good. The
   dispatcher admits before every claim (the claim is the only way into ``running``), hence the
   invariant. A dead worker's task stays ``running`` and keeps its slot; the worker that takes
   it over finds it already admitted: a slot comes back only with the task's own exit.
@@ -24,7 +26,10 @@ META's ``slots`` names the slot partitions it holds.
   and its item woke nobody, so it admits itself if the slot is free by now.
 - **Wake** (``next_waiters``): for each slot a release freed, while the slot is below its
   limit, the releaser takes its oldest waiter (a conditional delete: one waker wins) and sends
-  that task's message: one per slot freed, never ``limit - running`` (see ``next_waiters``). The sweeper's ``swept`` messages are the backstop for a wake lost in a crash.
+  that task's message: one per slot freed, never ``limit - running`` (see ``next_waiters``). A
+  woken task that does not take the slot (cancelled first, refused by another of its slots)
+  passes the wake on (``FairShare.pass_on``). The sweeper's ``swept`` messages are the
+  backstop for a wake lost in a crash (late: ``stale_after``).
 
 Lowering a limit below ``running`` kills nothing: admissions are refused until enough tasks
 have left. Cost for a limited tenant: one read of the slot item per admission, a
@@ -36,6 +41,7 @@ SQS send. An unlimited tenant without a key pays one read of the slot item per a
 from __future__ import annotations
 
 import contextlib
+import random
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -85,7 +91,7 @@ class Slot:
 
 @dataclass(frozen=True)
 class Admission:
-    outcome: Literal["admitted", "refused", "not_admissible"]
+    outcome: Literal["admitted", "refused", "not_admissible", "conflict"]
     slot: Slot | None = None  # refused: the slot that was full
 
 
@@ -178,8 +184,8 @@ class RunningSlots:
             if "meta" in exc.failed or not full:
                 return Admission("not_admissible")
             return Admission("refused", full[0])
-        except TransactionConflict:  # raced another admission or release: the park re-reads
-            return Admission("refused", slots[0])
+        except TransactionConflict:  # raced another admission or release: nothing decided
+            return Admission("conflict")
         return Admission("admitted")
 
     def holds_slots(self, task_id: str) -> bool:
@@ -205,8 +211,8 @@ class RunningSlots:
             if pk.startswith("CKEY#"):
                 actions.append(Delete(f"hold{i}", {"pk": pk, "sk": HOLD + task_id}))
         try:
-            self.table.transact(actions)
-        except (TransactionCancelled, TransactionConflict):
+            _transact_through_conflicts(self.table, actions)
+        except TransactionCancelled:
             return []  # released by another copy of the message meanwhile (or it runs again)
         return held
 
@@ -220,8 +226,8 @@ class RunningSlots:
             actions.append(Patch(f"slot{i}", self._key(pk), Update(add={"running": -1})))
             if pk.startswith("CKEY#"):
                 actions.append(Delete(f"hold{i}", {"pk": pk, "sk": HOLD + task_id}))
-        with contextlib.suppress(TransactionCancelled, TransactionConflict):
-            self.table.transact(actions)
+        with contextlib.suppress(TransactionCancelled):  # given back by another copy meanwhile
+            _transact_through_conflicts(self.table, actions)
 
     def holders(self, tenant: str, key: str) -> list[str]:
         """The tasks holding a slot of a concurrency key."""
@@ -261,7 +267,8 @@ class RunningSlots:
         tier, tenant) each, for the caller to send. A release wakes one per slot it freed, never
         ``limit - running``: concurrent releases would each read the same room and wake the
         whole list at once (measured: a thundering herd of refused admissions). A waiter that is
-        no longer ``queued`` (cancelled while it waited) is dropped and does not count. A
+        no longer ``queued`` (cancelled while it waited), or was admitted meanwhile by another
+        route, is dropped and does not count. A
         conditional delete, so two wakers never take the same one."""
         item = plain(self.table.get(self._key(pk)) or {})
         limit = item.get("limit", self.default_limit) if pk.startswith("TENANT#") else None
@@ -272,7 +279,9 @@ class RunningSlots:
             if not waiters:
                 break
             metas = self.table.batch_get([keys.meta_key(str(w["task_id"])) for w in waiters])
-            queued = {str(m["pk"]) for m in metas if m.get("status") == TaskStatus.QUEUED.value}
+            # Queued and not admitted yet: a waiter admitted by another route meanwhile (a
+            # re-POST, a swept message) has a message of its own; its item is stale.
+            queued = {str(m["pk"]) for m in metas if m.get("status") == TaskStatus.QUEUED.value and not m.get("slots")}
             for waiter in waiters:
                 if room <= 0:
                     break
@@ -284,6 +293,26 @@ class RunningSlots:
                     taken.append((str(waiter["task_id"]), str(waiter["tier"]), str(waiter.get("tenant", ""))))
                     room -= 1
         return taken
+
+
+RELEASE_ATTEMPTS = 5
+RELEASE_BACKOFF_SECONDS = 0.02  # the first retry's ceiling; doubles each time (full jitter)
+
+
+def _transact_through_conflicts(table: Table, actions: list[Any]) -> None:
+    """A release's transaction, retried while it meets a TransactionConflict. A conflict says
+    another transaction was writing the slot item at the same moment (the item every admission
+    and release of the tenant writes), not that the slot was given back: dropping the release
+    would lose the slot for good. Bounded, with jitter; still conflicting, the conflict is
+    raised, so the message is not deleted and its next delivery releases."""
+    for attempt in range(RELEASE_ATTEMPTS):
+        try:
+            table.transact(actions)
+            return
+        except TransactionConflict:
+            if attempt == RELEASE_ATTEMPTS - 1:
+                raise
+            time.sleep(random.uniform(0, RELEASE_BACKOFF_SECONDS * 2**attempt))
 
 
 def _room(slot: Slot) -> ConditionBase:
