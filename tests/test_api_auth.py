@@ -74,7 +74,7 @@ def test_the_authorizer_maps_a_live_key_to_its_tenant_and_refuses_the_rest(
     token, record = keys.create("acme")
     answer = authorizer.lambda_handler(_token_event(f"Bearer {token}"), FakeLambdaContext(3))
     assert answer["principalId"] == record.key_id
-    assert answer["context"] == {"tenant": "acme", "key_id": record.key_id}
+    assert answer["context"] == {"tenant": "acme", "key_id": record.key_id, "operator": False}
     assert answer["policyDocument"]["Statement"] == [
         {
             "Action": "execute-api:Invoke",
@@ -128,6 +128,30 @@ def test_the_authorizer_s_context_is_the_tenant_the_api_acts_for(
     )["Item"]["tenant"] == {"S": "tenant-one"}
 
 
+def test_an_operator_keys_context_as_api_gateway_hands_it_on_opens_every_tenants_usage(
+    deployment: tuple[Settings, Any, Any, KeyStore],
+) -> None:
+    """API Gateway gives a REST API the authorizer's boolean context values as strings: the
+    API reads "true" as an operator and "false" (a tenant's key) as none."""
+    _, authorizer, api, keys = deployment
+    operator_token, operator_key = keys.create("ops", operator=True)
+    tenant_token, tenant_key = keys.create("tenant-three")
+    assert operator_key.operator and not tenant_key.operator and keys.lookup(operator_token) == operator_key
+
+    def usage_of_all(token: str) -> tuple[int, Any]:
+        context = authorizer.lambda_handler(_token_event(f"Bearer {token}"), FakeLambdaContext(3))["context"]
+        as_gateway = {k: str(v).lower() if isinstance(v, bool) else v for k, v in context.items()}
+        event = proxy_event("GET", "/usage/tenants", {}, None, tenant=None)
+        event["requestContext"]["authorizer"] = {**as_gateway, "principalId": "x"}
+        resp = api.lambda_handler(event, FakeLambdaContext(30))
+        return resp["statusCode"], json.loads(resp["body"])
+
+    status, data = usage_of_all(operator_token)
+    assert status == 200 and isinstance(data["tenants"], list), data
+    status, data = usage_of_all(tenant_token)
+    assert status == 403 and data["error"]["code"] == "forbidden" and "operator" in data["error"]["message"], data
+
+
 def test_keys_create_and_revoke_from_the_cli_against_the_local_stack(
     api_stack: ApiStack, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -163,6 +187,12 @@ def test_keys_create_and_revoke_from_the_cli_against_the_local_stack(
     assert code == 1 and "no key 'key_0000000000000000'" in err
     code, _, err = agentq("keys", "create", "--tenant", "has spaces")
     assert code == 2 and "(tenant)" in err
+    code, out, _ = agentq("keys", "create", "--tenant", "cli-ops", "--operator", "--json")
+    operator = json.loads(out)
+    assert code == 0 and operator["operator"] is True
+    code, out, _ = agentq("keys", "list", "--tenant", "cli-ops", "--json")
+    assert [(k["key_id"], k["operator"]) for k in json.loads(out)] == [(operator["key_id"], True)]
+    assert api_stack.http("GET", "/usage/tenants", key=operator["api_key"])[0] == 200
 
 
 def test_the_authorizer_s_cold_import_and_first_call_stay_light(
@@ -188,7 +218,7 @@ def test_the_authorizer_s_cold_import_and_first_call_stay_light(
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     imported, after_call, context = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert context == {"tenant": "light", "key_id": record.key_id}
+    assert context == {"tenant": "light", "key_id": record.key_id, "operator": False}
     heavy = {"boto3", "s3transfer", "pydantic", "anthropic", "agentq.runtime", "agentq.resources", "agentq.core.models",
              "agentq.core.engine", "agentq.storage.serdes", "agentq.storage.container", "agentq.observe.emf",
              "agentq.observe.tracing"}  # fmt: skip

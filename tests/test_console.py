@@ -31,6 +31,7 @@ from agentq.resources import QueueSettings
 
 from tests.fake_messages_api import FakeMessagesAPI, overloaded, text_reply, tool_use_reply
 from tests.helpers import call
+from tests.helpers import scripted as scripted_submission
 
 CHROMIUM = os.environ.get("AGENTQ_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -222,6 +223,36 @@ def tab_to(tab: Page, element_id: str, presses: int = 80) -> None:
 
 
 # ------------------------------------------------------------------------------------------ tests
+
+
+def test_an_operator_key_sees_every_tenants_running_and_waiting_counts_and_a_tenant_key_sees_no_table(
+    console: Console, tab: Page
+) -> None:
+    store = console.stack.store()
+    busy, idle = f"busy-{uuid.uuid4().hex[:6]}", f"idle-{uuid.uuid4().hex[:6]}"
+    store.slots.set_limit(busy, 1)
+    store.slots.set_limit(idle, 4)
+    # Straight into the table, never enqueued: one task holds busy's one slot, one waits for it.
+    holder, waiter = (store.tasks.create(scripted_submission([{"text": "x"}]), tenant=busy) for _ in range(2))
+    assert store.slots.admit(holder, store.slots.slots_for(holder)).outcome == "admitted"
+    refused = store.slots.admit(waiter, store.slots.slots_for(waiter))
+    assert refused.outcome == "refused" and refused.slot is not None
+    store.slots.park(waiter, refused.slot, "normal")
+
+    page = tab.page  # signed in with team-a's key: a tenant's
+    page.wait_for_selector("#tenant-usage:has-text('waiting for a slot')")
+    assert page.locator("#tenants-usage").is_hidden()
+    assert not [url for _, url in tab.responses if "/usage/tenants" in url]  # not even asked
+
+    operator = console.stack.create_api_key("ops", operator=True)
+    page.evaluate("key => window.sessionStorage.setItem('agentq.apiKey', key)", operator)
+    page.reload()
+    page.wait_for_selector(f"#tenants-usage tr[data-tenant='{idle}']")
+    cells = "tr => Array.from(tr.querySelectorAll('td')).map(td => td.textContent)"
+    assert page.eval_on_selector(f"#tenants-usage tr[data-tenant='{busy}']", cells) == [busy, "1", "1", "1"]
+    assert page.eval_on_selector(f"#tenants-usage tr[data-tenant='{idle}']", cells) == [idle, "0", "0", "4"]
+    shot(console, tab, "tenants-usage")
+    no_errors(tab)
 
 
 def test_the_list_shows_this_tenants_tasks_newest_first_with_live_counts_and_search(

@@ -77,5 +77,26 @@ def test_a_bad_concurrency_key_is_a_422_naming_the_field_and_submits_nothing(
 
 def test_the_caller_sees_its_running_and_waiting_counts_and_its_limit(api_stack: ApiStack) -> None:
     status, data, _ = api_stack.http("GET", "/usage")
-    assert status == 200 and data == {"tenant": "team-a", "running": 0, "waiting": 0, "max_running": None}, data
+    assert status == 200 and data == {
+        "tenant": "team-a",
+        "running": 0,
+        "waiting": 0,
+        "max_running": None,
+        "operator": False,
+    }, data
     assert api_stack.http("GET", "/usage", key=None)[0] == 401
+
+
+def test_an_operator_key_reads_every_tenants_usage_and_a_tenant_key_gets_a_403_saying_why(
+    api_stack: ApiStack,
+) -> None:
+    limited = f"limited-{uuid.uuid4().hex[:8]}"
+    api_stack.stack.store().slots.set_limit(limited, 3)
+    operator = api_stack.stack.create_api_key("ops", operator=True)
+    assert api_stack.http("GET", "/usage", key=operator)[1]["operator"] is True
+    status, data, _ = api_stack.http("GET", "/usage/tenants", key=operator)
+    assert status == 200 and {"tenant": limited, "running": 0, "waiting": 0, "max_running": 3} in data["tenants"]
+    status, data, _ = api_stack.http("GET", "/usage/tenants")
+    assert status == 403 and data["error"]["code"] == "forbidden", data
+    assert "operator" in data["error"]["message"]
+    assert api_stack.http("GET", "/usage/tenants", key=None)[0] == 401

@@ -109,3 +109,23 @@ def test_waiters_wake_oldest_first_as_many_as_there_is_room_skipping_cancelled_o
     freed = slots.release(running.task_id)
     assert [w[0] for pk in freed for w in slots.next_waiters(pk)] == [waiting[1].task_id]
     assert slots.usage(tenant).waiting == 1  # the cancelled one is gone too; the last still waits
+
+
+def test_every_tenant_with_a_slot_item_is_listed_with_its_running_waiting_and_limit(backend: Storage) -> None:
+    """``all_usage`` finds the tenants by the index (no Scan): one that was admitted (the
+    default limit) and one that only had a limit set; an unlimited tenant holds no slot item."""
+    busy, idle, unlimited = _tenant(), _tenant(), _tenant()
+    slots = backend.slots.with_default(1)
+    first, second = _task(backend, busy), _task(backend, busy)
+    assert slots.admit(first, slots.slots_for(first)).outcome == "admitted"
+    refused = slots.admit(second, slots.slots_for(second))
+    assert refused.outcome == "refused" and refused.slot is not None
+    slots.park(second, refused.slot, "normal")
+    slots.set_limit(idle, 5)
+    free = _task(backend, unlimited)
+    assert RunningSlots(backend.slots.table).admit(free, []).outcome == "admitted"
+
+    listed = {u.tenant: (u.running, u.waiting, u.limit) for u in slots.all_usage(page=1)}
+    assert listed[busy] == (1, 1, 1)
+    assert listed[idle] == (0, 0, 5)
+    assert unlimited not in listed

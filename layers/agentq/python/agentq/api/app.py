@@ -10,6 +10,8 @@ for a path or method no route serves.
 
 The tenant comes from the authorizer context (``requestContext.authorizer.tenant``): API
 Gateway's Lambda authorizer puts it there, and the local server does the same in-process.
+So does ``operator`` (the key may read every tenant's usage): API Gateway hands it on as the
+string ``"true"``, the local server as a boolean; anything else is not an operator.
 """
 
 from __future__ import annotations
@@ -75,6 +77,12 @@ def _is_json(content_type: str) -> bool:
 def is_public(path: str) -> bool:
     """Answered without a tenant: liveness, the OpenAPI document, the console's pages (no data)."""
     return path in PUBLIC_PATHS or console.is_console(path)
+
+
+def _event_operator(event: Mapping[str, Any]) -> bool:
+    ctx = (event.get("requestContext") or {}).get("authorizer") or {}
+    flag = ctx.get("operator") if isinstance(ctx, Mapping) else None
+    return flag is True or (isinstance(flag, str) and flag.lower() == "true")
 
 
 def _event_tenant(event: Mapping[str, Any]) -> str | None:
@@ -198,6 +206,10 @@ class AgentqResolver(APIGatewayRestResolver):
         assert tenant is not None  # resolve() answered 401 otherwise
         return tenant
 
+    def operator(self) -> bool:
+        """Whether the current request's key is an operator's (see the module)."""
+        return _event_operator(self.current_event.raw_event)
+
     def missing_route(self) -> Response[Any]:
         """405 with ``Allow`` when another method serves the path, else 404."""
         method, path = self.current_event.http_method.upper(), self.current_event.path
@@ -243,6 +255,7 @@ def build_app(
         fanout=fanout,
         defaults=defaults or Defaults(),
         tenant=app.tenant,
+        operator=app.operator,
         mcp=mcp,
     )
     # The order of inclusion is the order of the paths in the OpenAPI document.

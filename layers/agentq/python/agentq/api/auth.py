@@ -3,8 +3,9 @@
 The keys themselves (hashes in the task table, create / lookup / revoke / list) are
 ``agentq.storage.api_keys``. This module decides what a presented ``Authorization`` header is
 worth, and answers API Gateway. In AWS a Lambda TOKEN authorizer (``functions/authorizer``)
-calls ``token_authorizer`` and API Gateway passes ``{"tenant": ...}`` to the API in
-``requestContext.authorizer``. The local API server calls ``authorize`` in-process and puts the
+calls ``token_authorizer`` and API Gateway passes ``{"tenant": ..., "operator": ...}`` to the
+API in ``requestContext.authorizer`` (API Gateway hands a REST API a boolean context value as
+the string ``"true"``/``"false"``: ``agentq.api.app`` reads both). The local API server calls ``authorize`` in-process and puts the
 tenant in the same place. A missing, malformed, unknown or revoked key is answered 401 alike:
 the answer tells a caller nothing about which keys exist.
 
@@ -64,7 +65,7 @@ def authorize(keys: KeyStore, header: str | None) -> ApiKey:
 
 
 def policy(
-    principal: str, method_arn: str, *, effect: str = "Allow", context: dict[str, str] | None = None
+    principal: str, method_arn: str, *, effect: str = "Allow", context: dict[str, str | bool] | None = None
 ) -> dict[str, Any]:
     """An authorizer response. The resource is widened from the one method to the whole API
     stage, so API Gateway's cached answer for this key serves every route."""
@@ -82,6 +83,11 @@ def policy(
     return out
 
 
+def authorizer_context(key: ApiKey) -> dict[str, str | bool]:
+    """What the API learns of the caller (``requestContext.authorizer``), in AWS and locally."""
+    return {"tenant": key.tenant, "key_id": key.key_id, "operator": key.operator}
+
+
 def token_authorizer(keys: KeyStore, event: dict[str, Any]) -> dict[str, Any]:
     """A Lambda TOKEN authorizer: the tenant of the bearer key, or raise Unauthorized (401)."""
     try:
@@ -89,7 +95,7 @@ def token_authorizer(keys: KeyStore, event: dict[str, Any]) -> dict[str, Any]:
     except Unauthorized as exc:
         log.info("refused: %s", exc.reason)
         raise
-    return policy(key.key_id, str(event.get("methodArn", "*")), context={"tenant": key.tenant, "key_id": key.key_id})
+    return policy(key.key_id, str(event.get("methodArn", "*")), context=authorizer_context(key))
 
 
 def table_from_env() -> str:

@@ -5,6 +5,7 @@ wrote (``constraints.tools[0]``), not pydantic's location tags.
 
 - 400 the request cannot be read: ``invalid_json``, ``invalid_cursor``
 - 401 ``unauthorized``: no tenant (no valid ``Authorization: Bearer <key>``)
+- 403 ``forbidden``: the key is valid but not allowed this (an operator's route, a tenant's key)
 - 404 ``task_not_found`` (another tenant's task too: no oracle), ``route_not_found``;
   405 ``method_not_allowed`` (with ``Allow``)
 - 409 ``illegal_transition`` (the task's state forbids it), ``idempotency_conflict``,
@@ -52,6 +53,7 @@ JSON = "application/json"
 DESCRIPTIONS = {
     400: "The request cannot be read (invalid_json, invalid_cursor)",
     401: "No valid API key (unauthorized)",
+    403: "The key may not do this (forbidden): the message says why",
     404: "No such task for this tenant (task_not_found)",
     405: "Wrong method for this path (method_not_allowed; Allow lists the right ones)",
     409: "The task's state forbids it (illegal_transition, idempotency_conflict, task_not_finished)",
@@ -62,6 +64,12 @@ DESCRIPTIONS = {
 # Type tags pydantic puts in an error location (union members, validators): not field names.
 _LOC_NOISE = ("function-", "constrained-", "list[", "dict[", "json-or-python[", "nullable[", "union[", "tagged-union[")
 _LOC_TAGS = frozenset({"Script", "str", "int", "float", "bool", "none", "ConstraintsPatch"})
+
+
+class Forbidden(AgentqError):
+    """A valid key asking for what only another kind of key may have (403)."""
+
+    code = "forbidden"
 
 
 def responses(ok: int, model: type, *errors: int, description: str = "Success") -> dict[int, Any]:
@@ -190,6 +198,10 @@ def handlers() -> Router:
     @router.exception_handler(MemoryLimitExceeded)
     def on_limit(exc: MemoryLimitExceeded) -> Response[Any]:
         return error_response(422, exc.code, exc.message, exc.field)
+
+    @router.exception_handler(Forbidden)
+    def on_forbidden(exc: Forbidden) -> Response[Any]:
+        return error_response(403, exc.code, exc.message, exc.field)
 
     @router.exception_handler([TaskNotFound, AgentNotFound, MemoryStoreNotFound, MemoryDocumentNotFound])
     def on_not_found(exc: AgentqError) -> Response[Any]:

@@ -334,6 +334,19 @@ class TenantUsage(ApiModel):
     max_running: int | None = Field(description="the tenant's running limit; null: unlimited")
 
 
+class CallerUsage(TenantUsage):
+    operator: bool = Field(
+        description="whether the caller's key is an operator's: it may read GET /usage/tenants (the console asks "
+        "only then)"
+    )
+
+
+class TenantsUsage(ApiModel):
+    tenants: list[TenantUsage] = Field(
+        description="every tenant that holds running slots or has a limit of its own, by name"
+    )
+
+
 class Health(ApiModel):
     status: Literal["ok"]
     version: str

@@ -20,7 +20,7 @@ def _cmd_keys(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     keys = KeyStore(DynamoTable(client(settings, "dynamodb", pool=2), settings.table))
     if args.keys_command == "create":
-        token, record = keys.create(args.tenant)
+        token, record = keys.create(args.tenant, operator=args.operator)
         if args.json:
             print(
                 json.dumps(
@@ -28,13 +28,15 @@ def _cmd_keys(args: argparse.Namespace) -> int:
                         "api_key": token,
                         "key_id": record.key_id,
                         "tenant": record.tenant,
+                        "operator": record.operator,
                         "created_at": record.created_at,
                     }
                 )
             )
         else:
             print(token)
-            print(f"key {record.key_id} for tenant {record.tenant!r}: store it now, it cannot be shown again "
+            role = "operator key" if record.operator else "key"
+            print(f"{role} {record.key_id} for tenant {record.tenant!r}: store it now, it cannot be shown again "
                   f"(revoke with: agentq keys revoke {record.key_id})", file=sys.stderr)  # fmt: skip
         return 0
     if args.keys_command == "revoke":
@@ -48,7 +50,13 @@ def _cmd_keys(args: argparse.Namespace) -> int:
         print(
             json.dumps(
                 [
-                    {"key_id": k.key_id, "tenant": k.tenant, "created_at": k.created_at, "revoked": k.revoked}
+                    {
+                        "key_id": k.key_id,
+                        "tenant": k.tenant,
+                        "operator": k.operator,
+                        "created_at": k.created_at,
+                        "revoked": k.revoked,
+                    }
                     for k in rows
                 ]
             )
@@ -57,7 +65,8 @@ def _cmd_keys(args: argparse.Namespace) -> int:
     for k in rows:
         from agentq.cli.views import when
 
-        print(f"{k.key_id}  {when(k.created_at)}  {'revoked ' + when(k.revoked_at) if k.revoked else 'active'}")
+        state = "revoked " + when(k.revoked_at) if k.revoked else "active"
+        print(f"{k.key_id}  {when(k.created_at)}  {state}{'  operator' if k.operator else ''}")
     if not rows:
         print(f"no keys for tenant {args.tenant!r}", file=sys.stderr)
     return 0
@@ -134,7 +143,12 @@ def register(sub: Any) -> None:
         "create", help="a new key for a tenant, printed once", description="a new key for a tenant, printed once"
     )
     keys_create.add_argument("--tenant", required=True, help="the tenant the key acts as")
-    keys_create.add_argument("--json", action="store_true", help="print key, key_id and tenant as JSON")
+    keys_create.add_argument(
+        "--operator",
+        action="store_true",
+        help="the key may also read every tenant's running and waiting counts (GET /usage/tenants)",
+    )
+    keys_create.add_argument("--json", action="store_true", help="print key, key_id, tenant and operator as JSON")
     keys_revoke = keys_sub.add_parser("revoke", help="revoke a key by its id", description="revoke a key by its id")
     keys_revoke.add_argument("key_id", help="the key's id (key_...), as printed by create and list")
     keys_list = keys_sub.add_parser("list", help="a tenant's key ids", description="a tenant's key ids")

@@ -4,8 +4,9 @@ event, so `agentq dev` exercises the very handler API Gateway invokes.
 Auth works as in AWS: with an ``authorizer`` (``agentq.api.auth.authorize``), every request but the
 public ones (``/health``, ``/openapi.json``, the console's pages) must carry ``Authorization: Bearer <key>``; a
 refused key is answered 401 before the handler runs, and the key's tenant reaches the handler
-in ``requestContext.authorizer.tenant``, where API Gateway puts a Lambda authorizer's context.
-Without one, every request is tenant ``local``.
+in ``requestContext.authorizer.tenant``, where API Gateway puts a Lambda authorizer's context
+(with ``operator``: whether the key may read every tenant's usage). Without one, every request
+is tenant ``local``, and an operator: the one local user owns the whole deployment.
 
 A request for ``/tasks/{id}/events`` that accepts ``text/event-stream`` is streamed (when the
 server has an ``EventHub``): the handler answers it first as a one-event JSON page, so the task
@@ -25,7 +26,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlencode, urlsplit
@@ -41,7 +42,13 @@ LOCAL_TENANT = "local"
 
 
 def proxy_event(
-    method: str, url: str, headers: dict[str, str], body: str | None, tenant: str | None = LOCAL_TENANT
+    method: str,
+    url: str,
+    headers: dict[str, str],
+    body: str | None,
+    tenant: str | None = LOCAL_TENANT,
+    *,
+    operator: bool = False,
 ) -> dict[str, Any]:
     """An API Gateway REST proxy event; ``tenant=None`` carries no authorizer context."""
     parts = urlsplit(url)
@@ -64,14 +71,16 @@ def proxy_event(
             "path": path,
             "requestTimeEpoch": int(time.time() * 1000),
             "identity": {"sourceIp": "127.0.0.1"},
-            "authorizer": {"tenant": tenant} if tenant else None,
+            "authorizer": {"tenant": tenant, "operator": operator} if tenant else None,
         },
         "body": body,
         "isBase64Encoded": False,
     }
 
 
-Authorizer = Callable[[str | None], str]
+# An Authorization header value -> the caller's tenant (a str), or its whole authorizer context
+# (a mapping with ``tenant`` and ``operator``); raises to refuse the key.
+Authorizer = Callable[[str | None], "str | Mapping[str, Any]"]
 
 
 REQUEST_CONTEXT = "x-amzn-request-context"  # where the Lambda Web Adapter puts API Gateway's request context
@@ -86,13 +95,18 @@ def context_tenant(header: str | None) -> str:
     return tenant
 
 
-def _tenant(authorizer: Authorizer | None, url: str, headers: dict[str, str]) -> str | None:
-    """The caller's tenant; raises when the authorizer refuses the key."""
-    if authorizer is None or is_public(unquote(urlsplit(url).path)):
-        return LOCAL_TENANT
+def _caller(authorizer: Authorizer | None, url: str, headers: dict[str, str]) -> tuple[str, bool]:
+    """The caller's (tenant, operator); raises when the authorizer refuses the key."""
+    if authorizer is None:
+        return LOCAL_TENANT, True  # no keys: the one local user operates the deployment
+    if is_public(unquote(urlsplit(url).path)):
+        return LOCAL_TENANT, False
     if authorizer is context_tenant:
-        return context_tenant(next((v for k, v in headers.items() if k.lower() == REQUEST_CONTEXT), None))
-    return authorizer(next((v for k, v in headers.items() if k.lower() == "authorization"), None))
+        return context_tenant(next((v for k, v in headers.items() if k.lower() == REQUEST_CONTEXT), None)), False
+    found = authorizer(next((v for k, v in headers.items() if k.lower() == "authorization"), None))
+    if isinstance(found, str):
+        return found, False
+    return str(found["tenant"]), bool(found.get("operator"))
 
 
 _UNAUTHORIZED = (
@@ -107,10 +121,10 @@ def dispatch(
 ) -> tuple[int, dict[str, str], bytes]:
     """One request through the authorizer (if any) and the handler: (status, headers, body)."""
     try:
-        tenant = _tenant(authorizer, url, headers)
+        tenant, operator = _caller(authorizer, url, headers)
     except Exception:  # the authorizer's refusal, whatever the reason: 401 as API Gateway
         return _UNAUTHORIZED
-    result = handler(proxy_event(method, url, headers, body, tenant=tenant), None)
+    result = handler(proxy_event(method, url, headers, body, tenant=tenant, operator=operator), None)
     out = {**(result.get("headers") or {})}
     for name, values in (result.get("multiValueHeaders") or {}).items():
         out.setdefault(name, values[-1])
@@ -160,7 +174,8 @@ class LocalApiServer:
         authorizer: Authorizer | None = None,
         hub: EventHub | None = None,
     ) -> None:
-        """``authorizer`` maps an Authorization header value to a tenant or raises (401);
+        """``authorizer`` maps an Authorization header value to a tenant (or its authorizer
+        context) or raises (401);
         ``hub`` streams task events (without one, event streams are answered as in Lambda)."""
         self.handler = handler
         self.authorizer = authorizer
@@ -208,7 +223,7 @@ class LocalApiServer:
                 if status != 200:
                     self._reply(status, out, payload)
                     return
-                tenant = _tenant(outer.authorizer, self.path, headers) or LOCAL_TENANT
+                tenant, _ = _caller(outer.authorizer, self.path, headers)
                 after = query.get("after", [None])[-1] or self.headers.get("Last-Event-ID")
                 tree = query.get("tree", ["false"])[-1].lower() in ("true", "1")
                 field = "after" if query.get("after") else "Last-Event-ID"

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentq.api.app import build_app
-from agentq.api.auth import authorize
+from agentq.api.auth import authorize, authorizer_context
 from agentq.api.event_hub import EventHub
 from agentq.control.defaults import Defaults
 from agentq.core.secrets import Secrets
@@ -117,7 +117,7 @@ class LocalStack:
             authorizer = None
             if self.auth:
                 keys = self.keys()
-                authorizer = lambda header: authorize(keys, header).tenant  # noqa: E731
+                authorizer = lambda header: authorizer_context(authorize(keys, header))  # noqa: E731
             hub = EventHub(self.store())  # task event streams, served by this process as in `agentq dev`
             self.api_server = LocalApiServer(app.resolve, authorizer=authorizer, hub=hub).start()
         for _ in range(self.workers):
@@ -160,9 +160,9 @@ class LocalStack:
         keys: KeyStore = self.store().api_keys
         return keys
 
-    def create_api_key(self, tenant: str = "local") -> str:
-        """A new API key for ``tenant`` (what `agentq keys create` does)."""
-        return self.keys().create(tenant)[0]
+    def create_api_key(self, tenant: str = "local", *, operator: bool = False) -> str:
+        """A new API key for ``tenant`` (what `agentq keys create [--operator]` does)."""
+        return self.keys().create(tenant, operator=operator)[0]
 
     def queues(self) -> Any:
         assert self.settings is not None

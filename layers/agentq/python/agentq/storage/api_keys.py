@@ -2,10 +2,13 @@
 
 Items (``storage.keys``):
 
-- ``APIKEY#<sha256 hex of the key>`` / ``META``: tenant, key_id, created_at, revoked,
+- ``APIKEY#<sha256 hex of the key>`` / ``META``: tenant, operator, key_id, created_at, revoked,
   revoked_at (what the authorizer reads: one GetItem per uncached key)
 - ``APIKEYID#<key_id>`` / ``META``: the hash again, so ``agentq keys revoke KEY_ID`` finds the
   key without it; ``gsi1pk = "KEYS#<tenant>"`` lists a tenant's keys
+
+``operator``: the key may also read every tenant's usage (``GET /usage/tenants``); it still
+acts as its own tenant everywhere else. A key written before the field existed is not one.
 
 Both are written in one transaction, and each only if absent, so a key is never half-created
 and never overwrites another. What a presented key is worth (the ``Authorization`` header,
@@ -45,6 +48,7 @@ class ApiKey:
     created_at: float
     revoked: bool = False
     revoked_at: float | None = None
+    operator: bool = False  # may read every tenant's usage (GET /usage/tenants)
 
 
 def key_hash(token: str) -> str:
@@ -59,6 +63,7 @@ def _record(key_id: str, raw: Item) -> ApiKey:
         created_at=data["created_at"],
         revoked=bool(data.get("revoked")),
         revoked_at=data.get("revoked_at"),
+        operator=bool(data.get("operator")),
     )
 
 
@@ -69,14 +74,15 @@ class KeyStore:
         self.table = table
         self.list_page = list_page  # index items read per request of a listing
 
-    def create(self, tenant: str) -> tuple[str, ApiKey]:
-        """A new key for ``tenant``: returns (the key, shown once and never stored, its record)."""
+    def create(self, tenant: str, *, operator: bool = False) -> tuple[str, ApiKey]:
+        """A new key for ``tenant`` (an operator's with ``operator``): returns (the key, shown
+        once and never stored, its record)."""
         if not TENANT_PATTERN.match(tenant or ""):
             raise ValidationError("tenant: 1-64 letters, digits, '.', '_' or '-'", field="tenant")
         token = KEY_PREFIX + secrets.token_urlsafe(32)
-        record = ApiKey(key_id="key_" + secrets.token_hex(8), tenant=tenant, created_at=time.time())
+        record = ApiKey(key_id="key_" + secrets.token_hex(8), tenant=tenant, created_at=time.time(), operator=operator)
         digest = key_hash(token)
-        common = {"tenant": tenant, "created_at": record.created_at, "revoked": False}
+        common = {"tenant": tenant, "created_at": record.created_at, "revoked": False, "operator": operator}
         by_hash = {**keys.api_key_key(digest), **common, "key_id": record.key_id}
         by_id = {
             **keys.api_key_id_key(record.key_id),
@@ -113,7 +119,14 @@ class KeyStore:
         except TransactionCancelled as exc:
             raise KeyNotFound(f"no key {key_id!r}", field="key_id") from exc
         before = _record(key_id, found)
-        return ApiKey(key_id, before.tenant, before.created_at, revoked=True, revoked_at=before.revoked_at or now)
+        return ApiKey(
+            key_id,
+            before.tenant,
+            before.created_at,
+            revoked=True,
+            revoked_at=before.revoked_at or now,
+            operator=before.operator,
+        )
 
     def list(self, tenant: str) -> list[ApiKey]:
         """A tenant's keys, newest first (ids only: the keys themselves are not stored)."""

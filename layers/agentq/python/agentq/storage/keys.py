@@ -108,6 +108,9 @@ def key_id_of(pk: str) -> str:
     return pk.split("#", 1)[1]
 
 
+TENANT_SLOTS_INDEX_PK = "TENANTS"  # gsi1pk of every tenant's running-slot item (gsi1sk: the tenant)
+
+
 def tenant_keys_pk(tenant: str) -> str:
     """``gsi1pk`` of a tenant's API keys (its tasks are under ``tenant_pk``)."""
     return f"KEYS#{tenant}"

@@ -31,6 +31,13 @@ META's ``slots`` names the slot partitions it holds.
   passes the wake on (``FairShare.pass_on``). The sweeper's ``swept`` messages are the
   backstop for a wake lost in a crash (late: ``stale_after``).
 
+Listing (``all_usage``, what an operator's ``GET /usage/tenants`` reads): a tenant's slot item
+carries ``gsi1pk = TENANTS`` / ``gsi1sk = <tenant>``, set if absent by every write of it
+(``admit``, ``release``, ``set_limit``: no write of its own), so the tenants are a Query of
+``gsi1``, never a table Scan; the items are then read by ``batch_get`` (the index projects few
+attributes) and each tenant's waiters counted by one Query. A tenant that never held a slot
+nor had a limit set (an unlimited one) has no item: it holds no slot and nothing waits on it.
+
 Lowering a limit below ``running`` kills nothing: admissions are refused until enough tasks
 have left. Cost for a limited tenant: one read of the slot item per admission, a
 two-item transaction (three with a key) when admitted, the same transaction and a read
@@ -95,6 +102,13 @@ class Admission:
     slot: Slot | None = None  # refused: the slot that was full
 
 
+def _listed(pk: str) -> dict[str, str]:
+    """The ``gsi1`` keys that list a tenant's slot item (none for a concurrency key's)."""
+    if not pk.startswith(keys.tenant_pk("")):
+        return {}
+    return {"gsi1pk": keys.TENANT_SLOTS_INDEX_PK, "gsi1sk": pk.removeprefix(keys.tenant_pk(""))}
+
+
 @dataclass(frozen=True)
 class SlotUsage:
     tenant: str
@@ -124,7 +138,11 @@ class RunningSlots:
         never touches a running task."""
         if limit is not None and limit < 1:
             raise ValidationError(f"max_running must be at least 1 (got {limit})", field="max_running")
-        update = Update(set={"limit": limit}) if limit is not None else Update(remove=["limit"])
+        listed = _listed(keys.tenant_pk(tenant))
+        if limit is not None:
+            update = Update(set={"limit": limit}, set_if_absent=listed)
+        else:
+            update = Update(remove=["limit"], set_if_absent=listed)
         self.table.update(self._key(keys.tenant_pk(tenant)), update)
 
     def limit(self, tenant: str) -> int | None:
@@ -135,7 +153,31 @@ class RunningSlots:
         return int(stored) if stored is not None else self.default_limit
 
     def usage(self, tenant: str, *, waiting_up_to: int = 1000) -> SlotUsage:
-        item = plain(self.table.get(self._key(keys.tenant_pk(tenant))) or {})
+        return self._usage_of(tenant, self.table.get(self._key(keys.tenant_pk(tenant))), waiting_up_to)
+
+    def all_usage(self, *, waiting_up_to: int = 1000, page: int = 100) -> list[SlotUsage]:
+        """Every tenant with a slot item (see the module), by name: a Query of ``gsi1`` per
+        ``page`` tenants, their items by ``batch_get``, and one Query each for its waiters."""
+        from agentq.resources import GSI1
+
+        tenants: list[str] = []
+        start: dict[str, Any] | None = None
+        while True:
+            found = self.table.query_index(
+                GSI1, ("gsi1pk", keys.TENANT_SLOTS_INDEX_PK), descending=False, limit=page, start=start
+            )
+            tenants += [str(item["gsi1sk"]) for item in found.items]
+            if found.last_key is None:
+                break
+            start = found.last_key
+        items: dict[str, dict[str, Any]] = {}
+        for i in range(0, len(tenants), page):
+            batch = [self._key(keys.tenant_pk(t)) for t in tenants[i : i + page]]
+            items |= {str(item["pk"]): item for item in self.table.batch_get(batch)}
+        return [self._usage_of(t, items.get(keys.tenant_pk(t)), waiting_up_to) for t in tenants]
+
+    def _usage_of(self, tenant: str, raw: dict[str, Any] | None, waiting_up_to: int) -> SlotUsage:
+        item = plain(raw or {})
         waiting = self.table.query(keys.tenant_pk(tenant), prefix=WAIT, limit=waiting_up_to, keys_only=True)
         limit = item.get("limit")
         return SlotUsage(
@@ -174,7 +216,8 @@ class RunningSlots:
             )
         ]
         for i, slot in enumerate(slots):
-            actions.append(Patch(f"slot{i}", self._key(slot.pk), Update(add={"running": 1}), condition=_room(slot)))
+            take = Update(add={"running": 1}, set_if_absent=_listed(slot.pk))
+            actions.append(Patch(f"slot{i}", self._key(slot.pk), take, condition=_room(slot)))
             if slot.key:
                 actions.append(Put(f"hold{i}", {"pk": slot.pk, "sk": HOLD + task.task_id, "task_id": task.task_id}))
         try:
@@ -207,7 +250,8 @@ class RunningSlots:
             )
         ]
         for i, pk in enumerate(held):
-            actions.append(Patch(f"slot{i}", self._key(pk), Update(add={"running": -1})))
+            # set_if_absent: lists a slot item written before the listing existed
+            actions.append(Patch(f"slot{i}", self._key(pk), Update(add={"running": -1}, set_if_absent=_listed(pk))))
             if pk.startswith("CKEY#"):
                 actions.append(Delete(f"hold{i}", {"pk": pk, "sk": HOLD + task_id}))
         try:

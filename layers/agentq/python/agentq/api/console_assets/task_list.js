@@ -18,6 +18,14 @@ export function taskListPage(ctx) {
   const countNote = h("p", { class: "muted small" });
   // This tenant's running slots (GET /usage): running and waiting tasks against its limit.
   const usageNote = h("p", { id: "tenant-usage", class: "muted small" });
+  // Every tenant's slots (GET /usage/tenants), for an operator's key only (GET /usage says
+  // whether the key is one, so a tenant's key never makes a request bound to be refused).
+  const tenantsBody = h("tbody");
+  const tenantsTable = h("section", { id: "tenants-usage", hidden: true },
+    h("h2", {}, "Tenants"),
+    h("table", { class: "tenants" },
+      h("thead", {}, h("tr", {}, ["Tenant", "Running", "Waiting", "Limit"].map((c) => h("th", { scope: "col" }, c)))),
+      tenantsBody));
   const search = h("input", {
     id: "task-search",
     type: "search",
@@ -54,6 +62,7 @@ export function taskListPage(ctx) {
     newTaskForm(ctx),
     counts,
     usageNote,
+    tenantsTable,
     countNote,
     h("div", { class: "row" },
       h("label", { for: "task-search" }, "Search"), search,
@@ -76,11 +85,23 @@ export function taskListPage(ctx) {
   function drawUsage(u) {
     const limit = u.max_running === null ? "no running limit" : `limit ${fmtInt(u.max_running)} running`;
     usageNote.textContent = `${fmtInt(u.running)} running, ${fmtInt(u.waiting)} waiting for a slot (${limit})`;
+    if (u.operator) get("usage/tenants").then(drawTenants, () => { tenantsTable.hidden = true; });
+    else tenantsTable.hidden = true;
+  }
+
+  function drawTenants(all) {
+    replace(tenantsBody, all.tenants.map((t) =>
+      h("tr", { "data-tenant": t.tenant },
+        h("td", {}, t.tenant),
+        h("td", { class: "num" }, fmtInt(t.running)),
+        h("td", { class: "num" }, fmtInt(t.waiting)),
+        h("td", { class: "num" }, t.max_running === null ? "none" : fmtInt(t.max_running)))));
+    tenantsTable.hidden = false;
   }
 
   async function refresh() {
     const everything = await get(query());
-    get("usage").then(drawUsage, () => { usageNote.textContent = ""; }); // once the key is known to work
+    get("usage").then(drawUsage, () => { usageNote.textContent = ""; tenantsTable.hidden = true; }); // once the key is known to work
     const page = state.status ? await get(query({ status: state.status })) : everything;
     state.page = page;
     state.cursor = state.older.length ? state.cursor : page.next_cursor;

@@ -35,6 +35,7 @@ class ApiDeps:
     fanout: Any
     defaults: Defaults
     tenant: Callable[[], str]  # the current request's tenant (the resolver answered 401 if none)
+    operator: Callable[[], bool] = lambda: False  # may the current request's key read every tenant's usage
     mcp: Any = None  # the deployment's MCP servers (core.tools.mcp.McpServers): listed when an agent is created
 
 

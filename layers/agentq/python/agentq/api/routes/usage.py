@@ -1,10 +1,12 @@
 """``GET /usage``: the caller's running and waiting tasks against its running limit (the
-console shows them above the task list; ``storage.running_slots`` counts them)."""
+console shows them above the task list; ``storage.running_slots`` counts them).
+``GET /usage/tenants``: the same for every tenant, for an operator's key only (403 otherwise:
+a tenant sees no other tenant, not even its name)."""
 
 from __future__ import annotations
 
-from agentq.api.errors import responses
-from agentq.api.models import TenantUsage
+from agentq.api.errors import Forbidden, responses
+from agentq.api.models import CallerUsage, TenantsUsage, TenantUsage
 from agentq.api.routes.common import ApiDeps, Router
 
 
@@ -19,10 +21,33 @@ def router(deps: ApiDeps) -> Router:
         "without a limit holds no slots: its running count is 0.",
         operation_id="getUsage",
         tags=["tasks"],
-        responses=responses(200, TenantUsage),
+        responses=responses(200, CallerUsage),
     )
-    def usage() -> TenantUsage:
+    def usage() -> CallerUsage:
         now = deps.store.slots.with_default(deps.defaults.tenant_max_running).usage(deps.tenant())
-        return TenantUsage(tenant=now.tenant, running=now.running, waiting=now.waiting, max_running=now.limit)
+        return CallerUsage(
+            tenant=now.tenant, running=now.running, waiting=now.waiting, max_running=now.limit, operator=deps.operator()
+        )
+
+    @routes.get(
+        "/usage/tenants",
+        summary="Every tenant's running and waiting tasks (operator keys only)",
+        description="For each tenant holding running slots or with a limit of its own (an unlimited tenant "
+        "holds none): running, waiting (counted up to 1,000 each) and the limit. Only a key created with "
+        "`agentq keys create --operator` may read it; any other key is answered 403 (forbidden).",
+        operation_id="listTenantsUsage",
+        tags=["tasks"],
+        responses=responses(200, TenantsUsage, 403),
+    )
+    def tenants_usage() -> TenantsUsage:
+        if not deps.operator():
+            raise Forbidden("only an operator's key reads every tenant's usage (agentq keys create --operator)")
+        slots = deps.store.slots.with_default(deps.defaults.tenant_max_running)
+        return TenantsUsage(
+            tenants=[
+                TenantUsage(tenant=u.tenant, running=u.running, waiting=u.waiting, max_running=u.limit)
+                for u in slots.all_usage()
+            ]
+        )
 
     return routes
