@@ -206,7 +206,7 @@ def test_a_fan_out_parent_shows_its_children(api_stack: ApiStack) -> None:
     assert len(spawned) == 1 and sorted(spawned[0]["detail"]["children"]) == sorted(view["children"]["task_ids"])
 
 
-def test_without_an_authorizer_every_request_is_the_local_tenant() -> None:
+def test_without_an_authorizer_every_request_is_the_local_tenant_and_an_operator() -> None:
     seen: list[Any] = []
 
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
@@ -214,5 +214,5 @@ def test_without_an_authorizer_every_request_is_the_local_tenant() -> None:
         return {"statusCode": 200, "headers": {"Content-Type": "application/json"}, "body": "{}"}
 
     assert dispatch(handler, None, "GET", "/tasks?status=", {}, None)[0] == 200
-    assert seen == [{"tenant": LOCAL_TENANT}]
+    assert seen == [{"tenant": LOCAL_TENANT, "operator": True}]  # the one local user owns the deployment
     assert proxy_event("GET", "/tasks?status=", {}, None)["queryStringParameters"] == {"status": ""}
