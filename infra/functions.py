@@ -674,6 +674,14 @@ def _sweeper(
             resources=[table],
             conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [task_pk("*")]}},
         ),
+        # The waiting lists of the running limits (storage/running_slots.py): a task parked
+        # for a slot is left alone, so the sweeper reads whether it has a WAIT item.
+        iam.PolicyStatement(
+            sid="WaitingLists",
+            actions=["dynamodb:Query"],
+            resources=[table],
+            conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [tenant_pk("*"), "CKEY#*"]}},
+        ),
         iam.PolicyStatement(
             sid="Enqueue",
             # ChangeMessageVisibility: a dead worker's held messages are made visible again

@@ -1277,6 +1277,9 @@ def test_the_sweeper_runs_on_a_schedule_with_only_the_indexes_the_tasks_the_work
     deleting = [s for s in statements.values() if "dynamodb:DeleteItem" in _as_list(s["Action"])]
     assert [s["Sid"] for s in deleting] == ["WorkerLiveness"]
     assert deleting[0]["Condition"] == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [WORKERS_PK]}}
+    waiting = {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TENANT#*", "CKEY#*"]}}
+    assert statements["WaitingLists"]["Condition"] == waiting  # a parked task is left alone
+    assert _as_list(statements["WaitingLists"]["Action"]) == ["dynamodb:Query"]
     [owner_index] = _as_list(statements["OwnerIndex"]["Resource"])
     assert json.dumps(owner_index).endswith(f'/index/{GSI_OWNER}"]]}}')
     assert set(_as_list(statements["Enqueue"]["Action"])) == {

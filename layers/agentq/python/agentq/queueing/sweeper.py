@@ -19,6 +19,12 @@ ended is deleted. ``waiting`` and ``paused`` tasks are woken by their own messag
 fan-out's, a person's decision) and are left alone. Each sweep counts what it re-enqueued
 (metric ``tasks_swept``, 0 in a healthy fleet).
 
+A ``queued`` task parked over its tenant's or key's running limit (a ``WAIT`` item in the slot's
+waiting list, ``storage.running_slots``) is silent by design and is left alone however long it
+waits: a release wakes it in its turn, and re-sending it would only be refused again and jump
+the waiting order. Only a queued task with neither a ``WAIT`` item nor a sign of life is swept
+(a wake lost between taking its item and sending its message).
+
 A task a worker process holds under its liveness (``storage.workers``) has a long lease and an
 invisible message; the live workers hand on a dead peer's tasks within seconds
 (``queueing.recovery``). When none is left to notice (the whole fleet died), each sweep first
@@ -32,10 +38,13 @@ import time
 from dataclasses import dataclass, field
 
 from agentq import observe
+from agentq.core.models import Task
 from agentq.core.status import TaskStatus
 from agentq.queueing.queues import TaskQueues
 from agentq.queueing.recovery import recover_lapsed
+from agentq.storage import keys
 from agentq.storage.container import Storage
+from agentq.storage.running_slots import RunningSlots, key_pk
 
 log = logging.getLogger("agentq.sweeper")
 
@@ -52,9 +61,16 @@ class SweepReport:
     swept: list[str] = field(default_factory=list)  # re-enqueued
     recovered: list[str] = field(default_factory=list)  # tasks of dead workers handed on
     unlisted: int = 0  # ended tasks still in the index, taken out
+    parked: int = 0  # silent but waiting for a slot: left alone
 
 
-def sweep(store: Storage, queues: TaskQueues, *, stale_after: float, now: float | None = None) -> SweepReport:
+def sweep(
+    store: Storage,
+    queues: TaskQueues,
+    *,
+    stale_after: float,
+    now: float | None = None,
+) -> SweepReport:
     """One pass over the unfinished tasks (see the module)."""
     now = time.time() if now is None else now
     report = SweepReport()
@@ -62,6 +78,7 @@ def sweep(store: Storage, queues: TaskQueues, *, stale_after: float, now: float 
     ids = list(store.tasks.live_task_ids())
     report.listed = len(ids)
     stranded: list[str] = []
+    waiting_tenants: set[str] = set()  # tenants with a queued task holding no slot (may be parked)
     for start in range(0, len(ids), BATCH):
         for meta in store.tasks.metas(ids[start : start + BATCH]):
             status = str(meta.get("status"))
@@ -70,12 +87,19 @@ def sweep(store: Storage, queues: TaskQueues, *, stale_after: float, now: float 
                     store.tasks.unlist(str(meta["task_id"]))
                     report.unlisted += 1
                 continue
+            if status == TaskStatus.QUEUED.value and not meta.get("slots") and meta.get("tenant"):
+                waiting_tenants.add(str(meta["tenant"]))
             quiet_since = max(float(meta.get("lease_expires") or 0), float(meta.get("updated_at") or 0),
                               float(meta.get("heartbeat_at") or 0))  # fmt: skip
             if now - quiet_since >= stale_after:
                 stranded.append(str(meta["task_id"]))
+    slots = store.slots
+    parked = {keys.tenant_pk(t): slots.parked(keys.tenant_pk(t)) for t in sorted(waiting_tenants)}
     for task in store.tasks.get_many(stranded):
         if task.status.value not in STRANDABLE:
+            continue
+        if task.status is TaskStatus.QUEUED and not task.slots and _is_parked(slots, task, parked):
+            report.parked += 1
             continue
         queues.send(task.task_id, task.submission.priority, kind="swept", tenant=task.tenant)
         report.swept.append(task.task_id)
@@ -83,3 +107,16 @@ def sweep(store: Storage, queues: TaskQueues, *, stale_after: float, now: float 
                     stale_after)  # fmt: skip
     observe.record_swept(len(report.swept))
     return report
+
+
+def _is_parked(slots: RunningSlots, task: Task, parked: dict[str, set[str]]) -> bool:
+    """Does ``task`` have a WAIT item (its tenant's list, or its concurrency key's)?"""
+    pks = [keys.tenant_pk(task.tenant)]
+    if task.submission.concurrency is not None:
+        pks.append(key_pk(task.tenant, task.submission.concurrency.key))
+    for pk in pks:
+        if pk not in parked:
+            parked[pk] = slots.parked(pk)
+        if task.task_id in parked[pk]:
+            return True
+    return False

@@ -262,6 +262,11 @@ class RunningSlots:
         limit = int(item["limit"]) if "limit" in item and not slot.key else slot.limit
         return int(item.get("running", 0)) < limit
 
+    def parked(self, pk: str) -> set[str]:
+        """The tasks with a WAIT item under ``pk`` (all pages, keys only): the sweeper leaves
+        them alone, their release will wake them."""
+        return {str(i["sk"]).split("#", 3)[3] for i in self.table.query(pk, prefix=WAIT, keys_only=True)}
+
     def next_waiters(self, pk: str, most: int = 1) -> list[tuple[str, str, str]]:
         """Take (delete) up to ``most`` waiters the slot has room for, oldest first: (task id,
         tier, tenant) each, for the caller to send. A release wakes one per slot it freed, never
