@@ -656,6 +656,7 @@ def _sweeper(
             "AGENTQ_TABLE": data.table.table_name,
             "AGENTQ_BUCKET": data.payloads.bucket_name,
             "AGENTQ_SWEEP_STALE_AFTER_SECONDS": str(sc.stale_after_seconds),
+            **defaults_env(cfg),  # the default running limit: it wakes waiters a raised default has room for
             "AGENTQ_EMF": "1",
             "POWERTOOLS_LOG_LEVEL": cfg.log_level,
             "POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE,
@@ -675,10 +676,11 @@ def _sweeper(
             conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [task_pk("*")]}},
         ),
         # The waiting lists of the running limits (storage/running_slots.py): a task parked
-        # for a slot is left alone, so the sweeper reads whether it has a WAIT item.
+        # for a slot is left alone, so the sweeper reads whether it has a WAIT item; and it
+        # wakes (deletes the WAIT item of) the waiters a tenant's slot item has room for.
         iam.PolicyStatement(
             sid="WaitingLists",
-            actions=["dynamodb:Query"],
+            actions=["dynamodb:Query", "dynamodb:GetItem", "dynamodb:DeleteItem"],
             resources=[table],
             conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [tenant_pk("*"), "CKEY#*"]}},
         ),

@@ -1,6 +1,8 @@
 """The sweeper and tasks parked over a running limit (queueing/sweeper.py, storage/running_slots.py):
-a parked task is silent by design and is never re-sent, however long it waits; and a queued task
-whose wake was lost (its WAIT item taken, its message never sent) is still swept. The engine runs on the in-memory twin; the tier queues are real SQS on moto server."""
+a parked task is silent by design and is never re-sent, however long it waits; a queued task
+whose wake was lost (its WAIT item taken, its message never sent) is still swept; and room no
+release made (the deployment's default limit raised on redeploy) wakes as many waiters as it
+holds. The engine runs on the in-memory twin; the tier queues are real SQS on moto server."""
 
 from __future__ import annotations
 
@@ -69,9 +71,9 @@ def test_the_sweeper_leaves_a_task_parked_for_a_slot_alone_however_long_it_has_w
     running, parked = _one_running_and_parked(store, dispatcher, "patient", waiting=3)
     later = _long_after(store, [running, *parked])
     for n in (1, 2):  # pass after pass
-        report = sweep(store, queues, stale_after=STALE_AFTER, now=later + n)
+        report = sweep(store, queues, stale_after=STALE_AFTER, now=later + n, default_max_running=1)
         assert not {t.task_id for t in parked} & set(report.swept)
-        assert report.parked == 3
+        assert report.parked == 3 and report.woken == []
         assert not {t.task_id for t in parked} & set(_sent(queues))
     # their order is kept: the release wakes the oldest
     store.tasks.transition(running.task_id, TaskStatus.SUCCEEDED)
@@ -89,6 +91,27 @@ def test_a_queued_task_whose_wake_was_lost_after_its_wait_item_was_taken_is_stil
     pk = keys.tenant_pk("crashed-waker")
     [item] = [i for i in store.slots.table.query(pk, prefix=WAIT) if i["task_id"] == lost.task_id]
     store.slots.table.delete({"pk": pk, "sk": item["sk"]})
-    report = sweep(store, queues, stale_after=STALE_AFTER, now=_long_after(store, [running, lost, kept]))
+    report = sweep(store, queues, stale_after=STALE_AFTER, now=_long_after(store, [running, lost, kept]),
+                   default_max_running=1)  # fmt: skip
     assert lost.task_id in report.swept and kept.task_id not in report.swept
     assert lost.task_id in _sent(queues)
+
+
+def test_raising_the_deployments_default_limit_lets_the_sweeper_wake_as_many_waiters_as_it_made_room_for(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=1)
+    _sent(queues)
+    running, parked = _one_running_and_parked(store, dispatcher, "redeployed", waiting=3)
+    now = (store.tasks.get(parked[-1].task_id).updated_at or 0.0) + 1  # too soon to sweep anyone
+    report = sweep(store, queues, stale_after=STALE_AFTER, now=now, default_max_running=1)
+    assert report.woken == [] and _sent(queues) == []  # no room: nobody woken
+    report = sweep(store, queues, stale_after=STALE_AFTER, now=now, default_max_running=3)  # redeployed with 3
+    assert report.woken == [parked[0].task_id, parked[1].task_id]  # oldest first, two slots made
+    assert sorted(_sent(queues)) == sorted(report.woken) and report.swept == []
+    redeployed = _dispatcher(store, queues, registry, limit=3)
+    for task_id in report.woken:
+        redeployed.handle(TaskMessage(task_id=task_id).model_dump_json(), tier="normal", receive_count=1)
+        assert store.tasks.get(task_id).status is TaskStatus.SUCCEEDED
+    assert store.tasks.get(parked[2].task_id).status is TaskStatus.QUEUED
+    assert store.tasks.get(running.task_id).status is TaskStatus.RUNNING  # untouched by the sweep

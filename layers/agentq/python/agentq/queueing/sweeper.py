@@ -23,7 +23,10 @@ A ``queued`` task parked over its tenant's or key's running limit (a ``WAIT`` it
 waiting list, ``storage.running_slots``) is silent by design and is left alone however long it
 waits: a release wakes it in its turn, and re-sending it would only be refused again and jump
 the waiting order. Only a queued task with neither a ``WAIT`` item nor a sign of life is swept
-(a wake lost between taking its item and sending its message).
+(a wake lost between taking its item and sending its message). And since a release wakes one
+waiter per slot it frees, room that appeared otherwise (the deployment's default limit raised,
+``default_max_running``) would wake nobody: each sweep wakes, for every tenant with waiters,
+as many as its slot has room for.
 
 A task a worker process holds under its liveness (``storage.workers``) has a long lease and an
 invisible message; the live workers hand on a dead peer's tasks within seconds
@@ -62,6 +65,7 @@ class SweepReport:
     recovered: list[str] = field(default_factory=list)  # tasks of dead workers handed on
     unlisted: int = 0  # ended tasks still in the index, taken out
     parked: int = 0  # silent but waiting for a slot: left alone
+    woken: list[str] = field(default_factory=list)  # waiters sent because their tenant has room
 
 
 def sweep(
@@ -70,8 +74,11 @@ def sweep(
     *,
     stale_after: float,
     now: float | None = None,
+    default_max_running: int | None = None,
 ) -> SweepReport:
-    """One pass over the unfinished tasks (see the module)."""
+    """One pass over the unfinished tasks (see the module). ``default_max_running``: the
+    deployment's ``AGENTQ_DEFAULT_TENANT_MAX_RUNNING``, to know the room of a tenant without
+    an override."""
     now = time.time() if now is None else now
     report = SweepReport()
     report.recovered = recover_lapsed(store, queues, now=now)
@@ -93,8 +100,11 @@ def sweep(
                               float(meta.get("heartbeat_at") or 0))  # fmt: skip
             if now - quiet_since >= stale_after:
                 stranded.append(str(meta["task_id"]))
-    slots = store.slots
+    slots = store.slots.with_default(default_max_running)
+    # Read before waking: a waiter woken below is parked as far as this pass is concerned (it
+    # has its message now), so it is not also swept.
     parked = {keys.tenant_pk(t): slots.parked(keys.tenant_pk(t)) for t in sorted(waiting_tenants)}
+    _wake_where_room(slots, queues, parked, report)
     for task in store.tasks.get_many(stranded):
         if task.status.value not in STRANDABLE:
             continue
@@ -120,3 +130,20 @@ def _is_parked(slots: RunningSlots, task: Task, parked: dict[str, set[str]]) -> 
         if task.task_id in parked[pk]:
             return True
     return False
+
+
+def _wake_where_room(slots: RunningSlots, queues: TaskQueues, parked: dict[str, set[str]], report: SweepReport) -> None:
+    """Wake, for each tenant with waiters, as many as its slot has room for now. A release
+    wakes one waiter per slot it freed, so room that no release made (a raised default) would
+    otherwise stay idle while its waiters wait."""
+    for pk, waiting in parked.items():
+        if not waiting:
+            continue
+        room = slots.room(pk.removeprefix("TENANT#"))
+        most = len(waiting) if room is None else min(room, len(waiting))
+        if most <= 0:
+            continue
+        for waiter, tier, tenant in slots.next_waiters(pk, most=most):
+            queues.send(waiter, tier, tenant=tenant or pk.removeprefix("TENANT#"))
+            report.woken.append(waiter)
+            log.info("task %s woken by the sweeper: its tenant's slot has room", waiter)
