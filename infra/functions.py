@@ -656,6 +656,7 @@ def _sweeper(
             "AGENTQ_TABLE": data.table.table_name,
             "AGENTQ_BUCKET": data.payloads.bucket_name,
             "AGENTQ_SWEEP_STALE_AFTER_SECONDS": str(sc.stale_after_seconds),
+            **defaults_env(cfg),  # the default running limit: it wakes waiters a raised default has room for
             "AGENTQ_EMF": "1",
             "POWERTOOLS_LOG_LEVEL": cfg.log_level,
             "POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE,
@@ -673,6 +674,15 @@ def _sweeper(
             actions=["dynamodb:BatchGetItem", "dynamodb:GetItem", "dynamodb:UpdateItem"],
             resources=[table],
             conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [task_pk("*")]}},
+        ),
+        # The waiting lists of the running limits (storage/running_slots.py): a task parked
+        # for a slot is left alone, so the sweeper reads whether it has a WAIT item; and it
+        # wakes (deletes the WAIT item of) the waiters a tenant's slot item has room for.
+        iam.PolicyStatement(
+            sid="WaitingLists",
+            actions=["dynamodb:Query", "dynamodb:GetItem", "dynamodb:DeleteItem"],
+            resources=[table],
+            conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [tenant_pk("*"), "CKEY#*"]}},
         ),
         iam.PolicyStatement(
             sid="Enqueue",

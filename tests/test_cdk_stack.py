@@ -1273,10 +1273,19 @@ def test_the_sweeper_runs_on_a_schedule_with_only_the_indexes_the_tasks_the_work
     [index] = _as_list(statements["ListLive"]["Resource"])
     assert json.dumps(index).endswith(f'/index/{GSI_LIVE}"]]}}')
     assert statements["ReadTasks"]["Condition"] == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TASK#*"]}}
-    # Deleting only a dead worker's liveness item (storage/workers.py), never a task's item.
+    # Deleting only a dead worker's liveness item (storage/workers.py) and a waiter's WAIT item
+    # (the wake of a tenant with room), never a task's item.
     deleting = [s for s in statements.values() if "dynamodb:DeleteItem" in _as_list(s["Action"])]
-    assert [s["Sid"] for s in deleting] == ["WorkerLiveness"]
-    assert deleting[0]["Condition"] == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [WORKERS_PK]}}
+    assert sorted(s["Sid"] for s in deleting) == ["WaitingLists", "WorkerLiveness"]
+    liveness = {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [WORKERS_PK]}}
+    assert statements["WorkerLiveness"]["Condition"] == liveness
+    waiting = {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TENANT#*", "CKEY#*"]}}
+    assert statements["WaitingLists"]["Condition"] == waiting  # a parked task is left alone
+    assert set(_as_list(statements["WaitingLists"]["Action"])) == {
+        "dynamodb:Query", "dynamodb:GetItem", "dynamodb:DeleteItem",
+    }  # fmt: skip
+    if cfg.budget_defaults.tenant_max_running:  # a raised default wakes the waiters it has room for
+        assert env["AGENTQ_DEFAULT_TENANT_MAX_RUNNING"] == str(cfg.budget_defaults.tenant_max_running)
     [owner_index] = _as_list(statements["OwnerIndex"]["Resource"])
     assert json.dumps(owner_index).endswith(f'/index/{GSI_OWNER}"]]}}')
     assert set(_as_list(statements["Enqueue"]["Action"])) == {

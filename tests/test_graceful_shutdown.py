@@ -214,7 +214,7 @@ def test_a_duplicate_message_starts_no_second_execution_and_is_deleted(
     worker.start()
     try:
         _wait_for(lambda: store.tasks.get(task_id).step >= 1, what="the task running")
-        queues.send(task_id, TIER)  # the duplicate
+        queues.send(task_id, TIER, tenant="t")  # the duplicate
         while not (task := store.tasks.get(task_id)).status.terminal:
             assert task.claim_count == 1, f"a second execution started: {store.tasks.claims(task.task_id)}"
             time.sleep(0.1)

@@ -12,6 +12,7 @@ from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from agentq import observe
+from agentq.control.defaults import Defaults
 from agentq.queueing.sweeper import DEFAULT_STALE_AFTER_SECONDS, sweep
 from agentq.runtime import lazy_store_and_queues
 
@@ -24,7 +25,14 @@ clients = lazy_store_and_queues()
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     store, queues = clients()
     stale_after = float(os.environ.get("AGENTQ_SWEEP_STALE_AFTER_SECONDS") or DEFAULT_STALE_AFTER_SECONDS)
-    report = sweep(store, queues, stale_after=stale_after)
+    # The deployment's default running limit: waiters of a tenant it now has room for are woken.
+    report = sweep(store, queues, stale_after=stale_after, default_max_running=Defaults.from_env().tenant_max_running)
     observe.flush()
-    logger.info("swept", extra={"listed": report.listed, "swept": report.swept, "unlisted": report.unlisted})
-    return {"listed": report.listed, "swept": len(report.swept), "unlisted": report.unlisted}
+    logger.info("swept", extra={"listed": report.listed, "swept": report.swept, "unlisted": report.unlisted,
+                                "woken": report.woken})  # fmt: skip
+    return {
+        "listed": report.listed,
+        "swept": len(report.swept),
+        "unlisted": report.unlisted,
+        "woken": len(report.woken),
+    }

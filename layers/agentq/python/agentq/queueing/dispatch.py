@@ -174,7 +174,7 @@ class Dispatcher:
             # Receives spent by worker faults (a killed or stopped holder, a duplicate waiting
             # out a live lease), not by the task's own failures, which are counted on its META:
             # a fresh copy (count 1) so SQS's redrive backstop never dead-letters a healthy task.
-            self.queues.send_body(tier, message.model_dump_json(exclude_defaults=True))
+            self.queues.send_body(tier, message.model_dump_json(exclude_defaults=True), tenant=task.tenant)
             return Action(
                 "delete", f"renewed after {receive_count} receives spent by worker faults", task_id=task.task_id
             )
@@ -217,7 +217,7 @@ class Dispatcher:
             self._report_end(task, run.status)
         elif run.status is TaskStatus.IDLE:
             self._report_idle(task)
-        action = self._after_run(run, tier=tier, receive_count=receive_count)
+        action = self._after_run(run, tier=tier, receive_count=receive_count, tenant=task.tenant)
         if gate.limited and action.kind == "dead_letter":
             self.fair.release(task.task_id)  # out of retries: failed only now, by _after_run
         if run.outcome == "retry" and action.kind == "retry":
@@ -354,7 +354,8 @@ class Dispatcher:
         can no longer complete, coming back for it with a delayed message until then."""
         wait = self.engine.spend_lapsed_holds(task)
         if wait > 0:
-            self.queues.send(task.task_id, tier, kind="release_holds", delay_seconds=min(MAX_DELAY, math.ceil(wait)))
+            wait_s = min(MAX_DELAY, math.ceil(wait))
+            self.queues.send(task.task_id, tier, kind="release_holds", delay_seconds=wait_s, tenant=task.tenant)
 
     def _batch_ended(self, task: Task, tier: str) -> bool:
         """The poller of economy mode: a task waiting on a batch looks at it on a delayed message
@@ -373,7 +374,11 @@ class Dispatcher:
         if not ended:
             wait = batch_poll_seconds(batch)
             self.queues.send(
-                task.task_id, tier, kind="batch_poll", delay_seconds=min(MAX_DELAY, max(1, math.ceil(wait)))
+                task.task_id,
+                tier,
+                kind="batch_poll",
+                delay_seconds=min(MAX_DELAY, max(1, math.ceil(wait))),
+                tenant=task.tenant,
             )
             return False
         with contextlib.suppress(IllegalTransition):
@@ -392,7 +397,8 @@ class Dispatcher:
             return False
         wait = pending.asked_at + timeout - time.time()
         if wait > 0:
-            self.queues.send(task.task_id, tier, kind="approval_due", delay_seconds=min(MAX_DELAY, math.ceil(wait)))
+            wait_s = min(MAX_DELAY, math.ceil(wait))
+            self.queues.send(task.task_id, tier, kind="approval_due", delay_seconds=wait_s, tenant=task.tenant)
             return False
         note = f"no decision within {timeout}s; the default ({constraints.approval_default}) applies"
         try:
@@ -408,21 +414,25 @@ class Dispatcher:
         log.info("task %s: approval %s timed out: %s", task.task_id, pending.use_id, note)
         return True
 
-    def _after_run(self, run: RunResult, *, tier: str, receive_count: int) -> Action:
+    def _after_run(self, run: RunResult, *, tier: str, receive_count: int, tenant: str) -> Action:
+        """What becomes of the message after a run; every follow-up message it sends carries
+        the task's ``tenant`` as its fair-queue group."""
         task_id = run.task_id
         if run.batch_poll is not None:
             delay = min(MAX_DELAY, max(1, math.ceil(run.batch_poll)))
-            self.queues.send(task_id, tier, kind="batch_poll", delay_seconds=delay)
+            self.queues.send(task_id, tier, kind="batch_poll", delay_seconds=delay, tenant=tenant)
         if run.approval_due is not None:
             wait = run.approval_due - time.time()
-            self.queues.send(task_id, tier, kind="approval_due", delay_seconds=min(MAX_DELAY, max(1, math.ceil(wait))))
+            delay = min(MAX_DELAY, max(1, math.ceil(wait)))
+            self.queues.send(task_id, tier, kind="approval_due", delay_seconds=delay, tenant=tenant)
         if run.lapsed_until is not None:  # ended with a lost lease's call maybe still in flight
             wait = run.lapsed_until - time.time()
-            self.queues.send(task_id, tier, kind="release_holds", delay_seconds=min(MAX_DELAY, max(1, math.ceil(wait))))
+            delay = min(MAX_DELAY, max(1, math.ceil(wait)))
+            self.queues.send(task_id, tier, kind="release_holds", delay_seconds=delay, tenant=tenant)
         if run.outcome in ("finished", "stopped", "waiting"):
             return Action("delete", f"task {run.status.value if run.status else 'ended'}", task_id=task_id, run=run)
         if run.outcome == "continue":
-            self.queues.send(task_id, tier, kind="continue")
+            self.queues.send(task_id, tier, kind="continue", tenant=tenant)
             return Action("delete", "time slice used; continuation sent", task_id=task_id, run=run)
         if run.outcome == "deferred":
             # A zombie's call may still be charged against the budget: come back after its
@@ -430,7 +440,9 @@ class Dispatcher:
             # spends none of the task's receives (SQS caps a message's delay at 15 minutes;
             # a longer wait defers again).
             wait = (run.error or {}).get("retry_after") or 1
-            self.queues.send(task_id, tier, kind="continue", delay_seconds=min(MAX_DELAY, math.ceil(wait)))
+            self.queues.send(
+                task_id, tier, kind="continue", delay_seconds=min(MAX_DELAY, math.ceil(wait)), tenant=tenant
+            )
             why = (run.error or {}).get("message") or "deferred"
             return Action("delete", f"deferred: {why}", task_id=task_id, run=run)
         if run.outcome == "lease_lost":

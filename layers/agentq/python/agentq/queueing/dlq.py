@@ -253,6 +253,7 @@ def redrive_for_tenant(
                     QueueUrl=source,
                     MessageBody=m["Body"],
                     **({"MessageAttributes": attributes} if attributes else {}),
+                    **queues.group(tenant),
                 )
                 queues.sqs.delete_message(QueueUrl=dlq, ReceiptHandle=m["ReceiptHandle"])
                 moved.append(task_id)

@@ -377,6 +377,7 @@ class HeartbeatHub:
                     tier,
                     kind="safety_net",
                     delay_seconds=min(900, int(self.config.visibility_seconds)),
+                    tenant=state.tenant,
                 )
             except Exception:
                 log.exception("safety-net message for %s failed", state.lease.task_id)

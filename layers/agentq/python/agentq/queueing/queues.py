@@ -103,22 +103,27 @@ class TaskQueues:
         raise ValueError(f"{queue!r} is not one of this deployment's tier queues")
 
     def send(
-        self, task_id: str, tier: str, kind: MessageKind = "run", delay_seconds: int = 0, *, tenant: str | None = None
+        self, task_id: str, tier: str, kind: MessageKind = "run", delay_seconds: int = 0, *, tenant: str | None
     ) -> str:
         """``tenant``: the message's fair-queue group (``MessageGroupId``): SQS fair queues
-        serve a quiet tenant's messages ahead of a noisy one's backlog."""
+        serve a quiet tenant's messages ahead of a noisy one's backlog. Required (None only
+        where no task is known): a message sent without it, a continuation or a wake, would
+        leave the fair queue's grouping."""
         body = TaskMessage(task_id=task_id, kind=kind).model_dump_json()
         resp = self.sqs.send_message(
-            QueueUrl=self.url(tier), MessageBody=body, DelaySeconds=delay_seconds, **self._group(tenant)
+            QueueUrl=self.url(tier), MessageBody=body, DelaySeconds=delay_seconds, **self.group(tenant)
         )
         return str(resp["MessageId"])
 
-    def _group(self, tenant: str | None) -> dict[str, str]:
+    def group(self, tenant: str | None) -> dict[str, str]:
+        """The ``send_message`` arguments that put a message in ``tenant``'s fair-queue group."""
         return {"MessageGroupId": tenant[:128]} if tenant and self.fair else {}
 
-    def send_body(self, tier: str, body: str, delay_seconds: int = 0) -> str:
+    def send_body(self, tier: str, body: str, delay_seconds: int = 0, *, tenant: str | None) -> str:
         """Send ``body`` again as a fresh message (receive count 1): how a message is renewed."""
-        resp = self.sqs.send_message(QueueUrl=self.url(tier), MessageBody=body, DelaySeconds=delay_seconds)
+        resp = self.sqs.send_message(
+            QueueUrl=self.url(tier), MessageBody=body, DelaySeconds=delay_seconds, **self.group(tenant)
+        )
         return str(resp["MessageId"])
 
     def dead_letter(self, tier: str, body: str, reason: str, attributes: dict[str, Any] | None = None) -> None:

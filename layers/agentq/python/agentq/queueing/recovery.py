@@ -103,7 +103,7 @@ def _make_visible(queues: TaskQueues, tier: str, metas: list[dict[str, object]])
             log.exception("could not make a dead worker's messages visible on %s", tier)
             fresh += batch
     for meta in fresh:
-        queues.send(str(meta["task_id"]), tier, kind="recovered")
+        queues.send(str(meta["task_id"]), tier, kind="recovered", tenant=str(meta.get("tenant") or "") or None)
 
 
 def recover_lapsed(store: Storage, queues: TaskQueues, now: float | None = None) -> list[str]:

@@ -19,6 +19,15 @@ ended is deleted. ``waiting`` and ``paused`` tasks are woken by their own messag
 fan-out's, a person's decision) and are left alone. Each sweep counts what it re-enqueued
 (metric ``tasks_swept``, 0 in a healthy fleet).
 
+A ``queued`` task parked over its tenant's or key's running limit (a ``WAIT`` item in the slot's
+waiting list, ``storage.running_slots``) is silent by design and is left alone however long it
+waits: a release wakes it in its turn, and re-sending it would only be refused again and jump
+the waiting order. Only a queued task with neither a ``WAIT`` item nor a sign of life is swept
+(a wake lost between taking its item and sending its message). And since a release wakes one
+waiter per slot it frees, room that appeared otherwise (the deployment's default limit raised,
+``default_max_running``) would wake nobody: each sweep wakes, for every tenant with waiters,
+as many as its slot has room for.
+
 A task a worker process holds under its liveness (``storage.workers``) has a long lease and an
 invisible message; the live workers hand on a dead peer's tasks within seconds
 (``queueing.recovery``). When none is left to notice (the whole fleet died), each sweep first
@@ -32,10 +41,13 @@ import time
 from dataclasses import dataclass, field
 
 from agentq import observe
+from agentq.core.models import Task
 from agentq.core.status import TaskStatus
 from agentq.queueing.queues import TaskQueues
 from agentq.queueing.recovery import recover_lapsed
+from agentq.storage import keys
 from agentq.storage.container import Storage
+from agentq.storage.running_slots import RunningSlots, key_pk
 
 log = logging.getLogger("agentq.sweeper")
 
@@ -52,16 +64,28 @@ class SweepReport:
     swept: list[str] = field(default_factory=list)  # re-enqueued
     recovered: list[str] = field(default_factory=list)  # tasks of dead workers handed on
     unlisted: int = 0  # ended tasks still in the index, taken out
+    parked: int = 0  # silent but waiting for a slot: left alone
+    woken: list[str] = field(default_factory=list)  # waiters sent because their tenant has room
 
 
-def sweep(store: Storage, queues: TaskQueues, *, stale_after: float, now: float | None = None) -> SweepReport:
-    """One pass over the unfinished tasks (see the module)."""
+def sweep(
+    store: Storage,
+    queues: TaskQueues,
+    *,
+    stale_after: float,
+    now: float | None = None,
+    default_max_running: int | None = None,
+) -> SweepReport:
+    """One pass over the unfinished tasks (see the module). ``default_max_running``: the
+    deployment's ``AGENTQ_DEFAULT_TENANT_MAX_RUNNING``, to know the room of a tenant without
+    an override."""
     now = time.time() if now is None else now
     report = SweepReport()
     report.recovered = recover_lapsed(store, queues, now=now)
     ids = list(store.tasks.live_task_ids())
     report.listed = len(ids)
     stranded: list[str] = []
+    waiting_tenants: set[str] = set()  # tenants with a queued task holding no slot (may be parked)
     for start in range(0, len(ids), BATCH):
         for meta in store.tasks.metas(ids[start : start + BATCH]):
             status = str(meta.get("status"))
@@ -70,12 +94,22 @@ def sweep(store: Storage, queues: TaskQueues, *, stale_after: float, now: float 
                     store.tasks.unlist(str(meta["task_id"]))
                     report.unlisted += 1
                 continue
+            if status == TaskStatus.QUEUED.value and not meta.get("slots") and meta.get("tenant"):
+                waiting_tenants.add(str(meta["tenant"]))
             quiet_since = max(float(meta.get("lease_expires") or 0), float(meta.get("updated_at") or 0),
                               float(meta.get("heartbeat_at") or 0))  # fmt: skip
             if now - quiet_since >= stale_after:
                 stranded.append(str(meta["task_id"]))
+    slots = store.slots.with_default(default_max_running)
+    # Read before waking: a waiter woken below is parked as far as this pass is concerned (it
+    # has its message now), so it is not also swept.
+    parked = {keys.tenant_pk(t): slots.parked(keys.tenant_pk(t)) for t in sorted(waiting_tenants)}
+    _wake_where_room(slots, queues, parked, report)
     for task in store.tasks.get_many(stranded):
         if task.status.value not in STRANDABLE:
+            continue
+        if task.status is TaskStatus.QUEUED and not task.slots and _is_parked(slots, task, parked):
+            report.parked += 1
             continue
         queues.send(task.task_id, task.submission.priority, kind="swept", tenant=task.tenant)
         report.swept.append(task.task_id)
@@ -83,3 +117,33 @@ def sweep(store: Storage, queues: TaskQueues, *, stale_after: float, now: float 
                     stale_after)  # fmt: skip
     observe.record_swept(len(report.swept))
     return report
+
+
+def _is_parked(slots: RunningSlots, task: Task, parked: dict[str, set[str]]) -> bool:
+    """Does ``task`` have a WAIT item (its tenant's list, or its concurrency key's)?"""
+    pks = [keys.tenant_pk(task.tenant)]
+    if task.submission.concurrency is not None:
+        pks.append(key_pk(task.tenant, task.submission.concurrency.key))
+    for pk in pks:
+        if pk not in parked:
+            parked[pk] = slots.parked(pk)
+        if task.task_id in parked[pk]:
+            return True
+    return False
+
+
+def _wake_where_room(slots: RunningSlots, queues: TaskQueues, parked: dict[str, set[str]], report: SweepReport) -> None:
+    """Wake, for each tenant with waiters, as many as its slot has room for now. A release
+    wakes one waiter per slot it freed, so room that no release made (a raised default) would
+    otherwise stay idle while its waiters wait."""
+    for pk, waiting in parked.items():
+        if not waiting:
+            continue
+        room = slots.room(pk.removeprefix("TENANT#"))
+        most = len(waiting) if room is None else min(room, len(waiting))
+        if most <= 0:
+            continue
+        for waiter, tier, tenant in slots.next_waiters(pk, most=most):
+            queues.send(waiter, tier, tenant=tenant or pk.removeprefix("TENANT#"))
+            report.woken.append(waiter)
+            log.info("task %s woken by the sweeper: its tenant's slot has room", waiter)

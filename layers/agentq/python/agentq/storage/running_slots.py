@@ -29,7 +29,8 @@ META's ``slots`` names the slot partitions it holds.
   that task's message: one per slot freed, never ``limit - running`` (see ``next_waiters``). A
   woken task that does not take the slot (cancelled first, refused by another of its slots)
   passes the wake on (``FairShare.pass_on``). The sweeper's ``swept`` messages are the
-  backstop for a wake lost in a crash (late: ``stale_after``).
+  backstop for a wake lost in a crash (late: ``stale_after``); the sweeper also wakes the
+  room no release made (a raised default: ``room``).
 
 Listing (``all_usage``, what an operator's ``GET /usage/tenants`` reads): a tenant's slot item
 carries ``gsi1pk = TENANTS`` / ``gsi1sk = <tenant>``, set if absent by every write of it
@@ -305,6 +306,17 @@ class RunningSlots:
         item = plain(self.table.get(self._key(slot.pk)) or {})
         limit = int(item["limit"]) if "limit" in item and not slot.key else slot.limit
         return int(item.get("running", 0)) < limit
+
+    def parked(self, pk: str) -> set[str]:
+        """The tasks with a WAIT item under ``pk`` (all pages, keys only): the sweeper leaves
+        them alone, their release will wake them."""
+        return {str(i["sk"]).split("#", 3)[3] for i in self.table.query(pk, prefix=WAIT, keys_only=True)}
+
+    def room(self, tenant: str) -> int | None:
+        """How many more tasks ``tenant`` may run now (None: unlimited)."""
+        item = self.table.get(self._key(keys.tenant_pk(tenant)))
+        limit = self._limit_of(item)
+        return None if limit is None else max(0, limit - int(plain(item or {}).get("running", 0)))
 
     def next_waiters(self, pk: str, most: int = 1) -> list[tuple[str, str, str]]:
         """Take (delete) up to ``most`` waiters the slot has room for, oldest first: (task id,

@@ -129,7 +129,7 @@ class Engine:
         crash_point("after_claim")
         # The lease is kept alive from here, before the reads that rebuild the session: on a
         # loaded store they can take a good part of the lease.
-        held = LeaseState(lease=lease)
+        held = LeaseState(lease=lease, tenant=task.tenant)
         session = Session(held=held, task=task, steps=[], messages=[], deadline=deadline, stop=stop)
         guard = (
             keeper(held)

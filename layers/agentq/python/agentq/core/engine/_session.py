@@ -33,6 +33,7 @@ class LeaseState:
     """What the heartbeat and the loop share: written by both, each field by one side at a time."""
 
     lease: Lease
+    tenant: str | None = None  # the task's: a message the heartbeat sends for it carries its fair-queue group
     lost: threading.Event = field(default_factory=threading.Event)
     commit_sent_at: float | None = None  # a step commit is on the wire: it renews (or ends) the lease
     live_text: str | None = None  # a streamed call's text so far, which the heartbeat publishes

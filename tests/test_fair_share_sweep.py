@@ -1,0 +1,117 @@
+"""The sweeper and tasks parked over a running limit (queueing/sweeper.py, storage/running_slots.py):
+a parked task is silent by design and is never re-sent, however long it waits; a queued task
+whose wake was lost (its WAIT item taken, its message never sent) is still swept; and room no
+release made (the deployment's default limit raised on redeploy) wakes as many waiters as it
+holds. The engine runs on the in-memory twin; the tier queues are real SQS on moto server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agentq.core.engine import Engine, EngineConfig
+from agentq.core.models import Task, TaskStatus
+from agentq.local.moto_server import MotoServer
+from agentq.queueing.dispatch import Dispatcher
+from agentq.queueing.queues import TaskMessage, TaskQueues
+from agentq.queueing.sweeper import sweep
+from agentq.runtime import build_queues
+from agentq.storage import keys
+from agentq.storage.container import Storage
+from agentq.storage.running_slots import WAIT
+
+from tests.helpers import deployment, scripted
+
+STORAGE = "memory"
+STALE_AFTER = 60.0
+
+
+@pytest.fixture(scope="module")
+def queues(moto_server: MotoServer) -> TaskQueues:
+    return build_queues(deployment(moto_server))
+
+
+def _dispatcher(store: Storage, queues: TaskQueues, registry: Any, limit: int) -> Dispatcher:
+    engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30))
+    return Dispatcher(engine, store, queues, max_receive_count=5, default_max_running=limit)
+
+
+def _sent(queues: TaskQueues) -> list[str]:
+    """The task ids of the messages in the normal queue (read and deleted)."""
+    got = queues.sqs.receive_message(QueueUrl=queues.url("normal"), MaxNumberOfMessages=10, WaitTimeSeconds=0)
+    for m in got.get("Messages", []):
+        queues.delete("normal", m["ReceiptHandle"])
+    return [TaskMessage.model_validate_json(m["Body"]).task_id for m in got.get("Messages", [])]
+
+
+def _one_running_and_parked(
+    store: Storage, dispatcher: Dispatcher, tenant: str, waiting: int
+) -> tuple[Task, list[Task]]:
+    """One task of ``tenant`` mid-run (its one slot taken) and ``waiting`` more parked behind it."""
+    running = store.tasks.create(scripted([{"text": "done"}]), tenant=tenant)
+    assert dispatcher.fair.admit(running, "normal").waits is None
+    assert store.tasks.claim(running.task_id, "other-worker", 30) is not None
+    parked = [store.tasks.create(scripted([{"text": "done"}]), tenant=tenant) for _ in range(waiting)]
+    for task in parked:
+        action = dispatcher.handle(TaskMessage(task_id=task.task_id).model_dump_json(), tier="normal", receive_count=1)
+        assert "waits queued" in action.reason
+    return running, parked
+
+
+def _long_after(store: Storage, tasks: list[Task]) -> float:
+    return max(store.tasks.get(t.task_id).updated_at or 0.0 for t in tasks) + 10 * STALE_AFTER
+
+
+def test_the_sweeper_leaves_a_task_parked_for_a_slot_alone_however_long_it_has_waited(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=1)
+    _sent(queues)
+    running, parked = _one_running_and_parked(store, dispatcher, "patient", waiting=3)
+    later = _long_after(store, [running, *parked])
+    for n in (1, 2):  # pass after pass
+        report = sweep(store, queues, stale_after=STALE_AFTER, now=later + n, default_max_running=1)
+        assert not {t.task_id for t in parked} & set(report.swept)
+        assert report.parked == 3 and report.woken == []
+        assert not {t.task_id for t in parked} & set(_sent(queues))
+    # their order is kept: the release wakes the oldest
+    store.tasks.transition(running.task_id, TaskStatus.SUCCEEDED)
+    dispatcher.fair.release(running.task_id)
+    assert _sent(queues) == [parked[0].task_id]
+
+
+def test_a_queued_task_whose_wake_was_lost_after_its_wait_item_was_taken_is_still_swept(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=1)
+    _sent(queues)
+    running, [lost, kept] = _one_running_and_parked(store, dispatcher, "crashed-waker", waiting=2)
+    # a waker took the first waiter's item and died before sending its message
+    pk = keys.tenant_pk("crashed-waker")
+    [item] = [i for i in store.slots.table.query(pk, prefix=WAIT) if i["task_id"] == lost.task_id]
+    store.slots.table.delete({"pk": pk, "sk": item["sk"]})
+    report = sweep(store, queues, stale_after=STALE_AFTER, now=_long_after(store, [running, lost, kept]),
+                   default_max_running=1)  # fmt: skip
+    assert lost.task_id in report.swept and kept.task_id not in report.swept
+    assert lost.task_id in _sent(queues)
+
+
+def test_raising_the_deployments_default_limit_lets_the_sweeper_wake_as_many_waiters_as_it_made_room_for(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    dispatcher = _dispatcher(store, queues, registry, limit=1)
+    _sent(queues)
+    running, parked = _one_running_and_parked(store, dispatcher, "redeployed", waiting=3)
+    now = (store.tasks.get(parked[-1].task_id).updated_at or 0.0) + 1  # too soon to sweep anyone
+    report = sweep(store, queues, stale_after=STALE_AFTER, now=now, default_max_running=1)
+    assert report.woken == [] and _sent(queues) == []  # no room: nobody woken
+    report = sweep(store, queues, stale_after=STALE_AFTER, now=now, default_max_running=3)  # redeployed with 3
+    assert report.woken == [parked[0].task_id, parked[1].task_id]  # oldest first, two slots made
+    assert sorted(_sent(queues)) == sorted(report.woken) and report.swept == []
+    redeployed = _dispatcher(store, queues, registry, limit=3)
+    for task_id in report.woken:
+        redeployed.handle(TaskMessage(task_id=task_id).model_dump_json(), tier="normal", receive_count=1)
+        assert store.tasks.get(task_id).status is TaskStatus.SUCCEEDED
+    assert store.tasks.get(parked[2].task_id).status is TaskStatus.QUEUED
+    assert store.tasks.get(running.task_id).status is TaskStatus.RUNNING  # untouched by the sweep
