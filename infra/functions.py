@@ -75,6 +75,10 @@ RUNNER_TABLE_ACTIONS = [a for a in TABLE_ACTIONS if a != "dynamodb:DeleteItem"]
 # FLOW#: fleet flow control (storage/flow.py); SCHEDULES: a schedule's fire (storage/schedules.py);
 # WORKERS: worker liveness (storage/workers.py: a claim reads a task's owner's, a worker keeps its own)
 RUNNER_PARTITIONS = [task_pk("*"), tenant_pk("*"), "FLOW#*", "SCHEDULES", WORKERS_PK]
+# The running limits (storage/running_slots.py): admitting takes a slot item and a HOLD# item in
+# the tenant's and a concurrency key's partitions; releasing deletes the HOLD# item, parking puts
+# a WAIT# item and waking deletes it. DeleteItem reaches no further than those two partitions.
+SLOT_PARTITIONS = [tenant_pk("*"), "CKEY#*"]
 PAYLOAD_ACTIONS = ["s3:GetObject", "s3:PutObject"]
 # SQS authorises the *Batch calls with the single-message action.
 SEND_ACTIONS = ["sqs:SendMessage", "sqs:GetQueueUrl", "sqs:GetQueueAttributes"]
@@ -236,6 +240,12 @@ def grant_task_runner(
             resources=table_resources(data, indexes=False),
             # Every item of a request (each of a transaction or batch) must be in one of these.
             conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": RUNNER_PARTITIONS}},
+        ),
+        iam.PolicyStatement(
+            sid="RunningSlots",
+            actions=TABLE_ACTIONS,
+            resources=table_resources(data, indexes=False),
+            conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": SLOT_PARTITIONS}},
         ),
         iam.PolicyStatement(sid="Payloads", actions=PAYLOAD_ACTIONS, resources=[payload_objects(data)]),
         iam.PolicyStatement(

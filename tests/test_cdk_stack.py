@@ -487,9 +487,12 @@ def test_each_function_gets_only_what_its_code_calls(synth: Synthesized) -> None
         "bedrock:InvokeModel",
     } <= executor  # fmt: skip
     assert "states:ListStateMachines" not in executor  # the ARN comes in the environment
+    # DeleteItem only for the running slots' HOLD# and WAIT# items, in their two partitions.
+    deleting = [s for s in _role_statements(synth, "executor") if "dynamodb:DeleteItem" in _as_list(s["Action"])]
+    assert [s["Sid"] for s in deleting] == ["RunningSlots"]
+    assert deleting[0]["Condition"] == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TENANT#*", "CKEY#*"]}}
     assert not executor & {
         "dynamodb:Scan",
-        "dynamodb:DeleteItem",
         "s3:DeleteObject",
         "sqs:PurgeQueue",
         "sqs:DeleteQueue",
@@ -1178,7 +1181,7 @@ def test_only_the_task_runners_may_invoke_the_sandbox_and_nothing_else(
         assert env["AGENTQ_SANDBOX"] == "lambda" and env["AGENTQ_SANDBOX_FUNCTION"] == {"Ref": sandbox_id}
 
 
-def test_task_runners_reach_only_task_and_worker_partitions_and_delete_only_a_liveness_item(
+def test_task_runners_reach_only_task_and_worker_partitions_and_delete_only_liveness_and_slot_items(
     worker_synth: Synthesized,
 ) -> None:
     (task_def,) = worker_synth.resources("AWS::ECS::TaskDefinition").values()
@@ -1193,13 +1196,20 @@ def test_task_runners_reach_only_task_and_worker_partitions_and_delete_only_a_li
             if any(a.startswith("dynamodb:") for a in _as_list(s["Action"]))
         }
         # The worker also keeps its liveness item and reads the owner index (storage/workers.py).
-        assert set(table) == ({"Table", "WorkerLiveness", "OwnerIndex"} if name == "worker" else {"Table"}), name
+        runner = {"Table", "RunningSlots"}
+        assert set(table) == (runner | {"WorkerLiveness", "OwnerIndex"} if name == "worker" else runner), name
         assert table["Table"]["Condition"] == {
             "ForAllValues:StringLike": {
                 "dynamodb:LeadingKeys": ["TASK#*", "TENANT#*", "FLOW#*", "SCHEDULES", WORKERS_PK]
             }
         }
         assert "dynamodb:DeleteItem" not in _as_list(table["Table"]["Action"])
+        # Releasing a running slot deletes its HOLD# item, waking a waiter its WAIT# item: the
+        # tenant's and the concurrency keys' partitions only (storage/running_slots.py).
+        assert table["RunningSlots"]["Condition"] == {
+            "ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TENANT#*", "CKEY#*"]}
+        }
+        assert "dynamodb:DeleteItem" in _as_list(table["RunningSlots"]["Action"])
         if name == "worker":
             assert table["WorkerLiveness"]["Condition"] == {
                 "ForAllValues:StringLike": {"dynamodb:LeadingKeys": [WORKERS_PK]}
