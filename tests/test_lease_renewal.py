@@ -84,14 +84,15 @@ def test_a_finishing_commit_drops_the_lease_whatever_lease_until_says(store: Sto
 
 
 def test_a_task_committing_faster_than_its_lease_keeps_it_with_no_heartbeat(store: Storage, registry: Any) -> None:
-    """Lease 3 s, no heartbeat at all, 21 steps over ~4.5 s: a rival claims in a loop the whole
+    """Lease 3 s, no heartbeat at all, 21 steps over at least 3.85 s (eleven model turns of 0.35 s
+    each, slept by the scripted provider): a rival claims in a loop the whole
     time. Without the renewal in each commit the lease would lapse after 3 s and the rival
     would take the task over. (The lease is ~8 turns long so that a loaded machine's slow commit
     cannot outlast it; a lease of 1 s failed once at load 30.)"""
     turns = [
-        {"text": f"turn {i}", "latency_seconds": 0.2, "tool_calls": [call("lookup", query=str(i))]} for i in range(10)
+        {"text": f"turn {i}", "latency_seconds": 0.35, "tool_calls": [call("lookup", query=str(i))]} for i in range(10)
     ]
-    turns.append({"text": "done", "latency_seconds": 0.2})
+    turns.append({"text": "done", "latency_seconds": 0.35})
     task = store.tasks.create(scripted(turns, tools=["lookup"]), tenant="t")
     engine = Engine(store, worker_id="w1", tools=registry, config=EngineConfig(lease_seconds=3.0))
     sessions: list[LeaseState] = []
@@ -120,7 +121,7 @@ def test_a_task_committing_faster_than_its_lease_keeps_it_with_no_heartbeat(stor
         stop.set()
         thread.join(timeout=5)
     assert rival_won == [], "the lease lapsed between commits"
-    assert time.monotonic() - began > 3.5  # longer than the lease, or the test proves nothing
+    assert time.monotonic() - began > 3.5  # longer than the lease (the turns' sleeps alone give 3.85 s)
     assert result.status is TaskStatus.SUCCEEDED
     final = store.tasks.get(task.task_id)
     assert final.lease_epoch == 1 and final.claim_count == 1
