@@ -246,7 +246,7 @@ def test_a_parent_killed_mid_spawn_resumes_without_duplicating_children(stack: L
     )  # fmt: skip
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     time.sleep(1.1)
-    stack.queues().send(root.task_id, "normal")  # its message would come back; send it now
+    stack.queues().send(root.task_id, "normal", tenant="t")  # its message would come back; send it now
     final = _wait(store, root.task_id)
     assert final.status is TaskStatus.SUCCEEDED
     entries = json.loads(store.steps.load(root.task_id)[1].body.results[0].content)["subagents"]
