@@ -314,7 +314,8 @@ def run_the_drill(stack: LocalStack, behaviour: OutageModel) -> None:
     tasks = store.tasks.get_many(ids)
     assert [t.status for t in tasks] == [TaskStatus.SUCCEEDED] * DRILL_TASKS, [t.error for t in tasks]
     assert all(queue_depth(queues, queues.dlq_url(tier)) == 0 for tier in ("high", "normal", "low"))
-    assert store.flow.state("anthropic/claude-sonnet-4-6").get("state") in ("open", "half_open")
+    # Whether Claude's circuit is open by now depends on how many calls failed before every task
+    # had moved over (a quiet run moves them first): the steps below prove the takeover.
     for task_id in ids:
         answered = [(s.body.provider, s.body.model) for s in store.steps.load(task_id) if isinstance(s.body, CallStep)]
         # Once a call went to the fallback, the task stayed with it.
