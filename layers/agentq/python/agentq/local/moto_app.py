@@ -1,6 +1,6 @@
 """moto's server application as the local stack and the tests run it: ``python -m agentq.local.moto_app``.
 
-It differs from ``moto_server`` in five ways, none of which changes what a request returns:
+It differs from ``moto_server`` in these ways, none of which changes what a request returns:
 
 1. DynamoDB requests are serialised (``SerialisedDynamoDB``). moto's server runs each request
    on its own thread with no lock around a DynamoDB operation, so two concurrent conditional
@@ -43,7 +43,7 @@ from typing import Any
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 from werkzeug.serving import run_simple
 
-from agentq.local import moto_models, moto_query, moto_rollback, moto_sqs, moto_streams
+from agentq.local import moto_models, moto_query, moto_rollback, moto_speed, moto_sqs, moto_streams
 
 
 def _moto_request_handler() -> Any:
@@ -114,9 +114,10 @@ def warm_up() -> threading.Thread:
     return thread
 
 
-def main(argv: list[str] | None = None, *, patch_moto: bool = True) -> None:
+def main(argv: list[str] | None = None, *, patch_moto: bool = True, fast_paths: bool = True) -> None:
     """Serve until killed. ``patch_moto=False`` leaves moto's DynamoDB as it is (2 and 3 above
-    off), for ``bench/local_commit.py``, which measures the difference."""
+    off), for ``bench/local_commit.py``, which measures the difference; ``fast_paths=False``
+    leaves out 9 (``bench/moto_throughput.py``'s before)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-H", "--host", default="127.0.0.1")
     parser.add_argument("-p", "--port", type=int, default=5000)
@@ -124,6 +125,8 @@ def main(argv: list[str] | None = None, *, patch_moto: bool = True) -> None:
     if patch_moto:
         moto_rollback.install()
         moto_query.install()
+    if fast_paths:
+        moto_speed.install()
     moto_sqs.install()
     moto_streams.install()
     moto_models.install()
