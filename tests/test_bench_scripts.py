@@ -31,6 +31,7 @@ CASES = {
     "latency": ["--tasks", "4", "--paced-tasks", "4"],
     "concurrency": ["--levels", "3", "--sample-seconds", "2", "--turns", "30", "--latency", "0.5"],
     "local_api": ["--clients", "4"],
+    "moto_throughput": ["--apps", "agentq", "--tasks", "4", "--threads", "2", "--seconds", "1"],
     "import_time": ["--runs", "1", "authorizer"],
     "local_soak": ["--minutes", "0.15", "--rate", "1", "--sample-seconds", "3"],
     "agent_cost": ["--turns", "30", "--doc-bytes", "2000"],
@@ -88,6 +89,9 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
     elif name == "concurrency":
         [level] = result["levels"]
         assert level["level"] == 3 and level["held_max"] == 3
+    elif name == "moto_throughput":
+        assert [r["phase"] for r in result["rows"]] == ["claims", "turns"]
+        assert all(r["calls"] > 0 and r["errors"] == 0 and r["server_cpu_ms_per_call"] > 0 for r in result["rows"])
     elif name == "local_api":
         [row] = result["rows"][:1]
         assert row["errors_5xx"] == 0 and row["crossed"] == 0

@@ -6,6 +6,7 @@ items it deleted or changed are back as they were, wherever in it the failing ac
 carries on applying the actions after a failed condition before rolling back), and a stream
 keeps no record of it. A Query by partition key reads only that partition (moto_query): its
 results must be those of moto's whole-table path. The backend for a host is looked up once.
+The fast paths of moto_speed (responses, update expressions) answer as moto's own paths do.
 """
 
 from __future__ import annotations
@@ -396,3 +397,114 @@ def test_the_server_keeps_no_item_objects_of_deleted_items() -> None:
             ddb.delete_item(TableName="t", Key=key)
         gc.collect()
         assert [o for o in gc.get_objects() if isinstance(o, Item)] == []
+
+
+# -- fast paths (moto_speed) --------------------------------------------------------------------
+
+EVERY_TYPE = {
+    "s": {S: "text"},
+    "empty": {S: ""},
+    "n": {"N": "-12.5"},
+    "b": {"B": b"\x00\x01bytes"},
+    "ss": {"SS": ["a", "b"]},
+    "ns": {"NS": ["1", "2.5"]},
+    "bs": {"BS": [b"x", b"y"]},
+    "m": {"M": {"inner": {"L": [{S: "x"}, {"N": "2"}, {"M": {"deep": {"BOOL": False}}}]}, "nil": {"NULL": True}}},
+    "l": {"L": []},
+    "bool": {"BOOL": True},
+    "null": {"NULL": True},
+}
+
+
+def test_an_item_of_every_attribute_type_reads_back_as_written_through_every_read(ddb: Any) -> None:
+    """Responses are serialised through the AttributeValue fast path (and a binary one through
+    moto's generic path): what GetItem, Query, BatchGetItem and UpdateItem's ALL_NEW return is
+    what was written."""
+    table = _table(ddb)
+    item = _key("p", "a") | EVERY_TYPE
+    ddb.put_item(TableName=table, Item=item)
+    assert ddb.get_item(TableName=table, Key=_key("p", "a"), ConsistentRead=True)["Item"] == item
+    assert _query(ddb, table, "p") == [item]
+    got = ddb.batch_get_item(RequestItems={table: {"Keys": [_key("p", "a")]}})["Responses"][table]
+    assert got == [item]
+    new = ddb.update_item(
+        TableName=table, Key=_key("p", "a"), UpdateExpression="SET s = :s", ExpressionAttributeValues={":s": {S: "t"}},
+        ReturnValues="ALL_NEW",
+    )["Attributes"]  # fmt: skip
+    assert new == item | {"s": {S: "t"}}
+
+
+def test_the_attribute_value_fast_path_serialises_as_moto_does() -> None:
+    """The fast path against moto's own serializer, for the same results (a subclass here, so
+    nothing in this process is patched)."""
+    import json
+
+    from moto.core.serialize import XFormedAttributePicker, get_serializer_class
+    from moto.core.utils import get_service_model
+
+    from agentq.local.moto_speed import attribute_value_fast_path
+
+    service = get_service_model("dynamodb")
+    generic = get_serializer_class("dynamodb", "json")
+    fast = type("Fast", (generic,), {})
+    fast._serialize_type_structure = attribute_value_fast_path(generic._serialize_type_structure)  # type: ignore[attr-defined]
+    wire = {k: v for k, v in EVERY_TYPE.items() if k not in ("b", "bs")} | {"b": {"B": "AAFieXRlcw=="}}
+    results = {
+        "GetItem": {"Item": wire},
+        "Query": {"Items": [wire, _key("p", "b")], "Count": 2, "ScannedCount": 2, "LastEvaluatedKey": _key("p", "b")},
+        "BatchGetItem": {"Responses": {"t": [wire]}, "UnprocessedKeys": {}},
+        "UpdateItem": {"Attributes": wire, "ConsumedCapacity": {"TableName": "t", "CapacityUnits": 0.5}},
+    }
+    for operation, result in results.items():
+        bodies = [
+            json.loads(
+                cls(
+                    operation_model=service.operation_model(operation), value_picker=XFormedAttributePicker()
+                ).serialize(result)["body"]
+            )
+            for cls in (generic, fast)
+        ]
+        assert bodies[0] == bodies[1], operation
+        assert bodies[1]
+
+
+def test_update_expressions_parsed_once_still_apply_each_request_s_own_names_and_values(ddb: Any) -> None:
+    table = _table(ddb)
+    for target, value in (("x", "1"), ("y", "2"), ("x", "3")):
+        ddb.update_item(
+            TableName=table, Key=_key("p", "a"), UpdateExpression="SET #t = :v ADD hits :one",
+            ExpressionAttributeNames={"#t": target}, ExpressionAttributeValues={":v": {"N": value}, ":one": {"N": "1"}},
+        )  # fmt: skip
+    got = ddb.get_item(TableName=table, Key=_key("p", "a"), ConsistentRead=True)["Item"]
+    assert got == _key("p", "a") | {"x": {"N": "3"}, "y": {"N": "2"}, "hits": {"N": "3"}}
+
+
+@pytest.mark.parametrize(
+    ("expression", "values", "message"),
+    [
+        ("SET v = :a, v = :b", {":a": {"N": "1"}, ":b": {"N": "2"}}, "Two document paths overlap"),
+        ("SET v = :a SET w = :b", {":a": {"N": "1"}, ":b": {"N": "2"}}, 'The "SET" section can only be used once'),
+        ("SET sk = :a", {":a": {S: "z"}}, "Cannot update attribute sk"),
+        (
+            "SET v = absent_attr + :a",
+            {":a": {"N": "1"}},
+            "The provided expression refers to an attribute that does not exist",
+        ),
+    ],
+)
+def test_an_update_expression_moto_refuses_is_still_refused(
+    ddb: Any, expression: str, values: Any, message: str
+) -> None:
+    """The validator's walks (looked up by node type) still find what they look for."""
+    table = _table(ddb)
+    ddb.put_item(TableName=table, Item=_key("p", "a") | {"v": {"N": "0"}})
+    for _ in range(2):  # the second time from the parsed-expression cache
+        with pytest.raises(ClientError) as err:
+            ddb.update_item(
+                TableName=table, Key=_key("p", "a"), UpdateExpression=expression, ExpressionAttributeValues=values
+            )
+        assert err.value.response["Error"]["Code"] == "ValidationException"
+        assert message in err.value.response["Error"]["Message"]
+    assert ddb.get_item(TableName=table, Key=_key("p", "a"), ConsistentRead=True)["Item"] == _key("p", "a") | {
+        "v": {"N": "0"}
+    }

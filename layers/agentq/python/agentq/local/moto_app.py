@@ -1,6 +1,6 @@
 """moto's server application as the local stack and the tests run it: ``python -m agentq.local.moto_app``.
 
-It differs from ``moto_server`` in five ways, none of which changes what a request returns:
+It differs from ``moto_server`` in these ways, none of which changes what a request returns:
 
 1. DynamoDB requests are serialised (``SerialisedDynamoDB``). moto's server runs each request
    on its own thread with no lock around a DynamoDB operation, so two concurrent conditional
@@ -28,6 +28,17 @@ It differs from ``moto_server`` in five ways, none of which changes what a reque
    (``warm_up``), while its client is still busy starting up, instead of by the first request
    to each: Step Functions' state-machine interpreter alone takes 2-3 s to import, which every
    local stack (and every test that starts one) used to wait for in ``provision``.
+9. DynamoDB requests cost the server 40-45 % less CPU (``moto_speed``: responses serialised
+   without asking for each of an AttributeValue's ten members, update expressions parsed once
+   per distinct string, expression trees copied and walked by node type, no request log):
+   held tasks wait in this one process, so its CPU per call bounds how many a worker holds
+   (``bench/moto_throughput.py``).
+10. The server's listen backlog is ``LISTEN_BACKLOG`` connections, not werkzeug's 128. werkzeug
+   closes every connection after its response, so every call of every client opens a new one,
+   and two workers of 1,100 task threads each can have far more than 128 waiting to be accepted
+   while the server is busy. A connection the kernel completed but had no room to queue is
+   dropped, and its client reads a reset: ``ConnectionResetError`` in 700 runs of one two-worker
+   ``bench/concurrency.py`` at 2,000 tasks (each retried, none in the next run).
 """
 
 from __future__ import annotations
@@ -41,9 +52,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
-from werkzeug.serving import run_simple
+from werkzeug.serving import BaseWSGIServer, run_simple
 
-from agentq.local import moto_models, moto_query, moto_rollback, moto_sqs, moto_streams
+from agentq.local import moto_models, moto_query, moto_rollback, moto_speed, moto_sqs, moto_streams
+
+LISTEN_BACKLOG = 4096  # waiting connections (Linux caps it at net.core.somaxconn)
 
 
 def _moto_request_handler() -> Any:
@@ -114,9 +127,10 @@ def warm_up() -> threading.Thread:
     return thread
 
 
-def main(argv: list[str] | None = None, *, patch_moto: bool = True) -> None:
+def main(argv: list[str] | None = None, *, patch_moto: bool = True, fast_paths: bool = True) -> None:
     """Serve until killed. ``patch_moto=False`` leaves moto's DynamoDB as it is (2 and 3 above
-    off), for ``bench/local_commit.py``, which measures the difference."""
+    off), for ``bench/local_commit.py``, which measures the difference; ``fast_paths=False``
+    leaves out 9 (``bench/moto_throughput.py``'s before)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-H", "--host", default="127.0.0.1")
     parser.add_argument("-p", "--port", type=int, default=5000)
@@ -124,10 +138,13 @@ def main(argv: list[str] | None = None, *, patch_moto: bool = True) -> None:
     if patch_moto:
         moto_rollback.install()
         moto_query.install()
+    if fast_paths:
+        moto_speed.install()
     moto_sqs.install()
     moto_streams.install()
     moto_models.install()
     os.environ.setdefault("MOTO_PORT", str(args.port))
+    BaseWSGIServer.request_queue_size = LISTEN_BACKLOG  # what run_simple's server listens with (10 above)
     warm_up()
     app = Dispatcher(create_backend_app)
     kwargs: dict[str, Any] = {"threaded": True}

@@ -1,0 +1,210 @@
+"""moto's DynamoDB at the CPU cost of the work, not of its generic machinery: five fast paths.
+
+Why: the local stack's tasks wait in the one moto process that serves DynamoDB (``moto_app``
+serialises its requests), so how many tasks a worker holds on 30 s turns is that process's
+calls/s over the calls a held task makes. Profiled under ``bench/concurrency.py`` at 1,000
+held tasks (py-spy, docs/BENCHMARKS.md), moto spent ~5.8 ms of CPU per call of a turn
+(``bench/moto_throughput.py``), and most of it on things whose result does not depend on the
+request's data:
+
+1. Response serialisation (24 % of the server's time): moto 5.2 serialises every response
+   by walking the botocore output shape, and for each DynamoDB ``AttributeValue`` (every
+   attribute of every item returned) it asks an attribute picker, through six alias providers,
+   for each of the ten members of the union (S, N, B, ...), to find the one that is there.
+   Here an ``AttributeValue`` given as moto gives it (a dict of one member) serialises that
+   member only, through the same serializer method for the member's shape; the nine absent
+   members were skipped by the generic path too. Taken only when no response transformer is
+   registered (those could rename or drop a member by its path).
+2. Update expressions are parsed once per distinct expression string (11 % with 3.): moto
+   tokenises and parses the ``UpdateExpression`` twice per UpdateItem (the handler's check of
+   the names used, then the backend). agentq's expressions are templates (values are
+   ``:placeholders``), so a few dozen strings recur. The parsed tree is shared: moto only
+   reads it (``find_clauses``) or deep-copies it before changing it (the validator's first act).
+3. Those deep copies (a copy of the whole tree, with parents, per UpdateItem) copy the tree's
+   nodes structurally (``Node.__deepcopy__``) instead of through ``copy``'s generic reduce
+   protocol; any attribute that is not a node, a list or an immutable scalar still goes
+   through ``copy.deepcopy``, with the same memo, so sharing and cycles come out the same.
+4. The validator's ten walks of the tree (and ``find_clauses``, some 80 calls per UpdateItem)
+   ask at every node whether it is a node, whether a processor handles it (building the
+   processor's map of node types to handlers each time, twice) and which handler: each an
+   ``isinstance`` against moto's abstract node classes, which goes through ``ABCMeta``. The
+   answers depend only on the node's type (and the processor, whose map holds its own bound
+   methods), so they are looked up by type, each worked out once with ``issubclass``.
+5. Every request logged one line (werkzeug's request log, 4 %) to a server whose output the
+   stack discards: the request log is off; warnings and errors still print.
+
+None of these changes what a request returns or which error it raises; ``tests/test_moto_app.py``
+checks the serialisation against moto's own for the items agentq writes and the other paths
+through the server. ``bench/moto_throughput.py --apps agentq,plain`` measures the difference.
+
+Which moto: the 5.2 series (``moto_rollback.VERIFIED_MOTO``), read in 5.2.5: ``BaseJSONSerializer``
+with ``_serialize``/``_default_serialize``/``_value_picker``, ``UpdateExpressionParser.make``,
+``ast_nodes.Node`` and ``DepthFirstTraverser``; ``install`` patches nothing on another series.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from agentq.local import moto_rollback
+
+EXPRESSION_CACHE = 4096  # distinct update expressions kept parsed (agentq uses a few dozen)
+_IMMUTABLE = (str, int, float, bool, type(None), bytes)
+_installed = False
+
+
+def install() -> bool:
+    """Patch moto in this process (idempotent). False on a moto series not verified."""
+    global _installed
+    if _installed:
+        return True
+    if not moto_rollback.supported():
+        return False
+    _fast_attribute_values()
+    _parse_update_expressions_once()
+    _copy_expression_trees_structurally()
+    _walk_trees_by_type()
+    quiet_request_log()
+    _installed = True
+    return True
+
+
+def _untyped(module: str) -> Any:
+    """A moto module its own ``# type: ignore`` hides from mypy (the expression parser's)."""
+    return importlib.import_module(module)
+
+
+def quiet_request_log() -> None:
+    """werkzeug logs every request at INFO; keep its warnings and errors."""
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+
+
+def attribute_value_fast_path(generic: Callable[..., None]) -> Callable[..., None]:
+    """``generic`` (a JSON serializer's ``_serialize_type_structure``) with 1. above in front."""
+
+    def _serialize_type_structure(self: Any, serialized: Any, value: Any, shape: Any, key: str) -> None:
+        if (
+            key
+            and shape.name == "AttributeValue"
+            and type(value) is dict
+            and len(value) == 1
+            and not self._value_picker.response_transformers
+            and self.operation_model.service_model.service_name == "dynamodb"
+        ):
+            ((member_key, member_value),) = value.items()
+            member = shape.members.get(member_key)
+            if member is not None and member_value is not None:
+                wrapper: dict[str, Any] = {}
+                member.parent = shape  # as the generic path leaves it
+                self._serialize(wrapper, member_value, member, member_key)
+                self._default_serialize(serialized, wrapper, shape, key)
+                return
+        generic(self, serialized, value, shape, key)
+
+    return _serialize_type_structure
+
+
+def _fast_attribute_values() -> None:
+    from moto.core.serialize import BaseJSONSerializer
+
+    fast = attribute_value_fast_path(BaseJSONSerializer._serialize_type_structure)
+    BaseJSONSerializer._serialize_type_structure = fast  # type: ignore[method-assign]
+
+
+def _parse_update_expressions_once() -> None:
+    parser = _untyped("moto.dynamodb.parsing.expressions").UpdateExpressionParser
+    parse = parser.make.__func__
+
+    @functools.lru_cache(maxsize=EXPRESSION_CACHE)
+    def make(expression: str) -> Any:
+        return parse(parser, expression)
+
+    parser.make = staticmethod(make)
+
+
+def _copy_value(value: Any, memo: dict[int, Any]) -> Any:
+    if type(value) in _IMMUTABLE:
+        return value
+    known = memo.get(id(value))
+    if known is not None:
+        return known
+    if type(value) is list:
+        out: list[Any] = []
+        memo[id(value)] = out
+        out.extend(_copy_value(v, memo) for v in value)
+        copy._keep_alive(value, memo)  # type: ignore[attr-defined]  # what copy.deepcopy does for every copy
+        return out
+    return copy.deepcopy(value, memo)
+
+
+def _copy_expression_trees_structurally() -> None:
+    node_class = _untyped("moto.dynamodb.parsing.ast_nodes").Node
+
+    def __deepcopy__(self: Any, memo: dict[int, Any]) -> Any:
+        cls = self.__class__
+        new = cls.__new__(cls)
+        memo[id(self)] = new
+        new.__dict__.update((k, _copy_value(v, memo)) for k, v in self.__dict__.items())
+        copy._keep_alive(self, memo)  # type: ignore[attr-defined]
+        return new
+
+    node_class.__deepcopy__ = __deepcopy__
+
+
+def _walk_trees_by_type() -> None:
+    nodes = _untyped("moto.dynamodb.parsing.ast_nodes")
+    node_class, traverser = nodes.Node, nodes.DepthFirstTraverser
+    descend_into = (nodes.Expression, nodes.UpdateExpressionFunction)
+
+    is_node: dict[type, bool] = {}
+    descends: dict[type, bool] = {}
+
+    def handler(self: Any, kind: type) -> Any:
+        """The processor's handler for nodes of type ``kind`` (None: not processed), as
+        ``process`` picks it: the first key of its map that ``kind`` is an instance of."""
+        handlers: dict[type, Any] | None = self.__dict__.get("_agentq_handlers")
+        if handlers is None:
+            handlers = self.__dict__["_agentq_handlers"] = {}
+            self.__dict__["_agentq_map"] = self._processing_map()
+        if kind not in handlers:
+            handlers[kind] = next((h for k, h in self.__dict__["_agentq_map"].items() if issubclass(kind, k)), None)
+        return handlers[kind]
+
+    def traverse_node_recursively(self: Any, node: Any, child_id: int = -1) -> Any:
+        kind = type(node)
+        if kind not in is_node:
+            is_node[kind] = issubclass(kind, node_class)
+        if is_node[kind]:
+            parent_node = node.parent
+            if node.children is not None:
+                for i, child_node in enumerate(node.children):
+                    self.pre_processing_of_child(node, i)
+                    self.traverse_node_recursively(child_node, i)
+            process = handler(self, kind)
+            if process is not None:
+                node = process(node)
+                node.parent = parent_node
+                if parent_node:
+                    parent_node.children[child_id] = node
+        return node
+
+    def find_clauses(self: Any, clause_types: list[type]) -> list[Any]:
+        clauses = []
+        for child in self.children or []:
+            kind = type(child)
+            if kind in clause_types:
+                clauses.append(child)
+                continue
+            if kind not in descends:
+                descends[kind] = issubclass(kind, descend_into)
+            if descends[kind]:
+                clauses.extend(child.find_clauses(clause_types))
+        return clauses
+
+    traverser.traverse_node_recursively = traverse_node_recursively
+    node_class.find_clauses = find_clauses
