@@ -453,3 +453,33 @@ def test_cancel_running_parks_the_new_task_even_when_a_holder_of_its_key_no_long
     assert store.slots.holders("ghosts", "customer-purged") == [holder.task_id]
     late = _submit(store, "ghosts", key)
     assert "waits queued" in _handle(dispatcher, late.task_id).reason  # no TaskNotFound, no redelivery loop
+
+
+class _SentThenRaised:
+    """Queues whose send reaches SQS and then raises (a timeout after SQS took the message),
+    with a worker claiming the task in between, as a fast one would."""
+
+    def __init__(self, queues: TaskQueues, store: Storage) -> None:
+        self.queues, self.store = queues, store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.queues, name)
+
+    def send(self, task_id: str, tier: str, **kwargs: Any) -> None:
+        self.queues.send(task_id, tier, **kwargs)
+        assert self.store.tasks.claim(task_id, "fast-worker", 30) is not None
+        raise TimeoutError("the send timed out after SQS took the message")
+
+
+def test_a_submission_whose_send_raised_after_sqs_took_it_keeps_the_slot_its_running_task_holds(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    _received(queues)
+    defaults = Defaults(tenant_max_running=2)
+    flaky = _SentThenRaised(queues, store)
+    submitted = submit_once(store, registry, scripted([{"text": "a"}]), tenant="timeout", queues=flaky,  # type: ignore[arg-type]
+                            defaults=defaults)  # fmt: skip
+    task = store.tasks.get(submitted.task.task_id)
+    assert task.status is TaskStatus.RUNNING and task.slots  # it runs, counted
+    assert store.slots.with_default(2).usage("timeout").running == 1
+    _received(queues)

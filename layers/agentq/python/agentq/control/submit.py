@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,9 @@ from agentq.core.tools import ToolRegistry
 from agentq.queueing.fairness import FairShare
 from agentq.queueing.queues import TaskQueues
 from agentq.storage.container import Storage
+from agentq.storage.table import TransactionCancelled
+
+log = logging.getLogger("agentq.submit")
 
 
 def submit(store: Storage, tools: ToolRegistry, raw: Any, *, tenant: str, queues: TaskQueues | None = None) -> Task:
@@ -127,11 +131,18 @@ def submit_once(
         try:
             queues.send(task.task_id, submission.priority, tenant=tenant)
         except Exception:
-            if gate.limited:
-                store.slots.give_back(task.task_id)
-            store.tasks.delete_unstarted(
-                task.task_id, idempotency=(tenant, idempotency_key) if idempotency_key else None
-            )
+            # The task and its slots go in one transaction, only while nobody claimed it: a
+            # send that raised although SQS took the message may already be running it, and
+            # then it keeps its slots (its end gives them back) and the submission stands.
+            try:
+                store.tasks.delete_unstarted(
+                    task.task_id,
+                    idempotency=(tenant, idempotency_key) if idempotency_key else None,
+                    also=store.slots.give_back_actions(task.task_id) if gate.limited else (),
+                )
+            except TransactionCancelled:
+                log.warning("task %s: its enqueue raised, but a worker claimed it: the message was sent", task.task_id)
+                return Submitted(store.tasks.get(task.task_id), created)
             raise
     elif task.status is TaskStatus.QUEUED and task.lease_epoch == 0:
         # the first request may have died before its enqueue: a duplicate message is harmless

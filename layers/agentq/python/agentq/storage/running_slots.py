@@ -48,7 +48,6 @@ SQS send. An unlimited tenant without a key pays one read of the slot item per a
 
 from __future__ import annotations
 
-import contextlib
 import random
 import time
 from dataclasses import dataclass
@@ -261,18 +260,18 @@ class RunningSlots:
             return []  # released by another copy of the message meanwhile (or it runs again)
         return held
 
-    def give_back(self, task_id: str) -> None:
-        """Undo an admission whose task is deleted before it ever ran (its enqueue failed)."""
+    def give_back_actions(self, task_id: str) -> list[Any]:
+        """The writes that undo the admission of a task deleted before it ever ran (its enqueue
+        failed), for the deletion's own transaction (``Tasks.delete_unstarted``): given back
+        if and only if the task is deleted, so a task a worker claimed meanwhile (SQS took the
+        message although the send raised) keeps the slots it runs on."""
         held = [str(pk) for pk in plain(self.table.get(keys.meta_key(task_id)) or {}).get("slots") or []]
-        if not held:
-            return
-        actions: list[Any] = [Patch("meta", keys.meta_key(task_id), Update(remove=["slots"]), Attr("slots").exists())]
+        actions: list[Any] = []
         for i, pk in enumerate(held):
             actions.append(Patch(f"slot{i}", self._key(pk), Update(add={"running": -1})))
             if pk.startswith("CKEY#"):
                 actions.append(Delete(f"hold{i}", {"pk": pk, "sk": HOLD + task_id}))
-        with contextlib.suppress(TransactionCancelled):  # given back by another copy meanwhile
-            _transact_through_conflicts(self.table, actions)
+        return actions
 
     def holders(self, tenant: str, key: str) -> list[str]:
         """The tasks holding a slot of a concurrency key."""

@@ -20,6 +20,7 @@ listings (``storage.task_listing``). This module creates tasks: plain, idempoten
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from boto3.dynamodb.conditions import Attr
@@ -192,11 +193,14 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
             expires_at=data["expires_at"],
         )
 
-    def delete_unstarted(self, task_id: str, *, idempotency: tuple[str, str] | None = None) -> None:
+    def delete_unstarted(
+        self, task_id: str, *, idempotency: tuple[str, str] | None = None, also: Sequence[Action] = ()
+    ) -> None:
         """Undo a create whose enqueue failed: only while nobody has claimed the task.
 
         ``idempotency`` (tenant, key) also removes the task's ``IDEMP#`` record, so a retry
-        with the same key creates the task anew instead of finding a deleted one.
+        with the same key creates the task anew instead of finding a deleted one. ``also``:
+        writes that stand or fall with the deletion (the running slots it gives back).
         """
         actions: list[Action] = [
             Delete("meta", keys.meta_key(task_id), Attr("lease_epoch").eq(0)),
@@ -204,7 +208,7 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
         ]
         if idempotency is not None:
             actions.append(Delete("idempotency", {"pk": keys.idempotency_pk(*idempotency), "sk": keys.META}))
-        self.table.transact(actions)
+        self.table.transact([*actions, *also])
 
     # ------------------------------------------------------------------ fork
 
