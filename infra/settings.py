@@ -172,6 +172,12 @@ class BudgetDefaults(_Strict):
     tenant_max_running: int | None = Field(
         None, ge=1, description="the most running tasks (sub-agents included) per tenant when a tenant has no override"
     )
+    fleet_capacity: int | None = Field(
+        None,
+        ge=1,
+        description="the most running tasks of all tenants together (the executors' reserved concurrency plus what "
+        "the workers run): a saturated fleet is shared by the tenants' weights (AGENTQ_FLEET_CAPACITY)",
+    )
 
 
 class SandboxSettings(_Strict):

@@ -483,3 +483,17 @@ def test_a_submission_whose_send_raised_after_sqs_took_it_keeps_the_slot_its_run
     assert task.status is TaskStatus.RUNNING and task.slots  # it runs, counted
     assert store.slots.with_default(2).usage("timeout").running == 1
     _received(queues)
+
+
+def test_clearing_an_override_with_no_default_wakes_every_waiter_not_only_the_first_thousand(
+    store: Storage, queues: TaskQueues, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.slots.set_limit("crowd", 1)
+    slot = store.slots.slots_for(_submit(store, "crowd"))[0]
+    waiting = [_submit(store, "crowd") for _ in range(1005)]
+    for task in waiting:
+        store.slots.park(task, slot, "normal")
+    sent: list[str] = []
+    monkeypatch.setattr(queues, "send", lambda task_id, tier, **_: sent.append(task_id))
+    set_max_running(store, "crowd", None, queues)
+    assert len(sent) == 1005 and sent[:2] == [waiting[0].task_id, waiting[1].task_id]

@@ -120,7 +120,12 @@ def submit_once(
     if created:
         # Admitted here, a task of a tenant at its running limit never enters the queue: it waits
         # on the tenant's list, and a burst of one tenant never stands in front of another's tasks.
-        fair = FairShare(store, queues, default_limit=defaults.tenant_max_running if defaults else None)
+        fair = FairShare(
+            store,
+            queues,
+            default_limit=defaults.tenant_max_running if defaults else None,
+            fleet_capacity=defaults.fleet_capacity if defaults else None,
+        )
         gate = fair.admit(task, submission.priority)
         if gate.skipped:  # its key's skip ended it: reported as any end, and answered as it is now
             task = fair.report_skipped(task.task_id)

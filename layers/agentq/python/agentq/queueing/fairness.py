@@ -32,6 +32,7 @@ from agentq.queueing.dependencies import release_dependents
 from agentq.queueing.queues import TaskQueues
 from agentq.queueing.webhooks import enqueue_end
 from agentq.storage.container import Storage
+from agentq.storage.fleet_slots import FLEET
 from agentq.storage.running_slots import Admission, RunningSlots, Slot
 
 log = logging.getLogger("agentq.fairness")
@@ -48,10 +49,18 @@ class Gate:
 
 
 class FairShare:
-    def __init__(self, store: Storage, queues: TaskQueues, *, default_limit: int | None = None) -> None:
+    def __init__(
+        self,
+        store: Storage,
+        queues: TaskQueues,
+        *,
+        default_limit: int | None = None,
+        fleet_capacity: int | None = None,
+        fleet_name: str = FLEET,
+    ) -> None:
         self.store = store
         self.queues = queues
-        self.slots: RunningSlots = store.slots.with_default(default_limit)
+        self.slots: RunningSlots = store.slots.with_default(default_limit, fleet_capacity, fleet_name)
 
     def admit(self, task: Task, tier: str) -> Gate:
         """Whether ``task`` needs slots, and, when it may not run now, why its message may be
@@ -66,10 +75,11 @@ class FairShare:
         return self._admit(task, tier, slots)
 
     def _admit(self, task: Task, tier: str, slots: list[Slot]) -> Gate:
-        full = next((s for s in slots if s.seen_full), None)  # refused by the read: no transaction
-        for _ in range(ADMIT_ATTEMPTS):
+        for attempt in range(ADMIT_ATTEMPTS):
+            if attempt:  # read again: the fleet shard it picked may be the one taken meanwhile
+                slots = self.slots.slots_for(task)
+            full = next((s for s in slots if s.seen_full), None)  # refused by the read: no transaction
             admission = Admission("refused", full) if full is not None else self.slots.admit(task, slots)
-            full = None
             if admission.outcome == "conflict":
                 continue  # raced another write of a slot item: nothing was decided, try again
             if admission.outcome != "refused" or admission.slot is None:
@@ -83,12 +93,13 @@ class FairShare:
             if conflict == "cancel_running":
                 self._cancel_holders(task)
             self.slots.park(task, slot, tier)
-            observe.tenant_held_at_limit(task.tenant, "key" if slot.key else "tenant", slot.limit)
+            if slot.fleet:  # the fleet is full: waiting for it is sharing it, not a tenant held back
+                log.info("task %s waits for the fleet (tenant %s)", task.task_id, task.tenant)
+            else:
+                observe.tenant_held_at_limit(task.tenant, "key" if slot.key else "tenant", slot.limit or 0)
             if not self.slots.has_room(slot):
                 self.pass_on(task, besides=slot)  # it may have been woken for another slot
-                return Gate(
-                    limited=True, waits=f"over its {_what(slot)} limit of {slot.limit}: waits queued for a slot"
-                )
+                return Gate(limited=True, waits=self._why(slot))
             # A release between the refusal and the park woke nobody: take the slot ourselves.
             # When a waker took our item first (and sent our message), admit again all the
             # same: its room may be gone to another task by now, and running unadmitted would
@@ -97,6 +108,11 @@ class FairShare:
         # Not admitted and not parked (its last re-check took its item back, or every attempt
         # conflicted): deleting its message would leave the task with neither, so it comes back.
         return Gate(limited=True, keep=f"not admitted after {ADMIT_ATTEMPTS} attempts: its message comes back")
+
+    def _why(self, slot: Slot) -> str:
+        if slot.fleet:
+            return f"the fleet is full ({self.slots.fleet_capacity} running): waits queued for a slot, by weight"
+        return f"over its {_what(slot)} limit of {slot.limit}: waits queued for a slot"
 
     def release(self, task_id: str) -> list[str]:
         """Give back the slots of a task that left running; wake what they have room for. The
@@ -113,7 +129,7 @@ class FairShare:
         the wake on, or the waiters behind it wait with the slot free and, when no task of the
         tenant runs, no release to come."""
         for slot in self.slots.slots_for(task):
-            if slot.pk == (besides.pk if besides else None) or slot.seen_full:
+            if slot.wait_pk == (besides.wait_pk if besides else None) or slot.seen_full:
                 continue
             if slot.key and not self.slots.has_room(slot):
                 continue

@@ -57,6 +57,7 @@ from boto3.dynamodb.conditions import Attr, ConditionBase
 
 from agentq.core.errors import ValidationError
 from agentq.core.models import Task, TaskStatus
+from agentq.storage import fleet_slots as fleet
 from agentq.storage import keys
 from agentq.storage.table import (
     ConditionFailed,
@@ -87,13 +88,24 @@ def key_pk(tenant: str, key: str) -> str:
 class Slot:
     """One limit a task must fit under: its partition, its limit, and whether that limit is
     the tenant's override stored on the item (conditioned as stored, so a concurrent change of
-    the override is seen) or a value the caller knows (the default, a key's limit)."""
+    the override is seen) or a value the caller knows (the default, a key's limit, a fleet
+    shard's part of the capacity). None: no limit, only counted (a tenant's running count is
+    what the fleet's weighted wake compares, so with a fleet every tenant's is kept)."""
 
     pk: str
-    limit: int
+    limit: int | None
     stored_limit: bool = False
     key: bool = False
     seen_full: bool = False  # the read that found it saw running >= limit: refuse without a transaction
+    queue: str | None = None  # the waiting list of a task it refuses, when not ``pk`` (the fleet's, per tenant)
+
+    @property
+    def fleet(self) -> bool:
+        return fleet.is_shard(self.pk)
+
+    @property
+    def wait_pk(self) -> str:
+        return self.queue or self.pk
 
 
 @dataclass(frozen=True)
@@ -115,17 +127,31 @@ class SlotUsage:
     running: int
     waiting: int
     limit: int | None
+    weight: int = fleet.DEFAULT_WEIGHT
 
 
 class RunningSlots:
-    def __init__(self, table: Table, default_limit: int | None = None) -> None:
+    def __init__(
+        self,
+        table: Table,
+        default_limit: int | None = None,
+        fleet_capacity: int | None = None,
+        fleet_name: str = fleet.FLEET,
+    ) -> None:
         """``default_limit``: the deployment's most running tasks per tenant without an
-        override (``AGENTQ_DEFAULT_TENANT_MAX_RUNNING``); None leaves them unlimited."""
+        override (``AGENTQ_DEFAULT_TENANT_MAX_RUNNING``); None leaves them unlimited.
+        ``fleet_capacity``: the most running tasks of all tenants together, shared by weight
+        (``AGENTQ_FLEET_CAPACITY``, ``storage.fleet_slots``); None: no fleet slot.
+        ``fleet_name``: its partitions' prefix (a test names a fleet of its own)."""
         self.table = table
         self.default_limit = default_limit
+        self.fleet_capacity = fleet_capacity
+        self.fleet_name = fleet_name
 
-    def with_default(self, default_limit: int | None) -> RunningSlots:
-        return RunningSlots(self.table, default_limit)
+    def with_default(
+        self, default_limit: int | None, fleet_capacity: int | None = None, fleet_name: str = fleet.FLEET
+    ) -> RunningSlots:
+        return RunningSlots(self.table, default_limit, fleet_capacity, fleet_name)
 
     @staticmethod
     def _key(pk: str) -> dict[str, str]:
@@ -143,6 +169,18 @@ class RunningSlots:
             update = Update(set={"limit": limit}, set_if_absent=listed)
         else:
             update = Update(remove=["limit"], set_if_absent=listed)
+        self.table.update(self._key(keys.tenant_pk(tenant)), update)
+
+    def set_weight(self, tenant: str, weight: int | None) -> None:
+        """The tenant's weight in the fleet's share (None: back to 1). Changing it never touches
+        a running task: the next wakes compare running counts by the new weight."""
+        if weight is not None:
+            fleet.check_weight(weight)
+        listed = _listed(keys.tenant_pk(tenant))
+        if weight is not None:
+            update = Update(set={"weight": weight}, set_if_absent=listed)
+        else:
+            update = Update(remove=["weight"], set_if_absent=listed)
         self.table.update(self._key(keys.tenant_pk(tenant)), update)
 
     def limit(self, tenant: str) -> int | None:
@@ -178,27 +216,64 @@ class RunningSlots:
 
     def _usage_of(self, tenant: str, raw: dict[str, Any] | None, waiting_up_to: int) -> SlotUsage:
         item = plain(raw or {})
-        waiting = self.table.query(keys.tenant_pk(tenant), prefix=WAIT, limit=waiting_up_to, keys_only=True)
         limit = item.get("limit")
         return SlotUsage(
             tenant=tenant,
             running=int(item.get("running", 0)),
-            waiting=len(waiting),
+            waiting=self._waiting(tenant, waiting_up_to),
             limit=int(limit) if limit is not None else self.default_limit,
+            weight=_weight_of(item),
         )
+
+    def _waiting(self, tenant: str, up_to: int) -> int:
+        """The tenant's tasks still waiting for its slot or for the fleet (up to ``up_to``): a
+        waiter cancelled, or admitted by another route, keeps its item until a wake drops it,
+        and is not counted."""
+        waiters: list[dict[str, Any]] = []
+        for pk in (keys.tenant_pk(tenant), fleet.queue_pk(tenant, self.fleet_name)):
+            waiters += self.table.query(pk, prefix=WAIT, limit=up_to - len(waiters), keys_only=True)
+            if len(waiters) >= up_to:
+                break
+        if not waiters:
+            return 0
+        metas = self.table.batch_get([keys.meta_key(_waiter_id(w)) for w in waiters])
+        return sum(1 for m in metas if _still_waiting(m))
 
     # --- admission ----------------------------------------------------------------------
 
     def slots_for(self, task: Task) -> list[Slot]:
-        """The slots ``task`` needs (one read: the tenant's slot item for its override)."""
+        """The slots ``task`` needs (one read: the tenant's slot item for its override; with a
+        fleet, one BatchGetItem of it and the fleet's shards)."""
         slots: list[Slot] = []
-        item = plain(self.table.get(self._key(keys.tenant_pk(task.tenant))) or {})
+        tenant_pk = keys.tenant_pk(task.tenant)
+        if self.fleet_capacity is None:
+            item = plain(self.table.get(self._key(tenant_pk)) or {})
+        else:
+            read = [self._key(tenant_pk)] + [self._key(fleet.shard_pk(i, self.fleet_name)) for i in range(fleet.SHARDS)]
+            items = {str(i["pk"]): plain(i) for i in self.table.batch_get(read)}
+            item = items.get(tenant_pk, {})
         stored, running = item.get("limit"), int(item.get("running", 0))
         if stored is not None:
-            slots.append(Slot(keys.tenant_pk(task.tenant), int(stored), stored_limit=True, seen_full=running >= stored))
+            slots.append(Slot(tenant_pk, int(stored), stored_limit=True, seen_full=running >= stored))
         elif self.default_limit is not None:
-            pk = keys.tenant_pk(task.tenant)
-            slots.append(Slot(pk, self.default_limit, seen_full=running >= self.default_limit))
+            slots.append(Slot(tenant_pk, self.default_limit, seen_full=running >= self.default_limit))
+        elif self.fleet_capacity is not None:
+            slots.append(Slot(tenant_pk, None))  # unlimited, but counted for the fleet's shares
+        if self.fleet_capacity is not None:
+            shards = [
+                int(items.get(fleet.shard_pk(i, self.fleet_name), {}).get("running", 0)) for i in range(fleet.SHARDS)
+            ]
+            pick = fleet.pick_shard(self.fleet_capacity, shards)
+            index = 0 if pick is None else pick
+            limit = fleet.shard_limits(self.fleet_capacity)[index]
+            slots.append(
+                Slot(
+                    fleet.shard_pk(index, self.fleet_name),
+                    limit,
+                    seen_full=pick is None,
+                    queue=fleet.queue_pk(task.tenant, self.fleet_name),
+                )
+            )
         concurrency = task.submission.concurrency
         if concurrency is not None:
             slots.append(Slot(key_pk(task.tenant, concurrency.key), concurrency.limit, key=True))
@@ -280,10 +355,12 @@ class RunningSlots:
     # --- waiting ------------------------------------------------------------------------
 
     def park(self, task: Task, slot: Slot, tier: str) -> None:
-        """``task`` waits for ``slot``: its item in the slot's waiting list (idempotent)."""
+        """``task`` waits for ``slot``: its item in the slot's waiting list (idempotent). For
+        the fleet, its tenant is then marked waiting (after the item: a wake that finds the
+        mark finds the item; ``_drop_mark`` re-reads the list after taking a mark away)."""
         self.table.put(
             {
-                "pk": slot.pk,
+                "pk": slot.wait_pk,
                 "sk": _wait_sk(task, tier),
                 "task_id": task.task_id,
                 "tier": tier,
@@ -291,20 +368,31 @@ class RunningSlots:
                 "parked_at": time.time(),
             }
         )
+        if slot.fleet:
+            self.table.put(
+                {
+                    "pk": fleet.waiting_pk(self.fleet_name),
+                    "sk": fleet.WAITING_TENANT + task.tenant,
+                    "tenant": task.tenant,
+                }
+            )
 
     def unpark(self, task: Task, slot: Slot, tier: str) -> bool:
         """Take ``task`` off ``slot``'s list; False when a waker took it first (its message is sent)."""
         try:
-            self.table.delete({"pk": slot.pk, "sk": _wait_sk(task, tier)}, condition=present())
+            self.table.delete({"pk": slot.wait_pk, "sk": _wait_sk(task, tier)}, condition=present())
         except ConditionFailed:
             return False
         return True
 
     def has_room(self, slot: Slot) -> bool:
-        """Is ``slot`` below its limit now (a tenant's override as stored now)?"""
+        """Is ``slot`` below its limit now (a tenant's override as stored now; for a fleet
+        shard: has any shard room)?"""
+        if slot.fleet:
+            return self._fleet_room(1) > 0
         item = plain(self.table.get(self._key(slot.pk)) or {})
         limit = int(item["limit"]) if "limit" in item and not slot.key else slot.limit
-        return int(item.get("running", 0)) < limit
+        return limit is None or int(item.get("running", 0)) < limit
 
     def parked(self, pk: str) -> set[str]:
         """The tasks with a WAIT item under ``pk`` (all pages, keys only): the sweeper leaves
@@ -324,10 +412,17 @@ class RunningSlots:
         whole list at once (measured: a thundering herd of refused admissions). A waiter that is
         no longer ``queued`` (cancelled while it waited), or was admitted meanwhile by another
         route, is dropped and does not count. A
-        conditional delete, so two wakers never take the same one."""
+        conditional delete, so two wakers never take the same one. For a fleet shard: the
+        fleet's waiters, by weight (``_next_fleet_waiters``)."""
+        if fleet.is_shard(pk):
+            return self._next_fleet_waiters(most)
         item = plain(self.table.get(self._key(pk)) or {})
         limit = item.get("limit", self.default_limit) if pk.startswith("TENANT#") else None
         room = most if limit is None else min(most, max(0, int(limit) - int(item.get("running", 0))))
+        return self._take(pk, room)
+
+    def _take(self, pk: str, room: int) -> list[tuple[str, str, str]]:
+        """Take (delete) up to ``room`` waiters of the list ``pk`` still waiting, oldest first."""
         taken: list[tuple[str, str, str]] = []
         while room > 0:
             waiters = self.table.query(pk, prefix=WAIT, limit=room + 4)
@@ -348,6 +443,64 @@ class RunningSlots:
                     taken.append((str(waiter["task_id"]), str(waiter["tier"]), str(waiter.get("tenant", ""))))
                     room -= 1
         return taken
+
+    # --- the fleet (storage.fleet_slots) -------------------------------------------------
+
+    def _fleet_room(self, most: int) -> int:
+        """How many fleet slots are free now, up to ``most`` (one BatchGetItem of the shards);
+        without a capacity, ``most``: nothing limits the fleet any more, its waiters may all go."""
+        if self.fleet_capacity is None:
+            return most
+        read = [self._key(fleet.shard_pk(i, self.fleet_name)) for i in range(fleet.SHARDS)]
+        items = {str(i["pk"]): plain(i) for i in self.table.batch_get(read)}
+        running = [
+            int(items.get(fleet.shard_pk(i, self.fleet_name), {}).get("running", 0)) for i in range(fleet.SHARDS)
+        ]
+        free = sum(max(0, n - r) for n, r in zip(fleet.shard_limits(self.fleet_capacity), running, strict=True))
+        return min(most, free)
+
+    def _next_fleet_waiters(self, most: int) -> list[tuple[str, str, str]]:
+        """Take up to ``most`` of the fleet's waiters it has room for, each of the waiting
+        tenant whose ``running / weight`` is lowest and below its hard limit (a tenant's count
+        goes up by each one taken here, so a wake of several shares them by weight too). Reads:
+        the shards, the waiting tenants (one Query of ``FLEET#WAITING``), their slot items (one
+        BatchGetItem); then per waiter taken its list's Query, its META and one conditional Delete."""
+        room = self._fleet_room(most)
+        if room <= 0:
+            return []
+        marks = self.table.query(fleet.waiting_pk(self.fleet_name), prefix=fleet.WAITING_TENANT)
+        if not marks:
+            return []
+        tenants = [str(m["sk"]).removeprefix(fleet.WAITING_TENANT) for m in marks]
+        items = {str(i["pk"]): plain(i) for i in self.table.batch_get([self._key(keys.tenant_pk(t)) for t in tenants])}
+        shares = {}
+        for t in tenants:
+            item = items.get(keys.tenant_pk(t), {})
+            shares[t] = fleet.Share(t, int(item.get("running", 0)), _weight_of(item), self._limit_of(item or None))
+        taken: list[tuple[str, str, str]] = []
+        while room > 0 and shares:
+            ranked = fleet.by_share(list(shares.values()))
+            if not ranked:
+                break  # every waiting tenant is at its hard limit: its own releases wake it
+            share = ranked[0]
+            got = self._take(fleet.queue_pk(share.tenant, self.fleet_name), 1)
+            if not got:
+                self._drop_mark(share.tenant)
+                del shares[share.tenant]
+                continue
+            taken += got
+            room -= 1
+            shares[share.tenant] = fleet.Share(share.tenant, share.running + 1, share.weight, share.limit)
+        return taken
+
+    def _drop_mark(self, tenant: str) -> None:
+        """``tenant`` no longer waits for the fleet: take its mark away, then look at its list
+        again, and mark it back if a task parked meanwhile (its park wrote the item first)."""
+        self.table.delete({"pk": fleet.waiting_pk(self.fleet_name), "sk": fleet.WAITING_TENANT + tenant})
+        if self.table.query(fleet.queue_pk(tenant, self.fleet_name), prefix=WAIT, limit=1, keys_only=True):
+            self.table.put(
+                {"pk": fleet.waiting_pk(self.fleet_name), "sk": fleet.WAITING_TENANT + tenant, "tenant": tenant}
+            )
 
 
 RELEASE_ATTEMPTS = 5
@@ -372,12 +525,26 @@ def _transact_through_conflicts(table: Table, actions: list[Any]) -> None:
 
 def _room(slot: Slot) -> ConditionBase:
     """``running < limit`` on the slot item, as the admission must see it."""
+    if slot.limit is None:  # an unlimited tenant counted for the fleet: unless an override appeared
+        return Attr("limit").not_exists()
     free = Attr("running").not_exists() | Attr("running").lt(slot.limit)
     if slot.stored_limit:
         return Attr("limit").eq(slot.limit) & free
-    if slot.key:
+    if slot.key or slot.fleet:
         return free
     return Attr("limit").not_exists() & free
+
+
+def _weight_of(item: dict[str, Any]) -> int:
+    return int(item.get("weight", fleet.DEFAULT_WEIGHT))
+
+
+def _waiter_id(waiter: dict[str, Any]) -> str:
+    return str(waiter["sk"]).split("#", 3)[3]
+
+
+def _still_waiting(meta: dict[str, Any]) -> bool:
+    return meta.get("status") == TaskStatus.QUEUED.value and not meta.get("slots")
 
 
 def _wait_sk(task: Task, tier: str) -> str:
