@@ -6,6 +6,7 @@ twin; the tier queues are real SQS on moto server (the wake is a message)."""
 from __future__ import annotations
 
 import math
+import uuid
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import Concurrency, Task, TaskStatus, TaskSubmission
 from agentq.local.moto_server import MotoServer
 from agentq.queueing.dispatch import Dispatcher
+from agentq.queueing.fairness import FairShare
 from agentq.queueing.queues import TaskMessage, TaskQueues
 from agentq.runtime import build_queues
 from agentq.storage import keys
@@ -331,7 +333,7 @@ def test_a_task_refused_whose_every_recheck_finds_room_keeps_its_message_rather_
     dispatcher = _dispatcher(store, queues, registry, limit=2)
     task = _submit(store, "flicker")
     # Each admission is refused, yet each re-check finds room: a slot freed in between, every time.
-    dispatcher.fair.slots.admit = lambda task, slots: Admission("refused", slots[0])  # type: ignore[method-assign]
+    dispatcher.fair.slots.admit = lambda task, slots, **_: Admission("refused", slots[0])  # type: ignore[method-assign]
     kept = _handle(dispatcher, task.task_id)
     assert kept.kind == "retry" and "comes back" in kept.reason
     assert store.slots.with_default(2).usage("flicker").waiting == 0  # it took its item back each time
@@ -497,3 +499,30 @@ def test_clearing_an_override_with_no_default_wakes_every_waiter_not_only_the_fi
     monkeypatch.setattr(queues, "send", lambda task_id, tier, **_: sent.append(task_id))
     set_max_running(store, "crowd", None, queues)
     assert len(sent) == 1005 and sent[:2] == [waiting[0].task_id, waiting[1].task_id]
+
+
+def test_a_freed_fleet_slot_goes_to_the_waiting_tenant_furthest_below_its_share_admitted_before_its_message(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    """Fleet capacity 2, weights 3:1: the heavy tenant holds both slots, both tenants wait.
+    The heavy task's end wakes the light tenant's task (0/1 < 1/3) and admits it before its
+    message is sent, so the next wake already counts it."""
+    _received(queues)
+    dispatcher = _dispatcher(store, queues, registry, limit=None)
+    dispatcher.fair = FairShare(store, queues, fleet_capacity=2, fleet_name=f"FLEET-{uuid.uuid4().hex[:8]}")
+    store.slots.set_weight("heavy", 3)
+    running = [_submit(store, "heavy") for _ in range(2)]
+    for task in running:
+        assert dispatcher.fair.admit(task, "normal").waits is None
+    heavy_waiter, light_waiter = _submit(store, "heavy"), _submit(store, "light")
+    for task in (heavy_waiter, light_waiter):
+        assert "the fleet is full" in (dispatcher.fair.admit(task, "normal").waits or "")
+
+    _handle(dispatcher, running[0].task_id)  # runs, ends, releases: one fleet slot frees
+    (woken,) = _received(queues)
+    assert TaskMessage.model_validate_json(woken["Body"]).task_id == light_waiter.task_id
+    assert store.tasks.get(light_waiter.task_id).slots  # admitted by its waker
+    assert dispatcher.fair.slots.usage("light").running == 1 and dispatcher.fair.slots.usage("heavy").waiting == 1
+    _handle(dispatcher, light_waiter.task_id)  # its message finds it admitted: it runs, and wakes heavy's
+    (woken,) = _received(queues)
+    assert TaskMessage.model_validate_json(woken["Body"]).task_id == heavy_waiter.task_id

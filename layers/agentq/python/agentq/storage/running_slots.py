@@ -279,8 +279,10 @@ class RunningSlots:
             slots.append(Slot(key_pk(task.tenant, concurrency.key), concurrency.limit, key=True))
         return slots
 
-    def admit(self, task: Task, slots: list[Slot]) -> Admission:
-        """Take one slot of each of ``slots`` for ``task`` (see the module), or say which was full."""
+    def admit(self, task: Task, slots: list[Slot], *, tenant_running: int | None = None) -> Admission:
+        """Take one slot of each of ``slots`` for ``task`` (see the module), or say which was full.
+        ``tenant_running``: only if its tenant's count is still this (the fleet's waker chose the
+        tenant by it; refused on the tenant's slot when it moved)."""
         condition = present() & status_in(list(ADMISSIBLE)) & Attr("slots").not_exists()
         actions: list[Any] = [
             Patch(
@@ -292,7 +294,11 @@ class RunningSlots:
         ]
         for i, slot in enumerate(slots):
             take = Update(add={"running": 1}, set_if_absent=_listed(slot.pk))
-            actions.append(Patch(f"slot{i}", self._key(slot.pk), take, condition=_room(slot)))
+            room = _room(slot)
+            if tenant_running is not None and slot.pk == keys.tenant_pk(task.tenant):
+                same = Attr("running").eq(tenant_running)
+                room = room & (same | Attr("running").not_exists() if tenant_running == 0 else same)
+            actions.append(Patch(f"slot{i}", self._key(slot.pk), take, condition=room))
             if slot.key:
                 actions.append(Put(f"hold{i}", {"pk": slot.pk, "sk": HOLD + task.task_id, "task_id": task.task_id}))
         try:
@@ -460,11 +466,16 @@ class RunningSlots:
         return min(most, free)
 
     def _next_fleet_waiters(self, most: int) -> list[tuple[str, str, str]]:
+        return [(task_id, tier, tenant) for task_id, tier, tenant, _ in self.next_fleet_waiters(most)]
+
+    def next_fleet_waiters(self, most: int) -> list[tuple[str, str, str, int]]:
         """Take up to ``most`` of the fleet's waiters it has room for, each of the waiting
         tenant whose ``running / weight`` is lowest and below its hard limit (a tenant's count
         goes up by each one taken here, so a wake of several shares them by weight too). Reads:
         the shards, the waiting tenants (one Query of ``FLEET#WAITING``), their slot items (one
-        BatchGetItem); then per waiter taken its list's Query, its META and one conditional Delete."""
+        BatchGetItem); then per waiter taken its list's Query, its META and one conditional Delete.
+        Each with its tenant's running count as read (the fourth member), for a hand-off
+        conditional on it (``FairShare``)."""
         room = self._fleet_room(most)
         if room <= 0:
             return []
@@ -477,7 +488,7 @@ class RunningSlots:
         for t in tenants:
             item = items.get(keys.tenant_pk(t), {})
             shares[t] = fleet.Share(t, int(item.get("running", 0)), _weight_of(item), self._limit_of(item or None))
-        taken: list[tuple[str, str, str]] = []
+        taken: list[tuple[str, str, str, int]] = []
         while room > 0 and shares:
             ranked = fleet.by_share(list(shares.values()))
             if not ranked:
@@ -488,7 +499,7 @@ class RunningSlots:
                 self._drop_mark(share.tenant)
                 del shares[share.tenant]
                 continue
-            taken += got
+            taken += [(*got[0], share.running)]
             room -= 1
             shares[share.tenant] = fleet.Share(share.tenant, share.running + 1, share.weight, share.limit)
         return taken
