@@ -26,7 +26,7 @@ The first tenant submits its backlog alone: it takes the whole idle fleet (work-
 however small its weight's share). Then the others submit theirs, every tenant stays
 backlogged, and each tenant's running count is sampled twice a second: its share of the fleet,
 averaged once the shares settled (after ``--settle`` seconds), against its weight's share
-(target: within 10 %), and the fleet's total never above the capacity.
+(target: within 10 %).
 
 Before the change, the same scenario gave B a pickup of 65.6 s (p50) and 66.5 s (max) at 700
 tasks: B's messages stood behind A's whole backlog. Locally moto keeps a standard queue in
@@ -305,8 +305,9 @@ def render_saturated(result: dict[str, Any]) -> str:
                "idle while its waker chooses and admits the next task)")  # fmt: skip
     out.append("")
     verdict = "met" if r["within_10_percent"] else "NOT met"
-    out.append(f"target (every share within 10 % of its weight's): {verdict}; the fleet's running count never above "
-               f"{r['fleet_running_max']} (capacity {r['capacity']})")  # fmt: skip
+    out.append(f"target (every share within 10 % of its weight's): {verdict}")
+    out.append(f"largest sum of the tenants' sampled counts: {r['fleet_running_max']} (capacity {r['capacity']}; one read "
+               "per tenant, not one snapshot: tests/test_fair_share_race.py proves the bound)")  # fmt: skip
     ops = ", ".join(f"{op.split(':', 1)[1]} {n:g}" for op, n in r["submit_calls_per_task"].items())
     out.append(f"AWS calls per submission (its admission included): {ops}")
     return "\n".join(out)
@@ -464,8 +465,7 @@ def saturated_main(args: argparse.Namespace) -> int:
         else:
             print(render_saturated(result))
     plot_from_args(args, "agentq fair share: a full fleet by weight", saturated_panels(result))
-    r = result["saturated"]
-    return 0 if r["fleet_running_max"] <= r["capacity"] else 1
+    return 0 if result["saturated"]["settled_samples"] else 1  # no sample with every tenant backlogged
 
 
 if __name__ == "__main__":
