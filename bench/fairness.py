@@ -244,10 +244,11 @@ def run_saturated(args: argparse.Namespace, counter: InProcessCounter) -> dict[s
         log(f"[saturated] alone it ran {lone_max} of {args.capacity}; the others submit ...")
         for tenant, weight in zip(tenants[1:], weights[1:], strict=True):
             submit_all(tenant, per_weight * weight)
-        time.sleep(max(0.0, t0 + others_at + args.settle + args.window - time.time()))
+        all_in = time.time() - t0  # the settling counts from the last submission: a fresh one may take a free slot
+        time.sleep(max(0.0, t0 + all_in + args.settle + args.window - time.time()))
         stop.set()
         sampler.join()
-        settled = [(t, r) for t, r, w in samples if t >= others_at + args.settle and all(w) and sum(r)]
+        settled = [(t, r) for t, r, w in samples if t >= all_in + args.settle and all(w) and sum(r)]
         shares: list[dict[str, Any]] = []
         for i, (tenant, weight) in enumerate(zip(tenants, weights, strict=True)):
             mean = sum(r[i] for _, r in settled) / max(1, len(settled))
@@ -264,6 +265,7 @@ def run_saturated(args: argparse.Namespace, counter: InProcessCounter) -> dict[s
             "weights": dict(zip(tenants, weights, strict=True)),
             "lone_running_max": lone_max,
             "others_at_s": others_at,
+            "all_in_s": all_in,
             "settle_s": args.settle,
             "settled_samples": len(settled),
             "shares": shares,
@@ -292,8 +294,8 @@ def render_saturated(result: dict[str, Any]) -> str:
         "",
         f"alone, {next(iter(r['weights']))} ran {r['lone_running_max']} of the fleet's {r['capacity']} "
         "(work-conserving: its weight's share is smaller)",
-        f"the others joined at {r['others_at_s']:.0f} s; shares averaged over {r['settled_samples']} samples after "
-        f"{r['settle_s']:g} s more, every tenant backlogged:",
+        f"the others joined at {r['others_at_s']:.0f} s, all submitted by {r['all_in_s']:.0f} s; shares averaged over "
+        f"{r['settled_samples']} samples from {r['settle_s']:g} s later, every tenant backlogged:",
         "",
     ]
     rows = [[s["tenant"], s["weight"], f"{100 * s['target_share']:.1f} %", f"{100 * s['share']:.1f} %",
