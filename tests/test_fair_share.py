@@ -526,3 +526,25 @@ def test_a_freed_fleet_slot_goes_to_the_waiting_tenant_furthest_below_its_share_
     _handle(dispatcher, light_waiter.task_id)  # its message finds it admitted: it runs, and wakes heavy's
     (woken,) = _received(queues)
     assert TaskMessage.model_validate_json(woken["Body"]).task_id == heavy_waiter.task_id
+
+
+class _SendFails:
+    def __init__(self, queues: TaskQueues) -> None:
+        self.queues = queues
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.queues, name)
+
+    def send(self, task_id: str, tier: str, **kwargs: Any) -> None:
+        raise ConnectionError("SQS is unreachable")
+
+
+def test_a_submission_whose_send_failed_is_deleted_with_the_slot_it_was_admitted_to(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    defaults = Defaults(tenant_max_running=2)
+    with pytest.raises(ConnectionError):
+        submit_once(store, registry, scripted([{"text": "a"}]), tenant="down", queues=_SendFails(queues),  # type: ignore[arg-type]
+                    defaults=defaults)  # fmt: skip
+    assert store.slots.with_default(2).usage("down").running == 0  # given back with the task
+    assert store.tasks.list_for_tenant("down", limit=10, roots_only=False)[0] == []
