@@ -8,6 +8,11 @@ slots of a task that left ``running`` (ended, idle, waiting for its children, pa
 approval) and sends the message of the oldest waiter each freed slot has room for, so the next
 task starts as soon as a worker receives it (well within a second or two on a polling worker).
 
+With a fleet capacity (``storage.fleet_slots``) every task also takes a fleet slot; a task the
+full fleet refuses waits on its tenant's fleet list, and each fleet slot a release frees goes to
+the waiting tenant with the lowest ``running / weight``: the waker admits that task itself
+before sending its message (``_wake_fleet``), so the next choice counts it.
+
 A concurrency key's ``on_conflict`` applies when the key (not the tenant) is full, on a task's
 first admission (a task resuming work it started queues): ``queue`` parks, ``skip`` ends the
 new task ``cancelled`` (``concurrency_skipped``; the caller reports that end as any other:
