@@ -402,6 +402,14 @@ class EnvironmentSettings(_Strict):
             )
         if self.dlq_retention_seconds < self.queue_retention_seconds:
             raise ValueError("dlq_retention_seconds must not be shorter than queue_retention_seconds")
+        capacity, runs = self.budget_defaults.fleet_capacity, self.executor.reserved_concurrency
+        if capacity is not None and runs is not None:
+            runs += self.worker.max_tasks * self.worker.concurrency if self.worker.enabled else 0
+            if capacity > runs:  # admitted past what runs, tasks wait in the queues unshared
+                raise ValueError(
+                    f"budget_defaults.fleet_capacity ({capacity}) is more than the fleet runs at once ({runs}: "
+                    "executor.reserved_concurrency, plus worker.max_tasks x worker.concurrency when enabled)"
+                )
         for model in self.bedrock_models:
             family = model_family(model)
             if not BEDROCK_MODEL.match(model) or not family.strip("*.") or "*" in model.rstrip("*").lstrip("*."):

@@ -172,6 +172,7 @@ def test_an_unknown_environment_is_refused_with_the_known_ones_named() -> None:
         ({"worker": {"heartbeat_seconds": 60}}, "heartbeat_seconds < lease_seconds < visibility_seconds"),
         ({"log_retention_days": 10}, "log_retention_days must be one of"),
         ({"executor": {"tier_max_concurrency": {"urgent": 2}}}, "must name exactly the tiers"),
+        ({"budget_defaults": {"fleet_capacity": 7}}, "budget_defaults.fleet_capacity (7) is more than the fleet runs"),
     ],
 )
 def test_inconsistent_settings_fail_with_the_field_named(override: dict[str, Any], message: str) -> None:
