@@ -48,7 +48,6 @@ SQS send. An unlimited tenant without a key pays one read of the slot item per a
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -71,6 +70,7 @@ from agentq.storage.table import (
     plain,
     present,
     status_in,
+    transact_through_conflicts,
 )
 
 RUNNING = "RUNNING"
@@ -336,7 +336,7 @@ class RunningSlots:
             if pk.startswith("CKEY#"):
                 actions.append(Delete(f"hold{i}", {"pk": pk, "sk": HOLD + task_id}))
         try:
-            _transact_through_conflicts(self.table, actions)
+            transact_through_conflicts(self.table, actions)
         except TransactionCancelled:
             return []  # released by another copy of the message meanwhile (or it runs again)
         return held
@@ -512,26 +512,6 @@ class RunningSlots:
             self.table.put(
                 {"pk": fleet.waiting_pk(self.fleet_name), "sk": fleet.WAITING_TENANT + tenant, "tenant": tenant}
             )
-
-
-RELEASE_ATTEMPTS = 5
-RELEASE_BACKOFF_SECONDS = 0.02  # the first retry's ceiling; doubles each time (full jitter)
-
-
-def _transact_through_conflicts(table: Table, actions: list[Any]) -> None:
-    """A release's transaction, retried while it meets a TransactionConflict. A conflict says
-    another transaction was writing the slot item at the same moment (the item every admission
-    and release of the tenant writes), not that the slot was given back: dropping the release
-    would lose the slot for good. Bounded, with jitter; still conflicting, the conflict is
-    raised, so the message is not deleted and its next delivery releases."""
-    for attempt in range(RELEASE_ATTEMPTS):
-        try:
-            table.transact(actions)
-            return
-        except TransactionConflict:
-            if attempt == RELEASE_ATTEMPTS - 1:
-                raise
-            time.sleep(random.uniform(0, RELEASE_BACKOFF_SECONDS * 2**attempt))
 
 
 def _room(slot: Slot) -> ConditionBase:
