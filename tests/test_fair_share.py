@@ -548,3 +548,35 @@ def test_a_submission_whose_send_failed_is_deleted_with_the_slot_it_was_admitted
                     defaults=defaults)  # fmt: skip
     assert store.slots.with_default(2).usage("down").running == 0  # given back with the task
     assert store.tasks.list_for_tenant("down", limit=10, roots_only=False)[0] == []
+
+
+class _SendFailsOnAHotTable:
+    """Queues whose send fails outright, after which the slot items are hot: the deletion's
+    transaction meets two TransactionConflicts first (DynamoDB's answer; see ConflictingTable)."""
+
+    def __init__(self, queues: TaskQueues, store: Storage, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.queues, self.store, self.monkeypatch = queues, store, monkeypatch
+        self.hot: ConflictingTable | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.queues, name)
+
+    def send(self, task_id: str, tier: str, **kwargs: Any) -> None:
+        self.hot = ConflictingTable(self.store.tasks.table, conflicts=2)
+        self.monkeypatch.setattr(self.store.tasks, "table", self.hot)
+        raise ConnectionError("SQS is unreachable")
+
+
+def test_a_submission_whose_send_failed_is_deleted_with_its_slot_through_transaction_conflicts(
+    store: Storage, queues: TaskQueues, registry: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client sees the send's own error, not a conflict that would leave the task created,
+    admitted and unsent."""
+    defaults = Defaults(tenant_max_running=2)
+    failing = _SendFailsOnAHotTable(queues, store, monkeypatch)
+    with pytest.raises(ConnectionError):
+        submit_once(store, registry, scripted([{"text": "a"}]), tenant="hot-delete", queues=failing,  # type: ignore[arg-type]
+                    defaults=defaults)  # fmt: skip
+    assert failing.hot is not None and failing.hot.met == 2
+    assert store.slots.with_default(2).usage("hot-delete").running == 0
+    assert store.tasks.list_for_tenant("hot-delete", limit=10, roots_only=False)[0] == []

@@ -12,7 +12,7 @@ from agentq.core.models import Task, TaskStatus, TaskSubmission
 from agentq.storage import fleet_slots, keys
 from agentq.storage.container import Storage
 from agentq.storage.running_slots import RunningSlots, key_pk
-from agentq.storage.table import plain
+from agentq.storage.table import TransactionCancelled, plain
 
 from tests.helpers import scripted
 
@@ -136,6 +136,57 @@ def test_every_tenant_with_a_slot_item_is_listed_with_its_running_waiting_and_li
     assert unlimited not in listed
 
 
+def _fleet_counts(backend: Storage, slots: RunningSlots) -> list[int]:
+    shards = [backend.table.get({"pk": fleet_slots.shard_pk(i, slots.fleet_name), "sk": "RUNNING"}) for i in range(4)]
+    return [int(plain(s or {}).get("running", 0)) for s in shards]
+
+
+def test_a_deleted_submission_gives_back_nothing_when_a_worker_released_its_slots_after_they_were_read(
+    backend: Storage,
+) -> None:
+    """The submission's send raised; it reads the slots to give back; meanwhile the task is
+    cancelled and the worker that received its message (SQS took it) releases them. Its
+    deletion must not give them back a second time (a count below zero admits one too many)."""
+    tenant = _tenant()
+    slots = backend.slots.with_default(2, fleet_capacity=4, fleet_name=_fleet())
+    task = _task(backend, tenant)
+    assert slots.admit(task, slots.slots_for(task)).outcome == "admitted"
+    give_back = slots.give_back(task.task_id)
+    backend.tasks.transition(task.task_id, TaskStatus.CANCELLED)
+    assert len(slots.release(task.task_id)) == 2  # the worker's release: tenant and fleet back
+    with pytest.raises(TransactionCancelled):
+        backend.tasks.delete_unstarted(task.task_id, also=give_back.actions, only_if=give_back.condition)
+    assert slots.usage(tenant).running == 0 and _fleet_counts(backend, slots) == [0, 0, 0, 0]
+    assert backend.tasks.get(task.task_id).status is TaskStatus.CANCELLED
+
+
+def test_a_deleted_submission_is_kept_when_a_worker_admitted_it_after_its_slots_were_read(backend: Storage) -> None:
+    """Sent unadmitted (its admission kept conflicting), its send raised although SQS took it:
+    the deletion read no slots, then the worker that received the message admitted it. Deleting
+    it then would leave its slots held by no task, for good."""
+    tenant = _tenant()
+    slots = backend.slots.with_default(2, fleet_capacity=4, fleet_name=_fleet())
+    task = _task(backend, tenant)
+    give_back = slots.give_back(task.task_id)
+    assert give_back.actions == []
+    assert slots.admit(task, slots.slots_for(task)).outcome == "admitted"  # the worker's dispatcher
+    with pytest.raises(TransactionCancelled):
+        backend.tasks.delete_unstarted(task.task_id, also=give_back.actions, only_if=give_back.condition)
+    assert backend.tasks.get(task.task_id).slots and slots.usage(tenant).running == 1
+    assert sum(_fleet_counts(backend, slots)) == 1
+
+
+def test_a_deleted_submission_gives_back_the_slots_it_still_holds(backend: Storage) -> None:
+    tenant = _tenant()
+    slots = backend.slots.with_default(2, fleet_capacity=4, fleet_name=_fleet())
+    task = _task(backend, tenant, key="k")
+    assert slots.admit(task, slots.slots_for(task)).outcome == "admitted"
+    give_back = slots.give_back(task.task_id)
+    backend.tasks.delete_unstarted(task.task_id, also=give_back.actions, only_if=give_back.condition)
+    assert slots.usage(tenant).running == 0 and _fleet_counts(backend, slots) == [0, 0, 0, 0]
+    assert slots.holders(tenant, "k") == []
+
+
 def _fleet_round(backend: Storage, slots: RunningSlots, running: list[Task]) -> Task | None:
     """The oldest running task ends; the fleet slot it frees wakes one waiter, which is admitted."""
     ended = running.pop(0)
@@ -174,8 +225,7 @@ def test_a_full_fleet_wakes_the_waiting_tenant_furthest_below_its_weights_share(
     assert [t.tenant if t else None for t in woken] == [heavy, heavy, heavy, light, heavy, heavy]
     counts = {t: sum(1 for r in running if r.tenant == t) for t in (heavy, light)}
     assert counts == {heavy: 3, light: 1}
-    shards = [backend.table.get({"pk": fleet_slots.shard_pk(i, slots.fleet_name), "sk": "RUNNING"}) for i in range(4)]
-    assert sum(int(plain(s or {}).get("running", 0)) for s in shards) == 4  # never more than the capacity
+    assert sum(_fleet_counts(backend, slots)) == 4  # never more than the capacity
 
 
 def test_a_lone_tenant_uses_the_whole_idle_fleet_up_to_its_hard_limit_and_then_another_gets_the_rest(

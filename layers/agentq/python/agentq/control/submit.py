@@ -136,17 +136,20 @@ def submit_once(
         try:
             queues.send(task.task_id, submission.priority, tenant=tenant)
         except Exception:
-            # The task and its slots go in one transaction, only while nobody claimed it: a
-            # send that raised although SQS took the message may already be running it, and
-            # then it keeps its slots (its end gives them back) and the submission stands.
+            # The task and its slots go in one transaction, only while nobody claimed it and its
+            # slots are as read: a send that raised although SQS took the message may already
+            # be running it (it keeps its slots; its end gives them back), or a worker may have
+            # admitted or released it meanwhile. Then the submission stands.
+            give_back = store.slots.give_back(task.task_id) if gate.limited else None
             try:
                 store.tasks.delete_unstarted(
                     task.task_id,
                     idempotency=(tenant, idempotency_key) if idempotency_key else None,
-                    also=store.slots.give_back_actions(task.task_id) if gate.limited else (),
+                    also=give_back.actions if give_back else (),
+                    only_if=give_back.condition if give_back else None,
                 )
             except TransactionCancelled:
-                log.warning("task %s: its enqueue raised, but a worker claimed it: the message was sent", task.task_id)
+                log.warning("task %s: its enqueue raised, but a worker took it: the message was sent", task.task_id)
                 return Submitted(store.tasks.get(task.task_id), created)
             raise
     elif task.status is TaskStatus.QUEUED and task.lease_epoch == 0:

@@ -59,6 +59,7 @@ from agentq.core.models import Task, TaskStatus
 from agentq.storage import fleet_slots as fleet
 from agentq.storage import keys
 from agentq.storage.table import (
+    Action,
     ConditionFailed,
     Delete,
     Patch,
@@ -106,6 +107,15 @@ class Slot:
     @property
     def wait_pk(self) -> str:
         return self.queue or self.pk
+
+
+@dataclass(frozen=True)
+class GiveBack:
+    """The slots a deleted task gives back: ``actions`` for the deletion's transaction, valid
+    only under ``condition`` on its META (its ``slots`` as they were read)."""
+
+    condition: ConditionBase
+    actions: list[Action]
 
 
 @dataclass(frozen=True)
@@ -341,18 +351,21 @@ class RunningSlots:
             return []  # released by another copy of the message meanwhile (or it runs again)
         return held
 
-    def give_back_actions(self, task_id: str) -> list[Any]:
-        """The writes that undo the admission of a task deleted before it ever ran (its enqueue
-        failed), for the deletion's own transaction (``Tasks.delete_unstarted``): given back
-        if and only if the task is deleted, so a task a worker claimed meanwhile (SQS took the
-        message although the send raised) keeps the slots it runs on."""
+    def give_back(self, task_id: str) -> GiveBack:
+        """What undoes the admission of a task deleted before it ever ran (its enqueue failed),
+        for the deletion's own transaction (``Tasks.delete_unstarted``): given back if and only
+        if the task is deleted, so a task a worker claimed meanwhile (SQS took the message
+        although the send raised) keeps the slots it runs on. The slots are read here, outside
+        the transaction, so the deletion is conditional on META still naming exactly them: a
+        worker may meanwhile release them (the task was cancelled before it ran: given back
+        twice, a count below zero) or admit the task (it held none here: its slots lost with it)."""
         held = [str(pk) for pk in plain(self.table.get(keys.meta_key(task_id)) or {}).get("slots") or []]
-        actions: list[Any] = []
+        actions: list[Action] = []
         for i, pk in enumerate(held):
             actions.append(Patch(f"slot{i}", self._key(pk), Update(add={"running": -1})))
             if pk.startswith("CKEY#"):
                 actions.append(Delete(f"hold{i}", {"pk": pk, "sk": HOLD + task_id}))
-        return actions
+        return GiveBack(Attr("slots").eq(held) if held else Attr("slots").not_exists(), actions)
 
     def holders(self, tenant: str, key: str) -> list[str]:
         """The tasks holding a slot of a concurrency key."""
