@@ -26,7 +26,10 @@ the waiting order. Only a queued task with neither a ``WAIT`` item nor a sign of
 (a wake lost between taking its item and sending its message). And since a release wakes one
 waiter per slot it frees, room that appeared otherwise (the deployment's default limit raised,
 ``default_max_running``) would wake nobody: each sweep wakes, for every tenant with waiters,
-as many as its slot has room for.
+as many as its slot has room for. Likewise for the fleet (``storage.fleet_slots``): it wakes
+the room a raised capacity made, and first marks waiting again every tenant with a fleet list
+(idempotent), since the fleet's wakes find waiting tenants only by those marks and a crash can
+lose one, leaving that tenant's waiters with nothing ever to wake them.
 
 A task a worker process holds under its liveness (``storage.workers``) has a long lease and an
 invisible message; the live workers hand on a dead peer's tasks within seconds
@@ -111,6 +114,9 @@ def sweep(
         if fleet_capacity
         else {}
     )
+    for tenant, waiting in in_fleet.items():
+        if waiting:  # a lost mark (a crash in park or in a wake) would hide them from every wake
+            slots.mark_waiting(tenant)
     _wake_where_room(slots, queues, parked, report)
     _wake_fleet_room(slots, queues, sum(len(w) for w in in_fleet.values()), report)
     parked |= {fleet_slots.queue_pk(t, slots.fleet_name): waiting for t, waiting in in_fleet.items()}

@@ -388,13 +388,15 @@ class RunningSlots:
             }
         )
         if slot.fleet:
-            self.table.put(
-                {
-                    "pk": fleet.waiting_pk(self.fleet_name),
-                    "sk": fleet.WAITING_TENANT + task.tenant,
-                    "tenant": task.tenant,
-                }
-            )
+            self.mark_waiting(task.tenant)
+
+    def mark_waiting(self, tenant: str) -> None:
+        """Mark ``tenant`` waiting for the fleet (idempotent): the fleet's wake finds waiting
+        tenants only by their marks. Written by ``park`` after the item, and put back by the
+        sweeper for every tenant with a fleet list, since a mark can be lost (a crash between
+        ``park``'s two writes, or in ``_drop_mark`` between its delete and its put back) and
+        then nothing would ever wake that tenant's waiters."""
+        self.table.put({"pk": fleet.waiting_pk(self.fleet_name), "sk": fleet.WAITING_TENANT + tenant, "tenant": tenant})
 
     def unpark(self, task: Task, slot: Slot, tier: str) -> bool:
         """Take ``task`` off ``slot``'s list; False when a waker took it first (its message is sent)."""
@@ -522,9 +524,7 @@ class RunningSlots:
         again, and mark it back if a task parked meanwhile (its park wrote the item first)."""
         self.table.delete({"pk": fleet.waiting_pk(self.fleet_name), "sk": fleet.WAITING_TENANT + tenant})
         if self.table.query(fleet.queue_pk(tenant, self.fleet_name), prefix=WAIT, limit=1, keys_only=True):
-            self.table.put(
-                {"pk": fleet.waiting_pk(self.fleet_name), "sk": fleet.WAITING_TENANT + tenant, "tenant": tenant}
-            )
+            self.mark_waiting(tenant)
 
 
 def _room(slot: Slot) -> ConditionBase:
