@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -23,7 +24,7 @@ from agentq.queueing.dispatch import Dispatcher
 from agentq.queueing.fairness import FairShare
 from agentq.queueing.queues import TaskMessage, TaskQueues
 from agentq.runtime import build_queues
-from agentq.storage import keys
+from agentq.storage import fleet_slots, keys
 from agentq.storage.container import Storage
 from agentq.storage.running_slots import Admission, RunningSlots, SlotUsage
 from agentq.storage.table import TransactionConflict, Update
@@ -580,3 +581,97 @@ def test_a_submission_whose_send_failed_is_deleted_with_its_slot_through_transac
     assert failing.hot is not None and failing.hot.met == 2
     assert store.slots.with_default(2).usage("hot-delete").running == 0
     assert store.tasks.list_for_tenant("hot-delete", limit=10, roots_only=False)[0] == []
+
+
+def _saturated_fleet(store: Storage, fair: FairShare, backlog: int) -> list[Task]:
+    """Capacity 8 held 4:4 by "heavy" (weight 3) and "light", each with ``backlog`` tasks
+    waiting on the fleet's lists: the running tasks."""
+    fair.slots.set_weight("heavy", 3)
+    running = []
+    for tenant in ("heavy", "light") * 4:
+        task = _submit(store, tenant)
+        assert fair.admit(task, "normal").waits is None
+        running.append(task)
+    for tenant in ("heavy", "light") * backlog:
+        assert "the fleet is full" in (fair.admit(_submit(store, tenant), "normal").waits or "")
+    return running
+
+
+def test_a_cohort_of_fleet_slots_freed_before_any_woken_task_is_admitted_by_its_message_is_shared_by_weight(
+    store: Storage, queues: TaskQueues, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight tasks end together and their eight wakes happen before any woken message is read
+    (a poll away). Counted only on arrival, the woken tasks would leave every wake reading the
+    same counts, and all but one go to the same tenant; handed off (admitted by their waker),
+    the eight go 6:2, the weights 3:1."""
+    sent: list[str] = []
+    monkeypatch.setattr(queues, "send", lambda task_id, tier, **_: sent.append(task_id))
+    fair = FairShare(store, queues, fleet_capacity=8, fleet_name=f"FLEET-{uuid.uuid4().hex[:8]}")
+    for task in _saturated_fleet(store, fair, backlog=10):
+        assert store.tasks.claim(task.task_id, "w", 30) is not None
+        store.tasks.transition(task.task_id, TaskStatus.SUCCEEDED)
+        fair.release(task.task_id)
+    woken = [store.tasks.get(task_id) for task_id in sent]
+    assert sorted(t.tenant for t in woken) == ["heavy"] * 6 + ["light"] * 2
+    assert all(t.slots for t in woken)  # admitted by their wakers, before their messages
+    assert fair.slots.usage("heavy").running == 6 and fair.slots.usage("light").running == 2
+
+
+def test_a_woken_task_whose_message_could_not_be_sent_gives_its_handed_off_slots_back_and_waits_again(
+    store: Storage, queues: TaskQueues, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The waker admitted the woken task, then its send failed: the task holds no slot it
+    cannot use, and is back on its fleet list for the next wake (or the sweeper's)."""
+    fair = FairShare(store, queues, fleet_capacity=8, fleet_name=f"FLEET-{uuid.uuid4().hex[:8]}")
+    ended = _saturated_fleet(store, fair, backlog=1)[0]
+    assert store.tasks.claim(ended.task_id, "w", 30) is not None
+    store.tasks.transition(ended.task_id, TaskStatus.SUCCEEDED)
+
+    def unreachable(task_id: str, tier: str, **_: Any) -> None:
+        assert store.tasks.get(task_id).slots  # handed off: admitted before its send
+        raise ConnectionError("SQS is unreachable")
+
+    monkeypatch.setattr(queues, "send", unreachable)
+    with pytest.raises(ConnectionError):  # the releaser's message comes back, as for any failed wake
+        fair.release(ended.task_id)
+    assert fair.slots.usage("heavy").running == 3 and fair.slots.usage("heavy").waiting == 1
+    assert fair.slots.usage("light").running == 4 and fair.slots.usage("light").waiting == 1
+    sent: list[str] = []
+    monkeypatch.setattr(queues, "send", lambda task_id, tier, **_: sent.append(task_id))
+    fair._wake_fleet()
+    (again,) = sent
+    assert store.tasks.get(again).tenant == "heavy" and store.tasks.get(again).slots
+
+
+def test_a_hand_off_whose_fleet_shard_was_taken_meanwhile_reads_again_and_admits_on_another(
+    store: Storage, queues: TaskQueues, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the waker's read of the shards and its admission another admission takes the
+    shard it picked: the hand-off reads again and admits on the shard still free, rather than
+    leave the woken task to its message (which reopens the window the hand-off closes)."""
+    fair = FairShare(store, queues, fleet_capacity=8, fleet_name=f"FLEET-{uuid.uuid4().hex[:8]}")
+    running = _saturated_fleet(store, fair, backlog=1)
+    ended = running[0]
+    assert store.tasks.claim(ended.task_id, "w", 30) is not None
+    store.tasks.transition(ended.task_id, TaskStatus.SUCCEEDED)
+    real_slots_for = fair.slots.slots_for
+    stale: list[bool] = []
+
+    def first_read_sees_a_stale_shard(task: Task) -> list[Any]:
+        slots = real_slots_for(task)
+        if not stale and task.tenant == "heavy" and not task.slots:
+            stale.append(True)  # once: a shard that is full now, as read a moment before
+            fleet_slot = next(s for s in slots if s.fleet)
+            full = next(i for i in range(4) if fleet_slots.shard_pk(i, fair.slots.fleet_name) != fleet_slot.pk)
+            return [
+                s if not s.fleet else replace(s, pk=fleet_slots.shard_pk(full, fair.slots.fleet_name)) for s in slots
+            ]
+        return slots
+
+    monkeypatch.setattr(fair.slots, "slots_for", first_read_sees_a_stale_shard)
+    sent: list[str] = []
+    monkeypatch.setattr(queues, "send", lambda task_id, tier, **_: sent.append(task_id))
+    fair.release(ended.task_id)
+    (woken,) = sent
+    assert stale and store.tasks.get(woken).slots  # admitted by its waker on the second read
+    assert fair.slots.usage("heavy").running == 4

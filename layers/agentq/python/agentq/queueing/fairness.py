@@ -36,6 +36,7 @@ from agentq.core.models import Task, TaskStatus
 from agentq.queueing.dependencies import release_dependents
 from agentq.queueing.queues import TaskQueues
 from agentq.queueing.webhooks import enqueue_end
+from agentq.storage import keys
 from agentq.storage.container import Storage
 from agentq.storage.fleet_slots import FLEET, is_shard
 from agentq.storage.running_slots import Admission, RunningSlots, Slot
@@ -162,35 +163,55 @@ class FairShare:
                 return
             task_id, tier, tenant, seen = picked[0]
             last = attempt == ADMIT_ATTEMPTS - 1
-            outcome = self._hand_off(task_id, tier, None if last else seen)
+            outcome, handed = self._hand_off(task_id, tier, None if last else seen)
             if outcome == "moved":
                 continue
             if outcome == "send":
-                self.queues.send(task_id, tier, tenant=tenant or None)
-                log.info(
-                    "task %s woken: the fleet has room (its tenant %s is furthest below its share)", task_id, tenant
-                )
+                self._send_handed_off(task_id, tier, tenant, handed)
             return
 
-    def _hand_off(self, task_id: str, tier: str, seen: int | None) -> str:
-        """Admit the woken ``task_id`` if its tenant still runs ``seen`` tasks: "send" (admitted,
-        or left to its message to admit or park as any other), "moved" (put back on its list),
-        or "gone"."""
+    def _send_handed_off(self, task_id: str, tier: str, tenant: str, handed: Task | None) -> None:
+        """Send the woken task's message. When the send fails and the waker admitted it
+        (``handed``), its slots are given back and it waits in its place again, unless a worker
+        took it meanwhile (the send raised although SQS took the message): admitted, with no
+        message, it would hold a fleet slot nobody uses until the sweeper's ``stale_after``."""
+        try:
+            self.queues.send(task_id, tier, tenant=tenant or None)
+        except Exception:
+            if handed is not None and self.slots.give_back_admission(handed):
+                fleet_slot = next(s for s in self.slots.slots_for(handed) if s.fleet)
+                self.slots.park(handed, fleet_slot, tier)
+                log.warning("task %s: its wake could not be sent; its slots are given back, it waits again", task_id)
+            raise
+        log.info("task %s woken: the fleet has room (its tenant %s is furthest below its share)", task_id, tenant)
+
+    def _hand_off(self, task_id: str, tier: str, seen: int | None) -> tuple[str, Task | None]:
+        """Admit the woken ``task_id`` if its tenant still runs ``seen`` tasks: "send" (with the
+        task when admitted here; else left to its message to admit or park as any other),
+        "moved" (put back on its list), or "gone". A fleet shard taken between the read and the
+        admission (another admission or hand-off) is read again, as ``_admit`` does."""
         try:
             task = self.store.tasks.get(task_id)
         except TaskNotFound:
-            return "gone"
+            return "gone", None
         if task.status is not TaskStatus.QUEUED or task.slots:
-            return "send"
-        slots = self.slots.slots_for(task)
-        if any(s.seen_full for s in slots):
-            return "send"
-        admission = self.slots.admit(task, slots, tenant_running=seen)
-        moved = admission.outcome == "refused" and admission.slot is not None and not admission.slot.fleet
-        if moved and seen is not None and admission.slot is not None and admission.slot.pk == slots[0].pk:
-            self.slots.park(task, next(s for s in slots if s.fleet), tier)  # back in its place (same key)
-            return "moved"
-        return "send"
+            return "send", None
+        tenant_pk = keys.tenant_pk(task.tenant)
+        for _ in range(ADMIT_ATTEMPTS):
+            slots = self.slots.slots_for(task)
+            if any(s.seen_full for s in slots):
+                return "send", None
+            admission = self.slots.admit(task, slots, tenant_running=seen)
+            if admission.outcome == "admitted":
+                return "send", task.model_copy(update={"slots": [s.pk for s in slots]})
+            refused_by = admission.slot
+            if admission.outcome == "conflict" or (refused_by is not None and refused_by.fleet):
+                continue  # raced another write, or its shard was taken meanwhile: read again
+            if seen is not None and refused_by is not None and refused_by.pk == tenant_pk:
+                self.slots.park(task, next(s for s in slots if s.fleet), tier)  # back in its place (same key)
+                return "moved", None
+            return "send", None
+        return "send", None
 
     def report_skipped(self, task_id: str) -> Task:
         """The end of a task skipped at its submission, reported as the dispatcher reports any

@@ -367,6 +367,26 @@ class RunningSlots:
                 actions.append(Delete(f"hold{i}", {"pk": pk, "sk": HOLD + task_id}))
         return GiveBack(Attr("slots").eq(held) if held else Attr("slots").not_exists(), actions)
 
+    def give_back_admission(self, task: Task) -> bool:
+        """Undo ``task``'s admission while it is still as admitted: ``queued``, holding exactly
+        ``task.slots``, and claimed by nobody since (``lease_epoch`` unchanged); False when it
+        moved on (a worker took it: it keeps its slots, its end gives them back). For the
+        fleet's hand-off whose message could not be sent (``FairShare``)."""
+        held = list(task.slots)
+        condition = Attr("slots").eq(held) & status_in([TaskStatus.QUEUED]) & Attr("lease_epoch").eq(task.lease_epoch)
+        actions: list[Action] = [
+            Patch("meta", keys.meta_key(task.task_id), Update(remove=["slots"]), condition=condition)
+        ]
+        for i, pk in enumerate(held):
+            actions.append(Patch(f"slot{i}", self._key(pk), Update(add={"running": -1})))
+            if pk.startswith("CKEY#"):
+                actions.append(Delete(f"hold{i}", {"pk": pk, "sk": HOLD + task.task_id}))
+        try:
+            transact_through_conflicts(self.table, actions)
+        except TransactionCancelled:
+            return False
+        return True
+
     def holders(self, tenant: str, key: str) -> list[str]:
         """The tasks holding a slot of a concurrency key."""
         return [str(i["task_id"]) for i in self.table.query(key_pk(tenant, key), prefix=HOLD)]
