@@ -12,7 +12,7 @@ from agentq.core.models import Task, TaskStatus, TaskSubmission
 from agentq.storage import fleet_slots, keys
 from agentq.storage.container import Storage
 from agentq.storage.running_slots import RunningSlots, key_pk
-from agentq.storage.table import TransactionCancelled, plain
+from agentq.storage.table import TransactionCancelled, Update, plain
 
 from tests.helpers import scripted
 
@@ -260,3 +260,24 @@ def test_a_weight_outside_1_to_1000_or_not_a_whole_number_is_refused_naming_the_
     assert slots.usage(tenant).weight == 2
     slots.set_weight(tenant, None)
     assert slots.usage(tenant).weight == 1
+
+
+def test_a_fleet_capacity_lowered_below_what_runs_admits_and_wakes_nobody_until_enough_have_left(
+    backend: Storage,
+) -> None:
+    """Capacity 8 (2 a shard) holding [2, 2, 0, 0], redeployed with 4 (1 a shard): shards 2 and 3
+    are below their new part, yet the fleet runs 4 already. Lowering kills nothing, and admits
+    nobody until the fleet runs fewer than its capacity, as for a tenant's lowered limit."""
+    name = _fleet()
+    for shard in (0, 1):
+        backend.table.update({"pk": fleet_slots.shard_pk(shard, name), "sk": "RUNNING"}, Update(add={"running": 2}))
+    slots = backend.slots.with_default(None, fleet_capacity=4, fleet_name=name)
+    task = _task(backend, _tenant())
+    refused = slots.admit(task, slots.slots_for(task))
+    assert refused.outcome == "refused" and refused.slot is not None and refused.slot.fleet
+    slots.park(task, refused.slot, "normal")
+    assert not slots.has_room(refused.slot) and slots.next_fleet_waiters(4) == []
+    assert _fleet_counts(backend, slots) == [2, 2, 0, 0]
+    for shard in (0, 1):  # two of them end: the fleet runs 2 of its 4
+        backend.table.update({"pk": fleet_slots.shard_pk(shard, name), "sk": "RUNNING"}, Update(add={"running": -1}))
+    assert [w[0] for w in slots.next_fleet_waiters(4)] == [task.task_id]  # room for 2, one waits

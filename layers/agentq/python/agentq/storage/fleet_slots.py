@@ -2,6 +2,10 @@
 
 Invariant: the tasks holding a fleet slot never number more than the fleet's capacity
 (``AGENTQ_FLEET_CAPACITY``: what the executors' reserved concurrency and the workers admit).
+Lowering the capacity below what runs kills nothing: the fleet admits nobody until enough have
+left (``free_shards``, ``room``: the shards' sum is read with them, each shard's bound is
+transactional). During a rolling deploy, processes with different capacities bound the fleet by
+the larger one.
 
 The capacity is counted in ``SHARDS`` slot items (``FLEET#<i>`` / ``RUNNING``), shard ``i``
 holding its part of it (``shard_limits``), so that no single item is written by every admission
@@ -58,8 +62,19 @@ def shard_limits(capacity: int) -> list[int]:
 
 
 def free_shards(capacity: int, running: Sequence[int]) -> list[int]:
-    """The shards below their part of ``capacity``."""
+    """The shards below their part of ``capacity``; none while the shards together hold
+    ``capacity`` or more (a capacity lowered below what runs: each shard's part shrank, but a
+    shard that held less than its new part must not admit while the others are still over)."""
+    if sum(running) >= capacity:
+        return []
     return [i for i, (n, most) in enumerate(zip(running, shard_limits(capacity), strict=True)) if n < most]
+
+
+def room(capacity: int, running: Sequence[int]) -> int:
+    """How many more tasks the fleet admits now: what its shards have free, and never past
+    ``capacity`` in all (see ``free_shards``)."""
+    free = sum(max(0, most - n) for n, most in zip(running, shard_limits(capacity), strict=True))
+    return max(0, min(free, capacity - sum(running)))
 
 
 def pick_shard(capacity: int, running: Sequence[int]) -> int | None:

@@ -497,8 +497,7 @@ class RunningSlots:
         running = [
             int(items.get(fleet.shard_pk(i, self.fleet_name), {}).get("running", 0)) for i in range(fleet.SHARDS)
         ]
-        free = sum(max(0, n - r) for n, r in zip(fleet.shard_limits(self.fleet_capacity), running, strict=True))
-        return min(most, free)
+        return min(most, fleet.room(self.fleet_capacity, running))
 
     def _next_fleet_waiters(self, most: int) -> list[tuple[str, str, str]]:
         return [(task_id, tier, tenant) for task_id, tier, tenant, _ in self.next_fleet_waiters(most)]
