@@ -675,3 +675,17 @@ def test_a_hand_off_whose_fleet_shard_was_taken_meanwhile_reads_again_and_admits
     (woken,) = sent
     assert stale and store.tasks.get(woken).slots  # admitted by its waker on the second read
     assert fair.slots.usage("heavy").running == 4
+
+
+def test_a_task_whose_key_and_the_fleet_are_both_full_is_refused_by_its_key(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    """Its key's ``skip`` applies at once, rather than after a fleet wake that the key refuses."""
+    fair = FairShare(store, queues, fleet_capacity=1, fleet_name=f"FLEET-{uuid.uuid4().hex[:8]}")
+    key = {"key": "nightly", "limit": 1, "on_conflict": "skip"}
+    holder = _submit(store, "keyed", key)
+    assert fair.admit(holder, "normal").waits is None  # holds the key's one slot and the fleet's one
+    late = _submit(store, "keyed", key)
+    gate = fair.admit(late, "normal")
+    assert gate.skipped and store.tasks.get(late.task_id).status is TaskStatus.CANCELLED
+    assert fair.slots.usage("keyed").waiting == 0

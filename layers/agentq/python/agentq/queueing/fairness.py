@@ -85,6 +85,8 @@ class FairShare:
             if attempt:  # read again: the fleet shard it picked may be the one taken meanwhile
                 slots = self.slots.slots_for(task)
             full = next((s for s in slots if s.seen_full), None)  # refused by the read: no transaction
+            if full is not None and full.fleet and any(s.key for s in slots):
+                full = None  # its key is not read: the transaction says whether the key refuses it first
             admission = Admission("refused", full) if full is not None else self.slots.admit(task, slots)
             if admission.outcome == "conflict":
                 continue  # raced another write of a slot item: nothing was decided, try again

@@ -269,7 +269,10 @@ class RunningSlots:
             slots.append(Slot(tenant_pk, self.default_limit, seen_full=running >= self.default_limit))
         elif self.fleet_capacity is not None:
             slots.append(Slot(tenant_pk, None))  # unlimited, but counted for the fleet's shares
-        if self.fleet_capacity is not None:
+        concurrency = task.submission.concurrency
+        if concurrency is not None:
+            slots.append(Slot(key_pk(task.tenant, concurrency.key), concurrency.limit, key=True))
+        if self.fleet_capacity is not None:  # last: a task its key refuses waits on its key's list, not the fleet's
             shards = [
                 int(items.get(fleet.shard_pk(i, self.fleet_name), {}).get("running", 0)) for i in range(fleet.SHARDS)
             ]
@@ -284,9 +287,6 @@ class RunningSlots:
                     queue=fleet.queue_pk(task.tenant, self.fleet_name),
                 )
             )
-        concurrency = task.submission.concurrency
-        if concurrency is not None:
-            slots.append(Slot(key_pk(task.tenant, concurrency.key), concurrency.limit, key=True))
         return slots
 
     def admit(self, task: Task, slots: list[Slot], *, tenant_running: int | None = None) -> Admission:
