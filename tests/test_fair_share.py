@@ -677,6 +677,37 @@ def test_a_hand_off_whose_fleet_shard_was_taken_meanwhile_reads_again_and_admits
     assert fair.slots.usage("heavy").running == 4
 
 
+class _QueryRecordingTable:
+    """The storage table, recording the partition of every Query."""
+
+    def __init__(self, table: Any) -> None:
+        self.table, self.queried = table, []  # type: ignore[var-annotated]
+
+    def query(self, pk: str, *args: Any, **kwargs: Any) -> Any:
+        self.queried.append(pk)
+        return self.table.query(pk, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.table, name)
+
+
+def test_the_release_of_an_unlimited_tenants_fleet_counted_slot_reads_no_waiting_list_of_the_tenant(
+    store: Storage, queues: TaskQueues
+) -> None:
+    """Under a fleet an unlimited tenant's running count is kept (for the weights), so its
+    release frees a tenant slot; nobody waits for a slot without a limit, so no Query of its list."""
+    name = f"FLEET-{uuid.uuid4().hex[:8]}"
+    recording = _QueryRecordingTable(store.slots.table)
+    fair = FairShare(store, queues, fleet_capacity=4, fleet_name=name)
+    fair.slots = RunningSlots(recording, None, 4, name)
+    task = _submit(store, "boundless")
+    assert fair.admit(task, "normal").waits is None
+    assert store.tasks.claim(task.task_id, "w", 30) is not None
+    store.tasks.transition(task.task_id, TaskStatus.SUCCEEDED)
+    assert keys.tenant_pk("boundless") in fair.release(task.task_id)
+    assert keys.tenant_pk("boundless") not in recording.queried
+
+
 def test_a_task_whose_key_and_the_fleet_are_both_full_is_refused_by_its_key(
     store: Storage, queues: TaskQueues, registry: Any
 ) -> None:

@@ -147,7 +147,7 @@ class FairShare:
         if is_shard(pk):
             self._wake_fleet()
             return
-        for waiter, tier, tenant in self.slots.next_waiters(pk):
+        for waiter, tier, tenant in self.slots.next_waiters(pk, if_limited=True):
             self.queues.send(waiter, tier, tenant=tenant or None)
             log.info("task %s woken: a slot of %s has room", waiter, pk)
 

@@ -446,7 +446,7 @@ class RunningSlots:
         limit = self._limit_of(item)
         return None if limit is None else max(0, limit - int(plain(item or {}).get("running", 0)))
 
-    def next_waiters(self, pk: str, most: int = 1) -> list[tuple[str, str, str]]:
+    def next_waiters(self, pk: str, most: int = 1, *, if_limited: bool = False) -> list[tuple[str, str, str]]:
         """Take (delete) up to ``most`` waiters the slot has room for, oldest first: (task id,
         tier, tenant) each, for the caller to send. A release wakes one per slot it freed, never
         ``limit - running``: concurrent releases would each read the same room and wake the
@@ -454,11 +454,16 @@ class RunningSlots:
         no longer ``queued`` (cancelled while it waited), or was admitted meanwhile by another
         route, is dropped and does not count. A
         conditional delete, so two wakers never take the same one. For a fleet shard: the
-        fleet's waiters, by weight (``_next_fleet_waiters``)."""
+        fleet's waiters, by weight (``_next_fleet_waiters``). ``if_limited``: none for a tenant
+        with no limit, without reading its list (a release's wake: an unlimited tenant's slot,
+        counted for the fleet, frees no place anyone waits for; the waiters a cleared override
+        left are all woken by the clear, ``control.tenants``)."""
         if fleet.is_shard(pk):
             return self._next_fleet_waiters(most)
         item = plain(self.table.get(self._key(pk)) or {})
         limit = item.get("limit", self.default_limit) if pk.startswith("TENANT#") else None
+        if limit is None and if_limited and pk.startswith("TENANT#"):
+            return []
         room = most if limit is None else min(most, max(0, int(limit) - int(item.get("running", 0))))
         return self._take(pk, room)
 
