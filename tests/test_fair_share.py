@@ -681,7 +681,7 @@ class _QueryRecordingTable:
     """The storage table, recording the partition of every Query."""
 
     def __init__(self, table: Any) -> None:
-        self.table, self.queried = table, []  # type: ignore[var-annotated]
+        self.table, self.queried = table, list[str]()
 
     def query(self, pk: str, *args: Any, **kwargs: Any) -> Any:
         self.queried.append(pk)
@@ -706,6 +706,32 @@ def test_the_release_of_an_unlimited_tenants_fleet_counted_slot_reads_no_waiting
     store.tasks.transition(task.task_id, TaskStatus.SUCCEEDED)
     assert keys.tenant_pk("boundless") in fair.release(task.task_id)
     assert keys.tenant_pk("boundless") not in recording.queried
+
+
+def test_raising_a_tenants_limit_wakes_its_tasks_waiting_for_the_fleet_when_the_fleet_has_room(
+    store: Storage, queues: TaskQueues, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Capacity 2. "capped" (limit 2) runs one and waits on the fleet's list for a second; its
+    limit is lowered to 1; the other tenant's task ends, and its wake passes "capped" over (at
+    its hard limit), leaving the slot free. Raising the limit again wakes the fleet waiter."""
+    name = f"FLEET-{uuid.uuid4().hex[:8]}"
+    sent: list[str] = []
+    monkeypatch.setattr(queues, "send", lambda task_id, tier, **_: sent.append(task_id))
+    store.slots = store.slots.with_default(None, 2, name)
+    fair = FairShare(store, queues, fleet_capacity=2, fleet_name=name)
+    store.slots.set_limit("capped", 2)
+    running, other = _submit(store, "capped"), _submit(store, "roomy")
+    for task in (running, other):
+        assert fair.admit(task, "normal").waits is None
+    waiter = _submit(store, "capped")
+    assert "the fleet is full" in (fair.admit(waiter, "normal").waits or "")
+    store.slots.set_limit("capped", 1)
+    assert store.tasks.claim(other.task_id, "w", 30) is not None
+    store.tasks.transition(other.task_id, TaskStatus.SUCCEEDED)
+    fair.release(other.task_id)
+    assert sent == []  # passed over: "capped" is at its limit
+    set_max_running(store, "capped", 3, queues)
+    assert sent == [waiter.task_id]
 
 
 def test_a_task_whose_key_and_the_fleet_are_both_full_is_refused_by_its_key(

@@ -38,7 +38,8 @@ def set_max_running(
     """Set (None: clear) ``tenant``'s override, and its ``weight`` when given (``clear_weight``:
     back to 1); returns its usage under the new values. Every value is checked before anything
     is written. A raised limit wakes as many waiting tasks as it made room for (their messages,
-    on ``queues``); a cleared one, when no default applies, wakes them all, page by page."""
+    on ``queues``); a cleared one, when no default applies, wakes them all, page by page; with a
+    fleet (``store.slots`` built with its capacity), the fleet's free slots then wake its waiters."""
     if limit is not None and limit < 1:
         raise ValidationError(f"max_running must be at least 1 (got {limit})", field="max_running")
     if weight is not None:
@@ -66,6 +67,11 @@ def set_weight(store: Storage, tenant: str, weight: int | None) -> SlotUsage:
 
 
 def _wake_room(store: Storage, tenant: str, usage: SlotUsage, queues: TaskQueues) -> None:
+    _wake_tenant_list(store, tenant, usage, queues)
+    _wake_fleet_room(store, queues)
+
+
+def _wake_tenant_list(store: Storage, tenant: str, usage: SlotUsage, queues: TaskQueues) -> None:
     pk = keys.tenant_pk(tenant)
     if usage.limit is not None:
         room = usage.limit - usage.running
@@ -79,3 +85,14 @@ def _wake_room(store: Storage, tenant: str, usage: SlotUsage, queues: TaskQueues
             queues.send(task_id, tier, tenant=owner or tenant)
         if not page:
             return
+
+
+def _wake_fleet_room(store: Storage, queues: TaskQueues) -> None:
+    """The fleet's free slots go to its waiters, by weight: a tenant at its hard limit was passed
+    over by the wakes while its tasks waited on its fleet list, so a raised (or cleared) limit
+    would otherwise leave them waiting with the fleet free, until the next release or sweep."""
+    capacity = store.slots.fleet_capacity
+    if capacity is None:
+        return
+    for task_id, tier, owner, _ in store.slots.next_fleet_waiters(capacity):
+        queues.send(task_id, tier, tenant=owner or None)
