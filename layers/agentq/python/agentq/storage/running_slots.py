@@ -1,6 +1,8 @@
 """Running slots: at most ``limit`` running tasks per tenant and per concurrency key.
 
-Invariant: running ≤ limit for every tenant that has a limit, and for every concurrency key.
+Invariant: running ≤ limit for every tenant that has a limit, and for every concurrency key;
+with a fleet capacity, the tasks holding a fleet slot never number more than the capacity
+(``storage.fleet_slots``).
 
 A slot item per tenant (``TENANT#t`` / ``RUNNING``) and per concurrency key (``CKEY#t#key`` /
 ``RUNNING``) counts in ``running`` the tasks holding one of its slots; a tenant's item also
@@ -40,10 +42,12 @@ attributes) and each tenant's waiters counted by one Query. A tenant that never 
 nor had a limit set (an unlimited one) has no item: it holds no slot and nothing waits on it.
 
 Lowering a limit below ``running`` kills nothing: admissions are refused until enough tasks
-have left. Cost for a limited tenant: one read of the slot item per admission, a
-two-item transaction (three with a key) when admitted, the same transaction and a read
-and a Query at release; for a refused task one Put, one read, later one Delete and one
-SQS send. An unlimited tenant without a key pays one read of the slot item per admission.
+have left. Cost without a fleet, for a limited tenant: one read of the slot item per admission,
+a two-item transaction (three with a key) when admitted, the same transaction and a read and a
+Query at release; for a refused task one Put, one read, later one Delete and one SQS send. An
+unlimited tenant without a key pays one read of the slot item per admission. With a fleet
+every tenant is counted, and a release also reads the fleet's shards and waiting tenants
+(``storage.fleet_slots``; every figure counted by ``bench/slot_calls.py``).
 """
 
 from __future__ import annotations
