@@ -746,3 +746,12 @@ def test_a_task_whose_key_and_the_fleet_are_both_full_is_refused_by_its_key(
     gate = fair.admit(late, "normal")
     assert gate.skipped and store.tasks.get(late.task_id).status is TaskStatus.CANCELLED
     assert fair.slots.usage("keyed").waiting == 0
+
+
+def test_a_task_refused_by_an_override_set_after_it_was_read_as_unlimited_is_told_so_not_a_limit_of_none(
+    store: Storage, queues: TaskQueues
+) -> None:
+    fair = FairShare(store, queues, fleet_capacity=4, fleet_name=f"FLEET-{uuid.uuid4().hex[:8]}")
+    [read_unlimited, _] = fair.slots.slots_for(_submit(store, "raced"))
+    assert read_unlimited.limit is None
+    assert fair._why(read_unlimited) == "its tenant's running limit was set meanwhile: waits queued for a slot"

@@ -134,3 +134,17 @@ def test_an_operator_key_reads_every_tenants_usage_and_a_tenant_key_gets_a_403_s
     assert status == 403 and data["error"]["code"] == "forbidden", data
     assert "operator" in data["error"]["message"]
     assert api_stack.http("GET", "/usage/tenants", key=None)[0] == 401
+
+
+def test_a_weight_and_clear_weight_together_or_a_limit_and_clear_together_are_refused_and_write_nothing(
+    agentq: Cli, store: Storage
+) -> None:
+    tenant = f"acme-{uuid.uuid4().hex[:6]}"
+    store.api_keys.create(tenant)
+    with pytest.raises(SystemExit) as refused:  # argparse's usage error
+        agentq("tenants", "limit", tenant, "--weight", "3", "--clear-weight")
+    assert refused.value.code == 2
+    with pytest.raises(SystemExit) as refused:
+        agentq("tenants", "limit", tenant, "--max-running", "3", "--clear")
+    assert refused.value.code == 2
+    assert store.slots.usage(tenant).weight == 1 and store.slots.limit(tenant) is None

@@ -175,14 +175,16 @@ def register(sub: Any) -> None:
         "AGENTQ_DEFAULT_TENANT_MAX_RUNNING); lowering it below its running count stops nothing: new tasks wait",
     )  # fmt: skip
     tenants_limit.add_argument("tenant", help="a tenant with an API key or a task")
-    tenants_limit.add_argument("--max-running", type=int, help="at least 1")
-    tenants_limit.add_argument("--clear", action="store_true", help="remove the override: the default applies")
-    tenants_limit.add_argument(
+    limit_or_clear = tenants_limit.add_mutually_exclusive_group()  # both at once: which one was meant?
+    limit_or_clear.add_argument("--max-running", type=int, help="at least 1")
+    limit_or_clear.add_argument("--clear", action="store_true", help="remove the override: the default applies")
+    weight_or_clear = tenants_limit.add_mutually_exclusive_group()
+    weight_or_clear.add_argument(
         "--weight",
         type=int,
         help="its share of a full fleet against the others' (a whole number, 1 to 1000; default 1)",
     )
-    tenants_limit.add_argument("--clear-weight", action="store_true", help="back to the default weight, 1")
+    weight_or_clear.add_argument("--clear-weight", action="store_true", help="back to the default weight, 1")
     tenants_limit.add_argument("--json", action="store_true", help="print JSON")
     tenants_usage = tenants_sub.add_parser(
         "usage", help="running and waiting tasks per tenant, each limit and weight (no TENANT: every tenant)"

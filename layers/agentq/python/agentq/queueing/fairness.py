@@ -104,7 +104,8 @@ class FairShare:
             if slot.fleet:  # the fleet is full: waiting for it is sharing it, not a tenant held back
                 log.info("task %s waits for the fleet (tenant %s)", task.task_id, task.tenant)
             else:
-                observe.tenant_held_at_limit(task.tenant, "key" if slot.key else "tenant", slot.limit or 0)
+                limit = slot.limit if slot.limit is not None else self.slots.limit(task.tenant)  # set meanwhile
+                observe.tenant_held_at_limit(task.tenant, "key" if slot.key else "tenant", limit or 0)
             if not self.slots.has_room(slot):
                 self.pass_on(task, besides=slot)  # it may have been woken for another slot
                 return Gate(limited=True, waits=self._why(slot))
@@ -120,6 +121,8 @@ class FairShare:
     def _why(self, slot: Slot) -> str:
         if slot.fleet:
             return f"the fleet is full ({self.slots.fleet_capacity} running): waits queued for a slot, by weight"
+        if slot.limit is None:  # admitted as unlimited, refused: an override was set meanwhile
+            return "its tenant's running limit was set meanwhile: waits queued for a slot"
         return f"over its {_what(slot)} limit of {slot.limit}: waits queued for a slot"
 
     def release(self, task_id: str) -> list[str]:

@@ -171,7 +171,7 @@ def _wake_fleet_room(slots: RunningSlots, queues: TaskQueues, waiting: int, repo
     does): room no release made (a raised capacity) would otherwise stay idle."""
     if waiting <= 0:
         return
-    for waiter, tier, tenant in slots.next_waiters(fleet_slots.shard_pk(0, slots.fleet_name), most=waiting):
+    for waiter, tier, tenant, _ in slots.next_fleet_waiters(waiting):
         queues.send(waiter, tier, tenant=tenant or None)
         report.woken.append(waiter)
         log.info("task %s woken by the sweeper: the fleet has room", waiter)
