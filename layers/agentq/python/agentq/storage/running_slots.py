@@ -62,6 +62,8 @@ from agentq.core.errors import ValidationError
 from agentq.core.models import Task, TaskStatus
 from agentq.storage import fleet_slots as fleet
 from agentq.storage import keys
+from agentq.storage.fleet_waiting import WAIT as WAIT  # re-exported: the waiting lists are this module's
+from agentq.storage.fleet_waiting import FleetWaiting, weight_of
 from agentq.storage.table import (
     Action,
     ConditionFailed,
@@ -79,7 +81,6 @@ from agentq.storage.table import (
 )
 
 RUNNING = "RUNNING"
-WAIT = "WAIT#"
 HOLD = "HOLD#"  # under a key's partition: a task holding one of its slots (cancel_running lists them)
 TIER_RANK = {"high": 0, "normal": 1, "low": 2}
 ADMISSIBLE = (TaskStatus.QUEUED, TaskStatus.RUNNING)
@@ -144,7 +145,7 @@ class SlotUsage:
     weight: int = fleet.DEFAULT_WEIGHT
 
 
-class RunningSlots:
+class RunningSlots(FleetWaiting):
     def __init__(
         self,
         table: Table,
@@ -236,7 +237,7 @@ class RunningSlots:
             running=int(item.get("running", 0)),
             waiting=self._waiting(tenant, waiting_up_to),
             limit=int(limit) if limit is not None else self.default_limit,
-            weight=_weight_of(item),
+            weight=weight_of(item),
         )
 
     def _waiting(self, tenant: str, up_to: int) -> int:
@@ -414,14 +415,6 @@ class RunningSlots:
         if slot.fleet:
             self.mark_waiting(task.tenant)
 
-    def mark_waiting(self, tenant: str) -> None:
-        """Mark ``tenant`` waiting for the fleet (idempotent): the fleet's wake finds waiting
-        tenants only by their marks. Written by ``park`` after the item, and put back by the
-        sweeper for every tenant with a fleet list, since a mark can be lost (a crash between
-        ``park``'s two writes, or in ``_drop_mark`` between its delete and its put back) and
-        then nothing would ever wake that tenant's waiters."""
-        self.table.put({"pk": fleet.waiting_pk(self.fleet_name), "sk": fleet.WAITING_TENANT + tenant, "tenant": tenant})
-
     def unpark(self, task: Task, slot: Slot, tier: str) -> bool:
         """Take ``task`` off ``slot``'s list; False when a waker took it first (its message is sent)."""
         try:
@@ -494,66 +487,6 @@ class RunningSlots:
                     room -= 1
         return taken
 
-    # --- the fleet (storage.fleet_slots) -------------------------------------------------
-
-    def _fleet_room(self, most: int) -> int:
-        """How many fleet slots are free now, up to ``most`` (one BatchGetItem of the shards);
-        without a capacity, ``most``: nothing limits the fleet any more, its waiters may all go."""
-        if self.fleet_capacity is None:
-            return most
-        read = [self._key(fleet.shard_pk(i, self.fleet_name)) for i in range(fleet.SHARDS)]
-        items = {str(i["pk"]): plain(i) for i in self.table.batch_get(read)}
-        running = [
-            int(items.get(fleet.shard_pk(i, self.fleet_name), {}).get("running", 0)) for i in range(fleet.SHARDS)
-        ]
-        return min(most, fleet.room(self.fleet_capacity, running))
-
-    def _next_fleet_waiters(self, most: int) -> list[tuple[str, str, str]]:
-        return [(task_id, tier, tenant) for task_id, tier, tenant, _ in self.next_fleet_waiters(most)]
-
-    def next_fleet_waiters(self, most: int) -> list[tuple[str, str, str, int]]:
-        """Take up to ``most`` of the fleet's waiters it has room for, each of the waiting
-        tenant whose ``running / weight`` is lowest and below its hard limit (a tenant's count
-        goes up by each one taken here, so a wake of several shares them by weight too). Reads:
-        the shards, the waiting tenants (one Query of ``FLEET#WAITING``), their slot items (one
-        BatchGetItem); then per waiter taken its list's Query, its META and one conditional Delete.
-        Each with its tenant's running count as read (the fourth member), for a hand-off
-        conditional on it (``FairShare``)."""
-        room = self._fleet_room(most)
-        if room <= 0:
-            return []
-        marks = self.table.query(fleet.waiting_pk(self.fleet_name), prefix=fleet.WAITING_TENANT)
-        if not marks:
-            return []
-        tenants = [str(m["sk"]).removeprefix(fleet.WAITING_TENANT) for m in marks]
-        items = {str(i["pk"]): plain(i) for i in self.table.batch_get([self._key(keys.tenant_pk(t)) for t in tenants])}
-        shares = {}
-        for t in tenants:
-            item = items.get(keys.tenant_pk(t), {})
-            shares[t] = fleet.Share(t, int(item.get("running", 0)), _weight_of(item), self._limit_of(item or None))
-        taken: list[tuple[str, str, str, int]] = []
-        while room > 0 and shares:
-            ranked = fleet.by_share(list(shares.values()))
-            if not ranked:
-                break  # every waiting tenant is at its hard limit: its own releases wake it
-            share = ranked[0]
-            got = self._take(fleet.queue_pk(share.tenant, self.fleet_name), 1)
-            if not got:
-                self._drop_mark(share.tenant)
-                del shares[share.tenant]
-                continue
-            taken += [(*got[0], share.running)]
-            room -= 1
-            shares[share.tenant] = fleet.Share(share.tenant, share.running + 1, share.weight, share.limit)
-        return taken
-
-    def _drop_mark(self, tenant: str) -> None:
-        """``tenant`` no longer waits for the fleet: take its mark away, then look at its list
-        again, and mark it back if a task parked meanwhile (its park wrote the item first)."""
-        self.table.delete({"pk": fleet.waiting_pk(self.fleet_name), "sk": fleet.WAITING_TENANT + tenant})
-        if self.table.query(fleet.queue_pk(tenant, self.fleet_name), prefix=WAIT, limit=1, keys_only=True):
-            self.mark_waiting(tenant)
-
 
 def _room(slot: Slot) -> ConditionBase:
     """``running < limit`` on the slot item, as the admission must see it."""
@@ -565,10 +498,6 @@ def _room(slot: Slot) -> ConditionBase:
     if slot.key or slot.fleet:
         return free
     return Attr("limit").not_exists() & free
-
-
-def _weight_of(item: dict[str, Any]) -> int:
-    return int(item.get("weight", fleet.DEFAULT_WEIGHT))
 
 
 def _waiter_id(waiter: dict[str, Any]) -> str:
