@@ -2,6 +2,7 @@
 
     python bench/fairness.py                         # A: 700 then 2,000 tasks of one 30 s turn; B: 10
     python bench/fairness.py --sizes 100 --latency 2 --window 20 --json
+    python bench/fairness.py --saturated             # a full fleet shared 3:1 by weight
 
 For each size, on a fresh local stack (moto server, ``--workers`` worker processes of
 ``--concurrency`` each): every tenant's running limit is ``--limit`` (an override each, as an
@@ -18,6 +19,14 @@ operator sets with ``agentq tenants limit``); tenant A submits ``size`` scripted
 - AWS calls per admission: the calls A's submissions made per task, by operation, beside what
   a submission costs without a limit (the create transaction and one SendMessage), and what
   the workers spent per finished task (release, wake, the waiters' messages included).
+
+``--saturated``: the fleet has a capacity (``--capacity``, ``AGENTQ_FLEET_CAPACITY``; the
+workers could run more) and the tenants weights (``--weights``, 3:1 by default; no hard limit).
+The first tenant submits its backlog alone: it takes the whole idle fleet (work-conserving,
+however small its weight's share). Then the others submit theirs, every tenant stays
+backlogged, and each tenant's running count is sampled twice a second: its share of the fleet,
+averaged once the shares settled (after ``--settle`` seconds), against its weight's share
+(target: within 10 %).
 
 Before the change, the same scenario gave B a pickup of 65.6 s (p50) and 66.5 s (max) at 700
 tasks: B's messages stood behind A's whole backlog. Locally moto keeps a standard queue in
@@ -175,6 +184,146 @@ def run_size(size: int, args: argparse.Namespace, counter: InProcessCounter) -> 
         stack.stop(grace=5.0)
 
 
+def run_saturated(args: argparse.Namespace, counter: InProcessCounter) -> dict[str, Any]:
+    weights = [int(w) for w in args.weights.split(",")]
+    tenants = [f"tenant-{chr(ord('a') + i)}" for i in range(len(weights))]
+    stack = BenchStack(
+        prefix="bench-fair-saturated",
+        workers=args.workers,
+        worker_config=worker_config(args),
+        queue_settings=QueueSettings(visibility_timeout=args.visibility),
+        api=False,
+        moto_mode=args.moto,
+        sweep_every=None,
+        extra_env={"AGENTQ_FLEET_CAPACITY": str(args.capacity)},
+    )
+    try:
+        log(f"[saturated] starting the local stack (fleet capacity {args.capacity}) ...")
+        stack.start()
+        stack.wait_polling()
+        settings = settings_of(stack)
+        store, queues = patient_clients(stack, pool=max(args.threads, 16))
+        registry = build_registry(stack.settings)  # type: ignore[arg-type]
+        defaults = Defaults(fleet_capacity=args.capacity)
+        for tenant, weight in zip(tenants, weights, strict=True):
+            store.slots.set_weight(tenant, weight)
+        # Turns of 0.5x to 1.5x the latency (mean: the latency): tasks started together do not all
+        # end together, as real ones do not, so releases come one by one rather than in cohorts.
+        works = [submission(args.latency * (0.5 + i / 4)) for i in range(5)]
+        queues.url("normal")
+        samples: list[tuple[float, list[int], list[int]]] = []  # (t, running per tenant, waiting per tenant)
+        stop = threading.Event()
+        t0 = time.time()
+
+        def sample() -> None:  # each tenant's slot item and first waiter: two reads a tenant, twice a second
+            counter.tag("monitor")
+            while not stop.wait(0.5):
+                now = [store.slots.usage(t, waiting_up_to=1) for t in tenants]
+                samples.append((time.time() - t0, [u.running for u in now], [u.waiting for u in now]))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+
+        def submit_all(tenant: str, n: int) -> None:
+            def one(i: int) -> str:
+                counter.tag(f"submit-{tenant}")
+                work = works[i % len(works)]
+                return submit_once(store, registry, work, tenant=tenant, queues=queues, defaults=defaults).task.task_id
+
+            with ThreadPoolExecutor(max_workers=args.threads, thread_name_prefix="submit") as pool:
+                list(pool.map(one, range(n)))
+
+        per_weight = args.backlog
+        log(f"[saturated] {tenants[0]} submits {per_weight * weights[0]} tasks alone ...")
+        submit_all(tenants[0], per_weight * weights[0])
+        lone_deadline = time.time() + args.latency
+        while time.time() < lone_deadline and not (samples and samples[-1][1][0] >= args.capacity):
+            time.sleep(0.25)
+        lone_max = max((r[0] for _, r, _ in samples), default=0)
+        others_at = time.time() - t0
+        log(f"[saturated] alone it ran {lone_max} of {args.capacity}; the others submit ...")
+        for tenant, weight in zip(tenants[1:], weights[1:], strict=True):
+            submit_all(tenant, per_weight * weight)
+        all_in = time.time() - t0  # the settling counts from the last submission: a fresh one may take a free slot
+        time.sleep(max(0.0, t0 + all_in + args.settle + args.window - time.time()))
+        stop.set()
+        sampler.join()
+        settled = [(t, r) for t, r, w in samples if t >= all_in + args.settle and all(w) and sum(r)]
+        shares: list[dict[str, Any]] = []
+        for i, (tenant, weight) in enumerate(zip(tenants, weights, strict=True)):
+            mean = sum(r[i] for _, r in settled) / max(1, len(settled))
+            share = sum(r[i] / sum(r) for _, r in settled) / max(1, len(settled))  # of the tasks running then
+            target = weight / sum(weights)
+            shares.append({"tenant": tenant, "weight": weight, "target_share": target, "share": share,
+                           "mean_running": mean, "error": (share - target) / target if settled else None})  # fmt: skip
+        calls = {t: counter.snapshot(f"submit-{t}") for t in tenants}
+        submitted = {t: per_weight * w for t, w in zip(tenants, weights, strict=True)}
+        return {
+            "settings": settings,
+            "capacity": args.capacity,
+            "latency_s": args.latency,
+            "weights": dict(zip(tenants, weights, strict=True)),
+            "lone_running_max": lone_max,
+            "others_at_s": others_at,
+            "all_in_s": all_in,
+            "settle_s": args.settle,
+            "settled_samples": len(settled),
+            "shares": shares,
+            "within_10_percent": bool(settled) and all(abs(s["error"]) <= 0.10 for s in shares),
+            "fleet_running_mean": sum(sum(r) for _, r in settled) / max(1, len(settled)),
+            "fleet_running_max": max((sum(r) for _, r, _ in samples), default=0),
+            "samples": [{"t": round(t, 2), "running": r, "waiting": w} for t, r, w in samples],
+            "submit_calls_per_task": {
+                op: round(sum(calls[t][op] for t in tenants) / sum(submitted.values()), 3)
+                for op in sorted({op for c in calls.values() for op in c})
+            },
+        }
+    finally:
+        log("[saturated] stopping the local stack ...")
+        stack.stop(grace=5.0)
+
+
+def render_saturated(result: dict[str, Any]) -> str:
+    m, r = result["machine"], result["saturated"]
+    out = [
+        "agentq fair share: a full fleet shared by weight (local stack, moto server)",
+        f"machine: {m['cpus']} CPUs, Python {m['python']}, moto {m['moto']}; load average at start "
+        f"{m['loadavg_at_start']}, at end {m.get('loadavg_at_end')}; code: git {m['git_head']}",
+        f"settings: {settings_line(r['settings'])}; fleet capacity {r['capacity']}; one scripted turn of "
+        f"{r['latency_s']:g}s per task; weights {r['weights']}; no hard limits",
+        "",
+        f"alone, {next(iter(r['weights']))} ran {r['lone_running_max']} of the fleet's {r['capacity']} "
+        "(work-conserving: its weight's share is smaller)",
+        f"the others joined at {r['others_at_s']:.0f} s, all submitted by {r['all_in_s']:.0f} s; shares averaged over "
+        f"{r['settled_samples']} samples from {r['settle_s']:g} s later, every tenant backlogged:",
+        "",
+    ]
+    rows = [[s["tenant"], s["weight"], f"{100 * s['target_share']:.1f} %", f"{100 * s['share']:.1f} %",
+             s["mean_running"], None if s["error"] is None else f"{100 * s['error']:+.1f} %"]
+            for s in r["shares"]]  # fmt: skip
+    out.append(table(["tenant", "weight", "weight's share", "measured share of running", "mean running",
+                      "error (relative)"], rows))  # fmt: skip
+    out.append(f"the fleet's mean running count then: {r['fleet_running_mean']:.1f} of {r['capacity']} (a freed slot is "
+               "idle while its waker chooses and admits the next task)")  # fmt: skip
+    out.append("")
+    verdict = "met" if r["within_10_percent"] else "NOT met"
+    out.append(f"target (every share within 10 % of its weight's): {verdict}")
+    out.append(f"largest sum of the tenants' sampled counts: {r['fleet_running_max']} (capacity {r['capacity']}; one read "
+               "per tenant, not one snapshot: tests/test_fair_share_race.py proves the bound)")  # fmt: skip
+    ops = ", ".join(f"{op.split(':', 1)[1]} {n:g}" for op, n in r["submit_calls_per_task"].items())
+    out.append(f"AWS calls per submission (its admission included): {ops}")
+    return "\n".join(out)
+
+
+def saturated_panels(result: dict[str, Any]) -> list[Panel]:
+    r = result["saturated"]
+    t = [s["t"] for s in r["samples"]]
+    series = {f"{s['tenant']} (weight {s['weight']})": [x["running"][i] for x in r["samples"]]
+              for i, s in enumerate(r["shares"])}  # fmt: skip
+    hlines = {f"{s['tenant']}'s share": s["target_share"] * r["capacity"] for s in r["shares"]}
+    return [Panel("line", "running tasks per tenant, fleet full", "running", t, series, xlabel="s", hlines=hlines)]
+
+
 def render(result: dict[str, Any]) -> str:
     m = result["machine"]
     out = [
@@ -258,6 +407,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=16, help="submitting threads")
     ap.add_argument("--timeout", type=float, default=300, help="max seconds to wait for B's claims")
     ap.add_argument("--moto", choices=["fast", "stock"], default="fast", help=MOTO_MODES_HELP)
+    ap.add_argument("--saturated", action="store_true", help="the full-fleet scenario, shared by weight")
+    ap.add_argument("--capacity", type=int, default=12, help="--saturated: the fleet's capacity")
+    ap.add_argument("--weights", default="3,1", help="--saturated: the tenants' weights, comma-separated")
+    ap.add_argument("--backlog", type=int, default=60, help="--saturated: tasks per unit of weight each submits")
+    ap.add_argument("--settle", type=float, default=10.0, help="--saturated: seconds before shares are averaged")
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout, nothing else")
     add_plot_args(ap, "fairness")
     args = ap.parse_args(argv)
@@ -267,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--sizes: whole numbers separated by commas")
     if args.limit < 1:
         ap.error("--limit: at least 1")
+    if args.saturated:
+        return saturated_main(args)
 
     with JsonOut(args.json) as out:
         counter = InProcessCounter().install()
@@ -285,6 +441,33 @@ def main(argv: list[str] | None = None) -> int:
     plot_from_args(args, "agentq fair share among tenants", panels(result))
     ok = all(r["b_claimed"] == r["b_tasks"] and r["a_running_max"] <= r["limit"] for r in result["rows"])
     return 0 if ok else 1
+
+
+def saturated_main(args: argparse.Namespace) -> int:
+    try:
+        weights = [int(w) for w in args.weights.split(",")]
+    except ValueError:
+        weights = []
+    if len(weights) < 2 or min(weights) < 1:
+        print("fairness.py: --weights: two or more whole numbers of at least 1, comma-separated", file=sys.stderr)
+        return 2
+    if args.capacity < 1:
+        print("fairness.py: --capacity: at least 1", file=sys.stderr)
+        return 2
+    with JsonOut(args.json) as out:
+        counter = InProcessCounter().install()
+        result: dict[str, Any] = {"bench": "fairness-saturated", "machine": machine()}
+        try:
+            result["saturated"] = run_saturated(args, counter)
+        finally:
+            counter.uninstall()
+        result["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        if args.json:
+            out.emit(result)
+        else:
+            print(render_saturated(result))
+    plot_from_args(args, "agentq fair share: a full fleet by weight", saturated_panels(result))
+    return 0 if result["saturated"]["settled_samples"] else 1  # no sample with every tenant backlogged
 
 
 if __name__ == "__main__":

@@ -77,8 +77,9 @@ RUNNER_TABLE_ACTIONS = [a for a in TABLE_ACTIONS if a != "dynamodb:DeleteItem"]
 RUNNER_PARTITIONS = [task_pk("*"), tenant_pk("*"), "FLOW#*", "SCHEDULES", WORKERS_PK]
 # The running limits (storage/running_slots.py): admitting takes a slot item and a HOLD# item in
 # the tenant's and a concurrency key's partitions; releasing deletes the HOLD# item, parking puts
-# a WAIT# item and waking deletes it. DeleteItem reaches no further than those two partitions.
-SLOT_PARTITIONS = [tenant_pk("*"), "CKEY#*"]
+# a WAIT# item and waking deletes it; the fleet's shards, lists and waiting tenants are under
+# FLEET# (storage/fleet_slots.py). DeleteItem reaches no further than those partitions.
+SLOT_PARTITIONS = [tenant_pk("*"), "CKEY#*", "FLEET*"]
 PAYLOAD_ACTIONS = ["s3:GetObject", "s3:PutObject"]
 # SQS authorises the *Batch calls with the single-message action.
 SEND_ACTIONS = ["sqs:SendMessage", "sqs:GetQueueUrl", "sqs:GetQueueAttributes"]
@@ -692,7 +693,22 @@ def _sweeper(
             sid="WaitingLists",
             actions=["dynamodb:Query", "dynamodb:GetItem", "dynamodb:DeleteItem"],
             resources=[table],
-            conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [tenant_pk("*"), "CKEY#*"]}},
+            conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": SLOT_PARTITIONS}},
+        ),
+        # The fleet's wake (storage/fleet_slots.py): the shards and the waiting tenants' slot
+        # items in one BatchGetItem; a waiting tenant's mark put back when a task parked as its
+        # list was found empty (only under FLEET#).
+        iam.PolicyStatement(
+            sid="FleetShares",
+            actions=["dynamodb:BatchGetItem"],
+            resources=[table],
+            conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [tenant_pk("*"), "FLEET*"]}},
+        ),
+        iam.PolicyStatement(
+            sid="FleetMarks",
+            actions=["dynamodb:PutItem"],
+            resources=[table],
+            conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["FLEET*"]}},
         ),
         iam.PolicyStatement(
             sid="Enqueue",

@@ -172,6 +172,12 @@ class BudgetDefaults(_Strict):
     tenant_max_running: int | None = Field(
         None, ge=1, description="the most running tasks (sub-agents included) per tenant when a tenant has no override"
     )
+    fleet_capacity: int | None = Field(
+        None,
+        ge=1,
+        description="the most running tasks of all tenants together (the executors' reserved concurrency plus what "
+        "the workers run): a saturated fleet is shared by the tenants' weights (AGENTQ_FLEET_CAPACITY)",
+    )
 
 
 class SandboxSettings(_Strict):
@@ -396,6 +402,14 @@ class EnvironmentSettings(_Strict):
             )
         if self.dlq_retention_seconds < self.queue_retention_seconds:
             raise ValueError("dlq_retention_seconds must not be shorter than queue_retention_seconds")
+        capacity, runs = self.budget_defaults.fleet_capacity, self.executor.reserved_concurrency
+        if capacity is not None and runs is not None:
+            runs += self.worker.max_tasks * self.worker.concurrency if self.worker.enabled else 0
+            if capacity > runs:  # admitted past what runs, tasks wait in the queues unshared
+                raise ValueError(
+                    f"budget_defaults.fleet_capacity ({capacity}) is more than the fleet runs at once ({runs}: "
+                    "executor.reserved_concurrency, plus worker.max_tasks x worker.concurrency when enabled)"
+                )
         for model in self.bedrock_models:
             family = model_family(model)
             if not BEDROCK_MODEL.match(model) or not family.strip("*.") or "*" in model.rstrip("*").lstrip("*."):

@@ -39,6 +39,7 @@ CASES = {
     "message_cost": ["--turns", "4"],
     "memory_cost": ["--sizes", "100,5000", "--stores", "3", "--searches", "1"],
     "events": ["--subscribers", "3", "--turns", "2", "--latency", "0.1"],
+    "slot_calls": ["--waiting-tenants", "2"],
     "fairness": ["--sizes", "8", "--b-tasks", "2", "--latency", "0.5", "--limit", "2", "--window", "2",
                  "--concurrency", "4"],
 }  # fmt: skip
@@ -120,6 +121,10 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
         assert {(r["backend"], r["documents"], r["hits"]) for r in result["searches_by_size"]} == {
             ("in-memory twin", 3, 3), ("moto server", 3, 3),
         }  # fmt: skip
+    elif name == "slot_calls":
+        rows = {r["scenario"]: r for r in result["rows"]}
+        assert rows["unlimited tenant, no fleet"]["release"] == {"dynamodb:GetItem": 1}
+        assert rows["release waking the fleet, 2 tenant(s) waiting"]["release"]["sqs:SendMessage"] == 1
     elif name == "events":
         [row] = result["rows"]
         assert row["subscribers_with_every_step"] == row["ended"] == 3 and row["steps"] == 5

@@ -172,6 +172,7 @@ def test_an_unknown_environment_is_refused_with_the_known_ones_named() -> None:
         ({"worker": {"heartbeat_seconds": 60}}, "heartbeat_seconds < lease_seconds < visibility_seconds"),
         ({"log_retention_days": 10}, "log_retention_days must be one of"),
         ({"executor": {"tier_max_concurrency": {"urgent": 2}}}, "must name exactly the tiers"),
+        ({"budget_defaults": {"fleet_capacity": 7}}, "budget_defaults.fleet_capacity (7) is more than the fleet runs"),
     ],
 )
 def test_inconsistent_settings_fail_with_the_field_named(override: dict[str, Any], message: str) -> None:
@@ -487,10 +488,12 @@ def test_each_function_gets_only_what_its_code_calls(synth: Synthesized) -> None
         "bedrock:InvokeModel",
     } <= executor  # fmt: skip
     assert "states:ListStateMachines" not in executor  # the ARN comes in the environment
-    # DeleteItem only for the running slots' HOLD# and WAIT# items, in their two partitions.
+    # DeleteItem only for the running slots' HOLD# and WAIT# items, in their partitions (the fleet's too).
     deleting = [s for s in _role_statements(synth, "executor") if "dynamodb:DeleteItem" in _as_list(s["Action"])]
     assert [s["Sid"] for s in deleting] == ["RunningSlots"]
-    assert deleting[0]["Condition"] == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TENANT#*", "CKEY#*"]}}
+    assert deleting[0]["Condition"] == {
+        "ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TENANT#*", "CKEY#*", "FLEET*"]}
+    }
     assert not executor & {
         "dynamodb:Scan",
         "s3:DeleteObject",
@@ -1048,8 +1051,12 @@ def test_budget_defaults_reach_the_api_and_the_task_runners(synth: Synthesized) 
         expected["AGENTQ_DEFAULT_TENANT_HOURLY_USD"] = str(cfg.budget_defaults.tenant_hourly_usd)
     if cfg.budget_defaults.tenant_max_running:  # the executors and the worker honour it in the dispatcher
         expected["AGENTQ_DEFAULT_TENANT_MAX_RUNNING"] = str(cfg.budget_defaults.tenant_max_running)
+    if cfg.budget_defaults.fleet_capacity:  # admissions at submission and in the dispatcher take a fleet slot
+        expected["AGENTQ_FLEET_CAPACITY"] = str(cfg.budget_defaults.fleet_capacity)
     for name in (f"{cfg.prefix}-api", f"{cfg.prefix}-executor"):
-        got = {k: v for k, v in functions[name].items() if k.startswith("AGENTQ_DEFAULT_")}
+        got = {
+            k: v for k, v in functions[name].items() if k.startswith("AGENTQ_DEFAULT_") or k == "AGENTQ_FLEET_CAPACITY"
+        }
         assert got == expected
         assert (
             Defaults.from_env(got).apply(TaskSubmission(goal="g", script="research")).constraints.max_tokens
@@ -1205,9 +1212,10 @@ def test_task_runners_reach_only_task_and_worker_partitions_and_delete_only_live
         }
         assert "dynamodb:DeleteItem" not in _as_list(table["Table"]["Action"])
         # Releasing a running slot deletes its HOLD# item, waking a waiter its WAIT# item: the
-        # tenant's and the concurrency keys' partitions only (storage/running_slots.py).
+        # tenant's, the concurrency keys' and the fleet's partitions only (storage/running_slots.py,
+        # storage/fleet_slots.py: an admission reads its tenant's item and the shards in one batch).
         assert table["RunningSlots"]["Condition"] == {
-            "ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TENANT#*", "CKEY#*"]}
+            "ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TENANT#*", "CKEY#*", "FLEET*"]}
         }
         assert "dynamodb:DeleteItem" in _as_list(table["RunningSlots"]["Action"])
         if name == "worker":
@@ -1289,13 +1297,20 @@ def test_the_sweeper_runs_on_a_schedule_with_only_the_indexes_the_tasks_the_work
     assert sorted(s["Sid"] for s in deleting) == ["WaitingLists", "WorkerLiveness"]
     liveness = {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [WORKERS_PK]}}
     assert statements["WorkerLiveness"]["Condition"] == liveness
-    waiting = {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TENANT#*", "CKEY#*"]}}
+    waiting = {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TENANT#*", "CKEY#*", "FLEET*"]}}
     assert statements["WaitingLists"]["Condition"] == waiting  # a parked task is left alone
     assert set(_as_list(statements["WaitingLists"]["Action"])) == {
         "dynamodb:Query", "dynamodb:GetItem", "dynamodb:DeleteItem",
     }  # fmt: skip
     if cfg.budget_defaults.tenant_max_running:  # a raised default wakes the waiters it has room for
         assert env["AGENTQ_DEFAULT_TENANT_MAX_RUNNING"] == str(cfg.budget_defaults.tenant_max_running)
+    if cfg.budget_defaults.fleet_capacity:  # a raised capacity wakes the fleet's waiters, by weight
+        assert env["AGENTQ_FLEET_CAPACITY"] == str(cfg.budget_defaults.fleet_capacity)
+    # The fleet's wake reads the shards and the waiting tenants' items together, and may put a
+    # waiting tenant's mark back: PutItem under FLEET# only.
+    assert statements["FleetShares"]["Action"] == "dynamodb:BatchGetItem"
+    assert statements["FleetMarks"]["Action"] == "dynamodb:PutItem"
+    assert statements["FleetMarks"]["Condition"] == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["FLEET*"]}}
     [owner_index] = _as_list(statements["OwnerIndex"]["Resource"])
     assert json.dumps(owner_index).endswith(f'/index/{GSI_OWNER}"]]}}')
     assert set(_as_list(statements["Enqueue"]["Action"])) == {

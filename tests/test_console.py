@@ -232,6 +232,7 @@ def test_an_operator_key_sees_every_tenants_running_and_waiting_counts_and_a_ten
     busy, idle = f"busy-{uuid.uuid4().hex[:6]}", f"idle-{uuid.uuid4().hex[:6]}"
     store.slots.set_limit(busy, 1)
     store.slots.set_limit(idle, 4)
+    store.slots.set_weight(idle, 3)  # its share of a full fleet, shown beside its limit
     # Straight into the table, never enqueued: one task holds busy's one slot, one waits for it.
     holder, waiter = (store.tasks.create(scripted_submission([{"text": "x"}]), tenant=busy) for _ in range(2))
     assert store.slots.admit(holder, store.slots.slots_for(holder)).outcome == "admitted"
@@ -249,8 +250,8 @@ def test_an_operator_key_sees_every_tenants_running_and_waiting_counts_and_a_ten
     page.reload()
     page.wait_for_selector(f"#tenants-usage tr[data-tenant='{idle}']")
     cells = "tr => Array.from(tr.querySelectorAll('td')).map(td => td.textContent)"
-    assert page.eval_on_selector(f"#tenants-usage tr[data-tenant='{busy}']", cells) == [busy, "1", "1", "1"]
-    assert page.eval_on_selector(f"#tenants-usage tr[data-tenant='{idle}']", cells) == [idle, "0", "0", "4"]
+    assert page.eval_on_selector(f"#tenants-usage tr[data-tenant='{busy}']", cells) == [busy, "1", "1", "1", "1"]
+    assert page.eval_on_selector(f"#tenants-usage tr[data-tenant='{idle}']", cells) == [idle, "0", "0", "4", "3"]
     shot(console, tab, "tenants-usage")
     no_errors(tab)
 

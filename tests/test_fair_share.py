@@ -6,6 +6,8 @@ twin; the tier queues are real SQS on moto server (the wake is a message)."""
 from __future__ import annotations
 
 import math
+import uuid
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -19,9 +21,10 @@ from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import Concurrency, Task, TaskStatus, TaskSubmission
 from agentq.local.moto_server import MotoServer
 from agentq.queueing.dispatch import Dispatcher
+from agentq.queueing.fairness import FairShare
 from agentq.queueing.queues import TaskMessage, TaskQueues
 from agentq.runtime import build_queues
-from agentq.storage import keys
+from agentq.storage import fleet_slots, keys
 from agentq.storage.container import Storage
 from agentq.storage.running_slots import Admission, RunningSlots, SlotUsage
 from agentq.storage.table import TransactionConflict, Update
@@ -331,7 +334,7 @@ def test_a_task_refused_whose_every_recheck_finds_room_keeps_its_message_rather_
     dispatcher = _dispatcher(store, queues, registry, limit=2)
     task = _submit(store, "flicker")
     # Each admission is refused, yet each re-check finds room: a slot freed in between, every time.
-    dispatcher.fair.slots.admit = lambda task, slots: Admission("refused", slots[0])  # type: ignore[method-assign]
+    dispatcher.fair.slots.admit = lambda task, slots, **_: Admission("refused", slots[0])  # type: ignore[method-assign]
     kept = _handle(dispatcher, task.task_id)
     assert kept.kind == "retry" and "comes back" in kept.reason
     assert store.slots.with_default(2).usage("flicker").waiting == 0  # it took its item back each time
@@ -453,3 +456,302 @@ def test_cancel_running_parks_the_new_task_even_when_a_holder_of_its_key_no_long
     assert store.slots.holders("ghosts", "customer-purged") == [holder.task_id]
     late = _submit(store, "ghosts", key)
     assert "waits queued" in _handle(dispatcher, late.task_id).reason  # no TaskNotFound, no redelivery loop
+
+
+class _SentThenRaised:
+    """Queues whose send reaches SQS and then raises (a timeout after SQS took the message),
+    with a worker claiming the task in between, as a fast one would."""
+
+    def __init__(self, queues: TaskQueues, store: Storage) -> None:
+        self.queues, self.store = queues, store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.queues, name)
+
+    def send(self, task_id: str, tier: str, **kwargs: Any) -> None:
+        self.queues.send(task_id, tier, **kwargs)
+        assert self.store.tasks.claim(task_id, "fast-worker", 30) is not None
+        raise TimeoutError("the send timed out after SQS took the message")
+
+
+def test_a_submission_whose_send_raised_after_sqs_took_it_keeps_the_slot_its_running_task_holds(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    _received(queues)
+    defaults = Defaults(tenant_max_running=2)
+    flaky = _SentThenRaised(queues, store)
+    submitted = submit_once(store, registry, scripted([{"text": "a"}]), tenant="timeout", queues=flaky,  # type: ignore[arg-type]
+                            defaults=defaults)  # fmt: skip
+    task = store.tasks.get(submitted.task.task_id)
+    assert task.status is TaskStatus.RUNNING and task.slots  # it runs, counted
+    assert store.slots.with_default(2).usage("timeout").running == 1
+    _received(queues)
+
+
+def test_clearing_an_override_with_no_default_wakes_every_waiter_not_only_the_first_thousand(
+    store: Storage, queues: TaskQueues, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.slots.set_limit("crowd", 1)
+    slot = store.slots.slots_for(_submit(store, "crowd"))[0]
+    waiting = [_submit(store, "crowd") for _ in range(1005)]
+    for task in waiting:
+        store.slots.park(task, slot, "normal")
+    sent: list[str] = []
+    monkeypatch.setattr(queues, "send", lambda task_id, tier, **_: sent.append(task_id))
+    set_max_running(store, "crowd", None, queues)
+    assert len(sent) == 1005 and sent[:2] == [waiting[0].task_id, waiting[1].task_id]
+
+
+def test_a_freed_fleet_slot_goes_to_the_waiting_tenant_furthest_below_its_share_admitted_before_its_message(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    """Fleet capacity 2, weights 3:1: the heavy tenant holds both slots, both tenants wait.
+    The heavy task's end wakes the light tenant's task (0/1 < 1/3) and admits it before its
+    message is sent, so the next wake already counts it."""
+    _received(queues)
+    dispatcher = _dispatcher(store, queues, registry, limit=None)
+    dispatcher.fair = FairShare(store, queues, fleet_capacity=2, fleet_name=f"FLEET-{uuid.uuid4().hex[:8]}")
+    store.slots.set_weight("heavy", 3)
+    running = [_submit(store, "heavy") for _ in range(2)]
+    for task in running:
+        assert dispatcher.fair.admit(task, "normal").waits is None
+    heavy_waiter, light_waiter = _submit(store, "heavy"), _submit(store, "light")
+    for task in (heavy_waiter, light_waiter):
+        assert "the fleet is full" in (dispatcher.fair.admit(task, "normal").waits or "")
+
+    _handle(dispatcher, running[0].task_id)  # runs, ends, releases: one fleet slot frees
+    (woken,) = _received(queues)
+    assert TaskMessage.model_validate_json(woken["Body"]).task_id == light_waiter.task_id
+    assert store.tasks.get(light_waiter.task_id).slots  # admitted by its waker
+    assert dispatcher.fair.slots.usage("light").running == 1 and dispatcher.fair.slots.usage("heavy").waiting == 1
+    _handle(dispatcher, light_waiter.task_id)  # its message finds it admitted: it runs, and wakes heavy's
+    (woken,) = _received(queues)
+    assert TaskMessage.model_validate_json(woken["Body"]).task_id == heavy_waiter.task_id
+
+
+class _SendFails:
+    def __init__(self, queues: TaskQueues) -> None:
+        self.queues = queues
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.queues, name)
+
+    def send(self, task_id: str, tier: str, **kwargs: Any) -> None:
+        raise ConnectionError("SQS is unreachable")
+
+
+def test_a_submission_whose_send_failed_is_deleted_with_the_slot_it_was_admitted_to(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    defaults = Defaults(tenant_max_running=2)
+    with pytest.raises(ConnectionError):
+        submit_once(store, registry, scripted([{"text": "a"}]), tenant="down", queues=_SendFails(queues),  # type: ignore[arg-type]
+                    defaults=defaults)  # fmt: skip
+    assert store.slots.with_default(2).usage("down").running == 0  # given back with the task
+    assert store.tasks.list_for_tenant("down", limit=10, roots_only=False)[0] == []
+
+
+class _SendFailsOnAHotTable:
+    """Queues whose send fails outright, after which the slot items are hot: the deletion's
+    transaction meets two TransactionConflicts first (DynamoDB's answer; see ConflictingTable)."""
+
+    def __init__(self, queues: TaskQueues, store: Storage, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.queues, self.store, self.monkeypatch = queues, store, monkeypatch
+        self.hot: ConflictingTable | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.queues, name)
+
+    def send(self, task_id: str, tier: str, **kwargs: Any) -> None:
+        self.hot = ConflictingTable(self.store.tasks.table, conflicts=2)
+        self.monkeypatch.setattr(self.store.tasks, "table", self.hot)
+        raise ConnectionError("SQS is unreachable")
+
+
+def test_a_submission_whose_send_failed_is_deleted_with_its_slot_through_transaction_conflicts(
+    store: Storage, queues: TaskQueues, registry: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client sees the send's own error, not a conflict that would leave the task created,
+    admitted and unsent."""
+    defaults = Defaults(tenant_max_running=2)
+    failing = _SendFailsOnAHotTable(queues, store, monkeypatch)
+    with pytest.raises(ConnectionError):
+        submit_once(store, registry, scripted([{"text": "a"}]), tenant="hot-delete", queues=failing,  # type: ignore[arg-type]
+                    defaults=defaults)  # fmt: skip
+    assert failing.hot is not None and failing.hot.met == 2
+    assert store.slots.with_default(2).usage("hot-delete").running == 0
+    assert store.tasks.list_for_tenant("hot-delete", limit=10, roots_only=False)[0] == []
+
+
+def _saturated_fleet(store: Storage, fair: FairShare, backlog: int) -> list[Task]:
+    """Capacity 8 held 4:4 by "heavy" (weight 3) and "light", each with ``backlog`` tasks
+    waiting on the fleet's lists: the running tasks."""
+    fair.slots.set_weight("heavy", 3)
+    running = []
+    for tenant in ("heavy", "light") * 4:
+        task = _submit(store, tenant)
+        assert fair.admit(task, "normal").waits is None
+        running.append(task)
+    for tenant in ("heavy", "light") * backlog:
+        assert "the fleet is full" in (fair.admit(_submit(store, tenant), "normal").waits or "")
+    return running
+
+
+def test_a_cohort_of_fleet_slots_freed_before_any_woken_task_is_admitted_by_its_message_is_shared_by_weight(
+    store: Storage, queues: TaskQueues, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight tasks end together and their eight wakes happen before any woken message is read
+    (a poll away). Counted only on arrival, the woken tasks would leave every wake reading the
+    same counts, and all but one go to the same tenant; handed off (admitted by their waker),
+    the eight go 6:2, the weights 3:1."""
+    sent: list[str] = []
+    monkeypatch.setattr(queues, "send", lambda task_id, tier, **_: sent.append(task_id))
+    fair = FairShare(store, queues, fleet_capacity=8, fleet_name=f"FLEET-{uuid.uuid4().hex[:8]}")
+    for task in _saturated_fleet(store, fair, backlog=10):
+        assert store.tasks.claim(task.task_id, "w", 30) is not None
+        store.tasks.transition(task.task_id, TaskStatus.SUCCEEDED)
+        fair.release(task.task_id)
+    woken = [store.tasks.get(task_id) for task_id in sent]
+    assert sorted(t.tenant for t in woken) == ["heavy"] * 6 + ["light"] * 2
+    assert all(t.slots for t in woken)  # admitted by their wakers, before their messages
+    assert fair.slots.usage("heavy").running == 6 and fair.slots.usage("light").running == 2
+
+
+def test_a_woken_task_whose_message_could_not_be_sent_gives_its_handed_off_slots_back_and_waits_again(
+    store: Storage, queues: TaskQueues, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The waker admitted the woken task, then its send failed: the task holds no slot it
+    cannot use, and is back on its fleet list for the next wake (or the sweeper's)."""
+    fair = FairShare(store, queues, fleet_capacity=8, fleet_name=f"FLEET-{uuid.uuid4().hex[:8]}")
+    ended = _saturated_fleet(store, fair, backlog=1)[0]
+    assert store.tasks.claim(ended.task_id, "w", 30) is not None
+    store.tasks.transition(ended.task_id, TaskStatus.SUCCEEDED)
+
+    def unreachable(task_id: str, tier: str, **_: Any) -> None:
+        assert store.tasks.get(task_id).slots  # handed off: admitted before its send
+        raise ConnectionError("SQS is unreachable")
+
+    monkeypatch.setattr(queues, "send", unreachable)
+    with pytest.raises(ConnectionError):  # the releaser's message comes back, as for any failed wake
+        fair.release(ended.task_id)
+    assert fair.slots.usage("heavy").running == 3 and fair.slots.usage("heavy").waiting == 1
+    assert fair.slots.usage("light").running == 4 and fair.slots.usage("light").waiting == 1
+    sent: list[str] = []
+    monkeypatch.setattr(queues, "send", lambda task_id, tier, **_: sent.append(task_id))
+    fair._wake_fleet()
+    (again,) = sent
+    assert store.tasks.get(again).tenant == "heavy" and store.tasks.get(again).slots
+
+
+def test_a_hand_off_whose_fleet_shard_was_taken_meanwhile_reads_again_and_admits_on_another(
+    store: Storage, queues: TaskQueues, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the waker's read of the shards and its admission another admission takes the
+    shard it picked: the hand-off reads again and admits on the shard still free, rather than
+    leave the woken task to its message (which reopens the window the hand-off closes)."""
+    fair = FairShare(store, queues, fleet_capacity=8, fleet_name=f"FLEET-{uuid.uuid4().hex[:8]}")
+    running = _saturated_fleet(store, fair, backlog=1)
+    ended = running[0]
+    assert store.tasks.claim(ended.task_id, "w", 30) is not None
+    store.tasks.transition(ended.task_id, TaskStatus.SUCCEEDED)
+    real_slots_for = fair.slots.slots_for
+    stale: list[bool] = []
+
+    def first_read_sees_a_stale_shard(task: Task) -> list[Any]:
+        slots = real_slots_for(task)
+        if not stale and task.tenant == "heavy" and not task.slots:
+            stale.append(True)  # once: a shard that is full now, as read a moment before
+            fleet_slot = next(s for s in slots if s.fleet)
+            full = next(i for i in range(4) if fleet_slots.shard_pk(i, fair.slots.fleet_name) != fleet_slot.pk)
+            return [
+                s if not s.fleet else replace(s, pk=fleet_slots.shard_pk(full, fair.slots.fleet_name)) for s in slots
+            ]
+        return slots
+
+    monkeypatch.setattr(fair.slots, "slots_for", first_read_sees_a_stale_shard)
+    sent: list[str] = []
+    monkeypatch.setattr(queues, "send", lambda task_id, tier, **_: sent.append(task_id))
+    fair.release(ended.task_id)
+    (woken,) = sent
+    assert stale and store.tasks.get(woken).slots  # admitted by its waker on the second read
+    assert fair.slots.usage("heavy").running == 4
+
+
+class _QueryRecordingTable:
+    """The storage table, recording the partition of every Query."""
+
+    def __init__(self, table: Any) -> None:
+        self.table, self.queried = table, list[str]()
+
+    def query(self, pk: str, *args: Any, **kwargs: Any) -> Any:
+        self.queried.append(pk)
+        return self.table.query(pk, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.table, name)
+
+
+def test_the_release_of_an_unlimited_tenants_fleet_counted_slot_reads_no_waiting_list_of_the_tenant(
+    store: Storage, queues: TaskQueues
+) -> None:
+    """Under a fleet an unlimited tenant's running count is kept (for the weights), so its
+    release frees a tenant slot; nobody waits for a slot without a limit, so no Query of its list."""
+    name = f"FLEET-{uuid.uuid4().hex[:8]}"
+    recording = _QueryRecordingTable(store.slots.table)
+    fair = FairShare(store, queues, fleet_capacity=4, fleet_name=name)
+    fair.slots = RunningSlots(recording, None, 4, name)
+    task = _submit(store, "boundless")
+    assert fair.admit(task, "normal").waits is None
+    assert store.tasks.claim(task.task_id, "w", 30) is not None
+    store.tasks.transition(task.task_id, TaskStatus.SUCCEEDED)
+    assert keys.tenant_pk("boundless") in fair.release(task.task_id)
+    assert keys.tenant_pk("boundless") not in recording.queried
+
+
+def test_raising_a_tenants_limit_wakes_its_tasks_waiting_for_the_fleet_when_the_fleet_has_room(
+    store: Storage, queues: TaskQueues, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Capacity 2. "capped" (limit 2) runs one and waits on the fleet's list for a second; its
+    limit is lowered to 1; the other tenant's task ends, and its wake passes "capped" over (at
+    its hard limit), leaving the slot free. Raising the limit again wakes the fleet waiter."""
+    name = f"FLEET-{uuid.uuid4().hex[:8]}"
+    sent: list[str] = []
+    monkeypatch.setattr(queues, "send", lambda task_id, tier, **_: sent.append(task_id))
+    store.slots = store.slots.with_default(None, 2, name)
+    fair = FairShare(store, queues, fleet_capacity=2, fleet_name=name)
+    store.slots.set_limit("capped", 2)
+    running, other = _submit(store, "capped"), _submit(store, "roomy")
+    for task in (running, other):
+        assert fair.admit(task, "normal").waits is None
+    waiter = _submit(store, "capped")
+    assert "the fleet is full" in (fair.admit(waiter, "normal").waits or "")
+    store.slots.set_limit("capped", 1)
+    assert store.tasks.claim(other.task_id, "w", 30) is not None
+    store.tasks.transition(other.task_id, TaskStatus.SUCCEEDED)
+    fair.release(other.task_id)
+    assert sent == []  # passed over: "capped" is at its limit
+    set_max_running(store, "capped", 3, queues)
+    assert sent == [waiter.task_id]
+
+
+def test_a_task_whose_key_and_the_fleet_are_both_full_is_refused_by_its_key(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    """Its key's ``skip`` applies at once, rather than after a fleet wake that the key refuses."""
+    fair = FairShare(store, queues, fleet_capacity=1, fleet_name=f"FLEET-{uuid.uuid4().hex[:8]}")
+    key = {"key": "nightly", "limit": 1, "on_conflict": "skip"}
+    holder = _submit(store, "keyed", key)
+    assert fair.admit(holder, "normal").waits is None  # holds the key's one slot and the fleet's one
+    late = _submit(store, "keyed", key)
+    gate = fair.admit(late, "normal")
+    assert gate.skipped and store.tasks.get(late.task_id).status is TaskStatus.CANCELLED
+    assert fair.slots.usage("keyed").waiting == 0
+
+
+def test_a_task_refused_by_an_override_set_after_it_was_read_as_unlimited_is_told_so_not_a_limit_of_none(
+    store: Storage, queues: TaskQueues
+) -> None:
+    fair = FairShare(store, queues, fleet_capacity=4, fleet_name=f"FLEET-{uuid.uuid4().hex[:8]}")
+    [read_unlimited, _] = fair.slots.slots_for(_submit(store, "raced"))
+    assert read_unlimited.limit is None
+    assert fair._why(read_unlimited) == "its tenant's running limit was set meanwhile: waits queued for a slot"

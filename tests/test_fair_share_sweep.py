@@ -1,8 +1,8 @@
 """The sweeper and tasks parked over a running limit (queueing/sweeper.py, storage/running_slots.py):
 a parked task is silent by design and is never re-sent, however long it waits; a queued task
 whose wake was lost (its WAIT item taken, its message never sent) is still swept; and room no
-release made (the deployment's default limit raised on redeploy) wakes as many waiters as it
-holds. The engine runs on the in-memory twin; the tier queues are real SQS on moto server."""
+release made (the deployment's default limit raised on redeploy, or its fleet capacity) wakes as
+many waiters as it holds. The engine runs on the in-memory twin; the tier queues are real SQS on moto server."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from agentq.queueing.dispatch import Dispatcher
 from agentq.queueing.queues import TaskMessage, TaskQueues
 from agentq.queueing.sweeper import sweep
 from agentq.runtime import build_queues
-from agentq.storage import keys
+from agentq.storage import fleet_slots, keys
 from agentq.storage.container import Storage
 from agentq.storage.running_slots import WAIT
 
@@ -115,3 +115,49 @@ def test_raising_the_deployments_default_limit_lets_the_sweeper_wake_as_many_wai
         assert store.tasks.get(task_id).status is TaskStatus.SUCCEEDED
     assert store.tasks.get(parked[2].task_id).status is TaskStatus.QUEUED
     assert store.tasks.get(running.task_id).status is TaskStatus.RUNNING  # untouched by the sweep
+
+
+def test_a_task_waiting_for_the_fleet_is_left_alone_and_a_raised_capacity_wakes_as_many_as_it_made_room_for(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30))
+    dispatcher = Dispatcher(engine, store, queues, max_receive_count=5, fleet_capacity=1)
+    _sent(queues)
+    running = store.tasks.create(scripted([{"text": "done"}]), tenant="fleet-full")
+    assert dispatcher.fair.admit(running, "normal").waits is None
+    assert store.tasks.claim(running.task_id, "other-worker", 30) is not None
+    parked = [store.tasks.create(scripted([{"text": "done"}]), tenant=t) for t in ("fleet-full", "other")]
+    for task in parked:
+        action = dispatcher.handle(TaskMessage(task_id=task.task_id).model_dump_json(), tier="normal", receive_count=1)
+        assert "the fleet is full" in action.reason
+    later = max(store.tasks.get(t.task_id).updated_at or 0.0 for t in parked) + STALE_AFTER + 1
+    report = sweep(store, queues, stale_after=STALE_AFTER, now=later, fleet_capacity=1)
+    assert report.parked == 2 and report.swept == [] and report.woken == [] and _sent(queues) == []
+    report = sweep(store, queues, stale_after=STALE_AFTER, now=later, fleet_capacity=2)  # redeployed with 2
+    assert report.woken == [parked[1].task_id]  # one slot made; "other" runs none, "fleet-full" one
+    assert _sent(queues) == report.woken and report.swept == []
+
+
+def test_a_fleet_waiter_whose_tenants_waiting_mark_was_lost_is_woken_by_the_next_sweep(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    """Capacity 1: A runs, B waits for the fleet, and B's tenant's waiting mark is lost (a crash
+    between ``park``'s two writes, or in a wake's ``_drop_mark``). A's end wakes nobody, since
+    the wake finds waiting tenants by their marks; the sweep marks B's tenant again and wakes it."""
+    engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30))
+    dispatcher = Dispatcher(engine, store, queues, max_receive_count=5, fleet_capacity=1)
+    _sent(queues)
+    a = store.tasks.create(scripted([{"text": "done"}]), tenant="fleet-a")
+    assert dispatcher.fair.admit(a, "normal").waits is None
+    assert store.tasks.claim(a.task_id, "other-worker", 30) is not None
+    b = store.tasks.create(scripted([{"text": "done"}]), tenant="fleet-b")
+    assert "the fleet is full" in (dispatcher.fair.admit(b, "normal").waits or "")
+    slots = dispatcher.fair.slots
+    store.table.delete({"pk": fleet_slots.waiting_pk(slots.fleet_name), "sk": fleet_slots.WAITING_TENANT + "fleet-b"})
+    store.tasks.transition(a.task_id, TaskStatus.SUCCEEDED)
+    assert dispatcher.fair.release(a.task_id)  # the fleet slot frees...
+    assert _sent(queues) == []  # ...and wakes nobody: the mark is gone
+    now = (store.tasks.get(b.task_id).updated_at or 0.0) + 1
+    report = sweep(store, queues, stale_after=STALE_AFTER, now=now, fleet_capacity=1)
+    assert report.woken == [b.task_id] and report.swept == []
+    assert _sent(queues) == [b.task_id]

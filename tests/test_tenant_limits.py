@@ -40,7 +40,7 @@ def test_a_tenants_limit_is_set_and_cleared_from_the_cli_and_its_usage_shown(age
     assert code == 0 and f"{tenant}  running 0  waiting 0  max_running 3" in out
     assert store.slots.limit(tenant) == 3
     code, out, _ = agentq("tenants", "usage", tenant, "--json")
-    assert code == 0 and json.loads(out) == [{"tenant": tenant, "running": 0, "waiting": 0, "limit": 3}]
+    assert code == 0 and json.loads(out) == [{"tenant": tenant, "running": 0, "waiting": 0, "limit": 3, "weight": 1}]
     code, out, _ = agentq("tenants", "limit", tenant, "--clear")
     assert code == 0 and "max_running unlimited" in out and store.slots.limit(tenant) is None
 
@@ -55,6 +55,36 @@ def test_a_limit_below_one_or_an_unknown_tenant_is_refused_naming_the_field_and_
     code, _, err = agentq("tenants", "limit", "nobody-" + tenant, "--max-running", "5")
     assert code == 2 and f"unknown tenant 'nobody-{tenant}'" in err and "(tenant)" in err
     assert store.slots.limit(tenant) is None and store.slots.limit("nobody-" + tenant) is None
+
+
+def test_a_weight_is_set_from_the_cli_and_a_bad_one_is_refused_naming_the_field_and_changes_nothing(
+    agentq: Cli, store: Storage
+) -> None:
+    tenant = f"acme-{uuid.uuid4().hex[:6]}"
+    store.api_keys.create(tenant)
+    code, out, _ = agentq("tenants", "limit", tenant, "--weight", "3")
+    assert code == 0 and f"{tenant}  running 0  waiting 0  max_running unlimited  weight 3" in out
+    code, _, err = agentq("tenants", "limit", tenant, "--weight", "0")
+    assert code == 2 and "weight must be a whole number from 1 to 1000 (got 0) (weight)" in err
+    code, _, err = agentq("tenants", "limit", tenant, "--max-running", "4", "--weight", "1001")
+    assert code == 2 and "(weight)" in err
+    assert store.slots.limit(tenant) is None  # the good limit beside a bad weight was not written either
+    with pytest.raises(SystemExit) as parsed:
+        agentq("tenants", "limit", tenant, "--weight", "1.5")
+    assert parsed.value.code == 2  # argparse: "argument --weight: invalid int value: '1.5'"
+    assert store.slots.usage(tenant).weight == 3
+    code, out, _ = agentq("tenants", "limit", tenant, "--clear-weight")
+    assert code == 0 and "weight 1" in out
+
+
+def test_tenants_usage_without_a_tenant_lists_every_tenant_as_the_operators_view_does(
+    agentq: Cli, store: Storage
+) -> None:
+    tenant = f"acme-{uuid.uuid4().hex[:6]}"
+    store.api_keys.create(tenant)
+    store.slots.set_limit(tenant, 2)
+    code, out, _ = agentq("tenants", "usage", "--json")
+    assert code == 0 and {"tenant": tenant, "running": 0, "waiting": 0, "limit": 2, "weight": 1} in json.loads(out)
 
 
 @pytest.mark.parametrize(
@@ -82,6 +112,7 @@ def test_the_caller_sees_its_running_and_waiting_counts_and_its_limit(api_stack:
         "running": 0,
         "waiting": 0,
         "max_running": None,
+        "weight": 1,
         "operator": False,
     }, data
     assert api_stack.http("GET", "/usage", key=None)[0] == 401
@@ -95,8 +126,25 @@ def test_an_operator_key_reads_every_tenants_usage_and_a_tenant_key_gets_a_403_s
     operator = api_stack.stack.create_api_key("ops", operator=True)
     assert api_stack.http("GET", "/usage", key=operator)[1]["operator"] is True
     status, data, _ = api_stack.http("GET", "/usage/tenants", key=operator)
-    assert status == 200 and {"tenant": limited, "running": 0, "waiting": 0, "max_running": 3} in data["tenants"]
+    assert (
+        status == 200
+        and {"tenant": limited, "running": 0, "waiting": 0, "max_running": 3, "weight": 1} in data["tenants"]
+    )
     status, data, _ = api_stack.http("GET", "/usage/tenants")
     assert status == 403 and data["error"]["code"] == "forbidden", data
     assert "operator" in data["error"]["message"]
     assert api_stack.http("GET", "/usage/tenants", key=None)[0] == 401
+
+
+def test_a_weight_and_clear_weight_together_or_a_limit_and_clear_together_are_refused_and_write_nothing(
+    agentq: Cli, store: Storage
+) -> None:
+    tenant = f"acme-{uuid.uuid4().hex[:6]}"
+    store.api_keys.create(tenant)
+    with pytest.raises(SystemExit) as refused:  # argparse's usage error
+        agentq("tenants", "limit", tenant, "--weight", "3", "--clear-weight")
+    assert refused.value.code == 2
+    with pytest.raises(SystemExit) as refused:
+        agentq("tenants", "limit", tenant, "--max-running", "3", "--clear")
+    assert refused.value.code == 2
+    assert store.slots.usage(tenant).weight == 1 and store.slots.limit(tenant) is None

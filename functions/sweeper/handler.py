@@ -25,8 +25,10 @@ clients = lazy_store_and_queues()
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     store, queues = clients()
     stale_after = float(os.environ.get("AGENTQ_SWEEP_STALE_AFTER_SECONDS") or DEFAULT_STALE_AFTER_SECONDS)
-    # The deployment's default running limit: waiters of a tenant it now has room for are woken.
-    report = sweep(store, queues, stale_after=stale_after, default_max_running=Defaults.from_env().tenant_max_running)
+    # The deployment's default running limit and fleet capacity: waiters they now have room for are woken.
+    defaults = Defaults.from_env()
+    report = sweep(store, queues, stale_after=stale_after, default_max_running=defaults.tenant_max_running,
+                   fleet_capacity=defaults.fleet_capacity)  # fmt: skip
     observe.flush()
     logger.info("swept", extra={"listed": report.listed, "swept": report.swept, "unlisted": report.unlisted,
                                 "woken": report.woken})  # fmt: skip

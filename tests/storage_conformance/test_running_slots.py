@@ -9,15 +9,20 @@ import pytest
 
 from agentq.core.errors import ValidationError
 from agentq.core.models import Task, TaskStatus, TaskSubmission
-from agentq.storage import keys
+from agentq.storage import fleet_slots, keys
 from agentq.storage.container import Storage
 from agentq.storage.running_slots import RunningSlots, key_pk
+from agentq.storage.table import TransactionCancelled, Update, plain
 
 from tests.helpers import scripted
 
 
 def _tenant() -> str:
     return f"t-{uuid.uuid4().hex[:8]}"  # the DynamoDB backend is shared by the session's tests
+
+
+def _fleet() -> str:
+    return f"FLEET-{uuid.uuid4().hex[:8]}"  # a fleet of the test's own: its shards count only its tasks
 
 
 def _task(store: Storage, tenant: str, *, key: str | None = None, limit: int = 1) -> Task:
@@ -102,7 +107,7 @@ def test_waiters_wake_oldest_first_as_many_as_there_is_room_skipping_cancelled_o
         assert refused.slot is not None
         slots.park(t, refused.slot, "normal")
     backend.tasks.transition(waiting[0].task_id, TaskStatus.CANCELLED)  # gave up while it waited
-    assert slots.usage(tenant).waiting == 3
+    assert slots.usage(tenant).waiting == 2  # the cancelled one keeps its item, but is not counted
     assert slots.next_waiters(keys.tenant_pk(tenant)) == []  # no room yet
     assert backend.tasks.claim(running.task_id, "w", 30) is not None
     backend.tasks.transition(running.task_id, TaskStatus.SUCCEEDED)
@@ -129,3 +134,150 @@ def test_every_tenant_with_a_slot_item_is_listed_with_its_running_waiting_and_li
     assert listed[busy] == (1, 1, 1)
     assert listed[idle] == (0, 0, 5)
     assert unlimited not in listed
+
+
+def _fleet_counts(backend: Storage, slots: RunningSlots) -> list[int]:
+    shards = [backend.table.get({"pk": fleet_slots.shard_pk(i, slots.fleet_name), "sk": "RUNNING"}) for i in range(4)]
+    return [int(plain(s or {}).get("running", 0)) for s in shards]
+
+
+def test_a_deleted_submission_gives_back_nothing_when_a_worker_released_its_slots_after_they_were_read(
+    backend: Storage,
+) -> None:
+    """The submission's send raised; it reads the slots to give back; meanwhile the task is
+    cancelled and the worker that received its message (SQS took it) releases them. Its
+    deletion must not give them back a second time (a count below zero admits one too many)."""
+    tenant = _tenant()
+    slots = backend.slots.with_default(2, fleet_capacity=4, fleet_name=_fleet())
+    task = _task(backend, tenant)
+    assert slots.admit(task, slots.slots_for(task)).outcome == "admitted"
+    give_back = slots.give_back(task.task_id)
+    backend.tasks.transition(task.task_id, TaskStatus.CANCELLED)
+    assert len(slots.release(task.task_id)) == 2  # the worker's release: tenant and fleet back
+    with pytest.raises(TransactionCancelled):
+        backend.tasks.delete_unstarted(task.task_id, also=give_back.actions, only_if=give_back.condition)
+    assert slots.usage(tenant).running == 0 and _fleet_counts(backend, slots) == [0, 0, 0, 0]
+    assert backend.tasks.get(task.task_id).status is TaskStatus.CANCELLED
+
+
+def test_a_deleted_submission_is_kept_when_a_worker_admitted_it_after_its_slots_were_read(backend: Storage) -> None:
+    """Sent unadmitted (its admission kept conflicting), its send raised although SQS took it:
+    the deletion read no slots, then the worker that received the message admitted it. Deleting
+    it then would leave its slots held by no task, for good."""
+    tenant = _tenant()
+    slots = backend.slots.with_default(2, fleet_capacity=4, fleet_name=_fleet())
+    task = _task(backend, tenant)
+    give_back = slots.give_back(task.task_id)
+    assert give_back.actions == []
+    assert slots.admit(task, slots.slots_for(task)).outcome == "admitted"  # the worker's dispatcher
+    with pytest.raises(TransactionCancelled):
+        backend.tasks.delete_unstarted(task.task_id, also=give_back.actions, only_if=give_back.condition)
+    assert backend.tasks.get(task.task_id).slots and slots.usage(tenant).running == 1
+    assert sum(_fleet_counts(backend, slots)) == 1
+
+
+def test_a_deleted_submission_gives_back_the_slots_it_still_holds(backend: Storage) -> None:
+    tenant = _tenant()
+    slots = backend.slots.with_default(2, fleet_capacity=4, fleet_name=_fleet())
+    task = _task(backend, tenant, key="k")
+    assert slots.admit(task, slots.slots_for(task)).outcome == "admitted"
+    give_back = slots.give_back(task.task_id)
+    backend.tasks.delete_unstarted(task.task_id, also=give_back.actions, only_if=give_back.condition)
+    assert slots.usage(tenant).running == 0 and _fleet_counts(backend, slots) == [0, 0, 0, 0]
+    assert slots.holders(tenant, "k") == []
+
+
+def _fleet_round(backend: Storage, slots: RunningSlots, running: list[Task]) -> Task | None:
+    """The oldest running task ends; the fleet slot it frees wakes one waiter, which is admitted."""
+    ended = running.pop(0)
+    assert backend.tasks.claim(ended.task_id, "w", 30) is not None
+    backend.tasks.transition(ended.task_id, TaskStatus.SUCCEEDED)
+    freed = slots.release(ended.task_id)
+    woken = [w for pk in freed if fleet_slots.is_shard(pk) for w in slots.next_waiters(pk)]
+    if not woken:
+        return None
+    task = backend.tasks.get(woken[0][0])
+    assert slots.admit(task, slots.slots_for(task)).outcome == "admitted"
+    running.append(task)
+    return task
+
+
+def test_a_full_fleet_wakes_the_waiting_tenant_furthest_below_its_weights_share(backend: Storage) -> None:
+    """Capacity 4, tenants weighted 3:1 starting at 2:2 with both backlogged: each freed fleet
+    slot goes to the tenant with the lowest running/weight, so the running counts reach 3:1 and
+    stay there."""
+    heavy, light = _tenant(), _tenant()
+    slots = backend.slots.with_default(None, fleet_capacity=4, fleet_name=_fleet())
+    slots.set_weight(heavy, 3)
+    running: list[Task] = []
+    for tenant in (heavy, light, heavy, light):
+        task = _task(backend, tenant)
+        assert slots.admit(task, slots.slots_for(task)).outcome == "admitted"
+        running.append(task)
+    for tenant in (heavy, light) * 6:  # the backlog: refused by the full fleet, they wait on its lists
+        task = _task(backend, tenant)
+        refused = slots.admit(task, slots.slots_for(task))
+        assert refused.outcome == "refused" and refused.slot is not None and refused.slot.fleet
+        slots.park(task, refused.slot, "normal")
+    assert slots.usage(heavy).waiting == 6 and slots.usage(heavy).weight == 3
+
+    woken = [_fleet_round(backend, slots, running) for _ in range(6)]
+    assert [t.tenant if t else None for t in woken] == [heavy, heavy, heavy, light, heavy, heavy]
+    counts = {t: sum(1 for r in running if r.tenant == t) for t in (heavy, light)}
+    assert counts == {heavy: 3, light: 1}
+    assert sum(_fleet_counts(backend, slots)) == 4  # never more than the capacity
+
+
+def test_a_lone_tenant_uses_the_whole_idle_fleet_up_to_its_hard_limit_and_then_another_gets_the_rest(
+    backend: Storage,
+) -> None:
+    """Work-conserving: nobody else waits, so a tenant runs past its weight's share, but never
+    past its own limit; the fleet slot it cannot take is another tenant's."""
+    alone, other = _tenant(), _tenant()
+    slots = backend.slots.with_default(None, fleet_capacity=4, fleet_name=_fleet())
+    slots.set_limit(alone, 3)
+    outcomes = []
+    for _ in range(4):
+        task = _task(backend, alone)
+        admission = slots.admit(task, slots.slots_for(task))
+        outcomes.append((admission.outcome, admission.slot.pk if admission.slot else None))
+    assert outcomes == [("admitted", None)] * 3 + [("refused", keys.tenant_pk(alone))]  # its limit, not the fleet
+    late = _task(backend, other)
+    assert slots.admit(late, slots.slots_for(late)).outcome == "admitted"
+    assert slots.usage(alone).running == 3 and slots.usage(other).running == 1
+
+
+def test_a_weight_outside_1_to_1000_or_not_a_whole_number_is_refused_naming_the_field_and_changes_nothing(
+    backend: Storage,
+) -> None:
+    tenant = _tenant()
+    slots = backend.slots.with_default(None)
+    slots.set_weight(tenant, 2)
+    for bad in (0, -1, 1001, 1.5, "3", True):
+        with pytest.raises(ValidationError) as refused:
+            slots.set_weight(tenant, bad)  # type: ignore[arg-type]
+        assert refused.value.field == "weight"
+    assert slots.usage(tenant).weight == 2
+    slots.set_weight(tenant, None)
+    assert slots.usage(tenant).weight == 1
+
+
+def test_a_fleet_capacity_lowered_below_what_runs_admits_and_wakes_nobody_until_enough_have_left(
+    backend: Storage,
+) -> None:
+    """Capacity 8 (2 a shard) holding [2, 2, 0, 0], redeployed with 4 (1 a shard): shards 2 and 3
+    are below their new part, yet the fleet runs 4 already. Lowering kills nothing, and admits
+    nobody until the fleet runs fewer than its capacity, as for a tenant's lowered limit."""
+    name = _fleet()
+    for shard in (0, 1):
+        backend.table.update({"pk": fleet_slots.shard_pk(shard, name), "sk": "RUNNING"}, Update(add={"running": 2}))
+    slots = backend.slots.with_default(None, fleet_capacity=4, fleet_name=name)
+    task = _task(backend, _tenant())
+    refused = slots.admit(task, slots.slots_for(task))
+    assert refused.outcome == "refused" and refused.slot is not None and refused.slot.fleet
+    slots.park(task, refused.slot, "normal")
+    assert not slots.has_room(refused.slot) and slots.next_fleet_waiters(4) == []
+    assert _fleet_counts(backend, slots) == [2, 2, 0, 0]
+    for shard in (0, 1):  # two of them end: the fleet runs 2 of its 4
+        backend.table.update({"pk": fleet_slots.shard_pk(shard, name), "sk": "RUNNING"}, Update(add={"running": -1}))
+    assert [w[0] for w in slots.next_fleet_waiters(4)] == [task.task_id]  # room for 2, one waits

@@ -330,8 +330,14 @@ class CancelResult(ApiModel):
 class TenantUsage(ApiModel):
     tenant: str
     running: int = Field(description="tasks holding one of the tenant's running slots")
-    waiting: int = Field(description="tasks waiting queued for a slot (counted up to 1,000)")
+    waiting: int = Field(
+        description="tasks waiting queued for a slot of the tenant's or of the fleet (counted up to 1,000; a "
+        "waiter cancelled meanwhile is not counted)"
+    )
     max_running: int | None = Field(description="the tenant's running limit; null: unlimited")
+    weight: int = Field(
+        1, description="the tenant's weight in a full fleet's share (agentq tenants limit TENANT --weight N; default 1)"
+    )
 
 
 class CallerUsage(TenantUsage):

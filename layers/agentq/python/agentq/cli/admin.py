@@ -73,26 +73,35 @@ def _cmd_keys(args: argparse.Namespace) -> int:
 
 
 def _cmd_tenants(args: argparse.Namespace) -> int:
-    from agentq.control.tenants import set_max_running
+    from agentq.control.tenants import set_max_running, set_weight
     from agentq.runtime import Settings, build_queues, build_store
 
     settings = Settings.from_env()
     store = build_store(settings, pool=4)
-    store.slots = store.slots.with_default(settings.defaults.tenant_max_running)
+    store.slots = store.slots.with_default(settings.defaults.tenant_max_running, settings.defaults.fleet_capacity)
     if args.tenants_command == "limit":
-        if args.max_running is None and not args.clear:
-            print("agentq: tenants limit needs --max-running N or --clear", file=sys.stderr)
+        if args.max_running is None and not args.clear and args.weight is None and not args.clear_weight:
+            print("agentq: tenants limit needs --max-running N, --clear, --weight N or --clear-weight", file=sys.stderr)
             return 2
-        usage = set_max_running(store, args.tenant, None if args.clear else args.max_running, build_queues(settings))
+        if args.max_running is not None or args.clear:
+            limit = None if args.clear else args.max_running
+            usage = set_max_running(store, args.tenant, limit, build_queues(settings), weight=args.weight,
+                                    clear_weight=args.clear_weight)  # fmt: skip
+        else:
+            usage = set_weight(store, args.tenant, args.weight)
         rows = [usage]
-    else:
+    elif args.tenants:
         rows = [store.slots.usage(t) for t in args.tenants]
+    else:  # the operator's view, as GET /usage/tenants and the console show it
+        rows = store.slots.all_usage()
     if args.json:
         print(json.dumps([r.__dict__ for r in rows]))
         return 0
     for r in rows:
         limit = "unlimited" if r.limit is None else str(r.limit)
-        print(f"{r.tenant}  running {r.running}  waiting {r.waiting}  max_running {limit}")
+        print(f"{r.tenant}  running {r.running}  waiting {r.waiting}  max_running {limit}  weight {r.weight}")
+    if not rows:
+        print("no tenant holds running slots or has a limit of its own", file=sys.stderr)
     return 0
 
 
@@ -166,11 +175,21 @@ def register(sub: Any) -> None:
         "AGENTQ_DEFAULT_TENANT_MAX_RUNNING); lowering it below its running count stops nothing: new tasks wait",
     )  # fmt: skip
     tenants_limit.add_argument("tenant", help="a tenant with an API key or a task")
-    tenants_limit.add_argument("--max-running", type=int, help="at least 1")
-    tenants_limit.add_argument("--clear", action="store_true", help="remove the override: the default applies")
+    limit_or_clear = tenants_limit.add_mutually_exclusive_group()  # both at once: which one was meant?
+    limit_or_clear.add_argument("--max-running", type=int, help="at least 1")
+    limit_or_clear.add_argument("--clear", action="store_true", help="remove the override: the default applies")
+    weight_or_clear = tenants_limit.add_mutually_exclusive_group()
+    weight_or_clear.add_argument(
+        "--weight",
+        type=int,
+        help="its share of a full fleet against the others' (a whole number, 1 to 1000; default 1)",
+    )
+    weight_or_clear.add_argument("--clear-weight", action="store_true", help="back to the default weight, 1")
     tenants_limit.add_argument("--json", action="store_true", help="print JSON")
-    tenants_usage = tenants_sub.add_parser("usage", help="running and waiting tasks per tenant, and each limit")
-    tenants_usage.add_argument("tenants", nargs="+", metavar="TENANT")
+    tenants_usage = tenants_sub.add_parser(
+        "usage", help="running and waiting tasks per tenant, each limit and weight (no TENANT: every tenant)"
+    )
+    tenants_usage.add_argument("tenants", nargs="*", metavar="TENANT")
     tenants_usage.add_argument("--json", action="store_true", help="print JSON")
     tenants.set_defaults(func=_cmd_tenants)
 

@@ -29,6 +29,7 @@ ENVIRONMENT = {
     "tenant_hourly_tokens": "AGENTQ_DEFAULT_TENANT_HOURLY_TOKENS",
     "tenant_hourly_usd": "AGENTQ_DEFAULT_TENANT_HOURLY_USD",
     "tenant_max_running": "AGENTQ_DEFAULT_TENANT_MAX_RUNNING",
+    "fleet_capacity": "AGENTQ_FLEET_CAPACITY",
     "economy_tiers": "AGENTQ_ECONOMY_TIERS",
 }
 CONSTRAINT_FIELDS = ("max_tokens", "max_steps", "timeout_seconds")
@@ -57,6 +58,12 @@ class Defaults(BaseModel):
     )
     tenant_max_running: int | None = Field(
         None, ge=1, description="the most running tasks (sub-agents included) of a tenant with no override of its own"
+    )
+    fleet_capacity: int | None = Field(
+        None,
+        ge=1,
+        description="the most running tasks of all tenants together (what the executors and workers run at once): "
+        "when it is full, tenants share it by weight (storage.fleet_slots); None: no fleet slot",
     )
 
     @classmethod

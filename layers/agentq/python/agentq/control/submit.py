@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,9 @@ from agentq.core.tools import ToolRegistry
 from agentq.queueing.fairness import FairShare
 from agentq.queueing.queues import TaskQueues
 from agentq.storage.container import Storage
+from agentq.storage.table import TransactionCancelled
+
+log = logging.getLogger("agentq.submit")
 
 
 def submit(store: Storage, tools: ToolRegistry, raw: Any, *, tenant: str, queues: TaskQueues | None = None) -> Task:
@@ -116,7 +120,12 @@ def submit_once(
     if created:
         # Admitted here, a task of a tenant at its running limit never enters the queue: it waits
         # on the tenant's list, and a burst of one tenant never stands in front of another's tasks.
-        fair = FairShare(store, queues, default_limit=defaults.tenant_max_running if defaults else None)
+        fair = FairShare(
+            store,
+            queues,
+            default_limit=defaults.tenant_max_running if defaults else None,
+            fleet_capacity=defaults.fleet_capacity if defaults else None,
+        )
         gate = fair.admit(task, submission.priority)
         if gate.skipped:  # its key's skip ended it: reported as any end, and answered as it is now
             task = fair.report_skipped(task.task_id)
@@ -127,11 +136,21 @@ def submit_once(
         try:
             queues.send(task.task_id, submission.priority, tenant=tenant)
         except Exception:
-            if gate.limited:
-                store.slots.give_back(task.task_id)
-            store.tasks.delete_unstarted(
-                task.task_id, idempotency=(tenant, idempotency_key) if idempotency_key else None
-            )
+            # The task and its slots go in one transaction, only while nobody claimed it and its
+            # slots are as read: a send that raised although SQS took the message may already
+            # be running it (it keeps its slots; its end gives them back), or a worker may have
+            # admitted or released it meanwhile. Then the submission stands.
+            give_back = store.slots.give_back(task.task_id) if gate.limited else None
+            try:
+                store.tasks.delete_unstarted(
+                    task.task_id,
+                    idempotency=(tenant, idempotency_key) if idempotency_key else None,
+                    also=give_back.actions if give_back else (),
+                    only_if=give_back.condition if give_back else None,
+                )
+            except TransactionCancelled:
+                log.warning("task %s: its enqueue raised, but a worker took it: the message was sent", task.task_id)
+                return Submitted(store.tasks.get(task.task_id), created)
             raise
     elif task.status is TaskStatus.QUEUED and task.lease_epoch == 0:
         # the first request may have died before its enqueue: a duplicate message is harmless

@@ -285,7 +285,8 @@ class LocalStack:
         while not self._stopping.wait(self.sweep_every):
             try:
                 self.swept += sweep(store, queues, stale_after=self.sweep_stale_after,
-                                    default_max_running=self.settings.defaults.tenant_max_running).swept  # fmt: skip
+                                    default_max_running=self.settings.defaults.tenant_max_running,
+                                    fleet_capacity=self.settings.defaults.fleet_capacity).swept  # fmt: skip
             except Exception:  # the store going away at shutdown, a moto hiccup: next round
                 logging.getLogger("agentq.sweeper").warning("sweep failed", exc_info=True)
 

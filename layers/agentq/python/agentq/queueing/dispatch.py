@@ -82,9 +82,12 @@ class Dispatcher:
         max_receive_count: int,
         backoff: RetryBackoff = RetryBackoff(),
         default_max_running: int | None = None,
+        fleet_capacity: int | None = None,
     ) -> None:
         """``default_max_running``: the most running tasks per tenant without an override of
-        its own (the deployment's ``AGENTQ_DEFAULT_TENANT_MAX_RUNNING``; None: unlimited)."""
+        its own (the deployment's ``AGENTQ_DEFAULT_TENANT_MAX_RUNNING``; None: unlimited).
+        ``fleet_capacity``: the most running tasks of all tenants, shared by weight when full
+        (``AGENTQ_FLEET_CAPACITY``; None: no fleet slot)."""
         self.engine = engine
         # The whole store, not engine.store (the engine's ports): the dispatcher also records task
         # tokens and wakes spawns, which the engine never does.
@@ -92,7 +95,7 @@ class Dispatcher:
         self.queues = queues
         self.max_receive_count = max_receive_count
         self.backoff = backoff
-        self.fair = FairShare(store, queues, default_limit=default_max_running)
+        self.fair = FairShare(store, queues, default_limit=default_max_running, fleet_capacity=fleet_capacity)
 
     def handle(
         self,

@@ -26,7 +26,10 @@ the waiting order. Only a queued task with neither a ``WAIT`` item nor a sign of
 (a wake lost between taking its item and sending its message). And since a release wakes one
 waiter per slot it frees, room that appeared otherwise (the deployment's default limit raised,
 ``default_max_running``) would wake nobody: each sweep wakes, for every tenant with waiters,
-as many as its slot has room for.
+as many as its slot has room for. Likewise for the fleet (``storage.fleet_slots``): it wakes
+the room a raised capacity made, and first marks waiting again every tenant with a fleet list
+(idempotent), since the fleet's wakes find waiting tenants only by those marks and a crash can
+lose one, leaving that tenant's waiters with nothing ever to wake them.
 
 A task a worker process holds under its liveness (``storage.workers``) has a long lease and an
 invisible message; the live workers hand on a dead peer's tasks within seconds
@@ -45,7 +48,7 @@ from agentq.core.models import Task
 from agentq.core.status import TaskStatus
 from agentq.queueing.queues import TaskQueues
 from agentq.queueing.recovery import recover_lapsed
-from agentq.storage import keys
+from agentq.storage import fleet_slots, keys
 from agentq.storage.container import Storage
 from agentq.storage.running_slots import RunningSlots, key_pk
 
@@ -75,10 +78,11 @@ def sweep(
     stale_after: float,
     now: float | None = None,
     default_max_running: int | None = None,
+    fleet_capacity: int | None = None,
 ) -> SweepReport:
     """One pass over the unfinished tasks (see the module). ``default_max_running``: the
     deployment's ``AGENTQ_DEFAULT_TENANT_MAX_RUNNING``, to know the room of a tenant without
-    an override."""
+    an override; ``fleet_capacity`` (``AGENTQ_FLEET_CAPACITY``), the fleet's room."""
     now = time.time() if now is None else now
     report = SweepReport()
     report.recovered = recover_lapsed(store, queues, now=now)
@@ -100,11 +104,22 @@ def sweep(
                               float(meta.get("heartbeat_at") or 0))  # fmt: skip
             if now - quiet_since >= stale_after:
                 stranded.append(str(meta["task_id"]))
-    slots = store.slots.with_default(default_max_running)
+    slots = store.slots.with_default(default_max_running, fleet_capacity)
     # Read before waking: a waiter woken below is parked as far as this pass is concerned (it
     # has its message now), so it is not also swept.
     parked = {keys.tenant_pk(t): slots.parked(keys.tenant_pk(t)) for t in sorted(waiting_tenants)}
+    # The fleet's lists, when it has one (a capacity removed leaves its waiters to be swept).
+    in_fleet = (
+        {t: slots.parked(fleet_slots.queue_pk(t, slots.fleet_name)) for t in sorted(waiting_tenants)}
+        if fleet_capacity
+        else {}
+    )
+    for tenant, waiting in in_fleet.items():
+        if waiting:  # a lost mark (a crash in park or in a wake) would hide them from every wake
+            slots.mark_waiting(tenant)
     _wake_where_room(slots, queues, parked, report)
+    _wake_fleet_room(slots, queues, sum(len(w) for w in in_fleet.values()), report)
+    parked |= {fleet_slots.queue_pk(t, slots.fleet_name): waiting for t, waiting in in_fleet.items()}
     for task in store.tasks.get_many(stranded):
         if task.status.value not in STRANDABLE:
             continue
@@ -120,8 +135,10 @@ def sweep(
 
 
 def _is_parked(slots: RunningSlots, task: Task, parked: dict[str, set[str]]) -> bool:
-    """Does ``task`` have a WAIT item (its tenant's list, or its concurrency key's)?"""
+    """Does ``task`` have a WAIT item (its tenant's list, the fleet's, or its concurrency key's)?"""
     pks = [keys.tenant_pk(task.tenant)]
+    if fleet_slots.queue_pk(task.tenant, slots.fleet_name) in parked:  # the fleet's list (read only with a fleet)
+        pks.append(fleet_slots.queue_pk(task.tenant, slots.fleet_name))
     if task.submission.concurrency is not None:
         pks.append(key_pk(task.tenant, task.submission.concurrency.key))
     for pk in pks:
@@ -147,3 +164,14 @@ def _wake_where_room(slots: RunningSlots, queues: TaskQueues, parked: dict[str, 
             queues.send(waiter, tier, tenant=tenant or pk.removeprefix("TENANT#"))
             report.woken.append(waiter)
             log.info("task %s woken by the sweeper: its tenant's slot has room", waiter)
+
+
+def _wake_fleet_room(slots: RunningSlots, queues: TaskQueues, waiting: int, report: SweepReport) -> None:
+    """Wake as many of the fleet's waiters as it has room for now (by weight, as a release
+    does): room no release made (a raised capacity) would otherwise stay idle."""
+    if waiting <= 0:
+        return
+    for waiter, tier, tenant, _ in slots.next_fleet_waiters(waiting):
+        queues.send(waiter, tier, tenant=tenant or None)
+        report.woken.append(waiter)
+        log.info("task %s woken by the sweeper: the fleet has room", waiter)

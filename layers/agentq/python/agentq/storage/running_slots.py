@@ -1,6 +1,8 @@
 """Running slots: at most ``limit`` running tasks per tenant and per concurrency key.
 
-Invariant: running ≤ limit for every tenant that has a limit, and for every concurrency key.
+Invariant: running ≤ limit for every tenant that has a limit, and for every concurrency key;
+with a fleet capacity, the tasks holding a fleet slot never number more than the capacity
+(``storage.fleet_slots``).
 
 A slot item per tenant (``TENANT#t`` / ``RUNNING``) and per concurrency key (``CKEY#t#key`` /
 ``RUNNING``) counts in ``running`` the tasks holding one of its slots; a tenant's item also
@@ -40,16 +42,16 @@ attributes) and each tenant's waiters counted by one Query. A tenant that never 
 nor had a limit set (an unlimited one) has no item: it holds no slot and nothing waits on it.
 
 Lowering a limit below ``running`` kills nothing: admissions are refused until enough tasks
-have left. Cost for a limited tenant: one read of the slot item per admission, a
-two-item transaction (three with a key) when admitted, the same transaction and a read
-and a Query at release; for a refused task one Put, one read, later one Delete and one
-SQS send. An unlimited tenant without a key pays one read of the slot item per admission.
+have left. Cost without a fleet, for a limited tenant: one read of the slot item per admission,
+a two-item transaction (three with a key) when admitted, the same transaction and a read and a
+Query at release; for a refused task one Put, one read, later one Delete and one SQS send. An
+unlimited tenant without a key pays one read of the slot item per admission. With a fleet
+every tenant is counted, and a release also reads the fleet's shards and waiting tenants
+(``storage.fleet_slots``; every figure counted by ``bench/slot_calls.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import random
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -58,8 +60,12 @@ from boto3.dynamodb.conditions import Attr, ConditionBase
 
 from agentq.core.errors import ValidationError
 from agentq.core.models import Task, TaskStatus
+from agentq.storage import fleet_slots as fleet
 from agentq.storage import keys
+from agentq.storage.fleet_waiting import WAIT as WAIT  # re-exported: the waiting lists are this module's
+from agentq.storage.fleet_waiting import FleetWaiting, weight_of
 from agentq.storage.table import (
+    Action,
     ConditionFailed,
     Delete,
     Patch,
@@ -71,10 +77,10 @@ from agentq.storage.table import (
     plain,
     present,
     status_in,
+    transact_through_conflicts,
 )
 
 RUNNING = "RUNNING"
-WAIT = "WAIT#"
 HOLD = "HOLD#"  # under a key's partition: a task holding one of its slots (cancel_running lists them)
 TIER_RANK = {"high": 0, "normal": 1, "low": 2}
 ADMISSIBLE = (TaskStatus.QUEUED, TaskStatus.RUNNING)
@@ -88,13 +94,33 @@ def key_pk(tenant: str, key: str) -> str:
 class Slot:
     """One limit a task must fit under: its partition, its limit, and whether that limit is
     the tenant's override stored on the item (conditioned as stored, so a concurrent change of
-    the override is seen) or a value the caller knows (the default, a key's limit)."""
+    the override is seen) or a value the caller knows (the default, a key's limit, a fleet
+    shard's part of the capacity). None: no limit, only counted (a tenant's running count is
+    what the fleet's weighted wake compares, so with a fleet every tenant's is kept)."""
 
     pk: str
-    limit: int
+    limit: int | None
     stored_limit: bool = False
     key: bool = False
     seen_full: bool = False  # the read that found it saw running >= limit: refuse without a transaction
+    queue: str | None = None  # the waiting list of a task it refuses, when not ``pk`` (the fleet's, per tenant)
+
+    @property
+    def fleet(self) -> bool:
+        return fleet.is_shard(self.pk)
+
+    @property
+    def wait_pk(self) -> str:
+        return self.queue or self.pk
+
+
+@dataclass(frozen=True)
+class GiveBack:
+    """The slots a deleted task gives back: ``actions`` for the deletion's transaction, valid
+    only under ``condition`` on its META (its ``slots`` as they were read)."""
+
+    condition: ConditionBase
+    actions: list[Action]
 
 
 @dataclass(frozen=True)
@@ -116,17 +142,31 @@ class SlotUsage:
     running: int
     waiting: int
     limit: int | None
+    weight: int = fleet.DEFAULT_WEIGHT
 
 
-class RunningSlots:
-    def __init__(self, table: Table, default_limit: int | None = None) -> None:
+class RunningSlots(FleetWaiting):
+    def __init__(
+        self,
+        table: Table,
+        default_limit: int | None = None,
+        fleet_capacity: int | None = None,
+        fleet_name: str = fleet.FLEET,
+    ) -> None:
         """``default_limit``: the deployment's most running tasks per tenant without an
-        override (``AGENTQ_DEFAULT_TENANT_MAX_RUNNING``); None leaves them unlimited."""
+        override (``AGENTQ_DEFAULT_TENANT_MAX_RUNNING``); None leaves them unlimited.
+        ``fleet_capacity``: the most running tasks of all tenants together, shared by weight
+        (``AGENTQ_FLEET_CAPACITY``, ``storage.fleet_slots``); None: no fleet slot.
+        ``fleet_name``: its partitions' prefix (a test names a fleet of its own)."""
         self.table = table
         self.default_limit = default_limit
+        self.fleet_capacity = fleet_capacity
+        self.fleet_name = fleet_name
 
-    def with_default(self, default_limit: int | None) -> RunningSlots:
-        return RunningSlots(self.table, default_limit)
+    def with_default(
+        self, default_limit: int | None, fleet_capacity: int | None = None, fleet_name: str = fleet.FLEET
+    ) -> RunningSlots:
+        return RunningSlots(self.table, default_limit, fleet_capacity, fleet_name)
 
     @staticmethod
     def _key(pk: str) -> dict[str, str]:
@@ -144,6 +184,18 @@ class RunningSlots:
             update = Update(set={"limit": limit}, set_if_absent=listed)
         else:
             update = Update(remove=["limit"], set_if_absent=listed)
+        self.table.update(self._key(keys.tenant_pk(tenant)), update)
+
+    def set_weight(self, tenant: str, weight: int | None) -> None:
+        """The tenant's weight in the fleet's share (None: back to 1). Changing it never touches
+        a running task: the next wakes compare running counts by the new weight."""
+        if weight is not None:
+            fleet.check_weight(weight)
+        listed = _listed(keys.tenant_pk(tenant))
+        if weight is not None:
+            update = Update(set={"weight": weight}, set_if_absent=listed)
+        else:
+            update = Update(remove=["weight"], set_if_absent=listed)
         self.table.update(self._key(keys.tenant_pk(tenant)), update)
 
     def limit(self, tenant: str) -> int | None:
@@ -179,34 +231,73 @@ class RunningSlots:
 
     def _usage_of(self, tenant: str, raw: dict[str, Any] | None, waiting_up_to: int) -> SlotUsage:
         item = plain(raw or {})
-        waiting = self.table.query(keys.tenant_pk(tenant), prefix=WAIT, limit=waiting_up_to, keys_only=True)
         limit = item.get("limit")
         return SlotUsage(
             tenant=tenant,
             running=int(item.get("running", 0)),
-            waiting=len(waiting),
+            waiting=self._waiting(tenant, waiting_up_to),
             limit=int(limit) if limit is not None else self.default_limit,
+            weight=weight_of(item),
         )
+
+    def _waiting(self, tenant: str, up_to: int) -> int:
+        """The tenant's tasks still waiting for its slot or for the fleet (up to ``up_to``): a
+        waiter cancelled, or admitted by another route, keeps its item until a wake drops it,
+        and is not counted."""
+        waiters: list[dict[str, Any]] = []
+        for pk in (keys.tenant_pk(tenant), fleet.queue_pk(tenant, self.fleet_name)):
+            waiters += self.table.query(pk, prefix=WAIT, limit=up_to - len(waiters), keys_only=True)
+            if len(waiters) >= up_to:
+                break
+        if not waiters:
+            return 0
+        metas = self.table.batch_get([keys.meta_key(_waiter_id(w)) for w in waiters])
+        return sum(1 for m in metas if _still_waiting(m))
 
     # --- admission ----------------------------------------------------------------------
 
     def slots_for(self, task: Task) -> list[Slot]:
-        """The slots ``task`` needs (one read: the tenant's slot item for its override)."""
+        """The slots ``task`` needs (one read: the tenant's slot item for its override; with a
+        fleet, one BatchGetItem of it and the fleet's shards)."""
         slots: list[Slot] = []
-        item = plain(self.table.get(self._key(keys.tenant_pk(task.tenant))) or {})
+        tenant_pk = keys.tenant_pk(task.tenant)
+        if self.fleet_capacity is None:
+            item = plain(self.table.get(self._key(tenant_pk)) or {})
+        else:
+            read = [self._key(tenant_pk)] + [self._key(fleet.shard_pk(i, self.fleet_name)) for i in range(fleet.SHARDS)]
+            items = {str(i["pk"]): plain(i) for i in self.table.batch_get(read)}
+            item = items.get(tenant_pk, {})
         stored, running = item.get("limit"), int(item.get("running", 0))
         if stored is not None:
-            slots.append(Slot(keys.tenant_pk(task.tenant), int(stored), stored_limit=True, seen_full=running >= stored))
+            slots.append(Slot(tenant_pk, int(stored), stored_limit=True, seen_full=running >= stored))
         elif self.default_limit is not None:
-            pk = keys.tenant_pk(task.tenant)
-            slots.append(Slot(pk, self.default_limit, seen_full=running >= self.default_limit))
+            slots.append(Slot(tenant_pk, self.default_limit, seen_full=running >= self.default_limit))
+        elif self.fleet_capacity is not None:
+            slots.append(Slot(tenant_pk, None))  # unlimited, but counted for the fleet's shares
         concurrency = task.submission.concurrency
         if concurrency is not None:
             slots.append(Slot(key_pk(task.tenant, concurrency.key), concurrency.limit, key=True))
+        if self.fleet_capacity is not None:  # last: a task its key refuses waits on its key's list, not the fleet's
+            shards = [
+                int(items.get(fleet.shard_pk(i, self.fleet_name), {}).get("running", 0)) for i in range(fleet.SHARDS)
+            ]
+            pick = fleet.pick_shard(self.fleet_capacity, shards)
+            index = 0 if pick is None else pick
+            limit = fleet.shard_limits(self.fleet_capacity)[index]
+            slots.append(
+                Slot(
+                    fleet.shard_pk(index, self.fleet_name),
+                    limit,
+                    seen_full=pick is None,
+                    queue=fleet.queue_pk(task.tenant, self.fleet_name),
+                )
+            )
         return slots
 
-    def admit(self, task: Task, slots: list[Slot]) -> Admission:
-        """Take one slot of each of ``slots`` for ``task`` (see the module), or say which was full."""
+    def admit(self, task: Task, slots: list[Slot], *, tenant_running: int | None = None) -> Admission:
+        """Take one slot of each of ``slots`` for ``task`` (see the module), or say which was full.
+        ``tenant_running``: only if its tenant's count is still this (the fleet's waker chose the
+        tenant by it; refused on the tenant's slot when it moved)."""
         condition = present() & status_in(list(ADMISSIBLE)) & Attr("slots").not_exists()
         actions: list[Any] = [
             Patch(
@@ -218,7 +309,11 @@ class RunningSlots:
         ]
         for i, slot in enumerate(slots):
             take = Update(add={"running": 1}, set_if_absent=_listed(slot.pk))
-            actions.append(Patch(f"slot{i}", self._key(slot.pk), take, condition=_room(slot)))
+            room = _room(slot)
+            if tenant_running is not None and slot.pk == keys.tenant_pk(task.tenant):
+                same = Attr("running").eq(tenant_running)
+                room = room & (same | Attr("running").not_exists() if tenant_running == 0 else same)
+            actions.append(Patch(f"slot{i}", self._key(slot.pk), take, condition=room))
             if slot.key:
                 actions.append(Put(f"hold{i}", {"pk": slot.pk, "sk": HOLD + task.task_id, "task_id": task.task_id}))
         try:
@@ -256,23 +351,46 @@ class RunningSlots:
             if pk.startswith("CKEY#"):
                 actions.append(Delete(f"hold{i}", {"pk": pk, "sk": HOLD + task_id}))
         try:
-            _transact_through_conflicts(self.table, actions)
+            transact_through_conflicts(self.table, actions)
         except TransactionCancelled:
             return []  # released by another copy of the message meanwhile (or it runs again)
         return held
 
-    def give_back(self, task_id: str) -> None:
-        """Undo an admission whose task is deleted before it ever ran (its enqueue failed)."""
+    def give_back(self, task_id: str) -> GiveBack:
+        """What undoes the admission of a task deleted before it ever ran (its enqueue failed),
+        for the deletion's own transaction (``Tasks.delete_unstarted``): given back if and only
+        if the task is deleted, so a task a worker claimed meanwhile (SQS took the message
+        although the send raised) keeps the slots it runs on. The slots are read here, outside
+        the transaction, so the deletion is conditional on META still naming exactly them: a
+        worker may meanwhile release them (the task was cancelled before it ran: given back
+        twice, a count below zero) or admit the task (it held none here: its slots lost with it)."""
         held = [str(pk) for pk in plain(self.table.get(keys.meta_key(task_id)) or {}).get("slots") or []]
-        if not held:
-            return
-        actions: list[Any] = [Patch("meta", keys.meta_key(task_id), Update(remove=["slots"]), Attr("slots").exists())]
+        actions: list[Action] = []
         for i, pk in enumerate(held):
             actions.append(Patch(f"slot{i}", self._key(pk), Update(add={"running": -1})))
             if pk.startswith("CKEY#"):
                 actions.append(Delete(f"hold{i}", {"pk": pk, "sk": HOLD + task_id}))
-        with contextlib.suppress(TransactionCancelled):  # given back by another copy meanwhile
-            _transact_through_conflicts(self.table, actions)
+        return GiveBack(Attr("slots").eq(held) if held else Attr("slots").not_exists(), actions)
+
+    def give_back_admission(self, task: Task) -> bool:
+        """Undo ``task``'s admission while it is still as admitted: ``queued``, holding exactly
+        ``task.slots``, and claimed by nobody since (``lease_epoch`` unchanged); False when it
+        moved on (a worker took it: it keeps its slots, its end gives them back). For the
+        fleet's hand-off whose message could not be sent (``FairShare``)."""
+        held = list(task.slots)
+        condition = Attr("slots").eq(held) & status_in([TaskStatus.QUEUED]) & Attr("lease_epoch").eq(task.lease_epoch)
+        actions: list[Action] = [
+            Patch("meta", keys.meta_key(task.task_id), Update(remove=["slots"]), condition=condition)
+        ]
+        for i, pk in enumerate(held):
+            actions.append(Patch(f"slot{i}", self._key(pk), Update(add={"running": -1})))
+            if pk.startswith("CKEY#"):
+                actions.append(Delete(f"hold{i}", {"pk": pk, "sk": HOLD + task.task_id}))
+        try:
+            transact_through_conflicts(self.table, actions)
+        except TransactionCancelled:
+            return False
+        return True
 
     def holders(self, tenant: str, key: str) -> list[str]:
         """The tasks holding a slot of a concurrency key."""
@@ -281,10 +399,12 @@ class RunningSlots:
     # --- waiting ------------------------------------------------------------------------
 
     def park(self, task: Task, slot: Slot, tier: str) -> None:
-        """``task`` waits for ``slot``: its item in the slot's waiting list (idempotent)."""
+        """``task`` waits for ``slot``: its item in the slot's waiting list (idempotent). For
+        the fleet, its tenant is then marked waiting (after the item: a wake that finds the
+        mark finds the item; ``_drop_mark`` re-reads the list after taking a mark away)."""
         self.table.put(
             {
-                "pk": slot.pk,
+                "pk": slot.wait_pk,
                 "sk": _wait_sk(task, tier),
                 "task_id": task.task_id,
                 "tier": tier,
@@ -292,20 +412,25 @@ class RunningSlots:
                 "parked_at": time.time(),
             }
         )
+        if slot.fleet:
+            self.mark_waiting(task.tenant)
 
     def unpark(self, task: Task, slot: Slot, tier: str) -> bool:
         """Take ``task`` off ``slot``'s list; False when a waker took it first (its message is sent)."""
         try:
-            self.table.delete({"pk": slot.pk, "sk": _wait_sk(task, tier)}, condition=present())
+            self.table.delete({"pk": slot.wait_pk, "sk": _wait_sk(task, tier)}, condition=present())
         except ConditionFailed:
             return False
         return True
 
     def has_room(self, slot: Slot) -> bool:
-        """Is ``slot`` below its limit now (a tenant's override as stored now)?"""
+        """Is ``slot`` below its limit now (a tenant's override as stored now; for a fleet
+        shard: has any shard room)?"""
+        if slot.fleet:
+            return self._fleet_room(1) > 0
         item = plain(self.table.get(self._key(slot.pk)) or {})
         limit = int(item["limit"]) if "limit" in item and not slot.key else slot.limit
-        return int(item.get("running", 0)) < limit
+        return limit is None or int(item.get("running", 0)) < limit
 
     def parked(self, pk: str) -> set[str]:
         """The tasks with a WAIT item under ``pk`` (all pages, keys only): the sweeper leaves
@@ -318,17 +443,29 @@ class RunningSlots:
         limit = self._limit_of(item)
         return None if limit is None else max(0, limit - int(plain(item or {}).get("running", 0)))
 
-    def next_waiters(self, pk: str, most: int = 1) -> list[tuple[str, str, str]]:
+    def next_waiters(self, pk: str, most: int = 1, *, if_limited: bool = False) -> list[tuple[str, str, str]]:
         """Take (delete) up to ``most`` waiters the slot has room for, oldest first: (task id,
         tier, tenant) each, for the caller to send. A release wakes one per slot it freed, never
         ``limit - running``: concurrent releases would each read the same room and wake the
         whole list at once (measured: a thundering herd of refused admissions). A waiter that is
         no longer ``queued`` (cancelled while it waited), or was admitted meanwhile by another
         route, is dropped and does not count. A
-        conditional delete, so two wakers never take the same one."""
+        conditional delete, so two wakers never take the same one. For a fleet shard: the
+        fleet's waiters, by weight (``_next_fleet_waiters``). ``if_limited``: none for a tenant
+        with no limit, without reading its list (a release's wake: an unlimited tenant's slot,
+        counted for the fleet, frees no place anyone waits for; the waiters a cleared override
+        left are all woken by the clear, ``control.tenants``)."""
+        if fleet.is_shard(pk):
+            return self._next_fleet_waiters(most)
         item = plain(self.table.get(self._key(pk)) or {})
         limit = item.get("limit", self.default_limit) if pk.startswith("TENANT#") else None
+        if limit is None and if_limited and pk.startswith("TENANT#"):
+            return []
         room = most if limit is None else min(most, max(0, int(limit) - int(item.get("running", 0))))
+        return self._take(pk, room)
+
+    def _take(self, pk: str, room: int) -> list[tuple[str, str, str]]:
+        """Take (delete) up to ``room`` waiters of the list ``pk`` still waiting, oldest first."""
         taken: list[tuple[str, str, str]] = []
         while room > 0:
             waiters = self.table.query(pk, prefix=WAIT, limit=room + 4)
@@ -351,34 +488,24 @@ class RunningSlots:
         return taken
 
 
-RELEASE_ATTEMPTS = 5
-RELEASE_BACKOFF_SECONDS = 0.02  # the first retry's ceiling; doubles each time (full jitter)
-
-
-def _transact_through_conflicts(table: Table, actions: list[Any]) -> None:
-    """A release's transaction, retried while it meets a TransactionConflict. A conflict says
-    another transaction was writing the slot item at the same moment (the item every admission
-    and release of the tenant writes), not that the slot was given back: dropping the release
-    would lose the slot for good. Bounded, with jitter; still conflicting, the conflict is
-    raised, so the message is not deleted and its next delivery releases."""
-    for attempt in range(RELEASE_ATTEMPTS):
-        try:
-            table.transact(actions)
-            return
-        except TransactionConflict:
-            if attempt == RELEASE_ATTEMPTS - 1:
-                raise
-            time.sleep(random.uniform(0, RELEASE_BACKOFF_SECONDS * 2**attempt))
-
-
 def _room(slot: Slot) -> ConditionBase:
     """``running < limit`` on the slot item, as the admission must see it."""
+    if slot.limit is None:  # an unlimited tenant counted for the fleet: unless an override appeared
+        return Attr("limit").not_exists()
     free = Attr("running").not_exists() | Attr("running").lt(slot.limit)
     if slot.stored_limit:
         return Attr("limit").eq(slot.limit) & free
-    if slot.key:
+    if slot.key or slot.fleet:
         return free
     return Attr("limit").not_exists() & free
+
+
+def _waiter_id(waiter: dict[str, Any]) -> str:
+    return str(waiter["sk"]).split("#", 3)[3]
+
+
+def _still_waiting(meta: dict[str, Any]) -> bool:
+    return meta.get("status") == TaskStatus.QUEUED.value and not meta.get("slots")
 
 
 def _wait_sk(task: Task, tier: str) -> str:

@@ -22,6 +22,7 @@ are about 200 ms of a cold start it has no use for (``bench/import_time.py``).
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -273,3 +274,23 @@ def _plain(value: Any) -> Any:
 def chunks(actions: Sequence[Action], size: int = MAX_TRANSACTION_ACTIONS) -> Iterable[Sequence[Action]]:
     for i in range(0, len(actions), size):
         yield actions[i : i + size]
+
+
+RELEASE_ATTEMPTS = 5
+RELEASE_BACKOFF_SECONDS = 0.02  # the first retry's ceiling; doubles each time (full jitter)
+
+
+def transact_through_conflicts(table: Table, actions: Sequence[Action]) -> None:
+    """A transaction that gives running slots back (a release's, a deleted submission's), retried
+    while it meets a TransactionConflict. A conflict says another transaction was writing the
+    slot item at the same moment (the item every admission and release of the tenant writes),
+    not that the slot was given back: dropping the release would lose the slot for good. Bounded, with jitter; still conflicting, the conflict is
+    raised, so the message is not deleted and its next delivery releases."""
+    for attempt in range(RELEASE_ATTEMPTS):
+        try:
+            table.transact(actions)
+            return
+        except TransactionConflict:
+            if attempt == RELEASE_ATTEMPTS - 1:
+                raise
+            time.sleep(random.uniform(0, RELEASE_BACKOFF_SECONDS * 2**attempt))

@@ -20,9 +20,10 @@ listings (``storage.task_listing``). This module creates tasks: plain, idempoten
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
-from boto3.dynamodb.conditions import Attr
+from boto3.dynamodb.conditions import Attr, ConditionBase
 
 from agentq.core.errors import IdempotencyConflict, TaskNotFound
 from agentq.core.models import StepRecord, Task, TaskStatus, TaskSubmission
@@ -31,7 +32,16 @@ from agentq.core.records import IdempotencyRecord
 from agentq.storage import keys
 from agentq.storage.budget_items import budget_attrs
 from agentq.storage.leases import TaskLeases
-from agentq.storage.table import Action, Delete, Put, TransactionCancelled, absent, chunks, plain
+from agentq.storage.table import (
+    Action,
+    Delete,
+    Put,
+    TransactionCancelled,
+    absent,
+    chunks,
+    plain,
+    transact_through_conflicts,
+)
 from agentq.storage.task_items import DAY_SECONDS as DAY_SECONDS  # re-exported: callers import the retention from here
 from agentq.storage.task_items import DEFAULT_TASK_RETENTION_DAYS as DEFAULT_TASK_RETENTION_DAYS
 from agentq.storage.task_items import request_token
@@ -192,19 +202,32 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
             expires_at=data["expires_at"],
         )
 
-    def delete_unstarted(self, task_id: str, *, idempotency: tuple[str, str] | None = None) -> None:
+    def delete_unstarted(
+        self,
+        task_id: str,
+        *,
+        idempotency: tuple[str, str] | None = None,
+        also: Sequence[Action] = (),
+        only_if: ConditionBase | None = None,
+    ) -> None:
         """Undo a create whose enqueue failed: only while nobody has claimed the task.
 
         ``idempotency`` (tenant, key) also removes the task's ``IDEMP#`` record, so a retry
-        with the same key creates the task anew instead of finding a deleted one.
+        with the same key creates the task anew instead of finding a deleted one. ``also``:
+        writes that stand or fall with the deletion (the running slots it gives back), valid
+        only while META also meets ``only_if`` (those slots still held as read). Raises
+        TransactionCancelled when either condition fails; a TransactionConflict (the slot items
+        are hot) is tried again, not raised at once: raised, the submission would answer an
+        error with the task left half undone.
         """
+        condition = Attr("lease_epoch").eq(0)
         actions: list[Action] = [
-            Delete("meta", keys.meta_key(task_id), Attr("lease_epoch").eq(0)),
+            Delete("meta", keys.meta_key(task_id), condition if only_if is None else condition & only_if),
             Delete("submission", keys.submission_key(task_id)),
         ]
         if idempotency is not None:
             actions.append(Delete("idempotency", {"pk": keys.idempotency_pk(*idempotency), "sk": keys.META}))
-        self.table.transact(actions)
+        transact_through_conflicts(self.table, [*actions, *also])
 
     # ------------------------------------------------------------------ fork
 

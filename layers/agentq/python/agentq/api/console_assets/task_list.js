@@ -24,7 +24,7 @@ export function taskListPage(ctx) {
   const tenantsTable = h("section", { id: "tenants-usage", hidden: true },
     h("h2", {}, "Tenants"),
     h("table", { class: "tenants" },
-      h("thead", {}, h("tr", {}, ["Tenant", "Running", "Waiting", "Limit"].map((c) => h("th", { scope: "col" }, c)))),
+      h("thead", {}, h("tr", {}, ["Tenant", "Running", "Waiting", "Limit", "Weight"].map((c) => h("th", { scope: "col" }, c)))),
       tenantsBody));
   const search = h("input", {
     id: "task-search",
@@ -84,7 +84,8 @@ export function taskListPage(ctx) {
 
   function drawUsage(u) {
     const limit = u.max_running === null ? "no running limit" : `limit ${fmtInt(u.max_running)} running`;
-    usageNote.textContent = `${fmtInt(u.running)} running, ${fmtInt(u.waiting)} waiting for a slot (${limit})`;
+    usageNote.textContent =
+      `${fmtInt(u.running)} running, ${fmtInt(u.waiting)} waiting for a slot (${limit}), weight ${fmtInt(u.weight)}`;
     if (u.operator) get("usage/tenants").then(drawTenants, () => { tenantsTable.hidden = true; });
     else tenantsTable.hidden = true;
   }
@@ -95,7 +96,8 @@ export function taskListPage(ctx) {
         h("td", {}, t.tenant),
         h("td", { class: "num" }, fmtInt(t.running)),
         h("td", { class: "num" }, fmtInt(t.waiting)),
-        h("td", { class: "num" }, t.max_running === null ? "none" : fmtInt(t.max_running)))));
+        h("td", { class: "num" }, t.max_running === null ? "none" : fmtInt(t.max_running)),
+        h("td", { class: "num" }, fmtInt(t.weight)))));
     tenantsTable.hidden = false;
   }
 

@@ -26,7 +26,12 @@ def router(deps: ApiDeps) -> Router:
     def usage() -> CallerUsage:
         now = deps.store.slots.with_default(deps.defaults.tenant_max_running).usage(deps.tenant())
         return CallerUsage(
-            tenant=now.tenant, running=now.running, waiting=now.waiting, max_running=now.limit, operator=deps.operator()
+            tenant=now.tenant,
+            running=now.running,
+            waiting=now.waiting,
+            max_running=now.limit,
+            weight=now.weight,
+            operator=deps.operator(),
         )
 
     @routes.get(
@@ -45,7 +50,7 @@ def router(deps: ApiDeps) -> Router:
         slots = deps.store.slots.with_default(deps.defaults.tenant_max_running)
         return TenantsUsage(
             tenants=[
-                TenantUsage(tenant=u.tenant, running=u.running, waiting=u.waiting, max_running=u.limit)
+                TenantUsage(tenant=u.tenant, running=u.running, waiting=u.waiting, max_running=u.limit, weight=u.weight)
                 for u in slots.all_usage()
             ]
         )
