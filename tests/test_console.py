@@ -46,7 +46,7 @@ CHROMIUM_ARGS = [
 ]
 ROOT = Path(__file__).resolve().parent.parent
 MAX_RECEIVES = 2  # the stack's queues: a retryable failure dead-letters on the second receive
-PROVIDER_ATTEMPTS = 5  # RetryPolicy().max_attempts: each receive tries the provider this often
+PROVIDER_ATTEMPTS = 5  # the stack's AGENTQ_PROVIDER_RETRY: each receive tries the provider this often
 TIMEOUT_MS = 30_000
 
 pytestmark = pytest.mark.skipif(
@@ -137,6 +137,11 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
         extra_env={
             "ANTHROPIC_BASE_URL": fake.base_url,
             "ANTHROPIC_API_KEY": "test-key",
+            # The dead-letter test's provider is overloaded on all PROVIDER_ATTEMPTS of both
+            # receives: retried every 0.05-0.2 s, not the default 0.5 s doubling (~7 s a receive).
+            "AGENTQ_PROVIDER_RETRY": json.dumps(
+                {"max_attempts": PROVIDER_ATTEMPTS, "base_delay": 0.05, "max_delay": 0.2}
+            ),
             "AGENTQ_TEST_LEDGER": str(tmp_path_factory.mktemp("ledger") / "ledger.jsonl"),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
         },

@@ -21,12 +21,11 @@ import pytest
 
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import LLMStep, StepRecord, TaskStatus, ToolsStep
-from agentq.local.moto_server import MotoServer
 from agentq.queueing.worker import run_task
 from agentq.runtime import Settings, build_registry, build_store
-from agentq.storage.container import Storage
+from agentq.storage.container import Storage, memory_storage
 
-from tests.conftest import child_env, fresh_settings
+from tests.conftest import child_env
 from tests.helpers import call, scripted
 
 TASK_ID = "crash-task"
@@ -84,18 +83,17 @@ def _shape(steps: list[StepRecord]) -> list[Any]:
     return out
 
 
-@pytest.fixture(scope="module")
-def expected(moto_server: MotoServer, tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
-    """The uninterrupted run, made once for every scenario: the same task id (tool_use ids derive
-    from it) in a table of its own, with a ledger of its own."""
-    settings = fresh_settings(moto_server)
+@pytest.fixture
+def expected(tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
+    """The uninterrupted run: the same task id (tool_use ids derive from it), with a ledger of
+    its own, on the in-memory twin (its shape has no timings and no storage in it; milliseconds,
+    so each scenario makes its own and the scenarios are not tied to one xdist worker)."""
     with pytest.MonkeyPatch.context() as env:
         env.setenv("AGENTQ_TEST_LEDGER", str(tmp_path_factory.mktemp("baseline") / "ledger.jsonl"))
-        store = build_store(settings)
+        store = memory_storage()
         store.tasks.create(scripted(TURNS, tools=TOOLS), tenant="t", task_id=TASK_ID)
-        result = Engine(
-            store, worker_id="baseline", tools=build_registry(settings), config=EngineConfig(lease_seconds=5)
-        ).run(TASK_ID)
+        tools = build_registry(Settings(table="memory", bucket="memory", tool_modules=("tests.effect_tools",)))
+        result = Engine(store, worker_id="baseline", tools=tools, config=EngineConfig(lease_seconds=5)).run(TASK_ID)
     assert result.status is TaskStatus.SUCCEEDED
     return _shape(store.steps.load(TASK_ID))
 

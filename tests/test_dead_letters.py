@@ -6,25 +6,26 @@ checkpoint; the ``agentq dlq`` CLI lists and redrives."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
+import pytest
+
+from agentq.cli.main import main
 from agentq.control.submit import submit
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import LLMStep, TaskStatus, TaskSubmission, ToolsStep
 from agentq.core.providers.anthropic_provider import AnthropicProvider
 from agentq.core.providers.retry import RetryPolicy
-from agentq.local.moto_server import MotoServer
+from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
 from agentq.queueing.dispatch import Action, RetryBackoff
 from agentq.queueing.dlq import list_dead_letters, redrive
 from agentq.queueing.queues import DEAD_LETTER_REASON, TaskMessage
 from agentq.queueing.worker import Worker, WorkerConfig
 from agentq.runtime import Settings, build_queues, build_registry, build_store
 
-from tests.conftest import child_env
 from tests.fake_messages_api import FakeMessagesAPI, overloaded, text_reply, tool_use_reply
 from tests.helpers import deployment, dynamo, queue_depth, s3_payloads, wait_for
 
@@ -275,18 +276,27 @@ def test_a_redriven_task_resumes_from_its_checkpoint_and_succeeds(moto_server: M
 # --------------------------------------------------------------------------- CLI
 
 
-def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "agentq", "dlq", *args],
-        env=child_env(settings),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+@dataclass
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
 
 
-def test_the_dlq_cli_lists_dead_letters_as_json_and_redrives_them(moto_server: MotoServer) -> None:
+def _cli(settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str) -> Ran:
+    """``agentq dlq ...``: the CLI's own main(), in this process, with a worker's environment
+    (the command reads its settings from it, as it does in another shell)."""
+    for name, value in {**LOCAL_CREDENTIALS, **settings.env()}.items():
+        monkeypatch.setenv(name, value)
+    capsys.readouterr()
+    code = main(["dlq", *args])
+    out, err = capsys.readouterr()
+    return Ran(code, out, err)
+
+
+def test_the_dlq_cli_lists_dead_letters_as_json_and_redrives_them(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     settings = _deployment(moto_server)
     store = build_store(settings)
     queues = build_queues(settings)
@@ -295,7 +305,7 @@ def test_the_dlq_cli_lists_dead_letters_as_json_and_redrives_them(moto_server: M
     queues.dead_letter("normal", task_body, "failed after 5 attempts: anthropic overloaded (529)")
     queues.dead_letter("low", "garbage", "poison: not a task message (Invalid JSON)")
 
-    listed = _cli(settings, "list", "--json")
+    listed = _cli(settings, monkeypatch, capsys, "list", "--json")
     assert listed.returncode == 0, listed.stderr[-2000:]
     letters = sorted(json.loads(listed.stdout), key=lambda d: d["tier"])
     assert [(d["tier"], d["task_id"], d["task_status"], d["reason"]) for d in letters] == [
@@ -304,12 +314,12 @@ def test_the_dlq_cli_lists_dead_letters_as_json_and_redrives_them(moto_server: M
     ]
     assert letters[0]["body"] == repr("garbage")
 
-    only_normal = _cli(settings, "redrive", "--tier", "normal")
+    only_normal = _cli(settings, monkeypatch, capsys, "redrive", "--tier", "normal")
     assert only_normal.returncode == 0, only_normal.stderr[-2000:]
     assert only_normal.stdout.split() == "normal 1 message(s) back to the normal queue (receive/send/delete)".split()
     assert queue_depth(queues, queues.dlq_url("normal")) == 0 and queue_depth(queues, queues.dlq_url("low")) == 1
 
-    rest = _cli(settings, "redrive")
+    rest = _cli(settings, monkeypatch, capsys, "redrive")
     assert rest.returncode == 0, rest.stderr[-2000:]
     lines = [line.split() for line in rest.stdout.strip().splitlines()]
     assert lines == [
