@@ -6,6 +6,7 @@ twin; the tier queues are real SQS on moto server (the wake is a message)."""
 from __future__ import annotations
 
 import math
+import time
 import uuid
 from dataclasses import replace
 from typing import Any
@@ -23,6 +24,7 @@ from agentq.local.moto_server import MotoServer
 from agentq.queueing.dispatch import Dispatcher
 from agentq.queueing.fairness import FairShare
 from agentq.queueing.queues import TaskMessage, TaskQueues
+from agentq.queueing.sweeper import sweep
 from agentq.runtime import build_queues
 from agentq.storage import fleet_slots, keys
 from agentq.storage.container import Storage
@@ -617,30 +619,110 @@ def test_a_cohort_of_fleet_slots_freed_before_any_woken_task_is_admitted_by_its_
     assert fair.slots.usage("heavy").running == 6 and fair.slots.usage("light").running == 2
 
 
-def test_a_woken_task_whose_message_could_not_be_sent_gives_its_handed_off_slots_back_and_waits_again(
+def _ended(store: Storage, task: Task) -> Task:
+    assert store.tasks.claim(task.task_id, "w", 30) is not None
+    store.tasks.transition(task.task_id, TaskStatus.SUCCEEDED)
+    return task
+
+
+def test_a_woken_task_whose_message_could_not_be_sent_stays_admitted_and_the_sweeper_sends_it_after_stale_after(
     store: Storage, queues: TaskQueues, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The waker admitted the woken task, then its send failed: the task holds no slot it
-    cannot use, and is back on its fleet list for the next wake (or the sweeper's)."""
+    """The waker admitted the woken task, then its send failed: the task keeps its slots (no
+    give-back a worker holding its message could race), and the sweeper re-sends it once it has
+    been quiet for ``stale_after`` since the hand-off (which touched it), not since its creation."""
     fair = FairShare(store, queues, fleet_capacity=8, fleet_name=f"FLEET-{uuid.uuid4().hex[:8]}")
-    ended = _saturated_fleet(store, fair, backlog=1)[0]
-    assert store.tasks.claim(ended.task_id, "w", 30) is not None
-    store.tasks.transition(ended.task_id, TaskStatus.SUCCEEDED)
+    running = _saturated_fleet(store, fair, backlog=1)
+    ended = _ended(store, running[0])
+    created = time.time()
+    handed_off_at = created + 1000  # the waiter waited a while
+    monkeypatch.setattr(time, "time", lambda: handed_off_at)
 
     def unreachable(task_id: str, tier: str, **_: Any) -> None:
-        assert store.tasks.get(task_id).slots  # handed off: admitted before its send
         raise ConnectionError("SQS is unreachable")
 
     monkeypatch.setattr(queues, "send", unreachable)
     with pytest.raises(ConnectionError):  # the releaser's message comes back, as for any failed wake
         fair.release(ended.task_id)
-    assert fair.slots.usage("heavy").running == 3 and fair.slots.usage("heavy").waiting == 1
-    assert fair.slots.usage("light").running == 4 and fair.slots.usage("light").waiting == 1
+    monkeypatch.setattr(time, "time", lambda: handed_off_at + 10)
+    handed = next(t for t in store.tasks.list_for_tenant("heavy", limit=10, roots_only=False)[0]
+                  if t.slots and t.task_id not in {r.task_id for r in running})  # fmt: skip
+    assert fair.slots.usage("heavy").running == 4 and fair.slots.usage("heavy").waiting == 0
     sent: list[str] = []
     monkeypatch.setattr(queues, "send", lambda task_id, tier, **_: sent.append(task_id))
-    fair._wake_fleet()
-    (again,) = sent
-    assert store.tasks.get(again).tenant == "heavy" and store.tasks.get(again).slots
+    early = sweep(store, queues, stale_after=960, now=handed_off_at + 10)
+    assert handed.task_id not in early.swept  # 1010 s since its creation, 10 since its hand-off
+    late = sweep(store, queues, stale_after=960, now=handed_off_at + 961)
+    assert handed.task_id in late.swept and store.tasks.get(handed.task_id).slots
+
+
+class _SentThenGated:
+    """Queues whose send reaches SQS and then raises (a timeout after SQS took the message),
+    with a worker reading the message and gating the task in between: it is admitted, so the
+    worker goes on to claim it."""
+
+    def __init__(self, queues: TaskQueues, store: Storage, fair: FairShare) -> None:
+        self.queues, self.store, self.fair = queues, store, fair
+        self.gates: dict[str, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.queues, name)
+
+    def send(self, task_id: str, tier: str, **kwargs: Any) -> None:
+        self.gates[task_id] = self.fair.admit(self.store.tasks.get(task_id), tier)
+        raise TimeoutError("the send timed out after SQS took the message")
+
+
+def test_a_woken_task_whose_send_raised_while_a_worker_gated_it_runs_holding_its_slots(
+    store: Storage, queues: TaskQueues
+) -> None:
+    """The worker's gate found the hand-off's slots and let it claim: the task runs counted in
+    the fleet and its tenant, never on slots given back behind the worker's back."""
+    fair = FairShare(store, queues, fleet_capacity=8, fleet_name=f"FLEET-{uuid.uuid4().hex[:8]}")
+    ended = _ended(store, _saturated_fleet(store, fair, backlog=1)[0])
+    flaky = _SentThenGated(queues, store, fair)
+    fair.queues = flaky  # type: ignore[assignment]
+    with pytest.raises(TimeoutError):
+        fair.release(ended.task_id)
+    ((woken, gate),) = flaky.gates.items()
+    assert gate.limited and gate.waits is None and gate.keep is None  # admitted: the worker claims it
+    assert store.tasks.claim(woken, "x", 30) is not None
+    assert store.tasks.get(woken).slots and fair.slots.usage("heavy").running == 4
+    assert fair.slots._fleet_room(8) == 0  # the fleet counts it: 8 running of 8
+
+
+def test_a_woken_task_cancelled_while_its_send_failed_gives_its_slots_back_and_wakes_the_next(
+    store: Storage, queues: TaskQueues, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled between the hand-off and the failed send, the task has no message and ends,
+    so neither a worker nor the sweeper would ever release it: the cancel gives its slots back
+    and wakes the fleet's next waiter."""
+    fair = FairShare(store, queues, fleet_capacity=8, fleet_name=f"FLEET-{uuid.uuid4().hex[:8]}")
+    ended = _ended(store, _saturated_fleet(store, fair, backlog=2)[0])
+    sent: list[str] = []
+    recording = _Recording(sent)
+
+    def cancelled_meanwhile(task_id: str, tier: str, **_: Any) -> None:
+        cancel(store, task_id, queues=recording, slots=fair.slots)  # type: ignore[arg-type]
+        raise ConnectionError("SQS is unreachable")
+
+    monkeypatch.setattr(queues, "send", cancelled_meanwhile)
+    with pytest.raises(ConnectionError):
+        fair.release(ended.task_id)
+    heavy = store.tasks.list_for_tenant("heavy", limit=10, roots_only=False)[0]
+    (gone,) = [t for t in heavy if t.status is TaskStatus.CANCELLED]
+    assert not gone.slots
+    (woken,) = sent  # the fleet slot it gave back went on to the next waiter
+    assert store.tasks.get(woken).status is TaskStatus.QUEUED and woken != gone.task_id
+    assert fair.slots.usage("heavy").running + fair.slots.usage("light").running == 7  # 7 running, 1 woken
+
+
+class _Recording:
+    def __init__(self, sent: list[str]) -> None:
+        self.sent = sent
+
+    def send(self, task_id: str, tier: str, **_: Any) -> None:
+        self.sent.append(task_id)
 
 
 def test_a_hand_off_whose_fleet_shard_was_taken_meanwhile_reads_again_and_admits_on_another(
