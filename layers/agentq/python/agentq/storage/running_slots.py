@@ -282,7 +282,9 @@ class RunningSlots(FleetWaiting):
                 int(items.get(fleet.shard_pk(i, self.fleet_name), {}).get("running", 0)) for i in range(fleet.SHARDS)
             ]
             pick = fleet.pick_shard(self.fleet_capacity, shards)
-            index = 0 if pick is None else pick
+            # Full: a shard at or over its part, so a task the transaction still tries (a keyed
+            # one) is refused by it, not let in by a shard below its part of a lowered capacity.
+            index = fleet.full_shard(self.fleet_capacity, shards) if pick is None else pick
             limit = fleet.shard_limits(self.fleet_capacity)[index]
             slots.append(
                 Slot(
