@@ -725,6 +725,32 @@ class _Recording:
         self.sent.append(task_id)
 
 
+def test_a_woken_task_deleted_before_its_hand_off_passes_the_wake_on(
+    store: Storage, queues: TaskQueues, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The waiter the wake took was deleted (TTL, a purge) before the waker read it: the freed
+    fleet slot goes to the next choice, not to nobody until the next release or sweep."""
+    fair = FairShare(store, queues, fleet_capacity=8, fleet_name=f"FLEET-{uuid.uuid4().hex[:8]}")
+    ended = _ended(store, _saturated_fleet(store, fair, backlog=2)[0])
+    real = fair.slots.next_fleet_waiters
+    deleted: list[str] = []
+
+    def the_first_deleted_meanwhile(most: int) -> list[tuple[str, str, str, int]]:
+        picked = real(most)
+        if not deleted and picked:
+            deleted.append(picked[0][0])
+            for item in store.slots.table.query(keys.task_pk(picked[0][0])):
+                store.slots.table.delete({"pk": item["pk"], "sk": item["sk"]})
+        return picked
+
+    monkeypatch.setattr(fair.slots, "next_fleet_waiters", the_first_deleted_meanwhile)
+    sent: list[str] = []
+    monkeypatch.setattr(queues, "send", lambda task_id, tier, **_: sent.append(task_id))
+    fair.release(ended.task_id)
+    (woken,) = sent
+    assert woken != deleted[0] and store.tasks.get(woken).slots
+
+
 def test_a_hand_off_whose_fleet_shard_was_taken_meanwhile_reads_again_and_admits_on_another(
     store: Storage, queues: TaskQueues, monkeypatch: pytest.MonkeyPatch
 ) -> None:

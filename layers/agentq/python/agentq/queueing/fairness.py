@@ -169,10 +169,9 @@ class FairShare:
             task_id, tier, tenant, seen = picked[0]
             last = attempt == ADMIT_ATTEMPTS - 1
             outcome = self._hand_off(task_id, tier, None if last else seen)
-            if outcome == "moved":
-                continue
-            if outcome == "send":
-                self._send_handed_off(task_id, tier, tenant)
+            if outcome in ("moved", "gone"):
+                continue  # put back in its place, or deleted meanwhile: the freed slot goes to the next choice
+            self._send_handed_off(task_id, tier, tenant)
             return
 
     def _send_handed_off(self, task_id: str, tier: str, tenant: str) -> None:
@@ -189,7 +188,7 @@ class FairShare:
     def _hand_off(self, task_id: str, tier: str, seen: int | None) -> str:
         """Admit the woken ``task_id`` if its tenant still runs ``seen`` tasks: "send" (admitted
         here, or left to its message to admit or park as any other), "moved" (put back on its
-        list), or "gone". A fleet shard taken between the read and the
+        list), or "gone" (deleted meanwhile: the caller chooses again, as for "moved"). A fleet shard taken between the read and the
         admission (another admission or hand-off) is read again, as ``_admit`` does."""
         try:
             task = self.store.tasks.get(task_id)
