@@ -490,6 +490,36 @@ def test_a_submission_whose_send_raised_after_sqs_took_it_keeps_the_slot_its_run
     _received(queues)
 
 
+class _SentThenAdmittedUnderANewLimit:
+    """Queues whose send reaches SQS and then raises, with an override set meanwhile and a
+    worker admitting the task under it (it was unlimited when submitted: no slot then)."""
+
+    def __init__(self, queues: TaskQueues, store: Storage) -> None:
+        self.queues, self.store = queues, store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.queues, name)
+
+    def send(self, task_id: str, tier: str, **kwargs: Any) -> None:
+        self.queues.send(task_id, tier, **kwargs)
+        task = self.store.tasks.get(task_id)
+        self.store.slots.set_limit(task.tenant, 1)
+        assert FairShare(self.store, self.queues).admit(task, tier).waits is None
+        raise TimeoutError("the send timed out after SQS took the message")
+
+
+def test_a_submission_needing_no_slot_whose_send_raised_after_a_worker_admitted_it_gives_that_slot_back(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    _received(queues)
+    with pytest.raises(TimeoutError):
+        submit_once(store, registry, scripted([{"text": "a"}]), tenant="late-limit",
+                    queues=_SentThenAdmittedUnderANewLimit(queues, store))  # type: ignore[arg-type]  # fmt: skip
+    assert store.tasks.list_for_tenant("late-limit", limit=10, roots_only=False)[0] == []
+    assert store.slots.usage("late-limit").running == 0  # not deleted with the slot it held
+    _received(queues)
+
+
 def test_clearing_an_override_with_no_default_wakes_every_waiter_not_only_the_first_thousand(
     store: Storage, queues: TaskQueues, monkeypatch: pytest.MonkeyPatch
 ) -> None:
