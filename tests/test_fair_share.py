@@ -6,6 +6,7 @@ twin; the tier queues are real SQS on moto server (the wake is a message)."""
 from __future__ import annotations
 
 import math
+import time
 import uuid
 from dataclasses import replace
 from typing import Any
@@ -23,6 +24,7 @@ from agentq.local.moto_server import MotoServer
 from agentq.queueing.dispatch import Dispatcher
 from agentq.queueing.fairness import FairShare
 from agentq.queueing.queues import TaskMessage, TaskQueues
+from agentq.queueing.sweeper import sweep
 from agentq.runtime import build_queues
 from agentq.storage import fleet_slots, keys
 from agentq.storage.container import Storage
@@ -488,6 +490,36 @@ def test_a_submission_whose_send_raised_after_sqs_took_it_keeps_the_slot_its_run
     _received(queues)
 
 
+class _SentThenAdmittedUnderANewLimit:
+    """Queues whose send reaches SQS and then raises, with an override set meanwhile and a
+    worker admitting the task under it (it was unlimited when submitted: no slot then)."""
+
+    def __init__(self, queues: TaskQueues, store: Storage) -> None:
+        self.queues, self.store = queues, store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.queues, name)
+
+    def send(self, task_id: str, tier: str, **kwargs: Any) -> None:
+        self.queues.send(task_id, tier, **kwargs)
+        task = self.store.tasks.get(task_id)
+        self.store.slots.set_limit(task.tenant, 1)
+        assert FairShare(self.store, self.queues).admit(task, tier).waits is None
+        raise TimeoutError("the send timed out after SQS took the message")
+
+
+def test_a_submission_needing_no_slot_whose_send_raised_after_a_worker_admitted_it_gives_that_slot_back(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    _received(queues)
+    with pytest.raises(TimeoutError):
+        submit_once(store, registry, scripted([{"text": "a"}]), tenant="late-limit",
+                    queues=_SentThenAdmittedUnderANewLimit(queues, store))  # type: ignore[arg-type]  # fmt: skip
+    assert store.tasks.list_for_tenant("late-limit", limit=10, roots_only=False)[0] == []
+    assert store.slots.usage("late-limit").running == 0  # not deleted with the slot it held
+    _received(queues)
+
+
 def test_clearing_an_override_with_no_default_wakes_every_waiter_not_only_the_first_thousand(
     store: Storage, queues: TaskQueues, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -617,30 +649,136 @@ def test_a_cohort_of_fleet_slots_freed_before_any_woken_task_is_admitted_by_its_
     assert fair.slots.usage("heavy").running == 6 and fair.slots.usage("light").running == 2
 
 
-def test_a_woken_task_whose_message_could_not_be_sent_gives_its_handed_off_slots_back_and_waits_again(
+def _ended(store: Storage, task: Task) -> Task:
+    assert store.tasks.claim(task.task_id, "w", 30) is not None
+    store.tasks.transition(task.task_id, TaskStatus.SUCCEEDED)
+    return task
+
+
+def test_a_woken_task_whose_message_could_not_be_sent_stays_admitted_and_the_sweeper_sends_it_after_stale_after(
     store: Storage, queues: TaskQueues, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The waker admitted the woken task, then its send failed: the task holds no slot it
-    cannot use, and is back on its fleet list for the next wake (or the sweeper's)."""
+    """The waker admitted the woken task, then its send failed: the task keeps its slots (no
+    give-back a worker holding its message could race), and the sweeper re-sends it once it has
+    been quiet for ``stale_after`` since the hand-off (which touched it), not since its creation."""
     fair = FairShare(store, queues, fleet_capacity=8, fleet_name=f"FLEET-{uuid.uuid4().hex[:8]}")
-    ended = _saturated_fleet(store, fair, backlog=1)[0]
-    assert store.tasks.claim(ended.task_id, "w", 30) is not None
-    store.tasks.transition(ended.task_id, TaskStatus.SUCCEEDED)
+    running = _saturated_fleet(store, fair, backlog=1)
+    ended = _ended(store, running[0])
+    created = time.time()
+    handed_off_at = created + 1000  # the waiter waited a while
+    monkeypatch.setattr(time, "time", lambda: handed_off_at)
 
     def unreachable(task_id: str, tier: str, **_: Any) -> None:
-        assert store.tasks.get(task_id).slots  # handed off: admitted before its send
         raise ConnectionError("SQS is unreachable")
 
     monkeypatch.setattr(queues, "send", unreachable)
     with pytest.raises(ConnectionError):  # the releaser's message comes back, as for any failed wake
         fair.release(ended.task_id)
-    assert fair.slots.usage("heavy").running == 3 and fair.slots.usage("heavy").waiting == 1
-    assert fair.slots.usage("light").running == 4 and fair.slots.usage("light").waiting == 1
+    monkeypatch.setattr(time, "time", lambda: handed_off_at + 10)
+    handed = next(t for t in store.tasks.list_for_tenant("heavy", limit=10, roots_only=False)[0]
+                  if t.slots and t.task_id not in {r.task_id for r in running})  # fmt: skip
+    assert fair.slots.usage("heavy").running == 4 and fair.slots.usage("heavy").waiting == 0
     sent: list[str] = []
     monkeypatch.setattr(queues, "send", lambda task_id, tier, **_: sent.append(task_id))
-    fair._wake_fleet()
-    (again,) = sent
-    assert store.tasks.get(again).tenant == "heavy" and store.tasks.get(again).slots
+    early = sweep(store, queues, stale_after=960, now=handed_off_at + 10)
+    assert handed.task_id not in early.swept  # 1010 s since its creation, 10 since its hand-off
+    late = sweep(store, queues, stale_after=960, now=handed_off_at + 961)
+    assert handed.task_id in late.swept and store.tasks.get(handed.task_id).slots
+
+
+class _SentThenGated:
+    """Queues whose send reaches SQS and then raises (a timeout after SQS took the message),
+    with a worker reading the message and gating the task in between: it is admitted, so the
+    worker goes on to claim it."""
+
+    def __init__(self, queues: TaskQueues, store: Storage, fair: FairShare) -> None:
+        self.queues, self.store, self.fair = queues, store, fair
+        self.gates: dict[str, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.queues, name)
+
+    def send(self, task_id: str, tier: str, **kwargs: Any) -> None:
+        self.gates[task_id] = self.fair.admit(self.store.tasks.get(task_id), tier)
+        raise TimeoutError("the send timed out after SQS took the message")
+
+
+def test_a_woken_task_whose_send_raised_while_a_worker_gated_it_runs_holding_its_slots(
+    store: Storage, queues: TaskQueues
+) -> None:
+    """The worker's gate found the hand-off's slots and let it claim: the task runs counted in
+    the fleet and its tenant, never on slots given back behind the worker's back."""
+    fair = FairShare(store, queues, fleet_capacity=8, fleet_name=f"FLEET-{uuid.uuid4().hex[:8]}")
+    ended = _ended(store, _saturated_fleet(store, fair, backlog=1)[0])
+    flaky = _SentThenGated(queues, store, fair)
+    fair.queues = flaky  # type: ignore[assignment]
+    with pytest.raises(TimeoutError):
+        fair.release(ended.task_id)
+    ((woken, gate),) = flaky.gates.items()
+    assert gate.limited and gate.waits is None and gate.keep is None  # admitted: the worker claims it
+    assert store.tasks.claim(woken, "x", 30) is not None
+    assert store.tasks.get(woken).slots and fair.slots.usage("heavy").running == 4
+    assert fair.slots._fleet_room(8) == 0  # the fleet counts it: 8 running of 8
+
+
+def test_a_woken_task_cancelled_while_its_send_failed_gives_its_slots_back_and_wakes_the_next(
+    store: Storage, queues: TaskQueues, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled between the hand-off and the failed send, the task has no message and ends,
+    so neither a worker nor the sweeper would ever release it: the cancel gives its slots back
+    and wakes the fleet's next waiter."""
+    fair = FairShare(store, queues, fleet_capacity=8, fleet_name=f"FLEET-{uuid.uuid4().hex[:8]}")
+    ended = _ended(store, _saturated_fleet(store, fair, backlog=2)[0])
+    sent: list[str] = []
+    recording = _Recording(sent)
+
+    def cancelled_meanwhile(task_id: str, tier: str, **_: Any) -> None:
+        cancel(store, task_id, queues=recording, slots=fair.slots)  # type: ignore[arg-type]
+        raise ConnectionError("SQS is unreachable")
+
+    monkeypatch.setattr(queues, "send", cancelled_meanwhile)
+    with pytest.raises(ConnectionError):
+        fair.release(ended.task_id)
+    heavy = store.tasks.list_for_tenant("heavy", limit=10, roots_only=False)[0]
+    (gone,) = [t for t in heavy if t.status is TaskStatus.CANCELLED]
+    assert not gone.slots
+    (woken,) = sent  # the fleet slot it gave back went on to the next waiter
+    assert store.tasks.get(woken).status is TaskStatus.QUEUED and woken != gone.task_id
+    assert fair.slots.usage("heavy").running + fair.slots.usage("light").running == 7  # 7 running, 1 woken
+
+
+class _Recording:
+    def __init__(self, sent: list[str]) -> None:
+        self.sent = sent
+
+    def send(self, task_id: str, tier: str, **_: Any) -> None:
+        self.sent.append(task_id)
+
+
+def test_a_woken_task_deleted_before_its_hand_off_passes_the_wake_on(
+    store: Storage, queues: TaskQueues, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The waiter the wake took was deleted (TTL, a purge) before the waker read it: the freed
+    fleet slot goes to the next choice, not to nobody until the next release or sweep."""
+    fair = FairShare(store, queues, fleet_capacity=8, fleet_name=f"FLEET-{uuid.uuid4().hex[:8]}")
+    ended = _ended(store, _saturated_fleet(store, fair, backlog=2)[0])
+    real = fair.slots.next_fleet_waiters
+    deleted: list[str] = []
+
+    def the_first_deleted_meanwhile(most: int) -> list[tuple[str, str, str, int]]:
+        picked = real(most)
+        if not deleted and picked:
+            deleted.append(picked[0][0])
+            for item in store.slots.table.query(keys.task_pk(picked[0][0])):
+                store.slots.table.delete({"pk": item["pk"], "sk": item["sk"]})
+        return picked
+
+    monkeypatch.setattr(fair.slots, "next_fleet_waiters", the_first_deleted_meanwhile)
+    sent: list[str] = []
+    monkeypatch.setattr(queues, "send", lambda task_id, tier, **_: sent.append(task_id))
+    fair.release(ended.task_id)
+    (woken,) = sent
+    assert woken != deleted[0] and store.tasks.get(woken).slots
 
 
 def test_a_hand_off_whose_fleet_shard_was_taken_meanwhile_reads_again_and_admits_on_another(

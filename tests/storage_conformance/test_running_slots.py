@@ -281,3 +281,22 @@ def test_a_fleet_capacity_lowered_below_what_runs_admits_and_wakes_nobody_until_
     for shard in (0, 1):  # two of them end: the fleet runs 2 of its 4
         backend.table.update({"pk": fleet_slots.shard_pk(shard, name), "sk": "RUNNING"}, Update(add={"running": -1}))
     assert [w[0] for w in slots.next_fleet_waiters(4)] == [task.task_id]  # room for 2, one waits
+
+
+def test_a_fleet_capacity_lowered_below_what_runs_refuses_a_keyed_task_too(backend: Storage) -> None:
+    """The same lowered capacity ([0, 0, 2, 2] running of 4, 1 a shard), for a task with a
+    concurrency key: the read lets it through to the transaction (its key is not read), and the
+    fleet slot it names is one at or over its part, so the shard refuses it rather than a
+    shard below its new part letting it in over the capacity."""
+    name = _fleet()
+    for shard in (2, 3):
+        backend.table.update({"pk": fleet_slots.shard_pk(shard, name), "sk": "RUNNING"}, Update(add={"running": 2}))
+    slots = backend.slots.with_default(None, fleet_capacity=4, fleet_name=name)
+    for _ in range(3):
+        task = _task(backend, _tenant(), key="k", limit=5)
+        needed = slots.slots_for(task)
+        fleet_slot = next(s for s in needed if s.fleet)
+        assert fleet_slot.seen_full and fleet_slot.pk in (fleet_slots.shard_pk(2, name), fleet_slots.shard_pk(3, name))
+        refused = slots.admit(task, needed)
+        assert refused.outcome == "refused" and refused.slot is not None and refused.slot.fleet
+    assert _fleet_counts(backend, slots) == [0, 0, 2, 2]

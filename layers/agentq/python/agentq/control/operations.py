@@ -20,7 +20,10 @@ from agentq.core.tools import ToolRegistry
 from agentq.queueing.dependencies import release_dependents
 from agentq.queueing.queues import TaskQueues
 from agentq.queueing.webhooks import enqueue_end
+from agentq.storage import fleet_slots
 from agentq.storage.container import Storage
+from agentq.storage.running_slots import RunningSlots
+from agentq.storage.table import TransactionConflict
 
 log = logging.getLogger("agentq.control")
 
@@ -52,6 +55,7 @@ def cancel(
     fanout: Any = None,
     reason: str = "cancelled on request",
     queues: TaskQueues | None = None,
+    slots: RunningSlots | None = None,
 ) -> list[str]:
     """Cancel a task and its whole subtree; returns the ids that were cancelled.
 
@@ -59,6 +63,12 @@ def cancel(
     task no longer running); children not started yet never start (their message finds them
     cancelled); fan-out executions are stopped where the endpoint supports it. Partial results
     are kept, and every child's budget is settled into its parent's so the root ledger closes.
+
+    A task cancelled ``queued`` while admitted gives its slots back here and wakes the next
+    waiters (``slots``: the running slots with the deployment's default limit and fleet
+    capacity; default ``store.slots``). Its message, when it has one, would do it too, but a
+    task the fleet's waker admitted and could not send has none, and the sweeper never lists a
+    task that ended: its slots would be held for good.
     """
     task = owned_task(store, task_id, tenant)
     if task.status.terminal:
@@ -85,6 +95,9 @@ def cancel(
             cancelled.append(node.task_id)
         except IllegalTransition:
             pass  # it finished meanwhile
+    for node in tree:
+        if node.task_id in cancelled and node.status is TaskStatus.QUEUED:
+            _give_back_slots(slots or store.slots, queues, node)
     for node in reversed(tree[1:]):  # leaves first: a child's spend reaches its parent, then the root
         if node.parent_id:
             store.budgets.settle_child(node.parent_id, node.task_id)
@@ -93,6 +106,30 @@ def cancel(
             enqueue_end(queues, node, TaskStatus.CANCELLED)
             release_dependents(store, queues, node.task_id)
     return cancelled
+
+
+def _give_back_slots(slots: RunningSlots, queues: TaskQueues | None, node: Task) -> None:
+    """Release the slots of ``node``, cancelled ``queued``, unless a worker claimed it between the
+    read and the cancel (it gives them back at the end of the step it runs); wake a waiter for
+    each slot freed (without queues, or a fleet capacity unknown here, the sweeper wakes that
+    room). Idempotent with the release its message's delivery makes."""
+    try:
+        freed = slots.release(node.task_id, if_epoch=node.lease_epoch)
+    except TransactionConflict:  # hot slot items, past the retries: its message (if any) releases
+        log.warning("task %s: cancelled, but its slots could not be given back now", node.task_id)
+        return
+    if queues is None:
+        return
+    for pk in freed:
+        if not fleet_slots.is_shard(pk):
+            woken = slots.next_waiters(pk, if_limited=True)
+        elif slots.fleet_capacity is not None:
+            woken = [(task_id, tier, tenant) for task_id, tier, tenant, _ in slots.next_fleet_waiters(1)]
+        else:
+            continue
+        for task_id, tier, tenant in woken:
+            queues.send(task_id, tier, tenant=tenant or None)
+            log.info("task %s woken: the cancel of %s freed a slot of %s", task_id, node.task_id, pk)
 
 
 def decide(

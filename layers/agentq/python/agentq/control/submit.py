@@ -140,13 +140,16 @@ def submit_once(
             # slots are as read: a send that raised although SQS took the message may already
             # be running it (it keeps its slots; its end gives them back), or a worker may have
             # admitted or released it meanwhile. Then the submission stands.
-            give_back = store.slots.give_back(task.task_id) if gate.limited else None
+            # Read whatever the gate said: a task it found needing no slot may have been admitted
+            # meanwhile by a worker holding the message (an override set since), and must not be
+            # deleted with the slots it took.
+            give_back = store.slots.give_back(task.task_id)
             try:
                 store.tasks.delete_unstarted(
                     task.task_id,
                     idempotency=(tenant, idempotency_key) if idempotency_key else None,
-                    also=give_back.actions if give_back else (),
-                    only_if=give_back.condition if give_back else None,
+                    also=give_back.actions,
+                    only_if=give_back.condition,
                 )
             except TransactionCancelled:
                 log.warning("task %s: its enqueue raised, but a worker took it: the message was sent", task.task_id)

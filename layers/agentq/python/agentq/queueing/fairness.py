@@ -168,55 +168,50 @@ class FairShare:
                 return
             task_id, tier, tenant, seen = picked[0]
             last = attempt == ADMIT_ATTEMPTS - 1
-            outcome, handed = self._hand_off(task_id, tier, None if last else seen)
-            if outcome == "moved":
-                continue
-            if outcome == "send":
-                self._send_handed_off(task_id, tier, tenant, handed)
+            outcome = self._hand_off(task_id, tier, None if last else seen)
+            if outcome in ("moved", "gone"):
+                continue  # put back in its place, or deleted meanwhile: the freed slot goes to the next choice
+            self._send_handed_off(task_id, tier, tenant)
             return
 
-    def _send_handed_off(self, task_id: str, tier: str, tenant: str, handed: Task | None) -> None:
-        """Send the woken task's message. When the send fails and the waker admitted it
-        (``handed``), its slots are given back and it waits in its place again, unless a worker
-        took it meanwhile (the send raised although SQS took the message): admitted, with no
-        message, it would hold a fleet slot nobody uses until the sweeper's ``stale_after``."""
-        try:
-            self.queues.send(task_id, tier, tenant=tenant or None)
-        except Exception:
-            if handed is not None and self.slots.give_back_admission(handed):
-                fleet_slot = next(s for s in self.slots.slots_for(handed) if s.fleet)
-                self.slots.park(handed, fleet_slot, tier)
-                log.warning("task %s: its wake could not be sent; its slots are given back, it waits again", task_id)
-            raise
+    def _send_handed_off(self, task_id: str, tier: str, tenant: str) -> None:
+        """Send the woken task's message. A send that fails leaves the task as the hand-off
+        left it, ``queued`` and admitted (and raises, as any failed wake): its slots are never
+        given back here, since a worker may already hold its message (the send raised although
+        SQS took it) and gate it as admitted between a give-back and its claim, then run it on
+        no slot. With no message, the sweeper re-sends it (``swept``) once it has been quiet for
+        ``stale_after``, counted from the hand-off's admission; cancelled meanwhile, the cancel
+        gives its slots back (``control.operations.cancel``)."""
+        self.queues.send(task_id, tier, tenant=tenant or None)
         log.info("task %s woken: the fleet has room (its tenant %s is furthest below its share)", task_id, tenant)
 
-    def _hand_off(self, task_id: str, tier: str, seen: int | None) -> tuple[str, Task | None]:
-        """Admit the woken ``task_id`` if its tenant still runs ``seen`` tasks: "send" (with the
-        task when admitted here; else left to its message to admit or park as any other),
-        "moved" (put back on its list), or "gone". A fleet shard taken between the read and the
+    def _hand_off(self, task_id: str, tier: str, seen: int | None) -> str:
+        """Admit the woken ``task_id`` if its tenant still runs ``seen`` tasks: "send" (admitted
+        here, or left to its message to admit or park as any other), "moved" (put back on its
+        list), or "gone" (deleted meanwhile: the caller chooses again, as for "moved"). A fleet shard taken between the read and the
         admission (another admission or hand-off) is read again, as ``_admit`` does."""
         try:
             task = self.store.tasks.get(task_id)
         except TaskNotFound:
-            return "gone", None
+            return "gone"
         if task.status is not TaskStatus.QUEUED or task.slots:
-            return "send", None
+            return "send"
         tenant_pk = keys.tenant_pk(task.tenant)
         for _ in range(ADMIT_ATTEMPTS):
             slots = self.slots.slots_for(task)
             if any(s.seen_full for s in slots):
-                return "send", None
-            admission = self.slots.admit(task, slots, tenant_running=seen)
+                return "send"
+            admission = self.slots.admit(task, slots, tenant_running=seen, touch=True)
             if admission.outcome == "admitted":
-                return "send", task.model_copy(update={"slots": [s.pk for s in slots]})
+                return "send"
             refused_by = admission.slot
             if admission.outcome == "conflict" or (refused_by is not None and refused_by.fleet):
                 continue  # raced another write, or its shard was taken meanwhile: read again
             if seen is not None and refused_by is not None and refused_by.pk == tenant_pk:
                 self.slots.park(task, next(s for s in slots if s.fleet), tier)  # back in its place (same key)
-                return "moved", None
-            return "send", None
-        return "send", None
+                return "moved"
+            return "send"
+        return "send"
 
     def report_skipped(self, task_id: str) -> Task:
         """The end of a task skipped at its submission, reported as the dispatcher reports any
@@ -250,7 +245,7 @@ class FairShare:
             if holder == task.task_id:
                 continue
             try:
-                cancel(self.store, holder, tenant=task.tenant, queues=self.queues,
+                cancel(self.store, holder, tenant=task.tenant, queues=self.queues, slots=self.slots,
                        reason=f"cancelled by task {task.task_id} (concurrency key {concurrency.key!r})")  # fmt: skip
             except IllegalTransition:
                 continue  # it ended meanwhile

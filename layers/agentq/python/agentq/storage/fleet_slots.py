@@ -83,6 +83,12 @@ def pick_shard(capacity: int, running: Sequence[int]) -> int | None:
     return random.choice(free) if free else None
 
 
+def full_shard(capacity: int, running: Sequence[int]) -> int:
+    """A shard at or over its part of ``capacity``: one exists whenever no shard is free
+    (``pick_shard`` is None), since the parts add up to the capacity."""
+    return next(i for i, (n, most) in enumerate(zip(running, shard_limits(capacity), strict=True)) if n >= most)
+
+
 def check_weight(weight: object) -> None:
     from agentq.core.errors import ValidationError
 

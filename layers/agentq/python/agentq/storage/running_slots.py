@@ -282,7 +282,9 @@ class RunningSlots(FleetWaiting):
                 int(items.get(fleet.shard_pk(i, self.fleet_name), {}).get("running", 0)) for i in range(fleet.SHARDS)
             ]
             pick = fleet.pick_shard(self.fleet_capacity, shards)
-            index = 0 if pick is None else pick
+            # Full: a shard at or over its part, so a task the transaction still tries (a keyed
+            # one) is refused by it, not let in by a shard below its part of a lowered capacity.
+            index = fleet.full_shard(self.fleet_capacity, shards) if pick is None else pick
             limit = fleet.shard_limits(self.fleet_capacity)[index]
             slots.append(
                 Slot(
@@ -294,16 +296,23 @@ class RunningSlots(FleetWaiting):
             )
         return slots
 
-    def admit(self, task: Task, slots: list[Slot], *, tenant_running: int | None = None) -> Admission:
+    def admit(
+        self, task: Task, slots: list[Slot], *, tenant_running: int | None = None, touch: bool = False
+    ) -> Admission:
         """Take one slot of each of ``slots`` for ``task`` (see the module), or say which was full.
         ``tenant_running``: only if its tenant's count is still this (the fleet's waker chose the
-        tenant by it; refused on the tenant's slot when it moved)."""
+        tenant by it; refused on the tenant's slot when it moved). ``touch``: also set META's
+        ``updated_at`` (the fleet's hand-off: the sweeper counts the woken task's silence from its
+        admission, so a message waiting in a backlog is not re-sent by every sweep)."""
         condition = present() & status_in(list(ADMISSIBLE)) & Attr("slots").not_exists()
+        admitted: dict[str, Any] = {"slots": [s.pk for s in slots]}
+        if touch:
+            admitted["updated_at"] = time.time()
         actions: list[Any] = [
             Patch(
                 "meta",
                 keys.meta_key(task.task_id),
-                Update(set={"slots": [s.pk for s in slots]}),
+                Update(set=admitted),
                 condition=condition,
             )
         ]
@@ -330,21 +339,19 @@ class RunningSlots(FleetWaiting):
     def holds_slots(self, task_id: str) -> bool:
         return "slots" in plain(self.table.get(keys.meta_key(task_id)) or {})
 
-    def release(self, task_id: str) -> list[str]:
+    def release(self, task_id: str, *, if_epoch: int | None = None) -> list[str]:
         """Give back the slots of a task that left ``queued``/``running``; the slot partitions
-        freed ([] when it held none, or still runs)."""
+        freed ([] when it held none, or still runs). ``if_epoch``: only if no worker claimed the
+        task since its ``lease_epoch`` was this (a cancel of a ``queued`` task: one a worker
+        claimed meanwhile gives its slots back at the end of the step it is running)."""
         meta = plain(self.table.get(keys.meta_key(task_id)) or {})
         held = [str(pk) for pk in meta.get("slots") or []]
         if not held or meta.get("status") in {s.value for s in ADMISSIBLE}:
             return []
-        actions: list[Any] = [
-            Patch(
-                "meta",
-                keys.meta_key(task_id),
-                Update(remove=["slots"]),
-                condition=Attr("slots").exists() & ~status_in(list(ADMISSIBLE)),
-            )
-        ]
+        condition = Attr("slots").exists() & ~status_in(list(ADMISSIBLE))
+        if if_epoch is not None:
+            condition = condition & Attr("lease_epoch").eq(if_epoch)
+        actions: list[Any] = [Patch("meta", keys.meta_key(task_id), Update(remove=["slots"]), condition=condition)]
         for i, pk in enumerate(held):
             # set_if_absent: lists a slot item written before the listing existed
             actions.append(Patch(f"slot{i}", self._key(pk), Update(add={"running": -1}, set_if_absent=_listed(pk))))
@@ -371,26 +378,6 @@ class RunningSlots(FleetWaiting):
             if pk.startswith("CKEY#"):
                 actions.append(Delete(f"hold{i}", {"pk": pk, "sk": HOLD + task_id}))
         return GiveBack(Attr("slots").eq(held) if held else Attr("slots").not_exists(), actions)
-
-    def give_back_admission(self, task: Task) -> bool:
-        """Undo ``task``'s admission while it is still as admitted: ``queued``, holding exactly
-        ``task.slots``, and claimed by nobody since (``lease_epoch`` unchanged); False when it
-        moved on (a worker took it: it keeps its slots, its end gives them back). For the
-        fleet's hand-off whose message could not be sent (``FairShare``)."""
-        held = list(task.slots)
-        condition = Attr("slots").eq(held) & status_in([TaskStatus.QUEUED]) & Attr("lease_epoch").eq(task.lease_epoch)
-        actions: list[Action] = [
-            Patch("meta", keys.meta_key(task.task_id), Update(remove=["slots"]), condition=condition)
-        ]
-        for i, pk in enumerate(held):
-            actions.append(Patch(f"slot{i}", self._key(pk), Update(add={"running": -1})))
-            if pk.startswith("CKEY#"):
-                actions.append(Delete(f"hold{i}", {"pk": pk, "sk": HOLD + task.task_id}))
-        try:
-            transact_through_conflicts(self.table, actions)
-        except TransactionCancelled:
-            return False
-        return True
 
     def holders(self, tenant: str, key: str) -> list[str]:
         """The tasks holding a slot of a concurrency key."""
