@@ -417,21 +417,65 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             talking.join()
             log(f"chaos over ({chaos.kills} kills, {chaos.stops} stops); draining")
             store = stack.store()
-            deadline = time.monotonic() + args.drain_seconds
-            while time.monotonic() < deadline:
-                people.wake_the_idle(store)  # an interrupted conversation ends when it is told to go on
-                tasks = store.tasks.get_many(list(ids.values()))
-                if all(t.status.terminal for t in tasks):
-                    break
-                time.sleep(1)
+            drain_began = time.monotonic()
+            drain(store, ids, people, args.drain_seconds)
+            drained = time.monotonic() - drain_began
             time.sleep(12)  # lapsed holds' deadlines (10 s calls) pass; release_holds messages land
             result = check(stack, store, plans, ids, model, ledger, chaos, people)
+            result["figures"]["drain seconds"] = round(drained, 1)
+            if not result["ok"]:
+                log(f"tasks that did not end, with their items: {dump_unended(store, ids, work)}")
         finally:
             chaos.stop()
             stack.stop()
     result["wall_seconds"] = round(time.monotonic() - began, 1)
     result["settings"] = {k: v for k, v in vars(args).items() if k not in ("json", "plot", "no_plot")}
     return result
+
+
+def _progress(store: Any, ids: dict[str, str]) -> tuple[bool, set[tuple[str, str, int, int]]]:
+    """Whether every root ended, and where every task stands (roots and their sub-agents):
+    status, steps committed, claims. Any change between two looks is progress."""
+    roots = store.tasks.get_many(list(ids.values()))
+    children = [c for t in roots for spawn in store.spawns.list(t.task_id) for c in spawn.children]
+    every = roots + (store.tasks.get_many(children) if children else [])
+    return all(t.status.terminal for t in roots), {(t.task_id, t.status.value, t.step, t.claim_count) for t in every}
+
+
+def drain(store: Any, ids: dict[str, str], people: People, quiet_seconds: float) -> None:
+    """Wait until every root task ended, or until no task progressed (a status changed, a step
+    committed, a claim) for ``quiet_seconds``: how long the tasks take depends on the machine's
+    load (a loaded one's drain took 33 s at load 16 and 131-202 s at load 45-50), while a
+    task that nothing moves any more stays as it is however long one waits."""
+    last, quiet_since = None, time.monotonic()
+    while time.monotonic() - quiet_since < quiet_seconds:
+        people.wake_the_idle(store)  # an interrupted conversation ends when it is told to go on
+        ended, now = _progress(store, ids)
+        if ended:
+            return
+        if now != last:
+            last, quiet_since = now, time.monotonic()
+        time.sleep(1)
+
+
+def dump_unended(store: Any, ids: dict[str, str], work: Path) -> str | None:
+    """Every item of each root task that did not end and of its sub-agents, to a file of the
+    run's directory (what the test prints when a task did not end): its path, or None."""
+    from agentq.storage import keys
+
+    unended = [t for t in store.tasks.get_many(list(ids.values())) if not t.status.terminal]
+    if not unended:
+        return None
+    out = {
+        f"{_tag(t)} {t.task_id}": {
+            pk: store.table.query(keys.task_pk(pk))
+            for pk in [t.task_id, *(c for spawn in store.spawns.list(t.task_id) for c in spawn.children)]
+        }
+        for t in unended
+    }
+    path = work / "unended.json"
+    path.write_text(json.dumps(out, default=str, indent=1))
+    return str(path)
 
 
 def check(
@@ -586,7 +630,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tasks", type=int, default=200, help="root tasks (fan-outs add their children)")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--chaos-seconds", type=float, default=90)
-    ap.add_argument("--drain-seconds", type=float, default=300, help="after the chaos, how long tasks may take to end")
+    ap.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=300,
+        help="after the chaos, how long the drain waits with no task progressing before it gives up",
+    )
     ap.add_argument("--fault-rate", type=float, default=0.1, help="share of model requests answered with a fault")
     ap.add_argument("--seed", type=int, default=12)
     ap.add_argument(

@@ -4,7 +4,11 @@ interrupt while the workers die), 3 worker processes SIGKILLed and SIGSTOPped ev
 1-3 s for 20 s, model servers faulting one request in ten, the tasks spread over the
 ``anthropic``, ``openai`` and ``bedrock-converse`` providers (a mixed fleet, each on its own
 wire). Every invariant ``bench/chaos.py`` checks must hold; its table is printed when one does
-not."""
+not, with the items of any task that did not end.
+
+The drain waits for every task to end, giving up only when none progressed for 150 s: how long
+the tasks take is the machine's load (a drain of 33 s at load 16, up to 202 s at load 45-50),
+so the bounds below are for a hang, not a speed."""
 
 from __future__ import annotations
 
@@ -14,9 +18,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.timeout(960)
 def test_the_seeded_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     args = ["--tasks", "12", "--workers", "3", "--chaos-seconds", "20", "--seed", "6", "--drain-seconds", "150"]
@@ -26,7 +33,7 @@ def test_the_seeded_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
         check=False,  # the exit code is asserted below, with the invariants that explain it
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=900,
         cwd=tmp_path,
         env=env,
     )

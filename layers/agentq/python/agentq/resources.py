@@ -70,7 +70,7 @@ GSI_LIVE = "live"
 LIVE_SHARDS = 8
 LIVE_ATTRIBUTES = ("live_pk", "live_sk")
 # The tasks a worker process holds under its liveness (sparse): META carries owner_worker =
-# <worker id> and owner_task = <task_id> from a worker's claim until its run ends (``disown``).
+# <worker id> and owner_task = <task_id> from a worker's claim until it lets the message go (``disown``).
 # When a worker is found dead, one Query lists what it held (``queueing.recovery``). Keys only;
 # a claim writes the index once, a heartbeat never does.
 GSI_OWNER = "owner"

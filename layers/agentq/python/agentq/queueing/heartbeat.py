@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from agentq import observe
@@ -55,6 +55,7 @@ class _Held:
     visibility_ok: bool = True
     visible_at: float = 0.0  # monotonic: when the message would be visible again
     published: str | None = None  # the live text last written to META
+    ran: list[LeaseState] = field(default_factory=list)  # the runs claimed through it, disowned when it is let go
 
 
 class HeartbeatHub:
@@ -125,7 +126,13 @@ class HeartbeatHub:
 
     @contextmanager
     def hold(self, tier: str, receipt: str) -> Iterator[_Held]:
-        """Keep a received message invisible until its task is done with it."""
+        """Keep a received message invisible until its task is done with it. A task claimed
+        through it leaves this worker's ``owner`` index only now, once the dispatcher has done
+        what follows its run (reported its end to a fan-out parent, its callback, its
+        dependents; given back its slots): if this process dies before, a peer's recovery finds
+        the task still owned and makes its message visible again, and the redelivery does it.
+        Disowned at the run's end, an ended task's message stayed invisible for the claimed
+        ``held_visibility_seconds`` (10 minutes), and a fan-out parent waited that long."""
         held = _Held(tier, receipt, visible_at=time.monotonic() + self.config.visibility_seconds)
         with self._lock:
             self._held.add(held)
@@ -134,23 +141,25 @@ class HeartbeatHub:
         finally:
             with self._lock:
                 self._held.discard(held)
+            for state in held.ran:
+                try:
+                    self.store.tasks.disown(state.lease)
+                except Exception:  # best effort: a recovery filters on epoch, its redelivery on status
+                    log.warning("could not disown task %s", state.lease.task_id, exc_info=True)
 
     @contextmanager
     def track(self, held: _Held, state: LeaseState) -> Iterator[None]:
-        """Keep the task of ``state``, claimed through ``held``'s message, alive; when its run
-        ends, the task leaves this worker's ``owner`` index."""
+        """Keep the task of ``state``, claimed through ``held``'s message, alive while it runs
+        (its ``owner`` entry is removed when ``held`` is let go, see ``hold``)."""
         with self._lock:
             held.lease_state = state
+            held.ran.append(state)
             self.held_max = max(self.held_max, self._claimed())
         try:
             yield
         finally:
             with self._lock:
                 held.lease_state = None
-            try:
-                self.store.tasks.disown(state.lease)
-            except Exception:  # best effort: a recovery filters on status and epoch anyway
-                log.warning("could not disown task %s", state.lease.task_id, exc_info=True)
 
     def _run(self) -> None:
         """Rounds at a fixed rate: each is due ``heartbeat_seconds`` after the previous one

@@ -11,7 +11,11 @@ worker look dead, nor a dead one alive). ``recover`` then declares it dead (one 
 write: of several observers exactly one wins, and a renewal that raced it wins over both),
 lists what it held (one Query of the sparse ``owner`` index, then BatchGetItem) and makes each
 task's message visible again through the receipt its claim stored on META (batches of 10): the
-next receive anywhere claims the task, as a takeover of a lapsed owner. A message that cannot
+next receive anywhere claims the task, as a takeover of a lapsed owner. A task stays owned until
+its worker lets its message go, after what follows its run (its end reported to a fan-out parent,
+its callback, its dependents, its slots), so one whose run had ended is handed on too: its
+redelivery does what the dead worker had not, at once rather than when the claimed message's
+long visibility ran out (``held_visibility_seconds``, 10 minutes). A message that cannot
 be made visible (deleted, or received again since) is replaced by a fresh one. The sweeper does
 the same for workers whose liveness lapsed by the wall clock when no live worker is left to
 notice (``recover_lapsed``).
@@ -27,7 +31,6 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
-from agentq.core.status import TaskStatus
 from agentq.queueing.queues import TaskQueues
 from agentq.storage.container import Storage
 from agentq.storage.workers import SKEW_ALLOWANCE_SECONDS, PeerBeat
@@ -69,11 +72,10 @@ def recover(store: Storage, queues: TaskQueues, peer: PeerBeat) -> list[str]:
     workers = store.tasks.workers
     if not peer.recovered and not workers.mark_recovered(peer):
         return []
-    held = [
-        m
-        for m in store.tasks.owned_by(peer.worker)
-        if m.get("status") == TaskStatus.RUNNING.value and int(m.get("owner_epoch", 0)) <= peer.epoch
-    ]
+    # Every status: a task whose run ended (or parked) before its worker died, but not what
+    # came after it (its end reported to its fan-out parent, callback, dependents, slots), is
+    # still owned; its message redelivered does that (the dispatcher's ended-task path).
+    held = [m for m in store.tasks.owned_by(peer.worker) if int(m.get("owner_epoch", 0)) <= peer.epoch]
     by_tier: dict[str, list[dict[str, object]]] = defaultdict(list)
     for meta in held:
         by_tier[str(meta.get("owner_queue") or "normal")].append(meta)
