@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from abc import ABC, abstractmethod
 from dataclasses import replace
 from typing import Any
 
@@ -460,9 +461,10 @@ def test_cancel_running_parks_the_new_task_even_when_a_holder_of_its_key_no_long
     assert "waits queued" in _handle(dispatcher, late.task_id).reason  # no TaskNotFound, no redelivery loop
 
 
-class _SentThenRaised:
+class _SendRaisesAfterSqsTookIt(ABC):
     """Queues whose send reaches SQS and then raises (a timeout after SQS took the message),
-    with a worker claiming the task in between, as a fast one would."""
+    with ``meanwhile`` done in between: what a worker did with the task before the caller saw
+    the error."""
 
     def __init__(self, queues: TaskQueues, store: Storage) -> None:
         self.queues, self.store = queues, store
@@ -472,8 +474,18 @@ class _SentThenRaised:
 
     def send(self, task_id: str, tier: str, **kwargs: Any) -> None:
         self.queues.send(task_id, tier, **kwargs)
-        assert self.store.tasks.claim(task_id, "fast-worker", 30) is not None
+        self.meanwhile(task_id, tier)
         raise TimeoutError("the send timed out after SQS took the message")
+
+    @abstractmethod
+    def meanwhile(self, task_id: str, tier: str) -> None: ...
+
+
+class _SentThenRaised(_SendRaisesAfterSqsTookIt):
+    """A worker claims the task in between, as a fast one would."""
+
+    def meanwhile(self, task_id: str, tier: str) -> None:
+        assert self.store.tasks.claim(task_id, "fast-worker", 30) is not None
 
 
 def test_a_submission_whose_send_raised_after_sqs_took_it_keeps_the_slot_its_running_task_holds(
@@ -490,22 +502,14 @@ def test_a_submission_whose_send_raised_after_sqs_took_it_keeps_the_slot_its_run
     _received(queues)
 
 
-class _SentThenAdmittedUnderANewLimit:
-    """Queues whose send reaches SQS and then raises, with an override set meanwhile and a
-    worker admitting the task under it (it was unlimited when submitted: no slot then)."""
+class _SentThenAdmittedUnderANewLimit(_SendRaisesAfterSqsTookIt):
+    """An override is set in between and a worker admits the task under it (it was unlimited
+    when submitted: no slot then)."""
 
-    def __init__(self, queues: TaskQueues, store: Storage) -> None:
-        self.queues, self.store = queues, store
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.queues, name)
-
-    def send(self, task_id: str, tier: str, **kwargs: Any) -> None:
-        self.queues.send(task_id, tier, **kwargs)
+    def meanwhile(self, task_id: str, tier: str) -> None:
         task = self.store.tasks.get(task_id)
         self.store.slots.set_limit(task.tenant, 1)
         assert FairShare(self.store, self.queues).admit(task, tier).waits is None
-        raise TimeoutError("the send timed out after SQS took the message")
 
 
 def test_a_submission_needing_no_slot_whose_send_raised_after_a_worker_admitted_it_gives_that_slot_back(

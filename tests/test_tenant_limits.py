@@ -33,9 +33,18 @@ def agentq(settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.C
     return run
 
 
-def test_a_tenants_limit_is_set_and_cleared_from_the_cli_and_its_usage_shown(agentq: Cli, store: Storage) -> None:
-    tenant = f"acme-{uuid.uuid4().hex[:6]}"
-    store.api_keys.create(tenant)
+@pytest.fixture
+def tenant(store: Storage) -> str:
+    """A tenant of the test's own, known to the deployment (it has an API key): the CLI refuses
+    a limit for a tenant it does not know."""
+    name = f"acme-{uuid.uuid4().hex[:6]}"
+    store.api_keys.create(name)
+    return name
+
+
+def test_a_tenants_limit_is_set_and_cleared_from_the_cli_and_its_usage_shown(
+    agentq: Cli, store: Storage, tenant: str
+) -> None:
     code, out, _ = agentq("tenants", "limit", tenant, "--max-running", "3")
     assert code == 0 and f"{tenant}  running 0  waiting 0  max_running 3" in out
     assert store.slots.limit(tenant) == 3
@@ -46,10 +55,8 @@ def test_a_tenants_limit_is_set_and_cleared_from_the_cli_and_its_usage_shown(age
 
 
 def test_a_limit_below_one_or_an_unknown_tenant_is_refused_naming_the_field_and_writes_nothing(
-    agentq: Cli, store: Storage
+    agentq: Cli, store: Storage, tenant: str
 ) -> None:
-    tenant = f"acme-{uuid.uuid4().hex[:6]}"
-    store.api_keys.create(tenant)
     code, _, err = agentq("tenants", "limit", tenant, "--max-running", "0")
     assert code == 2 and "max_running must be at least 1 (got 0) (max_running)" in err
     code, _, err = agentq("tenants", "limit", "nobody-" + tenant, "--max-running", "5")
@@ -58,10 +65,8 @@ def test_a_limit_below_one_or_an_unknown_tenant_is_refused_naming_the_field_and_
 
 
 def test_a_weight_is_set_from_the_cli_and_a_bad_one_is_refused_naming_the_field_and_changes_nothing(
-    agentq: Cli, store: Storage
+    agentq: Cli, store: Storage, tenant: str
 ) -> None:
-    tenant = f"acme-{uuid.uuid4().hex[:6]}"
-    store.api_keys.create(tenant)
     code, out, _ = agentq("tenants", "limit", tenant, "--weight", "3")
     assert code == 0 and f"{tenant}  running 0  waiting 0  max_running unlimited  weight 3" in out
     code, _, err = agentq("tenants", "limit", tenant, "--weight", "0")
@@ -78,10 +83,8 @@ def test_a_weight_is_set_from_the_cli_and_a_bad_one_is_refused_naming_the_field_
 
 
 def test_tenants_usage_without_a_tenant_lists_every_tenant_as_the_operators_view_does(
-    agentq: Cli, store: Storage
+    agentq: Cli, store: Storage, tenant: str
 ) -> None:
-    tenant = f"acme-{uuid.uuid4().hex[:6]}"
-    store.api_keys.create(tenant)
     store.slots.set_limit(tenant, 2)
     code, out, _ = agentq("tenants", "usage", "--json")
     assert code == 0 and {"tenant": tenant, "running": 0, "waiting": 0, "limit": 2, "weight": 1} in json.loads(out)
@@ -137,10 +140,8 @@ def test_an_operator_key_reads_every_tenants_usage_and_a_tenant_key_gets_a_403_s
 
 
 def test_a_weight_and_clear_weight_together_or_a_limit_and_clear_together_are_refused_and_write_nothing(
-    agentq: Cli, store: Storage
+    agentq: Cli, store: Storage, tenant: str
 ) -> None:
-    tenant = f"acme-{uuid.uuid4().hex[:6]}"
-    store.api_keys.create(tenant)
     with pytest.raises(SystemExit) as refused:  # argparse's usage error
         agentq("tenants", "limit", tenant, "--weight", "3", "--clear-weight")
     assert refused.value.code == 2
