@@ -1,5 +1,6 @@
 """Setting a tenant's running limit and a submission's concurrency key: bad input gets a precise
-error naming the field (a 422 from the API, a CLI message and exit code 2) and changes nothing."""
+error naming the field (a 422 from the API, a CLI message and exit code 2) and changes nothing;
+what ``GET /usage`` and ``agentq tenants usage`` show."""
 
 from __future__ import annotations
 
@@ -8,13 +9,20 @@ import uuid
 from collections.abc import Callable
 
 import pytest
+from werkzeug.test import Client
 
+from agentq.api.app import build_app
 from agentq.cli.main import main
-from agentq.local.moto_server import LOCAL_CREDENTIALS
-from agentq.runtime import Settings
+from agentq.control.defaults import Defaults
+from agentq.control.submit import submit_once
+from agentq.core.tools import ToolRegistry
+from agentq.local.api_server import wsgi_app
+from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
+from agentq.runtime import Settings, build_queues
 from agentq.storage.container import Storage
 
 from tests.api_support import SCRIPTED, ApiStack
+from tests.helpers import deployment, scripted
 
 Cli = Callable[..., tuple[int, str, str]]
 
@@ -137,6 +145,31 @@ def test_an_operator_key_reads_every_tenants_usage_and_a_tenant_key_gets_a_403_s
     assert status == 403 and data["error"]["code"] == "forbidden", data
     assert "operator" in data["error"]["message"]
     assert api_stack.http("GET", "/usage/tenants", key=None)[0] == 401
+
+
+def test_under_a_fleet_capacity_usage_counts_an_unlimited_tenants_running_task_and_its_fleet_waiter(
+    moto_server: MotoServer, store: Storage, registry: ToolRegistry
+) -> None:
+    """With a fleet capacity every tenant's running tasks are counted (the fleet's shares are
+    weighed by them), an unlimited tenant's too: ``GET /usage`` shows them and the task waiting
+    for the full fleet, and ``GET /usage/tenants`` lists the tenant. The cancel route's slots
+    know the capacity too: cancelling the admitted task gives its fleet slot to the waiter."""
+    tenant = f"fleet-{uuid.uuid4().hex[:6]}"
+    defaults = Defaults(fleet_capacity=1)
+    queues = build_queues(deployment(moto_server))
+    first, second = (
+        submit_once(store, registry, scripted([{"text": "done"}]), tenant=tenant, queues=queues, defaults=defaults)
+        for _ in range(2)
+    )
+    admitted, parked = (store.tasks.get(s.task.task_id) for s in (first, second))
+    assert admitted.slots and not parked.slots  # the second waits: the fleet is full
+    app = build_app(store, registry, queues, defaults=defaults)
+    client = Client(wsgi_app(app.resolve, authorizer=lambda _: {"tenant": tenant, "operator": True}))
+    counted = {"tenant": tenant, "running": 1, "waiting": 1, "max_running": None, "weight": 1}
+    assert client.get("/usage").json == {**counted, "operator": True}
+    assert counted in client.get("/usage/tenants").json["tenants"]  # type: ignore[index]
+    assert client.post(f"/tasks/{admitted.task_id}/cancel").status_code == 200
+    assert client.get("/usage").json == {**counted, "running": 0, "waiting": 0, "operator": True}  # woken
 
 
 def test_a_weight_and_clear_weight_together_or_a_limit_and_clear_together_are_refused_and_write_nothing(
