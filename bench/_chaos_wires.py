@@ -12,6 +12,7 @@ a 503, a 500, a dropped connection, a 200 that is not JSON, a slow reply.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,29 +66,47 @@ def converse_turns(body: Any) -> list[dict[str, Any]]:
 
 
 def chat_reply(turn: Turn) -> FakeReply:
-    fault = _chat_fault(turn.fault)
-    if fault is not None:
-        return fault
-    text = "".join(b["text"] for b in turn.content if b["type"] == "text") or None
-    uses = [b for b in turn.content if b["type"] == "tool_use"]
-    reply = chat_completion(text, [(b["name"], b["input"]) for b in uses], prompt_tokens=turn.input_tokens,
-                            completion_tokens=turn.output_tokens)  # fmt: skip
-    for call, use in zip(reply.body["choices"][0]["message"].get("tool_calls") or [], uses, strict=True):
-        call["id"] = use["id"]
-    return dataclasses.replace(reply, delay_seconds=turn.slow)
+    return _played(
+        turn,
+        _chat_fault,
+        lambda text, calls: chat_completion(text, calls, prompt_tokens=turn.input_tokens,
+                                            completion_tokens=turn.output_tokens),
+        lambda reply: reply.body["choices"][0]["message"].get("tool_calls") or [],
+        id_key="id",
+    )  # fmt: skip
 
 
 def converse_reply_of(turn: Turn) -> FakeReply:
-    fault = _converse_fault(turn.fault)
+    return _played(
+        turn,
+        _converse_fault,
+        lambda text, calls: converse_reply(text, calls, input_tokens=turn.input_tokens,
+                                           output_tokens=turn.output_tokens),
+        lambda reply: [b["toolUse"] for b in reply.body["output"]["message"]["content"] if "toolUse" in b],
+        id_key="toolUseId",
+    )  # fmt: skip
+
+
+def _played(
+    turn: Turn,
+    fault_of: Callable[[str | None], FakeReply | None],
+    reply_of: Callable[[str | None, list[tuple[str, Any]]], FakeReply],
+    tool_calls_of: Callable[[FakeReply], list[dict[str, Any]]],
+    *,
+    id_key: str,
+) -> FakeReply:
+    """``turn`` on one wire: its fault in the wire's shape, or its text and tool calls in the
+    wire's reply (``reply_of``), each call given the plan's own id (``id_key`` of each of
+    ``tool_calls_of(reply)``, in order: the side-effect ledger is keyed by them), slowed by
+    ``turn.slow``."""
+    fault = fault_of(turn.fault)
     if fault is not None:
         return fault
     text = "".join(b["text"] for b in turn.content if b["type"] == "text") or None
     uses = [b for b in turn.content if b["type"] == "tool_use"]
-    reply = converse_reply(text, [(b["name"], b["input"]) for b in uses], input_tokens=turn.input_tokens,
-                           output_tokens=turn.output_tokens)  # fmt: skip
-    blocks = [b["toolUse"] for b in reply.body["output"]["message"]["content"] if "toolUse" in b]
-    for block, use in zip(blocks, uses, strict=True):
-        block["toolUseId"] = use["id"]
+    reply = reply_of(text, [(b["name"], b["input"]) for b in uses])
+    for call, use in zip(tool_calls_of(reply), uses, strict=True):
+        call[id_key] = use["id"]
     return dataclasses.replace(reply, delay_seconds=turn.slow)
 
 

@@ -42,7 +42,10 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from _benchlib import (
@@ -64,9 +67,11 @@ from _plot import Panel, add_plot_args, plot_from_args
 from agentq.control.defaults import Defaults
 from agentq.control.submit import submit_once
 from agentq.core.models import TaskSubmission
+from agentq.core.tools import ToolRegistry
 from agentq.queueing.worker import WorkerConfig
 from agentq.resources import QueueSettings
 from agentq.runtime import build_registry
+from agentq.storage.container import Storage
 
 TARGET_B_PICKUP_P99 = 2.0
 TENANT_A, TENANT_B = "tenant-a", "tenant-b"
@@ -83,39 +88,67 @@ def submission(latency: float) -> TaskSubmission:
     )
 
 
-def run_size(size: int, args: argparse.Namespace, counter: InProcessCounter) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Started:
+    """A started stack and the bench's own clients to it (its submissions and reads)."""
+
+    stack: BenchStack
+    settings: dict[str, Any]  # as the report prints them
+    store: Storage
+    queues: Any  # TaskQueues, with the normal tier's URL read already
+    registry: ToolRegistry
+
+
+@contextmanager
+def started_stack(
+    args: argparse.Namespace, label: str, *, extra_env: dict[str, str] | None = None, note: str = ""
+) -> Iterator[Started]:
+    """A fresh local stack (prefix ``bench-fair-<label>``) for one run: ``--workers`` processes
+    of ``--concurrency``, no API, no sweeper, polling, with patient clients for the bench's
+    submissions; stopped however the run ends. The normal tier's URL is read here, so no
+    submission counts that call."""
     stack = BenchStack(
-        prefix=f"bench-fair-{size}",
+        prefix=f"bench-fair-{label}",
         workers=args.workers,
         worker_config=worker_config(args),
         queue_settings=QueueSettings(visibility_timeout=args.visibility),
         api=False,
         moto_mode=args.moto,
         sweep_every=None,
+        extra_env=extra_env or {},
     )
     try:
-        log(f"[{size}] starting the local stack ...")
+        log(f"[{label}] starting the local stack{note} ...")
         stack.start()
         stack.wait_polling()
-        settings = settings_of(stack)
         store, queues = patient_clients(stack, pool=max(args.threads, 16))
+        queues.url("normal")
         registry = build_registry(stack.settings)  # type: ignore[arg-type]
+        yield Started(stack, settings_of(stack), store, queues, registry)
+    finally:
+        log(f"[{label}] stopping the local stack ...")
+        stack.stop(grace=5.0)
+
+
+def run_size(size: int, args: argparse.Namespace, counter: InProcessCounter) -> dict[str, Any]:
+    with started_stack(args, str(size)) as run:
+        stack, settings, store, queues, registry = run.stack, run.settings, run.store, run.queues, run.registry
         defaults = Defaults(tenant_max_running=args.limit)
         for tenant in (TENANT_A, TENANT_B):
             store.slots.set_limit(tenant, args.limit)
         work = submission(args.latency)
-        queues.url("normal")
 
         def submit(tenant: str, tag: str) -> str:
             counter.tag(tag)
             return submit_once(store, registry, work, tenant=tenant, queues=queues, defaults=defaults).task.task_id
 
         log(f"[{size}] tenant A submits {size} tasks ...")
+        earlier_sizes = counter.snapshot("submit-a")  # the counter lives across the sizes' stacks
         t0 = time.time()
         with ThreadPoolExecutor(max_workers=args.threads, thread_name_prefix="submit") as pool:
             a_ids = list(pool.map(lambda _: submit(TENANT_A, "submit-a"), range(size)))
         a_submit_s = time.time() - t0
-        a_calls = counter.snapshot("submit-a")
+        a_calls = counter.snapshot("submit-a") - earlier_sizes
         log(f"[{size}] submitted in {a_submit_s:.1f}s; tenant B submits {args.b_tasks} ...")
         workers_before = stack.worker_calls()
         b_start = time.time()
@@ -179,38 +212,20 @@ def run_size(size: int, args: argparse.Namespace, counter: InProcessCounter) -> 
                 op: round(n / max(1, finished_total), 3) for op, n in sorted(worker_calls.items())
             },
         }
-    finally:
-        log(f"[{size}] stopping the local stack ...")
-        stack.stop(grace=5.0)
 
 
 def run_saturated(args: argparse.Namespace, counter: InProcessCounter) -> dict[str, Any]:
     weights = [int(w) for w in args.weights.split(",")]
     tenants = [f"tenant-{chr(ord('a') + i)}" for i in range(len(weights))]
-    stack = BenchStack(
-        prefix="bench-fair-saturated",
-        workers=args.workers,
-        worker_config=worker_config(args),
-        queue_settings=QueueSettings(visibility_timeout=args.visibility),
-        api=False,
-        moto_mode=args.moto,
-        sweep_every=None,
-        extra_env={"AGENTQ_FLEET_CAPACITY": str(args.capacity)},
-    )
-    try:
-        log(f"[saturated] starting the local stack (fleet capacity {args.capacity}) ...")
-        stack.start()
-        stack.wait_polling()
-        settings = settings_of(stack)
-        store, queues = patient_clients(stack, pool=max(args.threads, 16))
-        registry = build_registry(stack.settings)  # type: ignore[arg-type]
+    fleet = {"AGENTQ_FLEET_CAPACITY": str(args.capacity)}
+    with started_stack(args, "saturated", extra_env=fleet, note=f" (fleet capacity {args.capacity})") as run:
+        settings, store, queues, registry = run.settings, run.store, run.queues, run.registry
         defaults = Defaults(fleet_capacity=args.capacity)
         for tenant, weight in zip(tenants, weights, strict=True):
             store.slots.set_weight(tenant, weight)
         # Turns of 0.5x to 1.5x the latency (mean: the latency): tasks started together do not all
         # end together, as real ones do not, so releases come one by one rather than in cohorts.
         works = [submission(args.latency * (0.5 + i / 4)) for i in range(5)]
-        queues.url("normal")
         samples: list[tuple[float, list[int], list[int]]] = []  # (t, running per tenant, waiting per tenant)
         stop = threading.Event()
         t0 = time.time()
@@ -278,9 +293,6 @@ def run_saturated(args: argparse.Namespace, counter: InProcessCounter) -> dict[s
                 for op in sorted({op for c in calls.values() for op in c})
             },
         }
-    finally:
-        log("[saturated] stopping the local stack ...")
-        stack.stop(grace=5.0)
 
 
 def render_saturated(result: dict[str, Any]) -> str:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentq.core.models import TaskSubmission
 from agentq.storage.container import Storage
 from agentq.storage.dynamodb import DynamoTable
 from agentq.storage.serdes import PayloadStore
+
+if TYPE_CHECKING:
+    from agentq.core.engine import Engine
 
 
 def scripted(turns: Sequence[object], *, tools: list[str] | None = None, **constraints: Any) -> TaskSubmission:
@@ -54,6 +57,27 @@ def wait_for(predicate: Any, timeout: float = 20, what: str = "condition", inter
         assert time.monotonic() < deadline, f"{what} not reached within {timeout}s"
         time.sleep(interval)
     return value
+
+
+def live_texts_while_it_runs(store: Storage, engine: Engine, task_id: str) -> set[str]:
+    """Run the task on ``engine`` in a thread and return every live text its view showed
+    meanwhile (what `agentq watch` shows as the model writes), read every 0.1 s until the run
+    returned."""
+    import threading
+    import time
+
+    from agentq.api.views import task_view
+
+    runner = threading.Thread(target=engine.run, args=(task_id,))
+    runner.start()
+    seen: set[str] = set()
+    while runner.is_alive():
+        live = task_view(store, store.tasks.get(task_id)).live_text
+        if live:
+            seen.add(live)
+        time.sleep(0.1)
+    runner.join()
+    return seen
 
 
 def dynamo(store: Storage) -> DynamoTable:

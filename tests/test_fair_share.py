@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from abc import ABC, abstractmethod
 from dataclasses import replace
 from typing import Any
 
@@ -70,6 +71,11 @@ def _received(queues: TaskQueues) -> list[dict[str, Any]]:
     for m in got:
         queues.delete("normal", m["ReceiptHandle"])
     return list(got)
+
+
+def _received_ids(queues: TaskQueues) -> list[str]:
+    """The task ids of the messages in the normal queue (read and deleted), in the order read."""
+    return [TaskMessage.model_validate_json(m["Body"]).task_id for m in _received(queues)]
 
 
 def test_a_task_over_its_tenants_limit_waits_queued_without_its_message_and_runs_when_the_slot_frees(
@@ -140,7 +146,7 @@ def test_a_key_at_its_limit_with_cancel_running_cancels_the_holder_and_runs_once
     # The cancelled task's worker stops at its next step and gives the key's slot back.
     dispatcher.fair.release(old.task_id)
     assert store.slots.holders("shop2", "customer-7") == []
-    woken = [TaskMessage.model_validate_json(m["Body"]).task_id for m in _received(queues)]
+    woken = _received_ids(queues)
     assert new.task_id in woken
     _handle(dispatcher, new.task_id)
     assert store.tasks.get(new.task_id).status is TaskStatus.SUCCEEDED
@@ -154,7 +160,7 @@ def test_a_submission_over_its_tenants_limit_never_enters_the_queue(
     defaults = Defaults(tenant_max_running=1)
     first = submit_once(store, registry, scripted([{"text": "a"}]), tenant="burst", queues=queues, defaults=defaults)
     second = submit_once(store, registry, scripted([{"text": "b"}]), tenant="burst", queues=queues, defaults=defaults)
-    sent = [TaskMessage.model_validate_json(m["Body"]).task_id for m in _received(queues)]
+    sent = _received_ids(queues)
     assert sent == [first.task.task_id]  # the second waits on the tenant's list, not in the queue
     assert store.tasks.get(second.task.task_id).status is TaskStatus.QUEUED
     assert store.slots.with_default(1).usage("burst") == SlotUsage(tenant="burst", running=1, waiting=1, limit=1)
@@ -177,7 +183,7 @@ def test_raising_a_tenants_limit_wakes_as_many_waiting_tasks_as_it_made_room_for
     assert len(_received(queues)) == 1  # one admitted, three waiting
     store.slots.set_limit("grows", 1)
     usage = set_max_running(store, "grows", 3, queues)
-    woken = [TaskMessage.model_validate_json(m["Body"]).task_id for m in _received(queues)]
+    woken = _received_ids(queues)
     assert woken == [ids[1].task.task_id, ids[2].task.task_id]  # oldest first, two slots made
     assert usage.waiting == 1 and usage.limit == 3
 
@@ -406,10 +412,10 @@ def test_a_woken_task_cancelled_before_its_message_is_read_passes_its_wake_to_th
     assert "waits queued" in _handle(dispatcher, second.task_id).reason
     store.tasks.transition(running.task_id, TaskStatus.SUCCEEDED)
     dispatcher.fair.release(running.task_id)
-    assert [TaskMessage.model_validate_json(m["Body"]).task_id for m in _received(queues)] == [first.task_id]
+    assert _received_ids(queues) == [first.task_id]
     cancel(store, first.task_id, queues=queues)  # the user gives up on it before its message is read
     _handle(dispatcher, first.task_id)
-    assert [TaskMessage.model_validate_json(m["Body"]).task_id for m in _received(queues)] == [second.task_id]
+    assert _received_ids(queues) == [second.task_id]
 
 
 def test_a_task_woken_by_its_tenant_but_refused_by_its_key_passes_the_tenants_wake_on(
@@ -424,9 +430,9 @@ def test_a_task_woken_by_its_tenant_but_refused_by_its_key_passes_the_tenants_wa
     assert "waits queued" in _handle(dispatcher, keyed.task_id).reason  # on the tenant's list
     assert "waits queued" in _handle(dispatcher, plain.task_id).reason
     set_max_running(store, "keyed", 2, queues)  # room for one more on the tenant, none on the key
-    assert [TaskMessage.model_validate_json(m["Body"]).task_id for m in _received(queues)] == [keyed.task_id]
+    assert _received_ids(queues) == [keyed.task_id]
     assert "concurrency key's" in _handle(dispatcher, keyed.task_id).reason  # refused by the key: re-parks
-    assert [TaskMessage.model_validate_json(m["Body"]).task_id for m in _received(queues)] == [plain.task_id]
+    assert _received_ids(queues) == [plain.task_id]
 
 
 def test_a_wake_skips_a_waiter_admitted_meanwhile_by_another_route_and_wakes_the_next(
@@ -442,7 +448,7 @@ def test_a_wake_skips_a_waiter_admitted_meanwhile_by_another_route_and_wakes_the
     assert dispatcher.fair.admit(store.tasks.get(admitted.task_id), "normal").waits is None
     store.tasks.transition(running.task_id, TaskStatus.SUCCEEDED)
     dispatcher.fair.release(running.task_id)
-    assert [TaskMessage.model_validate_json(m["Body"]).task_id for m in _received(queues)] == [waiting.task_id]
+    assert _received_ids(queues) == [waiting.task_id]
 
 
 def test_cancel_running_parks_the_new_task_even_when_a_holder_of_its_key_no_longer_exists(
@@ -460,9 +466,10 @@ def test_cancel_running_parks_the_new_task_even_when_a_holder_of_its_key_no_long
     assert "waits queued" in _handle(dispatcher, late.task_id).reason  # no TaskNotFound, no redelivery loop
 
 
-class _SentThenRaised:
+class _SendRaisesAfterSqsTookIt(ABC):
     """Queues whose send reaches SQS and then raises (a timeout after SQS took the message),
-    with a worker claiming the task in between, as a fast one would."""
+    with ``meanwhile`` done in between: what a worker did with the task before the caller saw
+    the error."""
 
     def __init__(self, queues: TaskQueues, store: Storage) -> None:
         self.queues, self.store = queues, store
@@ -472,8 +479,18 @@ class _SentThenRaised:
 
     def send(self, task_id: str, tier: str, **kwargs: Any) -> None:
         self.queues.send(task_id, tier, **kwargs)
-        assert self.store.tasks.claim(task_id, "fast-worker", 30) is not None
+        self.meanwhile(task_id, tier)
         raise TimeoutError("the send timed out after SQS took the message")
+
+    @abstractmethod
+    def meanwhile(self, task_id: str, tier: str) -> None: ...
+
+
+class _SentThenRaised(_SendRaisesAfterSqsTookIt):
+    """A worker claims the task in between, as a fast one would."""
+
+    def meanwhile(self, task_id: str, tier: str) -> None:
+        assert self.store.tasks.claim(task_id, "fast-worker", 30) is not None
 
 
 def test_a_submission_whose_send_raised_after_sqs_took_it_keeps_the_slot_its_running_task_holds(
@@ -490,22 +507,14 @@ def test_a_submission_whose_send_raised_after_sqs_took_it_keeps_the_slot_its_run
     _received(queues)
 
 
-class _SentThenAdmittedUnderANewLimit:
-    """Queues whose send reaches SQS and then raises, with an override set meanwhile and a
-    worker admitting the task under it (it was unlimited when submitted: no slot then)."""
+class _SentThenAdmittedUnderANewLimit(_SendRaisesAfterSqsTookIt):
+    """An override is set in between and a worker admits the task under it (it was unlimited
+    when submitted: no slot then)."""
 
-    def __init__(self, queues: TaskQueues, store: Storage) -> None:
-        self.queues, self.store = queues, store
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.queues, name)
-
-    def send(self, task_id: str, tier: str, **kwargs: Any) -> None:
-        self.queues.send(task_id, tier, **kwargs)
+    def meanwhile(self, task_id: str, tier: str) -> None:
         task = self.store.tasks.get(task_id)
         self.store.slots.set_limit(task.tenant, 1)
         assert FairShare(self.store, self.queues).admit(task, tier).waits is None
-        raise TimeoutError("the send timed out after SQS took the message")
 
 
 def test_a_submission_needing_no_slot_whose_send_raised_after_a_worker_admitted_it_gives_that_slot_back(

@@ -32,9 +32,12 @@ def queues(moto_server: MotoServer) -> TaskQueues:
     return build_queues(deployment(moto_server))
 
 
-def _dispatcher(store: Storage, queues: TaskQueues, registry: Any, limit: int) -> Dispatcher:
+def _dispatcher(
+    store: Storage, queues: TaskQueues, registry: Any, limit: int | None = None, fleet_capacity: int | None = None
+) -> Dispatcher:
     engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30))
-    return Dispatcher(engine, store, queues, max_receive_count=5, default_max_running=limit)
+    return Dispatcher(engine, store, queues, max_receive_count=5, default_max_running=limit,
+                      fleet_capacity=fleet_capacity)  # fmt: skip
 
 
 def _sent(queues: TaskQueues) -> list[str]:
@@ -45,18 +48,27 @@ def _sent(queues: TaskQueues) -> list[str]:
     return [TaskMessage.model_validate_json(m["Body"]).task_id for m in got.get("Messages", [])]
 
 
-def _one_running_and_parked(
-    store: Storage, dispatcher: Dispatcher, tenant: str, waiting: int
-) -> tuple[Task, list[Task]]:
-    """One task of ``tenant`` mid-run (its one slot taken) and ``waiting`` more parked behind it."""
+def _mid_run(store: Storage, dispatcher: Dispatcher, tenant: str) -> Task:
+    """A task of ``tenant`` admitted and claimed by another worker: running, holding its slots."""
     running = store.tasks.create(scripted([{"text": "done"}]), tenant=tenant)
     assert dispatcher.fair.admit(running, "normal").waits is None
     assert store.tasks.claim(running.task_id, "other-worker", 30) is not None
+    return running
+
+
+def _one_running_and_parked(
+    store: Storage, queues: TaskQueues, registry: Any, tenant: str, waiting: int
+) -> tuple[Dispatcher, Task, list[Task]]:
+    """A dispatcher whose default limit is 1, the normal queue emptied, one task of ``tenant``
+    mid-run (its one slot taken) and ``waiting`` more parked behind it."""
+    dispatcher = _dispatcher(store, queues, registry, limit=1)
+    _sent(queues)
+    running = _mid_run(store, dispatcher, tenant)
     parked = [store.tasks.create(scripted([{"text": "done"}]), tenant=tenant) for _ in range(waiting)]
     for task in parked:
         action = dispatcher.handle(TaskMessage(task_id=task.task_id).model_dump_json(), tier="normal", receive_count=1)
         assert "waits queued" in action.reason
-    return running, parked
+    return dispatcher, running, parked
 
 
 def _long_after(store: Storage, tasks: list[Task]) -> float:
@@ -66,9 +78,7 @@ def _long_after(store: Storage, tasks: list[Task]) -> float:
 def test_the_sweeper_leaves_a_task_parked_for_a_slot_alone_however_long_it_has_waited(
     store: Storage, queues: TaskQueues, registry: Any
 ) -> None:
-    dispatcher = _dispatcher(store, queues, registry, limit=1)
-    _sent(queues)
-    running, parked = _one_running_and_parked(store, dispatcher, "patient", waiting=3)
+    dispatcher, running, parked = _one_running_and_parked(store, queues, registry, "patient", waiting=3)
     later = _long_after(store, [running, *parked])
     for n in (1, 2):  # pass after pass
         report = sweep(store, queues, stale_after=STALE_AFTER, now=later + n, default_max_running=1)
@@ -84,9 +94,7 @@ def test_the_sweeper_leaves_a_task_parked_for_a_slot_alone_however_long_it_has_w
 def test_a_queued_task_whose_wake_was_lost_after_its_wait_item_was_taken_is_still_swept(
     store: Storage, queues: TaskQueues, registry: Any
 ) -> None:
-    dispatcher = _dispatcher(store, queues, registry, limit=1)
-    _sent(queues)
-    running, [lost, kept] = _one_running_and_parked(store, dispatcher, "crashed-waker", waiting=2)
+    _, running, [lost, kept] = _one_running_and_parked(store, queues, registry, "crashed-waker", waiting=2)
     # a waker took the first waiter's item and died before sending its message
     pk = keys.tenant_pk("crashed-waker")
     [item] = [i for i in store.slots.table.query(pk, prefix=WAIT) if i["task_id"] == lost.task_id]
@@ -100,9 +108,7 @@ def test_a_queued_task_whose_wake_was_lost_after_its_wait_item_was_taken_is_stil
 def test_raising_the_deployments_default_limit_lets_the_sweeper_wake_as_many_waiters_as_it_made_room_for(
     store: Storage, queues: TaskQueues, registry: Any
 ) -> None:
-    dispatcher = _dispatcher(store, queues, registry, limit=1)
-    _sent(queues)
-    running, parked = _one_running_and_parked(store, dispatcher, "redeployed", waiting=3)
+    _, running, parked = _one_running_and_parked(store, queues, registry, "redeployed", waiting=3)
     now = (store.tasks.get(parked[-1].task_id).updated_at or 0.0) + 1  # too soon to sweep anyone
     report = sweep(store, queues, stale_after=STALE_AFTER, now=now, default_max_running=1)
     assert report.woken == [] and _sent(queues) == []  # no room: nobody woken
@@ -120,12 +126,9 @@ def test_raising_the_deployments_default_limit_lets_the_sweeper_wake_as_many_wai
 def test_a_task_waiting_for_the_fleet_is_left_alone_and_a_raised_capacity_wakes_as_many_as_it_made_room_for(
     store: Storage, queues: TaskQueues, registry: Any
 ) -> None:
-    engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30))
-    dispatcher = Dispatcher(engine, store, queues, max_receive_count=5, fleet_capacity=1)
+    dispatcher = _dispatcher(store, queues, registry, fleet_capacity=1)
     _sent(queues)
-    running = store.tasks.create(scripted([{"text": "done"}]), tenant="fleet-full")
-    assert dispatcher.fair.admit(running, "normal").waits is None
-    assert store.tasks.claim(running.task_id, "other-worker", 30) is not None
+    _mid_run(store, dispatcher, "fleet-full")
     parked = [store.tasks.create(scripted([{"text": "done"}]), tenant=t) for t in ("fleet-full", "other")]
     for task in parked:
         action = dispatcher.handle(TaskMessage(task_id=task.task_id).model_dump_json(), tier="normal", receive_count=1)
@@ -144,12 +147,9 @@ def test_a_fleet_waiter_whose_tenants_waiting_mark_was_lost_is_woken_by_the_next
     """Capacity 1: A runs, B waits for the fleet, and B's tenant's waiting mark is lost (a crash
     between ``park``'s two writes, or in a wake's ``_drop_mark``). A's end wakes nobody, since
     the wake finds waiting tenants by their marks; the sweep marks B's tenant again and wakes it."""
-    engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30))
-    dispatcher = Dispatcher(engine, store, queues, max_receive_count=5, fleet_capacity=1)
+    dispatcher = _dispatcher(store, queues, registry, fleet_capacity=1)
     _sent(queues)
-    a = store.tasks.create(scripted([{"text": "done"}]), tenant="fleet-a")
-    assert dispatcher.fair.admit(a, "normal").waits is None
-    assert store.tasks.claim(a.task_id, "other-worker", 30) is not None
+    a = _mid_run(store, dispatcher, "fleet-a")
     b = store.tasks.create(scripted([{"text": "done"}]), tenant="fleet-b")
     assert "the fleet is full" in (dispatcher.fair.admit(b, "normal").waits or "")
     slots = dispatcher.fair.slots

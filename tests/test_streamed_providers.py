@@ -8,14 +8,11 @@ the one a plain call gives: text, tool calls, reasoning, stop reason, usage."""
 from __future__ import annotations
 
 import dataclasses
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from agentq.api.views import task_view
 from agentq.control.submit import parse_submission
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.errors import ProviderError
@@ -39,6 +36,7 @@ from tests.fake_model_servers import (
     converse_stream_exception,
     point_boto3_at,
 )
+from tests.helpers import live_texts_while_it_runs
 
 STORAGE = "memory"
 LONG = 32_000  # max_tokens past the threshold below: streamed
@@ -151,15 +149,7 @@ def test_the_text_of_a_streamed_call_in_flight_rides_on_the_heartbeat_and_the_st
     body = {"goal": "weather?", "provider": provider, "model": model, "constraints": {"max_output_tokens": LONG}}
     task = store.tasks.create(parse_submission(body), tenant="t")
     engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=3, heartbeat_seconds=0.3))
-    runner = threading.Thread(target=engine.run, args=(task.task_id,))
-    runner.start()
-    seen: set[str] = set()
-    while runner.is_alive():
-        live = task_view(store, store.tasks.get(task.task_id)).live_text
-        if live:
-            seen.add(live)
-        time.sleep(0.1)
-    runner.join()
+    seen = live_texts_while_it_runs(store, engine, task.task_id)
     assert any(TEXT.startswith(s) and s != TEXT for s in seen), seen  # a part, while it was being written
     final = store.tasks.get(task.task_id)
     assert final.status is TaskStatus.SUCCEEDED and final.result == TEXT and final.live_text is None

@@ -1,5 +1,6 @@
 """Setting a tenant's running limit and a submission's concurrency key: bad input gets a precise
-error naming the field (a 422 from the API, a CLI message and exit code 2) and changes nothing."""
+error naming the field (a 422 from the API, a CLI message and exit code 2) and changes nothing;
+what ``GET /usage`` and ``agentq tenants usage`` show."""
 
 from __future__ import annotations
 
@@ -8,13 +9,20 @@ import uuid
 from collections.abc import Callable
 
 import pytest
+from werkzeug.test import Client
 
+from agentq.api.app import build_app
 from agentq.cli.main import main
-from agentq.local.moto_server import LOCAL_CREDENTIALS
-from agentq.runtime import Settings
+from agentq.control.defaults import Defaults
+from agentq.control.submit import submit_once
+from agentq.core.tools import ToolRegistry
+from agentq.local.api_server import wsgi_app
+from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
+from agentq.runtime import Settings, build_queues
 from agentq.storage.container import Storage
 
 from tests.api_support import SCRIPTED, ApiStack
+from tests.helpers import deployment, scripted
 
 Cli = Callable[..., tuple[int, str, str]]
 
@@ -33,9 +41,18 @@ def agentq(settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.C
     return run
 
 
-def test_a_tenants_limit_is_set_and_cleared_from_the_cli_and_its_usage_shown(agentq: Cli, store: Storage) -> None:
-    tenant = f"acme-{uuid.uuid4().hex[:6]}"
-    store.api_keys.create(tenant)
+@pytest.fixture
+def tenant(store: Storage) -> str:
+    """A tenant of the test's own, known to the deployment (it has an API key): the CLI refuses
+    a limit for a tenant it does not know."""
+    name = f"acme-{uuid.uuid4().hex[:6]}"
+    store.api_keys.create(name)
+    return name
+
+
+def test_a_tenants_limit_is_set_and_cleared_from_the_cli_and_its_usage_shown(
+    agentq: Cli, store: Storage, tenant: str
+) -> None:
     code, out, _ = agentq("tenants", "limit", tenant, "--max-running", "3")
     assert code == 0 and f"{tenant}  running 0  waiting 0  max_running 3" in out
     assert store.slots.limit(tenant) == 3
@@ -46,10 +63,8 @@ def test_a_tenants_limit_is_set_and_cleared_from_the_cli_and_its_usage_shown(age
 
 
 def test_a_limit_below_one_or_an_unknown_tenant_is_refused_naming_the_field_and_writes_nothing(
-    agentq: Cli, store: Storage
+    agentq: Cli, store: Storage, tenant: str
 ) -> None:
-    tenant = f"acme-{uuid.uuid4().hex[:6]}"
-    store.api_keys.create(tenant)
     code, _, err = agentq("tenants", "limit", tenant, "--max-running", "0")
     assert code == 2 and "max_running must be at least 1 (got 0) (max_running)" in err
     code, _, err = agentq("tenants", "limit", "nobody-" + tenant, "--max-running", "5")
@@ -58,10 +73,8 @@ def test_a_limit_below_one_or_an_unknown_tenant_is_refused_naming_the_field_and_
 
 
 def test_a_weight_is_set_from_the_cli_and_a_bad_one_is_refused_naming_the_field_and_changes_nothing(
-    agentq: Cli, store: Storage
+    agentq: Cli, store: Storage, tenant: str
 ) -> None:
-    tenant = f"acme-{uuid.uuid4().hex[:6]}"
-    store.api_keys.create(tenant)
     code, out, _ = agentq("tenants", "limit", tenant, "--weight", "3")
     assert code == 0 and f"{tenant}  running 0  waiting 0  max_running unlimited  weight 3" in out
     code, _, err = agentq("tenants", "limit", tenant, "--weight", "0")
@@ -78,10 +91,8 @@ def test_a_weight_is_set_from_the_cli_and_a_bad_one_is_refused_naming_the_field_
 
 
 def test_tenants_usage_without_a_tenant_lists_every_tenant_as_the_operators_view_does(
-    agentq: Cli, store: Storage
+    agentq: Cli, store: Storage, tenant: str
 ) -> None:
-    tenant = f"acme-{uuid.uuid4().hex[:6]}"
-    store.api_keys.create(tenant)
     store.slots.set_limit(tenant, 2)
     code, out, _ = agentq("tenants", "usage", "--json")
     assert code == 0 and {"tenant": tenant, "running": 0, "waiting": 0, "limit": 2, "weight": 1} in json.loads(out)
@@ -136,11 +147,34 @@ def test_an_operator_key_reads_every_tenants_usage_and_a_tenant_key_gets_a_403_s
     assert api_stack.http("GET", "/usage/tenants", key=None)[0] == 401
 
 
-def test_a_weight_and_clear_weight_together_or_a_limit_and_clear_together_are_refused_and_write_nothing(
-    agentq: Cli, store: Storage
+def test_under_a_fleet_capacity_usage_counts_an_unlimited_tenants_running_task_and_its_fleet_waiter(
+    moto_server: MotoServer, store: Storage, registry: ToolRegistry
 ) -> None:
-    tenant = f"acme-{uuid.uuid4().hex[:6]}"
-    store.api_keys.create(tenant)
+    """With a fleet capacity every tenant's running tasks are counted (the fleet's shares are
+    weighed by them), an unlimited tenant's too: ``GET /usage`` shows them and the task waiting
+    for the full fleet, and ``GET /usage/tenants`` lists the tenant. The cancel route's slots
+    know the capacity too: cancelling the admitted task gives its fleet slot to the waiter."""
+    tenant = f"fleet-{uuid.uuid4().hex[:6]}"
+    defaults = Defaults(fleet_capacity=1)
+    queues = build_queues(deployment(moto_server))
+    first, second = (
+        submit_once(store, registry, scripted([{"text": "done"}]), tenant=tenant, queues=queues, defaults=defaults)
+        for _ in range(2)
+    )
+    admitted, parked = (store.tasks.get(s.task.task_id) for s in (first, second))
+    assert admitted.slots and not parked.slots  # the second waits: the fleet is full
+    app = build_app(store, registry, queues, defaults=defaults)
+    client = Client(wsgi_app(app.resolve, authorizer=lambda _: {"tenant": tenant, "operator": True}))
+    counted = {"tenant": tenant, "running": 1, "waiting": 1, "max_running": None, "weight": 1}
+    assert client.get("/usage").json == {**counted, "operator": True}
+    assert counted in client.get("/usage/tenants").json["tenants"]  # type: ignore[index]
+    assert client.post(f"/tasks/{admitted.task_id}/cancel").status_code == 200
+    assert client.get("/usage").json == {**counted, "running": 0, "waiting": 0, "operator": True}  # woken
+
+
+def test_a_weight_and_clear_weight_together_or_a_limit_and_clear_together_are_refused_and_write_nothing(
+    agentq: Cli, store: Storage, tenant: str
+) -> None:
     with pytest.raises(SystemExit) as refused:  # argparse's usage error
         agentq("tenants", "limit", tenant, "--weight", "3", "--clear-weight")
     assert refused.value.code == 2

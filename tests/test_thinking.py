@@ -17,6 +17,7 @@ from agentq.core.tools import ToolRegistry
 from agentq.storage.container import Storage
 
 from tests.fake_messages_api import FakeMessagesAPI, message_reply, text_reply, usage_dict
+from tests.helpers import live_texts_while_it_runs
 
 THINKING = {
     "type": "thinking",
@@ -104,10 +105,6 @@ def test_the_text_of_a_streamed_call_in_flight_rides_on_the_heartbeat_and_is_gon
 ) -> None:
     """What `agentq watch` shows as "writing": best effort, from the lease heartbeat's own write."""
     import dataclasses
-    import threading
-    import time
-
-    from agentq.api.views import task_view
 
     text = "First the catalogue. Then the price list. Finally the answer: 9 euros."
     with FakeMessagesAPI() as api:
@@ -117,15 +114,7 @@ def test_the_text_of_a_streamed_call_in_flight_rides_on_the_heartbeat_and_is_gon
         engine = Engine(store, worker_id="w", tools=registry,
                         config=EngineConfig(lease_seconds=3, heartbeat_seconds=0.3),
                         providers=lambda _: AnthropicProvider(api_key="k", base_url=api.base_url))  # fmt: skip
-        runner = threading.Thread(target=engine.run, args=(task.task_id,))
-        runner.start()
-        seen: set[str] = set()
-        while runner.is_alive():
-            live = task_view(store, store.tasks.get(task.task_id)).live_text
-            if live:
-                seen.add(live)
-            time.sleep(0.1)
-        runner.join()
+        seen = live_texts_while_it_runs(store, engine, task.task_id)
     assert any(text.startswith(s) and s != text for s in seen), seen  # a part, while it was being written
     final = store.tasks.get(task.task_id)
     assert final.result == text and final.live_text is None

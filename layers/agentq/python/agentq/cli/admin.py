@@ -78,7 +78,7 @@ def _cmd_tenants(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env()
     store = build_store(settings, pool=4)
-    store.slots = store.slots.with_default(settings.defaults.tenant_max_running, settings.defaults.fleet_capacity)
+    store.slots = settings.defaults.running_slots(store)
     if args.tenants_command == "limit":
         if args.max_running is None and not args.clear and args.weight is None and not args.clear_weight:
             print("agentq: tenants limit needs --max-running N, --clear, --weight N or --clear-weight", file=sys.stderr)

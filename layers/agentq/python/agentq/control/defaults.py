@@ -1,5 +1,5 @@
 """A deployment's defaults for what a caller leaves out: budget constraints, the tenant
-hourly cap and the tenant running limit.
+hourly cap, the tenant running limit and the fleet's capacity.
 
 The core's ``Constraints`` defaults suit a laptop; a platform team sets its own per
 environment (``budget_defaults`` in cdk.json), which reach the functions as ``AGENTQ_DEFAULT_*``
@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from decimal import Decimal
+from typing import TYPE_CHECKING
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
@@ -20,6 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentq.core.errors import AgentqError
 from agentq.core.models import MAX_TIMEOUT_SECONDS, Constraints, TaskSubmission
 from agentq.core.tenancy import TenantLimits
+
+if TYPE_CHECKING:
+    from agentq.storage.container import Storage
+    from agentq.storage.running_slots import RunningSlots
 
 # field -> environment variable
 ENVIRONMENT = {
@@ -99,6 +104,13 @@ class Defaults(BaseModel):
             return submission
         constraints = Constraints.model_validate({**submission.constraints.model_dump(include=given), **fill})
         return submission.model_copy(update={"constraints": constraints})
+
+    def running_slots(self, store: Storage) -> RunningSlots:
+        """The deployment's running slots: ``store``'s, with this deployment's default running
+        limit and its fleet capacity. Every caller that holds the defaults builds them here, so
+        none passes the one and forgets the other (slots without the capacity admit past it and
+        a cancel's give-back wakes no fleet waiter)."""
+        return store.slots.with_default(self.tenant_max_running, self.fleet_capacity)
 
     def tenant_limits(self) -> TenantLimits | None:
         if self.tenant_hourly_tokens is None and self.tenant_hourly_usd is None:

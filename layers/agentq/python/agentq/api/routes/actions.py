@@ -57,7 +57,7 @@ def router(deps: ApiDeps) -> Router:
         responses=responses(200, CancelResult, 404, 409, 422),
     )
     def cancel_task(task_id: TaskId) -> CancelResult:
-        slots = store.slots.with_default(deps.defaults.tenant_max_running, deps.defaults.fleet_capacity)
+        slots = deps.defaults.running_slots(store)
         cancelled = control.cancel(store, task_id, tenant=tenant(), fanout=deps.fanout, queues=deps.queues, slots=slots)
         return CancelResult(task_id=task_id, cancelled=cancelled)
 
