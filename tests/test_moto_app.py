@@ -643,3 +643,40 @@ def test_request_headers_parse_as_http_client_parses_them(block: bytes) -> None:
     assert type(fast) is type(stock)
     assert fast.items() == stock.items() and fast.get_payload() == stock.get_payload()
     assert [type(d) for d in fast.defects] == [type(d) for d in stock.defects]
+
+
+def test_condition_expressions_lexed_once_give_moto_s_tokens_fresh_to_every_parse() -> None:
+    from moto.dynamodb.comparisons import ConditionExpressionParser
+
+    from agentq.local import moto_speed
+
+    assert moto_speed.install()
+    cached = ConditionExpressionParser._lex_condition_expression
+    stock = cached.__wrapped__  # type: ignore[attr-defined]
+    for expression in (
+        "attribute_not_exists(pk)",
+        "#s = :running AND lease_epoch = :e AND (attribute_not_exists(x) OR x <> :v)",
+        "size(doc.list[0]) >= :n AND begins_with(#k, :p) AND v IN (:a, :b) AND v BETWEEN :lo AND :hi",
+    ):
+        parser = ConditionExpressionParser(expression, None, None)
+        first, second = cached(parser), cached(parser)
+        assert list(first) == list(second) == list(stock(parser))
+        assert all(a is not b and a.children is not b.children for a, b in zip(first, second, strict=True))
+    with pytest.raises(ValueError, match="Cannot parse condition"):
+        cached(ConditionExpressionParser("v = :a ; DROP", None, None))
+
+
+def test_a_condition_lexed_once_still_checks_each_request_s_own_names_and_values(ddb: Any) -> None:
+    table = _table(ddb)
+    condition = "attribute_not_exists(#n) OR #n < :limit"
+    for limit, n, applied in ((5, 1, True), (5, 7, False), (9, 7, True), (1, 0, True)):
+        ddb.put_item(TableName=table, Item=_key("p", "a") | {"n": {"N": str(n)}})
+        attempt = {"TableName": table, "Item": _key("p", "a") | {"n": {"N": "100"}}, "ConditionExpression": condition,
+                   "ExpressionAttributeNames": {"#n": "n"}, "ExpressionAttributeValues": {":limit": {"N": str(limit)}}}  # fmt: skip
+        if applied:
+            ddb.put_item(**attempt)
+        else:
+            with pytest.raises(ClientError, match="ConditionalCheckFailed"):
+                ddb.put_item(**attempt)
+        stored = ddb.get_item(TableName=table, Key=_key("p", "a"), ConsistentRead=True)["Item"]["n"]["N"]
+        assert stored == ("100" if applied else str(n))
