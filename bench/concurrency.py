@@ -483,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         notes.append(
             "steps/s is bounded by the moto server, not the worker: moto serialises every DynamoDB request in one "
-            "process (~3.3 ms of its CPU per call of a turn, bench/moto_throughput.py: ~300 calls/s with a whole core, "
+            "process (~3.0 ms of its CPU per call of a turn, bench/moto_throughput.py: ~330 calls/s with a whole core, "
             "half that when the machine is shared) and each turn is "
             "~5.4 DynamoDB calls (two step commits of a PutItem and an UpdateItem each, note_write's transaction), "
             "a claim ~6; once demand passes what moto serves every call waits in its queue, the worker's liveness "

@@ -23,9 +23,10 @@ tasks and then, from ``--threads`` client threads for ``--seconds`` each:
    fenced META UpdateItem that settles, reserves and renews the lease), ``note_write``'s
    transaction (fence check + PutItem), the tool step's commit.
 
-Apps: ``agentq`` = ``python -m agentq.local.moto_app`` (what the local stack runs); ``plain``
-= the same without the fast paths of ``agentq/local/moto_speed.py`` (the before of that
-change). Calls are counted in this process (botocore's own retries not counted twice).
+Apps: ``agentq`` = ``python -m agentq.local.moto_app`` (what the local stack runs); ``close``
+= the same closing every connection after its response, as werkzeug does (without
+``agentq/local/moto_http.py``: the before of keep-alive); ``plain`` = without the fast paths of
+``agentq/local/moto_speed.py`` (the before of that change). Calls are counted in this process (botocore's own retries not counted twice).
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ from agentq.storage.container import Storage
 APPS = {
     "agentq": "agentq's moto_app, as the local stack runs it",
     "plain": "agentq's moto_app without the fast paths of agentq/local/moto_speed.py",
+    "close": "agentq's moto_app closing every connection after its response, as werkzeug does (no agentq/local/moto_http.py)",
 }
+MAIN_KWARGS = {"plain": "fast_paths=False", "close": "keep_alive=False"}
 RESERVE = 2_000
 SUBMISSION = TaskSubmission.model_validate(
     {
@@ -76,7 +79,7 @@ class AppServer(MotoServer):
         return [
             sys.executable,
             "-c",
-            "import sys; from agentq.local.moto_app import main; main(sys.argv[1:], fast_paths=False)",
+            f"import sys; from agentq.local.moto_app import main; main(sys.argv[1:], {MAIN_KWARGS[self.app]})",
         ]
 
 
@@ -252,7 +255,7 @@ def panels(result: dict[str, Any]) -> list[Panel]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--apps", default="agentq,plain", help=f"comma-separated, of {', '.join(APPS)}")
+    ap.add_argument("--apps", default="agentq,close,plain", help=f"comma-separated, of {', '.join(APPS)}")
     ap.add_argument("--tasks", type=int, default=200)
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=15.0, help="per phase")

@@ -11,7 +11,10 @@ The fast paths of moto_speed (responses, update expressions) answer as moto's ow
 
 from __future__ import annotations
 
+import re
+import sys
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import boto3
@@ -508,3 +511,172 @@ def test_an_update_expression_moto_refuses_is_still_refused(
     assert ddb.get_item(TableName=table, Key=_key("p", "a"), ConsistentRead=True)["Item"] == _key("p", "a") | {
         "v": {"N": "0"}
     }
+
+
+# -- keep-alive (moto_http) ---------------------------------------------------------------------
+
+
+class ClosingMotoServer(MotoServer):
+    """moto_app as werkzeug serves it: every connection closed after its response."""
+
+    def command(self) -> list[str]:
+        program = "import sys; from agentq.local.moto_app import main; main(sys.argv[1:], keep_alive=False)"
+        return [sys.executable, "-c", program]
+
+
+@pytest.fixture(scope="module")
+def closing_server() -> Iterator[MotoServer]:
+    with ClosingMotoServer() as server:
+        yield server
+
+
+# Headers that differ between any two answers (ids, time) or by how the body is framed.
+_FRAMING_AND_IDS = {"date", "last-modified", "connection", "content-length", "transfer-encoding", "x-amzn-requestid",
+                    "x-amz-request-id", "x-amz-id-2"}  # fmt: skip
+
+
+def _a_client_s_session(endpoint: str, name: str, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], int]:
+    """The same calls through boto3 on one client per service: every raw answer (status, body,
+    headers but framing and ids) and the number of TCP connections the clients opened."""
+    from botocore.awsrequest import AWSHTTPConnection
+    from botocore.config import Config
+
+    connects: list[int] = []
+    original = AWSHTTPConnection.connect
+
+    def counted(self: Any) -> None:
+        connects.append(1)
+        original(self)
+
+    monkeypatch.setattr(AWSHTTPConnection, "connect", counted)
+    answers: list[Any] = []
+
+    def record(response_dict: dict[str, Any], **_: Any) -> None:
+        headers = {k.lower(): v for k, v in response_dict["headers"].items() if k.lower() not in _FRAMING_AND_IDS}
+        body = response_dict["body"]  # a streamed body (GetObject's) is read below, by the call
+        if isinstance(body, bytes):  # S3's error bodies carry random ids
+            body = re.sub(rb"<(RequestId|HostId)>[^<]*</", rb"<\1></", body)
+        answers.append((response_dict["status_code"], body if isinstance(body, bytes) else "streamed", headers))
+
+    session = boto3.session.Session(region_name="us-east-1")
+    s3_config = Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1})
+    ddb = session.client("dynamodb", endpoint_url=endpoint, config=Config(retries={"max_attempts": 1}))
+    s3 = session.client("s3", endpoint_url=endpoint, config=s3_config)
+    table = bucket = name
+    ddb.create_table(TableName=table, KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+                     AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}], BillingMode="PAY_PER_REQUEST")  # fmt: skip
+    s3.create_bucket(Bucket=bucket)
+    for client in (ddb, s3):
+        client.meta.events.register("response-received", record)
+    for i in range(3):
+        ddb.put_item(TableName=table, Item=_key(f"p{i}") | {"v": {"N": str(i)}})
+        ddb.update_item(TableName=table, Key=_key(f"p{i}"), UpdateExpression="SET v = v + :one",
+                        ExpressionAttributeValues={":one": {"N": "1"}}, ReturnValues="ALL_NEW")  # fmt: skip
+        ddb.get_item(TableName=table, Key=_key(f"p{i}"), ConsistentRead=True)
+        with pytest.raises(ClientError):
+            ddb.get_item(TableName=f"{table}-missing", Key=_key("p"))
+        s3.put_object(Bucket=bucket, Key=f"k{i}", Body=b"x" * 70_000)
+        answers.append(s3.get_object(Bucket=bucket, Key=f"k{i}")["Body"].read())
+        s3.head_object(Bucket=bucket, Key=f"k{i}")
+        with pytest.raises(ClientError):
+            s3.get_object(Bucket=bucket, Key="missing")
+    for client in (ddb, s3):
+        client.meta.events.unregister("response-received", record)
+    return answers, len(connects)
+
+
+def test_a_client_s_calls_share_one_connection_per_client_and_get_the_answers_a_closing_server_gives(
+    moto_server: MotoServer, closing_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """werkzeug closed every connection after its answer (a connect per call, a server thread per
+    connection); moto_app now keeps them open. Same answers byte for byte, errors and a body
+    larger than a socket buffer included; one connection per client instead of one per call."""
+    name = f"keepalive-{uuid.uuid4().hex[:8]}"
+    kept, kept_connects = _a_client_s_session(moto_server.endpoint_url, name, monkeypatch)
+    closed, closed_connects = _a_client_s_session(closing_server.endpoint_url, name, monkeypatch)
+    assert len(kept) == len(closed) == 27
+    assert kept == closed
+    assert closed_connects == 26  # the 24 calls and the table's and the bucket's creation
+    assert kept_connects == 2  # one for DynamoDB's client, one for S3's
+
+
+def test_a_request_of_unknown_length_is_answered_and_its_connection_closed(moto_server: MotoServer) -> None:
+    """A chunked body's end is known only by reading it through; the server answers it and closes,
+    as werkzeug did for every request, and the object it carried is stored whole."""
+    import http.client
+
+    bucket = f"chunked-{uuid.uuid4().hex[:8]}"
+    s3 = boto3.session.Session(region_name="us-east-1").client("s3", endpoint_url=moto_server.endpoint_url)
+    s3.create_bucket(Bucket=bucket)
+    auth = "AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=0"
+    connection = http.client.HTTPConnection("127.0.0.1", moto_server.port, timeout=10)
+    connection.request("PUT", f"/{bucket}/chunked", body=iter([b"a" * 10, b"b" * 5]), encode_chunked=True,
+                       headers={"Authorization": auth, "x-amz-content-sha256": "UNSIGNED-PAYLOAD"})  # fmt: skip
+    response = connection.getresponse()
+    response.read()
+    assert response.status == 200
+    assert response.getheader("Connection") == "close"
+    assert s3.get_object(Bucket=bucket, Key="chunked")["Body"].read() == b"a" * 10 + b"b" * 5
+    connection.close()
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        b"Host: 127.0.0.1\r\nX-Amz-Target: DynamoDB_20120810.GetItem\r\nContent-Length: 12\r\n\r\n",
+        b"Host:a\r\nX:  b c \r\nX: d\r\nEmpty:\r\nX_under: 1\r\n\r\n",  # repeated, blank, underscored
+        b"A: 1\r\n folded\r\n\r\n",  # a folded line: the email parser's
+        b"A: 1\r\nnot a header\r\n\r\n",  # the email parser's (a defect, and the rest is body)
+        b"A: 1\rB: 2\r\n\r\n",  # a bare CR ends a line for the email parser
+        b"From nobody: x\r\n\r\n",
+        b"A: 1\n\n",
+        b"A: 1\r\n",  # the connection ended before the blank line
+    ],
+)
+def test_request_headers_parse_as_http_client_parses_them(block: bytes) -> None:
+    import http.client
+    import io
+
+    from agentq.local.moto_http import parse_headers
+
+    fast, stock = parse_headers(io.BytesIO(block)), http.client.parse_headers(io.BytesIO(block))
+    assert type(fast) is type(stock)
+    assert fast.items() == stock.items() and fast.get_payload() == stock.get_payload()
+    assert [type(d) for d in fast.defects] == [type(d) for d in stock.defects]
+
+
+def test_condition_expressions_lexed_once_give_moto_s_tokens_fresh_to_every_parse() -> None:
+    from moto.dynamodb.comparisons import ConditionExpressionParser
+
+    from agentq.local import moto_speed
+
+    assert moto_speed.install()
+    cached = ConditionExpressionParser._lex_condition_expression
+    stock = cached.__wrapped__  # type: ignore[attr-defined]
+    for expression in (
+        "attribute_not_exists(pk)",
+        "#s = :running AND lease_epoch = :e AND (attribute_not_exists(x) OR x <> :v)",
+        "size(doc.list[0]) >= :n AND begins_with(#k, :p) AND v IN (:a, :b) AND v BETWEEN :lo AND :hi",
+    ):
+        parser = ConditionExpressionParser(expression, None, None)
+        first, second = cached(parser), cached(parser)
+        assert list(first) == list(second) == list(stock(parser))
+        assert all(a is not b and a.children is not b.children for a, b in zip(first, second, strict=True))
+    with pytest.raises(ValueError, match="Cannot parse condition"):
+        cached(ConditionExpressionParser("v = :a ; DROP", None, None))
+
+
+def test_a_condition_lexed_once_still_checks_each_request_s_own_names_and_values(ddb: Any) -> None:
+    table = _table(ddb)
+    condition = "attribute_not_exists(#n) OR #n < :limit"
+    for limit, n, applied in ((5, 1, True), (5, 7, False), (9, 7, True), (1, 0, True)):
+        ddb.put_item(TableName=table, Item=_key("p", "a") | {"n": {"N": str(n)}})
+        attempt = {"TableName": table, "Item": _key("p", "a") | {"n": {"N": "100"}}, "ConditionExpression": condition,
+                   "ExpressionAttributeNames": {"#n": "n"}, "ExpressionAttributeValues": {":limit": {"N": str(limit)}}}  # fmt: skip
+        if applied:
+            ddb.put_item(**attempt)
+        else:
+            with pytest.raises(ClientError, match="ConditionalCheckFailed"):
+                ddb.put_item(**attempt)
+        stored = ddb.get_item(TableName=table, Key=_key("p", "a"), ConsistentRead=True)["Item"]["n"]["N"]
+        assert stored == ("100" if applied else str(n))
