@@ -46,6 +46,10 @@ It differs from ``moto_server`` in these ways, none of which changes what a requ
    the email package's generic parser, and the request log line is no longer formatted only to
    be dropped: 15-20 % less server CPU per call of a turn (3.6 -> 3.0 ms), 12-15 % less client
    CPU per call (``bench/moto_throughput.py --apps agentq,close``).
+12. The server raises its soft limit of open files to the hard limit: a kept connection holds a
+   socket (and a thread) until its client closes it, and two workers' pools (concurrency + 32
+   per client) can keep thousands open, past the 1,024 (256 on macOS) a shell often starts
+   with; over the limit ``accept`` fails and clients stall until their connect timeout.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ import argparse
 import contextlib
 import importlib
 import os
+import resource
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -64,6 +69,14 @@ from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, run_simple
 from agentq.local import moto_http, moto_models, moto_query, moto_rollback, moto_speed, moto_sqs, moto_streams
 
 LISTEN_BACKLOG = 4096  # waiting connections (Linux caps it at net.core.somaxconn)
+
+
+def raise_open_files_limit() -> None:
+    """Raise this process's soft limit of open files to its hard limit (12 in the list above)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _moto_request_handler() -> Any:
@@ -154,6 +167,7 @@ def main(
     moto_models.install()
     os.environ.setdefault("MOTO_PORT", str(args.port))
     BaseWSGIServer.request_queue_size = LISTEN_BACKLOG  # what run_simple's server listens with (10 above)
+    raise_open_files_limit()  # 12 above
     warm_up()
     app = Dispatcher(create_backend_app)
     if keep_alive:
