@@ -27,21 +27,21 @@ BENCH = ROOT / "bench"
 CASES = {
     "local_commit": ["--sizes", "0,200", "--commits", "2", "--dynamodb", "agentq"],
     "resume": ["--runs", "1"],
-    "fanout": ["--sizes", "2", "--child-turns", "1"],
-    "latency": ["--tasks", "4", "--paced-tasks", "4"],
+    "fanout": ["--sizes", "2", "--child-turns", "1", "--workers", "1"],
+    "latency": ["--tasks", "4", "--paced-tasks", "4", "--workers", "1"],
     "concurrency": ["--levels", "3", "--sample-seconds", "2", "--turns", "30", "--latency", "0.5"],
-    "local_api": ["--clients", "4"],
+    "local_api": ["--clients", "4", "--modes", "isolated,shared"],
     "moto_throughput": ["--apps", "agentq", "--tasks", "4", "--threads", "2", "--seconds", "1"],
     "import_time": ["--runs", "1", "authorizer"],
-    "local_soak": ["--minutes", "0.15", "--rate", "1", "--sample-seconds", "3"],
-    "agent_cost": ["--turns", "30", "--doc-bytes", "2000"],
+    "local_soak": ["--minutes", "0.15", "--rate", "1", "--sample-seconds", "3", "--workers", "1"],
+    "agent_cost": ["--turns", "10", "--doc-bytes", "2000"],
     "outage": ["--tasks", "4", "--down-seconds", "3", "--cooldown", "1", "--modes", "on"],
     "message_cost": ["--turns", "4"],
     "memory_cost": ["--sizes", "100,5000", "--stores", "3", "--searches", "1"],
     "events": ["--subscribers", "3", "--turns", "2", "--latency", "0.1"],
     "slot_calls": ["--waiting-tenants", "2"],
     "fairness": ["--sizes", "8", "--b-tasks", "2", "--latency", "0.5", "--limit", "2", "--window", "2",
-                 "--concurrency", "4"],
+                 "--concurrency", "4", "--workers", "1"],
 }  # fmt: skip
 
 
