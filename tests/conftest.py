@@ -35,7 +35,7 @@ def _set_nodeid(item: pytest.Item, nodeid: str) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Ready the suite for ``-n 2 --dist loadgroup`` (the Makefile's ``make test``).
+    """Ready the suite for ``-n 4 --dist loadgroup`` (the Makefile's ``make test``).
 
     Every test gets a node id of its own: schemathesis names each generated test of
     tests/test_api_schema.py after its operation (``...[GET /tasks]``) but gives all of them
