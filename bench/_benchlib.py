@@ -190,6 +190,24 @@ MOTO_MODES_HELP = (
 
 
 @dataclass
+class MotoAppServer(MotoServer):
+    """agentq's moto_app with some of its changes off, to measure them: ``main_kwargs`` are
+    keyword arguments of ``agentq.local.moto_app.main`` (e.g. ``"patch_moto=False"``); empty,
+    the app as the local stack runs it."""
+
+    main_kwargs: str = ""
+
+    def command(self) -> list[str]:
+        if not self.main_kwargs:
+            return super().command()
+        return [
+            sys.executable,
+            "-c",
+            f"import sys; from agentq.local.moto_app import main; main(sys.argv[1:], {self.main_kwargs})",
+        ]
+
+
+@dataclass
 class BenchMotoServer(MotoServer):
     """``MotoServer`` started from a chosen app (see MOTO_APPS)."""
 

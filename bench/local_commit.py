@@ -35,15 +35,14 @@ import os
 import sys
 import time
 import uuid
-from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from _benchlib import JsonOut, fmt, log, machine, summary, table
+from _benchlib import JsonOut, MotoAppServer, fmt, log, machine, summary, table
 from _plot import Panel, add_plot_args, plot_from_args
 from agentq.core.models import LLMStep, TaskSubmission, Usage
 from agentq.core.records import BudgetDelta
-from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
+from agentq.local.moto_server import LOCAL_CREDENTIALS
 from agentq.resources import ResourceNames, provision
 from agentq.runtime import Settings, build_store, session
 from agentq.storage.container import Storage
@@ -53,6 +52,7 @@ MODES = {
     "moto": "moto's own DynamoDB: a transaction deep-copies each table it names, per action; a Query sorts the table",
     "agentq": "agentq's moto_app: a transaction copies the items it names; a Query reads its partition",
 }
+MAIN_KWARGS = {"moto": "patch_moto=False", "agentq": ""}  # moto_app.main's, per mode
 FILLER_PER_PARTITION = 20
 BATCH = 25
 RESERVE = 2_000
@@ -64,22 +64,6 @@ SUBMISSION = TaskSubmission.model_validate(
         "constraints": {"max_tokens": 100_000_000, "max_steps": 10_000, "timeout_seconds": 86_400},
     }
 )
-
-
-@dataclass
-class ModeServer(MotoServer):
-    """agentq's moto server, with or without its DynamoDB patches."""
-
-    mode: str = "agentq"
-
-    def command(self) -> list[str]:
-        if self.mode == "agentq":
-            return super().command()
-        return [
-            sys.executable,
-            "-c",
-            "import sys; from agentq.local.moto_app import main; main(sys.argv[1:], patch_moto=False)",
-        ]
 
 
 def filler(i: int) -> dict[str, Any]:
@@ -159,7 +143,7 @@ def time_puts(store: Storage, n: int) -> list[float]:
 
 def run_mode(mode: str, sizes: list[int], commits: int) -> list[dict[str, Any]]:
     rows = []
-    with ModeServer(mode=mode) as server:
+    with MotoAppServer(main_kwargs=MAIN_KWARGS[mode]) as server:
         names = ResourceNames.for_prefix(f"lc{uuid.uuid4().hex[:8]}")
         settings = Settings(table=names.table, bucket=names.bucket, endpoint_url=server.endpoint_url)
         provision(session(settings), names, endpoint_url=settings.endpoint_url)

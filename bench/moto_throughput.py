@@ -38,15 +38,14 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from _benchlib import InProcessCounter, JsonOut, log, machine, table
+from _benchlib import InProcessCounter, JsonOut, MotoAppServer, log, machine, table
 from _plot import Panel, add_plot_args, plot_from_args
 from agentq.core.models import LLMStep, TaskSubmission, ToolOutcome, ToolsStep, Usage
 from agentq.core.records import BudgetDelta, ClaimOwner
-from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
+from agentq.local.moto_server import LOCAL_CREDENTIALS
 from agentq.resources import ResourceNames, provision
 from agentq.runtime import Settings, build_store, session
 from agentq.storage.container import Storage
@@ -56,7 +55,7 @@ APPS = {
     "plain": "agentq's moto_app without the fast paths of agentq/local/moto_speed.py",
     "close": "agentq's moto_app closing every connection after its response, as werkzeug does (no agentq/local/moto_http.py)",
 }
-MAIN_KWARGS = {"plain": "fast_paths=False", "close": "keep_alive=False"}
+MAIN_KWARGS = {"agentq": "", "plain": "fast_paths=False", "close": "keep_alive=False"}  # moto_app.main's, per app
 RESERVE = 2_000
 SUBMISSION = TaskSubmission.model_validate(
     {
@@ -67,20 +66,6 @@ SUBMISSION = TaskSubmission.model_validate(
     }
 )  # fmt: skip
 SETTLE = BudgetDelta(reserved=RESERVE, used=520, cost_usd=Decimal(0), tokens_in=400, tokens_out=120)
-
-
-@dataclass
-class AppServer(MotoServer):
-    app: str = "agentq"
-
-    def command(self) -> list[str]:
-        if self.app == "agentq":
-            return super().command()
-        return [
-            sys.executable,
-            "-c",
-            f"import sys; from agentq.local.moto_app import main; main(sys.argv[1:], {MAIN_KWARGS[self.app]})",
-        ]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -182,7 +167,7 @@ def run_phase(name: str, store: Storage, tasks: list[Task], work: Any, args: arg
 
 
 def run_app(app: str, args: argparse.Namespace, counter: InProcessCounter) -> list[dict[str, Any]]:
-    with AppServer(app=app) as server:
+    with MotoAppServer(main_kwargs=MAIN_KWARGS[app]) as server:
         assert server.process is not None
         names = ResourceNames.for_prefix(f"mt{uuid.uuid4().hex[:8]}")
         settings = Settings(table=names.table, bucket=names.bucket, endpoint_url=server.endpoint_url)
