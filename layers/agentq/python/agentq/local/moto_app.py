@@ -173,11 +173,9 @@ def main(
     if keep_alive:
         moto_http.install()
     handler = _moto_request_handler() or WSGIRequestHandler
-    kwargs: dict[str, Any] = {
-        "threaded": True,
-        "request_handler": moto_http.keep_alive_handler(handler) if keep_alive else handler,
-    }
-    run_simple(args.host, args.port, SerialisedDynamoDB(app), **kwargs)
+    if keep_alive:
+        handler = moto_http.keep_alive_handler(handler)
+    run_simple(args.host, args.port, SerialisedDynamoDB(app), threaded=True, request_handler=handler)
 
 
 if __name__ == "__main__":
