@@ -59,8 +59,15 @@ demo: $(VENV)/.local-installed sandbox-tools
 # that fixture starts once a run instead of once per worker; every other test is scheduled on
 # its own, as by xdist's default distribution. The conftest also gives schemathesis' generated
 # tests (tests/test_api_schema.py) node ids of their own, which group scheduling needs.
+#
+# Bytecode is cached for the run even where the environment says PYTHONDONTWRITEBYTECODE: the
+# suite starts ~150 Python processes (workers, run-task, moto servers, racers, benches), and
+# without a cache each compiled agentq from source again (~0.13 CPU-s a process), as each xdist
+# worker did every test module under pytest's assertion rewriting (~6 CPU-s a worker).
+# compileall first, so the four workers' collection does not compile agentq four times at once.
 test: $(VENV)/.installed sandbox-tools chromium
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m compileall -q -j 0 layers/agentq/python >/dev/null
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # Debian's Chromium for the console's browser tests (tests/test_console.py), which Playwright
 # drives; Playwright's own browser download is never used. Installs once, quietly (apt needs root,
