@@ -26,6 +26,11 @@ TESTS_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS_DIR.parent))  # lets child workers import tests.* tool modules
 
 
+# Session-scoped fixtures that start processes: each is the name of the xdist group of the
+# tests that use it (see pytest_collection_modifyitems).
+SESSION_GROUPS = frozenset({"api_stack"})
+
+
 def _set_nodeid(item: pytest.Item, nodeid: str) -> None:
     """pytest 9 keeps an item's node id structured (``_id``); before, a string (``_nodeid``)."""
     if hasattr(item, "_id"):
@@ -48,7 +53,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     other test is scheduled on its own, as with xdist's default distribution. The group is
     written into the node id here (``...@tests/test_x.py``, how xdist's scheduler reads it)
     rather than left to an ``xdist_group`` mark: xdist 3.8 writes it where pytest 9 no
-    longer reads a node id, which would make every group silently one test each."""
+    longer reads a node id, which would make every group silently one test each.
+
+    The tests of ``api_stack`` (a session-scoped local stack: moto, the API, two workers) are
+    one group too, whatever their module: spread over four workers they started four such
+    stacks, each idling in its worker for the rest of the run (~20 CPU-s apiece), for tests
+    that need one."""
     grouping = bool(getattr(config.option, "loadgroup", False))  # set in xdist's workers
     for item in items:
         parent, _, last = item.nodeid.rpartition("::")
@@ -57,10 +67,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         info = getattr(item, "_fixtureinfo", None)
         if not grouping or info is None:
             continue
+        used = set(getattr(item, "fixturenames", ()))
+        if used & SESSION_GROUPS:
+            _set_nodeid(item, f"{item.nodeid}@{min(used & SESSION_GROUPS)}")
+            continue
         shared = any(
-            defs and defs[-1].scope == "module"
-            for name, defs in info.name2fixturedefs.items()
-            if name in getattr(item, "fixturenames", ())
+            defs and defs[-1].scope == "module" for name, defs in info.name2fixturedefs.items() if name in used
         )
         if shared:
             _set_nodeid(item, f"{item.nodeid}@{item.nodeid.split('::', 1)[0]}")
