@@ -94,8 +94,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         store, queues = stack.store(), stack.queues()
         registry = build_registry(stack.settings)  # type: ignore[arg-type]
-        assert stack.moto.process is not None
-        moto_pid = stack.moto.process.pid
+        assert stack.moto.pid is not None
+        moto_pid = stack.moto.pid
         table_name = stack.settings.table  # type: ignore[union-attr]
         ddb = dynamo(store).client
 

@@ -168,7 +168,8 @@ def run_phase(name: str, store: Storage, tasks: list[Task], work: Any, args: arg
 
 def run_app(app: str, args: argparse.Namespace, counter: InProcessCounter) -> list[dict[str, Any]]:
     with MotoAppServer(main_kwargs=MAIN_KWARGS[app]) as server:
-        assert server.process is not None
+        moto_pid = server.pid
+        assert moto_pid is not None
         names = ResourceNames.for_prefix(f"mt{uuid.uuid4().hex[:8]}")
         settings = Settings(table=names.table, bucket=names.bucket, endpoint_url=server.endpoint_url)
         provision(session(settings), names, endpoint_url=settings.endpoint_url)
@@ -176,13 +177,13 @@ def run_app(app: str, args: argparse.Namespace, counter: InProcessCounter) -> li
         log(f"[{app}] creating {args.tasks} tasks ...")
         tasks = [Task(store.tasks.create(SUBMISSION, tenant="bench").task_id) for _ in range(args.tasks)]
         log(f"[{app}] claims for {args.seconds:g}s from {args.threads} threads ...")
-        rows = [run_phase("claims", store, tasks, claim, args, server.process.pid, counter)]
+        rows = [run_phase("claims", store, tasks, claim, args, moto_pid, counter)]
         for task in tasks:  # hold every task for the turns
             claimed = store.tasks.claim(task.task_id, "bench-worker:1", lease_seconds=3600)
             assert claimed is not None, task.task_id
             task.lease, task.step = claimed[0], claimed[1].step
         log(f"[{app}] turns for {args.seconds:g}s from {args.threads} threads ...")
-        rows.append(run_phase("turns", store, tasks, turn, args, server.process.pid, counter))
+        rows.append(run_phase("turns", store, tasks, turn, args, moto_pid, counter))
         for row in rows:
             row["app"] = app
             log(f"[{app}] {row['phase']}: {row['calls_per_s']:.0f} calls/s, server CPU {row['server_cpu_ms_per_call']:.2f} ms "

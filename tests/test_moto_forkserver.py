@@ -1,0 +1,73 @@
+"""The moto fork server (agentq/local/moto_forkserver.py): a server forked from it is moto_app as
+a program of its own would be, shares no state with its siblings, and is gone when stopped; a
+``MotoServer`` whose subclass runs another app is still started as its own program."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from agentq.local import moto_forkserver
+from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
+
+
+def _dynamodb(server: MotoServer) -> Any:
+    return boto3.client(
+        "dynamodb",
+        endpoint_url=server.endpoint_url,
+        region_name="us-east-1",
+        aws_access_key_id=LOCAL_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=LOCAL_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+    )
+
+
+def _table(client: Any, name: str) -> None:
+    client.create_table(
+        TableName=name,
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+
+
+def test_servers_forked_from_the_fork_server_serve_apart_and_are_gone_when_stopped() -> None:
+    assert os.environ.get(moto_forkserver.ENV_VAR), "tests/conftest.py runs a fork server per test process"
+    with MotoServer() as one, MotoServer() as two:
+        assert one.process is None and two.process is None  # forked, not started as programs
+        assert one.pid is not None and two.pid is not None and one.pid != two.pid
+        _table(_dynamodb(one), "only-in-one")
+        assert _dynamodb(one).list_tables()["TableNames"] == ["only-in-one"]
+        assert _dynamodb(two).list_tables()["TableNames"] == []
+        # Its own process, in a session of its own, as MotoServer starts one.
+        assert os.getsid(one.pid) == one.pid
+        pids = (one.pid, two.pid)
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists()  # terminated and reaped: no zombie left
+
+
+def test_a_request_the_fork_server_cannot_read_gets_an_error_not_a_server() -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(os.environ[moto_forkserver.ENV_VAR])
+        conn.sendall(b'{"port": "not a number"}\n')
+        answer = json.loads(conn.makefile("rb").readline())
+    assert answer["error"].startswith("bad request")
+    with pytest.raises(RuntimeError, match="bad request"):
+        moto_forkserver.request_server(os.environ[moto_forkserver.ENV_VAR], port=-1, env=None)  # type: ignore[arg-type]
+
+
+class _OwnApp(MotoServer):
+    def command(self) -> list[str]:  # moto_app as a bench runs it with one of its changes off
+        return [sys.executable, "-c", "import sys; from agentq.local.moto_app import main; main(sys.argv[1:])"]
+
+
+def test_a_subclass_with_its_own_app_is_started_as_its_own_program() -> None:
+    with _OwnApp() as server:
+        assert server.process is not None and server.forked_pid is None
+        assert _dynamodb(server).list_tables()["TableNames"] == []
