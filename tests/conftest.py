@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from agentq.core.tools import ToolRegistry
-from agentq.local import moto_forkserver
+from agentq.local import forkserver
 from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
 from agentq.local.stack import LocalStack
 from agentq.queueing._tuning import WorkerConfig
@@ -94,29 +94,29 @@ def _core_logging_restored() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def moto_forkserver_running() -> Iterator[None]:
-    """One moto fork server per test process (agentq/local/moto_forkserver.py): every moto server
+def forkserver_running() -> Iterator[None]:
+    """One moto fork server per test process (agentq/local/forkserver.py): every moto server
     the tests start, here or in a process they start (a bench, ``agentq dev``), is forked from it
     warm, not started cold (~1.1 CPU-s less each, ~45 servers a run)."""
     path = str(tempfile.mkdtemp(prefix="agentq-moto-") + "/fork.sock")
     server = subprocess.Popen(
-        [sys.executable, "-m", "agentq.local.moto_forkserver", path],
+        [sys.executable, "-m", "agentq.local.forkserver", path],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
     assert server.stdout is not None and server.stdout.readline().strip() == b"ready"
-    os.environ[moto_forkserver.ENV_VAR] = path
+    os.environ[forkserver.ENV_VAR] = path
     try:
         yield
     finally:
-        os.environ.pop(moto_forkserver.ENV_VAR, None)
+        os.environ.pop(forkserver.ENV_VAR, None)
         server.terminate()
         server.wait(timeout=10)
 
 
 @pytest.fixture(scope="session")
-def moto_server(moto_forkserver_running: None) -> Iterator[MotoServer]:
+def moto_server(forkserver_running: None) -> Iterator[MotoServer]:
     for key, value in LOCAL_CREDENTIALS.items():
         os.environ.setdefault(key, value)
     with MotoServer() as server:

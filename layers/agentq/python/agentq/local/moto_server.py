@@ -3,7 +3,7 @@
 Server mode, not in-process mocks, because only a server serialises requests the way
 DynamoDB does: lease and budget races are meaningless against in-process moto.
 
-Where the environment names a moto fork server (``moto_forkserver.ENV_VAR``: the test suite runs
+Where the environment names a moto fork server (``forkserver.ENV_VAR``: the test suite runs
 one per test process), the server is forked from it, warm, instead of started as a new program;
 the same program either way, minus the ~1.1 CPU-s a cold one spends on imports.
 """
@@ -20,7 +20,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 
-from agentq.local import moto_forkserver
+from agentq.local import forkserver
 
 LOCAL_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -57,9 +57,9 @@ class MotoServer:
 
     def start(self, timeout: float = 30.0) -> MotoServer:
         env = {**os.environ, **LOCAL_CREDENTIALS, "MOTO_PORT": str(self.port)}
-        forkserver = os.environ.get(moto_forkserver.ENV_VAR)
-        if forkserver and self.command() == MotoServer.command(self):  # a subclass's own app starts as its own program
-            self.forked_pid = moto_forkserver.request_server(forkserver, self.port, env)
+        server = os.environ.get(forkserver.ENV_VAR)
+        if server and self.command() == MotoServer.command(self):  # a subclass's own app starts as its own program
+            self.forked_pid = forkserver.request_server(server, self.port, env)
         else:
             self.process = subprocess.Popen(
                 [*self.command(), "-H", "127.0.0.1", "-p", str(self.port)],

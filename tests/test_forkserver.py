@@ -1,4 +1,4 @@
-"""The moto fork server (agentq/local/moto_forkserver.py): a server forked from it is moto_app as
+"""The moto fork server (agentq/local/forkserver.py): a server forked from it is moto_app as
 a program of its own would be, shares no state with its siblings, and is gone when stopped; a
 ``MotoServer`` whose subclass runs another app is still started as its own program."""
 
@@ -14,7 +14,7 @@ from typing import Any
 import boto3
 import pytest
 
-from agentq.local import moto_forkserver
+from agentq.local import forkserver
 from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
 
 
@@ -38,7 +38,7 @@ def _table(client: Any, name: str) -> None:
 
 
 def test_servers_forked_from_the_fork_server_serve_apart_and_are_gone_when_stopped() -> None:
-    assert os.environ.get(moto_forkserver.ENV_VAR), "tests/conftest.py runs a fork server per test process"
+    assert os.environ.get(forkserver.ENV_VAR), "tests/conftest.py runs a fork server per test process"
     with MotoServer() as one, MotoServer() as two:
         assert one.process is None and two.process is None  # forked, not started as programs
         assert one.pid is not None and two.pid is not None and one.pid != two.pid
@@ -54,12 +54,12 @@ def test_servers_forked_from_the_fork_server_serve_apart_and_are_gone_when_stopp
 
 def test_a_request_the_fork_server_cannot_read_gets_an_error_not_a_server() -> None:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.connect(os.environ[moto_forkserver.ENV_VAR])
+        conn.connect(os.environ[forkserver.ENV_VAR])
         conn.sendall(b'{"port": "not a number"}\n')
         answer = json.loads(conn.makefile("rb").readline())
     assert answer["error"].startswith("bad request")
     with pytest.raises(RuntimeError, match="bad request"):
-        moto_forkserver.request_server(os.environ[moto_forkserver.ENV_VAR], port=-1, env=None)  # type: ignore[arg-type]
+        forkserver.request_server(os.environ[forkserver.ENV_VAR], port=-1, env=None)  # type: ignore[arg-type]
 
 
 class _OwnApp(MotoServer):
