@@ -1,13 +1,17 @@
-"""The moto fork server (agentq/local/forkserver.py): a server forked from it is moto_app as
-a program of its own would be, shares no state with its siblings, and is gone when stopped; a
-``MotoServer`` whose subclass runs another app is still started as its own program."""
+"""The fork server (agentq/local/forkserver.py): a moto server forked from it is moto_app as a
+program of its own would be, shares no state with its siblings, and is gone when stopped; a
+``MotoServer`` whose subclass runs another app is still started as its own program; an
+``agentq`` command forked from it writes to the caller's streams and its exit code (a signal's
+too) comes back as a child's would."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +20,7 @@ import pytest
 
 from agentq.local import forkserver
 from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
+from agentq.local.stack import LocalStack
 
 
 def _dynamodb(server: MotoServer) -> Any:
@@ -71,3 +76,44 @@ def test_a_subclass_with_its_own_app_is_started_as_its_own_program() -> None:
     with _OwnApp() as server:
         assert server.process is not None and server.forked_pid is None
         assert _dynamodb(server).list_tables()["TableNames"] == []
+
+
+def test_an_agentq_command_forked_writes_to_our_streams_and_its_exit_code_comes_back(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    env = dict(os.environ)
+    ok = forkserver.ForkedProcess(os.environ[forkserver.ENV_VAR], ["--help"], env)
+    assert ok.wait(timeout=30) == 0 and ok.poll() == 0
+    bad = forkserver.ForkedProcess(os.environ[forkserver.ENV_VAR], ["no-such-command"], env)
+    assert bad.wait(timeout=30) == 2
+    out, err = capfd.readouterr()
+    assert "usage: agentq" in out and "invalid choice: 'no-such-command'" in err
+
+
+def test_a_local_stacks_worker_is_forked_and_a_sigkill_is_its_exit_code() -> None:
+    with LocalStack(prefix=f"fork{uuid.uuid4().hex[:6]}", workers=1, api=False, sweep_every=None) as stack:
+        [worker] = stack.processes
+        assert isinstance(worker, forkserver.ForkedProcess) and worker.poll() is None
+        assert os.getsid(worker.pid) == worker.pid  # a session of its own, as Popen(start_new_session=True)
+        worker.send_signal(signal.SIGKILL)
+        assert worker.wait(timeout=30) == -signal.SIGKILL
+
+
+def test_a_forked_command_imports_first_from_its_own_directory_then_its_pythonpath() -> None:
+    """As ``python -m agentq`` started there would: the fork server's own directory (where the
+    tests started it) is not on the command's path unless its PYTHONPATH names it."""
+    forked = ["/repo", "/py/lib", "/venv/site-packages"]
+    assert forkserver.program_path("/work/here", "/there:/also", forked) == [
+        "/work/here",
+        "/there",
+        "/also",
+        "/py/lib",
+        "/venv/site-packages",
+    ]
+    assert forkserver.program_path("/work/here", "/repo", forked) == [
+        "/work/here",
+        "/repo",
+        "/py/lib",
+        "/venv/site-packages",
+    ]
+    assert forkserver.program_path("/repo", "", forked) == ["/repo", "/py/lib", "/venv/site-packages"]

@@ -1,22 +1,30 @@
-"""A fork server for moto servers: one process that has imported moto_app and the backends a
-local stack uses, and forks a new moto server from itself on request.
+"""A fork server for the local stack's processes: one process that has imported what a moto
+server and an ``agentq`` worker import, and forks either from itself on request.
 
-Why: a moto server started as a new process spends ~1.1 CPU-s before its first stack is
+Why: a moto server started as a new program spends ~1.3 CPU-s before its first stack is
 provisioned (the interpreter, moto_app's imports, the DynamoDB, SQS, S3 and Step Functions
-backends, the first request to each); provisioning a second stack on a warm server costs
-~0.04 CPU-s. The test suite starts ~45 servers, so it runs one fork server per test process
-and every ``MotoServer`` started under it (in that process, or in a bench or ``agentq dev``
-it starts: the socket's path is in the environment) is forked warm instead.
+backends, the first request to each), where a forked one spends ~0.2; an ``agentq worker``
+spends ~0.4 CPU-s on imports before its first poll, ~1.5 when its tasks use the anthropic SDK
+(whose import alone is ~1.1). The test suite starts ~45 moto servers and ~60 workers, so it runs
+one fork server per test process, and every ``MotoServer`` and ``LocalStack`` worker started
+under it (in that process, or in a bench or ``agentq dev`` it starts: the socket's path is in
+the environment) is forked warm instead.
 
-Each forked server is the same program as ``python -m agentq.local.moto_app``: a process of its
-own (its own session, as ``MotoServer`` starts one), serving one port until it is terminated,
-with the requester's environment. What it shares with its siblings is only what was imported
-before the fork; the fork server itself never serves a request, so no backend holds state then.
-The fork server has no thread when it forks (a thread's lock held at the fork would stay held in
-the child), and it reaps its children, so a stopped server leaves no zombie.
+Each forked process is the program it stands for (``python -m agentq.local.moto_app``,
+``python -m agentq ARGS``) with the requester's environment, working directory and standard
+streams (passed as file descriptors), in a session of its own: signals, exit codes and output
+are as they would be. What it shares with its siblings is only what was imported before the
+fork: the fork server itself never serves a request or runs a command. It has no thread when
+it forks (a lock held by a thread at the fork would stay held in the child), and it reaps its
+children and keeps their exit codes, which ``ForkedProcess`` (a ``Popen`` for a process that is
+not the caller's child) asks for.
 
-Protocol, on a Unix socket: the client sends one JSON line ``{"port": P, "env": {...}}`` and
-reads one JSON line back, ``{"pid": N}`` or ``{"error": "..."}``.
+Protocol, on a Unix socket: one JSON line each way.
+- ``{"moto": PORT, "env": {...}}`` -> ``{"pid": N}``: a moto server on PORT.
+- ``{"agentq": [ARGS], "env": {...}, "cwd": DIR}`` with three file descriptors (stdin, stdout,
+  stderr) -> ``{"pid": N}``.
+- ``{"status": PID}`` -> ``{"returncode": CODE or null}`` (negative: the signal that ended it).
+Anything else -> ``{"error": "..."}``.
 """
 
 from __future__ import annotations
@@ -25,38 +33,103 @@ import contextlib
 import importlib
 import json
 import os
+import runpy
 import signal
 import socket
+import subprocess
 import sys
+import threading
+import time
 from typing import Any
 
-ENV_VAR = "AGENTQ_MOTO_FORKSERVER"  # the socket's path, for MotoServer in this process and its children
+ENV_VAR = "AGENTQ_FORKSERVER"  # the socket's path, for this process and the processes it starts
 # The services a local stack calls (or the tests do): their apps are built once here, so that
-# what their first request imports is imported already (the apps themselves are built again
-# by each server, in ~0.01 s).
+# what their first request imports is imported already (each server builds its own in ~0.01 s).
 WARM_APPS = ("dynamodb", "dynamodbstreams", "sqs", "s3", "stepfunctions", "secretsmanager", "moto_api")
+# What a worker imports before its first poll, and the model SDKs its providers import on first use.
+WARM_MODULES = ("agentq.cli.main", "agentq.queueing.worker", "agentq.runtime", "anthropic", "openai")
+
+
+def _ask(path: str, request: dict[str, Any], fds: list[int] | None = None, timeout: float = 10.0) -> dict[str, Any]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(timeout)
+        conn.connect(path)
+        socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], fds or [])
+        answer: dict[str, Any] = json.loads(conn.makefile("rb").readline() or b"{}")
+    return answer
+
+
+def _pid(answer: dict[str, Any]) -> int:
+    if "pid" not in answer:
+        raise RuntimeError(f"fork server: {answer.get('error', 'no answer')}")
+    return int(answer["pid"])
 
 
 def request_server(path: str, port: int, env: dict[str, str], timeout: float = 10.0) -> int:
     """Ask the fork server at ``path`` for a moto server on ``port``; its pid."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.settimeout(timeout)
-        conn.connect(path)
-        conn.sendall(json.dumps({"port": port, "env": env}).encode() + b"\n")
-        answer = json.loads(conn.makefile("rb").readline() or b"{}")
-    if "pid" not in answer:
-        raise RuntimeError(f"moto fork server: {answer.get('error', 'no answer')}")
-    return int(answer["pid"])
+    return _pid(_ask(path, {"moto": port, "env": env}, timeout=timeout))
+
+
+class ForkedProcess(subprocess.Popen[bytes]):
+    """``python -m agentq ARGS`` forked by the fork server, as a ``Popen``: ``pid``, ``poll``,
+    ``wait``, ``returncode``, ``send_signal``/``terminate``/``kill`` behave as for a child of
+    ours (the exit code comes from the fork server, which reaps it). No pipes: its standard
+    streams are this process's, as a ``Popen`` without redirection would have them."""
+
+    def __init__(self, path: str, args: list[str], env: dict[str, str]) -> None:
+        # Popen.__init__ would start a program: only the state its other methods read is set.
+        self.args = [sys.executable, "-m", "agentq", *args]
+        self.stdin = self.stdout = self.stderr = None
+        self.returncode = None
+        self.text_mode = False
+        self.encoding = self.errors = None
+        self._child_created = False  # nothing for Popen.__del__ to reap
+        self._waitpid_lock = threading.Lock()
+        self._sigint_wait_secs = 0.25
+        self._communication_started = False
+        self._forkserver = path
+        self.pid = _pid(_ask(path, {"agentq": args, "env": env, "cwd": os.getcwd()}, fds=[0, 1, 2]))
+
+    def _internal_poll(self, *_: Any, **__: Any) -> int | None:
+        if self.returncode is None:
+            code = _ask(self._forkserver, {"status": self.pid}).get("returncode")
+            if code is not None:
+                self.returncode = int(code)
+        return self.returncode
+
+    def _wait(self, timeout: float | None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._internal_poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            time.sleep(0.02)
+        assert self.returncode is not None
+        return self.returncode
+
+
+# ---------------------------------------------------------------- the fork server
+
+
+_exited: dict[int, int] = {}  # pid -> exit code, of every child reaped
+
+
+def _reap(*_: Any) -> None:
+    with contextlib.suppress(ChildProcessError):
+        while True:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                return
+            _exited[pid] = os.waitstatus_to_exitcode(status)
 
 
 def _warm() -> None:
-    """Everything a server would import or build before (or at) its first requests, in this
-    process and without a thread: moto_app, its patches' modules, the stacks' backends."""
+    """Everything a server or a worker would import or build before (or at) its first requests,
+    in this process and without a thread."""
     from moto.moto_server.werkzeug_app import create_backend_app
 
     from agentq.local import moto_app
 
-    for name in moto_app.WARM_UP_MODULES:
+    for name in (*moto_app.WARM_UP_MODULES, *WARM_MODULES):
         with contextlib.suppress(Exception):
             importlib.import_module(name)
     for service in WARM_APPS:  # a service's first request builds its app: its url and response modules
@@ -64,37 +137,108 @@ def _warm() -> None:
             create_backend_app(service)  # type: ignore[arg-type]  # (a Literal of moto's service names)
 
 
-def _serve_in_child(port: int, env: dict[str, str]) -> None:
-    """In the forked child: become ``python -m agentq.local.moto_app -H 127.0.0.1 -p PORT``."""
-    code = 0
+def _become(env: dict[str, str], fds: list[int]) -> None:
+    """In the forked child: a session of its own, the requester's environment and streams."""
+    os.setsid()
+    if not fds:
+        fds = [os.open(os.devnull, os.O_RDWR)] * 3
+    for target, fd in zip((0, 1, 2), fds, strict=True):
+        os.dup2(fd, target)
+    for sig in (signal.SIGTERM, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.environ.clear()
+    os.environ.update(env)
+
+
+def _run_moto(port: int) -> int:
+    from moto.moto_api._internal import mock_random  # the same seed in every sibling otherwise
+
+    from agentq.local import moto_app
+
+    mock_random.seed()
+    moto_app.main(["-H", "127.0.0.1", "-p", str(port)])
+    return 0
+
+
+def program_path(cwd: str, pythonpath: str, forked: list[str]) -> list[str]:
+    """The import path of ``python -m`` started in ``cwd`` with ``pythonpath``, given the path
+    the fork server was started with (``forked``: its own directory first, the rest of which
+    is the interpreter's and the installed packages')."""
+    first = [cwd, *(entry for entry in pythonpath.split(os.pathsep) if entry)]
+    return [*dict.fromkeys(first), *(entry for entry in forked[1:] if entry not in first)]
+
+
+def _run_agentq(args: list[str], cwd: str) -> int:
+    """``python -m agentq ARGS`` started in ``cwd``: its directory first on the path, then the
+    environment's PYTHONPATH (a program started anew would have both; this one was forked)."""
+    os.chdir(cwd)
+    sys.path[:] = program_path(cwd, os.environ.get("PYTHONPATH", ""), sys.path)
+    sys.argv = ["agentq", *args]
     try:
-        os.setsid()
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        os.environ.clear()
-        os.environ.update(env)
-        from moto.moto_api._internal import mock_random  # the same seed in every sibling otherwise
+        runpy.run_module("agentq", run_name="__main__", alter_sys=True)
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    return 0
 
-        mock_random.seed()
-        from agentq.local import moto_app
 
-        moto_app.main(["-H", "127.0.0.1", "-p", str(port)])
+def _child(request: dict[str, Any], fds: list[int]) -> None:
+    """The forked child's whole life: it never returns into the fork server's loop."""
+    code = 1
+    try:
+        _become(dict(request["env"]), fds)
+        if "moto" in request:
+            code = _run_moto(int(request["moto"]))
+        else:
+            code = _run_agentq([str(a) for a in request["agentq"]], str(request["cwd"]))
     except BaseException:  # the child must never return into the fork server's loop
-        code = 1
+        with contextlib.suppress(Exception):
+            import traceback
+
+            traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
     os._exit(code)
 
 
-def _reap(*_: Any) -> None:
-    with contextlib.suppress(ChildProcessError):
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
-            pass
+def _read(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+    while not data.endswith(b"\n"):
+        more = conn.recv(1 << 20)
+        if not more:
+            break
+        data += more
+    request = json.loads(data)
+    if not isinstance(request, dict):
+        raise ValueError("not an object")
+    return request, list(fds)
+
+
+def _answer(conn: socket.socket, request: dict[str, Any], fds: list[int], listener: socket.socket) -> dict[str, Any]:
+    if "status" in request:
+        pid = int(request["status"])
+        return {"returncode": _exited.get(pid)}
+    if "moto" in request:
+        int(request["moto"])
+    elif "agentq" in request:
+        if not isinstance(request["agentq"], list) or len(fds) != 3:
+            raise ValueError("agentq wants a list of arguments and three file descriptors")
+    else:
+        raise ValueError("neither moto, agentq nor status")
+    dict(request["env"])
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        listener.close()
+        conn.close()
+        _child(request, fds)
+    return {"pid": pid}
 
 
 def serve(path: str) -> None:
-    """Listen on ``path`` until terminated, forking a server per request."""
+    """Listen on ``path`` until terminated, forking a process per request."""
     _warm()
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
@@ -104,24 +248,19 @@ def serve(path: str) -> None:
     signal.signal(signal.SIGCHLD, _reap)
     print("ready", flush=True)
     while True:
-        try:
-            conn, _ = listener.accept()
-        except InterruptedError:  # a SIGCHLD during accept (PEP 475 retries, but be explicit)
-            continue
+        conn, _ = listener.accept()
         with conn:
+            fds: list[int] = []
             try:
-                request = json.loads(conn.makefile("rb").readline())
-                port, env = int(request["port"]), dict(request["env"])
-            except (ValueError, KeyError, TypeError) as exc:
-                conn.sendall(json.dumps({"error": f"bad request: {exc}"}).encode() + b"\n")
-                continue
-            sys.stdout.flush()
-            pid = os.fork()
-            if pid == 0:
-                listener.close()
-                conn.close()
-                _serve_in_child(port, env)
-            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+                request, fds = _read(conn)
+                answer = _answer(conn, request, fds, listener)
+            except (ValueError, KeyError, TypeError, OSError) as exc:
+                answer = {"error": f"bad request: {exc}"}
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            with contextlib.suppress(OSError):
+                conn.sendall(json.dumps(answer).encode() + b"\n")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from agentq.api.event_hub import EventHub
 from agentq.control.defaults import Defaults
 from agentq.core.secrets import Secrets
 from agentq.core.tools.mcp import McpServers
+from agentq.local import forkserver
 from agentq.local.api_server import LocalApiServer
 from agentq.local.fleet import RestartBackoff, describe_exit
 from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
@@ -191,10 +192,19 @@ class LocalStack:
 
     def _spawn(self, extra_env: dict[str, str], quick_exits: int) -> subprocess.Popen[bytes]:
         with self._fleet_lock:
-            proc = subprocess.Popen(self.worker_command(), env=self.env(**extra_env), start_new_session=True)
+            proc = self._start(self.worker_command(), self.env(**extra_env))
             self.processes.append(proc)
             self._lineage[proc.pid] = (time.monotonic(), quick_exits, dict(extra_env))
             return proc
+
+    @staticmethod
+    def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """A worker process in a session of its own: forked warm where the environment names a
+        fork server (``local/forkserver.py``, as the tests do), else started as a program."""
+        server = os.environ.get(forkserver.ENV_VAR)
+        if server and command[:3] == [sys.executable, "-m", "agentq"]:
+            return forkserver.ForkedProcess(server, command[3:], env)
+        return subprocess.Popen(command, env=env, start_new_session=True)
 
     def restart_workers(self) -> list[subprocess.Popen[bytes]]:
         """Stop every worker (SIGTERM: each ends its tasks at a step boundary) and start as many
