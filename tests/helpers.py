@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentq.core.models import TaskSubmission
+from agentq.local import forkserver
 from agentq.storage.container import Storage
 from agentq.storage.dynamodb import DynamoTable
 from agentq.storage.serdes import PayloadStore
@@ -104,3 +108,28 @@ def queue_depth(queues: Any, url: str) -> int:
             "ApproximateNumberOfMessagesDelayed",
         )
     )
+
+
+def agentq_process(args: list[str], env: dict[str, str], **popen: Any) -> subprocess.Popen[str]:
+    """``python -m agentq ARGS`` as a process of its own (``popen``: stdout, stderr, text, cwd as
+    for ``Popen``): forked warm from the test process's fork server (tests/conftest.py), which
+    saves it the interpreter's start and agentq's imports; started as a program without one."""
+    server = os.environ.get(forkserver.ENV_VAR)
+    if server:
+        return forkserver.ForkedProcess(server, args, env, **popen)
+    return subprocess.Popen([sys.executable, "-m", "agentq", *args], env=env, **popen)
+
+
+def run_agentq(
+    args: list[str], env: dict[str, str], timeout: float, cwd: Any = None
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run([python, -m, agentq, *args], capture_output=True, text=True)`` through
+    ``agentq_process``."""
+    proc = agentq_process(args, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

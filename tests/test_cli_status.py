@@ -8,7 +8,6 @@ import json
 import re
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import Callable
 
@@ -17,7 +16,7 @@ from agentq.core.reservation import Reservation
 
 from tests import test_cli
 from tests.api_support import ROOT, ApiStack
-from tests.helpers import call, scripted
+from tests.helpers import call, run_agentq, scripted
 from tests.test_cli import Ran
 
 cli = test_cli.cli  # the fixture: `agentq ...` in this process, against the local API
@@ -28,9 +27,8 @@ def held_usd(held: Reservation) -> str:
 
 
 def _run_task(api_stack: ApiStack, task_id: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "agentq", "run-task", task_id, "--lease", "1", "--wait", "20"],
-                          capture_output=True, text=True, cwd=ROOT, env=api_stack.stack.env(**env), timeout=120,
-                          check=False)  # fmt: skip
+    return run_agentq(["run-task", task_id, "--lease", "1", "--wait", "20"], cwd=ROOT, env=api_stack.stack.env(**env),
+                      timeout=120)  # fmt: skip
 
 
 def test_a_lost_workers_hold_on_a_succeeded_task_is_said_as_such_with_until_when(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -18,7 +17,7 @@ from agentq.runtime import Settings, build_store
 from agentq.storage.container import Storage
 
 from tests.conftest import child_env
-from tests.helpers import call, scripted, wait_for
+from tests.helpers import agentq_process, call, run_agentq, scripted, wait_for
 
 TURNS: list[dict[str, Any]] = [
     {"text": "looking", "tool_calls": [call("lookup", query="a")]},
@@ -41,10 +40,9 @@ def test_a_worker_killed_around_the_delivering_commit_delivers_each_message_once
     for text in ("first", "second"):  # held while queued: delivered by the first run, before any call
         store.messages.accept(task.task_id, text)
 
-    killed = subprocess.run(
-        [sys.executable, "-m", "agentq", "run-task", task.task_id, "--lease", "1"],
-        env=child_env(settings, AGENTQ_CRASH_AT=crash_at, AGENTQ_MAX_CALL_SECONDS="1"),
-        capture_output=True, text=True, timeout=120, check=False,
+    killed = run_agentq(
+        ["run-task", task.task_id, "--lease", "1"],
+        env=child_env(settings, AGENTQ_CRASH_AT=crash_at, AGENTQ_MAX_CALL_SECONDS="1"), timeout=120,
     )  # fmt: skip
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     before = _delivered(store, task.task_id)
@@ -64,8 +62,8 @@ def test_fifty_messages_sent_at_once_to_a_running_task_arrive_once_each_in_one_o
     turns = [{"text": "thinking", "latency_seconds": 1.0}] + [{"text": f"answer {i}"} for i in range(60)]
     # Room for a turn per delivery: how the fifty arrive decides how many deliveries there are.
     task = store.tasks.create(scripted(turns, max_steps=100, max_tokens=10_000_000), tenant="t")
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "agentq", "run-task", task.task_id, "--lease", "5"],
+    worker = agentq_process(
+        ["run-task", task.task_id, "--lease", "5"],
         env=child_env(settings), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:

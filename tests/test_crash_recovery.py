@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from agentq.runtime import Settings, build_registry, build_store
 from agentq.storage.container import Storage, memory_storage
 
 from tests.conftest import child_env
-from tests.helpers import call, scripted
+from tests.helpers import call, run_agentq, scripted
 
 TASK_ID = "crash-task"
 TURNS: list[dict[str, Any]] = [
@@ -58,14 +57,11 @@ UNKNOWN_OUTCOME = {"after_effect_begin:1", "after_effect_begin:2", "after_tool_r
 
 
 def _crashing_worker(settings: Settings, crash_at: str, ledger: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "agentq", "run-task", TASK_ID, "--lease", "1"],
-        check=False,
+    return run_agentq(
+        ["run-task", TASK_ID, "--lease", "1"],
         # A 1 s maximum call: the killed worker's hold (its call may be in flight for all the
         # resumer knows) stays counted about 3 s, not the suite's 30.
         env=child_env(settings, AGENTQ_CRASH_AT=crash_at, AGENTQ_TEST_LEDGER=str(ledger), AGENTQ_MAX_CALL_SECONDS="1"),
-        capture_output=True,
-        text=True,
         timeout=120,
     )
 

@@ -16,7 +16,7 @@ from agentq.queueing.dlq import list_dead_letters
 from agentq.runtime import build_registry
 from agentq.storage.container import Storage
 
-from tests.helpers import call, scripted, wait_for
+from tests.helpers import call, run_agentq, scripted, wait_for
 
 
 def grandchild(i: int, j: int) -> dict[str, Any]:
@@ -222,8 +222,6 @@ def test_a_parent_killed_mid_spawn_resumes_without_duplicating_children(stack: L
     """SIGKILL right after the SPAWN record (shares taken, children not yet written)."""
     import os
     import signal
-    import subprocess
-    import sys
 
     assert stack.settings is not None
     store = stack.store()
@@ -240,9 +238,8 @@ def test_a_parent_killed_mid_spawn_resumes_without_duplicating_children(stack: L
         {"text": "done"},
     ]
     root = store.tasks.create(scripted(turns, tools=["spawn_subagents"], max_tokens=30_000), tenant="t")
-    proc = subprocess.run(
-        [sys.executable, "-m", "agentq", "run-task", root.task_id, "--lease", "1"],
-        env=stack.env(AGENTQ_CRASH_AT="after_spawn_record:1"), capture_output=True, text=True, timeout=60, check=False
+    proc = run_agentq(
+        ["run-task", root.task_id, "--lease", "1"], env=stack.env(AGENTQ_CRASH_AT="after_spawn_record:1"), timeout=60
     )  # fmt: skip
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     time.sleep(1.1)

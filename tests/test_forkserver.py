@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -117,3 +118,22 @@ def test_a_forked_command_imports_first_from_its_own_directory_then_its_pythonpa
         "/venv/site-packages",
     ]
     assert forkserver.program_path("/repo", "", forked) == ["/repo", "/py/lib", "/venv/site-packages"]
+
+
+def test_a_forked_commands_output_can_be_piped_back_as_with_popen() -> None:
+    env = dict(os.environ)
+    proc = forkserver.ForkedProcess(
+        os.environ[forkserver.ENV_VAR],
+        ["no-such-command"],
+        env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 2 and out == "" and "invalid choice: 'no-such-command'" in err
+    quiet = forkserver.ForkedProcess(
+        os.environ[forkserver.ENV_VAR], ["--help"], env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    out_bytes, _ = quiet.communicate(timeout=30)
+    assert quiet.returncode == 0 and out_bytes.startswith(b"usage: agentq")

@@ -24,7 +24,7 @@ import pytest
 from agentq.core.models import TaskStatus, ToolsStep
 from agentq.local.stack import LocalStack
 
-from tests.helpers import call, wait_for
+from tests.helpers import agentq_process, call, run_agentq, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "billing-" + uuid.uuid4().hex
@@ -109,18 +109,15 @@ class Billing:
         """A worker process for one new task of ``agent``; returns it (the task id is its ``task_id``)."""
         status, accepted = self.http("POST", "/tasks", {"goal": "bill them", "agent": agent})
         assert status == 202, accepted
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "agentq", "run-task", accepted["task_id"], "--lease", str(lease), "--wait", str(wait)],
+        proc = agentq_process(
+            ["run-task", accepted["task_id"], "--lease", str(lease), "--wait", str(wait)],
             env=self.stack.env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         proc.task_id = accepted["task_id"]  # type: ignore[attr-defined]
         return proc
 
     def resume(self, task_id: str, wait: float = 20) -> dict[str, Any]:
-        done = subprocess.run(
-            [sys.executable, "-m", "agentq", "run-task", task_id, "--lease", "2", "--wait", str(wait)],
-            env=self.stack.env(), capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+        done = run_agentq(["run-task", task_id, "--lease", "2", "--wait", str(wait)], env=self.stack.env(), timeout=120)
         assert done.returncode == 0, done.stderr[-3000:]
         return dict(json.loads(done.stdout.splitlines()[-1]))
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -19,7 +18,7 @@ from agentq.runtime import Settings, build_store
 from agentq.storage.container import Storage
 
 from tests.conftest import child_env
-from tests.helpers import call
+from tests.helpers import agentq_process, call
 
 PATH = "/customers/ann.md"
 
@@ -39,8 +38,8 @@ def _writing(task_id: str, content: str, expected: str | None, store: Storage) -
 
 
 def _worker(settings: Settings, task_id: str, **env: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "agentq", "run-task", task_id, "--lease", "1"],
+    return agentq_process(
+        ["run-task", task_id, "--lease", "1"],
         env=child_env(settings, AGENTQ_MAX_CALL_SECONDS="1", **env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

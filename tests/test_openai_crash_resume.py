@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +22,7 @@ from agentq.runtime import Settings, build_store
 
 from tests.conftest import child_env
 from tests.fake_model_servers import FakeChatCompletions, FakeReply, Recorded, chat_completion
-from tests.helpers import wait_for
+from tests.helpers import run_agentq, wait_for
 
 TASK_ID = "openai-crash"
 MODEL = "gpt-4.1-mini"
@@ -57,12 +55,9 @@ def test_a_killed_worker_on_openai_resumes_from_its_steps_without_repeating_the_
     store.tasks.create(submission, tenant="t", task_id=TASK_ID)
     ledger = tmp_path / "ledger.jsonl"
 
-    killed = subprocess.run(
-        [sys.executable, "-m", "agentq", "run-task", TASK_ID, "--lease", "1"],
-        check=False,
+    killed = run_agentq(
+        ["run-task", TASK_ID, "--lease", "1"],
         env=child_env(settings, AGENTQ_CRASH_AT=crash_at, AGENTQ_TEST_LEDGER=str(ledger), AGENTQ_MAX_CALL_SECONDS="1"),
-        capture_output=True,
-        text=True,
         timeout=120,
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]

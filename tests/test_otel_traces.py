@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,7 +23,7 @@ from agentq.storage.container import Storage
 
 from tests.conftest import child_env
 from tests.fake_model_servers import FakeChatCompletions, chat_completion, chat_error
-from tests.helpers import call, scripted
+from tests.helpers import call, run_agentq, scripted
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
 
 STORAGE = "memory"
@@ -149,11 +147,9 @@ def test_runs_in_two_processes_hang_under_the_same_task_span(
     registry = build_registry(settings)
     turns = [{"text": "asking", "tool_calls": [call("request_approval", question="go?")]}, {"text": "went"}]
     task = store.tasks.create(scripted(turns, tools=["request_approval"]), tenant="t")
-    first = subprocess.run(
-        [sys.executable, "-m", "agentq", "run-task", task.task_id],
-        env=child_env(settings, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint), capture_output=True, text=True,
-        timeout=120, check=False,
-    )  # fmt: skip
+    first = run_agentq(
+        ["run-task", task.task_id], env=child_env(settings, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint), timeout=120
+    )
     assert store.tasks.get(task.task_id).status is TaskStatus.PAUSED, first.stderr[-2000:]
     pending = store.approvals.pending(task.task_id)
     assert pending is not None

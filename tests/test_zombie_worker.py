@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from agentq.storage.container import Storage
 
 from tests.conftest import child_env
 from tests.fake_messages_api import FakeMessagesAPI, message_reply, usage_dict
-from tests.helpers import call, deployment, scripted, wait_for
+from tests.helpers import agentq_process, call, deployment, scripted, wait_for
 
 TURNS = [
     {
@@ -40,8 +39,8 @@ TURNS = [
 def _spawn(settings: Settings, task_id: str, ledger: Path, wait: float, lease: float = 1) -> subprocess.Popen[str]:
     """A worker for one task. The zombie's lease is short so that a pause outlasts it; a
     successor's is long so that a loaded CI machine cannot starve its heartbeat into a loss."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "agentq", "run-task", task_id, "--lease", str(lease), "--wait", str(wait)],
+    return agentq_process(
+        ["run-task", task_id, "--lease", str(lease), "--wait", str(wait)],
         env=child_env(settings, AGENTQ_TEST_LEDGER=str(ledger)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -221,8 +220,8 @@ def test_a_call_answered_to_a_worker_paused_past_its_holds_deadline_never_pushes
 def _spawn_with(
     settings: Settings, task_id: str, env: dict[str, str], wait: float, lease: float = 1
 ) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "agentq", "run-task", task_id, "--lease", str(lease), "--wait", str(wait)],
+    return agentq_process(
+        ["run-task", task_id, "--lease", str(lease), "--wait", str(wait)],
         env=child_env(settings, **env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

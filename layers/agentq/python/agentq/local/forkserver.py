@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import io
 import json
 import os
 import runpy
@@ -70,25 +71,64 @@ def request_server(path: str, port: int, env: dict[str, str], timeout: float = 1
     return _pid(_ask(path, {"moto": port, "env": env}, timeout=timeout))
 
 
-class ForkedProcess(subprocess.Popen[bytes]):
+class ForkedProcess(subprocess.Popen[Any]):
     """``python -m agentq ARGS`` forked by the fork server, as a ``Popen``: ``pid``, ``poll``,
-    ``wait``, ``returncode``, ``send_signal``/``terminate``/``kill`` behave as for a child of
-    ours (the exit code comes from the fork server, which reaps it). No pipes: its standard
-    streams are this process's, as a ``Popen`` without redirection would have them."""
+    ``wait``, ``communicate``, ``returncode``, ``send_signal``/``terminate``/``kill`` behave as
+    for a child of ours (the exit code comes from the fork server, which reaps it). Its
+    standard streams are this process's unless ``stdin``/``stdout``/``stderr`` say otherwise
+    (``subprocess.PIPE``, ``subprocess.DEVNULL``, a descriptor or a file), as for ``Popen``."""
 
-    def __init__(self, path: str, args: list[str], env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        path: str,
+        args: list[str],
+        env: dict[str, str],
+        *,
+        stdin: Any = None,
+        stdout: Any = None,
+        stderr: Any = None,
+        text: bool = False,
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> None:
         # Popen.__init__ would start a program: only the state its other methods read is set.
         self.args = [sys.executable, "-m", "agentq", *args]
-        self.stdin = self.stdout = self.stderr = None
         self.returncode = None
-        self.text_mode = False
+        self.text_mode = text
         self.encoding = self.errors = None
         self._child_created = False  # nothing for Popen.__del__ to reap
         self._waitpid_lock = threading.Lock()
         self._sigint_wait_secs = 0.25
         self._communication_started = False
+        self._input = None
         self._forkserver = path
-        self.pid = _pid(_ask(path, {"agentq": args, "env": env, "cwd": os.getcwd()}, fds=[0, 1, 2]))
+        theirs: list[int] = []  # the descriptors the command gets as 0, 1, 2
+        ours: list[Any] = []  # for each, our end of its pipe (or None)
+        opened: list[int] = []  # what to close here once they are passed
+        for fd, how, mode in ((0, stdin, "wb"), (1, stdout, "rb"), (2, stderr, "rb")):
+            end: Any = None
+            if how is None:
+                theirs.append(fd)
+            elif how == subprocess.DEVNULL:
+                theirs.append(os.open(os.devnull, os.O_RDWR))
+                opened.append(theirs[-1])
+            elif how == subprocess.PIPE:
+                read, write = os.pipe()
+                mine, given = (write, read) if fd == 0 else (read, write)
+                theirs.append(given)
+                opened.append(given)
+                end = os.fdopen(mine, mode)
+                if text:
+                    end = io.TextIOWrapper(end, write_through=fd == 0)
+            else:
+                theirs.append(how if isinstance(how, int) else how.fileno())
+            ours.append(end)
+        self.stdin, self.stdout, self.stderr = ours
+        request = {"agentq": args, "env": env, "cwd": os.fspath(cwd) if cwd is not None else os.getcwd()}
+        try:
+            self.pid = _pid(_ask(path, request, fds=theirs))
+        finally:
+            for fd in opened:
+                os.close(fd)
 
     def _internal_poll(self, *_: Any, **__: Any) -> int | None:
         if self.returncode is None:
