@@ -110,22 +110,22 @@ def queue_depth(queues: Any, url: str) -> int:
     )
 
 
-def agentq_process(args: list[str], env: dict[str, str], **popen: Any) -> subprocess.Popen[str]:
-    """``python -m agentq ARGS`` as a process of its own (``popen``: stdout, stderr, text, cwd as
-    for ``Popen``): forked warm from the test process's fork server (tests/conftest.py), which
-    saves it the interpreter's start and agentq's imports; started as a program without one."""
+def python_process(argv: list[str], env: dict[str, str], **popen: Any) -> subprocess.Popen[str]:
+    """``python ARGV`` (``-m MODULE ...``, ``-c CODE ...``, ``SCRIPT ...``) as a process of its own
+    (``popen``: stdin, stdout, stderr, text, cwd as for ``Popen``): forked warm from the test
+    process's fork server (tests/conftest.py), which saves it the interpreter's start and the
+    imports of agentq, moto, boto3 and the model SDKs; started as a program without one."""
     server = os.environ.get(forkserver.ENV_VAR)
     if server:
-        return forkserver.ForkedProcess(server, args, env, **popen)
-    return subprocess.Popen([sys.executable, "-m", "agentq", *args], env=env, **popen)
+        return forkserver.ForkedProcess(server, argv, env, **popen)
+    return subprocess.Popen([sys.executable, *argv], env=env, **popen)
 
 
-def run_agentq(
-    args: list[str], env: dict[str, str], timeout: float, cwd: Any = None
+def run_python(
+    argv: list[str], env: dict[str, str], timeout: float, cwd: Any = None
 ) -> subprocess.CompletedProcess[str]:
-    """``subprocess.run([python, -m, agentq, *args], capture_output=True, text=True)`` through
-    ``agentq_process``."""
-    proc = agentq_process(args, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
+    """``subprocess.run([python, *argv], capture_output=True, text=True)`` through ``python_process``."""
+    proc = python_process(argv, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -133,3 +133,15 @@ def run_agentq(
         proc.communicate()
         raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def agentq_process(args: list[str], env: dict[str, str], **popen: Any) -> subprocess.Popen[str]:
+    """``python -m agentq ARGS`` through ``python_process``."""
+    return python_process(["-m", "agentq", *args], env, **popen)
+
+
+def run_agentq(
+    args: list[str], env: dict[str, str], timeout: float, cwd: Any = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m agentq ARGS`` through ``run_python``."""
+    return run_python(["-m", "agentq", *args], env, timeout, cwd)

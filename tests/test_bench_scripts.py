@@ -14,12 +14,12 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.helpers import run_python
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
@@ -47,14 +47,11 @@ CASES = {
 
 def run_bench(name: str, args: list[str], tmp_path: Path) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / f"{name}.py"), *args, "--json", "--plot", str(tmp_path / f"{name}.png")],
-        check=False,  # the exit code is asserted with the stderr that explains it
-        capture_output=True,
-        text=True,
+    proc = run_python(  # the exit code is asserted with the stderr that explains it
+        [str(BENCH / f"{name}.py"), *args, "--json", "--plot", str(tmp_path / f"{name}.png")],
+        env=env,
         timeout=240,
         cwd=tmp_path,
-        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]

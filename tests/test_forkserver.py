@@ -46,7 +46,7 @@ def _table(client: Any, name: str) -> None:
 def test_servers_forked_from_the_fork_server_serve_apart_and_are_gone_when_stopped() -> None:
     assert os.environ.get(forkserver.ENV_VAR), "tests/conftest.py runs a fork server per test process"
     with MotoServer() as one, MotoServer() as two:
-        assert one.process is None and two.process is None  # forked, not started as programs
+        assert isinstance(one.process, forkserver.ForkedProcess)  # forked, not started as a program
         assert one.pid is not None and two.pid is not None and one.pid != two.pid
         _table(_dynamodb(one), "only-in-one")
         assert _dynamodb(one).list_tables()["TableNames"] == ["only-in-one"]
@@ -58,24 +58,34 @@ def test_servers_forked_from_the_fork_server_serve_apart_and_are_gone_when_stopp
         assert not Path(f"/proc/{pid}").exists()  # terminated and reaped: no zombie left
 
 
-def test_a_request_the_fork_server_cannot_read_gets_an_error_not_a_server() -> None:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.connect(os.environ[forkserver.ENV_VAR])
-        conn.sendall(b'{"port": "not a number"}\n')
-        answer = json.loads(conn.makefile("rb").readline())
-    assert answer["error"].startswith("bad request")
-    with pytest.raises(RuntimeError, match="bad request"):
-        forkserver.request_server(os.environ[forkserver.ENV_VAR], port=-1, env=None)  # type: ignore[arg-type]
+def test_a_request_the_fork_server_cannot_read_gets_an_error_and_starts_nothing() -> None:
+    for request in (b'{"python": "not a list"}\n', b"[1, 2]\n", b'{"pyth'):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(os.environ[forkserver.ENV_VAR])
+            conn.sendall(request)
+            conn.shutdown(socket.SHUT_WR)
+            answer = json.loads(conn.makefile("rb").readline())
+        assert answer["error"].startswith("bad request"), request
 
 
 class _OwnApp(MotoServer):
-    def command(self) -> list[str]:  # moto_app as a bench runs it with one of its changes off
-        return [sys.executable, "-c", "import sys; from agentq.local.moto_app import main; main(sys.argv[1:])"]
+    """moto_app as a bench runs it with one of its changes off: a ``-c`` program of its own."""
+
+    marker: str = ""
+
+    def command(self) -> list[str]:
+        program = (
+            "import os, sys; from agentq.local.moto_app import main; open(sys.argv[1], 'w').close(); main(sys.argv[2:])"
+        )
+        return [sys.executable, "-c", program, self.marker]
 
 
-def test_a_subclass_with_its_own_app_is_started_as_its_own_program() -> None:
-    with _OwnApp() as server:
-        assert server.process is not None and server.forked_pid is None
+def test_a_subclasss_own_program_is_what_the_forked_server_runs(tmp_path: Path) -> None:
+    server = _OwnApp()
+    server.marker = str(tmp_path / "ran")
+    with server:
+        assert isinstance(server.process, forkserver.ForkedProcess)
+        assert (tmp_path / "ran").exists()
         assert _dynamodb(server).list_tables()["TableNames"] == []
 
 
@@ -83,9 +93,9 @@ def test_an_agentq_command_forked_writes_to_our_streams_and_its_exit_code_comes_
     capfd: pytest.CaptureFixture[str],
 ) -> None:
     env = dict(os.environ)
-    ok = forkserver.ForkedProcess(os.environ[forkserver.ENV_VAR], ["--help"], env)
+    ok = forkserver.ForkedProcess(os.environ[forkserver.ENV_VAR], ["-m", "agentq", "--help"], env)
     assert ok.wait(timeout=30) == 0 and ok.poll() == 0
-    bad = forkserver.ForkedProcess(os.environ[forkserver.ENV_VAR], ["no-such-command"], env)
+    bad = forkserver.ForkedProcess(os.environ[forkserver.ENV_VAR], ["-m", "agentq", "no-such-command"], env)
     assert bad.wait(timeout=30) == 2
     out, err = capfd.readouterr()
     assert "usage: agentq" in out and "invalid choice: 'no-such-command'" in err
@@ -124,7 +134,7 @@ def test_a_forked_commands_output_can_be_piped_back_as_with_popen() -> None:
     env = dict(os.environ)
     proc = forkserver.ForkedProcess(
         os.environ[forkserver.ENV_VAR],
-        ["no-such-command"],
+        ["-m", "agentq", "no-such-command"],
         env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -133,7 +143,11 @@ def test_a_forked_commands_output_can_be_piped_back_as_with_popen() -> None:
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 2 and out == "" and "invalid choice: 'no-such-command'" in err
     quiet = forkserver.ForkedProcess(
-        os.environ[forkserver.ENV_VAR], ["--help"], env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        os.environ[forkserver.ENV_VAR],
+        ["-m", "agentq", "--help"],
+        env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
     )
     out_bytes, _ = quiet.communicate(timeout=30)
     assert quiet.returncode == 0 and out_bytes.startswith(b"usage: agentq")

@@ -11,18 +11,18 @@ under it (in that process, or in a bench or ``agentq dev`` it starts: the socket
 the environment) is forked warm instead.
 
 Each forked process is the program it stands for (``python -m agentq.local.moto_app``,
-``python -m agentq ARGS``) with the requester's environment, working directory and standard
-streams (passed as file descriptors), in a session of its own: signals, exit codes and output
-are as they would be. What it shares with its siblings is only what was imported before the
+``python -m agentq ARGS``, a bench script) with the requester's environment, working directory,
+import path and standard streams (passed as file descriptors), in a session of its own:
+signals, exit codes and output are as they would be. What it shares with its siblings is only what was imported before the
 fork: the fork server itself never serves a request or runs a command. It has no thread when
 it forks (a lock held by a thread at the fork would stay held in the child), and it reaps its
 children and keeps their exit codes, which ``ForkedProcess`` (a ``Popen`` for a process that is
 not the caller's child) asks for.
 
 Protocol, on a Unix socket: one JSON line each way.
-- ``{"moto": PORT, "env": {...}}`` -> ``{"pid": N}``: a moto server on PORT.
-- ``{"agentq": [ARGS], "env": {...}, "cwd": DIR}`` with three file descriptors (stdin, stdout,
-  stderr) -> ``{"pid": N}``.
+- ``{"python": [ARGV], "env": {...}, "cwd": DIR}`` with three file descriptors (stdin, stdout,
+  stderr) -> ``{"pid": N}``: ``python ARGV`` (``-m MODULE ...``, ``-c CODE ...`` or
+  ``SCRIPT ...``).
 - ``{"status": PID}`` -> ``{"returncode": CODE or null}`` (negative: the signal that ended it).
 Anything else -> ``{"error": "..."}``.
 """
@@ -66,13 +66,8 @@ def _pid(answer: dict[str, Any]) -> int:
     return int(answer["pid"])
 
 
-def request_server(path: str, port: int, env: dict[str, str], timeout: float = 10.0) -> int:
-    """Ask the fork server at ``path`` for a moto server on ``port``; its pid."""
-    return _pid(_ask(path, {"moto": port, "env": env}, timeout=timeout))
-
-
 class ForkedProcess(subprocess.Popen[Any]):
-    """``python -m agentq ARGS`` forked by the fork server, as a ``Popen``: ``pid``, ``poll``,
+    """``python ARGV`` forked by the fork server, as a ``Popen``: ``pid``, ``poll``,
     ``wait``, ``communicate``, ``returncode``, ``send_signal``/``terminate``/``kill`` behave as
     for a child of ours (the exit code comes from the fork server, which reaps it). Its
     standard streams are this process's unless ``stdin``/``stdout``/``stderr`` say otherwise
@@ -81,7 +76,7 @@ class ForkedProcess(subprocess.Popen[Any]):
     def __init__(
         self,
         path: str,
-        args: list[str],
+        argv: list[str],
         env: dict[str, str],
         *,
         stdin: Any = None,
@@ -91,7 +86,7 @@ class ForkedProcess(subprocess.Popen[Any]):
         cwd: str | os.PathLike[str] | None = None,
     ) -> None:
         # Popen.__init__ would start a program: only the state its other methods read is set.
-        self.args = [sys.executable, "-m", "agentq", *args]
+        self.args = [sys.executable, *argv]
         self.returncode = None
         self.text_mode = text
         self.encoding = self.errors = None
@@ -123,7 +118,7 @@ class ForkedProcess(subprocess.Popen[Any]):
                 theirs.append(how if isinstance(how, int) else how.fileno())
             ours.append(end)
         self.stdin, self.stdout, self.stderr = ours
-        request = {"agentq": args, "env": env, "cwd": os.fspath(cwd) if cwd is not None else os.getcwd()}
+        request = {"python": argv, "env": env, "cwd": os.fspath(cwd) if cwd is not None else os.getcwd()}
         try:
             self.pid = _pid(_ask(path, request, fds=theirs))
         finally:
@@ -180,8 +175,6 @@ def _warm() -> None:
 def _become(env: dict[str, str], fds: list[int]) -> None:
     """In the forked child: a session of its own, the requester's environment and streams."""
     os.setsid()
-    if not fds:
-        fds = [os.open(os.devnull, os.O_RDWR)] * 3
     for target, fd in zip((0, 1, 2), fds, strict=True):
         os.dup2(fd, target)
     for sig in (signal.SIGTERM, signal.SIGCHLD):
@@ -189,34 +182,38 @@ def _become(env: dict[str, str], fds: list[int]) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ.clear()
     os.environ.update(env)
-
-
-def _run_moto(port: int) -> int:
-    from moto.moto_api._internal import mock_random  # the same seed in every sibling otherwise
-
-    from agentq.local import moto_app
+    from moto.moto_api._internal import mock_random  # moto's ids: the same in every sibling otherwise
 
     mock_random.seed()
-    moto_app.main(["-H", "127.0.0.1", "-p", str(port)])
-    return 0
 
 
-def program_path(cwd: str, pythonpath: str, forked: list[str]) -> list[str]:
-    """The import path of ``python -m`` started in ``cwd`` with ``pythonpath``, given the path
-    the fork server was started with (``forked``: its own directory first, the rest of which
-    is the interpreter's and the installed packages')."""
-    first = [cwd, *(entry for entry in pythonpath.split(os.pathsep) if entry)]
-    return [*dict.fromkeys(first), *(entry for entry in forked[1:] if entry not in first)]
+def program_path(first: str, pythonpath: str, forked: list[str]) -> list[str]:
+    """The import path of a program started anew whose own entry is ``first`` (the directory of
+    ``python -m``, the script's directory, ``""`` for ``-c``) with ``pythonpath``, given the
+    path the fork server was started with (``forked``: its own entry first, then the
+    interpreter's and the installed packages')."""
+    entries = [first, *(entry for entry in pythonpath.split(os.pathsep) if entry)]
+    return [*dict.fromkeys(entries), *(entry for entry in forked[1:] if entry not in entries)]
 
 
-def _run_agentq(args: list[str], cwd: str) -> int:
-    """``python -m agentq ARGS`` started in ``cwd``: its directory first on the path, then the
-    environment's PYTHONPATH (a program started anew would have both; this one was forked)."""
+def _run_python(argv: list[str], cwd: str) -> int:
+    """``python ARGV`` started in ``cwd``, in this (forked) interpreter."""
     os.chdir(cwd)
-    sys.path[:] = program_path(cwd, os.environ.get("PYTHONPATH", ""), sys.path)
-    sys.argv = ["agentq", *args]
+    pythonpath = os.environ.get("PYTHONPATH", "")
     try:
-        runpy.run_module("agentq", run_name="__main__", alter_sys=True)
+        if argv[0] == "-m":
+            sys.path[:] = program_path(cwd, pythonpath, sys.path)
+            sys.argv = argv[1:]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        elif argv[0] == "-c":
+            sys.path[:] = program_path("", pythonpath, sys.path)
+            sys.argv = ["-c", *argv[2:]]
+            exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})  # python -c CODE
+        else:
+            script = os.path.abspath(argv[0])
+            sys.path[:] = program_path(os.path.dirname(script), pythonpath, sys.path)
+            sys.argv = argv
+            runpy.run_path(script, run_name="__main__")
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     return 0
@@ -227,10 +224,7 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
     code = 1
     try:
         _become(dict(request["env"]), fds)
-        if "moto" in request:
-            code = _run_moto(int(request["moto"]))
-        else:
-            code = _run_agentq([str(a) for a in request["agentq"]], str(request["cwd"]))
+        code = _run_python([str(a) for a in request["python"]], str(request["cwd"]))
     except BaseException:  # the child must never return into the fork server's loop
         with contextlib.suppress(Exception):
             import traceback
@@ -260,13 +254,11 @@ def _answer(conn: socket.socket, request: dict[str, Any], fds: list[int], listen
     if "status" in request:
         pid = int(request["status"])
         return {"returncode": _exited.get(pid)}
-    if "moto" in request:
-        int(request["moto"])
-    elif "agentq" in request:
-        if not isinstance(request["agentq"], list) or len(fds) != 3:
-            raise ValueError("agentq wants a list of arguments and three file descriptors")
-    else:
-        raise ValueError("neither moto, agentq nor status")
+    if "python" not in request:
+        raise ValueError("neither python nor status")
+    if not isinstance(request["python"], list) or not request["python"] or len(fds) != 3:
+        raise ValueError("python wants a list of arguments and three file descriptors")
+    str(request["cwd"])
     dict(request["env"])
     sys.stdout.flush()
     pid = os.fork()

@@ -3,16 +3,15 @@
 Server mode, not in-process mocks, because only a server serialises requests the way
 DynamoDB does: lease and budget races are meaningless against in-process moto.
 
-Where the environment names a moto fork server (``forkserver.ENV_VAR``: the test suite runs
-one per test process), the server is forked from it, warm, instead of started as a new program;
-the same program either way, minus the ~1.1 CPU-s a cold one spends on imports.
+Where the environment names a fork server (``forkserver.ENV_VAR``: the test suite runs one per
+test process), the server is forked from it, warm, instead of started as a new program; the same
+program either way, minus the ~1.3 CPU-s a cold one spends on imports.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -39,8 +38,7 @@ def free_port() -> int:
 @dataclass
 class MotoServer:
     port: int = field(default_factory=free_port)
-    process: subprocess.Popen[bytes] | None = None
-    forked_pid: int | None = None  # a server forked by the fork server (not this process's child)
+    process: subprocess.Popen[bytes] | None = None  # a forkserver.ForkedProcess under a fork server
 
     @property
     def endpoint_url(self) -> str:
@@ -48,8 +46,8 @@ class MotoServer:
 
     @property
     def pid(self) -> int | None:
-        """The server's process, however it was started (None when stopped)."""
-        return self.process.pid if self.process is not None else self.forked_pid
+        """The server's process (None when stopped)."""
+        return self.process.pid if self.process is not None else None
 
     def command(self) -> list[str]:
         """The server program; subclasses may run another moto app."""
@@ -57,23 +55,19 @@ class MotoServer:
 
     def start(self, timeout: float = 30.0) -> MotoServer:
         env = {**os.environ, **LOCAL_CREDENTIALS, "MOTO_PORT": str(self.port)}
+        command = [*self.command(), "-H", "127.0.0.1", "-p", str(self.port)]
         server = os.environ.get(forkserver.ENV_VAR)
-        if server and self.command() == MotoServer.command(self):  # a subclass's own app starts as its own program
-            self.forked_pid = forkserver.request_server(server, self.port, env)
+        if server and command[0] == sys.executable:
+            quiet = subprocess.DEVNULL
+            self.process = forkserver.ForkedProcess(server, command[1:], env, stdin=quiet, stdout=quiet, stderr=quiet)
         else:
             self.process = subprocess.Popen(
-                [*self.command(), "-H", "127.0.0.1", "-p", str(self.port)],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
+                command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
+            if self.process.poll() is not None:
                 raise RuntimeError(f"moto server exited with code {self.process.returncode}")
-            if self.forked_pid is not None and not _alive(self.forked_pid):
-                raise RuntimeError(f"moto server {self.forked_pid} (forked) exited")
             try:
                 urllib.request.urlopen(f"{self.endpoint_url}/moto-api/", timeout=1).read()
                 break
@@ -96,9 +90,6 @@ class MotoServer:
         urllib.request.urlopen(req, timeout=5).read()
 
     def stop(self) -> None:
-        if self.forked_pid is not None:
-            _stop_forked(self.forked_pid)
-            self.forked_pid = None
         if self.process and self.process.poll() is None:
             self.process.terminate()
             try:
@@ -112,27 +103,3 @@ class MotoServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _alive(pid: int) -> bool:
-    """Whether a forked server's process is still there (the fork server reaps it once it exits)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _stop_forked(pid: int, timeout: float = 5.0) -> None:
-    """Terminate a server the fork server started, and wait until the fork server has reaped
-    it (its pid is gone), as ``Popen.wait`` would for a child of ours."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not _alive(pid):
-                return
-            time.sleep(0.02)

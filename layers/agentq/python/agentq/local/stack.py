@@ -202,8 +202,8 @@ class LocalStack:
         """A worker process in a session of its own: forked warm where the environment names a
         fork server (``local/forkserver.py``, as the tests do), else started as a program."""
         server = os.environ.get(forkserver.ENV_VAR)
-        if server and command[:3] == [sys.executable, "-m", "agentq"]:
-            return forkserver.ForkedProcess(server, command[3:], env)
+        if server and command[0] == sys.executable:
+            return forkserver.ForkedProcess(server, command[1:], env)
         return subprocess.Popen(command, env=env, start_new_session=True)
 
     def restart_workers(self) -> list[subprocess.Popen[bytes]]:
