@@ -535,6 +535,20 @@ _FRAMING_AND_IDS = {"date", "last-modified", "connection", "content-length", "tr
                     "x-amz-request-id", "x-amz-id-2"}  # fmt: skip
 
 
+def _recorder(answers: list[Any]) -> Any:
+    """A botocore ``response-received`` handler appending each raw answer to ``answers``: status,
+    body, headers but framing and ids."""
+
+    def record(response_dict: dict[str, Any], **_: Any) -> None:
+        headers = {k.lower(): v for k, v in response_dict["headers"].items() if k.lower() not in _FRAMING_AND_IDS}
+        body = response_dict["body"]  # a streamed body (GetObject's) is read by the call
+        if isinstance(body, bytes):  # S3's error bodies carry random ids
+            body = re.sub(rb"<(RequestId|HostId)>[^<]*</", rb"<\1></", body)
+        answers.append((response_dict["status_code"], body if isinstance(body, bytes) else "streamed", headers))
+
+    return record
+
+
 def _a_client_s_session(endpoint: str, name: str, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], int]:
     """The same calls through boto3 on one client per service: every raw answer (status, body,
     headers but framing and ids) and the number of TCP connections the clients opened."""
@@ -552,14 +566,7 @@ def _a_client_s_session(endpoint: str, name: str, monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(AWSHTTPConnection, "connect", counted)
     answers: list[Any] = []
-
-    def record(response_dict: dict[str, Any], **_: Any) -> None:
-        headers = {k.lower(): v for k, v in response_dict["headers"].items() if k.lower() not in _FRAMING_AND_IDS}
-        body = response_dict["body"]  # a streamed body (GetObject's) is read below, by the call
-        if isinstance(body, bytes):  # S3's error bodies carry random ids
-            body = re.sub(rb"<(RequestId|HostId)>[^<]*</", rb"<\1></", body)
-        answers.append((response_dict["status_code"], body if isinstance(body, bytes) else "streamed", headers))
-
+    record = _recorder(answers)
     session = boto3.session.Session(region_name="us-east-1")
     s3_config = Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1})
     ddb = session.client("dynamodb", endpoint_url=endpoint, config=Config(retries={"max_attempts": 1}))
