@@ -11,6 +11,7 @@ The fast paths of moto_speed (responses, update expressions) answer as moto's ow
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 import uuid
@@ -689,3 +690,141 @@ def test_a_condition_lexed_once_still_checks_each_request_s_own_names_and_values
                 ddb.put_item(**attempt)
         stored = ddb.get_item(TableName=table, Key=_key("p", "a"), ConsistentRead=True)["Item"]["n"]["N"]
         assert stored == ("100" if applied else str(n))
+
+
+# -- an update expression's own checks once (moto_updates) --------------------------------------
+
+
+class PlainMotoServer(MotoServer):
+    """moto_app without its fast paths (moto_speed, moto_updates): moto's own answers."""
+
+    def command(self) -> list[str]:
+        program = "import sys; from agentq.local.moto_app import main; main(sys.argv[1:], fast_paths=False)"
+        return [sys.executable, "-c", program]
+
+
+@pytest.fixture(scope="module")
+def plain_server() -> Iterator[MotoServer]:
+    with PlainMotoServer() as server:
+        yield server
+
+
+def _updates(endpoint: str, name: str) -> list[Any]:
+    """UpdateItems whose expressions pass and fail moto's checks of the expression alone, each
+    expression again with other names, on another table with other keys, and again after a
+    refusal: every raw answer (status, body, headers but framing and ids)."""
+    from botocore.config import Config
+
+    ddb: Any = boto3.session.Session(region_name="us-east-1").client(
+        "dynamodb", endpoint_url=endpoint, config=Config(retries={"max_attempts": 1})
+    )
+    keyed_by_v = f"{name}-v"
+    _create = {"BillingMode": "PAY_PER_REQUEST"}
+    ddb.create_table(TableName=name, KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+                     AttributeDefinitions=[{"AttributeName": a, "AttributeType": S} for a in ("pk", "sk")], **_create)  # fmt: skip
+    ddb.create_table(TableName=keyed_by_v, KeySchema=[{"AttributeName": "v", "KeyType": "HASH"}],
+                     AttributeDefinitions=[{"AttributeName": "v", "AttributeType": S}], **_create)  # fmt: skip
+    ddb.put_item(TableName=name, Item=_key("p", "a") | {"v": {S: "0"}, "w": {S: "0"}, "n": {"N": "1"}})
+    ddb.put_item(TableName=keyed_by_v, Item={"v": {S: "k"}, "w": {S: "0"}})
+    values = {":x": {S: "x"}, ":y": {S: "y"}}
+    two = "SET #a = :x, #b = :y"
+    calls: list[tuple[Any, ...]] = [  # (table, key, expression, names, values, return values)
+        (name, _key("p", "a"), two, {"#a": "v", "#b": "w"}, values, "ALL_NEW"),
+        (name, _key("p", "a"), two, {"#a": "v", "#b": "v"}, values, "NONE"),  # the same path twice
+        (name, _key("p", "a"), two, {"#a": "v", "#b": "w"}, values, "UPDATED_OLD"),
+        (name, _key("p", "a"), two, {"#a": "v", "#b": "sk"}, values, "NONE"),  # a key attribute
+        (name, _key("p", "a"), two, {"#a": "v", "#b": "sk"}, values, "NONE"),
+        (name, _key("p", "new"), two, {"#a": "v", "#b": "w"}, values, "ALL_NEW"),  # creates the item
+        (keyed_by_v, {"v": {S: "k"}}, two, {"#a": "w", "#b": "z"}, values, "ALL_NEW"),
+        (keyed_by_v, {"v": {S: "k"}}, two, {"#a": "v", "#b": "w"}, values, "ALL_NEW"),  # v: this table's key
+        (name, _key("p", "a"), "SET #a = :x ADD n :one", {"#a": "v"}, {":x": {S: "x"}, ":one": {"N": "1"}}, "ALL_NEW"),
+        (name, _key("p", "a"), "SET #a = :x ADD n :one", {"#a": "v"}, {":x": {S: "x"}, ":one": {"N": "1"}}, "UPDATED_NEW"),
+        (name, _key("p", "a"), "SET v = :x SET w = :y", None, values, "NONE"),  # two SET clauses
+        (name, _key("p", "a"), "SET v = :x SET w = :y", None, values, "NONE"),
+        (name, _key("p", "a"), "SET doc.a = :x, doc = :y", None, values, "NONE"),  # overlapping paths
+        (name, _key("p", "a"), "SET doc.a = :x, doc = :y", None, values, "NONE"),
+        (name, _key("p", "a"), "SET #a = :x, #b = :missing", {"#a": "v", "#b": "w"}, {":x": {S: "x"}}, "NONE"),
+    ]  # fmt: skip
+    answers: list[Any] = []
+    record = _recorder(answers)
+    ddb.meta.events.register("response-received", record)
+    for table, key, expression, names, vals, returns in calls:
+        request = {"TableName": table, "Key": key, "UpdateExpression": expression, "ExpressionAttributeValues": vals,
+                   "ReturnValues": returns} | ({"ExpressionAttributeNames": names} if names else {})  # fmt: skip
+        with contextlib.suppress(ClientError):
+            ddb.update_item(**request)
+    ddb.meta.events.unregister("response-received", record)
+    answers.append(sorted(ddb.scan(TableName=name)["Items"], key=str))
+    answers.append(ddb.scan(TableName=keyed_by_v)["Items"])
+    return answers
+
+
+def test_update_expressions_checked_once_answer_every_request_as_moto_does(
+    moto_server: MotoServer, plain_server: MotoServer
+) -> None:
+    """moto_app remembers which expressions passed the checks of the expression alone; the same
+    expression with other names, on a table with other keys, or after it was refused, answers as
+    moto answers it without the fast paths, byte for byte, and leaves the same items."""
+    name = f"checks-{uuid.uuid4().hex[:8]}"
+    fast, plain = _updates(moto_server.endpoint_url, name), _updates(plain_server.endpoint_url, name)
+    assert fast == plain
+    codes = [status for status, *_ in fast[:-2]]
+    assert codes == [200, 400, 200, 400, 400, 200, 200, 400, 200, 200, 400, 400, 400, 400, 400]
+    refusals = b" ".join(body for status, body, _ in fast[:-2] if status == 400)
+    for reason in (b"Two document paths overlap", b"Cannot update attribute sk", b"Cannot update attribute v",
+                   b'The \\"SET\\" section can only be used once', b"An expression attribute value used in expression is not defined"):  # fmt: skip
+        assert reason in refusals
+
+
+def _shape(node: Any) -> Any:
+    """A validated expression tree as nested tuples: each node's class and children."""
+    children = node.children if isinstance(node.children, list) else []
+    return (type(node).__name__, tuple(_shape(c) if hasattr(c, "children") else c for c in children))
+
+
+def test_an_expression_s_own_checks_run_once_per_tree_names_and_table_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process: the three walks that read only the expression run for a tree the first time it
+    comes with given names on a table with given keys, and every time they refuse it."""
+    from moto.dynamodb.exceptions import UpdateHashRangeKeyException
+    from moto.dynamodb.models.dynamo_type import DynamoType, Item
+    from moto.dynamodb.parsing import validators
+    from moto.dynamodb.parsing.expressions import UpdateExpressionParser  # type: ignore[attr-defined]
+
+    from agentq.local import moto_updates
+
+    assert moto_updates.install()
+    walks: list[str] = []
+    for check in (validators.ActionCountValidator, validators.OverlappingPathsValidator,
+                  validators.UpdateHashRangeKeyValidator):  # fmt: skip
+
+        def counted(self: Any, node: Any, _walk: Any = check.traverse, _name: str = check.__name__) -> Any:
+            walks.append(_name)
+            return _walk(self, node)
+
+        monkeypatch.setattr(check, "traverse", counted)
+
+    class Table:
+        def __init__(self, keys: list[str]) -> None:
+            self.table_key_attrs = self.attribute_keys = keys
+            self.attr = [{"AttributeName": k, "AttributeType": S} for k in keys]
+
+    tree = UpdateExpressionParser.make("SET #a = :x")
+    by_pk, by_v = Table(["pk", "sk"]), Table(["v"])
+
+    def validate(names: dict[str, str], table: Table) -> Any:
+        item = Item(DynamoType({S: "p"}), DynamoType({S: "a"}), attrs={})
+        validator = validators.UpdateExpressionValidator(tree, names, {":x": {S: "x"}}, item, table)  # type: ignore[arg-type]
+        return validator.validate()
+
+    first = validate({"#a": "v"}, by_pk)
+    assert len(walks) == 3
+    again = validate({"#a": "v"}, by_pk)
+    assert len(walks) == 3  # remembered
+    assert _shape(again) == _shape(first) and again is not first
+    validate({"#a": "w"}, by_pk)  # other names
+    validate({"#a": "w"}, by_v)  # a table with other keys
+    assert len(walks) == 9
+    for _ in range(2):  # a refusal is never remembered
+        with pytest.raises(UpdateHashRangeKeyException):
+            validate({"#a": "v"}, by_v)
+    assert len(walks) == 15
