@@ -472,6 +472,62 @@ def test_the_attribute_value_fast_path_serialises_as_moto_does() -> None:
         assert bodies[1]
 
 
+def _graph(root: Any) -> Any:
+    """An object graph as nested tuples, each list and object numbered where first met and a
+    later reference to it by that number: two graphs are the same shape, sharing included, when
+    their tuples are equal. Also the ids of every list and object in it."""
+    numbers: dict[int, int] = {}
+
+    def visit(value: Any) -> Any:
+        if isinstance(value, (str, int, float, bool, type(None), bytes)):
+            return value
+        if id(value) in numbers:
+            return ("ref", numbers[id(value)])
+        numbers[id(value)] = len(numbers)
+        if isinstance(value, list):
+            return ("list", [visit(v) for v in value])
+        if isinstance(value, dict):
+            return ("dict", [(k, visit(v)) for k, v in value.items()])
+        return (type(value).__name__, [(k, visit(v)) for k, v in vars(value).items()])
+
+    return visit(root), set(numbers)
+
+
+def test_an_expression_tree_copies_as_copy_s_generic_deepcopy_copies_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """moto copies an update expression's tree before each validation; the structural copy
+    (moto_speed) gives what ``copy.deepcopy`` gives without it: the same classes, attributes in
+    the same order, parents pointing into the copy, shared nodes still shared, nothing of the
+    original in it, values that are not nodes copied by their own ``__deepcopy__``."""
+    import copy
+    import importlib
+
+    from moto.dynamodb.models.dynamo_type import DynamoType
+    from moto.dynamodb.parsing.expressions import UpdateExpressionParser  # type: ignore[attr-defined]
+
+    from agentq.local import moto_speed
+
+    assert moto_speed.install()
+    trees = [
+        UpdateExpressionParser.make(expression)
+        for expression in (
+            "SET #a = :x, b.c[2].d = if_not_exists(#e, :y) + :z, f = list_append(f, :l) "
+            "REMOVE g[0], h.i ADD j :one DELETE k :set",
+            "SET #u0 = :u0, #u1 = if_not_exists(#u2, :u1) ADD #u3 :u2 REMOVE #u4",
+        )
+    ]
+    ast_nodes = importlib.import_module("moto.dynamodb.parsing.ast_nodes")  # a "# type: ignore" module
+    typed = ast_nodes.DDBTypedValue(DynamoType({"M": {"a": {"L": [{S: "x"}]}}}))
+    shared = ast_nodes.UpdateExpressionValue(children=[typed, typed])  # the same node twice
+    trees.append(ast_nodes.UpdateExpressionSetAction(children=[shared, trees[1]]))
+    copies = [copy.deepcopy(tree) for tree in trees]
+    monkeypatch.delattr(ast_nodes.Node, "__deepcopy__")  # copy's generic deepcopy
+    for tree, fast in zip(trees, copies, strict=True):
+        generic = copy.deepcopy(tree)
+        (fast_graph, fast_ids), (generic_graph, _) = _graph(fast), _graph(generic)
+        assert fast_graph == generic_graph
+        assert not fast_ids & _graph(tree)[1]
+
+
 def test_update_expressions_parsed_once_still_apply_each_request_s_own_names_and_values(ddb: Any) -> None:
     table = _table(ddb)
     for target, value in (("x", "1"), ("y", "2"), ("x", "3")):

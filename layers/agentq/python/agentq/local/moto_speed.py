@@ -22,8 +22,10 @@ request's data:
    reads it (``find_clauses``) or deep-copies it before changing it (the validator's first act).
 3. Those deep copies (a copy of the whole tree, with parents, per UpdateItem) copy the tree's
    nodes structurally (``Node.__deepcopy__``) instead of through ``copy``'s generic reduce
-   protocol; any attribute that is not a node, a list or an immutable scalar still goes
-   through ``copy.deepcopy``, with the same memo, so sharing and cycles come out the same.
+   protocol, and a node's child nodes are copied by a direct call, not through
+   ``copy.deepcopy``'s dispatch (a 136-node claim expression: 0.45 -> 0.30 ms); any attribute
+   that is not a node, a list or an immutable scalar still goes through ``copy.deepcopy``, with
+   the same memo, so sharing and cycles come out the same.
 4. The validator's ten walks of the tree (and ``find_clauses``, some 80 calls per UpdateItem)
    ask at every node whether it is a node, whether a processor handles it (building the
    processor's map of node types to handlers each time, twice) and which handler: each an
@@ -151,32 +153,71 @@ def _lex_conditions_once() -> None:
 
 
 def _copy_value(value: Any, memo: dict[int, Any]) -> Any:
-    if type(value) in _IMMUTABLE:
+    """``copy.deepcopy(value, memo)`` for what an expression tree holds: immutable scalars as
+    they are, lists and nodes here, anything else through ``copy.deepcopy``."""
+    kind = type(value)
+    if kind in _IMMUTABLE:
         return value
     known = memo.get(id(value))
     if known is not None:
         return known
-    if type(value) is list:
-        out: list[Any] = []
-        memo[id(value)] = out
-        out.extend(_copy_value(v, memo) for v in value)
-        copy._keep_alive(value, memo)  # type: ignore[attr-defined]  # what copy.deepcopy does for every copy
-        return out
+    if kind is list:
+        return _copy_list(value, memo)
+    if _is_copied_here(kind):  # what copy.deepcopy would call, without its dispatch
+        return _copy_node(value, memo)
     return copy.deepcopy(value, memo)
+
+
+def _copy_list(value: list[Any], memo: dict[int, Any]) -> list[Any]:
+    """A list not copied yet (a node's children): its items copied in order, as above."""
+    out: list[Any] = []
+    memo[id(value)] = out
+    append = out.append
+    for item in value:
+        kind = type(item)
+        if kind in _IMMUTABLE:
+            append(item)
+        elif _NODE_COPIERS.get(kind) and id(item) not in memo:  # a child node: the common case
+            append(_copy_node(item, memo))
+        else:
+            append(_copy_value(item, memo))
+    copy._keep_alive(value, memo)  # type: ignore[attr-defined]  # what copy.deepcopy does for every copy
+    return out
+
+
+def _copy_node(self: Any, memo: dict[int, Any]) -> Any:
+    """``Node.__deepcopy__``: a new node of the same class, each attribute copied as above (in
+    their order, so memo and sharing come out as with ``copy.deepcopy``)."""
+    cls = self.__class__
+    new = cls.__new__(cls)
+    memo[id(self)] = new
+    attributes = {}
+    for name, value in self.__dict__.items():
+        kind = type(value)
+        if kind in _IMMUTABLE:
+            attributes[name] = value
+        elif kind is list and id(value) not in memo:
+            attributes[name] = _copy_list(value, memo)
+        else:
+            attributes[name] = _copy_value(value, memo)
+    new.__dict__.update(attributes)
+    copy._keep_alive(self, memo)  # type: ignore[attr-defined]
+    return new
+
+
+_NODE_COPIERS: dict[type, bool] = {}  # per class: does copy.deepcopy copy its instances with _copy_node?
+
+
+def _is_copied_here(kind: type) -> bool:
+    copied = _NODE_COPIERS.get(kind)
+    if copied is None:  # nodes have no __deepcopy__ of their own: Node's, _copy_node
+        copied = _NODE_COPIERS[kind] = getattr(kind, "__deepcopy__", None) is _copy_node
+    return copied
 
 
 def _copy_expression_trees_structurally() -> None:
     node_class = _untyped("moto.dynamodb.parsing.ast_nodes").Node
-
-    def __deepcopy__(self: Any, memo: dict[int, Any]) -> Any:
-        cls = self.__class__
-        new = cls.__new__(cls)
-        memo[id(self)] = new
-        new.__dict__.update((k, _copy_value(v, memo)) for k, v in self.__dict__.items())
-        copy._keep_alive(self, memo)  # type: ignore[attr-defined]
-        return new
-
-    node_class.__deepcopy__ = __deepcopy__
+    node_class.__deepcopy__ = _copy_node
 
 
 def _walk_trees_by_type() -> None:
