@@ -884,3 +884,141 @@ def test_an_expression_s_own_checks_run_once_per_tree_names_and_table_keys(monke
         with pytest.raises(UpdateHashRangeKeyException):
             validate({"#a": "v"}, by_v)
     assert len(walks) == 15
+
+
+# -- a condition expression parsed once (moto_conditions) ---------------------------------------
+
+
+def _conditions(endpoint: str, name: str) -> list[Any]:
+    """Conditional writes, transactions and filters whose conditions pass, fail, or are refused,
+    each expression again with other values and other names: every raw answer (status, body,
+    headers but framing and ids), then the table."""
+    from botocore.config import Config
+
+    ddb: Any = boto3.session.Session(region_name="us-east-1").client(
+        "dynamodb", endpoint_url=endpoint, config=Config(retries={"total_max_attempts": 1})
+    )
+    _table_named(ddb, name)
+    item = {"n": {"N": "3"}, "s": {S: "text"}, "l": {"L": [{"N": "1"}, {"N": "2"}]}, "m": {"M": {"k": {S: "v"}}}}
+    ddb.put_item(TableName=name, Item=_key("p", "a") | item)
+    ddb.put_item(TableName=name, Item=_key("p", "b") | item | {"n": {"N": "9"}})
+
+    def call(operation: str, condition: str, names: Any, values: Any, **request: Any) -> tuple[str, dict[str, Any]]:
+        key = "FilterExpression" if operation in ("query", "scan") else "ConditionExpression"
+        request |= {"TableName": name, key: condition}
+        request |= {"ExpressionAttributeNames": names} if names is not None else {}
+        return operation, request | ({"ExpressionAttributeValues": values} if values is not None else {})
+
+    n, five, two, new = {"#n": "n"}, {"N": "5"}, {"N": "2"}, {":new": {S: "text"}}
+    fence = "#n < :lim AND attribute_exists(pk)"
+    rich = "size(l) > :z AND begins_with(s, :p) AND s IN (:a, :b) AND NOT (#n BETWEEN :lo AND :hi) AND m.k = :v"
+    rich_values = {":z": {"N": "1"}, ":p": {S: "te"}, ":a": {S: "x"}, ":b": {S: "text"}, ":lo": {"N": "4"},
+                   ":hi": {"N": "8"}, ":v": {S: "v"}}  # fmt: skip
+    update = {"Key": _key("p", "a"), "UpdateExpression": "SET s = :new"}
+    put, put_new = {"Item": _key("p", "a") | item}, {"Item": _key("p", "c") | item}
+    calls = [
+        call("update_item", fence, n, {":lim": five} | new, **update),
+        call("update_item", fence, n, {":lim": two} | new, **update, ReturnValuesOnConditionCheckFailure="ALL_OLD"),
+        call("update_item", fence, {"#n": "s"}, {":lim": {S: "zzz"}} | new, **update),  # other names
+        call("update_item", fence, n, new, **update),  # :lim missing
+        call("update_item", fence, n, new, **update),
+        call("update_item", fence, n, {":lim": five, ":extra": {S: "x"}} | new, **update),  # a value unused
+        call("update_item", fence, n | {"#unused": "x"}, {":lim": five} | new, **update),  # a name unused
+        call("put_item", "attribute_not_exists(pk)", None, None, **put),
+        call("put_item", "attribute_not_exists(pk)", None, None, **put_new),
+        call("put_item", "attribute_not_exists(pk)", None, None, **put_new),
+        call("put_item", rich, n, rich_values, **put),
+        call("put_item", rich, n, rich_values | {":lo": {"N": "1"}}, **put),
+        call("put_item", "((#n = :a))", n, {":a": {"N": "3"}}, **put),  # redundant parentheses
+        call("put_item", "((#n = :a))", n, {":a": {"N": "3"}}, **put),
+        call("put_item", "#n = :a", None, None, **put),  # no names, no values
+        call("delete_item", "#n = :a", n, {":a": {"N": "4"}}, Key=_key("p", "c")),
+        call("delete_item", "#n = :a", n, {":a": {"N": "3"}}, Key=_key("p", "c"), ReturnValues="ALL_OLD"),
+        call("query", "#n > :m", n, {":p": {S: "p"}, ":m": {"N": "4"}}, KeyConditionExpression="pk = :p"),
+        call("query", "#n > :m", n, {":p": {S: "p"}, ":m": {"N": "1"}}, KeyConditionExpression="pk = :p"),
+        call("scan", "#n > :m", {"#n": "s"}, {":m": {S: "a"}}),
+    ]
+    for lim in (five, two):
+        _, check = call("condition_check", fence, n, {":lim": lim}, Key=_key("p", "a"))
+        guarded = {
+            "TableName": name,
+            "Item": _key("p", f"t{lim['N']}"),
+            "ConditionExpression": "attribute_not_exists(pk)",
+        }
+        calls.append(("transact_write_items", {"TransactItems": [{"ConditionCheck": check}, {"Put": guarded}]}))
+    answers: list[Any] = []
+    record = _recorder(answers)
+    ddb.meta.events.register("response-received", record)
+    for operation, request in calls:
+        with contextlib.suppress(ClientError):
+            getattr(ddb, operation)(**request)
+    ddb.meta.events.unregister("response-received", record)
+    answers.append(sorted(ddb.scan(TableName=name)["Items"], key=str))
+    return answers
+
+
+def _table_named(ddb: Any, name: str) -> None:
+    ddb.create_table(TableName=name, KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+                     AttributeDefinitions=[{"AttributeName": a, "AttributeType": S} for a in ("pk", "sk")],
+                     BillingMode="PAY_PER_REQUEST")  # fmt: skip
+
+
+def test_conditions_parsed_once_answer_every_request_as_moto_does(
+    moto_server: MotoServer, plain_server: MotoServer
+) -> None:
+    """moto_app parses a condition once per expression and names; the same expression with other
+    values, other names, a value missing, unused names or values, in a transaction or a filter,
+    answers as moto answers it without the fast paths, byte for byte, and leaves the same items."""
+    name = f"conditions-{uuid.uuid4().hex[:8]}"
+    fast, plain = _conditions(moto_server.endpoint_url, name), _conditions(plain_server.endpoint_url, name)
+    assert fast == plain
+    codes = [status for status, *_ in fast[:-1]]
+    assert codes == [200, 400, 200, 500, 500, 400, 400, 400, 200, 400, 200, 400, 400, 400, 500, 400, 200, 200, 200,
+                     200, 200, 400]  # fmt: skip
+    bodies = b" ".join(body for _, body, _ in fast[:-1])
+    for answer in (b"ConditionalCheckFailedException", b"TransactionCanceledException", b"redundant parentheses",
+                   b"unused in expressions", b'"Item": {'):  # fmt: skip
+        assert answer in bodies
+
+
+def test_a_condition_parsed_once_is_built_with_each_request_s_own_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process: the passes after lexing run once per expression and names, and every time the
+    parse refuses; each parse's operations compare the item with its own request's values."""
+    from moto.dynamodb.comparisons import ConditionExpressionParser
+    from moto.dynamodb.models.dynamo_type import DynamoType, Item
+
+    from agentq.local import moto_conditions
+
+    assert moto_conditions.install()
+    passes: list[str] = []
+    apply_functions = ConditionExpressionParser._apply_functions
+
+    def counted(self: Any, nodes: Any) -> Any:
+        passes.append(self.condition_expression)
+        return apply_functions(self, nodes)
+
+    monkeypatch.setattr(ConditionExpressionParser, "_apply_functions", counted)
+    item = Item(DynamoType({S: "p"}), DynamoType({S: "a"}), attrs={"n": {"N": "3"}, "s": {S: "text"}})
+
+    def holds(expression: str, names: dict[str, str] | None, values: dict[str, Any] | None) -> bool:
+        parser = ConditionExpressionParser(expression, names, values)
+        held = bool(parser.parse().expr(item))
+        assert parser.expr_attr_values_found == sorted(values or {})  # what the handler checks
+        return held
+
+    x = f"#x{uuid.uuid4().hex[:8]}"  # an expression no other test parsed in this process
+    expression = f"{x} < :lim AND attribute_exists(s) AND begins_with(s, :p)"
+    assert holds(expression, {x: "n"}, {":lim": {"N": "5"}, ":p": {S: "te"}})
+    assert not holds(expression, {x: "n"}, {":lim": {"N": "2"}, ":p": {S: "te"}})
+    assert not holds(expression, {x: "n"}, {":lim": {"N": "5"}, ":p": {S: "x"}})
+    assert len(passes) == 1
+    assert holds(expression, {x: "s"}, {":lim": {S: "z"}, ":p": {S: "te"}})  # other names: parsed again
+    assert len(passes) == 2
+    for _ in range(2):  # a value missing raises as the parse raises it, from the remembered parse too
+        with pytest.raises(KeyError, match=":p"):
+            ConditionExpressionParser(expression, {x: "n"}, {":lim": {"N": "5"}}).parse()
+    assert len(passes) == 2
+    for _ in range(2):  # a refused parse is not remembered
+        with pytest.raises(Exception, match="redundant parentheses"):
+            ConditionExpressionParser(f"(({x} = :lim))", {x: "n"}, {":lim": {"N": "3"}}).parse()
+    assert len(passes) == 4
