@@ -1022,3 +1022,45 @@ def test_a_condition_parsed_once_is_built_with_each_request_s_own_values(monkeyp
         with pytest.raises(Exception, match="redundant parentheses"):
             ConditionExpressionParser(f"(({x} = :lim))", {x: "n"}, {":lim": {"N": "3"}}).parse()
     assert len(passes) == 4
+
+
+# -- an item's size summed inline (moto_sizes) --------------------------------------------------
+
+
+def test_an_item_s_size_check_refuses_exactly_where_moto_s_refuses() -> None:
+    """In-process: for items of every kind of value, a new attribute that brings the item to
+    exactly moto's limit is kept and one byte more is refused, by the inline sum as by moto's
+    own ``__setitem__``; an unencodable string raises the same error from both."""
+    from moto.dynamodb.exceptions import ItemSizeTooLarge
+    from moto.dynamodb.models.dynamo_type import DynamoType, LimitedSizeDict
+
+    from agentq.local import moto_sizes
+
+    assert moto_sizes.install()
+    fast = LimitedSizeDict.__setitem__
+    moto_s = fast.__wrapped__  # type: ignore[attr-defined]
+    kinds: dict[str, dict[str, Any]] = {"s": {S: "tëxt"}, "n": {"N": "-12.5"}, "ss": {"SS": ["a", "bb"]}, "ns": {"NS": ["1", "22"]},
+             "b": {"B": b"\x00\x01"}, "l": {"L": [{S: "x"}, {"N": "2"}]}, "m": {"M": {"k": {S: "v"}}},
+             "bool": {"BOOL": True}, "null": {"NULL": True}}  # fmt: skip
+    held = {name: DynamoType(value) for name, value in kinds.items()} | {"plain": "not a DynamoType"}
+    moto_size = sum(v.size() if type(v) is DynamoType else len(str(v).encode()) for v in [*held, *held.values()])
+
+    def outcome(setitem: Any, value: Any) -> Any:
+        item = LimitedSizeDict()
+        dict.update(item, held)
+        try:
+            setitem(item, "new", value)
+        except (ItemSizeTooLarge, UnicodeEncodeError) as refused:
+            return type(refused), str(refused)
+        return dict(item)
+
+    room = moto_sizes.LIMIT - moto_size - len("new")
+    for value in (DynamoType({S: "é" * (room // 2)}), DynamoType({S: "x" * room}), DynamoType({"N": "9" * room}),
+                  DynamoType({S: "x" * (room + 1)}), DynamoType({"N": "9" * (room + 1)}), "y" * room, "y" * (room + 1),
+                  DynamoType({"L": [DynamoType({S: "x" * (room + 1)})]}), DynamoType({S: "\ud800"})):  # fmt: skip
+        assert outcome(fast, value) == outcome(moto_s, value)
+    assert outcome(fast, DynamoType({S: "x" * room}))["new"] == DynamoType({S: "x" * room})
+    assert outcome(fast, DynamoType({S: "x" * (room + 1)}))[0] is ItemSizeTooLarge
+    held["bad"] = DynamoType({S: "\ud800"})  # one already held: raises while summing, in both
+    assert outcome(fast, DynamoType({S: "x"})) == outcome(moto_s, DynamoType({S: "x"}))
+    assert outcome(fast, DynamoType({S: "x"}))[0] is UnicodeEncodeError

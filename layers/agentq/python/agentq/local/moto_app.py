@@ -57,6 +57,8 @@ It differs from ``moto_server`` in these ways, none of which changes what a requ
 14. A condition expression (or filter) is parsed once per expression and names, and each request's
    operations are built from that parse with its own values (``moto_conditions``): moto parsed it
    on every request, twice for most writes.
+15. An item's size check (on every attribute set) sums the sizes of its string and number
+   attributes inline (``moto_sizes``), not through a method call each: the same total.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ from agentq.local import (
     moto_models,
     moto_query,
     moto_rollback,
+    moto_sizes,
     moto_speed,
     moto_sqs,
     moto_streams,
@@ -169,7 +172,7 @@ def main(
 ) -> None:
     """Serve until killed. ``patch_moto=False`` leaves moto's DynamoDB as it is (2 and 3 above
     off), for ``bench/local_commit.py``, which measures the difference; ``fast_paths=False``
-    leaves out 9, 13 and 14, ``keep_alive=False`` 11 (``bench/moto_throughput.py``'s befores)."""
+    leaves out 9 and 13-15, ``keep_alive=False`` 11 (``bench/moto_throughput.py``'s befores)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-H", "--host", default="127.0.0.1")
     parser.add_argument("-p", "--port", type=int, default=5000)
@@ -181,6 +184,7 @@ def main(
         moto_speed.install()
         moto_updates.install()
         moto_conditions.install()
+        moto_sizes.install()
     moto_sqs.install()
     moto_streams.install()
     moto_models.install()
