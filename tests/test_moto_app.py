@@ -1064,3 +1064,28 @@ def test_an_item_s_size_check_refuses_exactly_where_moto_s_refuses() -> None:
     held["bad"] = DynamoType({S: "\ud800"})  # one already held: raises while summing, in both
     assert outcome(fast, DynamoType({S: "x"})) == outcome(moto_s, DynamoType({S: "x"}))
     assert outcome(fast, DynamoType({S: "x"}))[0] is UnicodeEncodeError
+
+
+# -- handler methods listed once (moto_dispatch) ------------------------------------------------
+
+
+def test_a_response_class_s_methods_are_listed_once_and_as_moto_lists_them() -> None:
+    """In-process: the names call_action checks an action against are moto's own list of each
+    handler class's methods, worked out the first time that class asks (the same set after)."""
+    import importlib
+
+    from moto.dynamodb.responses import DynamoHandler
+    from moto.s3.responses import S3Response
+    from moto.sqs.responses import SQSResponse
+
+    from agentq.local import moto_dispatch
+
+    assert moto_dispatch.install()
+    cached = importlib.import_module("moto.core.responses").method_names_from_class
+    mine = type("FreshHandler", (DynamoHandler,), {"describe_nothing": lambda self: None})
+    for clazz in (mine, SQSResponse, S3Response):
+        first = cached(clazz)
+        assert first == set(cached.__wrapped__(clazz))  # moto's own list
+        assert cached(clazz) is first  # listed once
+    assert {"describe_nothing", "update_item"} <= cached(mine) and "send_message" in cached(SQSResponse)
+    assert "send_message" not in cached(mine)

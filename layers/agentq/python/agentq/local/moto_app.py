@@ -59,6 +59,8 @@ It differs from ``moto_server`` in these ways, none of which changes what a requ
    on every request, twice for most writes.
 15. An item's size check (on every attribute set) sums the sizes of its string and number
    attributes inline (``moto_sizes``), not through a method call each: the same total.
+16. The methods of a service's response class, which moto lists on every request to check the
+   action is one, are listed once per class (``moto_dispatch``).
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, run_simple
 
 from agentq.local import (
     moto_conditions,
+    moto_dispatch,
     moto_http,
     moto_models,
     moto_query,
@@ -172,7 +175,7 @@ def main(
 ) -> None:
     """Serve until killed. ``patch_moto=False`` leaves moto's DynamoDB as it is (2 and 3 above
     off), for ``bench/local_commit.py``, which measures the difference; ``fast_paths=False``
-    leaves out 9 and 13-15, ``keep_alive=False`` 11 (``bench/moto_throughput.py``'s befores)."""
+    leaves out 9 and 13-16, ``keep_alive=False`` 11 (``bench/moto_throughput.py``'s befores)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-H", "--host", default="127.0.0.1")
     parser.add_argument("-p", "--port", type=int, default=5000)
@@ -185,6 +188,7 @@ def main(
         moto_updates.install()
         moto_conditions.install()
         moto_sizes.install()
+        moto_dispatch.install()
     moto_sqs.install()
     moto_streams.install()
     moto_models.install()
