@@ -495,9 +495,10 @@ def _graph(root: Any) -> Any:
 
 def test_an_expression_tree_copies_as_copy_s_generic_deepcopy_copies_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """moto copies an update expression's tree before each validation; the structural copy
-    (moto_speed) gives what ``copy.deepcopy`` gives without it: the same classes, attributes in
-    the same order, parents pointing into the copy, shared nodes still shared, nothing of the
-    original in it, values that are not nodes copied by their own ``__deepcopy__``."""
+    (moto_speed), and a parsed tree's copy by its plan, give what ``copy.deepcopy`` gives without
+    it: the same classes, attributes in the same order, parents pointing into the copy, shared
+    nodes still shared, nothing of the original in it, values that are not nodes copied by their
+    own ``__deepcopy__``."""
     import copy
     import importlib
 
@@ -518,7 +519,10 @@ def test_an_expression_tree_copies_as_copy_s_generic_deepcopy_copies_it(monkeypa
     ast_nodes = importlib.import_module("moto.dynamodb.parsing.ast_nodes")  # a "# type: ignore" module
     typed = ast_nodes.DDBTypedValue(DynamoType({"M": {"a": {"L": [{S: "x"}]}}}))
     shared = ast_nodes.UpdateExpressionValue(children=[typed, typed])  # the same node twice
-    trees.append(ast_nodes.UpdateExpressionSetAction(children=[shared, trees[1]]))
+    unparsed = copy.deepcopy(trees[1])  # a parsed tree is never changed: this one becomes a child
+    trees.append(ast_nodes.UpdateExpressionSetAction(children=[shared, unparsed]))
+    assert all(id(tree) in moto_speed._PLANS for tree in trees[:2])  # parsed trees are copied by their plan
+    assert id(trees[2]) not in moto_speed._PLANS
     copies = [copy.deepcopy(tree) for tree in trees]
     monkeypatch.delattr(ast_nodes.Node, "__deepcopy__")  # copy's generic deepcopy
     for tree, fast in zip(trees, copies, strict=True):
