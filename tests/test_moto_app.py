@@ -11,6 +11,7 @@ The fast paths of moto_speed (responses, update expressions) answer as moto's ow
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 import uuid
@@ -471,6 +472,66 @@ def test_the_attribute_value_fast_path_serialises_as_moto_does() -> None:
         assert bodies[1]
 
 
+def _graph(root: Any) -> Any:
+    """An object graph as nested tuples, each list and object numbered where first met and a
+    later reference to it by that number: two graphs are the same shape, sharing included, when
+    their tuples are equal. Also the ids of every list and object in it."""
+    numbers: dict[int, int] = {}
+
+    def visit(value: Any) -> Any:
+        if isinstance(value, (str, int, float, bool, type(None), bytes)):
+            return value
+        if id(value) in numbers:
+            return ("ref", numbers[id(value)])
+        numbers[id(value)] = len(numbers)
+        if isinstance(value, list):
+            return ("list", [visit(v) for v in value])
+        if isinstance(value, dict):
+            return ("dict", [(k, visit(v)) for k, v in value.items()])
+        return (type(value).__name__, [(k, visit(v)) for k, v in vars(value).items()])
+
+    return visit(root), set(numbers)
+
+
+def test_an_expression_tree_copies_as_copy_s_generic_deepcopy_copies_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """moto copies an update expression's tree before each validation; the structural copy
+    (moto_speed), and a parsed tree's copy by its plan, give what ``copy.deepcopy`` gives without
+    it: the same classes, attributes in the same order, parents pointing into the copy, shared
+    nodes still shared, nothing of the original in it, values that are not nodes copied by their
+    own ``__deepcopy__``."""
+    import copy
+    import importlib
+
+    from moto.dynamodb.models.dynamo_type import DynamoType
+    from moto.dynamodb.parsing.expressions import UpdateExpressionParser  # type: ignore[attr-defined]
+
+    from agentq.local import moto_speed
+
+    assert moto_speed.install()
+    trees = [
+        UpdateExpressionParser.make(expression)
+        for expression in (
+            "SET #a = :x, b.c[2].d = if_not_exists(#e, :y) + :z, f = list_append(f, :l) "
+            "REMOVE g[0], h.i ADD j :one DELETE k :set",
+            "SET #u0 = :u0, #u1 = if_not_exists(#u2, :u1) ADD #u3 :u2 REMOVE #u4",
+        )
+    ]
+    ast_nodes = importlib.import_module("moto.dynamodb.parsing.ast_nodes")  # a "# type: ignore" module
+    typed = ast_nodes.DDBTypedValue(DynamoType({"M": {"a": {"L": [{S: "x"}]}}}))
+    shared = ast_nodes.UpdateExpressionValue(children=[typed, typed])  # the same node twice
+    unparsed = copy.deepcopy(trees[1])  # a parsed tree is never changed: this one becomes a child
+    trees.append(ast_nodes.UpdateExpressionSetAction(children=[shared, unparsed]))
+    assert all(id(tree) in moto_speed._PLANS for tree in trees[:2])  # parsed trees are copied by their plan
+    assert id(trees[2]) not in moto_speed._PLANS
+    copies = [copy.deepcopy(tree) for tree in trees]
+    monkeypatch.delattr(ast_nodes.Node, "__deepcopy__")  # copy's generic deepcopy
+    for tree, fast in zip(trees, copies, strict=True):
+        generic = copy.deepcopy(tree)
+        (fast_graph, fast_ids), (generic_graph, _) = _graph(fast), _graph(generic)
+        assert fast_graph == generic_graph
+        assert not fast_ids & _graph(tree)[1]
+
+
 def test_update_expressions_parsed_once_still_apply_each_request_s_own_names_and_values(ddb: Any) -> None:
     table = _table(ddb)
     for target, value in (("x", "1"), ("y", "2"), ("x", "3")):
@@ -535,6 +596,20 @@ _FRAMING_AND_IDS = {"date", "last-modified", "connection", "content-length", "tr
                     "x-amz-request-id", "x-amz-id-2"}  # fmt: skip
 
 
+def _recorder(answers: list[Any]) -> Any:
+    """A botocore ``response-received`` handler appending each raw answer to ``answers``: status,
+    body, headers but framing and ids."""
+
+    def record(response_dict: dict[str, Any], **_: Any) -> None:
+        headers = {k.lower(): v for k, v in response_dict["headers"].items() if k.lower() not in _FRAMING_AND_IDS}
+        body = response_dict["body"]  # a streamed body (GetObject's) is read by the call
+        if isinstance(body, bytes):  # S3's error bodies carry random ids
+            body = re.sub(rb"<(RequestId|HostId)>[^<]*</", rb"<\1></", body)
+        answers.append((response_dict["status_code"], body if isinstance(body, bytes) else "streamed", headers))
+
+    return record
+
+
 def _a_client_s_session(endpoint: str, name: str, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], int]:
     """The same calls through boto3 on one client per service: every raw answer (status, body,
     headers but framing and ids) and the number of TCP connections the clients opened."""
@@ -552,14 +627,7 @@ def _a_client_s_session(endpoint: str, name: str, monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(AWSHTTPConnection, "connect", counted)
     answers: list[Any] = []
-
-    def record(response_dict: dict[str, Any], **_: Any) -> None:
-        headers = {k.lower(): v for k, v in response_dict["headers"].items() if k.lower() not in _FRAMING_AND_IDS}
-        body = response_dict["body"]  # a streamed body (GetObject's) is read below, by the call
-        if isinstance(body, bytes):  # S3's error bodies carry random ids
-            body = re.sub(rb"<(RequestId|HostId)>[^<]*</", rb"<\1></", body)
-        answers.append((response_dict["status_code"], body if isinstance(body, bytes) else "streamed", headers))
-
+    record = _recorder(answers)
     session = boto3.session.Session(region_name="us-east-1")
     s3_config = Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1})
     ddb = session.client("dynamodb", endpoint_url=endpoint, config=Config(retries={"max_attempts": 1}))
@@ -682,3 +750,346 @@ def test_a_condition_lexed_once_still_checks_each_request_s_own_names_and_values
                 ddb.put_item(**attempt)
         stored = ddb.get_item(TableName=table, Key=_key("p", "a"), ConsistentRead=True)["Item"]["n"]["N"]
         assert stored == ("100" if applied else str(n))
+
+
+# -- an update expression's own checks once (moto_updates) --------------------------------------
+
+
+class PlainMotoServer(MotoServer):
+    """moto_app without its fast paths (moto_speed, moto_updates): moto's own answers."""
+
+    def command(self) -> list[str]:
+        program = "import sys; from agentq.local.moto_app import main; main(sys.argv[1:], fast_paths=False)"
+        return [sys.executable, "-c", program]
+
+
+@pytest.fixture(scope="module")
+def plain_server() -> Iterator[MotoServer]:
+    with PlainMotoServer() as server:
+        yield server
+
+
+def _updates(endpoint: str, name: str) -> list[Any]:
+    """UpdateItems whose expressions pass and fail moto's checks of the expression alone, each
+    expression again with other names, on another table with other keys, and again after a
+    refusal: every raw answer (status, body, headers but framing and ids)."""
+    from botocore.config import Config
+
+    ddb: Any = boto3.session.Session(region_name="us-east-1").client(
+        "dynamodb", endpoint_url=endpoint, config=Config(retries={"max_attempts": 1})
+    )
+    keyed_by_v = f"{name}-v"
+    _create = {"BillingMode": "PAY_PER_REQUEST"}
+    ddb.create_table(TableName=name, KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+                     AttributeDefinitions=[{"AttributeName": a, "AttributeType": S} for a in ("pk", "sk")], **_create)  # fmt: skip
+    ddb.create_table(TableName=keyed_by_v, KeySchema=[{"AttributeName": "v", "KeyType": "HASH"}],
+                     AttributeDefinitions=[{"AttributeName": "v", "AttributeType": S}], **_create)  # fmt: skip
+    ddb.put_item(TableName=name, Item=_key("p", "a") | {"v": {S: "0"}, "w": {S: "0"}, "n": {"N": "1"}})
+    ddb.put_item(TableName=keyed_by_v, Item={"v": {S: "k"}, "w": {S: "0"}})
+    values = {":x": {S: "x"}, ":y": {S: "y"}}
+    two = "SET #a = :x, #b = :y"
+    calls: list[tuple[Any, ...]] = [  # (table, key, expression, names, values, return values)
+        (name, _key("p", "a"), two, {"#a": "v", "#b": "w"}, values, "ALL_NEW"),
+        (name, _key("p", "a"), two, {"#a": "v", "#b": "v"}, values, "NONE"),  # the same path twice
+        (name, _key("p", "a"), two, {"#a": "v", "#b": "w"}, values, "UPDATED_OLD"),
+        (name, _key("p", "a"), two, {"#a": "v", "#b": "sk"}, values, "NONE"),  # a key attribute
+        (name, _key("p", "a"), two, {"#a": "v", "#b": "sk"}, values, "NONE"),
+        (name, _key("p", "new"), two, {"#a": "v", "#b": "w"}, values, "ALL_NEW"),  # creates the item
+        (keyed_by_v, {"v": {S: "k"}}, two, {"#a": "w", "#b": "z"}, values, "ALL_NEW"),
+        (keyed_by_v, {"v": {S: "k"}}, two, {"#a": "v", "#b": "w"}, values, "ALL_NEW"),  # v: this table's key
+        (name, _key("p", "a"), "SET #a = :x ADD n :one", {"#a": "v"}, {":x": {S: "x"}, ":one": {"N": "1"}}, "ALL_NEW"),
+        (name, _key("p", "a"), "SET #a = :x ADD n :one", {"#a": "v"}, {":x": {S: "x"}, ":one": {"N": "1"}}, "UPDATED_NEW"),
+        (name, _key("p", "a"), "SET v = :x SET w = :y", None, values, "NONE"),  # two SET clauses
+        (name, _key("p", "a"), "SET v = :x SET w = :y", None, values, "NONE"),
+        (name, _key("p", "a"), "SET doc.a = :x, doc = :y", None, values, "NONE"),  # overlapping paths
+        (name, _key("p", "a"), "SET doc.a = :x, doc = :y", None, values, "NONE"),
+        (name, _key("p", "a"), "SET #a = :x, #b = :missing", {"#a": "v", "#b": "w"}, {":x": {S: "x"}}, "NONE"),
+    ]  # fmt: skip
+    answers: list[Any] = []
+    record = _recorder(answers)
+    ddb.meta.events.register("response-received", record)
+    for table, key, expression, names, vals, returns in calls:
+        request = {"TableName": table, "Key": key, "UpdateExpression": expression, "ExpressionAttributeValues": vals,
+                   "ReturnValues": returns} | ({"ExpressionAttributeNames": names} if names else {})  # fmt: skip
+        with contextlib.suppress(ClientError):
+            ddb.update_item(**request)
+    ddb.meta.events.unregister("response-received", record)
+    answers.append(sorted(ddb.scan(TableName=name)["Items"], key=str))
+    answers.append(ddb.scan(TableName=keyed_by_v)["Items"])
+    return answers
+
+
+def test_update_expressions_checked_once_answer_every_request_as_moto_does(
+    moto_server: MotoServer, plain_server: MotoServer
+) -> None:
+    """moto_app remembers which expressions passed the checks of the expression alone; the same
+    expression with other names, on a table with other keys, or after it was refused, answers as
+    moto answers it without the fast paths, byte for byte, and leaves the same items."""
+    name = f"checks-{uuid.uuid4().hex[:8]}"
+    fast, plain = _updates(moto_server.endpoint_url, name), _updates(plain_server.endpoint_url, name)
+    assert fast == plain
+    codes = [status for status, *_ in fast[:-2]]
+    assert codes == [200, 400, 200, 400, 400, 200, 200, 400, 200, 200, 400, 400, 400, 400, 400]
+    refusals = b" ".join(body for status, body, _ in fast[:-2] if status == 400)
+    for reason in (b"Two document paths overlap", b"Cannot update attribute sk", b"Cannot update attribute v",
+                   b'The \\"SET\\" section can only be used once', b"An expression attribute value used in expression is not defined"):  # fmt: skip
+        assert reason in refusals
+
+
+def _shape(node: Any) -> Any:
+    """A validated expression tree as nested tuples: each node's class and children."""
+    children = node.children if isinstance(node.children, list) else []
+    return (type(node).__name__, tuple(_shape(c) if hasattr(c, "children") else c for c in children))
+
+
+def test_an_expression_s_own_checks_run_once_per_tree_names_and_table_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process: the three walks that read only the expression run for a tree the first time it
+    comes with given names on a table with given keys, and every time they refuse it."""
+    from moto.dynamodb.exceptions import UpdateHashRangeKeyException
+    from moto.dynamodb.models.dynamo_type import DynamoType, Item
+    from moto.dynamodb.parsing import validators
+    from moto.dynamodb.parsing.expressions import UpdateExpressionParser  # type: ignore[attr-defined]
+
+    from agentq.local import moto_updates
+
+    assert moto_updates.install()
+    walks: list[str] = []
+    for check in (validators.ActionCountValidator, validators.OverlappingPathsValidator,
+                  validators.UpdateHashRangeKeyValidator):  # fmt: skip
+
+        def counted(self: Any, node: Any, _walk: Any = check.traverse, _name: str = check.__name__) -> Any:
+            walks.append(_name)
+            return _walk(self, node)
+
+        monkeypatch.setattr(check, "traverse", counted)
+
+    class Table:
+        def __init__(self, keys: list[str]) -> None:
+            self.table_key_attrs = self.attribute_keys = keys
+            self.attr = [{"AttributeName": k, "AttributeType": S} for k in keys]
+
+    tree = UpdateExpressionParser.make("SET #a = :x")
+    by_pk, by_v = Table(["pk", "sk"]), Table(["v"])
+
+    def validate(names: dict[str, str], table: Table) -> Any:
+        item = Item(DynamoType({S: "p"}), DynamoType({S: "a"}), attrs={})
+        validator = validators.UpdateExpressionValidator(tree, names, {":x": {S: "x"}}, item, table)  # type: ignore[arg-type]
+        return validator.validate()
+
+    first = validate({"#a": "v"}, by_pk)
+    assert len(walks) == 3
+    again = validate({"#a": "v"}, by_pk)
+    assert len(walks) == 3  # remembered
+    assert _shape(again) == _shape(first) and again is not first
+    validate({"#a": "w"}, by_pk)  # other names
+    validate({"#a": "w"}, by_v)  # a table with other keys
+    assert len(walks) == 9
+    for _ in range(2):  # a refusal is never remembered
+        with pytest.raises(UpdateHashRangeKeyException):
+            validate({"#a": "v"}, by_v)
+    assert len(walks) == 15
+
+
+# -- a condition expression parsed once (moto_conditions) ---------------------------------------
+
+
+def _conditions(endpoint: str, name: str) -> list[Any]:
+    """Conditional writes, transactions and filters whose conditions pass, fail, or are refused,
+    each expression again with other values and other names: every raw answer (status, body,
+    headers but framing and ids), then the table."""
+    from botocore.config import Config
+
+    ddb: Any = boto3.session.Session(region_name="us-east-1").client(
+        "dynamodb", endpoint_url=endpoint, config=Config(retries={"total_max_attempts": 1})
+    )
+    _table_named(ddb, name)
+    item = {"n": {"N": "3"}, "s": {S: "text"}, "l": {"L": [{"N": "1"}, {"N": "2"}]}, "m": {"M": {"k": {S: "v"}}}}
+    ddb.put_item(TableName=name, Item=_key("p", "a") | item)
+    ddb.put_item(TableName=name, Item=_key("p", "b") | item | {"n": {"N": "9"}})
+
+    def call(operation: str, condition: str, names: Any, values: Any, **request: Any) -> tuple[str, dict[str, Any]]:
+        key = "FilterExpression" if operation in ("query", "scan") else "ConditionExpression"
+        request |= {"TableName": name, key: condition}
+        request |= {"ExpressionAttributeNames": names} if names is not None else {}
+        return operation, request | ({"ExpressionAttributeValues": values} if values is not None else {})
+
+    n, five, two, new = {"#n": "n"}, {"N": "5"}, {"N": "2"}, {":new": {S: "text"}}
+    fence = "#n < :lim AND attribute_exists(pk)"
+    rich = "size(l) > :z AND begins_with(s, :p) AND s IN (:a, :b) AND NOT (#n BETWEEN :lo AND :hi) AND m.k = :v"
+    rich_values = {":z": {"N": "1"}, ":p": {S: "te"}, ":a": {S: "x"}, ":b": {S: "text"}, ":lo": {"N": "4"},
+                   ":hi": {"N": "8"}, ":v": {S: "v"}}  # fmt: skip
+    update = {"Key": _key("p", "a"), "UpdateExpression": "SET s = :new"}
+    put, put_new = {"Item": _key("p", "a") | item}, {"Item": _key("p", "c") | item}
+    calls = [
+        call("update_item", fence, n, {":lim": five} | new, **update),
+        call("update_item", fence, n, {":lim": two} | new, **update, ReturnValuesOnConditionCheckFailure="ALL_OLD"),
+        call("update_item", fence, {"#n": "s"}, {":lim": {S: "zzz"}} | new, **update),  # other names
+        call("update_item", fence, n, new, **update),  # :lim missing
+        call("update_item", fence, n, new, **update),
+        call("update_item", fence, n, {":lim": five, ":extra": {S: "x"}} | new, **update),  # a value unused
+        call("update_item", fence, n | {"#unused": "x"}, {":lim": five} | new, **update),  # a name unused
+        call("put_item", "attribute_not_exists(pk)", None, None, **put),
+        call("put_item", "attribute_not_exists(pk)", None, None, **put_new),
+        call("put_item", "attribute_not_exists(pk)", None, None, **put_new),
+        call("put_item", rich, n, rich_values, **put),
+        call("put_item", rich, n, rich_values | {":lo": {"N": "1"}}, **put),
+        call("put_item", "((#n = :a))", n, {":a": {"N": "3"}}, **put),  # redundant parentheses
+        call("put_item", "((#n = :a))", n, {":a": {"N": "3"}}, **put),
+        call("put_item", "#n = :a", None, None, **put),  # no names, no values
+        call("delete_item", "#n = :a", n, {":a": {"N": "4"}}, Key=_key("p", "c")),
+        call("delete_item", "#n = :a", n, {":a": {"N": "3"}}, Key=_key("p", "c"), ReturnValues="ALL_OLD"),
+        call("query", "#n > :m", n, {":p": {S: "p"}, ":m": {"N": "4"}}, KeyConditionExpression="pk = :p"),
+        call("query", "#n > :m", n, {":p": {S: "p"}, ":m": {"N": "1"}}, KeyConditionExpression="pk = :p"),
+        call("scan", "#n > :m", {"#n": "s"}, {":m": {S: "a"}}),
+    ]
+    for lim in (five, two):
+        _, check = call("condition_check", fence, n, {":lim": lim}, Key=_key("p", "a"))
+        guarded = {
+            "TableName": name,
+            "Item": _key("p", f"t{lim['N']}"),
+            "ConditionExpression": "attribute_not_exists(pk)",
+        }
+        calls.append(("transact_write_items", {"TransactItems": [{"ConditionCheck": check}, {"Put": guarded}]}))
+    answers: list[Any] = []
+    record = _recorder(answers)
+    ddb.meta.events.register("response-received", record)
+    for operation, request in calls:
+        with contextlib.suppress(ClientError):
+            getattr(ddb, operation)(**request)
+    ddb.meta.events.unregister("response-received", record)
+    answers.append(sorted(ddb.scan(TableName=name)["Items"], key=str))
+    return answers
+
+
+def _table_named(ddb: Any, name: str) -> None:
+    ddb.create_table(TableName=name, KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+                     AttributeDefinitions=[{"AttributeName": a, "AttributeType": S} for a in ("pk", "sk")],
+                     BillingMode="PAY_PER_REQUEST")  # fmt: skip
+
+
+def test_conditions_parsed_once_answer_every_request_as_moto_does(
+    moto_server: MotoServer, plain_server: MotoServer
+) -> None:
+    """moto_app parses a condition once per expression and names; the same expression with other
+    values, other names, a value missing, unused names or values, in a transaction or a filter,
+    answers as moto answers it without the fast paths, byte for byte, and leaves the same items."""
+    name = f"conditions-{uuid.uuid4().hex[:8]}"
+    fast, plain = _conditions(moto_server.endpoint_url, name), _conditions(plain_server.endpoint_url, name)
+    assert fast == plain
+    codes = [status for status, *_ in fast[:-1]]
+    assert codes == [200, 400, 200, 500, 500, 400, 400, 400, 200, 400, 200, 400, 400, 400, 500, 400, 200, 200, 200,
+                     200, 200, 400]  # fmt: skip
+    bodies = b" ".join(body for _, body, _ in fast[:-1])
+    for answer in (b"ConditionalCheckFailedException", b"TransactionCanceledException", b"redundant parentheses",
+                   b"unused in expressions", b'"Item": {'):  # fmt: skip
+        assert answer in bodies
+
+
+def test_a_condition_parsed_once_is_built_with_each_request_s_own_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process: the passes after lexing run once per expression and names, and every time the
+    parse refuses; each parse's operations compare the item with its own request's values."""
+    from moto.dynamodb.comparisons import ConditionExpressionParser
+    from moto.dynamodb.models.dynamo_type import DynamoType, Item
+
+    from agentq.local import moto_conditions
+
+    assert moto_conditions.install()
+    passes: list[str] = []
+    apply_functions = ConditionExpressionParser._apply_functions
+
+    def counted(self: Any, nodes: Any) -> Any:
+        passes.append(self.condition_expression)
+        return apply_functions(self, nodes)
+
+    monkeypatch.setattr(ConditionExpressionParser, "_apply_functions", counted)
+    item = Item(DynamoType({S: "p"}), DynamoType({S: "a"}), attrs={"n": {"N": "3"}, "s": {S: "text"}})
+
+    def holds(expression: str, names: dict[str, str] | None, values: dict[str, Any] | None) -> bool:
+        parser = ConditionExpressionParser(expression, names, values)
+        held = bool(parser.parse().expr(item))
+        assert parser.expr_attr_values_found == sorted(values or {})  # what the handler checks
+        return held
+
+    x = f"#x{uuid.uuid4().hex[:8]}"  # an expression no other test parsed in this process
+    expression = f"{x} < :lim AND attribute_exists(s) AND begins_with(s, :p)"
+    assert holds(expression, {x: "n"}, {":lim": {"N": "5"}, ":p": {S: "te"}})
+    assert not holds(expression, {x: "n"}, {":lim": {"N": "2"}, ":p": {S: "te"}})
+    assert not holds(expression, {x: "n"}, {":lim": {"N": "5"}, ":p": {S: "x"}})
+    assert len(passes) == 1
+    assert holds(expression, {x: "s"}, {":lim": {S: "z"}, ":p": {S: "te"}})  # other names: parsed again
+    assert len(passes) == 2
+    for _ in range(2):  # a value missing raises as the parse raises it, from the remembered parse too
+        with pytest.raises(KeyError, match=":p"):
+            ConditionExpressionParser(expression, {x: "n"}, {":lim": {"N": "5"}}).parse()
+    assert len(passes) == 2
+    for _ in range(2):  # a refused parse is not remembered
+        with pytest.raises(Exception, match="redundant parentheses"):
+            ConditionExpressionParser(f"(({x} = :lim))", {x: "n"}, {":lim": {"N": "3"}}).parse()
+    assert len(passes) == 4
+
+
+# -- an item's size summed inline (moto_sizes) --------------------------------------------------
+
+
+def test_an_item_s_size_check_refuses_exactly_where_moto_s_refuses() -> None:
+    """In-process: for items of every kind of value, a new attribute that brings the item to
+    exactly moto's limit is kept and one byte more is refused, by the inline sum as by moto's
+    own ``__setitem__``; an unencodable string raises the same error from both."""
+    from moto.dynamodb.exceptions import ItemSizeTooLarge
+    from moto.dynamodb.models.dynamo_type import DynamoType, LimitedSizeDict
+
+    from agentq.local import moto_sizes
+
+    assert moto_sizes.install()
+    fast = LimitedSizeDict.__setitem__
+    moto_s = fast.__wrapped__  # type: ignore[attr-defined]
+    kinds: dict[str, dict[str, Any]] = {"s": {S: "tëxt"}, "n": {"N": "-12.5"}, "ss": {"SS": ["a", "bb"]}, "ns": {"NS": ["1", "22"]},
+             "b": {"B": b"\x00\x01"}, "l": {"L": [{S: "x"}, {"N": "2"}]}, "m": {"M": {"k": {S: "v"}}},
+             "bool": {"BOOL": True}, "null": {"NULL": True}}  # fmt: skip
+    held = {name: DynamoType(value) for name, value in kinds.items()} | {"plain": "not a DynamoType"}
+    moto_size = sum(v.size() if type(v) is DynamoType else len(str(v).encode()) for v in [*held, *held.values()])
+
+    def outcome(setitem: Any, value: Any) -> Any:
+        item = LimitedSizeDict()
+        dict.update(item, held)
+        try:
+            setitem(item, "new", value)
+        except (ItemSizeTooLarge, UnicodeEncodeError) as refused:
+            return type(refused), str(refused)
+        return dict(item)
+
+    room = moto_sizes.LIMIT - moto_size - len("new")
+    for value in (DynamoType({S: "é" * (room // 2)}), DynamoType({S: "x" * room}), DynamoType({"N": "9" * room}),
+                  DynamoType({S: "x" * (room + 1)}), DynamoType({"N": "9" * (room + 1)}), "y" * room, "y" * (room + 1),
+                  DynamoType({"L": [DynamoType({S: "x" * (room + 1)})]}), DynamoType({S: "\ud800"})):  # fmt: skip
+        assert outcome(fast, value) == outcome(moto_s, value)
+    assert outcome(fast, DynamoType({S: "x" * room}))["new"] == DynamoType({S: "x" * room})
+    assert outcome(fast, DynamoType({S: "x" * (room + 1)}))[0] is ItemSizeTooLarge
+    held["bad"] = DynamoType({S: "\ud800"})  # one already held: raises while summing, in both
+    assert outcome(fast, DynamoType({S: "x"})) == outcome(moto_s, DynamoType({S: "x"}))
+    assert outcome(fast, DynamoType({S: "x"}))[0] is UnicodeEncodeError
+
+
+# -- handler methods listed once (moto_dispatch) ------------------------------------------------
+
+
+def test_a_response_class_s_methods_are_listed_once_and_as_moto_lists_them() -> None:
+    """In-process: the names call_action checks an action against are moto's own list of each
+    handler class's methods, worked out the first time that class asks (the same set after)."""
+    import importlib
+
+    from moto.dynamodb.responses import DynamoHandler
+    from moto.s3.responses import S3Response
+    from moto.sqs.responses import SQSResponse
+
+    from agentq.local import moto_dispatch
+
+    assert moto_dispatch.install()
+    cached = importlib.import_module("moto.core.responses").method_names_from_class
+    mine = type("FreshHandler", (DynamoHandler,), {"describe_nothing": lambda self: None})
+    for clazz in (mine, SQSResponse, S3Response):
+        first = cached(clazz)
+        assert first == set(cached.__wrapped__(clazz))  # moto's own list
+        assert cached(clazz) is first  # listed once
+    assert {"describe_nothing", "update_item"} <= cached(mine) and "send_message" in cached(SQSResponse)
+    assert "send_message" not in cached(mine)

@@ -50,6 +50,17 @@ It differs from ``moto_server`` in these ways, none of which changes what a requ
    socket (and a thread) until its client closes it, and two workers' pools (concurrency + 32
    per client) can keep thousands open, past the 1,024 (256 on macOS) a shell often starts
    with; over the limit ``accept`` fails and clients stall until their connect timeout.
+13. An UpdateItem's checks that read only its expression (one clause of each kind, no overlapping
+   paths, no key attribute updated) run once per parsed expression, names and table keys, not at
+   every node of its tree on every request (``moto_updates``): half of the validation of a
+   27-action claim, 6-11 % less server CPU per call (claims 2.41 -> 2.15 ms, turns 2.85 -> 2.69).
+14. A condition expression (or filter) is parsed once per expression and names, and each request's
+   operations are built from that parse with its own values (``moto_conditions``): moto parsed it
+   on every request, twice for most writes.
+15. An item's size check (on every attribute set) sums the sizes of its string and number
+   attributes inline (``moto_sizes``), not through a method call each: the same total.
+16. The methods of a service's response class, which moto lists on every request to check the
+   action is one, are listed once per class (``moto_dispatch``).
 """
 
 from __future__ import annotations
@@ -66,7 +77,19 @@ from typing import Any
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, run_simple
 
-from agentq.local import moto_http, moto_models, moto_query, moto_rollback, moto_speed, moto_sqs, moto_streams
+from agentq.local import (
+    moto_conditions,
+    moto_dispatch,
+    moto_http,
+    moto_models,
+    moto_query,
+    moto_rollback,
+    moto_sizes,
+    moto_speed,
+    moto_sqs,
+    moto_streams,
+    moto_updates,
+)
 
 LISTEN_BACKLOG = 4096  # waiting connections (Linux caps it at net.core.somaxconn)
 
@@ -152,7 +175,7 @@ def main(
 ) -> None:
     """Serve until killed. ``patch_moto=False`` leaves moto's DynamoDB as it is (2 and 3 above
     off), for ``bench/local_commit.py``, which measures the difference; ``fast_paths=False``
-    leaves out 9, ``keep_alive=False`` 11 (``bench/moto_throughput.py``'s befores)."""
+    leaves out 9 and 13-16, ``keep_alive=False`` 11 (``bench/moto_throughput.py``'s befores)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-H", "--host", default="127.0.0.1")
     parser.add_argument("-p", "--port", type=int, default=5000)
@@ -162,6 +185,10 @@ def main(
         moto_query.install()
     if fast_paths:
         moto_speed.install()
+        moto_updates.install()
+        moto_conditions.install()
+        moto_sizes.install()
+        moto_dispatch.install()
     moto_sqs.install()
     moto_streams.install()
     moto_models.install()

@@ -22,8 +22,13 @@ request's data:
    reads it (``find_clauses``) or deep-copies it before changing it (the validator's first act).
 3. Those deep copies (a copy of the whole tree, with parents, per UpdateItem) copy the tree's
    nodes structurally (``Node.__deepcopy__``) instead of through ``copy``'s generic reduce
-   protocol; any attribute that is not a node, a list or an immutable scalar still goes
-   through ``copy.deepcopy``, with the same memo, so sharing and cycles come out the same.
+   protocol, and a node's child nodes are copied by a direct call, not through
+   ``copy.deepcopy``'s dispatch (a 136-node claim expression: 0.45 -> 0.30 ms); any attribute
+   that is not a node, a list or an immutable scalar still goes through ``copy.deepcopy``, with
+   the same memo, so sharing and cycles come out the same. A parsed tree (2., never changed) is
+   planned once as it is parsed, each node's attributes as constants, nodes of the tree or lists
+   of those, and copied by its plan when copied on its own (0.30 -> 0.125 ms); a tree holding
+   anything else gets no plan and is copied structurally.
 4. The validator's ten walks of the tree (and ``find_clauses``, some 80 calls per UpdateItem)
    ask at every node whether it is a node, whether a processor handles it (building the
    processor's map of node types to handlers each time, twice) and which handler: each an
@@ -130,7 +135,9 @@ def _parse_update_expressions_once() -> None:
 
     @functools.lru_cache(maxsize=EXPRESSION_CACHE)
     def make(expression: str) -> Any:
-        return parse(parser, expression)
+        tree = parse(parser, expression)
+        _remember_plan(tree)
+        return tree
 
     parser.make = staticmethod(make)
 
@@ -151,32 +158,152 @@ def _lex_conditions_once() -> None:
 
 
 def _copy_value(value: Any, memo: dict[int, Any]) -> Any:
-    if type(value) in _IMMUTABLE:
+    """``copy.deepcopy(value, memo)`` for what an expression tree holds: immutable scalars as
+    they are, lists and nodes here, anything else through ``copy.deepcopy``."""
+    kind = type(value)
+    if kind in _IMMUTABLE:
         return value
     known = memo.get(id(value))
     if known is not None:
         return known
-    if type(value) is list:
-        out: list[Any] = []
-        memo[id(value)] = out
-        out.extend(_copy_value(v, memo) for v in value)
-        copy._keep_alive(value, memo)  # type: ignore[attr-defined]  # what copy.deepcopy does for every copy
-        return out
+    if kind is list:
+        return _copy_list(value, memo)
+    if _is_copied_here(kind):  # what copy.deepcopy would call, without its dispatch
+        return _copy_node(value, memo)
     return copy.deepcopy(value, memo)
+
+
+def _copy_list(value: list[Any], memo: dict[int, Any]) -> list[Any]:
+    """A list not copied yet (a node's children): its items copied in order, as above."""
+    out: list[Any] = []
+    memo[id(value)] = out
+    append = out.append
+    for item in value:
+        kind = type(item)
+        if kind in _IMMUTABLE:
+            append(item)
+        elif _NODE_COPIERS.get(kind) and id(item) not in memo:  # a child node: the common case
+            append(_copy_node(item, memo))
+        else:
+            append(_copy_value(item, memo))
+    copy._keep_alive(value, memo)  # type: ignore[attr-defined]  # what copy.deepcopy does for every copy
+    return out
+
+
+def _copy_node(self: Any, memo: dict[int, Any]) -> Any:
+    """``Node.__deepcopy__``: a new node of the same class, each attribute copied as above (in
+    their order, so memo and sharing come out as with ``copy.deepcopy``); a parsed tree's root,
+    copied on its own (an empty memo), by its plan."""
+    if not memo:
+        planned = _PLANS.get(id(self))
+        if planned is not None and planned[0] is self:
+            return _copy_by_plan(planned[1], memo)
+    cls = self.__class__
+    new = cls.__new__(cls)
+    memo[id(self)] = new
+    attributes = {}
+    for name, value in self.__dict__.items():
+        kind = type(value)
+        if kind in _IMMUTABLE:
+            attributes[name] = value
+        elif kind is list and id(value) not in memo:
+            attributes[name] = _copy_list(value, memo)
+        else:
+            attributes[name] = _copy_value(value, memo)
+    new.__dict__.update(attributes)
+    copy._keep_alive(self, memo)  # type: ignore[attr-defined]
+    return new
+
+
+_NODE_COPIERS: dict[type, bool] = {}  # per class: does copy.deepcopy copy its instances with _copy_node?
+
+
+def _is_copied_here(kind: type) -> bool:
+    copied = _NODE_COPIERS.get(kind)
+    if copied is None:  # nodes have no __deepcopy__ of their own: Node's, _copy_node
+        copied = _NODE_COPIERS[kind] = getattr(kind, "__deepcopy__", None) is _copy_node
+    return copied
+
+
+# A parsed (cached, never changed) tree's id -> the tree and its copy plan.
+_PLANS: dict[int, tuple[Any, tuple[Any, ...]]] = {}
+
+
+def _remember_plan(tree: Any) -> None:
+    """Plan the copies of a parsed tree: its nodes in the order the structural copy meets them,
+    each attribute a constant, a node of the tree or a list of those. A tree with anything else
+    (a value that is not a node, a list or an immutable scalar, a node or list met twice, a
+    parent outside the tree) gets no plan: it is copied structurally."""
+    nodes: list[Any] = []
+    index: dict[int, int] = {}
+
+    def collect(node: Any) -> None:
+        index[id(node)] = len(nodes)
+        nodes.append(node)
+        for child in node.children if type(node.children) is list else ():
+            if _is_copied_here(type(child)):
+                if id(child) in index:
+                    raise ValueError("a node met twice")
+                collect(child)
+
+    try:
+        collect(tree)
+    except (ValueError, AttributeError):
+        return
+    lists: list[list[Any]] = []
+    list_ids: set[int] = set()
+    layouts: list[tuple[tuple[str, int, Any], ...]] = []
+    for node in nodes:
+        layout: list[tuple[str, int, Any]] = []
+        for name, value in node.__dict__.items():
+            if type(value) in _IMMUTABLE:
+                layout.append((name, _CONSTANT, value))
+            elif id(value) in index:
+                layout.append((name, _NODE, index[id(value)]))
+            elif type(value) is list and id(value) not in list_ids:
+                items = tuple((True, index[id(v)]) if id(v) in index else (False, v) for v in value)
+                if not all(planned or type(v) in _IMMUTABLE for planned, v in items):
+                    return
+                lists.append(value)
+                list_ids.add(id(value))
+                layout.append((name, _LIST, items))
+            else:
+                return
+        layouts.append(tuple(layout))
+    if len(_PLANS) >= EXPRESSION_CACHE:
+        _PLANS.clear()
+    _PLANS[id(tree)] = (tree, (tuple(type(n) for n in nodes), tuple(layouts), tuple(nodes), tuple(lists)))
+
+
+_CONSTANT, _NODE, _LIST = 0, 1, 2
+
+
+def _copy_by_plan(plan: tuple[Any, ...], memo: dict[int, Any]) -> Any:
+    """A copy of a planned tree: every node new, constants as they are, references to nodes of
+    the tree to their copies, each list new; memo and keep-alive filled as the structural copy
+    fills them."""
+    classes, layouts, originals, original_lists = plan
+    copies = [cls.__new__(cls) for cls in classes]
+    new_lists = []
+    for new, layout in zip(copies, layouts, strict=True):
+        attributes = new.__dict__
+        for name, kind, payload in layout:
+            if kind == _CONSTANT:
+                attributes[name] = payload
+            elif kind == _NODE:
+                attributes[name] = copies[payload]
+            else:
+                attributes[name] = items = [copies[v] if planned else v for planned, v in payload]
+                new_lists.append(items)
+    memo.update(zip(map(id, originals), copies, strict=True))
+    memo.update(zip(map(id, original_lists), new_lists, strict=True))
+    memo.setdefault(id(memo), []).extend([*originals, *original_lists])
+    return copies[0]
 
 
 def _copy_expression_trees_structurally() -> None:
     node_class = _untyped("moto.dynamodb.parsing.ast_nodes").Node
-
-    def __deepcopy__(self: Any, memo: dict[int, Any]) -> Any:
-        cls = self.__class__
-        new = cls.__new__(cls)
-        memo[id(self)] = new
-        new.__dict__.update((k, _copy_value(v, memo)) for k, v in self.__dict__.items())
-        copy._keep_alive(self, memo)  # type: ignore[attr-defined]
-        return new
-
-    node_class.__deepcopy__ = __deepcopy__
+    node_class.__deepcopy__ = _copy_node
 
 
 def _walk_trees_by_type() -> None:
