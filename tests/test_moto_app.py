@@ -1026,6 +1026,14 @@ def test_a_condition_parsed_once_is_built_with_each_request_s_own_values(monkeyp
         with pytest.raises(Exception, match="redundant parentheses"):
             ConditionExpressionParser(f"(({x} = :lim))", {x: "n"}, {":lim": {"N": "3"}}).parse()
     assert len(passes) == 4
+    # A name that is not a string (a raw request's 1 or 1.0, equal as keys, read apart by moto:
+    # 1.0 is no list index) is parsed by moto every time, never taken from the cache.
+    listed = Item(DynamoType({S: "p"}), DynamoType({S: "a"}), attrs={"l": {"L": [{S: "x"}, {S: "y"}]}})
+    raw = f"{x}.#i = :v"
+    for index, matches in ((1, True), (1.0, False), (1, True)):
+        parser = ConditionExpressionParser(raw, {x: "l", "#i": index}, {":v": {S: "y"}})  # type: ignore[dict-item]
+        assert bool(parser.parse().expr(listed)) is matches, index
+    assert len(passes) == 7
 
 
 # -- an item's size summed inline (moto_sizes) --------------------------------------------------

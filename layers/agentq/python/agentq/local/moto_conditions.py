@@ -118,4 +118,10 @@ def install() -> bool:
 
 
 def _names(names: Any) -> tuple[tuple[str, str], ...] | None:
-    return None if names is None else tuple(sorted(names.items()))
+    """The names as a cache key; a name that is not a string (a raw request's ``1``, ``1.0`` or
+    ``true``, equal keys that moto reads differently) is not cached: TypeError, moto parses it."""
+    if names is None:
+        return None
+    if not all(isinstance(value, str) for value in names.values()):
+        raise TypeError("a name that is not a string")
+    return tuple(sorted(names.items()))
