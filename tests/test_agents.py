@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 import uuid
 from pathlib import Path
 from typing import Any
 
 from tests.api_support import ApiStack
-from tests.helpers import call
+from tests.helpers import call, run_agentq
 
 
 def _agent(name: str, text: str, **over: Any) -> dict[str, Any]:
@@ -164,8 +163,7 @@ def test_the_cli_creates_lists_shows_and_runs_an_agent_from_a_yaml_file(api_stac
     )
 
     def agentq(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "agentq", *args], capture_output=True, text=True,
-                              env=api_stack.cli_env(), timeout=120, check=False)  # fmt: skip
+        return run_agentq(list(args), env=api_stack.cli_env(), timeout=120)
 
     created = agentq("agents", "create", "-f", str(agent_file))
     assert created.returncode == 0 and created.stdout.strip() == f"{name}@1", created.stderr

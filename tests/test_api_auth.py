@@ -23,6 +23,7 @@ from agentq.runtime import Settings, build_store, client, session
 from agentq.storage.api_keys import KeyStore, key_hash
 
 from tests.api_support import SCRIPTED, ApiStack
+from tests.helpers import run_agentq
 from tests.lambda_support import ROOT, FakeLambdaContext, load_handler
 
 METHOD_ARN = "arn:aws:execute-api:us-east-1:123456789012:abc123/prod/GET/tasks/xyz"
@@ -158,9 +159,7 @@ def test_keys_create_and_revoke_from_the_cli_against_the_local_stack(
     env = api_stack.cli_env(AGENTQ_API_KEY="")
 
     def person(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "agentq", *args], capture_output=True, text=True, timeout=60, env=env, check=False
-        )
+        return run_agentq(list(args), env=env, timeout=60)
 
     def agentq(*args: str, key: str = "") -> tuple[int, str, str]:  # the same main(), in this process
         for name, value in {**env, "AGENTQ_API_KEY": key}.items():

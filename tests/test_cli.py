@@ -22,7 +22,7 @@ import pytest
 from agentq.cli.main import build_parser, main
 
 from tests.api_support import ROOT, SCRIPTED, ApiStack
-from tests.helpers import call
+from tests.helpers import call, run_agentq
 
 RESEARCH_TOOLS = "python_exec,note_write,note_read,send_report"
 
@@ -58,10 +58,7 @@ def cli(api_stack: ApiStack, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Cap
 def agentq(
     api: ApiStack, *args: str, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "agentq", *args], capture_output=True, text=True, timeout=timeout,
-        env=env if env is not None else api.cli_env(), cwd=ROOT, check=False
-    )  # fmt: skip
+    return run_agentq(list(args), env=env if env is not None else api.cli_env(), timeout=timeout, cwd=ROOT)
 
 
 def test_submit_wait_then_status_result_trace_and_list(api_stack: ApiStack) -> None:

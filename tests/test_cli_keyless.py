@@ -16,6 +16,7 @@ from pathlib import Path
 from agentq.core.providers.scripted import load_script
 
 from tests.api_support import ROOT
+from tests.helpers import run_agentq
 
 EXAMPLE = ROOT / "examples" / "scripts" / "first_task.yaml"
 LAST_TURN = load_script(str(EXAMPLE)).turns[-1].text
@@ -48,8 +49,7 @@ def test_the_example_script_runs_a_goal_of_your_own_to_succeeded_on_agentq_dev(t
         shell = env | exports
 
         def agentq(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-            return subprocess.run([sys.executable, "-m", "agentq", *args], capture_output=True, text=True, cwd=cwd,
-                                  env=shell, timeout=120, check=False)  # fmt: skip
+            return run_agentq(list(args), env=shell, timeout=120, cwd=cwd)
 
         done = agentq("submit", "plan my week", "--provider", "scripted", "--script", str(EXAMPLE.relative_to(ROOT)),
                       "--wait")  # fmt: skip

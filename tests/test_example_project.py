@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from agentq.local.stack import LocalStack
 from infra.synth import Synthesized, synthesize
 
 from tests.fake_messages_api import FakeMessagesAPI, text_reply, tool_use_reply
-from tests.helpers import wait_for
+from tests.helpers import run_agentq, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "shop"
@@ -142,8 +141,7 @@ def test_the_example_runs_end_to_end_on_the_local_stack_through_the_cli(
             env = stack.env(AGENTQ_URL=stack.api_server.url)
 
             def agentq(*args: str) -> subprocess.CompletedProcess[str]:
-                return subprocess.run([sys.executable, "-m", "agentq", *args], capture_output=True, text=True,
-                                      env=env, timeout=120, check=False, cwd=ROOT)  # fmt: skip
+                return run_agentq(list(args), env=env, timeout=120, cwd=ROOT)
 
             created = agentq("agents", "create", "-f", str(EXAMPLE / "agent.yaml"))
             assert created.returncode == 0 and created.stdout.strip() == "refunds@1", created.stderr
