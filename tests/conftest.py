@@ -93,31 +93,40 @@ def _core_logging_restored() -> Iterator[None]:
     core.setLevel(saved[2])
 
 
-@pytest.fixture(scope="session", autouse=True)
-def forkserver_running() -> Iterator[None]:
-    """One fork server per test process (agentq/local/forkserver.py): every moto server and
-    local-stack worker the tests start, here or in a process they start (a bench, ``agentq
-    dev``), is forked from it warm, not started cold (~1.3 CPU-s less a moto server, ~45 a
-    run; ~0.4-1.5 less a worker, ~60 a run)."""
-    path = str(tempfile.mkdtemp(prefix="agentq-moto-") + "/fork.sock")
-    server = subprocess.Popen(
+_forkserver: subprocess.Popen[bytes] | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One fork server for the run (agentq/local/forkserver.py), started by the process that
+    starts the others (xdist's controller, or the only one with ``-n 0``); xdist's workers
+    inherit its socket's path in the environment. Every moto server, local-stack worker,
+    ``agentq`` command and bench the tests start (or a process they start: ``agentq dev``, a
+    bench) is forked from it warm, not started cold: ~1.3 CPU-s less a moto server (~45 a run),
+    ~0.4-1.5 less a worker or command (~150 a run). One for all workers, not one each: it is
+    ~4 CPU-s of imports to start."""
+    global _forkserver
+    if hasattr(config, "workerinput") or os.environ.get(forkserver.ENV_VAR):
+        return
+    path = str(tempfile.mkdtemp(prefix="agentq-fork-") + "/fork.sock")
+    _forkserver = subprocess.Popen(
         [sys.executable, "-m", "agentq.local.forkserver", path],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    assert server.stdout is not None and server.stdout.readline().strip() == b"ready"
+    assert _forkserver.stdout is not None and _forkserver.stdout.readline().strip() == b"ready"
     os.environ[forkserver.ENV_VAR] = path
-    try:
-        yield
-    finally:
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _forkserver is not None:
         os.environ.pop(forkserver.ENV_VAR, None)
-        server.terminate()
-        server.wait(timeout=10)
+        _forkserver.terminate()
+        _forkserver.wait(timeout=10)
 
 
 @pytest.fixture(scope="session")
-def moto_server(forkserver_running: None) -> Iterator[MotoServer]:
+def moto_server() -> Iterator[MotoServer]:
     for key, value in LOCAL_CREDENTIALS.items():
         os.environ.setdefault(key, value)
     with MotoServer() as server:
