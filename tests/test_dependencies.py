@@ -42,8 +42,10 @@ def test_a_dependent_waits_blocked_until_its_dependencies_succeed_then_runs_with
 ) -> None:
     assert stack.settings is not None
     store, registry, queues = stack.store(), build_registry(stack.settings), stack.queues()
-    a = submit(store, registry, _scripted("alpha facts", latency=1.5), tenant="t", queues=queues)
-    b = submit(store, registry, _scripted("beta facts", latency=0.5), tenant="t", queues=queues)
+    # a and b are enqueued only once c is in: on a loaded machine they could otherwise both end
+    # before c's submission reads them, and c would (rightly) be queued at once.
+    a = submit(store, registry, _scripted("alpha facts", latency=1.5), tenant="t")
+    b = submit(store, registry, _scripted("beta facts", latency=0.5), tenant="t")
     c = submit(store, registry, _scripted("combined", after=[a.task_id, b.task_id]), tenant="t", queues=queues)
     assert c.status is TaskStatus.BLOCKED
     blocked = store.tasks.get(c.task_id)
@@ -52,6 +54,8 @@ def test_a_dependent_waits_blocked_until_its_dependencies_succeed_then_runs_with
 
     assert (task_view(store, blocked).activity or "").startswith("blocked: ")
     assert task_view(store, blocked).depends_on == [a.task_id, b.task_id]
+    for dependency in (a, b):
+        queues.send(dependency.task_id, "normal", tenant="t")
 
     done = wait_for(lambda: (t := store.tasks.get(c.task_id)).status.terminal and t, timeout=60, what="c to end")
     assert done.status is TaskStatus.SUCCEEDED and done.result == "combined"
