@@ -1,7 +1,7 @@
 # Two commands matter: `make demo` and `make test`. Both build the venv on first use.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 6
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 
@@ -51,10 +51,12 @@ sandbox-tools:
 demo: $(VENV)/.local-installed sandbox-tools
 	$(PY) -m agentq demo
 
-# Four xdist workers (TEST_WORKERS), even on two cores: most tests spend their time waiting on
-# processes (a stack starting, a liveness lapsing, a killed worker's task resuming), so two
-# workers left the cores idle: 109 % of 200 % CPU and 776 s at -n 2, 180 % and 441 s at -n 4
-# (same suite, quiet machine). --dist loadgroup: tests/conftest.py puts each module whose tests share a
+# Six xdist workers (TEST_WORKERS), on two cores: most tests spend their time waiting on
+# processes (a stack starting, a liveness lapsing, a killed worker's task resuming), so fewer
+# workers leave the cores idle: 109 % of 200 % CPU and 776 s at -n 2 (a suite of 860 CPU-s),
+# and now, with the suite at ~480-540 CPU-s (tests/conftest.py's fork server, racers forked
+# from a pool, moto's fast paths): 151 % and 315 s at -n 4, 178 % and 299 s at -n 6 (quiet
+# machine, clean venv). --dist loadgroup: tests/conftest.py puts each module whose tests share a
 # module-scoped fixture (a local stack, a browser, a synth) in one group, run by one worker, so
 # that fixture starts once a run instead of once per worker; every other test is scheduled on
 # its own, as by xdist's default distribution. The conftest also gives schemathesis' generated
@@ -64,7 +66,7 @@ demo: $(VENV)/.local-installed sandbox-tools
 # suite starts ~150 Python processes (workers, run-task, moto servers, racers, benches), and
 # without a cache each compiled agentq from source again (~0.13 CPU-s a process), as each xdist
 # worker did every test module under pytest's assertion rewriting (~6 CPU-s a worker).
-# compileall first, so the four workers' collection does not compile agentq four times at once.
+# compileall first, so the workers' collection does not compile agentq once each at the same time.
 test: $(VENV)/.installed sandbox-tools chromium
 	env -u PYTHONDONTWRITEBYTECODE $(PY) -m compileall -q -j 0 layers/agentq/python >/dev/null
 	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
