@@ -5,16 +5,18 @@ Why: a moto server started as a new program spends ~1.3 CPU-s before its first s
 provisioned (the interpreter, moto_app's imports, the DynamoDB, SQS, S3 and Step Functions
 backends, the first request to each), where a forked one spends ~0.2; an ``agentq worker``
 spends ~0.4 CPU-s on imports before its first poll, ~1.5 when its tasks use the anthropic SDK
-(whose import alone is ~1.1). The test suite starts ~45 moto servers and ~60 workers, so it runs
-one fork server per test process, and every ``MotoServer`` and ``LocalStack`` worker started
-under it (in that process, or in a bench or ``agentq dev`` it starts: the socket's path is in
-the environment) is forked warm instead.
+(whose import alone is ~1.1). The test suite starts ~45 moto servers and ~250 other Python
+processes (workers, ``run-task``, CLI calls, bench scripts), so it runs one fork server for the
+run (tests/conftest.py), and every ``MotoServer`` and ``LocalStack`` worker started under it (in
+the tests, or in a bench or ``agentq dev`` they start: the socket's path is in the environment),
+and what the tests start through ``tests/helpers.python_process``, is forked warm instead.
 
 Each forked process is the program it stands for (``python -m agentq.local.moto_app``,
 ``python -m agentq ARGS``, a bench script) with the requester's environment, working directory,
 import path and standard streams (passed as file descriptors), in a session of its own:
-signals, exit codes and output are as they would be. What it shares with its siblings is only what was imported before the
-fork: the fork server itself never serves a request or runs a command. It has no thread when
+signals, exit codes and output are as they would be. What it shares with its siblings is only
+what was imported before the fork: the fork server itself never serves a request or runs a
+command. It has no thread when
 it forks (a lock held by a thread at the fork would stay held in the child), and it reaps its
 children and keeps their exit codes, which ``ForkedProcess`` (a ``Popen`` for a process that is
 not the caller's child) asks for.
