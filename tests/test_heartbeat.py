@@ -133,6 +133,16 @@ def _holding(hub: HeartbeatHub, stack: ExitStack, sessions: list[LeaseState], ti
         stack.enter_context(hub.track(held, session))
 
 
+# The liveness period of the tests below: long enough that no stall of a loaded machine between
+# two lines of a test passes it (a 50 ms period did, at load 38); its passing is simulated.
+LIVENESS = 30.0
+
+
+def _liveness_passes(hub: HeartbeatHub) -> None:
+    """As if the hub's last successful renewal were one liveness period and a bit ago."""
+    hub._renewed_at -= LIVENESS + 0.1
+
+
 def _beat(hub: HeartbeatHub) -> None:
     hub.beat([(h, h.lease_state) for h in hub._held])
 
@@ -293,19 +303,19 @@ def test_a_worker_declared_dead_starts_a_new_epoch_re_adopts_its_own_tasks_and_d
 
 def test_a_worker_whose_liveness_writes_fail_past_its_liveness_drops_the_tasks_taken_over() -> None:
     store = SlowStore(delay=0)
-    hub = _hub(store, lease_seconds=0.05)
+    hub = _hub(store, lease_seconds=LIVENESS)
     mine, taken = _session("t-mine"), _session("t-taken")
     store.meta = {
         "t-mine": {"task_id": "t-mine", "lease_epoch": 1, "status": "running"},
         "t-taken": {"task_id": "t-taken", "lease_epoch": 2, "status": "running"},
     }
-    hub.life = store.workers.start("w", 0.05)
+    hub.life = store.workers.start("w", LIVENESS)
     with ExitStack() as stack:
         _holding(hub, stack, [mine, taken])
         store.workers.failing = True
         hub.renew()  # within its liveness: nothing to suspect yet
         assert not taken.lost.is_set()
-        time.sleep(0.06)
+        _liveness_passes(hub)
         hub.renew()
     assert taken.lost.is_set() and not mine.lost.is_set()
     assert store.adopted == []  # it cannot know its epoch was declared dead: nothing re-adopted
@@ -313,13 +323,13 @@ def test_a_worker_whose_liveness_writes_fail_past_its_liveness_drops_the_tasks_t
 
 def test_a_worker_whose_liveness_is_not_renewed_within_its_period_is_not_alive_to_take_tasks() -> None:
     store = SlowStore(delay=0)
-    hub = _hub(store, lease_seconds=0.05)
+    hub = _hub(store, lease_seconds=LIVENESS)
     assert not hub.alive()  # not started: no liveness yet
-    hub.life = store.workers.start("w", 0.05)
+    hub.life = store.workers.start("w", LIVENESS)
     hub.renew()
     assert hub.alive()
     store.workers.failing = True
-    time.sleep(0.06)
+    _liveness_passes(hub)
     hub.renew()
     assert not hub.alive()  # its pollers take nothing new while this lasts
     store.workers.failing = False
