@@ -37,17 +37,12 @@ from typing import Any
 from agentq.local import moto_rollback
 
 REMEMBERED = 4096  # (expression, names) parsed; agentq's make a few dozen
-_installed = False
 
 
-def install() -> bool:
+@moto_rollback.verified_patch
+def install() -> None:
     """Patch moto's condition parser in this process (idempotent). False on a moto series not
     verified."""
-    global _installed
-    if _installed:
-        return True
-    if not moto_rollback.supported():
-        return False
     comparisons = importlib.import_module("moto.dynamodb.comparisons")
     parser_class = comparisons.ConditionExpressionParser
     original_parse = parser_class.parse
@@ -113,8 +108,6 @@ def install() -> bool:
     parser_class.parse = parse
     parser_class._lookup_expression_attribute_value = _lookup_expression_attribute_value
     parser_class._make_operand = _make_operand
-    _installed = True
-    return True
 
 
 def _names(names: Any) -> tuple[tuple[str, str], ...] | None:

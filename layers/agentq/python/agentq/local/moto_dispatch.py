@@ -23,17 +23,11 @@ from typing import Any
 
 from agentq.local import moto_rollback
 
-_installed = False
 
-
-def install() -> bool:
+@moto_rollback.verified_patch
+def install() -> None:
     """Patch moto's response dispatch in this process (idempotent). False on a moto series not
     verified."""
-    global _installed
-    if _installed:
-        return True
-    if not moto_rollback.supported():
-        return False
     responses = importlib.import_module("moto.core.responses")
     listed = responses.method_names_from_class
     names: dict[type, frozenset[str]] = {}
@@ -46,5 +40,3 @@ def install() -> bool:
 
     method_names_from_class.__wrapped__ = listed  # type: ignore[attr-defined]  # moto's, for the tests
     responses.method_names_from_class = method_names_from_class  # type: ignore[attr-defined]  # imported there, not exported
-    _installed = True
-    return True

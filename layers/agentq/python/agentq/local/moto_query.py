@@ -37,16 +37,11 @@ from typing import Any
 from agentq.local import moto_rollback
 
 _state = threading.local()
-_installed = False
 
 
-def install() -> bool:
+@moto_rollback.verified_patch
+def install() -> None:
     """Patch moto's Table in this process (idempotent). False on a moto series not verified."""
-    global _installed
-    if _installed:
-        return True
-    if not moto_rollback.supported():
-        return False
     from moto.dynamodb.models.table import Table
 
     original_query = Table.query
@@ -80,5 +75,3 @@ def install() -> bool:
 
     Table.all_items = all_items  # type: ignore[method-assign]
     Table.query = query  # type: ignore[method-assign]
-    _installed = True
-    return True

@@ -41,7 +41,9 @@ rather than silently slow.
 from __future__ import annotations
 
 import copy
+import functools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +51,6 @@ VERIFIED_MOTO = ((5, 2),)  # (major, minor) series whose internals match the des
 
 _real_deepcopy = copy.deepcopy
 _state = threading.local()
-_installed = False
 
 
 def moto_series() -> tuple[int, int]:
@@ -61,6 +62,23 @@ def moto_series() -> tuple[int, int]:
 
 def supported() -> bool:
     return moto_series() in VERIFIED_MOTO
+
+
+def verified_patch(patch: Callable[[], None]) -> Callable[[], bool]:
+    """``install()`` for a patch of moto's internals: runs ``patch`` at most once a process, and
+    only on a moto series in ``VERIFIED_MOTO`` (another series is left as it is, since the patch
+    was checked against these internals only). Returns whether the patch is in place."""
+    installed = False
+
+    @functools.wraps(patch)
+    def install() -> bool:
+        nonlocal installed
+        if not installed and supported():
+            patch()
+            installed = True
+        return installed
+
+    return install
 
 
 @dataclass
@@ -142,14 +160,10 @@ def _restore(saved: list[_Saved], streams: list[_Stream]) -> None:
         stream.shard.items = stream.records
 
 
-def install() -> bool:
+@verified_patch
+def install() -> None:
     """Patch moto's DynamoDB backend in this process (idempotent). Returns whether the patch is
     in place: False on a moto series not in ``VERIFIED_MOTO``, which is left as it is."""
-    global _installed
-    if _installed:
-        return True
-    if not supported():
-        return False
     from moto.dynamodb import models
 
     original = models.DynamoDBBackend.transact_write_items
@@ -169,5 +183,3 @@ def install() -> bool:
 
     models.copy = _CopyDuringTransaction()  # type: ignore[attr-defined,assignment]
     models.DynamoDBBackend.transact_write_items = transact_write_items  # type: ignore[method-assign]
-    _installed = True
-    return True

@@ -28,17 +28,12 @@ from typing import Any
 from agentq.local import moto_rollback
 
 LIMIT = 405_000  # moto's: between DynamoDB's measured 409 and 410 KB
-_installed = False
 
 
-def install() -> bool:
+@moto_rollback.verified_patch
+def install() -> None:
     """Patch moto's item size check in this process (idempotent). False on a moto series not
     verified."""
-    global _installed
-    if _installed:
-        return True
-    if not moto_rollback.supported():
-        return False
     from moto.dynamodb.exceptions import ItemSizeTooLarge
     from moto.dynamodb.models.dynamo_type import DDBType, DynamoType, LimitedSizeDict
     from moto.dynamodb.models.utilities import bytesize
@@ -79,5 +74,3 @@ def install() -> bool:
 
     __setitem__.__wrapped__ = LimitedSizeDict.__setitem__  # type: ignore[attr-defined]  # moto's, for the tests
     LimitedSizeDict.__setitem__ = __setitem__  # type: ignore[method-assign]
-    _installed = True
-    return True

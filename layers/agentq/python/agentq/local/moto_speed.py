@@ -67,24 +67,17 @@ from agentq.local import moto_rollback
 
 EXPRESSION_CACHE = 4096  # distinct update expressions kept parsed (agentq uses a few dozen)
 _IMMUTABLE = (str, int, float, bool, type(None), bytes)
-_installed = False
 
 
-def install() -> bool:
+@moto_rollback.verified_patch
+def install() -> None:
     """Patch moto in this process (idempotent). False on a moto series not verified."""
-    global _installed
-    if _installed:
-        return True
-    if not moto_rollback.supported():
-        return False
     _fast_attribute_values()
     _parse_update_expressions_once()
     _copy_expression_trees_structurally()
     _walk_trees_by_type()
     _lex_conditions_once()
     quiet_request_log()
-    _installed = True
-    return True
 
 
 def _untyped(module: str) -> Any:

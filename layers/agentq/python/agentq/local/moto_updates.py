@@ -34,17 +34,12 @@ from typing import Any
 from agentq.local import moto_rollback
 
 REMEMBERED = 4096  # (tree, names, keys) combinations that passed; agentq makes a few dozen
-_installed = False
 
 
-def install() -> bool:
+@moto_rollback.verified_patch
+def install() -> None:
     """Patch moto's update-expression validator in this process (idempotent). False on a moto
     series not verified."""
-    global _installed
-    if _installed:
-        return True
-    if not moto_rollback.supported():
-        return False
     validators = importlib.import_module("moto.dynamodb.parsing.validators")
     static = (
         validators.ActionCountValidator,
@@ -91,5 +86,3 @@ def install() -> bool:
 
     validator_class.__init__ = __init__
     validator_class.validate = validate
-    _installed = True
-    return True
