@@ -19,14 +19,21 @@ Command line (what ``cdk synth`` does on its own; useful to warm the cache or se
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: concurrent builders each build, the rename keeps one
+    fcntl = None  # type: ignore[assignment]
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIREMENTS = ROOT / "layers" / "requirements.txt"
@@ -90,9 +97,18 @@ def build_deps_layer(
     final = root / cache_key(architecture, python_version, requirements)
     if (final / COMPLETE_MARKER).exists() and not force:
         return DepsLayer(final, True, f"cached at {final}")
-    root.mkdir(parents=True, exist_ok=True)
-    # Build beside the cache and rename into place: concurrent builders (pytest-xdist workers,
-    # two synths) never see a half-built directory; the loser of the rename drops its copy.
+    with _one_builder(root, final.name):
+        if (final / COMPLETE_MARKER).exists() and not force:  # built while this one waited
+            return DepsLayer(final, True, f"cached at {final}")
+        return _build_deps_layer(final, architecture, python_version, requirements, force, timeout)
+
+
+def _build_deps_layer(
+    final: Path, architecture: str, python_version: str, requirements: Path, force: bool, timeout: float
+) -> DepsLayer:
+    root = final.parent
+    # Build beside the cache and rename into place: nothing ever sees a half-built directory,
+    # and a builder without the lock (no fcntl) that loses the rename drops its copy.
     work = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
     failure = _pip(pip_command(work / "python", architecture, python_version, requirements), timeout)
     if failure is not None:
@@ -133,7 +149,16 @@ def build_user_layer(
     final = root / f"user-{architecture}-{digest.hexdigest()[:16]}"
     if (final / COMPLETE_MARKER).exists():
         return DepsLayer(final, True, f"cached at {final}")
-    root.mkdir(parents=True, exist_ok=True)
+    with _one_builder(root, final.name):
+        if (final / COMPLETE_MARKER).exists():
+            return DepsLayer(final, True, f"cached at {final}")
+        return _build_user_layer(final, package_dir, sources, requirements, architecture, timeout)
+
+
+def _build_user_layer(
+    final: Path, package_dir: Path, sources: list[Path], requirements: Path | None, architecture: str, timeout: float
+) -> DepsLayer:
+    root = final.parent
     work = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
     target = work / "python"
     target.mkdir()
@@ -152,6 +177,17 @@ def build_user_layer(
     except OSError:
         shutil.rmtree(work, ignore_errors=True)
     return DepsLayer(final, True, f"built into {final}")
+
+
+@contextlib.contextmanager
+def _one_builder(root: Path, name: str) -> Iterator[None]:
+    """Builders of one layer take turns (pytest-xdist workers, two synths at once): the second
+    finds the first's build complete rather than running pip for the same layer again."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{name}.lock", "w") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def _pip(command: list[str], timeout: float) -> str | None:

@@ -14,12 +14,15 @@ import os
 import platform
 import subprocess
 import sys
+import threading
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
 
+from infra import build_layers
 from infra.build_layers import CORE_LAYER_DIR, PLATFORMS, REQUIREMENTS, build_deps_layer
 from infra.events import SERVER_MODULE
 from infra.functions import FUNCTIONS_DIR, HANDLERS
@@ -108,3 +111,33 @@ def test_the_layer_pins_exactly_the_base_dependencies() -> None:
             f"{name}=={spec.version} outside pyproject's {base[name].specifier}"
         )
         assert pinned.extras == base[name].extras, name
+
+
+def test_two_builders_of_one_layer_at_once_run_pip_once_and_both_get_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two xdist workers (or two synths) that need a layer not yet cached: the second waits for
+    the first's build instead of running the same pip install beside it. The stand-in pip gives
+    a second concurrent install a second to show up; without the lock it does, within ms."""
+    monkeypatch.setenv("AGENTQ_LAYER_CACHE", str(tmp_path / "cache"))
+    running, installs, second_started = [0], [0], threading.Event()
+    guard = threading.Lock()
+
+    def pip(command: list[str], timeout: float) -> None:
+        with guard:
+            running[0] += 1
+            installs[0] += 1
+            if running[0] > 1:
+                second_started.set()
+        second_started.wait(timeout=1.0)
+        target = Path(command[command.index("--target") + 1])
+        (target / "pkg").mkdir(parents=True)
+        with guard:
+            running[0] -= 1
+
+    monkeypatch.setattr(build_layers, "_pip", pip)
+    with ThreadPoolExecutor(2) as pool:
+        layers = list(pool.map(lambda _: build_deps_layer("arm64"), range(2)))
+    assert installs[0] == 1 and not second_started.is_set()
+    assert [layer.built for layer in layers] == [True, True]
+    assert layers[0].path == layers[1].path and (layers[0].path / "python" / "pkg").is_dir()
