@@ -51,9 +51,14 @@ ENV_VAR = "AGENTQ_FORKSERVER"  # the socket's path, for this process and the pro
 WARM_APPS = ("dynamodb", "dynamodbstreams", "sqs", "s3", "stepfunctions", "secretsmanager", "moto_api")
 # What a worker imports before its first poll, and the model SDKs its providers import on first use.
 WARM_MODULES = ("agentq.cli.main", "agentq.queueing.worker", "agentq.runtime", "anthropic", "openai")
+# An answer takes milliseconds, but the first may wait for the imports (seconds; more on a loaded
+# machine): the limit is for a fork server that is gone or stuck.
+ANSWER_TIMEOUT = 60.0
 
 
-def _ask(path: str, request: dict[str, Any], fds: list[int] | None = None, timeout: float = 10.0) -> dict[str, Any]:
+def _ask(
+    path: str, request: dict[str, Any], fds: list[int] | None = None, timeout: float = ANSWER_TIMEOUT
+) -> dict[str, Any]:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(timeout)
         conn.connect(path)
@@ -272,15 +277,19 @@ def _answer(conn: socket.socket, request: dict[str, Any], fds: list[int], listen
 
 
 def serve(path: str) -> None:
-    """Listen on ``path`` until terminated, forking a process per request."""
-    _warm()
+    """Listen on ``path`` until terminated, forking a process per request.
+
+    "ready" once the socket listens, before the imports: whoever started it need not wait for
+    them (~3.5 s, the test suite's xdist workers start meanwhile); a request made before they
+    are done waits in the socket's backlog until they are."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
-    signal.signal(signal.SIGCHLD, _reap)
     print("ready", flush=True)
+    _warm()
+    signal.signal(signal.SIGCHLD, _reap)
     while True:
         conn, _ = listener.accept()
         with conn:
