@@ -5,7 +5,7 @@ TEST_WORKERS ?= 6
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 
-.PHONY: demo test lint layers bench chaos clean sandbox-tools chromium console-screenshots cdk
+.PHONY: durations demo test lint layers bench chaos clean sandbox-tools chromium console-screenshots cdk
 
 # One venv, two installs. `make test` installs everything (.[dev]); `make demo` only the runtime
 # and the embedded AWS (.[local]), unless the full install is already there and current (a
@@ -56,10 +56,11 @@ demo: $(VENV)/.local-installed sandbox-tools
 # workers leave the cores idle: 109 % of 200 % CPU and 776 s at -n 2 (a suite of 860 CPU-s),
 # and now, with the suite at ~480-540 CPU-s (tests/conftest.py's fork server, racers forked
 # from a pool, moto's fast paths): 151 % and 315 s at -n 4, 178 % and 299 s at -n 6 (quiet
-# machine, clean venv). --dist loadgroup: tests/conftest.py puts each module whose tests share a
-# module-scoped fixture (a local stack, a browser, a synth) in one group, run by one worker, so
-# that fixture starts once a run instead of once per worker; every other test is scheduled on
-# its own, as by xdist's default distribution. The conftest also gives schemathesis' generated
+# machine, clean venv). --dist loadgroup: tests/xdist_scheduling.py puts each module whose tests
+# share a module-scoped fixture (a local stack, a browser, a synth) in one group, run by one
+# worker, so that fixture starts once a run instead of once per worker; every other test is
+# scheduled on its own, the longest first (tests/durations.json, written by `make durations`),
+# so the run does not end on one worker's 15 s tests. It also gives schemathesis' generated
 # tests (tests/test_api_schema.py) node ids of their own, which group scheduling needs.
 #
 # Bytecode is cached for the run even where the environment says PYTHONDONTWRITEBYTECODE: the
@@ -70,6 +71,12 @@ demo: $(VENV)/.local-installed sandbox-tools
 test: $(VENV)/.installed sandbox-tools chromium
 	env -u PYTHONDONTWRITEBYTECODE $(PY) -m compileall -q -j 0 layers/agentq/python >/dev/null
 	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+# How long each test takes, as make test runs them: tests/durations.json, the order it hands out
+# the tests that are not in a group (longest first). Rerun when tests have been added or changed
+# speed; a stale file only balances the workers less well.
+durations: PYTEST_ARGS += --store-durations
+durations: test
 
 # Debian's Chromium for the console's browser tests (tests/test_console.py), which Playwright
 # drives; Playwright's own browser download is never used. Installs once, quietly (apt needs root,

@@ -1,9 +1,26 @@
 """How ``make test`` (``-n 6 --dist loadgroup``) schedules the suite over xdist's workers:
-which tests run together on one worker (the groups), loaded by tests/conftest.py."""
+which tests run together on one worker (the groups), and which are handed out first (the
+longest), loaded by tests/conftest.py.
+
+Why an order: xdist hands a worker its next test in collection order (after the groups, which
+it hands out first, largest first). In file order the run ended with a stretch of 10-17 s
+tests (tests/test_worker_liveness.py, test_worker_kill.py, test_zombie_worker.py) that kept
+one or two workers busy ~35 s after the others had run out of tests, the cores half idle. The
+tests ``tests/durations.json`` lists as long (measured by ``make durations``) go first, longest
+first, so the run ends on short tests that fill in evenly. A test missing from the file (new,
+or under a second) keeps its place after them; a stale file costs balance, never a result.
+"""
 
 from __future__ import annotations
 
+import json
+from collections import defaultdict
+from pathlib import Path
+
 import pytest
+
+DURATIONS = Path(__file__).resolve().parent / "durations.json"
+STORED_FROM = 1.0  # seconds: shorter tests are not worth an entry
 
 # Session-scoped fixtures that start processes: each is the name of the xdist group of the
 # tests that use it (see pytest_collection_modifyitems).
@@ -19,7 +36,7 @@ def _set_nodeid(item: pytest.Item, nodeid: str) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Ready the suite for ``-n 4 --dist loadgroup`` (the Makefile's ``make test``).
+    """Ready the suite for ``-n 6 --dist loadgroup`` (the Makefile's ``make test``).
 
     Every test gets a node id of its own: schemathesis names each generated test of
     tests/test_api_schema.py after its operation (``...[GET /tasks]``) but gives all of them
@@ -39,6 +56,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     stacks, each idling in its worker for the rest of the run (~20 CPU-s apiece), for tests
     that need one."""
     grouping = bool(getattr(config.option, "loadgroup", False))  # set in xdist's workers
+    durations = _durations() if grouping else {}
+    seconds: dict[str, float] = {}  # node id -> how long the test is expected to take, if on its own
     for item in items:
         parent, _, last = item.nodeid.rpartition("::")
         if parent and last != item.name:
@@ -55,3 +74,45 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
         if shared:
             _set_nodeid(item, f"{item.nodeid}@{item.nodeid.split('::', 1)[0]}")
+        else:
+            seconds[item.nodeid] = durations.get(item.nodeid, 0.0)
+    # Longest first among the tests scheduled on their own; a group's tests keep their order
+    # (sharing a module-scoped fixture, pytest has put those of one parameter together).
+    items.sort(key=lambda item: -seconds.get(item.nodeid, 0.0))
+
+
+def _durations() -> dict[str, float]:
+    try:
+        loaded = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): float(v) for k, v in loaded.items()} if isinstance(loaded, dict) else {}
+
+
+def _without_group(nodeid: str) -> str:
+    base, at, group = nodeid.rpartition("@")
+    return base if at and (group in SESSION_GROUPS or group.startswith("tests/")) else nodeid
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--store-durations",
+        action="store_true",
+        help=f"write how long each test took (setup, call and teardown; those of {STORED_FROM:g} s or more) "
+        f"to {DURATIONS.name}, the order make test hands tests out in (make durations)",
+    )
+
+
+_took: defaultdict[str, float] = defaultdict(float)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """(In xdist's controller, every worker's reports arrive here.)"""
+    _took[_without_group(report.nodeid)] += report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if not session.config.getoption("store_durations") or hasattr(session.config, "workerinput"):
+        return
+    kept = {nodeid: round(took, 1) for nodeid, took in sorted(_took.items()) if took >= STORED_FROM}
+    DURATIONS.write_text(json.dumps(kept, indent=0) + "\n")
