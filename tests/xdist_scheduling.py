@@ -9,17 +9,23 @@ one or two workers busy ~35 s after the others had run out of tests, the cores h
 tests ``tests/durations.json`` lists as long (measured by ``make durations``) go first, longest
 first, so the run ends on short tests that fill in evenly. A test missing from the file (new,
 or under a second) keeps its place after them; a stale file costs balance, never a result.
+
+And why the controller rewrites the test modules' asserts before it starts the workers: pytest
+caches each rewritten test module in ``__pycache__``, but on a fresh clone six workers start at
+once, all miss that cache and each rewrites every test module (~5 CPU-s a worker, on two cores).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
-DURATIONS = Path(__file__).resolve().parent / "durations.json"
+TESTS_DIR = Path(__file__).resolve().parent
+DURATIONS = TESTS_DIR / "durations.json"
 STORED_FROM = 1.0  # seconds: shorter tests are not worth an entry
 
 # Session-scoped fixtures that start processes: each is the name of the xdist group of the
@@ -116,3 +122,33 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     kept = {nodeid: round(took, 1) for nodeid, took in sorted(_took.items()) if took >= STORED_FROM}
     DURATIONS.write_text(json.dumps(kept, indent=0) + "\n")
+
+
+@pytest.hookimpl(trylast=True)  # after tests/conftest.py's has started the fork server, which warms meanwhile
+def pytest_configure(config: pytest.Config) -> None:
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        _rewrite_test_modules(config)
+
+
+def _rewrite_test_modules(config: pytest.Config) -> None:
+    """Fill pytest's cache of rewritten test modules (what each worker's import of a test module
+    would otherwise write, if no other worker has yet). pytest has no public call for it: on a
+    pytest whose internals differ this does nothing, and the workers rewrite as before."""
+    if sys.dont_write_bytecode:
+        return
+    try:
+        from _pytest.assertion import rewrite
+
+        state = config.stash[rewrite.assertstate_key]
+        for path in sorted(TESTS_DIR.rglob("*.py")):
+            if not (path.name.startswith("test_") or path.name == "conftest.py"):
+                continue
+            cache = rewrite.get_cache_dir(path)
+            if not rewrite.try_makedirs(cache):
+                return
+            pyc = cache / (path.name[:-3] + rewrite.PYC_TAIL)
+            if rewrite._read_pyc(path, pyc, state.trace) is None:
+                source_hash, code = rewrite._rewrite_test(path, config)
+                rewrite._write_pyc(state, code, source_hash, pyc)
+    except (ImportError, AttributeError, KeyError, TypeError, OSError, SyntaxError):
+        return
