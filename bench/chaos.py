@@ -320,7 +320,7 @@ class Chaos:
 
     def spawn(self) -> None:
         out = (self.logs / f"worker-{len(self.workers)}.log").open("wb")
-        self.workers.append(subprocess.Popen(self.stack.worker_command(), env=self.stack.env(), stdout=out, stderr=out))
+        self.workers.append(self.stack.worker_process(stdout=out, stderr=out))
 
     def live(self) -> list[subprocess.Popen[bytes]]:
         return [w for w in self.workers if w.poll() is None]

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import run_python
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,15 +28,8 @@ def test_the_seeded_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     args = ["--tasks", "12", "--workers", "3", "--chaos-seconds", "20", "--seed", "6", "--drain-seconds", "150"]
     args.append("--no-plot")  # the test checks the invariants; the picture is the bench's
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "chaos.py"), *args, "--json"],
-        check=False,  # the exit code is asserted below, with the invariants that explain it
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=tmp_path,
-        env=env,
-    )
+    # (the exit code is asserted below, with the invariants that explain it)
+    proc = run_python([str(ROOT / "bench" / "chaos.py"), *args, "--json"], env, timeout=900, cwd=tmp_path)
     result = json.loads(proc.stdout)
     broken = {name: where for name, (ok, where) in result["invariants"].items() if not ok}
     assert broken == {} and proc.returncode == 0, (broken, result["figures"], proc.stderr[-3000:])

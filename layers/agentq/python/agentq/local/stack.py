@@ -197,14 +197,20 @@ class LocalStack:
             self._lineage[proc.pid] = (time.monotonic(), quick_exits, dict(extra_env))
             return proc
 
+    def worker_process(self, **popen: Any) -> subprocess.Popen[bytes]:
+        """A worker with this stack's settings that the stack does not supervise (for a caller
+        that kills and replaces its own, as bench/chaos.py does), started as the stack's are;
+        ``popen``: stdin, stdout, stderr as for ``Popen``."""
+        return self._start(self.worker_command(), self.env(), **popen)
+
     @staticmethod
-    def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    def _start(command: list[str], env: dict[str, str], **popen: Any) -> subprocess.Popen[bytes]:
         """A worker process in a session of its own: forked warm where the environment names a
         fork server (``local/forkserver.py``, as the tests do), else started as a program."""
         server = os.environ.get(forkserver.ENV_VAR)
         if server and command[0] == sys.executable:
-            return forkserver.ForkedProcess(server, command[1:], env)
-        return subprocess.Popen(command, env=env, start_new_session=True)
+            return forkserver.ForkedProcess(server, command[1:], env, **popen)
+        return subprocess.Popen(command, env=env, start_new_session=True, **popen)
 
     def restart_workers(self) -> list[subprocess.Popen[bytes]]:
         """Stop every worker (SIGTERM: each ends its tasks at a step boundary) and start as many
