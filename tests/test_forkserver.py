@@ -151,3 +151,13 @@ def test_a_forked_commands_output_can_be_piped_back_as_with_popen() -> None:
     )
     out_bytes, _ = quiet.communicate(timeout=30)
     assert quiet.returncode == 0 and out_bytes.startswith(b"usage: agentq")
+    merged = forkserver.ForkedProcess(
+        os.environ[forkserver.ENV_VAR],
+        ["-c", "import sys; print('out', flush=True); print('err', file=sys.stderr, flush=True)"],
+        env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    both, none = merged.communicate(timeout=30)
+    assert merged.returncode == 0 and both == "out\nerr\n" and none is None

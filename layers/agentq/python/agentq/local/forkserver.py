@@ -110,6 +110,8 @@ class ForkedProcess(subprocess.Popen[Any]):
             end: Any = None
             if how is None:
                 theirs.append(fd)
+            elif how == subprocess.STDOUT and fd == 2:  # stderr to wherever stdout goes
+                theirs.append(theirs[1])
             elif how == subprocess.DEVNULL:
                 theirs.append(os.open(os.devnull, os.O_RDWR))
                 opened.append(theirs[-1])
