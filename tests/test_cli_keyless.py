@@ -10,13 +10,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 from agentq.core.providers.scripted import load_script
 
 from tests.api_support import ROOT
-from tests.helpers import run_agentq
+from tests.helpers import agentq_process, run_agentq
 
 EXAMPLE = ROOT / "examples" / "scripts" / "first_task.yaml"
 LAST_TURN = load_script(str(EXAMPLE)).turns[-1].text
@@ -35,8 +34,9 @@ def test_the_example_script_parses_and_is_the_built_in_first_task() -> None:
 
 def test_the_example_script_runs_a_goal_of_your_own_to_succeeded_on_agentq_dev(tmp_path: Path) -> None:
     env = _keyless(dict(os.environ)) | {"XDG_CONFIG_HOME": str(tmp_path)}
-    dev = subprocess.Popen([sys.executable, "-m", "agentq", "dev", "--workers", "1"], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env, start_new_session=True)  # fmt: skip
+    dev = agentq_process(
+        ["dev", "--workers", "1"], env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+    )
     try:
         exports: dict[str, str] = {}
         assert dev.stdout is not None
@@ -73,8 +73,7 @@ def test_the_example_script_runs_a_goal_of_your_own_to_succeeded_on_agentq_dev(t
 
 
 def test_agentq_run_without_a_key_says_it_plays_a_script_first_then_runs_your_goal_with_it() -> None:
-    ran = subprocess.run([sys.executable, "-m", "agentq", "run", "plan my week"], capture_output=True, text=True,
-                         cwd=ROOT, env=_keyless(dict(os.environ)), timeout=300, check=False)  # fmt: skip
+    ran = run_agentq(["run", "plan my week"], _keyless(dict(os.environ)), timeout=300, cwd=ROOT)
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     first = ran.stdout.splitlines()[0]
     assert first.startswith("agentq run: no ANTHROPIC_API_KEY: running your goal with the scripted provider")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -30,7 +29,7 @@ from agentq.local.stack import LocalStack
 from agentq.resources import QueueSettings
 
 from tests.fake_messages_api import FakeMessagesAPI, overloaded, text_reply, tool_use_reply
-from tests.helpers import call
+from tests.helpers import agentq_process, call
 from tests.helpers import scripted as scripted_submission
 
 CHROMIUM = os.environ.get("AGENTQ_CHROMIUM", "/usr/bin/chromium")
@@ -825,11 +824,8 @@ def test_a_running_task_that_has_not_changed_answers_304(console: Console) -> No
 
 
 def test_agentq_dev_prints_the_console_url_and_serves_it() -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentq", "dev", "--workers", "1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    proc = agentq_process(
+        ["dev", "--workers", "1"], dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
         lines: list[str] = []

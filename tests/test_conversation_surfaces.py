@@ -14,6 +14,7 @@ from agentq.api.models import MessageEvent
 from agentq.core.models import TaskStatus
 
 from tests.api_support import ROOT, ApiStack
+from tests.helpers import run_agentq
 
 CHATTY = {
     "goal": "greet",
@@ -47,10 +48,7 @@ def test_agentq_send_waits_for_the_answer_and_chat_answers_each_line(api_stack: 
     task_id = client.submit(CHATTY).task_id
     client.wait(task_id, timeout=60, poll=0.05)
     env = {**api_stack.cli_env(), "AGENTQ_POLL_SECONDS": "0.05"}
-    sent = subprocess.run(
-        [sys.executable, "-m", "agentq", "send", task_id, "more please", "--wait"],
-        capture_output=True, text=True, timeout=120, env=env, cwd=ROOT, check=False,
-    )  # fmt: skip
+    sent = run_agentq(["send", task_id, "more please", "--wait"], env, timeout=120, cwd=ROOT)
     assert sent.returncode == 0, sent.stderr
     assert sent.stdout.strip() == "second answer"
     chat = subprocess.run(

@@ -23,7 +23,7 @@ from agentq.runtime import Settings, build_store, session
 from agentq.storage.container import Storage
 from agentq.storage.tenant_windows import TenantWindows
 
-from tests.helpers import call, scripted
+from tests.helpers import call, run_agentq, scripted
 from tests.lambda_support import FakeLambdaContext, load_handler
 
 SUB = {"goal": "say hi", "provider": "scripted", "script": {"turns": [{"text": "hi"}]}}
@@ -179,18 +179,9 @@ def test_a_tenant_without_limits_gets_the_default_cap_and_its_own_limits_win(
 
 def test_the_cli_refuses_a_bad_default_naming_the_variable_with_exit_2() -> None:
     import os
-    import subprocess
-    import sys
 
     env = {**os.environ, "AGENTQ_DEFAULT_MAX_STEPS": "many"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "agentq", "worker", "--concurrency", "1"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = run_agentq(["worker", "--concurrency", "1"], env, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.startswith("agentq: AGENTQ_DEFAULT_MAX_STEPS: ") and "Traceback" not in proc.stderr
 

@@ -10,7 +10,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -23,7 +22,7 @@ import pytest
 from agentq.local.fleet import RestartBackoff, describe_exit
 from agentq.local.stack import LocalStack
 
-from tests.helpers import call
+from tests.helpers import agentq_process, call
 
 ROOT = Path(__file__).resolve().parent.parent
 TURNS = [
@@ -62,10 +61,9 @@ class _Lines:
 
 
 def test_a_worker_sigkilled_under_agentq_dev_is_replaced_and_its_task_resumes_with_the_api_up() -> None:
-    dev = subprocess.Popen(
-        [sys.executable, "-m", "agentq", "dev", "--workers", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True,
-    )  # fmt: skip
+    dev = agentq_process(
+        ["dev", "--workers", "1"], dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+    )
     try:
         assert dev.stdout is not None and dev.stderr is not None
         errors = _Lines(dev.stderr)

@@ -13,7 +13,6 @@ import contextlib
 import json
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,7 +31,7 @@ from agentq.runtime import Settings, build_queues, build_registry, build_store
 from agentq.storage.container import Storage
 
 from tests.conftest import child_env
-from tests.helpers import call, deployment, scripted, wait_for
+from tests.helpers import agentq_process, call, deployment, scripted, wait_for
 
 # The worker tests run on the high tier so that they do not depend on how the slot pool shares
 # a worker between tiers (tests/test_priority.py covers that).
@@ -76,11 +75,8 @@ def _ledger_keys(ledger: Path) -> list[str]:
 
 
 def _spawn_worker(settings: Settings, ledger: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    return agentq_process(
         [
-            sys.executable,
-            "-m",
-            "agentq",
             "worker",
             "--concurrency",
             "8",
@@ -93,11 +89,10 @@ def _spawn_worker(settings: Settings, ledger: Path) -> subprocess.Popen[str]:
             "--max-receive-count",
             "5",
         ],
-        env=child_env(settings, AGENTQ_TEST_LEDGER=str(ledger)),
+        child_env(settings, AGENTQ_TEST_LEDGER=str(ledger)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        start_new_session=True,
     )
 
 

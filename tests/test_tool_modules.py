@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import urllib.error
 import urllib.request
@@ -19,6 +18,8 @@ import pytest
 
 from agentq.control.defaults import ConfigurationError
 from agentq.tool_modules import ENTRY_POINT_GROUP, installed_tool_modules, load_tool_modules
+
+from tests.helpers import agentq_process, run_agentq
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,10 +86,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("command", [["dev"], ["worker"], ["run", "a goal"]])
 def test_a_tools_flag_naming_a_missing_module_stops_with_one_line_and_exit_code_2(command: list[str]) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "agentq", *command, "--tools", "no_such_tools"],
-        check=False, capture_output=True, text=True, timeout=60, env=_env(),
-    )  # fmt: skip
+    done = run_agentq([*command, "--tools", "no_such_tools"], _env(), timeout=60)
     assert done.returncode == 2, done.stderr
     assert (
         done.stderr.startswith("agentq: tool module 'no_such_tools' cannot be imported")
@@ -98,10 +96,9 @@ def test_a_tools_flag_naming_a_missing_module_stops_with_one_line_and_exit_code_
 
 def test_agentq_dev_with_tools_serves_them_through_the_api_and_runs_them_on_its_workers(tmp_path: Path) -> None:
     ledger = tmp_path / "ledger.jsonl"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentq", "dev", "--workers", "1", "--tools", "tests.effect_tools"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=_env(AGENTQ_TEST_LEDGER=str(ledger)), start_new_session=True,
+    proc = agentq_process(
+        ["dev", "--workers", "1", "--tools", "tests.effect_tools"],
+        _env(AGENTQ_TEST_LEDGER=str(ledger)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
         lines: list[str] = []
@@ -172,10 +169,10 @@ def test_agentq_dev_reload_restarts_the_workers_on_a_changed_tool_module_and_kee
     module.write_text(
         'from agentq import tool\n\n@tool\ndef price(sku: str) -> str:\n    """A price."""\n    return "v1 " + sku\n'
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentq", "dev", "--workers", "1", "--tools", "shop_tools", "--reload"],
+    proc = agentq_process(
+        ["dev", "--workers", "1", "--tools", "shop_tools", "--reload"],
+        _env(PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)])),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
-        env=_env(PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)])), start_new_session=True,
     )  # fmt: skip
     assert proc.stdout is not None
     lines: list[str] = []
