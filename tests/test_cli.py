@@ -22,7 +22,7 @@ import pytest
 from agentq.cli.main import build_parser, main
 
 from tests.api_support import ROOT, SCRIPTED, ApiStack
-from tests.helpers import call, run_agentq
+from tests.helpers import agentq_process, call, run_agentq
 
 RESEARCH_TOOLS = "python_exec,note_write,note_read,send_report"
 
@@ -285,8 +285,8 @@ def test_watch_of_an_unknown_task_exits_1_without_drawing(cli: Callable[..., Ran
 
 
 def test_dev_prints_what_another_shell_needs_and_stops_on_ctrl_c(tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "agentq", "dev", "--workers", "0", "--auth"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True)  # fmt: skip
+    proc = agentq_process(["dev", "--workers", "0", "--auth"], dict(os.environ), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
     exports: dict[str, str] = {}
     try:
         assert proc.stdout is not None
@@ -299,17 +299,9 @@ def test_dev_prints_what_another_shell_needs_and_stops_on_ctrl_c(tmp_path: Path)
         assert exports["AGENTQ_URL"].startswith("http://127.0.0.1:") and exports["AGENTQ_API_KEY"].startswith("aq_")
         assert {"AGENTQ_TABLE", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID"} <= set(exports)
         shell = {**os.environ, **exports, "XDG_CONFIG_HOME": str(tmp_path)}
-        listed = subprocess.run(
-            [sys.executable, "-m", "agentq", "list", "--json"],
-            capture_output=True,
-            text=True,
-            env=shell,
-            timeout=60,
-            check=False,
-        )
+        listed = run_agentq(["list", "--json"], shell, timeout=60)
         assert listed.returncode == 0 and json.loads(listed.stdout) == {"tasks": [], "next_cursor": None}
-        refused = subprocess.run([sys.executable, "-m", "agentq", "list"], capture_output=True, text=True, timeout=60,
-                                 env={**shell, "AGENTQ_API_KEY": ""}, check=False)  # fmt: skip
+        refused = run_agentq(["list"], {**shell, "AGENTQ_API_KEY": ""}, timeout=60)
         assert refused.returncode == 2 and "unauthorized" not in refused.stdout
     finally:
         proc.send_signal(signal.SIGINT)
