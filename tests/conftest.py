@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -70,9 +71,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     if _forkserver is not None:
-        os.environ.pop(forkserver.ENV_VAR, None)
+        path = os.environ.pop(forkserver.ENV_VAR, "")
         _forkserver.terminate()
         _forkserver.wait(timeout=10)
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -41,6 +41,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any
@@ -191,6 +192,7 @@ def _become(env: dict[str, str], fds: list[int]) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ.clear()
     os.environ.update(env)
+    tempfile.tempdir = None  # as a new program would: from the requester's TMPDIR, not the fork server's
     from moto.moto_api._internal import mock_random  # moto's ids: the same in every sibling otherwise
 
     mock_random.seed()
