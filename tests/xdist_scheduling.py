@@ -29,7 +29,8 @@ DURATIONS = TESTS_DIR / "durations.json"
 STORED_FROM = 1.0  # seconds: shorter tests are not worth an entry
 
 # Session-scoped fixtures that start processes: each is the name of the xdist group of the
-# tests that use it (see pytest_collection_modifyitems).
+# tests that use it (see pytest_collection_modifyitems), and ends with its group's last test
+# (see pytest_runtest_teardown).
 SESSION_GROUPS = frozenset({"api_stack"})
 
 
@@ -85,6 +86,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # Longest first among the tests scheduled on their own; a group's tests keep their order
     # (sharing a module-scoped fixture, pytest has put those of one parameter together).
     items.sort(key=lambda item: -seconds.get(item.nodeid, 0.0))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """A session group's fixture ends after the group's last test, not with the worker's run:
+    the group is handed to one worker whole, which runs its tests one after another, so once
+    the next test does not use the fixture, no test on this worker will. (``api_stack``, a
+    local stack of three processes, idled ~220 s a run that way, ~10 CPU-s.) Should a test
+    want it again all the same, pytest sets it up again, as for a fixture never set up."""
+    if nextitem is None or not getattr(item.config.option, "loadgroup", False):
+        return  # the end of the run tears it down anyway; without groups, no such order
+    info = getattr(item, "_fixtureinfo", None)
+    ending = SESSION_GROUPS & set(getattr(item, "fixturenames", ())) - set(getattr(nextitem, "fixturenames", ()))
+    for name in sorted(ending):
+        for fixturedef in info.name2fixturedefs.get(name, ()) if info is not None else ():
+            if fixturedef.scope == "session":
+                fixturedef.finish(item._request)  # type: ignore[attr-defined]
 
 
 def _durations() -> dict[str, float]:
