@@ -8,6 +8,7 @@ and no invalid input accepted."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import uuid
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.config import SchemathesisConfig
+from schemathesis.pytest import _test_builder
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     negative_data_rejection,
@@ -49,6 +51,32 @@ CONFIG = SchemathesisConfig.from_dict(
 # The document depends on the routes only, not on the store behind them.
 DOCUMENT = openapi_document(build_app(None, None, None))  # type: ignore[arg-type]
 schema = schemathesis.openapi.from_dict(DOCUMENT, config=CONFIG)
+
+
+def _built_when_run(**how: Any) -> Any:
+    """schemathesis' pytest plugin builds each operation's test at collection: its coverage
+    phase draws the cases then (~3.7 CPU-s for this API), in every xdist worker (six in make
+    test), although one runs them. This builds it, with the same arguments, when the test first
+    runs: the same cases, in one worker. (schemathesis' own lazy loader, ``from_fixture``, does
+    not run on pytest 9.) What pytest reads at collection is the test's signature: the fixtures
+    the built test asks for, i.e. the test function's arguments less the generated ``case``."""
+    built: Any = None
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        nonlocal built
+        if built is None:
+            built = _build_at_collection(**how)
+            run.__dict__.update(built.__dict__)  # the marks schemathesis reads when a run fails
+        return built(*args, **kwargs)
+
+    arguments = inspect.signature(how["test_func"]).parameters.values()
+    run.__signature__ = inspect.Signature([a for a in arguments if a.name != "case"])  # type: ignore[attr-defined]
+    run.__name__ = run.__qualname__ = how["test_func"].__name__
+    return run
+
+
+_build_at_collection = _test_builder.build_operation_test
+_test_builder.build_operation_test = _built_when_run  # read by the plugin when it collects this module
 
 
 @dataclass
