@@ -56,7 +56,8 @@ demo: $(VENV)/.local-installed sandbox-tools
 # workers leave the cores idle: 109 % of 200 % CPU and 776 s at -n 2 (a suite of 860 CPU-s),
 # and now, with the suite at ~480-540 CPU-s (tests/conftest.py's fork server, racers forked
 # from a pool, moto's fast paths): 151 % and 315 s at -n 4, 178 % and 299 s at -n 6 (quiet
-# machine, clean venv). --dist loadgroup: tests/xdist_scheduling.py puts each module whose tests
+# machine, a venv that had run the suite before); on a fresh clone, as CI runs it, 336 s
+# (`CI=true bash .ci/run`, 2 cores, f8354f3). --dist loadgroup: tests/xdist_scheduling.py puts each module whose tests
 # share a module-scoped fixture (a local stack, a browser, a synth) in one group, run by one
 # worker, so that fixture starts once a run instead of once per worker; every other test is
 # scheduled on its own, the longest first (tests/durations.json, written by `make durations`),
