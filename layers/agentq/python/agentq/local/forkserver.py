@@ -44,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from typing import Any
 
 ENV_VAR = "AGENTQ_FORKSERVER"  # the socket's path, for this process and the processes it starts
@@ -238,8 +239,6 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
         code = _run_python([str(a) for a in request["python"]], str(request["cwd"]))
     except BaseException:  # the child must never return into the fork server's loop
         with contextlib.suppress(Exception):
-            import traceback
-
             traceback.print_exc()
     finally:
         with contextlib.suppress(Exception):
@@ -292,7 +291,10 @@ def serve(path: str) -> None:
     listener.bind(path)
     listener.listen(64)
     print("ready", flush=True)
-    _warm()
+    try:
+        _warm()
+    except Exception:  # a fork then imports what it needs itself: slower, still right
+        traceback.print_exc()
     signal.signal(signal.SIGCHLD, _reap)
     while True:
         conn, _ = listener.accept()
