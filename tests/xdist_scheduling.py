@@ -138,8 +138,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if not session.config.getoption("store_durations") or hasattr(session.config, "workerinput"):
         return
-    kept = {nodeid: round(took, 1) for nodeid, took in sorted(_took.items()) if took >= STORED_FROM}
-    DURATIONS.write_text(json.dumps(kept, indent=0) + "\n")
+    # Merged into what the file had: a run of some tests (-k, -x, a module) updates those only.
+    measured = {nodeid: round(took, 1) for nodeid, took in _took.items()}
+    kept = {nodeid: took for nodeid, took in {**_durations(), **measured}.items() if took >= STORED_FROM}
+    DURATIONS.write_text(json.dumps(dict(sorted(kept.items())), indent=0) + "\n")
 
 
 @pytest.hookimpl(trylast=True)  # after tests/conftest.py's has started the fork server, which warms meanwhile
@@ -158,9 +160,12 @@ def _rewrite_test_modules(config: pytest.Config) -> None:
         from _pytest.assertion import rewrite
 
         state = config.stash[rewrite.assertstate_key]
-        for path in sorted(TESTS_DIR.rglob("*.py")):
-            if not (path.name.startswith("test_") or path.name == "conftest.py"):
-                continue
+    except (ImportError, AttributeError, KeyError):
+        return
+    for path in sorted(TESTS_DIR.rglob("*.py")):
+        if not (path.name.startswith("test_") or path.name == "conftest.py"):
+            continue
+        try:
             cache = rewrite.get_cache_dir(path)
             if not rewrite.try_makedirs(cache):
                 return
@@ -168,5 +173,5 @@ def _rewrite_test_modules(config: pytest.Config) -> None:
             if rewrite._read_pyc(path, pyc, state.trace) is None:
                 source_hash, code = rewrite._rewrite_test(path, config)
                 rewrite._write_pyc(state, code, source_hash, pyc)
-    except (ImportError, AttributeError, KeyError, TypeError, OSError, SyntaxError):
-        return
+        except Exception:
+            continue
