@@ -167,8 +167,9 @@ def api_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiStack]:
 
     Its workers renew their liveness every 3 s (lease 9 s), not every second: no test of this
     stack is about a worker's liveness (the kills here are of `run-task` processes of their own),
-    and the stack idles in every xdist worker for the whole run, where the 1 s heartbeat's write
-    and peer Query made about a fifth of its idle CPU (measured: 1.69 -> 1.31 CPU-s per 30 s)."""
+    and the 1 s heartbeat's write and peer Query made about a fifth of its idle CPU (measured:
+    1.69 -> 1.31 CPU-s per 30 s). Under make test its tests are one xdist group, and the stack
+    ends after the group's last test (tests/xdist_scheduling.py)."""
     ledger = tmp_path_factory.mktemp("api-ledger") / "ledger.jsonl"
     stack = LocalStack(
         prefix=f"http{uuid.uuid4().hex[:8]}",

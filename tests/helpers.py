@@ -118,7 +118,7 @@ def python_process(argv: list[str], env: dict[str, str], **popen: Any) -> subpro
     server = os.environ.get(forkserver.ENV_VAR)
     if server:
         return forkserver.ForkedProcess(server, argv, env, **popen)
-    return subprocess.Popen([sys.executable, *argv], env=env, **popen)
+    return subprocess.Popen([sys.executable, *argv], env=env, start_new_session=True, **popen)
 
 
 def run_python(

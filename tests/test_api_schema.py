@@ -72,6 +72,7 @@ def _built_when_run(**how: Any) -> Any:
     arguments = inspect.signature(how["test_func"]).parameters.values()
     run.__signature__ = inspect.Signature([a for a in arguments if a.name != "case"])  # type: ignore[attr-defined]
     run.__name__ = run.__qualname__ = how["test_func"].__name__
+    run.pytestmark = list(getattr(how["test_func"], "pytestmark", []))  # type: ignore[attr-defined]  # its marks, read at collection
     return run
 
 

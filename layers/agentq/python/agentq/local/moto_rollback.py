@@ -70,7 +70,7 @@ def verified_patch(patch: Callable[[], None]) -> Callable[[], bool]:
     was checked against these internals only). Returns whether the patch is in place."""
     installed = False
 
-    @functools.wraps(patch)
+    @functools.wraps(patch, assigned=("__module__", "__name__", "__qualname__", "__doc__"))
     def install() -> bool:
         nonlocal installed
         if not installed and supported():
