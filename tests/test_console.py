@@ -337,8 +337,14 @@ def test_a_task_submitted_from_the_page_opens_and_a_refused_one_shows_the_apis_f
 
 
 def test_a_running_task_shows_its_steps_as_they_commit_and_polls_with_etags(console: Console, tab: Page) -> None:
+    # Step 1 commits after the first call, step 8 three calls of 2 s later: the page, open by
+    # then, must show the first without the last (0.6 s calls were not enough on a loaded machine).
     turns = [
-        {"text": f"looking up {i}", "tool_calls": [call("lookup", query=f"q{i}", size=50)], "latency_seconds": 0.6}
+        {
+            "text": f"looking up {i}",
+            "tool_calls": [call("lookup", query=f"q{i}", size=50)],
+            "latency_seconds": 2.0 if i else 0.6,
+        }
         for i in range(4)
     ]
     task_id = console.submit(

@@ -102,7 +102,9 @@ def ctx() -> ToolContext:
 
 
 def fetch(registry: ToolRegistry, url: str, **extra: Any) -> ToolExecution:
-    return registry.execute("http_fetch", {"url": url, "timeout_seconds": 5, **extra}, ctx(), ["http_fetch"])
+    """A refusal comes at once; the limit is for a hang. 30 s, not 5: even an IP literal is
+    resolved on a thread of its own, which a loaded machine starved past 5 s once."""
+    return registry.execute("http_fetch", {"url": url, "timeout_seconds": 30, **extra}, ctx(), ["http_fetch"])
 
 
 def assert_refused(result: ToolExecution, *words: str) -> None:
