@@ -466,6 +466,28 @@ def test_rejecting_a_paused_task_resumes_it_with_the_rejection_on_the_page(conso
     no_errors(tab)
 
 
+def test_a_step_opened_on_the_page_stays_open_when_the_trace_redraws_before_its_toggle_event(
+    console: Console, tab: Page
+) -> None:
+    """The browser reports a click on a step's summary by a toggle event one task later, and a
+    redraw (a step committing) can land in between: that once drew the step closed again on a
+    loaded machine. Here the page never hears the toggle at all, the worst order: the step opened
+    before the approval is still open in the trace drawn after it."""
+    task_id = console.paused("open a step while it waits", "Go on?", "went on")
+    page = tab.page
+    page.goto(f"{console.url}/console/#/tasks/{task_id}")
+    page.wait_for_selector("#approve")
+    page.wait_for_selector("ul.trace details.llm")
+    page.evaluate("() => window.addEventListener('toggle', (e) => e.stopImmediatePropagation(), true)")
+    page.click("ul.trace details.llm summary >> nth=0")
+    status, view = console.http("POST", f"/tasks/{task_id}/approve", {"note": "yes"})
+    assert status == 200, view
+    page.wait_for_selector("h1 .badge.s-succeeded")
+    # The approval's tool call is drawn inside the first step only after the decision: visible only if that step is open.
+    page.wait_for_selector("ul.trace details.llm[open] details.tool:has-text('APPROVED')")
+    no_errors(tab)
+
+
 def test_raising_the_budget_of_a_cost_exceeded_task_resumes_it_from_the_page(console: Console, tab: Page) -> None:
     turns = [{"text": f"turn {i}", "tool_calls": [call("lookup", query=str(i), size=1500)]} for i in range(4)]
     task_id = console.submit(

@@ -44,7 +44,7 @@ export async function taskPage(ctx, taskId) {
     h("div", { class: "grid" }, el.gauge, el.facts, el.actions),
     el.result, el.chat, el.children, el.timeline, el.chart, el.trace);
 
-  const open = new Set(); // trace nodes a person expanded, kept open across redraws
+  const open = new Set(); // trace nodes a person expanded, kept open across redraws (see drawTrace)
   let shown = { view: "", actions: "", trace: "", children: "" };
 
   async function refresh(first) {
@@ -305,9 +305,16 @@ function drawTimeline(el, events) {
 function drawTrace(el, events, open) {
   const byStep = new Map();
   for (const e of events) if (e.type === "tool_call") byStep.set(e.step, [...(byStep.get(e.step) || []), e]);
+  // What a person opened or closed is read from the trace being replaced, not learnt from toggle
+  // events: the browser dispatches a toggle a task after the click, so a redraw landing between
+  // the two would draw the step closed again.
+  for (const d of el.querySelectorAll("details[data-key]")) {
+    if (d.open) open.add(d.dataset.key);
+    else open.delete(d.dataset.key);
+  }
   const keep = (key, details) => {
+    details.dataset.key = key;
     if (open.has(key)) details.open = true;
-    details.addEventListener("toggle", () => (details.open ? open.add(key) : open.delete(key)));
     return details;
   };
   const toolNode = (t) => keep(`tool:${t.tool_use_id}`, h("details", { class: `tool ${t.is_error ? "err" : ""}` },
