@@ -4,7 +4,6 @@ task that commits more often than its lease lasts keeps it with no heartbeat at 
 
 from __future__ import annotations
 
-import threading
 import time
 from contextlib import nullcontext
 from typing import Any
@@ -83,12 +82,15 @@ def test_a_finishing_commit_drops_the_lease_whatever_lease_until_says(store: Sto
     assert store.tasks.get(task.task_id).lease_expires == 0
 
 
-def test_a_task_committing_faster_than_its_lease_keeps_it_with_no_heartbeat(store: Storage, registry: Any) -> None:
+def test_a_task_committing_faster_than_its_lease_keeps_it_with_no_heartbeat(
+    store: Storage, registry: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Lease 3 s, no heartbeat at all, 21 steps over at least 3.85 s (eleven model turns of 0.35 s
-    each, slept by the scripted provider): a rival claims in a loop the whole
-    time. Without the renewal in each commit the lease would lapse after 3 s and the rival
-    would take the task over. (The lease is ~8 turns long so that a loaded machine's slow commit
-    cannot outlast it; a lease of 1 s failed once at load 30.)"""
+    each, slept by the scripted provider). Right after each commit made once the claimed lease has
+    run out, a rival tries to claim the task: without the renewal in each commit it would win the
+    first time. The rival tries on that event, not in a loop of its own, so that a loaded machine's
+    slow commit (a gap longer than the lease, met at load 20) cannot let it in: the claim follows
+    the renewal it tests by one call."""
     turns = [
         {"text": f"turn {i}", "latency_seconds": 0.35, "tool_calls": [call("lookup", query=str(i))]} for i in range(10)
     ]
@@ -96,32 +98,28 @@ def test_a_task_committing_faster_than_its_lease_keeps_it_with_no_heartbeat(stor
     task = store.tasks.create(scripted(turns, tools=["lookup"]), tenant="t")
     engine = Engine(store, worker_id="w1", tools=registry, config=EngineConfig(lease_seconds=3.0))
     sessions: list[LeaseState] = []
-    claimed_lease = []
-    stop = threading.Event()
-    rival_won = []
+    claimed_lease: list[float] = []
+    rival_tries: list[int] = []
+    rival_won: list[int] = []
+    commit = store.steps.commit
 
-    def keeper(session: LeaseState) -> Any:  # entered right after the claim: the rival starts then
+    def keeper(session: LeaseState) -> Any:  # entered right after the claim
         sessions.append(session)
         claimed_lease.append(session.lease.expires_at)
-        thread.start()
         return nullcontext()
 
-    def rival() -> None:
-        while not stop.is_set():
+    def commit_then_rival(lease: Any, step: int, *args: Any, **kwargs: Any) -> Any:
+        record = commit(lease, step, *args, **kwargs)
+        if time.time() > claimed_lease[0] + 0.05:  # the lease the claim took has run out
+            rival_tries.append(step)
             if store.tasks.claim(task.task_id, "rival", 30) is not None:
-                rival_won.append(time.time())
-                return
-            time.sleep(0.05)
+                rival_won.append(step)
+        return record
 
-    thread = threading.Thread(target=rival, daemon=True)
-    began = time.monotonic()
-    try:
-        result = engine.run(task.task_id, keeper=keeper)
-    finally:
-        stop.set()
-        thread.join(timeout=5)
-    assert rival_won == [], "the lease lapsed between commits"
-    assert time.monotonic() - began > 3.5  # longer than the lease (the turns' sleeps alone give 3.85 s)
+    monkeypatch.setattr(store.steps, "commit", commit_then_rival)
+    result = engine.run(task.task_id, keeper=keeper)
+    assert rival_won == [], f"the lease lapsed between commits (the rival won after step {rival_won})"
+    assert rival_tries, "the run ended before its first lease ran out"  # the sleeps alone take 3.85 s
     assert result.status is TaskStatus.SUCCEEDED
     final = store.tasks.get(task.task_id)
     assert final.lease_epoch == 1 and final.claim_count == 1
