@@ -29,7 +29,8 @@ from tests.api_support import ROOT, ApiStack
 TESTS_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS_DIR.parent))  # lets child workers import tests.* tool modules
 
-pytest_plugins = ("tests.xdist_scheduling",)  # how the tests are grouped and ordered for xdist
+# How xdist groups and orders the tests, and how its workers end.
+pytest_plugins = ("tests.xdist_scheduling", "tests.xdist_exit")
 
 
 @pytest.fixture(autouse=True)
