@@ -525,8 +525,10 @@ def test_forking_a_finished_task_at_a_step_opens_the_fork_with_its_model(console
     page.fill("#fork-model", "claude-haiku-4-5")
     tab_to(tab, "fork")
     page.keyboard.press("Enter")
-    page.wait_for_selector(".notice:has-text('Forked as')")
-    fork_id = page.inner_text(".notice").split("Forked as ", 1)[1].rstrip(".")
+    # Read from the notice that said it: 0.6 s later the page goes to the fork, whose notice is empty.
+    notice = page.wait_for_selector(".notice:has-text('Forked as')")
+    assert notice is not None
+    fork_id = (notice.text_content() or "").split("Forked as ", 1)[1].rstrip(".")
     page.wait_for_url(f"**/console/#/tasks/{fork_id}")
     page.wait_for_selector(f"#task-id:has-text('{fork_id}')")
     page.wait_for_selector("h1 .badge.s-succeeded")
