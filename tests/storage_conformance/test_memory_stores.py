@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from agentq.core.errors import LeaseLost
+from agentq.core.errors import LeaseLost, ValidationError
 from agentq.core.memory import (
     Author,
     MemoryConflict,
@@ -30,6 +30,22 @@ PERSON = Author(type="api", key_id="k1")
 
 def _store(backend: Storage, name: str = "shop", tenant: str = "t", **limits: int) -> None:
     backend.memory_stores.create_store(tenant, MemoryStoreSpec(name=name, description="customers", **limits))
+
+
+def test_the_longest_path_is_written_and_versioned_and_one_byte_more_is_refused_naming_it(backend: Storage) -> None:
+    # A version's sort key is VER#<path>#<9 digits>: a 1,024-byte path made DynamoDB refuse the
+    # write (a 500 through the API) while the in-memory table took it.
+    _store(backend)
+    longest = "/" + "/".join(["a" * 200] * 5) + "/bbbb"
+    assert len(longest.encode()) == 1010
+    backend.memory_stores.write("t", "shop", longest, "one", author=PERSON)
+    backend.memory_stores.write("t", "shop", longest, "two", author=PERSON, expected_sha256=content_sha256("one"))
+    assert [v.version for v in backend.memory_stores.versions("t", "shop", longest)] == [2, 1]
+    assert backend.memory_stores.read("t", "shop", longest).content == "two"
+    with pytest.raises(ValidationError) as refused:
+        backend.memory_stores.write("t", "shop", longest + "b", "three", author=PERSON)
+    assert refused.value.field == "path" and "1010 bytes" in str(refused.value)
+    assert [d.path for d in backend.memory_stores.list_documents("t", "shop")] == [longest]
 
 
 def test_a_store_is_seen_only_by_its_tenant(backend: Storage) -> None:

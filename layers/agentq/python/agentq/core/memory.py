@@ -34,7 +34,9 @@ MAX_MEMORY_ATTACHMENTS = 8
 MemoryAccessMode = Literal["read_write", "read_only"]
 STORE_NAME_PATTERN = MEMORY_STORE_PATTERN
 PATH_SEGMENT = re.compile(r"^[A-Za-z0-9._@+-]{1,255}$")
-MAX_PATH_BYTES = 1024
+# DynamoDB's sort key holds at most 1,024 bytes, and a version's is ``VER#<path>#<9 digits>``
+# (storage/keys.py): 14 of them are not the path's.
+MAX_PATH_BYTES = 1010
 MAX_PATH_SEGMENTS = 20
 MAX_DOCUMENT_BYTES = 102_400  # Claude Managed Agents' 100 kB; a version is one item, far under 400 KB
 MAX_DOCUMENTS = 10_000  # the ceiling of a store's own limit: a search reads the whole store
@@ -88,7 +90,7 @@ def content_sha256(content: str) -> str:
 
 def check_path(path: str, *, prefix: bool = False) -> str:
     """A document path: ``/`` then 1-20 segments of letters, digits, ``. _ - @ +`` (no ``.``/``..``),
-    at most 1,024 bytes. ``#`` can never appear, so a path's key prefix in the table
+    at most 1,010 bytes. ``#`` can never appear, so a path's key prefix in the table
     (``VER#<path>#``) never matches another path's. ``prefix``: a listing prefix, which may end
     with ``/`` or be ``/`` alone."""
     if not path.startswith("/"):

@@ -6,7 +6,7 @@ It keeps DynamoDB's semantics where the repositories rely on them: items are sto
 DynamoDB would type them (through the same serializer), conditions are the same
 ``boto3.dynamodb.conditions`` objects evaluated here, a transaction checks every condition
 before it writes anything, a single lock makes each request atomic (as DynamoDB is per item
-and per transaction), and items over 400 KB are refused. The conformance suite runs every
+and per transaction), and items over 400 KB or with a key over DynamoDB's limits are refused. The conformance suite runs every
 repository over this and over DynamoDB on moto server, so the two cannot drift. Races
 between real processes still run against moto server: this table lives in one process.
 """
@@ -56,10 +56,15 @@ from agentq.storage.table import (
 )
 
 MAX_ITEM_BYTES = 400 * 1024
+MAX_KEY_BYTES = {"pk": 2048, "sk": 1024}  # DynamoDB's partition and sort key limits
 _MISSING = object()
 
 
 class ItemTooLarge(ValueError):
+    pass
+
+
+class KeyTooLong(ValueError):
     pass
 
 
@@ -246,6 +251,9 @@ def _key_of(item: Item) -> Key:
 
 
 def _check_size(item: Item) -> None:
+    for name, limit in MAX_KEY_BYTES.items():
+        if len(str(item[name]).encode()) > limit:
+            raise KeyTooLong(f"{name} of an item is {len(str(item[name]).encode())} bytes, over DynamoDB's {limit}")
     size = len(str(to_wire(item)).encode())  # an upper bound of DynamoDB's own measure
     if size > MAX_ITEM_BYTES:
         raise ItemTooLarge(f"item {item['pk']}/{item['sk']} is {size} bytes, over DynamoDB's 400 KB")

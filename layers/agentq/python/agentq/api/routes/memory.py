@@ -25,6 +25,7 @@ from agentq.api.memory_models import (
 )
 from agentq.api.routes.common import ApiDeps, Router
 from agentq.core.memory import (
+    MAX_PATH_BYTES,
     MEMORY_STORE_PATTERN,
     Author,
     MemoryDocument,
@@ -37,7 +38,7 @@ from agentq.storage.memory_stores import MemoryStores
 
 StoreName = Annotated[str, Path(pattern=MEMORY_STORE_PATTERN, description="a memory store's name")]
 DocPath = Annotated[
-    str, Query(min_length=1, max_length=1024, description="the document's path, e.g. /customers/ann.md")
+    str, Query(min_length=1, max_length=MAX_PATH_BYTES, description="the document's path, e.g. /customers/ann.md")
 ]
 Sha256 = Annotated[str | None, Query(pattern=SHA256_PATTERN, description="only if it still has this content_sha256")]
 TAGS = ["memory"]
@@ -95,7 +96,9 @@ def router(deps: ApiDeps) -> Router:
                 operation_id="listMemoryDocuments", tags=TAGS, responses=responses(200, MemoryDocumentList, 404, 422))  # fmt: skip
     def list_documents(
         name: StoreName,
-        path_prefix: Annotated[str, Query(max_length=1024, description="only paths starting with this")] = "/",
+        path_prefix: Annotated[
+            str, Query(max_length=MAX_PATH_BYTES, description="only paths starting with this")
+        ] = "/",
     ) -> MemoryDocumentList:
         return MemoryDocumentList(store=name, documents=stores().list_documents(tenant(), name, path_prefix))
 

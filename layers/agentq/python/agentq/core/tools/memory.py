@@ -26,6 +26,7 @@ from pydantic import AfterValidator, Field
 
 from agentq.core.memory import (
     MAX_DOCUMENT_BYTES,
+    MAX_PATH_BYTES,
     MEMORY_STORE_PATTERN,
     MemoryAttachment,
     MemoryReadOnly,
@@ -39,7 +40,7 @@ MEMORY_TOOLS = (MEMORY_LIST, MEMORY_READ, MEMORY_WRITE, MEMORY_SEARCH)
 StoreName = Annotated[str, Field(pattern=MEMORY_STORE_PATTERN, description="an attached memory store")]
 Path = Annotated[
     str,
-    Field(min_length=2, max_length=1024, description="the document's path, e.g. /customers/42.md"),
+    Field(min_length=2, max_length=MAX_PATH_BYTES, description="the document's path, e.g. /customers/42.md"),
     AfterValidator(check_path),
 ]
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
@@ -81,7 +82,9 @@ def memory_tools(attachments: list[MemoryAttachment]) -> list[ToolSpec]:
     )
     def memory_list(
         store: StoreName,
-        path_prefix: Annotated[str, Field(max_length=1024, description="only paths starting with this")] = "/",
+        path_prefix: Annotated[
+            str, Field(max_length=MAX_PATH_BYTES, description="only paths starting with this")
+        ] = "/",
         ctx: ToolContext | None = None,
     ) -> list[dict[str, Any]]:
         """Listing without content keeps the answer small; read a document to see it."""
