@@ -86,11 +86,11 @@ def test_a_task_committing_faster_than_its_lease_keeps_it_with_no_heartbeat(
     store: Storage, registry: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Lease 3 s, no heartbeat at all, 21 steps over at least 3.85 s (eleven model turns of 0.35 s
-    each, slept by the scripted provider). Right after each commit made once the claimed lease has
-    run out, a rival tries to claim the task: without the renewal in each commit it would win the
-    first time. The rival tries on that event, not in a loop of its own, so that a loaded machine's
-    slow commit (a gap longer than the lease, met at load 20) cannot let it in: the claim follows
-    the renewal it tests by one call."""
+    each, slept by the scripted provider). Each commit moves the lease to a full lease past the
+    moment it was sent. Right after each commit made once the claimed lease has run out, a rival
+    tries to claim the task: without the renewal it would win the first time. The rival tries on
+    that event, not in a loop of its own: a looping rival also won when a loaded machine (load 20)
+    took longer than the lease between two commits; this one could only if a single commit did."""
     turns = [
         {"text": f"turn {i}", "latency_seconds": 0.35, "tool_calls": [call("lookup", query=str(i))]} for i in range(10)
     ]
@@ -101,24 +101,33 @@ def test_a_task_committing_faster_than_its_lease_keeps_it_with_no_heartbeat(
     claimed_lease: list[float] = []
     rival_tries: list[int] = []
     rival_won: list[int] = []
-    commit = store.steps.commit
+    short_renewals: list[int] = []
+    real_commit = store.steps.commit
+    quiet_since = [0.0]  # when the last commit returned: the engine sends the next one later
 
     def keeper(session: LeaseState) -> Any:  # entered right after the claim
         sessions.append(session)
         claimed_lease.append(session.lease.expires_at)
+        quiet_since[0] = time.time()
         return nullcontext()
 
     def commit_then_rival(lease: Any, step: int, *args: Any, **kwargs: Any) -> Any:
-        record = commit(lease, step, *args, **kwargs)
+        record = real_commit(lease, step, *args, **kwargs)
+        if kwargs.get("finish") is not None:
+            return record  # a finishing commit drops the lease: nothing left to take
+        if store.tasks.get(task.task_id).lease_expires < quiet_since[0] + 3.0:
+            short_renewals.append(step)  # (an assert here would fail the task, not the test)
         if time.time() > claimed_lease[0] + 0.05:  # the lease the claim took has run out
             rival_tries.append(step)
             if store.tasks.claim(task.task_id, "rival", 30) is not None:
                 rival_won.append(step)
+        quiet_since[0] = time.time()
         return record
 
     monkeypatch.setattr(store.steps, "commit", commit_then_rival)
     result = engine.run(task.task_id, keeper=keeper)
-    assert rival_won == [], f"the lease lapsed between commits (the rival won after step {rival_won})"
+    assert short_renewals == [], "these steps renewed the lease for less than 3 s"
+    assert rival_won == [], f"the lease lapsed between commits (the rival won after steps {rival_won})"
     assert rival_tries, "the run ended before its first lease ran out"  # the sleeps alone take 3.85 s
     assert result.status is TaskStatus.SUCCEEDED
     final = store.tasks.get(task.task_id)
