@@ -28,7 +28,7 @@ from agentq.core.tools import ToolRegistry, tool
 from agentq.runtime import Settings, build_registry
 from agentq.storage.container import Storage, memory_storage
 
-from tests.helpers import call, scripted
+from tests.helpers import call, scripted, wait_for
 from tests.stopped_worker import resume, stopped_at
 
 WINDOW = '{"claude-sonnet-4": 5000}'  # threshold 70%: 3,500 tokens, ~10,500 characters
@@ -386,6 +386,9 @@ def test_native_compaction_keeps_the_servers_block_in_the_step_sends_it_back_and
         task = store.tasks.create(parse_submission(_submission(compaction="native")), tenant="t")
         engine = Engine(store, worker_id="w", tools=ToolRegistry([read_doc]), config=EngineConfig(lease_seconds=30))
         assert engine.run(task.task_id).status is TaskStatus.SUCCEEDED
+        # The server records a reply's usage once it has written it: the engine can have read the
+        # last reply, committed and returned before that thread gets to it on a loaded machine.
+        wait_for(lambda: len(api.delivered_usage) == len(seen), what="the server's record of every reply")
         delivered = list(api.delivered_usage)
         requests = [r.body for r in seen]
         beta_headers = {r.headers.get("anthropic-beta") for r in seen}
