@@ -6,9 +6,10 @@ It keeps DynamoDB's semantics where the repositories rely on them: items are sto
 DynamoDB would type them (through the same serializer), conditions are the same
 ``boto3.dynamodb.conditions`` objects evaluated here, a transaction checks every condition
 before it writes anything, a single lock makes each request atomic (as DynamoDB is per item
-and per transaction), and items over 400 KB or with a key over DynamoDB's limits are refused. The conformance suite runs every
-repository over this and over DynamoDB on moto server, so the two cannot drift. Races
-between real processes still run against moto server: this table lives in one process.
+and per transaction), and items over 400 KB or with a key over DynamoDB's limits are refused.
+The conformance suite runs every repository over this and over DynamoDB on moto server, so the
+two cannot drift. Races between real processes still run against moto server: this table lives
+in one process.
 """
 
 from __future__ import annotations
@@ -204,7 +205,7 @@ class MemoryTable:
                 else:
                     new_items.append((action, None))
             for written in (i for _, i in new_items if i is not None):
-                _check_size(written)
+                _check_limits(written)
             for (action, new), key in zip(new_items, keys, strict=True):
                 if isinstance(action, Delete):
                     self._items.pop((key["pk"], key["sk"]), None)
@@ -237,7 +238,7 @@ class MemoryTable:
         return copy.deepcopy(old)
 
     def _store(self, item: Item) -> None:
-        _check_size(item)
+        _check_limits(item)
         self._items[(item["pk"], item["sk"])] = item
 
 
@@ -250,10 +251,11 @@ def _key_of(item: Item) -> Key:
     return {"pk": item["pk"], "sk": item["sk"]}
 
 
-def _check_size(item: Item) -> None:
+def _check_limits(item: Item) -> None:
     for name, limit in MAX_KEY_BYTES.items():
-        if len(str(item[name]).encode()) > limit:
-            raise KeyTooLong(f"{name} of an item is {len(str(item[name]).encode())} bytes, over DynamoDB's {limit}")
+        length = len(str(item[name]).encode())
+        if length > limit:
+            raise KeyTooLong(f"{name} of an item is {length} bytes, over DynamoDB's {limit}")
     size = len(str(to_wire(item)).encode())  # an upper bound of DynamoDB's own measure
     if size > MAX_ITEM_BYTES:
         raise ItemTooLarge(f"item {item['pk']}/{item['sk']} is {size} bytes, over DynamoDB's 400 KB")
