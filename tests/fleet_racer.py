@@ -2,7 +2,8 @@
 racer harness of tests/racers.py): it admits its tasks (``FairShare.admit``, the dispatcher's
 gate), ends and releases half of those it admitted (each release wakes a waiter, as a
 finished run does), then admits its parked tasks again, as their woken messages would. The
-report names the tasks holding a slot at the end and counts the parked ones."""
+report names the tasks it saw admitted and not ended, and the tasks its releases woke: a peer's
+release may hand one of this racer's parked tasks a slot after this racer has reported."""
 
 from __future__ import annotations
 
