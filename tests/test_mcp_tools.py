@@ -25,6 +25,7 @@ from agentq.core.models import TaskStatus, ToolsStep
 from agentq.local.stack import LocalStack
 
 from tests.helpers import agentq_process, call, run_agentq, wait_for
+from tests.mcp_servers.billing import release_path
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "billing-" + uuid.uuid4().hex
@@ -76,6 +77,10 @@ class Billing:
         marks = self.ledger.with_name(self.ledger.name + ".started")
         lines = marks.read_text().splitlines() if marks.exists() else []
         return sum(json.loads(line)["customer"] == customer for line in lines)
+
+    def release(self, customer: str) -> None:
+        """End the held send_invoice call for ``customer`` (tests.mcp_servers.billing)."""
+        Path(release_path(str(self.ledger), customer)).touch()
 
     def invoices(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.ledger.read_text().splitlines()] if self.ledger.exists() else []
@@ -216,7 +221,7 @@ def test_a_worker_killed_mid_call_never_sends_an_invoice_twice_and_reruns_a_read
     turns: list[dict[str, Any]] = [
         {"text": "slow billing", "tool_calls": [
             call("mcp__billing__lookup_price", sku="xyz"),
-            call("mcp__billing__send_invoice", customer="globex", amount_cents=42, slow_seconds=2.5)]},
+            call("mcp__billing__send_invoice", customer="globex", amount_cents=42, held=True)]},
         {"text": "done"},
     ]  # fmt: skip
     proc = billing.run_task(billing.agent(turns, servers=[{"name": "billing"}]))
@@ -225,7 +230,7 @@ def test_a_worker_killed_mid_call_never_sends_an_invoice_twice_and_reruns_a_read
     wait_for(lambda: store.effects.get(task_id, turns_id(store, task_id)) is not None, timeout=30,
              what="the invoice call to start")  # fmt: skip
     wait_for(lambda: billing.started("globex"), timeout=30, what="the server to receive the call")  # mid-call
-    os.kill(proc.pid, signal.SIGKILL)
+    os.kill(proc.pid, signal.SIGKILL)  # the call is held until released: the worker dies mid-call
     proc.wait()
     report = billing.resume(task_id)
     assert report["status"] == "succeeded"
@@ -234,7 +239,8 @@ def test_a_worker_killed_mid_call_never_sends_an_invoice_twice_and_reruns_a_read
     invoice = results["mcp__billing__send_invoice"]
     assert invoice.status == "unknown_outcome" and invoice.is_error
     # Never twice: the server received one call for globex, ever (the dead worker's; the resumed
-    # worker, done by now, sent none), and finishes it: wait for its invoice, not for a guess.
+    # worker, done by now, sent none), and finishes it once released: wait for its invoice.
+    billing.release("globex")
     sent = wait_for(lambda: [i for i in billing.invoices()[before:] if i["customer"] == "globex"], timeout=30,
                     what="the server to finish the call the dead worker started")  # fmt: skip
     assert len(sent) == 1 and billing.calls_started("globex") == 1
@@ -251,7 +257,7 @@ def turns_id(store: Any, task_id: str) -> str:
 
 def test_a_server_that_is_down_or_dies_mid_call_gives_the_model_a_clear_error(billing: Billing) -> None:
     slow: list[dict[str, Any]] = [{"text": "billing", "tool_calls": [
-        call("mcp__billing__send_invoice", customer="hooli", amount_cents=9, slow_seconds=3)]}, {"text": "after"}]  # fmt: skip
+        call("mcp__billing__send_invoice", customer="hooli", amount_cents=9, held=True)]}, {"text": "after"}]  # fmt: skip
     agent = billing.agent(slow, servers=[{"name": "billing"}])
     try:
         proc = billing.run_task(agent, lease=10)

@@ -1,6 +1,7 @@
 """A real MCP server (``MCPServer`` from the ``mcp`` package) for the tests: a read-only
-lookup, a side-effecting ``send_invoice`` that appends each call to ``$BILLING_LEDGER``, a slow
-one to kill mid-call, one that fails. Over streamable HTTP (``--port``; every request must carry
+lookup, a side-effecting ``send_invoice`` that appends each call to ``$BILLING_LEDGER`` (held
+mid-call, when asked, until the test releases it: a test kills something while it is held,
+whatever the machine's load), one that fails. Over streamable HTTP (``--port``; every request must carry
 ``Authorization: Bearer $BILLING_TOKEN`` when that is set) or stdio (``--stdio``).
 
     python -m tests.mcp_servers.billing --port 8765
@@ -19,6 +20,12 @@ from mcp.server.mcpserver import MCPServer
 from mcp.types import ToolAnnotations
 
 server = MCPServer("billing")
+HELD_AT_MOST = 300.0  # seconds
+
+
+def release_path(ledger: str, customer: str) -> str:
+    """The file whose creation ends a held ``send_invoice`` call for ``customer``."""
+    return f"{ledger}.release-{customer}"
 
 
 @server.tool(annotations=ToolAnnotations(read_only_hint=True))
@@ -28,13 +35,16 @@ def lookup_price(sku: str) -> str:
 
 
 @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False))
-def send_invoice(customer: str, amount_cents: int, slow_seconds: float = 0) -> str:
+def send_invoice(customer: str, amount_cents: int, held: bool = False) -> str:
     """Send an invoice to a customer (it is recorded; never send one twice)."""
     ledger = os.environ.get("BILLING_LEDGER")
     if ledger:  # the call arrived: tests that kill something mid-call wait for this
         with open(f"{ledger}.started", "a") as out:
             out.write(json.dumps({"customer": customer}) + "\n")
-    time.sleep(slow_seconds)
+    if held and ledger:  # mid-call until the test releases it (a time limit only for a test gone)
+        release, give_up = release_path(ledger, customer), time.monotonic() + HELD_AT_MOST
+        while not os.path.exists(release) and time.monotonic() < give_up:
+            time.sleep(0.05)
     if ledger:
         with open(ledger, "a") as out:
             out.write(json.dumps({"customer": customer, "amount_cents": amount_cents, "pid": os.getpid()}) + "\n")
