@@ -45,6 +45,9 @@ CHROMIUM_ARGS = [
 ]
 ROOT = Path(__file__).resolve().parent.parent
 MAX_RECEIVES = 2  # the stack's queues: a retryable failure dead-letters on the second receive
+# The trace's first LLM call that was committed (not an orphan: a call a worker that lost its task
+# mid-call paid for and never committed, drawn in the trace with no tool calls under it).
+FIRST_COMMITTED_CALL = "ul.trace details.llm:not(.orphan) >> nth=0"
 PROVIDER_ATTEMPTS = 5  # the stack's AGENTQ_PROVIDER_RETRY: each receive tries the provider this often
 TIMEOUT_MS = 30_000
 
@@ -365,7 +368,7 @@ def test_a_running_task_shows_its_steps_as_they_commit_and_polls_with_etags(cons
     assert page.locator("svg.chart rect.bar-in").count() == 5  # one bar per LLM call
     assert page.locator("#result-h").inner_text() == "Result"
     assert page.locator("pre.json").first.inner_text().startswith("{")  # structured result rendered as JSON
-    page.click("ul.trace details.llm summary >> nth=0")
+    page.click(f"{FIRST_COMMITTED_CALL} >> summary >> nth=0")
     page.wait_for_selector("ul.trace details.llm[open] details.tool")
     # Finished: the next polls find nothing new and the API answers 304.
     page.wait_for_function("() => /, [1-9][0-9]* not modified/.test(document.getElementById('live').textContent)")
@@ -460,7 +463,9 @@ def test_rejecting_a_paused_task_resumes_it_with_the_rejection_on_the_page(conso
     assert page.inner_text("#result-h + pre") == "not shipped: the release was rejected"
     assert page.locator("#approve").count() == 0 and page.locator("#reject").count() == 0
     # What the model was told is in the trace: the verdict, who gave it and the note.
-    page.click("ul.trace details.llm summary >> nth=0")
+    # The first committed call: on a loaded machine a worker may lose its task mid-call, and the
+    # trace then starts with that orphan call (paid for, never committed, with no tool under it).
+    page.click(f"{FIRST_COMMITTED_CALL} >> summary >> nth=0")
     page.wait_for_selector("ul.trace details.tool:has-text('REJECTED')")
     assert "wait for the freeze to end" in page.inner_text("ul.trace")
     no_errors(tab)
@@ -477,9 +482,9 @@ def test_a_step_opened_on_the_page_stays_open_when_the_trace_redraws_before_its_
     page = tab.page
     page.goto(f"{console.url}/console/#/tasks/{task_id}")
     page.wait_for_selector("#approve")
-    page.wait_for_selector("ul.trace details.llm")
+    page.wait_for_selector(FIRST_COMMITTED_CALL)
     page.evaluate("() => window.addEventListener('toggle', (e) => e.stopImmediatePropagation(), true)")
-    page.click("ul.trace details.llm summary >> nth=0")
+    page.click(f"{FIRST_COMMITTED_CALL} >> summary >> nth=0")
     status, view = console.http("POST", f"/tasks/{task_id}/approve", {"note": "yes"})
     assert status == 200, view
     page.wait_for_selector("h1 .badge.s-succeeded")
