@@ -32,7 +32,11 @@ from tests.fake_messages_api import FakeMessagesAPI, overloaded, text_reply, too
 from tests.helpers import agentq_process, call
 from tests.helpers import scripted as scripted_submission
 
-CHROMIUM = os.environ.get("AGENTQ_CHROMIUM", "/usr/bin/chromium")
+# Debian's headless shell (`make chromium`), else its full browser, else the tests are skipped.
+CHROMIUM = os.environ.get("AGENTQ_CHROMIUM") or next(
+    (b for b in ("/usr/bin/chromium-headless-shell", "/usr/bin/chromium") if Path(b).exists()),
+    "/usr/bin/chromium-headless-shell",
+)
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
