@@ -232,7 +232,10 @@ def test_a_worker_killed_mid_call_never_sends_an_invoice_twice_and_reruns_a_read
     wait_for(lambda: billing.started("globex"), timeout=30, what="the server to receive the call")  # mid-call
     os.kill(proc.pid, signal.SIGKILL)  # the call is held until released: the worker dies mid-call
     proc.wait()
-    report = billing.resume(task_id)
+    try:
+        report = billing.resume(task_id)
+    finally:
+        billing.release("globex")  # the dead worker's call ends now (a resent one too: seen below)
     assert report["status"] == "succeeded"
     results = {r.name: r for r in billing.results(task_id)}
     assert results["mcp__billing__lookup_price"].content == "xyz costs 300 cents"  # read-only: run again
@@ -240,7 +243,6 @@ def test_a_worker_killed_mid_call_never_sends_an_invoice_twice_and_reruns_a_read
     assert invoice.status == "unknown_outcome" and invoice.is_error
     # Never twice: the server received one call for globex, ever (the dead worker's; the resumed
     # worker, done by now, sent none), and finishes it once released: wait for its invoice.
-    billing.release("globex")
     sent = wait_for(lambda: [i for i in billing.invoices()[before:] if i["customer"] == "globex"], timeout=30,
                     what="the server to finish the call the dead worker started")  # fmt: skip
     assert len(sent) == 1 and billing.calls_started("globex") == 1
