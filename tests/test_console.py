@@ -344,13 +344,14 @@ def test_a_task_submitted_from_the_page_opens_and_a_refused_one_shows_the_apis_f
 
 
 def test_a_running_task_shows_its_steps_as_they_commit_and_polls_with_etags(console: Console, tab: Page) -> None:
-    # Step 1 commits after the first call, step 8 three calls of 2 s later: the page, open by
-    # then, must show the first without the last (0.6 s calls were not enough on a loaded machine).
+    # Step 1 commits after the first call, step 8 three calls of 4 s later: the page, open by
+    # then, must show the first without the last (0.6 s calls were not enough on a loaded machine,
+    # and three of 2 s not always on a fresh clone's).
     turns = [
         {
             "text": f"looking up {i}",
             "tool_calls": [call("lookup", query=f"q{i}", size=50)],
-            "latency_seconds": 2.0 if i else 0.6,
+            "latency_seconds": 4.0 if i else 0.6,
         }
         for i in range(4)
     ]
@@ -367,9 +368,11 @@ def test_a_running_task_shows_its_steps_as_they_commit_and_polls_with_etags(cons
     page.wait_for_selector("h1 .badge.s-succeeded")
     worker = page.inner_text("tr[data-step='1'] td:nth-child(4)")  # the lease owner, host:pid
     assert int(worker.rsplit(":", 1)[1]) in {p.pid for p in console.stack.processes}
-    assert page.inner_text("tr[data-step='1'] td:nth-child(5)") == "1"  # its lease epoch
+    # Its lease epoch: 1, unless a loaded machine's worker lost the task to another mid-call.
+    step_1 = next(s for s in console.stack.store().steps.load(task_id) if s.number == 1)
+    assert page.inner_text("tr[data-step='1'] td:nth-child(5)") == str(step_1.epoch)
     assert page.locator("svg.gauge .gauge-used").count() == 1
-    assert page.locator("svg.chart rect.bar-in").count() == 5  # one bar per LLM call
+    assert page.locator("svg.chart rect.bar-in:not(.orphan)").count() == 5  # one bar per committed LLM call
     assert page.locator("#result-h").inner_text() == "Result"
     assert page.locator("pre.json").first.inner_text().startswith("{")  # structured result rendered as JSON
     page.click(f"{FIRST_COMMITTED_CALL} >> summary >> nth=0")
