@@ -25,6 +25,7 @@ import botocore.client
 
 _counts: Counter[str] = Counter()
 _lock = threading.Lock()
+_dumping = threading.Lock()  # one dump at a time: the periodic one and the one at exit share the tmp file
 _original = botocore.client.BaseClient._make_api_call  # type: ignore[attr-defined]  # botocore-stubs omit the private _make_api_call
 _workers: list[Any] = []  # the Worker this process runs, once started
 
@@ -41,9 +42,10 @@ def _dump(path: str) -> None:
         data = dict(_counts)
     stats = _workers[0].stats() if _workers else None
     tmp = f"{path}.tmp"
-    with open(tmp, "w") as fh:
-        json.dump({"pid": os.getpid(), "counts": data, "worker": stats}, fh)
-    os.replace(tmp, path)
+    with _dumping:
+        with open(tmp, "w") as fh:
+            json.dump({"pid": os.getpid(), "counts": data, "worker": stats}, fh)
+        os.replace(tmp, path)
 
 
 def _capture_worker() -> None:
