@@ -33,10 +33,8 @@ from tests.helpers import agentq_process, call
 from tests.helpers import scripted as scripted_submission
 
 # Debian's headless shell (`make chromium`), else its full browser, else the tests are skipped.
-CHROMIUM = os.environ.get("AGENTQ_CHROMIUM") or next(
-    (b for b in ("/usr/bin/chromium-headless-shell", "/usr/bin/chromium") if Path(b).exists()),
-    "/usr/bin/chromium-headless-shell",
-)
+BROWSERS = ("/usr/bin/chromium-headless-shell", "/usr/bin/chromium")
+CHROMIUM = os.environ.get("AGENTQ_CHROMIUM") or next((b for b in BROWSERS if Path(b).exists()), BROWSERS[0])
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
