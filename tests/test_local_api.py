@@ -4,15 +4,19 @@ auth on as in AWS): each route as a client sees it, with tasks run by real worke
 from __future__ import annotations
 
 import json
+import logging
+import socket
+import struct
+import threading
 from typing import Any
 
 import pytest
 
 from agentq.api.models import MAX_BODY_BYTES
-from agentq.local.api_server import LOCAL_TENANT, dispatch, proxy_event
+from agentq.local.api_server import LOCAL_TENANT, LocalApiServer, dispatch, proxy_event
 
 from tests.api_support import SCRIPTED, ApiStack
-from tests.helpers import call, dynamo
+from tests.helpers import call, dynamo, wait_for
 
 APPROVAL = {
     **SCRIPTED,
@@ -216,3 +220,29 @@ def test_without_an_authorizer_every_request_is_the_local_tenant_and_an_operator
     assert dispatch(handler, None, "GET", "/tasks?status=", {}, None)[0] == 200
     assert seen == [{"tenant": LOCAL_TENANT, "operator": True}]  # the one local user owns the deployment
     assert proxy_event("GET", "/tasks?status=", {}, None)["queryStringParameters"] == {"status": ""}
+
+
+def test_a_client_that_hangs_up_before_its_answer_is_one_log_line_not_a_traceback(
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    entered, gone = threading.Event(), threading.Event()
+
+    def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        entered.set()
+        gone.wait(10)  # answer only once the client has reset the connection
+        return {"statusCode": 200, "headers": {"Content-Type": "text/plain"}, "body": "x" * 1_000_000}
+
+    caplog.set_level(logging.INFO, logger="agentq.local")
+    server = LocalApiServer(handler).start()
+    try:
+        client = socket.create_connection((server.host, server.httpd.server_port))
+        client.sendall(b"GET /health HTTP/1.1\r\nHost: local\r\n\r\n")
+        assert entered.wait(10)
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()  # a reset: the answer's write fails
+        gone.set()
+        wait_for(lambda: [r for r in caplog.records if "went away before its answer" in r.getMessage()],
+                 timeout=10, what="the log line")  # fmt: skip
+    finally:
+        server.stop()
+    assert "Traceback" not in capsys.readouterr().err

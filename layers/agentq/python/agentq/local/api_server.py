@@ -22,7 +22,9 @@ or body (``tests/test_local_api_isolation.py`` races 200 clients of two tenants)
 from __future__ import annotations
 
 import json
+import logging
 import re
+import sys
 import threading
 import time
 import uuid
@@ -37,6 +39,8 @@ from agentq.core.errors import AgentqError, TaskNotFound
 
 if TYPE_CHECKING:
     from agentq.api.event_hub import EventHub
+
+log = logging.getLogger("agentq.local")
 
 LOCAL_TENANT = "local"
 
@@ -160,6 +164,16 @@ class _Server(ThreadingHTTPServer):
 
     daemon_threads = True
     request_queue_size = 1024  # the listen backlog: socketserver's 5 reset a burst of clients
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up before its answer is written (a page navigated away, a CLI
+        or a test that gave up waiting) is an expected race: one line in the log, where
+        socketserver printed a traceback to stderr. Anything else keeps the traceback."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (BrokenPipeError, ConnectionResetError)):
+            log.info("a client (%s) went away before its answer: %s", client_address[0], exc)
+            return
+        super().handle_error(request, client_address)
 
 
 _EVENTS_PATH = re.compile(r"^/tasks/([^/]+)/events$")
