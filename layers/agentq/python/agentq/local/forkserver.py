@@ -32,6 +32,7 @@ Anything else -> ``{"error": "..."}``.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import io
 import json
@@ -295,6 +296,12 @@ def serve(path: str) -> None:
         _warm()
     except Exception:  # a fork then imports what it needs itself: slower, still right
         traceback.print_exc()
+    # What the imports made lives as long as the children: out of the collector's sight, a
+    # child's full collections do not walk it (nor write to its pages, which the fork shares).
+    # Measured over `make test` (gc.callbacks in every child): the moto servers' collections
+    # 4.7 -> 3.4 CPU-s, the workers' 2.4 -> 1.3, the run-task processes' 2.5 -> 1.1.
+    gc.collect()
+    gc.freeze()
     signal.signal(signal.SIGCHLD, _reap)
     while True:
         conn, _ = listener.accept()
