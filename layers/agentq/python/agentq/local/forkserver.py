@@ -38,6 +38,7 @@ import io
 import json
 import os
 import runpy
+import select
 import signal
 import socket
 import subprocess
@@ -145,11 +146,27 @@ class ForkedProcess(subprocess.Popen[Any]):
         return self.returncode
 
     def _wait(self, timeout: float | None) -> int:
+        """Sleeps on the process's pidfd, which becomes readable when it ends, rather than
+        asking the fork server every few milliseconds (a wait of minutes was thousands of
+        requests); the exit code is then asked for until the fork server has reaped it. The
+        pidfd is opened before the first ask: a process not yet reaped keeps its pid, so the
+        pidfd is of this process whenever the ask finds it running."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self._internal_poll() is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(self.args, timeout or 0)
-            time.sleep(0.02)
+        pidfd = None
+        with contextlib.suppress(OSError):  # gone already (its code is at the fork server), or no pidfds
+            pidfd = os.pidfd_open(self.pid)
+        try:
+            while self._internal_poll() is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise subprocess.TimeoutExpired(self.args, timeout or 0)
+                if pidfd is not None and select.select([pidfd], [], [], left)[0]:
+                    time.sleep(0.002)  # ended: the fork server reaps it in a moment
+                elif pidfd is None:
+                    time.sleep(0.02)
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
         assert self.returncode is not None
         return self.returncode
 
