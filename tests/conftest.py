@@ -25,6 +25,7 @@ from agentq.resources import ResourceNames, provision
 from agentq.runtime import Settings, build_registry, build_store, session
 from agentq.storage.container import Storage, memory_storage
 
+from tests import forked_xdist_worker
 from tests.api_support import ROOT, ApiStack
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -56,7 +57,8 @@ def pytest_configure(config: pytest.Config) -> None:
     ``agentq`` command and bench the tests start (or a process they start: ``agentq dev``, a
     bench) is forked from it warm, not started cold: ~1.3 CPU-s less a moto server (~45 a run),
     ~0.4-1.5 less a worker or command (~150 a run). One for all workers, not one each: it is
-    ~4 CPU-s of imports to start."""
+    ~4 CPU-s of imports to start. xdist's workers are forked from it too
+    (tests/forked_xdist_worker.py)."""
     global _forkserver
     if hasattr(config, "workerinput") or os.environ.get(forkserver.ENV_VAR):
         return
@@ -69,6 +71,8 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     assert _forkserver.stdout is not None and _forkserver.stdout.readline().strip() == b"ready"
     os.environ[forkserver.ENV_VAR] = path
+    if getattr(config.option, "tx", None):  # xdist's workers, forked from it too
+        config.option.tx = forked_xdist_worker.specs(config.option.tx)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
