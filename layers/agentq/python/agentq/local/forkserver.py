@@ -153,17 +153,20 @@ class ForkedProcess(subprocess.Popen[Any]):
         pidfd is of this process whenever the ask finds it running."""
         deadline = None if timeout is None else time.monotonic() + timeout
         pidfd = None
-        with contextlib.suppress(OSError):  # gone already (its code is at the fork server), or no pidfds
+        with contextlib.suppress(OSError, AttributeError):  # gone already (its code is at the fork server), no pidfds
             pidfd = os.pidfd_open(self.pid)
         try:
+            ended = select.poll()
+            if pidfd is not None:
+                ended.register(pidfd, select.POLLIN)
             while self._internal_poll() is None:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise subprocess.TimeoutExpired(self.args, timeout or 0)
-                if pidfd is not None and select.select([pidfd], [], [], left)[0]:
-                    time.sleep(0.002)  # ended: the fork server reaps it in a moment
-                elif pidfd is None:
+                if pidfd is None:
                     time.sleep(0.02)
+                elif ended.poll(None if left is None else max(1, int(left * 1000))):
+                    time.sleep(0.002)  # ended: the fork server reaps it in a moment
         finally:
             if pidfd is not None:
                 os.close(pidfd)
@@ -206,6 +209,9 @@ def _become(env: dict[str, str], fds: list[int]) -> None:
     os.setsid()
     for target, fd in zip((0, 1, 2), fds, strict=True):
         os.dup2(fd, target)
+    for fd in set(fds) - {0, 1, 2}:  # the received copies: a process the child starts must not hold them
+        os.close(fd)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})  # blocked by the fork server around the fork
     for sig in (signal.SIGTERM, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -238,7 +244,8 @@ def _run_python(argv: list[str], cwd: str) -> int:
         elif argv[0] == "-c":
             sys.path[:] = program_path("", pythonpath, sys.path)
             sys.argv = ["-c", *argv[2:]]
-            exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})  # python -c CODE
+            # python -c CODE: compiled without this module's __future__ imports
+            exec(compile(argv[1], "<string>", "exec", dont_inherit=True), {"__name__": "__main__"})
         else:
             script = os.path.abspath(argv[0])
             sys.path[:] = program_path(os.path.dirname(script), pythonpath, sys.path)
@@ -289,11 +296,18 @@ def _answer(conn: socket.socket, request: dict[str, Any], fds: list[int], listen
     str(request["cwd"])
     dict(request["env"])
     sys.stdout.flush()
-    pid = os.fork()
-    if pid == 0:
-        listener.close()
-        conn.close()
-        _child(request, fds)
+    # SIGCHLD waits until the new pid's place in _exited is cleared: a pid the kernel hands out
+    # again must not answer with the exit code of the process that had it before.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    try:
+        pid = os.fork()
+        if pid == 0:
+            listener.close()
+            conn.close()
+            _child(request, fds)
+        _exited.pop(pid, None)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
     return {"pid": pid}
 
 
