@@ -1,31 +1,55 @@
 """xdist's workers forked warm from the run's fork server, not started as new interpreters.
 
-Why: a worker started cold imports, before its first test, what the whole suite imports; about
-half of that (moto, boto3, the model SDKs, agentq: ~2.5 of the ~4.5 CPU-s each of six workers
-spent before its first test) is what the fork server (agentq/local/forkserver.py, started by
-tests/conftest.py before the workers) has imported already.
+Why: a worker started cold imports, before its first test, what the whole suite imports; a good
+part of that (moto, boto3, the model SDKs, agentq) is what the fork server
+(agentq/local/forkserver.py, started by tests/conftest.py before the workers) has imported
+already. Measured (``pytest -n 6 -k nomatch``, the collection alone): 36.8 -> 24.7 CPU-s.
 
 How: xdist starts a worker as ``PYTHON -u -c BOOTSTRAP`` and talks to it over its standard
-streams (execnet). With ``--tx popen//python=...`` naming this module (``specs``), PYTHON is
-``python -m tests.forked_xdist_worker``: it hands the same bootstrap and its three streams to
-the fork server, waits for the forked worker and exits with its code. The worker is the program
-xdist would have started: pytest and its plugins are imported after the fork (so pytest
-rewrites the asserts of the test modules and plugins as usual), in the requester's environment
-and directory; only what the fork server had imported is shared. A forked program's exit
-handlers do not run by themselves (the fork server's child leaves with ``os._exit``), so the
-worker runs them when its bootstrap returns, as the interpreter would (tests/xdist_exit.py's
-among them).
+streams (execnet). With ``--tx popen//python=...`` naming this script (``specs``), PYTHON is
+``python tests/forked_xdist_worker.py``: it hands the same bootstrap and its three streams to the
+fork server, waits for the forked worker, and ends as it ended (its exit code, or its signal).
+Signals sent to this process (SIGTERM, SIGINT) are the worker's; and the worker watches this
+process, so that a SIGKILL here (execnet's last resort) ends it too, as it would a worker of its
+own. Where the fork server is not there or does not answer, it runs the interpreter itself.
+
+What differs from a cold worker: what the fork server imported is imported (pytest and its
+plugins are not: they are imported after the fork, and pytest rewrites the asserts of the test
+modules as usual, not those of anyio, which the model SDKs import), with the fork server's hash
+seed and its frozen garbage; the worker is a session of its own. Its end is the interpreter's:
+non-daemon threads are joined, then the exit handlers run (tests/xdist_exit.py's among them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
 import signal
 import sys
+from typing import Any
 
 from agentq.local import forkserver
 
-MODULE = "tests.forked_xdist_worker"
+# The forked worker's program: end with this process (WRAPPER), run CODE, then end as an
+# interpreter ends (threading's shutdown, then the exit handlers).
+_PROGRAM = """\
+import atexit, os, select, signal, sys, threading
+sys.dont_write_bytecode = {dont_write_bytecode}
+def _end_with_wrapper():
+    try:
+        ended = select.poll()
+        ended.register(os.pidfd_open({wrapper}), select.POLLIN)
+        ended.poll()
+    finally:
+        os.kill(os.getpid(), signal.SIGKILL)
+threading.Thread(target=_end_with_wrapper, name="end-with-wrapper", daemon=True).start()
+try:
+    exec({code!r})
+finally:
+    threading._shutdown()
+    atexit._run_exitfuncs()
+"""
 
 
 def specs(tx: list[str]) -> list[str]:
@@ -33,31 +57,46 @@ def specs(tx: list[str]) -> list[str]:
     fork server is up; any other spec (a chosen interpreter, a remote host) as given."""
     if not os.environ.get(forkserver.ENV_VAR):
         return tx
-    return [f"popen//python={sys.executable} -m {MODULE}" if spec == "popen" else spec for spec in tx]
+    python = f"{shlex.quote(sys.executable)} {shlex.quote(os.path.abspath(__file__))}"
+    return [f"popen//python={python}" if spec == "popen" else spec for spec in tx]
 
 
 def main(argv: list[str]) -> int:
-    """``python -m tests.forked_xdist_worker [-u] [-B] -c CODE``: CODE (xdist's bootstrap) run
-    by a forked worker, then its exit handlers, as at an interpreter's end. ``-B`` is kept;
-    ``-u`` needs nothing (execnet writes through descriptors of its own, unbuffered)."""
+    """``python tests/forked_xdist_worker.py [-u] [-B] -c CODE``: CODE (xdist's bootstrap) run
+    by a forked worker. ``-B`` is kept; ``-u`` needs nothing (execnet writes through descriptors
+    of its own, unbuffered)."""
     if argv.count("-c") != 1 or argv[-1] == "-c" or set(argv[: argv.index("-c")]) - {"-u", "-B"}:
-        print(f"usage: python -m {MODULE} [-u] [-B] -c CODE", file=sys.stderr)
+        print(f"usage: python {__file__} [-u] [-B] -c CODE", file=sys.stderr)
         return 2
-    if not os.environ.get(forkserver.ENV_VAR):  # no fork server: the interpreter, as xdist would start it
+    path = os.environ.get(forkserver.ENV_VAR)
+    program = _PROGRAM.format(
+        dont_write_bytecode="-B" in argv or sys.dont_write_bytecode,
+        wrapper=os.getpid(),
+        code=argv[argv.index("-c") + 1],
+    )
+    for sig in (signal.SIGTERM, signal.SIGINT):  # held until the worker exists to take them
+        signal.signal(sig, signal.SIG_IGN)
+    try:
+        if not path:
+            raise OSError("no fork server")
+        worker = forkserver.ForkedProcess(path, ["-c", program], dict(os.environ))
+        pidfd = os.pidfd_open(worker.pid)  # signals go to this process, whatever its pid becomes
+    except Exception:  # the interpreter itself, as xdist would start it
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
         os.execv(sys.executable, [sys.executable, *argv])
-    code = argv[argv.index("-c") + 1]
-    run = "\n".join([
-        "import atexit, sys",
-        f"sys.dont_write_bytecode = {'-B' in argv}",
-        "try:",
-        f"    exec({code!r})",
-        "finally:",
-        "    atexit._run_exitfuncs()",
-    ])  # fmt: skip
-    worker = forkserver.ForkedProcess(os.environ[forkserver.ENV_VAR], ["-c", run], dict(os.environ))
-    signal.signal(signal.SIGTERM, lambda *_: worker.terminate())  # xdist's stop is the worker's
-    signal.signal(signal.SIGINT, lambda *_: worker.send_signal(signal.SIGINT))
-    return worker.wait()
+
+    def forward(sig: int, _: Any) -> None:
+        with contextlib.suppress(OSError):  # it has ended already
+            signal.pidfd_send_signal(pidfd, sig)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    code = worker.wait()
+    if code < 0:  # ended by a signal: so do we
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """xdist's workers forked from the run's fork server (tests/forked_xdist_worker.py): the program
-runs warm, with its exit handlers and its exit code, as the interpreter xdist would start."""
+runs warm, ends as an interpreter ends (threads joined, exit handlers run, its exit code or its
+signal), and cannot outlive the process xdist started."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,47 +15,78 @@ import pytest
 from agentq.local import forkserver
 
 from tests import forked_xdist_worker
+from tests.helpers import wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+WRAPPER = Path(forked_xdist_worker.__file__).resolve()
 
 
-def _worker(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """``python -m tests.forked_xdist_worker ARGS``, as xdist starts it (from the repository)."""
-    return subprocess.run(
-        [sys.executable, "-m", forked_xdist_worker.MODULE, *args],
-        check=False,
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
+def _worker(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """``python tests/forked_xdist_worker.py ARGS``, as xdist starts it."""
+    return subprocess.Popen(
+        [sys.executable, str(WRAPPER), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
 
 
-def test_the_worker_runs_forked_warm_then_its_exit_handlers_and_exits_with_its_code() -> None:
+def test_the_worker_runs_forked_warm_joins_its_threads_runs_its_exit_handlers_and_exits_with_its_code() -> None:
     assert os.environ.get(forkserver.ENV_VAR)  # tests/conftest.py started the fork server
     code = (
-        "import atexit, sys\n"
+        "import atexit, sys, threading, time\n"
         "atexit.register(lambda: print('exit handlers ran', flush=True))\n"
+        "threading.Thread(target=lambda: (time.sleep(0.3), print('thread joined', flush=True))).start()\n"
         "print('warm' if 'moto' in sys.modules else 'cold', sys.dont_write_bytecode, flush=True)\n"
         "raise SystemExit(3)\n"
     )
-    done = _worker("-u", "-B", "-c", code)
-    assert (done.returncode, done.stdout.split("\n")) == (3, ["warm True", "exit handlers ran", ""]), done.stderr
+    # (the first request waits for the fork server's imports: seconds, more on a loaded machine)
+    out, err = (proc := _worker("-u", "-B", "-c", code)).communicate(timeout=180)
+    assert (proc.returncode, out.split("\n")) == (3, ["warm True", "thread joined", "exit handlers ran", ""]), err
+
+
+def test_a_signal_to_the_wrapper_is_the_workers_and_it_ends_by_it() -> None:
+    proc = _worker("-c", "import os, sys, time\nprint(os.getpid(), flush=True)\ntime.sleep(60)\n")
+    assert proc.stdout is not None
+    worker = int(proc.stdout.readline())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == -signal.SIGTERM
+    wait_for(lambda: not _alive(worker), timeout=10, what="the worker's end")
+
+
+def test_a_sigkilled_wrapper_takes_its_worker_with_it() -> None:
+    proc = _worker("-c", "import os, sys, time\nprint(os.getpid(), flush=True)\ntime.sleep(60)\n")
+    assert proc.stdout is not None
+    worker = int(proc.stdout.readline())
+    assert worker != proc.pid and _alive(worker)
+    proc.kill()  # what execnet does to a worker that does not end when told
+    proc.wait(timeout=10)
+    wait_for(lambda: not _alive(worker), timeout=10, what="the worker's end")
 
 
 def test_only_plain_local_workers_are_forked(monkeypatch: pytest.MonkeyPatch) -> None:
     given = ["popen", "popen//python=python3.12", "ssh=host//python=python3"]
     forked = forked_xdist_worker.specs(given)
-    assert forked[0] == f"popen//python={sys.executable} -m tests.forked_xdist_worker" and forked[1:] == given[1:]
+    assert forked[0] == f"popen//python={sys.executable} {WRAPPER}" and forked[1:] == given[1:]
     monkeypatch.delenv(forkserver.ENV_VAR)
     assert forked_xdist_worker.specs(given) == given  # no fork server: started as xdist would
     # and a wrapper started without one runs the interpreter itself
-    cold = _worker("-c", "import sys; print('moto' in sys.modules)", env=dict(os.environ))
-    assert (cold.returncode, cold.stdout) == (0, "False\n"), cold.stderr
+    out, _ = (proc := _worker("-c", "import sys; print('moto' in sys.modules)", env=dict(os.environ))).communicate()
+    assert (proc.returncode, out) == (0, "False\n")
+
+
+def test_this_suites_xdist_workers_are_forked() -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.skip("not an xdist worker (pytest -n 0)")
+    assert os.getsid(0) == os.getpid()  # a forked process is a session of its own; xdist's cold ones are not
 
 
 @pytest.mark.parametrize("args", [[], ["-c"], ["-X", "-c", "pass"], ["-c", "pass", "-c", "pass"]])
 def test_a_command_line_it_does_not_take_is_a_usage_error(args: list[str]) -> None:
-    done = _worker(*args)
-    assert done.returncode == 2 and "usage: python -m tests.forked_xdist_worker" in done.stderr
+    _, err = (proc := _worker(*args)).communicate(timeout=60)
+    assert proc.returncode == 2 and "usage: python" in err
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, ended but not yet reaped by the fork server, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
