@@ -167,10 +167,10 @@ class _Server(ThreadingHTTPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that hangs up before its answer is written (a page navigated away, a CLI
-        or a test that gave up waiting) is an expected race: one line in the log, where
+        or a test that gave up waiting) is an expected race: one line in the log (INFO), where
         socketserver printed a traceback to stderr. Anything else keeps the traceback."""
         exc = sys.exc_info()[1]
-        if isinstance(exc, (BrokenPipeError, ConnectionResetError)):
+        if isinstance(exc, ConnectionError):  # a broken pipe, a reset, an abort
             log.info("a client (%s) went away before its answer: %s", client_address[0], exc)
             return
         super().handle_error(request, client_address)
