@@ -11,7 +11,8 @@ streams (execnet). With ``--tx popen//python=...`` naming this script (``specs``
 fork server, waits for the forked worker, and ends as it ended (its exit code, or its signal).
 Signals sent to this process (SIGTERM, SIGINT) are the worker's; and the worker watches this
 process, so that a SIGKILL here (execnet's last resort) ends it too, as it would a worker of its
-own. Where the fork server is not there or does not answer, it runs the interpreter itself.
+own. Where there is no fork server to reach (no socket, or nothing listening on it), it runs the
+interpreter itself; one that fails to answer is an error (it may have forked the worker).
 
 What differs from a cold worker: what the fork server imported is imported (pytest and its
 plugins are not: they are imported after the fork, and pytest rewrites the asserts of the test
@@ -27,29 +28,41 @@ import os
 import shlex
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 from agentq.local import forkserver
 
 # The forked worker's program: end with this process (WRAPPER), run CODE, then end as an
-# interpreter ends (threading's shutdown, then the exit handlers).
+# interpreter ends (threading's shutdown, then the exit handlers, whatever the shutdown raised).
 _PROGRAM = """\
-import atexit, os, select, signal, sys, threading
+import atexit, os, select, signal, sys, threading, time
 sys.dont_write_bytecode = {dont_write_bytecode}
 def _end_with_wrapper():
     try:
         ended = select.poll()
         ended.register(os.pidfd_open({wrapper}), select.POLLIN)
         ended.poll()
-    finally:
-        os.kill(os.getpid(), signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    except OSError:  # no pidfds here: look every second
+        while True:
+            time.sleep(1)
+            try:
+                os.kill({wrapper}, 0)
+            except ProcessLookupError:
+                break
+    os.kill(os.getpid(), signal.SIGKILL)
 threading.Thread(target=_end_with_wrapper, name="end-with-wrapper", daemon=True).start()
 try:
     exec({code!r})
 finally:
-    threading._shutdown()
-    atexit._run_exitfuncs()
+    try:
+        threading._shutdown()
+    finally:
+        atexit._run_exitfuncs()
 """
+_FORWARDED = {signal.SIGTERM, signal.SIGINT}
 
 
 def specs(tx: list[str]) -> list[str]:
@@ -57,7 +70,7 @@ def specs(tx: list[str]) -> list[str]:
     fork server is up; any other spec (a chosen interpreter, a remote host) as given."""
     if not os.environ.get(forkserver.ENV_VAR):
         return tx
-    python = f"{shlex.quote(sys.executable)} {shlex.quote(os.path.abspath(__file__))}"
+    python = f"{shlex.quote(sys.executable)} {shlex.quote(str(Path(__file__).resolve()))}"
     return [f"popen//python={python}" if spec == "popen" else spec for spec in tx]
 
 
@@ -74,27 +87,32 @@ def main(argv: list[str]) -> int:
         wrapper=os.getpid(),
         code=argv[argv.index("-c") + 1],
     )
-    for sig in (signal.SIGTERM, signal.SIGINT):  # held until the worker exists to take them
-        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)  # held until there is a worker to take them
     try:
         if not path:
-            raise OSError("no fork server")
+            raise FileNotFoundError("no fork server")
         worker = forkserver.ForkedProcess(path, ["-c", program], dict(os.environ))
-        pidfd = os.pidfd_open(worker.pid)  # signals go to this process, whatever its pid becomes
-    except Exception:  # the interpreter itself, as xdist would start it
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, signal.SIG_DFL)
+    except (FileNotFoundError, ConnectionRefusedError):  # never reached a fork server: the interpreter itself
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
         os.execv(sys.executable, [sys.executable, *argv])
+    pidfd = None
+    with contextlib.suppress(OSError):  # (no pidfds here: by its pid, which is its own until it is reaped)
+        pidfd = os.pidfd_open(worker.pid)
 
     def forward(sig: int, _: Any) -> None:
         with contextlib.suppress(OSError):  # it has ended already
-            signal.pidfd_send_signal(pidfd, sig)
+            if pidfd is not None:
+                signal.pidfd_send_signal(pidfd, sig)
+            else:
+                os.kill(worker.pid, sig)
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in _FORWARDED:
         signal.signal(sig, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)  # a signal held meanwhile is forwarded now
     code = worker.wait()
-    if code < 0:  # ended by a signal: so do we
-        signal.signal(-code, signal.SIG_DFL)
+    if code < 0:  # ended by a signal: so do we (SIGKILL and SIGSTOP have no handler to reset)
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     return code
 

@@ -5,6 +5,7 @@ signal), and cannot outlive the process xdist started."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -41,23 +42,36 @@ def test_the_worker_runs_forked_warm_joins_its_threads_runs_its_exit_handlers_an
     assert (proc.returncode, out.split("\n")) == (3, ["warm True", "thread joined", "exit handlers ran", ""]), err
 
 
-def test_a_signal_to_the_wrapper_is_the_workers_and_it_ends_by_it() -> None:
-    proc = _worker("-c", "import os, sys, time\nprint(os.getpid(), flush=True)\ntime.sleep(60)\n")
-    assert proc.stdout is not None
-    worker = int(proc.stdout.readline())
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == -signal.SIGTERM
-    wait_for(lambda: not _alive(worker), timeout=10, what="the worker's end")
+_SLEEPER = "import os, signal, sys, time\n{handler}print(os.getpid(), flush=True)\ntime.sleep(120)\n"
+
+
+@pytest.mark.parametrize(
+    ("handler", "ended"),
+    [("signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))\n", 7), ("", -signal.SIGTERM)],
+    ids=["handled", "default"],
+)
+def test_a_signal_to_the_wrapper_is_the_workers_and_the_wrapper_ends_as_it_ended(handler: str, ended: int) -> None:
+    proc = _worker("-c", _SLEEPER.format(handler=handler))
+    try:
+        worker = _first_line(proc)
+        assert worker != proc.pid  # forked, not the interpreter run in its place
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == ended
+        wait_for(lambda: not _alive(worker), timeout=30, what="the worker's end")
+    finally:
+        proc.kill()
 
 
 def test_a_sigkilled_wrapper_takes_its_worker_with_it() -> None:
-    proc = _worker("-c", "import os, sys, time\nprint(os.getpid(), flush=True)\ntime.sleep(60)\n")
-    assert proc.stdout is not None
-    worker = int(proc.stdout.readline())
-    assert worker != proc.pid and _alive(worker)
-    proc.kill()  # what execnet does to a worker that does not end when told
-    proc.wait(timeout=10)
-    wait_for(lambda: not _alive(worker), timeout=10, what="the worker's end")
+    proc = _worker("-c", _SLEEPER.format(handler=""))
+    try:
+        worker = _first_line(proc)
+        assert worker != proc.pid and _alive(worker)
+        proc.kill()  # what execnet does to a worker that does not end when told
+        proc.wait(timeout=30)
+        wait_for(lambda: not _alive(worker), timeout=30, what="the worker's end")
+    finally:
+        proc.kill()
 
 
 def test_only_plain_local_workers_are_forked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -67,7 +81,8 @@ def test_only_plain_local_workers_are_forked(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.delenv(forkserver.ENV_VAR)
     assert forked_xdist_worker.specs(given) == given  # no fork server: started as xdist would
     # and a wrapper started without one runs the interpreter itself
-    out, _ = (proc := _worker("-c", "import sys; print('moto' in sys.modules)", env=dict(os.environ))).communicate()
+    code = "import sys; print('moto' in sys.modules)"
+    out, _ = (proc := _worker("-c", code, env=dict(os.environ))).communicate(timeout=180)
     assert (proc.returncode, out) == (0, "False\n")
 
 
@@ -81,6 +96,12 @@ def test_this_suites_xdist_workers_are_forked() -> None:
 def test_a_command_line_it_does_not_take_is_a_usage_error(args: list[str]) -> None:
     _, err = (proc := _worker(*args)).communicate(timeout=60)
     assert proc.returncode == 2 and "usage: python" in err
+
+
+def _first_line(proc: subprocess.Popen[str]) -> int:
+    """The worker's first line (its pid), waited for as long as a loaded machine may take."""
+    assert proc.stdout is not None and select.select([proc.stdout], [], [], 180)[0], "no line from the worker"
+    return int(proc.stdout.readline())
 
 
 def _alive(pid: int) -> bool:
