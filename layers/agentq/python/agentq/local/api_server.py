@@ -170,7 +170,7 @@ class _Server(ThreadingHTTPServer):
         or a test that gave up waiting) is an expected race: one line in the log (INFO), where
         socketserver printed a traceback to stderr. Anything else keeps the traceback."""
         exc = sys.exc_info()[1]
-        if isinstance(exc, ConnectionError):  # a broken pipe, a reset, an abort
+        if isinstance(exc, (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)):
             log.info("a client (%s) went away before its answer: %s", client_address[0], exc)
             return
         super().handle_error(request, client_address)
