@@ -211,10 +211,11 @@ def _become(env: dict[str, str], fds: list[int]) -> None:
         os.dup2(fd, target)
     for fd in set(fds) - {0, 1, 2}:  # the received copies: a process the child starts must not hold them
         os.close(fd)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})  # blocked by the fork server around the fork
     for sig in (signal.SIGTERM, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    # blocked by the fork server around the fork; unblocked once the fork server's reaper is not the handler
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
     os.environ.clear()
     os.environ.update(env)
     tempfile.tempdir = None  # as a new program would: from the requester's TMPDIR, not the fork server's
