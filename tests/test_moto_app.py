@@ -22,7 +22,6 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from agentq.local import moto_rollback
 from agentq.local.moto_app import Dispatcher
 from agentq.local.moto_server import MotoServer
 
@@ -185,13 +184,6 @@ def test_a_cancelled_transaction_leaves_no_stream_record(moto_server: MotoServer
     assert [(r["eventName"], r["dynamodb"]["Keys"]["pk"][S]) for r in records] == [("INSERT", "p1"), ("INSERT", "p3")]
     numbers = [int(r["dynamodb"]["SequenceNumber"]) for r in records]
     assert numbers[1] == numbers[0] + 1  # no gap where the cancelled writes were
-
-
-def test_the_installed_moto_is_one_whose_internals_the_rollback_was_checked_against() -> None:
-    """On another moto series the server keeps moto's own (whole-table) rollback: correct but
-    slow again. Re-read moto's ``transact_write_items`` and ``Table`` against
-    ``agentq/local/moto_rollback.py``, then add the series to ``VERIFIED_MOTO``."""
-    assert moto_rollback.supported(), f"moto {moto_rollback.moto_series()} not in {moto_rollback.VERIFIED_MOTO}"
 
 
 # -- Query by partition key ---------------------------------------------------------------------
@@ -1101,3 +1093,39 @@ def test_a_response_class_s_methods_are_listed_once_and_as_moto_lists_them() -> 
         assert cached(clazz) is first  # listed once
     assert {"describe_nothing", "update_item"} <= cached(mine) and "send_message" in cached(SQSResponse)
     assert "send_message" not in cached(mine)
+
+
+NUMBERS_AND_DYNAMODB_SIZES = [  # DynamoDB's rule: 1 byte per 2 significant digits, plus 1 (docs/storage: item_size)
+    ("0", 2), ("7", 2), ("-7", 2), ("+7", 2), ("12", 2), ("123", 3), ("-12.5", 3), ("100", 2), ("1.00", 2),
+    ("0.05", 2), ("1E2", 2), ("1.5e-7", 2), ("120.50", 3), ("9" * 38, 20), ("-0.000" + "1" * 37, 20),
+]  # fmt: skip
+
+
+def test_the_local_server_sizes_a_number_by_dynamodb_s_rule_wherever_moto_sizes_one() -> None:
+    """In-process, after install: a number's size is DynamoDB's, alone, in a number set, in a
+    list and in a map (moto 5.2.5 counted the characters, 5.2.6 an exponent's digits too)."""
+    from moto.dynamodb.models.dynamo_type import DynamoType
+
+    from agentq.local import moto_sizes
+
+    assert moto_sizes.install()
+    for text, size in NUMBERS_AND_DYNAMODB_SIZES:
+        assert DynamoType({"N": text}).size() == size, text
+        assert DynamoType({"NS": [text, "1"]}).size() == size + 2, text
+        assert DynamoType({"L": [{"N": text}]}).size() == size, text
+        assert DynamoType({"M": {"k": {"N": text}}}).size() == 1 + size, text
+
+
+def test_an_item_at_the_limit_with_numbers_is_kept_and_one_byte_more_refused_by_the_server(ddb: Any) -> None:
+    """Against the server: the limit falls where DynamoDB's sizes put it, for every number above."""
+    from agentq.local import moto_sizes
+
+    table = _table(ddb, sort_key=False)
+    for i, (text, size) in enumerate(NUMBERS_AND_DYNAMODB_SIZES):
+        pk = f"p{i:02d}"
+        room = moto_sizes.LIMIT - (len("pk") + len(pk)) - (len("n") + size) - len("pad")
+        fits = {"pk": {S: pk}, "n": {"N": text}, "pad": {S: "x" * room}}
+        ddb.put_item(TableName=table, Item=fits)
+        with pytest.raises(ClientError, match="Item size has exceeded the maximum allowed size"):
+            ddb.put_item(TableName=table, Item=fits | {"pad": {S: "x" * (room + 1)}})
+        assert ddb.get_item(TableName=table, Key={"pk": {S: pk}})["Item"]["pad"][S] == "x" * room

@@ -89,6 +89,7 @@ from agentq.local import (
     moto_sqs,
     moto_streams,
     moto_updates,
+    moto_version,
 )
 
 LISTEN_BACKLOG = 4096  # waiting connections (Linux caps it at net.core.somaxconn)
@@ -180,6 +181,10 @@ def main(
     parser.add_argument("-H", "--host", default="127.0.0.1")
     parser.add_argument("-p", "--port", type=int, default=5000)
     args = parser.parse_args(argv)
+    try:
+        moto_version.require_verified()
+    except moto_version.UnverifiedMoto as unverified:
+        parser.exit(2, f"agentq moto server: {unverified}\n")
     if patch_moto:
         moto_rollback.install()
         moto_query.install()

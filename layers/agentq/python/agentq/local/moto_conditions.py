@@ -20,13 +20,13 @@ value from the request's own values by its text (the same dict the parse would h
 node). A parse that raises is never remembered. At most ``REMEMBERED`` parses are kept; then the
 memory is dropped.
 
-Which moto: the 5.2 series (``moto_rollback.VERIFIED_MOTO``), read in 5.2.5:
+Which moto: ``moto_version.VERIFIED_MOTO`` (read in 5.2.5, and again in 5.2.6):
 ``ConditionExpressionParser.parse`` as lex, ``_parse_paths``, ``_apply_functions``,
 ``_apply_comparator``, ``_apply_in``, ``_apply_between``, ``_apply_parens_and_booleans``,
 ``_assert_no_redundant_parentheses``, ``_find_literals``/``_find_expr_attr_values`` into
 ``expr_attr_names_found``/``expr_attr_values_found``, then ``_make_op_condition``; values read
 only through ``_lookup_expression_attribute_value`` (``_parse_path_element``) and used only by
-``_make_operand``. ``install`` patches nothing on another series.
+``_make_operand``. ``install`` patches nothing on another version.
 """
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from agentq.local import moto_rollback
+from agentq.local import moto_version
 
 REMEMBERED = 4096  # (expression, names) parsed; agentq's make a few dozen
 
 
-@moto_rollback.verified_patch
+@moto_version.verified_patch
 def install() -> None:
-    """Patch moto's condition parser in this process (idempotent). False on a moto series not
+    """Patch moto's condition parser in this process (idempotent). False on a moto version not
     verified."""
     comparisons = importlib.import_module("moto.dynamodb.comparisons")
     parser_class = comparisons.ConditionExpressionParser

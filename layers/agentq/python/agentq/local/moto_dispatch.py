@@ -11,9 +11,9 @@ patch of this package is installed before the first request).
 Here each class's method names are worked out with moto's own function the first time a
 request of that class asks, and kept as a frozenset (``call_action`` only asks ``in``).
 
-Which moto: the 5.2 series (``moto_rollback.VERIFIED_MOTO``), read in 5.2.5: ``call_action``
+Which moto: ``moto_version.VERIFIED_MOTO`` (read in 5.2.5, and again in 5.2.6): ``call_action``
 calls the name ``method_names_from_class`` of ``moto.core.responses``, its only caller.
-``install`` patches nothing on another series.
+``install`` patches nothing on another version.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from agentq.local import moto_rollback
+from agentq.local import moto_version
 
 
-@moto_rollback.verified_patch
+@moto_version.verified_patch
 def install() -> None:
-    """Patch moto's response dispatch in this process (idempotent). False on a moto series not
+    """Patch moto's response dispatch in this process (idempotent). False on a moto version not
     verified."""
     responses = importlib.import_module("moto.core.responses")
     listed = responses.method_names_from_class

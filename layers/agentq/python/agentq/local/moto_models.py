@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentq.local import moto_version
 
+
+@moto_version.verified_patch
 def install() -> None:
     """Stop tracking model instances (idempotent; existing tracked lists are emptied)."""
     from moto.core.common_models import BaseModel

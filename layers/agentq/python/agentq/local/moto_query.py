@@ -21,10 +21,10 @@ it. Index queries and scans are unchanged. The marker is per
 thread, so a request on another thread never sees it (and ``moto_app`` serialises DynamoDB
 requests anyway).
 
-Which moto: the 5.2 series, as read in 5.2.5 and in moto's main branch at 0af643a (August
+Which moto: ``moto_version.VERIFIED_MOTO``, as read in 5.2.5, 5.2.6 and in moto's main branch at 0af643a (August
 2026): ``Table.query(hash_key, ..., index_name, ...)`` building its candidates from
 ``self.all_items()`` on the base-table path, and ``Table.items`` as above. ``install`` patches
-only ``moto_rollback.VERIFIED_MOTO``; ``tests/test_moto_app.py`` checks Query results against
+only ``moto_version.VERIFIED_MOTO``; ``tests/test_moto_app.py`` checks Query results against
 the server, and the conformance tests check Query semantics against the in-memory table.
 """
 
@@ -34,14 +34,14 @@ import inspect
 import threading
 from typing import Any
 
-from agentq.local import moto_rollback
+from agentq.local import moto_version
 
 _state = threading.local()
 
 
-@moto_rollback.verified_patch
+@moto_version.verified_patch
 def install() -> None:
-    """Patch moto's Table in this process (idempotent). False on a moto series not verified."""
+    """Patch moto's Table in this process (idempotent). False on a moto version not verified."""
     from moto.dynamodb.models.table import Table
 
     original_query = Table.query

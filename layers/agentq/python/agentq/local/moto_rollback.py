@@ -28,57 +28,25 @@ It is also what DynamoDB does: all or nothing per transaction, no cost that grow
 ``tests/test_moto_app.py`` checks that a cancelled transaction leaves the table exactly as
 before against the server, including items created and deleted by earlier actions of it.
 
-Which moto: the internals relied on are those of moto 5.2 (read in 5.2.5 and in moto's main
+Which moto: the internals relied on are those of moto 5.2 (read in 5.2.5, 5.2.6 and in moto's main
 branch at 0af643a, August 2026): the ``copy`` module that ``moto.dynamodb.models`` imports and
 takes the per-table backup with, ``Table.items`` as ``{hash: Item}`` or ``{hash: {range: Item}}``
 (a ``defaultdict``), ``Table.stream_shard.items`` as the list of stream records, and
 ``DynamoDBBackend.get_table``/``get_keys_value``. moto 5.1 copied the whole ``tables`` dict
-instead. ``install`` patches only the series in ``VERIFIED_MOTO`` and leaves any other as it is
-(correct, only slow), and a test fails on another series, so the next moto gets read again
-rather than silently slow.
+instead. ``install`` patches only the version ``moto_version.VERIFIED_MOTO`` names.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-VERIFIED_MOTO = ((5, 2),)  # (major, minor) series whose internals match the description above
+from agentq.local import moto_version
 
 _real_deepcopy = copy.deepcopy
 _state = threading.local()
-
-
-def moto_series() -> tuple[int, int]:
-    import moto
-
-    major, minor = moto.__version__.split(".")[:2]
-    return int(major), int(minor)
-
-
-def supported() -> bool:
-    return moto_series() in VERIFIED_MOTO
-
-
-def verified_patch(patch: Callable[[], None]) -> Callable[[], bool]:
-    """``install()`` for a patch of moto's internals: runs ``patch`` at most once a process, and
-    only on a moto series in ``VERIFIED_MOTO`` (another series is left as it is, since the patch
-    was checked against these internals only). Returns whether the patch is in place."""
-    installed = False
-
-    @functools.wraps(patch, assigned=("__module__", "__name__", "__qualname__", "__doc__"))
-    def install() -> bool:
-        nonlocal installed
-        if not installed and supported():
-            patch()
-            installed = True
-        return installed
-
-    return install
 
 
 @dataclass
@@ -160,10 +128,10 @@ def _restore(saved: list[_Saved], streams: list[_Stream]) -> None:
         stream.shard.items = stream.records
 
 
-@verified_patch
+@moto_version.verified_patch
 def install() -> None:
     """Patch moto's DynamoDB backend in this process (idempotent). Returns whether the patch is
-    in place: False on a moto series not in ``VERIFIED_MOTO``, which is left as it is."""
+    in place: False on a moto version other than ``moto_version.VERIFIED_MOTO``, left as it is."""
     from moto.dynamodb import models
 
     original = models.DynamoDBBackend.transact_write_items

@@ -19,7 +19,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 
-from agentq.local import forkserver
+from agentq.local import forkserver, moto_version
 
 LOCAL_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -54,6 +54,9 @@ class MotoServer:
         return [sys.executable, "-m", "agentq.local.moto_app"]
 
     def start(self, timeout: float = 30.0) -> MotoServer:
+        """Start the server and wait for it to answer. Raises ``moto_version.UnverifiedMoto``
+        (before starting anything) when the installed moto is not the verified one."""
+        moto_version.require_verified()
         env = {**os.environ, **LOCAL_CREDENTIALS, "MOTO_PORT": str(self.port)}
         command = [*self.command(), "-H", "127.0.0.1", "-p", str(self.port)]
         server = os.environ.get(forkserver.ENV_VAR)

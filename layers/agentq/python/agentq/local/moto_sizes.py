@@ -9,34 +9,44 @@ fast paths.
 
 Here the same sum is computed with the sizes of the two kinds agentq's items are made of
 worked out inline: a ``DynamoType`` of type ``S`` holding a ``str`` is the length of its UTF-8
-encoding, one of type ``N`` the length of ``str`` of its value, a ``str`` key the length of its
-UTF-8 encoding, exactly what ``DynamoType.size`` and ``bytesize`` give them; every other value
-(sets, lists, maps, binary, booleans, nulls, anything that is not exactly a ``DynamoType``)
-still goes through moto's own ``size()``/``bytesize(str(...))``. Keys first, then values, as
-moto lists them, so an unencodable string raises where it raised; the same total, the same
-refusal (``ItemSizeTooLarge``) at the same size.
+encoding, a ``str`` key the length of its UTF-8 encoding, exactly what ``DynamoType.size`` and
+``bytesize`` give them; every other value (sets, lists, maps, binary, booleans, nulls, anything
+that is not exactly a ``DynamoType``) still goes through moto's own ``size()``/``bytesize(str(...))``.
+Keys first, then values, as moto lists them, so an unencodable string raises where it raised; the
+same total, the same refusal (``ItemSizeTooLarge``) at the same size.
 
-Which moto: the 5.2 series (``moto_rollback.VERIFIED_MOTO``), read in 5.2.5:
-``LimitedSizeDict.__setitem__`` and ``DynamoType.size`` in ``moto/dynamodb/models/dynamo_type.py``.
-``install`` patches nothing on another series.
+Numbers are sized by DynamoDB's documented rule (``agentq.storage.item_size.number_size``: one byte
+per two significant digits, plus one), inline and wherever moto sizes one (its ``number_size``,
+which ``DynamoType.size`` calls for ``N`` and ``NS`` members, nested ones included), so the local
+item limit follows DynamoDB, not a moto release: moto 5.2.5 counted ``len(str(n))``, 5.2.6 counts
+about half the digits but not an exponent's (``1E2`` as three digits).
+
+Which moto: ``moto_version.VERIFIED_MOTO``, read in 5.2.6 (and 5.2.5):
+``LimitedSizeDict.__setitem__``, ``DynamoType.size`` and the ``number_size`` it imports from
+``moto/dynamodb/models/utilities.py`` into ``moto/dynamodb/models/dynamo_type.py``.
+``install`` patches nothing on another version.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from agentq.local import moto_rollback
+from agentq.local import moto_version
+from agentq.storage.item_size import number_size
 
 LIMIT = 405_000  # moto's: between DynamoDB's measured 409 and 410 KB
 
 
-@moto_rollback.verified_patch
+@moto_version.verified_patch
 def install() -> None:
-    """Patch moto's item size check in this process (idempotent). False on a moto series not
+    """Patch moto's item size check in this process (idempotent). False on a moto version not
     verified."""
     from moto.dynamodb.exceptions import ItemSizeTooLarge
+    from moto.dynamodb.models import dynamo_type
     from moto.dynamodb.models.dynamo_type import DDBType, DynamoType, LimitedSizeDict
     from moto.dynamodb.models.utilities import bytesize
+
+    dynamo_type.number_size = number_size  # type: ignore[attr-defined,assignment]  # what DynamoType.size calls for a number, a set's and a nested one's
 
     string, number = DDBType.STRING, DDBType.NUMBER
 
@@ -48,7 +58,7 @@ def install() -> None:
             if value.type == string and type(inner) is str:
                 return len(inner.encode("utf-8"))
             if value.type == number:
-                return len(str(inner))
+                return number_size(str(inner))
             return int(value.size())
         if kind is str:
             return len(value.encode("utf-8"))
@@ -65,7 +75,7 @@ def install() -> None:
                     current += len(inner.encode("utf-8"))
                     continue
                 if held.type == number:
-                    current += len(str(inner))
+                    current += number_size(str(inner))
                     continue
             current += size(held)
         if current + bytesize(key) + size(value) > LIMIT:

@@ -48,9 +48,9 @@ None of these changes what a request returns or which error it raises; ``tests/t
 checks the serialisation against moto's own for the items agentq writes and the other paths
 through the server. ``bench/moto_throughput.py --apps agentq,plain`` measures the difference.
 
-Which moto: the 5.2 series (``moto_rollback.VERIFIED_MOTO``), read in 5.2.5: ``BaseJSONSerializer``
+Which moto: ``moto_version.VERIFIED_MOTO`` (read in 5.2.5, and again in 5.2.6): ``BaseJSONSerializer``
 with ``_serialize``/``_default_serialize``/``_value_picker``, ``UpdateExpressionParser.make``,
-``ast_nodes.Node`` and ``DepthFirstTraverser``; ``install`` patches nothing on another series.
+``ast_nodes.Node`` and ``DepthFirstTraverser``; ``install`` patches nothing on another version.
 """
 
 from __future__ import annotations
@@ -63,15 +63,15 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from agentq.local import moto_rollback
+from agentq.local import moto_version
 
 EXPRESSION_CACHE = 4096  # distinct update expressions kept parsed (agentq uses a few dozen)
 _IMMUTABLE = (str, int, float, bool, type(None), bytes)
 
 
-@moto_rollback.verified_patch
+@moto_version.verified_patch
 def install() -> None:
-    """Patch moto in this process (idempotent). False on a moto series not verified."""
+    """Patch moto in this process (idempotent). False on a moto version not verified."""
     _fast_attribute_values()
     _parse_update_expressions_once()
     _copy_expression_trees_structurally()

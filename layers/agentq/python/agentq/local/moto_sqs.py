@@ -18,6 +18,8 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from agentq.local import moto_version
+
 RECENT = 100_000
 
 
@@ -48,6 +50,7 @@ class RecentReceipts:
             self.add(handle)
 
 
+@moto_version.verified_patch
 def install() -> None:
     """Give every SQS queue moto creates from now on a ``RecentReceipts``, and wake the long
     polls of a queue whose message is made visible (idempotent)."""

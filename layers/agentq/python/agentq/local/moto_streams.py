@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentq.local import moto_version
+
 RECENT = 10_000
 SLACK = 1_000  # trim in batches: deleting from the front of a list costs its length
 
@@ -23,6 +25,7 @@ def trim(shard: Any, limit: int = RECENT, slack: int = SLACK) -> None:
         shard.starting_sequence_number += excess
 
 
+@moto_version.verified_patch
 def install() -> None:
     """Bound every stream shard moto creates from now on (idempotent)."""
     from moto.dynamodb.models.table import StreamShard

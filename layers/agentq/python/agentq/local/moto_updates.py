@@ -19,10 +19,10 @@ remembered, so every failing request runs moto's own walks and raises what moto 
 remembered trees are kept alive with their entries (an entry is keyed by the tree's ``id``),
 and the whole memory is dropped when it holds ``REMEMBERED`` entries.
 
-Which moto: the 5.2 series (``moto_rollback.VERIFIED_MOTO``), read in 5.2.5:
+Which moto: ``moto_version.VERIFIED_MOTO`` (read in 5.2.5, and again in 5.2.6):
 ``UpdateExpressionValidator.get_ast_processors`` lists the three checks first, ``Validator``
 keeps them in ``processors`` and the copied tree in ``node_to_validate``, and ``validate`` runs
-the processors in order. ``install`` patches nothing on another series, and skips only the
+the processors in order. ``install`` patches nothing on another version, and skips only the
 leading processors of those three types, so a moto that moved them runs them all.
 """
 
@@ -31,15 +31,15 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from agentq.local import moto_rollback
+from agentq.local import moto_version
 
 REMEMBERED = 4096  # (tree, names, keys) combinations that passed; agentq makes a few dozen
 
 
-@moto_rollback.verified_patch
+@moto_version.verified_patch
 def install() -> None:
     """Patch moto's update-expression validator in this process (idempotent). False on a moto
-    series not verified."""
+    version not verified."""
     validators = importlib.import_module("moto.dynamodb.parsing.validators")
     static = (
         validators.ActionCountValidator,

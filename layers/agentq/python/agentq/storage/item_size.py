@@ -20,8 +20,11 @@ from agentq.storage.serdes import to_item
 WRITE_UNIT_BYTES = 1024
 
 
-def _number_size(raw: str) -> int:
-    digits = raw.lstrip("-").replace(".", "").split("e")[0].split("E")[0].strip("0")
+def number_size(raw: str) -> int:
+    """A number's size: one byte per two significant digits (leading and trailing zeroes and
+    the exponent dropped), plus one. The local server sizes numbers with this too
+    (``agentq.local.moto_sizes``), so its item limit is DynamoDB's, whatever a moto release does."""
+    digits = raw.strip().lstrip("+-").replace(".", "").split("e")[0].split("E")[0].strip("0")
     return math.ceil(max(1, len(digits)) / 2) + 1
 
 
@@ -40,7 +43,7 @@ def attribute_size(value: Mapping[str, Any]) -> int:
     if kind == "S":
         return len(str(raw).encode())
     if kind == "N":
-        return _number_size(str(raw))
+        return number_size(str(raw))
     if kind == "B":
         return _binary_size(raw)
     if kind in ("BOOL", "NULL"):
@@ -48,7 +51,7 @@ def attribute_size(value: Mapping[str, Any]) -> int:
     if kind == "SS":
         return sum(len(s.encode()) for s in raw)
     if kind == "NS":
-        return sum(_number_size(n) for n in raw)
+        return sum(number_size(n) for n in raw)
     if kind == "BS":
         return sum(_binary_size(b) for b in raw)
     if kind == "L":
