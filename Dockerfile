@@ -13,8 +13,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
 
 WORKDIR /opt/agentq
 COPY pyproject.toml README.md ./
+COPY requirements/constraints.txt ./requirements/constraints.txt
 COPY layers/agentq/python ./layers/agentq/python
-RUN pip install --no-compile ".${AGENTQ_EXTRAS:+[$AGENTQ_EXTRAS]}"
+# The versions the suite was proven with (requirements/constraints.txt), as `make` installs them.
+RUN pip install --no-compile -c requirements/constraints.txt --build-constraint requirements/constraints.txt \
+    ".${AGENTQ_EXTRAS:+[$AGENTQ_EXTRAS]}"
 
 # Your code: copied whole (the build context is the project), then only its folder is kept.
 COPY . /tmp/context

@@ -5,36 +5,56 @@ TEST_WORKERS ?= 6
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 
-.PHONY: durations demo test lint layers bench chaos clean sandbox-tools chromium console-screenshots cdk
+.PHONY: durations demo test lint layers bench chaos clean sandbox-tools chromium console-screenshots cdk upgrade-deps
 
 # One venv, two installs. `make test` installs everything (.[dev]); `make demo` only the runtime
 # and the embedded AWS (.[local]), unless the full install is already there and current (a
-# superset). Each stamp is keyed on pyproject.toml, so either order works and an edit reinstalls.
+# superset). Each stamp is keyed on pyproject.toml and the pins, so either order works and an
+# edit reinstalls. Every install takes its versions from requirements/constraints.txt (pip,
+# and setuptools for the editable build, included): a fresh machine gets exactly what the suite
+# was proven with. `make upgrade-deps` moves the pins.
+CONSTRAINTS := requirements/constraints.txt
+PIP_INSTALL = $(PY) -m pip install -q -c $(CONSTRAINTS) --build-constraint $(CONSTRAINTS)
+
 $(PY):
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c $(CONSTRAINTS) --upgrade pip setuptools
 
-$(VENV)/.installed: pyproject.toml | $(PY)
-	$(PY) -m pip install -q -e ".[dev]"
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS) | $(PY)
+	$(PIP_INSTALL) -e ".[dev]"
 	touch $@
 
-$(VENV)/.local-installed: pyproject.toml | $(PY)
-	if [ -f $(VENV)/.installed ] && [ $(VENV)/.installed -nt pyproject.toml ]; then :; \
-	else $(PY) -m pip install -q -e ".[local]"; fi
+$(VENV)/.local-installed: pyproject.toml $(CONSTRAINTS) | $(PY)
+	if [ -f $(VENV)/.installed ] && [ $(VENV)/.installed -nt pyproject.toml ] && [ $(VENV)/.installed -nt $(CONSTRAINTS) ]; then :; \
+	else $(PIP_INSTALL) -e ".[local]"; fi
 	touch $@
 
 # What `npx cdk synth/deploy` runs (cdk.json: .venv/bin/python app.py): aws-cdk-lib, cdk-nag, cfn-lint.
 # `make test` installs them too; after `make demo` alone, `make cdk` adds just these.
-$(VENV)/.cdk-installed: pyproject.toml | $(PY)
-	if [ -f $(VENV)/.installed ] && [ $(VENV)/.installed -nt pyproject.toml ]; then :; \
-	else $(PY) -m pip install -q -e ".[local,cdk]"; fi
+$(VENV)/.cdk-installed: pyproject.toml $(CONSTRAINTS) | $(PY)
+	if [ -f $(VENV)/.installed ] && [ $(VENV)/.installed -nt pyproject.toml ] && [ $(VENV)/.installed -nt $(CONSTRAINTS) ]; then :; \
+	else $(PIP_INSTALL) -e ".[local,cdk]"; fi
 	touch $@
 
 cdk: $(VENV)/.cdk-installed
 
 $(VENV)/.bench-installed: $(VENV)/.installed
-	$(PY) -m pip install -q -e ".[dev,bench]"
+	$(PIP_INSTALL) -e ".[dev,bench]"
 	touch $@
+
+# Move the pins: every extra resolved afresh inside pyproject's ranges in a new venv, its versions
+# written to requirements/constraints.txt and the layers' files (requirements/pin.py), then the
+# whole suite reinstalled and run on them. A new moto stops the local stack until its patches are
+# read again (agentq/local/moto_version.py says how).
+UPGRADE_VENV := .venv-upgrade
+upgrade-deps:
+	rm -rf $(UPGRADE_VENV)
+	python3 -m venv $(UPGRADE_VENV)
+	$(UPGRADE_VENV)/bin/python -m pip install -q --upgrade pip setuptools
+	$(UPGRADE_VENV)/bin/python -m pip install -q -e ".[dev,bench]"
+	$(UPGRADE_VENV)/bin/python requirements/pin.py --python $(UPGRADE_VENV)/bin/python
+	rm -rf $(UPGRADE_VENV) $(VENV)
+	$(MAKE) test
 
 # python_exec runs model-written code only inside bubblewrap (agentq/sandbox/bwrap.py) and refuses
 # to run it without. Installed from Debian's package where we can (root with apt-get); otherwise
@@ -122,4 +142,4 @@ chaos: $(VENV)/.installed
 	$(PY) bench/chaos.py $(CHAOS_ARGS)
 
 clean:
-	rm -rf $(VENV) cdk.out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(UPGRADE_VENV) cdk.out .pytest_cache .mypy_cache .ruff_cache

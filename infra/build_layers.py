@@ -3,7 +3,8 @@
 ``pip install --target`` with ``--platform manylinux2014_<arch> --only-binary=:all:`` downloads
 the wheels Lambda's Python 3.12 runtime needs, whatever machine this runs on. The result is
 cached under ``.venv/agentq-layers/deps-<arch>-<hash>/`` (``AGENTQ_LAYER_CACHE`` overrides the
-root), keyed by a hash of ``layers/requirements.txt`` and the target platform, so a synth
+root), keyed by a hash of ``layers/requirements.txt``, ``requirements/constraints.txt`` (which pins
+what those depend on) and the target platform, so a synth
 builds once and later synths (and ``make test``) reuse it.
 
 Offline: if pip cannot download and no cached build exists, ``build_deps_layer`` returns an
@@ -37,6 +38,7 @@ except ImportError:  # not POSIX: concurrent builders each build, the rename kee
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIREMENTS = ROOT / "layers" / "requirements.txt"
+CONSTRAINTS = ROOT / "requirements" / "constraints.txt"  # every transitive dependency's pin (requirements/pin.py)
 CORE_LAYER_DIR = ROOT / "layers" / "agentq"  # contains python/agentq: the layer as is
 PYTHON_VERSION = "3.12"  # the Lambda runtime the layers are built for (infra.stack uses PYTHON_3_12)
 PLATFORMS = {"arm64": "manylinux2014_aarch64", "x86_64": "manylinux2014_x86_64"}
@@ -61,14 +63,23 @@ def cache_root() -> Path:
 def cache_key(architecture: str, python_version: str = PYTHON_VERSION, requirements: Path = REQUIREMENTS) -> str:
     digest = hashlib.sha256()
     digest.update(requirements.read_bytes())
+    digest.update(CONSTRAINTS.read_bytes())
     digest.update(f"{PLATFORMS[architecture]}|cp{python_version}|{','.join(PRUNE)}".encode())
     suffix = "" if python_version == PYTHON_VERSION else f"-py{python_version}"
     return f"deps-{architecture}{suffix}-{digest.hexdigest()[:16]}"
 
 
 def pip_command(
-    target: Path, architecture: str, python_version: str = PYTHON_VERSION, requirements: Path = REQUIREMENTS
+    target: Path,
+    architecture: str,
+    python_version: str = PYTHON_VERSION,
+    requirements: Path = REQUIREMENTS,
+    constraints: Path | None = CONSTRAINTS,
 ) -> list[str]:
+    """pip installing ``requirements`` for the Lambda platform; with ``constraints`` (our layers:
+    every transitive dependency at the version the suite was proven with), or without (your
+    tools' layer, whose own pins ours must not overrule)."""
+    pinned = ["-c", str(constraints)] if constraints is not None else []
     return [
         sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
         "--target", str(target),
@@ -77,6 +88,7 @@ def pip_command(
         "--python-version", python_version,
         "--only-binary=:all:",
         "-r", str(requirements),
+        *pinned,
     ]  # fmt: skip
 
 
@@ -163,7 +175,7 @@ def _build_user_layer(
     target = work / "python"
     target.mkdir()
     if requirements is not None:
-        failure = _pip(pip_command(target, architecture, requirements=requirements), timeout)
+        failure = _pip(pip_command(target, architecture, requirements=requirements, constraints=None), timeout)
         if failure is not None:
             shutil.rmtree(work, ignore_errors=True)
             return _placeholder(root, f"user-{architecture}", f"pip could not install {requirements.name} ({failure})")
