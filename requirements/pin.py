@@ -57,30 +57,18 @@ def frozen(python: str) -> dict[str, str]:
     return pins
 
 
-def read_constraints(path: Path = CONSTRAINTS) -> dict[str, str]:
-    """The constraints file as {canonical name: version}."""
-    pins: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            match = _PIN.match(line)
-            if match is None:
-                raise ValueError(f"{path}: not a name==version line: {line!r}")
-            pins[canonical(match["name"])] = match["version"]
-    return pins
-
-
 def repin(text: str, pins: dict[str, str], source: Path) -> str:
     """``text`` (a requirements file) with every ``name==version`` set to ``pins``' version."""
     lines = []
     for line in text.splitlines():
         match = _PIN.match(line)
-        if match is not None:
-            version = pins.get(canonical(match["name"]))
-            if version is None:
-                raise SystemExit(f"pin.py: {source} pins {match['name']}, which the environment does not have")
-            line = f"{match['name']}{match['extras'] or ''}=={version}{match['rest']}"
-        lines.append(line)
+        if match is None:
+            lines.append(line)
+            continue
+        version = pins.get(canonical(match["name"]))
+        if version is None:
+            raise SystemExit(f"pin.py: {source} pins {match['name']}, which the environment does not have")
+        lines.append(f"{match['name']}{match['extras'] or ''}=={version}{match['rest']}")
     return "\n".join(lines) + "\n"
 
 

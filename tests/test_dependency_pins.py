@@ -26,15 +26,17 @@ def _canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def _requirements(path: Path) -> list[Requirement]:
+    """The requirements of a pip requirements file, comments and blank lines dropped."""
+    lines = (raw.split("#", 1)[0].strip() for raw in path.read_text().splitlines())
+    return [Requirement(line) for line in lines if line]
+
+
 def _pins() -> dict[str, str]:
     pins: dict[str, str] = {}
-    for line in CONSTRAINTS.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        requirement = Requirement(line)
+    for requirement in _requirements(CONSTRAINTS):
         (spec,) = requirement.specifier
-        assert spec.operator == "==", line
+        assert spec.operator == "==", requirement
         pins[_canonical(requirement.name)] = spec.version
     return pins
 
@@ -70,7 +72,9 @@ def test_the_pins_cover_every_requirement_of_every_extra_and_of_what_they_bring(
         requirement = todo.pop()
         name = _canonical(requirement.name)
         assert name in pins, f"{requirement} (needed) is not pinned"
-        assert requirement.specifier.contains(pins[name], prereleases=True), f"{name}=={pins[name]} outside {requirement}"
+        assert requirement.specifier.contains(pins[name], prereleases=True), (
+            f"{name}=={pins[name]} outside {requirement}"
+        )
         if name in seen:
             continue
         seen.add(name)
@@ -89,12 +93,9 @@ def test_the_pins_cover_every_requirement_of_every_extra_and_of_what_they_bring(
 def test_the_layers_pin_exactly_the_constraints_versions() -> None:
     pins = _pins()
     for layer in ("layers/requirements.txt", "layers/otel-requirements.txt"):
-        for line in (ROOT / layer).read_text().splitlines():
-            line = line.split("#", 1)[0].strip()
-            if line:
-                requirement = Requirement(line)
-                (spec,) = requirement.specifier
-                assert spec.version == pins[_canonical(requirement.name)], f"{layer}: {line}"
+        for requirement in _requirements(ROOT / layer):
+            (spec,) = requirement.specifier
+            assert spec.version == pins[_canonical(requirement.name)], f"{layer}: {requirement}"
 
 
 def test_moto_s_pin_is_the_release_the_local_stack_s_patches_were_read_against() -> None:
