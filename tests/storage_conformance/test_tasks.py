@@ -61,6 +61,29 @@ def test_a_lapsed_lease_is_taken_over_with_the_next_epoch_and_fences_the_old_hol
     assert claims[1].prev_heartbeat_at is not None and backend.tasks.get(task_id).last_resume_gap is not None
 
 
+def test_only_a_claim_that_takes_over_a_run_in_progress_counts_as_a_resume(backend: Storage) -> None:
+    # A run that ends and is queued again by a follow-up starts a new run: no resume, no resume
+    # gap (it would measure how long the conversation sat answered). A lapsed lease taken over,
+    # and a run handed on (released while running), are resumes, each counted once.
+    task_id = new_task(backend)
+    first = backend.tasks.claim(task_id, "w1", 30)
+    assert first is not None and first[1].resume_count == 0
+    backend.tasks.transition(task_id, TaskStatus.SUCCEEDED, lease=first[0], result="answer")
+    assert backend.messages.accept(task_id, "and then?").status is TaskStatus.QUEUED
+    follow_up = backend.tasks.claim(task_id, "w2", 0.05)
+    assert follow_up is not None and follow_up[1].claim_count == 2
+    task = backend.tasks.get(task_id)
+    assert (task.resume_count, task.claimed_from, task.last_resume_gap) == (0, TaskStatus.QUEUED, None)
+    time.sleep(0.1)
+    taken = backend.tasks.claim(task_id, "w3", 30)
+    assert taken is not None and taken[1].resume_count == 1
+    task = backend.tasks.get(task_id)
+    assert (task.resume_count, task.claimed_from) == (1, TaskStatus.RUNNING) and task.last_resume_gap is not None
+    backend.tasks.release(taken[0])  # a continuation or a shutdown hands the run on
+    handed = backend.tasks.claim(task_id, "w4", 30)
+    assert handed is not None and handed[1].resume_count == 2 and backend.tasks.get(task_id).claim_count == 4
+
+
 def test_a_released_lease_may_be_claimed_at_once_and_is_not_revived_by_an_extension(backend: Storage) -> None:
     lease = claimed(backend)
     backend.tasks.release(lease)

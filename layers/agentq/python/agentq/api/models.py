@@ -165,8 +165,13 @@ class ChildrenSummary(ApiModel):
 
 class LatencyView(ApiModel):
     pickup_seconds: float | None = Field(description="submission to first claim")
-    resumes: int = Field(description="claims after the first (worker deaths, continuations, resumes)")
-    last_resume_gap_seconds: float | None = Field(description="previous holder's last heartbeat to the latest claim")
+    resumes: int = Field(
+        description="claims that took over a run in progress (a worker that died or stalled, a continuation, "
+        "a retried attempt); a follow-up, an approval, a budget raise or a redrive starts a new run instead"
+    )
+    last_resume_gap_seconds: float | None = Field(
+        description="previous holder's last heartbeat to the latest claim, when that claim was a resume"
+    )
     run_seconds: float | None = Field(
         description="first claim to finish; null until the task ends (measure a running task from started_at)"
     )

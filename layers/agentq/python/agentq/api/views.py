@@ -228,7 +228,7 @@ def task_view(store: Storage, task: Task) -> TaskView:
         finished_at=task.finished_at,
         latency=LatencyView(
             pickup_seconds=_round(task.pickup_latency),
-            resumes=max(0, task.claim_count - 1),
+            resumes=task.resume_count,
             last_resume_gap_seconds=_round(task.last_resume_gap),
             run_seconds=_round(end - task.started_at) if end is not None and task.started_at else None,
             total_seconds=round(end - task.created_at, 3) if end is not None else None,

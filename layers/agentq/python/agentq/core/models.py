@@ -537,6 +537,8 @@ class Task(BaseModel):
     # Claim history lives in CLAIM# items (META stays small: every step commit rewrites it);
     # META keeps what the latency figures need.
     claim_count: int = 0
+    resume_count: int = 0  # the claims that took over a run in progress (storage.leases)
+    claimed_from: TaskStatus | None = None  # the status the latest claim took the task from
     first_claimed_at: float | None = None
     last_claimed_at: float | None = None
     inflight: Reservation | None = None  # the hold for the next LLM call (until: its deadline)
@@ -597,8 +599,12 @@ class Task(BaseModel):
 
     @property
     def last_resume_gap(self) -> float | None:
-        """Previous holder's last heartbeat to the latest claim: an upper bound on how long
-        the task sat with nobody working on it after a worker died."""
+        """Previous holder's last heartbeat to the latest claim, when that claim resumed a run
+        (took it from ``running``): an upper bound on how long the task sat with nobody working
+        on it after a worker died. A claim after a follow-up or any other requeue measures the
+        time the task was stopped, not a resume: None."""
+        if self.claimed_from is not TaskStatus.RUNNING:
+            return None
         if self.claim_count < 2 or self.prev_heartbeat_at is None or self.last_claimed_at is None:
             return None
         return self.last_claimed_at - self.prev_heartbeat_at

@@ -107,6 +107,8 @@ class TaskLeases(TaskItems):
         if meta is None:
             return None
         epoch = int(meta["lease_epoch"])
+        if meta.get("claimed_from") == TaskStatus.RUNNING.value:
+            meta = self._count_resume(task_id, epoch, meta)
         claim = {
             **keys.item_key(task_id, keys.claim_sk(epoch)),
             "epoch": epoch,
@@ -124,6 +126,25 @@ class TaskLeases(TaskItems):
         task = self._decode(meta, sub)
         observe.task_status_changed(task_id, task.tenant, TaskStatus.RUNNING.value, epoch=epoch, worker=worker)
         return Lease(task_id=task_id, owner=worker, epoch=epoch, expires_at=task.lease_expires), task
+
+    def _count_resume(self, task_id: str, epoch: int, meta: Item) -> Item:
+        """This claim took over a run that had not ended (its worker died, stalled, or handed it
+        on: a continuation, a shutdown, a retried attempt): count it on META's ``resume_count``.
+        A claim of a task that stopped and was queued again (a follow-up, an approval, its
+        sub-agents done, a budget raise, a redrive) is a new run, not a resume, and counts
+        nothing. Its own write after the claim's, because one UpdateItem cannot add on a
+        condition of the value it replaces; only a takeover or a hand-off pays it. A crash
+        between the two loses one count, as it loses the claim's record."""
+        try:
+            counted = self.table.update(
+                keys.meta_key(task_id),
+                Update(add={"resume_count": 1}),
+                condition=Attr("lease_epoch").eq(epoch),
+                returns="ALL_NEW",
+            )
+        except ConditionFailed:  # taken over again meanwhile: that claim counts itself
+            return meta
+        return counted if counted is not None else meta
 
     def _claim_write(self, task_id: str, update: Update, now: float) -> Item | None:
         """The claim's one conditional write of META (ALL_NEW), or None when it may not claim.
