@@ -403,12 +403,20 @@ class TransitionEvent(ApiModel):
         "approval_decided",
         "spawned",
         "retry_scheduled",
+        "follow_up",
+        "interrupt_requested",
+        "interrupted",
         "finished",
     ]
     status: TaskStatus | None = Field(default=None, description="the status the task entered")
     worker: str | None = None
     epoch: int | None = None
-    detail: dict[str, Any] = Field(default_factory=dict)
+    detail: dict[str, Any] = Field(
+        default_factory=dict,
+        description="claimed: `takeover` (it took over a run in progress: a resume; false: a new run of a task "
+        "queued again); follow_up (a message reopened the answered or interrupted task), interrupt_requested "
+        "and interrupted (the task stopped, idle): `after_step`, and the message's number `message`",
+    )
 
 
 class LLMTokens(ApiModel):

@@ -455,6 +455,9 @@ def step_views(
     return [view for _, view in _step_events(record, inputs)]
 
 
+_MARK_STATUS = {"follow_up": TaskStatus.QUEUED, "interrupted": TaskStatus.IDLE}
+
+
 def _side_events(store: Storage, task: Task) -> list[tuple[Key, Any]]:
     """Transitions (from META, approvals and spawns) and orphan LLM calls: the few events that are
     not steps, all read at once."""
@@ -479,7 +482,12 @@ def _side_events(store: Storage, task: Task) -> list[tuple[Key, Any]]:
             (
                 (at, 0, 0, i + 1),
                 TransitionEvent(
-                    at=at, event="claimed", status=TaskStatus.RUNNING, worker=claim.worker, epoch=claim.epoch
+                    at=at,
+                    event="claimed",
+                    status=TaskStatus.RUNNING,
+                    worker=claim.worker,
+                    epoch=claim.epoch,
+                    detail={} if claim.takeover is None else {"takeover": claim.takeover},
                 ),
             )
         )
@@ -517,6 +525,15 @@ def _side_events(store: Storage, task: Task) -> list[tuple[Key, Any]]:
                     status=TaskStatus.WAITING,
                     detail={"children": spawn.children, "state": spawn.state},
                 ),
+            )
+        )
+    # A conversation's turns that are not steps: follow-ups, interrupts and the stops they caused.
+    for i, mark in enumerate(store.messages.marks(task.task_id)):
+        said = {"after_step": mark.after_step, **({"message": mark.message} if mark.message is not None else {})}
+        events.append(
+            (
+                (mark.at, 0, 0, 50_000 + i),
+                TransitionEvent(at=mark.at, event=mark.kind, status=_MARK_STATUS.get(mark.kind), detail=said),
             )
         )
     for orphan in store.steps.orphans(task.task_id):

@@ -197,7 +197,10 @@ def event_line(event: Any, origin: float) -> Text:
         what = {
             "created": f"created ({d.get('priority', 'normal')} priority)",
             "forked": f"forked from {(d.get('forked_from') or {}).get('task_id')} at step {(d.get('forked_from') or {}).get('step')}",
-            "claimed": f"claimed by {event.worker} (epoch {event.epoch})",
+            "claimed": f"claimed by {event.worker} (epoch {event.epoch}{', resumed' if d.get('takeover') else ''})",
+            "follow_up": f"follow-up: message {d.get('message')} reopened the conversation",
+            "interrupt_requested": "interrupt asked for" + (f" by message {d['message']}" if d.get("message") else ""),
+            "interrupted": "interrupted: idle until the next message",
             "approval_requested": f"approval requested: {cut(str(d.get('question') or ''), 80)}",
             "approval_decided": f"approval {d.get('decision')} by {d.get('by')}"
             + (f": {cut(str(d.get('note')), 60)}" if d.get("note") else ""),

@@ -87,12 +87,33 @@ class ClaimOwner:
 
 @dataclass(frozen=True)
 class ClaimRecord:
-    """One claim of a task's lease: who took it, when, and the previous holder's last beat."""
+    """One claim of a task's lease: who took it, when, the previous holder's last beat, and the
+    status it took the task from (``running``: it took over a run in progress, a resume; None in
+    a record written before claims kept it)."""
 
     epoch: int
     worker: str
     at: float
     prev_heartbeat_at: float | None = None
+    claimed_from: str | None = None
+
+    @property
+    def takeover(self) -> bool | None:
+        return None if self.claimed_from is None else self.claimed_from == "running"
+
+
+@dataclass(frozen=True)
+class ConversationMark:
+    """A turn of a conversation that is not a step, as its event log recorded it: a follow-up
+    that reopened the answered or interrupted task (``message``: its number), an interrupt asked
+    for (by ``POST /interrupt``, or by a message sent with the ``interrupt`` double-texting
+    policy: ``message``), and the stop it caused (the task went ``idle``). ``after_step``: the
+    step committed when it happened."""
+
+    kind: Literal["follow_up", "interrupt_requested", "interrupted"]
+    at: float
+    after_step: int
+    message: int | None = None
 
 
 @dataclass(frozen=True)

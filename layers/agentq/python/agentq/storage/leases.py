@@ -258,6 +258,12 @@ class TaskLeases(TaskItems):
     def claims(self, task_id: str) -> list[ClaimRecord]:
         """Every claim of the task's lease, oldest first."""
         return [
-            ClaimRecord(epoch=d["epoch"], worker=d["worker"], at=d["at"], prev_heartbeat_at=d.get("prev_heartbeat_at"))
+            ClaimRecord(
+                epoch=d["epoch"],
+                worker=d["worker"],
+                at=d["at"],
+                prev_heartbeat_at=d.get("prev_heartbeat_at"),
+                claimed_from=d.get("claimed_from"),
+            )
             for d in (plain(i) for i in self.table.query(keys.task_pk(task_id), prefix=keys.CLAIM))
         ]

@@ -47,7 +47,7 @@ from boto3.dynamodb.conditions import Attr, ConditionBase
 
 from agentq.core.errors import IdempotencyConflict, IllegalTransition, MessageRefused, TaskNotFound
 from agentq.core.models import DoubleTexting, Lease, TaskStatus, UserMessage
-from agentq.core.records import Inbox
+from agentq.core.records import ConversationMark, Inbox
 from agentq.resources import TTL_ATTRIBUTE
 from agentq.storage import keys
 from agentq.storage.events import EVENT_TEXT_CHARS, NewEvent, logged_transact
@@ -270,6 +270,26 @@ class Messages:
     def listed(self, task_id: str) -> list[UserMessage]:
         """Every message the task has accepted, in order."""
         return [_message(i) for i in self.table.query(keys.task_pk(task_id), prefix=MESSAGE)]
+
+    def marks(self, task_id: str) -> list[ConversationMark]:
+        """The follow-ups, interrupts and stops of the task's conversation, in order, from its
+        event log (``EVENT#`` items: what those writes logged; see the module). One Query of
+        the task's events, which are few besides one per message accepted."""
+        out: list[ConversationMark] = []
+        for raw in self.table.query(keys.task_pk(task_id), prefix=keys.EVENT):
+            e = plain(raw)
+            data, at, after = dict(e.get("data") or {}), float(e["at"]), int(e["after_step"])
+            if e["type"] == "message.received":
+                seq = int(data["seq"])
+                if data.get("interrupting"):
+                    out.append(ConversationMark("interrupt_requested", at, after, message=seq))
+                if data.get("status") == TaskStatus.QUEUED.value:
+                    out.append(ConversationMark("follow_up", at, after, message=seq))
+            elif e["type"] == "task.interrupt_requested":
+                out.append(ConversationMark("interrupt_requested", at, after))
+            elif e["type"] == "task.status" and data.get("status") == TaskStatus.IDLE.value:
+                out.append(ConversationMark("interrupted", at, after))
+        return out
 
     def inbox(self, task_id: str) -> Inbox:
         return inbox_of(self.table.get(keys.meta_key(task_id)))
