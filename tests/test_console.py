@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 import urllib.error
@@ -218,8 +219,8 @@ def no_errors(tab: Page) -> None:
     assert tab.errors == [], tab.errors
 
 
-def shot(console: Console, tab: Page, name: str) -> None:
-    tab.page.screenshot(path=str(console.shots / f"{name}.png"), full_page=True)
+def shot(console: Console, tab: Page, name: str, *, full_page: bool = True) -> None:
+    tab.page.screenshot(path=str(console.shots / f"{name}.png"), full_page=full_page)
 
 
 def tab_to(tab: Page, element_id: str, presses: int = 80) -> None:
@@ -893,9 +894,7 @@ def test_agentq_dev_prints_the_console_url_and_serves_it() -> None:
         proc.wait(timeout=60)
 
 
-def test_the_conversation_is_a_chat_with_a_follow_up_sent_and_an_interrupt_from_the_page(
-    console: Console, tab: Page
-) -> None:
+def test_the_conversation_is_a_chat_with_a_follow_up_sent_from_the_page(console: Console, tab: Page) -> None:
     task_id = console.submit(
         scripted("summarise Q3", [{"text": "Q3 grew 2.5x"}, {"text": "C grew 1.4x"}, {"text": "unused"}])
     )
@@ -914,17 +913,91 @@ def test_the_conversation_is_a_chat_with_a_follow_up_sent_and_an_interrupt_from_
         "you", "agent", "you", "agent",
     ]  # fmt: skip
     assert console.until(task_id, lambda v: v["status"] == "succeeded")["result"] == "C grew 1.4x"
+    shot(console, tab, "conversation")
+    no_errors(tab)
 
+
+def _holder_pid(console: Console, task_id: str) -> int:
+    """The pid of the worker process holding the task (its latest claim's worker is host:pid)."""
+    return int(console.stack.store().tasks.claims(task_id)[-1].worker.rsplit(":", 1)[1])
+
+
+def test_a_takeover_is_marked_resumed_and_a_follow_up_is_a_new_turn_of_the_conversation_not_a_resume(
+    console: Console, tab: Page
+) -> None:
+    turns = [
+        {"text": f"step {i}", "tool_calls": [call("lookup", query=f"q{i}", size=20)], "latency_seconds": 1.0}
+        for i in range(3)
+    ]
+    task_id = console.submit(
+        scripted("look three things up", [*turns, {"text": "three found"}, {"text": "a fourth too"}], tools=["lookup"])
+    )
+    console.until(task_id, lambda v: v["status"] == "running" and v["step"] >= 1)
+    # Its worker stopped mid-run: the other takes the run over once the stopped one's liveness lapses.
+    holder = _holder_pid(console, task_id)
+    os.kill(holder, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 60
+        while len(console.stack.store().tasks.claims(task_id)) < 2:
+            assert time.monotonic() < deadline, "the stopped worker's task was not taken over"
+            time.sleep(0.1)
+    finally:
+        os.kill(holder, signal.SIGCONT)
+    console.until(task_id, lambda v: v["status"] == "succeeded" and v["result"] == "three found")
+    status, sent = console.http("POST", f"/tasks/{task_id}/messages", {"text": "and a fourth?"})
+    assert status == 202 and sent["reopened"], sent
+    view = console.until(task_id, lambda v: v["status"] == "succeeded" and v["result"] == "a fourth too")
+    assert view["latency"]["resumes"] == 1  # the takeover; the follow-up's run is a new turn, not a resume
+
+    page = tab.page
+    page.goto(f"{console.url}/console/#/tasks/{task_id}")
+    page.wait_for_selector(f"tr[data-step='{view['step']}']")
+    message = f"tr[data-step='{view['step'] - 1}']"  # the follow-up's step, before its answer
+    assert page.inner_text(f"{message} td:nth-child(2)") == "message"
+    assert page.inner_text(f"{message} td:nth-child(3)") == "you (message 1): and a fourth?"
+    timeline = page.inner_text("table.timeline")
+    assert "undefined" not in timeline
+    assert page.locator("tr.resume").count() == 1, timeline
+    assert "took over the run of epoch 1" in page.inner_text("tr.resume")
+    follow_up = page.inner_text("tr.mark.follow_up")
+    assert "new turn: your follow-up (message 1)" in follow_up
+    # The follow-up stands right before its message's step, and the answer after it.
+    kinds = [
+        r.get_attribute("data-kind") or r.get_attribute("data-mark")
+        for r in page.locator("table.timeline tbody tr:not(.resume)").all()
+    ]
+    assert kinds[-3:] == ["follow_up", "message", "llm"], kinds
+    assert page.inner_text("dt:text-is('resumes') + dd") == "1"
+    shot(console, tab, "task-resumed")
+    page.evaluate("window.scrollTo(0, 0)")
+    shot(console, tab, "readme", full_page=False)  # the README's first screen: the page as it opens
+    no_errors(tab)
+
+
+def test_an_interrupt_from_the_page_stands_in_the_conversation_and_the_steps_where_it_stopped_the_agent(
+    console: Console, tab: Page
+) -> None:
     slow = console.submit(
         scripted("write slowly", [{"text": "a very long essay", "latency_seconds": 12}, {"text": "ok"}])
     )
     console.until(slow, lambda v: v["status"] == "running")
+    page = tab.page
     page.goto(f"{console.url}/console/#/tasks/{slow}")
     page.click("#interrupt")
     page.wait_for_selector(".notice:has-text('Interrupt recorded')")
     page.wait_for_selector("h1 .badge.s-idle", timeout=60_000)  # the answer in flight discarded
     page.wait_for_selector("#chat-idle")
     assert page.locator("#chat .bubble.agent").count() == 0
+    # In the conversation, after the goal: the interrupt, then the stop it caused.
+    page.wait_for_selector("#chat li.mark.interrupted")
+    chat = [li.get_attribute("data-mark") or li.get_attribute("id") for li in page.locator("#chat > li").all()]
+    assert chat == ["turn-goal", "interrupt_requested", "interrupted"], chat
+    assert page.inner_text("#chat li.mark.interrupt_requested") == "■ you interrupted the agent"
+    # And in the steps table, where they happened.
+    page.wait_for_selector("tr.mark.interrupted")
+    assert page.locator("tr.mark.interrupt_requested").count() == 1 and page.locator("tr.resume").count() == 0
+    assert console.http("GET", f"/tasks/{slow}")[1]["latency"]["resumes"] == 0
+    shot(console, tab, "interrupt")
     no_errors(tab)
 
 

@@ -5,7 +5,7 @@
 
 import { all, follow, get, post } from "./api.js";
 import { budgetGauge, moneyGauge, stepChart } from "./charts.js";
-import { drawChat } from "./chat.js";
+import { MARKS, drawChat } from "./chat.js";
 import {
   TERMINAL, badge, errorPage, fmtInt, fmtSeconds, fmtTime, fmtUsd, h, json, replace, shortId, taskLink,
 } from "./dom.js";
@@ -264,42 +264,76 @@ function drawActions(el, v, env) {
   replace(el, parts);
 }
 
-// One row per committed step: which worker, under which lease epoch; a resume is marked where the epoch moves.
+// One row per committed step: which worker, under which lease epoch. A claim that took over a run in
+// progress (its worker died or stalled, or handed it on) is marked as a resume where its epoch
+// starts; another new epoch is a new run of a task queued again (a follow-up, an approval, ...), no
+// resume. The conversation's follow-ups, interrupts and stops stand after the step they came after.
 function drawTimeline(el, events) {
   const workers = new Map();
-  const claims = events.filter((e) => e.type === "transition" && e.event === "claimed");
-  for (const c of claims) workers.set(c.epoch, c.worker);
+  const takeovers = new Set();
+  const marks = [];
+  for (const e of events) {
+    if (e.type !== "transition") continue;
+    if (e.event === "claimed") {
+      workers.set(e.epoch, e.worker);
+      if (e.detail && e.detail.takeover) takeovers.add(e.epoch);
+    } else if (MARKS[e.event]) marks.push(e);
+  }
   const steps = new Map();
   for (const e of events) {
     if (e.type === "transition" || e.orphan) continue;
-    const s = steps.get(e.step) || { step: e.step, epoch: e.epoch, at: e.at, llm: null, tools: [] };
+    const s = steps.get(e.step) || { step: e.step, epoch: e.epoch, at: e.at, llm: null, tools: [], messages: [] };
     if (e.type === "llm_call") s.llm = e;
+    else if (e.type === "message") s.messages.push(e);
     else s.tools.push(e);
     steps.set(e.step, s);
   }
   const rows = [];
-  let epoch = null;
-  for (const s of [...steps.values()].sort((a, b) => a.step - b.step)) {
-    if (epoch !== null && s.epoch !== epoch) {
-      rows.push(h("tr", { class: "resume" }, h("td", { colspan: 6 }, `↻ resumed: epoch ${s.epoch} on ${workers.get(s.epoch) || "another worker"} (was epoch ${epoch})`)));
+  let next = 0; // the next mark to show: marks come in commit order
+  const marksBefore = (step) => {
+    for (; next < marks.length && marks[next].detail.after_step < step; next++) rows.push(markRow(marks[next]));
+  };
+  let epoch = 0;
+  // The takeovers of the epochs claimed since the last step shown (one may have committed nothing).
+  const resumesUpTo = (upto) => {
+    for (let e = epoch + 1; e <= upto; e++) {
+      if (takeovers.has(e)) rows.push(h("tr", { class: "resume" }, h("td", { colspan: 6 }, `↻ resumed: epoch ${e} on ${workers.get(e) || "another worker"} took over the run of epoch ${e - 1}`)));
     }
-    epoch = s.epoch;
+    epoch = Math.max(epoch, upto);
+  };
+  for (const s of [...steps.values()].sort((a, b) => a.step - b.step)) {
+    marksBefore(s.step);
+    resumesUpTo(s.epoch);
     const compaction = s.llm && s.llm.purpose === "compaction";
+    const kind = compaction ? "compact" : s.llm ? "llm" : s.messages.length ? "message" : "tools";
     const what = compaction
       ? `compaction ${s.llm.model} · ${fmtInt(s.llm.tokens.total)} tokens: the conversation goes on from its summary`
       : s.llm
       ? `LLM ${s.llm.model} · ${fmtInt(s.llm.tokens.total)} tokens · ${fmtInt(s.llm.duration_ms)} ms${s.llm.tool_calls.length ? ` → ${s.llm.tool_calls.join(", ")}` : ""}`
+      : s.messages.length
+      ? s.messages.map((m) => `you (message ${m.seq}): ${clip(m.text, 160)}`).join(" · ")
       : `tools ${s.tools.map((t) => `${t.name} (${t.status})`).join(", ")}`;
-    rows.push(h("tr", { "data-step": s.step },
-      h("td", { class: "num" }, s.step), h("td", {}, compaction ? "compact" : s.llm ? "llm" : "tools"), h("td", {}, what),
+    rows.push(h("tr", { "data-step": s.step, "data-kind": kind },
+      h("td", { class: "num" }, s.step), h("td", {}, kind), h("td", {}, what),
       h("td", { class: "mono small" }, workers.get(s.epoch) || "–"), h("td", { class: "num" }, s.epoch), h("td", {}, fmtTime(s.at))));
   }
+  marksBefore(Infinity);
+  resumesUpTo(Math.max(0, ...workers.keys()));
   replace(el, h("h2", { id: "timeline-h" }, "Steps"),
     rows.length
       ? h("table", { class: "timeline" },
         h("thead", {}, h("tr", {}, ["Step", "Kind", "What", "Worker", "Epoch", "Committed"].map((c) => h("th", { scope: "col" }, c)))),
         h("tbody", {}, rows))
       : h("p", { class: "muted" }, "No step committed yet."));
+}
+
+function markRow(e) {
+  return h("tr", { class: `mark ${e.event}`, "data-mark": e.event },
+    h("td", { colspan: 5 }, MARKS[e.event](e.detail)), h("td", {}, fmtTime(e.at)));
+}
+
+function clip(text, n) {
+  return text.length > n ? `${text.slice(0, n - 1)}…` : text;
 }
 
 function drawTrace(el, events, open) {
