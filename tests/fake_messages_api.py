@@ -9,7 +9,12 @@ Bedrock ``POST /model/{model}/invoke`` whose body is the same minus ``model`` pl
 ``anthropic_version`` (see ``anthropic/lib/bedrock/_client.py``). Errors use the API's
 ``{"type": "error", "error": {"type": ..., "message": ...}}`` envelope. Faults a real server or a
 proxy in front of it can produce are scripted too: a 200 whose body is not JSON
-(``malformed_json``) or JSON of another shape (``wrong_shape``), 401/403/404 answers.
+(``malformed_json``) or JSON of another shape (``wrong_shape``), 401/403/404 answers, and a
+connection reset at a chosen point of the reply (``FakeReply.cut_at``): before any byte after a
+stall, or after the 200's headers and part of its body (a streamed one: part of its events).
+A reply cut in the middle was generated, so a real provider bills it, but the client cannot
+know what it used: the server reports it to ``on_cut``, apart from the whole replies
+``on_delivered`` hears of.
 """
 
 from __future__ import annotations
@@ -45,6 +50,10 @@ class FakeReply:
     raw: bytes | None = None  # sent as is instead of ``body`` (a body that is not JSON)
     delay_seconds: float = 0.0  # a slow model: the reply is sent this long after the request
     stream_pause_seconds: float = 0.0  # streamed: a pause after each text delta (a model writing slowly)
+    # Reset the connection partway: 0 before any byte (after ``delay_seconds``: a stall), a
+    # share in (0, 1) after the headers and that share of the body (of a stream: its events,
+    # at least the first, which tells the input tokens); None sends the reply whole.
+    cut_at: float | None = None
 
 
 @dataclass
@@ -179,6 +188,7 @@ class FakeMessagesAPI:
         within_max_tokens: bool = False,
         responder: Callable[[RecordedRequest], FakeReply | None] | None = None,
         on_delivered: Callable[[RecordedRequest, dict[str, Any]], None] | None = None,
+        on_cut: Callable[[RecordedRequest, dict[str, Any]], None] | None = None,
         batch_seconds: float = 0.2,
     ) -> None:
         # Bill no more output than the request's max_tokens, as the real API; off by default so
@@ -188,6 +198,7 @@ class FakeMessagesAPI:
         # None from it resets the connection, as a dropped proxy would.
         self.responder = responder
         self.on_delivered = on_delivered  # told of every message reply sent, with its usage
+        self.on_cut = on_cut  # told of every message reply cut after its headers, with its usage
         self._lock = threading.Lock()
         self._replies: deque[FakeReply] = deque()
         self.requests: list[RecordedRequest] = []
@@ -360,9 +371,7 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
             )
             reply = api._take(recorded)
             if reply is RESET:
-                # SO_LINGER 0: closing sends an RST, what a client sees of a dropped connection.
-                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                self.close_connection = True
+                self._reset()
                 return
             if reply is None:
                 reply = invalid_request(f"fake server: no reply queued for POST {path}")
@@ -373,17 +382,22 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
             reply = native_compaction(reply, body)
             if reply.delay_seconds:
                 time.sleep(reply.delay_seconds)
+            if reply.cut_at is not None and reply.cut_at <= 0:
+                self._reset()  # a stall, then nothing: not a byte of a reply was sent
+                return
             streamed = isinstance(body, dict) and body.get("stream") is True
-            if (
-                streamed
-                and reply.status == 200
-                and isinstance(reply.body, dict)
-                and reply.body.get("type") == "message"
-            ):
+            message = reply.status == 200 and isinstance(reply.body, dict) and reply.body.get("type") == "message"
+            if streamed and message:
                 self._send_stream(reply)
             else:
                 self._send(reply)
-            if reply.status == 200 and isinstance(reply.body, dict) and reply.body.get("type") == "message":
+            if reply.cut_at is not None:
+                if message and api.on_cut is not None:
+                    assert isinstance(reply.body, dict)
+                    api.on_cut(recorded, reply.body["usage"])
+                return
+            if message:
+                assert isinstance(reply.body, dict)
                 with api._lock:
                     api.delivered_usage.append(reply.body["usage"])
                 if api.on_delivered is not None:
@@ -439,6 +453,19 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
                 api.batches[batch_id] = batch
             self._send(FakeReply(200, _batch_view(api, batch)))
 
+        def _reset(self) -> None:
+            """Drop the connection: SO_LINGER 0 makes the close an RST, what a client sees of a
+            proxy or a server gone."""
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.close_connection = True
+
+        def _cut(self) -> None:
+            """What was written (the headers and part of the body) reaches the client, then the
+            reset: a short pause lets the client read it first, as from a proxy that died."""
+            self.wfile.flush()
+            time.sleep(0.05)
+            self._reset()
+
         def _send(self, reply: FakeReply) -> None:
             payload = (
                 reply.raw if reply.raw is not None else b"" if reply.body is None else json.dumps(reply.body).encode()
@@ -449,6 +476,11 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
             for key, value in reply.headers.items():
                 self.send_header(key, value)
             self.end_headers()
+            if reply.cut_at is not None:
+                part = payload[: max(1, min(len(payload) - 1, int(len(payload) * reply.cut_at)))]
+                self.wfile.write(part)
+                self._cut()
+                return
             self.wfile.write(payload)
 
         def _send_stream(self, reply: FakeReply) -> None:
@@ -499,6 +531,11 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
             for key, value in reply.headers.items():
                 self.send_header(key, value)
             self.end_headers()
+            if reply.cut_at is not None:  # the first events, then the reset
+                part = b"".join(chunks[: max(1, min(len(chunks) - 1, int(len(chunks) * reply.cut_at)))])
+                self.wfile.write(part)
+                self._cut()
+                return
             for (_name, data), chunk in zip(events, chunks, strict=True):
                 self.wfile.write(chunk)
                 if reply.stream_pause_seconds and data.get("delta", {}).get("type") == "text_delta":

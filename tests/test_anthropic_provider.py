@@ -6,6 +6,7 @@ Nothing in the SDK is patched: the providers open real sockets to ``FakeMessages
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import socket
 from collections.abc import Iterator
@@ -326,6 +327,33 @@ def test_a_reply_that_is_not_json_is_retried_and_the_next_good_one_is_used(
 
     assert response.content == [{"type": "text", "text": "whole"}] and response.attempts == 3
     assert len(sleep.delays) == 2
+
+
+@pytest.mark.parametrize(
+    ("cut_at", "streamed"),
+    [(0.0, False), (0.0, True), (0.5, False), (0.5, True), (0.1, True), (0.9, False)],
+    ids=["stall-then-reset", "stall-then-reset-streamed", "half-a-body", "half-a-stream", "a-stream's-start",
+         "most-of-a-body"],
+)  # fmt: skip
+def test_a_reply_reset_before_any_byte_or_cut_midway_is_a_lost_connection_and_the_next_reply_is_used(
+    monkeypatch: pytest.MonkeyPatch, sleep: RecordingSleep, cut_at: float, streamed: bool
+) -> None:
+    """The chaos run's cuts (bench/chaos.py): whatever part of a reply, plain or streamed, came
+    before the reset, the client sees a lost connection (never a traceback, never a reply), and
+    the server reports a reply it cut after the headers as billed (``on_cut``), one reset before
+    any byte as not."""
+    monkeypatch.setenv("AGENTQ_STREAM_ABOVE_TOKENS", "100" if streamed else "8192")
+    cut: list[dict[str, Any]] = []
+    usage = usage_dict(input_tokens=50, output_tokens=9)
+    with FakeMessagesAPI(on_cut=lambda _request, used: cut.append(used)) as api:
+        api.enqueue(
+            dataclasses.replace(text_reply("cut short " * 40, usage=usage), cut_at=cut_at, delay_seconds=0.1),
+            text_reply("whole"),
+        )
+        response = anthropic_provider(api.base_url, sleep).complete(weather_request())
+
+    assert response.content == [{"type": "text", "text": "whole"}] and response.attempts == 2
+    assert cut == ([usage] if cut_at > 0 else [])
 
 
 @pytest.mark.parametrize(
