@@ -138,6 +138,8 @@ bench: $(VENV)/.bench-installed
 # The chaos suite (bench/chaos.py): 200 tasks under random SIGKILL/SIGSTOP of 4 workers and a
 # faulty model server, then every invariant checked; exits 1 naming what broke. CHAOS_ARGS to
 # change it (e.g. CHAOS_ARGS="--tasks 50 --seed 3"). A smaller seeded run is in `make test`.
+# CHAOS_ARGS="--scenario zombies" is issue 40's run (SIGSTOP past the lease only, replies cut
+# midway): it fails on today's ledger, naming the trees charged more than was delivered.
 chaos: $(VENV)/.installed
 	$(PY) bench/chaos.py $(CHAOS_ARGS)
 

@@ -6,7 +6,8 @@ A request is read back into Messages API turns (what the plans are written again
 first, one text block per person's message, one assistant turn per model turn), and a turn the
 model plays is written out in the wire's shape with the plan's own tool-call ids (the side-effect
 ledger is keyed by them) and its usage; a fault becomes the wire's own: a 429 with retry-after,
-a 503, a 500, a dropped connection, a 200 that is not JSON, a slow reply.
+a 503, a 500, a dropped connection, a 200 that is not JSON, a slow reply (a reply cut midway
+and a stall, which only the Messages API's server plays, are a dropped connection here).
 """
 
 from __future__ import annotations
@@ -110,14 +111,15 @@ def _played(
     return dataclasses.replace(reply, delay_seconds=turn.slow)
 
 
-def delivered_tokens(reply: FakeReply) -> int:
-    """The tokens a 2xx reply of either wire bills (0 for one that is not a reply)."""
+def delivered_usage(reply: FakeReply) -> tuple[int, int]:
+    """The input and output tokens a 2xx reply of either wire bills (0, 0 for one that is not a
+    reply)."""
     usage = reply.body.get("usage") if isinstance(reply.body, dict) else None
     if not isinstance(usage, dict):
-        return 0
+        return 0, 0
     if "prompt_tokens" in usage:
-        return int(usage["prompt_tokens"]) + int(usage["completion_tokens"])
-    return int(usage["inputTokens"]) + int(usage["outputTokens"])
+        return int(usage["prompt_tokens"]), int(usage["completion_tokens"])
+    return int(usage["inputTokens"]), int(usage["outputTokens"])
 
 
 NOT_JSON = b'{"choices": [ this is not JSON'
@@ -129,6 +131,8 @@ def _chat_fault(kind: str | None) -> FakeReply | None:
         "529": chat_error(503, "server_error", "chaos: overloaded"),
         "500": chat_error(500, "server_error", "chaos: internal error"),
         "reset": FakeReply(0, reset=True),
+        "cut": FakeReply(0, reset=True),  # these wires' servers cut no reply midway: a reset instead
+        "stall": FakeReply(0, reset=True),
         "malformed": FakeReply(200, raw=NOT_JSON),
     }.get(kind or "")
 
@@ -139,5 +143,7 @@ def _converse_fault(kind: str | None) -> FakeReply | None:
         "529": converse_error(503, "ServiceUnavailableException", "chaos: overloaded"),
         "500": converse_error(500, "InternalServerException", "chaos: internal error"),
         "reset": FakeReply(0, reset=True),
+        "cut": FakeReply(0, reset=True),  # these wires' servers cut no reply midway: a reset instead
+        "stall": FakeReply(0, reset=True),
         "malformed": FakeReply(200, raw=NOT_JSON),
     }.get(kind or "")

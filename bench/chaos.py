@@ -3,6 +3,7 @@ then every invariant checked (``make chaos``; a smaller seeded run is part of ``
 
     python bench/chaos.py                                # 200 tasks, 4 workers, 90 s of chaos
     python bench/chaos.py --tasks 24 --workers 3 --chaos-seconds 20 --seed 7 --json
+    python bench/chaos.py --scenario zombies --seed 3    # zombies only (issue 40's run)
 
 What runs: the local stack (moto server, the HTTP API with API keys, the sweeper thread) and
 ``--workers`` worker processes; a Messages API server that answers as a model would from each
@@ -15,16 +16,31 @@ tasks that people send messages to while they run (and after they answer), some 
 interrupted mid-run and then told to go on. Meanwhile a chaos loop SIGKILLs (and replaces) or
 SIGSTOPs/SIGCONTs a random worker every 1-3 s.
 
+``--scenario zombies`` is the run of issue 40: no SIGKILL; every 1-3 s a running worker is
+SIGSTOPped for 4.5-7 s, past its 3 s lease (never the last two running), so each of the four
+workers, holding many of the 30 tasks, wakes as a zombie of all of them; a hold's deadline is
+15 s (``AGENTQ_MAX_CALL_SECONDS`` 13); the model server adds two faults: a reply cut in the
+middle (the 200's headers and half its body, or half a stream's events, then a reset: billed,
+its usage unknown to the client) and a stall then a reset before any byte; half the tasks'
+calls are streamed (1,000 output tokens allowed, above ``AGENTQ_STREAM_ABOVE_TOKENS`` 150, so
+a hold is the input and 1,000), half not (100).
+
 Checked at the end, each a line of the table and a non-zero exit if broken (naming tasks):
 every task ended, with the status and result its plan implies; each side effect ran at most
 once, and exactly once when its committed step says it ran; each message accepted is delivered
 into its conversation exactly once, in the order accepted, and the last answer came after all of
 them (a conversation's answer says how many messages it heard); ``used <= cap`` and
-``reserved == 0`` on every budget; the ledger equals the usage the model server delivered for
-every tree that no SIGKILL touched (a worker killed with a call in flight never reports it:
+``reserved == 0`` on every budget; the ledger equals the usage the model server delivered whole
+for every tree that no SIGKILL touched (a worker killed with a call in flight never reports it:
 its hold is counted as spent at its deadline, whether or not the call was answered, so such a
-tree's ledger may exceed the delivered usage by that hold, and it is reported, not failed); no task stranded (the sweeper's count is a figure); no DLQ holds a
-message (no task in the plan really fails); no worker logged a traceback.
+tree's ledger may exceed the delivered usage by that hold, and it is reported, not failed); no
+task of such a tree ended ``cost_exceeded`` while the cap less everything the servers billed
+its tree still covered its next call (a false ``cost_exceeded``); no task stranded (the
+sweeper's count is a figure); no DLQ holds a message (no task in the plan really fails); no
+worker logged a traceback. Per tree (``bench/_chaos_ledger.py``): the usage delivered whole and
+cut mid-reply, in tokens and dollars, the ledger's charge and the difference, the holds
+counted in full at their deadline and never corrected, and the false ``cost_exceeded``; every
+request the servers saw, with what it got, is kept in the run's directory (requests.jsonl).
 """
 
 from __future__ import annotations
@@ -49,13 +65,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from _benchlib import JsonOut, log, machine, table  # noqa: E402
+from _chaos_ledger import ANSWERED, TREE_HEADERS, ProviderLedger, ledger_by_tree, tree_rows  # noqa: E402
 from _chaos_wires import (  # noqa: E402
     Turn,
     chat_reply,
     chat_turns,
     converse_reply_of,
     converse_turns,
-    delivered_tokens,
+    delivered_usage,
 )
 from _plot import Panel, add_plot_args, plot_from_args  # noqa: E402
 from agentq.api.client import ApiError, Client  # noqa: E402
@@ -81,6 +98,11 @@ from tests.fake_model_servers import FakeReply as WireReply  # noqa: E402
 # The model each provider's tasks name (bench/_chaos_wires.py plays them on their own wires).
 MODELS = {"anthropic": "claude-haiku-4-5", "openai": "gpt-4.1-mini", "bedrock-converse": "us.amazon.nova-pro-v1:0"}
 OUTPUT_TOKENS = 40
+# The model server's faults: the default run's, and the zombies scenario's, which adds a reply
+# cut in the middle (200 headers and half the body, or half a stream's events, then a reset)
+# and a stall then a reset before any byte.
+FAULTS = ("429", "529", "500", "reset", "slow", "malformed")
+ZOMBIE_FAULTS = (*FAULTS, "cut", "stall")
 
 
 @dataclass
@@ -100,74 +122,99 @@ class Plan:
 
 class ChaosModel:
     """The model server's brain: a reply from the task's plan and its conversation so far, and
-    a fault instead of it for ``fault_rate`` of the requests. Counts the usage it delivered per
-    task tree, and the faults it injected."""
+    a fault instead of it for ``fault_rate`` of the requests (of ``kinds``). Counts what it
+    billed per task (``ledger``: replies delivered whole, and cut mid-reply), and the faults it
+    injected."""
 
-    def __init__(self, plans: dict[str, Plan], fault_rate: float, seed: int) -> None:
+    def __init__(self, plans: dict[str, Plan], fault_rate: float, seed: int, kinds: tuple[str, ...] = FAULTS) -> None:
         self.plans = plans
         self.fault_rate = fault_rate
+        self.kinds = list(kinds)
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
         self.faults: Counter[str] = Counter()
-        self.delivered: Counter[str] = Counter()  # tree tag -> tokens delivered in 200 replies
+        self.ledger = ProviderLedger()
 
-    def play(self, messages: list[dict[str, Any]]) -> Turn | None:
+    @property
+    def delivered(self) -> Counter[str]:
+        """Tree tag -> tokens delivered in whole replies."""
+        trees: Counter[str] = Counter()
+        for tag, tokens in self.ledger.delivered.items():
+            trees[tag.split(".", 1)[0]] += tokens
+        return trees
+
+    def play(self, messages: list[dict[str, Any]], body: Any = None, *, cuts: bool = True) -> Turn | None:
         """The model's turn for a conversation in Messages API shape (any wire's, read back by
-        bench/_chaos_wires.py); None when no plan's goal starts it."""
+        bench/_chaos_wires.py); None when no plan's goal starts it. ``body``: the request as
+        sent, logged with what it got; ``cuts``: whether the wire's server plays a cut reply
+        and a stall (else they are a reset)."""
         plan = self.plans.get(_tag_of(messages))
         if plan is None:
             return None
         with self.lock:
-            roll, kind = self.rng.random(), self.rng.choice(["429", "529", "500", "reset", "slow", "malformed"])
+            roll, kind = self.rng.random(), self.rng.choice(self.kinds)
             slow = self.rng.uniform(0.5, 2.0)
             if roll < self.fault_rate:
                 self.faults[kind] += 1
-        if roll < self.fault_rate and kind != "slow":
-            return Turn(fault=kind)
+        fault = kind if roll < self.fault_rate else None
+        seen = ANSWERED if fault in (None, "slow") else "reset" if fault in ("cut", "stall") and not cuts else fault
+        self.ledger.saw(plan.tag, messages, str(seen), body)
+        if fault is not None and fault not in ("slow", "cut"):
+            return Turn(fault=fault, slow=slow)
         content = self._answer(plan, messages)
-        return Turn(None, slow if roll < self.fault_rate else 0.0, content, max(1, len(json.dumps(messages)) // 4),
-                    OUTPUT_TOKENS)  # fmt: skip
+        return Turn("cut" if fault == "cut" else None, slow if fault == "slow" else 0.0, content,
+                    max(1, len(json.dumps(messages)) // 4), OUTPUT_TOKENS)  # fmt: skip
 
     def __call__(self, request: RecordedRequest) -> FakeReply | None:
         """The Messages API's reply (provider anthropic); None drops the connection."""
         body = request.body if isinstance(request.body, dict) else {}
-        turn = self.play(body.get("messages") or [])
+        turn = self.play(body.get("messages") or [], body)
         if turn is None:
             return error_reply(400, "invalid_request_error", "chaos model: no plan for this goal")
-        if turn.fault is not None:
+        if turn.fault == "stall":  # nothing for a while, then a reset before any byte
+            return FakeReply(0, None, delay_seconds=turn.slow, cut_at=0.0)
+        if turn.fault not in (None, "cut"):
             return {
                 "429": rate_limited(retry_after=0.2),
                 "529": overloaded(),
                 "500": error_reply(500, "api_error", "chaos: internal error"),
                 "malformed": malformed_json(),
-            }.get(turn.fault)  # "reset": None, the handler drops the connection
+            }.get(str(turn.fault))  # "reset": None, the handler drops the connection
         usage = usage_dict(input_tokens=turn.input_tokens, output_tokens=turn.output_tokens)
-        return dataclasses.replace(message_reply(turn.content, usage=usage), delay_seconds=turn.slow)
+        # "cut": the 200's headers and half its body (or half a stream's events), then a reset.
+        cut = 0.5 if turn.fault == "cut" else None
+        return dataclasses.replace(message_reply(turn.content, usage=usage), delay_seconds=turn.slow, cut_at=cut)
 
     def chat(self, request: Recorded) -> WireReply:
         """The Chat Completions reply (provider openai)."""
-        turn = self.play(chat_turns(request.body))
+        turn = self.play(chat_turns(request.body), request.body, cuts=False)
         return chat_reply(turn) if turn is not None else chat_error(400, "invalid_request_error", "chaos: no plan")
 
     def converse(self, request: Recorded) -> WireReply:
         """The Converse reply (provider bedrock-converse)."""
-        turn = self.play(converse_turns(request.body))
+        turn = self.play(converse_turns(request.body), request.body, cuts=False)
         return converse_reply_of(turn) if turn is not None else converse_error(400, "ValidationException", "no plan")
 
     def delivered_reply(self, request: RecordedRequest, usage: dict[str, Any]) -> None:
         messages = request.body.get("messages") if isinstance(request.body, dict) else []
-        self._delivered(messages or [], int(usage["input_tokens"]) + int(usage["output_tokens"]))
+        self._billed(messages or [], (int(usage["input_tokens"]), int(usage["output_tokens"])), whole=True)
+
+    def cut_reply(self, request: RecordedRequest, usage: dict[str, Any]) -> None:
+        """A reply cut after its headers: billed, but its usage is unknown to the client."""
+        messages = request.body.get("messages") if isinstance(request.body, dict) else []
+        self._billed(messages or [], (int(usage["input_tokens"]), int(usage["output_tokens"])), whole=False)
 
     def delivered_chat(self, request: Recorded, reply: WireReply) -> None:
-        self._delivered(chat_turns(request.body), delivered_tokens(reply))
+        self._billed(chat_turns(request.body), delivered_usage(reply), whole=True)
 
     def delivered_converse(self, request: Recorded, reply: WireReply) -> None:
-        self._delivered(converse_turns(request.body), delivered_tokens(reply))
+        self._billed(converse_turns(request.body), delivered_usage(reply), whole=True)
 
-    def _delivered(self, messages: list[dict[str, Any]], tokens: int) -> None:
-        tree = _tag_of(messages).split(".", 1)[0]
-        with self.lock:
-            self.delivered[tree] += tokens
+    def _billed(self, messages: list[dict[str, Any]], usage: tuple[int, int], *, whole: bool) -> None:
+        tag = _tag_of(messages)
+        plan = self.plans.get(tag)
+        model = MODELS[plan.provider] if plan is not None else ""
+        self.ledger.billed(tag, model, *usage, whole=whole)
 
     def _answer(self, plan: Plan, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         done = sum(1 for m in messages if m.get("role") == "assistant")
@@ -239,12 +286,12 @@ def make_plans(n: int, rng: random.Random, providers: tuple[str, ...] = ("anthro
     return plans
 
 
-def submission(plan: Plan) -> dict[str, Any]:
+def submission(plan: Plan, max_output_tokens: int = 200) -> dict[str, Any]:
     body: dict[str, Any] = {
         "goal": f"chaos [{plan.tag}] {plan.kind}",
         "provider": plan.provider,
         "model": MODELS[plan.provider],
-        "constraints": {"tools": ["lookup", "charge_card"], "max_output_tokens": 200},
+        "constraints": {"tools": ["lookup", "charge_card"], "max_output_tokens": max_output_tokens},
     }
     if plan.kind == "talk":
         body["constraints"]["max_tokens"] = 200_000
@@ -307,7 +354,9 @@ class People:
 
 @dataclass
 class Chaos:
-    """Worker processes under a fault loop: SIGKILL (and a replacement), SIGSTOP, SIGCONT."""
+    """Worker processes under a fault loop: SIGKILL (and a replacement), SIGSTOP, SIGCONT;
+    or, in the zombies scenario (``pause``), SIGSTOP alone, each for a drawn time past the lease,
+    then SIGCONT: every worker paused wakes as a zombie of the tasks it held."""
 
     stack: LocalStack
     logs: Path
@@ -317,6 +366,8 @@ class Chaos:
     kills: int = 0
     stops: int = 0
     kill_times: list[float] = field(default_factory=list)
+    wake_at: dict[int, float] = field(default_factory=dict)  # pid -> when its SIGCONT is due
+    paused_seconds: list[float] = field(default_factory=list)
 
     def spawn(self) -> None:
         out = (self.logs / f"worker-{len(self.workers)}.log").open("wb")
@@ -343,10 +394,34 @@ class Chaos:
             if len([w for w in self.live() if w.pid not in self.stopped]) < 2:
                 self.spawn()
 
+    def pause(self, low: float, high: float) -> None:
+        """SIGSTOP a running worker for ``low``-``high`` seconds (its SIGCONT is ``wake``'s),
+        never one of the last two running: the others take its tasks over meanwhile."""
+        running = [w for w in self.live() if w.pid not in self.stopped]
+        if len(running) <= 2:
+            return
+        victim = self.rng.choice(running)
+        os.kill(victim.pid, signal.SIGSTOP)
+        self.stopped.add(victim.pid)
+        self.stops += 1
+        seconds = self.rng.uniform(low, high)
+        self.paused_seconds.append(seconds)
+        self.wake_at[victim.pid] = time.monotonic() + seconds
+
+    def wake(self) -> None:
+        """SIGCONT the paused workers whose time is up."""
+        now = time.monotonic()
+        for pid, due in list(self.wake_at.items()):
+            if now >= due:
+                os.kill(pid, signal.SIGCONT)
+                self.stopped.discard(pid)
+                del self.wake_at[pid]
+
     def calm(self) -> None:
         for pid in list(self.stopped):
             os.kill(pid, signal.SIGCONT)
         self.stopped.clear()
+        self.wake_at.clear()
 
     def stop(self) -> None:
         self.calm()
@@ -363,14 +438,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
     plans = make_plans(args.tasks, rng, tuple(args.providers.split(",")))
     roots = [p for p in plans.values() if p.kind != "child"]
-    model = ChaosModel(plans, args.fault_rate, args.seed)
+    zombies = args.scenario == "zombies"
+    model = ChaosModel(plans, args.fault_rate, args.seed, ZOMBIE_FAULTS if zombies else FAULTS)
     work = Path(tempfile.mkdtemp(prefix="agentq-chaos-"))
     ledger = work / "ledger.jsonl"
     began = time.monotonic()
     chat = FakeChatCompletions(responder=model.chat, on_delivered=model.delivered_chat)
     converse = FakeConverse(responder=model.converse, on_delivered=model.delivered_converse)
     with (
-        FakeMessagesAPI(within_max_tokens=True, responder=model, on_delivered=model.delivered_reply) as server,
+        FakeMessagesAPI(
+            within_max_tokens=True, responder=model, on_delivered=model.delivered_reply, on_cut=model.cut_reply
+        ) as server,
         chat,
         converse,
     ):
@@ -378,7 +456,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             prefix=f"chaos{os.getpid()}",
             workers=0,
             auth=True,
-            worker_config=WorkerConfig(lease_seconds=2, heartbeat_seconds=0.5, visibility_seconds=3, concurrency=32),
+            worker_config=WorkerConfig(
+                lease_seconds=args.lease_seconds, heartbeat_seconds=0.5, visibility_seconds=3, concurrency=32
+            ),
             queue_settings=QueueSettings(visibility_timeout=3, max_receive_count=3),
             tool_modules=("agentq.core.tools.examples", "tests.effect_tools"),
             extra_env={
@@ -388,13 +468,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "OPENAI_API_KEY": "chaos",
                 "AWS_ENDPOINT_URL_BEDROCK_RUNTIME": converse.base_url,
                 "AGENTQ_TEST_LEDGER": str(ledger),
-                "AGENTQ_MAX_CALL_SECONDS": "10",
+                "AGENTQ_MAX_CALL_SECONDS": str(args.max_call_seconds),
                 "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                # Zombies: the calls of a 1,000-token task streamed, those of a 100-token one not.
+                **({"AGENTQ_STREAM_ABOVE_TOKENS": "150"} if zombies else {}),
             },
             sweep_every=2.0,
             sweep_stale_after=20.0,
         )
-        os.environ["AGENTQ_MAX_CALL_SECONDS"] = "10"  # the API's and the sweeper's view of holds
+        os.environ["AGENTQ_MAX_CALL_SECONDS"] = str(args.max_call_seconds)  # the API's and the sweeper's view
         chaos = Chaos(stack, work, random.Random(args.seed + 1))
         stack.start()
         try:
@@ -402,7 +484,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             client = Client(stack.api_server.url, stack.create_api_key("chaos"))
             for _ in range(args.workers):
                 chaos.spawn()
-            ids = {p.tag: client.submit(submission(p)).task_id for p in roots}
+            ids = {p.tag: client.submit(submission(p, (100 if i % 2 else 1000) if zombies else 200)).task_id
+                   for i, p in enumerate(roots)}  # fmt: skip
             log(f"submitted {len(ids)} tasks; chaos for {args.chaos_seconds:g}s")
             until = time.monotonic() + args.chaos_seconds
             people = People(
@@ -410,9 +493,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             talking = threading.Thread(target=people.talk, args=(until,), daemon=True)
             talking.start()
-            while time.monotonic() < until:
-                time.sleep(chaos.rng.uniform(1, 3))
-                chaos.fault()
+            if zombies:  # SIGSTOP only, each past the lease; no SIGKILL
+                low, high = args.pause_seconds
+                next_pause = time.monotonic() + chaos.rng.uniform(1, 3)
+                while time.monotonic() < until:
+                    chaos.wake()
+                    if time.monotonic() >= next_pause:
+                        chaos.pause(low, high)
+                        next_pause = time.monotonic() + chaos.rng.uniform(1, 3)
+                    time.sleep(0.05)
+            else:
+                while time.monotonic() < until:
+                    time.sleep(chaos.rng.uniform(1, 3))
+                    chaos.fault()
             chaos.calm()
             talking.join()
             log(f"chaos over ({chaos.kills} kills, {chaos.stops} stops); draining")
@@ -420,9 +513,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             drain_began = time.monotonic()
             drain(store, ids, people, args.drain_seconds)
             drained = time.monotonic() - drain_began
-            time.sleep(12)  # lapsed holds' deadlines (10 s calls) pass; release_holds messages land
+            # Lapsed holds' deadlines (the slack + the longest call) pass; release_holds messages land.
+            time.sleep(2 + args.max_call_seconds)
             result = check(stack, store, plans, ids, model, ledger, chaos, people)
             result["figures"]["drain seconds"] = round(drained, 1)
+            # Every request the model servers saw, with what it got: to trace a hold to its call.
+            with (work / "requests.jsonl").open("w") as seen:
+                seen.writelines(json.dumps(dataclasses.asdict(s)) + "\n" for s in model.ledger.seen)
+            result["figures"]["run directory (worker logs, requests.jsonl)"] = str(work)
             if not result["ok"]:
                 log(f"tasks that did not end, with their items: {dump_unended(store, ids, work)}")
         finally:
@@ -526,6 +624,7 @@ def check(
         if n > 1:
             broken["each side effect at most once"].append(f"{use_id} ran {n} times")
     kill_touched = 0
+    trees, became = ledger_by_tree(store, every, _tag, model.ledger)
     for tag, root in by_tag.items():
         budget = store.budgets.get(root.task_id)
         if budget.used > budget.cap:
@@ -533,14 +632,21 @@ def check(
         if budget.reserved != 0:
             broken["reserved == 0 at the end"].append(f"{root.task_id} ({tag}): reserved {budget.reserved}")
         delivered = model.delivered[tag]
+        touched = any(root.created_at <= k <= (root.finished_at or time.time()) for k in chaos.kill_times)
         if budget.used != delivered:
-            touched = any(root.created_at <= k <= (root.finished_at or time.time()) for k in chaos.kill_times)
             if touched and budget.used > delivered:  # a killed worker's hold, counted as spent
                 kill_touched += 1
             else:
                 broken["ledger == provider usage"].append(
                     f"{root.task_id} ({tag}): used {budget.used}, delivered {delivered}"
+                    f" (+{budget.used - delivered}; ${trees[tag]['ledger_usd']:.4f} for"
+                    f" ${trees[tag]['delivered_usd']:.4f})"
                 )
+        if trees[tag]["false_cost_exceeded"] and not touched:
+            broken["no false cost_exceeded"].append(
+                f"{root.task_id} ({tag}): {', '.join(trees[tag]['false_cost_exceeded'])} ended cost_exceeded"
+                f" at used {budget.used} of cap {budget.cap}, delivered {delivered}"
+            )
     queues = stack.queues()
     for tier in TIERS:
         attrs = queues.sqs.get_queue_attributes(QueueUrl=queues.dlq_url(tier), AttributeNames=["All"])["Attributes"]
@@ -569,16 +675,25 @@ def check(
         "interrupts recorded": people.interrupts,
         "sends or interrupts refused": dict(people.refused),
         "trees charged a SIGKILLed call's full hold": kill_touched,
+        "trees charged more than delivered": sum(1 for r in trees.values() if r["over_tokens"] > 0),
+        "tokens charged beyond delivered (sum)": sum(max(0, r["over_tokens"]) for r in trees.values()),
+        "tokens billed in replies cut mid-reply": sum(r["cut_tokens"] for r in trees.values()),
+        "false cost_exceeded": sum(len(r["false_cost_exceeded"]) for r in trees.values()),
+        "holds counted spent, never corrected": sum(r["holds_spent_uncorrected"] for r in trees.values()),
+        "those holds by what became of their call": dict(became),
         "tasks swept": len(stack.swept),
     }
+    if chaos.paused_seconds:
+        figures["SIGSTOP seconds (min-max)"] = f"{min(chaos.paused_seconds):.1f}-{max(chaos.paused_seconds):.1f}"
     invariants = [
         "every task ended", "status and result as planned", "each side effect at most once",
         "a done side effect ran exactly once", "each message delivered once, in order", "used <= cap",
         "reserved == 0 at the end",
-        "ledger == provider usage", "DLQs hold nothing", "no worker traceback",
+        "ledger == provider usage", "no false cost_exceeded", "DLQs hold nothing", "no worker traceback",
     ]  # fmt: skip
     return {
         "figures": figures,
+        "trees": trees,
         "invariants": {name: (not broken[name], broken[name][:10]) for name in invariants},
         "ok": not any(broken.values()),
     }
@@ -600,6 +715,10 @@ def render(result: dict[str, Any]) -> str:
         table(["invariant", "", "where"], rows),
         "",
         table(["figure", "value"], [*figures, ["wall seconds", result["wall_seconds"]]]),
+        "",
+        "the ledger per tree (tokens; delivered: replies sent whole; cut: billed, cut mid-reply;"
+        " over: ledger - delivered; holds spent: counted in full at their deadline, never corrected)",
+        table(TREE_HEADERS, tree_rows(result["trees"], every_tree=len(result["trees"]) <= 40)),
     ])  # fmt: skip
 
 
@@ -625,11 +744,38 @@ def panels(result: dict[str, Any]) -> list[Panel]:
     ]  # fmt: skip
 
 
+# Each scenario's settings, where the command line leaves them out. zombies: the run of issue 40
+# (workers SIGSTOPped for 4.5-7 s past a 3 s lease, no SIGKILL, a hold deadline of 15 s, 30
+# tasks on the Messages API, several workers each holding many tasks).
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "mixed": {"tasks": 200, "chaos_seconds": 90, "lease_seconds": 2, "max_call_seconds": 10,
+              "pause_seconds": (0.0, 0.0), "providers": "anthropic,openai,bedrock-converse"},
+    "zombies": {"tasks": 30, "chaos_seconds": 45, "lease_seconds": 3, "max_call_seconds": 13,
+                "pause_seconds": (4.5, 7.0), "providers": "anthropic"},
+}  # fmt: skip
+
+
+def _pair(text: str) -> tuple[float, float]:
+    low, _, high = text.partition(",")
+    return float(low), float(high or low)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tasks", type=int, default=200, help="root tasks (fan-outs add their children)")
+    ap.add_argument(
+        "--scenario",
+        choices=sorted(SCENARIOS),
+        default="mixed",
+        help="mixed: SIGKILL and SIGSTOP, the model's usual faults; zombies: SIGSTOP alone, each past the lease, "
+        "and replies cut mid-reply and stalls too (its defaults: " + ", ".join(
+            f"--{k.replace('_', '-')} {v}" for k, v in SCENARIOS["zombies"].items()) + ")",
+    )  # fmt: skip
+    ap.add_argument("--tasks", type=int, help="root tasks (fan-outs add their children); 200")
     ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--chaos-seconds", type=float, default=90)
+    ap.add_argument("--chaos-seconds", type=float, help="90")
+    ap.add_argument("--lease-seconds", type=float, help="a worker's liveness lease: 2")
+    ap.add_argument("--max-call-seconds", type=float, help="AGENTQ_MAX_CALL_SECONDS (a hold's deadline: 2 s more): 10")
+    ap.add_argument("--pause-seconds", type=_pair, help="zombies: how long each SIGSTOP lasts, LOW,HIGH")
     ap.add_argument(
         "--drain-seconds",
         type=float,
@@ -640,12 +786,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=12)
     ap.add_argument(
         "--providers",
-        default="anthropic,openai,bedrock-converse",
-        help="the root tasks' providers, taken in turn (comma-separated; fake servers for each)",
+        help="the root tasks' providers, taken in turn (comma-separated; fake servers for each): "
+        "anthropic,openai,bedrock-converse",
     )
     ap.add_argument("--json", action="store_true")
     add_plot_args(ap, "chaos")
     args = ap.parse_args(argv)
+    for name, value in SCENARIOS[args.scenario].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     with JsonOut(args.json) as out:
         result = run(args)
         result["machine"] = machine()
