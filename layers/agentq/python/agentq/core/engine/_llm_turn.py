@@ -120,11 +120,22 @@ class LLMTurn:
                 self.windows.settle(window, 0)
             raise
         started = time.time()
+        s.call_may_be_billed = False
         while True:
             asked = self._asked(s, request)
             try:
                 response = self._call(s, asked, max_out)
                 break
+            except LeaseLost:
+                # Learnt between attempts (``_note_retry``), after the last one failed. When
+                # every attempt failed unbilled (an error status, no connection), the call
+                # cannot be charged: its hold goes back now, from wherever a successor put it
+                # (set aside, or already counted as spent), not kept as an unknown.
+                if not s.call_may_be_billed:
+                    self.holds.release(s)
+                    if window is not None:
+                        self.windows.settle(window, 0)
+                raise
             except ProviderError as exc:
                 if not self._fall_over(s, exc):
                     return self._call_failed(s, exc, window)
@@ -460,6 +471,8 @@ class LLMTurn:
             at=now,
             next_at=now + notice.delay,
         )
+        if not notice.unbilled:
+            s.call_may_be_billed = True
         if notice.status_code == 429 and s.admission is not None:  # the whole fleet slows down, not only this call
             self.flow.slow_down(self._key(s), notice.delay)
         try:

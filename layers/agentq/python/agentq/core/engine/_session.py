@@ -65,6 +65,9 @@ class Session:
     short_of: Literal["tokens", "money"] = "tokens"  # what the budget lacked when a hold was refused
     admission: Admission | None = None  # fleet flow control's answer for the call in progress (core.flow)
     model_choice: ModelChoice | None = None  # the model the call in progress goes to (its own, or a fallback)
+    # An attempt of the call in progress may have been billed (reported by its retries); False
+    # while every attempt failed unbilled: then a lease lost mid-call gives the hold back.
+    call_may_be_billed: bool = False
     goal: str = ""  # the first message: the submission's goal, with its dependencies' results (core.dependencies)
     inbox: Inbox = field(default_factory=Inbox)  # a person's messages and interrupt, as META last said (_messages)
 

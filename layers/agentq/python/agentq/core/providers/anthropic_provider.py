@@ -26,7 +26,14 @@ from agentq.core.models import Usage
 from agentq.core.providers import caching
 from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS, LLMRequest, LLMResponse, report_text, stream_above
 from agentq.core.providers.caching import CacheTtl
-from agentq.core.providers.retry import CallFailure, MalformedReply, RetryPolicy, call_with_retries
+from agentq.core.providers.retry import (
+    CallFailure,
+    MalformedReply,
+    RetryPolicy,
+    call_with_retries,
+    error_status_answered,
+    never_connected,
+)
 
 # What the engine persists and replays. Anything else the SDK adds (citations, caller,
 # toolset_name, ...) would make stored steps depend on the SDK version that wrote them.
@@ -118,11 +125,14 @@ class _MessagesProvider:
 def anthropic_failure(exc: Exception) -> CallFailure | None:
     """The Anthropic SDK's exceptions (Anthropic API and Bedrock alike); None: not the SDK's."""
     if isinstance(exc, anthropic.APIStatusError):
-        return CallFailure("status", exc.status_code, _error_field(exc, "type"), _detail(exc), exc.response.headers)
+        return CallFailure(
+            "status", exc.status_code, _error_field(exc, "type"), _detail(exc), exc.response.headers,
+            unbilled=error_status_answered(exc.response.status_code),
+        )  # fmt: skip
     if isinstance(exc, anthropic.APITimeoutError):
-        return CallFailure("timeout", detail=_detail(exc))
+        return CallFailure("timeout", detail=_detail(exc), unbilled=never_connected(exc))
     if isinstance(exc, anthropic.APIConnectionError):
-        return CallFailure("connection", detail=_detail(exc))
+        return CallFailure("connection", detail=_detail(exc), unbilled=never_connected(exc))
     if isinstance(exc, anthropic.APIError):
         return CallFailure("malformed", detail=str(exc)[:200] or type(exc).__name__)
     return None

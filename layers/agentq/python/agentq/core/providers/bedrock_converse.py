@@ -44,7 +44,13 @@ from agentq.core.model_ids import model_family
 from agentq.core.models import Usage
 from agentq.core.providers import caching
 from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS, LLMRequest, LLMResponse, report_text, stream_above
-from agentq.core.providers.retry import CallFailure, MalformedReply, RetryPolicy, call_with_retries
+from agentq.core.providers.retry import (
+    CallFailure,
+    MalformedReply,
+    RetryPolicy,
+    call_with_retries,
+    error_status_answered,
+)
 
 # Converse's stopReason -> the Messages API's stop_reason the engine reads.
 STOP_REASONS = {"guardrail_intervened": "refusal", "content_filtered": "refusal"}
@@ -223,12 +229,14 @@ def botocore_failure(exc: Exception) -> CallFailure | None:
         error: dict[str, Any] = dict(exc.response.get("Error") or {})
         status = int(meta.get("HTTPStatusCode") or STREAM_EXCEPTION_STATUS.get(str(error.get("Code")), 500))
         return CallFailure(
-            "status", status, error.get("Code") or None, str(error.get("Message") or exc), meta.get("HTTPHeaders")
-        )
+            "status", status, error.get("Code") or None, str(error.get("Message") or exc), meta.get("HTTPHeaders"),
+            unbilled=error_status_answered(meta.get("HTTPStatusCode")),
+        )  # fmt: skip
     if isinstance(exc, (botocore.exceptions.ReadTimeoutError, botocore.exceptions.ConnectTimeoutError)):
         return CallFailure("timeout", detail=str(exc))
     if isinstance(exc, (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError)):
-        return CallFailure("connection", detail=str(exc))
+        refused = isinstance(exc, botocore.exceptions.EndpointConnectionError)  # no connection was made
+        return CallFailure("connection", detail=str(exc), unbilled=refused)
     if isinstance(exc, botocore.parsers.ResponseParserError):
         return CallFailure("malformed", detail=str(exc).splitlines()[0][:200])
     return None

@@ -37,7 +37,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentq.core.errors import ProviderError
 from agentq.core.models import Usage
 from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS, LLMRequest, LLMResponse, report_text, stream_above
-from agentq.core.providers.retry import CallFailure, MalformedReply, RetryPolicy, call_with_retries
+from agentq.core.providers.retry import (
+    CallFailure,
+    MalformedReply,
+    RetryPolicy,
+    call_with_retries,
+    error_status_answered,
+    never_connected,
+)
 
 API_KEY_VARIABLE = "OPENAI_API_KEY"
 BASE_URL_VARIABLE = "OPENAI_BASE_URL"
@@ -177,12 +184,13 @@ def openai_failure(exc: Exception) -> CallFailure | None:
         kind = error.get("type") or error.get("code")
         detail = error.get("message") if isinstance(error.get("message"), str) else exc.message
         return CallFailure(
-            "status", exc.status_code, kind if isinstance(kind, str) else None, str(detail), exc.response.headers
-        )
+            "status", exc.status_code, kind if isinstance(kind, str) else None, str(detail), exc.response.headers,
+            unbilled=error_status_answered(exc.response.status_code),
+        )  # fmt: skip
     if isinstance(exc, openai.APITimeoutError):
-        return CallFailure("timeout", detail=exc.message)
+        return CallFailure("timeout", detail=exc.message, unbilled=never_connected(exc))
     if isinstance(exc, openai.APIConnectionError):
-        return CallFailure("connection", detail=exc.message)
+        return CallFailure("connection", detail=exc.message, unbilled=never_connected(exc))
     if isinstance(exc, openai.APIError):
         return CallFailure("malformed", detail=str(exc)[:200] or type(exc).__name__)
     return None

@@ -147,9 +147,37 @@ class CallFailure:
     error_type: str | None = None  # the server's own name for the error (rate_limit_error, ThrottlingException)
     detail: str = ""  # the server's own words
     headers: Mapping[str, str] | None = None  # for retry-after
+    # Certainly not billed (see ``RetryNotice.unbilled``): the classifier says so only when it
+    # knows, an error status of the HTTP response itself or a connection never made.
+    unbilled: bool = False
 
 
 Classifier = Callable[[Exception], "CallFailure | None"]
+
+
+def error_status_answered(http_status: object) -> bool:
+    """The HTTP response itself carried an error status, so no reply was generated and nothing
+    billed (an error event inside a 200's stream is not this: its response says 200)."""
+    return isinstance(http_status, int) and http_status >= 400
+
+
+def never_connected(exc: BaseException) -> bool:
+    """An SDK's connection error caused by no connection being made (refused, unresolvable, or
+    timed out connecting): the request never left, so nothing was billed. Read off the cause
+    chain by the HTTP library's own class names (httpx's ``ConnectError``/``ConnectTimeout``,
+    as the OpenAI SDK has them, and the same names of the httpx fork the Anthropic SDK ships),
+    since each SDK vendors its own; any other cause (a reset, a read timeout) is not known."""
+    cause: BaseException | None = exc.__cause__
+    while cause is not None:
+        if isinstance(cause, ConnectionRefusedError):
+            return True
+        kind = type(cause)
+        if kind.__name__ in ("ConnectError", "ConnectTimeout") and kind.__module__.split(".")[0].startswith(
+            ("httpx", "httpcore")
+        ):
+            return True
+        cause = cause.__cause__
+    return False
 
 
 def call_with_retries(
@@ -199,7 +227,13 @@ def call_with_retries(
         delay = min(hint, policy.max_delay) if hint is not None else backoff_delay(policy, attempt - 1, rng)
         report_retry(
             RetryNotice(
-                attempt, policy.max_attempts, _code_of(last), _said(*_what(label, last)), last.status_code, delay
+                attempt,
+                policy.max_attempts,
+                _code_of(last),
+                _said(*_what(label, last)),
+                last.status_code,
+                delay,
+                unbilled=last.unbilled,
             )
         )
         sleep(delay)

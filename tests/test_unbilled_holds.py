@@ -1,0 +1,150 @@
+"""Issue 40, part 1: a zombie whose call failed unbilled gives its hold back.
+
+A worker whose attempt fails with an HTTP error status (or cannot connect) learns, when it
+reports the retry, that its lease is gone. Every attempt it made was refused before any reply,
+so the provider billed nothing: the hold goes back at once, whatever the successor did with it
+meanwhile (nothing yet, set it aside while the call might still complete, or already counted
+it as spent at its deadline). Before, the hold stayed counted and was spent at its deadline with
+nothing to correct it: the chaos run's phantom spend (bench/chaos.py --scenario zombies). A
+failure that may have been billed (a 200 cut in the middle of its body) keeps the hold counted,
+as the unknown it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from typing import Any
+
+import pytest
+
+from agentq.core.engine import Engine, EngineConfig
+from agentq.core.models import TaskSubmission
+from agentq.local.moto_server import MotoServer
+from agentq.runtime import build_registry, build_store
+
+from tests.fake_messages_api import FakeMessagesAPI, FakeReply, error_reply, message_reply, usage_dict
+from tests.helpers import deployment
+
+LEASE = 1.0
+
+
+def _submission() -> TaskSubmission:
+    return TaskSubmission.model_validate(
+        {
+            "goal": "answer in one turn",
+            "provider": "anthropic",
+            "constraints": {"max_tokens": 5_000, "max_output_tokens": 400, "tools": []},
+        }
+    )
+
+
+def _answer() -> FakeReply:
+    return message_reply([{"type": "text", "text": "late"}], usage=usage_dict(input_tokens=10, output_tokens=5))
+
+
+def _run_zombie(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch, first: FakeReply, successor: str
+) -> tuple[Any, str]:
+    """The first attempt gets ``first`` once a successor has claimed the task (its lease lapsed
+    meanwhile) and treated the hold as ``successor`` says. Returns (the budget, the outcome)."""
+    settings = deployment(moto_server)
+    store = build_store(settings)
+    task = store.tasks.create(_submission(), tenant="t")
+    seen: list[Any] = []
+
+    def answer(request: Any) -> FakeReply:
+        """The model: the first attempt is answered only once the successor has the task."""
+        seen.append(request)
+        if len(seen) > 1:
+            return _answer()
+        deadline = time.monotonic() + 30
+        while (claim := store.tasks.claim(task.task_id, "successor", 30)) is None:
+            assert time.monotonic() < deadline, "the zombie's lease never lapsed"
+            time.sleep(0.05)
+        lease, current = claim
+        held = current.inflight
+        assert held is not None and held.epoch == 1
+        if successor in ("set_aside", "spent"):
+            store.budgets.set_aside(lease, held)
+        if successor == "spent":
+            store.budgets.spend_lapsed(task.task_id, task.task_id, held)
+        return first
+
+    with FakeMessagesAPI() as fake:
+        fake.responder = answer
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
+        monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", '{"base_delay": 0.01, "max_delay": 0.01}')
+        config = EngineConfig(lease_seconds=LEASE)
+        engine = Engine(store, worker_id="zombie", tools=build_registry(settings), config=config)
+        result = engine.run(task.task_id, keeper=lambda session: contextlib.nullcontext())  # paused: no heartbeat
+    assert len(seen) == 1  # no attempt after the lease was found lost
+    return store.budgets.get(task.task_id), result.outcome
+
+
+@pytest.mark.parametrize("successor", ["claimed", "set_aside", "spent"])
+@pytest.mark.parametrize(
+    "refusal",
+    [error_reply(500, "api_error", "boom"), error_reply(529, "overloaded_error", "busy"),
+     error_reply(429, "rate_limit_error", "slow down", {"retry-after": "0"})],
+    ids=["500", "529", "429"],
+)  # fmt: skip
+def test_a_zombie_whose_attempt_was_refused_with_an_error_status_gives_its_hold_back_wherever_it_is(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch, refusal: FakeReply, successor: str
+) -> None:
+    budget, outcome = _run_zombie(moto_server, monkeypatch, refusal, successor)
+    assert outcome == "lease_lost"
+    assert (budget.used, budget.reserved, budget.available) == (0, 0, budget.cap)
+
+
+def test_a_zombie_whose_reply_was_cut_midway_keeps_its_hold_counted(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same, but the 200's body is cut halfway: the provider may have billed it, so the
+    hold stays counted (set aside here) until its deadline, as the unknown it is."""
+    cut = dataclasses.replace(_answer(), cut_at=0.5)
+    budget, outcome = _run_zombie(moto_server, monkeypatch, cut, "set_aside")
+    assert outcome == "lease_lost"
+    assert budget.used == 0 and budget.reserved > 0 and budget.available == budget.cap - budget.reserved
+
+
+def test_the_sdks_failures_say_unbilled_only_when_no_reply_can_have_been_billed() -> None:
+    """Through the real SDKs: a refused connection and an error status are unbilled; a 200 cut
+    in its body, and a stall reset before any byte (a request that may have reached the model),
+    are not known unbilled."""
+    import anthropic
+    import openai
+
+    from agentq.core.providers.anthropic_provider import anthropic_failure
+    from agentq.core.providers.openai_provider import openai_failure
+    from agentq.local.moto_server import free_port
+
+    def failure_of(call: Any, classify: Any) -> Any:
+        try:
+            call()
+        except Exception as exc:
+            return classify(exc)
+        raise AssertionError("the call did not fail")
+
+    closed = f"http://127.0.0.1:{free_port()}"
+    a = anthropic.Anthropic(api_key="k", base_url=closed, max_retries=0, timeout=5)
+    ask: dict[str, Any] = {
+        "model": "claude-sonnet-4-6",
+        "max_tokens": 5,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    assert failure_of(lambda: a.messages.create(**ask), anthropic_failure).unbilled
+    o = openai.OpenAI(api_key="k", base_url=closed, max_retries=0, timeout=5)
+    chat: dict[str, Any] = {"model": "gpt-4.1", "messages": [{"role": "user", "content": "hi"}]}
+    assert failure_of(lambda: o.chat.completions.create(**chat), openai_failure).unbilled
+    with FakeMessagesAPI() as fake:
+        fake.enqueue(
+            error_reply(500, "api_error", "boom"),
+            dataclasses.replace(_answer(), cut_at=0.5),
+            dataclasses.replace(_answer(), cut_at=0),
+        )
+        a = anthropic.Anthropic(api_key="k", base_url=fake.base_url, max_retries=0, timeout=5)
+        outcomes = [failure_of(lambda: a.messages.create(**ask), anthropic_failure) for _ in range(3)]
+    assert [(f.kind, f.unbilled) for f in outcomes] == [("status", True), ("connection", False), ("connection", False)]
