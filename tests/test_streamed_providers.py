@@ -91,7 +91,9 @@ def test_a_long_chat_completion_is_streamed_and_assembled_into_the_reply_a_plain
     long_call, short_call = (r.body for r in chat.requests)
     assert long_call["stream"] is True and long_call["stream_options"] == {"include_usage": True}
     assert "stream" not in short_call
-    assert streamed.model_dump() == plain.model_dump()  # tool calls by index, usage with the cache reads split out
+    # Tool calls by index, usage with the cache reads split out; only the telemetry's flag differs.
+    assert streamed.model_dump(exclude={"streamed"}) == plain.model_dump(exclude={"streamed"})
+    assert (streamed.streamed, plain.streamed) == (True, False)
     assert [b["input"] for b in streamed.content if b["type"] == "tool_use"] == [{"city": "Paris"}, {"city": "Lyon"}]
     assert streamed.usage.cache_read_input_tokens == 700 and streamed.stop_reason == "tool_use"
     assert len(texts) >= 3 and texts[-1] == TEXT and all(TEXT.startswith(t) for t in texts)  # the text so far
@@ -121,7 +123,8 @@ def test_a_long_converse_call_goes_through_converse_stream_and_is_assembled_into
     plain = bedrock.complete(request(NOVA, max_tokens=256))
     assert [r.path.rsplit("/", 1)[-1] for r in converse.requests] == ["converse-stream", "converse"]
     assert [r.model for r in converse.requests] == [NOVA, NOVA]
-    assert streamed.model_dump() == plain.model_dump()
+    assert streamed.model_dump(exclude={"streamed"}) == plain.model_dump(exclude={"streamed"})
+    assert (streamed.streamed, plain.streamed) == (True, False)
     assert streamed.content[0] == {"type": "thinking", "thinking": "Paris in June: warm.", "signature": "sig-1"}
     assert streamed.content[-1]["input"] == {"city": "Paris"} and streamed.stop_reason == "tool_use"
     assert streamed.usage.cache_read_input_tokens == 300 and streamed.usage.cache_creation_input_tokens == 40

@@ -69,7 +69,8 @@ class _MessagesProvider:
         """One assistant turn; raises ``ProviderError`` once the retry policy gives up."""
         kwargs = self._params(request)
         endpoint = self._client.beta.messages if "betas" in kwargs else self._client.messages
-        send = (lambda **kw: self._streamed(endpoint, **kw)) if request.max_tokens > stream_above() else endpoint.create
+        streamed = request.max_tokens > stream_above()
+        send = (lambda **kw: self._streamed(endpoint, **kw)) if streamed else endpoint.create
         response, attempts = call_with_retries(
             lambda: to_llm_response(send(**kwargs), 1),
             self.retry,
@@ -78,7 +79,12 @@ class _MessagesProvider:
             label=self.name,
             classify=anthropic_failure,
         )
-        return response.model_copy(update={"attempts": attempts})
+        return response.model_copy(update={"attempts": attempts, "streamed": streamed})
+
+    @property
+    def endpoint(self) -> str | None:
+        base = getattr(self._client, "base_url", None)
+        return str(base) if base is not None else None
 
     def _params(self, request: LLMRequest) -> dict[str, Any]:
         """The Messages API parameters of ``request`` (a call's, or a batch request's)."""
@@ -311,6 +317,7 @@ class _Usage(BaseModel):
 class _Message(BaseModel):
     """What the engine reads of a Messages API reply; anything else the reply holds is ignored."""
 
+    id: str | None = None
     content: list[_Block]
     stop_reason: str | None = None
     model: str
@@ -339,6 +346,8 @@ def to_llm_response(message: Any, attempts: int) -> LLMResponse:
         content=[_plain_block(block) for block in reply.content],
         stop_reason=reply.stop_reason,
         model=reply.model,
+        response_id=reply.id,
+        finish_reason=reply.stop_reason,
         usage=Usage(
             input_tokens=usage.input_tokens + sum(i.input_tokens for i in compactions),
             output_tokens=usage.output_tokens + sum(i.output_tokens for i in compactions),

@@ -39,10 +39,16 @@ class LLMRequest(BaseModel):
 
 class LLMResponse(BaseModel):
     content: list[dict[str, Any]]  # text / tool_use blocks as plain dicts
-    stop_reason: str | None
+    stop_reason: str | None  # in the Messages API's terms, whoever answered: what the engine reads
     model: str
     usage: Usage
     attempts: int = 1  # provider calls made, retries included
+    # What the telemetry reports (OpenTelemetry's gen_ai.response.*), never what the engine reads:
+    # the provider's own id of the reply and its own word for why it stopped (OpenAI's "stop",
+    # Converse's "end_turn"), which ``stop_reason`` has translated.
+    response_id: str | None = None
+    finish_reason: str | None = None
+    streamed: bool = False  # the reply came as a stream (``stream_above``)
 
 
 class LLMProvider(Protocol):
@@ -66,6 +72,15 @@ class BatchProvider(Protocol):
         """The answer once the batch has ended (None before); ``ProviderError`` when the
         request errored, expired or was canceled."""
         ...
+
+
+@runtime_checkable
+class RemoteProvider(Protocol):
+    """A provider that calls a server: ``endpoint`` is its base URL (what the telemetry names as
+    ``server.address`` and ``server.port``). The scripted provider calls none."""
+
+    @property
+    def endpoint(self) -> str | None: ...
 
 
 BATCH_PRICE_RATIO = Decimal("0.5")  # a batched call costs half the list price

@@ -131,7 +131,12 @@ class BedrockConverseProvider:
                 retryable=False,
                 code="missing_aws_credentials",
             ) from None
-        return response.model_copy(update={"attempts": attempts})
+        return response.model_copy(update={"attempts": attempts, "streamed": streamed})
+
+    @property
+    def endpoint(self) -> str | None:
+        meta = getattr(self._client, "meta", None)
+        return str(meta.endpoint_url) if meta is not None else None
 
     def _streamed(self, params: dict[str, Any]) -> LLMResponse:
         reply = StreamedReply()
@@ -392,6 +397,7 @@ def to_llm_response(reply: Any, model: str) -> LLMResponse:
         content=content,
         stop_reason=STOP_REASONS.get(parsed.stopReason, parsed.stopReason),
         model=model,
+        finish_reason=parsed.stopReason,
         usage=Usage(
             input_tokens=usage.inputTokens,
             output_tokens=usage.outputTokens,

@@ -110,7 +110,11 @@ class OpenAIProvider:
             label=self.name,
             classify=openai_failure,
         )
-        return response.model_copy(update={"attempts": attempts})
+        return response.model_copy(update={"attempts": attempts, "streamed": streamed})
+
+    @property
+    def endpoint(self) -> str:
+        return str(self._client.base_url)
 
     def _streamed(self, params: dict[str, Any]) -> LLMResponse:
         chunks = self._client.chat.completions.create(**params, stream=True, stream_options={"include_usage": True})
@@ -130,6 +134,7 @@ class StreamedCompletion:
     def __init__(self) -> None:
         self.text = ""
         self.model = ""
+        self.id: str | None = None
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
         self._calls: dict[int, dict[str, Any]] = {}
@@ -140,6 +145,7 @@ class StreamedCompletion:
             raise MalformedReply(f"a stream chunk that is a JSON {type(chunk).__name__}, not an object")
         data = chunk.model_dump(exclude_none=True, warnings=False)
         self.model = data.get("model") or self.model
+        self.id = data.get("id") or self.id
         if isinstance(data.get("usage"), dict):
             self.usage = data["usage"]
         added = False
@@ -167,6 +173,7 @@ class StreamedCompletion:
         if calls:
             message["tool_calls"] = calls
         whole: dict[str, Any] = {
+            **({"id": self.id} if self.id else {}),
             "model": self.model,
             "choices": [{"message": message, "finish_reason": self.finish_reason}],
         }
@@ -303,6 +310,7 @@ class _Completion(BaseModel):
     """What the engine reads of a chat completion; anything else it holds is ignored."""
 
     model_config = ConfigDict(extra="ignore")
+    id: str | None = None
     model: str
     choices: list[_Choice] = Field(min_length=1)
     usage: _Usage
@@ -346,6 +354,8 @@ def completion_response(data: dict[str, Any]) -> LLMResponse:
         content=content,
         stop_reason=stop,
         model=reply.model,
+        response_id=reply.id,
+        finish_reason=choice.finish_reason,
         usage=Usage(
             input_tokens=usage.prompt_tokens - cached,
             output_tokens=usage.completion_tokens,
