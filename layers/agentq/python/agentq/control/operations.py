@@ -201,7 +201,7 @@ def raise_budget(
     if add_tokens or add_usd:
         store.budgets.raise_cap(task_id, add_tokens, micros(add_usd))
     if task.status is TaskStatus.COST_EXCEEDED:
-        store.tasks.transition(task_id, TaskStatus.QUEUED)
+        store.tasks.transition(task_id, TaskStatus.QUEUED, reopen=True)
         queues.send(task_id, task.submission.priority, tenant=task.tenant)
     return store.tasks.get(task_id)
 

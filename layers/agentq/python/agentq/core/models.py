@@ -559,6 +559,13 @@ class Task(BaseModel):
     messages_delivered: int = 0
     interrupt_at: float | None = None
     conversation_closed: bool = False
+    # Each write that reopens an ended task (a follow-up, a redrive, a raised budget) starts its
+    # next invocation: counted here, with when it started and the token totals it started from
+    # (the telemetry's ``invoke_agent`` span of each, ``observe/otel.py``). 0: from the submission.
+    invocation: int = 0
+    invoked_at: float | None = None
+    invocation_tokens_in: int = 0
+    invocation_tokens_out: int = 0
     slots: list[str] = Field(default_factory=list)  # the running slots it holds (storage.running_slots)
 
     @field_validator("inflight", mode="before")

@@ -331,7 +331,7 @@ class Dispatcher:
     def _requeue_redriven(self, task: Task) -> None:
         """A message back from the DLQ for a task we failed: the operator wants it resumed."""
         try:
-            self.store.tasks.transition(task.task_id, TaskStatus.QUEUED, error=None)
+            self.store.tasks.transition(task.task_id, TaskStatus.QUEUED, error=None, reopen=True)
             log.info("redrive: task %s requeued from its checkpoint (step %s)", task.task_id, task.step)
         except IllegalTransition:
             pass  # raced with another copy of the redrive: the claim below decides

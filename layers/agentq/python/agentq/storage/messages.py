@@ -66,7 +66,7 @@ from agentq.storage.table import (
     plain,
     present,
 )
-from agentq.storage.task_items import live_keys
+from agentq.storage.task_items import live_keys, merged, reopening
 
 MESSAGE = "MSG#"
 MESSAGE_KEY = "MSGKEY#"
@@ -245,6 +245,9 @@ class Messages:
             sets.update({"status": TaskStatus.QUEUED.value, "lease_expires": 0, **live_keys(task_id)})
             removes += ["error", "finished_at", TTL_ATTRIBUTE, "interrupt_at"]
             condition = condition & (Attr(TTL_ATTRIBUTE).not_exists() | Attr(TTL_ATTRIBUTE).gt(Decimal(repr(now))))
+            return Patch(
+                "meta", keys.meta_key(task_id), merged(Update(set=sets, remove=removes), reopening(now)), condition
+            )
         return Patch("meta", keys.meta_key(task_id), Update(set=sets, remove=removes), condition)
 
     def _replay(self, task_id: str, idempotency_key: str, request_hash: str) -> Accepted | None:

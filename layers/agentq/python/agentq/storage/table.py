@@ -217,24 +217,32 @@ def merge(name: str, *writes: Patch | Check) -> Patch:
     sets: dict[str, Any] = {}
     adds: dict[str, int | Decimal] = {}
     removes: list[str] = []
+    if_absent: dict[str, Any] = {}
+    copies: dict[str, tuple[str, Any]] = {}
     condition: ConditionBase | None = None
     for write in writes:
         if write.key != key:
             raise ValueError(f"cannot merge writes to {key} and {write.key}")
         if isinstance(write, Patch):
-            if write.update.set_if_absent or write.update.copy_from:
-                raise ValueError("merge takes set, add and remove updates only")
-            twice = (set(sets) | set(adds) | set(removes)) & (
-                set(write.update.set) | set(write.update.add) | set(write.update.remove)
+            update = write.update
+            twice = (set(sets) | set(adds) | set(removes) | set(if_absent) | set(copies)) & (
+                set(update.set)
+                | set(update.add)
+                | set(update.remove)
+                | set(update.set_if_absent)
+                | set(update.copy_from)
             )
             if twice:
                 raise ValueError(f"attribute(s) {sorted(twice)} updated by two of the merged writes")
-            sets.update(write.update.set)
-            adds.update(write.update.add)
-            removes += write.update.remove
+            sets.update(update.set)
+            adds.update(update.add)
+            removes += update.remove
+            if_absent.update(update.set_if_absent)
+            copies.update(update.copy_from)
         if write.condition is not None:
             condition = write.condition if condition is None else condition & write.condition
-    return Patch(name, key, Update(set=sets, add=adds, remove=removes), condition)
+    merged = Update(set=sets, add=adds, remove=removes, set_if_absent=if_absent, copy_from=copies)
+    return Patch(name, key, merged, condition)
 
 
 def absent() -> ConditionBase:

@@ -17,7 +17,7 @@ from agentq.resources import LIVE_SHARDS
 from agentq.storage import keys
 from agentq.storage.budget_items import lapsed_holds
 from agentq.storage.serdes import Payloads
-from agentq.storage.table import Item, Table, plain
+from agentq.storage.table import Item, Table, Update, plain
 
 DEFAULT_TASK_RETENTION_DAYS = 30
 DAY_SECONDS = 86_400
@@ -27,6 +27,28 @@ def live_keys(task_id: str) -> dict[str, str]:
     """The sparse ``live`` index keys an unfinished task's META carries (``resources.GSI_LIVE``)."""
     shard = int(hashlib.sha256(task_id.encode()).hexdigest()[:8], 16) % LIVE_SHARDS
     return {"live_pk": f"LIVE#{shard}", "live_sk": task_id}
+
+
+def reopening(now: float) -> Update:
+    """What the write that reopens an ended task adds to its META: the next invocation, when it
+    started and the token totals it starts from (``Task.invocation``; the count is an ``ADD``, so
+    no read of it can be stale). Merged into that write's own update (``Update`` refuses an
+    attribute written twice)."""
+    return Update(
+        set={"invoked_at": Decimal(repr(now))},
+        add={"invocation": 1},
+        copy_from={"invocation_tokens_in": ("tokens_in", 0), "invocation_tokens_out": ("tokens_out", 0)},
+    )
+
+
+def merged(update: Update, extra: Update) -> Update:
+    return Update(
+        set={**update.set, **extra.set},
+        add={**update.add, **extra.add},
+        remove=[*update.remove, *extra.remove],
+        set_if_absent={**update.set_if_absent, **extra.set_if_absent},
+        copy_from={**update.copy_from, **extra.copy_from},
+    )
 
 
 def request_token(*parts: object) -> str:

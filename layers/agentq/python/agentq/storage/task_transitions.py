@@ -41,7 +41,7 @@ from agentq.storage.table import (
     present,
     status_in,
 )
-from agentq.storage.task_items import TaskItems, live_keys
+from agentq.storage.task_items import TaskItems, live_keys, merged, reopening
 
 
 class TaskTransitions(TaskItems):
@@ -54,15 +54,20 @@ class TaskTransitions(TaskItems):
         result: str | None = None,
         error: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
+        reopen: bool = False,
     ) -> None:
         """Move a task to ``to``; DynamoDB refuses it unless the current status may lead there.
 
         With a lease the write is also fenced by its epoch. ``extra``: attributes set in the
-        same write (a waiting task's ``batch``).
+        same write (a waiting task's ``batch``). ``reopen``: the task has ended (failed, out of
+        budget) and goes on (a redrive, a raised budget): only from an ended status, and the write
+        starts its next invocation (``task_items.reopening``).
         """
         # Only a person's message reopens a conversation (``storage.messages``), in a write that
         # also delivers the message: never a generic requeue (a stale wake, a redrive).
         allowed = [src for src in sources_of(to) if not (to is TaskStatus.QUEUED and src in REOPENED_BY_MESSAGE)]
+        if reopen:
+            allowed = [src for src in allowed if src.terminal] if to is TaskStatus.QUEUED else []
         if not allowed:
             raise IllegalTransition(f"no status may move to {to.value!r}", field="status")
         now = time.time()
@@ -95,11 +100,14 @@ class TaskTransitions(TaskItems):
         if lease is not None:
             condition = condition & Attr("lease_epoch").eq(lease.epoch)
         event = {"status": to.value, **({"error": error.get("code")} if error else {})}
+        update = Update(set=sets, remove=removes)
+        if reopen:
+            update = merged(update, reopening(now))
         try:
             meta = logged_transact(
                 self.table,
                 task_id,
-                [Patch("meta", keys.meta_key(task_id), Update(set=sets, remove=removes), condition)],
+                [Patch("meta", keys.meta_key(task_id), update, condition)],
                 NewEvent("task.status", event),
             )
         except TransactionCancelled as exc:
