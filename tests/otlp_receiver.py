@@ -1,7 +1,8 @@
 """A local OTLP/HTTP receiver: what an OpenTelemetry collector (ADOT, Honeycomb, Langfuse ...)
-is to an exporter. It takes ``POST /v1/traces`` bodies as the OTLP exporter sends them
-(protobuf ``ExportTraceServiceRequest``), decodes them with opentelemetry-proto, and keeps every
-span for a test to check the tree."""
+is to an exporter. It takes ``POST /v1/traces`` and ``POST /v1/metrics`` bodies as the OTLP
+exporters send them (protobuf ``ExportTraceServiceRequest``, ``ExportMetricsServiceRequest``),
+decodes them with opentelemetry-proto, and keeps every span and every histogram point for a test
+to check."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -29,6 +34,22 @@ class ReceivedSpan:
     service: str
     start_ns: int = 0
     end_ns: int = 0
+    kind: int = 0  # 1 internal, 2 server, 3 client (opentelemetry.proto.trace.v1.Span.SpanKind)
+
+
+@dataclass
+class HistogramPoint:
+    """One exported point of a histogram (cumulative unless the exporter says delta)."""
+
+    name: str
+    unit: str
+    attributes: dict[str, Any]
+    count: int
+    sum: float
+    bounds: list[float]
+    bucket_counts: list[int]
+    time_ns: int
+    service: str
 
 
 def _value(value: AnyValue) -> Any:
@@ -41,6 +62,7 @@ def _value(value: AnyValue) -> Any:
 @dataclass
 class OtlpReceiver:
     spans: list[ReceivedSpan] = field(default_factory=list)
+    points: list[HistogramPoint] = field(default_factory=list)
     posts: int = 0
 
     def __post_init__(self) -> None:
@@ -62,6 +84,46 @@ class OtlpReceiver:
         self._server.shutdown()
         self._server.server_close()
 
+    def histogram(self, name: str) -> list[HistogramPoint]:
+        """The latest point of each attribute set of histogram ``name`` (cumulative: the last
+        export holds everything recorded before it)."""
+        latest: dict[tuple[tuple[str, str], ...], HistogramPoint] = {}
+        with self._lock:
+            for point in self.points:
+                if point.name != name:
+                    continue
+                key = tuple(sorted((k, repr(v)) for k, v in point.attributes.items()))
+                if key not in latest or point.time_ns >= latest[key].time_ns:
+                    latest[key] = point
+        return list(latest.values())
+
+    def receive_metrics(self, body: bytes) -> None:
+        request = ExportMetricsServiceRequest.FromString(body)
+        found: list[HistogramPoint] = []
+        for resource_metrics in request.resource_metrics:
+            resource = {a.key: _value(a.value) for a in resource_metrics.resource.attributes}
+            for scope in resource_metrics.scope_metrics:
+                for metric in scope.metrics:
+                    if metric.WhichOneof("data") != "histogram":
+                        continue
+                    for point in metric.histogram.data_points:
+                        found.append(
+                            HistogramPoint(
+                                name=metric.name,
+                                unit=metric.unit,
+                                attributes={a.key: _value(a.value) for a in point.attributes},
+                                count=point.count,
+                                sum=point.sum,
+                                bounds=list(point.explicit_bounds),
+                                bucket_counts=list(point.bucket_counts),
+                                time_ns=point.time_unix_nano,
+                                service=str(resource.get("service.name")),
+                            )
+                        )
+        with self._lock:
+            self.points.extend(found)
+            self.posts += 1
+
     def receive(self, body: bytes) -> None:
         request = ExportTraceServiceRequest.FromString(body)
         found: list[ReceivedSpan] = []
@@ -81,6 +143,7 @@ class OtlpReceiver:
                             service=str(resource.get("service.name")),
                             start_ns=span.start_time_unix_nano,
                             end_ns=span.end_time_unix_nano,
+                            kind=span.kind,
                         )
                     )
         with self._lock:
@@ -94,13 +157,19 @@ def _handler(receiver: OtlpReceiver) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("content-length") or 0))
-            if self.path != "/v1/traces" or self.headers.get("content-type") != "application/x-protobuf":
+            routes = {
+                "/v1/traces": (receiver.receive, ExportTraceServiceResponse),
+                "/v1/metrics": (receiver.receive_metrics, ExportMetricsServiceResponse),
+            }
+            route = routes.get(self.path)
+            if route is None or self.headers.get("content-type") != "application/x-protobuf":
                 self.send_response(404)
                 self.send_header("content-length", "0")
                 self.end_headers()
                 return
-            receiver.receive(body)
-            payload = ExportTraceServiceResponse().SerializeToString()
+            take, answer = route
+            take(body)
+            payload = answer().SerializeToString()
             self.send_response(200)
             self.send_header("content-type", "application/x-protobuf")
             self.send_header("content-length", str(len(payload)))

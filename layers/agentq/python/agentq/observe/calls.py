@@ -1,7 +1,9 @@
 """What the engine reports about each LLM call and each tool call: one subsegment with the
 OpenTelemetry GenAI attributes, and the metrics that call produces.
 
-Subsegment names follow the GenAI span names (``chat <model>``, ``execute_tool <tool>``).
+Subsegment names follow the GenAI span names (``chat <model>``, ``execute_tool <tool>``); where
+OTLP export is on, the same calls are OpenTelemetry spans (``observe/otel.py``) and a model call
+is a point of each GenAI client metric (``observe/otel_metrics.py``).
 Annotations (indexed, ``[A-Za-z0-9_]`` keys) carry the same attributes with dots turned into
 underscores: ``gen_ai_request_model``, ``gen_ai_usage_input_tokens``,
 ``gen_ai_usage_output_tokens``, ``gen_ai_response_finish_reasons``, ``gen_ai_tool_name``, plus
@@ -10,21 +12,41 @@ underscores: ``gen_ai_request_model``, ``gen_ai_usage_input_tokens``,
 
 from __future__ import annotations
 
+import time
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agentq.observe import emf, otel
+from agentq.observe import emf, otel, otel_metrics
 from agentq.observe.names import UNREGISTERED_TOOL
 from agentq.observe.tracing import Span, span
 
 if TYPE_CHECKING:
     from agentq.core.providers.base import LLMResponse
 
-# agentq provider name -> gen_ai.provider.name (OpenTelemetry's well-known values)
-GENAI_PROVIDERS = {"anthropic": "anthropic", "bedrock": "aws.bedrock", "bedrock-converse": "aws.bedrock",
-                   "openai": "openai"}  # fmt: skip
+
+DEFAULT_PORTS = {"https": 443, "http": 80}
+
+
+def server_of(endpoint: str | None) -> dict[str, str | int]:
+    """``server.address`` and ``server.port`` of a provider's base URL (the scheme's port when
+    the URL names none); nothing for a provider that calls no server."""
+    if not endpoint:
+        return {}
+    url = urllib.parse.urlsplit(endpoint)
+    if not url.hostname:
+        return {}
+    port = url.port or DEFAULT_PORTS.get(url.scheme)
+    return {"server.address": url.hostname, **({"server.port": port} if port else {})}
+
+
+def error_type(exc: BaseException) -> str:
+    """``error.type`` of a failed call: the provider error's code (``overloaded``,
+    ``provider_timeout``, ...), else the exception's class."""
+    code = getattr(exc, "code", None)
+    return code if isinstance(code, str) and code else type(exc).__qualname__
 
 
 @dataclass
@@ -32,12 +54,16 @@ class LLMCall:
     span: Span
     model: str
     otel_span: Any = None  # the OpenTelemetry span, where OTLP export is on (observe.otel)
+    metric: dict[str, str | int] = field(default_factory=dict)  # the GenAI metrics' attributes
+    tokens: tuple[int, int] | None = None  # (input, output), once answered
 
     def answered(self, response: LLMResponse) -> None:
         """The provider answered: its usage goes on the subsegment and into the token metrics."""
         usage = response.usage
         tokens_in = usage.input_total
         model = response.model or self.model
+        self.tokens = (tokens_in, usage.output_tokens)
+        self.metric["gen_ai.response.model"] = model
         self.span.annotate(
             gen_ai_response_model=model,
             gen_ai_usage_input_tokens=tokens_in,
@@ -45,9 +71,12 @@ class LLMCall:
             gen_ai_response_finish_reasons=response.stop_reason,
             attempts=response.attempts,
         )
+        # The provider's own finish reason (OpenAI's "stop", not the "end_turn" the engine reads).
+        finish = response.finish_reason or response.stop_reason
         attributes = {
             "gen_ai.response.model": model,
-            "gen_ai.response.finish_reasons": [response.stop_reason] if response.stop_reason else None,
+            "gen_ai.response.id": response.response_id,
+            "gen_ai.response.finish_reasons": [finish] if finish else None,
             "gen_ai.usage.input_tokens": tokens_in,
             "gen_ai.usage.output_tokens": usage.output_tokens,
             "gen_ai.usage.cache_read.input_tokens": usage.cache_read_input_tokens,
@@ -57,21 +86,34 @@ class LLMCall:
         if self.otel_span is not None:
             self.otel_span.set_attributes({k: v for k, v in attributes.items() if v is not None})
             self.otel_span.set_attribute("agentq.attempts", response.attempts)
+            if response.streamed:  # the conventions set it if and only if the request streamed
+                self.otel_span.set_attribute("gen_ai.request.stream", True)
         emf.record_llm_usage(model, usage)
 
 
 @contextmanager
-def llm_call(*, provider: str, model: str, max_tokens: int, task_id: str, step: int) -> Iterator[LLMCall]:
+def llm_call(
+    *, provider: str, model: str, max_tokens: int, task_id: str, step: int, endpoint: str | None = None
+) -> Iterator[LLMCall]:
     """Around ``provider.complete``; call ``answered`` with the response. A provider error
-    leaving the block is recorded on the subsegment."""
-    system = GENAI_PROVIDERS.get(provider, provider)
-    request: dict[str, str | int] = {
+    leaving the block is recorded on the subsegment, and as ``error.type`` on the span and the
+    duration metric. ``endpoint``: the provider's base URL (``server.address``/``server.port``)."""
+    system = otel.genai_provider(provider)
+    server = server_of(endpoint)
+    metric: dict[str, str | int] = {
         "gen_ai.operation.name": "chat",
         "gen_ai.provider.name": system,
         "gen_ai.request.model": model,
-        "gen_ai.request.max_tokens": max_tokens,
+        **server,
     }
-    with span(f"chat {model}") as s, otel.span(f"chat {model}", request) as exported:
+    # The task is the conversation: its follow-ups continue it (ARCHITECTURE 11).
+    request: dict[str, str | int] = {
+        **metric,
+        "gen_ai.request.max_tokens": max_tokens,
+        "gen_ai.conversation.id": task_id,
+    }
+    started = time.monotonic()
+    with span(f"chat {model}") as s, otel.span(f"chat {model}", request, client=True) as exported:
         s.annotate(
             gen_ai_operation_name="chat",
             gen_ai_provider_name=system,
@@ -80,7 +122,16 @@ def llm_call(*, provider: str, model: str, max_tokens: int, task_id: str, step: 
             step=step,
         )
         s.describe(request)
-        yield LLMCall(s, model, exported)
+        call = LLMCall(s, model, exported, metric)
+        try:
+            yield call
+        except BaseException as exc:
+            kind = error_type(exc)
+            if exported is not None:
+                exported.set_attribute("error.type", kind)
+            otel_metrics.record_call({**metric, "error.type": kind}, time.monotonic() - started, None)
+            raise
+        otel_metrics.record_call(metric, time.monotonic() - started, call.tokens)
 
 
 @dataclass
@@ -93,21 +144,21 @@ class ToolCall:
         self.span.annotate(tool_status=status, tool_error=is_error)
         if self.otel_span is not None:
             self.otel_span.set_attributes({"agentq.tool_status": status, "agentq.tool_error": is_error})
+            if is_error:  # the call ended in an error ("error", "timeout"): the conventions' error.type
+                otel.failed(self.otel_span, status if status != "ok" else "error")
         if is_error:
             emf.record_tool_error(self.tool)
 
 
 @contextmanager
-def tool_call(name: str, *, registered: bool, call_id: str, task_id: str, step: int) -> Iterator[ToolCall]:
+def tool_call(
+    name: str, *, registered: bool, call_id: str, task_id: str, step: int, description: str | None = None
+) -> Iterator[ToolCall]:
     """Around one tool execution; call ``finished`` with its status. A name the model made
     up is reported as ``unregistered`` (metrics, subsegment name, annotations), so what the
     model writes cannot mint metric series; metadata keeps what it asked for."""
     tool = name if registered else UNREGISTERED_TOOL
-    described = {
-        "gen_ai.operation.name": "execute_tool",
-        "gen_ai.tool.name": name[:200],
-        "gen_ai.tool.call.id": call_id,
-    }
+    described = otel.tool_attributes(name, call_id, description)
     with span(f"execute_tool {tool}") as s, otel.span(f"execute_tool {tool}", described) as exported:
         s.annotate(gen_ai_operation_name="execute_tool", gen_ai_tool_name=tool, task_id=task_id, step=step)
         s.describe(described)

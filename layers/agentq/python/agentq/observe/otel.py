@@ -2,20 +2,27 @@
 the default tracer: ``observe/tracing.py``). ADOT, Langfuse, Honeycomb and Datadog take them.
 
 One trace per root task, whatever worker runs it and however often it resumes: its trace id is
-derived from the root task's id, and a task's own span id from the task's, so a run started
-anywhere, any time, hangs its spans under the same parent without reading anything first:
+derived from the root task's id, and the span id of each invocation of a task from the task's id
+and the invocation's number, so a run started anywhere, any time, hangs its spans under the same
+parent without reading anything first:
 
-    invoke_agent <agent>                 the task (emitted once, when it ends: created -> ended)
+    invoke_agent <agent>                 one invocation of the task (emitted when it ends)
       run <task>                         one claim of it by a worker (a resume is another)
         step <n>                         one step: an LLM turn or a tools turn
-          chat <model>                   the model call, GenAI attributes; retries as events
-          execute_tool <tool>            each tool call
+          chat <model>                   the model call (CLIENT), GenAI attributes; retries as events
+          execute_tool <tool>            each tool call (INTERNAL)
           execute_tool spawn_subagents   a spawn: its id derived from the tool call's
             invoke_agent <child>         each sub-agent, a child of the spawning call
 
-Spans go out through a batch processor flushed at the end of every run (a Lambda may be frozen
-right after). Without the endpoint, or without the ``otel`` extra installed, every function
-here does nothing.
+An invocation is what a task does from its submission, or from the write that reopened it (a
+follow-up to an answered or interrupted conversation, a redrive, a raised budget: META's
+``invocation`` counts them), to its next end (an answer, a failure, ``idle``). A conversation of
+three answers is three ``invoke_agent`` spans with three ids, each holding its own runs.
+
+The attributes follow OpenTelemetry's GenAI semantic conventions (gen-ai-agent-spans.md,
+gen-ai-spans.md); the GenAI client metrics are ``observe/otel_metrics.py``. Spans go out through
+a batch processor flushed at the end of every run (a Lambda may be frozen right after). Without
+the endpoint, or without the ``otel`` extra installed, every function here does nothing.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
+from agentq.observe import otel_metrics
+
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
@@ -41,9 +50,17 @@ ENDPOINT_VARIABLE = "OTEL_EXPORTER_OTLP_ENDPOINT"
 SERVICE_NAME = "agentq"
 Attributes = Mapping[str, str | int | float | bool | list[str]]
 
+# agentq provider name -> gen_ai.provider.name (the conventions' well-known values; "scripted" is ours)
+GENAI_PROVIDERS = {"anthropic": "anthropic", "bedrock": "aws.bedrock", "bedrock-converse": "aws.bedrock",
+                   "openai": "openai"}  # fmt: skip
+
 # Set around the start of a span whose id is derived rather than random (``_DerivedIds``).
 _forced_span_id: ContextVar[int | None] = ContextVar("agentq_otel_span_id", default=None)
 _forced_trace_id: ContextVar[int | None] = ContextVar("agentq_otel_trace_id", default=None)
+
+
+def genai_provider(provider: str) -> str:
+    return GENAI_PROVIDERS.get(provider, provider)
 
 
 def trace_id_of(root_id: str) -> int:
@@ -56,6 +73,18 @@ def span_id_of(*parts: str) -> int:
     return int.from_bytes(hashlib.sha256(":".join(("agentq-span", *parts)).encode()).digest()[:8], "big") or 1
 
 
+def invocation_span_id(task_id: str, invocation: int) -> int:
+    """The ``invoke_agent`` span of a task's ``invocation``-th invocation (0: from its submission)."""
+    return span_id_of("task", task_id) if invocation == 0 else span_id_of("task", task_id, f"invocation-{invocation}")
+
+
+def resource() -> Any:
+    """The service the spans and the metrics come from (``OTEL_SERVICE_NAME``, default agentq)."""
+    from opentelemetry.sdk.resources import Resource
+
+    return Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or SERVICE_NAME})
+
+
 @functools.cache
 def _provider() -> Any:
     """The process's TracerProvider, or None (decided once; ``reset`` forgets it)."""
@@ -63,7 +92,6 @@ def _provider() -> Any:
         return None
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
         from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
@@ -81,8 +109,7 @@ def _provider() -> Any:
         def generate_trace_id(self) -> int:
             return _forced_trace_id.get() or super().generate_trace_id()
 
-    service = os.environ.get("OTEL_SERVICE_NAME") or SERVICE_NAME
-    provider = TracerProvider(resource=Resource.create({"service.name": service}), id_generator=DerivedIds())
+    provider = TracerProvider(resource=resource(), id_generator=DerivedIds())
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))  # reads the OTEL_EXPORTER_OTLP_* settings
     return provider
 
@@ -97,17 +124,22 @@ def enabled() -> bool:
 
 
 def reset() -> None:
-    """Flush and forget the provider: the next span reads the environment again (tests)."""
+    """Flush and forget the providers: the next span reads the environment again (tests)."""
     provider = _provider()
     if provider is not None:
         provider.shutdown()
+    otel_metrics.reset()  # decided apart (a call may have asked before any span did)
     _provider.cache_clear()
 
 
 def flush(timeout_seconds: float = 5.0) -> None:
     provider = _provider()
-    if provider is not None and not provider.force_flush(int(timeout_seconds * 1000)):
+    if provider is None:
+        return
+    if not provider.force_flush(int(timeout_seconds * 1000)):
         log.warning("OpenTelemetry: spans not exported within %.0fs", timeout_seconds)
+    if not otel_metrics.flush(int(timeout_seconds * 1000)):
+        log.warning("OpenTelemetry: metrics not exported within %.0fs", timeout_seconds)
 
 
 def _remote_parent(trace_id: int, span_id: int) -> Any:
@@ -119,8 +151,8 @@ def _remote_parent(trace_id: int, span_id: int) -> Any:
 
 
 def _task_parent(task: Task) -> Any:
-    """The context a task's runs hang from: its own span, in its root's trace."""
-    return _remote_parent(trace_id_of(task.root_id), span_id_of("task", task.task_id))
+    """The context a task's runs hang from: its invocation's span, in its root's trace."""
+    return _remote_parent(trace_id_of(task.root_id), invocation_span_id(task.task_id, task.invocation))
 
 
 @contextlib.contextmanager
@@ -168,9 +200,10 @@ def step(number: int, kind: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def span(name: str, attributes: Attributes, *, span_id: int | None = None) -> Iterator[Span | None]:
-    """A span under the current one (a model call, a tool call); an exception leaving the block
-    is recorded on it as an ``exception`` event, its status an error."""
+def span(name: str, attributes: Attributes, *, client: bool = False) -> Iterator[Span | None]:
+    """A span under the current one: a model call (``client``: a call to another process, CLIENT
+    kind), a tool call (INTERNAL, as the conventions want of ``execute_tool``). An exception
+    leaving the block is recorded on it as an ``exception`` event, its status an error."""
     if tracer() is None:
         yield None
         return
@@ -179,11 +212,20 @@ def span(name: str, attributes: Attributes, *, span_id: int | None = None) -> It
     from opentelemetry.trace import SpanKind
 
     context = otel_context.get_current()
+    kind = SpanKind.CLIENT if client else SpanKind.INTERNAL
     with (
-        _started(name, context, span_id, kind=SpanKind.CLIENT, attributes=attributes) as made,
+        _started(name, context, kind=kind, attributes=attributes) as made,
         trace.use_span(made, end_on_exit=True, record_exception=True, set_status_on_exception=True),
     ):
         yield made
+
+
+def failed(made: Span, kind: str) -> None:
+    """A span whose operation ended in an error it did not raise: ``error.type`` and status."""
+    from opentelemetry.trace import Status, StatusCode
+
+    made.set_attribute("error.type", kind)
+    made.set_status(Status(StatusCode.ERROR, kind))
 
 
 def event(name: str, attributes: Attributes) -> None:
@@ -195,23 +237,59 @@ def event(name: str, attributes: Attributes) -> None:
     trace.get_current_span().add_event(name, attributes=dict(attributes))
 
 
-def spawned(task_id: str, use_id: str, started: float) -> None:
+def tool_attributes(name: str, call_id: str, description: str | None) -> dict[str, str]:
+    """An ``execute_tool`` span's attributes. Every tool is a ``function`` in the conventions'
+    terms: the model writes its arguments, and agentq, the model's client, runs it."""
+    attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name[:200],
+                  "gen_ai.tool.call.id": call_id, "gen_ai.tool.type": "function"}  # fmt: skip
+    if description:
+        attributes["gen_ai.tool.description"] = description[:1000]
+    return attributes
+
+
+def spawned(task_id: str, use_id: str, started: float, description: str | None = None) -> None:
     """The spawn_subagents call of a tools step that committed: its span, whose id every
     sub-agent of it derives as its parent's (``task_ended``)."""
     if tracer() is None:
         return
     from opentelemetry import context as otel_context
 
-    attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "spawn_subagents",
-                  "gen_ai.tool.call.id": use_id}  # fmt: skip
+    attributes = tool_attributes("spawn_subagents", use_id, description)
     with _started("execute_tool spawn_subagents", otel_context.get_current(), span_id_of("tool", task_id, use_id),
                   attributes=attributes, start_time=int(started * 1e9)) as made:  # fmt: skip
         made.end()
 
 
-def task_ended(task: Task, status: str, error: Mapping[str, Any] | None = None) -> None:
-    """The task's own span, from its creation to now, emitted once by the run that ended it:
-    the root of its trace, or a child of the spawn_subagents call that made it."""
+def agent_attributes(task: Task, provider: str) -> dict[str, str]:
+    """Who the agent is: an agent definition's name, version and id (``<tenant>/<name>``); a task
+    submitted without one is its own agent, named ``agentq``, whose id is the task's."""
+    ref = task.submission.agent
+    if not ref:
+        return {"gen_ai.agent.name": SERVICE_NAME, "gen_ai.agent.id": task.task_id, "gen_ai.provider.name": provider}
+    name, _, version = ref.partition("@")
+    attributes = {
+        "gen_ai.agent.name": name,
+        "gen_ai.agent.id": f"{task.tenant}/{name}",
+        "gen_ai.provider.name": provider,
+    }
+    if version:
+        attributes["gen_ai.agent.version"] = version
+    return attributes
+
+
+def task_ended(
+    task: Task,
+    status: str,
+    error: Mapping[str, Any] | None = None,
+    *,
+    tokens: tuple[int, int] | None = None,
+) -> None:
+    """The span of the task's invocation that just ended (an answer, a failure, ``idle``), from
+    its start (the submission, or the write that reopened the task) to now, emitted once, by the
+    run that ended it: the root of its trace, or a child of the spawn_subagents call that made it.
+
+    ``task``: as claimed (its ``invocation`` is the one that ended); ``tokens``: the task's input
+    and output totals now, of which the invocation's are what it added to those it started with."""
     if tracer() is None:
         return
     from opentelemetry.trace import Status, StatusCode
@@ -222,16 +300,32 @@ def task_ended(task: Task, status: str, error: Mapping[str, Any] | None = None) 
         from opentelemetry import context as otel_context
 
         parent = otel_context.Context()  # a root: no parent; its trace id is derived
-    agent = task.submission.agent or "agentq"
-    attributes = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent, "agentq.task_id": task.task_id,
-                  "agentq.root_id": task.root_id, "agentq.status": status,
-                  "gen_ai.request.model": task.submission.model}  # fmt: skip
+    attributes: dict[str, str | int] = {
+        "gen_ai.operation.name": "invoke_agent",
+        **agent_attributes(task, genai_provider(task.submission.provider)),
+        "gen_ai.conversation.id": task.task_id,
+        "gen_ai.request.model": task.submission.model,
+        "agentq.task_id": task.task_id,
+        "agentq.root_id": task.root_id,
+        "agentq.status": status,
+        "agentq.invocation": task.invocation,
+    }
+    if task.submission.output_schema is not None:
+        attributes["gen_ai.output.type"] = "json"
+    if tokens is not None:
+        attributes["gen_ai.usage.input_tokens"] = max(0, tokens[0] - task.invocation_tokens_in)
+        attributes["gen_ai.usage.output_tokens"] = max(0, tokens[1] - task.invocation_tokens_out)
+    failed = status not in ("succeeded", "idle")  # idle: interrupted by a person, not an error
+    if failed:
+        attributes["error.type"] = str((error or {}).get("code") or status)
+    started = task.invoked_at if task.invocation and task.invoked_at else task.created_at
+    name = f"invoke_agent {attributes['gen_ai.agent.name']}"
     token = _forced_trace_id.set(trace_id_of(task.root_id))
     try:
-        with _started(f"invoke_agent {agent}", parent, span_id_of("task", task.task_id), attributes=attributes,
-                      start_time=int(task.created_at * 1e9)) as made:  # fmt: skip
-            if status != "succeeded":
-                made.set_status(Status(StatusCode.ERROR, str((error or {}).get("code") or status)))
+        with _started(name, parent, invocation_span_id(task.task_id, task.invocation), attributes=attributes,
+                      start_time=int(started * 1e9)) as made:  # fmt: skip
+            if failed:
+                made.set_status(Status(StatusCode.ERROR, str(attributes["error.type"])))
             made.end(int(time.time() * 1e9))
     finally:
         _forced_trace_id.reset(token)

@@ -36,6 +36,7 @@ from agentq.core.providers import LLMRequest, LLMResponse, ProviderFactory
 from agentq.core.providers.base import (
     BATCH_PRICE_RATIO,
     BatchProvider,
+    RemoteProvider,
     RetryNotice,
     reporting_retries,
     reporting_text,
@@ -156,7 +157,7 @@ class LLMTurn:
         with (
             observe.llm_call(
                 provider=provider.name, model=request.model, max_tokens=max_out, task_id=s.task_id,
-                step=s.next_step,
+                step=s.next_step, endpoint=provider.endpoint if isinstance(provider, RemoteProvider) else None,
             ) as call,
             reporting_retries(lambda notice: self._note_retry(s, notice)),
             reporting_text(lambda text: setattr(s.held, "live_text", text)),

@@ -163,12 +163,22 @@ class Engine:
         result.steps_committed = session.committed
         result.resumed_from_step = resumed_from
         result.claimed = task
-        if result.status is not None and result.status.terminal and result.outcome == "finished":
-            observe.otel.task_ended(session.task, result.status.value, result.error)
+        if result.status is not None and (
+            (result.status.terminal and result.outcome == "finished") or result.status is TaskStatus.IDLE
+        ):
+            self._invocation_ended(session.task, result)
         if result.status is not None and result.status.terminal:
             live = [h.until for h in session.task.lapsed_holds.values() if h.until]
             result.lapsed_until = max(live, default=None)
         return result
+
+    def _invocation_ended(self, claimed: Task, result: RunResult) -> None:
+        """This run ended the task's invocation (an answer, a failure, an interrupt's ``idle``):
+        its ``invoke_agent`` span, with the tokens it used (read back: its earlier runs count)."""
+        if not observe.otel.enabled() or result.status is None:
+            return
+        now = self.store.tasks.get(claimed.task_id)
+        observe.otel.task_ended(claimed, result.status.value, result.error, tokens=(now.tokens_in, now.tokens_out))
 
     def _loop(self, s: Session) -> RunResult:
         while True:
@@ -187,7 +197,9 @@ class Engine:
                     if parked is None:
                         for use in last.tool_uses():
                             if use["name"] == SPAWN_TOOL:
-                                observe.otel.spawned(s.task_id, use["id"], started)
+                                spec = self._requests.registry(s).get(SPAWN_TOOL)
+                                described = spec.description if spec is not None else None
+                                observe.otel.spawned(s.task_id, use["id"], started, described)
                 if parked is not None:
                     return parked
                 if s.task.status.terminal:

@@ -68,6 +68,7 @@ class ToolCaller:
             )
         pending = PendingCall(
             s=s, use=use, allowlist=allowlist, notes=notes, registered=spec is not None,
+            description=spec.description if spec is not None else None,
             side_effects=bool(spec and spec.side_effects and use["name"] in allowlist),
             circuit=circuit, admission=admission, started=time.time(),
         )  # fmt: skip
@@ -87,7 +88,12 @@ class ToolCaller:
             memory=self.memory_for(s, use["id"]),
         )
         with observe.tool_call(
-            use["name"], registered=pending.registered, call_id=use["id"], task_id=s.task_id, step=s.next_step
+            use["name"],
+            registered=pending.registered,
+            call_id=use["id"],
+            task_id=s.task_id,
+            step=s.next_step,
+            description=pending.description,
         ) as call:
             run = self.requests.registry(s).execute(use["name"], use.get("input") or {}, ctx, pending.allowlist)
             call.finished(run.status, run.is_error)
@@ -118,6 +124,7 @@ class PendingCall:
     allowlist: list[str]
     notes: TaskNotes
     registered: bool  # the registry knows the tool (an unknown one runs to an error result)
+    description: str | None  # the registered tool's, for the telemetry
     side_effects: bool  # it may change the world: it runs at most once (SideEffect)
     circuit: str  # its fleet-wide circuit (core.flow)
     admission: Admission | None

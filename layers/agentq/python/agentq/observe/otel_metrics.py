@@ -1,0 +1,95 @@
+"""OpenTelemetry's GenAI client metrics by OTLP/HTTP, beside the traces (``observe/otel.py``) and
+under the same switch: ``OTEL_EXPORTER_OTLP_ENDPOINT`` set and the ``otel`` extra installed.
+
+Two histograms, as the GenAI semantic conventions name them (gen-ai-metrics.md), with their
+units and the bucket boundaries they advise:
+
+- ``gen_ai.client.operation.duration`` (``s``): every model call, answered or failed (a failure
+  carries ``error.type``), retries included: what the caller waited;
+- ``gen_ai.client.token.usage`` (``{token}``): each answered call's input and output tokens, one
+  record each (``gen_ai.token.type`` ``input`` or ``output``), as billed: input counts cache reads
+  and writes too, as ``gen_ai.usage.input_tokens`` does.
+
+The points are exported when a run ends (``flush``, with the spans: a Lambda may be frozen right
+after) and every minute meanwhile (the SDK's periodic reader; ``OTEL_METRIC_EXPORT_INTERVAL``).
+Temporality and every other ``OTEL_EXPORTER_OTLP_*`` setting are the SDK's own. CloudWatch EMF
+keeps its own metrics (``observe/emf.py``); these are for the backends that read OTLP.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+log = logging.getLogger("agentq.observe")
+
+TOKEN_USAGE = "gen_ai.client.token.usage"
+OPERATION_DURATION = "gen_ai.client.operation.duration"
+# The boundaries the conventions advise for each (ExplicitBucketBoundaries).
+TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
+DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+
+MetricAttributes = Mapping[str, str | int]
+
+
+@functools.cache
+def _meter_provider() -> Any:
+    """The process's MeterProvider, or None (decided once, as the TracerProvider is)."""
+    from agentq.observe.otel import ENDPOINT_VARIABLE, resource
+
+    if not os.environ.get(ENDPOINT_VARIABLE, "").strip():
+        return None
+    try:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    except ImportError:
+        return None  # otel.py has said so once already
+    reader = PeriodicExportingMetricReader(OTLPMetricExporter())  # reads the OTEL_EXPORTER_OTLP_* settings
+    return MeterProvider(resource=resource(), metric_readers=[reader])
+
+
+@functools.cache
+def _instruments() -> tuple[Any, Any] | None:
+    provider = _meter_provider()
+    if provider is None:
+        return None
+    meter = provider.get_meter("agentq")
+    tokens = meter.create_histogram(
+        TOKEN_USAGE, unit="{token}", description="Number of input and output tokens used.",
+        explicit_bucket_boundaries_advisory=list(TOKEN_BUCKETS),
+    )  # fmt: skip
+    duration = meter.create_histogram(
+        OPERATION_DURATION, unit="s", description="GenAI operation duration.",
+        explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS),
+    )  # fmt: skip
+    return tokens, duration
+
+
+def record_call(attributes: MetricAttributes, seconds: float, tokens: tuple[int, int] | None) -> None:
+    """One model call: its duration and, when it answered, its (input, output) tokens.
+    ``attributes``: the call's operation, provider, models, server and, when it failed, ``error.type``."""
+    found = _instruments()
+    if found is None:
+        return
+    token_usage, duration = found
+    duration.record(seconds, attributes=dict(attributes))
+    if tokens is not None:
+        for kind, count in zip(("input", "output"), tokens, strict=True):
+            token_usage.record(count, attributes={**attributes, "gen_ai.token.type": kind})
+
+
+def flush(timeout_millis: int) -> bool:
+    provider = _meter_provider()
+    return provider is None or bool(provider.force_flush(timeout_millis))
+
+
+def reset() -> None:
+    provider = _meter_provider()
+    if provider is not None:
+        provider.shutdown()
+    _instruments.cache_clear()
+    _meter_provider.cache_clear()
