@@ -511,3 +511,17 @@ def test_a_task_resumed_after_its_budget_ran_out_sends_a_second_invoke_agent_spa
     assert first.attributes["error.type"] == error["code"] and "error.type" not in second.attributes
     assert first.attributes["agentq.invocation"] == 0 and second.attributes["agentq.invocation"] == 1
     assert second.attributes["gen_ai.usage.output_tokens"] == 6
+
+
+def test_metrics_exporter_none_sends_the_spans_and_no_metric(
+    receiver: OtlpReceiver, store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """For a collector that takes traces only (the SDK's own switch, ``OTEL_METRICS_EXPORTER``)."""
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    otel.reset()
+    with openai_server(monkeypatch) as server:
+        server.enqueue(chat_completion("done"))
+        task = store.tasks.create(submission(PROVIDERS[1]), tenant="t")
+        assert run(store, registry, task.task_id) is TaskStatus.SUCCEEDED
+    assert [s.name for s in receiver.spans if s.name.startswith("chat ")] == ["chat gpt-4.1-mini"]
+    assert receiver.points == []

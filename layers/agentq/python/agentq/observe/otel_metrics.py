@@ -12,7 +12,8 @@ units and the bucket boundaries they advise:
 
 The points are exported when a run ends (``flush``, with the spans: a Lambda may be frozen right
 after) and every minute meanwhile (the SDK's periodic reader; ``OTEL_METRIC_EXPORT_INTERVAL``).
-Temporality and every other ``OTEL_EXPORTER_OTLP_*`` setting are the SDK's own. CloudWatch EMF
+Temporality and every other ``OTEL_EXPORTER_OTLP_*`` setting are the SDK's own;
+``OTEL_METRICS_EXPORTER=none`` leaves the metrics out (for a collector that takes traces only). CloudWatch EMF
 keeps its own metrics (``observe/emf.py``); these are for the backends that read OTLP.
 """
 
@@ -26,6 +27,8 @@ from typing import Any
 
 log = logging.getLogger("agentq.observe")
 
+# The SDK's own switch, honoured here: "none" sends traces only (a collector with no metrics pipeline).
+EXPORTER_VARIABLE = "OTEL_METRICS_EXPORTER"
 TOKEN_USAGE = "gen_ai.client.token.usage"
 OPERATION_DURATION = "gen_ai.client.operation.duration"
 # The boundaries the conventions advise for each (ExplicitBucketBoundaries).
@@ -40,7 +43,7 @@ def _meter_provider() -> Any:
     """The process's MeterProvider, or None (decided once, as the TracerProvider is)."""
     from agentq.observe.otel import ENDPOINT_VARIABLE, resource
 
-    if not os.environ.get(ENDPOINT_VARIABLE, "").strip():
+    if not os.environ.get(ENDPOINT_VARIABLE, "").strip() or os.environ.get(EXPORTER_VARIABLE, "").strip() == "none":
         return None
     try:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
