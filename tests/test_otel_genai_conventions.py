@@ -30,6 +30,7 @@ import pytest
 from agentq.control.operations import raise_budget
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import Task, TaskStatus, TaskSubmission
+from agentq.core.providers import LLMRequest, LLMResponse, default_provider_factory
 from agentq.core.tools import ToolRegistry
 from agentq.observe import otel
 from agentq.storage.container import Storage
@@ -43,6 +44,7 @@ from tests.fake_model_servers import (
     converse_reply,
     point_boto3_at,
 )
+from tests.helpers import scripted
 from tests.otlp_receiver import HistogramPoint, OtlpReceiver, ReceivedSpan
 
 STORAGE = "memory"
@@ -525,3 +527,40 @@ def test_metrics_exporter_none_sends_the_spans_and_no_metric(
         assert run(store, registry, task.task_id) is TaskStatus.SUCCEEDED
     assert [s.name for s in receiver.spans if s.name.startswith("chat ")] == ["chat gpt-4.1-mini"]
     assert receiver.points == []
+
+
+class Interrupting:
+    """The scripted provider, the task interrupted while its first call is in flight."""
+
+    name = "scripted"
+
+    def __init__(self, store: Storage, task_id: str, submission: TaskSubmission) -> None:
+        self.store, self.task_id, self.calls = store, task_id, 0
+        self.inner = default_provider_factory(submission)
+
+    def complete(self, request: LLMRequest) -> LLMResponse:
+        self.calls += 1
+        if self.calls == 1:
+            self.store.messages.interrupt(self.task_id)
+        return self.inner.complete(request)
+
+
+def test_an_interrupted_exchange_ends_its_invocation_and_the_next_message_starts_another(
+    receiver: OtlpReceiver, store: Storage, registry: ToolRegistry
+) -> None:
+    """``idle`` ends an invocation (no error: a person stopped it), so its runs do not hang from a
+    span that never arrives, and the message that reopens the task starts the next one."""
+    sub = scripted([{"text": "discarded"}, {"text": "answered"}])
+    task = store.tasks.create(sub, tenant="t")
+    provider = Interrupting(store, task.task_id, sub)
+    engine = Engine(store, worker_id="w1", tools=registry, config=EngineConfig(lease_seconds=30),
+                    providers=lambda _: provider)  # fmt: skip
+    assert engine.run(task.task_id, keeper=lambda _: contextlib.nullcontext()).status is TaskStatus.IDLE
+    store.messages.accept(task.task_id, "go on")
+    assert engine.run(task.task_id, keeper=lambda _: contextlib.nullcontext()).status is TaskStatus.SUCCEEDED
+    spans = receiver.spans
+    check_tree(spans)
+    interrupted, answered = invocations(spans, task)
+    assert interrupted.attributes["agentq.status"] == "idle" and interrupted.status_code != 2
+    assert "error.type" not in interrupted.attributes
+    assert (interrupted.attributes["agentq.invocation"], answered.attributes["agentq.invocation"]) == (0, 1)
