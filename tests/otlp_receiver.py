@@ -7,6 +7,7 @@ to check."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -157,9 +158,10 @@ def _handler(receiver: OtlpReceiver) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("content-length") or 0))
-            routes = {
-                "/v1/traces": (receiver.receive, ExportTraceServiceResponse),
-                "/v1/metrics": (receiver.receive_metrics, ExportMetricsServiceResponse),
+            # Each path: what takes the body, and the (empty) answer the exporter expects.
+            routes: dict[str, tuple[Callable[[bytes], None], bytes]] = {
+                "/v1/traces": (receiver.receive, ExportTraceServiceResponse().SerializeToString()),
+                "/v1/metrics": (receiver.receive_metrics, ExportMetricsServiceResponse().SerializeToString()),
             }
             route = routes.get(self.path)
             if route is None or self.headers.get("content-type") != "application/x-protobuf":
@@ -167,9 +169,8 @@ def _handler(receiver: OtlpReceiver) -> type[BaseHTTPRequestHandler]:
                 self.send_header("content-length", "0")
                 self.end_headers()
                 return
-            take, answer = route
+            take, payload = route
             take(body)
-            payload = answer().SerializeToString()
             self.send_response(200)
             self.send_header("content-type", "application/x-protobuf")
             self.send_header("content-length", str(len(payload)))

@@ -8,7 +8,8 @@ package only; each part is a no-op where its output would go nowhere.
 - ``correlation``: task id, step, lease epoch and worker on every log line of a task;
 - ``logs``: the core's loggers as powertools JSON (Lambda, ``agentq worker``) or text;
 - ``events``: structured events (log line, EventBridge);
-- ``otel``: OpenTelemetry traces by OTLP/HTTP where ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set.
+- ``otel``: OpenTelemetry traces by OTLP/HTTP where ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set;
+  ``otel_metrics`` the GenAI client metrics beside them; ``otlp`` the switch and service they share.
 
 The names below are re-exported lazily (PEP 562), as ``agentq`` does its own: importing one
 part (the authorizer wants ``route_core_logs`` only) does not load the others, so powertools'
@@ -47,7 +48,9 @@ _EXPORTS: dict[str, str] = {
     "configure_process_logging": "logs",
     "route_core_logs": "logs",
 }
-_SUBMODULES = frozenset({"calls", "correlation", "emf", "events", "logs", "names", "otel", "tracing"})
+_SUBMODULES = frozenset(
+    {"calls", "correlation", "emf", "events", "logs", "names", "otel", "otel_metrics", "otlp", "tracing"}
+)
 
 # Literal, so type checkers and linters see the public names; a test keeps it equal to _EXPORTS.
 __all__ = [
@@ -102,6 +105,8 @@ if TYPE_CHECKING:
     from agentq.observe import logs as logs
     from agentq.observe import names as names
     from agentq.observe import otel as otel
+    from agentq.observe import otel_metrics as otel_metrics
+    from agentq.observe import otlp as otlp
     from agentq.observe import tracing as tracing
     from agentq.observe.calls import LLMCall, ToolCall, llm_call, tool_call
     from agentq.observe.correlation import CorrelationFilter, bind, task_context

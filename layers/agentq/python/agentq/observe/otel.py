@@ -31,13 +31,13 @@ import contextlib
 import functools
 import hashlib
 import logging
-import os
 import time
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from agentq.observe import otel_metrics
+from agentq.observe.otlp import ENDPOINT_VARIABLE, SERVICE_NAME, configured, resource
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
@@ -46,8 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("agentq.observe")
 
-ENDPOINT_VARIABLE = "OTEL_EXPORTER_OTLP_ENDPOINT"
-SERVICE_NAME = "agentq"
 Attributes = Mapping[str, str | int | float | bool | list[str]]
 
 # agentq provider name -> gen_ai.provider.name (the conventions' well-known values; "scripted" is ours)
@@ -78,17 +76,10 @@ def invocation_span_id(task_id: str, invocation: int) -> int:
     return span_id_of("task", task_id) if invocation == 0 else span_id_of("task", task_id, f"invocation-{invocation}")
 
 
-def resource() -> Any:
-    """The service the spans and the metrics come from (``OTEL_SERVICE_NAME``, default agentq)."""
-    from opentelemetry.sdk.resources import Resource
-
-    return Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or SERVICE_NAME})
-
-
 @functools.cache
 def _provider() -> Any:
     """The process's TracerProvider, or None (decided once; ``reset`` forgets it)."""
-    if not os.environ.get(ENDPOINT_VARIABLE, "").strip():
+    if not configured():
         return None
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter

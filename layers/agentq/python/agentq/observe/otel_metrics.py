@@ -25,6 +25,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from agentq.observe.otlp import configured, resource
+
 log = logging.getLogger("agentq.observe")
 
 # The SDK's own switch, honoured here: "none" sends traces only (a collector with no metrics pipeline).
@@ -41,9 +43,7 @@ MetricAttributes = Mapping[str, str | int]
 @functools.cache
 def _meter_provider() -> Any:
     """The process's MeterProvider, or None (decided once, as the TracerProvider is)."""
-    from agentq.observe.otel import ENDPOINT_VARIABLE, resource
-
-    if not os.environ.get(ENDPOINT_VARIABLE, "").strip() or os.environ.get(EXPORTER_VARIABLE, "").strip() == "none":
+    if not configured() or os.environ.get(EXPORTER_VARIABLE, "").strip() == "none":
         return None
     try:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
