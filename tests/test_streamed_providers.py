@@ -158,3 +158,22 @@ def test_the_text_of_a_streamed_call_in_flight_rides_on_the_heartbeat_and_the_st
     assert final.status is TaskStatus.SUCCEEDED and final.result == TEXT and final.live_text is None
     [step] = store.steps.load(task.task_id)
     assert isinstance(step.body, LLMStep) and step.body.content == [{"type": "text", "text": TEXT}]
+
+
+def test_an_anthropic_stream_whose_200_carries_no_message_is_retried_then_fails_as_malformed() -> None:
+    """Found by the zombies chaos run: a 200 that is not an event stream made the SDK's
+    ``get_final_message`` raise a bare AssertionError, which failed the task with a traceback
+    (``processing_failed``) instead of being retried as the malformed reply it is."""
+    from agentq.core.providers.anthropic_provider import AnthropicProvider
+
+    from tests.fake_messages_api import FakeMessagesAPI, malformed_json
+    from tests.fake_messages_api import FakeReply as MessagesReply
+
+    with FakeMessagesAPI() as fake:
+        fake.enqueue(malformed_json(), MessagesReply(200, {"not": "a message"}))
+        sleeps = Sleeps()
+        provider = AnthropicProvider(api_key="k", base_url=fake.base_url, retry=retry(), sleep=sleeps)
+        with pytest.raises(ProviderError) as caught:
+            provider.complete(request("claude-sonnet-4-6"))
+    assert caught.value.code == "malformed_response" and not caught.value.retryable, caught.value
+    assert len(sleeps) == 1 and len(fake.requests) == 2

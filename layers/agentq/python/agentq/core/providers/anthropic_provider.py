@@ -125,7 +125,10 @@ class _MessagesProvider:
             for chunk in stream.text_stream:
                 text += chunk
                 report_text(text)
-            return stream.get_final_message()
+            try:
+                return stream.get_final_message()
+            except AssertionError as exc:  # the SDK asserts it saw a message_start: a 200 that was no stream
+                raise MalformedReply("a streamed reply that carried no message") from exc
 
 
 def anthropic_failure(exc: Exception) -> CallFailure | None:
