@@ -26,7 +26,7 @@ from agentq.storage.api_keys import ApiKey, KeyStore
 
 log = logging.getLogger("agentq.auth")
 
-_TOKEN_PATTERN = re.compile(r"^aq_[A-Za-z0-9_-]{20,200}$")
+_TOKEN_PATTERN = re.compile(r"aq_[A-Za-z0-9_-]{20,200}")  # fullmatch: `$` would let a trailing newline by
 
 
 class Unauthorized(AgentqError):
@@ -48,7 +48,7 @@ def bearer_token(header: str | None) -> str:
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         raise Unauthorized("Authorization is not 'Bearer <key>'")
-    if not _TOKEN_PATTERN.match(token):
+    if not _TOKEN_PATTERN.fullmatch(token):
         raise Unauthorized("malformed key")
     return token
 

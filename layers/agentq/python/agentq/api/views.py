@@ -86,7 +86,7 @@ def decode_cursor(kind: str, cursor: str) -> Any:
     return data["v"]
 
 
-_GSI1SK = re.compile(r"^\d{15}#[A-Za-z0-9_-]{1,128}$")
+_GSI1SK = re.compile(r"[0-9]{15}#[A-Za-z0-9_-]{1,128}")
 
 
 # --------------------------------------------------------------- task views
@@ -316,7 +316,7 @@ def task_page(
     after = None
     if cursor:
         after = decode_cursor("tasks", cursor)
-        if not isinstance(after, str) or not _GSI1SK.match(after):
+        if not isinstance(after, str) or not _GSI1SK.fullmatch(after):
             raise InvalidCursor("cursor is not one this API issued; pass next_cursor back unchanged", field="cursor")
     if not metadata:
         tasks, last = store.tasks.list_for_tenant(

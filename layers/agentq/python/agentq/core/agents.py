@@ -194,7 +194,7 @@ class AgentSummary(StrictModel):
 
 def parse_ref(ref: str) -> tuple[str, int | None]:
     """``"researcher"`` -> ("researcher", None: the latest); ``"researcher@3"`` -> ("researcher", 3)."""
-    if not re.match(AGENT_REF_PATTERN, ref):
+    if not re.fullmatch(AGENT_REF_PATTERN, ref):  # not match: `$` passes a trailing newline
         raise ValueError("name or name@version, e.g. researcher or researcher@3")
     name, _, version = ref.partition("@")
     return name, int(version) if version else None

@@ -33,7 +33,7 @@ MEMORY_STORE_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 MAX_MEMORY_ATTACHMENTS = 8
 MemoryAccessMode = Literal["read_write", "read_only"]
 STORE_NAME_PATTERN = MEMORY_STORE_PATTERN
-PATH_SEGMENT = re.compile(r"^[A-Za-z0-9._@+-]{1,255}$")
+PATH_SEGMENT = re.compile(r"[A-Za-z0-9._@+-]{1,255}")  # fullmatch: `$` would pass "fx.md\n"
 # DynamoDB's sort key holds at most 1,024 bytes, and a version's is ``VER#<path>#<9 digits>``
 # (storage/keys.py): 14 of them are not the path's.
 MAX_PATH_BYTES = 1010
@@ -108,7 +108,7 @@ def check_path(path: str, *, prefix: bool = False) -> str:
     if len(segments) > MAX_PATH_SEGMENTS:
         raise ValueError(f"a path has at most {MAX_PATH_SEGMENTS} segments")
     for segment in segments:
-        if segment in ("", ".", "..") or not PATH_SEGMENT.match(segment):
+        if segment in ("", ".", "..") or not PATH_SEGMENT.fullmatch(segment):
             raise ValueError(
                 f"path segment {segment!r}: letters, digits, '.', '_', '-', '@' and '+' only; not empty, '.' or '..'"
             )

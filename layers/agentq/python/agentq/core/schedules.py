@@ -19,8 +19,8 @@ from pydantic import Field, field_validator
 from agentq.core.models import StrictModel
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,63}$"
-_RATE = re.compile(r"^rate\((\d{1,6}) (minute|minutes|hour|hours|day|days)\)$")
-_CRON = re.compile(r"^cron\((.+)\)$")
+_RATE = re.compile(r"rate\(([0-9]{1,6}) (minute|minutes|hour|hours|day|days)\)")  # fullmatch, ASCII digits
+_CRON = re.compile(r"cron\((.+)\)")
 _UNIT_SECONDS = {"minute": 60, "hour": 3600, "day": 86400}
 
 
@@ -44,7 +44,7 @@ class ScheduleSpec(StrictModel):
 
 def next_fire(expression: str, after: float) -> float:
     """The first fire time strictly after ``after`` (seconds since the epoch, UTC)."""
-    rate = _RATE.match(expression)
+    rate = _RATE.fullmatch(expression)
     if rate is not None:
         count, unit = int(rate[1]), rate[2].rstrip("s")
         if count < 1:
@@ -53,7 +53,7 @@ def next_fire(expression: str, after: float) -> float:
             raise ValueError(f"rate(): say 'rate(1 {unit})' or 'rate(N {unit}s)'")
         period = count * _UNIT_SECONDS[unit]
         return (int(after // period) + 1) * period
-    cron = _CRON.match(expression)
+    cron = _CRON.fullmatch(expression)
     if cron is None:
         raise ValueError("expected cron(...) or rate(N minutes|hours|days)")
     from croniter import croniter

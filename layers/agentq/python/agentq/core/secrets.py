@@ -19,7 +19,7 @@ from typing import Protocol
 
 from agentq.core.errors import AgentqError
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")  # fullmatch
 REFERENCE = re.compile(r"\$\{secret:([^}]+)\}")
 
 
@@ -51,7 +51,7 @@ class Secrets:
         return cls(lambda name: environ.get(env_var_for(name)), frozenset(names) if names else None)
 
     def get(self, name: str) -> str:
-        if not NAME_PATTERN.match(name or ""):
+        if not NAME_PATTERN.fullmatch(name or ""):
             raise SecretUnavailable(f"{name!r} is not a secret name", field="secret")
         if self.allowed is not None and name not in self.allowed:
             raise SecretUnavailable(f"secret {name!r} is not one this deployment grants its tools", field="secret")

@@ -176,7 +176,7 @@ class _Server(ThreadingHTTPServer):
         super().handle_error(request, client_address)
 
 
-_EVENTS_PATH = re.compile(r"^/tasks/([^/]+)/events$")
+_EVENTS_PATH = re.compile(r"/tasks/([^/]+)/events")
 
 
 class LocalApiServer:
@@ -215,7 +215,7 @@ class LocalApiServer:
                 body = self.rfile.read(length).decode(errors="replace") if length else None
                 headers = dict(self.headers.items())
                 parts = urlsplit(self.path)
-                match = _EVENTS_PATH.match(unquote(parts.path))
+                match = _EVENTS_PATH.fullmatch(unquote(parts.path))
                 if (
                     outer.hub is not None
                     and self.command == "GET"

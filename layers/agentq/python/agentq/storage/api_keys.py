@@ -32,8 +32,8 @@ from agentq.storage import keys
 from agentq.storage.table import Item, Key, Patch, Put, Table, TransactionCancelled, Update, absent, plain, present
 
 KEY_PREFIX = "aq_"
-TENANT_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-KEY_ID_PATTERN = re.compile(r"^key_[0-9a-f]{16}$")
+TENANT_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,64}")  # both fullmatch: `$` passes a trailing newline
+KEY_ID_PATTERN = re.compile(r"key_[0-9a-f]{16}")
 LIST_PAGE = 100
 
 
@@ -77,7 +77,7 @@ class KeyStore:
     def create(self, tenant: str, *, operator: bool = False) -> tuple[str, ApiKey]:
         """A new key for ``tenant`` (an operator's with ``operator``): returns (the key, shown
         once and never stored, its record)."""
-        if not TENANT_PATTERN.match(tenant or ""):
+        if not TENANT_PATTERN.fullmatch(tenant or ""):
             raise ValidationError("tenant: 1-64 letters, digits, '.', '_' or '-'", field="tenant")
         token = KEY_PREFIX + secrets.token_urlsafe(32)
         record = ApiKey(key_id="key_" + secrets.token_hex(8), tenant=tenant, created_at=time.time(), operator=operator)
@@ -102,7 +102,7 @@ class KeyStore:
     def revoke(self, key_id: str) -> ApiKey:
         """Revoke a key by its id (idempotent: a second revoke keeps the first ``revoked_at``).
         API Gateway may serve a cached allow for up to the authorizer's result TTL after this."""
-        if not KEY_ID_PATTERN.match(key_id or ""):
+        if not KEY_ID_PATTERN.fullmatch(key_id or ""):
             raise ValidationError("key id looks like key_0123456789abcdef", field="key_id")
         found = self.table.get(keys.api_key_id_key(key_id))
         if found is None:

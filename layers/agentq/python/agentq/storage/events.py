@@ -67,7 +67,7 @@ from agentq.storage.table import (
 )
 
 RANK_STEP, RANK_FINISH, RANK_EVENT, RANK_CLAIM = 0, 1, 2, 3
-_POSITION = re.compile(r"^(\d{1,9})\.(\d{1,12})\.([0-3])\.(\d{1,9})$")
+_POSITION = re.compile(r"([0-9]{1,9})\.([0-9]{1,12})\.([0-3])\.([0-9]{1,9})")  # ASCII digits, fullmatch
 EVENT_TEXT_CHARS = 1000  # of a question or note an event repeats: the item stays one write unit or two
 WRITE_ATTEMPTS = 25  # seq/step moves of a busy task between a read and a write; each try is one read and one write
 
@@ -85,7 +85,7 @@ class Position:
     @classmethod
     def parse(cls, text: str) -> Position:
         """A position from its id; ValueError for anything this log did not issue."""
-        m = _POSITION.match(text)
+        m = _POSITION.fullmatch(text)
         if m is None:
             raise ValueError(f"{text!r} is not an event id")
         return cls(int(m[1]), int(m[2]), int(m[3]), int(m[4]))

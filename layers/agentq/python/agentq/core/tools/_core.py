@@ -37,7 +37,7 @@ logger = logging.getLogger("agentq.tools")
 
 # Anthropic's rule for tool names; checked at declaration so a bad name fails in a unit test,
 # not as a 400 from the API in the middle of a task.
-TOOL_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+TOOL_NAME_PATTERN = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # fullmatch
 
 # A runaway tool must not blow up the model's context (or the step item it is stored in).
 MAX_RESULT_CHARS = 100_000
@@ -215,7 +215,7 @@ def _build_spec(
     timeout_seconds: float,
 ) -> ToolSpec:
     tool_name = name or fn.__name__
-    if not TOOL_NAME_PATTERN.match(tool_name):
+    if not TOOL_NAME_PATTERN.fullmatch(tool_name):
         raise ValueError(f"tool name {tool_name!r} must match {TOOL_NAME_PATTERN.pattern}")
     if not timeout_seconds > 0:
         raise ValueError(f"tool {tool_name!r}: timeout_seconds must be positive, got {timeout_seconds}")

@@ -88,9 +88,9 @@ EXTRA_REFUSED: tuple[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, str], 
 
 
 _HOST_RULE = re.compile(
-    r"\[(?P<v6>[0-9a-f:.]+)\](?::(?P<port6>\d{1,5}))?"
+    r"\[(?P<v6>[0-9a-f:.]+)\](?::(?P<port6>[0-9]{1,5}))?"
     r"|(?P<bare6>[0-9a-f]*:[0-9a-f]*:[0-9a-f:.]*)"
-    r"|(?P<name>[a-z0-9_.-]+)(?::(?P<port>\d{1,5}))?"
+    r"|(?P<name>[a-z0-9_.-]+)(?::(?P<port>[0-9]{1,5}))?"
 )
 
 

@@ -247,13 +247,13 @@ def mcp_tool_specs(pins: Iterable[McpToolPin], servers: McpServers | None) -> li
 
 
 def valid_tool_name(pin: McpToolPin) -> bool:
-    return bool(TOOL_NAME_PATTERN.match(pin.qualified))
+    return bool(TOOL_NAME_PATTERN.fullmatch(pin.qualified))
 
 
 def _matches(pattern: str, value: str) -> bool:
     import re
 
-    return re.match(pattern, value) is not None
+    return re.fullmatch(pattern, value) is not None
 
 
 def _root_cause(exc: BaseException) -> BaseException:
