@@ -236,7 +236,7 @@ def test_a_client_that_hangs_up_before_its_answer_is_one_log_line_not_a_tracebac
     server = LocalApiServer(handler).start()
     try:
         client = socket.create_connection((server.host, server.httpd.server_port))
-        client.sendall(b"GET /health HTTP/1.1\r\nHost: local\r\n\r\n")
+        client.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
         assert entered.wait(10)
         client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         client.close()  # a reset: the answer's write fails

@@ -35,7 +35,9 @@ from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 from agentq.api.app import is_public
 from agentq.api.errors import error_body
+from agentq.api.models import MAX_BODY_BYTES
 from agentq.core.errors import AgentqError, TaskNotFound
+from agentq.local import http_guard
 
 if TYPE_CHECKING:
     from agentq.api.event_hub import EventHub
@@ -53,8 +55,11 @@ def proxy_event(
     tenant: str | None = LOCAL_TENANT,
     *,
     operator: bool = False,
+    key_id: str | None = None,
 ) -> dict[str, Any]:
-    """An API Gateway REST proxy event; ``tenant=None`` carries no authorizer context."""
+    """An API Gateway REST proxy event; ``tenant=None`` carries no authorizer context. ``key_id``:
+    the caller's API key, which API Gateway's authorizer context names too (a person's memory
+    write records it)."""
     parts = urlsplit(url)
     path = unquote(parts.path)
     query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()} or None
@@ -75,15 +80,22 @@ def proxy_event(
             "path": path,
             "requestTimeEpoch": int(time.time() * 1000),
             "identity": {"sourceIp": "127.0.0.1"},
-            "authorizer": {"tenant": tenant, "operator": operator} if tenant else None,
+            "authorizer": _context(tenant, operator, key_id) if tenant else None,
         },
         "body": body,
         "isBase64Encoded": False,
     }
 
 
+def _context(tenant: str, operator: bool, key_id: str | None) -> dict[str, Any]:
+    ctx: dict[str, Any] = {"tenant": tenant, "operator": operator}
+    if key_id:
+        ctx["key_id"] = key_id
+    return ctx
+
+
 # An Authorization header value -> the caller's tenant (a str), or its whole authorizer context
-# (a mapping with ``tenant`` and ``operator``); raises to refuse the key.
+# (a mapping with ``tenant``, ``operator`` and ``key_id``); raises to refuse the key.
 Authorizer = Callable[[str | None], "str | Mapping[str, Any]"]
 
 
@@ -99,20 +111,26 @@ def context_tenant(header: str | None) -> str:
     return tenant
 
 
-def _caller(authorizer: Authorizer | None, url: str, headers: dict[str, str]) -> tuple[str, bool]:
-    """The caller's (tenant, operator); raises when the authorizer refuses the key."""
+Caller = tuple[str, bool, "str | None"]  # (tenant, operator, key_id)
+
+
+def _caller(authorizer: Authorizer | None, url: str, headers: dict[str, str]) -> Caller:
+    """The caller's (tenant, operator, key_id); raises when the authorizer refuses the key."""
     if authorizer is None:
-        return LOCAL_TENANT, True  # no keys: the one local user operates the deployment
+        return LOCAL_TENANT, True, None  # no keys: the one local user operates the deployment
     if is_public(unquote(urlsplit(url).path)):
-        return LOCAL_TENANT, False
+        return LOCAL_TENANT, False, None
     if authorizer is context_tenant:
-        return context_tenant(next((v for k, v in headers.items() if k.lower() == REQUEST_CONTEXT), None)), False
+        header = next((v for k, v in headers.items() if k.lower() == REQUEST_CONTEXT), None)
+        return context_tenant(header), False, None
     found = authorizer(next((v for k, v in headers.items() if k.lower() == "authorization"), None))
     if isinstance(found, str):
-        return found, False
-    return str(found["tenant"]), bool(found.get("operator"))
+        return found, False, None
+    key_id = found.get("key_id")
+    return str(found["tenant"]), bool(found.get("operator")), str(key_id) if key_id else None
 
 
+_REFUSED_KEY = (401, "unauthorized", "missing, unknown or revoked API key", None, {"WWW-Authenticate": "Bearer"})
 _UNAUTHORIZED = (
     401,
     {"Content-Type": "application/json", "WWW-Authenticate": "Bearer"},
@@ -121,14 +139,24 @@ _UNAUTHORIZED = (
 
 
 def dispatch(
-    handler: Any, authorizer: Authorizer | None, method: str, url: str, headers: dict[str, str], body: str | None
+    handler: Any,
+    authorizer: Authorizer | None,
+    method: str,
+    url: str,
+    headers: dict[str, str],
+    body: str | None,
+    *,
+    caller: Caller | None = None,
 ) -> tuple[int, dict[str, str], bytes]:
-    """One request through the authorizer (if any) and the handler: (status, headers, body)."""
-    try:
-        tenant, operator = _caller(authorizer, url, headers)
-    except Exception:  # the authorizer's refusal, whatever the reason: 401 as API Gateway
-        return _UNAUTHORIZED
-    result = handler(proxy_event(method, url, headers, body, tenant=tenant, operator=operator), None)
+    """One request through the authorizer (if any; ``caller``: what it already said) and the
+    handler: (status, headers, body)."""
+    if caller is None:
+        try:
+            caller = _caller(authorizer, url, headers)
+        except Exception:  # the authorizer's refusal, whatever the reason: 401 as API Gateway
+            return _UNAUTHORIZED
+    tenant, operator, key_id = caller
+    result = handler(proxy_event(method, url, headers, body, tenant=tenant, operator=operator, key_id=key_id), None)
     out = {**(result.get("headers") or {})}
     for name, values in (result.get("multiValueHeaders") or {}).items():
         out.setdefault(name, values[-1])
@@ -187,14 +215,18 @@ class LocalApiServer:
         port: int = 0,
         authorizer: Authorizer | None = None,
         hub: EventHub | None = None,
+        body_seconds: float = http_guard.BODY_SECONDS,
     ) -> None:
         """``authorizer`` maps an Authorization header value to a tenant (or its authorizer
-        context) or raises (401);
-        ``hub`` streams task events (without one, event streams are answered as in Lambda)."""
+        context) or raises (401); without one the server answers only requests whose ``Host``
+        names it (``local/http_guard.py``).
+        ``hub`` streams task events (without one, event streams are answered as in Lambda).
+        ``body_seconds``: how long a client has to send the body it announced (408 after)."""
         self.handler = handler
         self.authorizer = authorizer
         self.host = host
         self.hub = hub
+        self.body_seconds = body_seconds
 
         outer = self
 
@@ -210,10 +242,53 @@ class LocalApiServer:
                 if self.command != "HEAD":
                     self.wfile.write(payload)
 
+            expects_continue = False
+
+            def handle_expect_100(self) -> bool:
+                """``Expect: 100-continue``: answered once the request has passed the checks
+                (``_serve``), not before: a refused body is never invited."""
+                self.expects_continue = True
+                return True
+
+            def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+                """The stdlib's own refusals (414, 431, a malformed request line) as JSON, not HTML;
+                in HTTP/1.1 even when the request line was too broken to say (the stdlib then
+                answers as HTTP/0.9: a bare body, which no client reads as an answer)."""
+                self.log_error("code %d, message %s", code, message)
+                if self.request_version in ("", "HTTP/0.9"):
+                    self.request_version = "HTTP/1.1"
+                self._reply(*http_guard.stdlib_error(code, message, explain))
+
+            def _body(self, headers: dict[str, str]) -> tuple[Caller | None, str | None]:
+                """The caller and the body, read only once the request may send one (see
+                ``local/http_guard.py`` for the order); raises ``http_guard.Refused``."""
+                if outer.authorizer is None:
+                    http_guard.check_host(self.headers.get("Host"), outer.host, outer.httpd.server_port)
+                length = http_guard.content_length(
+                    self.headers.get_all("Content-Length") or [], self.headers.get("Transfer-Encoding")
+                )
+                try:
+                    caller: Caller | None = _caller(outer.authorizer, self.path, headers)
+                except Exception:  # the key is refused: 401 from dispatch, the body unread
+                    if length:
+                        raise http_guard.Refused(*_REFUSED_KEY) from None
+                    return None, None
+                http_guard.check_size(length, MAX_BODY_BYTES)
+                if not length:
+                    return caller, None
+                if self.expects_continue:
+                    self.send_response_only(100)
+                    self.end_headers()
+                raw = http_guard.read_body(self.connection, self.rfile, length, outer.body_seconds)
+                return caller, raw.decode(errors="replace")
+
             def _serve(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length).decode(errors="replace") if length else None
                 headers = dict(self.headers.items())
+                try:
+                    caller, body = self._body(headers)
+                except http_guard.Refused as refused:
+                    self._reply(*refused.page())
+                    return
                 parts = urlsplit(self.path)
                 match = _EVENTS_PATH.fullmatch(unquote(parts.path))
                 if (
@@ -224,7 +299,9 @@ class LocalApiServer:
                 ):
                     self._stream(outer.hub, match[1], headers)
                     return
-                self._reply(*dispatch(outer.handler, outer.authorizer, self.command, self.path, headers, body))
+                self._reply(
+                    *dispatch(outer.handler, outer.authorizer, self.command, self.path, headers, body, caller=caller)
+                )
 
             def _stream(self, hub: EventHub, task_id: str, headers: dict[str, str]) -> None:
                 """Check the request as the handler would (one-event JSON page), then stream."""
@@ -237,7 +314,7 @@ class LocalApiServer:
                 if status != 200:
                     self._reply(status, out, payload)
                     return
-                tenant, _ = _caller(outer.authorizer, self.path, headers)
+                tenant = _caller(outer.authorizer, self.path, headers)[0]
                 after = query.get("after", [None])[-1] or self.headers.get("Last-Event-ID")
                 tree = query.get("tree", ["false"])[-1].lower() in ("true", "1")
                 field = "after" if query.get("after") else "Last-Event-ID"
