@@ -246,3 +246,49 @@ def test_a_client_that_hangs_up_before_its_answer_is_one_log_line_not_a_tracebac
     finally:
         server.stop()
     assert "Traceback" not in capsys.readouterr().err
+
+
+def _body_routes() -> list[tuple[str, str]]:
+    from agentq.api.app import build_app, openapi_document
+
+    doc = openapi_document(build_app(None, None, None))  # type: ignore[arg-type]
+    return sorted(
+        (method.upper(), path.replace("{task_id}", "t-1").replace("{name}", "n").replace("{tier}", "normal")
+         .replace("{version}", "1"))
+        for path, ops in doc["paths"].items()
+        for method, op in ops.items()
+        if "requestBody" in op
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "content_type", [None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data"]
+)
+def test_a_body_not_sent_as_json_is_a_415_on_every_route_that_takes_one(
+    api_stack: ApiStack, content_type: str | None
+) -> None:
+    """What a web page can post cross-site without a preflight (a form, text/plain), and a body
+    with no Content-Type at all: refused before any route reads it, nothing created."""
+    import http.client
+
+    before = len(api_stack.http("GET", "/tasks?limit=100")[1]["tasks"])
+    host, port = api_stack.url.removeprefix("http://").split(":")
+    for method, path in _body_routes():
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        headers = {"Authorization": f"Bearer {api_stack.key}"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        conn.request(method, path + ("?path=/a.md" if path.endswith("/document") else ""),
+                     body=json.dumps({**SCRIPTED, "name": "n", "text": "t"}).encode(), headers=headers)  # fmt: skip
+        response = conn.getresponse()
+        body = json.loads(response.read())
+        conn.close()
+        assert response.status == 415, (method, path, response.status, body)
+        assert body["error"]["code"] == "unsupported_media_type" and body["error"]["field"] == "Content-Type"
+    assert len(api_stack.http("GET", "/tasks?limit=100")[1]["tasks"]) == before
+
+
+def test_a_json_body_with_a_charset_is_accepted(api_stack: ApiStack) -> None:
+    for content_type in ("application/json", "application/json; charset=utf-8"):
+        status, body, _ = api_stack.http("POST", "/tasks", SCRIPTED, headers={"Content-Type": content_type})
+        assert status == 202, (content_type, body)

@@ -5,8 +5,8 @@ router per area) and every error answer in ``agentq.api.errors``. Routes validat
 pydantic (``api.models``) and the OpenAPI document at ``/openapi.json`` is generated from them.
 
 The resolver itself answers what must be decided before a body is parsed or a route runs:
-413 (body too large), 415 (a body that is not JSON), 401 (no tenant), and after routing 404/405
-for a path or method no route serves.
+413 (body too large), 415 (a body not sent as ``application/json``, or sent without a
+``Content-Type``), 401 (no tenant), and after routing 404/405 for a path or method no route serves.
 
 The tenant comes from the authorizer context (``requestContext.authorizer.tenant``): API
 Gateway's Lambda authorizer puts it there, and the local server does the same in-process.
@@ -175,9 +175,12 @@ class AgentqResolver(APIGatewayRestResolver):
         if _body_bytes(event) > MAX_BODY_BYTES:
             return proxy_error(413, "body_too_large", f"request body over {MAX_BODY_BYTES} bytes", "body")
         content_type = _header(event, "content-type")
-        if event.get("body") and content_type and not _is_json(content_type):
+        if event.get("body") and not _is_json(content_type or ""):
+            # A body without a Content-Type too: a browser's form or text/plain post (which a
+            # web page may send anywhere without a CORS preflight) never reaches a route.
+            said = f"not {content_type}" if content_type else "and say so in Content-Type"
             return proxy_error(
-                415, "unsupported_media_type", f"send the body as application/json, not {content_type}", "Content-Type"
+                415, "unsupported_media_type", f"send the body as application/json, {said}", "Content-Type"
             )
         path = str(event.get("path") or "")
         if not is_public(path) and _event_tenant(event) is None and self.default_tenant is None:

@@ -58,7 +58,7 @@ DESCRIPTIONS = {
     405: "Wrong method for this path (method_not_allowed; Allow lists the right ones)",
     409: "The task's state forbids it (illegal_transition, idempotency_conflict, task_not_finished)",
     413: f"Request body over {MAX_BODY_BYTES} bytes (body_too_large)",
-    415: "Request body is not JSON (unsupported_media_type)",
+    415: "Request body not sent as application/json (unsupported_media_type)",
     422: "A field is invalid (validation_error); `field` names it",
 }
 # Type tags pydantic puts in an error location (union members, validators): not field names.
