@@ -48,10 +48,10 @@ class CallConstraints(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_tokens: int | None = Field(default=None, ge=1, le=1_000_000_000)
+    max_tokens: int | None = Field(strict=True, default=None, ge=1, le=1_000_000_000)
     max_cost_usd: Decimal | None = Field(default=None, gt=0, le=1_000_000)
-    max_steps: int | None = Field(default=None, ge=1, le=10_000)
-    timeout_seconds: int | None = Field(default=None, ge=1, le=MAX_TIMEOUT_SECONDS)
+    max_steps: int | None = Field(strict=True, default=None, ge=1, le=10_000)
+    timeout_seconds: int | None = Field(strict=True, default=None, ge=1, le=MAX_TIMEOUT_SECONDS)
 
 
 class AgentCall(BaseModel):
@@ -62,6 +62,7 @@ class AgentCall(BaseModel):
     goal: str = Field(min_length=1, max_length=MAX_GOAL_CHARS, description="what the agent is to do")
     constraints: CallConstraints | None = Field(default=None, description="limits of the task (optional)")
     wait_seconds: float = Field(
+        strict=True,
         default=DEFAULT_WAIT_SECONDS,
         ge=0,
         le=MAX_WAIT_SECONDS,
@@ -73,7 +74,9 @@ class TaskCheck(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     task_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,128}$", description="the task id an agent's tool answered with")
-    wait_seconds: float = Field(default=0, ge=0, le=MAX_WAIT_SECONDS, description="wait this long for it to end")
+    wait_seconds: float = Field(
+        strict=True, default=0, ge=0, le=MAX_WAIT_SECONDS, description="wait this long for it to end"
+    )
 
 
 class TaskMessage(BaseModel):
@@ -87,6 +90,7 @@ class TaskMessage(BaseModel):
         description="the same key sends the message once however often the call is repeated",
     )
     wait_seconds: float = Field(
+        strict=True,
         default=DEFAULT_WAIT_SECONDS,
         ge=0,
         le=MAX_WAIT_SECONDS,

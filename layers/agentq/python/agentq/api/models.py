@@ -60,8 +60,10 @@ class DecisionRequest(StrictModel):
 
 
 class BudgetRequest(StrictModel):
-    add_tokens: int = Field(default=0, ge=0, le=1_000_000_000, description="raise the root token cap by this much")
-    add_steps: int = Field(default=0, ge=0, le=10_000, description="raise max_steps by this much")
+    add_tokens: int = Field(
+        strict=True, default=0, ge=0, le=1_000_000_000, description="raise the root token cap by this much"
+    )
+    add_steps: int = Field(strict=True, default=0, ge=0, le=10_000, description="raise max_steps by this much")
     add_usd: Decimal = Field(
         default=Decimal(0), ge=0, le=1_000_000, decimal_places=6, description="raise the root money cap by this much"
     )
@@ -70,17 +72,17 @@ class BudgetRequest(StrictModel):
 class ConstraintsPatch(StrictModel):
     """Constraints to change on a fork; the others are the source task's."""
 
-    max_tokens: int | None = Field(default=None, ge=1, le=1_000_000_000)
-    max_steps: int | None = Field(default=None, ge=1, le=10_000)
-    timeout_seconds: int | None = Field(default=None, ge=1, le=24 * 3600)
+    max_tokens: int | None = Field(strict=True, default=None, ge=1, le=1_000_000_000)
+    max_steps: int | None = Field(strict=True, default=None, ge=1, le=10_000)
+    timeout_seconds: int | None = Field(strict=True, default=None, ge=1, le=24 * 3600)
     tools: list[str] | None = Field(default=None, max_length=64)
-    max_output_tokens: int | None = Field(default=None, ge=1, le=128_000)
-    max_depth: int | None = Field(default=None, ge=0, le=10)
-    max_fanout: int | None = Field(default=None, ge=1, le=100)
+    max_output_tokens: int | None = Field(strict=True, default=None, ge=1, le=128_000)
+    max_depth: int | None = Field(strict=True, default=None, ge=0, le=10)
+    max_fanout: int | None = Field(strict=True, default=None, ge=1, le=100)
 
 
 class ForkRequest(StrictModel):
-    at_step: int = Field(ge=0, le=1_000_000, description="copy the source's committed steps 1..at_step")
+    at_step: int = Field(strict=True, ge=0, le=1_000_000, description="copy the source's committed steps 1..at_step")
     provider: Provider | None = None
     model: str | None = Field(default=None, min_length=1, max_length=200)
     script: Script | str | None = None
@@ -287,8 +289,10 @@ class MessageRequest(StrictModel):
     """A person's message to a task, and optionally more budget for the turns it starts."""
 
     text: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS, description="what the agent reads as your turn")
-    add_tokens: int = Field(default=0, ge=0, le=1_000_000_000, description="raise the task's token cap first")
-    add_steps: int = Field(default=0, ge=0, le=10_000, description="raise max_steps first")
+    add_tokens: int = Field(
+        strict=True, default=0, ge=0, le=1_000_000_000, description="raise the task's token cap first"
+    )
+    add_steps: int = Field(strict=True, default=0, ge=0, le=10_000, description="raise max_steps first")
     add_usd: Decimal = Field(
         default=Decimal(0), ge=0, le=1_000_000, decimal_places=6, description="raise the money cap first"
     )

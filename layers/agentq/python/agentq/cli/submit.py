@@ -62,7 +62,7 @@ def constraint_value(field: str) -> Callable[[str], Any]:
         from agentq.core.models import Constraints
 
         try:
-            value = getattr(Constraints.model_validate({field: text}), field)
+            value = getattr(Constraints.model_validate_strings({field: text}), field)  # strict numbers: from text
         except ValidationError as exc:
             raise argparse.ArgumentTypeError(f"{exc.errors()[0]['msg']} (got {text!r})") from None
         return str(value) if isinstance(value, Decimal) else value

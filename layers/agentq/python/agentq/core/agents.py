@@ -52,15 +52,15 @@ class AgentConstraints(StrictModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    max_tokens: int | None = Field(default=None, ge=1, le=1_000_000_000)
-    max_steps: int | None = Field(default=None, ge=1, le=10_000)
-    timeout_seconds: int | None = Field(default=None, ge=1, le=MAX_TIMEOUT_SECONDS)
-    max_output_tokens: int | None = Field(default=None, ge=1, le=128_000)
-    max_depth: int | None = Field(default=None, ge=0, le=10)
-    max_fanout: int | None = Field(default=None, ge=1, le=100)
-    approval_timeout_seconds: int | None = Field(default=None, ge=1, le=MAX_TIMEOUT_SECONDS)
+    max_tokens: int | None = Field(strict=True, default=None, ge=1, le=1_000_000_000)
+    max_steps: int | None = Field(strict=True, default=None, ge=1, le=10_000)
+    timeout_seconds: int | None = Field(strict=True, default=None, ge=1, le=MAX_TIMEOUT_SECONDS)
+    max_output_tokens: int | None = Field(strict=True, default=None, ge=1, le=128_000)
+    max_depth: int | None = Field(strict=True, default=None, ge=0, le=10)
+    max_fanout: int | None = Field(strict=True, default=None, ge=1, le=100)
+    approval_timeout_seconds: int | None = Field(strict=True, default=None, ge=1, le=MAX_TIMEOUT_SECONDS)
     approval_default: ApprovalDefault | None = None
-    thinking_budget_tokens: int | None = Field(default=None, ge=1024, le=128_000)
+    thinking_budget_tokens: int | None = Field(strict=True, default=None, ge=1024, le=128_000)
     effort: Effort | None = None
 
 

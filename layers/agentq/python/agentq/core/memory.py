@@ -122,9 +122,10 @@ class MemoryStoreSpec(StrictModel):
     description: str = Field(
         default="", max_length=1024, description="what the store holds; shown to the model with the memory tools"
     )
-    max_documents: int = Field(default=DEFAULT_MAX_DOCUMENTS, ge=1, le=MAX_DOCUMENTS)
-    max_document_bytes: int = Field(default=MAX_DOCUMENT_BYTES, ge=1, le=MAX_DOCUMENT_BYTES)
+    max_documents: int = Field(strict=True, default=DEFAULT_MAX_DOCUMENTS, ge=1, le=MAX_DOCUMENTS)
+    max_document_bytes: int = Field(strict=True, default=MAX_DOCUMENT_BYTES, ge=1, le=MAX_DOCUMENT_BYTES)
     version_retention_days: int = Field(
+        strict=True,
         default=DEFAULT_RETENTION_DAYS,
         ge=1,
         le=3650,
@@ -136,9 +137,9 @@ class MemoryStoreUpdate(StrictModel):
     """``PATCH /memory-stores/{name}``: the settings that may change (limits apply to later writes)."""
 
     description: str | None = Field(default=None, max_length=1024)
-    max_documents: int | None = Field(default=None, ge=1, le=MAX_DOCUMENTS)
-    max_document_bytes: int | None = Field(default=None, ge=1, le=MAX_DOCUMENT_BYTES)
-    version_retention_days: int | None = Field(default=None, ge=1, le=3650)
+    max_documents: int | None = Field(strict=True, default=None, ge=1, le=MAX_DOCUMENTS)
+    max_document_bytes: int | None = Field(strict=True, default=None, ge=1, le=MAX_DOCUMENT_BYTES)
+    version_retention_days: int | None = Field(strict=True, default=None, ge=1, le=3650)
 
 
 class MemoryStore(MemoryStoreSpec):

@@ -79,9 +79,12 @@ DEFAULT_MODEL = "claude-sonnet-4-6"  # a submission that names none; `agentq run
 
 
 class Constraints(StrictModel):
-    """Hard limits of one task. ``max_tokens`` is the root budget when the task is a root."""
+    """Hard limits of one task. ``max_tokens`` is the root budget when the task is a root.
 
-    max_tokens: int = Field(default=200_000, ge=1, le=1_000_000_000)
+    Numbers are strict (``strict=True``), as in every request body's model: pydantic's lax mode
+    took a JSON ``true`` for 1 (``max_steps: true`` ran one turn) and ``"5"`` for 5."""
+
+    max_tokens: int = Field(strict=True, default=200_000, ge=1, le=1_000_000_000)
     max_cost_usd: Decimal | None = Field(
         default=None,
         gt=0,
@@ -90,12 +93,12 @@ class Constraints(StrictModel):
         description="the most the task (its sub-agents included) may spend, in US dollars, priced by the "
         "deployment's price table: reserved before each call at the most it can cost, settled at what it did",
     )
-    max_steps: int = Field(default=50, ge=1, le=10_000, description="LLM turns allowed")
-    timeout_seconds: int = Field(default=3600, ge=1, le=MAX_TIMEOUT_SECONDS)
+    max_steps: int = Field(strict=True, default=50, ge=1, le=10_000, description="LLM turns allowed")
+    timeout_seconds: int = Field(strict=True, default=3600, ge=1, le=MAX_TIMEOUT_SECONDS)
     tools: list[str] = Field(default_factory=list, max_length=64, description="tool allowlist")
-    max_output_tokens: int = Field(default=4096, ge=1, le=128_000, description="per LLM call")
-    max_depth: int = Field(default=3, ge=0, le=10, description="sub-agent nesting allowed below the root")
-    max_fanout: int = Field(default=10, ge=1, le=100, description="children per spawn_subagents call")
+    max_output_tokens: int = Field(strict=True, default=4096, ge=1, le=128_000, description="per LLM call")
+    max_depth: int = Field(strict=True, default=3, ge=0, le=10, description="sub-agent nesting allowed below the root")
+    max_fanout: int = Field(strict=True, default=10, ge=1, le=100, description="children per spawn_subagents call")
     tool_policies: dict[str, ToolPolicy] = Field(
         default_factory=dict,
         max_length=64,
@@ -105,6 +108,7 @@ class Constraints(StrictModel):
         ),
     )
     approval_timeout_seconds: int | None = Field(
+        strict=True,
         default=None,
         ge=1,
         le=MAX_TIMEOUT_SECONDS,
@@ -115,13 +119,16 @@ class Constraints(StrictModel):
         default="reject", description="the decision a timed-out approval takes (reject: the call never runs)"
     )
     context_threshold: float = Field(
+        strict=True,
         default=0.7,
         ge=0.1,
         le=0.95,
         description="share of the model's context window past which old tool results are cleared from what is "
         "sent (they stay in the steps; the model can recall them)",
     )
-    keep_tool_results: int = Field(default=5, ge=0, le=1000, description="tool results never cleared: the latest")
+    keep_tool_results: int = Field(
+        strict=True, default=5, ge=0, le=1000, description="tool results never cleared: the latest"
+    )
     economy: bool = Field(
         default=False,
         description="send each LLM turn through the provider's Message Batches API at half price: the task waits, "
@@ -134,6 +141,7 @@ class Constraints(StrictModel):
         "compact_20260112: its compaction block is kept in the step and sent back) or off (sent as it is)",
     )
     thinking_budget_tokens: int | None = Field(
+        strict=True,
         default=None,
         ge=1024,
         le=128_000,
@@ -168,7 +176,7 @@ class ScriptTurn(StrictModel):
 
     text: str = ""
     tool_calls: list[ScriptToolCall] = Field(default_factory=list)
-    latency_seconds: float = Field(default=0.0, ge=0, le=60)
+    latency_seconds: float = Field(strict=True, default=0.0, ge=0, le=60)
 
     @model_validator(mode="after")
     def _not_empty(self) -> ScriptTurn:
@@ -253,7 +261,7 @@ class Concurrency(StrictModel):
     take a slot as they stop)."""
 
     key: str = Field(min_length=1, max_length=MAX_CONCURRENCY_KEY_CHARS)
-    limit: int = Field(default=1, ge=1, le=10_000)
+    limit: int = Field(strict=True, default=1, ge=1, le=10_000)
     on_conflict: ConcurrencyConflict = "queue"
 
 
