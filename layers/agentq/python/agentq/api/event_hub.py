@@ -181,7 +181,7 @@ class EventHub:
         """The watch a stream serves, checked before any byte is sent: another tenant's or
         an unknown task is ``TaskNotFound``, a cursor not of this task (or tree) ``InvalidCursor``."""
         task = owned(self.store, task_id, tenant)
-        watch = Watch(self.store, task, parse_cursor(task, cursor, tree=tree, field=field), tree=tree)
+        watch = Watch(self.store, task, parse_cursor(task, cursor, tree=tree, field=field), tree=tree, field=field)
         for watched in watch.tasks.values():
             head = self.store.events.head(watched.task_id)
             if watched.cursor is not None and (head is None or watched.cursor > head.position):

@@ -99,8 +99,13 @@ class Watch:
     """The tasks a client watches (one, or a tree) and its place in each. ``event_id`` of an
     event is the cursor that resumes after it."""
 
-    def __init__(self, store: Storage, task: Task, positions: dict[str, Position | None], *, tree: bool) -> None:
+    def __init__(
+        self, store: Storage, task: Task, positions: dict[str, Position | None], *, tree: bool, field: str = "after"
+    ) -> None:
+        """``field``: where the client sent the cursor (``after`` or ``Last-Event-ID``), which an
+        error about it names."""
         self.store = store
+        self.field = field
         self.root = task.task_id
         self.tenant = task.tenant
         self.tree = tree
@@ -116,7 +121,7 @@ class Watch:
         except TaskNotFound:
             child = None
         if child is None or child.tenant != self.tenant or child.root_id != self.root:
-            raise InvalidCursor(f"after: task {task_id} is not in the tree of {self.root}", field="after")
+            raise InvalidCursor(f"{self.field}: task {task_id} is not in the tree of {self.root}", field=self.field)
 
     def cursor(self) -> str:
         if self.tree:
@@ -225,7 +230,7 @@ def read_once(watch: Watch, *, limit: int) -> list[dict[str, Any]]:
             continue
         if watched.cursor is not None and watched.cursor > head.position:
             raise InvalidCursor(
-                f"after: event {watched.cursor} of task {watched.task_id} is past its end", field="after"
+                f"{watch.field}: event {watched.cursor} of task {watched.task_id} is past its end", field=watch.field
             )
         watch.prime_inputs(watched, head)
         room = limit - len(out)

@@ -29,6 +29,8 @@ DEFAULT_TRACE_PAGE = 100
 TRACE_TEXT_CHARS = 16_000  # longer LLM texts and tool outputs in a trace page are cut (``truncated``)
 MAX_NOTE_CHARS = 4_000
 TASK_ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
+MAX_CURSOR_CHARS = 1024  # a page cursor (?cursor= of GET /tasks and /trace); longer is 400 invalid_cursor
+CURSOR_PATTERN = r"^[A-Za-z0-9_-]*$"  # unpadded base64url: what the API writes
 IDEMPOTENCY_KEY_PATTERN = r"^[!-~]{1,255}$"  # visible ASCII
 GOAL_PREVIEW_CHARS = 200
 

@@ -10,12 +10,15 @@ import binascii
 import json
 import math
 import re
+import time
 from collections import Counter
 from decimal import Decimal
 from typing import Any, Literal
 
 from agentq.api.models import (
+    CURSOR_PATTERN,
     GOAL_PREVIEW_CHARS,
+    MAX_CURSOR_CHARS,
     TRACE_TEXT_CHARS,
     BudgetView,
     ChildrenSummary,
@@ -73,7 +76,19 @@ def encode_cursor(kind: str, value: Any) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
+_CURSOR = re.compile(CURSOR_PATTERN)
+
+
 def decode_cursor(kind: str, cursor: str) -> Any:
+    """The value ``encode_cursor`` put in ``cursor``, or ``InvalidCursor`` (400): a cursor that is
+    too long, not base64url (which ``b64decode`` would silently skip), not JSON, or of another
+    listing."""
+    if len(cursor) > MAX_CURSOR_CHARS or not _CURSOR.fullmatch(cursor):
+        raise InvalidCursor(
+            f"cursor is not one this API issued (base64url, at most {MAX_CURSOR_CHARS} characters); "
+            "pass next_cursor back unchanged",
+            field="cursor",
+        )
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         data = json.loads(raw)
@@ -565,6 +580,37 @@ def _side_events(store: Storage, task: Task) -> list[tuple[Key, Any]]:
     return events
 
 
+def _trace_cursor(task: Task, value: Any) -> tuple[Key, int]:
+    """(the last event's key, the step to read from) of a trace cursor of ``task``, checked as
+    strictly as an event id (``api/events.py``): another task's cursor, or one naming what this
+    trace cannot hold (a negative or non-finite time, a step past the task's), is ``InvalidCursor``,
+    where it was read as a valid place (an empty page, or the whole trace again)."""
+    bad = InvalidCursor("cursor is not one this API issued; pass next_cursor back unchanged", field="cursor")
+    if not isinstance(value, dict) or set(value) != {"task", "after", "step"}:
+        raise bad
+    if value["task"] != task.task_id:
+        raise InvalidCursor(f"cursor is another task's trace cursor, not task {task.task_id}'s", field="cursor")
+    key, step = value["after"], value["step"]
+    if not (isinstance(key, list) and len(key) == 4 and all(type(n) is int for n in [*key[1:], step])):
+        raise bad  # type(): a JSON true is not a number
+    at, rank, number, index = key
+    last = task.step + 1  # an orphan call's number: the step it never committed
+    if not (
+        type(at) in (int, float)
+        and math.isfinite(at)
+        and 0 <= at <= time.time() + 86_400
+        and 0 <= rank <= 3
+        and 0 <= number <= last
+        and -1 <= index <= 1_000_000
+        and 1 <= step <= max(1, last)
+    ):
+        raise InvalidCursor(
+            f"cursor names a place task {task.task_id}'s trace does not have; pass next_cursor back unchanged",
+            field="cursor",
+        )
+    return (float(at), rank, number, index), step
+
+
 def trace_page(store: Storage, task: Task, *, limit: int, cursor: str | None) -> TracePage:
     """A page of the task's events in commit order.
 
@@ -575,17 +621,7 @@ def trace_page(store: Storage, task: Task, *, limit: int, cursor: str | None) ->
     after: Key | None = None
     step_from = 1
     if cursor:
-        value = decode_cursor("trace", cursor)
-        try:
-            key, step_from = value
-            after = (float(key[0]), int(key[1]), int(key[2]), int(key[3]))
-            step_from = int(step_from)
-            if not math.isfinite(after[0]):
-                raise ValueError("not a commit time")
-        except (TypeError, ValueError, IndexError, OverflowError):  # int(1e400): OverflowError
-            raise InvalidCursor(
-                "cursor is not one this API issued; pass next_cursor back unchanged", field="cursor"
-            ) from None
+        after, step_from = _trace_cursor(task, decode_cursor("trace", cursor))
     want = limit + 2
     steps = store.steps.range(task.task_id, max(1, step_from - 1), want, upto=task.step)
     exhausted = len(steps) < want
@@ -610,5 +646,5 @@ def trace_page(store: Storage, task: Task, *, limit: int, cursor: str | None) ->
             k[2] for k, ev in page if isinstance(ev, ToolCallEvent) or (isinstance(ev, LLMCallEvent) and not ev.orphan)
         ]
         last_step = max([*steps_seen, step_from])
-        next_cursor = encode_cursor("trace", [list(page[-1][0]), last_step])
+        next_cursor = encode_cursor("trace", {"task": task.task_id, "after": list(page[-1][0]), "step": last_step})
     return TracePage(task_id=task.task_id, events=[ev for _, ev in page], next_cursor=next_cursor)

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar, cast
 
-from aws_lambda_powertools.event_handler.openapi.params import Path
+from aws_lambda_powertools.event_handler.openapi.params import Path, Query
 from aws_lambda_powertools.event_handler.router import APIGatewayRouter
 
-from agentq.api.models import TASK_ID_PATTERN
+from agentq.api.models import CURSOR_PATTERN, MAX_CURSOR_CHARS, TASK_ID_PATTERN
 from agentq.control.defaults import Defaults
 from agentq.core.errors import ValidationError
 from agentq.core.providers.scripted import builtin_script_names
@@ -25,6 +25,16 @@ from agentq.storage.container import Storage
 F = TypeVar("F", bound=Callable[..., Any])
 
 TaskId = Annotated[str, Path(pattern=TASK_ID_PATTERN, description="a task id")]
+# A page cursor: its bounds are documented, not enforced by the validator (which would answer
+# 422); the view decodes it and answers anything it did not issue 400 invalid_cursor.
+PageCursor = Annotated[
+    str | None,
+    Query(
+        description="next_cursor of the previous page, unchanged (base64url, at most "
+        f"{MAX_CURSOR_CHARS} characters; a cursor of another listing or task is 400 invalid_cursor)",
+        json_schema_extra={"maxLength": MAX_CURSOR_CHARS, "pattern": CURSOR_PATTERN},
+    ),
+]
 
 
 @dataclass(frozen=True)

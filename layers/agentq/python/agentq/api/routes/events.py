@@ -58,7 +58,7 @@ def router(deps: ApiDeps) -> Router:
         last_id = event.headers.get("Last-Event-ID")
         task = owned(store, task_id, tenant())
         field = "after" if after else "Last-Event-ID"
-        watch = Watch(store, task, parse_cursor(task, after or last_id, tree=tree, field=field), tree=tree)
+        watch = Watch(store, task, parse_cursor(task, after or last_id, tree=tree, field=field), tree=tree, field=field)
         events = read_once(watch, limit=limit)
         if wants_stream(event.headers.get("Accept")):
             if not events and watch.done:

@@ -25,7 +25,7 @@ from agentq.api.models import (
     TaskView,
     TracePage,
 )
-from agentq.api.routes.common import ApiDeps, Router, TaskId, builtin_script_only
+from agentq.api.routes.common import ApiDeps, PageCursor, Router, TaskId, builtin_script_only
 from agentq.control.submit import request_hash, submit_once
 from agentq.core.errors import ValidationError
 from agentq.core.models import TaskStatus, TaskSubmission
@@ -92,7 +92,7 @@ def router(deps: ApiDeps) -> Router:
                 description=f"tasks per page, at most {MAX_PAGE_SIZE}: follow next_cursor for the next page",
             ),
         ] = DEFAULT_PAGE_SIZE,
-        cursor: Annotated[str | None, Query(max_length=1024, description="next_cursor of the previous page")] = None,
+        cursor: PageCursor = None,
         include_children: Annotated[bool, Query(description="also list sub-agents")] = False,
         metadata: Annotated[
             list[str] | None,
@@ -145,7 +145,7 @@ def router(deps: ApiDeps) -> Router:
     def get_trace(
         task_id: TaskId,
         limit: Annotated[int, Query(ge=1, le=MAX_TRACE_PAGE, description="events per page")] = DEFAULT_TRACE_PAGE,
-        cursor: Annotated[str | None, Query(max_length=1024, description="next_cursor of the previous page")] = None,
+        cursor: PageCursor = None,
     ) -> TracePage:
         return views.trace_page(store, views.owned(store, task_id, tenant()), limit=limit, cursor=cursor)
 
