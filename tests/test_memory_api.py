@@ -159,3 +159,51 @@ def test_agentq_memory_creates_puts_cats_and_shows_history_and_a_conflict_exits_
     assert cli("memory", "put", name, "/a.md")[0] == 2  # no content given
     code, out, _ = cli("memory", "ls", name)
     assert code == 0 and out.startswith("/a.md  v1")
+
+
+def test_a_person_s_write_records_the_api_key_that_made_it(api_stack: ApiStack) -> None:
+    """As in AWS, where the authorizer's context names the key (``authorizer_context``)."""
+    name = _name()
+    assert api_stack.http("POST", "/memory-stores", {"name": name})[0] == 201
+    key = api_stack.stack.keys().lookup(api_stack.key)
+    assert key is not None
+    doc = f"/memory-stores/{name}/document?path=/a.md"
+    status, written, _ = api_stack.http("PUT", doc, {"content": "one"})
+    assert status == 200 and written["document"]["updated_by"]["type"] == "api"
+    assert written["document"]["updated_by"]["key_id"] == key.key_id
+    status, gone, _ = api_stack.http("DELETE", doc)
+    assert status == 200 and gone["created_by"]["key_id"] == key.key_id
+
+
+@pytest.mark.parametrize("char", ["a", "é", "\U0001f600"], ids=["ascii", "two bytes", "four bytes"])
+def test_content_over_the_store_s_byte_limit_is_memory_limit_exceeded_however_it_is_spelled(
+    api_stack: ApiStack, char: str
+) -> None:
+    name = _name()
+    assert api_stack.http("POST", "/memory-stores", {"name": name})[0] == 201  # the default, the most: 100 kB
+    doc = f"/memory-stores/{name}/document?path=/a.md"
+    limit = 102_400
+    at_limit = char * (limit // len(char.encode()))
+
+    def put(content: str) -> tuple[int, Any, Any]:  # as UTF-8, not \u escapes (which would pass 256 KB)
+        return api_stack.http("PUT", doc, raw=json.dumps({"content": content}, ensure_ascii=False).encode())
+
+    assert put(at_limit)[0] == 200
+    over = at_limit + "a" * (limit - len(at_limit.encode()) + 1)
+    status, body, _ = put(over)
+    assert status == 422 and body["error"]["code"] == "memory_limit_exceeded" and body["error"]["field"] == "content"
+
+
+def test_a_failed_precondition_names_expected_content_sha256_the_field_the_caller_sent(api_stack: ApiStack) -> None:
+    name = _name()
+    assert api_stack.http("POST", "/memory-stores", {"name": name})[0] == 201
+    doc = f"/memory-stores/{name}/document?path=/a.md"
+    assert api_stack.http("PUT", doc, {"content": "one"})[0] == 200
+    stale = "0" * 64
+    for method, path, body in (
+        ("PUT", doc, {"content": "two", "expected_content_sha256": stale}),
+        ("DELETE", f"{doc}&expected_content_sha256={stale}", None),
+    ):
+        status, answer, _ = api_stack.http(method, path, body)
+        assert status == 409 and answer["error"]["field"] == "expected_content_sha256", answer
+        assert "expected_sha256" not in answer["error"]["message"]

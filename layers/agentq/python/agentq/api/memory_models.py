@@ -15,7 +15,12 @@ SHA256_PATTERN = r"^[0-9a-f]{64}$"
 class MemoryWrite(StrictModel):
     """``PUT /memory-stores/{store}/document?path=...``: a document's whole new content."""
 
-    content: str = Field(max_length=MAX_DOCUMENT_BYTES, description="UTF-8 text; the store's byte limit applies")
+    # No max_length: the store's limit is in bytes and the store's own (at most MAX_DOCUMENT_BYTES);
+    # a length bound here answered an over-size ASCII document with a generic validation_error.
+    content: str = Field(
+        description=f"UTF-8 text of at most the store's max_document_bytes (at most {MAX_DOCUMENT_BYTES:,} bytes); "
+        "more is 422 memory_limit_exceeded"
+    )
     expected_content_sha256: str | None = Field(
         default=None,
         pattern=SHA256_PATTERN,

@@ -38,6 +38,14 @@ PATH_SEGMENT = re.compile(r"[A-Za-z0-9._@+-]{1,255}")  # fullmatch: `$` would pa
 # (storage/keys.py): 14 of them are not the path's.
 MAX_PATH_BYTES = 1010
 MAX_PATH_SEGMENTS = 20
+# ``check_path`` as a pattern, for the OpenAPI document (the check itself says what is wrong):
+# segments may not be '.' or '..', and the path is in NFC, at most MAX_PATH_BYTES bytes.
+PATH_PATTERN = r"^(/[A-Za-z0-9._@+-]{1,255}){1,20}$"
+PATH_PREFIX_PATTERN = r"^/([A-Za-z0-9._@+-]{1,255}(/[A-Za-z0-9._@+-]{1,255}){0,19}/?)?$"
+PATH_RULES = (
+    "'/' then 1-20 segments of letters, digits, '.', '_', '-', '@' and '+' (not '.' or '..'), "
+    f"at most {MAX_PATH_BYTES} bytes, in Unicode NFC"
+)
 MAX_DOCUMENT_BYTES = 102_400  # Claude Managed Agents' 100 kB; a version is one item, far under 400 KB
 MAX_DOCUMENTS = 10_000  # the ceiling of a store's own limit: a search reads the whole store
 DEFAULT_MAX_DOCUMENTS = 1_000

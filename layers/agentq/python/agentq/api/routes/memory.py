@@ -8,6 +8,8 @@ when the authorizer names one."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler import Response
@@ -27,7 +29,11 @@ from agentq.api.routes.common import ApiDeps, Router
 from agentq.core.memory import (
     MAX_PATH_BYTES,
     MEMORY_STORE_PATTERN,
+    PATH_PATTERN,
+    PATH_PREFIX_PATTERN,
+    PATH_RULES,
     Author,
+    MemoryConflict,
     MemoryDocument,
     MemoryStore,
     MemoryStoreSpec,
@@ -38,10 +44,31 @@ from agentq.storage.memory_stores import MemoryStores
 
 StoreName = Annotated[str, Path(pattern=MEMORY_STORE_PATTERN, description="a memory store's name")]
 DocPath = Annotated[
-    str, Query(min_length=1, max_length=MAX_PATH_BYTES, description="the document's path, e.g. /customers/ann.md")
+    str,
+    Query(
+        min_length=1,
+        max_length=MAX_PATH_BYTES,
+        description=f"the document's path, e.g. /customers/ann.md: {PATH_RULES} (else 422 naming path)",
+        json_schema_extra={"pattern": PATH_PATTERN},  # documented; check_path refuses with the reason
+    ),
 ]
 Sha256 = Annotated[str | None, Query(pattern=SHA256_PATTERN, description="only if it still has this content_sha256")]
 TAGS = ["memory"]
+PRECONDITION = "expected_content_sha256"  # what the API calls the precondition (the store: expected_sha256)
+
+
+@contextmanager
+def _api_field_names() -> Iterator[None]:
+    """A failed precondition (409) names the field the caller sent, ``expected_content_sha256``;
+    the store names its own argument (``expected_sha256``, also the memory tool's)."""
+    try:
+        yield
+    except MemoryConflict as exc:
+        if exc.field != "expected_sha256":
+            raise
+        raise MemoryConflict(
+            exc.message.replace("expected_sha256", PRECONDITION), field=PRECONDITION, current_sha256=exc.current_sha256
+        ) from None
 
 
 def router(deps: ApiDeps) -> Router:
@@ -97,7 +124,12 @@ def router(deps: ApiDeps) -> Router:
     def list_documents(
         name: StoreName,
         path_prefix: Annotated[
-            str, Query(max_length=MAX_PATH_BYTES, description="only paths starting with this")
+            str,
+            Query(
+                max_length=MAX_PATH_BYTES,
+                description="only paths starting with this: '/' alone, or a path, which may end with '/'",
+                json_schema_extra={"pattern": PATH_PREFIX_PATTERN},
+            ),
         ] = "/",
     ) -> MemoryDocumentList:
         return MemoryDocumentList(store=name, documents=stores().list_documents(tenant(), name, path_prefix))
@@ -117,17 +149,21 @@ def router(deps: ApiDeps) -> Router:
         responses=responses(200, MemoryWritten, 400, 404, 409, 413, 415, 422),
     )
     def write(name: StoreName, path: DocPath, body: Annotated[MemoryWrite, Body()]) -> MemoryWritten:
-        doc, written = stores().write(
-            tenant(), name, path, body.content, author=person(),
-            expected_sha256=body.expected_content_sha256, unconditional=body.expected_content_sha256 is None,
-        )  # fmt: skip
+        with _api_field_names():
+            doc, written = stores().write(
+                tenant(), name, path, body.content, author=person(),
+                expected_sha256=body.expected_content_sha256, unconditional=body.expected_content_sha256 is None,
+            )  # fmt: skip
         return MemoryWritten(written=written, document=doc)
 
     @routes.delete("/memory-stores/<name>/document", summary="Delete a document (its versions stay)",
                    operation_id="deleteMemoryDocument", tags=TAGS,
                    responses=responses(200, MemoryVersion, 404, 409, 422))  # fmt: skip
     def delete_document(name: StoreName, path: DocPath, expected_content_sha256: Sha256 = None) -> MemoryVersion:
-        return stores().delete_document(tenant(), name, path, author=person(), expected_sha256=expected_content_sha256)
+        with _api_field_names():
+            return stores().delete_document(
+                tenant(), name, path, author=person(), expected_sha256=expected_content_sha256
+            )
 
     @routes.get("/memory-stores/<name>/versions", summary="A document's versions, newest first",
                 operation_id="listMemoryVersions", tags=TAGS, responses=responses(200, MemoryVersionList, 404, 422))  # fmt: skip
