@@ -165,3 +165,40 @@ def test_a_get_for_the_server_stream_is_answered_405_at_once_not_held_open(api_s
         urllib.request.urlopen(request, timeout=20)
     assert answered.value.code == 405 and answered.value.headers["Allow"] == "POST"
     assert "stateless" in json.loads(answered.value.read())["error"]["message"]
+
+
+def test_the_server_names_itself_with_the_package_version(api_stack: ApiStack) -> None:
+    import tomllib
+
+    from tests.api_support import ROOT
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+    async def work(client: Any) -> Any:
+        return client.server_info
+
+    info = _session(api_stack.url, api_stack.key, work)
+    assert info.name == "agentq" and info.version == version
+
+
+@pytest.mark.parametrize(
+    ("arguments", "said"),
+    [
+        ({"goal": "x", "constraints": {"max_steps": 0}}, "constraints.max_steps: "),
+        ({"goal": "x", "constraints": {"max_steps": True}}, "constraints.max_steps: "),
+        ({"constraints": {}}, "goal is required"),
+        ({"goal": "x", "wait_seconds": "soon"}, "wait_seconds: "),
+        ({"goal": "x", "colour": "blue"}, "colour: unknown field"),
+    ],
+)
+def test_an_argument_error_names_the_argument_without_pydantic_s_help_url(
+    api_stack: ApiStack, arguments: dict[str, Any], said: str
+) -> None:
+    name = _agent(api_stack, [{"text": "x"}])
+
+    async def work(client: Any) -> Any:
+        return await client.call_tool(name, arguments)
+
+    result = _session(api_stack.url, api_stack.key, work)
+    text = result.content[0].text
+    assert result.is_error and said in text and "pydantic" not in text and "http" not in text, text

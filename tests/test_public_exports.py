@@ -41,3 +41,13 @@ def test_every_export_is_typed_and_resolves_to_its_modules_object(module: Module
     for name, where in module._EXPORTS.items():
         source = importlib.import_module(where if "." in where else f"{module.__name__}.{where}")
         assert getattr(module, name) is getattr(source, name), name
+
+
+def test_the_package_version_is_pyproject_s() -> None:
+    """``agentq.__version__`` (the MCP server's ``server_info.version``) is the one release number."""
+    import importlib.metadata
+    import tomllib
+
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    assert agentq.__version__ == tomllib.loads(pyproject.read_text())["project"]["version"]
+    assert agentq.__version__ == importlib.metadata.version("agentq")

@@ -16,6 +16,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+# The package's version, pyproject.toml's (tests/test_public_exports.py holds them equal): here
+# because the Lambda layer ships the package without its metadata (importlib.metadata has none).
+__version__ = "0.1.0"
+
 _EXPORTS: dict[str, str] = {
     "ApiError": "agentq.api.client",
     "Client": "agentq.api.client",

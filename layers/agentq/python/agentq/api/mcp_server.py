@@ -24,8 +24,10 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from agentq import __version__
+from agentq.api.errors import describe_validation_error
 from agentq.api.views import task_result
 from agentq.control.conversations import send_message
 from agentq.control.operations import owned_task
@@ -179,8 +181,9 @@ def build_server(deps: McpDeps) -> Any:
         except AgentqError as exc:
             where = f" ({exc.field})" if exc.field else ""
             return types.CallToolResult(content=[types.TextContent(text=f"{exc.message}{where}")], is_error=True)
-        except ValueError as exc:  # pydantic's: the arguments, named
-            return types.CallToolResult(content=[types.TextContent(text=f"invalid arguments: {exc}")], is_error=True)
+        except ValidationError as exc:  # the arguments, each named as the caller wrote it
+            text = f"invalid arguments: {_argument_errors(exc)}"
+            return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
         failed = outcome.status not in ("succeeded", "queued", "running", "blocked", "waiting", "paused", "idle")
         return types.CallToolResult(
             content=[types.TextContent(text=_text(outcome))],
@@ -188,7 +191,13 @@ def build_server(deps: McpDeps) -> Any:
             is_error=failed,
         )
 
-    return Server("agentq", on_list_tools=list_tools, on_call_tool=call_tool)
+    return Server("agentq", version=__version__, on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+def _argument_errors(exc: ValidationError) -> str:
+    """pydantic's errors in the API's words (``constraints.max_steps: ...``), without the help
+    URL its ``str()`` adds to each: what a model calling the tool can act on."""
+    return "; ".join(describe_validation_error(e)[0] for e in exc.errors(include_url=False))
 
 
 def _run_agent(deps: McpDeps, tenant: str, agent: str, call: AgentCall) -> Outcome:
