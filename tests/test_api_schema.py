@@ -154,3 +154,52 @@ def test_the_served_document_is_the_generated_one_and_valid_openapi(api: Api) ->
                 }, (method, path, code)
             if path != "/health":
                 assert "401" in errors, (method, path)
+
+
+def _param(path: str, method: str, name: str) -> dict[str, Any]:
+    return next(p["schema"] for p in DOCUMENT["paths"][path][method]["parameters"] if p["name"] == name)
+
+
+def test_the_document_states_the_rules_the_server_enforces() -> None:
+    """What the server refuses is in the document a client generates from: a pattern, a bound, or
+    in words where a pattern cannot say it (issue 39, item 9)."""
+    import re
+
+    from agentq.core.memory import PATH_PATTERN, check_path
+    from agentq.core.schedules import next_fire
+
+    def search(pattern: str, value: str) -> bool:
+        """A JSON Schema (ECMA-262) match: its ``$`` is the end, where Python's also takes a final newline."""
+        return re.search(pattern.replace("$", r"\Z"), value) is not None
+
+    schemas = DOCUMENT["components"]["schemas"]
+    # Memory paths: the pattern, and every path it admits that check_path refuses only for what
+    # the description says in words ('.' or '..' segments).
+    path = _param("/memory-stores/{name}/document", "get", "path")
+    assert path["pattern"] == PATH_PATTERN and "'..'" in path["description"]
+    for good in ("/a.md", "/customers/ann@shop+1.md", "/" + "/".join(["s"] * 20)):
+        assert search(PATH_PATTERN, good) and check_path(good)
+    for bad in ("a.md", "/a.md\n", "/a b", "/a//b", "/" + "/".join(["s"] * 21), "/a#b"):
+        assert not search(PATH_PATTERN, bad), bad
+    assert "pattern" in _param("/memory-stores/{name}/documents", "get", "path_prefix")
+    # Page cursors: base64url of at most 1,024 characters; metadata filters: key=value.
+    for route in ("/tasks", "/tasks/{task_id}/trace"):
+        cursor = _param(route, "get", "cursor")
+        assert cursor["maxLength"] == 1024 and cursor["pattern"] == "^[A-Za-z0-9_-]*$"
+    assert _param("/tasks", "get", "metadata")["items"]["pattern"] == "^[^=]+="
+    assert "<task_id>:<step>.<seq>.<rank>.<sub>" in _param("/tasks/{task_id}/events", "get", "after")["description"]
+    # Schedule expressions: every one next_fire takes matches the pattern, and what it does not, not.
+    expression = schemas["ScheduleSpec"]["properties"]["expression"]["pattern"]
+    for good in ("rate(1 minute)", "rate(5 minutes)", "rate(2 days)", "cron(0 8 * * ? *)", "cron(*/5 * * * ? *)"):
+        next_fire(good, 0.0)
+        assert search(expression, good), good
+    for bad in ("rate(5 minutes)\n", "every 5 minutes", "rate(\u0665 minutes)", "cron()"):
+        assert not search(expression, bad), bad
+    # In words: script with provider, the budget raise's amounts, fork's at_step.
+    assert "provider `scripted`" in schemas["TaskSubmission"]["properties"]["script"]["description"]
+    assert len(schemas["BudgetRequest"]["anyOf"]) == 3
+    assert "at most the source's step" in schemas["ForkRequest"]["properties"]["at_step"]["description"]
+    # 414 and 431 are the server's on every operation, JSON like every error.
+    for ops in DOCUMENT["paths"].values():
+        for op in ops.values():
+            assert {"414", "431"} <= set(op["responses"]), op["operationId"]

@@ -285,10 +285,16 @@ def openapi_document(app: APIGatewayRestResolver) -> dict[str, Any]:
     never answers: its own validation-error shapes (ours are ErrorResponse) and a 422 on
     routes that take no input."""
     doc: dict[str, Any] = json.loads(app.get_openapi_json_schema())
+    error = {"$ref": "#/components/schemas/ErrorResponse"}
     for ops in doc.get("paths", {}).values():
         for op in ops.values():
             if not op.get("parameters") and not op.get("requestBody"):
                 op.get("responses", {}).pop("422", None)
+            for status in errors.TRANSPORT_ERRORS:  # the server's own, before any route: JSON too
+                op.setdefault("responses", {})[str(status)] = {
+                    "description": errors.DESCRIPTIONS[status],
+                    "content": {JSON: {"schema": error}},
+                }
     schemas = doc.get("components", {}).get("schemas", {})
     while True:
         used = _refs({k: v for k, v in doc.items() if k != "components"}) | _refs(schemas)

@@ -10,7 +10,10 @@ wrote (``constraints.tools[0]``), not pydantic's location tags.
   405 ``method_not_allowed`` (with ``Allow``)
 - 409 ``illegal_transition`` (the task's state forbids it), ``idempotency_conflict``,
   ``task_not_finished``
-- 413 ``body_too_large``; 415 ``unsupported_media_type``
+- 413 ``body_too_large``; 415 ``unsupported_media_type`` (a body not sent as application/json)
+- 414 ``uri_too_long``, 431 ``headers_too_large``: the server's, before any route (documented on
+  every operation); the local server also answers 421, 411, 408 and 400 about the transport
+  itself (``local/http_guard.py``)
 - 422 ``validation_error``: a field's value is invalid; ``field`` names it
 - 500 ``internal_error``: never with a stack trace; the service log has it
 
@@ -60,7 +63,11 @@ DESCRIPTIONS = {
     413: f"Request body over {MAX_BODY_BYTES} bytes (body_too_large)",
     415: "Request body not sent as application/json (unsupported_media_type)",
     422: "A field is invalid (validation_error); `field` names it",
+    414: "Request line (method, path and query) over 64 KiB (uri_too_long)",
+    431: "Over 100 headers, or a header line over 64 KiB (headers_too_large)",
 }
+# What the server answers whatever the route, before it is known: every operation documents them.
+TRANSPORT_ERRORS = (414, 431)
 # Type tags pydantic puts in an error location (union members, validators): not field names.
 _LOC_NOISE = ("function-", "constrained-", "list[", "dict[", "json-or-python[", "nullable[", "union[", "tagged-union[")
 _LOC_TAGS = frozenset({"Script", "str", "int", "float", "bool", "none", "ConstraintsPatch"})

@@ -62,6 +62,20 @@ class DecisionRequest(StrictModel):
 
 
 class BudgetRequest(StrictModel):
+    """At least one amount above 0 (all 0 is 422 naming add_tokens); ``add_usd`` only for a task
+    with ``constraints.max_cost_usd``; a root task only (a sub-agent's share is its parent's)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={  # the rule "not all 0", for the document (raise_budget refuses with the reason)
+            "anyOf": [
+                {"properties": {"add_tokens": {"minimum": 1}}, "required": ["add_tokens"]},
+                {"properties": {"add_steps": {"minimum": 1}}, "required": ["add_steps"]},
+                {"properties": {"add_usd": {"not": {"const": 0}}}, "required": ["add_usd"]},
+            ]
+        },
+    )
+
     add_tokens: int = Field(
         strict=True, default=0, ge=0, le=1_000_000_000, description="raise the root token cap by this much"
     )
@@ -84,7 +98,13 @@ class ConstraintsPatch(StrictModel):
 
 
 class ForkRequest(StrictModel):
-    at_step: int = Field(strict=True, ge=0, le=1_000_000, description="copy the source's committed steps 1..at_step")
+    at_step: int = Field(
+        strict=True,
+        ge=0,
+        le=1_000_000,
+        description="copy the source's committed steps 1..at_step: at most the source's step (its last committed "
+        "one), else 422 naming at_step; the source must be a root task",
+    )
     provider: Provider | None = None
     model: str | None = Field(default=None, min_length=1, max_length=200)
     script: Script | str | None = None

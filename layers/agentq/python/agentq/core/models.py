@@ -277,7 +277,9 @@ class TaskSubmission(StrictModel):
     provider: Provider = "scripted"
     model: str = Field(default=DEFAULT_MODEL, min_length=1, max_length=200)
     script: Script | str | None = Field(
-        default=None, description="scripted provider only: an inline script or a built-in script name"
+        default=None,
+        description="an inline script or a built-in script name: required with provider `scripted`, refused "
+        "with any other provider (422 naming script)",
     )
     constraints: Constraints = Field(default_factory=Constraints)
     priority: Priority = "normal"

@@ -50,7 +50,16 @@ def router(deps: ApiDeps) -> Router:
     )
     def get_events(
         task_id: TaskId,
-        after: Annotated[str | None, Query(max_length=8192, description="an event id: what follows it")] = None,
+        after: Annotated[
+            str | None,
+            Query(
+                max_length=8192,
+                description="an event's id (or next_cursor) as the API sent it: what follows it. A task's is "
+                "<task_id>:<step>.<seq>.<rank>.<sub> (ASCII digits); with tree=true, the tree's id. An id of "
+                "another task or tree, or past the task's last event, is 400 invalid_cursor; the same goes for "
+                "Last-Event-ID",
+            ),
+        ] = None,
         tree: Annotated[bool, Query(description="also every sub-agent of the task")] = False,
         limit: Annotated[int, Query(ge=1, le=MAX_EVENT_PAGE, description="events per page")] = DEFAULT_EVENT_PAGE,
     ) -> Response[Any]:
