@@ -364,6 +364,7 @@ def test_a_call_answered_after_the_heartbeat_lost_the_lease_is_charged_once_as_a
     budget = store.budgets.get(task.task_id)
     orphans = store.steps.orphans(task.task_id)
     assert len(orphans) == 1 and orphans[0].call.usage.total == delivered[0]
+    assert orphans[0].reason == "lease_lost"  # what the trace says of it (not "interrupted")
     assert budget.used == sum(delivered) and budget.reserved == 0
     assert store.steps.load(task.task_id) == []
 

@@ -177,6 +177,26 @@ def test_an_interrupt_discards_the_answer_in_flight_charges_it_and_leaves_the_ta
     assert store.tasks.get(task.task_id).result == "a long essay"  # the script's first turn, asked again
 
 
+def test_an_answer_discarded_by_an_interrupt_is_labelled_interrupted_in_the_trace_never_lease_lost(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    from agentq.api.views import trace_page
+    from agentq.cli.views import event_line
+
+    sub = scripted([{"text": "a long essay"}, {"text": "the short version"}])
+    task = store.tasks.create(sub, tenant="t")
+    provider = Recording(sub, during={1: lambda: interrupt(store, task.task_id, tenant="t")})
+    assert engine(store, registry, provider).run(task.task_id).status is TaskStatus.IDLE
+
+    (orphan,) = store.steps.orphans(task.task_id)
+    assert orphan.reason == "interrupted"
+    events = trace_page(store, store.tasks.get(task.task_id), limit=100, cursor=None).events
+    (call,) = [e for e in events if e.type == "llm_call"]
+    assert call.orphan and call.orphan_reason == "interrupted"
+    line = event_line(call, origin=task.created_at).plain
+    assert "interrupted: answer discarded" in line and "lease" not in line
+
+
 def test_an_interrupt_during_a_side_effect_lets_it_finish_once_and_records_it(
     store: Storage, registry: ToolRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -475,7 +475,13 @@ class LLMCallEvent(ApiModel):
         "conversation goes on from (its text is the summary)",
     )
     orphan: bool = Field(
-        description="a call whose step was never committed (its worker lost the lease); paid for all the same"
+        description="a call whose step was never committed (its worker lost the lease, or the task was "
+        "interrupted while it answered); paid for all the same"
+    )
+    orphan_reason: Literal["lease_lost", "interrupted"] | None = Field(
+        default=None,
+        description="an orphan's why: lease_lost (its worker lost the task to another), interrupted (a person "
+        "interrupted the task while the model answered: the answer was discarded); null for a committed call",
     )
     truncated: bool
 

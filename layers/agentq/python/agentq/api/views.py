@@ -54,6 +54,7 @@ from agentq.core.models import (
     UserMessage,
 )
 from agentq.core.pricing import NO_MONEY_CAP
+from agentq.core.records import OrphanReason
 from agentq.storage import keys
 from agentq.storage.container import Storage
 
@@ -392,7 +393,9 @@ def _cut(text: str) -> tuple[str, bool]:
     return (text, False) if len(text) <= TRACE_TEXT_CHARS else (text[:TRACE_TEXT_CHARS], True)
 
 
-def _llm_event(number: int, epoch: int, at: float, body: LLMStep | CompactStep, *, orphan: bool) -> LLMCallEvent:
+def _llm_event(
+    number: int, epoch: int, at: float, body: LLMStep | CompactStep, *, orphan: OrphanReason | None = None
+) -> LLMCallEvent:
     text, cut = _cut("\n".join(b.get("text", "") for b in body.content if b.get("type") == "text"))
     u = body.usage
     return LLMCallEvent(
@@ -417,7 +420,8 @@ def _llm_event(number: int, epoch: int, at: float, body: LLMStep | CompactStep, 
         tool_calls=[t["name"] for t in body.tool_uses()] if isinstance(body, LLMStep) else [],
         purpose="turn" if isinstance(body, LLMStep) else "compaction",
         batched=body.batched,
-        orphan=orphan,
+        orphan=orphan is not None,
+        orphan_reason=orphan,
         truncated=cut,
     )
 
@@ -432,7 +436,7 @@ def _step_events(record: StepRecord, inputs: dict[str, dict[str, Any]]) -> list[
     body = record.body
     at = record.committed_at
     if isinstance(body, LLMStep | CompactStep):
-        return [((at, 1, record.number, 0), _llm_event(record.number, record.epoch, at, body, orphan=False))]
+        return [((at, 1, record.number, 0), _llm_event(record.number, record.epoch, at, body))]
     if isinstance(body, MessageStep):
         return [((at, 1, record.number, i), _message_event(record, m)) for i, m in enumerate(body.messages)]
     assert isinstance(body, ToolsStep)
@@ -554,7 +558,7 @@ def _side_events(store: Storage, task: Task) -> list[tuple[Key, Any]]:
     for orphan in store.steps.orphans(task.task_id):
         number, epoch, call = orphan.number, orphan.epoch, orphan.call
         at = call.started_at + call.duration_ms / 1000
-        events.append(((at, 1, number, -1), _llm_event(number, epoch, at, call, orphan=True)))
+        events.append(((at, 1, number, -1), _llm_event(number, epoch, at, call, orphan=orphan.reason)))
     if task.retry is not None:  # the latest retry (earlier ones are replaced by it)
         r = task.retry
         view = retry_view(r)

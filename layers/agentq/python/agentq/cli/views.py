@@ -42,6 +42,13 @@ STATUS_STYLE = {
 }
 
 
+# Why a call was paid for and never committed, as the trace says it (``LLMCallEvent.orphan_reason``).
+ORPHAN_LABELS = {
+    "interrupted": "interrupted: answer discarded, never committed; paid",
+    "lease_lost": "orphan: lease lost, never committed; paid",
+}
+
+
 def n(value: int | None) -> str:
     return "-" if value is None else f"{value:,}"
 
@@ -228,7 +235,7 @@ def event_line(event: Any, origin: float) -> Text:
             f"LLM {event.model} · {n(t.input)} in / {n(t.output)} out tokens · {event.duration_ms:,} ms · ${event.cost_usd}{calls}",
         )
         if event.orphan:
-            line.append("  [orphan: lease lost, never committed; paid]", style="yellow")
+            line.append(f"  [{ORPHAN_LABELS.get(event.orphan_reason or '', 'never committed; paid')}]", style="yellow")
         return line
     if isinstance(event, ToolCallEvent):
         style = "red" if event.is_error else ""

@@ -32,6 +32,7 @@ from agentq.core.records import (
     ClaimOwner,
     EffectRecord,
     Inbox,
+    OrphanReason,
     Reservation,
     SpawnRecord,
 )
@@ -86,7 +87,9 @@ class StepLog(Protocol):
         delivered: int | None = None,
     ) -> CommittedStep: ...
 
-    def record_orphan(self, lease: Lease, number: int, body: LLMStep | CompactStep) -> None: ...
+    def record_orphan(
+        self, lease: Lease, number: int, body: LLMStep | CompactStep, *, reason: OrphanReason = "lease_lost"
+    ) -> None: ...
 
 
 class BudgetLedger(Protocol):

@@ -151,10 +151,15 @@ class IdempotencyRecord:
     expires_at: int
 
 
+OrphanReason = Literal["lease_lost", "interrupted"]
+
+
 @dataclass(frozen=True)
 class OrphanCall:
-    """An LLM call that happened but whose step was never committed (its worker lost the lease)."""
+    """An LLM call that happened but whose step was never committed: its worker lost the lease
+    (``lease_lost``), or a person interrupted the task while it answered (``interrupted``)."""
 
     number: int
     epoch: int
     call: LLMStep | CompactStep
+    reason: OrphanReason = "lease_lost"

@@ -42,7 +42,7 @@ from pydantic import TypeAdapter
 from agentq.core.errors import BudgetExceeded, ConversationMoved
 from agentq.core.faults import crash_point
 from agentq.core.models import CommittedStep, CompactStep, Lease, LLMStep, MessageStep, Step, StepRecord, TaskStatus
-from agentq.core.records import NO_USAGE, BudgetDelta, Inbox, OrphanCall
+from agentq.core.records import NO_USAGE, BudgetDelta, Inbox, OrphanCall, OrphanReason
 from agentq.resources import LIVE_ATTRIBUTES
 from agentq.storage import keys
 from agentq.storage.budget_items import ticket_value
@@ -292,9 +292,12 @@ class Steps:
 
     # --------------------------------------------------------------- orphans
 
-    def record_orphan(self, lease: Lease, number: int, body: LLMStep | CompactStep) -> None:
-        """Keep an LLM call whose step could not be committed (its worker lost the lease) in
-        the trace: it happened and it was paid for, so the trace and the ledger show it."""
+    def record_orphan(
+        self, lease: Lease, number: int, body: LLMStep | CompactStep, *, reason: OrphanReason = "lease_lost"
+    ) -> None:
+        """Keep an LLM call whose step could not be committed in the trace, with why
+        (``reason``: its worker lost the lease, or a person interrupted the task): it happened
+        and it was paid for, so the trace and the ledger show it, and say which it was."""
         payload = self.payloads.encode(
             f"{keys.payload_prefix(lease.task_id)}orphans/{number:06d}-e{lease.epoch}.json", body.model_dump_json()
         )
@@ -303,6 +306,7 @@ class Steps:
                 **keys.item_key(lease.task_id, keys.orphan_sk(number, lease.epoch)),
                 "epoch": lease.epoch,
                 "number": number,
+                "reason": reason,
                 **payload,
             }
         )
@@ -316,6 +320,7 @@ class Steps:
                 OrphanCall(
                     number=int(item["number"]),
                     epoch=int(item["epoch"]),
+                    reason="interrupted" if item.get("reason") == "interrupted" else "lease_lost",
                     call=CALL_STEP.validate_json(self.payloads.decode(item)),
                 )
             )

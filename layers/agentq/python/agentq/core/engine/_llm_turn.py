@@ -41,7 +41,7 @@ from agentq.core.providers.base import (
     reporting_retries,
     reporting_text,
 )
-from agentq.core.records import BudgetDelta
+from agentq.core.records import BudgetDelta, OrphanReason
 from agentq.core.tenancy import TenantCapReached
 
 log = logging.getLogger("agentq.engine")
@@ -377,13 +377,13 @@ class LLMTurn:
         except ConversationMoved as moved:
             # Interrupted: the answer is discarded, and paid for, as a lost lease's would be.
             s.inbox = dataclasses.replace(s.inbox, received=moved.received, interrupt_at=moved.interrupt_at)
-            self._discard(s, step, settle, window, response, cost)
+            self._discard(s, step, settle, window, response, cost, reason="interrupted")
             log.info("task %s: answer of step %d discarded (interrupted)", s.task_id, s.next_step)
             return None
         except LeaseLost:
             # The provider answered, so the tokens are spent whoever owns the task now, and
             # whoever learned of the lost lease: the ledger gets them once, as an orphan.
-            self._discard(s, step, settle, window, response, cost)
+            self._discard(s, step, settle, window, response, cost, reason="lease_lost")
             raise
         if window is not None:
             self.windows.settle(window, response.usage.total, micros(cost))
@@ -405,13 +405,15 @@ class LLMTurn:
         window: Any,
         response: LLMResponse,
         cost: Decimal,
+        *,
+        reason: OrphanReason,
     ) -> None:
         """An answer that will not be committed: its usage is settled once, with the hold, and
-        the call stays in the trace as an orphan."""  # fmt: skip
+        the call stays in the trace as an orphan, with why (``reason``)."""  # fmt: skip
         self.budgets.settle_orphan(
             s.task_id, s.task.budget_id, settle, inflight_epoch=s.lease.epoch, parent_id=s.task.parent_id
         )
-        self.steps.record_orphan(s.lease, s.next_step, step)
+        self.steps.record_orphan(s.lease, s.next_step, step, reason=reason)
         if window is not None:
             self.windows.settle(window, response.usage.total, micros(cost))
         s.task = s.task.model_copy(update={"inflight": None, "batch": None})
