@@ -197,6 +197,38 @@ def test_an_answer_discarded_by_an_interrupt_is_labelled_interrupted_in_the_trac
     assert "interrupted: answer discarded" in line and "lease" not in line
 
 
+def test_a_task_that_failed_without_reaching_the_dlq_is_never_told_to_be_redriven(
+    store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for variable in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"):
+        monkeypatch.delenv(variable, raising=False)
+    sub = TaskSubmission.model_validate({"goal": "g", "provider": "anthropic", "model": "claude-sonnet-4-6"})
+    task = store.tasks.create(sub, tenant="t")
+    assert engine(store, registry).run(task.task_id).status is TaskStatus.FAILED
+    failed = store.tasks.get(task.task_id)
+    assert failed.error is not None and failed.error["code"] == "missing_api_key"
+    for add in ({}, {"add_tokens": 1000}):  # the plain send, and the one that raises the budget first
+        with pytest.raises(IllegalTransition) as refused:
+            send_message(store, Queues(), task.task_id, "go on", tenant="t", **add)
+        said = refused.value.message
+        assert "missing_api_key" in said and "fork" in said and "never reached the dead-letter queue" in said
+        assert "redrive" not in said
+
+
+def test_a_task_out_of_budget_is_told_a_follow_up_can_carry_the_raise(store: Storage, registry: ToolRegistry) -> None:
+    turns = [{"text": f"turn {i} " + "n" * 800, "tool_calls": [call("note_write", key="k", value="v")]} for i in range(10)]
+    sub = scripted(turns, tools=["note_write"], max_tokens=2_600, max_output_tokens=1_000)
+    task = store.tasks.create(sub, tenant="t")
+    assert engine(store, registry).run(task.task_id).status is TaskStatus.COST_EXCEEDED
+    ended = store.tasks.get(task.task_id)
+    assert ended.error is not None and "follow-up message with add_tokens" in ended.error["message"]
+    with pytest.raises(IllegalTransition) as refused:
+        send_message(store, Queues(), task.task_id, "go on", tenant="t")
+    assert "add_tokens" in refused.value.message and "agentq send --add-tokens" in refused.value.message
+    # ... and the follow-up that carries the raise is taken, and the task goes on from its checkpoint
+    assert send_message(store, Queues(), task.task_id, "go on", tenant="t", add_tokens=50_000).message.seq == 1
+
+
 def test_an_interrupt_during_a_side_effect_lets_it_finish_once_and_records_it(
     store: Storage, registry: ToolRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 
 from agentq.cli.main import main
+from agentq.control.conversations import send_message
 from agentq.control.submit import submit
 from agentq.core.engine import Engine, EngineConfig
+from agentq.core.errors import IllegalTransition
 from agentq.core.models import LLMStep, TaskStatus, TaskSubmission, ToolsStep
 from agentq.core.providers.anthropic_provider import AnthropicProvider
 from agentq.core.providers.retry import RetryPolicy
@@ -189,6 +191,11 @@ def test_a_task_that_keeps_failing_retryably_ends_failed_with_its_error_in_the_d
     letters = list_dead_letters(queues, store)
     assert [(d.tier, d.task_id, d.task_status) for d in letters] == [(TIER, task_id, "failed")]
     assert letters[0].reason.startswith(f"failed after {MAX_RECEIVES} attempts") and "529" in letters[0].reason
+    # Its message is in the DLQ, so a person who writes to it is told to redrive it (or fork it).
+    assert task.error["dead_lettered"] is True
+    with pytest.raises(IllegalTransition) as refused:
+        send_message(store, queues, task_id, "go on", tenant="t")
+    assert "dead-letter queue" in refused.value.message and "redrive" in refused.value.message
 
 
 def test_an_outage_that_outlasts_every_delivery_fails_the_task_with_its_error_instead_of_leaving_it_running(
@@ -219,6 +226,7 @@ def test_an_outage_that_outlasts_every_delivery_fails_the_task_with_its_error_in
         "code": "worker_error",
         "message": "ConnectionResetError: connection reset by peer",
         "attempts": MAX_RECEIVES,
+        "dead_lettered": True,
     }
     assert failed.lease_expires == 0 and store.budgets.get(task.task_id).reserved == 0
 

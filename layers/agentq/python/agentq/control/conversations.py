@@ -19,7 +19,7 @@ from agentq.core.models import MAX_MESSAGE_CHARS, TaskStatus, UserMessage
 from agentq.queueing.queues import TaskQueues
 from agentq.queueing.webhooks import enqueue_event
 from agentq.storage.container import Storage
-from agentq.storage.messages import REFUSALS, Accepted
+from agentq.storage.messages import REFUSALS, Accepted, refusal
 
 log = logging.getLogger("agentq.control")
 
@@ -47,7 +47,9 @@ def send_message(
     task = owned_task(store, task_id, tenant)
     if add_tokens or add_steps or add_usd:
         if task.status in REFUSALS and task.status is not TaskStatus.COST_EXCEEDED:
-            raise IllegalTransition(f"task {task_id} takes no messages: {REFUSALS[task.status]}", field="task_id")
+            raise IllegalTransition(
+                f"task {task_id} takes no messages: {refusal(task_id, task.status, task.error)}", field="task_id"
+            )
         raise_budget(store, queues, task_id, add_tokens=add_tokens, add_steps=add_steps, add_usd=add_usd,
                      tenant=tenant, any_status=True)  # fmt: skip
     accepted: Accepted = store.messages.accept(

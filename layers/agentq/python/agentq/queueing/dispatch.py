@@ -291,7 +291,7 @@ class Dispatcher:
         """A task whose stored items no longer validate: failed (its META can still be written),
         its parent told through the message's token, and the message dead-lettered with why."""
         log.exception("task %s cannot be read", message.task_id)
-        error = fault_error(exc, code="unreadable_task")
+        error = {**fault_error(exc, code="unreadable_task"), "dead_lettered": True}
         try:
             self.store.tasks.transition(message.task_id, TaskStatus.FAILED, error=error)
         except Exception:  # the condition failed and reading the task to say why failed again
@@ -458,7 +458,9 @@ class Dispatcher:
             if attempts >= self.max_receive_count:
                 reason = f"failed after {attempts} attempts: {error.get('message', 'retryable error')}"
                 with contextlib.suppress(IllegalTransition):
-                    self.store.tasks.transition(task_id, TaskStatus.FAILED, error={**error, "attempts": attempts})
+                    # dead_lettered: what a person is told to do with it (redrive, not only fork)
+                    failed = {**error, "attempts": attempts, "dead_lettered": True}
+                    self.store.tasks.transition(task_id, TaskStatus.FAILED, error=failed)
                     run.status = TaskStatus.FAILED
                     self._report_end(self.store.tasks.get(task_id), TaskStatus.FAILED)  # its parent wakes
                 return Action("dead_letter", reason, task_id=task_id, run=run)

@@ -79,11 +79,33 @@ REOPENED = frozenset({TaskStatus.SUCCEEDED, TaskStatus.IDLE})
 
 
 REFUSALS = {
-    TaskStatus.FAILED: "it failed; redrive it from the dead-letter queue or fork it to go on",
-    TaskStatus.CANCELLED: "it was cancelled",
-    TaskStatus.TIMED_OUT: "it timed out",
-    TaskStatus.COST_EXCEEDED: "it ran out of budget; raise it (POST /tasks/{id}/budget) first",
+    TaskStatus.FAILED: "it failed; fork it to go on (POST /tasks/{id}/fork)",
+    TaskStatus.CANCELLED: "it was cancelled; fork it to go on (POST /tasks/{id}/fork)",
+    TaskStatus.TIMED_OUT: "it timed out; fork it to go on (POST /tasks/{id}/fork)",
+    TaskStatus.COST_EXCEEDED: "it ran out of budget; send the message with add_tokens (add_steps, add_usd) to raise "
+    "it in the same request (agentq send --add-tokens N), or raise it first (POST /tasks/{id}/budget)",
 }
+
+
+def refusal(task_id: str, status: TaskStatus, error: Any = None) -> str:
+    """Why a task in ``status`` takes no message, and what would go on from it. A failed task's
+    advice follows how it failed: only one whose message went to the dead-letter queue
+    (``error.dead_lettered``: out of retries, or unreadable) can be redriven; any other (a
+    missing API key, a request the model refused) never reached one, and a redrive finds
+    nothing, so it is told to fix the cause and fork."""
+    if status is TaskStatus.FAILED and isinstance(error, dict):
+        code = error.get("code")
+        if error.get("dead_lettered"):
+            return (
+                f"it failed ({code}) and its message went to the dead-letter queue; fix the cause, then redrive "
+                "it (POST /dead-letters/{tier}/redrive, agentq dlq redrive) to resume it, or fork it to go on"
+            )
+        if code:
+            return (
+                f"it failed ({code}); it never reached the dead-letter queue, so fix the cause and fork it to go on "
+                f"(POST /tasks/{task_id}/fork)"
+            )
+    return REFUSALS[status].replace("{id}", task_id)
 
 
 def message_sk(seq: int) -> str:
@@ -209,7 +231,9 @@ class Messages:
     def _check(self, task_id: str, meta: Item, status: TaskStatus, double_texting: DoubleTexting) -> None:
         if status in REFUSALS:
             raise IllegalTransition(
-                f"task {task_id} takes no messages: {REFUSALS[status]}", field="task_id", status=status.value
+                f"task {task_id} takes no messages: {refusal(task_id, status, meta.get('error'))}",
+                field="task_id",
+                status=status.value,
             )
         if meta.get("parent_id"):
             raise MessageRefused(

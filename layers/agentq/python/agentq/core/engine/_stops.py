@@ -34,15 +34,22 @@ def stop_error(s: Session, status: TaskStatus) -> dict[str, Any]:
     if status is TaskStatus.TIMED_OUT:
         return {"code": "timeout", "message": f"task ran past its timeout of {c.timeout_seconds}s"}
     if s.llm_turns >= c.max_steps:
-        return {"code": "max_steps_exceeded", "message": f"task used all {c.max_steps} steps"}
+        return {"code": "max_steps_exceeded", "message": f"task used all {c.max_steps} steps{_go_on('add_steps')}"}
     if s.short_of == "money":
         root = c.max_cost_usd if s.task.parent_id is None else None
         cap = f" (${root})" if root is not None else ""
         return {
             "code": "budget_exceeded",
-            "message": f"money budget of the root task is exhausted{cap}: the next call could cost more than is left",
+            "message": f"money budget of the root task is exhausted{cap}: the next call could cost more than is "
+            f"left{_go_on('add_usd')}",
         }
     return {
         "code": "budget_exceeded",
-        "message": f"token budget of the root task is exhausted (cap {c.max_tokens})",
+        "message": f"token budget of the root task is exhausted (cap {c.max_tokens}){_go_on('add_tokens')}",
     }
+
+
+def _go_on(field: str) -> str:
+    """How a task stopped by a cap goes on: a raise of that cap resumes it from its checkpoint,
+    and a follow-up message may carry the raise itself (a person reading the error learns both)."""
+    return f"; raise it ({field}) to resume from the checkpoint, or send a follow-up message with {field}"
