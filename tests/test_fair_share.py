@@ -902,3 +902,34 @@ def test_a_task_refused_by_an_override_set_after_it_was_read_as_unlimited_is_tol
     [read_unlimited, _] = fair.slots.slots_for(_submit(store, "raced"))
     assert read_unlimited.limit is None
     assert fair._why(read_unlimited) == "its tenant's running limit was set meanwhile: waits queued for a slot"
+
+
+def test_a_parked_task_says_what_it_waits_on_its_key_by_name_or_its_tenants_limit_not_a_worker(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    from agentq.api.views import task_view
+
+    dispatcher = _dispatcher(store, queues, registry, limit=2)
+    _received(queues)
+    key = {"key": "customer-42", "limit": 1}
+    holder, keyed = _submit(store, "acme", key), _submit(store, "acme", key)
+    fresh = _submit(store, "acme")
+    assert task_view(store, fresh).activity == "queued (normal priority), waiting for a worker"  # nothing parked it
+
+    _mid_run(dispatcher, holder)
+    assert "waits queued" in _handle(dispatcher, keyed.task_id).reason
+    said = task_view(store, store.tasks.get(keyed.task_id)).activity
+    assert said is not None and "waiting on its concurrency key 'customer-42'" in said and "worker" not in said
+
+    other = _submit(store, "acme")
+    _mid_run(dispatcher, other)  # acme's two slots are taken: the next waits on its tenant's limit
+    over = _submit(store, "acme")
+    assert "waits queued" in _handle(dispatcher, over.task_id).reason
+    said = task_view(store, store.tasks.get(over.task_id)).activity
+    assert said is not None and "your tenant's running limit" in said
+
+    store.tasks.transition(holder.task_id, TaskStatus.SUCCEEDED)
+    dispatcher.fair.release(holder.task_id)  # the key's slot frees: the keyed task is woken and admitted
+    _received(queues)
+    assert _handle(dispatcher, keyed.task_id).kind == "delete"
+    assert store.tasks.get(keyed.task_id).status is TaskStatus.SUCCEEDED

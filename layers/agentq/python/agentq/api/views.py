@@ -139,6 +139,9 @@ def activity(store: Storage, task: Task, children: ChildrenSummary, question: st
     if status is TaskStatus.QUEUED:
         if task.messages_received > task.messages_delivered and task.step:
             return "queued to answer your message"
+        waits = None if task.slots else store.slots.waits_on(task)
+        if waits is not None:
+            return _parked(task, waits)
         if task.lease_epoch:
             return f"queued to resume after step {task.step}"
         return f"queued ({task.submission.priority} priority), waiting for a worker"
@@ -169,6 +172,20 @@ def activity(store: Storage, task: Task, children: ChildrenSummary, question: st
             f"waiting for the model: turn {task.llm_steps + 1} of at most {task.submission.constraints.max_steps}{who}"
         )
     return None
+
+
+def _parked(task: Task, waits: str) -> str:
+    """A queued task the gate parked (``queueing.fairness``): it waits for a slot, not for a
+    worker, and no worker will take it before one frees."""
+    key = task.submission.concurrency
+    if waits == "key" and key is not None:
+        return (
+            f"queued: waiting on its concurrency key {key.key!r} (at most {key.limit} running); it starts when one "
+            "of the key's tasks stops"
+        )
+    if waits == "tenant":
+        return "queued: waiting for a slot under your tenant's running limit; it starts when one of your tasks stops"
+    return "queued: waiting for a share of the full fleet; it starts when a slot frees"
 
 
 def task_view(store: Storage, task: Task) -> TaskView:

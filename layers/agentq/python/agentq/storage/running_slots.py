@@ -410,6 +410,24 @@ class RunningSlots(FleetWaiting):
             return False
         return True
 
+    def waits_on(self, task: Task) -> Literal["key", "tenant", "fleet"] | None:
+        """Which waiting list holds ``task`` (parked by the gate; see ``park``): its concurrency
+        key's, its tenant's or the fleet's, or none. One BatchGetItem of the keys its ``WAIT``
+        item would have under each (parked with its own priority as the tier); what a person
+        watching a queued task is told it waits for."""
+        sk = _wait_sk(task, task.submission.priority)
+        lists: dict[str, Literal["key", "tenant", "fleet"]] = {
+            keys.tenant_pk(task.tenant): "tenant",
+            fleet.queue_pk(task.tenant, self.fleet_name): "fleet",
+        }
+        if task.submission.concurrency is not None:
+            lists[key_pk(task.tenant, task.submission.concurrency.key)] = "key"
+        found = {str(item["pk"]) for item in self.table.batch_get([{"pk": pk, "sk": sk} for pk in lists])}
+        for kind in ("key", "tenant", "fleet"):  # a key first: it is what the submitter chose
+            if any(lists[pk] == kind for pk in found):
+                return kind  # type: ignore[return-value]
+        return None
+
     def has_room(self, slot: Slot) -> bool:
         """Is ``slot`` below its limit now (a tenant's override as stored now; for a fleet
         shard: has any shard room)?"""
