@@ -109,6 +109,8 @@ def test_an_open_circuit_sends_the_call_to_the_fallback_without_trying_the_model
     task = submit(store, registry, {**TASK, "constraints": {"tools": ["lookup"]}}, tenant="t")
     assert engine(store, registry).run(task.task_id).status is TaskStatus.SUCCEEDED
     assert claude.calls == 0 and len(openai_api.requests) == 2
+    note = call_steps(store, task.task_id)[0].fallback_from  # the switch, and why: the open circuit
+    assert note is not None and (note.provider, note.model, note.reason) == ("anthropic", CLAUDE, "circuit_open")
 
 
 def test_a_task_fails_over_only_for_an_outage_not_for_a_request_the_model_refuses(
@@ -149,3 +151,54 @@ def test_a_fallback_that_could_not_take_the_task_is_refused_at_submission(
     with pytest.raises(ValidationError) as refused:
         submit(store, registry, {**TASK, **change}, tenant="t")
     assert refused.value.field == field, refused.value.message
+
+
+def test_after_a_fallback_answered_every_step_status_names_it_and_the_trace_records_the_switch(
+    models: tuple[Claude, FakeMessagesAPI, FakeChatCompletions], store: Storage, registry: ToolRegistry
+) -> None:
+    from agentq.api.views import task_view, trace_page
+    from agentq.cli.views import event_line, status_block, trace_tree
+
+    task = submit(store, registry, {**TASK, "constraints": {"tools": ["lookup"]}}, tenant="t")
+    assert engine(store, registry).run(task.task_id).status is TaskStatus.SUCCEEDED
+    steps = call_steps(store, task.task_id)
+    assert [(s.provider, s.model) for s in steps] == [("openai", GPT)] * 2
+    # Only the step of the switch records it: from which model, and why.
+    first, second = steps
+    assert first.fallback_from is not None and second.fallback_from is None
+    assert (first.fallback_from.provider, first.fallback_from.model, first.fallback_from.reason) == (
+        "anthropic", CLAUDE, "overloaded",
+    )  # fmt: skip
+
+    done = store.tasks.get(task.task_id)
+    view = task_view(store, done)
+    assert [(c.provider, c.model) for c in view.fallbacks] == [("openai", GPT)]
+    assert view.answered_by is not None and (view.answered_by.provider, view.answered_by.model) == ("openai", GPT)
+    model_line = next(line for line in status_block(view).splitlines() if line.startswith("model"))
+    assert model_line.startswith(f"model     openai / {GPT} (fallback; the task's own: anthropic / {CLAUDE})")
+    assert f"fallbacks openai / {GPT}" in status_block(view)
+
+    events = trace_page(store, done, limit=100, cursor=None).events
+    (switch,) = [e for e in events if e.type == "transition" and e.event == "fallback"]
+    assert switch.detail["from"] == {"provider": "anthropic", "model": CLAUDE} and switch.detail["reason"] == "overloaded"
+    calls = [e for e in events if e.type == "llm_call"]
+    assert [c.provider for c in calls] == ["openai", "openai"]
+    assert events.index(switch) == events.index(calls[0]) - 1  # just before the call it led to
+    said = event_line(calls[0], origin=done.created_at).plain
+    assert f"LLM openai/{GPT}" in said and f"fallback: openai / {GPT} took over from anthropic / {CLAUDE}" in said
+    assert "fallback" not in event_line(calls[1], origin=done.created_at).plain
+    assert str(trace_tree(task.task_id, view, events)).count("took over") <= 1
+
+
+def test_a_task_whose_own_model_answers_shows_no_fallback_in_its_view(
+    models: tuple[Claude, FakeMessagesAPI, FakeChatCompletions], store: Storage, registry: ToolRegistry
+) -> None:
+    from agentq.api.views import task_view
+
+    claude, _, _ = models
+    claude.down = False
+    task = submit(store, registry, {**TASK, "constraints": {"tools": ["lookup"]}}, tenant="t")
+    assert engine(store, registry).run(task.task_id).status is TaskStatus.SUCCEEDED
+    view = task_view(store, store.tasks.get(task.task_id))
+    assert view.answered_by is None and [c.model for c in view.fallbacks] == [GPT]
+    assert all(s.fallback_from is None and s.provider == "anthropic" for s in call_steps(store, task.task_id))

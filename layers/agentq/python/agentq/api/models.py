@@ -15,7 +15,17 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentq.core.agents import AgentSpec as AgentSpec  # the body of POST /agents, re-exported
 from agentq.core.agents import AgentSummary as AgentSummary
 from agentq.core.agents import AgentVersion as AgentVersion
-from agentq.core.models import MAX_GOAL_CHARS, MAX_MESSAGE_CHARS, Priority, Provider, Script, StrictModel, TaskStatus
+from agentq.core.models import (
+    MAX_GOAL_CHARS,
+    MAX_MESSAGE_CHARS,
+    FallbackNote,
+    ModelChoice,
+    Priority,
+    Provider,
+    Script,
+    StrictModel,
+    TaskStatus,
+)
 from agentq.core.models import TaskSubmission as TaskSubmission  # the body of POST /tasks, re-exported
 
 # Limits a caller can rely on (also in the OpenAPI document as schema bounds).
@@ -232,8 +242,16 @@ class TaskView(ApiModel):
     status: TaskStatus
     goal: str
     agent: str | None = Field(default=None, description="the agent version the task runs (name@version)")
-    provider: str
-    model: str
+    provider: str = Field(description="the task's own provider (a fallback that took over: answered_by)")
+    model: str = Field(description="the task's own model (a fallback that took over: answered_by)")
+    fallbacks: list[ModelChoice] = Field(
+        default_factory=list, description="the models the task falls back to, in order (submission.fallbacks)"
+    )
+    answered_by: ModelChoice | None = Field(
+        default=None,
+        description="set once a fallback took over: the provider and model that answer the task's calls now "
+        "(null: its own model answers)",
+    )
     priority: str
     step: int = Field(description="last committed step (LLM and tool steps)")
     llm_steps: int
@@ -432,6 +450,7 @@ class TransitionEvent(ApiModel):
         "follow_up",
         "interrupt_requested",
         "interrupted",
+        "fallback",
         "finished",
     ]
     status: TaskStatus | None = Field(default=None, description="the status the task entered")
@@ -441,7 +460,8 @@ class TransitionEvent(ApiModel):
         default_factory=dict,
         description="claimed: `takeover` (it took over a run in progress: a resume; false: a new run of a task "
         "queued again); follow_up (a message reopened the answered or interrupted task), interrupt_requested "
-        "and interrupted (the task stopped, idle): `after_step`, and the message's number `message`",
+        "and interrupted (the task stopped, idle): `after_step`, and the message's number `message`; fallback (a "
+        "fallback took over at `step`): `from` and `to` (provider, model) and `reason`",
     )
 
 
@@ -477,6 +497,12 @@ class LLMCallEvent(ApiModel):
     orphan: bool = Field(
         description="a call whose step was never committed (its worker lost the lease, or the task was "
         "interrupted while it answered); paid for all the same"
+    )
+    provider: str | None = Field(default=None, description="the provider that answered (null: recorded before it was)")
+    fallback_from: FallbackNote | None = Field(
+        default=None,
+        description="a fallback took over at this call: the model the turn wanted first (provider, model) and why "
+        "it did not answer (reason: circuit_open, or its call's error code after the retries)",
     )
     orphan_reason: Literal["lease_lost", "interrupted"] | None = Field(
         default=None,

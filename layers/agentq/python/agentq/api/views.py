@@ -46,6 +46,7 @@ from agentq.core.models import (
     CompactStep,
     LLMStep,
     MessageStep,
+    ModelChoice,
     RetryState,
     StepRecord,
     Task,
@@ -226,6 +227,8 @@ def task_view(store: Storage, task: Task) -> TaskView:
         agent=sub.agent,
         live_text=task.live_text if task.status is TaskStatus.RUNNING and task.inflight else None,
         model=sub.model,
+        fallbacks=list(sub.fallbacks),
+        answered_by=ModelChoice.model_validate(task.answered_by) if task.answered_by else None,
         priority=sub.priority,
         step=task.step,
         llm_steps=task.llm_steps,
@@ -437,6 +440,8 @@ def _llm_event(
         tool_calls=[t["name"] for t in body.tool_uses()] if isinstance(body, LLMStep) else [],
         purpose="turn" if isinstance(body, LLMStep) else "compaction",
         batched=body.batched,
+        provider=body.provider,
+        fallback_from=body.fallback_from,
         orphan=orphan is not None,
         orphan_reason=orphan,
         truncated=cut,
@@ -481,6 +486,19 @@ def _step_events(record: StepRecord, inputs: dict[str, dict[str, Any]]) -> list[
             )
         )
     return events
+
+
+def _fallback_events(record: StepRecord) -> list[tuple[Key, Any]]:
+    """A fallback that took over at this step, as a transition just before its LLM call (the
+    step records the switch; the event stream carries it on the step's ``agent.message``)."""
+    body = record.body
+    if not isinstance(body, LLMStep | CompactStep) or body.fallback_from is None:
+        return []
+    note = body.fallback_from
+    detail = {"from": {"provider": note.provider, "model": note.model}, "reason": note.reason,
+              "to": {"provider": body.provider, "model": body.model}, "step": record.number}  # fmt: skip
+    at = record.committed_at
+    return [((at, 1, record.number, -2), TransitionEvent(at=at, event="fallback", epoch=record.epoch, detail=detail))]
 
 
 def step_views(
@@ -655,6 +673,7 @@ def trace_page(store: Storage, task: Task, *, limit: int, cursor: str | None) ->
     events: list[tuple[Key, Any]] = []
     for record in steps:
         events.extend(_step_events(record, inputs))
+        events.extend(_fallback_events(record))
     horizon: Key | None = None if exhausted else max(k for k, _ in events)
     events.extend(_side_events(store, task))
     events.sort(key=lambda e: e[0])

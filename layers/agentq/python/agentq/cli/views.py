@@ -129,7 +129,7 @@ def status_block(view: TaskView) -> str:
         f"task      {view.task_id}",
         f"status    {view.status.value}",
         f"goal      {cut(view.goal, 100)}",
-        f"model     {view.provider} / {view.model}   priority {view.priority}",
+        f"model     {model_text(view)}   priority {view.priority}",
         f"steps     {view.step} ({view.llm_steps} LLM turns of at most {view.max_steps})",
         f"tokens    {n(view.tokens.input)} in, {n(view.tokens.output)} out; budget {budget_line(view, now=now)}",
         f"cost      ${view.cost_usd}"
@@ -139,6 +139,8 @@ def status_block(view: TaskView) -> str:
         f"created   {when(view.created_at)}   started {when(view.started_at)}   finished {when(view.finished_at)}",
         f"latency   pickup {secs(lat.pickup_seconds)}, resumes {lat.resumes}, run {secs(lat.run_seconds)}, total {secs(lat.total_seconds)}",
     ]
+    if view.fallbacks:
+        lines.append("fallbacks " + ", ".join(f"{c.provider} / {c.model}" for c in view.fallbacks))
     if view.parent_id:
         lines.append(f"parent    {view.parent_id} (depth {view.depth})")
     if view.forked_from:
@@ -152,6 +154,19 @@ def status_block(view: TaskView) -> str:
     if view.result:
         lines.append("result    " + cut(view.result, 300))
     return "\n".join(lines)
+
+
+def model_text(view: TaskView) -> str:
+    """The model that answers the task now: a fallback that took over first, then the task's own."""
+    own = f"{view.provider} / {view.model}"
+    if view.answered_by is None:
+        return own
+    return f"{view.answered_by.provider} / {view.answered_by.model} (fallback; the task's own: {own})"
+
+
+def fallback_text(note: Any, provider: str | None, model: str) -> str:
+    """``fallback: X took over from Y (reason)``: a step whose model is not the one its turn wanted."""
+    return f"fallback: {provider or '?'} / {model} took over from {note.provider} / {note.model} ({note.reason})"
 
 
 def retry_line(retry: RetryView, *, now: float | None = None) -> str:
@@ -212,6 +227,9 @@ def event_line(event: Any, origin: float) -> Text:
             "approval_decided": f"approval {d.get('decision')} by {d.get('by')}"
             + (f": {cut(str(d.get('note')), 60)}" if d.get("note") else ""),
             "spawned": f"spawned {len(d.get('children') or [])} sub-agents",
+            "fallback": f"fallback: {(d.get('to') or {}).get('provider')} / {(d.get('to') or {}).get('model')} took "
+            f"over from {(d.get('from') or {}).get('provider')} / {(d.get('from') or {}).get('model')} "
+            f"({d.get('reason')})",
             "finished": f"finished: {event.status.value if event.status else '?'}"
             + (f" ({(d.get('error') or {}).get('code')})" if d.get("error") else ""),
         }.get(event.event, event.event)
@@ -232,8 +250,10 @@ def event_line(event: Any, origin: float) -> Text:
         line = Text.assemble(
             at,
             (f"step {event.step} ", "bold"),
-            f"LLM {event.model} · {n(t.input)} in / {n(t.output)} out tokens · {event.duration_ms:,} ms · ${event.cost_usd}{calls}",
+            f"LLM {event.provider + '/' if event.provider else ''}{event.model} · {n(t.input)} in / {n(t.output)} out tokens · {event.duration_ms:,} ms · ${event.cost_usd}{calls}",
         )
+        if event.fallback_from is not None:
+            line.append(f"  [{fallback_text(event.fallback_from, event.provider, event.model)}]", style="yellow")
         if event.orphan:
             line.append(f"  [{ORPHAN_LABELS.get(event.orphan_reason or '', 'never committed; paid')}]", style="yellow")
         return line
@@ -270,6 +290,8 @@ def trace_tree(task_id: str, view: TaskView | None, events: list[Any]) -> Tree:
     for event in events:
         line = event_line(event, origin)
         if isinstance(event, TransitionEvent):
+            if event.event == "fallback":
+                continue  # the LLM call it led to says it, under its claim
             node = root.add(line)
             if event.event == "claimed":
                 session = node
@@ -308,7 +330,7 @@ def watch_view(view: TaskView, recent: list[Text]) -> RenderableType:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", justify="right")
     grid.add_column()
-    grid.add_row("status", Text.assemble(status_text(view.status), (f"   {view.provider} / {view.model}", "dim")))
+    grid.add_row("status", Text.assemble(status_text(view.status), (f"   {model_text(view)}", "dim")))
     grid.add_row("goal", cut(view.goal, 90))
     grid.add_row(
         "steps",

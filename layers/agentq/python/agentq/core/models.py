@@ -386,6 +386,17 @@ class Usage(StrictModel):
         return self.input_total + self.output_tokens
 
 
+class FallbackNote(StrictModel):
+    """On the step whose model took over from another (``core.engine._llm_turn``): the model the
+    turn wanted first, and why it did not answer (``circuit_open``, or the error code of its
+    call after its retries). Only the step of the switch carries it: the steps after go on
+    with the model that answered."""
+
+    provider: str
+    model: str
+    reason: str
+
+
 class CallStep(StrictModel):
     """What one LLM call returned and what it cost: the fields every step made by a call shares."""
 
@@ -401,6 +412,9 @@ class CallStep(StrictModel):
     batched: bool = Field(default=False, description="answered through the Message Batches API (economy)")
     provider: str | None = Field(
         default=None, description="the provider that answered (with ``model``: a fallback, if the task has them)"
+    )
+    fallback_from: FallbackNote | None = Field(
+        default=None, description="a fallback took over at this step: from which model, and why"
     )
 
     def text(self) -> str:
@@ -577,6 +591,9 @@ class Task(BaseModel):
     invocation_tokens_in: int = 0
     invocation_tokens_out: int = 0
     slots: list[str] = Field(default_factory=list)  # the running slots it holds (storage.running_slots)
+    # The provider and model that answer since a fallback took over (set by the commit of the
+    # step that records the switch); None: the task's own model answers.
+    answered_by: dict[str, str] | None = None
 
     @field_validator("inflight", mode="before")
     @classmethod

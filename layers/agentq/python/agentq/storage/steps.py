@@ -194,6 +194,9 @@ class Steps:
             removes += ["inflight", "live_text", "batch"]  # the call's text is in the step now
         if body.kind == "compact":
             sets["compacted_at"] = number  # a resume reads the steps from here on
+        if isinstance(body, LLMStep | CompactStep) and body.fallback_from is not None and body.provider:
+            # A fallback took over: META says which model answers now (the task view shows it)
+            sets["answered_by"] = {"provider": body.provider, "model": body.model}
         if settle is not None:
             adds.update({"tokens_in": settle.tokens_in, "tokens_out": settle.tokens_out, "cost_usd": settle.cost_usd})
         if finish is not None:

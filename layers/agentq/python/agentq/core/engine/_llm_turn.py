@@ -28,7 +28,7 @@ from agentq.core.engine.result import RunResult
 from agentq.core.errors import ConversationMoved, LeaseLost, ProviderError
 from agentq.core.faults import crash_point
 from agentq.core.flow import Admission, flow_key
-from agentq.core.models import CallStep, CompactStep, LLMStep, ModelChoice, RetryState, TaskStatus
+from agentq.core.models import CallStep, CompactStep, FallbackNote, LLMStep, ModelChoice, RetryState, TaskStatus
 from agentq.core.output import answer_of, feedback
 from agentq.core.ports import BudgetLedger, FlowPort, StepLog, TaskLeases, TenantWindowsPort
 from agentq.core.pricing import PriceTable, micros
@@ -192,6 +192,8 @@ class LLMTurn:
                                                    "agentq.error_code": exc.code, "gen_ai.request.model": choice.model,
                                                    "gen_ai.provider.name": choice.provider})  # fmt: skip
             s.admission, s.model_choice = admission, choice
+            first = s.fallback_note or FallbackNote(provider=failed.provider, model=failed.model, reason=exc.code)
+            s.fallback_note = first.model_copy(update={"reason": exc.code})
             return True
         return False
 
@@ -216,6 +218,7 @@ class LLMTurn:
         sub = s.task.submission
         s.admission = None
         s.model_choice = None
+        s.fallback_note = None
         if sub.provider == "scripted" or s.economy:  # no provider to protect; batches queue at the provider
             return None
         est_in, wanted = self.requests.wanted_reservation(s)
@@ -227,6 +230,10 @@ class LLMTurn:
                 if refused:
                     log.info("task %s: %s for %s/%s; its call goes to %s/%s", s.task_id, refused[0][1].reason,
                              refused[0][0].provider, refused[0][0].model, choice.provider, choice.model)  # fmt: skip
+                    wanted = refused[0][0]
+                    s.fallback_note = FallbackNote(
+                        provider=wanted.provider, model=wanted.model, reason=refused[-1][1].reason
+                    )
                 s.admission, s.model_choice = admission, choice
                 return None
             refused.append((choice, admission))
@@ -341,6 +348,7 @@ class LLMTurn:
             duration_ms=int((time.time() - started) * 1000),
             batched=s.economy,
             provider=s.model_choice.provider if s.model_choice else s.task.submission.provider,
+            fallback_from=s.fallback_note,
         )
         held = s.task.inflight
         settle = BudgetDelta(

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from agentq.core.errors import LeaseLost
 from agentq.core.flow import Admission
-from agentq.core.models import Lease, ModelChoice, StepRecord, Task
+from agentq.core.models import FallbackNote, Lease, ModelChoice, StepRecord, Task
 from agentq.core.ports import NoteBook, TaskLeases
 from agentq.core.records import Inbox
 from agentq.core.tenancy import TenantLimits
@@ -68,6 +68,7 @@ class Session:
     # An attempt of the call in progress may have been billed (reported by its retries); False
     # while every attempt failed unbilled: then a lease lost mid-call gives the hold back.
     call_may_be_billed: bool = False
+    fallback_note: FallbackNote | None = None  # the call in progress went to a fallback: from which model, why
     goal: str = ""  # the first message: the submission's goal, with its dependencies' results (core.dependencies)
     inbox: Inbox = field(default_factory=Inbox)  # a person's messages and interrupt, as META last said (_messages)
 
