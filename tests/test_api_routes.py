@@ -598,3 +598,34 @@ def test_unknown_routes_are_404_and_wrong_methods_405(api: Api) -> None:
     assert status == 405 and error(data)["code"] == "method_not_allowed" and headers["Allow"] == "GET, POST"
     status, data, headers = api.call("GET", "/tasks/abc/cancel")
     assert status == 405 and headers["Allow"] == "POST"
+
+
+def test_breakers_lists_each_models_circuit_for_every_key_and_the_cli_says_when_it_probes(api: Api) -> None:
+    from agentq.api.models import BreakersView
+    from agentq.cli.fleet import breaker_lines
+    from agentq.core.flow import Admission
+
+    run = uuid.uuid4().hex[:8]
+    opened, failing, slowed = f"anthropic/claude-open-{run}", f"openai/gpt-failing-{run}", f"openai/gpt-slow-{run}"
+    while not api.store.flow.failed(opened, Admission(ok=True)):
+        pass  # the fleet's failures open it
+    api.store.flow.failed(failing, Admission(ok=True))
+    api.store.flow.slow_down(slowed, 60)
+
+    for tenant in (A, B):  # fleet health, not a tenant's data: every key reads the same
+        status, data, _ = api.call("GET", "/breakers", tenant=tenant)
+        assert status == 200, data
+        listed = {f"{b['provider']}/{b['model']}": b for b in data["breakers"]}
+        assert listed[opened]["state"] == "open" and listed[opened]["probe_after"] > listed[opened]["opened_at"]
+        assert listed[failing]["state"] == "closed" and listed[failing]["failures"] == 1
+        assert listed[slowed]["slowed_until"] > time.time()
+        assert data["failures_to_open"] >= 1 and data["cooldown_seconds"] > 0
+
+    view = BreakersView.model_validate(data)
+    lines = breaker_lines(view, now=time.time())
+    (line,) = [x for x in lines if x.startswith(opened)]
+    assert " open since " in line and "; probe in " in line
+    assert any(x.startswith(f"{failing}  closed, 1 failure(s) counted") for x in lines)
+    assert any(x.startswith(slowed) and "slowed down (429) until" in x for x in lines)
+    document = api.call("GET", "/openapi.json")[1]
+    assert document["paths"]["/breakers"]["get"]["operationId"] == "listBreakers"

@@ -694,6 +694,22 @@ def test_schedules_are_listed_with_their_next_fire_and_deleted_from_the_page(con
     no_errors(tab)
 
 
+def test_the_breakers_page_shows_an_open_circuit_and_when_it_probes(console: Console, tab: Page) -> None:
+    from agentq.core.flow import Admission
+
+    key = f"anthropic/claude-breaker-{uuid.uuid4().hex[:6]}"
+    flow = console.stack.store().flow
+    while not flow.failed(key, Admission(ok=True)):
+        pass  # the fleet's failures open it
+    page = tab.page
+    page.click("a[data-nav='breakers']")
+    page.wait_for_selector(f"tr[data-breaker='{key}']")
+    row = page.inner_text(f"tr[data-breaker='{key}']")
+    assert "open" in row and "half-open" not in row
+    assert "A circuit opens after" in page.inner_text("main")
+    no_errors(tab)
+
+
 def test_cancelling_a_fan_out_cancels_its_children_on_the_page(console: Console, tab: Page) -> None:
     slow = {"turns": [{"text": "thinking", "latency_seconds": 20}, {"text": "done"}]}
     children = [{"goal": f"part {i}", "script": slow} for i in range(3)]

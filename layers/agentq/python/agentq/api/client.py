@@ -42,6 +42,7 @@ from agentq.api.models import (
     AgentSummary,
     AgentVersion,
     AgentVersions,
+    BreakersView,
     CancelResult,
     CloseResult,
     EventPage,
@@ -209,6 +210,10 @@ class Client:
 
     def health(self) -> Health:
         return self._get(Health, "/health")
+
+    def breakers(self) -> BreakersView:
+        """The fleet's circuit breakers per provider and model (``GET /breakers``)."""
+        return self._get(BreakersView, "/breakers")
 
     def openapi(self) -> dict[str, Any]:
         """The API's OpenAPI document."""

@@ -402,6 +402,32 @@ class TenantsUsage(ApiModel):
     )
 
 
+class BreakerView(ApiModel):
+    provider: str
+    model: str
+    state: Literal["closed", "open", "half_open"] = Field(
+        description="closed: calls go; open: calls are deferred (tasks wait, not fail) until probe_after; "
+        "half_open: a probe call is out, and its outcome closes or reopens it"
+    )
+    failures: int = Field(description="failed calls (each after its retries) counted in the current window")
+    window_started_at: float | None = Field(description="when the current window of failures started")
+    opened_at: float | None = Field(description="when the circuit last opened (null: closed since)")
+    probe_after: float | None = Field(description="open: when a probe call may go (opened_at + the cooldown)")
+    slowed_until: float | None = Field(
+        description="a 429's retry-after: the fleet makes no call to this model before then"
+    )
+
+
+class BreakersView(ApiModel):
+    breakers: list[BreakerView] = Field(
+        description="each provider/model the fleet has recorded a failure or a slow-down for, by name; a model "
+        "never listed has a closed circuit"
+    )
+    failures_to_open: int = Field(description="failed calls within window_seconds that open a circuit")
+    window_seconds: float
+    cooldown_seconds: float = Field(description="how long a circuit stays open before a probe")
+
+
 class Health(ApiModel):
     status: Literal["ok"]
     version: str

@@ -18,18 +18,25 @@ import contextlib
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from boto3.dynamodb.conditions import Attr
 
 from agentq import observe
 from agentq.core.flow import ADMITTED, Admission, FlowSettings, RateLimits
+from agentq.storage import keys
 from agentq.storage.table import ConditionFailed, Table, Update, plain
 
 log = logging.getLogger("agentq.flow")
 
 MINUTE = 60.0
 CACHE_SECONDS = 1.0
+
+
+def _listed(key: str) -> dict[str, str]:
+    """The ``gsi1`` keys that list a STATE item (``FlowControl.breakers``), set if absent."""
+    return {"gsi1pk": keys.FLOWS_INDEX_PK, "gsi1sk": key}
 
 
 def _state_key(key: str) -> dict[str, str]:
@@ -111,14 +118,18 @@ class FlowControl:
         breaker = self.settings.breaker
         if first:
             condition = Attr("state").eq("open") & Attr("opened_at").eq(state["opened_at"])
-            update = Update(set={"state": "half_open", "probes": 1, "probing_since": now})
+            update = Update(set={"state": "half_open", "probes": 1, "probing_since": now}, set_if_absent=_listed(key))
         else:
             stale = now - breaker.cooldown_seconds
             condition = Attr("state").eq("half_open") & (
                 Attr("probes").lt(breaker.probes) | Attr("probing_since").lt(stale)
             )
             fresh = float(state.get("probing_since", 0)) < stale
-            update = Update(set={"probes": 1, "probing_since": now}) if fresh else Update(add={"probes": 1})
+            update = (
+                Update(set={"probes": 1, "probing_since": now}, set_if_absent=_listed(key))
+                if fresh
+                else Update(add={"probes": 1}, set_if_absent=_listed(key))
+            )
         try:
             self.table.update(_state_key(key), update, condition=condition)
         except ConditionFailed:
@@ -203,7 +214,11 @@ class FlowControl:
         try:
             self.table.update(
                 _state_key(key),
-                Update(set={"state": "closed", "failures": 0}, remove=["probes", "probing_since", "opened_at"]),
+                Update(
+                    set={"state": "closed", "failures": 0},
+                    remove=["probes", "probing_since", "opened_at"],
+                    set_if_absent=_listed(key),
+                ),
                 condition=Attr("state").ne("closed") | Attr("failures").gt(0),
             )
         except ConditionFailed:
@@ -219,7 +234,10 @@ class FlowControl:
         breaker = self.settings.breaker
         self._forget(key)
         if admission.probe:
-            self.table.update(_state_key(key), Update(set={"state": "open", "opened_at": _dec(now)}, remove=["probes"]))
+            self.table.update(
+                _state_key(key),
+                Update(set={"state": "open", "opened_at": _dec(now)}, remove=["probes"], set_if_absent=_listed(key)),
+            )
             log.warning("circuit %s open again: a probe failed", key)
             observe.circuit_changed(key, "open", {"reason": "probe failed"})
             return True
@@ -231,12 +249,15 @@ class FlowControl:
             if now - started > breaker.window_seconds:
                 condition = Attr("window_start").not_exists() | Attr("window_start").eq(state.get("window_start"))
                 self.table.update(
-                    _state_key(key), Update(set={"failures": 1, "window_start": _dec(now), "state": "closed"}),
+                    _state_key(key),
+                    Update(set={"failures": 1, "window_start": _dec(now), "state": "closed"}, set_if_absent=_listed(key)),
                     condition=condition,
                 )  # fmt: skip
                 count = 1
             else:
-                new = self.table.update(_state_key(key), Update(add={"failures": 1}), returns="UPDATED_NEW")
+                new = self.table.update(
+                    _state_key(key), Update(add={"failures": 1}, set_if_absent=_listed(key)), returns="UPDATED_NEW"
+                )
                 count = int((new or {}).get("failures", 0))
         except ConditionFailed:
             return False  # another executor started the window: this failure is one of many
@@ -245,7 +266,7 @@ class FlowControl:
         try:
             self.table.update(
                 _state_key(key),
-                Update(set={"state": "open", "opened_at": _dec(now)}),
+                Update(set={"state": "open", "opened_at": _dec(now)}, set_if_absent=_listed(key)),
                 condition=Attr("state").not_exists() | Attr("state").eq("closed"),
             )
         except ConditionFailed:
@@ -261,12 +282,65 @@ class FlowControl:
         with contextlib.suppress(ConditionFailed):  # a later slow-down is already set
             self.table.update(
                 _state_key(key),
-                Update(set={"slow_until": _dec(until)}),
+                Update(set={"slow_until": _dec(until)}, set_if_absent=_listed(key)),
                 condition=Attr("slow_until").not_exists() | Attr("slow_until").lt(_dec(until)),
             )
 
     def state(self, key: str) -> dict[str, Any]:
         return plain(self.table.get(_state_key(key)) or {})
+
+    def breakers(self, *, page: int = 100) -> list[Breaker]:
+        """Every provider/model whose flow state was ever written (a failure counted, a slow-down,
+        a circuit opened or closed), by key: a Query of ``gsi1`` (each STATE write sets its
+        ``gsi1pk = FLOWS`` if absent, at no extra write) and a BatchGetItem per ``page``, never
+        a Scan. A model that never failed has no STATE and is not listed: its circuit is closed."""
+        from agentq.resources import GSI1
+
+        found: list[str] = []
+        start: dict[str, Any] | None = None
+        while True:
+            listed = self.table.query_index(GSI1, ("gsi1pk", keys.FLOWS_INDEX_PK), descending=False, limit=page,
+                                            start=start)  # fmt: skip
+            found += [str(item["gsi1sk"]) for item in listed.items]
+            if listed.last_key is None:
+                break
+            start = listed.last_key
+        states: dict[str, dict[str, Any]] = {}
+        for i in range(0, len(found), page):
+            for item in self.table.batch_get([_state_key(k) for k in found[i : i + page]]):
+                states[str(item["pk"]).removeprefix("FLOW#")] = plain(item)
+        return [self._breaker(k, states.get(k, {})) for k in found]
+
+    def _breaker(self, key: str, state: dict[str, Any]) -> Breaker:
+        """What one STATE says, with what its times mean now under this deployment's settings."""
+        status = str(state.get("state", "closed"))
+        opened = float(state["opened_at"]) if state.get("opened_at") is not None else None
+        slow = float(state.get("slow_until") or 0)
+        window = state.get("window_start")
+        return Breaker(
+            key=key,
+            state=status,
+            failures=int(state.get("failures") or 0),
+            window_started_at=float(window) if window is not None else None,
+            opened_at=opened,
+            probe_after=opened + self.settings.breaker.cooldown_seconds if opened is not None else None,
+            slowed_until=slow or None,
+        )
+
+
+@dataclass(frozen=True)
+class Breaker:
+    """One model's circuit as the fleet shares it (``core.flow``): ``closed`` (with the failures
+    counted in the current window), ``open`` (calls deferred until ``probe_after``) or
+    ``half_open`` (a probe is out); ``slowed_until``: a 429's slow-down."""
+
+    key: str  # provider/model
+    state: str
+    failures: int
+    window_started_at: float | None
+    opened_at: float | None
+    probe_after: float | None
+    slowed_until: float | None
 
 
 def _dec(value: float) -> Any:

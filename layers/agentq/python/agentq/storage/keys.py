@@ -108,6 +108,7 @@ def key_id_of(pk: str) -> str:
     return pk.split("#", 1)[1]
 
 
+FLOWS_INDEX_PK = "FLOWS"  # gsi1pk of every flow-control STATE item (gsi1sk: provider/model), storage/flow.py
 TENANT_SLOTS_INDEX_PK = "TENANTS"  # gsi1pk of every tenant's running-slot item (gsi1sk: the tenant)
 
 

@@ -2,6 +2,7 @@
 
 import { ApiError, getKey, setKey, stats } from "./api.js";
 import { agentListPage, agentPage } from "./agents.js";
+import { breakersPage } from "./breakers.js";
 import { deadLettersPage } from "./dead_letters.js";
 import { memoryListPage, memoryStorePage } from "./memory.js";
 import { replace } from "./dom.js";
@@ -24,6 +25,7 @@ const routes = [
   [/^#\/memory$/, (ctx) => memoryListPage(ctx)],
   [/^#\/schedules$/, (ctx) => schedulesPage(ctx)],
   [/^#\/dead-letters$/, (ctx) => deadLettersPage(ctx)],
+  [/^#\/breakers$/, (ctx) => breakersPage(ctx)],
   [/^(#\/?(tasks)?)?$/, (ctx) => taskListPage(ctx)],
 ];
 

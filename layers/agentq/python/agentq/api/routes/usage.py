@@ -2,12 +2,15 @@
 console shows them above the task list; ``storage.running_slots`` counts them, in the
 deployment's slots: ``Defaults.running_slots``).
 ``GET /usage/tenants``: the same for every tenant, for an operator's key only (403 otherwise:
-a tenant sees no other tenant, not even its name)."""
+a tenant sees no other tenant, not even its name).
+``GET /breakers``: the circuit breakers the fleet shares per provider and model (``core.flow``,
+``storage.flow``): fleet health, not a tenant's data, so every key reads it; it is what tells
+a person why a task says ``deferred: circuit_open``."""
 
 from __future__ import annotations
 
 from agentq.api.errors import Forbidden, responses
-from agentq.api.models import CallerUsage, TenantsUsage, TenantUsage
+from agentq.api.models import BreakersView, BreakerView, CallerUsage, TenantsUsage, TenantUsage
 from agentq.api.routes.common import ApiDeps, Router
 
 
@@ -57,5 +60,32 @@ def router(deps: ApiDeps) -> Router:
                 for u in slots.all_usage()
             ]
         )
+
+    @routes.get(
+        "/breakers",
+        summary="The fleet's circuit breakers, per provider and model",
+        description="Each provider/model the fleet has recorded a failed call or a 429 slow-down for: its circuit "
+        "(closed, open, half_open), the failures counted in the current window, when it opened and when a probe "
+        "may go, and any slow-down. While a model's circuit is open its tasks are deferred (their `retry` says "
+        "circuit_open), or sent to a fallback. Shared by every tenant: any key may read it.",
+        operation_id="listBreakers",
+        tags=["tasks"],
+        responses=responses(200, BreakersView),
+    )
+    def breakers() -> BreakersView:
+        flow = deps.store.flow
+        listed = [
+            BreakerView(
+                provider=b.key.partition("/")[0], model=b.key.partition("/")[2], state=b.state,  # type: ignore[arg-type]
+                failures=b.failures, window_started_at=b.window_started_at, opened_at=b.opened_at,
+                probe_after=b.probe_after, slowed_until=b.slowed_until,
+            )  # fmt: skip
+            for b in flow.breakers()
+        ]
+        settings = flow.settings.breaker
+        return BreakersView(
+            breakers=listed, failures_to_open=settings.failures, window_seconds=settings.window_seconds,
+            cooldown_seconds=settings.cooldown_seconds,
+        )  # fmt: skip
 
     return routes
