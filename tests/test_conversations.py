@@ -207,16 +207,18 @@ def test_a_task_that_failed_without_reaching_the_dlq_is_never_told_to_be_redrive
     assert engine(store, registry).run(task.task_id).status is TaskStatus.FAILED
     failed = store.tasks.get(task.task_id)
     assert failed.error is not None and failed.error["code"] == "missing_api_key"
-    for add in ({}, {"add_tokens": 1000}):  # the plain send, and the one that raises the budget first
+    for add_tokens in (0, 1000):  # the plain send, and the one that raises the budget first
         with pytest.raises(IllegalTransition) as refused:
-            send_message(store, Queues(), task.task_id, "go on", tenant="t", **add)
+            send_message(store, Queues(), task.task_id, "go on", tenant="t", add_tokens=add_tokens)
         said = refused.value.message
         assert "missing_api_key" in said and "fork" in said and "never reached the dead-letter queue" in said
         assert "redrive" not in said
 
 
 def test_a_task_out_of_budget_is_told_a_follow_up_can_carry_the_raise(store: Storage, registry: ToolRegistry) -> None:
-    turns = [{"text": f"turn {i} " + "n" * 800, "tool_calls": [call("note_write", key="k", value="v")]} for i in range(10)]
+    turns = [
+        {"text": f"turn {i} " + "n" * 800, "tool_calls": [call("note_write", key="k", value="v")]} for i in range(10)
+    ]
     sub = scripted(turns, tools=["note_write"], max_tokens=2_600, max_output_tokens=1_000)
     task = store.tasks.create(sub, tenant="t")
     assert engine(store, registry).run(task.task_id).status is TaskStatus.COST_EXCEEDED

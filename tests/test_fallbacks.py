@@ -180,7 +180,9 @@ def test_after_a_fallback_answered_every_step_status_names_it_and_the_trace_reco
 
     events = trace_page(store, done, limit=100, cursor=None).events
     (switch,) = [e for e in events if e.type == "transition" and e.event == "fallback"]
-    assert switch.detail["from"] == {"provider": "anthropic", "model": CLAUDE} and switch.detail["reason"] == "overloaded"
+    assert (
+        switch.detail["from"] == {"provider": "anthropic", "model": CLAUDE} and switch.detail["reason"] == "overloaded"
+    )
     calls = [e for e in events if e.type == "llm_call"]
     assert [c.provider for c in calls] == ["openai", "openai"]
     assert events.index(switch) == events.index(calls[0]) - 1  # just before the call it led to

@@ -423,9 +423,10 @@ class RunningSlots(FleetWaiting):
         if task.submission.concurrency is not None:
             lists[key_pk(task.tenant, task.submission.concurrency.key)] = "key"
         found = {str(item["pk"]) for item in self.table.batch_get([{"pk": pk, "sk": sk} for pk in lists])}
-        for kind in ("key", "tenant", "fleet"):  # a key first: it is what the submitter chose
+        kinds: tuple[Literal["key", "tenant", "fleet"], ...] = ("key", "tenant", "fleet")
+        for kind in kinds:  # a key first: it is what the submitter chose
             if any(lists[pk] == kind for pk in found):
-                return kind  # type: ignore[return-value]
+                return kind
         return None
 
     def has_room(self, slot: Slot) -> bool:

@@ -76,10 +76,15 @@ def router(deps: ApiDeps) -> Router:
         flow = deps.store.flow
         listed = [
             BreakerView(
-                provider=b.key.partition("/")[0], model=b.key.partition("/")[2], state=b.state,  # type: ignore[arg-type]
-                failures=b.failures, window_started_at=b.window_started_at, opened_at=b.opened_at,
-                probe_after=b.probe_after, slowed_until=b.slowed_until,
-            )  # fmt: skip
+                provider=b.key.partition("/")[0],
+                model=b.key.partition("/")[2],
+                state=b.state,  # type: ignore[arg-type]
+                failures=b.failures,
+                window_started_at=b.window_started_at,
+                opened_at=b.opened_at,
+                probe_after=b.probe_after,
+                slowed_until=b.slowed_until,
+            )
             for b in flow.breakers()
         ]
         settings = flow.settings.breaker

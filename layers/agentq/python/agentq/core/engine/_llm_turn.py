@@ -230,9 +230,9 @@ class LLMTurn:
                 if refused:
                     log.info("task %s: %s for %s/%s; its call goes to %s/%s", s.task_id, refused[0][1].reason,
                              refused[0][0].provider, refused[0][0].model, choice.provider, choice.model)  # fmt: skip
-                    wanted = refused[0][0]
+                    first = refused[0][0]
                     s.fallback_note = FallbackNote(
-                        provider=wanted.provider, model=wanted.model, reason=refused[-1][1].reason
+                        provider=first.provider, model=first.model, reason=refused[-1][1].reason
                     )
                 s.admission, s.model_choice = admission, choice
                 return None
