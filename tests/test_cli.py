@@ -258,6 +258,7 @@ def test_watch_draws_a_live_view_in_a_terminal_until_the_task_ends(api_stack: Ap
     assert re.search(r"now\s+(running tools: lookup|waiting for the model)", plain)  # a frame while it ran
     assert "finished succeeded" in plain and "7 / 20 LLM turns" in plain
     assert re.search(r"tool lookup · [\d,]+ ms · ok", plain)  # recent trace events
+    assert "answer (succeeded):" in plain and "watched to the end" in plain  # the answer, once it ended
 
 
 def test_events_prints_each_committed_event_until_the_task_ends_and_resumes_after_one(
@@ -275,6 +276,8 @@ def test_events_prints_each_committed_event_until_the_task_ends_and_resumes_afte
     assert [json.loads(line)["id"] for line in rest.stdout.splitlines()] == [e["id"] for e in events[3:]]
     text = cli("events", task_id)
     assert text.returncode == 0 and "finished succeeded" in text.stdout and "tool lookup" in text.stdout
+    assert text.stdout.endswith("answer (succeeded):\ntwo\n")  # the answer closes the stream's lines
+    assert "answer" not in "".join(json.loads(line)["type"] for line in run.stdout.splitlines())  # --json: events only
     bad = cli("events", task_id, "--after", "nonsense")
     assert bad.returncode == 2 and "after" in bad.stderr
 

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from agentq.cli.args import add_command
-from agentq.cli.output import console
+from agentq.cli.output import console, print_answer
 from agentq.cli.target import api_client, remote
 
 
@@ -63,6 +63,8 @@ def _cmd_events(args: argparse.Namespace) -> int:
         if prefix:
             screen.print(f"[dim]{event.task_id[:8]}[/dim] ", end="")
         screen.print(line)
+    if not args.json:
+        print_answer(client, args.task_id)  # the stream ends when the task does: its answer closes it
     return 0
 
 

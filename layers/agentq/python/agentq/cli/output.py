@@ -52,3 +52,17 @@ def print_result(result: Any) -> None:
         )
     elif not result.complete:
         print(f"agentq: task {result.task_id} {result.status.value}; the result above is partial", file=sys.stderr)
+
+
+def print_answer(client: Any, task_id: str) -> None:
+    """What a followed task ended with, once its events have: the answer on stdout under a
+    line that says how it ended (an error or a partial answer also on stderr). A task that
+    has not ended (a stream cut short) prints nothing: there is no answer yet."""
+    from agentq.api.client import ApiError
+
+    try:
+        result = client.result(task_id)
+    except ApiError:
+        return
+    print(f"answer ({result.status.value}):" if result.result is not None else f"no answer ({result.status.value})")
+    print_result(result)

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from agentq.cli.args import add_command, positive
-from agentq.cli.output import console, dump, final, follow, print_result
+from agentq.cli.output import console, dump, final, follow, print_answer, print_result
 from agentq.cli.submit import load_script, parse_metadata
 from agentq.cli.target import api_client, remote
 
@@ -121,6 +121,8 @@ def _cmd_watch(args: argparse.Namespace) -> int:
             _poll_watch(client, args, live, recent)  # no stream (or it keeps failing): poll the task
         view = client.get(args.task_id)
         live.update(watch_view(view, recent))
+    if view.status.terminal:
+        print_answer(client, args.task_id)
     return final(view)
 
 
