@@ -105,6 +105,15 @@ def _cmd_tenants(args: argparse.Namespace) -> int:
     return 0
 
 
+# Where limits are set, what ARCHITECTURE §12 says of a limit as large as the fleet: the weighted
+# wake passes over a tenant at its hard limit, so its own releases wake its own waiters.
+FULL_FLEET_NOTE = (
+    "A limit equal to the fleet's capacity (AGENTQ_FLEET_CAPACITY) or above lets this tenant hold the whole "
+    "fleet, and then each slot one of its tasks frees goes to its own waiting tasks, ahead of other tenants "
+    "waiting for the fleet (their weights do not help them); keep it below the capacity to leave the others room."
+)
+
+
 def _cmd_dlq(args: argparse.Namespace) -> int:
     from agentq.queueing.dlq import list_dead_letters, redrive
     from agentq.runtime import Settings, build_queues, build_store
@@ -172,11 +181,14 @@ def register(sub: Any) -> None:
     tenants_limit = tenants_sub.add_parser(
         "limit", help="set a tenant's most running tasks (its override of the deployment's default)",
         description="set a tenant's most running tasks, sub-agents included (its override of the deployment's "
-        "AGENTQ_DEFAULT_TENANT_MAX_RUNNING); lowering it below its running count stops nothing: new tasks wait",
+        "AGENTQ_DEFAULT_TENANT_MAX_RUNNING); lowering it below its running count stops nothing: new tasks wait. "
+        f"{FULL_FLEET_NOTE}",
     )  # fmt: skip
     tenants_limit.add_argument("tenant", help="a tenant with an API key or a task")
     limit_or_clear = tenants_limit.add_mutually_exclusive_group()  # both at once: which one was meant?
-    limit_or_clear.add_argument("--max-running", type=int, help="at least 1")
+    limit_or_clear.add_argument(
+        "--max-running", type=int, help="at least 1; at the fleet's capacity, the tenant may fill the fleet (see above)"
+    )
     limit_or_clear.add_argument("--clear", action="store_true", help="remove the override: the default applies")
     weight_or_clear = tenants_limit.add_mutually_exclusive_group()
     weight_or_clear.add_argument(

@@ -119,6 +119,14 @@ def check_context(submission: TaskSubmission) -> None:
         )
 
 
+# Where a price table setting counts: the API that checks a submission and the workers that
+# charge its calls read it, never the shell that submits (which is where a person tries first).
+PRICES_WHERE = (
+    "AGENTQ_PRICES in the environment of the API and the workers (locally: of `agentq dev`, not of the shell "
+    "that submits; see docs/MODEL_CALLS.md)"
+)
+
+
 def check_model(provider: str, model: str, *, money: bool = False, field: str = "model") -> None:
     if provider == "scripted" and not money:
         return
@@ -127,12 +135,12 @@ def check_model(provider: str, model: str, *, money: bool = False, field: str = 
         if money:
             raise ValidationError(
                 f"constraints.max_cost_usd: no price for {model!r}, so a money budget could not be kept; "
-                f"priced models: {', '.join(sorted(prices.root))}; price another with AGENTQ_PRICES",
+                f"priced models: {', '.join(sorted(prices.root))}; price another with {PRICES_WHERE}",
                 field="constraints.max_cost_usd",
             )
         raise ValidationError(
             f"{field}: no price for {model!r}, so its cost could not be counted; priced models: "
-            f"{', '.join(sorted(prices.root))} (and their dated or Bedrock ids); price another with AGENTQ_PRICES",
+            f"{', '.join(sorted(prices.root))} (and their dated or Bedrock ids); price another with {PRICES_WHERE}",
             field=field,
         )
 

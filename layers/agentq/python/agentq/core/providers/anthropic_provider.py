@@ -181,7 +181,8 @@ class AnthropicProvider(_MessagesProvider):
         if client is None:
             if not (api_key or os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")):
                 raise ProviderError(
-                    "no Anthropic API key: set ANTHROPIC_API_KEY (in AWS, the secret named by "
+                    "no Anthropic API key: set ANTHROPIC_API_KEY where the workers run (locally: in the shell that "
+                    "starts `agentq dev`, not the one that submits; in AWS, the secret named by "
                     "AGENTQ_ANTHROPIC_API_KEY_SECRET)",
                     retryable=False,
                     code="missing_api_key",

@@ -81,8 +81,9 @@ class OpenAIProvider:
             key = api_key or os.environ.get(API_KEY_VARIABLE)
             if not key and not base_url:
                 raise ProviderError(
-                    f"no OpenAI API key: set {API_KEY_VARIABLE} (in AWS, the secret named by "
-                    "AGENTQ_OPENAI_API_KEY_SECRET), or OPENAI_BASE_URL for a local server that needs none",
+                    f"no OpenAI API key: set {API_KEY_VARIABLE}, or OPENAI_BASE_URL for a local server that needs "
+                    "none, where the workers run (locally: in the shell that starts `agentq dev`, not the one that "
+                    "submits; in AWS, the secret named by AGENTQ_OPENAI_API_KEY_SECRET)",
                     retryable=False,
                     code="missing_api_key",
                 )
