@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import Any
 
 from agentq.cli.args import add_command
@@ -60,27 +61,117 @@ def _cmd_messages(args: argparse.Namespace) -> int:
     return 0
 
 
+# Where a conversation cannot go on: told before the person types, not after.
+CLOSED = frozenset({"failed", "cancelled", "timed_out"})
+
+
 def _cmd_chat(args: argparse.Namespace) -> int:
     client = api_client(args)
+    if args.task_id is None:
+        return _new_chat(client, args)
     view = client.get(args.task_id)
+    why = _cannot_go_on(view)
+    if why is not None:
+        _history(client, view)
+        print(f"agentq: {why}", file=sys.stderr)
+        return 1
     print(f"chatting with {view.task_id} ({view.status.value}). Ctrl-C interrupts the agent; Ctrl-D leaves.",
           file=sys.stderr)  # fmt: skip
+    _history(client, view)
     cursor = _latest_cursor(client, args.task_id)
     if not (view.status.terminal or view.status.value == "idle"):
         cursor, view = _follow(client, args.task_id, cursor)
+    return _talk(client, view.task_id, cursor)
+
+
+def _new_chat(client: Any, args: argparse.Namespace) -> int:
+    """``agentq chat`` without a task: the first line typed is the goal of a new task (with the
+    flags' agent, provider, model or script), followed as any conversation."""
+    from agentq.cli.submit import load_script
+
+    print("a new conversation: your first message is the task's goal. Ctrl-C interrupts the agent; Ctrl-D leaves.",
+          file=sys.stderr)  # fmt: skip
+    text = _read()
+    if text is None:
+        return 0
+    body: dict[str, Any] = {"goal": text}
+    if args.agent:
+        body["agent"] = args.agent
+    if args.script:
+        body.update(provider="scripted", script=load_script(args.script))
+    elif args.provider:
+        body["provider"] = args.provider
+    elif not args.agent:
+        body["provider"] = "anthropic"
+    if args.model:
+        body["model"] = args.model
+    if args.system:
+        body["system"] = args.system
+    tools = [t.strip() for item in args.tools for t in item.split(",") if t.strip()]
+    if tools:
+        body["constraints"] = {"tools": tools}
+    accepted = client.submit(body)
+    print(f"(task {accepted.task_id}: agentq chat {accepted.task_id} goes on with it later)", file=sys.stderr)
+    cursor, view = _follow(client, accepted.task_id, None)
+    if view.status.value not in ("succeeded", "idle"):
+        print(f"agentq: the task is {view.status.value}; the conversation cannot go on", file=sys.stderr)
+        return 1
+    return _talk(client, accepted.task_id, cursor)
+
+
+def _talk(client: Any, task_id: str, cursor: str | None) -> int:
+    """Read a line, send it, print the answer, until Ctrl-D (or the task can take no more)."""
+    while True:
+        text = _read()
+        if text is None:
+            return 0
+        client.send(task_id, text)
+        cursor, view = _follow(client, task_id, cursor)
+        if view.status.value not in ("succeeded", "idle"):
+            print(f"agentq: the task is {view.status.value}; the conversation cannot go on", file=sys.stderr)
+            return 1
+
+
+def _read() -> str | None:
+    """The person's next message (None: they left with Ctrl-D or Ctrl-C at the prompt)."""
     while True:
         try:
             text = input("you> ")
         except (EOFError, KeyboardInterrupt):
             print(file=sys.stderr)
-            return 0
-        if not text.strip():
-            continue
-        client.send(args.task_id, text)
-        cursor, view = _follow(client, args.task_id, cursor)
-        if view.status.value not in ("succeeded", "idle"):
-            print(f"agentq: the task is {view.status.value}; the conversation cannot go on", file=sys.stderr)
-            return 1
+            return None
+        if text.strip():
+            return text
+
+
+def _cannot_go_on(view: Any) -> str | None:
+    """Why this task takes no message, read before the person types one (None: it takes it)."""
+    status = view.status.value
+    if view.parent_id:
+        return f"task {view.task_id} is a sub-agent: it takes its instructions from its parent"
+    if status in CLOSED:
+        return f"task {view.task_id} is {status}: it takes no more messages (agentq fork it to go on)"
+    if status == "cost_exceeded":
+        return (
+            f"task {view.task_id} ran out of budget: raise it first (agentq budget {view.task_id} --add-tokens N), "
+            f"or send with the raise (agentq send {view.task_id} TEXT --add-tokens N)"
+        )
+    return None
+
+
+def _history(client: Any, view: Any) -> None:
+    """What was said so far, in order: the goal, each answer, each message the agent read."""
+    from agentq.api.models import LLMCallEvent, MessageEvent
+
+    print(f"you> {view.goal}")
+    for event in client.iter_trace(view.task_id):
+        if isinstance(event, MessageEvent):
+            print(f"you> {event.text}")
+        elif isinstance(event, LLMCallEvent) and not event.orphan and event.purpose == "turn" and event.text:
+            print(f"agent> {event.text}")
+    waiting = [m for m in client.messages(view.task_id) if not m.delivered]
+    for m in waiting:
+        print(f"you> {m.text}  (not read yet)")
 
 
 def _latest_cursor(client: Any, task_id: str) -> str | None:
@@ -101,8 +192,12 @@ def _follow(client: Any, task_id: str, cursor: str | None) -> tuple[str | None, 
     interrupted = False
     while True:
         try:
-            cursor = _print_until_stopped(client, task_id, cursor)
-            break
+            cursor, stopped = _print_until_stopped(client, task_id, cursor)
+            if stopped or client.get(task_id).status.value in STOPS:
+                break
+            # The stream ended with the task still going (a stream that said "ended" from a view
+            # of the task older than the message that reopened it): follow on, after a pause.
+            time.sleep(poll_seconds())
         except KeyboardInterrupt:
             if interrupted:
                 raise
@@ -118,7 +213,8 @@ def _follow(client: Any, task_id: str, cursor: str | None) -> tuple[str | None, 
 STOPS = frozenset({TaskStatus.IDLE.value, *(s.value for s in TaskStatus if s.terminal)})  # where a turn stops
 
 
-def _print_until_stopped(client: Any, task_id: str, cursor: str | None) -> str | None:
+def _print_until_stopped(client: Any, task_id: str, cursor: str | None) -> tuple[str | None, bool]:
+    """Print the stream from ``cursor``; returns where it got to and whether it saw the task stop."""
     streamed = False  # this answer's text already went out as deltas
     for event in client.iter_events(task_id, after=cursor, poll_interval=poll_seconds()):
         cursor = event.id or cursor
@@ -133,8 +229,8 @@ def _print_until_stopped(client: Any, task_id: str, cursor: str | None) -> str |
             print() if streamed else print(f"agent> {event.data['text']}")
             streamed = False
         elif event.type == "task.status" and event.data.get("status") in STOPS:
-            return cursor
-    return cursor
+            return cursor, True
+    return cursor, False
 
 
 def register(sub: Any) -> None:
@@ -155,6 +251,24 @@ def register(sub: Any) -> None:
     listed.add_argument("task_id")
     listed.set_defaults(func=_cmd_messages)
 
-    chat = remote(add_command(sub, "chat", "talk to a task: type, read its answer, Ctrl-C interrupts it"))
-    chat.add_argument("task_id")
+    chat = remote(
+        add_command(
+            sub,
+            "chat",
+            "talk to a task (none: start one): type, read its answer, Ctrl-C interrupts it",
+            "Shows what was said so far, then reads a line, sends it and prints the answer as it comes. Without "
+            "TASK_ID the first line is the goal of a new task (--agent, --provider, --model, --script, --tools "
+            "say which). A task that takes no message (failed, cancelled, timed out, out of budget, a sub-agent) "
+            "is said so before you type.",
+        )
+    )
+    chat.add_argument("task_id", nargs="?", help="the task to go on with (none: a new conversation)")
+    chat.add_argument("--agent", help="a new conversation: the agent definition it runs (NAME or NAME@VERSION)")
+    chat.add_argument("--provider", choices=["anthropic", "bedrock", "bedrock-converse", "openai", "scripted"],
+                      help="a new conversation: its provider (default anthropic; scripted with --script)")  # fmt: skip
+    chat.add_argument("--model", help="a new conversation: its model")
+    chat.add_argument("--script", metavar="NAME|FILE|JSON", help="a new conversation: the scripted provider's turns")
+    chat.add_argument("--system", help="a new conversation: its system prompt")
+    chat.add_argument("--tools", action="append", default=[], metavar="NAME[,NAME]",
+                      help="a new conversation: its tool allowlist")  # fmt: skip
     chat.set_defaults(func=_cmd_chat)

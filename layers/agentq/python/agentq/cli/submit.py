@@ -70,6 +70,66 @@ def constraint_value(field: str) -> Callable[[str], Any]:
     return parse
 
 
+def fallback(text: str) -> dict[str, str]:
+    """``PROVIDER/MODEL`` (the model may hold ``/`` or ``:``), checked as the API checks one of
+    ``fallbacks``, as an argparse type."""
+    from pydantic import ValidationError
+
+    from agentq.core.models import ModelChoice
+
+    provider, sep, model = text.partition("/")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"takes PROVIDER/MODEL, not {text!r}")
+    try:
+        return ModelChoice(provider=provider, model=model).model_dump()  # type: ignore[arg-type]
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise argparse.ArgumentTypeError(f"{'.'.join(map(str, first['loc']))}: {first['msg']} (got {text!r})") from None
+
+
+def memory_attachment(text: str) -> dict[str, Any]:
+    """``STORE`` or ``STORE:read_only`` / ``STORE:read_write``, checked as the API checks one of
+    ``memory``, as an argparse type."""
+    from pydantic import ValidationError
+
+    from agentq.core.memory import MemoryAttachment
+
+    store, sep, access = text.partition(":")
+    value: dict[str, Any] = {"store": store, **({"access": access} if sep else {})}
+    try:
+        return MemoryAttachment.model_validate(value).model_dump(exclude_none=True)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise argparse.ArgumentTypeError(f"{'.'.join(map(str, first['loc']))}: {first['msg']} (got {text!r})") from None
+
+
+def concurrency(args: argparse.Namespace, base: Any) -> dict[str, Any] | None:
+    """``--concurrency-key`` with ``--concurrency-limit`` and ``--on-conflict`` (over a file's
+    ``concurrency``), checked as the API checks it; a limit or policy without a key is bad usage."""
+    from pydantic import ValidationError
+
+    from agentq.core.models import Concurrency
+
+    key, limit, policy = args.concurrency_key, args.concurrency_limit, args.on_conflict
+    if key is None and limit is None and policy is None:
+        return None
+    value = dict(base) if isinstance(base, dict) else {}
+    if key is not None:
+        value["key"] = key
+    if "key" not in value:
+        raise UsageError("--concurrency-limit and --on-conflict need --concurrency-key", field="concurrency.key")
+    if limit is not None:
+        value["limit"] = limit
+    if policy is not None:
+        value["on_conflict"] = policy
+    try:
+        return Concurrency.model_validate(value).model_dump()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = "concurrency." + ".".join(map(str, first["loc"]))
+        raise UsageError(f"{where}: {first['msg']}", field=where) from None
+
+
 TOOL_POLICIES = ("allow", "ask", "deny")
 
 
@@ -184,6 +244,16 @@ def build_submission(args: argparse.Namespace) -> dict[str, Any]:
         body["notify"] = {"url": args.notify}
     if getattr(args, "after", None):
         body["depends_on"] = [t for value in args.after for t in value.split(",") if t]
+    if getattr(args, "fallback", None):
+        body["fallbacks"] = list(args.fallback)
+    if getattr(args, "memory", None):
+        mine = {a["store"]: a for a in args.memory}
+        body["memory"] = [a for a in body.get("memory") or [] if a.get("store") not in mine] + list(mine.values())
+    keyed = concurrency(args, body.get("concurrency")) if hasattr(args, "concurrency_key") else None
+    if keyed is not None:
+        body["concurrency"] = keyed
+    if getattr(args, "double_texting", None):
+        body["double_texting"] = args.double_texting
     return body
 
 
@@ -244,6 +314,21 @@ def register(sub: Any) -> None:
     submit.add_argument("--notify", metavar="URL", help="an https:// URL to POST the task's end to, signed")
     submit.add_argument("--after", action="append", default=[], metavar="TASK_ID[,TASK_ID]",
                         help="run after these tasks succeed (depends_on); it waits blocked until then")  # fmt: skip
+    submit.add_argument("--fallback", action="append", default=[], type=fallback, metavar="PROVIDER/MODEL",
+                        help="a model to fall back to when the task's model is down or overloaded, in order "
+                        "(repeatable, up to 4; e.g. openai/gpt-4.1)")  # fmt: skip
+    submit.add_argument("--memory", action="append", default=[], type=memory_attachment,
+                        metavar="STORE[:read_only]",
+                        help="a memory store the task may use (read_write unless :read_only; repeatable)")  # fmt: skip
+    submit.add_argument("--concurrency-key", metavar="KEY",
+                        help="at most --concurrency-limit (default 1) of your tasks with this key run at once")  # fmt: skip
+    submit.add_argument("--concurrency-limit", type=int, metavar="N", help="with --concurrency-key: 1 to 10,000")
+    submit.add_argument("--on-conflict", choices=["queue", "cancel_running", "skip"],
+                        help="with --concurrency-key, when the key is full: queue (default), cancel_running, "
+                        "skip")  # fmt: skip
+    submit.add_argument("--double-texting", choices=["queue", "interrupt", "reject"],
+                        help="what a message sent while the agent is busy does: queue (default), interrupt the "
+                        "turn in flight, or reject it (409)")  # fmt: skip
     submit.add_argument("--idempotency-key", help="retry-safe: the same key and body return the same task")
     submit.add_argument(
         "--wait", action="store_true", help="follow the task (status changes on stderr), then print its result"
