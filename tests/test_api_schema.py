@@ -135,7 +135,7 @@ def test_the_served_document_is_the_generated_one_and_valid_openapi(api: Api) ->
         ("POST", "/tasks/{task_id}/reject"), ("POST", "/tasks/{task_id}/budget"), ("POST", "/tasks/{task_id}/fork"),
         ("POST", "/tasks/{task_id}/messages"), ("GET", "/tasks/{task_id}/messages"),
         ("POST", "/tasks/{task_id}/interrupt"), ("POST", "/tasks/{task_id}/close"),
-        ("GET", "/health"), ("GET", "/dead-letters"), ("POST", "/dead-letters/{tier}/redrive"),
+        ("GET", "/health"), ("GET", "/dead-letters"), ("POST", "/dead-letters/{tier}/redrive"), ("GET", "/breakers"),
         ("POST", "/agents"), ("GET", "/agents"), ("GET", "/agents/{name}"), ("GET", "/agents/{name}/versions"), ("GET", "/webhooks/secret"),
         ("POST", "/schedules"), ("GET", "/schedules"), ("GET", "/schedules/{name}"), ("DELETE", "/schedules/{name}"),
         ("POST", "/memory-stores"), ("GET", "/memory-stores"), ("GET", "/memory-stores/{name}"),
