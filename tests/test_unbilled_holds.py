@@ -148,3 +148,42 @@ def test_the_sdks_failures_say_unbilled_only_when_no_reply_can_have_been_billed(
         a = anthropic.Anthropic(api_key="k", base_url=fake.base_url, max_retries=0, timeout=5)
         outcomes = [failure_of(lambda: a.messages.create(**ask), anthropic_failure) for _ in range(3)]
     assert [(f.kind, f.unbilled) for f in outcomes] == [("status", True), ("connection", False), ("connection", False)]
+
+
+def test_a_lease_lost_at_a_step_boundary_gives_back_the_next_calls_hold_which_never_went_out(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tools commit reserves the next call's tokens; the heartbeat then learns the lease is
+    gone, before that call starts. The call was never sent, so its hold goes back at once (it
+    stayed counted, then was spent at its deadline: the second path of issue 40's phantom spend)."""
+    from agentq.core.engine import _tool_turn
+
+    from tests.helpers import call, scripted
+
+    settings = deployment(moto_server)
+    store = build_store(settings)
+    turns = [{"text": "looking", "tool_calls": [call("lookup", query="q")]}, {"text": "never asked"}]
+    task = store.tasks.create(scripted(turns), tenant="t")
+    leases: list[Any] = []  # the run's LeaseState, which its keeper (the heartbeat) is given
+
+    def lose_the_lease_after_the_tools_commit(name: str) -> None:
+        if name != "after_tools_commit":
+            return
+        deadline = time.monotonic() + 30
+        while store.tasks.claim(task.task_id, "successor", 30) is None:
+            assert time.monotonic() < deadline, "the lease never lapsed"
+            time.sleep(0.05)
+        leases[0].lost.set()  # what the heartbeat does when its extension is refused
+
+    def keeper(held: Any) -> Any:
+        leases.append(held)
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(_tool_turn, "crash_point", lose_the_lease_after_the_tools_commit)
+    engine = Engine(store, worker_id="w", tools=build_registry(settings), config=EngineConfig(lease_seconds=LEASE))
+    result = engine.run(task.task_id, keeper=keeper)
+
+    assert result.outcome == "lease_lost"
+    budget = store.budgets.get(task.task_id)
+    assert budget.reserved == 0 and budget.used > 0 and budget.available == budget.cap - budget.used
+    assert store.tasks.get(task.task_id).inflight is None

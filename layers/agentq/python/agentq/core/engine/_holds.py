@@ -144,6 +144,15 @@ class BudgetHolds:
             )
             s.task = s.task.model_copy(update={"inflight": None})
 
+    def release_unsent(self, s: Session) -> None:
+        """The lease is lost: give back this run's hold if its call never went out (one reserved
+        at a tools commit, or before a call that had not started: ``Session.sent_step``), since
+        nothing can be charged for it. A hold whose call was sent stays as it is: its outcome
+        may be unknown, and a zombie that learns it settles it (``settle_orphan``)."""
+        held = s.task.inflight
+        if held and held.epoch == s.lease.epoch and held.step != s.sent_step:
+            self.release(s)
+
     def reserve(self, s: Session) -> int | None:
         """Hold tokens for the next call; returns the amount, or None when the budget is spent.
 

@@ -102,6 +102,7 @@ class LLMTurn:
         max_out = max(MIN_OUTPUT_TOKENS, min(self.requests.max_out(s), reserved - est_in))
         request = self.requests.request(s, max_out)
         compact = self.requests.compacting(s)
+        s.sent_step = s.next_step  # from here the call may be on the wire
         if s.economy:
             try:
                 sent = self._batched(s, request, window, batch)

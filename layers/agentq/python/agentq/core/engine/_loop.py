@@ -154,6 +154,7 @@ class Engine:
             except HoldsInFlight as exc:
                 result = self._defer(session, exc.wait)
             except LeaseLost as exc:
+                self._holds.release_unsent(session)
                 result = lease_lost(task_id, exc)
             except DETERMINISTIC_FAULTS as exc:
                 result = self._fail_on_fault(session, exc)
