@@ -153,6 +153,6 @@ def test_a_cursor_past_the_end_or_not_issued_by_the_log_is_refused(backend: Stor
     assert head is not None
     with pytest.raises(ValueError, match="past the end"):
         backend.events.read(task_id, head, Position(head.step + 1, 0, 0))
-    for bad in ("1e400", "1.2.3", "1.2.9.0", "-1.0.0.0", "1.0.0.0 ", ""):
+    for bad in ("1e400", "1.2.3", "1.2.9.0", "-1.0.0.0", "1.0.0.0 ", "", "1.0.0.0\n", "\u0661.0.0.0", "1.0.0.\uff10"):
         with pytest.raises(ValueError):
             Position.parse(bad)
