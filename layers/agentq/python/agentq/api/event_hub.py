@@ -6,7 +6,9 @@ A ``TaskPoller`` reads META (one strongly consistent GetItem) every ``interval``
 items only when META's step, seq, epoch, status or live text changed; it keeps what it read in a
 buffer that every subscriber of the task takes its events from. A subscriber behind the buffer
 (a reconnect with an old ``Last-Event-ID``) reads its own way up from the table first, then
-joins: whatever it reads is at positions the log never changes, so the two never disagree.
+joins: whatever it reads is at positions the log never changes, so the two never disagree. A
+tree's watch takes each task's events into its own queue and sends them in the tree's order
+(``api/events.py``), holding one until the other tasks' pollers have read past its time.
 
 A stream: ``retry:``, then each committed event (``id:`` its cursor, ``event:`` its type,
 ``data:`` the JSON event), the live text of a model call in flight as ``agent.message_delta``
@@ -23,13 +25,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from agentq.api.events import Watch, Watched, parse_cursor
-from agentq.api.views import InvalidCursor, owned
+from agentq.api.events import READ_PAGE, SETTLE, Watch, Watched
+from agentq.api.views import owned
 from agentq.core.models import LLMStep
 from agentq.storage.container import Storage
 from agentq.storage.events import Head, LogEvent, Position
 
-READ_PAGE = 200
 END = "event: end\ndata: {}\n\n"  # every watched task has ended: a client stops here (no reconnect)
 BUFFER_EVENTS = 2000  # per task: a subscriber further behind reads the table itself
 
@@ -44,6 +45,7 @@ def frame(event: dict[str, Any]) -> str:
 @dataclass(frozen=True)
 class Snapshot:
     head: Head | None
+    read_at: float | None  # when that META was read
     base: Position | None  # the buffer holds every event after this up to ``through``
     through: Position | None
     events: list[LogEvent]
@@ -61,6 +63,7 @@ class TaskPoller:
         self.lock = threading.Lock()
         self.subscribers: set[threading.Event] = set()
         self.head: Head | None = None
+        self.read_at: float | None = None
         self.base: Position | None = None
         self.through: Position | None = None
         self.buffer: list[LogEvent] = []
@@ -71,10 +74,11 @@ class TaskPoller:
         self.thread = threading.Thread(target=self._run, name=f"events-{task_id[:8]}", daemon=True)
 
     def start(self) -> TaskPoller:
+        read_at = time.time()
         head = self.store.events.head(self.task_id)
         self.reads += 1
         with self.lock:
-            self.head = head
+            self.head, self.read_at = head, read_at
             self.base = self.through = head.position if head else None
         self.thread.start()
         return self
@@ -95,9 +99,12 @@ class TaskPoller:
                 time.sleep(self.interval)
 
     def poll(self) -> None:
+        read_at = time.time()  # before the read: a tree's watch holds events by it (api/events.py)
         head = self.store.events.head(self.task_id)
         self.reads += 1
         if head is not None and self.head is not None and head.fingerprint == self.head.fingerprint:
+            with self.lock:
+                self.read_at = read_at
             return
         new: list[LogEvent] = []
         if head is not None:
@@ -110,7 +117,7 @@ class TaskPoller:
                     break
                 after = page[-1].position
         with self.lock:
-            self.head = head
+            self.head, self.read_at = head, read_at
             if head is not None:
                 if self.base is None:
                     self.base = head.position
@@ -128,15 +135,24 @@ class TaskPoller:
     def snapshot(self, after: Position | None) -> Snapshot:
         with self.lock:
             events = [e for e in self.buffer if after is None or e.position > after]
-            return Snapshot(self.head, self.base, self.through, events)
+            return Snapshot(self.head, self.read_at, self.base, self.through, events)
 
 
 class EventHub:
     """The pollers of one process; a poller lives while it has subscribers (and ``linger``
     seconds after, so a client that reconnects finds it warm)."""
 
-    def __init__(self, store: Storage, *, interval: float = 0.3, keepalive: float = 15.0, linger: float = 10.0) -> None:
+    def __init__(
+        self,
+        store: Storage,
+        *,
+        interval: float = 0.3,
+        keepalive: float = 15.0,
+        linger: float = 10.0,
+        settle: float = SETTLE,
+    ) -> None:
         self.store = store
+        self.settle = settle
         self.interval = interval
         self.keepalive = keepalive
         self.linger = linger
@@ -181,14 +197,7 @@ class EventHub:
         """The watch a stream serves, checked before any byte is sent: another tenant's or
         an unknown task is ``TaskNotFound``, a cursor not of this task (or tree) ``InvalidCursor``."""
         task = owned(self.store, task_id, tenant)
-        watch = Watch(self.store, task, parse_cursor(task, cursor, tree=tree, field=field), tree=tree, field=field)
-        for watched in watch.tasks.values():
-            head = self.store.events.head(watched.task_id)
-            if watched.cursor is not None and (head is None or watched.cursor > head.position):
-                raise InvalidCursor(
-                    f"{field}: event {watched.cursor} of task {watched.task_id} is past its end", field=field
-                )
-        return watch
+        return Watch.open(self.store, task, cursor, tree=tree, field=field, settle=self.settle)
 
     def finished(self, watch: Watch) -> bool:
         """Whether a stream of ``watch`` would send nothing: every task has ended and no event
@@ -214,10 +223,20 @@ class EventHub:
                         attached[task_id] = self.attach(task_id, wake)
                 out: list[str] = []
                 behind = False
-                for task_id, watched in list(watch.tasks.items()):
-                    frames, more = self._next(watch, watched, attached[task_id])
-                    out += frames
-                    behind = behind or more
+                if watch.tree:
+                    heads: dict[str, Head] = {}
+                    for task_id, watched in list(watch.tasks.items()):
+                        more, head = self._fill(watch, watched, attached[task_id])
+                        behind = behind or more
+                        if head is not None:
+                            heads[task_id] = head
+                    out = [frame(e) for e in watch.take(READ_PAGE)]
+                    for task_id, head in heads.items():
+                        delta = watch.delta(watch.tasks[task_id], head)
+                        if delta is not None:
+                            out.append(frame(delta))
+                else:
+                    out, behind = self._next(watch, watch.tasks[watch.root], attached[watch.root])
                 if out:
                     yield "".join(out)
                     quiet_since = time.monotonic()
@@ -231,7 +250,8 @@ class EventHub:
                     yield ": keep-alive\n\n"
                     quiet_since = time.monotonic()
                     continue
-                wake.wait(timeout=wait)  # a poller sets it on any change
+                held = any(w.pending for w in watch.tasks.values())  # until the other tasks are read past them
+                wake.wait(timeout=min(wait, self.interval) if held else wait)  # a poller sets it on any change
                 wake.clear()
         finally:
             for poller in attached.values():
@@ -260,30 +280,41 @@ class EventHub:
         return cached
 
     def _next(self, watch: Watch, watched: Watched, poller: TaskPoller) -> tuple[list[str], bool]:
-        """What to send of one task now, and whether more is ready at once (reading behind)."""
+        """What to send of a one-task watch now, and whether more is ready at once (reading behind)."""
         snap = poller.snapshot(watched.seen)
         if snap.head is None:
-            watched.done = True
+            watched.gone, watched.read_at = True, snap.read_at
             return [], False
         if watched.seen is None or snap.base is None or watched.seen < snap.base:
-            head = self.store.events.head(watched.task_id)
-            if head is None:
-                watched.done = True
-                return [], False
-            watch.prime_inputs(watched, head)
-            events = self.store.events.read(watched.task_id, head, watched.seen, limit=READ_PAGE)
+            more = watch.read(watched)
             self.direct_reads += 2
-            frames = [frame(watch.view(watched, e)) for e in events]
-            if len(events) < READ_PAGE:
-                watched.seen = max(watched.seen, head.position) if watched.seen else head.position
-                watched.done = head.status.terminal
-                return frames, False
-            return frames, True
-        frames = [self._shared_frame(watch, watched, poller, e) for e in snap.events]
-        if snap.through is not None and snap.through > watched.seen:
-            watched.seen = snap.through
-        watched.done = snap.head.status.terminal
+            return [frame(e) for e in watch.take(READ_PAGE)], more
+        out = [self._shared_frame(watch, watched, poller, e) for e in snap.events]
+        self._caught_up(watched, snap, snap.head)
         delta = watch.delta(watched, snap.head)
         if delta is not None:
-            frames.append(frame(delta))
-        return frames, False
+            out.append(frame(delta))
+        return out, False
+
+    def _fill(self, watch: Watch, watched: Watched, poller: TaskPoller) -> tuple[bool, Head | None]:
+        """Take what the poller has of one task of a tree into its queue (or read it from the
+        table when behind the poller's buffer); whether more is ready at once, and its META."""
+        snap = poller.snapshot(watched.seen)
+        if snap.head is None:
+            watched.gone, watched.read_at = True, snap.read_at
+            return False, None
+        if watched.seen is None or snap.base is None or watched.seen < snap.base:
+            more = watch.read(watched)
+            self.direct_reads += 2
+            return more, None
+        watch.prime_inputs(watched, snap.head)
+        watched.pending.extend(snap.events)
+        self._caught_up(watched, snap, snap.head)
+        return False, snap.head
+
+    @staticmethod
+    def _caught_up(watched: Watched, snap: Snapshot, head: Head) -> None:
+        """Everything of the task up to the poller's read (``head``) is sent or queued."""
+        if snap.through is not None and (watched.seen is None or snap.through > watched.seen):
+            watched.seen = snap.through
+        watched.gone, watched.read_at, watched.terminal = False, snap.read_at, head.status.terminal

@@ -585,6 +585,8 @@ class TaskEvent(ApiModel):
                       "approval.requested, approval.decided, task.spawned, budget.raised, message.received, "
                       "user.message, task.interrupt_requested, conversation.closed, agent.message_delta")  # fmt: skip
     task_id: str
+    tree_path: str | None = Field(default=None, description="in a tree's stream, the task's place in the tree: "
+                                  "'' the root, '2' its second sub-agent, '2.1' that one's first; null otherwise")  # fmt: skip
     at: float
     committed: bool
     data: dict[str, Any]
@@ -592,7 +594,8 @@ class TaskEvent(ApiModel):
 
 class EventPage(ApiModel):
     task_id: str
-    events: list[TaskEvent] = Field(description="in commit order (a tree: in commit order per task)")
+    events: list[TaskEvent] = Field(description="in commit order (a tree: each task's in its commit order, merged "
+                                    "by time, a sub-agent's after the spawn that made it)")  # fmt: skip
     next_cursor: str | None = Field(description="pass as ?after= for what follows; null before any event")
     done: bool = Field(description="every watched task has ended and no event follows")
 

@@ -267,6 +267,16 @@ class EventLog:
         ready = [e for e in out if (after is None or e.position > after) and e.position <= horizon]
         return ready[:limit]
 
+    def spawned(self, task_id: str, upto: Position) -> list[list[str]]:
+        """The children each ``task.spawned`` event of the task names, in commit order, up to
+        ``upto``: a tree's cursor names a sub-agent by its place among its parent's children."""
+        if upto.seq < 1:
+            return []
+        items = self.table.query(keys.task_pk(task_id), between=(keys.event_sk(1), keys.event_sk(upto.seq)))
+        return [
+            [str(c) for c in plain(e)["data"].get("children", [])] for e in items if e.get("type") == "task.spawned"
+        ]
+
     def _query_between(self, task_id: str, low: str, high: str, limit: int) -> list[Item]:
         return self.table.query(keys.task_pk(task_id), between=(low, high), limit=limit)
 

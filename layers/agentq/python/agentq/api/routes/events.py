@@ -17,7 +17,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Query
 
 from agentq.api.errors import JSON, responses
 from agentq.api.event_hub import END, frame
-from agentq.api.events import Watch, parse_cursor, read_once
+from agentq.api.events import Watch, read_once
 from agentq.api.models import DEFAULT_EVENT_PAGE, MAX_EVENT_PAGE, EventPage
 from agentq.api.routes.common import ApiDeps, Router, TaskId
 from agentq.api.views import owned
@@ -67,7 +67,7 @@ def router(deps: ApiDeps) -> Router:
         last_id = event.headers.get("Last-Event-ID")
         task = owned(store, task_id, tenant())
         field = "after" if after else "Last-Event-ID"
-        watch = Watch(store, task, parse_cursor(task, after or last_id, tree=tree, field=field), tree=tree, field=field)
+        watch = Watch.open(store, task, after or last_id, tree=tree, field=field)
         events = read_once(watch, limit=limit)
         if wants_stream(event.headers.get("Accept")):
             if not events and watch.done:
