@@ -75,10 +75,49 @@ def test_a_stream_sends_each_committed_event_with_its_id_in_commit_order_then_en
     assert len({e.id for e in committed}) == len(committed)
     status, body = _sse(api_stack, f"/tasks/{task_id}/events")
     frames = _frames(body)
-    assert status == 200 and frames[0] == {"retry": "1000"} and frames[-1] == {"event": "end", "data": "{}"}
-    for frame, event in zip(frames[1:-1], committed, strict=True):
+    assert status == 200 and frames[0]["retry"] == "1000" and frames[-1] == {"event": "end", "data": "{}"}
+    for frame, event in zip(frames[:-1], committed, strict=True):
         assert frame["id"] == event.id and frame["event"] == event.type
         assert json.loads(frame["data"])["id"] == event.id
+
+
+def _blocks(body: str) -> list[dict[str, str]]:
+    """The blocks of a stream as a generic SSE client reads them (httpx-sse, for one, hands on
+    every block that has a field as an event): their fields, comments left out."""
+    out = []
+    for block in body.split("\n\n"):
+        fields: dict[str, str] = {}
+        for line in block.splitlines():
+            if line and not line.startswith(":"):
+                name, _, value = line.partition(":")
+                fields[name] = value.removeprefix(" ")
+        if fields:
+            out.append(fields)
+    return out
+
+
+def test_no_block_of_a_stream_is_an_event_without_data_the_first_event_carries_retry(api_stack: ApiStack) -> None:
+    from agentq.local.api_server import dispatch
+
+    task_id = api_stack.submit(TWO_TURNS)
+    server = api_stack.stack.api_server
+    assert server is not None
+    headers = {"Accept": "text/event-stream", "Authorization": f"Bearer {api_stack.key}"}
+    live = urllib.request.urlopen(urllib.request.Request(f"{api_stack.url}/tasks/{task_id}/events", headers=headers))
+    with live:  # the long-lived stream (api/event_hub.py), read as it comes
+        head = b""
+        while b"\n\n" not in head:
+            head += live.read1(4096)
+    first = _blocks(head.decode())[0]
+    assert first["retry"] == "1000" and json.loads(first["data"])["type"] == "task.created"
+    api_stack.until(task_id, lambda v: v["status"] == "succeeded")
+    for path in (f"/tasks/{task_id}/events", f"/tasks/{task_id}/events?tree=true"):
+        status, body = _sse(api_stack, path)  # the local server's stream
+        _, _, finite = dispatch(server.handler, server.authorizer, "GET", path, headers, None)  # the API Lambda's
+        assert status == 200
+        for blocks in (_blocks(body), _blocks(finite.decode())):
+            assert blocks[0]["retry"] == "1000" and "id" in blocks[0]
+            assert all("data" in b for b in blocks) and sum("retry" in b for b in blocks) == 1, blocks
 
 
 def test_reconnecting_after_any_event_gets_exactly_the_events_after_it(api_stack: ApiStack) -> None:

@@ -10,8 +10,9 @@ joins: whatever it reads is at positions the log never changes, so the two never
 tree's watch takes each task's events into its own queue and sends them in the tree's order
 (``api/events.py``), holding one until the other tasks' pollers have read past its time.
 
-A stream: ``retry:``, then each committed event (``id:`` its cursor, ``event:`` its type,
-``data:`` the JSON event), the live text of a model call in flight as ``agent.message_delta``
+A stream: each committed event (``id:`` its cursor, ``event:`` its type, ``data:`` the JSON
+event; the first also carries ``retry:``, so no block of the stream is an event without data, which
+some clients hand on as an empty event), the live text of a model call in flight as ``agent.message_delta``
 without an id, a ``: keep-alive`` comment after ``keepalive`` seconds of silence, and the end
 once every watched task has ended and all its events were sent (``event: end``).
 """
@@ -31,8 +32,14 @@ from agentq.core.models import LLMStep
 from agentq.storage.container import Storage
 from agentq.storage.events import Head, LogEvent, Position
 
+RETRY = "retry: 1000\n"  # sent with the first event: a reconnect after a second
 END = "event: end\ndata: {}\n\n"  # every watched task has ended: a client stops here (no reconnect)
 BUFFER_EVENTS = 2000  # per task: a subscriber further behind reads the table itself
+
+
+def frames(events: list[dict[str, Any]]) -> str:
+    """Events as a stream's frames, the first carrying ``retry:`` ("" for none)."""
+    return RETRY + "".join(frame(e) for e in events) if events else ""
 
 
 def frame(event: dict[str, Any]) -> str:
@@ -214,8 +221,8 @@ class EventHub:
         """The frames of ``watch``'s stream until every task has ended (see the module)."""
         wake = threading.Event()
         attached: dict[str, TaskPoller] = {}
+        retry = RETRY  # with the first event
         try:
-            yield "retry: 1000\n\n"
             quiet_since = time.monotonic()
             while True:
                 for task_id in list(watch.tasks):
@@ -238,7 +245,8 @@ class EventHub:
                 else:
                     out, behind = self._next(watch, watch.tasks[watch.root], attached[watch.root])
                 if out:
-                    yield "".join(out)
+                    yield retry + "".join(out)
+                    retry = ""
                     quiet_since = time.monotonic()
                 if watch.done:
                     yield END

@@ -2,8 +2,8 @@
 
 With ``Accept: text/event-stream`` the answer is server-sent events; otherwise JSON pages
 (``EventPage``) with ``next_cursor``. Here, in the request/response handler (the API Lambda),
-a stream holds what is committed now and ends; its ``retry:`` brings an ``EventSource`` back
-with ``Last-Event-ID`` for the rest. The local API server (``local/api_server.py``) and the
+a stream holds what is committed now and ends; its ``retry:`` (with the first event) brings an
+``EventSource`` back with ``Last-Event-ID`` for the rest. The local API server (``local/api_server.py``) and the
 streaming function in AWS keep the connection open instead (``api/event_hub.py``). Both check
 the task (404) and the cursor (400) before any event.
 """
@@ -16,7 +16,7 @@ from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Query
 
 from agentq.api.errors import JSON, responses
-from agentq.api.event_hub import END, frame
+from agentq.api.event_hub import END, frames
 from agentq.api.events import Watch, read_once
 from agentq.api.models import DEFAULT_EVENT_PAGE, MAX_EVENT_PAGE, EventPage
 from agentq.api.routes.common import ApiDeps, Router, TaskId
@@ -72,7 +72,7 @@ def router(deps: ApiDeps) -> Router:
         if wants_stream(event.headers.get("Accept")):
             if not events and watch.done:
                 return Response(status_code=204, body="")
-            body = "retry: 1000\n\n" + "".join(frame(e) for e in events) + (END if watch.done else "")
+            body = (frames(events) or ": nothing committed since\n\n") + (END if watch.done else "")
             return Response(status_code=200, content_type=EVENT_STREAM, body=body,
                             headers={"Cache-Control": "no-cache"})  # fmt: skip
         page = EventPage(task_id=task_id, events=events, next_cursor=watch.cursor() or None, done=watch.done)  # type: ignore[arg-type]
