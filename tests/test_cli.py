@@ -282,6 +282,28 @@ def test_events_prints_each_committed_event_until_the_task_ends_and_resumes_afte
     assert bad.returncode == 2 and "after" in bad.stderr
 
 
+def test_events_of_a_tree_name_each_task_by_its_place_and_resume_after_a_sub_agents_event(
+    api_stack: ApiStack, cli: Callable[..., Ran]
+) -> None:
+    children = [{"goal": f"c{i}", "script": {"turns": [{"text": f"child {i}"}]}} for i in range(2)]
+    task_id = api_stack.submit({"goal": "fan out", "provider": "scripted", "constraints": {"tools": ["spawn_subagents"]},
+                                "script": {"turns": [{"text": "", "tool_calls": [call("spawn_subagents", subagents=children)]},
+                                                     {"text": "summary"}]}})  # fmt: skip
+    run = cli("events", task_id, "--tree", "--json")
+    assert run.returncode == 0, run.stderr
+    events = [json.loads(line) for line in run.stdout.splitlines()]
+    first_child = next(i for i, e in enumerate(events) if e["tree_path"] == "1")
+    rest = cli("events", task_id, "--tree", "--json", "--after", events[first_child]["id"])
+    assert rest.returncode == 0, rest.stderr
+    assert [json.loads(line)["id"] for line in rest.stdout.splitlines()] == [e["id"] for e in events[first_child + 1 :]]
+    text = cli("events", task_id, "--tree")
+    labels = [m[1] for m in re.finditer(r"^(\S+)\s+\+\s*\d", text.stdout, re.MULTILINE)]
+    assert len(labels) == len(events) and set(labels) == {"root", "1", "2"}  # the ids share their first 12 characters
+    assert [label for label, e in zip(labels, events, strict=True) if e["task_id"] == task_id] == ["root"] * sum(
+        e["task_id"] == task_id for e in events
+    )
+
+
 def test_watch_of_an_unknown_task_exits_1_without_drawing(cli: Callable[..., Ran]) -> None:
     run = cli("watch", "no-such-task")
     assert run.returncode == 1 and "no task 'no-such-task'" in run.stderr and run.stdout == ""

@@ -46,6 +46,11 @@ def stream_line(event: Any, origin: float) -> Any:
     return Text.assemble(at, (what or event.type, STATUS_STYLE.get(status, "")))
 
 
+def tree_label(path: str | None) -> str:
+    """``root`` for the root, else its path (``2.1``: the first sub-agent of its second)."""
+    return path or "root"
+
+
 def _cmd_events(args: argparse.Namespace) -> int:
     client = api_client(args)
     screen = console()
@@ -60,8 +65,8 @@ def _cmd_events(args: argparse.Namespace) -> int:
             continue  # live text: `agentq watch` shows it; --json --deltas prints it
         origin = event.at if origin is None else origin
         line = stream_line(event, origin)
-        if prefix:
-            screen.print(f"[dim]{event.task_id[:8]}[/dim] ", end="")
+        if prefix:  # the task's place in the tree: the ids of a tree's tasks share their first 12 characters
+            screen.print(f"[dim]{tree_label(event.tree_path):<6}[/dim] ", end="")
         screen.print(line)
     if not args.json:
         print_answer(client, args.task_id)  # the stream ends when the task does: its answer closes it
