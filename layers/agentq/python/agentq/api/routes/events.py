@@ -43,7 +43,8 @@ def router(deps: ApiDeps) -> Router:
         description="Every status change, committed step, retry, approval, spawn and budget change in commit "
         "order, each with an id; the live text of a model call as uncommitted deltas. `Accept: text/event-stream` "
         "answers server-sent events (resume with `Last-Event-ID`), anything else JSON pages (resume with "
-        "`?after=next_cursor`). `tree=true`: the task and all its sub-agents, each event naming its task.",
+        "`?after=next_cursor`). `tree=true`: the task and all its sub-agents, each event naming its task and its "
+        "`tree_path`; each task's events in its commit order, merged across tasks by time.",
         operation_id="getTaskEvents",
         tags=["tasks"],
         responses=documented,
