@@ -155,6 +155,24 @@ def test_every_event_id_of_a_tree_live_or_replayed_resumes_exactly_the_rest(api_
     assert max(len(i) for i in ids) <= len(f"tree:{task_id}") + 12 * len(tasks)  # short: a path, not a task id
 
 
+def test_a_tree_larger_than_a_stream_may_name_resumes_exactly_the_rest_of_the_tasks_it_admitted(
+    api_stack: ApiStack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream names at most MAX_TREE_TASKS tasks (its ids stay a header): the first ones it
+    came to; once full, its ids list every task of the watch, so a resume admits the same ones."""
+    import agentq.api.events
+    import agentq.api.tree_cursor
+
+    for module in (agentq.api.events, agentq.api.tree_cursor):  # the local API server runs in this process
+        monkeypatch.setattr(module, "MAX_TREE_TASKS", 3)
+    task_id = api_stack.submit(TREES["nested"])  # five tasks: the root, 1 (with 1.1 and 1.2) and 2
+    events = [e for e in Client(api_stack.url, api_stack.key).iter_events(task_id, tree=True) if e.committed]
+    assert {e.tree_path for e in events} == {"", "1", "2"}
+    ids = [str(e.id) for e in events]
+    assert all(i.count("~") <= 3 for i in ids) and any("~2:-" in i for i in ids)  # full, 2 listed before it sent
+    _assert_every_id_resumes_the_rest(api_stack, task_id, ids, tree=True)
+
+
 def test_a_resume_from_the_middle_of_a_tree_after_a_childs_event_returns_exactly_the_rest(
     api_stack: ApiStack,
 ) -> None:
