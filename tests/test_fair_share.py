@@ -143,14 +143,58 @@ def test_a_key_at_its_limit_with_cancel_running_cancels_the_holder_and_runs_once
     _mid_run(dispatcher, old)
     assert "waits queued" in _handle(dispatcher, new.task_id).reason
     assert store.tasks.get(old.task_id).status is TaskStatus.CANCELLED
-    # The cancelled task's worker stops at its next step and gives the key's slot back.
+    # The cancelled task's worker stops at its next step and gives the key's slot back: to the
+    # new task, admitted by the release (the hand-off) before its message is sent.
     dispatcher.fair.release(old.task_id)
-    assert store.slots.holders("shop2", "customer-7") == []
+    assert store.slots.holders("shop2", "customer-7") == [new.task_id]
     woken = _received_ids(queues)
     assert new.task_id in woken
     _handle(dispatcher, new.task_id)
     assert store.tasks.get(new.task_id).status is TaskStatus.SUCCEEDED
     assert store.slots.holders("shop2", "customer-7") == []
+
+
+def test_cancel_running_takes_the_slot_it_freed_ahead_of_the_keys_waiters_and_of_a_later_submission(
+    settings_store: Storage, settings_registry: Any, queues: TaskQueues
+) -> None:
+    """TASKS.md: ``cancel_running`` "cancels the key's running tasks and starts when they have
+    stopped". On DynamoDB (moto server): tasks already waiting on the key, and one submitted
+    between the holders' stop and the new task's message, all come after it, in their order."""
+    store, registry = settings_store, settings_registry
+    dispatcher = _dispatcher(store, queues, registry, limit=None)
+    _received(queues)
+    tenant, key = f"shop-{uuid.uuid4().hex[:6]}", "customer-9"
+    queue_key = {"key": key, "limit": 1, "on_conflict": "queue"}
+    holder = _submit(store, tenant, queue_key)
+    _mid_run(dispatcher, holder)
+    waiters = [_submit(store, tenant, queue_key) for _ in range(2)]
+    for waiter in waiters:  # parked on the key, in their order
+        assert "waits queued" in _handle(dispatcher, waiter.task_id).reason
+    new = _submit(store, tenant, {**queue_key, "on_conflict": "cancel_running"})
+    assert "waits queued" in _handle(dispatcher, new.task_id).reason
+    assert store.tasks.get(holder.task_id).status is TaskStatus.CANCELLED
+
+    # The cancelled holder's worker stops at its next step and gives the key's slot back.
+    dispatcher.fair.release(holder.task_id)
+    assert store.slots.holders(tenant, key) == [new.task_id]  # the slot went to it, at the release
+    assert _received_ids(queues) == [new.task_id]
+    late = submit_once(store, registry, scripted([{"text": "late"}]).model_copy(
+        update={"concurrency": Concurrency.model_validate(queue_key)}), tenant=tenant, queues=queues)  # fmt: skip
+    assert late.task.status is TaskStatus.QUEUED and _received_ids(queues) == []  # it waits behind
+
+    # Each end hands the key's slot to the next in line and sends its message: the chain of
+    # wakes is the order they run in.
+    order, running = [], [new.task_id]
+    while running:
+        (task_id,) = running
+        assert _handle(dispatcher, task_id).kind == "delete"
+        assert store.tasks.get(task_id).status is TaskStatus.SUCCEEDED
+        order.append(task_id)
+        running = _received_ids(queues)
+        assert store.slots.holders(tenant, key) == running
+    assert order == [new.task_id, *(w.task_id for w in waiters), late.task.task_id]
+    assert store.slots.holders(tenant, key) == []
+    assert all(store.tasks.get(w.task_id).status is TaskStatus.SUCCEEDED for w in waiters)
 
 
 def test_a_submission_over_its_tenants_limit_never_enters_the_queue(
@@ -304,8 +348,8 @@ def test_a_parked_task_whose_wake_came_before_its_recheck_admits_again_rather_th
     real_park, real_has_room = slots.park, slots.has_room
     stale_reads = [True]  # the parked task reads the slot free: before the other task takes it
 
-    def park(task: Task, slot: Any, tier: str) -> None:
-        real_park(task, slot, tier)
+    def park(task: Task, slot: Any, tier: str, **kwargs: Any) -> None:
+        real_park(task, slot, tier, **kwargs)
         if task.task_id == parked.task_id and stale_reads:
             # The running task ends: its release wakes the parked task (deletes its item, sends
             # its message), and another worker admits a third task into the freed slot.

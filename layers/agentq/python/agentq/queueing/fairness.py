@@ -16,8 +16,15 @@ before sending its message (``_wake_fleet``), so the next choice counts it.
 A concurrency key's ``on_conflict`` applies when the key (not the tenant) is full, on a task's
 first admission (a task resuming work it started queues): ``queue`` parks, ``skip`` ends the
 new task ``cancelled`` (``concurrency_skipped``; the caller reports that end as any other:
-callback, dependents, fan-out parent), ``cancel_running`` cancels the key's running tasks and
-parks the new one, which they wake as they stop.
+callback, dependents, fan-out parent), ``cancel_running`` parks the new task first in its key's
+line (ahead of the tasks already waiting on the key) and then cancels the key's running tasks,
+which wake it as they stop: parked before the cancel, no release can miss it.
+
+A key's freed slot is handed off: the releaser admits the waiter it wakes before sending its
+message (``_hand_off``, as the fleet's waker does), so the slot is the woken task's from the
+moment it frees, and no submission arriving before that message is read takes it. Without
+it, a task submitted in that second ran first, and a ``cancel_running`` task, finding its key
+full again, cancelled that one too.
 
 Shared by the Lambda executor and the long-running worker (through ``Dispatcher``), so both
 honour the limits the same way; a reserved-concurrency executor that meets a full tenant
@@ -39,7 +46,7 @@ from agentq.queueing.webhooks import enqueue_end
 from agentq.storage import keys
 from agentq.storage.container import Storage
 from agentq.storage.fleet_slots import FLEET, is_shard
-from agentq.storage.running_slots import Admission, RunningSlots, Slot
+from agentq.storage.running_slots import Admission, RunningSlots, Slot, is_key_pk
 
 log = logging.getLogger("agentq.fairness")
 
@@ -98,9 +105,10 @@ class FairShare:
                 return Gate(
                     limited=True, waits="skipped: its concurrency key is at its limit", skipped=self._skip(task)
                 )
-            if conflict == "cancel_running":
+            first = conflict == "cancel_running"
+            self.slots.park(task, slot, tier, first=first)
+            if first:  # parked first, then cancelled: the holders' releases wake this task, no other
                 self._cancel_holders(task)
-            self.slots.park(task, slot, tier)
             if slot.fleet:  # the fleet is full: waiting for it is sharing it, not a tenant held back
                 log.info("task %s waits for the fleet (tenant %s)", task.task_id, task.tenant)
             else:
@@ -113,7 +121,7 @@ class FairShare:
             # When a waker took our item first (and sent our message), admit again all the
             # same: its room may be gone to another task by now, and running unadmitted would
             # break running <= limit; the woken message is a duplicate the claim refuses.
-            self.slots.unpark(task, slot, tier)
+            self.slots.unpark(task, slot, tier, first=first)
         # Not admitted and not parked (its last re-check took its item back, or every attempt
         # conflicted): deleting its message would leave the task with neither, so it comes back.
         return Gate(limited=True, keep=f"not admitted after {ADMIT_ATTEMPTS} attempts: its message comes back")
@@ -151,6 +159,11 @@ class FairShare:
             self._wake_fleet()
             return
         for waiter, tier, tenant in self.slots.next_waiters(pk, if_limited=True):
+            # The key's slot is the woken task's now (see the module); deleted meanwhile, the
+            # slot goes to the next waiter.
+            if is_key_pk(pk) and self._hand_off(waiter, tier, None) == "gone":
+                self._wake(pk)
+                continue
             self.queues.send(waiter, tier, tenant=tenant or None)
             log.info("task %s woken: a slot of %s has room", waiter, pk)
 

@@ -25,10 +25,13 @@ META's ``slots`` names the slot partitions it holds.
 - **Wait** (``park``): a task refused puts a ``WAIT#<tier rank>#<created>#<task id>`` item
   under the slot's partition, and its message is deleted: it waits ``queued`` without
   spending receives or polling. It then reads the slot again: a release between its refusal
-  and its item woke nobody, so it admits itself if the slot is free by now.
+  and its item woke nobody, so it admits itself if the slot is free by now. A task whose
+  key's ``cancel_running`` stops the key's holders for it parks ``first``: its rank
+  (``FIRST_RANK``) sorts before every tier's, so the slots the cancellation frees go to it,
+  not to the tasks that were already waiting on the key.
 - **Wake** (``next_waiters``): for each slot a release freed, while the slot is below its
   limit, the releaser takes its oldest waiter (a conditional delete: one waker wins) and sends
-  that task's message: one per slot freed, never ``limit - running`` (see ``next_waiters``). A
+  that task's message (a key's waiter admitted first: ``FairShare`` hands the slot off): one per slot freed, never ``limit - running`` (see ``next_waiters``). A
   woken task that does not take the slot (cancelled first, refused by another of its slots)
   passes the wake on (``FairShare.pass_on``). The sweeper's ``swept`` messages are the
   backstop for a wake lost in a crash (late: ``stale_after``); the sweeper also wakes the
@@ -83,6 +86,7 @@ from agentq.storage.table import (
 RUNNING = "RUNNING"
 HOLD = "HOLD#"  # under a key's partition: a task holding one of its slots (cancel_running lists them)
 TIER_RANK = {"high": 0, "normal": 1, "low": 2}
+FIRST_RANK = "!"  # sorts before every tier's rank: a cancel_running task is woken before the key's other waiters
 ADMISSIBLE = (TaskStatus.QUEUED, TaskStatus.RUNNING)
 
 
@@ -385,14 +389,15 @@ class RunningSlots(FleetWaiting):
 
     # --- waiting ------------------------------------------------------------------------
 
-    def park(self, task: Task, slot: Slot, tier: str) -> None:
+    def park(self, task: Task, slot: Slot, tier: str, *, first: bool = False) -> None:
         """``task`` waits for ``slot``: its item in the slot's waiting list (idempotent). For
         the fleet, its tenant is then marked waiting (after the item: a wake that finds the
-        mark finds the item; ``_drop_mark`` re-reads the list after taking a mark away)."""
+        mark finds the item; ``_drop_mark`` re-reads the list after taking a mark away).
+        ``first``: ahead of every waiter parked without it (see the module)."""
         self.table.put(
             {
                 "pk": slot.wait_pk,
-                "sk": _wait_sk(task, tier),
+                "sk": _wait_sk(task, tier, first=first),
                 "task_id": task.task_id,
                 "tier": tier,
                 "tenant": task.tenant,
@@ -402,10 +407,11 @@ class RunningSlots(FleetWaiting):
         if slot.fleet:
             self.mark_waiting(task.tenant)
 
-    def unpark(self, task: Task, slot: Slot, tier: str) -> bool:
-        """Take ``task`` off ``slot``'s list; False when a waker took it first (its message is sent)."""
+    def unpark(self, task: Task, slot: Slot, tier: str, *, first: bool = False) -> bool:
+        """Take ``task`` off ``slot``'s list (parked ``first`` or not, as it was parked); False
+        when a waker took it first (its message is sent)."""
         try:
-            self.table.delete({"pk": slot.wait_pk, "sk": _wait_sk(task, tier)}, condition=present())
+            self.table.delete({"pk": slot.wait_pk, "sk": _wait_sk(task, tier, first=first)}, condition=present())
         except ConditionFailed:
             return False
         return True
@@ -514,5 +520,11 @@ def _still_waiting(meta: dict[str, Any]) -> bool:
     return meta.get("status") == TaskStatus.QUEUED.value and not meta.get("slots")
 
 
-def _wait_sk(task: Task, tier: str) -> str:
-    return f"{WAIT}{TIER_RANK.get(tier, 1)}#{task.created_at:017.6f}#{task.task_id}"
+def _wait_sk(task: Task, tier: str, *, first: bool = False) -> str:
+    rank = FIRST_RANK if first else TIER_RANK.get(tier, 1)
+    return f"{WAIT}{rank}#{task.created_at:017.6f}#{task.task_id}"
+
+
+def is_key_pk(pk: str) -> bool:
+    """Is ``pk`` a concurrency key's slot partition (``CKEY#<tenant>#<key>``)?"""
+    return pk.startswith("CKEY#")
