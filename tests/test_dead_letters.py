@@ -281,6 +281,69 @@ def test_a_redriven_task_resumes_from_its_checkpoint_and_succeeds(moto_server: M
     assert final.error is None, f"a succeeded task still carries the error of its failure: {final.error}"
 
 
+def test_a_redriven_message_delivered_again_after_its_task_failed_again_leaves_that_failure_alone(
+    moto_server: MotoServer,
+) -> None:
+    """SQS delivers at least once: a copy of a redriven message can come back after the task it
+    resumed failed once more and was dead-lettered again. That copy must not resume the task
+    (before, it did: the task ran while the DLQ listed its new dead letter); nor may a copy of
+    the message the task first failed on. A redrive of the new dead letter still resumes it."""
+    settings = _deployment(moto_server, max_receive_count=MAX_RECEIVES, visibility_timeout=10)
+    store = build_store(settings)
+    queues = build_queues(settings)
+    with FakeMessagesAPI() as fake:
+        worker = _failing_worker(settings, fake)
+        with _running(worker) as applied:
+            task_id = _fail_into_dlq(settings, fake)
+            (first,) = _dlq_messages(queues)  # what its redrive sends back, attributes and all
+            fake.enqueue(overloaded())  # the provider is still down when it resumes
+            redrive(queues)
+            _wait_for(
+                lambda: store.tasks.get(task_id).status is TaskStatus.FAILED and queue_depth(queues, queues.dlq_url(TIER)) == 1
+                and store.tasks.get(task_id).claim_count == MAX_RECEIVES + 1,
+                what="the resumed task failed again and its message dead-lettered again",
+            )  # fmt: skip
+            failed_again = store.tasks.get(task_id)
+            requests = len(fake.requests)
+            fake.enqueue(text_reply("resumed by its second redrive"))  # for the second redrive only
+
+            # The redriven message again (as SQS may deliver it), and the one it first failed on.
+            seen = len(applied)
+            queues.sqs.send_message(
+                QueueUrl=queues.url(TIER), MessageBody=first["Body"], MessageAttributes=first["MessageAttributes"]
+            )
+            queues.sqs.send_message(QueueUrl=queues.url(TIER), MessageBody=first["Body"])
+            _wait_for(lambda: len(applied) >= seen + 2, what="both copies handled")
+            now = store.tasks.get(task_id)
+            assert now.status is TaskStatus.FAILED and now.claim_count == failed_again.claim_count, now.status
+            assert now.error == failed_again.error and len(fake.requests) == requests
+            handled = sorted(a.reason for _, a in applied[seen:] if a.kind == "delete")  # in either order
+            assert len(applied) == seen + 2 and len(handled) == 2, applied[seen:]
+            assert handled[0].startswith("task already failed"), handled
+            assert "failed again since this dead letter was redriven" in handled[1], handled
+            letters = list_dead_letters(queues, store)
+            assert [(d.task_id, d.task_status) for d in letters] == [(task_id, "failed")]
+
+            # Its new dead letter, redriven, resumes it.
+            redrive(queues)
+            _wait_for(
+                lambda: store.tasks.get(task_id).status is TaskStatus.SUCCEEDED, what="resumed by the new redrive"
+            )
+        assert fake.unexpected == []
+    assert store.tasks.get(task_id).result == "resumed by its second redrive"
+
+
+def _dlq_messages(queues: Any) -> list[dict[str, Any]]:
+    """The DLQ's messages (received, then made visible again), with their attributes."""
+    url = queues.dlq_url(TIER)
+    got = queues.sqs.receive_message(
+        QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=30, MessageAttributeNames=["All"]
+    ).get("Messages", [])
+    for m in got:
+        queues.sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0)
+    return list(got)
+
+
 # --------------------------------------------------------------------------- CLI
 
 

@@ -96,7 +96,9 @@ def record_handler(record: SQSRecord) -> None:
     if action.kind == "delete":
         return  # success: Lambda deletes the message
     if action.kind == "dead_letter":
-        rt.queues.dead_letter(tier, record.body, action.reason, _sqs_attributes(record))
+        rt.queues.dead_letter(
+            tier, record.body, action.reason, _sqs_attributes(record), dead_letter_id=action.dead_letter_id
+        )
         record_dead_letter()
         return
     if action.kind == "retry":

@@ -110,6 +110,26 @@ def test_a_terminal_status_stamps_the_expiry_and_a_requeue_clears_it_and_the_err
     assert requeued.expires_at is None and requeued.error is None and requeued.finished_at is None
 
 
+def test_a_requeue_out_of_one_failure_is_refused_once_the_task_failed_again_and_changes_nothing(
+    backend: Storage,
+) -> None:
+    """A redrive requeues a task out of the failure it was dead-lettered for (``expect``), so a
+    copy of it that comes back after a later failure leaves that failure as it is."""
+    lease = claimed(backend)
+    backend.tasks.transition(lease.task_id, TaskStatus.FAILED, lease=lease, extra={"dead_letter": "first"})
+    backend.tasks.transition(lease.task_id, TaskStatus.QUEUED, error=None, expect={"dead_letter": "first"})
+    again = backend.tasks.claim(lease.task_id, "w2", 30)
+    assert again is not None
+    backend.tasks.transition(lease.task_id, TaskStatus.FAILED, lease=again[0], error={"code": "x", "message": "again"},
+                             extra={"dead_letter": "second"})  # fmt: skip
+    failed = backend.tasks.get(lease.task_id)
+    with pytest.raises(IllegalTransition, match="no longer as it was expected"):
+        backend.tasks.transition(lease.task_id, TaskStatus.QUEUED, error=None, expect={"dead_letter": "first"})
+    assert backend.tasks.get(lease.task_id) == failed
+    backend.tasks.transition(lease.task_id, TaskStatus.QUEUED, error=None, expect={"dead_letter": "second"})
+    assert backend.tasks.get(lease.task_id).status is TaskStatus.QUEUED
+
+
 def test_a_large_result_goes_to_the_payload_store_and_reads_back(backend: Storage) -> None:
     lease = claimed(backend)
     big = "r" * 100_000

@@ -6,7 +6,8 @@ DLQ, or leave it alone. Failure classes:
 
 - retryable (provider overload, throttling): the message comes back with exponential backoff;
   on the last allowed receive the task is marked ``failed`` with the error and the message
-  goes to the DLQ, from where a redrive resumes it at its checkpoint;
+  goes to the DLQ, from where a redrive resumes it at its checkpoint, out of that failure only
+  (its id, META's ``dead_letter``, rides on the dead letter: ``_requeue_redriven``);
 - permanent (bad request, budget, caps): the engine ends the task; the message is deleted;
 - deterministic (``DETERMINISTIC_FAULTS``: a script that cannot load, a submission or step that
   no longer validates, a bug every run meets): the task ends ``failed`` with the error at once
@@ -25,6 +26,7 @@ import math
 import random
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -39,7 +41,7 @@ from agentq.core.providers.base import BatchProvider
 from agentq.core.records import ClaimOwner
 from agentq.queueing.dependencies import release_dependents
 from agentq.queueing.fairness import FairShare
-from agentq.queueing.queues import DEAD_LETTER_REASON, TaskMessage, TaskQueues
+from agentq.queueing.queues import DEAD_LETTER_ID, DEAD_LETTER_REASON, TaskMessage, TaskQueues
 from agentq.queueing.webhooks import enqueue_end, enqueue_event
 from agentq.storage.container import Storage
 
@@ -58,6 +60,7 @@ class Action:
     task_id: str | None = None
     run: RunResult | None = None
     attempts: int = 0  # a retry: the task's own failures so far (not the message's receives)
+    dead_letter_id: str | None = None  # a dead letter whose task this failed: which failure (META's ``dead_letter``)
 
 
 @dataclass(frozen=True)
@@ -172,7 +175,15 @@ class Dispatcher:
                 if not self.fair.release(task.task_id):
                     self.fair.pass_on(task)
                 return Action("delete", f"task already {task.status.value}", task_id=task.task_id)
-            self._requeue_redriven(task)
+            if not self._requeue_redriven(task, attributes):
+                task = self.store.tasks.get(task.task_id)
+                if task.status.terminal:  # a copy of an older redrive: the task failed again since
+                    return Action(
+                        "delete",
+                        f"task {task.status.value} again since this dead letter was redriven; "
+                        "its later dead letter is the one to redrive",
+                        task_id=task.task_id,
+                    )
         if receive_count > self.max_receive_count:
             # Receives spent by worker faults (a killed or stopped holder, a duplicate waiting
             # out a live lease), not by the task's own failures, which are counted on its META:
@@ -328,13 +339,26 @@ class Dispatcher:
         except Exception:  # as for an end: a callback that cannot be queued holds nothing up
             log.warning("could not queue the idle callback of task %s", task.task_id, exc_info=True)
 
-    def _requeue_redriven(self, task: Task) -> None:
-        """A message back from the DLQ for a task we failed: the operator wants it resumed."""
+    def _requeue_redriven(self, task: Task, attributes: dict[str, Any] | None) -> bool:
+        """A message back from the DLQ for a task we failed: the operator wants it resumed, out
+        of the failure it was dead-lettered for (its ``agentq-dead-letter``), and out of no later
+        one: SQS may deliver the redriven message again after the resumed task failed once more
+        and was dead-lettered again, and that copy must not resume it (the task would run while
+        the DLQ lists it failed). A message without the attribute (dead-lettered before it
+        existed, or by hand) resumes whatever failure the task is in. False when not requeued."""
+        failure = _dead_letter_id(attributes)
         try:
-            self.store.tasks.transition(task.task_id, TaskStatus.QUEUED, error=None, reopen=True)
-            log.info("redrive: task %s requeued from its checkpoint (step %s)", task.task_id, task.step)
+            self.store.tasks.transition(
+                task.task_id,
+                TaskStatus.QUEUED,
+                error=None,
+                reopen=True,
+                expect={"dead_letter": failure} if failure else None,
+            )
         except IllegalTransition:
-            pass  # raced with another copy of the redrive: the claim below decides
+            return False  # another copy of the redrive requeued it (the claim below decides), or a later failure
+        log.info("redrive: task %s requeued from its checkpoint (step %s)", task.task_id, task.step)
+        return True
 
     def _held_by_live_worker(self, task_id: str) -> bool:
         """Is the task held under a worker process's liveness that has not lapsed?"""
@@ -457,13 +481,18 @@ class Dispatcher:
             attempts = self._count_failure(run)
             if attempts >= self.max_receive_count:
                 reason = f"failed after {attempts} attempts: {error.get('message', 'retryable error')}"
-                with contextlib.suppress(IllegalTransition):
-                    # dead_lettered: what a person is told to do with it (redrive, not only fork)
-                    failed = {**error, "attempts": attempts, "dead_lettered": True}
-                    self.store.tasks.transition(task_id, TaskStatus.FAILED, error=failed)
-                    run.status = TaskStatus.FAILED
-                    self._report_end(self.store.tasks.get(task_id), TaskStatus.FAILED)  # its parent wakes
-                return Action("dead_letter", reason, task_id=task_id, run=run)
+                failure = uuid.uuid4().hex  # this failure, on META and on its dead letter
+                # dead_lettered: what a person is told to do with it (redrive, not only fork)
+                failed = {**error, "attempts": attempts, "dead_lettered": True}
+                try:
+                    self.store.tasks.transition(
+                        task_id, TaskStatus.FAILED, error=failed, extra={"dead_letter": failure}
+                    )
+                except IllegalTransition:  # it ended otherwise meanwhile: this dead letter resumes no failure of ours
+                    return Action("dead_letter", reason, task_id=task_id, run=run)
+                run.status = TaskStatus.FAILED
+                self._report_end(self.store.tasks.get(task_id), TaskStatus.FAILED)  # its parent wakes
+                return Action("dead_letter", reason, task_id=task_id, run=run, dead_letter_id=failure)
             delay = int(error.get("retry_after") or self.backoff.delay(attempts))
             return Action(
                 "retry",
@@ -504,3 +533,11 @@ def _owner_of(meta: dict[str, Any]) -> tuple[str, int] | None:
 
 def _was_dead_lettered(attributes: dict[str, Any] | None) -> bool:
     return bool(attributes and DEAD_LETTER_REASON in attributes)
+
+
+def _dead_letter_id(attributes: dict[str, Any] | None) -> str | None:
+    """The failure a redriven message was dead-lettered for, as SQS (``StringValue``) or Lambda
+    (``stringValue``) hands its attributes over."""
+    attr = (attributes or {}).get(DEAD_LETTER_ID) or {}
+    value = attr.get("StringValue", attr.get("stringValue"))
+    return str(value) if value else None

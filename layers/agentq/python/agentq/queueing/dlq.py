@@ -1,7 +1,10 @@
 """Dead-letter queues: see what is there and why, and send it back to be resumed.
 
 A redriven message names its task; the dispatcher sees the agentq reason attribute on a
-message for a task it failed and requeues that task, which resumes at its checkpoint.
+message for a task it failed and requeues that task, which resumes at its checkpoint. Out of
+the failure it was dead-lettered for only (``agentq-dead-letter``, the id of that failure on
+META): a copy SQS delivers again after the resumed task failed once more is deleted, and the
+later dead letter, whose task still says failed, is the one to redrive.
 
 A task whose message agentq dead-letters says ``failed`` before the message reaches the DLQ
 (``Dispatcher._after_run`` writes the failure, then the worker or the Lambda sends the message).

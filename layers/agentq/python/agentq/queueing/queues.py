@@ -30,6 +30,10 @@ MessageKind = Literal[
     "schedule",
 ]
 DEAD_LETTER_REASON = "agentq-reason"  # message attribute set when agentq dead-letters a message
+# ... and, when agentq failed the task for it, which failure (META's ``dead_letter``): a redrive
+# requeues the task only out of that failure, so a copy delivered again after the task failed
+# once more (SQS delivers at least once) leaves that later failure, and its dead letter, alone.
+DEAD_LETTER_ID = "agentq-dead-letter"
 
 # SQS's answers to a receipt handle that is no longer ours: the message was deleted through a
 # duplicate's receipt, or our visibility lapsed while we were stopped and another receive took
@@ -126,10 +130,23 @@ class TaskQueues:
         )
         return str(resp["MessageId"])
 
-    def dead_letter(self, tier: str, body: str, reason: str, attributes: dict[str, Any] | None = None) -> None:
-        """Put a message in the tier's DLQ with the reason attached (the caller deletes the original)."""
-        attrs = {k: v for k, v in (attributes or {}).items() if k != DEAD_LETTER_REASON}
+    def dead_letter(
+        self,
+        tier: str,
+        body: str,
+        reason: str,
+        attributes: dict[str, Any] | None = None,
+        *,
+        dead_letter_id: str | None = None,
+    ) -> None:
+        """Put a message in the tier's DLQ with the reason attached (the caller deletes the
+        original), and the failure it was dead-lettered for when agentq failed its task
+        (``dead_letter_id``; a redriven message's older one is never carried over)."""
+        ours = (DEAD_LETTER_REASON, DEAD_LETTER_ID)
+        attrs = {k: v for k, v in (attributes or {}).items() if k not in ours}
         attrs[DEAD_LETTER_REASON] = {"DataType": "String", "StringValue": reason[:1000]}
+        if dead_letter_id is not None:
+            attrs[DEAD_LETTER_ID] = {"DataType": "String", "StringValue": dead_letter_id}
         self.sqs.send_message(QueueUrl=self.dlq_url(tier), MessageBody=body, MessageAttributes=attrs)
 
     def change_visibility(self, tier: str, receipt: str, seconds: int) -> None:

@@ -217,7 +217,10 @@ class Worker:
             self._safe(lambda: self.queues.change_visibility(tier, receipt, action.delay_seconds))
         elif action.kind == "dead_letter":
             log.warning("dead-lettering message on %s: %s", tier, action.reason)
-            self.queues.dead_letter(tier, message["Body"], action.reason, message.get("MessageAttributes"))
+            self.queues.dead_letter(
+                tier, message["Body"], action.reason, message.get("MessageAttributes"),
+                dead_letter_id=action.dead_letter_id,
+            )  # fmt: skip
             observe.record_dead_letter()
             self._safe(lambda: self.queues.delete(tier, receipt))
 

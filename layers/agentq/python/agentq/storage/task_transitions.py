@@ -55,13 +55,16 @@ class TaskTransitions(TaskItems):
         error: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
         reopen: bool = False,
+        expect: dict[str, str] | None = None,
     ) -> None:
         """Move a task to ``to``; DynamoDB refuses it unless the current status may lead there.
 
         With a lease the write is also fenced by its epoch. ``extra``: attributes set in the
-        same write (a waiting task's ``batch``). ``reopen``: the task has ended (failed, out of
-        budget) and goes on (a redrive, a raised budget): only from an ended status, and the write
-        starts its next invocation (``task_items.reopening``).
+        same write (a waiting task's ``batch``, a failure's ``dead_letter``). ``reopen``: the task
+        has ended (failed, out of budget) and goes on (a redrive, a raised budget): only from an
+        ended status, and the write starts its next invocation (``task_items.reopening``).
+        ``expect``: attributes META must hold for the move (a redrive: the failure it was
+        dead-lettered for); refused (``IllegalTransition``) otherwise.
         """
         # Only a person's message reopens a conversation (``storage.messages``), in a write that
         # also delivers the message: never a generic requeue (a stale wake, a redrive).
@@ -99,6 +102,8 @@ class TaskTransitions(TaskItems):
             condition = condition & (Attr(TTL_ATTRIBUTE).not_exists() | Attr(TTL_ATTRIBUTE).gt(Decimal(repr(now))))
         if lease is not None:
             condition = condition & Attr("lease_epoch").eq(lease.epoch)
+        for name, value in (expect or {}).items():
+            condition = condition & Attr(name).eq(value)
         event = {"status": to.value, **({"error": error.get("code")} if error else {})}
         update = Update(set=sets, remove=removes)
         if reopen:
@@ -118,6 +123,10 @@ class TaskTransitions(TaskItems):
                 raise IllegalTransition(
                     f"task {task_id} is {current.status.value} and its retention ran out; it is being deleted",
                     field="task_id",
+                ) from exc
+            if expect and current.status in allowed:
+                raise IllegalTransition(
+                    f"task {task_id} is {current.status.value}, but no longer as it was expected to be", field="status"
                 ) from exc
             raise IllegalTransition(
                 f"task {task_id} cannot move from {current.status.value!r} to {to.value!r}", field="status"
