@@ -333,6 +333,37 @@ def test_a_redriven_message_delivered_again_after_its_task_failed_again_leaves_t
     assert store.tasks.get(task_id).result == "resumed by its second redrive"
 
 
+def test_two_deliveries_failing_the_same_task_dead_letter_it_once(moto_server: MotoServer) -> None:
+    """A duplicate delivery can claim the task as soon as a failing run gives its lease back, and
+    fail it first: the run that then finds it failed deletes its copy instead of dead-lettering a
+    second one (listed, and redriven, as a failure of its own)."""
+    settings = _deployment(moto_server, max_receive_count=MAX_RECEIVES, visibility_timeout=10)
+    store = build_store(settings)
+    with FakeMessagesAPI() as fake:
+        dispatcher = _failing_worker(settings, fake).dispatcher
+        fake.enqueue(tool_use_reply("lookup", {"query": "x"}, text="let me look"), *[overloaded()] * 3)
+        task = submit(store, build_registry(settings), _submission(), tenant="t", queues=None)
+        body = TaskMessage(task_id=task.task_id).model_dump_json()
+        assert dispatcher.handle(body, tier=TIER, receive_count=1).kind == "retry"  # failure 1
+        count = dispatcher._count_failure
+        actions: list[Action] = []
+        raced: list[bool] = []
+
+        def duplicate_first(run: Any) -> int:
+            """Delivery A counted its failure; delivery B (a duplicate) runs, fails and ends first."""
+            counted = count(run)
+            if not raced:
+                raced.append(True)
+                actions.append(dispatcher.handle(body, tier=TIER, receive_count=2))
+            return counted
+
+        dispatcher._count_failure = duplicate_first  # type: ignore[method-assign]
+        actions.append(dispatcher.handle(body, tier=TIER, receive_count=2))
+        assert fake.unexpected == []
+    assert sorted(a.kind for a in actions) == ["dead_letter", "delete"], [(a.kind, a.reason) for a in actions]
+    assert store.tasks.get(task.task_id).status is TaskStatus.FAILED
+
+
 def _dlq_messages(queues: Any) -> list[dict[str, Any]]:
     """The DLQ's messages (received, then made visible again), with their attributes."""
     url = queues.dlq_url(TIER)

@@ -7,7 +7,8 @@ DLQ, or leave it alone. Failure classes:
 - retryable (provider overload, throttling): the message comes back with exponential backoff;
   on the last allowed receive the task is marked ``failed`` with the error and the message
   goes to the DLQ, from where a redrive resumes it at its checkpoint, out of that failure only
-  (its id, META's ``dead_letter``, rides on the dead letter: ``_requeue_redriven``);
+  (its id, META's ``dead_letter``, rides on the dead letter: ``_requeue_redriven``); a delivery
+  that finds the task failed by another (a duplicate) deletes its copy instead;
 - permanent (bad request, budget, caps): the engine ends the task; the message is deleted;
 - deterministic (``DETERMINISTIC_FAULTS``: a script that cannot load, a submission or step that
   no longer validates, a bug every run meets): the task ends ``failed`` with the error at once
@@ -232,8 +233,8 @@ class Dispatcher:
         elif run.status is TaskStatus.IDLE:
             self._report_idle(task)
         action = self._after_run(run, tier=tier, receive_count=receive_count, tenant=task.tenant)
-        if gate.limited and action.kind == "dead_letter":
-            self.fair.release(task.task_id)  # out of retries: failed only now, by _after_run
+        if gate.limited and run.outcome == "retry" and action.kind != "retry":
+            self.fair.release(task.task_id)  # out of retries: failed only now, by _after_run (or by a duplicate)
         if run.outcome == "retry" and action.kind == "retry":
             self._note_retry(task, run, action)
         if run.outcome == "deferred":
@@ -488,8 +489,13 @@ class Dispatcher:
                     self.store.tasks.transition(
                         task_id, TaskStatus.FAILED, error=failed, extra={"dead_letter": failure}
                     )
-                except IllegalTransition:  # it ended otherwise meanwhile: this dead letter resumes no failure of ours
-                    return Action("dead_letter", reason, task_id=task_id, run=run)
+                except IllegalTransition:
+                    # Not ours to fail: another delivery of the task (a duplicate that claimed it
+                    # once this run gave its lease back) failed it and dead-lettered its own
+                    # message, or it ended, paused or went idle meanwhile. A second dead letter
+                    # would be listed and redriven as another failure: this copy is deleted.
+                    now = self.store.tasks.get(task_id).status
+                    return Action("delete", f"task {now.value} meanwhile: {reason}", task_id=task_id, run=run)
                 run.status = TaskStatus.FAILED
                 self._report_end(self.store.tasks.get(task_id), TaskStatus.FAILED)  # its parent wakes
                 return Action("dead_letter", reason, task_id=task_id, run=run, dead_letter_id=failure)
