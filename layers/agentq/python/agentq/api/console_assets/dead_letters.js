@@ -30,9 +30,14 @@ export function deadLettersPage(ctx) {
   }
 
   let shown = "";
+  let asked = 0;
 
   async function refresh() {
+    // The poll and a redrive's own refresh can be in flight together: only the answer to the
+    // latest request is drawn, so a slow older one never puts back rows the redrive moved.
+    const ask = ++asked;
     const page = await get("dead-letters");
+    if (ask !== asked) return;
     const sig = JSON.stringify(page);
     if (sig === shown) return;
     shown = sig;
