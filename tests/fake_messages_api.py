@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tests.fake_model_servers import Gate
+
 _ids = itertools.count(1)
 
 
@@ -54,6 +56,7 @@ class FakeReply:
     # share in (0, 1) after the headers and that share of the body (of a stream: its events,
     # at least the first, which tells the input tokens); None sends the reply whole.
     cut_at: float | None = None
+    gate: Gate | None = None  # the reply (streamed: its second half) waits for the test to open it
 
 
 @dataclass
@@ -388,7 +391,11 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
             streamed = isinstance(body, dict) and body.get("stream") is True
             message = reply.status == 200 and isinstance(reply.body, dict) and reply.body.get("type") == "message"
             if streamed and message:
-                self._send_stream(reply)
+                if not self._send_stream(reply):
+                    return
+            elif reply.gate is not None and not reply.gate.hold(self.connection):
+                self.close_connection = True  # its client hung up: nothing sent, nothing delivered
+                return
             else:
                 self._send(reply)
             if reply.cut_at is not None:
@@ -483,8 +490,9 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
                 return
             self.wfile.write(payload)
 
-        def _send_stream(self, reply: FakeReply) -> None:
-            """The reply as the API streams it (server-sent events), text in a few deltas."""
+        def _send_stream(self, reply: FakeReply) -> bool:
+            """The reply as the API streams it (server-sent events), text in a few deltas; False
+            when its client hung up at its gate (halfway)."""
             message: dict[str, Any] = dict(reply.body) if isinstance(reply.body, dict) else {}
             usage = message["usage"]
             events: list[tuple[str, dict[str, Any]]] = [
@@ -535,12 +543,18 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
                 part = b"".join(chunks[: max(1, min(len(chunks) - 1, int(len(chunks) * reply.cut_at)))])
                 self.wfile.write(part)
                 self._cut()
-                return
-            for (_name, data), chunk in zip(events, chunks, strict=True):
+                return True
+            for n, ((_name, data), chunk) in enumerate(zip(events, chunks, strict=True)):
+                if n == len(chunks) // 2 and reply.gate is not None:
+                    self.wfile.flush()
+                    if not reply.gate.hold(self.connection):
+                        self.close_connection = True
+                        return False
                 self.wfile.write(chunk)
                 if reply.stream_pause_seconds and data.get("delta", {}).get("type") == "text_delta":
                     self.wfile.flush()
                     time.sleep(reply.stream_pause_seconds)
+            return True
 
         def log_message(self, format: str, *args: Any) -> None:
             pass  # keep pytest output clean

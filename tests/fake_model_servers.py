@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import select
 import socket
 import struct
 import threading
@@ -41,6 +42,46 @@ def _next_id(prefix: str) -> str:
 
 
 @dataclass
+class Gate:
+    """A model still thinking: the reply waits until the test ``open``s the gate (or ``limit``
+    seconds pass: ``expired``), and the server watches its client meanwhile: a client that
+    closes the connection (a call cut by its task's timeout) sets ``hung_up`` and is sent
+    nothing. What a test of a cut call asserts on: the server had not answered when the task
+    ended, and whether the client hung up or left the request open."""
+
+    limit: float = 30.0
+    opened: threading.Event = field(default_factory=threading.Event)
+    hung_up: threading.Event = field(default_factory=threading.Event)
+    expired: bool = False
+
+    def open(self) -> None:
+        self.opened.set()
+
+    def hold(self, connection: socket.socket) -> bool:
+        """Wait for the gate; False when the client hung up first (send nothing more)."""
+        deadline = time.monotonic() + self.limit
+        while not self.opened.wait(0.02):
+            if _hung_up(connection):
+                self.hung_up.set()
+                return False
+            if time.monotonic() > deadline:
+                self.expired = True
+                return True
+        return True
+
+
+def _hung_up(connection: socket.socket) -> bool:
+    """The client closed its end: a client awaiting its reply sends nothing, so a readable
+    socket with nothing to read (or reset) is one whose client has gone."""
+    if not select.select([connection], [], [], 0)[0]:
+        return False
+    try:
+        return connection.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+@dataclass
 class FakeReply:
     status: int
     body: Any = None
@@ -51,6 +92,7 @@ class FakeReply:
     delay_seconds: float = 0.0  # wait this long before answering (a slow model)
     events: list[bytes] | None = None  # a stream's events, sent chunked (one chunk each) instead of ``raw``
     stream_pause_seconds: float = 0.0  # a stream waits this long halfway through its events
+    gate: Gate | None = None  # the reply (a stream: its second half) waits for the test to open it
 
 
 @dataclass
@@ -151,14 +193,17 @@ def _handler(api: _ScriptedServer) -> type[BaseHTTPRequestHandler]:
                 return
             if reply.delay_seconds:
                 time.sleep(reply.delay_seconds)
-            self._send(api.streamed(reply, recorded) if 200 <= reply.status < 300 else reply)
-            if api.on_delivered is not None and 200 <= reply.status < 300:
+            sent = api.streamed(reply, recorded) if 200 <= reply.status < 300 else reply
+            if reply.gate is not None and sent.events is None and not reply.gate.hold(self.connection):
+                self.close_connection = True
+                return
+            if self._send(sent) and api.on_delivered is not None and 200 <= reply.status < 300:
                 api.on_delivered(recorded, reply)
 
-        def _send(self, reply: FakeReply) -> None:
+        def _send(self, reply: FakeReply) -> bool:
+            """Send ``reply``; False when its client hung up at its gate before the end."""
             if reply.events is not None:
-                self._send_chunked(reply, reply.events)
-                return
+                return self._send_chunked(reply, reply.events)
             payload = reply.raw if reply.raw is not None else json.dumps(reply.body).encode()
             self.send_response(reply.status)
             self.send_header("content-type", reply.content_type)
@@ -167,8 +212,9 @@ def _handler(api: _ScriptedServer) -> type[BaseHTTPRequestHandler]:
                 self.send_header(key, value)
             self.end_headers()
             self.wfile.write(payload)
+            return True
 
-        def _send_chunked(self, reply: FakeReply, events: list[bytes]) -> None:
+        def _send_chunked(self, reply: FakeReply, events: list[bytes]) -> bool:
             """A stream as it arrives from a model: chunked, one event a chunk, flushed each."""
             self.send_response(reply.status)
             self.send_header("content-type", reply.content_type)
@@ -179,9 +225,13 @@ def _handler(api: _ScriptedServer) -> type[BaseHTTPRequestHandler]:
             for n, event in enumerate(events):
                 if n == len(events) // 2 and reply.stream_pause_seconds:
                     time.sleep(reply.stream_pause_seconds)
+                if n == len(events) // 2 and reply.gate is not None and not reply.gate.hold(self.connection):
+                    self.close_connection = True
+                    return False
                 self.wfile.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
                 self.wfile.flush()
             self.wfile.write(b"0\r\n\r\n")
+            return True
 
         def log_message(self, format: str, *args: Any) -> None:
             pass
