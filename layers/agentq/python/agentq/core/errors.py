@@ -97,6 +97,19 @@ class ProviderError(AgentqError):
             self.code = code
 
 
+class CallCut(AgentqError):
+    """The model call in flight was cut before it answered: its task's timeout passed
+    (``core.providers.base.cutting_at``). Not a provider failure: nothing is retried, and the
+    call's hold is counted as spent, its outcome unknown (ARCHITECTURE 4); ``sent=False``: the
+    deadline passed before the call started, so nothing went out and the hold goes back."""
+
+    code = "call_cut"
+
+    def __init__(self, message: str, *, sent: bool = True) -> None:
+        super().__init__(message)
+        self.sent = sent
+
+
 # Faults that running the same task again would meet again: bad data (a submission or step that
 # no longer validates, a script that cannot be loaded) or a bug on a code path the task always
 # takes. A task that hits one ends ``failed`` with it at once instead of being retried until SQS

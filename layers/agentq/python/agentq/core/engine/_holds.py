@@ -153,6 +153,17 @@ class BudgetHolds:
         if held and held.epoch == s.lease.epoch and held.step != s.sent_step:
             self.release(s)
 
+    def spend(self, s: Session) -> Reservation | None:
+        """Count the held reservation as spent, once: its call was cut in flight (the task's
+        timeout) with its outcome unknown, as a call whose hold outlived its deadline
+        (``spend_lapsed``): the provider may have answered, and billed, what this run stopped
+        waiting for. An answer that still comes corrects it (``settle_orphan``)."""
+        held = s.task.inflight
+        if held:
+            self.budgets.spend_lapsed(s.task_id, s.task.budget_id, held, parent_id=s.task.parent_id)
+            s.task = s.task.model_copy(update={"inflight": None})
+        return held
+
     def reserve(self, s: Session) -> int | None:
         """Hold tokens for the next call; returns the amount, or None when the budget is spent.
 

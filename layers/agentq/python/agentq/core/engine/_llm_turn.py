@@ -19,13 +19,14 @@ from typing import Any
 from agentq import observe
 from agentq.core.context import resumed_goal
 from agentq.core.engine._commit import StepWriter
+from agentq.core.engine._cut import CutCall, call_until, settle_late
 from agentq.core.engine._holds import MIN_OUTPUT_TOKENS, BudgetHolds
 from agentq.core.engine._request import RequestBuilder
 from agentq.core.engine._session import Session
-from agentq.core.engine._stops import stop_error
+from agentq.core.engine._stops import stop_error, timeout_at
 from agentq.core.engine.conversation import final_text
 from agentq.core.engine.result import RunResult
-from agentq.core.errors import ConversationMoved, LeaseLost, ProviderError
+from agentq.core.errors import CallCut, ConversationMoved, LeaseLost, ProviderError
 from agentq.core.faults import crash_point
 from agentq.core.flow import Admission, flow_key
 from agentq.core.models import CallStep, CompactStep, FallbackNote, LLMStep, ModelChoice, RetryState, TaskStatus
@@ -126,8 +127,10 @@ class LLMTurn:
         while True:
             asked = self._asked(s, request)
             try:
-                response = self._call(s, asked, max_out)
+                response = self._call(s, asked, max_out, started)
                 break
+            except CallCut as cut:
+                return self._cut(s, window, cut)
             except LeaseLost:
                 # Learnt between attempts (``_note_retry``), after the last one failed. When
                 # every attempt failed unbilled (an error status, no connection), the call
@@ -149,12 +152,14 @@ class LLMTurn:
         choice = s.model_choice
         return request if choice is None else request.model_copy(update={"model": choice.model})
 
-    def _call(self, s: Session, request: LLMRequest, max_out: int) -> LLMResponse:
+    def _call(self, s: Session, request: LLMRequest, max_out: int, started: float) -> LLMResponse:
+        """The model's answer; ``CallCut`` when the task's timeout passes first (``_cut``)."""
         sub = s.task.submission
         choice = s.model_choice
         if choice is not None and (choice.provider, choice.model) != (sub.provider, sub.model):
             sub = sub.model_copy(update={"provider": choice.provider, "model": choice.model})
         provider = self.providers(sub)  # may fail too (a key it cannot read)
+        cut = CutCall(s.task_id, s.task.budget_id, s.task.parent_id, s.lease, s.next_step, s.task.inflight)
         with (
             observe.llm_call(
                 provider=provider.name, model=request.model, max_tokens=max_out, task_id=s.task_id,
@@ -164,11 +169,51 @@ class LLMTurn:
             reporting_text(lambda text: setattr(s.held, "live_text", text)),
         ):  # fmt: skip
             try:
-                response = provider.complete(request)
+                response = call_until(
+                    timeout_at(s),
+                    lambda: provider.complete(request),
+                    lambda late: self._late(cut, request, late, started, sub.provider),
+                )
             finally:
                 s.held.live_text = None
             call.answered(response)
         return response
+
+    def _cut(self, s: Session, window: Any, cut: CallCut) -> RunResult:
+        """The task's timeout passed with the call in flight: the call is cut (``_cut``), the
+        hold counted as spent, since whether the provider answered and billed it is unknown (an
+        answer that still comes corrects it: ``_late``), and the task ends ``timed_out`` now. A
+        call the deadline stopped before it started gives its hold back."""
+        if not cut.sent:
+            if window is not None:
+                self.windows.settle(window, 0)
+            return finish_without_step(self.tasks, self.holds, s, TaskStatus.TIMED_OUT)
+        held = self.holds.spend(s)
+        if window is not None:  # the tenant's hour keeps the hold, as the budget does
+            self.windows.settle(window, window.amount, window.micros)
+        note = (
+            f"; the model call in flight was cut and its hold of {held.amount} tokens counted as spent" if held else ""
+        )
+        log.info("task %s: timed out with the call of step %d in flight%s", s.task_id, s.next_step, note)
+        # Not released after: the cut call's thread may still be reporting a retry, and its
+        # write of the session would bring the spent hold back into it.
+        return finish_without_step(self.tasks, self.holds, s, TaskStatus.TIMED_OUT, note=note, release=False)
+
+    def _late(self, cut: CutCall, request: LLMRequest, response: LLMResponse, started: float, provider: str) -> None:
+        """The answer of a call cut at the task's timeout, come after all: charged as an orphan."""
+        step = LLMStep(
+            content=response.content,
+            stop_reason=response.stop_reason,
+            model=response.model or request.model,
+            usage=response.usage,
+            cost_usd=self._cost(provider, response.model or request.model, request.model, response),
+            reserved_tokens=cut.hold.amount if cut.hold else 0,
+            attempts=response.attempts,
+            started_at=started,
+            duration_ms=int((time.time() - started) * 1000),
+            provider=provider,
+        )
+        settle_late(self.budgets, self.steps, cut, step)
 
     def _fall_over(self, s: Session, exc: ProviderError) -> bool:
         """After the model's call failed with an overload or an outage (its retries spent),
@@ -334,7 +379,7 @@ class LLMTurn:
             self.flow.settle(
                 key, s.admission, usage.input_tokens + usage.cache_creation_input_tokens, usage.output_tokens
             )
-        cost = self._cost(s, response.model or request.model, request.model, response)
+        cost = self._cost(s.task.submission.provider, response.model or request.model, request.model, response)
         if s.economy:
             cost = cost * BATCH_PRICE_RATIO
         answered = CallStep(
@@ -450,13 +495,13 @@ class LLMTurn:
         sub = s.task.submission
         return flow_key(choice.provider, choice.model) if choice else flow_key(sub.provider, sub.model)
 
-    def _cost(self, s: Session, answered: str, asked: str, response: LLMResponse) -> Decimal:
+    def _cost(self, provider: str, answered: str, asked: str, response: LLMResponse) -> Decimal:
         """The call's cost, priced by the model that answered, else by the one asked for (a
         submission names a priced model: ``check_submission``). Never $0 without a word."""
         for model in (answered, asked):
             if self.prices.price_for(model) is not None:
                 return self.prices.cost(model, response.usage)
-        if s.task.submission.provider != "scripted":
+        if provider != "scripted":
             log.warning("no price for model %r (nor %r): this call is recorded at $0; add it to AGENTQ_PRICES",
                         answered, asked)  # fmt: skip
         return Decimal(0)
@@ -498,13 +543,19 @@ class LLMTurn:
             log.warning("could not record the retry of task %s", s.task_id, exc_info=True)
 
 
-def finish_without_step(tasks: TaskLeases, holds: BudgetHolds, s: Session, status: TaskStatus) -> RunResult:
-    """End the task before its next call (a cap, the timeout): the hold goes back, the status
-    and the partial result are written under the lease."""
-    holds.release(s)
+def finish_without_step(
+    tasks: TaskLeases, holds: BudgetHolds, s: Session, status: TaskStatus, *, note: str = "", release: bool = True
+) -> RunResult:
+    """End the task before its next call (a cap, the timeout), or with its call cut: the hold
+    goes back (``release=False``: the cut counted it as spent), the status and the partial
+    result are written under the lease. ``note`` is added to the error's message."""
+    if release:
+        holds.release(s)
     error = stop_error(s, status)
+    if note:
+        error = {**error, "message": error["message"] + note}
     tasks.transition(s.task_id, status, lease=s.lease, result=final_text(s.messages), error=error)
-    s.task = s.task.model_copy(update={"status": status})
+    s.task = s.task.model_copy(update={"status": status, **({} if release else {"inflight": None})})
     return RunResult(s.task_id, "finished", status=status, error=error)
 
 

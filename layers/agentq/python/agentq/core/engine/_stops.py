@@ -19,14 +19,20 @@ def stop_reason(s: Session, slice_margin_seconds: float) -> Stop | None:
     now = time.time()
     if s.llm_turns >= constraints.max_steps:
         return TaskStatus.COST_EXCEEDED
-    started = s.task.started_at or now
-    if now >= started + constraints.timeout_seconds:
+    if now >= timeout_at(s, now):
         return TaskStatus.TIMED_OUT
     if s.deadline is not None and now >= s.deadline - slice_margin_seconds:
         return "slice"
     if s.stop is not None and s.stop.is_set():
         return "slice"
     return None
+
+
+def timeout_at(s: Session, now: float | None = None) -> float:
+    """When the task times out: its start plus ``constraints.timeout_seconds``. The next call
+    does not start after it, and the call in flight is cut at it (``_cut``)."""
+    started = s.task.started_at or (time.time() if now is None else now)
+    return started + s.task.submission.constraints.timeout_seconds
 
 
 def stop_error(s: Session, status: TaskStatus) -> dict[str, Any]:

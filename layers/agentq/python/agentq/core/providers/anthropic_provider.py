@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import random
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +23,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentq.core.errors import ProviderError
 from agentq.core.models import Usage
 from agentq.core.providers import caching
-from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS, LLMRequest, LLMResponse, report_text, stream_above
+from agentq.core.providers.base import (
+    DEFAULT_MAX_CALL_SECONDS,
+    LLMRequest,
+    LLMResponse,
+    attempt_timeout,
+    check_cut,
+    pause,
+    report_text,
+    stream_above,
+)
 from agentq.core.providers.caching import CacheTtl
 from agentq.core.providers.retry import (
     CallFailure,
@@ -55,6 +63,7 @@ class _MessagesProvider:
         retry: RetryPolicy,
         sleep: Callable[[float], None],
         rng: random.Random | None,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
     ) -> None:
         # Even an injected client must not retry on its own: the attempts we count and the
         # delays we bound would otherwise be multiplied by the SDK's hidden loop.
@@ -64,6 +73,7 @@ class _MessagesProvider:
         self.retry = retry
         self._sleep = sleep
         self._rng = rng
+        self._timeout = timeout
 
     def complete(self, request: LLMRequest) -> LLMResponse:
         """One assistant turn; raises ``ProviderError`` once the retry policy gives up."""
@@ -72,7 +82,7 @@ class _MessagesProvider:
         streamed = request.max_tokens > stream_above()
         send = (lambda **kw: self._streamed(endpoint, **kw)) if streamed else endpoint.create
         response, attempts = call_with_retries(
-            lambda: to_llm_response(send(**kwargs), 1),
+            lambda: to_llm_response(send(**kwargs, **self._cut_timeout()), 1),
             self.retry,
             self._sleep,
             rng=self._rng,
@@ -116,15 +126,23 @@ class _MessagesProvider:
     def _cache_ttl(self, request: LLMRequest) -> CacheTtl | None:
         return request.cache_ttl
 
+    def _cut_timeout(self) -> dict[str, Any]:
+        """An attempt under a task's deadline (``base.cutting_at``) times out at it: httpx then
+        closes the connection, so the call is cut, not left running."""
+        timeout = attempt_timeout(self._timeout)
+        return {} if timeout is None else {"timeout": timeout}
+
     def _streamed(self, endpoint: Any, **kwargs: Any) -> Any:
         """A long output streamed (server-sent events) and assembled by the SDK: the connection
         carries data all along, so no proxy or idle timeout cuts a call that writes for minutes.
         The Message it returns is what ``create`` would have returned."""
         with endpoint.stream(**kwargs) as stream:
             text = ""
-            for chunk in stream.text_stream:
-                text += chunk
-                report_text(text)
+            for event in stream:
+                check_cut()  # the task's deadline: leaving the block closes the stream
+                if event.type == "text":
+                    text += event.text
+                    report_text(text)
             try:
                 return stream.get_final_message()
             except AssertionError as exc:  # the SDK asserts it saw a message_start: a 200 that was no stream
@@ -175,7 +193,7 @@ class AnthropicProvider(_MessagesProvider):
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
         client: anthropic.Anthropic | None = None,
         *,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] = pause,
         rng: random.Random | None = None,
     ) -> None:
         if client is None:
@@ -188,7 +206,7 @@ class AnthropicProvider(_MessagesProvider):
                     code="missing_api_key",
                 )
             client = anthropic.Anthropic(api_key=api_key, base_url=base_url, timeout=timeout, max_retries=0)
-        super().__init__(client, retry or RetryPolicy.from_env(), sleep, rng)
+        super().__init__(client, retry or RetryPolicy.from_env(), sleep, rng, timeout)
 
     # Economy mode (``core.providers.base.BatchProvider``): one request per batch, so a task's
     # turn waits for nothing but itself; the custom_id ties the result to the task's step.
@@ -250,14 +268,14 @@ class BedrockProvider(_MessagesProvider):
         client: anthropic.AnthropicBedrock | None = None,
         *,
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] = pause,
         rng: random.Random | None = None,
     ) -> None:
         if client is None:
             client = anthropic.AnthropicBedrock(
                 aws_region=aws_region, base_url=base_url, timeout=timeout, max_retries=0
             )
-        super().__init__(client, retry or RetryPolicy.from_env(), sleep, rng)
+        super().__init__(client, retry or RetryPolicy.from_env(), sleep, rng, timeout)
 
     def complete(self, request: LLMRequest) -> LLMResponse:
         try:

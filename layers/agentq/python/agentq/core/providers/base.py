@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
+from agentq.core.errors import CallCut
 from agentq.core.models import Usage
 
 
@@ -170,6 +173,67 @@ def report_text(text: str) -> None:
     listener = _text_listener.get()
     if listener is not None:
         listener(text)
+
+
+@dataclass(frozen=True)
+class Cut:
+    """When the call in progress must stop: at ``deadline`` (wall-clock seconds, the task's
+    timeout), or as soon as ``now`` is set (the engine gave up waiting for it)."""
+
+    deadline: float
+    now: threading.Event
+
+
+_cut: ContextVar[Cut | None] = ContextVar("agentq_call_cut", default=None)
+
+
+@contextlib.contextmanager
+def cutting_at(cut: Cut) -> Iterator[None]:
+    """Provider calls made in this context stop at ``cut``: no attempt starts after it, a retry's
+    wait ends with it (``pause``), a stream is closed at its next event (``check_cut``), and an
+    HTTP attempt's timeout is no longer than the time left (``time_left``), so its connection is
+    closed by the SDK at the deadline. A context variable, as ``reporting_retries``, so every
+    provider's ``complete`` keeps one signature. The engine also waits for the call on a thread
+    of its own and stops waiting at the deadline (``core.engine._cut``): a provider whose SDK
+    cannot be cut mid-read is abandoned, not waited for."""
+    token = _cut.set(cut)
+    try:
+        yield
+    finally:
+        _cut.reset(token)
+
+
+def time_left() -> float | None:
+    """Seconds until the call in progress must stop (None: no deadline in this context)."""
+    cut = _cut.get()
+    if cut is None:
+        return None
+    return 0.0 if cut.now.is_set() else max(0.0, cut.deadline - time.time())
+
+
+def check_cut() -> None:
+    """Raise ``CallCut`` when the call in progress must stop: what a provider calls before each
+    attempt and between a stream's events."""
+    left = time_left()
+    if left is not None and left <= 0:
+        raise CallCut("the task's timeout passed before the model answered")
+
+
+def attempt_timeout(configured: float) -> float | None:
+    """The timeout of an HTTP attempt that must end by the cut: the time left, when that is
+    shorter than the SDK's ``configured`` one (None: keep the SDK's own)."""
+    left = time_left()
+    return None if left is None or left >= configured else max(left, 0.001)
+
+
+def pause(seconds: float) -> None:
+    """Wait ``seconds`` (a retry's back-off, the scripted provider's latency), or less when the
+    call must stop first: the providers' default ``sleep``."""
+    cut = _cut.get()
+    if cut is None:
+        time.sleep(seconds)
+    else:
+        cut.now.wait(min(seconds, max(0.0, cut.deadline - time.time())))
 
 
 STREAM_ABOVE_VARIABLE = "AGENTQ_STREAM_ABOVE_TOKENS"

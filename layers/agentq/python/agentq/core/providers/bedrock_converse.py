@@ -29,7 +29,6 @@ import functools
 import json
 import os
 import random
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -43,7 +42,15 @@ from agentq.core.errors import ProviderError
 from agentq.core.model_ids import model_family
 from agentq.core.models import Usage
 from agentq.core.providers import caching
-from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS, LLMRequest, LLMResponse, report_text, stream_above
+from agentq.core.providers.base import (
+    DEFAULT_MAX_CALL_SECONDS,
+    LLMRequest,
+    LLMResponse,
+    check_cut,
+    pause,
+    report_text,
+    stream_above,
+)
 from agentq.core.providers.retry import (
     CallFailure,
     MalformedReply,
@@ -99,7 +106,7 @@ class BedrockConverseProvider:
         region: str | None = None,
         retry: RetryPolicy | None = None,
         timeout: float = DEFAULT_MAX_CALL_SECONDS,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] = pause,
         rng: random.Random | None = None,
     ) -> None:
         if client is None:
@@ -140,9 +147,14 @@ class BedrockConverseProvider:
 
     def _streamed(self, params: dict[str, Any]) -> LLMResponse:
         reply = StreamedReply()
-        for event in self._client.converse_stream(**params)["stream"]:
-            if reply.add(event):
-                report_text(reply.text)
+        stream = self._client.converse_stream(**params)["stream"]
+        try:
+            for event in stream:
+                check_cut()  # the task's deadline: the stream is closed below
+                if reply.add(event):
+                    report_text(reply.text)
+        finally:
+            stream.close()
         return to_llm_response(reply.whole(), params["modelId"])
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,7 +35,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentq.core.errors import ProviderError
 from agentq.core.models import Usage
-from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS, LLMRequest, LLMResponse, report_text, stream_above
+from agentq.core.providers.base import (
+    DEFAULT_MAX_CALL_SECONDS,
+    LLMRequest,
+    LLMResponse,
+    attempt_timeout,
+    check_cut,
+    pause,
+    report_text,
+    stream_above,
+)
 from agentq.core.providers.retry import (
     CallFailure,
     MalformedReply,
@@ -74,7 +82,7 @@ class OpenAIProvider:
         timeout: float = DEFAULT_MAX_CALL_SECONDS,
         client: openai.OpenAI | None = None,
         *,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] = pause,
         rng: random.Random | None = None,
     ) -> None:
         if client is None:
@@ -97,13 +105,16 @@ class OpenAIProvider:
         self.retry = retry or RetryPolicy.from_env()
         self._sleep = sleep
         self._rng = rng
+        self._timeout = timeout
 
     def complete(self, request: LLMRequest) -> LLMResponse:
         params = chat_params(request, self._limit)
         streamed = request.max_tokens > stream_above()
         response, attempts = call_with_retries(
             lambda: (
-                self._streamed(params) if streamed else to_llm_response(self._client.chat.completions.create(**params))
+                self._streamed({**params, **self._cut_timeout()})
+                if streamed
+                else to_llm_response(self._client.chat.completions.create(**params, **self._cut_timeout()))
             ),
             self.retry,
             self._sleep,
@@ -117,11 +128,18 @@ class OpenAIProvider:
     def endpoint(self) -> str:
         return str(self._client.base_url)
 
+    def _cut_timeout(self) -> dict[str, Any]:
+        """An attempt under a task's deadline (``base.cutting_at``) times out at it: httpx then
+        closes the connection, so the call is cut, not left running."""
+        timeout = attempt_timeout(self._timeout)
+        return {} if timeout is None else {"timeout": timeout}
+
     def _streamed(self, params: dict[str, Any]) -> LLMResponse:
         chunks = self._client.chat.completions.create(**params, stream=True, stream_options={"include_usage": True})
         completion = StreamedCompletion()
         with chunks:
             for chunk in chunks:
+                check_cut()  # the task's deadline: leaving the block closes the stream
                 if completion.add(chunk):
                     report_text(completion.text)
         return completion.response()

@@ -26,7 +26,7 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentq.core.errors import ProviderError
-from agentq.core.providers.base import RetryNotice, report_retry
+from agentq.core.providers.base import RetryNotice, check_cut, pause, report_retry
 
 T = TypeVar("T")
 
@@ -183,7 +183,7 @@ def never_connected(exc: BaseException) -> bool:
 def call_with_retries(
     fn: Callable[[], T],
     policy: RetryPolicy,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], None] = pause,
     *,
     rng: random.Random | None = None,
     label: str = "anthropic",
@@ -196,11 +196,15 @@ def call_with_retries(
     ``MalformedReply`` (or a JSON error) for a reply that is not a Message; ``classify`` reads
     the SDK's own exceptions (an exception it does not know goes through unchanged). ``sleep``
     and ``rng`` are injectable so tests can prove the waits without waiting.
+
+    Under a cut (``base.cutting_at``: the task's timeout) no attempt starts after it and a failure
+    that comes with it is no retry: ``CallCut`` leaves instead, unreported.
     """
     last: CallFailure | None = None
     last_exc: Exception | None = None
     for attempt in range(1, policy.max_attempts + 1):
         hint: float | None = None
+        check_cut()
         try:
             return fn(), attempt
         except MalformedReply as exc:  # a 2xx that is not a Message: maybe a proxy's hiccup; bounded below
@@ -222,6 +226,7 @@ def call_with_retries(
                     ) from exc
                 hint = retry_after_seconds(failure.headers)
             last, last_exc = failure, exc
+        check_cut()  # the attempt failed because it was cut (an SDK timeout at the deadline): no retry
         if attempt == policy.max_attempts:
             break
         delay = min(hint, policy.max_delay) if hint is not None else backoff_delay(policy, attempt - 1, rng)

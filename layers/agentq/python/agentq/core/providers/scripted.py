@@ -16,7 +16,6 @@ import hashlib
 import json
 import math
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ import yaml
 
 from agentq.core.context import COMPACT_INSTRUCTION
 from agentq.core.models import Script, ScriptTurn, Usage
-from agentq.core.providers.base import LLMRequest, LLMResponse
+from agentq.core.providers.base import LLMRequest, LLMResponse, check_cut, pause
 
 CHARS_PER_TOKEN = 4
 SCRIPTS_DIR = Path(__file__).resolve().parent.parent.parent / "scripts"
@@ -69,7 +68,7 @@ def builtin_script_names() -> list[str]:
 class ScriptedProvider:
     name = "scripted"
 
-    def __init__(self, script: Script, *, sleep: Any = time.sleep) -> None:
+    def __init__(self, script: Script, *, sleep: Any = pause) -> None:
         self.script = script
         self.sleep = sleep
 
@@ -79,7 +78,8 @@ class ScriptedProvider:
             return self._summary(request, turn_index)
         turn = self._turn(turn_index)
         if turn.latency_seconds:
-            self.sleep(turn.latency_seconds)
+            self.sleep(turn.latency_seconds)  # a task's timeout ends the wait (``base.pause``) and cuts the call
+            check_cut()
         content: list[dict[str, Any]] = []
         if turn.text:
             content.append({"type": "text", "text": turn.text})
