@@ -209,6 +209,8 @@ def openai_failure(exc: Exception) -> CallFailure | None:
         error: dict[str, Any] = nested if isinstance(nested, dict) else body
         kind = error.get("type") or error.get("code")
         detail = error.get("message") if isinstance(error.get("message"), str) else exc.message
+        if isinstance(exc.body, str) and exc.body:  # not JSON (a proxy's page): shown as an excerpt of it
+            detail = exc.body
         return CallFailure(
             "status", exc.status_code, kind if isinstance(kind, str) else None, str(detail), exc.response.headers,
             unbilled=error_status_answered(exc.response.status_code),

@@ -9,7 +9,8 @@ JSON of another shape) is retried like an overload, but once the attempts are sp
 fails: a server that keeps answering garbage will not be fixed by the queue's retries.
 
 Each retry is reported before its wait (``base.report_retry``): the engine records it on the
-task, so status, watch and the trace show the attempt, the error and the next try.
+task, so status, watch and the trace show the attempt, the error and the next try. Their words
+are an ``excerpt`` of what the server said, never a whole body (an HTML page is its title).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import email.utils
 import json
 import os
 import random
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -45,6 +47,10 @@ FAILURE_CODES = {
     529: "overloaded",
 }
 MALFORMED = "malformed_response"
+EXCERPT_CHARS = 200  # the most of a server's own words an error message carries
+_PAGE = re.compile(r"<\s*(?:!doctype|html|head|body|title)\b", re.IGNORECASE)
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title>|<h1[^>]*>(.*?)</h1>", re.IGNORECASE | re.DOTALL)
+_TAG = re.compile(r"<[^>]*>")
 
 
 class MalformedReply(Exception):
@@ -218,7 +224,7 @@ def call_with_retries(
             if failure.kind == "status" and failure.status_code is not None:
                 if not is_retryable_status(failure.status_code):
                     raise ProviderError(
-                        f"{label} rejected the request ({_status_label(failure)}): {failure.detail}",
+                        f"{label} rejected the request ({_status_label(failure)}): {excerpt(failure.detail)}",
                         retryable=False,
                         status_code=failure.status_code,
                         attempts=attempt,
@@ -255,6 +261,25 @@ def call_with_retries(
     ) from last_exc
 
 
+def excerpt(detail: str) -> str:
+    """The server's words as an error message carries them, never a whole body: an HTML page (a
+    proxy's, a load balancer's, the local stack's moto answering for a service it lacks) by its
+    size and title, any text cut to ``EXCERPT_CHARS``, whitespace collapsed. A body that is not
+    the API's error is no explanation, and a page of it printed at every retry hid the one that
+    was (issue 39: a Converse call to moto printed its 500 page 25 times)."""
+    page = _PAGE.search(detail)
+    if page is not None:
+        html = detail[page.start() :]
+        found = _TITLE.search(html)
+        title = " ".join(_TAG.sub(" ", (found.group(1) or found.group(2) or "") if found else html).split())
+        said = f"an HTML page of {len(html.encode())} bytes, not the API's error"
+        before = detail[: page.start()].strip()  # an SDK's own words first ("Error code: 500 - ")
+        detail = f"{before} {said}" if before else said
+        detail += f": {title[:120]}" if title else ""
+    text = " ".join(detail.split())
+    return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 1] + "…"
+
+
 def _code_of(failure: CallFailure) -> str:
     if failure.kind == "status":
         return failure_code(failure.status_code)
@@ -266,15 +291,15 @@ def _code_of(failure: CallFailure) -> str:
 
 
 def _what(label: str, failure: CallFailure) -> tuple[str, str | None]:
-    """(``<label> <what happened>``, the server's own words if it gave any)."""
+    """(``<label> <what happened>``, an excerpt of the server's own words if it gave any)."""
     if failure.kind == "timeout":
-        return f"{label} request timed out", failure.detail or None
+        return f"{label} request timed out", excerpt(failure.detail) or None
     if failure.kind == "connection":
-        return f"{label} connection failed", failure.detail or None
+        return f"{label} connection failed", excerpt(failure.detail) or None
     if failure.kind == "status":
         code = failure.status_code
         what = "overloaded (529)" if code == 529 else "rate limited (429)" if code == 429 else f"server error ({code})"
-        return f"{label} {what}", failure.detail or None
+        return f"{label} {what}", excerpt(failure.detail) or None
     if failure.detail.startswith("not JSON ("):
         return f"{label} returned a reply that is {failure.detail}", None
     return f"{label} returned a reply that is not a Message ({failure.detail})", None
