@@ -17,7 +17,8 @@ ProviderFactory = Callable[[TaskSubmission], LLMProvider]
 def default_provider_factory(submission: TaskSubmission) -> LLMProvider:
     """Scripted tasks get their script; the others read their settings from the environment,
     each SDK's own convention (ANTHROPIC_API_KEY / ANTHROPIC_BASE_URL; OPENAI_API_KEY /
-    OPENAI_BASE_URL; AWS_REGION and AWS_ENDPOINT_URL_BEDROCK_RUNTIME for Converse), and in AWS
+    OPENAI_BASE_URL; AWS_REGION and AWS_ENDPOINT_URL_BEDROCK_RUNTIME for Converse, which never
+    takes the global AWS_ENDPOINT_URL), and in AWS
     the API keys from Secrets Manager (``anthropic_api_key``, ``openai_api_key``)."""
     if submission.provider == "scripted":
         assert submission.script is not None

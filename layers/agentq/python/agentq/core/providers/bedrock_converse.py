@@ -3,9 +3,10 @@ DeepSeek, gpt-oss, Claude, ...) through boto3's ``bedrock-runtime`` ``converse``
 
 As the OpenAI provider, this module only translates between the engine's Messages API blocks
 and Converse's (``toolUse``/``toolResult``/``reasoningContent`` members of a content block), so
-stored steps keep one shape whichever provider answered. boto3 finds its endpoint the SDK's way
-(``AWS_ENDPOINT_URL_BEDROCK_RUNTIME``, which the tests point at a local Converse server) and its
-credentials from the worker's role; botocore's own retries are off (one attempt), the shared
+stored steps keep one shape whichever provider answered. Its endpoint is Bedrock's own, or
+``AWS_ENDPOINT_URL_BEDROCK_RUNTIME`` (which the tests point at a local Converse server), never
+the ``AWS_ENDPOINT_URL`` that points agentq's own services elsewhere (``converse_endpoint``); its
+credentials come from the worker's role; botocore's own retries are off (one attempt), the shared
 retry loop (``providers/retry.py``) counts and reports every attempt as for the other providers.
 
 Prompt caching: a ``cachePoint`` goes after the tools, the system prompt and the latest message
@@ -74,17 +75,55 @@ STREAM_EXCEPTION_STATUS = {
 }
 
 
+ENDPOINT_VARIABLE = "AWS_ENDPOINT_URL_BEDROCK_RUNTIME"
+EVERY_SERVICE_VARIABLE = "AWS_ENDPOINT_URL"
+
+
+def converse_endpoint(region: str | None = None) -> str | None:
+    """Where Converse calls go: ``AWS_ENDPOINT_URL_BEDROCK_RUNTIME``, else Bedrock's regional
+    endpoint (None). Never ``AWS_ENDPOINT_URL``, which botocore would apply to every service:
+    it is where agentq's own table, bucket and queues are (the local stack's moto, which serves
+    no Bedrock: a Converse call sent there got an HTML 500 and was retried 25 times). With it
+    set and no Bedrock endpoint named, the call is refused, naming the variable to set: such a
+    process signs with the local stack's placeholder credentials, which Bedrock itself refuses."""
+    named = os.environ.get(ENDPOINT_VARIABLE, "").strip()
+    if named:
+        return named
+    everything = os.environ.get(EVERY_SERVICE_VARIABLE, "").strip()
+    if everything:
+        raise ProviderError(
+            f"bedrock-converse: {EVERY_SERVICE_VARIABLE} ({everything}) points every AWS service elsewhere "
+            f"(the local stack's moto serves no Bedrock) and {ENDPOINT_VARIABLE} is not set: set it in the "
+            "workers' environment to the Converse endpoint to call: a Converse-compatible server, or Bedrock's "
+            f"own (https://bedrock-runtime.{region or _region()}.amazonaws.com), which takes real AWS credentials, "
+            "not the local stack's placeholders",
+            retryable=False,
+            code="bedrock_endpoint_unset",
+        )
+    return None
+
+
+def _region() -> str:
+    return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+
+
 @functools.cache
 def shared_client(region: str | None, timeout: float, endpoint: str | None) -> Any:
     """One ``bedrock-runtime`` client per process and setting (boto3 clients are thread-safe;
     building one parses botocore's service model, ~100 ms, too much to pay on every turn).
-    ``endpoint`` is in the key so a changed ``AWS_ENDPOINT_URL_BEDROCK_RUNTIME`` is honoured."""
+    ``endpoint`` (``converse_endpoint``) is in the key so a changed one is honoured; the
+    endpoints botocore would find on its own (``AWS_ENDPOINT_URL``, the shared config file's)
+    are ignored."""
     import boto3
 
-    config = botocore.config.Config(
-        retries={"total_max_attempts": 1, "mode": "standard"}, read_timeout=timeout, connect_timeout=10
-    )
-    return boto3.session.Session().client("bedrock-runtime", region_name=region, config=config)
+    settings: dict[str, Any] = {  # botocore's type stubs predate ignore_configured_endpoint_urls
+        "retries": {"total_max_attempts": 1, "mode": "standard"},
+        "read_timeout": timeout,
+        "connect_timeout": 10,
+        "ignore_configured_endpoint_urls": True,
+    }
+    config = botocore.config.Config(**settings)
+    return boto3.session.Session().client("bedrock-runtime", region_name=region, endpoint_url=endpoint, config=config)
 
 
 def caches_prompts(model: str) -> bool:
@@ -110,7 +149,7 @@ class BedrockConverseProvider:
         rng: random.Random | None = None,
     ) -> None:
         if client is None:
-            client = shared_client(region, timeout, os.environ.get("AWS_ENDPOINT_URL_BEDROCK_RUNTIME"))
+            client = shared_client(region, timeout, converse_endpoint(region))
         self._client = client
         self.retry = retry or RetryPolicy.from_env()
         self._sleep = sleep
