@@ -164,6 +164,7 @@ def test_a_task_timeout_cuts_the_model_call_in_flight_and_its_hold_is_counted_on
     orphans = store.steps.orphans(task.task_id)
     if case.answers_late:  # the hold counted as spent is corrected to the usage reported, once
         assert [o.call.usage.total for o in orphans] == [sum(LATE_USAGE)] == [budget.used]
+        assert [o.reason for o in orphans] == ["timed_out"]  # not a lost lease: the trace says why
     else:  # the outcome is unknown: the hold is counted in full, once
         assert orphans == [] and budget.used == hold.amount
 

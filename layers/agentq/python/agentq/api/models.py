@@ -530,10 +530,11 @@ class LLMCallEvent(ApiModel):
         description="a fallback took over at this call: the model the turn wanted first (provider, model) and why "
         "it did not answer (reason: circuit_open, or its call's error code after the retries)",
     )
-    orphan_reason: Literal["lease_lost", "interrupted"] | None = Field(
+    orphan_reason: Literal["lease_lost", "interrupted", "timed_out"] | None = Field(
         default=None,
         description="an orphan's why: lease_lost (its worker lost the task to another), interrupted (a person "
-        "interrupted the task while the model answered: the answer was discarded); null for a committed call",
+        "interrupted the task while the model answered: the answer was discarded), timed_out (the task's timeout "
+        "cut the call, whose answer came after all); null for a committed call",
     )
     truncated: bool
 

@@ -46,6 +46,7 @@ STATUS_STYLE = {
 ORPHAN_LABELS = {
     "interrupted": "interrupted: answer discarded, never committed; paid",
     "lease_lost": "orphan: lease lost, never committed; paid",
+    "timed_out": "timed out: answered after the task's timeout cut it, never committed; paid",
 }
 
 

@@ -151,13 +151,14 @@ class IdempotencyRecord:
     expires_at: int
 
 
-OrphanReason = Literal["lease_lost", "interrupted"]
+OrphanReason = Literal["lease_lost", "interrupted", "timed_out"]
 
 
 @dataclass(frozen=True)
 class OrphanCall:
     """An LLM call that happened but whose step was never committed: its worker lost the lease
-    (``lease_lost``), or a person interrupted the task while it answered (``interrupted``)."""
+    (``lease_lost``), a person interrupted the task while it answered (``interrupted``), or the
+    task's timeout cut it and its answer came after all (``timed_out``)."""
 
     number: int
     epoch: int

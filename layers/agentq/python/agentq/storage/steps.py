@@ -323,7 +323,7 @@ class Steps:
                 OrphanCall(
                     number=int(item["number"]),
                     epoch=int(item["epoch"]),
-                    reason="interrupted" if item.get("reason") == "interrupted" else "lease_lost",
+                    reason=_orphan_reason(item.get("reason")),
                     call=CALL_STEP.validate_json(self.payloads.decode(item)),
                 )
             )
@@ -334,3 +334,10 @@ class Steps:
         from agentq.storage.dynamodb import to_wire
 
         return [to_wire(i) for i in self.table.query(keys.task_pk(task_id))]
+
+
+def _orphan_reason(stored: Any) -> OrphanReason:
+    """An orphan item's ``reason`` (one written before reasons were kept: ``lease_lost``)."""
+    if stored == "interrupted":
+        return "interrupted"
+    return "timed_out" if stored == "timed_out" else "lease_lost"

@@ -130,7 +130,7 @@ def settle_late(budgets: BudgetLedger, steps: StepLog, cut: CutCall, step: LLMSt
     budgets.settle_orphan(
         cut.task_id, cut.budget_id, delta, inflight_epoch=cut.lease.epoch if hold else None, parent_id=cut.parent_id
     )
-    steps.record_orphan(cut.lease, cut.step, step)
+    steps.record_orphan(cut.lease, cut.step, step, reason="timed_out")
     log.warning(
         "task %s: the call of step %d cut at the task's timeout answered after all (%d tokens); charged as an orphan",
         cut.task_id, cut.step, step.usage.total,
