@@ -104,7 +104,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         measured("no message", lambda: engine().run(quiet.task_id), quiet.task_id)
 
         talked = store.tasks.create(sub, tenant="bench")
-        person = During(sub, args.turns // 2, lambda: send_message(store, queues, talked.task_id, "also this"))
+
+        def say_also_this() -> None:
+            counter.tag("message mid-run")  # the engine calls the model on a thread of its own (core/engine/_cut.py)
+            send_message(store, queues, talked.task_id, "also this")
+
+        person = During(sub, args.turns // 2, say_also_this)
         measured("message mid-run", lambda: engine(person).run(talked.task_id), talked.task_id)
 
         def follow_up() -> None:
