@@ -187,3 +187,56 @@ def test_a_lease_lost_at_a_step_boundary_gives_back_the_next_calls_hold_which_ne
     budget = store.budgets.get(task.task_id)
     assert budget.reserved == 0 and budget.used > 0 and budget.available == budget.cap - budget.used
     assert store.tasks.get(task.task_id).inflight is None
+
+
+def test_a_call_sent_under_a_hold_a_message_made_older_keeps_it_counted_when_the_lease_is_lost(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tools commit reserves the next call's hold for step 3; a message arrives meanwhile and
+    is delivered as step 3, so the call goes out as step 4 under the hold of step 3. Its reply is
+    cut midway (perhaps billed) and the zombie then learns its lease is gone: the hold must stay
+    counted. (Matched by the call's step, the step-boundary release gave it back.)"""
+    from agentq.control.conversations import send_message
+    from agentq.core.engine import _tool_call
+    from agentq.runtime import build_queues
+
+    from tests.fake_messages_api import tool_use_reply
+
+    settings = deployment(moto_server)
+    store, queues = build_store(settings), build_queues(settings)
+    sub = _submission().model_copy(
+        update={"constraints": _submission().constraints.model_copy(update={"tools": ["lookup"]})}
+    )
+    task = store.tasks.create(sub, tenant="t")
+    seen: list[Any] = []
+
+    def model(request: Any) -> FakeReply:
+        seen.append(request)
+        if len(seen) == 1:
+            return tool_use_reply("lookup", {"query": "q"}, text="looking")
+        deadline = time.monotonic() + 30
+        while store.tasks.claim(task.task_id, "successor", 30) is None:
+            assert time.monotonic() < deadline, "the zombie's lease never lapsed"
+            time.sleep(0.05)
+        return dataclasses.replace(_answer(), cut_at=0.5)
+
+    def a_message_while_the_tool_runs(name: str) -> None:
+        if name == "after_tool_run":
+            send_message(store, queues, task.task_id, "also this")
+
+    monkeypatch.setattr(_tool_call, "crash_point", a_message_while_the_tool_runs)
+    with FakeMessagesAPI() as fake:
+        fake.responder = model
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
+        monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", '{"base_delay": 0.01, "max_delay": 0.01}')
+        engine = Engine(
+            store, worker_id="zombie", tools=build_registry(settings), config=EngineConfig(lease_seconds=LEASE)
+        )
+        result = engine.run(task.task_id, keeper=lambda held: contextlib.nullcontext())
+
+    assert result.outcome == "lease_lost" and len(seen) == 2
+    steps = store.steps.load(task.task_id, upto=10)
+    assert [type(r.body).__name__ for r in steps][:3] == ["LLMStep", "ToolsStep", "MessageStep"]
+    budget = store.budgets.get(task.task_id)
+    assert budget.reserved > 0  # the cut call's hold, counted until its deadline

@@ -106,6 +106,7 @@ class BudgetHolds:
             # The batch is this run's now too: a run that finds it still running parks with it
             # again, and the next claim must adopt the hold again, not take it for a lost worker's.
             self.budgets.adopt(s.lease, current)
+            s.sent_hold_step = current.step  # its batch went out: never "unsent"
             s.task = task.model_copy(
                 update={"inflight": current.moved_to(epoch=s.lease.epoch), "batch": {**batch, "epoch": s.lease.epoch}}
             )
@@ -146,11 +147,11 @@ class BudgetHolds:
 
     def release_unsent(self, s: Session) -> None:
         """The lease is lost: give back this run's hold if its call never went out (one reserved
-        at a tools commit, or before a call that had not started: ``Session.sent_step``), since
+        at a tools commit, or before a call that had not started: ``Session.sent_hold_step``), since
         nothing can be charged for it. A hold whose call was sent stays as it is: its outcome
         may be unknown, and a zombie that learns it settles it (``settle_orphan``)."""
         held = s.task.inflight
-        if held and held.epoch == s.lease.epoch and held.step != s.sent_step:
+        if held and held.epoch == s.lease.epoch and held.step != s.sent_hold_step:
             self.release(s)
 
     def spend(self, s: Session) -> Reservation | None:

@@ -103,7 +103,8 @@ class LLMTurn:
         max_out = max(MIN_OUTPUT_TOKENS, min(self.requests.max_out(s), reserved - est_in))
         request = self.requests.request(s, max_out)
         compact = self.requests.compacting(s)
-        s.sent_step = s.next_step  # from here the call may be on the wire
+        held = s.task.inflight
+        s.sent_hold_step = held.step if held else s.next_step  # from here the call may be on the wire
         if s.economy:
             try:
                 sent = self._batched(s, request, window, batch)
@@ -142,6 +143,9 @@ class LLMTurn:
                         self.windows.settle(window, 0)
                 raise
             except ProviderError as exc:
+                # The failed model's last attempt was not reported as a retry: whether it was
+                # billed is not known here, so a zombie's later release must not assume it.
+                s.call_may_be_billed = True
                 if not self._fall_over(s, exc):
                     return self._call_failed(s, exc, window)
                 self.holds.cover(s, time.time())  # the next model's call is an attempt of its own

@@ -68,9 +68,11 @@ class Session:
     # An attempt of the call in progress may have been billed (reported by its retries); False
     # while every attempt failed unbilled: then a lease lost mid-call gives the hold back.
     call_may_be_billed: bool = False
-    # The step whose call this run has started sending (a call, or a batch): a hold of another
-    # step, found when the lease is lost, is one whose call never went out.
-    sent_step: int | None = None
+    # The step of the hold under which this run has started sending a call (or submitted a
+    # batch, or adopted one): a hold of another step, found when the lease is lost, is one whose
+    # call never went out. The hold's own step, not the call's: a message delivered after the
+    # tools commit that reserved the hold moves the call one step on, under that same hold.
+    sent_hold_step: int | None = None
     fallback_note: FallbackNote | None = None  # the call in progress went to a fallback: from which model, why
     goal: str = ""  # the first message: the submission's goal, with its dependencies' results (core.dependencies)
     inbox: Inbox = field(default_factory=Inbox)  # a person's messages and interrupt, as META last said (_messages)

@@ -161,18 +161,24 @@ class CallFailure:
 Classifier = Callable[[Exception], "CallFailure | None"]
 
 
+# A gateway's answers about its upstream: the upstream call may have run (and been billed) before
+# the gateway gave up on it, as with a proxy or load balancer in front of an OpenAI-compatible server.
+GATEWAY_STATUSES = frozenset({502, 504})
+
+
 def error_status_answered(http_status: object) -> bool:
     """The HTTP response itself carried an error status, so no reply was generated and nothing
-    billed (an error event inside a 200's stream is not this: its response says 200)."""
-    return isinstance(http_status, int) and http_status >= 400
+    billed (an error event inside a 200's stream is not this: its response says 200; nor is a
+    gateway's 502 or 504, behind which the upstream call may have run)."""
+    return isinstance(http_status, int) and http_status >= 400 and http_status not in GATEWAY_STATUSES
 
 
 def never_connected(exc: BaseException) -> bool:
     """An SDK's connection error caused by no connection being made (refused, unresolvable, or
     timed out connecting): the request never left, so nothing was billed. Read off the cause
-    chain by the HTTP library's own class names (httpx's ``ConnectError``/``ConnectTimeout``,
-    as the OpenAI SDK has them, and the same names of the httpx fork the Anthropic SDK ships),
-    since each SDK vendors its own; any other cause (a reset, a read timeout) is not known."""
+    chain by the HTTP library's own class names (``ConnectError``/``ConnectTimeout`` of httpx,
+    or of ``httpx2``, the package the pinned anthropic and openai SDKs use), so whichever the SDK
+    imports is recognised; any other cause (a reset, a read timeout) is not known."""
     cause: BaseException | None = exc.__cause__
     while cause is not None:
         if isinstance(cause, ConnectionRefusedError):
