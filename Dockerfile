@@ -16,7 +16,8 @@ COPY pyproject.toml README.md ./
 COPY requirements/constraints.txt ./requirements/constraints.txt
 COPY layers/agentq/python ./layers/agentq/python
 # The versions the suite was proven with (requirements/constraints.txt), as `make` installs them.
-RUN pip install --no-compile -c requirements/constraints.txt --build-constraint requirements/constraints.txt \
+RUN pip install --no-compile -c requirements/constraints.txt pip setuptools && \
+    pip install --no-compile -c requirements/constraints.txt --build-constraint requirements/constraints.txt \
     ".${AGENTQ_EXTRAS:+[$AGENTQ_EXTRAS]}"
 
 # Your code: copied whole (the build context is the project), then only its folder is kept.

@@ -21,7 +21,7 @@ $(PY):
 	$(PY) -m pip install -q -c $(CONSTRAINTS) --upgrade pip setuptools
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS) | $(PY)
-	$(PIP_INSTALL) -e ".[dev]"
+	$(PIP_INSTALL) -e ".[dev]" pip setuptools
 	touch $@
 
 $(VENV)/.local-installed: pyproject.toml $(CONSTRAINTS) | $(PY)

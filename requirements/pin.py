@@ -78,10 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     pins = frozen(args.python)
     body = "".join(f"{name}=={pins[name]}\n" for name in sorted(pins, key=canonical))
-    CONSTRAINTS.write_text(HEADER + body)
     by_canonical = {canonical(name): version for name, version in pins.items()}
-    for layer in LAYER_FILES:
-        layer.write_text(repin(layer.read_text(), by_canonical, layer))
+    layers = {
+        layer: repin(layer.read_text(), by_canonical, layer) for layer in LAYER_FILES
+    }  # may refuse: before any write
+    for layer, text in layers.items():
+        layer.write_text(text)
+    CONSTRAINTS.write_text(HEADER + body)
     print(f"pinned {len(pins)} packages in {CONSTRAINTS.relative_to(ROOT)}; layers repinned", file=sys.stderr)
     return 0
 

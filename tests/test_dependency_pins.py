@@ -50,7 +50,10 @@ def test_every_installed_distribution_is_at_its_pinned_version() -> None:
     installed = {_canonical(d.metadata["Name"]): d.version for d in metadata.distributions()}
     installed.pop("agentq")
     unpinned = sorted(set(installed) - set(pins))
-    assert unpinned == [], f"installed but not pinned (run `make upgrade-deps`): {unpinned}"
+    assert unpinned == [], (
+        f"installed but not pinned: {unpinned} (`make clean test` rebuilds the venv from the pins; "
+        "`make upgrade-deps` if pyproject.toml gained a dependency)"
+    )
     drifted = {name: (version, pins[name]) for name, version in installed.items() if version != pins[name]}
     assert drifted == {}, f"installed version != pin: {drifted}"
 
@@ -114,6 +117,7 @@ def test_every_install_goes_through_the_constraints_file() -> None:
     assert "$(PIP_INSTALL)" in makefile and "--build-constraint $(CONSTRAINTS)" in makefile
     assert "CONSTRAINTS := requirements/constraints.txt" in makefile
     docker = (ROOT / "Dockerfile").read_text()
+    assert "pip install --no-compile -c requirements/constraints.txt pip setuptools" in docker
     assert "pip install --no-compile -c requirements/constraints.txt --build-constraint" in docker
 
     from infra.build_layers import CONSTRAINTS as LAYER_CONSTRAINTS
