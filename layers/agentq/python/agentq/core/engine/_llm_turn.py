@@ -119,9 +119,7 @@ class LLMTurn:
         except LeaseLost:
             # Nothing went on the wire, so no call can be charged: the hold goes back now (from
             # wherever a successor set it aside), not at its deadline.
-            self.holds.release(s)
-            if window is not None:
-                self.windows.settle(window, 0)
+            self._unspent(s, window)
             raise
         started = time.time()
         s.call_may_be_billed = False
@@ -138,9 +136,7 @@ class LLMTurn:
                 # cannot be charged: its hold goes back now, from wherever a successor put it
                 # (set aside, or already counted as spent), not kept as an unknown.
                 if not s.call_may_be_billed:
-                    self.holds.release(s)
-                    if window is not None:
-                        self.windows.settle(window, 0)
+                    self._unspent(s, window)
                 raise
             except ProviderError as exc:
                 # The failed model's last attempt was not reported as a retry: whether it was
@@ -150,6 +146,13 @@ class LLMTurn:
                     return self._call_failed(s, exc, window)
                 self.holds.cover(s, time.time())  # the next model's call is an attempt of its own
         return self._answered(s, asked, response, started, reserved, max_out, window, compact)
+
+    def _unspent(self, s: Session, window: Any) -> None:
+        """The call's hold goes back, with the tenant window's hold for it: this run counts the call as
+        uncharged (nothing sent, every attempt unbilled, or, as before issue 40, retries spent)."""
+        self.holds.release(s)
+        if window is not None:
+            self.windows.settle(window, 0)
 
     def _asked(self, s: Session, request: LLMRequest) -> LLMRequest:
         """The request as it goes to the model chosen for it (a fallback's own model id)."""
@@ -303,9 +306,7 @@ class LLMTurn:
     def _call_failed(self, s: Session, exc: ProviderError, window: Any) -> RunResult:
         """The provider failed the call (its retries spent): the hold goes back; the task is
         tried again later, or fails now when no retry can help."""
-        self.holds.release(s)
-        if window is not None:
-            self.windows.settle(window, 0)
+        self._unspent(s, window)
         error: dict[str, Any] = {
             "code": exc.code,
             "message": exc.message,
