@@ -20,12 +20,8 @@ def install() -> None:
     from moto.core.common_models import BaseModel
     from moto.core.model_instances import reset_model_data
 
-    if getattr(BaseModel.__new__, "_agentq_untracked", False):
-        return
-
     def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
         return object.__new__(cls)
 
-    __new__._agentq_untracked = True  # type: ignore[attr-defined]
     BaseModel.__new__ = __new__  # type: ignore[method-assign]
     reset_model_data()

@@ -56,8 +56,6 @@ def install() -> None:
     polls of a queue whose message is made visible (idempotent)."""
     from moto.sqs.models import Queue, SQSBackend
 
-    if getattr(Queue.__init__, "_agentq_recent_receipts", False):
-        return
     change_visibility = SQSBackend.change_message_visibility
 
     def change_message_visibility(self: Any, queue_name: str, receipt_handle: str, visibility_timeout: int) -> None:
@@ -74,5 +72,4 @@ def install() -> None:
         original(self, *args, **kwargs)
         self.deleted_messages = RecentReceipts()
 
-    __init__._agentq_recent_receipts = True  # type: ignore[attr-defined]
     Queue.__init__ = __init__  # type: ignore[method-assign]

@@ -30,8 +30,6 @@ def install() -> None:
     """Bound every stream shard moto creates from now on (idempotent)."""
     from moto.dynamodb.models.table import StreamShard
 
-    if getattr(StreamShard.add, "_agentq_bounded", False):
-        return
     add, get = StreamShard.add, StreamShard.get
 
     def bounded_add(self: Any, old: Any, new: Any) -> None:
@@ -41,6 +39,5 @@ def install() -> None:
     def windowed_get(self: Any, start: int, quantity: int) -> list[dict[str, Any]]:
         return get(self, max(start, self.starting_sequence_number), quantity)
 
-    bounded_add._agentq_bounded = True  # type: ignore[attr-defined]
     StreamShard.add = bounded_add  # type: ignore[method-assign]
     StreamShard.get = windowed_get  # type: ignore[method-assign]
