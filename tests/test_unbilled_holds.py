@@ -44,6 +44,13 @@ def _answer() -> FakeReply:
     return message_reply([{"type": "text", "text": "late"}], usage=usage_dict(input_tokens=10, output_tokens=5))
 
 
+def _point_the_provider_at(fake: FakeMessagesAPI, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The anthropic provider talks to ``fake``, retrying at once."""
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
+    monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", '{"base_delay": 0.01, "max_delay": 0.01}')
+
+
 def _run_zombie(
     moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch, first: FakeReply, successor: str
 ) -> tuple[Any, str]:
@@ -74,9 +81,7 @@ def _run_zombie(
 
     with FakeMessagesAPI() as fake:
         fake.responder = answer
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
-        monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", '{"base_delay": 0.01, "max_delay": 0.01}')
+        _point_the_provider_at(fake, monkeypatch)
         config = EngineConfig(lease_seconds=LEASE)
         engine = Engine(store, worker_id="zombie", tools=build_registry(settings), config=config)
         result = engine.run(task.task_id, keeper=lambda session: contextlib.nullcontext())  # paused: no heartbeat
@@ -227,9 +232,7 @@ def test_a_call_sent_under_a_hold_a_message_made_older_keeps_it_counted_when_the
     monkeypatch.setattr(_tool_call, "crash_point", a_message_while_the_tool_runs)
     with FakeMessagesAPI() as fake:
         fake.responder = model
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
-        monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", '{"base_delay": 0.01, "max_delay": 0.01}')
+        _point_the_provider_at(fake, monkeypatch)
         engine = Engine(
             store, worker_id="zombie", tools=build_registry(settings), config=EngineConfig(lease_seconds=LEASE)
         )
