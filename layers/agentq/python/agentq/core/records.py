@@ -29,6 +29,20 @@ class BudgetState:
     reserved_micros: int = 0
     used_micros: int = 0
     available_micros: int = 0
+    # The part of ``used`` (and ``used_micros``) whose calls' outcomes are unknown: holds counted
+    # as spent because no one learned what their calls used (a worker killed mid-call, a reply
+    # cut in the middle), and a folded child's. At most the holds; the rest of ``used`` is what
+    # the provider reported (``known``).
+    unknown: int = 0
+    unknown_micros: int = 0
+
+    @property
+    def known(self) -> int:
+        return self.used - self.unknown
+
+    @property
+    def known_micros(self) -> int:
+        return self.used_micros - self.unknown_micros
 
 
 @dataclass(frozen=True)

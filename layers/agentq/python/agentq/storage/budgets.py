@@ -105,12 +105,15 @@ def settle_and_reserve(budget_id: str, delta: BudgetDelta, reserve_next: int, re
 
 def _correction(delta: BudgetDelta) -> dict[str, Any]:
     """What turns a hold already counted in ``used`` (spent at its deadline, or folded into a
-    parent) into the call's real usage: ``used`` takes ``actual - hold``, ``available`` the rest."""
+    parent) into the call's real usage: ``used`` takes ``actual - hold``, ``available`` the rest,
+    and the hold leaves ``unknown``: its outcome is known now."""
     return {
         "used": delta.used - delta.reserved,
         "available": delta.reserved - delta.used,
+        "unknown": -delta.reserved,
         "usd_used": delta.used_micros - delta.reserved_micros,
         "usd_available": delta.reserved_micros - delta.used_micros,
+        "usd_unknown": -delta.reserved_micros,
         "budget_cost_usd": delta.cost_usd,
         "budget_tokens_in": delta.tokens_in,
         "budget_tokens_out": delta.tokens_out,
@@ -223,8 +226,8 @@ class Budgets:
         spent = ticket_value(held.amount, held.epoch, held.step, held.until, held.micros)
         spend = Patch(
             BUDGET, keys.meta_key(budget_id),
-            Update(add={"reserved": -held.amount, "used": held.amount,
-                        "usd_reserved": -held.micros, "usd_used": held.micros}),
+            Update(add={"reserved": -held.amount, "used": held.amount, "unknown": held.amount,
+                        "usd_reserved": -held.micros, "usd_used": held.micros, "usd_unknown": held.micros}),
             None,
         )  # fmt: skip
         for name, condition in (
@@ -407,9 +410,13 @@ class Budgets:
                     add={
                         "reserved": -child.cap,
                         "used": child.used + child.reserved,
+                        # What the child spent without knowing, and its holds still out: the
+                        # parent counts both as used, but neither as known.
+                        "unknown": child.unknown + child.reserved,
                         "available": child.cap - child.used - child.reserved,
                         "usd_reserved": -share_micros,
                         "usd_used": spent_micros,
+                        "usd_unknown": child.unknown_micros + child.reserved_micros,
                         "usd_available": share_micros - spent_micros,
                         "budget_cost_usd": child.cost_usd,
                         "budget_tokens_in": child.tokens_in,

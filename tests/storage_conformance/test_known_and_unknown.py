@@ -1,0 +1,126 @@
+"""The ledger keeps what the provider reported apart from what no one knows (ARCHITECTURE 4).
+
+``used`` counts both, so ``used <= cap`` stays absolute; ``unknown`` is the part of it that is
+holds counted as spent with their calls' outcomes unknown (and a folded child's), so ``known =
+used - unknown`` is exactly the sum of the usage reported for the tree's calls. Every path that
+moves the ledger is walked here, on both backends, in tokens and in dollars.
+"""
+
+from __future__ import annotations
+
+import time
+from decimal import Decimal
+
+import pytest
+
+from agentq.core.fanout import ChildPlan
+from agentq.core.records import BudgetDelta, BudgetState, Reservation
+from agentq.storage.container import Storage
+
+from tests.helpers import scripted
+from tests.storage_conformance._builders import claimed, llm_step
+
+HOLD, HOLD_MICROS = 400, 30_000
+
+
+def _usage(used: int, hold: int = HOLD, hold_micros: int = HOLD_MICROS, cost: str = "0.002") -> BudgetDelta:
+    return BudgetDelta(reserved=hold, used=used, cost_usd=Decimal(cost), tokens_in=used - 10, tokens_out=10,
+                       reserved_micros=hold_micros)  # fmt: skip
+
+
+def _reported(budget: BudgetState) -> int:
+    return budget.tokens_in + budget.tokens_out
+
+
+def _assert_ledger(budget: BudgetState, *, unknown: int, unknown_micros: int) -> None:
+    assert (budget.unknown, budget.unknown_micros) == (unknown, unknown_micros)
+    assert budget.known == _reported(budget)  # known is exactly what the provider reported
+    assert budget.used + budget.reserved <= budget.cap
+
+
+def _held(backend: Storage, cap: int = 1000) -> tuple[str, Reservation]:
+    """Epoch 1 holds a call's tokens and dollars, then loses its lease (its outcome unknown)."""
+    lease = claimed(backend, max_tokens=cap)
+    held = backend.budgets.reserve(lease, lease.task_id, HOLD, 1, until=time.time() + 60, micros=HOLD_MICROS)
+    backend.tasks.release(lease)
+    return lease.task_id, held
+
+
+def test_a_call_settled_by_its_commit_is_known_in_full(backend: Storage) -> None:
+    lease = claimed(backend, max_tokens=1000)
+    backend.budgets.reserve(lease, lease.task_id, HOLD, 1, micros=HOLD_MICROS)
+    backend.steps.commit(lease, 1, llm_step(), root_id=lease.task_id, settle=_usage(110))
+    _assert_ledger(backend.budgets.get(lease.task_id), unknown=0, unknown_micros=0)
+
+
+def test_a_hold_spent_at_its_deadline_is_unknown_and_its_late_report_makes_it_known(backend: Storage) -> None:
+    task_id, held = _held(backend)
+    backend.budgets.spend_lapsed(task_id, task_id, held)
+    spent = backend.budgets.get(task_id)
+    assert spent.used == HOLD
+    _assert_ledger(spent, unknown=HOLD, unknown_micros=HOLD_MICROS)
+    assert backend.budgets.settle_orphan(task_id, task_id, _usage(110), inflight_epoch=1) is True
+    reported = backend.budgets.get(task_id)
+    assert (reported.used, reported.used_micros) == (110, 2000)
+    _assert_ledger(reported, unknown=0, unknown_micros=0)
+    # Reported twice (a retried write): the ticket is gone; the unknown is not taken twice.
+    backend.budgets.settle_orphan(task_id, task_id, _usage(0, cost="0"), inflight_epoch=1)
+    _assert_ledger(backend.budgets.get(task_id), unknown=0, unknown_micros=0)
+
+
+def test_a_set_aside_hold_settled_by_its_zombie_before_its_deadline_never_becomes_unknown(backend: Storage) -> None:
+    task_id, held = _held(backend)
+    successor = backend.tasks.claim(task_id, "w2", 30)
+    assert successor is not None
+    backend.budgets.set_aside(successor[0], held)
+    backend.budgets.settle_orphan(task_id, task_id, _usage(110), inflight_epoch=1)
+    backend.budgets.spend_lapsed(task_id, task_id, held)  # too late: settled already
+    _assert_ledger(backend.budgets.get(task_id), unknown=0, unknown_micros=0)
+
+
+def test_spent_holds_add_up_as_unknown_and_each_report_takes_back_only_its_own(backend: Storage) -> None:
+    lease = claimed(backend, max_tokens=10_000)
+    task_id, holds = lease.task_id, []
+    for epoch in (1, 2, 3):
+        got = backend.tasks.claim(task_id, f"w{epoch}", 30) if epoch > 1 else (lease, None)
+        assert got is not None
+        holds.append(backend.budgets.reserve(got[0], task_id, HOLD + epoch, epoch, until=time.time() + 60,
+                                             micros=HOLD_MICROS + epoch))  # fmt: skip
+        backend.tasks.release(got[0])
+        backend.budgets.spend_lapsed(task_id, task_id, holds[-1])
+    _assert_ledger(backend.budgets.get(task_id), unknown=3 * HOLD + 6, unknown_micros=3 * HOLD_MICROS + 6)
+    backend.budgets.settle_orphan(task_id, task_id, _usage(50, HOLD + 2, HOLD_MICROS + 2), inflight_epoch=2)
+    _assert_ledger(backend.budgets.get(task_id), unknown=2 * HOLD + 4, unknown_micros=2 * HOLD_MICROS + 4)
+
+
+def _child_folded(backend: Storage, *, spent_before_fold: bool) -> tuple[str, str, Reservation]:
+    """A child whose call's hold outlived its worker, folded into its parent with the hold still
+    out (set aside) or already counted as spent."""
+    lease = claimed(backend, max_tokens=5000)
+    parent = backend.tasks.get(lease.task_id)
+    child_id = f"child-{time.time_ns()}"
+    backend.spawns.create(lease, parent, "sp1", [ChildPlan(child_id, scripted([{"text": "c"}]), 1000, 60)], [], 1)
+    first = backend.tasks.claim(child_id, "w2", 30)
+    assert first is not None
+    held = backend.budgets.reserve(first[0], child_id, HOLD, 1, until=time.time() + 60, micros=HOLD_MICROS)
+    backend.tasks.release(first[0])
+    if spent_before_fold:
+        backend.budgets.spend_lapsed(child_id, child_id, held, parent_id=parent.task_id)
+    backend.budgets.settle_child(parent.task_id, child_id)
+    return parent.task_id, child_id, held
+
+
+@pytest.mark.parametrize("spent_before_fold", [False, True], ids=["hold_out_at_fold", "spent_before_fold"])
+def test_a_folded_childs_unknown_is_the_parents_until_its_call_is_reported(
+    backend: Storage, spent_before_fold: bool
+) -> None:
+    parent_id, child_id, held = _child_folded(backend, spent_before_fold=spent_before_fold)
+    _assert_ledger(backend.budgets.get(parent_id), unknown=HOLD, unknown_micros=HOLD_MICROS)
+    backend.budgets.spend_lapsed(child_id, child_id, held, parent_id=parent_id)  # no-op when spent already
+    _assert_ledger(backend.budgets.get(parent_id), unknown=HOLD, unknown_micros=HOLD_MICROS)
+    _assert_ledger(backend.budgets.get(child_id), unknown=HOLD, unknown_micros=HOLD_MICROS)
+    backend.budgets.settle_orphan(child_id, child_id, _usage(110), inflight_epoch=1, parent_id=parent_id)
+    parent = backend.budgets.get(parent_id)
+    assert parent.used == 110
+    _assert_ledger(parent, unknown=0, unknown_micros=0)
+    _assert_ledger(backend.budgets.get(child_id), unknown=0, unknown_micros=0)
