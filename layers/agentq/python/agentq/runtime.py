@@ -152,6 +152,7 @@ def engine_config(settings: Settings, **kwargs: Any) -> EngineConfig:
     from agentq.core.engine import EngineConfig
 
     kwargs.setdefault("max_call_seconds", max_call_seconds())
+    kwargs.setdefault("unknown_recheck_seconds", unknown_recheck_seconds())
     return EngineConfig(default_tenant_limits=settings.defaults.tenant_limits(), **kwargs)
 
 
@@ -181,6 +182,24 @@ def max_call_seconds() -> float:
         return parse()
     except ValueError as exc:
         raise ConfigurationError(str(exc), field=MAX_CALL_VARIABLE) from None
+
+
+UNKNOWN_RECHECK_VARIABLE = "AGENTQ_UNKNOWN_RECHECK_SECONDS"
+
+
+def unknown_recheck_seconds() -> float:
+    """``AGENTQ_UNKNOWN_RECHECK_SECONDS`` (default 60): how often a task held back only by calls
+    of unknown outcome looks again (``core.engine._holds.UnknownUsage``); a bad value refused
+    as configuration naming the variable."""
+    raw = os.environ.get(UNKNOWN_RECHECK_VARIABLE, "60")
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 1 <= seconds <= 900:  # SQS delays a message at most 15 minutes
+        raise ConfigurationError(f"{UNKNOWN_RECHECK_VARIABLE} must be seconds from 1 to 900, not {raw!r}",
+                                 field=UNKNOWN_RECHECK_VARIABLE)  # fmt: skip
+    return seconds
 
 
 def build_store(settings: Settings, sess: boto3.session.Session | None = None, pool: int = 64) -> Storage:

@@ -163,10 +163,15 @@ class BudgetView(ApiModel):
     """The task's token budget: for a root, the whole tree's (sub-agents included)."""
 
     cap: int
-    used: int
+    used: int = Field(description="known + unknown: what the cap counts as spent")
+    known: int = Field(description="the part of used the provider reported for the calls")
+    unknown: int = Field(
+        description="the part of used whose calls' outcomes are unknown (a worker killed mid-call, a reply cut "
+        "in the middle): each such call's hold, at most; a call reported later moves from here to known"
+    )
     reserved: int
     available: int
-    cost_usd: str
+    cost_usd: str = Field(description="what the known calls cost")
     money: MoneyView | None = Field(default=None, description="the money budget, when the task has max_cost_usd")
 
 
@@ -174,7 +179,9 @@ class MoneyView(ApiModel):
     """The money budget in US dollars (the ledger counts millionths): the same invariant as tokens."""
 
     cap_usd: str
-    used_usd: str = Field(description="what the calls cost, each rounded up to the millionth")
+    used_usd: str = Field(description="what the calls cost, each rounded up to the millionth: known + unknown")
+    known_usd: str = Field(description="the part of used_usd the provider reported")
+    unknown_usd: str = Field(description="the part of used_usd whose calls' outcomes are unknown (their holds)")
     reserved_usd: str = Field(description="held for calls in flight, at the most each can cost")
     available_usd: str
 
@@ -228,7 +235,8 @@ class RetryView(ApiModel):
     scope: Literal["call", "delivery", "deferral"] = Field(
         description="call: the worker retries the model call; delivery: the queue brings the task back later; "
         "deferral: the task was put off before its call (error.code: circuit_open, slowed_down, rate_limited, "
-        "call_in_flight) and comes back at next_attempt_at"
+        "call_in_flight, unknown_usage: the budget is reached only by calls whose outcome is unknown) and comes "
+        "back at next_attempt_at"
     )
     attempt: int = Field(description="the attempt (of the call, or delivery of the task) that failed")
     max_attempts: int

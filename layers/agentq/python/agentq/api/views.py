@@ -202,12 +202,14 @@ def task_view(store: Storage, task: Task) -> TaskView:
         money = None
         if b.cap_micros < NO_MONEY_CAP:
             money = MoneyView(
-                cap_usd=_usd(b.cap_micros), used_usd=_usd(b.used_micros),
-                reserved_usd=_usd(b.reserved_micros), available_usd=_usd(b.available_micros),
+                cap_usd=_usd(b.cap_micros), used_usd=_usd(b.used_micros), known_usd=_usd(b.known_micros),
+                unknown_usd=_usd(b.unknown_micros), reserved_usd=_usd(b.reserved_micros),
+                available_usd=_usd(b.available_micros),
             )  # fmt: skip
         budget: BudgetView | None = BudgetView(
-            cap=b.cap, used=b.used, reserved=b.reserved, available=b.available, cost_usd=str(b.cost_usd), money=money
-        )
+            cap=b.cap, used=b.used, known=b.known, unknown=b.unknown, reserved=b.reserved, available=b.available,
+            cost_usd=str(b.cost_usd), money=money,
+        )  # fmt: skip
     except TaskNotFound:
         budget = None
     children = children_summary(store, task)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -92,7 +93,13 @@ def budget_line(view: TaskView, *, now: float | None = None) -> str:
         return f"{n(view.tokens.total)} tokens used of {n(view.tokens.budget)}"
     b = view.budget
     pct = 100 * b.used / b.cap if b.cap else 0
-    return f"{n(b.used)} / {n(b.cap)} tokens ({pct:.1f}%){reserved_text(view, now=now)}"
+    return f"{n(b.used)} / {n(b.cap)} tokens ({pct:.1f}%){unknown_text(b.unknown)}{reserved_text(view, now=now)}"
+
+
+def unknown_text(unknown: int) -> str:
+    """The part of ``used`` no provider reported: calls whose outcomes no one learned, each
+    counted at its hold (the cap must count them; a bill need not)."""
+    return f" ({n(unknown)} of them unknown: calls whose outcome no worker learned)" if unknown else ""
 
 
 def reserved_text(view: TaskView, *, now: float | None = None) -> str:
@@ -119,7 +126,8 @@ def money_line(view: TaskView) -> str:
     if money is None:
         return ""
     held = f" (+ ${money.reserved_usd} held)" if money.reserved_usd.strip("0.") else ""
-    return f"; budget ${money.used_usd} / ${money.cap_usd}{held}"
+    unknown = f" (${money.unknown_usd} of it unknown)" if Decimal(money.unknown_usd) else ""
+    return f"; budget ${money.used_usd} / ${money.cap_usd}{unknown}{held}"
 
 
 def status_block(view: TaskView) -> str:

@@ -141,7 +141,11 @@ function drawGauge(el, v) {
       money ? h("figure", {}, moneyGauge(money), h("figcaption", { class: "small muted" }, `dollars (max_cost_usd ${fmtUsd(money.cap_usd)})`)) : null),
     h("p", { class: "small" }, `${fmtInt(v.tokens.input)} in · ${fmtInt(v.tokens.output)} out · cost ${fmtUsd(v.cost_usd)}`,
       v.budget ? ` · tree ${fmtUsd(v.budget.cost_usd)}` : "",
-      money && Number(money.reserved_usd) ? ` · ${fmtUsd(money.reserved_usd)} held for calls in flight` : ""));
+      money && Number(money.reserved_usd) ? ` · ${fmtUsd(money.reserved_usd)} held for calls in flight` : ""),
+    v.budget && v.budget.unknown ? h("p", { class: "small", id: "unknown-usage" },
+      `${fmtInt(v.budget.known)} tokens known · ${fmtInt(v.budget.unknown)} unknown`,
+      money ? ` (${fmtUsd(money.known_usd)} known · ${fmtUsd(money.unknown_usd)} unknown)` : "",
+      h("span", { class: "muted" }, ": calls whose outcome no worker learned, counted at their holds")) : null);
 }
 
 function drawFacts(el, v) {

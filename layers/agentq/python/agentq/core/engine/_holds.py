@@ -25,7 +25,7 @@ from agentq.core.models import Task
 from agentq.core.ports import BudgetLedger, TaskLeases
 from agentq.core.pricing import ModelPrice, PriceTable
 from agentq.core.providers.base import BATCH_PRICE_RATIO, BATCH_WINDOW_SECONDS
-from agentq.core.records import NO_USAGE, BudgetDelta
+from agentq.core.records import NO_USAGE, BudgetDelta, BudgetState
 from agentq.core.reservation import Reservation
 
 log = logging.getLogger("agentq.engine")
@@ -40,9 +40,31 @@ class HoldsInFlight(Exception):
     """The budget cannot cover the next call while an older epoch's call may still be charged:
     the task waits ``wait`` seconds for that hold's deadline instead of overshooting the cap."""
 
-    def __init__(self, wait: float) -> None:
-        super().__init__(f"a lost lease's call may complete within {wait:.1f}s")
+    code = "call_in_flight"
+
+    def __init__(self, wait: float, message: str | None = None) -> None:
+        super().__init__(message or f"a lost lease's call may complete within {wait:.1f}s")
         self.wait = wait
+
+
+class UnknownUsage(HoldsInFlight):
+    """The budget cannot cover the next call only because of calls whose outcomes are unknown
+    (their holds counted as spent: ``BudgetState.unknown``). Those calls may never have been
+    billed, so the task is not ``cost_exceeded``: it waits, and looks again every ``wait``
+    seconds, for a worker to report them (the ledger is corrected, the budget freed) or for a
+    raise of the cap (ARCHITECTURE 4). Its timeout still ends it."""
+
+    code = "unknown_usage"
+
+    def __init__(self, wait: float, unknown: int, unknown_micros: int) -> None:
+        money = f" and ${unknown_micros / 1_000_000:.6f}" if unknown_micros else ""
+        super().__init__(
+            wait,
+            f"the budget is reached only by calls whose outcome no worker learned ({unknown} tokens{money} counted "
+            f"at their holds); waiting for them to be reported, or for a raise (add_tokens/add_usd); next look in "
+            f"{wait:.0f}s",
+        )
+        self.unknown, self.unknown_micros = unknown, unknown_micros
 
 
 @dataclass(frozen=True)
@@ -195,16 +217,28 @@ class BudgetHolds:
             return wanted
         except BudgetExceeded:
             state = self.budgets.get(s.task.budget_id)
+            self._unless_only_unknown(s, state, est_in, wanted)
             affordable = est_in + self._affordable_output(s, est_in, state.available_micros)
             amount = min(wanted, state.available, affordable)
             s.short_of = "money" if affordable < min(wanted, state.available) else "tokens"
             if amount < est_in + MIN_OUTPUT_TOKENS:
+                self._unless_only_unknown(s, state, est_in, est_in + MIN_OUTPUT_TOKENS)
                 return None
             try:
                 self._hold(s, amount, est_in)
                 return amount
             except BudgetExceeded:
                 return None
+
+    def _unless_only_unknown(self, s: Session, state: BudgetState, est_in: int, amount: int) -> None:
+        """Raise ``UnknownUsage`` when a hold of ``amount`` would fit were the calls of unknown
+        outcome known to be unbilled: they alone stand between the task and its next call."""
+        if not (state.unknown or state.unknown_micros):
+            return
+        fits_tokens = state.available + state.unknown >= amount
+        fits_money = state.available_micros + state.unknown_micros >= self.hold_micros(s, amount, est_in)
+        if fits_tokens and fits_money:
+            raise UnknownUsage(self.config.unknown_recheck_seconds, state.unknown, state.unknown_micros)
 
     def _affordable_output(self, s: Session, est_in: int, available_micros: int) -> int:
         """The most output tokens a call of ``est_in`` input can be allowed on what is left of

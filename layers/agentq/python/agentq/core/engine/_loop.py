@@ -152,7 +152,7 @@ class Engine:
                 self._holds.take_over(session)
                 result = self._loop(session)
             except HoldsInFlight as exc:
-                result = self._defer(session, exc.wait)
+                result = self._defer(session, exc)
             except LeaseLost as exc:
                 self._holds.release_unsent(session)
                 result = lease_lost(task_id, exc)
@@ -237,8 +237,10 @@ class Engine:
         one can (0: none is left)."""
         return max(self._holds.spend_lapsed(task).live, default=0.0)
 
-    def _defer(self, s: Session, wait: float) -> RunResult:
-        """Give the lease back and come back when the lapsed hold's call can no longer complete.
+    def _defer(self, s: Session, why: HoldsInFlight) -> RunResult:
+        """Give the lease back and come back later: when a lapsed hold's call can no longer
+        complete, or (``UnknownUsage``) to look again whether calls of unknown outcome were
+        reported or the cap raised.
 
         The lease may have been taken over meanwhile (the wait is for an older epoch's call, so
         this run may itself be slow): then there is nothing to give back, and the run ends
@@ -246,14 +248,10 @@ class Engine:
         try:
             self.store.tasks.release(s.lease)
         except LeaseLost as lost:
-            log.info("task %s: lease taken over while deferring for a lapsed hold", s.task_id)
+            log.info("task %s: lease taken over while deferring (%s)", s.task_id, why.code)
             return lease_lost(s.task_id, lost)
-        log.info("task %s deferred %.1fs: a lost lease's call may still be charged", s.task_id, wait)
-        return RunResult(
-            s.task_id,
-            "deferred",
-            error={"code": "call_in_flight", "message": str(HoldsInFlight(wait)), "retry_after": wait},
-        )
+        log.info("task %s deferred %.1fs: %s", s.task_id, why.wait, why)
+        return RunResult(s.task_id, "deferred", error={"code": why.code, "message": str(why), "retry_after": why.wait})
 
     def _fail_on_fault(self, s: Session, exc: Exception) -> RunResult:
         """A fault that running the task again would meet again (``DETERMINISTIC_FAULTS``):

@@ -17,6 +17,9 @@ class EngineConfig:
     # The longest a provider call (its retries included) can take to complete. A hold stays
     # counted that long after its call could have started, even if its worker lost the lease.
     max_call_seconds: float = DEFAULT_MAX_CALL_SECONDS
+    # How often a task whose budget is reached only by calls of unknown outcome looks again
+    # (``_holds.UnknownUsage``): their workers may yet report them, or a person raise the cap.
+    unknown_recheck_seconds: float = 60.0
 
     @property
     def heartbeat_interval(self) -> float:
