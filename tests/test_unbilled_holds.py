@@ -243,3 +243,113 @@ def test_a_call_sent_under_a_hold_a_message_made_older_keeps_it_counted_when_the
     assert [type(r.body).__name__ for r in steps][:3] == ["LLMStep", "ToolsStep", "MessageStep"]
     budget = store.budgets.get(task.task_id)
     assert budget.reserved > 0  # the cut call's hold, counted until its deadline
+
+
+@pytest.mark.parametrize(
+    ("failure", "maybe_billed"),
+    [
+        (error_reply(500, "api_error", "boom"), False),
+        (error_reply(529, "overloaded_error", "busy"), False),
+        (dataclasses.replace(_answer(), cut_at=0.5), True),  # a 200 cut in its body
+        (dataclasses.replace(_answer(), cut_at=0), True),  # reset before any byte: the request was sent
+        (error_reply(502, "api_error", "bad gateway"), True),  # a gateway's: the upstream may have run
+    ],
+    ids=["500", "529", "cut_midway", "reset_before_any_byte", "502"],
+)
+def test_a_run_that_spends_its_retries_returns_the_hold_only_when_no_attempt_can_have_been_billed(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch, failure: FakeReply, maybe_billed: bool
+) -> None:
+    """The worker keeps its lease and every attempt fails the same way. Unbilled (an error
+    status) the hold goes back; possibly billed, it is counted as spent and as unknown, never
+    returned on a guess, never counted as known usage."""
+    settings = deployment(moto_server)
+    store = build_store(settings)
+    task = store.tasks.create(_submission(), tenant="t")
+    with FakeMessagesAPI() as fake:
+        fake.responder = lambda _request: failure
+        _point_the_provider_at(fake, monkeypatch)
+        engine = Engine(store, worker_id="w", tools=build_registry(settings), config=EngineConfig(lease_seconds=30))
+        result = engine.run(task.task_id)
+    assert result.outcome in ("retry", "deferred"), result
+    budget = store.budgets.get(task.task_id)
+    assert budget.reserved == 0 and budget.known == 0 and store.tasks.get(task.task_id).inflight is None
+    if maybe_billed:
+        assert budget.used == budget.unknown > 0
+    else:
+        assert (budget.used, budget.unknown, budget.available) == (0, 0, budget.cap)
+
+
+def test_an_attempt_that_may_have_been_billed_keeps_its_hold_and_the_retry_gets_a_hold_of_its_own(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 200 cut in its body, then an answer: the cut attempt may have been billed, so its hold
+    stays counted as unknown and the retry is made under a second hold; the answer settles that
+    one. What the provider can have billed (the cut reply and the answer) never passes the cap."""
+    settings = deployment(moto_server)
+    store = build_store(settings)
+    task = store.tasks.create(_submission(), tenant="t")
+    with FakeMessagesAPI() as fake:
+        fake.enqueue(dataclasses.replace(_answer(), cut_at=0.5), _answer())
+        _point_the_provider_at(fake, monkeypatch)
+        engine = Engine(store, worker_id="w", tools=build_registry(settings), config=EngineConfig(lease_seconds=30))
+        result = engine.run(task.task_id)
+    assert result.status is not None and result.status.value == "succeeded", result
+    budget = store.budgets.get(task.task_id)
+    first_hold = budget.unknown
+    assert first_hold > 0 and budget.known == 15 and budget.used == first_hold + 15 and budget.reserved == 0
+
+
+def test_a_retry_the_budget_cannot_cover_after_a_possibly_billed_attempt_is_not_made(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cap covers one hold: after a cut reply there is no budget for a second attempt, so
+    none is sent; the cut attempt's hold stays counted as unknown."""
+    settings = deployment(moto_server)
+    store = build_store(settings)
+    sub = _submission().model_copy(deep=True)
+    sub.constraints.max_tokens = 700  # one hold (input estimate + 400 output), not two
+    task = store.tasks.create(sub, tenant="t")
+    with FakeMessagesAPI() as fake:
+        fake.enqueue(dataclasses.replace(_answer(), cut_at=0.5), _answer())
+        _point_the_provider_at(fake, monkeypatch)
+        engine = Engine(store, worker_id="w", tools=build_registry(settings), config=EngineConfig(lease_seconds=30))
+        result = engine.run(task.task_id)
+        asked = len(fake.requests)
+    assert asked == 1 and result.outcome in ("retry", "deferred"), (asked, result)
+    budget = store.budgets.get(task.task_id)
+    assert budget.used == budget.unknown > 0 and budget.known == 0 and budget.reserved == 0
+
+
+@pytest.mark.parametrize(
+    ("failure", "maybe_billed"),
+    [(error_reply(500, "api_error", "boom"), False), (dataclasses.replace(_answer(), cut_at=0.5), True)],
+    ids=["unbilled_500", "cut_midway"],
+)
+def test_a_timeout_that_cuts_a_retrys_wait_counts_only_what_may_have_been_billed(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch, failure: FakeReply, maybe_billed: bool
+) -> None:
+    """The task times out while the call waits to try again: no attempt is on the wire. After an
+    unbilled failure nothing is charged; after one that may have been billed, that attempt's hold
+    stays counted as unknown, and the retry's own hold, never sent, goes back."""
+    import anthropic  # imported before the clock starts: a cold import can take the whole timeout
+
+    assert anthropic.Anthropic
+    settings = deployment(moto_server)
+    store = build_store(settings)
+    sub = _submission().model_copy(deep=True)
+    sub.constraints.timeout_seconds = 3
+    task = store.tasks.create(sub, tenant="t")
+    asked: list[Any] = []
+    with FakeMessagesAPI() as fake:
+        fake.responder = lambda request: asked.append(request) or failure
+        _point_the_provider_at(fake, monkeypatch)
+        monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", '{"base_delay": 30, "max_delay": 30}')  # the wait outlasts it
+        engine = Engine(store, worker_id="w", tools=build_registry(settings), config=EngineConfig(lease_seconds=30))
+        result = engine.run(task.task_id)
+    assert len(asked) == 1 and result.status is not None and result.status.value == "timed_out", (asked, result)
+    budget = store.budgets.get(task.task_id)
+    assert budget.reserved == 0 and budget.known == 0
+    if maybe_billed:
+        assert budget.used == budget.unknown > 0
+    else:
+        assert (budget.used, budget.unknown) == (0, 0)

@@ -87,9 +87,15 @@ class ProviderError(AgentqError):
         attempts: int = 1,
         code: str | None = None,
         retry_after: float | None = None,
+        maybe_billed: bool = False,
     ) -> None:
         super().__init__(message)
         self.retryable = retryable
+        # Whether an attempt of the failed call may have been billed (its last one failed after
+        # the request went out: a reply cut midway, a timeout after sending, a 2xx that is not
+        # a reply, a gateway's 502/504). False when the failure is known to have cost nothing
+        # (an error status, no connection, a request never sent): ARCHITECTURE 4.
+        self.maybe_billed = maybe_billed
         self.status_code = status_code
         self.attempts = attempts
         self.retry_after = retry_after  # the server's retry-after on the last attempt, if it gave one

@@ -20,7 +20,7 @@ from agentq import observe
 from agentq.core.context import resumed_goal
 from agentq.core.engine._commit import StepWriter
 from agentq.core.engine._cut import CutCall, call_until, settle_late
-from agentq.core.engine._holds import MIN_OUTPUT_TOKENS, BudgetHolds
+from agentq.core.engine._holds import MIN_OUTPUT_TOKENS, BudgetHolds, HoldsInFlight
 from agentq.core.engine._request import RequestBuilder
 from agentq.core.engine._session import Session
 from agentq.core.engine._stops import stop_error, timeout_at
@@ -58,6 +58,17 @@ DEFERRAL_MESSAGES = {
     "slowed_down": "{provider} asked the fleet to slow down for {model} (429)",
     "rate_limited": "the fleet's rate limit for {provider}/{model} is spent",
 }
+
+
+class NoHoldForRetry(ProviderError):
+    """A failed attempt that may have been billed used up its hold, and the budget cannot cover
+    another: the call stops retrying and fails with that attempt's error (``LLMTurn._rehold``)."""
+
+    def __init__(self, notice: RetryNotice) -> None:
+        super().__init__(
+            f"{notice.message}; no budget left for another attempt after one that may have been billed",
+            retryable=True, status_code=notice.status_code, attempts=notice.attempt, code=notice.code,
+        )  # fmt: skip
 
 
 class LLMTurn:
@@ -122,7 +133,7 @@ class LLMTurn:
             self._unspent(s, window)
             raise
         started = time.time()
-        s.call_may_be_billed = False
+        s.call_may_be_billed, s.next_attempt_at = False, None
         while True:
             asked = self._asked(s, request)
             try:
@@ -139,17 +150,34 @@ class LLMTurn:
                     self._unspent(s, window)
                 raise
             except ProviderError as exc:
-                # The failed model's last attempt was not reported as a retry: whether it was
-                # billed is not known here, so a zombie's later release must not assume it.
-                s.call_may_be_billed = True
-                if not self._fall_over(s, exc):
+                # The failed model's last attempt was not reported as a retry: the error says
+                # whether it may have been billed (the earlier ones were told by their notices).
+                s.call_may_be_billed = s.call_may_be_billed or exc.maybe_billed
+                if s.task.inflight is None or not self._fall_over(s, exc):  # none: no hold for another try
+                    return self._call_failed(s, exc, window)
+                if s.call_may_be_billed and not self._rehold(s):
                     return self._call_failed(s, exc, window)
                 self.holds.cover(s, time.time())  # the next model's call is an attempt of its own
         return self._answered(s, asked, response, started, reserved, max_out, window, compact)
 
+    def _rehold(self, s: Session) -> bool:
+        """An attempt that may have been billed failed, and another is to follow (a retry, or a
+        fallback's call): the failed one's hold is counted as spent, its outcome unknown, and
+        the next attempt gets a hold of its own, so what the provider may bill never passes the
+        cap (ARCHITECTURE 4). False when the budget cannot cover one: no further attempt."""
+        self.holds.spend(s)
+        s.call_may_be_billed = False  # the spent hold answers for that attempt; this one's are to come
+        try:
+            held = self.holds.reserve(s)
+        except HoldsInFlight:
+            held = None
+        if held is not None:
+            s.sent_hold_step = s.next_step  # its attempt goes out at once: never "unsent"
+        return held is not None
+
     def _unspent(self, s: Session, window: Any) -> None:
-        """The call's hold goes back, with the tenant window's hold for it: this run counts the call as
-        uncharged (nothing sent, every attempt unbilled, or, as before issue 40, retries spent)."""
+        """The call's hold goes back, with the tenant window's hold for it: this run knows the call
+        uncharged (nothing sent, or every attempt unbilled)."""
         self.holds.release(s)
         if window is not None:
             self.windows.settle(window, 0)
@@ -191,7 +219,10 @@ class LLMTurn:
         hold counted as spent, since whether the provider answered and billed it is unknown (an
         answer that still comes corrects it: ``_late``), and the task ends ``timed_out`` now. A
         call the deadline stopped before it started gives its hold back."""
-        if not cut.sent:
+        between_attempts = s.next_attempt_at is not None and timeout_at(s) < s.next_attempt_at
+        if not cut.sent or (between_attempts and not s.call_may_be_billed):
+            # Nothing on the wire that this hold answers for: the call never started, or it was
+            # cut in a retry's wait after attempts that were all unbilled (or spent: ``_rehold``).
             if window is not None:
                 self.windows.settle(window, 0)
             return finish_without_step(self.tasks, self.holds, s, TaskStatus.TIMED_OUT)
@@ -304,9 +335,19 @@ class LLMTurn:
         )  # fmt: skip
 
     def _call_failed(self, s: Session, exc: ProviderError, window: Any) -> RunResult:
-        """The provider failed the call (its retries spent): the hold goes back; the task is
-        tried again later, or fails now when no retry can help."""
-        self._unspent(s, window)
+        """The provider failed the call (its retries spent); the task is tried again later, or
+        fails now when no retry can help. The hold goes back when no attempt can have been
+        billed; when one may have been (``Session.call_may_be_billed``), it is counted as
+        spent, as the unknown it is (ARCHITECTURE 4), not returned on a guess."""
+        if s.call_may_be_billed:
+            held = self.holds.spend(s)
+            if window is not None:  # the tenant's hour keeps it too, as the budget does
+                self.windows.settle(window, window.amount, window.micros)
+            if held is not None:
+                log.info("task %s: call of step %d failed after an attempt that may have been billed; its hold "
+                         "of %d tokens counted as unknown", s.task_id, s.next_step, held.amount)  # fmt: skip
+        else:
+            self._unspent(s, window)
         error: dict[str, Any] = {
             "code": exc.code,
             "message": exc.message,
@@ -535,14 +576,19 @@ class LLMTurn:
         )
         if not notice.unbilled:
             s.call_may_be_billed = True
+        s.next_attempt_at = now + notice.delay
         if notice.status_code == 429 and s.admission is not None:  # the whole fleet slows down, not only this call
             self.flow.slow_down(self._key(s), notice.delay)
         try:
             self.tasks.record_retry(s.task_id, state, lease=s.lease)
+            if s.call_may_be_billed and not self._rehold(s):
+                raise NoHoldForRetry(notice)
             self.holds.cover(s, now + notice.delay)  # the next attempt is a call of its own
         except LeaseLost:
             # Lost: no further attempt starts, so none can be answered past its hold's deadline.
             s.held.lost.set()
+            raise
+        except NoHoldForRetry:
             raise
         except Exception:
             log.warning("could not record the retry of task %s", s.task_id, exc_info=True)

@@ -68,6 +68,9 @@ class Session:
     # An attempt of the call in progress may have been billed (reported by its retries); False
     # while every attempt failed unbilled: then a lease lost mid-call gives the hold back.
     call_may_be_billed: bool = False
+    # When the call's next attempt starts (a retry's wait ends): a cut before it finds no attempt
+    # on the wire, so a hold whose attempts were all unbilled goes back.
+    next_attempt_at: float | None = None
     # The step of the hold under which this run has started sending a call (or submitted a
     # batch, or adopted one): a hold of another step, found when the lease is lost, is one whose
     # call never went out. The hold's own step, not the call's: a message delivered after the

@@ -264,6 +264,7 @@ def call_with_retries(
         attempts=policy.max_attempts,
         code=_code_of(last),
         retry_after=hint,
+        maybe_billed=not last.unbilled,
     ) from last_exc
 
 
