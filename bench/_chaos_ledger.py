@@ -167,6 +167,10 @@ def ledger_by_tree(
             "cut_usd": sums["cut_micros"] / 1e6,
             "ledger_tokens": budget.used,
             "ledger_usd": budget.used_micros / 1e6,
+            "known_tokens": budget.known,
+            "unknown_tokens": budget.unknown,
+            "known_usd": budget.known_micros / 1e6,
+            "unknown_usd": budget.unknown_micros / 1e6,
             "over_tokens": budget.used - sums["delivered"],
             "over_usd": round((budget.used_micros - sums["delivered_micros"]) / 1e6, 6),
             "holds_spent_uncorrected": spent,
@@ -193,23 +197,26 @@ def tree_rows(trees: dict[str, dict[str, Any]], every_tree: bool) -> list[list[A
         if every_tree or row["over_tokens"] or row["false_cost_exceeded"]:
             rows.append([
                 tree, row["status"], row["cap"], row["delivered_tokens"], row["cut_tokens"], row["ledger_tokens"],
+                row["known_tokens"], row["unknown_tokens"],
                 row["over_tokens"], usd(row["delivered_usd"]), usd(row["ledger_usd"]), usd(row["over_usd"]),
                 f"{row['holds_spent_uncorrected']} ({row['holds_spent_tokens']})",
                 ",".join(row["false_cost_exceeded"]) or "-",
             ])  # fmt: skip
     total = {k: sum(r[k] for r in trees.values()) for k in (
-        "delivered_tokens", "cut_tokens", "ledger_tokens", "over_tokens", "delivered_usd", "ledger_usd", "over_usd",
+        "delivered_tokens", "cut_tokens", "ledger_tokens", "known_tokens", "unknown_tokens", "over_tokens",
+        "delivered_usd", "ledger_usd", "over_usd",
         "holds_spent_uncorrected", "holds_spent_tokens")}  # fmt: skip
     false_ends = sum(len(r["false_cost_exceeded"]) for r in trees.values())
     rows.append([
         f"all {len(trees)}", "", "", total["delivered_tokens"], total["cut_tokens"], total["ledger_tokens"],
-        total["over_tokens"], usd(total["delivered_usd"]), usd(total["ledger_usd"]), usd(total["over_usd"]),
+        total["known_tokens"], total["unknown_tokens"], total["over_tokens"], usd(total["delivered_usd"]), usd(total["ledger_usd"]), usd(total["over_usd"]),
         f"{total['holds_spent_uncorrected']} ({total['holds_spent_tokens']})", false_ends,
     ])  # fmt: skip
     return rows
 
 
 TREE_HEADERS = [
-    "tree", "status", "cap", "delivered", "cut", "ledger", "over", "delivered $", "ledger $", "over $",
+    "tree", "status", "cap", "delivered", "cut", "ledger", "known", "unknown", "over", "delivered $", "ledger $",
+    "over $",
     "holds spent (tokens)", "false cost_exceeded",
 ]  # fmt: skip
