@@ -286,7 +286,7 @@ def test_a_429_retried_in_the_call_then_failing_it(h: Harness) -> None:
     def flaky(n: int, request: LLMRequest, inner: ScriptedProvider) -> LLMResponse:
         if n == 1:
             report_retry(RetryNotice(attempt=1, max_attempts=3, code="rate_limited", message="429 Too Many Requests",
-                                     status_code=429, delay=0.0))  # fmt: skip
+                                     status_code=429, delay=0.0, unbilled=True))  # fmt: skip
             return inner.complete(request)
         raise ProviderError("rate limited (429)", retryable=True, status_code=429, attempts=3, code="rate_limited",
                             retry_after=2.0)  # fmt: skip

@@ -18,6 +18,7 @@ from typing import Any
 from agentq.core.engine import LeaseState
 from agentq.core.models import Lease
 from agentq.core.records import ClaimOwner
+from agentq.core.reservation import Seen
 from agentq.queueing.worker import HeartbeatHub, WorkerConfig
 from agentq.storage.workers import LivenessLapsed, Watched, WorkerLife
 
@@ -67,7 +68,8 @@ class SlowStore:
     def __init__(self, delay: float = 0.0, renew_delay: float = 0.0) -> None:
         self.delay = delay
         self.calls: list[tuple[float, str]] = []
-        self.published: list[tuple[str, str]] = []
+        self.published: list[tuple[str, str | None]] = []
+        self.seen: list[tuple[str, Seen | None]] = []
         self.workers = FakeWorkers(renew_delay)
         self.meta: dict[str, dict[str, Any]] = {}  # what a recheck reads
         self.adopted: list[tuple[str, int]] = []
@@ -85,8 +87,9 @@ class SlowStore:
         time.sleep(self.delay)
         return lease.model_copy(update={"expires_at": expires})
 
-    def publish_live_text(self, lease: Lease, text: str) -> None:
+    def publish_live_text(self, lease: Lease, text: str | None, seen: Seen | None = None) -> None:
         self.published.append((lease.task_id, text))
+        self.seen.append((lease.task_id, seen))
 
     def disown(self, lease: Lease) -> None:
         pass
@@ -280,7 +283,16 @@ def test_live_text_is_written_only_when_it_changed() -> None:
         _beat(hub)  # unchanged: nothing written
         streaming.live_text = "Hello, world"
         _beat(hub)
-    assert store.published == [("t-streaming", "Hello"), ("t-streaming", "Hello, world")]
+        told = Seen(epoch=1, step=1, until=None, tokens_in=40)  # the stream's first event: its input
+        streaming.seen = told
+        _beat(hub)  # the text is unchanged, what the call billed so far is new: written
+        _beat(hub)
+    assert store.published == [
+        ("t-streaming", "Hello"),
+        ("t-streaming", "Hello, world"),
+        ("t-streaming", "Hello, world"),
+    ]
+    assert store.seen == [("t-streaming", None), ("t-streaming", None), ("t-streaming", told)]
 
 
 def test_a_worker_declared_dead_starts_a_new_epoch_re_adopts_its_own_tasks_and_drops_the_taken_ones() -> None:

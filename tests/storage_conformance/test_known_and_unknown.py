@@ -14,7 +14,9 @@ from decimal import Decimal
 import pytest
 
 from agentq.core.fanout import ChildPlan
+from agentq.core.pricing import micros
 from agentq.core.records import BudgetDelta, BudgetState, Reservation
+from agentq.core.reservation import Seen
 from agentq.storage.container import Storage
 
 from tests.helpers import scripted
@@ -35,6 +37,7 @@ def _reported(budget: BudgetState) -> int:
 def _assert_ledger(budget: BudgetState, *, unknown: int, unknown_micros: int) -> None:
     assert (budget.unknown, budget.unknown_micros) == (unknown, unknown_micros)
     assert budget.known == _reported(budget)  # known is exactly what the provider reported
+    assert budget.known_micros == micros(budget.cost_usd)  # in dollars too
     assert budget.used + budget.reserved <= budget.cap
 
 
@@ -124,3 +127,55 @@ def test_a_folded_childs_unknown_is_the_parents_until_its_call_is_reported(
     assert parent.used == 110
     _assert_ledger(parent, unknown=0, unknown_micros=0)
     _assert_ledger(backend.budgets.get(child_id), unknown=0, unknown_micros=0)
+
+
+def _seen(held: Reservation) -> Seen:
+    """What the stream of ``held``'s call said it had billed before it was lost."""
+    return Seen(epoch=held.epoch, step=held.step, until=held.until, tokens_in=120, tokens_out=30, micros=900)
+
+
+def test_what_a_spent_holds_call_was_seen_to_bill_is_known_and_only_the_rest_unknown(backend: Storage) -> None:
+    task_id, held = _held(backend)
+    backend.budgets.spend_lapsed(task_id, task_id, held.with_seen(_seen(held)))
+    spent = backend.budgets.get(task_id)
+    assert (spent.used, spent.known, spent.tokens_in, spent.tokens_out) == (HOLD, 150, 120, 30)
+    _assert_ledger(spent, unknown=HOLD - 150, unknown_micros=HOLD_MICROS - 900)
+    backend.budgets.settle_orphan(task_id, task_id, _usage(210), inflight_epoch=1)  # reported whole after all
+    reported = backend.budgets.get(task_id)
+    assert (reported.used, reported.tokens_in, reported.tokens_out) == (210, 200, 10)
+    _assert_ledger(reported, unknown=0, unknown_micros=0)
+
+
+def test_a_seen_note_of_another_step_or_epoch_is_not_the_holds() -> None:
+    held = Reservation(amount=HOLD, epoch=1, step=1, until=1000.0, micros=HOLD_MICROS)
+    # Another epoch's, another step's, or another hold's of this step (a retry's: another deadline).
+    for other in (Seen(2, 1, 1000.0, 120), Seen(1, 2, 1000.0, 120), Seen(1, 1, 1030.0, 120), Seen(1, 1, None, 120)):
+        assert held.with_seen(other).seen == 0
+    assert held.with_seen(Seen(1, 1, 1000.0005, 120)).seen == 120  # a deadline stored to the millisecond
+    assert held.with_seen(Seen(1, 1, 1000.0, HOLD + 50, 10)).seen == HOLD  # never more than the hold
+
+
+@pytest.mark.parametrize("spent_before_fold", [False, True], ids=["hold_out_at_fold", "spent_before_fold"])
+def test_a_folded_childs_seen_usage_is_known_in_the_parent_too(backend: Storage, spent_before_fold: bool) -> None:
+    lease = claimed(backend, max_tokens=5000)
+    parent = backend.tasks.get(lease.task_id)
+    child_id = f"child-{time.time_ns()}"
+    backend.spawns.create(lease, parent, "sp1", [ChildPlan(child_id, scripted([{"text": "c"}]), 1000, 60)], [], 1)
+    first = backend.tasks.claim(child_id, "w2", 30)
+    assert first is not None
+    held = backend.budgets.reserve(first[0], child_id, HOLD, 1, until=time.time() + 60, micros=HOLD_MICROS)
+    backend.tasks.release(first[0])
+    seen = held.with_seen(_seen(held))
+    if spent_before_fold:
+        backend.budgets.spend_lapsed(child_id, child_id, seen, parent_id=parent.task_id)
+    backend.budgets.settle_child(parent.task_id, child_id)
+    backend.budgets.spend_lapsed(child_id, child_id, seen, parent_id=parent.task_id)  # no-op if spent already
+    for budget_id in (parent.task_id, child_id):
+        budget = backend.budgets.get(budget_id)
+        assert budget.known == 150, budget_id
+        _assert_ledger(budget, unknown=HOLD - 150, unknown_micros=HOLD_MICROS - 900)
+    backend.budgets.settle_orphan(child_id, child_id, _usage(210), inflight_epoch=1, parent_id=parent.task_id)
+    for budget_id in (parent.task_id, child_id):
+        budget = backend.budgets.get(budget_id)
+        assert budget.known == 210, budget_id
+        _assert_ledger(budget, unknown=0, unknown_micros=0)

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentq.core.memory import MAX_MEMORY_ATTACHMENTS, MemoryAttachment, unique_stores
-from agentq.core.reservation import Reservation
+from agentq.core.reservation import Reservation, Seen
 from agentq.core.status import TERMINAL_STATUSES as TERMINAL_STATUSES
 from agentq.core.status import TaskStatus as TaskStatus
 
@@ -577,6 +577,7 @@ class Task(BaseModel):
     expires_at: int | None = None  # set while terminal: when DynamoDB TTL deletes it (epoch seconds)
     retry: RetryState | None = None  # META#RETRY, read by Tasks.get (not by claim or get_many)
     live_text: str | None = None  # the tail of the text of a streamed call in flight (best effort)
+    seen: Seen | None = None  # what that call billed so far, as its stream said (core.reservation)
     # A person's messages (storage.messages): accepted, delivered into the conversation, and an
     # interrupt asked for and not yet heard; a closed conversation takes no more.
     messages_received: int = 0
@@ -602,6 +603,11 @@ class Task(BaseModel):
         if isinstance(raw, dict):
             return Reservation.from_ticket(raw) if raw else None
         return raw
+
+    @field_validator("seen", mode="before")
+    @classmethod
+    def _stored_seen(cls, raw: Any) -> Any:
+        return Seen.from_item(raw) if isinstance(raw, dict) else raw
 
     @field_validator("lapsed_holds", mode="before")
     @classmethod

@@ -36,6 +36,7 @@ from agentq.core.records import (
     Reservation,
     SpawnRecord,
 )
+from agentq.core.reservation import Seen
 from agentq.core.tenancy import TenantLimits
 
 
@@ -44,7 +45,9 @@ class TaskLeases(Protocol):
         self, task_id: str, worker: str, lease_seconds: float, *, owner: ClaimOwner | None = None
     ) -> tuple[Lease, Task] | None: ...
 
-    def extend_lease(self, lease: Lease, lease_seconds: float, *, live_text: str | None = None) -> Lease: ...
+    def extend_lease(
+        self, lease: Lease, lease_seconds: float, *, live_text: str | None = None, seen: Seen | None = None
+    ) -> Lease: ...
 
     def release(self, lease: Lease, *, forget_batch: bool = False) -> None: ...
 

@@ -35,6 +35,7 @@ from agentq import observe
 from agentq.core.engine import LeaseState
 from agentq.core.errors import LeaseLost
 from agentq.core.records import ClaimOwner
+from agentq.core.reservation import Seen
 from agentq.queueing._tuning import WorkerConfig
 from agentq.queueing.admission import LeaseWriteRate
 from agentq.queueing.queues import TaskQueues
@@ -54,7 +55,7 @@ class _Held:
     lease_state: LeaseState | None = None
     visibility_ok: bool = True
     visible_at: float = 0.0  # monotonic: when the message would be visible again
-    published: str | None = None  # the live text last written to META
+    published: tuple[str | None, Seen | None] = (None, None)  # the live text and seen usage last on META
     ran: list[LeaseState] = field(default_factory=list)  # the runs claimed through it, disowned when it is let go
 
 
@@ -269,7 +270,7 @@ class HeartbeatHub:
         now, clock = time.time(), time.monotonic()
         live = [(h, s) for h, s in held if s is not None and not s.lost.is_set()]
         leased = sorted(((h, s) for h, s in live if self._lease_due(s, now)), key=lambda e: e[1].lease.expires_at)
-        texts = [(h, s) for h, s in live if s.live_text and s.live_text != h.published]
+        texts = [(h, s) for h, s in live if (s.live_text or s.seen) and (s.live_text, s.seen) != h.published]
         jobs = []
         for tier in TIERS:
             entries = [
@@ -328,14 +329,15 @@ class HeartbeatHub:
                 self.rate.observe(time.monotonic() - sent)
 
     def _publish(self, entry: tuple[_Held, LeaseState]) -> None:
-        """The live text of a streamed call, when it changed since the last round's."""
+        """The live text of a streamed call, and what it billed so far (``Seen``), when either
+        changed since the last round's."""
         h, state = entry
-        text = state.live_text
-        if h.lease_state is not state or not text:
+        text, seen = state.live_text, state.seen
+        if h.lease_state is not state or not (text or seen):
             return
         try:
-            self.store.tasks.publish_live_text(state.lease, text)
-            h.published = text
+            self.store.tasks.publish_live_text(state.lease, text, seen)
+            h.published = (text, seen)
             self._count("live_text")
         except LeaseLost:
             state.lost.set()

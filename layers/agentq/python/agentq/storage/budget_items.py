@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import Any
 
 from agentq.core.pricing import NO_MONEY_CAP
-from agentq.core.records import BudgetState
+from agentq.core.records import BudgetState, Reservation
 from agentq.storage.table import Item, plain
 
 SETTLED = "budget_settled"
@@ -49,6 +49,17 @@ def ticket_value(amount: int, epoch: int, step: int, until: float | None, micros
         ticket["usd"] = micros
     if until is not None:
         ticket["until"] = _stored_time(until)
+    return ticket
+
+
+def seen_ticket(held: Reservation) -> dict[str, Any]:
+    """The map of a hold set aside (``lapsed_<epoch>``) or counted as spent (``spent_<epoch>``):
+    the ticket, with what its call was seen to bill (``seen_in``/``seen_out``/``seen_usd``), kept
+    with it since META's ``seen`` goes with the next commit: spent, only the rest is unknown, and a
+    later report of the call corrects only that."""
+    ticket = ticket_value(held.amount, held.epoch, held.step, held.until, held.micros)
+    if held.seen:
+        ticket.update(seen_in=held.seen_in, seen_out=held.seen_out, seen_usd=held.seen_micros)
     return ticket
 
 

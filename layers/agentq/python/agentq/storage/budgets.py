@@ -49,6 +49,8 @@ holds pass (no cap was asked for).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
 from boto3.dynamodb.conditions import Attr
@@ -58,7 +60,7 @@ from agentq.core.models import Lease
 from agentq.core.pricing import NO_MONEY_CAP
 from agentq.core.records import NO_USAGE, BudgetDelta, BudgetState, Reservation
 from agentq.storage import keys
-from agentq.storage.budget_items import SETTLED, budget_state, lapsed_name, spent_name, ticket_value
+from agentq.storage.budget_items import SETTLED, budget_state, lapsed_name, spent_name, seen_ticket, ticket_value
 from agentq.storage.events import NewEvent, logged_transact
 from agentq.storage.leases import why_fenced
 from agentq.storage.table import (
@@ -103,21 +105,55 @@ def settle_and_reserve(budget_id: str, delta: BudgetDelta, reserve_next: int, re
     return Patch(BUDGET, keys.meta_key(budget_id), update, condition)
 
 
-def _correction(delta: BudgetDelta) -> dict[str, Any]:
+def _correction(delta: BudgetDelta, seen: Reservation | None = None) -> dict[str, Any]:
     """What turns a hold already counted in ``used`` (spent at its deadline, or folded into a
     parent) into the call's real usage: ``used`` takes ``actual - hold``, ``available`` the rest,
-    and the hold leaves ``unknown``: its outcome is known now."""
+    and the hold leaves ``unknown``: its outcome is known now. ``seen``: the spent hold, with
+    what was counted as known when it was spent (``Reservation.seen``), taken back out here."""
+    seen_in, seen_out, seen_micros = (seen.seen_in, seen.seen_out, seen.seen_micros) if seen else (0, 0, 0)
     return {
         "used": delta.used - delta.reserved,
         "available": delta.reserved - delta.used,
-        "unknown": -delta.reserved,
+        "unknown": -(delta.reserved - seen_in - seen_out),
         "usd_used": delta.used_micros - delta.reserved_micros,
         "usd_available": delta.reserved_micros - delta.used_micros,
-        "usd_unknown": -delta.reserved_micros,
-        "budget_cost_usd": delta.cost_usd,
-        "budget_tokens_in": delta.tokens_in,
-        "budget_tokens_out": delta.tokens_out,
+        "usd_unknown": -(delta.reserved_micros - seen_micros),
+        "budget_cost_usd": delta.cost_usd - _usd(seen_micros),
+        "budget_tokens_in": delta.tokens_in - seen_in,
+        "budget_tokens_out": delta.tokens_out - seen_out,
     }
+
+
+def _seen_as_known(held: Reservation) -> dict[str, Any]:
+    """What a spent hold's call was seen to bill, moved from unknown to the tree's known spend."""
+    return {
+        "unknown": -held.seen,
+        "usd_unknown": -held.seen_micros,
+        "budget_tokens_in": held.seen_in,
+        "budget_tokens_out": held.seen_out,
+        "budget_cost_usd": _usd(held.seen_micros),
+    }
+
+
+def _usd(micros: int) -> Decimal:
+    return Decimal(micros) / 1_000_000
+
+
+def _unless_folded(ticket: Patch) -> Patch:
+    return Patch(ticket.name, ticket.key, ticket.update, _and(ticket.condition, Attr(SETTLED).not_exists()))
+
+
+def _if_folded(ticket: Patch) -> Patch:
+    return Patch(ticket.name, ticket.key, ticket.update, _and(ticket.condition, Attr(SETTLED).exists()))
+
+
+def _summed(*adds: Mapping[str, Any]) -> dict[str, Any]:
+    """ADD maps merged, amounts of one attribute summed."""
+    out: dict[str, Any] = {}
+    for add in adds:
+        for name, amount in add.items():
+            out[name] = out.get(name, 0) + amount
+    return out
 
 
 def _money_covers(micros: int) -> Any:
@@ -204,8 +240,7 @@ class Budgets:
         """Keep an older epoch's live hold counted under ``lapsed_<epoch>`` and free ``inflight``
         for this epoch's own; fenced, and only while that epoch's ticket is still current."""
         condition = fence(lease) & Attr("inflight.epoch").eq(held.epoch)
-        ticket = ticket_value(held.amount, held.epoch, held.step, held.until, held.micros)
-        update = Update(set={lapsed_name(held.epoch): ticket}, remove=["inflight"])
+        update = Update(set={lapsed_name(held.epoch): seen_ticket(held)}, remove=["inflight"])
         try:
             self.table.update(keys.meta_key(lease.task_id), update, condition=condition)
         except ConditionFailed as exc:
@@ -214,41 +249,60 @@ class Budgets:
             raise why_fenced(self.table, lease) from exc
 
     def spend_lapsed(self, task_id: str, budget_id: str, held: Reservation, *, parent_id: str | None = None) -> bool:
-        """Count a hold whose deadline passed with its call's outcome unknown as spent: its
-        ticket (``inflight`` of that epoch, or ``lapsed_<epoch>``) becomes ``spent_<epoch>`` and
-        ``reserved`` moves to ``used`` (``available`` unchanged), once and by anyone: the task
-        may have ended meanwhile. ``settle_orphan`` corrects it if the call is ever reported.
-        False when no such ticket is left (settled already).
+        """Count a hold whose call's outcome is unknown as spent: its ticket (``inflight`` of
+        that epoch, or ``lapsed_<epoch>``) becomes ``spent_<epoch>`` and ``reserved`` moves to
+        ``used`` (``available`` unchanged), and to ``unknown`` but for what the call was seen to
+        bill (``held.seen``: known, in the tree's spend), once and by anyone: the task may have
+        ended meanwhile. ``settle_orphan`` corrects it if the call is ever reported. False when
+        no such ticket is left (settled already).
 
-        A child already folded into its parent needs no correction of the parent: the fold
-        counted ``used + reserved``, and moving between the two leaves that sum unchanged.
+        A child already folded into its parent needs no correction of the parent's ``used``:
+        the fold counted ``used + reserved``, and moving between the two leaves that sum
+        unchanged. Only what was seen moves, in the parent too, from unknown to known.
         """
-        spent = ticket_value(held.amount, held.epoch, held.step, held.until, held.micros)
+        known = _seen_as_known(held)
         spend = Patch(
             BUDGET, keys.meta_key(budget_id),
             Update(add={"reserved": -held.amount, "used": held.amount, "unknown": held.amount,
                         "usd_reserved": -held.micros, "usd_used": held.micros, "usd_unknown": held.micros}),
             None,
         )  # fmt: skip
+        if held.seen:
+            spend = Patch(BUDGET, spend.key, Update(add=_summed(spend.update.add, known)), None)
         for name, condition in (
             ("inflight", Attr("inflight.epoch").eq(held.epoch)),
             (lapsed_name(held.epoch), Attr(lapsed_name(held.epoch)).exists()),
         ):
-            ticket = Patch("ticket", keys.meta_key(task_id), Update(set={spent_name(held.epoch): spent}, remove=[name]),
-                           condition)  # fmt: skip
-            try:
-                if budget_id == task_id:
-                    both = merge("ticket", ticket, spend)
-                    self.table.update(both.key, both.update, condition=both.condition)
-                else:
-                    self.table.transact([ticket, spend])
+            update = Update(set={spent_name(held.epoch): seen_ticket(held)}, remove=[name])
+            ticket = Patch("ticket", keys.meta_key(task_id), update, condition)
+            if held.seen and parent_id is not None:
+                folded_parent = Patch("parent", keys.meta_key(parent_id), Update(add=known))
+                if self._either(task_id, budget_id, [_unless_folded(ticket), spend],
+                                [_if_folded(ticket), spend, folded_parent]):  # fmt: skip
+                    return True
+            elif self._written(task_id, budget_id, [ticket, spend]):
                 return True
-            except ConditionFailed:
-                continue
-            except TransactionCancelled as exc:
-                if "ticket" not in exc.failed:
-                    raise
         return False
+
+    def _written(self, task_id: str, budget_id: str, patches: list[Patch]) -> bool:
+        """Write a ticket's patch and the budget's (and any more) at once: one update when both
+        are the task's own META, else a transaction. False when the ticket's condition failed."""
+        ticket, own, *rest = patches
+        try:
+            if budget_id == task_id and not rest:
+                both = merge("ticket", ticket, own)
+                self.table.update(both.key, both.update, condition=both.condition)
+            elif budget_id == task_id:
+                self.table.transact([merge("ticket", ticket, own), *rest])
+            else:
+                self.table.transact(patches)
+            return True
+        except ConditionFailed:
+            return False
+        except TransactionCancelled as exc:
+            if "ticket" not in exc.failed:
+                raise
+            return False
 
     def _release(
         self,
@@ -258,10 +312,11 @@ class Budgets:
         delta: BudgetDelta,
         parent_id: str | None,
         *,
-        counted_spent: bool = False,
+        spent: Reservation | None = None,
     ) -> bool:
         """Remove a hold's ticket and settle the hold with ``delta``, in one write; False when
-        the ticket is gone (settled already).
+        the ticket is gone (settled already). ``spent``: the hold was counted as spent (its
+        ``spent_<epoch>`` ticket, with what was seen of its call): it is corrected, not settled.
 
         A child whose budget its parent already folded in (``settle_child`` took its ``used +
         reserved``, this hold counted as spent) passes its ``parent_id``: the parent then gets
@@ -269,41 +324,24 @@ class Budgets:
         ends equal to what the calls used, not to what they were allowed. One level: a parent
         folded into its own parent meanwhile is not corrected further.
         """
-        # A hold counted as spent at its deadline is corrected, not settled: ``used`` takes the
-        # difference between the call's usage and the hold (``reserved`` gave it up already).
+        # A hold counted as spent is corrected, not settled: ``used`` takes the difference
+        # between the call's usage and the hold (``reserved`` gave it up already).
         settle = (
-            Patch(BUDGET, keys.meta_key(budget_id), Update(add=_correction(delta)))
-            if counted_spent
+            Patch(BUDGET, keys.meta_key(budget_id), Update(add=_correction(delta, spent)))
+            if spent is not None
             else settle_and_reserve(budget_id, delta, 0)
         )
-        unfolded = Patch(release.name, release.key, release.update, _and(release.condition, Attr(SETTLED).not_exists()))
-        attempts: list[list[Patch]] = [[unfolded, settle]]
-        if parent_id is not None:
-            folded = Patch(release.name, release.key, release.update, _and(release.condition, Attr(SETTLED).exists()))
-            correction = Patch("parent", keys.meta_key(parent_id), Update(add=_correction(delta)))
-            attempts.append([folded, settle, correction])
-        else:
-            attempts = [[release, settle]]
-        for _ in range(3):  # a fold may land between the two tries: try both again
-            for patches in attempts:
-                ticket, own, *rest = patches
-                try:
-                    if budget_id == task_id and not rest:
-                        both = merge("ticket", ticket, own)
-                        self.table.update(both.key, both.update, condition=both.condition)
-                    elif budget_id == task_id:
-                        self.table.transact([merge("ticket", ticket, own), *rest])
-                    else:
-                        self.table.transact(patches)
-                    return True
-                except ConditionFailed:
-                    pass
-                except TransactionCancelled as exc:
-                    if "ticket" not in exc.failed:
-                        raise
-            if parent_id is None:
-                break
-        return False
+        if parent_id is None:
+            return self._written(task_id, budget_id, [release, settle])
+        correction = Patch("parent", keys.meta_key(parent_id), Update(add=_correction(delta, spent)))
+        return self._either(task_id, budget_id, [_unless_folded(release), settle],
+                            [_if_folded(release), settle, correction])  # fmt: skip
+
+    def _either(self, task_id: str, budget_id: str, *attempts: list[Patch]) -> bool:
+        """The first of ``attempts`` whose ticket condition holds; a fold may land between two
+        tries, so they are tried again (three rounds)."""
+        rounds = (any(self._written(task_id, budget_id, patches) for patches in attempts) for _ in range(3))
+        return any(rounds)
 
     def settle_orphan(
         self,
@@ -344,7 +382,8 @@ class Budgets:
         for release_ticket in (current, lapsed):  # set aside by a successor, or not
             if self._release(task_id, budget_id, release_ticket, delta, parent_id):
                 return True
-        if self._release(task_id, budget_id, spent, delta, parent_id, counted_spent=True):
+        counted = self._spent_hold(task_id, inflight_epoch)
+        if counted is not None and self._release(task_id, budget_id, spent, delta, parent_id, spent=counted):
             return True  # counted as spent at its deadline: corrected to the real usage
         if delta.used or delta.cost_usd:
             usage_only = BudgetDelta(
@@ -356,6 +395,13 @@ class Budgets:
             )
             self._apply(settle_and_reserve(budget_id, usage_only, 0))
         return False
+
+    def _spent_hold(self, task_id: str, epoch: int) -> Reservation | None:
+        """The hold counted as spent for ``epoch``'s call (its ``spent_<epoch>`` ticket, with
+        what was seen of it), or None. A spent ticket never changes, so the read cannot go
+        stale before the write that removes it (conditional on it still being there)."""
+        raw = plain(self.table.get(keys.meta_key(task_id)) or {}).get(spent_name(epoch))
+        return Reservation.from_ticket(raw) if isinstance(raw, dict) else None
 
     def _apply(self, patch: Patch) -> None:
         """An unconditional settlement, on a META that exists (never a ghost item of budget only)."""

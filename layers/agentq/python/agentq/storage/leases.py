@@ -29,6 +29,7 @@ from agentq import observe
 from agentq.core.errors import LeaseLost, TaskNotFound
 from agentq.core.models import Lease, Task, TaskStatus
 from agentq.core.records import ClaimOwner, ClaimRecord
+from agentq.core.reservation import Seen
 from agentq.resources import GSI_OWNER
 from agentq.storage import keys
 from agentq.storage.table import ConditionFailed, Item, Table, Update, plain, present, status_in
@@ -60,6 +61,16 @@ def _read_meta(table: Table, task_id: str) -> Item | None:
 LIVE_TEXT_CHARS = 1000  # of a call in flight: enough to watch, small enough for one write unit
 OWNER_ATTRIBUTES = ("owner_worker", "owner_epoch", "owner_message", "owner_queue", "owner_task")
 CLAIMABLE = (TaskStatus.QUEUED, TaskStatus.RUNNING)
+
+
+def _live(live_text: str | None, seen: Seen | None) -> dict[str, Any]:
+    """The META attributes of a streamed call in flight, those there are."""
+    sets: dict[str, Any] = {}
+    if live_text:
+        sets["live_text"] = live_text[-LIVE_TEXT_CHARS:]
+    if seen is not None:
+        sets["seen"] = seen.to_item()
+    return sets
 
 
 class TaskLeases(TaskItems):
@@ -227,19 +238,21 @@ class TaskLeases(TaskItems):
             found += [plain(m) for m in self.table.batch_get([keys.meta_key(t) for t in ids[i : i + 100]])]
         return found
 
-    def publish_live_text(self, lease: Lease, live_text: str) -> None:
-        """The tail of a streamed call's text on META (``live_text``), fenced: the worker writes
-        it only when it changed, at most once a heartbeat, and only for a task that streams."""
-        self._fenced(lease, Update(set={"live_text": live_text[-LIVE_TEXT_CHARS:]}))
+    def publish_live_text(self, lease: Lease, live_text: str | None, seen: Seen | None = None) -> None:
+        """The tail of a streamed call's text on META (``live_text``), and what the call billed
+        so far (``seen``: ``core.reservation.Seen``), fenced: the worker writes them only when
+        they changed, at most once a heartbeat, and only for a task that streams."""
+        self._fenced(lease, Update(set=_live(live_text, seen)))
 
-    def extend_lease(self, lease: Lease, lease_seconds: float, *, live_text: str | None = None) -> Lease:
-        """Extend the lease; ``live_text`` (the tail of a streamed call's text, best effort) rides
-        on the same write, so showing it costs no write of its own."""
+    def extend_lease(
+        self, lease: Lease, lease_seconds: float, *, live_text: str | None = None, seen: Seen | None = None
+    ) -> Lease:
+        """Extend the lease; ``live_text`` (the tail of a streamed call's text, best effort) and
+        ``seen`` (what the call billed so far) ride on the same write, so showing the one and
+        narrowing the unknown with the other cost no write of their own."""
         now = time.time()
         expires = now + lease_seconds
-        sets: dict[str, Any] = {"lease_expires": expires, "heartbeat_at": now}
-        if live_text:
-            sets["live_text"] = live_text[-LIVE_TEXT_CHARS:]
+        sets: dict[str, Any] = {"lease_expires": expires, "heartbeat_at": now, **_live(live_text, seen)}
         self._fenced(lease, Update(set=sets), Attr("lease_expires").gt(0))
         return lease.model_copy(update={"expires_at": expires})
 

@@ -191,7 +191,7 @@ class Steps:
         if body.kind == "llm":
             adds["llm_steps"] = 1
         if body.kind in ("llm", "compact"):
-            removes += ["inflight", "live_text", "batch"]  # the call's text is in the step now
+            removes += ["inflight", "live_text", "seen", "batch"]  # the call's text and usage are in the step now
         if body.kind == "compact":
             sets["compacted_at"] = number  # a resume reads the steps from here on
         if isinstance(body, LLMStep | CompactStep) and body.fallback_from is not None and body.provider:

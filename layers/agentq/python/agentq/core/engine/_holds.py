@@ -100,7 +100,9 @@ class BudgetHolds:
         live, kept = [], {}
         for epoch, held in task.lapsed_holds.items():
             if held.lapsed_by(now):
-                self.budgets.spend_lapsed(task.task_id, task.budget_id, held, parent_id=task.parent_id)
+                self.budgets.spend_lapsed(
+                    task.task_id, task.budget_id, held.with_seen(task.seen), parent_id=task.parent_id
+                )
             else:
                 kept[epoch] = held
                 live.append(held.until - now if held.until is not None else 0.0)
@@ -134,6 +136,7 @@ class BudgetHolds:
             )
         elif current and current.epoch != s.lease.epoch:
             if not current.lapsed_by(now):
+                current = current.with_seen(task.seen)  # what its call billed, kept with it
                 self.budgets.set_aside(s.lease, current)
                 log.info(
                     "task %s: epoch %s's call may complete until %.3f; its hold stays counted",
@@ -142,7 +145,9 @@ class BudgetHolds:
                 lapsed = {**task.lapsed_holds, current.epoch: current}
                 s.task = task.model_copy(update={"inflight": None, "lapsed_holds": lapsed})
             else:
-                self.budgets.spend_lapsed(task.task_id, task.budget_id, current, parent_id=task.parent_id)
+                self.budgets.spend_lapsed(
+                    task.task_id, task.budget_id, current.with_seen(task.seen), parent_id=task.parent_id
+                )
                 s.task = task.model_copy(update={"inflight": None})
 
     # ------------------------------------------------------------ current hold
@@ -183,7 +188,9 @@ class BudgetHolds:
         waiting for. An answer that still comes corrects it (``settle_orphan``)."""
         held = s.task.inflight
         if held:
-            self.budgets.spend_lapsed(s.task_id, s.task.budget_id, held, parent_id=s.task.parent_id)
+            # What its stream said it billed is known (``Seen``): this run's own note of it.
+            seen = held.with_seen(s.held.seen)
+            self.budgets.spend_lapsed(s.task_id, s.task.budget_id, seen, parent_id=s.task.parent_id)
             s.task = s.task.model_copy(update={"inflight": None})
         return held
 

@@ -29,7 +29,7 @@ from agentq.core.engine.result import RunResult
 from agentq.core.errors import CallCut, ConversationMoved, LeaseLost, ProviderError
 from agentq.core.faults import crash_point
 from agentq.core.flow import Admission, flow_key
-from agentq.core.models import CallStep, CompactStep, FallbackNote, LLMStep, ModelChoice, RetryState, TaskStatus
+from agentq.core.models import CallStep, CompactStep, FallbackNote, LLMStep, ModelChoice, RetryState, TaskStatus, Usage
 from agentq.core.output import answer_of, feedback
 from agentq.core.ports import BudgetLedger, FlowPort, StepLog, TaskLeases, TenantWindowsPort
 from agentq.core.pricing import PriceTable, micros
@@ -41,8 +41,10 @@ from agentq.core.providers.base import (
     RetryNotice,
     reporting_retries,
     reporting_text,
+    reporting_usage,
 )
 from agentq.core.records import BudgetDelta, OrphanReason
+from agentq.core.reservation import Seen
 from agentq.core.tenancy import TenantCapReached
 
 log = logging.getLogger("agentq.engine")
@@ -166,6 +168,7 @@ class LLMTurn:
         the next attempt gets a hold of its own, so what the provider may bill never passes the
         cap (ARCHITECTURE 4). False when the budget cannot cover one: no further attempt."""
         self.holds.spend(s)
+        s.held.seen = None  # what that attempt billed went with its hold
         s.call_may_be_billed = False  # the spent hold answers for that attempt; this one's are to come
         try:
             held = self.holds.reserve(s)
@@ -202,6 +205,7 @@ class LLMTurn:
             ) as call,
             reporting_retries(lambda notice: self._note_retry(s, notice)),
             reporting_text(lambda text: setattr(s.held, "live_text", text)),
+            reporting_usage(lambda usage: self._saw(s, request.model, usage)),
         ):  # fmt: skip
             try:
                 response = call_until(
@@ -212,7 +216,18 @@ class LLMTurn:
             finally:
                 s.held.live_text = None
             call.answered(response)
+        s.held.seen = None  # the step carries its usage now
         return response
+
+    def _saw(self, s: Session, model: str, usage: Usage) -> None:
+        """A streamed call's usage so far, under the hold it is made under: the heartbeat
+        publishes it, so a hold counted as spent leaves only the rest unknown (``Seen``)."""
+        held = s.task.inflight
+        if held is None:
+            return
+        price = self.prices.price_for(model)
+        cost = micros(price.cost(usage)) if price else 0
+        s.held.seen = Seen(held.epoch, held.step, held.until, usage.input_total, usage.output_tokens, cost)
 
     def _cut(self, s: Session, window: Any, cut: CallCut) -> RunResult:
         """The task's timeout passed with the call in flight: the call is cut (``_cut``), the

@@ -22,6 +22,7 @@ from agentq.core.flow import Admission
 from agentq.core.models import FallbackNote, Lease, ModelChoice, StepRecord, Task
 from agentq.core.ports import NoteBook, TaskLeases
 from agentq.core.records import Inbox
+from agentq.core.reservation import Seen
 from agentq.core.tenancy import TenantLimits
 from agentq.core.tools import ToolRegistry
 
@@ -37,6 +38,7 @@ class LeaseState:
     lost: threading.Event = field(default_factory=threading.Event)
     commit_sent_at: float | None = None  # a step commit is on the wire: it renews (or ends) the lease
     live_text: str | None = None  # a streamed call's text so far, which the heartbeat publishes
+    seen: Seen | None = None  # what that call billed so far, as its stream said: published with it
 
     def check(self) -> None:
         """Raise ``LeaseLost`` if the heartbeat learned that another worker holds the task."""
@@ -143,7 +145,7 @@ class LeaseKeeper:
         while not self._stop.wait(self.interval):
             try:
                 self.held.lease = self.tasks.extend_lease(
-                    self.held.lease, self.lease_seconds, live_text=self.held.live_text
+                    self.held.lease, self.lease_seconds, live_text=self.held.live_text, seen=self.held.seen
                 )
                 if self.on_beat is not None:
                     self.on_beat()

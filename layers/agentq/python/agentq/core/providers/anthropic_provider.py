@@ -31,6 +31,7 @@ from agentq.core.providers.base import (
     check_cut,
     pause,
     report_text,
+    report_usage,
     stream_above,
 )
 from agentq.core.providers.caching import CacheTtl
@@ -138,11 +139,23 @@ class _MessagesProvider:
         The Message it returns is what ``create`` would have returned."""
         with endpoint.stream(**kwargs) as stream:
             text = ""
+            billed = Usage(input_tokens=0, output_tokens=0)
             for event in stream:
                 check_cut()  # the task's deadline: leaving the block closes the stream
                 if event.type == "text":
                     text += event.text
                     report_text(text)
+                elif event.type == "message_start":  # the input is billed from here on, whatever follows
+                    started = event.message.usage
+                    billed = Usage(
+                        input_tokens=started.input_tokens, output_tokens=started.output_tokens or 0,
+                        cache_creation_input_tokens=started.cache_creation_input_tokens or 0,
+                        cache_read_input_tokens=started.cache_read_input_tokens or 0,
+                    )  # fmt: skip
+                    report_usage(billed)
+                elif event.type == "message_delta" and event.usage is not None:  # its output so far
+                    billed = billed.model_copy(update={"output_tokens": event.usage.output_tokens or 0})
+                    report_usage(billed)
             try:
                 return stream.get_final_message()
             except AssertionError as exc:  # the SDK asserts it saw a message_start: a 200 that was no stream

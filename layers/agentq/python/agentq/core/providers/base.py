@@ -175,6 +175,29 @@ def report_text(text: str) -> None:
         listener(text)
 
 
+_usage_listener: ContextVar[Callable[[Usage], None] | None] = ContextVar("agentq_usage_listener", default=None)
+
+
+@contextlib.contextmanager
+def reporting_usage(listener: Callable[[Usage], None]) -> Iterator[None]:
+    """Calls ``listener`` with what a streamed call made in this context has billed so far, as
+    its stream says: the input at its start (cache reads and writes apart), the output when the
+    provider reports it. Known usage even if the call never ends whole (ARCHITECTURE 4: it
+    narrows the unknown a lost call leaves)."""
+    token = _usage_listener.set(listener)
+    try:
+        yield
+    finally:
+        _usage_listener.reset(token)
+
+
+def report_usage(usage: Usage) -> None:
+    """What a streaming provider calls when its stream tells the usage so far."""
+    listener = _usage_listener.get()
+    if listener is not None:
+        listener(usage)
+
+
 @dataclass(frozen=True)
 class Cut:
     """When the call in progress must stop: at ``deadline`` (wall-clock seconds, the task's
