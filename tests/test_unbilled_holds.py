@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import time
 from typing import Any
 
@@ -331,17 +332,21 @@ def test_a_timeout_that_cuts_a_retrys_wait_counts_only_what_may_have_been_billed
     """The task times out while the call waits to try again: no attempt is on the wire. After an
     unbilled failure nothing is charged; after one that may have been billed, that attempt's hold
     stays counted as unknown, and the retry's own hold, never sent, goes back."""
-    import anthropic  # imported before the clock starts: a cold import can take the whole timeout
-
-    assert anthropic.Anthropic
+    importlib.import_module("agentq.core.providers.anthropic_provider")  # before the clock starts: a cold
+    # import (the SDK's) can take seconds on a loaded machine, and the first attempt must be made in time.
     settings = deployment(moto_server)
     store = build_store(settings)
     sub = _submission().model_copy(deep=True)
-    sub.constraints.timeout_seconds = 3
+    sub.constraints.timeout_seconds = 10  # the first attempt fails within it; the 30 s wait is cut at it
     task = store.tasks.create(sub, tenant="t")
     asked: list[Any] = []
+
+    def answer(request: Any) -> FakeReply:
+        asked.append(request)
+        return failure
+
     with FakeMessagesAPI() as fake:
-        fake.responder = lambda request: asked.append(request) or failure
+        fake.responder = answer
         _point_the_provider_at(fake, monkeypatch)
         monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", '{"base_delay": 30, "max_delay": 30}')  # the wait outlasts it
         engine = Engine(store, worker_id="w", tools=build_registry(settings), config=EngineConfig(lease_seconds=30))

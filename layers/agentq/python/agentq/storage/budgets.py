@@ -60,7 +60,7 @@ from agentq.core.models import Lease
 from agentq.core.pricing import NO_MONEY_CAP
 from agentq.core.records import NO_USAGE, BudgetDelta, BudgetState, Reservation
 from agentq.storage import keys
-from agentq.storage.budget_items import SETTLED, budget_state, lapsed_name, spent_name, seen_ticket, ticket_value
+from agentq.storage.budget_items import SETTLED, budget_state, lapsed_name, seen_ticket, spent_name, ticket_value
 from agentq.storage.events import NewEvent, logged_transact
 from agentq.storage.leases import why_fenced
 from agentq.storage.table import (
