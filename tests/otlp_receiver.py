@@ -53,6 +53,23 @@ class HistogramPoint:
     service: str
 
 
+@dataclass
+class SumPoint:
+    """One exported point of a counter (a monotonic sum; cumulative)."""
+
+    name: str
+    unit: str
+    attributes: dict[str, Any]
+    value: float
+    time_ns: int
+
+
+def _sum_point(metric: Any, point: Any) -> SumPoint:
+    value = point.as_int if point.WhichOneof("value") == "as_int" else point.as_double
+    attributes = {a.key: _value(a.value) for a in point.attributes}
+    return SumPoint(metric.name, metric.unit, attributes, value, point.time_unix_nano)
+
+
 def _value(value: AnyValue) -> Any:
     kind = value.WhichOneof("value")
     if kind == "array_value":
@@ -64,6 +81,7 @@ def _value(value: AnyValue) -> Any:
 class OtlpReceiver:
     spans: list[ReceivedSpan] = field(default_factory=list)
     points: list[HistogramPoint] = field(default_factory=list)
+    sums: list[SumPoint] = field(default_factory=list)
     posts: int = 0
 
     def __post_init__(self) -> None:
@@ -98,13 +116,26 @@ class OtlpReceiver:
                     latest[key] = point
         return list(latest.values())
 
+    def counter(self, name: str) -> dict[tuple[tuple[str, Any], ...], float]:
+        """The latest value of counter ``name`` per attribute set (cumulative)."""
+        latest: dict[tuple[tuple[str, Any], ...], SumPoint] = {}
+        with self._lock:
+            for point in self.sums:
+                key = tuple(sorted(point.attributes.items()))
+                if point.name == name and (key not in latest or point.time_ns >= latest[key].time_ns):
+                    latest[key] = point
+        return {key: point.value for key, point in latest.items()}
+
     def receive_metrics(self, body: bytes) -> None:
         request = ExportMetricsServiceRequest.FromString(body)
         found: list[HistogramPoint] = []
+        sums: list[SumPoint] = []
         for resource_metrics in request.resource_metrics:
             resource = {a.key: _value(a.value) for a in resource_metrics.resource.attributes}
             for scope in resource_metrics.scope_metrics:
                 for metric in scope.metrics:
+                    if metric.WhichOneof("data") == "sum":
+                        sums += [_sum_point(metric, point) for point in metric.sum.data_points]
                     if metric.WhichOneof("data") != "histogram":
                         continue
                     for point in metric.histogram.data_points:
@@ -123,6 +154,7 @@ class OtlpReceiver:
                         )
         with self._lock:
             self.points.extend(found)
+            self.sums.extend(sums)
             self.posts += 1
 
     def receive(self, body: bytes) -> None:

@@ -564,3 +564,29 @@ def test_an_interrupted_exchange_ends_its_invocation_and_the_next_message_starts
     assert interrupted.attributes["agentq.status"] == "idle" and interrupted.status_code != 2
     assert "error.type" not in interrupted.attributes
     assert (interrupted.attributes["agentq.invocation"], answered.attributes["agentq.invocation"]) == (0, 1)
+
+
+def test_the_run_span_says_which_part_of_the_budget_is_known_and_a_counter_the_unknown_by_tenant(
+    receiver: OtlpReceiver, store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first worker died with a call in flight and its hold's deadline has passed: the run
+    that takes the task over counts that hold as spent, its outcome unknown. The run's span
+    carries the tree's known and unknown usage, and ``agentq.budget.unknown_tokens`` counts the
+    unknown under the tenant (not a GenAI convention: agentq's own, in its namespace)."""
+    import time
+
+    provider = PROVIDERS[0]
+    with anthropic_server(monkeypatch) as server:
+        server.enqueue(text_reply("done", usage=usage_dict(30, 6)))
+        task = store.tasks.create(submission(provider, constraints={"max_tokens": 20_000}), tenant="acme")
+        claim = store.tasks.claim(task.task_id, "dead", 30)
+        assert claim is not None
+        store.budgets.reserve(claim[0], task.task_id, 500, 1, until=time.time() - 1)  # its call can no longer end
+        store.tasks.release(claim[0])
+        assert run(store, registry, task.task_id) is TaskStatus.SUCCEEDED
+    otel.reset()  # flushes the metrics
+    (span,) = [s for s in receiver.spans if s.name == f"run {task.task_id}"]
+    assert span.attributes["agentq.budget.unknown_tokens"] == 500
+    assert span.attributes["agentq.budget.known_tokens"] == 36
+    assert span.attributes["agentq.budget.used_tokens"] == 536
+    assert receiver.counter("agentq.budget.unknown_tokens") == {(("agentq.tenant", "acme"),): 500}

@@ -35,6 +35,7 @@ _EXPORTS: dict[str, str] = {
     "flush": "emf",
     "metrics": "emf",
     "record_budget_refusal": "emf",
+    "record_unknown_usage": "emf",
     "record_dead_letter": "emf",
     "record_swept": "emf",
     "record_run": "emf",
@@ -72,6 +73,7 @@ __all__ = [
     "record_run",
     "record_submitted",
     "record_swept",
+    "record_unknown_usage",
     "route_core_logs",
     "task_context",
     "task_status_changed",
@@ -121,6 +123,7 @@ if TYPE_CHECKING:
         record_run,
         record_submitted,
         record_swept,
+        record_unknown_usage,
         tenant_held_at_limit,
         tenant_soft_cap_crossed,
     )

@@ -25,7 +25,7 @@ from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
 from aws_lambda_powertools.metrics.functions import is_metrics_disabled
 
-from agentq.observe import names
+from agentq.observe import names, otel_metrics
 from agentq.observe.events import emit_event
 
 if TYPE_CHECKING:
@@ -123,6 +123,19 @@ def record_budget_refusal(budget: Literal["task", "tenant"]) -> None:
     if not enabled():
         return
     _write_now({names.BUDGET_REFUSALS: 1}, MetricUnit.Count, {names.BUDGET: budget})
+
+
+def record_unknown_usage(tenant: str, task_id: str, tokens: int, micros: int) -> None:
+    """A hold counted as spent with its call's outcome unknown (ARCHITECTURE 4): ``tokens`` and
+    ``micros`` of it not known to be billed. A metric (no tenant dimension: bounded series), an
+    event naming the tenant and the task for whoever bills (always a structured log line), and
+    the OpenTelemetry counter."""
+    if tokens <= 0 and micros <= 0:
+        return
+    if enabled():
+        _write_now({names.UNKNOWN_TOKENS: tokens}, MetricUnit.Count, {})
+    emit_event("UnknownUsageCounted", {"tenant": tenant, "task_id": task_id, "tokens": tokens, "usd_micros": micros})
+    otel_metrics.record_unknown(tenant, tokens)
 
 
 def tenant_soft_cap_crossed(tenant: str, held: int, cap: int) -> None:

@@ -44,6 +44,9 @@ CACHE_WRITE_TOKENS = "cache_write_tokens"  # part of tokens_in; sent only when n
 TOOL_ERRORS = "tool_errors"
 # service=executor, dimensions {service, budget}
 BUDGET_REFUSALS = "budget_refusals"
+# service=executor, dimensions {service}: tokens of calls counted at their holds, outcome unknown
+# (ARCHITECTURE 4); the tenant is in the UnknownUsageCounted event, not a dimension (bounded series)
+UNKNOWN_TOKENS = "unknown_tokens"
 # service=api, dimensions {service}
 TASKS_SUBMITTED = "tasks_submitted"
 # service=executor, no dimension: unfinished tasks with no worker and no message, re-enqueued

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
     from agentq.core.models import Task
+    from agentq.core.records import BudgetState
 
 log = logging.getLogger("agentq.observe")
 
@@ -177,6 +178,22 @@ def task_run(task: Task, worker_id: str, resumed_from: int) -> Iterator[None]:
                 yield
         finally:
             flush()
+
+
+def budget_after_run(state: BudgetState) -> None:
+    """The task tree's budget as the run left it, on the run's span: what the cap counts
+    (``used``), and of it what the provider reported (``known``) and what is unknown (holds of
+    calls whose outcome no worker learned; ARCHITECTURE 4), in tokens and dollars."""
+    if tracer() is None:
+        return
+    from opentelemetry import trace
+
+    trace.get_current_span().set_attributes({
+        "agentq.budget.cap_tokens": state.cap, "agentq.budget.used_tokens": state.used,
+        "agentq.budget.known_tokens": state.known, "agentq.budget.unknown_tokens": state.unknown,
+        "agentq.budget.known_usd": state.known_micros / 1_000_000,
+        "agentq.budget.unknown_usd": state.unknown_micros / 1_000_000,
+    })  # fmt: skip
 
 
 @contextlib.contextmanager

@@ -27,6 +27,8 @@ from typing import Any
 
 from agentq.observe.otlp import configured, resource
 
+UNKNOWN_TOKENS = "agentq.budget.unknown_tokens"  # not a GenAI convention: agentq's own, in its namespace
+
 log = logging.getLogger("agentq.observe")
 
 # The SDK's own switch, honoured here: "none" sends traces only (a collector with no metrics pipeline).
@@ -85,12 +87,32 @@ def record_call(attributes: MetricAttributes, seconds: float, tokens: tuple[int,
             token_usage.record(count, attributes={**attributes, "gen_ai.token.type": kind})
 
 
+@functools.cache
+def _unknown_counter() -> Any:
+    provider = _meter_provider()
+    if provider is None:
+        return None
+    return provider.get_meter("agentq").create_counter(
+        UNKNOWN_TOKENS, unit="{token}",
+        description="Tokens of model calls counted at their budget holds because their outcome is unknown.",
+    )  # fmt: skip
+
+
+def record_unknown(tenant: str, tokens: int) -> None:
+    """A hold counted as spent with its call's outcome unknown: ``tokens`` of it not known to be
+    billed (its hold less what its stream said), for the tenant's bill to show apart."""
+    counter = _unknown_counter()
+    if counter is not None and tokens > 0:
+        counter.add(tokens, attributes={"agentq.tenant": tenant})
+
+
 def flush(timeout_millis: int) -> bool:
     provider = _meter_provider()
     return provider is None or bool(provider.force_flush(timeout_millis))
 
 
 def reset() -> None:
+    _unknown_counter.cache_clear()
     provider = _meter_provider()
     if provider is not None:
         provider.shutdown()

@@ -17,6 +17,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from agentq import observe
 from agentq.core.engine._request import RequestBuilder
 from agentq.core.engine._session import Session
 from agentq.core.engine.config import EngineConfig
@@ -100,9 +101,7 @@ class BudgetHolds:
         live, kept = [], {}
         for epoch, held in task.lapsed_holds.items():
             if held.lapsed_by(now):
-                self.budgets.spend_lapsed(
-                    task.task_id, task.budget_id, held.with_seen(task.seen), parent_id=task.parent_id
-                )
+                self._spend(task, held.with_seen(task.seen))
             else:
                 kept[epoch] = held
                 live.append(held.until - now if held.until is not None else 0.0)
@@ -145,9 +144,7 @@ class BudgetHolds:
                 lapsed = {**task.lapsed_holds, current.epoch: current}
                 s.task = task.model_copy(update={"inflight": None, "lapsed_holds": lapsed})
             else:
-                self.budgets.spend_lapsed(
-                    task.task_id, task.budget_id, current.with_seen(task.seen), parent_id=task.parent_id
-                )
+                self._spend(task, current.with_seen(task.seen))
                 s.task = task.model_copy(update={"inflight": None})
 
     # ------------------------------------------------------------ current hold
@@ -188,11 +185,17 @@ class BudgetHolds:
         waiting for. An answer that still comes corrects it (``settle_orphan``)."""
         held = s.task.inflight
         if held:
-            # What its stream said it billed is known (``Seen``): this run's own note of it.
-            seen = held.with_seen(s.held.seen)
-            self.budgets.spend_lapsed(s.task_id, s.task.budget_id, seen, parent_id=s.task.parent_id)
+            self._spend(s.task, held.with_seen(s.held.seen))  # what its stream said: this run's own note
             s.task = s.task.model_copy(update={"inflight": None})
         return held
+
+    def _spend(self, task: Task, held: Reservation) -> None:
+        """Count ``held`` as spent, its outcome unknown but for what its call was seen to bill;
+        the unknown part is told to the metrics and the tenant's bill (once: only the write that
+        moved the ticket tells it)."""
+        if self.budgets.spend_lapsed(task.task_id, task.budget_id, held, parent_id=task.parent_id):
+            observe.record_unknown_usage(task.tenant, task.task_id, held.amount - held.seen,
+                                         held.micros - held.seen_micros)  # fmt: skip
 
     def reserve(self, s: Session) -> int | None:
         """Hold tokens for the next call; returns the amount, or None when the budget is spent.

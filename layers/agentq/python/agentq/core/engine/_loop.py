@@ -8,6 +8,7 @@ loop only decides which turn comes next from the last committed step, and how a 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -28,7 +29,7 @@ from agentq.core.engine._tool_turn import ToolTurn
 from agentq.core.engine.config import EngineConfig
 from agentq.core.engine.conversation import conversation, final_text
 from agentq.core.engine.result import RunResult, lease_lost
-from agentq.core.errors import DETERMINISTIC_FAULTS, LeaseLost, fault_error
+from agentq.core.errors import DETERMINISTIC_FAULTS, LeaseLost, TaskNotFound, fault_error
 from agentq.core.fanout import SPAWN_TOOL, FanoutLauncher
 from agentq.core.faults import crash_point
 from agentq.core.models import LLMStep, Task, TaskStatus, TaskSubmission
@@ -151,6 +152,9 @@ class Engine:
                 session.inbox = Inbox(task.messages_received, task.messages_delivered, task.interrupt_at)
                 self._holds.take_over(session)
                 result = self._loop(session)
+                if observe.otel.enabled():  # one read, for the trace only
+                    with contextlib.suppress(TaskNotFound):  # deleted meanwhile: nothing to show
+                        observe.otel.budget_after_run(self.store.budgets.get(session.task.budget_id))
             except HoldsInFlight as exc:
                 result = self._defer(session, exc)
             except LeaseLost as exc:
