@@ -90,7 +90,7 @@ demo: $(VENV)/.local-installed sandbox-tools
 # worker did every test module under pytest's assertion rewriting (~6 CPU-s a worker).
 # compileall first, so the workers' collection does not compile agentq once each at the same time.
 test: $(VENV)/.installed sandbox-tools chromium
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -m compileall -q -j 0 layers/agentq/python >/dev/null
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m compileall -q -j 0 layers/agentq/python devstack >/dev/null
 	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # How long each test takes, as make test runs them: tests/durations.json, the order it hands out

@@ -34,13 +34,13 @@ from typing import Any
 
 import botocore.client
 
-from agentq.local.moto_server import MotoServer
-from agentq.local.stack import LocalStack
 from agentq.queueing.worker import WorkerConfig
 from agentq.storage.container import Storage
 from agentq.storage.dynamodb import DynamoTable
 from agentq.storage.keys import META, task_pk
 from agentq.storage.serdes import PayloadStore, to_item
+from agentq_dev.moto_server import MotoServer
+from agentq_dev.stack import LocalStack
 
 BENCH_DIR = Path(__file__).resolve().parent
 COUNTING_WORKER = BENCH_DIR / "_counting_worker.py"
@@ -179,7 +179,7 @@ class InProcessCounter:
 
 
 MOTO_APPS = {
-    "stock": ["-m", "agentq.local.moto_app"],  # what LocalStack runs
+    "stock": ["-m", "agentq_dev.moto_app"],  # what LocalStack runs
     "fast": [str(BENCH_DIR / "_moto_app.py")],  # the same, SQS ReceiveMessage O(messages returned)
 }
 MOTO_MODES_HELP = (
@@ -192,7 +192,7 @@ MOTO_MODES_HELP = (
 @dataclass
 class MotoAppServer(MotoServer):
     """agentq's moto_app with some of its changes off, to measure them: ``main_kwargs`` are
-    keyword arguments of ``agentq.local.moto_app.main`` (e.g. ``"patch_moto=False"``); empty,
+    keyword arguments of ``agentq_dev.moto_app.main`` (e.g. ``"patch_moto=False"``); empty,
     the app as the local stack runs it."""
 
     main_kwargs: str = ""
@@ -203,7 +203,7 @@ class MotoAppServer(MotoServer):
         return [
             sys.executable,
             "-c",
-            f"import sys; from agentq.local.moto_app import main; main(sys.argv[1:], {self.main_kwargs})",
+            f"import sys; from agentq_dev.moto_app import main; main(sys.argv[1:], {self.main_kwargs})",
         ]
 
 

@@ -1,4 +1,4 @@
-"""agentq's moto server (``agentq.local.moto_app``) with one bench-only change that removes a moto
+"""agentq's moto server (``agentq_dev.moto_app``) with one bench-only change that removes a moto
 cost growing with the amount of data, which real SQS does not have. It keeps moto's own logic and
 results; only the cost changes.
 
@@ -53,7 +53,7 @@ def _install_sqs() -> None:
 
 if __name__ == "__main__":
     install()
-    from agentq.local.moto_app import main
+    from agentq_dev.moto_app import main
 
-    sys.argv[0] = "agentq.local.moto_app"
+    sys.argv[0] = "agentq_dev.moto_app"
     main()

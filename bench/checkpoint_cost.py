@@ -61,12 +61,12 @@ from _plot import add_plot_args
 from agentq.core.engine import Engine, EngineConfig, conversation
 from agentq.core.models import StepRecord, TaskStatus, TaskSubmission
 from agentq.core.tools import ToolSpec, tool
-from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
 from agentq.resources import TABLE_KEY_SCHEMA, ResourceNames, provision
 from agentq.runtime import Settings, build_registry, build_store, client, session
 from agentq.storage.container import Storage
 from agentq.storage.item_size import wire_item_size, write_units
 from agentq.storage.serdes import DEFAULT_OFFLOAD_THRESHOLD
+from agentq_dev.moto_server import LOCAL_CREDENTIALS, MotoServer
 
 DDB_ITEM_LIMIT = 400 * 1024
 SETUP = 0  # bucket of per-task work that is not a step (create, claim, rebuild)

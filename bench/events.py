@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _benchlib import JsonOut, log, machine, summary, table
 from _plot import Panel, add_plot_args, plot_from_args
 from agentq.api.client import Client
-from agentq.local.stack import LocalStack
+from agentq_dev.stack import LocalStack
 
 STEP_TYPES = ("agent.message", "agent.tool_results")
 RAMP = 50  # connections opened at once

@@ -150,9 +150,9 @@ class FirstCall:
         sys.path.insert(0, str(CORE_LAYER))  # the agentq of the tree under measurement
         import boto3
 
-        from agentq.local.moto_server import MotoServer
         from agentq.resources import ResourceNames, provision
         from agentq.runtime import Settings
+        from agentq_dev.moto_server import MotoServer
 
         self.server = MotoServer().start()
         try:

@@ -42,9 +42,9 @@ from _benchlib import JsonOut, fmt, log, machine, percentile, table
 from _plot import Panel, add_plot_args, plot_from_args
 from agentq.api.app import AgentqResolver, build_app
 from agentq.api.auth import authorize
-from agentq.local.api_server import LocalApiServer
-from agentq.local.stack import LocalStack
+from agentq.api.http_server import LocalApiServer
 from agentq.runtime import build_fanout, build_queues, build_registry
+from agentq_dev.stack import LocalStack
 
 MODES = ("isolated", "serialised", "shared")
 Handler = Callable[[dict[str, Any], Any], dict[str, Any]]

@@ -6,7 +6,7 @@ Query sorts the whole table) vs. agentq's moto_app (copies of the items a transa
     python bench/local_commit.py                          # 0, 10,000 and 100,000 items
     python bench/local_commit.py --sizes 0,1000 --commits 10 --json
 
-For each it starts the project's moto server (``agentq.local.moto_app``, DynamoDB requests
+For each it starts the project's moto server (``agentq_dev.moto_app``, DynamoDB requests
 serialised; ``main(patch_moto=False)`` for moto's own DynamoDB), provisions the table and
 bucket, and for each size, smallest first:
 
@@ -42,11 +42,11 @@ from _benchlib import JsonOut, MotoAppServer, fmt, log, machine, summary, table
 from _plot import Panel, add_plot_args, plot_from_args
 from agentq.core.models import LLMStep, TaskSubmission, Usage
 from agentq.core.records import BudgetDelta
-from agentq.local.moto_server import LOCAL_CREDENTIALS
 from agentq.resources import ResourceNames, provision
 from agentq.runtime import Settings, build_store, session
 from agentq.storage.container import Storage
 from agentq.storage.serdes import to_item
+from agentq_dev.moto_server import LOCAL_CREDENTIALS
 
 MODES = {
     "moto": "moto's own DynamoDB: a transaction deep-copies each table it names, per action; a Query sorts the table",

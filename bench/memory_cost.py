@@ -29,12 +29,12 @@ from _benchlib import JsonOut, fmt, log, machine, summary, table
 from _plot import Panel, add_plot_args, plot_from_args
 from agentq.core.memory import Author, MemoryStoreSpec
 from agentq.core.models import TaskSubmission
-from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
 from agentq.resources import ResourceNames, provision
 from agentq.runtime import Settings, build_store, session
 from agentq.storage import keys
 from agentq.storage.container import Storage, memory_storage
 from agentq.storage.item_size import item_size, write_units
+from agentq_dev.moto_server import LOCAL_CREDENTIALS, MotoServer
 
 READ_UNIT_BYTES = 4096
 PERSON = Author(type="api")

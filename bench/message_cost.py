@@ -40,9 +40,9 @@ from agentq.control.conversations import send_message  # noqa: E402
 from agentq.core.engine import Engine, EngineConfig  # noqa: E402
 from agentq.core.models import TaskSubmission  # noqa: E402
 from agentq.core.providers import LLMRequest, LLMResponse, default_provider_factory  # noqa: E402
-from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer  # noqa: E402
 from agentq.resources import QueueSettings, provision  # noqa: E402
 from agentq.runtime import Settings, build_queues, build_registry, build_store, session  # noqa: E402
+from agentq_dev.moto_server import LOCAL_CREDENTIALS, MotoServer  # noqa: E402
 
 
 def submission(turns: int) -> TaskSubmission:

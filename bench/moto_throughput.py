@@ -5,7 +5,7 @@ each call costs, for the calls held tasks make: their turns and their claims.
     python bench/moto_throughput.py --apps agentq --seconds 10 --json
 
 Why: on the local stack every held task's turn waits in the one moto process that serves
-DynamoDB (``agentq.local.moto_app`` serialises DynamoDB requests), so how many tasks a worker
+DynamoDB (``agentq_dev.moto_app`` serialises DynamoDB requests), so how many tasks a worker
 can hold on 30 s turns is that server's calls/s divided by ~0.18 calls per task per second
 (``bench/concurrency.py``). This bench measures the server alone, without a worker, so a
 change to it shows as calls/s and as CPU ms per call (from /proc: the server's user + system
@@ -23,7 +23,7 @@ tasks and then, from ``--threads`` client threads for ``--seconds`` each:
    fenced META UpdateItem that settles, reserves and renews the lease), ``note_write``'s
    transaction (fence check + PutItem), the tool step's commit.
 
-Apps: ``agentq`` = ``python -m agentq.local.moto_app`` (what the local stack runs); ``close``
+Apps: ``agentq`` = ``python -m agentq_dev.moto_app`` (what the local stack runs); ``close``
 = the same closing every connection after its response, as werkzeug does (without
 ``agentq/local/moto_http.py``: the before of keep-alive); ``plain`` = without the fast paths of
 ``agentq/local/moto_speed.py`` (the before of that change). Calls are counted in this process (botocore's own retries not counted twice).
@@ -45,10 +45,10 @@ from _benchlib import InProcessCounter, JsonOut, MotoAppServer, log, machine, ta
 from _plot import Panel, add_plot_args, plot_from_args
 from agentq.core.models import LLMStep, TaskSubmission, ToolOutcome, ToolsStep, Usage
 from agentq.core.records import BudgetDelta, ClaimOwner
-from agentq.local.moto_server import LOCAL_CREDENTIALS
 from agentq.resources import ResourceNames, provision
 from agentq.runtime import Settings, build_store, session
 from agentq.storage.container import Storage
+from agentq_dev.moto_server import LOCAL_CREDENTIALS
 
 APPS = {
     "agentq": "agentq's moto_app, as the local stack runs it",

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from _benchlib import JsonOut, log, machine, table  # noqa: E402
 from _plot import Panel, add_plot_args, plot_from_args  # noqa: E402
-from agentq.local.stack import LocalStack  # noqa: E402
+from agentq_dev.stack import LocalStack  # noqa: E402
 
 from tests.fake_messages_api import FakeMessagesAPI  # noqa: E402
 from tests.helpers import queue_depth  # noqa: E402

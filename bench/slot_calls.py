@@ -31,11 +31,11 @@ from typing import Any
 from _benchlib import JsonOut, log, machine, table
 from _plot import Panel, add_plot_args, plot_from_args
 from agentq.core.models import Task, TaskStatus, TaskSubmission
-from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
 from agentq.queueing.fairness import FairShare
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_queues, build_store, session
 from agentq.storage.container import Storage
+from agentq_dev.moto_server import LOCAL_CREDENTIALS, MotoServer
 
 CAPACITY = 8
 LIMIT = 4

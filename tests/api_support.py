@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentq.local.stack import LocalStack
+from agentq_dev.stack import LocalStack
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTED = {"goal": "say hi", "provider": "scripted", "script": {"turns": [{"text": "hi"}]}}

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from agentq.core.tools import ToolRegistry
-from agentq.local import forkserver
-from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
-from agentq.local.stack import LocalStack
 from agentq.queueing._tuning import WorkerConfig
 from agentq.resources import ResourceNames, provision
 from agentq.runtime import Settings, build_registry, build_store, session
 from agentq.storage.container import Storage, memory_storage
+from agentq_dev import forkserver
+from agentq_dev.moto_server import LOCAL_CREDENTIALS, MotoServer
+from agentq_dev.stack import LocalStack
 
 from tests import forked_xdist_worker
 from tests.api_support import ROOT, ApiStack
@@ -64,7 +64,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     path = str(tempfile.mkdtemp(prefix="agentq-fork-") + "/fork.sock")
     _forkserver = subprocess.Popen(
-        [sys.executable, "-m", "agentq.local.forkserver", path],
+        [sys.executable, "-m", "agentq_dev.forkserver", path],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agentq.local import forkserver
+from agentq_dev import forkserver
 
 # The forked worker's program: end with this process (WRAPPER), run CODE, then end as an
 # interpreter ends (threading's shutdown, then the exit handlers, whatever the shutdown raised).

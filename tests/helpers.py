@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentq.core.models import TaskSubmission
-from agentq.local import forkserver
 from agentq.storage.container import Storage
 from agentq.storage.dynamodb import DynamoTable
 from agentq.storage.serdes import PayloadStore
+from agentq_dev import forkserver
 
 if TYPE_CHECKING:
     from agentq.core.engine import Engine

@@ -9,8 +9,8 @@ import threading
 import time
 from typing import Any
 
-from agentq.local.stack import LocalStack
 from agentq.storage.container import Storage
+from agentq_dev.stack import LocalStack
 
 from tests.fake_messages_api import RecordedRequest, message_reply
 

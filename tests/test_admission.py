@@ -14,9 +14,9 @@ from typing import Any
 
 from agentq.control.submit import submit
 from agentq.core.models import TaskStatus
-from agentq.local.moto_server import MotoServer
 from agentq.queueing.worker import Admission, LeaseWriteRate, SlotPool, Worker, WorkerConfig
 from agentq.runtime import build_queues, build_registry, build_store
+from agentq_dev.moto_server import MotoServer
 
 from tests.helpers import deployment, scripted, wait_for
 

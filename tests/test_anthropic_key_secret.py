@@ -17,8 +17,8 @@ from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import TaskStatus, TaskSubmission
 from agentq.core.providers.keys import SECRET_VARIABLE
 from agentq.core.tools import ToolRegistry
-from agentq.local.moto_server import MotoServer
 from agentq.storage.container import Storage
+from agentq_dev.moto_server import MotoServer
 
 from tests.fake_messages_api import FakeMessagesAPI, RecordedRequest, text_reply
 

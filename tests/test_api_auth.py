@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from agentq.api.auth import Unauthorized, bearer_token
+from agentq.api.http_server import proxy_event
 from agentq.cli.main import main
-from agentq.local.api_server import proxy_event
-from agentq.local.moto_server import MotoServer
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_store, client, session
 from agentq.storage.api_keys import KeyStore, key_hash
+from agentq_dev.moto_server import MotoServer
 
 from tests.api_support import SCRIPTED, ApiStack
 from tests.helpers import run_agentq

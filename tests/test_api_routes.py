@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
+from agentq.api.http_server import proxy_event
 from agentq.api.models import MAX_BODY_BYTES, LLMCallEvent, TaskView, ToolCallEvent, TracePage, TransitionEvent
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import MAX_GOAL_CHARS, Lease, LLMStep, TaskStatus, Usage
-from agentq.local.api_server import proxy_event
-from agentq.local.moto_server import MotoServer
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_queues, build_registry, build_store, session
 from agentq.storage.container import Storage
+from agentq_dev.moto_server import MotoServer
 
 from tests.helpers import call as tool_call
 from tests.helpers import dynamo

@@ -31,11 +31,11 @@ from schemathesis.specs.openapi.checks import (
 
 from agentq.api.app import build_app, openapi_document
 from agentq.api.auth import authorize
-from agentq.local.api_server import wsgi_app
-from agentq.local.moto_server import MotoServer
+from agentq.api.http_server import wsgi_app
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_queues, build_registry, session
 from agentq.storage.container import memory_storage
+from agentq_dev.moto_server import MotoServer
 
 CHECKS = [
     not_a_server_error,

@@ -14,8 +14,8 @@ import pytest
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
-from agentq.local.moto_server import MotoServer
 from agentq.resources import TIERS, provision, table_definition
+from agentq_dev.moto_server import MotoServer
 from infra.synth import Synthesized, synthesize
 
 from tests.test_cdk_stack import ENVIRONMENTS, _resolve_string, settings_of, synth_root  # noqa: F401 (a fixture, shared)

@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from agentq.local.stack import LocalStack
 from agentq.resources import QueueSettings
+from agentq_dev.stack import LocalStack
 
 from tests.fake_messages_api import FakeMessagesAPI, overloaded, text_reply, tool_use_reply
 from tests.helpers import agentq_process, call

@@ -15,9 +15,9 @@ from agentq.core.errors import ValidationError
 from agentq.core.models import Lease, LLMStep, TaskStatus, ToolsStep, Usage
 from agentq.core.providers import LLMRequest, LLMResponse
 from agentq.core.tools import ToolRegistry, tool
-from agentq.local.moto_server import MotoServer
 from agentq.runtime import Settings, build_queues
 from agentq.storage.container import Storage
+from agentq_dev.moto_server import MotoServer
 
 DOC = 1500  # characters per document: ~500 tokens by the engine's estimate
 

@@ -14,9 +14,9 @@ from agentq.control import operations as control
 from agentq.control.submit import submit
 from agentq.core.errors import IllegalTransition, TaskNotFound, ValidationError
 from agentq.core.models import LLMStep, Task, TaskStatus, ToolsStep
-from agentq.local.stack import LocalStack
 from agentq.runtime import build_fanout, build_registry
 from agentq.storage.container import Storage
+from agentq_dev.stack import LocalStack
 
 from tests.helpers import call, scripted
 

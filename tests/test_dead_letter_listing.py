@@ -14,12 +14,12 @@ import pytest
 
 from agentq.control.submit import submit
 from agentq.core.models import TaskStatus
-from agentq.local.moto_server import MotoServer
 from agentq.queueing import dlq
 from agentq.queueing.dlq import list_dead_letters, redrive_for_tenant
 from agentq.queueing.queues import TaskMessage, TaskQueues
 from agentq.runtime import build_queues, build_registry, build_store
 from agentq.storage.container import Storage
+from agentq_dev.moto_server import MotoServer
 
 from tests.helpers import deployment
 

@@ -21,12 +21,12 @@ from agentq.core.errors import IllegalTransition
 from agentq.core.models import LLMStep, TaskStatus, TaskSubmission, ToolsStep
 from agentq.core.providers.anthropic_provider import AnthropicProvider
 from agentq.core.providers.retry import RetryPolicy
-from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
 from agentq.queueing.dispatch import Action, RetryBackoff
 from agentq.queueing.dlq import list_dead_letters, redrive
 from agentq.queueing.queues import DEAD_LETTER_REASON, TaskMessage
 from agentq.queueing.worker import Worker, WorkerConfig
 from agentq.runtime import Settings, build_queues, build_registry, build_store
+from agentq_dev.moto_server import LOCAL_CREDENTIALS, MotoServer
 
 from tests.fake_messages_api import FakeMessagesAPI, overloaded, text_reply, tool_use_reply
 from tests.helpers import deployment, dynamo, queue_depth, s3_payloads, wait_for

@@ -7,10 +7,10 @@ from agentq.api.views import task_view
 from agentq.cli.views import status_block
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import TaskStatus, TaskSubmission
-from agentq.local.moto_server import MotoServer
 from agentq.queueing.dispatch import Dispatcher
 from agentq.queueing.queues import TaskMessage
 from agentq.runtime import build_queues, build_registry, build_store
+from agentq_dev.moto_server import MotoServer
 
 from tests.helpers import deployment
 

@@ -15,10 +15,10 @@ from agentq.control.submit import submit
 from agentq.core.engine import Engine
 from agentq.core.errors import ValidationError
 from agentq.core.models import TaskStatus
-from agentq.local.moto_server import MotoServer
-from agentq.local.stack import LocalStack
 from agentq.queueing.dependencies import release_dependents
 from agentq.runtime import build_queues, build_registry, build_store
+from agentq_dev.moto_server import MotoServer
+from agentq_dev.stack import LocalStack
 
 from tests.helpers import call, deployment, queue_depth, wait_for
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-from agentq.local import moto_version
+from agentq_dev import moto_version
 
 ROOT = Path(__file__).resolve().parent.parent
 CONSTRAINTS = ROOT / "requirements" / "constraints.txt"

@@ -11,17 +11,17 @@ from typing import Any
 
 import pytest
 
+from agentq.api.http_server import proxy_event
 from agentq.control.defaults import ConfigurationError, Defaults
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import Constraints, TaskStatus, TaskSubmission
 from agentq.core.tenancy import TenantLimits
 from agentq.core.tools import ToolRegistry
-from agentq.local.api_server import proxy_event
-from agentq.local.moto_server import MotoServer
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_store, session
 from agentq.storage.container import Storage
 from agentq.storage.tenant_windows import TenantWindows
+from agentq_dev.moto_server import MotoServer
 
 from tests.helpers import call, run_agentq, scripted
 from tests.lambda_support import FakeLambdaContext, load_handler

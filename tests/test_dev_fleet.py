@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from agentq.local.fleet import RestartBackoff, describe_exit
-from agentq.local.stack import LocalStack
+from agentq_dev.fleet import RestartBackoff, describe_exit
+from agentq_dev.stack import LocalStack
 
 from tests.helpers import agentq_process, call
 

@@ -20,8 +20,8 @@ from agentq.core.errors import ValidationError
 from agentq.core.models import LLMStep, TaskStatus
 from agentq.core.pricing import load_price_table, micros
 from agentq.core.tools import ToolRegistry
-from agentq.local.stack import LocalStack
 from agentq.storage.container import Storage
+from agentq_dev.stack import LocalStack
 
 from tests.fake_messages_api import FakeMessagesAPI, RecordedRequest, invalid_request, message_reply
 from tests.helpers import wait_for

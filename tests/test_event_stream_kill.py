@@ -10,7 +10,7 @@ import signal
 
 from agentq.api.client import Client
 from agentq.api.models import TaskEvent
-from agentq.local.stack import LocalStack
+from agentq_dev.stack import LocalStack
 
 from tests.helpers import call
 

@@ -14,9 +14,9 @@ from agentq.control.submit import submit
 from agentq.core.engine import Engine
 from agentq.core.models import TaskStatus
 from agentq.core.tools import ToolRegistry
-from agentq.local.moto_server import MotoServer
 from agentq.observe import events
 from agentq.storage.container import Storage
+from agentq_dev.moto_server import MotoServer
 
 
 def _forwarded(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, str]:

@@ -17,7 +17,7 @@ import pytest
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
-from agentq.local.stack import LocalStack
+from agentq_dev.stack import LocalStack
 from infra.synth import Synthesized, synthesize
 
 from tests.fake_messages_api import FakeMessagesAPI, text_reply, tool_use_reply

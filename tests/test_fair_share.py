@@ -21,7 +21,6 @@ from agentq.control.submit import submit_once
 from agentq.control.tenants import set_max_running
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import Concurrency, Task, TaskStatus, TaskSubmission
-from agentq.local.moto_server import MotoServer
 from agentq.queueing.dispatch import Dispatcher
 from agentq.queueing.fairness import FairShare
 from agentq.queueing.queues import TaskMessage, TaskQueues
@@ -31,6 +30,7 @@ from agentq.storage import fleet_slots, keys
 from agentq.storage.container import Storage
 from agentq.storage.running_slots import Admission, RunningSlots, SlotUsage
 from agentq.storage.table import TransactionConflict, Update
+from agentq_dev.moto_server import MotoServer
 
 from tests.helpers import deployment, scripted
 

@@ -12,7 +12,6 @@ import pytest
 
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import Task, TaskStatus
-from agentq.local.moto_server import MotoServer
 from agentq.queueing.dispatch import Dispatcher
 from agentq.queueing.queues import TaskMessage, TaskQueues
 from agentq.queueing.sweeper import sweep
@@ -20,6 +19,7 @@ from agentq.runtime import build_queues
 from agentq.storage import fleet_slots, keys
 from agentq.storage.container import Storage
 from agentq.storage.running_slots import WAIT
+from agentq_dev.moto_server import MotoServer
 
 from tests.helpers import deployment, scripted
 

@@ -11,10 +11,10 @@ import pytest
 
 from agentq.control.submit import submit
 from agentq.core.models import LLMStep, Task, TaskStatus, ToolsStep
-from agentq.local.stack import LocalStack
 from agentq.queueing.dlq import list_dead_letters
 from agentq.runtime import build_registry
 from agentq.storage.container import Storage
+from agentq_dev.stack import LocalStack
 
 from tests.helpers import call, run_agentq, scripted, wait_for
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agentq.local import forkserver
+from agentq_dev import forkserver
 
 from tests import forked_xdist_worker
 from tests.helpers import wait_for

@@ -19,9 +19,9 @@ from typing import Any
 import boto3
 import pytest
 
-from agentq.local import forkserver
-from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
-from agentq.local.stack import LocalStack
+from agentq_dev import forkserver
+from agentq_dev.moto_server import LOCAL_CREDENTIALS, MotoServer
+from agentq_dev.stack import LocalStack
 
 
 def _dynamodb(server: MotoServer) -> Any:
@@ -75,7 +75,7 @@ class _OwnApp(MotoServer):
 
     def command(self) -> list[str]:
         program = (
-            "import os, sys; from agentq.local.moto_app import main; open(sys.argv[1], 'w').close(); main(sys.argv[2:])"
+            "import os, sys; from agentq_dev.moto_app import main; open(sys.argv[1], 'w').close(); main(sys.argv[2:])"
         )
         return [sys.executable, "-c", program, self.marker]
 

@@ -23,12 +23,12 @@ import pytest
 from agentq.control.submit import submit
 from agentq.core.errors import LeaseLost
 from agentq.core.models import TaskStatus, TaskSubmission
-from agentq.local.moto_server import MotoServer
 from agentq.queueing.dispatch import Action
 from agentq.queueing.queues import TaskQueues
 from agentq.queueing.worker import Worker, WorkerConfig
 from agentq.runtime import Settings, build_queues, build_registry, build_store
 from agentq.storage.container import Storage
+from agentq_dev.moto_server import MotoServer
 
 from tests.conftest import child_env
 from tests.helpers import agentq_process, call, deployment, scripted, wait_for

@@ -12,10 +12,10 @@ import pytest
 
 from agentq.control.submit import submit
 from agentq.core.models import TaskStatus
-from agentq.local.moto_server import MotoServer
 from agentq.queueing.queues import TaskMessage, TaskQueues
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_queues, build_registry, build_store, session
+from agentq_dev.moto_server import MotoServer
 
 from tests.helpers import call, scripted
 from tests.lambda_support import FakeLambdaContext, load_handler, sqs_event

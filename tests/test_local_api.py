@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from agentq.api.http_server import LOCAL_TENANT, LocalApiServer, dispatch, proxy_event
 from agentq.api.models import MAX_BODY_BYTES
-from agentq.local.api_server import LOCAL_TENANT, LocalApiServer, dispatch, proxy_event
 
 from tests.api_support import SCRIPTED, ApiStack
 from tests.helpers import call, dynamo, wait_for

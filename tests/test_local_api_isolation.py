@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from agentq.local.stack import LocalStack
+from agentq_dev.stack import LocalStack
 
 CLIENTS = 200  # 100 per tenant, each: POST /tasks, then GET it with its own key and the other's
 

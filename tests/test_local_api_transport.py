@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from agentq.api.http_server import LocalApiServer
 from agentq.api.models import MAX_BODY_BYTES
-from agentq.local.api_server import LocalApiServer
 
 from tests.api_support import ApiStack
 

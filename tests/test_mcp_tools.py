@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from agentq.core.models import TaskStatus, ToolsStep
-from agentq.local.stack import LocalStack
+from agentq_dev.stack import LocalStack
 
 from tests.helpers import agentq_process, call, run_agentq, wait_for
 from tests.mcp_servers.billing import release_path

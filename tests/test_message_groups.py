@@ -15,12 +15,12 @@ import pytest
 
 from agentq.core.engine import Engine, EngineConfig, RunResult
 from agentq.core.models import TaskStatus
-from agentq.local.moto_server import MotoServer
 from agentq.queueing.dispatch import Dispatcher
 from agentq.queueing.queues import TaskMessage, TaskQueues
 from agentq.queueing.sweeper import sweep
 from agentq.runtime import build_queues
 from agentq.storage.container import Storage
+from agentq_dev.moto_server import MotoServer
 
 from tests.helpers import deployment, scripted
 

@@ -1,4 +1,4 @@
-"""The local moto server (agentq.local.moto_app) answers as moto does, faster.
+"""The local moto server (agentq_dev.moto_app) answers as moto does, faster.
 
 Transactions roll back from copies of the items they name (moto_rollback), not whole-table
 copies. All or nothing must still hold exactly: items the transaction created are gone again,
@@ -22,8 +22,8 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from agentq.local.moto_app import Dispatcher
-from agentq.local.moto_server import MotoServer
+from agentq_dev.moto_app import Dispatcher
+from agentq_dev.moto_server import MotoServer
 
 S = "S"
 
@@ -277,7 +277,7 @@ def test_an_sqs_queue_remembers_only_its_most_recent_deleted_receipts(monkeypatc
     import boto3
     from moto import mock_aws
 
-    from agentq.local import moto_sqs
+    from agentq_dev import moto_sqs
 
     moto_sqs.install()
     receipts = moto_sqs.RecentReceipts(limit=3)
@@ -308,7 +308,7 @@ def test_a_message_made_visible_again_wakes_the_long_polls_waiting_on_its_queue(
     from moto import mock_aws
     from moto.sqs.models import sqs_backends
 
-    from agentq.local import moto_sqs
+    from agentq_dev import moto_sqs
 
     moto_sqs.install()
     with mock_aws():
@@ -343,7 +343,7 @@ def test_a_stream_shard_keeps_its_newest_records_with_sequence_numbers_going_on(
     (here in-process moto, with the same patch the server installs, and a window of 5)."""
     from moto import mock_aws
 
-    from agentq.local import moto_streams
+    from agentq_dev import moto_streams
 
     moto_streams.install()
     monkeypatch.setattr(moto_streams.trim, "__defaults__", (5, 0))
@@ -376,7 +376,7 @@ def test_the_server_keeps_no_item_objects_of_deleted_items() -> None:
     from moto import mock_aws
     from moto.dynamodb.models.dynamo_type import Item
 
-    from agentq.local import moto_models
+    from agentq_dev import moto_models
 
     moto_models.install()
     with mock_aws():
@@ -438,7 +438,7 @@ def test_the_attribute_value_fast_path_serialises_as_moto_does() -> None:
     from moto.core.serialize import XFormedAttributePicker, get_serializer_class
     from moto.core.utils import get_service_model
 
-    from agentq.local.moto_speed import attribute_value_fast_path
+    from agentq_dev.moto_speed import attribute_value_fast_path
 
     service = get_service_model("dynamodb")
     generic = get_serializer_class("dynamodb", "json")
@@ -497,7 +497,7 @@ def test_an_expression_tree_copies_as_copy_s_generic_deepcopy_copies_it(monkeypa
     from moto.dynamodb.models.dynamo_type import DynamoType
     from moto.dynamodb.parsing.expressions import UpdateExpressionParser  # type: ignore[attr-defined]
 
-    from agentq.local import moto_speed
+    from agentq_dev import moto_speed
 
     assert moto_speed.install()
     trees = [
@@ -573,7 +573,7 @@ class ClosingMotoServer(MotoServer):
     """moto_app as werkzeug serves it: every connection closed after its response."""
 
     def command(self) -> list[str]:
-        program = "import sys; from agentq.local.moto_app import main; main(sys.argv[1:], keep_alive=False)"
+        program = "import sys; from agentq_dev.moto_app import main; main(sys.argv[1:], keep_alive=False)"
         return [sys.executable, "-c", program]
 
 
@@ -699,7 +699,7 @@ def test_request_headers_parse_as_http_client_parses_them(block: bytes) -> None:
     import http.client
     import io
 
-    from agentq.local.moto_http import parse_headers
+    from agentq_dev.moto_http import parse_headers
 
     fast, stock = parse_headers(io.BytesIO(block)), http.client.parse_headers(io.BytesIO(block))
     assert type(fast) is type(stock)
@@ -710,7 +710,7 @@ def test_request_headers_parse_as_http_client_parses_them(block: bytes) -> None:
 def test_condition_expressions_lexed_once_give_moto_s_tokens_fresh_to_every_parse() -> None:
     from moto.dynamodb.comparisons import ConditionExpressionParser
 
-    from agentq.local import moto_speed
+    from agentq_dev import moto_speed
 
     assert moto_speed.install()
     cached = ConditionExpressionParser._lex_condition_expression
@@ -751,7 +751,7 @@ class PlainMotoServer(MotoServer):
     """moto_app without its fast paths (moto_speed, moto_updates): moto's own answers."""
 
     def command(self) -> list[str]:
-        program = "import sys; from agentq.local.moto_app import main; main(sys.argv[1:], fast_paths=False)"
+        program = "import sys; from agentq_dev.moto_app import main; main(sys.argv[1:], fast_paths=False)"
         return [sys.executable, "-c", program]
 
 
@@ -842,7 +842,7 @@ def test_an_expression_s_own_checks_run_once_per_tree_names_and_table_keys(monke
     from moto.dynamodb.parsing import validators
     from moto.dynamodb.parsing.expressions import UpdateExpressionParser  # type: ignore[attr-defined]
 
-    from agentq.local import moto_updates
+    from agentq_dev import moto_updates
 
     assert moto_updates.install()
     walks: list[str] = []
@@ -983,7 +983,7 @@ def test_a_condition_parsed_once_is_built_with_each_request_s_own_values(monkeyp
     from moto.dynamodb.comparisons import ConditionExpressionParser
     from moto.dynamodb.models.dynamo_type import DynamoType, Item
 
-    from agentq.local import moto_conditions
+    from agentq_dev import moto_conditions
 
     assert moto_conditions.install()
     passes: list[str] = []
@@ -1038,7 +1038,7 @@ def test_an_item_s_size_check_refuses_exactly_where_moto_s_refuses() -> None:
     from moto.dynamodb.exceptions import ItemSizeTooLarge
     from moto.dynamodb.models.dynamo_type import DynamoType, LimitedSizeDict
 
-    from agentq.local import moto_sizes
+    from agentq_dev import moto_sizes
 
     assert moto_sizes.install()
     fast = LimitedSizeDict.__setitem__
@@ -1082,7 +1082,7 @@ def test_a_response_class_s_methods_are_listed_once_and_as_moto_lists_them() -> 
     from moto.s3.responses import S3Response
     from moto.sqs.responses import SQSResponse
 
-    from agentq.local import moto_dispatch
+    from agentq_dev import moto_dispatch
 
     assert moto_dispatch.install()
     cached = importlib.import_module("moto.core.responses").method_names_from_class
@@ -1106,7 +1106,7 @@ def test_the_local_server_sizes_a_number_by_dynamodb_s_rule_wherever_moto_sizes_
     list and in a map (moto 5.2.5 counted the characters, 5.2.6 an exponent's digits too)."""
     from moto.dynamodb.models.dynamo_type import DynamoType
 
-    from agentq.local import moto_sizes
+    from agentq_dev import moto_sizes
 
     assert moto_sizes.install()
     for text, size in NUMBERS_AND_DYNAMODB_SIZES:
@@ -1118,7 +1118,7 @@ def test_the_local_server_sizes_a_number_by_dynamodb_s_rule_wherever_moto_sizes_
 
 def test_an_item_at_the_limit_with_numbers_is_kept_and_one_byte_more_refused_by_the_server(ddb: Any) -> None:
     """Against the server: the limit falls where DynamoDB's sizes put it, for every number above."""
-    from agentq.local import moto_sizes
+    from agentq_dev import moto_sizes
 
     table = _table(ddb, sort_key=False)
     for i, (text, size) in enumerate(NUMBERS_AND_DYNAMODB_SIZES):

@@ -18,8 +18,8 @@ import sys
 
 import moto
 
-import agentq.local
-from agentq.local import moto_version
+import agentq_dev
+from agentq_dev import moto_version
 
 # Patches of something other than moto's internals: the standard library's header parser.
 NOT_MOTO = {"moto_http"}
@@ -45,15 +45,15 @@ def moto_state():
                     state[f"{name}.{attr}.{member}"] = id(inner)
     return state
 
-modules = [importlib.import_module(f"agentq.local.{n}") for n in names]
-importlib.import_module("agentq.local.moto_app")  # what the server imports, moto's backends included
+modules = [importlib.import_module(f"agentq_dev.{n}") for n in names]
+importlib.import_module("agentq_dev.moto_app")  # what the server imports, moto's backends included
 for m in ("moto.dynamodb.models", "moto.sqs.models", "moto.core.responses", "moto.core.serialize"):
     importlib.import_module(m)
 before = moto_state()
 installed = {m.__name__: m.install() for m in modules}
 after = moto_state()
 changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-from agentq.local import moto_server, moto_version
+from agentq_dev import moto_server, moto_version
 refused = None
 if not moto_version.verified():  # on the verified release this would start a server
     try:
@@ -65,7 +65,7 @@ print(json.dumps({"installed": installed, "changed": changed, "refused": refused
 
 
 def _patch_modules() -> list[str]:
-    names = [m.name for m in pkgutil.iter_modules(agentq.local.__path__) if m.name.startswith("moto_")]
+    names = [m.name for m in pkgutil.iter_modules(agentq_dev.__path__) if m.name.startswith("moto_")]
     return sorted(n for n in names if n not in NOT_MOTO)
 
 
@@ -97,7 +97,7 @@ def test_every_patch_module_installs_through_the_version_guard() -> None:
     import importlib
 
     for name in _patch_modules():
-        module = importlib.import_module(f"agentq.local.{name}")
+        module = importlib.import_module(f"agentq_dev.{name}")
         install = getattr(module, "install", None)
         if install is None:
             continue
@@ -126,10 +126,9 @@ def test_on_the_verified_moto_the_same_probe_sees_every_patch_installed_and_moto
 
 
 def test_the_server_program_exits_with_the_message_on_another_moto() -> None:
-    """``python -m agentq.local.moto_app`` (what the stack runs) stops at start-up, exit code 2."""
+    """``python -m agentq_dev.moto_app`` (what the stack runs) stops at start-up, exit code 2."""
     code = (
-        "import sys, moto; moto.__version__ = sys.argv[1]\n"
-        "from agentq.local import moto_app; moto_app.main(['-p', '1'])"
+        "import sys, moto; moto.__version__ = sys.argv[1]\nfrom agentq_dev import moto_app; moto_app.main(['-p', '1'])"
     )
     result = subprocess.run(
         [sys.executable, "-c", code, FAKE_VERSION], capture_output=True, text=True, timeout=60, check=False

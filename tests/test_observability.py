@@ -18,12 +18,11 @@ import pytest
 from aws_lambda_powertools import Logger, Tracer
 
 from agentq import observe
+from agentq.api.http_server import proxy_event
 from agentq.control.submit import submit
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import LLMStep, TaskStatus, Usage
 from agentq.core.tools import ToolRegistry, tool
-from agentq.local.api_server import proxy_event
-from agentq.local.moto_server import MotoServer
 from agentq.observe import names
 from agentq.observe.tracing import active_tracer
 from agentq.queueing.queues import TaskQueues
@@ -31,6 +30,7 @@ from agentq.queueing.worker import Worker, WorkerConfig
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_queues, build_registry, build_store, session
 from agentq.storage.container import Storage
+from agentq_dev.moto_server import MotoServer
 
 from tests.helpers import call, deployment, scripted, wait_for
 from tests.lambda_support import FakeLambdaContext, load_handler, sqs_event

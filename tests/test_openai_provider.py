@@ -23,8 +23,8 @@ from agentq.core.providers.keys import OPENAI_SECRET_VARIABLE
 from agentq.core.providers.openai_provider import OpenAIProvider
 from agentq.core.providers.retry import RetryPolicy
 from agentq.core.tools import ToolRegistry
-from agentq.local.moto_server import MotoServer
 from agentq.storage.container import Storage
+from agentq_dev.moto_server import MotoServer
 
 from tests.fake_model_servers import WEATHER_TOOL, FakeChatCompletions, FakeReply, Sleeps, chat_completion, chat_error
 

@@ -15,10 +15,10 @@ import pytest
 
 from agentq.core.flow import Admission, BreakerSettings, FlowSettings, RateLimits
 from agentq.core.models import CallStep, TaskStatus
-from agentq.local.stack import LocalStack
 from agentq.runtime import Settings
 from agentq.storage.container import Storage, memory_storage
 from agentq.storage.flow import FlowControl
+from agentq_dev.stack import LocalStack
 
 from tests.fake_messages_api import FakeMessagesAPI
 from tests.fake_model_servers import FakeChatCompletions, FakeReply, Recorded, chat_completion

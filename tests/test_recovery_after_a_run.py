@@ -17,12 +17,12 @@ import pytest
 
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import TaskStatus
-from agentq.local.moto_server import MotoServer
 from agentq.queueing.queues import TaskMessage, TaskQueues
 from agentq.queueing.recovery import recover
 from agentq.queueing.worker import HeartbeatHub, WorkerConfig
 from agentq.runtime import build_queues
 from agentq.storage.container import Storage
+from agentq_dev.moto_server import MotoServer
 
 from tests.helpers import deployment, scripted
 

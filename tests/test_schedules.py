@@ -17,8 +17,8 @@ from agentq.control.schedules import create_schedule, delete_schedule, fire, fir
 from agentq.core.errors import ValidationError
 from agentq.core.models import TaskStatus
 from agentq.core.schedules import fire_task_id, next_fire
-from agentq.local.moto_server import MotoServer
 from agentq.runtime import build_queues, build_registry, build_store
+from agentq_dev.moto_server import MotoServer
 
 from tests.helpers import deployment, queue_depth
 

@@ -14,7 +14,7 @@ import pytest
 
 from agentq.cli.main import main
 from agentq.core.memory import content_sha256
-from agentq.local.stack import LocalStack
+from agentq_dev.stack import LocalStack
 
 from tests.fake_messages_api import FakeMessagesAPI, text_reply, tool_use_reply
 

@@ -11,11 +11,11 @@ from typing import Any
 
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import TaskStatus
-from agentq.local.moto_server import MotoServer
 from agentq.queueing.dispatch import Dispatcher
 from agentq.queueing.queues import TaskMessage, TaskQueues
 from agentq.queueing.sweeper import sweep
 from agentq.runtime import build_queues, build_registry, build_store
+from agentq_dev.moto_server import MotoServer
 
 from tests.helpers import deployment, queue_depth, scripted
 

@@ -97,7 +97,7 @@ def _blocks(body: str) -> list[dict[str, str]]:
 
 
 def test_no_block_of_a_stream_is_an_event_without_data_the_first_event_carries_retry(api_stack: ApiStack) -> None:
-    from agentq.local.api_server import dispatch
+    from agentq.api.http_server import dispatch
 
     task_id = api_stack.submit(TWO_TURNS)
     server = api_stack.stack.api_server
@@ -218,7 +218,7 @@ def test_the_client_raises_the_api_errors_of_a_stream(api_stack: ApiStack) -> No
 
 
 def test_behind_the_web_adapter_the_tenant_is_the_authorizers_from_the_request_context() -> None:
-    from agentq.local.api_server import context_tenant, dispatch
+    from agentq.api.http_server import context_tenant, dispatch
 
     assert context_tenant(json.dumps({"authorizer": {"tenant": "team-a"}, "stage": "prod"})) == "team-a"
     for header in (None, "{}", json.dumps({"authorizer": {}}), json.dumps({"authorizer": {"tenant": ""}})):

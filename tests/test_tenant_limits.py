@@ -12,14 +12,14 @@ import pytest
 from werkzeug.test import Client
 
 from agentq.api.app import build_app
+from agentq.api.http_server import wsgi_app
 from agentq.cli.main import main
 from agentq.control.defaults import Defaults
 from agentq.control.submit import submit_once
 from agentq.core.tools import ToolRegistry
-from agentq.local.api_server import wsgi_app
-from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
 from agentq.runtime import Settings, build_queues
 from agentq.storage.container import Storage
+from agentq_dev.moto_server import LOCAL_CREDENTIALS, MotoServer
 
 from tests.api_support import SCRIPTED, ApiStack
 from tests.helpers import deployment, scripted

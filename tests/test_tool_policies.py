@@ -24,9 +24,9 @@ from agentq.core.models import LLMStep, TaskStatus, TaskSubmission, ToolsStep
 from agentq.core.providers import LLMRequest, LLMResponse, default_provider_factory
 from agentq.core.providers.base import max_call_seconds
 from agentq.core.tools import ToolRegistry
-from agentq.local.moto_server import MotoServer
 from agentq.runtime import Settings, build_queues, build_registry, build_store
 from agentq.storage.container import Storage
+from agentq_dev.moto_server import MotoServer
 
 from tests.helpers import call, deployment, scripted
 from tests.stopped_worker import resume, stopped_at

@@ -198,7 +198,7 @@ def test_a_resume_from_the_middle_of_a_tree_after_a_childs_event_returns_exactly
 def test_the_client_follows_a_tree_across_the_reconnects_of_the_api_lambdas_finite_streams(api_stack: ApiStack) -> None:
     """In AWS the API's Lambda answers a stream with what is committed now and closes it: the
     client reconnects after the last id it received, again and again, until the tree ends."""
-    from agentq.local.api_server import LocalApiServer
+    from agentq.api.http_server import LocalApiServer
 
     hubbed = api_stack.stack.api_server
     assert hubbed is not None

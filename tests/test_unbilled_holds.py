@@ -22,8 +22,8 @@ import pytest
 
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import TaskSubmission
-from agentq.local.moto_server import MotoServer
 from agentq.runtime import build_registry, build_store
+from agentq_dev.moto_server import MotoServer
 
 from tests.fake_messages_api import FakeMessagesAPI, FakeReply, error_reply, message_reply, usage_dict
 from tests.helpers import deployment
@@ -125,7 +125,7 @@ def test_the_sdks_failures_say_unbilled_only_when_no_reply_can_have_been_billed(
 
     from agentq.core.providers.anthropic_provider import anthropic_failure
     from agentq.core.providers.openai_provider import openai_failure
-    from agentq.local.moto_server import free_port
+    from agentq_dev.moto_server import free_port
 
     def failure_of(call: Any, classify: Any) -> Any:
         try:

@@ -19,9 +19,9 @@ from agentq.core.errors import ValidationError
 from agentq.core.models import TaskStatus
 from agentq.core.tools import ToolRegistry
 from agentq.core.webhooks import SIGNATURE_HEADER, signature, verify
-from agentq.local.stack import LocalStack
 from agentq.runtime import build_registry
 from agentq.storage.container import Storage
+from agentq_dev.stack import LocalStack
 
 from tests.helpers import wait_for
 

@@ -9,8 +9,8 @@ import time
 
 from agentq.control.submit import submit
 from agentq.core.models import LLMStep, TaskStatus
-from agentq.local.stack import LocalStack
 from agentq.runtime import build_registry
+from agentq_dev.stack import LocalStack
 
 from tests.helpers import call, scripted
 

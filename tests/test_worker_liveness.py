@@ -14,9 +14,9 @@ from pathlib import Path
 
 from agentq.control.submit import submit
 from agentq.core.models import Task, TaskStatus
-from agentq.local.stack import LocalStack
 from agentq.runtime import build_registry
 from agentq.storage.container import Storage
+from agentq_dev.stack import LocalStack
 
 from tests.helpers import call, scripted, wait_for
 

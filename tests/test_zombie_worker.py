@@ -17,10 +17,10 @@ import pytest
 
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import TaskStatus
-from agentq.local.moto_server import MotoServer
 from agentq.queueing.queues import TaskMessage
 from agentq.runtime import Settings
 from agentq.storage.container import Storage
+from agentq_dev.moto_server import MotoServer
 
 from tests.conftest import child_env
 from tests.fake_messages_api import FakeMessagesAPI, message_reply, usage_dict

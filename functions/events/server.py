@@ -3,7 +3,7 @@ Lambda Web Adapter, because the Python managed runtime cannot stream a Lambda re
 
 API Gateway invokes this function with response streaming (``responseTransferMode: STREAM``); the
 adapter turns each invocation into an HTTP request to this server and streams its answer back.
-The server is the one ``agentq dev`` runs (``agentq.local.api_server``, with an ``EventHub``):
+The server is the one ``agentq dev`` runs (``agentq.api.http_server``, with an ``EventHub``):
 the same checks before any event, the same frames. The tenant is the authorizer's, which the
 adapter forwards in the request context header (``context_tenant``); a request without one is
 refused. One stream ends at the integration's timeout (15 minutes); the client resumes with
@@ -17,7 +17,7 @@ import os
 
 from agentq.api.app import build_app
 from agentq.api.event_hub import EventHub
-from agentq.local.api_server import LocalApiServer, context_tenant
+from agentq.api.http_server import LocalApiServer, context_tenant
 from agentq.runtime import Settings, build_fanout, build_mcp, build_queues, build_registry, build_store
 
 

@@ -25,7 +25,7 @@ TOOLS_HELP = (
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from agentq.local.demo import run_demo
+    from agentq_dev.demo import run_demo
 
     return run_demo(kill_at_step=args.kill_at_step)
 
@@ -49,7 +49,7 @@ KEYLESS_SCRIPT = "first_task"  # built in; the same turns as examples/scripts/fi
 def _cmd_run(args: argparse.Namespace) -> int:
     """The goal by Anthropic when there is a key, else by a script; which one is said before
     anything starts, so a run without a key is never mistaken for a model's work."""
-    from agentq.local.demo import run_goal
+    from agentq_dev.demo import run_goal
 
     modules = _tool_modules(args)
     script = load_script(args.script) if args.script else None
@@ -112,8 +112,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 def _reload(stack: Any, modules: tuple[str, ...], changed: list[Path], say: Callable[[str], None]) -> None:
     """Import the changed tool modules afresh; if they load, restart the workers on them."""
-    from agentq.local.reload import forget
     from agentq.runtime import build_registry
+    from agentq_dev.reload import forget
 
     names = ", ".join(p.name for p in changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
     forget(modules)
@@ -131,16 +131,16 @@ def _reload(stack: Any, modules: tuple[str, ...], changed: list[Path], say: Call
 def _cmd_dev(args: argparse.Namespace) -> int:
     import signal
 
-    from agentq.local.moto_server import LOCAL_CREDENTIALS
-    from agentq.local.stack import LocalStack
+    from agentq_dev.moto_server import LOCAL_CREDENTIALS
+    from agentq_dev.stack import LocalStack
 
     def _stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)  # even when started with SIGINT ignored (a background job)
-    from agentq.local.stack import DEFAULT_TOOL_MODULES
     from agentq.runtime import build_registry
+    from agentq_dev.stack import DEFAULT_TOOL_MODULES
 
     modules = _tool_modules(args)
     stack = LocalStack(
@@ -175,7 +175,7 @@ def _cmd_dev(args: argparse.Namespace) -> int:
         )
         watcher = None
         if args.reload:
-            from agentq.local.reload import ModuleWatcher
+            from agentq_dev.reload import ModuleWatcher
 
             watcher = ModuleWatcher(modules)
         while True:  # a worker that exits is replaced by the stack's supervisor (local.fleet)

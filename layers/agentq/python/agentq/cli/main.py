@@ -23,7 +23,7 @@ from agentq.cli.args import EPILOG, UsageError
 from agentq.cli.submit import build_submission
 from agentq.cli.target import resolve_target
 from agentq.core.errors import AgentqError, IllegalTransition, TaskNotFound
-from agentq.local.moto_version import UnverifiedMoto
+from agentq_dev.moto_version import UnverifiedMoto
 
 __all__ = ["UsageError", "build_parser", "build_submission", "exit_code", "main", "resolve_target"]
 

@@ -23,7 +23,7 @@ WRITE_UNIT_BYTES = 1024
 def number_size(raw: str) -> int:
     """A number's size: one byte per two significant digits (leading and trailing zeroes and
     the exponent dropped), plus one. The local server sizes numbers with this too
-    (``agentq.local.moto_sizes``), so its item limit is DynamoDB's, whatever a moto release does."""
+    (``agentq_dev.moto_sizes``), so its item limit is DynamoDB's, whatever a moto release does."""
     digits = raw.strip().lstrip("+-").replace(".", "").split("e")[0].split("E")[0].strip("0")
     return math.ceil(max(1, len(digits)) / 2) + 1
 

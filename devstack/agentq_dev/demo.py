@@ -21,7 +21,7 @@ from typing import Any
 
 from agentq.core.models import CompactStep, LLMStep, MessageStep, StepRecord, Task
 from agentq.core.records import ClaimRecord
-from agentq.local.stack import DEFAULT_TOOL_MODULES, LocalStack
+from agentq_dev.stack import DEFAULT_TOOL_MODULES, LocalStack
 
 DEMO_TOOLS = ["python_exec", "note_write", "note_read", "send_report"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentq.local import moto_version
+from agentq_dev import moto_version
 
 RECENT = 10_000
 SLACK = 1_000  # trim in batches: deleting from the front of a list costs its length

@@ -31,7 +31,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from agentq.local import moto_version
+from agentq_dev import moto_version
 
 REMEMBERED = 4096  # (tree, names, keys) combinations that passed; agentq makes a few dozen
 

@@ -23,19 +23,19 @@ from typing import Any
 from agentq.api.app import build_app
 from agentq.api.auth import authorize, authorizer_context
 from agentq.api.event_hub import EventHub
+from agentq.api.http_server import LocalApiServer
 from agentq.control.defaults import Defaults
 from agentq.core.secrets import Secrets
 from agentq.core.tools.mcp import McpServers
-from agentq.local import forkserver
-from agentq.local.api_server import LocalApiServer
-from agentq.local.fleet import RestartBackoff, describe_exit
-from agentq.local.moto_server import LOCAL_CREDENTIALS, MotoServer
 from agentq.queueing.sweeper import sweep
 from agentq.queueing.webhooks import delivery_loop
 from agentq.queueing.worker import WorkerConfig
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_fanout, build_queues, build_registry, build_store, session
 from agentq.storage.api_keys import KeyStore
+from agentq_dev import forkserver
+from agentq_dev.fleet import RestartBackoff, describe_exit
+from agentq_dev.moto_server import LOCAL_CREDENTIALS, MotoServer
 
 # The demo's own tools (send_report): always there locally, whatever else is loaded.
 DEFAULT_TOOL_MODULES: tuple[str, ...] = ("agentq.core.tools.examples",)

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from agentq.local import moto_version
+from agentq_dev import moto_version
 
 RECENT = 100_000
 

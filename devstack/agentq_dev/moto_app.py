@@ -1,4 +1,4 @@
-"""moto's server application as the local stack and the tests run it: ``python -m agentq.local.moto_app``.
+"""moto's server application as the local stack and the tests run it: ``python -m agentq_dev.moto_app``.
 
 It differs from ``moto_server`` in these ways, none of which changes what a request returns:
 
@@ -77,7 +77,7 @@ from typing import Any
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, run_simple
 
-from agentq.local import (
+from agentq_dev import (
     moto_conditions,
     moto_dispatch,
     moto_http,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from agentq.local import moto_version
+from agentq_dev import moto_version
 
 
 @moto_version.verified_patch

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentq.local import moto_version
 from agentq.storage.item_size import number_size
+from agentq_dev import moto_version
 
 LIMIT = 405_000  # moto's: between DynamoDB's measured 409 and 410 KB
 

@@ -63,7 +63,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from agentq.local import moto_version
+from agentq_dev import moto_version
 
 EXPRESSION_CACHE = 4096  # distinct update expressions kept parsed (agentq uses a few dozen)
 _IMMUTABLE = (str, int, float, bool, type(None), bytes)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from agentq.local import moto_version
+from agentq_dev import moto_version
 
 REMEMBERED = 4096  # (expression, names) parsed; agentq's make a few dozen
 

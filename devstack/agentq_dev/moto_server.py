@@ -19,7 +19,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 
-from agentq.local import forkserver, moto_version
+from agentq_dev import forkserver, moto_version
 
 LOCAL_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -51,7 +51,7 @@ class MotoServer:
 
     def command(self) -> list[str]:
         """The server program; subclasses may run another moto app."""
-        return [sys.executable, "-m", "agentq.local.moto_app"]
+        return [sys.executable, "-m", "agentq_dev.moto_app"]
 
     def start(self, timeout: float = 30.0) -> MotoServer:
         """Start the server and wait for it to answer. Raises ``moto_version.UnverifiedMoto``

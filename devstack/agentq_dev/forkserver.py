@@ -11,7 +11,7 @@ run (tests/conftest.py), and every ``MotoServer`` and ``LocalStack`` worker star
 the tests, or in a bench or ``agentq dev`` they start: the socket's path is in the environment),
 and what the tests start through ``tests/helpers.python_process``, is forked warm instead.
 
-Each forked process is the program it stands for (``python -m agentq.local.moto_app``,
+Each forked process is the program it stands for (``python -m agentq_dev.moto_app``,
 ``python -m agentq ARGS``, a bench script) with the requester's environment, working directory,
 import path and standard streams (passed as file descriptors), in a session of its own:
 signals, exit codes and output are as they would be. What it shares with its siblings is only
@@ -194,7 +194,7 @@ def _warm() -> None:
     in this process and without a thread."""
     from moto.moto_server.werkzeug_app import create_backend_app
 
-    from agentq.local import moto_app
+    from agentq_dev import moto_app
 
     for name in (*moto_app.WARM_UP_MODULES, *WARM_MODULES):
         with contextlib.suppress(Exception):

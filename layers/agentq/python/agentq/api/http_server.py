@@ -33,11 +33,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
+from agentq.api import http_guard
 from agentq.api.app import is_public
 from agentq.api.errors import error_body
 from agentq.api.models import MAX_BODY_BYTES
 from agentq.core.errors import AgentqError, TaskNotFound
-from agentq.local import http_guard
 
 if TYPE_CHECKING:
     from agentq.api.event_hub import EventHub

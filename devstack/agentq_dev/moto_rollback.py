@@ -43,7 +43,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from agentq.local import moto_version
+from agentq_dev import moto_version
 
 _real_deepcopy = copy.deepcopy
 _state = threading.local()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentq.local import moto_version
+from agentq_dev import moto_version
 
 
 @moto_version.verified_patch

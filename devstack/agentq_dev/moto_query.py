@@ -34,7 +34,7 @@ import inspect
 import threading
 from typing import Any
 
-from agentq.local import moto_version
+from agentq_dev import moto_version
 
 _state = threading.local()
 
