@@ -45,7 +45,7 @@ $(VENV)/.bench-installed: $(VENV)/.installed
 # Move the pins: every extra resolved afresh inside pyproject's ranges in a new venv, its versions
 # written to requirements/constraints.txt and the layers' files (requirements/pin.py), then the
 # whole suite reinstalled and run on them. A new moto stops the local stack until its patches are
-# read again (agentq/local/moto_version.py says how).
+# read again (devstack/agentq_dev/moto_version.py says how).
 UPGRADE_VENV := .venv-upgrade
 upgrade-deps:
 	rm -rf $(UPGRADE_VENV)
@@ -123,14 +123,15 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check . || rc=1; \
 	$(VENV)/bin/ruff format --check . || rc=1; \
 	$(VENV)/bin/mypy || rc=1; \
-	PYTHONPATH=layers/agentq/python:. $(VENV)/bin/lint-imports || rc=1; \
+	PYTHONPATH=layers/agentq/python:devstack:. $(VENV)/bin/lint-imports || rc=1; \
 	exit $$rc
 
 # The import contracts alone (pyproject's [tool.importlinter], every one of them): the layers (core < storage
-# < queueing, control < api, cli, local) and no import circle among agentq's modules; `make lint` runs them too.
+# < queueing, control < api, cli), agentq never importing the development stack (agentq_dev) but in the CLI's
+# local-stack commands, and no import circle among our modules; `make lint` runs them too.
 # The repository root is on the path for our own contract type (tests/import_cycles.py).
 layers: $(VENV)/.installed
-	PYTHONPATH=layers/agentq/python:. $(VENV)/bin/lint-imports
+	PYTHONPATH=layers/agentq/python:devstack:. $(VENV)/bin/lint-imports
 
 bench: $(VENV)/.bench-installed
 	$(PY) bench/checkpoint_cost.py

@@ -1,11 +1,18 @@
 """Commands that run agentq in this process or on this machine: ``dev`` (the local stack
 until Ctrl-C), ``demo`` and ``run`` (a fresh local stack for one task), ``worker`` (a queue
-consumer on the deployment's AGENTQ_* and AWS_* settings) and ``run-task`` (one task, no queue)."""
+consumer on the deployment's AGENTQ_* and AWS_* settings) and ``run-task`` (one task, no queue).
+
+``dev``, ``demo`` and ``run`` run on the development stack, the package ``agentq_dev``
+(devstack/: moto and its patches, the fork server, the demo), which is installed with agentq
+from its repository but is not in the Lambda layer or the worker image, so that what AWS runs
+carries none of it. They import it when they run (``_on_the_dev_stack``); every other command,
+``worker`` included, works without it."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -24,6 +31,37 @@ TOOLS_HELP = (
 )
 
 
+DEV_STACK_MISSING = (
+    "needs the development stack (the agentq_dev package), which this install does not have: the Lambda "
+    "layer and the worker image carry only what AWS runs. Install agentq from its repository "
+    "(`pip install -e '.[local]'`, or `make demo`)"
+)
+
+
+def _on_the_dev_stack(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A command that runs the local stack: without ``agentq_dev`` it says what to install
+    (exit 2); on a moto the stack's patches were not verified against it says which one to
+    install (exit 2), rather than a traceback either way."""
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            from agentq_dev.moto_version import UnverifiedMoto
+        except ModuleNotFoundError as missing:
+            if missing.name != "agentq_dev":
+                raise
+            print(f"agentq {args.command}: {DEV_STACK_MISSING}", file=sys.stderr)
+            return 2
+        try:
+            return command(args)
+        except UnverifiedMoto as exc:
+            print(f"agentq: {exc}", file=sys.stderr)
+            return 2
+
+    return run
+
+
+@_on_the_dev_stack
 def _cmd_demo(args: argparse.Namespace) -> int:
     from agentq_dev.demo import run_demo
 
@@ -46,6 +84,7 @@ def _tool_modules(args: argparse.Namespace) -> tuple[str, ...]:
 KEYLESS_SCRIPT = "first_task"  # built in; the same turns as examples/scripts/first_task.yaml
 
 
+@_on_the_dev_stack
 def _cmd_run(args: argparse.Namespace) -> int:
     """The goal by Anthropic when there is a key, else by a script; which one is said before
     anything starts, so a run without a key is never mistaken for a model's work."""
@@ -128,6 +167,7 @@ def _reload(stack: Any, modules: tuple[str, ...], changed: list[Path], say: Call
     say(f"            tools      {', '.join(tools)}")
 
 
+@_on_the_dev_stack
 def _cmd_dev(args: argparse.Namespace) -> int:
     import signal
 

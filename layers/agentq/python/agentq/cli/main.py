@@ -23,7 +23,6 @@ from agentq.cli.args import EPILOG, UsageError
 from agentq.cli.submit import build_submission
 from agentq.cli.target import resolve_target
 from agentq.core.errors import AgentqError, IllegalTransition, TaskNotFound
-from agentq_dev.moto_version import UnverifiedMoto
 
 __all__ = ["UsageError", "build_parser", "build_submission", "exit_code", "main", "resolve_target"]
 
@@ -81,9 +80,6 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(exc, "status", None) in (401, 403):
             print("agentq: check the API key: --api-key, $AGENTQ_API_KEY or the profile's api_key", file=sys.stderr)
         return exit_code(exc)
-    except UnverifiedMoto as exc:  # the local stack on a moto it was not verified against
-        print(f"agentq: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
