@@ -9,7 +9,7 @@ a 1,000-message queue took 1.4-1.8 s of moto CPU, which starves every other requ
 Patched: ``time.time()`` for the clock, the retention period read directly from the queue.
 
 (The DynamoDB costs of that kind, a transaction deep-copying every table it names and a Query
-sorting the whole table, are fixed in the project's own moto_app: ``agentq/local/moto_rollback.py``
+sorting the whole table, are fixed in the project's own moto_app: ``devstack/agentq_dev/moto_rollback.py``
 and ``moto_query.py``, measured by ``bench/local_commit.py``.)
 
 Selected by the benchmarks' ``--moto fast`` (their default); ``--moto stock`` runs the

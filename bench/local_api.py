@@ -42,7 +42,7 @@ from _benchlib import JsonOut, fmt, log, machine, percentile, table
 from _plot import Panel, add_plot_args, plot_from_args
 from agentq.api.app import AgentqResolver, build_app
 from agentq.api.auth import authorize
-from agentq.api.http_server import LocalApiServer
+from agentq.api.http_server import ApiServer
 from agentq.runtime import build_fanout, build_queues, build_registry
 from agentq_dev.stack import LocalStack
 
@@ -98,7 +98,7 @@ def run_cell(clients: int, mode: str) -> dict[str, Any]:
             defaults=settings.defaults,
         )
         keys_store = stack.keys()
-        server = LocalApiServer(
+        server = ApiServer(
             handler_for(app, mode), authorizer=lambda header: authorize(keys_store, header).tenant
         ).start()
         try:

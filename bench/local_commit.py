@@ -1,7 +1,7 @@
 """Step-commit and step-load latency on the local moto server against the number of items in
 the table: moto's own DynamoDB (a transaction deep-copies the whole table for its rollback, a
 Query sorts the whole table) vs. agentq's moto_app (copies of the items a transaction names,
-``agentq/local/moto_rollback.py``; a Query reads its partition, ``agentq/local/moto_query.py``).
+``devstack/agentq_dev/moto_rollback.py``; a Query reads its partition, ``devstack/agentq_dev/moto_query.py``).
 
     python bench/local_commit.py                          # 0, 10,000 and 100,000 items
     python bench/local_commit.py --sizes 0,1000 --commits 10 --json

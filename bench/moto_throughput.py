@@ -25,8 +25,8 @@ tasks and then, from ``--threads`` client threads for ``--seconds`` each:
 
 Apps: ``agentq`` = ``python -m agentq_dev.moto_app`` (what the local stack runs); ``close``
 = the same closing every connection after its response, as werkzeug does (without
-``agentq/local/moto_http.py``: the before of keep-alive); ``plain`` = without the fast paths of
-``agentq/local/moto_speed.py`` (the before of that change). Calls are counted in this process (botocore's own retries not counted twice).
+``devstack/agentq_dev/moto_http.py``: the before of keep-alive); ``plain`` = without the fast paths of
+``devstack/agentq_dev/moto_speed.py`` (the before of that change). Calls are counted in this process (botocore's own retries not counted twice).
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ from agentq_dev.moto_server import LOCAL_CREDENTIALS
 
 APPS = {
     "agentq": "agentq's moto_app, as the local stack runs it",
-    "plain": "agentq's moto_app without the fast paths of agentq/local/moto_speed.py",
-    "close": "agentq's moto_app closing every connection after its response, as werkzeug does (no agentq/local/moto_http.py)",
+    "plain": "agentq's moto_app without the fast paths of devstack/agentq_dev/moto_speed.py",
+    "close": "agentq's moto_app closing every connection after its response, as werkzeug does (no devstack/agentq_dev/moto_http.py)",
 }
 MAIN_KWARGS = {"agentq": "", "plain": "fast_paths=False", "close": "keep_alive=False"}  # moto_app.main's, per app
 RESERVE = 2_000

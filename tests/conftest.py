@@ -51,7 +51,7 @@ _forkserver: subprocess.Popen[bytes] | None = None
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """One fork server for the run (agentq/local/forkserver.py), started by the process that
+    """One fork server for the run (devstack/agentq_dev/forkserver.py), started by the process that
     starts the others (xdist's controller, or the only one with ``-n 0``); xdist's workers
     inherit its socket's path in the environment. Every moto server, local-stack worker,
     ``agentq`` command and bench the tests start (or a process they start: ``agentq dev``, a

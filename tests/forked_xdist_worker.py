@@ -2,7 +2,7 @@
 
 Why: a worker started cold imports, before its first test, what the whole suite imports; a good
 part of that (moto, boto3, the model SDKs, agentq) is what the fork server
-(agentq/local/forkserver.py, started by tests/conftest.py before the workers) has imported
+(devstack/agentq_dev/forkserver.py, started by tests/conftest.py before the workers) has imported
 already. Measured (``pytest -n 6 -k nomatch``, the collection alone): 36.8 -> 24.7 CPU-s.
 
 How: xdist starts a worker as ``PYTHON -u -c BOOTSTRAP`` and talks to it over its standard

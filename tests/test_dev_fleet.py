@@ -1,7 +1,7 @@
 """`agentq dev` keeps its workers up as a fleet: a worker SIGKILLed while it holds a task is
 replaced (one line names it, how it ended and its replacement), the API answers throughout and
 the task resumes and succeeds; a worker that dies at start over and over is restarted with a
-growing back-off, never in a tight loop (agentq/local/fleet.py)."""
+growing back-off, never in a tight loop (devstack/agentq_dev/fleet.py)."""
 
 from __future__ import annotations
 

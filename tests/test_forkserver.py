@@ -1,4 +1,4 @@
-"""The fork server (agentq/local/forkserver.py): a moto server forked from it is moto_app as a
+"""The fork server (devstack/agentq_dev/forkserver.py): a moto server forked from it is moto_app as a
 program of its own would be, shares no state with its siblings, and is gone when stopped; a
 ``MotoServer`` whose subclass runs another app is still started as its own program; an
 ``agentq`` command forked from it writes to the caller's streams and its exit code (a signal's

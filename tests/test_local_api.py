@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from agentq.api.http_server import LOCAL_TENANT, LocalApiServer, dispatch, proxy_event
+from agentq.api.http_server import LOCAL_TENANT, ApiServer, dispatch, proxy_event
 from agentq.api.models import MAX_BODY_BYTES
 
 from tests.api_support import SCRIPTED, ApiStack
@@ -233,7 +233,7 @@ def test_a_client_that_hangs_up_before_its_answer_is_one_log_line_not_a_tracebac
         return {"statusCode": 200, "headers": {"Content-Type": "text/plain"}, "body": "x" * 1_000_000}
 
     caplog.set_level(logging.INFO, logger="agentq.local")
-    server = LocalApiServer(handler).start()
+    server = ApiServer(handler).start()
     try:
         client = socket.create_connection((server.host, server.httpd.server_port))
         client.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")

@@ -1,4 +1,4 @@
-"""The local API server at the socket (``local/http_guard.py``): what it checks before it reads a
+"""The local API server at the socket (``api/http_guard.py``): what it checks before it reads a
 body or calls the handler, each refusal a JSON error, and no request that hangs a thread.
 
 Requests are written by hand on a socket: the malformed ones are what no HTTP client sends."""
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from agentq.api.http_server import LocalApiServer
+from agentq.api.http_server import ApiServer
 from agentq.api.models import MAX_BODY_BYTES
 
 from tests.api_support import ApiStack
@@ -23,7 +23,7 @@ BODY_SECONDS = 0.5  # the test server's deadline for a body; the clients wait fa
 
 
 @pytest.fixture
-def keyless() -> Iterator[tuple[LocalApiServer, list[dict[str, Any]]]]:
+def keyless() -> Iterator[tuple[ApiServer, list[dict[str, Any]]]]:
     """A keyless server (as `agentq dev`) whose handler records each event it gets and answers 200."""
     seen: list[dict[str, Any]] = []
 
@@ -31,7 +31,7 @@ def keyless() -> Iterator[tuple[LocalApiServer, list[dict[str, Any]]]]:
         seen.append(event)
         return {"statusCode": 200, "headers": {"Content-Type": "application/json"}, "body": json.dumps({"ok": True})}
 
-    server = LocalApiServer(handler, body_seconds=BODY_SECONDS).start()
+    server = ApiServer(handler, body_seconds=BODY_SECONDS).start()
     try:
         yield server, seen
     finally:
@@ -74,7 +74,7 @@ def _host(port: int) -> dict[str, str]:
 
 @pytest.mark.parametrize("length", ["abc", "-1", "+5", "5.0", "0x10", "1e3", "\u0665", "9" * 21])
 def test_a_malformed_content_length_is_a_400_naming_it_and_the_handler_never_runs(
-    keyless: tuple[LocalApiServer, list[dict[str, Any]]], length: str
+    keyless: tuple[ApiServer, list[dict[str, Any]]], length: str
 ) -> None:
     server, seen = keyless
     port = _port(server.url)
@@ -84,7 +84,7 @@ def test_a_malformed_content_length_is_a_400_naming_it_and_the_handler_never_run
     assert body["error"]["field"] == "Content-Length" and closed and seen == []
 
 
-def test_two_different_content_lengths_are_a_400(keyless: tuple[LocalApiServer, list[dict[str, Any]]]) -> None:
+def test_two_different_content_lengths_are_a_400(keyless: tuple[ApiServer, list[dict[str, Any]]]) -> None:
     server, seen = keyless
     port = _port(server.url)
     raw = f"POST /tasks HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{{}}"
@@ -93,7 +93,7 @@ def test_two_different_content_lengths_are_a_400(keyless: tuple[LocalApiServer, 
 
 
 def test_a_chunked_body_is_a_411_asking_for_content_length(
-    keyless: tuple[LocalApiServer, list[dict[str, Any]]],
+    keyless: tuple[ApiServer, list[dict[str, Any]]],
 ) -> None:
     server, seen = keyless
     port = _port(server.url)
@@ -104,7 +104,7 @@ def test_a_chunked_body_is_a_411_asking_for_content_length(
 
 @pytest.mark.parametrize("sent", [0, 1, 99])
 def test_a_body_shorter_than_its_content_length_is_a_408_at_the_deadline_not_a_held_thread(
-    keyless: tuple[LocalApiServer, list[dict[str, Any]]], sent: int
+    keyless: tuple[ApiServer, list[dict[str, Any]]], sent: int
 ) -> None:
     server, seen = keyless
     port = _port(server.url)
@@ -118,7 +118,7 @@ def test_a_body_shorter_than_its_content_length_is_a_408_at_the_deadline_not_a_h
 
 
 def test_a_body_trickled_a_byte_at_a_time_gets_no_more_than_the_deadline(
-    keyless: tuple[LocalApiServer, list[dict[str, Any]]],
+    keyless: tuple[ApiServer, list[dict[str, Any]]],
 ) -> None:
     server, seen = keyless
     port = _port(server.url)
@@ -142,7 +142,7 @@ def test_a_body_trickled_a_byte_at_a_time_gets_no_more_than_the_deadline(
     assert seen == []
 
 
-def test_a_client_that_stops_sending_mid_body_gets_a_400(keyless: tuple[LocalApiServer, list[dict[str, Any]]]) -> None:
+def test_a_client_that_stops_sending_mid_body_gets_a_400(keyless: tuple[ApiServer, list[dict[str, Any]]]) -> None:
     server, seen = keyless
     port = _port(server.url)
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
@@ -157,7 +157,7 @@ def test_a_client_that_stops_sending_mid_body_gets_a_400(keyless: tuple[LocalApi
     assert response.status == 400 and body["error"]["code"] == "incomplete_body" and seen == []
 
 
-def test_a_whole_body_reaches_the_handler(keyless: tuple[LocalApiServer, list[dict[str, Any]]]) -> None:
+def test_a_whole_body_reaches_the_handler(keyless: tuple[ApiServer, list[dict[str, Any]]]) -> None:
     server, seen = keyless
     port = _port(server.url)
     payload = json.dumps({"goal": "g" * 70_000}).encode()  # more than one read of the socket
@@ -168,7 +168,7 @@ def test_a_whole_body_reaches_the_handler(keyless: tuple[LocalApiServer, list[di
 
 
 def test_expect_100_continue_is_answered_only_for_a_body_the_server_will_take(
-    keyless: tuple[LocalApiServer, list[dict[str, Any]]],
+    keyless: tuple[ApiServer, list[dict[str, Any]]],
 ) -> None:
     server, seen = keyless
     port = _port(server.url)
@@ -186,7 +186,7 @@ def test_expect_100_continue_is_answered_only_for_a_body_the_server_will_take(
      "127.0.0.1:{port}\u0665", "127.0.0.1:{port}:{port}"],
 )  # fmt: skip
 def test_the_keyless_server_refuses_a_host_that_is_not_its_own_with_a_421(
-    keyless: tuple[LocalApiServer, list[dict[str, Any]]], host: str | None
+    keyless: tuple[ApiServer, list[dict[str, Any]]], host: str | None
 ) -> None:
     server, seen = keyless
     port = _port(server.url)
@@ -206,16 +206,14 @@ def test_the_keyless_server_refuses_a_host_that_is_not_its_own_with_a_421(
 @pytest.mark.parametrize(
     "host", ["127.0.0.1:{port}", "localhost:{port}", "[::1]:{port}", "LOCALHOST:{port}", "localhost"]
 )
-def test_the_keyless_server_answers_its_own_names(
-    keyless: tuple[LocalApiServer, list[dict[str, Any]]], host: str
-) -> None:
+def test_the_keyless_server_answers_its_own_names(keyless: tuple[ApiServer, list[dict[str, Any]]], host: str) -> None:
     server, seen = keyless
     port = _port(server.url)
     response, _body, _ = _exchange(port, _request(port, "GET", "/tasks", {"Host": host.format(port=port)}))
     assert response.status == 200 and len(seen) == 1
 
 
-def test_a_request_line_over_64_kib_is_a_json_414(keyless: tuple[LocalApiServer, list[dict[str, Any]]]) -> None:
+def test_a_request_line_over_64_kib_is_a_json_414(keyless: tuple[ApiServer, list[dict[str, Any]]]) -> None:
     server, _ = keyless
     port = _port(server.url)
     raw = f"GET /tasks?x={'a' * 70_000} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
@@ -228,7 +226,7 @@ def test_a_request_line_over_64_kib_is_a_json_414(keyless: tuple[LocalApiServer,
     "headers", [{f"X-H{i}": "v" for i in range(101)}, {"X-Long": "v" * 70_000}], ids=["101 headers", "a 70 kB header"]
 )
 def test_too_many_or_too_long_headers_are_a_json_431(
-    keyless: tuple[LocalApiServer, list[dict[str, Any]]], headers: dict[str, str]
+    keyless: tuple[ApiServer, list[dict[str, Any]]], headers: dict[str, str]
 ) -> None:
     server, _ = keyless
     port = _port(server.url)
@@ -237,7 +235,7 @@ def test_too_many_or_too_long_headers_are_a_json_431(
     assert body["error"]["code"] == "headers_too_large" and closed
 
 
-def test_a_malformed_request_line_is_a_json_400(keyless: tuple[LocalApiServer, list[dict[str, Any]]]) -> None:
+def test_a_malformed_request_line_is_a_json_400(keyless: tuple[ApiServer, list[dict[str, Any]]]) -> None:
     server, _ = keyless
     port = _port(server.url)
     response, body, _ = _exchange(port, b"GET /tasks HTTP/1.1 extra words\r\n\r\n")

@@ -1,6 +1,6 @@
 """The local stack runs only on the moto release its patches were read against.
 
-The patches of moto's internals (agentq/local/moto_*.py) are verified against one release,
+The patches of moto's internals (devstack/agentq_dev/moto_*.py) are verified against one release,
 ``moto_version.VERIFIED_MOTO``, which is the one ``requirements/constraints.txt`` pins. On any
 other release every patch declines (leaves moto exactly as it ships) and the server refuses to
 start with a message naming both versions, rather than running differently without a word. The

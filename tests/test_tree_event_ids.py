@@ -198,11 +198,11 @@ def test_a_resume_from_the_middle_of_a_tree_after_a_childs_event_returns_exactly
 def test_the_client_follows_a_tree_across_the_reconnects_of_the_api_lambdas_finite_streams(api_stack: ApiStack) -> None:
     """In AWS the API's Lambda answers a stream with what is committed now and closes it: the
     client reconnects after the last id it received, again and again, until the tree ends."""
-    from agentq.api.http_server import LocalApiServer
+    from agentq.api.http_server import ApiServer
 
     hubbed = api_stack.stack.api_server
     assert hubbed is not None
-    lambda_like = LocalApiServer(hubbed.handler, authorizer=hubbed.authorizer, hub=None).start()
+    lambda_like = ApiServer(hubbed.handler, authorizer=hubbed.authorizer, hub=None).start()
     try:
         task_id = api_stack.submit(TREES["two sub-agents"])
         got = [e for e in Client(lambda_like.url, api_stack.key).iter_events(task_id, tree=True) if e.committed]

@@ -2,7 +2,7 @@
 without finalising its heap; the controller (or a run without xdist) ends as usual.
 
 The programs run as new interpreters, not forked from the fork server: a forked process ends
-with ``os._exit`` (agentq/local/forkserver.py), so it never reaches the interpreter's teardown
+with ``os._exit`` (devstack/agentq_dev/forkserver.py), so it never reaches the interpreter's teardown
 this is about."""
 
 from __future__ import annotations

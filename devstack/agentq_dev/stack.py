@@ -1,7 +1,7 @@
 """The embedded local stack: moto server, the production resources, N worker processes and
 the API handler on localhost. What `agentq dev`, `agentq demo` and the system tests run.
 
-With ``supervise`` the stack keeps its workers up as a fleet is kept (``local.fleet``): a
+With ``supervise`` the stack keeps its workers up as a fleet is kept (``agentq_dev.fleet``): a
 worker that exits is replaced, the API and the other workers carry on, and the dead worker's
 task resumes once its message is visible again. Off by default, for the tests that kill
 workers and then count on exactly the processes they started.
@@ -23,7 +23,7 @@ from typing import Any
 from agentq.api.app import build_app
 from agentq.api.auth import authorize, authorizer_context
 from agentq.api.event_hub import EventHub
-from agentq.api.http_server import LocalApiServer
+from agentq.api.http_server import ApiServer
 from agentq.control.defaults import Defaults
 from agentq.core.secrets import Secrets
 from agentq.core.tools.mcp import McpServers
@@ -97,7 +97,7 @@ class LocalStack:
         self._lineage: dict[int, tuple[float, int, dict[str, str]]] = {}
         self._pending: list[_Pending] = []
         self._supervisor: threading.Thread | None = None
-        self.api_server: LocalApiServer | None = None
+        self.api_server: ApiServer | None = None
         self.settings: Settings | None = None
         self._stopping = threading.Event()
         self._sweeper: threading.Thread | None = None
@@ -120,7 +120,7 @@ class LocalStack:
                 keys = self.keys()
                 authorizer = lambda header: authorizer_context(authorize(keys, header))  # noqa: E731
             hub = EventHub(self.store())  # task event streams, served by this process as in `agentq dev`
-            self.api_server = LocalApiServer(app.resolve, authorizer=authorizer, hub=hub).start()
+            self.api_server = ApiServer(app.resolve, authorizer=authorizer, hub=hub).start()
         for _ in range(self.workers):
             self.spawn_worker()
         if self.supervise:
@@ -206,7 +206,7 @@ class LocalStack:
     @staticmethod
     def _start(command: list[str], env: dict[str, str], **popen: Any) -> subprocess.Popen[bytes]:
         """A worker process in a session of its own: forked warm where the environment names a
-        fork server (``local/forkserver.py``, as the tests do), else started as a program."""
+        fork server (``agentq_dev/forkserver.py``, as the tests do), else started as a program."""
         server = os.environ.get(forkserver.ENV_VAR)
         if server and command[0] == sys.executable:
             return forkserver.ForkedProcess(server, command[1:], env, **popen)

@@ -17,7 +17,7 @@ import os
 
 from agentq.api.app import build_app
 from agentq.api.event_hub import EventHub
-from agentq.api.http_server import LocalApiServer, context_tenant
+from agentq.api.http_server import ApiServer, context_tenant
 from agentq.runtime import Settings, build_fanout, build_mcp, build_queues, build_registry, build_store
 
 
@@ -34,7 +34,7 @@ def main() -> None:
         mcp=build_mcp(),
     )
     port = int(os.environ.get("AWS_LWA_PORT", "8080"))
-    server = LocalApiServer(app.resolve, port=port, authorizer=context_tenant, hub=EventHub(store))
+    server = ApiServer(app.resolve, port=port, authorizer=context_tenant, hub=EventHub(store))
     server.start().thread.join()
 
 

@@ -13,7 +13,7 @@ wrote (``constraints.tools[0]``), not pydantic's location tags.
 - 413 ``body_too_large``; 415 ``unsupported_media_type`` (a body not sent as application/json)
 - 414 ``uri_too_long``, 431 ``headers_too_large``: the server's, before any route (documented on
   every operation); the local server also answers 421, 411, 408 and 400 about the transport
-  itself (``local/http_guard.py``)
+  itself (``api/http_guard.py``)
 - 422 ``validation_error``: a field's value is invalid; ``field`` names it
 - 500 ``internal_error``: never with a stack trace; the service log has it
 

@@ -1,6 +1,7 @@
-"""What the local API server checks of a request before it reads the body or calls the handler.
+"""What the API's HTTP server checks of a request before it reads the body or calls the handler.
 
-API Gateway does all of this in AWS; the local server (``local/api_server.py``) faces the raw
+API Gateway does all of this in front of the Lambda functions; the HTTP server
+(``api/http_server.py``), where the development stack runs it on localhost, faces the raw
 socket, and trusted it: a ``Content-Length`` of ``abc`` dropped the connection, ``-1`` read
 until the client closed, a length longer than the body held a thread for good, and ``10^12``
 without a key was a ``MemoryError``; a keyless ``agentq dev`` answered any ``Host``, so a web

@@ -1,5 +1,9 @@
-"""Serve the API's resolver on localhost: each HTTP request becomes an API Gateway REST proxy
-event, so `agentq dev` exercises the very handler API Gateway invokes.
+"""Serve the API's resolver over HTTP: each request becomes an API Gateway REST proxy event, so the
+server runs the very handler API Gateway invokes. Two places run it: in AWS, the ``events``
+function (``functions/events/server.py``) serves task event streams with it behind the Lambda
+Web Adapter (the tenant from API Gateway's authorizer, ``context_tenant``); on a laptop, the
+development stack (``agentq_dev.stack``: ``agentq dev``, the tests) serves the whole API on
+localhost. It sits with the API, in the Lambda layer, for the first.
 
 Auth works as in AWS: with an ``authorizer`` (``agentq.api.auth.authorize``), every request but the
 public ones (``/health``, ``/openapi.json``, the console's pages) must carry ``Authorization: Bearer <key>``; a
@@ -207,7 +211,7 @@ class _Server(ThreadingHTTPServer):
 _EVENTS_PATH = re.compile(r"/tasks/([^/]+)/events")
 
 
-class LocalApiServer:
+class ApiServer:
     def __init__(
         self,
         handler: Any,
@@ -219,7 +223,7 @@ class LocalApiServer:
     ) -> None:
         """``authorizer`` maps an Authorization header value to a tenant (or its authorizer
         context) or raises (401); without one the server answers only requests whose ``Host``
-        names it (``local/http_guard.py``).
+        names it (``api/http_guard.py``).
         ``hub`` streams task events (without one, event streams are answered as in Lambda).
         ``body_seconds``: how long a client has to send the body it announced (408 after)."""
         self.handler = handler
@@ -261,7 +265,7 @@ class LocalApiServer:
 
             def _body(self, headers: dict[str, str]) -> tuple[Caller | None, str | None]:
                 """The caller and the body, read only once the request may send one (see
-                ``local/http_guard.py`` for the order); raises ``http_guard.Refused``."""
+                ``api/http_guard.py`` for the order); raises ``http_guard.Refused``."""
                 if outer.authorizer is None:
                     http_guard.check_host(self.headers.get("Host"), outer.host, outer.httpd.server_port)
                 length = http_guard.content_length(
@@ -359,7 +363,7 @@ class LocalApiServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.httpd.server_port}"
 
-    def start(self) -> LocalApiServer:
+    def start(self) -> ApiServer:
         self.thread.start()
         return self
 

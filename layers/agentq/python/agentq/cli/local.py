@@ -218,7 +218,7 @@ def _cmd_dev(args: argparse.Namespace) -> int:
             from agentq_dev.reload import ModuleWatcher
 
             watcher = ModuleWatcher(modules)
-        while True:  # a worker that exits is replaced by the stack's supervisor (local.fleet)
+        while True:  # a worker that exits is replaced by the stack's supervisor (agentq_dev.fleet)
             time.sleep(0.5)
             if watcher is not None and (changed := watcher.changed()):
                 _reload(stack, modules, changed, say)

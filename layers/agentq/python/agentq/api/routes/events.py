@@ -3,7 +3,7 @@
 With ``Accept: text/event-stream`` the answer is server-sent events; otherwise JSON pages
 (``EventPage``) with ``next_cursor``. Here, in the request/response handler (the API Lambda),
 a stream holds what is committed now and ends; its ``retry:`` (with the first event) brings an
-``EventSource`` back with ``Last-Event-ID`` for the rest. The local API server (``local/api_server.py``) and the
+``EventSource`` back with ``Last-Event-ID`` for the rest. The local API server (``api/http_server.py``) and the
 streaming function in AWS keep the connection open instead (``api/event_hub.py``). Both check
 the task (404) and the cursor (400) before any event.
 """
