@@ -9,7 +9,7 @@
 Each run is a fresh interpreter (``python -c``) with the path Lambda gives a function: the
 functions asset (``functions/``), then the core layer (``layers/agentq/python``), then this
 interpreter's own site-packages standing in for the dependencies layer and the runtime's boto3.
-The environment is the one the stack sets for that function (``infra/functions.py``:
+The environment is the one the stack sets for that function (``infra/functions.common_env``:
 ``AGENTQ_*``, ``POWERTOOLS_*``) plus what the Lambda service sets (``AWS_REGION``,
 ``LAMBDA_TASK_ROOT``, ``AWS_LAMBDA_FUNCTION_NAME``, ...), with dummy credentials:
 importing a handler builds AWS clients but sends no request.
@@ -60,7 +60,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FUNCTIONS_DIR = ROOT / "functions"
 CORE_LAYER = ROOT / "layers" / "agentq" / "python"
 
-# What infra/functions.py puts in every function's environment (names, not deployed values).
+# What infra/functions.common_env puts in every function's environment (names, not deployed values).
 STACK_ENV = {
     "AGENTQ_ENV": "bench",
     "AGENTQ_PREFIX": "agentq-bench",

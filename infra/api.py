@@ -27,7 +27,8 @@ from constructs import Construct
 from agentq.api.app import PUBLIC_PATHS
 from agentq.api.console import CONSOLE_PATH
 from infra.events import STREAM_TIMEOUT_SECONDS
-from infra.functions import Functions, log_retention
+from infra.functions import Functions
+from infra.retention import log_retention, removal_policy
 from infra.settings import EnvironmentSettings
 
 ACCESS_LOG_FORMAT = {
@@ -65,10 +66,23 @@ class Api:
 
 
 def build_api(scope: Construct, cfg: EnvironmentSettings, fns: Functions) -> Api:
-    removal = cdk.RemovalPolicy.DESTROY if cfg.destroy else cdk.RemovalPolicy.RETAIN
+    rest_api, access_logs = _rest_api(scope, cfg, fns)
+    _routes(rest_api, fns)
+    for cid, (response_type, status, code) in GATEWAY_ERRORS.items():
+        # Gateway response templates only substitute variables; messageString is documented
+        # as already quoted, so it is the one safe to embed in JSON.
+        error = {"code": code, "message": "MESSAGE"}
+        body = json.dumps({"error": error}).replace('"MESSAGE"', "$context.error.messageString")
+        rest_api.add_gateway_response(cid, type=response_type, status_code=status, templates={"application/json": body})
+    web_acl = _web_acl(scope, cfg, rest_api) if cfg.api.waf else None
+    return Api(rest_api=rest_api, access_logs=access_logs, web_acl=web_acl)
+
+
+def _rest_api(scope: Construct, cfg: EnvironmentSettings, fns: Functions) -> tuple[apigw.RestApi, logs.LogGroup]:
+    """The API, its stage (access logs, throttles, tracing) and the TOKEN authorizer on every method."""
     a = cfg.api
     access_logs = logs.LogGroup(
-        scope, "ApiAccessLogs", retention=log_retention(cfg.log_retention_days), removal_policy=removal
+        scope, "ApiAccessLogs", retention=log_retention(cfg.log_retention_days), removal_policy=removal_policy(cfg)
     )
     authorizer = apigw.TokenAuthorizer(
         scope,
@@ -108,6 +122,12 @@ def build_api(scope: Construct, cfg: EnvironmentSettings, fns: Functions) -> Api
             authorizer=authorizer, authorization_type=apigw.AuthorizationType.CUSTOM
         ),
     )
+    return rest_api, access_logs
+
+
+def _routes(rest_api: apigw.RestApi, fns: Functions) -> None:
+    """Everything to the API Lambda (``POST /tasks`` declared for its throttle) but the event stream;
+    the public paths and the console without the authorizer."""
     integration = apigw.LambdaIntegration(fns.api, proxy=True, allow_test_invoke=False)
     tasks = rest_api.root.add_resource("tasks")
     tasks.add_method("POST", integration)
@@ -140,16 +160,6 @@ def build_api(scope: Construct, cfg: EnvironmentSettings, fns: Functions) -> Api
     console = rest_api.root.add_resource(CONSOLE_PATH.strip("/"))
     console.add_method("GET", integration, authorization_type=apigw.AuthorizationType.NONE)
     console.add_proxy(any_method=False).add_method("GET", integration, authorization_type=apigw.AuthorizationType.NONE)
-
-    for cid, (response_type, status, code) in GATEWAY_ERRORS.items():
-        # Gateway response templates only substitute variables; messageString is documented
-        # as already quoted, so it is the one safe to embed in JSON.
-        error = {"code": code, "message": "MESSAGE"}
-        body = json.dumps({"error": error}).replace('"MESSAGE"', "$context.error.messageString")
-        rest_api.add_gateway_response(cid, type=response_type, status_code=status, templates={"application/json": body})
-
-    web_acl = _web_acl(scope, cfg, rest_api) if a.waf else None
-    return Api(rest_api=rest_api, access_logs=access_logs, web_acl=web_acl)
 
 
 def _managed_rule(name: str, priority: int, overrides: list[str] | None = None) -> Any:

@@ -26,6 +26,7 @@ from agentq.resources import (
     WEBHOOK_ATTEMPTS,
     WEBHOOK_VISIBILITY_SECONDS,
 )
+from infra.retention import removal_policy
 from infra.settings import EnvironmentSettings
 
 
@@ -64,14 +65,23 @@ class Data:
 
 
 def build_data(scope: Construct, cfg: EnvironmentSettings) -> Data:
-    removal = cdk.RemovalPolicy.DESTROY if cfg.destroy else cdk.RemovalPolicy.RETAIN
-    names = cfg.names
-    types = table_attribute_types()
+    table = _table(scope, cfg)
+    access_logs, payloads = _buckets(scope, cfg)
+    queues, dlqs = _tier_queues(scope, cfg)
+    webhooks, webhooks_dlq = _webhook_queues(scope, cfg)
+    return Data(
+        table=table, payloads=payloads, access_logs=access_logs, queues=queues, dlqs=dlqs,
+        webhooks=webhooks, webhooks_dlq=webhooks_dlq,
+    )  # fmt: skip
 
+
+def _table(scope: Construct, cfg: EnvironmentSettings) -> dynamodb.Table:
+    """The single table, from ``agentq.resources`` (keys, GSIs, TTL, stream) as the local stack makes it."""
+    types = table_attribute_types()
     table = dynamodb.Table(
         scope,
         "Table",
-        table_name=names.table,
+        table_name=cfg.names.table,
         partition_key=_key(TABLE_KEY_SCHEMA, "HASH", types),
         sort_key=_key(TABLE_KEY_SCHEMA, "RANGE", types),
         billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
@@ -80,10 +90,10 @@ def build_data(scope: Construct, cfg: EnvironmentSettings) -> Data:
             point_in_time_recovery_enabled=True
         ),
         time_to_live_attribute=TTL_ATTRIBUTE,
-        # The reaper's trigger: TTL deletions of task META (infra/functions.py filters the rest).
+        # The reaper's trigger: TTL deletions of task META (infra/background.py filters the rest).
         stream=dynamodb.StreamViewType[TABLE_STREAM_VIEW_TYPE],
         deletion_protection=not cfg.destroy,
-        removal_policy=removal,
+        removal_policy=removal_policy(cfg),
     )
     for gsi in TABLE_GSIS:
         projection = gsi.get("Projection", {"ProjectionType": "ALL"})
@@ -94,7 +104,12 @@ def build_data(scope: Construct, cfg: EnvironmentSettings) -> Data:
             projection_type=_PROJECTIONS[projection["ProjectionType"]],
             non_key_attributes=projection.get("NonKeyAttributes"),
         )
+    return table
 
+
+def _buckets(scope: Construct, cfg: EnvironmentSettings) -> tuple[s3.Bucket, s3.Bucket]:
+    """The payload bucket (offloaded bodies under ``PAYLOAD_PREFIX``, expiring), and its access logs'."""
+    removal = removal_policy(cfg)
     # Server access logs of the payload bucket. It cannot log to itself (a loop), which is the
     # one cdk-nag S1 acknowledgement in infra/nag.py.
     access_logs = s3.Bucket(
@@ -134,8 +149,12 @@ def build_data(scope: Construct, cfg: EnvironmentSettings) -> Data:
         removal_policy=removal,
         auto_delete_objects=cfg.destroy,
     )
+    return access_logs, payloads
 
-    qs = cfg.queue_settings()
+
+def _tier_queues(scope: Construct, cfg: EnvironmentSettings) -> tuple[dict[str, sqs.Queue], dict[str, sqs.Queue]]:
+    """A queue per tier, each with its DLQ (``max_receive_count`` tries)."""
+    removal, names, qs = removal_policy(cfg), cfg.names, cfg.queue_settings()
     queues: dict[str, sqs.Queue] = {}
     dlqs: dict[str, sqs.Queue] = {}
     for tier in TIERS:
@@ -168,7 +187,12 @@ def build_data(scope: Construct, cfg: EnvironmentSettings) -> Data:
         )
         queues[tier] = queue
         dlqs[tier] = dlq
-    # Callbacks (agentq.queueing.webhooks): a queue of their own, WEBHOOK_ATTEMPTS tries, a DLQ.
+    return queues, dlqs
+
+
+def _webhook_queues(scope: Construct, cfg: EnvironmentSettings) -> tuple[sqs.Queue, sqs.Queue]:
+    """Callbacks (agentq.queueing.webhooks): a queue of their own, WEBHOOK_ATTEMPTS tries, a DLQ."""
+    removal, names, qs = removal_policy(cfg), cfg.names, cfg.queue_settings()
     webhooks_dlq = sqs.Queue(
         scope, "WebhooksDlq", queue_name=names.webhooks_dlq, encryption=sqs.QueueEncryption.SQS_MANAGED,
         enforce_ssl=True, retention_period=cdk.Duration.seconds(qs.dlq_retention_seconds), removal_policy=removal,
@@ -179,7 +203,4 @@ def build_data(scope: Construct, cfg: EnvironmentSettings) -> Data:
         dead_letter_queue=sqs.DeadLetterQueue(queue=webhooks_dlq, max_receive_count=WEBHOOK_ATTEMPTS),
         removal_policy=removal,
     )  # fmt: skip
-    return Data(
-        table=table, payloads=payloads, access_logs=access_logs, queues=queues, dlqs=dlqs,
-        webhooks=webhooks, webhooks_dlq=webhooks_dlq,
-    )  # fmt: skip
+    return webhooks, webhooks_dlq

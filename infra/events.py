@@ -3,16 +3,23 @@
 The Python managed Lambda runtime cannot stream a response, so the stream is the one function
 that runs behind the Lambda Web Adapter (its layer, pinned here): API Gateway invokes it with
 response streaming (``responseTransferMode: STREAM``) and the adapter hands each invocation to
-the HTTP server ``agentq dev`` runs (``functions/events/server.py``). Same REST API, same
-authorizer, same path; the reasons against a WebSocket API or the Fargate service are in
-docs/ARCHITECTURE.md (invariant 10).
+the API's HTTP server (``agentq.api.http_server``, which ``agentq dev`` runs too;
+``functions/events/server.py``). Same REST API, same authorizer, same path; the function may
+only read the table and the payloads. The reasons against a WebSocket API or the Fargate
+service are in docs/ARCHITECTURE.md (invariant 10).
 """
 
 from __future__ import annotations
 
 import aws_cdk as cdk
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
+
+from infra.access import payload_objects, table_resources
+from infra.data import Data
+from infra.functions import FunctionFactory
+from infra.layers import architecture
 
 ADAPTER_ACCOUNT = "753240598075"  # the Lambda Web Adapter's public layers (awslabs/aws-lambda-web-adapter)
 ADAPTER_VERSION = 26
@@ -32,3 +39,26 @@ def adapter_layer(scope: Construct, architecture: lambda_.Architecture) -> lambd
     )
     arn = f"arn:{cdk.Aws.PARTITION}:lambda:{cdk.Aws.REGION}:{ADAPTER_ACCOUNT}:layer:{name}:{ADAPTER_VERSION}"
     return lambda_.LayerVersion.from_layer_version_arn(scope, "WebAdapterLayer", arn)
+
+
+def build_events_function(
+    scope: Construct, function: FunctionFactory, data: Data, common: dict[str, str]
+) -> lambda_.Function:
+    streams = function(
+        "events",
+        memory=512,
+        timeout=STREAM_TIMEOUT_SECONDS,
+        env={**common, **ADAPTER_ENV},
+        reserved=None,
+        description="agentq task event streams (GET /tasks/{id}/events) behind the Lambda Web Adapter",
+        extra_layers=[adapter_layer(scope, architecture(function.cfg))],
+    )
+    # It reads a task's META, its log (steps, events, claims) and offloaded step bodies; nothing else.
+    streams.add_to_role_policy(
+        iam.PolicyStatement(sid="Table", actions=["dynamodb:GetItem", "dynamodb:Query"],
+                            resources=table_resources(data, indexes=False))
+    )  # fmt: skip
+    streams.add_to_role_policy(
+        iam.PolicyStatement(sid="Payloads", actions=["s3:GetObject"], resources=[payload_objects(data)])
+    )
+    return streams

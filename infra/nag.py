@@ -8,19 +8,22 @@ finding (for IAM5, the exact resource), so they cannot hide a different one.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import aws_cdk as cdk
+from aws_cdk import aws_stepfunctions as sfn
 from constructs import IConstruct
 
 from agentq.api.app import PUBLIC_PATHS
 from agentq.api.console import CONSOLE_PATH
 from agentq.resources import PAYLOAD_PREFIX
+from infra.api import Api
+from infra.data import Data
+from infra.functions import Functions
 from infra.model_access import bedrock_resource_templates, wildcard_reason
+from infra.settings import EnvironmentSettings
 from infra.telemetry import adot
-
-if TYPE_CHECKING:
-    from infra.stack import AgentqStack
+from infra.worker import Worker
 
 PARTITION_REGION_ACCOUNT = "arn:<AWS::Partition>:{service}:<AWS::Region>:<AWS::AccountId>"
 
@@ -33,20 +36,45 @@ def _ack(scope: IConstruct | None, rule: str, reason: str) -> None:
     cdk.Validations.of(scope).acknowledge(cdk.Acknowledgment(id=rule_id, reason=reason))
 
 
-def _logical_id(stack: cdk.Stack, construct: IConstruct) -> str:
+class Acknowledged(Protocol):
+    """What of the stack (``infra.stack.AgentqStack``) the acknowledgements sit on."""
+
+    env_name: str
+    settings: EnvironmentSettings
+    data: Data
+    state_machine: sfn.StateMachine
+    functions: Functions
+    api: Api
+    worker: Worker | None
+
+
+def _logical_id(construct: IConstruct) -> str:
     child = construct.node.default_child
     if not isinstance(child, cdk.CfnElement):
         raise TypeError(f"{construct.node.path} has no CloudFormation resource of its own")
-    return stack.get_logical_id(child)
+    return cdk.Stack.of(construct).get_logical_id(child)
 
 
-def acknowledge(stack: AgentqStack) -> None:
-    fns = stack.functions
-    cfg = stack.settings
-    payload_objects = f"Resource::<{_logical_id(stack, stack.data.payloads)}.Arn>/{PAYLOAD_PREFIX}*"
-    executions = f"Resource::{PARTITION_REGION_ACCOUNT.format(service='states')}:execution:{cfg.names.state_machine}:*"
-    xray = "X-Ray PutTraceSegments/PutTelemetryRecords support no resource-level permissions: AWS requires '*'."
+XRAY = "X-Ray PutTraceSegments/PutTelemetryRecords support no resource-level permissions: AWS requires '*'."
 
+
+def acknowledge(stack: Acknowledged) -> None:
+    """Every acknowledgement, on the construct it concerns."""
+    payload_objects = f"Resource::<{_logical_id(stack.data.payloads)}.Arn>/{PAYLOAD_PREFIX}*"
+    _functions(stack.functions, stack.settings, payload_objects)
+    _task_runners(stack, payload_objects)
+    _ack(
+        stack.state_machine.role,
+        "AwsSolutions-IAM5[Resource::*]",
+        "Added by CDK for logging and tracing: CloudWatch Logs vended log delivery (logs:*LogDelivery, PutResourcePolicy, Describe*) and X-Ray accept only '*'. The machine's own work is sqs:SendMessage on the three tier queues.",
+    )
+    _api(stack.api, stack.env_name)
+    if stack.worker is not None:
+        _worker(stack.worker)
+
+
+def _functions(fns: Functions, cfg: EnvironmentSettings, payload_objects: str) -> None:
+    """The runtime, X-Ray, and each function's own grants on a prefix or a name chosen at run time."""
     for fn in (fns.executor, fns.api, fns.authorizer, fns.reaper, fns.sweeper, fns.webhooks, fns.events,
                fns.sandbox.function):  # fmt: skip
         _ack(
@@ -55,7 +83,7 @@ def acknowledge(stack: AgentqStack) -> None:
             "Python 3.12 on purpose: both layers are built for cp312 (infra/build_layers.py) and the suite runs against it; moving runtimes is a deliberate change of layers and runtime together.",
         )
     for fn in (fns.executor, fns.api, fns.authorizer, fns.sweeper, fns.webhooks, fns.events):
-        _ack(fn.role, "AwsSolutions-IAM5[Resource::*]", xray)
+        _ack(fn.role, "AwsSolutions-IAM5[Resource::*]", XRAY)
     _ack(
         fns.events.role,
         f"AwsSolutions-IAM5[{payload_objects}]",
@@ -69,7 +97,7 @@ def acknowledge(stack: AgentqStack) -> None:
     _ack(
         fns.reaper.role,
         "AwsSolutions-IAM5[Resource::*]",
-        xray
+        XRAY
         + " dynamodb:ListStreams, which the stream event source mapping needs, has no resource-level permissions either; reading the stream (DescribeStream/GetRecords/GetShardIterator) is granted on this table's stream only.",
     )
     _ack(
@@ -89,6 +117,13 @@ def acknowledge(stack: AgentqStack) -> None:
         "AwsSolutions-IAM5[Resource::*]",
         "Lambda attaches a VPC function to its subnets with the function's role: ec2:CreateNetworkInterface and the Describe/Delete/Assign calls it makes support no resource-level permissions for this use. The sandbox's subnets have no route anywhere, so these credentials cannot reach the EC2 API from inside the function.",
     )
+
+
+def _task_runners(stack: Acknowledged, payload_objects: str) -> None:
+    """The executor's and the worker's (and, for payloads and fan-out executions, the API's) grants
+    on per-task prefixes, run-time names, Bedrock models and named secrets."""
+    fns, cfg = stack.functions, stack.settings
+    executions = f"Resource::{PARTITION_REGION_ACCOUNT.format(service='states')}:execution:{cfg.names.state_machine}:*"
     runners = [fns.executor.role]
     if stack.worker is not None:
         runners.append(stack.worker.task_definition.task_role)
@@ -126,17 +161,15 @@ def acknowledge(stack: AgentqStack) -> None:
         _ack(
             stack.worker.task_definition.task_role,
             "AwsSolutions-IAM5[Resource::*]",
-            xray
+            XRAY
             + " They are the ADOT collector sidecar's (tracing.exporter = adot), which forwards the worker's spans to X-Ray.",
         )
 
-    _ack(
-        stack.state_machine.role,
-        "AwsSolutions-IAM5[Resource::*]",
-        "Added by CDK for logging and tracing: CloudWatch Logs vended log delivery (logs:*LogDelivery, PutResourcePolicy, Describe*) and X-Ray accept only '*'. The machine's own work is sqs:SendMessage on the three tier queues.",
-    )
 
-    api = stack.api.rest_api
+def _api(apis: Api, env_name: str) -> None:
+    """The REST API: no Cognito (tenants hold keys), the account's logging role, validation in the
+    API Lambda, the public paths and the console, and no WAF where the settings say so."""
+    api = apis.rest_api
     _ack(
         api,
         "AwsSolutions-COG4",
@@ -169,31 +202,32 @@ def acknowledge(stack: AgentqStack) -> None:
                 rule,
                 f"GET {CONSOLE_PATH} and its assets are public on purpose: static HTML/CSS/JS shipped in the package, no tenant data; every call the page makes goes to the keyed methods with the person's key.",
             )
-    if stack.api.web_acl is None:
+    if apis.web_acl is None:
         _ack(
             api,
             "AwsSolutions-APIG3",
-            f"No WAF in {stack.env_name} (api.waf=false in cdk.json): every method needs a tenant key and stage and per-route throttles apply; prod attaches a WAFv2 web ACL.",
+            f"No WAF in {env_name} (api.waf=false in cdk.json): every method needs a tenant key and stage and per-route throttles apply; prod attaches a WAFv2 web ACL.",
         )
 
-    if stack.worker is not None:
-        w = stack.worker
+
+def _worker(w: Worker) -> None:
+    """The Fargate worker's task definition, its image pull and its execution role."""
+    _ack(
+        w.task_definition,
+        "AwsSolutions-ECS2",
+        "The environment holds resource names and tuning only (table, bucket, queue prefix, state machine ARN), no secrets.",
+    )
+    if w.pulls_from_ecr:
+        container = w.task_definition.default_container
         _ack(
-            w.task_definition,
-            "AwsSolutions-ECS2",
-            "The environment holds resource names and tuning only (table, bucket, queue prefix, state machine ARN), no secrets.",
+            container,
+            "Annotation::@aws-cdk/aws-ecs:ecrImageRequiresPolicy",
+            "The execution role is granted pull on exactly the image's ECR repository (infra/worker.py _grant_image_pull).",
         )
-        if w.pulls_from_ecr:
-            container = w.task_definition.default_container
-            _ack(
-                container,
-                "Annotation::@aws-cdk/aws-ecs:ecrImageRequiresPolicy",
-                "The execution role is granted pull on exactly the image's ECR repository (infra/worker.py _grant_image_pull).",
-            )
-        execution_role = w.task_definition.execution_role
-        if execution_role is not None:
-            _ack(
-                execution_role,
-                "AwsSolutions-IAM5[Resource::*]",
-                "ecr:GetAuthorizationToken (registry login) supports no resource-level permissions: AWS requires '*'. Image pulls are scoped to the worker's repository.",
-            )
+    execution_role = w.task_definition.execution_role
+    if execution_role is not None:
+        _ack(
+            execution_role,
+            "AwsSolutions-IAM5[Resource::*]",
+            "ecr:GetAuthorizationToken (registry login) supports no resource-level permissions: AWS requires '*'. Image pulls are scoped to the worker's repository.",
+        )

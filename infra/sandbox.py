@@ -29,6 +29,7 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from infra.retention import removal_policy
 from infra.settings import EnvironmentSettings
 
 HANDLER = "sandbox.handler.lambda_handler"
@@ -75,7 +76,7 @@ def build_sandbox(
     retention: logs.RetentionDays,
 ) -> Sandbox:
     s = cfg.sandbox
-    removal = cdk.RemovalPolicy.DESTROY if cfg.destroy else cdk.RemovalPolicy.RETAIN
+    removal = removal_policy(cfg)
     vpc = ec2.Vpc(
         scope,
         "SandboxVpc",

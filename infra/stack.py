@@ -1,37 +1,47 @@
 """The agentq stack: everything one environment runs on (``cdk deploy -c env=dev|staging|prod``).
 
+One module a concern, each adding its resources to this stack (so their logical IDs are the
+stack's own), composed here in the order they depend on one another:
+
+layers       agentq, its dependencies, your tools                         infra/layers.py
 data         table (PITR, TTL, gsi1), payload bucket, tier queues + DLQs   infra/data.py
-fan-out      Step Functions from agentq/asl/fanout.asl.json               here
-functions    layers, executor (SQS), API, authorizer; least privilege      infra/functions.py
+fan-out      Step Functions from agentq/asl/fanout.asl.json               infra/fanout.py
+functions    one role each, least privilege (infra/functions.py makes them, infra/access.py names
+             what they reach): the executor (infra/executor.py, a task runner as the worker is:
+             infra/task_runners.py), the API and its authorizer (infra/api_functions.py), the
+             reaper, sweeper and webhooks (infra/background.py), event streams (infra/events.py),
+             python_exec's sandbox (infra/sandbox.py)
 api          REST API, TOKEN authorizer, access logs, throttles, WAF       infra/api.py
 worker       optional Fargate worker scaled on queue depth                infra/worker.py
-observe      dashboard, alarms, SNS topic                                 infra/observability.py
+observe      alarms on an SNS topic, the dashboard                        infra/observability.py
+nag          the cdk-nag findings acknowledged, each with its reason      infra/nag.py
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import aws_cdk as cdk
 from aws_cdk import aws_events as events
-from aws_cdk import aws_iam as iam
-from aws_cdk import aws_logs as logs
-from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from agentq.api.console import CONSOLE_PATH
-from agentq.resources import fanout_definition
 from infra import nag
 from infra.api import build_api
-from infra.build_layers import ROOT, DepsLayer, build_deps_layer, build_user_layer
+from infra.api_functions import build_api_function, build_authorizer
+from infra.background import build_reaper, build_sweeper, build_webhooks
+from infra.build_layers import DepsLayer, build_deps_layer
 from infra.data import Data, build_data
-from infra.functions import build_functions, log_retention
+from infra.events import build_events_function
+from infra.executor import build_executor
+from infra.fanout import build_fanout
+from infra.functions import FunctionFactory, Functions, common_env, functions_code
+from infra.layers import RUNTIME, Layers, architecture, build_layers, require_built, user_code_layer
 from infra.observability import build_observability
+from infra.retention import log_retention
+from infra.sandbox import build_sandbox
 from infra.settings import EnvironmentSettings
 from infra.worker import build_worker
-
-ALLOW_UNBUILT_DEPS_LAYER = "agentq:allow-unbuilt-deps-layer"
 
 
 class AgentqStack(cdk.Stack):
@@ -50,14 +60,13 @@ class AgentqStack(cdk.Stack):
         self.settings = cfg = settings
         cdk.Tags.of(self).add("agentq:env", env_name)
 
-        self.deps_layer = deps_layer or build_deps_layer(cfg.architecture)
-        if not self.deps_layer.built and not self.node.try_get_context(ALLOW_UNBUILT_DEPS_LAYER):
-            raise RuntimeError(
-                f"{self.deps_layer.message}. The dependencies layer must be built before a deployable synth: "
-                "run `.venv/bin/python infra/build_layers.py` where PyPI is reachable."
-            )
-
-        self.user_layer = self._user_layer(cfg)
+        self.deps_layer = require_built(
+            self,
+            deps_layer or build_deps_layer(cfg.architecture),
+            "The dependencies layer must be built before a deployable synth: "
+            "run `.venv/bin/python infra/build_layers.py` where PyPI is reachable.",
+        )
+        self.user_layer = user_code_layer(self, cfg)
 
         self.data = build_data(self, cfg)
         self.event_bus = (
@@ -65,10 +74,9 @@ class AgentqStack(cdk.Stack):
             if cfg.event_bus == "stack"
             else None
         )
-        self.state_machine = self._fanout(cfg, self.data)
-        self.functions = build_functions(
-            self, env_name, cfg, self.data, self.state_machine, self.deps_layer, self.user_layer
-        )
+        self.state_machine = build_fanout(self, cfg, self.data)
+        self.layers = build_layers(self, cfg, self.deps_layer, self.user_layer)
+        self.functions = self._functions(env_name, cfg, self.data, self.layers)
         self.api = build_api(self, cfg, self.functions)
         self.worker = (
             build_worker(self, env_name, cfg, self.data, self.state_machine, self.functions.sandbox)
@@ -93,43 +101,37 @@ class AgentqStack(cdk.Stack):
         cdk.CfnOutput(self, "DashboardName", value=f"{cfg.prefix}-overview")
         nag.acknowledge(self)
 
-    def _user_layer(self, cfg: EnvironmentSettings) -> DepsLayer | None:
-        """Your tools' layer (``user_code``: paths relative to cdk.json, i.e. the project root)."""
-        user = cfg.user_code
-        if user is None:
-            return None
-        requirements = ROOT / user.requirements if user.requirements else None
-        if requirements is not None and not requirements.is_file():
-            raise ValueError(f"user_code.requirements: {requirements} is not a file")
-        layer = build_user_layer(ROOT / user.package_dir, requirements, cfg.architecture)
-        if not layer.built and not self.node.try_get_context(ALLOW_UNBUILT_DEPS_LAYER):
-            raise RuntimeError(f"{layer.message}. The user code layer must be built before a deployable synth.")
-        return layer
-
-    def _fanout(self, cfg: EnvironmentSettings, data: Data) -> sfn.StateMachine:
-        """The fan-out machine from the one ASL document the local stack runs too. Its queue
-        URLs come from the execution input, so its role is granted the tier queues here."""
-        log_group = logs.LogGroup(
+    def _functions(self, env_name: str, cfg: EnvironmentSettings, data: Data, layers: Layers) -> Functions:
+        """Every function, on one code asset and the layers; the sandbox first (the task runners
+        are granted its invocation), the executor next."""
+        code = functions_code()
+        sandbox = build_sandbox(
             self,
-            "FanoutLogs",
-            log_group_name=f"/aws/vendedlogs/states/{cfg.names.state_machine}",
+            cfg,
+            code=code,
+            core_layer=layers.core,
+            runtime=RUNTIME,
+            architecture=architecture(cfg),
             retention=log_retention(cfg.log_retention_days),
-            removal_policy=cdk.RemovalPolicy.DESTROY if cfg.destroy else cdk.RemovalPolicy.RETAIN,
         )
-        machine = sfn.StateMachine(
-            self,
-            "Fanout",
-            state_machine_name=cfg.names.state_machine,
-            state_machine_type=sfn.StateMachineType.STANDARD,
-            definition_body=sfn.DefinitionBody.from_string(json.dumps(fanout_definition())),
-            tracing_enabled=True,
-            logs=sfn.LogOptions(destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=False),
+        function = FunctionFactory(self, cfg, code, layers)
+        common = common_env(env_name, cfg, data, self.state_machine)
+        executor = build_executor(self, function, cfg, data, self.state_machine, sandbox, common)
+        api = build_api_function(self, function, cfg, data, common)
+        authorizer = build_authorizer(function, cfg, data)
+        reaper, reaper_dlq = build_reaper(self, function, cfg, data)
+        sweeper = build_sweeper(self, function, cfg, data)
+        webhooks = build_webhooks(function, data, common)
+        streams = build_events_function(self, function, data, common)
+        return Functions(
+            executor=executor,
+            api=api,
+            authorizer=authorizer,
+            reaper=reaper,
+            reaper_dlq=reaper_dlq,
+            sweeper=sweeper,
+            webhooks=webhooks,
+            events=streams,
+            sandbox=sandbox,
+            log_groups=function.log_groups,
         )
-        machine.add_to_role_policy(
-            iam.PolicyStatement(
-                sid="RunChildrenWakeParent",
-                actions=["sqs:SendMessage"],
-                resources=[q.queue_arn for q in data.queues.values()],
-            )
-        )
-        return machine

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra.stack import ALLOW_UNBUILT_DEPS_LAYER
+from infra.layers import ALLOW_UNBUILT_DEPS_LAYER
 
 RECORD = "agentq-synth.json"
 # Unit synths reference assets by hash instead of copying them into the assembly.

@@ -24,6 +24,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from infra.build_layers import ROOT, build_deps_layer
+from infra.layers import BUILT_MARKER_EXCLUDES, RUNTIME, architecture, require_built
 from infra.settings import ADOT_COLLECTOR_LAYER, EnvironmentSettings
 
 COLLECTOR_ENDPOINT = "http://localhost:4318"  # the collector's OTLP/HTTP receiver, beside the code
@@ -53,18 +54,17 @@ def lambda_collector(scope: Construct, cfg: EnvironmentSettings) -> tuple[list[l
     extra), the collector layer, and the variables that configure them; none when X-Ray only."""
     if not adot(cfg):
         return [], {}
-    from infra.stack import ALLOW_UNBUILT_DEPS_LAYER  # the stack imports this module
-
-    built = build_deps_layer(cfg.architecture, requirements=OTEL_REQUIREMENTS)
-    if not built.built and not scope.node.try_get_context(ALLOW_UNBUILT_DEPS_LAYER):
-        raise RuntimeError(f"{built.message}. tracing.exporter = adot needs the OpenTelemetry layer built.")
-    arm = cfg.architecture == "arm64"
+    built = require_built(
+        scope,
+        build_deps_layer(cfg.architecture, requirements=OTEL_REQUIREMENTS),
+        "tracing.exporter = adot needs the OpenTelemetry layer built.",
+    )
     sdk = lambda_.LayerVersion(
         scope,
         "OtelLayer",
-        code=lambda_.Code.from_asset(str(built.path), exclude=[".agentq-layer-complete"]),
-        compatible_runtimes=[lambda_.Runtime.PYTHON_3_12],
-        compatible_architectures=[lambda_.Architecture.ARM_64 if arm else lambda_.Architecture.X86_64],
+        code=lambda_.Code.from_asset(str(built.path), exclude=BUILT_MARKER_EXCLUDES),
+        compatible_runtimes=[RUNTIME],
+        compatible_architectures=[architecture(cfg)],
         description="OpenTelemetry SDK and OTLP/HTTP exporter (layers/otel-requirements.txt)",
     )
     arch = "arm64" if cfg.architecture == "arm64" else "amd64"

@@ -36,9 +36,10 @@ from agentq.observe.names import NAMESPACE as METRICS_NAMESPACE
 from agentq.resources import TIERS
 from infra.build_layers import ROOT
 from infra.data import Data
-from infra.functions import grant_task_runner, grant_user_code, log_retention, task_runner_env, user_code_env
+from infra.retention import log_retention, removal_policy
 from infra.sandbox import Sandbox
 from infra.settings import EnvironmentSettings
+from infra.task_runners import grant_task_runner, grant_user_code, task_runner_env, user_code_env
 from infra.telemetry import add_collector_sidecar, otel_env
 
 ECR_IMAGE = re.compile(
@@ -63,8 +64,44 @@ def build_worker(
     scope: Construct, env_name: str, cfg: EnvironmentSettings, data: Data, machine: sfn.StateMachine, sandbox: Sandbox
 ) -> Worker:
     w = cfg.worker
-    removal = cdk.RemovalPolicy.DESTROY if cfg.destroy else cdk.RemovalPolicy.RETAIN
-    # Tasks in private subnets; the public subnets hold only the NAT gateway(s).
+    vpc, security_group = _network(scope, cfg)
+    cluster = ecs.Cluster(
+        scope,
+        "WorkerCluster",
+        cluster_name=f"{cfg.prefix}-workers",
+        vpc=vpc,
+        container_insights_v2=ecs.ContainerInsights.ENABLED,
+    )
+    task_def = _task_definition(scope, env_name, cfg, data, machine, sandbox)
+    pulls_from_ecr = _grant_image_pull(task_def, w.image) if w.image else True
+    service = ecs.FargateService(
+        scope,
+        "WorkerService",
+        service_name=f"{cfg.prefix}-worker",
+        cluster=cluster,
+        task_definition=task_def,
+        desired_count=w.min_tasks,
+        assign_public_ip=False,
+        vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
+        security_groups=[security_group],
+        min_healthy_percent=100,
+        circuit_breaker=ecs.DeploymentCircuitBreaker(rollback=True),
+    )
+    _scale_on_backlog(service, cfg, data)
+    return Worker(
+        service=service,
+        cluster=cluster,
+        vpc=vpc,
+        security_group=security_group,
+        task_definition=task_def,
+        pulls_from_ecr=pulls_from_ecr,
+    )
+
+
+def _network(scope: Construct, cfg: EnvironmentSettings) -> tuple[ec2.Vpc, ec2.SecurityGroup]:
+    """Tasks in private subnets; the public subnets hold only the NAT gateway(s). No ingress,
+    egress on TCP 443 and 80 only; DynamoDB and S3 through gateway endpoints; flow logs kept."""
+    w = cfg.worker
     vpc = ec2.Vpc(
         scope,
         "WorkerVpc",
@@ -91,16 +128,18 @@ def build_worker(
     for port in EGRESS_PORTS:
         security_group.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(port), f"HTTP{'S' if port == 443 else ''} out")
     flow_logs = logs.LogGroup(
-        scope, "WorkerVpcFlowLogs", retention=log_retention(cfg.log_retention_days), removal_policy=removal
+        scope, "WorkerVpcFlowLogs", retention=log_retention(cfg.log_retention_days), removal_policy=removal_policy(cfg)
     )
     vpc.add_flow_log("FlowLogs", destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_logs))
-    cluster = ecs.Cluster(
-        scope,
-        "WorkerCluster",
-        cluster_name=f"{cfg.prefix}-workers",
-        vpc=vpc,
-        container_insights_v2=ecs.ContainerInsights.ENABLED,
-    )
+    return vpc, security_group
+
+
+def _task_definition(
+    scope: Construct, env_name: str, cfg: EnvironmentSettings, data: Data, machine: sfn.StateMachine, sandbox: Sandbox
+) -> ecs.FargateTaskDefinition:
+    """``agentq worker`` as uid 65534, every capability dropped, a read-only root filesystem (a
+    scratch volume at /tmp), a task runner's variables and grants (``infra/task_runners.py``)."""
+    w = cfg.worker
     task_def = ecs.FargateTaskDefinition(
         scope,
         "WorkerTask",
@@ -112,7 +151,7 @@ def build_worker(
         ),
     )
     logs_group = logs.LogGroup(
-        scope, "WorkerLogs", retention=log_retention(cfg.log_retention_days), removal_policy=removal
+        scope, "WorkerLogs", retention=log_retention(cfg.log_retention_days), removal_policy=removal_policy(cfg)
     )
     environment = {
         "AGENTQ_ENV": env_name,
@@ -162,21 +201,13 @@ def build_worker(
     add_collector_sidecar(task_def, container, cfg, logs_group)  # tracing.exporter = "adot" only
     grant_task_runner(task_def.task_role, data, machine, cfg, sandbox, receive=True)
     grant_user_code(task_def.task_role, cfg, runs_tools=True)
-    pulls_from_ecr = _grant_image_pull(task_def, w.image) if w.image else True
+    return task_def
 
-    service = ecs.FargateService(
-        scope,
-        "WorkerService",
-        service_name=f"{cfg.prefix}-worker",
-        cluster=cluster,
-        task_definition=task_def,
-        desired_count=w.min_tasks,
-        assign_public_ip=False,
-        vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
-        security_groups=[security_group],
-        min_healthy_percent=100,
-        circuit_breaker=ecs.DeploymentCircuitBreaker(rollback=True),
-    )
+
+def _scale_on_backlog(service: ecs.FargateService, cfg: EnvironmentSettings, data: Data) -> None:
+    """Steps on the backlog (messages waiting or in flight across the tiers): in one task at a
+    time, only when nothing waits or runs; out by ``worker.scale_out``."""
+    w = cfg.worker
     backlog = cw.MathExpression(
         expression="+".join(f"v{i}+f{i}" for i in range(len(TIERS))),
         using_metrics={
@@ -197,19 +228,10 @@ def build_worker(
         "ScaleOnBacklog",
         metric=backlog,
         adjustment_type=appscaling.AdjustmentType.CHANGE_IN_CAPACITY,
-        # Scale in one task at a time, only when nothing waits or runs; out in steps.
         scaling_steps=[appscaling.ScalingInterval(upper=0, change=-1)]
         + [appscaling.ScalingInterval(lower=s.backlog, change=s.change) for s in w.scale_out],
         cooldown=cdk.Duration.minutes(2),
         evaluation_periods=1,
-    )
-    return Worker(
-        service=service,
-        cluster=cluster,
-        vpc=vpc,
-        security_group=security_group,
-        task_definition=task_def,
-        pulls_from_ecr=pulls_from_ecr,
     )
 
 

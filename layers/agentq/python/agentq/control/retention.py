@@ -29,7 +29,7 @@ TASK_PK_PREFIX = task_pk("")
 def ttl_removal_pattern() -> dict[str, Any]:
     """The Lambda event filter that admits only TTL deletions of task META items.
 
-    One definition for the deployed event source mapping (infra/functions.py) and the tests;
+    One definition for the deployed event source mapping (infra/background.py) and the tests;
     ``expired_task_id`` applies the same rule again in the handler, so a mapping deployed
     without its filter still purges nothing else.
     """

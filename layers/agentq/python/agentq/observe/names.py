@@ -2,7 +2,7 @@
 the other dimensions and the metric names.
 
 One definition for the code that emits them (``agentq.observe``) and the dashboard and alarms
-that read them (``infra/observability.py``): a renamed metric cannot leave a widget drawing
+that read them (``infra/metrics.py``): a renamed metric cannot leave a widget drawing
 nothing.
 """
 
