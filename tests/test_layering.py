@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -104,3 +105,37 @@ def test_lint_imports_fails_on_a_circle_and_prints_it_as_a_chain_with_each_impor
     (tmp_path / "circles" / "c.py").write_text("")
     kept = _lint_imports(tmp_path)
     assert kept.returncode == 0, kept.stdout + kept.stderr
+
+
+def _project_lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    """lint-imports with the project's own contracts (pyproject.toml), on ``root``'s ``infra`` and
+    the repository's ``agentq`` and ``agentq_dev``."""
+    shutil.copy(ROOT / "pyproject.toml", root / "pyproject.toml")
+    path = os.pathsep.join([str(root), str(PACKAGE.parent), str(ROOT / "devstack"), str(ROOT)])
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "lint-imports"), "--no-cache"],
+        check=False,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": path, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_project_contracts_hold_of_infra_and_refuse_a_circle_there(tmp_path: Path) -> None:
+    """``make lint``'s circle contract covers the CDK app too: the tree as it is keeps every
+    contract; one import more (the telemetry module reaching up to the stack, as it once did)
+    breaks it, printed as a chain."""
+    shutil.copytree(ROOT / "infra", tmp_path / "infra", ignore=shutil.ignore_patterns("__pycache__"))
+    kept = _project_lint_imports(tmp_path)
+    assert kept.returncode == 0, kept.stdout + kept.stderr
+    assert "no import circle among our modules (agentq, agentq_dev, infra) KEPT" in kept.stdout
+    telemetry = tmp_path / "infra" / "telemetry.py"
+    telemetry.write_text(
+        telemetry.read_text()
+        + "\n\ndef _stack() -> object:\n    from infra.stack import AgentqStack\n\n    return AgentqStack\n"
+    )
+    broken = _project_lint_imports(tmp_path)
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    assert "infra.telemetry -> infra.stack (l." in broken.stdout
