@@ -1,5 +1,7 @@
 """The Lambda code is complete: each handler imports with nothing on its path but the
-functions asset, the two layers, and what the Python runtime itself provides (boto3).
+functions asset, the two layers, and what the Python runtime itself provides (boto3). And the
+core layer is only what AWS runs: the layer CDK builds holds agentq and no file of the
+development stack (``devstack/agentq_dev``: moto's patches, the fork server, the demo).
 
 The deployed dependencies layer is built for Lambda (cp312, manylinux, the stack's
 architecture) and cannot be imported by this interpreter, so this builds the same
@@ -19,6 +21,7 @@ import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import aws_cdk as cdk
 import pytest
 from packaging.requirements import Requirement
 
@@ -26,6 +29,8 @@ from infra import build_layers
 from infra.build_layers import CORE_LAYER_DIR, PLATFORMS, REQUIREMENTS, build_deps_layer
 from infra.events import SERVER_MODULE
 from infra.functions import FUNCTIONS_DIR, HANDLERS
+from infra.layers import core_layer
+from infra.settings import resolve
 
 RUNTIME_PROVIDED = ("boto3", "botocore", "s3transfer", "jmespath", "dateutil", "urllib3", "six")
 # Base dependencies the deps layer leaves out: the Lambda runtime has boto3; rich is the CLI's.
@@ -141,3 +146,43 @@ def test_two_builders_of_one_layer_at_once_run_pip_once_and_both_get_it(
     assert installs[0] == 1 and not second_started.is_set()
     assert [layer.built for layer in layers] == [True, True]
     assert layers[0].path == layers[1].path and (layers[0].path / "python" / "pkg").is_dir()
+
+
+ROOT = Path(__file__).resolve().parent.parent
+DEV_STACK = ROOT / "devstack" / "agentq_dev"
+
+
+def _staged_core_layer(outdir: Path) -> Path:
+    """The core layer's asset as CDK stages it (what a deploy zips and uploads)."""
+    context = json.loads((ROOT / "cdk.json").read_text())["context"]
+    app = cdk.App(outdir=str(outdir))
+    stack = cdk.Stack(app, "CoreLayerOnly")
+    core_layer(stack, resolve(context["environments"], context.get("environment_defaults"), "dev"))
+    template = app.synth().get_stack_by_name("CoreLayerOnly").template
+    (layer,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::Lambda::LayerVersion"]
+    staged = outdir / f"asset.{layer['Properties']['Content']['S3Key'].removesuffix('.zip')}"
+    assert staged.is_dir(), staged
+    return staged
+
+
+def _imports_moto(path: Path) -> bool:
+    return any(line.lstrip().startswith(("import moto", "from moto")) for line in path.read_text().splitlines())
+
+
+def test_the_core_layer_cdk_builds_is_agentq_alone_with_no_file_of_the_dev_stack(tmp_path: Path) -> None:
+    staged = _staged_core_layer(tmp_path / "cdk.out")
+    files = {p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file()}
+    assert {"python/agentq/__init__.py", "python/agentq/api/http_server.py"} <= files  # the events function's
+    assert {f.split("/")[1] for f in files} == {"agentq"}, "the layer holds one package"
+    # No module of the dev stack, under whatever name (moto_server, moto_app and its patches, forkserver, demo, ...)
+    dev_modules = {p.read_bytes(): p.name for p in DEV_STACK.glob("*.py") if p.name != "__init__.py"}
+    assert len(dev_modules) >= 15
+    assert (
+        sorted(
+            f"{f} is {dev_modules[(staged / f).read_bytes()]}"
+            for f in files
+            if (staged / f).read_bytes() in dev_modules
+        )
+        == []
+    )
+    assert sorted(f for f in files if f.endswith(".py") and _imports_moto(staged / f)) == []
