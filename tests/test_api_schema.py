@@ -143,7 +143,7 @@ def test_the_served_document_is_the_generated_one_and_valid_openapi(api: Api) ->
         ("GET", "/memory-stores/{name}/documents"), ("GET", "/memory-stores/{name}/document"),
         ("PUT", "/memory-stores/{name}/document"), ("DELETE", "/memory-stores/{name}/document"),
         ("GET", "/memory-stores/{name}/versions"), ("POST", "/memory-stores/{name}/versions/{version}/redact"),
-        ("GET", "/memory-stores/{name}/search"), ("GET", "/usage"), ("GET", "/usage/tenants"),
+        ("GET", "/memory-stores/{name}/search"), ("GET", "/usage"), ("GET", "/usage/tenants"), ("GET", "/usage/spend"),
     }  # fmt: skip
     for path, ops in served["paths"].items():
         for method, op in ops.items():

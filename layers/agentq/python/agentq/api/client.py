@@ -53,6 +53,7 @@ from agentq.api.models import (
     MessageView,
     ScheduleList,
     ScheduleView,
+    SpendView,
     TaskAccepted,
     TaskEvent,
     TaskPage,
@@ -210,6 +211,11 @@ class Client:
 
     def health(self) -> Health:
         return self._get(Health, "/health")
+
+    def spend(self, hours: float = 24) -> SpendView:
+        """What this tenant's task trees spent in the last ``hours``, known and unknown apart
+        (``GET /usage/spend``)."""
+        return self._get(SpendView, f"/usage/spend?hours={hours:g}")
 
     def breakers(self) -> BreakersView:
         """The fleet's circuit breakers per provider and model (``GET /breakers``)."""

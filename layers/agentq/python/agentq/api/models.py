@@ -404,6 +404,21 @@ class CallerUsage(TenantUsage):
     )
 
 
+class SpendView(ApiModel):
+    """What the caller's task trees spent over a window, by their ledgers (ARCHITECTURE 4)."""
+
+    since: float = Field(description="the window's start: trees whose root task was created since then")
+    trees: int = Field(description="root tasks counted, each with its sub-agents")
+    known_tokens: int = Field(description="usage the provider reported for the trees' calls")
+    unknown_tokens: int = Field(
+        description="tokens counted at the holds of calls whose outcome no worker learned (a worker killed mid-call, "
+        "a reply cut in the middle): at most what they were allowed; whether to bill them is the deployment's choice"
+    )
+    known_usd: str
+    unknown_usd: str
+    complete: bool = Field(description="false: the window held more trees than one read counts (the newest are)")
+
+
 class TenantsUsage(ApiModel):
     tenants: list[TenantUsage] = Field(
         description="every tenant that holds running slots or has a limit of its own, by name"

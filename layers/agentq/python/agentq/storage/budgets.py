@@ -210,6 +210,11 @@ class Budgets:
             raise why_fenced(self.table, lease) from exc
         return Reservation(amount=amount, epoch=lease.epoch, step=step, until=until, micros=micros)
 
+    def many(self, budget_ids: list[str]) -> dict[str, BudgetState]:
+        """The budgets of many tasks (BatchGetItem of their METAs), by id; those without one left out."""
+        items = self.table.batch_get([keys.meta_key(b) for b in budget_ids])
+        return {keys.task_id_of(i["pk"]): budget_state(i) for i in items if "cap" in i}
+
     def inflight(self, task_id: str) -> Reservation | None:
         item = self.table.get(keys.meta_key(task_id))
         raw = plain(item or {}).get("inflight")

@@ -1,7 +1,9 @@
 """``GET /usage``: the caller's running and waiting tasks against its running limit (the
 console shows them above the task list; ``storage.running_slots`` counts them, in the
 deployment's slots: ``Defaults.running_slots``).
-``GET /usage/tenants``: the same for every tenant, for an operator's key only (403 otherwise:
+``GET /usage/spend``: what its task trees spent over a window, known and unknown apart
+(``control.spend``).
+``GET /usage/tenants``: the same as ``GET /usage`` for every tenant, for an operator's key only (403 otherwise:
 a tenant sees no other tenant, not even its name).
 ``GET /breakers``: the circuit breakers the fleet shares per provider and model (``core.flow``,
 ``storage.flow``): fleet health, not a tenant's data, so every key reads it; it is what tells
@@ -9,9 +11,14 @@ a person why a task says ``deferred: circuit_open``."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from aws_lambda_powertools.event_handler.openapi.params import Query
+
 from agentq.api.errors import Forbidden, responses
-from agentq.api.models import BreakersView, BreakerView, CallerUsage, TenantsUsage, TenantUsage
+from agentq.api.models import BreakersView, BreakerView, CallerUsage, SpendView, TenantsUsage, TenantUsage
 from agentq.api.routes.common import ApiDeps, Router
+from agentq.control.spend import MAX_HOURS, tenant_spend
 
 
 def router(deps: ApiDeps) -> Router:
@@ -38,6 +45,26 @@ def router(deps: ApiDeps) -> Router:
             weight=now.weight,
             operator=deps.operator(),
         )
+
+    @routes.get(
+        "/usage/spend",
+        summary="What this tenant's task trees spent over a window, known and unknown apart",
+        description="The ledgers of the tenant's root tasks created in the last `hours` (default 24, at most 744), "
+        "each with its sub-agents: the usage the provider reported (known) and the tokens counted at the holds of "
+        "calls whose outcome is unknown. Read on demand: two batch reads per hundred trees, at most 1,000 trees "
+        "(`complete` says whether the window held more).",
+        operation_id="getSpend",
+        tags=["tasks"],
+        responses=responses(200, SpendView, 422),
+    )
+    def spend(
+        hours: Annotated[float, Query(gt=0, le=MAX_HOURS, description="the window, in hours back from now")] = 24,
+    ) -> SpendView:
+        got = tenant_spend(deps.store, deps.tenant(), hours)
+        return SpendView(
+            since=got.since, trees=got.trees, known_tokens=got.known_tokens, unknown_tokens=got.unknown_tokens,
+            known_usd=str(got.known_usd), unknown_usd=str(got.unknown_usd), complete=got.complete,
+        )  # fmt: skip
 
     @routes.get(
         "/usage/tenants",
