@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from agentq.core.engine import Engine, EngineConfig
-from agentq.core.models import TaskSubmission
+from agentq.core.models import LLMStep, TaskSubmission
 from agentq.runtime import build_registry, build_store
 from agentq_dev.moto_server import MotoServer
 
@@ -358,3 +358,32 @@ def test_a_timeout_that_cuts_a_retrys_wait_counts_only_what_may_have_been_billed
         assert budget.used == budget.unknown > 0
     else:
         assert (budget.used, budget.unknown) == (0, 0)
+
+
+def test_a_retry_after_a_possibly_billed_attempt_is_held_at_the_first_holds_size_or_not_made(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The request on the wire asks for as much output as before, so the retry's hold is the
+    first one's size, never a shrunk one: with room for half a hold left after the cut attempt,
+    no retry goes out, and nothing stays reserved (a shrunk hold settled as the first would
+    leave the difference reserved, or let the answer pass the cap)."""
+    settings = deployment(moto_server)
+    store = build_store(settings)
+    engine = Engine(store, worker_id="w", tools=build_registry(settings), config=EngineConfig(lease_seconds=30))
+    with FakeMessagesAPI() as fake:
+        _point_the_provider_at(fake, monkeypatch)
+        probe = store.tasks.create(_submission(), tenant="t")
+        fake.enqueue(_answer())
+        assert engine.run(probe.task_id).status is not None
+        (step,) = store.steps.load(probe.task_id)
+        assert isinstance(step.body, LLMStep)
+        hold = step.body.reserved_tokens  # the size of this call's hold
+        sub = _submission().model_copy(deep=True)
+        sub.constraints.max_tokens = hold + hold // 2
+        task = store.tasks.create(sub, tenant="t")
+        fake.enqueue(dataclasses.replace(_answer(), cut_at=0.5), _answer())
+        result = engine.run(task.task_id)
+        left = fake.pending
+    assert left == 1 and result.outcome in ("retry", "deferred"), (left, result)
+    budget = store.budgets.get(task.task_id)
+    assert (budget.used, budget.unknown, budget.reserved) == (hold, hold, 0)

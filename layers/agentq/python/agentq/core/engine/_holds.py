@@ -250,6 +250,16 @@ class BudgetHolds:
         if fits_tokens and fits_money:
             raise UnknownUsage(self.config.unknown_recheck_seconds, state.unknown, state.unknown_micros)
 
+    def hold_again(self, s: Session, amount: int) -> bool:
+        """A hold of exactly ``amount`` for the call in progress (its next attempt, after one
+        that may have been billed spent the last); False when the budget cannot cover it."""
+        est_in, _ = self.requests.wanted_reservation(s)
+        try:
+            self._hold(s, amount, est_in)
+        except BudgetExceeded:
+            return False
+        return True
+
     def _affordable_output(self, s: Session, est_in: int, available_micros: int) -> int:
         """The most output tokens a call of ``est_in`` input can be allowed on what is left of
         the money budget (negative: not even the input)."""

@@ -20,7 +20,7 @@ from agentq import observe
 from agentq.core.context import resumed_goal
 from agentq.core.engine._commit import StepWriter
 from agentq.core.engine._cut import CutCall, call_until, settle_late
-from agentq.core.engine._holds import MIN_OUTPUT_TOKENS, BudgetHolds, HoldsInFlight
+from agentq.core.engine._holds import MIN_OUTPUT_TOKENS, BudgetHolds
 from agentq.core.engine._request import RequestBuilder
 from agentq.core.engine._session import Session
 from agentq.core.engine._stops import stop_error, timeout_at
@@ -166,17 +166,16 @@ class LLMTurn:
         """An attempt that may have been billed failed, and another is to follow (a retry, or a
         fallback's call): the failed one's hold is counted as spent, its outcome unknown, and
         the next attempt gets a hold of its own, so what the provider may bill never passes the
-        cap (ARCHITECTURE 4). False when the budget cannot cover one: no further attempt."""
-        self.holds.spend(s)
+        cap (ARCHITECTURE 4). The new hold is the spent one's size, never less: the request on
+        the wire asks for as much output as before, and the answer settles against it. False when
+        the budget cannot cover it: no further attempt."""
+        spent = self.holds.spend(s)
         s.held.seen = None  # what that attempt billed went with its hold
         s.call_may_be_billed = False  # the spent hold answers for that attempt; this one's are to come
-        try:
-            held = self.holds.reserve(s)
-        except HoldsInFlight:
-            held = None
-        if held is not None:
-            s.sent_hold_step = s.next_step  # its attempt goes out at once: never "unsent"
-        return held is not None
+        if spent is None or not self.holds.hold_again(s, spent.amount):
+            return False
+        s.sent_hold_step = s.next_step  # its attempt goes out at once: never "unsent"
+        return True
 
     def _unspent(self, s: Session, window: Any) -> None:
         """The call's hold goes back, with the tenant window's hold for it: this run knows the call
