@@ -348,7 +348,8 @@ def test_a_timeout_that_cuts_a_retrys_wait_counts_only_what_may_have_been_billed
     with FakeMessagesAPI() as fake:
         fake.responder = answer
         _point_the_provider_at(fake, monkeypatch)
-        monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", '{"base_delay": 30, "max_delay": 30}')  # the wait outlasts it
+        # The wait outlasts the task (no jitter: a drawn short wait would make a second attempt).
+        monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", '{"base_delay": 30, "max_delay": 30, "jitter": "none"}')
         engine = Engine(store, worker_id="w", tools=build_registry(settings), config=EngineConfig(lease_seconds=30))
         result = engine.run(task.task_id)
     assert len(asked) == 1 and result.status is not None and result.status.value == "timed_out", (asked, result)
