@@ -433,14 +433,14 @@ def test_callbacks_carry_message_received_and_idle_when_the_submission_asks(
     store: Storage, registry: ToolRegistry
 ) -> None:
     from agentq.core.models import Notify
-    from agentq.queueing.dispatch import Dispatcher
+    from agentq.runtime import build_dispatcher
 
     hook = Notify(url="https://example.com/hook", events=["idle", "message_received", "succeeded"])
     sub = scripted([{"text": "a long essay"}, {"text": "ok"}]).model_copy(update={"notify": hook})
     task = store.tasks.create(sub, tenant="t")
     queues = Queues()
     interrupt(store, task.task_id, tenant="t")
-    dispatcher = Dispatcher(engine(store, registry), store, queues, max_receive_count=5)
+    dispatcher = build_dispatcher(engine(store, registry), store, queues, max_receive_count=5)
     action = dispatcher.handle(json.dumps({"task_id": task.task_id}), tier="normal", receive_count=1)
     assert action.kind == "delete" and store.tasks.get(task.task_id).status is TaskStatus.IDLE
     send_message(store, queues, task.task_id, "hello", tenant="t")

@@ -21,7 +21,7 @@ from agentq.core.errors import IllegalTransition
 from agentq.core.models import LLMStep, TaskStatus, TaskSubmission, ToolsStep
 from agentq.core.providers.anthropic_provider import AnthropicProvider
 from agentq.core.providers.retry import RetryPolicy
-from agentq.queueing.dispatch import Action, RetryBackoff
+from agentq.queueing.dispatch import Action, RetryBackoff, _failures
 from agentq.queueing.dlq import list_dead_letters, redrive
 from agentq.queueing.queues import DEAD_LETTER_REASON, TaskMessage
 from agentq.queueing.worker import Worker, WorkerConfig
@@ -333,7 +333,9 @@ def test_a_redriven_message_delivered_again_after_its_task_failed_again_leaves_t
     assert store.tasks.get(task_id).result == "resumed by its second redrive"
 
 
-def test_two_deliveries_failing_the_same_task_dead_letter_it_once(moto_server: MotoServer) -> None:
+def test_two_deliveries_failing_the_same_task_dead_letter_it_once(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A duplicate delivery can claim the task as soon as a failing run gives its lease back, and
     fail it first: the run that then finds it failed deletes its copy instead of dead-lettering a
     second one (listed, and redriven, as a failure of its own)."""
@@ -345,19 +347,19 @@ def test_two_deliveries_failing_the_same_task_dead_letter_it_once(moto_server: M
         task = submit(store, build_registry(settings), _submission(), tenant="t", queues=None)
         body = TaskMessage(task_id=task.task_id).model_dump_json()
         assert dispatcher.handle(body, tier=TIER, receive_count=1).kind == "retry"  # failure 1
-        count = dispatcher._count_failure
+        count = _failures.count_failure
         actions: list[Action] = []
         raced: list[bool] = []
 
-        def duplicate_first(run: Any) -> int:
+        def duplicate_first(ctx: Any, run: Any) -> int:
             """Delivery A counted its failure; delivery B (a duplicate) runs, fails and ends first."""
-            counted = count(run)
+            counted = count(ctx, run)
             if not raced:
                 raced.append(True)
                 actions.append(dispatcher.handle(body, tier=TIER, receive_count=2))
             return counted
 
-        dispatcher._count_failure = duplicate_first  # type: ignore[method-assign]
+        monkeypatch.setattr(_failures, "count_failure", duplicate_first)
         actions.append(dispatcher.handle(body, tier=TIER, receive_count=2))
         assert fake.unexpected == []
     assert sorted(a.kind for a in actions) == ["dead_letter", "delete"], [(a.kind, a.reason) for a in actions]

@@ -7,9 +7,8 @@ from agentq.api.views import task_view
 from agentq.cli.views import status_block
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import TaskStatus, TaskSubmission
-from agentq.queueing.dispatch import Dispatcher
 from agentq.queueing.queues import TaskMessage
-from agentq.runtime import build_queues, build_registry, build_store
+from agentq.runtime import build_dispatcher, build_queues, build_registry, build_store
 from agentq_dev.moto_server import MotoServer
 
 from tests.helpers import deployment
@@ -26,7 +25,7 @@ def test_a_task_deferred_by_an_open_circuit_names_the_circuit_and_a_next_try_ahe
     )
 
     engine = Engine(store, worker_id="w", tools=build_registry(settings), config=EngineConfig(lease_seconds=30))
-    dispatcher = Dispatcher(engine, store, queues, max_receive_count=5)
+    dispatcher = build_dispatcher(engine, store, queues, max_receive_count=5)
     action = dispatcher.handle(TaskMessage(task_id=task.task_id).model_dump_json(), tier="normal", receive_count=1)
 
     assert action.kind == "delete" and "circuit" in action.reason and "open" in action.reason

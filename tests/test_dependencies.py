@@ -15,7 +15,7 @@ from agentq.control.submit import submit
 from agentq.core.engine import Engine
 from agentq.core.errors import ValidationError
 from agentq.core.models import TaskStatus
-from agentq.queueing.dependencies import release_dependents
+from agentq.queueing.endings import release_dependents
 from agentq.runtime import build_queues, build_registry, build_store
 from agentq_dev.moto_server import MotoServer
 from agentq_dev.stack import LocalStack

@@ -40,7 +40,7 @@ from agentq.core.schedules import ScheduleSpec, next_fire
 from agentq.core.tools import ToolRegistry
 from agentq.queueing.dispatch import Action, Dispatcher
 from agentq.queueing.queues import DEAD_LETTER_ID, DEAD_LETTER_REASON, TaskMessage, TaskQueues
-from agentq.runtime import build_queues
+from agentq.runtime import build_dispatcher, build_queues
 from agentq.storage import keys
 from agentq.storage.container import Storage, memory_storage
 from agentq.storage.table import Update
@@ -189,8 +189,8 @@ class Case:
                       config=EngineConfig(lease_seconds=30), fanout=self.fanout)  # fmt: skip
 
     def dispatcher(self) -> Dispatcher:
-        return Dispatcher(self.engine(), self.store, self.queues, max_receive_count=MAX_RECEIVES,
-                          **self.dispatcher_kwargs)  # fmt: skip
+        return build_dispatcher(self.engine(), self.store, self.queues, max_receive_count=MAX_RECEIVES,
+                                **self.dispatcher_kwargs)  # fmt: skip
 
     def create(self, submission: TaskSubmission | dict[str, Any], *, tenant: str = "t", **kwargs: Any) -> Task:
         sub = submission if isinstance(submission, TaskSubmission) else TaskSubmission.model_validate(submission)

@@ -15,7 +15,7 @@ from agentq.core.models import Task, TaskStatus
 from agentq.queueing.dispatch import Dispatcher
 from agentq.queueing.queues import TaskMessage, TaskQueues
 from agentq.queueing.sweeper import sweep
-from agentq.runtime import build_queues
+from agentq.runtime import build_dispatcher, build_queues
 from agentq.storage import fleet_slots, keys
 from agentq.storage.container import Storage
 from agentq.storage.running_slots import WAIT
@@ -36,7 +36,7 @@ def _dispatcher(
     store: Storage, queues: TaskQueues, registry: Any, limit: int | None = None, fleet_capacity: int | None = None
 ) -> Dispatcher:
     engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30))
-    return Dispatcher(engine, store, queues, max_receive_count=5, default_max_running=limit,
+    return build_dispatcher(engine, store, queues, max_receive_count=5, default_max_running=limit,
                       fleet_capacity=fleet_capacity)  # fmt: skip
 
 

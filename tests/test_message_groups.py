@@ -18,7 +18,7 @@ from agentq.core.models import TaskStatus
 from agentq.queueing.dispatch import Dispatcher
 from agentq.queueing.queues import TaskMessage, TaskQueues
 from agentq.queueing.sweeper import sweep
-from agentq.runtime import build_queues
+from agentq.runtime import build_dispatcher, build_queues
 from agentq.storage.container import Storage
 from agentq_dev.moto_server import MotoServer
 
@@ -35,7 +35,7 @@ def queues(moto_server: MotoServer) -> TaskQueues:
 
 def _dispatcher(store: Storage, queues: TaskQueues, registry: Any, limit: int | None = None) -> Dispatcher:
     engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30))
-    return Dispatcher(engine, store, queues, max_receive_count=5, default_max_running=limit)
+    return build_dispatcher(engine, store, queues, max_receive_count=5, default_max_running=limit)
 
 
 def _groups(queues: TaskQueues, expect: int = 0) -> list[tuple[str, str, str | None]]:

@@ -110,7 +110,7 @@ def test_in_aws_a_scheduler_schedule_is_made_and_its_message_fires_the_task(
     moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from agentq.core.engine import Engine
-    from agentq.queueing.dispatch import Dispatcher
+    from agentq.runtime import build_dispatcher
 
     settings = deployment(moto_server)
     store, tools, queues = build_store(settings), build_registry(settings), build_queues(settings)
@@ -130,7 +130,7 @@ def test_in_aws_a_scheduler_schedule_is_made_and_its_message_fires_the_task(
 
     # What the Scheduler sends at 09:00: its Input, the time filled in.
     body = described["Target"]["Input"].replace("<aws.scheduler.scheduled-time>", "2026-11-26T09:00:00Z")
-    dispatcher = Dispatcher(Engine(store, worker_id="w", tools=tools), store, queues, max_receive_count=5)
+    dispatcher = build_dispatcher(Engine(store, worker_id="w", tools=tools), store, queues, max_receive_count=5)
     action = dispatcher.handle(body, tier="normal", receive_count=1)
     fired = fire_task_id("acme", "nightly", _at("2026-11-26T09:00:00"))
     assert action.kind == "delete" and action.task_id == fired

@@ -14,7 +14,7 @@ from agentq.core.models import TaskStatus
 from agentq.queueing.dispatch import Dispatcher
 from agentq.queueing.queues import TaskMessage, TaskQueues
 from agentq.queueing.sweeper import sweep
-from agentq.runtime import build_queues, build_registry, build_store
+from agentq.runtime import build_dispatcher, build_queues, build_registry, build_store
 from agentq_dev.moto_server import MotoServer
 
 from tests.helpers import deployment, queue_depth, scripted
@@ -27,7 +27,7 @@ def _dispatcher(moto_server: MotoServer) -> tuple[Any, Any, TaskQueues, Dispatch
     settings = deployment(moto_server, max_receive_count=MAX_RECEIVES)
     store, queues = build_store(settings), build_queues(settings)
     engine = Engine(store, worker_id="w", tools=build_registry(settings), config=EngineConfig(lease_seconds=30))
-    return settings, store, queues, Dispatcher(engine, store, queues, max_receive_count=MAX_RECEIVES)
+    return settings, store, queues, build_dispatcher(engine, store, queues, max_receive_count=MAX_RECEIVES)
 
 
 def test_a_message_whose_receives_went_to_worker_faults_is_renewed_not_dead_lettered(moto_server: MotoServer) -> None:

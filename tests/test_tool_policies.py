@@ -258,7 +258,7 @@ def _receive(settings: Settings, kind: str, timeout: float = 15) -> str:
 def test_an_approval_undecided_past_its_timeout_takes_the_default_decision(
     moto_store: Storage, moto_registry: ToolRegistry, ledger: Path, settings: Settings, default: str, charges: int
 ) -> None:
-    from agentq.queueing.dispatch import Dispatcher
+    from agentq.runtime import build_dispatcher
 
     store, registry = moto_store, moto_registry
     sub = _with_policies(CHARGE, ["lookup", "charge_card"], charge_card="ask")
@@ -270,7 +270,7 @@ def test_an_approval_undecided_past_its_timeout_takes_the_default_decision(
         }
     )
     task = store.tasks.create(sub, tenant="t")
-    dispatcher = Dispatcher(_engine(store, registry), store, build_queues(settings), max_receive_count=5)
+    dispatcher = build_dispatcher(_engine(store, registry), store, build_queues(settings), max_receive_count=5)
     first = dispatcher.handle(json.dumps({"task_id": task.task_id}), tier="normal", receive_count=1)
     assert first.run is not None and first.run.status is TaskStatus.PAUSED
     due = _receive(settings, "approval_due")  # sent delayed by the timeout: the task holds no worker meanwhile
@@ -291,14 +291,14 @@ def test_a_person_who_decides_before_the_timeout_wins_and_the_timer_changes_noth
     moto_store: Storage, moto_registry: ToolRegistry, ledger: Path, settings: Settings
 ) -> None:
     from agentq.control.operations import decide
-    from agentq.queueing.dispatch import Dispatcher
+    from agentq.runtime import build_dispatcher
 
     store, registry = moto_store, moto_registry
     sub = _with_policies(CHARGE, ["lookup", "charge_card"], charge_card="ask")
     sub = sub.model_copy(update={"constraints": sub.constraints.model_copy(update={"approval_timeout_seconds": 2})})
     task = store.tasks.create(sub, tenant="t")
     queues = build_queues(settings)
-    dispatcher = Dispatcher(_engine(store, registry), store, queues, max_receive_count=5)
+    dispatcher = build_dispatcher(_engine(store, registry), store, queues, max_receive_count=5)
     dispatcher.handle(json.dumps({"task_id": task.task_id}), tier="normal", receive_count=1)
     decide(store, queues, task.task_id, approved=True, note="go", by="erin")
     due = _receive(settings, "approval_due")

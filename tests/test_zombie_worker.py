@@ -235,8 +235,7 @@ def test_a_task_that_ends_with_a_lost_leases_hold_still_counted_spends_it_after_
     """The successor finished on top of epoch 1's live hold: the dispatcher sends a delayed
     ``release_holds`` message, and handling it after the deadline counts the hold as spent, once."""
     from agentq.core.engine import Engine, EngineConfig
-    from agentq.queueing.dispatch import Dispatcher
-    from agentq.runtime import build_queues, build_registry, build_store
+    from agentq.runtime import build_dispatcher, build_queues, build_registry, build_store
 
     settings = deployment(moto_server)
     store, queues = build_store(settings), build_queues(settings)
@@ -248,7 +247,7 @@ def test_a_task_that_ends_with_a_lost_leases_hold_still_counted_spends_it_after_
     store.tasks.release(lost)  # the lease lapses (what SIGSTOP past it does)
 
     engine = Engine(store, worker_id="w2", tools=build_registry(settings), config=EngineConfig(lease_seconds=30))
-    dispatcher = Dispatcher(engine, store, queues, max_receive_count=5)
+    dispatcher = build_dispatcher(engine, store, queues, max_receive_count=5)
     action = dispatcher.handle(TaskMessage(task_id=task.task_id).model_dump_json(), tier="normal", receive_count=1)
     assert action.kind == "delete" and store.tasks.get(task.task_id).status is TaskStatus.SUCCEEDED
     budget = store.budgets.get(task.task_id)

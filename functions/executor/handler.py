@@ -1,6 +1,6 @@
 """Lambda executor: an SQS event (batch size 1) -> run the task until the time slice ends.
 
-A thin adapter: the policy lives in ``agentq.queueing.dispatch``. It stops ``SLICE_MARGIN_SECONDS``
+A thin adapter: the policy lives in ``agentq.queueing.dispatch`` (composed by ``agentq.runtime.build_dispatcher``). It stops ``SLICE_MARGIN_SECONDS``
 before the Lambda's deadline, commits, sends a continuation message and returns, so a
 24-hour task runs as a chain of invocations. Failures are reported per record (powertools
 partial batch response) so only the failed message comes back.
@@ -23,9 +23,8 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from agentq.observe import metrics, otel, record_dead_letter, route_core_logs
-from agentq.queueing.dispatch import Dispatcher
 from agentq.resources import QueueSettings
-from agentq.runtime import Settings, build_engine, build_queues, build_store
+from agentq.runtime import Settings, build_dispatcher, build_engine, build_queues, build_store
 
 logger = Logger(service="agentq-executor")
 route_core_logs(logger)
@@ -57,7 +56,7 @@ class _Runtime:
             slice_margin_seconds=SLICE_MARGIN_SECONDS,
         )
         max_receive = int(os.environ.get("AGENTQ_MAX_RECEIVE_COUNT", QueueSettings().max_receive_count))
-        self.dispatcher = Dispatcher(
+        self.dispatcher = build_dispatcher(
             engine, self.store, self.queues, max_receive_count=max_receive,
             default_max_running=self.settings.defaults.tenant_max_running,
             fleet_capacity=self.settings.defaults.fleet_capacity,

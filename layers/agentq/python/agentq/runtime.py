@@ -30,6 +30,7 @@ from agentq.storage.tasks import DAY_SECONDS, DEFAULT_TASK_RETENTION_DAYS
 
 if TYPE_CHECKING:
     from agentq.core.engine import Engine, EngineConfig
+    from agentq.queueing.dispatch import Dispatcher
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,19 @@ def build_engine(settings: Settings, store: Storage, *, worker_id: str, pool: in
         fanout=build_fanout(settings, pool=pool),
         secrets=build_secrets(),
     )
+
+
+def build_dispatcher(engine: Engine, store: Storage, queues: TaskQueues, **kwargs: Any) -> Dispatcher:
+    """The dispatcher (``queueing.dispatch``) with what it needs from ``control`` handed in: a
+    schedule's fire (``control.schedules.fire``) and a cancel (``control.operations.cancel``,
+    for a concurrency key's ``cancel_running``). Queueing never imports control; this is where
+    the two meet. ``kwargs``: the dispatcher's own (``max_receive_count``, ``backoff``,
+    ``default_max_running``, ``fleet_capacity``)."""
+    from agentq.control.operations import cancel
+    from agentq.control.schedules import fire
+    from agentq.queueing.dispatch import Dispatcher
+
+    return Dispatcher(engine, store, queues, fire_schedule=fire, cancel=cancel, **kwargs)
 
 
 def max_call_seconds() -> float:

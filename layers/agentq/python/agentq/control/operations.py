@@ -6,6 +6,7 @@ checks first and writes second, so a refused operation changes nothing.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from decimal import Decimal
@@ -17,9 +18,8 @@ from agentq.core.errors import IllegalTransition, TaskNotFound, ValidationError
 from agentq.core.models import Task, TaskStatus, TaskSubmission
 from agentq.core.pricing import micros
 from agentq.core.tools import ToolRegistry
-from agentq.queueing.dependencies import release_dependents
+from agentq.queueing.endings import task_ended
 from agentq.queueing.queues import TaskQueues
-from agentq.queueing.webhooks import enqueue_end
 from agentq.storage import fleet_slots
 from agentq.storage.container import Storage
 from agentq.storage.running_slots import RunningSlots
@@ -95,16 +95,17 @@ def cancel(
             cancelled.append(node.task_id)
         except IllegalTransition:
             pass  # it finished meanwhile
-    for node in tree:
-        if node.task_id in cancelled and node.status is TaskStatus.QUEUED:
-            _give_back_slots(slots or store.slots, queues, node)
     for node in reversed(tree[1:]):  # leaves first: a child's spend reaches its parent, then the root
         if node.parent_id:
             store.budgets.settle_child(node.parent_id, node.task_id)
-    for node in tree:  # their callbacks, and what waited for them is cancelled too (dependency_failed)
+    # Each one's ending: a task cancelled queued gives its slots back here; its callback; what
+    # waited for it is cancelled too (dependency_failed). A fan-out parent learns of a child's
+    # end from the child's own message (its token is the dispatcher's to use).
+    for node in tree:
         if node.task_id in cancelled:
-            enqueue_end(queues, node, TaskStatus.CANCELLED)
-            release_dependents(store, queues, node.task_id)
+            give_back = functools.partial(_give_back_slots, slots or store.slots, queues, node)
+            task_ended(store, queues, node, TaskStatus.CANCELLED,
+                       give_back=give_back if node.status is TaskStatus.QUEUED else None)  # fmt: skip
     return cancelled
 
 

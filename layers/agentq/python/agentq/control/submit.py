@@ -11,6 +11,7 @@ from agentq import observe
 from agentq.control.agents import resolve_agent
 from agentq.control.defaults import Defaults
 from agentq.control.memory import check_attachments
+from agentq.control.operations import cancel
 
 # Re-exported: the package root (agentq.parse_submission), the benches and tests import them from here.
 from agentq.control.validation import check_submission as check_submission
@@ -18,6 +19,7 @@ from agentq.control.validation import parse_submission as parse_submission
 from agentq.core.errors import ValidationError
 from agentq.core.models import Task, TaskStatus, TaskSubmission
 from agentq.core.tools import ToolRegistry
+from agentq.queueing.endings import task_ended
 from agentq.queueing.fairness import FairShare
 from agentq.queueing.queues import TaskQueues
 from agentq.storage.container import Storage
@@ -111,7 +113,7 @@ def submit_once(
     if created:
         observe.task_status_changed(task.task_id, tenant, task.status.value)
     if blocked:  # no message until its dependencies allow: they may have ended already
-        from agentq.queueing.dependencies import resolve
+        from agentq.queueing.endings import resolve
 
         resolve(store, queues, task.task_id)
         return Submitted(store.tasks.get(task.task_id), created)
@@ -125,10 +127,12 @@ def submit_once(
             queues,
             default_limit=defaults.tenant_max_running if defaults else None,
             fleet_capacity=defaults.fleet_capacity if defaults else None,
+            cancel=cancel,
         )
         gate = fair.admit(task, submission.priority)
-        if gate.skipped:  # its key's skip ended it: reported as any end, and answered as it is now
-            task = fair.report_skipped(task.task_id)
+        if gate.skipped:  # its key's skip ended it: reported as any end (no parent knows it yet), answered as it is now
+            task = store.tasks.get(task.task_id)
+            task_ended(store, queues, task, TaskStatus.CANCELLED)
         if gate.waits is not None:
             return Submitted(task, created)
         # Admitted, or neither admitted nor parked (``gate.keep``): then its message is sent

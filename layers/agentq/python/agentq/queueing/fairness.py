@@ -15,10 +15,11 @@ before sending its message (``_wake_fleet``), so the next choice counts it.
 
 A concurrency key's ``on_conflict`` applies when the key (not the tenant) is full, on a task's
 first admission (a task resuming work it started queues): ``queue`` parks, ``skip`` ends the
-new task ``cancelled`` (``concurrency_skipped``; the caller reports that end as any other:
-callback, dependents, fan-out parent), ``cancel_running`` parks the new task first in its key's
-line (ahead of the tasks already waiting on the key) and then cancels the key's running tasks,
-which wake it as they stop: parked before the cancel, no release can miss it.
+new task ``cancelled`` (``concurrency_skipped``; the caller reports that end as any other,
+through ``queueing.endings.task_ended``), ``cancel_running`` parks the new task first in its
+key's line (ahead of the tasks already waiting on the key) and then cancels the key's running
+tasks, which wake it as they stop: parked before the cancel, no release can miss it. The cancel
+is ``control``'s (``control.operations.cancel``), handed in as ``cancel`` (``queueing.ports``).
 
 A key's freed slot is handed off: the releaser admits the waiter it wakes before sending its
 message (``_hand_off``, as the fleet's waker does), so the slot is the woken task's from the
@@ -37,12 +38,10 @@ import logging
 from dataclasses import dataclass
 
 from agentq import observe
-from agentq.control.operations import cancel
 from agentq.core.errors import IllegalTransition, TaskNotFound
 from agentq.core.models import Task, TaskStatus
-from agentq.queueing.dependencies import release_dependents
+from agentq.queueing.ports import CancelTask
 from agentq.queueing.queues import TaskQueues
-from agentq.queueing.webhooks import enqueue_end
 from agentq.storage import keys
 from agentq.storage.container import Storage
 from agentq.storage.fleet_slots import FLEET, is_shard
@@ -70,9 +69,14 @@ class FairShare:
         default_limit: int | None = None,
         fleet_capacity: int | None = None,
         fleet_name: str = FLEET,
+        cancel: CancelTask | None = None,
     ) -> None:
+        """``cancel``: how a key's ``cancel_running`` cancels the key's holders (``control``'s
+        cancel, handed in by whoever composes the gate); without it such a task cannot be
+        admitted (a composition fault, raised)."""
         self.store = store
         self.queues = queues
+        self.cancel = cancel
         self.slots: RunningSlots = store.slots.with_default(default_limit, fleet_capacity, fleet_name)
 
     def admit(self, task: Task, tier: str) -> Gate:
@@ -106,6 +110,8 @@ class FairShare:
                     limited=True, waits="skipped: its concurrency key is at its limit", skipped=self._skip(task)
                 )
             first = conflict == "cancel_running"
+            if first and self.cancel is None:
+                raise RuntimeError("a cancel_running key needs the gate composed with a cancel (queueing.ports)")
             self.slots.park(task, slot, tier, first=first)
             if first:  # parked first, then cancelled: the holders' releases wake this task, no other
                 self._cancel_holders(task)
@@ -226,18 +232,6 @@ class FairShare:
             return "send"
         return "send"
 
-    def report_skipped(self, task_id: str) -> Task:
-        """The end of a task skipped at its submission, reported as the dispatcher reports any
-        end (its callback, the tasks that depend on it; no fan-out parent knows it yet): the
-        task as it is now."""
-        task = self.store.tasks.get(task_id)
-        try:
-            enqueue_end(self.queues, task, TaskStatus.CANCELLED)
-        except Exception:  # a callback that cannot be queued never holds up the task's end
-            log.warning("could not queue the callback of task %s", task_id, exc_info=True)
-        release_dependents(self.store, self.queues, task_id)
-        return task
-
     def _skip(self, task: Task) -> bool:
         """End ``task`` cancelled; False when it ended otherwise meanwhile (that end is reported)."""
         error = {
@@ -254,11 +248,12 @@ class FairShare:
     def _cancel_holders(self, task: Task) -> None:
         concurrency = task.submission.concurrency
         assert concurrency is not None
+        assert self.cancel is not None  # _admit checked, before the park
         for holder in self.slots.holders(task.tenant, concurrency.key):
             if holder == task.task_id:
                 continue
             try:
-                cancel(self.store, holder, tenant=task.tenant, queues=self.queues, slots=self.slots,
+                self.cancel(self.store, holder, tenant=task.tenant, queues=self.queues, slots=self.slots,
                        reason=f"cancelled by task {task.task_id} (concurrency key {concurrency.key!r})")  # fmt: skip
             except IllegalTransition:
                 continue  # it ended meanwhile

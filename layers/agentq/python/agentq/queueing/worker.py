@@ -34,11 +34,11 @@ from agentq import observe
 from agentq.core.engine import Engine, RunResult
 from agentq.queueing._tuning import DEFAULT_WEIGHTS, WorkerConfig
 from agentq.queueing.admission import Admission, LeaseWriteRate, SlotPool
-from agentq.queueing.dispatch import Action, Dispatcher
+from agentq.queueing.dispatch import Action
 from agentq.queueing.heartbeat import HeartbeatHub
 from agentq.queueing.queues import is_stale_receipt
 from agentq.resources import TIERS
-from agentq.runtime import Settings, build_engine, build_queues, build_store
+from agentq.runtime import Settings, build_dispatcher, build_engine, build_queues, build_store
 
 log = logging.getLogger("agentq.worker")
 
@@ -74,7 +74,7 @@ class Worker:
             lease_seconds=config.task_lease_seconds,
             heartbeat_seconds=config.heartbeat_seconds,
         )
-        self.dispatcher = Dispatcher(
+        self.dispatcher = build_dispatcher(
             self.engine, self.store, self.queues, max_receive_count=config.max_receive_count,
             default_max_running=settings.defaults.tenant_max_running,
             fleet_capacity=settings.defaults.fleet_capacity,

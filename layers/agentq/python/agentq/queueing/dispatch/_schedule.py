@@ -1,0 +1,24 @@
+"""``schedule``: a schedule's fire, delivered by EventBridge Scheduler (the fire time filled in
+by it): submit its task, once per fire time whatever the deliveries. The fire itself is
+``control``'s (``control.schedules.fire``), handed in as the context's ``fire_schedule``."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from agentq.queueing.dispatch._context import Action, Context
+from agentq.queueing.queues import TaskMessage
+
+
+def handle(ctx: Context, message: TaskMessage) -> Action:
+    tenant, _, name = (message.schedule or "").partition("#")
+    try:
+        at = datetime.fromisoformat((message.scheduled_time or "").replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return Action("dead_letter", f"poison: a schedule message with no valid time ({message.scheduled_time!r})")
+    if not tenant or not name:
+        return Action("dead_letter", f"poison: a schedule message naming no schedule ({message.schedule!r})")
+    if ctx.fire_schedule is None:
+        raise RuntimeError("a schedule message needs the dispatcher composed with fire_schedule (queueing.ports)")
+    task_id = ctx.fire_schedule(ctx.store, ctx.engine.tools, ctx.queues, tenant=tenant, name=name, fire_time=at)
+    return Action("delete", f"schedule {name} fired: {task_id or 'skipped'}", task_id=task_id)

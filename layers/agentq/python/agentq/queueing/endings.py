@@ -1,0 +1,109 @@
+"""A task's ending, in one place: ``task_ended``.
+
+When a task ends (succeeded, failed, cancelled, cost_exceeded: by its run, by the dispatcher
+failing it on its last attempt, by a concurrency key's ``skip``, by a cancel, by a dependency
+that failed) four things follow, in this order:
+
+1. its slots go back (``give_back``: the running slots it held, and a waiter woken for each);
+2. its fan-out parent is told, through the task's Step Functions callback token (``fanout``);
+3. its callback is posted, if its submission asked for one (``queueing.webhooks``);
+4. the tasks that depend on it are looked at (``depends_on``): each moves on, queued when
+   every dependency succeeded, cancelled (``dependency_failed``) when one cannot, which is an
+   ending too, so this goes on down the chain.
+
+Who ends a task decides which of the first two apply: the dispatcher gives back what the run's
+gate took and knows the parent's token; a cancel gives back the slots of a task it cancelled
+``queued`` (on its own epoch's condition, ``control.operations``) and leaves the parent to the
+child's own message; a task skipped at its submission, or cancelled for a dependency, holds no
+slot and has no parent waiting yet. Every ending goes through this function, so a new
+consequence is added once.
+
+Dependencies (moved here because ending a task is what releases them, and a dependent that
+cannot run ends too): who looks is the submitter, right after writing the task and its edges
+(``DEPENDENT#`` items in each dependency's partition, ``queueing.dependencies``), and whoever
+ends a task, after writing its status. Each writes first and reads second, so at least one of
+them sees the other's write: a dependency that ends while the dependent is being created is
+never missed. Both may see it; the move out of ``blocked`` is a conditional write, so the task
+is enqueued (or cancelled) once. Cycles cannot happen: a task can only depend on tasks that
+exist before it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+
+from agentq.core.errors import IllegalTransition
+from agentq.core.fanout import FanoutLauncher
+from agentq.core.models import Task, TaskStatus
+from agentq.queueing.queues import TaskQueues
+from agentq.queueing.webhooks import enqueue_end
+from agentq.storage.container import Storage
+
+log = logging.getLogger("agentq.endings")
+
+
+def task_ended(
+    store: Storage,
+    queues: TaskQueues | None,
+    task: Task,
+    status: TaskStatus,
+    *,
+    fanout: FanoutLauncher | None = None,
+    give_back: Callable[[], object] | None = None,
+) -> None:
+    """``task`` ended ``status``: give back its slots (``give_back``, when it may hold some),
+    tell its fan-out parent (when ``fanout`` is given and the task has a callback token), post
+    its callback, release its dependents. A callback that cannot be queued never holds up the
+    rest."""
+    if give_back is not None:
+        give_back()
+    if fanout is not None:
+        token = task.task_token or store.tasks.get(task.task_id).task_token
+        if token:
+            fanout.child_finished(token, task.task_id, status)
+    try:
+        enqueue_end(queues, task, status)
+    except Exception:
+        log.warning("could not queue the callback of task %s", task.task_id, exc_info=True)
+    release_dependents(store, queues, task.task_id)
+
+
+def release_dependents(store: Storage, queues: TaskQueues | None, task_id: str) -> None:
+    """``task_id`` ended: look at every task waiting for it."""
+    for dependent in store.tasks.dependents(task_id):
+        with contextlib.suppress(IllegalTransition):
+            resolve(store, queues, dependent)
+
+
+def resolve(store: Storage, queues: TaskQueues | None, task_id: str) -> TaskStatus | None:
+    """Move a blocked task on if its dependencies allow: ``queued`` (and enqueued) when all
+    succeeded, ``cancelled`` (an ending: ``task_ended``) when one cannot; None while it must
+    wait (or is not blocked)."""
+    task = store.tasks.get(task_id)
+    if task.status is not TaskStatus.BLOCKED:
+        return None
+    deps = {d.task_id: d for d in store.tasks.get_many(task.submission.depends_on)}
+    for dep_id in task.submission.depends_on:
+        dep = deps.get(dep_id)
+        if dep is None or (dep.status.terminal and dep.status is not TaskStatus.SUCCEEDED):
+            ended = dep.status.value if dep is not None else "deleted"
+            error = {"code": "dependency_failed", "message": f"dependency {dep_id} ended {ended}", "dependency": dep_id}
+            try:
+                store.tasks.transition(task_id, TaskStatus.CANCELLED, error=error)
+            except IllegalTransition:
+                return None  # another look moved it first
+            log.info("task %s cancelled: dependency %s ended %s", task_id, dep_id, ended)
+            task_ended(store, queues, task, TaskStatus.CANCELLED)
+            return TaskStatus.CANCELLED
+    if all(deps[d].status is TaskStatus.SUCCEEDED for d in task.submission.depends_on):
+        try:
+            store.tasks.transition(task_id, TaskStatus.QUEUED)
+        except IllegalTransition:
+            return None
+        if queues is not None:
+            queues.send(task_id, task.submission.priority, tenant=task.tenant)
+        log.info("task %s unblocked: its %d dependencies succeeded", task_id, len(deps))
+        return TaskStatus.QUEUED
+    return None
