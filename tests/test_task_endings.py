@@ -1,0 +1,239 @@
+"""Every way a task ends goes through one function, ``queueing.endings.task_ended``, and each of
+its four consequences happens exactly once: its slots go back (the task parked behind it is
+woken once), its fan-out parent is told once (through the callback token its message carried),
+its callback is posted once, and the task that depends on it moves on once.
+
+Each path runs on a fresh in-memory store with the real queues on moto server, the queues' and
+the fan-out's calls counted as they pass. A path whose task holds no slot (skipped at its
+admission, cancelled for a dependency) has no slot to give back and wakes nobody; a path with no
+parent to tell yet (a submission skipped at once, a dependent that never ran) or whose parent
+learns of the end from the child's own message (a cancel) tells none; a task skipped at its
+submission has no dependent yet (one submitted later is cancelled by its own submitter's look).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from agentq.control.operations import cancel
+from agentq.control.submit import submit_once
+from agentq.core.engine import Engine, EngineConfig
+from agentq.core.errors import ProviderError
+from agentq.core.models import Task, TaskStatus, TaskSubmission
+from agentq.core.providers import LLMRequest, LLMResponse, default_provider_factory
+from agentq.core.tools import ToolRegistry
+from agentq.queueing import endings
+from agentq.queueing.dispatch import Dispatcher
+from agentq.queueing.queues import TaskMessage, TaskQueues
+from agentq.runtime import build_dispatcher, build_queues
+from agentq.storage import keys
+from agentq.storage.container import Storage, memory_storage
+from agentq.storage.table import Update
+from agentq_dev.moto_server import MotoServer
+
+from tests.helpers import call, deployment, scripted
+
+TIER = "normal"
+MAX_RECEIVES = 2
+NOTIFY = {"url": "https://hooks.example.com/agentq", "events": ["succeeded", "failed", "cancelled", "cost_exceeded",
+                                                                 "timed_out"]}  # fmt: skip
+
+
+class CountingQueues:
+    """The real queues; each run message and each callback counted by task."""
+
+    def __init__(self, inner: TaskQueues) -> None:
+        self._inner = inner
+        self.sent: Counter[str] = Counter()
+        self.callbacks: Counter[str] = Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def send(self, task_id: str, tier: str, kind: Any = "run", delay_seconds: int = 0, *, tenant: str | None) -> str:
+        self.sent[task_id] += 1
+        return self._inner.send(task_id, tier, kind, delay_seconds, tenant=tenant)
+
+    def send_webhook(self, body: str) -> None:
+        self.callbacks[json.loads(body)["payload"]["task_id"]] += 1
+        self._inner.send_webhook(body)
+
+
+@dataclass
+class CountingFanout:
+    told: Counter[str] = field(default_factory=Counter)
+
+    def start(self, **_: Any) -> str:
+        return "arn:aws:states:local:000000000000:execution:fanout:1"
+
+    def child_finished(self, task_token: str, task_id: str, status: TaskStatus) -> None:
+        self.told[task_id] += 1
+
+    def stop(self, execution_arn: str, cause: str) -> None:
+        pass
+
+
+def _providers(submission: TaskSubmission) -> Any:
+    if submission.goal in ("overloaded", "refused"):
+        error = ProviderError(submission.goal, retryable=submission.goal == "overloaded", status_code=529)
+
+        class Failing:
+            name = "scripted"
+
+            def complete(self, request: LLMRequest) -> LLMResponse:
+                raise error
+
+        return Failing()
+    return default_provider_factory(submission)
+
+
+@dataclass
+class Path:
+    queues: CountingQueues
+    registry: ToolRegistry
+    store: Storage = field(default_factory=memory_storage)
+    fanout: CountingFanout = field(default_factory=CountingFanout)
+    ended: list[str] = field(default_factory=list)  # task_ended's calls, by task
+    dependents: dict[str, str] = field(default_factory=dict)  # task -> the task made to depend on it
+
+    def dispatcher(self, **kwargs: Any) -> Dispatcher:
+        engine = Engine(self.store, worker_id="w", tools=self.registry, providers=_providers,
+                        config=EngineConfig(lease_seconds=30), fanout=self.fanout)  # fmt: skip
+        return build_dispatcher(engine, self.store, self.queues, max_receive_count=MAX_RECEIVES, **kwargs)  # type: ignore[arg-type]
+
+    def create(self, goal: str = "test goal", turns: list[Any] | None = None, **extra: Any) -> Task:
+        body = scripted(turns or [{"text": "done"}], tools=extra.pop("tools", None), **extra.pop("constraints", {}))
+        sub = TaskSubmission.model_validate({**body.model_dump(exclude_none=True), "goal": goal, "notify": NOTIFY,
+                                             **extra})  # fmt: skip
+        task = self.store.tasks.create(sub, tenant="t", blocked=bool(sub.depends_on))
+        dependent = sub.model_copy(update={"depends_on": [task.task_id]})
+        self.dependents[task.task_id] = self.store.tasks.create(dependent, tenant="t", blocked=True).task_id
+        return task
+
+    def holding_with_waiter(self, task: Task, dispatcher: Dispatcher) -> Task:
+        """``task`` admitted to its tenant's one slot, another task parked behind it."""
+        assert dispatcher.fair.admit(task, TIER).waits is None
+        waiter = self.create()
+        assert dispatcher.fair.admit(waiter, TIER).waits is not None
+        return waiter
+
+    def deliver(self, dispatcher: Dispatcher, task: Task, receives: int = 1) -> None:
+        body = TaskMessage(task_id=task.task_id, task_token="token").model_dump_json()
+        dispatcher.handle(body, tier=TIER, receive_count=receives, keeper=lambda _: contextlib.nullcontext())
+
+
+def _run_to(goal: str, **constraints: Any) -> Callable[[Path], tuple[Task, Task | None]]:
+    """A run through the dispatcher that ends the task (its tenant's one slot held, a waiter parked)."""
+
+    def drive(p: Path) -> tuple[Task, Task | None]:
+        dispatcher = p.dispatcher(default_max_running=1)
+        turns = constraints.pop("turns", None)
+        task = p.create(goal, turns, **constraints)
+        waiter = p.holding_with_waiter(task, dispatcher)
+        if goal == "timed out":  # started an hour ago, with a minute to run
+            p.store.table.update(keys.meta_key(task.task_id), Update(set={"started_at": Decimal(time.time() - 3600)}))
+        for receive in range(1, MAX_RECEIVES + 1):
+            p.deliver(dispatcher, task, receive)
+            if p.store.tasks.get(task.task_id).status.terminal:
+                break
+        return task, waiter
+
+    return drive
+
+
+def _skipped_at_the_dispatcher(p: Path) -> tuple[Task, Task | None]:
+    concurrency = {"key": "k", "limit": 1, "on_conflict": "skip"}
+    dispatcher = p.dispatcher()
+    holder = p.create(concurrency=concurrency)
+    assert dispatcher.fair.admit(holder, TIER).waits is None
+    task = p.create(concurrency=concurrency)
+    p.deliver(dispatcher, task)
+    return task, None
+
+
+def _skipped_at_its_submission(p: Path) -> tuple[Task, Task | None]:
+    concurrency = {"key": "k", "limit": 1, "on_conflict": "skip"}
+    holder = p.create(concurrency=concurrency)
+    assert p.dispatcher().fair.admit(holder, TIER).waits is None
+    body = {"goal": "test goal", "provider": "scripted", "script": {"turns": [{"text": "done"}]},
+            "notify": NOTIFY, "concurrency": concurrency}  # fmt: skip
+    return submit_once(p.store, p.registry, body, tenant="t", queues=p.queues).task, None  # type: ignore[arg-type]
+
+
+def _cancelled_queued(p: Path) -> tuple[Task, Task | None]:
+    dispatcher = p.dispatcher(default_max_running=1)
+    task = p.create()
+    waiter = p.holding_with_waiter(task, dispatcher)
+    cancel(p.store, task.task_id, queues=p.queues, slots=dispatcher.fair.slots)  # type: ignore[arg-type]
+    return task, waiter
+
+
+def _dependency_failed(p: Path) -> tuple[Task, Task | None]:
+    first = p.create("refused")
+    task = p.create(depends_on=[first.task_id])  # ends cancelled when ``first`` fails
+    p.deliver(p.dispatcher(), first)
+    return task, None
+
+
+LOOKUPS = [{"text": f"turn {i} {'n' * 800}", "tool_calls": [call("lookup", query=f"q{i}")]} for i in range(10)]
+PATHS: dict[str, tuple[Callable[[Path], tuple[Task, Task | None]], TaskStatus, bool]] = {
+    # name: (how it ends, the status, whether a parent is told)
+    "succeeded": (_run_to("test goal"), TaskStatus.SUCCEEDED, True),
+    "failed": (_run_to("refused"), TaskStatus.FAILED, True),
+    "cost_exceeded": (
+        _run_to(
+            "budget", turns=LOOKUPS, tools=["lookup"], constraints={"max_tokens": 2_600, "max_output_tokens": 1_000}
+        ),
+        TaskStatus.COST_EXCEEDED,
+        True,
+    ),
+    "timed_out": (_run_to("timed out", constraints={"timeout_seconds": 60}), TaskStatus.TIMED_OUT, True),
+    "dead_lettered": (_run_to("overloaded"), TaskStatus.FAILED, True),
+    "skipped_at_the_dispatcher": (_skipped_at_the_dispatcher, TaskStatus.CANCELLED, True),
+    "skipped_at_its_submission": (_skipped_at_its_submission, TaskStatus.CANCELLED, False),
+    "cancelled_queued": (_cancelled_queued, TaskStatus.CANCELLED, False),
+    "dependency_failed": (_dependency_failed, TaskStatus.CANCELLED, False),
+}
+
+
+@pytest.fixture(scope="module")
+def queues(moto_server: MotoServer) -> TaskQueues:
+    return build_queues(deployment(moto_server))
+
+
+def test_every_ending_gives_back_tells_posts_and_releases_exactly_once(
+    queues: TaskQueues, memory_registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = endings.task_ended
+    for name, (drive, status, has_parent) in PATHS.items():
+        p = Path(CountingQueues(queues), memory_registry)
+
+        def counted(store: Storage, q: Any, task: Task, st: TaskStatus, *, p: Path = p, **kw: Any) -> None:
+            p.ended.append(task.task_id)
+            real(store, q, task, st, **kw)
+
+        for module in ("agentq.queueing.endings", "agentq.queueing.dispatch._context", "agentq.control.operations",
+                       "agentq.control.submit"):  # fmt: skip
+            monkeypatch.setattr(f"{module}.task_ended", counted)
+        task, waiter = drive(p)
+        dependent = p.dependents.get(task.task_id)  # none for a task ended at its submission: none existed
+        assert p.store.tasks.get(task.task_id).status is status, name
+        assert p.ended.count(task.task_id) == 1, f"{name}: ended {p.ended.count(task.task_id)} times"
+        assert p.queues.callbacks[task.task_id] == 1, f"{name}: {p.queues.callbacks[task.task_id]} callbacks"
+        assert p.fanout.told[task.task_id] == (1 if has_parent else 0), f"{name}: parent told {p.fanout.told}"
+        if dependent is not None:
+            moved = p.store.tasks.get(dependent).status
+            assert moved is (TaskStatus.QUEUED if status is TaskStatus.SUCCEEDED else TaskStatus.CANCELLED), name
+            assert p.queues.sent[dependent] + p.queues.callbacks[dependent] == 1, f"{name}: dependent moved twice"
+        if waiter is not None:
+            assert p.store.tasks.get(task.task_id).slots == [], f"{name}: slots kept"
+            assert p.queues.sent[waiter.task_id] == 1, f"{name}: waiter woken {p.queues.sent[waiter.task_id]} times"
