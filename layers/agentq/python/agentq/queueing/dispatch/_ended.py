@@ -34,10 +34,15 @@ def handle(ctx: Context, task: Task, tier: str, attributes: dict[str, Any] | Non
         return task  # another copy of the redrive requeued it: the claim decides
     # A crash between its end and the release; or, holding none, it may have been woken for a
     # slot and ended (cancelled) before this message: pass the wake on.
-    ctx.end(task, task.status, give_back=lambda: ctx.fair.release(task.task_id) or ctx.fair.pass_on(task))
+    ctx.end(task, task.status, give_back=lambda: _release_or_pass_on(ctx, task))
     if task.lapsed_holds:
         _release_lapsed(ctx, task, tier)
     return Action("delete", f"task already {task.status.value}", task_id=task.task_id)
+
+
+def _release_or_pass_on(ctx: Context, task: Task) -> None:
+    if not ctx.fair.release(task.task_id):
+        ctx.fair.pass_on(task)
 
 
 def _requeue_redriven(ctx: Context, task: Task, attributes: dict[str, Any] | None) -> bool:
