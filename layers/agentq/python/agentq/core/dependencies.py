@@ -1,5 +1,5 @@
 """What a task that ran after others (``depends_on``) is told: its goal, then what each of them
-returned, so the agent starts from their results (``queueing.dependencies`` moves the task).
+returned, so the agent starts from their results (``queueing.endings.resolve`` moves the task).
 
 A dependency's goal and result are text a user or a model wrote, so they are escaped as XML
 (``&``, ``<``, ``>`` and, in the attribute, ``"``) and cut before escaping: a goal holding ``"``

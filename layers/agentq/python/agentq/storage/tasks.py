@@ -115,7 +115,7 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
         """``actions`` creating ``task`` in ``blocked``, with an edge ``DEPENDENT#<task>`` in each
         dependency's partition (written with the task, before anyone looks at the dependencies:
         a dependency that ends after this write finds the edge; one that ended before is seen by
-        the submitter's own look, ``queueing.dependencies.resolve``)."""
+        the submitter's own look, ``queueing.endings.resolve``)."""
         meta = actions[0]
         assert isinstance(meta, Put)
         meta.item["status"] = TaskStatus.BLOCKED.value
