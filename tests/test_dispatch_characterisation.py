@@ -12,15 +12,21 @@ fires and the receive-count edges are ``special.txt``. Each case runs on a fresh
 (``storage.memory``) with the real queues on moto server (their calls recorded as they pass).
 ``AGENTQ_UPDATE_GOLDEN=1`` rewrites the files; a difference must be explained in the commit that
 changes one.
+
+The clock is the case's own (``Clock``): a lease's time left, an approval's time to its due
+moment and a retry's delay are read off it, so a loaded machine's second between a case's setup
+and its dispatch cannot change a recorded delay (``int(remaining) + 1``, ``ceil(due - now)``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import random
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -120,6 +126,22 @@ def _json(recorder: Recorder, value: Any) -> str:
 
 
 # ----------------------------------------------------------------------------- one case
+
+
+class Clock:
+    """``time.time`` for one case: from a fixed moment, a microsecond on at each reading. It moves
+    (a loop waiting for a moment ends, readings keep their order) but never by a second, so the
+    delays computed from it are the same on a loaded machine as on an idle one."""
+
+    START = 1_800_000_000.0  # a whole second: ``due - now`` is exact
+
+    def __init__(self) -> None:
+        self._ticks = itertools.count()
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            return self.START + next(self._ticks) / 1_000_000
 
 
 BATCHES: dict[str, LLMRequest] = {}  # the economy provider's batches: custom_id -> request
@@ -442,8 +464,11 @@ def queues(moto_server: MotoServer) -> TaskQueues:
 
 
 @pytest.fixture
-def make_case(queues: TaskQueues, memory_registry: ToolRegistry) -> Iterator[Callable[[Recorder], Case]]:
+def make_case(
+    queues: TaskQueues, memory_registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[[Recorder], Case]]:
     def make(recorder: Recorder) -> Case:
+        monkeypatch.setattr(time, "time", Clock())  # each case from the same moment
         return Case(recorder, RecordingQueues(queues, recorder), memory_registry)
 
     yield make
