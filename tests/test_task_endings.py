@@ -9,6 +9,8 @@ admission, cancelled for a dependency) has no slot to give back and wakes nobody
 parent to tell yet (a submission skipped at once, a dependent that never ran) or whose parent
 learns of the end from the child's own message (a cancel) tells none; a task skipped at its
 submission has no dependent yet (one submitted later is cancelled by its own submitter's look).
+A cancel gives back the slots of what it cancelled ``queued`` itself, before anything that may
+raise, and only then calls ``task_ended``: the last test makes those later steps raise.
 """
 
 from __future__ import annotations
@@ -237,3 +239,42 @@ def test_every_ending_gives_back_tells_posts_and_releases_exactly_once(
         if waiter is not None:
             assert p.store.tasks.get(task.task_id).slots == [], f"{name}: slots kept"
             assert p.queues.sent[waiter.task_id] == 1, f"{name}: waiter woken {p.queues.sent[waiter.task_id]} times"
+
+
+SPAWN = [{"text": "splitting", "tool_calls": [call("spawn_subagents", subagents=[{"goal": "one", "script": {"turns": [
+    {"text": "child done"}]}}])]}, {"text": "all done"}]  # fmt: skip
+
+
+@pytest.mark.parametrize("step", ["the budget's fold of a child", "a dependent's release"])
+def test_a_cancel_gives_back_the_slots_of_its_queued_children_whatever_a_later_step_raises(
+    step: str, queues: TaskQueues, memory_registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child cancelled ``queued`` while holding its tenant's one slot has it back, and the task
+    parked behind it is woken, even when what follows the cancel's writes raises: folding a child's
+    budget into its parent (``settle_child`` gives up on a budget that keeps changing) or looking at
+    a dependent. Its message may never come (one the fleet's waker could not send), and the sweeper
+    never lists an ended task: a give-back left for later would hold the slot for good."""
+    p = Path(CountingQueues(queues), memory_registry)
+    dispatcher = p.dispatcher(default_max_running=1)
+    root = p.create(turns=SPAWN, tools=["spawn_subagents"])
+    engine = Engine(p.store, worker_id="w", tools=p.registry, providers=_providers,
+                    config=EngineConfig(lease_seconds=30), fanout=p.fanout)  # fmt: skip
+    engine.run(root.task_id, keeper=lambda _: contextlib.nullcontext())
+    [spawn] = p.store.spawns.list(root.task_id)
+    child = p.store.tasks.get(spawn.children[0])
+    waiter = p.holding_with_waiter(child, dispatcher)
+
+    def boom(*_: Any) -> Any:
+        raise RuntimeError(f"{step}: keeps changing")
+
+    if step == "a dependent's release":
+        monkeypatch.setattr(p.store.tasks, "dependents", boom)
+    else:
+        monkeypatch.setattr(p.store.budgets, "settle_child", boom)
+    with pytest.raises(RuntimeError, match="keeps changing"):
+        cancel(p.store, root.task_id, queues=p.queues, slots=dispatcher.fair.slots)  # type: ignore[arg-type]
+
+    assert p.store.tasks.get(child.task_id).status is TaskStatus.CANCELLED
+    assert p.store.tasks.get(child.task_id).slots == []
+    assert dispatcher.fair.slots.usage("t").running == 0
+    assert p.queues.sent[waiter.task_id] == 1  # woken to take it

@@ -6,7 +6,6 @@ checks first and writes second, so a refused operation changes nothing.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from decimal import Decimal
@@ -66,9 +65,10 @@ def cancel(
 
     A task cancelled ``queued`` while admitted gives its slots back here and wakes the next
     waiters (``slots``: the running slots with the deployment's default limit and fleet
-    capacity; default ``store.slots``). Its message, when it has one, would do it too, but a
-    task the fleet's waker admitted and could not send has none, and the sweeper never lists a
-    task that ended: its slots would be held for good.
+    capacity; default ``store.slots``), first, before the budgets are folded and the endings
+    follow, which may raise. Its message, when it has one, would do it too, but a task the
+    fleet's waker admitted and could not send has none, and the sweeper never lists a task that
+    ended: its slots would be held for good.
     """
     task = owned_task(store, task_id, tenant)
     if task.status.terminal:
@@ -95,17 +95,21 @@ def cancel(
             cancelled.append(node.task_id)
         except IllegalTransition:
             pass  # it finished meanwhile
+    # The slots of the tasks cancelled queued go back first, before anything that may raise (a
+    # budget that keeps changing under settle_child, a dependent's look): nothing else would
+    # give them back (see above), so task_ended below is told not to.
+    for node in tree:
+        if node.task_id in cancelled and node.status is TaskStatus.QUEUED:
+            _give_back_slots(slots or store.slots, queues, node)
     for node in reversed(tree[1:]):  # leaves first: a child's spend reaches its parent, then the root
         if node.parent_id:
             store.budgets.settle_child(node.parent_id, node.task_id)
-    # Each one's ending: a task cancelled queued gives its slots back here; its callback; what
-    # waited for it is cancelled too (dependency_failed). A fan-out parent learns of a child's
-    # end from the child's own message (its token is the dispatcher's to use).
+    # Each one's ending, its slots already back: its callback; what waited for it is cancelled
+    # too (dependency_failed). A fan-out parent learns of a child's end from the child's own
+    # message (its token is the dispatcher's to use).
     for node in tree:
         if node.task_id in cancelled:
-            give_back = functools.partial(_give_back_slots, slots or store.slots, queues, node)
-            task_ended(store, queues, node, TaskStatus.CANCELLED,
-                       give_back=give_back if node.status is TaskStatus.QUEUED else None)  # fmt: skip
+            task_ended(store, queues, node, TaskStatus.CANCELLED)
     return cancelled
 
 

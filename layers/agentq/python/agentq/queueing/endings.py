@@ -12,11 +12,15 @@ that failed) four things follow, in this order:
    ending too, so this goes on down the chain.
 
 Who ends a task decides which of the first two apply: the dispatcher gives back what the run's
-gate took and knows the parent's token; a cancel gives back the slots of a task it cancelled
-``queued`` (on its own epoch's condition, ``control.operations``) and leaves the parent to the
-child's own message; a task skipped at its submission, or cancelled for a dependency, holds no
-slot and has no parent waiting yet. Every ending goes through this function, so a new
-consequence is added once.
+gate took and knows the parent's token; a task skipped at its submission, or cancelled for a
+dependency, holds no slot and has no parent waiting yet. A cancel (``control.operations``)
+gives back the slots of the tasks it cancelled ``queued`` itself, on their own epoch's
+condition, for its whole tree before it folds the children's budgets or calls this function:
+either may raise (``settle_child`` gives up on a budget that keeps changing; a dependent's look
+may fail), and nothing else would give those slots back (a task the fleet's waker could not
+send has no message, and the sweeper never lists an ended task). So it passes no
+``give_back``, and leaves the parent to the child's own message.
+Every ending goes through this function, so a new consequence is added once.
 
 Dependencies (moved here because ending a task is what releases them, and a dependent that
 cannot run ends too): who looks is the submitter, right after writing the task and its edges
