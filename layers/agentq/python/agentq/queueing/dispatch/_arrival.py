@@ -24,7 +24,7 @@ def receive(ctx: Context, message: TaskMessage, delivery: Delivery) -> Action | 
         ctx.store.tasks.set_task_token(task.task_id, message.task_token)  # continuations carry no token
         task = task.model_copy(update={"task_token": message.task_token})
     if task.status.terminal:
-        ended = _ended.handle(ctx, task, delivery.tier, delivery.attributes)
+        ended = _ended.answer_ended(ctx, task, delivery.tier, delivery.attributes)
         if isinstance(ended, Action):
             return ended
         task = ended

@@ -21,7 +21,7 @@ from agentq.queueing.queues import DEAD_LETTER_ID, DEAD_LETTER_REASON
 log = logging.getLogger("agentq.dispatch")
 
 
-def handle(ctx: Context, task: Task, tier: str, attributes: dict[str, Any] | None) -> Action | Task:
+def answer_ended(ctx: Context, task: Task, tier: str, attributes: dict[str, Any] | None) -> Action | Task:
     """The Action for a message of an ended ``task``, or the task as it is after a redrive
     requeued it (to run now)."""
     if task.status is TaskStatus.FAILED and _was_dead_lettered(attributes):
