@@ -1,5 +1,6 @@
-"""Every way a task ends goes through one function, ``queueing.endings.task_ended``, and each of
-its four consequences happens exactly once: its slots go back (the task parked behind it is
+"""Every way a task ends (but the two ``queueing.endings`` names: an unreadable task, a child its
+parent's fan-out timed out) goes through one function, ``queueing.endings.task_ended``, and each
+of its four consequences happens exactly once: its slots go back (the task parked behind it is
 woken once), its fan-out parent is told once (through the callback token its message carried),
 its callback is posted once, and the task that depends on it moves on once.
 

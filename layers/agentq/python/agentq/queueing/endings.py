@@ -1,8 +1,9 @@
 """A task's ending, in one place: ``task_ended``.
 
-When a task ends (succeeded, failed, cancelled, cost_exceeded: by its run, by the dispatcher
-failing it on its last attempt, by a concurrency key's ``skip``, by a cancel, by a dependency
-that failed) four things follow, in this order:
+When a task ends (succeeded, failed, cancelled, cost_exceeded, timed_out: by its run, by the
+dispatcher failing it on its last attempt, by a concurrency key's ``skip``, by a cancel, by a
+dependency that failed, or by the report of a message for a task that already ended) four
+things follow, in this order:
 
 1. its slots go back (``give_back``: the running slots it held, and a waiter woken for each);
 2. its fan-out parent is told, through the task's Step Functions callback token (``fanout``);
@@ -20,7 +21,16 @@ either may raise (``settle_child`` gives up on a budget that keeps changing; a d
 may fail), and nothing else would give those slots back (a task the fleet's waker could not
 send has no message, and the sweeper never lists an ended task). So it passes no
 ``give_back``, and leaves the parent to the child's own message.
-Every ending goes through this function, so a new consequence is added once.
+
+Every ending goes through this function but two, which a new consequence must look at too:
+
+- a task whose stored items no longer validate (``queueing.dispatch._poison.unreadable_task``)
+  is failed, its slots given back and its parent told by the dispatcher itself: there is no
+  task to read for a callback or its dependents;
+- a child whose parent's fan-out gave up waiting (``core.engine._spawn``) is ended
+  ``timed_out`` by the parent's run, which knows nothing of slots, callbacks or dependents:
+  they follow only when a message of the child's arrives and finds it ended
+  (``dispatch._ended.answer_ended``, through this function).
 
 Dependencies (moved here because ending a task is what releases them, and a dependent that
 cannot run ends too): who looks is the submitter, right after writing the task and its edges
