@@ -127,8 +127,10 @@ lint: $(VENV)/.installed
 	exit $$rc
 
 # The import contracts alone (pyproject's [tool.importlinter], every one of them): the layers (core < storage
-# < queueing, control < api, cli), agentq never importing the development stack (agentq_dev) but in the CLI's
-# local-stack commands, and no import circle among our modules; `make lint` runs them too.
+# < queueing < control < api, cli; the worker's composition through runtime the one edge ignored), the
+# dispatch package's (a message's walk only goes down), agentq never importing the development stack
+# (agentq_dev) but in the CLI's local-stack commands, and no import circle among our modules; `make lint`
+# runs them too.
 # The repository root is on the path for our own contract type (tests/import_cycles.py).
 layers: $(VENV)/.installed
 	PYTHONPATH=layers/agentq/python:devstack:. $(VENV)/bin/lint-imports

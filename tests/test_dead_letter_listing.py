@@ -56,7 +56,7 @@ def test_a_redrive_racing_a_listing_never_makes_it_show_a_dead_letter_whose_task
 
     def get_while_a_redrive_lands(task_id: str) -> Any:
         moved = redrive_for_tenant(queues, store, "acme", TIER)
-        for requeued in moved.task_ids:  # what Dispatcher._requeue_redriven does with the copy
+        for requeued in moved.task_ids:  # what dispatch._ended._requeue_redriven does with the copy
             store.tasks.transition(requeued, TaskStatus.QUEUED, error=None)
         redriven.extend(moved.task_ids)
         return read_status(task_id)

@@ -208,7 +208,7 @@ def test_a_dlq_redrive_of_a_failed_task_removes_its_expiry(rstore: Storage) -> N
         task_id, TaskStatus.FAILED, lease=lease, error={"code": "provider_error", "message": "overloaded"}
     )
     assert "expires_at" in _meta(rstore, task_id)
-    rstore.tasks.transition(task_id, TaskStatus.QUEUED, error=None)  # what Dispatcher._requeue_redriven writes
+    rstore.tasks.transition(task_id, TaskStatus.QUEUED, error=None)  # what dispatch._ended._requeue_redriven writes
     item = _meta(rstore, task_id)
     assert item["status"]["S"] == "queued" and "expires_at" not in item and "error" not in item
 

@@ -7,14 +7,15 @@ META): a copy SQS delivers again after the resumed task failed once more is dele
 later dead letter, whose task still says failed, is the one to redrive.
 
 A task whose message agentq dead-letters says ``failed`` before the message reaches the DLQ
-(``Dispatcher._after_run`` writes the failure, then the worker or the Lambda sends the message).
-A listing keeps that true for what it shows: SQS has no peek, so it receives the messages, and
-it reads their tasks' statuses while it still holds them (invisible, ``PEEK_SECONDS`` at most).
-A redrive racing the listing cannot take a message out from under it, requeue its task and
-leave the listing showing a dead letter whose task already runs again. The one dead letter
-whose task may still say running is SQS's own move after ``sqs_max_receive_count`` receives
-(reason "moved by SQS after maxReceiveCount", in AWS and on moto alike): a message no worker
-got through the dispatcher, so nothing could write the task's failure.
+(``queueing.dispatch._failures.retry_or_dead_letter`` writes the failure, then the worker or
+the Lambda sends the message). A listing keeps that true for what it shows: SQS has no peek, so
+it receives the messages, and it reads their tasks' statuses while it still holds them
+(invisible, ``PEEK_SECONDS`` at most). A redrive racing the listing cannot take a message out
+from under it, requeue its task and leave the listing showing a dead letter whose task already
+runs again. The one dead letter whose task may still say running is SQS's own move after
+``sqs_max_receive_count`` receives (reason "moved by SQS after maxReceiveCount", in AWS and on
+moto alike): a message no worker got through the dispatcher, so nothing could write the task's
+failure.
 """
 
 from __future__ import annotations
