@@ -30,7 +30,7 @@ from agentq.storage.tasks import DAY_SECONDS, DEFAULT_TASK_RETENTION_DAYS
 
 if TYPE_CHECKING:
     from agentq.core.engine import Engine, EngineConfig
-    from agentq.queueing.dispatch import Dispatcher
+    from agentq.queueing.dispatch import Dispatcher, RetryBackoff
 
 
 @dataclass(frozen=True)
@@ -173,17 +173,28 @@ def build_engine(settings: Settings, store: Storage, *, worker_id: str, pool: in
     )
 
 
-def build_dispatcher(engine: Engine, store: Storage, queues: TaskQueues, **kwargs: Any) -> Dispatcher:
+def build_dispatcher(
+    engine: Engine,
+    store: Storage,
+    queues: TaskQueues,
+    *,
+    max_receive_count: int,
+    backoff: RetryBackoff | None = None,
+    default_max_running: int | None = None,
+    fleet_capacity: int | None = None,
+) -> Dispatcher:
     """The dispatcher (``queueing.dispatch``) with what it needs from ``control`` handed in: a
     schedule's fire (``control.schedules.fire``) and a cancel (``control.operations.cancel``,
     for a concurrency key's ``cancel_running``). Queueing never imports control; this is where
-    the two meet. ``kwargs``: the dispatcher's own (``max_receive_count``, ``backoff``,
-    ``default_max_running``, ``fleet_capacity``)."""
+    the two meet. The rest is the dispatcher's own (``Dispatcher.__init__``); ``backoff``: its
+    default when None."""
     from agentq.control.operations import cancel
     from agentq.control.schedules import fire
-    from agentq.queueing.dispatch import Dispatcher
+    from agentq.queueing.dispatch import DEFAULT_BACKOFF, Dispatcher
 
-    return Dispatcher(engine, store, queues, fire_schedule=fire, cancel=cancel, **kwargs)
+    return Dispatcher(engine, store, queues, max_receive_count=max_receive_count, fire_schedule=fire, cancel=cancel,
+                      backoff=backoff or DEFAULT_BACKOFF, default_max_running=default_max_running,
+                      fleet_capacity=fleet_capacity)  # fmt: skip
 
 
 def max_call_seconds() -> float:

@@ -33,6 +33,7 @@ Adding a kind is a module and its line in ``HANDLERS``.
 """
 
 from agentq.queueing.dispatch._context import (
+    DEFAULT_BACKOFF,
     MAX_DELAY,
     MAX_VISIBILITY,
     Action,
@@ -44,6 +45,7 @@ from agentq.queueing.dispatch._context import (
 from agentq.queueing.dispatch._dispatcher import HANDLERS, Dispatcher
 
 __all__ = [
+    "DEFAULT_BACKOFF",
     "HANDLERS",
     "MAX_DELAY",
     "MAX_VISIBILITY",

@@ -90,7 +90,7 @@ class Context:
     max_receive_count: int
     backoff: RetryBackoff
     fair: FairShare
-    fire_schedule: FireSchedule | None
+    fire_schedule: FireSchedule
 
     def end(self, task: Task, status: TaskStatus, *, give_back: Callable[[], object] | None = None) -> None:
         """The task ended: ``queueing.endings.task_ended``, its parent told through the engine's fan-out."""

@@ -18,7 +18,5 @@ def handle(ctx: Context, message: TaskMessage) -> Action:
         return Action("dead_letter", f"poison: a schedule message with no valid time ({message.scheduled_time!r})")
     if not tenant or not name:
         return Action("dead_letter", f"poison: a schedule message naming no schedule ({message.schedule!r})")
-    if ctx.fire_schedule is None:
-        raise RuntimeError("a schedule message needs the dispatcher composed with fire_schedule (queueing.ports)")
     task_id = ctx.fire_schedule(ctx.store, ctx.engine.tools, ctx.queues, tenant=tenant, name=name, fire_time=at)
     return Action("delete", f"schedule {name} fired: {task_id or 'skipped'}", task_id=task_id)
