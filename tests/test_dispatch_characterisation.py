@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
@@ -44,8 +44,8 @@ from agentq.core.providers import LLMRequest, LLMResponse, default_provider_fact
 from agentq.core.providers.scripted import ScriptedProvider
 from agentq.core.schedules import ScheduleSpec, next_fire
 from agentq.core.tools import ToolRegistry
-from agentq.queueing.dispatch import Action, Dispatcher
-from agentq.queueing.queues import DEAD_LETTER_ID, DEAD_LETTER_REASON, TaskMessage, TaskQueues
+from agentq.queueing.dispatch import HANDLERS, Action, Dispatcher
+from agentq.queueing.queues import DEAD_LETTER_ID, DEAD_LETTER_REASON, MessageKind, TaskMessage, TaskQueues
 from agentq.runtime import build_dispatcher, build_queues
 from agentq.storage import keys
 from agentq.storage.container import Storage, memory_storage
@@ -563,3 +563,13 @@ def test_poison_schedules_and_receive_counts(make_case: Callable[[Recorder], Cas
         fire = TaskMessage(task_id="schedule:x", kind="schedule", schedule=schedule, scheduled_time=at)
         _handle(c, fire.model_dump_json())
     _check("special", recorder)
+
+
+def test_every_kind_of_message_has_its_handler_and_its_recording() -> None:
+    """A kind added to ``MessageKind`` without a handler would fail at its first message (a
+    ``KeyError`` in ``Dispatcher.handle``), and one without a line in ``KINDS`` would go unpinned.
+    A schedule's fire names no task: the dispatcher hands it to ``_schedule`` before the table."""
+    kinds = set(get_args(MessageKind))
+    assert "schedule" not in HANDLERS
+    assert set(HANDLERS) | {"schedule"} == kinds
+    assert set(KINDS) == set(HANDLERS)
