@@ -61,6 +61,9 @@ class ProviderLedger:
     delivered_micros: Counter[str] = field(default_factory=Counter)
     cut: Counter[str] = field(default_factory=Counter)
     cut_micros: Counter[str] = field(default_factory=Counter)
+    # Of the cut replies, what a stream's first event told the client (its input tokens and the
+    # one output token message_start carries): what a worker can count as known of them.
+    told: Counter[str] = field(default_factory=Counter)
     seen: list[Seen] = field(default_factory=list)
 
     def saw(self, tag: str, messages: list[dict[str, Any]], kind: str, body: Any) -> None:
@@ -86,6 +89,7 @@ class ProviderLedger:
             "delivered_micros": total(self.delivered_micros),
             "cut": total(self.cut),
             "cut_micros": total(self.cut_micros),
+            "told": total(self.told),
         }
 
     def next_hold(self, tag: str) -> int:
@@ -167,6 +171,7 @@ def ledger_by_tree(
             "cut_usd": sums["cut_micros"] / 1e6,
             "ledger_tokens": budget.used,
             "ledger_usd": budget.used_micros / 1e6,
+            "told_tokens": sums["told"],
             "known_tokens": budget.known,
             "unknown_tokens": budget.unknown,
             "known_usd": budget.known_micros / 1e6,

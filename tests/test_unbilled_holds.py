@@ -117,9 +117,8 @@ def test_a_zombie_whose_reply_was_cut_midway_keeps_its_hold_counted(
 
 
 def test_the_sdks_failures_say_unbilled_only_when_no_reply_can_have_been_billed() -> None:
-    """Through the real SDKs: a refused connection and an error status are unbilled; a 200 cut
-    in its body, and a stall reset before any byte (a request that may have reached the model),
-    are not known unbilled."""
+    """Through the real SDKs: a refused connection, an error status and a connection reset before
+    any byte of a reply are unbilled; a 200 cut in its body is not known unbilled."""
     import anthropic
     import openai
 
@@ -153,7 +152,8 @@ def test_the_sdks_failures_say_unbilled_only_when_no_reply_can_have_been_billed(
         )
         a = anthropic.Anthropic(api_key="k", base_url=fake.base_url, max_retries=0, timeout=5)
         outcomes = [failure_of(lambda: a.messages.create(**ask), anthropic_failure) for _ in range(3)]
-    assert [(f.kind, f.unbilled) for f in outcomes] == [("status", True), ("connection", False), ("connection", False)]
+    # A reset before any byte of a reply (a stall then a reset) is unbilled: no answer began.
+    assert [(f.kind, f.unbilled) for f in outcomes] == [("status", True), ("connection", False), ("connection", True)]
 
 
 def test_a_lease_lost_at_a_step_boundary_gives_back_the_next_calls_hold_which_never_went_out(
@@ -252,7 +252,7 @@ def test_a_call_sent_under_a_hold_a_message_made_older_keeps_it_counted_when_the
         (error_reply(500, "api_error", "boom"), False),
         (error_reply(529, "overloaded_error", "busy"), False),
         (dataclasses.replace(_answer(), cut_at=0.5), True),  # a 200 cut in its body
-        (dataclasses.replace(_answer(), cut_at=0), True),  # reset before any byte: the request was sent
+        (dataclasses.replace(_answer(), cut_at=0), False),  # reset before any byte of a reply: no answer began
         (error_reply(502, "api_error", "bad gateway"), True),  # a gateway's: the upstream may have run
     ],
     ids=["500", "529", "cut_midway", "reset_before_any_byte", "502"],

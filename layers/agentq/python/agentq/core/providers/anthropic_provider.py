@@ -41,7 +41,7 @@ from agentq.core.providers.retry import (
     RetryPolicy,
     call_with_retries,
     error_status_answered,
-    never_connected,
+    no_reply_began,
 )
 
 # What the engine persists and replays. Anything else the SDK adds (citations, caller,
@@ -170,9 +170,9 @@ def anthropic_failure(exc: Exception) -> CallFailure | None:
             unbilled=error_status_answered(exc.response.status_code),
         )  # fmt: skip
     if isinstance(exc, anthropic.APITimeoutError):
-        return CallFailure("timeout", detail=_detail(exc), unbilled=never_connected(exc))
+        return CallFailure("timeout", detail=_detail(exc), unbilled=no_reply_began(exc))
     if isinstance(exc, anthropic.APIConnectionError):
-        return CallFailure("connection", detail=_detail(exc), unbilled=never_connected(exc))
+        return CallFailure("connection", detail=_detail(exc), unbilled=no_reply_began(exc))
     if isinstance(exc, anthropic.APIError):
         return CallFailure("malformed", detail=str(exc)[:200] or type(exc).__name__)
     return None

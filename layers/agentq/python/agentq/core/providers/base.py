@@ -124,8 +124,8 @@ class RetryNotice:
     message: str
     status_code: int | None
     delay: float
-    # The failed attempt was certainly not billed: an HTTP error status before any reply, or no
-    # connection at all. False: it may have been (a reply cut midway, a timeout after sending, a
+    # The failed attempt was certainly not billed: an HTTP error status before any reply, no
+    # connection at all, or one closed before any byte of a reply. False: it may have been (a reply cut midway, a timeout after sending, a
     # 2xx that is not a reply, an error event inside a stream). The engine gives the hold of a
     # call whose every attempt was unbilled back when it learns mid-call that its lease is lost.
     unbilled: bool = False

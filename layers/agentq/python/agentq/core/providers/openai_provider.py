@@ -51,7 +51,7 @@ from agentq.core.providers.retry import (
     RetryPolicy,
     call_with_retries,
     error_status_answered,
-    never_connected,
+    no_reply_began,
 )
 
 API_KEY_VARIABLE = "OPENAI_API_KEY"
@@ -216,9 +216,9 @@ def openai_failure(exc: Exception) -> CallFailure | None:
             unbilled=error_status_answered(exc.response.status_code),
         )  # fmt: skip
     if isinstance(exc, openai.APITimeoutError):
-        return CallFailure("timeout", detail=exc.message, unbilled=never_connected(exc))
+        return CallFailure("timeout", detail=exc.message, unbilled=no_reply_began(exc))
     if isinstance(exc, openai.APIConnectionError):
-        return CallFailure("connection", detail=exc.message, unbilled=never_connected(exc))
+        return CallFailure("connection", detail=exc.message, unbilled=no_reply_began(exc))
     if isinstance(exc, openai.APIError):
         return CallFailure("malformed", detail=str(exc)[:200] or type(exc).__name__)
     return None

@@ -173,20 +173,27 @@ def error_status_answered(http_status: object) -> bool:
     return isinstance(http_status, int) and http_status >= 400 and http_status not in GATEWAY_STATUSES
 
 
-def never_connected(exc: BaseException) -> bool:
-    """An SDK's connection error caused by no connection being made (refused, unresolvable, or
-    timed out connecting): the request never left, so nothing was billed. Read off the cause
-    chain by the HTTP library's own class names (``ConnectError``/``ConnectTimeout`` of httpx,
-    or of ``httpx2``, the package the pinned anthropic and openai SDKs use), so whichever the SDK
-    imports is recognised; any other cause (a reset, a read timeout) is not known."""
+NO_REPLY = "Server disconnected without sending a response"  # httpcore's words for a reset before any byte
+
+
+def no_reply_began(exc: BaseException) -> bool:
+    """An SDK's connection error from which no reply can have been billed: no connection made
+    (refused, unresolvable, or timed out connecting: the request never left), or a connection
+    closed before any byte of a reply (ARCHITECTURE 4: an answer starts with its status line;
+    none came). Read off the cause chain by the HTTP library's own class names and words
+    (``ConnectError``/``ConnectTimeout``, and ``RemoteProtocolError`` saying the server sent
+    no response, of httpx or of ``httpx2``, the package the pinned anthropic and openai SDKs
+    use), so whichever the SDK imports is recognised. Any other cause (a reset after the
+    headers, a read timeout: a reply may have been under way) is not known unbilled."""
     cause: BaseException | None = exc.__cause__
     while cause is not None:
         if isinstance(cause, ConnectionRefusedError):
             return True
         kind = type(cause)
-        if kind.__name__ in ("ConnectError", "ConnectTimeout") and kind.__module__.split(".")[0].startswith(
-            ("httpx", "httpcore")
-        ):
+        ours = kind.__module__.split(".")[0].startswith(("httpx", "httpcore"))
+        if ours and kind.__name__ in ("ConnectError", "ConnectTimeout"):
+            return True
+        if ours and kind.__name__ == "RemoteProtocolError" and str(cause).startswith(NO_REPLY):
             return True
         cause = cause.__cause__
     return False
