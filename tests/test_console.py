@@ -1050,3 +1050,26 @@ def test_a_memory_store_is_browsed_edited_audited_and_a_stale_edit_shows_the_con
     page.wait_for_selector("#alert:has-text('409 memory_conflict')")
     assert console.http("GET", doc)[1]["content"] == "changed elsewhere"
     assert [e for e in tab.errors if "status of 409" not in e] == []
+
+
+def test_a_task_whose_reply_was_cut_shows_which_part_of_its_budget_is_known_and_which_unknown(
+    console: Console, tab: Page
+) -> None:
+    """The first reply is cut in the middle of its body (billed, its usage unknown to the
+    client), the retry answers: the page says how many tokens are known and how many unknown."""
+    import dataclasses
+
+    console.fake.enqueue(dataclasses.replace(text_reply("cut"), cut_at=0.5), text_reply("answered after a cut"))
+    task_id = console.submit(
+        {"goal": "answer once", "provider": "anthropic", "model": "claude-haiku-4-5", "constraints": {"tools": []}}
+    )
+    view = console.until(task_id, lambda v: v["status"] == "succeeded")
+    budget = view["budget"]
+    assert budget["unknown"] > 0 and budget["known"] + budget["unknown"] == budget["used"]
+    page = tab.page
+    page.goto(f"{console.url}/console/#/tasks/{task_id}")
+    line = page.wait_for_selector("#unknown-usage")
+    assert line is not None
+    text = line.inner_text()
+    assert f"{budget['known']:,} tokens known" in text and f"{budget['unknown']:,} unknown" in text, text
+    no_errors(tab)
