@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from agentq.cli.args import add_command
@@ -125,8 +126,8 @@ def _talk(client: Any, task_id: str, cursor: str | None) -> int:
         text = _read()
         if text is None:
             return 0
-        client.send(task_id, text)
-        cursor, view = _follow(client, task_id, cursor)
+        sent = client.send(task_id, text)
+        cursor, view = _follow(client, task_id, cursor, answering=sent.seq)
         if view.status.value not in ("succeeded", "idle"):
             print(f"agentq: the task is {view.status.value}; the conversation cannot go on", file=sys.stderr)
             return 1
@@ -186,14 +187,25 @@ def _latest_cursor(client: Any, task_id: str) -> str | None:
             return cursor
 
 
-def _follow(client: Any, task_id: str, cursor: str | None) -> tuple[str | None, Any]:
+def _follow(client: Any, task_id: str, cursor: str | None, answering: int | None = None) -> tuple[str | None, Any]:
     """The agent's output as it comes (its live text, then each answer), until it stops: answered,
-    idle after an interrupt, or ended. Ctrl-C interrupts it, and the chat follows it to its stop."""
+    idle after an interrupt, or ended. Ctrl-C interrupts it, and the chat follows it to its stop.
+
+    ``answering``: the seq of the message just sent. An answer or an idle stop counts only once
+    the agent has read it: a stream or a status read just after the send may still say the
+    previous answer's ``succeeded`` (the reopening is not yet in the view they came from), and a
+    chat that took that for the answer prompted again with nothing printed."""
     interrupted = False
     while True:
         try:
-            cursor, stopped = _print_until_stopped(client, task_id, cursor)
-            if stopped or client.get(task_id).status.value in STOPS:
+            cursor, stopped = _print_until_stopped(client, task_id, cursor, answering)
+            if stopped:
+                break
+            if _stopped_after(client, task_id, answering):
+                # The stream ended before the answer reached it (a view of the task older than
+                # the message that reopened it), and the task has answered since: what it said
+                # is in the committed log, read page by page from where the chat got to.
+                cursor = _print_the_rest(client, task_id, cursor)
                 break
             # The stream ended with the task still going (a stream that said "ended" from a view
             # of the task older than the message that reopened it): follow on, after a pause.
@@ -211,12 +223,45 @@ def _follow(client: Any, task_id: str, cursor: str | None) -> tuple[str | None, 
 
 
 STOPS = frozenset({TaskStatus.IDLE.value, *(s.value for s in TaskStatus if s.terminal)})  # where a turn stops
+# Stops that answer a message (or wait for the next): they count only once the message was read.
+ANSWERED = frozenset({TaskStatus.SUCCEEDED.value, TaskStatus.IDLE.value})
 
 
-def _print_until_stopped(client: Any, task_id: str, cursor: str | None) -> tuple[str | None, bool]:
-    """Print the stream from ``cursor``; returns where it got to and whether it saw the task stop."""
+def _stopped_after(client: Any, task_id: str, answering: int | None) -> bool:
+    """The task stopped, and (``answering``) after reading the message of that seq."""
+    status = client.get(task_id).status.value
+    if status not in STOPS:
+        return False
+    return status not in ANSWERED or answering is None or _read_it(client, task_id, answering)
+
+
+def _read_it(client: Any, task_id: str, seq: int) -> bool:
+    return any(m.seq == seq and m.delivered for m in client.messages(task_id))
+
+
+def _print_the_rest(client: Any, task_id: str, cursor: str | None) -> str | None:
+    """Print the committed events after ``cursor`` (JSON pages, not the stream); where they end."""
+    while True:
+        page = client.events(task_id, after=cursor, limit=200)
+        cursor, _ = _print_events(page.events, cursor, None)
+        if not page.events or page.next_cursor is None or page.done:
+            return cursor
+        cursor = str(page.next_cursor)
+
+
+def _print_until_stopped(
+    client: Any, task_id: str, cursor: str | None, answering: int | None = None
+) -> tuple[str | None, bool]:
+    """Print the stream from ``cursor``; returns where it got to and whether it saw the task stop
+    (an answering stop, when ``answering``, only after the stream showed that message read)."""
+    return _print_events(client.iter_events(task_id, after=cursor, poll_interval=poll_seconds()), cursor, answering)
+
+
+def _print_events(events: Iterable[Any], cursor: str | None, answering: int | None) -> tuple[str | None, bool]:
+    """Print ``events`` until one says the task stopped (see ``_print_until_stopped``)."""
     streamed = False  # this answer's text already went out as deltas
-    for event in client.iter_events(task_id, after=cursor, poll_interval=poll_seconds()):
+    read = answering is None
+    for event in events:
         cursor = event.id or cursor
         if event.type == "agent.message_delta":
             if not streamed:
@@ -228,7 +273,13 @@ def _print_until_stopped(client: Any, task_id: str, cursor: str | None) -> tuple
         elif event.type == "agent.message" and event.data.get("purpose") == "turn" and event.data.get("text"):
             print() if streamed else print(f"agent> {event.data['text']}")
             streamed = False
-        elif event.type == "task.status" and event.data.get("status") in STOPS:
+        elif event.type == "user.message":
+            read = read or any(m.get("seq") == answering for m in event.data.get("messages", []))
+        elif (
+            event.type == "task.status"
+            and event.data.get("status") in STOPS
+            and (read or event.data.get("status") not in ANSWERED)
+        ):
             return cursor, True
     return cursor, False
 
