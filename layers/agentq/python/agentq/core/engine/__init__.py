@@ -15,7 +15,7 @@ step commit (``_commit``), why a call must not start (``_stops``), the session a
 """
 
 from agentq.core.engine._holds import HoldsInFlight
-from agentq.core.engine._llm_turn import batch_poll_seconds
+from agentq.core.engine._llm_batch import batch_poll_seconds
 from agentq.core.engine._loop import Engine
 from agentq.core.engine._request import cache_ttl
 from agentq.core.engine._session import KeeperFactory, LeaseKeeper, LeaseState, Session

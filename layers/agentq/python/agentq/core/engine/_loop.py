@@ -17,8 +17,9 @@ from collections.abc import Callable
 from agentq import observe
 from agentq.core.dependencies import dependency_goal
 from agentq.core.engine._commit import StepWriter
+from agentq.core.engine._finish import finish_without_step
 from agentq.core.engine._holds import BudgetHolds, HoldsInFlight
-from agentq.core.engine._llm_turn import LLMTurn, finish_without_step
+from agentq.core.engine._llm_turn import LLMTurn
 from agentq.core.engine._messages import MessageTurn
 from agentq.core.engine._request import RequestBuilder
 from agentq.core.engine._session import KeeperFactory, LeaseKeeper, LeaseState, Session

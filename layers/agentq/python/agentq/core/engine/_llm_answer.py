@@ -1,0 +1,199 @@
+"""The answer of an LLM call, committed as the next step with the settlement of its hold in
+the same write; or, when it cannot be (the lease lost, an interrupt), settled once as an orphan
+(ARCHITECTURE 4) and kept in the trace. Whether the turn ends the task is decided here."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from decimal import Decimal
+from typing import Any
+
+from agentq.core.context import resumed_goal
+from agentq.core.engine._commit import StepWriter
+from agentq.core.engine._llm_call import ModelCall
+from agentq.core.engine._llm_route import ModelRouter
+from agentq.core.engine._request import RequestBuilder
+from agentq.core.engine._session import Session
+from agentq.core.engine.conversation import final_text
+from agentq.core.engine.result import RunResult
+from agentq.core.errors import ConversationMoved, LeaseLost
+from agentq.core.faults import crash_point
+from agentq.core.models import CallStep, CompactStep, LLMStep, TaskStatus
+from agentq.core.output import answer_of, feedback
+from agentq.core.ports import BudgetLedger, FlowPort, StepLog, TenantWindowsPort
+from agentq.core.pricing import micros
+from agentq.core.providers import LLMRequest, LLMResponse
+from agentq.core.providers.base import BATCH_PRICE_RATIO
+from agentq.core.records import BudgetDelta, OrphanReason
+
+log = logging.getLogger("agentq.engine")
+
+
+class Answers:
+    def __init__(
+        self,
+        steps: StepLog,
+        budgets: BudgetLedger,
+        flow: FlowPort,
+        windows: TenantWindowsPort,
+        requests: RequestBuilder,
+        writer: StepWriter,
+        router: ModelRouter,
+        calls: ModelCall,
+    ) -> None:
+        self.steps, self.budgets, self.flow, self.windows = steps, budgets, flow, windows
+        self.requests, self.writer, self.router, self.calls = requests, writer, router, calls
+
+    def answered(
+        self,
+        s: Session,
+        request: LLMRequest,
+        response: LLMResponse,
+        started: float,
+        reserved: int,
+        max_out: int,
+        window: Any,
+        compact: bool,
+    ) -> RunResult | None:
+        """Commit the call's answer as the next step, settling its hold with what it used."""
+        crash_point("after_llm_call")
+        if s.admission is not None:
+            usage = response.usage
+            key = self.router.key(s)
+            self.flow.succeeded(key, s.admission)
+            # Against a provider's input limit count uncached and cache-write tokens, not reads.
+            self.flow.settle(
+                key, s.admission, usage.input_tokens + usage.cache_creation_input_tokens, usage.output_tokens
+            )
+        cost = self.calls.cost(s.task.submission.provider, response.model or request.model, request.model, response)
+        if s.economy:
+            cost = cost * BATCH_PRICE_RATIO
+        answered = CallStep(
+            content=response.content,
+            stop_reason=response.stop_reason,
+            model=response.model or request.model,
+            usage=response.usage,
+            cost_usd=cost,
+            reserved_tokens=reserved,
+            attempts=response.attempts,
+            started_at=started,
+            duration_ms=int((time.time() - started) * 1000),
+            batched=s.economy,
+            provider=s.model_choice.provider if s.model_choice else s.task.submission.provider,
+            fallback_from=s.fallback_note,
+        )
+        held = s.task.inflight
+        settle = BudgetDelta(
+            reserved=reserved,
+            used=response.usage.total,
+            cost_usd=cost,
+            tokens_in=response.usage.input_total,
+            tokens_out=response.usage.output_tokens,
+            reserved_micros=held.micros if held else 0,
+        )
+        step: LLMStep | CompactStep
+        if compact:
+            step = CompactStep(**dict(answered), summarised_through=s.next_step - 1)
+            summary = step.text()
+            goal = s.goal or s.task.submission.goal
+            messages = [{"role": "user", "content": resumed_goal(goal, summary)}] if summary else s.messages
+            finish, result, error = None, None, None
+        else:
+            step = LLMStep(**dict(answered), cleared_before=self.requests.context(s)[1])
+            messages, finish, result, error = self.turn_outcome(s, step, max_out)
+        if held is not None and held.until is not None and time.time() > held.until:
+            log.warning("task %s: call answered after its hold's deadline; raise AGENTQ_MAX_CALL_SECONDS", s.task_id)
+        try:
+            s.held.check()  # the heartbeat may have learned first that the lease is lost
+            try:
+                record = self.writer.commit(s, step, settle=settle, finish=finish, result=result, error=error)
+            except ConversationMoved as moved:
+                if moved.interrupt_at is not None:
+                    raise
+                s.inbox = dataclasses.replace(s.inbox, received=moved.received)
+                # A message came in while the model answered: the answer is a turn, not the end.
+                finish, result, error = None, None, None
+                record = self.writer.commit(s, step, settle=settle)
+        except ConversationMoved as moved:
+            # Interrupted: the answer is discarded, and paid for, as a lost lease's would be.
+            s.inbox = dataclasses.replace(s.inbox, received=moved.received, interrupt_at=moved.interrupt_at)
+            self.discard(s, step, settle, window, response, cost, reason="interrupted")
+            log.info("task %s: answer of step %d discarded (interrupted)", s.task_id, s.next_step)
+            return None
+        except LeaseLost:
+            # The provider answered, so the tokens are spent whoever owns the task now, and
+            # whoever learned of the lost lease: the ledger gets them once, as an orphan.
+            self.discard(s, step, settle, window, response, cost, reason="lease_lost")
+            raise
+        if window is not None:
+            self.windows.settle(window, response.usage.total, micros(cost))
+        self.writer.committed(s, record, messages)
+        update: dict[str, Any] = {"inflight": None, "batch": None, **({"status": finish} if finish else {})}
+        if compact:
+            update["compacted_at"] = record.number
+        s.task = s.task.model_copy(update=update)
+        crash_point("after_compaction" if compact else "after_llm_commit")
+        if finish:
+            return RunResult(s.task_id, "finished", status=finish)
+        return None
+
+    def discard(
+        self,
+        s: Session,
+        step: LLMStep | CompactStep,
+        settle: BudgetDelta,
+        window: Any,
+        response: LLMResponse,
+        cost: Decimal,
+        *,
+        reason: OrphanReason,
+    ) -> None:
+        """An answer that will not be committed: its usage is settled once, with the hold, and
+        the call stays in the trace as an orphan, with why (``reason``)."""  # fmt: skip
+        self.budgets.settle_orphan(
+            s.task_id, s.task.budget_id, settle, inflight_epoch=s.lease.epoch, parent_id=s.task.parent_id
+        )
+        self.steps.record_orphan(s.lease, s.next_step, step, reason=reason)
+        if window is not None:
+            self.windows.settle(window, response.usage.total, micros(cost))
+        s.task = s.task.model_copy(update={"inflight": None, "batch": None})
+
+    def turn_outcome(
+        self, s: Session, step: LLMStep, max_out: int
+    ) -> tuple[list[dict[str, Any]], TaskStatus | None, str | None, dict[str, Any] | None]:
+        """The conversation after an agent turn, and whether (and how) the turn ends the task."""
+        messages = [*s.messages, {"role": "assistant", "content": step.content}]
+        finish, error = turn_end(step, max_out, shrunk=max_out < s.task.submission.constraints.max_output_tokens)
+        result = final_text(messages) if finish else None
+        schema = s.task.submission.output_schema
+        if schema is not None and error is None:
+            answered, answer = answer_of(schema, step.content)
+            if answered:  # a valid final answer ends the task, whatever else the turn holds
+                finish, result = TaskStatus.SUCCEEDED, json.dumps(answer, ensure_ascii=False)
+            elif finish is TaskStatus.SUCCEEDED:  # text that is not a valid answer: the model is told why
+                finish = None
+                messages.append({"role": "user", "content": feedback(schema, step.content)})
+        return messages, finish, result, error
+
+
+def turn_end(step: LLMStep, max_out: int, *, shrunk: bool) -> tuple[TaskStatus | None, dict[str, Any] | None]:
+    """Whether this assistant turn ends the task: tool calls go on; an answer succeeds;
+    an answer cut off at the output limit is a failure that says which limit to raise
+    (a truncated tool call is dropped by the provider, so it cannot be carried out), or,
+    when the limit was lowered to fit what was left of the budget, the budget ran out."""
+    if step.stop_reason == "max_tokens" and shrunk:
+        return TaskStatus.COST_EXCEEDED, {
+            "code": "budget_exceeded",
+            "message": f"the budget ran out during the model's turn ({max_out} output tokens were left)",
+        }
+    if step.stop_reason == "max_tokens":
+        return TaskStatus.FAILED, {
+            "code": "output_truncated",
+            "message": f"the model's turn was cut off at {max_out} output tokens; raise constraints.max_output_tokens",
+        }
+    if step.tool_uses():
+        return None, None
+    return TaskStatus.SUCCEEDED, None

@@ -1,0 +1,68 @@
+"""Economy: an LLM turn sent as a batch of one (Message Batches), the task parked in
+``waiting`` until it ends, and its answer read by the run that claims the task then."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+from agentq.core.engine._session import Session
+from agentq.core.engine.result import RunResult
+from agentq.core.errors import ProviderError
+from agentq.core.faults import crash_point
+from agentq.core.models import TaskStatus
+from agentq.core.ports import TaskLeases, TenantWindowsPort
+from agentq.core.providers import LLMRequest, LLMResponse, ProviderFactory
+from agentq.core.providers.base import BatchProvider
+
+log = logging.getLogger("agentq.engine")
+
+
+class Batches:
+    def __init__(self, providers: ProviderFactory, tasks: TaskLeases, windows: TenantWindowsPort) -> None:
+        self.providers, self.tasks, self.windows = providers, tasks, windows
+
+    def batched(
+        self, s: Session, request: LLMRequest, window: Any, batch: dict[str, Any] | None
+    ) -> RunResult | tuple[LLMResponse, float]:
+        """Economy: the turn goes out as a batch of one and the task parks in ``waiting``,
+        holding no compute and keeping its budget hold (deadline: the batch's 24-hour window);
+        the run that claims it once the batch ended gets the answer here, to commit as any.
+
+        A worker killed between sending the batch and parking leaves the hold of its epoch: the
+        next claim sets it aside until that deadline and sends the turn again (the batch that
+        may have gone out is never read, like any call whose worker died with the answer)."""
+        provider = self.providers(s.task.submission)
+        if not isinstance(provider, BatchProvider):
+            raise ProviderError(
+                f"economy: the {s.task.submission.provider} provider has no batch API", retryable=False,
+                code="economy_unsupported",
+            )  # fmt: skip
+        if batch is not None:
+            response = provider.batch_result(str(batch["id"]), str(batch["custom_id"]))
+            if response is None:  # looked at before it ended: wait again
+                return self.park(s, batch, window)
+            return response, float(batch["submitted_at"])
+        custom_id = f"{s.task_id}-s{s.next_step}-e{s.lease.epoch}"[:64]
+        record = {"custom_id": custom_id, "step": s.next_step, "epoch": s.lease.epoch, "submitted_at": time.time()}
+        record["id"] = provider.submit_batch(request, custom_id)
+        crash_point("after_batch_submit")
+        return self.park(s, record, window)
+
+    def park(self, s: Session, record: dict[str, Any], window: Any) -> RunResult:
+        if window is not None:  # the tenant window counts the call when its result is in
+            self.windows.settle(window, 0)
+        self.tasks.transition(s.task_id, TaskStatus.WAITING, lease=s.lease, extra={"batch": record})
+        s.task = s.task.model_copy(update={"status": TaskStatus.WAITING, "batch": record})
+        log.info("task %s: turn %s sent as batch %s", s.task_id, record["step"], record["id"])
+        return RunResult(s.task_id, "waiting", status=TaskStatus.WAITING, batch_poll=batch_poll_seconds(record))
+
+
+def batch_poll_seconds(batch: dict[str, Any]) -> float:
+    """When to look at a batch again: soon at first, then a quarter of its age (most end
+    within minutes; none lasts past 24 hours), between ``AGENTQ_BATCH_POLL_SECONDS`` (30) and
+    SQS's longest delay."""
+    floor = float(os.environ.get("AGENTQ_BATCH_POLL_SECONDS", "30"))
+    return min(900.0, max(floor, (time.time() - float(batch["submitted_at"])) / 4))

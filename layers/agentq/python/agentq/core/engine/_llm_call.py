@@ -1,0 +1,256 @@
+"""The LLM call on the wire: its attempts and their holds, the streamed text and usage it
+reports, and how it ends when it does not answer (cut at the task's timeout, failed after its
+retries). What may have been billed stays counted (ARCHITECTURE 4)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from decimal import Decimal
+from typing import Any
+
+from agentq import observe
+from agentq.core.engine._cut import CutCall, call_until, settle_late
+from agentq.core.engine._finish import finish_without_step
+from agentq.core.engine._holds import BudgetHolds
+from agentq.core.engine._llm_route import ModelRouter
+from agentq.core.engine._session import Session
+from agentq.core.engine._stops import timeout_at
+from agentq.core.engine.conversation import final_text
+from agentq.core.engine.result import RunResult
+from agentq.core.errors import CallCut, LeaseLost, ProviderError
+from agentq.core.models import LLMStep, RetryState, TaskStatus, Usage
+from agentq.core.ports import BudgetLedger, FlowPort, StepLog, TaskLeases, TenantWindowsPort
+from agentq.core.pricing import PriceTable, micros
+from agentq.core.providers import LLMRequest, LLMResponse, ProviderFactory
+from agentq.core.providers.base import (
+    RemoteProvider,
+    RetryNotice,
+    reporting_retries,
+    reporting_text,
+    reporting_usage,
+)
+from agentq.core.reservation import Seen
+
+log = logging.getLogger("agentq.engine")
+
+
+class NoHoldForRetry(ProviderError):
+    """A failed attempt that may have been billed used up its hold, and the budget cannot cover
+    another: the call stops retrying and fails with that attempt's error (``ModelCall.rehold``)."""
+
+    def __init__(self, notice: RetryNotice) -> None:
+        super().__init__(
+            f"{notice.message}; no budget left for another attempt after one that may have been billed",
+            retryable=True, status_code=notice.status_code, attempts=notice.attempt, code=notice.code,
+        )  # fmt: skip
+
+
+class ModelCall:
+    def __init__(
+        self,
+        tasks: TaskLeases,
+        steps: StepLog,
+        budgets: BudgetLedger,
+        flow: FlowPort,
+        windows: TenantWindowsPort,
+        providers: ProviderFactory,
+        prices: PriceTable,
+        holds: BudgetHolds,
+        router: ModelRouter,
+    ) -> None:
+        self.tasks, self.steps, self.budgets, self.flow = tasks, steps, budgets, flow
+        self.windows, self.providers, self.prices = windows, providers, prices
+        self.holds, self.router = holds, router
+
+    def rehold(self, s: Session) -> bool:
+        """An attempt that may have been billed failed, and another is to follow (a retry, or a
+        fallback's call): the failed one's hold is counted as spent, its outcome unknown, and
+        the next attempt gets a hold of its own, so what the provider may bill never passes the
+        cap (ARCHITECTURE 4). The new hold is the spent one's size, never less: the request on
+        the wire asks for as much output as before, and the answer settles against it. False when
+        the budget cannot cover it: no further attempt."""
+        spent = self.holds.spend(s)
+        s.held.seen = None  # what that attempt billed went with its hold
+        s.call_may_be_billed = False  # the spent hold answers for that attempt; this one's are to come
+        if spent is None or not self.holds.hold_again(s, spent.amount):
+            return False
+        s.sent_hold_step = s.next_step  # its attempt goes out at once: never "unsent"
+        return True
+
+    def unspent(self, s: Session, window: Any) -> None:
+        """The call's hold goes back, with the tenant window's hold for it: this run knows the call
+        uncharged (nothing sent, or every attempt unbilled)."""
+        self.holds.release(s)
+        if window is not None:
+            self.windows.settle(window, 0)
+
+    def asked(self, s: Session, request: LLMRequest) -> LLMRequest:
+        """The request as it goes to the model chosen for it (a fallback's own model id)."""
+        choice = s.model_choice
+        return request if choice is None else request.model_copy(update={"model": choice.model})
+
+    def call(self, s: Session, request: LLMRequest, max_out: int, started: float) -> LLMResponse:
+        """The model's answer; ``CallCut`` when the task's timeout passes first (``_cut``)."""
+        sub = s.task.submission
+        choice = s.model_choice
+        if choice is not None and (choice.provider, choice.model) != (sub.provider, sub.model):
+            sub = sub.model_copy(update={"provider": choice.provider, "model": choice.model})
+        provider = self.providers(sub)  # may fail too (a key it cannot read)
+        cut = CutCall(s.task_id, s.task.budget_id, s.task.parent_id, s.lease, s.next_step, s.task.inflight)
+        with (
+            observe.llm_call(
+                provider=provider.name, model=request.model, max_tokens=max_out, task_id=s.task_id,
+                step=s.next_step, endpoint=provider.endpoint if isinstance(provider, RemoteProvider) else None,
+            ) as call,
+            reporting_retries(lambda notice: self.note_retry(s, notice)),
+            reporting_text(lambda text: setattr(s.held, "live_text", text)),
+            reporting_usage(lambda usage: self.saw(s, request.model, usage)),
+        ):  # fmt: skip
+            try:
+                response = call_until(
+                    timeout_at(s),
+                    lambda: provider.complete(request),
+                    lambda late: self.late(cut, request, late, started, sub.provider),
+                )
+            finally:
+                s.held.live_text = None
+            call.answered(response)
+        s.held.seen = None  # the step carries its usage now
+        return response
+
+    def saw(self, s: Session, model: str, usage: Usage) -> None:
+        """A streamed call's usage so far, under the hold it is made under: the heartbeat
+        publishes it, so a hold counted as spent leaves only the rest unknown (``Seen``)."""
+        held = s.task.inflight
+        if held is None:
+            return
+        price = self.prices.price_for(model)
+        cost = micros(price.cost(usage)) if price else 0
+        s.held.seen = Seen(held.epoch, held.step, held.until, usage.input_total, usage.output_tokens, cost)
+
+    def cut(self, s: Session, window: Any, cut: CallCut) -> RunResult:
+        """The task's timeout passed with the call in flight: the call is cut (``_cut``), the
+        hold counted as spent, since whether the provider answered and billed it is unknown (an
+        answer that still comes corrects it: ``_late``), and the task ends ``timed_out`` now. A
+        call the deadline stopped before it started gives its hold back."""
+        between_attempts = s.next_attempt_at is not None and timeout_at(s) < s.next_attempt_at
+        if not cut.sent or (between_attempts and not s.call_may_be_billed):
+            # Nothing on the wire that this hold answers for: the call never started, or it was
+            # cut in a retry's wait after attempts that were all unbilled (or spent: ``_rehold``).
+            if window is not None:
+                self.windows.settle(window, 0)
+            return finish_without_step(self.tasks, self.holds, s, TaskStatus.TIMED_OUT)
+        held = self.holds.spend(s)
+        if window is not None:  # the tenant's hour keeps the hold, as the budget does
+            self.windows.settle(window, window.amount, window.micros)
+        note = (
+            f"; the model call in flight was cut and its hold of {held.amount} tokens counted as spent" if held else ""
+        )
+        log.info("task %s: timed out with the call of step %d in flight%s", s.task_id, s.next_step, note)
+        # Not released after: the cut call's thread may still be reporting a retry, and its
+        # write of the session would bring the spent hold back into it.
+        return finish_without_step(self.tasks, self.holds, s, TaskStatus.TIMED_OUT, note=note, release=False)
+
+    def late(self, cut: CutCall, request: LLMRequest, response: LLMResponse, started: float, provider: str) -> None:
+        """The answer of a call cut at the task's timeout, come after all: charged as an orphan."""
+        step = LLMStep(
+            content=response.content,
+            stop_reason=response.stop_reason,
+            model=response.model or request.model,
+            usage=response.usage,
+            cost_usd=self.cost(provider, response.model or request.model, request.model, response),
+            reserved_tokens=cut.hold.amount if cut.hold else 0,
+            attempts=response.attempts,
+            started_at=started,
+            duration_ms=int((time.time() - started) * 1000),
+            provider=provider,
+        )
+        settle_late(self.budgets, self.steps, cut, step)
+
+    def call_failed(self, s: Session, exc: ProviderError, window: Any) -> RunResult:
+        """The provider failed the call (its retries spent); the task is tried again later, or
+        fails now when no retry can help. The hold goes back when no attempt can have been
+        billed; when one may have been (``Session.call_may_be_billed``), it is counted as
+        spent, as the unknown it is (ARCHITECTURE 4), not returned on a guess."""
+        if s.call_may_be_billed:
+            held = self.holds.spend(s)
+            if window is not None:  # the tenant's hour keeps it too, as the budget does
+                self.windows.settle(window, window.amount, window.micros)
+            if held is not None:
+                log.info("task %s: call of step %d failed after an attempt that may have been billed; its hold "
+                         "of %d tokens counted as unknown", s.task_id, s.next_step, held.amount)  # fmt: skip
+        else:
+            self.unspent(s, window)
+        error: dict[str, Any] = {
+            "code": exc.code,
+            "message": exc.message,
+            "status_code": exc.status_code,
+            "attempts": exc.attempts,
+        }
+        if exc.retryable and s.admission is not None:  # an outage or an overload: the fleet learns of it
+            key = self.router.key(s)
+            if exc.status_code == 429 and exc.retry_after:
+                self.flow.slow_down(key, exc.retry_after)
+            if self.flow.failed(key, s.admission):
+                # Open: the task waits for the circuit, not for the DLQ.
+                self.tasks.release(s.lease, forget_batch=s.task.batch is not None)
+                wait = self.flow.cooldown_seconds
+                return RunResult(s.task_id, "deferred", error={**error, "code": "circuit_open", "retry_after": wait})
+        if exc.retryable:
+            self.tasks.release(s.lease, forget_batch=s.task.batch is not None)
+            return RunResult(s.task_id, "retry", error=error)
+        self.tasks.transition(s.task_id, TaskStatus.FAILED, lease=s.lease, result=final_text(s.messages), error=error)
+        return RunResult(s.task_id, "finished", status=TaskStatus.FAILED, error=error)
+
+    def cost(self, provider: str, answered: str, asked: str, response: LLMResponse) -> Decimal:
+        """The call's cost, priced by the model that answered, else by the one asked for (a
+        submission names a priced model: ``check_submission``). Never $0 without a word."""
+        for model in (answered, asked):
+            if self.prices.price_for(model) is not None:
+                return self.prices.cost(model, response.usage)
+        if provider != "scripted":
+            log.warning("no price for model %r (nor %r): this call is recorded at $0; add it to AGENTQ_PRICES",
+                        answered, asked)  # fmt: skip
+        return Decimal(0)
+
+    def note_retry(self, s: Session, notice: RetryNotice) -> None:
+        """A provider call failed and will be tried again: say so where status and the trace
+        read it (the write is fenced; a failure to write it changes nothing else)."""
+        now = time.time()
+        log.warning(
+            "model call failed (attempt %d of %d, %s): %s; next try in %.1fs",
+            notice.attempt, notice.max_attempts, notice.code, notice.message, notice.delay,
+        )  # fmt: skip
+        observe.otel.event("agentq.retry", {"agentq.attempt": notice.attempt, "agentq.max_attempts": notice.max_attempts,
+                                            "error.type": notice.code, "agentq.message": notice.message[:500],
+                                            "agentq.next_try_seconds": notice.delay})  # fmt: skip
+        state = RetryState(
+            step=s.next_step,
+            scope="call",
+            attempt=notice.attempt,
+            max_attempts=notice.max_attempts,
+            code=notice.code[:64],
+            message=notice.message[:500],
+            status_code=notice.status_code,
+            at=now,
+            next_at=now + notice.delay,
+        )
+        if not notice.unbilled:
+            s.call_may_be_billed = True
+        s.next_attempt_at = now + notice.delay
+        if notice.status_code == 429 and s.admission is not None:  # the whole fleet slows down, not only this call
+            self.flow.slow_down(self.router.key(s), notice.delay)
+        try:
+            self.tasks.record_retry(s.task_id, state, lease=s.lease)
+            if s.call_may_be_billed and not self.rehold(s):
+                raise NoHoldForRetry(notice)
+            self.holds.cover(s, now + notice.delay)  # the next attempt is a call of its own
+        except LeaseLost:
+            # Lost: no further attempt starts, so none can be answered past its hold's deadline.
+            s.held.lost.set()
+            raise
+        except NoHoldForRetry:
+            raise
+        except Exception:
+            log.warning("could not record the retry of task %s", s.task_id, exc_info=True)
