@@ -8,24 +8,22 @@ import dataclasses
 import json
 import logging
 import time
-from decimal import Decimal
 from typing import Any
 
 from agentq.core.context import resumed_goal
 from agentq.core.engine._commit import StepWriter
-from agentq.core.engine._llm_call import ModelCall
-from agentq.core.engine._llm_route import ModelRouter
+from agentq.core.engine._llm_call import Call, call_cost
 from agentq.core.engine._request import RequestBuilder
 from agentq.core.engine._session import Session
 from agentq.core.engine.conversation import final_text
 from agentq.core.engine.result import RunResult
 from agentq.core.errors import ConversationMoved, LeaseLost
 from agentq.core.faults import crash_point
-from agentq.core.models import CallStep, CompactStep, LLMStep, TaskStatus
+from agentq.core.models import CallStep, CompactStep, LLMStep, TaskStatus, TaskSubmission
 from agentq.core.output import answer_of, feedback
 from agentq.core.ports import BudgetLedger, FlowPort, StepLog, TenantWindowsPort
-from agentq.core.pricing import micros
-from agentq.core.providers import LLMRequest, LLMResponse
+from agentq.core.pricing import PriceTable
+from agentq.core.providers import LLMResponse
 from agentq.core.providers.base import BATCH_PRICE_RATIO
 from agentq.core.records import BudgetDelta, OrphanReason
 
@@ -39,55 +37,46 @@ class Answers:
         budgets: BudgetLedger,
         flow: FlowPort,
         windows: TenantWindowsPort,
+        prices: PriceTable,
         requests: RequestBuilder,
         writer: StepWriter,
-        router: ModelRouter,
-        calls: ModelCall,
     ) -> None:
         self.steps, self.budgets, self.flow, self.windows = steps, budgets, flow, windows
-        self.requests, self.writer, self.router, self.calls = requests, writer, router, calls
+        self.prices, self.requests, self.writer = prices, requests, writer
 
-    def answered(
-        self,
-        s: Session,
-        request: LLMRequest,
-        response: LLMResponse,
-        started: float,
-        reserved: int,
-        max_out: int,
-        window: Any,
-        compact: bool,
-    ) -> RunResult | None:
-        """Commit the call's answer as the next step, settling its hold with what it used."""
+    def commit(self, s: Session, call: Call, response: LLMResponse) -> RunResult | None:
+        """Commit ``call``'s answer as the next step, settling its hold with what it used."""
         crash_point("after_llm_call")
-        if s.admission is not None:
+        request, route, sub = call.asked, call.route, s.task.submission
+        if route.admission is not None:
             usage = response.usage
-            key = self.router.key(s)
-            self.flow.succeeded(key, s.admission)
+            key = route.key(sub)
+            self.flow.succeeded(key, route.admission)
             # Against a provider's input limit count uncached and cache-write tokens, not reads.
             self.flow.settle(
-                key, s.admission, usage.input_tokens + usage.cache_creation_input_tokens, usage.output_tokens
+                key, route.admission, usage.input_tokens + usage.cache_creation_input_tokens, usage.output_tokens
             )
-        cost = self.calls.cost(s.task.submission.provider, response.model or request.model, request.model, response)
+        cost = call_cost(self.prices, sub.provider, response.model or request.model, request.model, response)
         if s.economy:
             cost = cost * BATCH_PRICE_RATIO
+        started = call.started
         answered = CallStep(
             content=response.content,
             stop_reason=response.stop_reason,
             model=response.model or request.model,
             usage=response.usage,
             cost_usd=cost,
-            reserved_tokens=reserved,
+            reserved_tokens=call.reserved,
             attempts=response.attempts,
             started_at=started,
             duration_ms=int((time.time() - started) * 1000),
             batched=s.economy,
-            provider=s.model_choice.provider if s.model_choice else s.task.submission.provider,
-            fallback_from=s.fallback_note,
+            provider=route.provider(sub),
+            fallback_from=route.fallback,
         )
         held = s.task.inflight
         settle = BudgetDelta(
-            reserved=reserved,
+            reserved=call.reserved,
             used=response.usage.total,
             cost_usd=cost,
             tokens_in=response.usage.input_total,
@@ -95,15 +84,15 @@ class Answers:
             reserved_micros=held.micros if held else 0,
         )
         step: LLMStep | CompactStep
-        if compact:
+        if call.compact:
             step = CompactStep(**dict(answered), summarised_through=s.next_step - 1)
             summary = step.text()
-            goal = s.goal or s.task.submission.goal
+            goal = s.goal or sub.goal
             messages = [{"role": "user", "content": resumed_goal(goal, summary)}] if summary else s.messages
             finish, result, error = None, None, None
         else:
             step = LLMStep(**dict(answered), cleared_before=self.requests.context(s)[1])
-            messages, finish, result, error = self.turn_outcome(s, step, max_out)
+            messages, finish, result, error = turn_outcome(s.messages, sub, step, call.max_out)
         if held is not None and held.until is not None and time.time() > held.until:
             log.warning("task %s: call answered after its hold's deadline; raise AGENTQ_MAX_CALL_SECONDS", s.task_id)
         try:
@@ -120,63 +109,58 @@ class Answers:
         except ConversationMoved as moved:
             # Interrupted: the answer is discarded, and paid for, as a lost lease's would be.
             s.inbox = dataclasses.replace(s.inbox, received=moved.received, interrupt_at=moved.interrupt_at)
-            self.discard(s, step, settle, window, response, cost, reason="interrupted")
+            self.discard(s, step, settle, call.window, reason="interrupted")
             log.info("task %s: answer of step %d discarded (interrupted)", s.task_id, s.next_step)
             return None
         except LeaseLost:
             # The provider answered, so the tokens are spent whoever owns the task now, and
             # whoever learned of the lost lease: the ledger gets them once, as an orphan.
-            self.discard(s, step, settle, window, response, cost, reason="lease_lost")
+            self.discard(s, step, settle, call.window, reason="lease_lost")
             raise
-        if window is not None:
-            self.windows.settle(window, response.usage.total, micros(cost))
+        if call.window is not None:
+            self.windows.settle(call.window, settle.used, settle.used_micros)
         self.writer.committed(s, record, messages)
         update: dict[str, Any] = {"inflight": None, "batch": None, **({"status": finish} if finish else {})}
-        if compact:
+        if call.compact:
             update["compacted_at"] = record.number
         s.task = s.task.model_copy(update=update)
-        crash_point("after_compaction" if compact else "after_llm_commit")
+        crash_point("after_compaction" if call.compact else "after_llm_commit")
         if finish:
             return RunResult(s.task_id, "finished", status=finish)
         return None
 
     def discard(
-        self,
-        s: Session,
-        step: LLMStep | CompactStep,
-        settle: BudgetDelta,
-        window: Any,
-        response: LLMResponse,
-        cost: Decimal,
-        *,
-        reason: OrphanReason,
+        self, s: Session, step: LLMStep | CompactStep, settle: BudgetDelta, window: Any, *, reason: OrphanReason
     ) -> None:
-        """An answer that will not be committed: its usage is settled once, with the hold, and
-        the call stays in the trace as an orphan, with why (``reason``)."""  # fmt: skip
+        """An answer that will not be committed: its usage is settled once, with the hold (and
+        the tenant ``window``'s hold for it), and the call stays in the trace as an orphan, with
+        why (``reason``)."""
         self.budgets.settle_orphan(
             s.task_id, s.task.budget_id, settle, inflight_epoch=s.lease.epoch, parent_id=s.task.parent_id
         )
         self.steps.record_orphan(s.lease, s.next_step, step, reason=reason)
         if window is not None:
-            self.windows.settle(window, response.usage.total, micros(cost))
+            self.windows.settle(window, settle.used, settle.used_micros)
         s.task = s.task.model_copy(update={"inflight": None, "batch": None})
 
-    def turn_outcome(
-        self, s: Session, step: LLMStep, max_out: int
-    ) -> tuple[list[dict[str, Any]], TaskStatus | None, str | None, dict[str, Any] | None]:
-        """The conversation after an agent turn, and whether (and how) the turn ends the task."""
-        messages = [*s.messages, {"role": "assistant", "content": step.content}]
-        finish, error = turn_end(step, max_out, shrunk=max_out < s.task.submission.constraints.max_output_tokens)
-        result = final_text(messages) if finish else None
-        schema = s.task.submission.output_schema
-        if schema is not None and error is None:
-            answered, answer = answer_of(schema, step.content)
-            if answered:  # a valid final answer ends the task, whatever else the turn holds
-                finish, result = TaskStatus.SUCCEEDED, json.dumps(answer, ensure_ascii=False)
-            elif finish is TaskStatus.SUCCEEDED:  # text that is not a valid answer: the model is told why
-                finish = None
-                messages.append({"role": "user", "content": feedback(schema, step.content)})
-        return messages, finish, result, error
+
+def turn_outcome(
+    messages: list[dict[str, Any]], sub: TaskSubmission, step: LLMStep, max_out: int
+) -> tuple[list[dict[str, Any]], TaskStatus | None, str | None, dict[str, Any] | None]:
+    """The conversation after an agent turn (``messages`` and the turn), and whether (and how)
+    the turn ends the task."""
+    messages = [*messages, {"role": "assistant", "content": step.content}]
+    finish, error = turn_end(step, max_out, shrunk=max_out < sub.constraints.max_output_tokens)
+    result = final_text(messages) if finish else None
+    schema = sub.output_schema
+    if schema is not None and error is None:
+        answered, answer = answer_of(schema, step.content)
+        if answered:  # a valid final answer ends the task, whatever else the turn holds
+            finish, result = TaskStatus.SUCCEEDED, json.dumps(answer, ensure_ascii=False)
+        elif finish is TaskStatus.SUCCEEDED:  # text that is not a valid answer: the model is told why
+            finish = None
+            messages.append({"role": "user", "content": feedback(schema, step.content)})
+    return messages, finish, result, error
 
 
 def turn_end(step: LLMStep, max_out: int, *, shrunk: bool) -> tuple[TaskStatus | None, dict[str, Any] | None]:

@@ -8,13 +8,14 @@ import os
 import time
 from typing import Any
 
+from agentq.core.engine._llm_call import Call
 from agentq.core.engine._session import Session
 from agentq.core.engine.result import RunResult
 from agentq.core.errors import ProviderError
 from agentq.core.faults import crash_point
 from agentq.core.models import TaskStatus
 from agentq.core.ports import TaskLeases, TenantWindowsPort
-from agentq.core.providers import LLMRequest, LLMResponse, ProviderFactory
+from agentq.core.providers import LLMResponse, ProviderFactory
 from agentq.core.providers.base import BatchProvider
 
 log = logging.getLogger("agentq.engine")
@@ -24,12 +25,11 @@ class Batches:
     def __init__(self, providers: ProviderFactory, tasks: TaskLeases, windows: TenantWindowsPort) -> None:
         self.providers, self.tasks, self.windows = providers, tasks, windows
 
-    def batched(
-        self, s: Session, request: LLMRequest, window: Any, batch: dict[str, Any] | None
-    ) -> RunResult | tuple[LLMResponse, float]:
+    def batched(self, s: Session, call: Call, batch: dict[str, Any] | None) -> LLMResponse | RunResult:
         """Economy: the turn goes out as a batch of one and the task parks in ``waiting``,
         holding no compute and keeping its budget hold (deadline: the batch's 24-hour window);
-        the run that claims it once the batch ended gets the answer here, to commit as any.
+        the run that claims it once the batch ended gets the answer here (``batch``: the one the
+        task waited on; ``Call.started``: when it was sent), to commit as any.
 
         A worker killed between sending the batch and parking leaves the hold of its epoch: the
         next claim sets it aside until that deadline and sends the turn again (the batch that
@@ -43,15 +43,18 @@ class Batches:
         if batch is not None:
             response = provider.batch_result(str(batch["id"]), str(batch["custom_id"]))
             if response is None:  # looked at before it ended: wait again
-                return self.park(s, batch, window)
-            return response, float(batch["submitted_at"])
+                return self.park(s, batch, call.window)
+            call.started = float(batch["submitted_at"])
+            return response
         custom_id = f"{s.task_id}-s{s.next_step}-e{s.lease.epoch}"[:64]
         record = {"custom_id": custom_id, "step": s.next_step, "epoch": s.lease.epoch, "submitted_at": time.time()}
-        record["id"] = provider.submit_batch(request, custom_id)
+        record["id"] = provider.submit_batch(call.request, custom_id)
         crash_point("after_batch_submit")
-        return self.park(s, record, window)
+        return self.park(s, record, call.window)
 
     def park(self, s: Session, record: dict[str, Any], window: Any) -> RunResult:
+        """The task waits for the batch ``record`` names, without a worker (a ``batch_poll``
+        message looks at it), its hold kept."""
         if window is not None:  # the tenant window counts the call when its result is in
             self.windows.settle(window, 0)
         self.tasks.transition(s.task_id, TaskStatus.WAITING, lease=s.lease, extra={"batch": record})

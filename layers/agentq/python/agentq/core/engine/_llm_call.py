@@ -1,11 +1,19 @@
 """The LLM call on the wire: its attempts and their holds, the streamed text and usage it
-reports, and how it ends when it does not answer (cut at the task's timeout, failed after its
-retries). What may have been billed stays counted (ARCHITECTURE 4)."""
+reports, the fallback that takes it after an outage, and how it ends when it does not answer
+(cut at the task's timeout, failed after its retries). What may have been billed stays counted
+(ARCHITECTURE 4).
+
+A ``Call`` is one call's own state, made by the turn and gone with it: what it sends, what it
+holds, the model it goes to, and what its attempts told so far. The run's ``Session`` keeps the
+conversation and the hold on META (``Task.inflight``); a call's attempts are nothing to the
+next call, so they live here, not there.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -13,8 +21,8 @@ from agentq import observe
 from agentq.core.engine._cut import CutCall, call_until, settle_late
 from agentq.core.engine._finish import finish_without_step
 from agentq.core.engine._holds import BudgetHolds
-from agentq.core.engine._llm_route import ModelRouter
-from agentq.core.engine._session import Session
+from agentq.core.engine._llm_route import ModelRouter, Route
+from agentq.core.engine._session import LeaseState, Session
 from agentq.core.engine._stops import timeout_at
 from agentq.core.engine.conversation import final_text
 from agentq.core.engine.result import RunResult
@@ -30,9 +38,33 @@ from agentq.core.providers.base import (
     reporting_text,
     reporting_usage,
 )
-from agentq.core.reservation import Seen
+from agentq.core.reservation import Reservation, Seen
 
 log = logging.getLogger("agentq.engine")
+
+
+@dataclass
+class Call:
+    """One model call of an LLM turn, from its hold to its answer or its end."""
+
+    request: LLMRequest  # as built for the task's own model (``asked``: as its model gets it)
+    max_out: int  # its output allowance (shrunk to what is left near the cap)
+    reserved: int  # the tokens its hold holds
+    compact: bool  # a compaction: its answer summarises the conversation
+    window: Any  # the tenant window's hold for it (None: the tenant has no hourly limits)
+    route: Route = field(default_factory=Route)  # the model it goes to (a fallback replaces it)
+    started: float = 0.0  # when it went out (a batch: when it was submitted)
+    # An attempt may have been billed (reported by its retries); False while every attempt
+    # failed unbilled: then a lease lost mid-call gives the hold back.
+    may_be_billed: bool = False
+    # When its next attempt starts (a retry's wait ends): a cut before it finds no attempt on
+    # the wire, so a hold whose attempts were all unbilled goes back.
+    next_attempt_at: float | None = None
+
+    @property
+    def asked(self) -> LLMRequest:
+        """The request as the model it goes to gets it."""
+        return self.route.asked(self.request)
 
 
 class NoHoldForRetry(ProviderError):
@@ -44,6 +76,18 @@ class NoHoldForRetry(ProviderError):
             f"{notice.message}; no budget left for another attempt after one that may have been billed",
             retryable=True, status_code=notice.status_code, attempts=notice.attempt, code=notice.code,
         )  # fmt: skip
+
+
+def call_cost(prices: PriceTable, provider: str, answered: str, asked: str, response: LLMResponse) -> Decimal:
+    """The call's cost, priced by the model that answered, else by the one asked for (a
+    submission names a priced model: ``check_submission``). Never $0 without a word."""
+    for model in (answered, asked):
+        if prices.price_for(model) is not None:
+            return prices.cost(model, response.usage)
+    if provider != "scripted":
+        log.warning("no price for model %r (nor %r): this call is recorded at $0; add it to AGENTQ_PRICES",
+                    answered, asked)  # fmt: skip
+    return Decimal(0)
 
 
 class ModelCall:
@@ -63,7 +107,47 @@ class ModelCall:
         self.windows, self.providers, self.prices = windows, providers, prices
         self.holds, self.router = holds, router
 
-    def rehold(self, s: Session) -> bool:
+    def make(self, s: Session, call: Call, demand: tuple[int, int]) -> LLMResponse | RunResult:
+        """The model's answer to ``call``, through its attempts and its fallbacks (each asked for
+        ``demand``: the input estimate, the whole hold); or how the run ends instead (the call
+        cut at the task's timeout, failed after its retries). ``LeaseLost`` when a fenced write
+        learnt of it, the hold given back first when no attempt can have been billed."""
+        try:
+            self.holds.cover(s, time.time())
+        except LeaseLost:
+            # Nothing went on the wire, so no call can be charged: the hold goes back now (from
+            # wherever a successor set it aside), not at its deadline.
+            self.unspent(s, call)
+            raise
+        call.started = time.time()
+        while True:
+            try:
+                return self.call(s, call)
+            except CallCut as cut:
+                return self.cut(s, call, cut)
+            except LeaseLost:
+                # Learnt between attempts (``note_retry``), after the last one failed. When
+                # every attempt failed unbilled (an error status, no connection), the call
+                # cannot be charged: its hold goes back now, from wherever a successor put it
+                # (set aside, or already counted as spent), not kept as an unknown.
+                if not call.may_be_billed:
+                    self.unspent(s, call)
+                raise
+            except ProviderError as exc:
+                # The failed model's last attempt was not reported as a retry: the error says
+                # whether it may have been billed (the earlier ones were told by their notices).
+                call.may_be_billed = call.may_be_billed or exc.maybe_billed
+                if s.task.inflight is None:  # no hold for another try
+                    return self.failed(s, call, exc)
+                route = self.router.fall_over(s.task, s.steps, call.route, exc, demand)
+                if route is None:
+                    return self.failed(s, call, exc)
+                call.route = route
+                if call.may_be_billed and not self.rehold(s, call):
+                    return self.failed(s, call, exc)
+                self.holds.cover(s, time.time())  # the next model's call is an attempt of its own
+
+    def rehold(self, s: Session, call: Call) -> bool:
         """An attempt that may have been billed failed, and another is to follow (a retry, or a
         fallback's call): the failed one's hold is counted as spent, its outcome unknown, and
         the next attempt gets a hold of its own, so what the provider may bill never passes the
@@ -72,40 +156,35 @@ class ModelCall:
         the budget cannot cover it: no further attempt."""
         spent = self.holds.spend(s)
         s.held.seen = None  # what that attempt billed went with its hold
-        s.call_may_be_billed = False  # the spent hold answers for that attempt; this one's are to come
+        call.may_be_billed = False  # the spent hold answers for that attempt; this one's are to come
         if spent is None or not self.holds.hold_again(s, spent.amount):
             return False
         s.sent_hold_step = s.next_step  # its attempt goes out at once: never "unsent"
         return True
 
-    def unspent(self, s: Session, window: Any) -> None:
+    def unspent(self, s: Session, call: Call) -> None:
         """The call's hold goes back, with the tenant window's hold for it: this run knows the call
         uncharged (nothing sent, or every attempt unbilled)."""
         self.holds.release(s)
-        if window is not None:
-            self.windows.settle(window, 0)
+        if call.window is not None:
+            self.windows.settle(call.window, 0)
 
-    def asked(self, s: Session, request: LLMRequest) -> LLMRequest:
-        """The request as it goes to the model chosen for it (a fallback's own model id)."""
-        choice = s.model_choice
-        return request if choice is None else request.model_copy(update={"model": choice.model})
-
-    def call(self, s: Session, request: LLMRequest, max_out: int, started: float) -> LLMResponse:
-        """The model's answer; ``CallCut`` when the task's timeout passes first (``_cut``)."""
-        sub = s.task.submission
-        choice = s.model_choice
-        if choice is not None and (choice.provider, choice.model) != (sub.provider, sub.model):
-            sub = sub.model_copy(update={"provider": choice.provider, "model": choice.model})
+    def call(self, s: Session, call: Call) -> LLMResponse:
+        """The model's answer; ``CallCut`` when the task's timeout passes first (``cut``)."""
+        request = call.asked
+        sub = call.route.submission(s.task.submission)
         provider = self.providers(sub)  # may fail too (a key it cannot read)
         cut = CutCall(s.task_id, s.task.budget_id, s.task.parent_id, s.lease, s.next_step, s.task.inflight)
+        started = call.started
         with (
             observe.llm_call(
-                provider=provider.name, model=request.model, max_tokens=max_out, task_id=s.task_id,
+                provider=provider.name, model=request.model, max_tokens=call.max_out, task_id=s.task_id,
                 step=s.next_step, endpoint=provider.endpoint if isinstance(provider, RemoteProvider) else None,
-            ) as call,
-            reporting_retries(lambda notice: self.note_retry(s, notice)),
+            ) as observed,
+            reporting_retries(lambda notice: self.note_retry(s, call, notice)),
             reporting_text(lambda text: setattr(s.held, "live_text", text)),
-            reporting_usage(lambda usage: self.saw(s, request.model, usage)),
+            # The hold as it is when the usage is told: a retry's may have replaced the first.
+            reporting_usage(lambda usage: self.saw(s.held, s.task.inflight, request.model, usage)),
         ):  # fmt: skip
             try:
                 response = call_until(
@@ -115,29 +194,29 @@ class ModelCall:
                 )
             finally:
                 s.held.live_text = None
-            call.answered(response)
+            observed.answered(response)
         s.held.seen = None  # the step carries its usage now
         return response
 
-    def saw(self, s: Session, model: str, usage: Usage) -> None:
+    def saw(self, held: LeaseState, hold: Reservation | None, model: str, usage: Usage) -> None:
         """A streamed call's usage so far, under the hold it is made under: the heartbeat
         publishes it, so a hold counted as spent leaves only the rest unknown (``Seen``)."""
-        held = s.task.inflight
-        if held is None:
+        if hold is None:
             return
         price = self.prices.price_for(model)
         cost = micros(price.cost(usage)) if price else 0
-        s.held.seen = Seen(held.epoch, held.step, held.until, usage.input_total, usage.output_tokens, cost)
+        held.seen = Seen(hold.epoch, hold.step, hold.until, usage.input_total, usage.output_tokens, cost)
 
-    def cut(self, s: Session, window: Any, cut: CallCut) -> RunResult:
+    def cut(self, s: Session, call: Call, cut: CallCut) -> RunResult:
         """The task's timeout passed with the call in flight: the call is cut (``_cut``), the
         hold counted as spent, since whether the provider answered and billed it is unknown (an
-        answer that still comes corrects it: ``_late``), and the task ends ``timed_out`` now. A
+        answer that still comes corrects it: ``late``), and the task ends ``timed_out`` now. A
         call the deadline stopped before it started gives its hold back."""
-        between_attempts = s.next_attempt_at is not None and timeout_at(s) < s.next_attempt_at
-        if not cut.sent or (between_attempts and not s.call_may_be_billed):
+        window = call.window
+        between_attempts = call.next_attempt_at is not None and timeout_at(s) < call.next_attempt_at
+        if not cut.sent or (between_attempts and not call.may_be_billed):
             # Nothing on the wire that this hold answers for: the call never started, or it was
-            # cut in a retry's wait after attempts that were all unbilled (or spent: ``_rehold``).
+            # cut in a retry's wait after attempts that were all unbilled (or spent: ``rehold``).
             if window is not None:
                 self.windows.settle(window, 0)
             return finish_without_step(self.tasks, self.holds, s, TaskStatus.TIMED_OUT)
@@ -159,7 +238,7 @@ class ModelCall:
             stop_reason=response.stop_reason,
             model=response.model or request.model,
             usage=response.usage,
-            cost_usd=self.cost(provider, response.model or request.model, request.model, response),
+            cost_usd=call_cost(self.prices, provider, response.model or request.model, request.model, response),
             reserved_tokens=cut.hold.amount if cut.hold else 0,
             attempts=response.attempts,
             started_at=started,
@@ -168,12 +247,13 @@ class ModelCall:
         )
         settle_late(self.budgets, self.steps, cut, step)
 
-    def call_failed(self, s: Session, exc: ProviderError, window: Any) -> RunResult:
+    def failed(self, s: Session, call: Call, exc: ProviderError) -> RunResult:
         """The provider failed the call (its retries spent); the task is tried again later, or
         fails now when no retry can help. The hold goes back when no attempt can have been
-        billed; when one may have been (``Session.call_may_be_billed``), it is counted as
-        spent, as the unknown it is (ARCHITECTURE 4), not returned on a guess."""
-        if s.call_may_be_billed:
+        billed; when one may have been (``Call.may_be_billed``), it is counted as spent, as the
+        unknown it is (ARCHITECTURE 4), not returned on a guess."""
+        window = call.window
+        if call.may_be_billed:
             held = self.holds.spend(s)
             if window is not None:  # the tenant's hour keeps it too, as the budget does
                 self.windows.settle(window, window.amount, window.micros)
@@ -181,18 +261,19 @@ class ModelCall:
                 log.info("task %s: call of step %d failed after an attempt that may have been billed; its hold "
                          "of %d tokens counted as unknown", s.task_id, s.next_step, held.amount)  # fmt: skip
         else:
-            self.unspent(s, window)
+            self.unspent(s, call)
         error: dict[str, Any] = {
             "code": exc.code,
             "message": exc.message,
             "status_code": exc.status_code,
             "attempts": exc.attempts,
         }
-        if exc.retryable and s.admission is not None:  # an outage or an overload: the fleet learns of it
-            key = self.router.key(s)
+        admission = call.route.admission
+        if exc.retryable and admission is not None:  # an outage or an overload: the fleet learns of it
+            key = call.route.key(s.task.submission)
             if exc.status_code == 429 and exc.retry_after:
                 self.flow.slow_down(key, exc.retry_after)
-            if self.flow.failed(key, s.admission):
+            if self.flow.failed(key, admission):
                 # Open: the task waits for the circuit, not for the DLQ.
                 self.tasks.release(s.lease, forget_batch=s.task.batch is not None)
                 wait = self.flow.cooldown_seconds
@@ -203,18 +284,7 @@ class ModelCall:
         self.tasks.transition(s.task_id, TaskStatus.FAILED, lease=s.lease, result=final_text(s.messages), error=error)
         return RunResult(s.task_id, "finished", status=TaskStatus.FAILED, error=error)
 
-    def cost(self, provider: str, answered: str, asked: str, response: LLMResponse) -> Decimal:
-        """The call's cost, priced by the model that answered, else by the one asked for (a
-        submission names a priced model: ``check_submission``). Never $0 without a word."""
-        for model in (answered, asked):
-            if self.prices.price_for(model) is not None:
-                return self.prices.cost(model, response.usage)
-        if provider != "scripted":
-            log.warning("no price for model %r (nor %r): this call is recorded at $0; add it to AGENTQ_PRICES",
-                        answered, asked)  # fmt: skip
-        return Decimal(0)
-
-    def note_retry(self, s: Session, notice: RetryNotice) -> None:
+    def note_retry(self, s: Session, call: Call, notice: RetryNotice) -> None:
         """A provider call failed and will be tried again: say so where status and the trace
         read it (the write is fenced; a failure to write it changes nothing else)."""
         now = time.time()
@@ -237,13 +307,13 @@ class ModelCall:
             next_at=now + notice.delay,
         )
         if not notice.unbilled:
-            s.call_may_be_billed = True
-        s.next_attempt_at = now + notice.delay
-        if notice.status_code == 429 and s.admission is not None:  # the whole fleet slows down, not only this call
-            self.flow.slow_down(self.router.key(s), notice.delay)
+            call.may_be_billed = True
+        call.next_attempt_at = now + notice.delay
+        if notice.status_code == 429 and call.route.admission is not None:  # the whole fleet slows, not only this call
+            self.flow.slow_down(call.route.key(s.task.submission), notice.delay)
         try:
             self.tasks.record_retry(s.task_id, state, lease=s.lease)
-            if s.call_may_be_billed and not self.rehold(s):
+            if call.may_be_billed and not self.rehold(s, call):
                 raise NoHoldForRetry(notice)
             self.holds.cover(s, now + notice.delay)  # the next attempt is a call of its own
         except LeaseLost:

@@ -4,7 +4,9 @@
 shared heartbeat in ``queueing.heartbeat``): the lease it renews, the flag it raises when a
 renewal is refused, the commit on the wire that renews the lease anyway, and the live text a
 streamed call publishes. ``Session`` is the run's own state, touched by the loop's thread only:
-the task as last written, the committed steps and the conversation they make.
+the task as last written, the committed steps and the conversation they make. What one LLM call
+alone touches (its request, its route, what its attempts told) is that call's
+(``_llm_call.Call``), not the session's.
 """
 
 from __future__ import annotations
@@ -18,8 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from agentq.core.errors import LeaseLost
-from agentq.core.flow import Admission
-from agentq.core.models import FallbackNote, Lease, ModelChoice, StepRecord, Task
+from agentq.core.models import Lease, StepRecord, Task
 from agentq.core.ports import NoteBook, TaskLeases
 from agentq.core.records import Inbox
 from agentq.core.reservation import Seen
@@ -65,20 +66,12 @@ class Session:
     context: tuple[int, list[dict[str, Any]], int, bool] | None = None
     earlier_turns: int = 0  # LLM turns before the steps loaded (a resume starts at the latest compaction)
     short_of: Literal["tokens", "money"] = "tokens"  # what the budget lacked when a hold was refused
-    admission: Admission | None = None  # fleet flow control's answer for the call in progress (core.flow)
-    model_choice: ModelChoice | None = None  # the model the call in progress goes to (its own, or a fallback)
-    # An attempt of the call in progress may have been billed (reported by its retries); False
-    # while every attempt failed unbilled: then a lease lost mid-call gives the hold back.
-    call_may_be_billed: bool = False
-    # When the call's next attempt starts (a retry's wait ends): a cut before it finds no attempt
-    # on the wire, so a hold whose attempts were all unbilled goes back.
-    next_attempt_at: float | None = None
     # The step of the hold under which this run has started sending a call (or submitted a
     # batch, or adopted one): a hold of another step, found when the lease is lost, is one whose
     # call never went out. The hold's own step, not the call's: a message delivered after the
     # tools commit that reserved the hold moves the call one step on, under that same hold.
+    # The run's, not one call's: the loop reads it whichever turn learnt of the lost lease.
     sent_hold_step: int | None = None
-    fallback_note: FallbackNote | None = None  # the call in progress went to a fallback: from which model, why
     goal: str = ""  # the first message: the submission's goal, with its dependencies' results (core.dependencies)
     inbox: Inbox = field(default_factory=Inbox)  # a person's messages and interrupt, as META last said (_messages)
 
