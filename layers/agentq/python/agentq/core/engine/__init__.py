@@ -10,8 +10,13 @@ adapters pass a deadline and read the ``RunResult``.
 The package, by module: ``_loop`` (``Engine``: claim, the loop, how a run ends), one module per
 kind of turn (``_llm_turn``, ``_tool_turn``, ``_tool_call``, ``_approvals``, ``_spawn``) over the
 protocol they share (``_operation``), budget holds (``_holds``), the request (``_request``), the
-step commit (``_commit``), why a call must not start (``_stops``), the session and its lease
-(``_session``); public: ``conversation`` (pure helpers ``control`` uses too), ``config``, ``result``.
+step commit (``_commit``), why a call must not start (``_stops``), ending a task without a step
+(``_finish``), the session and its lease (``_session``); public: ``conversation`` (pure helpers
+``control`` uses too), ``config``, ``result``. The LLM turn orchestrates four modules, each
+owning what it touches: which model takes the call (``_llm_route``: admission and fallbacks), the
+call on the wire (``_llm_call``: its attempts, their holds, a cut at the timeout, a failure;
+``Call`` is one call's own state), economy's batches (``_llm_batch``), and the answer's commit
+(``_llm_answer``: the step with its settlement, or an orphan).
 """
 
 from agentq.core.engine._holds import HoldsInFlight

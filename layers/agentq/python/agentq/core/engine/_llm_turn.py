@@ -4,6 +4,10 @@ call used in the same write.
 
 A call answered after its worker lost the lease is still paid for: its usage is settled once
 as an orphan (ARCHITECTURE 4) and kept in the trace, and the step is left to the new owner.
+
+This module only orders those steps; each is a module that owns what it touches: the route
+(``_llm_route``), the call on the wire (``_llm_call``, whose ``Call`` is the call's own state),
+the batch (``_llm_batch``) and the answer's commit (``_llm_answer``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``Engine``: claim a task, rebuild its session from the committed steps, and run turns until
 it ends, parks, loses its lease, or its time slice ends.
 
-Each turn is a module of its own (``_llm_turn``, ``_tool_turn`` with ``_tool_call``,
+Each turn is a module of its own (``_llm_turn`` with ``_llm_call``, ``_tool_turn`` with ``_tool_call``,
 ``_approvals`` and ``_spawn``, ``_messages`` for a person's messages and interrupts); budget holds are ``_holds``; the request is ``_request``. The
 loop only decides which turn comes next from the last committed step, and how a run ends.
 """

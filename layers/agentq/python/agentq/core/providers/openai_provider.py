@@ -57,7 +57,7 @@ from agentq.core.providers.retry import (
 API_KEY_VARIABLE = "OPENAI_API_KEY"
 BASE_URL_VARIABLE = "OPENAI_BASE_URL"
 
-# finish_reason -> the Messages API's stop_reason, which the engine reads (core/engine/_llm_turn.turn_end).
+# finish_reason -> the Messages API's stop_reason, which the engine reads (core/engine/_llm_answer.turn_end).
 STOP_REASONS = {
     "stop": "end_turn",
     "tool_calls": "tool_use",
