@@ -9,12 +9,21 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from agentq.core.memory import MAX_MEMORY_ATTACHMENTS, MemoryAttachment, unique_stores
 from agentq.core.reservation import Reservation, Seen
 from agentq.core.status import TERMINAL_STATUSES as TERMINAL_STATUSES
 from agentq.core.status import TaskStatus as TaskStatus
+from agentq.core.workspace import WorkspaceRef, WorkspaceSpec
 
 MAX_TIMEOUT_SECONDS = 24 * 3600
 MAX_GOAL_CHARS = 20_000
@@ -326,6 +335,11 @@ class TaskSubmission(StrictModel):
     def _unique_memory(cls, attachments: list[MemoryAttachment]) -> list[MemoryAttachment]:
         return unique_stores(attachments)
 
+    workspace: WorkspaceSpec | None = Field(
+        default=None,
+        description="a workspace of files for the task (docs/SANDBOX.md): its starting files and the hosts its "
+        "shell may reach; a task allowed a workspace tool (shell, read_file, ...) has an empty one without it",
+    )
     fallbacks: list[ModelChoice] = Field(
         default_factory=list,
         max_length=MAX_FALLBACKS,
@@ -455,6 +469,17 @@ class ToolsStep(StrictModel):
 
     kind: Literal["tools"] = "tools"
     results: list[ToolOutcome]
+    workspace: WorkspaceRef | None = Field(
+        default=None, description="the workspace these calls left, when they changed it (core.workspace)"
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_workspace(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A step that left no workspace is stored exactly as before workspaces existed."""
+        out: dict[str, Any] = handler(self)
+        if out.get("workspace") is None:
+            out.pop("workspace", None)
+        return out
 
 
 class UserMessage(StrictModel):
@@ -595,6 +620,9 @@ class Task(BaseModel):
     # The provider and model that answer since a fallback took over (set by the commit of the
     # step that records the switch); None: the task's own model answers.
     answered_by: dict[str, str] | None = None
+    # The workspace as of the last committed step that changed it (core.workspace): what a
+    # takeover restores. None: the submission's starting files (or an empty workspace).
+    workspace: WorkspaceRef | None = None
 
     @field_validator("inflight", mode="before")
     @classmethod

@@ -219,6 +219,19 @@ class MessageBox(Protocol):
     def go_idle(self, lease: Lease, *, delivered: int) -> Inbox | None: ...
 
 
+class WorkspaceStore(Protocol):
+    """A task's workspace content (``core.workspace``, ``storage.workspaces``): content-addressed
+    blobs and manifests; a missing one raises a ``LookupError``."""
+
+    def put_blobs(self, task_id: str, blobs: dict[str, bytes]) -> None: ...
+
+    def get_blobs(self, task_id: str, digests: list[str]) -> dict[str, bytes]: ...
+
+    def put_manifest(self, task_id: str, digest: str, data: bytes) -> None: ...
+
+    def get_manifest(self, task_id: str, digest: str) -> bytes: ...
+
+
 class EngineStorage(Protocol):
     """Everything the engine reads and writes, by aggregate."""
 
@@ -254,3 +267,6 @@ class EngineStorage(Protocol):
 
     @property
     def memory_stores(self) -> MemoryBook: ...
+
+    @property
+    def workspaces(self) -> WorkspaceStore: ...

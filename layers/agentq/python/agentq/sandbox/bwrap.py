@@ -29,7 +29,9 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from agentq.sandbox import runner
 from agentq.sandbox.base import ExecRequest, ExecResult, SandboxLimits, SandboxUnavailable
@@ -76,6 +78,17 @@ def filesystem_args(python: str) -> list[str]:
     return args
 
 
+@dataclass(frozen=True)
+class Setup:
+    """Additions to a call's sandbox: bwrap arguments mounting more than the private ``/tmp``
+    (a workspace), the directory to start in, runner settings and environment."""
+
+    mounts: tuple[str, ...] = ()
+    workdir: str = WORKDIR
+    config: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+
 class BwrapSandbox:
     name = "bwrap"
 
@@ -85,7 +98,7 @@ class BwrapSandbox:
         self.python = interpreter()
         self._runner = runner_source()
 
-    def command(self, request: ExecRequest, status_fd: int) -> list[str]:
+    def command(self, request: ExecRequest, status_fd: int, setup: Setup | None = None) -> list[str]:
         if self.bwrap is None:
             raise SandboxUnavailable(
                 "python_exec needs bubblewrap (the 'bwrap' command) to isolate code, and it is not installed "
@@ -93,6 +106,7 @@ class BwrapSandbox:
                 "AGENTQ_SANDBOX at the sandbox Lambda function"
             )
         limits = self.limits
+        setup = setup or Setup()
         config = {
             "cpu_seconds": math.ceil(request.timeout_seconds) + 1,
             "memory_bytes": request.memory_mb * 1024 * 1024,
@@ -100,9 +114,10 @@ class BwrapSandbox:
             "max_open_files": limits.max_open_files,
             "max_code_bytes": limits.max_code_bytes,
             "expect_namespaces": True,
+            **setup.config,
         }
         env: list[str] = []
-        for key, value in SANDBOX_ENV.items():
+        for key, value in {**SANDBOX_ENV, **setup.env}.items():
             env += ["--setenv", key, value]
         return [
             self.bwrap,
@@ -122,14 +137,17 @@ class BwrapSandbox:
             "--remount-ro", "/dev",
             "--size", str(limits.max_disk_bytes),
             "--tmpfs", WORKDIR,
-            "--chdir", WORKDIR,
+            *setup.mounts,
+            "--chdir", setup.workdir,
             "--remount-ro", "/",
             "--json-status-fd", str(status_fd),
             "--",
             self.python, "-I", "-S", "-B", "-u", "-c", self._runner, json.dumps(config),
         ]  # fmt: skip
 
-    def run(self, request: ExecRequest) -> ExecResult:
+    def run(self, request: ExecRequest, setup: Setup | None = None) -> ExecResult:
+        """Run ``request`` (``setup``: what a workspace adds: its directory bound in, the
+        runner's mode; see ``sandbox.workspace``)."""
         code = request.code.encode("utf-8")
         if len(code) > self.limits.max_code_bytes:
             raise ValueError(
@@ -146,7 +164,7 @@ class BwrapSandbox:
                 os.close(fd)
 
         try:
-            argv = self.command(request, write_end)
+            argv = self.command(request, write_end, setup)
             status = _StatusReader(read_end, self.limits.max_disk_bytes)
             open_fds.discard(read_end)  # the reader closes it
             status.start()

@@ -34,8 +34,10 @@ import json
 import os
 import platform
 import resource
+import socket
 import struct
 import sys
+import threading
 import traceback
 import types
 
@@ -123,13 +125,25 @@ RET_KILL_PROCESS = 0x80000000
 RET_ERRNO = 0x00050000
 
 
-def build_filter(arch: str, own_pid: int) -> bytes:
+# What a workspace's shell may do that python_exec may not (``build_filter(processes=True)``):
+# start processes (a shell is nothing else), signal them (its own PID namespace is the wall:
+# bubblewrap's, which ``expect_namespaces`` checks), and open sockets of the families a build
+# or a test run uses, in a network namespace that holds only its own loopback device.
+_PROCESS_CALLS = ("execve", "execveat", "fork", "vfork")
+_SOCKET_CALLS = ("socket", "connect", "bind", "listen", "accept", "accept4")
+AF_INET, AF_INET6 = 2, 10
+
+
+def build_filter(arch: str, own_pid: int, *, processes: bool = False) -> bytes:
     """The filter program for ``arch``, as the bytes of a ``struct sock_filter`` array.
 
     Argument checks look at the low 32 bits only, which is what the kernel itself reads for
     a ``pid_t`` or ``int`` argument, so the upper half cannot be used to sneak past them.
+    ``processes``: the workspace shell's filter (see ``_PROCESS_CALLS``); still no ptrace,
+    namespaces, mounts, modules, BPF, io_uring, nor a socket family but Unix, IPv4 and IPv6.
     """
     table = SYSCALLS[arch]
+    deny = [n for n in _DENY if not (processes and n in (*_PROCESS_CALLS, *_SOCKET_CALLS))]
     prog: list[tuple[int, int | str, int | str, int]] = []
 
     def op(code: int, k: int, jt: int | str = 0, jf: int | str = 0) -> None:
@@ -141,10 +155,12 @@ def build_filter(arch: str, own_pid: int) -> bytes:
     op(_LD_ABS_W, _OFF_NR)
     if arch == "x86_64":
         op(_JGE, X32_SYSCALL_BIT, "kill", 0)
-    for name in _DENY:
+    for name in deny:
         if name in table:
             op(_JEQ, table[name], "deny", 0)
-    for name in _OWN_PID_ONLY:
+    if processes:
+        op(_JEQ, table["socket"], "socket", 0)
+    for name in () if processes else _OWN_PID_ONLY:
         op(_JEQ, table[name], "own_pid", 0)
     for name in _SELF_OR_ZERO:
         op(_JEQ, table[name], "self_or_zero", 0)
@@ -162,11 +178,21 @@ def build_filter(arch: str, own_pid: int) -> bytes:
     op(_JEQ, own_pid, "allow", "deny")
     labels["clone"] = len(prog)
     op(_LD_ABS_W, _OFF_ARG0)
-    op(_AND, CLONE_THREAD | CLONE_NAMESPACES)
-    op(_JEQ, CLONE_THREAD, "allow", "deny")
+    if processes:  # any process or thread, never a new namespace
+        op(_AND, CLONE_NAMESPACES)
+        op(_JEQ, 0, "allow", "deny")
+    else:
+        op(_AND, CLONE_THREAD | CLONE_NAMESPACES)
+        op(_JEQ, CLONE_THREAD, "allow", "deny")
+    if processes:
+        labels["socket"] = len(prog)
+        op(_LD_ABS_W, _OFF_ARG0)
+        op(_JEQ, AF_UNIX, "allow", 0)
+        op(_JEQ, AF_INET, "allow", 0)
+        op(_JEQ, AF_INET6, "allow", "deny")
     labels["socketpair"] = len(prog)
     op(_LD_ABS_W, _OFF_ARG0)
-    op(_JEQ, AF_UNIX, 0, "deny")
+    op(_JEQ, AF_UNIX, "allow" if processes else 0, "deny")
     op(_LD_ABS_W, _OFF_ARG1)
     op(_AND, SOCK_TYPE_MASK)
     op(_JEQ, SOCK_STREAM, "allow", "deny")
@@ -240,6 +266,8 @@ def _set_limits(config: dict[str, int]) -> None:
     lower(resource.RLIMIT_FSIZE, int(config["max_file_bytes"]))
     lower(resource.RLIMIT_NOFILE, int(config["max_open_files"]))
     lower(resource.RLIMIT_CORE, 0)
+    if "max_processes" in config:  # a workspace shell: counted in its own user namespace
+        lower(resource.RLIMIT_NPROC, int(config["max_processes"]))
 
 
 def _check_namespaces() -> None:
@@ -254,18 +282,18 @@ def _check_namespaces() -> None:
         _fail(f"other processes are visible ({len(others)}): no private PID namespace")
 
 
-def _run_script(source: bytes) -> None:
-    with open(CODE_FILE, "wb") as f:  # so tracebacks and inspect can show the script's lines
+def _run_script(source: bytes, code_file: str = CODE_FILE) -> None:
+    with open(code_file, "wb") as f:  # so tracebacks and inspect can show the script's lines
         f.write(source)
     try:
-        code = compile(source, CODE_FILE, "exec", dont_inherit=True)
+        code = compile(source, code_file, "exec", dont_inherit=True)
     except SyntaxError as exc:
         sys.stderr.write("".join(traceback.format_exception_only(type(exc), exc)))
         sys.exit(1)
     module = types.ModuleType("__main__")
-    module.__file__ = CODE_FILE
+    module.__file__ = code_file
     sys.modules["__main__"] = module
-    sys.argv[:] = [CODE_FILE]
+    sys.argv[:] = [code_file]
     sys.path.insert(0, "")  # modules the script writes next to itself stay importable
     try:
         exec(code, module.__dict__)
@@ -274,6 +302,77 @@ def _run_script(source: bytes) -> None:
     except BaseException as exc:
         traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next if exc.__traceback__ else None)
         sys.exit(1)
+
+
+# --- the workspace shell ----------------------------------------------------------------------
+
+SHELL = "/bin/bash"
+PROXY_PORT = 3128  # inside the sandbox's own network namespace: its loopback, nobody else's
+
+
+def _relay(a: socket.socket, b: socket.socket) -> None:
+    try:
+        while chunk := a.recv(65536):
+            b.sendall(chunk)
+    except OSError:
+        pass
+    finally:
+        for s in (a, b):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def _forward(listener: socket.socket, proxy_path: str, child: int) -> None:
+    """The shell's way out, when the task allows hosts: each connection to 127.0.0.1:3128 in
+    the sandbox goes to the worker's egress proxy over a Unix socket bound in, which checks
+    every destination (docs/SANDBOX.md). Runs in the sandbox's first process, which the shell
+    cannot trace (its filter) and whose memory it cannot read (not dumpable)."""
+    import ctypes as c
+
+    c.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+    listener.settimeout(0.05)
+    while True:
+        done, status = os.waitpid(child, os.WNOHANG)
+        if done:
+            code = os.waitstatus_to_exitcode(status)
+            os._exit(code if code >= 0 else 128 - code)
+        try:
+            conn, _ = listener.accept()
+        except (TimeoutError, OSError):
+            continue
+        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            upstream.connect(proxy_path)
+        except OSError:
+            conn.close()
+            continue
+        conn.settimeout(None)
+        for a, b in ((conn, upstream), (upstream, conn)):
+            threading.Thread(target=_relay, args=(a, b), daemon=True).start()
+
+
+def _run_shell(command: bytes, config: dict[str, object], arch: str) -> None:
+    """exec the command line with bash under the process-allowing filter; with a proxy, from
+    a forked child while this process forwards its connections."""
+    env = dict(os.environ)
+    proxy = config.get("proxy_socket")
+    listener = None
+    if proxy:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", PROXY_PORT))
+        listener.listen(64)
+        url = f"http://127.0.0.1:{PROXY_PORT}"
+        env.update({"http_proxy": url, "https_proxy": url, "HTTP_PROXY": url, "HTTPS_PROXY": url})
+        child = os.fork()
+        if child:
+            _forward(listener, str(proxy), child)
+        listener.close()
+    argv = [SHELL, "-c", command.decode("utf-8", errors="surrogateescape")]
+    install_filter(build_filter(arch, os.getpid(), processes=True))
+    os.execve(SHELL, argv, env)
 
 
 def main() -> None:
@@ -286,15 +385,20 @@ def main() -> None:
         os.dup2(null, 0)
         os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         _set_limits(config)
+        mode = config.get("mode", "python")
         if config.get("expect_namespaces"):
             _check_namespaces()
+        elif mode == "shell":
+            _fail("a shell runs only where its own namespaces are the wall (bubblewrap)")
         arch = machine()
         if arch not in SYSCALLS:
             _fail(f"no seccomp filter for the {arch} architecture")
+        if mode == "shell":
+            _run_shell(source, config, arch)
         install_filter(build_filter(arch, os.getpid()))
     except Exception as exc:  # any setup problem: nothing of the script has run
         _fail(f"{type(exc).__name__}: {exc}")
-    _run_script(source)
+    _run_script(source, str(config.get("code_file", CODE_FILE)))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from agentq.storage.task_items import DAY_SECONDS, DEFAULT_TASK_RETENTION_DAYS
 from agentq.storage.tasks import Tasks
 from agentq.storage.tenant_windows import TenantWindows
 from agentq.storage.webhooks import WebhookSecrets
+from agentq.storage.workspaces import WorkspaceObjects
 
 
 class Storage:
@@ -57,6 +58,7 @@ class Storage:
         self.webhook_secrets = WebhookSecrets(table)
         self.schedules = Schedules(table)
         self.memory_stores = MemoryStores(table)
+        self.workspaces = WorkspaceObjects(payloads)
 
 
 def memory_storage(**kwargs: object) -> Storage:

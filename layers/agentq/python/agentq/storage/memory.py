@@ -41,6 +41,7 @@ from boto3.dynamodb.conditions import (
 )
 
 from agentq.storage.dynamodb import from_wire, to_wire
+from agentq.storage.serdes import MissingObject
 from agentq.storage.table import (
     Action,
     ConditionFailed,
@@ -362,6 +363,14 @@ class MemoryPayloads:
         if "body" in attrs:
             return str(attrs["body"])
         return self.objects[attrs["ref"]].decode()
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self.objects[key] = bytes(data)
+
+    def get_bytes(self, key: str) -> bytes:
+        if key not in self.objects:
+            raise MissingObject(key)
+        return self.objects[key]
 
     def delete_prefix(self, prefix: str) -> int:
         doomed = [k for k in self.objects if k.startswith(prefix)]

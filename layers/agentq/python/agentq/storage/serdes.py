@@ -77,6 +77,14 @@ class Payloads(Protocol):
 
     def delete_prefix(self, prefix: str) -> int: ...
 
+    def put_bytes(self, key: str, data: bytes) -> None: ...
+
+    def get_bytes(self, key: str) -> bytes: ...
+
+
+class MissingObject(LookupError):
+    """No object under the key (a workspace's content that should be there: see storage.workspaces)."""
+
 
 DELETE_OBJECTS_MAX = 1000
 
@@ -106,6 +114,15 @@ class PayloadStore:
             return str(attrs["body"])
         obj = self.s3.get_object(Bucket=self.bucket, Key=attrs["ref"])
         return obj["Body"].read().decode()
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self.s3.put_object(Bucket=self.bucket, Key=key, Body=data)
+
+    def get_bytes(self, key: str) -> bytes:
+        try:
+            return self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        except self.s3.exceptions.NoSuchKey:
+            raise MissingObject(key) from None
 
     def delete_prefix(self, prefix: str) -> int:
         """Delete every object under ``prefix``; returns how many."""

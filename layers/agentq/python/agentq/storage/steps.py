@@ -41,7 +41,17 @@ from pydantic import TypeAdapter
 
 from agentq.core.errors import BudgetExceeded, ConversationMoved
 from agentq.core.faults import crash_point
-from agentq.core.models import CommittedStep, CompactStep, Lease, LLMStep, MessageStep, Step, StepRecord, TaskStatus
+from agentq.core.models import (
+    CommittedStep,
+    CompactStep,
+    Lease,
+    LLMStep,
+    MessageStep,
+    Step,
+    StepRecord,
+    TaskStatus,
+    ToolsStep,
+)
 from agentq.core.records import NO_USAGE, BudgetDelta, Inbox, OrphanCall, OrphanReason
 from agentq.resources import LIVE_ATTRIBUTES
 from agentq.storage import keys
@@ -194,6 +204,8 @@ class Steps:
             removes += ["inflight", "live_text", "seen", "batch"]  # the call's text and usage are in the step now
         if body.kind == "compact":
             sets["compacted_at"] = number  # a resume reads the steps from here on
+        if isinstance(body, ToolsStep) and body.workspace is not None:
+            sets["workspace"] = body.workspace.model_dump()  # what a takeover restores (core.workspace)
         if isinstance(body, LLMStep | CompactStep) and body.fallback_from is not None and body.provider:
             # A fallback took over: META says which model answers now (the task view shows it)
             sets["answered_by"] = {"provider": body.provider, "model": body.model}

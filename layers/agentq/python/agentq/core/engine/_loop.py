@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from agentq import observe
 from agentq.core.dependencies import dependency_goal
@@ -27,6 +28,7 @@ from agentq.core.engine._spawn import SpawnPorts
 from agentq.core.engine._stops import stop_reason
 from agentq.core.engine._tool_call import ToolCaller
 from agentq.core.engine._tool_turn import ToolTurn
+from agentq.core.engine._workspace import Workspaces
 from agentq.core.engine.config import EngineConfig
 from agentq.core.engine.conversation import conversation, final_text
 from agentq.core.engine.result import RunResult, lease_lost
@@ -58,7 +60,10 @@ class Engine:
         fanout: FanoutLauncher | None = None,
         secrets: SecretSource | None = None,
         mcp: McpServers | None = None,
+        egress: Callable[..., Any] | None = None,
     ) -> None:
+        """``egress``: makes the egress proxy of a task whose workspace allows hosts
+        (``core.tools.egress.egress_factory``); None: a workspace has no network at all."""
         self.store = store
         self.worker_id = worker_id
         self.tools = tools if tools is not None else default_registry()
@@ -80,8 +85,12 @@ class Engine:
             store.flow, store.effects, store.notes, store.steps, self._requests, self.secrets, store.memory_stores
         )
         spawning = SpawnPorts(store.spawns, store.budgets, store.tasks, store.steps)
+        self._workspaces = Workspaces(
+            store.workspaces, worker_id=worker_id, root=config.workspace_root, quota=config.workspace_quota,
+            egress=egress,
+        )  # fmt: skip
         self._tool_turn = ToolTurn(
-            store.approvals, spawning, config, caller, fanout, writer, self._holds, self._requests
+            store.approvals, spawning, config, caller, fanout, writer, self._holds, self._requests, self._workspaces
         )
         self._message_turn = MessageTurn(store.messages, self._holds, writer)
 
@@ -152,6 +161,7 @@ class Engine:
                 session.limits = self.windows.limits(task.tenant)
                 session.inbox = Inbox(task.messages_received, task.messages_delivered, task.interrupt_at)
                 self._holds.take_over(session)
+                self._workspaces.open(session)  # the files as the last committed step left them
                 result = self._loop(session)
                 if observe.otel.enabled():  # one read, for the trace only
                     with contextlib.suppress(TaskNotFound):  # deleted meanwhile: nothing to show
@@ -166,6 +176,8 @@ class Engine:
             except Exception:  # an outage: give the lease back, so the redelivery can claim at once
                 self._give_back(session)
                 raise
+            finally:
+                self._workspaces.close(session)
         result.steps_committed = session.committed
         result.resumed_from_step = resumed_from
         result.claimed = task

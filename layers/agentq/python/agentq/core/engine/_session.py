@@ -74,6 +74,7 @@ class Session:
     sent_hold_step: int | None = None
     goal: str = ""  # the first message: the submission's goal, with its dependencies' results (core.dependencies)
     inbox: Inbox = field(default_factory=Inbox)  # a person's messages and interrupt, as META last said (_messages)
+    workspace: Any = None  # the task's workspace on this worker, while the run holds it (_workspace.TaskWorkspace)
 
     @property
     def lease(self) -> Lease:

@@ -86,6 +86,7 @@ class ToolCaller:
             deadline=tool_deadline(s),
             secrets=self.secrets,
             memory=self.memory_for(s, use["id"]),
+            workspace=s.workspace,
         )
         with observe.tool_call(
             use["name"],

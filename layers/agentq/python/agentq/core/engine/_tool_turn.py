@@ -18,6 +18,7 @@ from agentq.core.engine._session import Session
 from agentq.core.engine._spawn import Spawn, SpawnPorts
 from agentq.core.engine._stops import stop_error, stop_reason
 from agentq.core.engine._tool_call import ToolCaller
+from agentq.core.engine._workspace import Workspaces
 from agentq.core.engine.config import EngineConfig
 from agentq.core.engine.conversation import conversation, final_text, task_tools
 from agentq.core.engine.result import RunResult
@@ -27,6 +28,7 @@ from agentq.core.faults import crash_point
 from agentq.core.models import LLMStep, StepRecord, TaskStatus, ToolOutcome, ToolsStep
 from agentq.core.ports import ApprovalBook
 from agentq.core.reservation import Reservation
+from agentq.core.workspace import WORKSPACE_TOOLS, WorkspaceRef, WorkspaceTooLarge
 
 
 class ToolTurn:
@@ -40,10 +42,12 @@ class ToolTurn:
         writer: StepWriter,
         holds: BudgetHolds,
         requests: RequestBuilder,
+        workspaces: Workspaces | None = None,
     ) -> None:
         self.approvals, self.spawn_ports = approvals, spawn_ports
         self.config, self.tools, self.fanout = config, tools, fanout
         self.writer, self.holds, self.requests = writer, holds, requests
+        self.workspaces = workspaces
 
     def run(self, s: Session, llm: LLMStep) -> RunResult | None:
         """Run the turn's tool calls and commit their results (None), or park the task."""
@@ -66,14 +70,37 @@ class ToolTurn:
                 s.held.check()
                 outcomes.append(decided.get(use["id"]) or self.tools.call(s, use, allowlist, notes))
         s.held.check()
-        body = ToolsStep(results=outcomes)
+        ref, outcomes = self._checkpoint(s, outcomes)
+        body = ToolsStep(results=outcomes, workspace=ref)
         messages = conversation(
             s.goal or s.task.submission.goal, [*s.steps, _draft(s, body)], s.task.submission.output_schema
         )
         record = self._commit(s, body, messages)
+        if self.workspaces is not None and ref is not None:
+            self.workspaces.committed(s)
+            s.task = s.task.model_copy(update={"workspace": ref})
         self.writer.committed(s, record, messages)
         crash_point("after_tools_commit")
         return None
+
+    def _checkpoint(self, s: Session, outcomes: list[ToolOutcome]) -> tuple[WorkspaceRef | None, list[ToolOutcome]]:
+        """The workspace the calls left, stored before their step commits (``_workspace``). A
+        workspace past the task's quota is put back as the last step left it, and the turn's
+        last workspace call says so: the model reads it as that call's error."""
+        if self.workspaces is None or s.workspace is None:
+            return None, outcomes
+        try:
+            return self.workspaces.checkpoint(s), outcomes
+        except WorkspaceTooLarge as exc:
+            self.workspaces.revert(s)
+            note = f"\n[refused: {exc.message}; this turn's changes to the workspace were undone]"
+            touched = [i for i, o in enumerate(outcomes) if o.name in (*WORKSPACE_TOOLS, "python_exec")]
+            at = touched[-1] if touched else len(outcomes) - 1
+            if at < 0:
+                return None, outcomes
+            hit = outcomes[at]
+            changed = hit.model_copy(update={"content": hit.content + note, "is_error": True, "status": "error"})
+            return None, [*outcomes[:at], changed, *outcomes[at + 1 :]]
 
     def _commit(self, s: Session, body: ToolsStep, messages: list[dict[str, Any]]) -> StepRecord:
         """Commit the tool results, and in the same write either end the task (cap, timeout)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS
 from agentq.core.tenancy import TenantLimits
+from agentq.core.workspace import WorkspaceQuota
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,10 @@ class EngineConfig:
     # How often a task whose budget is reached only by calls of unknown outcome looks again
     # (``_holds.UnknownUsage``): their workers may yet report them, or a person raise the cap.
     unknown_recheck_seconds: float = 60.0
+    # Where this worker keeps the workspaces of the tasks it runs (core.engine._workspace):
+    # None: AGENTQ_WORKSPACE_ROOT, else <tmp>/agentq-workspaces. The per-task totals.
+    workspace_root: str | None = None
+    workspace_quota: WorkspaceQuota = WorkspaceQuota()
 
     @property
     def heartbeat_interval(self) -> float:

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict
 from agentq.core.memory import MemoryDocument, MemorySearchHit
 from agentq.core.secrets import SecretSource
 from agentq.core.tools._schema import input_schema
+from agentq.sandbox.base import ExecResult
 
 logger = logging.getLogger("agentq.tools")
 
@@ -74,6 +75,18 @@ class MemoryAccess(Protocol):
     def search(self, store: str, query: str, limit: int) -> list[MemorySearchHit]: ...
 
 
+@runtime_checkable
+class WorkspaceAccess(Protocol):
+    """The task's workspace as its tools reach it (``core.engine._workspace.TaskWorkspace``):
+    every call runs in a sandbox with the workspace bound in (``sandbox.workspace``)."""
+
+    def shell(self, command: str, timeout: float) -> ExecResult: ...
+
+    def python(self, code: str, timeout: float, memory_mb: int) -> ExecResult: ...
+
+    def file_op(self, op: str, *, writable: bool, **args: Any) -> str: ...
+
+
 def idempotency_key_for(task_id: str, tool_use_id: str) -> str:
     """The key a side-effecting tool passes to the outside world (payment API, email sender...).
 
@@ -95,6 +108,7 @@ class ToolContext:
     deadline: float | None = None  # time.time() by which the tool must end, if any
     secrets: SecretSource | None = None
     memory: MemoryAccess | None = None  # the task's attached memory stores, if any
+    workspace: WorkspaceAccess | None = None  # the task's workspace, if it has one
 
     def secret(self, name: str) -> str:
         """A secret the deployment grants its tools (``core.secrets``): never from the task's

@@ -21,6 +21,7 @@ from pydantic import AfterValidator, Field
 from agentq.core.tools._core import NoteStore, ToolContext, ToolRegistry, ToolSpec, tool
 from agentq.core.tools.fetch import FetchPolicy
 from agentq.core.tools.fetch import get as guarded_get
+from agentq.core.tools.workspace import WORKSPACE_TOOL_SPECS
 from agentq.sandbox.base import CodeSandbox, ExecRequest, SandboxLimits
 
 # --- http_fetch -------------------------------------------------------------------------------
@@ -104,7 +105,7 @@ def python_exec_tool(sandbox: CodeSandbox | None = None) -> ToolSpec:
         memory_mb: Annotated[int, Field(ge=64, le=2048, description="Address-space limit of the process in MB.")] = 256,
         ctx: ToolContext | None = None,
     ) -> str:
-        """Run a Python script in an isolated sandbox and return its exit code, stdout and stderr. Only the standard library can be imported; there is no network access and no way to start other processes; the working directory is a fresh, empty /tmp (the only writable place, up to 64 MB and 2048 files), gone after the call. Print what you want to see.
+        """Run a Python script in an isolated sandbox and return its exit code, stdout and stderr. Only the standard library can be imported; there is no network access and no way to start other processes; the working directory is a fresh, empty /tmp (the only writable place, up to 64 MB and 2048 files), gone after the call, or the task's workspace (/workspace, kept) when the task has one. Print what you want to see.
 
         The sandbox is a process the worker can kill hard (runaway loop, memory blow-up) and
         that cannot see the worker, its credentials, other calls or the network.
@@ -113,8 +114,12 @@ def python_exec_tool(sandbox: CodeSandbox | None = None) -> ToolSpec:
         remaining = ctx.remaining() if ctx is not None else None
         if remaining is not None:
             timeout = max(0.5, min(timeout, remaining - 1.0))  # leave time to kill and report
-        box = current()
-        result = box.run(ExecRequest(code=code, timeout_seconds=timeout, memory_mb=memory_mb))
+        if ctx is not None and ctx.workspace is not None:
+            result = ctx.workspace.python(code, timeout, memory_mb)
+            box: CodeSandbox = current()
+        else:
+            box = current()
+            result = box.run(ExecRequest(code=code, timeout_seconds=timeout, memory_mb=memory_mb))
         status = f"exit code {result.exit_code}"
         limits = getattr(box, "limits", None) or SandboxLimits()
         explanation = result.explain(timeout, memory_mb, limits)
@@ -192,7 +197,7 @@ def note_read(key: NoteKey, ctx: ToolContext) -> str:
 
 http_fetch = http_fetch_tool()
 python_exec = python_exec_tool()
-BUILTIN_TOOLS = (http_fetch, python_exec, note_write, note_read)
+BUILTIN_TOOLS = (http_fetch, python_exec, note_write, note_read, *WORKSPACE_TOOL_SPECS)
 
 
 def default_registry(*, sandbox: CodeSandbox | None = None, fetch_policy: FetchPolicy | None = None) -> ToolRegistry:
@@ -204,4 +209,6 @@ def default_registry(*, sandbox: CodeSandbox | None = None, fetch_policy: FetchP
     """
     if sandbox is None and fetch_policy is None:
         return ToolRegistry(BUILTIN_TOOLS)
-    return ToolRegistry((http_fetch_tool(fetch_policy), python_exec_tool(sandbox), note_write, note_read))
+    return ToolRegistry(
+        (http_fetch_tool(fetch_policy), python_exec_tool(sandbox), note_write, note_read, *WORKSPACE_TOOL_SPECS)
+    )

@@ -1,0 +1,178 @@
+"""The workspace of the task a run holds: restored at the claim, checkpointed before the tools
+step that changed it commits, removed when the run ends (``core.workspace`` says what is kept).
+
+The order is the invariant (docs/ARCHITECTURE.md, the workspace invariant): the content a step
+changed and its manifest are in the bucket *before* the step's commit names the manifest, so a
+committed step never points at content that is not there; content a turn uploaded whose step
+never committed is never named, and a takeover restores the last committed manifest, so the
+files that turn wrote are gone. A restore that cannot reproduce the manifest exactly fails the
+task (``workspace_restore_failed``) instead of running on a half-restored disk.
+
+Each worker process keeps its tasks' directories under its own folder (``<root>/<worker>/<task>``),
+so two workers of one host, one of them a zombie, never share a directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentq.core.engine._session import Session
+from agentq.core.ports import WorkspaceStore
+from agentq.core.workspace import (
+    EMPTY,
+    Manifest,
+    ScanCache,
+    WorkspaceQuota,
+    WorkspaceRef,
+    WorkspaceRestoreFailed,
+    content_of,
+    has_workspace,
+    restore,
+    scan,
+    wipe,
+)
+from agentq.sandbox.base import ExecResult
+from agentq.sandbox.workspace import WorkspaceSandbox
+
+log = logging.getLogger("agentq.engine")
+ROOT_VARIABLE = "AGENTQ_WORKSPACE_ROOT"
+
+
+def default_root() -> Path:
+    return Path(os.environ.get(ROOT_VARIABLE) or Path(tempfile.gettempdir()) / "agentq-workspaces")
+
+
+@dataclass
+class TaskWorkspace:
+    """A run's workspace, as its tools reach it (``core.tools.WorkspaceAccess``)."""
+
+    task_id: str
+    directory: Path
+    committed: Manifest  # the state of the last committed step (or the seed)
+    stored: set[str]  # content known to be in the bucket
+    sandbox: WorkspaceSandbox
+    egress: Any = None  # core.tools.egress.EgressProxy when the task allows hosts
+    cache: ScanCache = field(default_factory=ScanCache)
+    pending: Manifest | None = None  # checkpointed, its step not committed yet
+
+    def shell(self, command: str, timeout: float) -> ExecResult:
+        return self.sandbox.shell(self.directory, command, timeout, egress=self.egress.path if self.egress else None)
+
+    def python(self, code: str, timeout: float, memory_mb: int) -> ExecResult:
+        return self.sandbox.python(self.directory, code, timeout, memory_mb)
+
+    def file_op(self, op: str, *, writable: bool, **args: Any) -> str:
+        return self.sandbox.file_op(self.directory, op, writable=writable, **args)
+
+
+class Workspaces:
+    def __init__(
+        self,
+        store: WorkspaceStore,
+        *,
+        worker_id: str,
+        root: str | None,
+        quota: WorkspaceQuota,
+        egress: Any = None,  # (task allow_hosts, socket dir) -> an EgressProxy; core.tools.egress
+    ) -> None:
+        self.store = store
+        self.quota = quota
+        self.egress = egress
+        self._root = Path(root) if root else None
+        self._worker = re.sub(r"[^A-Za-z0-9_.-]", "_", worker_id)[:100] or "worker"
+        self._sandbox: WorkspaceSandbox | None = None
+
+    def _directory(self, task_id: str) -> Path:
+        base = (self._root or default_root()) / f"{self._worker}-{os.getpid()}"
+        base.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return base / task_id
+
+    def open(self, s: Session) -> None:
+        """Restore the task's workspace as of its last committed step into this worker's
+        directory for it (its starting files, before any step changed it)."""
+        sub = s.task.submission
+        if not has_workspace(sub.workspace, sub.constraints.tools):
+            return
+        if self._sandbox is None:
+            self._sandbox = WorkspaceSandbox()
+        directory = self._directory(s.task_id)
+        ws = TaskWorkspace(s.task_id, directory, EMPTY, set(), self._sandbox)
+        self._restore(ws, s.task.workspace, s)
+        if sub.workspace is not None and sub.workspace.allow_hosts and self.egress is not None:
+            ws.egress = self.egress(sub.workspace.allow_hosts, directory.parent)
+        s.workspace = ws
+
+    def _restore(self, ws: TaskWorkspace, ref: WorkspaceRef | None, s: Session) -> None:
+        try:
+            if ref is None:
+                spec = s.task.submission.workspace
+                manifest, blobs = spec.seed() if spec is not None else (EMPTY, {})
+                stored: set[str] = set()
+            else:
+                manifest = Manifest.from_bytes(self.store.get_manifest(s.task_id, ref.manifest))
+                if manifest.digest != ref.manifest:
+                    raise WorkspaceRestoreFailed(f"the stored manifest {ref.manifest} does not match its hash")
+                blobs = self.store.get_blobs(s.task_id, sorted(manifest.blobs()))
+                stored = set(blobs)
+            restore(ws.directory, manifest, blobs.__getitem__, ws.cache)
+        except WorkspaceRestoreFailed as exc:
+            raise WorkspaceRestoreFailed(f"task {s.task_id}: {exc.message}") from exc
+        except (LookupError, ValueError) as exc:
+            raise WorkspaceRestoreFailed(
+                f"task {s.task_id}: the workspace of step {s.task.step} could not be restored: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        ws.committed, ws.stored, ws.pending = manifest, stored, None
+
+    def checkpoint(self, s: Session) -> WorkspaceRef | None:
+        """Store what the turn changed, before its step commits: the new content, then the
+        manifest; the ref for the step (None: the workspace is as the last step left it).
+        Over the task's quota raises ``WorkspaceTooLarge`` (the caller reverts the turn)."""
+        ws: TaskWorkspace | None = s.workspace
+        if ws is None:
+            return None
+        manifest = scan(ws.directory, ws.cache, self.quota)
+        if manifest.digest == ws.committed.digest and ws.stored >= manifest.blobs():
+            return None
+        new = {e.digest: e for e in manifest.entries if e.kind == "f" and e.digest not in ws.stored}
+        blobs = {digest: content_of(ws.directory, entry) for digest, entry in new.items()}
+        self.store.put_blobs(s.task_id, blobs)
+        ws.stored |= set(blobs)
+        self.store.put_manifest(s.task_id, manifest.digest, manifest.to_bytes())
+        ws.pending = manifest
+        return WorkspaceRef(
+            manifest=manifest.digest,
+            files=manifest.files,
+            bytes=manifest.bytes,
+            uploaded_bytes=sum(len(b) for b in blobs.values()),
+        )
+
+    def committed(self, s: Session) -> None:
+        """The step naming the checkpoint committed: it is the state a takeover restores."""
+        ws: TaskWorkspace | None = s.workspace
+        if ws is not None and ws.pending is not None:
+            ws.committed, ws.pending = ws.pending, None
+
+    def revert(self, s: Session) -> None:
+        """Put the workspace back as the last committed step left it (a turn over the quota)."""
+        ws: TaskWorkspace | None = s.workspace
+        if ws is not None:
+            self._restore(ws, s.task.workspace, s)
+
+    def close(self, s: Session) -> None:
+        ws: TaskWorkspace | None = s.workspace
+        if ws is None:
+            return
+        s.workspace = None
+        if ws.egress is not None:
+            ws.egress.close()
+        try:
+            wipe(ws.directory)
+        except OSError:
+            log.warning("could not remove the workspace directory %s", ws.directory, exc_info=True)

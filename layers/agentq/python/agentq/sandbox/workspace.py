@@ -1,0 +1,128 @@
+"""A task's workspace as its tools reach it: one directory of the worker's disk, bound at
+``/workspace`` into a bubblewrap sandbox for each call, and nothing else of the host writable.
+
+Three kinds of call, each a sandbox of its own that ends with the call (its PID namespace dies
+with it, so no process outlives the tool call that started it):
+
+- ``shell``: ``bash -c`` in the workspace, under the runner's process-allowing filter
+  (``runner.build_filter(processes=True)``): processes, yes; ptrace, namespaces, mounts, a
+  socket family but Unix/IPv4/IPv6, no. Its network namespace holds only its own loopback;
+  when the task allows hosts, ``127.0.0.1:3128`` inside leads to the worker's egress proxy
+  (``core.tools.egress``), which applies the SSRF guard's rules to every destination.
+- ``python``: python_exec's runner in the workspace (its strict filter: no process, no socket).
+- ``file_op``: the file tools (``sandbox.fileops``) under that same strict filter, the
+  workspace read-only for the tools that only read.
+
+Which worker credentials, tables or buckets can the code reach? None: the environment is
+cleared, the host's filesystem is not mounted but ``/usr`` and the interpreter read-only, and
+another task's workspace is another directory that is never bound. See docs/SANDBOX.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from agentq.sandbox import fileops
+from agentq.sandbox.base import ExecRequest, ExecResult, SandboxLimits, SandboxUnavailable
+from agentq.sandbox.bwrap import BwrapSandbox, Setup
+
+MOUNT = "/workspace"
+EGRESS_SOCKET = "/run/agentq-egress.sock"
+HOME = "/tmp"
+SCRATCH = "/tmp/.agentq-run.py"  # the runner's copy of a script, off the workspace
+ANSWER_MARK = "\n{"
+
+
+@dataclass(frozen=True)
+class WorkspaceLimits:
+    """Per-call limits of the workspace tools (the per-task totals are ``core.workspace``'s)."""
+
+    max_file_bytes: int = 100 * 1024 * 1024  # RLIMIT_FSIZE in the shell; read/write limit of the file tools
+    max_read_bytes: int = 2 * 1024 * 1024  # read_file/edit_file/search_files read at most this much of a file
+    max_output_chars: int = 60_000  # read_file's text
+    max_processes: int = 256  # RLIMIT_NPROC in the shell's own user namespace
+    shell_memory_mb: int = 2048  # RLIMIT_AS per process of the shell
+
+
+def _sandbox(limits: SandboxLimits) -> BwrapSandbox:
+    return BwrapSandbox(limits)
+
+
+class WorkspaceSandbox:
+    """Runs the workspace tools' calls for a directory of this host."""
+
+    name = "bwrap-workspace"
+
+    def __init__(self, limits: WorkspaceLimits | None = None, bwrap: str | None = None) -> None:
+        self.limits = limits or WorkspaceLimits()
+        base = SandboxLimits()
+        self._shell = BwrapSandbox(
+            replace(base, max_file_bytes=self.limits.max_file_bytes, max_code_bytes=256 * 1024), bwrap
+        )
+        self._python = BwrapSandbox(base, bwrap)
+        self._files = BwrapSandbox(replace(base, max_output_bytes=4 * self.limits.max_output_chars + 4096), bwrap)
+        self._fileops = Path(fileops.__file__).read_text(encoding="utf-8")
+
+    def _mounts(self, directory: Path, *, writable: bool = True, egress: str | None = None) -> tuple[str, ...]:
+        if not directory.is_dir():
+            raise SandboxUnavailable(f"the workspace directory {directory} is missing")
+        mounts = ("--bind" if writable else "--ro-bind", str(directory), MOUNT)
+        if egress is not None:
+            mounts += ("--bind", egress, EGRESS_SOCKET)
+        return mounts
+
+    def shell(
+        self, directory: Path, command: str, timeout: float, *, egress: str | None = None, env: dict[str, str] | None = None
+    ) -> ExecResult:
+        """``bash -c command`` in the workspace; ``egress``: the host path of the egress proxy's
+        socket when the task allows hosts (otherwise no network at all)."""
+        setup = Setup(
+            mounts=self._mounts(directory, egress=egress),
+            workdir=MOUNT,
+            config={
+                "mode": "shell",
+                "max_processes": self.limits.max_processes,
+                **({"proxy_socket": EGRESS_SOCKET} if egress else {}),
+            },
+            env={"HOME": HOME, "PWD": MOUNT, **(env or {})},
+        )
+        request = ExecRequest(code=command, timeout_seconds=timeout, memory_mb=self.limits.shell_memory_mb)
+        return self._shell.run(request, setup)
+
+    def python(self, directory: Path, code: str, timeout: float, memory_mb: int) -> ExecResult:
+        """python_exec with the workspace as its working directory."""
+        setup = Setup(mounts=self._mounts(directory), workdir=MOUNT, config={"code_file": SCRATCH}, env={"HOME": HOME})
+        return self._python.run(ExecRequest(code=code, timeout_seconds=timeout, memory_mb=memory_mb), setup)
+
+    def file_op(self, directory: Path, op: str, *, writable: bool, timeout: float = 20.0, **args: Any) -> str:
+        """One file tool's operation (``sandbox.fileops``); its refusal raises ``WorkspaceRefused``."""
+        request = {
+            "op": op,
+            "max_file_bytes": self.limits.max_read_bytes if op != "write" else self.limits.max_file_bytes,
+            "max_output_chars": self.limits.max_output_chars,
+            **args,
+        }
+        code = f"{self._fileops}\nmain({json.dumps(json.dumps(request))})\n"
+        setup = Setup(
+            mounts=self._mounts(directory, writable=writable), workdir=MOUNT, config={"code_file": SCRATCH}
+        )
+        memory = max(256, math.ceil(4 * self.limits.max_read_bytes / (1024 * 1024)) + 192)
+        result = self._files.run(ExecRequest(code=code, timeout_seconds=timeout, memory_mb=memory), setup)
+        if result.timed_out:
+            raise WorkspaceRefused(f"the {op} operation timed out after {timeout:.0f}s")
+        at = result.stdout.rfind(ANSWER_MARK)
+        if result.exit_code != 0 or at < 0:
+            raise WorkspaceRefused(f"the {op} operation failed: {result.stderr.strip()[-500:] or result.exit_code}")
+        answer = json.loads(result.stdout[at + 1 :])
+        if "error" in answer:
+            raise WorkspaceRefused(str(answer["error"]))
+        return str(answer["ok"])
+
+
+class WorkspaceRefused(ValueError):
+    """A workspace tool refused its input (a path out of the workspace, a binary file read as
+    text, a file over a limit): the model reads the reason as the tool's error."""
