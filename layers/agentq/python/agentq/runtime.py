@@ -162,6 +162,8 @@ def build_engine(settings: Settings, store: Storage, *, worker_id: str, pool: in
     defaults, with ``config`` (lease, heartbeat, slice margin) on top. One place builds it, so
     the Lambda executor and the long-running worker cannot drift apart."""
     from agentq.core.engine import Engine
+    from agentq.core.tools.egress import egress_factory
+    from agentq.core.tools.fetch import FetchPolicy
 
     return Engine(
         store,
@@ -170,6 +172,7 @@ def build_engine(settings: Settings, store: Storage, *, worker_id: str, pool: in
         config=engine_config(settings, **config),
         fanout=build_fanout(settings, pool=pool),
         secrets=build_secrets(),
+        egress=egress_factory(FetchPolicy.from_env()),
     )
 
 

@@ -30,6 +30,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentq.core.errors import AgentqError
+from agentq.core.tools.fetch import HostRule
 
 Kind = Literal["d", "f", "l"]
 MANIFEST_VERSION = 1
@@ -87,6 +88,13 @@ class WorkspaceSpec(BaseModel):
         description="hosts (`host` or `host:port`) the shell may reach through the worker's egress proxy, each "
         "still checked by the SSRF guard (public addresses only, unless the deployment allows an internal one)",
     )
+
+    @field_validator("allow_hosts")
+    @classmethod
+    def _hosts(cls, hosts: list[str]) -> list[str]:
+        for host in hosts:
+            HostRule.parse(host)  # its ValueError names the bad entry
+        return hosts
 
     @model_validator(mode="after")
     def _fits(self) -> WorkspaceSpec:
