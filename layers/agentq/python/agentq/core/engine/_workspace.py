@@ -79,7 +79,7 @@ class Workspaces:
         worker_id: str,
         root: str | None,
         quota: WorkspaceQuota,
-        egress: Any = None,  # (task allow_hosts, socket dir) -> an EgressProxy; core.tools.egress
+        egress: Any = None,  # a task's allow_hosts -> its EgressProxy (core.tools.egress)
     ) -> None:
         self.store = store
         self.quota = quota
@@ -105,7 +105,7 @@ class Workspaces:
         ws = TaskWorkspace(s.task_id, directory, EMPTY, set(), self._sandbox)
         self._restore(ws, s.task.workspace, s)
         if sub.workspace is not None and sub.workspace.allow_hosts and self.egress is not None:
-            ws.egress = self.egress(sub.workspace.allow_hosts, directory.parent)
+            ws.egress = self.egress(sub.workspace.allow_hosts)
         s.workspace = ws
 
     def _restore(self, ws: TaskWorkspace, ref: WorkspaceRef | None, s: Session) -> None:

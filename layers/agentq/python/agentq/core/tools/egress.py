@@ -22,9 +22,8 @@ import os
 import socket
 import threading
 import urllib.parse
-import uuid
+import tempfile
 from collections.abc import Callable
-from pathlib import Path
 
 from agentq.core.tools.fetch import Deadline, FetchPolicy, FetchRefused, HostRule, Target, resolve
 
@@ -33,10 +32,13 @@ CONNECT_SECONDS = 10.0
 
 
 class EgressProxy:
-    def __init__(self, rules: list[HostRule], policy: FetchPolicy, directory: Path) -> None:
+    def __init__(self, rules: list[HostRule], policy: FetchPolicy) -> None:
         self.rules = rules
         self.policy = policy
-        self.path = str(directory / f"egress-{uuid.uuid4().hex[:12]}.sock")
+        # A directory of its own (0700) under the system's temporary one: a Unix socket's path
+        # must stay under 108 bytes, which a workspace root of a deep path would pass.
+        self._dir = tempfile.mkdtemp(prefix="agentq-egress-")
+        self.path = os.path.join(self._dir, "proxy.sock")
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(self.path)
         os.chmod(self.path, 0o600)
@@ -51,6 +53,8 @@ class EgressProxy:
             self._server.close()
         with contextlib.suppress(OSError):
             os.unlink(self.path)
+        with contextlib.suppress(OSError):
+            os.rmdir(self._dir)
 
     def _serve(self) -> None:
         while not self._closed:
@@ -166,10 +170,10 @@ def _answer(conn: socket.socket, status: int, message: str) -> None:
         )
 
 
-def egress_factory(policy: FetchPolicy) -> Callable[[list[str], Path], EgressProxy]:
+def egress_factory(policy: FetchPolicy) -> Callable[[list[str]], EgressProxy]:
     """What the engine calls for a task whose workspace allows hosts (``Engine(egress=...)``)."""
 
-    def make(allow_hosts: list[str], directory: Path) -> EgressProxy:
-        return EgressProxy([HostRule.parse(h) for h in allow_hosts], policy, directory)
+    def make(allow_hosts: list[str]) -> EgressProxy:
+        return EgressProxy([HostRule.parse(h) for h in allow_hosts], policy)
 
     return make
