@@ -26,9 +26,10 @@ from typing import Any
 from boto3.dynamodb.conditions import Attr, ConditionBase
 
 from agentq.core.errors import IdempotencyConflict, TaskNotFound
-from agentq.core.models import StepRecord, Task, TaskStatus, TaskSubmission
+from agentq.core.models import StepRecord, Task, TaskStatus, TaskSubmission, ToolsStep
 from agentq.core.pricing import NO_MONEY_CAP, micros
 from agentq.core.records import IdempotencyRecord
+from agentq.core.workspace import Manifest
 from agentq.storage import keys
 from agentq.storage.budget_items import budget_attrs
 from agentq.storage.leases import TaskLeases
@@ -47,6 +48,7 @@ from agentq.storage.task_items import DEFAULT_TASK_RETENTION_DAYS as DEFAULT_TAS
 from agentq.storage.task_items import request_token
 from agentq.storage.task_listing import TaskListing
 from agentq.storage.task_transitions import TaskTransitions
+from agentq.storage.workspaces import WorkspaceObjects
 
 IDEMPOTENCY_TTL_SECONDS = 24 * 3600
 
@@ -257,6 +259,15 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
             puts.append(Put(f"step{record.number}", item))
         for chunk in chunks(puts):
             self.table.transact(chunk)
+        # The workspace as of the fork's last step (core.workspace), copied under the fork's own
+        # prefix like the payloads above: the fork restores it at its first claim.
+        workspace = next(
+            (s.body.workspace for s in reversed(steps) if isinstance(s.body, ToolsStep) and s.body.workspace), None
+        )
+        if workspace is not None:
+            objects = WorkspaceObjects(self.payloads)
+            manifest = Manifest.from_bytes(objects.get_manifest(source.task_id, workspace.manifest))
+            objects.copy_state(source.task_id, task_id, workspace.manifest, manifest.blobs())
         # META last: until it exists the fork is invisible, so a failed copy leaves nothing usable.
         actions, task = self.create_actions(
             task_id,
@@ -269,7 +280,10 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
         meta = actions[0]
         assert isinstance(meta, Put)
         compacted_at = max((s.number for s in steps if s.body.kind == "compact"), default=0)
-        counters = {"step": len(steps), "llm_steps": llm_steps, "compacted_at": compacted_at}
+        counters: dict[str, Any] = {"step": len(steps), "llm_steps": llm_steps, "compacted_at": compacted_at}
         meta.item.update(counters)
+        if workspace is not None:
+            meta.item["workspace"] = workspace.model_dump()
+            counters["workspace"] = workspace
         self.table.transact(actions)
         return task.model_copy(update=counters)
