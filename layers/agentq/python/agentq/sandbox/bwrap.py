@@ -164,7 +164,7 @@ class BwrapSandbox:
                 os.close(fd)
 
         try:
-            argv = self.command(request, write_end, setup)
+            argv = self.command(request, write_end) if setup is None else self.command(request, write_end, setup)
             status = _StatusReader(read_end, self.limits.max_disk_bytes)
             open_fds.discard(read_end)  # the reader closes it
             status.start()

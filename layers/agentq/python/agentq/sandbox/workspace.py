@@ -64,7 +64,14 @@ class WorkspaceSandbox:
             replace(base, max_file_bytes=self.limits.max_file_bytes, max_code_bytes=256 * 1024), bwrap
         )
         self._python = BwrapSandbox(base, bwrap)
-        self._files = BwrapSandbox(replace(base, max_output_bytes=4 * self.limits.max_output_chars + 4096), bwrap)
+        self._files = BwrapSandbox(
+            replace(
+                base,
+                max_output_bytes=4 * self.limits.max_output_chars + 4096,
+                max_code_bytes=4 * self.limits.max_file_bytes + 256 * 1024,  # write_file's content rides in it
+            ),
+            bwrap,
+        )
         self._fileops = Path(fileops.__file__).read_text(encoding="utf-8")
 
     def _mounts(self, directory: Path, *, writable: bool = True, egress: str | None = None) -> tuple[str, ...]:
@@ -100,6 +107,12 @@ class WorkspaceSandbox:
 
     def file_op(self, directory: Path, op: str, *, writable: bool, timeout: float = 20.0, **args: Any) -> str:
         """One file tool's operation (``sandbox.fileops``); its refusal raises ``WorkspaceRefused``."""
+        content = args.get("content")
+        if isinstance(content, str) and len(content.encode("utf-8")) > self.limits.max_file_bytes:
+            raise WorkspaceRefused(
+                f"content is {len(content.encode('utf-8'))} bytes, over the {self.limits.max_file_bytes}-byte "
+                "limit for one file"
+            )
         request = {
             "op": op,
             "max_file_bytes": self.limits.max_read_bytes if op != "write" else self.limits.max_file_bytes,
