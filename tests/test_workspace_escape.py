@@ -103,8 +103,11 @@ def test_devices_fifos_binary_and_oversized_files_are_refused_with_the_reason(ws
 
 
 def test_the_shell_sees_no_credentials_no_other_workspace_and_no_host_files(ws: TaskWorkspace, tmp_path: Path) -> None:
-    out = sh(ws, f"env; cat /proc/1/environ /proc/self/environ | tr '\\0' '\\n'; ls / /run; "
-                 f"ls {tmp_path} 2>&1; ls /workspace/.. ; grep -rs {SECRET} /workspace /tmp /run /home /root; echo end")
+    out = sh(
+        ws,
+        f"env; cat /proc/1/environ /proc/self/environ | tr '\\0' '\\n'; ls / /run; "
+        f"ls {tmp_path} 2>&1; ls /workspace/.. ; grep -rs {SECRET} /workspace /tmp /run /home /root; echo end",
+    )
     assert SECRET not in out
     assert "task-b" not in out and "outside.txt" not in out
     assert "No such file or directory" in out
@@ -129,18 +132,21 @@ def test_the_shell_cannot_trace_unshare_or_mount(ws: TaskWorkspace) -> None:
     out = sh(ws, "unshare -U true; echo unshare=$?; mount -t tmpfs x /workspace; echo mount=$?; "
                  "python3 -c \"import ctypes; print('ptrace', ctypes.CDLL(None).ptrace(16, 1, 0, 0))\"; "
                  "touch /usr/x /etc/x /x; echo end")  # fmt: skip
-    assert "unshare=1" in out and "mount=32" in out or "mount=1" in out
+    assert ("unshare=1" in out and "mount=32" in out) or "mount=1" in out
     assert "ptrace -1" in out and "Read-only file system" in out
 
 
 def test_no_process_outlives_the_call_that_started_it(ws: TaskWorkspace) -> None:
     marker = "31337.25"
-    sh(ws, f"sleep {marker} & setsid nohup sleep {marker} > /dev/null 2>&1 & (trap '' TERM HUP; sleep {marker}) & echo started")
-    alive = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True).stdout
+    sh(
+        ws,
+        f"sleep {marker} & setsid nohup sleep {marker} > /dev/null 2>&1 & (trap '' TERM HUP; sleep {marker}) & echo started",
+    )
+    alive = subprocess.run(["pgrep", "-f", f"sleep {marker}"], check=False, capture_output=True, text=True).stdout
     assert alive == ""
     out = call(ws, "shell", command=f"sleep {marker}", timeout_seconds=1)
     assert "timed out" in out.content
-    assert subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True).stdout == ""
+    assert subprocess.run(["pgrep", "-f", f"sleep {marker}"], check=False, capture_output=True, text=True).stdout == ""
 
 
 def test_python_exec_runs_in_the_workspace_and_its_files_stay(ws: TaskWorkspace) -> None:

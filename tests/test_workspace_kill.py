@@ -23,7 +23,7 @@ from agentq.runtime import build_registry
 from tests.helpers import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "coding_agent"))
-import coding_agent  # noqa: E402
+import coding_agent  # type: ignore[import-not-found]
 
 # .git/index caches each checked-out file's inode and mtime: the one file two clones never share.
 UNSHARED = {"calc/.git/index"}
@@ -49,7 +49,9 @@ def test_a_coding_agent_killed_mid_test_run_finishes_with_the_files_of_an_unkill
         store, registry, queues = stack.store(), build_registry(stack.settings), stack.queues()
 
         plain = submit(store, registry, coding_agent.submission(host), tenant="t", queues=queues)
-        killed = submit(store, registry, coding_agent.submission(host, test_pause_seconds=30), tenant="t", queues=queues)
+        killed = submit(
+            store, registry, coding_agent.submission(host, test_pause_seconds=30), tenant="t", queues=queues
+        )
 
         # Observable event: the test run of the task to kill has appended to runs.log in its
         # worker's directory (a change no committed step holds yet). Then SIGKILL that worker.

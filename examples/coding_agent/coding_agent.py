@@ -121,12 +121,15 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         make_repository(Path(tmp))
-        with serve(Path(tmp)) as host, LocalStack(
-            prefix="coding", workers=1, api=False, extra_env={"AGENTQ_HTTP_FETCH_ALLOW": host}
-        ) as stack:
+        with (
+            serve(Path(tmp)) as host,
+            LocalStack(prefix="coding", workers=1, api=False, extra_env={"AGENTQ_HTTP_FETCH_ALLOW": host}) as stack,
+        ):
             assert stack.settings is not None
             store = stack.store()
-            task = submit(store, build_registry(stack.settings), submission(host), tenant="local", queues=stack.queues())
+            task = submit(
+                store, build_registry(stack.settings), submission(host), tenant="local", queues=stack.queues()
+            )
             while not (meta := store.tasks.get(task.task_id)).status.terminal:
                 time.sleep(0.2)
             print(f"task {task.task_id}: {meta.status.value}: {meta.result}")

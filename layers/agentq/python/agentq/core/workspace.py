@@ -183,7 +183,7 @@ class Manifest:
         return sum(1 for e in self.entries if e.kind == "f")
 
     @property
-    def bytes(self) -> int:
+    def total_bytes(self) -> int:
         return sum(e.size for e in self.entries if e.kind == "f")
 
     def blobs(self) -> set[str]:
@@ -263,8 +263,7 @@ def scan(root: Path, cache: ScanCache | None = None, quota: WorkspaceQuota | Non
                 total += st.st_size
                 if quota is not None and (files > quota.max_files or total > quota.max_bytes):
                     raise WorkspaceTooLarge(
-                        f"the workspace holds more than its limit of {quota.max_files} files or "
-                        f"{quota.max_bytes} bytes"
+                        f"the workspace holds more than its limit of {quota.max_files} files or {quota.max_bytes} bytes"
                     )
                 sig = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
                 known = cache.known.get(rel)
@@ -344,8 +343,8 @@ def restore(root: Path, manifest: Manifest, fetch: Callable[[str], bytes], cache
     found = scan(root, cache)
     if found.digest != manifest.digest:
         raise WorkspaceRestoreFailed(
-            f"the restored workspace does not match its manifest ({found.files} files, {found.bytes} bytes "
-            f"restored; {manifest.files} files, {manifest.bytes} bytes expected)"
+            f"the restored workspace does not match its manifest ({found.files} files, {found.total_bytes} bytes "
+            f"restored; {manifest.files} files, {manifest.total_bytes} bytes expected)"
         )
 
 

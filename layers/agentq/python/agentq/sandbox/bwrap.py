@@ -98,7 +98,11 @@ class BwrapSandbox:
         self.python = interpreter()
         self._runner = runner_source()
 
-    def command(self, request: ExecRequest, status_fd: int, setup: Setup | None = None) -> list[str]:
+    def command(self, request: ExecRequest, status_fd: int) -> list[str]:
+        return self.command_with(request, status_fd, None)
+
+    def command_with(self, request: ExecRequest, status_fd: int, setup: Setup | None) -> list[str]:
+        """bwrap's argv for ``request``, with what ``setup`` adds (a workspace)."""
         if self.bwrap is None:
             raise SandboxUnavailable(
                 "python_exec needs bubblewrap (the 'bwrap' command) to isolate code, and it is not installed "
@@ -164,7 +168,7 @@ class BwrapSandbox:
                 os.close(fd)
 
         try:
-            argv = self.command(request, write_end) if setup is None else self.command(request, write_end, setup)
+            argv = self.command(request, write_end) if setup is None else self.command_with(request, write_end, setup)
             status = _StatusReader(read_end, self.limits.max_disk_bytes)
             open_fds.discard(read_end)  # the reader closes it
             status.start()

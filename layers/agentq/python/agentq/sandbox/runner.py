@@ -28,6 +28,7 @@ kernel checks.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import json
@@ -318,10 +319,8 @@ def _relay(a: socket.socket, b: socket.socket) -> None:
         pass
     finally:
         for s in (a, b):
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
 
 def _forward(listener: socket.socket, proxy_path: str, child: int) -> None:

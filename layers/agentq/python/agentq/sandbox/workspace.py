@@ -77,13 +77,19 @@ class WorkspaceSandbox:
     def _mounts(self, directory: Path, *, writable: bool = True, egress: str | None = None) -> tuple[str, ...]:
         if not directory.is_dir():
             raise SandboxUnavailable(f"the workspace directory {directory} is missing")
-        mounts = ("--bind" if writable else "--ro-bind", str(directory), MOUNT)
+        mounts: tuple[str, ...] = ("--bind" if writable else "--ro-bind", str(directory), MOUNT)
         if egress is not None:
             mounts += ("--bind", egress, EGRESS_SOCKET)
         return mounts
 
     def shell(
-        self, directory: Path, command: str, timeout: float, *, egress: str | None = None, env: dict[str, str] | None = None
+        self,
+        directory: Path,
+        command: str,
+        timeout: float,
+        *,
+        egress: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> ExecResult:
         """``bash -c command`` in the workspace; ``egress``: the host path of the egress proxy's
         socket when the task allows hosts (otherwise no network at all)."""
@@ -120,9 +126,7 @@ class WorkspaceSandbox:
             **args,
         }
         code = f"{self._fileops}\nmain({json.dumps(json.dumps(request))})\n"
-        setup = Setup(
-            mounts=self._mounts(directory, writable=writable), workdir=MOUNT, config={"code_file": SCRATCH}
-        )
+        setup = Setup(mounts=self._mounts(directory, writable=writable), workdir=MOUNT, config={"code_file": SCRATCH})
         memory = max(256, math.ceil(4 * self.limits.max_read_bytes / (1024 * 1024)) + 192)
         result = self._files.run(ExecRequest(code=code, timeout_seconds=timeout, memory_mb=memory), setup)
         if result.timed_out:

@@ -149,7 +149,7 @@ class Workspaces:
         return WorkspaceRef(
             manifest=manifest.digest,
             files=manifest.files,
-            bytes=manifest.bytes,
+            bytes=manifest.total_bytes,
             uploaded_bytes=sum(len(b) for b in blobs.values()),
         )
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agentq.core.providers.base import DEFAULT_MAX_CALL_SECONDS
 from agentq.core.tenancy import TenantLimits
@@ -24,7 +24,7 @@ class EngineConfig:
     # Where this worker keeps the workspaces of the tasks it runs (core.engine._workspace):
     # None: AGENTQ_WORKSPACE_ROOT, else <tmp>/agentq-workspaces. The per-task totals.
     workspace_root: str | None = None
-    workspace_quota: WorkspaceQuota = WorkspaceQuota()
+    workspace_quota: WorkspaceQuota = field(default_factory=WorkspaceQuota)
 
     @property
     def heartbeat_interval(self) -> float:

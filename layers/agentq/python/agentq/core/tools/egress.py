@@ -20,9 +20,9 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import tempfile
 import threading
 import urllib.parse
-import tempfile
 from collections.abc import Callable
 
 from agentq.core.tools.fetch import Deadline, FetchPolicy, FetchRefused, HostRule, Target, resolve
@@ -70,7 +70,7 @@ class EgressProxy:
             if head is None:
                 return
             line, _, headers = head.partition(b"\r\n")
-            method, target, version = (line.decode("latin-1").split(" ") + ["", ""])[:3]
+            method, target, version = [*line.decode("latin-1").split(" "), "", ""][:3]
             host, port, origin = _destination(method, target)
             upstream = self._connect(host, port)
             if method.upper() == "CONNECT":
