@@ -49,6 +49,7 @@ PORTS = (
     "flow",
     "messages",
     "memory_stores",
+    "workspaces",
 )
 
 

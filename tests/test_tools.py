@@ -338,7 +338,8 @@ def test_return_values_are_rendered_as_text_for_the_model() -> None:
 
 def test_default_registry_holds_the_builtin_tools_and_is_new_on_each_call() -> None:
     first, second = default_registry(), default_registry()
-    assert first.names() == ["http_fetch", "python_exec", "note_write", "note_read"]
+    workspace = ["shell", "read_file", "write_file", "edit_file", "list_files", "search_files"]
+    assert first.names() == ["http_fetch", "python_exec", "note_write", "note_read", *workspace]
     assert first is not second
     first.register(echo)
     assert "echo" not in second.names()

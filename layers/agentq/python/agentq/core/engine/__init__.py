@@ -2,7 +2,8 @@
 
 Order of writes in one turn (each a crash point, see ``faults``):
 reserve -> LLM call -> commit LLM step (tool intents durable) -> per side-effecting tool:
-begin effect -> run -> finish effect -> commit tools step (+ reserve the next call).
+begin effect -> run -> finish effect -> [the workspace's changed content, then its manifest, to
+S3 (``_workspace``)] -> commit tools step naming that manifest (+ reserve the next call).
 A worker killed anywhere loses at most the step in flight; the next worker rebuilds the
 conversation from the committed steps and continues. Knows nothing of SQS or Lambda: the
 adapters pass a deadline and read the ``RunResult``.
@@ -11,12 +12,13 @@ The package, by module: ``_loop`` (``Engine``: claim, the loop, how a run ends),
 kind of turn (``_llm_turn``, ``_tool_turn``, ``_tool_call``, ``_approvals``, ``_spawn``) over the
 protocol they share (``_operation``), budget holds (``_holds``), the request (``_request``), the
 step commit (``_commit``), why a call must not start (``_stops``), ending a task without a step
-(``_finish``), the session and its lease (``_session``); public: ``conversation`` (pure helpers
-``control`` uses too), ``config``, ``result``. The LLM turn orchestrates four modules, each
-owning what it touches: which model takes the call (``_llm_route``: admission and fallbacks), the
-call on the wire (``_llm_call``: its attempts, their holds, a cut at the timeout, a failure;
-``Call`` is one call's own state), economy's batches (``_llm_batch``), and the answer's commit
-(``_llm_answer``: the step with its settlement, or an orphan).
+(``_finish``), the session and its lease (``_session``), the task's workspace (``_workspace``);
+public: ``conversation`` (pure helpers ``control`` uses too), ``config``, ``result``. The LLM turn
+orchestrates four modules, each owning what it touches: which model takes the call
+(``_llm_route``: admission and fallbacks), the call on the wire (``_llm_call``: its attempts,
+their holds, a cut at the timeout, a failure; ``Call`` is one call's own state), economy's
+batches (``_llm_batch``), and the answer's commit (``_llm_answer``: the step with its settlement,
+or an orphan).
 """
 
 from agentq.core.engine._holds import HoldsInFlight

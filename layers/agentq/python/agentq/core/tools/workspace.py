@@ -7,7 +7,8 @@ the tool functions here only word the call and its answer. None is declared side
 a call confined to the workspace is replay-safe, because a resume restores the workspace of
 the last committed step before the call runs again (``core.engine._workspace``). A shell
 command that reached an allowed host through the egress proxy is the exception the model is
-told about in ``shell``'s description.
+told about in ``shell``'s description (it may run again after a crash; recording it as a side
+effect, at most once, is not built yet).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def shell(
     ] = 60.0,
     ctx: ToolContext | None = None,
 ) -> str:
-    """Run a bash command line in the task's workspace (the working directory, /workspace) and return its exit code, stdout and stderr (each cut at 32 KB). bash, git, python3 and the usual coreutils are there; the workspace is the only writable place and is kept across steps and restarts. Processes do not outlive the call: when it returns, everything it started, background jobs included, has been killed. There is no network, except the hosts this task allows, reached through the proxy already set in http_proxy/https_proxy; a command that used the network is not repeated after a crash.
+    """Run a bash command line in the task's workspace (the working directory, /workspace) and return its exit code, stdout and stderr (each cut at 32 KB). bash, git, python3 and the usual coreutils are there; the workspace is the only writable place and is kept across steps and restarts. Processes do not outlive the call: when it returns, everything it started, background jobs included, has been killed. There is no network, except the hosts this task allows, reached through the proxy already set in http_proxy/https_proxy. After a worker crash the command may run again on the restored workspace, so make what it does over the network safe to repeat.
 
     Replay-safe when it stays in the workspace: a worker that dies mid-command leaves no trace
     of it, because the next worker restores the workspace as the last committed step left it.
