@@ -17,8 +17,8 @@ from typing import Any
 from agentq.control.submit import submit
 from agentq.core.models import TaskStatus, ToolsStep
 from agentq.core.workspace import Manifest, restore
-from agentq.local.stack import LocalStack
 from agentq.runtime import build_registry
+from agentq_dev.stack import LocalStack
 
 from tests.helpers import wait_for
 

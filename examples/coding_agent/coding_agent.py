@@ -116,8 +116,8 @@ def submission(host: str, test_pause_seconds: float = 0.0) -> TaskSubmission:
 def main() -> None:
     from agentq.control.submit import submit
     from agentq.core.models import ToolsStep
-    from agentq.local.stack import LocalStack
     from agentq.runtime import build_registry
+    from agentq_dev.stack import LocalStack
 
     with tempfile.TemporaryDirectory() as tmp:
         make_repository(Path(tmp))
