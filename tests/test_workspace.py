@@ -19,7 +19,8 @@ import pytest
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import TaskStatus, TaskSubmission, ToolsStep
 from agentq.core.tools import default_registry
-from agentq.core.workspace import Entry, Manifest, WorkspaceQuota, restore
+from agentq.core.workspace import Entry, Manifest, WorkspaceQuota
+from agentq.core.workspace_disk import restore
 from agentq.storage.container import Storage
 from agentq.storage.workspaces import blob_key, workspace_prefix
 
@@ -79,7 +80,7 @@ def test_each_step_that_changed_the_workspace_names_a_manifest_whose_files_resto
         if entry.kind == "f":
             assert blob_key(task_id, entry.digest) in s3_keys(store, workspace_prefix(task_id))
     target = tmp_path / "restored"
-    restore(target, manifest, lambda d: store.workspaces.get_blobs(task_id, [d])[d])
+    restore(target, manifest, lambda d: store.workspaces.get_blob(task_id, d))
     assert (target / "blob.bin").read_bytes() == payload
     assert os.readlink(target / "src" / "link") == "app.py" and (target / "empty" / "dir").is_dir()
     assert (target / "src" / "app.py").stat().st_mode & 0o777 == 0o750
@@ -164,8 +165,8 @@ def test_a_workspace_that_cannot_be_restored_exactly_fails_the_task_with_workspa
         store.payloads.put_bytes(blob_key(task.task_id, blob), b"changed\n")
     elif damage == "manifest_missing":
         s3.delete_object(Bucket=bucket, Key=f"{workspace_prefix(task.task_id)}manifests/{digest}")
-    else:
-        store.workspaces.put_manifest(task.task_id, digest, Manifest().to_bytes())
+    else:  # an overwrite from outside: the store itself never replaces an object (create-only)
+        store.payloads.put_bytes(f"{workspace_prefix(task.task_id)}manifests/{digest}", Manifest().to_bytes())
     Engine(store, worker_id="w2", tools=default_registry(),
            config=EngineConfig(lease_seconds=10, workspace_root=str(tmp_path / "r2"))).run(task.task_id)  # fmt: skip
     failed = store.tasks.get(task.task_id)
@@ -185,7 +186,7 @@ def test_a_turn_that_takes_the_workspace_past_its_quota_is_refused_and_undone(st
                   workspace_quota=WorkspaceQuota(max_files=5, max_bytes=1_000_000))  # fmt: skip
     steps = tools_steps(store, task_id)
     refused = steps[1].results[0]
-    assert refused.is_error and "more than its limit of 5 files" in refused.content and "undone" in refused.content
+    assert refused.is_error and "more than its limit of 5 entries" in refused.content and "undone" in refused.content
     assert steps[1].workspace is None
     assert steps[2].results[0].content.splitlines() == ["one  2 bytes", "two  2 bytes"]
 

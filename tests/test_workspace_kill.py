@@ -16,7 +16,8 @@ from typing import Any
 
 from agentq.control.submit import submit
 from agentq.core.models import TaskStatus, ToolsStep
-from agentq.core.workspace import Manifest, restore
+from agentq.core.workspace import Manifest
+from agentq.core.workspace_disk import restore
 from agentq.runtime import build_registry
 from agentq_dev.stack import LocalStack
 
@@ -55,7 +56,7 @@ def test_a_coding_agent_killed_mid_test_run_finishes_with_the_files_of_an_unkill
 
         # Observable event: the test run of the task to kill has appended to runs.log in its
         # worker's directory (a change no committed step holds yet). Then SIGKILL that worker.
-        log = wait_for(lambda: next(iter(root.glob(f"*/{killed.task_id}/runs.log")), None), 120, "the test run")
+        log = wait_for(lambda: next(iter(root.glob(f"*/{killed.task_id}.*/runs.log")), None), 120, "the test run")
         owner = store.tasks.get(killed.task_id).lease_owner or ""
         victim = stack.worker_by_id(owner)
         assert victim is not None and str(victim.pid) in log.parent.parent.name
@@ -83,7 +84,6 @@ def test_a_coding_agent_killed_mid_test_run_finishes_with_the_files_of_an_unkill
 
         # And the committed state restores exactly (the restore checks itself against the manifest).
         target = tmp_path / "restored"
-        blobs = store.workspaces.get_blobs(killed.task_id, sorted(got.blobs()))
-        restore(target, got, blobs.__getitem__)
+        restore(target, got, lambda digest: store.workspaces.get_blob(killed.task_id, digest))
         assert (target / "calc" / "calc.py").read_text() == "def add(a, b):\n    return a + b\n"
         time.sleep(0)  # nothing to wait for: every wait above is on an observable event

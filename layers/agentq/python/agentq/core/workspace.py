@@ -1,4 +1,4 @@
-"""A task's workspace as durable state: a manifest of its files, scanned and restored.
+"""A task's workspace as durable state: its manifest, its starting files, its limits.
 
 The workspace lives on the worker's disk while a run holds the task (``core.engine._workspace``),
 and in the bucket between runs: every regular file's content once, under its SHA-256
@@ -10,21 +10,16 @@ exactly that manifest and checks the result against it before any tool runs.
 A manifest lists directories, regular files (mode, size, content hash) and symbolic links (their
 target, never followed), sorted by path. Not kept: FIFOs, sockets and device files (the sandbox
 cannot create devices; a FIFO or socket is gone after a resume), owners, timestamps, and set-id
-bits; hard links come back as separate files with the same content. Everything on the worker's
-side is read and written without following a link (``O_NOFOLLOW``, ``lstat``), and only after
-every process of the tool call is dead, so nothing races the scan.
+bits; hard links come back as separate files with the same content. The worker's side (the
+scan, the restore, the removal, through directory descriptors, never following a link at any
+component of a path) is ``core.workspace_disk``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import stat
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -34,6 +29,7 @@ from agentq.core.tools.fetch import HostRule
 
 Kind = Literal["d", "f", "l"]
 MANIFEST_VERSION = 1
+MAX_DEPTH = 128  # directories below the root a workspace may nest (the scan holds one descriptor each)
 
 
 class WorkspaceRef(BaseModel):
@@ -143,18 +139,35 @@ class WorkspaceRestoreFailed(AgentqError, ValueError):
     code = "workspace_restore_failed"
 
 
-class WorkspaceTooLarge(AgentqError):
-    """The workspace passed the task's file-count or byte limit."""
+class WorkspaceRefused(AgentqError):
+    """A turn left the workspace in a state that is not checkpointed: the turn's changes are
+    undone (the last committed step's workspace restored) and its last workspace call reports
+    this as its error, which the model reads (``core.engine._tool_turn``)."""
+
+    code = "workspace_refused"
+
+
+class WorkspaceTooLarge(WorkspaceRefused):
+    """The workspace passed the task's entry-count, byte or manifest-size limit."""
 
     code = "workspace_limit"
 
 
+class WorkspaceUnscannable(WorkspaceRefused):
+    """The workspace could not be read back (a tree deeper than ``MAX_DEPTH``, a file that
+    changed while it was read, an error of the disk)."""
+
+    code = "workspace_unscannable"
+
+
 @dataclass(frozen=True)
 class WorkspaceQuota:
-    """Per-task totals (defaults: cdk.json's ``workspace_max_bytes`` and ``workspace_max_files``)."""
+    """Per-task totals (``EngineConfig.workspace_quota``; no deployment setting sets them yet).
+    ``max_files`` counts every entry: files, directories, links, FIFOs."""
 
     max_bytes: int = 1024 * 1024 * 1024
     max_files: int = 100_000
+    max_manifest_bytes: int = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True, order=True)
@@ -198,8 +211,12 @@ class Manifest:
         if doc.get("v") != MANIFEST_VERSION:
             raise ValueError(f"unknown workspace manifest version {doc.get('v')!r}")
         entries = []
+        paths: set[str] = set()
         for path, kind, mode, size, digest in doc["entries"]:
             _check_path(str(path))
+            if path in paths:
+                raise ValueError(f"{path!r} appears twice in the manifest")
+            paths.add(path)
             if kind not in ("d", "f", "l"):
                 raise ValueError(f"unknown entry kind {kind!r} for {path!r}")
             entries.append(Entry(str(path), kind, int(mode) & 0o777, int(size), str(digest)))
@@ -210,142 +227,11 @@ def _check_path(path: str) -> None:
     parts = path.split("/")
     if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\x00" in path:
         raise ValueError(f"not a relative workspace path: {path!r}")
+    if len(parts) > MAX_DEPTH:
+        raise ValueError(f"{path!r} is more than {MAX_DEPTH} directories deep")
 
 
 EMPTY = Manifest()
-
-# What a scan remembers of a file it hashed, so the next scan hashes only what changed: size,
-# mtime, ctime (which no one can set back) and inode.
-Signature = tuple[int, int, int, int]
-
-
-@dataclass
-class ScanCache:
-    known: dict[str, tuple[Signature, str]] = field(default_factory=dict)
-
-
-def _hash_file(path: Path) -> tuple[str, int]:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        h = hashlib.sha256()
-        size = 0
-        while chunk := os.read(fd, 1 << 20):
-            h.update(chunk)
-            size += len(chunk)
-        return h.hexdigest(), size
-    finally:
-        os.close(fd)
-
-
-def scan(root: Path, cache: ScanCache | None = None, quota: WorkspaceQuota | None = None) -> Manifest:
-    """The manifest of ``root`` as it is now (``cache``: files whose signature did not change
-    are not read again). Over ``quota`` raises ``WorkspaceTooLarge``."""
-    cache = cache if cache is not None else ScanCache()
-    entries: list[Entry] = []
-    seen: dict[str, tuple[Signature, str]] = {}
-    total = files = 0
-
-    def walk(directory: Path, prefix: str) -> None:
-        nonlocal total, files
-        with os.scandir(directory) as it:
-            children = sorted(it, key=lambda e: e.name)
-        for child in children:
-            rel = f"{prefix}{child.name}"
-            st = child.stat(follow_symlinks=False)
-            mode = stat.S_IMODE(st.st_mode) & 0o777
-            if stat.S_ISLNK(st.st_mode):
-                entries.append(Entry(rel, "l", 0o777, 0, os.readlink(child.path)))
-            elif stat.S_ISDIR(st.st_mode):
-                entries.append(Entry(rel, "d", mode))
-                walk(Path(child.path), rel + "/")
-            elif stat.S_ISREG(st.st_mode):
-                files += 1
-                total += st.st_size
-                if quota is not None and (files > quota.max_files or total > quota.max_bytes):
-                    raise WorkspaceTooLarge(
-                        f"the workspace holds more than its limit of {quota.max_files} files or {quota.max_bytes} bytes"
-                    )
-                sig = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-                known = cache.known.get(rel)
-                if known is not None and known[0] == sig:
-                    digest, size = known[1], st.st_size
-                else:
-                    digest, size = _hash_file(Path(child.path))
-                seen[rel] = (sig, digest)
-                entries.append(Entry(rel, "f", mode, size, digest))
-            # FIFOs, sockets, devices: not part of the workspace's durable state
-
-    walk(root, "")
-    cache.known = seen
-    return Manifest(tuple(sorted(entries)))
-
-
-def content_of(root: Path, entry: Entry) -> bytes:
-    """A scanned file's bytes, read without following a link."""
-    fd = os.open(root / entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
-def wipe(root: Path) -> None:
-    """Remove ``root`` and everything under it (a directory the agent made unwritable too)."""
-    if not root.exists() and not root.is_symlink():
-        return
-
-    def writable_again(func: Callable[..., object], path: str, _exc: object) -> None:
-        parent = os.path.dirname(path)
-        os.chmod(parent, 0o700)
-        if os.path.isdir(path) and not os.path.islink(path):
-            os.chmod(path, 0o700)
-        func(path)
-
-    shutil.rmtree(root, onerror=writable_again)
-
-
-def restore(root: Path, manifest: Manifest, fetch: Callable[[str], bytes], cache: ScanCache | None = None) -> None:
-    """Make ``root`` exactly ``manifest`` (everything there before is removed), then check it.
-
-    ``fetch(digest)`` returns a file's content; content whose hash differs, a missing object
-    or a result that does not scan back to the manifest raises ``WorkspaceRestoreFailed``.
-    """
-    wipe(root)
-    root.mkdir(parents=True, mode=0o700)
-    dirs = [e for e in manifest.entries if e.kind == "d"]
-    links = {e.path for e in manifest.entries if e.kind == "l"}
-    for entry in dirs:
-        (root / entry.path).mkdir(mode=0o700)
-    for entry in manifest.entries:
-        if entry.kind != "f":
-            continue
-        if any(entry.path.startswith(link + "/") for link in links):
-            raise WorkspaceRestoreFailed(f"the manifest puts {entry.path!r} under a symbolic link")
-        data = fetch(entry.digest)
-        if hashlib.sha256(data).hexdigest() != entry.digest:
-            raise WorkspaceRestoreFailed(f"the stored content of {entry.path!r} does not match its hash")
-        fd = os.open(root / entry.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fchmod(fd, entry.mode)
-        finally:
-            os.close(fd)
-    for entry in manifest.entries:
-        if entry.kind == "l":
-            os.symlink(entry.digest, root / entry.path)
-    for entry in sorted(dirs, key=lambda e: e.path.count("/"), reverse=True):
-        os.chmod(root / entry.path, entry.mode)
-    found = scan(root, cache)
-    if found.digest != manifest.digest:
-        raise WorkspaceRestoreFailed(
-            f"the restored workspace does not match its manifest ({found.files} files, {found.total_bytes} bytes "
-            f"restored; {manifest.files} files, {manifest.total_bytes} bytes expected)"
-        )
 
 
 def diff(old: Manifest, new: Manifest) -> dict[str, list[str]]:

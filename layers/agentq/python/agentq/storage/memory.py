@@ -364,8 +364,11 @@ class MemoryPayloads:
             return str(attrs["body"])
         return self.objects[attrs["ref"]].decode()
 
-    def put_bytes(self, key: str, data: bytes) -> None:
+    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False) -> bool:
+        if create_only and key in self.objects:
+            return False
         self.objects[key] = bytes(data)
+        return True
 
     def get_bytes(self, key: str) -> bytes:
         if key not in self.objects:

@@ -77,7 +77,7 @@ class Payloads(Protocol):
 
     def delete_prefix(self, prefix: str) -> int: ...
 
-    def put_bytes(self, key: str, data: bytes) -> None: ...
+    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False) -> bool: ...
 
     def get_bytes(self, key: str) -> bytes: ...
 
@@ -115,8 +115,19 @@ class PayloadStore:
         obj = self.s3.get_object(Bucket=self.bucket, Key=attrs["ref"])
         return obj["Body"].read().decode()
 
-    def put_bytes(self, key: str, data: bytes) -> None:
-        self.s3.put_object(Bucket=self.bucket, Key=key, Body=data)
+    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False) -> bool:
+        """Store ``data`` under ``key``; ``create_only``: never replace an object already there
+        (``If-None-Match: *``, content-addressed objects), False when one was."""
+        if not create_only:
+            self.s3.put_object(Bucket=self.bucket, Key=key, Body=data)
+            return True
+        try:
+            self.s3.put_object(Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*")
+        except self.s3.exceptions.ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412"):
+                return False
+            raise
+        return True
 
     def get_bytes(self, key: str) -> bytes:
         try:

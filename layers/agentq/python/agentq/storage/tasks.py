@@ -259,15 +259,19 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
             puts.append(Put(f"step{record.number}", item))
         for chunk in chunks(puts):
             self.table.transact(chunk)
-        # The workspace as of the fork's last step (core.workspace), copied under the fork's own
-        # prefix like the payloads above: the fork restores it at its first claim.
-        workspace = next(
-            (s.body.workspace for s in reversed(steps) if isinstance(s.body, ToolsStep) and s.body.workspace), None
-        )
-        if workspace is not None:
+        # The workspace of every copied step that changed it (core.workspace), copied under the
+        # fork's own prefix like the payloads above: every manifest a step names and the content
+        # of them all, so a fork of the fork at any of its steps, or after the source's
+        # retention, still finds them. The last one is what the fork restores at its first claim.
+        refs = [s.body.workspace for s in steps if isinstance(s.body, ToolsStep) and s.body.workspace]
+        workspace = refs[-1] if refs else None
+        if refs:
             objects = WorkspaceObjects(self.payloads)
-            manifest = Manifest.from_bytes(objects.get_manifest(source.task_id, workspace.manifest))
-            objects.copy_state(source.task_id, task_id, workspace.manifest, manifest.blobs())
+            manifests = {r.manifest for r in refs}
+            blobs: set[str] = set()
+            for digest in manifests:
+                blobs |= Manifest.from_bytes(objects.get_manifest(source.task_id, digest)).blobs()
+            objects.copy_states(source.task_id, task_id, manifests, blobs)
         # META last: until it exists the fork is invisible, so a failed copy leaves nothing usable.
         actions, task = self.create_actions(
             task_id,

@@ -4,7 +4,9 @@
 The SPAWN record is written (fenced) with the children's shares taken from the parent's budget
 in the same transaction, so a parent killed anywhere in the spawn resumes it without creating a
 child twice or taking a share twice (ARCHITECTURE 5); the other calls of the turn run before it
-and their outcomes are kept on the record.
+and their outcomes are kept on the record. A workspace call in that turn is refused with a tool
+error (``WORKSPACE_IN_SPAWN_TURN``): the turn parks before any checkpoint (``_workspace``), so
+what it wrote would not survive the wake.
 """
 
 from __future__ import annotations
@@ -33,6 +35,14 @@ from agentq.core.models import TaskStatus, ToolOutcome
 from agentq.core.ports import BudgetLedger, SpawnBook, StepLog, TaskLeases
 from agentq.core.pricing import NO_MONEY_CAP
 from agentq.core.records import SpawnRecord
+from agentq.core.workspace import WORKSPACE_TOOLS
+
+# A spawn turn parks the task with its other calls' results on the spawn record and no
+# checkpoint of the workspace, so a change they made would be lost at the wake: refused instead.
+WORKSPACE_IN_SPAWN_TURN = (
+    f"not run: the workspace tools (and python_exec in a workspace) do not run in a turn that calls "
+    f"{SPAWN_TOOL}; call them in a turn of their own"
+)
 
 
 @dataclass(frozen=True)
@@ -73,9 +83,14 @@ class Spawn(RecordedOperation[SpawnRecord, "list[ToolOutcome] | RunResult"]):
         allowlist = task_tools(s.task.submission)
         notes = self.tools.notes_for(s)
         pending = [
-            self.decided.get(use["id"]) or self.tools.call(s, use, allowlist, notes)
-            if use["name"] != SPAWN_TOOL
-            else error_outcome(use, f"only one {SPAWN_TOOL} call is carried out per turn")
+            self.decided.get(use["id"])
+            or (
+                error_outcome(use, f"only one {SPAWN_TOOL} call is carried out per turn")
+                if use["name"] == SPAWN_TOOL
+                else error_outcome(use, WORKSPACE_IN_SPAWN_TURN)
+                if s.workspace is not None and use["name"] in (*WORKSPACE_TOOLS, "python_exec")
+                else self.tools.call(s, use, allowlist, notes)
+            )
             for use in uses
             if use is not spawn_use
         ]

@@ -28,7 +28,7 @@ from agentq.core.faults import crash_point
 from agentq.core.models import LLMStep, StepRecord, TaskStatus, ToolOutcome, ToolsStep
 from agentq.core.ports import ApprovalBook
 from agentq.core.reservation import Reservation
-from agentq.core.workspace import WORKSPACE_TOOLS, WorkspaceRef, WorkspaceTooLarge
+from agentq.core.workspace import WORKSPACE_TOOLS, WorkspaceRef, WorkspaceRefused
 
 
 class ToolTurn:
@@ -85,13 +85,14 @@ class ToolTurn:
 
     def _checkpoint(self, s: Session, outcomes: list[ToolOutcome]) -> tuple[WorkspaceRef | None, list[ToolOutcome]]:
         """The workspace the calls left, stored before their step commits (``_workspace``). A
-        workspace past the task's quota is put back as the last step left it, and the turn's
-        last workspace call says so: the model reads it as that call's error."""
+        workspace past the task's quota, or one that cannot be read back (``WorkspaceRefused``),
+        is put back as the last step left it, and the turn's last workspace call says so: the
+        model reads it as that call's error."""
         if self.workspaces is None or s.workspace is None:
             return None, outcomes
         try:
             return self.workspaces.checkpoint(s), outcomes
-        except WorkspaceTooLarge as exc:
+        except WorkspaceRefused as exc:
             self.workspaces.revert(s)
             note = f"\n[refused: {exc.message}; this turn's changes to the workspace were undone]"
             touched = [i for i, o in enumerate(outcomes) if o.name in (*WORKSPACE_TOOLS, "python_exec")]

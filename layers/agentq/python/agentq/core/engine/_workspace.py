@@ -8,8 +8,10 @@ never committed is never named, and a takeover restores the last committed manif
 files that turn wrote are gone. A restore that cannot reproduce the manifest exactly fails the
 task (``workspace_restore_failed``) instead of running on a half-restored disk.
 
-Each worker process keeps its tasks' directories under its own folder (``<root>/<worker>/<task>``),
-so two workers of one host, one of them a zombie, never share a directory.
+Each claim gets a directory of its own (``<root>/<worker>-<pid>/<task>.<random>``, made with
+``mkdtemp``), and a run's end removes only that directory: two runs of one task on one host, in
+one process or two (a zombie that lost its lease and the run that took the task over), never
+share a directory, so neither sees, commits or removes the other's files.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import logging
 import os
 import re
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,16 +30,12 @@ from agentq.core.ports import WorkspaceStore
 from agentq.core.workspace import (
     EMPTY,
     Manifest,
-    ScanCache,
     WorkspaceQuota,
     WorkspaceRef,
     WorkspaceRestoreFailed,
-    content_of,
     has_workspace,
-    restore,
-    scan,
-    wipe,
 )
+from agentq.core.workspace_disk import PARALLEL, ScanCache, read_verified, restore, scan, wipe
 from agentq.sandbox.base import ExecResult
 from agentq.sandbox.workspace import WorkspaceSandbox
 
@@ -89,9 +88,10 @@ class Workspaces:
         self._sandbox: WorkspaceSandbox | None = None
 
     def _directory(self, task_id: str) -> Path:
+        """A new directory for this claim, no other run's (``mkdtemp``: a random name, 0700)."""
         base = (self._root or default_root()) / f"{self._worker}-{os.getpid()}"
         base.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return base / task_id
+        return Path(tempfile.mkdtemp(prefix=f"{task_id}.", dir=base))
 
     def open(self, s: Session) -> None:
         """Restore the task's workspace as of its last committed step into this worker's
@@ -103,24 +103,24 @@ class Workspaces:
             self._sandbox = WorkspaceSandbox()
         directory = self._directory(s.task_id)
         ws = TaskWorkspace(s.task_id, directory, EMPTY, set(), self._sandbox)
+        s.workspace = ws  # from here on, close() removes the directory whatever happens
         self._restore(ws, s.task.workspace, s)
         if sub.workspace is not None and sub.workspace.allow_hosts and self.egress is not None:
             ws.egress = self.egress(sub.workspace.allow_hosts)
-        s.workspace = ws
 
     def _restore(self, ws: TaskWorkspace, ref: WorkspaceRef | None, s: Session) -> None:
         try:
             if ref is None:
                 spec = s.task.submission.workspace
-                manifest, blobs = spec.seed() if spec is not None else (EMPTY, {})
+                manifest, seed = spec.seed() if spec is not None else (EMPTY, {})
                 stored: set[str] = set()
+                restore(ws.directory, manifest, seed.__getitem__, ws.cache)
             else:
                 manifest = Manifest.from_bytes(self.store.get_manifest(s.task_id, ref.manifest))
                 if manifest.digest != ref.manifest:
                     raise WorkspaceRestoreFailed(f"the stored manifest {ref.manifest} does not match its hash")
-                blobs = self.store.get_blobs(s.task_id, sorted(manifest.blobs()))
-                stored = set(blobs)
-            restore(ws.directory, manifest, blobs.__getitem__, ws.cache)
+                restore(ws.directory, manifest, lambda digest: self.store.get_blob(s.task_id, digest), ws.cache)
+                stored = manifest.blobs()
         except WorkspaceRestoreFailed as exc:
             raise WorkspaceRestoreFailed(f"task {s.task_id}: {exc.message}") from exc
         except (LookupError, ValueError) as exc:
@@ -133,24 +133,28 @@ class Workspaces:
     def checkpoint(self, s: Session) -> WorkspaceRef | None:
         """Store what the turn changed, before its step commits: the new content, then the
         manifest; the ref for the step (None: the workspace is as the last step left it).
-        Over the task's quota raises ``WorkspaceTooLarge`` (the caller reverts the turn)."""
+        Over the task's quota, or unreadable, raises ``WorkspaceRefused`` (the caller reverts the
+        turn)."""
         ws: TaskWorkspace | None = s.workspace
         if ws is None:
             return None
         manifest = scan(ws.directory, ws.cache, self.quota)
         if manifest.digest == ws.committed.digest and ws.stored >= manifest.blobs():
             return None
-        new = {e.digest: e for e in manifest.entries if e.kind == "f" and e.digest not in ws.stored}
-        blobs = {digest: content_of(ws.directory, entry) for digest, entry in new.items()}
-        self.store.put_blobs(s.task_id, blobs)
-        ws.stored |= set(blobs)
+        new = list({e.digest: e for e in manifest.entries if e.kind == "f" and e.digest not in ws.stored}.values())
+        uploaded = 0
+        # File by file, at most PARALLEL in memory: each read back checked against the hash the
+        # manifest records (``read_verified``), then stored create-only under that hash.
+        with ThreadPoolExecutor(PARALLEL) as pool:
+            for start in range(0, len(new), PARALLEL):
+                window = [(e.digest, read_verified(ws.directory, e)) for e in new[start : start + PARALLEL]]
+                written = pool.map(lambda blob: self.store.put_blob(s.task_id, *blob), window)
+                uploaded += sum(len(data) for (_, data), new_object in zip(window, written, strict=True) if new_object)
+                ws.stored |= {digest for digest, _ in window}
         self.store.put_manifest(s.task_id, manifest.digest, manifest.to_bytes())
         ws.pending = manifest
         return WorkspaceRef(
-            manifest=manifest.digest,
-            files=manifest.files,
-            bytes=manifest.total_bytes,
-            uploaded_bytes=sum(len(b) for b in blobs.values()),
+            manifest=manifest.digest, files=manifest.files, bytes=manifest.total_bytes, uploaded_bytes=uploaded
         )
 
     def committed(self, s: Session) -> None:
@@ -170,9 +174,9 @@ class Workspaces:
         if ws is None:
             return
         s.workspace = None
-        if ws.egress is not None:
-            ws.egress.close()
-        try:
+        try:  # only this claim's directory; nothing may escape the run's finally
+            if ws.egress is not None:
+                ws.egress.close()
             wipe(ws.directory)
-        except OSError:
+        except Exception:
             log.warning("could not remove the workspace directory %s", ws.directory, exc_info=True)

@@ -1,0 +1,337 @@
+"""A workspace on the worker's disk: scanned into a manifest, restored from one, removed.
+
+Everything here works through directory file descriptors: a path is never resolved as a whole,
+each component is opened relative to its parent's descriptor with ``O_NOFOLLOW`` (a directory
+also ``O_DIRECTORY``), so a symbolic link anywhere on a path, not only at its end, is never
+followed: a link the agent planted is an entry of the manifest, never a way out. The walks are
+iterative (a tree as deep as the agent likes neither overflows Python's stack nor, for the scan,
+holds more than ``MAX_DEPTH`` descriptors: deeper is refused). The worker owns every file of the
+workspace (the sandbox's uid maps to it), so one the agent made unreadable (``chmod 000``) is
+given ``u+rwx`` for the read or the removal and, for the scan, its mode put back afterwards.
+
+The scan runs only after every process of the tool call is dead, in a directory no other run
+uses (``core.engine._workspace`` makes one per claim), so nothing should change under it; if
+something does, the read of a file checks it against what the scan saw (inode, then the content's
+hash before it is uploaded) and the scan fails (``WorkspaceUnscannable``) rather than record
+bytes that are not what the manifest says.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import stat
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agentq.core.workspace import (
+    MAX_DEPTH,
+    Entry,
+    Manifest,
+    WorkspaceQuota,
+    WorkspaceRestoreFailed,
+    WorkspaceTooLarge,
+    WorkspaceUnscannable,
+)
+
+O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+O_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+PARALLEL = 16  # files fetched at once by a restore (each held in memory until written)
+ROW_OVERHEAD = 96  # a manifest row's bytes besides its path and link target (kind, mode, size, hash)
+
+# What a scan remembers of a file it hashed, so the next scan hashes only what changed: size,
+# mtime, ctime (which no one can set back) and inode.
+Signature = tuple[int, int, int, int]
+
+
+@dataclass
+class ScanCache:
+    known: dict[str, tuple[Signature, str]] = field(default_factory=dict)
+
+
+def _chmod_at(dir_fd: int, name: str, mode: int) -> None:
+    """chmod without following a link: Python refuses fchmodat's AT_SYMLINK_NOFOLLOW with a
+    dir_fd, so through an O_PATH descriptor of the entry itself (what glibc does too)."""
+    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        if stat.S_ISLNK(os.fstat(fd).st_mode):
+            raise OSError(f"{name!r} became a symbolic link")
+        os.chmod(f"/proc/self/fd/{fd}", mode)
+    finally:
+        os.close(fd)
+
+
+def _open_at(dir_fd: int, name: str, flags: int, need: int) -> tuple[int, int | None]:
+    """Open ``name`` in ``dir_fd``; if the agent took the worker's own access away, give it
+    ``need`` (owner bits) first. Returns the descriptor and the mode to put back (or None)."""
+    try:
+        return os.open(name, flags, dir_fd=dir_fd), None
+    except PermissionError:
+        before = stat.S_IMODE(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+        _chmod_at(dir_fd, name, before | need)
+        return os.open(name, flags, dir_fd=dir_fd), before
+
+
+def open_dir(dir_fd: int, name: str) -> tuple[int, int | None]:
+    return _open_at(dir_fd, name, O_DIR, stat.S_IRWXU)
+
+
+@dataclass
+class _Frame:
+    fd: int
+    prefix: str
+    names: list[str]
+    mode: int | None  # the directory's own mode, to put back once it is read
+    at: int = 0
+
+
+def scan(root: Path, cache: ScanCache | None = None, quota: WorkspaceQuota | None = None) -> Manifest:
+    """The manifest of ``root`` as it is now (``cache``: files whose signature did not change
+    are not read again). Every entry (directory, file, link, FIFO...) counts toward
+    ``quota.max_files``, and the manifest's size toward ``quota.max_manifest_bytes``: over
+    either, or the bytes, raises ``WorkspaceTooLarge``; a tree deeper than ``MAX_DEPTH`` or one
+    that cannot be read raises ``WorkspaceUnscannable``."""
+    cache = cache if cache is not None else ScanCache()
+    entries: list[Entry] = []
+    seen: dict[str, tuple[Signature, str]] = {}
+    count = total = size = 0
+    stack: list[_Frame] = []
+    rel = "."
+
+    def over(what: str) -> WorkspaceTooLarge:
+        assert quota is not None
+        return WorkspaceTooLarge(f"the workspace holds more than its limit of {what}")
+
+    try:
+        fd = os.open(root, O_DIR)
+        stack.append(_Frame(fd, "", sorted(os.listdir(fd)), None))
+        while stack:
+            frame = stack[-1]
+            if frame.at == len(frame.names):
+                stack.pop()
+                _close(frame)
+                continue
+            name = frame.names[frame.at]
+            frame.at += 1
+            rel = f"{frame.prefix}{name}"
+            st = os.stat(name, dir_fd=frame.fd, follow_symlinks=False)
+            count += 1
+            if quota is not None and count > quota.max_files:
+                raise over(f"{quota.max_files} entries (files, directories, links and others)")
+            mode = stat.S_IMODE(st.st_mode) & 0o777
+            if stat.S_ISLNK(st.st_mode):
+                entry = Entry(rel, "l", 0o777, 0, os.readlink(name, dir_fd=frame.fd))
+            elif stat.S_ISDIR(st.st_mode):
+                if len(stack) >= MAX_DEPTH:
+                    raise WorkspaceUnscannable(f"{rel!r} is more than {MAX_DEPTH} directories deep")
+                entry = Entry(rel, "d", mode)
+                child, back = open_dir(frame.fd, name)
+                stack.append(_Frame(child, rel + "/", [], back))
+                stack[-1].names = sorted(os.listdir(child))
+            elif stat.S_ISREG(st.st_mode):
+                total += st.st_size
+                if quota is not None and total > quota.max_bytes:
+                    raise over(f"{quota.max_bytes} bytes")
+                sig = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+                known = cache.known.get(rel)
+                if known is not None and known[0] == sig:
+                    digest = known[1]
+                else:
+                    digest = hashlib.sha256(read_at(frame.fd, name, st)).hexdigest()
+                seen[rel] = (sig, digest)
+                entry = Entry(rel, "f", mode, st.st_size, digest)
+            else:
+                continue  # FIFOs, sockets, devices: counted, not part of the durable state
+            size += len(entry.path.encode()) + len(entry.digest.encode()) + ROW_OVERHEAD
+            if quota is not None and size > quota.max_manifest_bytes:
+                raise over(f"{quota.max_manifest_bytes} bytes of manifest (its paths and link targets)")
+            entries.append(entry)
+    except OSError as exc:
+        raise WorkspaceUnscannable(f"the workspace could not be read at {rel!r}: {exc.strerror or exc}") from exc
+    finally:
+        while stack:
+            _close(stack.pop())
+    cache.known = seen
+    return Manifest(tuple(sorted(entries)))
+
+
+def _close(frame: _Frame) -> None:
+    try:
+        if frame.mode is not None:
+            os.fchmod(frame.fd, frame.mode)
+    finally:
+        os.close(frame.fd)
+
+
+def read_at(dir_fd: int, name: str, seen: os.stat_result) -> bytes:
+    """A regular file's bytes, if it is still the file ``seen`` (a mode taken away is given
+    back to the owner for the read, then put back)."""
+    fd, back = _open_at(dir_fd, name, O_READ, stat.S_IRUSR)
+    try:
+        now = os.fstat(fd)
+        if not stat.S_ISREG(now.st_mode) or (now.st_ino, now.st_dev) != (seen.st_ino, seen.st_dev):
+            raise WorkspaceUnscannable(f"{name!r} changed while the workspace was scanned")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        try:
+            if back is not None:
+                os.fchmod(fd, back)
+        finally:
+            os.close(fd)
+
+
+class DirCursor:
+    """Descriptors of the directories on the way to the entry last asked for, each opened from
+    its parent with ``O_NOFOLLOW``: entries asked for in sorted order reuse the shared part."""
+
+    def __init__(self, root_fd: int) -> None:
+        self.chain: list[tuple[str, int]] = [("", root_fd)]
+
+    def parent(self, path: str) -> tuple[int, str]:
+        *dirs, name = path.split("/")
+        keep = 0
+        while keep < len(dirs) and keep + 1 < len(self.chain) and self.chain[keep + 1][0] == dirs[keep]:
+            keep += 1
+        self.close(keep + 1)
+        for part in dirs[keep:]:
+            fd, _ = open_dir(self.chain[-1][1], part)
+            self.chain.append((part, fd))
+        return self.chain[-1][1], name
+
+    def close(self, keep: int = 1) -> None:
+        while len(self.chain) > keep:
+            os.close(self.chain.pop()[1])
+
+
+@contextmanager
+def opened(root: Path) -> Iterator[DirCursor]:
+    fd = os.open(root, O_DIR)
+    cursor = DirCursor(fd)
+    try:
+        yield cursor
+    finally:
+        cursor.close()
+        os.close(fd)
+
+
+def read_verified(root: Path, entry: Entry) -> bytes:
+    """A scanned file's bytes for upload, checked against the hash its manifest records."""
+    try:
+        with opened(root) as cursor:
+            dir_fd, name = cursor.parent(entry.path)
+            data = read_at(dir_fd, name, os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
+    except OSError as exc:
+        raise WorkspaceUnscannable(f"{entry.path!r} could not be read: {exc.strerror or exc}") from exc
+    if hashlib.sha256(data).hexdigest() != entry.digest:
+        raise WorkspaceUnscannable(f"{entry.path!r} changed after the workspace was scanned")
+    return data
+
+
+def clear(dir_fd: int) -> None:
+    """Remove everything in the directory ``dir_fd`` (not itself), however deep and whatever
+    modes the agent left (each directory is given ``u+rwx`` first). Iterative; a subtree more
+    than ``MAX_DEPTH`` below ``dir_fd`` is first moved up into ``dir_fd`` (a rename), so no more
+    than that many descriptors are ever open."""
+    stack: list[tuple[int, str, int, list[str]]] = []  # parent, name, own descriptor, names left
+    try:
+        while names := os.listdir(dir_fd):
+            stack = [(dir_fd, "", dir_fd, names)]
+            while stack:
+                parent, name, own, left = stack[-1]
+                if not left:
+                    stack.pop()
+                    if stack:  # not dir_fd itself: the outer loop lists that again
+                        os.close(own)
+                        os.rmdir(name, dir_fd=parent)
+                    continue
+                child = left.pop()
+                st = os.stat(child, dir_fd=own, follow_symlinks=False)
+                if not stat.S_ISDIR(st.st_mode):
+                    os.unlink(child, dir_fd=own)
+                elif len(stack) > MAX_DEPTH:  # too deep to hold its chain open: move it up
+                    os.rename(child, f".agentq-deep-{secrets.token_hex(8)}", src_dir_fd=own, dst_dir_fd=dir_fd)
+                else:
+                    fd, _ = open_dir(own, child)
+                    stack.append((own, child, fd, []))
+                    os.fchmod(fd, stat.S_IRWXU)
+                    stack[-1][3].extend(os.listdir(fd))
+    finally:
+        for _, _, own, _ in stack[1:]:
+            os.close(own)
+
+
+def wipe(root: Path) -> None:
+    """Remove ``root`` and everything under it (nothing if it is not there)."""
+    try:
+        fd = os.open(root, O_DIR)
+    except FileNotFoundError:
+        return
+    try:
+        clear(fd)
+    finally:
+        os.close(fd)
+    os.rmdir(root)
+
+
+def restore(root: Path, manifest: Manifest, fetch: Callable[[str], bytes], cache: ScanCache | None = None) -> None:
+    """Make ``root`` exactly ``manifest`` (everything there before is removed), then check it.
+
+    ``fetch(digest)`` returns a file's content (called from up to ``PARALLEL`` threads); content
+    whose hash differs, a missing object, an entry whose parent is not a directory of the
+    manifest, or a result that does not scan back to the manifest raises
+    ``WorkspaceRestoreFailed``.
+    """
+    root.mkdir(parents=True, mode=0o700, exist_ok=True)
+    dirs = [e for e in manifest.entries if e.kind == "d"]
+    files = [e for e in manifest.entries if e.kind == "f"]
+    try:
+        with opened(root) as cursor:
+            clear(cursor.chain[0][1])
+            for entry in dirs:
+                dir_fd, name = cursor.parent(entry.path)
+                os.mkdir(name, 0o700, dir_fd=dir_fd)
+            with ThreadPoolExecutor(PARALLEL) as pool:
+                for start in range(0, len(files), PARALLEL):
+                    window = files[start : start + PARALLEL]
+                    for entry, data in zip(window, pool.map(lambda e: fetch(e.digest), window), strict=True):
+                        _write(cursor, entry, data)
+            for entry in manifest.entries:
+                if entry.kind == "l":
+                    dir_fd, name = cursor.parent(entry.path)
+                    os.symlink(entry.digest, name, dir_fd=dir_fd)
+            for entry in sorted(dirs, key=lambda e: e.path.count("/"), reverse=True):
+                dir_fd, name = cursor.parent(entry.path)
+                _chmod_at(dir_fd, name, entry.mode)
+    except OSError as exc:
+        raise WorkspaceRestoreFailed(f"the workspace could not be written: {exc}") from exc
+    try:
+        found = scan(root, cache)
+    except WorkspaceUnscannable as exc:
+        raise WorkspaceRestoreFailed(f"the restored workspace could not be checked: {exc.message}") from exc
+    if found.digest != manifest.digest:
+        raise WorkspaceRestoreFailed(
+            f"the restored workspace does not match its manifest ({found.files} files, {found.total_bytes} bytes "
+            f"restored; {manifest.files} files, {manifest.total_bytes} bytes expected)"
+        )
+
+
+def _write(cursor: DirCursor, entry: Entry, data: bytes) -> None:
+    if hashlib.sha256(data).hexdigest() != entry.digest:
+        raise WorkspaceRestoreFailed(f"the stored content of {entry.path!r} does not match its hash")
+    dir_fd, name = cursor.parent(entry.path)
+    fd = os.open(name, O_CREATE, 0o600, dir_fd=dir_fd)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fchmod(fd, entry.mode)
+    finally:
+        os.close(fd)

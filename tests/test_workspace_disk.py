@@ -1,0 +1,108 @@
+"""The worker's side of a workspace (core.workspace_disk) against what an agent can leave on the
+disk: a link planted at any component of a path is never followed, a file read for upload is the
+file the scan hashed, and a worker that is not root scans, restores and removes files and
+directories the agent made unreadable, putting their modes back."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentq.core.workspace import Entry, Manifest, WorkspaceRestoreFailed, WorkspaceUnscannable
+from agentq.core.workspace_disk import read_verified, restore, scan, wipe
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.parametrize("depth", [1, 2, 5])
+def test_a_directory_swapped_for_a_link_after_the_scan_is_never_followed_at_any_component(
+    tmp_path: Path, depth: int
+) -> None:
+    root, outside = tmp_path / "ws", tmp_path / "host"
+    parts = [f"d{i}" for i in range(depth)]
+    (root.joinpath(*parts)).mkdir(parents=True)
+    (root.joinpath(*parts) / "secret").write_bytes(b"same bytes")
+    (outside.joinpath(*parts[1:])).mkdir(parents=True)
+    (outside.joinpath(*parts[1:]) / "secret").write_bytes(b"same bytes")  # the hash check alone would pass
+    (entry,) = [e for e in scan(root).entries if e.kind == "f"]
+    wipe(root / parts[0])
+    (root / parts[0]).symlink_to(outside)  # the first component is now a way out
+    with pytest.raises(WorkspaceUnscannable, match="could not be read"):
+        read_verified(root, entry)
+
+
+def test_a_file_whose_content_changed_after_the_scan_is_not_read_for_upload(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"scanned")
+    (entry,) = scan(tmp_path).entries
+    assert read_verified(tmp_path, entry) == b"scanned"
+    (tmp_path / "f").write_bytes(b"changed")  # same size
+    with pytest.raises(WorkspaceUnscannable, match="changed after the workspace was scanned"):
+        read_verified(tmp_path, entry)
+
+
+def test_a_restore_refuses_an_entry_under_a_link_and_writes_nothing_outside(tmp_path: Path) -> None:
+    outside = tmp_path / "host"
+    outside.mkdir()
+    manifest = Manifest((Entry("a", "l", 0o777, 0, str(outside)), Entry("a/x", "f", 0o644, 1, sha(b"x"))))
+    with pytest.raises(WorkspaceRestoreFailed):
+        restore(tmp_path / "ws", manifest, {sha(b"x"): b"x"}.__getitem__)
+    assert list(outside.iterdir()) == []
+
+
+def test_a_manifest_naming_one_path_twice_is_refused() -> None:
+    doubled = b'{"v":1,"entries":[["a","d",493,0,""],["a","f",420,0,"' + sha(b"").encode() + b'"]]}'
+    with pytest.raises(ValueError, match="appears twice"):
+        Manifest.from_bytes(doubled)
+
+
+AS_NOBODY = r"""
+import hashlib, os, stat, sys
+from pathlib import Path
+from agentq.core.workspace_disk import restore, scan, wipe
+
+os.chdir(sys.argv[1])  # owned by nobody; its parents are not theirs to search
+os.setgid(65534)
+os.setuid(65534)
+ws = Path("ws")
+(ws / "locked").mkdir(parents=True)
+(ws / "locked" / "inner").write_bytes(b"inner")
+(ws / "ro").mkdir()
+(ws / "ro" / "f").write_bytes(b"ro")
+(ws / "secret").write_bytes(b"secret")
+os.chmod(ws / "secret", 0)
+os.chmod(ws / "ro", 0o500)
+os.chmod(ws / "locked", 0)
+manifest = scan(ws)
+got = {e.path: (e.kind, e.mode, e.digest) for e in manifest.entries}
+sha = lambda b: hashlib.sha256(b).hexdigest()
+assert got == {
+    "locked": ("d", 0, ""), "locked/inner": ("f", 0o644, sha(b"inner")), "ro": ("d", 0o500, ""),
+    "ro/f": ("f", 0o644, sha(b"ro")), "secret": ("f", 0, sha(b"secret")),
+}, got
+assert [stat.S_IMODE(os.lstat(ws / n).st_mode) for n in ("locked", "ro", "secret")] == [0, 0o500, 0]
+assert scan(ws).digest == manifest.digest  # the scan put every mode back
+blobs = {sha(b): b for b in (b"inner", b"ro", b"secret")}
+restore(Path("copy"), manifest, blobs.__getitem__)  # checks itself against the manifest
+wipe(ws)
+wipe(Path("copy"))
+assert sorted(os.listdir(".")) == [], os.listdir(".")
+print("ok")
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become uid 65534 (a worker that is not root)")
+def test_a_worker_that_is_not_root_scans_restores_and_removes_what_the_agent_made_unreadable(tmp_path: Path) -> None:
+    home = tmp_path / "nobody"
+    home.mkdir()
+    os.chown(home, 65534, 65534)
+    done = subprocess.run(
+        [sys.executable, "-c", AS_NOBODY, str(home)], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and done.stdout == "ok\n", done.stderr
