@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from agentq.core.engine import Engine, EngineConfig
-from agentq.core.models import TaskStatus, TaskSubmission, ToolsStep
+from agentq.core.models import MAX_GOAL_CHARS, TaskStatus, TaskSubmission, ToolsStep
 from agentq.core.tools import default_registry
-from agentq.core.workspace import Entry, Manifest, WorkspaceQuota
+from agentq.core.workspace import MAX_SEED_ENCODED_BYTES, MAX_SEED_FILES, Entry, Manifest, WorkspaceQuota
 from agentq.core.workspace_disk import restore
 from agentq.storage.container import Storage
 from agentq.storage.workspaces import blob_key, workspace_prefix
@@ -215,7 +215,8 @@ def test_a_submission_starts_the_workspace_with_its_files(store: Storage, tmp_pa
         ([{"path": "a/./b", "content_b64": ""}], "not a relative workspace path"),
         ([{"path": "x", "content_b64": "!!"}], "not base64"),
         ([{"path": "x", "content_b64": ""}, {"path": "x/y", "content_b64": ""}], "is a file and a directory"),
-        ([{"path": "big", "content_b64": base64.b64encode(b"0" * (5 * 1024 * 1024 + 1)).decode()}], "over the"),
+        ([{"path": "b", "content_b64": "A" * (MAX_SEED_ENCODED_BYTES - 1 + 4) + "="}], "over the"),
+        ([{"path": f"f{i}", "content_b64": ""} for i in range(MAX_SEED_FILES + 1)], "at most"),
     ],
 )
 def test_a_seed_that_would_leave_its_root_or_pass_the_limits_is_refused_naming_the_field(
@@ -224,6 +225,21 @@ def test_a_seed_that_would_leave_its_root_or_pass_the_limits_is_refused_naming_t
     with pytest.raises(ValueError, match=needle) as caught:
         TaskSubmission.model_validate({"goal": "g", "script": "first_task", "workspace": {"files": files}})
     assert "workspace" in str(caught.value)
+
+
+@pytest.mark.parametrize("goal_char", ["a", "\U0001f600", "\x01"], ids=["ascii", "four_byte", "escaped_control"])
+def test_a_seed_at_its_limit_with_a_goal_and_system_prompt_at_theirs_is_stored_in_one_item(
+    store: Storage, goal_char: str
+) -> None:
+    content = base64.b64encode(b"x" * (MAX_SEED_ENCODED_BYTES // 4 * 3 - 3)).decode()
+    files = [{"path": "f", "content_b64": content}]
+    assert len(content) + 1 <= MAX_SEED_ENCODED_BYTES
+    submission = TaskSubmission.model_validate({
+        "goal": goal_char * MAX_GOAL_CHARS, "system": goal_char * MAX_GOAL_CHARS, "script": "first_task",
+        "workspace": {"files": files},
+    })  # fmt: skip
+    task = store.tasks.create(submission, tenant="t")
+    assert store.tasks.get(task.task_id).submission.workspace == submission.workspace
 
 
 def test_an_allowed_host_that_is_not_a_host_is_refused_naming_the_field() -> None:

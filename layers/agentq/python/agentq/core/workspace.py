@@ -43,8 +43,11 @@ class WorkspaceRef(BaseModel):
 
 # The tools that work in a task's workspace; a task that may use one of them has a workspace.
 WORKSPACE_TOOLS = ("shell", "read_file", "write_file", "edit_file", "list_files", "search_files")
-MAX_SEED_BYTES = 5 * 1024 * 1024  # inline starting files (a request body's share; API Gateway takes 10 MB)
-MAX_SEED_FILES = 10_000
+# Starting files travel inline in the submission, which is one DynamoDB item (400 KB) read with
+# every claim: their base64 and paths may take this much of it, leaving room for a goal and a
+# system prompt at their limits. Larger starting state: clone it from an allowed host.
+MAX_SEED_ENCODED_BYTES = 160 * 1024
+MAX_SEED_FILES = 1_000
 
 
 class SeedFile(BaseModel):
@@ -94,15 +97,19 @@ class WorkspaceSpec(BaseModel):
 
     @model_validator(mode="after")
     def _fits(self) -> WorkspaceSpec:
-        total = 0
+        encoded = 0
         seen: set[str] = set()
         for f in self.files:
             if f.path in seen:
                 raise ValueError(f"files: {f.path!r} appears twice")
             seen.add(f.path)
-            total += len(f.data())
-        if total > MAX_SEED_BYTES:
-            raise ValueError(f"files: {total} bytes, over the {MAX_SEED_BYTES} a submission may carry")
+            f.data()  # its ValueError names a file that is not base64
+            encoded += len(f.content_b64) + len(f.path.encode())
+        if encoded > MAX_SEED_ENCODED_BYTES:
+            raise ValueError(
+                f"files: {encoded} bytes of base64 content and paths, over the {MAX_SEED_ENCODED_BYTES} a submission "
+                "carries inline (it is stored in one DynamoDB item); start larger workspaces from a repository"
+            )
         for f in self.files:
             for parent in _parents(f.path):
                 if parent in seen:
