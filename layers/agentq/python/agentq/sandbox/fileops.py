@@ -127,7 +127,11 @@ def write(req: dict[str, Any]) -> str:
     shown = _show(path)
     if path == ROOT:
         raise Refused("path: names the workspace itself, not a file in it")
-    data = str(req["content"]).encode("utf-8")
+    if "content_file" in req:  # the content as raw bytes beside the script (sandbox.workspace)
+        with open(str(req["content_file"]), "rb") as f:
+            data = f.read()
+    else:
+        data = str(req["content"]).encode("utf-8")
     if len(data) > int(req["max_file_bytes"]):
         raise Refused(f"content is {len(data)} bytes, over the {req['max_file_bytes']}-byte limit for one file")
     parent = os.path.dirname(path)
@@ -249,4 +253,21 @@ def main(request: str) -> None:
         answer = {"error": str(exc)}
     except OSError as exc:
         answer = {"error": f"{exc.strerror or exc}: {_show(exc.filename) if exc.filename else ''}".rstrip(": ")}
-    print("\n" + json.dumps(answer))
+    print("\n" + fit(answer, int(req.get("max_answer_bytes") or 0)))
+
+
+def fit(answer: dict[str, Any], limit: int) -> str:
+    """The answer as one line of JSON (UTF-8 as it is, not escaped) of at most ``limit`` bytes:
+    an answer longer than the sandbox passes back is cut, with a note, not left for the worker
+    to find truncated."""
+    text = json.dumps(answer, ensure_ascii=False)
+    if not limit or "ok" not in answer or len(text.encode("utf-8")) <= limit:
+        return text
+    ok = str(answer["ok"])
+    note = f"\n[cut: the answer passed the {limit}-byte output limit; ask for less (a line range, a narrower path or pattern)]"
+    keep = len(ok)
+    while True:
+        keep = max(0, min(keep - 1, keep * limit // len(text.encode("utf-8")) * 9 // 10))
+        text = json.dumps({"ok": ok[:keep] + note}, ensure_ascii=False)
+        if len(text.encode("utf-8")) <= limit or keep == 0:
+            return text

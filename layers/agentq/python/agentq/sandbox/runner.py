@@ -283,9 +283,13 @@ def _check_namespaces() -> None:
         _fail(f"other processes are visible ({len(others)}): no private PID namespace")
 
 
-def _run_script(source: bytes, code_file: str = CODE_FILE) -> None:
+def _run_script(source: bytes, code_file: str = CODE_FILE, data: bytes = b"", data_file: str = "") -> None:
     with open(code_file, "wb") as f:  # so tracebacks and inspect can show the script's lines
         f.write(source)
+    if data_file:  # bytes the script reads, not compiled (a file tool's content: sandbox.workspace)
+        fd = os.open(data_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
     try:
         code = compile(source, code_file, "exec", dont_inherit=True)
     except SyntaxError as exc:
@@ -397,7 +401,10 @@ def main() -> None:
         install_filter(build_filter(arch, os.getpid()))
     except Exception as exc:  # any setup problem: nothing of the script has run
         _fail(f"{type(exc).__name__}: {exc}")
-    _run_script(source, str(config.get("code_file", CODE_FILE)))
+    # The last ``data_bytes`` of stdin are data for ``data_file``, not part of the script.
+    cut = len(source) - int(config.get("data_bytes") or 0)
+    source, data = source[:cut], source[cut:]
+    _run_script(source, str(config.get("code_file", CODE_FILE)), data, str(config.get("data_file") or ""))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ MOUNT = "/workspace"
 EGRESS_SOCKET = "/run/agentq-egress.sock"
 HOME = "/tmp"
 SCRATCH = "/tmp/.agentq-run.py"  # the runner's copy of a script, off the workspace
+DATA = "/tmp/.agentq-content"  # write_file's content, as the runner wrote it for the script
 ANSWER_MARK = "\n{"
 
 
@@ -64,15 +65,24 @@ class WorkspaceSandbox:
             replace(base, max_file_bytes=self.limits.max_file_bytes, max_code_bytes=256 * 1024), bwrap
         )
         self._python = BwrapSandbox(base, bwrap)
+        # write_file's content follows the script on stdin (raw bytes, see file_op), and the
+        # runner writes both to files: the file-size limit lets it.
+        code_bytes = self.limits.max_file_bytes + 256 * 1024
         self._files = BwrapSandbox(
             replace(
                 base,
-                max_output_bytes=4 * self.limits.max_output_chars + 4096,
-                max_code_bytes=4 * self.limits.max_file_bytes + 256 * 1024,  # write_file's content rides in it
+                max_output_bytes=self.answer_bytes + 4096,
+                max_code_bytes=code_bytes,
+                max_file_bytes=max(base.max_file_bytes, code_bytes),
             ),
             bwrap,
         )
         self._fileops = Path(fileops.__file__).read_text(encoding="utf-8")
+
+    @property
+    def answer_bytes(self) -> int:
+        """The most a file tool's answer may take (``fileops.fit`` cuts it to this)."""
+        return 4 * self.limits.max_output_chars
 
     def _mounts(self, directory: Path, *, writable: bool = True, egress: str | None = None) -> tuple[str, ...]:
         if not directory.is_dir():
@@ -113,28 +123,44 @@ class WorkspaceSandbox:
 
     def file_op(self, directory: Path, op: str, *, writable: bool, timeout: float = 20.0, **args: Any) -> str:
         """One file tool's operation (``sandbox.fileops``); its refusal raises ``WorkspaceRefused``."""
-        content = args.get("content")
-        if isinstance(content, str) and len(content.encode("utf-8")) > self.limits.max_file_bytes:
-            raise WorkspaceRefused(
-                f"content is {len(content.encode('utf-8'))} bytes, over the {self.limits.max_file_bytes}-byte "
-                "limit for one file"
-            )
+        content = args.pop("content", None)
+        data = ""
+        if content is not None:
+            try:
+                size = len(str(content).encode("utf-8"))
+            except UnicodeEncodeError:
+                raise WorkspaceRefused("content: not valid Unicode (it holds a lone surrogate)") from None
+            if size > self.limits.max_file_bytes:
+                raise WorkspaceRefused(
+                    f"content is {size} bytes, over the {self.limits.max_file_bytes}-byte limit for one file"
+                )
+            data, args["content_file"] = str(content), DATA
         request = {
             "op": op,
             "max_file_bytes": self.limits.max_read_bytes if op != "write" else self.limits.max_file_bytes,
             "max_output_chars": self.limits.max_output_chars,
+            "max_answer_bytes": self.answer_bytes,
             **args,
         }
-        code = f"{self._fileops}\nmain({json.dumps(json.dumps(request))})\n"
-        setup = Setup(mounts=self._mounts(directory, writable=writable), workdir=MOUNT, config={"code_file": SCRATCH})
+        literal = json.dumps(json.dumps(request, ensure_ascii=False), ensure_ascii=False)
+        code = f"{self._fileops}\nmain({literal})\n"
+        # write_file's content follows the script as raw UTF-8 bytes, which the runner writes to
+        # DATA for the script to read, never compiled: only its size counts, not its escapes.
+        config: dict[str, object] = {"code_file": SCRATCH}
+        if data:
+            config |= {"data_file": DATA, "data_bytes": len(data.encode("utf-8"))}
+        setup = Setup(mounts=self._mounts(directory, writable=writable), workdir=MOUNT, config=config)
         memory = max(256, math.ceil(4 * self.limits.max_read_bytes / (1024 * 1024)) + 192)
-        result = self._files.run(ExecRequest(code=code, timeout_seconds=timeout, memory_mb=memory), setup)
+        result = self._files.run(ExecRequest(code=code + data, timeout_seconds=timeout, memory_mb=memory), setup)
         if result.timed_out:
             raise WorkspaceRefused(f"the {op} operation timed out after {timeout:.0f}s")
         at = result.stdout.rfind(ANSWER_MARK)
         if result.exit_code != 0 or at < 0:
             raise WorkspaceRefused(f"the {op} operation failed: {result.stderr.strip()[-500:] or result.exit_code}")
-        answer = json.loads(result.stdout[at + 1 :])
+        try:
+            answer = json.loads(result.stdout[at + 1 :])
+        except ValueError:
+            raise WorkspaceRefused(f"the {op} operation's answer came back cut; ask for less") from None
         if "error" in answer:
             raise WorkspaceRefused(str(answer["error"]))
         return str(answer["ok"])
