@@ -15,7 +15,9 @@ with it, so no process outlives the tool call that started it):
 
 Which worker credentials, tables or buckets can the code reach? None: the environment is
 cleared, the host's filesystem is not mounted but ``/usr`` and the interpreter read-only, and
-another task's workspace is another directory that is never bound. See docs/SANDBOX.md.
+another task's workspace is another directory that is never bound. What it does not bound: the
+total a command writes during a call, and, when the worker runs as root, its processes and
+their memory together (``RLIMIT_NPROC`` does not apply to root). See docs/SANDBOX.md.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class WorkspaceLimits:
     max_file_bytes: int = 100 * 1024 * 1024  # RLIMIT_FSIZE in the shell; read/write limit of the file tools
     max_read_bytes: int = 2 * 1024 * 1024  # read_file/edit_file/search_files read at most this much of a file
     max_output_chars: int = 60_000  # read_file's text
-    max_processes: int = 256  # RLIMIT_NPROC in the shell's own user namespace
+    max_processes: int = 256  # RLIMIT_NPROC of the shell (not applied when the worker is root: docs/SANDBOX.md)
     shell_memory_mb: int = 2048  # RLIMIT_AS per process of the shell
 
 

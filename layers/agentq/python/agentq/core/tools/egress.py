@@ -13,6 +13,10 @@ the proxy contacts the destination only when
 
 A refusal is a ``403`` whose body names the reason, which git, curl and pip print. A plain http
 request is sent with ``Connection: close``, so each request is checked on its own.
+
+What it does not do yet (docs/SANDBOX.md): HTTPS through ``CONNECT`` passes, but the sandbox has
+no CA bundle, so a client's certificate check fails; one thread per connection with no cap and
+no read timeout; no test drives a refusal through it.
 """
 
 from __future__ import annotations
