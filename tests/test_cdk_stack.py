@@ -1371,3 +1371,17 @@ def test_conversation_routes_reach_the_api_lambda_behind_the_authorizer(synth: S
     (route,) = methods
     assert route["AuthorizationType"] == "CUSTOM" and route["Integration"]["Type"] == "AWS_PROXY"
     assert api_fn in json.dumps(route["Integration"]["Uri"])
+
+
+def test_the_public_paths_are_made_in_one_order_whatever_the_hash_seed(synth: Synthesized) -> None:
+    """``PUBLIC_PATHS`` is a set, whose order follows the interpreter's hash seed; made in that
+    order, the API's deployment got another logical id from one synth to the next (a deploy that
+    churns the deployment). They are made sorted: the template lists them so."""
+    from agentq.api.app import PUBLIC_PATHS
+
+    made = [
+        r["Properties"]["PathPart"]
+        for r in synth.resources("AWS::ApiGateway::Resource").values()
+        if "/" + r["Properties"]["PathPart"] in PUBLIC_PATHS
+    ]
+    assert made == sorted(p.strip("/") for p in PUBLIC_PATHS)
