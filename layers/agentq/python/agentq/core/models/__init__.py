@@ -1,0 +1,119 @@
+"""Pydantic models that cross a boundary: submissions, task state, steps, conversation blocks.
+
+Everything a worker persists or a caller sends is one of these, so validation errors name
+the offending field and the same shapes serve the store, the engine and the API. Every name
+is importable from here (``from agentq.core.models import Task``); each lives in the module
+of its concept:
+
+- ``strict``: ``StrictModel``, the base that refuses unknown fields.
+- ``transitions``: ``ALLOWED_TRANSITIONS``, the one table of legal status moves.
+- ``constraints``: ``Constraints``, a task's hard limits.
+- ``submission``: ``TaskSubmission`` and its parts (script, fallbacks, MCP pins, notify, concurrency).
+- ``steps``: the committed steps (LLM, compaction, tools, messages) and their records.
+- ``task``: ``Task`` (the META item), ``Lease``, ``RetryState``.
+"""
+
+from __future__ import annotations
+
+from agentq.core.models.constraints import (
+    MAX_TIMEOUT_SECONDS,
+    ApprovalDefault,
+    Constraints,
+    Effort,
+    ToolPolicy,
+    unique_tool_names,
+)
+from agentq.core.models.steps import (
+    CallStep,
+    CommittedStep,
+    CompactStep,
+    FallbackNote,
+    LLMStep,
+    MessageStep,
+    Step,
+    StepRecord,
+    ToolOutcome,
+    ToolsStep,
+    Usage,
+    UserMessage,
+)
+from agentq.core.models.strict import StrictModel
+from agentq.core.models.submission import (
+    AGENT_REF_PATTERN,
+    DEFAULT_MODEL,
+    MAX_CONCURRENCY_KEY_CHARS,
+    MAX_FALLBACKS,
+    MAX_GOAL_CHARS,
+    MAX_MESSAGE_CHARS,
+    MCP_SERVER_PATTERN,
+    TASK_ENDS,
+    Concurrency,
+    ConcurrencyConflict,
+    DoubleTexting,
+    McpToolPin,
+    ModelChoice,
+    Notify,
+    NotifyEvent,
+    Priority,
+    Provider,
+    Script,
+    ScriptToolCall,
+    ScriptTurn,
+    TaskSubmission,
+    distinct_fallbacks,
+)
+from agentq.core.models.task import Lease, RetryState, Task
+from agentq.core.models.transitions import ALLOWED_TRANSITIONS, REOPENED_BY_MESSAGE, sources_of
+from agentq.core.status import TERMINAL_STATUSES, TaskStatus
+
+__all__ = [
+    "AGENT_REF_PATTERN",
+    "ALLOWED_TRANSITIONS",
+    "DEFAULT_MODEL",
+    "MAX_CONCURRENCY_KEY_CHARS",
+    "MAX_FALLBACKS",
+    "MAX_GOAL_CHARS",
+    "MAX_MESSAGE_CHARS",
+    "MAX_TIMEOUT_SECONDS",
+    "MCP_SERVER_PATTERN",
+    "REOPENED_BY_MESSAGE",
+    "TASK_ENDS",
+    "TERMINAL_STATUSES",
+    "ApprovalDefault",
+    "CallStep",
+    "CommittedStep",
+    "CompactStep",
+    "Concurrency",
+    "ConcurrencyConflict",
+    "Constraints",
+    "DoubleTexting",
+    "Effort",
+    "FallbackNote",
+    "LLMStep",
+    "Lease",
+    "McpToolPin",
+    "MessageStep",
+    "ModelChoice",
+    "Notify",
+    "NotifyEvent",
+    "Priority",
+    "Provider",
+    "RetryState",
+    "Script",
+    "ScriptToolCall",
+    "ScriptTurn",
+    "Step",
+    "StepRecord",
+    "StrictModel",
+    "Task",
+    "TaskStatus",
+    "TaskSubmission",
+    "ToolOutcome",
+    "ToolPolicy",
+    "ToolsStep",
+    "Usage",
+    "UserMessage",
+    "distinct_fallbacks",
+    "sources_of",
+    "unique_tool_names",
+]

@@ -1,0 +1,111 @@
+"""A task's hard limits (``Constraints``): budget, steps, time, tools and their policies,
+nesting, approvals, context management, thinking. The root budget is a root task's ``max_tokens``."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from agentq.core.models.strict import StrictModel
+
+MAX_TIMEOUT_SECONDS = 24 * 3600
+ToolPolicy = Literal["allow", "ask", "deny"]
+ApprovalDefault = Literal["reject", "approve"]
+Effort = Literal["low", "medium", "high", "xhigh", "max"]
+
+
+def unique_tool_names(tools: list[str]) -> list[str]:
+    """A pydantic validator for a tool allowlist (submissions and agents)."""
+    if len(set(tools)) != len(tools):
+        raise ValueError("tool names must be unique")
+    return tools
+
+
+class Constraints(StrictModel):
+    """Hard limits of one task. ``max_tokens`` is the root budget when the task is a root.
+
+    Numbers are strict (``strict=True``), as in every request body's model: pydantic's lax mode
+    took a JSON ``true`` for 1 (``max_steps: true`` ran one turn) and ``"5"`` for 5."""
+
+    max_tokens: int = Field(strict=True, default=200_000, ge=1, le=1_000_000_000)
+    max_cost_usd: Decimal | None = Field(
+        default=None,
+        gt=0,
+        le=1_000_000,
+        decimal_places=6,
+        description="the most the task (its sub-agents included) may spend, in US dollars, priced by the "
+        "deployment's price table: reserved before each call at the most it can cost, settled at what it did",
+    )
+    max_steps: int = Field(strict=True, default=50, ge=1, le=10_000, description="LLM turns allowed")
+    timeout_seconds: int = Field(strict=True, default=3600, ge=1, le=MAX_TIMEOUT_SECONDS)
+    tools: list[str] = Field(default_factory=list, max_length=64, description="tool allowlist")
+    max_output_tokens: int = Field(strict=True, default=4096, ge=1, le=128_000, description="per LLM call")
+    max_depth: int = Field(strict=True, default=3, ge=0, le=10, description="sub-agent nesting allowed below the root")
+    max_fanout: int = Field(strict=True, default=10, ge=1, le=100, description="children per spawn_subagents call")
+    tool_policies: dict[str, ToolPolicy] = Field(
+        default_factory=dict,
+        max_length=64,
+        description=(
+            "per tool of `tools`: allow (the default), ask (each call waits for a person's approve or "
+            "reject before it runs; a rejected call never runs) or deny (never offered, never run)"
+        ),
+    )
+    approval_timeout_seconds: int | None = Field(
+        strict=True,
+        default=None,
+        ge=1,
+        le=MAX_TIMEOUT_SECONDS,
+        description="an approval (an `ask` tool's or request_approval's) undecided this long takes "
+        "`approval_default`; unset: it waits for a person (or the task's timeout)",
+    )
+    approval_default: ApprovalDefault = Field(
+        default="reject", description="the decision a timed-out approval takes (reject: the call never runs)"
+    )
+    context_threshold: float = Field(
+        strict=True,
+        default=0.7,
+        ge=0.1,
+        le=0.95,
+        description="share of the model's context window past which old tool results are cleared from what is "
+        "sent (they stay in the steps; the model can recall them)",
+    )
+    keep_tool_results: int = Field(
+        strict=True, default=5, ge=0, le=1000, description="tool results never cleared: the latest"
+    )
+    economy: bool = Field(
+        default=False,
+        description="send each LLM turn through the provider's Message Batches API at half price: the task waits, "
+        "holding no compute, until the turn's result is in (minutes, at most 24 hours); Anthropic only",
+    )
+    compaction: Literal["summary", "native", "off"] = Field(
+        default="summary",
+        description="when clearing old tool results is not enough: summary (a compaction call writes a summary "
+        "the conversation goes on from, committed as its own step), native (Anthropic's server-side compaction, "
+        "compact_20260112: its compaction block is kept in the step and sent back) or off (sent as it is)",
+    )
+    thinking_budget_tokens: int | None = Field(
+        strict=True,
+        default=None,
+        ge=1024,
+        le=128_000,
+        description="extended thinking: output tokens per call the model may think with (below max_output_tokens)",
+    )
+    effort: Effort | None = Field(
+        default=None, description="how much effort the model puts into each response (the API's output_config.effort)"
+    )
+
+    @model_validator(mode="after")
+    def _thinking_fits(self) -> Constraints:
+        if self.thinking_budget_tokens is not None and self.thinking_budget_tokens >= self.max_output_tokens:
+            raise ValueError(
+                f"thinking_budget_tokens: {self.thinking_budget_tokens} must be below max_output_tokens "
+                f"({self.max_output_tokens}), which it is part of"
+            )
+        return self
+
+    @field_validator("tools")
+    @classmethod
+    def _unique_tools(cls, tools: list[str]) -> list[str]:
+        return unique_tool_names(tools)

@@ -1,0 +1,157 @@
+"""The committed steps of a task's conversation: an LLM call's answer and usage, a compaction's
+summary, the results of a turn's tool calls, a person's messages delivered; and the records
+they are stored as. Immutable once committed."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
+
+from agentq.core.models.strict import StrictModel
+from agentq.core.workspace import WorkspaceRef
+
+
+class Usage(StrictModel):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    cache_creation_1h_input_tokens: int = 0  # of the writes, those with the one-hour TTL (priced higher)
+
+    @property
+    def input_total(self) -> int:
+        """Every input token the model read, cache writes and reads included: the ledger's
+        ``tokens_in`` and OpenTelemetry's ``gen_ai.usage.input_tokens`` both count these."""
+        return self.input_tokens + self.cache_creation_input_tokens + self.cache_read_input_tokens
+
+    @property
+    def total(self) -> int:
+        return self.input_total + self.output_tokens
+
+
+class FallbackNote(StrictModel):
+    """On the step whose model took over from another (``core.engine._llm_turn``): the model the
+    turn wanted first, and why it did not answer (``circuit_open``, or the error code of its
+    call after its retries). Only the step of the switch carries it: the steps after go on
+    with the model that answered."""
+
+    provider: str
+    model: str
+    reason: str
+
+
+class CallStep(StrictModel):
+    """What one LLM call returned and what it cost: the fields every step made by a call shares."""
+
+    content: list[dict[str, Any]]
+    stop_reason: str | None
+    model: str
+    usage: Usage
+    cost_usd: Decimal = Decimal(0)
+    reserved_tokens: int = 0
+    attempts: int = 1
+    started_at: float
+    duration_ms: int
+    batched: bool = Field(default=False, description="answered through the Message Batches API (economy)")
+    provider: str | None = Field(
+        default=None, description="the provider that answered (with ``model``: a fallback, if the task has them)"
+    )
+    fallback_from: FallbackNote | None = Field(
+        default=None, description="a fallback took over at this step: from which model, and why"
+    )
+
+    def text(self) -> str:
+        return "\n".join(b["text"] for b in self.content if b.get("type") == "text" and b.get("text"))
+
+
+class LLMStep(CallStep):
+    """An assistant turn as the provider returned it, plus what it cost."""
+
+    kind: Literal["llm"] = "llm"
+    cleared_before: int = Field(default=0, description="tool results cleared from this call's request (core.context)")
+
+    def tool_uses(self) -> list[dict[str, Any]]:
+        return [b for b in self.content if b.get("type") == "tool_use"]
+
+
+class CompactStep(CallStep):
+    """A summary of the conversation so far, written by a compaction call (``core.context``):
+    the conversation goes on from it, so the steps before it are never read again to resume."""
+
+    kind: Literal["compact"] = "compact"
+    summarised_through: int = Field(description="the last step the summary stands for")
+
+
+class ToolOutcome(StrictModel):
+    tool_use_id: str
+    name: str  # the input lives in the LLM step's tool_use block; not stored twice
+    content: str
+    is_error: bool = False
+    status: Literal["ok", "error", "timeout", "unknown_outcome", "replayed"] = "ok"
+    side_effects: bool = False
+    started_at: float
+    duration_ms: int
+
+
+class ToolsStep(StrictModel):
+    """The results of every tool call of the preceding LLM step, committed as one."""
+
+    kind: Literal["tools"] = "tools"
+    results: list[ToolOutcome]
+    workspace: WorkspaceRef | None = Field(
+        default=None, description="the workspace these calls left, when they changed it (core.workspace)"
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_workspace(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A step that left no workspace is stored exactly as before workspaces existed."""
+        out: dict[str, Any] = handler(self)
+        if out.get("workspace") is None:
+            out.pop("workspace", None)
+        return out
+
+
+class UserMessage(StrictModel):
+    """A person's message to a task, as accepted (``POST /tasks/{id}/messages``): ``seq`` is its
+    place among the task's messages, fixed when it was accepted."""
+
+    message_id: str
+    seq: int
+    text: str
+    sent_at: float
+
+
+class MessageStep(StrictModel):
+    """Messages delivered into the conversation at a turn boundary, committed as one step: the
+    commit that makes them part of the conversation is the delivery, so a worker dying before it
+    delivers nothing and one dying after it delivered them once (``storage.messages``)."""
+
+    kind: Literal["message"] = "message"
+    messages: list[UserMessage]
+
+    def text(self) -> str:
+        return "\n\n".join(m.text for m in self.messages)
+
+
+Step = Annotated[LLMStep | ToolsStep | CompactStep | MessageStep, Field(discriminator="kind")]
+
+
+class StepRecord(StrictModel):
+    """A committed, immutable step as stored: its number, the epoch that wrote it, the body."""
+
+    task_id: str
+    number: int
+    epoch: int
+    committed_at: float
+    body: Step
+
+
+class CommittedStep(StepRecord):
+    """A step as its commit left the task: META's message counters and pending interrupt, read
+    back by the commit's own write (``ReturnValues``), so the engine hears of a message
+    without reading for it."""
+
+    messages_received: int | None = None  # None: not read back (a sub-agent's commit across two items)
+    interrupt_at: float | None = None

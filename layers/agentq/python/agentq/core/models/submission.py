@@ -1,0 +1,227 @@
+"""What a caller sends to start a task (``TaskSubmission``) and the parts it is made of: the
+script of the scripted provider, the models to fall back to, the MCP tools pinned from an
+agent, the callback, the concurrency key."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from agentq.core.memory import MAX_MEMORY_ATTACHMENTS, MemoryAttachment, unique_stores
+from agentq.core.models.constraints import Constraints
+from agentq.core.models.strict import StrictModel
+from agentq.core.workspace import WorkspaceSpec
+
+MAX_GOAL_CHARS = 20_000
+DoubleTexting = Literal["queue", "interrupt", "reject"]
+MAX_MESSAGE_CHARS = 32_000  # a person's message to a task (POST /tasks/{id}/messages)
+AGENT_REF_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}(@[1-9][0-9]{0,8})?$"  # name, or name@version
+DEFAULT_MODEL = "claude-sonnet-4-6"  # a submission that names none; `agentq run` uses it too
+
+
+class ScriptToolCall(StrictModel):
+    name: str = Field(min_length=1)
+    input: dict[str, Any] = Field(default_factory=dict)
+
+
+class ScriptTurn(StrictModel):
+    """One assistant turn of a scripted conversation: some text, then tool calls or nothing."""
+
+    text: str = ""
+    tool_calls: list[ScriptToolCall] = Field(default_factory=list)
+    latency_seconds: float = Field(strict=True, default=0.0, ge=0, le=60)
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> ScriptTurn:
+        if not self.text and not self.tool_calls:
+            raise ValueError("a turn needs text or tool_calls")
+        return self
+
+
+class Script(StrictModel):
+    """A declared conversation for the scripted provider; the last turn is the answer."""
+
+    turns: list[ScriptTurn] = Field(min_length=1, max_length=10_000)
+
+
+Provider = Literal["anthropic", "bedrock", "bedrock-converse", "openai", "scripted"]
+Priority = Literal["high", "normal", "low"]
+MAX_FALLBACKS = 4
+
+
+class ModelChoice(StrictModel):
+    """A model to fall back to: another provider, or another model of the same one."""
+
+    provider: Literal["anthropic", "bedrock", "bedrock-converse", "openai"]
+    model: str = Field(min_length=1, max_length=200)
+
+
+def distinct_fallbacks(provider: str, model: str, fallbacks: list[ModelChoice]) -> None:
+    """A fallback names neither the primary model nor an earlier fallback (pydantic validator helper)."""
+    seen = {(provider, model)}
+    for i, choice in enumerate(fallbacks):
+        if (choice.provider, choice.model) in seen:
+            raise ValueError(f"fallbacks: [{i}] {choice.provider}/{choice.model} is named twice (the model, or before)")
+        seen.add((choice.provider, choice.model))
+
+
+MCP_SERVER_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,23}$"
+
+
+class McpToolPin(StrictModel):
+    """One tool of an MCP server as listed when an agent version was created: the schema the
+    model is shown and the server's read-only hint, pinned so every run of the version sees
+    the same tool whatever the server lists later."""
+
+    server: str = Field(pattern=MCP_SERVER_PATTERN)
+    name: str = Field(min_length=1, max_length=128)
+    description: str = Field(default="", max_length=8000)
+    input_schema: dict[str, Any]
+    read_only: bool = Field(default=False, description="readOnlyHint: may run again on resume; else at most once")
+
+    @property
+    def qualified(self) -> str:
+        """The name the model calls it by (server and tool, so two servers never collide)."""
+        return f"mcp__{self.server}__{self.name}"
+
+
+NotifyEvent = Literal["succeeded", "failed", "cancelled", "cost_exceeded", "timed_out", "idle", "message_received"]
+TASK_ENDS: tuple[NotifyEvent, ...] = ("succeeded", "failed", "cancelled", "cost_exceeded", "timed_out")
+
+
+class Notify(StrictModel):
+    """Where and when to call back: an HTTPS POST signed for the tenant (``core.webhooks``)."""
+
+    url: str = Field(min_length=8, max_length=2048, description="https:// URL to POST the task's end to")
+    events: list[NotifyEvent] = Field(
+        default_factory=lambda: list(TASK_ENDS),
+        min_length=1,
+        description="what to call back for (default: every end): the ends, and for a conversation `idle` (the "
+        "agent stopped after an interrupt and waits for a message) and `message_received`",
+    )
+
+
+ConcurrencyConflict = Literal["queue", "cancel_running", "skip"]
+MAX_CONCURRENCY_KEY_CHARS = 128
+
+
+class Concurrency(StrictModel):
+    """At most ``limit`` running tasks of the tenant per ``key`` (``storage.running_slots``):
+    for agents that webhooks and schedules start, which must not run twice at once for the
+    same customer. ``on_conflict`` says what a task that finds the key full does: ``queue``
+    (wait ``queued`` for a slot), ``skip`` (end ``cancelled`` at once, code
+    ``concurrency_skipped``), ``cancel_running`` (cancel the tasks running under the key, then
+    take a slot as they stop)."""
+
+    key: str = Field(min_length=1, max_length=MAX_CONCURRENCY_KEY_CHARS)
+    limit: int = Field(strict=True, default=1, ge=1, le=10_000)
+    on_conflict: ConcurrencyConflict = "queue"
+
+
+class TaskSubmission(StrictModel):
+    goal: str = Field(min_length=1, max_length=MAX_GOAL_CHARS)
+    agent: str | None = Field(
+        default=None,
+        pattern=AGENT_REF_PATTERN,
+        description="an agent definition, `name` (its latest version) or `name@version`; the task pins the "
+        "version. The agent sets provider, model, system, script, tools and tool policies; the submission may not",
+    )
+    system: str | None = Field(default=None, max_length=MAX_GOAL_CHARS)
+    provider: Provider = "scripted"
+    model: str = Field(default=DEFAULT_MODEL, min_length=1, max_length=200)
+    script: Script | str | None = Field(
+        default=None,
+        description="an inline script or a built-in script name: required with provider `scripted`, refused "
+        "with any other provider (422 naming script)",
+    )
+    constraints: Constraints = Field(default_factory=Constraints)
+    priority: Priority = "normal"
+    notify: Notify | None = Field(default=None, description="a signed HTTPS callback when the task ends")
+    double_texting: DoubleTexting = Field(
+        default="queue",
+        description="what a message sent while the agent is busy (running, queued, waiting, paused) does: queue "
+        "(delivered at the next turn boundary), interrupt (the turn in flight stops and the agent goes on with the "
+        "message) or reject (409 until the agent answers)",
+    )
+    depends_on: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,128}$")]] = Field(
+        default_factory=list,
+        max_length=50,
+        description="tasks of the same tenant this one runs after: it waits in `blocked` until all succeed (their "
+        "results open its conversation); one that fails, is cancelled or times out cancels it (dependency_failed)",
+    )
+    metadata: dict[Annotated[str, Field(max_length=128)], Annotated[str, Field(max_length=1024)]] = Field(
+        default_factory=dict, max_length=32
+    )
+    concurrency: Concurrency | None = Field(
+        default=None,
+        description="a concurrency key: at most `limit` running tasks of the tenant with this `key`; "
+        "on_conflict queue|cancel_running|skip",
+    )
+    mcp_tools: list[McpToolPin] = Field(
+        default_factory=list,
+        max_length=128,
+        description="set from the agent version's MCP servers when the submission names an agent; not sent",
+    )
+    output_schema: dict[str, Any] | None = Field(
+        default=None,
+        description="a JSON Schema the final answer must validate against; the model answers through a "
+        "final_answer tool, and the result is the answer as JSON",
+    )
+    memory: list[MemoryAttachment] = Field(
+        default_factory=list,
+        max_length=MAX_MEMORY_ATTACHMENTS,
+        description="memory stores the task may use (memory_list, memory_read, memory_search; memory_write when "
+        "read_write), added to the agent version's; a store the agent attaches too takes this attachment",
+    )
+
+    @field_validator("memory")
+    @classmethod
+    def _unique_memory(cls, attachments: list[MemoryAttachment]) -> list[MemoryAttachment]:
+        return unique_stores(attachments)
+
+    workspace: WorkspaceSpec | None = Field(
+        default=None,
+        description="a workspace of files for the task (docs/SANDBOX.md): its starting files and the hosts its "
+        "shell may reach; a task allowed a workspace tool (shell, read_file, ...) has an empty one without it",
+    )
+    fallbacks: list[ModelChoice] = Field(
+        default_factory=list,
+        max_length=MAX_FALLBACKS,
+        description="models to use, in order, when the model's circuit is open or a call still fails with an "
+        "overload after its retries; each step records the provider and model that answered, and the task "
+        "goes on with it (a resume and a fork too)",
+    )
+
+    def candidates(self) -> list[ModelChoice]:
+        """The models this task may call, in order of preference: its own, then its fallbacks."""
+        if self.provider == "scripted":
+            return []
+        return [ModelChoice(provider=self.provider, model=self.model), *self.fallbacks]
+
+    @field_validator("output_schema")
+    @classmethod
+    def _usable_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        from agentq.core.output import usable_schema
+
+        return usable_schema(schema)
+
+    @field_validator("depends_on")
+    @classmethod
+    def _unique_dependencies(cls, ids: list[str]) -> list[str]:
+        if len(set(ids)) != len(ids):
+            raise ValueError("task ids must be unique")
+        return ids
+
+    @model_validator(mode="after")
+    def _script_matches_provider(self) -> TaskSubmission:
+        if self.agent is not None and "provider" not in self.model_fields_set:
+            return self  # not resolved yet: the agent's version brings provider and script
+        if self.provider == "scripted" and self.script is None:
+            raise ValueError("script: required when provider is 'scripted'")
+        if self.provider != "scripted" and self.script is not None:
+            raise ValueError("script: only valid when provider is 'scripted'")
+        if self.fallbacks and self.provider == "scripted":
+            raise ValueError("fallbacks: the scripted provider plays its script; it has no model to fall back from")
+        distinct_fallbacks(self.provider, self.model, self.fallbacks)
+        return self
