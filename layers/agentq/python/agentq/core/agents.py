@@ -13,30 +13,43 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from agentq.core.memory import MAX_MEMORY_ATTACHMENTS, MemoryAttachment, merged_attachments, unique_stores
+from agentq.core.memory import MemoryAttachment, merged_attachments
 from agentq.core.models import (
     AGENT_REF_PATTERN,
     DEFAULT_MODEL,
-    MAX_FALLBACKS,
-    MAX_GOAL_CHARS,
-    MAX_TIMEOUT_SECONDS,
     MCP_SERVER_PATTERN,
     ApprovalDefault,
     Concurrency,
     Effort,
     McpToolPin,
-    ModelChoice,
     Notify,
     Provider,
     Script,
     StrictModel,
-    ToolPolicy,
-    distinct_fallbacks,
-    unique_tool_names,
+)
+from agentq.core.models.constraints import (
+    APPROVAL_TIMEOUT_SECONDS_BOUNDS,
+    MAX_DEPTH_BOUNDS,
+    MAX_FANOUT_BOUNDS,
+    MAX_OUTPUT_TOKENS_BOUNDS,
+    MAX_STEPS_BOUNDS,
+    MAX_TOKENS_BOUNDS,
+    THINKING_BUDGET_TOKENS_BOUNDS,
+    TIMEOUT_SECONDS_BOUNDS,
+    ToolNames,
+    ToolPolicies,
+)
+from agentq.core.models.submission import (
+    Fallbacks,
+    MemoryAttachments,
+    ModelName,
+    OutputSchema,
+    SystemPrompt,
+    check_model_choice,
 )
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
@@ -50,17 +63,20 @@ class AgentConstraints(StrictModel):
     """Defaults for a task of this agent; a submission's own constraint wins, a deployment's
     default fills only what neither sets. Strict: a JSON ``true`` is not a number here."""
 
+    # (Not in the docstring, which is the schema's description.) Each is bounded by the bound
+    # ``Constraints`` declares for it (``core.models.constraints``): one declaration for both.
+
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    max_tokens: int | None = Field(strict=True, default=None, ge=1, le=1_000_000_000)
-    max_steps: int | None = Field(strict=True, default=None, ge=1, le=10_000)
-    timeout_seconds: int | None = Field(strict=True, default=None, ge=1, le=MAX_TIMEOUT_SECONDS)
-    max_output_tokens: int | None = Field(strict=True, default=None, ge=1, le=128_000)
-    max_depth: int | None = Field(strict=True, default=None, ge=0, le=10)
-    max_fanout: int | None = Field(strict=True, default=None, ge=1, le=100)
-    approval_timeout_seconds: int | None = Field(strict=True, default=None, ge=1, le=MAX_TIMEOUT_SECONDS)
+    max_tokens: Annotated[int | None, MAX_TOKENS_BOUNDS] = None
+    max_steps: Annotated[int | None, MAX_STEPS_BOUNDS] = None
+    timeout_seconds: Annotated[int | None, TIMEOUT_SECONDS_BOUNDS] = None
+    max_output_tokens: Annotated[int | None, MAX_OUTPUT_TOKENS_BOUNDS] = None
+    max_depth: Annotated[int | None, MAX_DEPTH_BOUNDS] = None
+    max_fanout: Annotated[int | None, MAX_FANOUT_BOUNDS] = None
+    approval_timeout_seconds: Annotated[int | None, APPROVAL_TIMEOUT_SECONDS_BOUNDS] = None
     approval_default: ApprovalDefault | None = None
-    thinking_budget_tokens: int | None = Field(strict=True, default=None, ge=1024, le=128_000)
+    thinking_budget_tokens: Annotated[int | None, THINKING_BUDGET_TOKENS_BOUNDS] = None
     effort: Effort | None = None
 
 
@@ -78,20 +94,20 @@ class AgentSpec(StrictModel):
     name: str = Field(pattern=NAME_PATTERN, description="lowercase letters, digits, '-' and '_'; 1-64")
     description: str | None = Field(default=None, max_length=MAX_DESCRIPTION_CHARS)
     provider: Provider = "anthropic"
-    model: str = Field(default=DEFAULT_MODEL, min_length=1, max_length=200)
-    system: str | None = Field(default=None, max_length=MAX_GOAL_CHARS)
+    model: ModelName = DEFAULT_MODEL
+    system: SystemPrompt = None
     script: Script | str | None = Field(
         default=None, description="scripted provider only: an inline script or a built-in script name"
     )
-    tools: list[str] = Field(default_factory=list, max_length=64, description="the tools its tasks may use")
-    tool_policies: dict[str, ToolPolicy] = Field(
-        default_factory=dict, max_length=64, description="per tool of `tools`: allow (default), ask or deny"
+    tools: ToolNames = Field(default_factory=list, description="the tools its tasks may use")
+    tool_policies: ToolPolicies = Field(
+        default_factory=dict, description="per tool of `tools`: allow (default), ask or deny"
     )
     constraints: AgentConstraints = Field(default_factory=AgentConstraints)
     mcp_servers: list[McpServerRef] = Field(
         default_factory=list, max_length=16, description="MCP servers whose tools (listed now, pinned) it may use"
     )
-    output_schema: dict[str, Any] | None = Field(
+    output_schema: OutputSchema = Field(
         default=None, description="a JSON Schema every final answer of its tasks must validate against"
     )
     notify: Notify | None = Field(
@@ -102,44 +118,18 @@ class AgentSpec(StrictModel):
         description="the concurrency key of its tasks (a submission's own takes precedence): e.g. limit 1 for an "
         "agent that schedules or webhooks start and that must not run twice at once",
     )
-    memory: list[MemoryAttachment] = Field(
+    memory: MemoryAttachments = Field(
         default_factory=list,
-        max_length=MAX_MEMORY_ATTACHMENTS,
         description="memory stores its tasks may use; a submission may attach more, or attach one of these otherwise",
     )
 
-    @field_validator("memory")
-    @classmethod
-    def _unique_memory(cls, attachments: list[MemoryAttachment]) -> list[MemoryAttachment]:
-        return unique_stores(attachments)
-
     # None, not []: a version's digest is its JSON without None fields, so versions made before
     # fallbacks existed keep theirs.
-    fallbacks: list[ModelChoice] | None = Field(
-        default=None, max_length=MAX_FALLBACKS, description="models its tasks fall back to, in order"
-    )
-
-    @field_validator("output_schema")
-    @classmethod
-    def _usable_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
-        from agentq.core.output import usable_schema
-
-        return usable_schema(schema)
-
-    @field_validator("tools")
-    @classmethod
-    def _unique_tools(cls, tools: list[str]) -> list[str]:
-        return unique_tool_names(tools)
+    fallbacks: Fallbacks | None = Field(default=None, description="models its tasks fall back to, in order")
 
     @model_validator(mode="after")
     def _consistent(self) -> AgentSpec:
-        if self.provider == "scripted" and self.script is None:
-            raise ValueError("script: required when provider is 'scripted'")
-        if self.provider != "scripted" and self.script is not None:
-            raise ValueError("script: only valid when provider is 'scripted'")
-        if self.fallbacks and self.provider == "scripted":
-            raise ValueError("fallbacks: the scripted provider plays its script; it has no model to fall back from")
-        distinct_fallbacks(self.provider, self.model, self.fallbacks or [])
+        check_model_choice(self.provider, self.model, self.script, self.fallbacks or [])
         return self
 
     def digest(self, mcp_tools: list[McpToolPin] | None = None) -> str:

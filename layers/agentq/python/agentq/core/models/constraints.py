@@ -1,12 +1,16 @@
 """A task's hard limits (``Constraints``): budget, steps, time, tools and their policies,
-nesting, approvals, context management, thinking. The root budget is a root task's ``max_tokens``."""
+nesting, approvals, context management, thinking. The root budget is a root task's ``max_tokens``.
+
+The bounds of the limits an agent may default (``core.agents.AgentConstraints``) and the types
+of its tool allowlist and policies are declared here once, for both: an agent's default is
+refused exactly when the task's own value would be."""
 
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from agentq.core.models.strict import StrictModel
 
@@ -23,13 +27,29 @@ def unique_tool_names(tools: list[str]) -> list[str]:
     return tools
 
 
+# A tool allowlist and its policies: a task's (``Constraints``) and an agent's (``AgentSpec``).
+ToolNames = Annotated[list[str], Field(max_length=64), AfterValidator(unique_tool_names)]
+ToolPolicies = Annotated[dict[str, ToolPolicy], Field(max_length=64)]
+
+# The bounds of each limit an agent may default. Numbers are strict: pydantic's lax mode took a
+# JSON ``true`` for 1 (``max_steps: true`` ran one turn) and ``"5"`` for 5.
+MAX_TOKENS_BOUNDS: Any = Field(strict=True, ge=1, le=1_000_000_000)
+MAX_STEPS_BOUNDS: Any = Field(strict=True, ge=1, le=10_000)
+TIMEOUT_SECONDS_BOUNDS: Any = Field(strict=True, ge=1, le=MAX_TIMEOUT_SECONDS)
+MAX_OUTPUT_TOKENS_BOUNDS: Any = Field(strict=True, ge=1, le=128_000)
+MAX_DEPTH_BOUNDS: Any = Field(strict=True, ge=0, le=10)
+MAX_FANOUT_BOUNDS: Any = Field(strict=True, ge=1, le=100)
+APPROVAL_TIMEOUT_SECONDS_BOUNDS: Any = Field(strict=True, ge=1, le=MAX_TIMEOUT_SECONDS)
+THINKING_BUDGET_TOKENS_BOUNDS: Any = Field(strict=True, ge=1024, le=128_000)
+
+
 class Constraints(StrictModel):
     """Hard limits of one task. ``max_tokens`` is the root budget when the task is a root.
 
     Numbers are strict (``strict=True``), as in every request body's model: pydantic's lax mode
     took a JSON ``true`` for 1 (``max_steps: true`` ran one turn) and ``"5"`` for 5."""
 
-    max_tokens: int = Field(strict=True, default=200_000, ge=1, le=1_000_000_000)
+    max_tokens: Annotated[int, MAX_TOKENS_BOUNDS] = 200_000
     max_cost_usd: Decimal | None = Field(
         default=None,
         gt=0,
@@ -38,25 +58,23 @@ class Constraints(StrictModel):
         description="the most the task (its sub-agents included) may spend, in US dollars, priced by the "
         "deployment's price table: reserved before each call at the most it can cost, settled at what it did",
     )
-    max_steps: int = Field(strict=True, default=50, ge=1, le=10_000, description="LLM turns allowed")
-    timeout_seconds: int = Field(strict=True, default=3600, ge=1, le=MAX_TIMEOUT_SECONDS)
-    tools: list[str] = Field(default_factory=list, max_length=64, description="tool allowlist")
-    max_output_tokens: int = Field(strict=True, default=4096, ge=1, le=128_000, description="per LLM call")
-    max_depth: int = Field(strict=True, default=3, ge=0, le=10, description="sub-agent nesting allowed below the root")
-    max_fanout: int = Field(strict=True, default=10, ge=1, le=100, description="children per spawn_subagents call")
-    tool_policies: dict[str, ToolPolicy] = Field(
+    max_steps: Annotated[int, MAX_STEPS_BOUNDS] = Field(default=50, description="LLM turns allowed")
+    timeout_seconds: Annotated[int, TIMEOUT_SECONDS_BOUNDS] = 3600
+    tools: ToolNames = Field(default_factory=list, description="tool allowlist")
+    max_output_tokens: Annotated[int, MAX_OUTPUT_TOKENS_BOUNDS] = Field(default=4096, description="per LLM call")
+    max_depth: Annotated[int, MAX_DEPTH_BOUNDS] = Field(
+        default=3, description="sub-agent nesting allowed below the root"
+    )
+    max_fanout: Annotated[int, MAX_FANOUT_BOUNDS] = Field(default=10, description="children per spawn_subagents call")
+    tool_policies: ToolPolicies = Field(
         default_factory=dict,
-        max_length=64,
         description=(
             "per tool of `tools`: allow (the default), ask (each call waits for a person's approve or "
             "reject before it runs; a rejected call never runs) or deny (never offered, never run)"
         ),
     )
-    approval_timeout_seconds: int | None = Field(
-        strict=True,
+    approval_timeout_seconds: Annotated[int | None, APPROVAL_TIMEOUT_SECONDS_BOUNDS] = Field(
         default=None,
-        ge=1,
-        le=MAX_TIMEOUT_SECONDS,
         description="an approval (an `ask` tool's or request_approval's) undecided this long takes "
         "`approval_default`; unset: it waits for a person (or the task's timeout)",
     )
@@ -85,11 +103,8 @@ class Constraints(StrictModel):
         "the conversation goes on from, committed as its own step), native (Anthropic's server-side compaction, "
         "compact_20260112: its compaction block is kept in the step and sent back) or off (sent as it is)",
     )
-    thinking_budget_tokens: int | None = Field(
-        strict=True,
+    thinking_budget_tokens: Annotated[int | None, THINKING_BUDGET_TOKENS_BOUNDS] = Field(
         default=None,
-        ge=1024,
-        le=128_000,
         description="extended thinking: output tokens per call the model may think with (below max_output_tokens)",
     )
     effort: Effort | None = Field(
@@ -104,8 +119,3 @@ class Constraints(StrictModel):
                 f"({self.max_output_tokens}), which it is part of"
             )
         return self
-
-    @field_validator("tools")
-    @classmethod
-    def _unique_tools(cls, tools: list[str]) -> list[str]:
-        return unique_tool_names(tools)

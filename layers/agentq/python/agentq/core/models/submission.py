@@ -1,12 +1,19 @@
 """What a caller sends to start a task (``TaskSubmission``) and the parts it is made of: the
 script of the scripted provider, the models to fall back to, the MCP tools pinned from an
-agent, the callback, the concurrency key."""
+agent, the callback, the concurrency key.
+
+The fields an agent defines and a submission may spell out itself (``core.agents.AgentSpec``:
+model, system prompt, fallbacks, output schema, memory stores) have their types, bounds and
+checks here once, as ``Annotated`` types both models declare, and one ``check_model_choice``
+for the rules between provider, script and fallbacks. Not a shared base class: a base's fields
+come first, and an agent version's digest is its JSON in field order (``AgentSpec.digest``).
+The descriptions stay with each model: they say what the field means there."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from agentq.core.memory import MAX_MEMORY_ATTACHMENTS, MemoryAttachment, unique_stores
 from agentq.core.models.constraints import Constraints
@@ -64,6 +71,34 @@ def distinct_fallbacks(provider: str, model: str, fallbacks: list[ModelChoice]) 
         if (choice.provider, choice.model) in seen:
             raise ValueError(f"fallbacks: [{i}] {choice.provider}/{choice.model} is named twice (the model, or before)")
         seen.add((choice.provider, choice.model))
+
+
+def check_model_choice(provider: str, model: str, script: Script | str | None, fallbacks: list[ModelChoice]) -> None:
+    """The scripted provider and only it plays a script, and has no model to fall back from; a
+    fallback names a model once (pydantic validator helper: submissions and agents)."""
+    if provider == "scripted" and script is None:
+        raise ValueError("script: required when provider is 'scripted'")
+    if provider != "scripted" and script is not None:
+        raise ValueError("script: only valid when provider is 'scripted'")
+    if fallbacks and provider == "scripted":
+        raise ValueError("fallbacks: the scripted provider plays its script; it has no model to fall back from")
+    distinct_fallbacks(provider, model, fallbacks)
+
+
+def _usable_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
+    from agentq.core.output import usable_schema
+
+    return usable_schema(schema)
+
+
+# The fields a submission shares with an agent (core.agents.AgentSpec): declared once for both.
+ModelName = Annotated[str, Field(min_length=1, max_length=200)]
+SystemPrompt = Annotated[str | None, Field(max_length=MAX_GOAL_CHARS)]
+Fallbacks = Annotated[list[ModelChoice], Field(max_length=MAX_FALLBACKS)]
+OutputSchema = Annotated[dict[str, Any] | None, AfterValidator(_usable_schema)]
+MemoryAttachments = Annotated[
+    list[MemoryAttachment], Field(max_length=MAX_MEMORY_ATTACHMENTS), AfterValidator(unique_stores)
+]
 
 
 MCP_SERVER_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,23}$"
@@ -127,9 +162,9 @@ class TaskSubmission(StrictModel):
         description="an agent definition, `name` (its latest version) or `name@version`; the task pins the "
         "version. The agent sets provider, model, system, script, tools and tool policies; the submission may not",
     )
-    system: str | None = Field(default=None, max_length=MAX_GOAL_CHARS)
+    system: SystemPrompt = None
     provider: Provider = "scripted"
-    model: str = Field(default=DEFAULT_MODEL, min_length=1, max_length=200)
+    model: ModelName = DEFAULT_MODEL
     script: Script | str | None = Field(
         default=None,
         description="an inline script or a built-in script name: required with provider `scripted`, refused "
@@ -163,31 +198,24 @@ class TaskSubmission(StrictModel):
         max_length=128,
         description="set from the agent version's MCP servers when the submission names an agent; not sent",
     )
-    output_schema: dict[str, Any] | None = Field(
+    output_schema: OutputSchema = Field(
         default=None,
         description="a JSON Schema the final answer must validate against; the model answers through a "
         "final_answer tool, and the result is the answer as JSON",
     )
-    memory: list[MemoryAttachment] = Field(
+    memory: MemoryAttachments = Field(
         default_factory=list,
-        max_length=MAX_MEMORY_ATTACHMENTS,
         description="memory stores the task may use (memory_list, memory_read, memory_search; memory_write when "
         "read_write), added to the agent version's; a store the agent attaches too takes this attachment",
     )
-
-    @field_validator("memory")
-    @classmethod
-    def _unique_memory(cls, attachments: list[MemoryAttachment]) -> list[MemoryAttachment]:
-        return unique_stores(attachments)
 
     workspace: WorkspaceSpec | None = Field(
         default=None,
         description="a workspace of files for the task (docs/SANDBOX.md): its starting files and the hosts its "
         "shell may reach; a task allowed a workspace tool (shell, read_file, ...) has an empty one without it",
     )
-    fallbacks: list[ModelChoice] = Field(
+    fallbacks: Fallbacks = Field(
         default_factory=list,
-        max_length=MAX_FALLBACKS,
         description="models to use, in order, when the model's circuit is open or a call still fails with an "
         "overload after its retries; each step records the provider and model that answered, and the task "
         "goes on with it (a resume and a fork too)",
@@ -198,13 +226,6 @@ class TaskSubmission(StrictModel):
         if self.provider == "scripted":
             return []
         return [ModelChoice(provider=self.provider, model=self.model), *self.fallbacks]
-
-    @field_validator("output_schema")
-    @classmethod
-    def _usable_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
-        from agentq.core.output import usable_schema
-
-        return usable_schema(schema)
 
     @field_validator("depends_on")
     @classmethod
@@ -217,11 +238,5 @@ class TaskSubmission(StrictModel):
     def _script_matches_provider(self) -> TaskSubmission:
         if self.agent is not None and "provider" not in self.model_fields_set:
             return self  # not resolved yet: the agent's version brings provider and script
-        if self.provider == "scripted" and self.script is None:
-            raise ValueError("script: required when provider is 'scripted'")
-        if self.provider != "scripted" and self.script is not None:
-            raise ValueError("script: only valid when provider is 'scripted'")
-        if self.fallbacks and self.provider == "scripted":
-            raise ValueError("fallbacks: the scripted provider plays its script; it has no model to fall back from")
-        distinct_fallbacks(self.provider, self.model, self.fallbacks)
+        check_model_choice(self.provider, self.model, self.script, self.fallbacks)
         return self
