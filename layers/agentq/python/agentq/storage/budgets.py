@@ -49,10 +49,6 @@ holds pass (no cap was asked for).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from decimal import Decimal
-from typing import Any
-
 from boto3.dynamodb.conditions import Attr
 
 from agentq.core.errors import BudgetExceeded, TaskNotFound
@@ -61,6 +57,16 @@ from agentq.core.pricing import NO_MONEY_CAP
 from agentq.core.records import NO_USAGE, BudgetDelta, BudgetState, Reservation
 from agentq.storage import keys
 from agentq.storage.budget_items import SETTLED, budget_state, lapsed_name, seen_ticket, spent_name, ticket_value
+from agentq.storage.budget_patches import (
+    BUDGET,
+    correction,
+    if_folded,
+    money_covers,
+    seen_as_known,
+    settle_and_reserve,
+    summed,
+    unless_folded,
+)
 from agentq.storage.events import NewEvent, logged_transact
 from agentq.storage.leases import why_fenced
 from agentq.storage.table import (
@@ -75,93 +81,6 @@ from agentq.storage.table import (
     plain,
     present,
 )
-
-BUDGET = "budget"  # the action name of a budget write in a transaction
-
-
-def settle_and_reserve(budget_id: str, delta: BudgetDelta, reserve_next: int, reserve_next_micros: int = 0) -> Patch:
-    """Settle a reservation (``reserved - est``, ``used + actual``, in tokens and in dollars)
-    and optionally reserve anew, refused unless the budget can cover what the new hold adds
-    beyond what the old one frees, in both."""
-    used_micros = delta.used_micros
-    update = Update(
-        add={
-            "reserved": reserve_next - delta.reserved,
-            "used": delta.used,
-            "available": delta.reserved - delta.used - reserve_next,
-            "usd_reserved": reserve_next_micros - delta.reserved_micros,
-            "usd_used": used_micros,
-            "usd_available": delta.reserved_micros - used_micros - reserve_next_micros,
-            "budget_cost_usd": delta.cost_usd,
-            "budget_tokens_in": delta.tokens_in,
-            "budget_tokens_out": delta.tokens_out,
-        }
-    )
-    condition = None
-    if reserve_next:
-        condition = Attr("available").gte(reserve_next - (delta.reserved - delta.used)) & _money_covers(
-            reserve_next_micros - (delta.reserved_micros - used_micros)
-        )
-    return Patch(BUDGET, keys.meta_key(budget_id), update, condition)
-
-
-def _correction(delta: BudgetDelta, seen: Reservation | None = None) -> dict[str, Any]:
-    """What turns a hold already counted in ``used`` (spent at its deadline, or folded into a
-    parent) into the call's real usage: ``used`` takes ``actual - hold``, ``available`` the rest,
-    and the hold leaves ``unknown``: its outcome is known now. ``seen``: the spent hold, with
-    what was counted as known when it was spent (``Reservation.seen``), taken back out here."""
-    seen_in, seen_out, seen_micros = (seen.seen_in, seen.seen_out, seen.seen_micros) if seen else (0, 0, 0)
-    return {
-        "used": delta.used - delta.reserved,
-        "available": delta.reserved - delta.used,
-        "unknown": -(delta.reserved - seen_in - seen_out),
-        "usd_used": delta.used_micros - delta.reserved_micros,
-        "usd_available": delta.reserved_micros - delta.used_micros,
-        "usd_unknown": -(delta.reserved_micros - seen_micros),
-        "budget_cost_usd": delta.cost_usd - _usd(seen_micros),
-        "budget_tokens_in": delta.tokens_in - seen_in,
-        "budget_tokens_out": delta.tokens_out - seen_out,
-    }
-
-
-def _seen_as_known(held: Reservation) -> dict[str, Any]:
-    """What a spent hold's call was seen to bill, moved from unknown to the tree's known spend."""
-    return {
-        "unknown": -held.seen,
-        "usd_unknown": -held.seen_micros,
-        "budget_tokens_in": held.seen_in,
-        "budget_tokens_out": held.seen_out,
-        "budget_cost_usd": _usd(held.seen_micros),
-    }
-
-
-def _usd(micros: int) -> Decimal:
-    return Decimal(micros) / 1_000_000
-
-
-def _unless_folded(ticket: Patch) -> Patch:
-    return Patch(ticket.name, ticket.key, ticket.update, _and(ticket.condition, Attr(SETTLED).not_exists()))
-
-
-def _if_folded(ticket: Patch) -> Patch:
-    return Patch(ticket.name, ticket.key, ticket.update, _and(ticket.condition, Attr(SETTLED).exists()))
-
-
-def _summed(*adds: Mapping[str, Any]) -> dict[str, Any]:
-    """ADD maps merged, amounts of one attribute summed."""
-    out: dict[str, Any] = {}
-    for add in adds:
-        for name, amount in add.items():
-            out[name] = out.get(name, 0) + amount
-    return out
-
-
-def _money_covers(micros: int) -> Any:
-    return Attr("usd_available").gte(micros) | Attr("usd_available").not_exists()
-
-
-def _and(condition: Any, more: Any) -> Any:
-    return more if condition is None else condition & more
 
 
 class Budgets:
@@ -265,7 +184,7 @@ class Budgets:
         the fold counted ``used + reserved``, and moving between the two leaves that sum
         unchanged. Only what was seen moves, in the parent too, from unknown to known.
         """
-        known = _seen_as_known(held)
+        known = seen_as_known(held)
         spend = Patch(
             BUDGET, keys.meta_key(budget_id),
             Update(add={"reserved": -held.amount, "used": held.amount, "unknown": held.amount,
@@ -273,7 +192,7 @@ class Budgets:
             None,
         )  # fmt: skip
         if held.seen:
-            spend = Patch(BUDGET, spend.key, Update(add=_summed(spend.update.add, known)), None)
+            spend = Patch(BUDGET, spend.key, Update(add=summed(spend.update.add, known)), None)
         for name, condition in (
             ("inflight", Attr("inflight.epoch").eq(held.epoch)),
             (lapsed_name(held.epoch), Attr(lapsed_name(held.epoch)).exists()),
@@ -282,8 +201,8 @@ class Budgets:
             ticket = Patch("ticket", keys.meta_key(task_id), update, condition)
             if held.seen and parent_id is not None:
                 folded_parent = Patch("parent", keys.meta_key(parent_id), Update(add=known))
-                if self._either(task_id, budget_id, [_unless_folded(ticket), spend],
-                                [_if_folded(ticket), spend, folded_parent]):  # fmt: skip
+                if self._either(task_id, budget_id, [unless_folded(ticket), spend],
+                                [if_folded(ticket), spend, folded_parent]):  # fmt: skip
                     return True
             elif self._written(task_id, budget_id, [ticket, spend]):
                 return True
@@ -332,15 +251,15 @@ class Budgets:
         # A hold counted as spent is corrected, not settled: ``used`` takes the difference
         # between the call's usage and the hold (``reserved`` gave it up already).
         settle = (
-            Patch(BUDGET, keys.meta_key(budget_id), Update(add=_correction(delta, spent)))
+            Patch(BUDGET, keys.meta_key(budget_id), Update(add=correction(delta, spent)))
             if spent is not None
             else settle_and_reserve(budget_id, delta, 0)
         )
         if parent_id is None:
             return self._written(task_id, budget_id, [release, settle])
-        correction = Patch("parent", keys.meta_key(parent_id), Update(add=_correction(delta, spent)))
-        return self._either(task_id, budget_id, [_unless_folded(release), settle],
-                            [_if_folded(release), settle, correction])  # fmt: skip
+        parent_fix = Patch("parent", keys.meta_key(parent_id), Update(add=correction(delta, spent)))
+        return self._either(task_id, budget_id, [unless_folded(release), settle],
+                            [if_folded(release), settle, parent_fix])  # fmt: skip
 
     def _either(self, task_id: str, budget_id: str, *attempts: list[Patch]) -> bool:
         """The first of ``attempts`` whose ticket condition holds; a fold may land between two
@@ -429,7 +348,7 @@ class Budgets:
                     "usd_reserved": total_micros,
                 }
             ),
-            Attr("available").gte(total) & _money_covers(total_micros),
+            Attr("available").gte(total) & money_covers(total_micros),
         )
 
     def settle_child(self, parent_budget_id: str, child_id: str) -> None:

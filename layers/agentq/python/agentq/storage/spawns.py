@@ -19,7 +19,8 @@ from agentq.core.faults import crash_point
 from agentq.core.models import Lease, Task, TaskSubmission, ToolOutcome
 from agentq.core.records import SpawnRecord
 from agentq.storage import keys
-from agentq.storage.budgets import BUDGET, Budgets
+from agentq.storage.budget_patches import BUDGET
+from agentq.storage.budgets import Budgets
 from agentq.storage.events import NewEvent, logged_transact
 from agentq.storage.leases import why_fenced
 from agentq.storage.serdes import Payloads

@@ -56,7 +56,7 @@ from agentq.core.records import NO_USAGE, BudgetDelta, Inbox, OrphanCall, Orphan
 from agentq.resources import LIVE_ATTRIBUTES
 from agentq.storage import keys
 from agentq.storage.budget_items import ticket_value
-from agentq.storage.budgets import BUDGET, settle_and_reserve
+from agentq.storage.budget_patches import BUDGET, settle_and_reserve
 from agentq.storage.leases import why_fenced
 from agentq.storage.messages import inbox_of, nothing_waits
 from agentq.storage.serdes import Payloads
