@@ -6,13 +6,15 @@ a Unix socket bound in from the worker, served here. Every connection is an HTTP
 ``CONNECT host:port`` (https, git over https) or a plain request with an absolute URL (http);
 the proxy contacts the destination only when
 
-1. the task allows it (``WorkspaceSpec.allow_hosts``, ``host`` or ``host:port``), and
+1. the task allows it (``WorkspaceSpec.allow_hosts``: ``host:port``, or ``host``, which allows
+   ports 80 and 443 only), and
 2. the deployment's SSRF guard lets it through (``core.tools.fetch.resolve``: the name resolved
    once and every address checked, public addresses only, unless the deployment's
    ``AGENTQ_HTTP_FETCH_ALLOW`` names an internal one), and it connects to the checked address.
 
-A refusal is a ``403`` whose body names the reason, which git, curl and pip print. A plain http
-request is sent with ``Connection: close``, so each request is checked on its own.
+A refusal is a ``403`` whose body names the reason, which git, curl and pip print; a request
+that is not a proxy request is a ``400``. A plain http request is sent with ``Connection: close``,
+so each request is checked on its own.
 
 What it does not do yet (docs/SANDBOX.md): HTTPS through ``CONNECT`` passes, but the sandbox has
 no CA bundle, so a client's certificate check fails; one thread per connection with no cap and
@@ -33,6 +35,7 @@ from agentq.core.tools.fetch import Deadline, FetchPolicy, FetchRefused, HostRul
 
 MAX_HEAD = 16 * 1024
 CONNECT_SECONDS = 10.0
+DEFAULT_PORTS = (80, 443)  # what a host rule without a port allows
 
 
 class EgressProxy:
@@ -90,7 +93,10 @@ class EgressProxy:
                 request = f"{method} {origin} {version}\r\n".encode("latin-1")
                 upstream.sendall(request + b"\r\n".join([*kept, b"Connection: close"]) + b"\r\n\r\n" + rest)
             _pipe(conn, upstream)
-        except (FetchRefused, ValueError) as exc:
+        except BadRequest as exc:
+            self.refused.append(str(exc))
+            _answer(conn, 400, f"agentq egress: bad proxy request: {exc}")
+        except FetchRefused as exc:
             self.refused.append(str(exc))
             _answer(conn, 403, f"agentq egress refused: {exc}")
         except OSError as exc:
@@ -100,8 +106,8 @@ class EgressProxy:
                 conn.close()
 
     def _connect(self, host: str, port: int) -> socket.socket:
-        if not any(rule.matches(host, port) for rule in self.rules):
-            allowed = ", ".join(r.host + (f":{r.port}" if r.port else "") for r in self.rules)
+        if not any(_allows(rule, host, port) for rule in self.rules):
+            allowed = ", ".join(r.host + (f":{r.port}" if r.port else " (ports 80, 443)") for r in self.rules)
             raise FetchRefused(f"{host}:{port} is not among the hosts this task may reach ({allowed})")
         deadline = Deadline(CONNECT_SECONDS)
         try:
@@ -117,6 +123,15 @@ class EgressProxy:
             deadline.cancel()
 
 
+class BadRequest(ValueError):
+    """Not a proxy request this proxy takes: a ``400``."""
+
+
+def _allows(rule: HostRule, host: str, port: int) -> bool:
+    """A rule with a port allows that port; one without allows the web's ports, 80 and 443."""
+    return rule.host == host and (port == rule.port if rule.port is not None else port in DEFAULT_PORTS)
+
+
 def _read_head(conn: socket.socket) -> tuple[bytes | None, bytes]:
     buffer = b""
     while b"\r\n\r\n" not in buffer:
@@ -125,7 +140,7 @@ def _read_head(conn: socket.socket) -> tuple[bytes | None, bytes]:
             return None, b""
         buffer += chunk
         if len(buffer) > MAX_HEAD:
-            raise ValueError("the request head is over 16 KB")
+            raise BadRequest("the request head is over 16 KB")
     head, _, rest = buffer.partition(b"\r\n\r\n")
     return head, rest
 
@@ -135,11 +150,11 @@ def _destination(method: str, target: str) -> tuple[str, int, str]:
     if method.upper() == "CONNECT":
         host, _, port = target.rpartition(":")
         if not host or not port.isdigit():
-            raise ValueError(f"CONNECT to {target!r}: expected host:port")
+            raise BadRequest(f"CONNECT to {target!r}: expected host:port")
         return host.strip("[]").lower(), int(port), ""
     parts = urllib.parse.urlsplit(target)
     if parts.scheme != "http" or not parts.hostname:
-        raise ValueError(f"a proxy request needs an absolute http:// URL or CONNECT, not {target[:200]!r}")
+        raise BadRequest(f"a proxy request needs an absolute http:// URL or CONNECT, not {target[:200]!r}")
     origin = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     return parts.hostname.lower(), parts.port or 80, origin
 
@@ -165,7 +180,7 @@ def _pipe(a: socket.socket, b: socket.socket) -> None:
 
 def _answer(conn: socket.socket, status: int, message: str) -> None:
     body = (message + "\n").encode()
-    reason = {403: "Forbidden", 502: "Bad Gateway"}[status]
+    reason = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway"}[status]
     with contextlib.suppress(OSError):
         conn.sendall(
             f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"

@@ -1,0 +1,201 @@
+"""The workspace's egress proxy (core/tools/egress.py) driven over real sockets: a Unix-socket
+client as the sandbox's forwarder is, loopback TCP servers as destinations. Every refusal is
+checked to have contacted nothing, and every bound (connections, head time, idle time, close())
+to hold while the clients misbehave. Waits are for observable events (an answer, an EOF, a
+thread ending), each with a generous safety bound, never a fixed sleep."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from agentq.core.tools.egress import EgressProxy
+from agentq.core.tools.fetch import FetchPolicy, HostRule
+
+SAFETY = 10.0  # the longest any answer may take before a test fails instead of hanging
+LOOPBACK = FetchPolicy(allow=(HostRule("127.0.0.1"),))  # the deployment lets loopback through
+
+
+class Listener:
+    """A loopback TCP port. ``echo``: accept and echo each connection back, noting when its
+    client ended; otherwise accept nothing, so ``contacted()`` tells if anyone connected."""
+
+    def __init__(self, *, echo: bool = False) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.ended = threading.Event()  # an echoed connection saw its client's EOF
+        if echo:
+            threading.Thread(target=self._echo, daemon=True).start()
+
+    def contacted(self) -> bool:
+        self.sock.setblocking(False)
+        try:
+            self.sock.accept()[0].close()
+        except BlockingIOError:
+            return False
+        return True
+
+    def _echo(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self.sock.accept()
+                threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            while chunk := conn.recv(65536):
+                conn.sendall(chunk)
+        self.ended.set()
+
+
+@pytest.fixture
+def make_proxy() -> Iterator[Callable[..., EgressProxy]]:
+    made: list[EgressProxy] = []
+
+    def make(hosts: list[str], policy: FetchPolicy = LOOPBACK, **limits: Any) -> EgressProxy:
+        proxy = EgressProxy([HostRule.parse(h) for h in hosts], policy, **limits)
+        made.append(proxy)
+        return proxy
+
+    yield make
+    for proxy in made:
+        proxy.close()
+
+
+def client(proxy: EgressProxy) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(SAFETY)
+    sock.connect(proxy.path)
+    return sock
+
+
+def until_closed(sock: socket.socket) -> bytes:
+    """Everything the proxy sends until it closes the connection."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def ask(proxy: EgressProxy, head: bytes) -> bytes:
+    with client(proxy) as sock:
+        sock.sendall(head)
+        return until_closed(sock)
+
+
+def connect_head(host: str, port: int) -> bytes:
+    return f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
+
+
+def get_head(host: str, port: int, path: str = "/") -> bytes:
+    return f"GET http://{host}:{port}{path} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
+
+
+def handler_threads() -> int:
+    return sum(t.name == "agentq-egress-conn" for t in threading.enumerate())
+
+
+@pytest.mark.parametrize("form", [connect_head, get_head])
+def test_a_host_the_task_does_not_allow_is_refused_with_403_and_nothing_is_contacted(
+    make_proxy: Callable[..., EgressProxy], form: Callable[[str, int], bytes]
+) -> None:
+    target = Listener()  # the deployment's guard would let it through: only the task's rule refuses
+    proxy = make_proxy(["example.com:443", "git.example.org"])
+    for host in ["127.0.0.1", "localhost", "example.org", "git.example.org.evil.test"]:
+        answer = ask(proxy, form(host, target.port))
+        assert answer.startswith(b"HTTP/1.1 403 Forbidden\r\n"), answer
+        assert f"{host}:{target.port} is not among the hosts this task may reach".encode() in answer
+        assert b"example.com:443, git.example.org (ports 80, 443)" in answer
+    assert not target.contacted()
+    assert len(proxy.refused) == 4
+
+
+@pytest.mark.parametrize("rule", ["localhost", "127.0.0.1"])
+def test_an_allowed_host_that_is_an_internal_address_is_refused_by_the_ssrf_guard(
+    make_proxy: Callable[..., EgressProxy], rule: str
+) -> None:
+    target = Listener()
+    proxy = make_proxy([f"{rule}:{target.port}"], FetchPolicy())  # no internal address allowed
+    for form in (connect_head, get_head):
+        answer = ask(proxy, form(rule, target.port))
+        assert answer.startswith(b"HTTP/1.1 403 Forbidden\r\n"), answer
+        assert b"is a loopback address" in answer
+    assert not target.contacted()
+
+
+def test_a_port_the_rule_does_not_name_is_refused(make_proxy: Callable[..., EgressProxy]) -> None:
+    named, other = Listener(), Listener()
+    proxy = make_proxy([f"127.0.0.1:{named.port}"])
+    answer = ask(proxy, connect_head("127.0.0.1", other.port))
+    assert answer.startswith(b"HTTP/1.1 403 Forbidden\r\n"), answer
+    assert not other.contacted() and not named.contacted()
+
+
+def test_a_rule_without_a_port_allows_only_80_and_443(make_proxy: Callable[..., EgressProxy]) -> None:
+    target = Listener()
+    proxy = make_proxy(["127.0.0.1"], FetchPolicy())  # the guard refuses loopback on any port
+    for port in [1, 22, 79, 81, 442, 444, 8080, target.port, 65535]:
+        answer = ask(proxy, connect_head("127.0.0.1", port))
+        assert b"is not among the hosts this task may reach (127.0.0.1 (ports 80, 443))" in answer, (port, answer)
+    for port in [80, 443]:  # past the task's rule: it is the guard that refuses these
+        answer = ask(proxy, connect_head("127.0.0.1", port))
+        assert b"is a loopback address" in answer, (port, answer)
+    assert not target.contacted()
+
+
+@pytest.mark.parametrize(
+    ("head", "why"),
+    [
+        (b"HELLO\r\n\r\n", b"needs an absolute http:// URL or CONNECT"),
+        (b"\r\n\r\n", b"needs an absolute http:// URL or CONNECT"),
+        (b"GET /relative HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", b"needs an absolute http:// URL or CONNECT"),
+        (b"GET https://127.0.0.1/ HTTP/1.1\r\n\r\n", b"needs an absolute http:// URL or CONNECT"),
+        (b"GET ftp://127.0.0.1/ HTTP/1.1\r\n\r\n", b"needs an absolute http:// URL or CONNECT"),
+        (b"CONNECT 127.0.0.1 HTTP/1.1\r\n\r\n", b"expected host:port"),
+        (b"CONNECT :443 HTTP/1.1\r\n\r\n", b"expected host:port"),
+        (b"CONNECT 127.0.0.1:https HTTP/1.1\r\n\r\n", b"expected host:port"),
+        (b"GET http://127.0.0.1/ HTTP/1.1\r\nX: " + b"a" * 17_000 + b"\r\n\r\n", b"the request head is over 16 KB"),
+    ],
+)
+def test_a_malformed_request_is_answered_400_naming_the_problem(
+    make_proxy: Callable[..., EgressProxy], head: bytes, why: bytes
+) -> None:
+    proxy = make_proxy(["127.0.0.1:80", "127.0.0.1:443"])
+    answer = ask(proxy, head)
+    assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n"), answer
+    assert why in answer
+
+
+def test_an_absolute_url_request_reaches_the_allowed_host_as_origin_form_with_connection_close(
+    make_proxy: Callable[..., EgressProxy],
+) -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    seen: list[bytes] = []
+
+    def answer_once() -> None:
+        conn, _ = server.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            seen.append(data)
+            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+
+    threading.Thread(target=answer_once, daemon=True).start()
+    proxy = make_proxy([f"127.0.0.1:{port}"])
+    answer = ask(
+        proxy,
+        f"GET http://127.0.0.1:{port}/a/b?q=1 HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        "Proxy-Connection: keep-alive\r\nProxy-Authorization: Basic eDp5\r\nConnection: keep-alive\r\n\r\n".encode(),
+    )
+    assert answer == b"HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+    request = seen[0].decode("latin-1")
+    assert request.startswith("GET /a/b?q=1 HTTP/1.1\r\n")
+    assert "Connection: close\r\n" in request
+    assert "keep-alive" not in request and "Proxy-" not in request
