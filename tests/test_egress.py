@@ -9,13 +9,16 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from agentq.core.tools.egress import EgressProxy
+from agentq.core.tools.egress import MAX_REFUSED, EgressProxy
 from agentq.core.tools.fetch import FetchPolicy, HostRule
+
+from tests.helpers import wait_for
 
 SAFETY = 10.0  # the longest any answer may take before a test fails instead of hanging
 LOOPBACK = FetchPolicy(allow=(HostRule("127.0.0.1"),))  # the deployment lets loopback through
@@ -199,3 +202,104 @@ def test_an_absolute_url_request_reaches_the_allowed_host_as_origin_form_with_co
     assert request.startswith("GET /a/b?q=1 HTTP/1.1\r\n")
     assert "Connection: close\r\n" in request
     assert "keep-alive" not in request and "Proxy-" not in request
+
+
+def test_over_the_connection_cap_a_connection_is_refused_at_once_and_threads_stay_bounded(
+    make_proxy: Callable[..., EgressProxy],
+) -> None:
+    wait_for(lambda: handler_threads() == 0, SAFETY, "earlier tests' connections to end")
+    cap = 4
+    proxy = make_proxy(["127.0.0.1:443"], max_connections=cap, head_seconds=60)
+    idle = [client(proxy) for _ in range(cap)]  # each holds a slot, sending nothing
+    for _ in range(3 * cap):
+        started = time.monotonic()
+        with client(proxy) as extra:
+            answer = until_closed(extra)
+        assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), answer
+        assert f"over {cap} connections at once".encode() in answer
+        assert time.monotonic() - started < SAFETY / 2
+        assert handler_threads() <= cap
+    for sock in idle:  # the idle ones were kept, not answered
+        sock.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            sock.recv(1)
+    idle.pop().close()  # a slot frees when its connection ends
+    wait_for(lambda: handler_threads() < cap, SAFETY, "the closed connection's thread to end")
+    with client(proxy) as sock:
+        sock.sendall(b"HELLO\r\n\r\n")
+        assert until_closed(sock).startswith(b"HTTP/1.1 400 ")
+    for sock in idle:
+        sock.close()
+
+
+def test_a_client_that_sends_no_complete_head_is_answered_408_after_the_head_timeout(
+    make_proxy: Callable[..., EgressProxy],
+) -> None:
+    proxy = make_proxy(["127.0.0.1:443"], head_seconds=0.5)
+    for opening in [b"", b"CONNECT 127.0.0.1:443 HTTP/1.1\r\n"]:
+        started = time.monotonic()
+        with client(proxy) as sock:
+            sock.sendall(opening)
+            answer = until_closed(sock)
+        assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer
+        assert 0.5 <= time.monotonic() - started < SAFETY / 2
+    # The limit is for the whole head: a byte every 0.1 s does not extend it.
+    started = time.monotonic()
+    with client(proxy) as sock:
+        sock.settimeout(0.1)
+        answer = b""
+        for byte in b"CONNECT 127.0.0.1:443 HTTP/1.1\r\nX: " + b"a" * 200:
+            try:
+                answer = sock.recv(65536)  # the proxy's answer, or 0.1 s without one
+                break
+            except TimeoutError:
+                sock.send(bytes([byte]))
+        assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer
+    assert time.monotonic() - started < 5
+
+
+def test_a_tunnel_with_no_bytes_either_way_is_closed_after_the_idle_timeout(
+    make_proxy: Callable[..., EgressProxy],
+) -> None:
+    echo = Listener(echo=True)
+    proxy = make_proxy([f"127.0.0.1:{echo.port}"], idle_seconds=0.5)
+    with client(proxy) as sock:
+        sock.sendall(connect_head("127.0.0.1", echo.port) + b"ping")
+        data = b""
+        while not data.endswith(b"ping"):
+            data += sock.recv(65536)
+        assert data == b"HTTP/1.1 200 Connection established\r\n\r\nping"
+        started = time.monotonic()
+        assert sock.recv(65536) == b""  # closed by the proxy, not by us
+        assert 0.5 <= time.monotonic() - started < SAFETY / 2
+    assert echo.ended.wait(SAFETY)  # and the destination's side was closed too
+
+
+def test_close_ends_live_tunnels_and_waiting_heads_and_their_threads(make_proxy: Callable[..., EgressProxy]) -> None:
+    wait_for(lambda: handler_threads() == 0, SAFETY, "earlier tests' connections to end")
+    echo = Listener(echo=True)
+    proxy = make_proxy([f"127.0.0.1:{echo.port}"])  # default limits: minutes
+    tunnel, waiting = client(proxy), client(proxy)
+    tunnel.sendall(connect_head("127.0.0.1", echo.port) + b"ping")
+    data = b""
+    while not data.endswith(b"ping"):
+        data += tunnel.recv(65536)
+    wait_for(lambda: handler_threads() == 2, SAFETY, "both connections to be handled")
+    proxy.close()
+    assert until_closed(tunnel) == b""
+    assert until_closed(waiting) == b""
+    assert echo.ended.wait(SAFETY)
+    wait_for(lambda: handler_threads() == 0, SAFETY, "the proxy's threads to end")
+    wait_for(lambda: not any(t.name == "agentq-egress" for t in threading.enumerate()), SAFETY, "the acceptor")
+    tunnel.close()
+    waiting.close()
+
+
+def test_the_refusals_kept_are_the_last_hundred(make_proxy: Callable[..., EgressProxy]) -> None:
+    proxy = make_proxy(["127.0.0.1:443"])
+    for port in range(1, MAX_REFUSED + 51):
+        ask(proxy, connect_head("127.0.0.1", port))
+    assert MAX_REFUSED == 100
+    assert len(proxy.refused) == MAX_REFUSED
+    assert proxy.refused[-1].startswith(f"127.0.0.1:{MAX_REFUSED + 50} ")
+    assert proxy.refused[0].startswith("127.0.0.1:51 ")

@@ -16,18 +16,27 @@ A refusal is a ``403`` whose body names the reason, which git, curl and pip prin
 that is not a proxy request is a ``400``. A plain http request is sent with ``Connection: close``,
 so each request is checked on its own.
 
+The worker that runs the proxy is shared by other tenants' runs, so a shell must not be able to
+pile threads or sockets up in it: at most ``MAX_CONNECTIONS`` connections at once per proxy, one
+thread each (over the cap a connection is answered ``503`` at once, by the accepting thread);
+``HEAD_SECONDS`` for a whole request head (then ``408``); a tunnel with no byte either way for
+``IDLE_SECONDS`` is closed; ``close()`` (the end of the run) shuts every live connection down,
+so no thread outlives the run; only the last ``MAX_REFUSED`` refusals are kept.
+
 What it does not do yet (docs/SANDBOX.md): HTTPS through ``CONNECT`` passes, but the sandbox has
-no CA bundle, so a client's certificate check fails; one thread per connection with no cap and
-no read timeout; no test drives a refusal through it.
+no CA bundle, so a client's certificate check fails.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
+import selectors
 import socket
 import tempfile
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable
 
@@ -35,13 +44,33 @@ from agentq.core.tools.fetch import Deadline, FetchPolicy, FetchRefused, HostRul
 
 MAX_HEAD = 16 * 1024
 CONNECT_SECONDS = 10.0
+MAX_CONNECTIONS = 32  # at once, per proxy (one task's run): a thread each
+HEAD_SECONDS = 30.0  # for the whole request head
+IDLE_SECONDS = 300.0  # a tunnel with no byte either way for this long is closed
+MAX_REFUSED = 100  # refusals kept for the trace
 DEFAULT_PORTS = (80, 443)  # what a host rule without a port allows
 
 
 class EgressProxy:
-    def __init__(self, rules: list[HostRule], policy: FetchPolicy) -> None:
+    """One task's proxy. Bounded: at most ``max_connections`` connections at once (one thread
+    each; over the cap a connection is answered ``503`` at once), ``head_seconds`` for a request
+    head, ``idle_seconds`` without a byte either way for a tunnel, and ``close()`` ends them all,
+    because the worker that runs it is shared by other tenants' runs."""
+
+    def __init__(
+        self,
+        rules: list[HostRule],
+        policy: FetchPolicy,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        head_seconds: float = HEAD_SECONDS,
+        idle_seconds: float = IDLE_SECONDS,
+    ) -> None:
         self.rules = rules
         self.policy = policy
+        self.max_connections = max_connections
+        self.head_seconds = head_seconds
+        self.idle_seconds = idle_seconds
         # A directory of its own (0700) under the system's temporary one: a Unix socket's path
         # must stay under 108 bytes, which a workspace root of a deep path would pass.
         self._dir = tempfile.mkdtemp(prefix="agentq-egress-")
@@ -51,11 +80,22 @@ class EgressProxy:
         os.chmod(self.path, 0o600)
         self._server.listen(64)
         self._closed = False
-        self.refused: list[str] = []  # what it refused, for the trace and the tests
-        threading.Thread(target=self._serve, name="agentq-egress", daemon=True).start()
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._lock = threading.Lock()
+        self._live: set[socket.socket] = set()  # every open socket of a connection, for close()
+        # What it refused, for the trace and the tests: the last MAX_REFUSED only.
+        self.refused: collections.deque[str] = collections.deque(maxlen=MAX_REFUSED)
+        self._acceptor = threading.Thread(target=self._serve, name="agentq-egress", daemon=True)
+        self._acceptor.start()
 
     def close(self) -> None:
-        self._closed = True
+        """Stops accepting and ends every live connection (a blocked read returns at once)."""
+        with self._lock:
+            self._closed = True
+            live = list(self._live)
+        for sock in [self._server, *live]:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in accept/recv/select
         with contextlib.suppress(OSError):
             self._server.close()
         with contextlib.suppress(OSError):
@@ -69,17 +109,34 @@ class EgressProxy:
                 conn, _ = self._server.accept()
             except OSError:
                 return
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+            if not self._slots.acquire(blocking=False):
+                self.refused.append(f"over {self.max_connections} connections at once")
+                _answer(conn, 503, f"agentq egress refused: over {self.max_connections} connections at once")
+                with contextlib.suppress(OSError):
+                    conn.close()
+                continue
+            threading.Thread(target=self._handle, args=(conn,), name="agentq-egress-conn", daemon=True).start()
+
+    def _track(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._live.add(sock)
+            closed = self._closed
+        if closed:  # close() ran before this socket was known to it
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def _handle(self, conn: socket.socket) -> None:
+        upstream: socket.socket | None = None
         try:
-            head, rest = _read_head(conn)
+            self._track(conn)
+            head, rest = _read_head(conn, self.head_seconds)
             if head is None:
                 return
             line, _, headers = head.partition(b"\r\n")
             method, target, version = [*line.decode("latin-1").split(" "), "", ""][:3]
             host, port, origin = _destination(method, target)
             upstream = self._connect(host, port)
+            self._track(upstream)
             if method.upper() == "CONNECT":
                 conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 if rest:
@@ -92,7 +149,10 @@ class EgressProxy:
                 ]
                 request = f"{method} {origin} {version}\r\n".encode("latin-1")
                 upstream.sendall(request + b"\r\n".join([*kept, b"Connection: close"]) + b"\r\n\r\n" + rest)
-            _pipe(conn, upstream)
+            _pipe(conn, upstream, self.idle_seconds)
+        except HeadTimeout as exc:
+            self.refused.append(str(exc))
+            _answer(conn, 408, f"agentq egress: {exc}")
         except BadRequest as exc:
             self.refused.append(str(exc))
             _answer(conn, 400, f"agentq egress: bad proxy request: {exc}")
@@ -102,8 +162,15 @@ class EgressProxy:
         except OSError as exc:
             _answer(conn, 502, f"agentq egress could not connect: {exc}")
         finally:
-            with contextlib.suppress(OSError):
-                conn.close()
+            with self._lock:
+                self._live.discard(conn)
+                if upstream is not None:
+                    self._live.discard(upstream)
+            for sock in (conn, upstream):
+                if sock is not None:
+                    with contextlib.suppress(OSError):
+                        sock.close()
+            self._slots.release()
 
     def _connect(self, host: str, port: int) -> socket.socket:
         if not any(_allows(rule, host, port) for rule in self.rules):
@@ -127,20 +194,35 @@ class BadRequest(ValueError):
     """Not a proxy request this proxy takes: a ``400``."""
 
 
+class HeadTimeout(Exception):
+    """The request head did not arrive in time: a ``408``."""
+
+
 def _allows(rule: HostRule, host: str, port: int) -> bool:
     """A rule with a port allows that port; one without allows the web's ports, 80 and 443."""
     return rule.host == host and (port == rule.port if rule.port is not None else port in DEFAULT_PORTS)
 
 
-def _read_head(conn: socket.socket) -> tuple[bytes | None, bytes]:
+def _read_head(conn: socket.socket, seconds: float) -> tuple[bytes | None, bytes]:
+    """The head and what followed it, within one deadline for the whole head (a client that
+    sends a byte at a time gains nothing by it)."""
+    at = time.monotonic() + seconds
     buffer = b""
     while b"\r\n\r\n" not in buffer:
-        chunk = conn.recv(4096)
+        left = at - time.monotonic()
+        try:
+            if left <= 0:
+                raise TimeoutError
+            conn.settimeout(left)
+            chunk = conn.recv(4096)
+        except TimeoutError:
+            raise HeadTimeout(f"no complete request head within {seconds:g} s") from None
         if not chunk:
             return None, b""
         buffer += chunk
         if len(buffer) > MAX_HEAD:
             raise BadRequest("the request head is over 16 KB")
+    conn.settimeout(None)
     head, _, rest = buffer.partition(b"\r\n\r\n")
     return head, rest
 
@@ -159,29 +241,49 @@ def _destination(method: str, target: str) -> tuple[str, int, str]:
     return parts.hostname.lower(), parts.port or 80, origin
 
 
-def _pipe(a: socket.socket, b: socket.socket) -> None:
-    def one_way(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while chunk := src.recv(65536):
-                dst.sendall(chunk)
-        except OSError:
-            pass
-        finally:
-            with contextlib.suppress(OSError):
-                dst.shutdown(socket.SHUT_WR)
-
-    other = threading.Thread(target=one_way, args=(b, a), daemon=True)
-    other.start()
-    one_way(a, b)
-    other.join()
-    with contextlib.suppress(OSError):
-        b.close()
+def _pipe(a: socket.socket, b: socket.socket, idle_seconds: float) -> None:
+    """Copies bytes both ways in this one thread until both sides have ended, or until no byte
+    has moved either way for ``idle_seconds`` (a send that makes no progress as long counts)."""
+    peer = {a: b, b: a}
+    open_ = {a, b}  # the sides still sending
+    a.settimeout(idle_seconds)  # bounds a sendall to a side that stopped reading
+    b.settimeout(idle_seconds)
+    with selectors.DefaultSelector() as selector:
+        for sock in open_:
+            selector.register(sock, selectors.EVENT_READ)
+        while open_:
+            ready = selector.select(idle_seconds)
+            if not ready:
+                return  # idle: the caller closes both
+            for key, _ in ready:
+                src = key.fileobj
+                assert isinstance(src, socket.socket)
+                try:
+                    chunk = src.recv(65536)
+                    if chunk:
+                        peer[src].sendall(chunk)
+                        continue
+                except OSError:
+                    return
+                selector.unregister(src)
+                open_.discard(src)
+                with contextlib.suppress(OSError):
+                    peer[src].shutdown(socket.SHUT_WR)
 
 
 def _answer(conn: socket.socket, status: int, message: str) -> None:
     body = (message + "\n").encode()
-    reason = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway"}[status]
+    reason = {
+        400: "Bad Request",
+        403: "Forbidden",
+        408: "Request Timeout",
+        502: "Bad Gateway",
+        503: "Service Unavailable",
+    }[status]
     with contextlib.suppress(OSError):
+        # Nothing was sent on this socket before, so the answer fits its buffer: never wait
+        # for a client that does not read (the acceptor thread answers the 503s).
+        conn.setblocking(False)
         conn.sendall(
             f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
             f"Connection: close\r\n\r\n".encode()
