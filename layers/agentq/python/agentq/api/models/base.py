@@ -1,0 +1,48 @@
+"""What every API shape shares: the limits a caller can rely on, the response base
+(``ApiModel``, read leniently), the error body and the health answer."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Limits a caller can rely on (also in the OpenAPI document as schema bounds).
+MAX_BODY_BYTES = 256 * 1024  # larger request bodies answer 413
+MAX_PAGE_SIZE = 100  # GET /tasks ?limit=
+DEFAULT_PAGE_SIZE = 20
+MAX_TRACE_PAGE = 200  # GET /tasks/{id}/trace ?limit=
+MAX_EVENT_PAGE = 200  # GET /tasks/{id}/events ?limit=
+DEFAULT_EVENT_PAGE = 100
+DEFAULT_TRACE_PAGE = 100
+TRACE_TEXT_CHARS = 16_000  # longer LLM texts and tool outputs in a trace page are cut (``truncated``)
+MAX_NOTE_CHARS = 4_000
+TASK_ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
+MAX_CURSOR_CHARS = 1024  # a page cursor (?cursor= of GET /tasks and /trace); longer is 400 invalid_cursor
+CURSOR_PATTERN = r"^[A-Za-z0-9_-]*$"  # unpadded base64url: what the API writes
+IDEMPOTENCY_KEY_PATTERN = r"^[!-~]{1,255}$"  # visible ASCII
+GOAL_PREVIEW_CHARS = 200
+
+
+class ApiModel(BaseModel):
+    """A response shape: unknown fields are ignored when a client reads one."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+# ------------------------------------------------------------------ errors
+
+
+class ErrorDetail(ApiModel):
+    code: str = Field(description="stable, for scripts: validation_error, invalid_json, task_not_found, ...")
+    message: str
+    field: str | None = Field(default=None, description="the request field at fault, dotted (constraints.max_tokens)")
+
+
+class ErrorResponse(ApiModel):
+    error: ErrorDetail
+
+
+class Health(ApiModel):
+    status: Literal["ok"]
+    version: str

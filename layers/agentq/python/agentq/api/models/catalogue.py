@@ -1,0 +1,49 @@
+"""What a tenant defines once and reuses: its agents' versions, its schedules, its callback
+secret."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from agentq.api.models.base import (
+    ApiModel,
+)
+from agentq.core.agents import AgentSummary, AgentVersion
+
+
+class AgentCreated(ApiModel):
+    created: bool = Field(description="false: the latest version already was this definition")
+    agent: AgentVersion
+
+
+class AgentList(ApiModel):
+    agents: list[AgentSummary]
+
+
+class AgentVersions(ApiModel):
+    name: str
+    versions: list[AgentVersion] = Field(description="newest first")
+
+
+class WebhookSecret(ApiModel):
+    secret: str = Field(description="the HMAC-SHA256 key of this tenant's callbacks")
+
+
+class ScheduleView(ApiModel):
+    name: str
+    expression: str
+    overlap: Literal["skip", "allow"]
+    submission: dict[str, Any]
+    created_at: float
+    next_fire_at: float = Field(
+        description="when it fires next (UTC seconds; the local scheduler's, in AWS the Scheduler's)"
+    )
+    last_task_id: str | None
+    fired: int = Field(description="fires that submitted a task")
+    skipped: int = Field(description="fires skipped by the overlap policy")
+
+
+class ScheduleList(ApiModel):
+    schedules: list[ScheduleView]

@@ -1,0 +1,108 @@
+"""What a tenant and an operator read of the fleet: running slots and waiters per tenant,
+spend, the circuit breakers, the dead letters and their redrive."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from agentq.api.models.base import (
+    ApiModel,
+)
+from agentq.core.models import (
+    Priority,
+    TaskStatus,
+)
+
+
+class TenantUsage(ApiModel):
+    tenant: str
+    running: int = Field(description="tasks holding one of the tenant's running slots")
+    waiting: int = Field(
+        description="tasks waiting queued for a slot of the tenant's or of the fleet (counted up to 1,000; a "
+        "waiter cancelled meanwhile is not counted)"
+    )
+    max_running: int | None = Field(description="the tenant's running limit; null: unlimited")
+    weight: int = Field(
+        1, description="the tenant's weight in a full fleet's share (agentq tenants limit TENANT --weight N; default 1)"
+    )
+
+
+class CallerUsage(TenantUsage):
+    operator: bool = Field(
+        description="whether the caller's key is an operator's: it may read GET /usage/tenants (the console asks "
+        "only then)"
+    )
+
+
+class SpendView(ApiModel):
+    """What the caller's task trees spent over a window, by their ledgers (ARCHITECTURE 4)."""
+
+    since: float = Field(description="the window's start: trees whose root task was created since then")
+    trees: int = Field(description="root tasks counted, each with its sub-agents")
+    known_tokens: int = Field(description="usage the provider reported for the trees' calls")
+    unknown_tokens: int = Field(
+        description="tokens counted at the holds of calls whose outcome no worker learned (a worker killed mid-call, "
+        "a reply cut in the middle): at most what they were allowed; whether to bill them is the deployment's choice"
+    )
+    known_usd: str
+    unknown_usd: str
+    complete: bool = Field(description="false: the window held more trees than one read counts (the newest are)")
+
+
+class TenantsUsage(ApiModel):
+    tenants: list[TenantUsage] = Field(
+        description="every tenant that holds running slots or has a limit of its own, by name"
+    )
+
+
+class BreakerView(ApiModel):
+    provider: str
+    model: str
+    state: Literal["closed", "open", "half_open"] = Field(
+        description="closed: calls go; open: calls are deferred (tasks wait, not fail) until probe_after; "
+        "half_open: a probe call is out, and its outcome closes or reopens it"
+    )
+    failures: int = Field(description="failed calls (each after its retries) counted in the current window")
+    window_started_at: float | None = Field(description="when the current window of failures started")
+    opened_at: float | None = Field(description="when the circuit last opened (null: closed since)")
+    probe_after: float | None = Field(description="open: when a probe call may go (opened_at + the cooldown)")
+    slowed_until: float | None = Field(
+        description="a 429's retry-after: the fleet makes no call to this model before then"
+    )
+
+
+class BreakersView(ApiModel):
+    breakers: list[BreakerView] = Field(
+        description="each provider/model the fleet has recorded a failure or a slow-down for, by name; a model "
+        "never listed has a closed circuit"
+    )
+    failures_to_open: int = Field(description="failed calls within window_seconds that open a circuit")
+    window_seconds: float
+    cooldown_seconds: float = Field(description="how long a circuit stays open before a probe")
+
+
+# ------------------------------------------------------------- dead letters
+
+
+class DeadLetterView(ApiModel):
+    tier: Priority
+    message_id: str
+    task_id: str
+    task_status: TaskStatus
+    reason: str = Field(description="why agentq dead-lettered it (or that SQS moved it after maxReceiveCount)")
+    sent_at: float = Field(description="when the message was first sent (epoch seconds)")
+
+
+class DeadLetterPage(ApiModel):
+    dead_letters: list[DeadLetterView] = Field(
+        description="this tenant's dead letters, by tier then age; messages that name no task of this tenant "
+        "(another tenant's, or unreadable ones) are not listed"
+    )
+
+
+class RedriveResult(ApiModel):
+    tier: Priority
+    moved: int = Field(description="messages moved back to the tier's queue")
+    task_ids: list[str] = Field(description="the tasks they name, which resume at their checkpoint")
