@@ -1,0 +1,55 @@
+"""The page cursors of the API's listings (``GET /tasks``, a trace): opaque base64url JSON that
+names its listing, and ``InvalidCursor`` (400) for any cursor this API did not issue."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from typing import Any
+
+from agentq.api.models import (
+    CURSOR_PATTERN,
+    MAX_CURSOR_CHARS,
+)
+from agentq.core.errors import ValidationError
+
+
+class InvalidCursor(ValidationError):
+    """A pagination cursor this API did not issue (or issued for another listing)."""
+
+    code = "invalid_cursor"
+
+
+# ------------------------------------------------------------------ cursors
+
+
+def encode_cursor(kind: str, value: Any) -> str:
+    raw = json.dumps({"k": kind, "v": value}, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+_CURSOR = re.compile(CURSOR_PATTERN)
+
+
+def decode_cursor(kind: str, cursor: str) -> Any:
+    """The value ``encode_cursor`` put in ``cursor``, or ``InvalidCursor`` (400): a cursor that is
+    too long, not base64url (which ``b64decode`` would silently skip), not JSON, or of another
+    listing."""
+    if len(cursor) > MAX_CURSOR_CHARS or not _CURSOR.fullmatch(cursor):
+        raise InvalidCursor(
+            f"cursor is not one this API issued (base64url, at most {MAX_CURSOR_CHARS} characters); "
+            "pass next_cursor back unchanged",
+            field="cursor",
+        )
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        data = json.loads(raw)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise InvalidCursor(
+            "cursor is not one this API issued; pass next_cursor back unchanged", field="cursor"
+        ) from None
+    if not isinstance(data, dict) or data.get("k") != kind or "v" not in data:
+        raise InvalidCursor(f"cursor does not belong to this listing ({kind})", field="cursor")
+    return data["v"]
