@@ -14,26 +14,35 @@ raises ``ConnectionFailed``; a wait that runs out raises ``WaitTimeout``.
 
 ``submit`` sends an ``Idempotency-Key`` (a fresh one unless you pass yours), so the client can
 retry a submit whose answer was lost without creating a second task.
+
+This module holds the API's resources (tasks, agents, schedules, conversations, waiting); the
+HTTP underneath them (one call and its retries, the event stream, the errors) is
+``api.http_client``, whose names are re-exported here.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 import uuid
 from collections.abc import Callable, Generator, Iterator, Mapping
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, TypeVar
-
-from pydantic import BaseModel
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agentq.api.memory_client import MemoryStoresClient
 
+from agentq.api.http_client import ApiError as ApiError
+from agentq.api.http_client import AuthenticationError as AuthenticationError
+from agentq.api.http_client import Conflict as Conflict
+from agentq.api.http_client import ConnectionFailed as ConnectionFailed
+from agentq.api.http_client import HttpClient
+from agentq.api.http_client import InvalidRequest as InvalidRequest
+from agentq.api.http_client import NotFound as NotFound
+from agentq.api.http_client import ServerError as ServerError
+from agentq.api.http_client import WaitTimeout as WaitTimeout
+from agentq.api.http_client import _error_of as _error_of
+from agentq.api.http_client import _NotStreaming as _NotStreaming
+from agentq.api.http_client import _seg as _seg
 from agentq.api.models import (
     MAX_PAGE_SIZE,
     AgentCreated,
@@ -64,148 +73,19 @@ from agentq.api.models import (
     TracePage,
     WebhookSecret,
 )
-from agentq.core.errors import AgentqError, ValidationError
+from agentq.core.errors import ValidationError
 from agentq.core.models import TaskStatus, TaskSubmission
 
 TERMINAL = frozenset(s.value for s in TaskStatus if s.terminal)
-M = TypeVar("M", bound=BaseModel)
 
 
-class ApiError(AgentqError):
-    """The API answered with an error."""
-
-    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
-        super().__init__(message, field=field)
-        self.status = status
-        self.code = code
-
-    def __str__(self) -> str:
-        where = f" ({self.field})" if self.field else ""
-        return f"HTTP {self.status} {self.code}: {self.message}{where}"
-
-    @staticmethod
-    def of(status: int, code: str, message: str, field: str | None = None) -> ApiError:
-        if status in (400, 413, 415, 422):
-            return InvalidRequest(status, code, message, field)
-        kind = {401: AuthenticationError, 403: AuthenticationError, 404: NotFound, 409: Conflict}.get(status)
-        if kind is None:
-            kind = ServerError if status >= 500 else ApiError
-        return kind(status, code, message, field)
-
-
-class InvalidRequest(ApiError):
-    """400, 413, 415, 422: the request is wrong; ``field`` names what to fix."""
-
-
-class AuthenticationError(ApiError):
-    """401/403: no valid API key."""
-
-
-class NotFound(ApiError):
-    """404: no such task for this tenant."""
-
-
-class Conflict(ApiError):
-    """409: the task's state forbids the operation (or an idempotency key was reused)."""
-
-
-class ServerError(ApiError):
-    """5xx."""
-
-
-class _NotStreaming(Exception):
-    """The server answered an event stream request with something else (it cannot stream)."""
-
-
-class ConnectionFailed(AgentqError):
-    code = "connection_failed"
-
-
-class WaitTimeout(AgentqError, TimeoutError):
-    code = "wait_timeout"
-
-    def __init__(self, message: str, view: TaskView) -> None:
-        super().__init__(message, field="timeout")
-        self.view = view
-
-
-_RETRYABLE = {502, 503, 504}
-
-
-class Client:
-    def __init__(
-        self, url: str | None = None, api_key: str | None = None, *, timeout: float = 30, retries: int = 2
-    ) -> None:
-        url = url or os.environ.get("AGENTQ_URL")
-        if not url:
-            raise AgentqError("no API URL: pass url= or set AGENTQ_URL (agentq dev prints it)", field="url")
-        self.url = url.rstrip("/")
-        self.api_key = api_key or os.environ.get("AGENTQ_API_KEY")
-        self.timeout = timeout
-        self.retries = retries
-
-    def __repr__(self) -> str:
-        return f"Client({self.url!r})"
-
+class Client(HttpClient):
     @property
     def memory(self) -> MemoryStoresClient:
         """The tenant's memory stores (``agentq.api.memory_client``)."""
         from agentq.api.memory_client import MemoryStoresClient
 
         return MemoryStoresClient(self)
-
-    # ------------------------------------------------------------ transport
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        *,
-        query: Mapping[str, Any] | None = None,
-        headers: Mapping[str, str] | None = None,
-        retry: bool | None = None,
-    ) -> Any:
-        """One API call; returns the decoded JSON. GETs (and anything ``retry=True``) are retried
-        on connection failures and 502/503/504."""
-        retry = method == "GET" if retry is None else retry
-        url = self.url + path
-        if query:
-            pairs = {
-                k: ("true" if v is True else "false" if v is False else v) for k, v in query.items() if v is not None
-            }
-            if pairs:
-                url += "?" + urllib.parse.urlencode(pairs, doseq=True)  # a list is a repeated parameter
-        all_headers = {"Accept": "application/json", **(headers or {})}
-        if self.api_key:
-            all_headers["Authorization"] = f"Bearer {self.api_key}"
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            all_headers["Content-Type"] = "application/json"
-        attempts = 1 + (self.retries if retry else 0)
-        for attempt in range(attempts):
-            req = urllib.request.Request(url, data=data, method=method, headers=all_headers)
-            try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    raw = resp.read()
-                    return json.loads(raw) if raw else None
-            except urllib.error.HTTPError as err:
-                error = _error_of(err.code, err.read())
-                if err.code in _RETRYABLE and attempt + 1 < attempts:
-                    time.sleep(0.2 * 2**attempt)
-                    continue
-                raise error from None
-            except (urllib.error.URLError, ConnectionError, TimeoutError) as err:
-                if attempt + 1 < attempts:
-                    time.sleep(0.2 * 2**attempt)
-                    continue
-                reason = getattr(err, "reason", err)
-                raise ConnectionFailed(f"cannot reach {self.url}: {reason}", field="url") from None
-        raise AssertionError("unreachable")
-
-    def _get(self, model: type[M], path: str, **query: Any) -> M:
-        return model.model_validate(self.request("GET", path, query=query))
 
     # ------------------------------------------------------------- the API
 
@@ -397,41 +277,6 @@ class Client:
             if not page.events:
                 time.sleep(poll_interval)
 
-    def _sse(self, task_id: str, cursor: str | None, tree: bool) -> Iterator[TaskEvent | None]:
-        """One connection to the stream: its events, then None if it said ``end``."""
-        query = {k: v for k, v in {"tree": "true" if tree else None, "after": cursor}.items() if v}
-        url = f"{self.url}/tasks/{_seg(task_id)}/events" + (f"?{urllib.parse.urlencode(query)}" if query else "")
-        headers = {"Accept": "text/event-stream", "Cache-Control": "no-cache"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(url, headers=headers)
-        try:
-            resp = urllib.request.urlopen(req, timeout=max(self.timeout, 60))
-        except urllib.error.HTTPError as err:
-            raise _error_of(err.code, err.read()) from None
-        except urllib.error.URLError as err:
-            raise ConnectionFailed(f"cannot reach {self.url}: {err.reason}", field="url") from None
-        with resp:
-            if resp.status == 204:
-                yield None
-                return
-            if "text/event-stream" not in (resp.headers.get("Content-Type") or ""):
-                raise _NotStreaming()
-            kind, data = "", list[str]()
-            for raw in resp:
-                line = raw.decode("utf-8").rstrip("\r\n")
-                if not line:
-                    if kind == "end":
-                        yield None
-                        return
-                    if data:
-                        yield TaskEvent.model_validate_json("\n".join(data))
-                    kind, data = "", list[str]()
-                elif line.startswith("event:"):
-                    kind = line[6:].strip()
-                elif line.startswith("data:"):
-                    data.append(line[5:].lstrip(" "))
-
     def cancel(self, task_id: str) -> CancelResult:
         return CancelResult.model_validate(self.request("POST", f"/tasks/{_seg(task_id)}/cancel"))
 
@@ -543,21 +388,3 @@ class Client:
 
 def _stopped(view: TaskView) -> bool:
     return view.status.terminal or view.status is TaskStatus.IDLE
-
-
-def _seg(task_id: str) -> str:
-    return urllib.parse.quote(task_id, safe="")
-
-
-def _error_of(status: int, raw: bytes) -> ApiError:
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        data = None
-    if isinstance(data, dict) and isinstance(data.get("error"), dict):
-        err = data["error"]
-        return ApiError.of(status, str(err.get("code", "http_error")), str(err.get("message", "")), err.get("field"))
-    # API Gateway's own answers (before our handler): {"message": "Unauthorized"}
-    message = str(data.get("message") or data.get("Message") or "") if isinstance(data, dict) else ""
-    code = {401: "unauthorized", 403: "forbidden", 429: "throttled"}.get(status, "http_error")
-    return ApiError.of(status, code, message or f"HTTP {status}")

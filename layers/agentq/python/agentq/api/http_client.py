@@ -1,0 +1,207 @@
+"""The HTTP underneath ``agentq.Client``: one API call with its retries (``request``), the
+server-sent event stream read a connection at a time (``_sse``), and the API's error answers as
+exceptions (``ApiError`` and a subclass per status). ``api.client`` adds the API's resources
+on top and re-exports every name here."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Mapping
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from agentq.api.models import TaskEvent, TaskView
+from agentq.core.errors import AgentqError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ApiError(AgentqError):
+    """The API answered with an error."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message, field=field)
+        self.status = status
+        self.code = code
+
+    def __str__(self) -> str:
+        where = f" ({self.field})" if self.field else ""
+        return f"HTTP {self.status} {self.code}: {self.message}{where}"
+
+    @staticmethod
+    def of(status: int, code: str, message: str, field: str | None = None) -> ApiError:
+        if status in (400, 413, 415, 422):
+            return InvalidRequest(status, code, message, field)
+        kind = {401: AuthenticationError, 403: AuthenticationError, 404: NotFound, 409: Conflict}.get(status)
+        if kind is None:
+            kind = ServerError if status >= 500 else ApiError
+        return kind(status, code, message, field)
+
+
+class InvalidRequest(ApiError):
+    """400, 413, 415, 422: the request is wrong; ``field`` names what to fix."""
+
+
+class AuthenticationError(ApiError):
+    """401/403: no valid API key."""
+
+
+class NotFound(ApiError):
+    """404: no such task for this tenant."""
+
+
+class Conflict(ApiError):
+    """409: the task's state forbids the operation (or an idempotency key was reused)."""
+
+
+class ServerError(ApiError):
+    """5xx."""
+
+
+class _NotStreaming(Exception):
+    """The server answered an event stream request with something else (it cannot stream)."""
+
+
+class ConnectionFailed(AgentqError):
+    code = "connection_failed"
+
+
+class WaitTimeout(AgentqError, TimeoutError):
+    code = "wait_timeout"
+
+    def __init__(self, message: str, view: TaskView) -> None:
+        super().__init__(message, field="timeout")
+        self.view = view
+
+
+_RETRYABLE = {502, 503, 504}
+
+
+class HttpClient:
+    """The API's URL, key, timeout and retries, and the calls every resource method makes."""
+
+    def __init__(
+        self, url: str | None = None, api_key: str | None = None, *, timeout: float = 30, retries: int = 2
+    ) -> None:
+        url = url or os.environ.get("AGENTQ_URL")
+        if not url:
+            raise AgentqError("no API URL: pass url= or set AGENTQ_URL (agentq dev prints it)", field="url")
+        self.url = url.rstrip("/")
+        self.api_key = api_key or os.environ.get("AGENTQ_API_KEY")
+        self.timeout = timeout
+        self.retries = retries
+
+    def __repr__(self) -> str:
+        return f"Client({self.url!r})"
+
+    # ------------------------------------------------------------ transport
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        query: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        retry: bool | None = None,
+    ) -> Any:
+        """One API call; returns the decoded JSON. GETs (and anything ``retry=True``) are retried
+        on connection failures and 502/503/504."""
+        retry = method == "GET" if retry is None else retry
+        url = self.url + path
+        if query:
+            pairs = {
+                k: ("true" if v is True else "false" if v is False else v) for k, v in query.items() if v is not None
+            }
+            if pairs:
+                url += "?" + urllib.parse.urlencode(pairs, doseq=True)  # a list is a repeated parameter
+        all_headers = {"Accept": "application/json", **(headers or {})}
+        if self.api_key:
+            all_headers["Authorization"] = f"Bearer {self.api_key}"
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            all_headers["Content-Type"] = "application/json"
+        attempts = 1 + (self.retries if retry else 0)
+        for attempt in range(attempts):
+            req = urllib.request.Request(url, data=data, method=method, headers=all_headers)
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                    raw = resp.read()
+                    return json.loads(raw) if raw else None
+            except urllib.error.HTTPError as err:
+                error = _error_of(err.code, err.read())
+                if err.code in _RETRYABLE and attempt + 1 < attempts:
+                    time.sleep(0.2 * 2**attempt)
+                    continue
+                raise error from None
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as err:
+                if attempt + 1 < attempts:
+                    time.sleep(0.2 * 2**attempt)
+                    continue
+                reason = getattr(err, "reason", err)
+                raise ConnectionFailed(f"cannot reach {self.url}: {reason}", field="url") from None
+        raise AssertionError("unreachable")
+
+    def _get(self, model: type[M], path: str, **query: Any) -> M:
+        return model.model_validate(self.request("GET", path, query=query))
+
+    def _sse(self, task_id: str, cursor: str | None, tree: bool) -> Iterator[TaskEvent | None]:
+        """One connection to the stream: its events, then None if it said ``end``."""
+        query = {k: v for k, v in {"tree": "true" if tree else None, "after": cursor}.items() if v}
+        url = f"{self.url}/tasks/{_seg(task_id)}/events" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+        headers = {"Accept": "text/event-stream", "Cache-Control": "no-cache"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        req = urllib.request.Request(url, headers=headers)
+        try:
+            resp = urllib.request.urlopen(req, timeout=max(self.timeout, 60))
+        except urllib.error.HTTPError as err:
+            raise _error_of(err.code, err.read()) from None
+        except urllib.error.URLError as err:
+            raise ConnectionFailed(f"cannot reach {self.url}: {err.reason}", field="url") from None
+        with resp:
+            if resp.status == 204:
+                yield None
+                return
+            if "text/event-stream" not in (resp.headers.get("Content-Type") or ""):
+                raise _NotStreaming()
+            kind, data = "", list[str]()
+            for raw in resp:
+                line = raw.decode("utf-8").rstrip("\r\n")
+                if not line:
+                    if kind == "end":
+                        yield None
+                        return
+                    if data:
+                        yield TaskEvent.model_validate_json("\n".join(data))
+                    kind, data = "", list[str]()
+                elif line.startswith("event:"):
+                    kind = line[6:].strip()
+                elif line.startswith("data:"):
+                    data.append(line[5:].lstrip(" "))
+
+
+def _seg(task_id: str) -> str:
+    return urllib.parse.quote(task_id, safe="")
+
+
+def _error_of(status: int, raw: bytes) -> ApiError:
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("error"), dict):
+        err = data["error"]
+        return ApiError.of(status, str(err.get("code", "http_error")), str(err.get("message", "")), err.get("field"))
+    # API Gateway's own answers (before our handler): {"message": "Unauthorized"}
+    message = str(data.get("message") or data.get("Message") or "") if isinstance(data, dict) else ""
+    code = {401: "unauthorized", 403: "forbidden", 429: "throttled"}.get(status, "http_error")
+    return ApiError.of(status, code, message or f"HTTP {status}")
