@@ -182,6 +182,8 @@ def test_trace_and_list_over_http_after_real_workers_ran_the_task(api_stack: Api
         and tool["side_effects"] is True
     )
     assert tool["output"].startswith("charged 250 cents") and events[1]["worker"].count(":") == 1
+    # A second task of this tenant, whatever ran before in this process: a page of one has more after it.
+    api_stack.submit({**SCRIPTED, "script": {"turns": [{"text": "another"}]}})
     newest = api_stack.http("GET", "/tasks?limit=1")[1]
     assert len(newest["tasks"]) == 1 and newest["next_cursor"]
 
