@@ -37,6 +37,7 @@ from agentq.api.routes import (
     conversations,
     dead_letters,
     events,
+    files,
     memory,
     meta,
     schedules,
@@ -264,6 +265,8 @@ def build_app(
     # The order of inclusion is the order of the paths in the OpenAPI document.
     app.include_router(meta.router(API_VERSION, document=lambda: openapi_document(app)))
     app.include_router(tasks.router(deps))
+    app.include_router(files.router(deps))
+    files.widen(app)
     app.include_router(events.router(deps))
     app.include_router(actions.router(deps))
     app.include_router(conversations.router(deps))

@@ -111,9 +111,10 @@ class HttpClient:
         query: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
         retry: bool | None = None,
+        decode: bool = True,
     ) -> Any:
-        """One API call; returns the decoded JSON. GETs (and anything ``retry=True``) are retried
-        on connection failures and 502/503/504."""
+        """One API call; returns the decoded JSON (``decode=False``: the body's bytes). GETs (and
+        anything ``retry=True``) are retried on connection failures and 502/503/504."""
         retry = method == "GET" if retry is None else retry
         url = self.url + path
         if query:
@@ -135,6 +136,8 @@ class HttpClient:
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                     raw = resp.read()
+                    if not decode:
+                        return raw
                     return json.loads(raw) if raw else None
             except urllib.error.HTTPError as err:
                 error = _error_of(err.code, err.read())

@@ -25,6 +25,7 @@ or body (``tests/test_local_api_isolation.py`` races 200 clients of two tenants)
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import re
@@ -165,7 +166,10 @@ def dispatch(
     for name, values in (result.get("multiValueHeaders") or {}).items():
         out.setdefault(name, values[-1])
     out.pop("Content-Length", None)
-    return int(result.get("statusCode", 500)), out, (result.get("body") or "").encode()
+    raw = result.get("body") or ""
+    # A binary answer (a workspace file) comes base64-encoded, as API Gateway expects it.
+    payload = base64.b64decode(raw) if result.get("isBase64Encoded") else raw.encode()
+    return int(result.get("statusCode", 500)), out, payload
 
 
 def wsgi_app(handler: Any, authorizer: Authorizer | None = None) -> Callable[..., Any]:

@@ -62,7 +62,7 @@ class SeedFile(BaseModel):
     @field_validator("path")
     @classmethod
     def _relative(cls, path: str) -> str:
-        _check_path(path)
+        check_path(path)
         return path
 
     def data(self) -> bytes:
@@ -220,7 +220,7 @@ class Manifest:
         entries = []
         paths: set[str] = set()
         for path, kind, mode, size, digest in doc["entries"]:
-            _check_path(str(path))
+            check_path(str(path))
             if path in paths:
                 raise ValueError(f"{path!r} appears twice in the manifest")
             paths.add(path)
@@ -230,7 +230,7 @@ class Manifest:
         return cls(tuple(sorted(entries)))
 
 
-def _check_path(path: str) -> None:
+def check_path(path: str) -> None:
     parts = path.split("/")
     if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\x00" in path:
         raise ValueError(f"not a relative workspace path: {path!r}")

@@ -13,6 +13,7 @@ the module of its resource:
 - ``fleet``: usage per tenant, spend, circuit breakers, dead letters.
 - ``trace``: the trace's events and pages, the event stream's pages.
 - ``catalogue``: agents, schedules, the webhook secret.
+- ``files``: a task's workspace files at a committed step, and the diff between two steps.
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ from agentq.api.models.conversation import MessageAccepted as MessageAccepted
 from agentq.api.models.conversation import MessageList as MessageList
 from agentq.api.models.conversation import MessageRequest as MessageRequest
 from agentq.api.models.conversation import MessageView as MessageView
+from agentq.api.models.files import DEFAULT_FILES_PAGE as DEFAULT_FILES_PAGE
+from agentq.api.models.files import MAX_FILES_PAGE as MAX_FILES_PAGE
+from agentq.api.models.files import FileDiff as FileDiff
+from agentq.api.models.files import FileEntry as FileEntry
+from agentq.api.models.files import FileList as FileList
 from agentq.api.models.fleet import BreakersView as BreakersView
 from agentq.api.models.fleet import BreakerView as BreakerView
 from agentq.api.models.fleet import CallerUsage as CallerUsage

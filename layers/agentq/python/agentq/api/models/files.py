@@ -1,0 +1,46 @@
+"""A task's files as the API shows them (``GET /tasks/{id}/files``, ``/files/{path}``, ``/diff``):
+the workspace's entries at a committed step, and the difference between two steps."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from agentq.api.models.base import ApiModel
+
+MAX_FILES_PAGE = 10_000  # GET /tasks/{id}/files ?limit=
+DEFAULT_FILES_PAGE = 1_000
+
+
+class FileEntry(ApiModel):
+    """One entry of a task's workspace as a committed step left it (``core.workspace``)."""
+
+    path: str = Field(description="relative to the workspace root, '/'-separated")
+    kind: Literal["file", "dir", "link"]
+    mode: int = Field(description="permission bits")
+    size: int = Field(description="bytes (0 for a directory or a link)")
+    sha256: str | None = Field(default=None, description="a file's content hash")
+    target: str | None = Field(default=None, description="a symbolic link's target (never followed)")
+
+
+class FileList(ApiModel):
+    task_id: str
+    step: int = Field(description="the committed step whose workspace this is")
+    manifest: str | None = Field(description="the manifest's SHA-256; null: the submission's starting files")
+    total_files: int = Field(description="regular files in the whole workspace")
+    total_bytes: int = Field(description="their bytes")
+    files: list[FileEntry] = Field(description="entries sorted by path, a page of them")
+    next_after: str | None = Field(description="pass as ?after= for the next page; null at the end")
+
+
+class FileDiff(ApiModel):
+    task_id: str
+    from_step: int
+    to_step: int
+    added: list[str]
+    removed: list[str]
+    changed: list[str] = Field(description="content, mode or link target changed")
+    patch: str = Field(description="a unified diff of the text files among them; binary and large files are "
+                       "named ('Binary files differ'), not shown")  # fmt: skip
+    truncated: bool = Field(description="the patch was cut at its size limit; the path lists are whole")

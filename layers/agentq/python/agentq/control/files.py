@@ -1,0 +1,182 @@
+"""A task's files as the API serves them: the workspace as of any committed step, one file's
+bytes, and what changed between two steps (``core.workspace`` says what a manifest keeps).
+
+The state of step N is the manifest of the last tools step at or before N that changed the
+workspace (a step records a manifest only when its turn changed the files), or the submission's
+starting files when none did: the same rule a fork from step N follows (``storage.tasks.fork``).
+The starting files are read from the submission itself; every manifest a step names has all its
+content in the bucket (the checkpoint's order, ARCHITECTURE invariant 13), read through
+``storage.workspaces``. Every answer is bounded: a page of entries, a file of at most
+``MAX_FILE_BYTES`` (a Lambda answer is 6 MB), a patch of at most ``MAX_PATCH_CHARS``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agentq.core.errors import TaskNotFound, ValidationError
+from agentq.core.models import Task, ToolsStep
+from agentq.core.workspace import EMPTY, Entry, Manifest, check_path, diff, has_workspace
+from agentq.storage.container import Storage
+
+MAX_FILE_BYTES = 4 * 1024 * 1024  # served whole; base64 of it fits a 6 MB Lambda answer
+MAX_PATCH_CHARS = 256 * 1024  # of unified diff text in one answer
+MAX_DIFF_FILE_BYTES = 1024 * 1024  # a file larger than this on either side gets no text diff
+_RANGE = re.compile(r"(\d{1,9})\.\.(\d{1,9})?")
+
+
+class NoWorkspace(TaskNotFound):
+    """The task has no workspace (neither starting files nor a workspace tool): no files to list."""
+
+    code = "workspace_not_found"
+
+
+class FileNotInWorkspace(TaskNotFound):
+    code = "file_not_found"
+
+
+@dataclass(frozen=True)
+class State:
+    """The workspace as a committed step left it, and how to read its content."""
+
+    step: int
+    manifest: Manifest
+    digest: str | None  # the manifest's hash in the bucket; None: the submission's starting files
+    read: Callable[[str], bytes]
+
+
+def state_at(store: Storage, task: Task, step: int | None, *, field: str = "step") -> State:
+    """The workspace as of committed step ``step`` (default: the last one)."""
+    sub = task.submission
+    if not has_workspace(sub.workspace, sub.constraints.tools):
+        raise NoWorkspace(f"task {task.task_id} has no workspace", field="task_id")
+    latest = task.step
+    number = latest if step is None else step
+    if not 0 <= number <= latest:
+        raise ValidationError(f"{field}: {number} is not a committed step of the task (0 to {latest})", field=field)
+    if number == latest:
+        ref = task.workspace
+    else:
+        refs = [
+            r.body.workspace
+            for r in store.steps.load(task.task_id, upto=number)
+            if isinstance(r.body, ToolsStep) and r.body.workspace is not None
+        ]
+        ref = refs[-1] if refs else None
+    if ref is None:
+        manifest, seed = sub.workspace.seed() if sub.workspace is not None else (EMPTY, {})
+        return State(number, manifest, None, seed.__getitem__)
+    task_id = task.task_id
+    manifest = Manifest.from_bytes(store.workspaces.get_manifest(task_id, ref.manifest))
+    return State(number, manifest, ref.manifest, lambda digest: store.workspaces.get_blob(task_id, digest))
+
+
+def entry(state: State, path: str) -> Entry:
+    """The manifest's entry for ``path``; a path that is not relative is 422, one not there 404."""
+    try:
+        check_path(path)
+    except ValueError as exc:
+        raise ValidationError(f"path: {exc}", field="path") from None
+    found = state.manifest.by_path().get(path)
+    if found is None:
+        raise FileNotInWorkspace(f"no file {path!r} in the workspace at step {state.step}", field="path")
+    return found
+
+
+def page(state: State, *, after: str | None, limit: int) -> tuple[list[Entry], str | None]:
+    """Up to ``limit`` entries after path ``after`` (the manifest is sorted by path), and the
+    cursor of the next page."""
+    rest = [e for e in state.manifest.entries if after is None or e.path > after]
+    shown = rest[:limit]
+    return shown, (shown[-1].path if len(rest) > limit else None)
+
+
+def content(state: State, path: str) -> tuple[Entry, bytes]:
+    """One regular file's bytes; a directory, a link or a file over ``MAX_FILE_BYTES`` is 422."""
+    found = entry(state, path)
+    if found.kind == "d":
+        raise ValidationError(f"path: {path!r} is a directory; list the files instead", field="path")
+    if found.kind == "l":
+        raise ValidationError(f"path: {path!r} is a symbolic link to {found.digest!r}", field="path")
+    if found.size > MAX_FILE_BYTES:
+        raise ValidationError(
+            f"path: {path!r} is {found.size} bytes, over the {MAX_FILE_BYTES} served in one answer", field="path"
+        )
+    return found, state.read(found.digest)
+
+
+def text_of(data: bytes) -> str | None:
+    """The file as text, or None if it is not UTF-8 text (a NUL byte counts as binary)."""
+    if b"\x00" in data:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def parse_range(value: str) -> tuple[int, int | None]:
+    """``A..B`` (or ``A..``: to the last step), each a step number."""
+    match = _RANGE.fullmatch(value)
+    if match is None:
+        raise ValidationError(
+            f"steps: {value!r} is not a range A..B of step numbers (or A.. for the last)", field="steps"
+        )
+    first = int(match.group(1))
+    last = int(match.group(2)) if match.group(2) is not None else None
+    return first, last
+
+
+@dataclass
+class Diff:
+    added: list[str]
+    removed: list[str]
+    changed: list[str]
+    patch: str
+    truncated: bool
+
+
+def compare(old: State, new: State) -> Diff:
+    """Paths added, removed and changed from ``old`` to ``new``, and a unified diff of the text
+    files among them (binary and large files named, not shown), cut at ``MAX_PATCH_CHARS``."""
+    paths = diff(old.manifest, new.manifest)
+    before, after = old.manifest.by_path(), new.manifest.by_path()
+    parts: list[str] = []
+    size, truncated = 0, False
+    for path in sorted(paths["added"] + paths["removed"] + paths["changed"]):
+        piece = _file_patch(path, before.get(path), after.get(path), old, new)
+        if not piece:
+            continue
+        if size + len(piece) > MAX_PATCH_CHARS:
+            truncated = True
+            break
+        parts.append(piece)
+        size += len(piece)
+    return Diff(paths["added"], paths["removed"], paths["changed"], "".join(parts), truncated)
+
+
+def _file_patch(path: str, a: Entry | None, b: Entry | None, old: State, new: State) -> str:
+    head = f"--- {'a/' + path if a else '/dev/null'}\n+++ {'b/' + path if b else '/dev/null'}\n"
+    if (a and a.kind != "f") or (b and b.kind != "f"):
+        return ""  # directories and links: named in added/removed/changed only
+    assert a is not None or b is not None
+    note = ""
+    if a and b and a.mode != b.mode:
+        note = f"mode {a.mode:o} -> {b.mode:o}\n"
+    if a and b and a.digest == b.digest:
+        return f"{head}{note}" if note else ""
+    if (a and a.size > MAX_DIFF_FILE_BYTES) or (b and b.size > MAX_DIFF_FILE_BYTES):
+        return f"{head}{note}Large files differ\n"
+    texts = [text_of(old.read(a.digest)) if a else "", text_of(new.read(b.digest)) if b else ""]
+    if texts[0] is None or texts[1] is None:
+        return f"{head}{note}Binary files differ\n"
+    lines = difflib.unified_diff(
+        texts[0].splitlines(keepends=True), texts[1].splitlines(keepends=True), n=3, lineterm="\n"
+    )
+    body = "".join(
+        line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in list(lines)[2:]
+    )
+    return f"{head}{note}{body}"
