@@ -17,10 +17,13 @@ import pytest
 from agentq.api.app import build_app
 from agentq.api.client import ApiError, Client
 from agentq.api.http_server import LOCAL_TENANT, ApiServer
+from agentq.api.models import FileEntry, FileList
+from agentq.cli.args import UsageError
+from agentq.cli.files import download, read_workspace
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import TaskSubmission, ToolsStep
 from agentq.core.tools import default_registry
-from agentq.core.workspace import Manifest
+from agentq.core.workspace import MAX_SEED_FILES, Manifest
 from agentq.storage.container import Storage
 
 from tests.helpers import call, scripted
@@ -92,13 +95,28 @@ def test_every_steps_listing_equals_what_that_step_committed(store: Storage, api
     assert walked == [e.path for e in expected_at(store, task_id, 2).entries]
 
 
-def test_each_file_is_served_as_the_step_left_it(store: Storage, api: Client, task_id: str, tmp_path: Path) -> None:
+def test_each_file_is_served_as_the_step_left_it_and_a_download_round_trips_bytes_and_modes(
+    store: Storage, api: Client, task_id: str, tmp_path: Path
+) -> None:
     last = store.tasks.get(task_id).step
     for step in range(last + 1):
         manifest = expected_at(store, task_id, step)
         for e in manifest.entries:
             if e.kind == "f":
                 assert hashlib.sha256(api.file(task_id, e.path, step=step)).hexdigest() == e.digest
+        target = tmp_path / f"down{step}"
+        download(api, task_id, str(target), step)
+        for e in manifest.entries:
+            path = target / e.path
+            assert path.is_symlink() == (e.kind == "l")
+            if e.kind == "f":
+                assert hashlib.sha256(path.read_bytes()).hexdigest() == e.digest
+                assert path.stat().st_mode & 0o777 == e.mode
+            if e.kind == "l":
+                assert os.readlink(path) == e.digest
+        assert sorted(p.relative_to(target).as_posix() for p in target.rglob("*")) == sorted(
+            e.path for e in manifest.entries
+        )
 
 
 def test_the_diff_names_what_changed_and_shows_the_text(store: Storage, api: Client, task_id: str) -> None:
@@ -151,3 +169,91 @@ def test_another_tenants_task_and_a_task_without_a_workspace_are_not_found(store
         with pytest.raises(ApiError) as none:
             api.request("GET", f"/tasks/{plain.task_id}{path}")
         assert (none.value.status, none.value.code, none.value.field) == (404, "workspace_not_found", "task_id")
+
+
+def test_submit_workspace_reads_a_directory_with_modes_and_refuses_one_over_the_limits(tmp_path: Path) -> None:
+    root = tmp_path / "ws"
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "a" / "b" / "run.sh").write_bytes(b"#!/bin/sh\necho ok\n")
+    os.chmod(root / "a" / "b" / "run.sh", 0o755)
+    (root / "data.bin").write_bytes(bytes(range(256)))
+    spec = TaskSubmission.model_validate(
+        {**scripted([{"text": "x"}]).model_dump(mode="json"), "workspace": read_workspace(str(root))}
+    )
+    manifest, blobs = spec.workspace.seed()  # type: ignore[union-attr]
+    files = {e.path: e for e in manifest.entries if e.kind == "f"}
+    assert files["a/b/run.sh"].mode == 0o755 and blobs[files["data.bin"].digest] == bytes(range(256))
+    many = tmp_path / "many"
+    many.mkdir()
+    for i in range(MAX_SEED_FILES + 1):
+        (many / f"f{i}").write_bytes(b"")
+    with pytest.raises(UsageError, match="more than 1000 files"):
+        read_workspace(str(many))
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "x").write_bytes(os.urandom(130 * 1024))
+    with pytest.raises(UsageError, match="over the"):
+        read_workspace(str(big))
+
+
+class HostileServer:
+    """A client whose server names paths a real one never would: the download must refuse them."""
+
+    def __init__(self, entries: list[FileEntry]) -> None:
+        self.entries = entries
+
+    def files(self, task_id: str, *, step: int | None = None, after: str | None = None, limit: int = 1000) -> Any:
+        return FileList(task_id=task_id, step=1, manifest=None, total_files=len(self.entries), total_bytes=0,
+                        files=self.entries, next_after=None)  # fmt: skip
+
+    def iter_files(self, task_id: str, *, step: int | None = None) -> Iterator[FileEntry]:
+        return iter(self.entries)
+
+    def file(self, task_id: str, path: str, *, step: int | None = None) -> bytes:
+        return b"pwned"
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [
+        [FileEntry(path="../escaped.txt", kind="file", mode=0o644, size=5)],
+        [FileEntry(path="/tmp/escaped.txt", kind="file", mode=0o644, size=5)],
+        [FileEntry(path="a/../../escaped.txt", kind="file", mode=0o644, size=5)],
+        [FileEntry(path="out", kind="link", mode=0o777, size=0, target=".."),
+         FileEntry(path="out/escaped.txt", kind="file", mode=0o644, size=5)],
+    ],
+)  # fmt: skip
+def test_a_download_writes_nothing_outside_its_directory(tmp_path: Path, entries: list[FileEntry]) -> None:
+    target = tmp_path / "inner" / "dir"
+    with pytest.raises(UsageError):
+        download(HostileServer(entries), "t", str(target))
+    assert not list(tmp_path.rglob("escaped.txt"))
+    assert not Path("/tmp/escaped.txt").exists()
+
+
+def test_submit_workspace_over_the_limits_exits_2_naming_workspace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agentq.cli.main import main
+
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "x").write_bytes(os.urandom(130 * 1024))
+    code = main(["submit", "g", "--url", "http://127.0.0.1:9", "--script", "first_task", "--workspace", str(big)])
+    assert code == 2 and "--workspace" in capsys.readouterr().err
+
+
+def test_the_files_command_prints_the_listing_a_file_and_a_diff(
+    store: Storage, api: Client, task_id: str, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    from agentq.cli.main import main
+
+    assert main(["files", task_id, "--url", api.url]) == 0
+    listing = capsysbinary.readouterr().out.decode()
+    assert "0750 file         13 src/app.py" in listing and "link -> src/app.py" in listing
+    assert main(["files", task_id, "blob.bin", "--url", api.url]) == 0
+    assert capsysbinary.readouterr().out == b"\x00\xff"
+    assert main(["files", task_id, "--diff", "0..", "--url", api.url]) == 0
+    out = capsysbinary.readouterr()
+    assert "removed  seed.txt" in out.err.decode() and "+print('bye')" in out.out.decode()
+    assert main(["files", task_id, "--diff", "x..y", "--url", api.url]) == 2

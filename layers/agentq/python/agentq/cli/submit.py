@@ -254,6 +254,10 @@ def build_submission(args: argparse.Namespace) -> dict[str, Any]:
         body["concurrency"] = keyed
     if getattr(args, "double_texting", None):
         body["double_texting"] = args.double_texting
+    if getattr(args, "workspace", None):
+        from agentq.cli.files import read_workspace
+
+        body["workspace"] = {**(body.get("workspace") or {}), **read_workspace(args.workspace)}
     return body
 
 
@@ -329,6 +333,9 @@ def register(sub: Any) -> None:
     submit.add_argument("--double-texting", choices=["queue", "interrupt", "reject"],
                         help="what a message sent while the agent is busy does: queue (default), interrupt the "
                         "turn in flight, or reject it (409)")  # fmt: skip
+    submit.add_argument("--workspace", metavar="DIR",
+                        help="start the task's workspace with DIR's files and their modes (at most 1,000 files and "
+                        "160 KB of base64; larger: clone a repository)")  # fmt: skip
     submit.add_argument("--idempotency-key", help="retry-safe: the same key and body return the same task")
     submit.add_argument(
         "--wait", action="store_true", help="follow the task (status changes on stderr), then print its result"

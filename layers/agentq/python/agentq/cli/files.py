@@ -1,0 +1,163 @@
+"""``agentq files`` and ``agentq download``: a task's workspace at a committed step (``GET
+/tasks/{id}/files``, ``/files/{path}``, ``/diff``); and ``read_workspace``, the directory
+``agentq submit --workspace DIR`` sends as the submission's starting files.
+
+A download writes only under its directory: every path the server names is checked again here
+(relative, no ``..``), the target is opened without following a link at its last component, and
+a parent that is a symbolic link is refused, so a hostile or broken server cannot make the CLI
+write elsewhere."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+from agentq.cli.args import UsageError, add_command, positive
+from agentq.cli.output import dump
+from agentq.cli.target import api_client, remote
+from agentq.core.workspace import MAX_SEED_ENCODED_BYTES, MAX_SEED_FILES, check_path
+
+
+def read_workspace(root: str) -> dict[str, Any]:
+    """``DIR`` as ``workspace.files`` (regular files, their modes), within the submission's limits."""
+    base = Path(root)
+    if not base.is_dir():
+        raise UsageError(f"--workspace: {root} is not a directory", field="workspace")
+    files: list[dict[str, Any]] = []
+    encoded = 0
+    for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
+        dirnames.sort()
+        for name in sorted(filenames):
+            full = Path(dirpath) / name
+            info = full.lstat()
+            if not stat.S_ISREG(info.st_mode):
+                raise UsageError(f"--workspace: {full} is not a regular file (links are not sent)", field="workspace")
+            rel = full.relative_to(base).as_posix()
+            data = full.read_bytes()
+            content = base64.b64encode(data).decode()
+            encoded += len(content) + len(rel.encode())
+            files.append({"path": rel, "content_b64": content, "mode": info.st_mode & 0o777})
+            if len(files) > MAX_SEED_FILES:
+                raise UsageError(f"--workspace: more than {MAX_SEED_FILES} files in {root}", field="workspace")
+            if encoded > MAX_SEED_ENCODED_BYTES:
+                raise UsageError(
+                    f"--workspace: {root} is over the {MAX_SEED_ENCODED_BYTES} bytes of base64 content and paths a "
+                    "submission carries; start larger workspaces from a repository",
+                    field="workspace",
+                )
+    return {"files": files}
+
+
+def _cmd_files(args: argparse.Namespace) -> int:
+    client = api_client(args)
+    if args.diff:
+        first, _, last = args.diff.partition("..")
+        if not first.isdigit() or (last and not last.isdigit()):
+            raise UsageError(f"--diff: {args.diff!r} is not A..B (step numbers)", field="diff")
+        found = client.diff(args.task_id, int(first), int(last) if last else None)
+        if args.json:
+            dump(found)
+            return 0
+        for label, paths in (("added", found.added), ("removed", found.removed), ("changed", found.changed)):
+            for path in paths:
+                print(f"{label:8} {path}", file=sys.stderr)
+        sys.stdout.write(found.patch)
+        if found.truncated:
+            print("agentq: the diff was cut at its size limit", file=sys.stderr)
+        return 0
+    if args.path:
+        sys.stdout.buffer.write(client.file(args.task_id, args.path, step=args.step))
+        sys.stdout.flush()
+        return 0
+    entries = list(client.iter_files(args.task_id, step=args.step))
+    if args.json:
+        print("[" + ",".join(e.model_dump_json() for e in entries) + "]")
+        return 0
+    for e in entries:
+        extra = f" -> {e.target}" if e.kind == "link" else ""
+        print(f"{e.mode:04o} {e.kind:4} {e.size:>10} {e.path}{extra}")
+    return 0
+
+
+def _safe_target(root: Path, path: str) -> Path:
+    """``root/path``, refused unless it stays under ``root`` with no link on the way."""
+    try:
+        check_path(path)
+    except ValueError as exc:
+        raise UsageError(f"the server named a path outside the directory: {exc}", field="path") from None
+    target = root.joinpath(*path.split("/"))
+    parent = target.parent
+    while parent != root:
+        if parent.is_symlink():
+            raise UsageError(f"{parent} is a symbolic link: refusing to write {path!r} through it", field="path")
+        parent = parent.parent
+    return target
+
+
+def download(client: Any, task_id: str, directory: str, step: int | None = None) -> int:
+    """Write the task's workspace at ``step`` under ``directory``; the number of files written."""
+    root = Path(directory).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    if step is None:  # pin it: the task may commit another step while the files are read
+        step = client.files(task_id, limit=1).step
+    entries = list(client.iter_files(task_id, step=step))
+    written = 0
+    for e in entries:
+        target = _safe_target(root, e.path)
+        if e.kind == "dir":
+            target.mkdir(exist_ok=True)
+            continue
+        if e.kind == "link":
+            os.symlink(e.target or "", target)
+            continue
+        data = client.file(task_id, e.path, step=step)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.chmod(target, e.mode, follow_symlinks=False)
+        written += 1
+    for e in reversed(entries):  # directories' modes last: a read-only one took its files first
+        if e.kind == "dir":
+            os.chmod(_safe_target(root, e.path), e.mode)
+    return written
+
+
+def _cmd_download(args: argparse.Namespace) -> int:
+    count = download(api_client(args), args.task_id, args.directory, args.step)
+    print(f"{count} file(s) written under {args.directory}", file=sys.stderr)
+    return 0
+
+
+def register(sub: Any) -> None:
+    files = remote(
+        add_command(
+            sub,
+            "files",
+            "a task's files at a committed step: the listing, one file's bytes, or a diff between steps",
+            "Reads GET /tasks/{id}/files (no PATH), /files/PATH (the file's bytes on stdout) or /diff (--diff A..B: "
+            "the paths added, removed and changed on stderr, a unified diff of the text files on stdout).",
+        )
+    )
+    files.add_argument("task_id")
+    files.add_argument("path", nargs="?", help="a file's path in the workspace: print its bytes")
+    files.add_argument("--step", type=positive, help="a committed step (0: the starting files; default the last)")
+    files.add_argument("--diff", metavar="A..B", help="what changed from step A to step B (A..: to the last)")
+    files.set_defaults(func=_cmd_files)
+    down = remote(
+        add_command(
+            sub,
+            "download",
+            "write a task's files at a committed step into a directory, with their modes",
+            "Every file, directory and link of the workspace at --step (default the last committed step) under DIR; "
+            "a path the server names outside DIR, or through a link, is refused.",
+        )
+    )
+    down.add_argument("task_id")
+    down.add_argument("directory", metavar="DIR")
+    down.add_argument("--step", type=positive, help="a committed step (0: the starting files; default the last)")
+    down.set_defaults(func=_cmd_download)
