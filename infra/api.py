@@ -102,6 +102,9 @@ def _rest_api(scope: Construct, cfg: EnvironmentSettings, fns: Functions) -> tup
         # when the stack goes because other APIs in the account/region may rely on it.
         cloud_watch_role=True,
         cloud_watch_role_removal_policy=cdk.RemovalPolicy.RETAIN,
+        # A workspace file that is not text (GET /tasks/{id}/files/{path}) leaves the Lambda
+        # base64-encoded; a caller that sends Accept: application/octet-stream gets its bytes.
+        binary_media_types=["application/octet-stream"],
         deploy_options=apigw.StageOptions(
             stage_name=a.stage_name,
             access_log_destination=apigw.LogGroupLogDestination(access_logs),

@@ -1385,3 +1385,10 @@ def test_the_public_paths_are_made_in_one_order_whatever_the_hash_seed(synth: Sy
         if "/" + r["Properties"]["PathPart"] in PUBLIC_PATHS
     ]
     assert made == sorted(p.strip("/") for p in PUBLIC_PATHS)
+
+
+def test_binary_workspace_files_leave_api_gateway_as_bytes(synth: Synthesized) -> None:
+    """GET /tasks/{id}/files/{path} answers a binary file base64-encoded (powertools, isBase64Encoded);
+    API Gateway turns it back into bytes only for a media type it lists (the client's Accept)."""
+    (api,) = synth.resources("AWS::ApiGateway::RestApi").values()
+    assert api["Properties"]["BinaryMediaTypes"] == ["application/octet-stream"]
