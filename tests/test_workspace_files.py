@@ -257,3 +257,24 @@ def test_the_files_command_prints_the_listing_a_file_and_a_diff(
     out = capsysbinary.readouterr()
     assert "removed  seed.txt" in out.err.decode() and "+print('bye')" in out.out.decode()
     assert main(["files", task_id, "--diff", "x..y", "--url", api.url]) == 2
+
+
+def test_answers_stay_bounded_a_large_file_is_refused_and_a_long_diff_is_cut(
+    store: Storage, api: Client, tmp_path: Path
+) -> None:
+    from agentq.control.files import MAX_FILE_BYTES, MAX_PATCH_CHARS
+
+    make = (f"head -c {MAX_FILE_BYTES + 1} /dev/zero > big.bin && "
+            "python3 -c \"open('t.txt', 'w').write(''.join(f'line {i}\\n' for i in range(40000)))\"")  # fmt: skip
+    sub = scripted([{"text": "1", "tool_calls": [call("shell", command=make)]}, {"text": "done"}], tools=["shell"])
+    task = store.tasks.create(sub, tenant=LOCAL_TENANT)
+    config = EngineConfig(lease_seconds=10, workspace_root=str(tmp_path / "root"))
+    Engine(store, worker_id="w1", tools=default_registry(), config=config).run(task.task_id)
+    listed = {e.path: e.size for e in api.files(task.task_id).files}
+    assert listed["big.bin"] == MAX_FILE_BYTES + 1
+    with pytest.raises(ApiError) as caught:
+        api.file(task.task_id, "big.bin")
+    assert (caught.value.status, caught.value.field) == (422, "path")
+    found = api.diff(task.task_id, 0)
+    assert found.added == ["big.bin", "t.txt"] and found.truncated
+    assert "+++ b/big.bin\nLarge files differ\n" in found.patch and len(found.patch) <= MAX_PATCH_CHARS
