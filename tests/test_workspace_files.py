@@ -278,3 +278,14 @@ def test_answers_stay_bounded_a_large_file_is_refused_and_a_long_diff_is_cut(
     found = api.diff(task.task_id, 0)
     assert found.added == ["big.bin", "t.txt"] and found.truncated
     assert "+++ b/big.bin\nLarge files differ\n" in found.patch and len(found.patch) <= MAX_PATCH_CHARS
+
+
+def test_a_download_goes_only_into_a_new_or_empty_directory(tmp_path: Path) -> None:
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "mine.txt").write_text("keep")
+    entries = [FileEntry(path="mine.txt", kind="file", mode=0o644, size=5)]
+    with pytest.raises(UsageError) as caught:
+        download(HostileServer(entries), "t", str(taken))
+    assert caught.value.field == "directory" and (taken / "mine.txt").read_text() == "keep"
+    assert download(HostileServer(entries), "t", str(tmp_path / "new" / "dir")) == 1

@@ -38,7 +38,10 @@ def read_workspace(root: str) -> dict[str, Any]:
             if not stat.S_ISREG(info.st_mode):
                 raise UsageError(f"--workspace: {full} is not a regular file (links are not sent)", field="workspace")
             rel = full.relative_to(base).as_posix()
-            data = full.read_bytes()
+            try:
+                data = full.read_bytes()
+            except OSError as exc:
+                raise UsageError(f"--workspace: cannot read {full}: {exc.strerror}", field="workspace") from None
             content = base64.b64encode(data).decode()
             encoded += len(content) + len(rel.encode())
             files.append({"path": rel, "content_b64": content, "mode": info.st_mode & 0o777})
@@ -102,6 +105,9 @@ def _safe_target(root: Path, path: str) -> Path:
 def download(client: Any, task_id: str, directory: str, step: int | None = None) -> int:
     """Write the task's workspace at ``step`` under ``directory``; the number of files written."""
     root = Path(directory).resolve()
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        # Into an empty directory only: nothing there to overwrite, no link of its own to follow.
+        raise UsageError(f"{directory} exists and is not an empty directory", field="directory")
     root.mkdir(parents=True, exist_ok=True)
     if step is None:  # pin it: the task may commit another step while the files are read
         step = client.files(task_id, limit=1).step
@@ -153,8 +159,8 @@ def register(sub: Any) -> None:
             sub,
             "download",
             "write a task's files at a committed step into a directory, with their modes",
-            "Every file, directory and link of the workspace at --step (default the last committed step) under DIR; "
-            "a path the server names outside DIR, or through a link, is refused.",
+            "Every file, directory and link of the workspace at --step (default the last committed step) under DIR, "
+            "which must be new or empty; a path the server names outside DIR, or through a link, is refused.",
         )
     )
     down.add_argument("task_id")
