@@ -23,6 +23,7 @@ HTTP underneath them (one call and its retries, the event stream, the errors) is
 from __future__ import annotations
 
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable, Generator, Iterator, Mapping
 from decimal import Decimal
@@ -279,6 +280,38 @@ class Client(HttpClient):
                 return
             if not page.events:
                 time.sleep(poll_interval)
+
+    # ------------------------------------------------------------ files
+
+    def files(self, task_id: str, *, step: int | None = None, after: str | None = None, limit: int = 1000) -> FileList:
+        """A page of the task's workspace entries as committed step ``step`` left them (default the last)."""
+        return self._get(FileList, f"/tasks/{_seg(task_id)}/files", step=step, after=after, limit=limit)
+
+    def iter_files(self, task_id: str, *, step: int | None = None) -> Iterator[FileEntry]:
+        """Every entry, page by page, of one step's workspace (the step pinned by the first page)."""
+        page = self.files(task_id, step=step)
+        pinned = page.step
+        yield from page.files
+        while page.next_after is not None:
+            page = self.files(task_id, step=pinned, after=page.next_after)
+            yield from page.files
+
+    def file(self, task_id: str, path: str, *, step: int | None = None) -> bytes:
+        """One file's bytes as committed step ``step`` left it."""
+        quoted = urllib.parse.quote(path, safe="/")
+        raw: bytes = self.request(
+            "GET",
+            f"/tasks/{_seg(task_id)}/files/{quoted}",
+            query={"step": step},
+            headers={"Accept": "application/octet-stream"},
+            decode=False,
+        )
+        return raw
+
+    def diff(self, task_id: str, first: int, last: int | None = None) -> FileDiff:
+        """What changed in the task's files from step ``first`` to ``last`` (default the last step)."""
+        steps = f"{first}..{'' if last is None else last}"
+        return self._get(FileDiff, f"/tasks/{_seg(task_id)}/diff", steps=steps)
 
     def cancel(self, task_id: str) -> CancelResult:
         return CancelResult.model_validate(self.request("POST", f"/tasks/{_seg(task_id)}/cancel"))
