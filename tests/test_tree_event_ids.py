@@ -128,13 +128,14 @@ def test_every_event_id_of_a_tree_live_or_replayed_resumes_exactly_the_rest(api_
     plain: dict[str, Follower] = {task_id: Follower(api_stack, task_id, tree=False)}
     seen = 0
     while live.thread.is_alive() or seen < len(live.events):
-        for event in live.events[seen:]:
+        arrived = live.events[seen:]  # the thread appends meanwhile: count what was taken, not the list
+        for event in arrived:
             assert event.id is not None
             resumed[event.id] = Follower(api_stack, task_id, tree=True, after=event.id)
             if event.type == "task.spawned":
                 for child in event.data["children"]:
                     plain[child] = Follower(api_stack, child, tree=False)
-        seen = len(live.events)
+        seen += len(arrived)
         live.thread.join(timeout=0.05)
     ids = live.ids()
 
