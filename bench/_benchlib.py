@@ -34,11 +34,11 @@ from typing import Any
 
 import botocore.client
 
-from agentq.queueing.worker import WorkerConfig
 from agentq.storage.container import Storage
 from agentq.storage.dynamodb import DynamoTable
 from agentq.storage.keys import META, task_pk
 from agentq.storage.serdes import PayloadStore, to_item
+from agentq.worker import WorkerConfig
 from agentq_dev.moto_server import MotoServer
 from agentq_dev.stack import LocalStack
 

@@ -50,7 +50,7 @@ def _dump(path: str) -> None:
 
 def _capture_worker() -> None:
     """Remember the Worker the CLI builds, so its stats can be dumped with the counts."""
-    from agentq.queueing.worker import Worker
+    from agentq.worker import Worker
 
     start = Worker.start
 

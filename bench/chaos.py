@@ -77,8 +77,8 @@ from _chaos_wires import (  # noqa: E402
 from _plot import Panel, add_plot_args, plot_from_args  # noqa: E402
 from agentq.api.client import ApiError, Client  # noqa: E402
 from agentq.core.models import MessageStep, TaskStatus, ToolsStep  # noqa: E402
-from agentq.queueing.worker import WorkerConfig  # noqa: E402
 from agentq.resources import TIERS, QueueSettings  # noqa: E402
+from agentq.worker import WorkerConfig  # noqa: E402
 from agentq_dev.stack import LocalStack  # noqa: E402
 
 from tests.fake_messages_api import (  # noqa: E402

@@ -68,10 +68,10 @@ from agentq.control.defaults import Defaults
 from agentq.control.submit import submit_once
 from agentq.core.models import TaskSubmission
 from agentq.core.tools import ToolRegistry
-from agentq.queueing.worker import WorkerConfig
 from agentq.resources import QueueSettings
 from agentq.runtime import build_registry
 from agentq.storage.container import Storage
+from agentq.worker import WorkerConfig
 
 TARGET_B_PICKUP_P99 = 2.0
 TENANT_A, TENANT_B = "tenant-a", "tenant-b"

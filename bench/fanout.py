@@ -181,10 +181,10 @@ from _benchlib import (  # noqa: E402
 from _plot import Panel, add_plot_args, plot_from_args  # noqa: E402
 from agentq.control.submit import submit  # noqa: E402
 from agentq.core.models import LLMStep, Task, TaskSubmission  # noqa: E402
-from agentq.queueing.worker import WorkerConfig  # noqa: E402
 from agentq.resources import QueueSettings  # noqa: E402
 from agentq.runtime import build_registry, client  # noqa: E402
 from agentq.storage.container import Storage  # noqa: E402
+from agentq.worker import WorkerConfig  # noqa: E402
 from agentq_dev.stack import LocalStack  # noqa: E402
 
 THIS_FILE = Path(__file__).resolve()

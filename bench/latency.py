@@ -50,9 +50,9 @@ from _benchlib import (
 from _plot import Panel, add_plot_args, plot_from_args
 from agentq.control.submit import submit
 from agentq.core.models import TaskSubmission
-from agentq.queueing.worker import WorkerConfig
 from agentq.resources import QueueSettings
 from agentq.runtime import build_registry
+from agentq.worker import WorkerConfig
 
 TARGET_PICKUP_P99 = 1.0
 SUBMISSION = TaskSubmission.model_validate(

@@ -36,8 +36,8 @@ from _benchlib import JsonOut, dynamo, fmt, log, machine, proc_status, table  # 
 from _plot import Panel, add_plot_args, plot_from_args  # noqa: E402
 from agentq.control.retention import purge_task  # noqa: E402
 from agentq.control.submit import submit  # noqa: E402
-from agentq.queueing.worker import WorkerConfig  # noqa: E402
 from agentq.runtime import build_registry  # noqa: E402
+from agentq.worker import WorkerConfig  # noqa: E402
 from agentq_dev.stack import LocalStack  # noqa: E402
 
 from tests.helpers import call, scripted  # noqa: E402

@@ -54,10 +54,10 @@ from _benchlib import (
 from _plot import Panel, add_plot_args, plot_from_args
 from agentq.control.submit import submit
 from agentq.core.models import Task, TaskSubmission
-from agentq.queueing.worker import WorkerConfig
 from agentq.resources import QueueSettings
 from agentq.runtime import build_registry
 from agentq.storage.container import Storage
+from agentq.worker import WorkerConfig
 
 TARGET_RESUME_P99 = 5.0
 

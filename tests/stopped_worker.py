@@ -93,7 +93,7 @@ def stopped_at(
 
 
 def resume(engine: Engine, task_id: str, wait_seconds: float = 20, poll_seconds: float = 0.05) -> RunResult:
-    """Run ``task_id`` as ``agentq run-task --wait`` does (``queueing.worker.run_task``) on a
+    """Run ``task_id`` as ``agentq run-task --wait`` does (``agentq.worker.run_task``) on a
     store of the test's own: retry the claim while a dead worker's lease is live, and wait out a
     deferral (a lost lease's call that may still complete)."""
     give_up = time.monotonic() + wait_seconds

@@ -14,8 +14,8 @@ from typing import Any
 
 from agentq.control.submit import submit
 from agentq.core.models import TaskStatus
-from agentq.queueing.worker import Admission, LeaseWriteRate, SlotPool, Worker, WorkerConfig
 from agentq.runtime import build_queues, build_registry, build_store
+from agentq.worker import Admission, LeaseWriteRate, SlotPool, Worker, WorkerConfig
 from agentq_dev.moto_server import MotoServer
 
 from tests.helpers import deployment, scripted, wait_for

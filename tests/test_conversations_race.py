@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from agentq.core.models import MessageStep, TaskStatus
-from agentq.queueing.worker import run_task
 from agentq.runtime import Settings, build_store
 from agentq.storage.container import Storage
+from agentq.worker import run_task
 
 from tests.conftest import child_env
 from tests.helpers import agentq_process, call, run_agentq, scripted, wait_for

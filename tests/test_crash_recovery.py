@@ -20,9 +20,9 @@ import pytest
 
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import LLMStep, StepRecord, TaskStatus, ToolsStep
-from agentq.queueing.worker import run_task
 from agentq.runtime import Settings, build_registry, build_store
 from agentq.storage.container import Storage, memory_storage
+from agentq.worker import run_task
 
 from tests.conftest import child_env
 from tests.helpers import call, run_agentq, scripted

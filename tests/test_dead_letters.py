@@ -24,8 +24,8 @@ from agentq.core.providers.retry import RetryPolicy
 from agentq.queueing.dispatch import Action, RetryBackoff, _failures
 from agentq.queueing.dlq import list_dead_letters, redrive
 from agentq.queueing.queues import DEAD_LETTER_REASON, TaskMessage
-from agentq.queueing.worker import Worker, WorkerConfig
 from agentq.runtime import Settings, build_queues, build_registry, build_store
+from agentq.worker import Worker, WorkerConfig
 from agentq_dev.moto_server import LOCAL_CREDENTIALS, MotoServer
 
 from tests.fake_messages_api import FakeMessagesAPI, overloaded, text_reply, tool_use_reply

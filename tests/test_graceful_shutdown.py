@@ -25,9 +25,9 @@ from agentq.core.errors import LeaseLost
 from agentq.core.models import TaskStatus, TaskSubmission
 from agentq.queueing.dispatch import Action
 from agentq.queueing.queues import TaskQueues
-from agentq.queueing.worker import Worker, WorkerConfig
 from agentq.runtime import Settings, build_queues, build_registry, build_store
 from agentq.storage.container import Storage
+from agentq.worker import Worker, WorkerConfig
 from agentq_dev.moto_server import MotoServer
 
 from tests.conftest import child_env

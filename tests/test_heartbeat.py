@@ -19,8 +19,8 @@ from agentq.core.engine import LeaseState
 from agentq.core.models import Lease
 from agentq.core.records import ClaimOwner
 from agentq.core.reservation import Seen
-from agentq.queueing.worker import HeartbeatHub, WorkerConfig
 from agentq.storage.workers import LivenessLapsed, Watched, WorkerLife
+from agentq.worker import HeartbeatHub, WorkerConfig
 
 
 class FakeWorkers:

@@ -13,9 +13,9 @@ import pytest
 
 from agentq.core.memory import Author, MemoryStoreSpec, content_sha256
 from agentq.core.models import TaskStatus, TaskSubmission, ToolsStep
-from agentq.queueing.worker import run_task
 from agentq.runtime import Settings, build_store
 from agentq.storage.container import Storage
+from agentq.worker import run_task
 
 from tests.conftest import child_env
 from tests.helpers import agentq_process, call

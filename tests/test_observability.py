@@ -26,10 +26,10 @@ from agentq.core.tools import ToolRegistry, tool
 from agentq.observe import names
 from agentq.observe.tracing import active_tracer
 from agentq.queueing.queues import TaskQueues
-from agentq.queueing.worker import Worker, WorkerConfig
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_queues, build_registry, build_store, session
 from agentq.storage.container import Storage
+from agentq.worker import Worker, WorkerConfig
 from agentq_dev.moto_server import MotoServer
 
 from tests.helpers import call, deployment, scripted, wait_for

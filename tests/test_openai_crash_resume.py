@@ -17,8 +17,8 @@ import pytest
 
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import LLMStep, TaskStatus, TaskSubmission, ToolsStep
-from agentq.queueing.worker import run_task
 from agentq.runtime import Settings, build_store
+from agentq.worker import run_task
 
 from tests.conftest import child_env
 from tests.fake_model_servers import FakeChatCompletions, FakeReply, Recorded, chat_completion

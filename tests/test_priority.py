@@ -13,9 +13,9 @@ from typing import Any
 
 from agentq.control.submit import submit
 from agentq.core.models import TaskStatus, TaskSubmission
-from agentq.queueing.worker import DEFAULT_WEIGHTS, SlotPool, Worker, WorkerConfig
 from agentq.resources import TIERS
 from agentq.runtime import Settings, build_queues, build_registry, build_store
+from agentq.worker import DEFAULT_WEIGHTS, SlotPool, Worker, WorkerConfig
 from agentq_dev.moto_server import MotoServer
 
 from tests.helpers import call, deployment, scripted, wait_for

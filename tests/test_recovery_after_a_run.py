@@ -19,9 +19,9 @@ from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import TaskStatus
 from agentq.queueing.queues import TaskMessage, TaskQueues
 from agentq.queueing.recovery import recover
-from agentq.queueing.worker import HeartbeatHub, WorkerConfig
 from agentq.runtime import build_queues
 from agentq.storage.container import Storage
+from agentq.worker import HeartbeatHub, WorkerConfig
 from agentq_dev.moto_server import MotoServer
 
 from tests.helpers import deployment, scripted

@@ -26,9 +26,9 @@ from agentq.core.providers import ProviderFactory, default_provider_factory
 from agentq.core.providers.anthropic_provider import AnthropicProvider
 from agentq.core.providers.retry import RetryPolicy
 from agentq.queueing.dispatch import Action, RetryBackoff
-from agentq.queueing.worker import Worker, WorkerConfig
 from agentq.runtime import Settings, build_queues, build_registry, build_store
 from agentq.storage.container import Storage
+from agentq.worker import Worker, WorkerConfig
 from agentq_dev.moto_server import MotoServer
 
 from tests.fake_messages_api import (

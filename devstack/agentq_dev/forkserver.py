@@ -54,7 +54,7 @@ ENV_VAR = "AGENTQ_FORKSERVER"  # the socket's path, for this process and the pro
 # what their first request imports is imported already (each server builds its own in ~0.01 s).
 WARM_APPS = ("dynamodb", "dynamodbstreams", "sqs", "s3", "stepfunctions", "secretsmanager", "moto_api")
 # What a worker imports before its first poll, and the model SDKs its providers import on first use.
-WARM_MODULES = ("agentq.cli.main", "agentq.queueing.worker", "agentq.runtime", "anthropic", "openai")
+WARM_MODULES = ("agentq.cli.main", "agentq.worker", "agentq.runtime", "anthropic", "openai")
 # An answer takes milliseconds, but the first may wait for the imports (seconds; more on a loaded
 # machine): the limit is for a fork server that is gone or stuck.
 ANSWER_TIMEOUT = 60.0

@@ -29,10 +29,10 @@ from agentq.core.secrets import Secrets
 from agentq.core.tools.mcp import McpServers
 from agentq.queueing.sweeper import sweep
 from agentq.queueing.webhooks import delivery_loop
-from agentq.queueing.worker import WorkerConfig
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_fanout, build_queues, build_registry, build_store, session
 from agentq.storage.api_keys import KeyStore
+from agentq.worker import WorkerConfig
 from agentq_dev import forkserver
 from agentq_dev.fleet import RestartBackoff, describe_exit
 from agentq_dev.moto_server import LOCAL_CREDENTIALS, MotoServer

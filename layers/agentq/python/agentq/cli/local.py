@@ -109,7 +109,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_run_task(args: argparse.Namespace) -> int:
-    from agentq.queueing.worker import run_task
+    from agentq.worker import run_task
 
     result = run_task(args.task_id, lease_seconds=args.lease, wait_seconds=args.wait)
     print(
@@ -130,8 +130,8 @@ def _cmd_run_task(args: argparse.Namespace) -> int:
 
 def _cmd_worker(args: argparse.Namespace) -> int:
     from agentq.observe import configure_process_logging
-    from agentq.queueing.worker import Worker, WorkerConfig
     from agentq.runtime import Settings
+    from agentq.worker import Worker, WorkerConfig
 
     configure_process_logging(logging.INFO if args.verbose else None)  # JSON with AGENTQ_LOG_FORMAT=json
     config = WorkerConfig(
