@@ -29,7 +29,7 @@ from agentq.core.models import (
     Task,
     TaskStatus,
 )
-from agentq.core.pricing import NO_MONEY_CAP
+from agentq.core.pricing import NO_MONEY_CAP, dollars
 from agentq.storage.container import Storage
 
 # --------------------------------------------------------------- task views
@@ -226,7 +226,7 @@ def retry_view(retry: RetryState | None) -> RetryView | None:
 
 
 def _usd(micros: int) -> str:
-    return str((Decimal(micros) / 1_000_000).quantize(Decimal("0.000001")))
+    return str(dollars(micros).quantize(Decimal("0.000001")))
 
 
 def _round(value: float | None) -> float | None:

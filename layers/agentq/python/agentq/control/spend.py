@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from agentq.core.errors import ValidationError
+from agentq.core.pricing import dollars
 from agentq.storage.container import Storage
 
 MAX_TREES = 1_000
@@ -50,9 +51,5 @@ def tenant_spend(store: Storage, tenant: str, hours: float, *, now: float | None
             known_micros, unknown_micros = known_micros + budget.known_micros, unknown_micros + budget.unknown_micros
         trees += len(roots)
         if cursor is None or len(roots) < len(page):  # the end, or past the window (newest first)
-            return TenantSpend(since, trees, known, unknown, _usd(known_micros), _usd(unknown_micros), True)
-    return TenantSpend(since, trees, known, unknown, _usd(known_micros), _usd(unknown_micros), False)
-
-
-def _usd(micros: int) -> Decimal:
-    return Decimal(micros) / 1_000_000
+            return TenantSpend(since, trees, known, unknown, dollars(known_micros), dollars(unknown_micros), True)
+    return TenantSpend(since, trees, known, unknown, dollars(known_micros), dollars(unknown_micros), False)

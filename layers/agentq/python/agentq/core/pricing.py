@@ -27,6 +27,11 @@ def micros(usd: Decimal) -> int:
     return int((usd * MILLION).to_integral_value(rounding="ROUND_CEILING"))
 
 
+def dollars(micros: int) -> Decimal:
+    """Millionths of a dollar, as the ledger counts them, back in dollars (exact)."""
+    return Decimal(micros) / MILLION
+
+
 class ModelPrice(BaseModel):
     input_per_mtok: Decimal = Field(ge=0)
     output_per_mtok: Decimal = Field(ge=0)

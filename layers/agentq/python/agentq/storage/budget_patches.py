@@ -7,11 +7,11 @@ transactions). Pure functions of their arguments: no reads, no writes.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from decimal import Decimal
 from typing import Any
 
 from boto3.dynamodb.conditions import Attr
 
+from agentq.core.pricing import dollars
 from agentq.core.records import BudgetDelta, Reservation
 from agentq.storage import keys
 from agentq.storage.budget_items import SETTLED
@@ -59,7 +59,7 @@ def correction(delta: BudgetDelta, seen: Reservation | None = None) -> dict[str,
         "usd_used": delta.used_micros - delta.reserved_micros,
         "usd_available": delta.reserved_micros - delta.used_micros,
         "usd_unknown": -(delta.reserved_micros - seen_micros),
-        "budget_cost_usd": delta.cost_usd - usd(seen_micros),
+        "budget_cost_usd": delta.cost_usd - dollars(seen_micros),
         "budget_tokens_in": delta.tokens_in - seen_in,
         "budget_tokens_out": delta.tokens_out - seen_out,
     }
@@ -72,12 +72,8 @@ def seen_as_known(held: Reservation) -> dict[str, Any]:
         "usd_unknown": -held.seen_micros,
         "budget_tokens_in": held.seen_in,
         "budget_tokens_out": held.seen_out,
-        "budget_cost_usd": usd(held.seen_micros),
+        "budget_cost_usd": dollars(held.seen_micros),
     }
-
-
-def usd(micros: int) -> Decimal:
-    return Decimal(micros) / 1_000_000
 
 
 def unless_folded(ticket: Patch) -> Patch:
