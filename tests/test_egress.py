@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from agentq.core.tools.egress import MAX_REFUSED, EgressProxy
+from agentq.core.tools.egress import MAX_REFUSED, ContactMark, EgressProxy
 from agentq.core.tools.fetch import FetchPolicy, HostRule
 
 from tests.helpers import wait_for
@@ -116,6 +116,41 @@ def test_a_host_the_task_does_not_allow_is_refused_with_403_and_nothing_is_conta
         assert b"example.com:443, git.example.org (ports 80, 443)" in answer
     assert not target.contacted()
     assert len(proxy.refused) == 4
+
+
+@pytest.mark.parametrize("form", [connect_head, get_head])
+def test_an_armed_call_records_once_before_its_first_contact_and_a_failed_record_contacts_nothing(
+    make_proxy: Callable[..., EgressProxy], form: Callable[[str, int], bytes]
+) -> None:
+    """The engine's at-most-once record of a networked call (core.engine._tool_call.NetworkedCall):
+    it runs before the destination is contacted, once per call however many connections; a
+    record that fails (a zombie's fenced write) refuses every connection of the call, and a
+    refusal by the task's rules records nothing."""
+    target = Listener()
+    proxy = make_proxy([f"127.0.0.1:{target.port}"])
+    seen: list[bool] = []
+    mark = ContactMark(lambda: seen.append(target.contacted()))
+    with proxy.armed(mark):
+        assert ask(proxy, form("127.0.0.1", target.port + 1 if target.port < 65535 else 1)).startswith(
+            b"HTTP/1.1 403"
+        )
+        assert not mark.fired and seen == []  # a refused destination is no contact
+        for _ in range(3):
+            with client(proxy) as sock:
+                sock.sendall(form("127.0.0.1", target.port))
+                wait_for(target.contacted, SAFETY, "the contact")
+    assert mark.fired and seen == [False]  # once, and before the destination saw anything
+
+    def fenced() -> None:
+        raise RuntimeError("lease lost")
+
+    refused = ContactMark(fenced)
+    with proxy.armed(refused):
+        for _ in range(2):
+            answer = ask(proxy, form("127.0.0.1", target.port))
+            assert answer.startswith(b"HTTP/1.1 403 Forbidden\r\n") and b"could not be recorded first" in answer
+            assert b"lease lost" in answer
+    assert not refused.fired and not target.contacted()
 
 
 @pytest.mark.parametrize("rule", ["localhost", "127.0.0.1"])

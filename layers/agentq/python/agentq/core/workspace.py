@@ -43,6 +43,10 @@ class WorkspaceRef(BaseModel):
 
 # The tools that work in a task's workspace; a task that may use one of them has a workspace.
 WORKSPACE_TOOLS = ("shell", "read_file", "write_file", "edit_file", "list_files", "search_files")
+# The tools whose sandbox reaches the task's allowed hosts (its egress proxy): a call of one of
+# them that contacts a host is a side effect, recorded at most once (core.engine._tool_call).
+# python_exec is not among them: in a workspace, as anywhere, its sandbox has no network.
+NETWORK_TOOLS = ("shell",)
 # Starting files travel inline in the submission, which is one DynamoDB item (400 KB) read with
 # every claim: their base64 and paths may take this much of it, leaving room for a goal and a
 # system prompt at their limits. Larger starting state: clone it from an allowed host.

@@ -4,6 +4,13 @@ Its effect record is begun, fenced, before the tool runs and finished after: a w
 a record begun by another never runs the tool again (the model reads ``unknown_outcome``, or the
 recorded result when it was finished). A tool whose calls keep failing fleet-wide has its
 circuit opened (``core.flow``) and is not run while it is open.
+
+A workspace call whose sandbox reaches the task's allowed hosts (``NETWORK_TOOLS``: ``shell`` in a
+task that allows hosts) is a side effect from its first contact with one (``NetworkedCall``): the
+egress proxy records its effect, fenced, before it opens that connection, so after a crash a call
+that reached the network is reported ``unknown_outcome`` (or its recorded result replayed), never
+run again, while a call that stayed in the workspace left no record and runs again on the
+restored workspace (replay-safe).
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from agentq.core.ports import EffectLog, FlowPort, MemoryBook, NoteBook, StepLog
 from agentq.core.records import EffectRecord
 from agentq.core.secrets import SecretSource
 from agentq.core.tools import ToolContext, idempotency_key_for
+from agentq.core.tools.egress import ContactMark
+from agentq.core.workspace import NETWORK_TOOLS
 
 
 class ToolCaller:
@@ -74,6 +83,8 @@ class ToolCaller:
         )  # fmt: skip
         if pending.side_effects:
             return SideEffect(self, pending).run()
+        if use["name"] in NETWORK_TOOLS and spec is not None and _egress(s) is not None:
+            return NetworkedCall(self, pending).run()
         return self.execute(pending)
 
     def execute(self, pending: PendingCall) -> ToolOutcome:
@@ -161,13 +172,69 @@ class SideEffect(RecordedOperation[EffectRecord, ToolOutcome]):
         return outcome
 
 
-def prior_effect(use: dict[str, Any], prior: EffectRecord, started: float) -> ToolOutcome:
+class NetworkedCall(SideEffect):
+    """A call whose sandbox may reach the task's allowed hosts. Before it runs: an earlier
+    worker's record of it, if any, is acted on (replayed or ``unknown_outcome``), never run
+    again. Else it runs with the egress proxy armed (``ContactMark``): its first contact with a
+    host begins its effect record (fenced, then the ``after_effect_begin`` crash point) before
+    the connection opens, and a call that made one is finished like any side effect. A call that
+    made none wrote no record: after a crash it runs again on the restored workspace."""
+
+    after_create = None  # the record is begun at the first contact, in the proxy
+
+    def check(self) -> EffectRecord | None:
+        return self.caller.effects.get(self.pending.s.task_id, self.pending.use["id"])
+
+    def create(self) -> None:
+        pass
+
+    def check_again(self) -> EffectRecord | None:
+        return None  # check() found none; this run begins it at the first contact
+
+    def act(self, record: EffectRecord | None) -> ToolOutcome:
+        pending = self.pending
+        if record is not None:
+            return prior_effect(pending.use, record, pending.started, WORKSPACE_NOTE)
+        egress = _egress(pending.s)
+        with egress.armed(ContactMark(self._begin)) as mark:
+            outcome = self.caller.execute(pending)
+        if not mark.fired:
+            return outcome
+        outcome = outcome.model_copy(update={"side_effects": True})
+        self.caller.effects.finish(pending.s.lease, pending.use["id"], outcome)
+        crash_point("after_effect_finish")
+        return outcome
+
+    def _begin(self) -> None:
+        use = self.pending.use
+        if self.caller.effects.begin(self.pending.s.lease, use["id"], use["name"]) is not None:
+            raise RuntimeError("another run of this task already started this call")
+        crash_point("after_effect_begin")
+
+
+WORKSPACE_NOTE = (
+    " The command had reached the network. The workspace is as the last committed step left it: "
+    "files the command wrote are not there."
+)
+
+
+def _egress(s: Session) -> Any:
+    """The egress proxy of the task's workspace on this worker, if the task allows hosts."""
+    return getattr(s.workspace, "egress", None)
+
+
+def prior_effect(use: dict[str, Any], prior: EffectRecord, started: float, note: str = "") -> ToolOutcome:
     """A side-effecting call that an earlier worker already started: never run it again."""
     if prior.state == "done":
+        replay = (
+            f"{prior.content or ''}\n[recorded by a worker that stopped before this step committed; not run again.{note}]"
+            if note
+            else prior.content or ""
+        )
         return ToolOutcome(
             tool_use_id=use["id"],
             name=use["name"],
-            content=prior.content or "",
+            content=replay,
             is_error=prior.is_error,
             status="replayed",
             side_effects=True,
@@ -180,7 +247,7 @@ def prior_effect(use: dict[str, Any], prior: EffectRecord, started: float) -> To
         content=(
             f"outcome unknown: tool '{use['name']}' was started by a worker that stopped before "
             "recording its result. It was NOT run again, to avoid repeating a side effect. "
-            "Check its effect before deciding whether to retry."
+            f"Check its effect before deciding whether to retry.{note}"
         ),
         is_error=True,
         status="unknown_outcome",

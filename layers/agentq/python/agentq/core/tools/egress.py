@@ -23,6 +23,13 @@ thread each (over the cap a connection is answered ``503`` at once, by the accep
 ``IDLE_SECONDS`` is closed; ``close()`` (the end of the run) shuts every live connection down,
 so no thread outlives the run; only the last ``MAX_REFUSED`` refusals are kept.
 
+A call that reaches the network is a side effect (at most once, docs/ARCHITECTURE.md invariant 3):
+while a tool call runs, the engine arms the proxy with a ``ContactMark`` (``armed``), and the
+first connection the proxy is about to open to an allowed destination waits until the mark has
+recorded the call's effect, fenced by the lease; a mark that cannot record (a zombie's lease is
+lost) refuses the connection. So a call that never contacted a host leaves no effect record and
+stays replay-safe, and one that did is never run again after a crash.
+
 What it does not do yet (docs/SANDBOX.md): HTTPS through ``CONNECT`` passes, but the sandbox has
 no CA bundle, so a client's certificate check fails.
 """
@@ -38,7 +45,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from agentq.core.tools.fetch import Deadline, FetchPolicy, FetchRefused, HostRule, Target, resolve
 
@@ -49,6 +56,32 @@ HEAD_SECONDS = 30.0  # for the whole request head
 IDLE_SECONDS = 300.0  # a tunnel with no byte either way for this long is closed
 MAX_REFUSED = 100  # refusals kept for the trace
 DEFAULT_PORTS = (80, 443)  # what a host rule without a port allows
+
+
+class ContactMark:
+    """What the proxy does before a tool call's first contact with a destination: ``record``
+    (the engine's fenced effect record) runs once, under a lock, so a second connection of the
+    same call waits for it; until it has returned, no connection is opened. If it raised, every
+    connection of the call is refused with its reason."""
+
+    def __init__(self, record: Callable[[], None]) -> None:
+        self._record = record
+        self._lock = threading.Lock()
+        self.fired = False  # the record was written: the call reached (or was about to reach) the network
+        self.error: str | None = None
+
+    def __call__(self) -> None:
+        with self._lock:
+            if self.fired:
+                return
+            if self.error is None:
+                try:
+                    self._record()
+                    self.fired = True
+                    return
+                except Exception as exc:  # a fenced write (lost lease), a store error: no contact
+                    self.error = f"{type(exc).__name__}: {exc}"
+            raise FetchRefused(f"the call's use of the network could not be recorded first ({self.error})")
 
 
 class EgressProxy:
@@ -85,8 +118,18 @@ class EgressProxy:
         self._live: set[socket.socket] = set()  # every open socket of a connection, for close()
         # What it refused, for the trace and the tests: the last MAX_REFUSED only.
         self.refused: collections.deque[str] = collections.deque(maxlen=MAX_REFUSED)
+        self._mark: ContactMark | None = None  # the running call's (``armed``); None: contact freely
         self._acceptor = threading.Thread(target=self._serve, name="agentq-egress", daemon=True)
         self._acceptor.start()
+
+    @contextlib.contextmanager
+    def armed(self, mark: ContactMark) -> Iterator[ContactMark]:
+        """While a tool call runs: its first contact with a destination runs ``mark`` first."""
+        self._mark = mark
+        try:
+            yield mark
+        finally:
+            self._mark = None
 
     def close(self) -> None:
         """Stops accepting and ends every live connection (a blocked read returns at once)."""
@@ -179,6 +222,9 @@ class EgressProxy:
         deadline = Deadline(CONNECT_SECONDS)
         try:
             addresses = resolve(Target(f"//{host}:{port}", "https", host, port, "/"), self.policy, deadline)
+            mark = self._mark
+            if mark is not None:
+                mark()  # the call's effect is recorded before anything leaves the worker
             last: OSError | None = None
             for address in addresses:
                 try:

@@ -6,9 +6,10 @@ Each call runs in a sandbox of its own with the workspace bound in (``sandbox.wo
 the tool functions here only word the call and its answer. None is declared side-effecting:
 a call confined to the workspace is replay-safe, because a resume restores the workspace of
 the last committed step before the call runs again (``core.engine._workspace``). A shell
-command that reached an allowed host through the egress proxy is the exception the model is
-told about in ``shell``'s description (it may run again after a crash; recording it as a side
-effect, at most once, is not built yet).
+command that reached an allowed host through the egress proxy is the exception: the engine
+records it as a side effect at its first contact (``core.engine._tool_call.NetworkedCall``), so
+after a crash it is reported as of unknown outcome instead of run again, as ``shell``'s
+description tells the model.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def shell(
     ] = 60.0,
     ctx: ToolContext | None = None,
 ) -> str:
-    """Run a bash command line in the task's workspace (the working directory, /workspace) and return its exit code, stdout and stderr (each cut at 32 KB). bash, git, python3 and the usual coreutils are there; the workspace is the only writable place and is kept across steps and restarts. Processes do not outlive the call: when it returns, everything it started, background jobs included, has been killed. There is no network, except the hosts this task allows, reached through the proxy already set in http_proxy/https_proxy. After a worker crash the command may run again on the restored workspace, so make what it does over the network safe to repeat.
+    """Run a bash command line in the task's workspace (the working directory, /workspace) and return its exit code, stdout and stderr (each cut at 32 KB). bash, git, python3 and the usual coreutils are there; the workspace is the only writable place and is kept across steps and restarts. Processes do not outlive the call: when it returns, everything it started, background jobs included, has been killed. There is no network, except the hosts this task allows, reached through the proxy already set in http_proxy/https_proxy. A command that reached one of those hosts runs at most once: if the worker stops before its step is saved, it is not run again and you are told its outcome is unknown (check, then retry if needed). A command that used no network may run again after a worker crash, on the workspace as the last saved step left it; keep network steps (clone, download, push) in commands of their own.
 
     Replay-safe when it stays in the workspace: a worker that dies mid-command leaves no trace
     of it, because the next worker restores the workspace as the last committed step left it.
