@@ -51,7 +51,7 @@ def counting_server() -> Iterator[tuple[str, Counter]]:
     counter = Counter()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:
             with counter.lock:
                 counter.hits += 1
                 body = f"hit {counter.hits}\n".encode()
@@ -113,11 +113,15 @@ def test_a_shell_call_that_reached_an_allowed_host_is_recorded_once_and_one_that
     assert "hit 1" in fetched.content and fetched.side_effects and fetched.status == "ok"
     assert "hit 1" in local.content and not local.side_effects  # no contact: replay-safe
     assert "hit 2" in twice.content and "hit 3" in twice.content and twice.side_effects  # one record per call
-    effects = {u: store.effects.get(task.task_id, u) for u in (fetched.tool_use_id, local.tool_use_id, twice.tool_use_id)}
+    effects = {
+        u: store.effects.get(task.task_id, u) for u in (fetched.tool_use_id, local.tool_use_id, twice.tool_use_id)
+    }
     assert effects[local.tool_use_id] is None
     for use_id in (fetched.tool_use_id, twice.tool_use_id):
         record = effects[use_id]
-        assert record is not None and record.state == "done" and record.content == results_by(store, task.task_id)[use_id]
+        assert (
+            record is not None and record.state == "done" and record.content == results_by(store, task.task_id)[use_id]
+        )
 
 
 def results_by(store: Storage, task_id: str) -> dict[str, str]:
