@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentq.core.flow import FlowSettings
 from agentq.core.model_ids import model_family
+from agentq.core.workspace import WorkspaceQuota
 from agentq.resources import TIERS, QueueSettings, ResourceNames
 
 # CloudWatch Logs accepts only these retention periods (days).
@@ -177,6 +178,17 @@ class BudgetDefaults(_Strict):
         ge=1,
         description="the most running tasks of all tenants together (the executors' reserved concurrency plus what "
         "the workers run): a saturated fleet is shared by the tenants' weights (AGENTQ_FLEET_CAPACITY)",
+    )
+
+
+class WorkspaceSettings(_Strict):
+    """A task workspace's limits (``core.workspace.WorkspaceQuota``), handed to the API and the
+    task runners as AGENTQ_WORKSPACE_MAX_BYTES / AGENTQ_WORKSPACE_MAX_FILES: every task's bound,
+    and the most a submission may ask for (it may ask for less)."""
+
+    max_bytes: int = Field(WorkspaceQuota().max_bytes, ge=1, le=1 << 40, description="bytes of a task's files")
+    max_files: int = Field(
+        WorkspaceQuota().max_files, ge=1, le=10_000_000, description="a task's entries: files, directories, links"
     )
 
 
@@ -386,6 +398,7 @@ class EnvironmentSettings(_Strict):
     )
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+    workspace: WorkspaceSettings = Field(default_factory=WorkspaceSettings)
     user_code: UserCodeSettings | None = Field(None, description="your tools: package, modules, IAM, secrets")
 
     @model_validator(mode="after")

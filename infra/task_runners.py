@@ -41,6 +41,10 @@ from infra.settings import EnvironmentSettings
 # A running task creates, reads and updates its own items, its tree's budget and its tenant's
 # windows; deleting is the API's (an unstarted task) and the reaper's business.
 RUNNER_TABLE_ACTIONS = [a for a in TABLE_ACTIONS if a != "dynamodb:DeleteItem"]
+# core.engine._workspace.ROOT_VARIABLE (the CDK tests pin the two together) and the directory it
+# names in the executor's and the worker's /tmp, the one writable place either has.
+WORKSPACE_ROOT_VARIABLE = "AGENTQ_WORKSPACE_ROOT"
+WORKSPACE_ROOT = "/tmp/agentq-workspaces"
 # FLOW#: fleet flow control (storage/flow.py); SCHEDULES: a schedule's fire (storage/schedules.py);
 # WORKERS: worker liveness (storage/workers.py: a claim reads a task's owner's, a worker keeps its own)
 RUNNER_PARTITIONS = [task_pk("*"), tenant_pk("*"), "FLOW#*", "SCHEDULES", WORKERS_PK]
@@ -51,14 +55,19 @@ RECEIVE_ACTIONS = ["sqs:ReceiveMessage"]
 
 
 def defaults_env(cfg: EnvironmentSettings) -> dict[str, str]:
-    """budget_defaults as the AGENTQ_DEFAULT_* variables ``agentq.control.defaults.Defaults`` reads."""
-    return Defaults.model_validate(cfg.budget_defaults.model_dump()).env()
+    """budget_defaults and the workspace limits as the AGENTQ_DEFAULT_* and AGENTQ_WORKSPACE_MAX_*
+    variables ``agentq.control.defaults.Defaults`` reads."""
+    limits = {"workspace_max_bytes": cfg.workspace.max_bytes, "workspace_max_files": cfg.workspace.max_files}
+    return Defaults.model_validate({**cfg.budget_defaults.model_dump(), **limits}).env()
 
 
 def task_runner_env(cfg: EnvironmentSettings, sandbox: Sandbox) -> dict[str, str]:
     """What running tasks needs besides the resource names, in the executor and the worker alike."""
     env = {
         "AGENTQ_TASK_RETENTION_DAYS": str(cfg.task_retention_days),
+        # Where a task's workspace lives while a run holds it: Lambda's /tmp, the worker's task
+        # volume at /tmp (core.engine._workspace); its content is in the bucket between runs.
+        WORKSPACE_ROOT_VARIABLE: WORKSPACE_ROOT,
         **defaults_env(cfg),
         **sandbox.env(),
     }

@@ -149,11 +149,12 @@ def client(settings: Settings, service: str, sess: boto3.session.Session | None 
 
 
 def engine_config(settings: Settings, **kwargs: Any) -> EngineConfig:
-    """An EngineConfig carrying the deployment's defaults (tenant cap) plus ``kwargs``."""
+    """An EngineConfig carrying the deployment's defaults (tenant cap, workspace limits) plus ``kwargs``."""
     from agentq.core.engine import EngineConfig
 
     kwargs.setdefault("max_call_seconds", max_call_seconds())
     kwargs.setdefault("unknown_recheck_seconds", unknown_recheck_seconds())
+    kwargs.setdefault("workspace_quota", settings.defaults.workspace_quota())
     return EngineConfig(default_tenant_limits=settings.defaults.tenant_limits(), **kwargs)
 
 

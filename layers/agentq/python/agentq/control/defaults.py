@@ -1,5 +1,6 @@
 """A deployment's defaults for what a caller leaves out: budget constraints, the tenant
-hourly cap, the tenant running limit and the fleet's capacity.
+hourly cap, the tenant running limit, the fleet's capacity, and a task workspace's limits
+(which are also the most a task may ask for: ``workspace`` in cdk.json).
 
 The core's ``Constraints`` defaults suit a laptop; a platform team sets its own per
 environment (``budget_defaults`` in cdk.json), which reach the functions as ``AGENTQ_DEFAULT_*``
@@ -18,9 +19,10 @@ from typing import TYPE_CHECKING
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentq.core.errors import AgentqError
+from agentq.core.errors import AgentqError, ValidationError
 from agentq.core.models import MAX_TIMEOUT_SECONDS, Constraints, TaskSubmission
 from agentq.core.tenancy import TenantLimits
+from agentq.core.workspace import WorkspaceQuota
 
 if TYPE_CHECKING:
     from agentq.storage.container import Storage
@@ -36,6 +38,8 @@ ENVIRONMENT = {
     "tenant_max_running": "AGENTQ_DEFAULT_TENANT_MAX_RUNNING",
     "fleet_capacity": "AGENTQ_FLEET_CAPACITY",
     "economy_tiers": "AGENTQ_ECONOMY_TIERS",
+    "workspace_max_bytes": "AGENTQ_WORKSPACE_MAX_BYTES",
+    "workspace_max_files": "AGENTQ_WORKSPACE_MAX_FILES",
 }
 CONSTRAINT_FIELDS = ("max_tokens", "max_steps", "timeout_seconds")
 
@@ -71,6 +75,21 @@ class Defaults(BaseModel):
         "when it is full, tenants share it by weight (storage.fleet_slots); None: no fleet slot",
     )
 
+    workspace_max_bytes: int | None = Field(
+        None,
+        ge=1,
+        le=1 << 40,
+        description="a task workspace's bytes of files, and the most a task may ask for; "
+        "None: core.workspace.WorkspaceQuota's (1 GiB)",
+    )
+    workspace_max_files: int | None = Field(
+        None,
+        ge=1,
+        le=10_000_000,
+        description="a task workspace's entries (files, directories, links), and the most "
+        "a task may ask for; None: core.workspace.WorkspaceQuota's (100,000)",
+    )
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Defaults:
         values = {name: environ[var] for name, var in ENVIRONMENT.items() if environ.get(var, "").strip()}
@@ -90,6 +109,7 @@ class Defaults(BaseModel):
     def apply(self, submission: TaskSubmission) -> TaskSubmission:
         """``submission`` with every constraint the caller left out set to this deployment's
         default. Fields the caller sent are kept as sent."""
+        self.check_workspace(submission)
         given = submission.constraints.model_fields_set if "constraints" in submission.model_fields_set else set()
         fill = {
             name: getattr(self, name)
@@ -104,6 +124,27 @@ class Defaults(BaseModel):
             return submission
         constraints = Constraints.model_validate({**submission.constraints.model_dump(include=given), **fill})
         return submission.model_copy(update={"constraints": constraints})
+
+    def workspace_quota(self) -> WorkspaceQuota:
+        """The per-task workspace limits every task of this deployment runs under."""
+        base = WorkspaceQuota()
+        return WorkspaceQuota(
+            max_bytes=self.workspace_max_bytes or base.max_bytes, max_files=self.workspace_max_files or base.max_files
+        )
+
+    def check_workspace(self, submission: TaskSubmission) -> None:
+        """A task may ask for smaller workspace limits than the deployment's, never larger."""
+        spec, quota = submission.workspace, self.workspace_quota()
+        if spec is None:
+            return
+        for name, asked, most in (("max_bytes", spec.max_bytes, quota.max_bytes),
+                                  ("max_files", spec.max_files, quota.max_files)):  # fmt: skip
+            if asked is not None and asked > most:
+                raise ValidationError(
+                    f"workspace.{name}: {asked} is more than this deployment allows a task ({most}, "
+                    f"{ENVIRONMENT['workspace_' + name]}); ask for at most that, or leave it out",
+                    field=f"workspace.{name}",
+                )
 
     def running_slots(self, store: Storage) -> RunningSlots:
         """The deployment's running slots: ``store``'s, with this deployment's default running

@@ -85,6 +85,20 @@ class WorkspaceSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     files: list[SeedFile] = Field(default_factory=list, max_length=MAX_SEED_FILES)
+    max_bytes: int | None = Field(
+        None,
+        strict=True,
+        ge=1,
+        description="this task's limit on the bytes of its files, at most the deployment's "
+        "(AGENTQ_WORKSPACE_MAX_BYTES); null: the deployment's",
+    )
+    max_files: int | None = Field(
+        None,
+        strict=True,
+        ge=1,
+        description="this task's limit on its entries (files, directories, links), at most "
+        "the deployment's (AGENTQ_WORKSPACE_MAX_FILES); null: the deployment's",
+    )
     allow_hosts: list[Annotated[str, Field(min_length=1, max_length=300)]] = Field(
         default_factory=list,
         max_length=32,
@@ -173,12 +187,26 @@ class WorkspaceUnscannable(WorkspaceRefused):
 
 @dataclass(frozen=True)
 class WorkspaceQuota:
-    """Per-task totals (``EngineConfig.workspace_quota``; no deployment setting sets them yet).
-    ``max_files`` counts every entry: files, directories, links, FIFOs."""
+    """Per-task totals. The deployment's (``EngineConfig.workspace_quota``, from
+    ``AGENTQ_WORKSPACE_MAX_BYTES`` and ``AGENTQ_WORKSPACE_MAX_FILES``: ``workspace`` in cdk.json,
+    these defaults on the local stack) bound every task; a task's ``WorkspaceSpec`` may ask for
+    less, never more (``for_task``). ``max_files`` counts every entry: files, directories,
+    links, FIFOs."""
 
     max_bytes: int = 1024 * 1024 * 1024
     max_files: int = 100_000
     max_manifest_bytes: int = 32 * 1024 * 1024
+
+    def for_task(self, spec: WorkspaceSpec | None) -> WorkspaceQuota:
+        """This quota, lowered where the task asks for less (a request for more is refused at
+        submission, ``control.defaults``; here it is ignored, never granted)."""
+        if spec is None:
+            return self
+        return WorkspaceQuota(
+            max_bytes=min(self.max_bytes, spec.max_bytes or self.max_bytes),
+            max_files=min(self.max_files, spec.max_files or self.max_files),
+            max_manifest_bytes=self.max_manifest_bytes,
+        )
 
 
 @dataclass(frozen=True, order=True)

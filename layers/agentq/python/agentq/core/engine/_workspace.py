@@ -138,7 +138,7 @@ class Workspaces:
         ws: TaskWorkspace | None = s.workspace
         if ws is None:
             return None
-        manifest = scan(ws.directory, ws.cache, self.quota)
+        manifest = scan(ws.directory, ws.cache, self.quota.for_task(s.task.submission.workspace))
         if manifest.digest == ws.committed.digest and ws.stored >= manifest.blobs():
             return None
         new = list({e.digest: e for e in manifest.entries if e.kind == "f" and e.digest not in ws.stored}.values())
