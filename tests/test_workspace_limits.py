@@ -48,7 +48,7 @@ BWRAP = pytest.mark.skipif(not os.path.exists("/usr/bin/bwrap"), reason="the wor
 VARIABLES = {"max_bytes": "AGENTQ_WORKSPACE_MAX_BYTES", "max_files": "AGENTQ_WORKSPACE_MAX_FILES"}
 
 
-def submission(turns: list[dict[str, Any]], tools: list[str], **workspace: Any) -> TaskSubmission:
+def submission(turns: list[Any], tools: list[str], **workspace: Any) -> TaskSubmission:
     return TaskSubmission.model_validate(
         {
             "goal": "work in files",
@@ -115,7 +115,9 @@ def test_a_submission_may_ask_for_less_than_the_deployment_never_more(store: Sto
                 defaults=defaults,
             )  # fmt: skip
         assert refused.value.field == f"workspace.{name}"
-        assert f"{asked} is more than this deployment allows a task ({most}, {VARIABLES[name]})" in refused.value.message
+        assert (
+            f"{asked} is more than this deployment allows a task ({most}, {VARIABLES[name]})" in refused.value.message
+        )
     with pytest.raises(ValueError, match=name):  # not a limit at all: refused by the model, naming it
         submission([{"text": "hi"}], ["shell"], **{name: 0})
 

@@ -73,7 +73,7 @@ def counting_server() -> Iterator[tuple[str, Counter]]:
         server.server_close()
 
 
-def submission(host: str, turns: list[dict[str, Any]]) -> TaskSubmission:
+def submission(host: str, turns: list[Any]) -> TaskSubmission:
     return TaskSubmission.model_validate(
         {
             "goal": "use the network from the workspace",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from agentq import observe
 from agentq.core.context import RECALL_TOOL
@@ -147,7 +147,7 @@ class SideEffect(RecordedOperation[EffectRecord, ToolOutcome]):
     """A side-effecting call: begin (fenced; answers with an earlier worker's record if there
     is one), crash point, then run and finish, or replay what the earlier worker recorded."""
 
-    after_create = "after_effect_begin"
+    after_create: ClassVar[str | None] = "after_effect_begin"
 
     def __init__(self, caller: ToolCaller, pending: PendingCall) -> None:
         self.caller, self.pending = caller, pending
