@@ -49,6 +49,11 @@ def payload_objects(data: Data) -> str:
     return data.payloads.arn_for_objects(f"{PAYLOAD_PREFIX}*")
 
 
+def workspace_objects(data: Data) -> str:
+    """Every task's workspace content (``storage.workspaces``: ``tasks/<id>/workspace/...``)."""
+    return data.payloads.arn_for_objects(f"{PAYLOAD_PREFIX}*/workspace/*")
+
+
 def bedrock_resources(cfg: EnvironmentSettings) -> list[str]:
     """The Bedrock models ``bedrock_models`` names (infra/model_access.py)."""
     aws = cdk.Aws

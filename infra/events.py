@@ -16,7 +16,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
-from infra.access import payload_objects, table_resources
+from infra.access import payload_objects, table_resources, workspace_objects
 from infra.data import Data
 from infra.functions import FunctionFactory
 from infra.layers import architecture
@@ -60,5 +60,15 @@ def build_events_function(
     )  # fmt: skip
     streams.add_to_role_policy(
         iam.PolicyStatement(sid="Payloads", actions=["s3:GetObject"], resources=[payload_objects(data)])
+    )
+    # The payloads it reads are under the same prefix as every task's workspace content, which
+    # an event stream never shows: denied outright, so no bug in it can serve a task's files.
+    streams.add_to_role_policy(
+        iam.PolicyStatement(
+            sid="NoWorkspaceContent",
+            effect=iam.Effect.DENY,
+            actions=["s3:GetObject"],
+            resources=[workspace_objects(data)],
+        )
     )
     return streams
