@@ -15,6 +15,7 @@ from agentq.storage.flow import FlowControl
 from agentq.storage.memory_stores import MemoryStores
 from agentq.storage.messages import Messages
 from agentq.storage.notes import Notes
+from agentq.storage.policies import Policies
 from agentq.storage.purge import Purge
 from agentq.storage.running_slots import RunningSlots
 from agentq.storage.schedules import Schedules
@@ -54,6 +55,7 @@ class Storage:
         self.purge = Purge(table, payloads)
         self.api_keys = KeyStore(table)
         self.agents = Agents(table)
+        self.policies = Policies(table)
         self.flow = FlowControl(table)
         self.webhook_secrets = WebhookSecrets(table)
         self.schedules = Schedules(table)

@@ -144,6 +144,23 @@ def agent_version_sk(version: int) -> str:
     return f"V#{version:09d}"
 
 
+# A tenant's policy documents (``storage.policies``) live in its ``TENANT#`` partition, which the
+# task runners may read (infra/task_runners.py): the current one of each scope, and every version.
+POLICY_HEAD_PREFIX = "POLICY#HEAD#"
+
+
+def policy_head_sk(scope: str) -> str:
+    return f"{POLICY_HEAD_PREFIX}{scope}"
+
+
+def policy_version_prefix(scope: str) -> str:
+    return f"POLICY#V#{scope}#"
+
+
+def policy_version_sk(scope: str, version: int) -> str:
+    return f"{policy_version_prefix(scope)}{version:09d}"
+
+
 def tenant_agents_pk(tenant: str) -> str:
     """``gsi1pk`` of a tenant's agents (one HEAD item each; ``gsi1sk`` is the name)."""
     return f"AGENTS#{tenant}"
