@@ -50,6 +50,7 @@ PORTS = (
     "messages",
     "memory_stores",
     "workspaces",
+    "policies",
 )
 
 

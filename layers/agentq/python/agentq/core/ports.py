@@ -25,6 +25,7 @@ from agentq.core.models import (
     ToolOutcome,
     UserMessage,
 )
+from agentq.core.policies import PolicyDocument
 from agentq.core.records import (
     ApprovalRecord,
     BudgetDelta,
@@ -235,6 +236,13 @@ class WorkspaceStore(Protocol):
     def get_manifest(self, task_id: str, digest: str) -> bytes: ...
 
 
+class PolicySource(Protocol):
+    """A tenant's policy documents (``core.policies``, ``storage.policies``): the current one of
+    every scope, in one read."""
+
+    def current(self, tenant: str) -> list[PolicyDocument]: ...
+
+
 class EngineStorage(Protocol):
     """Everything the engine reads and writes, by aggregate."""
 
@@ -273,3 +281,6 @@ class EngineStorage(Protocol):
 
     @property
     def workspaces(self) -> WorkspaceStore: ...
+
+    @property
+    def policies(self) -> PolicySource: ...

@@ -125,6 +125,16 @@ def record_budget_refusal(budget: Literal["task", "tenant"]) -> None:
     _write_now({names.BUDGET_REFUSALS: 1}, MetricUnit.Count, {names.BUDGET: budget})
 
 
+def record_policy_decision(effect: str, shadow: list[str]) -> None:
+    """A call a policy rule took part in: what was decided, and each log_only rule's would-be
+    decision (``would_deny``/``would_ask``), counted beside it."""
+    if not enabled():
+        return
+    _write_now({names.POLICY_DECISIONS: 1}, MetricUnit.Count, {names.DECISION: effect})
+    for would in shadow:
+        _write_now({names.POLICY_DECISIONS: 1}, MetricUnit.Count, {names.DECISION: f"would_{would}"})
+
+
 def record_unknown_usage(tenant: str, task_id: str, tokens: int, micros: int) -> None:
     """A hold counted as spent with its call's outcome unknown (ARCHITECTURE 4): ``tokens`` and
     ``micros`` of it not known to be billed. A metric (no tenant dimension: bounded series), an

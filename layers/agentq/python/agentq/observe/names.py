@@ -51,6 +51,11 @@ UNKNOWN_TOKENS = "unknown_tokens"
 TASKS_SUBMITTED = "tasks_submitted"
 # service=executor, no dimension: unfinished tasks with no worker and no message, re-enqueued
 TASKS_SWEPT = "tasks_swept"
+# service=executor, dimensions {service, decision}: a call a policy rule took part in
+# (core.engine._policy); decision is allow, deny or ask, or would_deny/would_ask for a log_only
+# rule's (bounded series: the rule is in the PolicyDecision event, not a dimension)
+POLICY_DECISIONS = "policy_decisions"
+DECISION = "decision"
 CIRCUIT_OPENED = "circuit_opened"  # a provider/model or tool circuit opened (dimension: circuit)
 CIRCUIT_CLOSED = "circuit_closed"
 CIRCUIT = "circuit"

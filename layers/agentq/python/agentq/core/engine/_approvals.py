@@ -61,8 +61,9 @@ def decisions(
 
     ``request_approval`` gets the decision as its result; if it was rejected, no other call
     of the turn runs (the approval gated them). A call of a tool whose policy is ``ask``
-    waits for its own decision (one at a time, in the turn's order); rejected, it gets the
-    denial as its result and never runs.
+    waits for its own decision (one at a time, in the turn's order), as does a call a policy
+    rule answers ``ask`` for (``s.verdicts``; the question names the rule); rejected, it gets
+    the denial as its result and never runs.
     """
     policies = s.task.submission.constraints.tool_policies
     decided: dict[str, ToolOutcome] = {}
@@ -83,10 +84,15 @@ def decisions(
                     )
             return decided
     for use in uses:
-        if policies.get(use["name"]) != "ask" or use["name"] not in allowlist:
+        verdict = s.verdicts.get(use["id"])
+        if verdict is not None and verdict.effect == "deny":
+            continue  # a rule denies it: it will not run whatever a person says (ToolCaller.call)
+        asked_by_rule = verdict is not None and verdict.effect == "ask"
+        if not asked_by_rule and (policies.get(use["name"]) != "ask" or use["name"] not in allowlist):
             continue
         shown = json.dumps(use.get("input") or {}, sort_keys=True)
-        question = f"Run {use['name']} with {shown}?"[:4000]
+        why = f" ({verdict.reason()})" if verdict is not None and asked_by_rule else ""
+        question = f"Run {use['name']} with {shown}?{why}"[:4000]
         record = Decision(book, s, use, question).run()
         if isinstance(record, RunResult):
             return record

@@ -20,12 +20,14 @@ from agentq.core.engine._llm_answer import Answers
 from agentq.core.engine._llm_batch import Batches
 from agentq.core.engine._llm_call import Call, ModelCall
 from agentq.core.engine._llm_route import ModelRouter, Route, admitted
+from agentq.core.engine._policy import PolicyGate, refuse_model_call
 from agentq.core.engine._request import RequestBuilder
 from agentq.core.engine._session import Session
 from agentq.core.engine.result import RunResult
 from agentq.core.errors import ProviderError
 from agentq.core.faults import crash_point
 from agentq.core.models import TaskStatus
+from agentq.core.policies import PolicyCall
 from agentq.core.ports import BudgetLedger, FlowPort, StepLog, TaskLeases, TenantWindowsPort
 from agentq.core.pricing import PriceTable
 from agentq.core.providers import ProviderFactory
@@ -45,8 +47,10 @@ class LLMTurn:
         holds: BudgetHolds,
         requests: RequestBuilder,
         writer: StepWriter,
+        policy: PolicyGate | None = None,
     ) -> None:
         self.tasks, self.windows, self.holds, self.requests = tasks, windows, holds, requests
+        self.policy = policy
         self.router = ModelRouter(flow)
         self.calls = ModelCall(tasks, steps, budgets, flow, windows, providers, prices, holds, self.router)
         self.batches = Batches(providers, tasks, windows)
@@ -55,6 +59,15 @@ class LLMTurn:
     def run(self, s: Session) -> RunResult | None:
         """One call and its commit (None), or how the run ends instead."""
         demand = self.requests.wanted_reservation(s)  # the call's input estimate and whole hold
+        if self.policy is not None:
+            held = s.task.inflight
+            checked = PolicyCall(
+                "model", model=s.task.submission.model, estimated_tokens=held.amount if held else demand[1],
+                estimated_usd_micros=held.micros if held else 0,
+            )  # fmt: skip
+            verdict = self.policy.check(s, checked)
+            if verdict.effect != "allow":  # nothing was sent: the task ends, naming the rule
+                return refuse_model_call(self.tasks, self.holds, s, verdict)
         route = Route()
         if admitted(s.task.submission):
             routed = self.router.admit(s.task, s.steps, demand)

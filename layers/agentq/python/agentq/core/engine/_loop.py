@@ -22,6 +22,7 @@ from agentq.core.engine._finish import finish_without_step
 from agentq.core.engine._holds import BudgetHolds, HoldsInFlight
 from agentq.core.engine._llm_turn import LLMTurn
 from agentq.core.engine._messages import MessageTurn
+from agentq.core.engine._policy import PolicyGate
 from agentq.core.engine._request import RequestBuilder
 from agentq.core.engine._session import KeeperFactory, LeaseKeeper, LeaseState, Session
 from agentq.core.engine._spawn import SpawnPorts
@@ -77,9 +78,10 @@ class Engine:
         # Each part gets the storage ports it uses, no more (core.ports).
         self._holds = BudgetHolds(store.budgets, store.tasks, self.prices, config, self._requests)
         writer = StepWriter(store.steps, config)
+        self.policy = PolicyGate(store.policies, store.budgets, config.policy_cache_seconds)
         self._llm_turn = LLMTurn(
             store.tasks, store.steps, store.budgets, store.flow, self.windows, self._provider, self.prices, self._holds,
-            self._requests, writer,
+            self._requests, writer, self.policy,
         )  # fmt: skip
         caller = ToolCaller(
             store.flow, store.effects, store.notes, store.steps, self._requests, self.secrets, store.memory_stores
@@ -90,7 +92,16 @@ class Engine:
             egress=egress,
         )  # fmt: skip
         self._tool_turn = ToolTurn(
-            store.approvals, spawning, config, caller, fanout, writer, self._holds, self._requests, self._workspaces
+            store.approvals,
+            spawning,
+            config,
+            caller,
+            fanout,
+            writer,
+            self._holds,
+            self._requests,
+            self._workspaces,
+            self.policy,
         )
         self._message_turn = MessageTurn(store.messages, self._holds, writer)
 

@@ -75,6 +75,7 @@ class Session:
     goal: str = ""  # the first message: the submission's goal, with its dependencies' results (core.dependencies)
     inbox: Inbox = field(default_factory=Inbox)  # a person's messages and interrupt, as META last said (_messages)
     workspace: Any = None  # the task's workspace on this worker, while the run holds it (_workspace.TaskWorkspace)
+    verdicts: dict[str, Any] = field(default_factory=dict)  # the turn's policy verdicts by tool_use id (_policy)
 
     @property
     def lease(self) -> Lease:

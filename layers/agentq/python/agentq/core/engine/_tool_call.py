@@ -64,9 +64,12 @@ class ToolCaller:
         return TaskMemory(self.memory, s.task.tenant, s.held, attachments, s.next_step - 1, tool_use_id)
 
     def call(self, s: Session, use: dict[str, Any], allowlist: list[str], notes: TaskNotes) -> ToolOutcome:
+        spec = self.requests.registry(s).get(use["name"])
+        verdict = s.verdicts.get(use["id"])
+        if verdict is not None and verdict.effect == "deny":
+            return self.denied(s, use, verdict.reason(), bool(spec and spec.side_effects and use["name"] in allowlist))
         if use["name"] == RECALL_TOOL:
             return recalled(self.steps, s, use)
-        spec = self.requests.registry(s).get(use["name"])
         circuit = f"tool/{use['name']}"
         admission = self.flow.admit(circuit, 0, 0) if spec is not None else None
         if admission is not None and not admission.ok:  # it failed repeatedly, fleet-wide: not run, not started
@@ -86,6 +89,20 @@ class ToolCaller:
         if use["name"] in NETWORK_TOOLS and spec is not None and _egress(s) is not None:
             return NetworkedCall(self, pending).run()
         return self.execute(pending)
+
+    def denied(self, s: Session, use: dict[str, Any], reason: str, side_effects: bool) -> ToolOutcome:
+        """A call a policy rule denies: never run; the model reads the rule's message as the
+        tool's error. A side-effecting one still takes its effect record (begun and finished
+        with the denial), so that a call an earlier worker had already started before the rule
+        existed is reported as what it was (``prior_effect``), never as denied."""
+        outcome = error_outcome(use, f"{reason}; {use['name']} was not run")
+        if not side_effects:
+            return outcome
+        prior = self.effects.begin(s.lease, use["id"], use["name"])
+        if prior is not None:
+            return prior_effect(use, prior, time.time())
+        self.effects.finish(s.lease, use["id"], outcome)
+        return outcome
 
     def execute(self, pending: PendingCall) -> ToolOutcome:
         s, use = pending.s, pending.use

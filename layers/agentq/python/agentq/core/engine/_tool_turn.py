@@ -13,6 +13,7 @@ from typing import Any
 from agentq.core.engine._approvals import decisions
 from agentq.core.engine._commit import StepWriter
 from agentq.core.engine._holds import BudgetHolds
+from agentq.core.engine._policy import PolicyGate
 from agentq.core.engine._request import RequestBuilder
 from agentq.core.engine._session import Session
 from agentq.core.engine._spawn import Spawn, SpawnPorts
@@ -43,20 +44,29 @@ class ToolTurn:
         holds: BudgetHolds,
         requests: RequestBuilder,
         workspaces: Workspaces | None = None,
+        policy: PolicyGate | None = None,
     ) -> None:
         self.approvals, self.spawn_ports = approvals, spawn_ports
         self.config, self.tools, self.fanout = config, tools, fanout
         self.writer, self.holds, self.requests = writer, holds, requests
         self.workspaces = workspaces
+        self.policy = policy
 
     def run(self, s: Session, llm: LLMStep) -> RunResult | None:
         """Run the turn's tool calls and commit their results (None), or park the task."""
         allowlist = task_tools(s.task.submission)
         uses = llm.tool_uses()
+        # Every call of the turn is checked before any of them runs: a denied one never runs
+        # (ToolCaller.call), an asked one waits for a person's decision (decisions).
+        s.verdicts = self.policy.tool_verdicts(s, uses) if self.policy is not None else {}
+        denied = {i for i, v in s.verdicts.items() if v.effect == "deny"}
         decided = decisions(self.approvals, s, uses, allowlist)
         if isinstance(decided, RunResult):
             return decided
-        spawns = [u for u in uses if u["name"] == SPAWN_TOOL and SPAWN_TOOL in allowlist and u["id"] not in decided]
+        spawns = [
+            u for u in uses
+            if u["name"] == SPAWN_TOOL and SPAWN_TOOL in allowlist and u["id"] not in decided and u["id"] not in denied
+        ]  # fmt: skip
         outcomes: list[ToolOutcome]
         if spawns and self.fanout is not None:
             spawned = Spawn(self.spawn_ports, self.fanout, self.tools, s, uses, spawns[0], decided).run()
@@ -70,6 +80,7 @@ class ToolTurn:
                 s.held.check()
                 outcomes.append(decided.get(use["id"]) or self.tools.call(s, use, allowlist, notes))
         s.held.check()
+        outcomes = [_marked(o, s) for o in outcomes]
         ref, outcomes = self._checkpoint(s, outcomes)
         body = ToolsStep(results=outcomes, workspace=ref)
         messages = conversation(
@@ -132,6 +143,13 @@ class ToolTurn:
             held = Reservation(amount=reserve, epoch=s.lease.epoch, step=number + 1, until=until, micros=money)
             s.task = s.task.model_copy(update={"inflight": held})
         return record
+
+
+def _marked(outcome: ToolOutcome, s: Session) -> ToolOutcome:
+    """The outcome with the policy rules that took part in its call, for the step and the trace."""
+    verdict = s.verdicts.get(outcome.tool_use_id)
+    mark = verdict.mark() if verdict is not None else None
+    return outcome if mark is None else outcome.model_copy(update={"policy": mark})
 
 
 def _draft(s: Session, body: ToolsStep) -> StepRecord:

@@ -25,6 +25,9 @@ class EngineConfig:
     # None: AGENTQ_WORKSPACE_ROOT, else <tmp>/agentq-workspaces. The per-task totals.
     workspace_root: str | None = None
     workspace_quota: WorkspaceQuota = field(default_factory=WorkspaceQuota)
+    # How long a worker process reuses a tenant's policy documents before reading them again
+    # (core.engine._policy): a new version is enforced within this long; one Query per tenant each.
+    policy_cache_seconds: float = 5.0
 
     @property
     def heartbeat_interval(self) -> float:

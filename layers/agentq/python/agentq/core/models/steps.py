@@ -93,6 +93,19 @@ class ToolOutcome(StrictModel):
     side_effects: bool = False
     started_at: float
     duration_ms: int
+    policy: dict[str, Any] | None = Field(
+        default=None,
+        description="the policy rules that took part in this call (core.policies): the rule that denied it or "
+        "asked for it, and what log_only rules would have decided",
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_policy(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A call no rule took part in is stored exactly as before policies existed."""
+        out: dict[str, Any] = handler(self)
+        if out.get("policy") is None:
+            out.pop("policy", None)
+        return out
 
 
 class ToolsStep(StrictModel):

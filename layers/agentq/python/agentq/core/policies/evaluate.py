@@ -160,7 +160,7 @@ def cedar_value(value: Any, depth: int = 0) -> Any:
     ``__expr``) are dropped, so input cannot forge an entity reference."""
     if depth > 32:
         return str(value)[:200]
-    if isinstance(value, bool) or isinstance(value, str):
+    if isinstance(value, (bool, str)):
         return value
     if isinstance(value, int):
         return value if -_LONG <= value < _LONG else str(value)

@@ -72,7 +72,7 @@ def request(call: PolicyCall, who: Principal, facts: TaskFacts) -> dict[str, Any
             "estimated_tokens": call.estimated_tokens,
             "estimated_usd_micros": call.estimated_usd_micros,
         },
-        "args": cedar_value(call.args) if isinstance(call.args, dict) else {},
+        "args": cedar_value(call.args),
         "history": history,
     }
     if who.user is not None:

@@ -140,7 +140,9 @@ def _rule(index: int, ast: dict[str, Any]) -> Rule:
         raise ValidationError(f'policies: {where}: @mode is "enforce" or "log_only", not {mode!r}', field="policies")
     message = notes.get("message") or f"forbidden by rule {rule_id}"
     if len(message) > MAX_MESSAGE_CHARS:
-        raise ValidationError(f"policies: {where}: @message is at most {MAX_MESSAGE_CHARS} characters", field="policies")
+        raise ValidationError(
+            f"policies: {where}: @message is at most {MAX_MESSAGE_CHARS} characters", field="policies"
+        )
     return Rule(id=rule_id, effect=effect, mode=mode, message=message, ast=ast)  # type: ignore[arg-type]
 
 

@@ -1,0 +1,184 @@
+"""The policy check before every call the engine makes (``core.policies``, docs/POLICIES.md).
+
+Each tool call, MCP call and spawn of a turn, and each model call, is checked against the rules
+of its task's scopes (its tenant's and its agent's) before anything of it starts. What a check
+reads, and what it costs in AWS calls:
+
+- the rules: every current document of the tenant, one DynamoDB Query (``PolicySource.current``),
+  cached per process for ``EngineConfig.policy_cache_seconds`` (5 s), so a check costs none
+  most of the time and a new version is enforced within that long;
+- the call, the principal, the task's tools and their results' status and the task's own spend:
+  the session already holds them (the task as claimed, the steps committed since), no call;
+- the tree's spend: one GetItem of the root's budget (``BudgetLedger.get``), only when a rule of
+  the set names ``tree_tokens`` or ``tree_spend_micros``;
+- the end user's spend today: not read yet (``user_spend_today_micros`` is absent; the end user
+  of issue 43 and the caps of issue 44's item 2 will provide it).
+
+Every decision a rule took part in is counted (metric ``policy_decisions``) and logged as an
+event naming the rule, ``log_only`` ones with what they would have decided beside what happened.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from agentq import observe
+from agentq.core.engine._holds import BudgetHolds
+from agentq.core.engine._session import Session
+from agentq.core.engine.conversation import final_text
+from agentq.core.engine.result import RunResult
+from agentq.core.fanout import SPAWN_TOOL
+from agentq.core.models import CompactStep, LLMStep, TaskStatus, ToolsStep
+from agentq.core.policies import (
+    ALLOWED,
+    CallKind,
+    Hit,
+    PolicyCall,
+    PolicyDocument,
+    Principal,
+    RuleSet,
+    TaskFacts,
+    Verdict,
+)
+from agentq.core.policies import request as cedar_request
+from agentq.core.policies.evaluate import EVALUATION
+from agentq.core.ports import BudgetLedger, PolicySource, TaskLeases
+from agentq.core.pricing import micros
+
+
+class PolicyGate:
+    """Verdicts for a session's calls; None ``source``: no rules anywhere (every call allowed)."""
+
+    def __init__(self, source: PolicySource | None, budgets: BudgetLedger, cache_seconds: float = 5.0) -> None:
+        self.source, self.budgets, self.cache_seconds = source, budgets, cache_seconds
+        self._lock = threading.Lock()
+        self._read: dict[str, tuple[float, list[PolicyDocument]]] = {}  # tenant -> (read at, documents)
+        self._compiled: dict[tuple[tuple[str, int], ...], RuleSet] = {}
+
+    def rules(self, tenant: str, agent: str) -> RuleSet:
+        """The compiled rules of ``tenant`` and of its agent ``agent``."""
+        if self.source is None:
+            return RuleSet()
+        now = time.monotonic()
+        with self._lock:
+            cached = self._read.get(tenant)
+        if cached is None or now - cached[0] > self.cache_seconds:
+            cached = (now, self.source.current(tenant))
+            with self._lock:
+                self._read[tenant] = cached
+        scopes = {"tenant", f"agent:{agent}"} if agent else {"tenant"}
+        documents = sorted((d for d in cached[1] if d.scope in scopes), key=lambda d: d.scope)
+        key = tuple((d.scope, d.version) for d in documents)
+        with self._lock:
+            compiled = self._compiled.get(key)
+        if compiled is None:
+            try:
+                compiled = RuleSet.of(documents)
+            except Exception as exc:  # a stored document that no longer compiles: deny everything
+                compiled = _broken(documents, exc)
+            with self._lock:
+                if len(self._compiled) > 1_000:
+                    self._compiled.clear()
+                self._compiled[key] = compiled
+        return compiled
+
+    def check(self, s: Session, call: PolicyCall) -> Verdict:
+        who = principal(s)
+        rules = self.rules(s.task.tenant, who.agent)
+        if isinstance(rules, _Broken):
+            verdict = rules.verdict
+        elif rules.empty:
+            return ALLOWED
+        else:
+            verdict = rules.decide(cedar_request(call, who, self.facts(s, rules.reads_tree)))
+        record(s, call, verdict)
+        return verdict
+
+    def tool_verdicts(self, s: Session, uses: list[dict[str, Any]]) -> dict[str, Verdict]:
+        """Each of a turn's calls checked (all before any runs): by tool_use id."""
+        pins = {p.qualified: p.server for p in s.task.submission.mcp_tools or []}
+        out: dict[str, Verdict] = {}
+        for use in uses:
+            name = use["name"]
+            kind: CallKind = "spawn" if name == SPAWN_TOOL else "mcp" if name in pins else "tool"
+            args = use.get("input") if isinstance(use.get("input"), dict) else {}
+            call = PolicyCall(kind, tool=name, args=args or {}, model=s.task.submission.model,
+                              mcp_server=pins.get(name, ""))  # fmt: skip
+            out[use["id"]] = self.check(s, call)
+        return out
+
+    def facts(self, s: Session, reads_tree: bool) -> TaskFacts:
+        task = s.task
+        tokens, spend = task.tokens_in + task.tokens_out, micros(task.cost_usd)
+        for record in s.steps[len(s.steps) - s.committed :] if s.committed else []:
+            if isinstance(record.body, LLMStep | CompactStep):  # committed by this run: not in the task as claimed
+                tokens += record.body.usage.input_total + record.body.usage.output_tokens
+                spend += micros(record.body.cost_usd)
+        tools = tuple(
+            (r.name, r.status) for record in s.steps if isinstance(record.body, ToolsStep) for r in record.body.results
+        )
+        tree_tokens = tree_micros = 0
+        if reads_tree:
+            state = self.budgets.get(task.root_id)
+            tree_tokens, tree_micros = state.used + state.reserved, state.used_micros + state.reserved_micros
+        return TaskFacts(
+            task_id=task.task_id, root_id=task.root_id, depth=task.depth, step=s.next_step, tools=tools,
+            task_tokens=tokens, task_spend_micros=spend, tree_tokens=tree_tokens, tree_spend_micros=tree_micros,
+        )  # fmt: skip
+
+
+def principal(s: Session) -> Principal:
+    """Who makes the call. ``user`` and ``api_key`` are the seams of what tasks do not carry yet:
+    the end user (issue 43, ``Task.user``) and the submitting key's id."""
+    ref = s.task.submission.agent or ""
+    name, _, version = ref.partition("@")
+    user = getattr(s.task, "user", None)
+    key = getattr(s.task, "api_key_id", None)
+    return Principal(
+        tenant=s.task.tenant,
+        agent=name,
+        agent_version=int(version) if version.isdigit() else 0,
+        user=user if isinstance(user, str) else None,
+        api_key=key if isinstance(key, str) else None,
+    )
+
+
+def record(s: Session, call: PolicyCall, verdict: Verdict) -> None:
+    """The decision's metric and event, when a rule took part in it."""
+    mark = verdict.mark()
+    if mark is None:
+        return
+    observe.record_policy_decision(verdict.effect, [h.effect for h in verdict.shadow])
+    observe.emit_event(
+        "PolicyDecision",
+        {"tenant": s.task.tenant, "task_id": s.task_id, "step": s.next_step, "kind": call.kind,
+         "tool": call.tool, "model": call.model, **mark},
+    )  # fmt: skip
+
+
+def refuse_model_call(tasks: TaskLeases, holds: BudgetHolds, s: Session, verdict: Verdict) -> RunResult:
+    """A model call a rule denies (or asks for: a model call has no approval pause, so ``ask``
+    denies it): nothing is sent, the hold goes back, and the task ends ``failed`` with the rule
+    named in its error."""
+    holds.release(s)
+    message = verdict.reason()
+    if verdict.effect == "ask":
+        message += " (a model call cannot wait for approval: denied)"
+    error = {"code": "policy_denied", "message": f"model call {message}", "policy": verdict.mark()}
+    tasks.transition(s.task_id, TaskStatus.FAILED, lease=s.lease, result=final_text(s.messages), error=error)
+    s.task = s.task.model_copy(update={"status": TaskStatus.FAILED})
+    return RunResult(s.task_id, "finished", status=TaskStatus.FAILED, error=error)
+
+
+class _Broken(RuleSet):
+    verdict: Verdict = ALLOWED
+
+
+def _broken(documents: list[PolicyDocument], exc: Exception) -> RuleSet:
+    broken = _Broken(documents=tuple(documents))
+    scopes = ", ".join(f"{d.scope}@{d.version}" for d in documents)
+    hit = Hit(EVALUATION, 0, "deny", "", log_only=False, error=f"the rules ({scopes}) do not compile: {exc}"[:300])
+    broken.verdict = Verdict("deny", hit)
+    return broken
