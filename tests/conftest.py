@@ -212,6 +212,8 @@ def api_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiStack]:
         extra_env={
             "AGENTQ_TEST_LEDGER": str(ledger),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
+            # Policy rules a test writes are enforced at the next check (tests/test_policies.py).
+            "AGENTQ_POLICY_CACHE_SECONDS": "0",
         },
     ).start()
     try:

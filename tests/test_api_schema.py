@@ -138,6 +138,8 @@ def test_the_served_document_is_the_generated_one_and_valid_openapi(api: Api) ->
         ("POST", "/tasks/{task_id}/interrupt"), ("POST", "/tasks/{task_id}/close"),
         ("GET", "/health"), ("GET", "/dead-letters"), ("POST", "/dead-letters/{tier}/redrive"), ("GET", "/breakers"),
         ("POST", "/agents"), ("GET", "/agents"), ("GET", "/agents/{name}"), ("GET", "/agents/{name}/versions"), ("GET", "/webhooks/secret"),
+        ("GET", "/policies"), ("GET", "/policies/schema"), ("POST", "/policies/test"), ("PUT", "/policies/{scope}"),
+        ("GET", "/policies/{scope}"), ("GET", "/policies/{scope}/history"),
         ("POST", "/schedules"), ("GET", "/schedules"), ("GET", "/schedules/{name}"), ("DELETE", "/schedules/{name}"),
         ("POST", "/memory-stores"), ("GET", "/memory-stores"), ("GET", "/memory-stores/{name}"),
         ("PATCH", "/memory-stores/{name}"), ("DELETE", "/memory-stores/{name}"),

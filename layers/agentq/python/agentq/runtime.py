@@ -155,6 +155,7 @@ def engine_config(settings: Settings, **kwargs: Any) -> EngineConfig:
     kwargs.setdefault("max_call_seconds", max_call_seconds())
     kwargs.setdefault("unknown_recheck_seconds", unknown_recheck_seconds())
     kwargs.setdefault("workspace_quota", settings.defaults.workspace_quota())
+    kwargs.setdefault("policy_cache_seconds", policy_cache_seconds())
     return EngineConfig(default_tenant_limits=settings.defaults.tenant_limits(), **kwargs)
 
 
@@ -213,7 +214,23 @@ def max_call_seconds() -> float:
         raise ConfigurationError(str(exc), field=MAX_CALL_VARIABLE) from None
 
 
+POLICY_CACHE_VARIABLE = "AGENTQ_POLICY_CACHE_SECONDS"
 UNKNOWN_RECHECK_VARIABLE = "AGENTQ_UNKNOWN_RECHECK_SECONDS"
+
+
+def policy_cache_seconds() -> float:
+    """``AGENTQ_POLICY_CACHE_SECONDS`` (default 5): how long a worker process reuses a tenant's
+    policy documents (``core.engine._policy``) before one Query reads them again; 0 reads them
+    at every check. A bad value refused as configuration naming the variable."""
+    raw = os.environ.get(POLICY_CACHE_VARIABLE, "5")
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= 300:
+        raise ConfigurationError(f"{POLICY_CACHE_VARIABLE} must be seconds from 0 to 300, not {raw!r}",
+                                 field=POLICY_CACHE_VARIABLE)  # fmt: skip
+    return seconds
 
 
 def unknown_recheck_seconds() -> float:

@@ -40,6 +40,7 @@ from agentq.api.routes import (
     files,
     memory,
     meta,
+    policies,
     schedules,
     tasks,
     usage,
@@ -271,6 +272,7 @@ def build_app(
     app.include_router(actions.router(deps))
     app.include_router(conversations.router(deps))
     app.include_router(agents.router(deps))
+    app.include_router(policies.router(deps))
     app.include_router(memory.router(deps))
     app.include_router(mcp_route.router(deps))
     app.include_router(webhooks.router(deps))

@@ -48,6 +48,7 @@ from agentq.core.errors import (
 )
 from agentq.core.memory import MemoryConflict, MemoryDocumentNotFound, MemoryLimitExceeded, MemoryStoreNotFound
 from agentq.storage.agents import AgentConflict, AgentNotFound
+from agentq.storage.policies import PolicyNotFound
 
 log = logging.getLogger("agentq.api")
 
@@ -210,7 +211,9 @@ def handlers() -> Router:
     def on_forbidden(exc: Forbidden) -> Response[Any]:
         return error_response(403, exc.code, exc.message, exc.field)
 
-    @router.exception_handler([TaskNotFound, AgentNotFound, MemoryStoreNotFound, MemoryDocumentNotFound])
+    @router.exception_handler(
+        [TaskNotFound, AgentNotFound, PolicyNotFound, MemoryStoreNotFound, MemoryDocumentNotFound]
+    )
     def on_not_found(exc: AgentqError) -> Response[Any]:
         return error_response(404, exc.code, exc.message, exc.field)
 

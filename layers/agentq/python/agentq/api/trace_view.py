@@ -110,6 +110,7 @@ def _step_events(record: StepRecord, inputs: dict[str, dict[str, Any]]) -> list[
                     started_at=r.started_at,
                     duration_ms=r.duration_ms,
                     truncated=cut,
+                    policy=r.policy,
                 ),
             )
         )

@@ -111,6 +111,11 @@ class ToolCallEvent(ApiModel):
     started_at: float
     duration_ms: int
     truncated: bool
+    policy: dict[str, Any] | None = Field(
+        default=None,
+        description="the policy rules that took part (docs/POLICIES.md): `decision` (allow, deny, ask), the deciding "
+        "`rule` with its `version`, `effect` and `message`, and `log_only`: what shadowed rules would have decided",
+    )
 
 
 class MessageEvent(ApiModel):

@@ -1,0 +1,120 @@
+"""``agentq policy put|list|show|history|test``: a tenant's policy rules (docs/POLICIES.md).
+
+``put`` sends a Cedar file as a scope's whole rule set (the server checks it: a rule that does
+not parse or validate is refused naming ``policies``, and nothing is stored); ``test`` asks the
+server what the rules (the stored ones, or a file in place of a scope's) would decide for a
+sample call, and runs nothing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from agentq.cli.args import UsageError, add_command
+from agentq.cli.target import api_client, remote
+
+
+def _read(value: str) -> str:
+    try:
+        return sys.stdin.read() if value == "-" else Path(value).read_text()
+    except OSError as exc:
+        raise UsageError(f"cannot read the rules from {value}: {exc}", field="file") from None
+
+
+def _json_arg(value: str | None, name: str) -> dict[str, Any]:
+    if not value:
+        return {}
+    try:
+        data = json.loads(value)
+    except ValueError:
+        raise UsageError(f"{name}: not JSON: {value[:80]!r}", field=name) from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{name}: a JSON object, not {type(data).__name__}", field=name)
+    return data
+
+
+def _line(doc: dict[str, Any]) -> str:
+    from agentq.cli.views import when
+
+    rules = doc["policies"].count("@id(")
+    return f"{doc['scope']:<40} v{doc['version']:<5} {when(doc['created_at'])}  {rules} rule{'s' * (rules != 1)}"
+
+
+def _cmd_policy(args: argparse.Namespace) -> int:
+    client = api_client(args)
+    command = args.policy_command
+    if command == "put":
+        answer = client.request("PUT", f"/policies/{args.scope}", {"policies": _read(args.file)})
+        if args.json:
+            print(json.dumps(answer, indent=2))
+            return 0
+        doc = answer["policy"]
+        what = "stored" if answer["created"] else "unchanged: the current version is"
+        print(f"{what} {doc['scope']} version {doc['version']}")
+        for warning in answer.get("warnings") or []:
+            print(f"warning: {warning}", file=sys.stderr)
+        return 0
+    if command in ("list", "history"):
+        path = "/policies" if command == "list" else f"/policies/{args.scope}/history"
+        docs = client.request("GET", path)["policies"]
+        if args.json:
+            print(json.dumps(docs, indent=2))
+            return 0
+        for doc in docs:
+            print(_line(doc))
+        if not docs:
+            print("no rules (write some: agentq policy put tenant rules.cedar)", file=sys.stderr)
+        return 0
+    if command == "show":
+        doc = client.request("GET", f"/policies/{args.scope}", query={"version": args.version})
+        print(json.dumps(doc, indent=2) if args.json else doc["policies"])
+        return 0
+    body: dict[str, Any] = {
+        "call": {"kind": args.kind, "tool": args.tool or "", "model": args.model or "",
+                 "args": _json_arg(args.args, "args")},
+        "principal": {"agent": args.agent or "", **_json_arg(args.principal, "principal")},
+        "history": _json_arg(args.history, "history"),
+    }  # fmt: skip
+    if args.file:
+        body["policies"] = {args.scope or "tenant": _read(args.file)}
+    decided = client.request("POST", "/policies/test", body)
+    if args.json:
+        print(json.dumps(decided, indent=2))
+        return 0
+    rule = f" by {decided['rule']}" if decided.get("rule") else ""
+    print(f"{decided['decision']}{rule}" + (f": {decided['reason']}" if decided.get("reason") else ""))
+    for shadow in decided.get("log_only") or []:
+        print(f"  log_only {shadow['rule']} would {shadow['effect']}: {shadow['message']}")
+    return 0
+
+
+def register(sub: Any) -> None:
+    policy = add_command(sub, "policy", "write, list, test or show the history of policy rules (Cedar)")
+    actions = policy.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
+    put = remote(actions.add_parser("put", help="a scope's whole rule set from a Cedar file (a new version)",
+                                    description="a scope's whole rule set from a Cedar file (a new version)"))  # fmt: skip
+    put.add_argument("scope", help="tenant, or agent:NAME")
+    put.add_argument("file", help="rules.cedar ('-' reads stdin)")
+    remote(actions.add_parser("list", help="every scope's current rules", description="every scope's current rules"))
+    show = remote(actions.add_parser("show", help="a scope's rules", description="a scope's rules (or one version)"))
+    show.add_argument("scope")
+    show.add_argument("--version", type=int, default=None)
+    history = remote(actions.add_parser("history", help="a scope's versions", description="a scope's versions"))
+    history.add_argument("scope")
+    test = remote(actions.add_parser(
+        "test", help="what the rules decide for a sample call (nothing runs)",
+        description="what the rules (stored, or FILE in place of SCOPE's) decide for a sample call; nothing runs",
+    ))  # fmt: skip
+    test.add_argument("--kind", choices=("tool", "mcp", "spawn", "model"), default="tool")
+    test.add_argument("--tool", help="the tool called")
+    test.add_argument("--model", help="the model (a model call)")
+    test.add_argument("--args", help="the call's arguments, a JSON object")
+    test.add_argument("--agent", help="the task's agent")
+    test.add_argument("--principal", help="more of the principal, a JSON object (user, api_key, agent_version)")
+    test.add_argument("--history", help="the task's history, a JSON object (tools, task_spend_micros, ...)")
+    test.add_argument("--file", help="rules to test in place of the stored ones of --scope")
+    test.add_argument("--scope", help="the scope --file stands for (default: tenant)")
+    policy.set_defaults(func=_cmd_policy)
