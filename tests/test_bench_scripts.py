@@ -40,6 +40,7 @@ CASES = {
     "memory_cost": ["--sizes", "100,5000", "--stores", "3", "--searches", "1"],
     "events": ["--subscribers", "3", "--turns", "2", "--latency", "0.1"],
     "slot_calls": ["--waiting-tenants", "2"],
+    "policy_latency": ["--rules", "0,3", "--checks", "20"],
     "fairness": ["--sizes", "8", "--b-tasks", "2", "--latency", "0.5", "--limit", "2", "--window", "2",
                  "--concurrency", "4", "--workers", "1"],
 }  # fmt: skip
@@ -122,6 +123,12 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
         rows = {r["scenario"]: r for r in result["rows"]}
         assert rows["unlimited tenant, no fleet"]["release"] == {"dynamodb:GetItem": 1}
         assert rows["release waking the fleet, 2 tenant(s) waiting"]["release"]["sqs:SendMessage"] == 1
+    elif name == "policy_latency":
+        rows = {(r["scenario"], r["rules"]): r for r in result["rows"]}
+        assert rows[("cached", 3)]["aws_calls_per_check"] == {} and rows[("cached", 3)]["latency_ms"]["n"] == 20
+        assert rows[("read each check", 3)]["aws_calls_per_check"] == {"dynamodb:Query": 1}
+        assert rows[("tree rule", 4)]["aws_calls_per_check"] == {"dynamodb:GetItem": 1}
+        assert rows[("cached", 3)]["verdicts"] == {"allow": 20}
     elif name == "events":
         [row] = result["rows"]
         assert row["subscribers_with_every_step"] == row["ended"] == 3 and row["steps"] == 5
