@@ -64,7 +64,9 @@ def rules(n: int, tree: bool = False) -> str:
             body = f'resource) when {{ context.agent == "other-{i}" && context.call.kind == "tool" }};'
         out.append(f'@id("r{i}") @message("rule {i}")\nforbid(principal, action == Action::"tool", {body}')
     if tree:
-        out.append('@id("tree") forbid(principal, action, resource) when { context.history.tree_spend_micros > 9000000 };')
+        out.append(
+            '@id("tree") forbid(principal, action, resource) when { context.history.tree_spend_micros > 9000000 };'
+        )
     return "\n".join(out)
 
 
