@@ -47,13 +47,13 @@ class PolicyCallSample(StrictModel):
     args: dict[str, Any] = Field(default_factory=dict)
     model: str = Field(default="", max_length=200)
     mcp_server: str = Field(default="", max_length=200)
-    estimated_tokens: int = Field(default=0, ge=0, le=10**12)
-    estimated_usd_micros: int = Field(default=0, ge=0, le=10**15)
+    estimated_tokens: int = Field(default=0, strict=True, ge=0, le=10**12)
+    estimated_usd_micros: int = Field(default=0, strict=True, ge=0, le=10**15)
 
 
 class PolicyPrincipalSample(StrictModel):
     agent: str = Field(default="", max_length=64)
-    agent_version: int = Field(default=0, ge=0, le=10**9)
+    agent_version: int = Field(default=0, strict=True, ge=0, le=10**9)
     user: str | None = Field(default=None, max_length=256)
     api_key: str | None = Field(default=None, max_length=256)
 
@@ -65,11 +65,11 @@ class PolicyToolRun(StrictModel):
 
 class PolicyHistorySample(StrictModel):
     tools: list[PolicyToolRun] = Field(default_factory=list, max_length=10_000)
-    task_tokens: int = Field(default=0, ge=0, le=10**12)
-    task_spend_micros: int = Field(default=0, ge=0, le=10**15)
-    tree_tokens: int = Field(default=0, ge=0, le=10**12)
-    tree_spend_micros: int = Field(default=0, ge=0, le=10**15)
-    user_spend_today_micros: int | None = Field(default=None, ge=0, le=10**15)
+    task_tokens: int = Field(default=0, strict=True, ge=0, le=10**12)
+    task_spend_micros: int = Field(default=0, strict=True, ge=0, le=10**15)
+    tree_tokens: int = Field(default=0, strict=True, ge=0, le=10**12)
+    tree_spend_micros: int = Field(default=0, strict=True, ge=0, le=10**15)
+    user_spend_today_micros: int | None = Field(default=None, strict=True, ge=0, le=10**15)
 
 
 class PolicyTest(StrictModel):

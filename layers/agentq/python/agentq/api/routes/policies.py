@@ -54,7 +54,7 @@ def router(deps: ApiDeps) -> Router:
         "a sample call; nothing runs and nothing is stored.",
         operation_id="testPolicies",
         tags=["policies"],
-        responses=responses(200, PolicyDecision, 400, 413, 415, 422),
+        responses=responses(200, PolicyDecision, 400, 404, 413, 415, 422),
     )
     def test(body: Annotated[PolicyTest, Body(description="rules and a sample call")]) -> PolicyDecision:
         c, p, h = body.call, body.principal, body.history
@@ -81,7 +81,7 @@ def router(deps: ApiDeps) -> Router:
         operation_id="putPolicies",
         tags=["policies"],
         responses={
-            **responses(201, PolicyWritten, 400, 409, 413, 415, 422, description="Created"),
+            **responses(201, PolicyWritten, 400, 404, 409, 413, 415, 422, description="Created"),
             200: {"description": "Unchanged: the current version", "content": {JSON: {"model": PolicyWritten}}},
         },
     )
