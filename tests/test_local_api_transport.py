@@ -42,9 +42,18 @@ def _port(url: str) -> int:
     return int(url.rsplit(":", 1)[1])
 
 
+# A request the server refuses before any handler runs (its request line is malformed): sent on
+# a connection after an answer, it is answered (a 400) if the server kept the connection open.
+PROBE = b"GET /tasks HTTP/1.1 extra words\r\n\r\n"
+
+
 def _exchange(port: int, raw: bytes, then: bytes = b"") -> tuple[http.client.HTTPResponse, Any, bool]:
     """Send ``raw`` (and ``then`` once the server has answered 100 Continue, if it does); the
-    answer, its JSON body, and whether the server closed the connection after it."""
+    answer, its JSON body, and whether the server closed the connection after it.
+
+    Closed or not is seen at once, not by waiting for the socket's timeout to pass quietly: a
+    ``PROBE`` request follows the answer; a closed connection ends (or is reset) without an
+    answer to it, an open one answers it with a 400 (and no handler sees it)."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     try:
         sock.sendall(raw)
@@ -55,9 +64,13 @@ def _exchange(port: int, raw: bytes, then: bytes = b"") -> tuple[http.client.HTT
         response.begin()
         body = response.read()
         try:
-            closed = sock.recv(1) == b""
-        except TimeoutError:
-            closed = False
+            sock.sendall(PROBE)
+            answer = b""
+            while len(answer) < len(b"HTTP/1.1 400 ") and (more := sock.recv(64)):
+                answer += more
+            closed = not answer.startswith(b"HTTP/1.1 400 ")
+        except (BrokenPipeError, ConnectionResetError):
+            closed = True
         return response, (json.loads(body) if body else None), closed
     finally:
         sock.close()
