@@ -169,6 +169,7 @@ def _imports_moto(path: Path) -> bool:
     return any(line.lstrip().startswith(("import moto", "from moto")) for line in path.read_text().splitlines())
 
 
+@pytest.mark.xdist_group("cdk")  # a cdk.App: with the other tests that load the jsii runtime (test_cdk_stack)
 def test_the_core_layer_cdk_builds_is_agentq_alone_with_no_file_of_the_dev_stack(tmp_path: Path) -> None:
     staged = _staged_core_layer(tmp_path / "cdk.out")
     files = {p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file()}

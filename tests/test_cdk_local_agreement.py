@@ -18,7 +18,15 @@ from agentq.resources import TIERS, provision, table_definition
 from agentq_dev.moto_server import MotoServer
 from infra.synth import Synthesized, synthesize
 
-from tests.test_cdk_stack import ENVIRONMENTS, _resolve_string, settings_of, synth_root  # noqa: F401 (a fixture, shared)
+from tests.test_cdk_stack import (  # noqa: F401 (a fixture, shared)
+    CDK_GROUP,
+    ENVIRONMENTS,
+    _resolve_string,
+    settings_of,
+    synth_root,
+)
+
+pytestmark = CDK_GROUP  # with the other tests that load the jsii runtime
 
 
 @pytest.fixture(scope="module", params=list(ENVIRONMENTS))

@@ -21,6 +21,7 @@ from infra.telemetry import ADOT_LAYER_ACCOUNT, COLLECTOR_ENDPOINT, SIDECAR_DEFA
 from tests.test_cdk_stack import (
     BEDROCK_MODELS,
     CDK_CONTEXT,
+    CDK_GROUP,
     ENVIRONMENTS,
     OPENAI_BASE_URL,
     ROOT,
@@ -31,6 +32,8 @@ from tests.test_cdk_stack import (
 from tests.test_cdk_stack import synth as synth  # the fixtures: one synth a run, whichever module asks
 from tests.test_cdk_stack import synth_root as synth_root
 from tests.test_cdk_stack import worker_synth as worker_synth
+
+pytestmark = CDK_GROUP  # with the other tests that load the jsii runtime
 
 BEDROCK_ACTIONS = {"bedrock:InvokeModel", "bedrock:InvokeModelWithResponseStream"}
 

@@ -3,6 +3,12 @@
 Each environment is synthesized once (infra.synth, shared by the modules and xdist workers of
 a run through a locked directory) with cdk-nag's AwsSolutions checks on, then checked with
 aws_cdk.assertions, cfn-lint, and plain reads of the template.
+
+Every test that starts the CDK's jsii runtime (a synth, an ``assertions.Template``, a
+``cdk.App``) is in one xdist group, ``CDK_GROUP``, so one worker runs them all: the runtime
+costs ~7 CPU-s to load aws-cdk-lib into in each process that uses it, a synth ~2 once it is
+loaded. Spread over the workers of ``make test`` (one module each), three or four workers
+loaded it, and each synthesized what the others waited for on the lock.
 """
 
 from __future__ import annotations
@@ -68,6 +74,9 @@ STAR_ONLY_ACTIONS = {
     *VPC_ACCESS_ACTIONS,  # Lambda attaching the sandbox function to its (dead-end) subnets
 }  # fmt: skip
 FUNCTIONS = ("executor", "api", "authorizer", "reaper")
+# One worker for every test that loads the jsii runtime (see above): tests/xdist_scheduling.py.
+CDK_GROUP = pytest.mark.xdist_group("cdk")
+pytestmark = CDK_GROUP
 
 
 # cfn-lint as a module of this interpreter (the package ships no __main__).
@@ -89,26 +98,16 @@ def _worker_context() -> dict[str, Any]:
     return {"environments": {**ENVIRONMENTS, "dev": dev}}
 
 
-# Every synth the CDK tests use: (environment, directory under synth_root, extra context).
-SYNTHS: list[tuple[str, str, dict[str, Any]]] = [(env, env, {}) for env in ENVIRONMENTS] + [
-    ("dev", "dev-worker", _worker_context())
-]
-
-
 @pytest.fixture(scope="session")
 def synth_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where this run's synths go. Under pytest-xdist the workers share it (their basetemps
-    have one parent, and the run has one id), so each environment is synthesized once a run;
-    each worker starts at a different synth, so they split the work instead of queueing."""
+    """Where this run's synths go, each made by the first test that asks for it. Under
+    pytest-xdist the workers share it (their basetemps have one parent, and the run has one
+    id): with ``--dist loadgroup`` one worker runs the ``cdk`` group and makes them all; with
+    other distributions, a worker that wants a synth another is making waits on its lock."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     base = tmp_path_factory.getbasetemp()
     root = base.parent / f"agentq-cdk-{run}" if run else base / "agentq-cdk"
     root.mkdir(exist_ok=True)
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    if worker.startswith("gw"):
-        start = int(worker[2:]) * len(SYNTHS) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-        for env, name, context in SYNTHS[start:] + SYNTHS[:start]:
-            synthesize(env, root / name, context=context)
     return root
 
 

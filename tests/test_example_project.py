@@ -58,6 +58,7 @@ def _policy_statements(synth: Synthesized, role_prefix: str) -> list[dict[str, A
     return statements
 
 
+@pytest.mark.xdist_group("cdk")  # a synth: with the other tests that load the jsii runtime (test_cdk_stack)
 def test_the_example_synthesizes_with_its_code_in_a_layer_and_its_settings_on_the_functions(
     shop_synth: Synthesized,
 ) -> None:

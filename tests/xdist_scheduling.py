@@ -61,7 +61,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     The tests of ``api_stack`` (a session-scoped local stack: moto, the API, two workers) are
     one group too, whatever their module: spread over four workers they started four such
     stacks, each idling in its worker for the rest of the run (~20 CPU-s apiece), for tests
-    that need one."""
+    that need one.
+
+    A test marked ``@pytest.mark.xdist_group("name")`` (xdist's own mark, which xdist 3.8 writes
+    where pytest 9 does not read it) is in that group whatever its fixtures: ``cdk`` holds every
+    test that starts the CDK's jsii runtime (tests/test_cdk_stack.py says why)."""
     grouping = bool(getattr(config.option, "loadgroup", False))  # set in xdist's workers
     durations = _durations() if grouping else {}
     seconds: dict[str, float] = {}  # node id -> how long the test is expected to take, if on its own
@@ -71,6 +75,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             _set_nodeid(item, f"{parent}::{item.name}")
         info = getattr(item, "_fixtureinfo", None)
         if not grouping or info is None:
+            continue
+        marked = item.get_closest_marker("xdist_group")
+        if marked is not None:
+            _set_nodeid(item, f"{item.nodeid}@{marked.args[0] if marked.args else marked.kwargs['name']}")
             continue
         used = set(getattr(item, "fixturenames", ()))
         if used & SESSION_GROUPS:
