@@ -11,6 +11,7 @@ error or uncaught page error. Screenshots go to $AGENTQ_CONSOLE_SCREENSHOTS when
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -30,6 +31,7 @@ from agentq.resources import QueueSettings
 from agentq_dev.stack import LocalStack
 
 from tests.fake_messages_api import FakeMessagesAPI, overloaded, text_reply, tool_use_reply
+from tests.fake_model_servers import Gate
 from tests.helpers import agentq_process, call
 from tests.helpers import scripted as scripted_submission
 
@@ -343,27 +345,26 @@ def test_a_task_submitted_from_the_page_opens_and_a_refused_one_shows_the_apis_f
 
 
 def test_a_running_task_shows_its_steps_as_they_commit_and_polls_with_etags(console: Console, tab: Page) -> None:
-    # Step 1 commits after the first call, step 8 three calls of 4 s later: the page, open by
-    # then, must show the first without the last (0.6 s calls were not enough on a loaded machine,
-    # and three of 2 s not always on a fresh clone's).
-    turns = [
-        {
-            "text": f"looking up {i}",
-            "tool_calls": [call("lookup", query=f"q{i}", size=50)],
-            "latency_seconds": 4.0 if i else 0.6,
-        }
-        for i in range(4)
-    ]
+    # Steps 1 and 2 (the first call, its lookup) commit at once; the second call's reply is held
+    # until the page has shown them without step 3, then the rest commits: the page, open all
+    # along, shows each step as it commits, whatever the machine's speed.
+    held = Gate(limit=120)
+    calls = [tool_use_reply("lookup", {"query": f"q{i}", "size": 50}, text=f"looking up {i}") for i in range(4)]
+    calls[1] = dataclasses.replace(calls[1], gate=held)
+    console.fake.enqueue(*calls, text_reply('{"found": 4, "ok": true}'))
     task_id = console.submit(
-        scripted("look four things up", [*turns, {"text": '{"found": 4, "ok": true}'}], tools=["lookup"])
-    )
-    console.until(task_id, lambda v: v["status"] == "running")
+        {"goal": "look four things up", "provider": "anthropic", "model": "claude-haiku-4-5",
+         "constraints": {"tools": ["lookup"]}}
+    )  # fmt: skip
+    console.until(task_id, lambda v: v["step"] >= 2)
     page = tab.page
     page.goto(f"{console.url}/console/#/tasks/{task_id}")
     page.wait_for_selector("#task-id")
-    page.wait_for_selector("tr[data-step='1']")
-    assert page.locator("tr[data-step='8']").count() == 0  # not there yet: it appears as it commits
+    page.wait_for_selector("tr[data-step='2']")
+    assert page.locator("tr[data-step='3']").count() == 0  # not there yet: it appears as it commits
+    held.open()
     page.wait_for_selector("tr[data-step='9']", timeout=60_000)
+    assert not held.expired
     page.wait_for_selector("h1 .badge.s-succeeded")
     worker = page.inner_text("tr[data-step='1'] td:nth-child(4)")  # the lease owner, host:pid
     assert int(worker.rsplit(":", 1)[1]) in {p.pid for p in console.stack.processes}
@@ -1057,8 +1058,6 @@ def test_a_task_whose_reply_was_cut_shows_which_part_of_its_budget_is_known_and_
 ) -> None:
     """The first reply is cut in the middle of its body (billed, its usage unknown to the
     client), the retry answers: the page says how many tokens are known and how many unknown."""
-    import dataclasses
-
     console.fake.enqueue(dataclasses.replace(text_reply("cut"), cut_at=0.5), text_reply("answered after a cut"))
     task_id = console.submit(
         {"goal": "answer once", "provider": "anthropic", "model": "claude-haiku-4-5", "constraints": {"tools": []}}
