@@ -994,15 +994,21 @@ def test_a_takeover_is_marked_resumed_and_a_follow_up_is_a_new_turn_of_the_conve
 def test_an_interrupt_from_the_page_stands_in_the_conversation_and_the_steps_where_it_stopped_the_agent(
     console: Console, tab: Page
 ) -> None:
+    # The model's answer is held until the interrupt is recorded: it is in flight when the page
+    # interrupts, however long the page takes to get there.
+    held = Gate(limit=120)
+    console.fake.enqueue(dataclasses.replace(text_reply("a very long essay"), gate=held))
     slow = console.submit(
-        scripted("write slowly", [{"text": "a very long essay", "latency_seconds": 12}, {"text": "ok"}])
+        {"goal": "write slowly", "provider": "anthropic", "model": "claude-haiku-4-5", "constraints": {"tools": []}}
     )
     console.until(slow, lambda v: v["status"] == "running")
     page = tab.page
     page.goto(f"{console.url}/console/#/tasks/{slow}")
     page.click("#interrupt")
     page.wait_for_selector(".notice:has-text('Interrupt recorded')")
+    held.open()
     page.wait_for_selector("h1 .badge.s-idle", timeout=60_000)  # the answer in flight discarded
+    assert not held.expired
     page.wait_for_selector("#chat-idle")
     assert page.locator("#chat .bubble.agent").count() == 0
     # In the conversation, after the goal: the interrupt, then the stop it caused.
