@@ -79,7 +79,8 @@ demo: $(VENV)/.local-installed sandbox-tools
 # machine, a venv that had run the suite before); on a fresh clone, as CI runs it, 336 s
 # (`CI=true bash .ci/run`, 2 cores, f8354f3). --dist loadgroup: tests/xdist_scheduling.py puts each module whose tests
 # share a module-scoped fixture (a local stack, a browser, a synth) in one group, run by one
-# worker, so that fixture starts once a run instead of once per worker; every other test is
+# worker, so that fixture starts once a run instead of once per worker (and the tests marked
+# xdist_group in theirs: cdk, every test that loads the CDK's jsii runtime); every other test is
 # scheduled on its own, the longest first (tests/durations.json, written by `make durations`),
 # so the run does not end on one worker's 15 s tests. It also gives schemathesis' generated
 # tests (tests/test_api_schema.py) node ids of their own, which group scheduling needs.
