@@ -32,6 +32,9 @@ STORED_FROM = 1.0  # seconds: shorter tests are not worth an entry
 # tests that use it (see pytest_collection_modifyitems), and ends with its group's last test
 # (see pytest_runtest_teardown).
 SESSION_GROUPS = frozenset({"api_stack"})
+# Fixtures whose tests are one group of the given name, as if marked ``xdist_group``: every test
+# of the CDK's synths (tests/test_cdk_stack.py's, which any module may import) is in ``cdk``.
+FIXTURE_GROUPS = {"synth_root": "cdk"}
 
 
 def _set_nodeid(item: pytest.Item, nodeid: str) -> None:
@@ -64,8 +67,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     that need one.
 
     A test marked ``@pytest.mark.xdist_group("name")`` (xdist's own mark, which xdist 3.8 writes
-    where pytest 9 does not read it) is in that group whatever its fixtures: ``cdk`` holds every
-    test that starts the CDK's jsii runtime (tests/test_cdk_stack.py says why)."""
+    where pytest 9 does not read it) is in that group whatever its fixtures, as is a test that
+    uses a fixture of ``FIXTURE_GROUPS``: ``cdk`` holds every test that starts the CDK's jsii
+    runtime (tests/test_cdk_stack.py says why), those of the shared synths by their fixture."""
     grouping = bool(getattr(config.option, "loadgroup", False))  # set in xdist's workers
     durations = _durations() if grouping else {}
     seconds: dict[str, float] = {}  # node id -> how long the test is expected to take, if on its own
@@ -76,11 +80,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         info = getattr(item, "_fixtureinfo", None)
         if not grouping or info is None:
             continue
+        used = set(getattr(item, "fixturenames", ()))  # every fixture it needs, those of its fixtures too
         marked = item.get_closest_marker("xdist_group")
-        if marked is not None:
-            _set_nodeid(item, f"{item.nodeid}@{marked.args[0] if marked.args else marked.kwargs['name']}")
+        named = [FIXTURE_GROUPS[name] for name in sorted(used & FIXTURE_GROUPS.keys())]
+        if marked is not None or named:
+            group = (marked.args[0] if marked.args else marked.kwargs["name"]) if marked is not None else named[0]
+            _set_nodeid(item, f"{item.nodeid}@{group}")
             continue
-        used = set(getattr(item, "fixturenames", ()))
         if used & SESSION_GROUPS:
             _set_nodeid(item, f"{item.nodeid}@{min(used & SESSION_GROUPS)}")
             continue
