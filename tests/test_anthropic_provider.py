@@ -132,6 +132,7 @@ def test_tool_use_round_trip_sends_tools_and_messages_and_returns_blocks(
     sent = api.requests[0]
     assert sent.path == "/v1/messages"
     assert sent.body == {
+        "stream": True,  # every call: its first event tells the input billed (ARCHITECTURE 4)
         "model": MODEL,
         "max_tokens": 256,
         "system": "You are a terse weather bot.",
@@ -161,7 +162,7 @@ def test_system_and_tools_are_omitted_from_the_wire_when_unset(api: FakeMessages
 
     provider.complete(LLMRequest(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=16))
 
-    assert set(api.requests[0].body) == {"model", "max_tokens", "messages"}
+    assert set(api.requests[0].body) == {"model", "max_tokens", "messages", "stream"}
 
 
 def test_usage_is_recorded_exactly_as_the_server_reported_it_including_cache_tokens(
@@ -373,8 +374,10 @@ def test_a_reply_reset_before_any_byte_or_cut_midway_is_a_lost_connection_and_th
     ],
 )
 def test_replies_that_are_never_a_message_fail_after_the_attempts_and_are_not_handed_to_the_queue(
-    api: FakeMessagesAPI, sleep: RecordingSleep, reply: Any, why: str
+    api: FakeMessagesAPI, sleep: RecordingSleep, monkeypatch: pytest.MonkeyPatch, reply: Any, why: str
 ) -> None:
+    """A whole reply (not streamed) is checked field by field; a stream's are below."""
+    monkeypatch.setenv("AGENTQ_STREAM_ABOVE_TOKENS", "8192")
     policy = RetryPolicy(max_attempts=3)
     api.enqueue(*[reply] * policy.max_attempts)
     provider = anthropic_provider(api.base_url, sleep, policy)
@@ -386,6 +389,25 @@ def test_replies_that_are_never_a_message_fail_after_the_attempts_and_are_not_ha
     assert (err.code, err.retryable, err.attempts) == ("malformed_response", False, 3)
     assert why in err.message and "after 3 attempts" in err.message
     assert len(api.requests) == 3 and api.pending == 0
+
+
+@pytest.mark.parametrize("reply", [malformed_json(), wrong_shape(), wrong_shape([1, 2])], ids=["cut JSON", "object", "list"])
+def test_a_200_that_is_no_event_stream_where_one_was_asked_is_a_malformed_reply_naming_what_came(
+    api: FakeMessagesAPI, sleep: RecordingSleep, reply: Any
+) -> None:
+    """A gateway that answers a streamed call with a JSON page: retried, then a malformed
+    reply whose message names the content type that came instead, never a bare SDK assert."""
+    policy = RetryPolicy(max_attempts=2)
+    api.enqueue(*[reply] * policy.max_attempts)
+    provider = anthropic_provider(api.base_url, sleep, policy)
+
+    with pytest.raises(ProviderError) as caught:
+        provider.complete(weather_request())
+
+    err = caught.value
+    assert (err.code, err.retryable, err.attempts) == ("malformed_response", False, 2)
+    assert "a 200 of application/json that carried no message, where an event stream was asked" in err.message
+    assert all(r.body.get("stream") is True for r in api.requests) and len(api.requests) == 2
 
 
 def test_without_an_api_key_the_provider_fails_before_any_call(

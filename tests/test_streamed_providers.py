@@ -177,3 +177,17 @@ def test_an_anthropic_stream_whose_200_carries_no_message_is_retried_then_fails_
             provider.complete(request("claude-sonnet-4-6"))
     assert caught.value.code == "malformed_response" and not caught.value.retryable, caught.value
     assert len(sleeps) == 1 and len(fake.requests) == 2
+
+
+@pytest.mark.parametrize("raw", ["-1", "lots", "1.5", "8k"])
+def test_a_bad_stream_threshold_is_refused_at_startup_naming_its_variable(
+    monkeypatch: pytest.MonkeyPatch, raw: str
+) -> None:
+    """Read per call, so refused when the engine's configuration is built, not at every call."""
+    from agentq.control.defaults import ConfigurationError
+    from agentq.core.providers.base import STREAM_ABOVE_VARIABLE
+    from agentq.runtime import check_stream_above
+
+    monkeypatch.setenv(STREAM_ABOVE_VARIABLE, raw)
+    with pytest.raises(ConfigurationError, match=STREAM_ABOVE_VARIABLE):
+        check_stream_above()

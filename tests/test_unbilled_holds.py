@@ -45,8 +45,11 @@ def _answer() -> FakeReply:
     return message_reply([{"type": "text", "text": "late"}], usage=usage_dict(input_tokens=10, output_tokens=5))
 
 
-def _point_the_provider_at(fake: FakeMessagesAPI, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The anthropic provider talks to ``fake``, retrying at once."""
+def _point_the_provider_at(fake: FakeMessagesAPI, monkeypatch: pytest.MonkeyPatch, *, streamed: bool = False) -> None:
+    """The anthropic provider talks to ``fake``, retrying at once. Not streamed unless asked:
+    a whole reply tells nothing before it ends, as OpenAI's and Converse's calls do, so what
+    may have been billed is the whole hold; a stream's first event narrows it (below)."""
+    monkeypatch.setenv("AGENTQ_STREAM_ABOVE_TOKENS", "0" if streamed else "8192")
     monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
     monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
     monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", '{"base_delay": 0.01, "max_delay": 0.01}')
@@ -298,6 +301,27 @@ def test_an_attempt_that_may_have_been_billed_keeps_its_hold_and_the_retry_gets_
     budget = store.budgets.get(task.task_id)
     first_hold = budget.unknown
     assert first_hold > 0 and budget.known == 15 and budget.used == first_hold + 15 and budget.reserved == 0
+
+
+def test_a_stream_cut_in_the_middle_counts_what_its_first_event_told_as_known_and_only_the_rest_unknown(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default for the Anthropic API: the call streams, its first event tells the input
+    billed (10) and one output token, then the reply is cut. That much is known; the rest of
+    the hold stays unknown; the retry's answer (15) is known too."""
+    settings = deployment(moto_server)
+    store = build_store(settings)
+    task = store.tasks.create(_submission(), tenant="t")
+    with FakeMessagesAPI() as fake:
+        fake.enqueue(dataclasses.replace(_answer(), cut_at=0.5), _answer())
+        _point_the_provider_at(fake, monkeypatch, streamed=True)
+        engine = Engine(store, worker_id="w", tools=build_registry(settings), config=EngineConfig(lease_seconds=30))
+        result = engine.run(task.task_id)
+        assert all(r.body.get("stream") is True for r in fake.requests) and len(fake.requests) == 2
+    assert result.status is not None and result.status.value == "succeeded", result
+    budget = store.budgets.get(task.task_id)
+    assert budget.known == 11 + 15, budget  # told by the cut stream, then the whole answer
+    assert budget.unknown == budget.used - budget.known > 0 and budget.reserved == 0
 
 
 def test_a_retry_the_budget_cannot_cover_after_a_possibly_billed_attempt_is_not_made(

@@ -156,6 +156,7 @@ def engine_config(settings: Settings, **kwargs: Any) -> EngineConfig:
     kwargs.setdefault("unknown_recheck_seconds", unknown_recheck_seconds())
     kwargs.setdefault("workspace_quota", settings.defaults.workspace_quota())
     kwargs.setdefault("policy_cache_seconds", policy_cache_seconds())
+    check_stream_above()
     return EngineConfig(default_tenant_limits=settings.defaults.tenant_limits(), **kwargs)
 
 
@@ -214,8 +215,20 @@ def max_call_seconds() -> float:
         raise ConfigurationError(str(exc), field=MAX_CALL_VARIABLE) from None
 
 
-POLICY_CACHE_VARIABLE = "AGENTQ_POLICY_CACHE_SECONDS"
+def check_stream_above() -> None:
+    """``AGENTQ_STREAM_ABOVE_TOKENS`` is read per call (``core.providers.base.stream_above``);
+    a bad value is refused here, at startup, as configuration naming the variable, rather
+    than failing every model call."""
+    from agentq.core.providers.base import STREAM_ABOVE_VARIABLE, stream_above
+
+    try:
+        stream_above()
+    except ValueError as exc:
+        raise ConfigurationError(str(exc), field=STREAM_ABOVE_VARIABLE) from None
+
+
 UNKNOWN_RECHECK_VARIABLE = "AGENTQ_UNKNOWN_RECHECK_SECONDS"
+POLICY_CACHE_VARIABLE = "AGENTQ_POLICY_CACHE_SECONDS"
 
 
 def policy_cache_seconds() -> float:

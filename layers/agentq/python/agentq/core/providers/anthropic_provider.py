@@ -1,7 +1,11 @@
 """Providers backed by the real Anthropic SDK: the Anthropic API and Amazon Bedrock.
 
-Both go through the same ``messages.create`` call, so the engine sees one behaviour whichever
-endpoint a task names; only the client construction (API key vs SigV4) differs.
+Both go through the same Messages call, so the engine sees one behaviour whichever endpoint a
+task names; only the client construction (API key vs SigV4) differs. Every call to the
+Anthropic API is streamed unless ``AGENTQ_STREAM_ABOVE_TOKENS`` says otherwise: the stream's
+first event says what input is billed and each ``message_delta`` the output so far, which the
+heartbeat publishes, so a worker killed mid-call leaves only the output since its last
+heartbeat unknown (``base.stream_above``). The assembled Message is what ``create`` would have returned.
 
 A reply is checked before anything reads it (``to_llm_response``): the SDK hands back whatever
 a 200 carried (another JSON shape, a list, a string) without validating it, and a budget must
@@ -25,6 +29,8 @@ from agentq.core.models import Usage
 from agentq.core.providers import caching
 from agentq.core.providers.base import (
     DEFAULT_MAX_CALL_SECONDS,
+    STREAM_ABOVE_DEFAULT,
+    STREAM_EVERY_CALL,
     LLMRequest,
     LLMResponse,
     attempt_timeout,
@@ -57,6 +63,8 @@ class _MessagesProvider:
     """Shared call path; subclasses only decide which SDK client to build."""
 
     name: str = ""
+    # Calls allowed more output than this are streamed when AGENTQ_STREAM_ABOVE_TOKENS is unset.
+    stream_above_default: int = STREAM_EVERY_CALL
 
     def __init__(
         self,
@@ -80,7 +88,7 @@ class _MessagesProvider:
         """One assistant turn; raises ``ProviderError`` once the retry policy gives up."""
         kwargs = self._params(request)
         endpoint = self._client.beta.messages if "betas" in kwargs else self._client.messages
-        streamed = request.max_tokens > stream_above()
+        streamed = request.max_tokens > stream_above(self.stream_above_default)
         send = (lambda **kw: self._streamed(endpoint, **kw)) if streamed else endpoint.create
         response, attempts = call_with_retries(
             lambda: to_llm_response(send(**kwargs, **self._cut_timeout()), 1),
@@ -159,7 +167,10 @@ class _MessagesProvider:
             try:
                 return stream.get_final_message()
             except AssertionError as exc:  # the SDK asserts it saw a message_start: a 200 that was no stream
-                raise MalformedReply("a streamed reply that carried no message") from exc
+                kind = stream.response.headers.get("content-type") or "no content type"
+                raise MalformedReply(
+                    f"a 200 of {kind} that carried no message, where an event stream was asked"
+                ) from exc
 
 
 def anthropic_failure(exc: Exception) -> CallFailure | None:
@@ -266,7 +277,12 @@ class AnthropicProvider(_MessagesProvider):
 
 
 class BedrockProvider(_MessagesProvider):
-    """Claude on Amazon Bedrock, signed with the ambient AWS credentials (the Lambda role)."""
+    """Claude on Amazon Bedrock, signed with the ambient AWS credentials (the Lambda role).
+
+    Its stream (``invoke-with-response-stream``) comes as AWS event-stream frames, which no
+    local server of the suite speaks yet: only long outputs are streamed, as before."""
+
+    stream_above_default = STREAM_ABOVE_DEFAULT
 
     def _cache_ttl(self, request: LLMRequest) -> CacheTtl | None:
         return None  # Bedrock caches for five minutes and takes no ttl field

@@ -260,10 +260,25 @@ def pause(seconds: float) -> None:
 
 
 STREAM_ABOVE_VARIABLE = "AGENTQ_STREAM_ABOVE_TOKENS"
+STREAM_ABOVE_DEFAULT = 8192  # a provider whose stream tells its usage only at the end
+STREAM_EVERY_CALL = 0  # a provider whose stream tells the input billed at its start
 
 
-def stream_above() -> int:
-    """Calls allowed more output tokens than this are streamed (``AGENTQ_STREAM_ABOVE_TOKENS``),
-    by every provider that can: the connection carries data all along, so no proxy or idle
-    timeout cuts a call that writes for minutes, and the text so far reaches ``report_text``."""
-    return int(os.environ.get(STREAM_ABOVE_VARIABLE, "8192"))
+def stream_above(default: int = STREAM_ABOVE_DEFAULT) -> int:
+    """Calls allowed more output tokens than this are streamed (``AGENTQ_STREAM_ABOVE_TOKENS``;
+    when unset, ``default``): the connection carries data all along, so no proxy or idle
+    timeout cuts a call that writes for minutes, and the text so far reaches ``report_text``.
+
+    A provider whose stream says what is billed as it goes (the Messages API's
+    ``message_start`` gives the input, ``message_delta`` the output so far) passes
+    ``STREAM_EVERY_CALL``: a worker killed mid-call then leaves only the output since its last
+    heartbeat unknown, not the whole hold (ARCHITECTURE 4). OpenAI's and Converse's streams tell
+    the usage only at their end, so streaming their short calls would narrow nothing. Raises
+    ValueError for a value that is not a whole number >= 0.
+    """
+    raw = os.environ.get(STREAM_ABOVE_VARIABLE, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit():
+        raise ValueError(f"{STREAM_ABOVE_VARIABLE}: must be a whole number of tokens >= 0 (got {raw!r})")
+    return int(raw)
