@@ -70,11 +70,13 @@ class UnknownUsage(HoldsInFlight):
 
 @dataclass(frozen=True)
 class LapsedHolds:
-    """What settling a task's lapsed holds left: the holds still live (by epoch), and the
-    seconds left until each of them can no longer be charged."""
+    """What settling a task's lapsed holds left: the holds still live (by epoch), the seconds
+    left until each of them can no longer be charged, and how many were counted as spent now
+    (moved from held to ``unknown``: ``reserve`` weighs them again)."""
 
     kept: dict[int, Reservation]
     live: list[float]
+    spent: int = 0
 
 
 class BudgetHolds:
@@ -98,14 +100,15 @@ class BudgetHolds:
         """Count as spent the holds older epochs left on ``task`` whose calls can no longer
         complete: whether they were answered is unknown here (see the module)."""
         now = time.time()
-        live, kept = [], {}
+        live, kept, spent = [], {}, 0
         for epoch, held in task.lapsed_holds.items():
             if held.lapsed_by(now):
                 self._spend(task, held.with_seen(task.seen))
+                spent += 1
             else:
                 kept[epoch] = held
                 live.append(held.until - now if held.until is not None else 0.0)
-        return LapsedHolds(kept, live)
+        return LapsedHolds(kept, live, spent)
 
     def take_over(self, s: Session) -> None:
         """At claim: the holds left by older epochs. Those whose calls are over are counted as
@@ -204,7 +207,9 @@ class BudgetHolds:
         left (a last, shorter answer) before giving up. When it cannot, and an older epoch's
         call may still be charged, raises ``HoldsInFlight``: the task waits for that hold's
         deadline rather than overshoot the cap (its worker may report a usage below the hold
-        meanwhile, and the difference comes back); past it the hold is counted as spent.
+        meanwhile, and the difference comes back); past it the hold is counted as spent, and
+        the hold tried again: a hold set aside at claim may lapse during the run, and when it
+        alone stands in the way, now of unknown outcome, the task waits (``UnknownUsage``).
         """
         est_in, wanted = self.requests.wanted_reservation(s)
         held = s.task.inflight
@@ -213,10 +218,14 @@ class BudgetHolds:
         self.release(s)
         amount = self._try_hold(s, est_in, wanted)
         if amount is None:
-            # Lapsed holds past their deadline are counted as spent: that frees nothing, so no retry.
-            wait = min(self.spend_lapsed(self.tasks.get(s.task_id)).live, default=0.0)
-            if wait > 0:  # a lost lease's call may still be charged: wait for it, never overshoot
-                raise HoldsInFlight(wait)
+            lapsed = self.spend_lapsed(self.tasks.get(s.task_id))
+            if lapsed.live:  # a lost lease's call may still be charged: wait for it, never overshoot
+                raise HoldsInFlight(min(lapsed.live))
+            if lapsed.spent:
+                # Holds whose deadline passed since the claim were just counted as spent: that
+                # frees nothing, but they are unknown now, not held, and may alone stand in the
+                # way (``_unless_only_unknown``, which the try above weighed them as held for).
+                amount = self._try_hold(s, est_in, wanted)
         return amount
 
     def _try_hold(self, s: Session, est_in: int, wanted: int) -> int | None:
