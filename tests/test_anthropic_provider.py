@@ -391,7 +391,9 @@ def test_replies_that_are_never_a_message_fail_after_the_attempts_and_are_not_ha
     assert len(api.requests) == 3 and api.pending == 0
 
 
-@pytest.mark.parametrize("reply", [malformed_json(), wrong_shape(), wrong_shape([1, 2])], ids=["cut JSON", "object", "list"])
+@pytest.mark.parametrize(
+    "reply", [malformed_json(), wrong_shape(), wrong_shape([1, 2])], ids=["cut JSON", "object", "list"]
+)
 def test_a_200_that_is_no_event_stream_where_one_was_asked_is_a_malformed_reply_naming_what_came(
     api: FakeMessagesAPI, sleep: RecordingSleep, reply: Any
 ) -> None:
