@@ -7,6 +7,11 @@ as JSON to ``$AGENTQ_BENCH_COUNTS/<pid>.json`` every 0.5 s and at exit, together
 worker's own ``Worker.stats()`` (admission limit, tasks held, heartbeat rounds). The write is
 atomic (tmp + rename), so a SIGKILLed worker leaves its counts up to its last dump.
 
+With ``$AGENTQ_BENCH_WORKSPACE_TIMES`` set (a directory), each ``Workspaces.open`` (the restore
+at a claim) and ``Workspaces.checkpoint`` is timed and appended as one JSON line to
+``<dir>/<pid>.jsonl`` as soon as it returns (one ``write`` on an ``O_APPEND`` descriptor, so a
+line written before a SIGKILL is whole): ``bench/workspace_cost.py`` reads the restore times.
+
 Cost: one lock and one dict increment per AWS call, and one small file write per 0.5 s.
 """
 
@@ -18,6 +23,7 @@ import json
 import os
 import sys
 import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -61,6 +67,32 @@ def _capture_worker() -> None:
     Worker.start = recording_start  # type: ignore[method-assign]
 
 
+def _time_workspaces(out_dir: str) -> None:
+    """Time the restore and the checkpoint of every workspace this worker holds (see above)."""
+    from agentq.core.engine._workspace import Workspaces
+
+    fd = os.open(os.path.join(out_dir, f"{os.getpid()}.jsonl"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def timed(name: str, method: Any) -> Any:
+        def wrapper(self: Workspaces, s: Any) -> Any:
+            began, at = time.perf_counter(), time.time()
+            out = method(self, s)
+            ws = s.workspace
+            state = (ws.pending or ws.committed) if ws is not None else None  # checkpointed, else restored
+            line = {"op": name, "task": s.task_id, "pid": os.getpid(), "at": at,
+                    "seconds": time.perf_counter() - began,
+                    "files": state.files if state is not None else 0,
+                    "bytes": state.total_bytes if state is not None else 0,
+                    "directory": str(ws.directory) if ws is not None else None}  # fmt: skip
+            os.write(fd, (json.dumps(line) + "\n").encode())
+            return out
+
+        return wrapper
+
+    Workspaces.open = timed("open", Workspaces.open)  # type: ignore[method-assign]
+    Workspaces.checkpoint = timed("checkpoint", Workspaces.checkpoint)  # type: ignore[method-assign]
+
+
 def _dumper(path: str, stop: threading.Event) -> None:
     while not stop.wait(0.5):
         with contextlib.suppress(OSError):
@@ -81,6 +113,8 @@ def main() -> int:
             _dump(path)
 
         atexit.register(final_dump)
+    if os.environ.get("AGENTQ_BENCH_WORKSPACE_TIMES"):
+        _time_workspaces(os.environ["AGENTQ_BENCH_WORKSPACE_TIMES"])
     from agentq.cli.main import main as agentq_main
 
     return agentq_main(sys.argv[1:])
