@@ -43,6 +43,11 @@ CASES = {
     "policy_latency": ["--rules", "0,3", "--checks", "20"],
     "fairness": ["--sizes", "8", "--b-tasks", "2", "--latency", "0.5", "--limit", "2", "--window", "2",
                  "--concurrency", "4", "--workers", "1"],
+    # the coding task, its bill and the shell's overhead; not the restore part (a local stack and
+    # a SIGKILL per restore: seconds each), which bench/workspace_chaos.py's case exercises
+    "workspace_cost": ["--parts", "coding,shell", "--turns", "4", "--repo-mb", "0.2", "--repo-files", "12",
+                       "--sizes", "0.1:10:1", "--runs", "1"],
+    "workspace_chaos": ["--cycles", "1", "--live", "1", "--turns", "2", "--workers", "2", "--pause", "1", "--lease", "1"],
 }  # fmt: skip
 
 
@@ -137,6 +142,15 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
         [row] = result["rows"]
         assert row["b_claimed"] == 2 and row["a_running_max"] <= 2 and row["b_pickup_s"]["n"] == 2
         assert row["a_submit_calls_per_task"]["dynamodb:TransactWriteItems"] > 0
+    elif name == "workspace_cost":
+        coding, model = result["coding"], result["model"]
+        assert [r["action"] for r in coding["rows"]] == ["clone", "read", "edit", "test"] and not coding["tool_errors"]
+        assert coding["rows"][0]["uploaded_bytes"] > 0 and coding["rows"][1]["uploaded_bytes"] == 0
+        assert coding["totals"]["s3_puts"] > 0 and coding["restore"]["gets"] > 0 and model["total_usd"] > 0
+        assert result["shell"]["rows"][0]["command"] == "true" and result["shell"]["scans"]
+    elif name == "workspace_chaos":
+        assert result["ok"] and result["figures"]["kill-resume cycles (claims that took over a run)"] >= 1
+        assert result["figures"]["manifests checked"] > 0
     elif name == "import_time":
         [handler] = result["handlers"]
         assert handler["handler"] == "authorizer" and handler["median_ms"] > 0
