@@ -35,6 +35,7 @@ import json
 import os
 import random
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -51,8 +52,8 @@ from _benchlib import JsonOut, log, machine, table  # noqa: E402
 from _plot import Panel, add_plot_args, plot_from_args  # noqa: E402
 from agentq.control.submit import submit  # noqa: E402
 from agentq.core.models import LLMStep, TaskSubmission, ToolsStep  # noqa: E402
-from agentq.core.workspace import Manifest  # noqa: E402
-from agentq.core.workspace_disk import restore  # noqa: E402
+from agentq.core.workspace import EMPTY, Manifest, WorkspaceRefused  # noqa: E402
+from agentq.core.workspace_disk import restore, scan  # noqa: E402
 from agentq.resources import QueueSettings  # noqa: E402
 from agentq.runtime import build_registry  # noqa: E402
 from agentq.worker import WorkerConfig  # noqa: E402
@@ -156,9 +157,11 @@ def plan_ops(rng: random.Random, turns: int, tag: str) -> list[dict[str, Any]]:
         op: dict[str, Any]
         files = sorted(p for p in tree.files if not p.startswith("log/"))
         dirs = sorted(d for d in tree.dirs if d.startswith("deep/") and d.count("/") == 1)
-        choices = ["write", "append", "mkfile", "link"]
+        # Appends, edits and moves twice as often: run twice on a disk that kept the first run's
+        # change, they leave a trace (a line too many, an edit or a move that fails).
+        choices = ["write", "append", "append", "mkfile", "link"]
         if files:
-            choices += ["write", "edit", "edit", "rm", "mv", "chmod"]
+            choices += ["write", "edit", "edit", "rm", "mv", "mv", "chmod"]
         if dirs:
             choices.append("rmtree")
         kind = rng.choice(choices) if turn else "write"
@@ -246,7 +249,7 @@ def check_task(store: Any, task_id: str, ops: list[dict[str, Any]], pause: float
             calls = {b["id"]: b["input"] for b in body.content if b.get("type") == "tool_use"}
         elif isinstance(body, ToolsStep):
             for outcome in body.results:
-                if outcome.is_error:
+                if outcome.is_error or (outcome.name == "shell" and not outcome.content.startswith("exit code 0\n")):
                     counts["tool_errors"] += 1
                     continue
                 made = planned.get(json.dumps(calls[outcome.tool_use_id], sort_keys=True))
@@ -285,19 +288,19 @@ class Fleet:
         out = (self.logs / f"worker-{len(self.workers)}.log").open("wb")
         self.workers.append(self.stack.worker_process(stdout=out, stderr=out))
 
-    def kill_one(self, owners: set[str]) -> bool:
+    def kill_one(self, owners: set[str]) -> int | None:
         """SIGKILL a random worker among those holding a task (``owners``: lease owners,
-        ``host:pid``) and start a replacement; False if none holds one."""
+        ``host:pid``) and start a replacement; its pid (None: no worker holds one)."""
         pids = {int(o.rsplit(":", 1)[-1]) for o in owners if o}
         holding = [w for w in self.workers if w.poll() is None and w.pid in pids]
         if not holding:
-            return False
+            return None
         victim = self.rng.choice(holding)
         victim.kill()
         victim.wait()
         self.kills += 1
         self.spawn()
-        return True
+        return victim.pid
 
     def stop(self) -> None:
         for w in self.workers:
@@ -308,6 +311,22 @@ class Fleet:
                 w.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 w.kill()
+
+
+def left_behind(store: Any, root: Path, pid: int, seen: Counter[str]) -> None:
+    """What the SIGKILLed worker ``pid`` left on disk, per task: its directory against the last
+    committed step's manifest. Different: the kill landed after a change and before its step
+    committed (the case the restore is for; counted as ``dirty``). Then the directory is removed
+    (nothing else removes a SIGKILLed worker's directories)."""
+    for directory in root.glob(f"*-{pid}/*"):
+        task = store.tasks.get(directory.name.split(".")[0])
+        committed = task.workspace.manifest if task.workspace is not None else EMPTY.digest
+        try:
+            seen["dirty" if scan(directory).digest != committed else "clean"] += 1
+        except WorkspaceRefused:
+            seen["unreadable"] += 1
+    for base in root.glob(f"*-{pid}"):
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -340,8 +359,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         resumes: dict[str, int] = {}
         ended: set[str] = set()
         owners: set[str] = set()
+        on_disk: Counter[str] = Counter()
         while cycles < args.cycles:
-            if time.monotonic() >= next_kill and fleet.kill_one(owners):
+            if time.monotonic() >= next_kill and (pid := fleet.kill_one(owners)) is not None:
+                left_behind(store, work / "workspaces", pid, on_disk)
                 next_kill = time.monotonic() + fleet.rng.uniform(0.5, 2)
             time.sleep(0.2)
             owners = set()
@@ -385,6 +406,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     figures = {
         "tasks": len(checked), "by status": dict(statuses), "kills": fleet.kills,
         "kill-resume cycles (claims that took over a run)": resumes,
+        "killed runs that had changed files their step never committed": on_disk["dirty"],
+        "killed runs with nothing uncommitted on disk": on_disk["clean"],
         "claims": sum(c["claims"] for c in checked), "steps committed": sum(c["steps"] for c in checked),
         "manifests checked": totals["manifests_checked"], "final files checked": totals["final_files"],
         "lost": totals["lost"] + totals["final_lost"], "extra": totals["extra"] + totals["final_extra"],
@@ -420,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=8, help="tasks per worker")
     ap.add_argument("--live", type=int, default=12, help="tasks kept running")
     ap.add_argument("--turns", type=int, default=12, help="changes per task")
-    ap.add_argument("--pause", type=float, default=0.3, help="seconds each turn's shell call sleeps after its change")
+    ap.add_argument("--pause", type=float, default=1.0, help="seconds each turn's shell call sleeps after its change")
     ap.add_argument("--lease", type=float, default=2.0)
     ap.add_argument("--drain-seconds", type=float, default=300)
     ap.add_argument("--max-seconds", type=float, default=0, help="stop the chaos after this long whatever the cycles")
