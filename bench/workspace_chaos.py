@@ -11,9 +11,10 @@ scripted agent of ``--turns`` turns, every turn one change to its workspace draw
 (the replay hazard: an append run twice is a line too many), create a file deeper down,
 remove a file, move one, change its mode, make a symbolic link, remove a whole directory. Each
 turn's shell call then sleeps ``--pause`` s, so a kill often lands after the change was made
-and before its step committed. A chaos loop SIGKILLs a random worker holding a running task every 0.5-2 s
-and starts a replacement; the other workers take its tasks over (each claim restores the workspace of
-the task's last committed step). New tasks are submitted to keep ``--live`` running until the
+and before its step committed. A chaos loop SIGKILLs a random worker holding a running task
+every 0.5-2 s and starts a replacement; the other workers take its tasks over (each claim
+restores the workspace of the task's last committed step); the dead worker's directories are
+compared with the last committed manifests first (how many kills left uncommitted changes). New tasks are submitted to keep ``--live`` running until the
 tasks' claims that took over a run in progress (``resume_count``, summed) reach ``--cycles``;
 then the chaos stops and every task runs to its end.
 

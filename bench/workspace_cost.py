@@ -204,7 +204,10 @@ def step_changes(store: Any, task_id: str, before: Manifest, after: Manifest) ->
             continue
         changed += 1
         changed_bytes += e.size
-        old = store.workspaces.get_blob(task_id, was[e.path].digest) if e.path in was else b""
+        if e.path not in was:  # a new file: all of it is new
+            edited_bytes += e.size
+            continue
+        old = store.workspaces.get_blob(task_id, was[e.path].digest)
         edited_bytes += edited(old, store.workspaces.get_blob(task_id, e.digest))
     removed = sum(1 for p in was if p not in after.by_path())
     return {"files_changed": changed, "files_removed": removed, "changed_bytes": changed_bytes,
