@@ -256,3 +256,33 @@ def test_a_tasks_own_failures_are_counted_at_its_step_and_progress_starts_the_co
     assert backend.tasks.record_failure(task_id, 2) == 1  # a step committed since: a new count
     with pytest.raises(TaskNotFound):
         backend.tasks.record_failure("no-such-task", 1)
+
+
+def test_a_users_tasks_are_listed_apart_from_the_tenants_others_newest_first(backend: Storage) -> None:
+    def made(tenant: str, user: str | None) -> str:
+        sub = scripted([{"text": "x"}]).model_copy(update={"user": user})
+        time.sleep(0.002)
+        return backend.tasks.create(sub, tenant=tenant).task_id
+
+    alice = [made("a", "alice") for _ in range(4)]
+    made("a", "bob"), made("a", None), made("b", "alice")  # another user, none, another tenant's alice
+    page, cursor = backend.tasks.list_for_tenant("a", limit=3, user="alice")
+    assert [t.task_id for t in page] == alice[::-1][:3] and cursor is not None
+    rest, end = backend.tasks.list_for_tenant("a", limit=3, user="alice", after=cursor)
+    assert [t.task_id for t in rest] == alice[::-1][3:] and end is None
+    assert {t.user for t in page + rest} == {"alice"}
+    backend.tasks.transition(alice[0], TaskStatus.CANCELLED)
+    cancelled, _ = backend.tasks.list_for_tenant("a", limit=10, user="alice", status=TaskStatus.CANCELLED)
+    assert [t.task_id for t in cancelled] == [alice[0]]
+    assert len(backend.tasks.list_for_tenant("a", limit=10)[0]) == 6  # the tenant's listing holds them all
+
+
+def test_meta_with_the_longest_tenant_and_user_stays_within_one_write_unit(backend: Storage) -> None:
+    sub = scripted([{"text": "x"}]).model_copy(update={"user": "u" * 128})
+    task_id = backend.tasks.create(sub, tenant="t" * 64).task_id
+    for i in range(40):
+        got = backend.tasks.claim(task_id, f"worker-{i:03d}.example:{1000 + i}", 0.001)
+        assert got is not None
+        time.sleep(0.002)
+    meta = backend.table.get({"pk": f"TASK#{task_id}", "sk": "META"})
+    assert meta is not None and item_size(meta) <= 1024, item_size(meta)

@@ -28,6 +28,7 @@ TABLE_ATTRIBUTES: list[dict[str, str]] = [
     {"AttributeName": "live_sk", "AttributeType": "S"},
     {"AttributeName": "owner_worker", "AttributeType": "S"},
     {"AttributeName": "owner_task", "AttributeType": "S"},
+    {"AttributeName": "user_pk", "AttributeType": "S"},
 ]
 # A tenant's tasks, newest first: META items carry gsi1pk = "TENANT#<tenant>" and
 # gsi1sk = "<created_at epoch millis, 15 digits>#<task_id>". The projection holds the keys plus
@@ -60,6 +61,14 @@ TABLE_GSIS: list[dict[str, Any]] = [
         ],
         "Projection": {"ProjectionType": "KEYS_ONLY"},
     },
+    {
+        "IndexName": "user",
+        "KeySchema": [
+            {"AttributeName": "user_pk", "KeyType": "HASH"},
+            {"AttributeName": "gsi1sk", "KeyType": "RANGE"},
+        ],
+        "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": GSI1_PROJECTED},
+    },
 ]
 # The sweeper's index of unfinished tasks (sparse): META carries live_pk = "LIVE#<shard>" and
 # live_sk = <task_id> from creation until the task ends (a step commit or transition to a terminal
@@ -74,6 +83,11 @@ LIVE_ATTRIBUTES = ("live_pk", "live_sk")
 # When a worker is found dead, one Query lists what it held (``queueing.recovery``). Keys only;
 # a claim writes the index once, a heartbeat never does.
 GSI_OWNER = "owner"
+# The tasks acting for one end user of one tenant, newest first (sparse): the META of a task whose
+# submission names a user (and of each of its children, which inherit it) carries user_pk =
+# "USER#<digest of tenant and user>" (``storage.keys.user_tasks_pk``), sorted by the tenant listing's own gsi1sk; the same projection as gsi1,
+# so a status or roots-only filter reads the index alone. Only tasks with a user are in it.
+GSI_USER = "user"
 TTL_ATTRIBUTE = "expires_at"
 # The reaper learns of a task's expiry from the table's stream: the keys of a removed META are all
 # it needs, so the stream carries keys only (no task content leaves the table that way).

@@ -2,7 +2,8 @@
 as JSON events, their ids (cursors), the order of a tree's events, and one read of what follows
 a cursor.
 
-An event is ``{"id", "type", "task_id", "tree_path", "at", "committed", "data"}``. Its id is where
+An event is ``{"id", "type", "task_id", "tree_path", "user", "at", "committed", "data"}`` (``user``:
+the end user the watched task acts for, which its whole tree shares). Its id is where
 the watch stands after it: ``<task_id>:<step>.<seq>.<rank>.<sub>`` for one task; for a tree, the
 root's position and each sub-agent's by its place in the tree (``api/tree_cursor.py``), so the one
 id a client sends back (``Last-Event-ID``) resumes every task where it was. Uncommitted output
@@ -94,6 +95,7 @@ class Watch:
     def __init__(self, store: Storage, task: Task, *, tree: bool, field: str = "after", settle: float = SETTLE) -> None:
         self.store = store
         self.root = task.task_id
+        self.user = task.user  # a tree acts for one user: its root's
         self.tree = tree
         self.field = field  # what carried the cursor (``after`` or ``Last-Event-ID``), for its errors
         self.settle = settle
@@ -266,6 +268,7 @@ class Watch:
             "type": kind,
             "task_id": watched.task_id,
             "tree_path": path_text(watched.path) if self.tree else None,
+            "user": self.user,
             "at": event.at,
             "committed": True,
             "data": data,
@@ -302,6 +305,7 @@ class Watch:
             "type": "agent.message_delta",
             "task_id": watched.task_id,
             "tree_path": path_text(watched.path) if self.tree else None,
+            "user": self.user,
             "at": head.updated_at,
             "committed": False,
             "data": {"step": step, "epoch": epoch, "text": chunk, "reset": reset},

@@ -150,6 +150,7 @@ def task_view(store: Storage, task: Task) -> TaskView:
     return TaskView(
         task_id=task.task_id,
         status=task.status,
+        user=task.user,
         goal=sub.goal,
         provider=sub.provider,
         agent=sub.agent,
@@ -238,6 +239,7 @@ def task_summary(task: Task) -> TaskSummary:
     return TaskSummary(
         task_id=task.task_id,
         status=task.status,
+        user=task.user,
         goal=goal if len(goal) <= GOAL_PREVIEW_CHARS else goal[: GOAL_PREVIEW_CHARS - 1] + "…",
         priority=task.submission.priority,
         step=task.step,

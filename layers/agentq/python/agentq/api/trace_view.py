@@ -316,4 +316,4 @@ def trace_page(store: Storage, task: Task, *, limit: int, cursor: str | None) ->
         ]
         last_step = max([*steps_seen, step_from])
         next_cursor = encode_cursor("trace", {"task": task.task_id, "after": list(page[-1][0]), "step": last_step})
-    return TracePage(task_id=task.task_id, events=[ev for _, ev in page], next_cursor=next_cursor)
+    return TracePage(task_id=task.task_id, user=task.user, events=[ev for _, ev in page], next_cursor=next_cursor)

@@ -166,6 +166,7 @@ def plan_children(
         deadline = min(sub.deadline_seconds or remaining, remaining)
         submission = TaskSubmission(
             goal=sub.goal,
+            user=parent.submission.user,  # the tree acts for one user: a child names none of its own
             system=sub.system if sub.system is not None else parent.submission.system,
             provider=parent.submission.provider,
             model=parent.submission.model,

@@ -13,6 +13,7 @@ re-exports ``PAYLOAD_PREFIX`` for the stack's IAM policies).
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 
 PAYLOAD_PREFIX = "tasks/"  # every S3 key the storage offloads a payload to: tasks/<task_id>/...
@@ -49,6 +50,13 @@ def task_id_of(pk: str) -> str:
 def tenant_pk(tenant: str) -> str:
     """The partition of a tenant's windows and limits, and (in ``gsi1``) of its tasks."""
     return f"TENANT#{tenant}"
+
+
+def user_tasks_pk(tenant: str, user: str) -> str:
+    """The ``user`` index partition of the tasks acting for one user of one tenant: a digest of
+    the pair (neither holds ``#``, so two pairs never share one), 37 bytes whatever their
+    lengths, because META carries it and META stays within one write unit (``storage.tasks``)."""
+    return "USER#" + hashlib.sha256(f"{tenant}#{user}".encode()).hexdigest()[:32]
 
 
 def idempotency_pk(tenant: str, key: str) -> str:

@@ -81,6 +81,7 @@ class MemoryTable:
                 "gsi1": ("gsi1pk", "gsi1sk"),
                 "live": ("live_pk", "live_sk"),
                 "owner": ("owner_worker", "owner_task"),
+                "user": ("user_pk", "gsi1sk"),
             }
         )
         self._items: dict[tuple[str, str], Item] = {}

@@ -29,6 +29,13 @@ def live_keys(task_id: str) -> dict[str, str]:
     return {"live_pk": f"LIVE#{shard}", "live_sk": task_id}
 
 
+def user_attrs(tenant: str, user: str) -> dict[str, str]:
+    """What the META of a task acting for ``user`` carries: its place in the sparse ``user``
+    index (``resources.GSI_USER``; its sort key is the tenant listing's ``gsi1sk``). The user
+    itself is the submission's (``Task.user``), read with META by every read of a task."""
+    return {"user_pk": keys.user_tasks_pk(tenant, user)}
+
+
 def reopening(now: float) -> Update:
     """What the write that reopens an ended task adds to its META: the next invocation, when it
     started and the token totals it starts from (``Task.invocation``; the count is an ``ADD``, so

@@ -1,4 +1,5 @@
-"""Finding tasks: a tenant's, newest first (the ``gsi1`` index), and the unfinished ones (the
+"""Finding tasks: a tenant's, newest first (the ``gsi1`` index), one of its users' (the sparse
+``user`` index), and the unfinished ones (the
 sparse ``live`` index, which the sweeper walks)."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any
 from boto3.dynamodb.conditions import Attr, ConditionBase
 
 from agentq.core.models import Task, TaskStatus
-from agentq.resources import GSI1, GSI_LIVE, LIVE_ATTRIBUTES, LIVE_SHARDS
+from agentq.resources import GSI1, GSI_LIVE, GSI_USER, LIVE_ATTRIBUTES, LIVE_SHARDS
 from agentq.storage import keys
 from agentq.storage.table import ConditionFailed, Item, Update, plain, status_in
 from agentq.storage.task_items import TaskItems
@@ -26,8 +27,10 @@ class TaskListing(TaskItems):
         status: TaskStatus | None = None,
         roots_only: bool = True,
         max_reads: int = 5,
+        user: str | None = None,
     ) -> tuple[list[Task], str | None]:
-        """A page of ``tenant``'s tasks, newest first, from the ``gsi1`` index.
+        """A page of ``tenant``'s tasks, newest first, from the ``gsi1`` index (with ``user``: of
+        the tasks acting for that user, from the sparse ``user`` index, under the same sort key).
 
         ``after`` is the ``gsi1sk`` of the last task of the previous page. Filters are applied
         on the index (status and parent_id are projected), then the page's tasks are read in
@@ -35,7 +38,8 @@ class TaskListing(TaskItems):
         the end. With a filter, a page may hold fewer than ``limit`` tasks although more follow:
         at most ``max_reads`` index queries are made per call.
         """
-        pk = keys.tenant_pk(tenant)
+        index, pk_name = (GSI1, "gsi1pk") if user is None else (GSI_USER, "user_pk")
+        pk = keys.tenant_pk(tenant) if user is None else keys.user_tasks_pk(tenant, user)
         conditions: list[ConditionBase] = []
         if status is not None:
             conditions.append(Attr("status").eq(status.value))
@@ -50,13 +54,13 @@ class TaskListing(TaskItems):
         for _ in range(max_reads):
             wanted = limit + 1 - len(found)  # one more than needed tells whether another page exists
             page = self.table.query_index(
-                GSI1,
-                ("gsi1pk", pk),
+                index,
+                (pk_name, pk),
                 descending=True,
                 limit=max(wanted, 100) if filter_ is not None else wanted,  # a filter reads wider
                 filter=filter_,
                 start=(
-                    {**keys.meta_key(start.split("#", 1)[1]), "gsi1pk": pk, "gsi1sk": start}
+                    {**keys.meta_key(start.split("#", 1)[1]), pk_name: pk, "gsi1sk": start}
                     if start is not None
                     else None
                 ),

@@ -45,7 +45,7 @@ from agentq.storage.table import (
 )
 from agentq.storage.task_items import DAY_SECONDS as DAY_SECONDS  # re-exported: callers import the retention from here
 from agentq.storage.task_items import DEFAULT_TASK_RETENTION_DAYS as DEFAULT_TASK_RETENTION_DAYS
-from agentq.storage.task_items import request_token
+from agentq.storage.task_items import request_token, user_attrs
 from agentq.storage.task_listing import TaskListing
 from agentq.storage.task_transitions import TaskTransitions
 from agentq.storage.workspaces import WorkspaceObjects
@@ -73,6 +73,8 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
         if budget is not None:
             money = submission.constraints.max_cost_usd
             extra = {**budget_attrs(budget, micros(money) if money is not None else NO_MONEY_CAP), **extra}
+        if submission.user is not None:  # the user a task acts for, and its place in the user's listing
+            extra = {**user_attrs(tenant, submission.user), **extra}
         meta = self.meta_item(
             task_id, tenant=tenant, root_id=root_id, parent_id=parent_id, depth=depth, now=time.time(), **extra
         )

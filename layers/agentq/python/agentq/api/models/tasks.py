@@ -208,6 +208,9 @@ class RetryView(ApiModel):
 class TaskView(ApiModel):
     task_id: str
     status: TaskStatus
+    user: str | None = Field(
+        default=None, description="the end user the task (and its tree) acts for; null: none named"
+    )
     goal: str
     agent: str | None = Field(default=None, description="the agent version the task runs (name@version)")
     provider: str = Field(description="the task's own provider (a fallback that took over: answered_by)")
@@ -264,6 +267,9 @@ class TaskView(ApiModel):
 class TaskSummary(ApiModel):
     task_id: str
     status: TaskStatus
+    user: str | None = Field(
+        default=None, description="the end user the task (and its tree) acts for; null: none named"
+    )
     goal: str = Field(description=f"the first {GOAL_PREVIEW_CHARS} characters")
     priority: str
     step: int

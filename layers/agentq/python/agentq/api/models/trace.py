@@ -135,6 +135,9 @@ TraceEvent = Annotated[TransitionEvent | LLMCallEvent | ToolCallEvent | MessageE
 
 class TracePage(ApiModel):
     task_id: str
+    user: str | None = Field(
+        default=None, description="the end user the task (and its tree) acts for; null: none named"
+    )
     events: list[TraceEvent]
     next_cursor: str | None = Field(description="pass as ?cursor= for the next page; null at the end")
 
@@ -150,6 +153,7 @@ class TaskEvent(ApiModel):
     task_id: str
     tree_path: str | None = Field(default=None, description="in a tree's stream, the task's place in the tree: "
                                   "'' the root, '2' its second sub-agent, '2.1' that one's first; null otherwise")  # fmt: skip
+    user: str | None = Field(default=None, description="the end user the task (and its tree) acts for")
     at: float
     committed: bool
     data: dict[str, Any]

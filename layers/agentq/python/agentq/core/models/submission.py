@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
+from agentq.core.endusers import EndUser
 from agentq.core.memory import MAX_MEMORY_ATTACHMENTS, MemoryAttachment, unique_stores
 from agentq.core.models.constraints import Constraints
 from agentq.core.models.strict import StrictModel
@@ -162,6 +163,7 @@ class TaskSubmission(StrictModel):
         description="an agent definition, `name` (its latest version) or `name@version`; the task pins the "
         "version. The agent sets provider, model, system, script, tools and tool policies; the submission may not",
     )
+    user: EndUser | None = None
     system: SystemPrompt = None
     provider: Provider = "scripted"
     model: ModelName = DEFAULT_MODEL

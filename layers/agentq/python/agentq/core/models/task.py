@@ -136,6 +136,12 @@ class Task(BaseModel):
         }
 
     @property
+    def user(self) -> str | None:
+        """The end user the task acts for (``core.endusers``): its submission's, which a child's
+        copies from its parent (``core.fanout``)."""
+        return self.submission.user
+
+    @property
     def retrying(self) -> RetryState | None:
         """The retry in progress: its step not committed yet, the task not ended."""
         if self.retry is None or self.status.terminal or self.retry.step <= self.step:
