@@ -592,3 +592,28 @@ def test_the_run_span_says_which_part_of_the_budget_is_known_and_a_counter_the_u
     assert span.attributes["agentq.budget.known_tokens"] == 36
     assert span.attributes["agentq.budget.used_tokens"] == 536
     assert receiver.counter("agentq.budget.unknown_tokens") == {(("agentq.tenant", "acme"),): 500}
+
+
+def test_a_task_s_invocation_and_run_spans_name_its_end_user_by_the_conventions_attribute(
+    receiver: OtlpReceiver, store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``enduser.id`` as the semantic conventions' registry names it (the ``enduser`` namespace:
+    the end user of the system), on the ``invoke_agent`` span and every ``run`` span of a task
+    acting for a user, and on neither of a task acting for none."""
+    from opentelemetry.semconv._incubating.attributes.enduser_attributes import ENDUSER_ID
+
+    provider = PROVIDERS[0]
+    with anthropic_server(monkeypatch) as server:
+        for reply in provider.replies() + [text_reply("done", usage=usage_dict(5, 1))]:
+            server.enqueue(reply)
+        acting = store.tasks.create(submission(provider, user="auth0|alice"), tenant="acme")
+        alone = store.tasks.create(submission(provider, constraints={"tools": []}), tenant="acme")
+        assert run(store, registry, acting.task_id) is TaskStatus.SUCCEEDED
+        assert run(store, registry, alone.task_id) is TaskStatus.SUCCEEDED
+    otel.reset()
+    mine = [s for s in receiver.spans if s.name in (f"run {acting.task_id}", "invoke_agent agentq")
+            and s.attributes.get("agentq.task_id") == acting.task_id]  # fmt: skip
+    assert {s.name for s in mine} == {f"run {acting.task_id}", "invoke_agent agentq"}
+    assert all(s.attributes[ENDUSER_ID] == "auth0|alice" for s in mine)
+    others = [s for s in receiver.spans if s.attributes.get("agentq.task_id") == alone.task_id]
+    assert others and all(ENDUSER_ID not in s.attributes for s in others)

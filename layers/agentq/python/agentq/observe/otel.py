@@ -49,6 +49,8 @@ log = logging.getLogger("agentq.observe")
 
 Attributes = Mapping[str, str | int | float | bool | list[str]]
 
+ENDUSER_ID = "enduser.id"  # opentelemetry.semconv._incubating.attributes.enduser_attributes.ENDUSER_ID (an extra)
+
 # agentq provider name -> gen_ai.provider.name (the conventions' well-known values; "scripted" is ours)
 GENAI_PROVIDERS = {"anthropic": "anthropic", "bedrock": "aws.bedrock", "bedrock-converse": "aws.bedrock",
                    "openai": "openai"}  # fmt: skip
@@ -171,6 +173,7 @@ def task_run(task: Task, worker_id: str, resumed_from: int) -> Iterator[None]:
         "agentq.task_id": task.task_id,
         "agentq.worker_id": worker_id,
         "agentq.resumed_from_step": resumed_from,
+        **user_attributes(task),
     }
     with _started(f"run {task.task_id}", _task_parent(task), attributes=attributes) as span:
         try:
@@ -268,6 +271,13 @@ def spawned(task_id: str, use_id: str, started: float, description: str | None =
         made.end()
 
 
+def user_attributes(task: Task) -> dict[str, str]:
+    """Whom the task acts for (``core.endusers``), by the semantic conventions' ``enduser.id``
+    (the end user of the system; ``user.id`` describes a user of the host or browser): on the
+    ``invoke_agent`` span of each invocation and the ``run`` span of each claim."""
+    return {ENDUSER_ID: task.user} if task.user else {}
+
+
 def agent_attributes(task: Task, provider: str) -> dict[str, str]:
     """Who the agent is: an agent definition's name, version and id (``<tenant>/<name>``); a task
     submitted without one is its own agent, named ``agentq``, whose id is the task's."""
@@ -317,6 +327,7 @@ def task_ended(
         "agentq.root_id": task.root_id,
         "agentq.status": status,
         "agentq.invocation": task.invocation,
+        **user_attributes(task),
     }
     if task.submission.output_schema is not None:
         attributes["gen_ai.output.type"] = "json"
