@@ -75,7 +75,7 @@ def test_the_authorizer_maps_a_live_key_to_its_tenant_and_refuses_the_rest(
     token, record = keys.create("acme")
     answer = authorizer.lambda_handler(_token_event(f"Bearer {token}"), FakeLambdaContext(3))
     assert answer["principalId"] == record.key_id
-    assert answer["context"] == {"tenant": "acme", "key_id": record.key_id, "operator": False}
+    assert answer["context"] == {"tenant": "acme", "key_id": record.key_id, "operator": False, "act_for_users": False}
     assert answer["policyDocument"]["Statement"] == [
         {
             "Action": "execute-api:Invoke",
@@ -217,13 +217,27 @@ def test_the_authorizer_s_cold_import_and_first_call_stay_light(
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     imported, after_call, context = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert context == {"tenant": "light", "key_id": record.key_id, "operator": False}
-    heavy = {"boto3", "s3transfer", "pydantic", "anthropic", "agentq.runtime", "agentq.resources", "agentq.core.models",
-             "agentq.core.engine", "agentq.storage.serdes", "agentq.storage.container", "agentq.observe.emf",
-             "agentq.observe.tracing"}  # fmt: skip
+    assert context == {"tenant": "light", "key_id": record.key_id, "operator": False, "act_for_users": False}
+    heavy = {
+        "boto3",
+        "s3transfer",
+        "pydantic",
+        "anthropic",
+        "agentq.runtime",
+        "agentq.resources",
+        "agentq.core.models",
+        "agentq.core.engine",
+        "agentq.storage.serdes",
+        "agentq.storage.container",
+        "agentq.observe.emf",
+        "agentq.observe.tracing",
+        "jwt",
+        "cryptography",
+    }  # fmt: skip (PyJWT: only with an OIDC issuer)
     assert not heavy & set(after_call)
     assert {m for m in imported if m.startswith("agentq.")} == {
-        "agentq.api", "agentq.api.auth", "agentq.aws", "agentq.core", "agentq.core.errors", "agentq.core.status",
+        "agentq.api", "agentq.api.auth", "agentq.api.oidc", "agentq.aws", "agentq.core", "agentq.core.endusers",
+        "agentq.core.errors", "agentq.core.status",
         "agentq.observe", "agentq.observe.correlation", "agentq.observe.logs", "agentq.storage", "agentq.storage.api_keys",
         "agentq.storage.dynamodb", "agentq.storage.keys", "agentq.storage.table",
     }  # fmt: skip

@@ -83,7 +83,7 @@ BAD_USERS: list[Any] = ["", "x" * 129, "a b", "bob\n", "#bob", "a/b", "a=b", "a,
 
 @pytest.mark.parametrize("bad", BAD_USERS, ids=repr)
 def test_a_bad_user_is_a_422_naming_user_and_stores_nothing(api_stack: ApiStack, bad: Any) -> None:
-    key = api_stack.stack.create_api_key("eu-bad-user")
+    key = api_stack.stack.create_api_key("eu-bad-user", act_for_users=True)
     status, body, _ = api_stack.http("POST", "/tasks", _root(_leaf("x"), user=bad), key=key)
     assert status == 422 and body["error"]["field"] == "user", body
     status, page, _ = api_stack.http("GET", "/tasks?include_children=true", key=key)
@@ -91,7 +91,7 @@ def test_a_bad_user_is_a_422_naming_user_and_stores_nothing(api_stack: ApiStack,
 
 
 def test_a_tree_acts_for_its_roots_user_at_every_depth(api_stack: ApiStack) -> None:
-    key = api_stack.stack.create_api_key("eu-tree")
+    key = api_stack.stack.create_api_key("eu-tree", act_for_users=True)
     user = "google-oauth2|alice+a.b@example.com"[:128]
     nested = _spawning("top", [_spawning("mid", [_leaf("x"), _leaf("y")]), _leaf("z")])
     task_id = api_stack.submit(_root(nested, user=user), key=key)
@@ -115,7 +115,7 @@ def test_a_task_without_a_user_acts_for_none(api_stack: ApiStack) -> None:
 
 
 def test_a_subagent_cannot_name_a_user_of_its_own(api_stack: ApiStack) -> None:
-    key = api_stack.stack.create_api_key("eu-child-user")
+    key = api_stack.stack.create_api_key("eu-child-user", act_for_users=True)
     child = {**_leaf("x"), "user": "mallory"}
     task_id = api_stack.submit(_root(_spawning("top", [child]), user="alice"), key=key)
     view = api_stack.until(task_id, lambda v: v["status"] == "succeeded", key=key)

@@ -13,6 +13,7 @@ from typing import Any
 
 from agentq.api.event_hub import EventHub
 from agentq.api.events import Watch
+from agentq.core.endusers import Caller
 from agentq.core.models import Lease, TaskStatus
 from agentq.storage.container import Storage, memory_storage
 
@@ -45,7 +46,7 @@ class Subscriber:
 
 
 def _watch(hub: EventHub, store: Storage, task_id: str) -> Watch:
-    return hub.open(store.tasks.get(task_id).tenant, task_id, None, tree=False, field="after")
+    return hub.open(Caller(store.tasks.get(task_id).tenant), task_id, None, tree=False, field="after")
 
 
 def _event(frame: dict[str, str]) -> dict[str, Any]:

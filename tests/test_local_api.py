@@ -220,7 +220,8 @@ def test_without_an_authorizer_every_request_is_the_local_tenant_and_an_operator
         return {"statusCode": 200, "headers": {"Content-Type": "application/json"}, "body": "{}"}
 
     assert dispatch(handler, None, "GET", "/tasks?status=", {}, None)[0] == 200
-    assert seen == [{"tenant": LOCAL_TENANT, "operator": True}]  # the one local user owns the deployment
+    # the one local user owns the deployment, and may act for any end user
+    assert seen == [{"tenant": LOCAL_TENANT, "operator": True, "act_for_users": True}]
     assert proxy_event("GET", "/tasks?status=", {}, None)["queryStringParameters"] == {"status": ""}
 
 

@@ -604,7 +604,7 @@ def test_a_task_s_invocation_and_run_spans_name_its_end_user_by_the_conventions_
 
     provider = PROVIDERS[0]
     with anthropic_server(monkeypatch) as server:
-        for reply in provider.replies() + [text_reply("done", usage=usage_dict(5, 1))]:
+        for reply in [*provider.replies(), text_reply("done", usage=usage_dict(5, 1))]:
             server.enqueue(reply)
         acting = store.tasks.create(submission(provider, user="auth0|alice"), tenant="acme")
         alone = store.tasks.create(submission(provider, constraints={"tools": []}), tenant="acme")

@@ -220,7 +220,9 @@ def test_the_client_raises_the_api_errors_of_a_stream(api_stack: ApiStack) -> No
 def test_behind_the_web_adapter_the_tenant_is_the_authorizers_from_the_request_context() -> None:
     from agentq.api.http_server import context_tenant, dispatch
 
-    assert context_tenant(json.dumps({"authorizer": {"tenant": "team-a"}, "stage": "prod"})) == "team-a"
+    assert context_tenant(json.dumps({"authorizer": {"tenant": "team-a"}, "stage": "prod"})) == {"tenant": "team-a"}
+    got = context_tenant(json.dumps({"authorizer": {"tenant": "team-a", "user": "alice", "principalId": "x"}}))
+    assert got == {"tenant": "team-a", "user": "alice"}  # a token's user reaches the stream too
     for header in (None, "{}", json.dumps({"authorizer": {}}), json.dumps({"authorizer": {"tenant": ""}})):
         with pytest.raises(PermissionError):
             context_tenant(header)

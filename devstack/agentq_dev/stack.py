@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentq.api.app import build_app
-from agentq.api.auth import authorize, authorizer_context
+from agentq.api.auth import Unauthorized, token_authorizer
 from agentq.api.event_hub import EventHub
 from agentq.api.http_server import ApiServer
+from agentq.api.oidc import OidcVerifier
 from agentq.control.defaults import Defaults
 from agentq.core.secrets import Secrets
 from agentq.core.tools.mcp import McpServers
@@ -36,6 +37,7 @@ from agentq.worker import WorkerConfig
 from agentq_dev import forkserver
 from agentq_dev.fleet import RestartBackoff, describe_exit
 from agentq_dev.moto_server import LOCAL_CREDENTIALS, MotoServer
+from agentq_dev.oidc_issuer import LocalIssuer
 
 # The demo's own tools (send_report): always there locally, whatever else is loaded.
 DEFAULT_TOOL_MODULES: tuple[str, ...] = ("agentq.core.tools.examples",)
@@ -64,6 +66,20 @@ class _Pending:
     quick_exits: int
     delay_seconds: float
     env: dict[str, str]
+
+
+def lambda_authorizer(keys: KeyStore, oidc: OidcVerifier) -> Callable[[str | None], dict[str, Any]]:
+    """The local API server's authorizer: the Lambda authorizer's own function
+    (``api.auth.token_authorizer``), its policy read back as API Gateway reads it: an Allow's
+    context reaches the API; a Deny is a 401 naming the reason in its context; a raise, a 401."""
+
+    def authorize(header: str | None) -> dict[str, Any]:
+        answer = token_authorizer(keys, {"authorizationToken": header, "methodArn": "local"}, oidc)
+        if answer["policyDocument"]["Statement"][0]["Effect"] != "Allow":
+            raise Unauthorized(str(answer["context"]["error"]), public=True)
+        return dict(answer["context"])
+
+    return authorize
 
 
 @dataclass
@@ -98,6 +114,7 @@ class LocalStack:
         self._pending: list[_Pending] = []
         self._supervisor: threading.Thread | None = None
         self.api_server: ApiServer | None = None
+        self.issuer: LocalIssuer | None = None  # with auth: the local OIDC issuer (agentq_dev.oidc_issuer)
         self.settings: Settings | None = None
         self._stopping = threading.Event()
         self._sweeper: threading.Thread | None = None
@@ -117,8 +134,8 @@ class LocalStack:
             app = self._build_app()
             authorizer = None
             if self.auth:
-                keys = self.keys()
-                authorizer = lambda header: authorizer_context(authorize(keys, header))  # noqa: E731
+                self.issuer = LocalIssuer().start()
+                authorizer = lambda_authorizer(self.keys(), OidcVerifier(self.issuer.settings))
             hub = EventHub(self.store())  # task event streams, served by this process as in `agentq dev`
             self.api_server = ApiServer(app.resolve, authorizer=authorizer, hub=hub).start()
         for _ in range(self.workers):
@@ -161,9 +178,16 @@ class LocalStack:
         keys: KeyStore = self.store().api_keys
         return keys
 
-    def create_api_key(self, tenant: str = "local", *, operator: bool = False) -> str:
-        """A new API key for ``tenant`` (what `agentq keys create [--operator]` does)."""
-        return self.keys().create(tenant, operator=operator)[0]
+    def create_api_key(self, tenant: str = "local", *, operator: bool = False, act_for_users: bool = False) -> str:
+        """A new API key for ``tenant`` (what `agentq keys create [--operator] [--act-for-users]` does)."""
+        return self.keys().create(tenant, operator=operator, act_for_users=act_for_users)[0]
+
+    def token(
+        self, *, user: str, tenant: str = "local", ttl: float = 3600, claims: dict[str, Any] | None = None
+    ) -> str:
+        """A JWT of the stack's local OIDC issuer (``auth`` only): what `agentq dev token` mints."""
+        assert self.issuer is not None, "the stack's issuer runs with auth=True"
+        return self.issuer.mint(user=user, tenant=tenant, ttl=ttl, claims=claims)
 
     def queues(self) -> Any:
         assert self.settings is not None
@@ -329,6 +353,8 @@ class LocalStack:
                 proc.kill()
         if self.api_server:
             self.api_server.stop()
+        if self.issuer is not None:
+            self.issuer.stop()
         self.moto.stop()
 
     def __enter__(self) -> LocalStack:

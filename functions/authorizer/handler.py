@@ -1,4 +1,7 @@
-"""Authorizer Lambda (API Gateway TOKEN authorizer): ``Authorization: Bearer <key>`` -> tenant.
+"""Authorizer Lambda (API Gateway TOKEN authorizer): ``Authorization: Bearer <key>`` -> tenant,
+and, where the stack configures an OIDC issuer (``AGENTQ_OIDC``, from cdk.json's ``oidc``),
+``Authorization: Bearer <JWT>`` -> tenant and user (``agentq.api.oidc``; a refused token is a
+Deny naming why, which the stack's gateway response turns into a 401 JSON body).
 
 Thin over ``agentq.api.auth``: the key's SHA-256 is looked up in the task table; a live key is
 answered with an Allow policy for the stage and ``context = {"tenant", "key_id"}``, which API
@@ -25,13 +28,16 @@ from typing import Any
 from aws_lambda_powertools import Logger
 
 from agentq.api.auth import key_store_from_env, token_authorizer
+from agentq.api.oidc import OidcSettings, OidcVerifier
 from agentq.observe.logs import route_core_logs
 
 logger = Logger(service="agentq-authorizer")
 route_core_logs(logger)
 
 _keys = key_store_from_env(pool=4)
+_oidc_settings = OidcSettings.from_env()
+_oidc = OidcVerifier(_oidc_settings) if _oidc_settings is not None else None  # its JWKS cached per environment
 
 
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return token_authorizer(_keys, event)
+    return token_authorizer(_keys, event, _oidc)

@@ -285,4 +285,5 @@ def test_meta_with_the_longest_tenant_and_user_stays_within_one_write_unit(backe
         assert got is not None
         time.sleep(0.002)
     meta = backend.table.get({"pk": f"TASK#{task_id}", "sk": "META"})
-    assert meta is not None and item_size(meta) <= 1024, item_size(meta)
+    assert meta is not None
+    assert item_size(meta) <= 1024, item_size(meta)

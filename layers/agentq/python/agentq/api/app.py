@@ -11,12 +11,16 @@ The resolver itself answers what must be decided before a body is parsed or a ro
 The tenant comes from the authorizer context (``requestContext.authorizer.tenant``): API
 Gateway's Lambda authorizer puts it there, and the local server does the same in-process.
 So does ``operator`` (the key may read every tenant's usage): API Gateway hands it on as the
-string ``"true"``, the local server as a boolean; anything else is not an operator.
+string ``"true"``, the local server as a boolean; anything else is not an operator. A JWT's
+context names the ``user`` the request acts as (``core.endusers.Caller``): such a caller reaches
+only ``USER_PATHS`` (its own tasks; 403 elsewhere), and a key's ``act_for_users`` says whether
+its requests may name a user.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
@@ -28,6 +32,7 @@ from aws_lambda_powertools.event_handler.api_gateway import Route
 from aws_lambda_powertools.event_handler.openapi.models import HTTPBearer
 
 from agentq.api import console, errors
+from agentq.api.auth import caller_of
 from agentq.api.body_guard import BodyProblem, check_body
 from agentq.api.errors import JSON, error_response, proxy_error
 from agentq.api.models import MAX_BODY_BYTES
@@ -49,6 +54,7 @@ from agentq.api.routes import (
 from agentq.api.routes import mcp as mcp_route
 from agentq.api.routes.common import ApiDeps
 from agentq.control.defaults import Defaults
+from agentq.core.endusers import Caller
 from agentq.core.tools import ToolRegistry
 from agentq.queueing.queues import TaskQueues
 from agentq.storage.container import Storage
@@ -81,16 +87,21 @@ def is_public(path: str) -> bool:
     return path in PUBLIC_PATHS or console.is_console(path)
 
 
-def _event_operator(event: Mapping[str, Any]) -> bool:
-    ctx = (event.get("requestContext") or {}).get("authorizer") or {}
-    flag = ctx.get("operator") if isinstance(ctx, Mapping) else None
-    return flag is True or (isinstance(flag, str) and flag.lower() == "true")
+def _event_caller(event: Mapping[str, Any]) -> Caller | None:
+    return caller_of((event.get("requestContext") or {}).get("authorizer"))
 
 
-def _event_tenant(event: Mapping[str, Any]) -> str | None:
-    ctx = (event.get("requestContext") or {}).get("authorizer") or {}
-    tenant = ctx.get("tenant") if isinstance(ctx, Mapping) else None
-    return str(tenant) if tenant else None
+# What a caller acting as one end user (a JWT's, ``core.endusers.Caller.bound``) may reach: its
+# own tasks and what concerns them, and fleet health. Everything else acts for the whole tenant
+# (its agents' definitions, memory stores, schedules, callback secret, dead letters) and answers
+# 403: a route added later is closed to such callers until it is listed here.
+USER_PATHS = re.compile(r"/tasks(/.*)?|/mcp|/usage|/usage/spend|/breakers")
+USER_READS = re.compile(r"/agents(/.*)?")
+
+
+def user_may(method: str, path: str) -> bool:
+    """Whether a caller bound to one end user may send ``method`` to ``path``."""
+    return USER_PATHS.fullmatch(path) is not None or (method == "GET" and USER_READS.fullmatch(path) is not None)
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -185,10 +196,16 @@ class AgentqResolver(APIGatewayRestResolver):
                 415, "unsupported_media_type", f"send the body as application/json, {said}", "Content-Type"
             )
         path = str(event.get("path") or "")
-        if not is_public(path) and _event_tenant(event) is None and self.default_tenant is None:
+        caller = _event_caller(event)
+        if not is_public(path) and caller is None and self.default_tenant is None:
             return proxy_error(
                 401, "unauthorized", "send Authorization: Bearer <API key>", headers={"WWW-Authenticate": "Bearer"}
             )
+        if caller is not None and caller.bound and not is_public(path):
+            method = str(event.get("httpMethod") or "GET").upper()
+            if not user_may(method, path):
+                return proxy_error(403, "forbidden", f"{method} {path} acts for the whole tenant: send an API key, "
+                                   "not an end user's token")  # fmt: skip
         try:
             check_body(event)
         except BodyProblem as problem:
@@ -206,14 +223,21 @@ class AgentqResolver(APIGatewayRestResolver):
         with self._first_calls:  # the route builds its middleware stack in this call
             return super()._call_route(route, route_arguments)
 
+    def caller(self) -> Caller:
+        """Who the current request acts for: its authorizer context's tenant (and user), or the
+        default tenant's keyless caller, who may act for any user."""
+        caller = _event_caller(self.current_event.raw_event)
+        if caller is None:
+            assert self.default_tenant is not None  # resolve() answered 401 otherwise
+            return Caller(self.default_tenant, names_users=True)
+        return caller
+
     def tenant(self) -> str:
-        tenant = _event_tenant(self.current_event.raw_event) or self.default_tenant
-        assert tenant is not None  # resolve() answered 401 otherwise
-        return tenant
+        return self.caller().tenant
 
     def operator(self) -> bool:
         """Whether the current request's key is an operator's (see the module)."""
-        return _event_operator(self.current_event.raw_event)
+        return self.caller().operator
 
     def missing_route(self) -> Response[Any]:
         """405 with ``Allow`` when another method serves the path, else 404."""
@@ -261,6 +285,7 @@ def build_app(
         defaults=defaults or Defaults(),
         tenant=app.tenant,
         operator=app.operator,
+        caller=app.caller,
         mcp=mcp,
     )
     # The order of inclusion is the order of the paths in the OpenAPI document.

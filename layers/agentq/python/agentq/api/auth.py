@@ -1,4 +1,5 @@
-"""API keys at the door: a bearer key -> its tenant, or 401.
+"""API keys (and OIDC tokens) at the door: a bearer key -> its tenant, a JWT -> its tenant and
+user (``api.oidc``), or 401.
 
 The keys themselves (hashes in the task table, create / lookup / revoke / list) are
 ``agentq.storage.api_keys``. This module decides what a presented ``Authorization`` header is
@@ -19,35 +20,55 @@ from __future__ import annotations
 import logging
 import os
 import re
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
+from agentq.core.endusers import Caller
 from agentq.core.errors import AgentqError
 from agentq.storage.api_keys import ApiKey, KeyStore
+
+if TYPE_CHECKING:
+    from agentq.api.oidc import OidcVerifier
 
 log = logging.getLogger("agentq.auth")
 
 _TOKEN_PATTERN = re.compile(r"aq_[A-Za-z0-9_-]{20,200}")  # fullmatch: `$` would let a trailing newline by
+_JWT = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
 
 
 class Unauthorized(AgentqError):
-    """No valid API key. ``str()`` is exactly "Unauthorized": what API Gateway expects a TOKEN
-    authorizer to raise for a 401; the reason is in ``reason`` (logged, never returned)."""
+    """No valid API key or token. ``str()`` is exactly "Unauthorized": what API Gateway expects a
+    TOKEN authorizer to raise for a 401; the reason is in ``reason``: logged, and returned only
+    when ``public`` (a token's: it tells the holder about their own token; a key's says nothing
+    of which keys exist)."""
 
     code = "unauthorized"
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, *, public: bool = False) -> None:
         super().__init__("Unauthorized")
         self.reason = reason
+        self.public = public
 
 
-def bearer_token(header: str | None) -> str:
-    """The key in an ``Authorization: Bearer <key>`` header value."""
+def looks_like_jwt(token: str) -> bool:
+    """Three base64url parts: what a bearer JWT is (an API key starts ``aq_`` and has no dot)."""
+    return _JWT.fullmatch(token) is not None
+
+
+def bearer(header: str | None) -> str:
+    """The credential in an ``Authorization: Bearer <credential>`` header value."""
     if not header:
         raise Unauthorized("no Authorization header")
     scheme, _, token = header.strip().partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         raise Unauthorized("Authorization is not 'Bearer <key>'")
+    return token
+
+
+def bearer_token(header: str | None) -> str:
+    """The key in an ``Authorization: Bearer <key>`` header value."""
+    token = bearer(header)
     if not _TOKEN_PATTERN.fullmatch(token):
         raise Unauthorized("malformed key")
     return token
@@ -85,17 +106,61 @@ def policy(
 
 def authorizer_context(key: ApiKey) -> dict[str, str | bool]:
     """What the API learns of the caller (``requestContext.authorizer``), in AWS and locally."""
-    return {"tenant": key.tenant, "key_id": key.key_id, "operator": key.operator}
+    return {"tenant": key.tenant, "key_id": key.key_id, "operator": key.operator, "act_for_users": key.act_for_users}
 
 
-def token_authorizer(keys: KeyStore, event: dict[str, Any]) -> dict[str, Any]:
-    """A Lambda TOKEN authorizer: the tenant of the bearer key, or raise Unauthorized (401)."""
+def token_context(claims: dict[str, str]) -> dict[str, str | bool]:
+    """What the API learns of a caller with a valid JWT: its tenant and the user it acts as."""
+    return {"tenant": claims["tenant"], "user": claims["user"], "operator": False}
+
+
+def identify(keys: KeyStore, header: str | None, oidc: OidcVerifier | None = None) -> dict[str, str | bool]:
+    """The authorizer context of an Authorization header value: an API key's, or with ``oidc``
+    (the deployment's issuer) a JWT's; else Unauthorized."""
+    token = bearer(header)
+    if "." in token:  # a key never holds a dot: a token, well-formed or not (``api.oidc`` says which)
+        if oidc is None:
+            raise Unauthorized("this deployment accepts API keys only: no OIDC issuer is configured", public=True)
+        return token_context(oidc.verify(token))
+    return authorizer_context(authorize(keys, header))
+
+
+def caller_of(context: Mapping[str, Any] | None) -> Caller | None:
+    """The ``Caller`` an authorizer context describes (API Gateway hands booleans on as the
+    strings "true"/"false"), or None without a tenant."""
+    ctx = context if isinstance(context, Mapping) else {}
+    tenant = ctx.get("tenant")
+    if not tenant:
+        return None
+    user = ctx.get("user") or None
+
+    def flag(name: str) -> bool:
+        value = ctx.get(name)
+        return value is True or (isinstance(value, str) and value.lower() == "true")
+
+    return Caller(
+        tenant=str(tenant),
+        user=str(user) if user else None,
+        names_users=flag("act_for_users"),
+        operator=flag("operator"),
+    )
+
+
+def token_authorizer(keys: KeyStore, event: dict[str, Any], oidc: OidcVerifier | None = None) -> dict[str, Any]:
+    """A Lambda TOKEN authorizer: the tenant of the bearer key (or the tenant and user of a JWT,
+    with ``oidc``). A refused key raises Unauthorized (API Gateway's bare 401); a refused token
+    is a Deny whose context names why (``error``), which the stack's ACCESS_DENIED gateway
+    response answers as a 401 JSON body (``infra/api.py``)."""
+    method_arn = str(event.get("methodArn", "*"))
     try:
-        key = authorize(keys, event.get("authorizationToken"))
+        context = identify(keys, event.get("authorizationToken"), oidc)
     except Unauthorized as exc:
         log.info("refused: %s", exc.reason)
+        if exc.public:
+            return policy("refused", method_arn, effect="Deny", context={"error": exc.reason})
         raise
-    return policy(key.key_id, str(event.get("methodArn", "*")), context=authorizer_context(key))
+    principal = str(context.get("key_id") or f"{context['tenant']}/{context.get('user')}")
+    return policy(principal, method_arn, context=context)
 
 
 def table_from_env() -> str:

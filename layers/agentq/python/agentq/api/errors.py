@@ -38,6 +38,7 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import (
 from agentq.api import views as api_views
 from agentq.api.models import MAX_BODY_BYTES, ErrorResponse
 from agentq.api.routes.common import Router
+from agentq.core.endusers import UserNotAllowed
 from agentq.core.errors import (
     AgentqError,
     IdempotencyConflict,
@@ -207,8 +208,8 @@ def handlers() -> Router:
     def on_limit(exc: MemoryLimitExceeded) -> Response[Any]:
         return error_response(422, exc.code, exc.message, exc.field)
 
-    @router.exception_handler(Forbidden)
-    def on_forbidden(exc: Forbidden) -> Response[Any]:
+    @router.exception_handler([Forbidden, UserNotAllowed])
+    def on_forbidden(exc: AgentqError) -> Response[Any]:
         return error_response(403, exc.code, exc.message, exc.field)
 
     @router.exception_handler(

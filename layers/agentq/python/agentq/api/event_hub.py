@@ -28,6 +28,7 @@ from typing import Any
 
 from agentq.api.events import READ_PAGE, SETTLE, Watch, Watched
 from agentq.api.views import owned
+from agentq.core.endusers import Caller
 from agentq.core.models import LLMStep
 from agentq.storage.container import Storage
 from agentq.storage.events import Head, LogEvent, Position
@@ -200,10 +201,11 @@ class EventHub:
         with self.lock:
             return self.direct_reads + self.retired_reads + sum(p.reads for p in self.pollers.values())
 
-    def open(self, tenant: str, task_id: str, cursor: str | None, *, tree: bool, field: str) -> Watch:
-        """The watch a stream serves, checked before any byte is sent: another tenant's or
-        an unknown task is ``TaskNotFound``, a cursor not of this task (or tree) ``InvalidCursor``."""
-        task = owned(self.store, task_id, tenant)
+    def open(self, caller: Caller, task_id: str, cursor: str | None, *, tree: bool, field: str) -> Watch:
+        """The watch a stream serves, checked before any byte is sent: a task the caller may not
+        see (another tenant's, another user's) or an unknown one is ``TaskNotFound``, a cursor
+        not of this task (or tree) ``InvalidCursor``."""
+        task = owned(self.store, task_id, caller)
         return Watch.open(self.store, task, cursor, tree=tree, field=field, settle=self.settle)
 
     def finished(self, watch: Watch) -> bool:

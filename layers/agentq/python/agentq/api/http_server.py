@@ -40,6 +40,7 @@ from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 from agentq.api import http_guard
 from agentq.api.app import is_public
+from agentq.api.auth import Unauthorized, caller_of
 from agentq.api.errors import error_body
 from agentq.api.models import MAX_BODY_BYTES
 from agentq.core.errors import AgentqError, TaskNotFound
@@ -61,10 +62,12 @@ def proxy_event(
     *,
     operator: bool = False,
     key_id: str | None = None,
+    context: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """An API Gateway REST proxy event; ``tenant=None`` carries no authorizer context. ``key_id``:
     the caller's API key, which API Gateway's authorizer context names too (a person's memory
-    write records it)."""
+    write records it). ``context``: the whole authorizer context instead (a token's user, a
+    key's ``act_for_users``), as the authorizer made it."""
     parts = urlsplit(url)
     path = unquote(parts.path)
     query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()} or None
@@ -85,7 +88,7 @@ def proxy_event(
             "path": path,
             "requestTimeEpoch": int(time.time() * 1000),
             "identity": {"sourceIp": "127.0.0.1"},
-            "authorizer": _context(tenant, operator, key_id) if tenant else None,
+            "authorizer": dict(context) if context else (_context(tenant, operator, key_id) if tenant else None),
         },
         "body": body,
         "isBase64Encoded": False,
@@ -100,47 +103,56 @@ def _context(tenant: str, operator: bool, key_id: str | None) -> dict[str, Any]:
 
 
 # An Authorization header value -> the caller's tenant (a str), or its whole authorizer context
-# (a mapping with ``tenant``, ``operator`` and ``key_id``); raises to refuse the key.
+# (a mapping with ``tenant``, ``operator``, ``key_id``, a key's ``act_for_users`` or a token's
+# ``user``); raises to refuse the key (``api.auth.Unauthorized``: a public reason is answered).
 Authorizer = Callable[[str | None], "str | Mapping[str, Any]"]
 
 
 REQUEST_CONTEXT = "x-amzn-request-context"  # where the Lambda Web Adapter puts API Gateway's request context
 
 
-def context_tenant(header: str | None) -> str:
-    """The tenant API Gateway's authorizer put in the request context, as the Lambda Web Adapter
-    forwards it (the server behind it in AWS, ``functions/events``); raises without one."""
-    tenant = ((json.loads(header or "{}") or {}).get("authorizer") or {}).get("tenant")
+def context_tenant(header: str | None) -> dict[str, Any]:
+    """The authorizer context API Gateway put in the request context (its tenant, and a token's
+    user), as the Lambda Web Adapter forwards it (the server behind it in AWS,
+    ``functions/events``); raises without a tenant."""
+    context = (json.loads(header or "{}") or {}).get("authorizer") or {}
+    tenant = context.get("tenant") if isinstance(context, dict) else None
     if not isinstance(tenant, str) or not tenant:
         raise PermissionError("no tenant in the request context")
-    return tenant
+    return {k: v for k, v in context.items() if k in ("tenant", "user", "key_id", "operator", "act_for_users")}
 
 
-Caller = tuple[str, bool, "str | None"]  # (tenant, operator, key_id)
+Caller = dict[str, Any]  # the authorizer context: tenant, operator, key_id, act_for_users or user
+
+# No keys: the one local user operates the deployment, and may act for any end user.
+_KEYLESS: Caller = {"tenant": LOCAL_TENANT, "operator": True, "act_for_users": True}
 
 
 def _caller(authorizer: Authorizer | None, url: str, headers: dict[str, str]) -> Caller:
-    """The caller's (tenant, operator, key_id); raises when the authorizer refuses the key."""
+    """The caller's authorizer context; raises when the authorizer refuses the key or token."""
     if authorizer is None:
-        return LOCAL_TENANT, True, None  # no keys: the one local user operates the deployment
+        return _KEYLESS
     if is_public(unquote(urlsplit(url).path)):
-        return LOCAL_TENANT, False, None
+        return {"tenant": LOCAL_TENANT, "operator": False}
     if authorizer is context_tenant:
         header = next((v for k, v in headers.items() if k.lower() == REQUEST_CONTEXT), None)
-        return context_tenant(header), False, None
+        return context_tenant(header)
     found = authorizer(next((v for k, v in headers.items() if k.lower() == "authorization"), None))
     if isinstance(found, str):
-        return found, False, None
-    key_id = found.get("key_id")
-    return str(found["tenant"]), bool(found.get("operator")), str(key_id) if key_id else None
+        return {"tenant": found, "operator": False}
+    return dict(found)
 
 
-_REFUSED_KEY = (401, "unauthorized", "missing, unknown or revoked API key", None, {"WWW-Authenticate": "Bearer"})
-_UNAUTHORIZED = (
-    401,
-    {"Content-Type": "application/json", "WWW-Authenticate": "Bearer"},
-    json.dumps(error_body("unauthorized", "missing, unknown or revoked API key")).encode(),
-)
+_KEY_REFUSAL = "missing, unknown or revoked API key"
+_REFUSED_KEY = (401, "unauthorized", _KEY_REFUSAL, None, {"WWW-Authenticate": "Bearer"})
+
+
+def refusal(exc: Exception) -> tuple[int, dict[str, str], bytes]:
+    """The 401 of a refused request: a token's reason when it has a public one (``api.oidc``),
+    else the same words for every key (which say nothing of which keys exist)."""
+    message = exc.reason if isinstance(exc, Unauthorized) and exc.public else _KEY_REFUSAL
+    headers = {"Content-Type": "application/json", "WWW-Authenticate": "Bearer"}
+    return 401, headers, json.dumps(error_body("unauthorized", message)).encode()
 
 
 def dispatch(
@@ -158,10 +170,9 @@ def dispatch(
     if caller is None:
         try:
             caller = _caller(authorizer, url, headers)
-        except Exception:  # the authorizer's refusal, whatever the reason: 401 as API Gateway
-            return _UNAUTHORIZED
-    tenant, operator, key_id = caller
-    result = handler(proxy_event(method, url, headers, body, tenant=tenant, operator=operator, key_id=key_id), None)
+        except Exception as exc:  # the authorizer's refusal, whatever the reason: 401 as API Gateway
+            return refusal(exc)
+    result = handler(proxy_event(method, url, headers, body, context=caller), None)
     out = {**(result.get("headers") or {})}
     for name, values in (result.get("multiValueHeaders") or {}).items():
         out.setdefault(name, values[-1])
@@ -277,9 +288,11 @@ class ApiServer:
                 )
                 try:
                     caller: Caller | None = _caller(outer.authorizer, self.path, headers)
-                except Exception:  # the key is refused: 401 from dispatch, the body unread
+                except Exception as exc:  # the key is refused: 401 from dispatch, the body unread
                     if length:
-                        raise http_guard.Refused(*_REFUSED_KEY) from None
+                        status, _, page = refusal(exc)
+                        message = json.loads(page)["error"]["message"]
+                        raise http_guard.Refused(status, "unauthorized", message, None, _REFUSED_KEY[4]) from None
                     return None, None
                 http_guard.check_size(length, MAX_BODY_BYTES)
                 if not length:
@@ -322,12 +335,13 @@ class ApiServer:
                 if status != 200:
                     self._reply(status, out, payload)
                     return
-                tenant = _caller(outer.authorizer, self.path, headers)[0]
+                caller = caller_of(_caller(outer.authorizer, self.path, headers))
+                assert caller is not None  # the check above answered 401 otherwise
                 after = query.get("after", [None])[-1] or self.headers.get("Last-Event-ID")
                 tree = query.get("tree", ["false"])[-1].lower() in ("true", "1")
                 field = "after" if query.get("after") else "Last-Event-ID"
                 try:
-                    watch = hub.open(tenant, task_id, after, tree=tree, field=field)
+                    watch = hub.open(caller, task_id, after, tree=tree, field=field)
                 except AgentqError as exc:  # the task or cursor changed since the check: as the handler says
                     code = 404 if isinstance(exc, TaskNotFound) else 400
                     self._reply(code, {"Content-Type": "application/json"},

@@ -21,6 +21,7 @@ from agentq.api.models import (
     TaskView,
     TokenUsage,
 )
+from agentq.core.endusers import Caller
 from agentq.core.errors import TaskNotFound
 from agentq.core.models import (
     LLMStep,
@@ -39,10 +40,11 @@ def _links(task_id: str) -> TaskLinks:
     return TaskLinks.for_task(task_id)
 
 
-def owned(store: Storage, task_id: str, tenant: str) -> Task:
-    """The task if ``tenant`` owns it; any other tenant's task is simply not found (404, no oracle)."""
+def owned(store: Storage, task_id: str, caller: Caller) -> Task:
+    """The task if ``caller`` may see it (its tenant's; a caller acting as one end user: that
+    user's only); any other is simply not found (404, no oracle)."""
     task = store.tasks.get(task_id)
-    if task.tenant != tenant:
+    if not caller.sees(task.tenant, task.user):
         raise TaskNotFound(f"no task {task_id!r}", field="task_id")
     return task
 

@@ -65,8 +65,9 @@ def task_page(
     status: TaskStatus | None,
     include_children: bool,
     metadata: dict[str, str] | None = None,
+    user: str | None = None,
 ) -> TaskPage:
-    """A page of the tenant's tasks, newest first. With ``metadata`` (every pair must match) the
+    """A page of the tenant's tasks (with ``user``: of those acting for that user), newest first. With ``metadata`` (every pair must match) the
     tasks are read in pages and filtered here, since metadata is not on the index: at most
     ``METADATA_SCAN_LIMIT`` are read per call, so a page may hold fewer matches than ``limit``
     while ``next_cursor`` says more may follow (the same contract as a status filter)."""
@@ -77,10 +78,10 @@ def task_page(
             raise InvalidCursor("cursor is not one this API issued; pass next_cursor back unchanged", field="cursor")
     if not metadata:
         tasks, last = store.tasks.list_for_tenant(
-            tenant, limit=limit, after=after, status=status, roots_only=not include_children
+            tenant, limit=limit, after=after, status=status, roots_only=not include_children, user=user
         )
         return TaskPage(
-            tasks=[task_summary(t) for t in tasks if t.tenant == tenant],
+            tasks=[task_summary(t) for t in tasks if t.tenant == tenant and (user is None or t.user == user)],
             next_cursor=encode_cursor("tasks", last) if last else None,
         )
     found: list[Task] = []
@@ -89,11 +90,15 @@ def task_page(
     # filter a call's index reads are bounded too), however rare the match.
     for _ in range(max(1, METADATA_SCAN_LIMIT // _METADATA_SCAN_PAGE)):
         tasks, last = store.tasks.list_for_tenant(
-            tenant, limit=_METADATA_SCAN_PAGE, after=last, status=status, roots_only=not include_children
+            tenant, limit=_METADATA_SCAN_PAGE, after=last, status=status, roots_only=not include_children, user=user
         )
         for task in tasks:
             meta = task.submission.metadata
-            if task.tenant == tenant and all(meta.get(k) == v for k, v in metadata.items()):
+            if (
+                task.tenant == tenant
+                and (user is None or task.user == user)
+                and all(meta.get(k) == v for k, v in metadata.items())
+            ):
                 found.append(task)
                 if len(found) == limit:  # go on after this one next time
                     return TaskPage(

@@ -6,7 +6,7 @@ with does, ``api.auth``), the task's META keeps it, children inherit it, and eve
 says who did what repeats it (events, trace, OTel spans, the ledger's breakdown).
 
 The charset is what identity providers put in a subject and nothing that a key, a filter or a
-log line would misread: 1-128 characters, the first a letter or a digit, the rest letters,
+log line would misread (no pydantic here: the authorizer Lambda imports this module): 1-128 characters, the first a letter or a digit, the rest letters,
 digits and ``. _ - @ + : |`` (an email address ``a.b+c@example.com``, Auth0's
 ``google-oauth2|1234``, a URN ``urn:x:42``, Okta's ``00u1abcd``, a UUID). No ``#`` (the table's key
 separator), ``/``, ``=`` or ``,`` (query and filter syntax), whitespace or control characters.
@@ -15,27 +15,63 @@ separator), ``/``, ``=`` or ``,`` (query and filter syntax), whitespace or contr
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from dataclasses import dataclass
 
-from pydantic import Field
+from agentq.core.errors import AgentqError
 
 MAX_USER_CHARS = 128
 USER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@+:|-]{0,127}$"
 _USER = re.compile(USER_PATTERN[1:-1])  # fullmatch: `$` would let a trailing newline by
 USER_RULE = "1-128 characters: a letter or digit, then letters, digits or . _ - @ + : |"
 
-EndUser = Annotated[
-    str,
-    Field(
-        min_length=1,
-        max_length=MAX_USER_CHARS,
-        pattern=USER_PATTERN,
-        description=f"the end user the task acts for ({USER_RULE}); its children act for the same user",
-    ),
-]
-
 
 def valid_user(value: object) -> bool:
-    """Whether ``value`` is a user name as ``EndUser`` accepts it (for values that reach us
+    """Whether ``value`` is a user name as a submission's ``user`` accepts it (for values that reach us
     outside a model: a token's claim, a query parameter)."""
     return isinstance(value, str) and _USER.fullmatch(value) is not None
+
+
+class UserNotAllowed(AgentqError):
+    """A caller naming a user it may not act for (403, naming ``user``)."""
+
+    code = "user_not_allowed"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who a request acts for, as the authorizer established it.
+
+    ``user`` set: a JWT's user (``api.oidc``); the request acts as that user, may name no other,
+    and sees only that user's tasks of its tenant. ``user`` None: an API key, acting for the
+    whole tenant; it may name a user only if the key was created allowed to (``names_users``,
+    ``agentq keys create --act-for-users``)."""
+
+    tenant: str
+    user: str | None = None
+    names_users: bool = False
+    operator: bool = False
+
+    @property
+    def bound(self) -> bool:
+        """Acting as one user (a JWT's), not for the whole tenant."""
+        return self.user is not None
+
+    def acting_user(self, named: str | None) -> str | None:
+        """The user a request that names ``named`` (or none) acts for, or ``UserNotAllowed``."""
+        if self.user is not None:
+            if named is not None and named != self.user:
+                raise UserNotAllowed(
+                    f"user: this token acts for {self.user!r}; it may not name another user", field="user"
+                )
+            return self.user
+        if named is not None and not self.names_users:
+            raise UserNotAllowed(
+                "user: this API key may not name an end user; create one that may (agentq keys create "
+                "--act-for-users) or authenticate the user with a token of the deployment's OIDC issuer",
+                field="user",
+            )
+        return named
+
+    def sees(self, tenant: str, user: str | None) -> bool:
+        """Whether a task of ``tenant`` acting for ``user`` is visible to this caller."""
+        return tenant == self.tenant and (self.user is None or user == self.user)

@@ -8,7 +8,9 @@ Items (``storage.keys``):
   key without it; ``gsi1pk = "KEYS#<tenant>"`` lists a tenant's keys
 
 ``operator``: the key may also read every tenant's usage (``GET /usage/tenants``); it still
-acts as its own tenant everywhere else. A key written before the field existed is not one.
+acts as its own tenant everywhere else. ``act_for_users``: requests with the key may name the
+end user they act for (``core.endusers``; a product's backend serving many users). A key
+written before either field existed has neither.
 
 Both are written in one transaction, and each only if absent, so a key is never half-created
 and never overwrites another. What a presented key is worth (the ``Authorization`` header,
@@ -49,6 +51,7 @@ class ApiKey:
     revoked: bool = False
     revoked_at: float | None = None
     operator: bool = False  # may read every tenant's usage (GET /usage/tenants)
+    act_for_users: bool = False  # may name the end user a request acts for (core.endusers)
 
 
 def key_hash(token: str) -> str:
@@ -64,6 +67,7 @@ def _record(key_id: str, raw: Item) -> ApiKey:
         revoked=bool(data.get("revoked")),
         revoked_at=data.get("revoked_at"),
         operator=bool(data.get("operator")),
+        act_for_users=bool(data.get("act_for_users")),
     )
 
 
@@ -74,15 +78,20 @@ class KeyStore:
         self.table = table
         self.list_page = list_page  # index items read per request of a listing
 
-    def create(self, tenant: str, *, operator: bool = False) -> tuple[str, ApiKey]:
-        """A new key for ``tenant`` (an operator's with ``operator``): returns (the key, shown
-        once and never stored, its record)."""
+    def create(self, tenant: str, *, operator: bool = False, act_for_users: bool = False) -> tuple[str, ApiKey]:
+        """A new key for ``tenant`` (an operator's with ``operator``; one that may name the end
+        user a request acts for with ``act_for_users``): returns (the key, shown once and never
+        stored, its record)."""
         if not TENANT_PATTERN.fullmatch(tenant or ""):
             raise ValidationError("tenant: 1-64 letters, digits, '.', '_' or '-'", field="tenant")
         token = KEY_PREFIX + secrets.token_urlsafe(32)
-        record = ApiKey(key_id="key_" + secrets.token_hex(8), tenant=tenant, created_at=time.time(), operator=operator)
+        record = ApiKey(
+            key_id="key_" + secrets.token_hex(8), tenant=tenant, created_at=time.time(), operator=operator,
+            act_for_users=act_for_users,
+        )  # fmt: skip
         digest = key_hash(token)
-        common = {"tenant": tenant, "created_at": record.created_at, "revoked": False, "operator": operator}
+        common = {"tenant": tenant, "created_at": record.created_at, "revoked": False, "operator": operator,
+                  "act_for_users": act_for_users}  # fmt: skip
         by_hash = {**keys.api_key_key(digest), **common, "key_id": record.key_id}
         by_id = {
             **keys.api_key_id_key(record.key_id),
@@ -126,6 +135,7 @@ class KeyStore:
             revoked=True,
             revoked_at=before.revoked_at or now,
             operator=before.operator,
+            act_for_users=before.act_for_users,
         )
 
     def list(self, tenant: str) -> list[ApiKey]:

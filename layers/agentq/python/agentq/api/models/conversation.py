@@ -14,12 +14,17 @@ from agentq.core.models import (
     StrictModel,
     TaskStatus,
 )
+from agentq.core.models.submission import EndUser
 
 
 class MessageRequest(StrictModel):
     """A person's message to a task, and optionally more budget for the turns it starts."""
 
     text: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS, description="what the agent reads as your turn")
+    user: EndUser | None = Field(
+        default=None,
+        description="the end user sending it: the task's own (a key that may name users; a token acts as its own)",
+    )
     add_tokens: int = Field(
         strict=True, default=0, ge=0, le=1_000_000_000, description="raise the task's token cap first"
     )

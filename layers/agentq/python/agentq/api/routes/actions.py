@@ -17,7 +17,7 @@ from agentq import observe
 from agentq.api import views
 from agentq.api.errors import JSON, responses
 from agentq.api.models import BudgetRequest, CancelResult, DecisionRequest, ForkRequest, TaskView
-from agentq.api.routes.common import ApiDeps, F, Router, TaskId, builtin_script_only
+from agentq.api.routes.common import ApiDeps, F, Router, TaskId, builtin_script_only, visible
 from agentq.control import operations as control
 
 NO_NOTE = DecisionRequest()  # approve/reject without a body
@@ -57,12 +57,14 @@ def router(deps: ApiDeps) -> Router:
         responses=responses(200, CancelResult, 404, 409, 422),
     )
     def cancel_task(task_id: TaskId) -> CancelResult:
+        visible(deps, task_id)
         slots = deps.defaults.running_slots(store)
         cancelled = control.cancel(store, task_id, tenant=tenant(), fanout=deps.fanout, queues=deps.queues, slots=slots)
         return CancelResult(task_id=task_id, cancelled=cancelled)
 
     def decide(approved: bool) -> Callable[..., TaskView]:
         def decision_route(task_id: TaskId, decision: Annotated[DecisionRequest, Body()] = NO_NOTE) -> TaskView:
+            visible(deps, task_id)
             who = tenant()
             task = control.decide(
                 store, deps.queues, task_id, approved=approved, note=decision.note, by=who, tenant=who
@@ -82,6 +84,7 @@ def router(deps: ApiDeps) -> Router:
         description="A cost_exceeded task resumes from its checkpoint.",
     )
     def budget(task_id: TaskId, raise_by: Annotated[BudgetRequest, Body()]) -> TaskView:
+        visible(deps, task_id)
         task = control.raise_budget(
             store,
             deps.queues,
@@ -103,6 +106,7 @@ def router(deps: ApiDeps) -> Router:
         ok_description="The new task, queued",
     )
     def fork(task_id: TaskId, request: Annotated[ForkRequest, Body()]) -> Response[TaskView]:
+        visible(deps, task_id)
         builtin_script_only(request.script)
         new = control.fork(
             store,

@@ -16,6 +16,7 @@ from aws_lambda_powertools.event_handler.router import APIGatewayRouter
 
 from agentq.api.models import CURSOR_PATTERN, MAX_CURSOR_CHARS, TASK_ID_PATTERN
 from agentq.control.defaults import Defaults
+from agentq.core.endusers import Caller
 from agentq.core.errors import ValidationError
 from agentq.core.providers.scripted import builtin_script_names
 from agentq.core.tools import ToolRegistry
@@ -46,7 +47,18 @@ class ApiDeps:
     defaults: Defaults
     tenant: Callable[[], str]  # the current request's tenant (the resolver answered 401 if none)
     operator: Callable[[], bool] = lambda: False  # may the current request's key read every tenant's usage
+    caller: Callable[[], Caller] = lambda: Caller("local", names_users=True)  # whom the request acts for
     mcp: Any = None  # the deployment's MCP servers (core.tools.mcp.McpServers): listed when an agent is created
+
+
+def visible(deps: ApiDeps, task_id: str) -> None:
+    """For a caller acting as one end user: 404 unless ``task_id`` is that user's (a key's caller
+    acts for its whole tenant, which the control operation checks itself, without this read)."""
+    caller = deps.caller()
+    if caller.bound:
+        from agentq.api.task_view import owned
+
+        owned(deps.store, task_id, caller)
 
 
 def builtin_script_only(script: Any) -> None:

@@ -12,6 +12,7 @@ from typing import Annotated
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body, Header
 
+from agentq.api import views
 from agentq.api.errors import JSON, responses
 from agentq.api.models import (
     IDEMPOTENCY_KEY_PATTERN,
@@ -22,8 +23,9 @@ from agentq.api.models import (
     MessageRequest,
     MessageView,
 )
-from agentq.api.routes.common import ApiDeps, Router, TaskId
+from agentq.api.routes.common import ApiDeps, Router, TaskId, visible
 from agentq.control import conversations as control
+from agentq.core.endusers import UserNotAllowed
 
 
 def router(deps: ApiDeps) -> Router:
@@ -40,7 +42,7 @@ def router(deps: ApiDeps) -> Router:
         "`add_tokens` to give an out-of-budget task more). With an `Idempotency-Key` a retry sends nothing twice.",
         operation_id="sendMessage",
         tags=["conversation"],
-        responses=responses(202, MessageAccepted, 400, 404, 409, 413, 415, 422, description="Accepted"),
+        responses=responses(202, MessageAccepted, 400, 403, 404, 409, 413, 415, 422, description="Accepted"),
     )
     def send(
         task_id: TaskId,
@@ -50,6 +52,11 @@ def router(deps: ApiDeps) -> Router:
             Header(alias="Idempotency-Key", pattern=IDEMPOTENCY_KEY_PATTERN, description="retry-safe sends"),
         ] = None,
     ) -> Response[MessageAccepted]:
+        caller = deps.caller()
+        named = caller.acting_user(message.user)
+        task = views.owned(store, task_id, caller) if caller.bound or named is not None else None
+        if task is not None and named is not None and task.user != named:
+            raise UserNotAllowed(f"user: task {task_id} acts for another user, not {named!r}", field="user")
         sent = control.send_message(
             store,
             deps.queues,
@@ -81,6 +88,7 @@ def router(deps: ApiDeps) -> Router:
         responses=responses(200, MessageList, 404, 422),
     )
     def listed(task_id: TaskId) -> MessageList:
+        visible(deps, task_id)
         who = tenant()
         messages = control.messages(store, task_id, tenant=who)
         delivered = store.tasks.get(task_id).messages_delivered
@@ -105,6 +113,7 @@ def router(deps: ApiDeps) -> Router:
         responses=responses(202, InterruptResult, 404, 409, 422, description="Recorded"),
     )
     def interrupt(task_id: TaskId) -> Response[InterruptResult]:
+        visible(deps, task_id)
         status = control.interrupt(store, task_id, tenant=tenant())
         return Response(status_code=202, content_type=JSON, body=InterruptResult(task_id=task_id, status=status))
 
@@ -117,6 +126,7 @@ def router(deps: ApiDeps) -> Router:
         responses=responses(200, CloseResult, 404, 422),
     )
     def close(task_id: TaskId) -> CloseResult:
+        visible(deps, task_id)
         control.close(store, task_id, tenant=tenant())
         return CloseResult(task_id=task_id, closed=True)
 

@@ -31,7 +31,7 @@ def wants_stream(accept: str | None) -> bool:
 
 def router(deps: ApiDeps) -> Router:
     routes = Router()
-    store, tenant = deps.store, deps.tenant
+    store, _tenant = deps.store, deps.tenant
 
     documented = responses(200, EventPage, 400, 404, 422)
     documented[200]["content"][EVENT_STREAM] = {"schema": {"type": "string"}}
@@ -66,7 +66,7 @@ def router(deps: ApiDeps) -> Router:
     ) -> Response[Any]:
         event = routes.current_event
         last_id = event.headers.get("Last-Event-ID")
-        task = owned(store, task_id, tenant())
+        task = owned(store, task_id, deps.caller())
         field = "after" if after else "Last-Event-ID"
         watch = Watch.open(store, task, after or last_id, tree=tree, field=field)
         events = read_once(watch, limit=limit)

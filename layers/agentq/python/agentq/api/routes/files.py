@@ -48,7 +48,7 @@ def widen(app: APIGatewayRestResolver) -> None:
 
 def router(deps: ApiDeps) -> Router:
     routes = Router()
-    store, tenant = deps.store, deps.tenant
+    store, _tenant = deps.store, deps.tenant
 
     @routes.get(
         "/tasks/<task_id>/files",
@@ -65,7 +65,7 @@ def router(deps: ApiDeps) -> Router:
         after: Annotated[str | None, Query(max_length=4096, description="next_after of the previous page")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_FILES_PAGE, description="entries per page")] = DEFAULT_FILES_PAGE,
     ) -> FileList:
-        state = control.state_at(store, views.owned(store, task_id, tenant()), step)
+        state = control.state_at(store, views.owned(store, task_id, deps.caller()), step)
         shown, next_after = control.page(state, after=after, limit=limit)
         return FileList(
             task_id=task_id,
@@ -82,7 +82,7 @@ def router(deps: ApiDeps) -> Router:
         path: Annotated[str, Path(description="the file's path in the workspace, slashes and all")],
         step: Step = None,
     ) -> Response[Any]:
-        state = control.state_at(store, views.owned(store, task_id, tenant()), step)
+        state = control.state_at(store, views.owned(store, task_id, deps.caller()), step)
         entry, data = control.content(state, path)
         headers = {
             "X-Agentq-Mode": f"{entry.mode:o}",
@@ -127,7 +127,7 @@ def router(deps: ApiDeps) -> Router:
         task_id: TaskId,
         steps: Annotated[str, Query(max_length=40, description="A..B: two committed step numbers")],
     ) -> FileDiff:
-        task = views.owned(store, task_id, tenant())
+        task = views.owned(store, task_id, deps.caller())
         first, last = control.parse_range(steps)
         old = control.state_at(store, task, first, field="steps")
         new = control.state_at(store, task, last, field="steps")

@@ -27,13 +27,14 @@ from agentq.api.models import (
 )
 from agentq.api.routes.common import ApiDeps, PageCursor, Router, TaskId, builtin_script_only
 from agentq.control.submit import request_hash, submit_once
+from agentq.core.endusers import MAX_USER_CHARS, USER_PATTERN, UserNotAllowed
 from agentq.core.errors import ValidationError
 from agentq.core.models import TaskStatus, TaskSubmission
 
 
 def router(deps: ApiDeps) -> Router:
     routes = Router()
-    store, tenant = deps.store, deps.tenant
+    store = deps.store
 
     @routes.post(
         "/tasks",
@@ -42,7 +43,7 @@ def router(deps: ApiDeps) -> Router:
         "header the same key and body return the same task (`created: false`), the same key with another body 409.",
         operation_id="createTask",
         tags=["tasks"],
-        responses=responses(202, TaskAccepted, 400, 409, 413, 415, 422, description="Accepted and queued"),
+        responses=responses(202, TaskAccepted, 400, 403, 409, 413, 415, 422, description="Accepted and queued"),
     )
     def create_task(
         submission: Annotated[TaskSubmission, Body(description="goal, provider and model, constraints, priority")],
@@ -51,9 +52,15 @@ def router(deps: ApiDeps) -> Router:
             Header(alias="Idempotency-Key", pattern=IDEMPOTENCY_KEY_PATTERN, description="retry-safe submits"),
         ] = None,
     ) -> Response[TaskAccepted]:
-        who = tenant()
+        caller = deps.caller()
+        who = caller.tenant
         builtin_script_only(submission.script)
-        digest = request_hash(submission)  # of the request as sent, before defaults fill it in
+        user = caller.acting_user(submission.user)
+        if user != submission.user:  # a token's user: the request acts as it
+            submission = submission.model_copy(update={"user": user})
+        digest = request_hash(submission)  # of the request as sent (with its user), before defaults fill it in
+        if user is not None and idempotency_key is not None:
+            idempotency_key = f"{user}#{idempotency_key}"  # one user's key never finds another's task
         accepted = submit_once(
             store,
             deps.tools,
@@ -80,7 +87,7 @@ def router(deps: ApiDeps) -> Router:
         summary="List tasks, newest first",
         operation_id="listTasks",
         tags=["tasks"],
-        responses=responses(200, TaskPage, 400, 422),
+        responses=responses(200, TaskPage, 400, 403, 422),
     )
     def list_tasks(
         status: Annotated[TaskStatus | None, Query(description="only tasks in this status")] = None,
@@ -104,13 +111,28 @@ def router(deps: ApiDeps) -> Router:
                 json_schema_extra={"items": {"type": "string", "pattern": "^[^=]+="}},
             ),
         ] = None,
+        user: Annotated[
+            str | None,
+            Query(
+                min_length=1,
+                max_length=MAX_USER_CHARS,
+                pattern=USER_PATTERN,
+                description="only tasks acting for this end user (from the user index, newest first); a caller "
+                "acting as a user (a token's) lists only its own tasks, with or without it",
+            ),
+        ] = None,
     ) -> TaskPage:
         query = routes.current_event.query_string_parameters
         if status is None and query and "status" in query:  # given, but empty
             raise ValidationError("status: give one of the task statuses, or leave status out", field="status")
+        caller = deps.caller()
+        if caller.bound:
+            if user not in (None, caller.user):
+                raise UserNotAllowed(f"user: this token lists the tasks of {caller.user!r} only", field="user")
+            user = caller.user
         return views.task_page(
-            store, tenant(), limit=limit, cursor=cursor, status=status, include_children=include_children,
-            metadata=views.parse_metadata_filter(metadata or []),
+            store, caller.tenant, limit=limit, cursor=cursor, status=status, include_children=include_children,
+            metadata=views.parse_metadata_filter(metadata or []), user=user,
         )  # fmt: skip
 
     @routes.get(
@@ -122,7 +144,7 @@ def router(deps: ApiDeps) -> Router:
         responses=responses(200, TaskView, 404, 422),
     )
     def get_task(task_id: TaskId) -> TaskView:
-        return views.task_view(store, views.owned(store, task_id, tenant()))
+        return views.task_view(store, views.owned(store, task_id, deps.caller()))
 
     @routes.get(
         "/tasks/<task_id>/result",
@@ -133,7 +155,7 @@ def router(deps: ApiDeps) -> Router:
         responses=responses(200, TaskResult, 404, 409, 422),
     )
     def get_result(task_id: TaskId) -> TaskResult:
-        return views.task_result(views.owned(store, task_id, tenant()))
+        return views.task_result(views.owned(store, task_id, deps.caller()))
 
     @routes.get(
         "/tasks/<task_id>/trace",
@@ -149,6 +171,6 @@ def router(deps: ApiDeps) -> Router:
         limit: Annotated[int, Query(ge=1, le=MAX_TRACE_PAGE, description="events per page")] = DEFAULT_TRACE_PAGE,
         cursor: PageCursor = None,
     ) -> TracePage:
-        return views.trace_page(store, views.owned(store, task_id, tenant()), limit=limit, cursor=cursor)
+        return views.trace_page(store, views.owned(store, task_id, deps.caller()), limit=limit, cursor=cursor)
 
     return routes

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from agentq.core.endusers import EndUser
+from agentq.core.endusers import MAX_USER_CHARS, USER_PATTERN, USER_RULE
 from agentq.core.memory import MAX_MEMORY_ATTACHMENTS, MemoryAttachment, unique_stores
 from agentq.core.models.constraints import Constraints
 from agentq.core.models.strict import StrictModel
@@ -103,6 +103,15 @@ MemoryAttachments = Annotated[
 
 
 MCP_SERVER_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,23}$"
+EndUser = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=MAX_USER_CHARS,
+        pattern=USER_PATTERN,
+        description=f"the end user the task acts for ({USER_RULE}); its children act for the same user",
+    ),
+]
 
 
 class McpToolPin(StrictModel):

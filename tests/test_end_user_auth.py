@@ -1,0 +1,165 @@
+"""Who a request acts for, proved with real tokens of a real local OIDC issuer (its JWKS served
+over HTTP, fetched and cached by PyJWT) through the Lambda authorizer's own function, and real
+API keys, on the local stack (``agentq dev --auth``):
+
+- a bad token (malformed, expired, wrong audience, foreign issuer, bad signature, no tenant or
+  user claim) is a 401 whose JSON names why, and nothing is done;
+- a token acts as its user and may name no other; a key names a user only if allowed to;
+- no request sees another user's or another tenant's tasks (listing, view, result, trace,
+  events, files, messages, actions), and a token reaches no route that acts for the whole tenant.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from typing import Any
+
+import pytest
+
+from agentq_dev.oidc_issuer import LocalIssuer, mint
+
+from tests.api_support import SCRIPTED, ApiStack
+
+
+def _tenant_tasks(api: ApiStack, tenant: str) -> list[dict[str, Any]]:
+    key = api.stack.create_api_key(tenant)
+    status, page, _ = api.http("GET", "/tasks?include_children=true", key=key)
+    assert status == 200, page
+    return list(page["tasks"])
+
+
+def _bad_tokens(api: ApiStack) -> dict[str, tuple[str, str]]:
+    """Each kind of bad token -> (the token, a word its refusal must hold)."""
+    issuer = api.stack.issuer
+    assert issuer is not None
+    other = LocalIssuer().start()  # a real issuer elsewhere: its own key and URL
+    try:
+        foreign = other.mint(user="alice", tenant="eu-auth")
+        # Our issuer's name and kid, another key's signature: a forgery.
+        forged = mint(other.private_pem, issuer.settings, issuer.kid, user="alice", tenant="eu-auth")
+    finally:
+        other.stop()
+    good = issuer.mint(user="alice", tenant="eu-auth")
+    head, body, sig = good.split(".")
+    return {
+        "malformed": ("not-a-jwt.at all", "malformed"),
+        "malformed parts": (f"{head}.{body[:-4]}!!!!.{sig}", "malformed"),
+        "expired": (issuer.mint(user="alice", tenant="eu-auth", ttl=-120), "expired"),
+        "wrong audience": (issuer.mint(user="alice", tenant="eu-auth", claims={"aud": "someone-else"}), "audience"),
+        "foreign issuer": (foreign, "foreign issuer"),
+        "bad signature": (forged, "signature"),
+        "tampered claims": (f"{head}.{mint_body(body, sub='bob')}.{sig}", "signature"),
+        "no tenant claim": (issuer.mint(user="alice", tenant="eu-auth", claims={"tenant": None}), "tenant"),
+        "bad user claim": (issuer.mint(user="alice smith", tenant="eu-auth"), "user"),
+        "no expiry": (issuer.mint(user="alice", tenant="eu-auth", claims={"exp": None}), "exp"),
+    }
+
+
+def mint_body(body: str, **changes: Any) -> str:
+    """A JWT body with ``changes`` made, re-encoded (its signature no longer matches)."""
+    import base64
+
+    data = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    data.update(changes)
+    return base64.urlsafe_b64encode(json.dumps(data).encode()).rstrip(b"=").decode()
+
+
+KINDS = ["malformed", "malformed parts", "expired", "wrong audience", "foreign issuer", "bad signature",
+         "tampered claims", "no tenant claim", "bad user claim", "no expiry"]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_bad_token_is_a_401_naming_why_and_does_nothing(api_stack: ApiStack, kind: str) -> None:
+    token, why = _bad_tokens(api_stack)[kind]
+    for method, path, body in [("POST", "/tasks", SCRIPTED), ("GET", "/tasks", None)]:
+        status, answer, _headers = api_stack.http(method, path, body, key=token)
+        assert status == 401, (kind, answer)
+        assert answer["error"]["code"] == "unauthorized" and why in answer["error"]["message"], answer
+    assert _tenant_tasks(api_stack, "eu-auth") == []
+
+
+def test_a_token_acts_as_its_user_and_may_name_no_other(api_stack: ApiStack) -> None:
+    token = api_stack.stack.token(user="carol@example.com", tenant="eu-as")
+    task_id = api_stack.submit(SCRIPTED, key=token)
+    view = api_stack.until(task_id, lambda v: v["status"] == "succeeded", key=token)
+    assert view["user"] == "carol@example.com"
+    assert api_stack.submit({**SCRIPTED, "user": "carol@example.com"}, key=token)  # its own name: fine
+    status, answer, _ = api_stack.http("POST", "/tasks", {**SCRIPTED, "user": "dave"}, key=token)
+    assert status == 403 and answer["error"] == {**answer["error"], "code": "user_not_allowed", "field": "user"}
+    assert {t["user"] for t in _tenant_tasks(api_stack, "eu-as")} == {"carol@example.com"}
+    assert len(_tenant_tasks(api_stack, "eu-as")) == 2
+
+
+def test_a_key_names_a_user_only_if_it_was_created_allowed_to(api_stack: ApiStack) -> None:
+    plain = api_stack.stack.create_api_key("eu-keys")
+    allowed = api_stack.stack.create_api_key("eu-keys", act_for_users=True)
+    status, answer, _ = api_stack.http("POST", "/tasks", {**SCRIPTED, "user": "erin"}, key=plain)
+    assert status == 403 and answer["error"]["field"] == "user" and "act-for-users" in answer["error"]["message"]
+    assert _tenant_tasks(api_stack, "eu-keys") == []
+    task_id = api_stack.submit({**SCRIPTED, "user": "erin"}, key=allowed)
+    assert api_stack.until(task_id, lambda v: v["status"] == "succeeded", key=plain)["user"] == "erin"
+    assert api_stack.submit(SCRIPTED, key=plain)  # no user: any key
+
+
+def _sse(api: ApiStack, task_id: str, token: str) -> int:
+    req = urllib.request.Request(f"{api.url}/tasks/{task_id}/events",
+                                 headers={"Accept": "text/event-stream", "Authorization": f"Bearer {token}"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            resp.read()
+            return int(resp.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
+
+
+def test_no_request_sees_another_users_or_another_tenants_tasks(api_stack: ApiStack) -> None:
+    """Three callers with real tokens: alice and bob of one tenant, and an alice of another
+    (the same name: a user is a user of its tenant). Each owns a task; every read and action
+    on each task by each caller is 200/2xx for its owner and 404 for the others, and each
+    listing holds its caller's task only."""
+    api = api_stack
+    who = {
+        "t1/alice": api.stack.token(user="alice", tenant="eu-iso-1"),
+        "t1/bob": api.stack.token(user="bob", tenant="eu-iso-1"),
+        "t2/alice": api.stack.token(user="alice", tenant="eu-iso-2"),
+    }
+    tasks = {name: api.submit(SCRIPTED, key=token) for name, token in who.items()}
+    for name, task_id in tasks.items():
+        api.until(task_id, lambda v: v["status"] == "succeeded", key=who[name])
+    reads = ["", "/result", "/trace", "/events", "/files", "/messages"]
+    for caller, token in who.items():
+        status, page, _ = api.http("GET", "/tasks?include_children=true", key=token)
+        assert status == 200 and [t["task_id"] for t in page["tasks"]] == [tasks[caller]], (caller, page)
+        for other in who:
+            status, page, _ = api.http("GET", f"/tasks?user={other.split('/')[1]}", key=token)
+            assert status == (200 if other.split("/")[1] == caller.split("/")[1] else 403)
+        for owner, task_id in tasks.items():
+            mine = owner == caller
+            for read in reads:
+                status, answer, _ = api.http("GET", f"/tasks/{task_id}{read}", key=token)
+                hidden = status == 404 and answer["error"]["code"] == "task_not_found"
+                assert hidden != mine, (caller, owner, read, status, answer)  # the owner's /files: no workspace
+            assert (_sse(api, task_id, token) != 404) == mine, (caller, owner, "event stream")
+            if not mine:
+                for action, body in [("cancel", None), ("budget", {"add_tokens": 10}), ("messages", {"text": "hi"}),
+                                     ("fork", {"at_step": 0}), ("interrupt", None), ("close", None)]:  # fmt: skip
+                    status, answer, _ = api.http("POST", f"/tasks/{task_id}/{action}", body, key=token)
+                    assert status == 404, (caller, owner, action, status, answer)
+    # Nothing the others tried changed a task: each is as its owner left it.
+    for owner, task_id in tasks.items():
+        status, view, _ = api.http("GET", f"/tasks/{task_id}", key=who[owner])
+        assert view["status"] == "succeeded" and view["user"] == owner.split("/")[1]
+        status, messages, _ = api.http("GET", f"/tasks/{task_id}/messages", key=who[owner])
+        assert messages["messages"] == []
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("GET", "/schedules"), ("GET", "/webhooks/secret"), ("GET", "/memory-stores"), ("GET", "/dead-letters"),
+     ("POST", "/agents"), ("GET", "/usage/tenants")],
+)  # fmt: skip
+def test_a_token_reaches_no_route_that_acts_for_the_whole_tenant(api_stack: ApiStack, method: str, path: str) -> None:
+    token = api_stack.stack.token(user="alice", tenant="eu-routes")
+    status, answer, _ = api_stack.http(method, path, {} if method == "POST" else None, key=token)
+    assert status == 403 and answer["error"]["code"] == "forbidden", answer
