@@ -21,14 +21,18 @@ import logging
 import os
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from agentq.core.endusers import Caller
 from agentq.core.errors import AgentqError
 from agentq.storage.api_keys import ApiKey, KeyStore
 
-if TYPE_CHECKING:
-    from agentq.api.oidc import OidcVerifier
+
+class OidcVerifier(Protocol):
+    """What checks a JWT (``api.oidc.OidcVerifier``): its claims' tenant and user, or Unauthorized."""
+
+    def verify(self, token: str) -> dict[str, str]: ...
+
 
 log = logging.getLogger("agentq.auth")
 
