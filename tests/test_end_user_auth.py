@@ -163,3 +163,28 @@ def test_a_token_reaches_no_route_that_acts_for_the_whole_tenant(api_stack: ApiS
     token = api_stack.stack.token(user="alice", tenant="eu-routes")
     status, answer, _ = api_stack.http(method, path, {} if method == "POST" else None, key=token)
     assert status == 403 and answer["error"]["code"] == "forbidden", answer
+
+
+def test_agentq_dev_token_mints_a_token_the_api_takes_and_agentq_list_filters_by_user(api_stack: ApiStack) -> None:
+    """The CLI end to end: ``agentq dev token`` (another process, from the issuer's state file)
+    mints a user's token; with it ``agentq list`` shows that user's tasks only; with a key,
+    ``agentq list --user U`` shows U's."""
+    from agentq_dev.oidc_issuer import ISSUER_ENV
+
+    from tests.helpers import run_agentq
+
+    issuer = api_stack.stack.issuer
+    assert issuer is not None
+    state = issuer.write_state()  # removed when the stack's issuer stops
+    key = api_stack.stack.create_api_key("eu-cli", act_for_users=True)
+    minted = run_agentq(["dev", "token", "--user", "frank", "--tenant", "eu-cli"],
+                        api_stack.cli_env(**{ISSUER_ENV: str(state)}), timeout=60)  # fmt: skip
+    assert minted.returncode == 0, minted.stderr
+    token = minted.stdout.strip()
+    mine = api_stack.submit(SCRIPTED, key=token)
+    theirs = api_stack.submit({**SCRIPTED, "user": "grace"}, key=key)
+    listed = run_agentq(["list", "--json"], api_stack.cli_env(AGENTQ_API_KEY=token), timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert [t["task_id"] for t in json.loads(listed.stdout)["tasks"]] == [mine]
+    by_user = run_agentq(["list", "--json", "--user", "grace"], api_stack.cli_env(AGENTQ_API_KEY=key), timeout=60)
+    assert [t["task_id"] for t in json.loads(by_user.stdout)["tasks"]] == [theirs]

@@ -10,6 +10,7 @@ owner can read (``state_file``); ``agentq dev token --user U --tenant T`` reads 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -130,7 +131,8 @@ class LocalIssuer:
             self._server.server_close()
         if self.state_file is not None:
             self.state_file.unlink(missing_ok=True)
-            self.state_file.parent.rmdir()
+            with contextlib.suppress(FileNotFoundError):
+                self.state_file.parent.rmdir()
 
 
 def mint_from_state(path: str | Path, *, user: str, tenant: str, ttl: float = 3600) -> str:

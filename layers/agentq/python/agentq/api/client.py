@@ -181,8 +181,9 @@ class Client(HttpClient):
         cursor: str | None = None,
         include_children: bool = False,
         metadata: Mapping[str, str] | None = None,
+        user: str | None = None,
     ) -> TaskPage:
-        """One page of tasks, newest first; pass ``page.next_cursor`` for the next (``iter_tasks``
+        """One page of tasks (``user``: of those acting for that end user), newest first; pass ``page.next_cursor`` for the next (``iter_tasks``
         follows them). ``limit``: 1 to ``MAX_PAGE_SIZE`` (100) tasks; the API refuses more with
         a 422 naming ``limit``. ``metadata``: only tasks whose metadata has every pair; a call
         reads at most 1,000 tasks, so a page may then hold fewer than ``limit``, even none,
@@ -196,6 +197,7 @@ class Client(HttpClient):
             cursor=cursor,
             include_children=include_children or None,
             metadata=[f"{k}={v}" for k, v in (metadata or {}).items()] or None,
+            user=user,
         )
 
     def iter_tasks(

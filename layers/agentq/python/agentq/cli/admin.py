@@ -20,7 +20,7 @@ def _cmd_keys(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     keys = KeyStore(DynamoTable(client(settings, "dynamodb", pool=2), settings.table))
     if args.keys_command == "create":
-        token, record = keys.create(args.tenant, operator=args.operator)
+        token, record = keys.create(args.tenant, operator=args.operator, act_for_users=args.act_for_users)
         if args.json:
             print(
                 json.dumps(
@@ -29,6 +29,7 @@ def _cmd_keys(args: argparse.Namespace) -> int:
                         "key_id": record.key_id,
                         "tenant": record.tenant,
                         "operator": record.operator,
+                        "act_for_users": record.act_for_users,
                         "created_at": record.created_at,
                     }
                 )
@@ -165,6 +166,11 @@ def register(sub: Any) -> None:
         "--operator",
         action="store_true",
         help="the key may also read every tenant's running and waiting counts (GET /usage/tenants)",
+    )
+    keys_create.add_argument(
+        "--act-for-users",
+        action="store_true",
+        help="requests with the key may name the end user they act for (a submission's user; default: not)",
     )
     keys_create.add_argument("--json", action="store_true", help="print key, key_id, tenant and operator as JSON")
     keys_revoke = keys_sub.add_parser("revoke", help="revoke a key by its id", description="revoke a key by its id")

@@ -167,8 +167,25 @@ def _reload(stack: Any, modules: tuple[str, ...], changed: list[Path], say: Call
     say(f"            tools      {', '.join(tools)}")
 
 
+def _cmd_dev_token(args: argparse.Namespace) -> int:
+    """``agentq dev token --user U --tenant T``: a JWT of a running ``agentq dev --auth``'s issuer."""
+    import os
+
+    from agentq_dev.oidc_issuer import ISSUER_ENV, mint_from_state
+
+    path = os.environ.get(ISSUER_ENV)
+    if not path or not args.user:
+        need = f"export {ISSUER_ENV} as `agentq dev --auth` printed it" if not path else "give --user"
+        print(f"agentq dev token: {need}", file=sys.stderr)
+        return 2
+    print(mint_from_state(path, user=args.user, tenant=args.tenant, ttl=args.ttl))
+    return 0
+
+
 @_on_the_dev_stack
 def _cmd_dev(args: argparse.Namespace) -> int:
+    if args.action == "token":
+        return _cmd_dev_token(args)
     import signal
 
     from agentq_dev.moto_server import LOCAL_CREDENTIALS
@@ -200,10 +217,16 @@ def _cmd_dev(args: argparse.Namespace) -> int:
         say(f"            workers    {', '.join(str(p.pid) for p in stack.processes) or 'none'}")
         say(f"            tools      {', '.join(sorted(build_registry(stack.settings).names()))}")
         if args.auth:
-            env["AGENTQ_API_KEY"] = stack.create_api_key("local")
+            from agentq_dev.oidc_issuer import ISSUER_ENV
+
+            assert stack.issuer is not None
+            env["AGENTQ_API_KEY"] = stack.create_api_key("local", act_for_users=True)
+            env[ISSUER_ENV] = str(stack.issuer.write_state())
             say(
                 "            auth       on: requests need Authorization: Bearer <key>; a key for tenant 'local' follows"
             )
+            say(f"            OIDC       issuer {stack.issuer.settings.issuer} (audience {stack.issuer.audience}): "
+                "a user's token: agentq dev token --user alice --tenant local")  # fmt: skip
         else:
             say("            auth       off: every request is tenant 'local' (--auth to require API keys)")
         say("            env for other shells:")
@@ -239,8 +262,14 @@ def register(sub: Any) -> None:
     dev = command(
         "dev", "start the local stack (moto, queues, table, workers, API) until Ctrl-C; prints the env to export"
     )
+    dev.add_argument("action", nargs="?", choices=["token"],
+                     help="token: mint a JWT of a running `agentq dev --auth`'s local OIDC issuer")  # fmt: skip
+    dev.add_argument("--user", help="token: the end user it names (its sub claim)")
+    dev.add_argument("--tenant", default="local", help="token: the tenant it names (default local)")
+    dev.add_argument("--ttl", type=float, default=3600, help="token: seconds it is valid")
     dev.add_argument("--workers", type=int, default=2, help="worker processes (one that exits is replaced)")
-    dev.add_argument("--auth", action="store_true", help="require API keys as in AWS (prints a key for tenant 'local')")
+    dev.add_argument("--auth", action="store_true", help="require API keys or an OIDC issuer's tokens as in AWS (prints "
+                     "a key for tenant 'local', and starts a local issuer: `agentq dev token` mints its tokens)")  # fmt: skip
     dev.add_argument("--tools", action="append", metavar="MODULE", help=TOOLS_HELP)
     dev.add_argument("--reload", action="store_true", help="restart the workers when a tool module's source changes")
     dev.set_defaults(func=_cmd_dev)

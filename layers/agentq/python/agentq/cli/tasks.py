@@ -60,7 +60,12 @@ def _cmd_list(args: argparse.Namespace) -> int:
     tasks, cursor = [], args.cursor
     while True:
         page = client.list_tasks(
-            args.status, limit=args.limit, cursor=cursor, include_children=args.children, metadata=metadata
+            args.status,
+            limit=args.limit,
+            cursor=cursor,
+            include_children=args.children,
+            metadata=metadata,
+            user=args.user,
         )
         tasks.extend(page.tasks)
         cursor = page.next_cursor
@@ -79,6 +84,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
         print("no tasks" + (f" with status {args.status}" if args.status else ""), file=sys.stderr)
     if cursor:
         again = (f" --status {args.status}" if args.status else "") + "".join(f" --metadata {p}" for p in args.metadata)
+        again += f" --user {args.user}" if args.user else ""
         print(f"more: agentq list --cursor {cursor}{again}", file=sys.stderr)
     return 0
 
@@ -251,6 +257,7 @@ def register(sub: Any) -> None:
     list_.add_argument("--cursor", help="continue from a previous page")
     list_.add_argument("--all", action="store_true", help="follow every page")
     list_.add_argument("--children", action="store_true", help="include sub-agents")
+    list_.add_argument("--user", metavar="USER", help="only tasks acting for this end user")
     list_.add_argument(
         "--metadata", action="append", default=[], metavar="KEY=VALUE", help="only tasks with this label (repeatable)"
     )
