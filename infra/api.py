@@ -50,12 +50,15 @@ ACCESS_LOG_FORMAT = {
     "xrayTraceId": "$context.xrayTraceId",
 }
 
-# Gateway-generated errors in the API's own shape: {"error": {"code", "message"}}.
+# Gateway-generated errors in the API's own shape: {"error": {"code", "message"}}. The authorizer
+# denies (ACCESS_DENIED) only a refused JWT, with the reason in its context (``api.auth``): a 401
+# whose message is that reason (our own words: no quote or backslash to escape).
 GATEWAY_ERRORS: dict[str, tuple[apigw.ResponseType, str, str]] = {
     "Unauthorized": (apigw.ResponseType.UNAUTHORIZED, "401", "unauthorized"),
-    "AccessDenied": (apigw.ResponseType.ACCESS_DENIED, "403", "forbidden"),
+    "AccessDenied": (apigw.ResponseType.ACCESS_DENIED, "401", "unauthorized"),
     "Throttled": (apigw.ResponseType.THROTTLED, "429", "throttled"),
 }
+GATEWAY_MESSAGES = {"AccessDenied": '"$context.authorizer.error"'}
 
 
 @dataclass
@@ -72,7 +75,8 @@ def build_api(scope: Construct, cfg: EnvironmentSettings, fns: Functions) -> Api
         # Gateway response templates only substitute variables; messageString is documented
         # as already quoted, so it is the one safe to embed in JSON.
         error = {"code": code, "message": "MESSAGE"}
-        body = json.dumps({"error": error}).replace('"MESSAGE"', "$context.error.messageString")
+        message = GATEWAY_MESSAGES.get(cid, "$context.error.messageString")
+        body = json.dumps({"error": error}).replace('"MESSAGE"', message)
         rest_api.add_gateway_response(cid, type=response_type, status_code=status, templates={"application/json": body})
     web_acl = _web_acl(scope, cfg, rest_api) if cfg.api.waf else None
     return Api(rest_api=rest_api, access_logs=access_logs, web_acl=web_acl)

@@ -9,12 +9,15 @@ parent's fan-out. The authorizer reads API keys and nothing else.
 
 from __future__ import annotations
 
+import json
+
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_scheduler as scheduler
 from constructs import Construct
 
+from agentq.api.oidc import OIDC_ENV
 from agentq.observe.names import NAMESPACE as METRICS_NAMESPACE
 from infra.access import (
     PAYLOAD_ACTIONS,
@@ -114,7 +117,9 @@ def _schedules(scope: Construct, cfg: EnvironmentSettings, data: Data, api: lamb
 
 
 def build_authorizer(function: FunctionFactory, cfg: EnvironmentSettings, data: Data) -> lambda_.Function:
-    """The TOKEN authorizer: a bearer key's SHA-256 looked up in the table (``agentq.api.auth``)."""
+    """The TOKEN authorizer: a bearer key's SHA-256 looked up in the table (``agentq.api.auth``),
+    and with cdk.json's ``oidc`` a JWT of that issuer (``agentq.api.oidc``: its JWKS fetched over
+    HTTPS from the function, which runs outside any VPC)."""
     authorizer = function(
         "authorizer",
         memory=256,
@@ -126,8 +131,10 @@ def build_authorizer(function: FunctionFactory, cfg: EnvironmentSettings, data: 
             "POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE,
         },
         reserved=None,
-        description="agentq API key authorizer (Bearer key -> tenant)",
+        description="agentq API key authorizer (Bearer key -> tenant; Bearer JWT -> tenant and user)",
     )
+    if cfg.oidc is not None:  # read by agentq.api.oidc.OidcSettings.from_env
+        authorizer.add_environment(OIDC_ENV, json.dumps(cfg.oidc.model_dump(exclude_none=True)))
     authorizer.add_to_role_policy(
         iam.PolicyStatement(sid="ApiKeys", actions=["dynamodb:GetItem"], resources=[data.table.table_arn])
     )

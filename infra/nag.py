@@ -173,7 +173,7 @@ def _api(apis: Api, env_name: str) -> None:
     _ack(
         api,
         "AwsSolutions-COG4",
-        "Callers are tenants holding API keys, verified by the TOKEN authorizer on every method (sha256 of the key looked up in the table, cached per key); there are no end users to put in a Cognito user pool.",
+        "Callers are tenants holding API keys, verified by the TOKEN authorizer on every method (sha256 of the key looked up in the table, cached per key), and, where cdk.json configures oidc, end users holding JWTs of the product's own OIDC issuer, verified by the same authorizer (signature against the issuer's JWKS, expiry, audience, issuer): the identities live with that issuer, not in a Cognito user pool of ours.",
     )
     _ack(
         api.node.find_child("CloudWatchRole"),

@@ -320,6 +320,20 @@ ADOT_COLLECTOR_IMAGE = "public.ecr.aws/aws-observability/aws-otel-collector:v0.4
 ADOT_COLLECTOR_LAYER = "aws-otel-collector-{arch}-ver-0-117-0:1"
 
 
+class OidcIssuerSettings(_Strict):
+    """An OIDC issuer whose JWTs the API accepts besides API keys (``agentq.api.oidc``): the
+    authorizer checks signature (the issuer's JWKS), expiry, audience and issuer, and takes the
+    tenant and the end user from the two claims named here."""
+
+    issuer: str = Field(pattern=r"^https://[^\s]+$", description="exactly the tokens' iss (https)")
+    audience: str = Field(min_length=1, max_length=512, description="what a token's aud must be or hold")
+    tenant_claim: str = Field("tenant", pattern=r"^[A-Za-z0-9_:/.-]{1,128}$", description="the claim naming the tenant")
+    user_claim: str = Field("sub", pattern=r"^[A-Za-z0-9_:/.-]{1,128}$", description="the claim naming the end user")
+    jwks_url: str | None = Field(
+        None, pattern=r"^https://[^\s]+$", description="the issuer's JWKS; null: <issuer>/.well-known/jwks.json"
+    )
+
+
 class TracingSettings(_Strict):
     """Where traces go. ``xray`` (the default): X-Ray segments from Lambda's active tracing.
     ``adot``: besides, agentq's OpenTelemetry spans (``agentq.observe.otel``) go by OTLP/HTTP to
@@ -400,6 +414,9 @@ class EnvironmentSettings(_Strict):
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     workspace: WorkspaceSettings = Field(default_factory=WorkspaceSettings)
     user_code: UserCodeSettings | None = Field(None, description="your tools: package, modules, IAM, secrets")
+    oidc: OidcIssuerSettings | None = Field(
+        None, description="an OIDC issuer whose JWTs authenticate end users; null: API keys only"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> EnvironmentSettings:

@@ -77,6 +77,8 @@ FUNCTIONS = ("executor", "api", "authorizer", "reaper")
 # One worker for every test that loads the jsii runtime (see above): tests/xdist_scheduling.py.
 CDK_GROUP = pytest.mark.xdist_group("cdk")
 pytestmark = CDK_GROUP
+OIDC = {"issuer": "https://login.example.com/", "audience": "agentq-api", "tenant_claim": "https://example.com/org",
+        "user_claim": "sub"}  # fmt: skip
 
 
 # cfn-lint as a module of this interpreter (the package ships no __main__).
@@ -95,6 +97,7 @@ def _worker_context() -> dict[str, Any]:
     # the models and traces a platform team configures (tests/test_cdk_model_access.py)
     dev.update(openai_api_key_secret=OPENAI_SECRET, openai_base_url=OPENAI_BASE_URL, bedrock_models=BEDROCK_MODELS)
     dev["tracing"] = {"exporter": "adot"}
+    dev["oidc"] = OIDC  # end users' tokens (docs/DEPLOY.md#end-users-an-oidc-issuer)
     return {"environments": {**ENVIRONMENTS, "dev": dev}}
 
 
@@ -172,6 +175,8 @@ def test_an_unknown_environment_is_refused_with_the_known_ones_named() -> None:
         ({"log_retention_days": 10}, "log_retention_days must be one of"),
         ({"executor": {"tier_max_concurrency": {"urgent": 2}}}, "must name exactly the tiers"),
         ({"budget_defaults": {"fleet_capacity": 7}}, "budget_defaults.fleet_capacity (7) is more than the fleet runs"),
+        ({"oidc": {"issuer": "http://login.example.com/", "audience": "a"}}, "oidc.issuer"),
+        ({"oidc": {"issuer": "https://login.example.com/"}}, "oidc.audience"),
     ],
 )
 def test_inconsistent_settings_fail_with_the_field_named(override: dict[str, Any], message: str) -> None:
@@ -1391,3 +1396,29 @@ def test_binary_workspace_files_leave_api_gateway_as_bytes(synth: Synthesized) -
     API Gateway turns it back into bytes only for a media type it lists (the client's Accept)."""
     (api,) = synth.resources("AWS::ApiGateway::RestApi").values()
     assert api["Properties"]["BinaryMediaTypes"] == ["application/octet-stream"]
+
+
+def test_an_oidc_issuer_from_cdk_json_reaches_the_authorizer_and_a_refused_token_is_a_401_naming_why(
+    worker_synth: Synthesized,
+) -> None:
+    """cdk.json's ``oidc`` is the authorizer's ``AGENTQ_OIDC`` (what ``agentq.api.oidc`` reads),
+    and the authorizer's Deny of a bad token (its reason in the context) is a 401 JSON body
+    naming that reason; without ``oidc`` (every shipped environment) the authorizer has none."""
+    from agentq.api.oidc import OIDC_ENV, OidcSettings
+
+    _, authorizer = _function(worker_synth, "authorizer")
+    env = authorizer["Properties"]["Environment"]["Variables"]
+    assert OidcSettings.from_env({OIDC_ENV: env[OIDC_ENV]}) == OidcSettings(**OIDC)
+    template = assertions.Template.from_json(worker_synth.template)
+    template.has_resource_properties("AWS::ApiGateway::GatewayResponse", {
+        "ResponseType": "ACCESS_DENIED", "StatusCode": "401",
+        "ResponseTemplates": {"application/json":
+                              '{"error": {"code": "unauthorized", "message": "$context.authorizer.error"}}'},
+    })  # fmt: skip
+
+
+def test_without_oidc_the_authorizer_takes_api_keys_only(synth: Synthesized) -> None:
+    from agentq.api.oidc import OIDC_ENV
+
+    _, authorizer = _function(synth, "authorizer")
+    assert OIDC_ENV not in authorizer["Properties"]["Environment"]["Variables"]
