@@ -157,7 +157,7 @@ def test_no_request_sees_another_users_or_another_tenants_tasks(api_stack: ApiSt
 @pytest.mark.parametrize(
     ("method", "path"),
     [("GET", "/schedules"), ("GET", "/webhooks/secret"), ("GET", "/memory-stores"), ("GET", "/dead-letters"),
-     ("POST", "/agents"), ("GET", "/usage/tenants")],
+     ("POST", "/agents"), ("GET", "/usage/tenants"), ("POST", "/mcp")],
 )  # fmt: skip
 def test_a_token_reaches_no_route_that_acts_for_the_whole_tenant(api_stack: ApiStack, method: str, path: str) -> None:
     token = api_stack.stack.token(user="alice", tenant="eu-routes")
@@ -188,3 +188,14 @@ def test_agentq_dev_token_mints_a_token_the_api_takes_and_agentq_list_filters_by
     assert [t["task_id"] for t in json.loads(listed.stdout)["tasks"]] == [mine]
     by_user = run_agentq(["list", "--json", "--user", "grace"], api_stack.cli_env(AGENTQ_API_KEY=key), timeout=60)
     assert [t["task_id"] for t in json.loads(by_user.stdout)["tasks"]] == [theirs]
+
+
+def test_a_schedule_names_a_user_only_from_a_key_allowed_to(api_stack: ApiStack) -> None:
+    plain = api_stack.stack.create_api_key("eu-sched")
+    spec = {"name": "nightly", "expression": "rate(1 day)", "submission": {**SCRIPTED, "user": "heidi"}}
+    status, answer, _ = api_stack.http("POST", "/schedules", spec, key=plain)
+    assert status == 403 and answer["error"]["field"] == "user", answer
+    assert api_stack.http("GET", "/schedules", key=plain)[1]["schedules"] == []
+    allowed = api_stack.stack.create_api_key("eu-sched", act_for_users=True)
+    status, answer, _ = api_stack.http("POST", "/schedules", spec, key=allowed)
+    assert status == 201, answer

@@ -93,9 +93,10 @@ def _event_caller(event: Mapping[str, Any]) -> Caller | None:
 
 # What a caller acting as one end user (a JWT's, ``core.endusers.Caller.bound``) may reach: its
 # own tasks and what concerns them, and fleet health. Everything else acts for the whole tenant
-# (its agents' definitions, memory stores, schedules, callback secret, dead letters) and answers
-# 403: a route added later is closed to such callers until it is listed here.
-USER_PATHS = re.compile(r"/tasks(/.*)?|/mcp|/usage|/usage/spend|/breakers")
+# (its agents' definitions, memory stores, schedules, callback secret, dead letters, and the MCP
+# server, whose tools read tasks by tenant) and answers 403: a route added later is closed to
+# such callers until it is listed here.
+USER_PATHS = re.compile(r"/tasks(/.*)?|/usage|/usage/spend|/breakers")
 USER_READS = re.compile(r"/agents(/.*)?")
 
 

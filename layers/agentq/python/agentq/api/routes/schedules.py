@@ -38,9 +38,11 @@ def router(deps: ApiDeps) -> Router:
         "a fire while the previous task is live submits nothing.",
         operation_id="createSchedule",
         tags=["schedules"],
-        responses=responses(201, ScheduleView, 400, 404, 413, 415, 422, description="Created"),
+        responses=responses(201, ScheduleView, 400, 403, 404, 413, 415, 422, description="Created"),
     )
     def create(spec: Annotated[ScheduleSpec, Body(description="the schedule")]) -> Response[ScheduleView]:
+        named = spec.submission.get("user")
+        deps.caller().acting_user(named if isinstance(named, str) else None)  # a key names a user only if allowed
         schedule = create_schedule(store, deps.tools, spec.model_dump(), tenant=tenant())
         headers = {"Location": f"/schedules/{schedule.spec.name}"}
         return Response(status_code=201, content_type=JSON, body=view(schedule), headers=headers)
