@@ -35,7 +35,7 @@ from agentq.api import console, errors
 from agentq.api.auth import caller_of
 from agentq.api.body_guard import BodyProblem, check_body
 from agentq.api.errors import JSON, error_response, proxy_error
-from agentq.api.models import MAX_BODY_BYTES
+from agentq.api.models.base import body_limit
 from agentq.api.routes import (
     actions,
     agents,
@@ -186,8 +186,9 @@ class AgentqResolver(APIGatewayRestResolver):
             self._request.reset(token)
 
     def _checked(self, event: Any, context: Any) -> dict[str, Any]:
-        if _body_bytes(event) > MAX_BODY_BYTES:
-            return proxy_error(413, "body_too_large", f"request body over {MAX_BODY_BYTES} bytes", "body")
+        limit = body_limit(str(event.get("path") or ""))
+        if _body_bytes(event) > limit:
+            return proxy_error(413, "body_too_large", f"request body over {limit} bytes", "body")
         content_type = _header(event, "content-type")
         if event.get("body") and not _is_json(content_type or ""):
             # A body without a Content-Type too: a browser's form or text/plain post (which a

@@ -42,7 +42,7 @@ from agentq.api import http_guard
 from agentq.api.app import is_public
 from agentq.api.auth import Unauthorized, caller_of
 from agentq.api.errors import error_body
-from agentq.api.models import MAX_BODY_BYTES
+from agentq.api.models.base import body_limit
 from agentq.core.errors import AgentqError, TaskNotFound
 
 if TYPE_CHECKING:
@@ -294,7 +294,7 @@ class ApiServer:
                         message = json.loads(page)["error"]["message"]
                         raise http_guard.Refused(status, "unauthorized", message, None, _REFUSED_KEY[4]) from None
                     return None, None
-                http_guard.check_size(length, MAX_BODY_BYTES)
+                http_guard.check_size(length, body_limit(self.path))
                 if not length:
                     return caller, None
                 if self.expects_continue:

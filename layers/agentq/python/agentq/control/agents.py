@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentq.control.memory import check_attachments
+from agentq.control.workspaces import check_workspace
 from agentq.control.validation import (
     check_fallbacks,
     check_model,
@@ -111,6 +112,7 @@ def create_agent(
     pins = pin_mcp_tools(spec, mcp)
     check_agent(spec, tools, pins)
     check_attachments(store, spec.memory, tenant=tenant)
+    check_workspace(store, spec.workspace, tenant=tenant)
     return store.agents.create(tenant, spec, pins)
 
 
@@ -137,6 +139,15 @@ def resolve_agent(store: Storage, submission: TaskSubmission, *, tenant: str) ->
         found = store.agents.get(tenant, name, version)
     except AgentNotFound as exc:  # in a submission, a bad field, not a missing resource
         raise ValidationError(f"agent: {exc.message}", field="agent") from None
+    if (
+        found.workspace is not None
+        and submission.workspace is not None
+        and "allow_hosts" in submission.workspace.model_fields_set
+    ):
+        raise ValidationError(
+            f"workspace.allow_hosts: set by agent {name!r}; leave it out, or create a new version of the agent",
+            field="workspace.allow_hosts",
+        )
     if found.output_schema is not None and "output_schema" in submission.model_fields_set:
         raise ValidationError(
             f"output_schema: set by agent {name!r}; leave it out, or create a new version of the agent",

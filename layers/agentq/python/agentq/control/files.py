@@ -2,11 +2,13 @@
 bytes, and what changed between two steps (``core.workspace`` says what a manifest keeps).
 
 The state of step N is the manifest of the last tools step at or before N that changed the
-workspace (a step records a manifest only when its turn changed the files), or the submission's
-starting files when none did: the same rule a fork from step N follows (``storage.tasks.fork``).
-The starting files are read from the submission itself; every manifest a step names has all its
-content in the bucket (the checkpoint's order, ARCHITECTURE invariant 13), read through
-``storage.workspaces``. Every answer is bounded: a page of entries, a file of at most
+workspace (a step records a manifest only when its turn changed the files), or the starting
+files when none did: the same rule a fork from step N follows (``storage.tasks.fork``). The
+starting files are the submission's inline ones, the clone recorded at the first claim
+(``Task.workspace_start``), or stored content the submission names (an uploaded archive, a
+parent's workspace); every manifest a step names has all its content in the bucket (the
+checkpoint's order, ARCHITECTURE invariant 13), read through ``storage.workspaces``, which looks
+content the task did not store itself up where it is (``core.workspace.lookup_of``). Every answer is bounded: a page of entries, a file of at most
 ``MAX_FILE_BYTES`` (a Lambda answer is 6 MB), a patch of at most ``MAX_PATCH_CHARS``.
 """
 
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 
 from agentq.core.errors import TaskNotFound, ValidationError
 from agentq.core.models import Task, ToolsStep
-from agentq.core.workspace import EMPTY, Entry, Manifest, check_path, diff, has_workspace
+from agentq.core.workspace import EMPTY, Entry, Manifest, check_path, diff, has_workspace, lookup_of, stored_start
 from agentq.storage.container import Storage
 
 MAX_FILE_BYTES = 4 * 1024 * 1024  # served whole; base64 of it fits a 6 MB Lambda answer
@@ -65,13 +67,15 @@ def state_at(store: Storage, task: Task, step: int | None, *, field: str = "step
             for r in store.steps.load(task.task_id, upto=number)
             if isinstance(r.body, ToolsStep) and r.body.workspace is not None
         ]
-        ref = refs[-1] if refs else None
-    if ref is None:
+        ref = refs[-1] if refs else task.workspace_start
+    start = stored_start(sub.workspace, task.tenant)
+    digest = ref.manifest if ref is not None else start.manifest if start is not None else None
+    if digest is None:
         manifest, seed = sub.workspace.seed() if sub.workspace is not None else (EMPTY, {})
         return State(number, manifest, None, seed.__getitem__)
-    task_id = task.task_id
-    manifest = Manifest.from_bytes(store.workspaces.get_manifest(task_id, ref.manifest))
-    return State(number, manifest, ref.manifest, lambda digest: store.workspaces.get_blob(task_id, digest))
+    task_id, lookup = task.task_id, lookup_of(sub.workspace, task.tenant)
+    manifest = Manifest.from_bytes(store.workspaces.get_manifest(task_id, digest, lookup))
+    return State(number, manifest, digest, lambda blob: store.workspaces.get_blob(task_id, blob, lookup))
 
 
 def entry(state: State, path: str) -> Entry:

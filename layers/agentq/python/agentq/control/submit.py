@@ -12,6 +12,7 @@ from agentq.control.agents import resolve_agent
 from agentq.control.defaults import Defaults
 from agentq.control.memory import check_attachments
 from agentq.control.operations import cancel
+from agentq.control.workspaces import check_workspace
 
 # Re-exported: the package root (agentq.parse_submission), the benches and tests import them from here.
 from agentq.control.validation import check_submission as check_submission
@@ -68,6 +69,7 @@ def prepare_submission(
     if defaults is not None:
         submission = defaults.apply(submission)
     check_submission(submission, tools)
+    check_workspace(store, submission.workspace, tenant=tenant)
     if submission.memory:
         check_attachments(store, submission.memory, tenant=tenant)
     if submission.depends_on:

@@ -43,6 +43,7 @@ from agentq.core.models.constraints import (
     ToolNames,
     ToolPolicies,
 )
+from agentq.core.workspace import WorkspaceSpec
 from agentq.core.models.submission import (
     Fallbacks,
     MemoryAttachments,
@@ -126,6 +127,13 @@ class AgentSpec(StrictModel):
     # None, not []: a version's digest is its JSON without None fields, so versions made before
     # fallbacks existed keep theirs.
     fallbacks: Fallbacks | None = Field(default=None, description="models its tasks fall back to, in order")
+    # None when unset, like fallbacks: versions made before agents could carry a workspace keep
+    # their digest.
+    workspace: WorkspaceSpec | None = Field(
+        default=None,
+        description="its tasks' workspace: the hosts their shell may reach (a submission may not add any) and "
+        "starting files (files, an upload or a git repository), used when the submission names none",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> AgentSpec:
@@ -190,6 +198,18 @@ def parse_ref(ref: str) -> tuple[str, int | None]:
     return name, int(version) if version else None
 
 
+def agent_workspace(agent: WorkspaceSpec, sent: dict[str, Any] | None) -> dict[str, Any]:
+    """A task's workspace under an agent that defines one: the agent's hosts, and the
+    submission's starting files if it names any, else the agent's (``resolve_agent`` has
+    refused a submission that names hosts of its own)."""
+    own = WorkspaceSpec.model_validate(sent) if sent is not None else None
+    start = own if own is not None and own.sources() else agent
+    return {
+        **start.model_dump(exclude_none=True, exclude={"allow_hosts"}),
+        "allow_hosts": list(agent.allow_hosts),
+    }
+
+
 def resolved_fields(version: AgentVersion, submission_fields: dict[str, Any]) -> dict[str, Any]:
     """The fields of a submission of ``version``: the agent's, then the submission's own
     constraints over the agent's defaults; ``agent`` pinned to the version."""
@@ -219,6 +239,8 @@ def resolved_fields(version: AgentVersion, submission_fields: dict[str, Any]) ->
         fields["output_schema"] = version.output_schema
     if version.notify is not None and "notify" not in sent:
         fields["notify"] = version.notify.model_dump()
+    if version.workspace is not None:
+        fields["workspace"] = agent_workspace(version.workspace, sent.get("workspace"))
     if version.concurrency is not None and "concurrency" not in sent:
         fields["concurrency"] = version.concurrency.model_dump()
     if version.system is not None:

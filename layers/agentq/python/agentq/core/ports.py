@@ -8,6 +8,7 @@ with the table here, and a test double needs only these.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from agentq.core.fanout import ChildPlan
@@ -39,6 +40,7 @@ from agentq.core.records import (
 )
 from agentq.core.reservation import Seen
 from agentq.core.tenancy import TenantLimits
+from agentq.core.workspace import WorkspaceRef
 
 
 class TaskLeases(Protocol):
@@ -68,6 +70,8 @@ class TaskLeases(Protocol):
     def get_many(self, task_ids: list[str]) -> list[Task]: ...
 
     def record_retry(self, task_id: str, state: RetryState, *, lease: Lease | None = None) -> bool: ...
+
+    def start_workspace(self, lease: Lease, ref: WorkspaceRef) -> None: ...
 
 
 class StepLog(Protocol):
@@ -229,11 +233,11 @@ class WorkspaceStore(Protocol):
 
     def put_blob(self, task_id: str, digest: str, data: bytes) -> bool: ...
 
-    def get_blob(self, task_id: str, digest: str) -> bytes: ...
+    def get_blob(self, task_id: str, digest: str, lookup: Sequence[str] = ()) -> bytes: ...
 
     def put_manifest(self, task_id: str, digest: str, data: bytes) -> None: ...
 
-    def get_manifest(self, task_id: str, digest: str) -> bytes: ...
+    def get_manifest(self, task_id: str, digest: str, lookup: Sequence[str] = ()) -> bytes: ...
 
 
 class PolicySource(Protocol):

@@ -49,9 +49,15 @@ WORKSPACE_TOOLS = ("shell", "read_file", "write_file", "edit_file", "list_files"
 NETWORK_TOOLS = ("shell",)
 # Starting files travel inline in the submission, which is one DynamoDB item (400 KB) read with
 # every claim: their base64 and paths may take this much of it, leaving room for a goal and a
-# system prompt at their limits. Larger starting state: clone it from an allowed host.
+# system prompt at their limits. Larger starting state: an archive uploaded first
+# (``POST /workspace-uploads``: its content stored content-addressed, the submission names its
+# manifest), or a git repository on an allowed host.
 MAX_SEED_ENCODED_BYTES = 160 * 1024
 MAX_SEED_FILES = 1_000
+SHA256 = r"^[0-9a-f]{64}$"
+# A git ref as a submission may name it: a branch, a tag or a commit id. Narrower than git's own
+# rules (no '-' first, so it is never an option; no '..', '@{', '~', '^', ':', spaces or globs).
+GIT_REF = r"^[A-Za-z0-9._/+-]{1,200}$"
 
 
 class SeedFile(BaseModel):
@@ -79,8 +85,79 @@ class SeedFile(BaseModel):
             raise ValueError(f"content_b64 of {self.path!r}: not base64 ({exc})") from None
 
 
+class GitSource(BaseModel):
+    """A workspace started from a git repository: cloned by the worker at the task's first claim,
+    inside the workspace's sandbox, through the egress proxy (so only to a host the task allows,
+    and only where the SSRF guard lets it), and recorded as the task's starting files."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(
+        min_length=8,
+        max_length=2048,
+        description="http:// or https:// URL of the repository, on a host of allow_hosts; no credentials in it",
+    )
+    ref: str | None = Field(
+        default=None,
+        pattern=GIT_REF,
+        description="a branch, tag or commit id to check out (default: the repository's default branch)",
+    )
+
+    @field_validator("ref")
+    @classmethod
+    def _ref(cls, ref: str | None) -> str | None:
+        if ref is not None and (
+            ref.startswith(("-", "/", ".")) or ref.endswith(("/", ".lock", ".")) or ".." in ref or "//" in ref
+        ):
+            raise ValueError(f"{ref!r} is not a branch, tag or commit id git accepts here")
+        return ref
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        git_host(url)  # its ValueError says what is wrong with it
+        return url
+
+    def host(self) -> tuple[str, int]:
+        return git_host(self.url)
+
+
+def git_host(url: str) -> tuple[str, int]:
+    """The host and port a clone of ``url`` contacts; ValueError for a URL the proxy cannot carry
+    (another scheme: ssh and git:// do not pass an HTTP proxy) or that holds credentials (they
+    would be stored with the task and shown wherever the submission is)."""
+    import urllib.parse
+
+    if any(c.isspace() or ord(c) < 32 for c in url):
+        raise ValueError("not a URL: it holds a space or a control character")
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"scheme {parts.scheme or '(none)'!r}: only http:// and https:// repositories can be cloned")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("credentials in the URL are refused (they would be stored with the task)")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise ValueError("the port must be 1..65535") from None
+    if not parts.hostname:
+        raise ValueError("no host in the URL")
+    return HostRule.parse(parts.hostname).host, port
+
+
+class WorkspaceBase(BaseModel):
+    """Starting state already in the bucket, named by its manifest: a sub-agent's parent's
+    workspace as of the spawn (content shared, not copied). Set by the spawn, never sent.
+    ``lookup``: where its content is, after the task's own prefix (``task:<id>``, ``upload:<tenant>``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    manifest: str = Field(pattern=SHA256)
+    lookup: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list, max_length=64)
+
+
 class WorkspaceSpec(BaseModel):
-    """A task's workspace as submitted: its starting files and the hosts its shell may reach."""
+    """A task's workspace as submitted: where its starting files come from (at most one of inline
+    ``files``, an uploaded archive's manifest, a git repository) and the hosts its shell may reach."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -99,6 +176,15 @@ class WorkspaceSpec(BaseModel):
         description="this task's limit on its entries (files, directories, links), at most "
         "the deployment's (AGENTQ_WORKSPACE_MAX_FILES); null: the deployment's",
     )
+    upload: str | None = Field(
+        default=None,
+        pattern=SHA256,
+        description="the `upload` a POST /workspace-uploads answered: the archive's files as starting files",
+    )
+    git: GitSource | None = Field(default=None, description="a repository to clone as the starting files")
+    base: WorkspaceBase | None = Field(
+        default=None, description="set by a spawn: the parent's workspace as of the spawn; not sent"
+    )
     allow_hosts: list[Annotated[str, Field(min_length=1, max_length=300)]] = Field(
         default_factory=list,
         max_length=32,
@@ -113,8 +199,26 @@ class WorkspaceSpec(BaseModel):
             HostRule.parse(host)  # its ValueError names the bad entry
         return hosts
 
+    def sources(self) -> list[str]:
+        """The starting sources it names (at most one is valid)."""
+        return [
+            name
+            for name, given in (
+                ("files", bool(self.files)),
+                ("upload", self.upload is not None),
+                ("git", self.git is not None),
+                ("base", self.base is not None),
+            )
+            if given
+        ]
+
     @model_validator(mode="after")
     def _fits(self) -> WorkspaceSpec:
+        given = self.sources()
+        if len(given) > 1:
+            raise ValueError(
+                f"{given[1]}: the starting files come from one source; {' and '.join(given)} were both given"
+            )
         encoded = 0
         seen: set[str] = set()
         for f in self.files:
@@ -157,6 +261,22 @@ def has_workspace(spec: WorkspaceSpec | None, tools: list[str]) -> bool:
     return spec is not None or any(t in WORKSPACE_TOOLS for t in tools)
 
 
+def stored_start(spec: WorkspaceSpec | None, tenant: str) -> WorkspaceBase | None:
+    """The starting state when it is already in the bucket (an upload, a parent's workspace):
+    its manifest and where its content is. None: inline files, a clone, or empty."""
+    if spec is None:
+        return None
+    if spec.upload is not None:
+        return WorkspaceBase(manifest=spec.upload, lookup=[f"upload:{tenant}"])
+    return spec.base
+
+
+def lookup_of(spec: WorkspaceSpec | None, tenant: str) -> list[str]:
+    """Where a task's workspace content may be besides its own prefix (its start's owners)."""
+    start = stored_start(spec, tenant)
+    return list(start.lookup) if start is not None else []
+
+
 class WorkspaceRestoreFailed(AgentqError, ValueError):
     """The workspace of the last committed step could not be restored exactly: the task fails
     with this code rather than run on a half-restored disk (a deterministic fault)."""
@@ -170,6 +290,24 @@ class WorkspaceRefused(AgentqError):
     this as its error, which the model reads (``core.engine._tool_turn``)."""
 
     code = "workspace_refused"
+
+
+class WorkspaceSourceFailed(AgentqError, ValueError):
+    """The starting files could not be made (a clone refused by the proxy, a repository that is
+    not there, a ref it does not have): the task fails with the code, no step runs, and nothing
+    of the half-made workspace is recorded (a deterministic fault)."""
+
+    code = "workspace_git_failed"
+
+
+class WorkspaceRefNotFound(WorkspaceSourceFailed):
+    code = "workspace_git_ref_not_found"
+
+
+class WorkspaceStartTooLarge(WorkspaceSourceFailed):
+    """The cloned repository passed the task's limits (``WorkspaceQuota``)."""
+
+    code = "workspace_git_too_large"
 
 
 class WorkspaceTooLarge(WorkspaceRefused):

@@ -30,6 +30,7 @@ from agentq.core.errors import LeaseLost, TaskNotFound
 from agentq.core.models import Lease, Task, TaskStatus
 from agentq.core.records import ClaimOwner, ClaimRecord
 from agentq.core.reservation import Seen
+from agentq.core.workspace import WorkspaceRef
 from agentq.resources import GSI_OWNER
 from agentq.storage import keys
 from agentq.storage.table import ConditionFailed, Item, Table, Update, plain, present, status_in
@@ -260,6 +261,17 @@ class TaskLeases(TaskItems):
         """Give the task back (continuation, graceful shutdown): the next claim may run at once.
         ``forget_batch``: the batch its next turn was sent in failed; the next claim sends anew."""
         self._fenced(lease, Update(set={"lease_expires": 0}, remove=["batch"] if forget_batch else []))
+
+    def start_workspace(self, lease: Lease, ref: WorkspaceRef) -> None:
+        """Record the starting files a clone made (``Task.workspace_start``, and ``workspace``,
+        what a takeover restores), fenced and once: only while no start is recorded and no step
+        has committed, so a zombie's clone never replaces the one a task runs on."""
+        value = ref.model_dump()
+        self._fenced(
+            lease,
+            Update(set={"workspace_start": value, "workspace": value}),
+            Attr("workspace_start").not_exists() & Attr("step").eq(0),
+        )
 
     def _fenced(self, lease: Lease, update: Update, extra: ConditionBase | None = None) -> None:
         condition = Attr("lease_epoch").eq(lease.epoch)

@@ -29,7 +29,7 @@ from agentq.core.errors import IdempotencyConflict, TaskNotFound
 from agentq.core.models import StepRecord, Task, TaskStatus, TaskSubmission, ToolsStep
 from agentq.core.pricing import NO_MONEY_CAP, micros
 from agentq.core.records import IdempotencyRecord
-from agentq.core.workspace import Manifest
+from agentq.core.workspace import Manifest, lookup_of
 from agentq.storage import keys
 from agentq.storage.budget_items import budget_attrs
 from agentq.storage.leases import TaskLeases
@@ -265,15 +265,19 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
         # fork's own prefix like the payloads above: every manifest a step names and the content
         # of them all, so a fork of the fork at any of its steps, or after the source's
         # retention, still finds them. The last one is what the fork restores at its first claim.
-        refs = [s.body.workspace for s in steps if isinstance(s.body, ToolsStep) and s.body.workspace]
+        # A clone's starting files (``workspace_start``) are step 0's: copied, never cloned again.
+        start = source.workspace_start
+        refs = [start] if start else []
+        refs += [s.body.workspace for s in steps if isinstance(s.body, ToolsStep) and s.body.workspace]
         workspace = refs[-1] if refs else None
         if refs:
             objects = WorkspaceObjects(self.payloads)
+            lookup = lookup_of(source.submission.workspace, source.tenant)
             manifests = {r.manifest for r in refs}
             blobs: set[str] = set()
             for digest in manifests:
-                blobs |= Manifest.from_bytes(objects.get_manifest(source.task_id, digest)).blobs()
-            objects.copy_states(source.task_id, task_id, manifests, blobs)
+                blobs |= Manifest.from_bytes(objects.get_manifest(source.task_id, digest, lookup)).blobs()
+            objects.copy_states(source.task_id, task_id, manifests, blobs, lookup)
         # META last: until it exists the fork is invisible, so a failed copy leaves nothing usable.
         actions, task = self.create_actions(
             task_id,
@@ -291,5 +295,8 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
         if workspace is not None:
             meta.item["workspace"] = workspace.model_dump()
             counters["workspace"] = workspace
+        if start is not None:
+            meta.item["workspace_start"] = start.model_dump()
+            counters["workspace_start"] = start
         self.table.transact(actions)
         return task.model_copy(update=counters)

@@ -6,14 +6,20 @@ the task's own payload prefix, so the retention that purges the task purges them
 and files share it; ``<prefix>workspace/manifests/<sha256>``: a manifest, under its own hash.
 Both are written create-only (``If-None-Match: *``): an object under a hash is never replaced,
 so whatever a later writer holds, the bytes a committed step names stay the ones it named.
+
+Content a task did not write itself is looked up where it is, never copied (``lookup``: the
+owners ``core.workspace.lookup_of`` names, after the task's own prefix): a tenant's uploaded
+archives (``uploads/<tenant>/workspace/...``, ``POST /workspace-uploads``) and, for a sub-agent
+that started from its parent's workspace, the parent's prefix (and the parent's own lookup).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from agentq.storage import keys
-from agentq.storage.serdes import Payloads
+from agentq.storage.serdes import MissingObject, Payloads
 
 PARALLEL = 16  # objects in flight per fork copy
 
@@ -30,6 +36,21 @@ def manifest_key(task_id: str, digest: str) -> str:
     return f"{workspace_prefix(task_id)}manifests/{digest}"
 
 
+def upload_prefix(tenant: str) -> str:
+    """A tenant's uploaded starting files: content-addressed like a task's, shared by every task
+    that names the upload. Not under a task's prefix, so no task's retention purges them."""
+    return f"uploads/{tenant}/workspace/"
+
+
+def _owner_prefix(owner: str) -> str:
+    kind, _, name = owner.partition(":")
+    if kind == "task" and name:
+        return workspace_prefix(name)
+    if kind == "upload" and name:
+        return upload_prefix(name)
+    raise ValueError(f"unknown workspace content owner {owner!r}")
+
+
 class WorkspaceObjects:
     """What the engine stores of workspaces (``core.ports.WorkspaceStore``). A missing object
     raises ``serdes.MissingObject`` (a ``LookupError``)."""
@@ -40,20 +61,68 @@ class WorkspaceObjects:
     def put_blob(self, task_id: str, digest: str, data: bytes) -> bool:
         return self.payloads.put_bytes(blob_key(task_id, digest), data, create_only=True)
 
-    def get_blob(self, task_id: str, digest: str) -> bytes:
-        return self.payloads.get_bytes(blob_key(task_id, digest))
+    def get_blob(self, task_id: str, digest: str, lookup: Sequence[str] = ()) -> bytes:
+        """The content under ``digest``: the task's own, else the first owner of ``lookup`` that has it."""
+        return self._first([f"{workspace_prefix(task_id)}blobs/{digest}"] + [
+            f"{_owner_prefix(o)}blobs/{digest}" for o in lookup
+        ])  # fmt: skip
+
+    def _first(self, keys_: list[str]) -> bytes:
+        for key in keys_[:-1]:
+            try:
+                return self.payloads.get_bytes(key)
+            except MissingObject:
+                continue
+        return self.payloads.get_bytes(keys_[-1])
 
     def put_manifest(self, task_id: str, digest: str, data: bytes) -> None:
         self.payloads.put_bytes(manifest_key(task_id, digest), data, create_only=True)
 
-    def get_manifest(self, task_id: str, digest: str) -> bytes:
-        return self.payloads.get_bytes(manifest_key(task_id, digest))
+    def get_manifest(self, task_id: str, digest: str, lookup: Sequence[str] = ()) -> bytes:
+        return self._first([manifest_key(task_id, digest)] + [f"{_owner_prefix(o)}manifests/{digest}" for o in lookup])
 
-    def copy_states(self, source_id: str, target_id: str, manifests: set[str], blobs: set[str]) -> None:
+    def put_upload(self, tenant: str, manifest: bytes, digest: str, blobs: dict[str, bytes]) -> int:
+        """Store an uploaded archive's content, then its manifest (so a manifest that is there
+        names only content that is there); the bytes of content that was not stored yet."""
+        prefix = upload_prefix(tenant)
+        items = sorted(blobs.items())
+        with ThreadPoolExecutor(max(1, min(PARALLEL, len(items)))) as pool:
+            written = list(pool.map(lambda b: self.payloads.put_bytes(f"{prefix}blobs/{b[0]}", b[1], create_only=True), items))
+        self.payloads.put_bytes(f"{prefix}manifests/{digest}", manifest, create_only=True)
+        return sum(len(data) for (_, data), new in zip(items, written, strict=True) if new)
+
+    def has_upload(self, tenant: str, digest: str) -> bool:
+        try:
+            self.payloads.get_bytes(f"{upload_prefix(tenant)}manifests/{digest}")
+        except MissingObject:
+            return False
+        return True
+
+    def copy_states(
+        self, source_id: str, target_id: str, manifests: set[str], blobs: set[str], lookup: Sequence[str] = ()
+    ) -> None:
         """Give ``target_id`` (a fork) its own copy of the manifests its steps name and of the
-        content they name: server-side copies, so the fork outlives its source's retention."""
+        content they name: server-side copies, so the fork outlives its source's retention.
+        Content the source looked up elsewhere (``lookup``: its parent's, an upload's) is copied
+        from where it is."""
         keys_ = [(manifest_key(source_id, m), manifest_key(target_id, m)) for m in sorted(manifests)]
         keys_ += [(blob_key(source_id, b), blob_key(target_id, b)) for b in sorted(blobs)]
         if keys_:
             with ThreadPoolExecutor(min(PARALLEL, len(keys_))) as pool:
-                list(pool.map(lambda pair: self.payloads.copy(*pair), keys_))
+                list(pool.map(lambda pair: self._copy(pair, lookup), keys_))
+
+    def _copy(self, pair: tuple[str, str], lookup: Sequence[str]) -> None:
+        source, target = pair
+        try:
+            self.payloads.copy(source, target)
+        except Exception:
+            if not lookup:
+                raise
+            rest = source.split("/workspace/", 1)[1]  # blobs/<sha> or manifests/<sha>
+            for owner in lookup:
+                try:
+                    self.payloads.copy(f"{_owner_prefix(owner)}{rest}", target)
+                    return
+                except Exception:
+                    continue
+            raise

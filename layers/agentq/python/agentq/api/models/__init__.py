@@ -53,6 +53,8 @@ from agentq.api.models.files import MAX_FILES_PAGE as MAX_FILES_PAGE
 from agentq.api.models.files import FileDiff as FileDiff
 from agentq.api.models.files import FileEntry as FileEntry
 from agentq.api.models.files import FileList as FileList
+from agentq.api.models.files import WorkspaceUploaded as WorkspaceUploaded
+from agentq.api.models.files import WorkspaceUploadRequest as WorkspaceUploadRequest
 from agentq.api.models.fleet import BreakersView as BreakersView
 from agentq.api.models.fleet import BreakerView as BreakerView
 from agentq.api.models.fleet import CallerUsage as CallerUsage

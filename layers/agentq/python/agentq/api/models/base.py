@@ -9,6 +9,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 # Limits a caller can rely on (also in the OpenAPI document as schema bounds).
 MAX_BODY_BYTES = 256 * 1024  # larger request bodies answer 413
+# POST /workspace-uploads carries an archive as base64: up to what a Lambda's request holds (6 MB).
+UPLOAD_PATH = "/workspace-uploads"
+MAX_UPLOAD_BODY_BYTES = 5_500_000
+
+
+def body_limit(path: str) -> int:
+    """The largest request body ``path`` takes."""
+    return MAX_UPLOAD_BODY_BYTES if path.split("?", 1)[0].rstrip("/") == UPLOAD_PATH else MAX_BODY_BYTES
 MAX_PAGE_SIZE = 100  # GET /tasks ?limit=
 DEFAULT_PAGE_SIZE = 20
 MAX_TRACE_PAGE = 200  # GET /tasks/{id}/trace ?limit=

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from agentq.api.models.base import ApiModel
 
@@ -44,3 +44,22 @@ class FileDiff(ApiModel):
     patch: str = Field(description="a unified diff of the text files among them; binary and large files are "
                        "named ('Binary files differ'), not shown")  # fmt: skip
     truncated: bool = Field(description="the patch was cut at its size limit; the path lists are whole")
+
+
+class WorkspaceUploadRequest(BaseModel):
+    """An archive of starting files (``POST /workspace-uploads``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    archive_b64: str = Field(
+        min_length=1,
+        description="a tar (plain, gzip, bzip2 or xz) or zip archive, base64; what it unpacks to must stay inside "
+        "its root (no absolute or '..' names, no links out, no devices) and within the limits",
+    )
+
+
+class WorkspaceUploaded(ApiModel):
+    upload: str = Field(description="name it as a submission's (or an agent's) workspace.upload")
+    files: int = Field(description="regular files in it")
+    bytes: int = Field(description="their bytes")
+    stored_bytes: int = Field(description="content stored now (content an earlier upload holds is stored once)")

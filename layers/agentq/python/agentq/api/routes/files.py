@@ -1,22 +1,36 @@
 """A task's files at a committed step: ``GET /tasks/{id}/files``, ``/files/{path}`` and
-``/diff``. The logic is ``agentq.control.files``; another tenant's task is not found.
+``/diff``. The logic is ``agentq.control.files``; another tenant's task is not found. And
+``POST /workspace-uploads``: an archive as starting files (``agentq.control.workspaces``).
 
 ``/files/{path}``'s path spans several segments (``src/app.py``): ``widen`` lets that one
 route's parameter match slashes, which powertools' path parameters do not."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
-from aws_lambda_powertools.event_handler.openapi.params import Path, Query
+from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
 
 from agentq.api import views
-from agentq.api.errors import responses
-from agentq.api.models import DEFAULT_FILES_PAGE, MAX_FILES_PAGE, FileDiff, FileEntry, FileList
+from agentq.api.errors import JSON, responses
+from agentq.api.models import (
+    DEFAULT_FILES_PAGE,
+    MAX_FILES_PAGE,
+    FileDiff,
+    FileEntry,
+    FileList,
+    WorkspaceUploaded,
+    WorkspaceUploadRequest,
+)
+from agentq.api.models.base import UPLOAD_PATH
 from agentq.api.routes.common import ApiDeps, Router, TaskId
 from agentq.control import files as control
+from agentq.control.workspaces import upload_archive
+from agentq.core.errors import ValidationError
 from agentq.core.workspace import Entry
 
 FILE_ROUTE = "/tasks/<task_id>/files/<path>"
@@ -142,5 +156,25 @@ def router(deps: ApiDeps) -> Router:
             patch=found.patch,
             truncated=found.truncated,
         )
+
+    @routes.post(
+        UPLOAD_PATH,
+        summary="Upload an archive of starting files",
+        description="A tar (plain or compressed) or zip archive, base64 in archive_b64, unpacked and checked member by "
+        "member (nothing outside its root, no links out, no devices, within the limits) and stored content-addressed "
+        "under the tenant; a submission's or an agent's workspace.upload names the answer's `upload`. For starting "
+        "files past what a submission carries inline.",
+        operation_id="uploadWorkspace",
+        tags=["files"],
+        responses=responses(201, WorkspaceUploaded, 400, 413, 415, 422, description="Stored"),
+    )
+    def upload(body: Annotated[WorkspaceUploadRequest, Body(description="the archive")]) -> Response[WorkspaceUploaded]:
+        try:
+            data = base64.b64decode(body.archive_b64, validate=True)
+        except binascii.Error as exc:
+            raise ValidationError(f"archive_b64: not base64 ({exc})", field="archive_b64") from None
+        done = upload_archive(store, data, tenant=tenant())
+        answer = WorkspaceUploaded(upload=done.upload, files=done.files, bytes=done.bytes, stored_bytes=done.stored_bytes)
+        return Response(status_code=201, content_type=JSON, body=answer)
 
     return routes

@@ -89,7 +89,7 @@ class Engine:
         spawning = SpawnPorts(store.spawns, store.budgets, store.tasks, store.steps)
         self._workspaces = Workspaces(
             store.workspaces, worker_id=worker_id, root=config.workspace_root, quota=config.workspace_quota,
-            egress=egress,
+            egress=egress, record_start=store.tasks.start_workspace,
         )  # fmt: skip
         self._tool_turn = ToolTurn(
             store.approvals,

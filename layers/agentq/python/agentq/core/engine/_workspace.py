@@ -8,6 +8,12 @@ never committed is never named, and a takeover restores the last committed manif
 files that turn wrote are gone. A restore that cannot reproduce the manifest exactly fails the
 task (``workspace_restore_failed``) instead of running on a half-restored disk.
 
+A workspace that starts from a git repository is cloned at the first claim
+(``_workspace_clone``), its content and manifest stored, then recorded on META once (fenced:
+``start_workspace``) before any step runs: step 0's files, which later claims restore rather than
+clone. One that starts from stored content (an uploaded archive, a parent's workspace) restores
+it from where it is (``lookup``); it is never copied under the task's prefix.
+
 Each claim gets a directory of its own (``<root>/<worker>-<pid>/<task>.<random>``, made with
 ``mkdtemp``), and a run's end removes only that directory: two runs of one task on one host, in
 one process or two (a zombie that lost its lease and the run that took the task over), never
@@ -27,13 +33,20 @@ from typing import Any
 
 from agentq.core.engine._session import Session
 from agentq.core.ports import WorkspaceStore
+from agentq.core.engine._workspace_clone import clone
 from agentq.core.workspace import (
     EMPTY,
     Manifest,
     WorkspaceQuota,
     WorkspaceRef,
+    WorkspaceRefused,
     WorkspaceRestoreFailed,
+    WorkspaceSourceFailed,
+    WorkspaceStartTooLarge,
+    WorkspaceTooLarge,
     has_workspace,
+    lookup_of,
+    stored_start,
 )
 from agentq.core.workspace_disk import PARALLEL, ScanCache, read_verified, restore, scan, wipe
 from agentq.sandbox.base import ExecResult
@@ -57,6 +70,7 @@ class TaskWorkspace:
     stored: set[str]  # content known to be in the bucket
     sandbox: WorkspaceSandbox
     egress: Any = None  # core.tools.egress.EgressProxy when the task allows hosts
+    lookup: list[str] = field(default_factory=list)  # where content it did not store is (core.workspace.lookup_of)
     cache: ScanCache = field(default_factory=ScanCache)
     pending: Manifest | None = None  # checkpointed, its step not committed yet
 
@@ -79,8 +93,10 @@ class Workspaces:
         root: str | None,
         quota: WorkspaceQuota,
         egress: Any = None,  # a task's allow_hosts -> its EgressProxy (core.tools.egress)
+        record_start: Any = None,  # (lease, WorkspaceRef) -> None: TaskLeases.start_workspace
     ) -> None:
         self.store = store
+        self.record_start = record_start
         self.quota = quota
         self.egress = egress
         self._root = Path(root) if root else None
@@ -103,23 +119,48 @@ class Workspaces:
             self._sandbox = WorkspaceSandbox()
         directory = self._directory(s.task_id)
         ws = TaskWorkspace(s.task_id, directory, EMPTY, set(), self._sandbox)
+        ws.lookup = lookup_of(sub.workspace, s.task.tenant)
         s.workspace = ws  # from here on, close() removes the directory whatever happens
-        self._restore(ws, s.task.workspace, s)
         if sub.workspace is not None and sub.workspace.allow_hosts and self.egress is not None:
             ws.egress = self.egress(sub.workspace.allow_hosts)
+        if s.task.workspace is None and sub.workspace is not None and sub.workspace.git is not None:
+            self._clone(ws, s)
+            return
+        self._restore(ws, s.task.workspace, s)
+
+    def _clone(self, ws: TaskWorkspace, s: Session) -> None:
+        """Step 0's files from the task's repository, stored and recorded before any step runs."""
+        spec = s.task.submission.workspace
+        assert spec is not None and spec.git is not None
+        clone(ws.sandbox, ws.directory, spec.git, ws.egress)
+        try:
+            manifest = scan(ws.directory, ws.cache, self.quota)
+        except WorkspaceTooLarge as exc:
+            raise WorkspaceStartTooLarge(f"workspace.git: the repository {exc.message}", field="workspace.git") from None
+        except WorkspaceRefused as exc:
+            raise WorkspaceSourceFailed(f"workspace.git: the clone cannot be kept: {exc.message}") from None
+        ref = self._store(ws, s, manifest)
+        if self.record_start is not None:
+            self.record_start(s.lease, ref)
+        ws.committed, ws.pending = manifest, None
+        s.task = s.task.model_copy(update={"workspace": ref, "workspace_start": ref})
 
     def _restore(self, ws: TaskWorkspace, ref: WorkspaceRef | None, s: Session) -> None:
         try:
-            if ref is None:
-                spec = s.task.submission.workspace
+            spec = s.task.submission.workspace
+            start = stored_start(spec, s.task.tenant) if ref is None else None
+            if ref is None and start is None:
                 manifest, seed = spec.seed() if spec is not None else (EMPTY, {})
                 stored: set[str] = set()
                 restore(ws.directory, manifest, seed.__getitem__, ws.cache)
             else:
-                manifest = Manifest.from_bytes(self.store.get_manifest(s.task_id, ref.manifest))
-                if manifest.digest != ref.manifest:
-                    raise WorkspaceRestoreFailed(f"the stored manifest {ref.manifest} does not match its hash")
-                restore(ws.directory, manifest, lambda digest: self.store.get_blob(s.task_id, digest), ws.cache)
+                digest_ = ref.manifest if ref is not None else start.manifest  # type: ignore[union-attr]
+                manifest = Manifest.from_bytes(self.store.get_manifest(s.task_id, digest_, ws.lookup))
+                if manifest.digest != digest_:
+                    raise WorkspaceRestoreFailed(f"the stored manifest {digest_} does not match its hash")
+                restore(
+                    ws.directory, manifest, lambda digest: self.store.get_blob(s.task_id, digest, ws.lookup), ws.cache
+                )
                 stored = manifest.blobs()
         except WorkspaceRestoreFailed as exc:
             raise WorkspaceRestoreFailed(f"task {s.task_id}: {exc.message}") from exc
@@ -141,6 +182,12 @@ class Workspaces:
         manifest = scan(ws.directory, ws.cache, self.quota.for_task(s.task.submission.workspace))
         if manifest.digest == ws.committed.digest and ws.stored >= manifest.blobs():
             return None
+        ref = self._store(ws, s, manifest)
+        ws.pending = manifest
+        return ref
+
+    def _store(self, ws: TaskWorkspace, s: Session, manifest: Manifest) -> WorkspaceRef:
+        """The content of ``manifest`` not stored yet, then the manifest itself; its ref."""
         new = list({e.digest: e for e in manifest.entries if e.kind == "f" and e.digest not in ws.stored}.values())
         uploaded = 0
         # File by file, at most PARALLEL in memory: each read back checked against the hash the
@@ -152,7 +199,6 @@ class Workspaces:
                 uploaded += sum(len(data) for (_, data), new_object in zip(window, written, strict=True) if new_object)
                 ws.stored |= {digest for digest, _ in window}
         self.store.put_manifest(s.task_id, manifest.digest, manifest.to_bytes())
-        ws.pending = manifest
         return WorkspaceRef(
             manifest=manifest.digest, files=manifest.files, bytes=manifest.total_bytes, uploaded_bytes=uploaded
         )

@@ -111,6 +111,9 @@ class Task(BaseModel):
     # The workspace as of the last committed step that changed it (core.workspace): what a
     # takeover restores. None: the submission's starting files (or an empty workspace).
     workspace: WorkspaceRef | None = None
+    # The starting files a clone made (``WorkspaceSpec.git``), recorded once at the first claim
+    # before any step ran: step 0's files. None: the start is the submission's own.
+    workspace_start: WorkspaceRef | None = None
 
     @field_validator("inflight", mode="before")
     @classmethod

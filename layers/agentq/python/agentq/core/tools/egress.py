@@ -216,7 +216,7 @@ class EgressProxy:
             self._slots.release()
 
     def _connect(self, host: str, port: int) -> socket.socket:
-        if not any(_allows(rule, host, port) for rule in self.rules):
+        if not any(allows(rule, host, port) for rule in self.rules):
             allowed = ", ".join(r.host + (f":{r.port}" if r.port else " (ports 80, 443)") for r in self.rules)
             raise FetchRefused(f"{host}:{port} is not among the hosts this task may reach ({allowed})")
         deadline = Deadline(CONNECT_SECONDS)
@@ -244,7 +244,7 @@ class HeadTimeout(Exception):
     """The request head did not arrive in time: a ``408``."""
 
 
-def _allows(rule: HostRule, host: str, port: int) -> bool:
+def allows(rule: HostRule, host: str, port: int) -> bool:
     """A rule with a port allows that port; one without allows the web's ports, 80 and 443."""
     return rule.host == host and (port == rule.port if rule.port is not None else port in DEFAULT_PORTS)
 

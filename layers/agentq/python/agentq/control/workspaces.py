@@ -1,0 +1,68 @@
+"""A workspace's starting state as a request names it, checked before anything is written: a git
+repository on a host the task allows, an uploaded archive that is there (and the tenant's), no
+``base`` (only a spawn sets it); and ``POST /workspace-uploads``, an archive turned into stored
+starting files (``core.workspace_archive`` refuses what would unpack outside its root).
+
+Why an upload and not a bigger submission: the submission is one DynamoDB item read at every
+claim, so inline files stop at ``MAX_SEED_ENCODED_BYTES``. An upload's content is stored
+content-addressed under the tenant's own prefix (``storage.workspaces.upload_prefix``), the
+submission names its manifest, and every task of the tenant that names it shares that content:
+the worker restores it from there, and its checkpoints store only what the agent changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agentq.core.errors import ValidationError
+from agentq.core.tools.egress import allows
+from agentq.core.tools.fetch import HostRule
+from agentq.core.workspace import WorkspaceSpec
+from agentq.core.workspace_archive import ArchiveLimits, ArchiveRefused, unpack
+from agentq.storage.container import Storage
+
+
+def check_workspace(store: Storage, spec: WorkspaceSpec | None, *, tenant: str, field: str = "workspace") -> None:
+    """What the model cannot check alone: the git host is allowed, the upload is there."""
+    if spec is None:
+        return
+    if spec.base is not None:
+        raise ValidationError(
+            f"{field}.base: set by a spawn (a sub-agent's parent's workspace); a request may not name one",
+            field=f"{field}.base",
+        )
+    if spec.git is not None:
+        host, port = spec.git.host()
+        rules = [HostRule.parse(h) for h in spec.allow_hosts]
+        if not any(allows(rule, host, port) for rule in rules):
+            raise ValidationError(
+                f"{field}.git.url: {host}:{port} is not a host the workspace allows; add it to "
+                f"{field}.allow_hosts (allowed: {', '.join(spec.allow_hosts) or 'none'})",
+                field=f"{field}.git.url",
+            )
+    if spec.upload is not None and not store.workspaces.has_upload(tenant, spec.upload):
+        raise ValidationError(
+            f"{field}.upload: no uploaded archive {spec.upload} for this tenant; upload it with POST /workspace-uploads",
+            field=f"{field}.upload",
+        )
+
+
+@dataclass(frozen=True)
+class Upload:
+    upload: str  # the manifest's SHA-256: what a submission's workspace.upload names
+    files: int
+    bytes: int
+    stored_bytes: int  # content not stored before (an upload shares content with earlier ones)
+
+
+def upload_archive(store: Storage, data: bytes, *, tenant: str, limits: ArchiveLimits | None = None) -> Upload:
+    """Store a tar or zip archive's files as starting files; a 422 naming ``archive`` (the member
+    and the reason) for one that would unpack outside its root or past the limits, nothing written."""
+    if not data:
+        raise ValidationError("archive: empty; send a tar (optionally compressed) or zip archive", field="archive")
+    try:
+        manifest, blobs = unpack(data, limits)
+    except ArchiveRefused as exc:
+        raise ValidationError(f"archive: {exc}", field="archive") from None
+    stored = store.workspaces.put_upload(tenant, manifest.to_bytes(), manifest.digest, blobs)
+    return Upload(manifest.digest, manifest.files, manifest.total_bytes, stored)
