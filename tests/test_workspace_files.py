@@ -231,15 +231,14 @@ def test_a_download_writes_nothing_outside_its_directory(tmp_path: Path, entries
     assert not Path("/tmp/escaped.txt").exists()
 
 
-def test_submit_workspace_over_the_limits_exits_2_naming_workspace(
+def test_submit_workspace_of_nothing_there_exits_2_naming_workspace(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """(A directory over the inline limits is uploaded: tests/test_workspace_sources.py.)"""
     from agentq.cli.main import main
 
-    big = tmp_path / "big"
-    big.mkdir()
-    (big / "x").write_bytes(os.urandom(130 * 1024))
-    code = main(["submit", "g", "--url", "http://127.0.0.1:9", "--script", "first_task", "--workspace", str(big)])
+    missing = tmp_path / "missing"
+    code = main(["submit", "g", "--url", "http://127.0.0.1:9", "--script", "first_task", "--workspace", str(missing)])
     assert code == 2 and "--workspace" in capsys.readouterr().err
 
 

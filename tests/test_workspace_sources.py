@@ -235,6 +235,37 @@ def test_a_submission_naming_an_upload_that_is_not_there_or_a_base_is_refused(st
     assert other.value.field == "workspace.upload"
 
 
+def test_submit_workspace_uploads_a_directory_past_the_inline_limits_and_an_archive_file(
+    store: Storage, api: Client, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agentq.cli.main import main
+
+    big = tmp_path / "big"
+    (big / "sub").mkdir(parents=True)
+    noise = os.urandom(130 * 1024)  # over the 160 KB of base64 a submission carries inline
+    (big / "sub" / "noise").write_bytes(noise)
+    (big / "run.sh").write_bytes(b"echo hi\n")
+    (big / "run.sh").chmod(0o750)
+    archive = tmp_path / "start.tar.gz"
+    archive.write_bytes(GOOD)
+    for source, path, want in ((big, "sub/noise", noise), (archive, "proj/data.bin", b"\x00\xff" * 100)):
+        code = main(["submit", "g", "--url", api.url, "--script", "first_task", "--json", "--workspace", str(source)])
+        assert code == 0, capsys.readouterr().err
+        import json
+
+        task_id = json.loads(capsys.readouterr().out)["task_id"]
+        workspace = store.tasks.get(task_id).submission.workspace
+        assert workspace is not None and workspace.upload is not None and not workspace.files
+        assert api.file(task_id, path, step=0) == want
+    assert {e.path: e.mode for e in api.files(task_id, step=0).files}["proj/run.sh"] == 0o755
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(BAD_TARS["symlink out"][0])
+    before = objects(store)
+    assert main(["submit", "g", "--url", api.url, "--script", "first_task", "--workspace", str(bad)]) != 0
+    assert "archive" in capsys.readouterr().err
+    assert objects(store) == before
+
+
 # ---------------------------------------------------------------- git
 
 

@@ -22,6 +22,7 @@ HTTP underneath them (one call and its retries, the event stream, the errors) is
 
 from __future__ import annotations
 
+import base64
 import time
 import urllib.parse
 import uuid
@@ -45,6 +46,7 @@ from agentq.api.http_client import _error_of as _error_of
 from agentq.api.http_client import _NotStreaming as _NotStreaming
 from agentq.api.http_client import _seg as _seg
 from agentq.api.models import (
+    WorkspaceUploaded,
     MAX_PAGE_SIZE,
     AgentCreated,
     AgentList,
@@ -297,6 +299,13 @@ class Client(HttpClient):
         while page.next_after is not None:
             page = self.files(task_id, step=pinned, after=page.next_after)
             yield from page.files
+
+    def upload_workspace(self, archive: bytes) -> str:
+        """Upload a tar or zip archive as starting files; the ``upload`` a submission's
+        ``workspace.upload`` names (``POST /workspace-uploads``)."""
+        body = {"archive_b64": base64.b64encode(archive).decode()}
+        answer = WorkspaceUploaded.model_validate(self.request("POST", "/workspace-uploads", body, retry=True))
+        return answer.upload
 
     def file(self, task_id: str, path: str, *, step: int | None = None) -> bytes:
         """One file's bytes as committed step ``step`` left it."""

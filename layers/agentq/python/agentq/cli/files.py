@@ -1,6 +1,7 @@
 """``agentq files`` and ``agentq download``: a task's workspace at a committed step (``GET
 /tasks/{id}/files``, ``/files/{path}``, ``/diff``); and ``read_workspace``, the directory
-``agentq submit --workspace DIR`` sends as the submission's starting files.
+``agentq submit --workspace DIR|FILE`` sends as the submission's starting files (inline when they
+fit the submission, else, like an archive FILE, uploaded first: ``POST /workspace-uploads``).
 
 A download writes only under its directory: every path the server names is checked again here
 (relative, no ``..``), the target is opened without following a link at its last component, and
@@ -11,9 +12,12 @@ from __future__ import annotations
 
 import argparse
 import base64
+import io
 import os
 import stat
 import sys
+import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +27,41 @@ from agentq.cli.target import api_client, remote
 from agentq.core.workspace import MAX_SEED_ENCODED_BYTES, MAX_SEED_FILES, check_path
 
 
-def read_workspace(root: str) -> dict[str, Any]:
-    """``DIR`` as ``workspace.files`` (regular files, their modes), within the submission's limits."""
+def read_workspace(root: str, upload: Callable[[bytes], str] | None = None) -> dict[str, Any]:
+    """``DIR`` as ``workspace.files`` (regular files, their modes), within the submission's
+    limits; with ``upload`` (``Client.upload_workspace``), a DIR past them and an archive FILE
+    (tar, compressed or not, or zip) are uploaded first and named as ``workspace.upload``."""
     base = Path(root)
+    if base.is_file() and upload is not None:
+        try:
+            data = base.read_bytes()
+        except OSError as exc:
+            raise UsageError(f"--workspace: cannot read {root}: {exc.strerror}", field="workspace") from None
+        return {"upload": upload(data)}
     if not base.is_dir():
-        raise UsageError(f"--workspace: {root} is not a directory", field="workspace")
+        raise UsageError(f"--workspace: {root} is not a directory or an archive", field="workspace")
+    try:
+        return _inline(base, root)
+    except _TooBig:
+        if upload is None:
+            raise
+        return {"upload": upload(_tar_of(base))}
+
+
+class _TooBig(UsageError):
+    """A directory past what a submission carries inline."""
+
+
+def _tar_of(base: Path) -> bytes:
+    """``base`` as a gzipped tar of its files, directories and links (the server checks every member)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as archive:
+        for child in sorted(base.iterdir()):
+            archive.add(child, arcname=child.name, recursive=True)
+    return out.getvalue()
+
+
+def _inline(base: Path, root: str) -> dict[str, Any]:
     files: list[dict[str, Any]] = []
     encoded = 0
     for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
@@ -46,9 +80,9 @@ def read_workspace(root: str) -> dict[str, Any]:
             encoded += len(content) + len(rel.encode())
             files.append({"path": rel, "content_b64": content, "mode": info.st_mode & 0o777})
             if len(files) > MAX_SEED_FILES:
-                raise UsageError(f"--workspace: more than {MAX_SEED_FILES} files in {root}", field="workspace")
+                raise _TooBig(f"--workspace: more than {MAX_SEED_FILES} files in {root}", field="workspace")
             if encoded > MAX_SEED_ENCODED_BYTES:
-                raise UsageError(
+                raise _TooBig(
                     f"--workspace: {root} is over the {MAX_SEED_ENCODED_BYTES} bytes of base64 content and paths a "
                     "submission carries; start larger workspaces from a repository",
                     field="workspace",

@@ -190,7 +190,7 @@ def tools_called(script: Any) -> list[str]:
     return [n for n in dict.fromkeys(names) if isinstance(n, str) and n and n != FINAL_ANSWER_TOOL]
 
 
-def build_submission(args: argparse.Namespace) -> dict[str, Any]:
+def build_submission(args: argparse.Namespace, upload: Callable[[bytes], str] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {}
     if args.file:
         try:
@@ -257,13 +257,13 @@ def build_submission(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "workspace", None):
         from agentq.cli.files import read_workspace
 
-        body["workspace"] = {**(body.get("workspace") or {}), **read_workspace(args.workspace)}
+        body["workspace"] = {**(body.get("workspace") or {}), **read_workspace(args.workspace, upload)}
     return body
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
     client = api_client(args)
-    accepted = client.submit(build_submission(args), idempotency_key=args.idempotency_key)
+    accepted = client.submit(build_submission(args, client.upload_workspace), idempotency_key=args.idempotency_key)
     if not args.wait:
         if args.json:
             dump(accepted)
@@ -333,9 +333,9 @@ def register(sub: Any) -> None:
     submit.add_argument("--double-texting", choices=["queue", "interrupt", "reject"],
                         help="what a message sent while the agent is busy does: queue (default), interrupt the "
                         "turn in flight, or reject it (409)")  # fmt: skip
-    submit.add_argument("--workspace", metavar="DIR",
-                        help="start the task's workspace with DIR's files and their modes (at most 1,000 files and "
-                        "160 KB of base64; larger: clone a repository)")  # fmt: skip
+    submit.add_argument("--workspace", metavar="DIR|FILE",
+                        help="start the task's workspace with DIR's files and their modes, or an archive FILE's "
+                        "(tar, tar.gz, zip): inline up to 1,000 files and 160 KB of base64, larger uploaded first")  # fmt: skip
     submit.add_argument("--idempotency-key", help="retry-safe: the same key and body return the same task")
     submit.add_argument(
         "--wait", action="store_true", help="follow the task (status changes on stderr), then print its result"
