@@ -14,19 +14,20 @@ content the task did not store itself up where it is (``core.workspace.lookup_of
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from agentq.core.errors import TaskNotFound, ValidationError
 from agentq.core.models import Task, ToolsStep
+from agentq.core.workspace_diff import MAX_DIFF_FILE_BYTES as MAX_DIFF_FILE_BYTES
+from agentq.core.workspace_diff import Diff, changes
+from agentq.core.workspace_diff import text_of as text_of
 from agentq.core.workspace import EMPTY, Entry, Manifest, check_path, diff, has_workspace, lookup_of, stored_start
 from agentq.storage.container import Storage
 
 MAX_FILE_BYTES = 4 * 1024 * 1024  # served whole; base64 of it fits a 6 MB Lambda answer
 MAX_PATCH_CHARS = 256 * 1024  # of unified diff text in one answer
-MAX_DIFF_FILE_BYTES = 1024 * 1024  # a file larger than this on either side gets no text diff
 _RANGE = re.compile(r"(\d{1,9})\.\.(\d{1,9})?")
 
 
@@ -112,16 +113,6 @@ def content(state: State, path: str) -> tuple[Entry, bytes]:
     return found, state.read(found.digest)
 
 
-def text_of(data: bytes) -> str | None:
-    """The file as text, or None if it is not UTF-8 text (a NUL byte counts as binary)."""
-    if b"\x00" in data:
-        return None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-
-
 def parse_range(value: str) -> tuple[int, int | None]:
     """``A..B`` (or ``A..``: to the last step), each a step number."""
     match = _RANGE.fullmatch(value)
@@ -134,53 +125,7 @@ def parse_range(value: str) -> tuple[int, int | None]:
     return first, last
 
 
-@dataclass
-class Diff:
-    added: list[str]
-    removed: list[str]
-    changed: list[str]
-    patch: str
-    truncated: bool
-
-
 def compare(old: State, new: State) -> Diff:
     """Paths added, removed and changed from ``old`` to ``new``, and a unified diff of the text
     files among them (binary and large files named, not shown), cut at ``MAX_PATCH_CHARS``."""
-    paths = diff(old.manifest, new.manifest)
-    before, after = old.manifest.by_path(), new.manifest.by_path()
-    parts: list[str] = []
-    size, truncated = 0, False
-    for path in sorted(paths["added"] + paths["removed"] + paths["changed"]):
-        piece = _file_patch(path, before.get(path), after.get(path), old, new)
-        if not piece:
-            continue
-        if size + len(piece) > MAX_PATCH_CHARS:
-            truncated = True
-            break
-        parts.append(piece)
-        size += len(piece)
-    return Diff(paths["added"], paths["removed"], paths["changed"], "".join(parts), truncated)
-
-
-def _file_patch(path: str, a: Entry | None, b: Entry | None, old: State, new: State) -> str:
-    head = f"--- {'a/' + path if a else '/dev/null'}\n+++ {'b/' + path if b else '/dev/null'}\n"
-    if (a and a.kind != "f") or (b and b.kind != "f"):
-        return ""  # directories and links: named in added/removed/changed only
-    assert a is not None or b is not None
-    note = ""
-    if a and b and a.mode != b.mode:
-        note = f"mode {a.mode:o} -> {b.mode:o}\n"
-    if a and b and a.digest == b.digest:
-        return f"{head}{note}" if note else ""
-    if (a and a.size > MAX_DIFF_FILE_BYTES) or (b and b.size > MAX_DIFF_FILE_BYTES):
-        return f"{head}{note}Large files differ\n"
-    texts = [text_of(old.read(a.digest)) if a else "", text_of(new.read(b.digest)) if b else ""]
-    if texts[0] is None or texts[1] is None:
-        return f"{head}{note}Binary files differ\n"
-    lines = difflib.unified_diff(
-        texts[0].splitlines(keepends=True), texts[1].splitlines(keepends=True), n=3, lineterm="\n"
-    )
-    body = "".join(
-        line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in list(lines)[2:]
-    )
-    return f"{head}{note}{body}"
+    return changes(old.manifest, old.read, new.manifest, new.read, MAX_PATCH_CHARS)

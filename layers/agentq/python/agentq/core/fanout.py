@@ -18,7 +18,7 @@ import json
 import time
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Annotated, Any, Protocol, TypeAlias
+from typing import Annotated, Any, Literal, Protocol, TypeAlias
 
 import pydantic
 from pydantic import Field
@@ -27,6 +27,7 @@ from agentq.core.models import Constraints, Script, StrictModel, Task, TaskStatu
 from agentq.core.pricing import MILLION, micros
 from agentq.core.providers.scripted import builtin_script_names
 from agentq.core.tools import ToolSpec, tool
+from agentq.core.workspace import WorkspaceBase, WorkspaceSpec, has_workspace, lookup_of
 
 SPAWN_TOOL = "spawn_subagents"
 MIN_CHILD_SHARE = 64  # tokens: below this a child cannot make a single useful call
@@ -43,6 +44,12 @@ class SubagentSpec(StrictModel):
     deadline_seconds: int | None = Field(default=None, ge=1, le=86_400, description="its time limit")
     script: Script | str | None = Field(
         default=None, description="scripted provider only: an inline script or a built-in script name"
+    )
+    workspace: Literal["parent"] | None = Field(
+        default=None,
+        description="'parent': it starts with your workspace's files as they are now (shared, not copied). Its "
+        "changes never reach your workspace by themselves: you get them as a diff in its result, to apply if you "
+        "want them",
     )
 
 
@@ -147,6 +154,8 @@ def plan_children(
             )
         if parent.submission.provider != "scripted" and sub.script is not None:
             raise SpawnRejected(f"{SPAWN_TOOL} refused: subagents[{i}].script is only valid with the scripted provider")
+        if sub.workspace == "parent" and not has_workspace(parent.submission.workspace, c.tools):
+            raise SpawnRejected(f"{SPAWN_TOOL} refused: subagents[{i}].workspace: this task has no workspace to share")
         if isinstance(sub.script, str) and sub.script not in builtin_script_names():
             # The model wrote this name: like a script over HTTP, it may name a built-in script,
             # never a file on the worker (the loader would read any path it is given).
@@ -204,9 +213,27 @@ def plan_children(
             # the parent's memory stores, read-only: children run at once, and the parent, which
             # reads their results, is the one to write what the tree learnt
             memory=[a.model_copy(update={"access": "read_only"}) for a in parent.submission.memory],
+            workspace=parent_workspace(parent) if sub.workspace == "parent" else None,
         )
         plans.append(ChildPlan(child_id_for(parent.task_id, tool_use_id, i), submission, share, deadline))
     return plans
+
+
+def parent_workspace(parent: Task) -> WorkspaceSpec:
+    """A child's workspace that starts as the parent's stands at the spawn (a spawn turn runs no
+    workspace call, so that is the last committed step's): the same stored manifest, its
+    content looked up under the parent (and wherever the parent looks), never copied; or the
+    parent's own start while no step changed it. The parent's hosts, no more."""
+    own = parent.submission.workspace
+    hosts = list(own.allow_hosts) if own is not None else []
+    if parent.workspace is not None:
+        lookup = [f"task:{parent.task_id}", *lookup_of(own, parent.tenant)]
+        return WorkspaceSpec(allow_hosts=hosts, base=WorkspaceBase(manifest=parent.workspace.manifest, lookup=lookup))
+    if own is None:
+        return WorkspaceSpec()
+    if own.upload is not None:  # named as a base: the child's tenant is the parent's, but say where
+        return WorkspaceSpec(allow_hosts=hosts, base=WorkspaceBase(manifest=own.upload, lookup=lookup_of(own, parent.tenant)))
+    return own.model_copy(deep=True)
 
 
 def _shares(spec: SpawnInput, available: int) -> list[int]:
@@ -227,8 +254,9 @@ def _shares(spec: SpawnInput, available: int) -> list[int]:
     return shares
 
 
-def child_outcome(child: Task, *, timed_out: bool) -> dict[str, Any]:
-    """One child's entry in the spawn result the parent's model reads."""
+def child_outcome(child: Task, *, timed_out: bool, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One child's entry in the spawn result the parent's model reads; ``changes``: what a child
+    that started from the parent's workspace changed in it (``Workspaces.child_changes``)."""
     result = child.result
     timed_out = timed_out or child.status is TaskStatus.TIMED_OUT  # the parent's or its own deadline
     if timed_out:
@@ -246,6 +274,8 @@ def child_outcome(child: Task, *, timed_out: bool) -> dict[str, Any]:
     }
     if child.error and not timed_out:
         entry["error"] = child.error.get("message")
+    if changes is not None:
+        entry["workspace_changes"] = changes
     return entry
 
 

@@ -7,11 +7,18 @@ child twice or taking a share twice (ARCHITECTURE 5); the other calls of the tur
 and their outcomes are kept on the record. A workspace call in that turn is refused with a tool
 error (``WORKSPACE_IN_SPAWN_TURN``): the turn parks before any checkpoint (``_workspace``), so
 what it wrote would not survive the wake.
+
+A child spawned with ``workspace: "parent"`` starts from the parent's workspace as of the spawn
+(``core.fanout.parent_workspace``: its manifest, content shared); what the child changed comes
+back to the parent only as ``workspace_changes`` in its entry of the spawn result (the paths and a
+bounded diff, ``Workspaces.child_changes``), never into the parent's files by itself: the parent's
+model applies what it wants with its own tools, so its workspace changes only by its own steps.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +38,7 @@ from agentq.core.fanout import (
     plan_children,
     render_spawn_result,
 )
-from agentq.core.models import TaskStatus, ToolOutcome
+from agentq.core.models import Task, TaskStatus, ToolOutcome
 from agentq.core.ports import BudgetLedger, SpawnBook, StepLog, TaskLeases
 from agentq.core.pricing import NO_MONEY_CAP
 from agentq.core.records import SpawnRecord
@@ -68,8 +75,10 @@ class Spawn(RecordedOperation[SpawnRecord, "list[ToolOutcome] | RunResult"]):
         uses: list[dict[str, Any]],
         spawn_use: dict[str, Any],
         decided: dict[str, ToolOutcome],
+        changes: Callable[[Task], dict[str, Any] | None] | None = None,
     ) -> None:
         self.ports, self.fanout, self.tools, self.s = ports, fanout, tools, s
+        self.changes = changes  # a child that started from this workspace: what it changed (_workspace)
         self.uses, self.spawn_use, self.decided = uses, spawn_use, decided
 
     def check(self) -> SpawnRecord | None:
@@ -149,7 +158,8 @@ class Spawn(RecordedOperation[SpawnRecord, "list[ToolOutcome] | RunResult"]):
                     ended = self.ports.tasks.get(child.task_id)
                     timed_out = ended.status is TaskStatus.TIMED_OUT or not ended.status.terminal
             self.ports.budgets.settle_child(task.budget_id, child.task_id)
-            entries.append(child_outcome(ended, timed_out=timed_out))
+            changes = self.changes(ended) if self.changes is not None else None
+            entries.append(child_outcome(ended, timed_out=timed_out, changes=changes))
         spawn_outcome = ToolOutcome(
             tool_use_id=spawn_id,
             name=SPAWN_TOOL,

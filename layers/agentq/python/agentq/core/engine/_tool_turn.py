@@ -69,7 +69,8 @@ class ToolTurn:
         ]  # fmt: skip
         outcomes: list[ToolOutcome]
         if spawns and self.fanout is not None:
-            spawned = Spawn(self.spawn_ports, self.fanout, self.tools, s, uses, spawns[0], decided).run()
+            changes = self.workspaces.child_changes if self.workspaces is not None else None
+            spawned = Spawn(self.spawn_ports, self.fanout, self.tools, s, uses, spawns[0], decided, changes).run()
             if isinstance(spawned, RunResult):
                 return spawned
             outcomes = spawned

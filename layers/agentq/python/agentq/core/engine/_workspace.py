@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from agentq.core.engine._session import Session
+from agentq.core.models import Task
 from agentq.core.ports import WorkspaceStore
 from agentq.core.engine._workspace_clone import clone
 from agentq.core.workspace import (
@@ -48,12 +49,14 @@ from agentq.core.workspace import (
     lookup_of,
     stored_start,
 )
+from agentq.core.workspace_diff import changes
 from agentq.core.workspace_disk import PARALLEL, ScanCache, read_verified, restore, scan, wipe
 from agentq.sandbox.base import ExecResult
 from agentq.sandbox.workspace import WorkspaceSandbox
 
 log = logging.getLogger("agentq.engine")
 ROOT_VARIABLE = "AGENTQ_WORKSPACE_ROOT"
+CHILD_PATCH_CHARS = 16_000  # of a child's diff in the spawn result its parent's model reads
 
 
 def default_root() -> Path:
@@ -202,6 +205,31 @@ class Workspaces:
         return WorkspaceRef(
             manifest=manifest.digest, files=manifest.files, bytes=manifest.total_bytes, uploaded_bytes=uploaded
         )
+
+    def child_changes(self, child: Task) -> dict[str, Any] | None:
+        """What a child that started from its parent's workspace changed in it, for the spawn's
+        result: the paths added, removed and changed, and a unified diff of the text files, cut
+        at ``CHILD_PATCH_CHARS``. None for a child that did not start from it; a note when its
+        content cannot be read (the result must not fail the parent's turn)."""
+        spec = child.submission.workspace
+        if spec is None or spec.base is None:
+            return None
+        lookup = lookup_of(spec, child.tenant)
+        try:
+            read = lambda digest: self.store.get_blob(child.task_id, digest, lookup)  # noqa: E731
+            base = Manifest.from_bytes(self.store.get_manifest(child.task_id, spec.base.manifest, lookup))
+            end = child.workspace
+            final = base if end is None else Manifest.from_bytes(self.store.get_manifest(child.task_id, end.manifest, lookup))
+            found = changes(base, read, final, read, CHILD_PATCH_CHARS)
+        except (LookupError, ValueError) as exc:
+            return {"error": f"its workspace could not be read: {type(exc).__name__}: {exc}"}
+        return {
+            "added": found.added,
+            "removed": found.removed,
+            "changed": found.changed,
+            "patch": found.patch,
+            "truncated": found.truncated,
+        }
 
     def committed(self, s: Session) -> None:
         """The step naming the checkpoint committed: it is the state a takeover restores."""
