@@ -1078,3 +1078,49 @@ def test_a_task_whose_reply_was_cut_shows_which_part_of_its_budget_is_known_and_
     text = line.inner_text()
     assert f"{budget['known']:,} tokens known" in text and f"{budget['unknown']:,} unknown" in text, text
     no_errors(tab)
+
+
+def test_a_tasks_files_are_shown_at_any_step_with_a_files_text_and_a_steps_diff(console: Console, tab: Page) -> None:
+    turns = [
+        {"text": "1", "tool_calls": [call("write_file", path="src/app.py", content="print('hi')\n")]},
+        {"text": "2", "tool_calls": [call("edit_file", path="src/app.py", old_string="hi", new_string="bye"),
+                                     call("write_file", path="notes.md", content="# notes\n")]},
+        {"text": "done"},
+    ]  # fmt: skip
+    task = console.submit(scripted("edit files", turns, tools=["write_file", "edit_file"]))
+    view = console.until(task, lambda v: v["status"] == "succeeded")
+    page = tab.page
+    page.goto(f"{console.url}/console/#/tasks/{task}")
+    page.wait_for_selector(f"#files-summary:has-text('Step {view['step']}: 2 files')")
+    assert page.locator("#files tr[data-path='src/app.py']").count() == 1
+    page.click("a[data-file='src/app.py']")
+    page.wait_for_selector("#file-text:has-text(\"print('bye')\")")
+    # the files as step 2 (the first tools step) left them: one file, the first version
+    page.fill("#files-step", "2")
+    page.click("#files-show")
+    page.wait_for_selector("#files-summary:has-text('Step 2: 1 files')")
+    assert page.locator("#files tr[data-path='notes.md']").count() == 0
+    page.click("a[data-file='src/app.py']")
+    page.wait_for_selector("#file-text:has-text(\"print('hi')\")")
+    # what step 4 (the second tools step) changed
+    page.fill("#files-step", "4")
+    page.click("#files-show")
+    page.wait_for_selector("#files-summary:has-text('Step 4')")
+    page.click("#files-diff")
+    page.wait_for_selector("#diff-patch")
+    assert page.inner_text("#diff-paths").split("\n") == ["added notes.md", "changed src/app.py"]
+    patch = page.inner_text("#diff-patch")
+    assert "-print('hi')" in patch and "+print('bye')" in patch and "+# notes" in patch
+    shot(console, tab, "task-files")
+    # a step the task never reached: the API's refusal, naming the field, on the page
+    page.fill("#files-step", "99")
+    page.click("#files-show")
+    page.wait_for_selector("#files-error:has-text('(step)')")
+    # a task without a workspace says so
+    plain = console.submit(scripted("no files", [{"text": "hello"}]))
+    console.until(plain, lambda v: v["status"] == "succeeded")
+    page.goto(f"{console.url}/console/#/tasks/{plain}")
+    page.wait_for_selector("#files:has-text('This task has no workspace.')")
+    # Chromium logs the two refusals asked for (the 422, the 404 workspace_not_found) as console errors
+    tab.errors[:] = [e for e in tab.errors if "status of 422" not in e and "status of 404" not in e]
+    no_errors(tab)

@@ -74,6 +74,31 @@ export async function request(method, path, body) {
 }
 
 export const get = (path) => request("GET", path);
+
+// A body that is not JSON (a workspace file's bytes, as text): the API's error still named.
+export async function getText(path) {
+  const headers = { Accept: "text/plain, application/octet-stream" };
+  const key = getKey();
+  if (key) headers.Authorization = `Bearer ${key}`;
+  let resp;
+  try {
+    resp = await fetch(url(path), { headers, cache: "no-store" });
+  } catch (err) {
+    throw new ApiError(0, "unreachable", `the API did not answer (${err.message})`);
+  }
+  stats.requests += 1;
+  const text = await resp.text();
+  if (!resp.ok) {
+    let err = {};
+    try {
+      err = JSON.parse(text).error || {};
+    } catch {
+      err = {};
+    }
+    throw new ApiError(resp.status, err.code || `http_${resp.status}`, err.message || `HTTP ${resp.status}`, err.field);
+  }
+  return { text, binary: (resp.headers.get("Content-Type") || "").startsWith("application/octet-stream") };
+}
 export const post = (path, body) => request("POST", path, body === undefined ? {} : body);
 export const put = (path, body) => request("PUT", path, body);
 export const del = (path) => request("DELETE", path);

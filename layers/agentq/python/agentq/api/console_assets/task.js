@@ -1,11 +1,12 @@
 // One task: status, goal, budget gauge, actions the state allows, step timeline, per-step chart,
-// trace tree, sub-agents and result. It follows the task's event stream (each committed event
+// trace tree, sub-agents, its files (files.js) and result. It follows the task's event stream (each committed event
 // redraws what changed; the live text of a model call shows as it streams) and polls when there
 // is no stream, or once the stream has ended. Sections are redrawn only when what they show changed.
 
 import { all, follow, get, post } from "./api.js";
 import { budgetGauge, moneyGauge, stepChart } from "./charts.js";
 import { MARKS, drawChat } from "./chat.js";
+import { filesCard } from "./files.js";
 import {
   TERMINAL, badge, errorPage, fmtInt, fmtSeconds, fmtTime, fmtUsd, h, json, replace, shortId, taskLink,
 } from "./dom.js";
@@ -36,13 +37,14 @@ export async function taskPage(ctx, taskId) {
     timeline: h("section", { class: "card", "aria-labelledby": "timeline-h" }),
     chart: h("section", { class: "card", "aria-labelledby": "chart-h" }),
     trace: h("section", { class: "card", "aria-labelledby": "trace-h" }),
+    files: filesCard(path),
   };
   replace(ctx.main,
     el.head,
     el.live,
     el.notice,
     h("div", { class: "grid" }, el.gauge, el.facts, el.actions),
-    el.result, el.chat, el.children, el.timeline, el.chart, el.trace);
+    el.result, el.chat, el.children, el.files.el, el.timeline, el.chart, el.trace);
 
   const open = new Set(); // trace nodes a person expanded, kept open across redraws (see drawTrace)
   let shown = { view: "", actions: "", trace: "", children: "" };
@@ -74,6 +76,7 @@ export async function taskPage(ctx, taskId) {
           h("span", { class: "key bar-ms" }), " latency ", h("span", { class: "key retried" }), " retried"));
       drawTrace(el.trace, events, open);
     }
+    await el.files.draw(view);
     const childSig = JSON.stringify(view.children);
     if (childSig !== shown.children) {
       shown.children = childSig;
