@@ -1081,7 +1081,7 @@ def test_a_task_whose_reply_was_cut_shows_which_part_of_its_budget_is_known_and_
 
 
 def test_a_tasks_files_are_shown_at_any_step_with_a_files_text_and_a_steps_diff(console: Console, tab: Page) -> None:
-    turns = [
+    turns: list[dict[str, Any]] = [
         {"text": "1", "tool_calls": [call("write_file", path="src/app.py", content="print('hi')\n")]},
         {"text": "2", "tool_calls": [call("edit_file", path="src/app.py", old_string="hi", new_string="bye"),
                                      call("write_file", path="notes.md", content="# notes\n")]},

@@ -25,7 +25,6 @@ from agentq.control.conversations import send_message
 from agentq.control.submit import submit
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import Task, TaskStatus, ToolsStep
-from agentq.core.tools import default_registry
 from agentq.core.workspace import Manifest, lookup_of
 from agentq.runtime import build_registry
 from agentq.storage.container import Storage
@@ -48,7 +47,9 @@ def files_of(store: Storage, task: Task) -> dict[str, bytes]:
     assert task.workspace is not None
     lookup = lookup_of(task.submission.workspace, task.tenant)  # a child's shared content is under its parent
     manifest = Manifest.from_bytes(store.workspaces.get_manifest(task.task_id, task.workspace.manifest, lookup))
-    return {e.path: store.workspaces.get_blob(task.task_id, e.digest, lookup) for e in manifest.entries if e.kind == "f"}
+    return {
+        e.path: store.workspaces.get_blob(task.task_id, e.digest, lookup) for e in manifest.entries if e.kind == "f"
+    }
 
 
 def test_a_follow_up_continues_in_the_same_workspace_on_another_worker(store: Storage, tmp_path: Path) -> None:
@@ -138,8 +139,8 @@ def test_a_sub_agent_starts_from_the_parents_workspace_shared_and_its_changes_co
     child = store.tasks.get(shared["task_id"])
     spec = child.submission.workspace
     assert spec is not None and spec.base is not None
-    at_spawn = [r.body.workspace for r in store.steps.load(root.task_id)
-                if isinstance(r.body, ToolsStep) and r.body.workspace][0]  # fmt: skip
+    at_spawn = next(r.body.workspace for r in store.steps.load(root.task_id)
+                    if isinstance(r.body, ToolsStep) and r.body.workspace)  # fmt: skip
     assert spec.base.manifest == at_spawn.manifest  # the parent's workspace as of the spawn
     assert files_of(store, child)["read.txt"] == b"plan\n"  # the child saw the parent's file
     # shared, not copied: the child stored only what it wrote; the 100 KB file is the parent's alone
@@ -169,4 +170,3 @@ def test_a_sub_agent_asking_for_a_workspace_its_parent_lacks_is_refused_with_the
     assert isinstance(record.body, ToolsStep)
     (outcome,) = record.body.results
     assert outcome.is_error and "has no workspace to share" in outcome.content
-    assert default_registry  # the registry the stack's workers use is the default one

@@ -31,18 +31,18 @@ from agentq.control.agents import create_agent
 from agentq.control.submit import submit
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.errors import ValidationError
-from agentq.core.models import TaskStatus, TaskSubmission
+from agentq.core.models import TaskStatus
 from agentq.core.tools import default_registry
 from agentq.core.tools.egress import egress_factory
 from agentq.core.tools.fetch import FetchPolicy, HostRule
-from agentq.core.workspace import Manifest, WorkspaceQuota
+from agentq.core.workspace import WorkspaceQuota
 from agentq.core.workspace_archive import ArchiveLimits, ArchiveRefused, unpack
 from agentq.storage.container import Storage
 
 from tests.helpers import call, scripted
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "examples" / "coding_agent"))
-from coding_agent import make_repository, serve  # noqa: E402
+from coding_agent import make_repository, serve  # type: ignore[import-not-found]
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/bwrap"), reason="the workspace tools need bubblewrap")
 TOOLS = ["shell", "write_file", "read_file"]
@@ -53,7 +53,7 @@ TOOLS = ["shell", "write_file", "read_file"]
 
 def tar_of(members: list[tuple[tarfile.TarInfo, bytes | None]], mode: str = "w:gz") -> bytes:
     out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode=mode) as archive:
+    with tarfile.open(fileobj=out, mode=mode) as archive:  # type: ignore[call-overload]
         for info, data in members:
             if data is not None:
                 info.size = len(data)
@@ -167,7 +167,11 @@ def api(store: Storage) -> Iterator[Client]:
 
 def objects(store: Storage) -> list[str]:
     s3, bucket = store.payloads.s3, store.payloads.bucket  # type: ignore[attr-defined]
-    return [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket) for o in page.get("Contents", [])]
+    return [
+        o["Key"]
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+        for o in page.get("Contents", [])
+    ]
 
 
 def upload(api: Client, data: bytes) -> dict[str, Any]:
@@ -274,7 +278,11 @@ def repo(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """A repository on loopback: main (add() subtracts), a tag v1 at it, a branch fix (add() adds)."""
     bare = make_repository(tmp_path / "srv")
     work = tmp_path / "fix"
-    env = {"GIT_AUTHOR_DATE": "2026-01-02T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-02T00:00:00Z", "HOME": str(tmp_path)}
+    env = {
+        "GIT_AUTHOR_DATE": "2026-01-02T00:00:00Z",
+        "GIT_COMMITTER_DATE": "2026-01-02T00:00:00Z",
+        "HOME": str(tmp_path),
+    }
     git = ["git", "-c", "user.name=d", "-c", "user.email=d@example.com"]
     subprocess.run([*git, "clone", "-q", str(bare), str(work)], check=True, env=env)
     subprocess.run([*git, "tag", "v1"], cwd=work, check=True, env=env)
@@ -336,9 +344,9 @@ def test_a_takeover_restores_the_recorded_clone_and_never_clones_again(
     first = engine(store, tmp_path / "a", host, lease_seconds=1)
     lease, task = store.tasks.claim(task_id, "dead-worker", 1)  # type: ignore[misc]
     session_engine = first
-    from agentq.core.engine._session import LeaseState, Session
-
     import time
+
+    from agentq.core.engine._session import LeaseState, Session
 
     held = LeaseState(lease=lease, tenant=task.tenant)
     session = Session(held=held, task=task, steps=[], messages=[], deadline=time.time() + 60)
@@ -347,8 +355,14 @@ def test_a_takeover_restores_the_recorded_clone_and_never_clones_again(
     recorded = store.tasks.get(task_id).workspace_start
     assert recorded is not None
     (work / "calc.py").write_text("moved on\n")
-    env = {"HOME": str(tmp_path), "GIT_AUTHOR_DATE": "2026-01-03T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-03T00:00:00Z"}
-    subprocess.run(["git", "-c", "user.name=d", "-c", "user.email=d@e", "commit", "-qam", "moved"], cwd=work, check=True, env=env)
+    env = {
+        "HOME": str(tmp_path),
+        "GIT_AUTHOR_DATE": "2026-01-03T00:00:00Z",
+        "GIT_COMMITTER_DATE": "2026-01-03T00:00:00Z",
+    }
+    subprocess.run(
+        ["git", "-c", "user.name=d", "-c", "user.email=d@e", "commit", "-qam", "moved"], cwd=work, check=True, env=env
+    )
     subprocess.run(["git", "push", "-q", "origin", "fix"], cwd=work, check=True, env=env)
     bare = tmp_path / "srv" / "calc.git"
     subprocess.run(["git", "update-server-info"], cwd=bare, check=True, env=env)
@@ -435,15 +449,18 @@ def test_an_agent_defines_its_tasks_hosts_and_a_default_start_and_a_submission_m
         "workspace": {"allow_hosts": [host], "git": {"url": f"http://{host}/calc.git", "ref": "fix"}},
     }, tenant=LOCAL_TENANT)  # fmt: skip
     own = api.request("POST", "/tasks", {"goal": "g", "agent": "coder"})["task_id"]
-    other = api.request("POST", "/tasks", {"goal": "g", "agent": "coder",
-                                           "workspace": {"git": {"url": f"http://{host}/calc.git", "ref": "v1"}}})
+    other = api.request(
+        "POST",
+        "/tasks",
+        {"goal": "g", "agent": "coder", "workspace": {"git": {"url": f"http://{host}/calc.git", "ref": "v1"}}},
+    )
     for task_id, body in ((own, "a + b"), (other["task_id"], "a - b")):
         engine(store, tmp_path / task_id, host).run(task_id)
         task = store.tasks.get(task_id)
         assert task.status is TaskStatus.SUCCEEDED, task.error
         assert task.submission.workspace is not None and task.submission.workspace.allow_hosts == [host]
         assert f"return {body}" in api.file(task_id, "calc.py", step=0).decode()
-    refusals = {
+    refusals: dict[str, dict[str, Any]] = {
         "workspace.allow_hosts": {"allow_hosts": ["evil.example"]},
         "workspace.git.url": {"git": {"url": "http://evil.example/x.git"}},
     }
@@ -452,12 +469,14 @@ def test_an_agent_defines_its_tasks_hosts_and_a_default_start_and_a_submission_m
             api.request("POST", "/tasks", {"goal": "g", "agent": "coder", "workspace": workspace})
         assert refused.value.status == 422 and refused.value.field == field, refused.value
     # an agent version is checked as a task would be
-    for body, field in (
+    agent_refusals: list[tuple[dict[str, Any], str]] = [
         ({"allow_hosts": ["a.example"], "git": {"url": "http://b.example/r.git"}}, "workspace.git.url"),
         ({"upload": "1" * 64}, "workspace.upload"),
         ({"base": {"manifest": "1" * 64}}, "workspace.base"),
-    ):
+    ]
+    for spec, field in agent_refusals:
         with pytest.raises(ApiError) as refused:
-            api.request("POST", "/agents", {"name": "bad", "provider": "scripted", "script": "research", "workspace": body})
+            api.request(
+                "POST", "/agents", {"name": "bad", "provider": "scripted", "script": "research", "workspace": spec}
+            )
         assert refused.value.status == 422 and refused.value.field == field, refused.value
-    assert Manifest  # the module's names are the real ones

@@ -46,7 +46,6 @@ from agentq.api.http_client import _error_of as _error_of
 from agentq.api.http_client import _NotStreaming as _NotStreaming
 from agentq.api.http_client import _seg as _seg
 from agentq.api.models import (
-    WorkspaceUploaded,
     MAX_PAGE_SIZE,
     AgentCreated,
     AgentList,
@@ -78,6 +77,7 @@ from agentq.api.models import (
     TraceEvent,
     TracePage,
     WebhookSecret,
+    WorkspaceUploaded,
 )
 from agentq.core.errors import ValidationError
 from agentq.core.models import TaskStatus, TaskSubmission

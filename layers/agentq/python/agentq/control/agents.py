@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from agentq.control.memory import check_attachments
-from agentq.control.workspaces import check_workspace
 from agentq.control.validation import (
     check_fallbacks,
     check_model,
@@ -20,6 +19,7 @@ from agentq.control.validation import (
     parse_submission,
     validate_body,
 )
+from agentq.control.workspaces import check_workspace
 from agentq.core.agents import (
     DEFINED_BY_AGENT,
     DEFINED_CONSTRAINTS,

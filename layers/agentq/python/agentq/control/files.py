@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 from agentq.core.errors import TaskNotFound, ValidationError
 from agentq.core.models import Task, ToolsStep
+from agentq.core.workspace import EMPTY, Entry, Manifest, check_path, has_workspace, lookup_of, stored_start
 from agentq.core.workspace_diff import MAX_DIFF_FILE_BYTES as MAX_DIFF_FILE_BYTES
 from agentq.core.workspace_diff import Diff, changes
 from agentq.core.workspace_diff import text_of as text_of
-from agentq.core.workspace import EMPTY, Entry, Manifest, check_path, diff, has_workspace, lookup_of, stored_start
 from agentq.storage.container import Storage
 
 MAX_FILE_BYTES = 4 * 1024 * 1024  # served whole; base64 of it fits a 6 MB Lambda answer

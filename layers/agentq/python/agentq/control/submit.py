@@ -12,11 +12,11 @@ from agentq.control.agents import resolve_agent
 from agentq.control.defaults import Defaults
 from agentq.control.memory import check_attachments
 from agentq.control.operations import cancel
-from agentq.control.workspaces import check_workspace
 
 # Re-exported: the package root (agentq.parse_submission), the benches and tests import them from here.
 from agentq.control.validation import check_submission as check_submission
 from agentq.control.validation import parse_submission as parse_submission
+from agentq.control.workspaces import check_workspace
 from agentq.core.errors import ValidationError
 from agentq.core.models import Task, TaskStatus, TaskSubmission
 from agentq.core.tools import ToolRegistry

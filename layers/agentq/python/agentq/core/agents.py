@@ -43,7 +43,6 @@ from agentq.core.models.constraints import (
     ToolNames,
     ToolPolicies,
 )
-from agentq.core.workspace import WorkspaceSpec
 from agentq.core.models.submission import (
     Fallbacks,
     MemoryAttachments,
@@ -52,6 +51,7 @@ from agentq.core.models.submission import (
     SystemPrompt,
     check_model_choice,
 )
+from agentq.core.workspace import WorkspaceSpec
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 MAX_DESCRIPTION_CHARS = 1024

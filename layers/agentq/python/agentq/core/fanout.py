@@ -232,7 +232,9 @@ def parent_workspace(parent: Task) -> WorkspaceSpec:
     if own is None:
         return WorkspaceSpec()
     if own.upload is not None:  # named as a base: the child's tenant is the parent's, but say where
-        return WorkspaceSpec(allow_hosts=hosts, base=WorkspaceBase(manifest=own.upload, lookup=lookup_of(own, parent.tenant)))
+        return WorkspaceSpec(
+            allow_hosts=hosts, base=WorkspaceBase(manifest=own.upload, lookup=lookup_of(own, parent.tenant))
+        )
     return own.model_copy(deep=True)
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import posixpath
 import tarfile
 import zipfile
 import zlib
@@ -178,7 +177,7 @@ def _read(stream: io.BufferedIOBase | None, name: str, builder: _Builder) -> byt
 
 def _tar(data: bytes, builder: _Builder) -> None:
     try:
-        archive = tarfile.open(fileobj=io.BytesIO(data), mode="r:*")
+        archive = tarfile.open(fileobj=io.BytesIO(data), mode="r:*")  # noqa: SIM115 (closed by the with below)
     except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
         raise ArchiveRefused(f"not a tar or zip archive (or a damaged one): {exc}") from None
     try:
@@ -205,7 +204,9 @@ def _tar(data: bytes, builder: _Builder) -> None:
                         )
                     builder.file(name, member.mode, builder.blobs[files[target]])
                 else:
-                    kind = "a device" if member.ischr() or member.isblk() else "a FIFO" if member.isfifo() else "a member"
+                    kind = (
+                        "a device" if member.ischr() or member.isblk() else "a FIFO" if member.isfifo() else "a member"
+                    )
                     raise ArchiveRefused(f"member {name!r}: {kind} of a kind a workspace does not hold")
     except (tarfile.TarError, zlib.error, EOFError, OSError) as exc:
         raise ArchiveRefused(f"a damaged tar archive: {exc}") from None

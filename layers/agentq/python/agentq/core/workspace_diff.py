@@ -25,7 +25,6 @@ def text_of(data: bytes) -> str | None:
         return None
 
 
-
 @dataclass
 class Diff:
     added: list[str]

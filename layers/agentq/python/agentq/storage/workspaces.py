@@ -87,7 +87,9 @@ class WorkspaceObjects:
         prefix = upload_prefix(tenant)
         items = sorted(blobs.items())
         with ThreadPoolExecutor(max(1, min(PARALLEL, len(items)))) as pool:
-            written = list(pool.map(lambda b: self.payloads.put_bytes(f"{prefix}blobs/{b[0]}", b[1], create_only=True), items))
+            written = list(
+                pool.map(lambda b: self.payloads.put_bytes(f"{prefix}blobs/{b[0]}", b[1], create_only=True), items)
+            )
         self.payloads.put_bytes(f"{prefix}manifests/{digest}", manifest, create_only=True)
         return sum(len(data) for (_, data), new in zip(items, written, strict=True) if new)
 

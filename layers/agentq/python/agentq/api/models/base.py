@@ -17,6 +17,8 @@ MAX_UPLOAD_BODY_BYTES = 5_500_000
 def body_limit(path: str) -> int:
     """The largest request body ``path`` takes."""
     return MAX_UPLOAD_BODY_BYTES if path.split("?", 1)[0].rstrip("/") == UPLOAD_PATH else MAX_BODY_BYTES
+
+
 MAX_PAGE_SIZE = 100  # GET /tasks ?limit=
 DEFAULT_PAGE_SIZE = 20
 MAX_TRACE_PAGE = 200  # GET /tasks/{id}/trace ?limit=

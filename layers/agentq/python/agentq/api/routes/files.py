@@ -174,7 +174,9 @@ def router(deps: ApiDeps) -> Router:
         except binascii.Error as exc:
             raise ValidationError(f"archive_b64: not base64 ({exc})", field="archive_b64") from None
         done = upload_archive(store, data, tenant=tenant())
-        answer = WorkspaceUploaded(upload=done.upload, files=done.files, bytes=done.bytes, stored_bytes=done.stored_bytes)
+        answer = WorkspaceUploaded(
+            upload=done.upload, files=done.files, bytes=done.bytes, stored_bytes=done.stored_bytes
+        )
         return Response(status_code=201, content_type=JSON, body=answer)
 
     return routes

@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from agentq.core.engine._session import Session
+from agentq.core.engine._workspace_clone import clone
 from agentq.core.models import Task
 from agentq.core.ports import WorkspaceStore
-from agentq.core.engine._workspace_clone import clone
 from agentq.core.workspace import (
     EMPTY,
     Manifest,
@@ -139,7 +139,9 @@ class Workspaces:
         try:
             manifest = scan(ws.directory, ws.cache, self.quota)
         except WorkspaceTooLarge as exc:
-            raise WorkspaceStartTooLarge(f"workspace.git: the repository {exc.message}", field="workspace.git") from None
+            raise WorkspaceStartTooLarge(
+                f"workspace.git: the repository {exc.message}", field="workspace.git"
+            ) from None
         except WorkspaceRefused as exc:
             raise WorkspaceSourceFailed(f"workspace.git: the clone cannot be kept: {exc.message}") from None
         ref = self._store(ws, s, manifest)
@@ -219,7 +221,11 @@ class Workspaces:
             read = lambda digest: self.store.get_blob(child.task_id, digest, lookup)  # noqa: E731
             base = Manifest.from_bytes(self.store.get_manifest(child.task_id, spec.base.manifest, lookup))
             end = child.workspace
-            final = base if end is None else Manifest.from_bytes(self.store.get_manifest(child.task_id, end.manifest, lookup))
+            final = (
+                base
+                if end is None
+                else Manifest.from_bytes(self.store.get_manifest(child.task_id, end.manifest, lookup))
+            )
             found = changes(base, read, final, read, CHILD_PATCH_CHARS)
         except (LookupError, ValueError) as exc:
             return {"error": f"its workspace could not be read: {type(exc).__name__}: {exc}"}
