@@ -199,15 +199,18 @@ def parse_ref(ref: str) -> tuple[str, int | None]:
 
 
 def agent_workspace(agent: WorkspaceSpec, sent: dict[str, Any] | None) -> dict[str, Any]:
-    """A task's workspace under an agent that defines one: the agent's hosts, and the
-    submission's starting files if it names any, else the agent's (``resolve_agent`` has
-    refused a submission that names hosts of its own)."""
+    """A task's workspace under an agent that defines one: the agent's hosts; the submission's
+    starting files if it names any, else the agent's; the submission's limits where it sets them,
+    else the agent's (``resolve_agent`` has refused a submission that names hosts of its own)."""
     own = WorkspaceSpec.model_validate(sent) if sent is not None else None
     start = own if own is not None and own.sources() else agent
-    return {
-        **start.model_dump(exclude_none=True, exclude={"allow_hosts"}),
-        "allow_hosts": list(agent.allow_hosts),
-    }
+    limits = {"max_bytes", "max_files"}
+    fields = start.model_dump(exclude_none=True, exclude={"allow_hosts", *limits})
+    for name in limits:
+        value = getattr(own, name) if own is not None and getattr(own, name) is not None else getattr(agent, name)
+        if value is not None:
+            fields[name] = value
+    return {**fields, "allow_hosts": list(agent.allow_hosts)}
 
 
 def resolved_fields(version: AgentVersion, submission_fields: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ so whatever a later writer holds, the bytes a committed step names stay the ones
 
 Content a task did not write itself is looked up where it is, never copied (``lookup``: the
 owners ``core.workspace.lookup_of`` names, after the task's own prefix): a tenant's uploaded
-archives (``uploads/<tenant>/workspace/...``, ``POST /workspace-uploads``) and, for a sub-agent
+archives (``tasks/.uploads/<tenant>/workspace/...``, ``POST /workspace-uploads``) and, for a sub-agent
 that started from its parent's workspace, the parent's prefix (and the parent's own lookup).
 """
 
@@ -38,8 +38,11 @@ def manifest_key(task_id: str, digest: str) -> str:
 
 def upload_prefix(tenant: str) -> str:
     """A tenant's uploaded starting files: content-addressed like a task's, shared by every task
-    that names the upload. Not under a task's prefix, so no task's retention purges them."""
-    return f"uploads/{tenant}/workspace/"
+    that names the upload. Under the payload prefix, so the grants of the roles that read and
+    write workspace content (``tasks/*/workspace/*``) and the bucket's payload expiry cover them,
+    but in ``.uploads``, which no task id can be (``.`` is not in one), so no task's purge of
+    ``tasks/<id>/`` reaches them."""
+    return f"{keys.PAYLOAD_PREFIX}.uploads/{tenant}/workspace/"
 
 
 def _owner_prefix(owner: str) -> str:

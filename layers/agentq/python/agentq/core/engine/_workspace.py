@@ -137,7 +137,7 @@ class Workspaces:
         assert spec is not None and spec.git is not None
         clone(ws.sandbox, ws.directory, spec.git, ws.egress)
         try:
-            manifest = scan(ws.directory, ws.cache, self.quota)
+            manifest = scan(ws.directory, ws.cache, self.quota.for_task(spec))
         except WorkspaceTooLarge as exc:
             raise WorkspaceStartTooLarge(
                 f"workspace.git: the repository {exc.message}", field="workspace.git"
