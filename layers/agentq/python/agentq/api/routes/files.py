@@ -171,7 +171,7 @@ def router(deps: ApiDeps) -> Router:
     def upload(body: Annotated[WorkspaceUploadRequest, Body(description="the archive")]) -> Response[WorkspaceUploaded]:
         try:
             data = base64.b64decode(body.archive_b64, validate=True)
-        except binascii.Error as exc:
+        except (binascii.Error, ValueError) as exc:  # a non-ASCII character is a ValueError of its own
             raise ValidationError(f"archive_b64: not base64 ({exc})", field="archive_b64") from None
         done = upload_archive(store, data, tenant=tenant())
         answer = WorkspaceUploaded(
