@@ -31,6 +31,7 @@ from agentq.core.models import (
     TaskStatus,
 )
 from agentq.core.pricing import NO_MONEY_CAP, dollars
+from agentq.core.workspace import has_workspace
 from agentq.storage.container import Storage
 
 # --------------------------------------------------------------- task views
@@ -187,6 +188,7 @@ def task_view(store: Storage, task: Task) -> TaskView:
         depth=task.depth,
         forked_from=task.forked_from,
         depends_on=task.submission.depends_on,
+        has_workspace=has_workspace(sub.workspace, sub.constraints.tools),
         children=children,
         metadata=dict(sub.metadata),
         created_at=task.created_at,

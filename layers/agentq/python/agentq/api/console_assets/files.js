@@ -83,6 +83,11 @@ export function filesCard(path) {
     el,
     // Redrawn when the last step moves, unless a person is looking at another step.
     async draw(view) {
+      if (!view.has_workspace) {
+        if (shownStep !== -1) replace(el, h("h2", { id: "files-h" }, "Files"), h("p", { class: "muted" }, "This task has no workspace."));
+        shownStep = -1;
+        return;
+      }
       const step = picked === null ? view.step : picked;
       if (step === shownStep && picked !== null) return;
       if (picked === null && shownStep === view.step) return;

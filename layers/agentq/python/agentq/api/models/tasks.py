@@ -254,6 +254,9 @@ class TaskView(ApiModel):
     depth: int
     forked_from: dict[str, Any] | None
     depends_on: list[str] = Field(default_factory=list, description="tasks this one runs after (blocked until then)")
+    has_workspace: bool = Field(
+        default=False, description="it works in files: GET /tasks/{id}/files lists them (a workspace start or tool)"
+    )
     children: ChildrenSummary
     metadata: dict[str, str]
     created_at: float
