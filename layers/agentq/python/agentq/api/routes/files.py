@@ -62,7 +62,7 @@ def widen(app: APIGatewayRestResolver) -> None:
 
 def router(deps: ApiDeps) -> Router:
     routes = Router()
-    store, _tenant = deps.store, deps.tenant
+    store, tenant = deps.store, deps.tenant
 
     @routes.get(
         "/tasks/<task_id>/files",
