@@ -58,6 +58,7 @@ from langgraph.graph.message import add_messages
 
 from _benchlib import dynamo, s3_payloads
 from _plot import add_plot_args
+from _prices import READ_ON, dollars, per_million
 from agentq.core.engine import Engine, EngineConfig, conversation
 from agentq.core.models import StepRecord, TaskStatus, TaskSubmission
 from agentq.core.tools import ToolSpec, tool
@@ -1106,11 +1107,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--wru-usd-per-million",
         type=float,
-        default=1.25,
-        help="DynamoDB on-demand price per million write request units (default 1.25)",
+        default=per_million("dynamodb_wru"),
+        help=f"DynamoDB on-demand price per million write request units (default: bench/_prices.py, "
+        f"{per_million('dynamodb_wru'):g})",
     )
     parser.add_argument(
-        "--s3-put-usd-per-million", type=float, default=5.0, help="S3 Standard price per million PUTs (default 5.00)"
+        "--s3-put-usd-per-million",
+        type=float,
+        default=per_million("s3_put"),
+        help=f"S3 Standard price per million PUTs (default: bench/_prices.py, {per_million('s3_put'):g})",
     )
     add_plot_args(parser, "checkpoint_cost")
     args = parser.parse_args(argv)
@@ -1188,8 +1193,9 @@ def main(argv: list[str] | None = None) -> int:
         item_rows.insert(1, (f"  of which {label} steps ({k['steps']})", k["wcu_per_step_by_item"], k["cost"]))
     print(render_items_table(item_rows))
     print(
-        f"(prices: DynamoDB ${args.wru_usd_per_million:g}/M write request units, a transactional write of "
-        f"1 KB is two; S3 ${args.s3_put_usd_per_million:g}/M PUTs)"
+        f"(prices: {dollars(args.wru_usd_per_million)}/M DynamoDB write request units, a transactional write of "
+        f"1 KB is two; {dollars(args.s3_put_usd_per_million)}/M S3 PUT requests; us-east-1 list prices read "
+        f"{READ_ON}, bench/_prices.py)"
     )
     print()
     print(render_agentq_detail(detail))

@@ -74,6 +74,7 @@ from _benchlib import (
     worker_config,
 )
 from _plot import Panel, add_plot_args, plot_from_args
+from _prices import quote, rate
 from agentq.control.submit import submit
 from agentq.core.models import TaskSubmission
 from agentq.resources import QueueSettings
@@ -81,9 +82,7 @@ from agentq.runtime import build_registry
 
 PROJECTION = ["status", "lease_expires", "lease_owner", "lease_epoch", "step", "heartbeat_at"]
 
-# On-demand prices (us-east-1, as the other benches use): per million write / read request
-# units, per million SQS requests.
-PRICE_WRU, PRICE_RRU, PRICE_SQS = 1.25e-6, 0.25e-6, 0.40e-6
+PRICED = ("dynamodb_wru", "dynamodb_rru", "sqs_request")  # from the one price table, bench/_prices.py
 # Per-task leases before worker liveness, per held task per second (issue 23, this bench at 150
 # held tasks, lease 3 s, heartbeat 1 s, visibility 4 s, 20 s turns).
 BEFORE_WRITES, BEFORE_SQS = 0.99, 0.1
@@ -96,7 +95,7 @@ LIVENESS_COUNTERS = {
 
 def liveness_dollars(writes: float, reads: float, sqs: float, tasks: int = 10_000) -> float:
     """Dollars an hour of liveness calls for ``tasks`` concurrent tasks, per held task per second."""
-    return tasks * 3600 * (writes * PRICE_WRU + reads * PRICE_RRU + sqs * PRICE_SQS)
+    return tasks * 3600 * (writes * rate("dynamodb_wru") + reads * rate("dynamodb_rru") + sqs * rate("sqs_request"))
 
 
 def _hub_counts(stack: BenchStack) -> dict[str, int]:
@@ -366,7 +365,7 @@ def render(result: dict[str, Any]) -> str:
     )
     out.append(
         "(liveness calls per held task per second over the window, from the worker's heartbeat counters; "
-        f"$ at on-demand ${PRICE_WRU * 1e6:.2f}/M writes, ${PRICE_RRU * 1e6:.2f}/M reads, ${PRICE_SQS * 1e6:.2f}/M SQS; "
+        f"$ at {quote(*PRICED)}; "
         f"before = per-task leases, {BEFORE_WRITES} writes + {BEFORE_SQS} SQS calls per held task per second, issue 23)"
     )
     out.append("")

@@ -179,6 +179,7 @@ from _benchlib import (  # noqa: E402
     worker_config,
 )
 from _plot import Panel, add_plot_args, plot_from_args  # noqa: E402
+from _prices import as_json, quote, rate  # noqa: E402
 from agentq.control.submit import submit  # noqa: E402
 from agentq.core.models import LLMStep, Task, TaskSubmission  # noqa: E402
 from agentq.resources import QueueSettings  # noqa: E402
@@ -190,14 +191,10 @@ from agentq_dev.stack import LocalStack  # noqa: E402
 THIS_FILE = Path(__file__).resolve()
 SERVICES = ("dynamodb", "sqs", "stepfunctions", "s3")
 
-# us-east-1 list prices (USD)
-PRICE_SFN_TRANSITION = 0.025 / 1_000  # Standard workflows, per state transition
-PRICE_SQS_REQUEST = 0.40 / 1_000_000  # standard queue, per request (64 KB chunk)
-PRICE_DDB_WRU = 1.25 / 1_000_000  # on-demand, per write request unit
-PRICE_DDB_RRU = 0.25 / 1_000_000  # on-demand, per read request unit
+PRICED = ("sfn_transition", "sqs_request", "dynamodb_wru", "dynamodb_rru")  # bench/_prices.py
 COST_FORMULA = (
-    "$/1k children = 1000 x [ transitions/child x $0.025/1e3  +  SQS requests/child x $0.40/1e6"
-    "  +  WRU/child x $1.25/1e6  +  RRU/child x $0.25/1e6 ]"
+    "$/1k children = 1000 x [ transitions/child x $sfn_transition  +  SQS requests/child x $sqs_request"
+    "  +  WRU/child x $dynamodb_wru  +  RRU/child x $dynamodb_rru ]"
 )
 UNITS_NOTE = (
     "WRU/RRU approximated from the calls: 1 per item written (<= 1 KB) or read (<= 4 KB, strongly consistent), "
@@ -379,11 +376,11 @@ def run_size(stack: FanoutStack, n: int, child_turns: int, timeout: float) -> di
         "history_events": len(events) / n,
     }
     cost = {
-        "stepfunctions": 1000 * per["transitions"] * PRICE_SFN_TRANSITION,
-        "sqs": 1000 * per["sqs"] * PRICE_SQS_REQUEST,
-        "sqs_excl_receive": 1000 * per["sqs_other"] * PRICE_SQS_REQUEST,
-        "dynamodb_write": 1000 * per["ddb_wru"] * PRICE_DDB_WRU,
-        "dynamodb_read": 1000 * per["ddb_rru"] * PRICE_DDB_RRU,
+        "stepfunctions": 1000 * per["transitions"] * rate("sfn_transition"),
+        "sqs": 1000 * per["sqs"] * rate("sqs_request"),
+        "sqs_excl_receive": 1000 * per["sqs_other"] * rate("sqs_request"),
+        "dynamodb_write": 1000 * per["ddb_wru"] * rate("dynamodb_wru"),
+        "dynamodb_read": 1000 * per["ddb_rru"] * rate("dynamodb_rru"),
     }
     cost["total"] = cost["stepfunctions"] + cost["sqs"] + cost["dynamodb_write"] + cost["dynamodb_read"]
     statuses = Counter(c.status.value for c in children)
@@ -490,8 +487,7 @@ def render(result: dict[str, Any]) -> str:
         ])  # fmt: skip
     out.append(table(["N", "Step Functions", "SQS", "DynamoDB write", "DynamoDB read", "total"], rows))
     out.append(COST_FORMULA)
-    out.append("  (Standard workflows $0.025 per 1,000 transitions; SQS standard $0.40 per million requests;")
-    out.append("   DynamoDB on-demand $1.25 per million WRU, $0.25 per million RRU)")
+    out.append(f"  ({quote(*PRICED)})")
     out.append(UNITS_NOTE)
     out.append("")
     for r in runs:
@@ -573,10 +569,7 @@ def main(argv: list[str] | None = None) -> int:
         result["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
         result["wall_seconds"] = time.time() - started
         result["prices_usd"] = {
-            "sfn_standard_per_transition": PRICE_SFN_TRANSITION,
-            "sqs_standard_per_request": PRICE_SQS_REQUEST,
-            "ddb_on_demand_per_wru": PRICE_DDB_WRU,
-            "ddb_on_demand_per_rru": PRICE_DDB_RRU,
+            **as_json(*PRICED),
             "formula": COST_FORMULA,
             "approximation": UNITS_NOTE,
         }

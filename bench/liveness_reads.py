@@ -29,11 +29,11 @@ from typing import Any
 
 from _benchlib import MOTO_MODES_HELP, BenchStack, JsonOut, log, machine, settings_line, settings_of, table
 from _plot import Panel, add_plot_args, plot_from_args
+from _prices import quote, rate
 from agentq.queueing._tuning import WorkerConfig
 from agentq.storage.workers import WATCHED_PEERS, WORKERS_PK
 
 READ_UNIT_BYTES = 4096
-PRICE_RRU = 0.25e-6  # per eventually consistent read unit x2 (on-demand: $0.25 per million read request units)
 
 
 def read_units(items: float, item_bytes: float) -> float:
@@ -128,14 +128,15 @@ def render(result: dict[str, Any]) -> str:
     for fleet in (10, 100, 1000):
         every = rounds * read_units(fleet, item_bytes)
         ring = queries * read_units(WATCHED_PEERS + 1, item_bytes)
-        proj.append([fleet, f"{ring:.2f}", f"{every:.2f}", f"{fleet * ring * 3600 * PRICE_RRU:.4f}",
-                     f"{fleet * every * 3600 * PRICE_RRU:.4f}"])  # fmt: skip
+        rru = rate("dynamodb_rru")
+        proj.append([fleet, f"{ring:.2f}", f"{every:.2f}", f"{fleet * ring * 3600 * rru:.4f}",
+                     f"{fleet * every * 3600 * rru:.4f}"])  # fmt: skip
     out.append(
         table(["workers", "units/s per worker: ring", "every peer", "fleet $/h: ring", "fleet $/h: every peer"], proj)
     )
     out.append(
         f"(projected from the largest fleet measured: {rounds:.2f} rounds and {queries:.2f} Queries per worker per "
-        f"second, liveness items of {item_bytes:.0f} bytes; $ at ${PRICE_RRU * 1e6:.2f} per million read units)"
+        f"second, liveness items of {item_bytes:.0f} bytes; $ at {quote('dynamodb_rru')})"
     )
     return "\n".join(out)
 
