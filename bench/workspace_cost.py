@@ -67,6 +67,8 @@ sys.path.insert(0, str(ROOT))
 from _aws_meter import AwsMeter, Call  # noqa: E402
 from _benchlib import BenchStack, JsonOut, fmt, log, machine, summary, table  # noqa: E402
 from _plot import Panel, add_plot_args, plot_from_args  # noqa: E402
+from _prices import as_json, quote  # noqa: E402
+from _prices import rate as usd  # noqa: E402
 from agentq.core.engine import Engine, EngineConfig  # noqa: E402
 from agentq.core.engine import _workspace as engine_workspace  # noqa: E402
 from agentq.core.models import LLMStep, TaskSubmission, ToolsStep  # noqa: E402
@@ -82,17 +84,9 @@ from agentq_dev.moto_server import LOCAL_CREDENTIALS, MotoServer  # noqa: E402
 
 TARGET_UPLOAD_RATIO = 1.1
 TARGET_RESTORE_P99 = 5.0
-# List prices, us-east-1, as of 2026: S3 Standard requests and storage, DynamoDB on-demand
-# (since the November 2024 cut), data transfer out to the internet (first 10 TB).
-PRICES = {
-    "s3_put_per_1k": 0.005,
-    "s3_get_per_1k": 0.0004,
-    "s3_gb_month": 0.023,
-    "ddb_wru_per_million": 0.625,
-    "ddb_rru_per_million": 0.125,
-    "transfer_same_region_gb": 0.0,
-    "transfer_internet_gb": 0.09,
-}
+# Prices: bench/_prices.py, the one table every bench reads. Transfer between S3 and a worker in
+# the bucket's region is free; a download to the internet is data_out_gb.
+PRICE_KEYS = ("s3_put", "s3_get", "s3_gb_month", "dynamodb_wru", "dynamodb_rru", "data_out_gb")
 GIT_ENV = (
     "export GIT_AUTHOR_NAME=agent GIT_AUTHOR_EMAIL=agent@example.com GIT_COMMITTER_NAME=agent "
     "GIT_COMMITTER_EMAIL=agent@example.com GIT_AUTHOR_DATE='2026-01-01T00:00:00Z' "
@@ -344,29 +338,28 @@ def cost_model(coding: dict[str, Any], args: argparse.Namespace) -> dict[str, An
     Deployed design (docs/SANDBOX.md): the worker that holds the task runs on EC2 in the
     bucket's region, so S3 transfer to and from it is free; every claim (the first, and each
     takeover after a worker dies) restores the whole workspace: one GET per distinct file."""
-    p = PRICES
     t = coding["totals"]
     stored = t["uploaded_bytes"] + t["manifest_bytes"]
     gb = 1024**3
     rows = [
-        ("S3 PUT (content + manifests)", t["s3_puts"], p["s3_put_per_1k"] / 1000 * t["s3_puts"]),
+        ("S3 PUT (content + manifests)", t["s3_puts"], usd("s3_put") * t["s3_puts"]),
         ("S3 GET (the first claim's restore)", coding["restore"]["gets"],
-         p["s3_get_per_1k"] / 1000 * coding["restore"]["gets"]),
+         usd("s3_get") * coding["restore"]["gets"]),
         (f"S3 storage, {stored / 1e6:.1f} MB for {args.retention_days} days", stored,
-         p["s3_gb_month"] * stored / gb * args.retention_days / 30),
+         usd("s3_gb_month") * stored / gb * args.retention_days / 30),
         ("transfer to/from S3 (same region)", t["s3_put_bytes"] + coding["restore"]["bytes"], 0.0),
-        ("DynamoDB write units (whole task)", t["wru"], p["ddb_wru_per_million"] / 1e6 * t["wru"]),
-        ("DynamoDB read units (whole task)", t["rru"], p["ddb_rru_per_million"] / 1e6 * t["rru"]),
+        ("DynamoDB write units (whole task)", t["wru"], usd("dynamodb_wru") * t["wru"]),
+        ("DynamoDB read units (whole task)", t["rru"], usd("dynamodb_rru") * t["rru"]),
     ]  # fmt: skip
     total = sum(r[2] for r in rows)
-    per_resume = p["s3_get_per_1k"] / 1000 * coding["restore"]["gets"]
-    download = p["transfer_internet_gb"] * coding["workspace_bytes"] / gb
+    per_resume = usd("s3_get") * coding["restore"]["gets"]
+    download = usd("data_out_gb") * coding["workspace_bytes"] / gb
     return {
         "rows": [{"item": a, "quantity": b, "usd": round(c, 6)} for a, b, c in rows],
         "total_usd": round(total, 6),
         "per_resume_usd": round(per_resume, 6),
         "download_to_internet_usd": round(download, 6),
-        "prices": p,
+        "prices": as_json(*PRICE_KEYS),
     }
 
 
@@ -587,6 +580,7 @@ def render(result: dict[str, Any]) -> str:
                          [[r["item"], f"{r['quantity']:,}", f"{r['usd']:.6f}"] for r in model["rows"]]))  # fmt: skip
         out.append(f"total ${model['total_usd']:.4f}; each resume adds ${model['per_resume_usd']:.6f} of GETs; "
                    f"downloading the final workspace to a laptop ${model['download_to_internet_usd']:.4f}")  # fmt: skip
+        out.append(f"prices: {quote(*PRICE_KEYS)}")
     restores = result.get("restore")
     if restores:
         headers = ["workspace", "restores", "restore p50 s", "p99 s", "max s", "claim->command p50", "p99",
