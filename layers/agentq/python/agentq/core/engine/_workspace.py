@@ -17,7 +17,11 @@ it from where it is (``lookup``); it is never copied under the task's prefix.
 Each claim gets a directory of its own (``<root>/<worker>-<pid>/<task>.<random>``, made with
 ``mkdtemp``), and a run's end removes only that directory: two runs of one task on one host, in
 one process or two (a zombie that lost its lease and the run that took the task over), never
-share a directory, so neither sees, commits or removes the other's files.
+share a directory, so neither sees, commits or removes the other's files. A process killed
+mid-run (SIGKILL, OOM) removes nothing: the first directory a process makes sweeps the
+``<worker>-<pid>`` directories of processes no longer alive (``sweep_dead``), so a host that
+restarts its workers in place does not keep one dead workspace per kill. A live process's
+directories are never touched, whoever it is.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Any
 from agentq.core.engine._session import Session
 from agentq.core.engine._workspace_clone import clone
 from agentq.core.models import Task
+from agentq.core.pids import gone
 from agentq.core.ports import WorkspaceStore
 from agentq.core.workspace import (
     EMPTY,
@@ -57,6 +62,29 @@ from agentq.sandbox.workspace import WorkspaceSandbox
 log = logging.getLogger("agentq.engine")
 ROOT_VARIABLE = "AGENTQ_WORKSPACE_ROOT"
 CHILD_PATCH_CHARS = 16_000  # of a child's diff in the spawn result its parent's model reads
+
+
+_PROCESS_DIRECTORY = re.compile(r"^.+-(\d+)$")  # <worker>-<pid>, as _directory names it
+
+
+def sweep_dead(root: Path) -> list[Path]:
+    """Remove the ``<worker>-<pid>`` directories under ``root`` whose process is gone
+    (``core.pids``), and return them; a live process's, or a name not ours, is kept."""
+    swept: list[Path] = []
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return swept
+    for name in names:
+        found = _PROCESS_DIRECTORY.match(name)
+        if found is None or not gone(int(found.group(1))):
+            continue
+        try:
+            wipe(root / name)
+            swept.append(root / name)
+        except OSError:
+            log.warning("could not remove a dead worker's workspace directory %s", root / name, exc_info=True)
+    return swept
 
 
 def default_root() -> Path:
@@ -108,7 +136,10 @@ class Workspaces:
 
     def _directory(self, task_id: str) -> Path:
         """A new directory for this claim, no other run's (``mkdtemp``: a random name, 0700)."""
-        base = (self._root or default_root()) / f"{self._worker}-{os.getpid()}"
+        root = self._root or default_root()
+        base = root / f"{self._worker}-{os.getpid()}"
+        if not base.exists():  # this process's first: the dead ones' go first
+            sweep_dead(root)
         base.mkdir(parents=True, exist_ok=True, mode=0o700)
         return Path(tempfile.mkdtemp(prefix=f"{task_id}.", dir=base))
 

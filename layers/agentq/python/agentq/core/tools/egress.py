@@ -39,6 +39,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import re
 import selectors
 import socket
 import tempfile
@@ -47,6 +48,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 
+from agentq.core.pids import gone
 from agentq.core.tools.fetch import Deadline, FetchPolicy, FetchRefused, HostRule, Target, resolve
 
 MAX_HEAD = 16 * 1024
@@ -56,6 +58,34 @@ HEAD_SECONDS = 30.0  # for the whole request head
 IDLE_SECONDS = 300.0  # a tunnel with no byte either way for this long is closed
 MAX_REFUSED = 100  # refusals kept for the trace
 DEFAULT_PORTS = (80, 443)  # what a host rule without a port allows
+
+
+SOCKET_PREFIX = "agentq-egress-"
+_swept = False  # this process has removed the dead processes' socket directories
+
+
+def sweep_dead(directory: str | None = None) -> list[str]:
+    """Once a process (or whenever ``directory`` is named): remove the proxies' directories
+    (``agentq-egress-<pid>-*``, a socket each) that processes no longer alive left under
+    ``directory`` (the system's temporary one) when they were killed before ``close()``."""
+    global _swept
+    if _swept and directory is None:
+        return []
+    _swept = directory is None or _swept
+    where = directory or tempfile.gettempdir()
+    pattern = re.compile(rf"^{re.escape(SOCKET_PREFIX)}(\d+)-[^/]+$")
+    swept = []
+    for name in os.listdir(where):
+        found = pattern.match(name)
+        if found is None or not gone(int(found.group(1))):
+            continue
+        path = os.path.join(where, name)
+        with contextlib.suppress(OSError):
+            for entry in os.listdir(path):
+                os.unlink(os.path.join(path, entry))
+            os.rmdir(path)
+            swept.append(path)
+    return swept
 
 
 class ContactMark:
@@ -105,8 +135,10 @@ class EgressProxy:
         self.head_seconds = head_seconds
         self.idle_seconds = idle_seconds
         # A directory of its own (0700) under the system's temporary one: a Unix socket's path
-        # must stay under 108 bytes, which a workspace root of a deep path would pass.
-        self._dir = tempfile.mkdtemp(prefix="agentq-egress-")
+        # must stay under 108 bytes, which a workspace root of a deep path would pass. Named with
+        # the process's pid, so a later process removes those a killed one left (``sweep_dead``).
+        sweep_dead()
+        self._dir = tempfile.mkdtemp(prefix=f"{SOCKET_PREFIX}{os.getpid()}-")
         self.path = os.path.join(self._dir, "proxy.sock")
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(self.path)
