@@ -49,6 +49,7 @@ from agentq.api.routes import (
     schedules,
     tasks,
     usage,
+    vault,
     webhooks,
 )
 from agentq.api.routes import mcp as mcp_route
@@ -261,11 +262,13 @@ def build_app(
     default_tenant: str | None = None,
     defaults: Defaults | None = None,
     mcp: Any = None,
+    cipher: Any = None,
 ) -> AgentqResolver:
     """The API over ``store``. ``default_tenant`` serves requests that carry no authorizer
     context (never in AWS, where the authorizer always sets one; ``None`` answers 401).
     ``defaults`` fill the constraints a submission leaves out (the deployment's budget_defaults);
-    ``mcp`` are the MCP servers an agent may name (default: ``AGENTQ_MCP_SERVERS``)."""
+    ``mcp`` are the MCP servers an agent may name (default: ``AGENTQ_MCP_SERVERS``); ``cipher``
+    seals the vault's credentials (``runtime.build_cipher``; None: a write is 503)."""
     app = AgentqResolver(default_tenant=default_tenant)
     app.configure_openapi(
         title="agentq",
@@ -305,6 +308,7 @@ def build_app(
     app.include_router(webhooks.router(deps))
     app.include_router(schedules.router(deps))
     app.include_router(usage.router(deps))
+    app.include_router(vault.router(deps, cipher))
     app.include_router(dead_letters.router(store, queues, app.tenant))
     console.install(app)
     app.include_router(errors.handlers())
