@@ -49,6 +49,7 @@ class Redactor:
         self._lock = threading.Lock()
         self._values: OrderedDict[str, None] = OrderedDict()
         self._pattern: re.Pattern[str] | None = None
+        self._bytes: re.Pattern[bytes] | None = None
 
     def add(self, *values: str) -> None:
         with self._lock:
@@ -67,6 +68,8 @@ class Redactor:
             if changed:  # longest first: a spelling that holds another is replaced whole
                 ordered = sorted(self._values, key=len, reverse=True)
                 self._pattern = re.compile("|".join(map(re.escape, ordered))) if ordered else None
+                raw = [re.escape(v.encode("utf-8")) for v in ordered]
+                self._bytes = re.compile(b"|".join(raw)) if raw else None
 
     def redact(self, text: str) -> str:
         pattern = self._pattern
@@ -74,10 +77,17 @@ class Redactor:
             return text
         return pattern.sub(REDACTED, text)
 
+    def redact_bytes(self, data: bytes) -> bytes:
+        pattern = self._bytes
+        if pattern is None or not data:
+            return data
+        return pattern.sub(REDACTED.encode(), data)
+
     def clear(self) -> None:
         with self._lock:
             self._values.clear()
             self._pattern = None
+            self._bytes = None
 
 
 REDACTOR = Redactor()
@@ -85,6 +95,37 @@ REDACTOR = Redactor()
 
 def redact(text: str) -> str:
     return REDACTOR.redact(text)
+
+
+MAX_FILE_BYTES = 16 * 1024 * 1024  # a workspace file larger than this is not read for redaction
+
+
+def redact_files(root: str) -> list[str]:
+    """Rewrite, in place, every regular file under ``root`` (up to ``MAX_FILE_BYTES``) that holds
+    a credential's value, the value redacted: what a workspace's process wrote after reading an
+    echoing API is not stored with it (``core.engine._workspace``). Returns the paths changed."""
+    import os
+
+    changed = []
+    if REDACTOR._bytes is None:
+        return changed
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            try:
+                info = os.lstat(path)
+                if not os.path.isfile(path) or os.path.islink(path) or info.st_size > MAX_FILE_BYTES:
+                    continue
+                with open(path, "rb") as f:
+                    data = f.read()
+                cleaned = REDACTOR.redact_bytes(data)
+                if cleaned != data:
+                    with open(path, "wb") as f:
+                        f.write(cleaned)
+                    changed.append(path)
+            except OSError:
+                continue
+    return changed
 
 
 class RedactingFilter(logging.Filter):

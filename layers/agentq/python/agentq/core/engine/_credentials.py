@@ -53,6 +53,11 @@ class TaskCredentials:
             self._opened[name] = credential
         return credential
 
+    @property
+    def opened(self) -> bool:
+        """Whether this run has opened any credential (its values are in the redactor)."""
+        return bool(self._opened)
+
     def for_host(self, host: str, port: int) -> Credential | None:
         """The credential the egress proxy adds for ``host:port``: the user's (then the tenant's)
         one bound there, an exact binding before a pattern, then by name; None if none is."""

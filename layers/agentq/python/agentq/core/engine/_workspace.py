@@ -56,6 +56,7 @@ from agentq.core.workspace import (
 )
 from agentq.core.workspace_diff import changes
 from agentq.core.workspace_disk import PARALLEL, ScanCache, read_verified, restore, scan, wipe
+from agentq.observe.redaction import redact_files
 from agentq.sandbox.base import ExecResult
 from agentq.sandbox.workspace import WorkspaceSandbox
 
@@ -218,7 +219,11 @@ class Workspaces:
         ws: TaskWorkspace | None = s.workspace
         if ws is None:
             return None
-        manifest = scan(ws.directory, ws.cache, self.quota.for_task(s.task.submission.workspace))
+        if s.credentials is not None and s.credentials.opened:
+            # A process that read an API's echo of a credential may have written it to a file:
+            # redacted on disk first, so neither the stored blob nor a later read holds it.
+            redact_files(str(ws.directory))
+                manifest = scan(ws.directory, ws.cache, self.quota.for_task(s.task.submission.workspace))
         if manifest.digest == ws.committed.digest and ws.stored >= manifest.blobs():
             return None
         ref = self._store(ws, s, manifest)
