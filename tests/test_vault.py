@@ -31,9 +31,15 @@ from agentq.core.tools.builtin import http_fetch_tool
 from agentq.core.tools.egress import EgressProxy
 from agentq.core.tools.fetch import FetchPolicy, HostRule
 from agentq.core.tools.mcp import McpServerConfig, McpServers
-from agentq.core.vault import CredentialRefused, CredentialUnavailable, CredentialWrite, HostBinding, context_for
+from agentq.core.vault import (
+    CredentialRefused,
+    CredentialUnavailable,
+    CredentialWrite,
+    HostBinding,
+    VaultUnavailable,
+    context_for,
+)
 from agentq.core.vault_crypto import EnvelopeCipher, KmsDataKeys, LocalDataKeys
-from agentq.core.vault import VaultUnavailable
 from agentq.observe.redaction import REDACTED, Redactor, spellings
 from agentq.storage.container import Storage, memory_storage
 
@@ -438,7 +444,7 @@ def test_a_caller_whose_token_names_a_user_acts_for_that_user_only(tmp_path: Pat
         return answer["statusCode"], json.loads(answer["body"])
 
     body = {"value": _marker(), "hosts": ["api.github.com"]}
-    assert call("PUT", "/vault/credentials/github", {**body, "user": "bob"}) [0] == 403
+    assert call("PUT", "/vault/credentials/github", {**body, "user": "bob"})[0] == 403
     status, made = call("PUT", "/vault/credentials/github", body)
     assert status == 200 and made["user"] == "ann"  # no user named: the token's
     assert call("GET", "/vault/credentials", query={"user": "bob"})[0] == 403
