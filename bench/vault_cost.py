@@ -7,11 +7,11 @@ server, each row the wall-clock time of one ``http_fetch`` through the registry 
 nearest rank, after two warm-up calls):
 
 - ``no credential``: the fetch alone, the baseline;
-- ``vault, same run``: ``${vault:github}`` in a header, the credential already opened by this
+- ``same run``: ``${vault:github}`` in a header, the credential already opened by this
   run (a task's later calls): no read at all;
-- ``vault, new run, cached key``: a new run's first use: one GetItem, the data key from the
+- ``new run, cached key``: a new run's first use: one GetItem, the data key from the
   worker's cache (``core.vault_crypto.EnvelopeCipher``, five minutes);
-- ``vault, new run, cold KMS``: the same with the cache emptied: one GetItem and one
+- ``new run, cold KMS``: the same with the cache emptied: one GetItem and one
   ``kms:Decrypt``.
 
 Calls and dollars per use are counted from the botocore calls each row made (the figures of a
@@ -122,9 +122,9 @@ def main() -> None:
 
         cases: dict[str, Callable[[], None]] = {
             "no credential": lambda: fetch(None),
-            "vault, same run": lambda: fetch(same_run),
-            "vault, new run, cached key": lambda: fetch(TaskCredentials(store.vault, cipher, "t", "ann")),
-            "vault, new run, cold KMS": lambda: fetch(cold()),
+            "same run": lambda: fetch(same_run),
+            "new run, cached key": lambda: fetch(TaskCredentials(store.vault, cipher, "t", "ann")),
+            "new run, cold KMS": lambda: fetch(cold()),
         }
         rows: dict[str, dict[str, Any]] = {}
         for name, call in cases.items():

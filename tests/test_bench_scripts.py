@@ -121,9 +121,9 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
         assert row["succeeded"] == 4 and row["dlq_messages"] == 0 and row["calls_while_down"] > 0
     elif name == "vault_cost":
         rows = result["rows"]
-        assert rows["vault, new run, cold KMS"]["calls_per_use"] == {"dynamodb:GetItem": 1, "kms:Decrypt": 1}
-        assert rows["vault, new run, cached key"]["calls_per_use"] == {"dynamodb:GetItem": 1}
-        assert rows["vault, same run"]["calls_per_use"] == {} and result["marker_scan"]["hits"] == 0
+        assert rows["new run, cold KMS"]["calls_per_use"] == {"dynamodb:GetItem": 1, "kms:Decrypt": 1}
+        assert rows["new run, cached key"]["calls_per_use"] == {"dynamodb:GetItem": 1}
+        assert rows["same run"]["calls_per_use"] == {} and result["marker_scan"]["hits"] == 0
     elif name == "memory_cost":
         assert [w["content_bytes"] for w in result["writes"]] == [100, 5000]
         assert result["writes"][1]["write_units_total"] > result["writes"][0]["write_units_total"] >= 8
