@@ -1133,13 +1133,18 @@ def test_the_vault_page_lists_a_users_credential_names_and_hosts_never_a_value_n
     another user's and another tenant's are not there, and no value reaches the page. A task
     paused for a credential the user lacks says which, and where."""
     user, marker = f"ann-{uuid.uuid4().hex[:6]}", "CONSOLEMARK" + uuid.uuid4().hex
+    backend = console.stack.create_api_key("team-a", act_for_users=True)  # a key that may name users
     for name, body, key in (
-        ("github", {"user": user, "value": marker, "hosts": ["api.github.com"]}, None),
-        ("crm", {"user": f"{user}-other", "value": marker, "hosts": ["crm.example.com"]}, None),
-        ("theirs", {"user": user, "value": marker, "hosts": ["x.example.com"]}, console.other_key),
-    ):
+        ("github", {"user": user, "value": marker, "hosts": ["api.github.com"]}, backend),
+        ("crm", {"user": f"{user}-other", "value": marker, "hosts": ["crm.example.com"]}, backend),
+        ("theirs", {"user": user, "value": marker, "hosts": ["x.example.com"]},
+         console.stack.create_api_key("team-b", act_for_users=True)),
+    ):  # fmt: skip
         assert console.http("PUT", f"/vault/credentials/{name}", body, key=key)[0] == 200
     page = tab.page
+    page.click("#key-button")
+    page.fill("#key-input", backend)
+    page.press("#key-input", "Enter")
     page.click("a[data-nav='vault']")
     page.fill("#vault-user", user)
     page.click("#vault-form button[type=submit]")
@@ -1152,8 +1157,8 @@ def test_the_vault_page_lists_a_users_credential_names_and_hosts_never_a_value_n
     task = console.submit({**scripted("read my PRs", [
         {"text": "", "tool_calls": [{"name": "request_credential", "input": {"name": "jira", "host": "jira.example.com"}}]},
         {"text": "ok"},
-    ], tools=["request_credential"]), "user": user})  # fmt: skip
-    console.until(task, lambda v: v["status"] == "paused")
+    ], tools=["request_credential"]), "user": user}, key=backend)  # fmt: skip
+    console.until(task, lambda v: v["status"] == "paused", key=backend)
     page.goto(f"{console.url}/console/#/tasks/{task}")
     page.wait_for_selector("text=credential 'jira' for jira.example.com")
     no_errors(tab)

@@ -407,23 +407,40 @@ def test_a_bad_write_over_http_is_a_4xx_naming_the_field_and_stores_nothing(
 def test_no_tenant_or_user_reads_lists_or_deletes_anothers_credentials_and_no_answer_holds_a_value(
     api_stack: ApiStack,
 ) -> None:
-    marker = _marker()
+    """Probes with real keys and real tokens of the stack's OIDC issuer: a key that may name users
+    writes ann's credential; bob's token, another tenant's key and a key that may not name users
+    neither list, read nor delete it; ann's token sees it and may name no one else."""
+    stack, marker = api_stack.stack, _marker()
+    backend = stack.create_api_key("team-a", act_for_users=True)
+    ann, bob = f"ann-{uuid.uuid4().hex[:6]}", f"bob-{uuid.uuid4().hex[:6]}"
     status, made, _ = api_stack.http("PUT", "/vault/credentials/github",
-                                     {"value": marker, "hosts": ["api.github.com"], "user": "ann"})  # fmt: skip
-    assert status == 200 and made["name"] == "github" and made["user"] == "ann" and marker not in json.dumps(made)
-    mine = api_stack.http("GET", "/vault/credentials?user=ann")[1]
+                                     {"value": marker, "hosts": ["api.github.com"], "user": ann}, key=backend)  # fmt: skip
+    assert status == 200 and made["name"] == "github" and made["user"] == ann and marker not in json.dumps(made)
+    mine = api_stack.http("GET", f"/vault/credentials?user={ann}", key=backend)[1]
     assert [c["name"] for c in mine["credentials"]] == ["github"] and marker not in json.dumps(mine)
-    assert api_stack.http("GET", "/vault/credentials?user=bob")[1]["credentials"] == []
-    assert api_stack.http("GET", "/vault/credentials")[1]["credentials"] == []  # the tenant's own: none
-    foreign = api_stack.http("GET", "/vault/credentials?user=ann", key=api_stack.other_key)[1]
-    assert foreign["credentials"] == []
-    status, gone, _ = api_stack.http("DELETE", "/vault/credentials/github?user=ann", key=api_stack.other_key)
+    assert api_stack.http("GET", f"/vault/credentials?user={bob}", key=backend)[1]["credentials"] == []
+    assert api_stack.http("GET", "/vault/credentials", key=backend)[1]["credentials"] == []  # the tenant's own: none
+    # Another tenant (even one allowed to name users) sees and deletes nothing.
+    foreign = stack.create_api_key("team-b", act_for_users=True)
+    assert api_stack.http("GET", f"/vault/credentials?user={ann}", key=foreign)[1]["credentials"] == []
+    status, gone, _ = api_stack.http("DELETE", f"/vault/credentials/github?user={ann}", key=foreign)
     assert status == 404 and gone["error"]["code"] == "credential_not_found"
-    assert api_stack.http("DELETE", "/vault/credentials/github?user=bob")[0] == 404
+    # A key that may not name users: 403 naming user.
+    status, refused, _ = api_stack.http("GET", f"/vault/credentials?user={ann}")
+    assert status == 403 and refused["error"]["field"] == "user"
+    # Tokens: bob's sees none of ann's and may not name her; ann's sees hers.
+    bob_token, ann_token = stack.token(user=bob, tenant="team-a"), stack.token(user=ann, tenant="team-a")
+    assert api_stack.http("GET", "/vault/credentials", key=bob_token)[1]["credentials"] == []
+    status, refused, _ = api_stack.http("GET", f"/vault/credentials?user={ann}", key=bob_token)
+    assert status == 403 and refused["error"]["field"] == "user"
+    assert api_stack.http("DELETE", "/vault/credentials/github", key=bob_token)[0] == 404
+    assert [c["name"] for c in api_stack.http("GET", "/vault/credentials", key=ann_token)[1]["credentials"]] == [
+        "github"
+    ]
     assert api_stack.http("GET", "/openapi.json")[1]["paths"]["/vault/credentials"]  # documented
-    status, deleted, _ = api_stack.http("DELETE", "/vault/credentials/github?user=ann")
+    status, deleted, _ = api_stack.http("DELETE", "/vault/credentials/github", key=ann_token)
     assert status == 200 and deleted["name"] == "github"
-    assert api_stack.http("GET", "/vault/credentials?user=ann")[1]["credentials"] == []
+    assert api_stack.http("GET", f"/vault/credentials?user={ann}", key=backend)[1]["credentials"] == []
 
 
 def test_a_caller_whose_token_names_a_user_acts_for_that_user_only(tmp_path: Path) -> None:
@@ -461,7 +478,7 @@ def test_agentq_vault_put_list_delete_reads_the_value_from_stdin_never_the_comma
 
     marker, user = _marker(), f"cli-{uuid.uuid4().hex[:6]}"
     monkeypatch.setattr("sys.stdin", io.StringIO(marker + "\n"))
-    target = ["--url", api_stack.url, "--api-key", api_stack.key]
+    target = ["--url", api_stack.url, "--api-key", api_stack.stack.create_api_key("team-a", act_for_users=True)]
     assert main(["vault", "put", "github", "--user", user, "--host", "api.github.com", *target]) == 0
     assert main(["vault", "list", "--user", user, *target]) == 0
     monkeypatch.setenv("VAULT_TEST_VALUE", _marker())
@@ -471,7 +488,5 @@ def test_agentq_vault_put_list_delete_reads_the_value_from_stdin_never_the_comma
     out = capsys.readouterr().out
     assert "stored github (bearer)" in out and "github  bearer  api.github.com" in out and marker not in out
     assert "deleted crm" in out
-    assert [c.name for c in __import__("agentq").Client(api_stack.url, api_stack.key).list_credentials(user)] == [
-        "github"
-    ]
+    assert [c.name for c in __import__("agentq").Client(api_stack.url, target[-1]).list_credentials(user)] == ["github"]
     assert os.environ["VAULT_TEST_VALUE"] not in out

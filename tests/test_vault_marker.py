@@ -131,7 +131,7 @@ def live() -> Iterator[Stack]:
         try:
             with logs.open("wb") as out:
                 workers = [stack.worker_process(stdout=out, stderr=subprocess.STDOUT) for _ in range(2)]
-            yield Stack(stack, stack.create_api_key("acme"), echo, logs, otlp, callbacks)
+            yield Stack(stack, stack.create_api_key("acme", act_for_users=True), echo, logs, otlp, callbacks)
         finally:
             for proc in workers:
                 proc.terminate()

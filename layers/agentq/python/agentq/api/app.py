@@ -97,7 +97,9 @@ def _event_caller(event: Mapping[str, Any]) -> Caller | None:
 # (its agents' definitions, memory stores, schedules, callback secret, dead letters, and the MCP
 # server, whose tools read tasks by tenant) and answers 403: a route added later is closed to
 # such callers until it is listed here.
-USER_PATHS = re.compile(r"/tasks(/.*)?|/usage|/usage/spend|/breakers")
+USER_PATHS = re.compile(
+    r"/tasks(/.*)?|/usage|/usage/spend|/breakers|/vault/credentials(/[^/]+)?"
+)  # the vault: the user's own
 USER_READS = re.compile(r"/agents(/.*)?")
 
 

@@ -18,7 +18,20 @@ from __future__ import annotations
 import argparse
 import sys
 
-from agentq.cli import admin, catalogue, conversation, events, files, fleet, local, memory, policies, submit, tasks, vault
+from agentq.cli import (
+    admin,
+    catalogue,
+    conversation,
+    events,
+    files,
+    fleet,
+    local,
+    memory,
+    policies,
+    submit,
+    tasks,
+    vault,
+)
 from agentq.cli.args import EPILOG, UsageError
 from agentq.cli.submit import build_submission
 from agentq.cli.target import resolve_target

@@ -31,7 +31,7 @@ from typing import Annotated, Literal, Protocol
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from agentq.core.endusers import EndUser
+from agentq.core.endusers import MAX_USER_CHARS, USER_PATTERN, USER_RULE
 from agentq.core.errors import AgentqError
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
@@ -168,6 +168,11 @@ Hosts = Annotated[
 
 
 # --- what a caller writes, what it reads back -------------------------------------------------
+
+
+EndUser = Annotated[
+    str, Field(min_length=1, max_length=MAX_USER_CHARS, pattern=USER_PATTERN, description=f"an end user ({USER_RULE})")
+]
 
 
 class StrictModel(BaseModel):

@@ -1,9 +1,10 @@
 """The vault (``core.vault``, docs/VAULTS.md): put, list and delete credentials. Nothing here
 answers with a secret: a put answers with what a listing shows.
 
-Who may name which user: a caller whose authorizer names a user (an end user's token) acts for
-that user only (another user named is 403 naming ``user``); a key-authenticated caller (the
-product's backend) names the user it writes for, or none for the tenant's own credentials.
+Who may name which user is the API's rule (``core.endusers.Caller``): an end user's token acts
+for that user only (another user named is 403 naming ``user``); an API key names the user it
+writes for only if it was created allowed to (``--act-for-users``), and otherwise reaches the
+tenant's own credentials only.
 Another tenant's credentials are never reachable: every key of the vault starts with the
 caller's tenant."""
 
@@ -13,7 +14,7 @@ from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
 
-from agentq.api.errors import Forbidden, responses
+from agentq.api.errors import responses
 from agentq.api.models.vault import CredentialList
 from agentq.api.routes.common import ApiDeps, Router
 from agentq.control import vault
@@ -33,14 +34,9 @@ def router(deps: ApiDeps, cipher: Any = None) -> Router:
     tenant = deps.tenant
 
     def acting_user(named: str | None) -> str | None:
-        """The user the request may act for: its token's, if it has one, else the one it names."""
-        ctx: Any = (routes.current_event.raw_event.get("requestContext") or {}).get("authorizer") or {}
-        own = ctx.get("user") if isinstance(ctx, dict) else None
-        if own:
-            if named is not None and named != own:
-                raise Forbidden(f"this token acts for user {own!r}, not {named!r}", field="user")
-            return str(own)
-        return named
+        """The user the request acts for (``core.endusers.Caller``): a token's own (another
+        named is 403 naming ``user``), or the one a key allowed to name users names."""
+        return deps.caller().acting_user(named)
 
     @routes.put(
         "/vault/credentials/<name>",

@@ -34,8 +34,8 @@ from agentq.core.records import EffectRecord
 from agentq.core.secrets import SecretSource
 from agentq.core.tools import ToolContext, idempotency_key_for
 from agentq.core.tools.egress import ContactMark
-from agentq.core.workspace import NETWORK_TOOLS
 from agentq.core.vault import Cipher
+from agentq.core.workspace import NETWORK_TOOLS
 from agentq.observe.redaction import redact
 
 

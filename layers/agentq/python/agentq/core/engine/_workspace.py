@@ -223,7 +223,7 @@ class Workspaces:
             # A process that read an API's echo of a credential may have written it to a file:
             # redacted on disk first, so neither the stored blob nor a later read holds it.
             redact_files(str(ws.directory))
-                manifest = scan(ws.directory, ws.cache, self.quota.for_task(s.task.submission.workspace))
+        manifest = scan(ws.directory, ws.cache, self.quota.for_task(s.task.submission.workspace))
         if manifest.digest == ws.committed.digest and ws.stored >= manifest.blobs():
             return None
         ref = self._store(ws, s, manifest)
