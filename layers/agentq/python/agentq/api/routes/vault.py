@@ -45,7 +45,7 @@ def router(deps: ApiDeps, cipher: Any = None) -> Router:
         "tenant) uses it by reference. Tasks paused waiting for it resume.",
         operation_id="putCredential",
         tags=TAGS,
-        responses=responses(200, CredentialInfo, 400, 403, 413, 415, 422, 503),
+        responses=responses(200, CredentialInfo, 400, 403, 404, 413, 415, 422, 503),
     )
     def put(name: Name, body: Annotated[CredentialWrite, Body()]) -> CredentialInfo:
         user = acting_user(body.user)
