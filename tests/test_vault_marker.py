@@ -103,7 +103,7 @@ class Stack:
         while True:
             view = self.http("GET", f"/tasks/{task_id}")[1]
             if done(view):
-                return view
+                return dict(view)
             assert time.monotonic() < end, view
             time.sleep(0.2)
 

@@ -13,7 +13,7 @@ log = logging.getLogger("agentq.tests.vault_tools")
 
 def _echo(url: str, ctx: ToolContext) -> str:
     response = ctx.credential("github").get(url)
-    return response.body.decode()
+    return str(response.body.decode())
 
 
 @tool

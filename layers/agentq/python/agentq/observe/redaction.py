@@ -106,7 +106,7 @@ def redact_files(root: str) -> list[str]:
     echoing API is not stored with it (``core.engine._workspace``). Returns the paths changed."""
     import os
 
-    changed = []
+    changed: list[str] = []
     if REDACTOR._bytes is None:
         return changed
     for folder, _, names in os.walk(root):
