@@ -15,10 +15,9 @@ nearest rank, after two warm-up calls):
   ``kms:Decrypt``.
 
 Calls and dollars per use are counted from the botocore calls each row made (the figures of a
-real AWS account differ only in latency). Prices: ``bench/_prices.py`` does not exist on this
-branch's main yet, so the two used are stated here (us-east-1, on-demand, 2025):
-DynamoDB $0.125 per million read request units (a strongly consistent read of an item under
-4 KB is one), KMS $0.03 per 10,000 requests.
+real AWS account differ only in latency). Prices: ``bench/_prices.py``, the one table (a
+DynamoDB read request unit: a strongly consistent read of an item under 4 KB is one; a KMS
+request).
 
 The marker scan: a credential holding a unique marker is used by a task on the moto-backed store
 (an echoing API sends it back), then every item of the table and object of the bucket is scanned
@@ -46,6 +45,7 @@ import boto3
 
 from _benchlib import InProcessCounter
 from _plot import Panel, add_plot_args, plot_from_args
+from _prices import as_json, quote, rate
 from agentq.control import vault as control_vault
 from agentq.core.engine import Engine
 from agentq.core.engine._credentials import TaskCredentials
@@ -61,8 +61,9 @@ from agentq_dev.moto_server import LOCAL_CREDENTIALS, MotoServer
 from tests.helpers import scripted
 from tests.vault_support import echo_server
 
-DYNAMODB_READ_USD = 0.125 / 1_000_000
-KMS_REQUEST_USD = 0.03 / 10_000
+PRICE_KEYS = ("dynamodb_rru", "kms_request")
+DYNAMODB_READ_USD = rate("dynamodb_rru")
+KMS_REQUEST_USD = rate("kms_request")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -172,7 +173,7 @@ def main() -> None:
          Panel("bar", "cost per use", "micro-USD", labels, {"$": [rows[n]["usd_per_use"] * 1e6 for n in labels]})],
     )  # fmt: skip
     if args.json:
-        print(json.dumps({"runs": args.runs, "rows": rows, "marker_scan": scan, "prices": "stated in the script"}))
+        print(json.dumps({"runs": args.runs, "rows": rows, "marker_scan": scan, "prices": as_json(*PRICE_KEYS)}))
         return
     print(
         f"{'call':<30} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'calls/use':<36} {'$/use':>10}   ({args.runs} runs)"
@@ -183,6 +184,7 @@ def main() -> None:
               f"{calls_text:<36} {row['usd_per_use']:>10.2e}")  # fmt: skip
     print(f"marker scan: {scan['hits']} hit(s) in {scan['items']} items and {scan['objects']} objects "
           f"(the credential was sent {scan['echoes_sent']} time(s))")  # fmt: skip
+    print(f"prices: {quote(*PRICE_KEYS)}")
 
 
 if __name__ == "__main__":
