@@ -38,6 +38,8 @@ _PRICES: dict[str, Price] = {
     # S3 Standard.
     "s3_put": Price(5e-6, "S3 PUT requests", "https://aws.amazon.com/s3/pricing/"),
     "s3_get": Price(0.4e-6, "S3 GET requests", "https://aws.amazon.com/s3/pricing/"),
+    # KMS: $0.03 per 10,000 requests (Decrypt, GenerateDataKey), beyond the free tier.
+    "kms_request": Price(3e-6, "KMS requests", "https://aws.amazon.com/kms/pricing/"),
     "s3_gb_month": Price(0.023, "S3 Standard GB-month (first 50 TB)", "https://aws.amazon.com/s3/pricing/"),
     # Step Functions Standard workflows.
     "sfn_transition": Price(25e-6, "Step Functions state transitions", "https://aws.amazon.com/step-functions/pricing/"),

@@ -36,6 +36,35 @@ TABLE_ACTIONS = [
 # FLEET# (storage/fleet_slots.py). DeleteItem reaches no further than those partitions.
 SLOT_PARTITIONS = [tenant_pk("*"), "CKEY#*", "FLEET*"]
 PAYLOAD_ACTIONS = ["s3:GetObject", "s3:PutObject"]
+# The vault (storage/vault.py): a tenant's and each user's credentials and waiting tasks, under
+# VAULT#<digest>. The API writes and deletes credentials; a task runner reads them and puts and
+# deletes the notes of the tasks that wait for one.
+VAULT_PARTITIONS = ["VAULT#*"]
+VAULT_KEY_VARIABLE = "AGENTQ_VAULT_KMS_KEY"
+
+
+def vault_env(data: Data) -> dict[str, str]:
+    return {VAULT_KEY_VARIABLE: data.vault_key.key_arn}
+
+
+def vault_statements(data: Data, *, seal: bool) -> list[iam.PolicyStatement]:
+    """The vault's table partitions, and the key: ``kms:GenerateDataKey`` for what seals (the
+    API), ``kms:Decrypt`` for what opens (the task runners), never both, and only with an
+    encryption context that names a tenant (``core.vault.context_for``)."""
+    return [
+        iam.PolicyStatement(
+            sid="Vault",
+            actions=["dynamodb:GetItem", "dynamodb:Query", "dynamodb:PutItem", "dynamodb:DeleteItem"],
+            resources=table_resources(data, indexes=False),
+            conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": VAULT_PARTITIONS}},
+        ),
+        iam.PolicyStatement(
+            sid="VaultSeal" if seal else "VaultOpen",
+            actions=["kms:GenerateDataKey"] if seal else ["kms:Decrypt"],
+            resources=[data.vault_key.key_arn],
+            conditions={"Null": {"kms:EncryptionContext:agentq:tenant": "false"}},
+        ),
+    ]
 
 
 def table_resources(data: Data, *, indexes: bool) -> list[str]:

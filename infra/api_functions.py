@@ -27,6 +27,8 @@ from infra.access import (
     execution_arns,
     payload_objects,
     table_resources,
+    vault_env,
+    vault_statements,
 )
 from infra.data import Data
 from infra.functions import FunctionFactory
@@ -53,7 +55,12 @@ def build_api_function(
         memory=cfg.api.memory_mb,
         timeout=cfg.api.timeout_seconds,
         # it validates tool names and lists MCP servers' tools; its status changes go to the bus too
-        env={**common, **user_code_env(cfg), **({"AGENTQ_EVENT_BUS": bus} if (bus := event_bus_name(cfg)) else {})},
+        env={
+            **common,
+            **user_code_env(cfg),
+            **vault_env(data),
+            **({"AGENTQ_EVENT_BUS": bus} if (bus := event_bus_name(cfg)) else {}),
+        },
         reserved=cfg.api.reserved_concurrency,
         description="agentq HTTP API (API Gateway REST proxy)",
         extra_layers=function.layers.tools,
@@ -71,6 +78,7 @@ def build_api_function(
         iam.PolicyStatement(
             sid="DeadLetters", actions=DEAD_LETTER_ACTIONS, resources=[q.queue_arn for q in data.dlqs.values()]
         ),
+        *vault_statements(data, seal=True)[1:],  # the table: its own statement covers every partition
     ):
         api.add_to_role_policy(statement)
     if (bus_arn := event_bus_arn(cfg)) is not None:

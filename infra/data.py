@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import aws_cdk as cdk
 from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
@@ -58,6 +59,7 @@ class Data:
     dlqs: dict[str, sqs.Queue]
     webhooks: sqs.Queue
     webhooks_dlq: sqs.Queue
+    vault_key: kms.Key  # wraps the data key of each vault credential (core.vault_crypto)
 
     @property
     def gsi_names(self) -> list[str]:
@@ -69,9 +71,15 @@ def build_data(scope: Construct, cfg: EnvironmentSettings) -> Data:
     access_logs, payloads = _buckets(scope, cfg)
     queues, dlqs = _tier_queues(scope, cfg)
     webhooks, webhooks_dlq = _webhook_queues(scope, cfg)
+    # The vault's key: the API may only generate data keys under it, the task runners only
+    # decrypt them, each with an encryption context naming the credential's tenant (infra.access).
+    vault_key = kms.Key(
+        scope, "VaultKey", description=f"agentq {cfg.prefix} vault: wraps each credential's data key",
+        enable_key_rotation=True, removal_policy=removal_policy(cfg),
+    )  # fmt: skip
     return Data(
         table=table, payloads=payloads, access_logs=access_logs, queues=queues, dlqs=dlqs,
-        webhooks=webhooks, webhooks_dlq=webhooks_dlq,
+        webhooks=webhooks, webhooks_dlq=webhooks_dlq, vault_key=vault_key,
     )  # fmt: skip
 
 

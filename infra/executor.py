@@ -15,6 +15,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from agentq.resources import TIERS
+from infra.access import vault_env
 from infra.data import Data
 from infra.functions import FunctionFactory
 from infra.sandbox import Sandbox
@@ -41,6 +42,7 @@ def build_executor(
         "AGENTQ_LEASE_SECONDS": str(ex.lease_seconds),
         "AGENTQ_MAX_RECEIVE_COUNT": str(cfg.max_receive_count),
         **task_runner_env(cfg, sandbox),
+        **vault_env(data),
         **user_code_env(cfg),
         **collector_env,
         **otel_env(cfg, "agentq-executor"),

@@ -32,6 +32,7 @@ from infra.access import (
     payload_objects,
     secret_arn,
     table_resources,
+    vault_statements,
 )
 from infra.data import Data
 from infra.model_access import BEDROCK_ACTIONS
@@ -114,6 +115,7 @@ def grant_task_runner(
     invoking the sandbox function."""
     for statement in [
         *_data_statements(data, receive=receive),
+        *vault_statements(data, seal=False),
         iam.PolicyStatement(sid="Bedrock", actions=BEDROCK_ACTIONS, resources=bedrock_resources(cfg)),
         # a long-running worker keeps its liveness item and recovers dead peers' tasks
         *(liveness_statements(data) if receive else []),

@@ -34,6 +34,7 @@ from constructs import Construct
 
 from agentq.observe.names import NAMESPACE as METRICS_NAMESPACE
 from agentq.resources import TIERS
+from infra.access import vault_env
 from infra.build_layers import ROOT
 from infra.data import Data
 from infra.retention import log_retention, removal_policy
@@ -160,6 +161,7 @@ def _task_definition(
         "AGENTQ_BUCKET": data.payloads.bucket_name,
         "AGENTQ_STATE_MACHINE_ARN": machine.state_machine_arn,
         **task_runner_env(cfg, sandbox),
+        **vault_env(data),
         **user_code_env(cfg),
         **otel_env(cfg, "agentq-worker"),
         "HOME": "/tmp",  # the only writable place

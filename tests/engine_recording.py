@@ -51,6 +51,7 @@ PORTS = (
     "memory_stores",
     "workspaces",
     "policies",
+    "vault",
 )
 
 

@@ -83,6 +83,7 @@ class OtlpReceiver:
     points: list[HistogramPoint] = field(default_factory=list)
     sums: list[SumPoint] = field(default_factory=list)
     posts: int = 0
+    bodies: list[bytes] = field(default_factory=list)  # every POST's body as received (a scan for bytes)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -127,6 +128,8 @@ class OtlpReceiver:
         return {key: point.value for key, point in latest.items()}
 
     def receive_metrics(self, body: bytes) -> None:
+        with self._lock:
+            self.bodies.append(body)
         request = ExportMetricsServiceRequest.FromString(body)
         found: list[HistogramPoint] = []
         sums: list[SumPoint] = []
@@ -158,6 +161,8 @@ class OtlpReceiver:
             self.posts += 1
 
     def receive(self, body: bytes) -> None:
+        with self._lock:
+            self.bodies.append(body)
         request = ExportTraceServiceRequest.FromString(body)
         found: list[ReceivedSpan] = []
         for resource_spans in request.resource_spans:

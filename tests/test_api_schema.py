@@ -147,6 +147,7 @@ def test_the_served_document_is_the_generated_one_and_valid_openapi(api: Api) ->
         ("PUT", "/memory-stores/{name}/document"), ("DELETE", "/memory-stores/{name}/document"),
         ("GET", "/memory-stores/{name}/versions"), ("POST", "/memory-stores/{name}/versions/{version}/redact"),
         ("GET", "/memory-stores/{name}/search"), ("GET", "/usage"), ("GET", "/usage/tenants"), ("GET", "/usage/spend"),
+        ("PUT", "/vault/credentials/{name}"), ("GET", "/vault/credentials"), ("DELETE", "/vault/credentials/{name}"),
     }  # fmt: skip
     for path, ops in served["paths"].items():
         for method, op in ops.items():

@@ -41,6 +41,7 @@ CASES = {
     "events": ["--subscribers", "3", "--turns", "2", "--latency", "0.1"],
     "slot_calls": ["--waiting-tenants", "2"],
     "policy_latency": ["--rules", "0,3", "--checks", "20"],
+    "vault_cost": ["--runs", "3"],
     "fairness": ["--sizes", "8", "--b-tasks", "2", "--latency", "0.5", "--limit", "2", "--window", "2",
                  "--concurrency", "4", "--workers", "1"],
     # the coding task, its bill and the shell's overhead; not the restore part (a local stack and
@@ -118,6 +119,11 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
     elif name == "outage":
         [row] = result["rows"]
         assert row["succeeded"] == 4 and row["dlq_messages"] == 0 and row["calls_while_down"] > 0
+    elif name == "vault_cost":
+        rows = result["rows"]
+        assert rows["new run, cold KMS"]["calls_per_use"] == {"dynamodb:GetItem": 1, "kms:Decrypt": 1}
+        assert rows["new run, cached key"]["calls_per_use"] == {"dynamodb:GetItem": 1}
+        assert rows["same run"]["calls_per_use"] == {} and result["marker_scan"]["hits"] == 0
     elif name == "memory_cost":
         assert [w["content_bytes"] for w in result["writes"]] == [100, 5000]
         assert result["writes"][1]["write_units_total"] > result["writes"][0]["write_units_total"] >= 8

@@ -493,11 +493,13 @@ def test_each_function_gets_only_what_its_code_calls(synth: Synthesized) -> None
     } <= executor  # fmt: skip
     assert "states:ListStateMachines" not in executor  # the ARN comes in the environment
     # DeleteItem only for the running slots' HOLD# and WAIT# items, in their partitions (the fleet's too).
+    # (and the vault's partitions: a waiting task's note, storage/vault.py)
     deleting = [s for s in _role_statements(synth, "executor") if "dynamodb:DeleteItem" in _as_list(s["Action"])]
-    assert [s["Sid"] for s in deleting] == ["RunningSlots"]
+    assert [s["Sid"] for s in deleting] == ["RunningSlots", "Vault"]
     assert deleting[0]["Condition"] == {
         "ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TENANT#*", "CKEY#*", "FLEET*"]}
     }
+    assert deleting[1]["Condition"] == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["VAULT#*"]}}
     assert not executor & {
         "dynamodb:Scan",
         "s3:DeleteObject",
@@ -836,7 +838,7 @@ def test_alarms_cover_dlqs_queue_age_errors_tenant_caps_and_fanout_failures(synt
 def test_alarm_topic_is_encrypted_with_a_key_cloudwatch_may_use(
     synth: Synthesized, template: assertions.Template
 ) -> None:
-    key_id, _ = _one(synth, "AWS::KMS::Key")
+    key_id, _ = _one(synth, "AWS::KMS::Key", Description=f"{settings_of(synth.env_name).prefix} alarm topic")
     template.has_resource_properties("AWS::SNS::Topic", {"KmsMasterKeyId": {"Fn::GetAtt": [key_id, "Arn"]}})
     template.has_resource_properties(
         "AWS::KMS::Key",
@@ -1207,7 +1209,7 @@ def test_task_runners_reach_only_task_and_worker_partitions_and_delete_only_live
             if any(a.startswith("dynamodb:") for a in _as_list(s["Action"]))
         }
         # The worker also keeps its liveness item and reads the owner index (storage/workers.py).
-        runner = {"Table", "RunningSlots"}
+        runner = {"Table", "RunningSlots", "Vault"}  # Vault: infra.access.vault_statements
         assert set(table) == (runner | {"WorkerLiveness", "OwnerIndex"} if name == "worker" else runner), name
         assert table["Table"]["Condition"] == {
             "ForAllValues:StringLike": {
@@ -1222,6 +1224,7 @@ def test_task_runners_reach_only_task_and_worker_partitions_and_delete_only_live
             "ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TENANT#*", "CKEY#*", "FLEET*"]}
         }
         assert "dynamodb:DeleteItem" in _as_list(table["RunningSlots"]["Action"])
+        assert table["Vault"]["Condition"] == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["VAULT#*"]}}
         if name == "worker":
             assert table["WorkerLiveness"]["Condition"] == {
                 "ForAllValues:StringLike": {"dynamodb:LeadingKeys": [WORKERS_PK]}
@@ -1422,3 +1425,32 @@ def test_without_oidc_the_authorizer_takes_api_keys_only(synth: Synthesized) -> 
 
     _, authorizer = _function(synth, "authorizer")
     assert OIDC_ENV not in authorizer["Properties"]["Environment"]["Variables"]
+
+
+def test_the_vault_key_rotates_and_the_api_may_only_seal_and_the_task_runners_only_open_with_a_tenant_context(
+    synth: Synthesized, template: assertions.Template
+) -> None:
+    """The vault's KMS key (core.vault_crypto): rotated yearly; the API generates data keys and
+    cannot decrypt one, the executor decrypts and cannot generate; each only with an encryption
+    context that names a tenant; both find the key in AGENTQ_VAULT_KMS_KEY; nothing else uses it."""
+    keys = template.find_resources("AWS::KMS::Key")
+    [vault_key] = [k for k, v in keys.items() if "vault" in v["Properties"].get("Description", "")]
+    assert keys[vault_key]["Properties"]["EnableKeyRotation"] is True
+    kms_actions = {}
+    for role in ("api", "executor", "authorizer", "reaper"):
+        statements = [
+            s for s in _role_statements(synth, role) if any(a.startswith("kms:") for a in _as_list(s["Action"]))
+        ]
+        kms_actions[role] = {a for s in statements for a in _as_list(s["Action"])}
+        for s in statements:
+            assert s["Condition"] == {"Null": {"kms:EncryptionContext:agentq:tenant": "false"}}
+            assert s["Resource"] == {"Fn::GetAtt": [vault_key, "Arn"]}
+    assert kms_actions == {"api": {"kms:GenerateDataKey"}, "executor": {"kms:Decrypt"}, "authorizer": set(),
+                           "reaper": set()}  # fmt: skip
+    functions = template.find_resources("AWS::Lambda::Function")
+    with_key = sorted(
+        v["Properties"]["Handler"].split(".")[0]
+        for v in functions.values()
+        if "AGENTQ_VAULT_KMS_KEY" in v["Properties"].get("Environment", {}).get("Variables", {})
+    )
+    assert len(with_key) == 2  # the API and the executor

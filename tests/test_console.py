@@ -1124,4 +1124,41 @@ def test_a_tasks_files_are_shown_at_any_step_with_a_files_text_and_a_steps_diff(
     # Chromium logs the refusal asked for (the 422) as a console error; a task without a workspace
     # is not asked for its files at all (the view's has_workspace)
     tab.errors[:] = [e for e in tab.errors if "status of 422" not in e]
+
+
+def test_the_vault_page_lists_a_users_credential_names_and_hosts_never_a_value_nor_anothers(
+    console: Console, tab: Page
+) -> None:
+    """The vault page (console_assets/vault.js): a user's credentials by name, kind and hosts;
+    another user's and another tenant's are not there, and no value reaches the page. A task
+    paused for a credential the user lacks says which, and where."""
+    user, marker = f"ann-{uuid.uuid4().hex[:6]}", "CONSOLEMARK" + uuid.uuid4().hex
+    backend = console.stack.create_api_key("team-a", act_for_users=True)  # a key that may name users
+    for name, body, key in (
+        ("github", {"user": user, "value": marker, "hosts": ["api.github.com"]}, backend),
+        ("crm", {"user": f"{user}-other", "value": marker, "hosts": ["crm.example.com"]}, backend),
+        ("theirs", {"user": user, "value": marker, "hosts": ["x.example.com"]},
+         console.stack.create_api_key("team-b", act_for_users=True)),
+    ):  # fmt: skip
+        assert console.http("PUT", f"/vault/credentials/{name}", body, key=key)[0] == 200
+    page = tab.page
+    page.click("#key-button")
+    page.fill("#key-input", backend)
+    page.press("#key-input", "Enter")
+    page.click("a[data-nav='vault']")
+    page.fill("#vault-user", user)
+    page.click("#vault-form button[type=submit]")
+    page.wait_for_selector("tr[data-credential='github']")
+    assert page.inner_text("tr[data-credential='github']").split("\t")[:3] == ["github", "bearer", "api.github.com"]
+    assert page.locator("tr[data-credential='crm'], tr[data-credential='theirs']").count() == 0
+    assert marker not in page.content()
+    shot(console, tab, "vault")
+    # A task acting for the user, asking for a credential it lacks: the task page names it and the host.
+    task = console.submit({**scripted("read my PRs", [
+        {"text": "", "tool_calls": [{"name": "request_credential", "input": {"name": "jira", "host": "jira.example.com"}}]},
+        {"text": "ok"},
+    ], tools=["request_credential"]), "user": user}, key=backend)  # fmt: skip
+    console.until(task, lambda v: v["status"] == "paused", key=backend)
+    page.goto(f"{console.url}/console/#/tasks/{task}")
+    page.wait_for_selector("text=credential 'jira' for jira.example.com")
     no_errors(tab)

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -28,10 +30,11 @@ from agentq.api.oidc import OidcVerifier
 from agentq.control.defaults import Defaults
 from agentq.core.secrets import Secrets
 from agentq.core.tools.mcp import McpServers
+from agentq.core.vault_crypto import KEY_FILE_VARIABLE
 from agentq.queueing.sweeper import sweep
 from agentq.queueing.webhooks import delivery_loop
 from agentq.resources import QueueSettings, provision
-from agentq.runtime import Settings, build_fanout, build_queues, build_registry, build_store, session
+from agentq.runtime import Settings, build_cipher, build_fanout, build_queues, build_registry, build_store, session
 from agentq.storage.api_keys import KeyStore
 from agentq.worker import WorkerConfig
 from agentq_dev import forkserver
@@ -119,10 +122,16 @@ class LocalStack:
         self._stopping = threading.Event()
         self._sweeper: threading.Thread | None = None
         self.swept: list[str] = []  # every task the sweeper re-enqueued
+        self._vault_dir: str | None = None  # the vault key's directory, when the stack made one
 
     def start(self) -> LocalStack:
         for key, value in LOCAL_CREDENTIALS.items():
             os.environ.setdefault(key, value)
+        if KEY_FILE_VARIABLE not in self.extra_env and KEY_FILE_VARIABLE not in os.environ:
+            # The vault's key (core.vault_crypto): one per stack, as its table is, made 0600 on
+            # first use in a directory of its own (the moto server keeps no data past the stack).
+            self._vault_dir = tempfile.mkdtemp(prefix="agentq-vault-")
+            self.extra_env[KEY_FILE_VARIABLE] = os.path.join(self._vault_dir, "vault.key")
         self.moto.start()
         self.settings = Settings.for_prefix(
             self.prefix, self.moto.endpoint_url, tool_modules=self.tool_modules, defaults=Defaults.from_env()
@@ -167,6 +176,7 @@ class LocalStack:
             defaults=self.settings.defaults,
             # the API reads the MCP servers and secrets its workers get, not this process's
             mcp=McpServers.from_env(self.env(), secrets=Secrets.from_env(self.env())),
+            cipher=build_cipher(self.settings, self.env()),
         )
 
     def store(self) -> Any:
@@ -356,6 +366,8 @@ class LocalStack:
         if self.issuer is not None:
             self.issuer.stop()
         self.moto.stop()
+        if self._vault_dir is not None:
+            shutil.rmtree(self._vault_dir, ignore_errors=True)
 
     def __enter__(self) -> LocalStack:
         return self.start()

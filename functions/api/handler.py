@@ -15,7 +15,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from agentq.api.app import build_app
 from agentq.observe import api_metrics, route_core_logs
-from agentq.runtime import Settings, build_fanout, build_mcp, build_queues, build_registry, build_store
+from agentq.runtime import Settings, build_cipher, build_fanout, build_mcp, build_queues, build_registry, build_store
 
 logger = Logger(service="agentq-api")
 route_core_logs(logger)
@@ -29,6 +29,7 @@ app = build_app(
     default_tenant=None,
     defaults=_settings.defaults,
     mcp=build_mcp(),
+    cipher=build_cipher(_settings),
 )
 
 

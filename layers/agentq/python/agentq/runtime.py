@@ -30,6 +30,7 @@ from agentq.storage.tasks import DAY_SECONDS, DEFAULT_TASK_RETENTION_DAYS
 
 if TYPE_CHECKING:
     from agentq.core.engine import Engine, EngineConfig
+    from agentq.core.vault_crypto import EnvelopeCipher
     from agentq.queueing.dispatch import Dispatcher, RetryBackoff
 
 
@@ -176,6 +177,7 @@ def build_engine(settings: Settings, store: Storage, *, worker_id: str, pool: in
         fanout=build_fanout(settings, pool=pool),
         secrets=build_secrets(),
         egress=egress_factory(FetchPolicy.from_env()),
+        cipher=build_cipher(settings),
     )
 
 
@@ -324,6 +326,29 @@ def build_secrets(environ: Mapping[str, str] = os.environ) -> Secrets:
     return Secrets(read, base.allowed)
 
 
+def build_cipher(settings: Settings | None = None, environ: Mapping[str, str] = os.environ) -> EnvelopeCipher | None:
+    """The vault's cipher (``core.vault_crypto``): KMS envelope encryption under
+    ``AGENTQ_VAULT_KMS_KEY`` (the stack sets it), else the key file ``AGENTQ_VAULT_KEY_FILE``
+    (``agentq dev``; made on first use), else None: no vault (writes are refused, tools are
+    told a credential is unavailable)."""
+    from agentq.core.vault_crypto import (
+        KEY_FILE_VARIABLE,
+        KMS_KEY_VARIABLE,
+        EnvelopeCipher,
+        KmsDataKeys,
+        LocalDataKeys,
+    )
+
+    kms_key = environ.get(KMS_KEY_VARIABLE, "").strip()
+    if kms_key:
+        kms = client(settings or Settings.from_env(), "kms", pool=16)
+        return EnvelopeCipher(KmsDataKeys(kms, kms_key))
+    key_file = environ.get(KEY_FILE_VARIABLE, "").strip()
+    if key_file:
+        return EnvelopeCipher(LocalDataKeys.from_file(key_file))
+    return None
+
+
 def build_mcp(environ: Mapping[str, str] = os.environ) -> McpServers:
     """The deployment's MCP servers (``AGENTQ_MCP_SERVERS``), their headers read from its secrets."""
     return McpServers.from_env(environ, secrets=build_secrets(environ))
@@ -334,7 +359,7 @@ def build_registry(settings: Settings) -> ToolRegistry:
     (``agentq.tool_modules``: AGENTQ_TOOL_MODULES and installed packages). python_exec runs in the sandbox AGENTQ_SANDBOX
     names and http_fetch honours AGENTQ_HTTP_FETCH_ALLOW (agentq.sandbox.config,
     agentq.core.tools.fetch)."""
-    from agentq.core.approval import approval_tool_spec
+    from agentq.core.approval import approval_tool_spec, credential_request_spec
     from agentq.core.fanout import spawn_tool_spec
     from agentq.core.tools.fetch import FetchPolicy
     from agentq.sandbox.config import sandbox_from_env
@@ -343,6 +368,7 @@ def build_registry(settings: Settings) -> ToolRegistry:
     registry = default_registry(sandbox=sandbox_from_env(), fetch_policy=FetchPolicy.from_env())
     registry.register(spawn_tool_spec())
     registry.register(approval_tool_spec())
+    registry.register(credential_request_spec())
     for spec in load_tool_modules(settings.tool_modules):
         registry.register(spec)
     return registry

@@ -49,6 +49,7 @@ from agentq.api.routes import (
     schedules,
     tasks,
     usage,
+    vault,
     webhooks,
 )
 from agentq.api.routes import mcp as mcp_route
@@ -96,7 +97,9 @@ def _event_caller(event: Mapping[str, Any]) -> Caller | None:
 # (its agents' definitions, memory stores, schedules, callback secret, dead letters, and the MCP
 # server, whose tools read tasks by tenant) and answers 403: a route added later is closed to
 # such callers until it is listed here.
-USER_PATHS = re.compile(r"/tasks(/.*)?|/usage|/usage/spend|/breakers")
+USER_PATHS = re.compile(
+    r"/tasks(/.*)?|/usage|/usage/spend|/breakers|/vault/credentials(/[^/]+)?"
+)  # the vault: the user's own
 USER_READS = re.compile(r"/agents(/.*)?")
 
 
@@ -261,11 +264,13 @@ def build_app(
     default_tenant: str | None = None,
     defaults: Defaults | None = None,
     mcp: Any = None,
+    cipher: Any = None,
 ) -> AgentqResolver:
     """The API over ``store``. ``default_tenant`` serves requests that carry no authorizer
     context (never in AWS, where the authorizer always sets one; ``None`` answers 401).
     ``defaults`` fill the constraints a submission leaves out (the deployment's budget_defaults);
-    ``mcp`` are the MCP servers an agent may name (default: ``AGENTQ_MCP_SERVERS``)."""
+    ``mcp`` are the MCP servers an agent may name (default: ``AGENTQ_MCP_SERVERS``); ``cipher``
+    seals the vault's credentials (``runtime.build_cipher``; None: a write is 503)."""
     app = AgentqResolver(default_tenant=default_tenant)
     app.configure_openapi(
         title="agentq",
@@ -305,6 +310,7 @@ def build_app(
     app.include_router(webhooks.router(deps))
     app.include_router(schedules.router(deps))
     app.include_router(usage.router(deps))
+    app.include_router(vault.router(deps, cipher))
     app.include_router(dead_letters.router(store, queues, app.tenant))
     console.install(app)
     app.include_router(errors.handlers())

@@ -79,8 +79,10 @@ from agentq.api.models import (
     WebhookSecret,
     WorkspaceUploaded,
 )
+from agentq.api.models.vault import CredentialList
 from agentq.core.errors import ValidationError
 from agentq.core.models import TaskStatus, TaskSubmission
+from agentq.core.vault import CredentialInfo
 
 TERMINAL = frozenset(s.value for s in TaskStatus if s.terminal)
 
@@ -150,6 +152,29 @@ class Client(HttpClient):
 
     def delete_schedule(self, name: str) -> ScheduleView:
         return ScheduleView.model_validate(self.request("DELETE", f"/schedules/{_seg(name)}"))
+
+    def put_credential(
+        self,
+        name: str,
+        value: str,
+        *,
+        hosts: list[str],
+        user: str | None = None,
+        kind: str = "bearer",
+        header: str | None = None,
+        username: str | None = None,
+    ) -> CredentialInfo:
+        """Write a credential to the vault (docs/VAULTS.md); the answer never holds its value."""
+        body = {"value": value, "hosts": hosts, "kind": kind, "user": user, "header": header, "username": username}
+        sent = {k: v for k, v in body.items() if v is not None}
+        return CredentialInfo.model_validate(self.request("PUT", f"/vault/credentials/{_seg(name)}", sent, retry=True))
+
+    def list_credentials(self, user: str | None = None) -> list[CredentialInfo]:
+        return self._get(CredentialList, "/vault/credentials", user=user).credentials
+
+    def delete_credential(self, name: str, user: str | None = None) -> CredentialInfo:
+        answer = self.request("DELETE", f"/vault/credentials/{_seg(name)}", query={"user": user})
+        return CredentialInfo.model_validate(answer)
 
     def webhook_secret(self) -> str:
         """This tenant's callback signing secret (``agentq.core.webhooks.verify`` checks with it)."""

@@ -48,6 +48,7 @@ from agentq.core.errors import (
     ValidationError,
 )
 from agentq.core.memory import MemoryConflict, MemoryDocumentNotFound, MemoryLimitExceeded, MemoryStoreNotFound
+from agentq.core.vault import VaultUnavailable
 from agentq.storage.agents import AgentConflict, AgentNotFound
 from agentq.storage.policies import PolicyNotFound
 
@@ -67,6 +68,7 @@ DESCRIPTIONS = {
     422: "A field is invalid (validation_error); `field` names it",
     414: "Request line (method, path and query) over 64 KiB (uri_too_long)",
     431: "Over 100 headers, or a header line over 64 KiB (headers_too_large)",
+    503: "This deployment has no vault key (vault_unavailable)",
 }
 # What the server answers whatever the route, before it is known: every operation documents them.
 TRANSPORT_ERRORS = (414, 431)
@@ -207,6 +209,10 @@ def handlers() -> Router:
     @router.exception_handler(MemoryLimitExceeded)
     def on_limit(exc: MemoryLimitExceeded) -> Response[Any]:
         return error_response(422, exc.code, exc.message, exc.field)
+
+    @router.exception_handler(VaultUnavailable)
+    def on_vault_unavailable(exc: VaultUnavailable) -> Response[Any]:
+        return error_response(503, exc.code, exc.message, exc.field)
 
     @router.exception_handler([Forbidden, UserNotAllowed])
     def on_forbidden(exc: AgentqError) -> Response[Any]:

@@ -18,7 +18,20 @@ from __future__ import annotations
 import argparse
 import sys
 
-from agentq.cli import admin, catalogue, conversation, events, files, fleet, local, memory, policies, submit, tasks
+from agentq.cli import (
+    admin,
+    catalogue,
+    conversation,
+    events,
+    files,
+    fleet,
+    local,
+    memory,
+    policies,
+    submit,
+    tasks,
+    vault,
+)
 from agentq.cli.args import EPILOG, UsageError
 from agentq.cli.submit import build_submission
 from agentq.cli.target import resolve_target
@@ -36,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # the order `agentq --help` lists them in
-    for group in (submit, tasks, files, events, conversation, catalogue, policies, memory, fleet, admin, local):
+    for group in (submit, tasks, files, events, conversation, catalogue, policies, memory, vault, fleet, admin, local):
         group.register(sub)
     return parser
 

@@ -40,6 +40,7 @@ from agentq.core.records import (
 )
 from agentq.core.reservation import Seen
 from agentq.core.tenancy import TenantLimits
+from agentq.core.vault import CredentialInfo, StoredCredential
 from agentq.core.workspace import WorkspaceRef
 
 
@@ -145,7 +146,24 @@ class TenantWindowsPort(Protocol):
 class ApprovalBook(Protocol):
     def get(self, task_id: str, use_id: str) -> ApprovalRecord | None: ...
 
-    def request(self, lease: Lease, use_id: str, question: str) -> None: ...
+    def request(
+        self, lease: Lease, use_id: str, question: str, *, credential: dict[str, str] | None = None
+    ) -> None: ...
+
+    def decide(self, task_id: str, use_id: str, *, approved: bool, note: str, by: str) -> None: ...
+
+
+class VaultBook(Protocol):
+    """The vault (``storage.vault``) as the engine reads it: sealed credentials, and the tasks
+    waiting for one (``request_credential``)."""
+
+    def get(self, tenant: str, user: str | None, name: str) -> StoredCredential | None: ...
+
+    def listing(self, tenant: str, user: str | None) -> list[CredentialInfo]: ...
+
+    def wait(self, tenant: str, user: str | None, name: str, task_id: str, use_id: str) -> None: ...
+
+    def unwait(self, tenant: str, user: str | None, name: str, task_id: str, use_id: str) -> None: ...
 
 
 class SpawnBook(Protocol):
@@ -288,3 +306,6 @@ class EngineStorage(Protocol):
 
     @property
     def policies(self) -> PolicySource: ...
+
+    @property
+    def vault(self) -> VaultBook: ...

@@ -139,6 +139,7 @@ class ApprovalRecord:
     note: str | None = None
     decided_by: str | None = None
     decided_at: float | None = None
+    credential: dict[str, str] | None = None  # request_credential: {"name", "host"} it waits for
 
 
 @dataclass(frozen=True)

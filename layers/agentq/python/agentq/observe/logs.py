@@ -6,6 +6,8 @@
 - ``agentq worker``: ``configure_process_logging``; JSON the same way with
   ``AGENTQ_LOG_FORMAT=json`` (what Fargate sets, for CloudWatch Logs Insights), else text
   lines that end with the task's fields.
+
+Either way every handler redacts credentials' values (``observe.redaction``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from aws_lambda_powertools import Logger
 from aws_lambda_powertools.logging.utils import copy_config_to_registered_loggers
 
 from agentq.observe.correlation import FIELDS, CorrelationFilter, has_correlation_filter
+from agentq.observe.redaction import RedactingFilter, has_redacting_filter
 
 CORE_LOGGER = "agentq"
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -31,6 +34,8 @@ def route_core_logs(logger: Logger) -> None:
     for handler in logger.handlers:
         if not has_correlation_filter(handler):
             handler.addFilter(CorrelationFilter())
+        if not has_redacting_filter(handler):  # a credential's value never reaches a log line
+            handler.addFilter(RedactingFilter())
 
 
 class CorrelatedTextFormatter(logging.Formatter):
@@ -61,6 +66,7 @@ def configure_process_logging(level: int | None = None, log_format: str | None =
         handler = logging.StreamHandler()
         handler.setFormatter(CorrelatedTextFormatter(TEXT_FORMAT))
         handler.addFilter(CorrelationFilter())
+        handler.addFilter(RedactingFilter())
         core = logging.getLogger(CORE_LOGGER)
         core.handlers = [handler]
         core.propagate = False

@@ -28,6 +28,7 @@ def _record(raw: Item) -> ApprovalRecord:
         note=d.get("note"),
         decided_by=d.get("decided_by"),
         decided_at=d.get("decided_at"),
+        credential=d.get("credential"),
     )
 
 
@@ -36,17 +37,21 @@ class Approvals:
         self.table = table
         self.tasks = tasks
 
-    def request(self, lease: Lease, use_id: str, question: str) -> None:
-        """Record a pending approval and pause the task, in one fenced transaction."""
+    def request(self, lease: Lease, use_id: str, question: str, *, credential: dict[str, str] | None = None) -> None:
+        """Record a pending approval and pause the task, in one fenced transaction.
+        ``credential`` (``{"name", "host"}``): the pause waits for the user to add that
+        credential (``request_credential``), and its record and event name it."""
         record = {
             **keys.item_key(lease.task_id, f"{keys.APPROVAL}{use_id}"),
             "state": "pending",
             "question": question,
             "asked_at": time.time(),
+            **({"credential": credential} if credential else {}),
         }
         paused = NewEvent("task.status", {"status": TaskStatus.PAUSED.value, "approval": use_id})
         asked = NewEvent("approval.requested", {"tool_use_id": use_id, "question": question[:EVENT_TEXT_CHARS],
-                                               "status": TaskStatus.PAUSED.value})  # fmt: skip
+                                               "status": TaskStatus.PAUSED.value,
+                                               **({"credential": credential} if credential else {})})  # fmt: skip
         try:
             logged_transact(
                 self.table, lease.task_id, [Put("approval", record, absent()), self.tasks.pause(lease)], asked

@@ -26,6 +26,7 @@ from agentq.storage.table import Table
 from agentq.storage.task_items import DAY_SECONDS, DEFAULT_TASK_RETENTION_DAYS
 from agentq.storage.tasks import Tasks
 from agentq.storage.tenant_windows import TenantWindows
+from agentq.storage.vault import Vault
 from agentq.storage.webhooks import WebhookSecrets
 from agentq.storage.workspaces import WorkspaceObjects
 
@@ -61,6 +62,7 @@ class Storage:
         self.schedules = Schedules(table)
         self.memory_stores = MemoryStores(table)
         self.workspaces = WorkspaceObjects(payloads)
+        self.vault = Vault(table)
 
 
 def memory_storage(**kwargs: object) -> Storage:

@@ -59,6 +59,12 @@ def user_tasks_pk(tenant: str, user: str) -> str:
     return "USER#" + hashlib.sha256(f"{tenant}#{user}".encode()).hexdigest()[:32]
 
 
+def vault_pk(tenant: str, user: str | None) -> str:
+    """The vault partition of one tenant's (``user`` None) or one user's credentials and of the
+    tasks waiting for them: a digest of the pair, as ``user_tasks_pk`` (neither holds ``#``)."""
+    return "VAULT#" + hashlib.sha256(f"{tenant}#{user or ''}".encode()).hexdigest()[:32]
+
+
 def idempotency_pk(tenant: str, key: str) -> str:
     return f"IDEMP#{tenant}#{key}"
 

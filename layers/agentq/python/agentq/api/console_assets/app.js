@@ -9,6 +9,7 @@ import { replace } from "./dom.js";
 import { schedulesPage } from "./schedules.js";
 import { taskListPage } from "./task_list.js";
 import { taskPage } from "./task.js";
+import { vaultPage } from "./vault.js";
 
 const main = document.getElementById("main");
 const alertBox = document.getElementById("alert");
@@ -23,6 +24,8 @@ const routes = [
   [/^#\/agents$/, (ctx) => agentListPage(ctx)],
   [/^#\/memory\/([^/]+)$/, (ctx, m) => memoryStorePage(ctx, decodeURIComponent(m[1]))],
   [/^#\/memory$/, (ctx) => memoryListPage(ctx)],
+  [/^#\/vault\/([^/]+)$/, (ctx, m) => vaultPage(ctx, decodeURIComponent(m[1]))],
+  [/^#\/vault$/, (ctx) => vaultPage(ctx, "")],
   [/^#\/schedules$/, (ctx) => schedulesPage(ctx)],
   [/^#\/dead-letters$/, (ctx) => deadLettersPage(ctx)],
   [/^#\/breakers$/, (ctx) => breakersPage(ctx)],

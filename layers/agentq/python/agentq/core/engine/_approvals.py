@@ -1,4 +1,5 @@
-"""A person's decisions on a turn's calls: ``request_approval``, and each call of an ``ask`` tool.
+"""A person's decisions on a turn's calls: ``request_approval``, each call of an ``ask`` tool, and
+``request_credential`` (decided by the user adding the credential, ``control.vault``).
 
 A decision is stored once and read by every later attempt, so a resumed worker never asks
 again for what was decided and never runs a rejected call. Until one is made the task parks in
@@ -11,14 +12,17 @@ import json
 import time
 from typing import Any
 
-from agentq.core.approval import APPROVAL_TOOL, decision_outcome
-from agentq.core.engine._operation import RecordedOperation
+from agentq.core.approval import APPROVAL_TOOL, credential_outcome, credential_question, decision_outcome
+from agentq.core.engine._credentials import TaskCredentials
+from agentq.core.engine._operation import RecordedOperation, Settled
 from agentq.core.engine._session import Session
 from agentq.core.engine._tool_call import error_outcome
 from agentq.core.engine.result import RunResult
+from agentq.core.errors import IllegalTransition
 from agentq.core.models import TaskStatus, ToolOutcome
-from agentq.core.ports import ApprovalBook
+from agentq.core.ports import ApprovalBook, VaultBook
 from agentq.core.records import ApprovalRecord
+from agentq.core.vault import REQUEST_CREDENTIAL_TOOL, valid_name
 
 
 class Decision(RecordedOperation[ApprovalRecord, "ApprovalRecord | RunResult"]):
@@ -53,8 +57,60 @@ class Decision(RecordedOperation[ApprovalRecord, "ApprovalRecord | RunResult"]):
         return paused
 
 
+class CredentialRequest(RecordedOperation[ApprovalRecord, "ApprovalRecord | RunResult | None"]):
+    """``request_credential``: settled at once if the user has the credential; else the task
+    notes that it waits for it (``VaultBook.wait``) and parks in ``paused`` on an approval that
+    names the credential and the host. The vault's write wakes it (``control.vault.put``)."""
+
+    def __init__(
+        self, approvals: ApprovalBook, vault: VaultBook, credentials: TaskCredentials, s: Session, use: dict[str, Any]
+    ) -> None:
+        self.approvals, self.vault, self.credentials, self.s, self.use = approvals, vault, credentials, s, use
+        args = use.get("input") or {}
+        self.name, self.host = str(args.get("name", "")), str(args.get("host", ""))[:255]
+        self.reason = str(args.get("reason", ""))[:2000]
+
+    def check(self) -> ApprovalRecord | None:
+        record = self.approvals.get(self.s.task_id, self.use["id"])
+        return record if record is not None and record.state != "pending" else None
+
+    def create(self) -> None:
+        if not valid_name(self.name) or self.credentials.has(self.name):
+            raise Settled(None)
+        s = self.s
+        for owner in dict.fromkeys([s.task.user, None]):  # a tenant-wide credential satisfies it too
+            self.vault.wait(s.task.tenant, owner, self.name, s.task_id, self.use["id"])
+        question = credential_question(s.task.user, self.name, self.host, self.reason)
+        self.approvals.request(s.lease, self.use["id"], question, credential={"name": self.name, "host": self.host})
+
+    def check_again(self) -> ApprovalRecord | None:
+        return None
+
+    def act(self, record: ApprovalRecord | None) -> ApprovalRecord | RunResult | None:
+        if record is not None:
+            return record
+        s = self.s
+        s.task = s.task.model_copy(update={"status": TaskStatus.PAUSED})
+        if self.credentials.has(self.name):  # added between the look and the pause: wake now
+            try:
+                self.approvals.decide(s.task_id, self.use["id"], approved=True, by="vault",
+                                      note=f"credential {self.name!r} was added")  # fmt: skip
+            except IllegalTransition:  # the vault's write decided first: its message resumes the task
+                return RunResult(s.task_id, "waiting", status=TaskStatus.PAUSED)
+            for owner in dict.fromkeys([s.task.user, None]):
+                self.vault.unwait(s.task.tenant, owner, self.name, s.task_id, self.use["id"])
+            return RunResult(s.task_id, "deferred", status=TaskStatus.QUEUED,
+                             error={"retry_after": 1, "message": f"credential {self.name!r} arrived"})  # fmt: skip
+        return RunResult(s.task_id, "waiting", status=TaskStatus.PAUSED)
+
+
 def decisions(
-    book: ApprovalBook, s: Session, uses: list[dict[str, Any]], allowlist: list[str]
+    book: ApprovalBook,
+    s: Session,
+    uses: list[dict[str, Any]],
+    allowlist: list[str],
+    vault: VaultBook | None = None,
+    credentials: TaskCredentials | None = None,
 ) -> dict[str, ToolOutcome] | RunResult:
     """The outcomes a person decided for this turn's calls, or park the task in ``paused``
     until the next decision is made.
@@ -83,6 +139,19 @@ def decisions(
                         f"not run: the approval asked for in this turn was rejected ({record.note or 'no note'})",
                     )
             return decided
+    for use in uses:
+        if use["name"] != REQUEST_CREDENTIAL_TOOL or use["name"] not in allowlist or use["id"] in decided:
+            continue
+        if (verdict := s.verdicts.get(use["id"])) is not None and verdict.effect == "deny":
+            continue  # a rule denies it: ToolCaller.call answers it
+        if vault is None or credentials is None:
+            decided[use["id"]] = error_outcome(use, "this worker has no vault: no credential can be asked for")
+            continue
+        started = time.time()
+        asked = CredentialRequest(book, vault, credentials, s, use).run()
+        if isinstance(asked, RunResult):
+            return asked
+        decided[use["id"]] = credential_outcome(use, asked, started, time.time())
     for use in uses:
         verdict = s.verdicts.get(use["id"])
         if verdict is not None and verdict.effect == "deny":

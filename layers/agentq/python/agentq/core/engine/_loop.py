@@ -44,6 +44,7 @@ from agentq.core.records import ClaimOwner, Inbox
 from agentq.core.secrets import Secrets, SecretSource
 from agentq.core.tools import ToolRegistry, default_registry
 from agentq.core.tools.mcp import McpServers
+from agentq.core.vault import Cipher
 
 log = logging.getLogger("agentq.engine")
 
@@ -62,9 +63,12 @@ class Engine:
         secrets: SecretSource | None = None,
         mcp: McpServers | None = None,
         egress: Callable[..., Any] | None = None,
+        cipher: Cipher | None = None,
     ) -> None:
         """``egress``: makes the egress proxy of a task whose workspace allows hosts
-        (``core.tools.egress.egress_factory``); None: a workspace has no network at all."""
+        (``core.tools.egress.egress_factory``); None: a workspace has no network at all.
+        ``cipher``: opens the vault's credentials (``core.vault_crypto``); None: a tool that
+        asks for one is told it is unavailable."""
         self.store = store
         self.worker_id = worker_id
         self.tools = tools if tools is not None else default_registry()
@@ -84,12 +88,14 @@ class Engine:
             self._requests, writer, self.policy,
         )  # fmt: skip
         caller = ToolCaller(
-            store.flow, store.effects, store.notes, store.steps, self._requests, self.secrets, store.memory_stores
-        )
+            store.flow, store.effects, store.notes, store.steps, self._requests, self.secrets, store.memory_stores,
+            vault=store.vault, cipher=cipher,
+        )  # fmt: skip
         spawning = SpawnPorts(store.spawns, store.budgets, store.tasks, store.steps)
         self._workspaces = Workspaces(
             store.workspaces, worker_id=worker_id, root=config.workspace_root, quota=config.workspace_quota,
             egress=egress, record_start=store.tasks.start_workspace,
+            credentials=caller.credentials_for,
         )  # fmt: skip
         self._tool_turn = ToolTurn(
             store.approvals,

@@ -76,6 +76,7 @@ class Session:
     inbox: Inbox = field(default_factory=Inbox)  # a person's messages and interrupt, as META last said (_messages)
     workspace: Any = None  # the task's workspace on this worker, while the run holds it (_workspace.TaskWorkspace)
     verdicts: dict[str, Any] = field(default_factory=dict)  # the turn's policy verdicts by tool_use id (_policy)
+    credentials: Any = None  # the vault of the task's user, opened on first use (_credentials.TaskCredentials)
 
     @property
     def lease(self) -> Lease:

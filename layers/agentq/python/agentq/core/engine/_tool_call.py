@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 from agentq import observe
 from agentq.core.context import RECALL_TOOL
+from agentq.core.engine._credentials import TaskCredentials
 from agentq.core.engine._memory import TaskMemory
 from agentq.core.engine._operation import RecordedOperation
 from agentq.core.engine._request import RequestBuilder
@@ -28,12 +29,14 @@ from agentq.core.engine._session import Session, TaskNotes
 from agentq.core.faults import crash_point
 from agentq.core.flow import Admission
 from agentq.core.models import ToolOutcome, ToolsStep
-from agentq.core.ports import EffectLog, FlowPort, MemoryBook, NoteBook, StepLog
+from agentq.core.ports import EffectLog, FlowPort, MemoryBook, NoteBook, StepLog, VaultBook
 from agentq.core.records import EffectRecord
 from agentq.core.secrets import SecretSource
 from agentq.core.tools import ToolContext, idempotency_key_for
 from agentq.core.tools.egress import ContactMark
+from agentq.core.vault import Cipher
 from agentq.core.workspace import NETWORK_TOOLS
+from agentq.observe.redaction import redact
 
 
 class ToolCaller:
@@ -46,11 +49,23 @@ class ToolCaller:
         requests: RequestBuilder,
         secrets: SecretSource,
         memory: MemoryBook | None = None,
+        vault: VaultBook | None = None,
+        cipher: Cipher | None = None,
     ) -> None:
         self.flow, self.effects, self.notes, self.steps = flow, effects, notes, steps
         self.requests = requests
         self.secrets = secrets
         self.memory = memory
+        self.vault, self.cipher = vault, cipher
+
+    def credentials_for(self, s: Session) -> TaskCredentials | None:
+        """The vault of the task's user (and tenant), opened on first use and kept for the run."""
+        if self.vault is None:
+            return None
+        if s.credentials is None:
+            s.credentials = TaskCredentials(self.vault, self.cipher, s.task.tenant, s.task.user)
+        credentials: TaskCredentials = s.credentials
+        return credentials
 
     def notes_for(self, s: Session) -> TaskNotes:
         """The notes the turn's tools see (writes fenced by the run's lease)."""
@@ -115,6 +130,7 @@ class ToolCaller:
             secrets=self.secrets,
             memory=self.memory_for(s, use["id"]),
             workspace=s.workspace,
+            credentials=self.credentials_for(s),
         )
         with observe.tool_call(
             use["name"],
@@ -135,7 +151,9 @@ class ToolCaller:
         return ToolOutcome(
             tool_use_id=use["id"],
             name=use["name"],
-            content=run.content,
+            # A credential's value never reaches the model or the store, whatever the tool
+            # returned or raised (observe.redaction): this is the one way a result gets out.
+            content=redact(run.content),
             is_error=run.is_error,
             status=run.status,
             side_effects=pending.side_effects,

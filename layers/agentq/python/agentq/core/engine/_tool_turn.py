@@ -60,7 +60,7 @@ class ToolTurn:
         # (ToolCaller.call), an asked one waits for a person's decision (decisions).
         s.verdicts = self.policy.tool_verdicts(s, uses) if self.policy is not None else {}
         denied = {i for i, v in s.verdicts.items() if v.effect == "deny"}
-        decided = decisions(self.approvals, s, uses, allowlist)
+        decided = decisions(self.approvals, s, uses, allowlist, self.tools.vault, self.tools.credentials_for(s))
         if isinstance(decided, RunResult):
             return decided
         spawns = [

@@ -56,6 +56,7 @@ from agentq.core.workspace import (
 )
 from agentq.core.workspace_diff import changes
 from agentq.core.workspace_disk import PARALLEL, ScanCache, read_verified, restore, scan, wipe
+from agentq.observe.redaction import redact_files
 from agentq.sandbox.base import ExecResult
 from agentq.sandbox.workspace import WorkspaceSandbox
 
@@ -125,11 +126,13 @@ class Workspaces:
         quota: WorkspaceQuota,
         egress: Any = None,  # a task's allow_hosts -> its EgressProxy (core.tools.egress)
         record_start: Any = None,  # (lease, WorkspaceRef) -> None: TaskLeases.start_workspace
+        credentials: Any = None,  # Session -> the task's CredentialSource, for the proxy to add (or None)
     ) -> None:
         self.store = store
         self.record_start = record_start
         self.quota = quota
         self.egress = egress
+        self.credentials = credentials
         self._root = Path(root) if root else None
         self._worker = re.sub(r"[^A-Za-z0-9_.-]", "_", worker_id)[:100] or "worker"
         self._sandbox: WorkspaceSandbox | None = None
@@ -156,7 +159,8 @@ class Workspaces:
         ws.lookup = lookup_of(sub.workspace, s.task.tenant)
         s.workspace = ws  # from here on, close() removes the directory whatever happens
         if sub.workspace is not None and sub.workspace.allow_hosts and self.egress is not None:
-            ws.egress = self.egress(sub.workspace.allow_hosts)
+            source = self.credentials(s) if self.credentials is not None else None
+            ws.egress = self.egress(sub.workspace.allow_hosts, credentials=source)
         if s.task.workspace is None and sub.workspace is not None and sub.workspace.git is not None:
             self._clone(ws, s)
             return
@@ -215,6 +219,10 @@ class Workspaces:
         ws: TaskWorkspace | None = s.workspace
         if ws is None:
             return None
+        if s.credentials is not None and s.credentials.opened:
+            # A process that read an API's echo of a credential may have written it to a file:
+            # redacted on disk first, so neither the stored blob nor a later read holds it.
+            redact_files(str(ws.directory))
         manifest = scan(ws.directory, ws.cache, self.quota.for_task(s.task.submission.workspace))
         if manifest.digest == ws.committed.digest and ws.stored >= manifest.blobs():
             return None

@@ -34,6 +34,9 @@ from agentq.core.secrets import SecretSource
 from agentq.core.tools._schema import input_schema
 from agentq.sandbox.base import ExecResult
 
+if typing.TYPE_CHECKING:
+    from agentq.core.vault import CredentialSource
+
 logger = logging.getLogger("agentq.tools")
 
 # Anthropic's rule for tool names; checked at declaration so a bad name fails in a unit test,
@@ -109,6 +112,19 @@ class ToolContext:
     secrets: SecretSource | None = None
     memory: MemoryAccess | None = None  # the task's attached memory stores, if any
     workspace: WorkspaceAccess | None = None  # the task's workspace, if it has one
+    credentials: CredentialSource | None = None  # the vault of the task's user (core.vault)
+
+    def credential(self, name: str) -> Any:
+        """The task's user's credential ``name`` (else its tenant's) as a ``CredentialHandle``:
+        a client that sends it to the hosts it is bound to and nowhere else; it never hands the
+        value out. Missing: ``CredentialUnavailable`` (``credential_unavailable``), which the
+        model reads, and may answer with ``request_credential``."""
+        from agentq.core.tools.credentials import CredentialHandle
+        from agentq.core.vault import unavailable
+
+        if self.credentials is None:
+            raise unavailable(name, None, None)
+        return CredentialHandle(self.credentials.get(name))
 
     def secret(self, name: str) -> str:
         """A secret the deployment grants its tools (``core.secrets``): never from the task's

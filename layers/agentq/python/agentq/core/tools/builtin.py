@@ -19,12 +19,18 @@ from typing import Annotated
 from pydantic import AfterValidator, Field
 
 from agentq.core.tools._core import NoteStore, ToolContext, ToolRegistry, ToolSpec, tool
+from agentq.core.tools.credentials import check_headers, vault_headers
 from agentq.core.tools.fetch import FetchPolicy
 from agentq.core.tools.fetch import get as guarded_get
 from agentq.core.tools.workspace import WORKSPACE_TOOL_SPECS
 from agentq.sandbox.base import CodeSandbox, ExecRequest, SandboxLimits
 
 # --- http_fetch -------------------------------------------------------------------------------
+
+
+def _checked_headers(headers: dict[str, str]) -> dict[str, str]:
+    check_headers(headers)
+    return headers
 
 
 def http_fetch_tool(policy: FetchPolicy | None = None) -> ToolSpec:
@@ -41,19 +47,30 @@ def http_fetch_tool(policy: FetchPolicy | None = None) -> ToolSpec:
             float,
             Field(gt=0, le=30, description="Give up on the whole fetch (redirects included) after this many seconds."),
         ] = 10.0,
+        headers: Annotated[
+            dict[str, Annotated[str, Field(max_length=8192)]],
+            Field(
+                max_length=20,
+                description="Extra request headers. A value may hold ${vault:NAME}: the credential NAME of the user "
+                "this task acts for, added for a host it is bound to (you never see its value).",
+            ),
+            AfterValidator(_checked_headers),
+        ] = {},  # noqa: B006 - pydantic copies a default, so no call shares it
         ctx: ToolContext | None = None,
     ) -> str:
-        """Fetch a public web page or API response with an HTTP GET and return its status line, content type and body text (cut off at max_bytes). Non-2xx responses are returned, not raised. Internal, private, loopback and cloud metadata addresses are refused.
+        """Fetch a public web page or API response with an HTTP GET and return its status line, content type and body text (cut off at max_bytes). Non-2xx responses are returned, not raised. Internal, private, loopback and cloud metadata addresses are refused. A header value may refer to a credential of the user you act for as ${vault:NAME}.
 
         An error status is information the model can act on (a 404 means "try another URL"), so
         it comes back as the result; only a refused address or a failure to talk to the server
-        at all is an error.
+        at all is an error. A credential reference is expanded for each hop's host, so a redirect
+        to a host it is not bound to carries none (``core.tools.credentials``).
         """
         timeout = timeout_seconds
         remaining = ctx.remaining() if ctx is not None else None
         if remaining is not None:
             timeout = max(0.1, min(timeout, remaining - 0.5))
-        response = guarded_get(url, max_bytes=max_bytes, timeout=timeout, policy=guard)
+        extra = vault_headers(headers, ctx.credentials if ctx is not None else None) if headers else None
+        response = guarded_get(url, max_bytes=max_bytes, timeout=timeout, policy=guard, headers=extra)
         out = f"HTTP {response.status} {response.content_type}"
         if response.redirects:
             out += f" (after {len(response.redirects)} redirect(s), from {response.url})"

@@ -30,6 +30,14 @@ recorded the call's effect, fenced by the lease; a mark that cannot record (a zo
 lost) refuses the connection. So a call that never contacted a host leaves no effect record and
 stays replay-safe, and one that did is never run again after a crash.
 
+Credentials (``core.vault``): given the task's ``CredentialSource``, a plain http request to a
+host one of the user's credentials is bound to gets that credential's header, added here (any
+header of the same name the process sent is dropped): the process never holds the value, and the
+credential goes nowhere but its hosts. A ``CONNECT`` tunnel is end-to-end TLS the proxy cannot
+add a header to: it passes as it is, *without* the credential, and the proxy records that it
+refused to inject one (``refused``), so a workspace reaches a credentialed API over http:// only
+(or through ``http_fetch`` or a tool's ``ctx.credential``, which do https).
+
 What it does not do yet (docs/SANDBOX.md): HTTPS through ``CONNECT`` passes, but the sandbox has
 no CA bundle, so a client's certificate check fails.
 """
@@ -48,8 +56,10 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 
+from agentq.core.errors import AgentqError
 from agentq.core.pids import gone
 from agentq.core.tools.fetch import Deadline, FetchPolicy, FetchRefused, HostRule, Target, resolve
+from agentq.core.vault import CredentialSource
 
 MAX_HEAD = 16 * 1024
 CONNECT_SECONDS = 10.0
@@ -128,9 +138,12 @@ class EgressProxy:
         max_connections: int = MAX_CONNECTIONS,
         head_seconds: float = HEAD_SECONDS,
         idle_seconds: float = IDLE_SECONDS,
+        credentials: CredentialSource | None = None,
     ) -> None:
         self.rules = rules
         self.policy = policy
+        self.credentials = credentials
+        self.injected = 0  # requests the proxy added a credential to (for the trace and the tests)
         self.max_connections = max_connections
         self.head_seconds = head_seconds
         self.idle_seconds = idle_seconds
@@ -212,16 +225,25 @@ class EgressProxy:
             host, port, origin = _destination(method, target)
             upstream = self._connect(host, port)
             self._track(upstream)
+            credential = self.credentials.for_host(host, port) if self.credentials is not None else None
             if method.upper() == "CONNECT":
+                if credential is not None:
+                    self.refused.append(
+                        f"credential {credential.name!r} not added to a CONNECT tunnel to {host}:{port}: "
+                        "the proxy cannot add a header inside TLS"
+                    )
                 conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 if rest:
                     upstream.sendall(rest)
             else:
-                kept = [
-                    h
-                    for h in headers.split(b"\r\n")
-                    if h and not h.lower().startswith((b"proxy-connection:", b"connection:", b"proxy-authorization:"))
-                ]
+                dropped = [b"proxy-connection:", b"connection:", b"proxy-authorization:"]
+                added: list[bytes] = []
+                if credential is not None:
+                    name, value = credential.header()
+                    dropped.append(name.lower().encode("latin-1") + b":")
+                    added.append(f"{name}: {value}".encode("latin-1"))
+                    self.injected += 1
+                kept = [h for h in headers.split(b"\r\n") if h and not h.lower().startswith(tuple(dropped))] + added
                 request = f"{method} {origin} {version}\r\n".encode("latin-1")
                 upstream.sendall(request + b"\r\n".join([*kept, b"Connection: close"]) + b"\r\n\r\n" + rest)
             _pipe(conn, upstream, self.idle_seconds)
@@ -236,6 +258,9 @@ class EgressProxy:
             _answer(conn, 403, f"agentq egress refused: {exc}")
         except OSError as exc:
             _answer(conn, 502, f"agentq egress could not connect: {exc}")
+        except AgentqError as exc:  # the vault could not be read: nothing was sent
+            self.refused.append(exc.message)
+            _answer(conn, 502, f"agentq egress: {exc.message}")
         finally:
             with self._lock:
                 self._live.discard(conn)
@@ -369,10 +394,11 @@ def _answer(conn: socket.socket, status: int, message: str) -> None:
         )
 
 
-def egress_factory(policy: FetchPolicy) -> Callable[[list[str]], EgressProxy]:
-    """What the engine calls for a task whose workspace allows hosts (``Engine(egress=...)``)."""
+def egress_factory(policy: FetchPolicy) -> Callable[..., EgressProxy]:
+    """What the engine calls for a task whose workspace allows hosts (``Engine(egress=...)``),
+    with the task's credentials when it has a vault."""
 
-    def make(allow_hosts: list[str]) -> EgressProxy:
-        return EgressProxy([HostRule.parse(h) for h in allow_hosts], policy)
+    def make(allow_hosts: list[str], credentials: CredentialSource | None = None) -> EgressProxy:
+        return EgressProxy([HostRule.parse(h) for h in allow_hosts], policy, credentials=credentials)
 
     return make

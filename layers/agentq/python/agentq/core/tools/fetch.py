@@ -35,7 +35,7 @@ import ssl
 import threading
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -337,7 +337,23 @@ def _connection(target: Target, address: IPAddress, timeout: float) -> http.clie
     return conn
 
 
-def get(url: str, *, max_bytes: int, timeout: float, policy: FetchPolicy | None = None) -> Response:
+HeaderSource = Callable[["Target", int], Mapping[str, str]]  # (hop's target, hop number) -> extra headers
+FOLLOWED_METHODS = ("GET", "HEAD")  # redirects of any other method come back as they are
+
+
+def get(
+    url: str,
+    *,
+    max_bytes: int,
+    timeout: float,
+    policy: FetchPolicy | None = None,
+    method: str = "GET",
+    headers: HeaderSource | None = None,
+    body: bytes | None = None,
+) -> Response:
+    """One request, redirects followed (GET and HEAD only) and every hop checked. ``headers``
+    is asked for each hop's extra headers, so a credential bound to one host is never carried
+    by a redirect to another (``core.tools.credentials``)."""
     policy = policy or FetchPolicy()
     deadline = Deadline(timeout)
     redirects: list[str] = []
@@ -345,7 +361,8 @@ def get(url: str, *, max_bytes: int, timeout: float, policy: FetchPolicy | None 
         target = parse_target(url)
         while True:
             try:
-                conn = _open(target, policy, deadline)
+                extra = dict(headers(target, len(redirects))) if headers is not None else {}
+                conn = _open(target, policy, deadline, method=method, extra=extra, body=body)
             except FetchRefused as exc:
                 what = "follow a redirect to" if redirects else "fetch"
                 raise FetchRefused(f"refusing to {what} {target.url}: {exc}") from None
@@ -353,19 +370,19 @@ def get(url: str, *, max_bytes: int, timeout: float, policy: FetchPolicy | None 
                 response = conn.getresponse()
                 status = response.status
                 location = response.getheader("Location")
-                if status in REDIRECT_STATUSES and location:
+                if status in REDIRECT_STATUSES and location and method in FOLLOWED_METHODS:
                     if len(redirects) >= policy.max_redirects:
                         raise FetchRefused(f"more than {policy.max_redirects} redirects, last to {location!r}")
                     next_url = urllib.parse.urljoin(target.url, location)
                     target = _redirect_target(next_url)
                     redirects.append(next_url)
                     continue
-                body, truncated = _read_at_most(response, max_bytes, conn, deadline)
+                data, truncated = _read_at_most(response, max_bytes, conn, deadline)
                 return Response(
                     status=status,
                     content_type=response.getheader("Content-Type") or "(no content-type)",
                     charset=response.msg.get_content_charset() or "utf-8",
-                    body=body,
+                    body=data,
                     truncated=truncated,
                     url=target.url,
                     redirects=redirects,
@@ -390,7 +407,15 @@ def _redirect_target(url: str) -> Target:
         raise FetchRefused(f"refusing to follow a redirect to {url!r}: {exc}") from None
 
 
-def _open(target: Target, policy: FetchPolicy, deadline: Deadline) -> http.client.HTTPConnection:
+def _open(
+    target: Target,
+    policy: FetchPolicy,
+    deadline: Deadline,
+    *,
+    method: str = "GET",
+    extra: Mapping[str, str] | None = None,
+    body: bytes | None = None,
+) -> http.client.HTTPConnection:
     """Connect to the first checked address that answers, and send the request."""
     last: Exception | None = None
     for address in resolve(target, policy, deadline):
@@ -398,16 +423,9 @@ def _open(target: Target, policy: FetchPolicy, deadline: Deadline) -> http.clien
         try:
             conn.connect()
             deadline.watch(conn.sock)
-            conn.request(
-                "GET",
-                target.path,
-                headers={
-                    "User-Agent": USER_AGENT,
-                    "Accept": "*/*",
-                    "Accept-Encoding": "identity",
-                    "Connection": "close",
-                },
-            )
+            sent = {"User-Agent": USER_AGENT, "Accept": "*/*", **(extra or {})}
+            sent |= {"Accept-Encoding": "identity", "Connection": "close"}
+            conn.request(method, target.path, body=body, headers=sent)
             return conn
         except OSError as exc:
             conn.close()

@@ -6,7 +6,11 @@ for stdio); an agent version names the ones it uses. Registering is the operator
 caller's: a server is a command the worker starts or a URL it connects to with credentials,
 and neither may be chosen by whoever can create an agent (or by the model). Header and
 environment values may hold ``${secret:NAME}``, read on the worker from the deployment's
-secrets (``core.secrets``), never stored with the agent.
+secrets (``core.secrets``), never stored with the agent. A header value may also hold
+``${vault:NAME}``: the credential of the user the calling task acts for (``core.vault``), added
+only if it is bound to the server's host (a stdio server's environment may not: it has no host
+to bind one to). Listing a server's tools (an agent's creation) acts for no user: headers that
+refer to the vault are left out of it.
 
 A server's tools are listed when an agent version is created and pinned in it
 (``McpToolPin``). A call opens a session, calls, closes: no connection outlives a call, so
@@ -31,7 +35,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from agentq.core.errors import AgentqError
 from agentq.core.models import MCP_SERVER_PATTERN, McpToolPin
 from agentq.core.secrets import Secrets
-from agentq.core.tools._core import TOOL_NAME_PATTERN, ToolSpec
+from agentq.core.tools._core import TOOL_NAME_PATTERN, ToolContext, ToolSpec
+from agentq.core.tools.fetch import parse_target
+from agentq.core.vault import CredentialSource, expand
+from agentq.core.vault import references as vault_references
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
 LIST_TIMEOUT_SECONDS = 20.0
@@ -73,6 +80,8 @@ class McpServerConfig(BaseModel):
     def _one_transport(self) -> McpServerConfig:
         if (self.url is None) == (self.command is None):
             raise ValueError("give url (streamable HTTP) or command (stdio), not both")
+        if any(vault_references(v) for v in self.env.values()):
+            raise ValueError("env: ${vault:...} only in an http server's headers (a credential is bound to hosts)")
         return self
 
     @property
@@ -153,9 +162,19 @@ class McpServers:
         )
         return pins
 
-    def call(self, name: str, tool: str, arguments: dict[str, Any], *, may_have_run: bool) -> str:
-        """Call ``tool`` and return its text; an error result or a dropped call raises."""
+    def call(
+        self,
+        name: str,
+        tool: str,
+        arguments: dict[str, Any],
+        *,
+        may_have_run: bool,
+        credentials: CredentialSource | None = None,
+    ) -> str:
+        """Call ``tool`` and return its text; an error result or a dropped call raises.
+        ``credentials``: the calling task's vault, for headers that refer to it."""
         config = self.get(name)
+        headers = self._headers(config, credentials, for_call=True)
 
         async def calling(client: Any) -> str:
             result = await client.call_tool(tool, arguments, read_timeout_seconds=config.timeout_seconds)
@@ -164,11 +183,38 @@ class McpServers:
                 raise McpCallFailed(f"MCP server {name!r} answered {tool} with an error: {text or '(no detail)'}")
             return text
 
-        text: str = self._session(name, config, calling, config.timeout_seconds, may_have_run)
+        text: str = self._session(name, config, calling, config.timeout_seconds, may_have_run, headers)
         return text
 
+    def _headers(
+        self, config: McpServerConfig, credentials: CredentialSource | None, *, for_call: bool
+    ) -> dict[str, str]:
+        """The server's headers, secrets expanded; vault references expanded for the server's
+        host (a call), or left out (a listing, which acts for no user)."""
+        out = {}
+        for key, raw in config.headers.items():
+            value = raw
+            if vault_references(raw):
+                if not for_call:
+                    continue
+                if credentials is None:
+                    from agentq.core.vault import unavailable
+
+                    raise unavailable(vault_references(raw)[0], None, None)
+                assert config.url is not None
+                target = parse_target(config.url)
+                value = expand(raw, credentials, target.host, target.port)
+            out[key] = self.secrets.expand(value)
+        return out
+
     def _session(
-        self, name: str, config: McpServerConfig, work: Callable[[Any], Any], timeout: float, may_have_run: bool
+        self,
+        name: str,
+        config: McpServerConfig,
+        work: Callable[[Any], Any],
+        timeout: float,
+        may_have_run: bool,
+        headers: dict[str, str] | None = None,
     ) -> Any:
         import anyio
 
@@ -179,7 +225,8 @@ class McpServers:
             from mcp import Client
 
             with anyio.fail_after(timeout + 5):
-                async with Client(self._transport(config), read_timeout_seconds=timeout, mode="legacy") as client:
+                transport = self._transport(config, headers)
+                async with Client(transport, read_timeout_seconds=timeout, mode="legacy") as client:
                     opened = True
                     return await work(client)
 
@@ -202,12 +249,13 @@ class McpServers:
                 ) from None
             raise McpCallFailed(f"MCP server {name!r} failed: {detail}") from None
 
-    def _transport(self, config: McpServerConfig) -> Any:
+    def _transport(self, config: McpServerConfig, headers: dict[str, str] | None = None) -> Any:
         if config.url is not None:
             from mcp.client.streamable_http import streamable_http_client
             from mcp.shared._httpx_utils import create_mcp_http_client
 
-            headers = {k: self.secrets.expand(v) for k, v in config.headers.items()}
+            if headers is None:
+                headers = self._headers(config, None, for_call=False)
             return streamable_http_client(config.url, http_client=create_mcp_http_client(headers=headers))
         from mcp.client.stdio import StdioServerParameters, stdio_client
 
@@ -224,10 +272,13 @@ def mcp_tool_specs(pins: Iterable[McpToolPin], servers: McpServers | None) -> li
     specs = []
     for pin in pins:
 
-        def call(arguments: dict[str, Any], _pin: McpToolPin = pin) -> str:
+        def call(arguments: dict[str, Any], ctx: ToolContext | None = None, _pin: McpToolPin = pin) -> str:
             if servers is None:
                 raise McpUnreachable("this worker has no MCP servers configured")
-            return servers.call(_pin.server, _pin.name, arguments, may_have_run=not _pin.read_only)
+            credentials = ctx.credentials if ctx is not None else None
+            return servers.call(
+                _pin.server, _pin.name, arguments, may_have_run=not _pin.read_only, credentials=credentials
+            )
 
         timeout = (servers.servers[pin.server].timeout_seconds if servers and pin.server in servers.servers
                    else DEFAULT_TIMEOUT_SECONDS)  # fmt: skip
@@ -239,7 +290,7 @@ def mcp_tool_specs(pins: Iterable[McpToolPin], servers: McpServers | None) -> li
                 timeout_seconds=timeout + 10,  # the session's own deadline comes first
                 fn=call,
                 input_model=create_model(f"{pin.server}_{pin.name}_input"),
-                wants_context=None,
+                wants_context="ctx",
                 raw_schema=pin.input_schema,
             )
         )

@@ -1,0 +1,82 @@
+"""A task's credentials, as its tools reach them: the vault of the task's tenant and user, opened
+on this worker, each value handed to the redactor the moment it is opened.
+
+A user's credential of a name wins over the tenant's of the same name. Opening is lazy (a task
+that never uses a credential never decrypts one) and kept for the run: one read of the table
+and at most one KMS call per credential per run (the cipher caches data keys across runs).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from agentq.core.ports import VaultBook
+from agentq.core.vault import Cipher, Credential, CredentialInfo, HostBinding, context_for, unavailable, valid_name
+from agentq.observe.redaction import REDACTOR
+
+
+class TaskCredentials:
+    """``core.vault.CredentialSource`` for one run of one task."""
+
+    def __init__(self, vault: VaultBook, cipher: Cipher | None, tenant: str, user: str | None) -> None:
+        self.vault, self.cipher, self.tenant, self.user = vault, cipher, tenant, user
+        self._opened: dict[str, Credential] = {}
+        self._infos: list[CredentialInfo] | None = None
+        self._lock = threading.Lock()
+
+    def get(self, name: str, host: str | None = None) -> Credential:
+        """The credential ``name`` of the task's user (else its tenant's), or ``CredentialUnavailable``."""
+        with self._lock:
+            if name in self._opened:
+                return self._opened[name]
+        if not valid_name(name):
+            raise unavailable(name, self.user, host)
+        owner = self.user
+        stored = self.vault.get(self.tenant, owner, name) if owner is not None else None
+        if stored is None:
+            owner = None
+            stored = self.vault.get(self.tenant, None, name)
+        if stored is None or self.cipher is None:
+            raise unavailable(name, self.user, host)
+        secret = json.loads(self.cipher.open(stored.sealed, context_for(self.tenant, owner, name)))
+        credential = Credential(
+            name=name,
+            kind=stored.info.kind,
+            hosts=tuple(HostBinding.parse(h) for h in stored.info.hosts),
+            secret=secret["value"],
+            username=secret.get("username"),
+            header_name=stored.info.header,
+        )
+        REDACTOR.add(*credential.secret_forms())
+        with self._lock:
+            self._opened[name] = credential
+        return credential
+
+    @property
+    def opened(self) -> bool:
+        """Whether this run has opened any credential (its values are in the redactor)."""
+        return bool(self._opened)
+
+    def for_host(self, host: str, port: int) -> Credential | None:
+        """The credential the egress proxy adds for ``host:port``: the user's (then the tenant's)
+        one bound there, an exact binding before a pattern, then by name; None if none is."""
+        if self._infos is None:
+            mine = self.vault.listing(self.tenant, self.user) if self.user is not None else []
+            names = {i.name for i in mine}
+            self._infos = [*mine, *(i for i in self.vault.listing(self.tenant, None) if i.name not in names)]
+        bound = []
+        for info in self._infos:
+            bindings = [HostBinding.parse(h) for h in info.hosts]
+            hits = [b for b in bindings if b.matches(host, port)]
+            if hits:
+                bound.append((min(b.wildcard for b in hits), info.name))
+        if not bound or self.cipher is None:
+            return None
+        return self.get(min(bound)[1], host)
+
+    def has(self, name: str) -> bool:
+        """Whether the task's user (or tenant) has ``name`` now, read afresh (no decryption)."""
+        if self.user is not None and self.vault.get(self.tenant, self.user, name) is not None:
+            return True
+        return self.vault.get(self.tenant, None, name) is not None

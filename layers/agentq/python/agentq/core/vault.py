@@ -1,0 +1,357 @@
+"""Vaults: named credentials a task uses for its end user, which never reach the model.
+
+A credential belongs to a tenant, and to one of its users or to the whole tenant (``user``
+None: every user's tasks may use it, a user's own of the same name wins). It is an API key, a
+bearer token or basic auth, and it is *bound to the hosts it may be sent to* (``HostBinding``:
+exact hosts, or one narrow ``*.domain`` pattern; a pattern that matches everything is refused).
+It is written through the API (``control.vault``), stored only encrypted
+(``core.vault_crypto``), never read back (a listing gives names, hosts and dates), and used
+by reference only, at egress:
+
+- ``http_fetch`` and MCP servers' headers hold ``${vault:NAME}``, expanded on the worker for a
+  request to a bound host only (``TaskCredentials.expand``);
+- a tool asks ``ctx.credential("github")`` and gets a ``CredentialHandle``, a client that sends
+  the credential to its hosts and nowhere else (it has no way to read the value);
+- a workspace's processes reach a bound host through the egress proxy, which adds it to plain
+  HTTP requests (``core.tools.egress``; a ``CONNECT`` tunnel is passed without it).
+
+A value that comes back anyway (an API that echoes its ``Authorization`` header) is redacted
+before anything stores it (``observe.redaction``). A credential the task's user does not have
+is ``CredentialUnavailable``: a tool error that names it and the host, after which the model may
+call ``request_credential`` and the task pauses until the user adds it (``core.engine._approvals``).
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from typing import Annotated, Literal, Protocol
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+from agentq.core.endusers import MAX_USER_CHARS, USER_PATTERN, USER_RULE
+from agentq.core.errors import AgentqError
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+_NAME = re.compile(NAME_PATTERN[1:-1])  # fullmatch
+NAME_RULE = "1-64 characters: a lowercase letter or digit, then lowercase letters, digits, - or _"
+MIN_VALUE_CHARS = 8  # shorter values cannot be redacted without redacting ordinary text too
+MAX_VALUE_BYTES = 4096
+MAX_HOSTS = 10
+HEADER_PATTERN = r"^[A-Za-z0-9-]{1,64}$"
+DEFAULT_API_KEY_HEADER = "X-Api-Key"
+DEFAULT_PORTS = (80, 443)  # what a binding without a port allows (as the egress proxy's rules)
+REFERENCE = re.compile(r"\$\{vault:([^}]*)\}")
+REQUEST_CREDENTIAL_TOOL = "request_credential"
+
+Kind = Literal["bearer", "api_key", "basic"]
+
+_LABEL = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
+
+
+class CredentialUnavailable(AgentqError):
+    """The task's user has no credential of that name (or none bound to that host)."""
+
+    code = "credential_unavailable"
+
+
+class CredentialRefused(AgentqError):
+    """A credential asked to go where it is not bound: never sent."""
+
+    code = "credential_refused"
+
+
+class VaultUnavailable(AgentqError):
+    """This deployment has no vault key (``AGENTQ_VAULT_KMS_KEY`` or ``AGENTQ_VAULT_KEY_FILE``)."""
+
+    code = "vault_unavailable"
+
+
+def valid_name(value: object) -> bool:
+    return isinstance(value, str) and _NAME.fullmatch(value) is not None
+
+
+# --- hosts ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostBinding:
+    """Where a credential may go: ``host``, ``host:port``, ``*.domain[:port]``, an IP literal.
+
+    A pattern is one leading ``*.`` label over a domain of at least two labels
+    (``*.github.example.com``, ``*.example.com``); ``*``, ``*.com`` and a ``*`` anywhere else are
+    refused: a credential that may go anywhere is not bound. Without a port, ports 80 and 443."""
+
+    host: str  # lower case, no brackets, no leading "*."
+    wildcard: bool = False
+    port: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> HostBinding:
+        raw = text.strip().lower()
+        if not raw:
+            raise ValueError("a host may not be empty")
+        if raw.startswith("["):  # [v6] or [v6]:port
+            end = raw.find("]")
+            if end < 0:
+                raise ValueError(f"{text!r}: unclosed '['")
+            host, rest = raw[1:end], raw[end + 1 :]
+            if rest and not rest.startswith(":"):
+                raise ValueError(f"{text!r} is not host, host:port or [v6]:port")
+            return cls(_literal(host, text), False, _port(rest[1:], text) if rest else None)
+        if raw.count(":") > 1:  # a bare IPv6 address
+            return cls(_literal(raw, text))
+        host, _, port = raw.partition(":")
+        bound_port = _port(port, text) if port else None
+        try:
+            return cls(str(ipaddress.ip_address(host)), False, bound_port)
+        except ValueError:
+            pass
+        wildcard = host.startswith("*.")
+        name = host[2:] if wildcard else host
+        if "*" in name or host == "*":
+            raise ValueError(f"{text!r}: a pattern is one leading '*.' label over a domain, e.g. *.example.com")
+        labels = name.rstrip(".").split(".")
+        if not all(_LABEL.fullmatch(label) for label in labels) or len(name) > 253:
+            raise ValueError(f"{text!r} is not a host name")
+        if wildcard and len(labels) < 2:
+            raise ValueError(f"{text!r} matches every host of a top-level domain: bind a narrower pattern")
+        return cls(name.rstrip("."), wildcard, bound_port)
+
+    def matches(self, host: str, port: int) -> bool:
+        host = host.lower().rstrip(".").strip("[]")
+        if self.port is not None and port != self.port:
+            return False
+        if self.port is None and port not in DEFAULT_PORTS:
+            return False
+        if self.wildcard:
+            return host.endswith("." + self.host)
+        return host == self.host
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return ("*." if self.wildcard else "") + host + (f":{self.port}" if self.port is not None else "")
+
+
+def _literal(host: str, text: str) -> str:
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        raise ValueError(f"{text!r} is not a valid IP address") from None
+
+
+def _port(port: str, text: str) -> int:
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r}: the port must be 1..65535")
+    return int(port)
+
+
+def _bindings(hosts: list[str]) -> list[str]:
+    out = []
+    for i, text in enumerate(hosts):
+        try:
+            out.append(str(HostBinding.parse(text)))
+        except ValueError as exc:
+            raise ValueError(f"hosts[{i}]: {exc}") from None
+    if len(set(out)) != len(out):
+        raise ValueError("hosts: a host is named twice")
+    return out
+
+
+Hosts = Annotated[
+    list[str],
+    Field(min_length=1, max_length=MAX_HOSTS, description="the hosts it may be sent to: host, host:port or *.domain"),
+    AfterValidator(_bindings),
+]
+
+
+# --- what a caller writes, what it reads back -------------------------------------------------
+
+
+EndUser = Annotated[
+    str, Field(min_length=1, max_length=MAX_USER_CHARS, pattern=USER_PATTERN, description=f"an end user ({USER_RULE})")
+]
+
+
+class StrictModel(BaseModel):
+    """``core.models.strict.StrictModel``'s rule (an unknown field is refused), without importing
+    ``core.models``, which imports the tools that import this module."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def _fits(value: SecretStr) -> SecretStr:
+    raw = value.get_secret_value()
+    if len(raw) < MIN_VALUE_CHARS:
+        raise ValueError(f"at least {MIN_VALUE_CHARS} characters")
+    if len(raw.encode("utf-8")) > MAX_VALUE_BYTES:
+        raise ValueError(f"at most {MAX_VALUE_BYTES} bytes")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in raw):
+        raise ValueError("no control characters (it goes into an HTTP header)")
+    return value
+
+
+class CredentialWrite(StrictModel):
+    """A credential as the API takes it. ``value`` is a ``SecretStr`` and errors hide their
+    input: no repr, log line or validation error shows it."""
+
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+
+    user: EndUser | None = Field(default=None, description="the end user it belongs to; none: the whole tenant")
+    kind: Kind = "bearer"
+    value: Annotated[SecretStr, AfterValidator(_fits)] = Field(
+        description=f"the secret ({MIN_VALUE_CHARS}-{MAX_VALUE_BYTES} bytes); never readable back",
+    )
+    hosts: Hosts
+    header: str | None = Field(
+        default=None, pattern=HEADER_PATTERN, description=f"api_key only: the header that carries it "
+        f"(default {DEFAULT_API_KEY_HEADER})"
+    )  # fmt: skip
+    username: str | None = Field(default=None, min_length=1, max_length=256, description="basic only")
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> CredentialWrite:
+        if self.kind == "basic" and not self.username:
+            raise ValueError("username: basic auth needs a username")
+        if self.kind != "basic" and self.username is not None:
+            raise ValueError("username: only basic auth has a username")
+        if self.kind != "api_key" and self.header is not None:
+            raise ValueError("header: only an api_key names its header")
+        if self.username is not None and ":" in self.username:
+            raise ValueError("username: basic auth's username may not hold ':'")
+        return self
+
+
+class CredentialInfo(StrictModel):
+    """A credential as anyone may read it back: never its value."""
+
+    name: str
+    user: str | None = None
+    kind: Kind
+    hosts: list[str]
+    header: str | None = None
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """A credential's secret part as stored: AES-GCM ciphertext under a data key that is itself
+    stored only wrapped (by KMS, or locally by the key file's key)."""
+
+    ciphertext: bytes
+    nonce: bytes
+    wrapped_key: bytes
+    key_id: str
+
+
+def context_for(tenant: str, user: str | None, name: str) -> dict[str, str]:
+    """The encryption context of a sealed credential: whose it is, and its name."""
+    return {"agentq:tenant": tenant, "agentq:user": user or "-", "agentq:credential": name}
+
+
+class Cipher(Protocol):
+    """Seals and opens credentials (``core.vault_crypto.EnvelopeCipher``)."""
+
+    def seal(self, secret: bytes, context: dict[str, str]) -> Sealed: ...
+
+    def open(self, sealed: Sealed, context: dict[str, str]) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class StoredCredential:
+    info: CredentialInfo
+    sealed: Sealed
+
+
+# --- a credential in use ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Credential:
+    """A decrypted credential, on the worker only. Its repr shows no secret."""
+
+    name: str
+    kind: Kind
+    hosts: tuple[HostBinding, ...]
+    secret: str = field(repr=False)
+    username: str | None = field(default=None, repr=False)
+    header_name: str | None = None
+
+    def allows(self, host: str, port: int) -> bool:
+        return any(b.matches(host, port) for b in self.hosts)
+
+    def reference_value(self) -> str:
+        """What ``${vault:NAME}`` stands for: the token or key; for basic auth, the base64 of
+        ``username:password`` (so ``Authorization: Basic ${vault:NAME}``)."""
+        if self.kind == "basic":
+            return base64.b64encode(f"{self.username}:{self.secret}".encode()).decode()
+        return self.secret
+
+    def header(self) -> tuple[str, str]:
+        """The header a client or the egress proxy adds."""
+        if self.kind == "bearer":
+            return "Authorization", f"Bearer {self.secret}"
+        if self.kind == "basic":
+            return "Authorization", f"Basic {self.reference_value()}"
+        return self.header_name or DEFAULT_API_KEY_HEADER, self.secret
+
+    def secret_forms(self) -> list[str]:
+        """Every text that carries the secret, for the redactor."""
+        forms = [self.secret, self.reference_value()]
+        if self.username is not None:
+            forms.append(f"{self.username}:{self.secret}")
+        return forms
+
+    def where(self) -> str:
+        return ", ".join(str(b) for b in self.hosts)
+
+
+class CredentialSource(Protocol):
+    """The credentials of one task's user, as its tools reach them (``core.engine._credentials``)."""
+
+    def get(self, name: str, host: str | None = None) -> Credential: ...
+
+    def for_host(self, host: str, port: int) -> Credential | None: ...
+
+
+def unavailable(name: str, user: str | None, host: str | None) -> CredentialUnavailable:
+    who = f"user {user!r}" if user else "this task (it acts for no user) and its tenant"
+    at = f" for {host}" if host else ""
+    return CredentialUnavailable(
+        f"credential_unavailable: {who} has no credential {name!r}{at}. Ask for it with "
+        f"{REQUEST_CREDENTIAL_TOOL}(name={name!r}{f', host={host!r}' if host else ''}) if you may, "
+        "or go on without it",
+        field="credential",
+        credential=name,
+        host=host,
+    )
+
+
+def refused(credential: Credential, host: str, port: int) -> CredentialRefused:
+    return CredentialRefused(
+        f"credential {credential.name!r} is bound to {credential.where()}, not {host}:{port}: not sent",
+        field="credential",
+    )
+
+
+def expand(text: str, source: CredentialSource, host: str, port: int) -> str:
+    """``text`` with every ``${vault:NAME}`` replaced by the credential's value, for a request
+    to ``host:port`` only: a credential not bound there raises ``CredentialRefused``."""
+
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if not valid_name(name):
+            raise CredentialUnavailable(f"{name!r} is not a credential name ({NAME_RULE})", field="credential")
+        credential = source.get(name, host if port in DEFAULT_PORTS else f"{host}:{port}")
+        if not credential.allows(host, port):
+            raise refused(credential, host, port)
+        return credential.reference_value()
+
+    return REFERENCE.sub(one, text)
+
+
+def references(text: str) -> list[str]:
+    return REFERENCE.findall(text)

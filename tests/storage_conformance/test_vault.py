@@ -1,0 +1,39 @@
+"""The vault's items (``storage.vault.Vault``) on every backend: a tenant's and each user's
+credentials apart, a replacement keeping its creation time, sealed bytes back as written, and the
+notes of waiting tasks found by credential name only."""
+
+from __future__ import annotations
+
+from agentq.core.vault import Sealed
+from agentq.storage.container import Storage
+
+SEALED = Sealed(ciphertext=b"\x00\x01ct", nonce=b"n" * 12, wrapped_key=b"\xffwrapped", key_id="k")
+
+
+def test_credentials_are_kept_per_tenant_and_user_and_a_replacement_keeps_its_creation(backend: Storage) -> None:
+    vault = backend.vault
+    first = vault.put("t", "ann", "github", kind="bearer", hosts=["api.github.com"], header=None, sealed=SEALED)
+    vault.put("t", None, "github", kind="api_key", hosts=["*.example.com"], header="X-Key", sealed=SEALED)
+    vault.put("u", "ann", "github", kind="bearer", hosts=["x.example.com"], header=None, sealed=SEALED)
+    again = vault.put("t", "ann", "github", kind="bearer", hosts=["api.github.com:8443"], header=None, sealed=SEALED)
+    assert again.created_at == first.created_at and again.updated_at >= first.updated_at
+    assert [(c.name, c.hosts) for c in vault.listing("t", "ann")] == [("github", ["api.github.com:8443"])]
+    assert [(c.user, c.header) for c in vault.listing("t", None)] == [(None, "X-Key")]
+    assert vault.listing("t", "bob") == [] and [c.hosts for c in vault.listing("u", "ann")] == [["x.example.com"]]
+    stored = vault.get("t", "ann", "github")
+    assert stored is not None and stored.sealed == SEALED
+    assert vault.get("t", "bob", "github") is None
+    assert vault.delete("t", "ann", "github") is not None and vault.get("t", "ann", "github") is None
+    assert vault.delete("t", "ann", "github") is None
+
+
+def test_waiting_tasks_are_found_by_the_credential_they_wait_for(backend: Storage) -> None:
+    vault = backend.vault
+    vault.wait("t", "ann", "github", "task1", "call1")
+    vault.wait("t", "ann", "github", "task2", "call9")
+    vault.wait("t", "ann", "githubx", "task3", "call1")
+    vault.wait("t", "ann", "github", "task1", "call1")  # twice: one note
+    assert sorted(vault.waiters("t", "ann", "github")) == [("task1", "call1"), ("task2", "call9")]
+    assert vault.waiters("t", "bob", "github") == [] and vault.listing("t", "ann") == []  # notes are not credentials
+    vault.unwait("t", "ann", "github", "task1", "call1")
+    assert vault.waiters("t", "ann", "github") == [("task2", "call9")]

@@ -1,0 +1,492 @@
+"""The vault (``core.vault``, docs/VAULTS.md): credentials bound to hosts, sealed with envelope
+encryption (a key file, and KMS on the moto server), used by reference only (``http_fetch``'s
+headers, a tool's ``ctx.credential`` client, MCP headers, the egress proxy), redacted from every
+result, and a missing one a pause that the user's write ends. The API's refusals and the
+cross-tenant and cross-user probes are at the end; the marker scan with real processes is
+tests/test_vault_marker.py."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import string
+import urllib.parse
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from agentq.control import vault as control_vault
+from agentq.core.approval import credential_request_spec
+from agentq.core.engine import Engine, EngineConfig
+from agentq.core.engine._credentials import TaskCredentials
+from agentq.core.models import TaskStatus, ToolOutcome, ToolsStep
+from agentq.core.tools import ToolContext, ToolRegistry, tool
+from agentq.core.tools.builtin import http_fetch_tool
+from agentq.core.tools.egress import EgressProxy
+from agentq.core.tools.fetch import FetchPolicy, HostRule
+from agentq.core.tools.mcp import McpServerConfig, McpServers
+from agentq.core.vault import (
+    CredentialRefused,
+    CredentialUnavailable,
+    CredentialWrite,
+    HostBinding,
+    VaultUnavailable,
+    context_for,
+)
+from agentq.core.vault_crypto import EnvelopeCipher, KmsDataKeys, LocalDataKeys
+from agentq.observe.redaction import REDACTED, Redactor, spellings
+from agentq.storage.container import Storage, memory_storage
+
+from tests.api_support import ApiStack
+from tests.helpers import scripted
+from tests.vault_support import EchoServer, echo_server
+
+MATCH_ALL = ["*", "*.*", "*.com", "*.io", "**.example.com", "a*.example.com", "*.exa*mple.com", "*:443", "*.", ""]
+NARROW = ["api.github.com", "*.github.example.com", "*.example.com", "10.0.0.7:8080", "[::1]:9000", "svc:8443"]
+
+
+def _marker() -> str:
+    return "MRK" + uuid.uuid4().hex + "Z"
+
+
+class Queues:
+    """What control.vault.put sends its woken tasks to (the tests' stand-in for SQS)."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def send(self, task_id: str, *_: Any, **__: Any) -> None:
+        self.sent.append(task_id)
+
+
+@pytest.fixture
+def cipher(tmp_path: Path) -> EnvelopeCipher:
+    return EnvelopeCipher(LocalDataKeys.from_file(tmp_path / "vault.key"))
+
+
+@pytest.fixture
+def echo() -> Iterator[EchoServer]:
+    with echo_server() as server:
+        yield server
+
+
+def _put(store: Storage, cipher: EnvelopeCipher, name: str, value: str, hosts: list[str], **fields: Any) -> None:
+    write = CredentialWrite.model_validate({"value": value, "hosts": hosts, **fields})
+    control_vault.put(store, Queues(), cipher, "t", name, write)  # type: ignore[arg-type]
+
+
+def _results(store: Storage, task_id: str) -> list[ToolOutcome]:
+    return [r for s in store.steps.load(task_id) if isinstance(s.body, ToolsStep) for r in s.body.results]
+
+
+def _use(tool_name: str, **inputs: Any) -> dict[str, Any]:
+    return {"name": tool_name, "input": inputs}
+
+
+# --- hosts and values ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pattern", MATCH_ALL)
+def test_a_binding_that_matches_everything_or_a_whole_top_level_domain_is_refused(pattern: str) -> None:
+    with pytest.raises(ValueError):
+        HostBinding.parse(pattern)
+
+
+def test_a_narrow_binding_matches_its_hosts_only_on_its_ports() -> None:
+    rng = random.Random(7)
+    for _ in range(300):
+        label = "".join(rng.choices(string.ascii_lowercase, k=rng.randint(1, 8)))
+        exact = HostBinding.parse("api.github.com")
+        pattern = HostBinding.parse("*.example.com")
+        assert pattern.matches(f"{label}.example.com", 443) and pattern.matches(f"{label}.x.example.com", 80)
+        assert not pattern.matches(f"{label}example.com", 443) and not pattern.matches("example.com", 443)
+        assert not pattern.matches(f"{label}.example.com.evil.io", 443)
+        assert not exact.matches(f"{label}.api.github.com", 443) and not exact.matches("api.github.com", 8443)
+    assert HostBinding.parse("10.0.0.7:8080").matches("10.0.0.7", 8080)
+    assert not HostBinding.parse("10.0.0.7:8080").matches("10.0.0.7", 80)
+    assert [str(HostBinding.parse(h)) for h in NARROW] == NARROW
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"hosts": []}, "hosts"),
+        ({"hosts": ["*"]}, "hosts"),
+        ({"hosts": ["*.com"]}, "hosts"),
+        ({"value": "short"}, "value"),
+        ({"value": "x" * 4097}, "value"),
+        ({"value": "line\nbreak-value"}, "value"),
+        ({"kind": "basic"}, "username"),
+        ({"header": "X-Key"}, "header"),
+    ],
+)
+def test_a_bad_write_is_refused_naming_the_field_and_never_echoes_the_value(fields: dict[str, Any], field: str) -> None:
+    body = {"value": "s3cr3t-value-123", "hosts": ["api.github.com"], **fields}
+    with pytest.raises(Exception) as caught:
+        CredentialWrite.model_validate(body)
+    assert field in str(caught.value) and str(body["value"]) not in str(caught.value)
+
+
+# --- sealing --------------------------------------------------------------------------------------
+
+
+def test_a_sealed_credential_opens_only_under_its_owners_name(cipher: EnvelopeCipher) -> None:
+    secret = _marker().encode()
+    sealed = cipher.seal(secret, context_for("t", "ann", "github"))
+    assert secret not in sealed.ciphertext + sealed.wrapped_key + sealed.nonce
+    assert cipher.open(sealed, context_for("t", "ann", "github")) == secret
+    for other in (context_for("t", "bob", "github"), context_for("u", "ann", "github"), context_for("t", "ann", "x")):
+        with pytest.raises(VaultUnavailable):
+            EnvelopeCipher(cipher.keys).open(sealed, other)
+
+
+def test_kms_envelope_on_the_moto_server_binds_the_owner_and_caches_the_data_key(moto_server: Any) -> None:
+    kms = boto3.client("kms", endpoint_url=moto_server.endpoint_url, region_name="us-east-1")
+    key_id = kms.create_key(Description="agentq vault test")["KeyMetadata"]["KeyId"]
+    keys = KmsDataKeys(kms, key_id)
+    cipher = EnvelopeCipher(keys)
+    secret = _marker().encode()
+    sealed = cipher.seal(secret, context_for("t", "ann", "github"))
+    assert keys.calls == 1 and secret not in sealed.ciphertext
+    fresh = EnvelopeCipher(keys)
+    assert fresh.open(sealed, context_for("t", "ann", "github")) == secret
+    assert fresh.open(sealed, context_for("t", "ann", "github")) == secret
+    assert keys.calls == 2 and (fresh.hits, fresh.misses) == (1, 1)  # the second use made no KMS call
+    with pytest.raises(VaultUnavailable, match="KMS would not unwrap"):
+        EnvelopeCipher(keys).open(sealed, context_for("t", "bob", "github"))
+
+
+def test_the_table_holds_no_value_in_the_clear(cipher: EnvelopeCipher) -> None:
+    store = memory_storage()
+    marker = _marker()
+    _put(store, cipher, "github", marker, ["api.github.com"], user="ann")
+    dumped = json.dumps(list(store.table._items.values()), default=str)  # type: ignore[attr-defined]
+    assert marker not in dumped and base64.b64encode(marker.encode()).decode() not in dumped
+    [info] = store.vault.listing("t", "ann")
+    assert info.name == "github" and info.hosts == ["api.github.com"] and marker not in info.model_dump_json()
+
+
+# --- redaction ------------------------------------------------------------------------------------
+
+
+def test_every_spelling_of_a_value_is_redacted_wherever_it_sits_in_a_text() -> None:
+    rng = random.Random(11)
+    for _ in range(200):
+        value = "".join(rng.choices(string.ascii_letters + string.digits + "-_+/=:.", k=rng.randint(8, 60)))
+        redactor = Redactor()
+        redactor.add(value)
+        prefix = "".join(rng.choices(string.printable, k=rng.randint(0, 20)))
+        raw = f"{prefix}{value}{prefix}"
+        carriers = [
+            raw,
+            urllib.parse.quote(raw, safe=""),
+            urllib.parse.quote_plus(raw),
+            json.dumps({"x": raw}),
+            base64.b64encode(raw.encode()).decode(),
+            base64.urlsafe_b64encode(raw.encode()).decode(),
+        ]
+        for text in carriers:
+            cleaned = redactor.redact(text)
+            assert REDACTED in cleaned, (value, text)
+            assert not any(s in cleaned for s in spellings(value)), (value, text)
+    assert Redactor().redact("nothing to hide here") == "nothing to hide here"
+
+
+# --- use at egress --------------------------------------------------------------------------------
+
+
+def _engine(store: Storage, cipher: EnvelopeCipher, echo: EchoServer, *extra: Any) -> Engine:
+    policy = FetchPolicy(allow=(HostRule.parse(echo.host), HostRule.parse("127.0.0.1")))
+    tools = ToolRegistry([http_fetch_tool(policy), credential_request_spec(), *extra])
+    return Engine(store, worker_id="w", tools=tools, config=EngineConfig(lease_seconds=10), cipher=cipher)
+
+
+def test_http_fetch_sends_a_referenced_credential_to_its_host_and_the_echo_comes_back_redacted(
+    cipher: EnvelopeCipher, echo: EchoServer
+) -> None:
+    store, marker = memory_storage(), _marker()
+    _put(store, cipher, "github", marker, [echo.host], user="ann")
+    fetch = _use("http_fetch", url=echo.url("/me"), headers={"Authorization": "Bearer ${vault:github}"})
+    sub = scripted([{"text": "", "tool_calls": [fetch]}, {"text": "done"}], tools=["http_fetch"])
+    task = store.tasks.create(sub.model_copy(update={"user": "ann"}), tenant="t")
+    assert _engine(store, cipher, echo).run(task.task_id).status is TaskStatus.SUCCEEDED
+    assert echo.requests[0]["authorization"] == f"Bearer {marker}"
+    [result] = _results(store, task.task_id)
+    assert not result.is_error and "Bearer [redacted credential]" in result.content
+    assert marker not in result.content and base64.b64encode(marker.encode()).decode()[:16] not in result.content
+
+
+def test_a_redirect_to_a_host_the_credential_is_not_bound_to_carries_no_credential(
+    cipher: EnvelopeCipher, echo: EchoServer
+) -> None:
+    store, marker = memory_storage(), _marker()
+    with echo_server() as elsewhere:
+        _put(store, cipher, "github", marker, [echo.host])
+        away = echo.url("/redirect?to=" + urllib.parse.quote(elsewhere.url("/landed"), safe=""))
+        fetch = _use("http_fetch", url=away, headers={"Authorization": "Bearer ${vault:github}", "X-Plain": "kept"})
+        policy = FetchPolicy(allow=(HostRule.parse(echo.host), HostRule.parse(elsewhere.host)))
+        tools = ToolRegistry([http_fetch_tool(policy)])
+        task = store.tasks.create(scripted([{"text": "", "tool_calls": [fetch]}, {"text": "ok"}],
+                                           tools=["http_fetch"]), tenant="t")  # fmt: skip
+        Engine(store, worker_id="w", tools=tools, cipher=cipher).run(task.task_id)
+        assert echo.requests[0]["authorization"] == f"Bearer {marker}"
+        assert "authorization" not in elsewhere.requests[0] and elsewhere.requests[0]["x-plain"] == "kept"
+    # To a host it is not bound to at all: refused, nothing sent.
+    source = TaskCredentials(store.vault, cipher, "t", None)
+    from agentq.core.vault import expand
+
+    with pytest.raises(CredentialRefused, match="not sent"):
+        expand("Bearer ${vault:github}", source, "evil.example.com", 443)
+
+
+@tool
+def leaky(url: str, ctx: ToolContext) -> str:
+    """Calls a URL with the user's github credential and returns what came back, and its repr."""
+    handle = ctx.credential("github")
+    response = handle.get(url)
+    return f"{handle!r} {response.status} {response.body.decode()}"
+
+
+def test_a_tools_credential_client_sends_only_to_its_hosts_and_its_echo_is_redacted(
+    cipher: EnvelopeCipher, echo: EchoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, marker = memory_storage(), _marker()
+    _put(store, cipher, "github", marker, [echo.host], user="ann")
+    with echo_server() as other:
+        # The client goes through the deployment's SSRF guard: loopback only where it allows it.
+        monkeypatch.setenv("AGENTQ_HTTP_FETCH_ALLOW", f"{echo.host},{other.host}")
+        calls = [_use("leaky", url=echo.url("/ok")), _use("leaky", url=other.url("/nope"))]
+        sub = scripted([{"text": "", "tool_calls": calls}, {"text": "done"}], tools=["leaky"])
+        task = store.tasks.create(sub.model_copy(update={"user": "ann"}), tenant="t")
+        _engine(store, cipher, echo, leaky).run(task.task_id)
+        assert other.requests == []  # refused before anything was sent
+    ok, refused = _results(store, task.task_id)
+    assert echo.requests[0]["authorization"] == f"Bearer {marker}"
+    assert "CredentialHandle('github'" in ok.content and marker not in ok.content and REDACTED in ok.content
+    assert refused.is_error and "credential_refused" not in refused.content and "not sent" in refused.content
+
+
+def test_another_users_or_tenants_credential_is_unavailable_to_a_task(cipher: EnvelopeCipher) -> None:
+    store = memory_storage()
+    _put(store, cipher, "github", _marker(), ["api.github.com"], user="ann")
+    for tenant, user in (("t", "bob"), ("other", "ann"), ("t", None)):
+        with pytest.raises(CredentialUnavailable, match="credential_unavailable"):
+            TaskCredentials(store.vault, cipher, tenant, user).get("github")
+    assert TaskCredentials(store.vault, cipher, "t", "ann").get("github").name == "github"
+    _put(store, cipher, "crm", _marker(), ["crm.example.com"])  # the tenant's own: every user's tasks
+    assert TaskCredentials(store.vault, cipher, "t", "bob").get("crm").name == "crm"
+
+
+def test_the_egress_proxy_adds_the_credential_to_plain_http_and_refuses_to_inject_into_a_tunnel(
+    cipher: EnvelopeCipher, echo: EchoServer
+) -> None:
+    import socket
+
+    store, marker = memory_storage(), _marker()
+    _put(store, cipher, "github", marker, [echo.host], user="ann")
+    source = TaskCredentials(store.vault, cipher, "t", "ann")
+    proxy = EgressProxy([HostRule.parse(echo.host)], FetchPolicy(allow=(HostRule.parse(echo.host),)),
+                        credentials=source)  # fmt: skip
+    try:
+        for head in (
+            f"GET {echo.url('/a')} HTTP/1.1\r\nHost: {echo.host}\r\nAuthorization: Bearer forged\r\n\r\n",
+            f"CONNECT {echo.host} HTTP/1.1\r\nHost: {echo.host}\r\n\r\n",
+        ):
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.connect(proxy.path)
+                sock.sendall(head.encode())
+                if head.startswith("CONNECT"):
+                    assert sock.recv(100).startswith(b"HTTP/1.1 200")
+                    sock.sendall(f"GET /tunnelled HTTP/1.1\r\nHost: {echo.host}\r\nConnection: close\r\n\r\n".encode())
+                while sock.recv(65536):
+                    pass
+    finally:
+        proxy.close()
+    plain, tunnelled = echo.requests
+    assert plain["authorization"] == f"Bearer {marker}"  # the process's own header was replaced
+    assert "authorization" not in tunnelled and proxy.injected == 1
+    assert any("not added to a CONNECT tunnel" in r for r in proxy.refused)
+
+
+def test_an_mcp_servers_header_takes_a_vault_reference_for_its_host_only(cipher: EnvelopeCipher) -> None:
+    store, marker = memory_storage(), _marker()
+    _put(store, cipher, "crm", marker, ["mcp.example.com"], user="ann")
+    source = TaskCredentials(store.vault, cipher, "t", "ann")
+    servers = McpServers({
+        "crm": McpServerConfig(url="https://mcp.example.com/mcp", headers={"Authorization": "Bearer ${vault:crm}"}),
+        "evil": McpServerConfig(url="https://evil.example.org/mcp", headers={"Authorization": "Bearer ${vault:crm}"}),
+    })  # fmt: skip
+    assert servers._headers(servers.get("crm"), source, for_call=True) == {"Authorization": f"Bearer {marker}"}
+    assert servers._headers(servers.get("crm"), None, for_call=False) == {}  # a listing acts for no user
+    with pytest.raises(CredentialRefused):
+        servers._headers(servers.get("evil"), source, for_call=True)
+    with pytest.raises(ValueError, match="only in an http server's headers"):
+        McpServerConfig(command=["srv"], env={"TOKEN": "${vault:crm}"})
+
+
+# --- a missing credential is a pause --------------------------------------------------------------
+
+
+def test_a_missing_credential_is_a_tool_error_then_a_pause_that_the_users_write_ends(
+    cipher: EnvelopeCipher, echo: EchoServer
+) -> None:
+    store, marker, queues = memory_storage(), _marker(), Queues()
+    fetch = _use("http_fetch", url=echo.url("/x"), headers={"Authorization": "Bearer ${vault:github}"})
+    ask = _use("request_credential", name="github", host=echo.host)
+    turns = [{"text": "", "tool_calls": [fetch]}, {"text": "", "tool_calls": [ask]},
+             {"text": "", "tool_calls": [fetch]}, {"text": "done"}]  # fmt: skip
+    sub = scripted(turns, tools=["http_fetch", "request_credential"]).model_copy(update={"user": "ann"})
+    task = store.tasks.create(sub, tenant="t")
+    engine = _engine(store, cipher, echo)
+    assert engine.run(task.task_id).status is TaskStatus.PAUSED
+    [missing] = _results(store, task.task_id)
+    assert missing.is_error and "credential_unavailable" in missing.content and "'github'" in missing.content
+    assert echo.host in missing.content
+    [asked] = store.approvals.list(task.task_id)
+    assert asked.state == "pending" and asked.credential == {"name": "github", "host": echo.host}
+    head = store.events.head(task.task_id)
+    assert head is not None
+    events = [e for e in store.events.read(task.task_id, head, None) if e.type == "approval.requested"]
+    assert events and events[-1].data["credential"] == {"name": "github", "host": echo.host}
+    # Another user's write wakes nothing; ann's does.
+    write = CredentialWrite.model_validate({"value": _marker(), "hosts": [echo.host], "user": "bob"})
+    control_vault.put(store, queues, cipher, "t", "github", write)  # type: ignore[arg-type]
+    assert queues.sent == [] and store.tasks.get(task.task_id).status is TaskStatus.PAUSED
+    write = CredentialWrite.model_validate({"value": marker, "hosts": [echo.host], "user": "ann"})
+    control_vault.put(store, queues, cipher, "t", "github", write)  # type: ignore[arg-type]
+    assert queues.sent == [task.task_id] and store.tasks.get(task.task_id).status is TaskStatus.QUEUED
+    assert store.vault.waiters("t", "ann", "github") == [] and store.vault.waiters("t", None, "github") == []
+    assert engine.run(task.task_id).status is TaskStatus.SUCCEEDED
+    _, granted, fetched = _results(store, task.task_id)
+    assert "available now" in granted.content and not fetched.is_error
+    assert echo.requests[-1]["authorization"] == f"Bearer {marker}"
+
+
+def test_asking_for_a_credential_the_user_already_has_does_not_pause(cipher: EnvelopeCipher, echo: EchoServer) -> None:
+    store = memory_storage()
+    _put(store, cipher, "github", _marker(), [echo.host], user="ann")
+    sub = scripted([{"text": "", "tool_calls": [_use("request_credential", name="github")]}, {"text": "ok"}],
+                   tools=["request_credential"]).model_copy(update={"user": "ann"})  # fmt: skip
+    task = store.tasks.create(sub, tenant="t")
+    assert _engine(store, cipher, echo).run(task.task_id).status is TaskStatus.SUCCEEDED
+    assert store.approvals.list(task.task_id) == []
+
+
+# --- the API --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "field"),
+    [
+        ("/vault/credentials/github", {"hosts": ["api.github.com"]}, 422, "value"),
+        ("/vault/credentials/github", {"value": "v" * 12, "hosts": []}, 422, "hosts"),
+        ("/vault/credentials/github", {"value": "v" * 12, "hosts": ["*"]}, 422, "hosts"),
+        ("/vault/credentials/github", {"value": "v" * 12, "hosts": ["*.com"]}, 422, "hosts"),
+        ("/vault/credentials/github", {"value": "v" * 5000, "hosts": ["a.example.com"]}, 422, "value"),
+        ("/vault/credentials/Not%20A%20Name", {"value": "v" * 12, "hosts": ["a.example.com"]}, 422, "name"),
+        ("/vault/credentials/github", {"value": "v" * 12, "hosts": ["a.example.com"], "user": "a#b"}, 422, "user"),
+        ("/vault/credentials/github", {"value": "v" * 12, "hosts": ["a.example.com"], "extra": 1}, 422, "extra"),
+    ],
+)
+def test_a_bad_write_over_http_is_a_4xx_naming_the_field_and_stores_nothing(
+    api_stack: ApiStack, path: str, body: dict[str, Any], status: int, field: str
+) -> None:
+    tenant_key = api_stack.stack.create_api_key(f"vault-{uuid.uuid4().hex[:8]}")
+    got, answer, _ = api_stack.http("PUT", path, body, key=tenant_key)
+    assert got == status and answer["error"]["field"] == field, answer
+    assert str(body.get("value", "")) not in json.dumps(answer) or not body.get("value")
+    assert api_stack.http("GET", "/vault/credentials", key=tenant_key)[1]["credentials"] == []
+
+
+def test_no_tenant_or_user_reads_lists_or_deletes_anothers_credentials_and_no_answer_holds_a_value(
+    api_stack: ApiStack,
+) -> None:
+    """Probes with real keys and real tokens of the stack's OIDC issuer: a key that may name users
+    writes ann's credential; bob's token, another tenant's key and a key that may not name users
+    neither list, read nor delete it; ann's token sees it and may name no one else."""
+    stack, marker = api_stack.stack, _marker()
+    backend = stack.create_api_key("team-a", act_for_users=True)
+    ann, bob = f"ann-{uuid.uuid4().hex[:6]}", f"bob-{uuid.uuid4().hex[:6]}"
+    status, made, _ = api_stack.http("PUT", "/vault/credentials/github",
+                                     {"value": marker, "hosts": ["api.github.com"], "user": ann}, key=backend)  # fmt: skip
+    assert status == 200 and made["name"] == "github" and made["user"] == ann and marker not in json.dumps(made)
+    mine = api_stack.http("GET", f"/vault/credentials?user={ann}", key=backend)[1]
+    assert [c["name"] for c in mine["credentials"]] == ["github"] and marker not in json.dumps(mine)
+    assert api_stack.http("GET", f"/vault/credentials?user={bob}", key=backend)[1]["credentials"] == []
+    assert api_stack.http("GET", "/vault/credentials", key=backend)[1]["credentials"] == []  # the tenant's own: none
+    # Another tenant (even one allowed to name users) sees and deletes nothing.
+    foreign = stack.create_api_key("team-b", act_for_users=True)
+    assert api_stack.http("GET", f"/vault/credentials?user={ann}", key=foreign)[1]["credentials"] == []
+    status, gone, _ = api_stack.http("DELETE", f"/vault/credentials/github?user={ann}", key=foreign)
+    assert status == 404 and gone["error"]["code"] == "credential_not_found"
+    # A key that may not name users: 403 naming user.
+    status, refused, _ = api_stack.http("GET", f"/vault/credentials?user={ann}")
+    assert status == 403 and refused["error"]["field"] == "user"
+    # Tokens: bob's sees none of ann's and may not name her; ann's sees hers.
+    bob_token, ann_token = stack.token(user=bob, tenant="team-a"), stack.token(user=ann, tenant="team-a")
+    assert api_stack.http("GET", "/vault/credentials", key=bob_token)[1]["credentials"] == []
+    status, refused, _ = api_stack.http("GET", f"/vault/credentials?user={ann}", key=bob_token)
+    assert status == 403 and refused["error"]["field"] == "user"
+    assert api_stack.http("DELETE", "/vault/credentials/github", key=bob_token)[0] == 404
+    assert [c["name"] for c in api_stack.http("GET", "/vault/credentials", key=ann_token)[1]["credentials"]] == [
+        "github"
+    ]
+    assert api_stack.http("GET", "/openapi.json")[1]["paths"]["/vault/credentials"]  # documented
+    status, deleted, _ = api_stack.http("DELETE", "/vault/credentials/github", key=ann_token)
+    assert status == 200 and deleted["name"] == "github"
+    assert api_stack.http("GET", f"/vault/credentials?user={ann}", key=backend)[1]["credentials"] == []
+
+
+def test_a_caller_whose_token_names_a_user_acts_for_that_user_only(tmp_path: Path) -> None:
+    from agentq.api.app import build_app
+    from agentq.core.tools import default_registry
+
+    store = memory_storage()
+    app = build_app(store, default_registry(), Queues(), cipher=EnvelopeCipher(LocalDataKeys.from_file(tmp_path / "k")))  # type: ignore[arg-type]
+
+    def call(method: str, path: str, body: Any = None, query: dict[str, str] | None = None) -> tuple[int, Any]:
+        event = {
+            "httpMethod": method, "path": path, "resource": path, "headers": {"Content-Type": "application/json"},
+            "queryStringParameters": query, "body": json.dumps(body) if body is not None else None,
+            "requestContext": {"authorizer": {"tenant": "t", "user": "ann"}, "httpMethod": method, "path": path,
+                               "resourcePath": path, "stage": "v1"},
+        }  # fmt: skip
+        answer = app.resolve(event, None)
+        return answer["statusCode"], json.loads(answer["body"])
+
+    body = {"value": _marker(), "hosts": ["api.github.com"]}
+    assert call("PUT", "/vault/credentials/github", {**body, "user": "bob"})[0] == 403
+    status, made = call("PUT", "/vault/credentials/github", body)
+    assert status == 200 and made["user"] == "ann"  # no user named: the token's
+    assert call("GET", "/vault/credentials", query={"user": "bob"})[0] == 403
+    assert [c["name"] for c in call("GET", "/vault/credentials")[1]["credentials"]] == ["github"]
+    assert store.vault.listing("t", "bob") == []
+
+
+def test_agentq_vault_put_list_delete_reads_the_value_from_stdin_never_the_command_line(
+    api_stack: ApiStack, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+
+    from agentq.cli.main import main
+
+    marker, user = _marker(), f"cli-{uuid.uuid4().hex[:6]}"
+    monkeypatch.setattr("sys.stdin", io.StringIO(marker + "\n"))
+    target = ["--url", api_stack.url, "--api-key", api_stack.stack.create_api_key("team-a", act_for_users=True)]
+    assert main(["vault", "put", "github", "--user", user, "--host", "api.github.com", *target]) == 0
+    assert main(["vault", "list", "--user", user, *target]) == 0
+    monkeypatch.setenv("VAULT_TEST_VALUE", _marker())
+    assert main(["vault", "put", "crm", "--user", user, "--host", "*.crm.example.com", "--kind", "api-key",
+                 "--header", "X-Crm-Key", "--value-env", "VAULT_TEST_VALUE", *target]) == 0  # fmt: skip
+    assert main(["vault", "delete", "crm", "--user", user, *target]) == 0
+    out = capsys.readouterr().out
+    assert "stored github (bearer)" in out and "github  bearer  api.github.com" in out and marker not in out
+    assert "deleted crm" in out
+    assert [c.name for c in __import__("agentq").Client(api_stack.url, target[-1]).list_credentials(user)] == ["github"]
+    assert os.environ["VAULT_TEST_VALUE"] not in out
