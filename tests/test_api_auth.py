@@ -238,7 +238,8 @@ def test_the_authorizer_s_cold_import_and_first_call_stay_light(
     assert {m for m in imported if m.startswith("agentq.")} == {
         "agentq.api", "agentq.api.auth", "agentq.api.oidc", "agentq.aws", "agentq.core", "agentq.core.endusers",
         "agentq.core.errors", "agentq.core.status",
-        "agentq.observe", "agentq.observe.correlation", "agentq.observe.logs", "agentq.storage", "agentq.storage.api_keys",
+        "agentq.observe", "agentq.observe.correlation", "agentq.observe.logs", "agentq.observe.redaction",
+        "agentq.storage", "agentq.storage.api_keys",
         "agentq.storage.dynamodb", "agentq.storage.keys", "agentq.storage.table",
     }  # fmt: skip
     assert {m for m in after_call if m.startswith("agentq.")} == {m for m in imported if m.startswith("agentq.")}
