@@ -199,3 +199,37 @@ def test_a_schedule_names_a_user_only_from_a_key_allowed_to(api_stack: ApiStack)
     allowed = api_stack.stack.create_api_key("eu-sched", act_for_users=True)
     status, answer, _ = api_stack.http("POST", "/schedules", spec, key=allowed)
     assert status == 201, answer
+
+
+def test_the_spend_a_token_reads_is_its_users_only_and_a_key_may_read_any_users(api_stack: ApiStack) -> None:
+    """GET /usage/spend: a token's user reads the trees acting for it, never the tenant's sum or
+    another user's (403 naming user); a key reads the tenant's, or one user's with ?user=."""
+    api = api_stack
+    alice = api.stack.token(user="alice", tenant="eu-spend")
+    bob = api.stack.token(user="bob", tenant="eu-spend")
+    key = api.stack.create_api_key("eu-spend")
+    mine = [api.submit(SCRIPTED, key=alice) for _ in range(2)] + [api.submit(SCRIPTED, key=bob)]
+    for task_id, token in zip(mine, [alice, alice, bob], strict=True):
+        api.until(task_id, lambda v: v["status"] == "succeeded", key=token)
+    used = {t: api.until(t, lambda v: v["status"] == "succeeded", key=key)["budget"]["used"] for t in mine}
+
+    def spend(token: str, query: str = "") -> tuple[int, dict[str, Any]]:
+        status, answer, _ = api.http("GET", f"/usage/spend?hours=1{query}", key=token)
+        return status, answer
+
+    status, alices = spend(alice)
+    assert status == 200 and alices["user"] == "alice" and alices["trees"] == 2, alices
+    assert alices["known_tokens"] == used[mine[0]] + used[mine[1]] > 0
+    named = spend(alice, "&user=alice")[1]
+    assert {**named, "since": 0} == {**alices, "since": 0}  # naming itself: the same
+    status, refused = spend(alice, "&user=bob")
+    assert status == 403 and refused["error"]["field"] == "user", refused
+    status, bobs = spend(bob)
+    assert (status, bobs["trees"], bobs["known_tokens"]) == (200, 1, used[mine[2]])
+    status, tenants = spend(key)
+    assert (status, tenants["user"], tenants["trees"]) == (200, None, 3)
+    assert tenants["known_tokens"] == sum(used.values())
+    status, by_key = spend(key, "&user=bob")
+    assert (status, by_key["user"], by_key["trees"], by_key["known_tokens"]) == (200, "bob", 1, used[mine[2]])
+    status, bad = spend(key, "&user=-no")
+    assert status == 422 and "user" in str(bad["error"]), bad

@@ -100,10 +100,11 @@ class Client(HttpClient):
     def health(self) -> Health:
         return self._get(Health, "/health")
 
-    def spend(self, hours: float = 24) -> SpendView:
+    def spend(self, hours: float = 24, user: str | None = None) -> SpendView:
         """What this tenant's task trees spent in the last ``hours``, known and unknown apart
         (``GET /usage/spend``)."""
-        return self._get(SpendView, f"/usage/spend?hours={hours:g}")
+        query = {"hours": f"{hours:g}", **({"user": user} if user is not None else {})}
+        return self._get(SpendView, f"/usage/spend?{urllib.parse.urlencode(query)}")
 
     def breakers(self) -> BreakersView:
         """The fleet's circuit breakers per provider and model (``GET /breakers``)."""

@@ -57,6 +57,7 @@ def spend_lines(view: Any, hours: float) -> list[str]:
     """The window's spend: known, then unknown (with what it means), in tokens and dollars."""
     lines = [
         f"{view.trees} task tree(s) started in the last {hours:g} h"
+        + (f" acting for {view.user}" if view.user else "")
         + ("" if view.complete else " (the newest 1,000; the window held more)"),
         f"known    {view.known_tokens:,} tokens  ${view.known_usd}  (reported by the provider)",
     ]
@@ -69,7 +70,7 @@ def spend_lines(view: Any, hours: float) -> list[str]:
 
 
 def _cmd_spend(args: argparse.Namespace) -> int:
-    view = api_client(args).spend(args.hours)
+    view = api_client(args).spend(args.hours, user=args.user)
     if args.json:
         dump(view)
     else:
@@ -99,6 +100,7 @@ def register(sub: Any) -> None:
         )
     )
     spend.add_argument("--hours", type=_hours, default=24.0, help="the window, in hours back from now (default 24)")
+    spend.add_argument("--user", metavar="USER", help="only the trees acting for this end user")
     spend.set_defaults(func=_cmd_spend)
 
 

@@ -36,15 +36,18 @@ class TenantSpend:
     complete: bool  # False: the window held more than MAX_TREES trees; these are the newest
 
 
-def tenant_spend(store: Storage, tenant: str, hours: float, *, now: float | None = None) -> TenantSpend:
-    """The ledgers of ``tenant``'s task trees whose roots were created in the last ``hours``."""
+def tenant_spend(
+    store: Storage, tenant: str, hours: float, *, user: str | None = None, now: float | None = None
+) -> TenantSpend:
+    """The ledgers of ``tenant``'s task trees whose roots were created in the last ``hours``
+    (with ``user``: of the trees acting for that end user, from the user index)."""
     if not 0 < hours <= MAX_HOURS:
         raise ValidationError(f"hours must be more than 0 and at most {MAX_HOURS}", field="hours")
     since = (time.time() if now is None else now) - hours * 3600
     known = unknown = known_micros = unknown_micros = trees = 0
     cursor: str | None = None
     while trees < MAX_TREES:
-        page, cursor = store.tasks.list_for_tenant(tenant, limit=min(PAGE, MAX_TREES - trees), after=cursor)
+        page, cursor = store.tasks.list_for_tenant(tenant, limit=min(PAGE, MAX_TREES - trees), after=cursor, user=user)
         roots = [t.task_id for t in page if t.created_at >= since]
         for budget in store.budgets.many(roots).values():
             known, unknown = known + budget.known, unknown + budget.unknown

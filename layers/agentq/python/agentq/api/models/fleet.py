@@ -40,6 +40,7 @@ class SpendView(ApiModel):
     """What the caller's task trees spent over a window, by their ledgers (ARCHITECTURE 4)."""
 
     since: float = Field(description="the window's start: trees whose root task was created since then")
+    user: str | None = Field(None, description="the end user whose trees these are; null: the whole tenant's")
     trees: int = Field(description="root tasks counted, each with its sub-agents")
     known_tokens: int = Field(description="usage the provider reported for the trees' calls")
     unknown_tokens: int = Field(

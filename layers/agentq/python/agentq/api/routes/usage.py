@@ -19,6 +19,7 @@ from agentq.api.errors import Forbidden, responses
 from agentq.api.models import BreakersView, BreakerView, CallerUsage, SpendView, TenantsUsage, TenantUsage
 from agentq.api.routes.common import ApiDeps, Router
 from agentq.control.spend import MAX_HOURS, tenant_spend
+from agentq.core.endusers import MAX_USER_CHARS, USER_PATTERN, UserNotAllowed
 
 
 def router(deps: ApiDeps) -> Router:
@@ -55,15 +56,31 @@ def router(deps: ApiDeps) -> Router:
         "(`complete` says whether the window held more).",
         operation_id="getSpend",
         tags=["tasks"],
-        responses=responses(200, SpendView, 422),
+        responses=responses(200, SpendView, 403, 422),
     )
     def spend(
         hours: Annotated[float, Query(gt=0, le=MAX_HOURS, description="the window, in hours back from now")] = 24,
+        user: Annotated[
+            str | None,
+            Query(
+                min_length=1,
+                max_length=MAX_USER_CHARS,
+                pattern=USER_PATTERN,
+                description="only the trees acting for this end user; a caller acting as a user (a token's) "
+                "reads only its own, with or without it",
+            ),
+        ] = None,
     ) -> SpendView:
-        got = tenant_spend(deps.store, deps.tenant(), hours)
+        caller = deps.caller()
+        if caller.bound:  # a token's user never reads the tenant's or another user's spend
+            if user not in (None, caller.user):
+                raise UserNotAllowed(f"user: this token reads the spend of {caller.user!r} only", field="user")
+            user = caller.user
+        got = tenant_spend(deps.store, caller.tenant, hours, user=user)
         return SpendView(
-            since=got.since, trees=got.trees, known_tokens=got.known_tokens, unknown_tokens=got.unknown_tokens,
-            known_usd=str(got.known_usd), unknown_usd=str(got.unknown_usd), complete=got.complete,
+            since=got.since, user=user, trees=got.trees, known_tokens=got.known_tokens,
+            unknown_tokens=got.unknown_tokens, known_usd=str(got.known_usd), unknown_usd=str(got.unknown_usd),
+            complete=got.complete,
         )  # fmt: skip
 
     @routes.get(
