@@ -34,6 +34,11 @@ from agentq.sandbox.bwrap import BwrapSandbox, Setup
 
 MOUNT = "/workspace"
 EGRESS_SOCKET = "/run/agentq-egress.sock"
+# Where the host keeps its public CA certificates (Debian: /etc/ssl/certs, which /usr/lib/ssl
+# links to; Amazon Linux: /etc/pki, which /etc/ssl/certs links into). Bound read-only into a
+# sandbox that may reach allowed hosts, so git, curl, pip and Python verify HTTPS through the
+# proxy's CONNECT tunnels; a sandbox without network gets none (it could not use them).
+CA_BUNDLES = ("/etc/ssl", "/etc/pki", "/etc/ca-certificates")
 HOME = "/tmp"
 SCRATCH = "/tmp/.agentq-run.py"  # the runner's copy of a script, off the workspace
 DATA = "/tmp/.agentq-content"  # write_file's content, as the runner wrote it for the script
@@ -92,6 +97,8 @@ class WorkspaceSandbox:
         mounts: tuple[str, ...] = ("--bind" if writable else "--ro-bind", str(directory), MOUNT)
         if egress is not None:
             mounts += ("--bind", egress, EGRESS_SOCKET)
+            for path in CA_BUNDLES:  # public CA certificates, read-only: HTTPS through CONNECT verifies
+                mounts += ("--ro-bind-try", path, path)
         return mounts
 
     def shell(

@@ -38,8 +38,8 @@ add a header to: it passes as it is, *without* the credential, and the proxy rec
 refused to inject one (``refused``), so a workspace reaches a credentialed API over http:// only
 (or through ``http_fetch`` or a tool's ``ctx.credential``, which do https).
 
-What it does not do yet (docs/SANDBOX.md): HTTPS through ``CONNECT`` passes, but the sandbox has
-no CA bundle, so a client's certificate check fails.
+HTTPS goes through ``CONNECT`` as a tunnel the proxy relays blind; the sandbox has the host's
+public CA certificates (``sandbox.workspace.CA_BUNDLES``), so its clients verify the server.
 """
 
 from __future__ import annotations

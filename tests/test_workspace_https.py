@@ -1,0 +1,131 @@
+"""HTTPS from a workspace's shell: a sandbox that may reach allowed hosts has the host's public CA
+certificates, read-only, so a client verifies a server's certificate through the egress
+proxy's ``CONNECT`` tunnel (before, ``/etc/ssl`` was not there and every HTTPS client failed its
+check); the tunnel carries real TLS end to end, the proxy never sees the plaintext; a sandbox
+without network has no CA bundle and cannot write the one it has."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import ssl
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from agentq.core.engine._workspace import TaskWorkspace
+from agentq.core.tools import ToolContext, default_registry, idempotency_key_for
+from agentq.core.tools.egress import EgressProxy
+from agentq.core.tools.fetch import FetchPolicy, HostRule
+from agentq.core.workspace import EMPTY
+from agentq.sandbox.workspace import WorkspaceSandbox
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/bwrap"), reason="the workspace tools need bubblewrap")
+LOOPBACK = FetchPolicy(allow=(HostRule("127.0.0.1"),))  # the deployment lets loopback through
+SECRET_PATH = "/hello"
+
+
+def _ca_and_server_cert(tmp: Path) -> tuple[Path, Path, Path]:
+    """A test CA (not in the host's bundle) and a certificate for 127.0.0.1 it signed."""
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "agentq test CA")])
+    ca = (
+        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+        .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    paths = tmp / "ca.pem", tmp / "server.pem", tmp / "server.key"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return paths
+
+
+class _Hello(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = b"hello over tls"
+        self.send_response(200 if self.path == SECRET_PATH else 404)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def tls_server(tmp_path: Path) -> Iterator[tuple[int, Path]]:
+    ca, cert, key = _ca_and_server_cert(tmp_path)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1], ca
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _workspace(tmp_path: Path, egress: EgressProxy | None) -> TaskWorkspace:
+    directory = tmp_path / "root" / "task-a"
+    directory.mkdir(parents=True)
+    return TaskWorkspace("task-a", directory, EMPTY, set(), WorkspaceSandbox(), egress=egress)
+
+
+def _sh(ws: TaskWorkspace, command: str) -> str:
+    ctx = ToolContext("task-a", "toolu_1", idempotency_key_for("task-a", "toolu_1"), workspace=ws)
+    out = default_registry().execute("shell", {"command": command, "timeout_seconds": 30}, ctx, ["shell"])
+    assert out.status == "ok", out.content
+    return out.content
+
+
+def test_a_networked_shell_verifies_https_through_the_tunnel_with_the_hosts_public_cas(
+    tmp_path: Path, tls_server: tuple[int, Path]
+) -> None:
+    port, ca = tls_server
+    proxy = EgressProxy([HostRule("127.0.0.1", port)], LOOPBACK)
+    try:
+        ws = _workspace(tmp_path, proxy)
+        (ws.directory / "ca.pem").write_bytes(ca.read_bytes())
+        out = _sh(
+            ws,
+            'python3 -c \'import ssl; print("cas", ssl.create_default_context().cert_store_stats()["x509_ca"])\'; '
+            f"curl -sS https://127.0.0.1:{port}{SECRET_PATH} 2>&1; echo; "  # the host's CAs: the test CA is not one
+            f"curl -sS --cacert ca.pem https://127.0.0.1:{port}{SECRET_PATH}; echo; "
+            "touch /etc/ssl/planted 2>&1 || echo read-only",
+        )
+    finally:
+        proxy.close()
+    cas = int(out.split("cas ", 1)[1].split()[0])
+    assert cas > 10, out  # the public CAs are there (the host's bundle holds ~150)
+    assert "unable to get local issuer certificate" in out or "self-signed" in out.lower(), out  # checked, refused
+    assert "hello over tls" in out, out  # verified through CONNECT, end to end
+    assert "read-only" in out and not Path("/etc/ssl/planted").exists()
+
+
+def test_a_sandbox_without_network_has_no_ca_bundle(tmp_path: Path) -> None:
+    out = _sh(_workspace(tmp_path, None), "ls /etc/ssl 2>&1; echo done")
+    assert "No such file or directory" in out, out
