@@ -72,6 +72,17 @@ class Caller:
             )
         return named
 
+    def reads_for(self, named: str | None, reading: str) -> str | None:
+        """The end user a read that names ``named`` (or none) is narrowed to: a key reads the
+        one it names, or its whole tenant's; a token reads its own user's only, with or without
+        naming it, and naming another is ``UserNotAllowed`` (``reading``: what it reads, for
+        the message)."""
+        if self.user is None:
+            return named
+        if named not in (None, self.user):
+            raise UserNotAllowed(f"user: this token reads {reading} of {self.user!r} only", field="user")
+        return self.user
+
     def sees(self, tenant: str, user: str | None) -> bool:
         """Whether a task of ``tenant`` acting for ``user`` is visible to this caller."""
         return tenant == self.tenant and (self.user is None or user == self.user)

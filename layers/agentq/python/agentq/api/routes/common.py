@@ -16,7 +16,7 @@ from aws_lambda_powertools.event_handler.router import APIGatewayRouter
 
 from agentq.api.models import CURSOR_PATTERN, MAX_CURSOR_CHARS, TASK_ID_PATTERN
 from agentq.control.defaults import Defaults
-from agentq.core.endusers import Caller
+from agentq.core.endusers import MAX_USER_CHARS, USER_PATTERN, Caller
 from agentq.core.errors import ValidationError
 from agentq.core.providers.scripted import builtin_script_names
 from agentq.core.tools import ToolRegistry
@@ -36,6 +36,13 @@ PageCursor = Annotated[
         json_schema_extra={"maxLength": MAX_CURSOR_CHARS, "pattern": CURSOR_PATTERN},
     ),
 ]
+
+
+def user_query(description: str) -> Any:
+    """The ``user`` query parameter of a read narrowed to one end user's tasks: the
+    submission's rule for a user (``core.endusers``); what a token's caller gets is
+    ``Caller.reads_for``'s."""
+    return Query(min_length=1, max_length=MAX_USER_CHARS, pattern=USER_PATTERN, description=description)
 
 
 @dataclass(frozen=True)

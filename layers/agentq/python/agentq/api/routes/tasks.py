@@ -25,9 +25,8 @@ from agentq.api.models import (
     TaskView,
     TracePage,
 )
-from agentq.api.routes.common import ApiDeps, PageCursor, Router, TaskId, builtin_script_only
+from agentq.api.routes.common import ApiDeps, PageCursor, Router, TaskId, builtin_script_only, user_query
 from agentq.control.submit import request_hash, submit_once
-from agentq.core.endusers import MAX_USER_CHARS, USER_PATTERN, UserNotAllowed
 from agentq.core.errors import ValidationError
 from agentq.core.models import TaskStatus, TaskSubmission
 
@@ -113,12 +112,9 @@ def router(deps: ApiDeps) -> Router:
         ] = None,
         user: Annotated[
             str | None,
-            Query(
-                min_length=1,
-                max_length=MAX_USER_CHARS,
-                pattern=USER_PATTERN,
-                description="only tasks acting for this end user (from the user index, newest first); a caller "
-                "acting as a user (a token's) lists only its own tasks, with or without it",
+            user_query(
+                "only tasks acting for this end user (from the user index, newest first); a caller "
+                "acting as a user (a token's) lists only its own tasks, with or without it"
             ),
         ] = None,
     ) -> TaskPage:
@@ -126,13 +122,9 @@ def router(deps: ApiDeps) -> Router:
         if status is None and query and "status" in query:  # given, but empty
             raise ValidationError("status: give one of the task statuses, or leave status out", field="status")
         caller = deps.caller()
-        if caller.bound:
-            if user not in (None, caller.user):
-                raise UserNotAllowed(f"user: this token lists the tasks of {caller.user!r} only", field="user")
-            user = caller.user
         return views.task_page(
             store, caller.tenant, limit=limit, cursor=cursor, status=status, include_children=include_children,
-            metadata=views.parse_metadata_filter(metadata or []), user=user,
+            metadata=views.parse_metadata_filter(metadata or []), user=caller.reads_for(user, "the tasks"),
         )  # fmt: skip
 
     @routes.get(

@@ -17,9 +17,8 @@ from aws_lambda_powertools.event_handler.openapi.params import Query
 
 from agentq.api.errors import Forbidden, responses
 from agentq.api.models import BreakersView, BreakerView, CallerUsage, SpendView, TenantsUsage, TenantUsage
-from agentq.api.routes.common import ApiDeps, Router
+from agentq.api.routes.common import ApiDeps, Router, user_query
 from agentq.control.spend import MAX_HOURS, tenant_spend
-from agentq.core.endusers import MAX_USER_CHARS, USER_PATTERN, UserNotAllowed
 
 
 def router(deps: ApiDeps) -> Router:
@@ -62,20 +61,14 @@ def router(deps: ApiDeps) -> Router:
         hours: Annotated[float, Query(gt=0, le=MAX_HOURS, description="the window, in hours back from now")] = 24,
         user: Annotated[
             str | None,
-            Query(
-                min_length=1,
-                max_length=MAX_USER_CHARS,
-                pattern=USER_PATTERN,
-                description="only the trees acting for this end user; a caller acting as a user (a token's) "
-                "reads only its own, with or without it",
+            user_query(
+                "only the trees acting for this end user; a caller acting as a user (a token's) "
+                "reads only its own, with or without it"
             ),
         ] = None,
     ) -> SpendView:
         caller = deps.caller()
-        if caller.bound:  # a token's user never reads the tenant's or another user's spend
-            if user not in (None, caller.user):
-                raise UserNotAllowed(f"user: this token reads the spend of {caller.user!r} only", field="user")
-            user = caller.user
+        user = caller.reads_for(user, "the spend")  # a token's user never reads the tenant's or another's
         got = tenant_spend(deps.store, caller.tenant, hours, user=user)
         return SpendView(
             since=got.since, user=user, trees=got.trees, known_tokens=got.known_tokens,
