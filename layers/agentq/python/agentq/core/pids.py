@@ -5,6 +5,7 @@ process known to be gone counts; a live one, or one this process may not signal,
 from __future__ import annotations
 
 import os
+import re
 
 
 def gone(pid: int) -> bool:
@@ -19,3 +20,13 @@ def gone(pid: int) -> bool:
     except PermissionError:  # alive, another user's
         return False
     return False
+
+
+def left_by_gone(directory: str | os.PathLike[str], named: re.Pattern[str]) -> list[str]:
+    """The names in ``directory`` that ``named`` matches whose pid (its first group) is
+    ``gone``: what killed processes left there; none when the directory is not there."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return [name for name in names if (found := named.match(name)) is not None and gone(int(found.group(1)))]

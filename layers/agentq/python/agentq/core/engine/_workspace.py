@@ -38,7 +38,7 @@ from typing import Any
 from agentq.core.engine._session import Session
 from agentq.core.engine._workspace_clone import clone
 from agentq.core.models import Task
-from agentq.core.pids import gone
+from agentq.core.pids import left_by_gone
 from agentq.core.ports import WorkspaceStore
 from agentq.core.workspace import (
     EMPTY,
@@ -72,14 +72,7 @@ def sweep_dead(root: Path) -> list[Path]:
     """Remove the ``<worker>-<pid>`` directories under ``root`` whose process is gone
     (``core.pids``), and return them; a live process's, or a name not ours, is kept."""
     swept: list[Path] = []
-    try:
-        names = os.listdir(root)
-    except FileNotFoundError:
-        return swept
-    for name in names:
-        found = _PROCESS_DIRECTORY.match(name)
-        if found is None or not gone(int(found.group(1))):
-            continue
+    for name in left_by_gone(root, _PROCESS_DIRECTORY):
         try:
             wipe(root / name)
             swept.append(root / name)

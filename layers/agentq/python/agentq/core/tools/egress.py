@@ -57,7 +57,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 
 from agentq.core.errors import AgentqError
-from agentq.core.pids import gone
+from agentq.core.pids import left_by_gone
 from agentq.core.tools.fetch import Deadline, FetchPolicy, FetchRefused, HostRule, Target, resolve
 from agentq.core.vault import CredentialSource
 
@@ -71,6 +71,7 @@ DEFAULT_PORTS = (80, 443)  # what a host rule without a port allows
 
 
 SOCKET_PREFIX = "agentq-egress-"
+_SOCKET_DIRECTORY = re.compile(rf"^{re.escape(SOCKET_PREFIX)}(\d+)-[^/]+$")  # agentq-egress-<pid>-<random>
 _swept = False  # this process has removed the dead processes' socket directories
 
 
@@ -79,16 +80,13 @@ def sweep_dead(directory: str | None = None) -> list[str]:
     (``agentq-egress-<pid>-*``, a socket each) that processes no longer alive left under
     ``directory`` (the system's temporary one) when they were killed before ``close()``."""
     global _swept
-    if _swept and directory is None:
-        return []
-    _swept = directory is None or _swept
+    if directory is None:
+        if _swept:
+            return []
+        _swept = True
     where = directory or tempfile.gettempdir()
-    pattern = re.compile(rf"^{re.escape(SOCKET_PREFIX)}(\d+)-[^/]+$")
     swept = []
-    for name in os.listdir(where):
-        found = pattern.match(name)
-        if found is None or not gone(int(found.group(1))):
-            continue
+    for name in left_by_gone(where, _SOCKET_DIRECTORY):
         path = os.path.join(where, name)
         with contextlib.suppress(OSError):
             for entry in os.listdir(path):
