@@ -17,6 +17,7 @@ from agentq.core.endusers import Caller
 from agentq.core.models import Lease, TaskStatus
 from agentq.storage.container import Storage, memory_storage
 
+from tests.helpers import scripted
 from tests.storage_conformance._builders import claimed, llm_step, new_task, tools_step
 
 
@@ -187,3 +188,24 @@ def test_a_poller_stops_reading_once_its_last_subscriber_has_gone() -> None:
     reads = hub.reads
     time.sleep(0.2)
     assert hub.reads == reads  # nobody watches: no more reads
+
+
+def test_a_stream_of_a_task_written_after_its_shared_poller_started_waits_for_the_next_read() -> None:
+    """A tree's stream attaches a poller to a sub-agent as its ``task.spawned`` commits, which
+    may be before the sub-agent is written: that poller reads "no such task". A stream of the
+    sub-agent alone, opened once it exists, shares the poller; it must not take that older read
+    as the task being gone (and end at once, empty), but send the task's events from the next."""
+    store = memory_storage()
+    hub = EventHub(store, interval=3600, keepalive=60)  # the poller reads only when the test says
+    task_id = "0" * 26
+    early = threading.Event()
+    poller = hub.attach(task_id, early)  # before the task exists
+    assert poller.snapshot(None).head is None
+    store.tasks.create(scripted([{"text": "x"}]), tenant="t", task_id=task_id)
+    subscriber = Subscriber(hub, _watch(hub, store, task_id))
+    while len(poller.subscribers) < 2 and subscriber.thread.is_alive():  # attached: it looks at the stale read
+        subscriber.thread.join(0.01)
+    poller.poll()
+    got = subscriber.until(lambda f: f.get("event") in {"task.created", "end"})
+    assert got[-1]["event"] == "task.created"
+    hub.detach(poller, early)

@@ -293,6 +293,8 @@ class EventHub:
         """What to send of a one-task watch now, and whether more is ready at once (reading behind)."""
         snap = poller.snapshot(watched.seen)
         if snap.head is None:
+            if _stale(watch, snap):
+                return [], False
             watched.gone, watched.read_at = True, snap.read_at
             return [], False
         if watched.seen is None or snap.base is None or watched.seen < snap.base:
@@ -311,6 +313,8 @@ class EventHub:
         table when behind the poller's buffer); whether more is ready at once, and its META."""
         snap = poller.snapshot(watched.seen)
         if snap.head is None:
+            if _stale(watch, snap):
+                return False, None
             watched.gone, watched.read_at = True, snap.read_at
             return False, None
         if watched.seen is None or snap.base is None or watched.seen < snap.base:
@@ -328,3 +332,13 @@ class EventHub:
         if snap.through is not None and (watched.seen is None or snap.through > watched.seen):
             watched.seen = snap.through
         watched.gone, watched.read_at, watched.terminal = False, snap.read_at, head.status.terminal
+
+
+def _stale(watch: Watch, snap: Snapshot) -> bool:
+    """Whether the poller's "no such task" was read before the watch was opened. A poller is
+    shared: one a tree's stream started for a sub-agent not yet written (its ``task.spawned``
+    can commit first) still says "no such task" until its next read, when a stream of that
+    sub-agent alone, opened once it exists, attaches to it. Believed, that read would end the
+    new stream at once with nothing sent; the stream waits for the poller's next read instead
+    (the poller wakes every subscriber after each read)."""
+    return snap.read_at is None or snap.read_at < watch.opened

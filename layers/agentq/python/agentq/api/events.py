@@ -100,6 +100,7 @@ class Watch:
         self.field = field  # what carried the cursor (``after`` or ``Last-Event-ID``), for its errors
         self.settle = settle
         self.tasks: dict[str, Watched] = {task.task_id: Watched(task.task_id, None)}
+        self.opened = time.time()  # after the task was read: a read of "no such task" older than this is stale
 
     @classmethod
     def open(
