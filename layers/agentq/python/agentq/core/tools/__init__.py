@@ -5,16 +5,8 @@ The engine needs only this module: ``default_registry()`` for the built-in tools
 ``tool_use`` block, which always returns a ``ToolExecution`` and never raises.
 """
 
-from agentq.core.tools._core import (
-    NoteStore,
-    ToolContext,
-    ToolExecution,
-    ToolRegistry,
-    ToolSpec,
-    idempotency_key_for,
-    render_result,
-    tool,
-)
+from agentq.core.tools._context import NoteStore, ToolContext, idempotency_key_for
+from agentq.core.tools._core import ToolExecution, ToolRegistry, ToolSpec, render_result, tool
 from agentq.core.tools.builtin import (
     BUILTIN_TOOLS,
     default_registry,

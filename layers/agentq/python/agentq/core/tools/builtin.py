@@ -18,7 +18,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
-from agentq.core.tools._core import NoteStore, ToolContext, ToolRegistry, ToolSpec, tool
+from agentq.core.tools._context import NoteStore, ToolContext
+from agentq.core.tools._core import ToolRegistry, ToolSpec, tool
 from agentq.core.tools.credentials import check_headers, vault_headers
 from agentq.core.tools.fetch import FetchPolicy
 from agentq.core.tools.fetch import get as guarded_get

@@ -35,7 +35,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from agentq.core.errors import AgentqError
 from agentq.core.models import MCP_SERVER_PATTERN, McpToolPin
 from agentq.core.secrets import Secrets
-from agentq.core.tools._core import TOOL_NAME_PATTERN, ToolContext, ToolSpec
+from agentq.core.tools._context import ToolContext
+from agentq.core.tools._core import TOOL_NAME_PATTERN, ToolSpec
 from agentq.core.tools.fetch import parse_target
 from agentq.core.vault import CredentialSource, expand
 from agentq.core.vault import references as vault_references

@@ -32,7 +32,8 @@ from agentq.core.memory import (
     MemoryReadOnly,
     check_path,
 )
-from agentq.core.tools._core import MemoryAccess, ToolContext, ToolSpec, tool
+from agentq.core.tools._context import MemoryAccess, ToolContext
+from agentq.core.tools._core import ToolSpec, tool
 
 MEMORY_LIST, MEMORY_READ, MEMORY_WRITE, MEMORY_SEARCH = "memory_list", "memory_read", "memory_write", "memory_search"
 MEMORY_TOOLS = (MEMORY_LIST, MEMORY_READ, MEMORY_WRITE, MEMORY_SEARCH)

@@ -18,7 +18,8 @@ from typing import Annotated
 
 from pydantic import Field
 
-from agentq.core.tools._core import ToolContext, ToolSpec, WorkspaceAccess, tool
+from agentq.core.tools._context import ToolContext, WorkspaceAccess
+from agentq.core.tools._core import ToolSpec, tool
 
 Path = Annotated[
     str,

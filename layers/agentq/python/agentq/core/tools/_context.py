@@ -1,0 +1,131 @@
+"""What a tool may know of the call it serves (``ToolContext``), and the task's resources a
+tool reaches through it (notes, memory stores, the workspace, the user's credentials), each as
+the narrow interface the engine supplies. Injected by ``ToolRegistry.execute``, never part of
+a tool's schema: the model cannot name its way to any of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import typing
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from agentq.core.memory import MemoryDocument, MemorySearchHit
+from agentq.core.secrets import SecretSource
+from agentq.sandbox.base import ExecResult
+
+if typing.TYPE_CHECKING:
+    from agentq.core.vault import CredentialSource
+
+
+@runtime_checkable
+class NoteStore(Protocol):
+    """Per-task key-value notes; the engine supplies one backed by the store (and fences
+    writes with the lease), tests supply a dict."""
+
+    def read_note(self, key: str) -> str | None: ...
+
+    def write_note(self, key: str, value: str) -> None: ...
+
+
+@runtime_checkable
+class MemoryAccess(Protocol):
+    """The memory stores attached to a task (``core.memory``), as its tools see them: the
+    engine supplies one (``core.engine._memory.TaskMemory``) that names the tenant, fences
+    writes with the lease and records the step and call that wrote each version."""
+
+    def list_documents(self, store: str, prefix: str) -> list[MemoryDocument]: ...
+
+    def read(self, store: str, path: str) -> MemoryDocument: ...
+
+    def write(
+        self, store: str, path: str, content: str, expected_sha256: str | None
+    ) -> tuple[MemoryDocument, bool]: ...
+
+    def search(self, store: str, query: str, limit: int) -> list[MemorySearchHit]: ...
+
+
+@runtime_checkable
+class WorkspaceAccess(Protocol):
+    """The task's workspace as its tools reach it (``core.engine._workspace.TaskWorkspace``):
+    every call runs in a sandbox with the workspace bound in (``sandbox.workspace``)."""
+
+    def shell(self, command: str, timeout: float) -> ExecResult: ...
+
+    def python(self, code: str, timeout: float, memory_mb: int) -> ExecResult: ...
+
+    def file_op(self, op: str, *, writable: bool, **args: Any) -> str: ...
+
+
+def idempotency_key_for(task_id: str, tool_use_id: str) -> str:
+    """The key a side-effecting tool passes to the outside world (payment API, email sender...).
+
+    It depends only on the task and the model's ``tool_use_id``, so when a worker dies after
+    the effect but before committing the step, the retried call sends the same key and the
+    remote side can deduplicate it.
+    """
+    return hashlib.sha256(f"{task_id}:{tool_use_id}".encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a tool may know about the call it serves; injected, never part of the schema."""
+
+    task_id: str
+    tool_use_id: str
+    idempotency_key: str  # stable for (task_id, tool_use_id): use idempotency_key_for()
+    notes: NoteStore | None = None
+    deadline: float | None = None  # time.time() by which the tool must end, if any
+    secrets: SecretSource | None = None
+    memory: MemoryAccess | None = None  # the task's attached memory stores, if any
+    workspace: WorkspaceAccess | None = None  # the task's workspace, if it has one
+    credentials: CredentialSource | None = None  # the vault of the task's user (core.vault)
+
+    def credential(self, name: str) -> Any:
+        """The task's user's credential ``name`` (else its tenant's) as a ``CredentialHandle``:
+        a client that sends it to the hosts it is bound to and nowhere else; it never hands the
+        value out. Missing: ``CredentialUnavailable`` (``credential_unavailable``), which the
+        model reads, and may answer with ``request_credential``."""
+        from agentq.core.tools.credentials import CredentialHandle
+        from agentq.core.vault import unavailable
+
+        if self.credentials is None:
+            raise unavailable(name, None, None)
+        return CredentialHandle(self.credentials.get(name))
+
+    def secret(self, name: str) -> str:
+        """A secret the deployment grants its tools (``core.secrets``): never from the task's
+        input, so a model cannot name its way to one."""
+        if self.secrets is None:
+            from agentq.core.secrets import SecretUnavailable
+
+            raise SecretUnavailable("this worker has no secrets configured", field="secret")
+        return self.secrets.get(name)
+
+    @classmethod
+    def create(
+        cls,
+        task_id: str,
+        tool_use_id: str,
+        *,
+        notes: NoteStore | None = None,
+        deadline: float | None = None,
+        secrets: SecretSource | None = None,
+        memory: MemoryAccess | None = None,
+    ) -> ToolContext:
+        """Build a context whose idempotency key cannot disagree with ``idempotency_key_for``."""
+        return cls(
+            task_id=task_id,
+            tool_use_id=tool_use_id,
+            idempotency_key=idempotency_key_for(task_id, tool_use_id),
+            notes=notes,
+            deadline=deadline,
+            secrets=secrets,
+            memory=memory,
+        )
+
+    def remaining(self) -> float | None:
+        """Seconds left before the deadline, for tools that bound their own I/O by it."""
+        return None if self.deadline is None else self.deadline - time.time()
