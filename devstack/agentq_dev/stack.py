@@ -94,6 +94,11 @@ class LocalStack:
     tool_modules: tuple[str, ...] = DEFAULT_TOOL_MODULES
     extra_env: dict[str, str] = field(default_factory=dict)
     api: bool = True
+    # Fair by default, as `agentq dev` runs (issue 44): the fleet's capacity is what the workers
+    # run (workers x concurrency) and each tenant's default running limit leaves its reserve free
+    # (``Defaults.fair_for``), unless the environment names them (AGENTQ_FLEET_CAPACITY,
+    # AGENTQ_DEFAULT_TENANT_MAX_RUNNING). Off here by default: a test names the limits it tests.
+    fair: bool = False
     auth: bool = False  # the API requires a bearer key (create one with create_api_key), as in AWS
     # The sweeper (queueing/sweeper.py), a thread here as the scheduled Lambda is in AWS: every
     # ``sweep_every`` seconds (None: no sweeper), tasks silent for ``sweep_stale_after`` seconds
@@ -133,8 +138,11 @@ class LocalStack:
             self._vault_dir = tempfile.mkdtemp(prefix="agentq-vault-")
             self.extra_env[KEY_FILE_VARIABLE] = os.path.join(self._vault_dir, "vault.key")
         self.moto.start()
+        defaults = Defaults.from_env()
+        if self.fair:
+            defaults = defaults.fair_for(self.workers * self.worker_config.concurrency)
         self.settings = Settings.for_prefix(
-            self.prefix, self.moto.endpoint_url, tool_modules=self.tool_modules, defaults=Defaults.from_env()
+            self.prefix, self.moto.endpoint_url, tool_modules=self.tool_modules, defaults=defaults
         )
         provision(
             session(self.settings), self.settings.names, endpoint_url=self.moto.endpoint_url, queues=self.queue_settings

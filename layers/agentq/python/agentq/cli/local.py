@@ -201,7 +201,8 @@ def _cmd_dev(args: argparse.Namespace) -> int:
 
     modules = _tool_modules(args)
     stack = LocalStack(
-        workers=args.workers, auth=args.auth, tool_modules=(*DEFAULT_TOOL_MODULES, *modules), supervise=True
+        workers=args.workers, auth=args.auth, tool_modules=(*DEFAULT_TOOL_MODULES, *modules), supervise=True,
+        fair=True,
     )
     try:
         stack.start()
@@ -216,6 +217,10 @@ def _cmd_dev(args: argparse.Namespace) -> int:
         say(f"            console    {stack.api_server.url}/console/   (API explorer: /console/explorer)")
         say(f"            workers    {', '.join(str(p.pid) for p in stack.processes) or 'none'}")
         say(f"            tools      {', '.join(sorted(build_registry(stack.settings).names()))}")
+        fair = stack.settings.defaults
+        if fair.fleet_capacity is not None:
+            say(f"            fair share {fair.fleet_capacity} tasks run at once; a tenant's default limit is "
+                f"{fair.tenant_max_running}, the rest is kept for the others (`agentq tenants limit` overrides)")  # fmt: skip
         if args.auth:
             from agentq_dev.oidc_issuer import ISSUER_ENV
 

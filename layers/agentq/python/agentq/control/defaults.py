@@ -44,6 +44,31 @@ ENVIRONMENT = {
 CONSTRAINT_FIELDS = ("max_tokens", "max_steps", "timeout_seconds")
 
 
+# The part of a fleet no one tenant may take by default (``fair_limit``): 5 %, at least one slot.
+FLEET_RESERVE_PERCENT = 5
+
+
+def fleet_reserve(capacity: int) -> int:
+    """The fleet slots kept free of any one tenant's burst under a fleet of ``capacity``: 5 %
+    of it rounded up, at least one (none under a capacity of 1, where a tenant needs the one)."""
+    return min(capacity - 1, max(1, -(-capacity * FLEET_RESERVE_PERCENT // 100)))
+
+
+def fair_limit(capacity: int) -> int:
+    """A tenant's default running limit under a fleet of ``capacity``: the capacity less its
+    reserve (``fleet_reserve``). Fair by default: however large one tenant's burst, the reserve
+    stays free of it, so a quiet tenant's first task is admitted and claimed at once instead of
+    waiting for one of the burst's tasks to end (its turns may take minutes). The reserve is
+    not idle capacity kept from everyone: the fleet's weights share it among the tenants that
+    run (a second tenant takes it, and with two or more backlogged the whole fleet runs); only
+    a lone tenant leaves it free. Without preemption no rule can give a lone tenant the whole
+    fleet and a newcomer a slot at once; this one costs the lone tenant ``fleet_reserve`` slots.
+    Set by the deployments' configuration (``infra/settings.py``'s derived budget defaults,
+    ``agentq dev``'s ``agentq_dev.stack.dev_defaults``), never by ``Defaults`` itself: a
+    ``Defaults`` says what its variables say."""
+    return max(1, capacity - fleet_reserve(capacity))
+
+
 class ConfigurationError(AgentqError):
     """The deployment's configuration is unusable; ``field`` names the variable."""
 
@@ -145,6 +170,18 @@ class Defaults(BaseModel):
                     f"{ENVIRONMENT['workspace_' + name]}); ask for at most that, or leave it out",
                     field=f"workspace.{name}",
                 )
+
+    def fair_for(self, runs: int) -> Defaults:
+        """These defaults, fair by default under a fleet that runs ``runs`` tasks at once: the
+        fleet capacity, when left out, is ``runs``; the tenant running limit, when left out, is
+        ``fair_limit`` of the capacity. What a configuration states stays as stated. ``agentq
+        dev`` applies it (``agentq_dev.stack.LocalStack.fair``); a cdk.json environment gets the
+        same from ``infra/settings.py``."""
+        capacity = self.fleet_capacity if self.fleet_capacity is not None else runs
+        if capacity < 1:
+            return self
+        limit = self.tenant_max_running if self.tenant_max_running is not None else fair_limit(capacity)
+        return self.model_copy(update={"fleet_capacity": capacity, "tenant_max_running": limit})
 
     def running_slots(self, store: Storage) -> RunningSlots:
         """The deployment's running slots: ``store``'s, with this deployment's default running
