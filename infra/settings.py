@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from agentq.control.defaults import fair_limit
 from agentq.core.flow import FlowSettings
 from agentq.core.model_ids import model_family
 from agentq.core.workspace import WorkspaceQuota
@@ -432,14 +433,14 @@ class EnvironmentSettings(_Strict):
             )
         if self.dlq_retention_seconds < self.queue_retention_seconds:
             raise ValueError("dlq_retention_seconds must not be shorter than queue_retention_seconds")
-        capacity, runs = self.budget_defaults.fleet_capacity, self.executor.reserved_concurrency
-        if capacity is not None and runs is not None:
-            runs += self.worker.max_tasks * self.worker.concurrency if self.worker.enabled else 0
-            if capacity > runs:  # admitted past what runs, tasks wait in the queues unshared
-                raise ValueError(
-                    f"budget_defaults.fleet_capacity ({capacity}) is more than the fleet runs at once ({runs}: "
-                    "executor.reserved_concurrency, plus worker.max_tasks x worker.concurrency when enabled)"
-                )
+        capacity, runs = self.budget_defaults.fleet_capacity, self.fleet_runs()
+        if capacity is not None and runs is not None and capacity > runs:
+            # admitted past what runs, tasks wait in the queues unshared
+            raise ValueError(
+                f"budget_defaults.fleet_capacity ({capacity}) is more than the fleet runs at once ({runs}: "
+                "executor.reserved_concurrency, plus worker.max_tasks x worker.concurrency when enabled)"
+            )
+        self._fair_by_default()
         for model in self.bedrock_models:
             family = model_family(model)
             if not BEDROCK_MODEL.match(model) or not family.strip("*.") or "*" in model.rstrip("*").lstrip("*."):
@@ -448,6 +449,30 @@ class EnvironmentSettings(_Strict):
                     "('*' only at the end of a family, or as the profile's region: *.anthropic.*)"
                 )
         return self
+
+    def fleet_runs(self) -> int | None:
+        """What the fleet runs at once: the executors' reserved concurrency, plus what the
+        enabled workers hold; None when the executors draw from the account's pool (no bound)."""
+        runs = self.executor.reserved_concurrency
+        if runs is None:
+            return None
+        return runs + (self.worker.max_tasks * self.worker.concurrency if self.worker.enabled else 0)
+
+    def _fair_by_default(self) -> None:
+        """Fair by default (issue 44): a capacity left out is what the fleet runs
+        (``fleet_runs``), and a tenant running limit left out is ``fair_limit`` of that capacity,
+        so no tenant's burst takes the fleet's last ``fleet_reserve`` slots and a quiet tenant's
+        first task starts at once. Written into ``budget_defaults`` (frozen, so set through
+        ``object.__setattr__`` in this validator), so the functions' variables, the stack's tests
+        and the docs read the numbers the deployment runs with. An environment whose executors
+        have no reserved concurrency has no known capacity and gets neither."""
+        budget = self.budget_defaults
+        capacity = budget.fleet_capacity if budget.fleet_capacity is not None else self.fleet_runs()
+        if capacity is None:
+            return
+        limit = budget.tenant_max_running if budget.tenant_max_running is not None else fair_limit(capacity)
+        derived = budget.model_copy(update={"fleet_capacity": capacity, "tenant_max_running": limit})
+        object.__setattr__(self, "budget_defaults", derived)
 
     @property
     def names(self) -> ResourceNames:
