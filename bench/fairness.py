@@ -453,8 +453,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--weights", default="3,1", help="--saturated: the tenants' weights, comma-separated")
     ap.add_argument("--backlog", type=int, default=60, help="--saturated: tasks per unit of weight each submits")
     ap.add_argument("--settle", type=float, default=10.0, help="--saturated: seconds before shares are averaged")
-    ap.add_argument("--defaults", choices=["fair", "none"],
-                    help="no override: agentq dev's defaults (fair: as shipped; none: no limit, no fleet)")
+    ap.add_argument(
+        "--defaults",
+        choices=["fair", "none"],
+        help="no override: agentq dev's defaults (fair: as shipped; none: no limit, no fleet)",
+    )
     ap.add_argument("--drain", action="store_true", help="wait for A's last task and report A's makespan")
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout, nothing else")
     add_plot_args(ap, "fairness")

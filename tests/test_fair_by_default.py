@@ -12,6 +12,7 @@ events is the test's own: nothing here is timed. A deadline bounds each wait for
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
@@ -21,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from agentq.control.defaults import fair_limit, fleet_reserve
+from agentq.control.defaults import Defaults, fair_limit, fleet_reserve
 from agentq.control.submit import submit_once
 from agentq.core.models import Task, TaskStatus
 from agentq.queueing._tuning import WorkerConfig
@@ -29,6 +30,8 @@ from agentq.runtime import build_registry
 from agentq.storage.fleet_slots import SHARDS, shard_pk
 from agentq.storage.table import plain
 from agentq_dev.stack import LocalStack
+from infra.settings import resolve
+from infra.task_runners import defaults_env
 
 from tests.helpers import call, scripted
 
@@ -148,3 +151,55 @@ def test_a_lone_tenant_runs_all_the_fleet_but_its_reserve_and_a_second_tenant_fi
     fleet.until("every task ended", lambda: all(t.status.terminal for t in fleet.tasks(burst + second)))
     assert {t.status for t in fleet.tasks(burst + second)} == {TaskStatus.SUCCEEDED}
     assert fleet.slots.usage("burst").running == fleet.slots.usage("second").running == 0
+
+
+CDK_CONTEXT = json.loads((Path(__file__).resolve().parent.parent / "cdk.json").read_text())["context"]
+
+
+def test_the_default_limit_keeps_a_reserve_of_five_percent_from_any_one_tenant_under_every_capacity() -> None:
+    for capacity in range(1, 100_001):
+        limit, reserve = fair_limit(capacity), fleet_reserve(capacity)
+        assert limit + reserve == capacity and limit >= 1
+        if capacity >= 2:  # a fleet of one has nothing to keep
+            assert reserve >= 1 and capacity * 5 / 100 <= reserve < capacity * 5 / 100 + 1
+
+
+@pytest.mark.parametrize("env_name", sorted(CDK_CONTEXT["environments"]))
+def test_every_cdk_environment_ships_a_fleet_capacity_of_what_it_runs_and_a_tenant_limit_below_it(
+    env_name: str,
+) -> None:
+    cfg = resolve(CDK_CONTEXT["environments"], CDK_CONTEXT.get("environment_defaults"), env_name)
+    budget = cfg.budget_defaults
+    assert budget.fleet_capacity is not None and budget.fleet_capacity <= (cfg.fleet_runs() or 0)
+    assert budget.tenant_max_running == fair_limit(budget.fleet_capacity) < budget.fleet_capacity
+    env = defaults_env(cfg)  # what the functions and the workers are handed
+    assert env["AGENTQ_FLEET_CAPACITY"] == str(budget.fleet_capacity)
+    assert env["AGENTQ_DEFAULT_TENANT_MAX_RUNNING"] == str(budget.tenant_max_running)
+
+
+@pytest.mark.parametrize(
+    ("stated", "capacity", "limit"),
+    [
+        ({}, 30, fair_limit(30)),  # both derived from what runs
+        ({"fleet_capacity": 20}, 20, fair_limit(20)),  # the limit from the stated capacity
+        ({"tenant_max_running": 30}, 30, 30),  # a stated limit stands, even the whole fleet
+        ({"fleet_capacity": 12, "tenant_max_running": 3}, 12, 3),
+    ],
+)
+def test_what_an_environment_states_stands_and_what_it_leaves_out_is_derived(
+    stated: dict[str, int], capacity: int, limit: int
+) -> None:
+    envs = {"x": {"prefix": "agentq-x", "removal_policy": "destroy", "executor": {"reserved_concurrency": 30},
+                  "budget_defaults": stated}}  # fmt: skip
+    budget = resolve(envs, None, "x").budget_defaults
+    assert (budget.fleet_capacity, budget.tenant_max_running) == (capacity, limit)
+    local = Defaults.from_env({"AGENTQ_" + k: str(v) for k, v in {
+        "FLEET_CAPACITY": stated.get("fleet_capacity"), "DEFAULT_TENANT_MAX_RUNNING": stated.get("tenant_max_running"),
+    }.items() if v is not None}).fair_for(30)  # fmt: skip
+    assert (local.fleet_capacity, local.tenant_max_running) == (capacity, limit)  # agentq dev: the same rule
+
+
+def test_an_environment_without_reserved_concurrency_has_no_known_capacity_and_gets_no_derived_limit() -> None:
+    envs = {"x": {"prefix": "agentq-x", "removal_policy": "destroy"}}
+    budget = resolve(envs, None, "x").budget_defaults
+    assert (budget.fleet_capacity, budget.tenant_max_running) == (None, None)

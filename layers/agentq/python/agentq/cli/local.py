@@ -201,7 +201,10 @@ def _cmd_dev(args: argparse.Namespace) -> int:
 
     modules = _tool_modules(args)
     stack = LocalStack(
-        workers=args.workers, auth=args.auth, tool_modules=(*DEFAULT_TOOL_MODULES, *modules), supervise=True,
+        workers=args.workers,
+        auth=args.auth,
+        tool_modules=(*DEFAULT_TOOL_MODULES, *modules),
+        supervise=True,
         fair=True,
     )
     try:
