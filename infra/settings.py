@@ -434,8 +434,7 @@ class EnvironmentSettings(_Strict):
         if self.dlq_retention_seconds < self.queue_retention_seconds:
             raise ValueError("dlq_retention_seconds must not be shorter than queue_retention_seconds")
         capacity, runs = self.budget_defaults.fleet_capacity, self.fleet_runs()
-        if capacity is not None and runs is not None and capacity > runs:
-            # admitted past what runs, tasks wait in the queues unshared
+        if capacity is not None and runs is not None and capacity > runs:  # admitted past what runs: unshared
             raise ValueError(
                 f"budget_defaults.fleet_capacity ({capacity}) is more than the fleet runs at once ({runs}: "
                 "executor.reserved_concurrency, plus worker.max_tasks x worker.concurrency when enabled)"
@@ -451,28 +450,21 @@ class EnvironmentSettings(_Strict):
         return self
 
     def fleet_runs(self) -> int | None:
-        """What the fleet runs at once: the executors' reserved concurrency, plus what the
-        enabled workers hold; None when the executors draw from the account's pool (no bound)."""
+        """What the fleet runs at once (reserved concurrency plus the enabled workers); None: unbounded."""
         runs = self.executor.reserved_concurrency
-        if runs is None:
-            return None
-        return runs + (self.worker.max_tasks * self.worker.concurrency if self.worker.enabled else 0)
+        workers = self.worker.max_tasks * self.worker.concurrency if self.worker.enabled else 0
+        return None if runs is None else runs + workers
 
     def _fair_by_default(self) -> None:
-        """Fair by default (issue 44): a capacity left out is what the fleet runs
-        (``fleet_runs``), and a tenant running limit left out is ``fair_limit`` of that capacity,
-        so no tenant's burst takes the fleet's last ``fleet_reserve`` slots and a quiet tenant's
-        first task starts at once. Written into ``budget_defaults`` (frozen, so set through
-        ``object.__setattr__`` in this validator), so the functions' variables, the stack's tests
-        and the docs read the numbers the deployment runs with. An environment whose executors
-        have no reserved concurrency has no known capacity and gets neither."""
+        """Fair by default (issue 44; ARCHITECTURE invariant 12): a capacity left out is ``fleet_runs``,
+        a tenant limit left out ``fair_limit`` of it; set on the frozen ``budget_defaults`` here only,
+        so the functions' variables and every reader see the numbers the deployment runs with."""
         budget = self.budget_defaults
         capacity = budget.fleet_capacity if budget.fleet_capacity is not None else self.fleet_runs()
-        if capacity is None:
-            return
-        limit = budget.tenant_max_running if budget.tenant_max_running is not None else fair_limit(capacity)
-        derived = budget.model_copy(update={"fleet_capacity": capacity, "tenant_max_running": limit})
-        object.__setattr__(self, "budget_defaults", derived)
+        if capacity is not None:
+            limit = budget.tenant_max_running if budget.tenant_max_running is not None else fair_limit(capacity)
+            derived = budget.model_copy(update={"fleet_capacity": capacity, "tenant_max_running": limit})
+            object.__setattr__(self, "budget_defaults", derived)
 
     @property
     def names(self) -> ResourceNames:
