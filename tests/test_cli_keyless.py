@@ -12,6 +12,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+from agentq.control.defaults import fair_limit
 from agentq.core.providers.scripted import load_script
 
 from tests.api_support import ROOT
@@ -47,6 +48,9 @@ def test_the_example_script_runs_a_goal_of_your_own_to_succeeded_on_agentq_dev(t
             if line.startswith("Ctrl-C stops everything"):
                 break
         shell = env | exports
+        # Fair by default (issue 44): one worker of 256 is the fleet, and a tenant may take all but its reserve.
+        assert exports["AGENTQ_FLEET_CAPACITY"] == "256"
+        assert exports["AGENTQ_DEFAULT_TENANT_MAX_RUNNING"] == str(fair_limit(256)) == "243"
 
         def agentq(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
             return run_agentq(list(args), env=shell, timeout=120, cwd=cwd)
