@@ -201,9 +201,10 @@ def queue_attributes(settings: QueueSettings, dlq_arn: str) -> dict[str, str]:
 def table_definition(name: str, *, stream: bool = False) -> dict[str, Any]:
     """CreateTable arguments: on-demand, pk/sk strings, the tenant listing index ``gsi1``.
 
-    ``stream`` adds the stream the deployed table has (``TABLE_STREAM_VIEW_TYPE``). Local stacks
-    go without: moto runs no TTL, so nothing would reap, and moto copies a table's stream
-    records with the table on every transaction.
+    ``stream`` adds the stream the deployed table has (``TABLE_STREAM_VIEW_TYPE``). A local
+    stack has it when it runs the events hub (``agentq dev``: ``agentq.hub`` reads it), and goes
+    without otherwise: moto runs no TTL, so nothing would reap (``agentq_dev.moto_streams``
+    bounds the records moto keeps).
     """
     definition: dict[str, Any] = {
         "TableName": name,
@@ -236,13 +237,15 @@ def provision(
     *,
     endpoint_url: str | None = None,
     queues: QueueSettings | None = None,
+    stream: bool = False,
 ) -> None:
     """Create the table, bucket and (with ``queues``) the tier queues and their DLQs if
-    missing (idempotent), the way the local stack and tests do."""
+    missing (idempotent), the way the local stack and tests do; ``stream``: the table with its
+    stream, as deployed (what the events hub reads)."""
     ddb = session.client("dynamodb", endpoint_url=endpoint_url)
     s3 = session.client("s3", endpoint_url=endpoint_url)
     try:
-        ddb.create_table(**table_definition(names.table))
+        ddb.create_table(**table_definition(names.table, stream=stream))
     except ddb.exceptions.ResourceInUseException:
         ensure_indexes(ddb, names.table)
     ddb.get_waiter("table_exists").wait(TableName=names.table, WaiterConfig={"Delay": 0.05, "MaxAttempts": 200})

@@ -139,8 +139,9 @@ class DynamoTable:
         self.client = client
         self.name = name
 
-    def get(self, key: Key) -> Item | None:
-        resp = self.client.get_item(TableName=self.name, Key=to_wire(key), ConsistentRead=True)
+    def get(self, key: Key, *, consistent: bool = True) -> Item | None:
+        """One item; ``consistent=False``: an eventually consistent read (half the read units)."""
+        resp = self.client.get_item(TableName=self.name, Key=to_wire(key), ConsistentRead=consistent)
         return from_wire(resp["Item"]) if "Item" in resp else None
 
     def query(

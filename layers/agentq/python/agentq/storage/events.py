@@ -219,9 +219,11 @@ class EventLog:
         self.table = table
         self.decode_step = decode_step
 
-    def head(self, task_id: str) -> Head | None:
-        """META now (one strongly consistent GetItem), or None when there is no such task."""
-        meta = self.table.get(keys.meta_key(task_id))
+    def head(self, task_id: str, *, consistent: bool = True) -> Head | None:
+        """META now (one strongly consistent GetItem), or None when there is no such task.
+        ``consistent=False`` (half the read units) may return an older META: only for what a
+        newer read supersedes anyway (the events hub's read of a live-text-only change)."""
+        meta = self.table.get(keys.meta_key(task_id), consistent=consistent)
         return head_of(meta) if meta is not None else None
 
     def read(self, task_id: str, head: Head, after: Position | None, *, limit: int = 200) -> list[LogEvent]:

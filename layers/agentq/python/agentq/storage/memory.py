@@ -90,7 +90,7 @@ class MemoryTable:
 
     # ------------------------------------------------------------------ reads
 
-    def get(self, key: Key) -> Item | None:
+    def get(self, key: Key, *, consistent: bool = True) -> Item | None:
         with self._lock:
             item = self._items.get((key["pk"], key["sk"]))
             return copy.deepcopy(item) if item is not None else None

@@ -135,7 +135,7 @@ class Table(Protocol):
 
     name: str
 
-    def get(self, key: Key) -> Item | None: ...
+    def get(self, key: Key, *, consistent: bool = True) -> Item | None: ...
 
     def query(
         self,
