@@ -586,7 +586,7 @@ def test_a_request_without_a_tenant_is_401_except_health(api: Api) -> None:
     status, data, headers = api.call("GET", "/tasks", tenant=None)
     assert status == 401 and error(data)["code"] == "unauthorized" and headers["WWW-Authenticate"] == "Bearer"
     assert api.call("POST", "/tasks", SUB, tenant=None)[0] == 401
-    assert api.call("GET", "/health", tenant=None)[:2] == (200, {"status": "ok", "version": "1.0.0"})
+    assert api.call("GET", "/health", tenant=None)[:2] == (200, {"status": "ok", "version": "1.0.0", "live": None})
     status, doc, _ = api.call("GET", "/openapi.json", tenant=None)
     assert status == 200 and doc["info"]["title"] == "agentq" and "/tasks/{task_id}/trace" in doc["paths"]
 

@@ -87,7 +87,7 @@ def test_unknown_tasks_and_routes_are_json_404s(api_stack: ApiStack) -> None:
 
 
 def test_health_and_the_openapi_document_need_no_key(api_stack: ApiStack) -> None:
-    assert api_stack.http("GET", "/health", key=None)[:2] == (200, {"status": "ok", "version": "1.0.0"})
+    assert api_stack.http("GET", "/health", key=None)[:2] == (200, {"status": "ok", "version": "1.0.0", "live": None})
     code, doc, _ = api_stack.http("GET", "/openapi.json", key=None)
     assert code == 200 and doc["openapi"].startswith("3.1") and doc["security"] == [{"bearer": []}]
 

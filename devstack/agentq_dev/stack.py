@@ -23,14 +23,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentq.api.app import build_app
-from agentq.api.auth import Unauthorized, token_authorizer
+from agentq.api.auth import header_authorizer
 from agentq.api.event_hub import EventHub
 from agentq.api.http_server import ApiServer
 from agentq.api.oidc import OidcVerifier
+from agentq.api.stream_caps import StreamCaps
+from agentq.api.stream_feed import StreamFeed
 from agentq.control.defaults import Defaults
 from agentq.core.secrets import Secrets
 from agentq.core.tools.mcp import McpServers
 from agentq.core.vault_crypto import KEY_FILE_VARIABLE
+from agentq.hub import build_hub
 from agentq.queueing.sweeper import sweep
 from agentq.queueing.webhooks import delivery_loop
 from agentq.resources import QueueSettings, provision
@@ -72,17 +75,8 @@ class _Pending:
 
 
 def lambda_authorizer(keys: KeyStore, oidc: OidcVerifier) -> Callable[[str | None], dict[str, Any]]:
-    """The local API server's authorizer: the Lambda authorizer's own function
-    (``api.auth.token_authorizer``), its policy read back as API Gateway reads it: an Allow's
-    context reaches the API; a Deny is a 401 naming the reason in its context; a raise, a 401."""
-
-    def authorize(header: str | None) -> dict[str, Any]:
-        answer = token_authorizer(keys, {"authorizationToken": header, "methodArn": "local"}, oidc)
-        if answer["policyDocument"]["Statement"][0]["Effect"] != "Allow":
-            raise Unauthorized(str(answer["context"]["error"]), public=True)
-        return dict(answer["context"])
-
-    return authorize
+    """The local API server's authorizer: ``agentq.api.auth.header_authorizer`` (the events hub's too)."""
+    return header_authorizer(keys, oidc)  # type: ignore[no-any-return]
 
 
 @dataclass
@@ -108,6 +102,10 @@ class LocalStack:
     supervise: bool = False  # replace a worker that exits (agentq dev, agentq demo)
     restart_backoff: RestartBackoff = field(default_factory=RestartBackoff)
     announce: Callable[[str], None] | None = None  # where a replacement is told (default: a warning log)
+    # The events hub (agentq.hub) as deployed: its own server, fed by the table's stream (moto's
+    # DynamoDB Streams), named by the API's GET /health; the API's own route stays the fallback.
+    events_hub: bool = False
+    hub_caps: StreamCaps | None = None  # default: agentq.hub's (AGENTQ_HUB_STREAMS_PER_*)
 
     def __post_init__(self) -> None:
         self.moto = MotoServer()
@@ -122,6 +120,8 @@ class LocalStack:
         self._pending: list[_Pending] = []
         self._supervisor: threading.Thread | None = None
         self.api_server: ApiServer | None = None
+        self.hub_server: ApiServer | None = None
+        self.hub_feed: StreamFeed | None = None
         self.issuer: LocalIssuer | None = None  # with auth: the local OIDC issuer (agentq_dev.oidc_issuer)
         self.settings: Settings | None = None
         self._stopping = threading.Event()
@@ -145,14 +145,17 @@ class LocalStack:
             self.prefix, self.moto.endpoint_url, tool_modules=self.tool_modules, defaults=defaults
         )
         provision(
-            session(self.settings), self.settings.names, endpoint_url=self.moto.endpoint_url, queues=self.queue_settings
-        )
+            session(self.settings), self.settings.names, endpoint_url=self.moto.endpoint_url, queues=self.queue_settings,
+            stream=self.events_hub,
+        )  # fmt: skip
         if self.api:
-            app = self._build_app()
             authorizer = None
             if self.auth:
                 self.issuer = LocalIssuer().start()
                 authorizer = lambda_authorizer(self.keys(), OidcVerifier(self.issuer.settings))
+            if self.events_hub:
+                self.start_hub(authorizer)
+            app = self._build_app(self.hub_server.url if self.hub_server else None)
             hub = EventHub(self.store())  # task event streams, served by this process as in `agentq dev`
             self.api_server = ApiServer(app.resolve, authorizer=authorizer, hub=hub).start()
         for _ in range(self.workers):
@@ -174,7 +177,25 @@ class LocalStack:
         self._scheduler.start()
         return self
 
-    def _build_app(self) -> Any:
+    def start_hub(self, authorizer: Any = None) -> ApiServer:
+        """Start (or start again, on a new port) the events hub over this stack's table."""
+        assert self.settings is not None
+        self.stop_hub()
+        self.hub_server, self.hub_feed = build_hub(
+            self.settings, authorizer=authorizer, local=True, caps=self.hub_caps, interval=0.1
+        )  # one reader of moto's one shard
+        self.hub_feed.start()
+        return self.hub_server.start()
+
+    def stop_hub(self) -> None:
+        """Stop the events hub: its streams end, clients fall back to the API's route."""
+        if self.hub_feed is not None:
+            self.hub_feed.stop()
+        if self.hub_server is not None:
+            self.hub_server.stop()
+        self.hub_server = self.hub_feed = None
+
+    def _build_app(self, hub_url: str | None = None) -> Any:
         assert self.settings is not None
         return build_app(
             self.store(),
@@ -185,6 +206,7 @@ class LocalStack:
             # the API reads the MCP servers and secrets its workers get, not this process's
             mcp=McpServers.from_env(self.env(), secrets=Secrets.from_env(self.env())),
             cipher=build_cipher(self.settings, self.env()),
+            hub_url=hub_url,
         )
 
     def store(self) -> Any:
@@ -369,6 +391,7 @@ class LocalStack:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        self.stop_hub()
         if self.api_server:
             self.api_server.stop()
         if self.issuer is not None:

@@ -20,6 +20,7 @@ its requests may name a user.
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 from collections.abc import Callable, Mapping
@@ -265,12 +266,15 @@ def build_app(
     defaults: Defaults | None = None,
     mcp: Any = None,
     cipher: Any = None,
+    hub_url: str | None = None,
 ) -> AgentqResolver:
     """The API over ``store``. ``default_tenant`` serves requests that carry no authorizer
     context (never in AWS, where the authorizer always sets one; ``None`` answers 401).
     ``defaults`` fill the constraints a submission leaves out (the deployment's budget_defaults);
     ``mcp`` are the MCP servers an agent may name (default: ``AGENTQ_MCP_SERVERS``); ``cipher``
-    seals the vault's credentials (``runtime.build_cipher``; None: a write is 503)."""
+    seals the vault's credentials (``runtime.build_cipher``; None: a write is 503); ``hub_url``
+    the events hub that ``GET /health`` names (default: ``AGENTQ_EVENTS_HUB_URL``; none: the
+    deployment serves watchers on ``GET /tasks/{id}/events`` only)."""
     app = AgentqResolver(default_tenant=default_tenant)
     app.configure_openapi(
         title="agentq",
@@ -296,7 +300,8 @@ def build_app(
         mcp=mcp,
     )
     # The order of inclusion is the order of the paths in the OpenAPI document.
-    app.include_router(meta.router(API_VERSION, document=lambda: openapi_document(app)))
+    hub_url = hub_url or os.environ.get("AGENTQ_EVENTS_HUB_URL") or None
+    app.include_router(meta.router(API_VERSION, document=lambda: openapi_document(app), hub_url=hub_url))
     app.include_router(tasks.router(deps))
     app.include_router(files.router(deps))
     files.widen(app)
@@ -312,7 +317,7 @@ def build_app(
     app.include_router(usage.router(deps))
     app.include_router(vault.router(deps, cipher))
     app.include_router(dead_letters.router(store, queues, app.tenant))
-    console.install(app)
+    console.install(app, hub_url)
     app.include_router(errors.handlers())
     app.not_found(lambda exc: app.missing_route())
     return app

@@ -178,6 +178,21 @@ def table_from_env() -> str:
     return Settings.from_env().table
 
 
+def header_authorizer(keys: KeyStore, oidc: OidcVerifier | None) -> Any:
+    """An in-process authorizer for a server of our own (``agentq dev``, the events hub): the
+    TOKEN authorizer's own function (``token_authorizer``), its policy read back as API Gateway
+    reads it: an Allow's context reaches the API; a Deny is a 401 naming the reason in its
+    context; a raise, a 401. A ``str | None`` header -> the authorizer context."""
+
+    def authorize(header: str | None) -> dict[str, Any]:
+        answer = token_authorizer(keys, {"authorizationToken": header, "methodArn": "local"}, oidc)
+        if answer["policyDocument"]["Statement"][0]["Effect"] != "Allow":
+            raise Unauthorized(str(answer["context"]["error"]), public=True)
+        return dict(answer["context"])
+
+    return authorize
+
+
 def key_store_from_env(pool: int = 4) -> KeyStore:
     """The key store of this deployment, over a botocore DynamoDB client of its own."""
     from agentq.aws import botocore_client

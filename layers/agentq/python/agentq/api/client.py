@@ -85,6 +85,7 @@ from agentq.core.models import TaskStatus, TaskSubmission
 from agentq.core.vault import CredentialInfo
 
 TERMINAL = frozenset(s.value for s in TaskStatus if s.terminal)
+HUB_RETRY_SECONDS = 30.0  # after the events hub failed, the API's route serves the stream this long
 
 
 class Client(HttpClient):
@@ -99,6 +100,16 @@ class Client(HttpClient):
 
     def health(self) -> Health:
         return self._get(Health, "/health")
+
+    def _hub(self) -> str | None:
+        """The events hub's URL, if the deployment names one (asked once per client)."""
+        if not hasattr(self, "_hub_url"):
+            try:
+                live = self.health().live
+            except (ApiError, ConnectionFailed):
+                live = None
+            self._hub_url = live.url.rstrip("/") if live is not None else None
+        return self._hub_url
 
     def spend(self, hours: float = 24, user: str | None = None) -> SpendView:
         """What this tenant's task trees spent in the last ``hours``, known and unknown apart
@@ -282,22 +293,38 @@ class Client(HttpClient):
         every watched task has ended. Reads the server-sent stream and reconnects after the
         last event it received (as ``Last-Event-ID`` would) when it drops, so no committed event is lost or repeated; falls back
         to polling JSON pages when the server does not stream (or ``stream=False``).
-        Uncommitted events (``committed`` false: live text) come too, while streaming."""
+        Uncommitted events (``committed`` false: live text) come too, while streaming.
+
+        Where the deployment runs an events hub (``GET /health`` names it under ``live``), the
+        stream is read there; when the hub fails (unreachable, a 5xx, a dropped stream) the API's
+        own route takes over from the last event id, and the hub is tried again
+        ``HUB_RETRY_SECONDS`` later. Either way an event already yielded is never yielded again
+        (ids are positions: the same event has the same id on both)."""
         cursor = after
         failures = 0
+        seen: set[str] = set()
+        hub = self._hub() if stream else None
+        hub_failed_at: float | None = None
         while stream:
+            on_hub = hub is not None and (hub_failed_at is None or time.monotonic() - hub_failed_at > HUB_RETRY_SECONDS)
             try:
-                for event in self._sse(task_id, cursor, tree):
+                for event in self._sse(task_id, cursor, tree, base=hub if on_hub else None):
                     failures = 0
                     if event is None:  # the stream's end: every watched task has ended
                         return
                     if event.id:
+                        if event.id in seen:
+                            continue
+                        seen.add(event.id)
                         cursor = event.id
                     yield event
             except _NotStreaming:
                 stream = False
                 break
             except (ConnectionFailed, ServerError, TimeoutError, OSError):
+                if on_hub:
+                    hub_failed_at = time.monotonic()  # the API's route at once, from the last id
+                    continue
                 failures += 1
                 if failures > 8 + self.retries:
                     raise

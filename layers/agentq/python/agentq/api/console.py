@@ -12,9 +12,11 @@ why these routes need no key: they hold no data. The API explorer is powertools'
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.api_gateway import ApiGatewayResolver, Router
@@ -83,9 +85,26 @@ def console_asset(name: str) -> Response[Any]:
     return _asset(name)
 
 
-def install(app: ApiGatewayResolver) -> None:
+def install(app: ApiGatewayResolver, hub_url: str | None = None) -> None:
     """Serve the console and the API explorer from ``app``, and answer conditional GETs
-    (``agentq.api.conditional``) on every route, which the console's polling relies on."""
+    (``agentq.api.conditional``) on every route, which the console's polling relies on.
+    ``hub_url``: the events hub the page follows streams from, the one other origin its
+    Content-Security-Policy admits (for ``connect-src`` only)."""
     app.include_router(router)
     app.enable_swagger(path=EXPLORER_PATH)
-    app.use([conditional_get])
+    middlewares: list[Callable[..., Any]] = [conditional_get]
+    if hub_url:
+        parts = urlsplit(hub_url)
+        origin = f"{parts.scheme}://{parts.netloc}"
+
+        def admit_hub(app: ApiGatewayResolver, next_middleware: Callable[..., Any]) -> Any:
+            response = next_middleware(app)
+            if isinstance(response, Response) and "Content-Security-Policy" in response.headers:
+                csp = str(response.headers["Content-Security-Policy"])
+                response.headers["Content-Security-Policy"] = csp.replace(
+                    "connect-src 'self'", f"connect-src 'self' {origin}"
+                )
+            return response
+
+        middlewares.append(admit_hub)
+    app.use(middlewares)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentq.api.events import READ_PAGE, SETTLE, Watch, Watched
+from agentq.api.stream_caps import StreamCaps
 from agentq.api.views import owned
 from agentq.core.endusers import Caller
 from agentq.core.models import LLMStep
@@ -61,11 +62,23 @@ class Snapshot:
 
 class TaskPoller:
     def __init__(
-        self, store: Storage, task_id: str, interval: float, linger: float = 10.0, on_stop: Any = None
+        self,
+        store: Storage,
+        task_id: str,
+        interval: float,
+        linger: float = 10.0,
+        on_stop: Any = None,
+        idle_interval: float | None = None,
     ) -> None:
         self.store = store
         self.task_id = task_id
         self.interval = interval
+        # Fed by the table's stream (api/stream_feed.py): read when nudged, else only every
+        # ``idle_interval`` (a safety net), unless a tree's watch needs its reads' times fresh.
+        self.idle_interval = idle_interval
+        self.nudged = threading.Event()
+        self.eager = 0  # tree watches attached: they hold events by this poller's read times
+        self.strong = True  # the next read is strongly consistent (off: a live-text-only nudge)
         self.linger = linger
         self.on_stop = on_stop  # called once the poller has stopped for want of subscribers
         self.lock = threading.Lock()
@@ -91,8 +104,15 @@ class TaskPoller:
         self.thread.start()
         return self
 
+    def _period(self) -> float:
+        return self.interval if self.idle_interval is None or self.eager else self.idle_interval
+
     def _run(self) -> None:
-        while not self.stopped.wait(self.interval):
+        while True:
+            nudged = self.nudged.wait(self._period())
+            self.nudged.clear()
+            if self.stopped.is_set():
+                return
             with self.lock:
                 idle = self.idle_since is not None and time.monotonic() - self.idle_since > self.linger
                 if idle:
@@ -101,21 +121,36 @@ class TaskPoller:
                 if self.on_stop is not None:
                     self.on_stop(self)
                 return
+            with self.lock:
+                strong = self.idle_interval is None or self.strong or self.eager > 0 or not nudged
+                self.strong = False
             try:
-                self.poll()
+                self.poll(consistent=strong)
             except Exception:  # a failed read is retried at the next tick; the stream stays up
                 time.sleep(self.interval)
 
-    def poll(self) -> None:
+    def poll(self, *, consistent: bool = True) -> None:
+        """Read META, and the log after ``through`` when it moved. An eventually consistent read
+        (``consistent=False``) that returns an older META than the last is dropped."""
         read_at = time.time()  # before the read: a tree's watch holds events by it (api/events.py)
-        head = self.store.events.head(self.task_id)
+        head = self.store.events.head(self.task_id, consistent=consistent)
         self.reads += 1
+        if not consistent and (
+            head is None
+            or (
+                self.head is not None and (head.position < self.head.position or head.updated_at < self.head.updated_at)
+            )
+        ):
+            return  # stale: the strong read that follows the change it missed will see it
         if head is not None and self.head is not None and head.fingerprint == self.head.fingerprint:
             with self.lock:
                 self.read_at = read_at
             return
         new: list[LogEvent] = []
-        if head is not None:
+        moved = head is not None and (
+            self.head is None or head.position != self.head.position or head.status != self.head.status
+        )
+        if moved and head is not None:  # the live text alone changed: nothing new in the log
             after = self.through
             while True:
                 page = self.store.events.read(self.task_id, head, after, limit=READ_PAGE)
@@ -158,9 +193,16 @@ class EventHub:
         keepalive: float = 15.0,
         linger: float = 10.0,
         settle: float = SETTLE,
+        idle_interval: float | None = None,
+        caps: StreamCaps | None = None,
     ) -> None:
+        """``idle_interval``: the pollers are fed (``api/stream_feed.py`` calls ``nudge``) and
+        read on their own only that often; None: each reads every ``interval``. ``caps``: the
+        streams a tenant (and a user) may hold open here (``api/stream_caps.py``)."""
         self.store = store
         self.settle = settle
+        self.idle_interval = idle_interval
+        self.caps = caps
         self.interval = interval
         self.keepalive = keepalive
         self.linger = linger
@@ -169,7 +211,7 @@ class EventHub:
         self.direct_reads = 0  # subscribers reading their own way up to a poller's buffer
         self.retired_reads = 0  # of pollers that have stopped
 
-    def attach(self, task_id: str, wake: threading.Event) -> TaskPoller:
+    def attach(self, task_id: str, wake: threading.Event, *, eager: bool = False) -> TaskPoller:
         with self.lock:
             poller = self.pollers.get(task_id)
             if poller is not None:
@@ -177,17 +219,35 @@ class EventHub:
                     if not poller.stopped.is_set():
                         poller.subscribers.add(wake)
                         poller.idle_since = None
+                        poller.eager += eager
+                        if eager:
+                            poller.nudged.set()  # leave a long idle wait now
                         return poller
-            poller = TaskPoller(self.store, task_id, self.interval, self.linger, self._stopped)
+            poller = TaskPoller(self.store, task_id, self.interval, self.linger, self._stopped, self.idle_interval)
             poller.subscribers.add(wake)
+            poller.eager += eager
             self.pollers[task_id] = poller.start()
             return poller
 
-    def detach(self, poller: TaskPoller, wake: threading.Event) -> None:
+    def detach(self, poller: TaskPoller, wake: threading.Event, *, eager: bool = False) -> None:
         with poller.lock:
             poller.subscribers.discard(wake)
+            poller.eager -= eager
             if not poller.subscribers:
                 poller.idle_since = time.monotonic()
+
+    def nudge(self, task_ids: set[str] | None, *, light: set[str] | frozenset[str] = frozenset()) -> int:
+        """Have the pollers of ``task_ids`` (None: all) read now: the table's stream says they
+        changed (or that changes may have been missed). ``light``: of those, the ones whose META
+        alone changed, read eventually consistent. How many were nudged."""
+        with self.lock:
+            pollers = [p for t, p in self.pollers.items() if task_ids is None or t in task_ids]
+        for poller in pollers:
+            with poller.lock:
+                if poller.task_id not in light:
+                    poller.strong = True  # a light nudge never downgrades a pending strong one
+            poller.nudged.set()
+        return len(pollers)
 
     def _stopped(self, poller: TaskPoller) -> None:
         with self.lock:
@@ -229,7 +289,7 @@ class EventHub:
             while True:
                 for task_id in list(watch.tasks):
                     if task_id not in attached:
-                        attached[task_id] = self.attach(task_id, wake)
+                        attached[task_id] = self.attach(task_id, wake, eager=watch.tree)
                 out: list[str] = []
                 behind = False
                 if watch.tree:
@@ -265,7 +325,7 @@ class EventHub:
                 wake.clear()
         finally:
             for poller in attached.values():
-                self.detach(poller, wake)
+                self.detach(poller, wake, eager=watch.tree)
 
     @staticmethod
     def _shared_frame(watch: Watch, watched: Watched, poller: TaskPoller, event: LogEvent) -> str:

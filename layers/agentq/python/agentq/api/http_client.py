@@ -156,10 +156,12 @@ class HttpClient:
     def _get(self, model: type[M], path: str, **query: Any) -> M:
         return model.model_validate(self.request("GET", path, query=query))
 
-    def _sse(self, task_id: str, cursor: str | None, tree: bool) -> Iterator[TaskEvent | None]:
-        """One connection to the stream: its events, then None if it said ``end``."""
+    def _sse(self, task_id: str, cursor: str | None, tree: bool, base: str | None = None) -> Iterator[TaskEvent | None]:
+        """One connection to the stream (at ``base``: the events hub; default the API): its
+        events, then None if it said ``end``."""
         query = {k: v for k, v in {"tree": "true" if tree else None, "after": cursor}.items() if v}
-        url = f"{self.url}/tasks/{_seg(task_id)}/events" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+        base = base or self.url
+        url = f"{base}/tasks/{_seg(task_id)}/events" + (f"?{urllib.parse.urlencode(query)}" if query else "")
         headers = {"Accept": "text/event-stream", "Cache-Control": "no-cache"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
@@ -169,7 +171,7 @@ class HttpClient:
         except urllib.error.HTTPError as err:
             raise _error_of(err.code, err.read()) from None
         except urllib.error.URLError as err:
-            raise ConnectionFailed(f"cannot reach {self.url}: {err.reason}", field="url") from None
+            raise ConnectionFailed(f"cannot reach {base}: {err.reason}", field="url") from None
         with resp:
             if resp.status == 204:
                 yield None

@@ -34,6 +34,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlencode, urlsplit
@@ -43,6 +44,7 @@ from agentq.api.app import is_public
 from agentq.api.auth import Unauthorized, caller_of
 from agentq.api.errors import error_body
 from agentq.api.models.base import body_limit
+from agentq.api.stream_caps import TooManyStreams
 from agentq.core.errors import AgentqError, TaskNotFound
 
 if TYPE_CHECKING:
@@ -224,6 +226,13 @@ class _Server(ThreadingHTTPServer):
 
 
 _EVENTS_PATH = re.compile(r"/tasks/([^/]+)/events")
+# The events hub is read from the console's origin (the API's) and any other page holding a key.
+_CORS = {
+    "Access-Control-Allow-Origin": "*",
+    "Access-Control-Allow-Headers": "Authorization, Last-Event-ID, Accept",
+    "Access-Control-Allow-Methods": "GET, OPTIONS",
+    "Access-Control-Max-Age": "600",
+}
 
 
 class ApiServer:
@@ -235,12 +244,19 @@ class ApiServer:
         authorizer: Authorizer | None = None,
         hub: EventHub | None = None,
         body_seconds: float = http_guard.BODY_SECONDS,
+        hub_only: bool = False,
+        healthy: Callable[[], bool] | None = None,
     ) -> None:
         """``authorizer`` maps an Authorization header value to a tenant (or its authorizer
         context) or raises (401); without one the server answers only requests whose ``Host``
         names it (``api/http_guard.py``).
         ``hub`` streams task events (without one, event streams are answered as in Lambda).
-        ``body_seconds``: how long a client has to send the body it announced (408 after)."""
+        ``body_seconds``: how long a client has to send the body it announced (408 after).
+        ``hub_only``: the events hub (``agentq.hub``): only ``GET /tasks/{id}/events`` and
+        ``/health`` (503 while ``healthy`` says no), any origin may read them (CORS: they take a
+        bearer key, never a cookie), every other route is 404 ``not_served_here``."""
+        self.hub_only = hub_only
+        self.healthy = healthy
         self.handler = handler
         self.authorizer = authorizer
         self.host = host
@@ -254,7 +270,7 @@ class ApiServer:
 
             def _reply(self, status: int, headers: dict[str, str], payload: bytes) -> None:
                 self.send_response(status)
-                for name, value in headers.items():
+                for name, value in {**headers, **(_CORS if outer.hub_only else {})}.items():
                     self.send_header(name, str(value))
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
@@ -305,6 +321,8 @@ class ApiServer:
 
             def _serve(self) -> None:
                 headers = dict(self.headers.items())
+                if outer.hub_only and self._not_hub():
+                    return
                 try:
                     caller, body = self._body(headers)
                 except http_guard.Refused as refused:
@@ -323,6 +341,24 @@ class ApiServer:
                 self._reply(
                     *dispatch(outer.handler, outer.authorizer, self.command, self.path, headers, body, caller=caller)
                 )
+
+            def _not_hub(self) -> bool:
+                """Answer what the events hub does not serve (True: answered)."""
+                path = unquote(urlsplit(self.path).path)
+                if self.command == "OPTIONS":  # a browser's preflight of a cross-origin stream
+                    self._reply(204, {}, b"")
+                    return True
+                if self.command in ("GET", "HEAD") and path == "/health":
+                    ok = outer.healthy is None or outer.healthy()
+                    body = {"status": "ok" if ok else "stale", "role": "events-hub"}
+                    self._reply(200 if ok else 503, {"Content-Type": "application/json"}, json.dumps(body).encode())
+                    return True
+                if self.command == "GET" and _EVENTS_PATH.fullmatch(path):
+                    return False
+                message = "this server (the events hub) serves only GET /tasks/{id}/events and /health: call the API"
+                self._reply(404, {"Content-Type": "application/json"},
+                            json.dumps(error_body("not_served_here", message)).encode())  # fmt: skip
+                return True
 
             def _stream(self, hub: EventHub, task_id: str, headers: dict[str, str]) -> None:
                 """Check the request as the handler would (one-event JSON page), then stream."""
@@ -350,10 +386,18 @@ class ApiServer:
                 if hub.finished(watch):
                     self._reply(204, {}, b"")
                     return
+                try:
+                    with hub.caps.hold(caller) if hub.caps is not None else nullcontext():
+                        self._send_stream(hub, watch)
+                except TooManyStreams as exc:
+                    self._reply(429, {"Content-Type": "application/json", "Retry-After": "5"},
+                                json.dumps(error_body(exc.code, exc.message)).encode())  # fmt: skip
+
+            def _send_stream(self, hub: EventHub, watch: Any) -> None:
                 self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Cache-Control", "no-cache")
-                self.send_header("Connection", "close")
+                for name, value in {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                    "Connection": "close", **(_CORS if outer.hub_only else {})}.items():  # fmt: skip
+                    self.send_header(name, value)
                 self.end_headers()
                 self.close_connection = True
                 try:

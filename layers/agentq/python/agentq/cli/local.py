@@ -206,6 +206,7 @@ def _cmd_dev(args: argparse.Namespace) -> int:
         tool_modules=(*DEFAULT_TOOL_MODULES, *modules),
         supervise=True,
         fair=True,
+        events_hub=True,
     )
     try:
         stack.start()
@@ -218,6 +219,8 @@ def _cmd_dev(args: argparse.Namespace) -> int:
         say(f"agentq dev: AWS (moto) {stack.moto.endpoint_url}")
         say(f"            API        {stack.api_server.url}   (GET /openapi.json lists the routes)")
         say(f"            console    {stack.api_server.url}/console/   (API explorer: /console/explorer)")
+        if stack.hub_server is not None:
+            say(f"            events hub {stack.hub_server.url}   (watchers; fed by the table's stream)")
         say(f"            workers    {', '.join(str(p.pid) for p in stack.processes) or 'none'}")
         say(f"            tools      {', '.join(sorted(build_registry(stack.settings).names()))}")
         fair = stack.settings.defaults

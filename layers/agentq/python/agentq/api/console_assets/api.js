@@ -117,23 +117,48 @@ export async function all(path, field, limit = 200) {
   return out;
 }
 
+// The events hub, when the deployment runs one (GET /health names it under `live`): asked once.
+let hubAnswer = null;
+export function eventsHub() {
+  if (!hubAnswer) {
+    hubAnswer = fetch(url("health"), { cache: "no-store" })
+      .then((r) => (r.ok ? r.json() : {}))
+      .then((h) => (h.live && h.live.url ? h.live.url.replace(/\/?$/, "/") : null))
+      .catch(() => null);
+  }
+  return hubAnswer;
+}
+const HUB_RETRY_MS = 30000; // after the hub failed, the API's own route serves the stream this long
+
 // Follow a server-sent event stream (GET .../events) with the key: EventSource cannot send an
 // Authorization header, so this is its protocol over fetch: each event to onEvent, a reconnect
-// with Last-Event-ID when the connection drops, done at `event: end` or a 204. Rejects when the
-// API does not stream (or keeps failing), so the caller can poll instead.
+// with Last-Event-ID when the connection drops, done at `event: end` or a 204. Read from the
+// events hub when the deployment offers one, from the API's route when the hub fails (resuming
+// at the last id: an event already handed on is never handed on again). Rejects when the API
+// does not stream (or keeps failing), so the caller can poll instead.
 export async function follow(path, onEvent, signal, state = {}) {
   let lastId = null;
   let failures = 0;
+  const hub = await eventsHub();
+  let hubFailedAt = null;
+  const seen = new Set();
   while (!signal.aborted) {
     const headers = { Accept: "text/event-stream" };
     const key = getKey();
     if (key) headers.Authorization = `Bearer ${key}`;
     if (lastId) headers["Last-Event-ID"] = lastId;
+    const onHub = Boolean(hub) && (hubFailedAt === null || Date.now() - hubFailedAt > HUB_RETRY_MS);
+    state.via = onHub ? "hub" : "api";
     let resp;
     try {
-      resp = await fetch(url(path), { headers, cache: "no-store", signal });
+      resp = await fetch(onHub ? new URL(path.replace(/^\//, ""), hub) : url(path), { headers, cache: "no-store", signal });
+      if (onHub && resp.status >= 500) throw new Error(`the events hub answered ${resp.status}`);
     } catch (err) {
       if (signal.aborted) return "stopped";
+      if (onHub) {
+        hubFailedAt = Date.now(); // the API's route at once, from the last id
+        continue;
+      }
       failures += 1;
       if (failures > 5) throw new ApiError(0, "unreachable", `the event stream did not answer (${err.message})`);
       await new Promise((r) => window.setTimeout(r, 250 * 2 ** failures));
@@ -169,7 +194,11 @@ export async function follow(path, onEvent, signal, state = {}) {
             else fields[name] = value;
           }
           if (fields.event === "end") return "ended";
-          if (fields.id) lastId = fields.id;
+          if (fields.id) {
+            if (seen.has(fields.id)) continue;
+            seen.add(fields.id);
+            lastId = fields.id;
+          }
           if (fields.data.length) onEvent(JSON.parse(fields.data.join("\n")));
         }
       }

@@ -36,6 +36,7 @@ from agentq.api.models.base import ApiModel as ApiModel
 from agentq.api.models.base import ErrorDetail as ErrorDetail
 from agentq.api.models.base import ErrorResponse as ErrorResponse
 from agentq.api.models.base import Health as Health
+from agentq.api.models.base import LivePath as LivePath
 from agentq.api.models.catalogue import AgentCreated as AgentCreated
 from agentq.api.models.catalogue import AgentList as AgentList
 from agentq.api.models.catalogue import AgentVersions as AgentVersions

@@ -53,6 +53,21 @@ class ErrorResponse(ApiModel):
     error: ErrorDetail
 
 
+class LivePath(ApiModel):
+    """Where this deployment serves watchers (``GET /health`` names it; absent: the API's own route)."""
+
+    protocol: Literal["sse"] = Field(description="server-sent events, as GET /tasks/{task_id}/events answers them")
+    url: str = Field(
+        description="the events hub's base URL: GET <url>/tasks/{task_id}/events with the same key or token, "
+        "query, Accept and Last-Event-ID as the API's route, answering the same events with the same ids"
+    )
+
+
 class Health(ApiModel):
     status: Literal["ok"]
     version: str
+    live: LivePath | None = Field(
+        default=None,
+        description="the events hub, when the deployment runs one: watchers follow it and fall back to the "
+        "API's GET /tasks/{id}/events (SSE or JSON pages) whenever it fails, resuming from their last event id",
+    )

@@ -10,13 +10,14 @@ from typing import Any
 from aws_lambda_powertools.event_handler import Response
 
 from agentq.api.errors import JSON
-from agentq.api.models import Health
+from agentq.api.models import Health, LivePath
 from agentq.api.routes.common import Router
 
 
-def router(version: str, document: Callable[[], dict[str, Any]]) -> Router:
+def router(version: str, document: Callable[[], dict[str, Any]], hub_url: str | None = None) -> Router:
     """``document`` builds the OpenAPI document; it is built on the first request and kept,
-    since the routes do not change once the app is built."""
+    since the routes do not change once the app is built. ``hub_url``: the events hub
+    (``agentq.hub``), named in the health answer, the discovery a client reads to follow it."""
     routes = Router()
     cache: list[str] = []
 
@@ -29,7 +30,7 @@ def router(version: str, document: Callable[[], dict[str, Any]]) -> Router:
         openapi_extensions={"security": []},
     )
     def health() -> Health:
-        return Health(status="ok", version=version)
+        return Health(status="ok", version=version, live=LivePath(protocol="sse", url=hub_url) if hub_url else None)
 
     @routes.get("/openapi.json", include_in_schema=False)
     def openapi() -> Response[Any]:

@@ -1,0 +1,241 @@
+"""The events hub (``agentq.hub``) as ``agentq dev`` runs it: its own server, fed by moto's
+DynamoDB Streams, named by the API's ``GET /health``, read by the Python client; real worker
+processes. Ordering and resumption through the hub, the pollers reading only when the stream
+says so, tenancy with two tenants' keys and users' tokens, the caps on open streams (the excess
+refused, the agents' steps unaffected), and the fall back to the API's route when the hub dies.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from agentq.api.client import Client
+from agentq.api.event_hub import EventHub
+from agentq.api.stream_caps import StreamCaps
+from agentq_dev.stack import LocalStack
+
+from tests.helpers import call
+
+PYTHONPATH = {"PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH", "")]))}
+
+
+def body(turns: int, latency: float = 0.2, user: str | None = None) -> dict[str, Any]:
+    script = [
+        {"text": f"turn {i}", "latency_seconds": latency, "tool_calls": [call("lookup", query=str(i), size=20)]}
+        for i in range(turns)
+    ] + [{"text": "finished"}]
+    out: dict[str, Any] = {"goal": "look things up", "provider": "scripted", "script": {"turns": script},
+                           "constraints": {"tools": ["lookup"]}}  # fmt: skip
+    if user:
+        out["user"] = user
+    return out
+
+
+def hub_of(stack: LocalStack) -> EventHub:
+    assert stack.hub_server is not None and stack.hub_server.hub is not None
+    return stack.hub_server.hub
+
+
+def hub_stack(**kw: Any) -> LocalStack:
+    return LocalStack(events_hub=True, tool_modules=("tests.effect_tools",), extra_env=dict(PYTHONPATH), **kw)
+
+
+def open_stream(
+    base: str, task_id: str, key: str | None
+) -> tuple[int, dict[str, Any] | None, http.client.HTTPConnection]:
+    """A stream request held open: its status, its JSON body if refused, the connection."""
+    parts = urlsplit(base)
+    conn = http.client.HTTPConnection(str(parts.hostname), parts.port, timeout=30)
+    headers = {"Accept": "text/event-stream"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    conn.request("GET", f"/tasks/{task_id}/events", headers=headers)
+    resp = conn.getresponse()
+    if resp.status != 200:
+        return resp.status, json.loads(resp.read() or b"null"), conn
+    return 200, None, conn
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[LocalStack]:
+    with hub_stack(prefix="hubev", workers=2) as running:
+        yield running
+
+
+def test_the_api_names_the_hub_and_the_client_follows_it_in_commit_order(stack: LocalStack) -> None:
+    assert stack.api_server is not None and stack.hub_server is not None
+    client = Client(stack.api_server.url)
+    live = client.health().live
+    assert live is not None and live.url == stack.hub_server.url
+    served_before = hub_of(stack).reads
+    task_id = client.submit(body(5)).task_id
+    streamed: list[Any] = []
+    lags: list[float] = []
+    for event in client.iter_events(task_id):
+        if event.committed:
+            lags.append(time.time() - event.at)  # its stamp is taken just before its write
+        streamed.append(event)
+    assert hub_of(stack).reads > served_before  # the hub served it, not the API's route
+    lags.sort()
+    print(
+        f"\ncommit -> client through the hub: p50 {lags[len(lags) // 2]:.3f} s, max {lags[-1]:.3f} s, {len(lags)} events"
+    )
+    assert lags[-1] <= 1.0
+    committed = [e.id for e in streamed if e.committed]
+    assert committed == [e.id for e in client.iter_events(task_id, stream=False)]  # all, once, in order
+    assert streamed[-1].type == "task.status" and streamed[-1].data["status"] == "succeeded"
+
+
+def test_every_event_id_resumes_exactly_what_follows_it_on_the_hub(stack: LocalStack) -> None:
+    assert stack.api_server is not None
+    client = Client(stack.api_server.url)
+    task_id = client.submit(body(3, latency=0.05)).task_id
+    whole = [e.id for e in client.iter_events(task_id) if e.committed]
+    assert len(whole) >= 8
+    for i, event_id in enumerate(whole):
+        assert [e.id for e in client.iter_events(task_id, after=event_id) if e.committed] == whole[i + 1 :]
+
+
+def test_the_hubs_pollers_read_a_task_only_when_its_stream_records_say_it_changed(stack: LocalStack) -> None:
+    """A fed poller reads when nudged (its idle read is 30 s away): a task waiting for an
+    approval for seconds costs the hub no read, where a 300 ms poller would read ~10 times."""
+    assert stack.api_server is not None and stack.hub_server is not None and stack.hub_feed is not None
+    client = Client(stack.api_server.url)
+    submission = body(1, latency=0.05)
+    submission["constraints"]["tool_policies"] = {"lookup": "ask"}
+    task_id = client.submit(submission).task_id
+    events = client.iter_events(task_id)
+    for event in events:
+        if event.type == "approval.requested":
+            break
+    poller = hub_of(stack).pollers[task_id]
+    reads, nudges = poller.reads, stack.hub_feed.nudges
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:  # a read per META read and log page, only after a nudge
+        # (+2: a nudge counted just before the snapshot whose read lands just after it)
+        assert poller.reads - reads <= 2 * (stack.hub_feed.nudges - nudges) + 2, "a fed poller read unasked"
+        time.sleep(0.05)
+    assert poller.reads - reads < 3 / 0.3  # what a 300 ms poller would have read meanwhile
+    client.approve(task_id)
+    rest = list(events)
+    assert rest[-1].data["status"] == "succeeded" and stack.hub_feed.nudges > nudges and poller.reads > reads
+
+
+def test_a_flood_of_watchers_past_the_cap_is_refused_and_the_agents_steps_are_unaffected() -> None:
+    cap, flood, turns = 8, 80, 6
+    with hub_stack(prefix="hubcap", workers=2, hub_caps=StreamCaps(per_tenant=cap, per_user=2)) as stack:
+        assert stack.api_server is not None and stack.hub_server is not None
+        hub = stack.hub_server.url
+        hub_of(stack).keepalive = 1.0  # a closed stream's slot frees at its next keep-alive
+        client = Client(stack.api_server.url)
+        started = time.monotonic()
+        client.wait(client.submit(body(turns)).task_id, timeout=60)
+        alone = time.monotonic() - started
+
+        waiting = body(1)
+        waiting["constraints"]["tool_policies"] = {"lookup": "ask"}  # watched while it waits for a person
+        watched = client.submit(waiting).task_id
+        client.wait_for(watched, lambda v: v.status == "paused", timeout=30)
+        answers: list[tuple[int, dict[str, Any] | None, http.client.HTTPConnection]] = []
+        lock = threading.Lock()
+
+        def watch() -> None:
+            answer = open_stream(hub, watched, None)
+            with lock:
+                answers.append(answer)
+
+        threads = [threading.Thread(target=watch) for _ in range(flood)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        held = [conn for status, _, conn in answers if status == 200]
+        refused = [page for status, page, _ in answers if status == 429]
+        assert len(answers) == flood and len(held) == cap and len(refused) == flood - cap
+        assert all(p is not None and p["error"]["code"] == "too_many_streams" and f"{cap} open event streams"
+                   in p["error"]["message"] for p in refused)  # fmt: skip
+
+        # With the hub full, an agent runs: all its steps, the same outcome, no slower than alone
+        # beyond the machine's noise.
+        started = time.monotonic()
+        task_id = client.submit(body(turns)).task_id
+        assert client.wait(task_id, timeout=60).status == "succeeded"
+        flooded = time.monotonic() - started
+        steps = [e for e in client.iter_events(task_id, stream=False) if e.type == "agent.message"]
+        assert len(steps) == turns + 1
+        assert flooded < 3 * alone + 5, (flooded, alone)
+        # The slots come back once those streams close.
+        for conn in held:
+            conn.close()
+        deadline = time.monotonic() + 10
+        caps = hub_of(stack).caps
+        assert caps is not None
+        while caps.open_streams("local") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        status, _, conn = open_stream(hub, watched, None)
+        conn.close()
+        assert status == 200
+
+
+def test_two_tenants_and_two_users_on_the_hub_see_only_their_own_tasks() -> None:
+    with hub_stack(prefix="hubauth", workers=1, auth=True,
+                   hub_caps=StreamCaps(per_tenant=50, per_user=1)) as stack:  # fmt: skip
+        assert stack.api_server is not None and stack.hub_server is not None
+        hub = stack.hub_server.url
+        key_a, key_b = stack.create_api_key("alpha", act_for_users=True), stack.create_api_key("beta")
+        held = body(1, latency=0.1, user="ann")
+        held["constraints"]["tool_policies"] = {"lookup": "ask"}  # open until approved: its streams stay up
+        a_client = Client(stack.api_server.url, key_a)
+        a_task = a_client.submit(held).task_id
+        b_task = Client(stack.api_server.url, key_b).submit(body(1)).task_id
+        ann, bob = stack.token(user="ann", tenant="alpha"), stack.token(user="bob", tenant="alpha")
+
+        for key, task, expected in ((key_b, a_task, 404), (key_a, b_task, 404), (bob, a_task, 404),
+                                    (stack.token(user="ann", tenant="beta"), a_task, 404),
+                                    (None, a_task, 401), ("aq_" + "x" * 40, a_task, 401),
+                                    (stack.token(user="ann", tenant="alpha", ttl=-60), a_task, 401),
+                                    (ann[:-4] + "AAAA", a_task, 401)):  # fmt: skip
+            status, page, conn = open_stream(hub, task, key)
+            conn.close()
+            assert (
+                status == expected and page is not None and page["error"]["code"] in ("task_not_found", "unauthorized")
+            )
+        # A user's cap (1 here) is apart from the tenant's: ann's second stream is refused, the key's is not.
+        status, _, first = open_stream(hub, a_task, ann)
+        assert status == 200
+        status, page, second = open_stream(hub, a_task, ann)
+        assert status == 429 and page is not None and "user ann" in page["error"]["message"]
+        status, _, by_key = open_stream(hub, a_task, key_a)
+        assert status == 200
+        for conn in (first, second, by_key):
+            conn.close()
+        a_client.wait_for(a_task, lambda v: v.status == "paused", timeout=30)
+        a_client.approve(a_task)  # its one lookup: then it finishes
+        # Followed to the end through the hub, each sees its own task's events only.
+        for key, task in ((key_a, a_task), (ann, a_task), (key_b, b_task)):
+            events = list(Client(stack.api_server.url, key).iter_events(task))
+            assert {e.task_id for e in events} == {task} and events[-1].data["status"] == "succeeded"
+
+
+def test_when_the_hub_dies_the_client_goes_on_from_the_apis_route_with_nothing_lost_or_twice(stack: LocalStack) -> None:
+    assert stack.api_server is not None
+    client = Client(stack.api_server.url)
+    task_id = client.submit(body(8, latency=0.3)).task_id
+    received = []
+    for event in client.iter_events(task_id):
+        received.append(event)
+        if len(received) == 4 and stack.hub_server is not None:
+            stack.stop_hub()  # mid-stream: its connections drop, its port closes
+    stack.start_hub()
+    committed = [e.id for e in received if e.committed]
+    assert len(committed) == len(set(committed))
+    assert committed == [e.id for e in client.iter_events(task_id, stream=False)]
