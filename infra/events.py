@@ -49,7 +49,7 @@ def build_events_function(
         memory=512,
         timeout=STREAM_TIMEOUT_SECONDS,
         env={**common, **ADAPTER_ENV},
-        reserved=None,
+        reserved=function.cfg.live.sse_reserved_concurrency,  # watchers never draw on the executors' pool
         description="agentq task event streams (GET /tasks/{id}/events) behind the Lambda Web Adapter",
         extra_layers=[adapter_layer(scope, architecture(function.cfg))],
     )

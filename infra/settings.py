@@ -25,6 +25,7 @@ from agentq.core.flow import FlowSettings
 from agentq.core.model_ids import model_family
 from agentq.core.workspace import WorkspaceQuota
 from agentq.resources import TIERS, QueueSettings, ResourceNames
+from infra.live_settings import LiveSettings
 
 # CloudWatch Logs accepts only these retention periods (days).
 LOG_RETENTION_DAYS = (
@@ -412,6 +413,7 @@ class EnvironmentSettings(_Strict):
         description="fleet-wide flow control: the circuit breaker's thresholds and rate limits per provider/model",
     )
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    live: LiveSettings = Field(default_factory=LiveSettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     workspace: WorkspaceSettings = Field(default_factory=WorkspaceSettings)
     user_code: UserCodeSettings | None = Field(None, description="your tools: package, modules, IAM, secrets")

@@ -13,6 +13,7 @@ functions    one role each, least privilege (infra/functions.py makes them, infr
              python_exec's sandbox (infra/sandbox.py)
 api          REST API, TOKEN authorizer, access logs, throttles, WAF       infra/api.py
 worker       optional Fargate worker scaled on queue depth                infra/worker.py
+hub          optional events hub for watchers: Fargate behind an ALB      infra/hub.py
 observe      alarms on an SNS topic, the dashboard                        infra/observability.py
 nag          the cdk-nag findings acknowledged, each with its reason      infra/nag.py
 """
@@ -27,6 +28,7 @@ from constructs import Construct
 
 from agentq.api.console import CONSOLE_PATH
 from infra import nag
+from infra.alarms import AlarmFactory
 from infra.api import build_api
 from infra.api_functions import build_api_function, build_authorizer
 from infra.background import build_reaper, build_sweeper, build_webhooks
@@ -36,6 +38,7 @@ from infra.events import build_events_function
 from infra.executor import build_executor
 from infra.fanout import build_fanout
 from infra.functions import FunctionFactory, Functions, common_env, functions_code
+from infra.hub import build_hub, hub_alarms
 from infra.layers import RUNTIME, Layers, architecture, build_layers, require_built, user_code_layer
 from infra.observability import build_observability
 from infra.retention import log_retention
@@ -86,6 +89,11 @@ class AgentqStack(cdk.Stack):
         self.observability = build_observability(
             self, env_name, cfg, self.data, self.functions, self.state_machine, self.api
         )
+        self.hub = build_hub(self, env_name, cfg, self.data) if cfg.live.hub else None
+        if self.hub is not None:  # GET /health names it: the clients' discovery
+            self.functions.api.add_environment("AGENTQ_EVENTS_HUB_URL", self.hub.url)
+            hub_alarms(AlarmFactory(self, cfg.prefix, self.observability.topic), self.hub)
+            cdk.CfnOutput(self, "EventsHubUrl", value=self.hub.url, description="the events hub (watchers)")
 
         cdk.CfnOutput(self, "ApiUrl", value=self.api.rest_api.url, description="AGENTQ_URL for the CLI and client")
         cdk.CfnOutput(
