@@ -62,6 +62,14 @@ _PRICES: dict[str, Price] = {
                                       "https://aws.amazon.com/appsync/pricing/ (AWS Price List, AWSAppSync)"),
     "appsync_events_connection_minute": Price(0.08e-6, "AppSync Events connection minutes",
                                               "https://aws.amazon.com/appsync/pricing/"),
+    # Application Load Balancer: an hour, and LCU-hours (the most of: 25 new connections/s,
+    # 3,000 active connections/min, 1 GB processed/h for EC2/Fargate targets, 1,000 rule evaluations/s).
+    "alb_hour": Price(0.0225, "Application Load Balancer hour", "https://aws.amazon.com/elasticloadbalancing/pricing/"),
+    "alb_lcu_hour": Price(0.008, "Application Load Balancer LCU-hour",
+                          "https://aws.amazon.com/elasticloadbalancing/pricing/"),
+    # DynamoDB Streams read by a consumer of our own (Lambda triggers read it free): per GetRecords call.
+    "dynamodb_streams_read": Price(0.02e-5, "DynamoDB Streams read request units",
+                                   "https://aws.amazon.com/dynamodb/pricing/on-demand/"),
     # Data transfer out to the internet, first 10 TB a month (AppSync and API Gateway bill EC2's).
     "data_out_gb": Price(0.09, "GB out to the internet", "https://aws.amazon.com/ec2/pricing/on-demand/"),
 }  # fmt: skip

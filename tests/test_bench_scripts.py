@@ -42,6 +42,7 @@ CASES = {
     "slot_calls": ["--waiting-tenants", "2"],
     "policy_latency": ["--rules", "0,3", "--checks", "20"],
     "vault_cost": ["--runs", "3"],
+    "live_cost": ["--watchers", "10,100"],
     "fairness": ["--sizes", "8", "--b-tasks", "2", "--latency", "0.5", "--limit", "2", "--window", "2",
                  "--concurrency", "4", "--workers", "1"],
     # the coding task, its bill and the shell's overhead; not the restore part (a local stack and
@@ -78,7 +79,16 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
 ) -> None:
     result = run_bench(name, CASES[name], tmp_path)
     module = bench_module(name)
-    if name == "local_commit":
+    if name == "live_cost":
+        assert [e["watchers"] for e in result["by_watchers"]] == [10, 100]
+        for entry in result["by_watchers"]:
+            designs = entry["designs"]
+            assert designs["sse-lambda"]["lambda_held"] == entry["watchers"]  # today: one execution per watcher
+            assert all(designs[d]["lambda_held"] == 0 for d in ("appsync-events", "apigw-websocket", "fargate-hub"))
+            assert all(d["total_usd"] > 0 for d in designs.values())
+            assert designs["fargate-hub"]["publishes_per_event"] == 0  # the table's stream, no publisher
+        assert set(result["seed"]) == {"lambda executors", "fargate workers", "economy batches"}
+    elif name == "local_commit":
         assert [r["filler_items"] for r in result["rows"]] == [0, 200]
         assert all(r["commit_ms"]["n"] == 2 and r["commit_ms"]["p50"] > 0 for r in result["rows"])
     elif name == "resume":
