@@ -229,11 +229,10 @@ class WorkerSettings(_Strict):
     cpu: int = Field(1024, description="Fargate CPU units")
     memory_mb: int = Field(2048, ge=512)
     concurrency: int = Field(256, ge=1, description="tasks in flight per container")
-    # Liveness per worker process (docs/ARCHITECTURE.md, "Choosing the deployed liveness"): a
-    # heartbeat costs one write and one small Query per container whatever it holds, so the
-    # short local defaults cost ~$0.005 an hour per container, and a dead container's tasks
-    # resume within about lease + heartbeat + a receive (p99 <= 5 s measured); 10 / 30 / 40
-    # saved ~$0.004 an hour per container and made that resume ~40 s.
+    # Liveness per worker process (ARCHITECTURE, "Choosing the deployed liveness"): a heartbeat
+    # is one write and one small Query per container whatever it holds: ~$0.005 an hour, and a
+    # dead container's tasks resume within lease + heartbeat + a receive (p99 <= 5 s measured);
+    # 10 / 30 / 40 saved ~$0.004 an hour per container and made that resume ~40 s.
     heartbeat_seconds: float = Field(1, gt=0)
     lease_seconds: float = Field(3, gt=0)
     visibility_seconds: int = Field(4, ge=1, le=43200)
