@@ -5,6 +5,7 @@ they need (``storage.tasks``, ``storage.steps``, ...); which backend is undernea
 from __future__ import annotations
 
 from agentq.core.tenancy import TenantLimits
+from agentq.storage.agent_aliases import AgentAliases
 from agentq.storage.agents import Agents
 from agentq.storage.api_keys import KeyStore
 from agentq.storage.approvals import Approvals
@@ -56,6 +57,7 @@ class Storage:
         self.purge = Purge(table, payloads)
         self.api_keys = KeyStore(table)
         self.agents = Agents(table)
+        self.aliases = AgentAliases(table, self.agents)
         self.policies = Policies(table)
         self.flow = FlowControl(table)
         self.webhook_secrets = WebhookSecrets(table)

@@ -158,6 +158,14 @@ def agent_version_sk(version: int) -> str:
     return f"V#{version:09d}"
 
 
+AGENT_ALIAS_PREFIX = "ALIAS#"
+
+
+def agent_alias_sk(alias: str) -> str:
+    """An alias of the agent (``storage.agent_aliases``), in the agent's partition."""
+    return f"{AGENT_ALIAS_PREFIX}{alias}"
+
+
 # A tenant's policy documents (``storage.policies``) live in its ``TENANT#`` partition, which the
 # task runners may read (infra/task_runners.py): the current one of each scope, and every version.
 POLICY_HEAD_PREFIX = "POLICY#HEAD#"
