@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentq.control.aliases import aliased_version
 from agentq.control.memory import check_attachments
 from agentq.control.validation import (
     check_fallbacks,
@@ -33,6 +34,7 @@ from agentq.core.models import McpToolPin, TaskSubmission
 from agentq.core.providers.features import check_features
 from agentq.core.tools import ToolRegistry
 from agentq.core.tools.mcp import McpError, McpServers, valid_tool_name
+from agentq.storage.agent_aliases import AliasNotFound
 from agentq.storage.agents import AgentNotFound
 from agentq.storage.container import Storage
 
@@ -116,9 +118,12 @@ def create_agent(
     return store.agents.create(tenant, spec, pins)
 
 
-def resolve_agent(store: Storage, submission: TaskSubmission, *, tenant: str) -> TaskSubmission:
+def resolve_agent(
+    store: Storage, submission: TaskSubmission, *, tenant: str, task_id: str | None = None
+) -> TaskSubmission:
     """``submission`` with its agent's version filled in and pinned; a field the agent defines
-    and the submission also sets is refused, naming the field."""
+    and the submission also sets is refused, naming the field. ``name@alias`` takes the version
+    the alias gives this task (``core.aliases``: by its user, else by ``task_id``)."""
     assert submission.agent is not None
     name, version = parse_ref(submission.agent)
     for field in DEFINED_BY_AGENT:
@@ -136,8 +141,12 @@ def resolve_agent(store: Storage, submission: TaskSubmission, *, tenant: str) ->
                 field=f"constraints.{field}",
             )
     try:
-        found = store.agents.get(tenant, name, version)
-    except AgentNotFound as exc:  # in a submission, a bad field, not a missing resource
+        found = (
+            aliased_version(store, tenant, name, version, task_id=task_id, user=submission.user)
+            if isinstance(version, str)
+            else store.agents.get(tenant, name, version)
+        )
+    except (AgentNotFound, AliasNotFound) as exc:  # in a submission, a bad field, not a missing resource
         raise ValidationError(f"agent: {exc.message}", field="agent") from None
     if (
         found.workspace is not None

@@ -24,6 +24,7 @@ from agentq.queueing.endings import task_ended
 from agentq.queueing.fairness import FairShare
 from agentq.queueing.queues import TaskQueues
 from agentq.storage.container import Storage
+from agentq.storage.keys import new_task_id
 from agentq.storage.table import TransactionCancelled
 
 log = logging.getLogger("agentq.submit")
@@ -54,18 +55,25 @@ def request_hash(submission: TaskSubmission) -> str:
 
 
 def prepare_submission(
-    store: Storage, tools: ToolRegistry, submission: TaskSubmission, *, tenant: str, defaults: Defaults | None = None
+    store: Storage,
+    tools: ToolRegistry,
+    submission: TaskSubmission,
+    *,
+    tenant: str,
+    defaults: Defaults | None = None,
+    task_id: str | None = None,
 ) -> TaskSubmission:
     """The submission as it will run, fully checked, nothing written: its agent version
-    resolved, the deployment's defaults filled in, tools, model, script, callback URL and
-    dependencies checked (``submit_once``; a schedule's template is checked the same way)."""
+    resolved (an alias's split keyed by ``task_id`` when the task has no user), the deployment's
+    defaults filled in, tools, model, script, callback URL and dependencies checked
+    (``submit_once``; a schedule's template is checked the same way)."""
     if submission.agent is None and submission.mcp_tools:
         raise ValidationError(
             "mcp_tools: set from an agent version's mcp_servers; create an agent that names the server",
             field="mcp_tools",
         )
     if submission.agent is not None:
-        submission = resolve_agent(store, submission, tenant=tenant)
+        submission = resolve_agent(store, submission, tenant=tenant, task_id=task_id)
     if defaults is not None:
         submission = defaults.apply(submission)
     check_submission(submission, tools)
@@ -103,14 +111,15 @@ def submit_once(
     """
     submission = raw if isinstance(raw, TaskSubmission) else parse_submission(raw)
     digest = digest or request_hash(submission)
-    submission = prepare_submission(store, tools, submission, tenant=tenant, defaults=defaults)
+    task_id = task_id or new_task_id()  # chosen first: an alias's split may be keyed by it
+    submission = prepare_submission(store, tools, submission, tenant=tenant, defaults=defaults, task_id=task_id)
     blocked = bool(submission.depends_on)
     if idempotency_key is None:
         task = store.tasks.create(submission, tenant=tenant, blocked=blocked, task_id=task_id)
         created = True
     else:
         task, created = store.tasks.create_idempotent(
-            submission, tenant=tenant, key=idempotency_key, request_hash=digest, blocked=blocked
+            submission, tenant=tenant, key=idempotency_key, request_hash=digest, blocked=blocked, task_id=task_id
         )
     if created:
         observe.task_status_changed(task.task_id, tenant, task.status.value)

@@ -190,12 +190,15 @@ class AgentSummary(StrictModel):
     updated_at: float
 
 
-def parse_ref(ref: str) -> tuple[str, int | None]:
-    """``"researcher"`` -> ("researcher", None: the latest); ``"researcher@3"`` -> ("researcher", 3)."""
+def parse_ref(ref: str) -> tuple[str, int | str | None]:
+    """``"researcher"`` -> ("researcher", None: the latest); ``"researcher@3"`` -> ("researcher", 3);
+    ``"researcher@prod"`` -> ("researcher", "prod": an alias, ``core.aliases``)."""
     if not re.fullmatch(AGENT_REF_PATTERN, ref):  # not match: `$` passes a trailing newline
-        raise ValueError("name or name@version, e.g. researcher or researcher@3")
-    name, _, version = ref.partition("@")
-    return name, int(version) if version else None
+        raise ValueError("name, name@version or name@alias, e.g. researcher, researcher@3 or researcher@prod")
+    name, _, after = ref.partition("@")
+    if not after:
+        return name, None
+    return name, int(after) if after.isdigit() else after
 
 
 def agent_workspace(agent: WorkspaceSpec, sent: dict[str, Any] | None) -> dict[str, Any]:

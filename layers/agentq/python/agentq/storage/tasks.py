@@ -145,6 +145,7 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
         request_hash: str,
         ttl_seconds: int = IDEMPOTENCY_TTL_SECONDS,
         blocked: bool = False,
+        task_id: str | None = None,
     ) -> tuple[Task, bool]:
         """Create the task unless ``key`` was used before by ``tenant``; returns (task, created).
 
@@ -152,10 +153,12 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
         the same transaction as META and the submission, so a key never points at a task that does
         not exist, and two racing requests with one key create one task. A reused key with
         another request hash raises IdempotencyConflict. A record past its ``expires_at``
-        (DynamoDB TTL deletes lazily) counts as absent.
+        (DynamoDB TTL deletes lazily) counts as absent. ``task_id``: the id a new task takes (one
+        its submission was resolved for), else a fresh one.
         """
+        chosen = task_id
         for _ in range(3):
-            task_id = keys.new_task_id()
+            task_id = chosen or keys.new_task_id()  # a cancelled attempt wrote nothing: its id is free
             now = time.time()
             actions, task = self.create_actions(
                 task_id, submission, tenant=tenant, root_id=task_id, budget=submission.constraints.max_tokens

@@ -24,7 +24,8 @@ from agentq.core.workspace import WorkspaceSpec
 MAX_GOAL_CHARS = 20_000
 DoubleTexting = Literal["queue", "interrupt", "reject"]
 MAX_MESSAGE_CHARS = 32_000  # a person's message to a task (POST /tasks/{id}/messages)
-AGENT_REF_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}(@[1-9][0-9]{0,8})?$"  # name, or name@version
+# name, name@version, or name@alias (an alias starts with a letter: core.aliases)
+AGENT_REF_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}(@([1-9][0-9]{0,8}|[a-z][a-z0-9_-]{0,31}))?$"
 DEFAULT_MODEL = "claude-sonnet-4-6"  # a submission that names none; `agentq run` uses it too
 
 
@@ -169,8 +170,9 @@ class TaskSubmission(StrictModel):
     agent: str | None = Field(
         default=None,
         pattern=AGENT_REF_PATTERN,
-        description="an agent definition, `name` (its latest version) or `name@version`; the task pins the "
-        "version. The agent sets provider, model, system, script, tools and tool policies; the submission may not",
+        description="an agent definition, `name` (its latest version), `name@version`, or `name@alias` (the "
+        "version the alias gives this task: see PUT /agents/{name}/aliases/{alias}); the task pins the version. The "
+        "agent sets provider, model, system, script, tools and tool policies; the submission may not",
     )
     user: EndUser | None = None
     system: SystemPrompt = None
