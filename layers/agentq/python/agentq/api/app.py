@@ -39,6 +39,7 @@ from agentq.api.errors import JSON, error_response, proxy_error
 from agentq.api.models.base import body_limit
 from agentq.api.routes import (
     actions,
+    agent_aliases,
     agents,
     conversations,
     dead_letters,
@@ -309,6 +310,7 @@ def build_app(
     app.include_router(actions.router(deps))
     app.include_router(conversations.router(deps))
     app.include_router(agents.router(deps))
+    app.include_router(agent_aliases.router(deps))
     app.include_router(policies.router(deps))
     app.include_router(memory.router(deps))
     app.include_router(mcp_route.router(deps))

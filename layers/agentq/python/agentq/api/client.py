@@ -46,6 +46,8 @@ from agentq.api.http_client import _error_of as _error_of
 from agentq.api.http_client import _NotStreaming as _NotStreaming
 from agentq.api.http_client import _seg as _seg
 from agentq.api.models import (
+    AgentAliasList,
+    TaskMoved,
     MAX_PAGE_SIZE,
     AgentCreated,
     AgentList,
@@ -80,6 +82,7 @@ from agentq.api.models import (
     WorkspaceUploaded,
 )
 from agentq.api.models.vault import CredentialList
+from agentq.core.aliases import AgentAlias
 from agentq.core.errors import ValidationError
 from agentq.core.models import TaskStatus, TaskSubmission
 from agentq.core.vault import CredentialInfo
@@ -206,6 +209,28 @@ class Client(HttpClient):
 
     def agent_versions(self, name: str) -> list[AgentVersion]:
         return self._get(AgentVersions, f"/agents/{_seg(name)}/versions").versions
+
+    def set_alias(self, name: str, alias: str, version: int, canary: tuple[int, int] | None = None) -> AgentAlias:
+        """Point ``name@alias`` at ``version``, or with ``canary`` (version, percent) split new
+        tasks between them: one atomic write, in effect for the next submission."""
+        targets = [{"version": version, "weight": 100 - (canary[1] if canary else 0)}]
+        if canary is not None:
+            targets.append({"version": canary[0], "weight": canary[1]})
+        path = f"/agents/{_seg(name)}/aliases/{_seg(alias)}"
+        return AgentAlias.model_validate(self.request("PUT", path, {"versions": targets}, retry=True))
+
+    def list_aliases(self, name: str) -> list[AgentAlias]:
+        return self._get(AgentAliasList, f"/agents/{_seg(name)}/aliases").aliases
+
+    def get_alias(self, name: str, alias: str) -> AgentAlias:
+        return self._get(AgentAlias, f"/agents/{_seg(name)}/aliases/{_seg(alias)}")
+
+    def delete_alias(self, name: str, alias: str) -> AgentAlias:
+        return AgentAlias.model_validate(self.request("DELETE", f"/agents/{_seg(name)}/aliases/{_seg(alias)}"))
+
+    def move_task(self, task_id: str, version: int) -> TaskMoved:
+        """Move an answered or idle task to ``version`` of its agent (its next run runs it)."""
+        return TaskMoved.model_validate(self.request("POST", f"/tasks/{_seg(task_id)}/agent", {"version": version}))
 
     # ------------------------------------------------------------- tasks
 

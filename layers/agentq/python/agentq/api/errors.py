@@ -49,6 +49,7 @@ from agentq.core.errors import (
 )
 from agentq.core.memory import MemoryConflict, MemoryDocumentNotFound, MemoryLimitExceeded, MemoryStoreNotFound
 from agentq.core.vault import VaultUnavailable
+from agentq.storage.agent_aliases import AliasNotFound
 from agentq.storage.agents import AgentConflict, AgentNotFound
 from agentq.storage.policies import PolicyNotFound
 
@@ -219,7 +220,7 @@ def handlers() -> Router:
         return error_response(403, exc.code, exc.message, exc.field)
 
     @router.exception_handler(
-        [TaskNotFound, AgentNotFound, PolicyNotFound, MemoryStoreNotFound, MemoryDocumentNotFound]
+        [TaskNotFound, AgentNotFound, AliasNotFound, PolicyNotFound, MemoryStoreNotFound, MemoryDocumentNotFound]
     )
     def on_not_found(exc: AgentqError) -> Response[Any]:
         return error_response(404, exc.code, exc.message, exc.field)

@@ -29,8 +29,8 @@ output), ``task.retry`` (a retry or deferral with its reason), ``approval.reques
 ``approval.decided``, ``task.spawned`` (the children's ids), ``budget.raised``,
 ``message.received`` (a person's message accepted: its ``seq`` and text; a follow-up's adds
 ``status: queued``), ``user.message`` (messages delivered into the conversation: a committed
-step), ``task.interrupt_requested``, ``conversation.closed``, and ``agent.message_delta``
-(uncommitted). Any event whose data has a ``status`` leaves the task in it.
+step), ``task.interrupt_requested``, ``conversation.closed``, ``agent.moved`` (its owner moved
+it to another version of its agent: ``from``, ``to``), and ``agent.message_delta`` (uncommitted). Any event whose data has a ``status`` leaves the task in it.
 """
 
 from __future__ import annotations

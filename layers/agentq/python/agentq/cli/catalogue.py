@@ -102,6 +102,10 @@ def _cmd_schedules(args: argparse.Namespace) -> int:
 def _cmd_agents(args: argparse.Namespace) -> int:
     from agentq.cli.views import when
 
+    if args.agents_command in ("alias", "move"):
+        from agentq.cli.aliases import cmd_alias, cmd_move
+
+        return cmd_alias(args) if args.agents_command == "alias" else cmd_move(args)
     client = api_client(args)
     if args.agents_command == "create":
         created = client.create_agent(_read_agent_file(args.file))
@@ -161,6 +165,9 @@ def register(sub: Any) -> None:
         agents_sub.add_parser("versions", help="every version, newest first", description="every version of an agent")
     )
     agents_versions.add_argument("name", help="the agent's name")
+    from agentq.cli.aliases import register as register_aliases
+
+    register_aliases(agents_sub)
     agents.set_defaults(func=_cmd_agents)
 
     schedules = add_command(sub, "schedules", "create, list or delete schedules (a cron or rate expression and a task)")

@@ -37,11 +37,14 @@ from agentq.api.models.base import ErrorDetail as ErrorDetail
 from agentq.api.models.base import ErrorResponse as ErrorResponse
 from agentq.api.models.base import Health as Health
 from agentq.api.models.base import LivePath as LivePath
+from agentq.api.models.catalogue import AgentAliasList as AgentAliasList
 from agentq.api.models.catalogue import AgentCreated as AgentCreated
 from agentq.api.models.catalogue import AgentList as AgentList
 from agentq.api.models.catalogue import AgentVersions as AgentVersions
+from agentq.api.models.catalogue import MoveRequest as MoveRequest
 from agentq.api.models.catalogue import ScheduleList as ScheduleList
 from agentq.api.models.catalogue import ScheduleView as ScheduleView
+from agentq.api.models.catalogue import TaskMoved as TaskMoved
 from agentq.api.models.catalogue import WebhookSecret as WebhookSecret
 from agentq.api.models.conversation import CloseResult as CloseResult
 from agentq.api.models.conversation import InterruptResult as InterruptResult

@@ -11,6 +11,7 @@ from agentq.api.models.base import (
     ApiModel,
 )
 from agentq.core.agents import AgentSummary, AgentVersion
+from agentq.core.aliases import AgentAlias
 
 
 class AgentCreated(ApiModel):
@@ -20,6 +21,23 @@ class AgentCreated(ApiModel):
 
 class AgentList(ApiModel):
     agents: list[AgentSummary]
+
+
+class AgentAliasList(ApiModel):
+    agent: str
+    aliases: list[AgentAlias] = Field(description="by alias name")
+
+
+class MoveRequest(ApiModel):
+    """Move a task to another version of its agent (``POST /tasks/{id}/agent``)."""
+
+    version: int = Field(strict=True, ge=1, le=999_999_999, description="a version of the task's agent")
+
+
+class TaskMoved(ApiModel):
+    task_id: str
+    previous: str = Field(description="the version it ran: name@N")
+    agent: str = Field(description="the version its next run runs: name@M")
 
 
 class AgentVersions(ApiModel):

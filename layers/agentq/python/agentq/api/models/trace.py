@@ -149,7 +149,8 @@ class TaskEvent(ApiModel):
                            "uncommitted (a live text delta), which moves no cursor")  # fmt: skip
     type: str = Field(description="task.created, task.status, agent.message, agent.tool_results, task.retry, "
                       "approval.requested, approval.decided, task.spawned, budget.raised, message.received, "
-                      "user.message, task.interrupt_requested, conversation.closed, agent.message_delta")  # fmt: skip
+                      "user.message, task.interrupt_requested, conversation.closed, agent.moved, "
+                      "agent.message_delta")  # fmt: skip
     task_id: str
     tree_path: str | None = Field(default=None, description="in a tree's stream, the task's place in the tree: "
                                   "'' the root, '2' its second sub-agent, '2.1' that one's first; null otherwise")  # fmt: skip

@@ -1,0 +1,92 @@
+"""Aliases of an agent (``core.aliases``): ``PUT /agents/{name}/aliases/{alias}`` (point it, or
+move it: one conditional write), ``GET`` one or the list, ``DELETE``. The caller's own agents
+only: another tenant's alias is not found, and never resolves for anyone else. And ``POST
+/tasks/{id}/agent``: the one way a task leaves the version it was pinned to."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from aws_lambda_powertools.event_handler.openapi.params import Body, Path
+
+from agentq.api.errors import responses
+from agentq.api.models import AgentAliasList, MoveRequest, TaskMoved
+from agentq.api.routes.common import ApiDeps, Router, TaskId, visible
+from agentq.control.aliases import move_task
+from agentq.core.agents import NAME_PATTERN
+from agentq.core.aliases import ALIAS_PATTERN, AgentAlias, AliasSpec
+
+AgentName = Annotated[str, Path(pattern=NAME_PATTERN, description="an agent's name")]
+AliasName = Annotated[
+    str, Path(pattern=ALIAS_PATTERN, description="an alias: a lowercase letter, then letters, digits, '-', '_'")
+]
+
+
+def router(deps: ApiDeps) -> Router:
+    routes = Router()
+    store, tenant = deps.store, deps.tenant
+
+    @routes.put(
+        "/agents/<name>/aliases/<alias>",
+        summary="Point an alias at a version, or split it with a canary",
+        description="One version (`{\"versions\": [{\"version\": 7, \"weight\": 100}]}`) or two whose weights sum to "
+        "100 (the second is the canary). One conditional write: every version named must exist, else 422 naming "
+        "it and nothing changes. New tasks submitted as `name@alias` get the new targets at once; a task already "
+        "submitted keeps the version it was given. Rollback: point it back.",
+        operation_id="setAgentAlias",
+        tags=["agents"],
+        responses=responses(200, AgentAlias, 400, 409, 413, 415, 422),
+    )
+    def set_alias(
+        name: AgentName, alias: AliasName, spec: Annotated[AliasSpec, Body(description="where it points")]
+    ) -> AgentAlias:
+        return store.aliases.set(tenant(), name, alias, spec)
+
+    @routes.get(
+        "/agents/<name>/aliases",
+        summary="An agent's aliases",
+        operation_id="listAgentAliases",
+        tags=["agents"],
+        responses=responses(200, AgentAliasList, 422),
+    )
+    def list_aliases(name: AgentName) -> AgentAliasList:
+        return AgentAliasList(agent=name, aliases=store.aliases.list(tenant(), name))
+
+    @routes.get(
+        "/agents/<name>/aliases/<alias>",
+        summary="One alias of an agent",
+        operation_id="getAgentAlias",
+        tags=["agents"],
+        responses=responses(200, AgentAlias, 404, 422),
+    )
+    def get_alias(name: AgentName, alias: AliasName) -> AgentAlias:
+        return store.aliases.get(tenant(), name, alias)
+
+    @routes.delete(
+        "/agents/<name>/aliases/<alias>",
+        summary="Delete an alias",
+        description="Tasks already submitted through it keep their versions; a submission naming it is then 422.",
+        operation_id="deleteAgentAlias",
+        tags=["agents"],
+        responses=responses(200, AgentAlias, 404, 422),
+    )
+    def delete_alias(name: AgentName, alias: AliasName) -> AgentAlias:
+        return store.aliases.delete(tenant(), name, alias)
+
+    @routes.post(
+        "/tasks/<task_id>/agent",
+        summary="Move a task to another version of its agent",
+        description="A task keeps the version it was submitted with (an alias moved since changes nothing for it), "
+        "follow-ups included. This moves it: what the version defines (model, system, tools, policies, ...) replaces "
+        "the old one's from its next run; its constraints, budget, workspace and conversation stay. Only an answered "
+        "(`succeeded`) or `idle` task moves (409 otherwise); the stream logs `agent.moved`.",
+        operation_id="moveTaskAgent",
+        tags=["agents"],
+        responses=responses(200, TaskMoved, 400, 404, 409, 413, 415, 422),
+    )
+    def move(task_id: TaskId, body: Annotated[MoveRequest, Body(description="the version")]) -> TaskMoved:
+        visible(deps, task_id)
+        previous, agent = move_task(store, deps.tools, task_id, body.version, tenant=tenant())
+        return TaskMoved(task_id=task_id, previous=previous, agent=agent)
+
+    return routes
