@@ -43,6 +43,7 @@ CASES = {
     "policy_latency": ["--rules", "0,3", "--checks", "20"],
     "vault_cost": ["--runs", "3"],
     "live_cost": ["--watchers", "10,100"],
+    "alias_cost": ["--runs", "3"],
     "fairness": ["--sizes", "8", "--b-tasks", "2", "--latency", "0.5", "--limit", "2", "--window", "2",
                  "--concurrency", "4", "--workers", "1"],
     # the coding task, its bill and the shell's overhead; not the restore part (a local stack and
@@ -134,6 +135,12 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
         assert rows["new run, cold KMS"]["calls_per_use"] == {"dynamodb:GetItem": 1, "kms:Decrypt": 1}
         assert rows["new run, cached key"]["calls_per_use"] == {"dynamodb:GetItem": 1}
         assert rows["same run"]["calls_per_use"] == {} and result["marker_scan"]["hits"] == 0
+    elif name == "alias_cost":
+        rows = result["rows"]
+        assert rows["@2"]["calls_per_submission"] == {"dynamodb:GetItem": 1}
+        assert rows["@prod warm"]["calls_per_submission"] == {"dynamodb:GetItem": 1}
+        assert rows["@prod cold"]["calls_per_submission"] == {"dynamodb:GetItem": 2}
+        assert rows["inline"]["calls_per_submission"] == {}
     elif name == "memory_cost":
         assert [w["content_bytes"] for w in result["writes"]] == [100, 5000]
         assert result["writes"][1]["write_units_total"] > result["writes"][0]["write_units_total"] >= 8
