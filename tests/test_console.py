@@ -670,6 +670,31 @@ def test_an_agent_is_shown_by_version_run_and_edited_into_a_new_version_from_the
     assert [e for e in tab.errors if "status of 404" not in e and "status of 422" not in e] == []
 
 
+def test_an_agents_aliases_are_shown_with_their_split_and_a_task_runs_through_one(console: Console, tab: Page) -> None:
+    name = f"aliased-{uuid.uuid4().hex[:6]}"
+    for text in ("answer of v1", "answer of v2"):
+        agent = {"name": name, "provider": "scripted", "script": {"turns": [{"text": text}]}}
+        assert console.http("POST", "/agents", agent)[0] == 201
+    split = {"versions": [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]}
+    assert console.http("PUT", f"/agents/{name}/aliases/prod", split)[0] == 200
+    assert console.http("PUT", f"/agents/{name}/aliases/next", {"versions": [{"version": 2, "weight": 100}]})[0] == 200
+    page = tab.page
+    page.goto(f"{console.url}/console/#/agents/{name}")
+    page.wait_for_selector("#aliases tr[data-alias='prod']")
+    assert "v1 90% · v2 10%" in page.inner_text("#aliases tr[data-alias='prod']")
+    assert "v2 100%" in page.inner_text("#aliases tr[data-alias='next']")
+    assert page.input_value("#agent-version") == "2"  # the latest version stays the default
+    shot(console, tab, "agent-aliases")
+    page.select_option("#agent-version", "next")
+    page.fill("#run-goal", "through the alias")
+    page.click("#run-agent")
+    page.wait_for_selector("#task-id")
+    task_id = page.inner_text("#task-id")
+    view = console.until(task_id, lambda v: v["status"] == "succeeded")
+    assert view["agent"] == f"{name}@2" and view["result"] == "answer of v2"
+    no_errors(tab)
+
+
 def test_schedules_are_listed_with_their_next_fire_and_deleted_from_the_page(console: Console, tab: Page) -> None:
     name = f"nightly-{uuid.uuid4().hex[:6]}"
     spec = {"name": name, "expression": "cron(0 3 * * ? *)", "submission": scripted("nightly report", [{"text": "ok"}])}

@@ -1,5 +1,6 @@
-// Agents: the tenant's agent definitions, each version's exact definition, and a form that runs
-// one (POST /tasks with `agent`, so the version is pinned and validated as any submission is).
+// Agents: the tenant's agent definitions, each version's exact definition, its aliases, and a form
+// that runs one (POST /tasks with `agent`, a version or an alias, so the version is pinned and
+// validated as any submission is).
 
 import { get, post } from "./api.js";
 import { errorPage, fmtAgo, fmtTime, h, json, replace } from "./dom.js";
@@ -68,11 +69,33 @@ export async function agentPage(ctx, name) {
     errorPage(ctx.main, h("span", {}, "Agent ", h("span", { class: "mono" }, name)), err, { href: "#/agents", text: "Back to the agents" });
     return;
   }
+  // Its aliases (PUT /agents/{name}/aliases/{alias}): run through one, and see where each points.
+  let aliases = [];
+  try {
+    aliases = (await get(`${path}/aliases`)).aliases;
+  } catch (err) {
+    ctx.showError(err);
+  }
+  const split = (a) => a.versions.map((t) => `v${t.version} ${t.weight}%`).join(" · ");
   const picker = h("select", { id: "agent-version" });
   const fillPicker = (selected) => {
-    replace(picker, history.versions.map((v) => h("option", { value: String(v.version) }, `version ${v.version}${v === history.versions[0] ? " (latest)" : ""}`)));
+    replace(picker,
+      aliases.map((a) => h("option", { value: a.alias }, `alias ${a.alias} (${split(a)})`)),
+      history.versions.map((v) => h("option", { value: String(v.version) }, `version ${v.version}${v === history.versions[0] ? " (latest)" : ""}`)));
     picker.value = String(selected);
   };
+  const aliasCard = h("section", { class: "card", id: "aliases", "aria-labelledby": "aliases-h" },
+    h("h2", { id: "aliases-h" }, "Aliases"),
+    aliases.length
+      ? h("table", { class: "aliases" },
+        h("thead", {}, h("tr", {}, ["Alias", "Versions", "Revision", "Moved"].map((c) => h("th", { scope: "col" }, c)))),
+        h("tbody", {}, aliases.map((a) => h("tr", { "data-alias": a.alias },
+          h("td", { class: "mono" }, `${name}@${a.alias}`),
+          h("td", {}, split(a)),
+          h("td", { class: "num" }, a.revision),
+          h("td", { title: new Date(a.updated_at * 1000).toISOString() }, fmtAgo(a.updated_at))))))
+      : h("p", { class: "muted" }, "No aliases. Point one at a version with ", h("code", {}, `agentq agents alias set ${name} prod N`),
+        "; a task submitted as name@alias pins the version it gets."));
   fillPicker(history.versions[0].version);
   const notice = h("p", { class: "notice", role: "status", hidden: true });
   const definition = h("section", { class: "card", "aria-labelledby": "definition-h" });
@@ -90,7 +113,9 @@ export async function agentPage(ctx, name) {
     }
   });
   const draw = () => {
-    const v = history.versions.find((x) => String(x.version) === picker.value) || history.versions[0];
+    const alias = aliases.find((a) => a.alias === picker.value);
+    const wanted = alias ? String(alias.versions[0].version) : picker.value;
+    const v = history.versions.find((x) => String(x.version) === wanted) || history.versions[0];
     const row = (k, val) => [h("dt", {}, k), h("dd", {}, val)];
     const policies = Object.entries(v.tool_policies || {});
     replace(definition, h("h2", { id: "definition-h" }, `${v.ref}`),
@@ -134,6 +159,7 @@ export async function agentPage(ctx, name) {
       h("div", { class: "row" }, h("label", { for: "agent-version" }, "version"), picker),
       h("label", { for: "run-goal" }, "goal"),
       h("div", { class: "row" }, goal, run)),
+    aliasCard,
     definition,
     edit);
   draw();
