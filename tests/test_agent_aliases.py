@@ -13,6 +13,7 @@ import uuid
 from typing import Any
 
 from agentq.core.aliases import AliasSpec, pick
+
 from tests.api_support import ApiStack
 from tests.helpers import call, run_agentq
 

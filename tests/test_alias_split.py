@@ -11,11 +11,11 @@ import uuid
 
 import pytest
 
+from agentq.control.aliases import aliased_version
 from agentq.control.submit import submit_once
 from agentq.core.agents import AgentSpec
 from agentq.core.aliases import AliasSpec, AliasTarget, pick
 from agentq.core.tools.builtin import default_registry
-from agentq.control.aliases import aliased_version
 from agentq.storage.container import Storage, memory_storage
 from agentq.storage.memory import MemoryPayloads, MemoryTable
 from agentq.storage.table import Item

@@ -80,7 +80,7 @@ def test_concurrent_moves_each_land_whole(backend: Storage) -> None:
     def move(spec: AliasSpec) -> None:
         try:
             backend.aliases.set("a", "support", "prod", spec)
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=move, args=(m,)) for m in moves]

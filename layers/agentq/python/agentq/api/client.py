@@ -46,9 +46,8 @@ from agentq.api.http_client import _error_of as _error_of
 from agentq.api.http_client import _NotStreaming as _NotStreaming
 from agentq.api.http_client import _seg as _seg
 from agentq.api.models import (
-    AgentAliasList,
-    TaskMoved,
     MAX_PAGE_SIZE,
+    AgentAliasList,
     AgentCreated,
     AgentList,
     AgentSpec,
@@ -72,6 +71,7 @@ from agentq.api.models import (
     SpendView,
     TaskAccepted,
     TaskEvent,
+    TaskMoved,
     TaskPage,
     TaskResult,
     TaskSummary,

@@ -314,7 +314,9 @@ def register(sub: Any) -> None:
         )
     )
     chat.add_argument("task_id", nargs="?", help="the task to go on with (none: a new conversation)")
-    chat.add_argument("--agent", help="a new conversation: the agent definition it runs (NAME, NAME@VERSION or NAME@ALIAS)")
+    chat.add_argument(
+        "--agent", help="a new conversation: the agent definition it runs (NAME, NAME@VERSION or NAME@ALIAS)"
+    )
     chat.add_argument("--provider", choices=["anthropic", "bedrock", "bedrock-converse", "openai", "scripted"],
                       help="a new conversation: its provider (default anthropic; scripted with --script)")  # fmt: skip
     chat.add_argument("--model", help="a new conversation: its model")

@@ -291,7 +291,9 @@ def register(sub: Any) -> None:
                         "file or inline JSON (its tools are allowed unless --tools is given); the format: "
                         f"{SCRIPT_DOC}")  # fmt: skip
     submit.add_argument("--system", help="system prompt")
-    submit.add_argument("--agent", help="an agent definition, NAME, NAME@VERSION or NAME@ALIAS (it sets model, system, tools)")
+    submit.add_argument(
+        "--agent", help="an agent definition, NAME, NAME@VERSION or NAME@ALIAS (it sets model, system, tools)"
+    )
     submit.add_argument("--max-tokens", type=int, help="token budget of the task and all its sub-agents")
     submit.add_argument("--max-steps", type=int, help="LLM turns allowed")
     submit.add_argument("--max-output-tokens", type=int, help="output tokens per LLM call")

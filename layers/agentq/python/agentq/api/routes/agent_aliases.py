@@ -29,13 +29,13 @@ def router(deps: ApiDeps) -> Router:
     @routes.put(
         "/agents/<name>/aliases/<alias>",
         summary="Point an alias at a version, or split it with a canary",
-        description="One version (`{\"versions\": [{\"version\": 7, \"weight\": 100}]}`) or two whose weights sum to "
+        description='One version (`{"versions": [{"version": 7, "weight": 100}]}`) or two whose weights sum to '
         "100 (the second is the canary). One conditional write: every version named must exist, else 422 naming "
         "it and nothing changes. New tasks submitted as `name@alias` get the new targets at once; a task already "
         "submitted keeps the version it was given. Rollback: point it back.",
         operation_id="setAgentAlias",
         tags=["agents"],
-        responses=responses(200, AgentAlias, 400, 409, 413, 415, 422),
+        responses=responses(200, AgentAlias, 400, 404, 409, 413, 415, 422),
     )
     def set_alias(
         name: AgentName, alias: AliasName, spec: Annotated[AliasSpec, Body(description="where it points")]
@@ -47,7 +47,7 @@ def router(deps: ApiDeps) -> Router:
         summary="An agent's aliases",
         operation_id="listAgentAliases",
         tags=["agents"],
-        responses=responses(200, AgentAliasList, 422),
+        responses=responses(200, AgentAliasList, 404, 422),
     )
     def list_aliases(name: AgentName) -> AgentAliasList:
         return AgentAliasList(agent=name, aliases=store.aliases.list(tenant(), name))
