@@ -126,3 +126,26 @@ def test_an_alias_submission_reads_the_alias_once_and_a_cached_version() -> None
         assert table.reads == ["ALIAS#prod"]
     store.aliases.set("a", "support", "prod", AliasSpec(versions=[AliasTarget(version=2, weight=100)]))
     assert {aliased_version(store, "a", "support", "prod", task_id=t, user=None).version for t in _ids(20)} == {2}
+
+
+def test_a_schedule_naming_an_alias_resolves_it_at_each_fire_and_an_unknown_alias_is_refused(store: Storage) -> None:
+    from agentq.control.schedules import create_schedule, fire
+    from agentq.core.errors import ValidationError
+
+    tools = default_registry()
+    raw = {"name": "nightly", "expression": "rate(1 day)", "overlap": "allow",
+           "submission": {"goal": "g", "agent": "support@nightly"}}  # fmt: skip
+    with pytest.raises(ValidationError) as refused:
+        create_schedule(store, tools, raw, tenant="a")
+    assert refused.value.field == "submission.agent"
+    assert store.schedules.list() == []
+    store.aliases.set("a", "support", "nightly", AliasSpec(versions=[AliasTarget(version=1, weight=100)]))
+    create_schedule(store, tools, raw, tenant="a")
+    first = fire(store, tools, None, tenant="a", name="nightly", fire_time=1_000_000.0)
+    store.aliases.set("a", "support", "nightly", AliasSpec(versions=[AliasTarget(version=2, weight=100)]))
+    second = fire(store, tools, None, tenant="a", name="nightly", fire_time=1_086_400.0)
+    assert first is not None and second is not None
+    assert [store.tasks.get(t).submission.agent for t in (first, second)] == ["support@1", "support@2"]
+    # the first fire's task keeps 1; a repeated delivery of the first fire finds it, and makes none
+    assert fire(store, tools, None, tenant="a", name="nightly", fire_time=1_000_000.0) == first
+    assert store.tasks.get(first).submission.agent == "support@1"
