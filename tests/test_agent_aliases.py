@@ -212,13 +212,25 @@ def test_the_cli_sets_splits_lists_and_deletes_an_alias(api_stack: ApiStack) -> 
     shown = agentq("show", name, "prod", "--json")
     assert json.loads(shown.stdout)["versions"] == [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]
     assert agentq("set", name, "canary", "2").returncode == 0
+    assert agentq("set", name, "spare", "1").returncode == 0
     listed = agentq("list", name)
-    assert [line.split()[0] for line in listed.stdout.splitlines()] == [f"{name}@canary", f"{name}@prod"]
+    assert [line.split()[0] for line in listed.stdout.splitlines()] == [
+        f"{name}@canary",
+        f"{name}@prod",
+        f"{name}@spare",
+    ]
     for bad, field in ((["--canary", "2:0%"], "--canary"), (["--canary", "2"], "--canary")):
         refused = agentq("set", name, "prod", "1", *bad)
         assert refused.returncode == 2 and field in refused.stderr and "Traceback" not in refused.stderr
     missing = agentq("set", name, "prod", "9")
     assert missing.returncode == 2 and "versions[0].version" in missing.stderr, missing.stderr
-    assert agentq("delete", name, "canary").returncode == 0
-    gone = agentq("show", name, "canary")
+    assert agentq("delete", name, "spare").returncode == 0
+    gone = agentq("show", name, "spare")
     assert gone.returncode == 1 and "no alias" in gone.stderr
+
+    task_id = api_stack.submit({"goal": "g", "agent": f"{name}@canary"})
+    api_stack.until(task_id, lambda v: v["status"] == "succeeded")
+    moved = run_agentq(["agents", "move", task_id, "1"], env=api_stack.cli_env(), timeout=120)
+    assert moved.returncode == 0 and f"{name}@2 -> {name}@1" in moved.stdout, moved.stderr
+    refused = run_agentq(["agents", "move", task_id, "9"], env=api_stack.cli_env(), timeout=120)
+    assert refused.returncode == 2 and "version" in refused.stderr and "Traceback" not in refused.stderr
