@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from agentq.api.memory_client import MemoryStoresClient
 
+from agentq.api.client_agents import AgentCalls
 from agentq.api.http_client import ApiError as ApiError
 from agentq.api.http_client import AuthenticationError as AuthenticationError
 from agentq.api.http_client import Conflict as Conflict
 from agentq.api.http_client import ConnectionFailed as ConnectionFailed
-from agentq.api.http_client import HttpClient
 from agentq.api.http_client import InvalidRequest as InvalidRequest
 from agentq.api.http_client import NotFound as NotFound
 from agentq.api.http_client import ServerError as ServerError
@@ -47,13 +47,6 @@ from agentq.api.http_client import _NotStreaming as _NotStreaming
 from agentq.api.http_client import _seg as _seg
 from agentq.api.models import (
     MAX_PAGE_SIZE,
-    AgentAliasList,
-    AgentCreated,
-    AgentList,
-    AgentSpec,
-    AgentSummary,
-    AgentVersion,
-    AgentVersions,
     BreakersView,
     CancelResult,
     CloseResult,
@@ -71,7 +64,6 @@ from agentq.api.models import (
     SpendView,
     TaskAccepted,
     TaskEvent,
-    TaskMoved,
     TaskPage,
     TaskResult,
     TaskSummary,
@@ -82,8 +74,6 @@ from agentq.api.models import (
     WorkspaceUploaded,
 )
 from agentq.api.models.vault import CredentialList
-from agentq.core.aliases import AgentAlias
-from agentq.core.errors import ValidationError
 from agentq.core.models import TaskStatus, TaskSubmission
 from agentq.core.vault import CredentialInfo
 
@@ -91,7 +81,7 @@ TERMINAL = frozenset(s.value for s in TaskStatus if s.terminal)
 HUB_RETRY_SECONDS = 30.0  # after the events hub failed, the API's route serves the stream this long
 
 
-class Client(HttpClient):
+class Client(AgentCalls):
     @property
     def memory(self) -> MemoryStoresClient:
         """The tenant's memory stores (``agentq.api.memory_client``)."""
@@ -149,13 +139,6 @@ class Client(HttpClient):
 
     # ------------------------------------------------------------ agents
 
-    def create_agent(self, spec: AgentSpec | Mapping[str, Any] | None = None, **fields: Any) -> AgentCreated:
-        """Create the next version of an agent (or get the latest, ``created`` False, if it is
-        the same definition): an ``AgentSpec``, a dict of one, or its fields as keywords."""
-        body = spec.model_dump(mode="json", exclude_none=True) if isinstance(spec, AgentSpec) else dict(spec or {})
-        body.update(fields)
-        return AgentCreated.model_validate(self.request("POST", "/agents", body, retry=True))
-
     def create_schedule(self, spec: dict[str, Any]) -> ScheduleView:
         return ScheduleView.model_validate(self.request("POST", "/schedules", spec, retry=True))
 
@@ -194,43 +177,6 @@ class Client(HttpClient):
     def webhook_secret(self) -> str:
         """This tenant's callback signing secret (``agentq.core.webhooks.verify`` checks with it)."""
         return self._get(WebhookSecret, "/webhooks/secret").secret
-
-    def list_agents(self) -> list[AgentSummary]:
-        return self._get(AgentList, "/agents").agents
-
-    def get_agent(self, name: str, version: int | None = None) -> AgentVersion:
-        """A version of an agent; ``name`` may also be ``name@version``."""
-        if version is None and "@" in name:
-            name, _, number = name.partition("@")
-            version = int(number) if number.isdigit() else None
-            if version is None:
-                raise ValidationError("agent: name or name@version, e.g. researcher@3", field="agent")
-        return self._get(AgentVersion, f"/agents/{_seg(name)}", version=version)
-
-    def agent_versions(self, name: str) -> list[AgentVersion]:
-        return self._get(AgentVersions, f"/agents/{_seg(name)}/versions").versions
-
-    def set_alias(self, name: str, alias: str, version: int, canary: tuple[int, int] | None = None) -> AgentAlias:
-        """Point ``name@alias`` at ``version``, or with ``canary`` (version, percent) split new
-        tasks between them: one atomic write, in effect for the next submission."""
-        targets = [{"version": version, "weight": 100 - (canary[1] if canary else 0)}]
-        if canary is not None:
-            targets.append({"version": canary[0], "weight": canary[1]})
-        path = f"/agents/{_seg(name)}/aliases/{_seg(alias)}"
-        return AgentAlias.model_validate(self.request("PUT", path, {"versions": targets}, retry=True))
-
-    def list_aliases(self, name: str) -> list[AgentAlias]:
-        return self._get(AgentAliasList, f"/agents/{_seg(name)}/aliases").aliases
-
-    def get_alias(self, name: str, alias: str) -> AgentAlias:
-        return self._get(AgentAlias, f"/agents/{_seg(name)}/aliases/{_seg(alias)}")
-
-    def delete_alias(self, name: str, alias: str) -> AgentAlias:
-        return AgentAlias.model_validate(self.request("DELETE", f"/agents/{_seg(name)}/aliases/{_seg(alias)}"))
-
-    def move_task(self, task_id: str, version: int) -> TaskMoved:
-        """Move an answered or idle task to ``version`` of its agent (its next run runs it)."""
-        return TaskMoved.model_validate(self.request("POST", f"/tasks/{_seg(task_id)}/agent", {"version": version}))
 
     # ------------------------------------------------------------- tasks
 

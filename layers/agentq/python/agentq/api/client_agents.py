@@ -1,0 +1,71 @@
+"""The agent catalogue's calls of ``agentq.Client``: versioned agent definitions and their
+aliases (``name@N``, ``name@alias`` with a canary's split), and moving a task to another version.
+Part of ``Client`` (its base class); apart so ``api/client.py`` stays one room.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from agentq.api.http_client import HttpClient, _seg
+from agentq.api.models import (
+    AgentAliasList,
+    AgentCreated,
+    AgentList,
+    AgentSpec,
+    AgentSummary,
+    AgentVersion,
+    AgentVersions,
+    TaskMoved,
+)
+from agentq.core.aliases import AgentAlias
+from agentq.core.errors import ValidationError
+
+
+class AgentCalls(HttpClient):
+    """The ``/agents`` routes and ``POST /tasks/{id}/agent``."""
+
+    def create_agent(self, spec: AgentSpec | Mapping[str, Any] | None = None, **fields: Any) -> AgentCreated:
+        """Create the next version of an agent (or get the latest, ``created`` False, if it is
+        the same definition): an ``AgentSpec``, a dict of one, or its fields as keywords."""
+        body = spec.model_dump(mode="json", exclude_none=True) if isinstance(spec, AgentSpec) else dict(spec or {})
+        body.update(fields)
+        return AgentCreated.model_validate(self.request("POST", "/agents", body, retry=True))
+
+    def list_agents(self) -> list[AgentSummary]:
+        return self._get(AgentList, "/agents").agents
+
+    def get_agent(self, name: str, version: int | None = None) -> AgentVersion:
+        """A version of an agent; ``name`` may also be ``name@version``."""
+        if version is None and "@" in name:
+            name, _, number = name.partition("@")
+            version = int(number) if number.isdigit() else None
+            if version is None:
+                raise ValidationError("agent: name or name@version, e.g. researcher@3", field="agent")
+        return self._get(AgentVersion, f"/agents/{_seg(name)}", version=version)
+
+    def agent_versions(self, name: str) -> list[AgentVersion]:
+        return self._get(AgentVersions, f"/agents/{_seg(name)}/versions").versions
+
+    def set_alias(self, name: str, alias: str, version: int, canary: tuple[int, int] | None = None) -> AgentAlias:
+        """Point ``name@alias`` at ``version``, or with ``canary`` (version, percent) split new
+        tasks between them: one atomic write, in effect for the next submission."""
+        targets = [{"version": version, "weight": 100 - (canary[1] if canary else 0)}]
+        if canary is not None:
+            targets.append({"version": canary[0], "weight": canary[1]})
+        path = f"/agents/{_seg(name)}/aliases/{_seg(alias)}"
+        return AgentAlias.model_validate(self.request("PUT", path, {"versions": targets}, retry=True))
+
+    def list_aliases(self, name: str) -> list[AgentAlias]:
+        return self._get(AgentAliasList, f"/agents/{_seg(name)}/aliases").aliases
+
+    def get_alias(self, name: str, alias: str) -> AgentAlias:
+        return self._get(AgentAlias, f"/agents/{_seg(name)}/aliases/{_seg(alias)}")
+
+    def delete_alias(self, name: str, alias: str) -> AgentAlias:
+        return AgentAlias.model_validate(self.request("DELETE", f"/agents/{_seg(name)}/aliases/{_seg(alias)}"))
+
+    def move_task(self, task_id: str, version: int) -> TaskMoved:
+        """Move an answered or idle task to ``version`` of its agent (its next run runs it)."""
+        return TaskMoved.model_validate(self.request("POST", f"/tasks/{_seg(task_id)}/agent", {"version": version}))
