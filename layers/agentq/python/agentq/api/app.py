@@ -49,6 +49,7 @@ from agentq.api.routes import (
     meta,
     policies,
     schedules,
+    stops,
     tasks,
     usage,
     vault,
@@ -312,6 +313,7 @@ def build_app(
     app.include_router(agents.router(deps))
     app.include_router(agent_aliases.router(deps))
     app.include_router(policies.router(deps))
+    app.include_router(stops.router(deps))
     app.include_router(memory.router(deps))
     app.include_router(mcp_route.router(deps))
     app.include_router(webhooks.router(deps))

@@ -147,6 +147,7 @@ def caller_of(context: Mapping[str, Any] | None) -> Caller | None:
         user=str(user) if user else None,
         names_users=flag("act_for_users"),
         operator=flag("operator"),
+        key_id=str(ctx["key_id"]) if ctx.get("key_id") and not user else None,
     )
 
 

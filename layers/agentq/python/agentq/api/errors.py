@@ -15,6 +15,8 @@ wrote (``constraints.tools[0]``), not pydantic's location tags.
   every operation); the local server also answers 421, 411, 408 and 400 about the transport
   itself (``api/http_guard.py``)
 - 422 ``validation_error``: a field's value is invalid; ``field`` names it
+- 423 ``scope_stopped``: the request would start work in a stopped scope (``agentq stop``); the
+  body's ``error.scope`` names it (``kind``, ``value``) and ``field`` its kind
 - 500 ``internal_error``: never with a stack trace; the service log has it
 
 The answers given before routing (413, 415, 401) and after it (404/405 for an unknown route)
@@ -48,9 +50,11 @@ from agentq.core.errors import (
     ValidationError,
 )
 from agentq.core.memory import MemoryConflict, MemoryDocumentNotFound, MemoryLimitExceeded, MemoryStoreNotFound
+from agentq.core.stops import ScopeNotYours, ScopeStopped, StopNotFound
 from agentq.core.vault import VaultUnavailable
 from agentq.storage.agent_aliases import AliasNotFound
 from agentq.storage.agents import AgentConflict, AgentNotFound
+from agentq.storage.api_keys import KeyNotFound
 from agentq.storage.policies import PolicyNotFound
 
 log = logging.getLogger("agentq.api")
@@ -67,6 +71,7 @@ DESCRIPTIONS = {
     413: f"Request body over {MAX_BODY_BYTES} bytes (body_too_large)",
     415: "Request body not sent as application/json (unsupported_media_type)",
     422: "A field is invalid (validation_error); `field` names it",
+    423: "The scope is stopped (scope_stopped): `error.scope` names it; nothing starts in it until it is resumed",
     414: "Request line (method, path and query) over 64 KiB (uri_too_long)",
     431: "Over 100 headers, or a header line over 64 KiB (headers_too_large)",
     503: "This deployment has no vault key (vault_unavailable)",
@@ -215,12 +220,21 @@ def handlers() -> Router:
     def on_vault_unavailable(exc: VaultUnavailable) -> Response[Any]:
         return error_response(503, exc.code, exc.message, exc.field)
 
-    @router.exception_handler([Forbidden, UserNotAllowed])
+    @router.exception_handler([Forbidden, UserNotAllowed, ScopeNotYours])
     def on_forbidden(exc: AgentqError) -> Response[Any]:
         return error_response(403, exc.code, exc.message, exc.field)
 
     @router.exception_handler(
-        [TaskNotFound, AgentNotFound, AliasNotFound, PolicyNotFound, MemoryStoreNotFound, MemoryDocumentNotFound]
+        [
+            TaskNotFound,
+            AgentNotFound,
+            AliasNotFound,
+            PolicyNotFound,
+            MemoryStoreNotFound,
+            MemoryDocumentNotFound,
+            KeyNotFound,
+            StopNotFound,
+        ]
     )
     def on_not_found(exc: AgentqError) -> Response[Any]:
         return error_response(404, exc.code, exc.message, exc.field)
@@ -230,6 +244,10 @@ def handlers() -> Router:
     )
     def on_conflict(exc: AgentqError) -> Response[Any]:
         return error_response(409, exc.code, exc.message, exc.field)
+
+    @router.exception_handler(ScopeStopped)
+    def on_stopped(exc: ScopeStopped) -> Response[Any]:
+        return Response(status_code=423, content_type=JSON, body=json.dumps({"error": exc.to_dict()}))
 
     @router.exception_handler(AgentqError)
     def on_agentq(exc: AgentqError) -> Response[Any]:

@@ -16,6 +16,7 @@ from agentq import observe
 from agentq.control.operations import owned_task, raise_budget
 from agentq.core.errors import IllegalTransition, ValidationError
 from agentq.core.models import MAX_MESSAGE_CHARS, TaskStatus, UserMessage
+from agentq.core.stops import ScopeStopped, stop_covering
 from agentq.queueing.queues import TaskQueues
 from agentq.queueing.webhooks import enqueue_event
 from agentq.storage.container import Storage
@@ -45,6 +46,9 @@ def send_message(
         raise ValidationError(f"text is {len(text):,} characters; a message holds at most {MAX_MESSAGE_CHARS:,}",
                               field="text")  # fmt: skip
     task = owned_task(store, task_id, tenant)
+    stop = stop_covering(store.stops.list(task.tenant), task)
+    if stop is not None:  # a follow-up would start work in a stopped scope
+        raise ScopeStopped(stop)
     if add_tokens or add_steps or add_usd:
         if task.status in REFUSALS and task.status is not TaskStatus.COST_EXCEEDED:
             raise IllegalTransition(

@@ -21,6 +21,7 @@ from agentq.control.submit import prepare_submission, submit_once
 from agentq.control.validation import parse_submission, validate_body
 from agentq.core.errors import AgentqError, ValidationError
 from agentq.core.schedules import ScheduleSpec, fire_task_id, next_fire
+from agentq.core.stops import ScopeStopped
 from agentq.core.tools import ToolRegistry
 from agentq.queueing.queues import TaskQueues
 from agentq.storage.container import Storage
@@ -97,7 +98,12 @@ def fire(
             store.schedules.record_fire(tenant, name, None)
             log.info("schedule %s/%s skipped a fire: task %s is still live", tenant, name, schedule.last_task_id)
             return None
-    submitted = submit_once(store, tools, schedule.spec.submission, tenant=tenant, queues=queues, task_id=task_id)
+    try:
+        submitted = submit_once(store, tools, schedule.spec.submission, tenant=tenant, queues=queues, task_id=task_id)
+    except ScopeStopped as stopped:  # counted as a skipped fire: the schedule fires again once resumed
+        store.schedules.record_fire(tenant, name, None)
+        log.info("schedule %s/%s skipped a fire: %s", tenant, name, stopped.message)
+        return None
     store.schedules.record_fire(tenant, name, submitted.task.task_id)
     log.info("schedule %s/%s fired: task %s", tenant, name, submitted.task.task_id)
     return submitted.task.task_id

@@ -19,6 +19,7 @@ from agentq.control.validation import parse_submission as parse_submission
 from agentq.control.workspaces import check_workspace
 from agentq.core.errors import ValidationError
 from agentq.core.models import Task, TaskStatus, TaskSubmission
+from agentq.core.stops import check_open
 from agentq.core.tools import ToolRegistry
 from agentq.queueing.endings import task_ended
 from agentq.queueing.fairness import FairShare
@@ -98,6 +99,7 @@ def submit_once(
     digest: str | None = None,
     defaults: Defaults | None = None,
     task_id: str | None = None,
+    key_id: str | None = None,
 ) -> Submitted:
     """``submit`` with an optional idempotency key: the same key and request return the task
     the first one created (``created=False``); the same key with another request raises
@@ -107,19 +109,29 @@ def submit_once(
     then ``defaults`` (the deployment's) fill what neither sets. An idempotency key is bound to
     the request as sent (``digest``, else its hash before either), so a retry matches even
     after a new agent version or new defaults. ``task_id``: the id to create it under (a
-    schedule's fire).
+    schedule's fire). ``key_id``: the API key the request came with (its tasks carry it).
+
+    A submission in a stopped scope (its tenant, user, agent or key: ``core.stops``) is refused
+    with ``ScopeStopped`` before anything is written.
     """
     submission = raw if isinstance(raw, TaskSubmission) else parse_submission(raw)
     digest = digest or request_hash(submission)
     task_id = task_id or new_task_id()  # chosen first: an alias's split may be keyed by it
+    check_open(store.stops.list(tenant), user=submission.user, agent=submission.agent, key_id=key_id)
     submission = prepare_submission(store, tools, submission, tenant=tenant, defaults=defaults, task_id=task_id)
     blocked = bool(submission.depends_on)
     if idempotency_key is None:
-        task = store.tasks.create(submission, tenant=tenant, blocked=blocked, task_id=task_id)
+        task = store.tasks.create(submission, tenant=tenant, blocked=blocked, task_id=task_id, key_id=key_id)
         created = True
     else:
         task, created = store.tasks.create_idempotent(
-            submission, tenant=tenant, key=idempotency_key, request_hash=digest, blocked=blocked, task_id=task_id
+            submission,
+            tenant=tenant,
+            key=idempotency_key,
+            request_hash=digest,
+            blocked=blocked,
+            task_id=task_id,
+            key_id=key_id,
         )
     if created:
         observe.task_status_changed(task.task_id, tenant, task.status.value)

@@ -138,6 +138,11 @@ class KeyStore:
             act_for_users=before.act_for_users,
         )
 
+    def get(self, key_id: str) -> ApiKey | None:
+        """The key with id ``key_id`` (None if there is none)."""
+        found = self.table.get(keys.api_key_id_key(key_id)) if KEY_ID_PATTERN.fullmatch(key_id or "") else None
+        return _record(key_id, found) if found is not None else None
+
     def list(self, tenant: str) -> list[ApiKey]:
         """A tenant's keys, newest first (ids only: the keys themselves are not stored)."""
         from agentq.resources import GSI1

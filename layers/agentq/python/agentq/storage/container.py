@@ -23,6 +23,7 @@ from agentq.storage.schedules import Schedules
 from agentq.storage.serdes import Payloads
 from agentq.storage.spawns import Spawns
 from agentq.storage.steps import Steps
+from agentq.storage.stops import Stops
 from agentq.storage.table import Table
 from agentq.storage.task_items import DAY_SECONDS, DEFAULT_TASK_RETENTION_DAYS
 from agentq.storage.tasks import Tasks
@@ -65,6 +66,7 @@ class Storage:
         self.memory_stores = MemoryStores(table)
         self.workspaces = WorkspaceObjects(payloads)
         self.vault = Vault(table)
+        self.stops = Stops(table)
 
 
 def memory_storage(**kwargs: object) -> Storage:

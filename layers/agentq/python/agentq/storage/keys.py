@@ -183,6 +183,15 @@ def policy_version_sk(scope: str, version: int) -> str:
     return f"{policy_version_prefix(scope)}{version:09d}"
 
 
+# A tenant's stops (``storage.stops``): one item per stopped scope in its ``TENANT#`` partition,
+# read by submissions and by the task runners' claims in one Query of the prefix.
+STOP_PREFIX = "STOP#"
+
+
+def stop_sk(kind: str, value: str) -> str:
+    return f"{STOP_PREFIX}{kind}#{value}"
+
+
 def tenant_agents_pk(tenant: str) -> str:
     """``gsi1pk`` of a tenant's agents (one HEAD item each; ``gsi1sk`` is the name)."""
     return f"AGENTS#{tenant}"

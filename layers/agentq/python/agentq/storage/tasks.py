@@ -94,6 +94,7 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
         root_id: str | None = None,
         depth: int = 0,
         blocked: bool = False,
+        key_id: str | None = None,
     ) -> Task:
         """Write META (with the budget, for a root task) and the submission in one transaction.
         ``blocked``: the task waits for its ``depends_on`` (see ``blocked_actions``)."""
@@ -107,6 +108,7 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
             parent_id=parent_id,
             depth=depth,
             budget=submission.constraints.max_tokens if root_id == task_id else None,
+            **({"key_id": key_id} if key_id else {}),
         )
         if blocked:
             actions, task = self.blocked_actions(actions, task)
@@ -146,6 +148,7 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
         ttl_seconds: int = IDEMPOTENCY_TTL_SECONDS,
         blocked: bool = False,
         task_id: str | None = None,
+        key_id: str | None = None,
     ) -> tuple[Task, bool]:
         """Create the task unless ``key`` was used before by ``tenant``; returns (task, created).
 
@@ -161,8 +164,9 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
             task_id = chosen or keys.new_task_id()  # a cancelled attempt wrote nothing: its id is free
             now = time.time()
             actions, task = self.create_actions(
-                task_id, submission, tenant=tenant, root_id=task_id, budget=submission.constraints.max_tokens
-            )
+                task_id, submission, tenant=tenant, root_id=task_id, budget=submission.constraints.max_tokens,
+                **({"key_id": key_id} if key_id else {}),
+            )  # fmt: skip
             if blocked:
                 actions, task = self.blocked_actions(actions, task)
             record = {
@@ -289,6 +293,7 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
             root_id=task_id,
             budget=submission.constraints.max_tokens,
             forked_from={"task_id": source.task_id, "step": len(steps)},
+            **({"key_id": source.key_id} if source.key_id else {}),
         )
         meta = actions[0]
         assert isinstance(meta, Put)

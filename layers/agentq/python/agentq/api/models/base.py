@@ -47,6 +47,9 @@ class ErrorDetail(ApiModel):
     code: str = Field(description="stable, for scripts: validation_error, invalid_json, task_not_found, ...")
     message: str
     field: str | None = Field(default=None, description="the request field at fault, dotted (constraints.max_tokens)")
+    scope: dict[str, str] | None = Field(
+        default=None, description="scope_stopped (423): the stopped scope, {kind: tenant|user|agent|key, value}"
+    )
 
 
 class ErrorResponse(ApiModel):

@@ -42,7 +42,7 @@ def router(deps: ApiDeps) -> Router:
         "`add_tokens` to give an out-of-budget task more). With an `Idempotency-Key` a retry sends nothing twice.",
         operation_id="sendMessage",
         tags=["conversation"],
-        responses=responses(202, MessageAccepted, 400, 403, 404, 409, 413, 415, 422, description="Accepted"),
+        responses=responses(202, MessageAccepted, 400, 403, 404, 409, 413, 415, 422, 423, description="Accepted"),
     )
     def send(
         task_id: TaskId,

@@ -42,7 +42,7 @@ def router(deps: ApiDeps) -> Router:
         "header the same key and body return the same task (`created: false`), the same key with another body 409.",
         operation_id="createTask",
         tags=["tasks"],
-        responses=responses(202, TaskAccepted, 400, 403, 409, 413, 415, 422, description="Accepted and queued"),
+        responses=responses(202, TaskAccepted, 400, 403, 409, 413, 415, 422, 423, description="Accepted and queued"),
     )
     def create_task(
         submission: Annotated[TaskSubmission, Body(description="goal, provider and model, constraints, priority")],
@@ -69,6 +69,7 @@ def router(deps: ApiDeps) -> Router:
             idempotency_key=idempotency_key,
             digest=digest,
             defaults=deps.defaults,
+            key_id=caller.key_id,
         )
         task, created = accepted.task, accepted.created
         headers = {"Location": f"/tasks/{task.task_id}"}
