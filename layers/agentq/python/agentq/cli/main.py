@@ -28,6 +28,7 @@ from agentq.cli import (
     local,
     memory,
     policies,
+    stops,
     submit,
     tasks,
     vault,
@@ -49,7 +50,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # the order `agentq --help` lists them in
-    for group in (submit, tasks, files, events, conversation, catalogue, policies, memory, vault, fleet, admin, local):
+    for group in (
+        submit,
+        tasks,
+        files,
+        events,
+        conversation,
+        catalogue,
+        policies,
+        stops,
+        memory,
+        vault,
+        fleet,
+        admin,
+        local,
+    ):
         group.register(sub)
     return parser
 
