@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentq.control.operations import cancel
+from agentq.control.operations import cancel, subtree
 from agentq.core.errors import IllegalTransition, TaskNotFound
 from agentq.core.models import Task, TaskStatus
 from agentq.core.stops import ScopeNotYours, StopRecord, StopScope
@@ -91,9 +91,17 @@ def stop(
 
     def cancel_tree(task: Task) -> list[str]:
         try:
-            return cancel(store, task.task_id, tenant=tenant, fanout=fanout, reason=why, queues=queues, slots=slots)
-        except (IllegalTransition, TaskNotFound):
-            return []  # it ended (or was purged) meanwhile: nothing left to stop
+            done = cancel(store, task.task_id, tenant=tenant, fanout=fanout, reason=why, queues=queues, slots=slots)
+        except TaskNotFound:
+            return []  # purged meanwhile
+        except IllegalTransition:
+            done = []
+        if task.task_id in done:
+            return done
+        # It ended meanwhile: on its own, or cancelled by a worker that met the stop first (a
+        # delivery reads the stops before it claims), which is this stop's doing too.
+        tree = subtree(store, store.tasks.get(task.task_id))
+        return sorted(set(done) | {t.task_id for t in tree if t.status is TaskStatus.CANCELLED})
 
     with ThreadPoolExecutor(max_workers=CANCEL_THREADS, thread_name_prefix="agentq-stop") as pool:
         for done in pool.map(cancel_tree, roots):

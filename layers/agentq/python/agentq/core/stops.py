@@ -82,8 +82,8 @@ def parse_scope(fields: dict[str, str | None]) -> StopScope:
     if not named:
         raise ValidationError(f"scope: name exactly one of {', '.join(KINDS)}", field="scope")
     if len(named) > 1:
-        both = ", ".join(sorted(named))
-        raise ValidationError(f"scope: name exactly one of {', '.join(KINDS)}, not {both}", field=sorted(named)[1])
+        both = " and ".join(named)
+        raise ValidationError(f"scope: name exactly one of {', '.join(KINDS)}, not {both}", field=list(named)[1])
     kind, value = next(iter(named.items()))
     if not isinstance(value, str) or not value:
         raise ValidationError(f"{kind}: must not be empty", field=kind)
