@@ -103,9 +103,16 @@ def stop(
         tree = subtree(store, store.tasks.get(task.task_id))
         return sorted(set(done) | {t.task_id for t in tree if t.status is TaskStatus.CANCELLED})
 
+    done: set[str] = set()
     with ThreadPoolExecutor(max_workers=CANCEL_THREADS, thread_name_prefix="agentq-stop") as pool:
-        for done in pool.map(cancel_tree, roots):
-            report.cancelled += done
+        for ids_cancelled in pool.map(cancel_tree, roots):
+            done.update(ids_cancelled)
+    # What the stop found unfinished and is cancelled now: by these cancels, or by a worker (or a
+    # fan-out's stop) that met the stop first.
+    listed = [t.task_id for t in found]
+    for i in range(0, len(listed), 50):
+        done.update(t.task_id for t in store.tasks.get_many(listed[i : i + 50]) if t.status is TaskStatus.CANCELLED)
+    report.cancelled = sorted(done)
     running = {t.task_id for t in found if t.status is TaskStatus.RUNNING}
     report.were_running = [t for t in report.cancelled if t in running]
     log.info("tenant %s: %s stopped by %s; %d tasks cancelled", tenant, scope, by, len(report.cancelled))
