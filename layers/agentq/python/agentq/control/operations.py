@@ -16,6 +16,7 @@ from agentq.core.engine.conversation import conversation, final_text
 from agentq.core.errors import IllegalTransition, TaskNotFound, ValidationError
 from agentq.core.models import Task, TaskStatus, TaskSubmission
 from agentq.core.pricing import micros
+from agentq.core.stops import ScopeStopped, stop_covering
 from agentq.core.tools import ToolRegistry
 from agentq.queueing.endings import task_ended
 from agentq.queueing.queues import TaskQueues
@@ -249,6 +250,9 @@ def fork(
         body.pop("script", None)
     submission = parse_submission(body)
     check_submission(submission, tools)
+    stop = stop_covering(store.stops.list(source.tenant), source)
+    if stop is not None:  # the fork would start work in a stopped scope
+        raise ScopeStopped(stop)
     steps = store.steps.load(task_id)[:at_step]
     new = store.tasks.fork(source, submission, steps, tenant=source.tenant)
     queues.send(new.task_id, submission.priority, tenant=new.tenant)

@@ -117,8 +117,8 @@ def submit_once(
     submission = raw if isinstance(raw, TaskSubmission) else parse_submission(raw)
     digest = digest or request_hash(submission)
     task_id = task_id or new_task_id()  # chosen first: an alias's split may be keyed by it
-    check_open(store.stops.list(tenant), user=submission.user, agent=submission.agent, key_id=key_id)
     submission = prepare_submission(store, tools, submission, tenant=tenant, defaults=defaults, task_id=task_id)
+    check_open(store.stops.list(tenant), user=submission.user, agent=submission.agent, key_id=key_id)
     blocked = bool(submission.depends_on)
     if idempotency_key is None:
         task = store.tasks.create(submission, tenant=tenant, blocked=blocked, task_id=task_id, key_id=key_id)

@@ -33,6 +33,7 @@ def action(
     description: str | None = None,
     ok: int = 200,
     ok_description: str = "Success",
+    errors: tuple[int, ...] = (),
 ) -> Callable[[F], F]:
     """The route of ``POST /tasks/{id}/<verb>`` with a JSON body, answering a ``TaskView``."""
     return routes.post(
@@ -41,7 +42,7 @@ def action(
         description=description,
         operation_id=operation_id,
         tags=["control"],
-        responses=responses(ok, TaskView, *BODY_ERRORS, description=ok_description),
+        responses=responses(ok, TaskView, *BODY_ERRORS, *errors, description=ok_description),
     )
 
 
@@ -104,6 +105,7 @@ def router(deps: ApiDeps) -> Router:
         description="A new task from the source's steps 1..at_step (copied, never re-run), with any overrides.",
         ok=202,
         ok_description="The new task, queued",
+        errors=(423,),
     )
     def fork(task_id: TaskId, request: Annotated[ForkRequest, Body()]) -> Response[TaskView]:
         visible(deps, task_id)
