@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -56,6 +57,7 @@ def cancel(
     reason: str = "cancelled on request",
     queues: TaskQueues | None = None,
     slots: RunningSlots | None = None,
+    fenced: Mapping[str, Task] | None = None,
 ) -> list[str]:
     """Cancel a task and its whole subtree; returns the ids that were cancelled.
 
@@ -70,11 +72,16 @@ def cancel(
     follow, which may raise. Its message, when it has one, would do it too, but a task the
     fleet's waker admitted and could not send has none, and the sweeper never lists a task that
     ended: its slots would be held for good.
+
+    ``fenced``: tasks of the tree the caller moved to ``cancelled`` already (a stop fences its
+    whole scope first, ``control.stops``), as they were before: they count as cancelled here and
+    get every consequence (slots, budgets, endings), without a partial result.
     """
+    fenced = fenced or {}
     task = owned_task(store, task_id, tenant)
-    if task.status.terminal:
+    if task.status.terminal and task_id not in fenced:
         raise IllegalTransition(f"task {task_id} is already {task.status.value}", field="task_id")
-    tree = subtree(store, task)
+    tree = [fenced.get(node.task_id, node) for node in subtree(store, task)]
     # No new child may start while the tree is being cancelled: the fan-out executions are
     # stopped first, then the children that never ran are cancelled (nothing to read for them),
     # then the ones that did. Cancelling a running child first would let its fan-out start the
@@ -86,6 +93,9 @@ def cancel(
                     fanout.stop(spawn.execution_arn, reason)
     cancelled = []
     for node in sorted(tree, key=lambda n: n.claim_count > 0):  # stable: never-started first, in tree order
+        if node.task_id in fenced:
+            cancelled.append(node.task_id)
+            continue
         if node.status.terminal:
             continue
         partial = node.result or final_text(conversation(node.submission.goal, store.steps.load(node.task_id)))

@@ -19,11 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentq.control.operations import cancel, subtree
+from agentq.control.operations import cancel
 from agentq.core.errors import IllegalTransition, TaskNotFound
 from agentq.core.models import Task, TaskStatus
 from agentq.core.stops import ScopeNotYours, StopRecord, StopScope
 from agentq.queueing.queues import TaskQueues
+from agentq.resources import LIVE_SHARDS
 from agentq.storage.api_keys import KeyNotFound
 from agentq.storage.container import Storage
 from agentq.storage.running_slots import RunningSlots
@@ -58,7 +59,9 @@ def owned_scope(store: Storage, tenant: str, scope: StopScope) -> StopScope:
 def scope_tasks(store: Storage, tenant: str, scope: StopScope) -> list[Task]:
     """The unfinished tasks of ``scope``: the ``live`` index, META of each (the tenant's only
     read with their submissions), those the scope covers."""
-    ids = list(store.tasks.live_task_ids())
+    with ThreadPoolExecutor(max_workers=LIVE_SHARDS) as pool:  # the shards at once: a stop is waited for
+        ids = [i for shard in pool.map(lambda n: list(store.tasks.live_task_ids(shards=[n])), range(LIVE_SHARDS))
+               for i in shard]  # fmt: skip
     mine: list[str] = []
     for i in range(0, len(ids), 100):
         mine += [str(m["task_id"]) for m in store.tasks.metas(ids[i : i + 100]) if m.get("tenant") == tenant]
@@ -88,26 +91,29 @@ def stop(
     # A tree is cancelled from its highest task in the scope; a child under it goes with it.
     roots = [t for t in found if t.parent_id not in ids]
     why = f"stopped: {scope}" + (f" ({reason})" if reason else "")
+    error = {"code": "cancelled", "message": why}
+
+    def fence(task: Task) -> bool:
+        """The write that ends the task's commits: one conditional update, before anything else."""
+        try:
+            store.tasks.transition(task.task_id, TaskStatus.CANCELLED, error=error)
+        except (IllegalTransition, TaskNotFound):
+            return False  # it ended (or was purged) meanwhile
+        return True
 
     def cancel_tree(task: Task) -> list[str]:
+        """The rest of a cancel for the tree (its fan-out stopped, its children out of the scope
+        cancelled, slots, budgets, endings), its fenced tasks counted as cancelled."""
         try:
-            done = cancel(store, task.task_id, tenant=tenant, fanout=fanout, reason=why, queues=queues, slots=slots)
-        except TaskNotFound:
-            return []  # purged meanwhile
-        except IllegalTransition:
-            done = []
-        if task.task_id in done:
-            return done
-        # It ended meanwhile: on its own, or cancelled by a worker that met the stop first (a
-        # delivery reads the stops before it claims), which is this stop's doing too.
-        tree = subtree(store, store.tasks.get(task.task_id))
-        return sorted(set(done) | {t.task_id for t in tree if t.status is TaskStatus.CANCELLED})
+            return cancel(store, task.task_id, tenant=tenant, fanout=fanout, reason=why, queues=queues, slots=slots,
+                          fenced=fenced)  # fmt: skip
+        except (IllegalTransition, TaskNotFound):
+            return []  # it ended on its own before the fence
 
-    done: set[str] = set()
     with ThreadPoolExecutor(max_workers=CANCEL_THREADS, thread_name_prefix="agentq-stop") as pool:
-        for ids_cancelled in pool.map(cancel_tree, roots):
-            done.update(ids_cancelled)
-    # What the stop found unfinished and is cancelled now: by these cancels, or by a worker (or a
+        fenced = {t.task_id: t for t, ok in zip(found, pool.map(fence, found), strict=True) if ok}
+        done = {i for ids_cancelled in pool.map(cancel_tree, roots) for i in ids_cancelled}
+    # What the stop found unfinished and is cancelled now: by this stop, or by a worker (or a
     # fan-out's stop) that met the stop first.
     listed = [t.task_id for t in found]
     for i in range(0, len(listed), 50):

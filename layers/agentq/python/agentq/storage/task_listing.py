@@ -5,7 +5,7 @@ sparse ``live`` index, which the sweeper walks)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from boto3.dynamodb.conditions import Attr, ConditionBase
@@ -80,10 +80,10 @@ class TaskListing(TaskItems):
             cursor = last["gsi1sk"]
         return self.get_many([task_id for task_id, _ in found]), cursor
 
-    def live_task_ids(self, page_size: int = 500) -> Iterator[str]:
+    def live_task_ids(self, page_size: int = 500, shards: Iterable[int] = range(LIVE_SHARDS)) -> Iterator[str]:
         """Every task in the sparse ``live`` index: the unfinished ones (and a few just finished,
-        as the index is eventually consistent)."""
-        for shard in range(LIVE_SHARDS):
+        as the index is eventually consistent). ``shards``: only those (a caller reading them at once)."""
+        for shard in shards:
             start: Item | None = None
             while True:
                 page = self.table.query_index(
