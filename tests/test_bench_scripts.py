@@ -44,6 +44,7 @@ CASES = {
     "vault_cost": ["--runs", "3"],
     "live_cost": ["--watchers", "10,100"],
     "alias_cost": ["--runs", "3"],
+    "stop_time": ["--tasks", "6", "--others", "2", "--workers", "1", "--latency", "0.5", "--scan", "6"],
     "fairness": ["--sizes", "8", "--b-tasks", "2", "--latency", "0.5", "--limit", "2", "--window", "2",
                  "--concurrency", "4", "--workers", "1"],
     # the coding task, its bill and the shell's overhead; not the restore part (a local stack and
@@ -161,6 +162,10 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
         [row] = result["rows"]
         assert row["subscribers_with_every_step"] == row["ended"] == 3 and row["steps"] == 5
         assert row["latency_ms"]["n"] == 15 and row["reads"] > 0
+    elif name == "stop_time":
+        assert result["cancelled"] == result["running_before_stop"] == 6 and result["stopped_s"]["n"] == 6
+        assert result["commits_after_stop"] == result["step_items_committed_after_stop"] == 0
+        assert result["bob_touched"] == 0
     elif name == "fairness":
         [row] = result["rows"]
         assert row["b_claimed"] == 2 and row["a_running_max"] <= 2 and row["b_pickup_s"]["n"] == 2

@@ -1187,3 +1187,46 @@ def test_the_vault_page_lists_a_users_credential_names_and_hosts_never_a_value_n
     page.goto(f"{console.url}/console/#/tasks/{task}")
     page.wait_for_selector("text=credential 'jira' for jira.example.com")
     no_errors(tab)
+
+
+def test_the_stop_button_asks_first_then_stops_a_users_tasks_until_resumed(console: Console, tab: Page) -> None:
+    """The stops page (console_assets/stops.js): a stop is asked for in a dialog naming the scope;
+    declined, nothing is stored and nothing stops; confirmed, the user's tasks are cancelled
+    (another user's run on) and new ones are refused (423) until the row's Resume."""
+    tenant = f"stop-console-{uuid.uuid4().hex[:6]}"  # a tenant of its own: the other tests' go on
+    key = console.stack.create_api_key(tenant, act_for_users=True)
+    slow = [{"text": "zzz", "latency_seconds": 20}]
+    dora = [console.submit({**scripted("dora's", slow), "user": "dora"}, key=key) for _ in range(2)]
+    ed = console.submit({**scripted("ed's", slow), "user": "ed"}, key=key)
+    page = tab.page
+    page.click("#key-button")
+    page.fill("#key-input", key)
+    page.press("#key-input", "Enter")
+    page.click("a[data-nav='stops']")
+    page.wait_for_selector("text=Nothing is stopped.")
+    page.select_option("#stop-kind", "user")
+    page.fill("#stop-value", "dora")
+    page.fill("#stop-reason", "runaway")
+    page.click("#stop-form button[type=submit]")
+    page.wait_for_selector("#stop-dialog[open]")
+    assert page.inner_text("#stop-question") == "Stop every task of user dora?"
+    shot(console, tab, "stop-confirm", full_page=False)
+    page.click("#stop-no")  # declined: nothing stored, nothing stopped
+    assert console.http("GET", "/stops", key=key)[1] == {"stops": []}
+    assert all(console.http("GET", f"/tasks/{t}", key=key)[1]["status"] in ("queued", "running") for t in dora)
+    page.click("#stop-form button[type=submit]")
+    page.click("#stop-yes")
+    page.wait_for_selector("tr[data-stop='user:dora']")
+    assert "2 tasks cancelled" in page.inner_text(".notice")
+    assert page.inner_text("tr[data-stop='user:dora']").split("\t")[0] == "user dora"
+    shot(console, tab, "stops")
+    assert [console.http("GET", f"/tasks/{t}", key=key)[1]["status"] for t in dora] == ["cancelled"] * 2
+    assert console.http("GET", f"/tasks/{ed}", key=key)[1]["status"] in ("queued", "running")
+    refused = console.http("POST", "/tasks", {**scripted("again", slow), "user": "dora"}, key=key)
+    assert refused[0] == 423 and refused[1]["error"]["scope"] == {"kind": "user", "value": "dora"}
+    page.click("#resume-user-dora")
+    page.wait_for_selector("text=Nothing is stopped.")
+    assert console.http("POST", "/tasks", {**scripted("again", [{"text": "hi"}]), "user": "dora"}, key=key)[0] == 202
+    console.http("POST", "/stops", {"tenant": tenant}, key=key)  # leave nothing running behind
+    tab.errors[:] = [e for e in tab.errors if "status of 423" not in e]
+    no_errors(tab)

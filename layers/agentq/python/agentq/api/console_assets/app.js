@@ -10,6 +10,7 @@ import { schedulesPage } from "./schedules.js";
 import { taskListPage } from "./task_list.js";
 import { taskPage } from "./task.js";
 import { vaultPage } from "./vault.js";
+import { stopsPage } from "./stops.js";
 
 const main = document.getElementById("main");
 const alertBox = document.getElementById("alert");
@@ -26,6 +27,7 @@ const routes = [
   [/^#\/memory$/, (ctx) => memoryListPage(ctx)],
   [/^#\/vault\/([^/]+)$/, (ctx, m) => vaultPage(ctx, decodeURIComponent(m[1]))],
   [/^#\/vault$/, (ctx) => vaultPage(ctx, "")],
+  [/^#\/stops$/, (ctx) => stopsPage(ctx)],
   [/^#\/schedules$/, (ctx) => schedulesPage(ctx)],
   [/^#\/dead-letters$/, (ctx) => deadLettersPage(ctx)],
   [/^#\/breakers$/, (ctx) => breakersPage(ctx)],
