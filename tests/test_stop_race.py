@@ -41,8 +41,13 @@ def _steady(goal: str, user: str, turns: int = 60) -> dict[str, Any]:
         "goal": goal,
         "user": user,
         "provider": "scripted",
-        "script": {"turns": [{"text": f"{goal} {i}", "latency_seconds": 0.3, "tool_calls": [call("lookup", query="q")]}
-                             for i in range(turns)] + [{"text": f"{goal} done"}]},
+        "script": {
+            "turns": [
+                {"text": f"{goal} {i}", "latency_seconds": 0.3, "tool_calls": [call("lookup", query="q")]}
+                for i in range(turns)
+            ]
+            + [{"text": f"{goal} done"}]
+        },
         "constraints": {"tools": ["lookup"], "max_steps": 200, "max_tokens": 400_000},
     }
 
