@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     stack.start()
     try:
         store, queues = patient_clients(stack)
+        assert stack.settings is not None
         registry = build_registry(stack.settings)
         turns = int(args.max_seconds / args.latency) + 10
         alice, bob = submission("alice", args.latency, turns), submission("bob", args.latency, turns)

@@ -91,6 +91,7 @@ def _committed_numbers(store: Storage, task_id: str, upto: int) -> list[int]:
 
 def test_a_stop_cancels_its_scope_in_every_worker_and_no_step_of_it_commits_after(stack: LocalStack) -> None:
     store, queues = stack.store(), stack.queues()
+    assert stack.settings is not None
     tools = build_registry(stack.settings)
 
     def sub(body: dict[str, Any]) -> str:

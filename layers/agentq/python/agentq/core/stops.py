@@ -85,7 +85,7 @@ def parse_scope(fields: dict[str, str | None]) -> StopScope:
         both = " and ".join(named)
         raise ValidationError(f"scope: name exactly one of {', '.join(KINDS)}, not {both}", field=list(named)[1])
     kind, value = next(iter(named.items()))
-    if not isinstance(value, str) or not value:
+    if not value:
         raise ValidationError(f"{kind}: must not be empty", field=kind)
     if re.fullmatch(VALUE_PATTERNS[kind][1:-1], value) is None:
         raise ValidationError(f"{kind}: {_RULES[kind]}", field=kind)

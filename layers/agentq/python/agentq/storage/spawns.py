@@ -125,7 +125,7 @@ class Spawns:
                 budget=child.share,
                 overwrite=True,
                 spawn_id=spawn_id,
-                **({"key_id": parent.key_id} if parent.key_id else {}),
+                key_id=parent.key_id,
             )
             actions += [_renamed(a, child.task_id) for a in child_actions]
         for chunk in chunks(actions, 100):  # 2 actions a child (META with its budget, submission): never split

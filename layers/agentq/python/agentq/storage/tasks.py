@@ -65,6 +65,7 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
         depth: int = 0,
         budget: int | None = None,
         overwrite: bool = False,
+        key_id: str | None = None,
         **extra: Any,
     ) -> tuple[list[Action], Task]:
         """The writes that create a task: META (never over an existing one) with, given
@@ -73,6 +74,8 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
         if budget is not None:
             money = submission.constraints.max_cost_usd
             extra = {**budget_attrs(budget, micros(money) if money is not None else NO_MONEY_CAP), **extra}
+        if key_id is not None:  # the API key that submitted its root (``agentq stop --key``)
+            extra = {"key_id": key_id, **extra}
         if submission.user is not None:  # the user a task acts for, and its place in the user's listing
             extra = {**user_attrs(tenant, submission.user), **extra}
         meta = self.meta_item(
@@ -108,7 +111,7 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
             parent_id=parent_id,
             depth=depth,
             budget=submission.constraints.max_tokens if root_id == task_id else None,
-            **({"key_id": key_id} if key_id else {}),
+            key_id=key_id,
         )
         if blocked:
             actions, task = self.blocked_actions(actions, task)
@@ -165,7 +168,7 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
             now = time.time()
             actions, task = self.create_actions(
                 task_id, submission, tenant=tenant, root_id=task_id, budget=submission.constraints.max_tokens,
-                **({"key_id": key_id} if key_id else {}),
+                key_id=key_id,
             )  # fmt: skip
             if blocked:
                 actions, task = self.blocked_actions(actions, task)
@@ -293,7 +296,7 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
             root_id=task_id,
             budget=submission.constraints.max_tokens,
             forked_from={"task_id": source.task_id, "step": len(steps)},
-            **({"key_id": source.key_id} if source.key_id else {}),
+            key_id=source.key_id,
         )
         meta = actions[0]
         assert isinstance(meta, Put)

@@ -11,7 +11,7 @@ from agentq.core.stops import MAX_REASON_CHARS, VALUE_PATTERNS
 
 
 def _value(kind: str, what: str) -> str | None:
-    return Field(default=None, min_length=1, max_length=128, pattern=VALUE_PATTERNS[kind], description=what)  # type: ignore[no-any-return]
+    return Field(default=None, min_length=1, max_length=128, pattern=VALUE_PATTERNS[kind], description=what)
 
 
 class StopScopeBody(StrictModel):
