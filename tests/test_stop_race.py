@@ -1,4 +1,4 @@
-"""The stop button against real worker processes (issue 44 item 3, ARCHITECTURE invariant 16).
+"""The stop button against real worker processes (issue 44 item 3, ARCHITECTURE invariant 17).
 
 Tasks of scope A (end user alice) run in several worker processes, committing a step every few
 tenths of a second, with sub-agents, and more of them wait queued behind the workers' capacity;

@@ -2,7 +2,7 @@
 (``core.stops``: an end user, an agent, an API key, the tenant), children included, and refuses
 new work in that scope until ``resume``.
 
-The order is the mechanism (ARCHITECTURE invariant 16): the stop is stored first, then the
+The order is the mechanism (ARCHITECTURE invariant 17): the stop is stored first, then the
 scope's unfinished tasks are listed and each tree is cancelled with ``operations.cancel``, whose
 transition to ``cancelled`` is what fences every later step commit of the task (a commit requires
 ``status = running``). A task the listing cannot have seen was created, or claimed, after the

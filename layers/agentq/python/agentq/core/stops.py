@@ -3,7 +3,7 @@ tenant) cancelled at once, and no new one started in it until it is resumed.
 
 Pure: what a scope is, which tasks it covers, and the error a refused submission gets. The
 storage (``storage.stops``), the stop itself (``control.stops``) and where each path checks
-(submission, follow-up, the dispatcher's claim) live elsewhere; ARCHITECTURE invariant 16 says
+(submission, follow-up, the dispatcher's claim) live elsewhere; ARCHITECTURE invariant 17 says
 why that order keeps any step of a stopped scope from committing after the stop returns.
 """
 

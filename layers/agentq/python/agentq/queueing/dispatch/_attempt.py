@@ -59,7 +59,7 @@ def _stopped(ctx: Context, task: Task, delivery: Delivery) -> Action | None:
     """None when no stop of its tenant covers ``task``; else it is cancelled with its subtree
     (``control``'s cancel, handed in) and its end reported as a message of an ended task's is
     (a fan-out parent told). Read before every claim, so a task the stop's listing could not see
-    (created or claimed after the stop was stored) never commits a step (ARCHITECTURE 16)."""
+    (created or claimed after the stop was stored) never commits a step (ARCHITECTURE 17)."""
     stop = stop_covering(ctx.store.stops.list(task.tenant), task)
     if stop is None:
         return None
