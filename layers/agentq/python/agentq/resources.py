@@ -260,17 +260,24 @@ def provision(
         provision_state_machine(session.client("stepfunctions", endpoint_url=endpoint_url), names)
 
 
-def provision_queues(sqs: Any, names: ResourceNames, settings: QueueSettings) -> dict[str, str]:
-    """Each tier queue with its own DLQ through a redrive policy; returns tier -> queue URL."""
+def provision_queues(
+    sqs: Any, names: ResourceNames, settings: QueueSettings, *, pool: str | None = None
+) -> dict[str, str]:
+    """Each tier queue with its own DLQ through a redrive policy; returns tier -> queue URL.
+    ``pool``: the tier queues of that pool (``{prefix}-{pool}-{tier}``, agentq.queueing.queues)
+    alone, without the webhooks queue."""
     urls: dict[str, str] = {}
     for tier in TIERS:
+        name = f"{pool}-{tier}" if pool else tier
         dlq_url = sqs.create_queue(
-            QueueName=names.dlq(tier), Attributes={"MessageRetentionPeriod": str(settings.dlq_retention_seconds)}
+            QueueName=names.dlq(name), Attributes={"MessageRetentionPeriod": str(settings.dlq_retention_seconds)}
         )["QueueUrl"]
         dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-        urls[tier] = sqs.create_queue(QueueName=names.queue(tier), Attributes=queue_attributes(settings, dlq_arn))[
+        urls[tier] = sqs.create_queue(QueueName=names.queue(name), Attributes=queue_attributes(settings, dlq_arn))[
             "QueueUrl"
         ]
+    if pool:
+        return urls
     # Callbacks (queueing/webhooks.py): their own queue, so a receiver that is down delays
     # nothing else; WEBHOOK_ATTEMPTS receives, then the DLQ.
     dlq_url = sqs.create_queue(

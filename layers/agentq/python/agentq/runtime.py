@@ -21,7 +21,7 @@ from agentq.control.defaults import ConfigurationError, Defaults
 from agentq.core.secrets import Secrets
 from agentq.core.tools import ToolRegistry, default_registry
 from agentq.core.tools.mcp import McpServers
-from agentq.queueing.queues import TaskQueues
+from agentq.queueing.queues import POOL_VARIABLE, WORKSPACE_POOL_VARIABLE, TaskQueues
 from agentq.resources import ResourceNames
 from agentq.storage.container import Storage
 from agentq.storage.dynamodb import DynamoTable
@@ -46,6 +46,10 @@ class Settings:
     state_machine_arn: str | None = None  # default: looked up by name ({prefix}-fanout)
     defaults: Defaults = Defaults()  # AGENTQ_DEFAULT_*: what submissions and tenants leave out
     task_retention_days: int = DEFAULT_TASK_RETENTION_DAYS  # terminal tasks expire after this
+    # Queue pools (queueing.queues): the one this process reads (AGENTQ_QUEUE_POOL), and where
+    # tasks with a workspace run (AGENTQ_WORKSPACE_POOL: the deployment's EC2 tier). None: the default set.
+    queue_pool: str | None = None
+    workspace_pool: str | None = None
 
     @property
     def names(self) -> ResourceNames:
@@ -72,6 +76,8 @@ class Settings:
             state_machine_arn=os.environ.get("AGENTQ_STATE_MACHINE_ARN") or None,
             defaults=Defaults.from_env(),
             task_retention_days=retention_days_from_env(),
+            queue_pool=_pool_from_env(POOL_VARIABLE),
+            workspace_pool=_pool_from_env(WORKSPACE_POOL_VARIABLE),
         )
 
     def env(self) -> dict[str, str]:
@@ -90,7 +96,22 @@ class Settings:
             out["AWS_ENDPOINT_URL"] = self.endpoint_url
         if self.state_machine_arn:
             out["AGENTQ_STATE_MACHINE_ARN"] = self.state_machine_arn
+        if self.queue_pool:
+            out[POOL_VARIABLE] = self.queue_pool
+        if self.workspace_pool:
+            out[WORKSPACE_POOL_VARIABLE] = self.workspace_pool
         return out
+
+
+def _pool_from_env(variable: str) -> str | None:
+    """A queue pool's name from ``variable``: empty is none; anything but lowercase letters,
+    digits and ``-`` stops the process naming the variable (it becomes part of queue names)."""
+    value = os.environ.get(variable, "").strip()
+    if value and not (value[0].isalpha() and all(c.islower() or c.isdigit() or c == "-" for c in value)):
+        raise ConfigurationError(
+            f"{variable}={value!r} is not a queue pool name (lowercase letters, digits, '-')", field=variable
+        )
+    return value or None
 
 
 RETENTION_VARIABLE = "AGENTQ_TASK_RETENTION_DAYS"
@@ -274,7 +295,12 @@ def build_store(settings: Settings, sess: boto3.session.Session | None = None, p
 
 
 def build_queues(settings: Settings, sess: boto3.session.Session | None = None, pool: int = 64) -> TaskQueues:
-    return TaskQueues(client(settings, "sqs", sess, pool), settings.names)
+    return TaskQueues(
+        client(settings, "sqs", sess, pool),
+        settings.names,
+        pool=settings.queue_pool,
+        workspace_pool=settings.workspace_pool,
+    )
 
 
 def lazy_store_and_queues(pool: int = 4) -> Callable[[], tuple[Storage, TaskQueues]]:

@@ -160,8 +160,8 @@ def submit_once(
             return Submitted(task, created)
         # Admitted, or neither admitted nor parked (``gate.keep``): then its message is sent
         # unadmitted, and the dispatcher admits it on delivery.
-        try:
-            queues.send(task.task_id, submission.priority, tenant=tenant)
+        try:  # a task with a workspace goes to the pool whose hosts run its sandbox (queueing.queues)
+            queues.send(task.task_id, submission.priority, tenant=tenant, pool=queues.pool_for(submission))
         except Exception:
             # The task and its slots go in one transaction, only while nobody claimed it and its
             # slots are as read: a send that raised although SQS took the message may already
@@ -184,5 +184,5 @@ def submit_once(
             raise
     elif task.status is TaskStatus.QUEUED and task.lease_epoch == 0:
         # the first request may have died before its enqueue: a duplicate message is harmless
-        queues.send(task.task_id, submission.priority, tenant=tenant)
+        queues.send(task.task_id, submission.priority, tenant=tenant, pool=queues.pool_for(submission))
     return Submitted(task, created)

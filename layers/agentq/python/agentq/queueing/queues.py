@@ -2,6 +2,15 @@
 
 A message only names a task; everything else is read from the table, so a duplicate,
 stale or redriven message is harmless: the lease and the task status decide what happens.
+
+**Pools.** A deployment may run a second set of tier queues, a *pool*, for the tasks only some
+hosts can run: ``{prefix}-workspace-{tier}`` for the tasks with a workspace, which need
+bubblewrap and so a host with user namespaces (the EC2 tier, docs/SANDBOX.md). ``pool`` is the
+set this process reads, and where what it sends of its own goes (a continuation stays where it
+was received); ``workspace_pool`` is where a task with a workspace must run. A submission is sent
+there directly (``pool_for``); any other message of such a task that reaches a runner of another
+pool is forwarded there by the dispatcher before anything runs (``forwards``). Without a
+workspace pool (the local stack) nothing changes: one set of queues, every task on it.
 """
 
 from __future__ import annotations
@@ -13,6 +22,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from agentq.core.models import TaskSubmission
+from agentq.core.workspace import has_workspace
 from agentq.resources import TIERS, ResourceNames
 
 MessageKind = Literal[
@@ -65,6 +76,17 @@ class TaskMessage(BaseModel):
     scheduled_time: str | None = Field(default=None, max_length=64)  # ... and its time (ISO 8601, from the Scheduler)
 
 
+POOL_VARIABLE = "AGENTQ_QUEUE_POOL"  # the pool of tier queues this process reads (unset: the default one)
+WORKSPACE_POOL_VARIABLE = "AGENTQ_WORKSPACE_POOL"  # the pool where tasks with a workspace run (unset: none)
+WORKSPACE_POOL = "workspace"  # the name the CDK stack gives it: {prefix}-workspace-{tier}
+_OWN = "<own>"
+
+
+def pooled(tier: str, pool: str | None) -> str:
+    """The queue-name part of ``tier`` in ``pool`` (``ResourceNames.queue`` adds the prefix)."""
+    return f"{pool}-{tier}" if pool else tier
+
+
 @dataclass
 class TaskQueues:
     """Queue URLs by tier, resolved once, and the few operations agentq performs on them."""
@@ -73,17 +95,35 @@ class TaskQueues:
     names: ResourceNames
     _urls: dict[str, str] = field(default_factory=dict)
     fair: bool = True  # send tier messages with the tenant as MessageGroupId (SQS fair queues)
+    pool: str | None = None  # the tier queues this process reads and continues in (None: the default set)
+    workspace_pool: str | None = None  # where tasks with a workspace must run (None: wherever they are sent)
 
-    def url(self, tier: str) -> str:
-        if tier not in self._urls:
-            self._urls[tier] = self.sqs.get_queue_url(QueueName=self.names.queue(tier))["QueueUrl"]
-        return self._urls[tier]
+    def url(self, tier: str, pool: str | None = _OWN) -> str:
+        """The URL of ``tier``'s queue in ``pool`` (by default this process's own)."""
+        name = pooled(tier, self.pool if pool == _OWN else pool)
+        if name not in self._urls:
+            self._urls[name] = self.sqs.get_queue_url(QueueName=self.names.queue(name))["QueueUrl"]
+        return self._urls[name]
 
     def dlq_url(self, tier: str) -> str:
-        key = f"{tier}-dlq"
+        name = pooled(tier, self.pool)
+        key = f"{name}-dlq"
         if key not in self._urls:
-            self._urls[key] = self.sqs.get_queue_url(QueueName=self.names.dlq(tier))["QueueUrl"]
+            self._urls[key] = self.sqs.get_queue_url(QueueName=self.names.dlq(name))["QueueUrl"]
         return self._urls[key]
+
+    def pool_for(self, submission: TaskSubmission) -> str | None:
+        """The pool a task of ``submission`` runs in: the workspace pool when it has a workspace
+        (its ``workspace``, or a workspace tool among its tools) and the deployment has that
+        pool, else the default one (never this process's own: the API reads none)."""
+        needs = self.workspace_pool is not None and has_workspace(submission.workspace, submission.constraints.tools)
+        return self.workspace_pool if needs else None
+
+    def forwards(self, submission: TaskSubmission) -> bool:
+        """Whether a task of ``submission`` must leave this process's pool for the workspace
+        pool before anything of it runs here."""
+        target = self.pool_for(submission)
+        return target is not None and target != self.pool
 
     def webhooks_url(self) -> str:
         if "webhooks" not in self._urls:
@@ -99,23 +139,31 @@ class TaskQueues:
         self.sqs.send_message(QueueUrl=self.webhooks_url(), MessageBody=body)
 
     def tier_of(self, queue: str) -> str:
-        """The tier of a queue given its URL, ARN or name."""
+        """The tier of a queue of this process's pool given its URL, ARN or name."""
         name = queue.rstrip("/").split("/")[-1].split(":")[-1]
         for tier in TIERS:
-            if name == self.names.queue(tier):
+            if name == self.names.queue(pooled(tier, self.pool)):
                 return tier
         raise ValueError(f"{queue!r} is not one of this deployment's tier queues")
 
     def send(
-        self, task_id: str, tier: str, kind: MessageKind = "run", delay_seconds: int = 0, *, tenant: str | None
+        self,
+        task_id: str,
+        tier: str,
+        kind: MessageKind = "run",
+        delay_seconds: int = 0,
+        *,
+        tenant: str | None,
+        pool: str | None = _OWN,
     ) -> str:
         """``tenant``: the message's fair-queue group (``MessageGroupId``): SQS fair queues
         serve a quiet tenant's messages ahead of a noisy one's backlog. Required (None only
         where no task is known): a message sent without it, a continuation or a wake, would
-        leave the fair queue's grouping."""
+        leave the fair queue's grouping. ``pool``: the set of tier queues (``pool_for``; by
+        default this process's own)."""
         body = TaskMessage(task_id=task_id, kind=kind).model_dump_json()
         resp = self.sqs.send_message(
-            QueueUrl=self.url(tier), MessageBody=body, DelaySeconds=delay_seconds, **self.group(tenant)
+            QueueUrl=self.url(tier, pool), MessageBody=body, DelaySeconds=delay_seconds, **self.group(tenant)
         )
         return str(resp["MessageId"])
 
@@ -123,10 +171,13 @@ class TaskQueues:
         """The ``send_message`` arguments that put a message in ``tenant``'s fair-queue group."""
         return {"MessageGroupId": tenant[:128]} if tenant and self.fair else {}
 
-    def send_body(self, tier: str, body: str, delay_seconds: int = 0, *, tenant: str | None) -> str:
-        """Send ``body`` again as a fresh message (receive count 1): how a message is renewed."""
+    def send_body(
+        self, tier: str, body: str, delay_seconds: int = 0, *, tenant: str | None, pool: str | None = _OWN
+    ) -> str:
+        """Send ``body`` again as a fresh message (receive count 1): how a message is renewed,
+        and forwarded to another pool."""
         resp = self.sqs.send_message(
-            QueueUrl=self.url(tier), MessageBody=body, DelaySeconds=delay_seconds, **self.group(tenant)
+            QueueUrl=self.url(tier, pool), MessageBody=body, DelaySeconds=delay_seconds, **self.group(tenant)
         )
         return str(resp["MessageId"])
 

@@ -1,7 +1,9 @@
 """What every message for a task does first, whatever its kind: read the task (poison when it
 is unknown or unreadable), record the fan-out's callback token the message carries, answer for
-a task that already ended (``_ended``), and renew a message whose receives went to worker
-faults. The kind's handler goes on with the task this returns."""
+a task that already ended (``_ended``), forward a task with a workspace to the pool whose hosts
+can run its sandbox (``queueing.queues``: a runner without user namespaces never starts it), and
+renew a message whose receives went to worker faults. The kind's handler goes on with the task
+this returns."""
 
 from __future__ import annotations
 
@@ -28,6 +30,12 @@ def receive(ctx: Context, message: TaskMessage, delivery: Delivery) -> Action | 
         if isinstance(ended, Action):
             return ended
         task = ended
+    if ctx.queues.forwards(task.submission):
+        # Sent to this pool by a path that does not route (a wake, a continuation of a release,
+        # a sweep, a fan-out's child): the same body, to the same tier of the workspace pool.
+        pool = ctx.queues.workspace_pool
+        ctx.queues.send_body(delivery.tier, message.model_dump_json(exclude_defaults=True), tenant=task.tenant, pool=pool)
+        return Action("delete", f"forwarded to the {pool} pool: the task has a workspace", task_id=task.task_id)
     if delivery.receive_count > ctx.max_receive_count:
         # Receives spent by worker faults (a killed or stopped holder, a duplicate waiting out a
         # live lease), not by the task's own failures, which are counted on its META
