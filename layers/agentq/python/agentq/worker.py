@@ -17,6 +17,10 @@ hundreds of them. Three pieces keep that cheap and fair:
   another worker.
 - graceful SIGTERM: polling stops, running tasks end at their next step boundary (the step in
   flight is committed), leases are released and each task gets a continuation message.
+
+A worker of the workspace pool (``AGENTQ_QUEUE_POOL`` = ``AGENTQ_WORKSPACE_POOL``: the EC2 tier,
+docs/SANDBOX.md) first runs a workspace sandbox (``sandbox.workspace.check_host``) and refuses
+to start when it cannot: a host without user namespaces never claims a task it cannot run.
 """
 
 from __future__ import annotations
@@ -85,6 +89,7 @@ class Worker:
         self.stopping = threading.Event()
         self._executor = ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="task")
         self._pollers: list[threading.Thread] = []
+        self._checked = False  # the workspace pool's sandbox check passed
         self.processed = 0
 
     def stats(self) -> dict[str, Any]:
@@ -109,7 +114,16 @@ class Worker:
 
     # ---------------------------------------------------------------- running
 
+    def check_sandbox(self) -> None:
+        """For the workspace pool's worker: the sandbox works here, or ``SandboxUnavailable``."""
+        if self.queues.pool is not None and self.queues.pool == self.queues.workspace_pool and not self._checked:
+            from agentq.sandbox.workspace import check_host
+
+            check_host()
+            self._checked = True
+
     def start(self) -> Worker:
+        self.check_sandbox()  # before the heartbeat and the pollers: nothing is claimed if it fails
         self.hub.start()
         for tier in TIERS:
             thread = threading.Thread(target=self._poll, args=(tier,), name=f"poll-{tier}", daemon=True)

@@ -128,9 +128,16 @@ def _cmd_run_task(args: argparse.Namespace) -> int:
     return 0 if done else 1
 
 
+# A workspace-pool worker whose host cannot run the sandbox exits with this (EX_CONFIG), and
+# the line names it; the EC2 tier's log metric filter counts it (infra/workspace_tier.py).
+SANDBOX_EXIT = 78
+SANDBOX_REFUSAL = "refusing to claim from queue pool"
+
+
 def _cmd_worker(args: argparse.Namespace) -> int:
     from agentq.observe import configure_process_logging
     from agentq.runtime import Settings
+    from agentq.sandbox.base import SandboxUnavailable
     from agentq.worker import Worker, WorkerConfig
 
     configure_process_logging(logging.INFO if args.verbose else None)  # JSON with AGENTQ_LOG_FORMAT=json
@@ -145,7 +152,14 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         admission_floor=args.admission_floor,
     )
     settings = dataclasses.replace(Settings.from_env(), tool_modules=_tool_modules(args))
-    Worker(settings, config).serve_forever()
+    worker = Worker(settings, config)
+    try:
+        worker.check_sandbox()
+    except SandboxUnavailable as exc:  # the workspace pool's worker on a host that cannot sandbox
+        logging.getLogger("agentq.worker").error("sandbox_unavailable: %s", exc)
+        print(f"agentq worker: {SANDBOX_REFUSAL} {settings.queue_pool!r}: {exc}", file=sys.stderr)
+        return SANDBOX_EXIT
+    worker.serve_forever()
     return 0
 
 

@@ -178,3 +178,23 @@ class WorkspaceSandbox:
 class WorkspaceRefused(ValueError):
     """A workspace tool refused its input (a path out of the workspace, a binary file read as
     text, a file over a limit): the model reads the reason as the tool's error."""
+
+
+def check_host(bwrap: str | None = None, timeout: float = 20.0) -> None:
+    """Run ``true`` in a workspace sandbox (``shell``'s namespaces, mounts and filter) in an empty
+    directory, or raise ``SandboxUnavailable`` saying why not. A worker of the workspace pool does
+    this before it claims anything (``agentq.worker``): on a host without user namespaces (Lambda,
+    Fargate, a kernel that forbids them) it refuses to start instead of claiming tasks whose every
+    tool call would fail."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="agentq-sandbox-check-") as directory:
+        try:
+            result = WorkspaceSandbox(bwrap=bwrap).shell(Path(directory), "true", timeout)
+        except SandboxUnavailable:
+            raise
+        except OSError as exc:  # bwrap missing or not executable
+            raise SandboxUnavailable(f"bubblewrap could not start: {exc}") from exc
+        if result.exit_code != 0 or result.timed_out:
+            detail = (result.stderr or result.stdout).strip()[-500:]
+            raise SandboxUnavailable(f"a workspace sandbox could not run `true` (exit {result.exit_code}): {detail}")
