@@ -45,6 +45,8 @@ PLATFORMS = {"arm64": "manylinux2014_aarch64", "x86_64": "manylinux2014_x86_64"}
 # The Lambda runtime ships boto3/botocore/s3transfer; a copy in the layer would shadow the
 # runtime's botocore under the runtime's boto3 (version skew). aws-xray-sdk drags botocore in.
 PRUNE = ("boto3", "botocore", "s3transfer", "bin")
+# The EC2 workspace tier's boto3 (an instance has no runtime that brings it), pinned by the constraints.
+BOTO_REQUIREMENTS = ROOT / "layers" / "boto-requirements.txt"
 COMPLETE_MARKER = ".agentq-layer-complete"
 
 
@@ -60,11 +62,16 @@ def cache_root() -> Path:
     return Path(override) if override else ROOT / ".venv" / "agentq-layers"
 
 
-def cache_key(architecture: str, python_version: str = PYTHON_VERSION, requirements: Path = REQUIREMENTS) -> str:
+def cache_key(
+    architecture: str,
+    python_version: str = PYTHON_VERSION,
+    requirements: Path = REQUIREMENTS,
+    prune: tuple[str, ...] = PRUNE,
+) -> str:
     digest = hashlib.sha256()
     digest.update(requirements.read_bytes())
     digest.update(CONSTRAINTS.read_bytes())
-    digest.update(f"{PLATFORMS[architecture]}|cp{python_version}|{','.join(PRUNE)}".encode())
+    digest.update(f"{PLATFORMS[architecture]}|cp{python_version}|{','.join(prune)}".encode())
     suffix = "" if python_version == PYTHON_VERSION else f"-py{python_version}"
     return f"deps-{architecture}{suffix}-{digest.hexdigest()[:16]}"
 
@@ -99,24 +106,32 @@ def build_deps_layer(
     force: bool = False,
     timeout: float = 300,
     requirements: Path = REQUIREMENTS,
+    prune: tuple[str, ...] = PRUNE,
 ) -> DepsLayer:
     """The dependencies layer directory for ``architecture``, built if not cached.
     (``python_version`` other than the runtime's is for tests that import the layer here;
-    ``requirements`` another pinned file, for a layer only some stacks add.)"""
+    ``requirements`` another pinned file, for a layer only some stacks add; ``prune`` what to
+    leave out: boto3 and botocore for Lambda, which has them, nothing for the EC2 tier's boto3.)"""
     if architecture not in PLATFORMS:
         raise ValueError(f"architecture must be one of {', '.join(PLATFORMS)}, not {architecture!r}")
     root = cache_root()
-    final = root / cache_key(architecture, python_version, requirements)
+    final = root / cache_key(architecture, python_version, requirements, prune)
     if (final / COMPLETE_MARKER).exists() and not force:
         return DepsLayer(final, True, f"cached at {final}")
     with _one_builder(root, final.name):
         if (final / COMPLETE_MARKER).exists() and not force:  # built while this one waited
             return DepsLayer(final, True, f"cached at {final}")
-        return _build_deps_layer(final, architecture, python_version, requirements, force, timeout)
+        return _build_deps_layer(final, architecture, python_version, requirements, force, timeout, prune)
 
 
 def _build_deps_layer(
-    final: Path, architecture: str, python_version: str, requirements: Path, force: bool, timeout: float
+    final: Path,
+    architecture: str,
+    python_version: str,
+    requirements: Path,
+    force: bool,
+    timeout: float,
+    prune: tuple[str, ...] = PRUNE,
 ) -> DepsLayer:
     root = final.parent
     # Build beside the cache and rename into place: nothing ever sees a half-built directory,
@@ -128,7 +143,7 @@ def _build_deps_layer(
         return _placeholder(root, architecture, f"pip could not build the dependencies layer ({failure})")
     for name in os.listdir(work / "python"):
         base = name.split("-")[0] if name.endswith(".dist-info") else name
-        if base.lower() in PRUNE:
+        if base.lower() in prune:
             shutil.rmtree(work / "python" / name, ignore_errors=True)
     (work / COMPLETE_MARKER).write_text(
         " ".join(pip_command(Path("python"), architecture, python_version, requirements)) + "\n"

@@ -123,46 +123,55 @@ def _task_runners(stack: Acknowledged, payload_objects: str) -> None:
     """The executor's and the worker's (and, for payloads and fan-out executions, the API's) grants
     on per-task prefixes, run-time names, Bedrock models and named secrets."""
     fns, cfg = stack.functions, stack.settings
-    executions = f"Resource::{PARTITION_REGION_ACCOUNT.format(service='states')}:execution:{cfg.names.state_machine}:*"
     runners = [fns.executor.role]
     if stack.worker is not None:
         runners.append(stack.worker.task_definition.task_role)
-    for role in [*runners, fns.api.role]:
-        _ack(
-            role,
-            f"AwsSolutions-IAM5[{payload_objects}]",
-            f"Payload objects are per task, keyed {PAYLOAD_PREFIX}<task_id>/...; the grant is Get/PutObject on that prefix of this environment's bucket only.",
-        )
-        _ack(
-            role,
-            f"AwsSolutions-IAM5[{executions}]",
-            "Execution names are chosen per fan-out at run time; the grant is StopExecution on executions of this environment's fan-out machine only.",
-        )
+    _per_task(stack, fns.api.role, payload_objects)
     for role in runners:
-        for template in bedrock_resource_templates(cfg.bedrock_models):  # infra/model_access.py
-            if "*" in template:
-                resource = template.format(
-                    partition="<AWS::Partition>", region="<AWS::Region>", account="<AWS::AccountId>"
-                )
-                _ack(role, f"AwsSolutions-IAM5[Resource::{resource}]", wildcard_reason(template))
-
-    for setting, name in (("anthropic_api_key_secret", cfg.anthropic_api_key_secret),
-                          ("openai_api_key_secret", cfg.openai_api_key_secret)):  # fmt: skip
-        if not name:
-            continue
-        secret = f"Resource::{PARTITION_REGION_ACCOUNT.format(service='secretsmanager')}:secret:{name}-??????"
-        for role in runners:
-            _ack(
-                role,
-                f"AwsSolutions-IAM5[{secret}]",
-                f"Secrets Manager appends six random characters to a secret's ARN; the grant is GetSecretValue on the one named secret ({setting}).",
-            )
+        acknowledge_task_runner(stack, role)
     if stack.worker is not None and adot(cfg):
         _ack(
             stack.worker.task_definition.task_role,
             "AwsSolutions-IAM5[Resource::*]",
             XRAY
             + " They are the ADOT collector sidecar's (tracing.exporter = adot), which forwards the worker's spans to X-Ray.",
+        )
+
+
+def _per_task(stack: Acknowledged, role: IConstruct | None, payload_objects: str) -> None:
+    executions = (
+        f"Resource::{PARTITION_REGION_ACCOUNT.format(service='states')}:execution:{stack.settings.names.state_machine}:*"
+    )
+    _ack(
+        role,
+        f"AwsSolutions-IAM5[{payload_objects}]",
+        f"Payload objects are per task, keyed {PAYLOAD_PREFIX}<task_id>/...; the grant is Get/PutObject on that prefix of this environment's bucket only.",
+    )
+    _ack(
+        role,
+        f"AwsSolutions-IAM5[{executions}]",
+        "Execution names are chosen per fan-out at run time; the grant is StopExecution on executions of this environment's fan-out machine only.",
+    )
+
+
+def acknowledge_task_runner(stack: Acknowledged, role: IConstruct | None) -> None:
+    """One task runner's role (the executor's, the Fargate worker's, the EC2 workspace tier's):
+    ``infra/task_runners.py``'s grants on per-task prefixes, Bedrock models and named secrets."""
+    cfg = stack.settings
+    _per_task(stack, role, f"Resource::<{_logical_id(stack.data.payloads)}.Arn>/{PAYLOAD_PREFIX}*")
+    for template in bedrock_resource_templates(cfg.bedrock_models):  # infra/model_access.py
+        if "*" in template:
+            resource = template.format(partition="<AWS::Partition>", region="<AWS::Region>", account="<AWS::AccountId>")
+            _ack(role, f"AwsSolutions-IAM5[Resource::{resource}]", wildcard_reason(template))
+    for setting, name in (("anthropic_api_key_secret", cfg.anthropic_api_key_secret),
+                          ("openai_api_key_secret", cfg.openai_api_key_secret)):  # fmt: skip
+        if not name:
+            continue
+        secret = f"Resource::{PARTITION_REGION_ACCOUNT.format(service='secretsmanager')}:secret:{name}-??????"
+        _ack(
+            role,
+            f"AwsSolutions-IAM5[{secret}]",
+            f"Secrets Manager appends six random characters to a secret's ARN; the grant is GetSecretValue on the one named secret ({setting}).",
         )
 
 

@@ -183,15 +183,53 @@ class BudgetDefaults(_Strict):
     )
 
 
+class ScalingStep(_Strict):
+    backlog: int = Field(ge=1, description="messages waiting or in flight across the tiers")
+    change: int = Field(ge=1, description="tasks to add at this backlog")
+
+
+class WorkspaceEc2Settings(_Strict):
+    """The EC2 workspace tier (infra/workspace_tier.py): an Auto Scaling group of Amazon Linux 2023
+    instances, each running ``agentq worker`` on the workspace pool's queues with bubblewrap."""
+
+    instance_type: str = Field(
+        "m7g.large", pattern=r"^[a-z][a-z0-9-]*\.[a-z0-9]+$", description="Graviton (…g.) for arm64, else x86_64"
+    )
+    min_instances: int = Field(0, ge=0, le=100, description="0: the first workspace task waits for a boot")
+    max_instances: int = Field(2, ge=1, le=100)
+    concurrency: int = Field(16, ge=1, le=1024, description="tasks one instance runs at once")
+    root_volume_gb: int = Field(100, ge=20, le=16384, description="gp3, encrypted: the OS, the code, the workspaces")
+    scale_out: list[ScalingStep] = Field(
+        default_factory=lambda: [ScalingStep(backlog=1, change=1), ScalingStep(backlog=64, change=2)]
+    )
+    starved_minutes: int = Field(
+        15, ge=1, le=1440, description="alarm when a workspace queue has had a message waiting for this long"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WorkspaceEc2Settings:
+        if self.min_instances > self.max_instances:
+            raise ValueError("workspace.ec2.min_instances must not exceed workspace.ec2.max_instances")
+        backlogs = [s.backlog for s in self.scale_out]
+        if not backlogs or backlogs != sorted(set(backlogs)):
+            raise ValueError("workspace.ec2.scale_out backlogs must be distinct and ascending")
+        return self
+
+
 class WorkspaceSettings(_Strict):
     """A task workspace's limits (``core.workspace.WorkspaceQuota``), handed to the API and the
     task runners as AGENTQ_WORKSPACE_MAX_BYTES / AGENTQ_WORKSPACE_MAX_FILES: every task's bound,
-    and the most a submission may ask for (it may ask for less)."""
+    and the most a submission may ask for (it may ask for less). ``tier``: where tasks with a
+    workspace run in AWS: ``none`` (the Lambda executor or the Fargate worker, where the
+    workspace tools fail closed: no user namespaces) or ``ec2`` (their own queues and the EC2
+    tier, docs/SANDBOX.md)."""
 
     max_bytes: int = Field(WorkspaceQuota().max_bytes, ge=1, le=1 << 40, description="bytes of a task's files")
     max_files: int = Field(
         WorkspaceQuota().max_files, ge=1, le=10_000_000, description="a task's entries: files, directories, links"
     )
+    tier: Literal["none", "ec2"] = "none"
+    ec2: WorkspaceEc2Settings = Field(default_factory=WorkspaceEc2Settings)
 
 
 class SandboxSettings(_Strict):
@@ -210,11 +248,6 @@ class SandboxSettings(_Strict):
         if self.max_disk_mb >= self.ephemeral_storage_mb:
             raise ValueError("sandbox.max_disk_mb must be below sandbox.ephemeral_storage_mb")
         return self
-
-
-class ScalingStep(_Strict):
-    backlog: int = Field(ge=1, description="messages waiting or in flight across the tiers")
-    change: int = Field(ge=1, description="tasks to add at this backlog")
 
 
 class WorkerSettings(_Strict):
@@ -438,8 +471,17 @@ class EnvironmentSettings(_Strict):
         if capacity is not None and runs is not None and capacity > runs:  # admitted past what runs: unshared
             raise ValueError(
                 f"budget_defaults.fleet_capacity ({capacity}) is more than the fleet runs at once ({runs}: "
-                "executor.reserved_concurrency, plus worker.max_tasks x worker.concurrency when enabled)"
+                "executor.reserved_concurrency, plus worker.max_tasks x worker.concurrency when enabled, plus "
+                "workspace.ec2.max_instances x workspace.ec2.concurrency with the EC2 workspace tier)"
             )
+        if self.workspace.tier == "ec2":
+            family = self.workspace.ec2.instance_type.split(".")[0]
+            graviton = bool(re.match(r"^[a-z]+\d+[a-z]*g[a-z]*$", family))
+            if graviton != (self.architecture == "arm64"):
+                raise ValueError(
+                    f"workspace.ec2.instance_type {self.workspace.ec2.instance_type!r} does not run {self.architecture} "
+                    "code (architecture): arm64 takes a Graviton type (m7g, c7g, t4g...), x86_64 any other"
+                )
         self._fair_by_default()
         for model in self.bedrock_models:
             family = model_family(model)
@@ -451,9 +493,12 @@ class EnvironmentSettings(_Strict):
         return self
 
     def fleet_runs(self) -> int | None:
-        """What the fleet runs at once (reserved concurrency plus the enabled workers); None: unbounded."""
+        """What the fleet runs at once (reserved concurrency plus the enabled workers, the EC2
+        workspace tier's among them); None: unbounded."""
         runs = self.executor.reserved_concurrency
         workers = self.worker.max_tasks * self.worker.concurrency if self.worker.enabled else 0
+        ec2 = self.workspace.ec2
+        workers += ec2.max_instances * ec2.concurrency if self.workspace.tier == "ec2" else 0
         return None if runs is None else runs + workers
 
     def _fair_by_default(self) -> None:

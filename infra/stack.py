@@ -14,6 +14,7 @@ functions    one role each, least privilege (infra/functions.py makes them, infr
 api          REST API, TOKEN authorizer, access logs, throttles, WAF       infra/api.py
 worker       optional Fargate worker scaled on queue depth                infra/worker.py
 hub          optional events hub for watchers: Fargate behind an ALB      infra/hub.py
+workspace    optional EC2 tier for tasks with a workspace (bubblewrap)    infra/workspace_tier.py
 observe      alarms on an SNS topic, the dashboard                        infra/observability.py
 nag          the cdk-nag findings acknowledged, each with its reason      infra/nag.py
 """
@@ -45,6 +46,7 @@ from infra.retention import log_retention
 from infra.sandbox import build_sandbox
 from infra.settings import EnvironmentSettings
 from infra.worker import build_worker
+from infra.workspace_tier import acknowledge_workspace_tier, build_workspace_tier
 
 
 class AgentqStack(cdk.Stack):
@@ -95,6 +97,15 @@ class AgentqStack(cdk.Stack):
             hub_alarms(AlarmFactory(self, cfg.prefix, self.observability.topic), self.hub)
             cdk.CfnOutput(self, "EventsHubUrl", value=self.hub.url, description="the events hub (watchers)")
 
+        self.workspace_tier = (
+            build_workspace_tier(
+                self, env_name, cfg, self.data, self.state_machine, self.functions, self.worker,
+                self.observability.topic, self.user_layer, self.deps_layer,
+            )  # fmt: skip
+            if cfg.workspace.tier == "ec2"
+            else None
+        )
+
         cdk.CfnOutput(self, "ApiUrl", value=self.api.rest_api.url, description="AGENTQ_URL for the CLI and client")
         cdk.CfnOutput(
             self,
@@ -108,6 +119,8 @@ class AgentqStack(cdk.Stack):
         cdk.CfnOutput(self, "AlarmTopicArn", value=self.observability.topic.topic_arn)
         cdk.CfnOutput(self, "DashboardName", value=f"{cfg.prefix}-overview")
         nag.acknowledge(self)
+        if self.workspace_tier is not None:
+            acknowledge_workspace_tier(self, self.workspace_tier)
 
     def _functions(self, env_name: str, cfg: EnvironmentSettings, data: Data, layers: Layers) -> Functions:
         """Every function, on one code asset and the layers; the sandbox first (the task runners

@@ -102,6 +102,23 @@ def build_worker(
 def _network(scope: Construct, cfg: EnvironmentSettings) -> tuple[ec2.Vpc, ec2.SecurityGroup]:
     """Tasks in private subnets; the public subnets hold only the NAT gateway(s). No ingress,
     egress on TCP 443 and 80 only; DynamoDB and S3 through gateway endpoints; flow logs kept."""
+    vpc = worker_vpc(scope, cfg)
+    security_group = ec2.SecurityGroup(
+        scope,
+        "WorkerSecurityGroup",
+        vpc=vpc,
+        allow_all_outbound=False,
+        description="agentq worker: no ingress; egress TCP 443 and 80 only",
+    )
+    for port in EGRESS_PORTS:
+        security_group.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(port), f"HTTP{'S' if port == 443 else ''} out")
+    return vpc, security_group
+
+
+def worker_vpc(scope: Construct, cfg: EnvironmentSettings) -> ec2.Vpc:
+    """The workers' VPC (the Fargate worker's, and the EC2 workspace tier's: one per stack):
+    private subnets behind ``worker.nat_gateways`` NAT gateways, DynamoDB and S3 gateway
+    endpoints, flow logs kept."""
     w = cfg.worker
     vpc = ec2.Vpc(
         scope,
@@ -119,20 +136,11 @@ def _network(scope: Construct, cfg: EnvironmentSettings) -> tuple[ec2.Vpc, ec2.S
         },
         restrict_default_security_group=False,
     )
-    security_group = ec2.SecurityGroup(
-        scope,
-        "WorkerSecurityGroup",
-        vpc=vpc,
-        allow_all_outbound=False,
-        description="agentq worker: no ingress; egress TCP 443 and 80 only",
-    )
-    for port in EGRESS_PORTS:
-        security_group.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(port), f"HTTP{'S' if port == 443 else ''} out")
     flow_logs = logs.LogGroup(
         scope, "WorkerVpcFlowLogs", retention=log_retention(cfg.log_retention_days), removal_policy=removal_policy(cfg)
     )
     vpc.add_flow_log("FlowLogs", destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_logs))
-    return vpc, security_group
+    return vpc
 
 
 def _task_definition(

@@ -138,7 +138,6 @@ def boot_script(
     launch template's S3 download put there) unpacked read-only for root; the service user; the
     unit, its environment (0640, root:agentq) and the log shipping; then the service."""
     lines = [
-        "set -euo pipefail",
         f"dnf install -y {' '.join(DISTRO_PACKAGES)}",
         f"useradd --system --home-dir {STATE_DIR} --shell /sbin/nologin {USER}",
         f"install -d -o {USER} -g {USER} -m 0700 {STATE_DIR} {WORKSPACE_ROOT}",

@@ -1,0 +1,298 @@
+"""The EC2 workspace tier in the synthesized stack (``infra/workspace_tier.py``), pinned on the
+templates of every environment of cdk.json (dev without it, staging and prod with it) and of dev
+with both the Fargate worker and the tier.
+
+- Opt-in per environment (``workspace.tier``): off in dev, where an environment without it has no
+  workspace queues, no instance and no routing variable.
+- The launch template: Amazon Linux 2023 for the stack's architecture, IMDSv2 required with a hop
+  limit of 1, no public IP, an encrypted root volume; the group in the private subnets, between the
+  environment's min and max, scaled on the workspace pool's backlog.
+- What the instances run: the unit of ``infra/workspace_unit.py`` with the environment's worker
+  options (the unit ``tests/test_workspace_tier_unit.py`` runs), on the workspace pool, bubblewrap
+  from the distribution, agentq from the stack's own assets.
+- Least privilege: the role receives only from the workspace queues, reaches objects only under the
+  payload bucket's ``tasks/`` and its own artifacts (by exact key, GetObject), writes only its log
+  group; no ingress, egress 443/80.
+- Routing: the API, the executor and the Fargate worker know the pool and may send to it.
+- Alarms: each workspace queue starved (visible messages, not age), each workspace DLQ, and a
+  worker that could not sandbox (a metric filter on its ``sandbox_unavailable`` line).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+
+from agentq.queueing.queues import POOL_VARIABLE, WORKSPACE_POOL, WORKSPACE_POOL_VARIABLE
+from agentq.resources import PAYLOAD_PREFIX, TIERS
+from infra import workspace_unit as unit
+from infra.settings import EnvironmentSettings
+from infra.synth import Synthesized, synthesize
+
+from tests.test_cdk_stack import (
+    CDK_GROUP,
+    ENVIRONMENTS,
+    _as_list,
+    _function,
+    _statements_of_role,
+    _worker_context,
+    settings_of,
+    synth_subnet_is_private,
+)
+from tests.test_cdk_stack import synth as synth  # the fixtures: one synth a run, whichever module asks
+from tests.test_cdk_stack import synth_root as synth_root
+
+pytestmark = CDK_GROUP
+
+
+@pytest.fixture(scope="module")
+def both_synth(synth_root: Path) -> Synthesized:
+    """dev with the Fargate worker and the EC2 tier both on."""
+    context = _worker_context()
+    dev = context["environments"]["dev"]
+    dev["workspace"] = {**dev.get("workspace", {}), "tier": "ec2", "ec2": {"min_instances": 1, "max_instances": 3}}
+    return synthesize("dev", synth_root / "dev-worker-ec2", context=context)
+
+
+def _cfg(synth: Synthesized) -> EnvironmentSettings:
+    return settings_of(synth.env_name)
+
+
+def _one_of(synth: Synthesized, type_: str) -> tuple[str, dict[str, Any]]:
+    found = list(synth.resources(type_).items())
+    assert len(found) == 1, f"expected one {type_}, found {len(found)}"
+    return found[0]
+
+
+def _user_data(synth: Synthesized) -> str:
+    """The launch template's user data with every CloudFormation reference shown as <ref>."""
+    _, lt = _one_of(synth, "AWS::EC2::LaunchTemplate")
+    parts = lt["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"]["Fn::Join"][1]
+    return "".join(p if isinstance(p, str) else "<ref>" for p in parts)
+
+
+def _tier_role(synth: Synthesized) -> str:
+    (role,) = [
+        lid for lid, r in synth.resources("AWS::IAM::Role").items()
+        if "ec2.amazonaws.com" in json.dumps(r["Properties"]["AssumeRolePolicyDocument"])
+    ]  # fmt: skip
+    return role
+
+
+def _workspace_queue_ids(synth: Synthesized) -> dict[str, str]:
+    prefix = _cfg(synth).prefix
+    return {
+        r["Properties"]["QueueName"]: lid for lid, r in synth.resources("AWS::SQS::Queue").items()
+        if r["Properties"]["QueueName"].startswith(f"{prefix}-{WORKSPACE_POOL}-")
+    }  # fmt: skip
+
+
+def test_the_tier_is_opt_in_per_environment_and_off_in_dev() -> None:
+    assert settings_of("dev").workspace.tier == "none"
+    assert {e for e in ENVIRONMENTS if settings_of(e).workspace.tier == "ec2"} == {"staging", "prod"}
+
+
+def test_an_environment_without_the_tier_has_no_workspace_queue_instance_or_routing(synth: Synthesized) -> None:
+    if _cfg(synth).workspace.tier == "ec2":
+        pytest.skip("an environment with the tier")
+    assert not _workspace_queue_ids(synth)
+    assert not synth.resources("AWS::AutoScaling::AutoScalingGroup")
+    assert not synth.resources("AWS::EC2::LaunchTemplate")
+    for name in ("api", "executor"):
+        _, fn = _function(synth, name)
+        assert WORKSPACE_POOL_VARIABLE not in fn["Properties"]["Environment"]["Variables"]
+
+
+def test_the_launch_template_requires_imdsv2_with_hop_limit_1_no_public_ip_and_an_encrypted_root(
+    synth: Synthesized,
+) -> None:
+    cfg = _cfg(synth)
+    if cfg.workspace.tier != "ec2":
+        pytest.skip("no tier here")
+    _, lt = _one_of(synth, "AWS::EC2::LaunchTemplate")
+    data = lt["Properties"]["LaunchTemplateData"]
+    assert data["MetadataOptions"]["HttpTokens"] == "required"
+    assert data["MetadataOptions"]["HttpPutResponseHopLimit"] == 1  # a container or a sandbox one hop away gets nothing
+    assert data["MetadataOptions"].get("HttpEndpoint", "enabled") == "enabled"  # the worker's own credentials
+    (nic,) = data["NetworkInterfaces"]
+    assert nic["AssociatePublicIpAddress"] is False
+    (root,) = data["BlockDeviceMappings"]
+    assert root["Ebs"] == {"DeleteOnTermination": True, "Encrypted": True, "VolumeSize": cfg.workspace.ec2.root_volume_gb,
+                           "VolumeType": "gp3"}  # fmt: skip
+    assert data["InstanceType"] == cfg.workspace.ec2.instance_type
+    image = synth.template["Parameters"][data["ImageId"]["Ref"]]["Default"]
+    arch = "arm64" if cfg.architecture == "arm64" else "x86_64"
+    assert image.startswith("/aws/service/ami-amazon-linux-latest/al2023-ami-") and image.endswith(arch)
+
+
+def test_the_group_runs_in_private_subnets_between_the_environments_bounds_scaled_on_the_workspace_backlog(
+    synth: Synthesized,
+) -> None:
+    cfg = _cfg(synth)
+    if cfg.workspace.tier != "ec2":
+        pytest.skip("no tier here")
+    _, group = _one_of(synth, "AWS::AutoScaling::AutoScalingGroup")
+    props = group["Properties"]
+    assert (props["MinSize"], props["MaxSize"]) == (str(cfg.workspace.ec2.min_instances), str(cfg.workspace.ec2.max_instances))
+    assert all(synth_subnet_is_private(synth, s["Ref"]) for s in props["VPCZoneIdentifier"])
+    policies = [p["Properties"] for p in synth.resources("AWS::AutoScaling::ScalingPolicy").values()]
+    assert policies and all(p["PolicyType"] == "StepScaling" for p in policies)
+    queues = set(_workspace_queue_ids(synth).values())
+    scale_alarms = [
+        a["Properties"] for a in synth.resources("AWS::CloudWatch::Alarm").values()
+        if "ApproximateNumberOfMessagesNotVisible" in json.dumps(a["Properties"].get("Metrics", []))
+        and any(q in json.dumps(a["Properties"]["Metrics"]) for q in queues)
+    ]  # fmt: skip
+    assert len(scale_alarms) == 2  # out and in, on the workspace pool's waiting + in flight
+
+
+def test_the_instances_run_the_units_worker_on_the_workspace_pool_with_bubblewrap_from_the_distribution(
+    synth: Synthesized,
+) -> None:
+    cfg = _cfg(synth)
+    if cfg.workspace.tier != "ec2":
+        pytest.skip("no tier here")
+    script = _user_data(synth)
+    args = unit.worker_args(
+        concurrency=cfg.workspace.ec2.concurrency, heartbeat=cfg.worker.heartbeat_seconds,
+        lease=cfg.worker.lease_seconds, visibility=cfg.worker.visibility_seconds, max_receive_count=cfg.max_receive_count,
+    )  # fmt: skip
+    assert unit.unit(args) in script  # the very unit tests/test_workspace_tier_unit.py runs
+    assert script.startswith("#!/bin/bash\nset -euo pipefail\n")
+    assert "dnf install -y bubblewrap python3.12" in script
+    for name in ("core", "deps", "boto"):  # the stack's own assets, fetched before anything unpacks them
+        assert script.index(f"/tmp/agentq-{name}.zip'") < script.index(f"unzip -q -o /tmp/agentq-{name}.zip")
+    env = unit.parse_environment_file(script.split("<<'AGENTQ_ENV'\n")[1].split("AGENTQ_ENV\n")[0])
+    assert env[POOL_VARIABLE] == env[WORKSPACE_POOL_VARIABLE] == WORKSPACE_POOL
+    assert env["AGENTQ_SANDBOX"] == "bwrap" and "AGENTQ_SANDBOX_FUNCTION" not in env
+    assert env["AGENTQ_WORKSPACE_ROOT"] == unit.WORKSPACE_ROOT
+    assert env["AGENTQ_WORKSPACE_MAX_BYTES"] == str(cfg.workspace.max_bytes)
+
+
+def _object_resources(statements: list[dict[str, Any]]) -> list[tuple[set[str], str]]:
+    return [
+        (set(_as_list(s["Action"])), json.dumps(r, sort_keys=True))
+        for s in statements if any(a.startswith("s3:") for a in _as_list(s["Action"]))
+        for r in _as_list(s["Resource"])
+    ]  # fmt: skip
+
+
+def test_the_tier_role_receives_only_its_queues_and_reaches_only_tasks_objects_its_artifacts_and_its_logs(
+    synth: Synthesized,
+) -> None:
+    if _cfg(synth).workspace.tier != "ec2":
+        pytest.skip("no tier here")
+    statements = _statements_of_role(synth, _tier_role(synth))
+    assert not any(s.get("Effect") == "Deny" for s in statements)
+    workspace = {lid for name, lid in _workspace_queue_ids(synth).items() if not name.endswith("-dlq")}
+    receive = [s for s in statements if "sqs:ReceiveMessage" in _as_list(s["Action"])]
+    assert receive and all(r["Fn::GetAtt"][0] in workspace for s in receive for r in _as_list(s["Resource"]))
+    (bucket,) = [
+        lid for lid, b in synth.resources("AWS::S3::Bucket").items()
+        if "expire-task-payloads" in json.dumps(b["Properties"].get("LifecycleConfiguration", {}))
+    ]  # fmt: skip
+    artifacts = next(s for s in statements if s.get("Sid") == "WorkerArtifacts")
+    assert _as_list(artifacts["Action"]) == ["s3:GetObject"] and len(_as_list(artifacts["Resource"])) == 3
+    for resource in _as_list(artifacts["Resource"]):  # an exact asset object each: <assets bucket>/<hash>.zip
+        assert json.dumps(resource).endswith('.zip"]]}') and "*" not in json.dumps(resource).split("/")[-1]
+    for actions, resource in _object_resources([s for s in statements if s is not artifacts]):
+        assert actions <= {"s3:GetObject", "s3:PutObject"}, actions
+        assert bucket in resource and f'"/{PAYLOAD_PREFIX}*' in resource, resource
+    logs = [s for s in statements if any(a.startswith("logs:") for a in _as_list(s["Action"]))]
+    (group,) = synth.resources("AWS::Logs::LogGroup").keys() & {
+        r["Fn::GetAtt"][0] for s in logs for r in _as_list(s["Resource"]) if isinstance(r, dict) and "Fn::GetAtt" in r
+    }
+    assert "WorkspaceWorkerLogs" in group
+    services = {a.split(":")[0] for s in statements for a in _as_list(s["Action"])}
+    assert not services & {"ec2", "iam", "ssm", "sts", "autoscaling", "ecs"}
+
+
+def test_the_tier_has_no_ingress_and_leaves_only_on_https_and_http(synth: Synthesized) -> None:
+    if _cfg(synth).workspace.tier != "ec2":
+        pytest.skip("no tier here")
+    (sg,) = [r["Properties"] for r in synth.resources("AWS::EC2::SecurityGroup").values()
+             if "workspace tier" in r["Properties"]["GroupDescription"]]  # fmt: skip
+    assert "SecurityGroupIngress" not in sg
+    assert sorted((e["IpProtocol"], e["FromPort"], e["ToPort"]) for e in sg["SecurityGroupEgress"]) == [
+        ("tcp", 80, 80), ("tcp", 443, 443),
+    ]  # fmt: skip
+
+
+def _routes(synth: Synthesized, role_id: str) -> bool:
+    """The role may send to every workspace queue (statements may be merged: minimizePolicies)."""
+    workspace = {lid for name, lid in _workspace_queue_ids(synth).items() if not name.endswith("-dlq")}
+    sends = {
+        r["Fn::GetAtt"][0] for s in _statements_of_role(synth, role_id) if "sqs:SendMessage" in _as_list(s["Action"])
+        for r in _as_list(s["Resource"]) if isinstance(r, dict) and "Fn::GetAtt" in r
+    }  # fmt: skip
+    return bool(workspace) and workspace <= sends
+
+
+def test_the_api_the_executor_and_the_fargate_worker_route_workspace_tasks_to_the_pool(both_synth: Synthesized) -> None:
+    for name in ("api", "executor"):
+        _, fn = _function(both_synth, name)
+        assert fn["Properties"]["Environment"]["Variables"][WORKSPACE_POOL_VARIABLE] == WORKSPACE_POOL
+        assert POOL_VARIABLE not in fn["Properties"]["Environment"]["Variables"]  # they read the default queues
+        assert _routes(both_synth, fn["Properties"]["Role"]["Fn::GetAtt"][0]), name
+    (task,) = both_synth.resources("AWS::ECS::TaskDefinition").values()
+    (worker,) = [c for c in task["Properties"]["ContainerDefinitions"] if c.get("Command", [""])[0] == "agentq"]
+    assert {"Name": WORKSPACE_POOL_VARIABLE, "Value": WORKSPACE_POOL} in worker["Environment"]
+    assert _routes(both_synth, task["Properties"]["TaskRoleArn"]["Fn::GetAtt"][0])
+    # one VPC for both worker tiers (one NAT bill)
+    assert len(both_synth.resources("AWS::EC2::VPC")) == 2  # the workers' and the sandbox function's
+    _, group = _one_of(both_synth, "AWS::AutoScaling::AutoScalingGroup")
+    (service,) = both_synth.resources("AWS::ECS::Service").values()
+    fargate_subnets = service["Properties"]["NetworkConfiguration"]["AwsvpcConfiguration"]["Subnets"]
+    assert group["Properties"]["VPCZoneIdentifier"] == fargate_subnets
+
+
+def test_the_tier_alarms_on_starved_workspace_queues_their_dlqs_and_a_worker_that_cannot_sandbox(
+    synth: Synthesized,
+) -> None:
+    cfg = _cfg(synth)
+    if cfg.workspace.tier != "ec2":
+        pytest.skip("no tier here")
+    alarms = {a["Properties"]["AlarmName"]: a["Properties"] for a in synth.resources("AWS::CloudWatch::Alarm").values()
+              if "AlarmName" in a["Properties"]}  # fmt: skip
+    queues = _workspace_queue_ids(synth)
+    for tier in TIERS:
+        starved = alarms[f"{cfg.prefix}-workspace-{tier}-queue-starved"]
+        assert starved["MetricName"] == "ApproximateNumberOfMessagesVisible" and starved["Statistic"] == "Minimum"
+        assert starved["EvaluationPeriods"] == cfg.workspace.ec2.starved_minutes and starved["Period"] == 60
+        assert starved["Dimensions"][0]["Value"]["Fn::GetAtt"][0] == queues[f"{cfg.prefix}-workspace-{tier}"]
+        dlq = alarms[f"{cfg.prefix}-workspace-{tier}-dlq-not-empty"]
+        assert dlq["Dimensions"][0]["Value"]["Fn::GetAtt"][0] == queues[f"{cfg.prefix}-workspace-{tier}-dlq"]
+        assert starved["AlarmActions"] and dlq["AlarmActions"]
+    sandbox = alarms[f"{cfg.prefix}-workspace-sandbox-unavailable"]
+    (metric_filter,) = synth.resources("AWS::Logs::MetricFilter").values()
+    assert metric_filter["Properties"]["FilterPattern"] == unit.SANDBOX_UNAVAILABLE
+    transform = metric_filter["Properties"]["MetricTransformations"][0]
+    assert (sandbox["MetricName"], sandbox["Namespace"]) == (transform["MetricName"], transform["MetricNamespace"])
+    assert sandbox["Threshold"] == 1 and sandbox["AlarmActions"]
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"instance_type": "m7i.large"}, "workspace.ec2.instance_type"),  # x86 on an arm64 stack
+        ({"min_instances": 3, "max_instances": 2}, "workspace.ec2.min_instances"),
+        ({"instance_type": "m7g large"}, "instance_type"),
+    ],
+)
+def test_an_inconsistent_tier_setting_fails_the_synth_naming_the_field(change: dict[str, Any], field: str) -> None:
+    from pydantic import ValidationError
+
+    from tests.test_cdk_stack import CDK_CONTEXT
+
+    env = json.loads(json.dumps(ENVIRONMENTS["staging"]))
+    env["workspace"] = {"tier": "ec2", "ec2": change}
+    from infra.settings import resolve
+
+    with pytest.raises(ValidationError, match=field.replace(".", r"\.")):
+        resolve({"staging": env}, CDK_CONTEXT.get("environment_defaults"), "staging")
