@@ -336,3 +336,27 @@ def test_the_refusals_kept_are_the_last_hundred(make_proxy: Callable[..., Egress
     assert len(proxy.refused) == MAX_REFUSED
     assert proxy.refused[-1].startswith(f"127.0.0.1:{MAX_REFUSED + 50} ")
     assert proxy.refused[0].startswith("127.0.0.1:51 ")
+
+
+METADATA = ["169.254.169.254", "[fd00:ec2::254]", "169.254.170.2"]  # EC2 IMDS (v4, v6), ECS task credentials
+
+
+@pytest.mark.parametrize("host", METADATA)
+def test_the_metadata_endpoints_are_refused_even_when_the_task_and_the_deployment_name_them(
+    make_proxy: Callable[..., EgressProxy], host: str
+) -> None:
+    """On the EC2 workspace tier the instance metadata service holds the instance role's
+    credentials: a task allowing the address, and even a deployment naming it as an internal
+    address it lets through (AGENTQ_HTTP_FETCH_ALLOW), never gets a connection to it."""
+    bare = host.strip("[]")
+    named = FetchPolicy(allow=(HostRule.parse(host),))  # the operator wrote this exact address
+    for policy in (FetchPolicy(), named):
+        proxy = make_proxy([host], policy)
+        for form in (connect_head, get_head):
+            for port in (80, 443):
+                started = time.monotonic()
+                answer = ask(proxy, form(host, port))
+                assert answer.startswith(b"HTTP/1.1 403 Forbidden\r\n"), (policy, answer)
+                assert b"metadata or credentials endpoint" in answer and bare.encode() in answer
+                assert time.monotonic() - started < SAFETY / 2  # refused before any connection was tried
+        assert proxy.refused and all("metadata" in r for r in map(str, proxy.refused))

@@ -270,6 +270,8 @@ def resolve(target: Target, policy: FetchPolicy, deadline: Deadline) -> list[IPA
             f"{target.host}:{target.port} is not among the hosts this deployment fetches from ({allowed})"
         )
     if rule is not None and rule.literal is not None:
+        if rule.literal in METADATA_ADDRESSES:  # an instance's or a task's role credentials: never, even named
+            raise FetchRefused(f"{target.host} is a cloud metadata or credentials endpoint; it is never contacted")
         return [rule.literal]  # the operator named this exact address
     addresses = _getaddrinfo(target, deadline)
     if not addresses:
