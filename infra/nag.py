@@ -139,9 +139,7 @@ def _task_runners(stack: Acknowledged, payload_objects: str) -> None:
 
 
 def _per_task(stack: Acknowledged, role: IConstruct | None, payload_objects: str) -> None:
-    executions = (
-        f"Resource::{PARTITION_REGION_ACCOUNT.format(service='states')}:execution:{stack.settings.names.state_machine}:*"
-    )
+    executions = f"Resource::{PARTITION_REGION_ACCOUNT.format(service='states')}:execution:{stack.settings.names.state_machine}:*"
     _ack(
         role,
         f"AwsSolutions-IAM5[{payload_objects}]",

@@ -97,14 +97,12 @@ class AgentqStack(cdk.Stack):
             hub_alarms(AlarmFactory(self, cfg.prefix, self.observability.topic), self.hub)
             cdk.CfnOutput(self, "EventsHubUrl", value=self.hub.url, description="the events hub (watchers)")
 
-        self.workspace_tier = (
-            build_workspace_tier(
+        self.workspace_tier = None
+        if cfg.workspace.tier == "ec2":  # tasks with a workspace run there (docs/SANDBOX.md)
+            self.workspace_tier = build_workspace_tier(
                 self, env_name, cfg, self.data, self.state_machine, self.functions, self.worker,
                 self.observability.topic, self.user_layer, self.deps_layer,
             )  # fmt: skip
-            if cfg.workspace.tier == "ec2"
-            else None
-        )
 
         cdk.CfnOutput(self, "ApiUrl", value=self.api.rest_api.url, description="AGENTQ_URL for the CLI and client")
         cdk.CfnOutput(

@@ -108,6 +108,7 @@ def grant_task_runner(
     sandbox: Sandbox,
     *,
     receive: bool,
+    invoke_sandbox: bool = True,
 ) -> None:
     """What running tasks takes (Lambda executor; with ``receive`` the Fargate worker, which
     polls itself): the task partitions of the table, payloads, sending to and holding messages
@@ -124,7 +125,8 @@ def grant_task_runner(
         *_fanout_statements(cfg, machine),
     ]:
         principal.grant_principal.add_to_principal_policy(statement)
-    sandbox.grant_invoke(principal)
+    if invoke_sandbox:  # not the EC2 workspace tier, whose python_exec runs in bubblewrap on its host
+        sandbox.grant_invoke(principal)
 
 
 def _data_statements(data: Data, *, receive: bool) -> list[iam.PolicyStatement]:

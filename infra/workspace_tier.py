@@ -211,7 +211,7 @@ def _grant(
     """A task runner's grants (table partitions, ``tasks/`` objects, sending to the default tier
     queues for sub-agents, the fan-out machine, Bedrock, events, secrets), worker liveness, and of
     the workspace pool: receiving, holding and sending its messages, dead-lettering to its DLQs."""
-    grant_task_runner(role, data, machine, cfg, fns.sandbox, receive=False)
+    grant_task_runner(role, data, machine, cfg, fns.sandbox, receive=False, invoke_sandbox=False)
     grant_user_code(role, cfg, runs_tools=True)
     for statement in [
         *liveness_statements(data),
@@ -335,7 +335,10 @@ def _launch_template(
             ec2.BlockDevice(
                 device_name="/dev/xvda",
                 volume=ec2.BlockDeviceVolume.ebs(
-                    w.root_volume_gb, encrypted=True, volume_type=ec2.EbsDeviceVolumeType.GP3, delete_on_termination=True
+                    w.root_volume_gb,
+                    encrypted=True,
+                    volume_type=ec2.EbsDeviceVolumeType.GP3,
+                    delete_on_termination=True,
                 ),
             )
         ],
@@ -356,7 +359,9 @@ def backlog_metric(queues: dict[str, sqs.Queue]) -> cw.MathExpression:
     )
 
 
-def _scale_on_backlog(group: autoscaling.AutoScalingGroup, cfg: EnvironmentSettings, queues: dict[str, sqs.Queue]) -> None:
+def _scale_on_backlog(
+    group: autoscaling.AutoScalingGroup, cfg: EnvironmentSettings, queues: dict[str, sqs.Queue]
+) -> None:
     """In one instance at a time when nothing waits or runs; out by ``workspace.ec2.scale_out``."""
     group.scale_on_metric(
         "ScaleOnWorkspaceBacklog",

@@ -14,6 +14,7 @@ import pytest
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
+from agentq.queueing.queues import WORKSPACE_POOL
 from agentq.resources import TIERS, provision, table_definition
 from agentq_dev.moto_server import MotoServer
 from infra.synth import Synthesized, synthesize
@@ -72,12 +73,21 @@ def test_queues_agree_on_visibility_retention_and_redrive(pair: tuple[Synthesize
     cfg = settings_of(synth.env_name)
     deployed = _deployed_queues(synth)
     dlq_names = {lid: r["Properties"]["QueueName"] for lid, r in synth.resources("AWS::SQS::Queue").items()}
-    # The reaper's DLQ is deployment-only: locally nothing expires, so nothing is reaped.
-    assert set(deployed) - set(local["queues"]) == {f"{cfg.prefix}-reaper-dlq"}
+    # The reaper's DLQ is deployment-only: locally nothing expires, so nothing is reaped. So are the
+    # EC2 workspace tier's queues (workspace.tier: ec2): the local stack runs every task on one set
+    # of queues (its workers have bubblewrap); each is the default tier queue's twin.
+    pooled = {cfg.names.queue(f"{WORKSPACE_POOL}-{t}") for t in TIERS} if cfg.workspace.tier == "ec2" else set()
+    pooled |= {q + "-dlq" for q in pooled}
+    assert set(deployed) - set(local["queues"]) == {f"{cfg.prefix}-reaper-dlq"} | pooled
     assert set(local["queues"]) <= set(deployed)
     for tier in TIERS:
         name = cfg.names.queue(tier)
         mine, theirs = deployed[name], local["queues"][name]
+        if pooled:
+            twin = deployed[cfg.names.queue(f"{WORKSPACE_POOL}-{tier}")]
+            assert twin["VisibilityTimeout"] == mine["VisibilityTimeout"]
+            assert twin["MessageRetentionPeriod"] == mine["MessageRetentionPeriod"]
+            assert twin["RedrivePolicy"]["maxReceiveCount"] == mine["RedrivePolicy"]["maxReceiveCount"]
         assert int(theirs["VisibilityTimeout"]) == mine["VisibilityTimeout"]
         assert int(theirs["MessageRetentionPeriod"]) == mine["MessageRetentionPeriod"]
         local_redrive = json.loads(theirs["RedrivePolicy"])

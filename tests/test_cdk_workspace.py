@@ -93,7 +93,9 @@ def _object_grants(synth: Synthesized) -> dict[str, tuple[list[str], list[str]]]
         allowed: list[str] = []
         denied: list[str] = []
         for statement in _statements_of_role(synth, rid):
-            if statement.get("Sid") == "WorkerArtifacts":  # the EC2 tier's code, by exact asset key (test_cdk_workspace_tier)
+            if (
+                statement.get("Sid") == "WorkerArtifacts"
+            ):  # the EC2 tier's code, by exact asset key (test_cdk_workspace_tier)
                 continue
             if set(_as_list(statement["Action"])) & OBJECT_ACTIONS:
                 target = denied if statement.get("Effect") == "Deny" else allowed

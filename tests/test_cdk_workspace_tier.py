@@ -139,7 +139,10 @@ def test_the_group_runs_in_private_subnets_between_the_environments_bounds_scale
         pytest.skip("no tier here")
     _, group = _one_of(synth, "AWS::AutoScaling::AutoScalingGroup")
     props = group["Properties"]
-    assert (props["MinSize"], props["MaxSize"]) == (str(cfg.workspace.ec2.min_instances), str(cfg.workspace.ec2.max_instances))
+    assert (props["MinSize"], props["MaxSize"]) == (
+        str(cfg.workspace.ec2.min_instances),
+        str(cfg.workspace.ec2.max_instances),
+    )
     assert all(synth_subnet_is_private(synth, s["Ref"]) for s in props["VPCZoneIdentifier"])
     policies = [p["Properties"] for p in synth.resources("AWS::AutoScaling::ScalingPolicy").values()]
     assert policies and all(p["PolicyType"] == "StepScaling" for p in policies)
@@ -210,7 +213,7 @@ def test_the_tier_role_receives_only_its_queues_and_reaches_only_tasks_objects_i
     }
     assert "WorkspaceWorkerLogs" in group
     services = {a.split(":")[0] for s in statements for a in _as_list(s["Action"])}
-    assert not services & {"ec2", "iam", "ssm", "sts", "autoscaling", "ecs"}
+    assert not services & {"ec2", "iam", "ssm", "sts", "autoscaling", "ecs", "lambda"}  # python_exec: bwrap here
 
 
 def test_the_tier_has_no_ingress_and_leaves_only_on_https_and_http(synth: Synthesized) -> None:

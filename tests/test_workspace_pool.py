@@ -89,7 +89,9 @@ def test_without_a_workspace_pool_every_submission_goes_to_the_default_queues(po
 
 def _dispatch(settings: Settings, queues: TaskQueues, body: str, tier: str) -> Any:
     store = build_store(settings)
-    engine = Engine(store, worker_id="default-pool", tools=build_registry(settings), config=EngineConfig(lease_seconds=30))
+    engine = Engine(
+        store, worker_id="default-pool", tools=build_registry(settings), config=EngineConfig(lease_seconds=30)
+    )
     return build_dispatcher(engine, store, queues, max_receive_count=5).handle(body, tier=tier, receive_count=1)
 
 

@@ -128,7 +128,9 @@ def test_a_workspace_pool_worker_on_a_host_without_user_namespaces_refuses_to_st
     # namespace whose max_user_namespaces is 0 (what bwrap needs and Lambda and Fargate refuse).
     no_userns = ["unshare", "--user", "--map-root-user", "sh", "-c",
                  'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"', "sh", *argv]  # fmt: skip
-    worker = subprocess.Popen(no_userns, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    worker = subprocess.Popen(
+        no_userns, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     started.append(worker)
     _, stderr = worker.communicate(timeout=60)
     assert worker.returncode == SANDBOX_EXIT, stderr

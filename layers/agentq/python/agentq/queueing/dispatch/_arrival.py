@@ -34,7 +34,9 @@ def receive(ctx: Context, message: TaskMessage, delivery: Delivery) -> Action | 
         # Sent to this pool by a path that does not route (a wake, a continuation of a release,
         # a sweep, a fan-out's child): the same body, to the same tier of the workspace pool.
         pool = ctx.queues.workspace_pool
-        ctx.queues.send_body(delivery.tier, message.model_dump_json(exclude_defaults=True), tenant=task.tenant, pool=pool)
+        ctx.queues.send_body(
+            delivery.tier, message.model_dump_json(exclude_defaults=True), tenant=task.tenant, pool=pool
+        )
         return Action("delete", f"forwarded to the {pool} pool: the task has a workspace", task_id=task.task_id)
     if delivery.receive_count > ctx.max_receive_count:
         # Receives spent by worker faults (a killed or stopped holder, a duplicate waiting out a
