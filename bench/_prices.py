@@ -70,6 +70,14 @@ _PRICES: dict[str, Price] = {
     # DynamoDB Streams read by a consumer of our own (Lambda triggers read it free): per GetRecords call.
     "dynamodb_streams_read": Price(0.02e-5, "DynamoDB Streams read request units",
                                    "https://aws.amazon.com/dynamodb/pricing/on-demand/"),
+    # EC2 on-demand, Linux, m7g.large (2 Graviton3 vCPU, 8 GiB): the EC2 workspace tier's default
+    # instance (infra/workspace_tier.py). Read 2026-12-05; billed per second, 60 s minimum.
+    "ec2_m7g_large_hour": Price(0.0816, "EC2 m7g.large instance-hours (Linux, on-demand)",
+                                "https://aws.amazon.com/ec2/pricing/on-demand/ (read 2026-12-05)"),
+    # EBS gp3, per GB-month of provisioned size (3,000 IOPS and 125 MB/s included).
+    "ebs_gp3_gb_month": Price(0.08, "EBS gp3 GB-months", "https://aws.amazon.com/ebs/pricing/ (read 2026-12-05)"),
+    # NAT gateway: per hour it exists, and per GB it processes (the workers' way to the model APIs).
+    "nat_gateway_hour": Price(0.045, "NAT gateway hours", "https://aws.amazon.com/vpc/pricing/ (read 2026-12-05)"),
     # Data transfer out to the internet, first 10 TB a month (AppSync and API Gateway bill EC2's).
     "data_out_gb": Price(0.09, "GB out to the internet", "https://aws.amazon.com/ec2/pricing/on-demand/"),
 }  # fmt: skip

@@ -37,6 +37,11 @@ Four parts (``--parts``):
 - ``model``: the dollars of the coding part in the deployed design, computed from its measured
   calls and bytes at list prices (``--prices``): S3 requests, storage for ``--retention-days``,
   transfer, DynamoDB request units; per claim (a resume restores the whole workspace again).
+  The deployed design is the EC2 workspace tier (docs/SANDBOX.md, infra/workspace_tier.py):
+  the task's share of an instance (``--instance-hour-key``, its root volume ``--root-gb``) for
+  ``--task-minutes`` of wall clock (an assumption: the bench's scripted turns take no model
+  time) among ``--tasks-per-instance`` tasks; and, apart, what the tier costs standing
+  (``--min-instances`` instances, their volumes, the NAT gateway) per month whatever runs.
 
 Machine-independent: calls, bytes, request units, dollars. Times are this machine's and
 moto's.
@@ -86,7 +91,9 @@ TARGET_UPLOAD_RATIO = 1.1
 TARGET_RESTORE_P99 = 5.0
 # Prices: bench/_prices.py, the one table every bench reads. Transfer between S3 and a worker in
 # the bucket's region is free; a download to the internet is data_out_gb.
-PRICE_KEYS = ("s3_put", "s3_get", "s3_gb_month", "dynamodb_wru", "dynamodb_rru", "data_out_gb")
+PRICE_KEYS = ("s3_put", "s3_get", "s3_gb_month", "dynamodb_wru", "dynamodb_rru", "data_out_gb",
+              "ec2_m7g_large_hour", "ebs_gp3_gb_month", "nat_gateway_hour")  # fmt: skip
+HOURS_A_MONTH = 730
 GIT_ENV = (
     "export GIT_AUTHOR_NAME=agent GIT_AUTHOR_EMAIL=agent@example.com GIT_COMMITTER_NAME=agent "
     "GIT_COMMITTER_EMAIL=agent@example.com GIT_AUTHOR_DATE='2026-01-01T00:00:00Z' "
@@ -351,16 +358,34 @@ def cost_model(coding: dict[str, Any], args: argparse.Namespace) -> dict[str, An
         ("DynamoDB write units (whole task)", t["wru"], usd("dynamodb_wru") * t["wru"]),
         ("DynamoDB read units (whole task)", t["rru"], usd("dynamodb_rru") * t["rru"]),
     ]  # fmt: skip
+    # The EC2 workspace tier: the task's share of an instance and its volume while it runs.
+    hours = args.task_minutes / 60
+    share = hours / args.tasks_per_instance
+    rows += [
+        (f"EC2 instance, {args.task_minutes:g} min / {args.tasks_per_instance} tasks an instance (instance-hours)",
+         round(share, 4), usd(args.instance_hour_key) * share),
+        (f"EBS gp3 root volume, {args.root_gb} GB for that share (GB-months)",
+         round(args.root_gb * share / HOURS_A_MONTH, 6), usd("ebs_gp3_gb_month") * args.root_gb * share / HOURS_A_MONTH),
+    ]  # fmt: skip
     total = sum(r[2] for r in rows)
     per_resume = usd("s3_get") * coding["restore"]["gets"]
     download = usd("data_out_gb") * coding["workspace_bytes"] / gb
+    standing = [
+        (f"{args.min_instances} instance(s) always on", usd(args.instance_hour_key) * HOURS_A_MONTH * args.min_instances),
+        (f"their {args.root_gb} GB gp3 root volumes", usd("ebs_gp3_gb_month") * args.root_gb * args.min_instances),
+        ("the workers' NAT gateway (shared with the Fargate worker)", usd("nat_gateway_hour") * HOURS_A_MONTH),
+    ]  # fmt: skip
     return {
         "rows": [{"item": a, "quantity": b, "usd": round(c, 6)} for a, b, c in rows],
         "total_usd": round(total, 6),
         "per_resume_usd": round(per_resume, 6),
         "download_to_internet_usd": round(download, 6),
+        "standing_month": [{"item": a, "usd": round(c, 2)} for a, c in standing],
+        "standing_month_usd": round(sum(c for _, c in standing), 2),
+        "assumed": {"task_minutes": args.task_minutes, "tasks_per_instance": args.tasks_per_instance,
+                    "instance": args.instance_hour_key, "root_gb": args.root_gb, "min_instances": args.min_instances},
         "prices": as_json(*PRICE_KEYS),
-    }
+    }  # fmt: skip
 
 
 # ============================================================================ restore on SIGKILL
@@ -580,6 +605,8 @@ def render(result: dict[str, Any]) -> str:
                          [[r["item"], f"{r['quantity']:,}", f"{r['usd']:.6f}"] for r in model["rows"]]))  # fmt: skip
         out.append(f"total ${model['total_usd']:.4f}; each resume adds ${model['per_resume_usd']:.6f} of GETs; "
                    f"downloading the final workspace to a laptop ${model['download_to_internet_usd']:.4f}")  # fmt: skip
+        out.append("the EC2 workspace tier standing, per month: " + "; ".join(
+            f"{r['item']} ${r['usd']:.2f}" for r in model["standing_month"]) + f"; ${model['standing_month_usd']:.2f}")  # fmt: skip
         out.append(f"prices: {quote(*PRICE_KEYS)}")
     restores = result.get("restore")
     if restores:
@@ -649,6 +676,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lease", type=float, default=2.0, help="the workers' lease in the restore part")
     ap.add_argument("--runs", type=int, default=30, help="runs of each shell command")
     ap.add_argument("--retention-days", type=int, default=30, help="how long the task's content is kept")
+    ap.add_argument(
+        "--task-minutes",
+        type=float,
+        default=25.0,
+        help="the coding task's wall clock in production (model turns included), for its instance share",
+    )
+    ap.add_argument("--tasks-per-instance", type=int, default=16, help="workspace.ec2.concurrency")
+    ap.add_argument(
+        "--instance-hour-key", default="ec2_m7g_large_hour", help="the instance's price in bench/_prices.py"
+    )
+    ap.add_argument("--root-gb", type=int, default=100, help="workspace.ec2.root_volume_gb")
+    ap.add_argument("--min-instances", type=int, default=1, help="workspace.ec2.min_instances, for the standing cost")
     ap.add_argument("--json", action="store_true")
     add_plot_args(ap, "workspace_cost")
     args = ap.parse_args(argv)
