@@ -175,6 +175,8 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
         assert [r["action"] for r in coding["rows"]] == ["clone", "read", "edit", "test"] and not coding["tool_errors"]
         assert coding["rows"][0]["uploaded_bytes"] > 0 and coding["rows"][1]["uploaded_bytes"] == 0
         assert coding["totals"]["s3_puts"] > 0 and coding["restore"]["gets"] > 0 and model["total_usd"] > 0
+        ec2 = [r for r in model["rows"] if r["item"].startswith(("EC2 instance", "EBS gp3"))]  # the EC2 workspace tier
+        assert len(ec2) == 2 and all(r["usd"] > 0 for r in ec2) and model["standing_month_usd"] > 0
         assert result["shell"]["rows"][0]["command"] == "true" and result["shell"]["scans"]
     elif name == "workspace_chaos":
         assert result["ok"] and result["figures"]["kill-resume cycles (claims that took over a run)"] >= 1
