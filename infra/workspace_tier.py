@@ -49,11 +49,12 @@ from agentq.resources import TIERS
 from agentq.sandbox.config import FUNCTION_VARIABLE
 from infra import workspace_unit as unit
 from infra.access import liveness_statements, vault_env
-from infra.alarms import ONE_MINUTE, AlarmFactory
+from infra.alarms import AlarmFactory
 from infra.build_layers import BOTO_REQUIREMENTS, CORE_LAYER_DIR, DepsLayer, build_deps_layer
 from infra.data import Data
 from infra.functions import Functions
 from infra.layers import ASSET_EXCLUDES, BUILT_MARKER_EXCLUDES, require_built
+from infra.metrics import ONE_MINUTE
 from infra.nag import Acknowledged, _ack
 from infra.retention import log_retention, removal_policy
 from infra.settings import EnvironmentSettings

@@ -78,15 +78,19 @@ class RecordingQueues:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def send(self, task_id: str, tier: str, kind: str = "run", delay_seconds: int = 0, *, tenant: str | None) -> str:
+    def send(
+        self, task_id: str, tier: str, kind: str = "run", delay_seconds: int = 0, *, tenant: str | None, **pool: Any
+    ) -> str:
         r = self._recorder
-        r.note(f"  queues.send({r.alias(task_id)}, {tier}, kind={kind}, delay={delay_seconds}, tenant={tenant})")
-        return self._inner.send(task_id, tier, kind, delay_seconds, tenant=tenant)  # type: ignore[arg-type]
+        where = f", pool={pool['pool']}" if pool.get("pool") is not None else ""  # a queue pool (only when named)
+        r.note(f"  queues.send({r.alias(task_id)}, {tier}, kind={kind}, delay={delay_seconds}, tenant={tenant}{where})")
+        return self._inner.send(task_id, tier, kind, delay_seconds, tenant=tenant, **pool)  # type: ignore[arg-type]
 
-    def send_body(self, tier: str, body: str, delay_seconds: int = 0, *, tenant: str | None) -> str:
+    def send_body(self, tier: str, body: str, delay_seconds: int = 0, *, tenant: str | None, **pool: Any) -> str:
         shown = _json(self._recorder, json.loads(body))
-        self._recorder.note(f"  queues.send_body({tier}, {shown}, delay={delay_seconds}, tenant={tenant})")
-        return self._inner.send_body(tier, body, delay_seconds, tenant=tenant)
+        where = f", pool={pool['pool']}" if pool.get("pool") is not None else ""
+        self._recorder.note(f"  queues.send_body({tier}, {shown}, delay={delay_seconds}, tenant={tenant}{where})")
+        return self._inner.send_body(tier, body, delay_seconds, tenant=tenant, **pool)
 
     def send_webhook(self, body: str) -> None:
         delivery = json.loads(body)

@@ -28,7 +28,7 @@ from agentq.runtime import Settings, build_dispatcher, build_registry, build_sto
 
 from tests.helpers import deployment, scripted
 
-SHAPES = {
+SHAPES: dict[str, dict[str, Any]] = {
     "a workspace tool": {"tools": ["shell"], "workspace": None},
     "each file tool": {"tools": ["read_file", "list_files"], "workspace": None},
     "a workspace spec": {"tools": [], "workspace": {"files": []}},
@@ -49,7 +49,7 @@ def _submission(shape: str, priority: str) -> TaskSubmission:
 
 @pytest.fixture
 def pooled(moto_server: Any) -> Settings:
-    settings = deployment(moto_server)
+    settings: Settings = deployment(moto_server)
     provision_queues(client(settings, "sqs"), settings.names, QueueSettings(), pool=WORKSPACE_POOL)
     return settings
 

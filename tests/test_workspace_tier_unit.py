@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def pooled(moto_server: Any) -> Settings:
-    settings = deployment(moto_server)
+    settings: Settings = deployment(moto_server)
     provision_queues(client(settings, "sqs"), settings.names, QueueSettings(), pool=WORKSPACE_POOL)
     return settings
 
