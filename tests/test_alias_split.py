@@ -105,9 +105,9 @@ class CountingTable(MemoryTable):
         super().__init__()
         self.reads: list[str] = []
 
-    def get(self, key: dict[str, str]) -> Item | None:
+    def get(self, key: dict[str, str], *, consistent: bool = True) -> Item | None:
         self.reads.append(key["sk"])
-        return super().get(key)
+        return super().get(key, consistent=consistent)
 
 
 def test_an_alias_submission_reads_the_alias_once_and_a_cached_version() -> None:
