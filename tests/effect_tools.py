@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
+from agentq.core.grading import GradeInput, grader
 from agentq.core.tools import ToolContext, tool
 
 
@@ -32,3 +34,54 @@ def lookup(query: str, size: int = 200) -> str:
 
 
 TOOLS = [charge_card, lookup]
+
+
+# Graders an outcome may name (agentq.core.grading): each run leaves a line in the same ledger,
+# so a test counts how many times a grader really ran across killed processes.
+
+
+def _graded(name: str, given: GradeInput) -> None:
+    with ledger_path().open("a") as f:
+        f.write(json.dumps({"grader": name, "task_id": given.task_id, "attempt": given.attempt}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@grader
+def says_done(given: GradeInput) -> tuple[float, str]:
+    """Passes an answer that says DONE; else tells the agent so."""
+    _graded("says_done", given)
+    if "DONE" in given.answer:
+        return 1.0, ""
+    return 0.2, "The answer must say DONE."
+
+
+@grader
+def report_written(given: GradeInput) -> dict[str, object]:
+    """Passes when the workspace holds report.md with a title."""
+    _graded("report_written", given)
+    if given.files is None or "report.md" not in given.files:
+        return {"passed": False, "feedback": "write report.md in the workspace"}
+    return {"passed": given.files.text("report.md").startswith("# "), "feedback": "report.md needs a # title"}
+
+
+@grader
+def grader_raises(given: GradeInput) -> float:
+    """A grader with a bug."""
+    _graded("grader_raises", given)
+    raise RuntimeError("the grader's own bug")
+
+
+@grader
+def grader_nonsense(given: GradeInput) -> object:
+    """A grader that returns something that is not a grade."""
+    _graded("grader_nonsense", given)
+    return "looks fine to me"
+
+
+@grader
+def grader_slow(given: GradeInput) -> float:
+    """A grader that runs past its outcome's timeout."""
+    _graded("grader_slow", given)
+    time.sleep(float(os.environ.get("AGENTQ_TEST_GRADER_SLEEP", "5")))
+    return 1.0

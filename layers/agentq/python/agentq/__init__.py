@@ -50,6 +50,8 @@ _EXPORTS: dict[str, str] = {
     "ToolContext": "agentq.core.tools",
     "ToolRegistry": "agentq.core.tools",
     "tool": "agentq.core.tools",
+    "GradeInput": "agentq.core.grading",
+    "grader": "agentq.core.grading",
 }
 
 # Literal, so type checkers and linters see the public names; a test keeps it equal to _EXPORTS.
@@ -63,6 +65,7 @@ __all__ = [
     "Constraints",
     "Engine",
     "EngineConfig",
+    "GradeInput",
     "IllegalTransition",
     "LeaseLost",
     "PriceTable",
@@ -79,6 +82,7 @@ __all__ = [
     "ValidationError",
     "build_registry",
     "build_store",
+    "grader",
     "load_price_table",
     "parse_submission",
     "submit",
@@ -113,6 +117,7 @@ if TYPE_CHECKING:
         TaskNotFound,
         ValidationError,
     )
+    from agentq.core.grading import GradeInput, grader
     from agentq.core.models import Constraints, Script, Task, TaskStatus, TaskSubmission
     from agentq.core.pricing import PriceTable, load_price_table
     from agentq.core.tools import ToolContext, ToolRegistry, tool

@@ -381,7 +381,8 @@ def build_mcp(environ: Mapping[str, str] = os.environ) -> McpServers:
 
 
 def build_registry(settings: Settings) -> ToolRegistry:
-    """Built-in tools (spawn_subagents included) plus those of the deployment's tool modules
+    """Built-in tools (spawn_subagents included) plus those of the deployment's tool modules, and
+    their ``@grader`` functions
     (``agentq.tool_modules``: AGENTQ_TOOL_MODULES and installed packages). python_exec runs in the sandbox AGENTQ_SANDBOX
     names and http_fetch honours AGENTQ_HTTP_FETCH_ALLOW (agentq.sandbox.config,
     agentq.core.tools.fetch)."""
@@ -389,12 +390,15 @@ def build_registry(settings: Settings) -> ToolRegistry:
     from agentq.core.fanout import spawn_tool_spec
     from agentq.core.tools.fetch import FetchPolicy
     from agentq.sandbox.config import sandbox_from_env
-    from agentq.tool_modules import load_tool_modules
+    from agentq.tool_modules import load_modules
 
     registry = default_registry(sandbox=sandbox_from_env(), fetch_policy=FetchPolicy.from_env())
     registry.register(spawn_tool_spec())
     registry.register(approval_tool_spec())
     registry.register(credential_request_spec())
-    for spec in load_tool_modules(settings.tool_modules):
+    specs, graders = load_modules(settings.tool_modules)
+    for spec in specs:
         registry.register(spec)
+    for grading in graders:
+        registry.register_grader(grading)
     return registry

@@ -1,7 +1,7 @@
 """Where a deployment's own tools come from: tool modules, named or installed.
 
 A tool module is any importable module (or package) with ``@tool`` functions
-(``agentq.core.tools.tool``). Its tools are its ``TOOLS`` list when it has one (the order the
+(``agentq.core.tools.tool``), and ``@grader`` functions an outcome may name (``agentq.core.grading``). Its tools are its ``TOOLS`` list when it has one (the order the
 model sees them), else every ``@tool`` function defined at its top level. A process finds
 tool modules in two places, both of them, in this order:
 
@@ -24,6 +24,7 @@ import types
 from collections.abc import Iterable
 
 from agentq.control.defaults import ConfigurationError
+from agentq.core.grading import GraderSpec
 from agentq.core.tools import ToolSpec
 
 ENTRY_POINT_GROUP = "agentq.tools"
@@ -50,9 +51,20 @@ def tools_of(module: types.ModuleType) -> list[ToolSpec]:
     return [value for value in vars(module).values() if isinstance(value, ToolSpec)]
 
 
+def graders_of(module: types.ModuleType) -> list[GraderSpec]:
+    """A module's top-level ``@grader`` functions (``core.grading``), which an outcome may name."""
+    return [value for value in vars(module).values() if isinstance(value, GraderSpec)]
+
+
 def load_tool_modules(names: Iterable[str]) -> list[ToolSpec]:
     """The tools of each named module, then of each installed one (each module once)."""
+    return load_modules(names)[0]
+
+
+def load_modules(names: Iterable[str]) -> tuple[list[ToolSpec], list[GraderSpec]]:
+    """The tools and the graders of each named module, then of each installed one (each module once)."""
     specs: list[ToolSpec] = []
+    graders: list[GraderSpec] = []
     seen: set[str] = set()
     for given in [*names, *installed_tool_modules()]:
         name = given.strip()
@@ -66,4 +78,5 @@ def load_tool_modules(names: Iterable[str]) -> list[ToolSpec]:
                 f"tool module {name!r} cannot be imported: {type(exc).__name__}: {exc}"[:600], field=VARIABLE
             ) from None
         specs += tools_of(module)
-    return specs
+        graders += graders_of(module)
+    return specs, graders

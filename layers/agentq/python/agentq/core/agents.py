@@ -27,6 +27,7 @@ from agentq.core.models import (
     Effort,
     McpToolPin,
     Notify,
+    OutcomeSpec,
     Provider,
     Script,
     StrictModel,
@@ -133,6 +134,13 @@ class AgentSpec(StrictModel):
         default=None,
         description="its tasks' workspace: the hosts their shell may reach (a submission may not add any) and "
         "starting files (files, an upload or a git repository), used when the submission names none",
+    )
+
+    # None when unset: versions made before outcomes existed keep their digest.
+    outcome: OutcomeSpec | None = Field(
+        default=None,
+        description="what its tasks must achieve (a rubric and/or a @grader), graded when they answer; a "
+        "submission's own outcome takes precedence",
     )
 
     @model_validator(mode="after")
@@ -245,6 +253,8 @@ def resolved_fields(version: AgentVersion, submission_fields: dict[str, Any]) ->
         fields["output_schema"] = version.output_schema
     if version.notify is not None and "notify" not in sent:
         fields["notify"] = version.notify.model_dump()
+    if version.outcome is not None and "outcome" not in sent:
+        fields["outcome"] = version.outcome.model_dump(exclude_none=True)
     if version.workspace is not None:
         fields["workspace"] = agent_workspace(version.workspace, sent.get("workspace"))
     if version.concurrency is not None and "concurrency" not in sent:

@@ -94,6 +94,7 @@ class StepLog(Protocol):
         lease_until: float | None = None,
         hold_until: float | None = None,
         delivered: int | None = None,
+        grade: dict[str, Any] | None = None,
     ) -> CommittedStep: ...
 
     def record_orphan(

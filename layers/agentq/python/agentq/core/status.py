@@ -19,6 +19,7 @@ class TaskStatus(enum.StrEnum):
     CANCELLED = "cancelled"
     COST_EXCEEDED = "cost_exceeded"
     TIMED_OUT = "timed_out"
+    FAILED_OUTCOME = "failed_outcome"  # answered, but its outcome's grade stayed below the bar (core.grading)
 
     @property
     def terminal(self) -> bool:
@@ -32,5 +33,6 @@ TERMINAL_STATUSES = frozenset(
         TaskStatus.CANCELLED,
         TaskStatus.COST_EXCEEDED,
         TaskStatus.TIMED_OUT,
+        TaskStatus.FAILED_OUTCOME,
     }
 )

@@ -8,6 +8,7 @@ package only; each part is a no-op where its output would go nowhere.
 - ``correlation``: task id, step, lease epoch and worker on every log line of a task;
 - ``logs``: the core's loggers as powertools JSON (Lambda, ``agentq worker``) or text;
 - ``events``: structured events (log line, EventBridge);
+- ``grades``: a grade of an answer against its outcome, to all three (metric, event, trace);
 - ``otel``: OpenTelemetry traces by OTLP/HTTP where ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set;
   ``otel_metrics`` the GenAI client metrics beside them; ``otlp`` the switch and service they share.
 
@@ -36,6 +37,8 @@ _EXPORTS: dict[str, str] = {
     "metrics": "emf",
     "record_budget_refusal": "emf",
     "record_policy_decision": "emf",
+    "record_grade": "emf",
+    "graded": "grades",
     "record_unknown_usage": "emf",
     "record_dead_letter": "emf",
     "record_swept": "emf",
@@ -51,7 +54,7 @@ _EXPORTS: dict[str, str] = {
     "route_core_logs": "logs",
 }
 _SUBMODULES = frozenset(
-    {"calls", "correlation", "emf", "events", "logs", "names", "otel", "otel_metrics", "otlp", "tracing"}
+    {"calls", "correlation", "emf", "events", "grades", "logs", "names", "otel", "otel_metrics", "otlp", "tracing"}
 )
 
 # Literal, so type checkers and linters see the public names; a test keeps it equal to _EXPORTS.
@@ -66,11 +69,13 @@ __all__ = [
     "emit_event",
     "enabled",
     "flush",
+    "graded",
     "llm_call",
     "message_received",
     "metrics",
     "record_budget_refusal",
     "record_dead_letter",
+    "record_grade",
     "record_policy_decision",
     "record_run",
     "record_submitted",
@@ -106,6 +111,7 @@ if TYPE_CHECKING:
     from agentq.observe import correlation as correlation
     from agentq.observe import emf as emf
     from agentq.observe import events as events
+    from agentq.observe import grades as grades
     from agentq.observe import logs as logs
     from agentq.observe import names as names
     from agentq.observe import otel as otel
@@ -114,6 +120,7 @@ if TYPE_CHECKING:
     from agentq.observe import tracing as tracing
     from agentq.observe.calls import LLMCall, ToolCall, llm_call, tool_call
     from agentq.observe.correlation import CorrelationFilter, bind, task_context
+    from agentq.observe.grades import graded
     from agentq.observe.emf import (
         api_metrics,
         circuit_changed,
@@ -122,6 +129,7 @@ if TYPE_CHECKING:
         metrics,
         record_budget_refusal,
         record_dead_letter,
+        record_grade,
         record_policy_decision,
         record_run,
         record_submitted,

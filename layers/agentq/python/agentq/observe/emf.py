@@ -125,6 +125,13 @@ def record_budget_refusal(budget: Literal["task", "tenant"]) -> None:
     _write_now({names.BUDGET_REFUSALS: 1}, MetricUnit.Count, {names.BUDGET: budget})
 
 
+def record_grade(result: Literal["passed", "below_bar", "error"]) -> None:
+    """An answer graded against its task's outcome (``core.engine._grade``)."""
+    if not enabled():
+        return
+    _write_now({names.GRADES: 1}, MetricUnit.Count, {names.GRADE: result})
+
+
 def record_policy_decision(effect: str, shadow: list[str]) -> None:
     """A call a policy rule took part in: what was decided, and each log_only rule's would-be
     decision (``would_deny``/``would_ask``), counted beside it."""

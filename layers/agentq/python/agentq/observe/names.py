@@ -59,6 +59,10 @@ DECISION = "decision"
 CIRCUIT_OPENED = "circuit_opened"  # a provider/model or tool circuit opened (dimension: circuit)
 CIRCUIT_CLOSED = "circuit_closed"
 CIRCUIT = "circuit"
+# An answer graded against its task's outcome (core.engine._grade); grade is passed, below_bar
+# (the agent tries again, or the task ends failed_outcome) or error (a judge failed).
+GRADES = "grades"
+GRADE = "grade"
 
 TOKEN_DIMENSIONS = (SERVICE, MODEL)
 TOOL_DIMENSIONS = (SERVICE, TOOL)

@@ -157,6 +157,7 @@ class Steps:
         lease_until: float | None = None,
         hold_until: float | None = None,
         delivered: int | None = None,
+        grade: dict[str, Any] | None = None,
     ) -> CommittedStep:
         """Append step ``number`` and advance META, fenced by the lease (see the module).
 
@@ -170,7 +171,8 @@ class Steps:
         reserves tokens for the next LLM call in the same write (saving a round trip per turn),
         with ``hold_until`` as that hold's deadline (``storage/budgets.py``) and
         ``reserve_next_micros`` as its money (millionths of a dollar); ``finish`` moves the
-        task to a terminal status with its result. ``lease_until`` (unless finishing, which
+        task to a terminal status with its result. ``grade``: the task's latest grade, on META
+        (a grade step's commit: ``core.engine._grade``). ``lease_until`` (unless finishing, which
         drops the lease) also moves ``lease_expires`` there: progress is a
         heartbeat, so the heartbeat need not write this lease again soon. The condition is
         unchanged (the epoch, the status, the previous step), so it cannot take a lease over;
@@ -209,6 +211,8 @@ class Steps:
         if isinstance(body, LLMStep | CompactStep) and body.fallback_from is not None and body.provider:
             # A fallback took over: META says which model answers now (the task view shows it)
             sets["answered_by"] = {"provider": body.provider, "model": body.model}
+        if grade is not None:
+            sets["grade"] = grade
         if settle is not None:
             adds.update({"tokens_in": settle.tokens_in, "tokens_out": settle.tokens_out, "cost_usd": settle.cost_usd})
         if finish is not None:

@@ -4,12 +4,15 @@ Order of writes in one turn (each a crash point, see ``faults``):
 reserve -> LLM call -> commit LLM step (tool intents durable) -> per side-effecting tool:
 begin effect -> run -> finish effect -> [the workspace's changed content, then its manifest, to
 S3 (``_workspace``)] -> commit tools step naming that manifest (+ reserve the next call).
+An answer of a task with an outcome: commit LLM step (not ending the task) -> begin the grade's
+effect -> judges run -> finish the effect with the grade -> commit grade step (its model's usage
+settled, the task ended or the feedback its next message) (``_grade``).
 A worker killed anywhere loses at most the step in flight; the next worker rebuilds the
 conversation from the committed steps and continues. Knows nothing of SQS or Lambda: the
 adapters pass a deadline and read the ``RunResult``.
 
 The package, by module: ``_loop`` (``Engine``: claim, the loop, how a run ends), one module per
-kind of turn (``_llm_turn``, ``_tool_turn``, ``_tool_call``, ``_approvals``, ``_spawn``) over the
+kind of turn (``_llm_turn``, ``_tool_turn``, ``_tool_call``, ``_approvals``, ``_spawn``, ``_grade``) over the
 protocol they share (``_operation``), budget holds (``_holds``), the request (``_request``), the
 step commit (``_commit``), why a call must not start (``_stops``), ending a task without a step
 (``_finish``), the session and its lease (``_session``), the task's workspace (``_workspace``);

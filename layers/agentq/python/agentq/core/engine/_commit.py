@@ -10,7 +10,7 @@ from typing import Any
 from agentq import observe
 from agentq.core.engine._session import Session
 from agentq.core.engine.config import EngineConfig
-from agentq.core.models import CompactStep, LLMStep, MessageStep, StepRecord
+from agentq.core.models import CompactStep, GradeStep, LLMStep, MessageStep, StepRecord
 from agentq.core.ports import StepLog
 from agentq.core.records import Inbox
 
@@ -63,6 +63,8 @@ class StepWriter:
             )  # fmt: skip
         elif isinstance(body, MessageStep):
             log.debug("message step committed", extra={"kind": "message", "messages": len(body.messages)})
+        elif isinstance(body, GradeStep):
+            log.debug("grade step committed", extra={"kind": "grade", "score": body.score, "passed": body.passed})
         else:
             log.debug(
                 "tools step committed", extra={"kind": "tools", "tool_errors": sum(r.is_error for r in body.results)}

@@ -2,7 +2,8 @@
 it ends, parks, loses its lease, or its time slice ends.
 
 Each turn is a module of its own (``_llm_turn`` with ``_llm_call``, ``_tool_turn`` with ``_tool_call``,
-``_approvals`` and ``_spawn``, ``_messages`` for a person's messages and interrupts); budget holds are ``_holds``; the request is ``_request``. The
+``_approvals`` and ``_spawn``, ``_messages`` for a person's messages and interrupts, ``_grade`` for
+an answer's grade against its outcome); budget holds are ``_holds``; the request is ``_request``. The
 loop only decides which turn comes next from the last committed step, and how a run ends.
 """
 
@@ -19,6 +20,7 @@ from agentq import observe
 from agentq.core.dependencies import dependency_goal
 from agentq.core.engine._commit import StepWriter
 from agentq.core.engine._finish import finish_without_step
+from agentq.core.engine._grade import GradeTurn
 from agentq.core.engine._holds import BudgetHolds, HoldsInFlight
 from agentq.core.engine._llm_turn import LLMTurn
 from agentq.core.engine._messages import MessageTurn
@@ -110,6 +112,7 @@ class Engine:
             self.policy,
         )
         self._message_turn = MessageTurn(store.messages, self._holds, writer)
+        self._grade_turn = GradeTurn(store.effects, self._provider, self.prices, self.tools, writer)
 
     def _provider(self, submission: TaskSubmission) -> LLMProvider:
         """``self.providers`` as it is when the call is made (an adapter may swap it)."""
@@ -223,6 +226,12 @@ class Engine:
                 idle = self._message_turn.run(s)
                 if idle is not None:
                     return idle
+                continue
+            if self._grade_turn.due(s):  # an answer of a task with an outcome: graded before it ends
+                with observe.otel.step(s.next_step, "grade"):
+                    ended = self._grade_turn.run(s)
+                if ended is not None:
+                    return ended
                 continue
             last = s.steps[-1].body if s.steps else None
             if isinstance(last, LLMStep) and last.tool_uses():

@@ -11,7 +11,8 @@ import math
 from typing import Any
 
 from agentq.core.context import resumed_goal
-from agentq.core.models import CompactStep, Constraints, LLMStep, MessageStep, StepRecord, TaskSubmission
+from agentq.core.grading import feedback_message
+from agentq.core.models import CompactStep, Constraints, GradeStep, LLMStep, MessageStep, StepRecord, TaskSubmission
 from agentq.core.output import FINAL_ANSWER_TOOL, answer_of, feedback
 from agentq.core.providers import LLMRequest
 from agentq.core.tools.memory import offered_memory_tools
@@ -26,7 +27,8 @@ def conversation(
 ) -> list[dict[str, Any]]:
     """Messages API history rebuilt from committed steps: the goal, then each step's turn
     (with an ``output_schema``, a text answer that was not valid is followed by the feedback
-    the model was given, derived again from the step: ``core.output``). A compaction starts
+    the model was given, derived again from the step: ``core.output``; a grade below the bar
+    is followed by its feedback: ``core.grading``). A compaction starts
     it again from the goal and its summary (``core.context``)."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": goal}]
     for record in steps:
@@ -41,6 +43,9 @@ def conversation(
                 messages.append({"role": "user", "content": feedback(output_schema, body.content)})
         elif isinstance(body, MessageStep):
             _say(messages, [{"type": "text", "text": m.text} for m in body.messages])
+        elif isinstance(body, GradeStep):
+            if body.retries:  # below the bar: the grader's feedback is the agent's next message
+                messages.append(feedback_message(messages, body))
         else:
             messages.append(
                 {

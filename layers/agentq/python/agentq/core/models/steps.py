@@ -148,7 +148,46 @@ class MessageStep(StrictModel):
         return "\n\n".join(m.text for m in self.messages)
 
 
-Step = Annotated[LLMStep | ToolsStep | CompactStep | MessageStep, Field(discriminator="kind")]
+class GradeCheck(StrictModel):
+    """One judge of a grade: the task's ``@grader`` function (``code``) or its rubric's model."""
+
+    kind: Literal["code", "rubric"]
+    name: str = Field(description="the grader function, or provider/model of the rubric's grading model")
+    score: float | None = Field(default=None, description="0 to 1; None: this judge failed (the grade's error)")
+    feedback: str = ""
+    usage: Usage | None = Field(default=None, description="the grading model's tokens (rubric)")
+    cost_usd: Decimal = Decimal(0)
+    duration_ms: int = 0
+
+
+class GradeStep(StrictModel):
+    """The grade of the answer before it (``core.engine._grade``): a durable step like any other,
+    computed at most once (its result recorded in the effect log before this commit). Below the
+    bar with attempts left, its feedback is the agent's next user message (``retries``); a grade
+    that failed (``error``) ends the task ``failed_outcome`` with the answer kept."""
+
+    kind: Literal["grade"] = "grade"
+    attempt: int = Field(ge=1, description="which answer of this round of the conversation was graded")
+    max_attempts: int = Field(ge=1)
+    bar: float
+    score: float | None = Field(description="the lowest score of its checks; None when the grade failed")
+    passed: bool
+    feedback: str = ""
+    checks: list[GradeCheck] = Field(default_factory=list)
+    error: dict[str, Any] | None = Field(default=None, description="{code, message}: the grader failed")
+    usage: Usage = Field(default_factory=Usage, description="the grading model's tokens, counted in the budget")
+    cost_usd: Decimal = Decimal(0)
+    started_at: float
+    duration_ms: int
+    replayed: bool = Field(default=False, description="graded by a worker that stopped before this commit")
+
+    @property
+    def retries(self) -> bool:
+        """The agent is told the feedback and answers again."""
+        return not self.passed and self.error is None and self.attempt < self.max_attempts
+
+
+Step = Annotated[LLMStep | ToolsStep | CompactStep | MessageStep | GradeStep, Field(discriminator="kind")]
 
 
 class StepRecord(StrictModel):

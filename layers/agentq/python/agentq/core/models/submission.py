@@ -132,8 +132,59 @@ class McpToolPin(StrictModel):
         return f"mcp__{self.server}__{self.name}"
 
 
-NotifyEvent = Literal["succeeded", "failed", "cancelled", "cost_exceeded", "timed_out", "idle", "message_received"]
-TASK_ENDS: tuple[NotifyEvent, ...] = ("succeeded", "failed", "cancelled", "cost_exceeded", "timed_out")
+MAX_RUBRIC_CHARS = 20_000
+GRADER_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
+
+
+class OutcomeSpec(StrictModel):
+    """What a task must achieve, and how it is judged when the agent answers (``core.grading``):
+    a ``rubric`` a model grades the answer against, a ``grader`` (a ``@grader`` function of the
+    deployment's tool modules) that checks it in code, or both (the code check first; the model
+    is asked only if the code passes). Below ``bar``, the feedback goes back to the agent as its
+    next message, up to ``max_attempts`` answers; the task then ends ``failed_outcome``."""
+
+    rubric: str | None = Field(
+        default=None, min_length=1, max_length=MAX_RUBRIC_CHARS,
+        description="what a good answer is, for a model to grade the answer against (a score from 0 to 1)",
+    )  # fmt: skip
+    grader: str | None = Field(
+        default=None, pattern=GRADER_NAME_PATTERN,
+        description="a @grader function of the deployment's tool modules: it gets the answer (and the workspace's "
+        "files, read-only) and returns a score, a pass/fail or a score with feedback",
+    )  # fmt: skip
+    bar: float = Field(strict=True, default=0.8, ge=0, le=1, description="the lowest score that passes (0 to 1)")
+    max_attempts: int = Field(
+        strict=True, default=3, ge=1, le=10, description="answers graded before the task ends failed_outcome"
+    )
+    provider: Provider | None = Field(default=None, description="the grading model's provider (default: the task's)")
+    model: ModelName | None = Field(default=None, description="the grading model (default: the task's)")
+    script: Script | str | None = Field(
+        default=None, description="the scripted provider's grades, one turn an attempt (tests and local runs)"
+    )
+    max_output_tokens: int = Field(
+        strict=True, default=1024, ge=16, le=8192, description="the grading model's output tokens, a call"
+    )
+    timeout_seconds: int = Field(
+        strict=True, default=120, ge=1, le=900, description="a grade (the model's call, the grader's run) gives up"
+    )
+
+    @model_validator(mode="after")
+    def _judged_somehow(self) -> OutcomeSpec:
+        if self.rubric is None and self.grader is None:
+            raise ValueError("rubric: an outcome needs a rubric, a grader, or both")
+        if self.rubric is None and (self.provider or self.model or self.script) is not None:
+            raise ValueError("rubric: provider, model and script are the grading model's; they need a rubric")
+        return self
+
+    def grading_model(self, provider: str, model: str) -> tuple[str, str]:
+        """The provider and model that grade the rubric: the outcome's own, else the task's."""
+        return self.provider or provider, self.model or model
+
+
+NotifyEvent = Literal[
+    "succeeded", "failed", "cancelled", "cost_exceeded", "timed_out", "failed_outcome", "idle", "message_received"
+]
+TASK_ENDS: tuple[NotifyEvent, ...] = ("succeeded", "failed", "cancelled", "cost_exceeded", "timed_out", "failed_outcome")
 
 
 class Notify(StrictModel):
@@ -226,6 +277,12 @@ class TaskSubmission(StrictModel):
         default=None,
         description="a workspace of files for the task (docs/SANDBOX.md): its starting files and the hosts its "
         "shell may reach; a task allowed a workspace tool (shell, read_file, ...) has an empty one without it",
+    )
+    outcome: OutcomeSpec | None = Field(
+        default=None,
+        description="what the task must achieve: a rubric a model grades and/or a @grader check; below the bar the "
+        "feedback goes back to the agent, up to max_attempts, then the task ends failed_outcome (an agent's outcome "
+        "applies when the submission names none)",
     )
     fallbacks: Fallbacks = Field(
         default_factory=list,

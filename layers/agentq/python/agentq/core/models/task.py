@@ -115,6 +115,11 @@ class Task(BaseModel):
     # The starting files a clone made (``WorkspaceSpec.git``), recorded once at the first claim
     # before any step ran: step 0's files. None: the start is the submission's own.
     workspace_start: WorkspaceRef | None = None
+    # The latest grade of the task's answer (``core.engine._grade``, set by a grade step's
+    # commit): score, passed, attempt, feedback, the grading model's tokens and dollars, and the
+    # count of messages delivered when it was graded (a new round of the conversation starts
+    # its attempts again). None: no outcome, or not graded yet.
+    grade: dict[str, Any] | None = None
 
     @field_validator("inflight", mode="before")
     @classmethod

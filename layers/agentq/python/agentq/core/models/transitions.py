@@ -30,6 +30,7 @@ ALLOWED_TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
     TaskStatus.TIMED_OUT: frozenset(),
     TaskStatus.FAILED: frozenset({TaskStatus.QUEUED}),
     TaskStatus.COST_EXCEEDED: frozenset({TaskStatus.QUEUED}),
+    TaskStatus.FAILED_OUTCOME: frozenset(),  # the answer and its last grade are the task's end
 }
 
 

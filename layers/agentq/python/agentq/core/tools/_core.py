@@ -28,6 +28,7 @@ from typing import Annotated, Any, Literal, Union
 import pydantic
 from pydantic import BaseModel, ConfigDict
 
+from agentq.core.grading import GraderSpec
 from agentq.core.tools._context import ToolContext
 from agentq.core.tools._schema import input_schema
 
@@ -210,6 +211,9 @@ class ToolRegistry:
 
     def __init__(self, tools: Iterable[ToolSpec] = ()) -> None:
         self._tools: dict[str, ToolSpec] = {}
+        # The deployment's @grader functions (core.grading), from the same tool modules: an
+        # outcome names one, the API checks the name and the worker runs it.
+        self._graders: dict[str, GraderSpec] = {}
         for spec in tools:
             self.register(spec)
 
@@ -224,6 +228,20 @@ class ToolRegistry:
     def get(self, name: str) -> ToolSpec | None:
         return self._tools.get(name)
 
+    def register_grader(self, spec: GraderSpec) -> GraderSpec:
+        if not isinstance(spec, GraderSpec):
+            raise TypeError(f"expected a GraderSpec (decorate the function with @grader), got {type(spec).__name__}")
+        if spec.name in self._graders:
+            raise ValueError(f"a grader named {spec.name!r} is already registered")
+        self._graders[spec.name] = spec
+        return spec
+
+    def grader(self, name: str) -> GraderSpec | None:
+        return self._graders.get(name)
+
+    def grader_names(self) -> list[str]:
+        return list(self._graders)
+
     def with_tools(self, extra: Iterable[ToolSpec]) -> ToolRegistry:
         """This registry plus ``extra`` (a task's MCP tools), leaving this one unchanged."""
         extra = list(extra)
@@ -231,6 +249,7 @@ class ToolRegistry:
             return self
         combined = ToolRegistry()
         combined._tools = dict(self._tools)
+        combined._graders = self._graders
         for spec in extra:
             combined.register(spec)
         return combined

@@ -1,0 +1,342 @@
+"""The grade turn: an answer of a task with an outcome is graded before the task ends, as a
+durable step (ARCHITECTURE 3, the grade).
+
+The answer's LLM step commits without ending the task (``_llm_answer.turn_outcome``); the loop
+then finds an ungraded answer (``GradeTurn.due``) and runs this turn, which follows the protocol
+of every recorded operation (``_operation``): the grade's effect record is begun, fenced, before
+any judge runs (crash point ``after_grade_begin``), the judges run once, and their grade is
+finished onto the record (crash point ``after_grade``) before the ``GradeStep`` commits. A worker
+killed anywhere resumes from what is stored: no record, it grades; a finished one, it commits the
+recorded grade (``replayed``) without running a judge again; one begun and never finished, its
+judges may have run, so they are not run again: the grade fails ``grader_interrupted``, like a
+side effect's unknown outcome. The grade step's commit settles the grading model's tokens and
+dollars in the task tree's budget, in the same write, and puts the grade on META.
+
+The step ends the task ``succeeded`` (passed), or leaves the feedback as the agent's next
+message (below the bar, attempts left: ``conversation``), or ends it ``failed_outcome`` with
+the answer kept (the attempts spent, or a judge that failed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from decimal import Decimal
+from typing import Any, ClassVar
+
+from agentq import observe
+from agentq.core.engine._commit import StepWriter
+from agentq.core.engine._llm_call import call_cost
+from agentq.core.engine._operation import RecordedOperation
+from agentq.core.engine._session import Session
+from agentq.core.engine.conversation import final_text
+from agentq.core.engine.result import RunResult
+from agentq.core.errors import ConversationMoved
+from agentq.core.faults import crash_point
+from agentq.core.grading import (
+    RUBRIC_SYSTEM,
+    GradeError,
+    GradeInput,
+    WorkspaceFiles,
+    feedback_message,
+    parse_rubric_grade,
+    rubric_prompt,
+    score_of,
+    within,
+)
+from agentq.core.models import (
+    GradeCheck,
+    GradeStep,
+    LLMStep,
+    MessageStep,
+    OutcomeSpec,
+    TaskStatus,
+    TaskSubmission,
+    ToolOutcome,
+    Usage,
+)
+from agentq.core.output import answer_of
+from agentq.core.ports import EffectLog
+from agentq.core.pricing import PriceTable
+from agentq.core.providers import LLMProvider, LLMRequest, ProviderFactory
+from agentq.core.records import BudgetDelta, EffectRecord
+from agentq.core.tools import ToolRegistry
+
+GRADE = "grade"  # the effect record's tool name; its id is ``grade-<step>``
+
+
+def answered(sub: TaskSubmission, step: LLMStep) -> tuple[bool, Any]:
+    """Whether this turn is the task's answer (as it would end the task without an outcome),
+    and the parsed answer with an output schema."""
+    if step.stop_reason == "max_tokens":
+        return False, None
+    if sub.output_schema is not None:
+        return answer_of(sub.output_schema, step.content)
+    return not step.tool_uses(), None
+
+
+class GradeTurn:
+    def __init__(
+        self,
+        effects: EffectLog,
+        providers: ProviderFactory,
+        prices: PriceTable,
+        tools: ToolRegistry,
+        writer: StepWriter,
+    ) -> None:
+        self.effects, self.providers, self.prices, self.tools, self.writer = effects, providers, prices, tools, writer
+
+    def due(self, s: Session) -> bool:
+        """An answer of a task with an outcome, not graded yet."""
+        sub = s.task.submission
+        if sub.outcome is None or s.task.status.terminal or not s.steps:
+            return False
+        last = s.steps[-1].body
+        return isinstance(last, LLMStep) and answered(sub, last)[0]
+
+    def run(self, s: Session) -> RunResult | None:
+        """Grade the answer once and commit the grade (None: the agent answers again)."""
+        sub = s.task.submission
+        assert sub.outcome is not None
+        last = s.steps[-1].body
+        assert isinstance(last, LLMStep)
+        parsed = answered(sub, last)[1]
+        answer = json.dumps(parsed, ensure_ascii=False) if sub.output_schema is not None else final_text(s.messages)
+        attempt = self.attempt(s)
+        step = Grading(self, s, sub.outcome, answer or "", parsed, attempt).run()
+        return self.commit(s, step, answer)
+
+    def attempt(self, s: Session) -> int:
+        """Which answer of this round this is: one more than the last grade's, unless a person's
+        message was delivered since (a new round of the conversation)."""
+        prior = s.task.grade
+        if prior and prior.get("delivered") == s.inbox.delivered and not prior.get("passed"):
+            return int(prior.get("attempt", 0)) + 1
+        return 1
+
+    def judge(self, s: Session, outcome: OutcomeSpec, answer: str, parsed: Any, attempt: int) -> GradeStep:
+        """Run the outcome's judges: the code check, then (if it passes) the rubric's model."""
+        started = time.time()
+        checks: list[GradeCheck] = []
+        error: dict[str, Any] | None = None
+        if outcome.grader is not None:
+            check, error = self.code_check(s, outcome, answer, parsed, attempt)
+            checks.append(check)
+        if outcome.rubric is not None and error is None and all((c.score or 0) >= outcome.bar for c in checks):
+            check, error = self.rubric_check(s, outcome, answer, attempt)
+            checks.append(check)
+        usage = sum_usage([c.usage for c in checks if c.usage is not None])
+        score = None if error is not None else min(c.score or 0.0 for c in checks)
+        return GradeStep(
+            attempt=attempt,
+            max_attempts=outcome.max_attempts,
+            bar=outcome.bar,
+            score=score,
+            passed=score is not None and score >= outcome.bar,
+            feedback="\n\n".join(c.feedback for c in checks if c.feedback),
+            checks=checks,
+            error=error,
+            usage=usage,
+            cost_usd=sum((c.cost_usd for c in checks), Decimal(0)),
+            started_at=started,
+            duration_ms=int((time.time() - started) * 1000),
+        )
+
+    def code_check(
+        self, s: Session, outcome: OutcomeSpec, answer: str, parsed: Any, attempt: int
+    ) -> tuple[GradeCheck, dict[str, Any] | None]:
+        name = outcome.grader
+        assert name is not None
+        started = time.time()
+        try:
+            spec = self.tools.grader(name)
+            if spec is None:
+                known = ", ".join(sorted(self.tools.grader_names())) or "(none)"
+                raise GradeError("grader_unknown", f"no grader named {name!r} in this worker's tool modules: {known}")
+            ws = s.workspace
+            given = GradeInput(
+                task_id=s.task_id, goal=s.goal or s.task.submission.goal, answer=answer, output=parsed,
+                attempt=attempt, files=WorkspaceFiles(ws.directory) if ws is not None else None,
+            )  # fmt: skip
+            score, feedback = score_of(within(outcome.timeout_seconds, f"grader {name!r}", lambda: spec(given)))
+        except GradeError as exc:
+            took = int((time.time() - started) * 1000)
+            return GradeCheck(kind="code", name=name, feedback=exc.message, duration_ms=took), exc.to_dict()
+        took = int((time.time() - started) * 1000)
+        return GradeCheck(kind="code", name=name, score=score, feedback=feedback, duration_ms=took), None
+
+    def rubric_check(
+        self, s: Session, outcome: OutcomeSpec, answer: str, attempt: int
+    ) -> tuple[GradeCheck, dict[str, Any] | None]:
+        sub = s.task.submission
+        assert outcome.rubric is not None
+        provider, model = outcome.grading_model(sub.provider, sub.model)
+        grading = sub.model_copy(
+            update={"provider": provider, "model": model, "script": outcome.script if provider == "scripted" else None,
+                    "fallbacks": []}
+        )  # fmt: skip
+        request = LLMRequest(
+            model=model, system=RUBRIC_SYSTEM, max_tokens=outcome.max_output_tokens, task_id=f"{s.task_id}/grade",
+            messages=rubric_history(s, outcome.rubric, answer, attempt),
+        )  # fmt: skip
+        name = f"{provider}/{model}"
+        started = time.time()
+        attributes = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": observe.otel.genai_provider(provider),
+                      "gen_ai.request.model": model, "agentq.grade": True}  # fmt: skip
+        with observe.otel.span(f"chat {model}", attributes, client=True) as made:
+            try:
+                chosen: LLMProvider = within(outcome.timeout_seconds, "the grading model", lambda: self.providers(grading))
+                response = within(outcome.timeout_seconds, "the grading model", lambda: chosen.complete(request))
+            except GradeError as exc:
+                took = int((time.time() - started) * 1000)
+                if made is not None:
+                    observe.otel.failed(made, exc.code)
+                return GradeCheck(kind="rubric", name=name, feedback=exc.message, duration_ms=took), exc.to_dict()
+            cost = call_cost(self.prices, provider, response.model or model, model, response)
+            if made is not None:
+                made.set_attributes({"gen_ai.usage.input_tokens": response.usage.input_total,
+                                     "gen_ai.usage.output_tokens": response.usage.output_tokens})  # fmt: skip
+        took = int((time.time() - started) * 1000)
+        text = "\n".join(b["text"] for b in response.content if b.get("type") == "text" and b.get("text"))
+        spent = {"usage": response.usage, "cost_usd": cost, "duration_ms": took}
+        try:
+            score, feedback = parse_rubric_grade(text)
+        except GradeError as exc:  # the tokens were spent all the same: counted
+            return GradeCheck(kind="rubric", name=name, feedback=exc.message, **spent), exc.to_dict()
+        return GradeCheck(kind="rubric", name=name, score=score, feedback=feedback, **spent), None
+
+    def commit(self, s: Session, step: GradeStep, answer: str) -> RunResult | None:
+        """The grade as the next step, the grading model's usage settled in the same write."""
+        finish: TaskStatus | None = None
+        error: dict[str, Any] | None = None
+        if step.passed:
+            finish = TaskStatus.SUCCEEDED
+        elif not step.retries:
+            finish = TaskStatus.FAILED_OUTCOME
+            error = step.error or {
+                "code": "outcome_failed",
+                "message": f"the answer's grade {step.score:.2f} stayed below the bar {step.bar:.2f} after "
+                f"{step.attempt} attempt(s)",
+            }
+            error = {**error, "grade": step.score, "feedback": step.feedback[:1000]}
+        settle = None
+        if step.usage.total or step.cost_usd:
+            settle = BudgetDelta(
+                reserved=0, used=step.usage.total, cost_usd=step.cost_usd, tokens_in=step.usage.input_total,
+                tokens_out=step.usage.output_tokens,
+            )  # fmt: skip
+        meta = self.meta(s, step)
+        messages = [*s.messages, feedback_message(s.messages, step)] if step.retries else s.messages
+        result = answer if finish is not None else None
+        try:
+            record = self.writer.commit(s, step, settle=settle, finish=finish, result=result, error=error, grade=meta)
+        except ConversationMoved as moved:  # a message came in while grading: the agent goes on with it
+            s.inbox = dataclasses.replace(s.inbox, received=moved.received)
+            finish, error = None, None
+            record = self.writer.commit(s, step, settle=settle, grade=meta)
+        self.writer.committed(s, record, messages)
+        s.task = s.task.model_copy(update={"grade": meta, **({"status": finish} if finish else {})})
+        observe.graded(s.task, step, record.number)
+        crash_point("after_grade_commit")
+        if finish is not None:
+            return RunResult(s.task_id, "finished", status=finish, error=error)
+        return None
+
+    def meta(self, s: Session, step: GradeStep) -> dict[str, Any]:
+        """The grade as META keeps it: this grade, and the grading's totals for the task."""
+        prior = s.task.grade or {}
+        return {
+            "step": s.next_step,
+            "attempt": step.attempt,
+            "max_attempts": step.max_attempts,
+            "score": step.score,
+            "bar": step.bar,
+            "passed": step.passed,
+            "feedback": step.feedback[:1000],
+            "error": step.error,
+            "delivered": s.inbox.delivered,
+            "grades": int(prior.get("grades", 0)) + 1,
+            "tokens_in": int(prior.get("tokens_in", 0)) + step.usage.input_total,
+            "tokens_out": int(prior.get("tokens_out", 0)) + step.usage.output_tokens,
+            "cost_usd": str(Decimal(str(prior.get("cost_usd", "0"))) + step.cost_usd),
+        }
+
+
+class Grading(RecordedOperation[EffectRecord, GradeStep]):
+    """The judges of one answer, run at most once: begin (fenced; answers with an earlier
+    worker's record if there is one), crash point, then judge and finish, or act on the record."""
+
+    after_create: ClassVar[str | None] = "after_grade_begin"
+
+    def __init__(
+        self, turn: GradeTurn, s: Session, outcome: OutcomeSpec, answer: str, parsed: Any, attempt: int
+    ) -> None:
+        self.turn, self.s, self.outcome, self.answer, self.parsed, self.attempt = turn, s, outcome, answer, parsed, attempt
+        self.key = f"grade-{s.next_step}"
+        self._prior: EffectRecord | None = None
+
+    def check(self) -> EffectRecord | None:
+        return None  # the begin is the check: one conditional write that answers with a prior record
+
+    def create(self) -> None:
+        self._prior = self.turn.effects.begin(self.s.lease, self.key, GRADE)
+
+    def check_again(self) -> EffectRecord | None:
+        return self._prior
+
+    def act(self, record: EffectRecord | None) -> GradeStep:
+        if record is not None:
+            return self.recorded(record)
+        started = time.time()
+        step = self.turn.judge(self.s, self.outcome, self.answer, self.parsed, self.attempt)
+        kept = ToolOutcome(
+            tool_use_id=self.key, name=GRADE, content=step.model_dump_json(), started_at=started,
+            duration_ms=step.duration_ms,
+        )  # fmt: skip
+        self.turn.effects.finish(self.s.lease, self.key, kept)
+        crash_point("after_grade")
+        return step
+
+    def recorded(self, record: EffectRecord) -> GradeStep:
+        """An earlier worker's grade of this answer: committed as it was, or (begun, never
+        finished) failed, its judges not run again."""
+        if record.state == "done" and record.content:
+            return GradeStep.model_validate_json(record.content).model_copy(update={"replayed": True})
+        return GradeStep(
+            attempt=self.attempt, max_attempts=self.outcome.max_attempts, bar=self.outcome.bar, score=None,
+            passed=False, replayed=True, started_at=time.time(), duration_ms=0,
+            error={"code": "grader_interrupted", "message": "the grade was started by a worker that stopped before "
+                   "recording it; it was not run again (a grader runs at most once an answer)"},
+        )  # fmt: skip
+
+
+def rubric_history(s: Session, rubric: str, answer: str, attempt: int) -> list[dict[str, Any]]:
+    """The grading model's conversation: its earlier grades of this round's answers as its
+    earlier turns (it grades the next answer knowing what it asked for), then this answer."""
+    messages: list[dict[str, Any]] = []
+    answer_before: str | None = None
+    for record in s.steps:
+        body = record.body
+        if isinstance(body, MessageStep):
+            messages, answer_before = [], None
+        elif isinstance(body, LLMStep):
+            answer_before = body.text()
+        elif isinstance(body, GradeStep):
+            rubric_grade = next((c for c in body.checks if c.kind == "rubric" and c.score is not None), None)
+            if rubric_grade is not None and body.attempt < attempt:
+                said = rubric_prompt(rubric, s.goal or s.task.submission.goal, answer_before or "", body.attempt)
+                grade = json.dumps({"score": rubric_grade.score, "feedback": rubric_grade.feedback})
+                messages += [{"role": "user", "content": said}, {"role": "assistant", "content": grade}]
+    prompt = rubric_prompt(rubric, s.goal or s.task.submission.goal, answer, attempt)
+    return [*messages, {"role": "user", "content": prompt}]
+
+
+def sum_usage(usages: list[Usage]) -> Usage:
+    return Usage(
+        input_tokens=sum(u.input_tokens for u in usages),
+        output_tokens=sum(u.output_tokens for u in usages),
+        cache_creation_input_tokens=sum(u.cache_creation_input_tokens for u in usages),
+        cache_read_input_tokens=sum(u.cache_read_input_tokens for u in usages),
+        cache_creation_1h_input_tokens=sum(u.cache_creation_1h_input_tokens for u in usages),
+    )

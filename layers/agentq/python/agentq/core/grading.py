@@ -1,0 +1,244 @@
+"""Grading an answer against its task's outcome (``OutcomeSpec``): the ``@grader`` functions a
+deployment's tool modules declare, what they are given, and the rubric a model grades.
+
+Pure of storage and of the engine: ``core.engine._grade`` runs these as one durable step (the
+grade recorded at most once, then committed). Everything that can go wrong with a judge (it
+raises, it runs past its time, it returns something that is not a grade, the grading model
+answers something that is not one) is a ``GradeError`` with a code the task's error carries:
+the engine records it and keeps the agent's answer, never loses it to a grader's fault.
+
+A grader returns a grade in one of the shapes a person would write: ``True``/``False``, a score
+from 0 to 1, ``(score, feedback)``, or ``{"score": ..., "feedback": ...}`` (``"passed"`` for a
+pass/fail). The feedback is what the agent reads when the answer is below the bar.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import typing
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:  # core.tools imports this module, and core.models imports core.tools
+    from agentq.core.models import GradeStep
+
+GradeErrorCode = Literal["grader_failed", "grader_timeout", "grader_invalid", "grader_interrupted", "grader_unknown"]
+MAX_FEEDBACK_CHARS = 4000  # what the agent reads of a grader's feedback, and what a step keeps
+MAX_FILE_BYTES = 10 * 1024 * 1024  # a workspace file a grader may read at once
+
+
+class GradeError(Exception):
+    """A judge that could not grade: the task ends ``failed_outcome`` with this as its error."""
+
+    def __init__(self, code: GradeErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message[:1000]
+
+    def to_dict(self) -> dict[str, str]:
+        return {"code": self.code, "message": self.message}
+
+
+class WorkspaceFiles(Mapping[str, bytes]):
+    """The task's workspace as the answer left it, read-only: ``files["report.md"]`` is the
+    file's bytes (``text(path)``: decoded), iterating gives the relative paths. A path that
+    leaves the workspace (``..``, a symlink out) is not in it. Reads only: a grader cannot
+    change what the task produced."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = root.resolve()
+
+    def _path(self, name: str) -> Path | None:
+        if not isinstance(name, str) or not name or name.startswith("/"):
+            return None
+        path = (self._root / name).resolve()
+        if not path.is_relative_to(self._root) or not path.is_file():
+            return None
+        return path
+
+    def __getitem__(self, name: str) -> bytes:
+        path = self._path(name)
+        if path is None:
+            raise KeyError(name)
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise ValueError(f"{name}: larger than {MAX_FILE_BYTES} bytes")
+        return path.read_bytes()
+
+    def text(self, name: str) -> str:
+        return self[name].decode("utf-8", errors="replace")
+
+    def __iter__(self) -> Iterator[str]:
+        for path in sorted(self._root.rglob("*")):
+            resolved = path.resolve()
+            if path.is_file() and resolved.is_relative_to(self._root):
+                yield path.relative_to(self._root).as_posix()
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self._path(name) is not None
+
+
+@dataclass(frozen=True)
+class GradeInput:
+    """What a ``@grader`` function is given."""
+
+    task_id: str
+    goal: str
+    answer: str  # the result the task would end with: the text, or the JSON of an output_schema answer
+    output: Any  # with an output_schema, the answer parsed; else None
+    attempt: int
+    files: WorkspaceFiles | None  # the workspace, read-only; None: the task has none
+
+
+@dataclass(frozen=True)
+class GraderSpec:
+    """A declared grader. Calling it calls the function unchanged, so unit tests stay plain."""
+
+    name: str
+    description: str
+    fn: Callable[[GradeInput], Any]
+
+    def __call__(self, given: GradeInput) -> Any:
+        return self.fn(given)
+
+
+@typing.overload
+def grader(fn: Callable[[GradeInput], Any]) -> GraderSpec: ...
+
+
+@typing.overload
+def grader(
+    fn: None = None, *, name: str | None = None
+) -> Callable[[Callable[[GradeInput], Any]], GraderSpec]: ...
+
+
+def grader(
+    fn: Callable[[GradeInput], Any] | None = None, *, name: str | None = None
+) -> GraderSpec | Callable[[Callable[[GradeInput], Any]], GraderSpec]:
+    """Declare a function of a tool module as a grader an outcome may name (``outcome.grader``);
+    usable bare (``@grader``) or with a ``name``. It takes a ``GradeInput``."""
+
+    def decorate(f: Callable[[GradeInput], Any]) -> GraderSpec:
+        return GraderSpec(name=name or f.__name__, description=(f.__doc__ or "").strip(), fn=f)
+
+    if fn is not None:
+        return decorate(fn)
+    return decorate
+
+
+def score_of(returned: Any) -> tuple[float, str]:
+    """A grader's return value as (score, feedback), or ``grader_invalid`` naming what it was."""
+    feedback: Any = ""
+    value = returned
+    if isinstance(returned, tuple) and len(returned) == 2:
+        value, feedback = returned
+    elif isinstance(returned, dict):
+        if "score" in returned:
+            value = returned["score"]
+        elif isinstance(returned.get("passed"), bool):
+            value = returned["passed"]
+        else:
+            raise GradeError("grader_invalid", f"returned a dict without score or passed: {_shown(returned)}")
+        feedback = returned.get("feedback", "")
+    if feedback is None:
+        feedback = ""
+    if not isinstance(feedback, str):
+        raise GradeError("grader_invalid", f"feedback must be a string, got {type(feedback).__name__}")
+    if isinstance(value, bool):
+        return (1.0 if value else 0.0), feedback[:MAX_FEEDBACK_CHARS]
+    if not isinstance(value, int | float) or not math.isfinite(value) or not 0 <= value <= 1:
+        raise GradeError(
+            "grader_invalid",
+            f"returned {_shown(returned)}; a grade is True/False, a score from 0 to 1, (score, feedback) "
+            "or {'score': ..., 'feedback': ...}",
+        )
+    return float(value), feedback[:MAX_FEEDBACK_CHARS]
+
+
+def _shown(value: Any) -> str:
+    return repr(value)[:200]
+
+
+def within(seconds: float, what: str, fn: Callable[[], Any]) -> Any:
+    """``fn()`` in a thread of its own, given ``seconds``: its result, or a ``GradeError`` when
+    it raised (``grader_failed``) or ran past its time (``grader_timeout``; the thread is left
+    to finish by itself: a daemon, it never holds the worker up)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - a judge's own fault, reported as the grade's error
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name=f"grade-{what}", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise GradeError("grader_timeout", f"{what} did not finish within {seconds:g}s")
+    if "error" in box:
+        exc = box["error"]
+        if isinstance(exc, GradeError):
+            raise exc
+        raise GradeError("grader_failed", f"{what} raised {type(exc).__name__}: {exc}")
+    return box.get("value")
+
+
+RUBRIC_SYSTEM = (
+    "You grade the answer of an AI agent against a rubric. Reply with one JSON object and nothing else: "
+    '{"score": <a number from 0 to 1>, "feedback": "<what is missing or wrong, addressed to the agent; '
+    'empty when the answer meets the rubric>"}.'
+)
+
+
+def rubric_prompt(rubric: str, goal: str, answer: str, attempt: int) -> str:
+    """The grading model's message for one answer (earlier attempts are its earlier turns)."""
+    return (
+        f"Rubric:\n{rubric}\n\nThe agent's task:\n{goal}\n\nThe agent's answer (attempt {attempt}):\n{answer}"
+    )
+
+
+def parse_rubric_grade(text: str) -> tuple[float, str]:
+    """The grading model's reply as (score, feedback): the JSON object in it, or
+    ``grader_invalid`` quoting what it said."""
+    start, end = text.find("{"), text.rfind("}")
+    try:
+        value = json.loads(text[start : end + 1]) if 0 <= start < end else None
+    except ValueError:
+        value = None
+    if not isinstance(value, dict) or "score" not in value:
+        raise GradeError("grader_invalid", f"the grading model did not answer with a grade: {text[:300]!r}")
+    return score_of({"score": value["score"], "feedback": value.get("feedback", "")})
+
+
+def grade_feedback(step: GradeStep) -> str:
+    """The user message an answer below the bar is followed by: the grade and what to fix."""
+    score = "n/a" if step.score is None else f"{step.score:.2f}"
+    told = step.feedback or "The grader gave no details."
+    return (
+        f"Your answer was graded {score}, below the bar of {step.bar:.2f} (attempt {step.attempt} of "
+        f"{step.max_attempts}). Feedback:\n{told}\n\nRevise your answer and answer again."
+    )
+
+
+def feedback_message(messages: list[dict[str, Any]], step: GradeStep) -> dict[str, Any]:
+    """The user turn after an answer graded below the bar. An answer given through a tool
+    (``final_answer``) gets the feedback as that call's result: every tool use must be
+    answered by a result before the conversation goes on."""
+    told = grade_feedback(step)
+    last = messages[-1] if messages else {}
+    content = last.get("content") if last.get("role") == "assistant" else None
+    uses = [b for b in content if b.get("type") == "tool_use"] if isinstance(content, list) else []
+    if not uses:
+        return {"role": "user", "content": told}
+    return {
+        "role": "user",
+        "content": [
+            {"type": "tool_result", "tool_use_id": u["id"], "content": told, "is_error": True} for u in uses
+        ],
+    }

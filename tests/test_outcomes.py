@@ -1,0 +1,143 @@
+"""Outcomes: an answer of a task with an outcome is graded (a @grader check in code and/or a
+rubric a model grades) as a durable step before the task ends; below the bar the feedback goes
+back to the agent, up to max_attempts; the task ends succeeded with its grade or failed_outcome
+with the last grade and feedback. A judge that fails never loses the answer. The engine's own
+behaviour runs on the in-memory twin; the API's refusals on the local stack
+(tests/test_outcomes_processes.py kills real workers)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentq.control.submit import parse_submission
+from agentq.core.engine import Engine, EngineConfig, conversation
+from agentq.core.models import GradeStep, LLMStep, TaskStatus
+from agentq.core.tools import ToolRegistry
+from agentq.storage.container import Storage
+
+STORAGE = "memory"
+
+
+@pytest.fixture(autouse=True)
+def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "ledger.jsonl"
+    monkeypatch.setenv("AGENTQ_TEST_LEDGER", str(path))
+    return path
+
+
+def runs(ledger: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in ledger.read_text().splitlines()] if ledger.exists() else []
+
+
+def _task(turns: list[str], outcome: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"goal": "finish the job", "provider": "scripted", "script": {"turns": [{"text": t} for t in turns]},
+            "outcome": outcome, **extra}  # fmt: skip
+
+
+def _run(store: Storage, registry: ToolRegistry, body: dict[str, Any]) -> tuple[str, Any]:
+    task = store.tasks.create(parse_submission(body), tenant="t")
+    result = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=10)).run(task.task_id)
+    return task.task_id, result
+
+
+def grades(store: Storage, task_id: str) -> list[GradeStep]:
+    return [s.body for s in store.steps.load(task_id) if isinstance(s.body, GradeStep)]
+
+
+@pytest.mark.parametrize("passes_at", [1, 2, 3])
+def test_an_answer_below_the_bar_gets_the_feedback_and_tries_again_until_it_passes(
+    store: Storage, registry: ToolRegistry, ledger: Path, passes_at: int
+) -> None:
+    turns = [f"attempt {i}" for i in range(1, passes_at)] + ["DONE at last", "never reached"]
+    task_id, result = _run(store, registry, _task(turns, {"grader": "says_done", "max_attempts": 3}))
+    assert result.status is TaskStatus.SUCCEEDED
+    task = store.tasks.get(task_id)
+    assert task.result == "DONE at last"
+    assert task.grade is not None and task.grade["passed"] and task.grade["attempt"] == passes_at
+    kinds = [s.body.kind for s in store.steps.load(task_id)]
+    assert kinds == ["llm", "grade"] * passes_at
+    assert [g.attempt for g in grades(store, task_id)] == list(range(1, passes_at + 1))
+    assert [r["attempt"] for r in runs(ledger)] == list(range(1, passes_at + 1))  # once an answer
+    rebuilt = conversation("finish the job", store.steps.load(task_id))
+    told = [m["content"] for m in rebuilt if m["role"] == "user"][1:]
+    assert len(told) == passes_at - 1 and all("The answer must say DONE." in t for t in told)
+
+
+@pytest.mark.parametrize("max_attempts", [1, 2, 4])
+def test_an_answer_that_never_reaches_the_bar_ends_failed_outcome_with_the_last_grade_and_feedback(
+    store: Storage, registry: ToolRegistry, ledger: Path, max_attempts: int
+) -> None:
+    turns = [f"try {i}" for i in range(1, max_attempts + 2)]
+    task_id, result = _run(store, registry, _task(turns, {"grader": "says_done", "max_attempts": max_attempts}))
+    assert result.status is TaskStatus.FAILED_OUTCOME
+    task = store.tasks.get(task_id)
+    assert task.status is TaskStatus.FAILED_OUTCOME
+    assert task.result == f"try {max_attempts}"  # the answer is kept
+    assert task.error is not None and task.error["code"] == "outcome_failed"
+    assert task.error["grade"] == 0.2 and task.error["feedback"] == "The answer must say DONE."
+    assert len(grades(store, task_id)) == max_attempts == len(runs(ledger))
+
+
+@pytest.mark.parametrize(
+    ("name", "code"),
+    [("grader_raises", "grader_failed"), ("grader_nonsense", "grader_invalid"), ("grader_slow", "grader_timeout"),
+     ("no_such_grader", "grader_unknown")],
+)  # fmt: skip
+def test_a_grader_that_fails_is_a_recorded_error_and_the_answer_is_kept(
+    store: Storage, registry: ToolRegistry, name: str, code: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENTQ_TEST_GRADER_SLEEP", "3")
+    body = _task(["my answer"], {"grader": "says_done", "timeout_seconds": 1})
+    body["outcome"]["grader"] = name  # the API refuses an unknown name; a worker may lack one all the same
+    task_id, result = _run(store, registry, body)
+    assert result.status is TaskStatus.FAILED_OUTCOME
+    task = store.tasks.get(task_id)
+    assert task.result == "my answer"
+    assert task.error is not None and task.error["code"] == code, task.error
+    (grade,) = grades(store, task_id)
+    assert grade.error is not None and grade.score is None and not grade.passed
+
+
+def test_a_rubric_is_graded_by_the_grading_model_and_its_tokens_count_in_the_budget_apart(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    outcome = {
+        "rubric": "The answer names a colour.", "bar": 0.7, "max_attempts": 3,
+        "script": {"turns": [{"text": '{"score": 0.3, "feedback": "name a colour"}'},
+                             {"text": 'Here: {"score": 0.9, "feedback": ""}'}]},
+    }  # fmt: skip
+    task_id, result = _run(store, registry, _task(["I like things.", "Blue.", "never"], outcome))
+    assert result.status is TaskStatus.SUCCEEDED
+    task = store.tasks.get(task_id)
+    steps = store.steps.load(task_id)
+    graded = grades(store, task_id)
+    assert [g.score for g in graded] == [0.3, 0.9]
+    spent = sum(g.usage.total for g in graded)
+    assert spent > 0
+    agent = sum(s.body.usage.total for s in steps if isinstance(s.body, LLMStep))
+    assert task.tokens_in + task.tokens_out == agent + spent  # counted in the task
+    assert task.grade is not None and task.grade["tokens_in"] + task.grade["tokens_out"] == spent  # and shown apart
+    budget = store.budgets.get(task.budget_id)
+    assert budget.used == agent + spent
+
+
+def test_the_grading_model_sees_its_earlier_grades_of_the_round(store: Storage, registry: ToolRegistry) -> None:
+    outcome = {"rubric": "Say DONE.", "script": {"turns": [{"text": '{"score": 0, "feedback": "say it"}'},
+                                                            {"text": '{"score": 1}'}]}}  # fmt: skip
+    task_id, result = _run(store, registry, _task(["no", "DONE"], outcome))
+    assert result.status is TaskStatus.SUCCEEDED
+    assert [g.attempt for g in grades(store, task_id)] == [1, 2]
+
+
+def test_a_code_check_below_the_bar_spares_the_grading_model(store: Storage, registry: ToolRegistry) -> None:
+    outcome = {"grader": "says_done", "rubric": "Anything.", "max_attempts": 2,
+               "script": {"turns": [{"text": '{"score": 1}'}]}}  # fmt: skip
+    task_id, result = _run(store, registry, _task(["no", "DONE"], outcome))
+    assert result.status is TaskStatus.SUCCEEDED
+    first, second = grades(store, task_id)
+    assert [c.kind for c in first.checks] == ["code"] and first.usage.total == 0
+    assert [c.kind for c in second.checks] == ["code", "rubric"] and second.usage.total > 0
