@@ -440,7 +440,7 @@ class Client(AgentCalls):
         on_update: Callable[[TaskView], None] | None = None,
     ) -> TaskView:
         """The task's view once it has stopped: ended (succeeded, failed, cancelled, cost_exceeded,
-        timed_out), or ``idle`` after an interrupt, waiting for a message."""
+        timed_out, failed_outcome), or ``idle`` after an interrupt, waiting for a message."""
         return self.wait_for(task_id, _stopped, timeout=timeout, poll=poll, on_update=on_update)
 
     def wait_for_status(

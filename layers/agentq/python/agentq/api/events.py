@@ -29,8 +29,10 @@ output), ``task.retry`` (a retry or deferral with its reason), ``approval.reques
 ``approval.decided``, ``task.spawned`` (the children's ids), ``budget.raised``,
 ``message.received`` (a person's message accepted: its ``seq`` and text; a follow-up's adds
 ``status: queued``), ``user.message`` (messages delivered into the conversation: a committed
-step), ``task.interrupt_requested``, ``conversation.closed``, ``agent.moved`` (its owner moved
-it to another version of its agent: ``from``, ``to``), and ``agent.message_delta`` (uncommitted). Any event whose data has a ``status`` leaves the task in it.
+step), ``agent.grade`` (an answer graded against the task's outcome: attempt, score, bar, passed,
+feedback, the grading model's tokens and cost), ``task.interrupt_requested``, ``conversation.closed``,
+``agent.moved`` (its owner moved it to another version of its agent: ``from``, ``to``), and
+``agent.message_delta`` (uncommitted). Any event whose data has a ``status`` leaves the task in it.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from typing import Any
 
 from agentq.api.tree_cursor import MAX_TREE_TASKS, Path, TreeCursor, path_text
 from agentq.api.views import InvalidCursor, step_views
-from agentq.core.models import LLMStep, MessageStep, Task
+from agentq.core.models import GradeStep, LLMStep, MessageStep, Task
 from agentq.storage.container import Storage
 from agentq.storage.events import Head, LogEvent, Position
 
@@ -251,6 +253,8 @@ class Watch:
                     "user.message",
                     {"step": record.number, "messages": [v.model_dump(mode="json") for v in views]},
                 )
+            elif isinstance(record.body, GradeStep):  # the answer's grade against the task's outcome
+                kind, data = "agent.grade", views[0].model_dump(mode="json")
             elif views and views[0].type == "llm_call":
                 kind, data = "agent.message", views[0].model_dump(mode="json")  # a compaction
             else:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from collections import Counter
 from decimal import Decimal
+from typing import Any
 
 from agentq.api.models import (
     GOAL_PREVIEW_CHARS,
     BudgetView,
     ChildrenSummary,
+    GradeView,
     LapsedHoldView,
     LatencyView,
     MoneyView,
@@ -175,6 +177,7 @@ def task_view(store: Storage, task: Task) -> TaskView:
         cost_usd=str(task.cost_usd),
         result=task.result,
         error=task.error,
+        grade=grade_view(task.grade),
         activity=activity(store, task, children, question),
         retry=retry_view(task.retrying),
         lapsed_holds=[
@@ -255,3 +258,16 @@ def task_summary(task: Task) -> TaskSummary:
         finished_at=task.finished_at,
         links=_links(task.task_id),
     )
+
+
+def grade_view(grade: dict[str, Any] | None) -> GradeView | None:
+    """META's grade (``core.engine._grade.GradeTurn.meta``) as the API shows it."""
+    if not grade:
+        return None
+    return GradeView(
+        attempt=int(grade["attempt"]), max_attempts=int(grade["max_attempts"]), score=grade.get("score"),
+        bar=float(grade["bar"]), passed=bool(grade["passed"]), feedback=str(grade.get("feedback") or ""),
+        error=grade.get("error"), step=int(grade["step"]), grades=int(grade.get("grades", 1)),
+        tokens_in=int(grade.get("tokens_in", 0)), tokens_out=int(grade.get("tokens_out", 0)),
+        cost_usd=str(grade.get("cost_usd", "0")),
+    )  # fmt: skip

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from agentq.api.cursors import InvalidCursor, decode_cursor, encode_cursor
 from agentq.api.models import (
     TRACE_TEXT_CHARS,
+    GradeEvent,
     LLMCallEvent,
     LLMTokens,
     MessageEvent,
@@ -21,6 +22,7 @@ from agentq.api.models import (
 from agentq.api.task_view import retry_view
 from agentq.core.models import (
     CompactStep,
+    GradeStep,
     LLMStep,
     MessageStep,
     StepRecord,
@@ -89,6 +91,8 @@ def _step_events(record: StepRecord, inputs: dict[str, dict[str, Any]]) -> list[
         return [((at, 1, record.number, 0), _llm_event(record.number, record.epoch, at, body))]
     if isinstance(body, MessageStep):
         return [((at, 1, record.number, i), _message_event(record, m)) for i, m in enumerate(body.messages)]
+    if isinstance(body, GradeStep):
+        return [((at, 1, record.number, 0), grade_event(record, body))]
     assert isinstance(body, ToolsStep)
     events: list[tuple[Key, Any]] = []
     for i, r in enumerate(body.results):
@@ -117,6 +121,18 @@ def _step_events(record: StepRecord, inputs: dict[str, dict[str, Any]]) -> list[
     return events
 
 
+def grade_event(record: StepRecord, body: GradeStep) -> GradeEvent:
+    u = body.usage
+    return GradeEvent(
+        at=record.committed_at, step=record.number, epoch=record.epoch, attempt=body.attempt,
+        max_attempts=body.max_attempts, score=body.score, bar=body.bar, passed=body.passed, feedback=body.feedback,
+        error=body.error, checks=[c.model_dump(mode="json", exclude_none=True) for c in body.checks],
+        tokens=LLMTokens(input=u.input_tokens, output=u.output_tokens, cache_creation=u.cache_creation_input_tokens,
+                         cache_read=u.cache_read_input_tokens, total=u.total),
+        cost_usd=str(body.cost_usd), started_at=body.started_at, duration_ms=body.duration_ms, replayed=body.replayed,
+    )  # fmt: skip
+
+
 def _fallback_events(record: StepRecord) -> list[tuple[Key, Any]]:
     """A fallback that took over at this step, as a transition just before its LLM call (the
     step records the switch; the event stream carries it on the step's ``agent.message``)."""
@@ -132,7 +148,7 @@ def _fallback_events(record: StepRecord) -> list[tuple[Key, Any]]:
 
 def step_views(
     record: StepRecord, inputs: dict[str, dict[str, Any]]
-) -> list[LLMCallEvent | ToolCallEvent | MessageEvent]:
+) -> list[LLMCallEvent | ToolCallEvent | MessageEvent | GradeEvent]:
     """A committed step as the trace shows it: its LLM call, or each of its tool calls
     (``inputs``: the input of each tool call by id, from the LLM step before)."""
     return [view for _, view in _step_events(record, inputs)]

@@ -63,7 +63,7 @@ def _cmd_messages(args: argparse.Namespace) -> int:
 
 
 # Where a conversation cannot go on: told before the person types, not after.
-CLOSED = frozenset({"failed", "cancelled", "timed_out"})
+CLOSED = frozenset({"failed", "cancelled", "timed_out", "failed_outcome"})
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:

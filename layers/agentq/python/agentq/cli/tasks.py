@@ -26,6 +26,7 @@ STATUSES = [
     "cancelled",
     "cost_exceeded",
     "timed_out",
+    "failed_outcome",
 ]
 
 

@@ -40,6 +40,7 @@ STATUS_STYLE = {
     "cancelled": "red",
     "cost_exceeded": "bold red",
     "timed_out": "red",
+    "failed_outcome": "bold red",
 }
 
 

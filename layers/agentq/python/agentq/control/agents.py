@@ -15,6 +15,7 @@ from agentq.control.memory import check_attachments
 from agentq.control.validation import (
     check_fallbacks,
     check_model,
+    check_outcome,
     check_script,
     check_tools,
     parse_submission,
@@ -62,6 +63,7 @@ def check_agent(spec: AgentSpec, tools: ToolRegistry, mcp_tools: list[McpToolPin
                 field=f"tool_policies.{name}",
             )
     check_script(spec.script)
+    check_outcome(spec.outcome, spec.provider, spec.model, tools)
     if spec.notify is not None:
         from agentq.core.webhooks import check_url
 

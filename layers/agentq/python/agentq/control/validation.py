@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import pydantic
 
 from agentq.core.errors import ValidationError
-from agentq.core.models import ModelChoice, Script, TaskSubmission
+from agentq.core.models import ModelChoice, OutcomeSpec, Script, TaskSubmission
 from agentq.core.output import FINAL_ANSWER_TOOL
 from agentq.core.pricing import load_price_table
 from agentq.core.providers.features import check_features
@@ -95,7 +95,38 @@ def check_submission(submission: TaskSubmission, tools: ToolRegistry) -> None:
             field="constraints.tools",
         )
     check_script(submission.script)
+    check_outcome(submission.outcome, submission.provider, submission.model, tools)
     check_context(submission)
+
+
+def check_outcome(outcome: OutcomeSpec | None, provider: str, model: str, tools: ToolRegistry) -> None:
+    """An outcome's grader is one this deployment's tool modules declare, and its rubric's
+    grading model (the outcome's own, else the task's) is priced, or scripted with a script."""
+    if outcome is None:
+        return
+    if outcome.grader is not None and tools.grader(outcome.grader) is None:
+        known = ", ".join(sorted(tools.grader_names())) or "(none: declare one with @grader in a tool module)"
+        raise ValidationError(
+            f"outcome.grader: unknown grader {outcome.grader!r}; available: {known}", field="outcome.grader"
+        )
+    if outcome.rubric is None:
+        return
+    grading_provider, grading_model = outcome.grading_model(provider, model)
+    if grading_provider == "scripted" and outcome.script is None:
+        raise ValidationError(
+            "outcome.script: required when the grading model's provider is 'scripted' (set outcome.provider and "
+            "outcome.model to grade with a real model)",
+            field="outcome.script",
+        )
+    if grading_provider != "scripted" and outcome.script is not None:
+        raise ValidationError("outcome.script: only valid when the grading model's provider is 'scripted'",
+                              field="outcome.script")  # fmt: skip
+    if outcome.script is not None:
+        try:
+            load_script(outcome.script)
+        except (ValueError, pydantic.ValidationError) as exc:
+            raise ValidationError(f"outcome.script: {exc}", field="outcome.script") from None
+    check_model(grading_provider, grading_model, field="outcome.model")
 
 
 def check_context(submission: TaskSubmission) -> None:

@@ -112,9 +112,7 @@ def grader(fn: Callable[[GradeInput], Any]) -> GraderSpec: ...
 
 
 @typing.overload
-def grader(
-    fn: None = None, *, name: str | None = None
-) -> Callable[[Callable[[GradeInput], Any]], GraderSpec]: ...
+def grader(fn: None = None, *, name: str | None = None) -> Callable[[Callable[[GradeInput], Any]], GraderSpec]: ...
 
 
 def grader(
@@ -173,7 +171,7 @@ def within(seconds: float, what: str, fn: Callable[[], Any]) -> Any:
     def run() -> None:
         try:
             box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - a judge's own fault, reported as the grade's error
+        except BaseException as exc:
             box["error"] = exc
 
     thread = threading.Thread(target=run, name=f"grade-{what}", daemon=True)
@@ -198,9 +196,7 @@ RUBRIC_SYSTEM = (
 
 def rubric_prompt(rubric: str, goal: str, answer: str, attempt: int) -> str:
     """The grading model's message for one answer (earlier attempts are its earlier turns)."""
-    return (
-        f"Rubric:\n{rubric}\n\nThe agent's task:\n{goal}\n\nThe agent's answer (attempt {attempt}):\n{answer}"
-    )
+    return f"Rubric:\n{rubric}\n\nThe agent's task:\n{goal}\n\nThe agent's answer (attempt {attempt}):\n{answer}"
 
 
 def parse_rubric_grade(text: str) -> tuple[float, str]:
@@ -238,7 +234,5 @@ def feedback_message(messages: list[dict[str, Any]], step: GradeStep) -> dict[st
         return {"role": "user", "content": told}
     return {
         "role": "user",
-        "content": [
-            {"type": "tool_result", "tool_use_id": u["id"], "content": told, "is_error": True} for u in uses
-        ],
+        "content": [{"type": "tool_result", "tool_use_id": u["id"], "content": told, "is_error": True} for u in uses],
     }

@@ -120,7 +120,6 @@ if TYPE_CHECKING:
     from agentq.observe import tracing as tracing
     from agentq.observe.calls import LLMCall, ToolCall, llm_call, tool_call
     from agentq.observe.correlation import CorrelationFilter, bind, task_context
-    from agentq.observe.grades import graded
     from agentq.observe.emf import (
         api_metrics,
         circuit_changed,
@@ -139,4 +138,5 @@ if TYPE_CHECKING:
         tenant_soft_cap_crossed,
     )
     from agentq.observe.events import emit_event, message_received, task_status_changed
+    from agentq.observe.grades import graded
     from agentq.observe.logs import configure_process_logging, route_core_logs

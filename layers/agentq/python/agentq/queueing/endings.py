@@ -1,6 +1,6 @@
 """A task's ending, in one place: ``task_ended``.
 
-When a task ends (succeeded, failed, cancelled, cost_exceeded, timed_out: by its run, by the
+When a task ends (succeeded, failed, cancelled, cost_exceeded, timed_out, failed_outcome: by its run, by the
 dispatcher failing it on its last attempt, by a concurrency key's ``skip``, by a cancel, by a
 dependency that failed, or by the report of a message for a task that already ended) four
 things follow, in this order:

@@ -19,7 +19,7 @@ Where the message goes depends on the task's status when it is accepted, in the 
 - ``succeeded`` or ``idle`` (answered, or interrupted): a follow-up. The same write moves the
   task back to ``queued`` (the caller then sends its queue message), and the run that claims it
   delivers the message and goes on from the conversation as it was.
-- ``failed``, ``cancelled``, ``timed_out``, ``cost_exceeded``: refused, with the reason.
+- ``failed``, ``cancelled``, ``timed_out``, ``failed_outcome``, ``cost_exceeded``: refused, with the reason.
 
 A turn never ends over a waiting message: the commit that would end the task, and the move to
 ``idle`` after an interrupt, are conditional on ``messages_received`` being what the engine has
@@ -82,6 +82,7 @@ REFUSALS = {
     TaskStatus.FAILED: "it failed; fork it to go on (POST /tasks/{id}/fork)",
     TaskStatus.CANCELLED: "it was cancelled; fork it to go on (POST /tasks/{id}/fork)",
     TaskStatus.TIMED_OUT: "it timed out; fork it to go on (POST /tasks/{id}/fork)",
+    TaskStatus.FAILED_OUTCOME: "its answer did not reach its outcome's bar; fork it to go on (POST /tasks/{id}/fork)",
     TaskStatus.COST_EXCEEDED: "it ran out of budget; send the message with add_tokens (add_steps, add_usd) to raise "
     "it in the same request (agentq send --add-tokens N), or raise it first (POST /tasks/{id}/budget)",
 }

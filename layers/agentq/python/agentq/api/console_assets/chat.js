@@ -7,7 +7,7 @@ import { post } from "./api.js";
 import { TERMINAL, h, replace } from "./dom.js";
 
 const BUSY = new Set(["running", "queued", "waiting", "paused"]);
-const CLOSED_TO_MESSAGES = new Set(["failed", "cancelled", "timed_out"]);
+const CLOSED_TO_MESSAGES = new Set(["failed", "cancelled", "timed_out", "failed_outcome"]);
 
 // What the conversation (and the steps table) says of a follow-up, an interrupt and the stop it
 // caused: the trace's transitions of those names (their detail: the message's number).

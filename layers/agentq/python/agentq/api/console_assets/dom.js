@@ -37,8 +37,9 @@ export function replace(el, ...children) {
 
 export const STATUSES = [
   "queued", "blocked", "running", "waiting", "paused", "idle", "succeeded", "failed", "cancelled", "cost_exceeded", "timed_out",
+  "failed_outcome",
 ];
-export const TERMINAL = new Set(["succeeded", "failed", "cancelled", "cost_exceeded", "timed_out"]);
+export const TERMINAL = new Set(["succeeded", "failed", "cancelled", "cost_exceeded", "timed_out", "failed_outcome"]);
 
 export function badge(status) {
   return h("span", { class: `badge s-${status}` }, status.replace("_", " "));

@@ -158,6 +158,7 @@ function drawFacts(el, v) {
     row("model", `${v.provider} · ${v.model}`),
     row("priority", v.priority),
     row("steps", `${v.step} committed · ${v.llm_steps} of ${v.max_steps} LLM turns`),
+    v.grade ? row("grade", gradeFacts(v.grade)) : null,
     row("pickup", fmtSeconds(v.latency.pickup_seconds)),
     row("resumes", String(v.latency.resumes)),
     // The API's view reads no clock (so an unchanged task polls as 304): a running task's run
@@ -171,6 +172,17 @@ function drawFacts(el, v) {
 }
 
 // A dependency's link, and its status once fetched: a blocked task waits on the ones not yet succeeded.
+// The latest grade of the answer against the task's outcome, and what grading cost (counted in the task's
+// tokens and cost too, shown apart here).
+function gradeFacts(g) {
+  const verdict = g.error ? `grader failed: ${g.error.code}` : g.passed ? "passed" : "below the bar";
+  const score = g.score === null ? "–" : g.score.toFixed(2);
+  const spent = g.tokens_in + g.tokens_out ? ` · grading ${fmtInt(g.tokens_in + g.tokens_out)} tokens · ${fmtUsd(g.cost_usd)}` : "";
+  return h("span", { id: "grade", "data-passed": String(g.passed) },
+    h("span", { class: `tag ${g.passed ? "" : "err"}` }, verdict), ` score ${score} · bar ${g.bar.toFixed(2)} · attempt ${g.attempt} of ${g.max_attempts}${spent}`,
+    g.feedback ? h("div", { class: "small muted" }, `feedback: ${clip(g.feedback, 300)}`) : null);
+}
+
 function dependency(id) {
   const status = h("span", { class: "dep-status" });
   get(`tasks/${encodeURIComponent(id)}`).then((d) => replace(status, " ", badge(d.status)), (err) => replace(status, ` (${err.message})`));
@@ -289,9 +301,10 @@ function drawTimeline(el, events) {
   const steps = new Map();
   for (const e of events) {
     if (e.type === "transition" || e.orphan) continue;
-    const s = steps.get(e.step) || { step: e.step, epoch: e.epoch, at: e.at, llm: null, tools: [], messages: [] };
+    const s = steps.get(e.step) || { step: e.step, epoch: e.epoch, at: e.at, llm: null, tools: [], messages: [], grade: null };
     if (e.type === "llm_call") s.llm = e;
     else if (e.type === "message") s.messages.push(e);
+    else if (e.type === "grade") s.grade = e;
     else s.tools.push(e);
     steps.set(e.step, s);
   }
@@ -312,8 +325,10 @@ function drawTimeline(el, events) {
     marksBefore(s.step);
     resumesUpTo(s.epoch);
     const compaction = s.llm && s.llm.purpose === "compaction";
-    const kind = compaction ? "compact" : s.llm ? "llm" : s.messages.length ? "message" : "tools";
-    const what = compaction
+    const kind = compaction ? "compact" : s.llm ? "llm" : s.messages.length ? "message" : s.grade ? "grade" : "tools";
+    const what = s.grade
+      ? gradeLine(s.grade)
+      : compaction
       ? `compaction ${s.llm.model} · ${fmtInt(s.llm.tokens.total)} tokens: the conversation goes on from its summary`
       : s.llm
       ? `LLM ${s.llm.model} · ${fmtInt(s.llm.tokens.total)} tokens · ${fmtInt(s.llm.duration_ms)} ms${s.llm.tool_calls.length ? ` → ${s.llm.tool_calls.join(", ")}` : ""}`
@@ -332,6 +347,12 @@ function drawTimeline(el, events) {
         h("thead", {}, h("tr", {}, ["Step", "Kind", "What", "Worker", "Epoch", "Committed"].map((c) => h("th", { scope: "col" }, c)))),
         h("tbody", {}, rows))
       : h("p", { class: "muted" }, "No step committed yet."));
+}
+
+function gradeLine(g) {
+  const verdict = g.error ? `grader failed (${g.error.code})` : g.passed ? "passed" : "below the bar";
+  const score = g.score === null ? "–" : g.score.toFixed(2);
+  return `grade ${score} (bar ${g.bar.toFixed(2)}) · attempt ${g.attempt} of ${g.max_attempts} · ${verdict}${g.replayed ? " · recorded before a takeover" : ""}${g.feedback ? `: ${clip(g.feedback, 160)}` : ""}`;
 }
 
 function markRow(e) {
@@ -368,6 +389,9 @@ function drawTrace(el, events, open) {
       const detail = Object.keys(e.detail || {}).length ? ` ${JSON.stringify(e.detail)}` : "";
       items.push(h("li", { class: "transition" }, h("span", { class: "when" }, fmtTime(e.at)), ` ${e.event}`,
         e.status ? [" → ", badge(e.status)] : null, e.worker ? ` on ${e.worker} (epoch ${e.epoch})` : "", h("span", { class: "small muted" }, detail)));
+    } else if (e.type === "grade") {
+      items.push(h("li", { class: "grade", "data-grade-step": e.step }, h("span", { class: "when" }, fmtTime(e.at)), ` ${gradeLine(e)}`,
+        e.tokens.total ? h("span", { class: "small muted" }, ` · grading model ${fmtInt(e.tokens.total)} tokens · ${fmtUsd(e.cost_usd)}`) : null));
     } else if (e.type === "llm_call") {
       const tools = e.orphan ? [] : byStep.get(e.step + 1) || [];
       items.push(h("li", {}, keep(`llm:${e.step}:${e.epoch}:${e.orphan}`, h("details", { class: `llm${e.orphan ? " orphan" : ""}` },

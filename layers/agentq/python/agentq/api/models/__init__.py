@@ -75,6 +75,7 @@ from agentq.api.models.tasks import ChildrenSummary as ChildrenSummary
 from agentq.api.models.tasks import ConstraintsPatch as ConstraintsPatch
 from agentq.api.models.tasks import DecisionRequest as DecisionRequest
 from agentq.api.models.tasks import ForkRequest as ForkRequest
+from agentq.api.models.tasks import GradeView as GradeView
 from agentq.api.models.tasks import LapsedHoldView as LapsedHoldView
 from agentq.api.models.tasks import LatencyView as LatencyView
 from agentq.api.models.tasks import MoneyView as MoneyView
@@ -88,6 +89,7 @@ from agentq.api.models.tasks import TaskSummary as TaskSummary
 from agentq.api.models.tasks import TaskView as TaskView
 from agentq.api.models.tasks import TokenUsage as TokenUsage
 from agentq.api.models.trace import EventPage as EventPage
+from agentq.api.models.trace import GradeEvent as GradeEvent
 from agentq.api.models.trace import LLMCallEvent as LLMCallEvent
 from agentq.api.models.trace import LLMTokens as LLMTokens
 from agentq.api.models.trace import MessageEvent as MessageEvent

@@ -205,6 +205,24 @@ class RetryView(ApiModel):
     next_attempt_at: float
 
 
+class GradeView(ApiModel):
+    """The latest grade of a task's answer against its outcome (``core.engine._grade``), and
+    what grading cost the task so far (counted in its tokens and cost too, shown apart here)."""
+
+    attempt: int = Field(description="which answer of the round was graded (1: the first)")
+    max_attempts: int
+    score: float | None = Field(description="0 to 1; null when a grader failed (error)")
+    bar: float
+    passed: bool
+    feedback: str = Field(description="what the graders said; below the bar, the agent's next message")
+    error: dict[str, Any] | None = Field(description="code, message: a grader that failed (the answer is kept)")
+    step: int = Field(description="the grade's step")
+    grades: int = Field(description="answers of the task graded so far")
+    tokens_in: int = Field(description="the grading model's input tokens over the task's grades")
+    tokens_out: int
+    cost_usd: str = Field(description="the grading model's cost over the task's grades")
+
+
 class TaskView(ApiModel):
     task_id: str
     status: TaskStatus
@@ -232,6 +250,9 @@ class TaskView(ApiModel):
     cost_usd: str = Field(description="this task's own LLM cost")
     result: str | None
     error: dict[str, Any] | None
+    grade: GradeView | None = Field(
+        default=None, description="with an outcome: the latest grade of its answer (null: none yet, or no outcome)"
+    )
     activity: str | None = Field(description="what the task is doing now, in words")
     live_text: str | None = Field(
         default=None,

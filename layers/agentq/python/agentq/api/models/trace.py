@@ -130,7 +130,32 @@ class MessageEvent(ApiModel):
     truncated: bool
 
 
-TraceEvent = Annotated[TransitionEvent | LLMCallEvent | ToolCallEvent | MessageEvent, Field(discriminator="type")]
+class GradeEvent(ApiModel):
+    """An answer graded against the task's outcome (a grade step: ``core.engine._grade``)."""
+
+    type: Literal["grade"] = "grade"
+    at: float = Field(description="commit time of the grade step")
+    step: int
+    epoch: int
+    attempt: int
+    max_attempts: int
+    score: float | None = Field(description="0 to 1; null when a grader failed")
+    bar: float
+    passed: bool
+    feedback: str
+    error: dict[str, Any] | None = Field(description="code, message: a grader that failed")
+    checks: list[dict[str, Any]] = Field(description="each judge: kind (code, rubric), name, score, feedback, "
+                                         "usage and cost_usd of a grading model")  # fmt: skip
+    tokens: LLMTokens = Field(description="the grading model's tokens (counted in the task's, shown apart)")
+    cost_usd: str
+    started_at: float
+    duration_ms: int
+    replayed: bool = Field(description="graded by a worker that stopped before the step committed; not run again")
+
+
+TraceEvent = Annotated[
+    TransitionEvent | LLMCallEvent | ToolCallEvent | MessageEvent | GradeEvent, Field(discriminator="type")
+]
 
 
 class TracePage(ApiModel):
@@ -149,7 +174,7 @@ class TaskEvent(ApiModel):
                            "uncommitted (a live text delta), which moves no cursor")  # fmt: skip
     type: str = Field(description="task.created, task.status, agent.message, agent.tool_results, task.retry, "
                       "approval.requested, approval.decided, task.spawned, budget.raised, message.received, "
-                      "user.message, task.interrupt_requested, conversation.closed, agent.moved, "
+                      "user.message, task.interrupt_requested, conversation.closed, agent.moved, agent.grade, "
                       "agent.message_delta")  # fmt: skip
     task_id: str
     tree_path: str | None = Field(default=None, description="in a tree's stream, the task's place in the tree: "

@@ -186,7 +186,9 @@ class GradeTurn:
                       "gen_ai.request.model": model, "agentq.grade": True}  # fmt: skip
         with observe.otel.span(f"chat {model}", attributes, client=True) as made:
             try:
-                chosen: LLMProvider = within(outcome.timeout_seconds, "the grading model", lambda: self.providers(grading))
+                chosen: LLMProvider = within(
+                    outcome.timeout_seconds, "the grading model", lambda: self.providers(grading)
+                )
                 response = within(outcome.timeout_seconds, "the grading model", lambda: chosen.complete(request))
             except GradeError as exc:
                 took = int((time.time() - started) * 1000)
@@ -272,7 +274,14 @@ class Grading(RecordedOperation[EffectRecord, GradeStep]):
     def __init__(
         self, turn: GradeTurn, s: Session, outcome: OutcomeSpec, answer: str, parsed: Any, attempt: int
     ) -> None:
-        self.turn, self.s, self.outcome, self.answer, self.parsed, self.attempt = turn, s, outcome, answer, parsed, attempt
+        self.turn, self.s, self.outcome, self.answer, self.parsed, self.attempt = (
+            turn,
+            s,
+            outcome,
+            answer,
+            parsed,
+            attempt,
+        )
         self.key = f"grade-{s.next_step}"
         self._prior: EffectRecord | None = None
 

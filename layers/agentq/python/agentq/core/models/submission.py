@@ -184,7 +184,14 @@ class OutcomeSpec(StrictModel):
 NotifyEvent = Literal[
     "succeeded", "failed", "cancelled", "cost_exceeded", "timed_out", "failed_outcome", "idle", "message_received"
 ]
-TASK_ENDS: tuple[NotifyEvent, ...] = ("succeeded", "failed", "cancelled", "cost_exceeded", "timed_out", "failed_outcome")
+TASK_ENDS: tuple[NotifyEvent, ...] = (
+    "succeeded",
+    "failed",
+    "cancelled",
+    "cost_exceeded",
+    "timed_out",
+    "failed_outcome",
+)
 
 
 class Notify(StrictModel):
