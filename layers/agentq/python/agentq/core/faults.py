@@ -24,6 +24,9 @@ CRASH_POINTS = (
     "after_tools_commit",  # tool results durable (with the next reservation)
     "after_spawn_record",  # SPAWN record written and shares taken, children not yet written
     "after_spawn",  # children and SPAWN record written, execution not started
+    "after_grade_begin",  # an answer's grade begun (effect record), no grader run yet
+    "after_grade",  # the grade recorded on its effect record, grade step not committed
+    "after_grade_commit",  # grade step durable (the task ended, or the feedback is its next message)
 )
 
 _passes: Counter[str] = Counter()
