@@ -8,6 +8,7 @@ behaviour runs on the in-memory twin; the API's refusals on the local stack
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -141,3 +142,65 @@ def test_a_code_check_below_the_bar_spares_the_grading_model(store: Storage, reg
     first, second = grades(store, task_id)
     assert [c.kind for c in first.checks] == ["code"] and first.usage.total == 0
     assert [c.kind for c in second.checks] == ["code", "rubric"] and second.usage.total > 0
+
+
+def _api_task(outcome: Any, **extra: Any) -> dict[str, Any]:
+    return {"goal": "g", "provider": "scripted", "script": {"turns": [{"text": "DONE"}]}, "outcome": outcome, **extra}
+
+
+@pytest.mark.parametrize(
+    ("outcome", "field", "says"),
+    [
+        ({"grader": "says_done", "max_attempts": 0}, "outcome.max_attempts", "greater than or equal to 1"),
+        ({"grader": "says_done", "max_attempts": 11}, "outcome.max_attempts", "less than or equal to 10"),
+        ({"grader": "says_done", "max_attempts": 2.5}, "outcome.max_attempts", "integer"),
+        ({"grader": "says_done", "bar": 1.5}, "outcome.bar", "less than or equal to 1"),
+        ({"grader": "says_done", "bar": -0.1}, "outcome.bar", "greater than or equal to 0"),
+        ({"grader": "says_done", "bar": "high"}, "outcome.bar", "number"),
+        ({"grader": "no_such_grader"}, "outcome.grader", "unknown grader 'no_such_grader'"),
+        ({"grader": "not a name"}, "outcome.grader", "pattern"),
+        ({}, "outcome.rubric", "a rubric, a grader, or both"),
+        ({"rubric": ""}, "outcome.rubric", "at least 1 character"),
+        ({"rubric": "r"}, "outcome.script", "required when the grading model's provider is 'scripted'"),
+        ({"rubric": "r", "provider": "anthropic", "model": "no-such-model"}, "outcome.model", "no price"),
+        ({"rubric": "r", "provider": "anthropic", "model": "claude-sonnet-4-6", "script": "x"}, "outcome.script",
+         "only valid"),
+        ({"rubric": "r", "script": "no-such-script"}, "outcome.script", "unknown script"),
+        ({"grader": "says_done", "model": "m"}, "outcome.rubric", "they need a rubric"),
+        ({"grader": "says_done", "colour": "red"}, "outcome.colour", "unknown field"),
+        ({"grader": "says_done", "timeout_seconds": 0}, "outcome.timeout_seconds", "greater than or equal to 1"),
+        ("pass it", "outcome", "object"),
+    ],
+)  # fmt: skip
+def test_bad_outcome_fields_are_refused_at_submission_naming_the_field(
+    api_stack: Any, outcome: Any, field: str, says: str
+) -> None:
+    status, refused, _ = api_stack.http("POST", "/tasks", _api_task(outcome))
+    assert status in (400, 422), refused
+    assert refused["error"]["field"] == field, refused
+    assert says in refused["error"]["message"], refused
+
+
+def test_an_agents_outcome_is_graded_for_its_tasks_and_shown_on_the_view_trace_and_stream(api_stack: Any) -> None:
+    name = f"graded-{uuid.uuid4().hex[:8]}"
+    agent = {"name": name, "provider": "scripted", "script": {"turns": [{"text": "not yet"}, {"text": "DONE"}]},
+             "outcome": {"grader": "says_done", "max_attempts": 2}}  # fmt: skip
+    status, made, _ = api_stack.http("POST", "/agents", agent)
+    assert status in (200, 201), made
+    status, refused, _ = api_stack.http("POST", "/agents", {**agent, "outcome": {"grader": "nope"}})
+    assert status == 422 and refused["error"]["field"] == "outcome.grader"
+    task_id = api_stack.submit({"goal": "finish", "agent": name})
+    view = api_stack.until(task_id, lambda v: v["status"] == "succeeded")
+    assert view["result"] == "DONE"
+    assert view["grade"]["passed"] and view["grade"]["attempt"] == 2 and view["grade"]["grades"] == 2
+    status, trace, _ = api_stack.http("GET", f"/tasks/{task_id}/trace")
+    graded = [e for e in trace["events"] if e["type"] == "grade"]
+    assert [(g["attempt"], g["passed"]) for g in graded] == [(1, False), (2, True)]
+    assert graded[0]["feedback"] == "The answer must say DONE."
+    status, page, _ = api_stack.http("GET", f"/tasks/{task_id}/events")
+    assert [e["data"]["attempt"] for e in page["events"] if e["type"] == "agent.grade"] == [1, 2]
+    # The submission's own outcome takes precedence over the agent's.
+    other = api_stack.submit({"goal": "finish", "agent": name, "outcome": {"grader": "says_done", "max_attempts": 1}})
+    ended = api_stack.until(other, lambda v: v["status"] == "failed_outcome")
+    assert ended["result"] == "not yet" and ended["error"]["code"] == "outcome_failed"
+    assert ended["grade"]["feedback"] == "The answer must say DONE."
