@@ -204,3 +204,32 @@ def test_an_agents_outcome_is_graded_for_its_tasks_and_shown_on_the_view_trace_a
     ended = api_stack.until(other, lambda v: v["status"] == "failed_outcome")
     assert ended["result"] == "not yet" and ended["error"]["code"] == "outcome_failed"
     assert ended["grade"]["feedback"] == "The answer must say DONE."
+
+
+def test_each_grade_is_a_gen_ai_evaluation_result_event_on_its_steps_span(
+    store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentq.observe import otel
+
+    from tests.otlp_receiver import OtlpReceiver
+
+    with OtlpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        otel.reset()
+        try:
+            task_id, result = _run(store, registry, _task(["no", "DONE"], {"grader": "says_done"}))
+            otel.flush()
+        finally:
+            otel.reset()
+        assert result.status is TaskStatus.SUCCEEDED
+        evaluations = [
+            (span, attributes) for span in receiver.spans for name, attributes in span.events
+            if name == "gen_ai.evaluation.result"
+        ]  # fmt: skip
+    assert [s.name for s, _ in evaluations] == ["step 2", "step 4"]
+    first, second = (a for _, a in evaluations)
+    assert first["gen_ai.evaluation.name"] == "outcome says_done"
+    assert first["gen_ai.evaluation.score.value"] == 0.2 and first["gen_ai.evaluation.score.label"] == "fail"
+    assert first["gen_ai.evaluation.explanation"] == "The answer must say DONE."
+    assert second["gen_ai.evaluation.score.value"] == 1.0 and second["gen_ai.evaluation.score.label"] == "pass"
+    assert "gen_ai.evaluation.explanation" not in second and first["agentq.grade.attempt"] == 1
