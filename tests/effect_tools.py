@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from agentq.core.grading import GradeInput, grader
+from agentq.core.graders import GradeInput, grader
 from agentq.core.tools import ToolContext, tool
 
 

@@ -37,6 +37,7 @@ CASES = {
     "agent_cost": ["--turns", "10", "--doc-bytes", "2000"],
     "outage": ["--tasks", "4", "--down-seconds", "3", "--cooldown", "1", "--modes", "on"],
     "message_cost": ["--turns", "4"],
+    "grade_cost": ["--runs", "1"],
     "memory_cost": ["--sizes", "100,5000", "--stores", "3", "--searches", "1"],
     "events": ["--subscribers", "3", "--turns", "2", "--latency", "0.1"],
     "slot_calls": ["--waiting-tenants", "2"],
@@ -118,6 +119,11 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
         quiet, talked, follow_up = result["scenarios"]
         assert talked["steps"] == quiet["steps"] + 1 and follow_up["steps"] == 2  # a message step; its answer
         assert talked["extra_vs_baseline"] > 0 and follow_up["calls"].get("sqs:SendMessage") == 1
+    elif name == "grade_cost":
+        rows = {r["scenario"]: r for r in result["rows"]}
+        assert rows["no outcome"]["grading_tokens"] == 0 and rows["code grader"]["extra_aws_calls"] > 0
+        assert rows["rubric"]["grading_model_calls"] == 1 and rows["rubric, one retry"]["grading_model_calls"] == 2
+        assert rows["rubric, one retry"]["grading_tokens"] > rows["rubric"]["grading_tokens"] > 0
     elif name == "agent_cost":
         off, cached, economy, compact = result["rows"]
         assert {r["status"] for r in result["rows"]} == {"succeeded"}

@@ -217,7 +217,7 @@ def test_each_grade_is_a_gen_ai_evaluation_result_event_on_its_steps_span(
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
         otel.reset()
         try:
-            task_id, result = _run(store, registry, _task(["no", "DONE"], {"grader": "says_done"}))
+            _, result = _run(store, registry, _task(["no", "DONE"], {"grader": "says_done"}))
             otel.flush()
         finally:
             otel.reset()

@@ -27,8 +27,12 @@ RUBRIC_SCRIPT = {"turns": [{"text": '{"score": 1, "feedback": ""}'}]}
 
 def _submission(turns: list[str], **outcome: Any) -> TaskSubmission:
     return TaskSubmission.model_validate(
-        {"goal": "finish the job", "provider": "scripted", "script": {"turns": [{"text": t} for t in turns]},
-         "outcome": {"grader": "says_done", "max_attempts": 3, **outcome}}  # fmt: skip
+        {
+            "goal": "finish the job",
+            "provider": "scripted",
+            "script": {"turns": [{"text": t} for t in turns]},
+            "outcome": {"grader": "says_done", "max_attempts": 3, **outcome},
+        }
     )
 
 
@@ -75,7 +79,12 @@ def test_a_worker_killed_between_the_answer_and_the_grades_commit_resumes_and_gr
     # The grader ran once an answer, whoever committed its grade.
     assert sorted(r["attempt"] for r in _runs(ledger)) == [1, 2]
     replayed = [g.attempt for g in graded if g.replayed]
-    recorded_not_committed = {"after_grade:1": [1], "after_grade:2": [2], "after_step_put:2": [1], "after_step_put:4": [2]}
+    recorded_not_committed = {
+        "after_grade:1": [1],
+        "after_grade:2": [2],
+        "after_step_put:2": [1],
+        "after_step_put:4": [2],
+    }
     assert replayed == recorded_not_committed.get(crash_at, [])
     # The grading model's tokens (the rubric, asked once the code check passed: answer 2)
     # counted once in the task and its budget, beside the agent's.

@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from agentq.core.models import CompactStep, LLMStep, MessageStep, StepRecord, Task
+from agentq.core.models import CompactStep, GradeStep, LLMStep, MessageStep, StepRecord, Task
 from agentq.core.records import ClaimRecord
 from agentq_dev.stack import DEFAULT_TOOL_MODULES, LocalStack
 
@@ -48,6 +48,8 @@ def _describe(record: StepRecord) -> str:
         return f"compact summary of steps 1-{body.summarised_through} in={body.usage.input_tokens:>5}"
     if isinstance(body, MessageStep):
         return f"message {len(body.messages)} from a person"
+    if isinstance(body, GradeStep):
+        return f"grade {body.score} (bar {body.bar}) attempt {body.attempt}: {'passed' if body.passed else 'below'}"
     return "tools " + ", ".join(f"{r.name}:{r.status}" for r in body.results)
 
 

@@ -50,8 +50,8 @@ _EXPORTS: dict[str, str] = {
     "ToolContext": "agentq.core.tools",
     "ToolRegistry": "agentq.core.tools",
     "tool": "agentq.core.tools",
-    "GradeInput": "agentq.core.grading",
-    "grader": "agentq.core.grading",
+    "GradeInput": "agentq.core.graders",
+    "grader": "agentq.core.graders",
 }
 
 # Literal, so type checkers and linters see the public names; a test keeps it equal to _EXPORTS.
@@ -117,7 +117,7 @@ if TYPE_CHECKING:
         TaskNotFound,
         ValidationError,
     )
-    from agentq.core.grading import GradeInput, grader
+    from agentq.core.graders import GradeInput, grader
     from agentq.core.models import Constraints, Script, Task, TaskStatus, TaskSubmission
     from agentq.core.pricing import PriceTable, load_price_table
     from agentq.core.tools import ToolContext, ToolRegistry, tool

@@ -24,7 +24,7 @@ import types
 from collections.abc import Iterable
 
 from agentq.control.defaults import ConfigurationError
-from agentq.core.grading import GraderSpec
+from agentq.core.graders import GraderSpec
 from agentq.core.tools import ToolSpec
 
 ENTRY_POINT_GROUP = "agentq.tools"

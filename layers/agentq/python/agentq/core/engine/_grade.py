@@ -34,11 +34,10 @@ from agentq.core.engine.conversation import final_text
 from agentq.core.engine.result import RunResult
 from agentq.core.errors import ConversationMoved
 from agentq.core.faults import crash_point
+from agentq.core.graders import GradeInput, WorkspaceFiles
 from agentq.core.grading import (
     RUBRIC_SYSTEM,
     GradeError,
-    GradeInput,
-    WorkspaceFiles,
     feedback_message,
     parse_rubric_grade,
     rubric_prompt,
@@ -102,9 +101,12 @@ class GradeTurn:
         last = s.steps[-1].body
         assert isinstance(last, LLMStep)
         parsed = answered(sub, last)[1]
-        answer = json.dumps(parsed, ensure_ascii=False) if sub.output_schema is not None else final_text(s.messages)
+        if sub.output_schema is not None:
+            answer = json.dumps(parsed, ensure_ascii=False)
+        else:
+            answer = final_text(s.messages) or ""
         attempt = self.attempt(s)
-        step = Grading(self, s, sub.outcome, answer or "", parsed, attempt).run()
+        step = Grading(self, s, sub.outcome, answer, parsed, attempt).run()
         return self.commit(s, step, answer)
 
     def attempt(self, s: Session) -> int:
@@ -182,7 +184,7 @@ class GradeTurn:
         )  # fmt: skip
         name = f"{provider}/{model}"
         started = time.time()
-        attributes = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": observe.otel.genai_provider(provider),
+        attributes: dict[str, str | bool] = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": observe.otel.genai_provider(provider),
                       "gen_ai.request.model": model, "agentq.grade": True}  # fmt: skip
         with observe.otel.span(f"chat {model}", attributes, client=True) as made:
             try:

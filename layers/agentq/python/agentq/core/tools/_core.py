@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal, Union
 import pydantic
 from pydantic import BaseModel, ConfigDict
 
-from agentq.core.grading import GraderSpec
+from agentq.core.graders import GraderSpec
 from agentq.core.tools._context import ToolContext
 from agentq.core.tools._schema import input_schema
 
