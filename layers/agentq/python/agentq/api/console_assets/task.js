@@ -201,7 +201,8 @@ function drawResult(el, v) {
   } catch {
     body = null;
   }
-  replace(el, h("h2", { id: "result-h" }, v.status === "succeeded" ? "Result" : "Partial result"),
+  const heading = v.status === "succeeded" ? "Result" : v.status === "failed_outcome" ? "Answer (below its outcome's bar)" : "Partial result";
+  replace(el, h("h2", { id: "result-h" }, heading),
     body || h("pre", { class: "text" }, v.result));
 }
 
