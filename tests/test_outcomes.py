@@ -204,6 +204,13 @@ def test_an_agents_outcome_is_graded_for_its_tasks_and_shown_on_the_view_trace_a
     ended = api_stack.until(other, lambda v: v["status"] == "failed_outcome")
     assert ended["result"] == "not yet" and ended["error"]["code"] == "outcome_failed"
     assert ended["grade"]["feedback"] == "The answer must say DONE."
+    # agentq status shows the grade on a line of its own.
+    from agentq.api.models import TaskView
+    from agentq.cli.views import status_block
+
+    shown = status_block(TaskView.model_validate(ended))
+    assert "status    failed_outcome" in shown
+    assert "grade     below the bar: 0.20 (bar 0.80), attempt 1 of 1; feedback: The answer must say DONE." in shown
 
 
 def test_each_grade_is_a_gen_ai_evaluation_result_event_on_its_steps_span(

@@ -18,6 +18,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from agentq.api.models import (
+    GradeView,
     LLMCallEvent,
     MessageEvent,
     RetryView,
@@ -159,11 +160,25 @@ def status_block(view: TaskView) -> str:
         lines.append(f"activity  {view.activity}")
     if view.retry:
         lines.append(f"retry     {retry_line(view.retry, now=now)}")
+    if view.grade:
+        lines.append(f"grade     {grade_line(view.grade)}")
     if view.error:
         lines.append(f"error     {view.error.get('code', '')}: {view.error.get('message', '')}")
     if view.result:
         lines.append("result    " + cut(view.result, 300))
     return "\n".join(lines)
+
+
+def grade_line(grade: GradeView) -> str:
+    """The latest grade against the task's outcome, and what grading cost (counted in the cost above)."""
+    verdict = (
+        f"grader failed ({grade.error.get('code')})" if grade.error else "passed" if grade.passed else "below the bar"
+    )
+    score = "-" if grade.score is None else f"{grade.score:.2f}"
+    line = f"{verdict}: {score} (bar {grade.bar:.2f}), attempt {grade.attempt} of {grade.max_attempts}"
+    if grade.tokens_in or grade.tokens_out:
+        line += f"; grading {n(grade.tokens_in + grade.tokens_out)} tokens, ${grade.cost_usd}"
+    return line + (f"; feedback: {cut(grade.feedback, 200)}" if grade.feedback else "")
 
 
 def model_text(view: TaskView) -> str:
