@@ -22,6 +22,7 @@ from agentq.cli import (
     admin,
     catalogue,
     conversation,
+    diff,
     events,
     files,
     fleet,
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     for group in (
         submit,
         tasks,
+        diff,
         files,
         events,
         conversation,
