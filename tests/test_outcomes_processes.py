@@ -94,7 +94,7 @@ def test_a_worker_killed_between_the_answer_and_the_grades_commit_resumes_and_gr
     assert task.grade["tokens_in"] + task.grade["tokens_out"] == grading
     assert task.tokens_in + task.tokens_out == agent + grading
     budget = store.budgets.get(TASK_ID)
-    assert budget.used == agent + grading and budget.reserved == 0
+    assert budget.used == agent + grading and budget.reserved == 0 and budget.unknown == 0  # the holds settled
 
 
 @pytest.mark.parametrize("attempt", [1, 2])
@@ -124,3 +124,37 @@ def test_retries_with_feedback_end_failed_outcome_across_a_kill(
     assert task.result == "c" and task.error is not None and task.error["code"] == "outcome_failed"
     assert task.error["feedback"] == "The answer must say DONE."
     assert sorted(r["attempt"] for r in _runs(ledger)) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("attempt", [1, 2])
+def test_a_worker_killed_mid_grade_leaves_the_grading_calls_hold_counted_never_dropped(
+    attempt: int, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = build_store(settings)
+    rubric = {"rubric": "Says DONE.", "script": {"turns": [{"text": '{"score": 0.5, "feedback": "again"}'}] * 3}}
+    store.tasks.create(_submission(["DONE 1", "DONE 2", "never"], **rubric), tenant="t", task_id=TASK_ID)
+    ledger = tmp_path / "ledger.jsonl"
+    crashed = run_agentq(
+        ["run-task", TASK_ID, "--lease", "1"],
+        env=child_env(settings, AGENTQ_CRASH_AT=f"after_grade_begin:{attempt}", AGENTQ_TEST_LEDGER=str(ledger),
+                      AGENTQ_MAX_CALL_SECONDS="1"),
+        timeout=120,
+    )  # fmt: skip
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    held = store.tasks.get(TASK_ID).inflight  # the grading call's hold, taken before the grade began
+    assert held is not None and held.step == 2 * attempt
+    before = store.budgets.get(TASK_ID)
+    assert before.reserved == held.amount
+    resumed = run_task(TASK_ID, settings=settings, lease_seconds=1, wait_seconds=20)
+    assert resumed.status is TaskStatus.FAILED_OUTCOME, resumed
+    task = store.tasks.get(TASK_ID)
+    assert task.error is not None and task.error["code"] == "grader_interrupted"
+    assert task.result == f"DONE {attempt}"  # the answer is kept
+    budget = store.budgets.get(TASK_ID)
+    # Its outcome unknown to the resumed worker: still held (set aside) or counted as spent.
+    assert budget.reserved + budget.unknown == held.amount, budget
+    assert budget.used <= budget.cap
+    steps = store.steps.load(TASK_ID)
+    agent = sum(s.body.usage.total for s in steps if isinstance(s.body, LLMStep))
+    graded = sum(s.body.usage.total for s in steps if isinstance(s.body, GradeStep))
+    assert budget.known == agent + graded

@@ -95,6 +95,7 @@ class StepLog(Protocol):
         hold_until: float | None = None,
         delivered: int | None = None,
         grade: dict[str, Any] | None = None,
+        counted: BudgetDelta | None = None,
     ) -> CommittedStep: ...
 
     def record_orphan(
@@ -127,6 +128,7 @@ class BudgetLedger(Protocol):
         *,
         inflight_epoch: int | None,
         parent_id: str | None = None,
+        ticketed: bool = False,
     ) -> bool: ...
 
     def settle_child(self, parent_budget_id: str, child_id: str) -> None: ...

@@ -275,6 +275,7 @@ class Budgets:
         *,
         inflight_epoch: int | None,
         parent_id: str | None = None,
+        ticketed: bool = False,
     ) -> bool:
         """Account for a reservation whose step will not be committed (lease lost, provider
         error, a crashed worker's leftover), exactly once.
@@ -287,7 +288,8 @@ class Budgets:
         are spent whoever holds the task). Not fenced by the lease for
         that reason. With ``inflight_epoch=None`` the caller owns the hold outright (no
         marker) and it is settled unconditionally. Returns whether the hold was returned.
-        ``parent_id``: see ``_release``.
+        ``parent_id``: see ``_release``. ``ticketed``: the usage is recorded only with a ticket
+        (its settlement may be tried again by a later worker: the ticket makes it once).
         """
         if inflight_epoch is None:
             self._apply(settle_and_reserve(budget_id, delta, 0))
@@ -309,7 +311,7 @@ class Budgets:
         counted = self._spent_hold(task_id, inflight_epoch)
         if counted is not None and self._release(task_id, budget_id, spent, delta, parent_id, spent=counted):
             return True  # counted as spent at its deadline: corrected to the real usage
-        if delta.used or delta.cost_usd:
+        if not ticketed and (delta.used or delta.cost_usd):
             usage_only = BudgetDelta(
                 reserved=0,
                 used=delta.used,

@@ -158,6 +158,7 @@ class Steps:
         hold_until: float | None = None,
         delivered: int | None = None,
         grade: dict[str, Any] | None = None,
+        counted: BudgetDelta | None = None,
     ) -> CommittedStep:
         """Append step ``number`` and advance META, fenced by the lease (see the module).
 
@@ -171,7 +172,8 @@ class Steps:
         reserves tokens for the next LLM call in the same write (saving a round trip per turn),
         with ``hold_until`` as that hold's deadline (``storage/budgets.py``) and
         ``reserve_next_micros`` as its money (millionths of a dollar); ``finish`` moves the
-        task to a terminal status with its result. ``grade``: the task's latest grade, on META
+        task to a terminal status with its result. ``counted``: usage the budget has already
+        (settled as an orphan's): only the task's own tokens and dollars take it. ``grade``: the task's latest grade, on META
         (a grade step's commit: ``core.engine._grade``). ``lease_until`` (unless finishing, which
         drops the lease) also moves ``lease_expires`` there: progress is a
         heartbeat, so the heartbeat need not write this lease again soon. The condition is
@@ -204,6 +206,8 @@ class Steps:
             adds["llm_steps"] = 1
         if body.kind in ("llm", "compact"):
             removes += ["inflight", "live_text", "seen", "batch"]  # the call's text and usage are in the step now
+        if body.kind == "grade" and settle is not None and settle.reserved:
+            removes += ["inflight", "live_text", "seen"]  # the grading call's hold, settled here
         if body.kind == "compact":
             sets["compacted_at"] = number  # a resume reads the steps from here on
         if isinstance(body, ToolsStep) and body.workspace is not None:
@@ -213,8 +217,9 @@ class Steps:
             sets["answered_by"] = {"provider": body.provider, "model": body.model}
         if grade is not None:
             sets["grade"] = grade
-        if settle is not None:
-            adds.update({"tokens_in": settle.tokens_in, "tokens_out": settle.tokens_out, "cost_usd": settle.cost_usd})
+        for usage in (settle, counted):
+            if usage is not None:
+                adds.update({"tokens_in": usage.tokens_in, "tokens_out": usage.tokens_out, "cost_usd": usage.cost_usd})
         if finish is not None:
             sets.update(self.tasks.finish_update(lease.task_id, lease, finish, now, result, error))
         if reserve_next:

@@ -9,8 +9,9 @@ finished onto the record (crash point ``after_grade``) before the ``GradeStep`` 
 killed anywhere resumes from what is stored: no record, it grades; a finished one, it commits the
 recorded grade (``replayed``) without running a judge again; one begun and never finished, its
 judges may have run, so they are not run again: the grade fails ``grader_interrupted``, like a
-side effect's unknown outcome. The grade step's commit settles the grading model's tokens and
-dollars in the task tree's budget, in the same write, and puts the grade on META.
+side effect's unknown outcome. The grading model's call holds the task tree's budget before the
+grade is begun, like any model call (``_grade_budget``); the grade step's commit settles that
+hold to the call's tokens and dollars, in the same write, and puts the grade on META.
 
 The step ends the task ``succeeded`` (passed), or leaves the feedback as the agent's next
 message (below the bar, attempts left: ``conversation``), or ends it ``failed_outcome`` with
@@ -27,12 +28,13 @@ from typing import Any, ClassVar
 
 from agentq import observe
 from agentq.core.engine._commit import StepWriter
+from agentq.core.engine._grade_budget import GradeBudget, GradingCall
 from agentq.core.engine._llm_call import call_cost
 from agentq.core.engine._operation import RecordedOperation
 from agentq.core.engine._session import Session
 from agentq.core.engine.conversation import final_text
 from agentq.core.engine.result import RunResult
-from agentq.core.errors import ConversationMoved
+from agentq.core.errors import ConversationMoved, LeaseLost
 from agentq.core.faults import crash_point
 from agentq.core.graders import GradeInput, WorkspaceFiles
 from agentq.core.grading import (
@@ -59,7 +61,7 @@ from agentq.core.output import answer_of
 from agentq.core.ports import EffectLog
 from agentq.core.pricing import PriceTable
 from agentq.core.providers import LLMProvider, LLMRequest, ProviderFactory
-from agentq.core.records import BudgetDelta, EffectRecord
+from agentq.core.records import EffectRecord
 from agentq.core.tools import ToolRegistry
 
 GRADE = "grade"  # the effect record's tool name; its id is ``grade-<step>``
@@ -83,8 +85,10 @@ class GradeTurn:
         prices: PriceTable,
         tools: ToolRegistry,
         writer: StepWriter,
+        budget: GradeBudget,
     ) -> None:
         self.effects, self.providers, self.prices, self.tools, self.writer = effects, providers, prices, tools, writer
+        self.budget = budget
 
     def due(self, s: Session) -> bool:
         """An answer of a task with an outcome, not graded yet."""
@@ -106,8 +110,30 @@ class GradeTurn:
         else:
             answer = final_text(s.messages) or ""
         attempt = self.attempt(s)
-        step = Grading(self, s, sub.outcome, answer, parsed, attempt).run()
-        return self.commit(s, step, answer)
+        call = None
+        if sub.outcome.rubric is not None and self.effects.get(s.task_id, f"grade-{s.next_step}") is None:
+            call = self.grading_call(s, sub.outcome, answer, attempt)
+            stopped = self.budget.hold(s, call, answer)  # held before the grade is begun, as any call
+            if stopped is not None:
+                return stopped
+        grading = Grading(self, s, sub.outcome, answer, parsed, attempt, call)
+        step = grading.run()
+        return self.commit(s, step, answer, call, grading.prior_epoch)
+
+    def grading_call(self, s: Session, outcome: OutcomeSpec, answer: str, attempt: int) -> GradingCall:
+        """The grading model's call of this grade, as it will be sent."""
+        sub = s.task.submission
+        assert outcome.rubric is not None
+        provider, model = outcome.grading_model(sub.provider, sub.model)
+        grading = sub.model_copy(
+            update={"provider": provider, "model": model, "script": outcome.script if provider == "scripted" else None,
+                    "fallbacks": []}
+        )  # fmt: skip
+        request = LLMRequest(
+            model=model, system=RUBRIC_SYSTEM, max_tokens=outcome.max_output_tokens, task_id=f"{s.task_id}/grade",
+            messages=rubric_history(s, outcome.rubric, answer, attempt),
+        )  # fmt: skip
+        return GradingCall(provider, model, grading, request)
 
     def attempt(self, s: Session) -> int:
         """Which answer of this round this is: one more than the last grade's, unless a person's
@@ -117,7 +143,9 @@ class GradeTurn:
             return int(prior.get("attempt", 0)) + 1
         return 1
 
-    def judge(self, s: Session, outcome: OutcomeSpec, answer: str, parsed: Any, attempt: int) -> GradeStep:
+    def judge(
+        self, s: Session, outcome: OutcomeSpec, answer: str, parsed: Any, attempt: int, call: GradingCall | None
+    ) -> GradeStep:
         """Run the outcome's judges: the code check, then (if it passes) the rubric's model."""
         started = time.time()
         checks: list[GradeCheck] = []
@@ -125,11 +153,12 @@ class GradeTurn:
         if outcome.grader is not None:
             check, error = self.code_check(s, outcome, answer, parsed, attempt)
             checks.append(check)
-        if outcome.rubric is not None and error is None and all((c.score or 0) >= outcome.bar for c in checks):
-            check, error = self.rubric_check(s, outcome, answer, attempt)
+        if call is not None and error is None and all((c.score or 0) >= outcome.bar for c in checks):
+            check, error = self.rubric_check(s, outcome, call)
             checks.append(check)
         usage = sum_usage([c.usage for c in checks if c.usage is not None])
         score = None if error is not None else min(c.score or 0.0 for c in checks)
+        held = s.task.inflight if call is not None else None
         return GradeStep(
             attempt=attempt,
             max_attempts=outcome.max_attempts,
@@ -141,6 +170,8 @@ class GradeTurn:
             error=error,
             usage=usage,
             cost_usd=sum((c.cost_usd for c in checks), Decimal(0)),
+            reserved_tokens=held.amount if held else 0,
+            reserved_micros=held.micros if held else 0,
             started_at=started,
             duration_ms=int((time.time() - started) * 1000),
         )
@@ -169,19 +200,9 @@ class GradeTurn:
         return GradeCheck(kind="code", name=name, score=score, feedback=feedback, duration_ms=took), None
 
     def rubric_check(
-        self, s: Session, outcome: OutcomeSpec, answer: str, attempt: int
+        self, s: Session, outcome: OutcomeSpec, call: GradingCall
     ) -> tuple[GradeCheck, dict[str, Any] | None]:
-        sub = s.task.submission
-        assert outcome.rubric is not None
-        provider, model = outcome.grading_model(sub.provider, sub.model)
-        grading = sub.model_copy(
-            update={"provider": provider, "model": model, "script": outcome.script if provider == "scripted" else None,
-                    "fallbacks": []}
-        )  # fmt: skip
-        request = LLMRequest(
-            model=model, system=RUBRIC_SYSTEM, max_tokens=outcome.max_output_tokens, task_id=f"{s.task_id}/grade",
-            messages=rubric_history(s, outcome.rubric, answer, attempt),
-        )  # fmt: skip
+        provider, model, grading, request = call.provider, call.model, call.submission, call.request
         name = f"{provider}/{model}"
         started = time.time()
         attributes: dict[str, str | bool] = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": observe.otel.genai_provider(provider),
@@ -191,7 +212,10 @@ class GradeTurn:
                 chosen: LLMProvider = within(
                     outcome.timeout_seconds, "the grading model", lambda: self.providers(grading)
                 )
+                self.budget.sending(s)
+                call.may_be_billed = True  # until it answers: a failed or abandoned call may have been billed
                 response = within(outcome.timeout_seconds, "the grading model", lambda: chosen.complete(request))
+                call.may_be_billed = False
             except GradeError as exc:
                 took = int((time.time() - started) * 1000)
                 if made is not None:
@@ -210,8 +234,10 @@ class GradeTurn:
             return GradeCheck(kind="rubric", name=name, feedback=exc.message, **spent), exc.to_dict()
         return GradeCheck(kind="rubric", name=name, score=score, feedback=feedback, **spent), None
 
-    def commit(self, s: Session, step: GradeStep, answer: str) -> RunResult | None:
-        """The grade as the next step, the grading model's usage settled in the same write."""
+    def commit(
+        self, s: Session, step: GradeStep, answer: str, call: GradingCall | None, prior_epoch: int | None
+    ) -> RunResult | None:
+        """The grade as the next step, the grading call's hold settled to its usage in the same write."""
         finish: TaskStatus | None = None
         error: dict[str, Any] | None = None
         if step.passed:
@@ -224,21 +250,19 @@ class GradeTurn:
                 f"{step.attempt} attempt(s)",
             }
             error = {**error, "grade": step.score, "feedback": step.feedback[:1000]}
-        settle = None
-        if step.usage.total or step.cost_usd:
-            settle = BudgetDelta(
-                reserved=0, used=step.usage.total, cost_usd=step.cost_usd, tokens_in=step.usage.input_total,
-                tokens_out=step.usage.output_tokens,
-            )  # fmt: skip
+        settle, counted = self.budget.settlement(s, call, step, prior_epoch)
         meta = self.meta(s, step)
         messages = [*s.messages, feedback_message(s.messages, step)] if step.retries else s.messages
         result = answer if finish is not None else None
         try:
-            record = self.writer.commit(s, step, settle=settle, finish=finish, result=result, error=error, grade=meta)
+            record = self.writer.commit(
+                s, step, settle=settle, counted=counted, finish=finish, result=result, error=error, grade=meta
+            )
         except ConversationMoved as moved:  # a message came in while grading: the agent goes on with it
             s.inbox = dataclasses.replace(s.inbox, received=moved.received)
             finish, error = None, None
-            record = self.writer.commit(s, step, settle=settle, grade=meta)
+            record = self.writer.commit(s, step, settle=settle, counted=counted, grade=meta)
+        self.budget.settled(s, call, settle)
         self.writer.committed(s, record, messages)
         s.task = s.task.model_copy(update={"grade": meta, **({"status": finish} if finish else {})})
         observe.graded(s.task, step, record.number)
@@ -274,8 +298,9 @@ class Grading(RecordedOperation[EffectRecord, GradeStep]):
     after_create: ClassVar[str | None] = "after_grade_begin"
 
     def __init__(
-        self, turn: GradeTurn, s: Session, outcome: OutcomeSpec, answer: str, parsed: Any, attempt: int
-    ) -> None:
+        self, turn: GradeTurn, s: Session, outcome: OutcomeSpec, answer: str, parsed: Any, attempt: int,
+        call: GradingCall | None,
+    ) -> None:  # fmt: skip
         self.turn, self.s, self.outcome, self.answer, self.parsed, self.attempt = (
             turn,
             s,
@@ -284,8 +309,10 @@ class Grading(RecordedOperation[EffectRecord, GradeStep]):
             parsed,
             attempt,
         )
+        self.call = call
         self.key = f"grade-{s.next_step}"
         self._prior: EffectRecord | None = None
+        self.prior_epoch: int | None = None  # the epoch of an earlier worker's record of this grade
 
     def check(self) -> EffectRecord | None:
         return None  # the begin is the check: one conditional write that answers with a prior record
@@ -300,18 +327,23 @@ class Grading(RecordedOperation[EffectRecord, GradeStep]):
         if record is not None:
             return self.recorded(record)
         started = time.time()
-        step = self.turn.judge(self.s, self.outcome, self.answer, self.parsed, self.attempt)
+        step = self.turn.judge(self.s, self.outcome, self.answer, self.parsed, self.attempt, self.call)
         kept = ToolOutcome(
             tool_use_id=self.key, name=GRADE, content=step.model_dump_json(), started_at=started,
             duration_ms=step.duration_ms,
         )  # fmt: skip
-        self.turn.effects.finish(self.s.lease, self.key, kept)
+        try:
+            self.turn.effects.finish(self.s.lease, self.key, kept)
+        except LeaseLost:  # the grade goes unrecorded: what its call used is settled once, here
+            self.turn.budget.orphaned(self.s, self.call, step)
+            raise
         crash_point("after_grade")
         return step
 
     def recorded(self, record: EffectRecord) -> GradeStep:
         """An earlier worker's grade of this answer: committed as it was, or (begun, never
         finished) failed, its judges not run again."""
+        self.prior_epoch = record.epoch
         if record.state == "done" and record.content:
             return GradeStep.model_validate_json(record.content).model_copy(update={"replayed": True})
         return GradeStep(

@@ -252,12 +252,40 @@ class BudgetHolds:
     def _unless_only_unknown(self, s: Session, state: BudgetState, est_in: int, amount: int) -> None:
         """Raise ``UnknownUsage`` when a hold of ``amount`` would fit were the calls of unknown
         outcome known to be unbilled: they alone stand between the task and its next call."""
+        self._unless_only_unknown_of(state, amount, self.hold_micros(s, amount, est_in))
+
+    def _unless_only_unknown_of(self, state: BudgetState, amount: int, money: int) -> None:
         if not (state.unknown or state.unknown_micros):
             return
         fits_tokens = state.available + state.unknown >= amount
-        fits_money = state.available_micros + state.unknown_micros >= self.hold_micros(s, amount, est_in)
+        fits_money = state.available_micros + state.unknown_micros >= money
         if fits_tokens and fits_money:
             raise UnknownUsage(self.config.unknown_recheck_seconds, state.unknown, state.unknown_micros)
+
+    def hold_call(self, s: Session, est_in: int, amount: int, price: ModelPrice | None) -> bool:
+        """A hold of exactly ``amount`` tokens (``est_in`` of them input) for a call that is not
+        the agent's turn (the grading model's: ``_grade``), priced at ``price``; False when the
+        budget cannot cover it (``s.short_of`` says of what). Never shrunk: the call's output
+        allowance is its own. As ``reserve``: while an older epoch's call may still be charged,
+        ``HoldsInFlight``; when only calls of unknown outcome stand in the way, ``UnknownUsage``."""
+        money = price.hold_micros(min(est_in, amount), amount - min(est_in, amount)) if price else 0
+        until = time.time() + CALL_START_SLACK_SECONDS + self.config.max_call_seconds  # never batched
+        for last in (False, True):
+            try:
+                self._hold(s, amount, est_in, money=money, until=until)
+                return True
+            except BudgetExceeded:
+                state = self.budgets.get(s.task.budget_id)
+                s.short_of = "tokens" if state.available < amount else "money"
+                self._unless_only_unknown_of(state, amount, money)
+                if last:
+                    return False
+                lapsed = self.spend_lapsed(self.tasks.get(s.task_id))
+                if lapsed.live:  # a lost lease's call may still be charged: wait for it, never overshoot
+                    raise HoldsInFlight(min(lapsed.live)) from None
+                if not lapsed.spent:
+                    return False
+        return False
 
     def hold_again(self, s: Session, amount: int) -> bool:
         """A hold of exactly ``amount`` for the call in progress (its next attempt, after one
@@ -301,9 +329,11 @@ class BudgetHolds:
         most = price.hold_micros(est_in, amount - est_in)
         return math.ceil(most * BATCH_PRICE_RATIO) if s.economy else most
 
-    def _hold(self, s: Session, amount: int, est_in: int) -> None:
-        until = self.hold_until(s)
-        money = self.hold_micros(s, amount, est_in)
+    def _hold(
+        self, s: Session, amount: int, est_in: int, *, money: int | None = None, until: float | None = None
+    ) -> None:
+        until = self.hold_until(s) if until is None else until
+        money = self.hold_micros(s, amount, est_in) if money is None else money
         self.budgets.reserve(s.lease, s.task.budget_id, amount, s.next_step, until=until, micros=money)
         held = Reservation(amount=amount, epoch=s.lease.epoch, step=s.next_step, until=until, micros=money)
         s.task = s.task.model_copy(update={"inflight": held})

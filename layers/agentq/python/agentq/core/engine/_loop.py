@@ -21,6 +21,7 @@ from agentq.core.dependencies import dependency_goal
 from agentq.core.engine._commit import StepWriter
 from agentq.core.engine._finish import finish_without_step
 from agentq.core.engine._grade import GradeTurn
+from agentq.core.engine._grade_budget import GradeBudget
 from agentq.core.engine._holds import BudgetHolds, HoldsInFlight
 from agentq.core.engine._llm_turn import LLMTurn
 from agentq.core.engine._messages import MessageTurn
@@ -112,7 +113,8 @@ class Engine:
             self.policy,
         )
         self._message_turn = MessageTurn(store.messages, self._holds, writer)
-        self._grade_turn = GradeTurn(store.effects, self._provider, self.prices, self.tools, writer)
+        graded = GradeBudget(self._holds, store.budgets, store.tasks, self.windows, self.prices)
+        self._grade_turn = GradeTurn(store.effects, self._provider, self.prices, self.tools, writer, graded)
 
     def _provider(self, submission: TaskSubmission) -> LLMProvider:
         """``self.providers`` as it is when the call is made (an adapter may swap it)."""

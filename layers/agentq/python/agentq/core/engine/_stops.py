@@ -41,6 +41,12 @@ def stop_error(s: Session, status: TaskStatus) -> dict[str, Any]:
         return {"code": "timeout", "message": f"task ran past its timeout of {c.timeout_seconds}s"}
     if s.llm_turns >= c.max_steps:
         return {"code": "max_steps_exceeded", "message": f"task used all {c.max_steps} steps{_go_on('add_steps')}"}
+    return budget_error(s)
+
+
+def budget_error(s: Session) -> dict[str, Any]:
+    """Why a call's hold was refused: the root's budget, of tokens or of money (``s.short_of``)."""
+    c = s.task.submission.constraints
     if s.short_of == "money":
         root = c.max_cost_usd if s.task.parent_id is None else None
         cap = f" (${root})" if root is not None else ""

@@ -177,6 +177,8 @@ class GradeStep(StrictModel):
     error: dict[str, Any] | None = Field(default=None, description="{code, message}: the grader failed")
     usage: Usage = Field(default_factory=Usage, description="the grading model's tokens, counted in the budget")
     cost_usd: Decimal = Decimal(0)
+    reserved_tokens: int = Field(default=0, description="the budget hold the grading model's call was made under")
+    reserved_micros: int = Field(default=0, description="that hold's dollars, in millionths")
     started_at: float
     duration_ms: int
     replayed: bool = Field(default=False, description="graded by a worker that stopped before this commit")

@@ -1,0 +1,145 @@
+"""The grading model's call under the task tree's budget, as any model call (ARCHITECTURE 4,
+``used <= cap``): its input estimate plus its output allowance are held (with the tenant
+window's hold) before the grade is begun, and the grade's commit settles the hold to what the
+call used, in the same write. A budget that cannot cover the hold ends the task
+``cost_exceeded`` before anything is begun, the answer kept, and a raise of the cap resumes it
+at the grade; a hold an older epoch's call may still be charged against defers it
+(``HoldsInFlight``), as the agent's turn does.
+
+What may have been billed stays counted: a call that failed or ran past its time is counted
+as spent, its outcome unknown; a worker killed mid-grade leaves its hold on META, which the next
+claim counts (``BudgetHolds.take_over``); a worker that lost its lease after its call answered
+settles the usage once, as an orphan; and a grade recorded by an older epoch and committed by a
+later one settles that epoch's hold to the recorded usage, once (its ticket).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from agentq import observe
+from agentq.core.engine._holds import BudgetHolds
+from agentq.core.engine._session import Session
+from agentq.core.engine._stops import budget_error
+from agentq.core.engine.conversation import estimate_input_tokens
+from agentq.core.engine.result import RunResult
+from agentq.core.models import GradeStep, TaskStatus, TaskSubmission
+from agentq.core.ports import BudgetLedger, TaskLeases, TenantWindowsPort
+from agentq.core.pricing import PriceTable
+from agentq.core.providers import LLMRequest
+from agentq.core.records import BudgetDelta
+from agentq.core.tenancy import TenantCapReached
+
+
+@dataclass
+class GradingCall:
+    """The grading model's call of one grade: what it asks, and what holds the budget for it."""
+
+    provider: str
+    model: str
+    submission: TaskSubmission  # the task's, with the grading model in it
+    request: LLMRequest
+    window: Any = None  # the tenant window's hold for it (None: no hourly limits)
+    # An attempt failed or was abandoned after it may have reached the provider: its hold is
+    # counted as spent (unknown), not returned.
+    may_be_billed: bool = False
+
+
+def usage_of(step: GradeStep, reserved: int = 0, reserved_micros: int = 0) -> BudgetDelta:
+    return BudgetDelta(
+        reserved=reserved, used=step.usage.total, cost_usd=step.cost_usd, tokens_in=step.usage.input_total,
+        tokens_out=step.usage.output_tokens, reserved_micros=reserved_micros,
+    )  # fmt: skip
+
+
+class GradeBudget:
+    def __init__(
+        self, holds: BudgetHolds, budgets: BudgetLedger, tasks: TaskLeases, windows: TenantWindowsPort,
+        prices: PriceTable,
+    ) -> None:  # fmt: skip
+        self.holds, self.budgets, self.tasks, self.windows, self.prices = holds, budgets, tasks, windows, prices
+
+    def hold(self, s: Session, call: GradingCall, answer: str) -> RunResult | None:
+        """Hold the budget (and the tenant's hour) for ``call``; None when held, else how the run
+        ends: ``cost_exceeded`` with the answer kept, or a retry next hour (the tenant's cap)."""
+        est_in = estimate_input_tokens(call.request)
+        amount = est_in + call.request.max_tokens
+        if not self.holds.hold_call(s, est_in, amount, self.prices.price_for(call.model)):
+            observe.record_budget_refusal("task")
+            error = budget_error(s)
+            self.tasks.transition(s.task_id, TaskStatus.COST_EXCEEDED, lease=s.lease, result=answer, error=error)
+            s.task = s.task.model_copy(update={"status": TaskStatus.COST_EXCEEDED})
+            return RunResult(s.task_id, "finished", status=TaskStatus.COST_EXCEEDED, error=error)
+        if s.limits is not None:
+            held = s.task.inflight
+            try:
+                call.window = self.windows.hold(s.task.tenant, s.limits, amount, micros=held.micros if held else 0)
+            except TenantCapReached as exc:  # not this task's fault: try again next hour
+                self.holds.hand_back(s)
+                return RunResult(s.task_id, "retry", error={**exc.to_dict(), "retry_after": exc.retry_after})
+        return None
+
+    def sending(self, s: Session) -> None:
+        """The call goes on the wire now: its hold must outlive it, and a lost lease keeps it."""
+        held = s.task.inflight
+        if held is not None:
+            self.holds.cover(s, time.time())
+            s.sent_hold_step = held.step
+
+    def settlement(
+        self, s: Session, call: GradingCall | None, step: GradeStep, prior_epoch: int | None
+    ) -> tuple[BudgetDelta | None, BudgetDelta | None]:
+        """What the grade's commit settles (``settle``: this run's hold to the call's usage) and
+        what it only counts on the task (``counted``: a recorded grade's usage, settled against
+        the hold of the epoch that made its call)."""
+        held = s.task.inflight if call is not None else None
+        if step.replayed:
+            if held is not None:  # this run held for a call it did not make: known unspent
+                self.holds.release(s)
+                self.settle_window(call, 0, 0)
+            if prior_epoch is not None and prior_epoch != s.lease.epoch and step.reserved_tokens:
+                delta = usage_of(step, step.reserved_tokens, step.reserved_micros)
+                self.budgets.settle_orphan(
+                    s.task_id, s.task.budget_id, delta, inflight_epoch=prior_epoch, parent_id=s.task.parent_id,
+                    ticketed=True,
+                )  # fmt: skip
+                return None, usage_of(step) if step.usage.total or step.cost_usd else None
+            return (usage_of(step) if step.usage.total or step.cost_usd else None), None
+        if held is not None and call is not None and call.may_be_billed:
+            self.holds.spend(s)  # its outcome unknown: counted at its hold, corrected if ever reported
+            if call.window is not None:
+                self.windows.settle(call.window, call.window.amount, call.window.micros)
+                call.window = None
+            held = None
+        if held is None:
+            return (usage_of(step) if step.usage.total or step.cost_usd else None), None
+        return usage_of(step, held.amount, held.micros), None
+
+    def settled(self, s: Session, call: GradingCall | None, settle: BudgetDelta | None) -> None:
+        """After the commit: the hold is gone with it, and the tenant's hour takes the usage."""
+        if call is not None and settle is not None and settle.reserved:
+            s.task = s.task.model_copy(update={"inflight": None})
+        if call is not None:
+            used = settle.used if settle is not None else 0
+            self.settle_window(call, used, settle.used_micros if settle is not None else 0)
+
+    def settle_window(self, call: GradingCall | None, used: int, used_micros: int) -> None:
+        if call is not None and call.window is not None:
+            self.windows.settle(call.window, used, used_micros)
+            call.window = None
+
+    def orphaned(self, s: Session, call: GradingCall | None, step: GradeStep) -> None:
+        """The lease was lost after the grading model answered, before the grade was recorded:
+        the usage is settled once against this run's hold, as a lost lease's answer is (a call
+        whose outcome is unknown leaves its hold for the next claim to count)."""
+        held = s.task.inflight
+        if call is None or held is None or call.may_be_billed:
+            return
+        self.budgets.settle_orphan(
+            s.task_id, s.task.budget_id, usage_of(step, held.amount, held.micros), inflight_epoch=held.epoch,
+            parent_id=s.task.parent_id,
+        )  # fmt: skip
+        self.settle_window(call, step.usage.total, usage_of(step).used_micros)
+        s.task = s.task.model_copy(update={"inflight": None})
