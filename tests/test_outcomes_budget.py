@@ -104,3 +104,22 @@ def test_a_raise_of_the_cap_resumes_a_task_stopped_at_its_grade_and_grades_it(
     assert [s.body.kind for s in store.steps.load(task_id)] == ["llm", "grade"]
     budget = store.budgets.get(task.budget_id)
     assert budget.used == agent + grading <= budget.cap
+
+
+def test_a_grading_call_abandoned_at_its_timeout_keeps_its_hold_counted_as_unknown_and_the_answer(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    body = _body(1_000_000)
+    body["outcome"].update(timeout_seconds=1, script={"turns": [{"text": '{"score": 1}', "latency_seconds": 3}]})
+    task = store.tasks.create(parse_submission(body), tenant="t")
+    Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=10)).run(task.task_id)
+    task = store.tasks.get(task.task_id)
+    assert task.status is TaskStatus.FAILED_OUTCOME and task.result == "Blue."
+    assert task.error is not None and task.error["code"] == "grader_timeout", task.error
+    (grade,) = [s.body for s in store.steps.load(task.task_id) if isinstance(s.body, GradeStep)]
+    assert grade.reserved_tokens > 0 and grade.usage.total == 0
+    budget = store.budgets.get(task.budget_id)
+    # The provider may have answered and billed it: counted at its hold, never returned on a guess.
+    assert budget.unknown == grade.reserved_tokens and budget.reserved == 0, budget
+    assert budget.used <= budget.cap
+    assert task.inflight is None
