@@ -14,8 +14,10 @@ from agentq.control.operations import raise_budget
 from agentq.control.submit import parse_submission
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import GradeStep, LLMStep, TaskStatus
+from agentq.core.tenancy import TenantLimits
 from agentq.core.tools import ToolRegistry
 from agentq.storage.container import Storage
+from agentq.storage.tenant_windows import TenantWindows
 
 STORAGE = "memory"
 
@@ -39,8 +41,8 @@ class _Queues:
         pass
 
 
-def _run(store: Storage, registry: ToolRegistry, max_tokens: int) -> str:
-    task = store.tasks.create(parse_submission(_body(max_tokens)), tenant="t")
+def _run(store: Storage, registry: ToolRegistry, max_tokens: int, tenant: str = "t") -> str:
+    task = store.tasks.create(parse_submission(_body(max_tokens)), tenant=tenant)
     Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=10)).run(task.task_id)
     return task.task_id
 
@@ -123,3 +125,22 @@ def test_a_grading_call_abandoned_at_its_timeout_keeps_its_hold_counted_as_unkno
     assert budget.unknown == grade.reserved_tokens and budget.reserved == 0, budget
     assert budget.used <= budget.cap
     assert task.inflight is None
+
+
+def test_the_grading_call_holds_the_tenants_hour_too_and_settles_it_to_its_usage(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    agent_hold, agent, grading = _measured(store, registry)
+    windows = TenantWindows(store.table)
+    windows.set_limits("roomy", TenantLimits(hourly_tokens=1_000_000))
+    task_id = _run(store, registry, 1_000_000, tenant="roomy")
+    assert store.tasks.get(task_id).status is TaskStatus.SUCCEEDED
+    assert windows.usage("roomy") == {"held": agent + grading, "used": agent + grading}  # settled, once
+    # An hour with room for the answer but not the grading call's hold: the grader is not asked.
+    windows.set_limits("tight", TenantLimits(hourly_tokens=agent_hold + grading // 2))
+    task_id = _run(store, registry, 1_000_000, tenant="tight")
+    task = store.tasks.get(task_id)
+    assert task.status is TaskStatus.RUNNING and task.inflight is None  # handed back: tried again next hour
+    assert [s.body.kind for s in store.steps.load(task_id)] == ["llm"]
+    assert windows.usage("tight") == {"held": agent, "used": agent}
+    assert store.budgets.get(task_id).reserved == 0
