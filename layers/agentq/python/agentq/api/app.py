@@ -55,6 +55,7 @@ from agentq.api.routes import (
     vault,
     webhooks,
 )
+from agentq.api.routes import a2a as a2a_route
 from agentq.api.routes import mcp as mcp_route
 from agentq.api.routes.common import ApiDeps
 from agentq.control.defaults import Defaults
@@ -101,8 +102,8 @@ def _event_caller(event: Mapping[str, Any]) -> Caller | None:
 # server, whose tools read tasks by tenant) and answers 403: a route added later is closed to
 # such callers until it is listed here.
 USER_PATHS = re.compile(
-    r"/tasks(/.*)?|/usage|/usage/spend|/breakers|/vault/credentials(/[^/]+)?"
-)  # the vault: the user's own
+    r"/tasks(/.*)?|/usage|/usage/spend|/breakers|/vault/credentials(/[^/]+)?|/a2a/.+"
+)  # the vault: the user's own; A2A: the user's own tasks of an agent (api/a2a_server.py)
 USER_READS = re.compile(r"/agents(/.*)?")
 
 
@@ -192,6 +193,14 @@ class AgentqResolver(APIGatewayRestResolver):
             self._request.reset(token)
 
     def _checked(self, event: Any, context: Any) -> dict[str, Any]:
+        answer = self._guarded(event, context)
+        if answer is not None and answer.get("statusCode") in (400, 413, 415):
+            if a2a_route.is_rpc_path(str(event.get("path") or "")):  # in JSON-RPC's words for an A2A client
+                return a2a_route.rpc_refusal(int(answer["statusCode"]), json.loads(answer["body"])["error"]["message"])
+        return answer if answer is not None else super().resolve(event, context)
+
+    def _guarded(self, event: Any, context: Any) -> dict[str, Any] | None:
+        """The refusal of a request no route may see (too large, not JSON, no tenant), or None."""
         limit = body_limit(str(event.get("path") or ""))
         if _body_bytes(event) > limit:
             return proxy_error(413, "body_too_large", f"request body over {limit} bytes", "body")
@@ -218,7 +227,7 @@ class AgentqResolver(APIGatewayRestResolver):
             check_body(event)
         except BodyProblem as problem:
             return proxy_error(400, "invalid_body", problem.message, problem.field)
-        return super().resolve(event, context)
+        return None
 
     def exception_handler(self, exc_class: type[Exception] | list[type[Exception]]) -> Callable[[_F], _F]:
         """powertools' own, typed: it registers the function and returns it unchanged."""
@@ -316,6 +325,7 @@ def build_app(
     app.include_router(stops.router(deps))
     app.include_router(memory.router(deps))
     app.include_router(mcp_route.router(deps))
+    app.include_router(a2a_route.router(deps))
     app.include_router(webhooks.router(deps))
     app.include_router(schedules.router(deps))
     app.include_router(usage.router(deps))

@@ -44,6 +44,7 @@ from agentq.api.app import is_public
 from agentq.api.auth import Unauthorized, caller_of
 from agentq.api.errors import error_body
 from agentq.api.models.base import body_limit
+from agentq.api.routes.a2a import is_rpc_path, rpc_refusal
 from agentq.api.stream_caps import TooManyStreams
 from agentq.core.errors import AgentqError, TaskNotFound
 
@@ -326,6 +327,11 @@ class ApiServer:
                 try:
                     caller, body = self._body(headers)
                 except http_guard.Refused as refused:
+                    if refused.status in (400, 413, 415) and is_rpc_path(unquote(urlsplit(self.path).path)):
+                        answer = rpc_refusal(refused.status, refused.message)  # JSON-RPC's words for an A2A client
+                        self._reply(200, {"Content-Type": "application/json", "Connection": "close"},
+                                    answer["body"].encode())  # fmt: skip
+                        return
                     self._reply(*refused.page())
                     return
                 parts = urlsplit(self.path)

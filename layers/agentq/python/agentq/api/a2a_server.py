@@ -1,0 +1,413 @@
+"""agentq as an A2A server: each of a tenant's agents (``name`` or ``name@version``) is an A2A
+agent at ``/a2a/{agent}``, its Agent Card at ``/a2a/{agent}/.well-known/agent-card.json``
+(``api/routes/a2a.py``). The official ``a2a-sdk`` speaks the protocol (JSON-RPC parsing, method
+routing, error codes, the server-sent events of a stream); this module is its ``RequestHandler``,
+which calls the same control functions the HTTP API calls, as the MCP server does
+(``api/mcp_server.py``): the core knows nothing of A2A.
+
+- ``SendMessage`` without a ``taskId`` submits a task of the agent (``control.submit``, checked
+  and budgeted as any submission; the message id is its idempotency key, so a retried send
+  starts one task); with a ``taskId`` it continues that task under its double-texting policy
+  (``control.conversations.send_message``: a follow-up to an answered or interrupted task, a
+  message at the next turn boundary to a running one), or, to a task paused for approval, it is
+  the decision (``approve`` / ``reject`` and an optional note, or a data part
+  ``{"approved": bool, "note": str}``). It answers with the task once it stopped
+  (``input-required``, ``auth-required`` or an end) or after ``WAIT_SECONDS``, at once with
+  ``returnImmediately``.
+- ``SendStreamingMessage`` / ``SubscribeToTask``: the task, then a status update at each change
+  of its A2A state (and the result artifact), ending when it stops or after ``STREAM_SECONDS``
+  (API Gateway answers within 29 s); a client resumes with ``SubscribeToTask``, which starts
+  with the task as it is now, so nothing committed is lost between two streams.
+- ``GetTask``, ``ListTasks`` (this agent's tasks of the caller, newest first), ``CancelTask``.
+- Push notification configs: not offered (the card says ``pushNotifications: false``), each
+  method answers the protocol's ``PushNotificationNotSupportedError`` and stores nothing.
+
+Tenancy: every call acts for the request's caller (``core.endusers.Caller``, the API's own
+auth, handed in a context variable the route sets): a task of another tenant, of another end
+user, or of another agent is ``TaskNotFoundError``, the same answer as an id that never existed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextvars
+import json
+import time
+import uuid
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from agentq.api import a2a_views as views
+from agentq.api.routes.common import ApiDeps
+from agentq.control import operations
+from agentq.control.conversations import send_message
+from agentq.control.submit import submit_once
+from agentq.core.endusers import Caller
+from agentq.core.errors import AgentqError, IllegalTransition, TaskNotFound
+from agentq.core.models import MAX_GOAL_CHARS, Task, TaskStatus
+
+WAIT_SECONDS = 20.0  # a blocking SendMessage: API Gateway answers within 29 s
+STREAM_SECONDS = 25.0
+POLL_SECONDS = 0.25
+MAX_PAGE = 100
+APPROVE_WORDS = frozenset({"approve", "approved", "yes", "y", "ok"})
+REJECT_WORDS = frozenset({"reject", "rejected", "no", "n", "deny"})
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Call:
+    """Whom a request acts for, and which agent it addresses (``name`` or ``name@version``)."""
+
+    caller: Caller
+    agent: str
+
+    @property
+    def name(self) -> str:
+        return self.agent.split("@", 1)[0]
+
+
+call_var: contextvars.ContextVar[Call] = contextvars.ContextVar("agentq_a2a_call")
+
+
+def _errors() -> Any:
+    from a2a.utils import errors
+
+    return errors
+
+
+def _invalid(message: str, field: str) -> Exception:
+    return _errors().InvalidParamsError(message=f"{field}: {message}", data={"field": field})  # type: ignore[no-any-return]
+
+
+def _refusal(exc: AgentqError) -> Exception:
+    """agentq's refusal as the protocol's error: a missing task is TaskNotFound, a task that is
+    not in a state for it InvalidParams naming why, anything else refused InvalidParams."""
+    errors = _errors()
+    if isinstance(exc, TaskNotFound):
+        return errors.TaskNotFoundError()  # type: ignore[no-any-return]
+    return _invalid(exc.message, exc.field or "params")
+
+
+async def _off_loop(fn: Callable[[], T]) -> T:
+    """A store call (blocking boto3) on a thread, agentq's refusals as A2A's errors."""
+    try:
+        return await asyncio.to_thread(fn)
+    except AgentqError as exc:
+        raise _refusal(exc) from None
+
+
+class AgentqRequestHandler:
+    """The SDK's ``RequestHandler`` over agentq's control functions (built by ``build_handler``,
+    which subclasses the SDK's abstract class, so importing this module does not import it)."""
+
+    def __init__(self, deps: ApiDeps) -> None:
+        self.deps = deps
+
+    # -- reads --------------------------------------------------------------------------
+
+    def _owned(self, task_id: str) -> Task:
+        """The task if the caller sees it and it is this agent's, else TaskNotFound."""
+        call = call_var.get()
+        try:
+            task = self.deps.store.tasks.get(task_id) if task_id else None
+        except TaskNotFound:
+            task = None
+        if task is None or not call.caller.sees(task.tenant, task.user) or not _of_agent(task, call.name):
+            raise TaskNotFound(f"task {task_id!r} not found", field="id")
+        return task
+
+    def _view(self, task: Task, history_length: int | None = None) -> Any:
+        pending = self.deps.store.approvals.pending(task.task_id) if task.status is TaskStatus.PAUSED else None
+        history: list[Any] = []
+        if history_length != 0:
+            history = [views.user_message(task, task.submission.goal, f"{task.task_id}-goal")]
+            history += [views.user_message(task, m.text, f"{task.task_id}-m{m.seq}")
+                        for m in self.deps.store.messages.listed(task.task_id)]  # fmt: skip
+            if history_length:
+                history = history[-history_length:]
+        return views.a2a_task(task, pending, history=history)
+
+    async def on_get_task(self, params: Any, context: Any) -> Any:
+        length = params.history_length if params.HasField("history_length") else None
+        if length is not None and length < 0:
+            raise _invalid("must be 0 or more", "historyLength")
+        return await _off_loop(lambda: self._view(self._owned(params.id), length))
+
+    async def on_list_tasks(self, params: Any, context: Any) -> Any:
+        from a2a.types import ListTasksResponse
+
+        size = params.page_size if params.HasField("page_size") else 50
+        if not 1 <= size <= MAX_PAGE:
+            raise _invalid(f"must be 1 to {MAX_PAGE}", "pageSize")
+        length = params.history_length if params.HasField("history_length") else 0
+        if length < 0:
+            raise _invalid("must be 0 or more", "historyLength")
+        after = _decode_token(params.page_token) if params.page_token else None
+        call = call_var.get()
+        wanted_state = params.status if params.status else None
+        since = params.status_timestamp_after.ToMilliseconds() / 1000 if params.HasField("status_timestamp_after") else None
+
+        def page() -> Any:
+            found: list[Task] = []
+            last = after
+            for _ in range(10):  # at most 10 index pages read per call, however rare the match
+                tasks, last = self.deps.store.tasks.list_for_tenant(
+                    call.caller.tenant, limit=MAX_PAGE, after=last, roots_only=True, user=call.caller.user
+                )
+                for task in tasks:
+                    if not (call.caller.sees(task.tenant, task.user) and _of_agent(task, call.name)):
+                        continue
+                    if params.context_id and views.context_id(task) != params.context_id:
+                        continue
+                    if since is not None and (task.updated_at or task.created_at) <= since:
+                        continue
+                    if wanted_state is not None and views.state_of(task, None) != wanted_state:
+                        continue
+                    found.append(task)
+                if last is None or len(found) >= size:
+                    break
+            more = found[size:]
+            found = found[:size]
+            token = ""
+            if more or last is not None:
+                from agentq.storage import keys
+
+                edge = found[-1] if found else None
+                token = _encode_token(keys.tenant_index_sk(edge.created_at, edge.task_id) if edge else str(last))
+            tasks_out = [self._view(t, length) for t in found]
+            if not params.include_artifacts:
+                for t in tasks_out:
+                    del t.artifacts[:]
+            return ListTasksResponse(tasks=tasks_out, next_page_token=token, page_size=size, total_size=len(found))
+
+        return await _off_loop(page)
+
+    # -- actions -------------------------------------------------------------------------
+
+    async def on_cancel_task(self, params: Any, context: Any) -> Any:
+        deps = self.deps
+
+        def cancel() -> Any:
+            task = self._owned(params.id)
+            try:
+                operations.cancel(deps.store, task.task_id, tenant=task.tenant, fanout=deps.fanout, queues=deps.queues,
+                                  slots=deps.defaults.running_slots(deps.store))  # fmt: skip
+            except IllegalTransition:
+                raise _errors().TaskNotCancelableError(
+                    message=f"task {task.task_id} is {task.status.value}: it has ended"
+                ) from None
+            return self._view(deps.store.tasks.get(task.task_id))
+
+        return await _off_loop(cancel)
+
+    def _start_or_continue(self, params: Any) -> tuple[Task, int]:
+        """Submit a task, or hand the message to the task it names; the task and how many of
+        its messages must be delivered before its state answers this one."""
+        message = params.message
+        text = _text_of(message)
+        call = call_var.get()
+        deps = self.deps
+        if message.task_id:
+            task = self._owned(message.task_id)
+            if message.context_id and message.context_id != views.context_id(task):
+                raise _invalid(f"task {task.task_id} is of context {views.context_id(task)!r}", "message.contextId")
+            if task.status is TaskStatus.PAUSED:
+                approved, note = _decision(message, text)
+                operations.decide(deps.store, deps.queues, task.task_id, approved=approved, note=note,
+                                  by=call.caller.user or call.caller.tenant, tenant=task.tenant)  # fmt: skip
+                return deps.store.tasks.get(task.task_id), 0
+            sent = send_message(deps.store, deps.queues, task.task_id, text, tenant=task.tenant,
+                                idempotency_key=f"a2a:{message.message_id}")  # fmt: skip
+            return deps.store.tasks.get(task.task_id), sent.message.seq
+        if len(text) > MAX_GOAL_CHARS:
+            raise _invalid(f"{len(text):,} characters; a task's first message holds at most {MAX_GOAL_CHARS:,}",
+                           "message.parts")  # fmt: skip
+        context = message.context_id or uuid.uuid4().hex
+        raw = {
+            "goal": text,
+            "agent": call.agent,
+            "metadata": {"via": views.VIA, views.CONTEXT_KEY: context},
+            **({"user": call.caller.user} if call.caller.user else {}),
+        }
+        key = f"a2a:{call.caller.user}#{message.message_id}" if call.caller.user else f"a2a:{message.message_id}"
+        submitted = submit_once(deps.store, deps.tools, raw, tenant=call.caller.tenant, queues=deps.queues,
+                                idempotency_key=key, defaults=deps.defaults)  # fmt: skip
+        return submitted.task, 0
+
+    def _settled(self, task: Task, heard: int, seconds: float) -> Task:
+        deadline = time.monotonic() + seconds
+        while not _stopped(task, heard) and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+            task = self.deps.store.tasks.get(task.task_id)
+        return task
+
+    async def on_message_send(self, params: Any, context: Any) -> Any:
+        configuration = params.configuration
+        _check_send(params)
+        wait = 0.0 if configuration.return_immediately else WAIT_SECONDS
+        length = configuration.history_length if configuration.HasField("history_length") else None
+
+        def send() -> Any:
+            task, heard = self._start_or_continue(params)
+            return self._view(self._settled(task, heard, wait), length)
+
+        return await _off_loop(send)
+
+    async def on_message_send_stream(self, params: Any, context: Any) -> AsyncGenerator[Any]:
+        _check_send(params)
+        task, heard = await _off_loop(lambda: self._start_or_continue(params))
+        async for event in self._events(task, heard):
+            yield event
+
+    async def on_subscribe_to_task(self, params: Any, context: Any) -> AsyncGenerator[Any]:
+        task = await _off_loop(lambda: self._owned(params.id))
+        if task.status.terminal:
+            raise _errors().UnsupportedOperationError(
+                message=f"task {task.task_id} has ended ({task.status.value}): GetTask reads it"
+            )
+        async for event in self._events(task, 0):
+            yield event
+
+    async def _events(self, task: Task, heard: int) -> AsyncGenerator[Any]:
+        """The task as it is, then a status update at each change of its A2A state (the result
+        as an artifact update before the completed one), until it stops or the window ends."""
+        from a2a.types import TaskArtifactUpdateEvent, TaskStatusUpdateEvent
+
+        view = await _off_loop(lambda: self._view(task))
+        yield view
+        last = (view.status.state, view.status.message.message_id)
+        deadline = time.monotonic() + STREAM_SECONDS
+        while not _stopped(task, heard) and time.monotonic() < deadline:
+            await asyncio.sleep(POLL_SECONDS)
+            task = await _off_loop(lambda: self.deps.store.tasks.get(task.task_id))
+            if not _stopped(task, heard) and task.status.terminal is False and task.status is TaskStatus.IDLE:
+                continue  # idle with a message not yet taken in: about to run again
+            view = await _off_loop(lambda: self._view(task, 0))
+            now = (view.status.state, view.status.message.message_id)
+            if now == last:
+                continue
+            last = now
+            for artifact in view.artifacts:
+                yield TaskArtifactUpdateEvent(task_id=view.id, context_id=view.context_id, artifact=artifact,
+                                              last_chunk=True)  # fmt: skip
+            yield TaskStatusUpdateEvent(task_id=view.id, context_id=view.context_id, status=view.status,
+                                        metadata=view.metadata)  # fmt: skip
+
+    # -- push notifications: not offered --------------------------------------------------
+
+    async def _no_push(self, params: Any, context: Any) -> Any:
+        raise _errors().PushNotificationNotSupportedError()
+
+    on_create_task_push_notification_config = _no_push
+    on_get_task_push_notification_config = _no_push
+    on_list_task_push_notification_configs = _no_push
+    on_delete_task_push_notification_config = _no_push
+
+    async def on_get_extended_agent_card(self, params: Any, context: Any) -> Any:
+        raise _errors().ExtendedAgentCardNotConfiguredError()
+
+
+def build_handler(deps: ApiDeps) -> Any:
+    """The handler as an instance of the SDK's ``RequestHandler`` (its abstract methods are
+    the ones ``AgentqRequestHandler`` defines)."""
+    from a2a.server.request_handlers.request_handler import RequestHandler
+
+    handler_class = type("AgentqA2AHandler", (AgentqRequestHandler, RequestHandler), {})
+    return handler_class(deps)
+
+
+def _of_agent(task: Task, name: str) -> bool:
+    return (task.submission.agent or "").split("@", 1)[0] == name
+
+
+def _stopped(task: Task, heard: int) -> bool:
+    """Whether the task waits for someone (input, auth) or has ended, with the first ``heard``
+    messages delivered: nothing more happens without a caller."""
+    if task.status.terminal and task.status is not TaskStatus.SUCCEEDED:
+        return True
+    if task.status is TaskStatus.PAUSED:
+        return True
+    return (task.status.terminal or task.status is TaskStatus.IDLE) and task.messages_delivered >= heard
+
+
+def _check_send(params: Any) -> None:
+    if not params.HasField("message"):
+        raise _invalid("required", "message")
+    if not params.message.message_id:
+        raise _invalid("required", "message.messageId")
+    configuration = params.configuration
+    if configuration.HasField("task_push_notification_config"):
+        raise _errors().PushNotificationNotSupportedError()
+    if configuration.HasField("history_length") and configuration.history_length < 0:
+        raise _invalid("must be 0 or more", "configuration.historyLength")
+    modes = set(configuration.accepted_output_modes)
+    if modes and not modes & {views.TEXT, views.JSON_TYPE, "text", "*/*"}:
+        raise _errors().ContentTypeNotSupportedError(
+            message=f"configuration.acceptedOutputModes: this agent answers {views.TEXT} or {views.JSON_TYPE}"
+        )
+
+
+def _text_of(message: Any) -> str:
+    """The message's text: its text parts, and its data parts as JSON; a file (raw or url) part
+    is refused, as agentq's goals and messages are text."""
+    from google.protobuf.json_format import MessageToDict
+
+    if not message.parts:
+        raise _invalid("a message needs at least one part", "message.parts")
+    texts: list[str] = []
+    for i, part in enumerate(message.parts):
+        kind = part.WhichOneof("content")
+        if kind == "text":
+            texts.append(part.text)
+        elif kind == "data":
+            texts.append(json.dumps(MessageToDict(part.data)))
+        else:
+            raise _errors().ContentTypeNotSupportedError(
+                message=f"message.parts[{i}]: a {kind or 'empty'} part; this agent takes text and data parts"
+            )
+    text = "\n".join(texts)
+    if not text.strip():
+        raise _invalid("the message has no text", "message.parts")
+    return text
+
+
+def _decision(message: Any, text: str) -> tuple[bool, str]:
+    """A message to a task paused for approval, read as the decision."""
+    from google.protobuf.json_format import MessageToDict
+
+    for part in message.parts:
+        if part.WhichOneof("content") == "data":
+            data = MessageToDict(part.data)
+            if isinstance(data, dict) and isinstance(data.get("approved"), bool):
+                note = data.get("note", "")
+                return bool(data["approved"]), note if isinstance(note, str) else ""
+    word, _, note = text.strip().partition(" ")
+    verb = word.strip(".,!:").lower()
+    if verb in APPROVE_WORDS:
+        return True, note.strip()
+    if verb in REJECT_WORDS:
+        return False, note.strip()
+    raise _invalid(
+        "the task waits for approval: answer 'approve' or 'reject' (a note may follow), or a data part "
+        '{"approved": true|false, "note": "..."}',
+        "message.parts",
+    )
+
+
+def _encode_token(sk: str) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"a2a": sk}).encode()).decode().rstrip("=")
+
+
+def _decode_token(token: str) -> str:
+    try:
+        raw = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        sk = raw["a2a"]
+    except (ValueError, KeyError, TypeError):
+        raise _invalid("not a token this server issued; pass nextPageToken back unchanged", "pageToken") from None
+    if not isinstance(sk, str) or len(sk) > 256:
+        raise _invalid("not a token this server issued; pass nextPageToken back unchanged", "pageToken")
+    return sk

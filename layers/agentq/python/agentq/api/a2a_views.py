@@ -1,0 +1,149 @@
+"""agentq's tasks and agents in A2A's shapes (the ``a2a-sdk`` protobuf types): what the A2A
+server (``api/a2a_server.py``) answers with. Read-only: nothing here writes.
+
+States. A2A's task model is agentq's, less durable, so every agentq status has one A2A state:
+``queued``/``blocked`` are ``submitted`` (no compute yet); ``running``/``waiting`` (children
+running) are ``working``; ``paused`` is ``input-required`` with the approval's question in the
+status message, or ``auth-required`` when the pause waits for a vault credential
+(``request_credential``: its record names the credential and host); ``idle`` (interrupted, waiting
+for a person's message) is ``input-required``; ``succeeded`` is ``completed``; ``cancelled`` is
+``canceled``; every other end (``failed``, ``timed_out``, ``cost_exceeded``, and any end added
+later) is ``failed``, with agentq's own status and error in the metadata.
+
+Usage and cost go into the task's metadata under ``agentq`` (``status``, ``agent``, ``steps``,
+``tokens_in``, ``tokens_out``, ``cost_usd`` as a decimal string): A2A has no field for them.
+The result is an artifact (``result``): the agent's structured output as a data part when it has
+an output schema, else its text.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from agentq.core.models import Task, TaskStatus
+from agentq.core.records import ApprovalRecord
+
+CONTEXT_KEY = "a2a_context_id"  # the submission's metadata key holding the A2A contextId
+VIA = "a2a"
+TEXT = "text/plain"
+JSON_TYPE = "application/json"
+
+
+def state_of(task: Task, pending: ApprovalRecord | None) -> Any:
+    from a2a.types import TaskState
+
+    status = task.status
+    if status in (TaskStatus.QUEUED, TaskStatus.BLOCKED):
+        return TaskState.TASK_STATE_SUBMITTED
+    if status in (TaskStatus.RUNNING, TaskStatus.WAITING):
+        return TaskState.TASK_STATE_WORKING
+    if status is TaskStatus.PAUSED:
+        if pending is not None and pending.credential:
+            return TaskState.TASK_STATE_AUTH_REQUIRED
+        return TaskState.TASK_STATE_INPUT_REQUIRED
+    if status is TaskStatus.IDLE:
+        return TaskState.TASK_STATE_INPUT_REQUIRED
+    if status is TaskStatus.SUCCEEDED:
+        return TaskState.TASK_STATE_COMPLETED
+    if status is TaskStatus.CANCELLED:
+        return TaskState.TASK_STATE_CANCELED
+    return TaskState.TASK_STATE_FAILED
+
+
+def context_id(task: Task) -> str:
+    return str(task.submission.metadata.get(CONTEXT_KEY) or task.task_id)
+
+
+def agent_message(task: Task, parts: list[Any]) -> Any:
+    from a2a.types import Message, Role
+
+    step = f"{task.task_id}-s{task.step}-{task.status.value}"
+    return Message(message_id=step, context_id=context_id(task), task_id=task.task_id, role=Role.ROLE_AGENT,
+                   parts=parts)  # fmt: skip
+
+
+def _text(text: str) -> Any:
+    from a2a.types import Part
+
+    return Part(text=text, media_type=TEXT)
+
+
+def _data(value: Any) -> Any:
+    from a2a.types import Part
+    from google.protobuf.struct_pb2 import Value
+    from google.protobuf.json_format import ParseDict
+
+    return Part(data=ParseDict(json.loads(json.dumps(value, default=str)), Value()), media_type=JSON_TYPE)
+
+
+def status_message(task: Task, pending: ApprovalRecord | None) -> Any | None:
+    """What the agent asks or says with its state: the approval's question (and how to answer
+    it), the credential it waits for, the reason it was interrupted or failed."""
+    if task.status is TaskStatus.PAUSED and pending is not None:
+        if pending.credential:
+            name, host = pending.credential.get("name", ""), pending.credential.get("host", "")
+            ask = (f"{pending.question}\n\nAdd the credential {name!r} (for {host}) to the vault, then send a "
+                   "message 'approve' to go on, or 'reject' to go on without it.")  # fmt: skip
+            what = {"kind": "credential", "tool_use_id": pending.use_id, "credential": pending.credential}
+        else:
+            ask = f"{pending.question}\n\nReply 'approve' or 'reject' (optionally with a note after it)."
+            what = {"kind": "approval", "tool_use_id": pending.use_id, "question": pending.question}
+        return agent_message(task, [_text(ask), _data({"agentq": what})])
+    if task.status is TaskStatus.IDLE:
+        return agent_message(task, [_text("Interrupted: send a message to go on.")])
+    if task.status.terminal and task.status is not TaskStatus.SUCCEEDED and task.error:
+        return agent_message(task, [_text(str(task.error.get("message") or task.status.value))])
+    if task.status is TaskStatus.SUCCEEDED and task.result is not None:
+        return agent_message(task, [_text(task.result)])
+    return None
+
+
+def usage(task: Task) -> dict[str, Any]:
+    return {
+        "status": task.status.value,
+        "agent": task.submission.agent,
+        "steps": task.step,
+        "tokens_in": task.tokens_in,
+        "tokens_out": task.tokens_out,
+        "cost_usd": str(task.cost_usd),
+        **({"error": task.error} if task.error else {}),
+    }
+
+
+def artifacts(task: Task) -> list[Any]:
+    from a2a.types import Artifact
+
+    if task.status is not TaskStatus.SUCCEEDED or task.result is None:
+        return []
+    if task.submission.output_schema is not None:
+        part = _data(json.loads(task.result))  # the engine stores a valid answer as JSON, and only that
+    else:
+        part = _text(task.result)
+    return [Artifact(artifact_id=f"{task.task_id}-result-{task.invocation}", name="result", parts=[part])]
+
+
+def a2a_task(task: Task, pending: ApprovalRecord | None, *, history: list[Any] | None = None) -> Any:
+    from a2a.types import Task as A2ATask
+    from a2a.types import TaskStatus as A2AStatus
+    from google.protobuf.struct_pb2 import Struct
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    stamp = Timestamp()
+    stamp.FromMilliseconds(int((task.updated_at or task.created_at) * 1000))
+    status = A2AStatus(state=state_of(task, pending), timestamp=stamp)
+    said = status_message(task, pending)
+    if said is not None:
+        status.message.CopyFrom(said)
+    meta = Struct()
+    meta.update({"agentq": json.loads(json.dumps(usage(task), default=str))})
+    out = A2ATask(id=task.task_id, context_id=context_id(task), status=status, artifacts=artifacts(task),
+                  history=history or [], metadata=meta)  # fmt: skip
+    return out
+
+
+def user_message(task: Task, text: str, message_id: str) -> Any:
+    from a2a.types import Message, Role
+
+    return Message(message_id=message_id, context_id=context_id(task), task_id=task.task_id, role=Role.ROLE_USER,
+                   parts=[_text(text)])  # fmt: skip

@@ -1,0 +1,200 @@
+"""``/a2a/{agent}``: each agent (``name`` or ``name@version``) as an A2A agent
+(``api/a2a_server.py``), on the API's own routes with its auth, as ``/mcp`` is.
+
+- ``GET /a2a/{agent}/.well-known/agent-card.json``: its Agent Card. Behind the same auth as every
+  route: an agent is a tenant's, and the tenant is the key's. The card names that scheme (HTTP
+  bearer: an API key, or a token of the deployment's OIDC issuer).
+- ``POST /a2a/{agent}``: JSON-RPC 2.0, answered by the ``a2a-sdk``'s own dispatcher (parsing,
+  method routing, the protocol's error codes, server-sent events), run as an ASGI app in an
+  event loop of its own per request, its answer handed back to powertools. A stream is sent
+  whole when it ends (at most ``a2a_server.STREAM_SECONDS``): one API Gateway request is one
+  Lambda invocation; ``SubscribeToTask`` resumes it.
+
+What the API refuses before a route runs (a body over the size limit, not JSON, nesting too
+deep) is answered on this path as a JSON-RPC error with the protocol's code (``rpc_refusal``),
+not the REST error body an A2A client would not read. Not in the OpenAPI document: it speaks
+JSON-RPC, not the REST API's shapes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import MutableMapping
+from typing import Any
+
+from aws_lambda_powertools.event_handler import Response
+
+from agentq import __version__
+from agentq.api.errors import JSON, error_response
+from agentq.api.routes.common import ApiDeps, Router
+from agentq.core.errors import AgentqError
+
+CARD_PATH = "/.well-known/agent-card.json"
+AGENT_REF = r"[a-z0-9][a-z0-9_-]{0,63}(@[1-9][0-9]{0,8})?"
+RPC_PATH = re.compile(rf"^/a2a/{AGENT_REF}/?$")
+PARSE_ERROR, INVALID_REQUEST = -32700, -32600
+
+
+def is_rpc_path(path: str) -> bool:
+    return bool(RPC_PATH.match(path.split("?", 1)[0]))
+
+
+def rpc_refusal(status: int, message: str) -> dict[str, Any]:
+    """A refusal of the API's guard in JSON-RPC's words: a body that is not JSON (or not
+    readable as it) is a parse error, anything else an invalid request; HTTP 200, as the SDK
+    answers every JSON-RPC error, so a client reads it as the protocol's error."""
+    code = PARSE_ERROR if status in (400, 415) else INVALID_REQUEST
+    body = {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
+    return {"statusCode": 200, "multiValueHeaders": {"Content-Type": [JSON]}, "body": json.dumps(body), "isBase64Encoded": False}
+
+
+def router(deps: ApiDeps) -> Router:
+    routes = Router()
+    handler: list[Any] = []  # built on the first call: importing a2a-sdk costs the other routes nothing
+
+    def agent_of(ref: str) -> Any:
+        """The agent's version the path names (latest for a bare name), or 404."""
+        if not re.fullmatch(AGENT_REF, ref):
+            raise _NoAgent(ref)
+        name, _, version = ref.partition("@")
+        try:
+            return deps.store.agents.get(deps.tenant(), name, int(version) if version else None)
+        except AgentqError:
+            raise _NoAgent(ref) from None
+
+    @routes.get("/a2a/<agent>/.well-known/agent-card.json", include_in_schema=False)
+    def card(agent: str) -> Response[str]:
+        from a2a.server.request_handlers.response_helpers import agent_card_to_dict
+
+        version = agent_of(agent)
+        built = agent_card(version, agent, _base_url(routes.current_event))
+        return Response(status_code=200, content_type=JSON, body=json.dumps(agent_card_to_dict(built)))
+
+    @routes.post("/a2a/<agent>", include_in_schema=False)
+    def rpc(agent: str) -> Response[str]:
+        from agentq.api.a2a_server import Call, build_handler, call_var
+
+        agent_of(agent)
+        if not handler:
+            handler.append(_asgi_app(build_handler(deps)))
+        event = routes.current_event
+        body = (event.decoded_body or "").encode()
+        headers = [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in (event.headers or {}).items()]
+        token = call_var.set(Call(deps.caller(), agent))
+        try:
+            status, out, payload = asyncio.run(_serve(handler[0], headers, body))
+        finally:
+            call_var.reset(token)
+        content_type = out.pop("content-type", JSON)
+        return Response(status_code=status, content_type=content_type, body=payload.decode(), headers=out)
+
+    @routes.exception_handler(_NoAgent)
+    def no_agent(exc: _NoAgent) -> Response[Any]:
+        return error_response(404, "agent_not_found", f"no agent {exc.ref!r} here", "agent")
+
+    return routes
+
+
+class _NoAgent(Exception):
+    def __init__(self, ref: str) -> None:
+        super().__init__(ref)
+        self.ref = ref
+
+
+def agent_card(version: Any, ref: str, base: str) -> Any:
+    """The Agent Card of an agent's version: one skill, the agent itself (its tools as tags);
+    the API's bearer auth; streaming (a window at a time, resumed by ``SubscribeToTask``); no
+    push notifications, no extended card."""
+    from a2a.types import (
+        AgentCapabilities,
+        AgentCard,
+        AgentInterface,
+        AgentProvider,
+        AgentSkill,
+        HTTPAuthSecurityScheme,
+        SecurityRequirement,
+        SecurityScheme,
+    )
+
+    from agentq.api.a2a_views import JSON_TYPE, TEXT
+
+    output = [JSON_TYPE] if version.output_schema is not None else [TEXT]
+    description = version.description or f"agentq agent {version.name} (version {version.version})"
+    skill = AgentSkill(id=version.name, name=version.name, description=description,
+                       tags=["agentq", *version.tools], input_modes=[TEXT, JSON_TYPE], output_modes=output)  # fmt: skip
+    scheme = SecurityScheme(
+        http_auth_security_scheme=HTTPAuthSecurityScheme(
+            scheme="bearer", description="an agentq API key, or a token of the deployment's OIDC issuer"
+        )
+    )
+    requirement = SecurityRequirement()
+    requirement.schemes["bearer"].SetInParent()
+    return AgentCard(
+        name=version.name,
+        description=description,
+        version=str(version.version),
+        supported_interfaces=[AgentInterface(url=f"{base}/a2a/{ref}", protocol_binding="JSONRPC",
+                                             protocol_version="1.0")],  # fmt: skip
+        provider=AgentProvider(organization="agentq", url=base),
+        capabilities=AgentCapabilities(streaming=True, push_notifications=False, extended_agent_card=False),
+        security_schemes={"bearer": scheme},
+        security_requirements=[requirement],
+        default_input_modes=[TEXT, JSON_TYPE],
+        default_output_modes=output,
+        skills=[skill],
+        documentation_url=f"{base}/docs",
+        icon_url="",
+    )
+
+
+def _base_url(event: Any) -> str:
+    """Where the caller reached the API: its Host and scheme, and API Gateway's stage (in AWS
+    the path the route sees has it removed)."""
+    headers = {k.lower(): v for k, v in (event.headers or {}).items()}
+    host = headers.get("host", "localhost")
+    scheme = headers.get("x-forwarded-proto", "http" if host.startswith(("127.", "localhost")) else "https")
+    context = event.raw_event.get("requestContext") or {}
+    full = str(context.get("path") or event.path)
+    prefix = full[: len(full) - len(event.path)] if full.endswith(event.path) else ""
+    return f"{scheme}://{host}{prefix}"
+
+
+def _asgi_app(request_handler: Any) -> Any:
+    from a2a.server.routes.jsonrpc_routes import create_jsonrpc_routes
+    from starlette.applications import Starlette
+
+    return Starlette(routes=create_jsonrpc_routes(request_handler, rpc_url="/"))
+
+
+async def _serve(app: Any, headers: list[tuple[bytes, bytes]], body: bytes) -> tuple[int, dict[str, str], bytes]:
+    """One request through the SDK's ASGI app; the whole answer (a stream's too) collected."""
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "https",
+        "path": "/", "raw_path": b"/", "query_string": b"", "root_path": "", "headers": headers,
+        "client": ("127.0.0.1", 0), "server": ("agentq", 443), "app": app,
+    }  # fmt: skip
+    sent = False
+    status, out, chunks = 500, dict[str, str](), list[bytes]()
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()  # the client never disconnects mid-request here
+        return {"type": "http.disconnect"}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = int(message["status"])
+            out.update({k.decode("latin-1").lower(): v.decode("latin-1") for k, v in message.get("headers", [])})
+        elif message["type"] == "http.response.body":
+            chunks.append(bytes(message.get("body", b"")))
+
+    await app(scope, receive, send)
+    out.pop("content-length", None)
+    out["a2a-server"] = f"agentq/{__version__}"
+    return status, out, b"".join(chunks)

@@ -1,0 +1,164 @@
+"""agentq as an A2A server: the official ``a2a-sdk`` client against ``/a2a/{agent}`` of the local
+stack with auth on (what `agentq dev --auth` serves) and real workers. The Agent Card at the
+well-known path; a message runs the agent to a completed task with its result as an artifact
+and its usage in the metadata; a task that asks for approval is ``input-required`` with the
+question, and a message with the decision resumes it; a stream ends at the pause and
+``SubscribeToTask`` resumes it to the end; a running task is cancelled; another tenant's probes
+of a task find nothing."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.api_support import ApiStack
+from tests.helpers import call as tool_call
+
+
+def _agent(api_stack: ApiStack, turns: list[dict[str, Any]], **fields: Any) -> str:
+    name = f"a2a-{uuid.uuid4().hex[:8]}"
+    body = {"name": name, "provider": "scripted", "script": {"turns": turns}, "description": "answers", **fields}
+    status, data, _ = api_stack.http("POST", "/agents", body)
+    assert status == 201, data
+    return name
+
+
+def _with_client(
+    url: str, key: str | None, work: Callable[[Any], Awaitable[Any]], *, streaming: bool = False
+) -> Any:
+    """``work(client)`` with the SDK's client for the agent at ``url`` (its card resolved first)."""
+    import httpx
+    from a2a.client import ClientConfig, create_client
+
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+
+    async def run() -> Any:
+        async with httpx.AsyncClient(headers=headers, timeout=60) as http:
+            client = await create_client(url, ClientConfig(httpx_client=http, streaming=streaming))
+            async with client:
+                return await work(client)
+
+    return anyio.run(run)
+
+
+def _message(text: str, task_id: str | None = None, context_id: str | None = None) -> Any:
+    from a2a.types import Message, Part, Role, SendMessageRequest
+
+    message = Message(message_id=uuid.uuid4().hex, role=Role.ROLE_USER, parts=[Part(text=text)])
+    if task_id:
+        message.task_id = task_id
+    if context_id:
+        message.context_id = context_id
+    return SendMessageRequest(message=message)
+
+
+async def _final(stream: Any) -> list[Any]:
+    return [event async for event in stream]
+
+
+def _state(task: Any) -> str:
+    from a2a.types import TaskState
+
+    return str(TaskState.Name(task.status.state))
+
+
+APPROVAL_TURNS = [
+    {"text": "", "tool_calls": [tool_call("request_approval", question="Ship it?")]},
+    {"text": "shipped"},
+]
+
+
+def test_the_agent_card_is_served_at_the_well_known_path_with_the_apis_bearer_scheme(api_stack: ApiStack) -> None:
+    name = _agent(api_stack, [{"text": "hi"}], tools=["request_approval"])
+    status, card, _ = api_stack.http("GET", f"/a2a/{name}/.well-known/agent-card.json")
+    assert status == 200, card
+    assert card["name"] == name and card["version"] == "1"
+    assert card["supportedInterfaces"][0]["url"] == f"{api_stack.url}/a2a/{name}"
+    assert card["supportedInterfaces"][0]["protocolBinding"] == "JSONRPC"
+    assert card["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]["scheme"] == "bearer"
+    assert card["capabilities"] == {"streaming": True, "pushNotifications": False, "extendedAgentCard": False}
+    assert [s["id"] for s in card["skills"]] == [name]
+    assert "request_approval" in card["skills"][0]["tags"]
+    # Pinned versions are agents too; an agent of another tenant, or none, is not found.
+    assert api_stack.http("GET", f"/a2a/{name}@1/.well-known/agent-card.json")[0] == 200
+    assert api_stack.http("GET", f"/a2a/{name}@2/.well-known/agent-card.json")[0] == 404
+    assert api_stack.http("GET", f"/a2a/{name}/.well-known/agent-card.json", key=api_stack.other_key)[0] == 404
+    assert api_stack.http("GET", f"/a2a/{name}/.well-known/agent-card.json", key=None)[0] == 401
+
+
+def test_a_message_runs_the_agent_to_a_completed_task_with_its_result_and_usage(api_stack: ApiStack) -> None:
+    name = _agent(api_stack, [{"text": "the answer is 42"}])
+
+    async def work(client: Any) -> Any:
+        events = await _final(client.send_message(_message("what is the answer?")))
+        task = events[-1].task
+        got = await client.get_task(_get(task.id))
+        return task, got
+
+    task, got = _with_client(f"{api_stack.url}/a2a/{name}", api_stack.key, work)
+    assert _state(task) == "TASK_STATE_COMPLETED"
+    assert task.artifacts[0].parts[0].text == "the answer is 42"
+    usage = dict(task.metadata["agentq"])
+    assert usage["status"] == "succeeded" and usage["agent"] == f"{name}@1" and "cost_usd" in usage
+    assert got.id == task.id and _state(got) == "TASK_STATE_COMPLETED"
+    assert got.history[0].parts[0].text == "what is the answer?"
+    # The task is an agentq task like any other.
+    assert api_stack.http("GET", f"/tasks/{task.id}")[1]["status"] == "succeeded"
+
+
+def _get(task_id: str) -> Any:
+    from a2a.types import GetTaskRequest
+
+    return GetTaskRequest(id=task_id)
+
+
+def test_an_approval_is_input_required_with_its_question_and_a_message_with_the_decision_resumes_it(
+    api_stack: ApiStack,
+) -> None:
+    name = _agent(api_stack, APPROVAL_TURNS, tools=["request_approval"])
+
+    async def work(client: Any) -> Any:
+        first = (await _final(client.send_message(_message("ship the release"))))[-1].task
+        refused = None
+        try:
+            await _final(client.send_message(_message("maybe later", task_id=first.id)))
+        except Exception as exc:  # not a decision: the protocol's invalid params, the task still paused
+            refused = exc
+        second = (await _final(client.send_message(_message("approve looks good", task_id=first.id))))[-1].task
+        return first, refused, second
+
+    first, refused, second = _with_client(f"{api_stack.url}/a2a/{name}", api_stack.key, work)
+    assert _state(first) == "TASK_STATE_INPUT_REQUIRED"
+    assert "Ship it?" in first.status.message.parts[0].text
+    assert dict(first.status.message.parts[1].data.struct_value)["agentq"]["kind"] == "approval"
+    assert refused is not None and "approve" in str(refused)
+    assert _state(second) == "TASK_STATE_COMPLETED"
+    assert second.artifacts[0].parts[0].text == "shipped"
+    approvals = api_stack.http("GET", f"/tasks/{first.id}")[1]
+    assert approvals["status"] == "succeeded"
+
+
+def test_a_stream_ends_at_the_pause_and_subscribe_resumes_it_to_the_end(api_stack: ApiStack) -> None:
+    from a2a.types import SubscribeToTaskRequest
+
+    name = _agent(api_stack, APPROVAL_TURNS, tools=["request_approval"])
+
+    async def work(client: Any) -> Any:
+        streamed = await _final(client.send_message(_message("ship it")))
+        task_id = streamed[0].task.id
+        decided = api_stack.http("POST", f"/tasks/{task_id}/approve", {})
+        assert decided[0] == 200, decided
+        resumed = await _final(client.subscribe(SubscribeToTaskRequest(id=task_id)))
+        return streamed, resumed
+
+    streamed, resumed = _with_client(f"{api_stack.url}/a2a/{name}", api_stack.key, work, streaming=True)
+    assert streamed[0].HasField("task")
+    assert _state(streamed[-1].status_update) == "TASK_STATE_INPUT_REQUIRED"
+    assert resumed[0].HasField("task")  # where the task is now: nothing between the streams is lost
+    assert _state(resumed[-1].status_update) == "TASK_STATE_COMPLETED"
+    artifacts = [e.artifact_update.artifact for e in resumed if e.HasField("artifact_update")]
+    assert artifacts and artifacts[0].parts[0].text == "shipped"
