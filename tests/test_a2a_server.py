@@ -8,6 +8,7 @@ of a task find nothing."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -162,3 +163,123 @@ def test_a_stream_ends_at_the_pause_and_subscribe_resumes_it_to_the_end(api_stac
     assert _state(resumed[-1].status_update) == "TASK_STATE_COMPLETED"
     artifacts = [e.artifact_update.artifact for e in resumed if e.HasField("artifact_update")]
     assert artifacts and artifacts[0].parts[0].text == "shipped"
+
+
+def test_cancel_ends_a_running_task_and_an_ended_one_is_not_cancelable(api_stack: ApiStack) -> None:
+    from a2a.types import CancelTaskRequest, SendMessageConfiguration
+
+    name = _agent(api_stack, [{"text": "slow", "latency_seconds": 30}])
+
+    async def work(client: Any) -> Any:
+        request = _message("take your time")
+        request.configuration.CopyFrom(SendMessageConfiguration(return_immediately=True))
+        started = (await _final(client.send_message(request)))[-1].task
+        cancelled = await client.cancel_task(CancelTaskRequest(id=started.id))
+        again: Exception | None = None
+        try:
+            await client.cancel_task(CancelTaskRequest(id=started.id))
+        except Exception as exc:
+            again = exc
+        return started, cancelled, again
+
+    started, cancelled, again = _with_client(f"{api_stack.url}/a2a/{name}", api_stack.key, work)
+    assert _state(started) in ("TASK_STATE_SUBMITTED", "TASK_STATE_WORKING")
+    assert _state(cancelled) == "TASK_STATE_CANCELED"
+    assert api_stack.http("GET", f"/tasks/{started.id}")[1]["status"] == "cancelled"
+    assert again is not None and "cancel" in str(again).lower()
+
+
+def _rpc(api_stack: ApiStack, name: str, body: Any, *, key: str | None = "default", raw: bytes | None = None,
+         headers: dict[str, str] | None = None) -> tuple[int, Any]:  # fmt: skip
+    status, data, _ = api_stack.http("POST", f"/a2a/{name}", body, key=key, raw=raw,
+                                     headers={"A2A-Version": "1.0", **(headers or {})})  # fmt: skip
+    return status, data
+
+
+def _send(text: str, **message: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {
+        "messageId": uuid.uuid4().hex, "role": "ROLE_USER", "parts": [{"text": text}], **message}}}  # fmt: skip
+
+
+def _tasks_of(api_stack: ApiStack, name: str) -> list[Any]:
+    status, data = _rpc(api_stack, name, {"jsonrpc": "2.0", "id": 9, "method": "ListTasks", "params": {}})
+    assert status == 200 and "result" in data, data
+    return list(data["result"].get("tasks", []))
+
+
+def test_another_tenants_probes_of_a_task_find_nothing_and_change_nothing(api_stack: ApiStack) -> None:
+    name = _agent(api_stack, APPROVAL_TURNS, tools=["request_approval"])
+    status, data = _rpc(api_stack, name, _send("ship it"))
+    assert status == 200, data
+    task_id = data["result"]["task"]["id"]
+    assert data["result"]["task"]["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
+    other = api_stack.other_key
+    # Another tenant has no agent of that name: the endpoint itself is not found.
+    assert api_stack.http("POST", f"/a2a/{name}", _send("x"), key=other)[0] == 404
+    # Through an agent of its own, another tenant's task id is the protocol's TaskNotFound, whatever the method.
+    mine = f"a2a-{uuid.uuid4().hex[:8]}"
+    body = {"name": mine, "provider": "scripted", "script": {"turns": [{"text": "x"}]}}
+    assert api_stack.http("POST", "/agents", body, key=other)[0] == 201
+    probes = [
+        {"method": "GetTask", "params": {"id": task_id}},
+        {"method": "CancelTask", "params": {"id": task_id}},
+        {"method": "SubscribeToTask", "params": {"id": task_id}},
+        _send("approve", taskId=task_id),
+    ]
+    for probe in probes:
+        status, data = _rpc(api_stack, mine, {"jsonrpc": "2.0", "id": 2, **probe}, key=other)
+        if isinstance(data, str):  # a stream: its one event is the error
+            data = json.loads(data.split("data:", 1)[1])
+        assert status == 200 and data["error"]["code"] == -32001, (probe["method"], data)
+        assert not _tasks_of_key(api_stack, mine, other)
+    # The same agent's endpoint, same tenant, another agent's task: not found either.
+    status, data = _rpc(api_stack, mine, {"jsonrpc": "2.0", "id": 3, "method": "GetTask", "params": {"id": task_id}})
+    assert status == 404 or data["error"]["code"] == -32001
+    assert api_stack.http("GET", f"/tasks/{task_id}")[1]["status"] == "paused"
+
+
+def _tasks_of_key(api_stack: ApiStack, name: str, key: str) -> list[Any]:
+    status, data = _rpc(api_stack, name, {"jsonrpc": "2.0", "id": 9, "method": "ListTasks", "params": {}}, key=key)
+    assert status == 200 and "result" in data, data
+    return list(data["result"].get("tasks", []))
+
+
+@pytest.mark.parametrize(
+    ("body", "raw", "code"),
+    [
+        (None, b'{"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {', -32700),  # not JSON
+        (None, b"[1, 2", -32700),
+        ({"id": 1, "method": "SendMessage", "params": {}}, None, -32600),  # no jsonrpc
+        ([{"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "x"}}], None, -32600),  # a batch
+        ({"jsonrpc": "2.0", "id": 1, "method": "message/teleport", "params": {}}, None, -32601),  # unknown method
+        ({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": "hello"}, None, -32600),  # params not structured: not a request
+        ({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {"role": "ROLE_USER"}}}, None,
+         -32602),  # no parts, no message id
+        (_send(""), None, -32602),  # no text
+        (_send("x" * 20_001), None, -32602),  # a first message longer than a goal may be
+        (None, json.dumps(_send("x" * 300_000)).encode(), -32600),  # over the API's body limit
+        ({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {
+            "messageId": "m", "role": "ROLE_USER", "parts": [{"url": "file:///etc/passwd"}]}}}, None, -32005),
+        ({**_send("hi"), "params": {**_send("hi")["params"], "configuration": {"taskPushNotificationConfig": {
+            "url": "https://10.0.0.1/hook"}}}}, None, -32003),  # a push URL (private, too): push is not offered
+        ({"jsonrpc": "2.0", "id": 1, "method": "CreateTaskPushNotificationConfig", "params": {
+            "taskId": "t", "url": "https://169.254.169.254/latest"}}, None, -32003),
+        ({"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "no-such-task"}}, None, -32001),
+        ({"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {"pageSize": 0}}, None, -32602),
+        ({"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {"pageToken": "bm90IG1pbmU"}}, None, -32602),
+    ],
+)
+def test_bad_input_is_the_protocols_error_and_stores_nothing(
+    api_stack: ApiStack, body: Any, raw: bytes | None, code: int
+) -> None:
+    name = _agent(api_stack, [{"text": "x"}])
+    status, data = _rpc(api_stack, name, body, raw=raw)
+    assert status == 200, (status, data)  # a JSON-RPC error, never a 4xx page an A2A client cannot read, nor a 5xx
+    assert data["jsonrpc"] == "2.0" and data["error"]["code"] == code, data
+    assert not _tasks_of(api_stack, name)
+
+
+def test_no_key_no_answer(api_stack: ApiStack) -> None:
+    name = _agent(api_stack, [{"text": "x"}])
+    assert _rpc(api_stack, name, _send("hi"), key=None)[0] == 401
+    assert not _tasks_of(api_stack, name)

@@ -45,7 +45,7 @@ def rpc_refusal(status: int, message: str) -> dict[str, Any]:
     """A refusal of the API's guard in JSON-RPC's words: a body that is not JSON (or not
     readable as it) is a parse error, anything else an invalid request; HTTP 200, as the SDK
     answers every JSON-RPC error, so a client reads it as the protocol's error."""
-    code = PARSE_ERROR if status in (400, 415) else INVALID_REQUEST
+    code = PARSE_ERROR if status == 400 else INVALID_REQUEST
     body = {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
     return {"statusCode": 200, "multiValueHeaders": {"Content-Type": [JSON]}, "body": json.dumps(body), "isBase64Encoded": False}
 
