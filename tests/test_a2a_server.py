@@ -258,6 +258,9 @@ def _tasks_of_key(api_stack: ApiStack, name: str, key: str) -> list[Any]:
         (_send(""), None, -32602),  # no text
         (_send("x" * 20_001), None, -32602),  # a first message longer than a goal may be
         (None, json.dumps(_send("x" * 300_000)).encode(), -32600),  # over the API's body limit
+        (None, b'{"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": ' + b"[" * 100 + b"]" * 100 + b"}",
+         -32700),  # nested deeper than the API parses
+        (None, b'{"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "\\ud800"}}', -32700),  # a lone surrogate
         ({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {
             "messageId": "m", "role": "ROLE_USER", "parts": [{"url": "file:///etc/passwd"}]}}}, None, -32005),
         ({**_send("hi"), "params": {**_send("hi")["params"], "configuration": {"taskPushNotificationConfig": {
@@ -276,6 +279,13 @@ def test_bad_input_is_the_protocols_error_and_stores_nothing(
     status, data = _rpc(api_stack, name, body, raw=raw)
     assert status == 200, (status, data)  # a JSON-RPC error, never a 4xx page an A2A client cannot read, nor a 5xx
     assert data["jsonrpc"] == "2.0" and data["error"]["code"] == code, data
+    assert not _tasks_of(api_stack, name)
+
+
+def test_a_body_not_sent_as_json_is_an_invalid_request(api_stack: ApiStack) -> None:
+    name = _agent(api_stack, [{"text": "x"}])
+    status, data = _rpc(api_stack, name, _send("hi"), headers={"Content-Type": "text/plain"})
+    assert status == 200 and data["error"]["code"] == -32600, data
     assert not _tasks_of(api_stack, name)
 
 
