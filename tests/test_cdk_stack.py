@@ -1384,6 +1384,26 @@ def test_conversation_routes_reach_the_api_lambda_behind_the_authorizer(synth: S
     assert api_fn in json.dumps(route["Integration"]["Uri"])
 
 
+def test_the_a2a_routes_reach_the_api_lambda_behind_the_authorizer(synth: Synthesized) -> None:
+    """An agent's A2A endpoint (POST /a2a/{agent}) and its Agent Card (GET
+    /a2a/{agent}/.well-known/agent-card.json) are the API Lambda's, served in AWS through
+    /{proxy+}, any method, with the API key: neither is public, and no resource of the gateway
+    takes them elsewhere."""
+    from agentq.api.app import is_public
+
+    api_fn, _ = _function(synth, "api")
+    paths = {_resource_path(synth, m["Properties"]["ResourceId"]) for m in synth.resources("AWS::ApiGateway::Method").values()}
+    assert not any(p.startswith("/a2a") for p in paths)  # nothing of its own: the catch-all serves it
+    (route,) = [
+        m["Properties"]
+        for m in synth.resources("AWS::ApiGateway::Method").values()
+        if _resource_path(synth, m["Properties"]["ResourceId"]) == "/{proxy+}"
+    ]
+    assert route["HttpMethod"] == "ANY" and route["AuthorizationType"] == "CUSTOM"
+    assert route["Integration"]["Type"] == "AWS_PROXY" and api_fn in json.dumps(route["Integration"]["Uri"])
+    assert not is_public("/a2a/support") and not is_public("/a2a/support/.well-known/agent-card.json")
+
+
 def test_the_public_paths_are_made_in_one_order_whatever_the_hash_seed(synth: Synthesized) -> None:
     """``PUBLIC_PATHS`` is a set, whose order follows the interpreter's hash seed; made in that
     order, the API's deployment got another logical id from one synth to the next (a deploy that
