@@ -91,6 +91,31 @@ def test_the_agent_card_is_served_at_the_well_known_path_with_the_apis_bearer_sc
     assert api_stack.http("GET", f"/a2a/{name}/.well-known/agent-card.json", key=None)[0] == 401
 
 
+def test_the_card_says_how_long_to_keep_it_and_when_its_version_was_made(api_stack: ApiStack) -> None:
+    name = _agent(api_stack, [{"text": "hi"}])
+    status, _, headers = api_stack.http("GET", f"/a2a/{name}/.well-known/agent-card.json")
+    assert status == 200
+    assert "max-age=" in headers["Cache-Control"] and "private" in headers["Cache-Control"]
+    assert headers["Last-Modified"].endswith("GMT") and headers["ETag"]
+    again = api_stack.http("GET", f"/a2a/{name}/.well-known/agent-card.json", headers={"If-None-Match": headers["ETag"]})
+    assert again[0] == 304
+
+
+def test_a_retried_message_starts_one_task_and_a_reused_message_id_with_other_text_starts_another(
+    api_stack: ApiStack,
+) -> None:
+    name = _agent(api_stack, [{"text": "x"}])
+    first = _send("hello")
+    a = _rpc(api_stack, name, first)[1]["result"]["task"]["id"]
+    b = _rpc(api_stack, name, first)[1]["result"]["task"]["id"]  # the same request again: the same task
+    other = _send("something else")
+    other["params"]["message"]["messageId"] = first["params"]["message"]["messageId"]
+    status, data = _rpc(api_stack, name, other)
+    assert status == 200 and "result" in data, data  # not refused as an idempotency conflict
+    assert a == b and data["result"]["task"]["id"] != a
+    assert len(_tasks_of(api_stack, name)) == 2
+
+
 def test_a_message_runs_the_agent_to_a_completed_task_with_its_result_and_usage(api_stack: ApiStack) -> None:
     name = _agent(api_stack, [{"text": "the answer is 42"}])
 
@@ -104,7 +129,8 @@ def test_a_message_runs_the_agent_to_a_completed_task_with_its_result_and_usage(
     assert _state(task) == "TASK_STATE_COMPLETED"
     assert task.artifacts[0].parts[0].text == "the answer is 42"
     usage = dict(task.metadata["agentq"])
-    assert usage["status"] == "succeeded" and usage["agent"] == f"{name}@1" and "cost_usd" in usage
+    assert usage["status"] == "succeeded" and usage["agent"] == f"{name}@1"
+    assert {"steps", "tokensIn", "tokensOut", "costUsd"} <= set(usage)
     assert got.id == task.id and _state(got) == "TASK_STATE_COMPLETED"
     assert got.history[0].parts[0].text == "what is the answer?"
     # The task is an agentq task like any other.
@@ -282,10 +308,10 @@ def test_bad_input_is_the_protocols_error_and_stores_nothing(
     assert not _tasks_of(api_stack, name)
 
 
-def test_a_body_not_sent_as_json_is_an_invalid_request(api_stack: ApiStack) -> None:
+def test_a_body_not_sent_as_json_is_the_protocols_content_type_not_supported(api_stack: ApiStack) -> None:
     name = _agent(api_stack, [{"text": "x"}])
     status, data = _rpc(api_stack, name, _send("hi"), headers={"Content-Type": "text/plain"})
-    assert status == 200 and data["error"]["code"] == -32600, data
+    assert status == 200 and data["error"]["code"] == -32005, data
     assert not _tasks_of(api_stack, name)
 
 

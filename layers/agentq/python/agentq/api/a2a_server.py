@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextvars
+import hashlib
 import json
 import time
 import uuid
@@ -221,7 +222,7 @@ class AgentqRequestHandler:
                                   by=call.caller.user or call.caller.tenant, tenant=task.tenant)  # fmt: skip
                 return deps.store.tasks.get(task.task_id), 0
             sent = send_message(deps.store, deps.queues, task.task_id, text, tenant=task.tenant,
-                                idempotency_key=f"a2a:{message.message_id}")  # fmt: skip
+                                idempotency_key=_idempotency_key(call, message.message_id, task.task_id, text))  # fmt: skip
             return deps.store.tasks.get(task.task_id), sent.message.seq
         if len(text) > MAX_GOAL_CHARS:
             raise _invalid(f"{len(text):,} characters; a task's first message holds at most {MAX_GOAL_CHARS:,}",
@@ -233,9 +234,10 @@ class AgentqRequestHandler:
             "metadata": {"via": views.VIA, views.CONTEXT_KEY: context},
             **({"user": call.caller.user} if call.caller.user else {}),
         }
-        key = f"a2a:{call.caller.user}#{message.message_id}" if call.caller.user else f"a2a:{message.message_id}"
+        # The key names the request as sent (its digest too: the context a new task gets is drawn here)
+        key = _idempotency_key(call, message.message_id, message.context_id, text)
         submitted = submit_once(deps.store, deps.tools, raw, tenant=call.caller.tenant, queues=deps.queues,
-                                idempotency_key=key, defaults=deps.defaults)  # fmt: skip
+                                idempotency_key=key, digest=key, defaults=deps.defaults)  # fmt: skip
         return submitted.task, 0
 
     def _settled(self, task: Task, heard: int, seconds: float) -> Task:
@@ -318,6 +320,16 @@ def build_handler(deps: ApiDeps) -> Any:
 
     handler_class = type("AgentqA2AHandler", (AgentqRequestHandler, RequestHandler), {})
     return handler_class(deps)
+
+
+def _idempotency_key(call: Call, message_id: str, where: str, text: str) -> str:
+    """A retried send (the same message id, agent, context or task, and text) finds what the
+    first one did; the same id with anything else is another message: A2A leaves message ids
+    to the client and asks no more of them than that they name one message, and clients (the
+    TCK's) reuse an id across different requests, which agentq's idempotency would refuse
+    as a conflict."""
+    digest = hashlib.sha256("\0".join((call.agent, where, message_id, text)).encode()).hexdigest()[:40]
+    return f"a2a:{call.caller.user}#{digest}" if call.caller.user else f"a2a:{digest}"
 
 
 def _of_agent(task: Task, name: str) -> bool:

@@ -11,7 +11,7 @@ for a person's message) is ``input-required``; ``succeeded`` is ``completed``; `
 later) is ``failed``, with agentq's own status and error in the metadata.
 
 Usage and cost go into the task's metadata under ``agentq`` (``status``, ``agent``, ``steps``,
-``tokens_in``, ``tokens_out``, ``cost_usd`` as a decimal string): A2A has no field for them.
+``tokensIn``, ``tokensOut``, ``costUsd`` as a decimal string): A2A has no field for them.
 The result is an artifact (``result``): the agent's structured output as a data part when it has
 an output schema, else its text.
 """
@@ -100,13 +100,15 @@ def status_message(task: Task, pending: ApprovalRecord | None) -> Any | None:
 
 
 def usage(task: Task) -> dict[str, Any]:
+    """agentq's status, the agent's version, steps, tokens and cost (a decimal string), in
+    A2A's camelCase (the protocol's JSON names every field so, metadata included)."""
     return {
         "status": task.status.value,
         "agent": task.submission.agent,
         "steps": task.step,
-        "tokens_in": task.tokens_in,
-        "tokens_out": task.tokens_out,
-        "cost_usd": str(task.cost_usd),
+        "tokensIn": task.tokens_in,
+        "tokensOut": task.tokens_out,
+        "costUsd": str(task.cost_usd),
         **({"error": task.error} if task.error else {}),
     }
 

@@ -22,6 +22,7 @@ import asyncio
 import json
 import re
 from collections.abc import MutableMapping
+from email.utils import formatdate
 from typing import Any
 
 from aws_lambda_powertools.event_handler import Response
@@ -34,7 +35,8 @@ from agentq.core.errors import AgentqError
 CARD_PATH = "/.well-known/agent-card.json"
 AGENT_REF = r"[a-z0-9][a-z0-9_-]{0,63}(@[1-9][0-9]{0,8})?"
 RPC_PATH = re.compile(rf"^/a2a/{AGENT_REF}/?$")
-PARSE_ERROR, INVALID_REQUEST = -32700, -32600
+PARSE_ERROR, INVALID_REQUEST, CONTENT_TYPE_NOT_SUPPORTED = -32700, -32600, -32005
+CARD_MAX_AGE = 60  # seconds a client may keep a card: a new version of the agent is seen within a minute
 
 
 def is_rpc_path(path: str) -> bool:
@@ -43,9 +45,10 @@ def is_rpc_path(path: str) -> bool:
 
 def rpc_refusal(status: int, message: str) -> dict[str, Any]:
     """A refusal of the API's guard in JSON-RPC's words: a body that is not JSON (or not
-    readable as it) is a parse error, anything else an invalid request; HTTP 200, as the SDK
+    readable as it) is a parse error, a body not sent as JSON the protocol's
+    ContentTypeNotSupported, anything else (too large) an invalid request; HTTP 200, as the SDK
     answers every JSON-RPC error, so a client reads it as the protocol's error."""
-    code = PARSE_ERROR if status == 400 else INVALID_REQUEST
+    code = {400: PARSE_ERROR, 415: CONTENT_TYPE_NOT_SUPPORTED}.get(status, INVALID_REQUEST)
     body = {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
     return {"statusCode": 200, "multiValueHeaders": {"Content-Type": [JSON]}, "body": json.dumps(body), "isBase64Encoded": False}
 
@@ -70,7 +73,13 @@ def router(deps: ApiDeps) -> Router:
 
         version = agent_of(agent)
         built = agent_card(version, agent, _base_url(routes.current_event))
-        return Response(status_code=200, content_type=JSON, body=json.dumps(agent_card_to_dict(built)))
+        body = json.dumps(agent_card_to_dict(built), sort_keys=True)
+        headers = {
+            "Cache-Control": f"private, max-age={CARD_MAX_AGE}",  # private: a tenant's card, behind its key
+            "Last-Modified": formatdate(version.created_at, usegmt=True),  # versions never change
+            # and the API's conditional GET (api/conditional.py) adds its ETag, answering If-None-Match with 304
+        }
+        return Response(status_code=200, content_type=JSON, body=body, headers=headers)
 
     @routes.post("/a2a/<agent>", include_in_schema=False)
     def rpc(agent: str) -> Response[str]:
