@@ -137,6 +137,22 @@ def test_a_message_runs_the_agent_to_a_completed_task_with_its_result_and_usage(
     assert api_stack.http("GET", f"/tasks/{task.id}")[1]["status"] == "succeeded"
 
 
+def test_a_task_that_ended_takes_no_message_and_its_context_takes_the_next_task(api_stack: ApiStack) -> None:
+    name = _agent(api_stack, [{"text": "done"}])
+    status, data = _rpc(api_stack, name, _send("first"))
+    task = data["result"]["task"]
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED"
+    status, data = _rpc(api_stack, name, _send("more", taskId=task["id"]))
+    assert status == 200 and data["error"]["code"] == -32004, data  # UnsupportedOperationError
+    assert api_stack.http("GET", f"/tasks/{task['id']}/messages")[1]["messages"] == []  # nothing was sent
+    status, data = _rpc(api_stack, name, _send("next", contextId=task["contextId"]))
+    follow = data["result"]["task"]
+    assert follow["id"] != task["id"] and follow["contextId"] == task["contextId"]
+    listed = _rpc(api_stack, name, {"jsonrpc": "2.0", "id": 5, "method": "ListTasks",
+                                    "params": {"contextId": task["contextId"]}})[1]["result"]["tasks"]  # fmt: skip
+    assert {t["id"] for t in listed} == {task["id"], follow["id"]}
+
+
 def _get(task_id: str) -> Any:
     from a2a.types import GetTaskRequest
 

@@ -8,12 +8,14 @@ which calls the same control functions the HTTP API calls, as the MCP server doe
 - ``SendMessage`` without a ``taskId`` submits a task of the agent (``control.submit``, checked
   and budgeted as any submission; the message id is its idempotency key, so a retried send
   starts one task); with a ``taskId`` it continues that task under its double-texting policy
-  (``control.conversations.send_message``: a follow-up to an answered or interrupted task, a
-  message at the next turn boundary to a running one), or, to a task paused for approval, it is
+  (``control.conversations.send_message``: a follow-up to an interrupted task, a message at
+  the next turn boundary to a running one), or, to a task paused for approval, it is
   the decision (``approve`` / ``reject`` and an optional note, or a data part
   ``{"approved": bool, "note": str}``). It answers with the task once it stopped
   (``input-required``, ``auth-required`` or an end) or after ``WAIT_SECONDS``, at once with
-  ``returnImmediately``.
+  ``returnImmediately``. A task that has ended takes no message (``UnsupportedOperationError``,
+  as the protocol requires: an A2A task never restarts, where agentq would reopen an answered
+  one): the next message of the conversation goes to the context (its ``contextId``), a new task.
 - ``SendStreamingMessage`` / ``SubscribeToTask``: the task, then a status update at each change
   of its A2A state (and the result artifact), ending when it stops or after ``STREAM_SECONDS``
   (API Gateway answers within 29 s); a client resumes with ``SubscribeToTask``, which starts
@@ -216,6 +218,13 @@ class AgentqRequestHandler:
             task = self._owned(message.task_id)
             if message.context_id and message.context_id != views.context_id(task):
                 raise _invalid(f"task {task.task_id} is of context {views.context_id(task)!r}", "message.contextId")
+            if task.status.terminal:
+                # A2A ends a task for good (agentq would reopen an answered one): a new message in
+                # the context (its contextId, no taskId) starts the next task instead.
+                raise _errors().UnsupportedOperationError(
+                    message=f"task {task.task_id} has ended ({task.status.value}): send a new message with "
+                    f"contextId {views.context_id(task)!r} and no taskId for a new task"
+                )
             if task.status is TaskStatus.PAUSED:
                 approved, note = _decision(message, text)
                 operations.decide(deps.store, deps.queues, task.task_id, approved=approved, note=note,
