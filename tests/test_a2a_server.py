@@ -166,23 +166,37 @@ def test_an_approval_is_input_required_with_its_question_and_a_message_with_the_
 
     async def work(client: Any) -> Any:
         first = (await _final(client.send_message(_message("ship the release"))))[-1].task
-        refused = None
-        try:
-            await _final(client.send_message(_message("maybe later", task_id=first.id)))
-        except Exception as exc:  # not a decision: the protocol's invalid params, the task still paused
-            refused = exc
         second = (await _final(client.send_message(_message("approve looks good", task_id=first.id))))[-1].task
-        return first, refused, second
+        return first, second
 
-    first, refused, second = _with_client(f"{api_stack.url}/a2a/{name}", api_stack.key, work)
+    first, second = _with_client(f"{api_stack.url}/a2a/{name}", api_stack.key, work)
     assert _state(first) == "TASK_STATE_INPUT_REQUIRED"
     assert "Ship it?" in first.status.message.parts[0].text
-    assert dict(first.status.message.parts[1].data.struct_value)["agentq"]["kind"] == "approval"
-    assert refused is not None and "approve" in str(refused)
+    asked = dict(first.status.message.parts[1].data.struct_value)["agentq"]
+    assert asked["kind"] == "approval" and asked["question"] == "Ship it?" and asked["toolUseId"]
     assert _state(second) == "TASK_STATE_COMPLETED"
     assert second.artifacts[0].parts[0].text == "shipped"
-    approvals = api_stack.http("GET", f"/tasks/{first.id}")[1]
-    assert approvals["status"] == "succeeded"
+    assert _approval(api_stack, first.id) == ("approved", "looks good")
+
+
+def _approval(api_stack: ApiStack, task_id: str) -> tuple[str, str]:
+    status, page, _ = api_stack.http("GET", f"/tasks/{task_id}/events?limit=200")
+    assert status == 200, page
+    (decided,) = [e for e in page["events"] if e["type"] == "approval.decided"]
+    return ("approved" if decided["data"]["approved"] else "rejected"), decided["data"].get("note", "")
+
+
+@pytest.mark.parametrize("text", ["maybe later", "no, use the staging branch", "Approval? what approval"])
+def test_any_other_answer_to_an_approval_rejects_it_with_the_message_as_its_note(
+    api_stack: ApiStack, text: str
+) -> None:
+    name = _agent(api_stack, APPROVAL_TURNS, tools=["request_approval"])
+    status, data = _rpc(api_stack, name, _send("ship the release"))
+    task_id = data["result"]["task"]["id"]
+    status, data = _rpc(api_stack, name, _send(text, taskId=task_id))
+    assert status == 200 and data["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED", data
+    verdict, note = _approval(api_stack, task_id)
+    assert verdict == "rejected" and note in (text, text.partition(" ")[2])
 
 
 def test_a_stream_ends_at_the_pause_and_subscribe_resumes_it_to_the_end(api_stack: ApiStack) -> None:

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agentq.api import a2a_views as views
+from agentq.api.models import MAX_NOTE_CHARS
 from agentq.api.routes.common import ApiDeps
 from agentq.control import operations
 from agentq.control.conversations import send_message
@@ -397,7 +398,10 @@ def _text_of(message: Any) -> str:
 
 
 def _decision(message: Any, text: str) -> tuple[bool, str]:
-    """A message to a task paused for approval, read as the decision."""
+    """A message to a task paused for approval, read as the decision: a data part
+    ``{"approved": bool, "note": str}``, or text starting with ``approve`` (a note may follow);
+    any other text rejects the request with the message as its note, so the agent reads what
+    the person said instead. Nothing but an explicit approval approves."""
     from google.protobuf.json_format import MessageToDict
 
     for part in message.parts:
@@ -406,17 +410,16 @@ def _decision(message: Any, text: str) -> tuple[bool, str]:
             if isinstance(data, dict) and isinstance(data.get("approved"), bool):
                 note = data.get("note", "")
                 return bool(data["approved"]), note if isinstance(note, str) else ""
-    word, _, note = text.strip().partition(" ")
+    word, _, rest = text.strip().partition(" ")
     verb = word.strip(".,!:").lower()
     if verb in APPROVE_WORDS:
-        return True, note.strip()
+        return True, rest.strip()
     if verb in REJECT_WORDS:
-        return False, note.strip()
-    raise _invalid(
-        "the task waits for approval: answer 'approve' or 'reject' (a note may follow), or a data part "
-        '{"approved": true|false, "note": "..."}',
-        "message.parts",
-    )
+        return False, rest.strip()
+    if len(text) > MAX_NOTE_CHARS:
+        raise _invalid(f"{len(text):,} characters; a message that answers an approval (its note) holds at most "
+                       f"{MAX_NOTE_CHARS:,}", "message.parts")  # fmt: skip
+    return False, text
 
 
 def _encode_token(sk: str) -> str:

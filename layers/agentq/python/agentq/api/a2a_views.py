@@ -85,10 +85,11 @@ def status_message(task: Task, pending: ApprovalRecord | None) -> Any | None:
             name, host = pending.credential.get("name", ""), pending.credential.get("host", "")
             ask = (f"{pending.question}\n\nAdd the credential {name!r} (for {host}) to the vault, then send a "
                    "message 'approve' to go on, or 'reject' to go on without it.")  # fmt: skip
-            what = {"kind": "credential", "tool_use_id": pending.use_id, "credential": pending.credential}
+            what = {"kind": "credential", "toolUseId": pending.use_id, "credential": pending.credential}
         else:
-            ask = f"{pending.question}\n\nReply 'approve' or 'reject' (optionally with a note after it)."
-            what = {"kind": "approval", "tool_use_id": pending.use_id, "question": pending.question}
+            ask = (f"{pending.question}\n\nReply 'approve' (a note may follow); anything else rejects the request, "
+                   "your message its note.")  # fmt: skip
+            what = {"kind": "approval", "toolUseId": pending.use_id, "question": pending.question}
         return agent_message(task, [_text(ask), _data({"agentq": what})])
     if task.status is TaskStatus.IDLE:
         return agent_message(task, [_text("Interrupted: send a message to go on.")])
