@@ -28,9 +28,7 @@ def _agent(api_stack: ApiStack, turns: list[dict[str, Any]], **fields: Any) -> s
     return name
 
 
-def _with_client(
-    url: str, key: str | None, work: Callable[[Any], Awaitable[Any]], *, streaming: bool = False
-) -> Any:
+def _with_client(url: str, key: str | None, work: Callable[[Any], Awaitable[Any]], *, streaming: bool = False) -> Any:
     """``work(client)`` with the SDK's client for the agent at ``url`` (its card resolved first)."""
     import httpx
     from a2a.client import ClientConfig, create_client
@@ -67,7 +65,7 @@ def _state(task: Any) -> str:
     return str(TaskState.Name(task.status.state))
 
 
-APPROVAL_TURNS = [
+APPROVAL_TURNS: list[dict[str, Any]] = [
     {"text": "", "tool_calls": [tool_call("request_approval", question="Ship it?")]},
     {"text": "shipped"},
 ]
@@ -97,7 +95,9 @@ def test_the_card_says_how_long_to_keep_it_and_when_its_version_was_made(api_sta
     assert status == 200
     assert "max-age=" in headers["Cache-Control"] and "private" in headers["Cache-Control"]
     assert headers["Last-Modified"].endswith("GMT") and headers["ETag"]
-    again = api_stack.http("GET", f"/a2a/{name}/.well-known/agent-card.json", headers={"If-None-Match": headers["ETag"]})
+    again = api_stack.http(
+        "GET", f"/a2a/{name}/.well-known/agent-card.json", headers={"If-None-Match": headers["ETag"]}
+    )
     assert again[0] == 304
 
 
@@ -308,21 +308,62 @@ def _tasks_of_key(api_stack: ApiStack, name: str, key: str) -> list[Any]:
         ({"id": 1, "method": "SendMessage", "params": {}}, None, -32600),  # no jsonrpc
         ([{"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "x"}}], None, -32600),  # a batch
         ({"jsonrpc": "2.0", "id": 1, "method": "message/teleport", "params": {}}, None, -32601),  # unknown method
-        ({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": "hello"}, None, -32600),  # params not structured: not a request
-        ({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {"role": "ROLE_USER"}}}, None,
-         -32602),  # no parts, no message id
+        (
+            {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": "hello"},
+            None,
+            -32600,
+        ),  # params not structured: not a request
+        (
+            {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {"role": "ROLE_USER"}}},
+            None,
+            -32602,
+        ),  # no parts, no message id
         (_send(""), None, -32602),  # no text
         (_send("x" * 20_001), None, -32602),  # a first message longer than a goal may be
         (None, json.dumps(_send("x" * 300_000)).encode(), -32600),  # over the API's body limit
-        (None, b'{"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": ' + b"[" * 100 + b"]" * 100 + b"}",
-         -32700),  # nested deeper than the API parses
-        (None, b'{"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "\\ud800"}}', -32700),  # a lone surrogate
-        ({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {
-            "messageId": "m", "role": "ROLE_USER", "parts": [{"url": "file:///etc/passwd"}]}}}, None, -32005),
-        ({**_send("hi"), "params": {**_send("hi")["params"], "configuration": {"taskPushNotificationConfig": {
-            "url": "https://10.0.0.1/hook"}}}}, None, -32003),  # a push URL (private, too): push is not offered
-        ({"jsonrpc": "2.0", "id": 1, "method": "CreateTaskPushNotificationConfig", "params": {
-            "taskId": "t", "url": "https://169.254.169.254/latest"}}, None, -32003),
+        (
+            None,
+            b'{"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": ' + b"[" * 100 + b"]" * 100 + b"}",
+            -32700,
+        ),  # nested deeper than the API parses
+        (
+            None,
+            b'{"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "\\ud800"}}',
+            -32700,
+        ),  # a lone surrogate
+        (
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "SendMessage",
+                "params": {
+                    "message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"url": "file:///etc/passwd"}]}
+                },
+            },
+            None,
+            -32005,
+        ),
+        (
+            {
+                **_send("hi"),
+                "params": {
+                    **_send("hi")["params"],
+                    "configuration": {"taskPushNotificationConfig": {"url": "https://10.0.0.1/hook"}},
+                },
+            },
+            None,
+            -32003,
+        ),  # a push URL (private, too): push is not offered
+        (
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "CreateTaskPushNotificationConfig",
+                "params": {"taskId": "t", "url": "https://169.254.169.254/latest"},
+            },
+            None,
+            -32003,
+        ),
         ({"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "no-such-task"}}, None, -32001),
         ({"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {"pageSize": 0}}, None, -32602),
         ({"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {"pageToken": "bm90IG1pbmU"}}, None, -32602),

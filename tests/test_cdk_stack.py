@@ -1392,7 +1392,10 @@ def test_the_a2a_routes_reach_the_api_lambda_behind_the_authorizer(synth: Synthe
     from agentq.api.app import is_public
 
     api_fn, _ = _function(synth, "api")
-    paths = {_resource_path(synth, m["Properties"]["ResourceId"]) for m in synth.resources("AWS::ApiGateway::Method").values()}
+    paths = {
+        _resource_path(synth, m["Properties"]["ResourceId"])
+        for m in synth.resources("AWS::ApiGateway::Method").values()
+    }
     assert not any(p.startswith("/a2a") for p in paths)  # nothing of its own: the catch-all serves it
     (route,) = [
         m["Properties"]

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextvars
+import functools
 import hashlib
 import json
 import time
@@ -153,7 +154,9 @@ class AgentqRequestHandler:
         after = _decode_token(params.page_token) if params.page_token else None
         call = call_var.get()
         wanted_state = params.status if params.status else None
-        since = params.status_timestamp_after.ToMilliseconds() / 1000 if params.HasField("status_timestamp_after") else None
+        since = (
+            params.status_timestamp_after.ToMilliseconds() / 1000 if params.HasField("status_timestamp_after") else None
+        )
 
         def page() -> Any:
             found: list[Task] = []
@@ -293,12 +296,12 @@ class AgentqRequestHandler:
         yield view
         last = (view.status.state, view.status.message.message_id)
         deadline = time.monotonic() + STREAM_SECONDS
+        task_id = task.task_id
         while not _stopped(task, heard) and time.monotonic() < deadline:
             await asyncio.sleep(POLL_SECONDS)
-            task = await _off_loop(lambda: self.deps.store.tasks.get(task.task_id))
-            if not _stopped(task, heard) and task.status.terminal is False and task.status is TaskStatus.IDLE:
+            task, view = await _off_loop(functools.partial(self._poll, task_id, heard))
+            if view is None:
                 continue  # idle with a message not yet taken in: about to run again
-            view = await _off_loop(lambda: self._view(task, 0))
             now = (view.status.state, view.status.message.message_id)
             if now == last:
                 continue
@@ -308,6 +311,13 @@ class AgentqRequestHandler:
                                               last_chunk=True)  # fmt: skip
             yield TaskStatusUpdateEvent(task_id=view.id, context_id=view.context_id, status=view.status,
                                         metadata=view.metadata)  # fmt: skip
+
+    def _poll(self, task_id: str, heard: int) -> tuple[Task, Any | None]:
+        """The task now, and its A2A view unless it is idle before taking ``heard`` messages in."""
+        task = self.deps.store.tasks.get(task_id)
+        if task.status is TaskStatus.IDLE and not _stopped(task, heard):
+            return task, None
+        return task, self._view(task, 0)
 
     # -- push notifications: not offered --------------------------------------------------
 

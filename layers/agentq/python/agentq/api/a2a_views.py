@@ -71,8 +71,8 @@ def _text(text: str) -> Any:
 
 def _data(value: Any) -> Any:
     from a2a.types import Part
-    from google.protobuf.struct_pb2 import Value
     from google.protobuf.json_format import ParseDict
+    from google.protobuf.struct_pb2 import Value
 
     return Part(data=ParseDict(json.loads(json.dumps(value, default=str)), Value()), media_type=JSON_TYPE)
 
@@ -119,10 +119,8 @@ def artifacts(task: Task) -> list[Any]:
 
     if task.status is not TaskStatus.SUCCEEDED or task.result is None:
         return []
-    if task.submission.output_schema is not None:
-        part = _data(json.loads(task.result))  # the engine stores a valid answer as JSON, and only that
-    else:
-        part = _text(task.result)
+    # With an output schema the engine stores a valid answer as JSON, and only that.
+    part = _data(json.loads(task.result)) if task.submission.output_schema is not None else _text(task.result)
     return [Artifact(artifact_id=f"{task.task_id}-result-{task.invocation}", name="result", parts=[part])]
 
 

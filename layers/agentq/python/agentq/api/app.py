@@ -37,6 +37,7 @@ from agentq.api.auth import caller_of
 from agentq.api.body_guard import BodyProblem, check_body
 from agentq.api.errors import JSON, error_response, proxy_error
 from agentq.api.models.base import body_limit
+from agentq.api.routes import a2a as a2a_route
 from agentq.api.routes import (
     actions,
     agent_aliases,
@@ -55,7 +56,6 @@ from agentq.api.routes import (
     vault,
     webhooks,
 )
-from agentq.api.routes import a2a as a2a_route
 from agentq.api.routes import mcp as mcp_route
 from agentq.api.routes.common import ApiDeps
 from agentq.control.defaults import Defaults
@@ -194,9 +194,10 @@ class AgentqResolver(APIGatewayRestResolver):
 
     def _checked(self, event: Any, context: Any) -> dict[str, Any]:
         answer = self._guarded(event, context)
-        if answer is not None and answer.get("statusCode") in (400, 413, 415):
-            if a2a_route.is_rpc_path(str(event.get("path") or "")):  # in JSON-RPC's words for an A2A client
-                return a2a_route.rpc_refusal(int(answer["statusCode"]), json.loads(answer["body"])["error"]["message"])
+        refused = answer is not None and answer.get("statusCode") in (400, 413, 415)
+        if refused and answer is not None and a2a_route.is_rpc_path(str(event.get("path") or "")):
+            # in JSON-RPC's words for an A2A client
+            return a2a_route.rpc_refusal(int(answer["statusCode"]), json.loads(answer["body"])["error"]["message"])
         return answer if answer is not None else super().resolve(event, context)
 
     def _guarded(self, event: Any, context: Any) -> dict[str, Any] | None:

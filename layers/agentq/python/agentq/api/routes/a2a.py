@@ -50,7 +50,12 @@ def rpc_refusal(status: int, message: str) -> dict[str, Any]:
     answers every JSON-RPC error, so a client reads it as the protocol's error."""
     code = {400: PARSE_ERROR, 415: CONTENT_TYPE_NOT_SUPPORTED}.get(status, INVALID_REQUEST)
     body = {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
-    return {"statusCode": 200, "multiValueHeaders": {"Content-Type": [JSON]}, "body": json.dumps(body), "isBase64Encoded": False}
+    return {
+        "statusCode": 200,
+        "multiValueHeaders": {"Content-Type": [JSON]},
+        "body": json.dumps(body),
+        "isBase64Encoded": False,
+    }
 
 
 def router(deps: ApiDeps) -> Router:
@@ -144,8 +149,9 @@ def agent_card(version: Any, ref: str, base: str) -> Any:
         name=version.name,
         description=description,
         version=str(version.version),
-        supported_interfaces=[AgentInterface(url=f"{base}/a2a/{ref}", protocol_binding="JSONRPC",
-                                             protocol_version="1.0")],  # fmt: skip
+        supported_interfaces=[
+            AgentInterface(url=f"{base}/a2a/{ref}", protocol_binding="JSONRPC", protocol_version="1.0")
+        ],
         provider=AgentProvider(organization="agentq", url=base),
         capabilities=AgentCapabilities(streaming=True, push_notifications=False, extended_agent_card=False),
         security_schemes={"bearer": scheme},
