@@ -101,19 +101,33 @@ def test_the_card_says_how_long_to_keep_it_and_when_its_version_was_made(api_sta
     assert again[0] == 304
 
 
-def test_a_retried_message_starts_one_task_and_a_reused_message_id_with_other_text_starts_another(
+def test_a_retried_message_with_an_idempotency_key_starts_one_task_and_other_text_under_it_another(
     api_stack: ApiStack,
 ) -> None:
     name = _agent(api_stack, [{"text": "x"}])
     first = _send("hello")
-    a = _rpc(api_stack, name, first)[1]["result"]["task"]["id"]
-    b = _rpc(api_stack, name, first)[1]["result"]["task"]["id"]  # the same request again: the same task
+    key = {"Idempotency-Key": uuid.uuid4().hex}
+    a = _rpc(api_stack, name, first, headers=key)[1]["result"]["task"]["id"]
+    b = _rpc(api_stack, name, first, headers=key)[1]["result"]["task"]["id"]  # the same request again: the same task
     other = _send("something else")
     other["params"]["message"]["messageId"] = first["params"]["message"]["messageId"]
-    status, data = _rpc(api_stack, name, other)
+    status, data = _rpc(api_stack, name, other, headers=key)
     assert status == 200 and "result" in data, data  # not refused as an idempotency conflict
     assert a == b and data["result"]["task"]["id"] != a
     assert len(_tasks_of(api_stack, name)) == 2
+    status, data = _rpc(api_stack, name, first, headers={"Idempotency-Key": "no spaces allowed"})
+    assert status == 200 and data["error"]["code"] == -32600, data
+
+
+def test_without_an_idempotency_key_each_send_is_a_message_of_its_own_even_with_a_reused_message_id(
+    api_stack: ApiStack,
+) -> None:
+    """A2A lets an agent dedupe by message id, but clients reuse ids (the TCK does, one id per
+    kind of test): each send of the same message is a new task unless the caller asks for a retry."""
+    name = _agent(api_stack, [{"text": "x"}])
+    first = _send("hello")
+    ids = {_rpc(api_stack, name, first)[1]["result"]["task"]["id"] for _ in range(3)}
+    assert len(ids) == 3 and len(_tasks_of(api_stack, name)) == 3
 
 
 def test_a_message_runs_the_agent_to_a_completed_task_with_its_result_and_usage(api_stack: ApiStack) -> None:

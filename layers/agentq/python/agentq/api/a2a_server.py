@@ -69,6 +69,7 @@ class Call:
 
     caller: Caller
     agent: str
+    idempotency_key: str | None = None  # the request's Idempotency-Key header: retries of it send once
 
     @property
     def name(self) -> str:
@@ -250,7 +251,7 @@ class AgentqRequestHandler:
         # The key names the request as sent (its digest too: the context a new task gets is drawn here)
         key = _idempotency_key(call, message.message_id, message.context_id, text)
         submitted = submit_once(deps.store, deps.tools, raw, tenant=call.caller.tenant, queues=deps.queues,
-                                idempotency_key=key, digest=key, defaults=deps.defaults)  # fmt: skip
+                                idempotency_key=key, digest=key or None, defaults=deps.defaults)  # fmt: skip
         return submitted.task, 0
 
     def _settled(self, task: Task, heard: int, seconds: float) -> Task:
@@ -342,13 +343,17 @@ def build_handler(deps: ApiDeps) -> Any:
     return handler_class(deps)
 
 
-def _idempotency_key(call: Call, message_id: str, where: str, text: str) -> str:
-    """A retried send (the same message id, agent, context or task, and text) finds what the
-    first one did; the same id with anything else is another message: A2A leaves message ids
-    to the client and asks no more of them than that they name one message, and clients (the
-    TCK's) reuse an id across different requests, which agentq's idempotency would refuse
-    as a conflict."""
-    digest = hashlib.sha256("\0".join((call.agent, where, message_id, text)).encode()).hexdigest()[:40]
+def _idempotency_key(call: Call, message_id: str, where: str, text: str) -> str | None:
+    """With an ``Idempotency-Key`` header (as the HTTP API's ``POST /tasks`` and messages take
+    it), a retried send (the same key, message id, agent, context or task, and text) finds what
+    the first one did, and the same key with anything else is another message; without one each
+    send is a message of its own. Not the message id alone: A2A lets an agent dedupe by it
+    ("MAY"), but clients reuse ids (the TCK sends one id in many tests, each meaning a new
+    task), and a dedupe they did not ask for hands them an old task."""
+    if call.idempotency_key is None:
+        return None
+    parts = (call.idempotency_key, call.agent, where, message_id, text)
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:40]
     return f"a2a:{call.caller.user}#{digest}" if call.caller.user else f"a2a:{digest}"
 
 

@@ -29,6 +29,7 @@ from aws_lambda_powertools.event_handler import Response
 
 from agentq import __version__
 from agentq.api.errors import JSON, error_response
+from agentq.api.models.base import IDEMPOTENCY_KEY_PATTERN
 from agentq.api.routes.common import ApiDeps, Router
 from agentq.core.errors import AgentqError
 
@@ -96,7 +97,11 @@ def router(deps: ApiDeps) -> Router:
         event = routes.current_event
         body = (event.decoded_body or "").encode()
         headers = [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in (event.headers or {}).items()]
-        token = call_var.set(Call(deps.caller(), agent))
+        given = {k.lower(): v for k, v in (event.headers or {}).items()}.get("idempotency-key")
+        if given is not None and not re.fullmatch(IDEMPOTENCY_KEY_PATTERN, given):
+            refusal = rpc_refusal(413, "Idempotency-Key: 1-255 visible ASCII characters")  # an invalid request
+            return Response(status_code=200, content_type=JSON, body=refusal["body"])
+        token = call_var.set(Call(deps.caller(), agent, given))
         try:
             status, out, payload = asyncio.run(_serve(handler[0], headers, body))
         finally:
