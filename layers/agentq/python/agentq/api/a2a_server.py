@@ -17,8 +17,7 @@ which calls the same control functions the HTTP API calls, as the MCP server doe
   as the protocol requires: an A2A task never restarts, where agentq would reopen an answered
   one): the next message of the conversation goes to the context (its ``contextId``), a new task.
 - ``SendStreamingMessage`` / ``SubscribeToTask``: the task, then a status update at each change
-  of its A2A state (and the result artifact), ending when it stops (a subscription: when it
-  ends, as its input may come from another caller) or after ``STREAM_SECONDS``
+  of its A2A state (and the result artifact), ending when it stops or after ``STREAM_SECONDS``
   (API Gateway answers within 29 s); a client resumes with ``SubscribeToTask``, which starts
   with the task as it is now, so nothing committed is lost between two streams.
 - ``GetTask``, ``ListTasks`` (this agent's tasks of the caller, newest first), ``CancelTask``.
@@ -286,14 +285,12 @@ class AgentqRequestHandler:
             raise _errors().UnsupportedOperationError(
                 message=f"task {task.task_id} has ended ({task.status.value}): GetTask reads it"
             )
-        async for event in self._events(task, 0, until_ended=True):
+        async for event in self._events(task, 0):
             yield event
 
-    async def _events(self, task: Task, heard: int, *, until_ended: bool = False) -> AsyncGenerator[Any]:
+    async def _events(self, task: Task, heard: int) -> AsyncGenerator[Any]:
         """The task as it is, then a status update at each change of its A2A state (the result
-        as an artifact update before the completed one), until it stops (a stream of a send: its
-        answer is in when the task waits for input) or, ``until_ended`` (a subscription, which
-        watches whoever answers the task), until it ends; either way at most the window."""
+        as an artifact update before the completed one), until it stops or the window ends."""
         from a2a.types import TaskArtifactUpdateEvent, TaskStatusUpdateEvent
 
         view = await _off_loop(lambda: self._view(task))
@@ -301,7 +298,7 @@ class AgentqRequestHandler:
         last = (view.status.state, view.status.message.message_id)
         deadline = time.monotonic() + STREAM_SECONDS
         task_id = task.task_id
-        while not (task.status.terminal if until_ended else _stopped(task, heard)) and time.monotonic() < deadline:
+        while not _stopped(task, heard) and time.monotonic() < deadline:
             await asyncio.sleep(POLL_SECONDS)
             task, view = await _off_loop(functools.partial(self._poll, task_id, heard))
             if view is None:
