@@ -109,7 +109,8 @@ def submit_once(
     then ``defaults`` (the deployment's) fill what neither sets. An idempotency key is bound to
     the request as sent (``digest``, else its hash before either), so a retry matches even
     after a new agent version or new defaults. ``task_id``: the id to create it under (a
-    schedule's fire). ``key_id``: the API key the request came with (its tasks carry it).
+    schedule's fire). ``key_id``: the API key the request came with (its tasks carry it, and its
+    tree spends against that key's caps: ``core.caps``).
 
     A submission in a stopped scope (its tenant, user, agent or key: ``core.stops``) is refused
     with ``ScopeStopped`` before anything is written.

@@ -40,7 +40,7 @@ from agentq.storage.table import (
     plain,
     present,
 )
-from agentq.storage.tasks import Tasks
+from agentq.storage.tasks import Tasks, key_attrs
 
 
 class Spawns:

@@ -53,6 +53,11 @@ from agentq.storage.workspaces import WorkspaceObjects
 IDEMPOTENCY_TTL_SECONDS = 24 * 3600
 
 
+def key_attrs(key_id: str | None) -> dict[str, str]:
+    """The API key a tree was submitted with, on each of its METAs (absent: keyless, or a token)."""
+    return {"key_id": key_id} if key_id else {}
+
+
 class Tasks(TaskLeases, TaskTransitions, TaskListing):
     def create_actions(
         self,
@@ -100,7 +105,8 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
         key_id: str | None = None,
     ) -> Task:
         """Write META (with the budget, for a root task) and the submission in one transaction.
-        ``blocked``: the task waits for its ``depends_on`` (see ``blocked_actions``)."""
+        ``blocked``: the task waits for its ``depends_on`` (see ``blocked_actions``). ``key_id``:
+        the API key that submitted it (its tree is held to the key's caps, ``core.caps``)."""
         task_id = task_id or keys.new_task_id()
         root_id = root_id or task_id
         actions, task = self.create_actions(

@@ -56,6 +56,7 @@ class Task(BaseModel):
     root_id: str
     parent_id: str | None = None
     depth: int = 0
+    key_id: str | None = None  # the API key the tree was submitted with: its caps apply (core.caps)
     step: int = 0
     llm_steps: int = 0
     compacted_at: int = 0  # the latest compaction step: a resume reads the steps from it on
