@@ -157,7 +157,7 @@ def test_no_request_sees_another_users_or_another_tenants_tasks(api_stack: ApiSt
 @pytest.mark.parametrize(
     ("method", "path"),
     [("GET", "/schedules"), ("GET", "/webhooks/secret"), ("GET", "/memory-stores"), ("GET", "/dead-letters"),
-     ("POST", "/agents"), ("GET", "/usage/tenants"), ("POST", "/mcp")],
+     ("POST", "/agents"), ("GET", "/usage/tenants")],
 )  # fmt: skip
 def test_a_token_reaches_no_route_that_acts_for_the_whole_tenant(api_stack: ApiStack, method: str, path: str) -> None:
     token = api_stack.stack.token(user="alice", tenant="eu-routes")

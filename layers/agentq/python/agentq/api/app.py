@@ -97,13 +97,13 @@ def _event_caller(event: Mapping[str, Any]) -> Caller | None:
 
 
 # What a caller acting as one end user (a JWT's, ``core.endusers.Caller.bound``) may reach: its
-# own tasks and what concerns them, and fleet health. Everything else acts for the whole tenant
-# (its agents' definitions, memory stores, schedules, callback secret, dead letters, and the MCP
-# server, whose tools read tasks by tenant) and answers 403: a route added later is closed to
-# such callers until it is listed here.
+# own tasks and what concerns them, fleet health, and the MCP server (whose calls act as the user
+# and read only its tasks: ``api.mcp_server``). Everything else acts for the whole tenant (its
+# agents' definitions, memory stores, schedules, callback secret, dead letters) and answers 403:
+# a route added later is closed to such callers until it is listed here.
 USER_PATHS = re.compile(
-    r"/tasks(/.*)?|/usage|/usage/spend|/breakers|/vault/credentials(/[^/]+)?|/a2a/.+"
-)  # the vault: the user's own; A2A: the user's own tasks of an agent (api/a2a_server.py)
+    r"/tasks(/.*)?|/usage|/usage/spend|/breakers|/vault/credentials(/[^/]+)?|/a2a/.+|/mcp"
+)  # the vault: the user's own; A2A: the user's own tasks of an agent (api/a2a_server.py); /mcp: its calls act as the user (api.mcp_server)
 USER_READS = re.compile(r"/agents(/.*)?")
 
 

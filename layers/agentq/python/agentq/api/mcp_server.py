@@ -11,8 +11,12 @@ the agent's next turn boundary), waiting for the answer that takes it in. Tools 
 request from the tenant's agents, so a new agent is a new tool at once; the server keeps no state
 between requests.
 
-The tenant is the request's (the API key's, as for every route), handed to the handlers in a
-context variable the route sets: one server object serves every tenant.
+The caller is the request's (the API key's or the user token's, as for every route), handed to
+the handlers in a context variable the route sets: one server object serves every tenant. A call
+may name the end user it acts for (``user``) under POST /tasks's rule (``Caller.acting_user``: a
+key created ``--act-for-users`` may name any; a user's token acts as its user and may name no
+other), and a token's caller reaches only its own user's tasks with ``agentq_task`` and
+``agentq_message``.
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ from agentq.api.views import task_result
 from agentq.control.conversations import send_message
 from agentq.control.operations import owned_task
 from agentq.control.submit import submit_once
-from agentq.core.errors import AgentqError
+from agentq.core.endusers import Caller
+from agentq.core.errors import AgentqError, TaskNotFound
 from agentq.core.models import MAX_GOAL_CHARS, MAX_MESSAGE_CHARS, MAX_TIMEOUT_SECONDS, Task, TaskStatus
+from agentq.core.models.submission import EndUser
 
 STATUS_TOOL = "agentq_task"
 MESSAGE_TOOL = "agentq_message"
@@ -42,7 +48,7 @@ MAX_WAIT_SECONDS = 25.0  # API Gateway answers within 29 s: a run longer than th
 DEFAULT_WAIT_SECONDS = 20.0
 POLL_SECONDS = 0.2
 
-tenant_var: contextvars.ContextVar[str] = contextvars.ContextVar("agentq_mcp_tenant")
+caller_var: contextvars.ContextVar[Caller] = contextvars.ContextVar("agentq_mcp_caller")
 
 
 class CallConstraints(BaseModel):
@@ -63,6 +69,10 @@ class AgentCall(BaseModel):
 
     goal: str = Field(min_length=1, max_length=MAX_GOAL_CHARS, description="what the agent is to do")
     constraints: CallConstraints | None = Field(default=None, description="limits of the task (optional)")
+    user: EndUser | None = Field(
+        default=None,
+        description="the end user the task acts for (a key allowed to act for users; a user's token acts as its own)",
+    )
     wait_seconds: float = Field(
         strict=True,
         default=DEFAULT_WAIT_SECONDS,
@@ -128,7 +138,7 @@ def build_server(deps: McpDeps) -> Any:
     async def list_tools(ctx: Any, params: Any) -> Any:
         import anyio
 
-        agents = await anyio.to_thread.run_sync(deps.store.agents.list, tenant_var.get())
+        agents = await anyio.to_thread.run_sync(deps.store.agents.list, caller_var.get().tenant)
         tools = [
             types.Tool(
                 name=agent.name,
@@ -166,7 +176,7 @@ def build_server(deps: McpDeps) -> Any:
     async def call_tool(ctx: Any, params: Any) -> Any:
         import anyio
 
-        tenant = tenant_var.get()
+        tenant = caller_var.get()
         arguments = dict(params.arguments or {})
         try:
             if params.name == STATUS_TOOL:
@@ -200,19 +210,33 @@ def _argument_errors(exc: ValidationError) -> str:
     return "; ".join(describe_validation_error(e)[0] for e in exc.errors(include_url=False))
 
 
-def _run_agent(deps: McpDeps, tenant: str, agent: str, call: AgentCall) -> Outcome:
+def _run_agent(deps: McpDeps, caller: Caller, agent: str, call: AgentCall) -> Outcome:
     constraints = call.constraints.model_dump(mode="json", exclude_none=True) if call.constraints else {}
-    raw = {"goal": call.goal, "agent": agent, "constraints": constraints, "metadata": {"via": "mcp"}}
-    submitted = submit_once(deps.store, deps.tools, raw, tenant=tenant, queues=deps.queues, defaults=deps.defaults)
+    raw: dict[str, Any] = {"goal": call.goal, "agent": agent, "constraints": constraints, "metadata": {"via": "mcp"}}
+    user = caller.acting_user(call.user)  # before anything is written: a refused user submits nothing
+    if user is not None:
+        raw["user"] = user
+    submitted = submit_once(deps.store, deps.tools, raw, tenant=caller.tenant, queues=deps.queues,
+                            defaults=deps.defaults, key_id=caller.key_id)  # fmt: skip
     return _outcome(_wait(deps, submitted.task, call.wait_seconds))
 
 
-def _check(deps: McpDeps, tenant: str, check: TaskCheck) -> Outcome:
-    return _outcome(_wait(deps, owned_task(deps.store, check.task_id, tenant), check.wait_seconds))
+def _seen(deps: McpDeps, caller: Caller, task_id: str) -> Task:
+    """The task, if this caller may see it: another tenant's, or another user's for a token's
+    caller, is not found (as GET /tasks/{id} answers)."""
+    task = owned_task(deps.store, task_id, caller.tenant)
+    if not caller.sees(task.tenant, task.user):
+        raise TaskNotFound(f"no task {task_id!r}", field="task_id")
+    return task
 
 
-def _message(deps: McpDeps, tenant: str, message: TaskMessage) -> Outcome:
-    accepted = send_message(deps.store, deps.queues, message.task_id, message.text, tenant=tenant,
+def _check(deps: McpDeps, caller: Caller, check: TaskCheck) -> Outcome:
+    return _outcome(_wait(deps, _seen(deps, caller, check.task_id), check.wait_seconds))
+
+
+def _message(deps: McpDeps, caller: Caller, message: TaskMessage) -> Outcome:
+    _seen(deps, caller, message.task_id)
+    accepted = send_message(deps.store, deps.queues, message.task_id, message.text, tenant=caller.tenant,
                             idempotency_key=message.idempotency_key)  # fmt: skip
     task = deps.store.tasks.get(message.task_id)
     # Not before the message is in the conversation: the task's status may still be the answer before it.

@@ -68,6 +68,7 @@ from agentq.api.models.fleet import RedriveResult as RedriveResult
 from agentq.api.models.fleet import SpendView as SpendView
 from agentq.api.models.fleet import TenantsUsage as TenantsUsage
 from agentq.api.models.fleet import TenantUsage as TenantUsage
+from agentq.api.models.fleet import UserUsage as UserUsage
 from agentq.api.models.tasks import BudgetRequest as BudgetRequest
 from agentq.api.models.tasks import BudgetView as BudgetView
 from agentq.api.models.tasks import CancelResult as CancelResult

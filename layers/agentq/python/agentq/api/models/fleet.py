@@ -29,7 +29,26 @@ class TenantUsage(ApiModel):
     )
 
 
+class UserUsage(ApiModel):
+    """One end user's usage over the window of ``CallerUsage.users_since``."""
+
+    user: str
+    trees: int = Field(description="root tasks acting for the user created in the window, each with its sub-agents")
+    running: int = Field(description="of those roots, how many are running now")
+    known_tokens: int = Field(description="usage the provider reported for the trees' calls")
+    unknown_tokens: int = Field(description="tokens counted at the holds of calls whose outcome no worker learned")
+    known_usd: str
+    unknown_usd: str
+
+
 class CallerUsage(TenantUsage):
+    users: list[UserUsage] = Field(
+        default_factory=list,
+        description="usage by end user over the last 24 hours, biggest spender first (trees acting for no user make "
+        "no row); a caller acting as one user (a token's) sees only its own row",
+    )
+    users_since: float | None = Field(None, description="the start of the window the users' rows count")
+    users_complete: bool = Field(True, description="false: the window held more trees than one read counts")
     operator: bool = Field(
         description="whether the caller's key is an operator's: it may read GET /usage/tenants (the console asks "
         "only then)"

@@ -32,7 +32,7 @@ def router(deps: ApiDeps) -> Router:
 
     @routes.route("/mcp", method=["POST", "GET", "DELETE"], include_in_schema=False)
     def mcp() -> Response[str]:
-        from agentq.api.mcp_server import McpDeps, build_server, tenant_var
+        from agentq.api.mcp_server import McpDeps, build_server, caller_var
 
         event = routes.current_event
         if event.http_method.upper() == "GET":
@@ -46,11 +46,11 @@ def router(deps: ApiDeps) -> Router:
             server.append(build_server(McpDeps(deps.store, deps.tools, deps.queues, deps.defaults)))
         body = (event.decoded_body or "").encode()
         headers = [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in (event.headers or {}).items()]
-        token = tenant_var.set(deps.tenant())
+        token = caller_var.set(deps.caller())
         try:
             status, out, payload = asyncio.run(_serve(server[0], event.http_method.upper(), headers, body))
         finally:
-            tenant_var.reset(token)
+            caller_var.reset(token)
         content_type = out.pop("content-type", "application/json")
         return Response(status_code=status, content_type=content_type, body=payload.decode(), headers=out)
 

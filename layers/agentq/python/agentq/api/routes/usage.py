@@ -1,6 +1,7 @@
 """``GET /usage``: the caller's running and waiting tasks against its running limit (the
 console shows them above the task list; ``storage.running_slots`` counts them, in the
-deployment's slots: ``Defaults.running_slots``).
+deployment's slots: ``Defaults.running_slots``), and its usage of the last 24 hours by end user
+(``control.spend.spend_by_user``): a key reads every user of its tenant, a token its own row.
 ``GET /usage/spend``: what its task trees spent over a window, known and unknown apart
 (``control.spend``).
 ``GET /usage/tenants``: the same as ``GET /usage`` for every tenant, for an operator's key only (403 otherwise:
@@ -11,14 +12,25 @@ a person why a task says ``deferred: circuit_open``."""
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 from aws_lambda_powertools.event_handler.openapi.params import Query
 
 from agentq.api.errors import Forbidden, responses
-from agentq.api.models import BreakersView, BreakerView, CallerUsage, SpendView, TenantsUsage, TenantUsage
+from agentq.api.models import (
+    BreakersView,
+    BreakerView,
+    CallerUsage,
+    SpendView,
+    TenantsUsage,
+    TenantUsage,
+    UserUsage,
+)
 from agentq.api.routes.common import ApiDeps, Router, user_query
-from agentq.control.spend import MAX_HOURS, tenant_spend
+from agentq.control.spend import MAX_HOURS, spend_by_user, tenant_spend
+
+USERS_WINDOW_HOURS = 24
 
 
 def router(deps: ApiDeps) -> Router:
@@ -30,20 +42,34 @@ def router(deps: ApiDeps) -> Router:
         description="Tasks holding one of the tenant's running slots, tasks waiting for one (counted up to "
         "1,000), and the limit (the tenant's override or the deployment's default; null: unlimited). Without a "
         "fleet capacity a tenant without a limit holds no slots: its running count is 0; with one, every tenant's "
-        "running tasks are counted.",
+        "running tasks are counted. `users`: the last 24 hours' usage by end user (a key reads every user of its "
+        "tenant; a token acting as a user reads only its own row).",
         operation_id="getUsage",
         tags=["tasks"],
         responses=responses(200, CallerUsage),
     )
     def usage() -> CallerUsage:
-        now = deps.defaults.running_slots(deps.store).usage(deps.tenant())
+        caller = deps.caller()
+        now = deps.defaults.running_slots(deps.store).usage(caller.tenant)
+        started = time.time()
+        rows, complete = spend_by_user(deps.store, caller.tenant, USERS_WINDOW_HOURS, user=caller.user, now=started)
+        users = [
+            UserUsage(
+                user=r.user, trees=r.trees, running=r.running, known_tokens=r.known_tokens,
+                unknown_tokens=r.unknown_tokens, known_usd=str(r.known_usd), unknown_usd=str(r.unknown_usd),
+            )
+            for r in rows
+        ]  # fmt: skip
         return CallerUsage(
             tenant=now.tenant,
             running=now.running,
             waiting=now.waiting,
             max_running=now.limit,
             weight=now.weight,
-            operator=deps.operator(),
+            operator=caller.operator,
+            users=users,
+            users_since=started - USERS_WINDOW_HOURS * 3600,
+            users_complete=complete,
         )
 
     @routes.get(

@@ -1,0 +1,117 @@
+"""End users beyond the task routes (issue 43, item 1): ``GET /usage`` breaks the last day's
+usage down by end user (a key reads every user of its own tenant, a token only its own row), and
+an MCP call on ``/mcp`` may name the end user it acts for under POST /tasks's rule (a key only
+if created ``--act-for-users``; a user's token acts as its user and names no other, and reaches
+only its own user's tasks through ``agentq_task`` and ``agentq_message``). Real keys and real
+tokens of the local OIDC issuer, on the local stack with its workers; cross-tenant and
+cross-user probes."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import anyio
+
+from tests.api_support import SCRIPTED, ApiStack
+
+
+def _mcp(url: str, key: str, tool: str, arguments: dict[str, Any]) -> Any:
+    """One tools/call through the ``mcp`` package's own client."""
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    async def run() -> Any:
+        client_http = create_mcp_http_client(headers={"Authorization": f"Bearer {key}"})
+        async with Client(streamable_http_client(f"{url}/mcp", http_client=client_http), mode="legacy") as client:
+            return await client.call_tool(tool, arguments)
+
+    return anyio.run(run)
+
+
+def _agent(api: ApiStack, key: str) -> str:
+    name = f"reach-{uuid.uuid4().hex[:8]}"
+    body = {"name": name, "provider": "scripted", "script": {"turns": [{"text": "hi"}]}, "description": "says hi"}
+    status, data, _ = api.http("POST", "/agents", body, key=key)
+    assert status == 201, data
+    return name
+
+
+def _tasks(api: ApiStack, key: str) -> list[dict[str, Any]]:
+    status, page, _ = api.http("GET", "/tasks?include_children=true", key=key)
+    assert status == 200, page
+    return list(page["tasks"])
+
+
+def test_usage_breaks_down_by_user_a_token_sees_its_own_row_and_a_key_its_tenants_users(api_stack: ApiStack) -> None:
+    api = api_stack
+    alice, bob = api.stack.token(user="alice", tenant="eu-use"), api.stack.token(user="bob", tenant="eu-use")
+    key = api.stack.create_api_key("eu-use", act_for_users=True)
+    other = api.stack.token(user="alice", tenant="eu-use-other")  # the same user name, another tenant
+    submitted = {
+        "alice": [api.submit(SCRIPTED, key=alice), api.submit(SCRIPTED, key=alice)],
+        "bob": [api.submit(SCRIPTED, key=bob)],
+        "carol": [api.submit({**SCRIPTED, "user": "carol"}, key=key)],
+        None: [api.submit(SCRIPTED, key=key)],  # the tenant's own: no user's row
+    }
+    theirs = api.submit(SCRIPTED, key=other)
+    used: dict[str | None, int] = {}
+    for user, ids in submitted.items():
+        views = [api.until(t, lambda v: v["status"] == "succeeded", key=key) for t in ids]
+        used[user] = sum(v["budget"]["used"] for v in views)
+    api.until(theirs, lambda v: v["status"] == "succeeded", key=other)
+
+    status, usage, _ = api.http("GET", "/usage", key=key)
+    assert status == 200, usage
+    rows = {r["user"]: r for r in usage["users"]}
+    assert set(rows) == {"alice", "bob", "carol"} and usage["users_complete"] is True
+    for user in ("alice", "bob", "carol"):
+        assert rows[user]["trees"] == len(submitted[user]) and rows[user]["known_tokens"] == used[user] > 0
+        assert rows[user]["unknown_tokens"] == 0 and rows[user]["running"] == 0
+    for token, user in ((alice, "alice"), (bob, "bob")):
+        status, own, _ = api.http("GET", "/usage", key=token)
+        assert status == 200 and [r["user"] for r in own["users"]] == [user], own
+        assert own["users"][0] == rows[user]
+    status, foreign, _ = api.http("GET", "/usage", key=other)  # another tenant's alice: its own tree only
+    assert status == 200 and [(r["user"], r["trees"]) for r in foreign["users"]] == [("alice", 1)]
+
+
+def test_an_mcp_call_names_its_user_only_from_a_key_allowed_to_and_a_token_acts_as_its_own(
+    api_stack: ApiStack,
+) -> None:
+    api = api_stack
+    plain = api.stack.create_api_key("eu-mcp")
+    allowed = api.stack.create_api_key("eu-mcp", act_for_users=True)
+    agent = _agent(api, plain)
+    call = {"goal": "say hi", "wait_seconds": 20}
+
+    refused = _mcp(api.url, plain, agent, {**call, "user": "dave"})
+    assert refused.is_error and "user" in refused.content[0].text and "act-for-users" in refused.content[0].text
+    assert _tasks(api, plain) == []  # nothing submitted
+    bad = _mcp(api.url, allowed, agent, {**call, "user": "no such user!"})
+    assert bad.is_error and bad.content[0].text.startswith("invalid arguments: user")
+    assert _tasks(api, plain) == []
+
+    named = _mcp(api.url, allowed, agent, {**call, "user": "dave"})
+    assert not named.is_error, named
+    dave_task = named.structured_content["task_id"]
+    assert api.until(dave_task, lambda v: v["status"] == "succeeded", key=plain)["user"] == "dave"
+
+    erin = api.stack.token(user="erin", tenant="eu-mcp")
+    own = _mcp(api.url, erin, agent, call)  # a token's call acts as its user, without naming it
+    assert not own.is_error, own
+    erin_task = own.structured_content["task_id"]
+    assert api.until(erin_task, lambda v: v["status"] == "succeeded", key=plain)["user"] == "erin"
+    assert not _mcp(api.url, erin, agent, {**call, "user": "erin"}).is_error  # naming itself is fine
+    other = _mcp(api.url, erin, agent, {**call, "user": "dave"})
+    assert other.is_error and "user" in other.content[0].text
+    assert sorted(t["user"] for t in _tasks(api, plain)) == ["dave", "erin", "erin"]
+
+    # A token reaches its own user's tasks only; another tenant's key reaches none of these.
+    assert _mcp(api.url, erin, "agentq_task", {"task_id": erin_task}).structured_content["status"] == "succeeded"
+    for key, task_id in ((erin, dave_task), (api.other_key, erin_task), (api.other_key, dave_task)):
+        for tool, args in (("agentq_task", {}), ("agentq_message", {"text": "and now?", "wait_seconds": 0})):
+            probe = _mcp(api.url, key, tool, {"task_id": task_id, **args})
+            assert probe.is_error and "no task" in probe.content[0].text, (tool, probe)
+    assert api.http("GET", f"/tasks/{dave_task}/messages", key=plain)[1]["messages"] == []  # no message went in
