@@ -42,6 +42,7 @@ PORTS = (
     "steps",
     "budgets",
     "windows",
+    "caps",
     "approvals",
     "spawns",
     "effects",

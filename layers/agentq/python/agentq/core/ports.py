@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from agentq.core.caps import Scope, ScopeCap
 from agentq.core.fanout import ChildPlan
 from agentq.core.flow import Admission
 from agentq.core.memory import Author, MemoryDocument, MemorySearchHit
@@ -144,6 +145,24 @@ class TenantWindowsPort(Protocol):
     def settle(self, hold: Any, used: int, used_micros: int = 0) -> None: ...
 
     def with_default(self, default: TenantLimits | None) -> TenantWindowsPort: ...
+
+
+class ScopeCapsPort(Protocol):
+    """The caps of a tenant's users, agents and keys, and their windows (``storage.scope_caps``)."""
+
+    def applicable(self, tenant: str, scopes: dict[Scope, str]) -> list[ScopeCap]: ...
+
+    def hold(
+        self,
+        caps: list[ScopeCap],
+        amount: int,
+        *,
+        micros: int = 0,
+        approved: frozenset[str] = frozenset(),
+        now: float | None = None,
+    ) -> Any: ...
+
+    def settle(self, hold: Any, used: int, used_micros: int = 0) -> None: ...
 
 
 class ApprovalBook(Protocol):
@@ -282,6 +301,9 @@ class EngineStorage(Protocol):
 
     @property
     def windows(self) -> TenantWindowsPort: ...
+
+    @property
+    def caps(self) -> ScopeCapsPort: ...
 
     @property
     def approvals(self) -> ApprovalBook: ...

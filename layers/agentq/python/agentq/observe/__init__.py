@@ -45,6 +45,7 @@ _EXPORTS: dict[str, str] = {
     "record_run": "emf",
     "record_submitted": "emf",
     "tenant_soft_cap_crossed": "emf",
+    "scope_cap_crossed": "emf",
     "tenant_held_at_limit": "emf",
     "circuit_changed": "emf",
     "emit_event": "events",
@@ -82,6 +83,7 @@ __all__ = [
     "record_swept",
     "record_unknown_usage",
     "route_core_logs",
+    "scope_cap_crossed",
     "task_context",
     "task_status_changed",
     "tenant_held_at_limit",
@@ -134,6 +136,7 @@ if TYPE_CHECKING:
         record_submitted,
         record_swept,
         record_unknown_usage,
+        scope_cap_crossed,
         tenant_held_at_limit,
         tenant_soft_cap_crossed,
     )

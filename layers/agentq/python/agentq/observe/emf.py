@@ -117,9 +117,9 @@ def record_tool_error(tool: str) -> None:
     _write_now({names.TOOL_ERRORS: 1}, MetricUnit.Count, {names.TOOL: tool})
 
 
-def record_budget_refusal(budget: Literal["task", "tenant"]) -> None:
+def record_budget_refusal(budget: Literal["task", "tenant", "cap"]) -> None:
     """A reservation refused: the task tree's budget is spent (the task ends cost_exceeded or
-    a spawn is refused), or the tenant's hourly window is full (the task waits)."""
+    a spawn is refused), or the tenant's hourly window or a scope's cap is full (the task waits)."""
     if not enabled():
         return
     _write_now({names.BUDGET_REFUSALS: 1}, MetricUnit.Count, {names.BUDGET: budget})
@@ -162,6 +162,16 @@ def tenant_soft_cap_crossed(tenant: str, held: int, cap: int) -> None:
         with _lock:
             metrics.add_metric(name=names.TENANT_SOFT_CAP_CROSSED, unit=MetricUnit.Count, value=1)
     emit_event("TenantSoftCapCrossed", {"tenant": tenant, "tokens_this_hour": held, "hourly_cap": cap})
+
+
+def scope_cap_crossed(tenant: str, scope: str, name: str, window: str, metric: str, value: int, cap: int) -> None:
+    """A scope's window crossed 80 % of its cap (``storage.scope_caps``, once a window): a metric
+    by scope kind the stack alarms on (three series, whatever the users) and an event naming the
+    tenant, scope, window and amounts (EventBridge when AGENTQ_EVENT_BUS is set; always a log line)."""
+    if enabled():
+        _write_now({names.SCOPE_CAP_CROSSED: 1}, MetricUnit.Count, {names.SCOPE: scope})
+    emit_event("ScopeCapCrossed", {"tenant": tenant, "scope": scope, "name": name, "window": window,
+                                   "metric": metric, "value": value, "cap": cap})  # fmt: skip
 
 
 def tenant_held_at_limit(tenant: str, held_by: Literal["tenant", "key"], limit: int) -> None:

@@ -18,7 +18,8 @@ EXECUTOR = "executor"
 API = "api"
 MODEL = "model"  # the model the provider reported (token metrics)
 TOOL = "tool"  # a registered tool's name (tool_errors)
-BUDGET = "budget"  # which budget refused: "task" (the task tree's own) or "tenant" (its hourly window)
+BUDGET = "budget"  # which budget refused: "task" (the task tree's own), "tenant" (its hourly window), "cap" (a scope's)
+SCOPE = "scope"  # a scope cap's kind: user, agent or key (core.caps; the name is in the event: bounded series)
 
 # Values a dimension falls back to, so the number of metric series stays bounded whatever the
 # model or the tasks ask for.
@@ -31,6 +32,9 @@ PICKUP_LATENCY = "pickup_latency"
 RESUME_LATENCY = "resume_latency"
 DLQ_MOVES = "dlq_moves"
 TENANT_SOFT_CAP_CROSSED = "tenant_soft_cap_crossed"
+# dimensions {service, scope}: a scope's window crossed 80 % of its cap (once a window; the
+# tenant, the name, the window and the amounts are in the ScopeCapCrossed event)
+SCOPE_CAP_CROSSED = "scope_cap_crossed"
 # a task parked because its tenant (or its concurrency key) was at its running limit
 # (dimension: held_by = tenant | key; the tenant itself is in the TenantHeldAtLimit event)
 TASKS_HELD_AT_LIMIT = "tasks_held_at_limit"

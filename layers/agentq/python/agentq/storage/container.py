@@ -20,6 +20,7 @@ from agentq.storage.policies import Policies
 from agentq.storage.purge import Purge
 from agentq.storage.running_slots import RunningSlots
 from agentq.storage.schedules import Schedules
+from agentq.storage.scope_caps import ScopeCaps
 from agentq.storage.serdes import Payloads
 from agentq.storage.spawns import Spawns
 from agentq.storage.steps import Steps
@@ -54,6 +55,7 @@ class Storage:
         self.approvals = Approvals(table, self.tasks)
         self.notes = Notes(table)
         self.windows = TenantWindows(table, default_tenant_limits)
+        self.caps = ScopeCaps(table)
         self.slots = RunningSlots(table)
         self.purge = Purge(table, payloads)
         self.api_keys = KeyStore(table)

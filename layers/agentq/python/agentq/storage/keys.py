@@ -31,6 +31,8 @@ SUBMISSION = "META#SUBMISSION"  # sorts right after META: one Query reads both
 RETRY = "META#RETRY"  # the latest retry (RetryState): read by the same Query
 LIMITS = "LIMITS"
 HOUR = "HOUR#"
+CAP = "CAP#"  # in TENANT#t: CAP#<scope>#<name>, a scope's caps (storage/scope_caps.py)
+CAP_USE = "CAPUSE#"  # in TENANT#t: CAPUSE#<scope>#<name>#<day>, what the scope held that day and each hour
 
 Key = dict[str, str]
 
@@ -90,6 +92,14 @@ def orphan_sk(number: int, epoch: int) -> str:
 
 def hour_sk(hour: str) -> str:
     return f"{HOUR}{hour}"
+
+
+def cap_key(tenant: str, scope: str, name: str) -> Key:
+    return {"pk": tenant_pk(tenant), "sk": f"{CAP}{scope}#{name}"}
+
+
+def cap_use_key(tenant: str, scope: str, name: str, day: str) -> Key:
+    return {"pk": tenant_pk(tenant), "sk": f"{CAP_USE}{scope}#{name}#{day}"}
 
 
 def meta_key(task_id: str) -> Key:

@@ -13,6 +13,7 @@ the batch (``_llm_batch``) and the answer's commit (``_llm_answer``).
 from __future__ import annotations
 
 from agentq import observe
+from agentq.core.engine._caps import CallWindows
 from agentq.core.engine._commit import StepWriter
 from agentq.core.engine._finish import finish_without_step
 from agentq.core.engine._holds import MIN_OUTPUT_TOKENS, BudgetHolds
@@ -28,10 +29,9 @@ from agentq.core.errors import ProviderError
 from agentq.core.faults import crash_point
 from agentq.core.models import TaskStatus
 from agentq.core.policies import PolicyCall
-from agentq.core.ports import BudgetLedger, FlowPort, StepLog, TaskLeases, TenantWindowsPort
+from agentq.core.ports import BudgetLedger, FlowPort, StepLog, TaskLeases
 from agentq.core.pricing import PriceTable
 from agentq.core.providers import ProviderFactory
-from agentq.core.tenancy import TenantCapReached
 
 
 class LLMTurn:
@@ -41,7 +41,7 @@ class LLMTurn:
         steps: StepLog,
         budgets: BudgetLedger,
         flow: FlowPort,
-        windows: TenantWindowsPort,
+        windows: CallWindows,
         providers: ProviderFactory,
         prices: PriceTable,
         holds: BudgetHolds,
@@ -80,17 +80,15 @@ class LLMTurn:
             observe.record_budget_refusal("task")
             return finish_without_step(self.tasks, self.holds, s, TaskStatus.COST_EXCEEDED)
         crash_point("after_reserve")
-        window = None
         held_usd = s.task.inflight.micros if s.task.inflight else 0
         batch = s.task.batch if s.task.batch and int(s.task.batch["step"]) == s.next_step else None
-        if s.limits is not None:
-            try:
-                # A batch's result was paid for when it was sent: the window counts it now, from 0.
-                amount, money = (0, 0) if batch else (reserved, held_usd)
-                window = self.windows.hold(s.task.tenant, s.limits, amount, micros=money)
-            except TenantCapReached as exc:  # not this task's fault: try again next hour
-                self.holds.hand_back(s)
-                return RunResult(s.task_id, "retry", error={**exc.to_dict(), "retry_after": exc.retry_after})
+        # The tenant's window and the task's scopes' caps (core.engine._caps). A batch's result
+        # was paid for when it was sent: the windows count it now, from 0.
+        amount, money = (0, 0) if batch else (reserved, held_usd)
+        taken = self.windows.take(s, amount, money, self.tasks, self.holds)
+        if isinstance(taken, RunResult):
+            return taken
+        window = taken
         est_in, _ = demand
         max_out = max(MIN_OUTPUT_TOKENS, min(self.requests.max_out(s), reserved - est_in))
         call = Call(self.requests.request(s, max_out), max_out, reserved, self.requests.compacting(s), window, route)

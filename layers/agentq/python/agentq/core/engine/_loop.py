@@ -18,6 +18,7 @@ from typing import Any
 
 from agentq import observe
 from agentq.core.dependencies import dependency_goal
+from agentq.core.engine._caps import CallWindows
 from agentq.core.engine._commit import StepWriter
 from agentq.core.engine._finish import finish_without_step
 from agentq.core.engine._grade import GradeTurn
@@ -80,7 +81,9 @@ class Engine:
         self.prices = prices or load_price_table()
         self.config = config
         self.fanout = fanout
-        self.windows = store.windows.with_default(config.default_tenant_limits)
+        self.windows = CallWindows(
+            store.windows.with_default(config.default_tenant_limits), store.caps, store.approvals
+        )
         self._requests = RequestBuilder(self.tools, self.secrets, mcp)
         # Each part gets the storage ports it uses, no more (core.ports).
         self._holds = BudgetHolds(store.budgets, store.tasks, self.prices, config, self._requests)
@@ -181,6 +184,7 @@ class Engine:
                 session.goal = self._goal(task)
                 session.messages = conversation(session.goal, steps, task.submission.output_schema)
                 session.limits = self.windows.limits(task.tenant)
+                session.caps = self.windows.caps_of(task)
                 session.inbox = Inbox(task.messages_received, task.messages_delivered, task.interrupt_at)
                 self._holds.take_over(session)
                 self._workspaces.open(session)  # the files as the last committed step left them

@@ -19,6 +19,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from agentq.core.caps import ScopeCap
 from agentq.core.errors import LeaseLost
 from agentq.core.models import Lease, StepRecord, Task
 from agentq.core.ports import NoteBook, TaskLeases
@@ -60,6 +61,8 @@ class Session:
     committed: int = 0
     stop: threading.Event | None = None  # set by a worker shutting down: end at the next step boundary
     limits: TenantLimits | None = None  # the tenant's hourly window, read once per claim
+    caps: list[ScopeCap] = field(default_factory=list)  # its user's, agent's and key's caps, read once per claim
+    caps_approved: set[str] = field(default_factory=set)  # soft thresholds a person let it pass (core.caps)
     tools: ToolRegistry | None = None  # the worker's tools plus the task's MCP tools (RequestBuilder.registry)
     # The context of the next step, worked out once per step (the reservation's estimate,
     # the request and the step record all need it; each costs a pass over the conversation).

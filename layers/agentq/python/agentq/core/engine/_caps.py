@@ -1,0 +1,130 @@
+"""The windows an LLM call holds on before it is sent, beyond its task tree's budget: the
+tenant's hourly window (``storage.tenant_windows``) and the caps of the task's end user, agent
+and API key (``core.caps``, ``storage.scope_caps``).
+
+Invariant (ARCHITECTURE 4, "spend <= cap at every scope"): a call goes out only under a hold
+on every window that caps it, taken with one conditional write per window item, and the hold
+is settled to what the call used by whoever learns it (the run's commit, a discard of an answer
+whose lease was lost, a zombie's late answer) through the same ``settle`` the tenant window
+uses: every path that settles the tenant's hold settles the caps' with it, because both are one
+``CallHold``.
+
+A hold that would pass a cap defers the task until the window rolls over (or a raise lets it
+go), holding nothing. One that would pass a soft threshold pauses the task for a person's
+approval (the approval book a tool's ``ask`` uses, under ``core.caps.approval_id``): approved,
+the task holds up to the cap for the rest of that window; rejected, it ends ``cost_exceeded``
+naming the cap.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from agentq.core.caps import CapReached, ScopeCap, SoftCapReached, scopes_of
+from agentq.core.engine._finish import finish_without_step
+from agentq.core.engine._holds import BudgetHolds
+from agentq.core.engine._session import Session
+from agentq.core.engine.result import RunResult
+from agentq.core.models import Task, TaskStatus
+from agentq.core.ports import ApprovalBook, ScopeCapsPort, TaskLeases, TenantWindowsPort
+from agentq.core.tenancy import TenantCapReached, TenantLimits
+
+MAX_APPROVALS_A_CALL = 8  # one per soft threshold a call can meet: 3 scopes x 2 windows, and room
+
+
+@dataclass(frozen=True)
+class CallHold:
+    """One call's holds: on the tenant's window and on its scopes' caps (either may be None)."""
+
+    tenant: Any
+    caps: Any
+
+
+class CallWindows:
+    """``TenantWindowsPort`` for the parts that settle a call's hold (they need not know what it
+    holds on), and ``take`` for the turn that takes it."""
+
+    def __init__(self, tenant: TenantWindowsPort, caps: ScopeCapsPort, approvals: ApprovalBook) -> None:
+        self.tenant, self.caps, self.approvals = tenant, caps, approvals
+
+    def limits(self, tenant: str) -> TenantLimits | None:
+        return self.tenant.limits(tenant)
+
+    def with_default(self, default: TenantLimits | None) -> CallWindows:
+        return CallWindows(self.tenant.with_default(default), self.caps, self.approvals)
+
+    def hold(self, tenant: str, limits: TenantLimits, amount: int, now: float | None = None, *, micros: int = 0) -> Any:
+        return self.tenant.hold(tenant, limits, amount, now, micros=micros)
+
+    def caps_of(self, task: Task) -> list[ScopeCap]:
+        """The caps the task spends against (read once per claim; no read without a scope)."""
+        scopes = scopes_of(task)
+        return self.caps.applicable(task.tenant, scopes) if scopes else []
+
+    def settle(self, hold: Any, used: int, used_micros: int = 0) -> None:
+        """Replace a call's holds by what it used (``used=0``: give them back)."""
+        if not isinstance(hold, CallHold):
+            self.tenant.settle(hold, used, used_micros)
+            return
+        if hold.tenant is not None:
+            self.tenant.settle(hold.tenant, used, used_micros)
+        if hold.caps is not None:
+            self.caps.settle(hold.caps, used, used_micros)
+
+    def take(
+        self, s: Session, amount: int, micros: int, tasks: TaskLeases, holds: BudgetHolds
+    ) -> CallHold | RunResult | None:
+        """The call's holds (None: nothing caps it), or how the run ends instead: deferred at a
+        cap (the tenant's or a scope's), paused at a soft threshold, ended at a rejected one.
+        On every way out but a hold, the task's budget hold goes back with the lease."""
+        if s.limits is None and not s.caps:
+            return None
+        for _ in range(MAX_APPROVALS_A_CALL):
+            try:
+                return self._hold(s, amount, micros)
+            except TenantCapReached as exc:  # not this task's fault: try again next hour
+                holds.hand_back(s)
+                return RunResult(s.task_id, "retry", error={**exc.to_dict(), "retry_after": exc.retry_after})
+            except CapReached as exc:  # wait for the window to roll over: a delayed message, no receive spent
+                holds.hand_back(s)
+                error = {**exc.to_dict(), "scope": exc.scope, "window": exc.window, "retry_after": exc.retry_after}
+                return RunResult(s.task_id, "deferred", error=error)
+            except SoftCapReached as exc:
+                ended = self._soft(s, exc, tasks, holds)
+                if ended is not None:
+                    return ended
+        raise RuntimeError(f"task {s.task_id}: more soft thresholds than a call can meet")
+
+    def _hold(self, s: Session, amount: int, micros: int) -> CallHold:
+        window = self.tenant.hold(s.task.tenant, s.limits, amount, micros=micros) if s.limits is not None else None
+        try:
+            capped = (
+                self.caps.hold(s.caps, amount, micros=micros, approved=frozenset(s.caps_approved)) if s.caps else None
+            )
+        except (CapReached, SoftCapReached):
+            if window is not None:
+                self.tenant.settle(window, 0)
+            raise
+        return CallHold(window, capped)
+
+    def _soft(self, s: Session, exc: SoftCapReached, tasks: TaskLeases, holds: BudgetHolds) -> RunResult | None:
+        """None when a person approved going past this threshold (the call tries again), else
+        the run's end: paused to ask, or ended ``cost_exceeded`` when the answer was no."""
+        record = self.approvals.get(s.task_id, exc.approval)
+        if record is not None and record.state == "approved":
+            s.caps_approved.add(exc.approval)
+            return None
+        if record is not None and record.state != "pending":
+            ended = finish_without_step(tasks, holds, s, TaskStatus.COST_EXCEEDED,
+                                        note=f" ({exc.message}; a person declined)")  # fmt: skip
+            return ended
+        holds.release(s)  # a paused task holds nothing
+        self.approvals.request(s.lease, exc.approval, exc.message)
+        s.task = s.task.model_copy(update={"status": TaskStatus.PAUSED})
+        paused = RunResult(s.task_id, "waiting", status=TaskStatus.PAUSED)
+        timeout = s.task.submission.constraints.approval_timeout_seconds
+        if timeout is not None:
+            paused.approval_due = (record.asked_at if record is not None else time.time()) + timeout
+        return paused

@@ -1,0 +1,161 @@
+"""Caps at every scope (core.caps, storage.scope_caps, core.engine._caps): a task acting for an
+end user, running an agent or submitted with an API key holds each of its calls on that scope's
+hourly and daily windows, in tokens and dollars. The engine's behaviour, on the in-memory twin
+(the race between real processes is tests/test_scope_caps_race.py; the API, tests/test_caps_api.py)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from agentq.core.caps import CapLimits
+from agentq.core.engine import Engine, EngineConfig
+from agentq.core.models import CallStep, TaskStatus, TaskSubmission
+from agentq.core.pricing import micros
+from agentq.core.tools import ToolRegistry
+from agentq.storage.container import Storage
+
+from tests.helpers import call
+
+STORAGE = "memory"
+NOTES = "n" * 800  # ~200 output tokens a turn by the scripted provider's count
+SCOPES = ("user", "agent", "key")
+WINDOWS = (("hourly", "hour"), ("daily", "day"))
+
+
+def _submission(turns: int, *, user: str | None = None, agent: str | None = None) -> TaskSubmission:
+    script = [{"text": f"turn {i} {NOTES}", "tool_calls": [call("lookup", query=f"q{i}")]} for i in range(turns)]
+    raw: dict[str, Any] = {
+        "goal": "spend", "provider": "scripted", "script": {"turns": [*script, {"text": "done"}]},
+        "constraints": {"tools": ["lookup"], "max_steps": 200, "max_output_tokens": 300, "max_tokens": 10_000_000},
+    }  # fmt: skip
+    if user:
+        raw["user"] = user
+    if agent:
+        raw["agent"] = agent
+    return TaskSubmission.model_validate(raw)
+
+
+def _create(store: Storage, scope: str, name: str, turns: int, tenant: str = "acme") -> str:
+    sub = _submission(turns, user=name if scope == "user" else None, agent=name if scope == "agent" else None)
+    return store.tasks.create(sub, tenant=tenant, key_id=name if scope == "key" else None).task_id
+
+
+def _engine(store: Storage, registry: ToolRegistry) -> Engine:
+    return Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30))
+
+
+def _decide(store: Storage, task_id: str, *, approved: bool) -> None:
+    """A person's decision, as ``control.decide`` records it (here the test runs the task again
+    itself instead of a queue's message)."""
+    pending = store.approvals.pending(task_id)
+    assert pending is not None
+    store.approvals.decide(task_id, pending.use_id, approved=approved, note="", by="reviewer")
+
+
+def _calls(store: Storage, task_id: str) -> list[CallStep]:
+    return [s.body for s in store.steps.load(task_id) if isinstance(s.body, CallStep)]
+
+
+@pytest.mark.parametrize("scope", SCOPES)
+@pytest.mark.parametrize(("prefix", "window"), WINDOWS)
+@pytest.mark.parametrize("metric", ["tokens", "usd"])
+def test_a_scope_cap_defers_the_task_before_a_call_could_pass_it_and_its_windows_count_exactly_what_was_used(
+    store: Storage, registry: ToolRegistry, scope: str, prefix: str, window: str, metric: str
+) -> None:
+    cap: Any = 6_000 if metric == "tokens" else Decimal("0.03")
+    store.caps.put("acme", scope, "alice", CapLimits.model_validate({f"{prefix}_{metric}": cap}))  # type: ignore[arg-type]
+    task_id = _create(store, scope, "alice", turns=40)
+    result = _engine(store, registry).run(task_id)
+
+    assert result.outcome == "deferred" and result.error is not None
+    assert result.error["code"] == "cap_reached" and result.error["scope"] == scope
+    assert result.error["window"] == window and 0 < result.error["retry_after"] <= (3601 if window == "hour" else 86401)
+    meta = store.tasks.get(task_id)
+    assert meta.status is TaskStatus.RUNNING and meta.lease_expires == 0 and meta.inflight is None  # holds nothing
+    calls = _calls(store, task_id)
+    assert len(calls) >= 2
+    tokens = sum(c.usage.total for c in calls)
+    money = sum(micros(c.cost_usd) for c in calls)
+    usage = store.caps.usage("acme", scope, "alice")  # type: ignore[arg-type]
+    for w in ("hour", "day"):  # exact, on both windows, whichever is capped: holds settled to the usage
+        assert usage[f"{w}_tokens"] == usage[f"{w}_used_tokens"] == tokens
+        assert usage[f"{w}_usd"] == usage[f"{w}_used_usd"] == money
+    spent = tokens if metric == "tokens" else money
+    assert spent <= (cap if metric == "tokens" else micros(cap))
+    assert store.budgets.get(task_id).reserved == 0
+
+
+@pytest.mark.parametrize("scope", SCOPES)
+def test_a_task_of_another_scope_or_another_tenant_is_not_held_by_the_cap(
+    store: Storage, registry: ToolRegistry, scope: str
+) -> None:
+    store.caps.put("acme", scope, "alice", CapLimits(hourly_tokens=0))  # type: ignore[arg-type]
+    for tenant, name in (("acme", "bob"), ("beta", "alice")):  # same tenant other name; same name other tenant
+        task_id = _create(store, scope, name, turns=2, tenant=tenant)
+        assert _engine(store, registry).run(task_id).status is TaskStatus.SUCCEEDED
+        assert store.caps.usage(tenant, scope, name)["hour_tokens"] == 0  # type: ignore[arg-type]
+    assert store.caps.usage("beta", scope, "alice")["day_tokens"] == 0  # type: ignore[arg-type]
+    blocked = _create(store, scope, "alice", turns=2)
+    assert _engine(store, registry).run(blocked).outcome == "deferred"  # the cap itself does hold its own
+
+
+def test_every_scope_of_a_task_is_held_and_a_refusal_by_one_gives_back_the_others(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    store.caps.put("acme", "user", "alice", CapLimits(daily_tokens=1_000_000))
+    store.caps.put("acme", "agent", "helper", CapLimits(hourly_tokens=1_000_000))
+    store.caps.put("acme", "key", "k1", CapLimits(hourly_tokens=5_000))
+    sub = _submission(40, user="alice", agent="helper")
+    task_id = store.tasks.create(sub, tenant="acme", key_id="k1").task_id
+    assert _engine(store, registry).run(task_id).outcome == "deferred"
+    tokens = sum(c.usage.total for c in _calls(store, task_id))
+    for scope, name in (("user", "alice"), ("agent", "helper"), ("key", "k1")):
+        usage = store.caps.usage("acme", scope, name)  # type: ignore[arg-type]
+        assert usage["day_tokens"] == usage["day_used_tokens"] == tokens  # the refused call's holds given back
+    assert tokens <= 5_000
+
+
+def test_a_soft_threshold_pauses_for_approval_then_the_task_goes_on_to_the_cap(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    store.caps.put("acme", "user", "alice", CapLimits(hourly_tokens=9_000, soft_hourly_tokens=3_000))
+    task_id = _create(store, "user", "alice", turns=40)
+    engine = _engine(store, registry)
+    paused = engine.run(task_id)
+    assert paused.status is TaskStatus.PAUSED
+    asked = store.approvals.pending(task_id)
+    assert asked is not None and asked.use_id.startswith("cap-user-hour-") and "soft threshold" in asked.question
+    at_pause = store.caps.usage("acme", "user", "alice")
+    assert at_pause["hour_tokens"] == at_pause["hour_used_tokens"] <= 3_000  # nothing held while it waits
+    assert store.tasks.get(task_id).inflight is None
+
+    _decide(store, task_id, approved=True)
+    result = engine.run(task_id)
+    assert result.outcome == "deferred" and result.error is not None and result.error["code"] == "cap_reached"
+    after = store.caps.usage("acme", "user", "alice")
+    assert 3_000 < after["hour_tokens"] == after["hour_used_tokens"] <= 9_000  # past the threshold, never the cap
+    assert store.approvals.pending(task_id) is None  # asked once for the window
+
+
+def test_a_rejected_soft_threshold_ends_the_task_cost_exceeded_naming_the_cap(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    store.caps.put("acme", "agent", "helper", CapLimits(daily_usd=Decimal(1), soft_daily_usd=Decimal("0.01")))
+    task_id = _create(store, "agent", "helper", turns=40)
+    engine = _engine(store, registry)
+    assert engine.run(task_id).status is TaskStatus.PAUSED
+    _decide(store, task_id, approved=False)
+    result = engine.run(task_id)
+    assert result.status is TaskStatus.COST_EXCEEDED
+    error = store.tasks.get(task_id).error
+    assert error is not None and "agent 'helper'" in error["message"] and "declined" in error["message"]
+    assert store.caps.usage("acme", "agent", "helper")["day_usd"] <= micros(Decimal("0.01"))
+
+
+def test_a_task_with_no_capped_scope_writes_no_window(store: Storage, registry: ToolRegistry) -> None:
+    task_id = _create(store, "user", "carol", turns=2)
+    assert _engine(store, registry).run(task_id).status is TaskStatus.SUCCEEDED
+    assert store.caps.usage("acme", "user", "carol") == dict.fromkeys(store.caps.usage("acme", "user", "carol"), 0)
