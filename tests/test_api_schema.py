@@ -151,6 +151,7 @@ def test_the_served_document_is_the_generated_one_and_valid_openapi(api: Api) ->
         ("GET", "/memory-stores/{name}/search"), ("GET", "/usage"), ("GET", "/usage/tenants"), ("GET", "/usage/spend"),
         ("PUT", "/vault/credentials/{name}"), ("GET", "/vault/credentials"), ("DELETE", "/vault/credentials/{name}"),
         ("POST", "/stops"), ("GET", "/stops"), ("POST", "/stops/resume"),
+        ("PUT", "/caps/{scope}/{name}"), ("GET", "/caps"), ("GET", "/caps/{scope}/{name}"), ("DELETE", "/caps/{scope}/{name}"),
     }  # fmt: skip
     for path, ops in served["paths"].items():
         for method, op in ops.items():

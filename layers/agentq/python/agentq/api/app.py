@@ -42,6 +42,7 @@ from agentq.api.routes import (
     actions,
     agent_aliases,
     agents,
+    caps,
     conversations,
     dead_letters,
     events,
@@ -330,6 +331,7 @@ def build_app(
     app.include_router(webhooks.router(deps))
     app.include_router(schedules.router(deps))
     app.include_router(usage.router(deps))
+    app.include_router(caps.router(deps))
     app.include_router(vault.router(deps, cipher))
     app.include_router(dead_letters.router(store, queues, app.tenant))
     console.install(app, hub_url)

@@ -40,6 +40,7 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import (
 from agentq.api import views as api_views
 from agentq.api.models import MAX_BODY_BYTES, ErrorResponse
 from agentq.api.routes.common import Router
+from agentq.core.caps import CapNotFound
 from agentq.core.endusers import UserNotAllowed
 from agentq.core.errors import (
     AgentqError,
@@ -234,6 +235,7 @@ def handlers() -> Router:
             MemoryDocumentNotFound,
             KeyNotFound,
             StopNotFound,
+            CapNotFound,
         ]
     )
     def on_not_found(exc: AgentqError) -> Response[Any]:

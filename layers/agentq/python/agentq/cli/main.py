@@ -20,6 +20,7 @@ import sys
 
 from agentq.cli import (
     admin,
+    caps,
     catalogue,
     conversation,
     diff,
@@ -63,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         stops,
         memory,
         vault,
+        caps,
         fleet,
         admin,
         local,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from agentq.core.errors import AgentqError, ValidationError
 
@@ -68,14 +68,20 @@ class CapLimits(BaseModel):
     soft_daily_tokens: int | None = Field(None, ge=0, le=MAX_TOKENS)
     soft_daily_usd: Decimal | None = Field(None, ge=0, le=MAX_USD, decimal_places=6)
 
+    @field_validator("soft_hourly_tokens", "soft_hourly_usd", "soft_daily_tokens", "soft_daily_usd")
+    @classmethod
+    def _soft_within_cap(cls, soft: int | Decimal | None, info: ValidationInfo) -> int | Decimal | None:
+        """A soft threshold needs its cap and is at most it (the caps are declared, so validated, first)."""
+        cap = str(info.field_name).removeprefix("soft_")
+        hard = info.data.get(cap)
+        if soft is not None and hard is None:
+            raise ValueError(f"a soft threshold needs its cap ({cap})")
+        if soft is not None and hard is not None and soft > hard:
+            raise ValueError(f"the soft threshold ({soft}) is above its cap ({cap} = {hard})")
+        return soft
+
     @model_validator(mode="after")
-    def _soft_within_cap(self) -> CapLimits:
-        for cap in ("hourly_tokens", "hourly_usd", "daily_tokens", "daily_usd"):
-            soft, hard = getattr(self, f"soft_{cap}"), getattr(self, cap)
-            if soft is not None and hard is None:
-                raise ValueError(f"soft_{cap}: a soft threshold needs its cap ({cap})")
-            if soft is not None and soft > hard:
-                raise ValueError(f"soft_{cap}: the soft threshold ({soft}) is above its cap ({cap} = {hard})")
+    def _a_cap(self) -> CapLimits:
         if all(getattr(self, c) is None for c in ("hourly_tokens", "hourly_usd", "daily_tokens", "daily_usd")):
             raise ValueError("hourly_tokens, hourly_usd, daily_tokens or daily_usd: at least one cap")
         return self
@@ -146,6 +152,10 @@ def approval_id(scope: Scope, window: Window, period: str) -> str:
     """The id of the approval a task asks for to go past a soft threshold: one per scope, window
     and period (a new day asks again), never a tool call's id."""
     return f"cap-{scope}-{window}-{period}"
+
+
+class CapNotFound(AgentqError):
+    code = "cap_not_found"
 
 
 class CapReached(AgentqError):

@@ -201,17 +201,17 @@ class ScopeCaps:
         self, cap: ScopeCap, line: CapLine, was: int, need: int, soft: bool, period: dict[str, str], now: float
     ) -> None:
         unit = (lambda v: f"${v / 1_000_000:.6f}") if line.metric == "usd" else (lambda v: f"{v} tokens")
-        per = "hour" if line.window == "hour" else "day"
+        per = "an hour" if line.window == "hour" else "a day"
         if soft:
             assert line.soft is not None
             raise SoftCapReached(
-                f"{cap.scope} {cap.name!r} would pass its soft threshold of {unit(line.soft)} a {per} "
+                f"{cap.scope} {cap.name!r} would pass its soft threshold of {unit(line.soft)} {per} "
                 f"(at {unit(was)}, this call holds {unit(need)}): a person's approval lets it go on",
                 cap.scope, line.window, period[line.window],
             )  # fmt: skip
         observe.record_budget_refusal("cap")
         raise CapReached(
-            f"{cap.scope} {cap.name!r} reached its cap of {unit(line.cap)} a {per} (at {unit(was)}, this call "
+            f"{cap.scope} {cap.name!r} reached its cap of {unit(line.cap)} {per} (at {unit(was)}, this call "
             f"holds {unit(need)})",
             seconds_to_next(line.window, now), cap.scope, line.window,
         )  # fmt: skip
