@@ -115,8 +115,59 @@ def _deferred_at_cap(task: Task) -> bool:
     """Waiting for the user's window to roll over, holding nothing."""
     retry = task.retry
     return (
-        retry is not None
-        and retry.code == "cap_reached"
-        and task.lease_expires < time.time()
-        and task.inflight is None
+        retry is not None and retry.code == "cap_reached" and task.lease_expires < time.time() and task.inflight is None
     )
+
+
+def test_a_zombies_late_answer_is_counted_on_its_users_window_once(settings: Settings, store: Storage) -> None:
+    """A worker paused mid call past its lease, a successor that takes the task over and makes
+    its own call, then the zombie woken with its answer: its lease is lost, its answer is kept
+    as an orphan, and the user's windows count both calls exactly (the zombie settles its own
+    hold to its answer's usage; nothing is left held, nothing counted twice)."""
+    import dataclasses
+    import json
+    import os
+    import signal
+    import subprocess
+
+    from agentq.core.models import TaskSubmission
+
+    from tests.conftest import child_env
+    from tests.fake_messages_api import FakeMessagesAPI, message_reply, usage_dict
+    from tests.helpers import agentq_process
+
+    def spawn(task_id: str, env: dict[str, str], wait: float, lease: float = 1) -> subprocess.Popen[str]:
+        return agentq_process(["run-task", task_id, "--lease", str(lease), "--wait", str(wait)],
+                              env=child_env(settings, **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)  # fmt: skip
+
+    store.caps.put("t", "user", "zed", CapLimits(daily_tokens=20_000, hourly_usd=Decimal(10)))
+    answer = {"input_tokens": 20, "output_tokens": 900}
+    with FakeMessagesAPI(within_max_tokens=True) as fake:
+        fake.enqueue(
+            dataclasses.replace(message_reply([{"type": "text", "text": "A"}], usage=usage_dict(**answer)),
+                                delay_seconds=1.0),
+            message_reply([{"type": "text", "text": "B"}], usage=usage_dict(**answer)),
+        )  # fmt: skip
+        sub = {"goal": "one turn", "provider": "anthropic", "user": "zed",
+               "constraints": {"max_tokens": 5_000, "max_output_tokens": 1_000, "tools": []}}  # fmt: skip
+        task = store.tasks.create(TaskSubmission.model_validate(sub), tenant="t")
+        env = {"ANTHROPIC_BASE_URL": fake.base_url, "ANTHROPIC_API_KEY": "k", "AGENTQ_MAX_CALL_SECONDS": "8"}
+        zombie = spawn(task.task_id, env, wait=0)
+        _wait(store, task.task_id, lambda _: len(fake.requests) == 1, timeout=30)  # A's call on the wire
+        os.kill(zombie.pid, signal.SIGSTOP)
+        try:
+            successor = spawn(task.task_id, env, wait=60, lease=10)
+            _wait(store, task.task_id, lambda t: t.lease_epoch >= 2, timeout=30)
+        finally:
+            os.kill(zombie.pid, signal.SIGCONT)
+        z_out, z_err = zombie.communicate(timeout=60)
+        _, s_err = successor.communicate(timeout=90)
+        delivered = sum(u["input_tokens"] + u["output_tokens"] for u in fake.delivered_usage)
+
+    assert json.loads(z_out.strip().splitlines()[-1])["outcome"] == "lease_lost", z_err[-2000:]
+    assert store.tasks.get(task.task_id).status.terminal, s_err[-2000:]
+    assert len(fake.delivered_usage) == 2 and len(store.steps.orphans(task.task_id)) == 1
+    usage = store.caps.usage("t", "user", "zed")
+    assert usage["day_tokens"] == usage["day_used_tokens"] == delivered == store.budgets.get(task.task_id).used
+    assert usage["hour_usd"] == usage["hour_used_usd"] == store.budgets.get(task.task_id).used_micros > 0
