@@ -112,6 +112,8 @@ def test_no_tenant_reads_writes_or_is_held_by_another_tenants_caps(api_stack: Ap
     for method, body in (("GET", None), ("PUT", {"hourly_tokens": 10**9})):
         status, answer, _ = api.http(method, "/caps/user/jo", body, key=token)
         assert status == 403 and answer["error"]["code"] == "forbidden", answer
+    shown = {k: [(c["scope"], c["name"]) for c in api.http("GET", "/usage", key=k)[1]["caps"]] for k in (a, b, token)}
+    assert shown == {a: [("agent", "helper"), ("user", "jo")], b: [], token: [("user", "jo")]}  # GET /usage too
     status, gone, _ = api.http("DELETE", "/caps/user/jo", key=a)
     assert status == 200 and gone["limits"]["hourly_tokens"] == 0
     assert [c["name"] for c in _caps(api, a)] == ["helper"]

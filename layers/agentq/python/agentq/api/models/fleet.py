@@ -10,6 +10,7 @@ from pydantic import Field
 from agentq.api.models.base import (
     ApiModel,
 )
+from agentq.api.models.caps import CapView
 from agentq.core.models import (
     Priority,
     TaskStatus,
@@ -49,6 +50,11 @@ class CallerUsage(TenantUsage):
     )
     users_since: float | None = Field(None, description="the start of the window the users' rows count")
     users_complete: bool = Field(True, description="false: the window held more trees than one read counts")
+    caps: list[CapView] = Field(
+        default_factory=list,
+        description="the tenant's caps per end user, agent and API key with what each window holds now (a token's "
+        "caller: its own user's cap only)",
+    )
     operator: bool = Field(
         description="whether the caller's key is an operator's: it may read GET /usage/tenants (the console asks "
         "only then)"

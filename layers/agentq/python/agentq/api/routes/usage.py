@@ -1,7 +1,8 @@
 """``GET /usage``: the caller's running and waiting tasks against its running limit (the
 console shows them above the task list; ``storage.running_slots`` counts them, in the
 deployment's slots: ``Defaults.running_slots``), and its usage of the last 24 hours by end user
-(``control.spend.spend_by_user``): a key reads every user of its tenant, a token its own row.
+(``control.spend.spend_by_user``): a key reads every user of its tenant, a token its own row; and
+the caps per scope with what their windows hold (``control.caps``; a token: its own user's).
 ``GET /usage/spend``: what its task trees spent over a window, known and unknown apart
 (``control.spend``).
 ``GET /usage/tenants``: the same as ``GET /usage`` for every tenant, for an operator's key only (403 otherwise:
@@ -27,7 +28,9 @@ from agentq.api.models import (
     TenantUsage,
     UserUsage,
 )
+from agentq.api.routes.caps import view as caps_view
 from agentq.api.routes.common import ApiDeps, Router, user_query
+from agentq.control import caps
 from agentq.control.spend import MAX_HOURS, spend_by_user, tenant_spend
 
 USERS_WINDOW_HOURS = 24
@@ -43,7 +46,8 @@ def router(deps: ApiDeps) -> Router:
         "1,000), and the limit (the tenant's override or the deployment's default; null: unlimited). Without a "
         "fleet capacity a tenant without a limit holds no slots: its running count is 0; with one, every tenant's "
         "running tasks are counted. `users`: the last 24 hours' usage by end user (a key reads every user of its "
-        "tenant; a token acting as a user reads only its own row).",
+        "tenant; a token acting as a user reads only its own row). `caps`: the caps per end user, agent and API key with "
+        "what each window holds now (a token: its own user's only).",
         operation_id="getUsage",
         tags=["tasks"],
         responses=responses(200, CallerUsage),
@@ -60,6 +64,7 @@ def router(deps: ApiDeps) -> Router:
             )
             for r in rows
         ]  # fmt: skip
+        capped = caps.listing(deps.store, caller.tenant, "user" if caller.user else None)
         return CallerUsage(
             tenant=now.tenant,
             running=now.running,
@@ -70,6 +75,11 @@ def router(deps: ApiDeps) -> Router:
             users=users,
             users_since=started - USERS_WINDOW_HOURS * 3600,
             users_complete=complete,
+            caps=[
+                caps_view(c)
+                for c in capped
+                if caller.user is None or (c.cap.scope, c.cap.name) == ("user", caller.user)
+            ],
         )
 
     @routes.get(
