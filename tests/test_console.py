@@ -1229,4 +1229,27 @@ def test_the_stop_button_asks_first_then_stops_a_users_tasks_until_resumed(conso
     assert console.http("POST", "/tasks", {**scripted("again", [{"text": "hi"}]), "user": "dora"}, key=key)[0] == 202
     console.http("POST", "/stops", {"tenant": tenant}, key=key)  # leave nothing running behind
     tab.errors[:] = [e for e in tab.errors if "status of 423" not in e]
+
+
+def test_the_usage_page_shows_usage_by_end_user_and_the_caps_with_their_windows(console: Console, tab: Page) -> None:
+    """The usage page (console_assets/usage.js): the last day's usage per end user of the key's
+    tenant, and each cap per user, agent or key with what its hour and day hold; another
+    tenant's users and caps are not there."""
+    user = f"una-{uuid.uuid4().hex[:6]}"
+    backend = console.stack.create_api_key("team-a", act_for_users=True)
+    assert console.http("PUT", f"/caps/user/{user}", {"daily_usd": "5", "soft_daily_usd": "3"}, key=backend)[0] == 200
+    task_id = console.submit({**scripted("hello", [{"text": "hi"}]), "user": user}, key=backend)
+    used = console.until(task_id, lambda v: v["status"] == "succeeded")["budget"]["used"]
+    theirs = console.stack.create_api_key("team-b", act_for_users=True)
+    assert console.http("PUT", "/caps/agent/theirs", {"hourly_tokens": 10}, key=theirs)[0] == 200
+    console.submit({**scripted("hello", [{"text": "hi"}]), "user": f"{user}-b"}, key=theirs)
+    page = tab.page
+    page.click("a[data-nav='usage']")
+    page.wait_for_selector(f"tr[data-user='{user}']")
+    cells = page.inner_text(f"tr[data-user='{user}']").split("\t")
+    assert cells[:4] == [user, "1", "0", f"{used:,}"]
+    cap = page.inner_text(f"tr[data-cap='user/{user}']")
+    assert "$5.00 (ask above $3.00)" in cap and f"{used:,} tokens" in cap
+    assert page.locator("tr[data-cap='agent/theirs'], tr[data-user$='-b']").count() == 0
+    shot(console, tab, "usage")
     no_errors(tab)

@@ -9,6 +9,7 @@ import { replace } from "./dom.js";
 import { schedulesPage } from "./schedules.js";
 import { taskListPage } from "./task_list.js";
 import { taskPage } from "./task.js";
+import { usagePage } from "./usage.js";
 import { vaultPage } from "./vault.js";
 import { stopsPage } from "./stops.js";
 
@@ -31,6 +32,7 @@ const routes = [
   [/^#\/schedules$/, (ctx) => schedulesPage(ctx)],
   [/^#\/dead-letters$/, (ctx) => deadLettersPage(ctx)],
   [/^#\/breakers$/, (ctx) => breakersPage(ctx)],
+  [/^#\/usage$/, (ctx) => usagePage(ctx)],
   [/^(#\/?(tasks)?)?$/, (ctx) => taskListPage(ctx)],
 ];
 
