@@ -17,6 +17,7 @@ from aws_cdk import aws_sns_subscriptions as subs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from agentq.core.caps import SCOPES
 from agentq.observe import names
 from agentq.resources import TIERS
 from infra.api import Api
@@ -152,6 +153,15 @@ def task_alarms(alarm: AlarmFactory, cfg: EnvironmentSettings, fns: Functions) -
         "a tenant crossed 80% (its soft cap) of its hourly token window; the event names the tenant",
         ok=False,
     )
+    for scope in SCOPES:  # one series per scope kind, whatever the users: the event names who
+        alarm(
+            f"ScopeCap80{scope.capitalize()}",
+            agentq_metric(names.SCOPE_CAP_CROSSED, "Sum", FIVE_MINUTES, **{names.SCOPE: scope}),
+            1,
+            f"a {scope}'s window crossed 80% of one of its caps (core.caps: tokens or dollars, an hour or a day); "
+            "the ScopeCapCrossed event names the tenant, the name, the window and the amounts",
+            ok=False,
+        )
     alarm(
         "TenantHeldAtLimit",
         agentq_metric(names.TASKS_HELD_AT_LIMIT, "Sum", FIVE_MINUTES),

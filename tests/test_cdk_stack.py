@@ -1481,3 +1481,15 @@ def test_the_vault_key_rotates_and_the_api_may_only_seal_and_the_task_runners_on
         if "AGENTQ_VAULT_KMS_KEY" in v["Properties"].get("Environment", {}).get("Variables", {})
     )
     assert len(with_key) == 2  # the API and the executor
+
+
+def test_each_scope_kind_has_an_alarm_at_80_percent_of_its_caps(synth: Synthesized) -> None:
+    """Caps per end user, agent and key (core.caps): one alarm per scope kind on the
+    scope_cap_crossed metric (three series whatever the users; the event names who)."""
+    p = settings_of(synth.env_name).prefix
+    alarms = _alarms(synth)
+    for scope in ("user", "agent", "key"):
+        alarm = alarms[f"{p}-scope-cap80-{scope}"]
+        assert _metric(alarm) == ("agentq", "scope_cap_crossed", "Sum") and alarm["Threshold"] == 1
+        (stat,) = [m["MetricStat"] for m in alarm["Metrics"] if "MetricStat" in m]
+        assert {"Name": "scope", "Value": scope} in stat["Metric"]["Dimensions"]
