@@ -41,6 +41,7 @@ CASES = {
     "memory_cost": ["--sizes", "100,5000", "--stores", "3", "--searches", "1"],
     "events": ["--subscribers", "3", "--turns", "2", "--latency", "0.1"],
     "slot_calls": ["--waiting-tenants", "2"],
+    "cap_calls": ["--turns", "2"],
     "policy_latency": ["--rules", "0,3", "--checks", "20"],
     "vault_cost": ["--runs", "3"],
     "live_cost": ["--watchers", "10,100"],
@@ -158,6 +159,11 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
         rows = {r["scenario"]: r for r in result["rows"]}
         assert rows["unlimited tenant, no fleet"]["release"] == {"dynamodb:GetItem": 1}
         assert rows["release waking the fleet, 2 tenant(s) waiting"]["release"]["sqs:SendMessage"] == 1
+    elif name == "cap_calls":  # a capped scope: one conditional hold and one settle per LLM call, one read a claim
+        calls = {r["capped_scopes"]: r["extra_calls"] for r in result["rows"]}
+        assert calls == {0: {"BatchGetItem": 1}, 1: {"BatchGetItem": 1, "UpdateItem": 6},
+                         2: {"BatchGetItem": 1, "UpdateItem": 12}, 3: {"BatchGetItem": 1, "UpdateItem": 18}}  # fmt: skip
+        assert result["day_item"]["end_of_day_units"] >= 1 and result["prices"]["dynamodb_wru"] > 0
     elif name == "policy_latency":
         rows = {(r["scenario"], r["rules"]): r for r in result["rows"]}
         assert rows[("cached", 3)]["aws_calls_per_check"] == {} and rows[("cached", 3)]["latency_ms"]["n"] == 20
