@@ -138,3 +138,30 @@ def test_agentq_caps_set_and_list_round_trip_and_a_bad_one_exits_naming_the_fiel
     assert [c["name"] for c in json.loads(run_agentq(["caps", "list", "--json"], env, timeout=60).stdout)["caps"]] == [
         "k-1"
     ]
+
+
+def test_an_agents_cap_holds_every_version_of_it_and_a_rule_sees_the_submitting_key(api_stack: ApiStack) -> None:
+    """A task of an agent runs as ``name@version``: the agent's caps are the name's, whatever the
+    version. The key a tree was submitted with is the policy principal's ``api_key`` (a user's
+    token has none)."""
+    api = api_stack
+    key = api.stack.create_api_key("caps-agent", act_for_users=True)
+    name = f"capped-{uuid.uuid4().hex[:6]}"
+    body = {"name": name, "provider": "scripted", "script": {"turns": [{"text": "hi"}]}}
+    assert api.http("POST", "/agents", body, key=key)[0] == 201
+    assert api.http("PUT", f"/caps/agent/{name}", {"hourly_tokens": 0}, key=key)[0] == 200
+    held = api.submit({"goal": "hi", "agent": name}, key=key)
+    view = api.until(held, lambda v: (v.get("retry") or {}).get("error", {}).get("code") == "cap_reached", key=key)
+    assert f"agent {name!r} reached its cap" in view["retry"]["error"]["message"] and view["step"] == 0
+    assert api.http("POST", f"/tasks/{held}/cancel", {}, key=key)[0] == 200
+
+    other = f"keyed-{uuid.uuid4().hex[:6]}"
+    assert api.http("POST", "/agents", {**body, "name": other}, key=key)[0] == 201
+    rule = '@id("keys-off") forbid(principal, action == Action::"model", resource) when { context has api_key };'
+    assert api.http("PUT", f"/policies/agent:{other}", {"policies": rule}, key=key)[0] in (200, 201)
+    by_key = api.submit({"goal": "hi", "agent": other}, key=key)
+    denied = api.until(by_key, lambda v: v["status"] == "failed", key=key)
+    assert denied["error"]["code"] == "policy_denied" and "keys-off" in denied["error"]["message"]
+    token = api.stack.token(user="kim", tenant="caps-agent")
+    by_token = api.submit({"goal": "hi", "agent": other}, key=token)
+    assert api.until(by_token, lambda v: v["status"] in ("succeeded", "failed"), key=token)["status"] == "succeeded"

@@ -128,8 +128,8 @@ def scopes_of(task: Task) -> dict[Scope, str]:
     found: dict[Scope, str] = {}
     if task.user:
         found["user"] = task.user
-    if task.submission.agent:
-        found["agent"] = task.submission.agent
+    if task.submission.agent:  # "name@version" once resolved: the agent's caps are the name's
+        found["agent"] = task.submission.agent.partition("@")[0]
     if task.key_id:
         found["key"] = task.key_id
     return found

@@ -130,12 +130,12 @@ class PolicyGate:
 
 
 def principal(s: Session) -> Principal:
-    """Who makes the call. ``user`` and ``api_key`` are the seams of what tasks do not carry yet:
-    the end user (issue 43, ``Task.user``) and the submitting key's id."""
+    """Who makes the call: the tenant, the agent and its version, the end user (``Task.user``) and
+    the id of the API key its tree was submitted with (``Task.key_id``)."""
     ref = s.task.submission.agent or ""
     name, _, version = ref.partition("@")
     user = getattr(s.task, "user", None)
-    key = getattr(s.task, "api_key_id", None)
+    key = s.task.key_id
     return Principal(
         tenant=s.task.tenant,
         agent=name,
