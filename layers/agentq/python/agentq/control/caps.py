@@ -35,7 +35,7 @@ def get(store: Storage, tenant: str, scope: str, name: str) -> CapState:
 
 
 def listing(store: Storage, tenant: str, scope: str | None = None) -> list[CapState]:
-    caps = store.caps.list(tenant)
+    caps = store.caps.of_tenant(tenant)
     if scope is not None:
         caps = [c for c in caps if c.scope == check_scope(scope)]
     return [CapState(c, store.caps.usage(tenant, c.scope, c.name)) for c in caps]

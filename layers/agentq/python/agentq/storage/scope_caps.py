@@ -83,7 +83,7 @@ class ScopeCaps:
         item = self.table.get(keys.cap_key(tenant, scope, name))
         return _cap(tenant, item) if item is not None else None
 
-    def list(self, tenant: str) -> list[ScopeCap]:
+    def of_tenant(self, tenant: str) -> list[ScopeCap]:
         """Every cap of the tenant, by scope and name."""
         return [_cap(tenant, i) for i in self.table.query(keys.tenant_pk(tenant), prefix=keys.CAP)]
 
@@ -168,7 +168,7 @@ class ScopeCaps:
 
         condition: Any = None
         for line in lines:
-            limit = line.soft if soft_active(line) and line.soft is not None else line.cap
+            limit = line.cap if line.soft is None or not soft_active(line) else line.soft
             if need[line.metric] > limit:  # not even an empty window takes it
                 self._refuse(cap, line, 0, need[line.metric], soft_active(line), period, now)
             name = counter(line.window, line.metric, hour)
@@ -188,9 +188,9 @@ class ScopeCaps:
                     for line in lines:
                         if soft and not soft_active(line):
                             continue
-                        limit = line.soft if soft else line.cap
+                        limit = line.cap if not soft or line.soft is None else line.soft
                         was = int(old.get(counter(line.window, line.metric, hour), 0))
-                        if limit is not None and was + need[line.metric] > limit:
+                        if was + need[line.metric] > limit:
                             self._refuse(cap, line, was, need[line.metric], soft, period, now)
                 continue  # a settle freed room since the refusal: try again
             self._alert(cap, lines, new, hour, day)
@@ -200,7 +200,9 @@ class ScopeCaps:
     def _refuse(
         self, cap: ScopeCap, line: CapLine, was: int, need: int, soft: bool, period: dict[str, str], now: float
     ) -> None:
-        unit = (lambda v: f"${v / 1_000_000:.6f}") if line.metric == "usd" else (lambda v: f"{v} tokens")
+        def unit(v: int) -> str:
+            return f"${v / 1_000_000:.6f}" if line.metric == "usd" else f"{v} tokens"
+
         per = "an hour" if line.window == "hour" else "a day"
         if soft:
             assert line.soft is not None

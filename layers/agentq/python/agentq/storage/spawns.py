@@ -40,7 +40,7 @@ from agentq.storage.table import (
     plain,
     present,
 )
-from agentq.storage.tasks import Tasks, key_attrs
+from agentq.storage.tasks import Tasks
 
 
 class Spawns:

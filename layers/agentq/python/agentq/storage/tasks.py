@@ -53,11 +53,6 @@ from agentq.storage.workspaces import WorkspaceObjects
 IDEMPOTENCY_TTL_SECONDS = 24 * 3600
 
 
-def key_attrs(key_id: str | None) -> dict[str, str]:
-    """The API key a tree was submitted with, on each of its METAs (absent: keyless, or a token)."""
-    return {"key_id": key_id} if key_id else {}
-
-
 class Tasks(TaskLeases, TaskTransitions, TaskListing):
     def create_actions(
         self,
