@@ -4,6 +4,7 @@ of one user run by the local stack's worker processes, its calls racing for the 
 
 from __future__ import annotations
 
+import collections
 import time
 from decimal import Decimal
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 
 from agentq.control.submit import submit
-from agentq.core.caps import CapLimits
+from agentq.core.caps import CapLimits, day_key, hour_of_day
 from agentq.core.models import LLMStep, Task, TaskStatus
 from agentq.runtime import Settings, build_registry
 from agentq.storage.container import Storage
@@ -44,6 +45,7 @@ def test_twenty_processes_holding_at_once_never_push_any_scope_past_its_cap(
     store.caps.put("t", "agent", "a", generous)
     store.caps.put("t", "key", "k", CapLimits.model_validate(tight))  # the last held: refusals give the others back
     argv = ["t", str(AMOUNT), str(ATTEMPTS), str(MICROS)]
+    started = time.time()
     reports = racers.race(settings, "tests.caps_racer", [argv] * PROCESSES)
 
     granted = sum(r["granted"] for r in reports)
@@ -51,10 +53,25 @@ def test_twenty_processes_holding_at_once_never_push_any_scope_past_its_cap(
     assert sum(1 for r in reports if r["granted"] < ATTEMPTS) > 0  # there really was contention
     used, used_micros = sum(r["used"] for r in reports), sum(r["used_micros"] for r in reports)
     for scope, name in (("user", "u"), ("agent", "a"), ("key", "k")):
-        usage = store.caps.usage("t", scope, name)  # type: ignore[arg-type]
+        usage = usage_since(store, "t", scope, name, started)
         for window in ("hour", "day"):  # settled exactly, refused holds given back on every scope
             assert usage[f"{window}_tokens"] == usage[f"{window}_used_tokens"] == used
             assert usage[f"{window}_usd"] == usage[f"{window}_used_usd"] == used_micros
+
+
+def usage_since(store: Storage, tenant: str, scope: str, name: str, started: float) -> dict[str, int]:
+    """A scope's counters summed over every hour and day since ``started`` (a run that straddles
+    a clock hour, or midnight, holds its later calls in the next window)."""
+    now = time.time()
+    times = [started, *range(int(started) // 3600 * 3600 + 3600, int(now) + 1, 3600), now]
+    periods = {"hour": {day_key(t) + hour_of_day(t): t for t in times}, "day": {day_key(t): t for t in times}}
+    total = collections.Counter[str]()
+    for window, at in periods.items():
+        for t in at.values():
+            for k, v in store.caps.usage(tenant, scope, name, now=t).items():  # type: ignore[arg-type]
+                if k.startswith(window):
+                    total[k] += v
+    return dict(total)
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +106,7 @@ def test_sub_agents_of_one_user_on_two_worker_processes_never_push_the_users_cap
     sub = scripted(turns, tools=["spawn_subagents", "note_write"], max_tokens=200_000, max_output_tokens=8_000)
     sub = sub.model_copy(update={"user": "racer"})
     sub.constraints.max_fanout = 20
+    started = time.time()
     root = submit(store, build_registry(stack.settings), sub, tenant="t", queues=stack.queues())
     # Children defer at the cap (a delayed message up to the hour's end): wait until none runs.
     children: list[Task] = []
@@ -106,7 +124,7 @@ def test_sub_agents_of_one_user_on_two_worker_processes_never_push_the_users_cap
     assert not any(t.status is TaskStatus.FAILED for t in tree), [t.error for t in tree]
     calls = sum(s.body.usage.total for t in tree for s in store.steps.load(t.task_id) if isinstance(s.body, LLMStep))
     orphans = sum(o.call.usage.total for t in tree for o in store.steps.orphans(t.task_id))
-    usage = store.caps.usage("t", "user", "racer")
+    usage = usage_since(store, "t", "user", "racer", started)
     assert usage["hour_tokens"] == usage["hour_used_tokens"] == calls + orphans <= cap
     assert sum(1 for c in children if _deferred_at_cap(c)) > 0  # the cap, not the shares, stopped them
 
@@ -152,6 +170,7 @@ def test_a_zombies_late_answer_is_counted_on_its_users_window_once(settings: Set
         sub = {"goal": "one turn", "provider": "anthropic", "user": "zed",
                "constraints": {"max_tokens": 5_000, "max_output_tokens": 1_000, "tools": []}}  # fmt: skip
         task = store.tasks.create(TaskSubmission.model_validate(sub), tenant="t")
+        started = time.time()
         env = {"ANTHROPIC_BASE_URL": fake.base_url, "ANTHROPIC_API_KEY": "k", "AGENTQ_MAX_CALL_SECONDS": "8"}
         zombie = spawn(task.task_id, env, wait=0)
         _wait(store, task.task_id, lambda _: len(fake.requests) == 1, timeout=30)  # A's call on the wire
@@ -168,6 +187,6 @@ def test_a_zombies_late_answer_is_counted_on_its_users_window_once(settings: Set
     assert json.loads(z_out.strip().splitlines()[-1])["outcome"] == "lease_lost", z_err[-2000:]
     assert store.tasks.get(task.task_id).status.terminal, s_err[-2000:]
     assert len(fake.delivered_usage) == 2 and len(store.steps.orphans(task.task_id)) == 1
-    usage = store.caps.usage("t", "user", "zed")
+    usage = usage_since(store, "t", "user", "zed", started)
     assert usage["day_tokens"] == usage["day_used_tokens"] == delivered == store.budgets.get(task.task_id).used
     assert usage["hour_usd"] == usage["hour_used_usd"] == store.budgets.get(task.task_id).used_micros > 0
