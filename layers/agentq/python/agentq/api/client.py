@@ -73,7 +73,6 @@ from agentq.api.models import (
     WebhookSecret,
     WorkspaceUploaded,
 )
-from agentq.api.models.caps import CapList, CapView
 from agentq.api.models.vault import CredentialList
 from agentq.core.models import TaskStatus, TaskSubmission
 from agentq.core.vault import CredentialInfo
@@ -174,17 +173,6 @@ class Client(AgentCalls):
     def delete_credential(self, name: str, user: str | None = None) -> CredentialInfo:
         answer = self.request("DELETE", f"/vault/credentials/{_seg(name)}", query={"user": user})
         return CredentialInfo.model_validate(answer)
-
-    def put_cap(self, scope: str, name: str, limits: dict[str, Any]) -> CapView:
-        """Set the caps of one end user, agent or API key of the tenant (``core.caps``)."""
-        sent = {k: v for k, v in limits.items() if v is not None}
-        return CapView.model_validate(self.request("PUT", f"/caps/{_seg(scope)}/{_seg(name)}", sent, retry=True))
-
-    def list_caps(self, scope: str | None = None) -> list[CapView]:
-        return self._get(CapList, "/caps", scope=scope).caps
-
-    def delete_cap(self, scope: str, name: str) -> CapView:
-        return CapView.model_validate(self.request("DELETE", f"/caps/{_seg(scope)}/{_seg(name)}"))
 
     def webhook_secret(self) -> str:
         """This tenant's callback signing secret (``agentq.core.webhooks.verify`` checks with it)."""

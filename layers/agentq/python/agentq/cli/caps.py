@@ -23,16 +23,18 @@ def _line(cap: Any) -> str:
 
 
 def _cmd_caps(args: argparse.Namespace) -> int:
+    from agentq.api.client_caps import delete_cap, list_caps, put_cap
+
     client = api_client(args)
     out: Any
     if args.caps_command == "set":
-        out = client.put_cap(args.scope, args.name, {f: getattr(args, f) for f in FIELDS})
+        out = put_cap(client, args.scope, args.name, {f: getattr(args, f) for f in FIELDS})
         text = [_line(out)]
     elif args.caps_command == "list":
-        out = client.list_caps(args.scope)
+        out = list_caps(client, args.scope)
         text = [_line(c) for c in out] or ["(no caps)"]
     else:
-        out = client.delete_cap(args.scope, args.name)
+        out = delete_cap(client, args.scope, args.name)
         text = [f"deleted the caps of {out.scope} {out.name}"]
     if args.json:
         dump({"caps": [c.model_dump(mode="json") for c in out]} if isinstance(out, list) else out)
