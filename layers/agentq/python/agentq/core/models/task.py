@@ -56,7 +56,6 @@ class Task(BaseModel):
     root_id: str
     parent_id: str | None = None
     depth: int = 0
-    key_id: str | None = None  # the API key the tree was submitted with: its caps apply (core.caps)
     step: int = 0
     llm_steps: int = 0
     compacted_at: int = 0  # the latest compaction step: a resume reads the steps from it on
@@ -83,7 +82,7 @@ class Task(BaseModel):
     # Holds of older epochs whose calls may still complete, set aside by a successor: by epoch.
     lapsed_holds: dict[int, Reservation] = Field(default_factory=dict)
     spawn_id: str | None = None  # the parent's spawn_subagents tool_use id, for a child
-    key_id: str | None = None  # the API key that submitted its root (core.stops: agentq stop --key)
+    key_id: str | None = None  # the API key that submitted its root: agentq stop --key (core.stops), its caps (core.caps)
     task_token: str | None = None  # Step Functions callback token, for a child run by a fan-out
     heartbeat_at: float | None = None  # last sign of life of the lease holder
     prev_heartbeat_at: float | None = None  # ... of the previous holder, as seen by the last claim
