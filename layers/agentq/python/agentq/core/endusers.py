@@ -50,7 +50,7 @@ class Caller:
     user: str | None = None
     names_users: bool = False
     operator: bool = False
-    key_id: str | None = None  # the API key a key's request came with: its tasks carry it (``agentq stop --key``, per-key caps)
+    key_id: str | None = None  # the key a request came with: its tasks carry it (agentq stop --key, caps)
 
     @property
     def bound(self) -> bool:

@@ -82,7 +82,7 @@ class Task(BaseModel):
     # Holds of older epochs whose calls may still complete, set aside by a successor: by epoch.
     lapsed_holds: dict[int, Reservation] = Field(default_factory=dict)
     spawn_id: str | None = None  # the parent's spawn_subagents tool_use id, for a child
-    key_id: str | None = None  # the API key that submitted its root: agentq stop --key (core.stops), its caps (core.caps)
+    key_id: str | None = None  # the API key that submitted its root: agentq stop --key, its caps
     task_token: str | None = None  # Step Functions callback token, for a child run by a fan-out
     heartbeat_at: float | None = None  # last sign of life of the lease holder
     prev_heartbeat_at: float | None = None  # ... of the previous holder, as seen by the last claim
