@@ -193,6 +193,22 @@ def test_an_approval_is_input_required_with_its_question_and_a_message_with_the_
     assert _approval(api_stack, first.id) == ("approved", "looks good")
 
 
+def test_a_task_waiting_for_a_vault_credential_is_auth_required_naming_it(api_stack: ApiStack) -> None:
+    """A missing credential is a pause (issue 43 item 4); over A2A it is ``auth-required`` (not
+    ``input-required``), its status message naming the credential and the host it is for."""
+    ask = {"name": "request_credential", "input": {"name": "jira", "host": "jira.example.com", "reason": "to file it"}}
+    name = _agent(api_stack, [{"text": "", "tool_calls": [ask]}, {"text": "filed"}], tools=["request_credential"])
+
+    async def work(client: Any) -> Any:
+        return (await _final(client.send_message(_message("file the ticket"))))[-1].task
+
+    task = _with_client(f"{api_stack.url}/a2a/{name}", api_stack.key, work)
+    assert _state(task) == "TASK_STATE_AUTH_REQUIRED"
+    assert "'jira'" in task.status.message.parts[0].text and "jira.example.com" in task.status.message.parts[0].text
+    asked = dict(task.status.message.parts[1].data.struct_value)["agentq"]
+    assert asked["kind"] == "credential" and dict(asked["credential"])["name"] == "jira"
+
+
 def _approval(api_stack: ApiStack, task_id: str) -> tuple[str, str]:
     status, page, _ = api_stack.http("GET", f"/tasks/{task_id}/events?limit=200")
     assert status == 200, page
