@@ -40,6 +40,9 @@ class _Queues:
     def send_webhook(self, body: str) -> None:
         self.webhooks.append(json.loads(body)["payload"])
 
+    def forwards(self, submission: Any) -> bool:
+        return False  # one pool here: nothing leaves for a workspace pool
+
 
 def Queues() -> Any:
     return _Queues()
