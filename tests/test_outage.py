@@ -57,7 +57,7 @@ def test_an_outage_opens_the_circuit_tasks_wait_not_fail_and_the_provider_sees_o
         time.sleep(4 * COOLDOWN)
         behaviour.down, came_back = False, time.time()
         wait_for(
-            lambda: all(t.status.terminal for t in store.tasks.get_many(ids)), timeout=120, what="every task to end"
+            lambda: all(t.status.terminal for t in store.tasks.get_many(ids)), timeout=300, what="every task to end"
         )
         finished = time.time()
 
