@@ -21,13 +21,13 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import MutableMapping
 from email.utils import formatdate
 from typing import Any
 
 from aws_lambda_powertools.event_handler import Response
 
 from agentq import __version__
+from agentq.api.asgi_request import serve
 from agentq.api.errors import JSON, error_response
 from agentq.api.models.base import IDEMPOTENCY_KEY_PATTERN
 from agentq.api.routes.common import ApiDeps, Router
@@ -190,31 +190,6 @@ def _asgi_app(request_handler: Any) -> Any:
 
 async def _serve(app: Any, headers: list[tuple[bytes, bytes]], body: bytes) -> tuple[int, dict[str, str], bytes]:
     """One request through the SDK's ASGI app; the whole answer (a stream's too) collected."""
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "https",
-        "path": "/", "raw_path": b"/", "query_string": b"", "root_path": "", "headers": headers,
-        "client": ("127.0.0.1", 0), "server": ("agentq", 443), "app": app,
-    }  # fmt: skip
-    sent = False
-    status, out, chunks = 500, dict[str, str](), list[bytes]()
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await asyncio.Event().wait()  # the client never disconnects mid-request here
-        return {"type": "http.disconnect"}
-
-    async def send(message: MutableMapping[str, Any]) -> None:
-        nonlocal status
-        if message["type"] == "http.response.start":
-            status = int(message["status"])
-            out.update({k.decode("latin-1").lower(): v.decode("latin-1") for k, v in message.get("headers", [])})
-        elif message["type"] == "http.response.body":
-            chunks.append(bytes(message.get("body", b"")))
-
-    await app(scope, receive, send)
-    out.pop("content-length", None)
+    status, out, payload = await serve(app, method="POST", path="/", headers=headers, body=body, app=app)
     out["a2a-server"] = f"agentq/{__version__}"
-    return status, out, b"".join(chunks)
+    return status, out, payload

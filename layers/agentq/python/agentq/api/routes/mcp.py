@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import MutableMapping
 from typing import Any
 
 from aws_lambda_powertools.event_handler import Response
 
+from agentq.api.asgi_request import serve
 from agentq.api.routes.common import ApiDeps, Router
 
 _NO_STREAM = json.dumps(
@@ -72,31 +72,5 @@ async def _serve(
         # header is the gateway's, which a localhost allowlist would refuse.
         security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
     )
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "https",
-        "path": "/mcp", "raw_path": b"/mcp", "query_string": b"", "root_path": "", "headers": headers,
-        "client": ("127.0.0.1", 0), "server": ("agentq", 443),
-    }  # fmt: skip
-    sent = False
-    status, out, chunks = 500, dict[str, str](), list[bytes]()
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await asyncio.Event().wait()  # the client never disconnects mid-request here
-        return {"type": "http.disconnect"}
-
-    async def send(message: MutableMapping[str, Any]) -> None:
-        nonlocal status
-        if message["type"] == "http.response.start":
-            status = int(message["status"])
-            out.update({k.decode("latin-1").lower(): v.decode("latin-1") for k, v in message.get("headers", [])})
-        elif message["type"] == "http.response.body":
-            chunks.append(bytes(message.get("body", b"")))
-
     async with manager.run():
-        await manager.handle_request(scope, receive, send)
-    out.pop("content-length", None)
-    return status, out, b"".join(chunks)
+        return await serve(manager.handle_request, method=method, path="/mcp", headers=headers, body=body)
