@@ -21,18 +21,17 @@ import argparse
 import json
 import os
 import sys
-import time
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _benchlib import InProcessCounter, percentile
+from _benchlib import InProcessCounter
 from _plot import Panel, add_plot_args, plot_from_args
 from _prices import as_json, quote, rate
+from _report import time_cases
 from agentq.control.submit import prepare_submission
 from agentq.control.validation import parse_submission
 from agentq.core.agents import AgentSpec
@@ -87,19 +86,9 @@ def main() -> None:
         }
         counter = InProcessCounter().install()
         rows: dict[str, dict[str, Any]] = {}
-        for name, call in cases.items():
-            for _ in range(2):
-                call()
-            before = Counter({op: n for (_, op), n in counter.counts.items()})
-            times = []
-            for _ in range(args.runs):
-                started = time.perf_counter()
-                call()
-                times.append((time.perf_counter() - started) * 1000)
-            calls: Counter[str] = Counter({op: n for (_, op), n in counter.counts.items()}) - before
-            per = {op: n / args.runs for op, n in calls.items()}
-            reads = sum(per.values())
-            rows[name] = {"p50_ms": percentile(times, 50), "p99_ms": percentile(times, 99), "calls_per_submission": per,
+        for name, timing in time_cases(cases, args.runs, counter).items():
+            reads = sum(timing.calls_per_run.values())
+            rows[name] = {"p50_ms": timing.p50_ms, "p99_ms": timing.p99_ms, "calls_per_submission": timing.calls_per_run,
                           "reads_per_submission": reads, "usd_per_million": reads * READ_USD * 1e6}  # fmt: skip
         counter.uninstall()
     base = rows["@2"]["reads_per_submission"]

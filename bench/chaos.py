@@ -64,7 +64,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from _benchlib import JsonOut, log, machine, table  # noqa: E402
+from _benchlib import log, table  # noqa: E402
 from _chaos_ledger import ANSWERED, TREE_HEADERS, ProviderLedger, ledger_by_tree, tree_rows  # noqa: E402
 from _chaos_wires import (  # noqa: E402
     Turn,
@@ -74,7 +74,8 @@ from _chaos_wires import (  # noqa: E402
     converse_turns,
     delivered_usage,
 )
-from _plot import Panel, add_plot_args, plot_from_args  # noqa: E402
+from _plot import Panel, add_plot_args  # noqa: E402
+from _report import report  # noqa: E402
 from agentq.api.client import ApiError, Client  # noqa: E402
 from agentq.core.models import MessageStep, TaskStatus, ToolsStep  # noqa: E402
 from agentq.resources import TIERS, QueueSettings  # noqa: E402
@@ -842,14 +843,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, value in SCENARIOS[args.scenario].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    with JsonOut(args.json) as out:
-        result = run(args)
-        result["machine"] = machine()
-        if args.json:
-            out.emit(result)
-        else:
-            print(render(result))
-    plot_from_args(args, "agentq chaos run: faults in, ends out, invariants", panels(result))
+    result = report(args, "agentq chaos run: faults in, ends out, invariants", run, render, panels)
     return 0 if result["ok"] else 1
 
 

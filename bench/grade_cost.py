@@ -34,9 +34,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from _aws_meter import AwsMeter  # noqa: E402
-from _benchlib import JsonOut, log, machine, summary, table  # noqa: E402
-from _plot import Panel, add_plot_args, plot_from_args  # noqa: E402
+from _benchlib import log, summary, table  # noqa: E402
+from _plot import Panel, add_plot_args  # noqa: E402
 from _prices import rate  # noqa: E402
+from _report import report  # noqa: E402
 from agentq.core.engine import Engine, EngineConfig  # noqa: E402
 from agentq.core.models import GradeStep, LLMStep, TaskSubmission  # noqa: E402
 from agentq.resources import QueueSettings, provision  # noqa: E402
@@ -158,14 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     add_plot_args(ap, "grade_cost")
     args = ap.parse_args(argv)
-    with JsonOut(args.json) as out:
-        result = run(args)
-        result["machine"] = machine()
-        if args.json:
-            out.emit(result)
-        else:
-            print(render(result))
-    plot_from_args(args, "agentq: what grading an answer costs", panels(result))
+    report(args, "agentq: what grading an answer costs", run, render, panels)
     return 0
 
 

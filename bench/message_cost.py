@@ -34,8 +34,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from _benchlib import InProcessCounter, JsonOut, log, machine, table  # noqa: E402
-from _plot import Panel, add_plot_args, plot_from_args  # noqa: E402
+from _benchlib import InProcessCounter, log, table  # noqa: E402
+from _plot import Panel, add_plot_args  # noqa: E402
+from _report import report  # noqa: E402
 from agentq.control.conversations import send_message  # noqa: E402
 from agentq.core.engine import Engine, EngineConfig  # noqa: E402
 from agentq.core.models import TaskSubmission  # noqa: E402
@@ -153,14 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     add_plot_args(ap, "message_cost")
     args = ap.parse_args(argv)
-    with JsonOut(args.json) as out:
-        result = run(args)
-        result["machine"] = machine()
-        if args.json:
-            out.emit(result)
-        else:
-            print(render(result))
-    plot_from_args(args, "agentq: what a message costs", panels(result))
+    report(args, "agentq: what a message costs", run, render, panels)
     return 0
 
 

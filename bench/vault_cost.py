@@ -31,10 +31,8 @@ import argparse
 import base64
 import json
 import sys
-import time
 import urllib.parse
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,6 +44,7 @@ import boto3
 from _benchlib import InProcessCounter
 from _plot import Panel, add_plot_args, plot_from_args
 from _prices import as_json, quote, rate
+from _report import time_cases
 from agentq.control import vault as control_vault
 from agentq.core.engine import Engine
 from agentq.core.engine._credentials import TaskCredentials
@@ -64,11 +63,6 @@ from tests.vault_support import echo_server
 PRICE_KEYS = ("dynamodb_rru", "kms_request")
 DYNAMODB_READ_USD = rate("dynamodb_rru")
 KMS_REQUEST_USD = rate("kms_request")
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))]
 
 
 class Queues:
@@ -128,22 +122,12 @@ def main() -> None:
             "new run, cold KMS": lambda: fetch(cold()),
         }
         rows: dict[str, dict[str, Any]] = {}
-        for name, call in cases.items():
-            for _ in range(2):
-                call()
-            before = Counter({op: n for (_, op), n in counter.counts.items()})
-            times = []
-            for _ in range(args.runs):
-                started = time.perf_counter()
-                call()
-                times.append((time.perf_counter() - started) * 1000)
-            # every thread's calls (the tool runs in a thread of its own)
-            calls: Counter[str] = Counter({op: n for (_, op), n in counter.counts.items()}) - before
-            per_use = {op: n / args.runs for op, n in calls.items()}
+        for name, timing in time_cases(cases, args.runs, counter).items():
+            per_use = timing.calls_per_run  # every thread's calls (the tool runs in a thread of its own)
             usd = (
                 per_use.get("dynamodb:GetItem", 0) * DYNAMODB_READ_USD + per_use.get("kms:Decrypt", 0) * KMS_REQUEST_USD
             )
-            rows[name] = {"p50_ms": percentile(times, 50), "p99_ms": percentile(times, 99), "calls_per_use": per_use,
+            rows[name] = {"p50_ms": timing.p50_ms, "p99_ms": timing.p99_ms, "calls_per_use": per_use,
                           "usd_per_use": usd}  # fmt: skip
         counter.uninstall()
         base = rows["no credential"]["p50_ms"]

@@ -49,8 +49,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from _benchlib import JsonOut, log, machine, table  # noqa: E402
-from _plot import Panel, add_plot_args, plot_from_args  # noqa: E402
+from _benchlib import log, table  # noqa: E402
+from _plot import Panel, add_plot_args  # noqa: E402
+from _report import report  # noqa: E402
 from agentq.control.submit import submit  # noqa: E402
 from agentq.core.models import LLMStep, TaskSubmission, ToolsStep  # noqa: E402
 from agentq.core.workspace import EMPTY, Manifest, WorkspaceRefused  # noqa: E402
@@ -452,14 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     add_plot_args(ap, "workspace_chaos")
     args = ap.parse_args(argv)
-    with JsonOut(args.json) as out:
-        result = run(args)
-        result["machine"] = machine()
-        if args.json:
-            out.emit(result)
-        else:
-            print(render(result))
-    plot_from_args(args, "agentq workspaces under SIGKILL", panels(result))
+    result = report(args, "agentq workspaces under SIGKILL", run, render, panels)
     return 0 if result["ok"] else 1
 
 
