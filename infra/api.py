@@ -28,7 +28,7 @@ from agentq.api.app import PUBLIC_PATHS
 from agentq.api.console import CONSOLE_PATH
 from infra.events import STREAM_TIMEOUT_SECONDS
 from infra.functions import Functions
-from infra.retention import log_retention, removal_policy
+from infra.retention import log_group
 from infra.settings import EnvironmentSettings
 
 ACCESS_LOG_FORMAT = {
@@ -85,9 +85,7 @@ def build_api(scope: Construct, cfg: EnvironmentSettings, fns: Functions) -> Api
 def _rest_api(scope: Construct, cfg: EnvironmentSettings, fns: Functions) -> tuple[apigw.RestApi, logs.LogGroup]:
     """The API, its stage (access logs, throttles, tracing) and the TOKEN authorizer on every method."""
     a = cfg.api
-    access_logs = logs.LogGroup(
-        scope, "ApiAccessLogs", retention=log_retention(cfg.log_retention_days), removal_policy=removal_policy(cfg)
-    )
+    access_logs = log_group(scope, "ApiAccessLogs", cfg)
     authorizer = apigw.TokenAuthorizer(
         scope,
         "ApiKeyAuthorizer",

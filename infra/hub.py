@@ -31,15 +31,15 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_elasticloadbalancingv2 as elbv2
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_logs as logs
 from constructs import Construct, IConstruct
 
 from agentq.api.oidc import OIDC_ENV
 from agentq.resources import PAYLOAD_PREFIX
 from infra.alarms import AlarmFactory
 from infra.data import Data
+from infra.fargate import fargate_task_definition
 from infra.metrics import FIVE_MINUTES
-from infra.retention import log_retention, removal_policy
+from infra.retention import add_flow_logs, log_group
 from infra.settings import EnvironmentSettings
 from infra.worker import WORKER_USER, worker_image
 
@@ -74,10 +74,7 @@ def build_hub(scope: Construct, env_name: str, cfg: EnvironmentSettings, data: D
         },
         restrict_default_security_group=False,
     )
-    flow_logs = logs.LogGroup(
-        scope, "HubVpcFlowLogs", retention=log_retention(cfg.log_retention_days), removal_policy=removal_policy(cfg)
-    )
-    vpc.add_flow_log("FlowLogs", destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_logs))
+    add_flow_logs(scope, vpc, "HubVpcFlowLogs", cfg)
     cluster = ecs.Cluster(scope, "HubCluster", vpc=vpc, container_insights_v2=ecs.ContainerInsights.ENABLED)
 
     task_def = _task_definition(scope, env_name, cfg, data)
@@ -171,19 +168,8 @@ def _task_definition(
     scope: Construct, env_name: str, cfg: EnvironmentSettings, data: Data
 ) -> ecs.FargateTaskDefinition:
     live = cfg.live
-    task_def = ecs.FargateTaskDefinition(
-        scope,
-        "HubTask",
-        cpu=live.hub_cpu,
-        memory_limit_mib=live.hub_memory_mb,
-        runtime_platform=ecs.RuntimePlatform(
-            cpu_architecture=ecs.CpuArchitecture.ARM64 if cfg.architecture == "arm64" else ecs.CpuArchitecture.X86_64,
-            operating_system_family=ecs.OperatingSystemFamily.LINUX,
-        ),
-    )
-    log_group = logs.LogGroup(
-        scope, "HubLogs", retention=log_retention(cfg.log_retention_days), removal_policy=removal_policy(cfg)
-    )
+    task_def = fargate_task_definition(scope, "HubTask", cfg, cpu=live.hub_cpu, memory_mb=live.hub_memory_mb)
+    hub_logs = log_group(scope, "HubLogs", cfg)
     environment = {
         "AGENTQ_ENV": env_name,
         "AGENTQ_PREFIX": cfg.prefix,
@@ -207,7 +193,7 @@ def _task_definition(
         command=["python", "-m", "agentq.hub"],
         environment=environment,
         port_mappings=[ecs.PortMapping(container_port=PORT)],
-        logging=ecs.LogDrivers.aws_logs(stream_prefix="hub", log_group=log_group),
+        logging=ecs.LogDrivers.aws_logs(stream_prefix="hub", log_group=hub_logs),
         user=WORKER_USER,
         readonly_root_filesystem=True,
         linux_parameters=linux,

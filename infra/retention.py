@@ -1,10 +1,14 @@
 """How long what the stack makes lives: each log group's retention (``log_retention_days``), and
-whether the stateful resources outlive the stack (``destroy``: dev environments go with it)."""
+whether the stateful resources outlive the stack (``destroy``: dev environments go with it).
+``log_group`` and ``add_flow_logs`` make the groups that follow both, so no construct spells them
+out again."""
 
 from __future__ import annotations
 
 import aws_cdk as cdk
+from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_logs as logs
+from constructs import Construct
 
 from infra.settings import EnvironmentSettings
 
@@ -24,3 +28,16 @@ def log_retention(days: int) -> logs.RetentionDays:
 
 def removal_policy(cfg: EnvironmentSettings) -> cdk.RemovalPolicy:
     return cdk.RemovalPolicy.DESTROY if cfg.destroy else cdk.RemovalPolicy.RETAIN
+
+
+def log_group(scope: Construct, construct_id: str, cfg: EnvironmentSettings) -> logs.LogGroup:
+    """A log group kept ``log_retention_days``, and removed with the stack only where ``destroy``."""
+    return logs.LogGroup(
+        scope, construct_id, retention=log_retention(cfg.log_retention_days), removal_policy=removal_policy(cfg)
+    )
+
+
+def add_flow_logs(scope: Construct, vpc: ec2.Vpc, construct_id: str, cfg: EnvironmentSettings) -> None:
+    """The VPC's flow logs, into a log group of its own kept as every other."""
+    flow_logs = log_group(scope, construct_id, cfg)
+    vpc.add_flow_log("FlowLogs", destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_logs))

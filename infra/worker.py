@@ -28,7 +28,6 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
@@ -37,7 +36,8 @@ from agentq.resources import TIERS
 from infra.access import vault_env
 from infra.build_layers import ROOT
 from infra.data import Data
-from infra.retention import log_retention, removal_policy
+from infra.fargate import fargate_task_definition
+from infra.retention import add_flow_logs, log_group
 from infra.sandbox import Sandbox
 from infra.settings import EnvironmentSettings
 from infra.task_runners import grant_task_runner, grant_user_code, task_runner_env, user_code_env
@@ -136,10 +136,7 @@ def worker_vpc(scope: Construct, cfg: EnvironmentSettings) -> ec2.Vpc:
         },
         restrict_default_security_group=False,
     )
-    flow_logs = logs.LogGroup(
-        scope, "WorkerVpcFlowLogs", retention=log_retention(cfg.log_retention_days), removal_policy=removal_policy(cfg)
-    )
-    vpc.add_flow_log("FlowLogs", destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_logs))
+    add_flow_logs(scope, vpc, "WorkerVpcFlowLogs", cfg)
     return vpc
 
 
@@ -149,19 +146,8 @@ def _task_definition(
     """``agentq worker`` as uid 65534, every capability dropped, a read-only root filesystem (a
     scratch volume at /tmp), a task runner's variables and grants (``infra/task_runners.py``)."""
     w = cfg.worker
-    task_def = ecs.FargateTaskDefinition(
-        scope,
-        "WorkerTask",
-        cpu=w.cpu,
-        memory_limit_mib=w.memory_mb,
-        runtime_platform=ecs.RuntimePlatform(
-            cpu_architecture=ecs.CpuArchitecture.ARM64 if cfg.architecture == "arm64" else ecs.CpuArchitecture.X86_64,
-            operating_system_family=ecs.OperatingSystemFamily.LINUX,
-        ),
-    )
-    logs_group = logs.LogGroup(
-        scope, "WorkerLogs", retention=log_retention(cfg.log_retention_days), removal_policy=removal_policy(cfg)
-    )
+    task_def = fargate_task_definition(scope, "WorkerTask", cfg, cpu=w.cpu, memory_mb=w.memory_mb)
+    logs_group = log_group(scope, "WorkerLogs", cfg)
     environment = {
         "AGENTQ_ENV": env_name,
         "AGENTQ_PREFIX": cfg.prefix,
