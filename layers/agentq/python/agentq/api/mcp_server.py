@@ -31,6 +31,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentq import __version__
+from agentq.api import mcp_tasks
 from agentq.api.errors import describe_validation_error
 from agentq.api.views import task_result
 from agentq.control.conversations import send_message
@@ -128,10 +129,12 @@ class McpDeps:
     tools: Any
     queues: Any
     defaults: Any
+    fanout: Any = None  # what tasks/cancel stops a fan-out's executions with
 
 
 def build_server(deps: McpDeps) -> Any:
-    """The ``mcp`` package's low-level server with agentq's two handlers."""
+    """The ``mcp`` package's low-level server with agentq's handlers: the tools, and the tasks
+    extension's methods (``api.mcp_tasks``)."""
     import mcp_types as types
     from mcp.server.lowlevel.server import Server
 
@@ -187,6 +190,10 @@ def build_server(deps: McpDeps) -> Any:
                 outcome = await anyio.to_thread.run_sync(lambda: _message(deps, tenant, message))
             else:
                 call = AgentCall.model_validate(arguments)
+                if mcp_tasks.declares_tasks(ctx.meta, ctx.protocol_version):
+                    # The handle once the task is written: a tasks/get on it resolves from now on.
+                    started = await anyio.to_thread.run_sync(lambda: _start_agent(deps, tenant, params.name, call))
+                    return mcp_tasks.handle(started)
                 outcome = await anyio.to_thread.run_sync(lambda: _run_agent(deps, tenant, params.name, call))
         except AgentqError as exc:
             where = f" ({exc.field})" if exc.field else ""
@@ -194,14 +201,66 @@ def build_server(deps: McpDeps) -> Any:
         except ValidationError as exc:  # the arguments, each named as the caller wrote it
             text = f"invalid arguments: {_argument_errors(exc)}"
             return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
-        failed = outcome.status not in ("succeeded", "queued", "running", "blocked", "waiting", "paused", "idle")
-        return types.CallToolResult(
-            content=[types.TextContent(text=_text(outcome))],
-            structured_content=outcome.model_dump(mode="json"),
-            is_error=failed,
-        )
+        return tool_result(outcome)
 
-    return Server("agentq", version=__version__, on_list_tools=list_tools, on_call_tool=call_tool)
+    server = Server("agentq", version=__version__, on_list_tools=list_tools, on_call_tool=call_tool)
+    add_task_methods(server, deps)
+    return server
+
+
+def tool_result(outcome: Outcome) -> Any:
+    """The ``CallToolResult`` of an outcome: the blocking call's answer, and a task's result."""
+    import mcp_types as types
+
+    failed = outcome.status not in ("succeeded", "queued", "running", "blocked", "waiting", "paused", "idle")
+    return types.CallToolResult(
+        content=[types.TextContent(text=_text(outcome))],
+        structured_content=outcome.model_dump(mode="json"),
+        is_error=failed,
+    )
+
+
+def add_task_methods(server: Any, deps: McpDeps) -> None:
+    """``tasks/get``, ``tasks/update`` and ``tasks/cancel`` (``api.mcp_tasks``), and the
+    extension declared in the server's capabilities (initialize and server/discover)."""
+    import anyio
+
+    server.extensions[mcp_tasks.EXTENSION] = {}
+
+    def owned(caller: Caller, task_id: str) -> Task:
+        try:
+            return _seen(deps, caller, task_id)
+        except TaskNotFound:
+            raise mcp_tasks.not_found(task_id) from None
+
+    def read(caller: Caller, task_id: str) -> dict[str, Any]:
+        task = owned(caller, task_id)
+        pending = deps.store.approvals.pending(task_id) if task.status is TaskStatus.PAUSED else None
+        result = tool_result(_outcome(task)).model_dump(by_alias=True, mode="json", exclude_none=True)
+        return mcp_tasks.detailed(task, pending, result)
+
+    async def get_task(ctx: Any, params: Any) -> Any:
+        mcp_tasks.require_tasks(ctx.meta, ctx.protocol_version)
+        caller = caller_var.get()
+        return await anyio.to_thread.run_sync(lambda: read(caller, params.task_id))
+
+    async def update_task(ctx: Any, params: Any) -> Any:
+        mcp_tasks.require_tasks(ctx.meta, ctx.protocol_version)
+        caller = caller_var.get()
+        await anyio.to_thread.run_sync(
+            lambda: mcp_tasks.answer(deps, caller, owned(caller, params.task_id), params.input_responses)
+        )
+        return {}
+
+    async def cancel_task(ctx: Any, params: Any) -> Any:
+        mcp_tasks.require_tasks(ctx.meta, ctx.protocol_version)
+        caller = caller_var.get()
+        await anyio.to_thread.run_sync(lambda: mcp_tasks.cancel(deps, owned(caller, params.task_id)))
+        return {}
+
+    server.add_request_handler("tasks/get", mcp_tasks.task_params_type(), get_task)
+    server.add_request_handler("tasks/update", mcp_tasks.update_params_type(), update_task)
+    server.add_request_handler("tasks/cancel", mcp_tasks.task_params_type(), cancel_task)
 
 
 def _argument_errors(exc: ValidationError) -> str:
@@ -211,6 +270,11 @@ def _argument_errors(exc: ValidationError) -> str:
 
 
 def _run_agent(deps: McpDeps, caller: Caller, agent: str, call: AgentCall) -> Outcome:
+    return _outcome(_wait(deps, _start_agent(deps, caller, agent, call), call.wait_seconds))
+
+
+def _start_agent(deps: McpDeps, caller: Caller, agent: str, call: AgentCall) -> Task:
+    """Submit the agent's task (written before this returns)."""
     constraints = call.constraints.model_dump(mode="json", exclude_none=True) if call.constraints else {}
     raw: dict[str, Any] = {"goal": call.goal, "agent": agent, "constraints": constraints, "metadata": {"via": "mcp"}}
     user = caller.acting_user(call.user)  # before anything is written: a refused user submits nothing
@@ -218,7 +282,7 @@ def _run_agent(deps: McpDeps, caller: Caller, agent: str, call: AgentCall) -> Ou
         raw["user"] = user
     submitted = submit_once(deps.store, deps.tools, raw, tenant=caller.tenant, queues=deps.queues,
                             defaults=deps.defaults, key_id=caller.key_id)  # fmt: skip
-    return _outcome(_wait(deps, submitted.task, call.wait_seconds))
+    return submitted.task
 
 
 def _seen(deps: McpDeps, caller: Caller, task_id: str) -> Task:

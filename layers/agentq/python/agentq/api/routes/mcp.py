@@ -43,7 +43,7 @@ def router(deps: ApiDeps) -> Router:
                 status_code=405, content_type="application/json", body=_NO_STREAM, headers={"Allow": "POST"}
             )
         if not server:
-            server.append(build_server(McpDeps(deps.store, deps.tools, deps.queues, deps.defaults)))
+            server.append(build_server(McpDeps(deps.store, deps.tools, deps.queues, deps.defaults, deps.fanout)))
         body = (event.decoded_body or "").encode()
         headers = [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in (event.headers or {}).items()]
         token = caller_var.set(deps.caller())

@@ -1,0 +1,250 @@
+"""MCP's tasks extension on ``/mcp``, with the official ``mcp`` client against the local stack
+with auth on: a client declaring the extension gets a task handle that is the agentq task's id,
+``tasks/get`` follows it to the result, an approval is ``input_required`` answered with
+``tasks/update``, ``tasks/cancel`` cancels; a client that does not declare it gets the blocking
+answer; bad ids and params are the protocol's errors, never a 5xx. The handle's survival of a
+killed API process and a killed worker: tests/test_mcp_tasks_processes.py."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.api_support import ApiStack
+from tests.helpers import call as tool_call
+from tests.mcp_tasks_client import TERMINAL, AgentqTasks, cancel_task, get_task, until, update_task
+
+APPROVAL_TURNS: list[dict[str, Any]] = [
+    {"text": "", "tool_calls": [tool_call("request_approval", question="Ship it?")]},
+    {"text": "shipped"},
+]
+
+
+def _session(url: str, key: str | None, work: Callable[[Any], Awaitable[Any]], *, tasks: bool = True,
+             mode: str = "auto") -> Any:  # fmt: skip
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+
+    async def run() -> Any:
+        transport = streamable_http_client(f"{url}/mcp", http_client=create_mcp_http_client(headers=headers))
+        async with Client(transport, mode=mode, extensions=[AgentqTasks()] if tasks else None) as client:
+            return await work(client)
+
+    return anyio.run(run)
+
+
+def _agent(api_stack: ApiStack, turns: list[dict[str, Any]], **fields: Any) -> str:
+    name = f"mcpt-{uuid.uuid4().hex[:8]}"
+    body = {"name": name, "provider": "scripted", "script": {"turns": turns}, "description": "answers", **fields}
+    status, data, _ = api_stack.http("POST", "/agents", body)
+    assert status == 201, data
+    return name
+
+
+async def _handle(client: Any, name: str, arguments: dict[str, Any]) -> Any:
+    await client.list_tools()
+    return await client.session.call_tool(name, arguments, allow_claimed=True)
+
+
+def test_a_declaring_client_gets_the_agentq_task_id_as_its_handle_and_tasks_get_gives_the_result(
+    api_stack: ApiStack,
+) -> None:
+    name = _agent(api_stack, [{"text": "slow answer", "latency_seconds": 1.0}])
+
+    async def work(client: Any) -> Any:
+        handle = await _handle(client, name, {"goal": "take your time"})
+        first = await get_task(client.session, handle.task_id)  # at once: durable before it was returned
+        ended = await until(client.session, handle.task_id, TERMINAL)
+        again = await get_task(client.session, handle.task_id)
+        return client.server_capabilities, handle, first, ended, again
+
+    capabilities, handle, first, ended, again = _session(api_stack.url, api_stack.key, work)
+    assert capabilities.extensions == {**(capabilities.extensions or {}), "io.modelcontextprotocol/tasks": {}}
+    assert handle.result_type == "task" and handle.status == "working" and handle.ttl_ms is None
+    view = api_stack.until(handle.task_id, lambda v: True)  # the handle is the agentq task id
+    assert view["task_id"] == handle.task_id and view["metadata"]["via"] == "mcp"
+    assert first.status == "working" and first.result is None
+    assert ended.status == "completed" and ended.result is not None
+    assert ended.result["structuredContent"]["result"] == "slow answer"
+    assert ended.result["content"][0]["text"] == "slow answer" and ended.result.get("isError") is False
+    assert again.result == ended.result  # read again, the same result
+
+
+def test_the_official_clients_call_tool_follows_the_task_to_its_structured_result(api_stack: ApiStack) -> None:
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    turns = [{"tool_calls": [{"name": "final_answer", "input": {"answer": {"answer": "42"}}}]}]
+    name = _agent(api_stack, turns, output_schema=schema)
+
+    async def work(client: Any) -> Any:
+        await client.list_tools()
+        return await client.call_tool(name, {"goal": "what is it?"})
+
+    result = _session(api_stack.url, api_stack.key, work)
+    assert not result.is_error and result.structured_content["result"] == {"answer": "42"}
+    api_stack.until(result.structured_content["task_id"], lambda v: v["status"] == "succeeded")
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_a_client_that_does_not_declare_tasks_gets_the_blocking_answer_and_no_tasks_methods(
+    api_stack: ApiStack, mode: str
+) -> None:
+    name = _agent(api_stack, [{"text": "at once"}])
+
+    async def work(client: Any) -> Any:
+        await client.list_tools()
+        result = await client.session.call_tool(name, {"goal": "now"})
+        try:
+            await get_task(client.session, result.structured_content["task_id"])
+        except Exception as exc:  # the protocol's error is the point
+            return result, exc
+        return result, None
+
+    result, refused = _session(api_stack.url, api_stack.key, work, tasks=False, mode=mode)
+    assert not result.is_error and result.structured_content["result"] == "at once"
+    assert getattr(refused, "code", None) == -32021, refused
+
+
+def test_an_approval_is_input_required_and_tasks_update_decides_it_once(api_stack: ApiStack) -> None:
+    name = _agent(api_stack, APPROVAL_TURNS, tools=["request_approval"])
+
+    async def work(client: Any) -> Any:
+        handle = await _handle(client, name, {"goal": "ship the release"})
+        asked = await until(client.session, handle.task_id, ("input_required", *TERMINAL))
+        ((key, request),) = (asked.input_requests or {}).items()
+        answer = {key: {"action": "accept", "content": {"approved": True, "note": "looks good"}}}
+        acked = await update_task(client.session, handle.task_id, answer)
+        await update_task(client.session, handle.task_id, answer)  # answered already: ignored
+        ignored = await update_task(client.session, handle.task_id, {"approval-nobody": {"action": "accept"}})
+        ended = await until(client.session, handle.task_id, TERMINAL)
+        return handle, asked, key, request, acked, ignored, ended
+
+    handle, asked, key, request, acked, ignored, ended = _session(api_stack.url, api_stack.key, work)
+    assert asked.status == "input_required" and key.startswith("approval-")
+    assert request["method"] == "elicitation/create" and "Ship it?" in request["params"]["message"]
+    assert request["params"]["requestedSchema"]["required"] == ["approved"]
+    assert acked.result_type == "complete" and ignored.result_type == "complete"
+    assert ended.status == "completed" and ended.result is not None
+    assert ended.result["structuredContent"]["result"] == "shipped"
+    status, page, _ = api_stack.http("GET", f"/tasks/{handle.task_id}/events?limit=200")
+    assert status == 200
+    decided = [e["data"] for e in page["events"] if e["type"] == "approval.decided"]
+    assert [(d["approved"], d.get("note")) for d in decided] == [(True, "looks good")]
+
+
+@pytest.mark.parametrize("action", ["decline", "accept"])
+def test_declining_or_not_approving_rejects_the_request(api_stack: ApiStack, action: str) -> None:
+    name = _agent(api_stack, APPROVAL_TURNS, tools=["request_approval"])
+
+    async def work(client: Any) -> Any:
+        handle = await _handle(client, name, {"goal": "ship the release"})
+        asked = await until(client.session, handle.task_id, ("input_required", *TERMINAL))
+        (key,) = asked.input_requests or {}
+        await update_task(client.session, handle.task_id, {key: {"action": action, "content": {"approved": False}}})
+        return handle, await until(client.session, handle.task_id, TERMINAL)
+
+    handle, _ = _session(api_stack.url, api_stack.key, work)
+    status, page, _ = api_stack.http("GET", f"/tasks/{handle.task_id}/events?limit=200")
+    assert status == 200
+    assert [e["data"]["approved"] for e in page["events"] if e["type"] == "approval.decided"] == [False]
+
+
+def test_tasks_cancel_cancels_the_running_task(api_stack: ApiStack) -> None:
+    name = _agent(api_stack, [{"text": "never", "latency_seconds": 30.0}])
+
+    async def work(client: Any) -> Any:
+        handle = await _handle(client, name, {"goal": "take forever"})
+        acked = await cancel_task(client.session, handle.task_id)
+        ended = await until(client.session, handle.task_id, TERMINAL)
+        again = await cancel_task(client.session, handle.task_id)  # ended: acknowledged as it is
+        return handle, acked, ended, again
+
+    handle, acked, ended, again = _session(api_stack.url, api_stack.key, work)
+    assert acked.result_type == "complete" and again.result_type == "complete"
+    assert ended.status == "cancelled" and ended.result is None
+    assert api_stack.until(handle.task_id, lambda v: True)["status"] == "cancelled"
+
+
+def _rpc(api_stack: ApiStack, method: str, params: Any, key: str | None = "default") -> tuple[int, Any]:
+    """A raw JSON-RPC request of the 2026-07-28 wire, declaring the extension, as a client sends it
+    (its transport answers an error with the HTTP status the JSON-RPC code maps to: 400, 404)."""
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+            "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}}  # fmt: skip
+    if isinstance(params, dict):
+        params = {**params, "_meta": meta}
+    body = {"jsonrpc": "2.0", "id": 7, "method": method, "params": params}
+    headers = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2026-07-28",
+               "Mcp-Method": method}  # fmt: skip
+    if isinstance(params, dict) and isinstance(params.get("taskId"), str):
+        headers["Mcp-Name"] = params["taskId"]
+    status, data, _ = api_stack.http("POST", "/mcp", body, key=key, headers=headers)
+    return status, data
+
+
+def test_a_task_of_nobody_or_of_another_tenant_is_not_found_for_every_method(api_stack: ApiStack) -> None:
+    theirs = api_stack.submit(key=api_stack.other_key)
+    for method in ("tasks/get", "tasks/update", "tasks/cancel"):
+        for task_id in ("no-such-task", theirs):
+            params: dict[str, Any] = {"taskId": task_id}
+            if method == "tasks/update":
+                params["inputResponses"] = {}
+            status, data = _rpc(api_stack, method, params)
+            assert status < 500 and data["error"]["code"] == -32602, (method, task_id, data)
+            assert "not found" in data["error"]["message"]
+    status, view, _ = api_stack.http("GET", f"/tasks/{theirs}", key=api_stack.other_key)
+    assert status == 200 and view["status"] != "cancelled"  # the foreign cancel did nothing
+
+
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [
+        ("tasks/get", {}),
+        ("tasks/get", {"taskId": 12}),
+        ("tasks/get", {"taskId": "../../etc"}),
+        ("tasks/get", {"taskId": "x" * 200}),
+        ("tasks/cancel", {"taskId": None}),
+        ("tasks/update", {"taskId": "abc"}),
+        ("tasks/update", {"taskId": "abc", "inputResponses": "yes"}),
+        ("tasks/update", {"taskId": "abc", "inputResponses": {"k": 1}}),
+        ("tasks/get", ["abc"]),
+    ],
+)
+def test_malformed_task_params_are_invalid_params_not_a_5xx(api_stack: ApiStack, method: str, params: Any) -> None:
+    status, data = _rpc(api_stack, method, params)
+    assert status < 500 and data["error"]["code"] in (-32602, -32600), data
+
+
+@pytest.mark.parametrize("method", ["tasks/result", "tasks/list"])
+def test_the_methods_the_extension_removed_are_method_not_found(api_stack: ApiStack, method: str) -> None:
+    status, data = _rpc(api_stack, method, {"taskId": "abc"})
+    assert status < 500 and data["error"]["code"] == -32601, data
+
+
+def test_a_bad_answer_to_what_the_task_asks_names_the_field_and_decides_nothing(api_stack: ApiStack) -> None:
+    name = _agent(api_stack, APPROVAL_TURNS, tools=["request_approval"])
+
+    async def work(client: Any) -> Any:
+        handle = await _handle(client, name, {"goal": "ship the release"})
+        asked = await until(client.session, handle.task_id, ("input_required", *TERMINAL))
+        (key,) = asked.input_requests or {}
+        bad = {key: {"action": "accept", "content": {"approved": True, "note": "x" * 5000}}}
+        try:
+            await update_task(client.session, handle.task_id, bad)
+        except Exception as exc:  # the protocol's error is the point
+            return handle, key, exc, await get_task(client.session, handle.task_id)
+        raise AssertionError("an over-long note was taken")
+
+    handle, key, refused, after = _session(api_stack.url, api_stack.key, work)
+    assert refused.code == -32602 and f"inputResponses.{key}.content.note" in refused.message
+    assert after.status == "input_required"  # nothing was decided
+    status, page, _ = api_stack.http("GET", f"/tasks/{handle.task_id}/events?limit=200")
+    assert status == 200
+    assert not [e for e in page["events"] if e["type"] == "approval.decided"], json.dumps(page)[:500]
