@@ -96,6 +96,7 @@ def test_the_official_clients_call_tool_follows_the_task_to_its_structured_resul
 def test_a_client_that_does_not_declare_tasks_gets_the_blocking_answer_and_no_tasks_methods(
     api_stack: ApiStack, mode: str
 ) -> None:
+    """On the 2025-11-25 handshake the extension is not defined: not offered, never used."""
     name = _agent(api_stack, [{"text": "at once"}])
 
     async def work(client: Any) -> Any:
@@ -104,12 +105,14 @@ def test_a_client_that_does_not_declare_tasks_gets_the_blocking_answer_and_no_ta
         try:
             await get_task(client.session, result.structured_content["task_id"])
         except Exception as exc:  # the protocol's error is the point
-            return result, exc
-        return result, None
+            return client.server_capabilities, result, exc
+        return client.server_capabilities, result, None
 
-    result, refused = _session(api_stack.url, api_stack.key, work, tasks=False, mode=mode)
+    capabilities, result, refused = _session(api_stack.url, api_stack.key, work, tasks=False, mode=mode)
     assert not result.is_error and result.structured_content["result"] == "at once"
     assert getattr(refused, "code", None) == -32021, refused
+    if mode == "legacy":
+        assert capabilities.extensions is None and capabilities.tasks is None
 
 
 def test_an_approval_is_input_required_and_tasks_update_decides_it_once(api_stack: ApiStack) -> None:
@@ -137,6 +140,29 @@ def test_an_approval_is_input_required_and_tasks_update_decides_it_once(api_stac
     assert status == 200
     decided = [e["data"] for e in page["events"] if e["type"] == "approval.decided"]
     assert [(d["approved"], d.get("note")) for d in decided] == [(True, "looks good")]
+
+
+def test_an_interrupted_task_is_input_required_and_tasks_update_sends_its_message_once(api_stack: ApiStack) -> None:
+    name = _agent(api_stack, [{"text": "first", "latency_seconds": 3.0}, {"text": "after the message"}])
+
+    async def work(client: Any) -> Any:
+        handle = await _handle(client, name, {"goal": "talk to me"})
+        api_stack.until(handle.task_id, lambda v: v["status"] == "running")
+        status, _, _ = api_stack.http("POST", f"/tasks/{handle.task_id}/interrupt", {})
+        assert status == 202
+        asked = await until(client.session, handle.task_id, ("input_required", *TERMINAL))
+        (key,) = asked.input_requests or {}
+        answer = {key: {"action": "accept", "content": {"text": "go on please"}}}
+        await update_task(client.session, handle.task_id, answer)
+        await update_task(client.session, handle.task_id, answer)  # repeated: sent once
+        return handle, asked, key, await until(client.session, handle.task_id, TERMINAL)
+
+    handle, asked, key, ended = _session(api_stack.url, api_stack.key, work)
+    assert asked.status == "input_required" and key == "message-0"
+    assert asked.input_requests[key]["params"]["requestedSchema"]["required"] == ["text"]
+    assert ended.status == "completed" and ended.result is not None and not ended.result.get("isError")
+    status, listed, _ = api_stack.http("GET", f"/tasks/{handle.task_id}/messages")
+    assert status == 200 and [m["text"] for m in listed["messages"]] == ["go on please"]
 
 
 @pytest.mark.parametrize("action", ["decline", "accept"])
