@@ -101,7 +101,8 @@ def test_the_handle_survives_a_killed_api_and_a_killed_worker_and_the_result_com
         handle = _tasks_client(url, start)
         assert handle.result_type == "task"
         deadline = time.monotonic() + 60
-        while not (ledger.exists() and ledger.read_text().strip()):  # the charge is made: the slow call runs
+        # The charge is made and its step committed: the worker is in the slow model call after it.
+        while not (ledger.exists() and ledger.read_text().strip() and _view(url, handle.task_id)["step"] >= 1):
             assert time.monotonic() < deadline, _view(url, handle.task_id)
             time.sleep(0.05)
         (worker,) = stack.processes
