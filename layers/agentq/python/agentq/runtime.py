@@ -27,6 +27,8 @@ from agentq.storage.container import Storage
 from agentq.storage.dynamodb import DynamoTable
 from agentq.storage.serdes import DEFAULT_OFFLOAD_THRESHOLD, PayloadStore
 from agentq.storage.tasks import DAY_SECONDS, DEFAULT_TASK_RETENTION_DAYS
+from agentq.storage.workspace_access import DURATION_SECONDS, ScopedWorkspaceObjects, session_name
+from agentq.storage.workspace_access import ROLE_VARIABLE as WORKSPACE_ROLE_VARIABLE
 
 if TYPE_CHECKING:
     from agentq.core.engine import Engine, EngineConfig
@@ -50,6 +52,9 @@ class Settings:
     # tasks with a workspace run (AGENTQ_WORKSPACE_POOL: the deployment's EC2 tier). None: the default set.
     queue_pool: str | None = None
     workspace_pool: str | None = None
+    # The EC2 tier's narrow role for workspace objects (storage.workspace_access): set, each task's
+    # workspace content is reached with credentials scoped to its prefix. None: this process's own.
+    workspace_role_arn: str | None = None
 
     @property
     def names(self) -> ResourceNames:
@@ -78,6 +83,7 @@ class Settings:
             task_retention_days=retention_days_from_env(),
             queue_pool=_pool_from_env(POOL_VARIABLE),
             workspace_pool=_pool_from_env(WORKSPACE_POOL_VARIABLE),
+            workspace_role_arn=os.environ.get(WORKSPACE_ROLE_VARIABLE) or None,
         )
 
     def env(self) -> dict[str, str]:
@@ -100,6 +106,8 @@ class Settings:
             out[POOL_VARIABLE] = self.queue_pool
         if self.workspace_pool:
             out[WORKSPACE_POOL_VARIABLE] = self.workspace_pool
+        if self.workspace_role_arn:
+            out[WORKSPACE_ROLE_VARIABLE] = self.workspace_role_arn
         return out
 
 
@@ -287,11 +295,39 @@ def unknown_recheck_seconds() -> float:
 def build_store(settings: Settings, sess: boto3.session.Session | None = None, pool: int = 64) -> Storage:
     sess = sess or session(settings)
     payloads = PayloadStore(client(settings, "s3", sess, pool), settings.bucket, settings.offload_threshold)
-    return Storage(
+    store = Storage(
         DynamoTable(client(settings, "dynamodb", sess, pool), settings.table),
         payloads,
         retention_seconds=settings.task_retention_days * DAY_SECONDS,
     )
+    if settings.workspace_role_arn:
+        store.workspaces = scoped_workspaces(settings, payloads, sess, pool)
+    return store
+
+
+def scoped_workspaces(
+    settings: Settings, payloads: PayloadStore, sess: boto3.session.Session, pool: int
+) -> ScopedWorkspaceObjects:
+    """Workspace objects reached with per-task credentials of ``settings.workspace_role_arn``."""
+    role = settings.workspace_role_arn
+    assert role is not None
+    sts = client(settings, "sts", sess, pool)
+
+    def assume(task_id: str, policy: str) -> dict[str, Any]:
+        got = sts.assume_role(RoleArn=role, RoleSessionName=session_name(task_id), Policy=policy,
+                              DurationSeconds=DURATION_SECONDS)  # fmt: skip
+        return dict(got["Credentials"])
+
+    def payloads_for(credentials: dict[str, Any]) -> PayloadStore:
+        scoped = boto3.session.Session(
+            aws_access_key_id=credentials["AccessKeyId"], aws_secret_access_key=credentials["SecretAccessKey"],
+            aws_session_token=credentials["SessionToken"], region_name=settings.region,
+        )  # fmt: skip
+        return PayloadStore(client(settings, "s3", scoped, pool), settings.bucket, settings.offload_threshold)
+
+    partition = role.split(":")[1] if role.startswith("arn:") else "aws"
+    return ScopedWorkspaceObjects(payloads, bucket=settings.bucket, assume=assume, payloads_for=payloads_for,
+                                  partition=partition)  # fmt: skip
 
 
 def build_queues(settings: Settings, sess: boto3.session.Session | None = None, pool: int = 64) -> TaskQueues:

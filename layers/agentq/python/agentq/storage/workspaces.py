@@ -45,7 +45,8 @@ def upload_prefix(tenant: str) -> str:
     return f"{keys.PAYLOAD_PREFIX}.uploads/{tenant}/workspace/"
 
 
-def _owner_prefix(owner: str) -> str:
+def owner_prefix(owner: str) -> str:
+    """The workspace prefix of a lookup owner (``task:<id>``, ``upload:<tenant>``)."""
     kind, _, name = owner.partition(":")
     if kind == "task" and name:
         return workspace_prefix(name)
@@ -67,7 +68,7 @@ class WorkspaceObjects:
     def get_blob(self, task_id: str, digest: str, lookup: Sequence[str] = ()) -> bytes:
         """The content under ``digest``: the task's own, else the first owner of ``lookup`` that has it."""
         return self._first([f"{workspace_prefix(task_id)}blobs/{digest}"] + [
-            f"{_owner_prefix(o)}blobs/{digest}" for o in lookup
+            f"{owner_prefix(o)}blobs/{digest}" for o in lookup
         ])  # fmt: skip
 
     def _first(self, keys_: list[str]) -> bytes:
@@ -82,7 +83,7 @@ class WorkspaceObjects:
         self.payloads.put_bytes(manifest_key(task_id, digest), data, create_only=True)
 
     def get_manifest(self, task_id: str, digest: str, lookup: Sequence[str] = ()) -> bytes:
-        return self._first([manifest_key(task_id, digest)] + [f"{_owner_prefix(o)}manifests/{digest}" for o in lookup])
+        return self._first([manifest_key(task_id, digest)] + [f"{owner_prefix(o)}manifests/{digest}" for o in lookup])
 
     def put_upload(self, tenant: str, manifest: bytes, digest: str, blobs: dict[str, bytes]) -> int:
         """Store an uploaded archive's content, then its manifest (so a manifest that is there
@@ -126,7 +127,7 @@ class WorkspaceObjects:
             rest = source.split("/workspace/", 1)[1]  # blobs/<sha> or manifests/<sha>
             for owner in lookup:
                 try:
-                    self.payloads.copy(f"{_owner_prefix(owner)}{rest}", target)
+                    self.payloads.copy(f"{owner_prefix(owner)}{rest}", target)
                     return
                 except Exception:
                     continue
