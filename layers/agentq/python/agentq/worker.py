@@ -16,7 +16,9 @@ hundreds of them. Three pieces keep that cheap and fair:
   extensions) and caps what the pollers receive; what it does not take stays in SQS for
   another worker.
 - graceful SIGTERM: polling stops, running tasks end at their next step boundary (the step in
-  flight is committed), leases are released and each task gets a continuation message.
+  flight is committed), leases are released and each task gets a continuation message. A
+  termination notice of the EC2 tier's scale-in (``agentq.scale_in``) drains the same way, then
+  completes the lifecycle hook's action (``terminating`` tells the CLI to exit for good).
 
 A worker of the workspace pool (``AGENTQ_QUEUE_POOL`` = ``AGENTQ_WORKSPACE_POOL``: the EC2 tier,
 docs/SANDBOX.md) first runs a workspace sandbox (``sandbox.workspace.check_host``) and refuses
@@ -42,7 +44,8 @@ from agentq.queueing.dispatch import Action
 from agentq.queueing.heartbeat import HeartbeatHub
 from agentq.queueing.queues import is_stale_receipt
 from agentq.resources import TIERS
-from agentq.runtime import Settings, build_dispatcher, build_engine, build_queues, build_store
+from agentq.runtime import Settings, build_dispatcher, build_engine, build_queues, build_store, client
+from agentq.scale_in import ScaleIn
 
 log = logging.getLogger("agentq.worker")
 
@@ -91,6 +94,8 @@ class Worker:
         self._pollers: list[threading.Thread] = []
         self._checked = False  # the workspace pool's sandbox check passed
         self.processed = 0
+        self.scale_in = ScaleIn(autoscaling=lambda: client(settings, "autoscaling"))
+        self.terminating = threading.Event()  # drained for scale-in: the instance is going
 
     def stats(self) -> dict[str, Any]:
         """What admission and the heartbeat are doing, for logs, benchmarks and tests."""
@@ -135,6 +140,8 @@ class Worker:
         """Run until SIGTERM/SIGINT, then drain."""
         signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
         signal.signal(signal.SIGINT, lambda *_: self.stopping.set())
+        if self.scale_in.enabled:  # the EC2 tier: drain when the group scales this instance in
+            self.scale_in.watch(self.stopping, self._drain_for_scale_in)
         self.start()
         last_flush = time.monotonic()
         while not self.stopping.wait(0.5):
@@ -142,6 +149,12 @@ class Worker:
                 observe.flush()
                 last_flush = time.monotonic()
         self.shutdown()
+        if self.terminating.is_set():
+            self.scale_in.complete()
+
+    def _drain_for_scale_in(self) -> None:
+        self.terminating.set()
+        self.stopping.set()
 
     def shutdown(self) -> None:
         """Stop polling; running tasks end at their next step boundary and hand their message back."""

@@ -138,6 +138,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from agentq.observe import configure_process_logging
     from agentq.runtime import Settings
     from agentq.sandbox.base import SandboxUnavailable
+    from agentq.scale_in import TERMINATING_EXIT
     from agentq.worker import Worker, WorkerConfig
 
     configure_process_logging(logging.INFO if args.verbose else None)  # JSON with AGENTQ_LOG_FORMAT=json
@@ -160,7 +161,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         print(f"agentq worker: {SANDBOX_REFUSAL} {settings.queue_pool!r}: {exc}", file=sys.stderr)
         return SANDBOX_EXIT
     worker.serve_forever()
-    return 0
+    return TERMINATING_EXIT if worker.terminating.is_set() else 0
 
 
 def _reload(stack: Any, modules: tuple[str, ...], changed: list[Path], say: Callable[[str], None]) -> None:
