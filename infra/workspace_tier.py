@@ -16,7 +16,14 @@ Lambda and Fargate allow no user namespaces, so bubblewrap, which the workspace 
   ``infra/workspace_unit.py``: ``agentq worker`` on the workspace pool, as an unprivileged user.
   It scales in steps on the pool's backlog (waiting plus in flight).
 - **A role** with a task runner's grants (``infra/task_runners.py``, as the Fargate worker's),
-  receiving only from the workspace queues, the objects of its own artifacts, its log group.
+  receiving only from the workspace queues, the objects of its own artifacts, its log group, but
+  denied every task's workspace objects (``tasks/*/workspace/*``): those it reaches only through
+  **the workspace objects role**, which it assumes per task with a session policy naming that
+  task's prefix (``agentq.storage.workspace_access``), so one task's run cannot reach another's.
+- **Scale-in that drains**: a termination lifecycle hook holds an instance the group scales in
+  while its worker, which reads the instance's target lifecycle state from IMDSv2, stops claiming,
+  lets running turns commit and hands its tasks back, then completes the lifecycle action
+  (``agentq.scale_in``).
 - **Alarms**: a workspace queue whose messages wait untaken for ``starved_minutes``, a message
   in a workspace DLQ, and a worker that found it could not sandbox (its ``sandbox_unavailable``
   line, counted by a metric filter on the log group the CloudWatch agent ships to).
@@ -47,6 +54,7 @@ from agentq.observe.names import NAMESPACE as METRICS_NAMESPACE
 from agentq.queueing.queues import WORKSPACE_POOL, WORKSPACE_POOL_VARIABLE, pooled
 from agentq.resources import TIERS
 from agentq.sandbox.config import FUNCTION_VARIABLE
+from agentq.storage.workspace_access import ROLE_VARIABLE as WORKSPACE_ROLE_VARIABLE
 from infra import workspace_unit as unit
 from infra.access import liveness_statements, vault_env
 from infra.alarms import AlarmFactory
@@ -68,6 +76,7 @@ from infra.task_runners import (
     user_code_env,
 )
 from infra.worker import EGRESS_PORTS, Worker, worker_vpc
+from infra.workspace_tier_access import WORKSPACE_OBJECTS, drain_on_termination, workspace_objects_role
 
 SANDBOX_UNAVAILABLE_METRIC = "workspace_sandbox_unavailable"
 
@@ -82,6 +91,7 @@ class WorkspaceTier:
     security_group: ec2.SecurityGroup
     log_group: logs.LogGroup
     alarms: list[cw.Alarm]
+    objects_role: iam.Role
 
 
 def build_workspace_tier(
@@ -122,13 +132,14 @@ def build_workspace_tier(
         description="agentq workspace tier instances: a task runner's grants on the workspace pool's queues",
     )
     _grant(role, cfg, data, machine, fns, queues, dlqs, log_group)
+    objects_role = workspace_objects_role(scope, role, data)
     launch_template = _launch_template(scope, env_name, cfg, data, machine, fns, role, security_group, log_group,
-                                       user_layer, deps_layer)  # fmt: skip
+                                       user_layer, deps_layer, objects_role)  # fmt: skip
     w = cfg.workspace.ec2
     group = autoscaling.AutoScalingGroup(
         scope,
         "WorkspaceWorkers",
-        auto_scaling_group_name=f"{cfg.prefix}-workspace",
+        auto_scaling_group_name=unit.group_name(cfg.prefix),
         vpc=vpc,
         vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
         launch_template=launch_template,
@@ -137,8 +148,9 @@ def build_workspace_tier(
         group_metrics=[autoscaling.GroupMetrics.all()],
     )
     _scale_on_backlog(group, cfg, queues)
+    drain_on_termination(group, role, cfg)
     alarms = _alarms(scope, cfg, queues, dlqs, log_group, topic)
-    return WorkspaceTier(queues, dlqs, group, launch_template, role, security_group, log_group, alarms)
+    return WorkspaceTier(queues, dlqs, group, launch_template, role, security_group, log_group, alarms, objects_role)
 
 
 def _queues(scope: Construct, cfg: EnvironmentSettings) -> tuple[dict[str, sqs.Queue], dict[str, sqs.Queue]]:
@@ -263,6 +275,7 @@ def _launch_template(
     log_group: logs.LogGroup,
     user_layer: DepsLayer | None,
     deps_layer: DepsLayer,
+    objects_role: iam.Role,
 ) -> ec2.LaunchTemplate:
     w = cfg.workspace.ec2
     artifacts = _artifacts(scope, cfg, user_layer, deps_layer)
@@ -283,6 +296,9 @@ def _launch_template(
         **runner_env,
         **vault_env(data),
         **user_code_env(cfg),
+        WORKSPACE_ROLE_VARIABLE: objects_role.role_arn,
+        unit.HOOK_VARIABLE: unit.lifecycle_hook_name(cfg.prefix),
+        unit.GROUP_VARIABLE: unit.group_name(cfg.prefix),
         "AGENTQ_EMF": "1",
         "AGENTQ_LOG_FORMAT": "json",
         "AWS_REGION": cdk.Aws.REGION,
@@ -426,9 +442,23 @@ def _alarms(
 
 def acknowledge_workspace_tier(stack: Acknowledged, tier: WorkspaceTier) -> None:
     """The tier's cdk-nag findings, each with its reason (as infra/nag.py does for the rest)."""
-    from infra.nag import acknowledge_task_runner
+    from infra.nag import PARTITION_REGION_ACCOUNT, _logical_id, acknowledge_task_runner
 
     acknowledge_task_runner(stack, tier.role)
+    _ack(
+        tier.objects_role,
+        f"AwsSolutions-IAM5[Resource::<{_logical_id(stack.data.payloads)}.Arn>/{WORKSPACE_OBJECTS}]",
+        "The most a per-task session may hold: Get/PutObject of workspace objects, keyed tasks/<task_id>/workspace/...; "
+        "each session's policy names one task's prefix (agentq.storage.workspace_access), and the session gets the "
+        "intersection.",
+    )
+    group_arn = PARTITION_REGION_ACCOUNT.format(service="autoscaling")
+    _ack(
+        tier.role,
+        f"AwsSolutions-IAM5[Resource::{group_arn}:autoScalingGroup:*:autoScalingGroupName/{unit.group_name(stack.settings.prefix)}]",
+        "A group's ARN carries a UUID Auto Scaling assigns; the grant is CompleteLifecycleAction on this tier's group, "
+        "named, only.",
+    )
     _ack(
         tier.group,
         "AwsSolutions-AS3",

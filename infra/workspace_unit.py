@@ -20,6 +20,10 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 
+from agentq.scale_in import GROUP_VARIABLE, HOOK_VARIABLE, TERMINATING_EXIT
+
+__all__ = ["GROUP_VARIABLE", "HOOK_VARIABLE", "TERMINATING_EXIT"]  # the tier's user data names them through this module
+
 SERVICE = "agentq-worker"
 PYTHON = "/usr/bin/python3.12"  # Amazon Linux 2023's python3.12 package: the layers' Python
 INSTALL_DIR = "/opt/agentq"
@@ -35,8 +39,20 @@ LOG_FILE = f"{LOG_DIR}/worker.log"
 USER = "agentq"
 RESTART_SECONDS = 30
 STOP_TIMEOUT_SECONDS = 120  # the graceful drain: steps in flight commit, messages are handed back
+# Scale-in (agentq.scale_in): the lifecycle hook's name and the group's reach the worker in these
+# variables; it drains when IMDSv2 says the instance is being terminated, completes the hook's
+# action, and exits TERMINATING_EXIT, which systemd does not restart (RestartPreventExitStatus).
+DRAIN_SECONDS = STOP_TIMEOUT_SECONDS + 180  # the hook's heartbeat timeout: the drain, then terminate anyway
 SANDBOX_UNAVAILABLE = "sandbox_unavailable"  # the line a worker that cannot sandbox logs (agentq.cli.local)
 DISTRO_PACKAGES = ("bubblewrap", "python3.12", "git", "unzip", "amazon-cloudwatch-agent")
+
+
+def group_name(prefix: str) -> str:
+    return f"{prefix}-workspace"
+
+
+def lifecycle_hook_name(prefix: str) -> str:
+    return f"{prefix}-workspace-drain"
 
 
 def python_path(install_dir: str = INSTALL_DIR) -> str:
@@ -72,6 +88,7 @@ def unit(args: Sequence[str], *, python: str = PYTHON) -> str:
         f"ExecStart={shlex.join([python, *args])}",
         "Restart=always",
         f"RestartSec={RESTART_SECONDS}",
+        f"RestartPreventExitStatus={TERMINATING_EXIT}",  # drained for scale-in: the instance is going
         "KillSignal=SIGTERM",
         f"TimeoutStopSec={STOP_TIMEOUT_SECONDS}",
         f"StandardOutput=append:{LOG_FILE}",

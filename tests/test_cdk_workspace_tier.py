@@ -45,10 +45,22 @@ from tests.test_cdk_stack import (
     settings_of,
     synth_subnet_is_private,
 )
-from tests.test_cdk_stack import synth as synth  # the fixtures: one synth a run, whichever module asks
-from tests.test_cdk_stack import synth_root as synth_root
+from tests.test_cdk_stack import synth_root as synth_root  # the fixture: one synth a run, whichever module asks
 
 pytestmark = CDK_GROUP
+WITH_TIER = [e for e in ENVIRONMENTS if settings_of(e).workspace.tier == "ec2"]
+WITHOUT_TIER = [e for e in ENVIRONMENTS if e not in WITH_TIER]
+
+
+@pytest.fixture(scope="module", params=WITH_TIER)
+def synth(request: pytest.FixtureRequest, synth_root: Path) -> Synthesized:
+    """Each environment of cdk.json that has the tier (the same synth tests/test_cdk_stack.py makes)."""
+    return synthesize(request.param, synth_root / request.param)
+
+
+@pytest.fixture(scope="module", params=WITHOUT_TIER)
+def plain_synth(request: pytest.FixtureRequest, synth_root: Path) -> Synthesized:
+    return synthesize(request.param, synth_root / request.param)
 
 
 @pytest.fixture(scope="module")
@@ -98,12 +110,13 @@ def test_the_tier_is_opt_in_per_environment_and_off_in_dev() -> None:
     assert {e for e in ENVIRONMENTS if settings_of(e).workspace.tier == "ec2"} == {"staging", "prod"}
 
 
-def test_an_environment_without_the_tier_has_no_workspace_queue_instance_or_routing(synth: Synthesized) -> None:
-    if _cfg(synth).workspace.tier == "ec2":
-        pytest.skip("an environment with the tier")
+def test_an_environment_without_the_tier_has_no_workspace_queue_instance_or_routing(plain_synth: Synthesized) -> None:
+    synth = plain_synth
+    assert _cfg(synth).workspace.tier != "ec2"
     assert not _workspace_queue_ids(synth)
     assert not synth.resources("AWS::AutoScaling::AutoScalingGroup")
     assert not synth.resources("AWS::EC2::LaunchTemplate")
+    assert not synth.resources("AWS::AutoScaling::LifecycleHook")
     for name in ("api", "executor"):
         _, fn = _function(synth, name)
         assert WORKSPACE_POOL_VARIABLE not in fn["Properties"]["Environment"]["Variables"]
@@ -113,8 +126,6 @@ def test_the_launch_template_requires_imdsv2_with_hop_limit_1_no_public_ip_and_a
     synth: Synthesized,
 ) -> None:
     cfg = _cfg(synth)
-    if cfg.workspace.tier != "ec2":
-        pytest.skip("no tier here")
     _, lt = _one_of(synth, "AWS::EC2::LaunchTemplate")
     data = lt["Properties"]["LaunchTemplateData"]
     assert data["MetadataOptions"]["HttpTokens"] == "required"
@@ -135,8 +146,6 @@ def test_the_group_runs_in_private_subnets_between_the_environments_bounds_scale
     synth: Synthesized,
 ) -> None:
     cfg = _cfg(synth)
-    if cfg.workspace.tier != "ec2":
-        pytest.skip("no tier here")
     _, group = _one_of(synth, "AWS::AutoScaling::AutoScalingGroup")
     props = group["Properties"]
     assert (props["MinSize"], props["MaxSize"]) == (
@@ -159,8 +168,6 @@ def test_the_instances_run_the_units_worker_on_the_workspace_pool_with_bubblewra
     synth: Synthesized,
 ) -> None:
     cfg = _cfg(synth)
-    if cfg.workspace.tier != "ec2":
-        pytest.skip("no tier here")
     script = _user_data(synth)
     args = unit.worker_args(
         concurrency=cfg.workspace.ec2.concurrency, heartbeat=cfg.worker.heartbeat_seconds,
@@ -189,17 +196,12 @@ def _object_resources(statements: list[dict[str, Any]]) -> list[tuple[set[str], 
 def test_the_tier_role_receives_only_its_queues_and_reaches_only_tasks_objects_its_artifacts_and_its_logs(
     synth: Synthesized,
 ) -> None:
-    if _cfg(synth).workspace.tier != "ec2":
-        pytest.skip("no tier here")
     statements = _statements_of_role(synth, _tier_role(synth))
-    assert not any(s.get("Effect") == "Deny" for s in statements)
+    assert [s.get("Sid") for s in statements if s.get("Effect") == "Deny"] == ["NoWorkspaceObjects"]
     workspace = {lid for name, lid in _workspace_queue_ids(synth).items() if not name.endswith("-dlq")}
     receive = [s for s in statements if "sqs:ReceiveMessage" in _as_list(s["Action"])]
     assert receive and all(r["Fn::GetAtt"][0] in workspace for s in receive for r in _as_list(s["Resource"]))
-    (bucket,) = [
-        lid for lid, b in synth.resources("AWS::S3::Bucket").items()
-        if "expire-task-payloads" in json.dumps(b["Properties"].get("LifecycleConfiguration", {}))
-    ]  # fmt: skip
+    bucket = _payload_bucket(synth)
     artifacts = next(s for s in statements if s.get("Sid") == "WorkerArtifacts")
     assert _as_list(artifacts["Action"]) == ["s3:GetObject"] and len(_as_list(artifacts["Resource"])) == 3
     for resource in _as_list(artifacts["Resource"]):  # an exact asset object each: <assets bucket>/<hash>.zip
@@ -213,12 +215,117 @@ def test_the_tier_role_receives_only_its_queues_and_reaches_only_tasks_objects_i
     }
     assert "WorkspaceWorkerLogs" in group
     services = {a.split(":")[0] for s in statements for a in _as_list(s["Action"])}
-    assert not services & {"ec2", "iam", "ssm", "sts", "autoscaling", "ecs", "lambda"}  # python_exec: bwrap here
+    assert not services & {"ec2", "iam", "ssm", "ecs", "lambda"}  # python_exec: bwrap here
+    # sts and autoscaling: one action each, on one resource of its own (tests below)
+    assert {a for s in statements for a in _as_list(s["Action"]) if a.split(":")[0] in ("sts", "autoscaling")} == {
+        "sts:AssumeRole", "autoscaling:CompleteLifecycleAction"}  # fmt: skip
+
+
+def _rendered(resource: Any, names: dict[str, str]) -> str:
+    """A resource as a string: ``{"Fn::GetAtt": [id, "Arn"]}`` as ``names[id]`` (else <id>)."""
+    if isinstance(resource, str):
+        return resource
+    if "Fn::GetAtt" in resource:
+        return names.get(resource["Fn::GetAtt"][0], f"<{resource['Fn::GetAtt'][0]}>")
+    if "Fn::Join" in resource:
+        return str(resource["Fn::Join"][0]).join(_rendered(p, names) for p in resource["Fn::Join"][1])
+    return f"<{next(iter(resource))}>"
+
+
+def _decides(statements: list[dict[str, Any]], action: str, arn: str, names: dict[str, str]) -> str:
+    """IAM's evaluation of identity statements: an explicit Deny wins, else an Allow, else implicit deny."""
+    import re
+
+    def matches(s: dict[str, Any]) -> bool:
+        patterns = [_rendered(r, names) for r in _as_list(s["Resource"])]
+        return action in _as_list(s["Action"]) and any(
+            re.fullmatch("".join(".*" if c == "*" else re.escape(c) for c in p), arn) for p in patterns
+        )
+
+    if any(s.get("Effect") == "Deny" and matches(s) for s in statements):
+        return "deny"
+    return "allow" if any(s.get("Effect", "Allow") == "Allow" and matches(s) for s in statements) else "implicit"
+
+
+def _payload_bucket(synth: Synthesized) -> str:
+    (bucket,) = [
+        lid for lid, b in synth.resources("AWS::S3::Bucket").items()
+        if "expire-task-payloads" in json.dumps(b["Properties"].get("LifecycleConfiguration", {}))
+    ]  # fmt: skip
+    return bucket
+
+
+def _objects_role(synth: Synthesized) -> str:
+    (role,) = [lid for lid in synth.resources("AWS::IAM::Role") if lid.startswith("WorkspaceObjectsRole")]
+    return role
+
+
+TASK_KEYS = ["0123456789abcdef0123456789abcdef", "a", "caller-chosen_ID-" + "x" * 100]
+
+
+@pytest.mark.parametrize("task", TASK_KEYS)
+def test_the_instance_role_itself_may_not_read_or_write_any_tasks_workspace_objects(
+    synth: Synthesized, task: str
+) -> None:
+    statements = _statements_of_role(synth, _tier_role(synth))
+    names = {_payload_bucket(synth): "BUCKET"}
+    for action in ("s3:GetObject", "s3:PutObject"):
+        for key in (f"tasks/{task}/workspace/blobs/{'a' * 64}", f"tasks/{task}/workspace/manifests/{'b' * 64}",
+                    "tasks/.uploads/acme/workspace/blobs/c"):  # fmt: skip
+            assert _decides(statements, action, f"BUCKET/{key}", names) == "deny", (action, key)
+        # the rest of a task's payloads stay a task runner's
+        assert _decides(statements, action, f"BUCKET/tasks/{task}/steps/000001-e1.json", names) == "allow", action
+
+
+def test_the_workspace_objects_role_is_assumable_by_the_instance_role_only_and_holds_only_workspace_objects(
+    synth: Synthesized,
+) -> None:
+    from agentq.storage.workspace_access import DURATION_SECONDS, ROLE_VARIABLE
+
+    instance, objects = _tier_role(synth), _objects_role(synth)
+    role = synth.template["Resources"][objects]["Properties"]
+    (trust,) = role["AssumeRolePolicyDocument"]["Statement"]
+    assert trust["Action"] == "sts:AssumeRole" and trust["Effect"] == "Allow"
+    assert trust["Principal"] == {"AWS": {"Fn::GetAtt": [instance, "Arn"]}}
+    assert role["MaxSessionDuration"] == DURATION_SECONDS and "ManagedPolicyArns" not in role
+    (grant,) = _statements_of_role(synth, objects)
+    bucket = _payload_bucket(synth)
+    assert (grant["Effect"], sorted(_as_list(grant["Action"]))) == ("Allow", ["s3:GetObject", "s3:PutObject"])
+    assert _as_list(grant["Resource"]) == [
+        {"Fn::Join": ["", [{"Fn::GetAtt": [bucket, "Arn"]}, "/tasks/*/workspace/*"]]}
+    ]
+    (assume,) = [s for s in _statements_of_role(synth, instance) if "sts:AssumeRole" in _as_list(s["Action"])]
+    assert _as_list(assume["Resource"]) == [{"Fn::GetAtt": [objects, "Arn"]}]
+    # the worker is told which role to assume: the variable's value in the user data is this role's ARN
+    _, lt = _one_of(synth, "AWS::EC2::LaunchTemplate")
+    parts = lt["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"]["Fn::Join"][1]
+    (at,) = [i for i, p in enumerate(parts) if isinstance(p, str) and p.endswith(f'{ROLE_VARIABLE}="')]
+    assert parts[at + 1] == {"Fn::GetAtt": [objects, "Arn"]}
+
+
+def test_scale_in_waits_on_a_termination_hook_the_worker_completes_for_its_own_group_only(synth: Synthesized) -> None:
+    cfg = _cfg(synth)
+    (hook,) = synth.resources("AWS::AutoScaling::LifecycleHook").values()
+    props = hook["Properties"]
+    group_id, _ = _one_of(synth, "AWS::AutoScaling::AutoScalingGroup")
+    assert props["AutoScalingGroupName"] == {"Ref": group_id}
+    assert props["LifecycleTransition"] == "autoscaling:EC2_INSTANCE_TERMINATING"
+    assert (props["HeartbeatTimeout"], props["DefaultResult"]) == (unit.DRAIN_SECONDS, "CONTINUE")
+    assert props["LifecycleHookName"] == unit.lifecycle_hook_name(cfg.prefix)
+    assert unit.DRAIN_SECONDS > unit.STOP_TIMEOUT_SECONDS  # the drain's wait outlasts a stop's
+    (complete,) = [s for s in _statements_of_role(synth, _tier_role(synth))
+                   if "autoscaling:CompleteLifecycleAction" in _as_list(s["Action"])]  # fmt: skip
+    assert _as_list(complete["Action"]) == ["autoscaling:CompleteLifecycleAction"]
+    (resource,) = _as_list(complete["Resource"])
+    assert _rendered(resource, {}).endswith(f":autoScalingGroup:*:autoScalingGroupName/{unit.group_name(cfg.prefix)}")
+    env = unit.parse_environment_file(_user_data(synth).split("<<'AGENTQ_ENV'\n")[1].split("AGENTQ_ENV\n")[0])
+    assert env[unit.HOOK_VARIABLE] == props["LifecycleHookName"]
+    assert env[unit.GROUP_VARIABLE] == unit.group_name(cfg.prefix) == _one_of(
+        synth, "AWS::AutoScaling::AutoScalingGroup")[1]["Properties"]["AutoScalingGroupName"]  # fmt: skip
+    assert f"RestartPreventExitStatus={unit.TERMINATING_EXIT}" in _user_data(synth)  # drained: not restarted
 
 
 def test_the_tier_has_no_ingress_and_leaves_only_on_https_and_http(synth: Synthesized) -> None:
-    if _cfg(synth).workspace.tier != "ec2":
-        pytest.skip("no tier here")
     (sg,) = [r["Properties"] for r in synth.resources("AWS::EC2::SecurityGroup").values()
              if "workspace tier" in r["Properties"]["GroupDescription"]]  # fmt: skip
     assert "SecurityGroupIngress" not in sg
@@ -259,8 +366,6 @@ def test_the_tier_alarms_on_starved_workspace_queues_their_dlqs_and_a_worker_tha
     synth: Synthesized,
 ) -> None:
     cfg = _cfg(synth)
-    if cfg.workspace.tier != "ec2":
-        pytest.skip("no tier here")
     alarms = {a["Properties"]["AlarmName"]: a["Properties"] for a in synth.resources("AWS::CloudWatch::Alarm").values()
               if "AlarmName" in a["Properties"]}  # fmt: skip
     queues = _workspace_queue_ids(synth)
