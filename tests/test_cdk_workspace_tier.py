@@ -1,6 +1,6 @@
 """The EC2 workspace tier in the synthesized stack (``infra/workspace_tier.py``), pinned on the
-templates of every environment of cdk.json (dev without it, staging and prod with it) and of dev
-with both the Fargate worker and the tier.
+templates of the environments of cdk.json with it (staging, prod), of those without it (dev:
+nothing of it there), and of dev with both the Fargate worker and the tier.
 
 - Opt-in per environment (``workspace.tier``): off in dev, where an environment without it has no
   workspace queues, no instance and no routing variable.
@@ -12,7 +12,12 @@ with both the Fargate worker and the tier.
   from the distribution, agentq from the stack's own assets.
 - Least privilege: the role receives only from the workspace queues, reaches objects only under the
   payload bucket's ``tasks/`` and its own artifacts (by exact key, GetObject), writes only its log
-  group; no ingress, egress 443/80.
+  group; no ingress, egress 443/80. It is denied every task's workspace objects (IAM's evaluation
+  over task id shapes) and reaches them only through the workspace objects role, trusted by it
+  alone, holding Get/Put of workspace objects only, assumed per task with a session policy
+  (``agentq.storage.workspace_access``, tests/test_workspace_access.py).
+- Scale-in: a termination lifecycle hook (CONTINUE after ``DRAIN_SECONDS``) the worker completes
+  on its own group only, named to the worker by its environment; a drained worker not restarted.
 - Routing: the API, the executor and the Fargate worker know the pool and may send to it.
 - Alarms: each workspace queue starved (visible messages, not age), each workspace DLQ, and a
   worker that could not sandbox (a metric filter on its ``sandbox_unavailable`` line).
