@@ -128,10 +128,17 @@ def test_workspace_content_is_reached_by_the_runners_the_api_and_the_reaper_only
     reaching = _reaching_workspace_content(synth)
     others = reaching - {"executor", "api", "reaper"}
     assert {"executor", "api", "reaper"} <= reaching
-    if settings_of(synth.env_name).workspace.tier == "ec2":  # and the EC2 tier's instances, a task runner too
+    if settings_of(synth.env_name).workspace.tier == "ec2":
+        # and the EC2 tier's instances, a task runner too: not with their own role, which is
+        # denied it, but through the role they assume per task (test_cdk_workspace_tier.py)
         (role,) = others
-        assume = json.dumps(synth.resources("AWS::IAM::Role")[role]["Properties"]["AssumeRolePolicyDocument"])
-        assert "ec2.amazonaws.com" in assume
+        roles = synth.resources("AWS::IAM::Role")
+        (trusted,) = [
+            p["AWS"]["Fn::GetAtt"][0] for s in roles[role]["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+            for p in [s["Principal"]]
+        ]  # fmt: skip
+        assert "ec2.amazonaws.com" in json.dumps(roles[trusted]["Properties"]["AssumeRolePolicyDocument"])
+        assert trusted not in reaching
     else:
         assert not others
     assert "events" in _object_grants(synth)  # it reads other payloads, and is denied these
