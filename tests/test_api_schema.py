@@ -131,7 +131,8 @@ def test_the_served_document_is_the_generated_one_and_valid_openapi(api: Api) ->
     # /mcp is not among them: it speaks JSON-RPC (MCP), not the REST API's shapes.
     assert operations == {
         ("POST", "/tasks"), ("GET", "/tasks"), ("GET", "/tasks/{task_id}"), ("GET", "/tasks/{task_id}/result"),
-        ("GET", "/tasks/{task_id}/trace"), ("GET", "/tasks/{task_id}/files"), ("GET", "/tasks/{task_id}/files/{path}"),
+        ("GET", "/tasks/{task_id}/trace"), ("GET", "/tasks/{task_id}/compare/{other_id}"), ("GET", "/tasks/{task_id}/files"),
+        ("GET", "/tasks/{task_id}/files/{path}"),
         ("GET", "/tasks/{task_id}/diff"), ("POST", "/workspace-uploads"), ("GET", "/tasks/{task_id}/events"), ("POST", "/tasks/{task_id}/cancel"), ("POST", "/tasks/{task_id}/approve"),
         ("POST", "/tasks/{task_id}/reject"), ("POST", "/tasks/{task_id}/budget"), ("POST", "/tasks/{task_id}/fork"),
         ("POST", "/tasks/{task_id}/messages"), ("GET", "/tasks/{task_id}/messages"),

@@ -5,6 +5,7 @@ through the real CLI process."""
 from __future__ import annotations
 
 import json
+import urllib.parse
 from typing import Any
 
 from tests.api_support import ApiStack
@@ -29,6 +30,12 @@ def _diff(api_stack: ApiStack, a: str, b: str, *extra: str) -> Any:
     return shown.stdout
 
 
+def _compare(api_stack: ApiStack, a: str, b: str) -> Any:
+    status, body, _ = api_stack.http("GET", f"/tasks/{a}/compare/{b}")
+    assert status == 200, body
+    return body
+
+
 def test_two_runs_are_shown_side_by_side_with_the_first_step_that_differs(api_stack: ApiStack) -> None:
     first = api_stack.submit(_task("DONE: invoice 7", grade=True))
     second = api_stack.submit(_task("invoice 7, I think", grade=True))
@@ -36,6 +43,7 @@ def test_two_runs_are_shown_side_by_side_with_the_first_step_that_differs(api_st
     for task_id in (first, second, same):
         api_stack.until(task_id, lambda v: v["status"] in ("succeeded", "failed_outcome"))
     compared = json.loads(_diff(api_stack, first, second, "--json"))
+    assert compared == _compare(api_stack, first, second)  # the CLI prints the API's comparison
     assert compared["diverged_at"] == 3  # the LLM step, the tools step, then the answers differ
     assert [r["same"] for r in compared["steps"]] == [True, True, False, False]  # the answers, then their grades
     assert (compared["a"]["status"], compared["b"]["status"]) == ("succeeded", "failed_outcome")
@@ -59,3 +67,35 @@ def test_a_fork_from_step_n_is_the_same_as_its_original_up_to_n(api_stack: ApiSt
     assert compared["b"]["forked_from"]["task_id"] == original
     # The scripted model answers the fork's next turn as it answered the original's.
     assert compared["diverged_at"] is None and compared["delta"]["steps"] == 0
+
+
+def test_only_the_callers_tasks_are_compared_another_tenants_in_either_place_is_not_found(api_stack: ApiStack) -> None:
+    mine = api_stack.submit(_task("DONE: invoice 7"))
+    theirs = api_stack.submit(_task("DONE: invoice 7"), key=api_stack.other_key)
+    for task_id, key in ((mine, "default"), (theirs, api_stack.other_key)):
+        api_stack.until(task_id, lambda v: v["status"] == "succeeded", key=key)
+    assert _compare(api_stack, mine, mine)["diverged_at"] is None  # the caller's own: compared
+    unknown = "no-such-task"
+    for a, b, field in ((mine, theirs, "other_id"), (theirs, mine, "task_id"), (mine, unknown, "other_id"),
+                        (unknown, mine, "task_id"), (theirs, theirs, "task_id")):  # fmt: skip
+        status, body, _ = api_stack.http("GET", f"/tasks/{a}/compare/{b}")
+        assert status == 404, (a, b, body)
+        assert (body["error"]["code"], body["error"]["field"]) == ("task_not_found", field), body
+    # The other tenant sees its own task and not ours, the same way.
+    status, body, _ = api_stack.http("GET", f"/tasks/{theirs}/compare/{mine}", key=api_stack.other_key)
+    assert status == 404 and body["error"]["field"] == "other_id", body
+    shown = run_agentq(["diff", mine, theirs], api_stack.cli_env(), timeout=120)
+    assert shown.returncode == 1 and f"no task '{theirs}' (other_id)" in shown.stderr, shown.stderr
+
+
+def test_a_malformed_id_in_either_place_is_a_422_naming_its_field(api_stack: ApiStack) -> None:
+    mine = api_stack.submit(_task("DONE: invoice 7"))
+    for bad in ("bad id!", "x" * 129, "a.b"):
+        quoted = urllib.parse.quote(bad, safe="")
+        for path, field in (
+            (f"/tasks/{quoted}/compare/{mine}", "task_id"),
+            (f"/tasks/{mine}/compare/{quoted}", "other_id"),
+        ):
+            status, body, _ = api_stack.http("GET", path)
+            assert status == 422, (path, body)
+            assert (body["error"]["code"], body["error"]["field"]) == ("validation_error", field), body

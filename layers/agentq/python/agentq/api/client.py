@@ -63,6 +63,7 @@ from agentq.api.models import (
     ScheduleView,
     SpendView,
     TaskAccepted,
+    TaskComparison,
     TaskEvent,
     TaskPage,
     TaskResult,
@@ -236,6 +237,10 @@ class Client(AgentCalls):
 
     def trace(self, task_id: str, *, limit: int = 100, cursor: str | None = None) -> TracePage:
         return self._get(TracePage, f"/tasks/{_seg(task_id)}/trace", limit=limit, cursor=cursor)
+
+    def compare(self, task_id: str, other_id: str) -> TaskComparison:
+        """Two runs side by side and the first step that differs (``agentq diff``)."""
+        return self._get(TaskComparison, f"/tasks/{_seg(task_id)}/compare/{_seg(other_id)}")
 
     def iter_trace(self, task_id: str, *, page_size: int = 200) -> Iterator[TraceEvent]:
         """Every event of the task's trace, in commit order."""

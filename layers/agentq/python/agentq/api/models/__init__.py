@@ -14,6 +14,7 @@ the module of its resource:
 - ``trace``: the trace's events and pages, the event stream's pages.
 - ``catalogue``: agents, schedules, the webhook secret.
 - ``files``: a task's workspace files at a committed step, and the diff between two steps.
+- ``compare``: two runs side by side (``GET /tasks/{id}/compare/{other_id}``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ from agentq.api.models.catalogue import ScheduleList as ScheduleList
 from agentq.api.models.catalogue import ScheduleView as ScheduleView
 from agentq.api.models.catalogue import TaskMoved as TaskMoved
 from agentq.api.models.catalogue import WebhookSecret as WebhookSecret
+from agentq.api.models.compare import MAX_COMPARED_STEPS as MAX_COMPARED_STEPS
+from agentq.api.models.compare import RunDelta as RunDelta
+from agentq.api.models.compare import RunStep as RunStep
+from agentq.api.models.compare import RunTotals as RunTotals
+from agentq.api.models.compare import StepPair as StepPair
+from agentq.api.models.compare import TaskComparison as TaskComparison
 from agentq.api.models.conversation import CloseResult as CloseResult
 from agentq.api.models.conversation import InterruptResult as InterruptResult
 from agentq.api.models.conversation import MessageAccepted as MessageAccepted

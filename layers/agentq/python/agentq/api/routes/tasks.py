@@ -1,6 +1,7 @@
 """Submitting a task and reading tasks back: ``POST /tasks``, ``GET /tasks``,
-``GET /tasks/{id}``, ``/result`` and ``/trace``. Every read is of the caller's own tasks:
-another tenant's task is not found (``views.owned``)."""
+``GET /tasks/{id}``, ``/result``, ``/trace`` and ``/compare/{other_id}`` (two runs side by side,
+``api.run_diff``). Every read is of the caller's own tasks: another tenant's task is not found
+(``views.owned``)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from agentq.api.models import (
     MAX_PAGE_SIZE,
     MAX_TRACE_PAGE,
     TaskAccepted,
+    TaskComparison,
     TaskLinks,
     TaskPage,
     TaskResult,
@@ -26,8 +28,9 @@ from agentq.api.models import (
     TracePage,
 )
 from agentq.api.routes.common import ApiDeps, PageCursor, Router, TaskId, builtin_script_only, user_query
+from agentq.api.run_diff import compare_tasks
 from agentq.control.submit import request_hash, submit_once
-from agentq.core.errors import ValidationError
+from agentq.core.errors import TaskNotFound, ValidationError
 from agentq.core.models import TaskStatus, TaskSubmission
 
 
@@ -165,5 +168,26 @@ def router(deps: ApiDeps) -> Router:
         cursor: PageCursor = None,
     ) -> TracePage:
         return views.trace_page(store, views.owned(store, task_id, deps.caller()), limit=limit, cursor=cursor)
+
+    @routes.get(
+        "/tasks/<task_id>/compare/<other_id>",
+        summary="Two runs side by side",
+        description="Each task's totals (steps, LLM and tool calls, tokens, cost, grade), each step beside the "
+        "other's, and `diverged_at`, the first step that differs. A step is the same when it said and did the same "
+        "(text, tool calls with their input and output, messages, a grade's score), never by timings or ids: a fork "
+        "from step N is the same as its original up to N. Both tasks must be the caller's: another's is 404 naming "
+        "the id's field.",
+        operation_id="compareTasks",
+        tags=["tasks"],
+        responses=responses(200, TaskComparison, 404, 422),
+    )
+    def compare(task_id: TaskId, other_id: TaskId) -> TaskComparison:
+        caller = deps.caller()
+        first = views.owned(store, task_id, caller)
+        try:
+            other = views.owned(store, other_id, caller)
+        except TaskNotFound:
+            raise TaskNotFound(f"no task {other_id!r}", field="other_id") from None
+        return compare_tasks(store, first, other)
 
     return routes
