@@ -22,10 +22,23 @@ class PolicyPut(StrictModel):
     )
 
 
+class PolicyRuleView(ApiModel):
+    id: str
+    effect: Literal["deny", "ask"]
+    mode: Literal["enforce", "log_only"] = Field(description="log_only: decides nothing, what it would is counted")
+    message: str
+    description: str = ""
+
+
 class PolicyView(ApiModel):
     scope: str
     version: int
     policies: str
+    rules: list[PolicyRuleView] = Field(
+        default_factory=list,
+        description="each rule of the text as the engine reads it (its @id, @effect, @mode, @message, @description, "
+        "defaults filled in), in order",
+    )
     digest: str
     created_at: float
     created_by: str | None = None

@@ -16,6 +16,7 @@ from agentq.api.models.policies import (
     PolicyDecision,
     PolicyList,
     PolicyPut,
+    PolicyRuleView,
     PolicySchema,
     PolicyTest,
     PolicyView,
@@ -24,12 +25,14 @@ from agentq.api.models.policies import (
 from agentq.api.routes.common import ApiDeps, Router
 from agentq.control.policies import put_policy, test_policy, verdict_view
 from agentq.core.policies import SCHEMA, SCOPE_PATTERN, PolicyCall, PolicyDocument, Principal, TaskFacts
+from agentq.core.policies.rules import describe
 
 Scope = Annotated[str, Path(pattern=SCOPE_PATTERN, description="`tenant`, or `agent:<name>`")]
 
 
 def view(doc: PolicyDocument) -> PolicyView:
     return PolicyView(scope=doc.scope, version=doc.version, policies=doc.text, digest=doc.digest,
+                      rules=[PolicyRuleView.model_validate(r) for r in describe(doc.text)],
                       created_at=doc.created_at, created_by=doc.created_by)  # fmt: skip
 
 

@@ -111,6 +111,29 @@ def check(text: str) -> CheckedDocument:
     return CheckedDocument(rules=tuple(rules), warnings=warnings, digest=digest)
 
 
+def describe(text: str) -> list[dict[str, str]]:
+    """Each rule of a stored document as a person reads it: ``id``, ``effect``, ``mode``,
+    ``message`` and ``description`` (the defaults filled in, as the engine applies them). Read
+    only: a stored document that no longer parses (a Cedar upgrade) describes as no rules here,
+    where the engine denies every call of its scope."""
+    try:
+        asts = parse(text)
+    except ValidationError:
+        return []
+    out = []
+    for ast in asts:
+        notes: dict[str, str] = ast.get("annotations") or {}
+        rule_id = notes.get("id") or ""
+        out.append({
+            "id": rule_id,
+            "effect": notes.get("effect") or "deny",
+            "mode": notes.get("mode") or "enforce",
+            "message": notes.get("message") or f"forbidden by rule {rule_id}",
+            "description": notes.get("description") or "",
+        })  # fmt: skip
+    return out
+
+
 def _rule(index: int, ast: dict[str, Any]) -> Rule:
     notes: dict[str, str] = ast.get("annotations") or {}
     rule_id = notes.get("id")
