@@ -5,6 +5,8 @@ import { agentListPage, agentPage } from "./agents.js";
 import { breakersPage } from "./breakers.js";
 import { deadLettersPage } from "./dead_letters.js";
 import { memoryListPage, memoryStorePage } from "./memory.js";
+import { policiesPage } from "./policies.js";
+import { comparePage } from "./compare.js";
 import { replace } from "./dom.js";
 import { schedulesPage } from "./schedules.js";
 import { taskListPage } from "./task_list.js";
@@ -29,6 +31,8 @@ const routes = [
   [/^#\/vault\/([^/]+)$/, (ctx, m) => vaultPage(ctx, decodeURIComponent(m[1]))],
   [/^#\/vault$/, (ctx) => vaultPage(ctx, "")],
   [/^#\/stops$/, (ctx) => stopsPage(ctx)],
+  [/^#\/policies$/, (ctx) => policiesPage(ctx)],
+  [/^#\/compare\/([^/]+)\/([^/]+)$/, (ctx, m) => comparePage(ctx, decodeURIComponent(m[1]), decodeURIComponent(m[2]))],
   [/^#\/schedules$/, (ctx) => schedulesPage(ctx)],
   [/^#\/dead-letters$/, (ctx) => deadLettersPage(ctx)],
   [/^#\/breakers$/, (ctx) => breakersPage(ctx)],

@@ -7,6 +7,7 @@ import { all, follow, get, post } from "./api.js";
 import { budgetGauge, moneyGauge, stepChart } from "./charts.js";
 import { MARKS, drawChat } from "./chat.js";
 import { filesCard } from "./files.js";
+import { policyTags } from "./policies.js";
 import {
   TERMINAL, badge, errorPage, fmtInt, fmtSeconds, fmtTime, fmtUsd, h, json, replace, shortId, taskLink,
 } from "./dom.js";
@@ -41,6 +42,7 @@ export async function taskPage(ctx, taskId) {
   };
   replace(ctx.main,
     el.head,
+    compareForm(ctx, taskId),
     el.live,
     el.notice,
     h("div", { class: "grid" }, el.gauge, el.facts, el.actions),
@@ -132,7 +134,23 @@ function drawHead(el, v) {
       v.retry.error.status_code ? ` · last error HTTP ${v.retry.error.status_code}` : "") : null,
     h("p", { class: "goal-full" }, v.goal),
     v.error ? h("div", { class: "error-box" }, h("strong", {}, v.error.code || "error"), ": ", v.error.message || JSON.stringify(v.error)) : null,
-    v.forked_from ? h("p", { class: "muted" }, "Forked from ", taskLink(v.forked_from.task_id), ` at step ${v.forked_from.step}`) : null);
+    v.forked_from ? h("p", { class: "muted" }, "Forked from ", taskLink(v.forked_from.task_id), ` at step ${v.forked_from.step} · `,
+      h("a", { href: `#/compare/${encodeURIComponent(v.forked_from.task_id)}/${encodeURIComponent(v.task_id)}`, id: "compare-original" },
+        "compare with the original")) : null);
+}
+
+// "Compare with…": this task beside another of the tenant's (compare.js); drawn once, so what is
+// typed survives the page's redraws.
+function compareForm(ctx, taskId) {
+  const other = h("input", { id: "compare-with", class: "mono", placeholder: "another task id", maxlength: 128, required: true });
+  const form = h("form", { id: "compare-form", class: "row" },
+    h("label", { for: "compare-with" }, "Compare with…"), other, h("button", { type: "submit" }, "Compare"));
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const id = other.value.trim();
+    if (id) ctx.go(`#/compare/${encodeURIComponent(taskId)}/${encodeURIComponent(id)}`);
+  });
+  return form;
 }
 
 function drawGauge(el, v) {
@@ -381,7 +399,8 @@ function drawTrace(el, events, open) {
     return details;
   };
   const toolNode = (t) => keep(`tool:${t.tool_use_id}`, h("details", { class: `tool ${t.is_error ? "err" : ""}` },
-    h("summary", {}, h("code", {}, t.name), ` · ${t.status}${t.side_effects ? " · side effect" : ""} · ${fmtInt(t.duration_ms)} ms`),
+    h("summary", {}, h("code", {}, t.name), ` · ${t.status}${t.side_effects ? " · side effect" : ""} · ${fmtInt(t.duration_ms)} ms`,
+      policyTags(t.policy)),
     h("p", { class: "small muted" }, "input"), json(t.input),
     h("p", { class: "small muted" }, `output${t.truncated ? " (truncated)" : ""}`), h("pre", { class: "text" }, t.output)));
   const items = [];
