@@ -44,6 +44,7 @@ CASES = {
     "cap_calls": ["--turns", "2"],
     "policy_latency": ["--rules", "0,3", "--checks", "20"],
     "vault_cost": ["--runs", "3"],
+    "a2a_delegation": ["--looks", "1"],
     "live_cost": ["--watchers", "10,100"],
     "alias_cost": ["--runs", "3"],
     "stop_time": ["--tasks", "6", "--others", "2", "--workers", "1", "--latency", "0.5", "--scan", "6"],
@@ -143,6 +144,10 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
         assert rows["new run, cold KMS"]["calls_per_use"] == {"dynamodb:GetItem": 1, "kms:Decrypt": 1}
         assert rows["new run, cached key"]["calls_per_use"] == {"dynamodb:GetItem": 1}
         assert rows["same run"]["calls_per_use"] == {} and result["marker_scan"]["hits"] == 0
+    elif name == "a2a_delegation":
+        rows = result["rows"]
+        assert list(rows) == ["send", "look 1", "answer"] and result["messages_received"] == 1
+        assert [r["outcome"] for r in rows.values()] == ["waiting", "waiting", "finished"]
     elif name == "alias_cost":
         rows = result["rows"]
         assert rows["@2"]["calls_per_submission"] == {"dynamodb:GetItem": 1}

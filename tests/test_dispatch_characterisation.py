@@ -456,7 +456,7 @@ STATES: dict[str, Callable[[Case], None]] = {
     name[2:]: fn for name, fn in sorted(globals().items()) if name.startswith("s_") and callable(fn)
 }
 KINDS = ("run", "continue", "wake", "redrive", "safety_net", "release_holds", "renewed", "swept", "recovered",
-         "approval_due", "batch_poll")  # fmt: skip
+         "approval_due", "batch_poll", "remote_poll")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- running the table

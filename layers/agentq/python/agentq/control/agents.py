@@ -50,7 +50,11 @@ def check_agent(spec: AgentSpec, tools: ToolRegistry, mcp_tools: list[McpToolPin
     thinking, effort = spec.constraints.thinking_budget_tokens, spec.constraints.effort
     check_features(spec.provider, spec.model, thinking=thinking, effort=effort)
     check_fallbacks(spec.fallbacks or [], thinking=thinking, effort=effort)
-    names = [*spec.tools, *(p.qualified for p in mcp_tools or [])]
+    names = [*spec.tools, *(p.qualified for p in mcp_tools or []), *(r.tool for r in spec.remote_agents or [])]
+    if spec.remote_agents:
+        from agentq.core.remote_agents import check_remote_agents
+
+        check_remote_agents(spec.remote_agents)
     if spec.memory:  # its memory tools may be named too, to give one a policy (memory_write: ask)
         from agentq.core.tools.memory import memory_tools
 

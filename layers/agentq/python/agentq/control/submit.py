@@ -73,6 +73,11 @@ def prepare_submission(
             "mcp_tools: set from an agent version's mcp_servers; create an agent that names the server",
             field="mcp_tools",
         )
+    if submission.agent is None and submission.remote_agents:
+        raise ValidationError(
+            "remote_agents: set from an agent version's remote_agents; create an agent that names them",
+            field="remote_agents",
+        )
     if submission.agent is not None:
         submission = resolve_agent(store, submission, tenant=tenant, task_id=task_id)
     if defaults is not None:

@@ -83,6 +83,10 @@ def check_submission(submission: TaskSubmission, tools: ToolRegistry) -> None:
         from agentq.core.tools.mcp import mcp_tool_specs
 
         tools = tools.with_tools(mcp_tool_specs(submission.mcp_tools, None))
+    if submission.remote_agents:
+        from agentq.core.remote_agents import remote_tool_specs
+
+        tools = tools.with_tools(remote_tool_specs(submission.remote_agents))
     if submission.memory:  # its attachments' tools may be named too, to give one a policy (memory_write: ask)
         from agentq.core.tools.memory import memory_tools
 

@@ -29,6 +29,7 @@ from agentq.core.models import (
     Notify,
     OutcomeSpec,
     Provider,
+    RemoteAgentRef,
     Script,
     StrictModel,
 )
@@ -57,7 +58,7 @@ from agentq.core.workspace import WorkspaceSpec
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 MAX_DESCRIPTION_CHARS = 1024
 # Fields of a submission the agent defines; a submission naming an agent may not set them.
-DEFINED_BY_AGENT = ("provider", "model", "system", "script", "mcp_tools", "fallbacks")
+DEFINED_BY_AGENT = ("provider", "model", "system", "script", "mcp_tools", "remote_agents", "fallbacks")
 DEFINED_CONSTRAINTS = ("tools", "tool_policies")
 
 
@@ -108,6 +109,12 @@ class AgentSpec(StrictModel):
     constraints: AgentConstraints = Field(default_factory=AgentConstraints)
     mcp_servers: list[McpServerRef] = Field(
         default_factory=list, max_length=16, description="MCP servers whose tools (listed now, pinned) it may use"
+    )
+    # None when unset: versions made before remote agents existed keep their digest.
+    remote_agents: list[RemoteAgentRef] | None = Field(
+        default=None,
+        max_length=16,
+        description="remote A2A agents it may delegate to, each a tool a2a__<name> (docs/PROTOCOLS.md)",
     )
     output_schema: OutputSchema = Field(
         default=None, description="a JSON Schema every final answer of its tasks must validate against"
@@ -182,8 +189,8 @@ class AgentVersion(AgentSpec):
         )
 
     def tool_names(self) -> list[str]:
-        """Every tool a task of this version may use: its own, then its MCP tools."""
-        return [*self.tools, *(p.qualified for p in self.mcp_tools)]
+        """Every tool a task of this version may use: its own, its MCP tools, its remote agents."""
+        return [*self.tools, *(p.qualified for p in self.mcp_tools), *(r.tool for r in self.remote_agents or [])]
 
     def spec(self) -> AgentSpec:
         return AgentSpec.model_validate(self.model_dump(include=set(AgentSpec.model_fields)))
@@ -243,6 +250,7 @@ def resolved_fields(version: AgentVersion, submission_fields: dict[str, Any]) ->
         "model": version.model,
         "constraints": constraints,
         "mcp_tools": [p.model_dump() for p in version.mcp_tools],
+        "remote_agents": [r.model_dump(exclude_none=True) for r in version.remote_agents or []],
     }
     if version.memory:
         own = [MemoryAttachment.model_validate(a) for a in sent.get("memory") or []]

@@ -19,6 +19,8 @@ CRASH_POINTS = (
     "after_llm_commit",  # assistant turn with tool intents durable, no tool run yet
     "after_compaction",  # compaction step durable (the summary the conversation goes on from)
     "after_effect_begin",  # side-effect intent recorded, tool not run
+    "after_remote_send",  # a remote A2A agent took the message, its task's id not recorded
+    "after_remote_recorded",  # the remote task's id recorded on the effect, the task not parked
     "after_tool_run",  # tool ran, its outcome not recorded anywhere
     "after_effect_finish",  # side-effect outcome recorded, tools step not committed
     "after_tools_commit",  # tool results durable (with the next reservation)

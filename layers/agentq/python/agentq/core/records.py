@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Literal
+from typing import Any, Literal
 
 from agentq.core.fanout import ChildPlan
 from agentq.core.models import CompactStep, LLMStep, ToolOutcome
@@ -85,6 +85,9 @@ class EffectRecord:
     content: str | None
     is_error: bool
     epoch: int
+    # A remote A2A agent's call: the task it started there (id, endpoint, context, the
+    # questions already answered), recorded once the send answered (``core.engine._remote``).
+    remote: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ MessageKind = Literal[
     "recovered",
     "approval_due",
     "batch_poll",
+    "remote_poll",
     "schedule",
 ]
 DEAD_LETTER_REASON = "agentq-reason"  # message attribute set when agentq dead-letters a message

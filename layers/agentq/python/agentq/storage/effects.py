@@ -9,6 +9,7 @@ existing record means an earlier worker got there first: its result if it finish
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from agentq.core.models import Lease, ToolOutcome
 from agentq.core.records import EffectRecord
@@ -57,6 +58,20 @@ class Effects:
         except TransactionCancelled as exc:
             raise why_fenced(self.table, lease) from exc
 
+    def remember(self, lease: Lease, tool_use_id: str, remote: dict[str, Any]) -> None:
+        """Record on a started call what it started at a remote A2A agent (fenced): a worker
+        that resumes the call looks at that task again instead of sending anything."""
+        update = Update(set={"remote": remote})
+        try:
+            self.table.transact(
+                [
+                    Check("lease", keys.meta_key(lease.task_id), fence(lease)),
+                    Patch("effect", keys.item_key(lease.task_id, f"{keys.EFFECT}{tool_use_id}"), update),
+                ]
+            )
+        except TransactionCancelled as exc:
+            raise why_fenced(self.table, lease) from exc
+
     def get(self, task_id: str, tool_use_id: str) -> EffectRecord | None:
         raw = self.table.get(keys.item_key(task_id, f"{keys.EFFECT}{tool_use_id}"))
         if raw is None:
@@ -69,4 +84,5 @@ class Effects:
             content=content,
             is_error=bool(data.get("is_error", False)),
             epoch=data["epoch"],
+            remote=data.get("remote"),
         )

@@ -27,6 +27,7 @@ from agentq.core.engine._holds import BudgetHolds, HoldsInFlight
 from agentq.core.engine._llm_turn import LLMTurn
 from agentq.core.engine._messages import MessageTurn
 from agentq.core.engine._policy import PolicyGate
+from agentq.core.engine._remote import RemoteCalls
 from agentq.core.engine._request import RequestBuilder
 from agentq.core.engine._session import KeeperFactory, LeaseKeeper, LeaseState, Session
 from agentq.core.engine._spawn import SpawnPorts
@@ -114,6 +115,7 @@ class Engine:
             self._requests,
             self._workspaces,
             self.policy,
+            RemoteCalls(caller, store.approvals, store.tasks),
         )
         self._message_turn = MessageTurn(store.messages, self._holds, writer)
         graded = GradeBudget(self._holds, store.budgets, store.tasks, self.windows, self.prices)

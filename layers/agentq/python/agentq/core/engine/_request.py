@@ -23,6 +23,7 @@ from agentq.core.models import CompactStep, Constraints, LLMStep
 from agentq.core.output import INSTRUCTION as OUTPUT_INSTRUCTION
 from agentq.core.output import final_answer_tool
 from agentq.core.providers import LLMRequest
+from agentq.core.remote_agents import remote_tool_specs
 from agentq.core.secrets import Secrets, SecretSource
 from agentq.core.tools import ToolRegistry
 from agentq.core.tools.mcp import McpServers, mcp_tool_specs
@@ -41,7 +42,7 @@ class RequestBuilder:
         self._mcp = mcp
 
     def registry(self, s: Session) -> ToolRegistry:
-        """The tools of this task: the worker's, plus the MCP tools its agent version pinned."""
+        """The tools of this task: the worker's, plus the MCP tools and remote agents its agent version names."""
         if s.tools is None:
             pins = s.task.submission.mcp_tools
             if pins and self._mcp is None:
@@ -51,6 +52,7 @@ class RequestBuilder:
             if schema is not None:
                 extra.append(final_answer_tool(schema))
             extra += memory_tools(s.task.submission.memory)
+            extra += remote_tool_specs(s.task.submission.remote_agents)
             s.tools = self.tools.with_tools(extra)
         return s.tools
 

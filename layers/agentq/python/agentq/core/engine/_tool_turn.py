@@ -2,7 +2,8 @@
 
 The commit also ends the task when the next call must not start (a cap, the timeout), or holds
 the budget for that call in the same write, saving a round trip per turn. A spawn may park the
-task in ``waiting`` instead, and a call that needs a person's decision in ``paused``.
+task in ``waiting`` instead, as may a call of a remote A2A agent (``_remote``: those run first,
+so a turn that parks has run nothing else), and a call that needs a person's decision in ``paused``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from agentq.core.engine._approvals import decisions
 from agentq.core.engine._commit import StepWriter
 from agentq.core.engine._holds import BudgetHolds
 from agentq.core.engine._policy import PolicyGate
+from agentq.core.engine._remote import RemoteCalls
 from agentq.core.engine._request import RequestBuilder
 from agentq.core.engine._session import Session
 from agentq.core.engine._spawn import Spawn, SpawnPorts
@@ -45,12 +47,14 @@ class ToolTurn:
         requests: RequestBuilder,
         workspaces: Workspaces | None = None,
         policy: PolicyGate | None = None,
+        remote: RemoteCalls | None = None,
     ) -> None:
         self.approvals, self.spawn_ports = approvals, spawn_ports
         self.config, self.tools, self.fanout = config, tools, fanout
         self.writer, self.holds, self.requests = writer, holds, requests
         self.workspaces = workspaces
         self.policy = policy
+        self.remote = remote
 
     def run(self, s: Session, llm: LLMStep) -> RunResult | None:
         """Run the turn's tool calls and commit their results (None), or park the task."""
@@ -63,6 +67,11 @@ class ToolTurn:
         decided = decisions(self.approvals, s, uses, allowlist, self.tools.vault, self.tools.credentials_for(s))
         if isinstance(decided, RunResult):
             return decided
+        if self.remote is not None:
+            remote = self.remote.run(s, uses, allowlist, skip={*decided, *denied})
+            if isinstance(remote, RunResult):
+                return remote
+            decided = {**decided, **remote}
         spawns = [
             u for u in uses
             if u["name"] == SPAWN_TOOL and SPAWN_TOOL in allowlist and u["id"] not in decided and u["id"] not in denied

@@ -28,6 +28,7 @@ class RunResult:
     lapsed_until: float | None = None
     approval_due: float | None = None  # paused on an approval that takes its default at this time
     batch_poll: float | None = None  # waiting on a batch (economy): look at it again in this many seconds
+    remote_poll: float | None = None  # waiting on a remote A2A agent's task: look at it again in this many seconds
 
 
 def lease_lost(task_id: str, exc: LeaseLost) -> RunResult:

@@ -23,6 +23,7 @@ from agentq.core.models.constraints import (
     ToolPolicy,
     unique_tool_names,
 )
+from agentq.core.models.remote import REMOTE_TOOL_PREFIX, RemoteAgentRef
 from agentq.core.models.steps import (
     CallStep,
     CommittedStep,
@@ -79,6 +80,7 @@ __all__ = [
     "MAX_MESSAGE_CHARS",
     "MAX_TIMEOUT_SECONDS",
     "MCP_SERVER_PATTERN",
+    "REMOTE_TOOL_PREFIX",
     "REOPENED_BY_MESSAGE",
     "TASK_ENDS",
     "TERMINAL_STATUSES",
@@ -104,6 +106,7 @@ __all__ = [
     "OutcomeSpec",
     "Priority",
     "Provider",
+    "RemoteAgentRef",
     "RetryState",
     "Script",
     "ScriptToolCall",

@@ -18,6 +18,7 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 from agentq.core.endusers import MAX_USER_CHARS, USER_PATTERN, USER_RULE
 from agentq.core.memory import MAX_MEMORY_ATTACHMENTS, MemoryAttachment, unique_stores
 from agentq.core.models.constraints import Constraints
+from agentq.core.models.remote import RemoteAgentRef
 from agentq.core.models.strict import StrictModel
 from agentq.core.workspace import WorkspaceSpec
 
@@ -268,6 +269,11 @@ class TaskSubmission(StrictModel):
         default_factory=list,
         max_length=128,
         description="set from the agent version's MCP servers when the submission names an agent; not sent",
+    )
+    remote_agents: list[RemoteAgentRef] = Field(
+        default_factory=list,
+        max_length=16,
+        description="set from the agent version's remote_agents when the submission names an agent; not sent",
     )
     output_schema: OutputSchema = Field(
         default=None,

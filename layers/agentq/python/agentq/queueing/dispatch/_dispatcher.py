@@ -11,7 +11,7 @@ import pydantic
 from agentq import observe
 from agentq.core.engine import Engine, KeeperFactory
 from agentq.core.records import ClaimOwner
-from agentq.queueing.dispatch import _approval_due, _batch_poll, _poison, _run, _schedule, _wake
+from agentq.queueing.dispatch import _approval_due, _batch_poll, _poison, _remote_poll, _run, _schedule, _wake
 from agentq.queueing.dispatch._context import DEFAULT_BACKOFF, Action, Context, Delivery, RetryBackoff
 from agentq.queueing.fairness import FairShare
 from agentq.queueing.ports import CancelTask, FireSchedule
@@ -32,6 +32,7 @@ HANDLERS: dict[MessageKind, Handler] = {
     "wake": _wake.handle,
     "approval_due": _approval_due.handle,
     "batch_poll": _batch_poll.handle,
+    "remote_poll": _remote_poll.handle,
 }
 
 

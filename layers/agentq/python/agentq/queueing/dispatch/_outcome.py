@@ -21,6 +21,8 @@ def after_run(
     task_id = run.task_id
     if run.batch_poll is not None:
         ctx.send_later(task_id, tier, "batch_poll", run.batch_poll, tenant=tenant)
+    if run.remote_poll is not None:
+        ctx.send_later(task_id, tier, "remote_poll", run.remote_poll, tenant=tenant)
     if run.approval_due is not None:
         ctx.send_later(task_id, tier, "approval_due", run.approval_due - time.time(), tenant=tenant)
     if run.lapsed_until is not None:  # ended with a lost lease's call maybe still in flight
