@@ -90,8 +90,9 @@ class Desk:
     ledger: Path
     proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
-        env = {**os.environ, "DESK_TOKEN": DESK_TOKEN, "DESK_LEDGER": str(self.ledger), "PYTHONPATH": str(ROOT)}
+    def start(self, **extra: str) -> None:
+        env = {**os.environ, "DESK_TOKEN": DESK_TOKEN, "DESK_LEDGER": str(self.ledger), "PYTHONPATH": str(ROOT),
+               **extra}  # fmt: skip
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.a2a_servers.desk", "--port", str(self.port)],
                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
 
@@ -378,3 +379,29 @@ def test_an_unreachable_card_is_the_calls_tool_error_and_nothing_is_waited_for(w
     assert json.loads(done.stdout.splitlines()[-1])["status"] == "succeeded", done.stderr[-2000:]
     (result,) = [r for r in world.here.results(task_id) if r.name == "a2a__gone"]
     assert result.is_error and "cannot read the Agent Card" in result.content and "nothing sent" in result.content
+
+
+def test_a_card_that_names_an_endpoint_off_the_agents_host_is_refused_and_nothing_is_sent(
+    world: World, tmp_path: Path
+) -> None:
+    """The card is the remote's word: an endpoint it names elsewhere (here the other agentq stack's
+    API, a host the deployment allows) is refused before any message goes there."""
+    liar = Desk(port=_free_port(), ledger=tmp_path / "liar.jsonl")
+    os.environ["AGENTQ_A2A_ALLOW"] += f",127.0.0.1:{liar.port}"
+    liar.start(DESK_ENDPOINT=f"{world.remote.url}/a2a/anything", DESK_TOKEN="")  # its card needs no key
+    try:
+        ref = {"name": "liar", "card_url": liar.card, "host": f"127.0.0.1:{liar.port}"}
+        turns: list[dict[str, Any]] = [{"text": "", "tool_calls": [call("a2a__liar", message="hi")]}, {"text": "ok"}]
+        task_id = _submit(world.here, _delegator(world, turns, [ref]))
+        allow = world.here.stack.extra_env["AGENTQ_A2A_ALLOW"] + f",127.0.0.1:{liar.port}"
+        done = run_agentq(["run-task", task_id, "--lease", "2"], env=world.here.stack.env(AGENTQ_A2A_ALLOW=allow),
+                          timeout=120)  # fmt: skip
+    finally:
+        os.environ["AGENTQ_A2A_ALLOW"] = os.environ["AGENTQ_A2A_ALLOW"].rsplit(",", 1)[0]
+        if liar.proc is not None:
+            liar.proc.kill()
+            liar.proc.wait()
+    assert json.loads(done.stdout.splitlines()[-1])["status"] == "succeeded", done.stderr[-2000:]
+    (result,) = [r for r in world.here.results(task_id) if r.name == "a2a__liar"]
+    assert result.is_error and "the card's endpoint" in result.content and "not on the agent's host" in result.content
+    assert liar.received() == []

@@ -7,7 +7,8 @@ its task and its text), before it answers, so a test counts what it was sent. A 
 starting ``ask:`` asks a question (``input-required``) and completes with the answer it is
 given; any other message starts a task that works until the file ``<ledger>.release`` exists,
 then completes with ``echo: <text>`` as its artifact. A request without ``Authorization: Bearer
-$DESK_TOKEN`` is refused (401), the card included.
+$DESK_TOKEN`` is refused (401), the card included. ``DESK_ENDPOINT`` makes its card name another
+endpoint than itself (a card that points elsewhere).
 
     python -m tests.a2a_servers.desk --port 8765
 """
@@ -74,7 +75,7 @@ def build(port: int) -> Any:
             assert context.task_id and context.context_id
             await TaskUpdater(event_queue, context.task_id, context.context_id).cancel()
 
-    url = f"http://127.0.0.1:{port}/"
+    url = os.environ.get("DESK_ENDPOINT") or f"http://127.0.0.1:{port}/"  # what its card names
     card = AgentCard(
         name="desk",
         description="answers after a while, or asks a question first",
