@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from agentq.core.models import TaskStatus, ToolsStep
+from agentq.queueing.sweeper import sweep
 from agentq_dev.stack import LocalStack
 
 from tests.helpers import agentq_process, call, queue_depth, run_agentq, wait_for
@@ -405,3 +406,28 @@ def test_a_card_that_names_an_endpoint_off_the_agents_host_is_refused_and_nothin
     (result,) = [r for r in world.here.results(task_id) if r.name == "a2a__liar"]
     assert result.is_error and "the card's endpoint" in result.content and "not on the agent's host" in result.content
     assert liar.received() == []
+
+
+def test_a_remote_wait_whose_look_was_lost_is_found_by_the_sweeper_and_finishes_with_one_message(world: World) -> None:
+    """``agentq run-task`` parks the task as a worker does but queues no look: the look a worker
+    that died between its park and its send would have lost. The sweeper sends one once it is
+    overdue, a worker takes it, re-attaches to the same remote task, and the remote got one message."""
+    text = f"lost look {uuid.uuid4().hex[:6]}"
+    turns: list[dict[str, Any]] = [{"text": "", "tool_calls": [call("a2a__desk", message=text)]}, {"text": "done"}]
+    task_id = _submit(world.here, _delegator(world, turns, [_desk_ref(world)]))
+    parked = run_agentq(["run-task", task_id, "--lease", "2"], env=world.here.stack.env(), timeout=120)
+    assert json.loads(parked.stdout.splitlines()[-1])["status"] == "waiting", parked.stderr[-2000:]
+    store = world.here.stack.store()
+    due = store.tasks.get(task_id).look_due
+    assert due is not None
+    world.desk.release()
+    report = sweep(store, world.here.stack.queues(), stale_after=60, now=due + 61)
+    assert task_id in report.looked
+    worker = world.here.stack.spawn_worker()
+    try:
+        view = wait_for(lambda: (v := world.here.task(task_id))["status"] in ("succeeded", "failed") and v,
+                        timeout=90, what="the task to end")  # fmt: skip
+    finally:
+        _kill(worker)
+    assert view["status"] == "succeeded", view
+    assert len(world.desk.received(text)) == 1

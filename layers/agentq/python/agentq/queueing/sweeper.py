@@ -16,7 +16,11 @@ longest silence a healthy task keeps: SQS's longest delay (15 minutes: a retry's
 deferral) plus the visibility timeout. A sweep that is wrong anyway is harmless: a claim is
 fenced, a message for a task that is leased waits for the lease, and one for a task that has
 ended is deleted. ``waiting`` and ``paused`` tasks are woken by their own messages (the
-fan-out's, a person's decision) and are left alone. Each sweep counts what it re-enqueued
+fan-out's, a person's decision) and are left alone, but for one: a task waiting on a remote
+agent's task wakes itself with a delayed look (``remote_poll``) queued after its park commits, and
+a worker that dies between the two leaves it nothing to wake it. Its park records when the look is
+due (``LOOK_DUE``); one still waiting ``stale_after`` past it has lost its look, and gets one
+(a look that was only late finds the task parked again with a later due, and is dropped). Each sweep counts what it re-enqueued
 (metric ``tasks_swept``, 0 in a healthy fleet).
 
 A ``queued`` task parked over its tenant's or key's running limit (a ``WAIT`` item in the slot's
@@ -45,7 +49,7 @@ from dataclasses import dataclass, field
 
 from agentq import observe
 from agentq.core.models import Task
-from agentq.core.status import TaskStatus
+from agentq.core.status import LOOK_DUE, TaskStatus
 from agentq.queueing.queues import TaskQueues
 from agentq.queueing.recovery import recover_lapsed
 from agentq.storage import fleet_slots, keys
@@ -65,6 +69,7 @@ STRANDABLE = (TaskStatus.QUEUED.value, TaskStatus.RUNNING.value)
 class SweepReport:
     listed: int = 0  # tasks in the live index
     swept: list[str] = field(default_factory=list)  # re-enqueued
+    looked: list[str] = field(default_factory=list)  # waiting on a remote agent with its look lost: sent one
     recovered: list[str] = field(default_factory=list)  # tasks of dead workers handed on
     unlisted: int = 0  # ended tasks still in the index, taken out
     parked: int = 0  # silent but waiting for a slot: left alone
@@ -89,10 +94,14 @@ def sweep(
     ids = list(store.tasks.live_task_ids())
     report.listed = len(ids)
     stranded: list[str] = []
+    lost_looks: list[str] = []
     waiting_tenants: set[str] = set()  # tenants with a queued task holding no slot (may be parked)
     for start in range(0, len(ids), BATCH):
         for meta in store.tasks.metas(ids[start : start + BATCH]):
             status = str(meta.get("status"))
+            if status == TaskStatus.WAITING.value and now - float(meta.get(LOOK_DUE) or now) >= stale_after:
+                lost_looks.append(str(meta["task_id"]))
+                continue
             if status not in STRANDABLE:
                 if TaskStatus(status).terminal:
                     store.tasks.unlist(str(meta["task_id"]))
@@ -130,7 +139,14 @@ def sweep(
         report.swept.append(task.task_id)
         log.warning("task %s swept: %s with no sign of life for over %.0fs; re-enqueued", task.task_id, task.status.value,
                     stale_after)  # fmt: skip
-    observe.record_swept(len(report.swept))
+    for task in store.tasks.get_many(lost_looks):
+        if task.status is not TaskStatus.WAITING:
+            continue
+        queues.send(task.task_id, task.submission.priority, kind="remote_poll", tenant=task.tenant)
+        report.looked.append(task.task_id)
+        log.warning("task %s waiting on a remote agent: its look was due over %.0fs ago and never came; sent one",
+                    task.task_id, stale_after)  # fmt: skip
+    observe.record_swept(len(report.swept) + len(report.looked))
     return report
 
 

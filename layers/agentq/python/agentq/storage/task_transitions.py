@@ -26,6 +26,7 @@ from agentq.core.models import (
     TaskSubmission,
     sources_of,
 )
+from agentq.core.status import LOOK_DUE
 from agentq.resources import LIVE_ATTRIBUTES, TTL_ATTRIBUTE
 from agentq.storage import keys
 from agentq.storage.events import NewEvent, logged_transact
@@ -94,6 +95,8 @@ class TaskTransitions(TaskItems):
             sets["error"] = error
             removes = [r for r in removes if r != "error"]
         sets.update(extra or {})
+        if LOOK_DUE not in sets:  # only the park that schedules a look says when it is due
+            removes.append(LOOK_DUE)
         condition = present() & status_in(allowed)
         leaves_terminal = any(src.terminal for src in allowed)
         if leaves_terminal:

@@ -37,6 +37,7 @@ from agentq.core.faults import crash_point
 from agentq.core.models import TaskStatus, ToolOutcome
 from agentq.core.ports import ApprovalBook, TaskLeases
 from agentq.core.remote_agents import remote_ref
+from agentq.core.status import LOOK_DUE
 from agentq.core.tools import idempotency_key_for
 from agentq.core.tools.a2a_remote import (
     ASKING,
@@ -189,10 +190,14 @@ class RemoteCall:
     def _park(self, remote: dict[str, Any]) -> RunResult:
         """Wait for the remote task without a worker; a ``remote_poll`` message looks again."""
         s = self.s
-        self.calls.tasks.transition(s.task_id, TaskStatus.WAITING, lease=s.lease)
+        seconds = remote_poll_seconds(remote)
+        # When the look is due rides on the park, so a look lost with a worker that died before
+        # queueing it is found by the sweeper, and a stray look is told from the due one.
+        self.calls.tasks.transition(s.task_id, TaskStatus.WAITING, lease=s.lease,
+                                    extra={LOOK_DUE: time.time() + seconds})  # fmt: skip
         s.task = s.task.model_copy(update={"status": TaskStatus.WAITING})
         log.info("task %s: waiting for remote agent %s (task %s)", s.task_id, self.ref.name, remote["task_id"])
-        return RunResult(s.task_id, "waiting", status=TaskStatus.WAITING, remote_poll=remote_poll_seconds(remote))
+        return RunResult(s.task_id, "waiting", status=TaskStatus.WAITING, remote_poll=seconds)
 
     def _outcome(self, content: str, *, error: bool = False, status: str | None = None) -> ToolOutcome:
         return ToolOutcome(
