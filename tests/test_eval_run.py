@@ -1,0 +1,291 @@
+"""``agentq eval run`` with real processes on a local stack of its own (moto server, HTTP API with
+auth, worker processes): a dataset runs through two agent versions as ordinary tasks, graded,
+reported side by side with numbers equal to what the tasks recorded; the CLI SIGKILLed after
+it submitted some items and a worker SIGKILLed holding a task, the same command run again
+re-attaches: every item ran exactly once per version. Bad datasets and missing versions are
+errors naming the line and field, with nothing submitted."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentq.core.errors import ValidationError
+from agentq.core.evaluation_report import newcombe, wilson
+from agentq.core.evaluations import META_EVAL, META_ITEM, META_VERSION, parse_dataset
+from agentq.worker import WorkerConfig
+from agentq_dev.stack import LocalStack
+
+from tests.api_support import ROOT, ApiStack
+from tests.helpers import agentq_process, run_agentq, wait_for
+
+GRADE_LOW = '{"score": 0.2, "feedback": "not good enough"}'
+
+
+@pytest.fixture(scope="module")
+def eval_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiStack]:
+    """A stack of this module's own: its workers are killed here."""
+    ledger = tmp_path_factory.mktemp("eval-ledger") / "ledger.jsonl"
+    stack = LocalStack(
+        prefix=f"eval{uuid.uuid4().hex[:8]}",
+        workers=2,
+        auth=True,
+        worker_config=WorkerConfig(lease_seconds=3.0, heartbeat_seconds=1.0),
+        tool_modules=("agentq.core.tools.examples", "tests.effect_tools"),
+        extra_env={
+            "AGENTQ_TEST_LEDGER": str(ledger),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
+        },
+    ).start()
+    try:
+        assert stack.api_server is not None
+        yield ApiStack(stack=stack, url=stack.api_server.url, key=stack.create_api_key("evals"), other_key="")
+    finally:
+        stack.stop()
+
+
+def _agent(api: ApiStack, name: str, tag: str, latency: float) -> None:
+    turn = {"text": f"DONE {tag}", "latency_seconds": latency}
+    status, body, _ = api.http("POST", "/agents", {"name": name, "provider": "scripted", "system": tag,
+                                                   "script": {"turns": [turn]}})  # fmt: skip
+    assert status == 201, body
+
+
+def _dataset(path: Path, n: int) -> list[dict[str, Any]]:
+    """Three kinds of item in turn: an exact answer only version 2 gives, a @grader both pass,
+    a rubric the (scripted) grading model scores below the bar for both."""
+    rows: list[dict[str, Any]] = []
+    for i in range(n):
+        row: dict[str, Any] = {"id": f"item-{i}", "goal": f"question {i}"}
+        if i % 3 == 0:
+            row["expected"] = "DONE v2"
+        elif i % 3 == 1:
+            row["outcome"] = {"grader": "says_done", "max_attempts": 1}
+        else:
+            row["outcome"] = {"rubric": "Is it right?", "max_attempts": 1, "script": {"turns": [{"text": GRADE_LOW}]}}
+        rows.append(row)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+def _setup(api: ApiStack, tmp_path: Path, n: int, latency: float = 0.0) -> tuple[str, Path, list[dict[str, Any]]]:
+    name = f"support-{uuid.uuid4().hex[:8]}"
+    _agent(api, name, "v1", latency)
+    _agent(api, name, "v2", latency)
+    path = tmp_path / "dataset.jsonl"
+    return name, path, _dataset(path, n)
+
+
+def _tasks_of(api: ApiStack, eval_id: str) -> list[dict[str, Any]]:
+    """Every task of the tenant carrying the evaluation's id (the API's metadata filter)."""
+    found, cursor = [], None
+    while True:
+        query = f"/tasks?limit=100&metadata={META_EVAL}={eval_id}" + (f"&cursor={cursor}" if cursor else "")
+        status, page, _ = api.http("GET", query)
+        assert status == 200, page
+        found += page["tasks"]
+        cursor = page.get("next_cursor")
+        if not cursor:
+            return found
+
+
+def _run(api: ApiStack, tmp_path: Path, name: str, path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    args = ["eval", "run", str(path), "--agent", f"{name}@1", "--against", f"{name}@2", "--poll", "0.2",
+            "--report", str(tmp_path / "report.json"), "--plot", str(tmp_path / "report.png"), *extra]  # fmt: skip
+    return run_agentq(args, env=api.cli_env(), timeout=240, cwd=tmp_path)
+
+
+def _assert_report_is_the_tasks(api: ApiStack, report: dict[str, Any], n: int) -> None:
+    """Each row's figures are the task's own META (read from the table, not the API), and the
+    totals are their sums."""
+    store = api.stack.store()
+    for side in ("agent", "against"):
+        cost, tokens, steps = Decimal(0), 0, 0
+        for row in report["items"]:
+            cell = row[side]
+            task = store.tasks.get(cell["task_id"])
+            assert cell["status"] == task.status.value
+            assert Decimal(cell["cost_usd"]) == Decimal(str(task.cost_usd))
+            assert cell["tokens"] == task.tokens_in + task.tokens_out
+            assert cell["steps"] == task.step
+            cost, tokens, steps = cost + Decimal(cell["cost_usd"]), tokens + cell["tokens"], steps + cell["steps"]
+        summary = report["summary"][side]
+        assert summary["items"] == n and Decimal(summary["cost_usd"]) == cost
+        assert summary["tokens_in"] + summary["tokens_out"] == tokens and summary["steps"] == steps
+        assert summary["passed"] == sum(1 for r in report["items"] if r[side]["passed"])
+
+
+def _assert_once_per_version(api: ApiStack, eval_id: str, name: str, rows: list[dict[str, Any]]) -> None:
+    tasks = _tasks_of(api, eval_id)
+    pairs = Counter((t["metadata"][META_ITEM], t["metadata"][META_VERSION]) for t in tasks)
+    expected = {(r["id"], f"{name}@{v}") for r in rows for v in (1, 2)}
+    assert set(pairs) == expected and set(pairs.values()) == {1}, pairs
+    store = api.stack.store()
+    for task in tasks:  # and each ran its one answer once: one committed LLM step
+        assert store.tasks.get(task["task_id"]).llm_steps == 1
+
+
+def test_a_dataset_runs_through_both_versions_and_the_report_is_what_the_tasks_recorded(
+    eval_stack: ApiStack, tmp_path: Path
+) -> None:
+    name, path, rows = _setup(eval_stack, tmp_path, 9)
+    first = _run(eval_stack, tmp_path, name, path, "--json", "--fail-under", "0.9")
+    assert first.returncode == 1, first.stderr[-3000:]  # v2 passes 6 of 9: under 90 %
+    report = json.loads(first.stdout)
+    assert report == json.loads((tmp_path / "report.json").read_text())
+    a, b = report["summary"]["agent"], report["summary"]["against"]
+    assert (a["passed"], b["passed"]) == (3, 6)  # the graded ones; the exact answer only for v2
+    assert a["statuses"] == b["statuses"] == {"failed_outcome": 3, "succeeded": 6}
+    assert b["pass_rate_ci95"] == list(wilson(6, 9))
+    assert report["difference"]["fixed"] == 3 and report["difference"]["regressed"] == 0
+    assert [r["change"] for r in report["items"]] == ["fixed", None, None] * 3
+    assert Decimal(a["grading_cost_usd"]) >= 0
+    _assert_report_is_the_tasks(eval_stack, report, 9)
+    _assert_once_per_version(eval_stack, report["evaluation"], name, rows)
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:  # not a dependency of agentq: said, and the report stands without it
+        assert "no PNG drawn: matplotlib is not installed" in first.stderr and not (tmp_path / "report.png").exists()
+
+    again = _run(eval_stack, tmp_path, name, path, "--fail-under", "60%")  # the same command: re-attaches
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "submitted 18/18 (0 new)" in again.stderr
+    assert json.loads((tmp_path / "report.json").read_text())["items"] == report["items"]
+    _assert_once_per_version(eval_stack, report["evaluation"], name, rows)
+
+
+def _lines_until(proc: subprocess.Popen[str], marker: str) -> list[str]:
+    """The process's stderr lines up to the first that holds ``marker`` (an observable event)."""
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if marker in line:
+            return seen
+    raise AssertionError(f"{marker!r} never said; stderr: {''.join(seen)[-3000:]}")
+
+
+def test_the_cli_and_a_worker_killed_mid_run_and_the_rerun_loses_and_repeats_nothing(
+    eval_stack: ApiStack, tmp_path: Path
+) -> None:
+    n = 30
+    name, path, rows = _setup(eval_stack, tmp_path, n, latency=2.0)  # caught running
+    args = ["eval", "run", str(path), "--agent", f"{name}@1", "--against", f"{name}@2", "--poll", "0.2",
+            "--submitters", "1", "--no-plot", "--report", str(tmp_path / "report.json")]  # fmt: skip
+    cli = agentq_process(args, env=eval_stack.cli_env(), stderr=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True, cwd=tmp_path)  # fmt: skip
+    try:
+        said = _lines_until(cli, "submitted 20/60")
+        cli.send_signal(signal.SIGKILL)
+        assert cli.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    eval_id = next(x for x in said if "agentq eval: evaluation " in x).split("evaluation ")[1].split(":")[0]
+    store = eval_stack.stack.store()
+
+    def a_running_worker() -> tuple[Any, str] | None:
+        for task in _tasks_of(eval_stack, eval_id):
+            meta = store.tasks.get(task["task_id"])
+            if meta.status.value != "running" or not meta.lease_owner:
+                continue
+            proc = eval_stack.stack.worker_by_id(meta.lease_owner)
+            if proc is not None and proc.poll() is None:
+                return proc, meta.task_id
+        return None
+
+    worker, held = wait_for(a_running_worker, timeout=60, what="a worker running one of the evaluation's tasks")
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(timeout=30)
+    eval_stack.stack.processes.remove(worker)
+    eval_stack.stack.spawn_worker()
+    submitted_before = len(_tasks_of(eval_stack, eval_id))
+    assert 20 <= submitted_before < 2 * n
+
+    rerun = run_agentq([*args, "--resume", eval_id, "--json"], env=eval_stack.cli_env(), timeout=300, cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"submitted {2 * n}/{2 * n} ({2 * n - submitted_before} new)" in rerun.stderr
+    report = json.loads(rerun.stdout)
+    assert report["evaluation"] == eval_id
+    assert (report["summary"]["agent"]["passed"], report["summary"]["against"]["passed"]) == (n // 3, 2 * n // 3)
+    _assert_once_per_version(eval_stack, eval_id, name, rows)
+    _assert_report_is_the_tasks(eval_stack, report, n)
+    assert store.tasks.get(held).claim_count >= 2  # the killed worker's task was taken over, and ran once
+    ledger = Path(eval_stack.stack.extra_env["AGENTQ_TEST_LEDGER"])
+    graded = Counter(json.loads(line)["task_id"] for line in ledger.read_text().splitlines())
+    ours = {r[side]["task_id"] for r in report["items"] if r["item"] in {x["id"] for x in rows[1::3]}
+            for side in ("agent", "against")}  # fmt: skip
+    assert {t: graded[t] for t in ours} == dict.fromkeys(ours, 1)  # each @grader ran once a task
+
+
+BAD_LINES = {
+    "not json": ("{goal: 1}", "json"),
+    "an array": ("[1, 2]", "json"),
+    "no goal": ('{"id": "x"}', "goal"),
+    "an empty goal": ('{"goal": "  "}', "goal"),
+    "a goal that is a number": ('{"goal": 3}', "goal"),
+    "an unknown field": ('{"goal": "g", "colour": "red"}', "colour"),
+    "inputs not an object": ('{"goal": "g", "inputs": [1]}', "inputs"),
+    "inputs naming the provider": ('{"goal": "g", "inputs": {"provider": "openai"}}', "inputs.provider"),
+    "a bad input field": (
+        '{"goal": "g", "inputs": {"constraints": {"max_steps": -1}}}',
+        "inputs.constraints.max_steps",
+    ),
+    "an outcome without a judge": ('{"goal": "g", "outcome": {"bar": 0.5}}', "outcome"),
+    "a rubric and an outcome": ('{"goal": "g", "rubric": "r", "outcome": {"rubric": "r"}}', "rubric"),
+    "an expected number": ('{"goal": "g", "expected": 4}', "expected"),
+    "a repeated id": ('{"goal": "g", "id": "a"}', "id"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_LINES))
+@pytest.mark.parametrize("at", [1, 2, 4])
+def test_a_bad_dataset_line_is_an_error_naming_its_line_and_field(case: str, at: int) -> None:
+    good = [json.dumps({"goal": f"g{i}", "id": "a" if i == 0 else f"i{i}"}) for i in range(4)]
+    lines = [*good[: at - 1], BAD_LINES[case][0], *good[at - 1 :]]
+    if case == "a repeated id" and at == 1:
+        lines[0], lines[1] = lines[1], lines[0]  # the first "a" is the good line's
+        at = 2
+    with pytest.raises(ValidationError) as raised:
+        parse_dataset("\n".join(lines))
+    field = BAD_LINES[case][1]
+    assert raised.value.field == f"dataset:{at}:{field}", raised.value.message
+    assert raised.value.message.startswith(f"dataset line {at}: {field}:")
+
+
+def test_a_bad_dataset_or_a_missing_version_submits_nothing(eval_stack: ApiStack, tmp_path: Path) -> None:
+    name, path, _ = _setup(eval_stack, tmp_path, 3)
+    before = eval_stack.http("GET", "/tasks?limit=100")[1]["tasks"]
+    path.write_text(path.read_text() + '{"goal": "fine"}\n{"id": "no goal"}\n')
+    bad = _run(eval_stack, tmp_path, name, path)
+    assert bad.returncode == 2 and "dataset line 5: goal: required" in bad.stderr, bad.stderr
+    _, path, _ = _setup(eval_stack, tmp_path, 3)
+    for against, said in ((f"{name}@9", f"against: agent {name} has no version 9 (its latest is 2)"),
+                          ("nobody@1", "against: there is no agent named 'nobody'"),
+                          (f"{name}@prod", "against: an agent version, name@N")):  # fmt: skip
+        missing = run_agentq(["eval", "run", str(path), "--agent", f"{name}@1", "--against", against],
+                             env=eval_stack.cli_env(), timeout=60, cwd=tmp_path)  # fmt: skip
+        assert missing.returncode == 2 and said in missing.stderr, missing.stderr
+    assert eval_stack.http("GET", "/tasks?limit=100")[1]["tasks"] == before
+
+
+def test_the_wilson_interval_holds_its_rate_inside_zero_and_one_for_every_count() -> None:
+    for n in range(1, 60):
+        for passed in range(n + 1):
+            low, high = wilson(passed, n)
+            assert 0 <= low <= passed / n <= high <= 1
+            d_low, d_high = newcombe((passed, n), (n - passed, n))
+            assert -1 <= d_low <= (n - 2 * passed) / n <= d_high <= 1
+    low, high = wilson(8, 10)  # the textbook value: 0.490 to 0.943
+    assert (round(low, 3), round(high, 3)) == (0.490, 0.943)
