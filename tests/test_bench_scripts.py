@@ -47,6 +47,7 @@ CASES = {
     "a2a_delegation": ["--looks", "1"],
     "live_cost": ["--watchers", "10,100"],
     "alias_cost": ["--runs", "3"],
+    "eval_run": ["--items", "6", "--latency", "1"],
     "stop_time": ["--tasks", "6", "--others", "2", "--workers", "1", "--latency", "0.5", "--scan", "6"],
     "fairness": ["--sizes", "8", "--b-tasks", "2", "--latency", "0.5", "--limit", "2", "--window", "2",
                  "--concurrency", "4", "--workers", "1"],
@@ -93,6 +94,9 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
             assert all(d["total_usd"] > 0 for d in designs.values())
             assert designs["fargate-hub"]["publishes_per_event"] == 0  # the table's stream, no publisher
         assert set(result["seed"]) == {"lambda executors", "fargate workers", "economy batches"}
+    elif name == "eval_run":
+        assert result["tasks"] == 12 and result["lost"] == 0 and result["repeated"] == 0
+        assert result["killed"]["cli_after_submissions"] == 10 and result["aws_calls"] > 0
     elif name == "local_commit":
         assert [r["filler_items"] for r in result["rows"]] == [0, 200]
         assert all(r["commit_ms"]["n"] == 2 and r["commit_ms"]["p50"] > 0 for r in result["rows"])
