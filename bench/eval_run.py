@@ -83,6 +83,25 @@ def eval_tasks(store: Any, url: str, key: str, eval_id: str) -> list[dict[str, A
             return tasks
 
 
+def kill_a_worker(stack: Any, url: str, key: str, eval_id: str, still: Any) -> bool:
+    """SIGKILL a worker that holds one of the evaluation's running tasks, and start another;
+    False when none did while ``still()`` and some task had not ended."""
+    while still():
+        metas = [stack.store().tasks.get(t["task_id"]) for t in eval_tasks(stack.store(), url, key, eval_id)]
+        for meta in metas:
+            proc = stack.worker_by_id(meta.lease_owner) if meta.status.value == "running" and meta.lease_owner else None
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                stack.spawn_worker()
+                log(f"worker {proc.pid} SIGKILLed holding {meta.task_id}")
+                return True
+        if all(m.status.terminal for m in metas):
+            return False  # everything submitted has ended: no worker holds one
+        time.sleep(0.05)
+    return False
+
+
 def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     counter = InProcessCounter().install()
     stack = BenchStack(
@@ -122,32 +141,21 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         cli.wait()
         killed_cli_at = time.monotonic() - started
         log(f"eval {eval_id}: CLI killed after {kill_after} submissions, {killed_cli_at:.1f}s")
-        victim = None
-        deadline = time.monotonic() + 60
-        while victim is None and time.monotonic() < deadline:
-            metas = [stack.store().tasks.get(t["task_id"]) for t in eval_tasks(stack.store(), url, key, eval_id)]
-            if all(m.status.terminal for m in metas):
-                break  # everything submitted has ended: no worker holds one
-            for meta in metas:
-                if meta.status.value == "running" and meta.lease_owner:
-                    proc = stack.worker_by_id(meta.lease_owner)
-                    if proc is not None and proc.poll() is None:
-                        victim = proc
-                        break
-            time.sleep(0.05)
-        killed_worker = victim is not None
-        if victim is not None:
-            victim.send_signal(signal.SIGKILL)
-            victim.wait()
-            stack.spawn_worker()
+        # A worker holding one of the evaluation's running tasks is SIGKILLed: now if one is
+        # running, else while the re-run's tasks run.
+        killed_worker = kill_a_worker(stack, url, key, eval_id, still=lambda: True)
         submitted_at_kill = len(eval_tasks(stack.store(), url, key, eval_id))
         rerun_started = time.monotonic()
-        rerun = subprocess.run([*cmd, "--resume", eval_id, "--json"], check=False, env=env, capture_output=True, text=True,
-                               cwd=workdir, timeout=3600)  # fmt: skip
+        with open(workdir / "rerun.err", "w") as err:
+            proc = subprocess.Popen([*cmd, "--resume", eval_id, "--json"], env=env, stdout=subprocess.PIPE,
+                                    stderr=err, text=True, cwd=workdir)  # fmt: skip
+            if not killed_worker:
+                killed_worker = kill_a_worker(stack, url, key, eval_id, still=lambda: proc.poll() is None)
+            out, _ = proc.communicate(timeout=3600)
         finished = time.monotonic()
-        if rerun.returncode != 0:
-            raise RuntimeError(f"the re-run failed: {rerun.stderr[-3000:]}")
-        report = json.loads(rerun.stdout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the re-run failed: {(workdir / 'rerun.err').read_text()[-3000:]}")
+        report = json.loads(out)
         calls = stack.worker_calls() + counter.snapshot("other")
         calls.subtract(before)
         tasks = eval_tasks(stack.store(), url, key, eval_id)
@@ -220,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--items", type=int, default=200, help="dataset items (each runs on 2 versions)")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--latency", type=float, default=0.05, help="the scripted model's latency a turn, seconds")
+    ap.add_argument("--latency", type=float, default=0.5, help="the scripted model's latency a turn, seconds")
     ap.add_argument("--workdir", type=Path, default=Path("bench/out/eval_run"))
     ap.add_argument("--json", action="store_true")
     add_plot_args(ap, "eval_run")

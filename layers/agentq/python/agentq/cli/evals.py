@@ -201,7 +201,7 @@ def register(sub: Any) -> None:
             description="Each line of DATASET (JSONL) is an item: goal (required), id, inputs (submission fields), "
             "outcome or rubric, expected (the exact answer). Every item runs once on each version as an ordinary "
             "task, graded by its outcome (the item's, else the agent's); an item passes when its task succeeded "
-            "(and answered `expected`, if given). The report: pass rate with a 95%% Wilson interval, cost, tokens, "
+            "(and answered `expected`, if given). The report: pass rate with a 95% Wilson interval, cost, tokens, "
             "steps, duration, the items that changed. Killed and run again (or --resume EVAL_ID), it re-attaches "
             "to the tasks it submitted: no item runs twice.",
         ),
