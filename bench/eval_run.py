@@ -36,8 +36,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from _benchlib import BenchStack, InProcessCounter, JsonOut, log, machine, table  # noqa: E402
-from _plot import Panel, add_plot_args, plot_from_args  # noqa: E402
+from _benchlib import BenchStack, InProcessCounter, log, table  # noqa: E402
+from _plot import Panel, add_plot_args  # noqa: E402
+from _report import report  # noqa: E402
 from agentq.core.evaluations import META_EVAL, META_ITEM, META_VERSION  # noqa: E402
 from agentq.worker import WorkerConfig  # noqa: E402
 
@@ -83,11 +84,12 @@ def eval_tasks(store: Any, url: str, key: str, eval_id: str) -> list[dict[str, A
             return tasks
 
 
-def kill_a_worker(stack: Any, url: str, key: str, eval_id: str, still: Any) -> bool:
-    """SIGKILL a worker that holds one of the evaluation's running tasks, and start another;
-    False when none did while ``still()`` and some task had not ended."""
+def kill_a_worker(stack: Any, url: str, key: str, eval_id: str, still: Any) -> str | None:
+    """SIGKILL a worker that holds one of the evaluation's running tasks, and start another: the
+    task's id; None when none did while ``still()`` and some task had not ended."""
+    store = stack.store()  # one: each call of stack.store() builds its clients anew
     while still():
-        metas = [stack.store().tasks.get(t["task_id"]) for t in eval_tasks(stack.store(), url, key, eval_id)]
+        metas = [store.tasks.get(t["task_id"]) for t in eval_tasks(store, url, key, eval_id)]
         for meta in metas:
             proc = stack.worker_by_id(meta.lease_owner) if meta.status.value == "running" and meta.lease_owner else None
             if proc is not None and proc.poll() is None:
@@ -95,11 +97,11 @@ def kill_a_worker(stack: Any, url: str, key: str, eval_id: str, still: Any) -> b
                 proc.wait()
                 stack.spawn_worker()
                 log(f"worker {proc.pid} SIGKILLed holding {meta.task_id}")
-                return True
+                return meta.task_id
         if all(m.status.terminal for m in metas):
-            return False  # everything submitted has ended: no worker holds one
+            return None  # everything submitted has ended: no worker holds one
         time.sleep(0.05)
-    return False
+    return None
 
 
 def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -161,8 +163,11 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         tasks = eval_tasks(stack.store(), url, key, eval_id)
         pairs = Counter((t["metadata"][META_ITEM], t["metadata"][META_VERSION]) for t in tasks)
         wanted = {(f"item-{i}", f"{name}@{v}") for i in range(args.items) for v in (1, 2)}
-        answers = [stack.store().tasks.get(t["task_id"]).llm_steps for t in tasks]
-        resumed = sum(stack.store().tasks.get(t["task_id"]).resume_count for t in tasks)
+        store = stack.store()
+        metas = [store.tasks.get(t["task_id"]) for t in tasks]
+        answers = [m.llm_steps for m in metas]
+        resumed = sum(m.resume_count for m in metas)
+        victim_claims = store.tasks.get(killed_worker).claim_count if killed_worker else 0
     finally:
         counter.uninstall()
         stack.stop()
@@ -177,7 +182,8 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "cli_after_submissions": kill_after,
             "cli_at_s": round(killed_cli_at, 2),
             "submitted_at_kill": submitted_at_kill,
-            "worker": killed_worker,
+            "worker": killed_worker is not None,
+            "its_task_claims": victim_claims,
             "tasks_resumed": resumed,
         },
         "wall_s": round(finished - started, 2),
@@ -200,7 +206,8 @@ def render(r: dict[str, Any]) -> str:
         ("CLI SIGKILLed", f"after {k['cli_after_submissions']} submissions ({k['cli_at_s']} s)"),
         (
             "worker SIGKILLed",
-            f"{'yes' if k['worker'] else 'no running task found'}; tasks resumed {k['tasks_resumed']}",
+            f"{'yes' if k['worker'] else 'no running task found'}; its task claimed {k['its_task_claims']} times; "
+            f"tasks resumed {k['tasks_resumed']}",
         ),
         ("wall time, first start to report", f"{r['wall_s']} s"),
         ("re-run (--resume) to report", f"{r['rerun_s']} s"),
@@ -234,14 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     add_plot_args(ap, "eval_run")
     args = ap.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
-    with JsonOut(args.json) as out:
-        result = run(args, args.workdir.resolve())
-        result["machine"] = machine()
-        if args.json:
-            out.emit(result)
-        else:
-            print(render(result))
-    plot_from_args(args, "agentq: an evaluation killed mid-run and resumed", panels(result))
+    result = report(args, "agentq: an evaluation killed mid-run and resumed",
+                    lambda a: run(a, a.workdir.resolve()), render, panels)  # fmt: skip
     return 0 if result["lost"] == 0 and result["repeated"] == 0 else 1
 
 
