@@ -84,13 +84,16 @@ def eval_tasks(store: Any, url: str, key: str, eval_id: str) -> list[dict[str, A
             return tasks
 
 
-def kill_a_worker(stack: Any, url: str, key: str, eval_id: str, still: Any) -> str | None:
+def kill_a_worker(stack: Any, url: str, key: str, eval_id: str, still: Any, until_all_ended: bool) -> str | None:
     """SIGKILL a worker that holds one of the evaluation's running tasks, and start another: the
-    task's id; None when none did while ``still()`` and some task had not ended."""
+    task's id; None when none did while ``still()`` (and, ``until_all_ended``, some task had
+    not ended: a re-run's first tasks are the ended ones it re-attaches to)."""
     store = stack.store()  # one: each call of stack.store() builds its clients anew
     while still():
-        metas = [store.tasks.get(t["task_id"]) for t in eval_tasks(store, url, key, eval_id)]
-        for meta in metas:
+        metas = []
+        for listed in eval_tasks(store, url, key, eval_id):
+            meta = store.tasks.get(listed["task_id"])  # read just before the kill: a list read first goes stale
+            metas.append(meta)
             proc = stack.worker_by_id(meta.lease_owner) if meta.status.value == "running" and meta.lease_owner else None
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)
@@ -98,7 +101,7 @@ def kill_a_worker(stack: Any, url: str, key: str, eval_id: str, still: Any) -> s
                 stack.spawn_worker()
                 log(f"worker {proc.pid} SIGKILLed holding {meta.task_id}")
                 return meta.task_id
-        if all(m.status.terminal for m in metas):
+        if until_all_ended and all(m.status.terminal for m in metas):
             return None  # everything submitted has ended: no worker holds one
         time.sleep(0.05)
     return None
@@ -145,14 +148,16 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         log(f"eval {eval_id}: CLI killed after {kill_after} submissions, {killed_cli_at:.1f}s")
         # A worker holding one of the evaluation's running tasks is SIGKILLed: now if one is
         # running, else while the re-run's tasks run.
-        killed_worker = kill_a_worker(stack, url, key, eval_id, still=lambda: True)
+        killed_worker = kill_a_worker(stack, url, key, eval_id, still=lambda: True, until_all_ended=True)
         submitted_at_kill = len(eval_tasks(stack.store(), url, key, eval_id))
         rerun_started = time.monotonic()
         with open(workdir / "rerun.err", "w") as err:
             proc = subprocess.Popen([*cmd, "--resume", eval_id, "--json"], env=env, stdout=subprocess.PIPE,
                                     stderr=err, text=True, cwd=workdir)  # fmt: skip
             if not killed_worker:
-                killed_worker = kill_a_worker(stack, url, key, eval_id, still=lambda: proc.poll() is None)
+                killed_worker = kill_a_worker(
+                    stack, url, key, eval_id, still=lambda: proc.poll() is None, until_all_ended=False
+                )
             out, _ = proc.communicate(timeout=3600)
         finished = time.monotonic()
         if proc.returncode != 0:
