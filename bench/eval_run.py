@@ -100,7 +100,7 @@ def kill_a_worker(stack: Any, url: str, key: str, eval_id: str, still: Any, unti
                 proc.wait()
                 stack.spawn_worker()
                 log(f"worker {proc.pid} SIGKILLed holding {meta.task_id}")
-                return meta.task_id
+                return str(meta.task_id)
         if until_all_ended and all(m.status.terminal for m in metas):
             return None  # everything submitted has ended: no worker holds one
         time.sleep(0.05)
