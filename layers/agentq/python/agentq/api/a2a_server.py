@@ -17,9 +17,10 @@ which calls the same control functions the HTTP API calls, as the MCP server doe
   as the protocol requires: an A2A task never restarts, where agentq would reopen an answered
   one): the next message of the conversation goes to the context (its ``contextId``), a new task.
 - ``SendStreamingMessage`` / ``SubscribeToTask``: the task, then a status update at each change
-  of its A2A state (and the result artifact), ending when it stops or after ``STREAM_SECONDS``
-  (API Gateway answers within 29 s); a client resumes with ``SubscribeToTask``, which starts
-  with the task as it is now, so nothing committed is lost between two streams.
+  of its A2A state (and the result artifact): event by event where the server holds the
+  connection, a subscription following the task to its end; sent whole in the API Lambda
+  (``api/a2a_stream.py``). A client resumes with ``SubscribeToTask``, which starts with the task
+  as it is now, so nothing committed is lost between two streams.
 - ``GetTask``, ``ListTasks`` (this agent's tasks of the caller, newest first), ``CancelTask``.
 - Push notification configs: not offered (the card says ``pushNotifications: false``), each
   method answers the protocol's ``PushNotificationNotSupportedError`` and stores nothing.
@@ -34,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextvars
-import functools
 import hashlib
 import json
 import time
@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agentq.api import a2a_views as views
+from agentq.api.a2a_stream import stopped, task_events
 from agentq.api.models import MAX_NOTE_CHARS
 from agentq.api.routes.common import ApiDeps
 from agentq.control import operations
@@ -54,7 +55,6 @@ from agentq.core.errors import AgentqError, IllegalTransition, TaskNotFound
 from agentq.core.models import MAX_GOAL_CHARS, Task, TaskStatus
 
 WAIT_SECONDS = 20.0  # a blocking SendMessage: API Gateway answers within 29 s
-STREAM_SECONDS = 25.0
 POLL_SECONDS = 0.25
 MAX_PAGE = 100
 APPROVE_WORDS = frozenset({"approve", "approved", "yes", "y", "ok"})
@@ -256,7 +256,7 @@ class AgentqRequestHandler:
 
     def _settled(self, task: Task, heard: int, seconds: float) -> Task:
         deadline = time.monotonic() + seconds
-        while not _stopped(task, heard) and time.monotonic() < deadline:
+        while not stopped(task, heard) and time.monotonic() < deadline:
             time.sleep(POLL_SECONDS)
             task = self.deps.store.tasks.get(task.task_id)
         return task
@@ -276,7 +276,7 @@ class AgentqRequestHandler:
     async def on_message_send_stream(self, params: Any, context: Any) -> AsyncGenerator[Any]:
         _check_send(params)
         task, heard = await _off_loop(lambda: self._start_or_continue(params))
-        async for event in self._events(task, heard):
+        async for event in task_events(self._view, self._poll, _off_loop, task, heard, follow=False):
             yield event
 
     async def on_subscribe_to_task(self, params: Any, context: Any) -> AsyncGenerator[Any]:
@@ -285,38 +285,13 @@ class AgentqRequestHandler:
             raise _errors().UnsupportedOperationError(
                 message=f"task {task.task_id} has ended ({task.status.value}): GetTask reads it"
             )
-        async for event in self._events(task, 0):
+        async for event in task_events(self._view, self._poll, _off_loop, task, 0, follow=True):
             yield event
-
-    async def _events(self, task: Task, heard: int) -> AsyncGenerator[Any]:
-        """The task as it is, then a status update at each change of its A2A state (the result
-        as an artifact update before the completed one), until it stops or the window ends."""
-        from a2a.types import TaskArtifactUpdateEvent, TaskStatusUpdateEvent
-
-        view = await _off_loop(lambda: self._view(task))
-        yield view
-        last = (view.status.state, view.status.message.message_id)
-        deadline = time.monotonic() + STREAM_SECONDS
-        task_id = task.task_id
-        while not _stopped(task, heard) and time.monotonic() < deadline:
-            await asyncio.sleep(POLL_SECONDS)
-            task, view = await _off_loop(functools.partial(self._poll, task_id, heard))
-            if view is None:
-                continue  # idle with a message not yet taken in: about to run again
-            now = (view.status.state, view.status.message.message_id)
-            if now == last:
-                continue
-            last = now
-            for artifact in view.artifacts:
-                yield TaskArtifactUpdateEvent(task_id=view.id, context_id=view.context_id, artifact=artifact,
-                                              last_chunk=True)  # fmt: skip
-            yield TaskStatusUpdateEvent(task_id=view.id, context_id=view.context_id, status=view.status,
-                                        metadata=view.metadata)  # fmt: skip
 
     def _poll(self, task_id: str, heard: int) -> tuple[Task, Any | None]:
         """The task now, and its A2A view unless it is idle before taking ``heard`` messages in."""
         task = self.deps.store.tasks.get(task_id)
-        if task.status is TaskStatus.IDLE and not _stopped(task, heard):
+        if task.status is TaskStatus.IDLE and not stopped(task, heard):
             return task, None
         return task, self._view(task, 0)
 
@@ -359,16 +334,6 @@ def _idempotency_key(call: Call, message_id: str, where: str, text: str) -> str 
 
 def _of_agent(task: Task, name: str) -> bool:
     return (task.submission.agent or "").split("@", 1)[0] == name
-
-
-def _stopped(task: Task, heard: int) -> bool:
-    """Whether the task waits for someone (input, auth) or has ended, with the first ``heard``
-    messages delivered: nothing more happens without a caller."""
-    if task.status.terminal and task.status is not TaskStatus.SUCCEEDED:
-        return True
-    if task.status is TaskStatus.PAUSED:
-        return True
-    return (task.status.terminal or task.status is TaskStatus.IDLE) and task.messages_delivered >= heard
 
 
 def _check_send(params: Any) -> None:

@@ -15,7 +15,9 @@ is tenant ``local``, and an operator: the one local user owns the whole deployme
 A request for ``/tasks/{id}/events`` that accepts ``text/event-stream`` is streamed (when the
 server has an ``EventHub``): the handler answers it first as a one-event JSON page, so the task
 and the cursor are checked (404, 400, 422) exactly as in AWS before any event; then the hub keeps
-the connection, sending each event as it commits (``api/event_hub.py``).
+the connection, sending each event as it commits (``api/event_hub.py``). An A2A call
+(``POST /a2a/{agent}``) runs the handler with the connection at hand (``api/live_stream.py``),
+so a stream it answers is sent event by event.
 
 Requests are served concurrently, a thread each, through one resolver: powertools keeps the
 request being answered in shared state, so ``agentq.api.app.AgentqResolver`` keeps it per
@@ -43,6 +45,7 @@ from agentq.api import http_guard
 from agentq.api.app import is_public
 from agentq.api.auth import Unauthorized, caller_of
 from agentq.api.errors import error_body
+from agentq.api.live_stream import LiveStream, live_var
 from agentq.api.models.base import body_limit
 from agentq.api.routes.a2a import is_rpc_path, rpc_refusal
 from agentq.api.stream_caps import TooManyStreams
@@ -344,9 +347,41 @@ class ApiServer:
                 ):
                     self._stream(outer.hub, match[1], headers)
                     return
+                if outer.hub is not None and self.command == "POST" and is_rpc_path(unquote(parts.path)):
+                    self._live_rpc(outer.hub, headers, body, caller)
+                    return
                 self._reply(
                     *dispatch(outer.handler, outer.authorizer, self.command, self.path, headers, body, caller=caller)
                 )
+
+            def _live_rpc(
+                self, hub: EventHub, headers: dict[str, str], body: str | None, caller: Caller | None
+            ) -> None:
+                """An A2A call with this connection at hand: a stream it answers goes out event by
+                event (``api/live_stream.py``), anything else as the handler's answer."""
+                live = LiveStream(hub, self._start_stream, self._send_chunk)
+                token = live_var.set(live)
+                try:
+                    answer = dispatch(outer.handler, outer.authorizer, "POST", self.path, headers, body, caller=caller)
+                finally:
+                    live_var.reset(token)
+                if not live.started:
+                    self._reply(*answer)
+
+            def _start_stream(self, status: int, headers: dict[str, str]) -> None:
+                self.send_response(status)
+                sent = {k.lower(): v for k, v in headers.items() if k.lower() != "transfer-encoding"}
+                sent.setdefault("cache-control", "no-cache")
+                sent["connection"] = "close"  # the end of the body is the end of the connection
+                for name, value in sent.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.close_connection = True
+                self.wfile.flush()
+
+            def _send_chunk(self, chunk: bytes) -> None:
+                self.wfile.write(chunk)
+                self.wfile.flush()
 
             def _not_hub(self) -> bool:
                 """Answer what the events hub does not serve (True: answered)."""

@@ -6,9 +6,12 @@
   bearer: an API key, or a token of the deployment's OIDC issuer).
 - ``POST /a2a/{agent}``: JSON-RPC 2.0, answered by the ``a2a-sdk``'s own dispatcher (parsing,
   method routing, the protocol's error codes, server-sent events), run as an ASGI app in an
-  event loop of its own per request, its answer handed back to powertools. A stream is sent
-  whole when it ends (at most ``a2a_server.STREAM_SECONDS``): one API Gateway request is one
-  Lambda invocation; ``SubscribeToTask`` resumes it.
+  event loop of its own per request, its answer handed back to powertools. Where the server
+  holds the connection (``api/live_stream.py``: the local server, and in AWS the streaming
+  function this path is routed to, ``infra/api.py``), a stream (``SendStreamingMessage``,
+  ``SubscribeToTask``) is written event by event as the task changes; in the API Lambda
+  (one invocation answers once) it is sent whole when it ends (at most
+  ``a2a_server.STREAM_SECONDS``), and ``SubscribeToTask`` resumes it.
 
 What the API refuses before a route runs (a body over the size limit, not JSON, nesting too
 deep) is answered on this path as a JSON-RPC error with the protocol's code (``rpc_refusal``),
@@ -29,6 +32,7 @@ from aws_lambda_powertools.event_handler import Response
 from agentq import __version__
 from agentq.api.asgi_request import serve
 from agentq.api.errors import JSON, error_response
+from agentq.api.live_stream import live_var
 from agentq.api.models.base import IDEMPOTENCY_KEY_PATTERN
 from agentq.api.routes.common import ApiDeps, Router
 from agentq.core.errors import AgentqError
@@ -102,8 +106,15 @@ def router(deps: ApiDeps) -> Router:
             refusal = rpc_refusal(413, "Idempotency-Key: 1-255 visible ASCII characters")  # an invalid request
             return Response(status_code=200, content_type=JSON, body=refusal["body"])
         token = call_var.set(Call(deps.caller(), agent, given))
+        live = live_var.get()
         try:
-            status, out, payload = asyncio.run(_serve(handler[0], headers, body))
+            status, out, payload = asyncio.run(_serve(handler[0], headers, body, live))
+        except Exception:
+            if live is None or not live.started:
+                raise
+            # The stream was under way (the client hung up, or the app failed mid-stream): what
+            # was sent stands, and the server sends nothing more on this connection.
+            return Response(status_code=200, content_type=JSON, body="")
         finally:
             call_var.reset(token)
         content_type = out.pop("content-type", JSON)
@@ -188,8 +199,10 @@ def _asgi_app(request_handler: Any) -> Any:
     return Starlette(routes=create_jsonrpc_routes(request_handler, rpc_url="/"))
 
 
-async def _serve(app: Any, headers: list[tuple[bytes, bytes]], body: bytes) -> tuple[int, dict[str, str], bytes]:
-    """One request through the SDK's ASGI app; the whole answer (a stream's too) collected."""
-    status, out, payload = await serve(app, method="POST", path="/", headers=headers, body=body, app=app)
-    out["a2a-server"] = f"agentq/{__version__}"
-    return status, out, payload
+async def _serve(
+    app: Any, headers: list[tuple[bytes, bytes]], body: bytes, live: Any
+) -> tuple[int, dict[str, str], bytes]:
+    """One request through the SDK's ASGI app: the whole answer collected, or a stream's written
+    to ``live`` as it happens."""
+    extra = {"a2a-server": f"agentq/{__version__}"}
+    return await serve(app, method="POST", path="/", headers=headers, body=body, live=live, extra=extra, app=app)
