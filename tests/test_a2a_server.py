@@ -79,7 +79,7 @@ def test_the_agent_card_is_served_at_the_well_known_path_with_the_apis_bearer_sc
     assert card["supportedInterfaces"][0]["url"] == f"{api_stack.url}/a2a/{name}"
     assert card["supportedInterfaces"][0]["protocolBinding"] == "JSONRPC"
     assert card["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]["scheme"] == "bearer"
-    assert card["capabilities"] == {"streaming": True, "pushNotifications": False, "extendedAgentCard": False}
+    assert card["capabilities"] == {"streaming": True, "pushNotifications": True, "extendedAgentCard": False}
     assert [s["id"] for s in card["skills"]] == [name]
     assert "request_approval" in card["skills"][0]["tags"]
     # Pinned versions are agents too; an agent of another tenant, or none, is not found.
@@ -382,8 +382,8 @@ def _tasks_of_key(api_stack: ApiStack, name: str, key: str) -> list[Any]:
                 },
             },
             None,
-            -32003,
-        ),  # a push URL (private, too): push is not offered
+            -32602,
+        ),  # a push URL on a private address: invalid params, no task started
         (
             {
                 "jsonrpc": "2.0",
@@ -392,8 +392,8 @@ def _tasks_of_key(api_stack: ApiStack, name: str, key: str) -> list[Any]:
                 "params": {"taskId": "t", "url": "https://169.254.169.254/latest"},
             },
             None,
-            -32003,
-        ),
+            -32001,
+        ),  # a push config on a task that is not the caller's: not found
         ({"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "no-such-task"}}, None, -32001),
         ({"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {"pageSize": 0}}, None, -32602),
         ({"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {"pageToken": "bm90IG1pbmU"}}, None, -32602),

@@ -22,8 +22,9 @@ which calls the same control functions the HTTP API calls, as the MCP server doe
   (``api/a2a_stream.py``). A client resumes with ``SubscribeToTask``, which starts with the task
   as it is now, so nothing committed is lost between two streams.
 - ``GetTask``, ``ListTasks`` (this agent's tasks of the caller, newest first), ``CancelTask``.
-- Push notification configs: not offered (the card says ``pushNotifications: false``), each
-  method answers the protocol's ``PushNotificationNotSupportedError`` and stores nothing.
+- Push notification configs (``api/a2a_push.py``): created, read, listed, deleted per task (or
+  given with a send), each URL checked as a callback's; the task's changes are POSTed there
+  signed when it waits for someone or ends (``queueing/a2a_push.py``).
 
 Tenancy: every call acts for the request's caller (``core.endusers.Caller``, the API's own
 auth, handed in a context variable the route sets): a task of another tenant, of another end
@@ -44,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agentq.api import a2a_views as views
+from agentq.api.a2a_push import PushConfigMethods, config_in
 from agentq.api.a2a_stream import stopped, task_events
 from agentq.api.models import MAX_NOTE_CHARS
 from agentq.api.routes.common import ApiDeps
@@ -106,7 +108,7 @@ async def _off_loop(fn: Callable[[], T]) -> T:
         raise _refusal(exc) from None
 
 
-class AgentqRequestHandler:
+class AgentqRequestHandler(PushConfigMethods):
     """The SDK's ``RequestHandler`` over agentq's control functions (built by ``build_handler``,
     which subclasses the SDK's abstract class, so importing this module does not import it)."""
 
@@ -254,6 +256,14 @@ class AgentqRequestHandler:
                                 idempotency_key=key, digest=key or None, defaults=deps.defaults)  # fmt: skip
         return submitted.task, 0
 
+    def _start_with_push(self, params: Any) -> tuple[Task, int]:
+        """``_start_or_continue``, and the push config the send carries stored for its task
+        (checked before: a refused URL starts nothing)."""
+        task, heard = self._start_or_continue(params)
+        if params.configuration.HasField("task_push_notification_config"):
+            self._store_push(task, params.configuration.task_push_notification_config)
+        return task, heard
+
     def _settled(self, task: Task, heard: int, seconds: float) -> Task:
         deadline = time.monotonic() + seconds
         while not stopped(task, heard) and time.monotonic() < deadline:
@@ -268,14 +278,14 @@ class AgentqRequestHandler:
         length = configuration.history_length if configuration.HasField("history_length") else None
 
         def send() -> Any:
-            task, heard = self._start_or_continue(params)
+            task, heard = self._start_with_push(params)
             return self._view(self._settled(task, heard, wait), length)
 
         return await _off_loop(send)
 
     async def on_message_send_stream(self, params: Any, context: Any) -> AsyncGenerator[Any]:
         _check_send(params)
-        task, heard = await _off_loop(lambda: self._start_or_continue(params))
+        task, heard = await _off_loop(lambda: self._start_with_push(params))
         async for event in task_events(self._view, self._poll, _off_loop, task, heard, follow=False):
             yield event
 
@@ -295,15 +305,10 @@ class AgentqRequestHandler:
             return task, None
         return task, self._view(task, 0)
 
-    # -- push notifications: not offered --------------------------------------------------
+    # -- push notification configs: api/a2a_push.py -------------------------------------
 
-    async def _no_push(self, params: Any, context: Any) -> Any:
-        raise _errors().PushNotificationNotSupportedError()
-
-    on_create_task_push_notification_config = _no_push
-    on_get_task_push_notification_config = _no_push
-    on_list_task_push_notification_configs = _no_push
-    on_delete_task_push_notification_config = _no_push
+    def _store_call(self, fn: Callable[[], T]) -> Any:
+        return _off_loop(fn)
 
     async def on_get_extended_agent_card(self, params: Any, context: Any) -> Any:
         raise _errors().ExtendedAgentCardNotConfiguredError()
@@ -343,7 +348,7 @@ def _check_send(params: Any) -> None:
         raise _invalid("required", "message.messageId")
     configuration = params.configuration
     if configuration.HasField("task_push_notification_config"):
-        raise _errors().PushNotificationNotSupportedError()
+        config_in(configuration.task_push_notification_config, "")  # refused before any task starts
     if configuration.HasField("history_length") and configuration.history_length < 0:
         raise _invalid("must be 0 or more", "configuration.historyLength")
     modes = set(configuration.accepted_output_modes)

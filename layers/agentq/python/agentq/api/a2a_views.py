@@ -1,8 +1,8 @@
 """agentq's tasks and agents in A2A's shapes (the ``a2a-sdk`` protobuf types): what the A2A
 server (``api/a2a_server.py``) answers with. Read-only: nothing here writes.
 
-States. A2A's task model is agentq's, less durable, so every agentq status has one A2A state:
-``queued``/``blocked`` are ``submitted`` (no compute yet); ``running``/``waiting`` (children
+States. A2A's task model is agentq's, less durable, so every agentq status has one A2A state
+(``core/a2a_states.py``): ``queued``/``blocked`` are ``submitted`` (no compute yet); ``running``/``waiting`` (children
 running) are ``working``; ``paused`` is ``input-required`` with the approval's question in the
 status message, or ``auth-required`` when the pause waits for a vault credential
 (``request_credential``: its record names the credential and host); ``idle`` (interrupted, waiting
@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from agentq.core.a2a_states import state_name
 from agentq.core.models import Task, TaskStatus
 from agentq.core.records import ApprovalRecord
 
@@ -33,22 +34,7 @@ JSON_TYPE = "application/json"
 def state_of(task: Task, pending: ApprovalRecord | None) -> Any:
     from a2a.types import TaskState
 
-    status = task.status
-    if status in (TaskStatus.QUEUED, TaskStatus.BLOCKED):
-        return TaskState.TASK_STATE_SUBMITTED
-    if status in (TaskStatus.RUNNING, TaskStatus.WAITING):
-        return TaskState.TASK_STATE_WORKING
-    if status is TaskStatus.PAUSED:
-        if pending is not None and pending.credential:
-            return TaskState.TASK_STATE_AUTH_REQUIRED
-        return TaskState.TASK_STATE_INPUT_REQUIRED
-    if status is TaskStatus.IDLE:
-        return TaskState.TASK_STATE_INPUT_REQUIRED
-    if status is TaskStatus.SUCCEEDED:
-        return TaskState.TASK_STATE_COMPLETED
-    if status is TaskStatus.CANCELLED:
-        return TaskState.TASK_STATE_CANCELED
-    return TaskState.TASK_STATE_FAILED
+    return TaskState.Value(state_name(task.status, credential=pending is not None and bool(pending.credential)))
 
 
 def context_id(task: Task) -> str:

@@ -23,7 +23,7 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agentq.core.errors import ValidationError
 from agentq.core.tools.fetch import (
@@ -127,10 +127,11 @@ def verify(
 class Delivery:
     """One callback, as queued: what to POST where, and for whom (whose secret signs it)."""
 
-    delivery_id: str
+    delivery_id: str  # the same on every attempt (``agentq-delivery``): a receiver dedupes by it
     tenant: str
     url: str
     payload: dict[str, object]
+    headers: dict[str, str] = field(default_factory=dict)  # the receiver's own (an A2A push config's auth)
 
     @classmethod
     def for_task_end(cls, tenant: str, url: str, task: Mapping[str, object]) -> Delivery:
@@ -149,7 +150,7 @@ class Delivery:
     def from_json(cls, raw: str) -> Delivery:
         data = json.loads(raw)
         return cls(delivery_id=str(data["delivery_id"]), tenant=str(data["tenant"]), url=str(data["url"]),
-                   payload=dict(data["payload"]))  # fmt: skip
+                   payload=dict(data["payload"]), headers=dict(data.get("headers") or {}))  # fmt: skip
 
 
 def post(delivery: Delivery, secret: str, *, now: float | None = None) -> int:
@@ -167,6 +168,7 @@ def post(delivery: Delivery, secret: str, *, now: float | None = None) -> int:
     conn = _connection(target, addresses[0], TIMEOUT_SECONDS)
     try:
         conn.request("POST", target.path, body=body, headers={
+            **delivery.headers,
             "Content-Type": "application/json", "User-Agent": "agentq-webhooks/1",
             SIGNATURE_HEADER: signature(secret, body, timestamp), "agentq-delivery": delivery.delivery_id,
             "Connection": "close",

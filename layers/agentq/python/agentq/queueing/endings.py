@@ -51,6 +51,7 @@ from collections.abc import Callable
 from agentq.core.errors import IllegalTransition
 from agentq.core.fanout import FanoutLauncher
 from agentq.core.models import Task, TaskStatus
+from agentq.queueing.a2a_push import enqueue_push
 from agentq.queueing.queues import TaskQueues
 from agentq.queueing.webhooks import enqueue_end
 from agentq.storage.container import Storage
@@ -81,6 +82,10 @@ def task_ended(
         enqueue_end(queues, task, status)
     except Exception:
         log.warning("could not queue the callback of task %s", task.task_id, exc_info=True)
+    try:
+        enqueue_push(store, queues, task, status)  # an A2A task's push configs (queueing/a2a_push.py)
+    except Exception:
+        log.warning("could not queue the push notifications of task %s", task.task_id, exc_info=True)
     release_dependents(store, queues, task.task_id)
 
 

@@ -5,6 +5,7 @@ they need (``storage.tasks``, ``storage.steps``, ...); which backend is undernea
 from __future__ import annotations
 
 from agentq.core.tenancy import TenantLimits
+from agentq.storage.a2a_push import PushConfigs
 from agentq.storage.agent_aliases import AgentAliases
 from agentq.storage.agents import Agents
 from agentq.storage.api_keys import KeyStore
@@ -64,6 +65,7 @@ class Storage:
         self.policies = Policies(table)
         self.flow = FlowControl(table)
         self.webhook_secrets = WebhookSecrets(table)
+        self.a2a_push = PushConfigs(table, retention_seconds=retention_seconds)
         self.schedules = Schedules(table)
         self.memory_stores = MemoryStores(table)
         self.workspaces = WorkspaceObjects(payloads)

@@ -135,8 +135,8 @@ class _NoAgent(Exception):
 
 def agent_card(version: Any, ref: str, base: str) -> Any:
     """The Agent Card of an agent's version: one skill, the agent itself (its tools as tags);
-    the API's bearer auth; streaming (a window at a time, resumed by ``SubscribeToTask``); no
-    push notifications, no extended card."""
+    the API's bearer auth; streaming (event by event, resumed by ``SubscribeToTask``); push
+    notifications (``api/a2a_push.py``); no extended card."""
     from a2a.types import (
         AgentCapabilities,
         AgentCard,
@@ -169,7 +169,7 @@ def agent_card(version: Any, ref: str, base: str) -> Any:
             AgentInterface(url=f"{base}/a2a/{ref}", protocol_binding="JSONRPC", protocol_version="1.0")
         ],
         provider=AgentProvider(organization="agentq", url=base),
-        capabilities=AgentCapabilities(streaming=True, push_notifications=False, extended_agent_card=False),
+        capabilities=AgentCapabilities(streaming=True, push_notifications=True, extended_agent_card=False),
         security_schemes={"bearer": scheme},
         security_requirements=[requirement],
         default_input_modes=[TEXT, JSON_TYPE],

@@ -14,6 +14,7 @@ from agentq.core.engine import RunResult
 from agentq.core.errors import DETERMINISTIC_FAULTS, IllegalTransition, TaskNotFound, fault_error
 from agentq.core.models import Task, TaskStatus
 from agentq.core.stops import stop_covering
+from agentq.queueing.a2a_push import enqueue_push
 from agentq.queueing.dispatch import _ended, _failures, _gate, _notes, _outcome
 from agentq.queueing.dispatch._context import Action, Context, Delivery
 from agentq.queueing.webhooks import enqueue_event
@@ -46,6 +47,8 @@ def run(ctx: Context, task: Task, delivery: Delivery) -> Action:
             give_back()
         if result.status is TaskStatus.IDLE:
             _report_idle(ctx, task)
+        if result.status in (TaskStatus.PAUSED, TaskStatus.IDLE):
+            _push(ctx, task, result.status)
     action = _outcome.after_run(ctx, result, tier=delivery.tier, receive_count=delivery.receive_count,
                                 tenant=task.tenant, give_back=give_back)  # fmt: skip
     if result.outcome == "retry" and action.kind == "retry":
@@ -75,6 +78,14 @@ def _stopped(ctx: Context, task: Task, delivery: Delivery) -> Action | None:
     answer = _ended.answer_ended(ctx, ended, delivery.tier, None)
     assert isinstance(answer, Action)  # a cancelled task is never a redrive's
     return answer
+
+
+def _push(ctx: Context, task: Task, status: TaskStatus) -> None:
+    """A task served over A2A waits for someone: its push configs are told (input-required)."""
+    try:
+        enqueue_push(ctx.store, ctx.queues, task, status)
+    except Exception:  # as for a callback: a notification that cannot be queued holds nothing up
+        log.warning("could not queue the push notifications of task %s", task.task_id, exc_info=True)
 
 
 def _report_idle(ctx: Context, task: Task) -> None:

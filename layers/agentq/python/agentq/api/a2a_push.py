@@ -1,0 +1,122 @@
+"""A2A's push notification configs (Create / Get / List / Delete ``TaskPushNotificationConfig``),
+the A2A server's methods for them (mixed into ``api/a2a_server.AgentqRequestHandler``).
+
+A config names where to POST the task's changes: its ``url`` is checked as a callback's is
+(``core.webhooks.check_url``: https only, never an internal address, unless
+``AGENTQ_WEBHOOK_ALLOW`` names the host, as for a development receiver on 127.0.0.1), and a
+refused one is the protocol's ``InvalidParamsError`` naming ``url``, nothing stored. Only the
+caller's own task takes one (another tenant's, another user's, another agent's or an unknown id
+is ``TaskNotFoundError``, as for every method); a task that ended takes none (nothing would be
+sent). The configs live in ``storage/a2a_push.py``; what is sent, and how, is
+``queueing/a2a_push.py``: the change as a ``StreamResponse`` when the task waits for someone or
+ends, signed as every callback, retried until taken.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from agentq.api.routes.common import ApiDeps
+from agentq.core.errors import ValidationError
+from agentq.core.models import Task
+from agentq.core.webhooks import check_url
+from agentq.storage.a2a_push import MAX_CONFIGS
+
+MAX_ID = 128
+MAX_TOKEN = 1024
+
+
+def _errors() -> Any:
+    from a2a.utils import errors
+
+    return errors
+
+
+def _invalid(message: str, field: str) -> Exception:
+    return _errors().InvalidParamsError(message=f"{field}: {message}", data={"field": field})  # type: ignore[no-any-return]
+
+
+def _config_out(raw: dict[str, Any]) -> Any:
+    from a2a.types import TaskPushNotificationConfig
+    from google.protobuf.json_format import ParseDict
+
+    return ParseDict(raw, TaskPushNotificationConfig(), ignore_unknown_fields=True)
+
+
+def config_in(params: Any, task_id: str) -> tuple[str, dict[str, Any]]:
+    """The config to store (its id drawn when the client gave none), checked; raises the
+    protocol's InvalidParams naming the field."""
+    from google.protobuf.json_format import MessageToDict
+
+    if not params.url:
+        raise _invalid("required", "url")
+    if len(params.id) > MAX_ID:
+        raise _invalid(f"at most {MAX_ID} characters", "id")
+    if len(params.token) > MAX_TOKEN:
+        raise _invalid(f"at most {MAX_TOKEN} characters", "token")
+    if params.HasField("authentication") and not params.authentication.scheme:
+        raise _invalid("required with authentication", "authentication.scheme")
+    try:
+        check_url(params.url, field="url")
+    except ValidationError as exc:
+        raise _invalid(exc.message.removeprefix("url: "), "url") from None
+    config_id = params.id or uuid.uuid4().hex
+    raw = MessageToDict(params)
+    raw.pop("tenant", None)
+    return config_id, {**raw, "id": config_id, "taskId": task_id}
+
+
+class PushConfigMethods:
+    """The four methods; the class they are mixed into gives ``deps``, ``_owned`` (the caller's
+    task of this agent, or TaskNotFound) and ``_store_call`` (a store call off the event loop,
+    agentq's refusals as the protocol's errors)."""
+
+    deps: ApiDeps
+    _owned: Callable[[str], Task]
+    _store_call: Callable[[Callable[[], Any]], Any]
+
+    def _store_push(self, task: Task, params: Any) -> Any:
+        push = self.deps.store.a2a_push
+        if task.status.terminal:
+            raise _errors().UnsupportedOperationError(
+                message=f"task {task.task_id} has ended ({task.status.value}): nothing more would be sent"
+            )
+        config_id, raw = config_in(params, task.task_id)
+        known = push.listed(task.task_id)
+        if len(known) >= MAX_CONFIGS and all(c.get("id") != config_id for c in known):
+            raise _invalid(f"a task holds at most {MAX_CONFIGS} push configs; delete one first", "id")
+        push.put(task.task_id, task.tenant, config_id, raw)
+        return _config_out(raw)
+
+    async def on_create_task_push_notification_config(self, params: Any, context: Any) -> Any:
+        return await self._store_call(lambda: self._store_push(self._owned(params.task_id), params))
+
+    async def on_get_task_push_notification_config(self, params: Any, context: Any) -> Any:
+        def get() -> Any:
+            task = self._owned(params.task_id)
+            raw = self.deps.store.a2a_push.get(task.task_id, params.id) if params.id else None
+            if raw is None:
+                raise _errors().TaskNotFoundError(message=f"task {task.task_id} has no push config {params.id!r}")
+            return _config_out(raw)
+
+        return await self._store_call(get)
+
+    async def on_list_task_push_notification_configs(self, params: Any, context: Any) -> Any:
+        from a2a.types import ListTaskPushNotificationConfigsResponse
+
+        def listed() -> Any:
+            task = self._owned(params.task_id)
+            configs = [_config_out(raw) for raw in self.deps.store.a2a_push.listed(task.task_id)]
+            return ListTaskPushNotificationConfigsResponse(configs=configs)  # at most MAX_CONFIGS: one page
+
+        return await self._store_call(listed)
+
+    async def on_delete_task_push_notification_config(self, params: Any, context: Any) -> None:
+        def delete() -> None:
+            task = self._owned(params.task_id)
+            if params.id:
+                self.deps.store.a2a_push.delete(task.task_id, params.id)  # again, or an unknown id: the same
+
+        await self._store_call(delete)

@@ -1,0 +1,186 @@
+"""A2A push notification configs (``api/a2a_push.py``, ``queueing/a2a_push.py``) against the local
+stack with real workers: created, read, listed and deleted per task (deleting twice is deleting
+once); a task's changes reach a real receiving HTTP server on loopback, signed as every callback,
+with the config's own credentials and token, as A2A ``StreamResponse`` status updates, each with a
+delivery id that stays the same across attempts; an internal URL is the protocol's invalid-params
+error naming ``url``, nothing stored; another tenant's task takes no config."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from agentq.core.webhooks import SIGNATURE_HEADER, verify
+
+from tests.api_support import ApiStack
+from tests.helpers import call as tool_call
+from tests.helpers import wait_for
+from tests.test_a2a_server import APPROVAL_TURNS, _agent, _rpc, _send
+
+TWO_APPROVALS: list[dict[str, Any]] = [
+    {"text": "", "tool_calls": [tool_call("request_approval", question="Build it?")]},
+    {"text": "", "tool_calls": [tool_call("request_approval", question="Ship it?")]},
+    {"text": "shipped"},
+]
+
+
+class Receiver:
+    """A webhook receiver on loopback: answers 500 to the first ``fail`` POSTs, then 204."""
+
+    def __init__(self, fail: int = 0) -> None:
+        self.received: list[tuple[dict[str, str], bytes, int]] = []
+        self.fail = fail
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                status = 500 if len(owner.received) < owner.fail else 204
+                owner.received.append(({k.lower(): v for k, v in self.headers.items()}, body, status))
+                self.send_response(status)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/a2a-push"
+
+    def taken(self) -> list[tuple[dict[str, str], dict[str, Any]]]:
+        return [(headers, json.loads(body)) for headers, body, status in self.received if status == 204]
+
+
+@pytest.fixture
+def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
+    r = Receiver(fail=1)
+    # The webhooks' development allowance: the API's check and the stack's deliverer run here.
+    monkeypatch.setenv("AGENTQ_WEBHOOK_ALLOW", f"127.0.0.1:{r.server.server_address[1]}")
+    yield r
+    r.server.shutdown()
+
+
+def _call(api_stack: ApiStack, name: str, method: str, params: dict[str, Any], key: str | None = "default") -> Any:
+    status, data = _rpc(api_stack, name, {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, key=key)
+    assert status == 200, data
+    return data
+
+
+def _paused(api_stack: ApiStack, name: str) -> str:
+    data = _call(api_stack, name, "SendMessage", _send("build and ship")["params"])
+    assert data["result"]["task"]["status"]["state"] == "TASK_STATE_INPUT_REQUIRED", data
+    return str(data["result"]["task"]["id"])
+
+
+def test_push_configs_are_created_read_listed_and_deleted_and_deleting_twice_is_deleting_once(
+    api_stack: ApiStack, receiver: Receiver
+) -> None:
+    name = _agent(api_stack, APPROVAL_TURNS, tools=["request_approval"])
+    task_id = _paused(api_stack, name)
+    auth = {"scheme": "Bearer", "credentials": "receiver-secret"}
+    made = _call(api_stack, name, "CreateTaskPushNotificationConfig",
+                 {"taskId": task_id, "url": receiver.url, "token": "t1", "authentication": auth})["result"]  # fmt: skip
+    assert made["taskId"] == task_id and made["url"] == receiver.url and made["id"]
+    assert made["token"] == "t1" and made["authentication"] == auth
+    named = _call(api_stack, name, "CreateTaskPushNotificationConfig",
+                  {"taskId": task_id, "id": "mine", "url": receiver.url})["result"]  # fmt: skip
+    assert named["id"] == "mine"
+    got = _call(api_stack, name, "GetTaskPushNotificationConfig", {"taskId": task_id, "id": made["id"]})["result"]
+    assert got == made
+    listed = _call(api_stack, name, "ListTaskPushNotificationConfigs", {"taskId": task_id})["result"]["configs"]
+    assert sorted(c["id"] for c in listed) == sorted([made["id"], "mine"])
+    for _ in range(2):  # the same effect each time
+        data = _call(api_stack, name, "DeleteTaskPushNotificationConfig", {"taskId": task_id, "id": "mine"})
+        assert "error" not in data, data
+    listed = _call(api_stack, name, "ListTaskPushNotificationConfigs", {"taskId": task_id})["result"]["configs"]
+    assert [c["id"] for c in listed] == [made["id"]]
+    gone = _call(api_stack, name, "GetTaskPushNotificationConfig", {"taskId": task_id, "id": "mine"})
+    assert gone["error"]["code"] == -32001, gone
+
+
+def test_each_change_the_task_waits_or_ends_at_is_posted_signed_with_the_configs_auth_and_a_stable_delivery_id(
+    api_stack: ApiStack, receiver: Receiver
+) -> None:
+    name = _agent(api_stack, TWO_APPROVALS, tools=["request_approval"])
+    task_id = _paused(api_stack, name)
+    auth = {"scheme": "Bearer", "credentials": "receiver-secret"}
+    _call(api_stack, name, "CreateTaskPushNotificationConfig",
+          {"taskId": task_id, "url": receiver.url, "token": "tok-1", "authentication": auth})  # fmt: skip
+    second = _call(api_stack, name, "SendMessage", _send("approve", taskId=task_id)["params"])
+    assert second["result"]["task"]["status"]["state"] == "TASK_STATE_INPUT_REQUIRED", second  # the next question
+    wait_for(lambda: len(receiver.taken()) >= 1, timeout=60, what="the input-required notification")
+    done = _call(api_stack, name, "SendMessage", _send("approve", taskId=task_id)["params"])
+    assert done["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED", done
+    wait_for(lambda: len(receiver.taken()) >= 2, timeout=60, what="the completed notification")
+
+    secret = api_stack.http("GET", "/webhooks/secret")[1]["secret"]
+    taken = receiver.taken()
+    states = [body["statusUpdate"]["status"]["state"] for _, body in taken]
+    assert states == ["TASK_STATE_INPUT_REQUIRED", "TASK_STATE_COMPLETED"]
+    for headers, body in taken:
+        assert set(body) == {"statusUpdate"}  # a StreamResponse: exactly one of its fields
+        assert body["statusUpdate"]["taskId"] == task_id and body["statusUpdate"]["contextId"]
+        assert headers["authorization"] == "Bearer receiver-secret" and headers["x-a2a-notification-token"] == "tok-1"
+    for headers, raw, _ in receiver.received:
+        assert verify(secret, headers[SIGNATURE_HEADER], raw)
+    # The first POST was refused (500) and tried again: the same delivery id, so the receiver dedupes.
+    assert receiver.received[0][2] == 500
+    assert receiver.received[0][0]["agentq-delivery"] == receiver.received[1][0]["agentq-delivery"]
+    assert receiver.received[0][1] == receiver.received[1][1]
+    assert len({h["agentq-delivery"] for h, _ in taken}) == 2  # two changes, two ids
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://127.0.0.1/hook",
+        "https://localhost:8443/x",
+        "https://10.1.2.3/x",
+        "https://192.168.0.7/x",
+        "https://169.254.169.254/latest/meta-data",
+        "https://[::1]/x",
+        "http://example.com/hook",
+        "ftp://example.com/x",
+    ],
+)
+def test_a_push_url_that_leads_inside_or_is_not_https_is_invalid_params_naming_url_and_nothing_is_stored(
+    api_stack: ApiStack, url: str
+) -> None:
+    name = _agent(api_stack, APPROVAL_TURNS, tools=["request_approval"])
+    task_id = _paused(api_stack, name)
+    refused = _call(api_stack, name, "CreateTaskPushNotificationConfig", {"taskId": task_id, "url": url})
+    assert refused["error"]["code"] == -32602 and refused["error"]["message"].startswith("url: "), refused
+    with_send = {**_send("hi")["params"], "configuration": {"taskPushNotificationConfig": {"url": url}}}
+    assert _call(api_stack, name, "SendMessage", with_send)["error"]["code"] == -32602
+    listed = _call(api_stack, name, "ListTaskPushNotificationConfigs", {"taskId": task_id})["result"]
+    assert not listed.get("configs")
+    tasks = _call(api_stack, name, "ListTasks", {})["result"].get("tasks", [])
+    assert [t["id"] for t in tasks] == [task_id]  # the refused send started no task
+
+
+def test_another_tenants_task_takes_no_push_config_and_shows_none(api_stack: ApiStack) -> None:
+    name = _agent(api_stack, APPROVAL_TURNS, tools=["request_approval"])
+    task_id = _paused(api_stack, name)
+    other = api_stack.other_key
+    # The other tenant with an agent of the same name: its endpoint exists, the task is not its.
+    status, data, _ = api_stack.http(
+        "POST", "/agents", {"name": name, "provider": "scripted", "script": {"turns": [{"text": "x"}]}}, key=other
+    )
+    assert status == 201, data
+    params = {"taskId": task_id, "id": "theirs", "url": f"https://example.com/{uuid.uuid4().hex}"}
+    for method in ("CreateTaskPushNotificationConfig", "GetTaskPushNotificationConfig",
+                   "ListTaskPushNotificationConfigs", "DeleteTaskPushNotificationConfig"):  # fmt: skip
+        answer = _call(api_stack, name, method, params, key=other)
+        assert answer["error"]["code"] == -32001, (method, answer)
+    listed = _call(api_stack, name, "ListTaskPushNotificationConfigs", {"taskId": task_id})["result"]
+    assert not listed.get("configs")
