@@ -184,3 +184,18 @@ def test_another_tenants_task_takes_no_push_config_and_shows_none(api_stack: Api
         assert answer["error"]["code"] == -32001, (method, answer)
     listed = _call(api_stack, name, "ListTaskPushNotificationConfigs", {"taskId": task_id})["result"]
     assert not listed.get("configs")
+
+
+def test_a_task_that_ended_takes_a_push_config_as_the_protocol_keeps_one_until_the_end(api_stack: ApiStack) -> None:
+    """Clients (the TCK among them) set a config on whatever task they hold, an ended one too:
+    it is stored and listed, and nothing more is sent for the task."""
+    name = _agent(api_stack, [{"text": "done"}])
+    data = _call(api_stack, name, "SendMessage", _send("hi")["params"])
+    task_id = data["result"]["task"]["id"]
+    assert data["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED", data
+    made = _call(
+        api_stack, name, "CreateTaskPushNotificationConfig", {"taskId": task_id, "url": "https://example.com/h"}
+    )
+    assert made["result"]["taskId"] == task_id, made
+    listed = _call(api_stack, name, "ListTaskPushNotificationConfigs", {"taskId": task_id})["result"]["configs"]
+    assert [c["id"] for c in listed] == [made["result"]["id"]]

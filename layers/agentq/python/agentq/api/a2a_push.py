@@ -6,8 +6,9 @@ A config names where to POST the task's changes: its ``url`` is checked as a cal
 ``AGENTQ_WEBHOOK_ALLOW`` names the host, as for a development receiver on 127.0.0.1), and a
 refused one is the protocol's ``InvalidParamsError`` naming ``url``, nothing stored. Only the
 caller's own task takes one (another tenant's, another user's, another agent's or an unknown id
-is ``TaskNotFoundError``, as for every method); a task that ended takes none (nothing would be
-sent). The configs live in ``storage/a2a_push.py``; what is sent, and how, is
+is ``TaskNotFoundError``, as for every method). A task that ended takes one too (the protocol
+keeps a config "until task completion or deletion", and clients set one on whatever task they
+hold), though nothing more will be sent for it. The configs live in ``storage/a2a_push.py``; what is sent, and how, is
 ``queueing/a2a_push.py``: the change as a ``StreamResponse`` when the task waits for someone or
 ends, signed as every callback, retried until taken.
 """
@@ -79,10 +80,6 @@ class PushConfigMethods:
 
     def _store_push(self, task: Task, params: Any) -> Any:
         push = self.deps.store.a2a_push
-        if task.status.terminal:
-            raise _errors().UnsupportedOperationError(
-                message=f"task {task.task_id} has ended ({task.status.value}): nothing more would be sent"
-            )
         config_id, raw = config_in(params, task.task_id)
         known = push.listed(task.task_id)
         if len(known) >= MAX_CONFIGS and all(c.get("id") != config_id for c in known):
