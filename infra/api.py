@@ -154,6 +154,21 @@ def _routes(rest_api: apigw.RestApi, fns: Functions) -> None:
         ),
     )
     events.add_method("ANY", integration)  # other methods: the API's 405
+    # POST /a2a/{agent} streams from the A2A function (infra/a2a.py): SendStreamingMessage and
+    # SubscribeToTask send each event as it happens; the card and other methods are the API's.
+    agent = rest_api.root.add_resource("a2a").add_resource("{agent}")
+    agent.add_method(
+        "POST",
+        apigw.LambdaIntegration(
+            fns.a2a,
+            proxy=True,
+            allow_test_invoke=False,
+            response_transfer_mode=apigw.ResponseTransferMode.STREAM,
+            timeout=cdk.Duration.seconds(STREAM_TIMEOUT_SECONDS),
+        ),
+    )
+    agent.add_method("ANY", integration)
+    agent.add_proxy(default_integration=integration, any_method=True)
     rest_api.root.add_proxy(default_integration=integration, any_method=True)
     # Liveness and the API's own description need no key (load balancers, client generators).
     for path in sorted(PUBLIC_PATHS):  # a set's order follows the hash seed; the deployment's id must not

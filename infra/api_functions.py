@@ -54,13 +54,7 @@ def build_api_function(
         "api",
         memory=cfg.api.memory_mb,
         timeout=cfg.api.timeout_seconds,
-        # it validates tool names and lists MCP servers' tools; its status changes go to the bus too
-        env={
-            **common,
-            **user_code_env(cfg),
-            **vault_env(data),
-            **({"AGENTQ_EVENT_BUS": bus} if (bus := event_bus_name(cfg)) else {}),
-        },
+        env=api_env(cfg, data, common),
         reserved=cfg.api.reserved_concurrency,
         description="agentq HTTP API (API Gateway REST proxy)",
         extra_layers=function.layers.tools,
@@ -89,6 +83,17 @@ def build_api_function(
         iam.PolicyStatement(sid="StopFanout", actions=["states:StopExecution"], resources=[execution_arns(cfg)])
     )
     return api
+
+
+def api_env(cfg: EnvironmentSettings, data: Data, common: dict[str, str]) -> dict[str, str]:
+    """The API's environment (the A2A streaming function's too, ``infra/a2a.py``): it validates
+    tool names and lists MCP servers' tools; its status changes go to the bus too."""
+    return {
+        **common,
+        **user_code_env(cfg),
+        **vault_env(data),
+        **({"AGENTQ_EVENT_BUS": bus} if (bus := event_bus_name(cfg)) else {}),
+    }
 
 
 def _schedules(scope: Construct, cfg: EnvironmentSettings, data: Data, api: lambda_.Function) -> iam.Role:

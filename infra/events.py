@@ -11,6 +11,8 @@ service are in docs/ARCHITECTURE.md (invariant 10).
 
 from __future__ import annotations
 
+from typing import cast
+
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
@@ -38,6 +40,9 @@ def adapter_layer(scope: Construct, architecture: lambda_.Architecture) -> lambd
         "LambdaAdapterLayerArm64" if architecture.name == lambda_.Architecture.ARM_64.name else "LambdaAdapterLayerX86"
     )
     arn = f"arn:{cdk.Aws.PARTITION}:lambda:{cdk.Aws.REGION}:{ADAPTER_ACCOUNT}:layer:{name}:{ADAPTER_VERSION}"
+    made = scope.node.try_find_child("WebAdapterLayer")  # one reference, for every function behind the adapter
+    if made is not None:
+        return cast("lambda_.ILayerVersion", made)
     return lambda_.LayerVersion.from_layer_version_arn(scope, "WebAdapterLayer", arn)
 
 

@@ -41,6 +41,7 @@ HANDLERS = {
     "sweeper": "sweeper.handler.lambda_handler",
     "webhooks": "webhooks.handler.lambda_handler",
     "events": "events/run.sh",  # the startup script the Lambda Web Adapter runs (infra/events.py)
+    "a2a": "events/run.sh",  # the same server, with the API's grants: A2A's streams (infra/a2a.py)
 }
 
 
@@ -54,6 +55,7 @@ class Functions:
     sweeper: lambda_.Function
     webhooks: lambda_.Function
     events: lambda_.Function  # GET /tasks/{id}/events, streamed (infra/events.py)
+    a2a: lambda_.Function  # POST /a2a/{agent}, streamed, with the API's role (infra/a2a.py)
     sandbox: Sandbox
     log_groups: dict[str, logs.LogGroup]
 
@@ -104,7 +106,9 @@ class FunctionFactory:
         reserved: int | None,
         description: str,
         extra_layers: list[lambda_.ILayerVersion] | None = None,
+        role: iam.Role | None = None,
     ) -> lambda_.Function:
+        """``role``: another function's role to share (it is granted this one's log group too)."""
         cfg, scope = self.cfg, self.scope
         log_group = logs.LogGroup(
             scope,
@@ -129,8 +133,21 @@ class FunctionFactory:
             environment={**env, "POWERTOOLS_SERVICE_NAME": f"agentq-{name}"},
             tracing=lambda_.Tracing.ACTIVE,
             log_group=log_group,
-            role=self._role(f"{name.capitalize()}Function", log_group, f"agentq {name} ({cfg.names.prefix})"),
+            role=self._role(f"{name.capitalize()}Function", log_group, f"agentq {name} ({cfg.names.prefix})")
+            if role is None
+            else self._share(role, name, log_group),
         )
+
+    @staticmethod
+    def _share(role: iam.Role, name: str, log_group: logs.LogGroup) -> iam.Role:
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid=f"{name.capitalize()}Logs",
+                actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+                resources=[log_group.log_group_arn],
+            )
+        )
+        return role
 
     def _role(self, name: str, log_group: logs.LogGroup, description: str) -> iam.Role:
         """A function role that may write its own log group and nothing else (yet)."""

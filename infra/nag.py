@@ -75,7 +75,7 @@ def acknowledge(stack: Acknowledged) -> None:
 
 def _functions(fns: Functions, cfg: EnvironmentSettings, payload_objects: str) -> None:
     """The runtime, X-Ray, and each function's own grants on a prefix or a name chosen at run time."""
-    for fn in (fns.executor, fns.api, fns.authorizer, fns.reaper, fns.sweeper, fns.webhooks, fns.events,
+    for fn in (fns.executor, fns.api, fns.authorizer, fns.reaper, fns.sweeper, fns.webhooks, fns.events, fns.a2a,
                fns.sandbox.function):  # fmt: skip
         _ack(
             fn,

@@ -29,6 +29,7 @@ from constructs import Construct
 
 from agentq.api.console import CONSOLE_PATH
 from infra import nag
+from infra.a2a import build_a2a_function
 from infra.alarms import AlarmFactory
 from infra.api import build_api
 from infra.api_functions import build_api_function, build_authorizer
@@ -142,6 +143,7 @@ class AgentqStack(cdk.Stack):
         sweeper = build_sweeper(self, function, cfg, data)
         webhooks = build_webhooks(function, data, common)
         streams = build_events_function(self, function, data, common)
+        a2a = build_a2a_function(self, function, data, common, api)
         return Functions(
             executor=executor,
             api=api,
@@ -151,6 +153,7 @@ class AgentqStack(cdk.Stack):
             sweeper=sweeper,
             webhooks=webhooks,
             events=streams,
+            a2a=a2a,
             sandbox=sandbox,
             log_groups=function.log_groups,
         )

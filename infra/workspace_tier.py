@@ -196,6 +196,7 @@ def _route(cfg: EnvironmentSettings, fns: Functions, worker: Worker | None, queu
     the right to send to the pool's queues, nothing more of them."""
     senders: list[iam.IGrantable] = [fns.api, fns.executor]
     fns.api.add_environment(WORKSPACE_POOL_VARIABLE, WORKSPACE_POOL)
+    fns.a2a.add_environment(WORKSPACE_POOL_VARIABLE, WORKSPACE_POOL)  # it submits as the API does (infra/a2a.py)
     fns.executor.add_environment(WORKSPACE_POOL_VARIABLE, WORKSPACE_POOL)
     if worker is not None:
         container = worker.task_definition.default_container

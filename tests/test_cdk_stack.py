@@ -739,6 +739,37 @@ def test_event_streams_are_their_own_function_behind_the_web_adapter_and_api_gat
     }
 
 
+def test_a2a_calls_stream_from_a_web_adapter_function_with_the_apis_role_and_the_card_stays_with_the_api(
+    synth: Synthesized,
+) -> None:
+    """``POST /a2a/{agent}`` (SendStreamingMessage, SubscribeToTask among its methods) goes to a
+    function that can stream (infra/a2a.py): the events server behind the Web Adapter, with API
+    Gateway's response streaming, the same authorizer, and the API function's own role (it
+    submits and answers as the API does); the Agent Card and other methods stay with the API."""
+    fn_id, fn = _function(synth, "a2a")
+    api_id, api = _function(synth, "api")
+    props = fn["Properties"]
+    assert props["Handler"] == "events/run.sh" and props["Timeout"] == 900
+    env = props["Environment"]["Variables"]
+    assert env["AWS_LWA_INVOKE_MODE"] == "response_stream" and env["AWS_LAMBDA_EXEC_WRAPPER"] == "/opt/bootstrap"
+    api_env = api["Properties"]["Environment"]["Variables"]
+    assert {k: v for k, v in env.items() if k in api_env and k != "POWERTOOLS_SERVICE_NAME"} == {
+        k: v for k, v in api_env.items() if k in env and k != "POWERTOOLS_SERVICE_NAME"
+    }
+    assert props["Role"] == api["Properties"]["Role"]  # the same grants, by construction
+    by_path: dict[str, list[dict[str, Any]]] = {}
+    for method in synth.resources("AWS::ApiGateway::Method").values():
+        by_path.setdefault(_resource_path(synth, method["Properties"]["ResourceId"]), []).append(method["Properties"])
+    (post,) = [m for m in by_path["/a2a/{agent}"] if m["HttpMethod"] == "POST"]
+    assert post["AuthorizationType"] == "CUSTOM"
+    integration = post["Integration"]
+    assert integration["ResponseTransferMode"] == "STREAM" and integration["TimeoutInMillis"] == 900_000
+    uri = json.dumps(integration["Uri"])
+    assert fn_id in uri and "response-streaming-invocations" in uri
+    for method in [m for m in by_path["/a2a/{agent}"] if m["HttpMethod"] != "POST"] + by_path["/a2a/{agent}/{proxy+}"]:
+        assert method["AuthorizationType"] == "CUSTOM" and api_id in json.dumps(method["Integration"]["Uri"])
+
+
 def test_api_needs_a_key_everywhere_but_health_and_openapi_and_leaves_validation_to_the_api(
     synth: Synthesized, template: assertions.Template
 ) -> None:
@@ -761,8 +792,10 @@ def test_api_needs_a_key_everywhere_but_health_and_openapi_and_leaves_validation
             assert props["AuthorizationType"] == "CUSTOM" and props["AuthorizerId"] == {"Ref": authorizer_id}, lid
     # Liveness, the OpenAPI document and the console's page and assets (no tenant data).
     assert public == {"/health", "/openapi.json", "/console", "/console/{proxy+}"}
-    submit = [m["Properties"] for m in methods.values() if m["Properties"]["HttpMethod"] == "POST"]
-    assert len(submit) == 1 and "RequestModels" not in submit[0]  # the API validates, naming the field
+    posts = [m["Properties"] for m in methods.values() if m["Properties"]["HttpMethod"] == "POST"]
+    # POST /tasks (declared for its throttle) and POST /a2a/{agent} (streamed, infra/a2a.py)
+    assert sorted(_resource_path(synth, p["ResourceId"]) for p in posts) == ["/a2a/{agent}", "/tasks"]
+    assert all("RequestModels" not in p for p in posts)  # the API validates, naming the field
     assert not synth.resources("AWS::ApiGateway::Model")
     template.has_resource_properties(
         "AWS::ApiGateway::Stage",
@@ -1385,10 +1418,9 @@ def test_conversation_routes_reach_the_api_lambda_behind_the_authorizer(synth: S
 
 
 def test_the_a2a_routes_reach_the_api_lambda_behind_the_authorizer(synth: Synthesized) -> None:
-    """An agent's A2A endpoint (POST /a2a/{agent}) and its Agent Card (GET
-    /a2a/{agent}/.well-known/agent-card.json) are the API Lambda's, served in AWS through
-    /{proxy+}, any method, with the API key: neither is public, and no resource of the gateway
-    takes them elsewhere."""
+    """An agent's Agent Card (GET /a2a/{agent}/.well-known/agent-card.json) is the API Lambda's,
+    with the API key, and so is every method but POST of /a2a/{agent}, which streams from the A2A
+    function (``test_a2a_calls_stream_from_a_web_adapter_function_...``); neither is public."""
     from agentq.api.app import is_public
 
     api_fn, _ = _function(synth, "api")
@@ -1396,7 +1428,7 @@ def test_the_a2a_routes_reach_the_api_lambda_behind_the_authorizer(synth: Synthe
         _resource_path(synth, m["Properties"]["ResourceId"])
         for m in synth.resources("AWS::ApiGateway::Method").values()
     }
-    assert not any(p.startswith("/a2a") for p in paths)  # nothing of its own: the catch-all serves it
+    assert {p for p in paths if p.startswith("/a2a")} == {"/a2a/{agent}", "/a2a/{agent}/{proxy+}"}
     (route,) = [
         m["Properties"]
         for m in synth.resources("AWS::ApiGateway::Method").values()
@@ -1480,7 +1512,11 @@ def test_the_vault_key_rotates_and_the_api_may_only_seal_and_the_task_runners_on
         for v in functions.values()
         if "AGENTQ_VAULT_KMS_KEY" in v["Properties"].get("Environment", {}).get("Variables", {})
     )
-    assert len(with_key) == 2  # the API and the executor
+    assert with_key == [
+        "api",
+        "events/run",
+        "executor",
+    ]  # the API (and its A2A streaming twin, infra/a2a.py), the executor
 
 
 def test_each_scope_kind_has_an_alarm_at_80_percent_of_its_caps(synth: Synthesized) -> None:

@@ -1,5 +1,7 @@
 """Event streams in AWS: ``GET /tasks/{id}/events`` served by a long-lived HTTP server behind the
-Lambda Web Adapter, because the Python managed runtime cannot stream a Lambda response.
+Lambda Web Adapter, because the Python managed runtime cannot stream a Lambda response. The
+``a2a`` function runs it too, for ``POST /a2a/{agent}`` (``infra/a2a.py``): its A2A streams are
+written event by event (``agentq.api.live_stream``).
 
 API Gateway invokes this function with response streaming (``responseTransferMode: STREAM``); the
 adapter turns each invocation into an HTTP request to this server and streams its answer back.
