@@ -144,7 +144,9 @@ class Delivery:
         return cls(delivery_id=uuid.uuid4().hex, tenant=tenant, url=url, payload={"type": f"task.{kind}", **task})
 
     def to_json(self) -> str:
-        return json.dumps(self.__dict__, default=str)
+        """Without ``headers`` when it has none: a callback's message is as it always was."""
+        fields = {k: v for k, v in self.__dict__.items() if k != "headers" or v}
+        return json.dumps(fields, default=str)
 
     @classmethod
     def from_json(cls, raw: str) -> Delivery:
