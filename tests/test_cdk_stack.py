@@ -36,6 +36,7 @@ from agentq.resources import (
     FAULT_RECEIVES,
     GSI_LIVE,
     GSI_OWNER,
+    GSI_TENANT_LIVE,
     PAYLOAD_PREFIX,
     TABLE_ATTRIBUTES,
     TABLE_GSIS,
@@ -229,6 +230,22 @@ def test_table_is_on_demand_encrypted_recoverable_with_ttl_and_the_api_index(
     assert props["GlobalSecondaryIndexes"] == TABLE_GSIS
     gsi1 = next(g for g in props["GlobalSecondaryIndexes"] if g["IndexName"] == "gsi1")
     assert [k["AttributeName"] for k in gsi1["KeySchema"]] == ["gsi1pk", "gsi1sk"]
+
+
+def test_the_table_lists_a_tenants_unfinished_tasks_by_their_scopes_for_the_stop_and_the_api_may_query_it(
+    synth: Synthesized,
+) -> None:
+    """A stop (``control.stops``, run by the API) reads one tenant's unfinished tasks with what
+    names their scopes: the sparse ``tenant_live`` index, as the local stack makes it."""
+    _, table = _one(synth, "AWS::DynamoDB::Table")
+    [index] = [g for g in table["Properties"]["GlobalSecondaryIndexes"] if g["IndexName"] == GSI_TENANT_LIVE]
+    assert [(k["AttributeName"], k["KeyType"]) for k in index["KeySchema"]] == [("gsi1pk", "HASH"), ("live_sk", "RANGE")]
+    assert index["Projection"] == {
+        "ProjectionType": "INCLUDE", "NonKeyAttributes": ["parent_id", "user_pk", "key_id", "agent"],
+    }  # fmt: skip
+    [table_grant] = [s for s in _role_statements(synth, "api") if s.get("Sid") == "Table"]
+    assert any(json.dumps(r).endswith(f'/index/{GSI_TENANT_LIVE}"]]}}') for r in _as_list(table_grant["Resource"]))
+    assert "dynamodb:Query" in _as_list(table_grant["Action"])
 
 
 def test_payload_bucket_is_private_encrypted_tls_only_and_expires_payloads(

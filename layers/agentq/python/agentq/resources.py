@@ -69,6 +69,14 @@ TABLE_GSIS: list[dict[str, Any]] = [
         ],
         "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": GSI1_PROJECTED},
     },
+    {
+        "IndexName": "tenant_live",
+        "KeySchema": [
+            {"AttributeName": "gsi1pk", "KeyType": "HASH"},
+            {"AttributeName": "live_sk", "KeyType": "RANGE"},
+        ],
+        "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": ["parent_id", "user_pk", "key_id", "agent"]},
+    },
 ]
 # The sweeper's index of unfinished tasks (sparse): META carries live_pk = "LIVE#<shard>" and
 # live_sk = <task_id> from creation until the task ends (a step commit or transition to a terminal
@@ -88,6 +96,13 @@ GSI_OWNER = "owner"
 # "USER#<digest of tenant and user>" (``storage.keys.user_tasks_pk``), sorted by the tenant listing's own gsi1sk; the same projection as gsi1,
 # so a status or roots-only filter reads the index alone. Only tasks with a user are in it.
 GSI_USER = "user"
+# One tenant's unfinished tasks (sparse), what a stop cancels (``control.stops``): META's gsi1pk
+# ("TENANT#<tenant>", on every task) with the ``live`` index's sort key, which only an unfinished
+# task carries. So a task is in it exactly while it is in ``live``, and no write sets anything for
+# it. Its projection names the task's scopes (user_pk, key_id, the agent's name ``agent``) and its
+# parent, none of which changes while the task lives: the index is written when a task is created
+# and when it ends (or is requeued from the DLQ), as ``live`` is, never by a step or a status.
+GSI_TENANT_LIVE = "tenant_live"
 TTL_ATTRIBUTE = "expires_at"
 # The reaper learns of a task's expiry from the table's stream: the keys of a removed META are all
 # it needs, so the stream carries keys only (no task content leaves the table that way).

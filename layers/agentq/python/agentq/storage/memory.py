@@ -82,6 +82,7 @@ class MemoryTable:
                 "live": ("live_pk", "live_sk"),
                 "owner": ("owner_worker", "owner_task"),
                 "user": ("user_pk", "gsi1sk"),
+                "tenant_live": ("gsi1pk", "live_sk"),
             }
         )
         self._items: dict[tuple[str, str], Item] = {}

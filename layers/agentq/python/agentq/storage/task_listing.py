@@ -1,6 +1,6 @@
 """Finding tasks: a tenant's, newest first (the ``gsi1`` index), one of its users' (the sparse
-``user`` index), and the unfinished ones (the
-sparse ``live`` index, which the sweeper walks)."""
+``user`` index), the unfinished ones (the sparse ``live`` index, which the sweeper walks), and
+one tenant's unfinished ones (the sparse ``tenant_live`` index, which a stop reads)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 from boto3.dynamodb.conditions import Attr, ConditionBase
 
 from agentq.core.models import Task, TaskStatus
-from agentq.resources import GSI1, GSI_LIVE, GSI_USER, LIVE_ATTRIBUTES, LIVE_SHARDS
+from agentq.resources import GSI1, GSI_LIVE, GSI_TENANT_LIVE, GSI_USER, LIVE_ATTRIBUTES, LIVE_SHARDS
 from agentq.storage import keys
 from agentq.storage.table import ConditionFailed, Item, Update, plain, status_in
 from agentq.storage.task_items import TaskItems
@@ -93,6 +93,25 @@ class TaskListing(TaskItems):
                 if page.last_key is None:
                     break
                 start = page.last_key
+
+    def unfinished_of_tenant(self, tenant: str, page_size: int = 1000) -> list[dict[str, Any]]:
+        """Every unfinished task of ``tenant`` (and a few just finished: the index is eventually
+        consistent), from the sparse ``tenant_live`` index, as its entry there: ``task_id`` and
+        what names its scopes, those it has: ``parent_id``, ``user_pk``, ``key_id``, ``agent``
+        (its agent's name, "" for none; absent on a task created before META carried it). One
+        Query a page: the index holds the tenant's unfinished tasks only, whatever its history."""
+        entries: list[dict[str, Any]] = []
+        start: Item | None = None
+        while True:
+            page = self.table.query_index(
+                GSI_TENANT_LIVE, ("gsi1pk", keys.tenant_pk(tenant)), descending=False, limit=page_size, start=start
+            )
+            for item in page.items:
+                entry = {k: item[k] for k in ("parent_id", "user_pk", "key_id", "agent") if item.get(k) is not None}
+                entries.append({"task_id": str(item["live_sk"]), **entry})
+            if page.last_key is None:
+                return entries
+            start = page.last_key
 
     def metas(self, task_ids: list[str]) -> list[dict[str, Any]]:
         """The META attributes of many tasks (BatchGetItem, no submissions), as plain values."""

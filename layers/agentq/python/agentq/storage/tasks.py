@@ -29,6 +29,7 @@ from agentq.core.errors import IdempotencyConflict, TaskNotFound
 from agentq.core.models import StepRecord, Task, TaskStatus, TaskSubmission, ToolsStep
 from agentq.core.pricing import NO_MONEY_CAP, micros
 from agentq.core.records import IdempotencyRecord
+from agentq.core.stops import agent_name
 from agentq.core.workspace import Manifest, lookup_of
 from agentq.storage import keys
 from agentq.storage.budget_items import budget_attrs
@@ -76,6 +77,8 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
             extra = {**budget_attrs(budget, micros(money) if money is not None else NO_MONEY_CAP), **extra}
         if key_id is not None:  # the API key that submitted its root (``agentq stop --key``)
             extra = {"key_id": key_id, **extra}
+        # Its agent's name ("": none), which the stop's listing reads (``resources.GSI_TENANT_LIVE``).
+        extra = {"agent": agent_name(submission.agent) or "", **extra}
         if submission.user is not None:  # the user a task acts for, and its place in the user's listing
             extra = {**user_attrs(tenant, submission.user), **extra}
         meta = self.meta_item(
