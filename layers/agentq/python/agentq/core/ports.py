@@ -65,7 +65,7 @@ class TaskLeases(Protocol):
         result: str | None = None,
         error: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
-    ) -> None: ...
+    ) -> str: ...  # the status it moved from
 
     def get(self, task_id: str) -> Task: ...
 

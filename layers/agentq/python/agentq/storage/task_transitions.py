@@ -57,8 +57,9 @@ class TaskTransitions(TaskItems):
         extra: dict[str, Any] | None = None,
         reopen: bool = False,
         expect: dict[str, str] | None = None,
-    ) -> None:
+    ) -> str:
         """Move a task to ``to``; DynamoDB refuses it unless the current status may lead there.
+        Returns the status it moved from (a stop reports the tasks it found running).
 
         With a lease the write is also fenced by its epoch. ``extra``: attributes set in the
         same write (a waiting task's ``batch``, a failure's ``dead_letter``). ``reopen``: the task
@@ -137,6 +138,7 @@ class TaskTransitions(TaskItems):
         observe.task_status_changed(
             task_id, str((meta or {}).get("tenant", "")), to.value, **({"error": error.get("code")} if error else {})
         )
+        return str((meta or {}).get("status", ""))
 
     def _result_attrs(self, task_id: str, result: str, lease: Lease | None) -> dict[str, Any]:
         """``result`` inline, or an S3 pointer (``result_ref``) when it is large."""
