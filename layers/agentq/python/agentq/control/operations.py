@@ -78,7 +78,8 @@ def cancel(
     get every consequence (slots, budgets, endings), without a partial result.
     """
     fenced = fenced or {}
-    task = owned_task(store, task_id, tenant)
+    # A fenced task was read by the caller, of its tenant (one read fewer a tree, for a stop).
+    task = fenced[task_id] if task_id in fenced else owned_task(store, task_id, tenant)
     if task.status.terminal and task_id not in fenced:
         raise IllegalTransition(f"task {task_id} is already {task.status.value}", field="task_id")
     tree = [fenced.get(node.task_id, node) for node in subtree(store, task)]

@@ -3,10 +3,11 @@
 new work in that scope until ``resume``.
 
 The order is the mechanism (ARCHITECTURE invariant 17): the stop is stored first, then the
-scope's unfinished tasks are listed and each tree is cancelled with ``operations.cancel``, whose
-transition to ``cancelled`` is what fences every later step commit of the task (a commit requires
-``status = running``). A task the listing cannot have seen was created, or claimed, after the
-stop was stored, and every path that creates or runs a task reads the stops first: a submission,
+scope's unfinished tasks are listed (the tenant's entries in the sparse ``tenant_live`` index,
+which name each task's user, key and agent: no task is read to list them) and each is moved to
+``cancelled``, the write that fences every later step commit of the task (a commit requires
+``status = running``); then each tree's cancel is finished with ``operations.cancel``. A task
+the listing cannot have seen was created, or claimed, after the stop was stored, and every path that creates or runs a task reads the stops first: a submission,
 a follow-up and a schedule's fire are refused (``ScopeStopped``), and a dispatcher's delivery of a
 task in a stopped scope cancels it instead of running it (``queueing.dispatch._attempt``). So
 once ``stop`` returns no step of the scope commits, until ``resume``.
@@ -24,14 +25,15 @@ from agentq.core.errors import IllegalTransition, TaskNotFound
 from agentq.core.models import Task, TaskStatus
 from agentq.core.stops import ScopeNotYours, StopRecord, StopScope
 from agentq.queueing.queues import TaskQueues
-from agentq.resources import LIVE_SHARDS
+from agentq.storage import keys
 from agentq.storage.api_keys import KeyNotFound
 from agentq.storage.container import Storage
 from agentq.storage.running_slots import RunningSlots
 
 log = logging.getLogger("agentq.control")
 
-CANCEL_THREADS = 16  # trees cancelled at once: a stop of 1,000 running tasks is bound by round trips
+THREADS = 32  # fences, batch reads, trees cancelled at once: a stop of 1,000 running tasks is bound by round trips
+BATCH = 25  # at most this many tasks read in one BatchGetItem (META and submission: 50 keys)
 
 
 @dataclass
@@ -56,19 +58,43 @@ def owned_scope(store: Storage, tenant: str, scope: StopScope) -> StopScope:
     return scope
 
 
+def in_scope(entry: dict[str, Any], tenant: str, scope: StopScope) -> bool | None:
+    """Whether the task of a ``tenant_live`` index entry of ``tenant`` (``Tasks.unfinished_of_tenant``)
+    is in ``scope``, from the entry alone; None when the entry cannot tell: a task created before
+    META carried its agent's name, whose submission is read to tell (``StopScope.covers``)."""
+    if scope.kind == "tenant":
+        return scope.value == tenant
+    if scope.kind == "user":
+        return entry.get("user_pk") == keys.user_tasks_pk(tenant, scope.value)
+    if scope.kind == "key":
+        return entry.get("key_id") == scope.value
+    return entry["agent"] == scope.value if "agent" in entry else None
+
+
+def scope_entries(store: Storage, tenant: str, scope: StopScope) -> list[dict[str, Any]]:
+    """The ``tenant_live`` index entries of the unfinished tasks of ``tenant`` that may be in
+    ``scope`` (those the entry cannot tell about too): one Query a page of the tenant's
+    unfinished tasks, no read of any task."""
+    return [e for e in store.tasks.unfinished_of_tenant(tenant) if in_scope(e, tenant, scope) is not False]
+
+
 def scope_tasks(store: Storage, tenant: str, scope: StopScope) -> list[Task]:
-    """The unfinished tasks of ``scope``: the ``live`` index, META of each (the tenant's only
-    read with their submissions), those the scope covers."""
-    with ThreadPoolExecutor(max_workers=LIVE_SHARDS) as pool:  # the shards at once: a stop is waited for
-        ids = [i for shard in pool.map(lambda n: list(store.tasks.live_task_ids(shards=[n])), range(LIVE_SHARDS))
-               for i in shard]  # fmt: skip
-    mine: list[str] = []
-    for i in range(0, len(ids), 100):
-        mine += [str(m["task_id"]) for m in store.tasks.metas(ids[i : i + 100]) if m.get("tenant") == tenant]
-    tasks: list[Task] = []
-    for i in range(0, len(mine), 50):
-        tasks += [t for t in store.tasks.get_many(mine[i : i + 50]) if not t.status.terminal and scope.covers(t)]
-    return tasks
+    """The unfinished tasks of ``scope``, read (META and submission, in batches at once)."""
+    ids = [e["task_id"] for e in scope_entries(store, tenant, scope)]
+    return [t for t in _read(store, ids) if not t.status.terminal and scope.covers(t)]
+
+
+def batches(ids: list[str]) -> list[list[str]]:
+    """``ids`` cut for ``THREADS`` threads: at most ``BATCH`` a batch, and as many batches as
+    threads while there are tasks enough."""
+    size = max(1, min(BATCH, -(-len(ids) // THREADS)))
+    return [ids[i : i + size] for i in range(0, len(ids), size)]
+
+
+def _read(store: Storage, ids: list[str]) -> list[Task]:
+    """The tasks of ``ids`` (a BatchGetItem a batch, the batches at once), in their order."""
+    with ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="agentq-stop") as pool:
+        return [t for batch in pool.map(store.tasks.get_many, batches(ids)) for t in batch]
 
 
 def stop(
@@ -82,24 +108,30 @@ def stop(
     queues: TaskQueues | None = None,
     slots: RunningSlots | None = None,
 ) -> StopReport:
-    """Store the stop of ``scope`` (idempotent), then cancel every unfinished tree in it."""
+    """Store the stop of ``scope`` (idempotent), then cancel every unfinished tree in it.
+
+    The fences come first, ``THREADS`` at once, straight from the index entries: nothing is
+    read before a task's fence but what its own write reads (META, for the event it logs), so
+    the first lands two round trips after the listing. Then the fenced tasks are read (a
+    BatchGetItem a batch), each with the status it was fenced from, and each tree's cancel is
+    finished (``operations.cancel`` with ``fenced=``), the trees at once."""
     owned_scope(store, tenant, scope)
     record, created = store.stops.put(tenant, scope, by=by, reason=reason)
     report = StopReport(record, created)
-    found = scope_tasks(store, tenant, scope)
-    ids = {t.task_id for t in found}
-    # A tree is cancelled from its highest task in the scope; a child under it goes with it.
-    roots = [t for t in found if t.parent_id not in ids]
+    entries = scope_entries(store, tenant, scope)
+    ids = [e["task_id"] for e in entries if in_scope(e, tenant, scope)]
+    unsure = [e["task_id"] for e in entries if in_scope(e, tenant, scope) is None]
+    ids += [t.task_id for t in _read(store, unsure) if not t.status.terminal and scope.covers(t)]
     why = f"stopped: {scope}" + (f" ({reason})" if reason else "")
     error = {"code": "cancelled", "message": why}
 
-    def fence(task: Task) -> bool:
-        """The write that ends the task's commits: one conditional update, before anything else."""
+    def fence(task_id: str) -> str | None:
+        """The write that ends the task's commits: one conditional transition. The status it
+        moved from; None if it ended (or was purged) before."""
         try:
-            store.tasks.transition(task.task_id, TaskStatus.CANCELLED, error=error)
+            return store.tasks.transition(task_id, TaskStatus.CANCELLED, error=error)
         except (IllegalTransition, TaskNotFound):
-            return False  # it ended (or was purged) meanwhile
-        return True
+            return None
 
     def cancel_tree(task: Task) -> list[str]:
         """The rest of a cancel for the tree (its fan-out stopped, its children out of the scope
@@ -110,17 +142,21 @@ def stop(
         except (IllegalTransition, TaskNotFound):
             return []  # it ended on its own before the fence
 
-    with ThreadPoolExecutor(max_workers=CANCEL_THREADS, thread_name_prefix="agentq-stop") as pool:
-        fenced = {t.task_id: t for t, ok in zip(found, pool.map(fence, found), strict=True) if ok}
+    with ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="agentq-stop") as pool:
+        moved = dict(zip(ids, pool.map(fence, ids), strict=True))
+        found = [t for batch in pool.map(store.tasks.get_many, batches(ids)) for t in batch]
+        # Each fenced task as it was before its fence, for the cancel's bookkeeping (a task
+        # fenced queued gives its slots back): the fence changed nothing else it reads.
+        fenced = {
+            t.task_id: t.model_copy(update={"status": TaskStatus(moved[t.task_id])}) for t in found if moved[t.task_id]
+        }
+        # A tree is cancelled from its highest task in the scope; a child under it goes with it.
+        roots = [t for t in fenced.values() if t.parent_id not in fenced]
         done = {i for ids_cancelled in pool.map(cancel_tree, roots) for i in ids_cancelled}
-    # What the stop found unfinished and is cancelled now: by this stop, or by a worker (or a
-    # fan-out's stop) that met the stop first.
-    listed = [t.task_id for t in found]
-    for i in range(0, len(listed), 50):
-        done.update(t.task_id for t in store.tasks.get_many(listed[i : i + 50]) if t.status is TaskStatus.CANCELLED)
+    # And what a worker (or a fan-out's stop) cancelled first, having met the stop.
+    done.update(t.task_id for t in found if t.status is TaskStatus.CANCELLED)
     report.cancelled = sorted(done)
-    running = {t.task_id for t in found if t.status is TaskStatus.RUNNING}
-    report.were_running = [t for t in report.cancelled if t in running]
+    report.were_running = [t for t in report.cancelled if moved.get(t) == TaskStatus.RUNNING.value]
     log.info("tenant %s: %s stopped by %s; %d tasks cancelled", tenant, scope, by, len(report.cancelled))
     return report
 

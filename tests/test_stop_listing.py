@@ -1,0 +1,148 @@
+"""What a stop lists (issue 44 item 3, ``control.stops``): every unfinished task of its scope,
+children included, and nothing of another scope or tenant, for every scope kind (user, agent,
+key, tenant) and every value a tenant's tasks carry; from the sparse ``tenant_live`` index, at a
+cost that does not grow with the other tenants' tasks.
+
+On moto server (the index as DynamoDB defines it). Two tenants hold the same population: every
+combination of user, agent and API key (and none of each), each root with a child that inherits
+its user and key and runs another agent, a root whose META predates the agent's name on it, and
+ended tasks of each kind that must never be listed."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from typing import Any
+
+import pytest
+
+from agentq.control import stops
+from agentq.core.models import TaskStatus, TaskSubmission
+from agentq.core.stops import StopScope
+from agentq.storage import keys
+from agentq.storage.container import Storage
+from agentq.storage.table import Update
+
+USERS = ("alice", "bob", None)
+AGENTS = ("shop", "mail@2", None)  # a pinned version is still the agent "mail"
+KEYS = ("key_00000000000000a1", "key_00000000000000b2", None)
+TENANTS = ("a", "b")
+
+
+def _submission(user: str | None, agent: str | None) -> TaskSubmission:
+    body: dict[str, Any] = {"goal": "g", "provider": "scripted", "script": {"turns": [{"text": "x"}]}}
+    if user is not None:
+        body["user"] = user
+    if agent is not None:
+        body["agent"] = agent
+    return TaskSubmission.model_validate(body)
+
+
+def _population(store: Storage, tenant: str) -> dict[str, tuple[str | None, str | None, str | None]]:
+    """The tenant's unfinished tasks, each with its (user, agent name, key); ended ones beside them."""
+    unfinished: dict[str, tuple[str | None, str | None, str | None]] = {}
+    for n, (user, agent, key) in enumerate(itertools.product(USERS, AGENTS, KEYS)):
+        root = store.tasks.create(_submission(user, agent), tenant=tenant, key_id=key)
+        name = agent.partition("@")[0] if agent else None
+        unfinished[root.task_id] = (user, name, key)
+        child = store.tasks.create(
+            _submission(user, "helper"),
+            tenant=tenant,
+            parent_id=root.task_id,
+            root_id=root.task_id,
+            depth=1,
+            key_id=key,
+        )
+        unfinished[child.task_id] = (user, "helper", key)
+        if n % 3 == 0:  # some of them running
+            assert store.tasks.claim(root.task_id, "w1", 30) is not None
+        for ending in (TaskStatus.SUCCEEDED, TaskStatus.CANCELLED):  # ended: never listed
+            ended = store.tasks.create(_submission(user, agent), tenant=tenant, key_id=key)
+            if ending is TaskStatus.SUCCEEDED:
+                assert store.tasks.claim(ended.task_id, "w1", 30) is not None
+            store.tasks.transition(ended.task_id, ending)
+    # A task created before META carried its agent's name: the index cannot tell its agent.
+    old = store.tasks.create(_submission("alice", "shop"), tenant=tenant, key_id=KEYS[0])
+    store.table.update(keys.meta_key(old.task_id), Update(remove=["agent"]))
+    unfinished[old.task_id] = ("alice", "shop", KEYS[0])
+    return unfinished
+
+
+def _every_scope(tenant: str) -> list[StopScope]:
+    names = {a.partition("@")[0] for a in AGENTS if a} | {"helper", "nobody"}
+    return (
+        [StopScope("user", u) for u in [*filter(None, USERS), "carol"]]
+        + [StopScope("agent", a) for a in sorted(names)]
+        + [StopScope("key", k) for k in [*filter(None, KEYS), "key_00000000000000ff"]]
+        + [StopScope("tenant", tenant)]
+    )
+
+
+def _expected(tasks: dict[str, tuple[str | None, str | None, str | None]], scope: StopScope) -> set[str]:
+    index = {"user": 0, "agent": 1, "key": 2}
+    if scope.kind == "tenant":
+        return set(tasks)
+    return {t for t, attrs in tasks.items() if attrs[index[scope.kind]] == scope.value}
+
+
+def test_the_stop_lists_every_unfinished_task_of_its_scope_children_included_and_none_of_another(
+    store: Storage,
+) -> None:
+    population = {tenant: _population(store, tenant) for tenant in TENANTS}
+    for tenant in TENANTS:
+        for scope in _every_scope(tenant):
+            expected = _expected(population[tenant], scope)
+            listed = {t.task_id for t in stops.scope_tasks(store, tenant, scope)}
+            assert listed == expected, (tenant, scope)
+            entries = {e["task_id"] for e in stops.scope_entries(store, tenant, scope)}
+            # The index entries alone decide every task but the one whose META predates its agent's name.
+            assert expected <= entries, (tenant, scope)
+            assert len(entries - expected) <= (1 if scope.kind == "agent" else 0), (tenant, scope)
+    # A tenant's own name is its only tenant scope: another's lists nothing of it.
+    assert stops.scope_tasks(store, "a", StopScope("tenant", "b")) == []
+
+
+class _Calls:
+    """The DynamoDB calls of a store's client, by operation (and index, for a Query of one)."""
+
+    def __init__(self, store: Storage) -> None:
+        self.counts: collections.Counter[str] = collections.Counter()
+        client = store.table.client  # type: ignore[attr-defined]
+        client.meta.events.register(
+            "before-parameter-build.dynamodb.*", self._count, unique_id=f"stop-calls-{id(self)}"
+        )
+
+    def _count(self, model: Any, params: Any = None, **_: Any) -> None:
+        index = (params or {}).get("IndexName")
+        self.counts[model.name + (f"[{index}]" if index else "")] += 1
+
+    def take(self) -> dict[str, int]:
+        taken = dict(self.counts)
+        self.counts.clear()
+        return taken
+
+
+@pytest.mark.parametrize("others", [0, 60])
+def test_a_stops_calls_grow_with_its_own_scopes_tasks_never_with_other_tenants(store: Storage, others: int) -> None:
+    """One Query of the tenant's unfinished tasks (never the ``live`` index of every tenant),
+    each task fenced by its own transition (a read of META for the event it logs, one write),
+    a BatchGetItem per batch of fenced tasks (as many batches as threads, at most 25 tasks), and
+    the cancel's bookkeeping (a Query of the task's spawns, one of its dependents; the slots of a
+    task cancelled queued: one read): the same calls however many tasks other tenants run."""
+    for _ in range(others):
+        store.tasks.create(_submission("alice", "shop"), tenant="elsewhere")
+    calls = _Calls(store)
+    for n in (5, 30):
+        tenant = f"t{n}-{others}"
+        ids = [store.tasks.create(_submission("alice", None), tenant=tenant).task_id for _ in range(n)]
+        calls.take()
+        report = stops.stop(store, tenant, StopScope("user", "alice"))
+        assert sorted(report.cancelled) == sorted(ids)
+        assert calls.take() == {
+            "PutItem": 1,  # the stop
+            "Query[tenant_live]": 1,
+            "GetItem": 2 * n,
+            "TransactWriteItems": n,
+            "BatchGetItem": len(stops.batches(ids)),
+            "Query": 2 * n,
+        }
