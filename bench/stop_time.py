@@ -17,12 +17,14 @@ alice`` does, and the bench reads:
   META), which waits for each turn in flight to reach its step boundary (at most ``--latency``);
 - commits after: steps committed by alice's tasks after the stop returned (META's ``step`` then
   against after the release, and every committed ``STEP#`` item's ``committed_at``): must be 0;
+- calls: the AWS calls the stop made (DynamoDB and SQS, by operation), and per task stopped;
 - bob: how many of his tasks the stop touched (must be 0), and that they still commit.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -54,6 +56,25 @@ def submission(user: str, latency: float, turns: int) -> TaskSubmission:
                             "timeout_seconds": 3600, "max_output_tokens": 64},
         }
     )  # fmt: skip
+
+
+class CallCount:
+    """The AWS calls the stop makes (its store's DynamoDB client, its queues' SQS client), by
+    operation, a Query by its index: a count that does not depend on the machine."""
+
+    def __init__(self, *clients: Any) -> None:
+        self.counts: collections.Counter[str] = collections.Counter()
+        for client in clients:
+            client.meta.events.register("before-parameter-build.*.*", self._count, unique_id=f"stop-calls-{id(client)}")
+
+    def _count(self, model: Any, params: Any = None, **_: Any) -> None:
+        index = (params or {}).get("IndexName")
+        self.counts[model.name + (f"[{index}]" if index else "")] += 1
+
+    def take(self) -> dict[str, int]:
+        taken = dict(sorted(self.counts.items()))
+        self.counts.clear()
+        return taken
 
 
 def metas(store: Any, ids: list[str]) -> list[dict[str, Any]]:
@@ -99,9 +120,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             args.max_seconds,
         )
         log(f"all running after {started:.1f} s; stopping user alice")
+        calls = CallCount(store.table.client, queues.sqs)  # type: ignore[attr-defined]
         t0 = time.time()
         report = stops.stop(store, TENANT, StopScope("user", "alice"), by="bench", queues=queues)
         returned = time.time()
+        stop_calls = calls.take()
         at_stop = {str(m["task_id"]): int(m["step"]) for m in metas(store, ids)}
         released = until(
             "the workers to let go of alice's tasks",
@@ -144,6 +167,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "commits_after_stop": commits_after,
             "step_items_committed_after_stop": late_items,
             "step_items_scanned_tasks": min(args.scan, len(ids)),
+            "stop_calls": stop_calls,
+            "stop_calls_per_task": round(sum(stop_calls.values()) / max(1, len(report.cancelled)), 2),
             "bob_touched": bob_touched,
             "bob_steps_after": bob_moved,
             "target_p99_s": TARGET_P99,
@@ -190,6 +215,7 @@ def main() -> int:
                 f"STEP# items committed after it ({result['step_items_scanned_tasks']} tasks read)",
                 result["step_items_committed_after_stop"],
             ),
+            ("AWS calls of the stop, per task stopped", f"{result['stop_calls_per_task']} ({result['stop_calls']})"),
             ("bob's tasks touched / steps since", f"{result['bob_touched']} / {result['bob_steps_after']}"),
         ]
         print(table(["figure", "value"], rows), file=sys.stderr if args.json else sys.stdout)
