@@ -239,7 +239,10 @@ def test_the_table_lists_a_tenants_unfinished_tasks_by_their_scopes_for_the_stop
     names their scopes: the sparse ``tenant_live`` index, as the local stack makes it."""
     _, table = _one(synth, "AWS::DynamoDB::Table")
     [index] = [g for g in table["Properties"]["GlobalSecondaryIndexes"] if g["IndexName"] == GSI_TENANT_LIVE]
-    assert [(k["AttributeName"], k["KeyType"]) for k in index["KeySchema"]] == [("gsi1pk", "HASH"), ("live_sk", "RANGE")]
+    assert [(k["AttributeName"], k["KeyType"]) for k in index["KeySchema"]] == [
+        ("gsi1pk", "HASH"),
+        ("live_sk", "RANGE"),
+    ]
     assert index["Projection"] == {
         "ProjectionType": "INCLUDE", "NonKeyAttributes": ["parent_id", "user_pk", "key_id", "agent"],
     }  # fmt: skip
