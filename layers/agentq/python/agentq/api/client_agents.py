@@ -12,6 +12,7 @@ from agentq.api.http_client import HttpClient, _seg
 from agentq.api.models import (
     AgentAliasList,
     AgentCreated,
+    AgentQuality,
     AgentList,
     AgentSpec,
     AgentSummary,
@@ -48,14 +49,25 @@ class AgentCalls(HttpClient):
     def agent_versions(self, name: str) -> list[AgentVersion]:
         return self._get(AgentVersions, f"/agents/{_seg(name)}/versions").versions
 
-    def set_alias(self, name: str, alias: str, version: int, canary: tuple[int, int] | None = None) -> AgentAlias:
+    def set_alias(
+        self, name: str, alias: str, version: int, canary: tuple[int, int] | None = None,
+        online: Mapping[str, Any] | None = None,
+    ) -> AgentAlias:  # fmt: skip
         """Point ``name@alias`` at ``version``, or with ``canary`` (version, percent) split new
-        tasks between them: one atomic write, in effect for the next submission."""
+        tasks between them: one atomic write, in effect for the next submission. ``online``
+        (``{"rate": 0.1, "grade": {"rubric": ...}}``) grades that fraction of its new tasks."""
         targets = [{"version": version, "weight": 100 - (canary[1] if canary else 0)}]
         if canary is not None:
             targets.append({"version": canary[0], "weight": canary[1]})
         path = f"/agents/{_seg(name)}/aliases/{_seg(alias)}"
-        return AgentAlias.model_validate(self.request("PUT", path, {"versions": targets}, retry=True))
+        body: dict[str, Any] = {"versions": targets}
+        if online is not None:
+            body["online"] = dict(online)
+        return AgentAlias.model_validate(self.request("PUT", path, body, retry=True))
+
+    def agent_quality(self, name: str, hours: int = 48) -> AgentQuality:
+        """Each version's online grades (pass rate, cost) per hour over the last ``hours``."""
+        return self._get(AgentQuality, f"/agents/{_seg(name)}/quality?hours={int(hours)}")
 
     def list_aliases(self, name: str) -> list[AgentAlias]:
         return self._get(AgentAliasList, f"/agents/{_seg(name)}/aliases").aliases

@@ -269,5 +269,5 @@ def grade_view(grade: dict[str, Any] | None) -> GradeView | None:
         bar=float(grade["bar"]), passed=bool(grade["passed"]), feedback=str(grade.get("feedback") or ""),
         error=grade.get("error"), step=int(grade["step"]), grades=int(grade.get("grades", 1)),
         tokens_in=int(grade.get("tokens_in", 0)), tokens_out=int(grade.get("tokens_out", 0)),
-        cost_usd=str(grade.get("cost_usd", "0")),
+        cost_usd=str(grade.get("cost_usd", "0")), online=grade.get("online"),
     )  # fmt: skip

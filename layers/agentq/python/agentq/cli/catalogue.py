@@ -102,10 +102,11 @@ def _cmd_schedules(args: argparse.Namespace) -> int:
 def _cmd_agents(args: argparse.Namespace) -> int:
     from agentq.cli.views import when
 
-    if args.agents_command in ("alias", "move"):
-        from agentq.cli.aliases import cmd_alias, cmd_move
+    if args.agents_command in ("alias", "move", "quality"):
+        from agentq.cli.aliases import cmd_alias, cmd_move, cmd_quality
 
-        return cmd_alias(args) if args.agents_command == "alias" else cmd_move(args)
+        command = {"alias": cmd_alias, "move": cmd_move, "quality": cmd_quality}[args.agents_command]
+        return command(args)
     client = api_client(args)
     if args.agents_command == "create":
         created = client.create_agent(_read_agent_file(args.file))

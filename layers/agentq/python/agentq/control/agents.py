@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentq.control.aliases import aliased_version
+from agentq.control.aliases import aliased
 from agentq.control.memory import check_attachments
 from agentq.control.validation import (
     check_fallbacks,
@@ -129,7 +129,8 @@ def resolve_agent(
 ) -> TaskSubmission:
     """``submission`` with its agent's version filled in and pinned; a field the agent defines
     and the submission also sets is refused, naming the field. ``name@alias`` takes the version
-    the alias gives this task (``core.aliases``: by its user, else by ``task_id``)."""
+    the alias gives this task (``core.aliases``: by its user, else by ``task_id``), and the
+    alias's online grade when it samples the task."""
     assert submission.agent is not None
     name, version = parse_ref(submission.agent)
     for field in DEFINED_BY_AGENT:
@@ -146,12 +147,12 @@ def resolve_agent(
                 f"constraints.{field}: set by agent {name!r}; leave it out, or create a new version of the agent",
                 field=f"constraints.{field}",
             )
+    online = None
     try:
-        found = (
-            aliased_version(store, tenant, name, version, task_id=task_id, user=submission.user)
-            if isinstance(version, str)
-            else store.agents.get(tenant, name, version)
-        )
+        if isinstance(version, str):
+            found, online = aliased(store, tenant, name, version, task_id=task_id, user=submission.user)
+        else:
+            found = store.agents.get(tenant, name, version)
     except (AgentNotFound, AliasNotFound) as exc:  # in a submission, a bad field, not a missing resource
         raise ValidationError(f"agent: {exc.message}", field="agent") from None
     if (
@@ -170,4 +171,6 @@ def resolve_agent(
         )
     sent = submission.model_dump(include=submission.model_fields_set - {"constraints", "agent"})
     sent["constraints"] = submission.constraints.model_dump(include=sent_constraints)
+    if online is not None:  # sampled by its alias: graded once for the version's pass rate
+        sent["online"] = online.model_dump(exclude_none=True)
     return parse_submission(resolved_fields(found, sent))

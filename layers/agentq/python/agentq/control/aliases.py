@@ -4,16 +4,20 @@ A submission of ``name@alias`` reads the alias once, picks its version for this 
 (``core.aliases.pick``) and is resolved as ``name@N`` would be (``control.agents``): the task
 pins N. Moving the alias later changes nothing for it; its owner may move it explicitly
 (``move_task``), which is logged on its event stream as ``agent.moved``.
+
+An alias with online evaluation (``core.aliases.OnlineEval``) samples the task at the same read:
+a sampled task carries the alias's grade (``TaskSubmission.online``), so the choice is made once
+and a retry or a resume keeps it. ``set_alias`` checks that grade before anything is written.
 """
 
 from __future__ import annotations
 
 from agentq.control.operations import owned_task
-from agentq.control.validation import check_submission, parse_submission
+from agentq.control.validation import check_outcome, check_submission, parse_submission
 from agentq.core.agents import DEFINED_BY_AGENT, AgentVersion, parse_ref, resolved_fields
-from agentq.core.aliases import pick, split_key
+from agentq.core.aliases import AgentAlias, AliasSpec, pick, sampled, split_key
 from agentq.core.errors import IllegalTransition, ValidationError
-from agentq.core.models import TaskStatus
+from agentq.core.models import OnlineGrade, TaskStatus
 from agentq.core.tools import ToolRegistry
 from agentq.storage.agents import AgentNotFound
 from agentq.storage.container import Storage
@@ -27,12 +31,41 @@ MOVABLE = (TaskStatus.SUCCEEDED, TaskStatus.IDLE)
 def aliased_version(
     store: Storage, tenant: str, name: str, alias: str, *, task_id: str | None, user: str | None
 ) -> AgentVersion:
-    """The version ``alias`` of agent ``name`` gives a task: one read of the alias (never cached,
-    so a move takes effect at once, in every process), the version from the store's cache of
-    immutable versions."""
+    """The version ``alias`` of agent ``name`` gives a task (``aliased``)."""
+    return aliased(store, tenant, name, alias, task_id=task_id, user=user)[0]
+
+
+def aliased(
+    store: Storage, tenant: str, name: str, alias: str, *, task_id: str | None, user: str | None
+) -> tuple[AgentVersion, OnlineGrade | None]:
+    """The version ``alias`` of agent ``name`` gives a task, and the online grade it samples the
+    task for (None: not sampled): one read of the alias (never cached, so a move takes effect
+    at once, in every process), the version from the store's cache of immutable versions."""
     found = store.aliases.get(tenant, name, alias)
     key = split_key(task_id or "", user)
-    return store.aliases.version(tenant, name, pick(found, tenant=tenant, agent=name, key=key))
+    version = store.aliases.version(tenant, name, pick(found, tenant=tenant, agent=name, key=key))
+    online = found.online
+    if online is None or task_id is None or not sampled(tenant, name, alias, task_id, online.rate):
+        return version, None
+    return version, OnlineGrade(alias=alias, grade=online.grade)
+
+
+def set_alias(store: Storage, tools: ToolRegistry, tenant: str, name: str, alias: str, spec: AliasSpec) -> AgentAlias:
+    """Point ``alias`` (``storage.agent_aliases``), its online grade checked first as a
+    submission's outcome is, against each version it names (the grading model defaults to the
+    version's): an unknown grader, an unpriced model, a scripted one without a script is a 422
+    naming the ``online.grade`` field, and nothing is written."""
+    if spec.online is not None:
+        for i, target in enumerate(spec.versions):
+            try:
+                version = store.aliases.version(tenant, name, target.version)
+            except AgentNotFound:
+                raise ValidationError(
+                    f"versions[{i}].version: agent {name!r} has no version {target.version}",
+                    field=f"versions[{i}].version",
+                ) from None
+            check_outcome(spec.online.grade, version.provider, version.model, tools, prefix="online.grade")
+    return store.aliases.set(tenant, name, alias, spec)
 
 
 def move_task(store: Storage, tools: ToolRegistry, task_id: str, version: int, *, tenant: str) -> tuple[str, str]:

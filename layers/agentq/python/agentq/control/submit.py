@@ -68,6 +68,11 @@ def prepare_submission(
     resolved (an alias's split keyed by ``task_id`` when the task has no user), the deployment's
     defaults filled in, tools, model, script, callback URL and dependencies checked
     (``submit_once``; a schedule's template is checked the same way)."""
+    if "online" in submission.model_fields_set:
+        raise ValidationError(
+            "online: set by an alias with online evaluation when it samples the task; a submission cannot send it",
+            field="online",
+        )
     if submission.agent is None and submission.mcp_tools:
         raise ValidationError(
             "mcp_tools: set from an agent version's mcp_servers; create an agent that names the server",

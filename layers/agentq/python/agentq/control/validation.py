@@ -100,10 +100,14 @@ def check_submission(submission: TaskSubmission, tools: ToolRegistry) -> None:
         )
     check_script(submission.script)
     check_outcome(submission.outcome, submission.provider, submission.model, tools)
+    if submission.online is not None:
+        check_outcome(submission.online.grade, submission.provider, submission.model, tools, prefix="online.grade")
     check_context(submission)
 
 
-def check_outcome(outcome: OutcomeSpec | None, provider: str, model: str, tools: ToolRegistry) -> None:
+def check_outcome(
+    outcome: OutcomeSpec | None, provider: str, model: str, tools: ToolRegistry, *, prefix: str = "outcome"
+) -> None:
     """An outcome's grader is one this deployment's tool modules declare, and its rubric's
     grading model (the outcome's own, else the task's) is priced, or scripted with a script."""
     if outcome is None:
@@ -111,26 +115,26 @@ def check_outcome(outcome: OutcomeSpec | None, provider: str, model: str, tools:
     if outcome.grader is not None and tools.grader(outcome.grader) is None:
         known = ", ".join(sorted(tools.grader_names())) or "(none: declare one with @grader in a tool module)"
         raise ValidationError(
-            f"outcome.grader: unknown grader {outcome.grader!r}; available: {known}", field="outcome.grader"
+            f"{prefix}.grader: unknown grader {outcome.grader!r}; available: {known}", field=f"{prefix}.grader"
         )
     if outcome.rubric is None:
         return
     grading_provider, grading_model = outcome.grading_model(provider, model)
     if grading_provider == "scripted" and outcome.script is None:
         raise ValidationError(
-            "outcome.script: required when the grading model's provider is 'scripted' (set outcome.provider and "
-            "outcome.model to grade with a real model)",
-            field="outcome.script",
+            f"{prefix}.script: required when the grading model's provider is 'scripted' (set {prefix}.provider and "
+            f"{prefix}.model to grade with a real model)",
+            field=f"{prefix}.script",
         )
     if grading_provider != "scripted" and outcome.script is not None:
-        raise ValidationError("outcome.script: only valid when the grading model's provider is 'scripted'",
-                              field="outcome.script")  # fmt: skip
+        raise ValidationError(f"{prefix}.script: only valid when the grading model's provider is 'scripted'",
+                              field=f"{prefix}.script")  # fmt: skip
     if outcome.script is not None:
         try:
             load_script(outcome.script)
         except (ValueError, pydantic.ValidationError) as exc:
-            raise ValidationError(f"outcome.script: {exc}", field="outcome.script") from None
-    check_model(grading_provider, grading_model, field="outcome.model")
+            raise ValidationError(f"{prefix}.script: {exc}", field=f"{prefix}.script") from None
+    check_model(grading_provider, grading_model, field=f"{prefix}.model")
 
 
 def check_context(submission: TaskSubmission) -> None:

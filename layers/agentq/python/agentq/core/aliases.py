@@ -13,6 +13,14 @@ the agent and that key picks a bucket 0-99, and the targets take consecutive ran
 their order. So the same key always gets the same version for the same weights, and raising a
 canary's weight only moves keys onto it (the buckets it had stay its own). An alias name starts
 with a letter, a version number with a digit: ``support@7`` and ``support@prod`` never collide.
+
+An alias may also evaluate online (``OnlineEval``): a fraction ``rate`` of the tasks submitted
+through it is sampled, by a hash of the task id (``sampled``: a retry or a resume of the task
+makes the same choice, and the choice is made once, at submission, and kept on the task), and
+each sampled task's answer is graded once against the alias's rubric and/or grader. The grade
+observes: it never changes how the task ends nor makes it answer again; it is counted for the
+version the task ran (``storage.quality``), which is how a canary is compared with its stable
+version before it takes all the traffic.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from typing import Annotated
 from pydantic import Field, field_validator
 
 from agentq.core.errors import ValidationError
-from agentq.core.models import StrictModel
+from agentq.core.models import OutcomeSpec, StrictModel
 
 ALIAS_PATTERN = r"^[a-z][a-z0-9_-]{0,31}$"
 BUCKETS = 100
@@ -49,10 +57,37 @@ Targets = Annotated[
 ]
 
 
+class OnlineEval(StrictModel):
+    """Online evaluation of an alias: the share of its new tasks sampled for grading, and how."""
+
+    rate: float = Field(ge=0, le=1, description="the fraction of new tasks graded, 0 to 1 (by a hash of the task id)")
+    grade: OutcomeSpec = Field(
+        description="the rubric and/or @grader a sampled task's answer is graded with, and its bar (never retried: "
+        "max_attempts is not taken)"
+    )
+
+    @field_validator("rate", mode="before")
+    @classmethod
+    def _a_number(cls, value: object) -> object:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError("the rate is a number from 0 to 1")
+        return value
+
+    @field_validator("grade")
+    @classmethod
+    def _observes(cls, grade: OutcomeSpec) -> OutcomeSpec:
+        if "max_attempts" in grade.model_fields_set and grade.max_attempts != 1:
+            raise ValueError("max_attempts: online grading observes: a sampled task never answers again for it")
+        return grade.model_copy(update={"max_attempts": 1})
+
+
 class AliasSpec(StrictModel):
     """What ``PUT /agents/{name}/aliases/{alias}`` takes: where the alias points from now on."""
 
     versions: Targets
+    online: OnlineEval | None = Field(
+        default=None, description="grade a sampled fraction of the alias's new tasks (none: no online evaluation)"
+    )
 
     @field_validator("versions")
     @classmethod
@@ -105,3 +140,14 @@ def pick(alias: AliasSpec, *, tenant: str, agent: str, key: str) -> int:
 def split_key(task_id: str, user: str | None) -> str:
     """What a split is sticky to: the end user when the task acts for one, else the task."""
     return f"user:{user}" if user is not None else f"task:{task_id}"
+
+
+SAMPLE_SPACE = 2**64
+
+
+def sampled(tenant: str, agent: str, alias: str, task_id: str, rate: float) -> bool:
+    """Whether an alias evaluating ``rate`` of its tasks grades ``task_id``: a hash of the task id
+    (and the tenant, agent and alias) read as a number in [0, 1), below ``rate``. The same task,
+    the same answer in every process; over many tasks, a fraction ``rate`` of them."""
+    digest = hashlib.sha256(f"online\x00{tenant}\x00{agent}\x00{alias}\x00{task_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / SAMPLE_SPACE < rate

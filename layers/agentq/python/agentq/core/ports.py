@@ -28,6 +28,7 @@ from agentq.core.models import (
     UserMessage,
 )
 from agentq.core.policies import PolicyDocument
+from agentq.core.quality import GradeTally
 from agentq.core.records import (
     ApprovalRecord,
     BudgetDelta,
@@ -216,6 +217,12 @@ class EffectLog(Protocol):
     def remember(self, lease: Lease, tool_use_id: str, remote: dict[str, Any]) -> None: ...
 
 
+class QualityBook(Protocol):
+    """Online grades counted per agent version and hour (``core.quality``, ``storage.quality``)."""
+
+    def count(self, tally: GradeTally) -> bool: ...
+
+
 class NoteBook(Protocol):
     def read(self, task_id: str, key: str) -> str | None: ...
 
@@ -318,6 +325,9 @@ class EngineStorage(Protocol):
 
     @property
     def notes(self) -> NoteBook: ...
+
+    @property
+    def quality(self) -> QualityBook: ...
 
     @property
     def flow(self) -> FlowPort: ...

@@ -1,6 +1,7 @@
 """Aliases of agents (``core.aliases``), in the agent's partition ``AGENT#<tenant>#<name>``.
 
-Item ``ALIAS#<alias>``: ``versions`` (the targets' JSON), ``revision`` (1, then one more at each
+Item ``ALIAS#<alias>``: ``versions`` (the targets' JSON), ``online`` (its online evaluation's
+JSON, absent when it has none), ``revision`` (1, then one more at each
 move) and ``updated_at``. Setting an alias is one transaction: a check that each version it names
 exists (``V#n`` present) and the write of the alias item. So an alias never points at a missing
 version, a move is all or nothing, and a reader sees the old targets or the new ones, never a
@@ -20,7 +21,7 @@ import threading
 import time
 
 from agentq.core.agents import AgentVersion
-from agentq.core.aliases import AgentAlias, AliasSpec, AliasTarget
+from agentq.core.aliases import AgentAlias, AliasSpec, AliasTarget, OnlineEval
 from agentq.core.errors import AgentqError, ValidationError
 from agentq.storage import keys
 from agentq.storage.agents import AgentConflict, Agents
@@ -64,18 +65,18 @@ class AgentAliases:
             Check(f"v{i}", {"pk": pk, "sk": keys.agent_version_sk(t.version)}, present())
             for i, t in enumerate(spec.versions)
         ]
+        sets = {
+            "versions": json.dumps([t.model_dump() for t in spec.versions]),
+            "updated_at": now,
+            "agent": name,
+            "alias": alias,
+        }
+        if spec.online is not None:
+            sets["online"] = spec.online.model_dump_json(exclude_none=True)
         write = Patch(
             "alias",
             {"pk": pk, "sk": keys.agent_alias_sk(alias)},
-            Update(
-                set={
-                    "versions": json.dumps([t.model_dump() for t in spec.versions]),
-                    "updated_at": now,
-                    "agent": name,
-                    "alias": alias,
-                },
-                add={"revision": 1},
-            ),
+            Update(set=sets, add={"revision": 1}, remove=() if spec.online is not None else ("online",)),
         )
         for _ in range(ATTEMPTS):
             try:
@@ -144,6 +145,7 @@ def _alias(item: Item) -> AgentAlias:
         agent=str(data["agent"]),
         alias=str(data["alias"]),
         versions=[AliasTarget.model_validate(t) for t in json.loads(str(data["versions"]))],
+        online=OnlineEval.model_validate_json(str(data["online"])) if data.get("online") else None,
         revision=int(data["revision"]),
         updated_at=float(data["updated_at"]),
     )

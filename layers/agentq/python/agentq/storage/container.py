@@ -19,6 +19,7 @@ from agentq.storage.messages import Messages
 from agentq.storage.notes import Notes
 from agentq.storage.policies import Policies
 from agentq.storage.purge import Purge
+from agentq.storage.quality import Quality
 from agentq.storage.running_slots import RunningSlots
 from agentq.storage.schedules import Schedules
 from agentq.storage.scope_caps import ScopeCaps
@@ -71,6 +72,7 @@ class Storage:
         self.workspaces = WorkspaceObjects(payloads)
         self.vault = Vault(table)
         self.stops = Stops(table)
+        self.quality = Quality(table)
 
 
 def memory_storage(**kwargs: object) -> Storage:

@@ -33,6 +33,8 @@ LIMITS = "LIMITS"
 HOUR = "HOUR#"
 CAP = "CAP#"  # in TENANT#t: CAP#<scope>#<name>, a scope's caps (storage/scope_caps.py)
 CAP_USE = "CAPUSE#"  # in TENANT#t: CAPUSE#<scope>#<name>#<day>, what the scope held that day and each hour
+QUALITY = "QUALITY#"  # in TENANT#t: QUALITY#<agent>#<hour>#V#<version>, online grades (storage/quality.py)
+ONLINE = "ONLINE#"  # in a task's partition: ONLINE#<step>, that its online grade was counted
 
 Key = dict[str, str]
 
@@ -154,6 +156,20 @@ def payload_prefix(task_id: str) -> str:
 
 def step_payload_key(task_id: str, number: int, epoch: int) -> str:
     return f"{payload_prefix(task_id)}steps/{number:06d}-e{epoch}.json"
+
+
+def quality_prefix(agent: str) -> str:
+    return f"{QUALITY}{agent}#"
+
+
+def quality_sk(agent: str, hour: int, version: int) -> str:
+    """One agent version's online grades of one hour (hours since the epoch), in ``TENANT#t``:
+    an agent's hours sort in time order, every version of an hour together."""
+    return f"{quality_prefix(agent)}{hour:08d}#V#{version:09d}"
+
+
+def online_counted_sk(step: int) -> str:
+    return f"{ONLINE}{step:08d}"
 
 
 def agent_pk(tenant: str, name: str) -> str:

@@ -12,6 +12,7 @@ from agentq.api.models.base import (
 )
 from agentq.core.agents import AgentSummary, AgentVersion
 from agentq.core.aliases import AgentAlias
+from agentq.core.quality import QualityBucket
 
 
 class AgentCreated(ApiModel):
@@ -26,6 +27,15 @@ class AgentList(ApiModel):
 class AgentAliasList(ApiModel):
     agent: str
     aliases: list[AgentAlias] = Field(description="by alias name")
+
+
+class AgentQuality(ApiModel):
+    """An agent's online grades per version and hour (``GET /agents/{name}/quality``)."""
+
+    agent: str
+    first_hour: int = Field(description="the first hour read (hours since the epoch)")
+    last_hour: int = Field(description="the last hour read, this one")
+    buckets: list[QualityBucket] = Field(description="by hour, then version; an hour without a grade has none")
 
 
 class MoveRequest(ApiModel):

@@ -221,6 +221,10 @@ class GradeView(ApiModel):
     tokens_in: int = Field(description="the grading model's input tokens over the task's grades")
     tokens_out: int
     cost_usd: str = Field(description="the grading model's cost over the task's grades")
+    online: str | None = Field(
+        default=None,
+        description="the alias whose online evaluation sampled the task: this grade observed, it did not gate",
+    )
 
 
 class TaskView(ApiModel):

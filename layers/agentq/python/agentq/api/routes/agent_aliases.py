@@ -1,20 +1,25 @@
 """Aliases of an agent (``core.aliases``): ``PUT /agents/{name}/aliases/{alias}`` (point it, or
 move it: one conditional write), ``GET`` one or the list, ``DELETE``. The caller's own agents
 only: another tenant's alias is not found, and never resolves for anyone else. And ``POST
-/tasks/{id}/agent``: the one way a task leaves the version it was pinned to."""
+/tasks/{id}/agent``: the one way a task leaves the version it was pinned to. ``GET
+/agents/{name}/quality``: what the aliases' online evaluation graded, per version and hour."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from aws_lambda_powertools.event_handler.openapi.params import Body, Path
+import time
+
+from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
 
 from agentq.api.errors import responses
-from agentq.api.models import AgentAliasList, MoveRequest, TaskMoved
+from agentq.api.models import AgentAliasList, AgentQuality, MoveRequest, TaskMoved
 from agentq.api.routes.common import ApiDeps, Router, TaskId, visible
+from agentq.control import aliases as control_aliases
 from agentq.control.aliases import move_task
 from agentq.core.agents import NAME_PATTERN
 from agentq.core.aliases import ALIAS_PATTERN, AgentAlias, AliasSpec
+from agentq.core.quality import MAX_HOURS, hour_of
 
 AgentName = Annotated[str, Path(pattern=NAME_PATTERN, description="an agent's name")]
 AliasName = Annotated[
@@ -32,7 +37,11 @@ def router(deps: ApiDeps) -> Router:
         description='One version (`{"versions": [{"version": 7, "weight": 100}]}`) or two whose weights sum to '
         "100 (the second is the canary). One conditional write: every version named must exist, else 422 naming "
         "it and nothing changes. New tasks submitted as `name@alias` get the new targets at once; a task already "
-        "submitted keeps the version it was given. Rollback: point it back.",
+        "submitted keeps the version it was given. Rollback: point it back. With `online` "
+        '(`{"rate": 0.1, "grade": {"rubric": "..."}}`), that fraction of its new tasks (by a hash of the task id) '
+        "has its answer graded once, for each version's pass rate and cost (`GET /agents/{name}/quality`); the "
+        "grade never changes how a task ends. A rate outside 0-1, a grade with neither rubric nor grader, an "
+        "unknown grader: 422 naming the field, nothing written; setting the alias without `online` turns it off.",
         operation_id="setAgentAlias",
         tags=["agents"],
         responses=responses(200, AgentAlias, 400, 404, 409, 413, 415, 422),
@@ -40,7 +49,7 @@ def router(deps: ApiDeps) -> Router:
     def set_alias(
         name: AgentName, alias: AliasName, spec: Annotated[AliasSpec, Body(description="where it points")]
     ) -> AgentAlias:
-        return store.aliases.set(tenant(), name, alias, spec)
+        return control_aliases.set_alias(store, deps.tools, tenant(), name, alias, spec)
 
     @routes.get(
         "/agents/<name>/aliases",
@@ -72,6 +81,25 @@ def router(deps: ApiDeps) -> Router:
     )
     def delete_alias(name: AgentName, alias: AliasName) -> AgentAlias:
         return store.aliases.delete(tenant(), name, alias)
+
+    @routes.get(
+        "/agents/<name>/quality",
+        summary="An agent's pass rate and cost over time, per version (online evaluation)",
+        description="The answers its aliases' online evaluation sampled and graded, counted per version and hour: "
+        "graded, passed, errors (a grade that failed), pass rate, mean score, the tasks' cost and the grading's "
+        "cost apart. One query of counters (a few items a version an hour), never of the tasks.",
+        operation_id="getAgentQuality",
+        tags=["agents"],
+        responses=responses(200, AgentQuality, 422),
+    )
+    def quality(
+        name: AgentName,
+        hours: Annotated[int, Query(ge=1, le=MAX_HOURS, description="the last N hours, this one included")] = 48,
+    ) -> AgentQuality:
+        last = hour_of(time.time())
+        first = last - hours + 1
+        buckets = store.quality.read(tenant(), name, first, last)
+        return AgentQuality(agent=name, first_hour=first, last_hour=last, buckets=buckets)
 
     @routes.post(
         "/tasks/<task_id>/agent",

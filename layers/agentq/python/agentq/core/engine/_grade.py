@@ -15,7 +15,8 @@ hold to the call's tokens and dollars, in the same write, and puts the grade on 
 
 The step ends the task ``succeeded`` (passed), or leaves the feedback as the agent's next
 message (below the bar, attempts left: ``conversation``), or ends it ``failed_outcome`` with
-the answer kept (the attempts spent, or a judge that failed).
+the answer kept (the attempts spent, or a judge that failed). A task sampled by its alias for
+online evaluation is graded by the same step, which then only observes (``_online``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from agentq import observe
 from agentq.core.engine._commit import StepWriter
 from agentq.core.engine._grade_budget import GradeBudget, GradingCall
 from agentq.core.engine._llm_call import call_cost
+from agentq.core.engine._online import count, grading_outcome, observes_only, skipped
 from agentq.core.engine._operation import RecordedOperation
 from agentq.core.engine._session import Session
 from agentq.core.engine.conversation import final_text
@@ -58,7 +60,7 @@ from agentq.core.models import (
     Usage,
 )
 from agentq.core.output import answer_of
-from agentq.core.ports import EffectLog
+from agentq.core.ports import EffectLog, QualityBook
 from agentq.core.pricing import PriceTable
 from agentq.core.providers import LLMProvider, LLMRequest, ProviderFactory
 from agentq.core.records import EffectRecord
@@ -86,14 +88,15 @@ class GradeTurn:
         tools: ToolRegistry,
         writer: StepWriter,
         budget: GradeBudget,
+        quality: QualityBook,
     ) -> None:
         self.effects, self.providers, self.prices, self.tools, self.writer = effects, providers, prices, tools, writer
-        self.budget = budget
+        self.budget, self.quality = budget, quality
 
     def due(self, s: Session) -> bool:
-        """An answer of a task with an outcome, not graded yet."""
+        """An answer of a task with an outcome (or sampled for online evaluation), not graded yet."""
         sub = s.task.submission
-        if sub.outcome is None or s.task.status.terminal or not s.steps:
+        if grading_outcome(sub) is None or s.task.status.terminal or not s.steps:
             return False
         last = s.steps[-1].body
         return isinstance(last, LLMStep) and answered(sub, last)[0]
@@ -101,7 +104,8 @@ class GradeTurn:
     def run(self, s: Session) -> RunResult | None:
         """Grade the answer once and commit the grade (None: the agent answers again)."""
         sub = s.task.submission
-        assert sub.outcome is not None
+        outcome = grading_outcome(sub)
+        assert outcome is not None
         last = s.steps[-1].body
         assert isinstance(last, LLMStep)
         parsed = answered(sub, last)[1]
@@ -109,14 +113,20 @@ class GradeTurn:
             answer = json.dumps(parsed, ensure_ascii=False)
         else:
             answer = final_text(s.messages) or ""
-        attempt = self.attempt(s)
+        observing = observes_only(sub)
+        attempt = 1 if observing else self.attempt(s)
         call = None
-        if sub.outcome.rubric is not None and self.effects.get(s.task_id, f"grade-{s.next_step}") is None:
-            call = self.grading_call(s, sub.outcome, answer, attempt)
-            stopped = self.budget.hold(s, call, answer)  # held before the grade is begun, as any call
-            if stopped is not None:
-                return stopped
-        grading = Grading(self, s, sub.outcome, answer, parsed, attempt, call)
+        if outcome.rubric is not None and self.effects.get(s.task_id, f"grade-{s.next_step}") is None:
+            call = self.grading_call(s, outcome, answer, attempt)
+            if observing:  # an online grade never stops the task: without the budget for it, no grade
+                if not self.budget.try_hold(s, call):
+                    why = "the task's budget (or its tenant's hour) could not cover the grading model's call"
+                    return self.commit(s, skipped(outcome, why), answer, None, None)
+            else:
+                stopped = self.budget.hold(s, call, answer)  # held before the grade is begun, as any call
+                if stopped is not None:
+                    return stopped
+        grading = Grading(self, s, outcome, answer, parsed, attempt, call)
         step = grading.run()
         return self.commit(s, step, answer, call, grading.prior_epoch)
 
@@ -240,7 +250,8 @@ class GradeTurn:
         """The grade as the next step, the grading call's hold settled to its usage in the same write."""
         finish: TaskStatus | None = None
         error: dict[str, Any] | None = None
-        if step.passed:
+        observing = observes_only(s.task.submission)
+        if step.passed or observing:  # an online grade observes: the answer ends the task as it would
             finish = TaskStatus.SUCCEEDED
         elif not step.retries:
             finish = TaskStatus.FAILED_OUTCOME
@@ -252,7 +263,12 @@ class GradeTurn:
             error = {**error, "grade": step.score, "feedback": step.feedback[:1000]}
         settle, counted = self.budget.settlement(s, call, step, prior_epoch)
         meta = self.meta(s, step)
-        messages = [*s.messages, feedback_message(s.messages, step)] if step.retries else s.messages
+        if observing:
+            meta["online"] = s.task.submission.online.alias if s.task.submission.online else None
+        if finish is not None:  # the grade that ends the task is its version's, counted once
+            count(self.quality, s, step)
+        retries = step.retries and not observing
+        messages = [*s.messages, feedback_message(s.messages, step)] if retries else s.messages
         result = answer if finish is not None else None
         try:
             record = self.writer.commit(

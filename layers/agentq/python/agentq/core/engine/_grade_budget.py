@@ -81,6 +81,22 @@ class GradeBudget:
                 return RunResult(s.task_id, "retry", error={**exc.to_dict(), "retry_after": exc.retry_after})
         return None
 
+    def try_hold(self, s: Session, call: GradingCall) -> bool:
+        """Hold for an online grade's call, which never stops the task: False (nothing held)
+        when the budget or the tenant's hour cannot cover it."""
+        est_in = estimate_input_tokens(call.request)
+        amount = est_in + call.request.max_tokens
+        if not self.holds.hold_call(s, est_in, amount, self.prices.price_for(call.model)):
+            return False
+        if s.limits is not None:
+            held = s.task.inflight
+            try:
+                call.window = self.windows.hold(s.task.tenant, s.limits, amount, micros=held.micros if held else 0)
+            except TenantCapReached:
+                self.holds.hand_back(s)
+                return False
+        return True
+
     def sending(self, s: Session) -> None:
         """The call goes on the wire now: its hold must outlive it, and a lost lease keeps it."""
         held = s.task.inflight

@@ -160,8 +160,8 @@ def turn_outcome(
         elif finish is TaskStatus.SUCCEEDED:  # text that is not a valid answer: the model is told why
             finish = None
             messages.append({"role": "user", "content": feedback(schema, step.content)})
-    if finish is TaskStatus.SUCCEEDED and sub.outcome is not None:
-        finish, result = None, None  # an answer with an outcome ends the task only once graded (_grade)
+    if finish is TaskStatus.SUCCEEDED and (sub.outcome is not None or sub.online is not None):
+        finish, result = None, None  # an answer with an outcome (or sampled) ends the task once graded (_grade)
     return messages, finish, result, error
 
 

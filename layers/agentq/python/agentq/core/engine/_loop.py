@@ -119,7 +119,9 @@ class Engine:
         )
         self._message_turn = MessageTurn(store.messages, self._holds, writer)
         graded = GradeBudget(self._holds, store.budgets, store.tasks, self.windows, self.prices)
-        self._grade_turn = GradeTurn(store.effects, self._provider, self.prices, self.tools, writer, graded)
+        self._grade_turn = GradeTurn(
+            store.effects, self._provider, self.prices, self.tools, writer, graded, store.quality
+        )
 
     def _provider(self, submission: TaskSubmission) -> LLMProvider:
         """``self.providers`` as it is when the call is made (an adapter may swap it)."""

@@ -182,6 +182,16 @@ class OutcomeSpec(StrictModel):
         return self.provider or provider, self.model or model
 
 
+class OnlineGrade(StrictModel):
+    """The online evaluation a task was sampled for by the alias it was submitted through
+    (``core.aliases.OnlineEval``): its answer is graded against ``grade`` once, and the grade
+    is counted for the task's agent version (``storage.quality``); it never changes how the task
+    ends, and the task never answers again for it. Set at submission by the alias, never sent."""
+
+    alias: str = Field(description="the alias that sampled the task")
+    grade: OutcomeSpec = Field(description="the rubric and/or grader the answer is graded with (max_attempts unused)")
+
+
 NotifyEvent = Literal[
     "succeeded", "failed", "cancelled", "cost_exceeded", "timed_out", "failed_outcome", "idle", "message_received"
 ]
@@ -296,6 +306,11 @@ class TaskSubmission(StrictModel):
         description="what the task must achieve: a rubric a model grades and/or a @grader check; below the bar the "
         "feedback goes back to the agent, up to max_attempts, then the task ends failed_outcome (an agent's outcome "
         "applies when the submission names none)",
+    )
+    online: OnlineGrade | None = Field(
+        default=None,
+        description="set by an alias with online evaluation when it samples the task (never sent: a submission "
+        "carrying it is refused): the answer is graded once, for the version's pass rate, without gating the task",
     )
     fallbacks: Fallbacks = Field(
         default_factory=list,

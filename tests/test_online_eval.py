@@ -1,0 +1,221 @@
+"""Online evaluation (``core.aliases.OnlineEval``) on the in-memory twin, through the real
+submission path and the real engine: an alias samples a fraction of its new tasks by a hash of
+the task id (the same id, the same choice; over many ids, within a binomial bound of the rate);
+an unsampled task makes no grading call; a sampled task's answer is graded once and lands in
+the bucket of the version it ran; the grade observes (the task ends ``succeeded`` with its
+answer whatever the grade, a failing grader, or a budget too small for the grading call) and
+its tokens count in the task's budget, shown apart. Bad input and the HTTP/CLI surface are in
+tests/test_online_eval_api.py; real SIGKILLs in tests/test_online_eval_processes.py."""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentq.control.submit import submit_once
+from agentq.core.agents import AgentSpec
+from agentq.core.aliases import AliasSpec, OnlineEval, sampled
+from agentq.core.engine import Engine, EngineConfig
+from agentq.core.models import GradeStep, LLMStep, OutcomeSpec, TaskStatus
+from agentq.core.quality import GradeTally, hour_of
+from agentq.core.tools import ToolRegistry
+from agentq.storage.container import Storage
+
+STORAGE = "memory"
+IDS = 4000
+TENANT = "t"
+
+
+@pytest.fixture(autouse=True)
+def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "ledger.jsonl"
+    monkeypatch.setenv("AGENTQ_TEST_LEDGER", str(path))
+    return path
+
+
+def grader_runs(ledger: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in ledger.read_text().splitlines()] if ledger.exists() else []
+
+
+def _within(count: int, n: int, p: float) -> bool:
+    """``count`` of ``n`` draws of probability ``p`` within 5 standard deviations."""
+    return abs(count - n * p) <= 5 * math.sqrt(n * p * (1 - p)) + 1
+
+
+def _ids(n: int) -> list[str]:
+    return [uuid.uuid4().hex for _ in range(n)]
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.01, 0.1, 0.25, 0.5, 0.9, 1.0])
+def test_the_sampled_share_of_each_rate_is_within_a_binomial_bound(rate: float) -> None:
+    ids = _ids(IDS)
+    chosen = sum(sampled(TENANT, "support", "prod", i, rate) for i in ids)
+    assert _within(chosen, IDS, rate), (rate, chosen)
+    if rate in (0.0, 1.0):
+        assert chosen == IDS * rate
+
+
+def test_a_task_id_makes_the_same_choice_every_time_and_a_higher_rate_only_adds_tasks() -> None:
+    ids = _ids(2000)
+    picked = {r: {i for i in ids if sampled(TENANT, "s", "prod", i, r)} for r in (0.05, 0.1, 0.3, 0.7)}
+    assert picked[0.05] <= picked[0.1] <= picked[0.3] <= picked[0.7]
+    assert all(sampled(TENANT, "s", "prod", i, 0.3) for i in picked[0.3])  # the same answer when asked again
+
+
+def _agent(store: Storage, version_answer: str) -> None:
+    store.agents.create(
+        TENANT,
+        AgentSpec(name="support", provider="scripted", script={"turns": [{"text": version_answer}]}, system="s"),
+    )
+
+
+def _alias(store: Storage, rate: float, grade: dict[str, Any], *pairs: tuple[int, int]) -> None:
+    versions = [{"version": v, "weight": w} for v, w in pairs or ((1, 100),)]
+    spec = AliasSpec.model_validate({"versions": versions, "online": {"rate": rate, "grade": grade}})
+    store.aliases.set(TENANT, "support", "prod", spec)
+
+
+def _submit_and_run(store: Storage, registry: ToolRegistry, task_id: str, **extra: Any) -> Any:
+    raw = {"goal": "do the job", "agent": "support@prod", **extra}
+    submit_once(store, registry, raw, tenant=TENANT, task_id=task_id)
+    return Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=10)).run(task_id)
+
+
+def _grades(store: Storage, task_id: str) -> list[GradeStep]:
+    return [s.body for s in store.steps.load(task_id) if isinstance(s.body, GradeStep)]
+
+
+def _buckets(store: Storage) -> dict[int, Any]:
+    now = hour_of(__import__("time").time())
+    return {b.version: b for b in store.quality.read(TENANT, "support", now - 1, now + 1)}
+
+
+def test_submissions_through_the_alias_carry_the_grade_exactly_when_their_id_is_sampled(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    _agent(store, "DONE")
+    _alias(store, 0.3, {"grader": "says_done"})
+    for task_id in _ids(200):
+        task = submit_once(store, registry, {"goal": "g", "agent": "support@prod"}, tenant=TENANT, task_id=task_id).task
+        want = sampled(TENANT, "support", "prod", task_id, 0.3)
+        assert (task.submission.online is not None) is want, task_id
+        assert store.tasks.get(task_id).submission.online == task.submission.online  # kept: a resume sees it
+
+
+def test_an_unsampled_task_makes_no_grading_call_and_counts_nowhere(
+    store: Storage, registry: ToolRegistry, ledger: Path
+) -> None:
+    _agent(store, "DONE")
+    _alias(store, 0.5, {"grader": "says_done"})
+    task_id = next(i for i in _ids(100) if not sampled(TENANT, "support", "prod", i, 0.5))
+    result = _submit_and_run(store, registry, task_id)
+    assert result.status is TaskStatus.SUCCEEDED
+    assert grader_runs(ledger) == []
+    assert _grades(store, task_id) == []
+    assert [s.body.kind for s in store.steps.load(task_id)] == ["llm"]
+    assert _buckets(store) == {}
+
+
+def test_a_sampled_tasks_grade_lands_in_the_bucket_of_the_version_it_ran(
+    store: Storage, registry: ToolRegistry, ledger: Path
+) -> None:
+    _agent(store, "DONE")  # v1 passes the grader
+    _agent(store, "not finished")  # v2 does not
+    _alias(store, 1.0, {"grader": "says_done"}, (1, 50), (2, 50))
+    ran: dict[int, int] = {1: 0, 2: 0}
+    for task_id in _ids(16):
+        result = _submit_and_run(store, registry, task_id)
+        task = store.tasks.get(task_id)
+        # observed, never gated: succeeded with its own answer, whatever the grade, never asked again
+        assert result.status is TaskStatus.SUCCEEDED, result
+        version = int(str(task.submission.agent).split("@")[1])
+        assert task.result == ("DONE" if version == 1 else "not finished")
+        assert [s.body.kind for s in store.steps.load(task_id)] == ["llm", "grade"]
+        (grade,) = _grades(store, task_id)
+        assert grade.passed is (version == 1) and grade.max_attempts == 1
+        assert task.grade is not None and task.grade["online"] == "prod"
+        ran[version] += 1
+    assert len(grader_runs(ledger)) == 16
+    buckets = _buckets(store)
+    assert {v: (b.graded, b.passed, b.errors) for v, b in buckets.items()} == {
+        v: (n, n if v == 1 else 0, 0) for v, n in ran.items() if n
+    }
+    assert all(b.pass_rate == (1.0 if v == 1 else 0.0) for v, b in buckets.items())
+
+
+@pytest.mark.parametrize("grader", ["grader_raises", "grader_nonsense"])
+def test_a_sampled_grade_that_fails_keeps_the_answer_and_counts_as_an_error(
+    store: Storage, registry: ToolRegistry, grader: str
+) -> None:
+    _agent(store, "my answer")
+    _alias(store, 1.0, {"grader": grader})
+    task_id = uuid.uuid4().hex
+    result = _submit_and_run(store, registry, task_id)
+    task = store.tasks.get(task_id)
+    assert result.status is TaskStatus.SUCCEEDED and task.result == "my answer" and task.error is None
+    (grade,) = _grades(store, task_id)
+    assert grade.error is not None and grade.score is None
+    (bucket,) = _buckets(store).values()
+    assert (bucket.graded, bucket.passed, bucket.errors, bucket.pass_rate) == (1, 0, 1, None)
+
+
+def test_the_grading_models_tokens_count_in_the_tasks_budget_and_are_shown_apart(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    _agent(store, "Blue.")
+    _alias(store, 1.0, {"rubric": "Names a colour.", "script": {"turns": [{"text": '{"score": 0.3}'}]}})
+    task_id = uuid.uuid4().hex
+    result = _submit_and_run(store, registry, task_id)
+    assert result.status is TaskStatus.SUCCEEDED  # below the bar: observed, not retried
+    task = store.tasks.get(task_id)
+    steps = store.steps.load(task_id)
+    (grade,) = _grades(store, task_id)
+    spent = grade.usage.total
+    agent = sum(s.body.usage.total for s in steps if isinstance(s.body, LLMStep))
+    assert spent > 0 and task.tokens_in + task.tokens_out == agent + spent
+    assert task.grade is not None and task.grade["tokens_in"] + task.grade["tokens_out"] == spent
+    assert store.budgets.get(task.budget_id).used == agent + spent
+    (bucket,) = _buckets(store).values()
+    assert bucket.grade_tokens == spent and bucket.grade_cost_usd == grade.cost_usd.quantize(Decimal("0.000001"))
+    assert (bucket.graded, bucket.passed) == (1, 0)
+
+
+def test_a_budget_too_small_for_the_grading_call_skips_the_grade_and_the_task_still_succeeds(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    _agent(store, "Blue.")
+    rubric = {"rubric": "Names a colour.", "max_output_tokens": 8000, "script": {"turns": [{"text": '{"score": 1}'}]}}
+    _alias(store, 1.0, rubric)
+    task_id = uuid.uuid4().hex
+    result = _submit_and_run(store, registry, task_id, constraints={"max_tokens": 3000})
+    task = store.tasks.get(task_id)
+    assert result.status is TaskStatus.SUCCEEDED and task.result == "Blue.", (result, task.error)
+    (grade,) = _grades(store, task_id)
+    assert grade.error is not None and grade.error["code"] == "grade_skipped"
+    (bucket,) = _buckets(store).values()
+    assert (bucket.graded, bucket.errors) == (1, 1)
+
+
+def test_counting_the_same_grade_again_adds_nothing(store: Storage) -> None:
+    tally = GradeTally(
+        tenant=TENANT, agent="support", version=3, task_id="t-1", step=2, hour=hour_of(__import__("time").time()),
+        passed=True, score=0.9, task_cost_usd=Decimal("0.01"), grade_cost_usd=Decimal("0.002"), grade_tokens=40,
+    )  # fmt: skip
+    assert store.quality.count(tally) is True
+    assert store.quality.count(tally) is False
+    (bucket,) = _buckets(store).values()
+    assert (bucket.graded, bucket.passed, bucket.grade_tokens) == (1, 1, 40)
+
+
+def test_an_online_grade_never_retries_even_when_max_attempts_is_sent() -> None:
+    with pytest.raises(ValueError, match="max_attempts"):
+        OnlineEval.model_validate({"rate": 0.5, "grade": {"grader": "g", "max_attempts": 3}})
+    assert OnlineEval.model_validate({"rate": 0.5, "grade": {"grader": "g"}}).grade == OutcomeSpec(
+        grader="g", max_attempts=1
+    )

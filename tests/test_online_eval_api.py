@@ -1,0 +1,120 @@
+"""Online evaluation over real HTTP on the local stack (auth on, real worker processes) and
+through the CLI: an alias set with ``online`` grades the tasks it samples, and ``GET
+/agents/{name}/quality`` (``agentq agents quality``) shows each version's pass rate and cost per
+hour; every bad rate or grade is a 422 naming the field with nothing stored; a submission cannot
+send the sampled grade itself."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from tests.api_support import ApiStack
+from tests.helpers import run_agentq
+
+
+def _name() -> str:
+    return f"online-{uuid.uuid4().hex[:8]}"
+
+
+def _agent(name: str, answer: str) -> dict[str, Any]:
+    return {"name": name, "provider": "scripted", "script": {"turns": [{"text": answer}]}, "system": "s"}
+
+
+def _quality(api_stack: ApiStack, name: str, graded: int) -> dict[str, Any]:
+    """The quality report once ``graded`` answers were counted (the workers grade in the background)."""
+    import time
+
+    deadline = time.monotonic() + 90
+    while True:
+        status, body, _ = api_stack.http("GET", f"/agents/{name}/quality?hours=2")
+        assert status == 200, body
+        if sum(b["graded"] for b in body["buckets"]) >= graded or time.monotonic() > deadline:
+            return body
+        time.sleep(0.2)
+
+
+def test_bad_online_evaluations_are_refused_naming_the_field_and_store_nothing(api_stack: ApiStack) -> None:
+    name = _name()
+    assert api_stack.http("POST", "/agents", _agent(name, "DONE"))[0] == 201
+    path = f"/agents/{name}/aliases/prod"
+    one = [{"version": 1, "weight": 100}]
+    cases: list[tuple[Any, str]] = [
+        ({"rate": 1.5, "grade": {"grader": "says_done"}}, "online.rate"),
+        ({"rate": -0.1, "grade": {"grader": "says_done"}}, "online.rate"),
+        ({"rate": "half", "grade": {"grader": "says_done"}}, "online.rate"),
+        ({"rate": True, "grade": {"grader": "says_done"}}, "online.rate"),
+        ({"grade": {"grader": "says_done"}}, "online.rate"),
+        ({"rate": 0.5, "grade": {}}, "online.grade.rubric"),
+        ({"rate": 0.5}, "online.grade"),
+        ({"rate": 0.5, "grade": {"grader": "no_such_grader"}}, "online.grade.grader"),
+        ({"rate": 0.5, "grade": {"rubric": "r"}}, "online.grade.script"),  # the version's scripted model
+        ({"rate": 0.5, "grade": {"grader": "says_done", "max_attempts": 3}}, "online.grade.max_attempts"),
+        ({"rate": 0.5, "grade": {"grader": "says_done", "bar": 2}}, "online.grade.bar"),
+        ({"rate": 0.5, "grade": {"grader": "says_done"}, "colour": "red"}, "online.colour"),
+        ("often", "online"),
+    ]
+    for online, field in cases:
+        status, answer, _ = api_stack.http("PUT", path, {"versions": one, "online": online})
+        assert (status, answer["error"]["field"]) == (422, field), (online, answer)
+    status, listing, _ = api_stack.http("GET", f"/agents/{name}/aliases")
+    assert status == 200 and listing == {"agent": name, "aliases": []}  # nothing stored by any refusal
+
+    graded = {"alias": "prod", "grade": {"grader": "says_done"}}
+    status, answer, _ = api_stack.http("POST", "/tasks", {"goal": "g", "agent": f"{name}@1", "online": graded})
+    assert (status, answer["error"]["field"]) == (422, "online"), answer
+
+
+def test_sampled_tasks_are_graded_per_version_and_the_quality_read_shows_pass_rate_and_cost(
+    api_stack: ApiStack,
+) -> None:
+    name = _name()
+    for answer in ("DONE", "not yet"):
+        assert api_stack.http("POST", "/agents", _agent(name, answer))[0] == 201
+    body = {"versions": [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}],
+            "online": {"rate": 1, "grade": {"grader": "says_done"}}}  # fmt: skip
+    status, alias, _ = api_stack.http("PUT", f"/agents/{name}/aliases/prod", body)
+    assert status == 200 and alias["online"]["rate"] == 1, alias
+    ran: dict[int, int] = {1: 0, 2: 0}
+    for _ in range(8):
+        task_id = api_stack.submit({"goal": "g", "agent": f"{name}@prod"})
+        view = api_stack.until(task_id, lambda v: v["status"] == "succeeded", timeout=90)
+        assert view["grade"]["online"] == "prod", view  # graded, not gated: succeeded whatever the grade
+        ran[int(view["agent"].split("@")[1])] += 1
+    report = _quality(api_stack, name, 8)
+    counted = {b["version"]: (b["graded"], b["passed"], b["pass_rate"]) for b in report["buckets"]}
+    assert counted == {v: (n, n if v == 1 else 0, 1.0 if v == 1 else 0.0) for v, n in ran.items() if n}, report
+
+    shown = run_agentq(["agents", "quality", name, "--hours", "2"], env=api_stack.cli_env(), timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert "pass rate" in shown.stdout and ("100%" in shown.stdout or "0%" in shown.stdout), shown.stdout
+    as_json = run_agentq(["agents", "quality", name, "--json"], env=api_stack.cli_env(), timeout=120)
+    assert sum(b["graded"] for b in json.loads(as_json.stdout)["buckets"]) == 8
+    status, answer, _ = api_stack.http("GET", f"/agents/{name}/quality?hours=0")
+    assert (status, answer["error"]["field"]) == (422, "hours"), answer
+
+
+def test_the_cli_sets_a_sample_rate_and_refuses_a_bad_one_naming_the_field(api_stack: ApiStack) -> None:
+    name = _name()
+    api_stack.http("POST", "/agents", _agent(name, "DONE"))
+
+    def agentq(*args: str) -> Any:
+        return run_agentq(["agents", "alias", *args], env=api_stack.cli_env(), timeout=120)
+
+    made = agentq("set", name, "prod", "1", "--sample", "0.25", "--grader", "says_done")
+    assert made.returncode == 0 and "grading 25% online" in made.stdout, made.stderr
+    shown = json.loads(agentq("show", name, "prod", "--json").stdout)
+    assert shown["online"]["rate"] == 0.25 and shown["online"]["grade"]["grader"] == "says_done"
+    for bad, field in ((["--sample", "1.5", "--grader", "says_done"], "online.rate"),
+                       (["--sample", "0.5"], "online.grade.rubric"),
+                       (["--sample", "lots", "--grader", "says_done"], "--sample"),
+                       (["--grader", "says_done"], "--sample")):  # fmt: skip
+        refused = agentq("set", name, "prod", "1", *bad)
+        assert refused.returncode == 2 and field in refused.stderr and "Traceback" not in refused.stderr, (
+            bad, refused.stderr)  # fmt: skip
+    unchanged = json.loads(agentq("show", name, "prod", "--json").stdout)
+    assert unchanged["revision"] == 1 and unchanged["online"]["rate"] == 0.25
+    off = agentq("set", name, "prod", "1")  # setting it without --sample turns online evaluation off
+    assert off.returncode == 0 and "grading" not in off.stdout
+    assert json.loads(agentq("show", name, "prod", "--json").stdout).get("online") is None
