@@ -116,7 +116,7 @@ chromium:
 
 # Re-take the README's console screenshots (docs/console/*.png) from the browser tests.
 console-screenshots: $(VENV)/.installed chromium
-	AGENTQ_CONSOLE_SCREENSHOTS=docs/console $(PY) -m pytest -q -n 0 tests/test_console.py tests/test_console_outcomes.py tests/test_console_policies_compare.py
+	AGENTQ_CONSOLE_SCREENSHOTS=docs/console $(PY) -m pytest -q -n 0 tests/test_console.py tests/test_console_outcomes.py tests/test_console_policies_compare.py tests/test_console_quality.py
 
 # Every check runs even when an earlier one fails, so one run reports everything; the target fails if any did.
 lint: $(VENV)/.installed

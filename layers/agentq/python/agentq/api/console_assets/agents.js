@@ -5,6 +5,7 @@
 import { get, post } from "./api.js";
 import { errorPage, fmtAgo, fmtTime, h, json, replace } from "./dom.js";
 import { jsonForm } from "./json_form.js";
+import { qualityCard } from "./quality.js";
 
 // What POST /agents takes of a version (the rest is the store's: version, ref, created_at, pins).
 const SPEC_FIELDS = ["name", "description", "provider", "model", "system", "script", "tools", "tool_policies",
@@ -88,15 +89,17 @@ export async function agentPage(ctx, name) {
     h("h2", { id: "aliases-h" }, "Aliases"),
     aliases.length
       ? h("table", { class: "aliases" },
-        h("thead", {}, h("tr", {}, ["Alias", "Versions", "Revision", "Moved"].map((c) => h("th", { scope: "col" }, c)))),
+        h("thead", {}, h("tr", {}, ["Alias", "Versions", "Online grading", "Revision", "Moved"].map((c) => h("th", { scope: "col" }, c)))),
         h("tbody", {}, aliases.map((a) => h("tr", { "data-alias": a.alias },
           h("td", { class: "mono" }, `${name}@${a.alias}`),
           h("td", {}, split(a)),
+          h("td", { class: "online" }, a.online ? `${Math.round(1000 * a.online.rate) / 10}% of tasks · ${a.online.grade.grader ? `grader ${a.online.grade.grader}` : "rubric"} · bar ${a.online.grade.bar}` : "–"),
           h("td", { class: "num" }, a.revision),
           h("td", { title: new Date(a.updated_at * 1000).toISOString() }, fmtAgo(a.updated_at))))))
       : h("p", { class: "muted" }, "No aliases. Point one at a version with ", h("code", {}, `agentq agents alias set ${name} prod N`),
         "; a task submitted as name@alias pins the version it gets."));
   fillPicker(history.versions[0].version);
+  const quality = await qualityCard(ctx, name);
   const notice = h("p", { class: "notice", role: "status", hidden: true });
   const definition = h("section", { class: "card", "aria-labelledby": "definition-h" });
   const goal = h("textarea", { id: "run-goal", rows: 3, maxlength: 20000, required: true, placeholder: "What should the agent do?" });
@@ -160,6 +163,7 @@ export async function agentPage(ctx, name) {
       h("label", { for: "run-goal" }, "goal"),
       h("div", { class: "row" }, goal, run)),
     aliasCard,
+    quality,
     definition,
     edit);
   draw();
