@@ -13,7 +13,13 @@ engine and the storage exactly as a worker runs them), every botocore call meter
 - ``rubric``: graded by a (scripted) grading model: its tokens and dollars are the ledger's,
   priced by agentq's model price table like the agent's own calls;
 - ``rubric, one retry``: graded below the bar once, the feedback sent back, answered again and
-  graded again.
+  graded again;
+- ``online rubric (sampled)``: no outcome, but its alias's online evaluation sampled the task
+  (``TaskSubmission.online``, as ``control.aliases`` sets it): the same rubric grades the answer
+  once and the grade is counted in the version's hourly bucket (``storage.quality``: one
+  TransactWriteItems of the bucket and its marker). Its baseline is ``agent@1, not sampled``, the
+  same task of an agent version that its alias did not sample: no grading, no count (a task
+  naming an agent version costs its claim a read of that agent's caps, whether sampled or not).
 
 The overhead is each scenario less the baseline. Grading time is from the answer's commit to
 the task's end (the grade's effect record, the judges, the grade step's commit); a real grading
@@ -46,6 +52,7 @@ from agentq_dev.moto_server import LOCAL_CREDENTIALS, MotoServer  # noqa: E402
 
 GRADE_PASS = '{"score": 1, "feedback": ""}'
 GRADE_LOW = '{"score": 0.3, "feedback": "Say DONE, and say which invoice is the largest."}'
+RUBRIC = {"rubric": "Says DONE and names the largest invoice.", "script": {"turns": [{"text": GRADE_PASS}]}}
 SCENARIOS: dict[str, tuple[list[str], dict[str, Any] | None]] = {
     "no outcome": (["DONE: invoice 7 is the largest"], None),
     "code grader": (["DONE: invoice 7 is the largest"], {"grader": "says_done"}),
@@ -54,13 +61,19 @@ SCENARIOS: dict[str, tuple[list[str], dict[str, Any] | None]] = {
     "rubric, one retry": (["invoice 7", "DONE: invoice 7 is the largest"],
                           {"rubric": "Says DONE and names the largest invoice.",
                            "script": {"turns": [{"text": GRADE_LOW}, {"text": GRADE_PASS}]}}),
+    "agent@1, not sampled": (["DONE: invoice 7 is the largest"], {"online": None}),
+    "online rubric (sampled)": (["DONE: invoice 7 is the largest"], {"online": {"alias": "prod", "grade": RUBRIC}}),
 }  # fmt: skip
 
 
 def submission(turns: list[str], outcome: dict[str, Any] | None) -> TaskSubmission:
     body: dict[str, Any] = {"goal": "Which invoice is the largest? Say DONE when you know.", "provider": "scripted",
                             "script": {"turns": [{"text": t} for t in turns]}}  # fmt: skip
-    if outcome is not None:
+    if outcome is not None and "online" in outcome:  # a task of an agent version; sampled: graded, counted
+        body["agent"] = "invoices@1"
+        if outcome["online"] is not None:
+            body["online"] = outcome["online"]
+    elif outcome is not None:
         body["outcome"] = outcome
     return TaskSubmission.model_validate(body)
 
