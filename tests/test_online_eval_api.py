@@ -31,7 +31,7 @@ def _quality(api_stack: ApiStack, name: str, graded: int) -> dict[str, Any]:
         status, body, _ = api_stack.http("GET", f"/agents/{name}/quality?hours=2")
         assert status == 200, body
         if sum(b["graded"] for b in body["buckets"]) >= graded or time.monotonic() > deadline:
-            return body
+            return dict(body)
         time.sleep(0.2)
 
 
@@ -85,6 +85,14 @@ def test_sampled_tasks_are_graded_per_version_and_the_quality_read_shows_pass_ra
     report = _quality(api_stack, name, 8)
     counted = {b["version"]: (b["graded"], b["passed"], b["pass_rate"]) for b in report["buckets"]}
     assert counted == {v: (n, n if v == 1 else 0, 1.0 if v == 1 else 0.0) for v, n in ran.items() if n}, report
+
+    # A fork of a sampled task is a what-if, not live traffic: it runs ungraded and counts nowhere.
+    status, forked, _ = api_stack.http("POST", f"/tasks/{task_id}/fork", {"at_step": 0})
+    assert status in (200, 201, 202), forked
+    fork_view = api_stack.until(forked["task_id"], lambda v: v["status"] == "succeeded", timeout=90)
+    assert fork_view["grade"] is None, fork_view
+    # (a grade is counted before the commit that ends its task: had the fork been graded, it would show now)
+    assert sum(b["graded"] for b in api_stack.http("GET", f"/agents/{name}/quality?hours=2")[1]["buckets"]) == 8
 
     shown = run_agentq(["agents", "quality", name, "--hours", "2"], env=api_stack.cli_env(), timeout=120)
     assert shown.returncode == 0, shown.stderr

@@ -247,6 +247,7 @@ def fork(
             f"at_step must be between 0 and {source.step} (the task's last committed step)", field="at_step"
         )
     body = source.submission.model_dump(mode="json", exclude_none=True)
+    body.pop("online", None)  # a fork is a what-if, not its alias's live traffic: never counted for the version
     for key, value in (overrides or {}).items():
         if key == "constraints" and isinstance(value, dict):
             body["constraints"] = {**body.get("constraints", {}), **value}
