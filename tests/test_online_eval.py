@@ -22,7 +22,7 @@ from agentq.control.submit import submit_once
 from agentq.core.agents import AgentSpec
 from agentq.core.aliases import AliasSpec, OnlineEval, sampled
 from agentq.core.engine import Engine, EngineConfig
-from agentq.core.models import GradeStep, LLMStep, OutcomeSpec, TaskStatus
+from agentq.core.models import GradeStep, LLMStep, OutcomeSpec, Script, TaskStatus
 from agentq.core.quality import GradeTally, hour_of
 from agentq.core.tools import ToolRegistry
 from agentq.storage.container import Storage
@@ -71,7 +71,12 @@ def test_a_task_id_makes_the_same_choice_every_time_and_a_higher_rate_only_adds_
 def _agent(store: Storage, version_answer: str) -> None:
     store.agents.create(
         TENANT,
-        AgentSpec(name="support", provider="scripted", script={"turns": [{"text": version_answer}]}, system="s"),
+        AgentSpec(
+            name="support",
+            provider="scripted",
+            script=Script.model_validate({"turns": [{"text": version_answer}]}),
+            system="s",
+        ),
     )
 
 

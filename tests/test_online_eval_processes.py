@@ -17,7 +17,7 @@ import pytest
 from agentq.control.submit import submit_once
 from agentq.core.agents import AgentSpec
 from agentq.core.aliases import AliasSpec
-from agentq.core.models import GradeStep, TaskStatus
+from agentq.core.models import GradeStep, Script, TaskStatus
 from agentq.core.quality import hour_of
 from agentq.runtime import Settings, build_registry, build_store
 from agentq.worker import run_task
@@ -46,7 +46,9 @@ def test_a_worker_killed_during_a_sampled_grade_counts_it_once_in_its_versions_b
 ) -> None:
     store = build_store(settings)
     for answer in ("first version", "DONE"):
-        spec = AgentSpec(name="support", provider="scripted", script={"turns": [{"text": answer}]}, system="s")
+        spec = AgentSpec(
+            name="support", provider="scripted", script=Script.model_validate({"turns": [{"text": answer}]}), system="s"
+        )
         store.agents.create("t", spec)
     alias = {"versions": [{"version": 2, "weight": 100}], "online": {"rate": 1, "grade": {"grader": "says_done"}}}
     store.aliases.set("t", "support", "prod", AliasSpec.model_validate(alias))

@@ -12,8 +12,8 @@ from agentq.api.http_client import HttpClient, _seg
 from agentq.api.models import (
     AgentAliasList,
     AgentCreated,
-    AgentQuality,
     AgentList,
+    AgentQuality,
     AgentSpec,
     AgentSummary,
     AgentVersion,

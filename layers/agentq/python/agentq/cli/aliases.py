@@ -131,7 +131,9 @@ def register(agents_sub: Any) -> None:
     set_.add_argument("alias", help="the alias: a lowercase letter, then letters, digits, '-', '_'")
     set_.add_argument("version", type=int, help="the version new tasks get")
     set_.add_argument("--canary", metavar="VERSION:PERCENT", help="send PERCENT of new tasks to VERSION, e.g. 8:10%%")
-    set_.add_argument("--sample", metavar="RATE", help="grade this fraction (0-1) of new tasks online; without it, none")
+    set_.add_argument(
+        "--sample", metavar="RATE", help="grade this fraction (0-1) of new tasks online; without it, none"
+    )
     set_.add_argument("--rubric", help="what a good answer is, for a model to grade sampled answers against")
     set_.add_argument("--grader", help="a @grader function of the deployment's tool modules to grade them with")
     set_.add_argument("--bar", type=float, help="the lowest passing score, 0-1 (default 0.8)")

@@ -18,6 +18,7 @@ from decimal import Decimal
 from agentq.core.quality import GradeTally, QualityBucket, bucket_of
 from agentq.storage import keys
 from agentq.storage.table import (
+    Item,
     Patch,
     Put,
     Table,
@@ -78,15 +79,14 @@ class Quality:
         low = keys.quality_sk(agent, first_hour, 0)
         high = keys.quality_sk(agent, last_hour, 999_999_999)
         items = self.table.query(keys.tenant_pk(tenant), between=(low, high))
-        found = []
-        for raw in items:
-            item = plain(raw, keep_decimal=frozenset({"score_sum", "task_cost_usd", "grade_cost_usd"}))
-            found.append(
-                bucket_of(
-                    agent, int(item["version"]), int(item["hour"]), graded=int(item.get("graded", 0)),
-                    passed=int(item.get("passed", 0)), errors=int(item.get("errors", 0)),
-                    score_sum=Decimal(item.get("score_sum", 0)), task_cost=Decimal(item.get("task_cost_usd", 0)),
-                    grade_cost=Decimal(item.get("grade_cost_usd", 0)), grade_tokens=int(item.get("grade_tokens", 0)),
-                )  # fmt: skip
-            )
-        return found
+        return [_bucket(agent, raw) for raw in items]
+
+
+def _bucket(agent: str, raw: Item) -> QualityBucket:
+    item = plain(raw, keep_decimal=frozenset({"score_sum", "task_cost_usd", "grade_cost_usd"}))
+    return bucket_of(
+        agent, int(item["version"]), int(item["hour"]), graded=int(item.get("graded", 0)),
+        passed=int(item.get("passed", 0)), errors=int(item.get("errors", 0)),
+        score_sum=Decimal(item.get("score_sum", 0)), task_cost=Decimal(item.get("task_cost_usd", 0)),
+        grade_cost=Decimal(item.get("grade_cost_usd", 0)), grade_tokens=int(item.get("grade_tokens", 0)),
+    )  # fmt: skip

@@ -39,9 +39,9 @@ from agentq.api.models.base import ErrorResponse as ErrorResponse
 from agentq.api.models.base import Health as Health
 from agentq.api.models.base import LivePath as LivePath
 from agentq.api.models.catalogue import AgentAliasList as AgentAliasList
-from agentq.api.models.catalogue import AgentQuality as AgentQuality
 from agentq.api.models.catalogue import AgentCreated as AgentCreated
 from agentq.api.models.catalogue import AgentList as AgentList
+from agentq.api.models.catalogue import AgentQuality as AgentQuality
 from agentq.api.models.catalogue import AgentVersions as AgentVersions
 from agentq.api.models.catalogue import MoveRequest as MoveRequest
 from agentq.api.models.catalogue import ScheduleList as ScheduleList

@@ -6,9 +6,8 @@ only: another tenant's alias is not found, and never resolves for anyone else. A
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import time
+from typing import Annotated
 
 from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
 

@@ -27,6 +27,7 @@ from agentq.core.faults import crash_point
 from agentq.core.models import CompactStep, GradeStep, LLMStep, OutcomeSpec, TaskSubmission
 from agentq.core.ports import QualityBook
 from agentq.core.quality import GradeTally, hour_of
+
 log = logging.getLogger("agentq.engine")
 
 
