@@ -224,3 +224,21 @@ def test_an_online_grade_never_retries_even_when_max_attempts_is_sent() -> None:
     assert OnlineEval.model_validate({"rate": 0.5, "grade": {"grader": "g"}}).grade == OutcomeSpec(
         grader="g", max_attempts=1
     )
+
+
+@pytest.mark.parametrize(("answers", "passed"), [(["not yet", "DONE"], 1), (["not yet", "still not"], 0)])
+def test_a_sampled_task_with_its_own_outcome_counts_only_the_grade_that_ends_it(
+    store: Storage, registry: ToolRegistry, ledger: Path, answers: list[str], passed: int
+) -> None:
+    spec = AgentSpec.model_validate({
+        "name": "support", "provider": "scripted", "script": {"turns": [{"text": a} for a in answers]},
+        "outcome": {"grader": "says_done", "max_attempts": 2},
+    })  # fmt: skip
+    store.agents.create(TENANT, spec)
+    _alias(store, 1.0, {"grader": "says_done"})
+    task_id = uuid.uuid4().hex
+    result = _submit_and_run(store, registry, task_id)
+    assert result.status is (TaskStatus.SUCCEEDED if passed else TaskStatus.FAILED_OUTCOME)  # its outcome gates it
+    assert len(_grades(store, task_id)) == 2 and len(grader_runs(ledger)) == 2  # no second call for the sample
+    (bucket,) = _buckets(store).values()
+    assert (bucket.graded, bucket.passed) == (1, passed)
