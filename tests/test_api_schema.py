@@ -140,7 +140,7 @@ def test_the_served_document_is_the_generated_one_and_valid_openapi(api: Api) ->
         ("GET", "/health"), ("GET", "/dead-letters"), ("POST", "/dead-letters/{tier}/redrive"), ("GET", "/breakers"),
         ("POST", "/agents"), ("GET", "/agents"), ("GET", "/agents/{name}"), ("GET", "/agents/{name}/versions"), ("PUT", "/agents/{name}/aliases/{alias}"),
         ("GET", "/agents/{name}/aliases/{alias}"), ("DELETE", "/agents/{name}/aliases/{alias}"),
-        ("GET", "/agents/{name}/aliases"), ("POST", "/tasks/{task_id}/agent"), ("GET", "/webhooks/secret"),
+        ("GET", "/agents/{name}/aliases"), ("GET", "/agents/{name}/quality"), ("POST", "/tasks/{task_id}/agent"), ("GET", "/webhooks/secret"),
         ("GET", "/policies"), ("GET", "/policies/schema"), ("POST", "/policies/test"), ("PUT", "/policies/{scope}"),
         ("GET", "/policies/{scope}"), ("GET", "/policies/{scope}/history"),
         ("POST", "/schedules"), ("GET", "/schedules"), ("GET", "/schedules/{name}"), ("DELETE", "/schedules/{name}"),

@@ -89,7 +89,7 @@ def router(deps: ApiDeps) -> Router:
         "cost apart. One query of counters (a few items a version an hour), never of the tasks.",
         operation_id="getAgentQuality",
         tags=["agents"],
-        responses=responses(200, AgentQuality, 422),
+        responses=responses(200, AgentQuality, 404, 422),
     )
     def quality(
         name: AgentName,
