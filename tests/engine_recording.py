@@ -53,6 +53,7 @@ PORTS = (
     "workspaces",
     "policies",
     "vault",
+    "quality",
 )
 
 
