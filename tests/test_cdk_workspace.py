@@ -77,13 +77,16 @@ def test_the_fargate_worker_keeps_workspaces_on_its_tmp_volume_under_the_limits(
 
 
 def _role_ids(synth: Synthesized) -> dict[str, str]:
-    """Role logical id -> what it belongs to (a function's name, or the role's own id)."""
-    named = {}
+    """Role logical id -> what it belongs to (a function's name, or the role's own id). A role two
+    functions share is named by the API when it is one of them: the A2A streaming function runs
+    with the API's own role (infra/a2a.py)."""
+    named: dict[str, list[str]] = {}
     for fn in synth.resources("AWS::Lambda::Function").values():
         props = fn["Properties"]
         if isinstance(props.get("FunctionName"), str) and "Fn::GetAtt" in props.get("Role", {}):
-            named[props["Role"]["Fn::GetAtt"][0]] = props["FunctionName"].rsplit("-", 1)[-1]
-    return {rid: named.get(rid, rid) for rid in synth.resources("AWS::IAM::Role")}
+            named.setdefault(props["Role"]["Fn::GetAtt"][0], []).append(props["FunctionName"].rsplit("-", 1)[-1])
+    owners = {rid: "api" if "api" in names else sorted(names)[0] for rid, names in named.items()}
+    return {rid: owners.get(rid, rid) for rid in synth.resources("AWS::IAM::Role")}
 
 
 def _object_grants(synth: Synthesized) -> dict[str, tuple[list[str], list[str]]]:
