@@ -15,7 +15,7 @@ import threading
 from agentq.api.client import Client
 from agentq_dev.stack import LocalStack
 
-from tests.helpers import call
+from tests.helpers import call, wait_for
 
 WATCHERS = int(os.environ.get("AGENTQ_CHAOS_WATCHERS", "200"))
 TASKS = int(os.environ.get("AGENTQ_CHAOS_TASKS", "20"))
@@ -65,7 +65,10 @@ def test_watchers_on_the_hub_get_every_committed_event_once_in_order_while_worke
         for t in threads:
             t.join(timeout=300)
         assert not errors, errors[:3]
-        assert len(received) == WATCHERS and killed == KILLS and len(stack.replacements) >= KILLS
+        # The supervisor replaces a killed worker when it sees the exit, which may come after the
+        # tasks ended: wait for it to have seen every kill rather than read its list at once.
+        wait_for(lambda: len(stack.replacements) >= KILLS, timeout=60, what="every killed worker replaced")
+        assert len(received) == WATCHERS and killed == KILLS
         assert stack.api_server.hub is not None and stack.api_server.hub.reads == 0  # all on the hub, none fell back
         takeovers = 0
         for i, task_id in enumerate(tasks):
