@@ -125,11 +125,15 @@ def test_each_change_the_task_waits_or_ends_at_is_posted_signed_with_the_configs
 
     secret = api_stack.http("GET", "/webhooks/secret")[1]["secret"]
     taken = receiver.taken()
-    states = [body["statusUpdate"]["status"]["state"] for _, body in taken]
-    assert states == ["TASK_STATE_INPUT_REQUIRED", "TASK_STATE_COMPLETED"]
-    for headers, body in taken:
-        assert set(body) == {"statusUpdate"}  # a StreamResponse: exactly one of its fields
-        assert body["statusUpdate"]["taskId"] == task_id and body["statusUpdate"]["contextId"]
+    # A StreamResponse, exactly one of its fields: a status update, and at the end the task with its artifacts.
+    assert [set(body) for _, body in taken] == [{"statusUpdate"}, {"task"}]
+    update, ended = taken[0][1]["statusUpdate"], taken[1][1]["task"]
+    assert update["status"]["state"] == "TASK_STATE_INPUT_REQUIRED" and update["taskId"] == task_id
+    assert ended["status"]["state"] == "TASK_STATE_COMPLETED" and ended["id"] == task_id
+    assert update["contextId"] and ended["contextId"] == update["contextId"]
+    got = _call(api_stack, name, "GetTask", {"id": task_id})["result"]
+    assert ended["artifacts"] == got["artifacts"] and got["artifacts"][0]["parts"][0]["text"] == "shipped"
+    for headers, _ in taken:
         assert headers["authorization"] == "Bearer receiver-secret" and headers["x-a2a-notification-token"] == "tok-1"
     for headers, raw, _ in receiver.received:
         assert verify(secret, headers[SIGNATURE_HEADER], raw)

@@ -55,6 +55,7 @@ from agentq.control.submit import submit_once
 from agentq.core.endusers import Caller
 from agentq.core.errors import AgentqError, IllegalTransition, TaskNotFound
 from agentq.core.models import MAX_GOAL_CHARS, Task, TaskStatus
+from agentq.queueing.a2a_artifacts import BASE_KEY
 
 WAIT_SECONDS = 20.0  # a blocking SendMessage: API Gateway answers within 29 s
 POLL_SECONDS = 0.25
@@ -72,6 +73,7 @@ class Call:
     caller: Caller
     agent: str
     idempotency_key: str | None = None  # the request's Idempotency-Key header: retries of it send once
+    base: str = ""  # the API's URL as the caller reached it: where a task's workspace artifact points
 
     @property
     def name(self) -> str:
@@ -128,7 +130,7 @@ class AgentqRequestHandler(PushConfigMethods):
             raise TaskNotFound(f"task {task_id!r} not found", field="id")
         return task
 
-    def _view(self, task: Task, history_length: int | None = None) -> Any:
+    def _view(self, task: Task, history_length: int | None = None, *, with_artifacts: bool = True) -> Any:
         pending = self.deps.store.approvals.pending(task.task_id) if task.status is TaskStatus.PAUSED else None
         history: list[Any] = []
         if history_length != 0:
@@ -137,7 +139,8 @@ class AgentqRequestHandler(PushConfigMethods):
                         for m in self.deps.store.messages.listed(task.task_id)]  # fmt: skip
             if history_length:
                 history = history[-history_length:]
-        return views.a2a_task(task, pending, history=history)
+        shown = views.artifacts(self.deps.store, task) if with_artifacts else []
+        return views.a2a_task(task, pending, history=history, artifacts=shown)
 
     async def on_get_task(self, params: Any, context: Any) -> Any:
         length = params.history_length if params.HasField("history_length") else None
@@ -188,10 +191,7 @@ class AgentqRequestHandler(PushConfigMethods):
 
                 edge = found[-1] if found else None
                 token = _encode_token(keys.tenant_index_sk(edge.created_at, edge.task_id) if edge else str(last))
-            tasks_out = [self._view(t, length) for t in found]
-            if not params.include_artifacts:
-                for t in tasks_out:
-                    del t.artifacts[:]
+            tasks_out = [self._view(t, length, with_artifacts=params.include_artifacts) for t in found]
             return ListTasksResponse(tasks=tasks_out, next_page_token=token, page_size=size, total_size=len(found))
 
         return await _off_loop(page)
@@ -247,7 +247,7 @@ class AgentqRequestHandler(PushConfigMethods):
         raw = {
             "goal": text,
             "agent": call.agent,
-            "metadata": {"via": views.VIA, views.CONTEXT_KEY: context},
+            "metadata": {"via": views.VIA, views.CONTEXT_KEY: context, **({BASE_KEY: call.base} if call.base else {})},
             **({"user": call.caller.user} if call.caller.user else {}),
         }
         # The key names the request as sent (its digest too: the context a new task gets is drawn here)

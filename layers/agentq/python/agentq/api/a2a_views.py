@@ -12,8 +12,9 @@ later) is ``failed``, with agentq's own status and error in the metadata.
 
 Usage and cost go into the task's metadata under ``agentq`` (``status``, ``agent``, ``steps``,
 ``tokensIn``, ``tokensOut``, ``costUsd`` as a decimal string): A2A has no field for them.
-The result is an artifact (``result``): the agent's structured output as a data part when it has
-an output schema, else its text.
+A completed task's artifacts (``queueing/a2a_artifacts.py``): the result (``result``: the agent's
+structured output as a data part when it has an output schema, else its text) and, when it has a
+workspace, its files (``workspace``: each a URL on this API, its media type and size).
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from typing import Any
 from agentq.core.a2a_states import state_name
 from agentq.core.models import Task, TaskStatus
 from agentq.core.records import ApprovalRecord
+from agentq.queueing.a2a_artifacts import JSON_TYPE, TEXT
+from agentq.queueing.a2a_artifacts import artifacts as task_artifacts
+from agentq.storage.container import Storage
 
 CONTEXT_KEY = "a2a_context_id"  # the submission's metadata key holding the A2A contextId
 VIA = "a2a"
-TEXT = "text/plain"
-JSON_TYPE = "application/json"
 
 
 def state_of(task: Task, pending: ApprovalRecord | None) -> Any:
@@ -100,17 +102,18 @@ def usage(task: Task) -> dict[str, Any]:
     }
 
 
-def artifacts(task: Task) -> list[Any]:
+def artifacts(store: Storage, task: Task) -> list[Any]:
+    """The task's artifacts (``queueing/a2a_artifacts.py``: the one function the completion push
+    reads too) as the SDK's types."""
     from a2a.types import Artifact
+    from google.protobuf.json_format import ParseDict
 
-    if task.status is not TaskStatus.SUCCEEDED or task.result is None:
-        return []
-    # With an output schema the engine stores a valid answer as JSON, and only that.
-    part = _data(json.loads(task.result)) if task.submission.output_schema is not None else _text(task.result)
-    return [Artifact(artifact_id=f"{task.task_id}-result-{task.invocation}", name="result", parts=[part])]
+    return [ParseDict(a, Artifact()) for a in task_artifacts(store, task)]
 
 
-def a2a_task(task: Task, pending: ApprovalRecord | None, *, history: list[Any] | None = None) -> Any:
+def a2a_task(
+    task: Task, pending: ApprovalRecord | None, *, history: list[Any] | None = None, artifacts: list[Any] | None = None
+) -> Any:
     from a2a.types import Task as A2ATask
     from a2a.types import TaskStatus as A2AStatus
     from google.protobuf.struct_pb2 import Struct
@@ -124,7 +127,7 @@ def a2a_task(task: Task, pending: ApprovalRecord | None, *, history: list[Any] |
         status.message.CopyFrom(said)
     meta = Struct()
     meta.update({"agentq": json.loads(json.dumps(usage(task), default=str))})
-    out = A2ATask(id=task.task_id, context_id=context_id(task), status=status, artifacts=artifacts(task),
+    out = A2ATask(id=task.task_id, context_id=context_id(task), status=status, artifacts=artifacts or [],
                   history=history or [], metadata=meta)  # fmt: skip
     return out
 

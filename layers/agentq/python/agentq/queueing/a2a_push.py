@@ -1,6 +1,7 @@
 """A2A push notifications: when a task served over A2A waits for someone (``input-required``,
 ``auth-required``) or ends, each push config its client set (``storage/a2a_push.py``) gets the
-change as A2A's ``StreamResponse`` (a ``statusUpdate``), queued on the webhooks queue and
+change as A2A's ``StreamResponse`` (a ``statusUpdate``; at ``completed`` the ``task`` with its
+artifacts, ``queueing/a2a_artifacts.py``), queued on the webhooks queue and
 delivered as every callback is (``queueing/webhooks.py``): signed with the tenant's secret, the
 address checked when it is sent, retried until the receiver answers 2xx, then dead-lettered.
 The config's own ``authentication`` (``Authorization: <scheme> <credentials>``) and ``token``
@@ -15,9 +16,10 @@ import hashlib
 import time
 from datetime import UTC, datetime
 
-from agentq.core.a2a_states import state_name
+from agentq.core.a2a_states import COMPLETED, state_name
 from agentq.core.models import Task, TaskStatus
 from agentq.core.webhooks import Delivery
+from agentq.queueing.a2a_artifacts import artifacts
 from agentq.queueing.queues import TaskQueues
 from agentq.storage.container import Storage
 
@@ -25,14 +27,18 @@ VIA, CONTEXT_KEY = "a2a", "a2a_context_id"  # as the A2A server marks its tasks 
 TOKEN_HEADER = "X-A2A-Notification-Token"
 
 
-def payload(task: Task, status: TaskStatus, state: str) -> dict[str, object]:
+def payload(store: Storage, task: Task, status: TaskStatus, state: str) -> dict[str, object]:
+    """A ``statusUpdate``; at ``completed``, the whole ``task`` instead, with the artifacts
+    ``GetTask`` shows (``queueing/a2a_artifacts.py``), so the receiver has the result and the
+    files' URLs in the one notification that says it is done."""
     stamp = datetime.fromtimestamp(task.updated_at or time.time(), UTC).isoformat().replace("+00:00", "Z")
-    return {"statusUpdate": {
-        "taskId": task.task_id,
-        "contextId": str(task.submission.metadata.get(CONTEXT_KEY) or task.task_id),
-        "status": {"state": state, "timestamp": stamp},
-        "metadata": {"agentq": {"status": status.value, "agent": task.submission.agent}},
-    }}  # fmt: skip
+    context = str(task.submission.metadata.get(CONTEXT_KEY) or task.task_id)
+    meta = {"agentq": {"status": status.value, "agent": task.submission.agent}}
+    if state == COMPLETED and task.status is status:
+        return {"task": {"id": task.task_id, "contextId": context, "status": {"state": state, "timestamp": stamp},
+                         "artifacts": artifacts(store, task), "metadata": meta}}  # fmt: skip
+    return {"statusUpdate": {"taskId": task.task_id, "contextId": context,
+                             "status": {"state": state, "timestamp": stamp}, "metadata": meta}}  # fmt: skip
 
 
 def enqueue_push(store: Storage, queues: TaskQueues | None, task: Task, status: TaskStatus) -> int:
@@ -49,7 +55,7 @@ def enqueue_push(store: Storage, queues: TaskQueues | None, task: Task, status: 
         pending = store.approvals.pending(task.task_id)
         credential = pending is not None and bool(pending.credential)
     state = state_name(status, credential=credential)
-    body = payload(task, status, state)
+    body = payload(store, task, status, state)
     for config in configs:
         headers: dict[str, str] = {}
         auth = config.get("authentication") or {}

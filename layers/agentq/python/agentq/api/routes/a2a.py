@@ -105,7 +105,8 @@ def router(deps: ApiDeps) -> Router:
         if given is not None and not re.fullmatch(IDEMPOTENCY_KEY_PATTERN, given):
             refusal = rpc_refusal(413, "Idempotency-Key: 1-255 visible ASCII characters")  # an invalid request
             return Response(status_code=200, content_type=JSON, body=refusal["body"])
-        token = call_var.set(Call(deps.caller(), agent, given))
+        base = _base_url(event)
+        token = call_var.set(Call(deps.caller(), agent, given, base if len(base) <= 1024 else ""))  # a metadata value
         live = live_var.get()
         try:
             status, out, payload = asyncio.run(_serve(handler[0], headers, body, live))
