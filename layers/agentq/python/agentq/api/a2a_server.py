@@ -17,7 +17,7 @@ which calls the same control functions the HTTP API calls, as the MCP server doe
   as the protocol requires: an A2A task never restarts, where agentq would reopen an answered
   one): the next message of the conversation goes to the context (its ``contextId``), a new task.
 - ``SendStreamingMessage`` / ``SubscribeToTask``: the task, then a status update at each change
-  of its A2A state (and the result artifact): event by event where the server holds the
+  of its A2A state (and the artifacts: the result, the workspace's files): event by event where the server holds the
   connection, a subscription following the task to its end; sent whole in the API Lambda
   (``api/a2a_stream.py``). A client resumes with ``SubscribeToTask``, which starts with the task
   as it is now, so nothing committed is lost between two streams.

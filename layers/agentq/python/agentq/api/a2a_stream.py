@@ -1,6 +1,7 @@
 """The events of an A2A stream (``SendStreamingMessage``, ``SubscribeToTask``; ``api/a2a_server.py``):
-the task as it is, then a status update at each change of its A2A state, the result as an
-artifact update before the completed one.
+the task as it is, then a status update at each change of its A2A state, the task's artifacts
+(``queueing/a2a_artifacts.py``: the result, and its workspace's files) as artifact updates before
+the completed one.
 
 Two ways to serve one, by what holds the connection (``api/live_stream.py``):
 
