@@ -141,7 +141,7 @@ def test_a_task_without_a_workspace_has_only_its_result(api_stack: ApiStack) -> 
 @needs_sandbox
 def test_past_the_cap_the_listing_is_cut_and_its_metadata_says_so(api_stack: ApiStack) -> None:
     many = MAX_LISTED_FILES + 5
-    turns = [{"text": "", "tool_calls": [tool_call("shell", command=f"for i in $(seq {many}); do echo $i > f$i; done")]},
+    turns: list[dict[str, Any]] = [{"text": "", "tool_calls": [tool_call("shell", command=f"for i in $(seq {many}); do echo $i > f$i; done")]},
              {"text": "made"}]  # fmt: skip
     name = _workspace_agent(api_stack, turns)
     data = _rpc(api_stack, name, _send("make many files"))[1]

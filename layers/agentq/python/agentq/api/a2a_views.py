@@ -25,7 +25,8 @@ from typing import Any
 from agentq.core.a2a_states import state_name
 from agentq.core.models import Task, TaskStatus
 from agentq.core.records import ApprovalRecord
-from agentq.queueing.a2a_artifacts import JSON_TYPE, TEXT
+from agentq.queueing.a2a_artifacts import JSON_TYPE as JSON_TYPE
+from agentq.queueing.a2a_artifacts import TEXT as TEXT
 from agentq.queueing.a2a_artifacts import artifacts as task_artifacts
 from agentq.storage.container import Storage
 
