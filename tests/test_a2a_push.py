@@ -1,9 +1,12 @@
 """A2A push notification configs (``api/a2a_push.py``, ``queueing/a2a_push.py``) against the local
 stack with real workers: created, read, listed and deleted per task (deleting twice is deleting
 once); a task's changes reach a real receiving HTTP server on loopback, signed as every callback,
-with the config's own credentials and token, as A2A ``StreamResponse`` status updates, each with a
+with the config's own credentials and token, as A2A ``StreamResponse`` status updates (the task
+with its artifacts at ``completed``), each with a
 delivery id that stays the same across attempts; an internal URL is the protocol's invalid-params
-error naming ``url``, nothing stored; another tenant's task takes no config."""
+error naming ``url``, nothing stored; another tenant's task takes no config. A config given with
+a send is in place before its task can run: a task that pauses at once, or ends within its own
+submission, is notified, and a refused send leaves no config behind."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import json
 import threading
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -20,8 +24,10 @@ from agentq.core.webhooks import SIGNATURE_HEADER, verify
 
 from tests.api_support import ApiStack
 from tests.helpers import call as tool_call
-from tests.helpers import wait_for
+from tests.helpers import dynamo, wait_for
 from tests.test_a2a_server import APPROVAL_TURNS, _agent, _rpc, _send
+
+SENDS_AT_ONCE = 16
 
 TWO_APPROVALS: list[dict[str, Any]] = [
     {"text": "", "tool_calls": [tool_call("request_approval", question="Build it?")]},
@@ -203,3 +209,80 @@ def test_a_task_that_ended_takes_a_push_config_as_the_protocol_keeps_one_until_t
     assert made["result"]["taskId"] == task_id, made
     listed = _call(api_stack, name, "ListTaskPushNotificationConfigs", {"taskId": task_id})["result"]["configs"]
     assert [c["id"] for c in listed] == [made["result"]["id"]]
+
+
+def test_a_push_config_given_with_the_send_is_in_place_before_the_task_runs_so_a_pause_at_once_notifies(
+    api_stack: ApiStack, receiver: Receiver
+) -> None:
+    """The config of ``configuration.taskPushNotificationConfig`` is stored under the task's id
+    before the task is submitted: a task that asks for approval in its first turn (on a worker that
+    took it within milliseconds) still has its ``input-required`` sent, every one of many sent at once."""
+    name = _agent(api_stack, APPROVAL_TURNS, tools=["request_approval"])
+
+    def send(i: int) -> str:
+        params = _send(f"ship release {i}")["params"]
+        params["configuration"] = {"returnImmediately": True,
+                                   "taskPushNotificationConfig": {"url": receiver.url, "token": f"n{i}"}}  # fmt: skip
+        return str(_call(api_stack, name, "SendMessage", params)["result"]["task"]["id"])
+
+    with ThreadPoolExecutor(8) as pool:
+        ids = set(pool.map(send, range(SENDS_AT_ONCE)))
+    assert len(ids) == SENDS_AT_ONCE
+    for task_id in ids:  # every task paused: each is input-required now
+        api_stack.until(task_id, lambda view: view["status"] == "paused")
+
+    def notified() -> set[str]:
+        return {b["statusUpdate"]["taskId"] for _, b in receiver.taken()
+                if b.get("statusUpdate", {}).get("status", {}).get("state") == "TASK_STATE_INPUT_REQUIRED"}  # fmt: skip
+
+    wait_for(lambda: notified() >= ids, timeout=60, what="an input-required notification of every task")
+    for task_id in ids:  # and the config is the task's, readable as any
+        listed = _call(api_stack, name, "ListTaskPushNotificationConfigs", {"taskId": task_id})["result"]["configs"]
+        assert [c["url"] for c in listed] == [receiver.url]
+
+
+def test_a_push_config_given_with_the_send_hears_of_a_task_that_ends_within_its_submission(
+    api_stack: ApiStack, receiver: Receiver
+) -> None:
+    """The sharpest case of the above, without a race: a task whose concurrency key is full and
+    whose agent says ``skip`` ends ``canceled`` inside its own submission, before the send
+    returns; its config was stored first, so the end is posted."""
+    key = {"key": f"k-{uuid.uuid4().hex[:8]}", "limit": 1, "on_conflict": "skip"}
+    name = _agent(api_stack, [{"text": "slow", "latency_seconds": 30}], concurrency=key)
+    immediately = {"returnImmediately": True}
+    holder = _call(api_stack, name, "SendMessage", {**_send("hold the key")["params"], "configuration": immediately})
+    holder_id = holder["result"]["task"]["id"]
+    params = _send("skipped")["params"]
+    params["configuration"] = {**immediately, "taskPushNotificationConfig": {"url": receiver.url, "token": "s"}}
+    skipped = _call(api_stack, name, "SendMessage", params)["result"]["task"]
+    assert skipped["status"]["state"] == "TASK_STATE_CANCELED", skipped  # ended before the answer
+    try:
+        wait_for(lambda: any(b.get("statusUpdate", {}).get("taskId") == skipped["id"] for _, b in receiver.taken()),
+                 timeout=30, what="the canceled notification of the task skipped at its submission")  # fmt: skip
+        (update,) = [b["statusUpdate"] for _, b in receiver.taken() if "statusUpdate" in b]
+        assert update["status"]["state"] == "TASK_STATE_CANCELED" and update["taskId"] == skipped["id"]
+    finally:
+        _call(api_stack, name, "CancelTask", {"id": holder_id})
+
+
+def test_a_send_refused_after_its_config_was_stored_leaves_no_config(api_stack: ApiStack, receiver: Receiver) -> None:
+    """A submission refused once the config is in place (here: the agent's scope is stopped)
+    takes the config away: nothing is stored for a task that does not exist."""
+    name = _agent(api_stack, APPROVAL_TURNS, tools=["request_approval"])
+    before = _push_items(api_stack)
+    status, data, _ = api_stack.http("POST", "/stops", {"agent": name})
+    assert status in (200, 201), data
+    params = _send("ship it")["params"]
+    params["configuration"] = {"taskPushNotificationConfig": {"url": receiver.url}}
+    refused = _call(api_stack, name, "SendMessage", params)
+    assert "error" in refused, refused
+    assert _push_items(api_stack) == before
+
+
+def _push_items(api_stack: ApiStack) -> list[Any]:
+    """Every push config item in the stack's table (a scan: the test's only way to see one stored
+    under a task id nobody was told)."""
+    stack = api_stack.stack
+    assert stack.settings is not None
+    items = dynamo(stack.store()).client.scan(TableName=stack.settings.table, ConsistentRead=True)["Items"]
+    return sorted((i["pk"]["S"], i["sk"]["S"]) for i in items if i["pk"]["S"].startswith("A2APUSH#"))

@@ -78,17 +78,23 @@ class PushConfigMethods:
     _owned: Callable[[str], Task]
     _store_call: Callable[[Callable[[], Any]], Any]
 
-    def _store_push(self, task: Task, params: Any) -> Any:
+    def _store_push(self, task_id: str, tenant: str, params: Any) -> tuple[str, Any]:
+        """Store the config for ``task_id`` (which may not exist yet: a send stores its config
+        under the id its task will be created with); its id and the protocol's view of it."""
         push = self.deps.store.a2a_push
-        config_id, raw = config_in(params, task.task_id)
-        known = push.listed(task.task_id)
+        config_id, raw = config_in(params, task_id)
+        known = push.listed(task_id)
         if len(known) >= MAX_CONFIGS and all(c.get("id") != config_id for c in known):
             raise _invalid(f"a task holds at most {MAX_CONFIGS} push configs; delete one first", "id")
-        push.put(task.task_id, task.tenant, config_id, raw)
-        return _config_out(raw)
+        push.put(task_id, tenant, config_id, raw)
+        return config_id, _config_out(raw)
 
     async def on_create_task_push_notification_config(self, params: Any, context: Any) -> Any:
-        return await self._store_call(lambda: self._store_push(self._owned(params.task_id), params))
+        def create() -> Any:
+            task = self._owned(params.task_id)
+            return self._store_push(task.task_id, task.tenant, params)[1]
+
+        return await self._store_call(create)
 
     async def on_get_task_push_notification_config(self, params: Any, context: Any) -> Any:
         def get() -> Any:

@@ -23,7 +23,7 @@ which calls the same control functions the HTTP API calls, as the MCP server doe
   as it is now, so nothing committed is lost between two streams.
 - ``GetTask``, ``ListTasks`` (this agent's tasks of the caller, newest first), ``CancelTask``.
 - Push notification configs (``api/a2a_push.py``): created, read, listed, deleted per task (or
-  given with a send), each URL checked as a callback's; the task's changes are POSTed there
+  given with a send, then stored before its task can run on it), each URL checked as a callback's; the task's changes are POSTed there
   signed when it waits for someone or ends (``queueing/a2a_push.py``).
 
 Tenancy: every call acts for the request's caller (``core.endusers.Caller``, the API's own
@@ -56,6 +56,7 @@ from agentq.core.endusers import Caller
 from agentq.core.errors import AgentqError, IllegalTransition, TaskNotFound
 from agentq.core.models import MAX_GOAL_CHARS, Task, TaskStatus
 from agentq.queueing.a2a_artifacts import BASE_KEY
+from agentq.storage.keys import new_task_id
 
 WAIT_SECONDS = 20.0  # a blocking SendMessage: API Gateway answers within 29 s
 POLL_SECONDS = 0.25
@@ -216,7 +217,11 @@ class AgentqRequestHandler(PushConfigMethods):
 
     def _start_or_continue(self, params: Any) -> tuple[Task, int]:
         """Submit a task, or hand the message to the task it names; the task and how many of
-        its messages must be delivered before its state answers this one."""
+        its messages must be delivered before its state answers this one. A push config the send
+        carries (``configuration.taskPushNotificationConfig``) is stored before the task can run
+        on this message: a task that pauses or ends at once is notified too."""
+        push = params.configuration.task_push_notification_config
+        push = push if params.configuration.HasField("task_push_notification_config") else None
         message = params.message
         text = _text_of(message)
         call = call_var.get()
@@ -232,6 +237,8 @@ class AgentqRequestHandler(PushConfigMethods):
                     message=f"task {task.task_id} has ended ({task.status.value}): send a new message with "
                     f"contextId {views.context_id(task)!r} and no taskId for a new task"
                 )
+            if push is not None:
+                self._store_push(task.task_id, task.tenant, push)
             if task.status is TaskStatus.PAUSED:
                 approved, note = _decision(message, text)
                 operations.decide(deps.store, deps.queues, task.task_id, approved=approved, note=note,
@@ -252,17 +259,24 @@ class AgentqRequestHandler(PushConfigMethods):
         }
         # The key names the request as sent (its digest too: the context a new task gets is drawn here)
         key = _idempotency_key(call, message.message_id, message.context_id, text)
-        submitted = submit_once(deps.store, deps.tools, raw, tenant=call.caller.tenant, queues=deps.queues,
-                                idempotency_key=key, digest=key or None, defaults=deps.defaults)  # fmt: skip
+        # The task's id is drawn here so that its push config is in place before it exists: one
+        # ended or paused within the submission (a concurrency key's skip) or within milliseconds
+        # on a worker finds it. A refused submission takes its config away with it.
+        task_id = new_task_id()
+        stored = self._store_push(task_id, call.caller.tenant, push)[0] if push is not None else None
+        try:
+            submitted = submit_once(deps.store, deps.tools, raw, tenant=call.caller.tenant, queues=deps.queues,
+                                    idempotency_key=key, digest=key or None, defaults=deps.defaults,
+                                    task_id=task_id)  # fmt: skip
+        except BaseException:
+            if stored is not None:
+                deps.store.a2a_push.delete(task_id, stored)
+            raise
+        if stored is not None and submitted.task.task_id != task_id:
+            # A retried send (its Idempotency-Key) found the task the first one started: the config is that task's.
+            deps.store.a2a_push.delete(task_id, stored)
+            self._store_push(submitted.task.task_id, submitted.task.tenant, push)
         return submitted.task, 0
-
-    def _start_with_push(self, params: Any) -> tuple[Task, int]:
-        """``_start_or_continue``, and the push config the send carries stored for its task
-        (checked before: a refused URL starts nothing)."""
-        task, heard = self._start_or_continue(params)
-        if params.configuration.HasField("task_push_notification_config"):
-            self._store_push(task, params.configuration.task_push_notification_config)
-        return task, heard
 
     def _settled(self, task: Task, heard: int, seconds: float) -> Task:
         deadline = time.monotonic() + seconds
@@ -278,14 +292,14 @@ class AgentqRequestHandler(PushConfigMethods):
         length = configuration.history_length if configuration.HasField("history_length") else None
 
         def send() -> Any:
-            task, heard = self._start_with_push(params)
+            task, heard = self._start_or_continue(params)
             return self._view(self._settled(task, heard, wait), length)
 
         return await _off_loop(send)
 
     async def on_message_send_stream(self, params: Any, context: Any) -> AsyncGenerator[Any]:
         _check_send(params)
-        task, heard = await _off_loop(lambda: self._start_with_push(params))
+        task, heard = await _off_loop(lambda: self._start_or_continue(params))
         async for event in task_events(self._view, self._poll, _off_loop, task, heard, follow=False):
             yield event
 
