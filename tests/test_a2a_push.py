@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from agentq.api.models import MAX_NOTE_CHARS
 from agentq.core.webhooks import SIGNATURE_HEADER, verify
 
 from tests.api_support import ApiStack
@@ -286,3 +287,19 @@ def _push_items(api_stack: ApiStack) -> list[Any]:
     assert stack.settings is not None
     items = dynamo(stack.store()).client.scan(TableName=stack.settings.table, ConsistentRead=True)["Items"]
     return sorted((i["pk"]["S"], i["sk"]["S"]) for i in items if i["pk"]["S"].startswith("A2APUSH#"))
+
+
+def test_a_refused_message_to_a_task_takes_back_the_config_it_came_with_and_keeps_the_one_it_replaced(
+    api_stack: ApiStack, receiver: Receiver
+) -> None:
+    name = _agent(api_stack, APPROVAL_TURNS, tools=["request_approval"])
+    task_id = _paused(api_stack, name)
+    _call(api_stack, name, "CreateTaskPushNotificationConfig",
+          {"taskId": task_id, "id": "kept", "url": receiver.url, "token": "old"})  # fmt: skip
+    for config in ({"id": "new", "url": receiver.url}, {"id": "kept", "url": receiver.url, "token": "replacing"}):
+        params = _send("x" * (MAX_NOTE_CHARS + 1), taskId=task_id)["params"]  # a note too long: refused
+        params["configuration"] = {"taskPushNotificationConfig": config}
+        refused = _call(api_stack, name, "SendMessage", params)
+        assert refused["error"]["code"] == -32602 and "message.parts" in refused["error"]["message"], refused
+        listed = _call(api_stack, name, "ListTaskPushNotificationConfigs", {"taskId": task_id})["result"]["configs"]
+        assert [(c["id"], c.get("token")) for c in listed] == [("kept", "old")]

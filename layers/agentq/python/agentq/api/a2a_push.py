@@ -89,6 +89,21 @@ class PushConfigMethods:
         push.put(task_id, tenant, config_id, raw)
         return config_id, _config_out(raw)
 
+    def _store_push_undoably(self, task_id: str, tenant: str, params: Any) -> tuple[str, Callable[[], None]]:
+        """``_store_push``, and how to take it back if what it came with is refused: delete the
+        config, or put back the one of the same id it replaced."""
+        push = self.deps.store.a2a_push
+        prior = push.get(task_id, params.id) if params.id else None
+        config_id, _ = self._store_push(task_id, tenant, params)
+
+        def undo() -> None:
+            if prior is None:
+                push.delete(task_id, config_id)
+            else:
+                push.put(task_id, tenant, config_id, prior)
+
+        return config_id, undo
+
     async def on_create_task_push_notification_config(self, params: Any, context: Any) -> Any:
         def create() -> Any:
             task = self._owned(params.task_id)

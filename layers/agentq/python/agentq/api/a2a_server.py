@@ -237,16 +237,13 @@ class AgentqRequestHandler(PushConfigMethods):
                     message=f"task {task.task_id} has ended ({task.status.value}): send a new message with "
                     f"contextId {views.context_id(task)!r} and no taskId for a new task"
                 )
-            if push is not None:
-                self._store_push(task.task_id, task.tenant, push)
-            if task.status is TaskStatus.PAUSED:
-                approved, note = _decision(message, text)
-                operations.decide(deps.store, deps.queues, task.task_id, approved=approved, note=note,
-                                  by=call.caller.user or call.caller.tenant, tenant=task.tenant)  # fmt: skip
-                return deps.store.tasks.get(task.task_id), 0
-            sent = send_message(deps.store, deps.queues, task.task_id, text, tenant=task.tenant,
-                                idempotency_key=_idempotency_key(call, message.message_id, task.task_id, text))  # fmt: skip
-            return deps.store.tasks.get(task.task_id), sent.message.seq
+            undo = self._store_push_undoably(task.task_id, task.tenant, push)[1] if push is not None else None
+            try:
+                return self._continue(task, message, text)
+            except BaseException:
+                if undo is not None:
+                    undo()  # the message was refused: so is the config it came with
+                raise
         if len(text) > MAX_GOAL_CHARS:
             raise _invalid(f"{len(text):,} characters; a task's first message holds at most {MAX_GOAL_CHARS:,}",
                            "message.parts")  # fmt: skip
@@ -263,20 +260,33 @@ class AgentqRequestHandler(PushConfigMethods):
         # ended or paused within the submission (a concurrency key's skip) or within milliseconds
         # on a worker finds it. A refused submission takes its config away with it.
         task_id = new_task_id()
-        stored = self._store_push(task_id, call.caller.tenant, push)[0] if push is not None else None
+        undo = self._store_push_undoably(task_id, call.caller.tenant, push)[1] if push is not None else None
         try:
             submitted = submit_once(deps.store, deps.tools, raw, tenant=call.caller.tenant, queues=deps.queues,
                                     idempotency_key=key, digest=key or None, defaults=deps.defaults,
                                     task_id=task_id)  # fmt: skip
         except BaseException:
-            if stored is not None:
-                deps.store.a2a_push.delete(task_id, stored)
+            if undo is not None:
+                undo()
             raise
-        if stored is not None and submitted.task.task_id != task_id:
+        if undo is not None and submitted.task.task_id != task_id:
             # A retried send (its Idempotency-Key) found the task the first one started: the config is that task's.
-            deps.store.a2a_push.delete(task_id, stored)
+            undo()
             self._store_push(submitted.task.task_id, submitted.task.tenant, push)
         return submitted.task, 0
+
+    def _continue(self, task: Task, message: Any, text: str) -> tuple[Task, int]:
+        """The message to a task that has not ended: the decision of a paused one, else a message
+        under its double-texting policy."""
+        deps, call = self.deps, call_var.get()
+        if task.status is TaskStatus.PAUSED:
+            approved, note = _decision(message, text)
+            operations.decide(deps.store, deps.queues, task.task_id, approved=approved, note=note,
+                              by=call.caller.user or call.caller.tenant, tenant=task.tenant)  # fmt: skip
+            return deps.store.tasks.get(task.task_id), 0
+        sent = send_message(deps.store, deps.queues, task.task_id, text, tenant=task.tenant,
+                            idempotency_key=_idempotency_key(call, message.message_id, task.task_id, text))  # fmt: skip
+        return deps.store.tasks.get(task.task_id), sent.message.seq
 
     def _settled(self, task: Task, heard: int, seconds: float) -> Task:
         deadline = time.monotonic() + seconds
