@@ -64,6 +64,9 @@ def test_bad_online_evaluations_are_refused_naming_the_field_and_store_nothing(a
     graded = {"alias": "prod", "grade": {"grader": "says_done"}}
     status, answer, _ = api_stack.http("POST", "/tasks", {"goal": "g", "agent": f"{name}@1", "online": graded})
     assert (status, answer["error"]["field"]) == (422, "online"), answer
+    # a client that sends every field of a submission sends online as null: that is no claim to be sampled
+    status, answer, _ = api_stack.http("POST", "/tasks", {"goal": "g", "agent": f"{name}@1", "online": None})
+    assert status == 202, answer
 
 
 def test_sampled_tasks_are_graded_per_version_and_the_quality_read_shows_pass_rate_and_cost(

@@ -68,7 +68,7 @@ def prepare_submission(
     resolved (an alias's split keyed by ``task_id`` when the task has no user), the deployment's
     defaults filled in, tools, model, script, callback URL and dependencies checked
     (``submit_once``; a schedule's template is checked the same way)."""
-    if "online" in submission.model_fields_set:
+    if submission.online is not None:
         raise ValidationError(
             "online: set by an alias with online evaluation when it samples the task; a submission cannot send it",
             field="online",
