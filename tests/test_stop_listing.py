@@ -125,9 +125,9 @@ class _Calls:
 @pytest.mark.parametrize("others", [0, 60])
 def test_a_stops_calls_grow_with_its_own_scopes_tasks_never_with_other_tenants(store: Storage, others: int) -> None:
     """One Query of the tenant's unfinished tasks (never the ``live`` index of every tenant),
-    each task fenced by its own transition (a read of META for the event it logs, one write),
-    a BatchGetItem per batch of fenced tasks (as many batches as threads, at most 25 tasks), and
-    the cancel's bookkeeping (a Query of the task's spawns, one of its dependents; the slots of a
+    a BatchGetItem per batch of the tasks listed (as many batches as threads, at most 25 tasks),
+    each task fenced by one write made from that read (no read of META of its own), and the
+    cancel's bookkeeping (a Query of the task's spawns, one of its dependents; the slots of a
     task cancelled queued: one read): the same calls however many tasks other tenants run."""
     for _ in range(others):
         store.tasks.create(_submission("alice", "shop"), tenant="elsewhere")
@@ -141,7 +141,7 @@ def test_a_stops_calls_grow_with_its_own_scopes_tasks_never_with_other_tenants(s
         assert calls.take() == {
             "PutItem": 1,  # the stop
             "Query[tenant_live]": 1,
-            "GetItem": 2 * n,
+            "GetItem": n,  # the slots of a task cancelled queued; none before its fence
             "TransactWriteItems": n,
             "BatchGetItem": len(stops.batches(ids)),
             "Query": 2 * n,

@@ -156,3 +156,33 @@ def test_a_cursor_past_the_end_or_not_issued_by_the_log_is_refused(backend: Stor
     for bad in ("1e400", "1.2.3", "1.2.9.0", "-1.0.0.0", "1.0.0.0 ", "", "1.0.0.0\n", "\u0661.0.0.0", "1.0.0.\uff10"):
         with pytest.raises(ValueError):
             Position.parse(bad)
+
+
+def _moved_since_read(backend: Storage, how: str) -> tuple[str, str]:
+    """A task read (as a stop's batch read reads it), then moved by ``how`` before a write made
+    from that read: its id and the status the write will replace."""
+    lease = claimed(backend) if how in ("committed", "logged") else None
+    task_id = lease.task_id if lease else new_task(backend)
+    ((_, read),) = backend.tasks.read_many([task_id])
+    if how == "claimed":  # queued -> running, without moving seq or step
+        assert backend.tasks.claim(task_id, "w2", 30) is not None
+    elif how == "committed" and lease:  # step moves
+        backend.steps.commit(lease, 1, llm_step(), root_id=task_id)
+    elif how == "logged":  # seq moves
+        backend.tasks.record_retry(task_id, _retry(1))
+    return task_id, read
+
+
+@pytest.mark.parametrize("how", ["nothing", "claimed", "committed", "logged"])
+def test_a_transition_written_from_an_earlier_read_returns_the_status_it_replaced(
+    backend: Storage, how: str
+) -> None:
+    """``transition(read=)`` (a stop's fence, written from its batch read, no read of its own)
+    reports the status its write replaced, not the one read, whatever moved META in between:
+    a claim (status, not seq), a step commit, another event; and logs its event once, last."""
+    task_id, read = _moved_since_read(backend, how)
+    before = backend.tasks.get(task_id).status.value
+    assert backend.tasks.transition(task_id, TaskStatus.CANCELLED, read=read) == before
+    assert _kinds(_all(backend, task_id))[-1] == "task.status:cancelled"
+    logged = [i["data"].get("status") for i in backend.table.query(keys.task_pk(task_id), prefix=keys.EVENT)]
+    assert logged.count("cancelled") == 1

@@ -110,11 +110,12 @@ def stop(
 ) -> StopReport:
     """Store the stop of ``scope`` (idempotent), then cancel every unfinished tree in it.
 
-    The fences come first, ``THREADS`` at once, straight from the index entries: nothing is
-    read before a task's fence but what its own write reads (META, for the event it logs), so
-    the first lands two round trips after the listing. Then the fenced tasks are read (a
-    BatchGetItem a batch), each with the status it was fenced from, and each tree's cancel is
-    finished (``operations.cancel`` with ``fenced=``), the trees at once."""
+    The tasks listed are read first, a BatchGetItem a batch, the batches at once; then the
+    fences, ``THREADS`` at once, each written from the META its batch read (the event it logs
+    needs META's ``seq``; no read of its own), so the first lands two round trips after the
+    listing and each task costs one call before it is stopped, plus its share of a batch. Then
+    each tree's cancel is finished (``operations.cancel`` with ``fenced=``: the tasks as read,
+    with the status each was fenced from), the trees at once."""
     owned_scope(store, tenant, scope)
     record, created = store.stops.put(tenant, scope, by=by, reason=reason)
     report = StopReport(record, created)
@@ -125,11 +126,11 @@ def stop(
     why = f"stopped: {scope}" + (f" ({reason})" if reason else "")
     error = {"code": "cancelled", "message": why}
 
-    def fence(task_id: str) -> str | None:
-        """The write that ends the task's commits: one conditional transition. The status it
-        moved from; None if it ended (or was purged) before."""
+    def fence(read: tuple[Task, dict[str, Any]]) -> str | None:
+        """The write that ends the task's commits: one conditional transition, made from META
+        as the batch read it. The status it moved from; None if it ended (or was purged) before."""
         try:
-            return store.tasks.transition(task_id, TaskStatus.CANCELLED, error=error)
+            return store.tasks.transition(read[0].task_id, TaskStatus.CANCELLED, error=error, read=read[1])
         except (IllegalTransition, TaskNotFound):
             return None
 
@@ -143,17 +144,20 @@ def stop(
             return []  # it ended on its own before the fence
 
     with ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="agentq-stop") as pool:
-        moved = dict(zip(ids, pool.map(fence, ids), strict=True))
-        found = [t for batch in pool.map(store.tasks.get_many, batches(ids)) for t in batch]
+        reads = [r for batch in pool.map(store.tasks.read_many, batches(ids)) for r in batch]
+        moved = dict(zip([t.task_id for t, _ in reads], pool.map(fence, reads), strict=True))
         # Each fenced task as it was before its fence, for the cancel's bookkeeping (a task
-        # fenced queued gives its slots back): the fence changed nothing else it reads.
-        fenced = {
-            t.task_id: t.model_copy(update={"status": TaskStatus(moved[t.task_id])}) for t in found if moved[t.task_id]
-        }
+        # fenced queued gives its slots back): the fence required the status read, and changed
+        # nothing else it reads.
+        fenced = {t.task_id: t.model_copy(update={"status": TaskStatus(moved[t.task_id])}) for t, _ in reads
+                  if moved[t.task_id]}  # fmt: skip
         # A tree is cancelled from its highest task in the scope; a child under it goes with it.
         roots = [t for t in fenced.values() if t.parent_id not in fenced]
         done = {i for ids_cancelled in pool.map(cancel_tree, roots) for i in ids_cancelled}
-    # And what a worker (or a fan-out's stop) cancelled first, having met the stop.
+        # And what a worker (or a fan-out's stop) cancelled first, having met the stop: read
+        # cancelled, or (rarely) found ended by its fence.
+        unfenced = [t.task_id for t, _ in reads if not moved[t.task_id] and not t.status.terminal]
+        found = [t for t, _ in reads] + [t for batch in pool.map(store.tasks.get_many, batches(unfenced)) for t in batch]
     done.update(t.task_id for t in found if t.status is TaskStatus.CANCELLED)
     report.cancelled = sorted(done)
     report.were_running = [t for t in report.cancelled if moved.get(t) == TaskStatus.RUNNING.value]

@@ -156,6 +156,7 @@ def logged_transact(
     *,
     meta: str = "meta",
     retry_moved: bool = True,
+    read: Item | None = None,
 ) -> Item | None:
     """Run ``actions`` as one transaction that also logs ``event``; returns META as read before.
 
@@ -166,15 +167,25 @@ def logged_transact(
     ``TransactionCancelled`` as the transaction without the event would have. A caller whose own
     condition reads a counter that moves with ``seq`` (a message's number) passes
     ``retry_moved=False``: every refusal is then ``TransactionCancelled``, and it reads again.
+
+    ``read``: META as the caller read it already (a stop's batch read of the tasks it fences):
+    the first attempt writes from it instead of reading META again, one round trip fewer. As
+    that read may be older, the attempt also requires META's ``status`` to be the one read (a
+    claim moves it without moving ``seq``), so what is returned is what the write replaced; a
+    refusal when it had moved is retried from a fresh read, as a moved ``seq`` is.
     """
     key = keys.meta_key(task_id)
-    for _ in range(WRITE_ATTEMPTS):
-        current = table.get(key)
+    for attempt in range(WRITE_ATTEMPTS):
+        current = read if attempt == 0 and read is not None else table.get(key)
         if current is None:
             raise TransactionCancelled(frozenset({meta}))
         head = plain(current)
         step, seq = int(head.get("step", 0)), int(head.get("seq", 0))
-        bump = Patch(meta, key, Update(set={"seq": seq + 1}), _at(step, seq))
+        held = _at(step, seq)
+        pinned = current is read
+        if pinned:
+            held = held & Attr("status").eq(head.get("status"))
+        bump = Patch(meta, key, Update(set={"seq": seq + 1}), held)
         batch: list[Action] = []
         for action in actions:
             if action.name == meta:
@@ -199,6 +210,7 @@ def logged_transact(
                 raise
             now = table.get(key)
             moved = now is not None and (int(now.get("step", 0)), int(now.get("seq", 0))) != (step, seq)
+            moved = moved or (pinned and now is not None and now.get("status") != head.get("status"))
             if not moved or not retry_moved:
                 raise TransactionCancelled(exc.failed - {"event"} or frozenset({meta})) from exc
     raise RuntimeError(f"task {task_id} kept moving: its event {event.type!r} was not written")

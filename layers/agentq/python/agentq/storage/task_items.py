@@ -136,13 +136,19 @@ class TaskItems:
 
     def get_many(self, task_ids: list[str]) -> list[Task]:
         """Many tasks (BatchGetItem), in the order asked; missing ones are left out."""
+        return [task for task, _ in self.read_many(task_ids)]
+
+    def read_many(self, task_ids: list[str]) -> list[tuple[Task, Item]]:
+        """``get_many`` with each task's META item as read, which a write of the task may be
+        made from (``transition(read=)``: a stop fences the tasks it read without reading META
+        again)."""
         wanted = [k for t in task_ids for k in (keys.meta_key(t), keys.submission_key(t))]
         by_key = {(i["pk"], i["sk"]): i for i in self.table.batch_get(wanted)}
         out = []
         for t in task_ids:
             meta, sub = by_key.get((keys.task_pk(t), keys.META)), by_key.get((keys.task_pk(t), keys.SUBMISSION))
             if meta is not None and sub is not None:
-                out.append(self._decode(meta, sub))
+                out.append((self._decode(meta, sub), meta))
         return out
 
     def _decode(self, meta: Item, sub: Item) -> Task:

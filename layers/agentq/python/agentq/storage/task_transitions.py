@@ -57,6 +57,7 @@ class TaskTransitions(TaskItems):
         extra: dict[str, Any] | None = None,
         reopen: bool = False,
         expect: dict[str, str] | None = None,
+        read: dict[str, Any] | None = None,
     ) -> str:
         """Move a task to ``to``; DynamoDB refuses it unless the current status may lead there.
         Returns the status it moved from (a stop reports the tasks it found running).
@@ -66,7 +67,9 @@ class TaskTransitions(TaskItems):
         has ended (failed, out of budget) and goes on (a redrive, a raised budget): only from an
         ended status, and the write starts its next invocation (``task_items.reopening``).
         ``expect``: attributes META must hold for the move (a redrive: the failure it was
-        dead-lettered for); refused (``IllegalTransition``) otherwise.
+        dead-lettered for); refused (``IllegalTransition``) otherwise. ``read``: META as the
+        caller read it (``read_many``), written from instead of a read of its own
+        (``events.logged_transact``); the status returned is still the one the write replaced.
         """
         # Only a person's message reopens a conversation (``storage.messages``), in a write that
         # also delivers the message: never a generic requeue (a stale wake, a redrive).
@@ -118,6 +121,7 @@ class TaskTransitions(TaskItems):
                 task_id,
                 [Patch("meta", keys.meta_key(task_id), update, condition)],
                 NewEvent("task.status", event),
+                read=read,
             )
         except TransactionCancelled as exc:
             current = self.get(task_id)  # raises TaskNotFound if absent
