@@ -21,6 +21,8 @@ from agentq.core.models import TaskStatus, TaskSubmission
 from agentq.core.stops import StopScope
 from agentq.storage import keys
 from agentq.storage.container import Storage
+from agentq.storage.item_size import item_size
+from agentq.storage.task_listing import TENANT_LIVE_PAGE
 from agentq.storage.table import Update
 
 USERS = ("alice", "bob", None)
@@ -146,3 +148,34 @@ def test_a_stops_calls_grow_with_its_own_scopes_tasks_never_with_other_tenants(s
             "BatchGetItem": len(stops.batches(ids)),
             "Query": 2 * n,
         }
+
+
+def _smallest_entry(store: Storage) -> dict[str, Any]:
+    """The ``tenant_live`` entry of the smallest task there can be: a one-letter tenant, no
+    user, key, parent or agent (the entry's keys and projected attributes, as DynamoDB sizes it)."""
+    task = store.tasks.create(_submission(None, None), tenant="s")
+    meta = store.table.get(keys.meta_key(task.task_id))
+    assert meta is not None
+    projected = ("pk", "sk", "gsi1pk", "live_sk", "parent_id", "user_pk", "key_id", "agent")
+    return {k: meta[k] for k in projected if k in meta}
+
+
+def test_a_stop_lists_a_tenants_tasks_in_pages_only_dynamodbs_1_mb_ends(memory_store: Storage) -> None:
+    """The listing's Limit is above what a 1 MB page holds of the smallest entries, so a page
+    ends where DynamoDB's 1 MB does (~3,000 of the largest entries), never sooner; and 1,500
+    unfinished tasks (more than the 1,000 a page the listing once asked for) are one Query (on
+    the in-memory twin, which pages by Limit as DynamoDB does: 1,500 tasks on moto take minutes)."""
+    store = memory_store
+    assert TENANT_LIVE_PAGE * item_size(_smallest_entry(store)) >= 1024 * 1024
+    tenant = "many"
+    ids = {store.tasks.create(_submission("alice", None), tenant=tenant).task_id for _ in range(1500)}
+    queries = collections.Counter[str]()
+    query_index = store.table.query_index
+
+    def counted(index: str, *args: Any, **kwargs: Any) -> Any:
+        queries[index] += 1
+        return query_index(index, *args, **kwargs)
+
+    store.table.query_index = counted  # type: ignore[method-assign]
+    assert {e["task_id"] for e in stops.scope_entries(store, tenant, StopScope("user", "alice"))} == ids
+    assert queries == {"tenant_live": 1}

@@ -17,6 +17,14 @@ from agentq.storage.table import ConditionFailed, Item, Update, plain, status_in
 from agentq.storage.task_items import TaskItems
 
 
+# The Limit of a Query of ``tenant_live``: above what DynamoDB's 1 MB page holds of the
+# smallest entries (103 bytes: a one-letter tenant, no user, key, parent or agent), so a page
+# ends at 1 MB, never at the Limit: ~3,000 entries of the largest (64-character tenant and
+# agent names, every scope and a parent: 341 bytes), ~4,500 of typical ones. So a stop lists
+# one Query a 3,000 tasks and more; on the local stack (no 1 MB cut) one Query up to 20,000.
+TENANT_LIVE_PAGE = 20_000
+
+
 class TaskListing(TaskItems):
     def list_for_tenant(
         self,
@@ -94,12 +102,12 @@ class TaskListing(TaskItems):
                     break
                 start = page.last_key
 
-    def unfinished_of_tenant(self, tenant: str, page_size: int = 1000) -> list[dict[str, Any]]:
+    def unfinished_of_tenant(self, tenant: str, page_size: int = TENANT_LIVE_PAGE) -> list[dict[str, Any]]:
         """Every unfinished task of ``tenant`` (and a few just finished: the index is eventually
         consistent), from the sparse ``tenant_live`` index, as its entry there: ``task_id`` and
         what names its scopes, those it has: ``parent_id``, ``user_pk``, ``key_id``, ``agent``
         (its agent's name, "" for none; absent on a task created before META carried it). One
-        Query a page: the index holds the tenant's unfinished tasks only, whatever its history."""
+        Query a 1 MB page (``TENANT_LIVE_PAGE``): the index holds the tenant's unfinished tasks only."""
         entries: list[dict[str, Any]] = []
         start: Item | None = None
         while True:
