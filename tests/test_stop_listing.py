@@ -21,6 +21,7 @@ from agentq.core.models import TaskStatus, TaskSubmission
 from agentq.core.stops import StopScope
 from agentq.storage import keys
 from agentq.storage.container import Storage
+from agentq.storage.events import TOGETHER
 from agentq.storage.item_size import item_size
 from agentq.storage.task_listing import TENANT_LIVE_PAGE
 from agentq.storage.table import Update
@@ -127,14 +128,14 @@ class _Calls:
 @pytest.mark.parametrize("others", [0, 60])
 def test_a_stops_calls_grow_with_its_own_scopes_tasks_never_with_other_tenants(store: Storage, others: int) -> None:
     """One Query of the tenant's unfinished tasks (never the ``live`` index of every tenant),
-    a BatchGetItem per batch of the tasks listed (as many batches as threads, at most 25 tasks),
-    each task fenced by one write made from that read (no read of META of its own), and the
+    for each batch of the tasks listed (as many batches as threads, at most ``TOGETHER`` tasks)
+    a BatchGetItem and one transaction of their fences made from it (no read of META), and the
     cancel's bookkeeping (a Query of the task's spawns, one of its dependents; the slots of a
     task cancelled queued: one read): the same calls however many tasks other tenants run."""
     for _ in range(others):
         store.tasks.create(_submission("alice", "shop"), tenant="elsewhere")
     calls = _Calls(store)
-    for n in (5, 30):
+    for n in (5, 70):  # a task a batch; 3 a batch (ceil(70 / THREADS))
         tenant = f"t{n}-{others}"
         ids = [store.tasks.create(_submission("alice", None), tenant=tenant).task_id for _ in range(n)]
         calls.take()
@@ -144,8 +145,8 @@ def test_a_stops_calls_grow_with_its_own_scopes_tasks_never_with_other_tenants(s
             "PutItem": 1,  # the stop
             "Query[tenant_live]": 1,
             "GetItem": n,  # the slots of a task cancelled queued; none before its fence
-            "TransactWriteItems": n,
-            "BatchGetItem": len(stops.batches(ids)),
+            "TransactWriteItems": len(stops.batches(ids, TOGETHER)),  # the fences, a transaction a batch
+            "BatchGetItem": len(stops.batches(ids, TOGETHER)),  # the fences' reads, none after
             "Query": 2 * n,
         }
 

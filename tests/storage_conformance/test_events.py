@@ -174,9 +174,7 @@ def _moved_since_read(backend: Storage, how: str) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("how", ["nothing", "claimed", "committed", "logged"])
-def test_a_transition_written_from_an_earlier_read_returns_the_status_it_replaced(
-    backend: Storage, how: str
-) -> None:
+def test_a_transition_written_from_an_earlier_read_returns_the_status_it_replaced(backend: Storage, how: str) -> None:
     """``transition(read=)`` (a stop's fence, written from its batch read, no read of its own)
     reports the status its write replaced, not the one read, whatever moved META in between:
     a claim (status, not seq), a step commit, another event; and logs its event once, last."""
@@ -186,3 +184,30 @@ def test_a_transition_written_from_an_earlier_read_returns_the_status_it_replace
     assert _kinds(_all(backend, task_id))[-1] == "task.status:cancelled"
     logged = [i["data"].get("status") for i in backend.table.query(keys.task_pk(task_id), prefix=keys.EVENT)]
     assert logged.count("cancelled") == 1
+
+
+def test_tasks_moved_together_are_each_written_from_their_read_or_left_out_if_they_moved(backend: Storage) -> None:
+    """``move_together`` (a stop's fences, one transaction a batch): of tasks read together,
+    those unchanged since are moved, each reporting the status it left and logging its event
+    once; one claimed, one that committed a step, one that logged an event, one that ended
+    since the read are left out (None), unwritten, for the caller to move from a new read."""
+    untouched = [new_task(backend), claimed(backend).task_id]
+    movers = {how: _moved_since_read(backend, how) for how in ("claimed", "committed", "logged")}
+    ended = new_task(backend)
+    reads = [m for _, m in backend.tasks.read_many([*untouched, ended])]
+    backend.tasks.transition(ended, TaskStatus.CANCELLED)
+    everything = [*reads[:2], *(read for _, read in movers.values()), reads[2]]
+    before = {tid: len(backend.table.query(keys.task_pk(tid), prefix=keys.EVENT)) for tid in [*untouched, ended]}
+    before.update({tid: len(backend.table.query(keys.task_pk(tid), prefix=keys.EVENT)) for tid, _ in movers.values()})
+    error = {"code": "cancelled", "message": "stopped"}
+    assert backend.tasks.move_together(everything, TaskStatus.CANCELLED, error=error) == [
+        "queued", "running", None, None, None, None,
+    ]  # fmt: skip
+    for tid in untouched:
+        assert backend.tasks.get(tid).status is TaskStatus.CANCELLED
+        assert _kinds(_all(backend, tid))[-1] == "task.status:cancelled"
+    for tid in [*untouched, ended, *(t for t, _ in movers.values())]:
+        grown = len(backend.table.query(keys.task_pk(tid), prefix=keys.EVENT)) - before[tid]
+        assert grown == (1 if tid in untouched else 0), tid
+    for tid, _ in movers.values():
+        assert backend.tasks.get(tid).status is TaskStatus.RUNNING

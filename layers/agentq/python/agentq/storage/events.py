@@ -44,7 +44,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from boto3.dynamodb.conditions import Attr, ConditionBase
@@ -60,6 +60,7 @@ from agentq.storage.table import (
     Put,
     Table,
     TransactionCancelled,
+    TransactionConflict,
     Update,
     absent,
     merge,
@@ -180,40 +181,105 @@ def logged_transact(
         if current is None:
             raise TransactionCancelled(frozenset({meta}))
         head = plain(current)
-        step, seq = int(head.get("step", 0)), int(head.get("seq", 0))
-        held = _at(step, seq)
         pinned = current is read
-        if pinned:
-            held = held & Attr("status").eq(head.get("status"))
-        bump = Patch(meta, key, Update(set={"seq": seq + 1}), held)
-        batch: list[Action] = []
-        for action in actions:
-            if action.name == meta:
-                if not isinstance(action, Patch | Check) or action.key != key:
-                    raise ValueError(f"action {meta!r} must be a Patch or Check of {task_id}'s META")
-                batch.append(merge(meta, action, bump))
-            else:
-                batch.append(action)
-        item = {
-            **keys.item_key(task_id, keys.event_sk(seq + 1)),
-            "seq": seq + 1,
-            "after_step": step,
-            "type": event.type,
-            "at": time.time(),
-            "data": dict(event.data),
-        }
         try:
-            table.transact([*batch, Put("event", item, absent())])
+            table.transact(_logged(task_id, actions, event, head, meta=meta, pinned=pinned))
             return current
         except TransactionCancelled as exc:
             if meta not in exc.failed and "event" not in exc.failed:
                 raise
             now = table.get(key)
-            moved = now is not None and (int(now.get("step", 0)), int(now.get("seq", 0))) != (step, seq)
+            moved = now is not None and (int(now.get("step", 0)), int(now.get("seq", 0))) != _counters(head)
             moved = moved or (pinned and now is not None and now.get("status") != head.get("status"))
             if not moved or not retry_moved:
                 raise TransactionCancelled(exc.failed - {"event"} or frozenset({meta})) from exc
     raise RuntimeError(f"task {task_id} kept moving: its event {event.type!r} was not written")
+
+
+@dataclass(frozen=True)
+class LoggedWrite:
+    """One task's write for ``logged_together``: its META ``Patch`` (or ``Check``), the event it
+    logs, and META as the caller read it."""
+
+    task_id: str
+    action: Patch | Check
+    event: NewEvent
+    read: Item
+
+
+TOGETHER = 50  # tasks a transaction: DynamoDB's 100 actions, two a task (META and its event)
+
+
+def logged_together(table: Table, writes: Sequence[LoggedWrite]) -> list[bool]:
+    """Up to ``TOGETHER`` tasks' logged writes in one transaction, each made from its ``read``
+    with META's ``status``, ``seq`` and ``step`` pinned (as ``logged_transact(read=)``'s first
+    attempt): one round trip for them all. A task whose condition fails (it moved since the
+    read, or may not make this move) is left out and the others tried again; which were
+    written, in order. The caller writes the others one by one (``logged_transact``, from a
+    fresh read). A conflict with another write (``TransactionConflict``) leaves them all to it."""
+    if len(writes) > TOGETHER:
+        raise ValueError(f"at most {TOGETHER} tasks a transaction")
+    pending = list(range(len(writes)))
+    while pending:
+        actions = [
+            action
+            for i in pending
+            for action in _logged(writes[i].task_id, [replace(writes[i].action, name=f"meta{i}")], writes[i].event,
+                                  plain(writes[i].read), meta=f"meta{i}", pinned=True, event_name=f"event{i}")
+        ]  # fmt: skip
+        try:
+            table.transact(actions)
+            break
+        except TransactionCancelled as exc:
+            failed = {i for i in pending if {f"meta{i}", f"event{i}"} & exc.failed}
+            if not failed:
+                return [False] * len(writes)
+            pending = [i for i in pending if i not in failed]
+        except TransactionConflict:
+            return [False] * len(writes)
+    return [i in pending for i in range(len(writes))]
+
+
+def _counters(head: Mapping[str, Any]) -> tuple[int, int]:
+    return int(head.get("step", 0)), int(head.get("seq", 0))
+
+
+def _logged(
+    task_id: str,
+    actions: Sequence[Action],
+    event: NewEvent,
+    head: Mapping[str, Any],
+    *,
+    meta: str,
+    pinned: bool,
+    event_name: str = "event",
+) -> list[Action]:
+    """``actions`` with the event logged after META as ``head`` holds it: META's action (named
+    ``meta``) gets ``seq + 1`` and the condition that ``seq`` and ``step`` (and with ``pinned``,
+    ``status``) are still those, and a ``Put`` of ``EVENT#<seq+1>`` (named ``event_name``) joins."""
+    key = keys.meta_key(task_id)
+    step, seq = _counters(head)
+    held = _at(step, seq)
+    if pinned:
+        held = held & Attr("status").eq(head.get("status"))
+    bump = Patch(meta, key, Update(set={"seq": seq + 1}), held)
+    batch: list[Action] = []
+    for action in actions:
+        if action.name == meta:
+            if not isinstance(action, Patch | Check) or action.key != key:
+                raise ValueError(f"action {meta!r} must be a Patch or Check of {task_id}'s META")
+            batch.append(merge(meta, action, bump))
+        else:
+            batch.append(action)
+    item = {
+        **keys.item_key(task_id, keys.event_sk(seq + 1)),
+        "seq": seq + 1,
+        "after_step": step,
+        "type": event.type,
+        "at": time.time(),
+        "data": dict(event.data),
+    }
+    return [*batch, Put(event_name, item, absent())]
 
 
 def _at(step: int, seq: int) -> ConditionBase:

@@ -16,7 +16,6 @@ from agentq.storage import keys
 from agentq.storage.table import ConditionFailed, Item, Update, plain, status_in
 from agentq.storage.task_items import TaskItems
 
-
 # The Limit of a Query of ``tenant_live``: above what DynamoDB's 1 MB page holds of the
 # smallest entries (103 bytes: a one-letter tenant, no user, key, parent or agent), so a page
 # ends at 1 MB, never at the Limit: ~3,000 entries of the largest (64-character tenant and

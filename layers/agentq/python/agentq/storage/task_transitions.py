@@ -29,11 +29,12 @@ from agentq.core.models import (
 from agentq.core.status import LOOK_DUE
 from agentq.resources import LIVE_ATTRIBUTES, TTL_ATTRIBUTE
 from agentq.storage import keys
-from agentq.storage.events import NewEvent, logged_transact
+from agentq.storage.events import LoggedWrite, NewEvent, logged_together, logged_transact
 from agentq.storage.leases import why_fenced
 from agentq.storage.table import (
     Check,
     ConditionFailed,
+    Item,
     Patch,
     Put,
     TransactionCancelled,
@@ -71,6 +72,77 @@ class TaskTransitions(TaskItems):
         caller read it (``read_many``), written from instead of a read of its own
         (``events.logged_transact``); the status returned is still the one the write replaced.
         """
+        now = time.time()
+        allowed, patch, event = self._move(task_id, to, now, lease=lease, result=result, error=error, extra=extra,
+                                           reopen=reopen, expect=expect)  # fmt: skip
+        leaves_terminal = any(src.terminal for src in allowed)
+        try:
+            meta = logged_transact(
+                self.table,
+                task_id,
+                [patch],
+                NewEvent("task.status", event),
+                read=read,
+            )
+        except TransactionCancelled as exc:
+            current = self.get(task_id)  # raises TaskNotFound if absent
+            if lease is not None and current.lease_epoch != lease.epoch:
+                raise LeaseLost(f"lease epoch {lease.epoch} of task {task_id} is no longer current") from exc
+            if leaves_terminal and current.status.terminal and (current.expires_at or float("inf")) <= now:
+                raise IllegalTransition(
+                    f"task {task_id} is {current.status.value} and its retention ran out; it is being deleted",
+                    field="task_id",
+                ) from exc
+            if expect and current.status in allowed:
+                raise IllegalTransition(
+                    f"task {task_id} is {current.status.value}, but no longer as it was expected to be", field="status"
+                ) from exc
+            raise IllegalTransition(
+                f"task {task_id} cannot move from {current.status.value!r} to {to.value!r}", field="status"
+            ) from exc
+        observe.task_status_changed(
+            task_id, str((meta or {}).get("tenant", "")), to.value, **({"error": error.get("code")} if error else {})
+        )
+        return str((meta or {}).get("status", ""))
+
+    def move_together(
+        self, reads: list[Item], to: TaskStatus, *, error: dict[str, Any] | None = None
+    ) -> list[str | None]:
+        """Move up to ``events.TOGETHER`` tasks to ``to`` in one transaction (a stop's fences),
+        each written from META as the caller read it (``read_many``), its status, ``seq`` and
+        ``step`` still those read; returns each one's status before, None for one left out (it
+        moved since the read, or may not make this move; the caller moves it with
+        ``transition``, which reads it again)."""
+        now = time.time()
+        writes = []
+        for read in reads:
+            task_id = str(read["task_id"])
+            _, patch, event = self._move(task_id, to, now, error=error)
+            writes.append(LoggedWrite(task_id, patch, NewEvent("task.status", event), read))
+        moved = logged_together(self.table, writes)
+        for write, done in zip(writes, moved, strict=True):
+            if done:
+                tenant = str(write.read.get("tenant", ""))
+                observe.task_status_changed(
+                    write.task_id, tenant, to.value, **({"error": error.get("code")} if error else {})
+                )
+        return [str(w.read["status"]) if done else None for w, done in zip(writes, moved, strict=True)]
+
+    def _move(
+        self,
+        task_id: str,
+        to: TaskStatus,
+        now: float,
+        *,
+        lease: Lease | None = None,
+        result: str | None = None,
+        error: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
+        reopen: bool = False,
+        expect: dict[str, str] | None = None,
+    ) -> tuple[list[TaskStatus], Patch, dict[str, Any]]:
+        """The statuses a move to ``to`` may start from, its conditional write of META, and the
+        data of the ``task.status`` event it logs (``transition``)."""
         # Only a person's message reopens a conversation (``storage.messages``), in a write that
         # also delivers the message: never a generic requeue (a stale wake, a redrive).
         allowed = [src for src in sources_of(to) if not (to is TaskStatus.QUEUED and src in REOPENED_BY_MESSAGE)]
@@ -78,7 +150,6 @@ class TaskTransitions(TaskItems):
             allowed = [src for src in allowed if src.terminal] if to is TaskStatus.QUEUED else []
         if not allowed:
             raise IllegalTransition(f"no status may move to {to.value!r}", field="status")
-        now = time.time()
         sets: dict[str, Any] = {"status": to.value, "updated_at": now}
         removes: list[str] = []
         if to is not TaskStatus.RUNNING:  # only a running task holds a lease
@@ -115,34 +186,7 @@ class TaskTransitions(TaskItems):
         update = Update(set=sets, remove=removes)
         if reopen:
             update = merged(update, reopening(now))
-        try:
-            meta = logged_transact(
-                self.table,
-                task_id,
-                [Patch("meta", keys.meta_key(task_id), update, condition)],
-                NewEvent("task.status", event),
-                read=read,
-            )
-        except TransactionCancelled as exc:
-            current = self.get(task_id)  # raises TaskNotFound if absent
-            if lease is not None and current.lease_epoch != lease.epoch:
-                raise LeaseLost(f"lease epoch {lease.epoch} of task {task_id} is no longer current") from exc
-            if leaves_terminal and current.status.terminal and (current.expires_at or float("inf")) <= now:
-                raise IllegalTransition(
-                    f"task {task_id} is {current.status.value} and its retention ran out; it is being deleted",
-                    field="task_id",
-                ) from exc
-            if expect and current.status in allowed:
-                raise IllegalTransition(
-                    f"task {task_id} is {current.status.value}, but no longer as it was expected to be", field="status"
-                ) from exc
-            raise IllegalTransition(
-                f"task {task_id} cannot move from {current.status.value!r} to {to.value!r}", field="status"
-            ) from exc
-        observe.task_status_changed(
-            task_id, str((meta or {}).get("tenant", "")), to.value, **({"error": error.get("code")} if error else {})
-        )
-        return str((meta or {}).get("status", ""))
+        return allowed, Patch("meta", keys.meta_key(task_id), update, condition), event
 
     def _result_attrs(self, task_id: str, result: str, lease: Lease | None) -> dict[str, Any]:
         """``result`` inline, or an S3 pointer (``result_ref``) when it is large."""
