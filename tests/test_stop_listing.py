@@ -23,8 +23,8 @@ from agentq.storage import keys
 from agentq.storage.container import Storage
 from agentq.storage.events import TOGETHER
 from agentq.storage.item_size import item_size
-from agentq.storage.task_listing import TENANT_LIVE_PAGE
 from agentq.storage.table import Update
+from agentq.storage.task_listing import TENANT_LIVE_PAGE
 
 USERS = ("alice", "bob", None)
 AGENTS = ("shop", "mail@2", None)  # a pinned version is still the agent "mail"

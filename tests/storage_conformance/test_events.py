@@ -158,7 +158,7 @@ def test_a_cursor_past_the_end_or_not_issued_by_the_log_is_refused(backend: Stor
             Position.parse(bad)
 
 
-def _moved_since_read(backend: Storage, how: str) -> tuple[str, str]:
+def _moved_since_read(backend: Storage, how: str) -> tuple[str, dict[str, Any]]:
     """A task read (as a stop's batch read reads it), then moved by ``how`` before a write made
     from that read: its id and the status the write will replace."""
     lease = claimed(backend) if how in ("committed", "logged") else None

@@ -160,8 +160,7 @@ def stop(
         # Each fenced task as it was before its fence, for the cancel's bookkeeping (a task
         # fenced queued gives its slots back): the fence required the status read, and changed
         # nothing else it reads.
-        fenced = {t.task_id: t.model_copy(update={"status": TaskStatus(moved[t.task_id])}) for t, _ in reads
-                  if moved[t.task_id]}  # fmt: skip
+        fenced = {t.task_id: t.model_copy(update={"status": TaskStatus(m)}) for t, m in reads if m}
         # A tree is cancelled from its highest task in the scope; a child under it goes with it.
         roots = [t for t in fenced.values() if t.parent_id not in fenced]
         done = {i for ids_cancelled in pool.map(cancel_tree, roots) for i in ids_cancelled}
