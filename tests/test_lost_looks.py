@@ -77,7 +77,15 @@ def test_every_move_but_the_park_that_queues_a_look_clears_its_due_time(moto_ser
 
 def test_a_look_that_arrives_before_the_next_one_is_due_is_deleted_without_a_claim(moto_server: MotoServer) -> None:
     store, _, dispatcher = _world(moto_server)
-    stray = _parked(store, look_due=time.time() + 600)
+    for ahead in (600, 29):  # a look arriving right after a park whose next look is the shortest, 30 s, away
+        stray = _parked(store, look_due=time.time() + ahead)
+        _assert_dropped(store, dispatcher, stray)
+    due = _parked(store, look_due=time.time() - 1)  # its look, on time: it runs
+    dispatcher.handle(TaskMessage(task_id=due, kind="remote_poll").model_dump_json(), tier="normal", receive_count=1)
+    assert store.tasks.get(due).claim_count == 1
+
+
+def _assert_dropped(store: Any, dispatcher: Any, stray: str) -> None:
     before = store.tasks.get(stray)
     action = dispatcher.handle(TaskMessage(task_id=stray, kind="remote_poll").model_dump_json(), tier="normal",
                                receive_count=1)  # fmt: skip
@@ -85,6 +93,3 @@ def test_a_look_that_arrives_before_the_next_one_is_due_is_deleted_without_a_cla
     after = store.tasks.get(stray)
     assert (after.status, after.claim_count, after.lease_epoch) == (TaskStatus.WAITING, before.claim_count,
                                                                     before.lease_epoch)  # fmt: skip
-    due = _parked(store, look_due=time.time() - 1)  # its look, on time: it runs
-    dispatcher.handle(TaskMessage(task_id=due, kind="remote_poll").model_dump_json(), tier="normal", receive_count=1)
-    assert store.tasks.get(due).claim_count == 1

@@ -21,7 +21,10 @@ from agentq.queueing.dispatch import _arrival, _attempt
 from agentq.queueing.dispatch._context import Action, Context, Delivery, parked
 from agentq.queueing.queues import TaskMessage
 
-EARLY_SLACK = 30.0  # seconds: clocks of two hosts may differ; a look earlier than this is a stray
+# Seconds: the clocks of two hosts may differ (NTP keeps EC2 hosts within milliseconds); a look
+# earlier than this is a stray. Well under the shortest look interval (30 s), so a stray that
+# comes right after a park is told apart too, and two chains of looks merge at the next park.
+EARLY_SLACK = 5.0
 
 
 def handle(ctx: Context, message: TaskMessage, delivery: Delivery) -> Action:
