@@ -211,3 +211,33 @@ def test_tasks_moved_together_are_each_written_from_their_read_or_left_out_if_th
         assert grown == (1 if tid in untouched else 0), tid
     for tid, _ in movers.values():
         assert backend.tasks.get(tid).status is TaskStatus.RUNNING
+
+
+def test_a_transition_from_an_earlier_read_retried_from_a_fresh_read_still_sees_a_claim_in_between(
+    backend: Storage,
+) -> None:
+    """The first attempt (from the caller's read) is refused because an event moved ``seq``; the
+    retry writes from a fresh read, and a claim lands between that read and its write. The retry
+    is pinned to the status it read too, so it is refused again and written from a third read:
+    what it returns is the status it replaced (running), not the one its second read saw."""
+    task_id = new_task(backend)
+    ((_, read),) = backend.tasks.read_many([task_id])
+    backend.tasks.record_retry(task_id, _retry(1))  # seq moves: the first attempt is refused
+    table = backend.tasks.table
+    original_get = table.get
+    gets: list[int] = []
+
+    def get_then_claim(key: Any, *args: Any, **kwargs: Any) -> Any:
+        item = original_get(key, *args, **kwargs)
+        gets.append(1)
+        if len(gets) == 2:  # the retry's fresh read, as a claim comes in right after it
+            table.get = original_get  # type: ignore[method-assign]
+            assert backend.tasks.claim(task_id, "w2", 30) is not None
+        return item
+
+    table.get = get_then_claim  # type: ignore[method-assign]
+    try:
+        assert backend.tasks.transition(task_id, TaskStatus.CANCELLED, read=read) == "running"
+    finally:
+        table.get = original_get  # type: ignore[method-assign]
+    assert backend.tasks.get(task_id).status is TaskStatus.CANCELLED

@@ -128,11 +128,16 @@ def stop(
     why = f"stopped: {scope}" + (f" ({reason})" if reason else "")
     error = {"code": "cancelled", "message": why}
 
-    def fence_one(task_id: str) -> str | None:
-        """The write that ends the task's commits: one conditional transition. The status it
-        moved from; None if it ended (or was purged) before."""
+    def fence_one(task_id: str) -> tuple[Task, str] | None:
+        """The write that ends the task's commits: one conditional transition made from a read
+        of its own, the task as that read saw it and the status the write replaced (pinned,
+        so a claim in between is seen); None if it ended (or was purged) before."""
+        read = store.tasks.read_many([task_id])
+        if not read or read[0][0].status.terminal:
+            return None
+        task, meta = read[0]
         try:
-            return store.tasks.transition(task_id, TaskStatus.CANCELLED, error=error)
+            return task, store.tasks.transition(task_id, TaskStatus.CANCELLED, error=error, read=meta)
         except (IllegalTransition, TaskNotFound):
             return None
 
@@ -143,7 +148,13 @@ def stop(
         reads = store.tasks.read_many(batch)
         live = [meta for task, meta in reads if not task.status.terminal]
         moved = iter(store.tasks.move_together(live, TaskStatus.CANCELLED, error=error) if live else [])
-        return [(task, None if task.status.terminal else next(moved) or fence_one(task.task_id)) for task, _ in reads]
+        out: list[tuple[Task, str | None]] = []
+        for task, _ in reads:
+            together = None if task.status.terminal else next(moved)
+            alone = fence_one(task.task_id) if not task.status.terminal and together is None else None
+            # A task fenced alone is as its own read saw it (its epoch: the slots it gives back).
+            out.append(alone if alone is not None else (task, together))
+        return out
 
     def cancel_tree(task: Task) -> list[str]:
         """The rest of a cancel for the tree (its fan-out stopped, its children out of the scope

@@ -173,7 +173,8 @@ def logged_transact(
     the first attempt writes from it instead of reading META again, one round trip fewer. As
     that read may be older, the attempt also requires META's ``status`` to be the one read (a
     claim moves it without moving ``seq``), so what is returned is what the write replaced; a
-    refusal when it had moved is retried from a fresh read, as a moved ``seq`` is.
+    refusal when it had moved is retried from a fresh read, as a moved ``seq`` is, and pinned
+    again: a claim between that read and its write would otherwise be written over unseen.
     """
     key = keys.meta_key(task_id)
     for attempt in range(WRITE_ATTEMPTS):
@@ -181,7 +182,7 @@ def logged_transact(
         if current is None:
             raise TransactionCancelled(frozenset({meta}))
         head = plain(current)
-        pinned = current is read
+        pinned = read is not None
         try:
             table.transact(_logged(task_id, actions, event, head, meta=meta, pinned=pinned))
             return current
