@@ -16,6 +16,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+from agentq.queueing.queues import pooled
 from agentq.resources import (
     PAYLOAD_PREFIX,
     TABLE_ATTRIBUTES,
@@ -69,7 +70,7 @@ class Data:
 def build_data(scope: Construct, cfg: EnvironmentSettings) -> Data:
     table = _table(scope, cfg)
     access_logs, payloads = _buckets(scope, cfg)
-    queues, dlqs = _tier_queues(scope, cfg)
+    queues, dlqs = tier_queues(scope, cfg)
     webhooks, webhooks_dlq = _webhook_queues(scope, cfg)
     # The vault's key: the API may only generate data keys under it, the task runners only
     # decrypt them, each with an encryption context naming the credential's tenant (infra.access).
@@ -160,32 +161,36 @@ def _buckets(scope: Construct, cfg: EnvironmentSettings) -> tuple[s3.Bucket, s3.
     return access_logs, payloads
 
 
-def _tier_queues(scope: Construct, cfg: EnvironmentSettings) -> tuple[dict[str, sqs.Queue], dict[str, sqs.Queue]]:
-    """A queue per tier, each with its DLQ (``max_receive_count`` tries)."""
+def tier_queues(
+    scope: Construct, cfg: EnvironmentSettings, pool: str | None = None
+) -> tuple[dict[str, sqs.Queue], dict[str, sqs.Queue]]:
+    """A queue per tier, each with its DLQ (``max_receive_count`` tries): SSE-SQS, TLS only. A
+    ``pool`` (the EC2 workspace tier's) gets its own set, ``{prefix}-{pool}-{tier}``, built alike."""
     removal, names, qs = removal_policy(cfg), cfg.names, cfg.queue_settings()
     queues: dict[str, sqs.Queue] = {}
     dlqs: dict[str, sqs.Queue] = {}
     for tier in TIERS:
+        name, construct = pooled(tier, pool), f"{(pool or '').capitalize()}{tier.capitalize()}"
         # The DLQ only takes redrives from its own tier queue. The source ARN is built from the
         # queue's fixed name: a reference would make the two queues depend on each other.
-        source_arn = cdk.Stack.of(scope).format_arn(service="sqs", resource=names.queue(tier))
+        source_arn = cdk.Stack.of(scope).format_arn(service="sqs", resource=names.queue(name))
         dlq = sqs.Queue(
             scope,
-            f"{tier.capitalize()}Dlq",
-            queue_name=names.dlq(tier),
+            f"{construct}Dlq",
+            queue_name=names.dlq(name),
             encryption=sqs.QueueEncryption.SQS_MANAGED,
             enforce_ssl=True,
             retention_period=cdk.Duration.seconds(qs.dlq_retention_seconds),
             redrive_allow_policy=sqs.RedriveAllowPolicy(
                 redrive_permission=sqs.RedrivePermission.BY_QUEUE,
-                source_queues=[sqs.Queue.from_queue_arn(scope, f"{tier.capitalize()}QueueRef", source_arn)],
+                source_queues=[sqs.Queue.from_queue_arn(scope, f"{construct}QueueRef", source_arn)],
             ),
             removal_policy=removal,
         )
         queue = sqs.Queue(
             scope,
-            f"{tier.capitalize()}Queue",
-            queue_name=names.queue(tier),
+            f"{construct}Queue",
+            queue_name=names.queue(name),
             encryption=sqs.QueueEncryption.SQS_MANAGED,
             enforce_ssl=True,
             visibility_timeout=cdk.Duration.seconds(qs.visibility_timeout),

@@ -51,7 +51,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from agentq.observe.names import NAMESPACE as METRICS_NAMESPACE
-from agentq.queueing.queues import WORKSPACE_POOL, WORKSPACE_POOL_VARIABLE, pooled
+from agentq.queueing.queues import WORKSPACE_POOL, WORKSPACE_POOL_VARIABLE
 from agentq.resources import TIERS
 from agentq.sandbox.config import FUNCTION_VARIABLE
 from agentq.storage.workspace_access import ROLE_VARIABLE as WORKSPACE_ROLE_VARIABLE
@@ -59,7 +59,7 @@ from infra import workspace_unit as unit
 from infra.access import liveness_statements, vault_env
 from infra.alarms import AlarmFactory
 from infra.build_layers import BOTO_REQUIREMENTS, CORE_LAYER_DIR, DepsLayer, build_deps_layer
-from infra.data import Data
+from infra.data import Data, tier_queues
 from infra.functions import Functions
 from infra.layers import ASSET_EXCLUDES, BUILT_MARKER_EXCLUDES, require_built
 from infra.metrics import ONE_MINUTE
@@ -106,7 +106,7 @@ def build_workspace_tier(
     user_layer: DepsLayer | None,
     deps_layer: DepsLayer,
 ) -> WorkspaceTier:
-    queues, dlqs = _queues(scope, cfg)
+    queues, dlqs = tier_queues(scope, cfg, WORKSPACE_POOL)  # as the default ones (infra/data.py)
     _route(cfg, fns, worker, queues)
     vpc = worker.vpc if worker is not None else worker_vpc(scope, cfg)
     security_group = ec2.SecurityGroup(
@@ -151,43 +151,6 @@ def build_workspace_tier(
     drain_on_termination(group, role, cfg)
     alarms = _alarms(scope, cfg, queues, dlqs, log_group, topic)
     return WorkspaceTier(queues, dlqs, group, launch_template, role, security_group, log_group, alarms, objects_role)
-
-
-def _queues(scope: Construct, cfg: EnvironmentSettings) -> tuple[dict[str, sqs.Queue], dict[str, sqs.Queue]]:
-    """The workspace pool's tier queues, as the default ones (infra/data.py): SSE-SQS, TLS only,
-    the same visibility, retention and redrive; each DLQ takes redrives from its own queue only."""
-    removal, names, qs = removal_policy(cfg), cfg.names, cfg.queue_settings()
-    queues: dict[str, sqs.Queue] = {}
-    dlqs: dict[str, sqs.Queue] = {}
-    for tier in TIERS:
-        name = pooled(tier, WORKSPACE_POOL)
-        source_arn = cdk.Stack.of(scope).format_arn(service="sqs", resource=names.queue(name))
-        dlq = sqs.Queue(
-            scope,
-            f"Workspace{tier.capitalize()}Dlq",
-            queue_name=names.dlq(name),
-            encryption=sqs.QueueEncryption.SQS_MANAGED,
-            enforce_ssl=True,
-            retention_period=cdk.Duration.seconds(qs.dlq_retention_seconds),
-            redrive_allow_policy=sqs.RedriveAllowPolicy(
-                redrive_permission=sqs.RedrivePermission.BY_QUEUE,
-                source_queues=[sqs.Queue.from_queue_arn(scope, f"Workspace{tier.capitalize()}QueueRef", source_arn)],
-            ),
-            removal_policy=removal,
-        )
-        queues[tier] = sqs.Queue(
-            scope,
-            f"Workspace{tier.capitalize()}Queue",
-            queue_name=names.queue(name),
-            encryption=sqs.QueueEncryption.SQS_MANAGED,
-            enforce_ssl=True,
-            visibility_timeout=cdk.Duration.seconds(qs.visibility_timeout),
-            retention_period=cdk.Duration.seconds(qs.retention_seconds),
-            dead_letter_queue=sqs.DeadLetterQueue(queue=dlq, max_receive_count=qs.sqs_max_receive_count),
-            removal_policy=removal,
-        )
-        dlqs[tier] = dlq
-    return queues, dlqs
 
 
 def _route(cfg: EnvironmentSettings, fns: Functions, worker: Worker | None, queues: dict[str, sqs.Queue]) -> None:
