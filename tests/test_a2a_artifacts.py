@@ -22,9 +22,10 @@ from agentq.queueing.a2a_artifacts import MAX_LISTED_FILES, file_parts, file_url
 from tests.api_support import ApiStack
 from tests.helpers import call as tool_call
 from tests.helpers import wait_for
-from tests.test_a2a_push import Receiver, _call
+from tests.test_a2a_push import _call
 from tests.test_a2a_push import receiver as receiver  # the fixture
 from tests.test_a2a_server import _agent, _final, _get, _message, _rpc, _send, _state, _with_client
+from tests.webhook_receiver import Receiver
 
 needs_sandbox = pytest.mark.skipif(not os.path.exists("/usr/bin/bwrap"), reason="the workspace tools need bubblewrap")
 

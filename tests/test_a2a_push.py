@@ -10,12 +10,9 @@ submission, is notified, and a refused send leaves no config behind."""
 
 from __future__ import annotations
 
-import json
-import threading
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -27,6 +24,7 @@ from tests.api_support import ApiStack
 from tests.helpers import call as tool_call
 from tests.helpers import dynamo, wait_for
 from tests.test_a2a_server import APPROVAL_TURNS, _agent, _rpc, _send
+from tests.webhook_receiver import Receiver
 
 SENDS_AT_ONCE = 16
 
@@ -37,40 +35,9 @@ TWO_APPROVALS: list[dict[str, Any]] = [
 ]
 
 
-class Receiver:
-    """A webhook receiver on loopback: answers 500 to the first ``fail`` POSTs, then 204."""
-
-    def __init__(self, fail: int = 0) -> None:
-        self.received: list[tuple[dict[str, str], bytes, int]] = []
-        self.fail = fail
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("content-length") or 0))
-                status = 500 if len(owner.received) < owner.fail else 204
-                owner.received.append(({k.lower(): v for k, v in self.headers.items()}, body, status))
-                self.send_response(status)
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/a2a-push"
-
-    def taken(self) -> list[tuple[dict[str, str], dict[str, Any]]]:
-        return [(headers, json.loads(body)) for headers, body, status in self.received if status == 204]
-
-
 @pytest.fixture
 def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
-    r = Receiver(fail=1)
+    r = Receiver(fail=1, path="/a2a-push")
     # The webhooks' development allowance: the API's check and the stack's deliverer run here.
     monkeypatch.setenv("AGENTQ_WEBHOOK_ALLOW", f"127.0.0.1:{r.server.server_address[1]}")
     yield r

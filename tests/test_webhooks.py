@@ -6,10 +6,8 @@ field, with nothing written; a signature that is old, or under another secret, d
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -24,35 +22,7 @@ from agentq.storage.container import Storage
 from agentq_dev.stack import LocalStack
 
 from tests.helpers import wait_for
-
-
-class Receiver:
-    """An HTTP endpoint that records what it is sent; answers 500 to the first ``fail`` posts."""
-
-    def __init__(self, fail: int = 0) -> None:
-        self.fail = fail
-        self.received: list[tuple[dict[str, str], bytes, int]] = []
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("content-length") or 0))
-                status = 500 if len(owner.received) < owner.fail else 204
-                owner.received.append(({k.lower(): v for k, v in self.headers.items()}, body, status))
-                self.send_response(status)
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/hooks/agentq"
-
+from tests.webhook_receiver import Receiver
 
 # Submission checks and the engine need no AWS (the delivery and stack tests below do). ``store`` and ``registry`` (tests/conftest.py) are the in-memory twin's;
 # tests that race processes or use queues ask for ``settings`` and build their own.
