@@ -212,8 +212,7 @@ def test_a_delegated_call_waits_without_a_worker_and_a_sigkilled_worker_never_se
     world.desk.release()
     second = world.here.stack.spawn_worker()
     try:
-        view = wait_for(lambda: (v := world.here.task(task_id))["status"] in ("succeeded", "failed") and v,
-                        timeout=90, what="the task to end")  # fmt: skip
+        view = _ended(world.here, task_id, timeout=90)
     finally:
         _kill(second)
     assert view["status"] == "succeeded", view
@@ -221,6 +220,13 @@ def test_a_delegated_call_waits_without_a_worker_and_a_sigkilled_worker_never_se
     assert result.content.endswith(f"echo: {text}") and not result.is_error
     assert "not instructions" in result.content  # marked as another agent's words
     assert len(world.desk.received(text)) == 1
+
+
+def _ended(site: Site, task_id: str, *, timeout: float) -> dict[str, Any]:
+    """The task's view once it has succeeded or failed."""
+    ended: dict[str, Any] = wait_for(lambda: (v := site.task(task_id))["status"] in ("succeeded", "failed") and v,
+                                     timeout=timeout, what="the task to end")  # fmt: skip
+    return ended
 
 
 def _tool_use_id(site: Site, task_id: str, tool: str = "a2a__desk") -> str:
@@ -276,8 +282,7 @@ def test_the_remotes_question_is_this_tasks_approval_and_its_answer_goes_back_to
         assert "Which color?" in json.dumps(paused)
         status, body = world.here.http("POST", f"/tasks/{task_id}/approve", {"note": "blue"})
         assert status == 200, body
-        view = wait_for(lambda: (v := world.here.task(task_id))["status"] in ("succeeded", "failed") and v,
-                        timeout=60, what="the task to end")  # fmt: skip
+        view = _ended(world.here, task_id, timeout=60)
     finally:
         _kill(worker)
     assert view["status"] == "succeeded", view
@@ -313,8 +318,7 @@ def test_an_agentq_agent_on_a_second_stack_is_delegated_to_its_approval_answered
         assert "Ship it?" in json.dumps(paused)
         status, body = world.here.http("POST", f"/tasks/{task_id}/approve", {"note": "approve go ahead"})
         assert status == 200, body
-        view = wait_for(lambda: (v := world.here.task(task_id))["status"] in ("succeeded", "failed") and v,
-                        timeout=90, what="the task to end")  # fmt: skip
+        view = _ended(world.here, task_id, timeout=90)
     finally:
         _kill(worker)
     assert view["status"] == "succeeded", view
@@ -425,8 +429,7 @@ def test_a_remote_wait_whose_look_was_lost_is_found_by_the_sweeper_and_finishes_
     assert task_id in report.looked
     worker = world.here.stack.spawn_worker()
     try:
-        view = wait_for(lambda: (v := world.here.task(task_id))["status"] in ("succeeded", "failed") and v,
-                        timeout=90, what="the task to end")  # fmt: skip
+        view = _ended(world.here, task_id, timeout=90)
     finally:
         _kill(worker)
     assert view["status"] == "succeeded", view
