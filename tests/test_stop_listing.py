@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import threading
 from typing import Any
 
 import pytest
@@ -149,6 +150,43 @@ def test_a_stops_calls_grow_with_its_own_scopes_tasks_never_with_other_tenants(s
             "BatchGetItem": len(stops.batches(ids, TOGETHER)),  # the fences' reads, none after
             "Query": 2 * n,
         }
+
+
+def test_tasks_that_move_between_their_batchs_read_and_its_fence_are_fenced_together_from_one_more_read(
+    store: Storage,
+) -> None:
+    """Every task of every batch commits a step (``seq`` moves) between the batch's read and its
+    fence, once: the batch's transaction leaves them all out, and they are read again together
+    and fenced in one more transaction, a read and a write more a batch, never a read and a write
+    a task (fenced alone, one after another, they were a stop's tail at 200 running tasks)."""
+    n = 70  # 3 a batch
+    ids = [store.tasks.create(_submission("alice", None), tenant="mover").task_id for _ in range(n)]
+    running = set(ids[::2])
+    for task_id in running:
+        assert store.tasks.claim(task_id, "w1", 30) is not None
+    original = store.tasks.move_together
+    moved_once: set[str] = set()
+    lock = threading.Lock()
+
+    def move_after_a_step(reads: list[dict[str, Any]], *args: Any, **kwargs: Any) -> list[str | None]:
+        with lock:
+            fresh = [str(r["task_id"]) for r in reads if r["task_id"] not in moved_once]
+            moved_once.update(fresh)
+        for task_id in fresh:  # a step commits after the read: seq moves
+            store.table.update(keys.meta_key(task_id), Update(add={"seq": 1}))
+        return original(reads, *args, **kwargs)
+
+    store.tasks.move_together = move_after_a_step  # type: ignore[method-assign]
+    calls = _Calls(store)
+    report = stops.stop(store, "mover", StopScope("user", "alice"))
+    batches = len(stops.batches(ids, TOGETHER))
+    counted = calls.take()
+    assert moved_once == set(ids)
+    assert sorted(report.cancelled) == sorted(ids)
+    assert sorted(report.were_running) == sorted(running)
+    assert counted["TransactWriteItems"] == 2 * batches
+    assert counted["BatchGetItem"] == 2 * batches
+    assert all(t.status is TaskStatus.CANCELLED for t in store.tasks.get_many(ids))
 
 
 def _smallest_entry(store: Storage) -> dict[str, Any]:

@@ -35,6 +35,10 @@ log = logging.getLogger("agentq.control")
 
 THREADS = 32  # fences, batch reads, trees cancelled at once: a stop of 1,000 running tasks is bound by round trips
 BATCH = 25  # at most this many tasks read in one BatchGetItem (META and submission: 50 keys)
+# A batch's fences written together this many times at most, each from a new read of the tasks
+# that moved since the last (a step committed): with turns of seconds a batch of 1,000 running
+# tasks has a few such tasks, and fencing each alone, one after another, was the stop's tail.
+ROUNDS = 3
 
 
 @dataclass
@@ -115,8 +119,8 @@ def stop(
     (``THREADS``): a batch is read (one BatchGetItem) and fenced in one transaction made from
     that read (the event each logs needs META's ``seq``; no read of its own), so the first task
     stops two round trips after the listing, and 1,000 tasks in 32 reads and 32 writes. A task
-    that moved between its batch's read and write (a step committed) is fenced alone, read
-    again. Then each tree's cancel is finished (``operations.cancel`` with ``fenced=``: the
+    that moved between its batch's read and write (a step committed) is read again with the
+    others that moved and fenced with them in one more transaction (``ROUNDS``). Then each tree's cancel is finished (``operations.cancel`` with ``fenced=``: the
     tasks as read, with the status each was fenced from), the trees at once."""
     owned_scope(store, tenant, scope)
     record, created = store.stops.put(tenant, scope, by=by, reason=reason)
@@ -144,17 +148,28 @@ def stop(
     def fence(batch: list[str]) -> list[tuple[Task, str | None]]:
         """Read up to ``TOGETHER`` tasks (one BatchGetItem) and fence them in one transaction
         made from that read: each task, with the status it was fenced from (None: it had ended).
-        One that moved since its read (a step committed) is fenced alone, read again."""
-        reads = store.tasks.read_many(batch)
-        live = [meta for task, meta in reads if not task.status.terminal]
-        moved = iter(store.tasks.move_together(live, TaskStatus.CANCELLED, error=error) if live else [])
-        out: list[tuple[Task, str | None]] = []
-        for task, _ in reads:
-            together = None if task.status.terminal else next(moved)
-            alone = fence_one(task.task_id) if not task.status.terminal and together is None else None
+        Those that moved since their read (a step committed) are read again together and fenced
+        in one more transaction, up to ``ROUNDS`` times; one still moving then is fenced alone."""
+        out: dict[str, tuple[Task, str | None]] = {}
+        pending = batch
+        for _ in range(ROUNDS):
+            reads = store.tasks.read_many(pending)
+            out.update((task.task_id, (task, None)) for task, _ in reads)
+            live = [(task, meta) for task, meta in reads if not task.status.terminal]
+            moved = (
+                store.tasks.move_together([meta for _, meta in live], TaskStatus.CANCELLED, error=error) if live else []
+            )
+            for (task, _), was in zip(live, moved, strict=True):
+                out[task.task_id] = (task, was)
+            pending = [task.task_id for (task, _), was in zip(live, moved, strict=True) if was is None]
+            if not pending:
+                break
+        for task_id in pending:
             # A task fenced alone is as its own read saw it (its epoch: the slots it gives back).
-            out.append(alone if alone is not None else (task, together))
-        return out
+            alone = fence_one(task_id)
+            if alone is not None:
+                out[task_id] = alone
+        return [out[task_id] for task_id in batch if task_id in out]
 
     def cancel_tree(task: Task) -> list[str]:
         """The rest of a cancel for the tree (its fan-out stopped, its children out of the scope
