@@ -366,7 +366,8 @@ class LocalStack:
             try:
                 self.swept += sweep(store, queues, stale_after=self.sweep_stale_after,
                                     default_max_running=self.settings.defaults.tenant_max_running,
-                                    fleet_capacity=self.settings.defaults.fleet_capacity).swept  # fmt: skip
+                                    fleet_capacity=self.settings.defaults.fleet_capacity,
+                                    tier_limits=self.settings.defaults.tier_limits()).swept  # fmt: skip
             except Exception:  # the store going away at shutdown, a moto hiccup: next round
                 logging.getLogger("agentq.sweeper").warning("sweep failed", exc_info=True)
 

@@ -60,6 +60,7 @@ class _Runtime:
             engine, self.store, self.queues, max_receive_count=max_receive,
             default_max_running=self.settings.defaults.tenant_max_running,
             fleet_capacity=self.settings.defaults.fleet_capacity,
+            tier_limits=self.settings.defaults.tier_limits(),
         )  # fmt: skip
 
 

@@ -25,10 +25,10 @@ clients = lazy_store_and_queues()
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     store, queues = clients()
     stale_after = float(os.environ.get("AGENTQ_SWEEP_STALE_AFTER_SECONDS") or DEFAULT_STALE_AFTER_SECONDS)
-    # The deployment's default running limit and fleet capacity: waiters they now have room for are woken.
+    # The deployment's default running limit, fleet and tier capacities: waiters they now have room for are woken.
     defaults = Defaults.from_env()
     report = sweep(store, queues, stale_after=stale_after, default_max_running=defaults.tenant_max_running,
-                   fleet_capacity=defaults.fleet_capacity)  # fmt: skip
+                   fleet_capacity=defaults.fleet_capacity, tier_limits=defaults.tier_limits())  # fmt: skip
     observe.flush()
     logger.info("swept", extra={"listed": report.listed, "swept": report.swept, "unlisted": report.unlisted,
                                 "woken": report.woken})  # fmt: skip

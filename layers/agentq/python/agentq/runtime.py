@@ -219,6 +219,7 @@ def build_dispatcher(
     backoff: RetryBackoff | None = None,
     default_max_running: int | None = None,
     fleet_capacity: int | None = None,
+    tier_limits: Mapping[str, int] | None = None,
 ) -> Dispatcher:
     """The dispatcher (``queueing.dispatch``) with what it needs from ``control`` handed in: a
     schedule's fire (``control.schedules.fire``) and a cancel (``control.operations.cancel``,
@@ -231,7 +232,7 @@ def build_dispatcher(
 
     return Dispatcher(engine, store, queues, max_receive_count=max_receive_count, fire_schedule=fire, cancel=cancel,
                       backoff=backoff or DEFAULT_BACKOFF, default_max_running=default_max_running,
-                      fleet_capacity=fleet_capacity)  # fmt: skip
+                      fleet_capacity=fleet_capacity, tier_limits=tier_limits)  # fmt: skip
 
 
 def max_call_seconds() -> float:

@@ -85,6 +85,7 @@ class Worker:
             self.engine, self.store, self.queues, max_receive_count=config.max_receive_count,
             default_max_running=settings.defaults.tenant_max_running,
             fleet_capacity=settings.defaults.fleet_capacity,
+            tier_limits=settings.defaults.tier_limits(),
         )  # fmt: skip
         self.hub = HeartbeatHub(self.store, self.queues, config, self.engine.worker_id)
         self.admission = Admission(config, self.hub.rate, demand=self.hub.demand)

@@ -117,6 +117,11 @@ def _parked(task: Task, waits: str) -> str:
         )
     if waits == "tenant":
         return "queued: waiting for a slot under your tenant's running limit; it starts when one of your tasks stops"
+    if waits == "tier":
+        return (
+            f"queued: waiting for a slot of the {task.submission.priority} tier (your running limit there keeps a "
+            "reserve for other tenants); it starts when one of your tasks of that tier stops"
+        )
     return "queued: waiting for a share of the full fleet; it starts when a slot frees"
 
 

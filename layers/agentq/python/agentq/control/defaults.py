@@ -7,6 +7,9 @@ environment (``budget_defaults`` in cdk.json), which reach the functions as ``AG
 variables. Only fields the caller did not send are filled: an explicit value always wins,
 so the same request means the same thing in every environment except where it is silent.
 A bad variable fails at cold start naming the variable, never on a request.
+
+``tier_capacity`` (``AGENTQ_TIER_CAPACITY``) is the one value given as a capacity rather than a
+limit: each tier's running limit per tenant is always ``fair_limit`` of it (``tier_limits``).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ ENVIRONMENT = {
     "tenant_hourly_usd": "AGENTQ_DEFAULT_TENANT_HOURLY_USD",
     "tenant_max_running": "AGENTQ_DEFAULT_TENANT_MAX_RUNNING",
     "fleet_capacity": "AGENTQ_FLEET_CAPACITY",
+    "tier_capacity": "AGENTQ_TIER_CAPACITY",
     "economy_tiers": "AGENTQ_ECONOMY_TIERS",
     "workspace_max_bytes": "AGENTQ_WORKSPACE_MAX_BYTES",
     "workspace_max_files": "AGENTQ_WORKSPACE_MAX_FILES",
@@ -98,6 +102,13 @@ class Defaults(BaseModel):
         ge=1,
         description="the most running tasks of all tenants together (what the executors and workers run at once): "
         "when it is full, tenants share it by weight (storage.fleet_slots); None: no fleet slot",
+    )
+    tier_capacity: str | None = Field(
+        None,
+        pattern=r"^(high|normal|low)=[1-9][0-9]*(,(high|normal|low)=[1-9][0-9]*)*$",
+        description="what each tier's runners run at once (high=12,normal=10,low=8: AWS's per-tier event source "
+        "maximum concurrency): a tenant's running tasks of a tier never exceed fair_limit of it (storage.tier_slots); "
+        "None: no tier slot",
     )
 
     workspace_max_bytes: int | None = Field(
@@ -183,12 +194,19 @@ class Defaults(BaseModel):
         limit = self.tenant_max_running if self.tenant_max_running is not None else fair_limit(capacity)
         return self.model_copy(update={"fleet_capacity": capacity, "tenant_max_running": limit})
 
+    def tier_limits(self) -> dict[str, int]:
+        """The most running tasks of one tenant in each tier whose capacity is known
+        (``tier_capacity``): ``fair_limit`` of it, the fleet's rule applied per tier, so a burst
+        in one tier leaves that tier's reserve to the other tenants. Empty: no tier slot."""
+        pairs = [part.split("=") for part in (self.tier_capacity or "").split(",") if part]
+        return {tier: fair_limit(int(capacity)) for tier, capacity in pairs}
+
     def running_slots(self, store: Storage) -> RunningSlots:
         """The deployment's running slots: ``store``'s, with this deployment's default running
         limit and its fleet capacity. Every caller that holds the defaults builds them here, so
         none passes the one and forgets the other (slots without the capacity admit past it and
         a cancel's give-back wakes no fleet waiter)."""
-        return store.slots.with_default(self.tenant_max_running, self.fleet_capacity)
+        return store.slots.with_default(self.tenant_max_running, self.fleet_capacity, tier_limits=self.tier_limits())
 
     def tenant_limits(self) -> TenantLimits | None:
         if self.tenant_hourly_tokens is None and self.tenant_hourly_usd is None:

@@ -162,6 +162,7 @@ def submit_once(
             default_limit=defaults.tenant_max_running if defaults else None,
             fleet_capacity=defaults.fleet_capacity if defaults else None,
             cancel=cancel,
+            tier_limits=defaults.tier_limits() if defaults else None,
         )
         gate = fair.admit(task, submission.priority)
         if gate.skipped:  # its key's skip ended it: reported as any end (no parent knows it yet), answered as it is now

@@ -174,9 +174,9 @@ def scope_cap_crossed(tenant: str, scope: str, name: str, window: str, metric: s
                                    "metric": metric, "value": value, "cap": cap})  # fmt: skip
 
 
-def tenant_held_at_limit(tenant: str, held_by: Literal["tenant", "key"], limit: int) -> None:
-    """A task parked at its tenant's (or its concurrency key's) running limit: a metric the
-    stack alarms on (its series stay two, whatever the tenants) and an event naming the tenant
+def tenant_held_at_limit(tenant: str, held_by: Literal["tenant", "key", "tier"], limit: int) -> None:
+    """A task parked at its tenant's running limit (or its concurrency key's, or its tenant's
+    limit in its tier): a metric the stack alarms on (its series stay three, whatever the tenants) and an event naming the tenant
     (EventBridge when AGENTQ_EVENT_BUS is set; always a structured log line)."""
     if enabled():
         _write_now({names.TASKS_HELD_AT_LIMIT: 1}, MetricUnit.Count, {names.HELD_BY: held_by})

@@ -13,6 +13,13 @@ full fleet refuses waits on its tenant's fleet list, and each fleet slot a relea
 the waiting tenant with the lowest ``running / weight``: the waker admits that task itself
 before sending its message (``_wake_fleet``), so the next choice counts it.
 
+With tier limits (``storage.tier_slots``: where each tier's runners run a known number at once,
+AWS's per-tier event sources) a task that runs on its tier's runners also takes its tenant's slot
+of that tier, under ``fair_limit`` of the tier's capacity, so one tenant's burst in a tier leaves
+that tier's reserve to the others. Refused, it parks and is woken as for its tenant's slot. A
+task with a workspace that runs on the workspace pool's hosts (``TaskQueues.pool_for``) takes
+none: it never holds one of the tier's invocations.
+
 A concurrency key's ``on_conflict`` applies when the key (not the tenant) is full, on a task's
 first admission (a task resuming work it started queues): ``queue`` parks, ``skip`` ends the
 new task ``cancelled`` (``concurrency_skipped``; the caller reports that end as any other,
@@ -35,7 +42,9 @@ deletes the message instead of retrying it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from agentq import observe
 from agentq.core.errors import IllegalTransition, TaskNotFound
@@ -70,14 +79,18 @@ class FairShare:
         fleet_capacity: int | None = None,
         fleet_name: str = FLEET,
         cancel: CancelTask | None = None,
+        tier_limits: Mapping[str, int] | None = None,
     ) -> None:
         """``cancel``: how a key's ``cancel_running`` cancels the key's holders (``control``'s
         cancel, handed in by whoever composes the gate); without it such a task cannot be
-        admitted (a composition fault, raised)."""
+        admitted (a composition fault, raised). ``tier_limits``: a tenant's most running tasks
+        of each tier whose capacity is known (``Defaults.tier_limits``; none: no tier slot)."""
         self.store = store
         self.queues = queues
         self.cancel = cancel
-        self.slots: RunningSlots = store.slots.with_default(default_limit, fleet_capacity, fleet_name)
+        self.slots: RunningSlots = store.slots.with_default(
+            default_limit, fleet_capacity, fleet_name, tier_limits=tier_limits
+        )
 
     def admit(self, task: Task, tier: str) -> Gate:
         """Whether ``task`` needs slots, and, when it may not run now, why its message may be
@@ -86,7 +99,7 @@ class FairShare:
         claim refuses it)."""
         if task.slots:  # admitted already (at submission, or a takeover of a running task)
             return Gate(limited=True)
-        slots = self.slots.slots_for(task)
+        slots = self._slots_for(task)
         if not slots:
             return Gate(limited=False)
         return self._admit(task, tier, slots)
@@ -94,9 +107,9 @@ class FairShare:
     def _admit(self, task: Task, tier: str, slots: list[Slot]) -> Gate:
         for attempt in range(ADMIT_ATTEMPTS):
             if attempt:  # read again: the fleet shard it picked may be the one taken meanwhile
-                slots = self.slots.slots_for(task)
+                slots = self._slots_for(task)
             full = next((s for s in slots if s.seen_full), None)  # refused by the read: no transaction
-            if full is not None and full.fleet and any(s.key for s in slots):
+            if full is not None and (full.fleet or full.tier) and any(s.key for s in slots):
                 full = None  # its key is not read: the transaction says whether the key refuses it first
             admission = Admission("refused", full) if full is not None else self.slots.admit(task, slots)
             if admission.outcome == "conflict":
@@ -119,7 +132,8 @@ class FairShare:
                 log.info("task %s waits for the fleet (tenant %s)", task.task_id, task.tenant)
             else:
                 limit = slot.limit if slot.limit is not None else self.slots.limit(task.tenant)  # set meanwhile
-                observe.tenant_held_at_limit(task.tenant, "key" if slot.key else "tenant", limit or 0)
+                held_by: Literal["key", "tier", "tenant"] = "key" if slot.key else "tier" if slot.tier else "tenant"
+                observe.tenant_held_at_limit(task.tenant, held_by, limit or 0)
             if not self.slots.has_room(slot):
                 self.pass_on(task, besides=slot)  # it may have been woken for another slot
                 return Gate(limited=True, waits=self._why(slot))
@@ -131,6 +145,11 @@ class FairShare:
         # Not admitted and not parked (its last re-check took its item back, or every attempt
         # conflicted): deleting its message would leave the task with neither, so it comes back.
         return Gate(limited=True, keep=f"not admitted after {ADMIT_ATTEMPTS} attempts: its message comes back")
+
+    def _slots_for(self, task: Task) -> list[Slot]:
+        """The slots ``task`` needs here: its tier's among them only when it runs on the tier's
+        runners, not on the workspace pool's hosts (which hold none of the tier's invocations)."""
+        return self.slots.slots_for(task, tiered=self.queues.pool_for(task.submission) is None)
 
     def _why(self, slot: Slot) -> str:
         if slot.fleet:
@@ -153,7 +172,7 @@ class FairShare:
         (cancelled before its message was read, or refused by another of its slots) must pass
         the wake on, or the waiters behind it wait with the slot free and, when no task of the
         tenant runs, no release to come."""
-        for slot in self.slots.slots_for(task):
+        for slot in self._slots_for(task):
             if slot.wait_pk == (besides.wait_pk if besides else None) or slot.seen_full:
                 continue
             if slot.key and not self.slots.has_room(slot):
@@ -217,7 +236,7 @@ class FairShare:
             return "send"
         tenant_pk = keys.tenant_pk(task.tenant)
         for _ in range(ADMIT_ATTEMPTS):
-            slots = self.slots.slots_for(task)
+            slots = self._slots_for(task)
             if any(s.seen_full for s in slots):
                 return "send"
             admission = self.slots.admit(task, slots, tenant_running=seen, touch=True)
@@ -273,4 +292,4 @@ def _on_conflict(task: Task, slot: Slot) -> str:
 
 
 def _what(slot: Slot) -> str:
-    return "concurrency key's" if slot.key else "tenant's running"
+    return "concurrency key's" if slot.key else "tier's running (per tenant)" if slot.tier else "tenant's running"

@@ -23,14 +23,15 @@ due (``LOOK_DUE``); one still waiting ``stale_after`` past it has lost its look,
 (a look that was only late finds the task parked again with a later due, and is dropped). Each sweep counts what it re-enqueued
 (metric ``tasks_swept``, 0 in a healthy fleet).
 
-A ``queued`` task parked over its tenant's or key's running limit (a ``WAIT`` item in the slot's
+A ``queued`` task parked over its tenant's, its key's or its tier's running limit (a ``WAIT`` item in the slot's
 waiting list, ``storage.running_slots``) is silent by design and is left alone however long it
 waits: a release wakes it in its turn, and re-sending it would only be refused again and jump
 the waiting order. Only a queued task with neither a ``WAIT`` item nor a sign of life is swept
 (a wake lost between taking its item and sending its message). And since a release wakes one
 waiter per slot it frees, room that appeared otherwise (the deployment's default limit raised,
 ``default_max_running``) would wake nobody: each sweep wakes, for every tenant with waiters,
-as many as its slot has room for. Likewise for the fleet (``storage.fleet_slots``): it wakes
+as many as its slot has room for (and for each of its tiers with a limit, ``tier_limits``: a
+raised tier capacity). Likewise for the fleet (``storage.fleet_slots``): it wakes
 the room a raised capacity made, and first marks waiting again every tenant with a fleet list
 (idempotent), since the fleet's wakes find waiting tenants only by those marks and a crash can
 lose one, leaving that tenant's waiters with nothing ever to wake them.
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from agentq import observe
@@ -55,6 +57,7 @@ from agentq.queueing.recovery import recover_lapsed
 from agentq.storage import fleet_slots, keys
 from agentq.storage.container import Storage
 from agentq.storage.running_slots import RunningSlots, key_pk
+from agentq.storage.tier_slots import is_tier_pk, tier_pk
 
 log = logging.getLogger("agentq.sweeper")
 
@@ -84,10 +87,12 @@ def sweep(
     now: float | None = None,
     default_max_running: int | None = None,
     fleet_capacity: int | None = None,
+    tier_limits: Mapping[str, int] | None = None,
 ) -> SweepReport:
     """One pass over the unfinished tasks (see the module). ``default_max_running``: the
     deployment's ``AGENTQ_DEFAULT_TENANT_MAX_RUNNING``, to know the room of a tenant without
-    an override; ``fleet_capacity`` (``AGENTQ_FLEET_CAPACITY``), the fleet's room."""
+    an override; ``fleet_capacity`` (``AGENTQ_FLEET_CAPACITY``), the fleet's room; ``tier_limits``
+    (``Defaults.tier_limits``), each tier's room per tenant."""
     now = time.time() if now is None else now
     report = SweepReport()
     report.recovered = recover_lapsed(store, queues, now=now)
@@ -113,10 +118,13 @@ def sweep(
                               float(meta.get("heartbeat_at") or 0))  # fmt: skip
             if now - quiet_since >= stale_after:
                 stranded.append(str(meta["task_id"]))
-    slots = store.slots.with_default(default_max_running, fleet_capacity)
+    slots = store.slots.with_default(default_max_running, fleet_capacity, tier_limits=tier_limits)
     # Read before waking: a waiter woken below is parked as far as this pass is concerned (it
     # has its message now), so it is not also swept.
-    parked = {keys.tenant_pk(t): slots.parked(keys.tenant_pk(t)) for t in sorted(waiting_tenants)}
+    lists = [
+        pk for t in sorted(waiting_tenants) for pk in (keys.tenant_pk(t), *(tier_pk(t, i) for i in slots.tier_limits))
+    ]
+    parked = {pk: slots.parked(pk) for pk in lists}
     # The fleet's lists, when it has one (a capacity removed leaves its waiters to be swept).
     in_fleet = (
         {t: slots.parked(fleet_slots.queue_pk(t, slots.fleet_name)) for t in sorted(waiting_tenants)}
@@ -151,8 +159,10 @@ def sweep(
 
 
 def _is_parked(slots: RunningSlots, task: Task, parked: dict[str, set[str]]) -> bool:
-    """Does ``task`` have a WAIT item (its tenant's list, the fleet's, or its concurrency key's)?"""
+    """Does ``task`` have a WAIT item (its tenant's list, its tier's, the fleet's, or its concurrency key's)?"""
     pks = [keys.tenant_pk(task.tenant)]
+    if tier_pk(task.tenant, task.submission.priority) in parked:  # its tier's list (read only with a tier limit)
+        pks.append(tier_pk(task.tenant, task.submission.priority))
     if fleet_slots.queue_pk(task.tenant, slots.fleet_name) in parked:  # the fleet's list (read only with a fleet)
         pks.append(fleet_slots.queue_pk(task.tenant, slots.fleet_name))
     if task.submission.concurrency is not None:
@@ -172,7 +182,7 @@ def _wake_where_room(slots: RunningSlots, queues: TaskQueues, parked: dict[str, 
     for pk, waiting in parked.items():
         if not waiting:
             continue
-        room = slots.room(pk.removeprefix("TENANT#"))
+        room = None if is_tier_pk(pk) else slots.room(pk.removeprefix("TENANT#"))  # a tier's: next_waiters counts it
         most = len(waiting) if room is None else min(room, len(waiting))
         if most <= 0:
             continue

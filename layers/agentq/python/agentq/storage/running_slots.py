@@ -37,6 +37,8 @@ META's ``slots`` names the slot partitions it holds.
   backstop for a wake lost in a crash (late: ``stale_after``); the sweeper also wakes the
   room no release made (a raised default: ``room``).
 
+With tier limits a task also takes its tenant's slot of its tier (``storage.tier_slots``).
+
 Listing (``all_usage``, what an operator's ``GET /usage/tenants`` reads) is ``storage.slot_usage``:
 the reads of these items and waiting lists a person sees (``SlotListing``, a base of ``RunningSlots``).
 
@@ -52,6 +54,7 @@ every tenant is counted, and a release also reads the fleet's shards and waiting
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -61,6 +64,7 @@ from agentq.core.errors import ValidationError
 from agentq.core.models import Task, TaskStatus
 from agentq.storage import fleet_slots as fleet
 from agentq.storage import keys
+from agentq.storage import tier_slots as tiers
 from agentq.storage.fleet_waiting import WAIT as WAIT  # re-exported: the waiting lists are this module's
 from agentq.storage.fleet_waiting import FleetWaiting
 from agentq.storage.slot_usage import SlotListing
@@ -88,6 +92,9 @@ FIRST_RANK = "!"  # sorts before every tier's rank: a cancel_running task is wok
 ADMISSIBLE = (TaskStatus.QUEUED, TaskStatus.RUNNING)
 
 
+Waits = Literal["key", "tenant", "tier", "fleet"]  # the waiting lists a parked task may be on
+
+
 def key_pk(tenant: str, key: str) -> str:
     return f"CKEY#{tenant}#{key}"
 
@@ -104,6 +111,7 @@ class Slot:
     limit: int | None
     stored_limit: bool = False
     key: bool = False
+    tier: bool = False  # a tenant's slot of one tier (storage.tier_slots): its limit is the deployment's
     seen_full: bool = False  # the read that found it saw running >= limit: refuse without a transaction
     queue: str | None = None  # the waiting list of a task it refuses, when not ``pk`` (the fleet's, per tenant)
 
@@ -145,21 +153,30 @@ class RunningSlots(SlotListing, FleetWaiting):
         default_limit: int | None = None,
         fleet_capacity: int | None = None,
         fleet_name: str = fleet.FLEET,
+        tier_limits: Mapping[str, int] | None = None,
     ) -> None:
         """``default_limit``: the deployment's most running tasks per tenant without an
         override (``AGENTQ_DEFAULT_TENANT_MAX_RUNNING``); None leaves them unlimited.
         ``fleet_capacity``: the most running tasks of all tenants together, shared by weight
         (``AGENTQ_FLEET_CAPACITY``, ``storage.fleet_slots``); None: no fleet slot.
-        ``fleet_name``: its partitions' prefix (a test names a fleet of its own)."""
+        ``fleet_name``: its partitions' prefix (a test names a fleet of its own). ``tier_limits``:
+        the most running tasks of a tenant in each tier whose capacity is known
+        (``Defaults.tier_limits``, ``storage.tier_slots``); a tier left out has no tier slot."""
         self.table = table
         self.default_limit = default_limit
         self.fleet_capacity = fleet_capacity
         self.fleet_name = fleet_name
+        self.tier_limits: dict[str, int] = dict(tier_limits or {})
 
     def with_default(
-        self, default_limit: int | None, fleet_capacity: int | None = None, fleet_name: str = fleet.FLEET
+        self,
+        default_limit: int | None,
+        fleet_capacity: int | None = None,
+        fleet_name: str = fleet.FLEET,
+        *,
+        tier_limits: Mapping[str, int] | None = None,
     ) -> RunningSlots:
-        return RunningSlots(self.table, default_limit, fleet_capacity, fleet_name)
+        return RunningSlots(self.table, default_limit, fleet_capacity, fleet_name, tier_limits)
 
     @staticmethod
     def _key(pk: str) -> dict[str, str]:
@@ -200,15 +217,24 @@ class RunningSlots(SlotListing, FleetWaiting):
 
     # --- admission ----------------------------------------------------------------------
 
-    def slots_for(self, task: Task) -> list[Slot]:
+    def slots_for(self, task: Task, *, tiered: bool = True) -> list[Slot]:
         """The slots ``task`` needs (one read: the tenant's slot item for its override; with a
-        fleet, one BatchGetItem of it and the fleet's shards)."""
+        fleet or a tier limit, one BatchGetItem of it, the tenant's tier item and the fleet's
+        shards). ``tiered``: it runs on its tier's runners (not on a workspace pool's hosts), so
+        its tier's limit applies when the deployment knows one."""
         slots: list[Slot] = []
         tenant_pk = keys.tenant_pk(task.tenant)
-        if self.fleet_capacity is None:
+        tier = task.submission.priority
+        tier_limit = self.tier_limits.get(tier) if tiered else None
+        if self.fleet_capacity is None and tier_limit is None:
             item = plain(self.table.get(self._key(tenant_pk)) or {})
+            items: dict[str, dict[str, Any]] = {}
         else:
-            read = [self._key(tenant_pk)] + [self._key(fleet.shard_pk(i, self.fleet_name)) for i in range(fleet.SHARDS)]
+            read = [self._key(tenant_pk)]
+            if tier_limit is not None:
+                read.append(self._key(tiers.tier_pk(task.tenant, tier)))
+            if self.fleet_capacity is not None:
+                read += [self._key(fleet.shard_pk(i, self.fleet_name)) for i in range(fleet.SHARDS)]
             items = {str(i["pk"]): plain(i) for i in self.table.batch_get(read)}
             item = items.get(tenant_pk, {})
         stored, running = item.get("limit"), int(item.get("running", 0))
@@ -221,6 +247,10 @@ class RunningSlots(SlotListing, FleetWaiting):
         concurrency = task.submission.concurrency
         if concurrency is not None:
             slots.append(Slot(key_pk(task.tenant, concurrency.key), concurrency.limit, key=True))
+        if tier_limit is not None:  # after the key (its on_conflict decides first), before the fleet
+            pk = tiers.tier_pk(task.tenant, tier)
+            running = int(items.get(pk, {}).get("running", 0))
+            slots.append(Slot(pk, tier_limit, tier=True, seen_full=running >= tier_limit))
         if self.fleet_capacity is not None:  # last: a task its key refuses waits on its key's list, not the fleet's
             shards = [
                 int(items.get(fleet.shard_pk(i, self.fleet_name), {}).get("running", 0)) for i in range(fleet.SHARDS)
@@ -356,20 +386,21 @@ class RunningSlots(SlotListing, FleetWaiting):
             return False
         return True
 
-    def waits_on(self, task: Task) -> Literal["key", "tenant", "fleet"] | None:
+    def waits_on(self, task: Task) -> Waits | None:
         """Which waiting list holds ``task`` (parked by the gate; see ``park``): its concurrency
-        key's, its tenant's or the fleet's, or none. One BatchGetItem of the keys its ``WAIT``
-        item would have under each (parked with its own priority as the tier); what a person
-        watching a queued task is told it waits for."""
+        key's, its tenant's, its tenant's tier's or the fleet's, or none. One BatchGetItem of the
+        keys its ``WAIT`` item would have under each (parked with its own priority as the tier);
+        what a person watching a queued task is told it waits for."""
         sk = _wait_sk(task, task.submission.priority)
-        lists: dict[str, Literal["key", "tenant", "fleet"]] = {
+        lists: dict[str, Waits] = {
             keys.tenant_pk(task.tenant): "tenant",
+            tiers.tier_pk(task.tenant, task.submission.priority): "tier",
             fleet.queue_pk(task.tenant, self.fleet_name): "fleet",
         }
         if task.submission.concurrency is not None:
             lists[key_pk(task.tenant, task.submission.concurrency.key)] = "key"
         found = {str(item["pk"]) for item in self.table.batch_get([{"pk": pk, "sk": sk} for pk in lists])}
-        kinds: tuple[Literal["key", "tenant", "fleet"], ...] = ("key", "tenant", "fleet")
+        kinds: tuple[Waits, ...] = ("key", "tenant", "tier", "fleet")
         for kind in kinds:  # a key first: it is what the submitter chose
             if any(lists[pk] == kind for pk in found):
                 return kind
@@ -381,7 +412,7 @@ class RunningSlots(SlotListing, FleetWaiting):
         if slot.fleet:
             return self._fleet_room(1) > 0
         item = plain(self.table.get(self._key(slot.pk)) or {})
-        limit = int(item["limit"]) if "limit" in item and not slot.key else slot.limit
+        limit = int(item["limit"]) if "limit" in item and not (slot.key or slot.tier) else slot.limit
         return limit is None or int(item.get("running", 0)) < limit
 
     def parked(self, pk: str) -> set[str]:
@@ -410,11 +441,15 @@ class RunningSlots(SlotListing, FleetWaiting):
         if fleet.is_shard(pk):
             return self._next_fleet_waiters(most)
         item = plain(self.table.get(self._key(pk)) or {})
-        limit = item.get("limit", self.default_limit) if pk.startswith("TENANT#") else None
+        limit = item.get("limit", self.default_limit) if pk.startswith("TENANT#") else self.tier_limit_of(pk)
         if limit is None and if_limited and pk.startswith("TENANT#"):
             return []
         room = most if limit is None else min(most, max(0, int(limit) - int(item.get("running", 0))))
         return self._take(pk, room)
+
+    def tier_limit_of(self, pk: str) -> int | None:
+        """The limit of a tier slot's partition (None: not one, or a tier without a limit here)."""
+        return self.tier_limits.get(tiers.tier_of(pk)) if tiers.is_tier_pk(pk) else None
 
     def _take(self, pk: str, room: int) -> list[tuple[str, str, str]]:
         """Take (delete) up to ``room`` waiters of the list ``pk`` still waiting, oldest first."""
@@ -447,7 +482,7 @@ def _room(slot: Slot) -> ConditionBase:
     free = Attr("running").not_exists() | Attr("running").lt(slot.limit)
     if slot.stored_limit:
         return Attr("limit").eq(slot.limit) & free
-    if slot.key or slot.fleet:
+    if slot.key or slot.fleet or slot.tier:
         return free
     return Attr("limit").not_exists() & free
 

@@ -23,6 +23,7 @@ from agentq.storage import fleet_slots as fleet
 from agentq.storage import keys
 from agentq.storage.fleet_waiting import WAIT, weight_of
 from agentq.storage.table import Table, plain
+from agentq.storage.tier_slots import tier_pk
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class _Listed(Protocol):
     table: Table
     default_limit: int | None
     fleet_name: str
+    tier_limits: dict[str, int]
 
     @staticmethod
     def _key(pk: str) -> dict[str, str]: ...
@@ -88,11 +90,12 @@ class SlotListing:
         )
 
     def _waiting(self: _Listed, tenant: str, up_to: int) -> int:
-        """The tenant's tasks still waiting for its slot or for the fleet (up to ``up_to``): a
-        waiter cancelled, or admitted by another route, keeps its item until a wake drops it,
-        and is not counted."""
+        """The tenant's tasks still waiting for its slot, a slot of a tier with a limit, or the
+        fleet (up to ``up_to``): a waiter cancelled, or admitted by another route, keeps its item
+        until a wake drops it, and is not counted."""
         waiters: list[dict[str, Any]] = []
-        for pk in (keys.tenant_pk(tenant), fleet.queue_pk(tenant, self.fleet_name)):
+        lists = [keys.tenant_pk(tenant), *(tier_pk(tenant, t) for t in self.tier_limits)]
+        for pk in (*lists, fleet.queue_pk(tenant, self.fleet_name)):
             waiters += self.table.query(pk, prefix=WAIT, limit=up_to - len(waiters), keys_only=True)
             if len(waiters) >= up_to:
                 break

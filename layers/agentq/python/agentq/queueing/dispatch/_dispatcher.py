@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pydantic
@@ -51,16 +51,19 @@ class Dispatcher(Context):
         backoff: RetryBackoff = DEFAULT_BACKOFF,
         default_max_running: int | None = None,
         fleet_capacity: int | None = None,
+        tier_limits: Mapping[str, int] | None = None,
     ) -> None:
         """``default_max_running``: the most running tasks per tenant without an override of
         its own (the deployment's ``AGENTQ_DEFAULT_TENANT_MAX_RUNNING``; None: unlimited).
         ``fleet_capacity``: the most running tasks of all tenants, shared by weight when full
-        (``AGENTQ_FLEET_CAPACITY``; None: no fleet slot). ``fire_schedule`` and ``cancel``:
+        (``AGENTQ_FLEET_CAPACITY``; None: no fleet slot). ``tier_limits``: a tenant's most running
+        tasks of each tier whose capacity is known (``Defaults.tier_limits``, from
+        ``AGENTQ_TIER_CAPACITY``; none: no tier slot). ``fire_schedule`` and ``cancel``:
         ``control``'s, handed in; required, so a dispatcher cannot be built that fails only when
         a schedule's fire or a ``cancel_running`` key arrives (``agentq.runtime.build_dispatcher``,
         the one constructor outside the tests, hands them in)."""
         fair = FairShare(store, queues, default_limit=default_max_running, fleet_capacity=fleet_capacity,
-                         cancel=cancel)  # fmt: skip
+                         cancel=cancel, tier_limits=tier_limits)  # fmt: skip
         super().__init__(engine, store, queues, max_receive_count, backoff, fair, fire_schedule)
 
     def handle(
