@@ -33,8 +33,9 @@ TABLE_ACTIONS = [
 # The running limits (storage/running_slots.py): admitting takes a slot item and a HOLD# item in
 # the tenant's and a concurrency key's partitions; releasing deletes the HOLD# item, parking puts
 # a WAIT# item and waking deletes it; the fleet's shards, lists and waiting tenants are under
-# FLEET# (storage/fleet_slots.py). DeleteItem reaches no further than those partitions.
-SLOT_PARTITIONS = [tenant_pk("*"), "CKEY#*", "FLEET*"]
+# FLEET# (storage/fleet_slots.py), a tenant's slot of a tier and its waiters under TIER#
+# (storage/tier_slots.py). DeleteItem reaches no further than those partitions.
+SLOT_PARTITIONS = [tenant_pk("*"), "CKEY#*", "FLEET*", "TIER#*"]
 PAYLOAD_ACTIONS = ["s3:GetObject", "s3:PutObject"]
 # The vault (storage/vault.py): a tenant's and each user's credentials and waiting tasks, under
 # VAULT#<digest>. The API writes and deletes credentials; a task runner reads them and puts and

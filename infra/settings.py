@@ -181,6 +181,19 @@ class BudgetDefaults(_Strict):
         description="the most running tasks of all tenants together (the executors' reserved concurrency plus what "
         "the workers run): a saturated fleet is shared by the tenants' weights (AGENTQ_FLEET_CAPACITY)",
     )
+    tier_capacity: dict[str, int] | None = Field(
+        None,
+        description="what each tier's runners run at once (AGENTQ_TIER_CAPACITY): a tenant's running tasks of a tier "
+        "never exceed fair_limit of it (storage/tier_slots.py); left out, executor.tier_max_concurrency when the "
+        "workers are off (the tier's event source is all that runs its tasks); {}: no tier slot",
+    )
+
+    @model_validator(mode="after")
+    def _tiers(self) -> BudgetDefaults:
+        given = self.tier_capacity or {}
+        if not set(given) <= set(TIERS) or any(n < 1 for n in given.values()):
+            raise ValueError(f"budget_defaults.tier_capacity names tiers of {', '.join(TIERS)}, each at least 1")
+        return self
 
 
 class SandboxSettings(_Strict):
@@ -454,7 +467,8 @@ class EnvironmentSettings(_Strict):
 
     def _fair_by_default(self) -> None:
         """Fair by default (issue 44; ARCHITECTURE invariant 12): a capacity left out is ``fleet_runs``,
-        a tenant limit left out ``fair_limit`` of it; set on the frozen ``budget_defaults`` here only,
+        a tenant limit left out ``fair_limit`` of it, a tier capacity left out the tier's event
+        source's maximum concurrency (each tier's limit per tenant is ``fair_limit`` of it); set on the frozen ``budget_defaults`` here only,
         so the functions' variables and every reader see the numbers the deployment runs with."""
         budget = self.budget_defaults
         capacity = budget.fleet_capacity if budget.fleet_capacity is not None else self.fleet_runs()
@@ -462,6 +476,14 @@ class EnvironmentSettings(_Strict):
             limit = budget.tenant_max_running if budget.tenant_max_running is not None else fair_limit(capacity)
             derived = budget.model_copy(update={"fleet_capacity": capacity, "tenant_max_running": limit})
             object.__setattr__(self, "budget_defaults", derived)
+        if self.budget_defaults.tier_capacity is None and not self.worker.enabled:
+            # Each tier's event source runs at most its maximum concurrency, and nothing else runs
+            # its tasks (the EC2 workspace tier's take none: FairShare). With the Fargate worker on,
+            # the workers take every tier's messages, so no tier has a capacity of its own.
+            tiers = dict(self.executor.tier_max_concurrency)
+            object.__setattr__(
+                self, "budget_defaults", self.budget_defaults.model_copy(update={"tier_capacity": tiers})
+            )
 
     @property
     def names(self) -> ResourceNames:

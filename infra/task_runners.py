@@ -56,10 +56,12 @@ RECEIVE_ACTIONS = ["sqs:ReceiveMessage"]
 
 
 def defaults_env(cfg: EnvironmentSettings) -> dict[str, str]:
-    """budget_defaults and the workspace limits as the AGENTQ_DEFAULT_* and AGENTQ_WORKSPACE_MAX_*
-    variables ``agentq.control.defaults.Defaults`` reads."""
+    """budget_defaults and the workspace limits as the AGENTQ_DEFAULT_*, AGENTQ_FLEET_CAPACITY,
+    AGENTQ_TIER_CAPACITY and AGENTQ_WORKSPACE_MAX_* variables ``agentq.control.defaults.Defaults`` reads."""
     limits = {"workspace_max_bytes": cfg.workspace.max_bytes, "workspace_max_files": cfg.workspace.max_files}
-    return Defaults.model_validate({**cfg.budget_defaults.model_dump(), **limits}).env()
+    tiers = cfg.budget_defaults.tier_capacity or {}  # AGENTQ_TIER_CAPACITY: high=12,normal=10,low=8
+    tier_capacity = ",".join(f"{tier}={n}" for tier, n in tiers.items()) or None
+    return Defaults.model_validate({**cfg.budget_defaults.model_dump(), **limits, "tier_capacity": tier_capacity}).env()
 
 
 def task_runner_env(cfg: EnvironmentSettings, sandbox: Sandbox) -> dict[str, str]:

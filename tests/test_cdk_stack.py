@@ -28,7 +28,7 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 from aws_cdk import assertions
 from aws_cdk.assertions import Match
 
-from agentq.control.defaults import Defaults
+from agentq.control.defaults import Defaults, fair_limit
 from agentq.control.retention import ttl_removal_pattern
 from agentq.core.models import TaskSubmission
 from agentq.observe import names
@@ -517,7 +517,7 @@ def test_each_function_gets_only_what_its_code_calls(synth: Synthesized) -> None
     deleting = [s for s in _role_statements(synth, "executor") if "dynamodb:DeleteItem" in _as_list(s["Action"])]
     assert [s["Sid"] for s in deleting] == ["RunningSlots", "Vault"]
     assert deleting[0]["Condition"] == {
-        "ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TENANT#*", "CKEY#*", "FLEET*"]}
+        "ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TENANT#*", "CKEY#*", "FLEET*", "TIER#*"]}
     }
     assert deleting[1]["Condition"] == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["VAULT#*"]}}
     assert not executor & {
@@ -1126,6 +1126,25 @@ def test_budget_defaults_reach_the_api_and_the_task_runners(synth: Synthesized) 
         )
 
 
+def test_each_tiers_running_limit_per_tenant_reaches_every_function_that_admits_or_wakes(synth: Synthesized) -> None:
+    # Fair by default per tier (storage/tier_slots.py): each tier's event source runs at most its
+    # maximum concurrency, so a tenant's running tasks of a tier stay under fair_limit of it: the
+    # API (admission at submission), the executor (its gate) and the sweeper (a raised capacity's room).
+    cfg = settings_of(synth.env_name)
+    expected = {tier: fair_limit(n) for tier, n in cfg.executor.tier_max_concurrency.items()}
+    assert expected and all(limit < cfg.executor.tier_max_concurrency[t] for t, limit in expected.items())
+    for name in ("api", "executor", "sweeper"):
+        env = _function(synth, name)[1]["Properties"]["Environment"]["Variables"]
+        assert Defaults.from_env(env).tier_limits() == expected, name
+
+
+def test_with_the_worker_on_no_tier_has_a_capacity_of_its_own(worker_synth: Synthesized) -> None:
+    # The Fargate workers take every tier's messages: a tier's runners are not its event source alone.
+    for name in ("api", "executor", "sweeper"):
+        env = _function(worker_synth, name)[1]["Properties"]["Environment"]["Variables"]
+        assert "AGENTQ_TIER_CAPACITY" not in env and Defaults.from_env(env).tier_limits() == {}, name
+
+
 def test_the_worker_is_absent_unless_enabled(synth: Synthesized) -> None:
     assert not synth.resources("AWS::ECS::Service")
     vpcs = [lid for lid in synth.resources("AWS::EC2::VPC") if not lid.startswith("SandboxVpc")]
@@ -1279,7 +1298,7 @@ def test_task_runners_reach_only_task_and_worker_partitions_and_delete_only_live
         # tenant's, the concurrency keys' and the fleet's partitions only (storage/running_slots.py,
         # storage/fleet_slots.py: an admission reads its tenant's item and the shards in one batch).
         assert table["RunningSlots"]["Condition"] == {
-            "ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TENANT#*", "CKEY#*", "FLEET*"]}
+            "ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TENANT#*", "CKEY#*", "FLEET*", "TIER#*"]}
         }
         assert "dynamodb:DeleteItem" in _as_list(table["RunningSlots"]["Action"])
         assert table["Vault"]["Condition"] == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["VAULT#*"]}}
@@ -1362,7 +1381,7 @@ def test_the_sweeper_runs_on_a_schedule_with_only_the_indexes_the_tasks_the_work
     assert sorted(s["Sid"] for s in deleting) == ["WaitingLists", "WorkerLiveness"]
     liveness = {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [WORKERS_PK]}}
     assert statements["WorkerLiveness"]["Condition"] == liveness
-    waiting = {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TENANT#*", "CKEY#*", "FLEET*"]}}
+    waiting = {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TENANT#*", "CKEY#*", "FLEET*", "TIER#*"]}}
     assert statements["WaitingLists"]["Condition"] == waiting  # a parked task is left alone
     assert set(_as_list(statements["WaitingLists"]["Action"])) == {
         "dynamodb:Query", "dynamodb:GetItem", "dynamodb:DeleteItem",
