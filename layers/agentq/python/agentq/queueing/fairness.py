@@ -149,8 +149,9 @@ class FairShare:
     def _slots_for(self, task: Task) -> list[Slot]:
         """The slots ``task`` needs here: its tier's among them only when it runs on the tier's
         runners, not on the workspace pool's hosts (which hold none of the tier's invocations)."""
-        tiered = bool(self.slots.tier_limits) and self.queues.pool_for(task.submission) is None
-        return self.slots.slots_for(task, tiered=tiered)
+        if not self.slots.tier_limits:
+            return self.slots.slots_for(task)
+        return self.slots.slots_for(task, tiered=self.queues.pool_for(task.submission) is None)
 
     def _why(self, slot: Slot) -> str:
         if slot.fleet:
