@@ -168,6 +168,12 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
         rows = {r["scenario"]: r for r in result["rows"]}
         assert rows["unlimited tenant, no fleet"]["release"] == {"dynamodb:GetItem": 1}
         assert rows["release waking the fleet, 2 tenant(s) waiting"]["release"]["sqs:SendMessage"] == 1
+        # the per-tier reserve: the same 2 calls to admit, one more item in its transaction (+2 WCU)
+        tier, fleet = rows["limited tenant, fleet, tier"]["admit"], rows["limited tenant, fleet"]["admit"]
+        assert {k: v for k, v in tier.items() if k.startswith("dynamodb:")} == {
+            "dynamodb:BatchGetItem": 1, "dynamodb:TransactWriteItems": 1,
+        }  # fmt: skip
+        assert tier["items:transacted"] == fleet["items:transacted"] + 1
     elif name == "cap_calls":  # a capped scope: one conditional hold and one settle per LLM call, one read a claim
         calls = {r["capped_scopes"]: r["extra_calls"] for r in result["rows"]}
         assert calls == {0: {"BatchGetItem": 1}, 1: {"BatchGetItem": 1, "UpdateItem": 6},
