@@ -441,15 +441,12 @@ class RunningSlots(SlotListing, FleetWaiting):
         if fleet.is_shard(pk):
             return self._next_fleet_waiters(most)
         item = plain(self.table.get(self._key(pk)) or {})
-        limit = item.get("limit", self.default_limit) if pk.startswith("TENANT#") else self.tier_limit_of(pk)
+        tier_limit = self.tier_limits.get(tiers.tier_of(pk)) if tiers.is_tier_pk(pk) else None  # a tier's: ours
+        limit = item.get("limit", self.default_limit) if pk.startswith("TENANT#") else tier_limit
         if limit is None and if_limited and pk.startswith("TENANT#"):
             return []
         room = most if limit is None else min(most, max(0, int(limit) - int(item.get("running", 0))))
         return self._take(pk, room)
-
-    def tier_limit_of(self, pk: str) -> int | None:
-        """The limit of a tier slot's partition (None: not one, or a tier without a limit here)."""
-        return self.tier_limits.get(tiers.tier_of(pk)) if tiers.is_tier_pk(pk) else None
 
     def _take(self, pk: str, room: int) -> list[tuple[str, str, str]]:
         """Take (delete) up to ``room`` waiters of the list ``pk`` still waiting, oldest first."""
