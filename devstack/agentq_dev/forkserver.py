@@ -307,9 +307,27 @@ def _answer(conn: socket.socket, request: dict[str, Any], fds: list[int], listen
             conn.close()
             _child(request, fds)
         _exited.pop(pid, None)
+        _note_fork(pid, request)
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
     return {"pid": pid}
+
+
+FORK_LOG = "AGENTQ_FORK_LOG"  # a file: each fork's pid, argv and test appended (bench/suite_cpu.py)
+
+
+def _note_fork(pid: int, request: dict[str, Any]) -> None:
+    """With ``AGENTQ_FORK_LOG`` set, say which test asked for the process: every fork has the
+    fork server's command line and environment in /proc, so nothing else there can tell a moto
+    server from a worker, or the test that started it (what ``bench/suite_cpu.py`` attributes
+    the suite's CPU by)."""
+    path = os.environ.get(FORK_LOG)
+    if not path:
+        return
+    env = request["env"]
+    note = {"pid": pid, "argv": request["python"][:3], "test": env.get("PYTEST_CURRENT_TEST", "")}
+    with contextlib.suppress(OSError), open(path, "a") as log_file:
+        log_file.write(json.dumps(note) + "\n")
 
 
 def serve(path: str) -> None:
