@@ -55,6 +55,8 @@ CASES = {
     # a SIGKILL per restore: seconds each), which bench/workspace_chaos.py's case exercises
     "workspace_cost": ["--parts", "coding,shell", "--turns", "4", "--repo-mb", "0.2", "--repo-files", "12",
                        "--sizes", "0.1:10:1", "--runs", "1"],
+    # a small suite of its own: one file whose tests fork moto servers through the fork server
+    "suite_cpu": ["--pytest", "-q -n 0 -p no:cacheprovider tests/test_forkserver.py", "--every", "0.1"],
     "workspace_chaos": ["--cycles", "1", "--live", "1", "--turns", "2", "--workers", "2", "--pause", "1", "--lease", "1"],
 }  # fmt: skip
 
@@ -94,6 +96,11 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
             assert all(d["total_usd"] > 0 for d in designs.values())
             assert designs["fargate-hub"]["publishes_per_event"] == 0  # the table's stream, no publisher
         assert set(result["seed"]) == {"lambda executors", "fargate workers", "economy batches"}
+    elif name == "suite_cpu":
+        assert result["returncode"] == 0 and result["forks_noted"] > 0
+        kinds = {r["kind"]: r for r in result["by_kind"]}
+        assert kinds["moto servers"]["processes"] > 0 and kinds["xdist workers (tests' own code)"]["cpu_s"] > 0
+        assert [r["file"] for r in result["forks_by_test_file"]] == ["tests/test_forkserver.py"]
     elif name == "eval_run":
         assert result["tasks"] == 12 and result["lost"] == 0 and result["repeated"] == 0
         assert result["killed"]["cli_after_submissions"] == 10 and result["aws_calls"] > 0
