@@ -105,7 +105,7 @@ def _descends(pid: int, root: int, parent: dict[int, int]) -> bool:
 
 def kind_of(cmd: str, fork: dict[str, Any] | None) -> str:
     argv = " ".join(fork["argv"]) if fork else cmd
-    if fork is None and ("xdist" in cmd or "pytest" in cmd or "import atexit" in cmd):
+    if "xdist" in argv or "pytest" in argv or "import atexit" in argv:  # execnet's bootstrap: an xdist worker
         return KINDS[0]
     if "moto_app" in argv:
         return KINDS[1]
@@ -115,7 +115,7 @@ def kind_of(cmd: str, fork: dict[str, Any] | None) -> str:
         return KINDS[3]
     if cmd.startswith("node") or "/node " in cmd or "jsii" in cmd:
         return KINDS[4]
-    if "agentq_dev.forkserver" in cmd:
+    if fork is None and "agentq_dev.forkserver" in cmd:
         return KINDS[5]
     return KINDS[6]
 
@@ -156,8 +156,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         kind = kind_of(seen["cmd"], fork)
         by_kind[kind] += spent
         processes[kind] += 1
-        if fork is not None:
-            by_file[fork["test"].split("::")[0] or "(no test)"] += spent
+        if fork is not None and kind != KINDS[0]:  # an xdist worker runs every file's tests
+            by_file[fork["test"].split("::")[0] or "(started before any test)"] += spent
     files = sorted(by_file.items(), key=lambda kv: -kv[1])[: args.files]
     return {
         "bench": "suite_cpu",
