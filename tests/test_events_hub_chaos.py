@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from functools import partial
 
 from agentq.api.client import Client
 from agentq_dev.stack import LocalStack
@@ -56,19 +57,23 @@ def test_watchers_on_the_hub_get_every_committed_event_once_in_order_while_worke
         for t in threads:
             t.start()
         killed = 0
+
+        def replaced(kills: int) -> bool:
+            return len(stack.replacements) >= kills
+
         for _ in range(KILLS):  # a worker dies each time the tasks have made some progress
             for _ in range(TASKS):
                 assert steps.acquire(timeout=120)
             alive = [p for p in stack.processes if p.poll() is None]
             os.kill(alive[0].pid, signal.SIGKILL)
             killed += 1
+            # The next kill waits for this one's replacement (an observable event), so each lands
+            # on a worker the supervisor knows, and a kill it never saw fails here, naming it.
+            wait_for(partial(replaced, killed), timeout=60, what=f"kill {killed} (worker {alive[0].pid}) replaced")
         for t in threads:
             t.join(timeout=300)
         assert not errors, errors[:3]
-        # The supervisor replaces a killed worker when it sees the exit, which may come after the
-        # tasks ended: wait for it to have seen every kill rather than read its list at once.
-        wait_for(lambda: len(stack.replacements) >= KILLS, timeout=60, what="every killed worker replaced")
-        assert len(received) == WATCHERS and killed == KILLS
+        assert len(received) == WATCHERS and killed == KILLS and len(stack.replacements) == KILLS
         assert stack.api_server.hub is not None and stack.api_server.hub.reads == 0  # all on the hub, none fell back
         takeovers = 0
         for i, task_id in enumerate(tasks):
