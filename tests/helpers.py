@@ -12,6 +12,8 @@ from agentq.core.models import TaskSubmission
 from agentq.storage.container import Storage
 from agentq.storage.dynamodb import DynamoTable
 from agentq.storage.serdes import PayloadStore
+from agentq.storage.table import plain
+from agentq.storage.tier_slots import tier_pk
 from agentq_dev import forkserver
 
 if TYPE_CHECKING:
@@ -95,6 +97,11 @@ def s3_payloads(store: Storage) -> PayloadStore:
     """The S3 payload store under a store from ``build_store`` (its client and bucket)."""
     assert isinstance(store.payloads, PayloadStore), type(store.payloads)
     return store.payloads
+
+
+def tier_running(store: Storage, tenant: str, tier: str = "normal") -> int:
+    """The tenant's tasks holding its slot of ``tier``, as the slot item counts them."""
+    return int(plain(store.table.get({"pk": tier_pk(tenant, tier), "sk": "RUNNING"}) or {}).get("running", 0))
 
 
 def queue_depth(queues: Any, url: str) -> int:

@@ -26,12 +26,11 @@ import pytest
 from agentq.control.defaults import Defaults, fair_limit
 from agentq.core.models import TaskStatus
 from agentq.queueing._tuning import WorkerConfig
-from agentq.storage.table import plain
-from agentq.storage.tier_slots import tier_pk
 from agentq_dev.stack import LocalStack
 from infra.settings import resolve
 from infra.task_runners import defaults_env
 
+from tests.helpers import tier_running
 from tests.test_fair_by_default import Fleet
 
 TIER_RUNS = 2  # dev's executor.tier_max_concurrency, each tier
@@ -60,11 +59,6 @@ def tier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fleet]:
                 (gates / f"{label}{i}").touch()
 
 
-def tier_running(fleet: Fleet, tenant: str) -> int:
-    """The tenant's tasks holding its slot of ``normal``, as the slot item counts them."""
-    return int(plain(fleet.store.table.get({"pk": tier_pk(tenant, "normal"), "sk": "RUNNING"}) or {}).get("running", 0))
-
-
 def test_a_quiet_tenants_task_is_claimed_while_another_tenants_burst_still_holds_its_turns_in_the_same_tier(
     tier: Fleet,
 ) -> None:
@@ -78,12 +72,12 @@ def test_a_quiet_tenants_task_is_claimed_while_another_tenants_burst_still_holds
     # of the tier's runners, and this claim never comes.
     tier.until("the quiet task claimed", lambda: tier.store.tasks.get(quiet).first_claimed_at)
     assert [t for t in tier.tasks(burst) if t.finished_at is not None] == []
-    assert len(tier.claimed(burst)) == TIER_LIMIT == tier_running(tier, "burst")
+    assert len(tier.claimed(burst)) == TIER_LIMIT == tier_running(tier.store, "burst")
     usage = tier.slots.usage("burst")  # under its tenant limit, held by its tier's: the rest waits parked
     assert usage.running == TIER_LIMIT < TENANT_LIMIT and usage.waiting == BURST - TIER_LIMIT
     tier.until("the quiet task done", lambda: tier.store.tasks.get(quiet).status.terminal)
     assert tier.store.tasks.get(quiet).status is TaskStatus.SUCCEEDED
-    assert tier_running(tier, "quiet") == 0  # its ending gave its tier slot back
+    assert tier_running(tier.store, "quiet") == 0  # its ending gave its tier slot back
 
 
 def test_a_lone_tenant_runs_its_tier_but_the_reserve_a_second_tenant_takes_it_and_a_release_wakes_its_own_tenant(
@@ -98,7 +92,7 @@ def test_a_lone_tenant_runs_its_tier_but_the_reserve_a_second_tenant_takes_it_an
     running = [t for t in tier.tasks(burst + second) if t.status is TaskStatus.RUNNING]
     assert len(running) == TIER_RUNS  # the whole tier runs: the reserve is not idle
     assert [t.task_id for t in tier.claimed(second)] == second[:1]  # its second waits for its own tier slot
-    assert (tier_running(tier, "burst"), tier_running(tier, "second")) == (TIER_LIMIT, TIER_LIMIT)
+    assert (tier_running(tier.store, "burst"), tier_running(tier.store, "second")) == (TIER_LIMIT, TIER_LIMIT)
 
     # The burst's turn ends: its tier slot goes to its own next waiter (the second tenant is at
     # its own tier limit), so the tier runs full again.
@@ -113,7 +107,7 @@ def test_a_lone_tenant_runs_its_tier_but_the_reserve_a_second_tenant_takes_it_an
         tier.open(f"b{i}")
     tier.until("every task ended", lambda: all(t.status.terminal for t in tier.tasks(burst + second)))
     assert {t.status for t in tier.tasks(burst + second)} == {TaskStatus.SUCCEEDED}
-    assert tier_running(tier, "burst") == tier_running(tier, "second") == 0
+    assert tier_running(tier.store, "burst") == tier_running(tier.store, "second") == 0
 
 
 # Each tier's limit per tenant as shipped (cdk.json's tier_max_concurrency less 5 %, rounded up, at least 1).

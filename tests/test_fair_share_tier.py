@@ -22,11 +22,10 @@ from agentq.queueing.queues import TaskMessage, TaskQueues
 from agentq.queueing.sweeper import sweep
 from agentq.runtime import build_dispatcher, build_queues
 from agentq.storage.container import Storage
-from agentq.storage.table import plain
 from agentq.storage.tier_slots import tier_pk
 from agentq_dev.moto_server import MotoServer
 
-from tests.helpers import deployment, scripted
+from tests.helpers import deployment, scripted, tier_running
 
 STORAGE = "memory"
 STALE_AFTER = 60.0
@@ -55,10 +54,6 @@ def _deliver(dispatcher: Dispatcher, task: Task) -> Any:
     return dispatcher.handle(TaskMessage(task_id=task.task_id).model_dump_json(), tier="normal", receive_count=1)
 
 
-def _tier_running(store: Storage, tenant: str) -> int:
-    return int(plain(store.table.get({"pk": tier_pk(tenant, "normal"), "sk": "RUNNING"}) or {}).get("running", 0))
-
-
 def _holder_and_waiter(store: Storage, queues: TaskQueues, registry: Any, tenant: str) -> tuple[Dispatcher, Task, Task]:
     """``tenant``'s first task admitted (its tier slot taken, not claimed yet), its second delivered
     and refused by the tier: parked."""
@@ -84,7 +79,7 @@ def test_a_task_over_its_tier_limit_is_parked_its_message_deleted_and_told_what_
     assert store.slots.waits_on(task) == "tier"
     assert "waiting for a slot of the normal tier" in (activity(store, task, None, None) or "")  # type: ignore[arg-type]
     assert _sent(queues) == []  # deleted, not retried: nothing comes back until a slot frees
-    assert _tier_running(store, "tier-parked") == 1
+    assert tier_running(store, "tier-parked") == 1
     assert store.tasks.get(holder.task_id).slots == [
         tier_pk("tier-parked", "normal")
     ]  # an unlimited tenant: its tier's only
@@ -97,9 +92,9 @@ def test_a_run_that_ends_gives_its_tier_slot_back_and_wakes_the_tenants_next_tas
     _deliver(dispatcher, holder)  # runs to its end: the one place an ending gives its slots back
     assert store.tasks.get(holder.task_id).status is TaskStatus.SUCCEEDED
     assert _sent(queues) == [waiter.task_id]  # woken
-    assert _tier_running(store, "tier-ends") == 0
+    assert tier_running(store, "tier-ends") == 0
     _deliver(dispatcher, waiter)
-    assert store.tasks.get(waiter.task_id).status is TaskStatus.SUCCEEDED and _tier_running(store, "tier-ends") == 0
+    assert store.tasks.get(waiter.task_id).status is TaskStatus.SUCCEEDED and tier_running(store, "tier-ends") == 0
 
 
 def test_a_task_cancelled_while_queued_and_admitted_gives_its_tier_slot_back_and_wakes_the_next(
@@ -107,7 +102,7 @@ def test_a_task_cancelled_while_queued_and_admitted_gives_its_tier_slot_back_and
 ) -> None:
     dispatcher, holder, waiter = _holder_and_waiter(store, queues, registry, "tier-cancel")
     cancel(store, holder.task_id, queues=queues, slots=dispatcher.fair.slots)
-    assert _tier_running(store, "tier-cancel") == 0
+    assert tier_running(store, "tier-cancel") == 0
     assert _sent(queues) == [waiter.task_id]
 
 
@@ -133,4 +128,4 @@ def test_a_task_that_runs_on_the_workspace_pools_hosts_takes_no_tier_slot(
     second = store.tasks.create(scripted([{"text": "done"}], tools=["shell"]), tenant="tier-pool")
     for task in (first, second):  # both admitted: the tier's invocations hold neither
         assert dispatcher.fair.admit(task, "normal").waits is None
-    assert _tier_running(store, "tier-pool") == 0
+    assert tier_running(store, "tier-pool") == 0

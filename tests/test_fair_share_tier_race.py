@@ -15,7 +15,7 @@ from agentq.storage.table import plain
 from agentq.storage.tier_slots import tier_pk
 
 from tests import racers
-from tests.helpers import scripted
+from tests.helpers import scripted, tier_running
 
 PROCESSES = 6
 TASKS_EACH = 4
@@ -26,10 +26,6 @@ LIMIT = fair_limit(CAPACITY)  # 3 of each tenant's 12 tasks
 def _tasks(store: Storage, tenants: list[str]) -> list[list[str]]:
     return [[store.tasks.create(scripted([{"text": "x"}]), tenant=tenants[(p + i) % 2]).task_id
              for i in range(TASKS_EACH)] for p in range(PROCESSES)]  # fmt: skip
-
-
-def _tier_running(store: Storage, tenant: str) -> int:
-    return int(plain(store.table.get({"pk": tier_pk(tenant, "normal"), "sk": "RUNNING"}) or {}).get("running", 0))
 
 
 def _holders(store: Storage, ids: list[list[str]], tenant: str) -> set[str]:
@@ -47,7 +43,7 @@ def test_workers_admitting_two_tenants_tasks_of_one_tier_at_once_admit_exactly_i
 
     assert sum(r["admitted"] for r in reports) == 2 * LIMIT  # never more, and no slot lost to a race
     for tenant in tenants:
-        assert _tier_running(store, tenant) == len(_holders(store, ids, tenant)) == LIMIT
+        assert tier_running(store, tenant) == len(_holders(store, ids, tenant)) == LIMIT
     slots = store.slots.with_default(None, tier_limits={"normal": LIMIT})
     assert sum(slots.usage(t).waiting for t in tenants) == PROCESSES * TASKS_EACH - 2 * LIMIT
     assert sum(r["parked"] for r in reports) == PROCESSES * TASKS_EACH - 2 * LIMIT
@@ -65,5 +61,5 @@ def test_workers_admitting_ending_and_admitting_again_keep_each_tenants_tier_cou
     holding = {t for r in reports for t in r["holding"]}
     for tenant in tenants:
         holders = _holders(store, ids, tenant)
-        assert _tier_running(store, tenant) == len(holders) <= LIMIT  # exact, and never above
+        assert tier_running(store, tenant) == len(holders) <= LIMIT  # exact, and never above
         assert holders <= holding  # no wake admits here: the tier's slot is not handed off
