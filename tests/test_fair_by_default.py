@@ -17,6 +17,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +54,13 @@ class Fleet:
         self.registry = build_registry(stack.settings)
         self.defaults = stack.settings.defaults
         self.slots = self.defaults.running_slots(self.store)
+        self.labels: list[str] = []  # every gate a submitted task holds on
 
     def submit(self, tenant: str, label: str | None) -> str:
         """A one-turn task; with a ``label``, its turn calls ``hold`` and it runs until that gate opens."""
         turns: list[object] = [{"text": "done"}]
         if label is not None:
+            self.labels.append(label)
             turns = [{"text": "holding", "tool_calls": [call("hold", label=label)]}, {"text": "done"}]
         work = scripted(turns, tools=["hold"] if label is not None else [])
         submitted = submit_once(self.store, self.registry, work, tenant=tenant, queues=self.queues,
@@ -86,19 +89,28 @@ class Fleet:
         return seen
 
 
-@pytest.fixture
-def fleet(tmp_path: Path) -> Iterator[Fleet]:
+@contextmanager
+def gated_fleet(tmp_path: Path, prefix: str, workers: int, concurrency: int, **stack: Any) -> Iterator[Fleet]:
+    """A local stack (no API) whose workers run ``tests.gate_tools``, as a ``Fleet``; ``stack``:
+    ``LocalStack``'s other options. At the end every gate a task held on is opened, so the
+    workers stop promptly."""
     gates = tmp_path / "gates"
     gates.mkdir()
     pythonpath = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH", "")]))
-    stack = LocalStack(prefix=f"fair-{uuid.uuid4().hex[:6]}", workers=WORKERS, api=False, fair=True,
-                       worker_config=WorkerConfig(concurrency=CONCURRENCY), tool_modules=("tests.gate_tools",),
-                       extra_env={"AGENTQ_TEST_GATE_DIR": str(gates), "PYTHONPATH": pythonpath})  # fmt: skip
-    with stack:
-        yield Fleet(stack, gates)
-        for label in ("a", "b"):  # let whatever still holds end, so the workers stop promptly
-            for i in range(BURST):
-                (gates / f"{label}{i}").touch()
+    with LocalStack(prefix=f"{prefix}-{uuid.uuid4().hex[:6]}", workers=workers, api=False,
+                    worker_config=WorkerConfig(concurrency=concurrency), tool_modules=("tests.gate_tools",),
+                    extra_env={"AGENTQ_TEST_GATE_DIR": str(gates), "PYTHONPATH": pythonpath},
+                    **stack) as local:  # fmt: skip
+        fleet = Fleet(local, gates)
+        yield fleet
+        for label in fleet.labels:
+            fleet.open(label)
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[Fleet]:
+    with gated_fleet(tmp_path, "fair", WORKERS, CONCURRENCY, fair=True) as made:
+        yield made
 
 
 def test_agent_dev_defaults_set_the_fleet_to_what_its_workers_run_and_keep_its_reserve_from_any_one_tenant(

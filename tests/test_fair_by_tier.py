@@ -16,8 +16,6 @@ burst's). Also: every cdk.json environment's tier capacities and what the functi
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,13 +23,11 @@ import pytest
 
 from agentq.control.defaults import Defaults, fair_limit
 from agentq.core.models import TaskStatus
-from agentq.queueing._tuning import WorkerConfig
-from agentq_dev.stack import LocalStack
 from infra.settings import resolve
 from infra.task_runners import defaults_env
 
 from tests.helpers import tier_running
-from tests.test_fair_by_default import Fleet
+from tests.test_fair_by_default import Fleet, gated_fleet
 
 TIER_RUNS = 2  # dev's executor.tier_max_concurrency, each tier
 TIER_LIMIT = fair_limit(TIER_RUNS)  # 1: the tier's reserve is the other slot
@@ -41,22 +37,13 @@ BURST = 6
 
 @pytest.fixture
 def tier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fleet]:
-    gates = tmp_path / "gates"
-    gates.mkdir()
     # The stack's defaults (its submissions' and its workers') are read from the environment, as
     # the functions read what cdk.json hands them.
     monkeypatch.setenv("AGENTQ_TIER_CAPACITY", ",".join(f"{t}={TIER_RUNS}" for t in ("high", "normal", "low")))
     monkeypatch.setenv("AGENTQ_DEFAULT_TENANT_MAX_RUNNING", str(TENANT_LIMIT))
     monkeypatch.setenv("AGENTQ_FLEET_CAPACITY", "6")
-    pythonpath = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH", "")]))
-    stack = LocalStack(prefix=f"tier-{uuid.uuid4().hex[:6]}", workers=1, api=False,
-                       worker_config=WorkerConfig(concurrency=TIER_RUNS), tool_modules=("tests.gate_tools",),
-                       extra_env={"AGENTQ_TEST_GATE_DIR": str(gates), "PYTHONPATH": pythonpath})  # fmt: skip
-    with stack:
-        yield Fleet(stack, gates)
-        for label in ("a", "b"):  # let whatever still holds end, so the worker stops promptly
-            for i in range(BURST):
-                (gates / f"{label}{i}").touch()
+    with gated_fleet(tmp_path, "tier", 1, TIER_RUNS) as fleet:
+        yield fleet
 
 
 def test_a_quiet_tenants_task_is_claimed_while_another_tenants_burst_still_holds_its_turns_in_the_same_tier(
