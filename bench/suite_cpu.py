@@ -35,7 +35,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from _benchlib import log
+from _benchlib import log, table
 from _plot import Panel, add_plot_args
 from _report import report
 from agentq_dev import forkserver
@@ -173,8 +173,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def render(result: dict[str, Any]) -> str:
-    from _benchlib import table
-
     head = (
         f"{result['command']}: exit {result['returncode']}, {result['wall_s']} s, the machine busy "
         f"{result['machine_busy_cpu_s']} CPU-s, {result['sampled_cpu_s']} of them seen in the suite's processes"
