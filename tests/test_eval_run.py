@@ -136,6 +136,19 @@ def _assert_once_per_version(api: ApiStack, eval_id: str, name: str, rows: list[
         assert store.tasks.get(task["task_id"]).llm_steps == 1
 
 
+def _graded_items_not_passed(store: Any, report: dict[str, Any], rows: list[dict[str, Any]]) -> list[Any]:
+    """The items both versions should have passed (the @grader ones) that one did not, with
+    their tasks' status, error and claims: what a failure of the pass count needs to be read."""
+    graded = {r["id"] for r in rows if "grader" in r.get("outcome", {})}
+    missed = []
+    for row in report["items"]:
+        for side in ("agent", "against"):
+            if row["item"] in graded and not row[side]["passed"]:
+                task = store.tasks.get(row[side]["task_id"])
+                missed.append((row["item"], side, task.status.value, task.error, task.claim_count))
+    return missed
+
+
 def test_a_dataset_runs_through_both_versions_and_the_report_is_what_the_tasks_recorded(
     eval_stack: ApiStack, tmp_path: Path
 ) -> None:
@@ -218,7 +231,8 @@ def test_the_cli_and_a_worker_killed_mid_run_and_the_rerun_loses_and_repeats_not
     assert f"submitted {2 * n}/{2 * n} ({2 * n - submitted_before} new)" in rerun.stderr
     report = json.loads(rerun.stdout)
     assert report["evaluation"] == eval_id
-    assert (report["summary"]["agent"]["passed"], report["summary"]["against"]["passed"]) == (n // 3, 2 * n // 3)
+    passed = (report["summary"]["agent"]["passed"], report["summary"]["against"]["passed"])
+    assert passed == (n // 3, 2 * n // 3), _graded_items_not_passed(store, report, rows)
     _assert_once_per_version(eval_stack, eval_id, name, rows)
     _assert_report_is_the_tasks(eval_stack, report, n)
     assert store.tasks.get(held).claim_count >= 2  # the killed worker's task was taken over, and ran once
