@@ -55,6 +55,8 @@ ENV_VAR = "AGENTQ_FORKSERVER"  # the socket's path, for this process and the pro
 WARM_APPS = ("dynamodb", "dynamodbstreams", "sqs", "s3", "stepfunctions", "secretsmanager", "moto_api")
 # What a worker imports before its first poll, and the model SDKs its providers import on first use.
 WARM_MODULES = ("agentq.cli.main", "agentq.worker", "agentq.runtime", "anthropic", "openai")
+# The clients a worker, the API and a test make: their botocore data parsed once, here.
+WARM_CLIENTS = ("dynamodb", "s3", "sqs", "stepfunctions")
 # An answer takes milliseconds, but the first may wait for the imports (seconds; more on a loaded
 # machine): the limit is for a fork server that is gone or stuck.
 ANSWER_TIMEOUT = 60.0
@@ -202,6 +204,9 @@ def _warm() -> None:
     for service in WARM_APPS:  # a service's first request builds its app: its url and response modules
         with contextlib.suppress(Exception):
             create_backend_app(service)  # type: ignore[arg-type]  # (a Literal of moto's service names)
+    from agentq.runtime import warm_data_loader
+
+    warm_data_loader(WARM_CLIENTS)
 
 
 def _become(env: dict[str, str], fds: list[int]) -> None:

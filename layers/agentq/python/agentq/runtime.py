@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -170,6 +170,22 @@ def session(settings: Settings) -> boto3.session.Session:
         made = boto3.session.Session(botocore_session=core, region_name=settings.region)
         del _loader.search_paths[known:]  # boto3 appends its data folder per session; the loader has it
         return made
+
+
+def warm_data_loader(services: Iterable[str], region: str = "us-east-1") -> None:
+    """Parse botocore's data for ``services`` (model, endpoint rules, endpoints, partitions) into
+    the shared loader now, by making one client of each.
+
+    Why: a process that forks many others (the local stack's fork server, a test's pool of
+    racers) does it once for all of them; each child's sessions then find it parsed (~0.1 CPU-s
+    a child for DynamoDB, S3 and SQS). The clients are thrown away; explicit placeholder
+    credentials keep their creation from searching the credential chain (no metadata call)."""
+    make: Callable[..., Any] = session(Settings.for_prefix("warm", None, region=region)).client
+    for service in services:
+        make(
+            service, region_name=region, endpoint_url="http://127.0.0.1:9", config=boto_config(1),
+            aws_access_key_id="warm", aws_secret_access_key="warm",
+        )  # fmt: skip
 
 
 def client(settings: Settings, service: str, sess: boto3.session.Session | None = None, pool: int = 64) -> Any:
