@@ -17,13 +17,22 @@ with the comparison and bounds moto applies itself): a claim's read of a task's 
 items no longer sorts and walks every step of the task. moto then filters them by the hash
 key (all match), sorts them by range key, pages, applies the key condition (all match), the
 filter and the projection exactly as before: the same result, from the items that could be in
-it. Index queries and scans are unchanged. The marker is per
-thread, so a request on another thread never sees it (and ``moto_app`` serialises DynamoDB
+it.
+
+An index Query (a GSI's partition: a tenant's live tasks, an agent's versions, a stop's listing)
+walked every item too, after ``all_items`` had sorted the whole table by its own keys, an order
+the index path then throws away: it sorts what it keeps by the index's keys and the table's (a
+total order, the table's keys being unique). Here ``all_items`` gives that path, unsorted, the
+items whose index key values equal the Query's (moto's own test: type and cast value), so a
+Query costs one pass over the items instead of a sort of them (10,000 items in 50 index
+partitions, moto in-process: 113 ms a Query, 26 ms with this). Scans are unchanged. The marker
+is per thread, so a request on another thread never sees it (and ``moto_app`` serialises DynamoDB
 requests anyway).
 
 Which moto: ``moto_version.VERIFIED_MOTO``, as read in 5.2.5, 5.2.6 and in moto's main branch at 0af643a (August
 2026): ``Table.query(hash_key, ..., index_name, ...)`` building its candidates from
-``self.all_items()`` on the base-table path, and ``Table.items`` as above. ``install`` patches
+``self.all_items()`` on both paths, the index path's ``hash_key_conditions`` and its
+``sorted_items`` by the index's then the table's keys, and ``Table.items`` as above. ``install`` patches
 only ``moto_version.VERIFIED_MOTO``; ``tests/test_moto_app.py`` checks Query results against
 the server, and the conformance tests check Query semantics against the in-memory table.
 """
@@ -52,6 +61,13 @@ def install() -> None:
         querying = getattr(_state, "table", None) is self  # (a variable: `is` would narrow self's type)
         if not querying:
             return original_all_items(self)
+        if _state.index_keys is not None:  # an index Query: the items with its partition's key values, unsorted
+            keys = _state.index_keys
+            parts = self.items.values()
+            items = [item for part in parts for item in part.values()] if self.range_key_attr else list(parts)
+            for name, value in keys:
+                items = [item for item in items if _equal(item.attrs.get(name), value)]
+            return items
         partition = self.items.get(_state.hash_key)  # .get: looking creates no partition
         if partition is None:
             return []
@@ -64,14 +80,28 @@ def install() -> None:
 
     def query(self: Any, *args: Any, **kwargs: Any) -> Any:
         bound = signature.bind(self, *args, **kwargs).arguments
-        if bound.get("index_name") or bound.get("hash_key") is None:
+        if bound.get("index_name"):
+            if not bound.get("hash_key_conditions"):
+                return original_query(self, *args, **kwargs)
+            _state.table, _state.index_keys = self, list(bound["hash_key_conditions"])
+        elif bound.get("hash_key") is None:
             return original_query(self, *args, **kwargs)
-        _state.table, _state.hash_key = self, bound["hash_key"]
-        _state.range = (bound.get("range_comparison"), bound.get("range_objs") or [])
+        else:
+            _state.table, _state.hash_key, _state.index_keys = self, bound["hash_key"], None
+            _state.range = (bound.get("range_comparison"), bound.get("range_objs") or [])
         try:
             return original_query(self, *args, **kwargs)
         finally:
-            _state.table = _state.hash_key = _state.range = None
+            _state.table = _state.hash_key = _state.range = _state.index_keys = None
 
     Table.all_items = all_items  # type: ignore[method-assign]
     Table.query = query  # type: ignore[method-assign]
+
+
+def _equal(present: Any, wanted: Any) -> bool:
+    """moto's own test of an index key value (``DynamoType.__eq__``: type and cast value), for an
+    item that may lack it; the same raw value decides at once (numbers written apart, such as
+    ``1`` and ``1.0``, go to moto's cast)."""
+    if present is None or present.type != wanted.type:
+        return False
+    return present.value == wanted.value or (wanted.type == "N" and bool(present == wanted))
