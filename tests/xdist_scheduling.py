@@ -32,6 +32,12 @@ STORED_FROM = 1.0  # seconds: shorter tests are not worth an entry
 # tests that use it (see pytest_collection_modifyitems), and ends with its group's last test
 # (see pytest_runtest_teardown).
 SESSION_GROUPS = frozenset({"api_stack"})
+# ... each split by module into this many groups, balanced by the modules' durations: one group
+# is one worker's tests one after another, and ``api_stack``'s (some 400 tests, ~450 s under
+# make test) as one group were the run's longest path, as long as the run (issue 41). Each
+# shard starts a stack of its own (~25 CPU-s over a run) and fills a table of its own.
+SESSION_SHARDS = {"api_stack": 2}
+UNLISTED = 0.3  # seconds: what a test missing from durations.json is taken to take (all under STORED_FROM)
 # Fixtures whose tests are one group of the given name, as if marked ``xdist_group``: every test
 # of the CDK's synths (tests/test_cdk_stack.py's, which any module may import) is in ``cdk``.
 FIXTURE_GROUPS = {"synth_root": "cdk"}
@@ -62,9 +68,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     longer reads a node id, which would make every group silently one test each.
 
     The tests of ``api_stack`` (a session-scoped local stack: moto, the API, two workers) are
-    one group too, whatever their module: spread over four workers they started four such
-    stacks, each idling in its worker for the rest of the run (~20 CPU-s apiece), for tests
-    that need one.
+    grouped too, whatever their module, in ``SESSION_SHARDS`` groups of whole modules: spread
+    over every worker they started a stack in each, idling for the rest of the run (~20 CPU-s
+    apiece); as one group they were the run's longest path.
 
     A test marked ``@pytest.mark.xdist_group("name")`` (xdist's own mark, which xdist 3.8 writes
     where pytest 9 does not read it) is in that group whatever its fixtures, as is a test that
@@ -73,6 +79,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     grouping = bool(getattr(config.option, "loadgroup", False))  # set in xdist's workers
     durations = _durations() if grouping else {}
     seconds: dict[str, float] = {}  # node id -> how long the test is expected to take, if on its own
+    sharded: dict[str, list[pytest.Item]] = {}  # a session group's tests, split below
     for item in items:
         parent, _, last = item.nodeid.rpartition("::")
         if parent and last != item.name:
@@ -88,7 +95,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             _set_nodeid(item, f"{item.nodeid}@{group}")
             continue
         if used & SESSION_GROUPS:
-            _set_nodeid(item, f"{item.nodeid}@{min(used & SESSION_GROUPS)}")
+            name = min(used & SESSION_GROUPS)
+            sharded.setdefault(name, []).append(item)
             continue
         shared = any(
             defs and defs[-1].scope == "module" for name, defs in info.name2fixturedefs.items() if name in used
@@ -97,6 +105,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             _set_nodeid(item, f"{item.nodeid}@{item.nodeid.split('::', 1)[0]}")
         else:
             seconds[item.nodeid] = durations.get(item.nodeid, 0.0)
+    for name, grouped in sharded.items():
+        for item, shard in _shards(grouped, SESSION_SHARDS.get(name, 1), durations):
+            _set_nodeid(item, f"{item.nodeid}@{name}.{shard}")
     # Longest first among the tests scheduled on their own; a group's tests keep their order
     # (sharing a module-scoped fixture, pytest has put those of one parameter together).
     items.sort(key=lambda item: -seconds.get(item.nodeid, 0.0))
@@ -119,6 +130,22 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
                 fixturedef.finish(item._request)  # type: ignore[attr-defined]
 
 
+def _shards(items: list[pytest.Item], count: int, durations: dict[str, float]) -> list[tuple[pytest.Item, int]]:
+    """Each item's shard (0 .. count-1): whole modules, the longest first to the shard with the
+    least so far. The same in every worker, which each work it out from the same collection and
+    durations.json (xdist requires every worker to collect the same node ids)."""
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    expected = {m: sum(durations.get(i.nodeid, UNLISTED) for i in its) for m, its in modules.items()}
+    load = [0.0] * count
+    shard_of: dict[str, int] = {}
+    for module in sorted(modules, key=lambda m: (-expected[m], m)):
+        shard_of[module] = load.index(min(load))
+        load[shard_of[module]] += expected[module]
+    return [(item, shard_of[module]) for module, its in modules.items() for item in its]
+
+
 def _durations() -> dict[str, float]:
     try:
         loaded = json.loads(DURATIONS.read_text())
@@ -129,7 +156,7 @@ def _durations() -> dict[str, float]:
 
 def _without_group(nodeid: str) -> str:
     base, at, group = nodeid.rpartition("@")
-    return base if at and (group in SESSION_GROUPS or group.startswith("tests/")) else nodeid
+    return base if at and (group.partition(".")[0] in SESSION_GROUPS or group.startswith("tests/")) else nodeid
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
