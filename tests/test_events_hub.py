@@ -212,7 +212,8 @@ def test_two_tenants_and_two_users_on_the_hub_see_only_their_own_tasks() -> None
         # A user's cap (1 here) is apart from the tenant's: ann's second stream is refused, the key's is not.
         status, _, first = open_stream(hub, a_task, ann)
         assert status == 200
-        holding = dict(hub_of(stack).caps.users) if hub_of(stack).caps else None  # what a failure needs read
+        caps = hub_of(stack).caps
+        holding = dict(caps.users) if caps is not None else None  # what a failure needs read
         status, page, second = open_stream(hub, a_task, ann)
         task = stack.store().tasks.get(a_task)
         assert status == 429 and page is not None and "user ann" in page["error"]["message"], (
