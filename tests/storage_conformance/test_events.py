@@ -3,6 +3,7 @@ event with nothing lost or repeated, and a transition racing a step commit."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
@@ -241,3 +242,42 @@ def test_a_transition_from_an_earlier_read_retried_from_a_fresh_read_still_sees_
     finally:
         table.get = original_get  # type: ignore[method-assign]
     assert backend.tasks.get(task_id).status is TaskStatus.CANCELLED
+
+
+def _claim_epochs(events: list[LogEvent]) -> list[int]:
+    return [int(e.data["epoch"]) for e in events if e.type == "task.status" and "epoch" in e.data]
+
+
+def test_a_claim_whose_claimer_died_before_its_record_stays_in_the_log_it_was_read_from(
+    backend: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim is in the log from its META write on (a stream may send it then); a claimer
+    killed before writing its record (or any record) must not take it out again when the next
+    claim replaces META's: every event read at any time is in every later read of the log."""
+    task_id = new_task(backend)
+    got = backend.tasks.claim(task_id, "w1", 0.001)
+    assert got is not None
+    backend.steps.commit(got[0], 1, llm_step(), root_id=task_id)
+    time.sleep(0.002)
+    put = backend.table.put
+
+    def killed_before_its_records(item: Any, **kw: Any) -> None:
+        if str(item["sk"]).startswith(keys.CLAIM):
+            raise SystemExit("SIGKILL")  # the claimer dies here: nothing of it after its META write
+        put(item, **kw)
+
+    monkeypatch.setattr(backend.table, "put", killed_before_its_records)
+    with pytest.raises(SystemExit):
+        backend.tasks.claim(task_id, "w2", 0.001)
+    monkeypatch.setattr(backend.table, "put", put)
+    reads = [_all(backend, task_id)]  # what a watcher received meanwhile: epoch 2's claim among it
+    assert _claim_epochs(reads[0]) == [1, 2]
+    for epoch, worker in ((3, "w3"), (4, "w4")):  # taken over; then again, once 3's record is written
+        time.sleep(0.002)
+        assert backend.tasks.claim(task_id, worker, 0.001) is not None
+        reads.append(_all(backend, task_id))
+        assert _claim_epochs(reads[-1]) == list(range(1, epoch + 1))
+    for earlier, later in itertools.pairwise(reads):
+        assert [e for e in later if e.position <= earlier[-1].position] == earlier  # nothing gone, nothing new before
+    assert [c.epoch for c in backend.tasks.claims(task_id)] == [1, 2, 3, 4]  # epoch 2's record, written by 3
+    assert [c.worker for c in backend.tasks.claims(task_id)] == ["w1", "w2", "w3", "w4"]

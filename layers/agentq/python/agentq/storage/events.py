@@ -20,7 +20,9 @@ Where the events are:
 - **Claims** stay one ``UpdateItem`` (the hot path of every run): the claim copies META's
   ``step`` and ``seq`` as they were into ``claim_step``/``claim_seq`` (and the status it took the
   task from into ``claimed_from``), and its ``CLAIM#<epoch>`` record carries the same. The latest
-  claim is read from META; older ones from their records.
+  claim is read from META, and so is the one before it (``storage.leases.PREVIOUS_CLAIM``: a
+  claim in the log stays there, though its claimer died before its record); older ones from
+  their records.
 
 Positions, compared as tuples ``(step, seq, rank, sub)``:
 
@@ -371,8 +373,10 @@ class EventLog:
         return LogEvent(CREATED, "task.created", float(head.meta.get("created_at", 0.0)), data)
 
     def _claims(self, task_id: str, head: Head, after: Position | None) -> Iterable[LogEvent]:
-        """The claims after ``after``: the latest from META, older ones from their records (a
-        claim whose record a crash lost did nothing: the record is its first write after META)."""
+        """The claims after ``after``: the latest from META, the one before it from META too
+        (``storage.leases.PREVIOUS_CLAIM``: its record may not be written yet, or its claimer
+        died before writing it; it was in the log as the latest, so it stays), older ones from
+        their records."""
         if head.epoch < 1 or "claim_step" not in head.meta:
             return []
         latest = Position(int(head.meta["claim_step"]), int(head.meta["claim_seq"]), RANK_CLAIM, head.epoch)
@@ -386,6 +390,14 @@ class EventLog:
                 str(head.meta.get("claimed_from", "")),
             )
         }
+        if head.epoch > 1 and head.meta.get("pc_at"):
+            step, seq = int(head.meta["pc_n"]), int(head.meta["pc_s"])
+            found[head.epoch - 1] = _claim_event(
+                Position(step, seq, RANK_CLAIM, head.epoch - 1),
+                float(head.meta["pc_at"]),
+                str(head.meta.get("pc_w", "")),
+                str(head.meta.get("pc_f", "")),
+            )
         if head.epoch > 1:
             for raw in self.table.query(keys.task_pk(task_id), prefix=keys.CLAIM):
                 c = plain(raw)

@@ -33,7 +33,7 @@ from agentq.core.reservation import Seen
 from agentq.core.workspace import WorkspaceRef
 from agentq.resources import GSI_OWNER
 from agentq.storage import keys
-from agentq.storage.table import ConditionFailed, Item, Table, Update, plain, present, status_in
+from agentq.storage.table import ConditionFailed, Item, Table, Update, absent, plain, present, status_in
 from agentq.storage.task_items import TaskItems
 from agentq.storage.workers import WorkerLiveness
 
@@ -59,6 +59,20 @@ def _read_meta(table: Table, task_id: str) -> Item | None:
     return table.get(keys.meta_key(task_id))
 
 
+# The claim a claim supersedes ("pc": previous claim, its epoch one less; w: its worker, at: when,
+# n and s: the step and seq it found, f: the status it took the task from), as META held it,
+# copied by the claim's own write: what the superseded claim's event and record are made from
+# when its claimer died before writing its record (see ``Leases.claim``). New attribute <- the
+# one it is copied from. Short names: every step commit rewrites META, billed per started KB,
+# and with the longest tenant, user and worker names META stays within one (storage
+# conformance, test_tasks).
+PREVIOUS_CLAIM = {
+    "pc_w": ("lease_owner", ""),
+    "pc_at": ("last_claimed_at", 0),
+    "pc_n": ("claim_step", 0),
+    "pc_s": ("claim_seq", 0),
+    "pc_f": ("claimed_from", ""),
+}
 LIVE_TEXT_CHARS = 1000  # of a call in flight: enough to watch, small enough for one write unit
 OWNER_ATTRIBUTES = ("owner_worker", "owner_epoch", "owner_message", "owner_queue", "owner_task")
 CLAIMABLE = (TaskStatus.QUEUED, TaskStatus.RUNNING)
@@ -82,9 +96,18 @@ class TaskLeases(TaskItems):
 
         Returns None when another worker holds a live lease (or its owner is alive) or the task
         is not runnable (finished, paused, waiting). A conditional UpdateItem of META
-        (``_claim_write``), then the claim's own ``CLAIM#epoch`` record and a read of the
-        submission. The record is history only: a crash between the two loses one line of it,
-        never the lease. ``owner``: see the module.
+        (``_claim_write``), then the records of the claim it superseded and of its own
+        (``CLAIM#epoch``), and a read of the submission. ``owner``: see the module.
+
+        Why the superseded claim's record too: a claim is in the task's event log from its META
+        write on (the latest claim is read from META, ``storage/events.py``), and an events
+        stream may send it at once; a claimer killed before its record was written left a claim
+        that the next claim's write took out of META, so a watcher had received an event the log
+        no longer held. Each claim copies the claim it supersedes into META (``PREVIOUS_CLAIM``,
+        in the same write), from which the log reads it until its record exists, and writes that
+        record first (the content its claimer would have written, less the heartbeat it found),
+        then its own. Only two claimers in a row each killed between its META write and its
+        first record lose the older claim's event.
         """
         now = time.time()
         sets: dict[str, Any] = {
@@ -113,6 +136,7 @@ class TaskLeases(TaskItems):
                 "claim_step": ("step", 0),
                 "claim_seq": ("seq", 0),
                 "claimed_from": ("status", TaskStatus.QUEUED.value),
+                **PREVIOUS_CLAIM,
             },
         )
         meta = self._claim_write(task_id, update, now)
@@ -121,6 +145,18 @@ class TaskLeases(TaskItems):
         epoch = int(meta["lease_epoch"])
         if meta.get("claimed_from") == TaskStatus.RUNNING.value:
             meta = self._count_resume(task_id, epoch, meta)
+        if epoch > 1 and meta.get("pc_at"):  # (0: its earlier claims were made before PREVIOUS_CLAIM)
+            superseded = {
+                **keys.item_key(task_id, keys.claim_sk(epoch - 1)),
+                "epoch": epoch - 1,
+                "worker": meta["pc_w"],
+                "at": meta["pc_at"],
+                "step": meta["pc_n"],
+                "seq": meta["pc_s"],
+                "claimed_from": meta["pc_f"],
+            }
+            with contextlib.suppress(ConditionFailed):  # written already, by its claimer: left whole
+                self.table.put(superseded, condition=absent())
         claim = {
             **keys.item_key(task_id, keys.claim_sk(epoch)),
             "epoch": epoch,
