@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from typing import Any
 
 from agentq.runtime import Settings
@@ -18,10 +17,11 @@ def race(settings: Settings, module: str, argvs: list[list[str]], **env: str) ->
     """One racer process per argv (``python -m module *argv``, forked by tests/racer_pool.py
     from one process that has imported ``module``); returns each one's report, in order."""
     from tests.conftest import child_env
+    from tests.helpers import python_process
 
-    pool = subprocess.Popen(
-        [sys.executable, "-m", "tests.racer_pool", module, json.dumps(argvs)],
-        env=child_env(settings, **env),
+    pool = python_process(  # forked warm too: the pool's own start and imports were ~0.6 CPU-s a race
+        ["-m", "tests.racer_pool", module, json.dumps(argvs)],
+        child_env(settings, **env),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
