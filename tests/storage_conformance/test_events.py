@@ -14,7 +14,7 @@ from agentq.core.models import RetryState, TaskStatus
 from agentq.storage import keys
 from agentq.storage.container import Storage
 from agentq.storage.events import CREATED, LogEvent, NewEvent, Position, logged_transact
-from agentq.storage.table import Action, Check, present
+from agentq.storage.table import Action, Check, Update, present
 
 from ._builders import claimed, llm_step, new_task, tools_step
 
@@ -281,3 +281,50 @@ def test_a_claim_whose_claimer_died_before_its_record_stays_in_the_log_it_was_re
         assert [e for e in later if e.position <= earlier[-1].position] == earlier  # nothing gone, nothing new before
     assert [c.epoch for c in backend.tasks.claims(task_id)] == [1, 2, 3, 4]  # epoch 2's record, written by 3
     assert [c.worker for c in backend.tasks.claims(task_id)] == ["w1", "w2", "w3", "w4"]
+
+
+def _each_read_holds_the_one_before(reads: list[list[LogEvent]]) -> None:
+    """Every event of a read is in every later read, in the same order, none new before its last."""
+    for earlier, later in itertools.pairwise(reads):
+        assert [e for e in later if e.position <= earlier[-1].position] == earlier
+
+
+def test_claims_made_before_claims_had_positions_never_enter_the_log_afterwards(backend: Storage) -> None:
+    """A task claimed before claims had positions (no ``claim_step`` on META or its records) is
+    claimed again after: the claims before stay out of the log, none appears before a step it
+    has returned and then leaves it."""
+    task_id = new_task(backend)
+    got = backend.tasks.claim(task_id, "w1", 0.001)
+    assert got is not None
+    backend.steps.commit(got[0], 1, llm_step(), root_id=task_id)
+    meta_key = {"pk": f"TASK#{task_id}", "sk": "META"}
+    backend.table.update(meta_key, Update(remove=["claim_step", "claim_seq", "claimed_from"]))  # as it was written then
+    backend.table.update(keys.item_key(task_id, keys.claim_sk(1)), Update(remove=["step", "seq", "claimed_from"]))
+    reads = [_all(backend, task_id)]
+    for worker in ("w2", "w3", "w4"):
+        time.sleep(0.002)
+        assert backend.tasks.claim(task_id, worker, 0.001) is not None
+        reads.append(_all(backend, task_id))
+    _each_read_holds_the_one_before(reads)
+    assert _claim_epochs(reads[-1]) == [2, 3, 4]
+
+
+def test_the_first_step_commit_of_a_claim_drops_the_claim_before_it_from_meta_and_the_log_keeps_it(
+    backend: Storage,
+) -> None:
+    task_id = new_task(backend)
+    for worker in ("w1", "w2"):
+        got = backend.tasks.claim(task_id, worker, 0.001)
+        assert got is not None
+        time.sleep(0.002)
+    assert got is not None
+    meta_key = {"pk": f"TASK#{task_id}", "sk": "META"}
+    held = backend.table.get(meta_key)
+    assert held is not None and held["pc_w"] == "w1"  # until its record is sure to exist
+    before = _all(backend, task_id)
+    backend.steps.commit(got[0], 1, llm_step(), root_id=task_id)
+    meta = backend.table.get(meta_key)
+    assert meta is not None and not {"pc_w", "pc_at", "pc_n", "pc_s", "pc_f"} & set(meta)
+    after = _all(backend, task_id)
+    _each_read_holds_the_one_before([before, after])
+    assert _claim_epochs(after) == [1, 2]

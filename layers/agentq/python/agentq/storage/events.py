@@ -390,7 +390,7 @@ class EventLog:
                 str(head.meta.get("claimed_from", "")),
             )
         }
-        if head.epoch > 1 and head.meta.get("pc_at"):
+        if head.epoch > 1 and int(head.meta.get("pc_n", -1)) >= 0:
             step, seq = int(head.meta["pc_n"]), int(head.meta["pc_s"])
             found[head.epoch - 1] = _claim_event(
                 Position(step, seq, RANK_CLAIM, head.epoch - 1),

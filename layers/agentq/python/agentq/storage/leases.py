@@ -63,13 +63,14 @@ def _read_meta(table: Table, task_id: str) -> Item | None:
 # n and s: the step and seq it found, f: the status it took the task from), as META held it,
 # copied by the claim's own write: what the superseded claim's event and record are made from
 # when its claimer died before writing its record (see ``Leases.claim``). New attribute <- the
-# one it is copied from. Short names: every step commit rewrites META, billed per started KB,
-# and with the longest tenant, user and worker names META stays within one (storage
-# conformance, test_tasks).
+# one it is copied from, or the value when absent: ``pc_n`` < 0 says there is no such claim in
+# the log (the first claim, or one made before claims had positions). Short names, and gone
+# again at the claimer's first step commit (``storage.steps``), when its records are written:
+# every write of META is billed per started KB of it.
 PREVIOUS_CLAIM = {
     "pc_w": ("lease_owner", ""),
     "pc_at": ("last_claimed_at", 0),
-    "pc_n": ("claim_step", 0),
+    "pc_n": ("claim_step", -1),
     "pc_s": ("claim_seq", 0),
     "pc_f": ("claimed_from", ""),
 }
@@ -105,9 +106,11 @@ class TaskLeases(TaskItems):
         that the next claim's write took out of META, so a watcher had received an event the log
         no longer held. Each claim copies the claim it supersedes into META (``PREVIOUS_CLAIM``,
         in the same write), from which the log reads it until its record exists, and writes that
-        record first (the content its claimer would have written, less the heartbeat it found),
-        then its own. Only two claimers in a row each killed between its META write and its
-        first record lose the older claim's event.
+        record first (the content its claimer would have written, less the heartbeat it found)
+        unless the task's step moved since that claim (only its claimer's commits move it, and
+        they come after its records), then its own. A claim's event is lost only when two
+        claimers in a row fail: the first after its META write and before its own record, the
+        next before its first record.
         """
         now = time.time()
         sets: dict[str, Any] = {
@@ -145,7 +148,7 @@ class TaskLeases(TaskItems):
         epoch = int(meta["lease_epoch"])
         if meta.get("claimed_from") == TaskStatus.RUNNING.value:
             meta = self._count_resume(task_id, epoch, meta)
-        if epoch > 1 and meta.get("pc_at"):  # (0: its earlier claims were made before PREVIOUS_CLAIM)
+        if epoch > 1 and int(meta["pc_n"]) == int(meta["claim_step"]):  # its claimer committed no step since
             superseded = {
                 **keys.item_key(task_id, keys.claim_sk(epoch - 1)),
                 "epoch": epoch - 1,

@@ -57,7 +57,7 @@ from agentq.resources import LIVE_ATTRIBUTES
 from agentq.storage import keys
 from agentq.storage.budget_items import ticket_value
 from agentq.storage.budget_patches import BUDGET, settle_and_reserve
-from agentq.storage.leases import why_fenced
+from agentq.storage.leases import PREVIOUS_CLAIM, why_fenced
 from agentq.storage.messages import inbox_of, nothing_waits
 from agentq.storage.serdes import Payloads
 from agentq.storage.table import (
@@ -199,7 +199,8 @@ class Steps:
         crash_point("after_step_put")
         sets: dict[str, Any] = {"step": number, "updated_at": now}
         adds: dict[str, Any] = {}
-        removes: list[str] = []
+        # A claim that superseded another wrote that one's record before its first step: META's copy goes.
+        removes: list[str] = [*PREVIOUS_CLAIM] if lease.epoch > 1 else []
         if lease_until is not None and finish is None:
             sets.update({"lease_expires": lease_until, "heartbeat_at": now})
         if body.kind == "llm":
