@@ -277,8 +277,7 @@ def test_a_claim_whose_claimer_died_before_its_record_stays_in_the_log_it_was_re
         assert backend.tasks.claim(task_id, worker, 0.001) is not None
         reads.append(_all(backend, task_id))
         assert _claim_epochs(reads[-1]) == list(range(1, epoch + 1))
-    for earlier, later in itertools.pairwise(reads):
-        assert [e for e in later if e.position <= earlier[-1].position] == earlier  # nothing gone, nothing new before
+    _each_read_holds_the_one_before(reads)
     assert [c.epoch for c in backend.tasks.claims(task_id)] == [1, 2, 3, 4]  # epoch 2's record, written by 3
     assert [c.worker for c in backend.tasks.claims(task_id)] == ["w1", "w2", "w3", "w4"]
 
