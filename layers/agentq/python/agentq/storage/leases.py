@@ -74,6 +74,14 @@ PREVIOUS_CLAIM = {
     "pc_s": ("claim_seq", 0),
     "pc_f": ("claimed_from", ""),
 }
+
+
+def _claim_record(task_id: str, epoch: int, worker: Any, at: Any, step: Any, seq: Any, claimed_from: Any) -> Item:
+    """The ``CLAIM#epoch`` item of a claim: who, when, and its place in the task's event log."""
+    return {**keys.item_key(task_id, keys.claim_sk(epoch)), "epoch": epoch, "worker": worker, "at": at,
+            "step": step, "seq": seq, "claimed_from": claimed_from}  # fmt: skip
+
+
 LIVE_TEXT_CHARS = 1000  # of a call in flight: enough to watch, small enough for one write unit
 OWNER_ATTRIBUTES = ("owner_worker", "owner_epoch", "owner_message", "owner_queue", "owner_task")
 CLAIMABLE = (TaskStatus.QUEUED, TaskStatus.RUNNING)
@@ -149,28 +157,12 @@ class TaskLeases(TaskItems):
         if meta.get("claimed_from") == TaskStatus.RUNNING.value:
             meta = self._count_resume(task_id, epoch, meta)
         if epoch > 1 and int(meta["pc_n"]) == int(meta["claim_step"]):  # its claimer committed no step since
-            superseded = {
-                **keys.item_key(task_id, keys.claim_sk(epoch - 1)),
-                "epoch": epoch - 1,
-                "worker": meta["pc_w"],
-                "at": meta["pc_at"],
-                "step": meta["pc_n"],
-                "seq": meta["pc_s"],
-                "claimed_from": meta["pc_f"],
-            }
+            superseded = _claim_record(task_id, epoch - 1, meta["pc_w"], meta["pc_at"], meta["pc_n"], meta["pc_s"],
+                                       meta["pc_f"])  # fmt: skip
             with contextlib.suppress(ConditionFailed):  # written already, by its claimer: left whole
                 self.table.put(superseded, condition=absent())
-        claim = {
-            **keys.item_key(task_id, keys.claim_sk(epoch)),
-            "epoch": epoch,
-            "worker": worker,
-            "at": now,
-            "prev_heartbeat_at": meta["prev_heartbeat_at"],
-            "step": meta["claim_step"],
-            "seq": meta["claim_seq"],
-            "claimed_from": meta["claimed_from"],
-        }
-        self.table.put(claim)
+        claim = _claim_record(task_id, epoch, worker, now, meta["claim_step"], meta["claim_seq"], meta["claimed_from"])
+        self.table.put({**claim, "prev_heartbeat_at": meta["prev_heartbeat_at"]})
         sub = self.table.get(keys.submission_key(task_id))
         if sub is None:
             raise TaskNotFound(f"task {task_id!r} has no submission", field="task_id")
