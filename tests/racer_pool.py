@@ -7,7 +7,8 @@ Why a pool: every racer is still a process of its own with its own boto3 client 
 racing the others against moto server as separate machines would against DynamoDB; forking them
 from one process that has already imported agentq and boto3 saves each of them the interpreter's
 start and those imports (~0.5 CPU-s a racer, twenty racers a race), and the parse of botocore's
-data for their clients (~0.05 CPU-s a racer).
+data for their clients (~0.05 CPU-s a racer): the pool is itself forked from the test process's
+fork server (tests/racers.py), which parsed it (``agentq_dev.forkserver.WARM_CLIENTS``).
 
 To its caller the pool speaks the same protocol as one racer: ``ready`` once every racer is set,
 then it waits for a line, passes the gun to all of them at once, and prints
@@ -22,8 +23,6 @@ import os
 import runpy
 import sys
 import traceback
-
-from agentq.runtime import warm_data_loader
 
 
 def _racer(module: str, argv: list[str], stdin_fd: int, stdout_fd: int) -> None:
@@ -47,7 +46,6 @@ def _racer(module: str, argv: list[str], stdin_fd: int, stdout_fd: int) -> None:
 
 def main(module: str, argvs: list[list[str]]) -> int:
     importlib.import_module(module)  # the imports every racer shares, done once before the forks
-    warm_data_loader(("dynamodb", "s3", "sqs"))  # and botocore's data for the clients each racer makes
     children: list[tuple[int, int, int]] = []  # pid, the racer's stdin (to write), its stdout (to read)
     for argv in argvs:
         in_read, in_write = os.pipe()
