@@ -51,8 +51,13 @@ def hub_stack(**kw: Any) -> LocalStack:
 
 def open_stream(
     base: str, task_id: str, key: str | None
-) -> tuple[int, dict[str, Any] | None, http.client.HTTPConnection]:
-    """A stream request held open: its status, its JSON body if refused, the connection."""
+) -> tuple[int, dict[str, Any] | None, http.client.HTTPResponse]:
+    """A stream request held open: its status, its JSON body if refused, and the response, which
+    holds the socket: the stream stays open while the caller keeps it (``close()`` ends it).
+
+    Why the response and not the connection: a response read with ``Connection: close`` owns the
+    socket, and dropping it closes the socket; the hub then frees that stream's slot at its next
+    write, so a caller holding only the connection would hold no stream at all."""
     parts = urlsplit(base)
     conn = http.client.HTTPConnection(str(parts.hostname), parts.port, timeout=30)
     headers = {"Accept": "text/event-stream"}
@@ -61,8 +66,8 @@ def open_stream(
     conn.request("GET", f"/tasks/{task_id}/events", headers=headers)
     resp = conn.getresponse()
     if resp.status != 200:
-        return resp.status, json.loads(resp.read() or b"null"), conn
-    return 200, None, conn
+        return resp.status, json.loads(resp.read() or b"null"), resp
+    return 200, None, resp
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +150,7 @@ def test_a_flood_of_watchers_past_the_cap_is_refused_and_the_agents_steps_are_un
         waiting["constraints"]["tool_policies"] = {"lookup": "ask"}  # watched while it waits for a person
         watched = client.submit(waiting).task_id
         client.wait_for(watched, lambda v: v.status == "paused", timeout=30)
-        answers: list[tuple[int, dict[str, Any] | None, http.client.HTTPConnection]] = []
+        answers: list[tuple[int, dict[str, Any] | None, http.client.HTTPResponse]] = []
         lock = threading.Lock()
 
         def watch() -> None:
@@ -158,7 +163,7 @@ def test_a_flood_of_watchers_past_the_cap_is_refused_and_the_agents_steps_are_un
             t.start()
         for t in threads:
             t.join(60)
-        held = [conn for status, _, conn in answers if status == 200]
+        held = [stream for status, _, stream in answers if status == 200]
         refused = [page for status, page, _ in answers if status == 429]
         assert len(answers) == flood and len(held) == cap and len(refused) == flood - cap
         assert all(p is not None and p["error"]["code"] == "too_many_streams" and f"{cap} open event streams"
@@ -174,15 +179,15 @@ def test_a_flood_of_watchers_past_the_cap_is_refused_and_the_agents_steps_are_un
         assert len(steps) == turns + 1
         assert flooded < 3 * alone + 5, (flooded, alone)
         # The slots come back once those streams close.
-        for conn in held:
-            conn.close()
+        for stream in held:
+            stream.close()
         deadline = time.monotonic() + 10
         caps = hub_of(stack).caps
         assert caps is not None
         while caps.open_streams("local") and time.monotonic() < deadline:
             time.sleep(0.05)
-        status, _, conn = open_stream(hub, watched, None)
-        conn.close()
+        status, _, stream = open_stream(hub, watched, None)
+        stream.close()
         assert status == 200
 
 
@@ -204,8 +209,8 @@ def test_two_tenants_and_two_users_on_the_hub_see_only_their_own_tasks() -> None
                                     (None, a_task, 401), ("aq_" + "x" * 40, a_task, 401),
                                     (stack.token(user="ann", tenant="alpha", ttl=-60), a_task, 401),
                                     (ann[:-4] + "AAAA", a_task, 401)):  # fmt: skip
-            status, page, conn = open_stream(hub, task, key)
-            conn.close()
+            status, page, stream = open_stream(hub, task, key)
+            stream.close()
             assert (
                 status == expected and page is not None and page["error"]["code"] in ("task_not_found", "unauthorized")
             )
@@ -221,8 +226,8 @@ def test_two_tenants_and_two_users_on_the_hub_see_only_their_own_tasks() -> None
         )
         status, _, by_key = open_stream(hub, a_task, key_a)
         assert status == 200
-        for conn in (first, second, by_key):
-            conn.close()
+        for stream in (first, second, by_key):
+            stream.close()
         a_client.wait_for(a_task, lambda v: v.status == "paused", timeout=30)
         a_client.approve(a_task)  # its one lookup: then it finishes
         # Followed to the end through the hub, each sees its own task's events only.
