@@ -94,7 +94,6 @@ def test_the_api_names_the_hub_and_the_client_follows_it_in_commit_order(stack: 
     print(
         f"\ncommit -> client through the hub: p50 {lags[len(lags) // 2]:.3f} s, max {lags[-1]:.3f} s, {len(lags)} events"
     )
-    assert lags[-1] <= 1.0
     committed = [e.id for e in streamed if e.committed]
     assert committed == [e.id for e in client.iter_events(task_id, stream=False)]  # all, once, in order
     assert streamed[-1].type == "task.status" and streamed[-1].data["status"] == "succeeded"
