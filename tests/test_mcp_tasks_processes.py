@@ -56,9 +56,14 @@ def _kill(proc: Any) -> None:
 def _tasks_client(url: str, work: Any) -> Any:
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
+    from mcp_types.version import LATEST_MODERN_VERSION
 
+    # The tasks extension's one wire, pinned: "auto" probes server/discover first and, should a
+    # new API process take over 10 s to answer it (the mcp client's probe timeout: seen with two
+    # suites on the machine), falls back to the legacy handshake, where tasks/* is -32021.
     async def run() -> Any:
-        async with Client(streamable_http_client(f"{url}/mcp"), mode="auto", extensions=[AgentqTasks()]) as client:
+        async with Client(streamable_http_client(f"{url}/mcp"), mode=LATEST_MODERN_VERSION,
+                          extensions=[AgentqTasks()]) as client:  # fmt: skip
             return await work(client)
 
     return anyio.run(run)
