@@ -1,7 +1,10 @@
 """The events of an A2A stream (``SendStreamingMessage``, ``SubscribeToTask``; ``api/a2a_server.py``):
 the task as it is, then a status update at each change of its A2A state, the task's artifacts
 (``queueing/a2a_artifacts.py``: the result, and its workspace's files) as artifact updates before
-the completed one.
+the completed one. A change is what a read of the task finds changed since the stream's last
+read, so a state the task holds only between two reads (``submitted`` from an answer to the next
+claim) can reach one subscriber and not another; each stream's states are in the order the task
+took them, and every stream ends with the same artifacts and final state.
 
 Two ways to serve one, by what holds the connection (``api/live_stream.py``):
 
