@@ -103,12 +103,20 @@ class SlowStore:
 
 
 class SlowSqs:
-    def __init__(self, delay: float) -> None:
+    def __init__(self, delay: float, together: threading.Barrier | None = None) -> None:
         self.delay = delay
         self.batches: list[list[str]] = []
+        self.together = together  # each call waits here until that many are in flight at once
+        self.met: list[bool] = []
 
     def change_message_visibility_batch(self, QueueUrl: str, Entries: list[dict[str, Any]]) -> dict[str, Any]:
         self.batches.append([e["ReceiptHandle"] for e in Entries])
+        if self.together is not None:
+            try:
+                self.together.wait(timeout=30)  # released only when the last of them arrives
+                self.met.append(True)
+            except threading.BrokenBarrierError:
+                self.met.append(False)
         time.sleep(self.delay)
         return {"Successful": [{"Id": e["Id"]} for e in Entries]}
 
@@ -209,16 +217,15 @@ def test_backstop_leases_closest_to_expiry_are_extended_first() -> None:
 
 
 def test_visibility_batches_of_one_round_go_out_together_not_one_after_another() -> None:
-    """40 messages = 4 batches of 10, each call 0.3 s: in series a round would take 1.2 s."""
-    sqs = SlowSqs(delay=0.3)
+    """40 messages = 4 batches of 10, each call held until all four are in flight: in series the
+    first would wait alone and the barrier break, whatever the machine's speed."""
+    sqs = SlowSqs(delay=0, together=threading.Barrier(4))
     hub = _hub(SlowStore(delay=0), sqs, beat_threads=4)
     with ExitStack() as stack:
         _holding(hub, stack, [_session(f"t{i}") for i in range(40)])
-        began = time.monotonic()
         hub.beat([(h, h.lease_state) for h in hub._held])
-        took = time.monotonic() - began
     assert sorted(len(b) for b in sqs.batches) == [10, 10, 10, 10]
-    assert took < 0.6, f"a round of 4 visibility batches took {took:.2f}s"
+    assert sqs.met == [True] * 4, "the round's visibility batches did not all go out at once"
 
 
 def test_a_received_message_is_kept_invisible_before_its_task_is_claimed() -> None:
