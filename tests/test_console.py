@@ -834,7 +834,9 @@ def test_a_forbidden_action_shows_the_apis_409_message(console: Console, tab: Pa
 def test_the_api_explorer_is_swagger_ui_over_the_generated_document_offline(console: Console, tab: Page) -> None:
     page = tab.page
     page.goto(f"{console.url}/console/explorer")
-    page.wait_for_selector("text=List tasks, newest first")
+    # Swagger UI parses and renders the whole document in the page: over 30 s (the default wait)
+    # with two suites and more on the machine's two cores.
+    page.wait_for_selector("text=List tasks, newest first", timeout=120_000)
     page.wait_for_selector("text=Redrive this tenant's dead letters of a tier")
     shot(console, tab, "explorer")
     no_errors(tab)
