@@ -61,7 +61,9 @@ def _fanning(goal: str, user: str) -> dict[str, Any]:
         "user": user,
         "provider": "scripted",
         "script": {"turns": [{"text": "fan out", "tool_calls": [spawn]}, {"text": "done"}]},
-        "constraints": {"tools": ["spawn_subagents", "lookup"], "max_steps": 20, "max_tokens": 1_000_000},
+        # Children inherit max_steps: 200 lets each run its 60 turns; at 20 a child ended
+        # cost_exceeded before the stop whenever the setup took over ~6 s (two suites at once).
+        "constraints": {"tools": ["spawn_subagents", "lookup"], "max_steps": 200, "max_tokens": 1_000_000},
     }
 
 
