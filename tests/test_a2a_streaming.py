@@ -30,6 +30,21 @@ def _kind(event: Any) -> str:
     return "other"
 
 
+# The states a stream may show between the task waiting for input and its result: ``submitted``
+# if a read fell between the answer and the next claim, ``working`` unless the run was quicker
+# than one read of it; each stream reads the task on its own, so which of them it shows varies.
+BETWEEN = ["status:TASK_STATE_SUBMITTED", "status:TASK_STATE_WORKING"]
+
+
+def _assert_followed_to_completion(kinds: list[str], task_id: str) -> None:
+    """A stream of a paused task answered elsewhere: the task as it was (input required), states
+    in the task's order (submitted before working, never after), the result, completed."""
+    assert kinds[0] == "task:TASK_STATE_INPUT_REQUIRED", kinds
+    assert kinds[-2:] == [f"artifact:{task_id}-result-0", "status:TASK_STATE_COMPLETED"], kinds
+    between = kinds[1:-2]
+    assert set(between) <= set(BETWEEN) and between == sorted(between, key=BETWEEN.index), kinds
+
+
 def _paused_task(api_stack: ApiStack, name: str) -> str:
     status, data = _rpc(api_stack, name, _send("ship the release"))
     assert status == 200 and data["result"]["task"]["status"]["state"] == "TASK_STATE_INPUT_REQUIRED", data
@@ -55,14 +70,7 @@ def test_a_subscription_sends_the_task_at_once_and_follows_input_required_to_com
         return [first, *[e async for e in events]]
 
     events = _with_client(f"{api_stack.url}/a2a/{name}", api_stack.key, work, streaming=True)
-    kinds = [_kind(e) for e in events]
-    assert kinds[0] == "task:TASK_STATE_INPUT_REQUIRED", kinds
-    assert kinds[-1] == "status:TASK_STATE_COMPLETED", kinds  # the stream followed the task to its end
-    # then submitted (if a read fell between the answer and the claim) and working (unless the run
-    # was quicker than one read of it), in that order, the result, completed
-    assert kinds[-2:] == [f"artifact:{task_id}-result-0", "status:TASK_STATE_COMPLETED"], kinds
-    order = ["status:TASK_STATE_SUBMITTED", "status:TASK_STATE_WORKING"]
-    assert set(kinds[1:-2]) <= set(order) and kinds[1:-2] == sorted(kinds[1:-2], key=order.index), kinds
+    _assert_followed_to_completion([_kind(e) for e in events], task_id)  # to its end, through states in order
     assert [e.artifact_update.artifact.parts[0].text for e in events if e.HasField("artifact_update")] == ["shipped"]
 
 
@@ -95,13 +103,8 @@ def test_concurrent_subscribers_each_follow_the_task_to_the_same_end_and_one_lea
     received = _with_client(f"{api_stack.url}/a2a/{name}", api_stack.key, work, streaming=True)
     sequences = [[_kind(e) for e in events] for events in received]
     assert len(sequences) == subscribers - 1
-    order = ["status:TASK_STATE_SUBMITTED", "status:TASK_STATE_WORKING"]
     for kinds in sequences:
-        assert kinds[0] == "task:TASK_STATE_INPUT_REQUIRED", kinds
-        assert kinds[-2:] == [f"artifact:{task_id}-result-0", "status:TASK_STATE_COMPLETED"], kinds
-        between = kinds[1:-2]
-        assert set(between) <= set(order), kinds
-        assert between == sorted(between, key=order.index), kinds  # submitted (answered) before working, not after
+        _assert_followed_to_completion(kinds, task_id)
     # Each status update is later than the one before it, in every stream.
     for events in received:
         stamps = [e.status_update.status.timestamp.ToMilliseconds() for e in events if e.HasField("status_update")]
