@@ -490,3 +490,30 @@ def test_agentq_vault_put_list_delete_reads_the_value_from_stdin_never_the_comma
     assert "deleted crm" in out
     assert [c.name for c in __import__("agentq").Client(api_stack.url, target[-1]).list_credentials(user)] == ["github"]
     assert os.environ["VAULT_TEST_VALUE"] not in out
+
+
+def _key_of(path: str, start: Any, keys: Any) -> None:
+    start.wait()
+    keys.put(LocalDataKeys.from_file(path).key_id)
+
+
+def test_processes_starting_on_a_new_key_file_at_once_all_read_the_one_whole_key(tmp_path: Path) -> None:
+    """``agentq dev`` starts its workers and API at once on a key file none has made yet: each
+    must read the same 32 bytes (a process that read the file between another's create and its
+    write got 0 bytes and exited). Eight processes, released together by a barrier, on each of
+    40 new paths."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    for round_ in range(40):
+        path = tmp_path / f"k{round_}" / "vault.key"
+        start, keys = ctx.Barrier(8), ctx.Queue()
+        racers = [ctx.Process(target=_key_of, args=(str(path), start, keys)) for _ in range(8)]
+        for racer in racers:
+            racer.start()
+        for racer in racers:
+            racer.join(60)
+        assert [racer.exitcode for racer in racers] == [0] * 8, f"round {round_}: a process failed to read the key"
+        seen = {keys.get(timeout=5) for _ in racers}
+        assert seen == {LocalDataKeys.from_file(path).key_id}
+        assert len(path.read_bytes()) == 32 and [p.name for p in path.parent.iterdir()] == ["vault.key"]

@@ -19,6 +19,7 @@ minutes, not one per use (``bench/vault_cost.py`` measures both).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -67,17 +68,29 @@ class LocalDataKeys:
 
     @classmethod
     def from_file(cls, path: str | Path) -> LocalDataKeys:
-        """The key in ``path``, made (32 random bytes, mode 0600) if the file does not exist."""
+        """The key in ``path``, made (32 random bytes, mode 0600) if the file does not exist.
+
+        Several processes may start on a new path at once (``agentq dev``'s workers and API): the
+        key is written whole to a file of this process's own, then linked to ``path``, which
+        fails if another process linked its key first. So ``path`` never exists empty or half
+        written, and every process reads the one key that won (an ``O_EXCL`` create followed by
+        a write let a second process read the file in between: 0 bytes, and it exited)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            pass
-        else:
-            with os.fdopen(fd, "wb") as out:
-                out.write(secrets.token_bytes(32))
-        return cls(path.read_bytes(), key_id=f"file:{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}")
+        if not path.exists():
+            draft = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+            fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    out.write(secrets.token_bytes(32))
+                    out.flush()
+                    os.fsync(out.fileno())
+                with contextlib.suppress(FileExistsError):  # another process's key won: every process reads it
+                    os.link(draft, path)
+            finally:
+                draft.unlink(missing_ok=True)
+        master = path.read_bytes()
+        return cls(master, key_id=f"file:{hashlib.sha256(master).hexdigest()[:12]}")
 
     def generate(self, context: dict[str, str]) -> tuple[bytes, bytes]:
         self.calls += 1
