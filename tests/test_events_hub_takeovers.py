@@ -65,7 +65,7 @@ class Watcher:
             return epoch in self.epochs
 
 
-@pytest.mark.parametrize("dead_claimers", [1])
+@pytest.mark.parametrize("dead_claimers", [1, 2])
 def test_every_claim_a_hub_watcher_was_sent_stays_in_the_log_when_claimers_die_before_their_records(
     dead_claimers: int,
 ) -> None:

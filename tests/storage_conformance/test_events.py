@@ -282,6 +282,43 @@ def test_a_claim_whose_claimer_died_before_its_record_stays_in_the_log_it_was_re
     assert [c.worker for c in backend.tasks.claims(task_id)] == ["w1", "w2", "w3", "w4"]
 
 
+def test_claims_whose_claimers_died_one_after_another_before_their_records_all_stay_in_the_log(
+    backend: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two claimers in a row killed after their claim's META write and before any record: the
+    first one's claim, which a watcher read from META, stays in the log when the third claim
+    takes it out of META (written as a record first); and once more with a step between."""
+    task_id = new_task(backend)
+    got = backend.tasks.claim(task_id, "w1", 0.001)
+    assert got is not None
+    backend.steps.commit(got[0], 1, llm_step(), root_id=task_id)
+    put = backend.table.put
+
+    def killed_before_its_records(item: Any, **kw: Any) -> None:
+        if str(item["sk"]).startswith(keys.CLAIM):
+            raise SystemExit("SIGKILL")
+        put(item, **kw)
+
+    reads = [_all(backend, task_id)]
+    for worker in ("w2", "w3"):  # each dies after its META write, before any record
+        time.sleep(0.002)
+        monkeypatch.setattr(backend.table, "put", killed_before_its_records)
+        with pytest.raises(SystemExit):
+            backend.tasks.claim(task_id, worker, 0.001)
+        monkeypatch.setattr(backend.table, "put", put)
+        reads.append(_all(backend, task_id))  # what a watcher was sent meanwhile
+    assert _claim_epochs(reads[-1]) == [1, 2, 3]
+    time.sleep(0.002)
+    last = backend.tasks.claim(task_id, "w4", 0.001)
+    assert last is not None
+    reads.append(_all(backend, task_id))
+    backend.steps.commit(last[0], 2, tools_step(), root_id=task_id)  # drops META's copy of claim 3
+    reads.append(_all(backend, task_id))
+    _each_read_holds_the_one_before(reads)
+    assert _claim_epochs(reads[-1]) == [1, 2, 3, 4]
+    assert [(c.epoch, c.worker) for c in backend.tasks.claims(task_id)] == [(1, "w1"), (2, "w2"), (3, "w3"), (4, "w4")]
+
+
 def _each_read_holds_the_one_before(reads: list[list[LogEvent]]) -> None:
     """Every event of a read is in every later read, in the same order, none new before its last."""
     for earlier, later in itertools.pairwise(reads):

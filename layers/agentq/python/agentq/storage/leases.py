@@ -74,6 +74,12 @@ PREVIOUS_CLAIM = {
     "pc_s": ("claim_seq", 0),
     "pc_f": ("claimed_from", ""),
 }
+# META's previous claim may have no record yet: there is one (``pc_n`` >= 0), and the latest claim
+# found the step it found (its claimer committed none before the latest claim: nothing says it
+# wrote its record), and the latest claimer has committed no step since (which would have removed
+# the copy, its records written). The claim write that would take such a claim out of META is
+# refused, and made again once that record is written (``TaskLeases._claim_write``).
+UNRECORDED_PREVIOUS = Attr("pc_n").gte(0) & Attr("pc_n").eq(Attr("claim_step"))
 
 
 def _claim_record(task_id: str, epoch: int, worker: Any, at: Any, step: Any, seq: Any, claimed_from: Any) -> Item:
@@ -116,9 +122,10 @@ class TaskLeases(TaskItems):
         in the same write), from which the log reads it until its record exists, and writes that
         record first (the content its claimer would have written, less the heartbeat it found)
         unless the task's step moved since that claim (only its claimer's commits move it, and
-        they come after its records), then its own. A claim's event is lost only when two
-        claimers in a row fail: the first after its META write and before its own record, the
-        next before its first record.
+        they come after its records), then its own. And a claim never takes a claim out of META
+        whose record may not exist: ``_claim_write`` writes it first. So a claim is in the log
+        for good from its META write on, however many claimers in a row die before their records
+        (two in a row lost the first one's event: a watcher on the hub had been sent it).
         """
         now = time.time()
         sets: dict[str, Any] = {
@@ -156,11 +163,7 @@ class TaskLeases(TaskItems):
         epoch = int(meta["lease_epoch"])
         if meta.get("claimed_from") == TaskStatus.RUNNING.value:
             meta = self._count_resume(task_id, epoch, meta)
-        if epoch > 1 and int(meta["pc_n"]) == int(meta["claim_step"]):  # its claimer committed no step since
-            superseded = _claim_record(task_id, epoch - 1, meta["pc_w"], meta["pc_at"], meta["pc_n"], meta["pc_s"],
-                                       meta["pc_f"])  # fmt: skip
-            with contextlib.suppress(ConditionFailed):  # written already, by its claimer: left whole
-                self.table.put(superseded, condition=absent())
+        self._record_previous(task_id, meta)  # the claim it superseded, unless its claimer committed a step since
         claim = _claim_record(task_id, epoch, worker, now, meta["claim_step"], meta["claim_seq"], meta["claimed_from"])
         self.table.put({**claim, "prev_heartbeat_at": meta["prev_heartbeat_at"]})
         sub = self.table.get(keys.submission_key(task_id))
@@ -195,6 +198,12 @@ class TaskLeases(TaskItems):
         Taken when the task is claimable and its lease lapsed; or, refused, when the refusal's
         old item names an owner worker whose liveness lapsed (``WorkerLiveness.lapsed``): the
         same write again, conditional on that owner, that epoch and the ``lease_epoch`` seen.
+        The write takes META's previous claim out of it (the latest becomes the previous): when
+        that one may have no record yet (``UNRECORDED_PREVIOUS``, as after a claimer died before
+        its records), the refusal's old item holds it, its record is written from there, and the
+        write is made again on the ``lease_epoch`` seen (so the claim it drops is the one
+        recorded): one refused write and one put more, only when the last two claims found the
+        same step and none was committed since.
         Read-then-conditional rather than a transaction with a ConditionCheck on the worker's
         item: a lapsed liveness epoch never comes back (its owner can only start a new one), so
         the read cannot go stale in the way that matters, and a takeover pays one read and one
@@ -203,29 +212,43 @@ class TaskLeases(TaskItems):
         """
         key = keys.meta_key(task_id)
         claimable = present() & status_in(list(CLAIMABLE))
+        lapsed = claimable & Attr("lease_expires").lt(Decimal(repr(now)))
         try:
-            return self.table.update(
-                key, update, condition=claimable & Attr("lease_expires").lt(Decimal(repr(now))), returns="ALL_NEW"
-            )
+            return self.table.update(key, update, condition=lapsed & ~UNRECORDED_PREVIOUS, returns="ALL_NEW")
         except ConditionFailed as exc:
             old = plain(exc.old or {})
-        if "owner_worker" not in old or old.get("status") not in {s.value for s in CLAIMABLE}:
+        if old.get("status") not in {s.value for s in CLAIMABLE}:
+            return None
+        seen = Attr("lease_epoch").eq(int(old.get("lease_epoch", 0)))
+        if float(old.get("lease_expires", 0)) < now:  # refused only to record the claim it would drop
+            self._record_previous(task_id, old)
+            try:
+                return self.table.update(key, update, condition=lapsed & seen, returns="ALL_NEW")
+            except ConditionFailed:
+                return None  # claimed by another meanwhile
+        if "owner_worker" not in old:
             return None
         owner, epoch = str(old["owner_worker"]), int(old["owner_epoch"])
         if not self.workers.lapsed(owner, epoch, now):
             return None
-        takeover = (
-            claimable
-            & Attr("owner_worker").eq(owner)
-            & Attr("owner_epoch").eq(epoch)
-            & Attr("lease_epoch").eq(int(old["lease_epoch"]))
-        )
+        self._record_previous(task_id, old)
+        takeover = claimable & Attr("owner_worker").eq(owner) & Attr("owner_epoch").eq(epoch) & seen
         try:
             meta = self.table.update(key, update, condition=takeover, returns="ALL_NEW")
         except ConditionFailed:
             return None
         log.info("task %s taken over from worker %s (liveness epoch %s lapsed)", task_id, owner, epoch)
         return meta
+
+    def _record_previous(self, task_id: str, meta: Item) -> None:
+        """Write the record of META's previous claim (``pc_*``) if it may have none yet
+        (``UNRECORDED_PREVIOUS``): the claim about to be written takes it out of META."""
+        if int(meta.get("pc_n", -1)) < 0 or int(meta["pc_n"]) != int(meta.get("claim_step", -1)):
+            return
+        record = _claim_record(task_id, int(meta["lease_epoch"]) - 1, meta["pc_w"], meta["pc_at"], meta["pc_n"],
+                               meta["pc_s"], meta["pc_f"])  # fmt: skip
+        with contextlib.suppress(ConditionFailed):  # written already: left whole
+            self.table.put(record, condition=absent())
 
     @property
     def workers(self) -> WorkerLiveness:
