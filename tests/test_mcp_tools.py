@@ -216,6 +216,34 @@ def test_a_task_calls_mcp_tools_over_http_and_stdio_with_each_invoice_sent_once(
     assert sorted(i["customer"] for i in sent) == ["acme", "initech"]
 
 
+def test_an_mcp_call_a_policy_rule_denies_never_reaches_the_server_and_the_model_reads_the_rule(
+    billing: Billing,
+) -> None:
+    customer = f"denied-{uuid.uuid4().hex[:8]}"
+    turns: list[dict[str, Any]] = [
+        {"text": "billing", "tool_calls": [call("mcp__billing__lookup_price", sku="abcd"),
+                                           call("mcp__billing__send_invoice", customer=customer, amount_cents=5)]},
+        {"text": "done"},
+    ]  # fmt: skip
+    agent = billing.agent(turns, servers=[{"name": "billing"}])
+    # Matches only what the engine's check says of an MCP call: the action `mcp` and its server.
+    rule = """@id("no-invoices") @message("invoices are sent by the finance agent")
+        forbid(principal, action == Action::"mcp", resource == Tool::"mcp__billing__send_invoice")
+        when { context.call.mcp_server == "billing" };"""
+    status, written = billing.http("PUT", f"/policies/agent:{agent}", {"policies": rule})
+    assert status == 201, written
+    proc = billing.run_task(agent)
+    out, err = proc.communicate(timeout=120)
+    assert json.loads(out.splitlines()[-1])["status"] == "succeeded", err[-3000:]
+    assert billing.calls_started(customer) == 0  # the server never received it
+    assert all(i["customer"] != customer for i in billing.invoices())
+    results = {r.name: r for r in billing.results(proc.task_id)}  # type: ignore[attr-defined]
+    assert results["mcp__billing__lookup_price"].content == "abcd costs 400 cents"  # the server was there
+    denied = results["mcp__billing__send_invoice"]
+    assert denied.is_error and denied.policy is not None and denied.policy["rule"] == f"agent:{agent}/no-invoices"
+    assert f"denied by policy rule agent:{agent}/no-invoices: invoices are sent by the finance agent" in denied.content
+
+
 def test_a_worker_killed_mid_call_never_sends_an_invoice_twice_and_reruns_a_read_only_call(billing: Billing) -> None:
     before = len(billing.invoices())
     turns: list[dict[str, Any]] = [
