@@ -5,6 +5,9 @@ hourly and daily windows, in tokens and dollars. The engine's behaviour, on the 
 
 from __future__ import annotations
 
+import json
+import logging
+import time
 from decimal import Decimal
 from typing import Any
 
@@ -15,9 +18,11 @@ from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import CallStep, TaskStatus, TaskSubmission
 from agentq.core.pricing import micros
 from agentq.core.tools import ToolRegistry
+from agentq.observe import names
 from agentq.storage.container import Storage
 
 from tests.helpers import call
+from tests.test_observability import emf_documents, metric_total
 
 STORAGE = "memory"
 NOTES = "n" * 800  # ~200 output tokens a turn by the scripted provider's count
@@ -159,3 +164,49 @@ def test_a_task_with_no_capped_scope_writes_no_window(store: Storage, registry: 
     task_id = _create(store, "user", "carol", turns=2)
     assert _engine(store, registry).run(task_id).status is TaskStatus.SUCCEEDED
     assert store.caps.usage("acme", "user", "carol") == dict.fromkeys(store.caps.usage("acme", "user", "carol"), 0)
+
+
+def _crossings(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    events = [json.loads(r.getMessage()) for r in caplog.records if r.name == "agentq.events"]
+    return [e for e in events if e["event"] == "ScopeCapCrossed"]
+
+
+def test_crossing_80_percent_of_a_cap_is_told_once_a_window_as_an_event_and_a_metric(
+    store: Storage, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    monkeypatch.setenv("AGENTQ_EMF", "1")
+    store.caps.put("acme", "user", "alice", CapLimits(hourly_tokens=1_000, daily_tokens=2_000))
+    caps = store.caps.applicable("acme", {"user": "alice"})
+    ten = (int(time.time()) // 86_400 + 1) * 86_400 + 10 * 3_600  # 10:00 UTC tomorrow: the windows are the test's
+    holds = [(ten, 700), (ten, 100), (ten, 50),  # the hour crosses 80 % at its second hold: told once
+             (ten + 3_600, 800), (ten + 3_600, 100),  # a new hour crosses again, and the day crosses (1,650)
+             (ten + 7_200, 100)]  # fmt: skip  # the day, past 80 % already, is not told again
+    capsys.readouterr()
+    with caplog.at_level(logging.WARNING, logger="agentq.events"):
+        for at, amount in holds:
+            store.caps.hold(caps, amount, now=at)
+    docs = emf_documents(capsys.readouterr().out)
+    told = [(e["window"], e["metric"], e["value"], e["cap"]) for e in _crossings(caplog)]
+    assert told == [("hour", "tokens", 800, 1_000), ("hour", "tokens", 800, 1_000), ("day", "tokens", 1_650, 2_000)]
+    assert all(e["tenant"] == "acme" and e["scope"] == "user" and e["name"] == "alice" for e in _crossings(caplog))
+    assert metric_total(docs, names.SCOPE_CAP_CROSSED, service=names.EXECUTOR, scope="user") == 3
+
+
+def test_tasks_spending_past_80_percent_of_a_cap_tell_it_once_however_many_calls_hold_past_it(
+    store: Storage, registry: ToolRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
+    store.caps.put("acme", "agent", "helper", CapLimits(daily_tokens=3_000))
+    spent = past = 0
+    with caplog.at_level(logging.WARNING, logger="agentq.events"):
+        for _ in range(100):  # one-call tasks of the agent, one after another, until the cap holds one back
+            task_id = _create(store, "agent", "helper", turns=0)
+            if _engine(store, registry).run(task_id).outcome == "deferred":
+                break
+            spent += sum(c.usage.total for c in _calls(store, task_id))
+            past += spent >= 0.8 * 3_000  # a hold counts at least what its call and the earlier ones used
+    assert past >= 2  # several holds were past 80 % of the cap
+    told = _crossings(caplog)
+    assert len(told) == 1, told
+    assert told[0]["scope"] == "agent" and told[0]["name"] == "helper" and told[0]["window"] == "day"
+    assert 0.8 * 3_000 <= told[0]["value"] <= 3_000
