@@ -3,7 +3,7 @@ is stored), read them, and test one against a sample call without running anythi
 
 A write is checked in full before anything is stored (``core.policies.check``): a document that
 does not parse, does not validate against the published schema, or breaks agentq's conventions
-is a ``ValidationError`` naming ``policies`` (400), an unknown scope one naming ``scope``. A
+is a ``ValidationError`` naming ``policies`` (422), an unknown scope one naming ``scope``. A
 rule that forbids everything is stored, with a warning in the answer.
 """
 

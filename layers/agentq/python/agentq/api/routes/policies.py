@@ -79,8 +79,9 @@ def router(deps: ApiDeps) -> Router:
     @routes.put(
         "/policies/<scope>",
         summary="Write a scope's rules (a new version)",
-        description="Checked in full first: a text that does not parse or validate is 400 naming `policies`, and "
-        "nothing is stored. The same text as the current version creates nothing (200).",
+        description="Checked in full first: a text that does not parse or validate is 422 `validation_error` naming "
+        "`policies` (an unknown scope: `scope`), and nothing is stored. The same text as the current version creates "
+        "nothing (200).",
         operation_id="putPolicies",
         tags=["policies"],
         responses={
