@@ -183,6 +183,8 @@ def test_a_rule_denying_everything_is_stored_with_a_warning_and_versions_are_kep
     assert _put(api_stack, scope, "")[0] == 201  # emptied: a version too
     status, history, _ = api_stack.http("GET", f"/policies/{scope}/history")
     assert status == 200 and [d["version"] for d in history["policies"]] == [2, 1]
+    writer = _key_id(api_stack, api_stack.key)  # each version records the key that wrote it
+    assert data["policy"]["created_by"] == writer and [d["created_by"] for d in history["policies"]] == [writer] * 2
     assert api_stack.http("GET", f"/policies/{scope}?version=1")[1]["policies"].startswith('@id("stop")')
 
 
@@ -245,7 +247,8 @@ def test_the_cli_puts_lists_tests_and_shows_history(api_stack: ApiStack, tmp_pat
     tested = run_agentq(["policy", "test", "--agent", agent, "--tool", "lookup"], env, 60)
     assert tested.returncode == 0 and "allow" in tested.stdout, tested
     history = run_agentq(["policy", "history", scope], env, 60)
-    assert history.returncode == 0 and "1" in history.stdout, history
+    assert history.returncode == 0 and "v1" in history.stdout, history
+    assert history.stdout.rstrip().endswith(f"by {_key_id(api_stack, api_stack.key)}"), history.stdout  # who wrote it
     rules.write_text("forbid(principal, action, resource) when {")
     bad = run_agentq(["policy", "put", scope, str(rules)], env, 60)
     assert bad.returncode != 0 and "policies" in bad.stderr + bad.stdout, bad
@@ -256,3 +259,9 @@ def _ledger_count(api: ApiStack, amount: int) -> int:
     file = Path(api.stack.extra_env["AGENTQ_TEST_LEDGER"])
     lines = file.read_text().splitlines() if file.exists() else []
     return sum(1 for line in lines if json.loads(line).get("amount") == amount)  # graders log there too
+
+
+def _key_id(api: ApiStack, key: str) -> str:
+    found = api.stack.keys().lookup(key)
+    assert found is not None
+    return found.key_id

@@ -40,7 +40,8 @@ def _line(doc: dict[str, Any]) -> str:
     from agentq.cli.views import when
 
     rules = doc["policies"].count("@id(")
-    return f"{doc['scope']:<40} v{doc['version']:<5} {when(doc['created_at'])}  {rules} rule{'s' * (rules != 1)}"
+    by = f"  by {doc['created_by']}" if doc.get("created_by") else ""
+    return f"{doc['scope']:<40} v{doc['version']:<5} {when(doc['created_at'])}  {rules} rule{'s' * (rules != 1)}{by}"
 
 
 def _cmd_policy(args: argparse.Namespace) -> int:

@@ -41,7 +41,9 @@ class PolicyView(ApiModel):
     )
     digest: str
     created_at: float
-    created_by: str | None = None
+    created_by: str | None = Field(
+        None, description="the id of the API key that wrote this version (null: a keyless local API's write)"
+    )
 
 
 class PolicyWritten(ApiModel):

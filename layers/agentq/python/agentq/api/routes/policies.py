@@ -90,7 +90,8 @@ def router(deps: ApiDeps) -> Router:
         },
     )
     def put(scope: Scope, body: Annotated[PolicyPut, Body(description="the scope's rules")]) -> Response[PolicyWritten]:
-        written = put_policy(store, tenant(), scope, body.policies)
+        caller = deps.caller()  # an API key (an end user's token may not write rules: api.app.USER_PATHS)
+        written = put_policy(store, tenant(), scope, body.policies, by=caller.key_id or caller.user)
         answer = PolicyWritten(created=written.created, policy=view(written.document), warnings=list(written.warnings))
         return Response(status_code=201 if written.created else 200, content_type=JSON, body=answer)
 

@@ -45,7 +45,7 @@ class PolicyDocument:
     text: str
     digest: str
     created_at: float
-    created_by: str | None = None  # the API key id that wrote it, when known
+    created_by: str | None = None  # the id of the API key that wrote it (None: a keyless local API's write)
 
 
 @dataclass(frozen=True)
