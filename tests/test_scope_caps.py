@@ -210,3 +210,54 @@ def test_tasks_spending_past_80_percent_of_a_cap_tell_it_once_however_many_calls
     assert len(told) == 1, told
     assert told[0]["scope"] == "agent" and told[0]["name"] == "helper" and told[0]["window"] == "day"
     assert 0.8 * 3_000 <= told[0]["value"] <= 3_000
+
+
+def _cut_or_failed(how: str) -> Any:
+    """A provider factory whose one call is cut at the task's timeout (``cut``: it answers long
+    after it) or fails after an attempt that may have been billed (``failed``)."""
+    from agentq.core.errors import ProviderError
+    from agentq.core.models import Script
+    from agentq.core.providers.scripted import ScriptedProvider
+
+    def factory(submission: TaskSubmission) -> Any:
+        if how == "cut":
+            return ScriptedProvider(Script.model_validate({"turns": [{"text": "late", "latency_seconds": 5}]}))
+
+        class Provider:
+            name = "scripted"
+
+            def complete(self, request: Any) -> Any:
+                raise ProviderError("the reply was cut midway", retryable=False, code="reply_cut", maybe_billed=True)
+
+        return Provider()
+
+    return factory
+
+
+@pytest.mark.parametrize(("how", "ends"), [("cut", TaskStatus.TIMED_OUT), ("failed", TaskStatus.FAILED)])
+def test_a_call_cut_or_failed_after_it_may_have_been_billed_keeps_its_hold_counted_on_every_window(
+    store: Storage, registry: ToolRegistry, how: str, ends: TaskStatus
+) -> None:
+    """The budget counts such a call's hold as spent (its outcome unknown); the tenant's hour and
+    the scopes' windows keep it the same way, through the one ``CallHold`` they were taken with."""
+    from agentq.core.tenancy import TenantLimits
+    from agentq.storage.tenant_windows import TenantWindows
+
+    windows = TenantWindows(store.table)
+    windows.set_limits("acme", TenantLimits(hourly_tokens=10_000_000))
+    store.caps.put("acme", "user", "alice", CapLimits(daily_tokens=10_000_000))
+    raw = _submission(0, user="alice").model_dump(exclude_none=True)
+    raw["constraints"]["timeout_seconds"] = 1
+    sub = TaskSubmission.model_validate(raw)
+    task_id = store.tasks.create(sub, tenant="acme").task_id
+    engine = Engine(
+        store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30), providers=_cut_or_failed(how)
+    )
+    result = engine.run(task_id)
+
+    assert result.status is ends, result
+    budget = store.budgets.get(task_id)
+    assert budget.unknown > 0 and budget.used == budget.unknown and budget.reserved == 0, budget
+    usage = store.caps.usage("acme", "user", "alice")
+    assert usage["day_tokens"] == usage["day_used_tokens"] == budget.unknown  # kept at its hold, as the budget did
+    assert windows.usage("acme") == {"held": budget.unknown, "used": budget.unknown}

@@ -73,6 +73,16 @@ class CallWindows:
         if hold.caps is not None:
             self.caps.settle(hold.caps, used, used_micros)
 
+    def spend(self, hold: Any) -> None:
+        """Count a call's holds as spent at their size: its outcome is unknown (cut at the task's
+        timeout, or failed after an attempt that may have been billed), as the task's budget
+        counts its hold (``BudgetHolds.spend``). Every window keeps what it held, the caps' too."""
+        parts = (hold.tenant, hold.caps) if isinstance(hold, CallHold) else (hold, None)
+        if parts[0] is not None:
+            self.tenant.settle(parts[0], parts[0].amount, parts[0].micros)
+        if parts[1] is not None:
+            self.caps.settle(parts[1], parts[1].amount, parts[1].micros)
+
     def take(
         self, s: Session, amount: int, micros: int, tasks: TaskLeases, holds: BudgetHolds
     ) -> CallHold | RunResult | None:

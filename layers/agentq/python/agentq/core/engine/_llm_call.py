@@ -18,6 +18,7 @@ from decimal import Decimal
 from typing import Any
 
 from agentq import observe
+from agentq.core.engine._caps import CallWindows
 from agentq.core.engine._cut import CutCall, call_until, settle_late
 from agentq.core.engine._finish import finish_without_step
 from agentq.core.engine._holds import BudgetHolds
@@ -28,7 +29,7 @@ from agentq.core.engine.conversation import final_text
 from agentq.core.engine.result import RunResult
 from agentq.core.errors import CallCut, LeaseLost, ProviderError
 from agentq.core.models import LLMStep, RetryState, TaskStatus, Usage
-from agentq.core.ports import BudgetLedger, FlowPort, StepLog, TaskLeases, TenantWindowsPort
+from agentq.core.ports import BudgetLedger, FlowPort, StepLog, TaskLeases
 from agentq.core.pricing import PriceTable, micros
 from agentq.core.providers import LLMRequest, LLMResponse, ProviderFactory
 from agentq.core.providers.base import (
@@ -97,7 +98,7 @@ class ModelCall:
         steps: StepLog,
         budgets: BudgetLedger,
         flow: FlowPort,
-        windows: TenantWindowsPort,
+        windows: CallWindows,
         providers: ProviderFactory,
         prices: PriceTable,
         holds: BudgetHolds,
@@ -221,8 +222,8 @@ class ModelCall:
                 self.windows.settle(window, 0)
             return finish_without_step(self.tasks, self.holds, s, TaskStatus.TIMED_OUT)
         held = self.holds.spend(s)
-        if window is not None:  # the tenant's hour keeps the hold, as the budget does
-            self.windows.settle(window, window.amount, window.micros)
+        if window is not None:  # the tenant's hour and the scopes' caps keep the hold, as the budget does
+            self.windows.spend(window)
         note = (
             f"; the model call in flight was cut and its hold of {held.amount} tokens counted as spent" if held else ""
         )
@@ -255,8 +256,8 @@ class ModelCall:
         window = call.window
         if call.may_be_billed:
             held = self.holds.spend(s)
-            if window is not None:  # the tenant's hour keeps it too, as the budget does
-                self.windows.settle(window, window.amount, window.micros)
+            if window is not None:  # the tenant's hour and the scopes' caps keep it too, as the budget does
+                self.windows.spend(window)
             if held is not None:
                 log.info("task %s: call of step %d failed after an attempt that may have been billed; its hold "
                          "of %d tokens counted as unknown", s.task_id, s.next_step, held.amount)  # fmt: skip
