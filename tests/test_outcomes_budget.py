@@ -2,18 +2,23 @@
 ``used <= cap``): its input estimate plus its output allowance are held before it is sent, and
 the grade's commit settles the hold to what it used. A budget that cannot cover the hold ends
 the task ``cost_exceeded`` before the grading model is asked, the answer kept, and a raise
-of the cap resumes it at the grade (tests/test_outcomes_processes.py kills workers mid-grade)."""
+of the cap resumes it at the grade (tests/test_outcomes_processes.py kills workers mid-grade).
+It holds every window the agent's own calls hold, too (spend <= cap at every scope): the
+tenant's hour and the caps of the task's end user, agent and API key, which defer it, pause it
+at a soft threshold, and count what it used."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any, cast
 
 import pytest
 
 from agentq.control.operations import raise_budget
 from agentq.control.submit import parse_submission
-from agentq.core.engine import Engine, EngineConfig
-from agentq.core.models import GradeStep, LLMStep, TaskStatus
+from agentq.core.caps import CapLimits
+from agentq.core.engine import Engine, EngineConfig, RunResult
+from agentq.core.models import GradeStep, LLMStep, TaskStatus, TaskSubmission
 from agentq.core.tenancy import TenantLimits
 from agentq.core.tools import ToolRegistry
 from agentq.storage.container import Storage
@@ -45,6 +50,18 @@ def _run(store: Storage, registry: ToolRegistry, max_tokens: int, tenant: str = 
     task = store.tasks.create(parse_submission(_body(max_tokens)), tenant=tenant)
     Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=10)).run(task.task_id)
     return task.task_id
+
+
+def _create_in_scope(store: Storage, scope: str, name: str) -> str:
+    """A task with room to spare in its budget, spending against ``scope`` ``name``."""
+    body = _body(1_000_000)
+    if scope in ("user", "agent"):
+        body[scope] = name
+    return store.tasks.create(parse_submission(body), tenant="t", key_id=name if scope == "key" else None).task_id
+
+
+def _again(store: Storage, registry: ToolRegistry, task_id: str) -> RunResult:
+    return Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=10)).run(task_id)
 
 
 def _measured(store: Storage, registry: ToolRegistry) -> tuple[int, int, int]:
@@ -144,3 +161,118 @@ def test_the_grading_call_holds_the_tenants_hour_too_and_settles_it_to_its_usage
     assert [s.body.kind for s in store.steps.load(task_id)] == ["llm"]
     assert windows.usage("tight") == {"held": agent, "used": agent}
     assert store.budgets.get(task_id).reserved == 0
+
+
+@pytest.mark.parametrize("scope", ["user", "agent", "key"])
+def test_every_scope_cap_of_the_task_counts_the_grading_calls_spend_and_its_windows_equal_the_trees_usage(
+    store: Storage, registry: ToolRegistry, scope: str
+) -> None:
+    _, agent, grading = _measured(store, registry)
+    store.caps.put("t", scope, "alice", CapLimits(daily_tokens=10**9, hourly_usd=Decimal(1000)))  # type: ignore[arg-type]
+    task_id = _create_in_scope(store, scope, "alice")
+    assert _again(store, registry, task_id).status is TaskStatus.SUCCEEDED
+    assert [s.body.kind for s in store.steps.load(task_id)] == ["llm", "grade"]
+    budget = store.budgets.get(task_id)
+    assert budget.used == agent + grading and budget.used_micros > 0, budget
+    usage = store.caps.usage("t", scope, "alice")  # type: ignore[arg-type]
+    for window in ("hour", "day"):  # held for the grading call too, and settled to what it used
+        assert usage[f"{window}_tokens"] == usage[f"{window}_used_tokens"] == budget.used
+        assert usage[f"{window}_usd"] == usage[f"{window}_used_usd"] == budget.used_micros
+
+
+def test_a_cap_with_room_for_the_answer_but_not_the_grading_call_defers_the_task_holding_nothing_until_raised(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    agent_hold, agent, grading = _measured(store, registry)
+    store.caps.put("t", "user", "alice", CapLimits(daily_tokens=agent_hold + grading // 2))
+    task_id = _create_in_scope(store, "user", "alice")
+    result = _again(store, registry, task_id)
+    assert result.outcome == "deferred" and result.error is not None, result
+    assert (result.error["code"], result.error["scope"], result.error["window"]) == ("cap_reached", "user", "day")
+    task = store.tasks.get(task_id)
+    assert task.status is TaskStatus.RUNNING and task.lease_expires == 0 and task.inflight is None  # holds nothing
+    assert [s.body.kind for s in store.steps.load(task_id)] == ["llm"]  # the grading model was never asked
+    assert store.effects.get(task_id, "grade-2") is None  # nor the grade begun
+    usage = store.caps.usage("t", "user", "alice")
+    assert usage["day_tokens"] == usage["day_used_tokens"] == agent  # the answer only; the grade's hold given back
+    budget = store.budgets.get(task_id)
+    assert budget.used == agent and budget.reserved == 0, budget
+
+    store.caps.put("t", "user", "alice", CapLimits(daily_tokens=agent + grading + 10_000))  # a raise: it grades
+    assert _again(store, registry, task_id).status is TaskStatus.SUCCEEDED
+    assert [s.body.kind for s in store.steps.load(task_id)] == ["llm", "grade"]
+    usage = store.caps.usage("t", "user", "alice")
+    assert usage["day_tokens"] == usage["day_used_tokens"] == agent + grading == store.budgets.get(task_id).used
+
+
+@pytest.mark.parametrize("approved", [True, False])
+def test_a_soft_threshold_the_grading_call_would_pass_pauses_for_approval_as_the_agents_own_calls_do(
+    store: Storage, registry: ToolRegistry, approved: bool
+) -> None:
+    agent_hold, agent, grading = _measured(store, registry)
+    store.caps.put("t", "agent", "helper", CapLimits(daily_tokens=10**9, soft_daily_tokens=agent_hold + grading // 2))
+    task_id = _create_in_scope(store, "agent", "helper")
+    assert _again(store, registry, task_id).status is TaskStatus.PAUSED
+    asked = store.approvals.pending(task_id)
+    assert asked is not None and asked.use_id.startswith("cap-agent-day-") and "soft threshold" in asked.question
+    assert store.tasks.get(task_id).inflight is None  # it waits holding nothing
+    assert store.budgets.get(task_id).reserved == 0
+    assert store.caps.usage("t", "agent", "helper")["day_tokens"] == agent
+    assert [s.body.kind for s in store.steps.load(task_id)] == ["llm"]
+
+    store.approvals.decide(task_id, asked.use_id, approved=approved, note="", by="reviewer")
+    result = _again(store, registry, task_id)
+    task = store.tasks.get(task_id)
+    usage = store.caps.usage("t", "agent", "helper")
+    assert task.result == "Blue."  # the answer is kept either way
+    if approved:
+        assert result.status is TaskStatus.SUCCEEDED, result
+        assert [s.body.kind for s in store.steps.load(task_id)] == ["llm", "grade"]
+        assert usage["day_tokens"] == usage["day_used_tokens"] == agent + grading
+    else:
+        assert result.status is TaskStatus.COST_EXCEEDED, result
+        assert task.error is not None, task
+        assert "agent 'helper'" in task.error["message"] and "declined" in task.error["message"]
+        assert [s.body.kind for s in store.steps.load(task_id)] == ["llm"]
+        assert usage["day_tokens"] == usage["day_used_tokens"] == agent
+    assert store.budgets.get(task_id).reserved == 0
+
+
+@pytest.mark.parametrize("line", ["cap", "soft"])
+def test_an_online_grade_a_users_cap_cannot_cover_is_skipped_and_the_task_still_succeeds(
+    store: Storage, registry: ToolRegistry, line: str
+) -> None:
+    """A sampled task's grade only observes: a cap (or a soft threshold) in its way skips it, as a
+    budget too small does, and neither defers nor pauses the task."""
+    agent_hold, agent, grading = _measured(store, registry)
+    room = agent_hold + grading // 2
+    limits = CapLimits(daily_tokens=room) if line == "cap" else CapLimits(daily_tokens=10**9, soft_daily_tokens=room)
+    store.caps.put("t", "user", "alice", limits)
+    body = _body(1_000_000)
+    body.update(user="alice", online={"alias": "prod", "grade": body.pop("outcome")})
+    task_id = store.tasks.create(TaskSubmission.model_validate(body), tenant="t").task_id
+    result = _again(store, registry, task_id)
+    task = store.tasks.get(task_id)
+    assert result.status is TaskStatus.SUCCEEDED and task.result == "Blue.", (result, task.error)
+    (grade,) = [s.body for s in store.steps.load(task_id) if isinstance(s.body, GradeStep)]
+    assert grade.error is not None and grade.error["code"] == "grade_skipped" and grade.usage.total == 0
+    assert store.approvals.pending(task_id) is None
+    usage = store.caps.usage("t", "user", "alice")
+    assert usage["day_tokens"] == usage["day_used_tokens"] == agent == store.budgets.get(task_id).used
+
+
+def test_a_grading_call_abandoned_at_its_timeout_stays_counted_on_the_users_day_as_on_the_budget(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    store.caps.put("t", "user", "alice", CapLimits(daily_tokens=10**9))
+    body = _body(1_000_000)
+    body["user"] = "alice"
+    body["outcome"].update(timeout_seconds=1, script={"turns": [{"text": '{"score": 1}', "latency_seconds": 3}]})
+    task_id = store.tasks.create(parse_submission(body), tenant="t").task_id
+    assert _again(store, registry, task_id).status is TaskStatus.FAILED_OUTCOME
+    (grade,) = [s.body for s in store.steps.load(task_id) if isinstance(s.body, GradeStep)]
+    budget = store.budgets.get(task_id)
+    assert budget.unknown == grade.reserved_tokens > 0 and budget.reserved == 0, budget
+    usage = store.caps.usage("t", "user", "alice")
+    # It may have been billed: the window keeps its hold, never returned on a guess, as the budget does.
+    assert usage["day_tokens"] == usage["day_used_tokens"] == budget.used

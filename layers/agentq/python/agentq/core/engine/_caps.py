@@ -2,7 +2,8 @@
 tenant's hourly window (``storage.tenant_windows``) and the caps of the task's end user, agent
 and API key (``core.caps``, ``storage.scope_caps``).
 
-Invariant (ARCHITECTURE 4, "spend <= cap at every scope"): a call goes out only under a hold
+Invariant (ARCHITECTURE 4, "spend <= cap at every scope"): a call, the agent's own or the
+grading model's (``_grade_budget``), goes out only under a hold
 on every window that caps it, taken with one conditional write per window item, and the hold
 is settled to what the call used by whoever learns it (the run's commit, a discard of an answer
 whose lease was lost, a zombie's late answer) through the same ``settle`` the tenant window
@@ -84,11 +85,13 @@ class CallWindows:
             self.caps.settle(parts[1], parts[1].amount, parts[1].micros)
 
     def take(
-        self, s: Session, amount: int, micros: int, tasks: TaskLeases, holds: BudgetHolds
+        self, s: Session, amount: int, micros: int, tasks: TaskLeases, holds: BudgetHolds, *, result: str | None = None
     ) -> CallHold | RunResult | None:
         """The call's holds (None: nothing caps it), or how the run ends instead: deferred at a
-        cap (the tenant's or a scope's), paused at a soft threshold, ended at a rejected one.
-        On every way out but a hold, the task's budget hold goes back with the lease."""
+        cap (the tenant's or a scope's), paused at a soft threshold, ended at a rejected one
+        (with ``result`` as the task's result, else the model's last text: a grade keeps its
+        answer). On every way out but a hold, the task's budget hold goes back with the lease.
+        The agent's turn and the grading model's call (``_grade_budget``) take it alike."""
         if s.limits is None and not s.caps:
             return None
         for _ in range(MAX_APPROVALS_A_CALL):
@@ -102,10 +105,21 @@ class CallWindows:
                 error = {**exc.to_dict(), "scope": exc.scope, "window": exc.window, "retry_after": exc.retry_after}
                 return RunResult(s.task_id, "deferred", error=error)
             except SoftCapReached as exc:
-                ended = self._soft(s, exc, tasks, holds)
+                ended = self._soft(s, exc, tasks, holds, result)
                 if ended is not None:
                     return ended
         raise RuntimeError(f"task {s.task_id}: more soft thresholds than a call can meet")
+
+    def try_take(self, s: Session, amount: int, micros: int) -> tuple[bool, CallHold | None]:
+        """For a call that never stops its task (an online grade's): ``(True, its holds)``, or
+        ``(False, None)`` with nothing held when a cap, or a soft threshold no person approved
+        going past, is in the way (it neither defers nor pauses the task)."""
+        if s.limits is None and not s.caps:
+            return True, None
+        try:
+            return True, self._hold(s, amount, micros)
+        except (TenantCapReached, CapReached, SoftCapReached):
+            return False, None
 
     def _hold(self, s: Session, amount: int, micros: int) -> CallHold:
         window = self.tenant.hold(s.task.tenant, s.limits, amount, micros=micros) if s.limits is not None else None
@@ -119,7 +133,9 @@ class CallWindows:
             raise
         return CallHold(window, capped)
 
-    def _soft(self, s: Session, exc: SoftCapReached, tasks: TaskLeases, holds: BudgetHolds) -> RunResult | None:
+    def _soft(
+        self, s: Session, exc: SoftCapReached, tasks: TaskLeases, holds: BudgetHolds, result: str | None = None
+    ) -> RunResult | None:
         """None when a person approved going past this threshold (the call tries again), else
         the run's end: paused to ask, or ended ``cost_exceeded`` when the answer was no."""
         record = self.approvals.get(s.task_id, exc.approval)
@@ -128,7 +144,7 @@ class CallWindows:
             return None
         if record is not None and record.state != "pending":
             ended = finish_without_step(tasks, holds, s, TaskStatus.COST_EXCEEDED,
-                                        note=f" ({exc.message}; a person declined)")  # fmt: skip
+                                        note=f" ({exc.message}; a person declined)", result=result)  # fmt: skip
             return ended
         holds.release(s)  # a paused task holds nothing
         self.approvals.request(s.lease, exc.approval, exc.message)

@@ -1,10 +1,13 @@
 """The grading model's call under the task tree's budget, as any model call (ARCHITECTURE 4,
-``used <= cap``): its input estimate plus its output allowance are held (with the tenant
-window's hold) before the grade is begun, and the grade's commit settles the hold to what the
-call used, in the same write. A budget that cannot cover the hold ends the task
+``used <= cap`` at every scope): its input estimate plus its output allowance are held before
+the grade is begun, on the budget and on every window the agent's own calls hold on (the
+tenant's hour and the caps of the task's end user, agent and API key: one ``CallHold`` taken by
+``CallWindows.take``, the agent's turn's own path), and the grade's commit settles the hold to
+what the call used, in the same write. A budget that cannot cover the hold ends the task
 ``cost_exceeded`` before anything is begun, the answer kept, and a raise of the cap resumes it
 at the grade; a hold an older epoch's call may still be charged against defers it
-(``HoldsInFlight``), as the agent's turn does.
+(``HoldsInFlight``), as the agent's turn does; a scope's cap defers it, a soft threshold pauses
+it for approval (rejected: ``cost_exceeded``, the answer kept), the tenant's hour retries it.
 
 What may have been billed stays counted: a call that failed or ran past its time is counted
 as spent, its outcome unknown; a worker killed mid-grade leaves its hold on META, which the next
@@ -20,17 +23,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentq import observe
+from agentq.core.engine._caps import CallWindows
 from agentq.core.engine._holds import BudgetHolds
 from agentq.core.engine._session import Session
 from agentq.core.engine._stops import budget_error
 from agentq.core.engine.conversation import estimate_input_tokens
 from agentq.core.engine.result import RunResult
 from agentq.core.models import GradeStep, TaskStatus, TaskSubmission
-from agentq.core.ports import BudgetLedger, TaskLeases, TenantWindowsPort
+from agentq.core.ports import BudgetLedger, TaskLeases
 from agentq.core.pricing import PriceTable
 from agentq.core.providers import LLMRequest
 from agentq.core.records import BudgetDelta
-from agentq.core.tenancy import TenantCapReached
 
 
 @dataclass
@@ -41,7 +44,7 @@ class GradingCall:
     model: str
     submission: TaskSubmission  # the task's, with the grading model in it
     request: LLMRequest
-    window: Any = None  # the tenant window's hold for it (None: no hourly limits)
+    window: Any = None  # its hold on the tenant's hour and the scopes' caps (a ``CallHold``; None: nothing caps it)
     # An attempt failed or was abandoned after it may have reached the provider: its hold is
     # counted as spent (unknown), not returned.
     may_be_billed: bool = False
@@ -56,14 +59,15 @@ def usage_of(step: GradeStep, reserved: int = 0, reserved_micros: int = 0) -> Bu
 
 class GradeBudget:
     def __init__(
-        self, holds: BudgetHolds, budgets: BudgetLedger, tasks: TaskLeases, windows: TenantWindowsPort,
-        prices: PriceTable,
+        self, holds: BudgetHolds, budgets: BudgetLedger, tasks: TaskLeases, windows: CallWindows, prices: PriceTable,
     ) -> None:  # fmt: skip
         self.holds, self.budgets, self.tasks, self.windows, self.prices = holds, budgets, tasks, windows, prices
 
     def hold(self, s: Session, call: GradingCall, answer: str) -> RunResult | None:
-        """Hold the budget (and the tenant's hour) for ``call``; None when held, else how the run
-        ends: ``cost_exceeded`` with the answer kept, or a retry next hour (the tenant's cap)."""
+        """Hold the budget, the tenant's hour and the scopes' caps for ``call``; None when held,
+        else how the run ends, as before an agent's call: ``cost_exceeded`` with the answer kept
+        (the budget, or a soft threshold a person declined), deferred at a scope's cap, paused at
+        a soft threshold, or a retry next hour (the tenant's cap)."""
         est_in = estimate_input_tokens(call.request)
         amount = est_in + call.request.max_tokens
         if not self.holds.hold_call(s, est_in, amount, self.prices.price_for(call.model)):
@@ -72,30 +76,25 @@ class GradeBudget:
             self.tasks.transition(s.task_id, TaskStatus.COST_EXCEEDED, lease=s.lease, result=answer, error=error)
             s.task = s.task.model_copy(update={"status": TaskStatus.COST_EXCEEDED})
             return RunResult(s.task_id, "finished", status=TaskStatus.COST_EXCEEDED, error=error)
-        if s.limits is not None:
-            held = s.task.inflight
-            try:
-                call.window = self.windows.hold(s.task.tenant, s.limits, amount, micros=held.micros if held else 0)
-            except TenantCapReached as exc:  # not this task's fault: try again next hour
-                self.holds.hand_back(s)
-                return RunResult(s.task_id, "retry", error={**exc.to_dict(), "retry_after": exc.retry_after})
+        held = s.task.inflight
+        taken = self.windows.take(s, amount, held.micros if held else 0, self.tasks, self.holds, result=answer)
+        if isinstance(taken, RunResult):
+            return taken
+        call.window = taken
         return None
 
     def try_hold(self, s: Session, call: GradingCall) -> bool:
         """Hold for an online grade's call, which never stops the task: False (nothing held)
-        when the budget or the tenant's hour cannot cover it."""
+        when the budget, the tenant's hour or a scope's cap (or its soft threshold) cannot cover it."""
         est_in = estimate_input_tokens(call.request)
         amount = est_in + call.request.max_tokens
         if not self.holds.hold_call(s, est_in, amount, self.prices.price_for(call.model)):
             return False
-        if s.limits is not None:
-            held = s.task.inflight
-            try:
-                call.window = self.windows.hold(s.task.tenant, s.limits, amount, micros=held.micros if held else 0)
-            except TenantCapReached:
-                self.holds.hand_back(s)
-                return False
-        return True
+        held = s.task.inflight
+        fits, call.window = self.windows.try_take(s, amount, held.micros if held else 0)
+        if not fits:  # the budget's hold goes back; the run goes on under its lease, to commit no grade
+            self.holds.release(s)
+        return fits
 
     def sending(self, s: Session) -> None:
         """The call goes on the wire now: its hold must outlive it, and a lost lease keeps it."""
@@ -125,8 +124,8 @@ class GradeBudget:
             return (usage_of(step) if step.usage.total or step.cost_usd else None), None
         if held is not None and call is not None and call.may_be_billed:
             self.holds.spend(s)  # its outcome unknown: counted at its hold, corrected if ever reported
-            if call.window is not None:
-                self.windows.settle(call.window, call.window.amount, call.window.micros)
+            if call.window is not None:  # the tenant's hour and the scopes' caps keep it too
+                self.windows.spend(call.window)
                 call.window = None
             held = None
         if held is None:
@@ -134,7 +133,8 @@ class GradeBudget:
         return usage_of(step, held.amount, held.micros), None
 
     def settled(self, s: Session, call: GradingCall | None, settle: BudgetDelta | None) -> None:
-        """After the commit: the hold is gone with it, and the tenant's hour takes the usage."""
+        """After the commit: the hold is gone with it, and the tenant's hour and the scopes'
+        caps take the usage."""
         if call is not None and settle is not None and settle.reserved:
             s.task = s.task.model_copy(update={"inflight": None})
         if call is not None:
