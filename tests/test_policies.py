@@ -3,7 +3,8 @@ a call a rule denies never runs (the side-effecting tool's ledger, written by th
 has no line of it) and the model reads the rule's message, ``ask`` pauses the task until a person
 approves and the call then runs once, ``log_only`` changes nothing but is recorded beside what
 happened, a rule that fails at evaluation denies, a denied model call ends the task naming the
-rule, every bad document is a 422 naming the field with nothing stored, and one tenant's rules
+rule (the grading model's call of an outcome too, the answer kept), every bad document is a 422
+naming the field with nothing stored, and one tenant's rules
 never touch another tenant's tasks.
 
 The stack's workers read the rules at every check (``AGENTQ_POLICY_CACHE_SECONDS=0`` in
@@ -147,6 +148,30 @@ def test_a_model_call_a_rule_denies_is_never_made_and_the_task_fails_naming_the_
     assert view["status"] == "failed" and view["error"]["code"] == "policy_denied", view
     assert "no-models" in view["error"]["message"] and view["step"] == 0
     assert _ledger_count(api_stack, small) == 0
+
+
+def test_a_rule_over_the_grading_model_stops_the_grade_and_the_task_fails_naming_it_with_the_answer_kept(
+    api_stack: ApiStack,
+) -> None:
+    """The grading model's call of an outcome's rubric is a model call like the agent's: checked
+    in the worker process before it is held or sent (tests/test_outcomes_policies.py: every way)."""
+    name, judge = f"pol-{uuid.uuid4().hex[:10]}", f"judge-{uuid.uuid4().hex[:8]}"
+    grade = {"rubric": "names a colour", "model": judge, "script": {"turns": [{"text": '{"score": 1}'}]}}
+    body = {"name": name, "provider": "scripted", "script": {"turns": [{"text": "Blue."}]}, "outcome": grade}
+    status, data, _ = api_stack.http("POST", "/agents", body)
+    assert status == 201, data
+    _put(
+        api_stack,
+        f"agent:{name}",
+        f"""
+        @id("no-judge") @message("grades are switched off")
+        forbid(principal, action == Action::"model", resource == Model::"{judge}");""",
+    )
+    _task_id, view = _run(api_stack, name)
+    assert view["status"] == "failed" and view["error"]["code"] == "policy_denied", view
+    assert view["error"]["message"].startswith("grading model call denied by policy rule"), view["error"]
+    assert f"agent:{name}/no-judge" in view["error"]["message"]
+    assert view["result"] == "Blue." and view["step"] == 1 and view["grade"] is None, view  # answered, never graded
 
 
 def test_a_broken_document_is_a_422_naming_the_field_and_nothing_is_stored(api_stack: ApiStack) -> None:

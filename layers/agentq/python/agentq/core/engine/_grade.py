@@ -9,8 +9,11 @@ finished onto the record (crash point ``after_grade``) before the ``GradeStep`` 
 killed anywhere resumes from what is stored: no record, it grades; a finished one, it commits the
 recorded grade (``replayed``) without running a judge again; one begun and never finished, its
 judges may have run, so they are not run again: the grade fails ``grader_interrupted``, like a
-side effect's unknown outcome. The grading model's call holds the task tree's budget before the
-grade is begun, like any model call (``_grade_budget``); the grade step's commit settles that
+side effect's unknown outcome. The grading model's call is a model call like any other: it is
+checked against the policy rules first (``_policy``, kind ``model``: a rule that denies or asks
+for it ends the task ``failed`` with ``policy_denied`` before anything is held or begun, the
+answer kept as the result), then it holds the task tree's budget and every window the agent's
+calls hold before the grade is begun (``_grade_budget``); the grade step's commit settles that
 hold to the call's tokens and dollars, in the same write, and puts the grade on META.
 
 The step ends the task ``succeeded`` (passed), or leaves the feedback as the agent's next
@@ -33,6 +36,7 @@ from agentq.core.engine._grade_budget import GradeBudget, GradingCall
 from agentq.core.engine._llm_call import call_cost
 from agentq.core.engine._online import count, grading_outcome, observes_only, skipped
 from agentq.core.engine._operation import RecordedOperation
+from agentq.core.engine._policy import PolicyGate, refusal, refuse_model_call
 from agentq.core.engine._session import Session
 from agentq.core.engine.conversation import final_text
 from agentq.core.engine.result import RunResult
@@ -60,6 +64,7 @@ from agentq.core.models import (
     Usage,
 )
 from agentq.core.output import answer_of
+from agentq.core.policies import ALLOWED, PolicyCall, Verdict
 from agentq.core.ports import EffectLog, QualityBook
 from agentq.core.pricing import PriceTable
 from agentq.core.providers import LLMProvider, LLMRequest, ProviderFactory
@@ -89,9 +94,10 @@ class GradeTurn:
         writer: StepWriter,
         budget: GradeBudget,
         quality: QualityBook,
+        policy: PolicyGate | None = None,
     ) -> None:
         self.effects, self.providers, self.prices, self.tools, self.writer = effects, providers, prices, tools, writer
-        self.budget, self.quality = budget, quality
+        self.budget, self.quality, self.policy = budget, quality, policy
 
     def due(self, s: Session) -> bool:
         """An answer of a task with an outcome (or sampled for online evaluation), not graded yet."""
@@ -118,6 +124,13 @@ class GradeTurn:
         call = None
         if outcome.rubric is not None and self.effects.get(s.task_id, f"grade-{s.next_step}") is None:
             call = self.grading_call(s, outcome, answer, attempt)
+            verdict = self.checked(s, call)  # before anything of it is held or begun, as any model call
+            if verdict.effect != "allow":  # nothing sent: the task ends naming the rule, its answer kept
+                if observing:  # an online grade never stops the task: no grade
+                    return self.commit(s, skipped(outcome, refusal(verdict, "grading model call")), answer, None, None)
+                return refuse_model_call(
+                    self.budget.tasks, self.budget.holds, s, verdict, what="grading model call", result=answer
+                )
             if observing:  # an online grade never stops the task: without the budget for it, no grade
                 if not self.budget.try_hold(s, call):
                     why = "the task's budget (or its tenant's hour) could not cover the grading model's call"
@@ -129,6 +142,16 @@ class GradeTurn:
         grading = Grading(self, s, outcome, answer, parsed, attempt, call)
         step = grading.run()
         return self.commit(s, step, answer, call, grading.prior_epoch)
+
+    def checked(self, s: Session, call: GradingCall) -> Verdict:
+        """The policy rules' verdict on the grading model's call: a model call like the agent's
+        (``LLMTurn.run``), of the grading model, estimated at the hold it will take."""
+        if self.policy is None:
+            return ALLOWED
+        _, tokens, money = self.budget.estimate(call)
+        return self.policy.check(
+            s, PolicyCall("model", model=call.model, estimated_tokens=tokens, estimated_usd_micros=money)
+        )
 
     def grading_call(self, s: Session, outcome: OutcomeSpec, answer: str, attempt: int) -> GradingCall:
         """The grading model's call of this grade, as it will be sent."""

@@ -24,7 +24,7 @@ from typing import Any
 
 from agentq import observe
 from agentq.core.engine._caps import CallWindows
-from agentq.core.engine._holds import BudgetHolds
+from agentq.core.engine._holds import BudgetHolds, call_micros
 from agentq.core.engine._session import Session
 from agentq.core.engine._stops import budget_error
 from agentq.core.engine.conversation import estimate_input_tokens
@@ -63,13 +63,20 @@ class GradeBudget:
     ) -> None:  # fmt: skip
         self.holds, self.budgets, self.tasks, self.windows, self.prices = holds, budgets, tasks, windows, prices
 
+    def estimate(self, call: GradingCall) -> tuple[int, int, int]:
+        """What ``call`` will hold: its input estimate, its tokens in all (the input and its
+        whole output allowance) and their most money at the grading model's price. The policy
+        rules see the last two (``call.estimated_tokens``, ``call.estimated_usd_micros``)."""
+        est_in = estimate_input_tokens(call.request)
+        amount = est_in + call.request.max_tokens
+        return est_in, amount, call_micros(self.prices.price_for(call.model), est_in, amount)
+
     def hold(self, s: Session, call: GradingCall, answer: str) -> RunResult | None:
         """Hold the budget, the tenant's hour and the scopes' caps for ``call``; None when held,
         else how the run ends, as before an agent's call: ``cost_exceeded`` with the answer kept
         (the budget, or a soft threshold a person declined), deferred at a scope's cap, paused at
         a soft threshold, or a retry next hour (the tenant's cap)."""
-        est_in = estimate_input_tokens(call.request)
-        amount = est_in + call.request.max_tokens
+        est_in, amount, _ = self.estimate(call)
         if not self.holds.hold_call(s, est_in, amount, self.prices.price_for(call.model)):
             observe.record_budget_refusal("task")
             error = budget_error(s)
@@ -86,8 +93,7 @@ class GradeBudget:
     def try_hold(self, s: Session, call: GradingCall) -> bool:
         """Hold for an online grade's call, which never stops the task: False (nothing held)
         when the budget, the tenant's hour or a scope's cap (or its soft threshold) cannot cover it."""
-        est_in = estimate_input_tokens(call.request)
-        amount = est_in + call.request.max_tokens
+        est_in, amount, _ = self.estimate(call)
         if not self.holds.hold_call(s, est_in, amount, self.prices.price_for(call.model)):
             return False
         held = s.task.inflight

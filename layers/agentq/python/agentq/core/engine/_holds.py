@@ -79,6 +79,11 @@ class LapsedHolds:
     spent: int = 0
 
 
+def call_micros(price: ModelPrice | None, est_in: int, amount: int) -> int:
+    """The money a hold of ``amount`` tokens (``est_in`` of them input) holds at ``price``."""
+    return price.hold_micros(min(est_in, amount), amount - min(est_in, amount)) if price else 0
+
+
 class BudgetHolds:
     def __init__(
         self,
@@ -268,7 +273,7 @@ class BudgetHolds:
         budget cannot cover it (``s.short_of`` says of what). Never shrunk: the call's output
         allowance is its own. As ``reserve``: while an older epoch's call may still be charged,
         ``HoldsInFlight``; when only calls of unknown outcome stand in the way, ``UnknownUsage``."""
-        money = price.hold_micros(min(est_in, amount), amount - min(est_in, amount)) if price else 0
+        money = call_micros(price, est_in, amount)
         until = time.time() + CALL_START_SLACK_SECONDS + self.config.max_call_seconds  # never batched
         for last in (False, True):
             try:

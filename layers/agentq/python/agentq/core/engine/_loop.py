@@ -120,7 +120,7 @@ class Engine:
         self._message_turn = MessageTurn(store.messages, self._holds, writer)
         graded = GradeBudget(self._holds, store.budgets, store.tasks, self.windows, self.prices)
         self._grade_turn = GradeTurn(
-            store.effects, self._provider, self.prices, self.tools, writer, graded, store.quality
+            store.effects, self._provider, self.prices, self.tools, writer, graded, store.quality, self.policy
         )
 
     def _provider(self, submission: TaskSubmission) -> LLMProvider:

@@ -1,8 +1,9 @@
 """The policy check before every call the engine makes (``core.policies``, docs/POLICIES.md).
 
-Each tool call, MCP call and spawn of a turn, and each model call, is checked against the rules
-of its task's scopes (its tenant's and its agent's) before anything of it starts. What a check
-reads, and what it costs in AWS calls:
+Each tool call, MCP call and spawn of a turn, and each model call (the agent's turn's, and the
+grading model's of an outcome: ``_grade``), is checked against the rules of its task's scopes
+(its tenant's and its agent's) before anything of it starts. What a check reads, and what it
+costs in AWS calls:
 
 - the rules: every current document of the tenant, one DynamoDB Query (``PolicySource.current``),
   cached per process for ``EngineConfig.policy_cache_seconds`` (5 s), so a check costs none
@@ -158,16 +159,27 @@ def record(s: Session, call: PolicyCall, verdict: Verdict) -> None:
     )  # fmt: skip
 
 
-def refuse_model_call(tasks: TaskLeases, holds: BudgetHolds, s: Session, verdict: Verdict) -> RunResult:
-    """A model call a rule denies (or asks for: a model call has no approval pause, so ``ask``
-    denies it): nothing is sent, the hold goes back, and the task ends ``failed`` with the rule
-    named in its error."""
-    holds.release(s)
-    message = verdict.reason()
+def refusal(verdict: Verdict, what: str = "model call") -> str:
+    """Why a model call (``what``: which one) was refused, naming the rule: a model call has no
+    approval pause, so a rule's ``ask`` denies it."""
+    message = f"{what} {verdict.reason()}"
     if verdict.effect == "ask":
         message += " (a model call cannot wait for approval: denied)"
-    error = {"code": "policy_denied", "message": f"model call {message}", "policy": verdict.mark()}
-    tasks.transition(s.task_id, TaskStatus.FAILED, lease=s.lease, result=final_text(s.messages), error=error)
+    return message
+
+
+def refuse_model_call(
+    tasks: TaskLeases, holds: BudgetHolds, s: Session, verdict: Verdict, *, what: str = "model call",
+    result: str | None = None,
+) -> RunResult:  # fmt: skip
+    """A model call a rule denies (or asks for: a model call has no approval pause, so ``ask``
+    denies it): nothing is sent, the hold goes back, and the task ends ``failed`` with the rule
+    named in its error. The agent's turn and the grading model's call (``_grade``: ``what`` names
+    it, ``result`` keeps its answer as the task's result) end alike."""
+    holds.release(s)
+    error = {"code": "policy_denied", "message": refusal(verdict, what), "policy": verdict.mark()}
+    kept = result if result is not None else final_text(s.messages)
+    tasks.transition(s.task_id, TaskStatus.FAILED, lease=s.lease, result=kept, error=error)
     s.task = s.task.model_copy(update={"status": TaskStatus.FAILED})
     return RunResult(s.task_id, "finished", status=TaskStatus.FAILED, error=error)
 
