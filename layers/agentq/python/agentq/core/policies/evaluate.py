@@ -21,6 +21,7 @@ from typing import Any, Literal
 import cedarpy
 
 from agentq.core.policies.rules import Rule, check
+from agentq.core.policies.schema import TREE_ATTRIBUTES
 
 DEFAULT_ALLOW = "agentq/default-allow"
 EVALUATION = "agentq/evaluation"  # names a failure of the whole evaluation, not of one rule
@@ -32,6 +33,9 @@ _ALLOW_ALL = {
     "conditions": [],
 }
 _ERROR_POLICY = re.compile(r"policy `([^`]+)`")
+_CONTEXT = {"Var": "context"}
+_HISTORY = {".": {"left": _CONTEXT, "attr": "history"}}
+ALL_HISTORY = "*"  # ``history_reads`` of a rule that uses the history record whole
 _LONG = 2**63
 
 
@@ -104,7 +108,12 @@ class RuleSet:
     documents: tuple[PolicyDocument, ...] = ()
     rules: dict[str, tuple[Rule, int]] = field(default_factory=dict)  # "<scope>/<id>" -> rule, version
     policies: Any = None  # cedarpy.PolicySet
-    reads_tree: bool = False  # a rule names the tree's spend: the check reads the root's budget
+    reads: frozenset[str] = frozenset()  # the ``context.history`` attributes a rule names (``history_reads``)
+
+    @property
+    def reads_tree(self) -> bool:
+        """A rule names the tree's spend: the check reads the root's budget."""
+        return bool(self.reads & {*TREE_ATTRIBUTES, ALL_HISTORY})
 
     @classmethod
     def of(cls, documents: list[PolicyDocument]) -> RuleSet:
@@ -119,8 +128,8 @@ class RuleSet:
             return cls(documents=tuple(documents))
         text = json.dumps({"staticPolicies": static, "templates": {}, "templateLinks": []})
         policies = cedarpy.PolicySet.from_json_str(text)
-        reads_tree = any(a in doc.text for doc in documents for a in ("tree_tokens", "tree_spend_micros"))
-        return cls(documents=tuple(documents), rules=rules, policies=policies, reads_tree=reads_tree)
+        reads = frozenset().union(*(history_reads(rule.ast) for rule, _ in rules.values()))
+        return cls(documents=tuple(documents), rules=rules, policies=policies, reads=reads)
 
     @property
     def empty(self) -> bool:
@@ -151,6 +160,39 @@ class RuleSet:
     def _hit(self, name: str) -> Hit:
         rule, version = self.rules[name]
         return Hit(name, version, rule.effect, rule.message, log_only=rule.mode == "log_only")
+
+
+def history_reads(ast: Any) -> frozenset[str]:
+    """The attributes of ``context.history`` a rule names, read from its parsed form (an access
+    ``context.history.x`` or ``context["history"]["x"]``, or a test ``context.history has x``):
+    a comment or a string that spells a name is not a read. A rule that uses the history record
+    (or the context) whole, not one attribute of it, reads them all (``ALL_HISTORY``)."""
+    found: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, list):
+            for item in node:
+                walk(item)
+            return
+        if not isinstance(node, dict):
+            return
+        if node in (_CONTEXT, _HISTORY):
+            found.add(ALL_HISTORY)
+            return
+        for op in (".", "has"):
+            inner = node.get(op)
+            if isinstance(inner, dict) and "attr" in inner:
+                left = inner.get("left")
+                if left == _HISTORY:
+                    found.add(str(inner["attr"]))
+                    return
+                if left == _CONTEXT:
+                    return  # another attribute of the context (or ``context has history``)
+        for value in node.values():
+            walk(value)
+
+    walk(ast)
+    return frozenset(found)
 
 
 def cedar_value(value: Any, depth: int = 0) -> Any:

@@ -1,0 +1,92 @@
+"""What a policy rule sees of a call (core.engine._policy, docs/POLICIES.md "What a rule sees"),
+and what reading it costs: the real engine on the in-memory twin, with rules stored as
+``agentq policy put`` stores them and DynamoDB's calls counted on the twin's table.
+The rules over real HTTP and worker processes are tests/test_policies.py."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from agentq.core.engine import Engine, EngineConfig
+from agentq.core.models import TaskStatus, TaskSubmission
+from agentq.core.policies import check
+from agentq.core.tools import ToolRegistry
+from agentq.storage import keys
+from agentq.storage.container import Storage
+
+from tests.helpers import call
+
+STORAGE = "memory"
+TENANT = "acme"
+
+
+class TableCalls:
+    """The twin's table requests, each with the keys it names (a GetItem's, an UpdateItem's...),
+    so a test counts the calls one kind of item costs, as bench/cap_calls.py counts them on
+    DynamoDB."""
+
+    OPS = ("get", "batch_get", "query", "update", "put", "transact", "delete")
+
+    def __init__(self, store: Storage, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.seen: list[tuple[str, str]] = []
+        for op in self.OPS:
+            monkeypatch.setattr(store.table, op, self._counted(op, getattr(store.table, op)))
+
+    def _counted(self, op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.seen.append((op, repr(args)))
+            return fn(*args, **kwargs)
+
+        return counted
+
+    def of(self, marker: str) -> dict[str, int]:
+        """The calls whose keys name ``marker`` (a key prefix, a task id), by operation."""
+        return dict(collections.Counter(op for op, wire in self.seen if marker in wire))
+
+
+def _put(store: Storage, text: str, scope: str = "tenant") -> None:
+    store.policies.put(TENANT, scope, text, check(text).digest)
+
+
+def _submission(turns: int = 2, **fields: Any) -> TaskSubmission:
+    script = [{"text": f"turn {i}", "tool_calls": [call("lookup", query=f"q{i}")]} for i in range(turns - 1)]
+    raw: dict[str, Any] = {
+        "goal": "g", "provider": "scripted", "script": {"turns": [*script, {"text": "done"}]},
+        "constraints": {"tools": ["lookup"], "max_tokens": 1_000_000, "max_cost_usd": "5", "max_output_tokens": 64},
+        **fields,
+    }  # fmt: skip
+    return TaskSubmission.model_validate(raw)
+
+
+def _engine(store: Storage, registry: ToolRegistry) -> Engine:
+    return Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=10, policy_cache_seconds=0))
+
+
+def _run(store: Storage, registry: ToolRegistry, sub: TaskSubmission, **create: Any) -> tuple[str, Any]:
+    task = store.tasks.create(sub, tenant=TENANT, **create)
+    return task.task_id, _engine(store, registry).run(task.task_id)
+
+
+def test_a_rule_that_names_the_trees_spend_only_in_a_comment_costs_no_read_of_the_trees_budget(
+    store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a rule set reads is decided from the parsed rules: a comment or a string spelling
+    ``tree_tokens`` is not a read; an access is, at every check (3 here: 2 model calls, 1 tool)."""
+    _put(store, '@id("c") forbid(principal, action == Action::"spawn", resource); // not tree_tokens')
+    calls = TableCalls(store, monkeypatch)
+    task_id, result = _run(store, registry, _submission())
+    assert result.status is TaskStatus.SUCCEEDED, result.error
+    budget_reads = calls.of(str(keys.meta_key(task_id)["pk"])).get("get", 0)
+
+    _put(
+        store,
+        '@id("c") forbid(principal, action == Action::"spawn", resource) when { context.history.tree_tokens > 0 };',
+    )
+    calls.seen.clear()
+    task_id, result = _run(store, registry, _submission())
+    assert result.status is TaskStatus.SUCCEEDED, result.error
+    assert calls.of(str(keys.meta_key(task_id)["pk"])).get("get", 0) == budget_reads + 3
