@@ -20,10 +20,10 @@ from tests.api_support import ApiStack
 from tests.helpers import call as tool_call
 
 
-def _agent(api_stack: ApiStack, turns: list[dict[str, Any]], **fields: Any) -> str:
+def _agent(api_stack: ApiStack, turns: list[dict[str, Any]], key: str | None = "default", **fields: Any) -> str:
     name = f"a2a-{uuid.uuid4().hex[:8]}"
     body = {"name": name, "provider": "scripted", "script": {"turns": turns}, "description": "answers", **fields}
-    status, data, _ = api_stack.http("POST", "/agents", body)
+    status, data, _ = api_stack.http("POST", "/agents", body, key=key)
     assert status == 201, data
     return name
 
@@ -291,6 +291,29 @@ def _tasks_of(api_stack: ApiStack, name: str) -> list[Any]:
     status, data = _rpc(api_stack, name, {"jsonrpc": "2.0", "id": 9, "method": "ListTasks", "params": {}})
     assert status == 200 and "result" in data, data
     return list(data["result"].get("tasks", []))
+
+
+def test_a_task_started_over_a2a_carries_the_callers_key_so_the_keys_stop_covers_it(api_stack: ApiStack) -> None:
+    """As POST /tasks does: the task records the key it came with (META's ``key_id``), so
+    ``agentq stop --key`` cancels it and refuses the key's next message, the key's caps hold its
+    calls and a rule reads it as ``context.api_key``. A tenant of its own: a stop refuses a scope."""
+    tenant = f"a2a-key-{uuid.uuid4().hex[:8]}"
+    key, other = api_stack.stack.create_api_key(tenant), api_stack.stack.create_api_key(tenant)
+    key_id = api_stack.stack.keys().lookup(key).key_id  # type: ignore[union-attr]
+    name = _agent(api_stack, [{"text": "zzz", "latency_seconds": 20}], key=key)
+    send = _send("take your time")
+    send["params"]["configuration"] = {"returnImmediately": True}
+    status, data = _rpc(api_stack, name, send, key=key)
+    assert status == 200 and "result" in data, data
+    task_id = data["result"]["task"]["id"]
+    assert api_stack.stack.store().tasks.get(task_id).key_id == key_id
+
+    status, stopped, _ = api_stack.http("POST", "/stops", {"key": key_id}, key=other)
+    assert status == 200 and stopped["cancelled"] == [task_id], stopped
+    status, refused = _rpc(api_stack, name, _send("again"), key=key)
+    assert status == 200 and "stopped" in refused["error"]["message"], refused
+    assert _rpc(api_stack, name, send, key=other)[1]["result"]["task"]["id"] != task_id  # another key goes on
+    api_stack.http("POST", "/stops", {"tenant": tenant}, key=other)  # leave nothing running behind
 
 
 def test_another_tenants_probes_of_a_task_find_nothing_and_change_nothing(api_stack: ApiStack) -> None:

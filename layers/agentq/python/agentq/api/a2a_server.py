@@ -262,9 +262,11 @@ class AgentqRequestHandler(PushConfigMethods):
         task_id = new_task_id()
         undo = self._store_push_undoably(task_id, call.caller.tenant, push)[1] if push is not None else None
         try:
+            # The caller's key goes with the task (as POST /tasks does): that key's caps, its stop
+            # and the rules naming it (``api_key``) cover the task and its sub-agents.
             submitted = submit_once(deps.store, deps.tools, raw, tenant=call.caller.tenant, queues=deps.queues,
                                     idempotency_key=key, digest=key or None, defaults=deps.defaults,
-                                    task_id=task_id)  # fmt: skip
+                                    task_id=task_id, key_id=call.caller.key_id)  # fmt: skip
         except BaseException:
             if undo is not None:
                 undo()
