@@ -14,6 +14,7 @@ import pytest
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import TaskStatus, TaskSubmission
 from agentq.core.policies import check
+from agentq.core.policies import request as cedar_request
 from agentq.core.tools import ToolRegistry
 from agentq.storage import keys
 from agentq.storage.container import Storage
@@ -90,3 +91,64 @@ def test_a_rule_that_names_the_trees_spend_only_in_a_comment_costs_no_read_of_th
     task_id, result = _run(store, registry, _submission())
     assert result.status is TaskStatus.SUCCEEDED, result.error
     assert calls.of(str(keys.meta_key(task_id)["pk"])).get("get", 0) == budget_reads + 3
+
+
+def _seen_requests(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Every Cedar request the engine's checks make: what a rule sees, call by call."""
+    from agentq.core.engine import _policy
+
+    seen: list[dict[str, Any]] = []
+
+    def recorded(*args: Any) -> dict[str, Any]:
+        made = cedar_request(*args)
+        seen.append(made)
+        return made
+
+    monkeypatch.setattr(_policy, "cedar_request", recorded)
+    return seen
+
+
+def _holds(monkeypatch: pytest.MonkeyPatch) -> dict[int, tuple[int, int]]:
+    """The tokens and money each model call was sent under (its hold as the call goes out), by step."""
+    from agentq.core.engine._holds import BudgetHolds
+
+    sent: dict[int, tuple[int, int]] = {}
+    cover = BudgetHolds.cover
+
+    def recorded(self: BudgetHolds, s: Any, start: float) -> None:
+        held = s.task.inflight
+        sent[s.next_step] = (held.amount, held.micros)
+        cover(self, s, start)
+
+    monkeypatch.setattr(BudgetHolds, "cover", recorded)
+    return sent
+
+
+def test_a_model_calls_estimate_is_what_its_hold_takes_from_the_first_call_on(
+    store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``call.estimated_tokens`` and ``call.estimated_usd_micros`` are the call's hold, the first
+    call of a run included (it was 0 there: no hold yet), so a rule on the estimate stops the very
+    first call before anything is sent."""
+    _put(store, '@id("see") @mode("log_only") forbid(principal, action == Action::"model", resource);')
+    seen, holds = _seen_requests(monkeypatch), _holds(monkeypatch)
+    _, result = _run(store, registry, _submission(turns=2))
+    assert result.status is TaskStatus.SUCCEEDED, result.error
+    estimates = {
+        r["context"]["task"]["step"]: (
+            r["context"]["call"]["estimated_tokens"],
+            r["context"]["call"]["estimated_usd_micros"],
+        )
+        for r in seen
+        if r["action"]["id"] == "model"
+    }
+    assert sorted(estimates) == [1, 3] and estimates == {step: holds[step] for step in estimates}, (estimates, holds)
+    assert all(money > 0 for _, money in estimates.values())
+
+    _put(
+        store,
+        '@id("pricey") forbid(principal, action == Action::"model", resource) when { context.call.estimated_usd_micros > 0 };',
+    )
+    task_id, result = _run(store, registry, _submission(turns=2))
+    assert result.status is TaskStatus.FAILED and "tenant/pricey" in result.error["message"], result.error
+    assert store.steps.load(task_id) == []  # the first call was never made

@@ -217,9 +217,9 @@ class BudgetHolds:
         alone stands in the way, now of unknown outcome, the task waits (``UnknownUsage``).
         """
         est_in, wanted = self.requests.wanted_reservation(s)
-        held = s.task.inflight
-        if held and held.epoch == s.lease.epoch and held.amount >= est_in + MIN_OUTPUT_TOKENS:
-            return held.amount
+        kept = self._kept(s, est_in)
+        if kept is not None:
+            return kept.amount
         self.release(s)
         amount = self._try_hold(s, est_in, wanted)
         if amount is None:
@@ -232,6 +232,24 @@ class BudgetHolds:
                 # way (``_unless_only_unknown``, which the try above weighed them as held for).
                 amount = self._try_hold(s, est_in, wanted)
         return amount
+
+    def estimate(self, s: Session, demand: tuple[int, int]) -> tuple[int, int]:
+        """The tokens and money the next call's hold holds, before ``reserve`` takes it: the
+        hold this run already has for it when ``reserve`` keeps that one, else the full hold it
+        tries first (``demand``: the input estimate and the whole reservation), at the price
+        ``hold_micros`` sizes it on. What a policy rule reads as the call's estimate."""
+        est_in, wanted = demand
+        kept = self._kept(s, est_in)
+        if kept is not None:
+            return kept.amount, kept.micros
+        return wanted, self.hold_micros(s, wanted, est_in)
+
+    def _kept(self, s: Session, est_in: int) -> Reservation | None:
+        """This run's hold, when it covers a call of ``est_in`` input tokens: ``reserve`` keeps it."""
+        held = s.task.inflight
+        if held and held.epoch == s.lease.epoch and held.amount >= est_in + MIN_OUTPUT_TOKENS:
+            return held
+        return None
 
     def _try_hold(self, s: Session, est_in: int, wanted: int) -> int | None:
         """The full estimate, else what is left (of tokens and of money) if it still allows a

@@ -60,11 +60,10 @@ class LLMTurn:
         """One call and its commit (None), or how the run ends instead."""
         demand = self.requests.wanted_reservation(s)  # the call's input estimate and whole hold
         if self.policy is not None:
-            held = s.task.inflight
+            tokens, money = self.holds.estimate(s, demand)  # what the hold below takes for it
             checked = PolicyCall(
-                "model", model=s.task.submission.model, estimated_tokens=held.amount if held else demand[1],
-                estimated_usd_micros=held.micros if held else 0,
-            )  # fmt: skip
+                "model", model=s.task.submission.model, estimated_tokens=tokens, estimated_usd_micros=money
+            )
             verdict = self.policy.check(s, checked)
             if verdict.effect != "allow":  # nothing was sent: the task ends, naming the rule
                 return refuse_model_call(self.tasks, self.holds, s, verdict)
