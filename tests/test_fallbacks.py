@@ -204,3 +204,52 @@ def test_a_task_whose_own_model_answers_shows_no_fallback_in_its_view(
     view = task_view(store, store.tasks.get(task.task_id))
     assert view.answered_by is None and [c.model for c in view.fallbacks] == [GPT]
     assert all(s.fallback_from is None and s.provider == "anthropic" for s in call_steps(store, task.task_id))
+
+
+def _forbid_model(store: Storage, model: str) -> None:
+    from agentq.core.policies import check
+
+    text = f'@id("no-{model}") forbid(principal, action == Action::"model", resource == Model::"{model}");'
+    store.policies.put("t", "tenant", text, check(text).digest)
+
+
+def test_a_rule_denying_the_fallbacks_model_stops_the_fall_over_before_anything_is_sent_to_it(
+    models: tuple[Claude, FakeMessagesAPI, FakeChatCompletions], store: Storage, registry: ToolRegistry
+) -> None:
+    """The fallback's call is a model call like the first: checked against the model it goes to
+    (the rule sees ``Model::"<fallback>"``), so a rule denying that model ends the task ``failed``
+    naming the rule, and the fallback is never called."""
+    claude, _, openai_api = models
+    _forbid_model(store, GPT)
+    task = submit(store, registry, TASK, tenant="t")
+    result = engine(store, registry).run(task.task_id)
+    assert result.status is TaskStatus.FAILED and result.error is not None, result
+    assert result.error["code"] == "policy_denied" and f"tenant/no-{GPT}" in result.error["message"], result.error
+    assert f"anthropic/{CLAUDE} failed: overloaded" in result.error["message"]
+    assert claude.calls == 2 and openai_api.requests == []  # the task's model tried, its fallback never
+    assert call_steps(store, task.task_id) == []
+    assert store.budgets.get(task.task_id).reserved == 0  # the hold went back (every attempt unbilled)
+
+
+def test_the_check_before_a_call_sees_the_model_its_route_chose_past_an_open_circuit(
+    models: tuple[Claude, FakeMessagesAPI, FakeChatCompletions], store: Storage, registry: ToolRegistry
+) -> None:
+    """With its model's circuit open the call goes to the fallback: the check names the
+    fallback's model, so a rule denying it stops the call, and one denying the model that is
+    not called does not."""
+    claude, _, openai_api = models
+    while not store.flow.failed(f"anthropic/{CLAUDE}", Admission(ok=True)):
+        pass  # the fleet's failures opened Claude's circuit
+    plain = {**TASK, "constraints": {"tools": ["lookup"]}}
+    _forbid_model(store, GPT)
+    denied = submit(store, registry, plain, tenant="t")
+    result = engine(store, registry).run(denied.task_id)
+    assert result.status is TaskStatus.FAILED and result.error is not None
+    assert f"tenant/no-{GPT}" in result.error["message"] and openai_api.requests == [] and claude.calls == 0
+
+    _forbid_model(store, CLAUDE)  # a new version of the tenant's rules: Claude denied, GPT allowed
+    allowed = submit(store, registry, plain, tenant="t")
+    result = engine(store, registry, "w2").run(allowed.task_id)  # a new worker: no rules cached
+    assert result.status is TaskStatus.SUCCEEDED, result.error
+    steps = call_steps(store, allowed.task_id)
+    assert claude.calls == 0 and [(s.provider, s.model) for s in steps] == [("openai", GPT)] * 2

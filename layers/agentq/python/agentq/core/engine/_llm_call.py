@@ -23,12 +23,14 @@ from agentq.core.engine._cut import CutCall, call_until, settle_late
 from agentq.core.engine._finish import finish_without_step
 from agentq.core.engine._holds import BudgetHolds
 from agentq.core.engine._llm_route import ModelRouter, Route
+from agentq.core.engine._policy import PolicyGate, refuse_model_call
 from agentq.core.engine._session import LeaseState, Session
 from agentq.core.engine._stops import timeout_at
 from agentq.core.engine.conversation import final_text
 from agentq.core.engine.result import RunResult
 from agentq.core.errors import CallCut, LeaseLost, ProviderError
 from agentq.core.models import LLMStep, RetryState, TaskStatus, Usage
+from agentq.core.policies import Verdict
 from agentq.core.ports import BudgetLedger, FlowPort, StepLog, TaskLeases
 from agentq.core.pricing import PriceTable, micros
 from agentq.core.providers import LLMRequest, LLMResponse, ProviderFactory
@@ -103,10 +105,11 @@ class ModelCall:
         prices: PriceTable,
         holds: BudgetHolds,
         router: ModelRouter,
+        policy: PolicyGate | None = None,
     ) -> None:
         self.tasks, self.steps, self.budgets, self.flow = tasks, steps, budgets, flow
         self.windows, self.providers, self.prices = windows, providers, prices
-        self.holds, self.router = holds, router
+        self.holds, self.router, self.policy = holds, router, policy
 
     def make(self, s: Session, call: Call, demand: tuple[int, int]) -> LLMResponse | RunResult:
         """The model's answer to ``call``, through its attempts and its fallbacks (each asked for
@@ -143,10 +146,28 @@ class ModelCall:
                 route = self.router.fall_over(s.task, s.steps, call.route, exc, demand)
                 if route is None:
                     return self.failed(s, call, exc)
+                refused = self.vetted(s, route)
+                if refused is not None:
+                    return self.failed(s, call, exc, refused)
                 call.route = route
                 if call.may_be_billed and not self.rehold(s, call):
                     return self.failed(s, call, exc)
                 self.holds.cover(s, time.time())  # the next model's call is an attempt of its own
+
+    def vetted(self, s: Session, route: Route) -> Verdict | None:
+        """The fallback that is to take the call makes a model call of its own: checked as the
+        first model's was (``PolicyGate.model_verdict``), with the call's hold as its estimate.
+        None: it goes. Else the rule's verdict: nothing is sent to it (its admission goes back),
+        the failed model's attempts are accounted as any failed call's are, and the task ends
+        ``failed`` naming the rule (``failed(refused=)``), as when the first model is denied."""
+        if self.policy is None:
+            return None
+        held, sub = s.task.inflight, s.task.submission
+        verdict = self.policy.model_verdict(s, route.model(sub), (held.amount, held.micros) if held else (0, 0))
+        if verdict.effect == "allow":
+            return None
+        self.router.give_back(sub, route)
+        return verdict
 
     def rehold(self, s: Session, call: Call) -> bool:
         """An attempt that may have been billed failed, and another is to follow (a retry, or a
@@ -248,7 +269,7 @@ class ModelCall:
         )
         settle_late(self.budgets, self.steps, cut, step)
 
-    def failed(self, s: Session, call: Call, exc: ProviderError) -> RunResult:
+    def failed(self, s: Session, call: Call, exc: ProviderError, refused: Verdict | None = None) -> RunResult:
         """The provider failed the call (its retries spent); the task is tried again later, or
         fails now when no retry can help. The hold goes back when no attempt can have been
         billed; when one may have been (``Call.may_be_billed``), it is counted as spent, as the
@@ -263,6 +284,10 @@ class ModelCall:
                          "of %d tokens counted as unknown", s.task_id, s.next_step, held.amount)  # fmt: skip
         else:
             self.unspent(s, call)
+        if refused is not None:  # the fallback is denied: the fleet heard of the failure (``fall_over``)
+            model = f"{call.route.provider(s.task.submission)}/{call.route.model(s.task.submission)}"
+            what = f"the fallback's model call (after {model} failed: {exc.code})"
+            return refuse_model_call(self.tasks, self.holds, s, refused, what=what)
         error: dict[str, Any] = {
             "code": exc.code,
             "message": exc.message,

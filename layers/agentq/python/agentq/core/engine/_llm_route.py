@@ -65,6 +65,10 @@ class Route:
         """The provider the call goes to (recorded on its step)."""
         return self.choice.provider if self.choice else sub.provider
 
+    def model(self, sub: TaskSubmission) -> str:
+        """The model the call goes to: what a policy rule checks (``Model::"<id>"``)."""
+        return self.choice.model if self.choice else sub.model
+
 
 def admitted(sub: TaskSubmission) -> bool:
     """Whether flow control admits the task's calls: not the scripted provider's (no provider to
@@ -122,6 +126,12 @@ class ModelRouter:
             task.task_id, "deferred",
             error={"code": admission.reason, "message": message, "retry_after": max(1.0, wait)},
         )  # fmt: skip
+
+    def give_back(self, sub: TaskSubmission, route: Route) -> None:
+        """The call ``route`` admitted does not go (a policy rule denied its model): the tokens
+        flow control took for it go back to the buckets."""
+        if route.admission is not None:
+            self.flow.settle(route.key(sub), route.admission, 0, 0)
 
     def fall_over(
         self, task: Task, steps: Sequence[StepRecord], route: Route, exc: ProviderError, demand: tuple[int, int]

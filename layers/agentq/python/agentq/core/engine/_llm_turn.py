@@ -28,7 +28,6 @@ from agentq.core.engine.result import RunResult
 from agentq.core.errors import ProviderError
 from agentq.core.faults import crash_point
 from agentq.core.models import TaskStatus
-from agentq.core.policies import PolicyCall
 from agentq.core.ports import BudgetLedger, FlowPort, StepLog, TaskLeases
 from agentq.core.pricing import PriceTable
 from agentq.core.providers import ProviderFactory
@@ -52,21 +51,13 @@ class LLMTurn:
         self.tasks, self.windows, self.holds, self.requests = tasks, windows, holds, requests
         self.policy = policy
         self.router = ModelRouter(flow)
-        self.calls = ModelCall(tasks, steps, budgets, flow, windows, providers, prices, holds, self.router)
+        self.calls = ModelCall(tasks, steps, budgets, flow, windows, providers, prices, holds, self.router, policy)
         self.batches = Batches(providers, tasks, windows)
         self.answers = Answers(steps, budgets, flow, windows, prices, requests, writer)
 
     def run(self, s: Session) -> RunResult | None:
         """One call and its commit (None), or how the run ends instead."""
         demand = self.requests.wanted_reservation(s)  # the call's input estimate and whole hold
-        if self.policy is not None:
-            tokens, money = self.holds.estimate(s, demand)  # what the hold below takes for it
-            checked = PolicyCall(
-                "model", model=s.task.submission.model, estimated_tokens=tokens, estimated_usd_micros=money
-            )
-            verdict = self.policy.check(s, checked)
-            if verdict.effect != "allow":  # nothing was sent: the task ends, naming the rule
-                return refuse_model_call(self.tasks, self.holds, s, verdict)
         route = Route()
         if admitted(s.task.submission):
             routed = self.router.admit(s.task, s.steps, demand)
@@ -74,6 +65,12 @@ class LLMTurn:
                 self.holds.hand_back(s)
                 return routed
             route = routed
+        if self.policy is not None:  # the model the route chose (a fallback's, past an open circuit)
+            sub = s.task.submission
+            verdict = self.policy.model_verdict(s, route.model(sub), self.holds.estimate(s, demand))
+            if verdict.effect != "allow":  # nothing was sent: the task ends, naming the rule
+                self.router.give_back(sub, route)
+                return refuse_model_call(self.tasks, self.holds, s, verdict)
         reserved = self.holds.reserve(s)
         if reserved is None:
             observe.record_budget_refusal("task")

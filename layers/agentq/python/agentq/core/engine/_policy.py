@@ -97,6 +97,13 @@ class PolicyGate:
         record(s, call, verdict)
         return verdict
 
+    def model_verdict(self, s: Session, model: str, estimate: tuple[int, int]) -> Verdict:
+        """A model call to ``model``, the model it goes to (the task's own, or a fallback: the
+        one its route chose before it, or the one that takes it after the first failed), with
+        the tokens and money its hold takes (``estimate``)."""
+        tokens, money = estimate
+        return self.check(s, PolicyCall("model", model=model, estimated_tokens=tokens, estimated_usd_micros=money))
+
     def tool_verdicts(self, s: Session, uses: list[dict[str, Any]]) -> dict[str, Verdict]:
         """Each of a turn's calls checked (all before any runs): by tool_use id."""
         pins = {p.qualified: p.server for p in s.task.submission.mcp_tools or []}
