@@ -152,3 +152,22 @@ def test_a_model_calls_estimate_is_what_its_hold_takes_from_the_first_call_on(
     task_id, result = _run(store, registry, _submission(turns=2))
     assert result.status is TaskStatus.FAILED and "tenant/pricey" in result.error["message"], result.error
     assert store.steps.load(task_id) == []  # the first call was never made
+
+
+def test_one_worker_never_applies_a_tenants_rules_to_another_tenants_task_whose_rules_have_the_same_version(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    """A worker compiles each tenant's rules once and keeps them: tenant A's first version of its
+    tenant scope and tenant B's are different rules, even in one process (the cache was keyed by
+    scope and version only, so B's task was denied by A's rule)."""
+    deny = '@id("off") forbid(principal, action == Action::"model", resource);'
+    spawns = '@id("no-spawns") forbid(principal, action == Action::"spawn", resource);'
+    store.policies.put("a", "tenant", deny, check(deny).digest)
+    store.policies.put("b", "tenant", spawns, check(spawns).digest)
+    engine = _engine(store, registry)
+    sub = _submission(turns=1)
+    first, second = (store.tasks.create(sub, tenant=t).task_id for t in ("a", "b"))
+    denied = engine.run(first)
+    assert denied.status is TaskStatus.FAILED and denied.error is not None, denied
+    assert "tenant/off" in denied.error["message"], denied.error
+    assert engine.run(second).status is TaskStatus.SUCCEEDED  # B's own rule has nothing to say

@@ -56,7 +56,9 @@ class PolicyGate:
         self.source, self.budgets, self.cache_seconds = source, budgets, cache_seconds
         self._lock = threading.Lock()
         self._read: dict[str, tuple[float, list[PolicyDocument]]] = {}  # tenant -> (read at, documents)
-        self._compiled: dict[tuple[tuple[str, int], ...], RuleSet] = {}
+        # By tenant and by each document's scope, version and digest: two tenants' documents of the
+        # same scope and version are different rules, and one worker serves many tenants.
+        self._compiled: dict[tuple[str, tuple[tuple[str, int, str], ...]], RuleSet] = {}
 
     def rules(self, tenant: str, agent: str) -> RuleSet:
         """The compiled rules of ``tenant`` and of its agent ``agent``."""
@@ -71,7 +73,7 @@ class PolicyGate:
                 self._read[tenant] = cached
         scopes = {"tenant", f"agent:{agent}"} if agent else {"tenant"}
         documents = sorted((d for d in cached[1] if d.scope in scopes), key=lambda d: d.scope)
-        key = tuple((d.scope, d.version) for d in documents)
+        key = (tenant, tuple((d.scope, d.version, d.digest) for d in documents))
         with self._lock:
             compiled = self._compiled.get(key)
         if compiled is None:
