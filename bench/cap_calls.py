@@ -1,6 +1,7 @@
-"""What caps per end user, agent and API key cost in DynamoDB calls, per LLM call and per claim.
+"""What caps per end user, agent and API key cost in DynamoDB calls, per LLM call and per claim,
+and what a policy rule reading the user's spend today adds (``history.user_spend_today_micros``).
 
-    python bench/cap_calls.py                 # 0 to 3 capped scopes, 6 calls a task
+    python bench/cap_calls.py                 # 0 to 3 capped scopes, 6 calls a task; then the rule's rows
     python bench/cap_calls.py --turns 3 --json
 
 Each scenario runs the engine (``core.engine``) on one scripted task against DynamoDB on moto
@@ -13,6 +14,12 @@ task with no user, agent or key). A count, not a timing: it does not depend on t
 dollars are the write and read units those calls take at the list prices of
 ``bench/_prices.py``; the window item grows by four counters an hour, so after a busy day each
 write takes the units of its size (measured here on an item written every hour of a day).
+
+The last two rows add a tenant rule that reads ``history.user_spend_today_micros``, the user
+uncapped then capped: the user's day item is then counted for an uncapped user too (a hold and a
+settle a call, as a cap's), and every check of the task (each model call and each tool call)
+reads it once (a GetItem): the rule's cost, which a rule set that does not name the attribute
+never pays.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from _prices import as_json, quote, rate
 from agentq.core.caps import CapLimits, day_key
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import TaskStatus, TaskSubmission
+from agentq.core.policies import check
 from agentq.resources import QueueSettings, provision
 from agentq.runtime import Settings, build_registry, build_store, session
 from agentq.storage import keys
@@ -40,6 +48,10 @@ from agentq_dev.moto_server import LOCAL_CREDENTIALS, MotoServer
 
 SCOPES = (("user", "u1"), ("agent", "a1"), ("key", "k1"))
 GENEROUS = CapLimits(hourly_tokens=10**9, daily_usd=1000, soft_daily_usd=999)  # type: ignore[arg-type]
+USER_SPEND_RULE = (
+    '@id("spent-today") forbid(principal, action == Action::"tool", resource == Tool::"lookup") '
+    "when { context.history has user_spend_today_micros && context.history.user_spend_today_micros > 1000000000 };"
+)
 
 
 class Calls:
@@ -76,14 +88,22 @@ def submission(turns: int) -> TaskSubmission:
     )
 
 
-def run(store: Storage, engine: Engine, calls: Calls, tenant: str, capped: int, turns: int) -> dict[str, int]:
+def run(
+    store: Storage, engine: Engine, calls: Calls, tenant: str, capped: int, turns: int, rule: bool = False
+) -> dict[str, int]:
     for scope, name in SCOPES[:capped]:
         store.caps.put(tenant, scope, name, GENEROUS)  # type: ignore[arg-type]
+    if rule:
+        store.policies.put(tenant, "tenant", USER_SPEND_RULE, check(USER_SPEND_RULE).digest)
     task = store.tasks.create(submission(turns), tenant=tenant, key_id="k1")
     calls.take()
     result = engine.run(task.task_id)
     assert result.status is TaskStatus.SUCCEEDED, result
     return calls.take()
+
+
+def _label(row: dict[str, Any]) -> str:
+    return f"{row['capped_scopes']}{' + rule' if row['user_spend_rule'] else ''}"
 
 
 def day_item_units(store: Storage) -> dict[str, int]:
@@ -116,17 +136,21 @@ def main() -> int:
         calls = Calls(store.table.client)  # type: ignore[attr-defined]
         engine = Engine(store, worker_id="bench", tools=build_registry(settings), config=EngineConfig(lease_seconds=30))
         llm_calls = args.turns + 1
+        checks = llm_calls + args.turns  # a policy check before each model call and each tool call
         rows = []
-        for capped in range(4):
-            log(f"[{capped} capped scope(s)] ...")
-            extra = run(store, engine, calls, f"t-{uuid.uuid4().hex[:6]}", capped, args.turns)
+        for capped, rule in [(0, False), (1, False), (2, False), (3, False), (0, True), (1, True)]:
+            log(f"[{capped} capped scope(s){', a rule reads the user spend' if rule else ''}] ...")
+            extra = run(store, engine, calls, f"t-{uuid.uuid4().hex[:6]}", capped, args.turns, rule)
             writes = extra.get("UpdateItem", 0)
             reads = extra.get("BatchGetItem", 0)
             per_call = writes / llm_calls
+            gets = extra.get("GetItem", 0) / checks
+            # a write: 1 write unit; a read of the day item (strongly consistent, under 4 KB): 1 read unit
+            usd = per_call * rate("dynamodb_wru") + extra.get("GetItem", 0) / llm_calls * rate("dynamodb_rru")
             rows.append({
-                "capped_scopes": capped, "llm_calls": llm_calls, "extra_calls": extra,
-                "extra_writes_per_llm_call": per_call, "extra_batch_gets_per_claim": reads,
-                "usd_per_million_llm_calls": per_call * 1e6 * rate("dynamodb_wru"),
+                "capped_scopes": capped, "user_spend_rule": rule, "llm_calls": llm_calls, "checks": checks,
+                "extra_calls": extra, "extra_writes_per_llm_call": per_call, "extra_batch_gets_per_claim": reads,
+                "extra_gets_per_check": gets, "usd_per_million_llm_calls": usd * 1e6,
             })  # fmt: skip
         units = day_item_units(store)
         result = {"machine": machine(), "turns": args.turns, "rows": rows,
@@ -134,26 +158,29 @@ def main() -> int:
         plot_from_args(
             args,
             "agentq caps: DynamoDB calls a capped LLM call adds",
-            [Panel("bar", "extra calls per LLM call", "calls", [str(r["capped_scopes"]) for r in rows],
+            [Panel("bar", "extra calls per LLM call", "calls", [_label(r) for r in rows],
                    {"UpdateItem": [r["extra_writes_per_llm_call"] for r in rows]}, xlabel="capped scopes")],
         )  # fmt: skip
         if args.json:
             out.emit(result)
         else:
             m = result["machine"]
-            cells = [[r["capped_scopes"], ", ".join(f"{op} {n}" for op, n in r["extra_calls"].items()) or "-",
+            cells = [[_label(r), ", ".join(f"{op} {n}" for op, n in r["extra_calls"].items()) or "-",
                       f"{r['extra_writes_per_llm_call']:.2f}", r["extra_batch_gets_per_claim"],
-                      f"${r['usd_per_million_llm_calls']:.2f}"] for r in rows]  # fmt: skip
+                      f"{r['extra_gets_per_check']:.2f}", f"${r['usd_per_million_llm_calls']:.2f}"]
+                     for r in rows]  # fmt: skip
             print("\n".join([
                 f"agentq caps: DynamoDB calls added by caps per end user / agent / key; one task of {llm_calls} LLM "
-                "calls (a user, an agent and a key) on moto server; only calls on a cap's items counted",
+                f"calls and {args.turns} tool calls ({checks} policy checks; a user, an agent and a key) on moto "
+                "server; only calls on a cap's items counted; '+ rule': a tenant rule reads the user's spend today",
                 f"code: git {m['git_head']} + {m['core_uncommitted_files']} uncommitted file(s) under layers/",
                 "",
                 table(["capped scopes", "cap calls (whole task)", "UpdateItem per LLM call", "BatchGetItem per claim",
-                       "$ per million LLM calls"], cells),
+                       "GetItem per check", "$ per million LLM calls"], cells),
                 f"a scope's day item after 24 busy hours: {units['end_of_day_bytes']} bytes, "
                 f"{units['end_of_day_units']} write unit(s) a write (1 in its first hours)",
-                f"prices: {quote('dynamodb_wru', 'dynamodb_rru')}; the $ column at 1 write unit a write",
+                f"prices: {quote('dynamodb_wru', 'dynamodb_rru')}; the $ column at 1 write unit a write and 1 read "
+                "unit a read",
             ]))  # fmt: skip
     return 0
 

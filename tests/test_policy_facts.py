@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
 import pytest
 
+from agentq.core.caps import CapLimits
 from agentq.core.engine import Engine, EngineConfig
-from agentq.core.models import TaskStatus, TaskSubmission
+from agentq.core.models import CallStep, TaskStatus, TaskSubmission, ToolsStep
 from agentq.core.policies import check
 from agentq.core.policies import request as cedar_request
+from agentq.core.pricing import micros
 from agentq.core.tools import ToolRegistry
 from agentq.storage import keys
 from agentq.storage.container import Storage
@@ -67,7 +70,11 @@ def _engine(store: Storage, registry: ToolRegistry) -> Engine:
     return Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=10, policy_cache_seconds=0))
 
 
-def _run(store: Storage, registry: ToolRegistry, sub: TaskSubmission, **create: Any) -> tuple[str, Any]:
+def _run(
+    store: Storage, registry: ToolRegistry, sub: TaskSubmission, user_field: str | None = None, **create: Any
+) -> tuple[str, Any]:
+    if user_field is not None:  # the end user the task acts for (``submission.user``)
+        sub = sub.model_copy(update={"user": user_field})
     task = store.tasks.create(sub, tenant=TENANT, **create)
     return task.task_id, _engine(store, registry).run(task.task_id)
 
@@ -171,3 +178,90 @@ def test_one_worker_never_applies_a_tenants_rules_to_another_tenants_task_whose_
     assert denied.status is TaskStatus.FAILED and denied.error is not None, denied
     assert "tenant/off" in denied.error["message"], denied.error
     assert engine.run(second).status is TaskStatus.SUCCEEDED  # B's own rule has nothing to say
+
+
+def _spent(store: Storage, task_id: str, upto: int | None = None) -> int:
+    """What the task's model calls cost, in millionths (its committed call steps up to ``upto``)."""
+    return sum(
+        micros(r.body.cost_usd)
+        for r in store.steps.load(task_id)
+        if isinstance(r.body, CallStep) and (upto is None or r.number <= upto)
+    )
+
+
+def test_a_rule_sees_what_the_users_tasks_spent_today_and_a_task_for_no_user_sees_nothing(
+    store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``history.user_spend_today_micros`` is what every task of the end user spent today (UTC),
+    read from the user's day item, which counts the user's calls while a rule of the tenant reads
+    it (the user has no cap here). "No lookups once the user spent more than one task's worth
+    today": the user's second task is refused its lookup, another user's is not, and a task for
+    no user sees no such attribute (a rule reads it behind ``has``)."""
+    _put(store, _spend_rule(10**12, mode="log_only"))  # shadowed first: the user's day is counted from now on
+    seen = _seen_requests(monkeypatch)
+    first, result = _run(store, registry, _submission(turns=3), user_field="alice")
+    assert result.status is TaskStatus.SUCCEEDED, result.error
+    before = _spent(store, first)
+    assert before > 0
+
+    _put(store, _spend_rule(before - 1))  # enforced: past what the first task spent
+    seen.clear()
+    second, result = _run(store, registry, _submission(turns=2), user_field="alice")
+    assert result.status is TaskStatus.SUCCEEDED, result.error
+    (tool_check,) = [r for r in seen if r["action"]["id"] == "tool"]
+    today = tool_check["context"]["history"]["user_spend_today_micros"]
+    assert today == before + _spent(store, second, upto=1)  # the first task's calls and this one's first
+    assert _tool_errors(store, second) == ["denied by policy rule tenant/spent-today"]
+
+    for field in ({"user_field": "bob"}, {}):  # another user (one call spent so far), and no user
+        seen.clear()
+        other, result = _run(store, registry, _submission(turns=2), **field)
+        assert result.status is TaskStatus.SUCCEEDED and _tool_errors(store, other) == [""], field
+        history = [r["context"]["history"] for r in seen]
+        if field:
+            assert all(h["user_spend_today_micros"] < before for h in history)
+        else:
+            assert all("user_spend_today_micros" not in h for h in history)
+
+
+def _spend_rule(above: int, mode: str = "enforce") -> str:
+    return (
+        f'@id("spent-today") @mode("{mode}") @message("no lookups once you spent this much today") '
+        'forbid(principal, action == Action::"tool", resource == Tool::"lookup") when { '
+        f"context.history has user_spend_today_micros && context.history.user_spend_today_micros > {above} }};"
+    )
+
+
+def _tool_errors(store: Storage, task_id: str) -> list[str]:
+    """Each tool call's result as the model read it: "" when it ran, the refusal otherwise."""
+    out = []
+    for r in store.steps.load(task_id):
+        if isinstance(r.body, ToolsStep):
+            out += [o.content.split(":")[0] if o.content.startswith("denied") else "" for o in r.body.results]
+    return out
+
+
+@pytest.mark.parametrize("capped", [False, True])
+def test_the_users_spend_costs_a_read_of_its_day_item_per_check_only_when_a_rule_reads_it(
+    store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch, capped: bool
+) -> None:
+    """A task of 2 model calls and 1 tool call (3 checks). A capped user's calls hold and settle on
+    its day item anyway (2 UpdateItem a call); an uncapped user's are counted the same way only
+    while a rule of the tenant reads the attribute. The rule's read: 1 GetItem per check."""
+    if capped:
+        store.caps.put(TENANT, "user", "carol", CapLimits(daily_usd=Decimal(1000)))
+    calls = TableCalls(store, monkeypatch)
+    day = keys.CAP_USE + "user#carol#"
+    _put(
+        store,
+        '@id("s") forbid(principal, action == Action::"spawn", resource) when { context.history.tree_tokens > 0 };',
+    )
+    _, result = _run(store, registry, _submission(turns=2), user_field="carol")
+    assert result.status is TaskStatus.SUCCEEDED, result.error
+    assert calls.of(day) == ({"update": 4} if capped else {})
+
+    _put(store, _spend_rule(10**12))
+    calls.seen.clear()
+    _, result = _run(store, registry, _submission(turns=2), user_field="carol")
+    assert result.status is TaskStatus.SUCCEEDED, result.error
+    assert calls.of(day) == {"update": 4, "get": 3}

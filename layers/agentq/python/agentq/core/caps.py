@@ -135,6 +135,14 @@ def scopes_of(task: Task) -> dict[Scope, str]:
     return found
 
 
+def counted(tenant: str, user: str) -> ScopeCap:
+    """The end user's scope with no window capped: its calls hold and settle on the user's day
+    item as a capped user's do, with no condition, so the item counts what the user's tasks spend
+    today (held and spent) without limiting it. What a policy rule reads as
+    ``history.user_spend_today_micros`` for a user without a cap (``core.engine._policy``)."""
+    return ScopeCap(tenant, "user", user, CapLimits.model_construct())  # no cap: never validated, never stored
+
+
 def day_key(now: float) -> str:
     return time.strftime("%Y%m%d", time.gmtime(now))
 

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from agentq.core.caps import CapReached, ScopeCap, SoftCapReached, scopes_of
+from agentq.core.caps import CapReached, ScopeCap, SoftCapReached, counted, scopes_of
 from agentq.core.engine._finish import finish_without_step
 from agentq.core.engine._holds import BudgetHolds
 from agentq.core.engine._session import Session
@@ -59,10 +59,15 @@ class CallWindows:
     def hold(self, tenant: str, limits: TenantLimits, amount: int, now: float | None = None, *, micros: int = 0) -> Any:
         return self.tenant.hold(tenant, limits, amount, now, micros=micros)
 
-    def caps_of(self, task: Task) -> list[ScopeCap]:
-        """The caps the task spends against (read once per claim; no read without a scope)."""
+    def caps_of(self, task: Task, *, count_user: bool = False) -> list[ScopeCap]:
+        """The caps the task spends against (read once per claim; no read without a scope).
+        ``count_user``: the end user's day is counted even without a cap of the user (a policy
+        rule of the tenant reads it: ``core.caps.counted``)."""
         scopes = scopes_of(task)
-        return self.caps.applicable(task.tenant, scopes) if scopes else []
+        caps = self.caps.applicable(task.tenant, scopes) if scopes else []
+        if count_user and task.user and not any(c.scope == "user" for c in caps):
+            caps = [counted(task.tenant, task.user), *caps]  # the user's first, as ``applicable`` orders them
+        return caps
 
     def settle(self, hold: Any, used: int, used_micros: int = 0) -> None:
         """Replace a call's holds by what it used (``used=0``: give them back)."""

@@ -89,7 +89,7 @@ class Engine:
         # Each part gets the storage ports it uses, no more (core.ports).
         self._holds = BudgetHolds(store.budgets, store.tasks, self.prices, config, self._requests)
         writer = StepWriter(store.steps, config)
-        self.policy = PolicyGate(store.policies, store.budgets, config.policy_cache_seconds)
+        self.policy = PolicyGate(store.policies, store.budgets, config.policy_cache_seconds, store.caps)
         self._llm_turn = LLMTurn(
             store.tasks, store.steps, store.budgets, store.flow, self.windows, self._provider, self.prices, self._holds,
             self._requests, writer, self.policy,
@@ -188,7 +188,9 @@ class Engine:
                 session.goal = self._goal(task)
                 session.messages = conversation(session.goal, steps, task.submission.output_schema)
                 session.limits = self.windows.limits(task.tenant)
-                session.caps = self.windows.caps_of(task)
+                # The user's day is counted, capped or not, while a rule of the tenant reads it.
+                counting = bool(task.user) and self.policy.counts_user_spend(task.tenant)
+                session.caps = self.windows.caps_of(task, count_user=counting)
                 session.inbox = Inbox(task.messages_received, task.messages_delivered, task.interrupt_at)
                 self._holds.take_over(session)
                 self._workspaces.open(session)  # the files as the last committed step left them

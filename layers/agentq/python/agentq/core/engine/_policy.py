@@ -12,8 +12,15 @@ costs in AWS calls:
   the session already holds them (the task as claimed, the steps committed since), no call;
 - the tree's spend: one GetItem of the root's budget (``BudgetLedger.get``), only when a rule of
   the set names ``tree_tokens`` or ``tree_spend_micros``;
-- the end user's spend today: not read yet (``user_spend_today_micros`` is absent; the end user
-  of issue 43 and the caps of issue 44's item 2 will provide it).
+- the end user's spend today: one GetItem of the user's day item (``ScopeCapsPort.usage``, the
+  item the user's caps hold on), only when a rule of the set names ``user_spend_today_micros``
+  and the task acts for a user (absent otherwise). What the rules name is read from the parsed
+  rules (``RuleSet.reads``), never from the text.
+
+The user's day item counts every model call of every task of the user while the user has a cap
+(``storage.scope_caps``); for a user without one, the claim adds a scope that counts without
+capping (``core.caps.counted``) when any rule of the tenant, in any scope, names the attribute
+(``counts_user_spend``): the item then counts the user's calls from that claim on.
 
 Every decision a rule took part in is counted (metric ``policy_decisions``) and logged as an
 event naming the rule, ``log_only`` ones with what they would have decided beside what happened.
@@ -30,6 +37,7 @@ from agentq.core.engine._holds import BudgetHolds
 from agentq.core.engine._session import Session
 from agentq.core.engine.conversation import final_text
 from agentq.core.engine.result import RunResult
+from agentq.core.errors import ValidationError
 from agentq.core.fanout import SPAWN_TOOL
 from agentq.core.models import CompactStep, LLMStep, TaskStatus, ToolsStep
 from agentq.core.policies import (
@@ -44,26 +52,35 @@ from agentq.core.policies import (
     Verdict,
 )
 from agentq.core.policies import request as cedar_request
-from agentq.core.policies.evaluate import EVALUATION
-from agentq.core.ports import BudgetLedger, PolicySource, TaskLeases
+from agentq.core.policies.evaluate import ALL_HISTORY, EVALUATION, history_reads
+from agentq.core.policies.rules import parse
+from agentq.core.policies.schema import USER_SPEND_ATTRIBUTE
+from agentq.core.ports import BudgetLedger, PolicySource, ScopeCapsPort, TaskLeases
 from agentq.core.pricing import micros
 
 
 class PolicyGate:
     """Verdicts for a session's calls; None ``source``: no rules anywhere (every call allowed)."""
 
-    def __init__(self, source: PolicySource | None, budgets: BudgetLedger, cache_seconds: float = 5.0) -> None:
-        self.source, self.budgets, self.cache_seconds = source, budgets, cache_seconds
+    def __init__(
+        self,
+        source: PolicySource | None,
+        budgets: BudgetLedger,
+        cache_seconds: float = 5.0,
+        caps: ScopeCapsPort | None = None,
+    ) -> None:
+        self.source, self.budgets, self.cache_seconds, self.caps = source, budgets, cache_seconds, caps
         self._lock = threading.Lock()
         self._read: dict[str, tuple[float, list[PolicyDocument]]] = {}  # tenant -> (read at, documents)
         # By tenant and by each document's scope, version and digest: two tenants' documents of the
         # same scope and version are different rules, and one worker serves many tenants.
         self._compiled: dict[tuple[str, tuple[tuple[str, int, str], ...]], RuleSet] = {}
+        self._reads: dict[tuple[str, str, int, str], frozenset[str]] = {}  # a document's ``history_reads``
 
-    def rules(self, tenant: str, agent: str) -> RuleSet:
-        """The compiled rules of ``tenant`` and of its agent ``agent``."""
+    def documents(self, tenant: str) -> list[PolicyDocument]:
+        """The tenant's current documents, every scope's (read at most every ``cache_seconds``)."""
         if self.source is None:
-            return RuleSet()
+            return []
         now = time.monotonic()
         with self._lock:
             cached = self._read.get(tenant)
@@ -71,8 +88,35 @@ class PolicyGate:
             cached = (now, self.source.current(tenant))
             with self._lock:
                 self._read[tenant] = cached
+        return cached[1]
+
+    def counts_user_spend(self, tenant: str) -> bool:
+        """Whether a rule of the tenant, in any scope, reads the end user's spend today: then the
+        user's day is counted for every task of the tenant that acts for a user (any agent's:
+        the user's spend is all of its tasks'), capped or not (``CallWindows.caps_of``)."""
+        found = False
+        for doc in self.documents(tenant):
+            key = (tenant, doc.scope, doc.version, doc.digest)
+            with self._lock:
+                reads = self._reads.get(key)
+            if reads is None:
+                try:
+                    reads = frozenset().union(*(history_reads(ast) for ast in parse(doc.text)))
+                except ValidationError:  # a document that no longer parses denies every call anyway
+                    reads = frozenset()
+                with self._lock:
+                    if len(self._reads) > 1_000:
+                        self._reads.clear()
+                    self._reads[key] = reads
+            found = found or bool(reads & {USER_SPEND_ATTRIBUTE, ALL_HISTORY})
+        return found
+
+    def rules(self, tenant: str, agent: str) -> RuleSet:
+        """The compiled rules of ``tenant`` and of its agent ``agent``."""
+        if self.source is None:
+            return RuleSet()
         scopes = {"tenant", f"agent:{agent}"} if agent else {"tenant"}
-        documents = sorted((d for d in cached[1] if d.scope in scopes), key=lambda d: d.scope)
+        documents = sorted((d for d in self.documents(tenant) if d.scope in scopes), key=lambda d: d.scope)
         key = (tenant, tuple((d.scope, d.version, d.digest) for d in documents))
         with self._lock:
             compiled = self._compiled.get(key)
@@ -95,7 +139,7 @@ class PolicyGate:
         elif rules.empty:
             return ALLOWED
         else:
-            verdict = rules.decide(cedar_request(call, who, self.facts(s, rules.reads_tree)))
+            verdict = rules.decide(cedar_request(call, who, self.facts(s, rules)))
         record(s, call, verdict)
         return verdict
 
@@ -119,7 +163,8 @@ class PolicyGate:
             out[use["id"]] = self.check(s, call)
         return out
 
-    def facts(self, s: Session, reads_tree: bool) -> TaskFacts:
+    def facts(self, s: Session, rules: RuleSet) -> TaskFacts:
+        """The task's history as ``rules`` read it: what costs a read is read only if they name it."""
         task = s.task
         tokens, spend = task.tokens_in + task.tokens_out, micros(task.cost_usd)
         for record in s.steps[len(s.steps) - s.committed :] if s.committed else []:
@@ -130,12 +175,16 @@ class PolicyGate:
             (r.name, r.status) for record in s.steps if isinstance(record.body, ToolsStep) for r in record.body.results
         )
         tree_tokens = tree_micros = 0
-        if reads_tree:
+        if rules.reads_tree:
             state = self.budgets.get(task.root_id)
             tree_tokens, tree_micros = state.used + state.reserved, state.used_micros + state.reserved_micros
+        user_today = None  # absent: the task acts for no user (or no rule reads it)
+        if rules.reads_user_spend and task.user and self.caps is not None:
+            user_today = self.caps.usage(task.tenant, "user", task.user)["day_usd"]  # held and spent, today (UTC)
         return TaskFacts(
             task_id=task.task_id, root_id=task.root_id, depth=task.depth, step=s.next_step, tools=tools,
             task_tokens=tokens, task_spend_micros=spend, tree_tokens=tree_tokens, tree_spend_micros=tree_micros,
+            user_spend_today_micros=user_today,
         )  # fmt: skip
 
 

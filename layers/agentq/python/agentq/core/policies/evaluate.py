@@ -21,7 +21,7 @@ from typing import Any, Literal
 import cedarpy
 
 from agentq.core.policies.rules import Rule, check
-from agentq.core.policies.schema import TREE_ATTRIBUTES
+from agentq.core.policies.schema import TREE_ATTRIBUTES, USER_SPEND_ATTRIBUTE
 
 DEFAULT_ALLOW = "agentq/default-allow"
 EVALUATION = "agentq/evaluation"  # names a failure of the whole evaluation, not of one rule
@@ -114,6 +114,11 @@ class RuleSet:
     def reads_tree(self) -> bool:
         """A rule names the tree's spend: the check reads the root's budget."""
         return bool(self.reads & {*TREE_ATTRIBUTES, ALL_HISTORY})
+
+    @property
+    def reads_user_spend(self) -> bool:
+        """A rule names the end user's spend today: the check reads the user's day item."""
+        return bool(self.reads & {USER_SPEND_ATTRIBUTE, ALL_HISTORY})
 
     @classmethod
     def of(cls, documents: list[PolicyDocument]) -> RuleSet:

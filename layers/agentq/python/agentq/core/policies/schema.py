@@ -42,7 +42,7 @@ CONTEXT = _record(
         "tenant": _STRING,
         "agent": _STRING,  # "" for a task without an agent
         "agent_version": _LONG,  # 0 for a task without an agent
-        "user": _STRING,  # the end user the task acts for (issue 43): absent until tasks carry one
+        "user": _STRING,  # the end user the task acts for: absent for a task that acts for none
         "api_key": _STRING,  # the id of the API key that submitted the task: absent until tasks carry it
         "task": _record({"id": _STRING, "root_id": _STRING, "depth": _LONG, "step": _LONG}),
         "call": _record(
@@ -65,7 +65,7 @@ CONTEXT = _record(
                 "task_spend_micros": _LONG,
                 "tree_tokens": _LONG,
                 "tree_spend_micros": _LONG,
-                "user_spend_today_micros": _LONG,
+                "user_spend_today_micros": _LONG,  # what the end user's tasks spent today (UTC), held included
             },
             optional=("user_spend_today_micros",),
         ),
@@ -92,5 +92,6 @@ SCHEMA: dict[str, Any] = {
 SCHEMA_JSON = json.dumps(SCHEMA, sort_keys=True)
 
 # The attributes whose value costs a read to know: a rule set that names none of them is
-# evaluated without the read (its value is then 0, and no rule can see it).
+# evaluated without the read (its value is then 0, or absent, and no rule can see it).
 TREE_ATTRIBUTES = ("tree_tokens", "tree_spend_micros")
+USER_SPEND_ATTRIBUTE = "user_spend_today_micros"  # a read of the user's day item (``storage.scope_caps``)
