@@ -15,6 +15,7 @@ from typing import Any
 
 from tests.api_support import ROOT, ApiStack
 from tests.helpers import run_agentq
+from tests.test_stops_api import _key_id, _status
 
 # A task that stays unfinished while the test looks: a long first turn.
 SLOW = {"goal": "slow", "provider": "scripted", "script": {"turns": [{"text": "zzz", "latency_seconds": 20}]}}
@@ -26,18 +27,6 @@ def _tenant(prefix: str) -> str:
 
 def _agentq(api: ApiStack, key: str, *args: str) -> subprocess.CompletedProcess[str]:
     return run_agentq(list(args), env=api.cli_env(AGENTQ_API_KEY=key), timeout=120, cwd=ROOT)
-
-
-def _key_id(api: ApiStack, key: str) -> str:
-    found = api.stack.keys().lookup(key)
-    assert found is not None
-    return found.key_id
-
-
-def _status(api: ApiStack, task_id: str, key: str) -> str:
-    status, view, _ = api.http("GET", f"/tasks/{task_id}", key=key)
-    assert status == 200, view
-    return str(view["status"])
 
 
 def _stops(api: ApiStack, key: str) -> list[dict[str, Any]]:

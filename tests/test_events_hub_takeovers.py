@@ -25,14 +25,9 @@ import pytest
 from agentq.api.client import Client
 from agentq_dev.stack import LocalStack
 
-from tests.helpers import call, wait_for
+from tests.helpers import wait_for
+from tests.test_event_stream_kill import BODY
 
-TURNS = [
-    {"text": f"turn {i}", "latency_seconds": 0.3, "tool_calls": [call("lookup", query=str(i), size=20)]}
-    for i in range(8)
-] + [{"text": "finished"}]
-BODY = {"goal": "look things up", "provider": "scripted", "script": {"turns": TURNS},
-        "constraints": {"tools": ["lookup"]}}  # fmt: skip
 PYTHONPATH = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH", "")]))
 
 
