@@ -28,7 +28,7 @@ from agentq.worker import WorkerConfig
 from agentq_dev.stack import LocalStack
 
 from tests.api_support import ROOT, ApiStack
-from tests.helpers import agentq_process, run_agentq, wait_for
+from tests.helpers import agentq_process, call, run_agentq, wait_for
 
 GRADE_LOW = '{"score": 0.2, "feedback": "not good enough"}'
 
@@ -37,14 +37,16 @@ GRADE_LOW = '{"score": 0.2, "feedback": "not good enough"}'
 def eval_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiStack]:
     """A stack of this module's own: its workers are killed here."""
     ledger = tmp_path_factory.mktemp("eval-ledger") / "ledger.jsonl"
+    gates = tmp_path_factory.mktemp("eval-gates")
     stack = LocalStack(
         prefix=f"eval{uuid.uuid4().hex[:8]}",
         workers=2,
         auth=True,
         worker_config=WorkerConfig(lease_seconds=3.0, heartbeat_seconds=1.0),
-        tool_modules=("agentq.core.tools.examples", "tests.effect_tools"),
+        tool_modules=("agentq.core.tools.examples", "tests.effect_tools", "tests.gate_tools"),
         extra_env={
             "AGENTQ_TEST_LEDGER": str(ledger),
+            "AGENTQ_TEST_GATE_DIR": str(gates),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
         },
     ).start()
@@ -55,10 +57,14 @@ def eval_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiStack]:
         stack.stop()
 
 
-def _agent(api: ApiStack, name: str, tag: str, latency: float) -> None:
-    turn = {"text": f"DONE {tag}", "latency_seconds": latency}
+def _agent(api: ApiStack, name: str, tag: str, latency: float, gate: str | None = None) -> None:
+    """A version answering ``DONE <tag>``; with a ``gate``, it first calls ``hold`` (tests/gate_tools.py)
+    and so runs until the test opens that gate."""
+    turns: list[dict[str, Any]] = [{"text": f"DONE {tag}", "latency_seconds": latency}]
+    if gate is not None:
+        turns.insert(0, {"text": "", "tool_calls": [call("hold", label=gate)]})
     status, body, _ = api.http("POST", "/agents", {"name": name, "provider": "scripted", "system": tag,
-                                                   "script": {"turns": [turn]}})  # fmt: skip
+                                                   "script": {"turns": turns}, "tools": ["hold"] if gate else []})  # fmt: skip
     assert status == 201, body
 
 
@@ -79,10 +85,12 @@ def _dataset(path: Path, n: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _setup(api: ApiStack, tmp_path: Path, n: int, latency: float = 0.0) -> tuple[str, Path, list[dict[str, Any]]]:
+def _setup(
+    api: ApiStack, tmp_path: Path, n: int, latency: float = 0.0, gate: str | None = None
+) -> tuple[str, Path, list[dict[str, Any]]]:
     name = f"support-{uuid.uuid4().hex[:8]}"
-    _agent(api, name, "v1", latency)
-    _agent(api, name, "v2", latency)
+    _agent(api, name, "v1", latency, gate)
+    _agent(api, name, "v2", latency, gate)
     path = tmp_path / "dataset.jsonl"
     return name, path, _dataset(path, n)
 
@@ -126,14 +134,16 @@ def _assert_report_is_the_tasks(api: ApiStack, report: dict[str, Any], n: int) -
         assert summary["passed"] == sum(1 for r in report["items"] if r[side]["passed"])
 
 
-def _assert_once_per_version(api: ApiStack, eval_id: str, name: str, rows: list[dict[str, Any]]) -> None:
+def _assert_once_per_version(
+    api: ApiStack, eval_id: str, name: str, rows: list[dict[str, Any]], llm_steps: int = 1
+) -> None:
     tasks = _tasks_of(api, eval_id)
     pairs = Counter((t["metadata"][META_ITEM], t["metadata"][META_VERSION]) for t in tasks)
     expected = {(r["id"], f"{name}@{v}") for r in rows for v in (1, 2)}
     assert set(pairs) == expected and set(pairs.values()) == {1}, pairs
     store = api.stack.store()
-    for task in tasks:  # and each ran its one answer once: one committed LLM step
-        assert store.tasks.get(task["task_id"]).llm_steps == 1
+    for task in tasks:  # and each ran its script once: one committed LLM step a turn
+        assert store.tasks.get(task["task_id"]).llm_steps == llm_steps
 
 
 def _graded_items_not_passed(store: Any, report: dict[str, Any], rows: list[dict[str, Any]]) -> list[Any]:
@@ -193,7 +203,8 @@ def test_the_cli_and_a_worker_killed_mid_run_and_the_rerun_loses_and_repeats_not
     eval_stack: ApiStack, tmp_path: Path
 ) -> None:
     n = 30
-    name, path, rows = _setup(eval_stack, tmp_path, n, latency=2.0)  # caught running
+    gate = f"eval-{uuid.uuid4().hex[:8]}"  # every task of both versions runs until it opens: caught running
+    name, path, rows = _setup(eval_stack, tmp_path, n, gate=gate)
     args = ["eval", "run", str(path), "--agent", f"{name}@1", "--against", f"{name}@2", "--poll", "0.2",
             "--submitters", "1", "--no-plot", "--report", str(tmp_path / "report.json")]  # fmt: skip
     cli = agentq_process(args, env=eval_stack.cli_env(), stderr=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -223,6 +234,7 @@ def test_the_cli_and_a_worker_killed_mid_run_and_the_rerun_loses_and_repeats_not
     worker.wait(timeout=30)
     eval_stack.stack.processes.remove(worker)
     eval_stack.stack.spawn_worker()
+    (Path(eval_stack.stack.extra_env["AGENTQ_TEST_GATE_DIR"]) / gate).touch()  # the held tasks go on
     submitted_before = len(_tasks_of(eval_stack, eval_id))
     assert 20 <= submitted_before < 2 * n
 
@@ -233,7 +245,7 @@ def test_the_cli_and_a_worker_killed_mid_run_and_the_rerun_loses_and_repeats_not
     assert report["evaluation"] == eval_id
     passed = (report["summary"]["agent"]["passed"], report["summary"]["against"]["passed"])
     assert passed == (n // 3, 2 * n // 3), _graded_items_not_passed(store, report, rows)
-    _assert_once_per_version(eval_stack, eval_id, name, rows)
+    _assert_once_per_version(eval_stack, eval_id, name, rows, llm_steps=2)  # the hold's turn, then the answer
     _assert_report_is_the_tasks(eval_stack, report, n)
     assert store.tasks.get(held).claim_count >= 2  # the killed worker's task was taken over, and ran once
     ledger = Path(eval_stack.stack.extra_env["AGENTQ_TEST_LEDGER"])
