@@ -276,3 +276,49 @@ def test_a_grading_call_abandoned_at_its_timeout_stays_counted_on_the_users_day_
     usage = store.caps.usage("t", "user", "alice")
     # It may have been billed: the window keeps its hold, never returned on a guess, as the budget does.
     assert usage["day_tokens"] == usage["day_used_tokens"] == budget.used
+
+
+@pytest.mark.parametrize("where", ["begin", "commit"])
+def test_a_lease_lost_between_the_grading_calls_hold_and_its_commit_leaves_no_phantom_on_the_users_caps(
+    store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """The lease is lost (a stop, a takeover) at the grade's begin, before anything is sent, or at
+    its commit, after the grading model answered: the user's windows hold nothing this run did not
+    spend (given back, or settled to the call's usage), so the cap never refuses calls that were
+    never made."""
+    from agentq.core.errors import LeaseLost
+
+    store.caps.put("t", "user", "alice", CapLimits(daily_tokens=10**9))
+    body = _body(1_000_000)
+    body["user"] = "alice"
+    task_id = store.tasks.create(parse_submission(body), tenant="t").task_id
+    if where == "begin":
+        begin = store.effects.begin
+
+        def lost_at_grade(lease: Any, tool_use_id: str, name: str) -> Any:
+            if tool_use_id.startswith("grade-"):
+                raise LeaseLost("lost at the grade's begin")
+            return begin(lease, tool_use_id, name)
+
+        monkeypatch.setattr(store.effects, "begin", lost_at_grade)
+    else:
+        commit = store.steps.commit
+
+        def lost_at_commit(*args: Any, **kwargs: Any) -> Any:
+            if isinstance(args[2] if len(args) > 2 else kwargs.get("body"), GradeStep):
+                raise LeaseLost("lost at the grade's commit")
+            return commit(*args, **kwargs)
+
+        monkeypatch.setattr(store.steps, "commit", lost_at_commit)
+    _again(store, registry, task_id)  # the run ends at the lost lease, whatever it returns
+    (answer,) = [s.body for s in store.steps.load(task_id) if isinstance(s.body, LLMStep)]
+    graded = store.effects.get(task_id, f"grade-{_steps_committed(store, task_id) + 1}")
+    usage = store.caps.usage("t", "user", "alice")
+    recorded = graded is not None and graded.content is not None
+    grading = GradeStep.model_validate_json(graded.content).usage.total if recorded else 0  # type: ignore[union-attr,arg-type]
+    assert (where == "commit") == (grading > 0)  # the grading model answered only when lost at the commit
+    assert usage["day_tokens"] == usage["day_used_tokens"] == answer.usage.total + grading, usage
+
+
+def _steps_committed(store: Storage, task_id: str) -> int:
+    return len(store.steps.load(task_id))

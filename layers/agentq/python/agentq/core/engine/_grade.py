@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 
 from agentq import observe
 from agentq.core.engine._commit import StepWriter
-from agentq.core.engine._grade_budget import GradeBudget, GradingCall
+from agentq.core.engine._grade_budget import GradeBudget, GradingCall, usage_of
 from agentq.core.engine._llm_call import call_cost
 from agentq.core.engine._online import count, grading_outcome, observes_only, skipped
 from agentq.core.engine._operation import RecordedOperation
@@ -140,8 +140,16 @@ class GradeTurn:
                 if stopped is not None:
                     return stopped
         grading = Grading(self, s, outcome, answer, parsed, attempt, call)
-        step = grading.run()
-        return self.commit(s, step, answer, call, grading.prior_epoch)
+        try:
+            step = grading.run()
+        except BaseException:  # a lost lease at the begin, the cover or the record: this run settles its windows
+            self.budget.abandoned(call)
+            raise
+        try:
+            return self.commit(s, step, answer, call, grading.prior_epoch)
+        except BaseException:  # the grade is recorded: its call's usage is known, whoever commits it
+            self.budget.settle_window(call, step.usage.total, usage_of(step).used_micros)
+            raise
 
     def checked(self, s: Session, call: GradingCall) -> Verdict:
         """The policy rules' verdict on the grading model's call: a model call like the agent's

@@ -147,6 +147,20 @@ class GradeBudget:
             used = settle.used if settle is not None else 0
             self.settle_window(call, used, settle.used_micros if settle is not None else 0)
 
+    def abandoned(self, call: GradingCall | None) -> None:
+        """The run stops between the hold and the grade's record (a lost lease, an error): the
+        windows' hold (the tenant's hour, the scopes' caps) is given back if nothing was sent,
+        and kept, counted as spent, if the call may have been billed. Left held, a cap would
+        refuse calls never made until its window ends (the budget's hold is the next claim's to
+        count: ``BudgetHolds``)."""
+        if call is None or call.window is None:
+            return  # settled already (``orphaned``), or nothing held
+        if call.may_be_billed:
+            self.windows.spend(call.window)
+            call.window = None
+        else:
+            self.settle_window(call, 0, 0)
+
     def settle_window(self, call: GradingCall | None, used: int, used_micros: int) -> None:
         if call is not None and call.window is not None:
             self.windows.settle(call.window, used, used_micros)
