@@ -517,3 +517,20 @@ def test_processes_starting_on_a_new_key_file_at_once_all_read_the_one_whole_key
         seen = {keys.get(timeout=5) for _ in racers}
         assert seen == {LocalDataKeys.from_file(path).key_id}
         assert len(path.read_bytes()) == 32 and [p.name for p in path.parent.iterdir()] == ["vault.key"]
+
+
+def test_a_key_file_on_a_filesystem_without_hard_links_is_still_made_whole_and_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where ``os.link`` is refused (EPERM: some FUSE, SMB and vfat mounts), the key is created in
+    place instead; the next start reads the same key, and no draft file is left."""
+    import errno
+
+    def no_links(*_: Any) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    path = tmp_path / "vault.key"
+    first = LocalDataKeys.from_file(path)
+    assert len(path.read_bytes()) == 32 and first.key_id == LocalDataKeys.from_file(path).key_id
+    assert [p.name for p in tmp_path.iterdir()] == ["vault.key"]

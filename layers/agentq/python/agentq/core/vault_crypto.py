@@ -20,6 +20,7 @@ minutes, not one per use (``bench/vault_cost.py`` measures both).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -56,6 +57,19 @@ class DataKeys(Protocol):
     def unwrap(self, wrapped: bytes, context: dict[str, str]) -> bytes: ...
 
 
+# What ``os.link`` raises on a filesystem that has no hard links (some FUSE, SMB and vfat mounts).
+_NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
+
+
+def _create_exclusive(path: Path, key: bytes) -> None:
+    """Create ``path`` holding ``key`` (FileExistsError if it exists): the fallback where a key
+    cannot be linked into place, written right after its create (a process reading between the
+    two would find it short: ``LocalDataKeys`` then refuses it, naming the file)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(key)
+
+
 class LocalDataKeys:
     """Data keys wrapped by a key file's 32-byte key (``agentq dev``)."""
 
@@ -86,7 +100,12 @@ class LocalDataKeys:
                     out.flush()
                     os.fsync(out.fileno())
                 with contextlib.suppress(FileExistsError):  # another process's key won: every process reads it
-                    os.link(draft, path)
+                    try:
+                        os.link(draft, path)
+                    except OSError as exc:
+                        if exc.errno not in _NO_HARD_LINKS:
+                            raise
+                        _create_exclusive(path, draft.read_bytes())  # a filesystem without hard links
             finally:
                 draft.unlink(missing_ok=True)
         master = path.read_bytes()
