@@ -182,9 +182,14 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
         }  # fmt: skip
         assert tier["items:transacted"] == fleet["items:transacted"] + 1
     elif name == "cap_calls":  # a capped scope: one conditional hold and one settle per LLM call, one read a claim
-        calls = {r["capped_scopes"]: r["extra_calls"] for r in result["rows"]}
-        assert calls == {0: {"BatchGetItem": 1}, 1: {"BatchGetItem": 1, "UpdateItem": 6},
-                         2: {"BatchGetItem": 1, "UpdateItem": 12}, 3: {"BatchGetItem": 1, "UpdateItem": 18}}  # fmt: skip
+        calls = {(r["capped_scopes"], r["user_spend_rule"]): r["extra_calls"] for r in result["rows"]}
+        assert calls == {(0, False): {"BatchGetItem": 1}, (1, False): {"BatchGetItem": 1, "UpdateItem": 6},
+                         (2, False): {"BatchGetItem": 1, "UpdateItem": 12},
+                         (3, False): {"BatchGetItem": 1, "UpdateItem": 18},
+                         # a rule reading the user's spend: a GetItem a check (5: 3 model calls, 2 tool calls);
+                         # an uncapped user's day counted (6 UpdateItem), a capped one's written anyway
+                         (0, True): {"BatchGetItem": 1, "GetItem": 5, "UpdateItem": 6},
+                         (1, True): {"BatchGetItem": 1, "GetItem": 5, "UpdateItem": 6}}  # fmt: skip
         assert result["day_item"]["end_of_day_units"] >= 1 and result["prices"]["dynamodb_wru"] > 0
     elif name == "policy_latency":
         rows = {(r["scenario"], r["rules"]): r for r in result["rows"]}
