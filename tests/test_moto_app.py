@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import re
+import socket
 import sys
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -1197,3 +1199,16 @@ def test_an_item_at_the_limit_with_numbers_is_kept_and_one_byte_more_refused_by_
         with pytest.raises(ClientError, match="Item size has exceeded the maximum allowed size"):
             ddb.put_item(TableName=table, Item=fits | {"pad": {S: "x" * (room + 1)}})
         assert ddb.get_item(TableName=table, Key={"pk": {S: pk}})["Item"]["pad"][S] == "x" * room
+
+
+def test_a_server_whose_port_was_taken_before_it_bound_comes_up_on_another() -> None:
+    """The port is chosen free before the server binds it; another process that binds it in
+    between (two suites on one machine) made the server exit 1 and the test fail. Here the port
+    is held by a listening socket for the whole start: the server answers on another port."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with MotoServer(port=port) as server:
+            assert server.port != port
+            assert urllib.request.urlopen(f"{server.endpoint_url}/moto-api/", timeout=5).status == 200

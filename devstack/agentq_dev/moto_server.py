@@ -35,6 +35,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+BIND_ATTEMPTS = 3
+
+
+class ExitedBeforeAnswering(Exception):
+    def __init__(self, code: int | None) -> None:
+        super().__init__(f"moto server exited with code {code}")
+        self.code = code
+
+
 @dataclass
 class MotoServer:
     port: int = field(default_factory=free_port)
@@ -55,8 +64,23 @@ class MotoServer:
 
     def start(self, timeout: float = 30.0) -> MotoServer:
         """Start the server and wait for it to answer. Raises ``moto_version.UnverifiedMoto``
-        (before starting anything) when the installed moto is not the verified one."""
+        (before starting anything) when the installed moto is not the verified one.
+
+        The port is chosen free (``free_port``) before the server binds it, so another process
+        can take it in between (two test suites on one machine: the server exits 1, "Address
+        already in use"): a server that exits 1 before it answers is started again on another
+        port, up to ``BIND_ATTEMPTS`` times."""
         moto_version.require_verified()
+        for attempt in range(1, BIND_ATTEMPTS + 1):
+            try:
+                return self._start_on_port(timeout)
+            except ExitedBeforeAnswering as exc:
+                if exc.code != 1 or attempt == BIND_ATTEMPTS:
+                    raise RuntimeError(f"moto server exited with code {exc.code}") from None
+                self.port = free_port()
+        raise AssertionError("unreachable")
+
+    def _start_on_port(self, timeout: float) -> MotoServer:
         env = {**os.environ, **LOCAL_CREDENTIALS, "MOTO_PORT": str(self.port)}
         command = [*self.command(), "-H", "127.0.0.1", "-p", str(self.port)]
         server = os.environ.get(forkserver.ENV_VAR)
@@ -70,7 +94,8 @@ class MotoServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"moto server exited with code {self.process.returncode}")
+                code, self.process = self.process.returncode, None
+                raise ExitedBeforeAnswering(code)
             try:
                 urllib.request.urlopen(f"{self.endpoint_url}/moto-api/", timeout=1).read()
                 break
