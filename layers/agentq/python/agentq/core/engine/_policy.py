@@ -37,7 +37,6 @@ from agentq.core.engine._holds import BudgetHolds
 from agentq.core.engine._session import Session
 from agentq.core.engine.conversation import final_text
 from agentq.core.engine.result import RunResult
-from agentq.core.errors import ValidationError
 from agentq.core.fanout import SPAWN_TOOL
 from agentq.core.models import CompactStep, LLMStep, TaskStatus, ToolsStep
 from agentq.core.policies import (
@@ -52,9 +51,7 @@ from agentq.core.policies import (
     Verdict,
 )
 from agentq.core.policies import request as cedar_request
-from agentq.core.policies.evaluate import ALL_HISTORY, EVALUATION, history_reads
-from agentq.core.policies.rules import parse
-from agentq.core.policies.schema import USER_SPEND_ATTRIBUTE
+from agentq.core.policies.evaluate import EVALUATION
 from agentq.core.ports import BudgetLedger, PolicySource, ScopeCapsPort, TaskLeases
 from agentq.core.pricing import micros
 
@@ -75,7 +72,6 @@ class PolicyGate:
         # By tenant and by each document's scope, version and digest: two tenants' documents of the
         # same scope and version are different rules, and one worker serves many tenants.
         self._compiled: dict[tuple[str, tuple[tuple[str, int, str], ...]], RuleSet] = {}
-        self._reads: dict[tuple[str, str, int, str], frozenset[str]] = {}  # a document's ``history_reads``
 
     def documents(self, tenant: str) -> list[PolicyDocument]:
         """The tenant's current documents, every scope's (read at most every ``cache_seconds``)."""
@@ -93,23 +89,10 @@ class PolicyGate:
     def counts_user_spend(self, tenant: str) -> bool:
         """Whether a rule of the tenant, in any scope, reads the end user's spend today: then the
         user's day is counted for every task of the tenant that acts for a user (any agent's:
-        the user's spend is all of its tasks'), capped or not (``CallWindows.caps_of``)."""
-        found = False
-        for doc in self.documents(tenant):
-            key = (tenant, doc.scope, doc.version, doc.digest)
-            with self._lock:
-                reads = self._reads.get(key)
-            if reads is None:
-                try:
-                    reads = frozenset().union(*(history_reads(ast) for ast in parse(doc.text)))
-                except ValidationError:  # a document that no longer parses denies every call anyway
-                    reads = frozenset()
-                with self._lock:
-                    if len(self._reads) > 1_000:
-                        self._reads.clear()
-                    self._reads[key] = reads
-            found = found or bool(reads & {USER_SPEND_ATTRIBUTE, ALL_HISTORY})
-        return found
+        the user's spend is all of its tasks'), capped or not (``CallWindows.caps_of``). Each
+        document is asked on its own (one that no longer compiles reads nothing; the others
+        still count)."""
+        return any(self.compiled(tenant, [doc]).reads_user_spend for doc in self.documents(tenant))
 
     def rules(self, tenant: str, agent: str) -> RuleSet:
         """The compiled rules of ``tenant`` and of its agent ``agent``."""
@@ -117,6 +100,10 @@ class PolicyGate:
             return RuleSet()
         scopes = {"tenant", f"agent:{agent}"} if agent else {"tenant"}
         documents = sorted((d for d in self.documents(tenant) if d.scope in scopes), key=lambda d: d.scope)
+        return self.compiled(tenant, documents)
+
+    def compiled(self, tenant: str, documents: list[PolicyDocument]) -> RuleSet:
+        """``documents`` of ``tenant`` compiled, once per worker for each version of them."""
         key = (tenant, tuple((d.scope, d.version, d.digest) for d in documents))
         with self._lock:
             compiled = self._compiled.get(key)
