@@ -62,12 +62,13 @@ _NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
 
 
 def _create_exclusive(path: Path, key: bytes) -> None:
-    """Create ``path`` holding ``key`` (FileExistsError if it exists): the fallback where a key
-    cannot be linked into place, written right after its create (a process reading between the
-    two would find it short: ``LocalDataKeys`` then refuses it, naming the file)."""
+    """Create ``path`` (mode 0600) holding ``key``, on disk before this returns; FileExistsError
+    if it exists."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as out:
         out.write(key)
+        out.flush()
+        os.fsync(out.fileno())
 
 
 class LocalDataKeys:
@@ -92,20 +93,19 @@ class LocalDataKeys:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists():
+            key = secrets.token_bytes(32)
             draft = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-            fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             try:
-                with os.fdopen(fd, "wb") as out:
-                    out.write(secrets.token_bytes(32))
-                    out.flush()
-                    os.fsync(out.fileno())
+                _create_exclusive(draft, key)
                 with contextlib.suppress(FileExistsError):  # another process's key won: every process reads it
                     try:
                         os.link(draft, path)
                     except OSError as exc:
                         if exc.errno not in _NO_HARD_LINKS:
                             raise
-                        _create_exclusive(path, draft.read_bytes())  # a filesystem without hard links
+                        # A filesystem without hard links: created in place, a process reading
+                        # between its create and its write finds it short (refused, naming the file).
+                        _create_exclusive(path, key)
             finally:
                 draft.unlink(missing_ok=True)
         master = path.read_bytes()
