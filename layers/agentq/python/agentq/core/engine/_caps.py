@@ -43,6 +43,12 @@ class CallHold:
     caps: Any
 
 
+def _parts(hold: Any) -> tuple[Any, Any]:
+    """A call's hold on the tenant's window and on its scopes' caps: a ``CallHold``'s two, or a
+    tenant window's hold alone (``CallWindows.hold``, the ``TenantWindowsPort`` side)."""
+    return (hold.tenant, hold.caps) if isinstance(hold, CallHold) else (hold, None)
+
+
 class CallWindows:
     """``TenantWindowsPort`` for the parts that settle a call's hold (they need not know what it
     holds on), and ``take`` for the turn that takes it."""
@@ -71,23 +77,21 @@ class CallWindows:
 
     def settle(self, hold: Any, used: int, used_micros: int = 0) -> None:
         """Replace a call's holds by what it used (``used=0``: give them back)."""
-        if not isinstance(hold, CallHold):
-            self.tenant.settle(hold, used, used_micros)
-            return
-        if hold.tenant is not None:
-            self.tenant.settle(hold.tenant, used, used_micros)
-        if hold.caps is not None:
-            self.caps.settle(hold.caps, used, used_micros)
+        tenant, caps = _parts(hold)
+        if tenant is not None:
+            self.tenant.settle(tenant, used, used_micros)
+        if caps is not None:
+            self.caps.settle(caps, used, used_micros)
 
     def spend(self, hold: Any) -> None:
         """Count a call's holds as spent at their size: its outcome is unknown (cut at the task's
         timeout, or failed after an attempt that may have been billed), as the task's budget
         counts its hold (``BudgetHolds.spend``). Every window keeps what it held, the caps' too."""
-        parts = (hold.tenant, hold.caps) if isinstance(hold, CallHold) else (hold, None)
-        if parts[0] is not None:
-            self.tenant.settle(parts[0], parts[0].amount, parts[0].micros)
-        if parts[1] is not None:
-            self.caps.settle(parts[1], parts[1].amount, parts[1].micros)
+        tenant, caps = _parts(hold)
+        if tenant is not None:
+            self.tenant.settle(tenant, tenant.amount, tenant.micros)
+        if caps is not None:
+            self.caps.settle(caps, caps.amount, caps.micros)
 
     def take(
         self, s: Session, amount: int, micros: int, tasks: TaskLeases, holds: BudgetHolds, *, result: str | None = None
