@@ -130,9 +130,7 @@ class GradeBudget:
             return (usage_of(step) if step.usage.total or step.cost_usd else None), None
         if held is not None and call is not None and call.may_be_billed:
             self.holds.spend(s)  # its outcome unknown: counted at its hold, corrected if ever reported
-            if call.window is not None:  # the tenant's hour and the scopes' caps keep it too
-                self.windows.spend(call.window)
-                call.window = None
+            self.spend_window(call)  # the tenant's hour and the scopes' caps keep it too
             held = None
         if held is None:
             return (usage_of(step) if step.usage.total or step.cost_usd else None), None
@@ -152,14 +150,17 @@ class GradeBudget:
         windows' hold (the tenant's hour, the scopes' caps) is given back if nothing was sent,
         and kept, counted as spent, if the call may have been billed. Left held, a cap would
         refuse calls never made until its window ends (the budget's hold is the next claim's to
-        count: ``BudgetHolds``)."""
-        if call is None or call.window is None:
-            return  # settled already (``orphaned``), or nothing held
-        if call.may_be_billed:
-            self.windows.spend(call.window)
-            call.window = None
+        count: ``BudgetHolds``). A window settled already (``orphaned``) is left as it is."""
+        if call is not None and call.may_be_billed:
+            self.spend_window(call)
         else:
             self.settle_window(call, 0, 0)
+
+    def spend_window(self, call: GradingCall | None) -> None:
+        """The call's windows keep its hold, counted as spent (it may have been billed)."""
+        if call is not None and call.window is not None:
+            self.windows.spend(call.window)
+            call.window = None
 
     def settle_window(self, call: GradingCall | None, used: int, used_micros: int) -> None:
         if call is not None and call.window is not None:
