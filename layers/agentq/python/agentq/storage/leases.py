@@ -33,7 +33,17 @@ from agentq.core.reservation import Seen
 from agentq.core.workspace import WorkspaceRef
 from agentq.resources import GSI_OWNER
 from agentq.storage import keys
-from agentq.storage.table import ConditionFailed, Item, Table, Update, absent, plain, present, status_in
+from agentq.storage.table import (
+    STOPPING,
+    ConditionFailed,
+    Item,
+    Table,
+    Update,
+    absent,
+    plain,
+    present,
+    status_in,
+)
 from agentq.storage.task_items import TaskItems
 from agentq.storage.workers import WorkerLiveness
 
@@ -52,7 +62,17 @@ def why_fenced(table: Table, lease: Lease) -> LeaseLost:
         err = LeaseLost(f"task {lease.task_id} is {status.value}; the worker must stop")
         err.details["status"] = status
         return err
+    if STOPPING in current:
+        return _being_stopped(lease, current)
     return LeaseLost(f"task {lease.task_id} step moved to {step} under epoch {lease.epoch}")
+
+
+def _being_stopped(lease: Lease, meta: Item) -> LeaseLost:
+    """A stop's mark refused the write (``table.STOPPING``): the task's move to ``cancelled``
+    follows, and its worker stops as a cancel stops it."""
+    err = LeaseLost(f"task {lease.task_id} is being stopped ({meta[STOPPING]}); the worker must stop")
+    err.details["status"] = TaskStatus.CANCELLED
+    return err
 
 
 def _read_meta(table: Table, task_id: str) -> Item | None:
@@ -146,7 +166,11 @@ class TaskLeases(TaskItems):
             set=sets,
             add={"lease_epoch": 1, "claim_count": 1},
             set_if_absent={"started_at": now, "first_claimed_at": now},
-            remove=[*remove, "live_text"],  # a lapsed lease's call in flight: never shown as this one's
+            # a lapsed lease's call in flight: never shown as this one's; a stop's mark left by a
+            # stop that died before its move to cancelled: this claim read the stops after it
+            # (``queueing.dispatch``), so the scope is not stopped, or a stop is still under way
+            # and will move the task to cancelled (its move pins nothing a claim changes but status)
+            remove=[*remove, "live_text", STOPPING],
             # where the claim falls in the task's event log (storage/events.py), and whether it
             # took a running task over: the values as they were before this write
             copy_from={
@@ -328,10 +352,15 @@ class TaskLeases(TaskItems):
         )
 
     def _fenced(self, lease: Lease, update: Update, extra: ConditionBase | None = None) -> None:
-        condition = Attr("lease_epoch").eq(lease.epoch)
+        """A write of the lease itself (heartbeat, release): its epoch, and no stop's mark, so a
+        worker learns at its next heartbeat that its task is being stopped."""
+        condition = Attr("lease_epoch").eq(lease.epoch) & Attr(STOPPING).not_exists()
         try:
             self.table.update(keys.meta_key(lease.task_id), update, condition=condition & extra if extra else condition)
         except ConditionFailed as exc:
+            old = exc.old or {}
+            if old.get("lease_epoch") == lease.epoch and STOPPING in old:
+                raise _being_stopped(lease, old) from exc
             raise LeaseLost(f"lease epoch {lease.epoch} of task {lease.task_id} is no longer current") from exc
 
     def claims(self, task_id: str) -> list[ClaimRecord]:

@@ -68,6 +68,7 @@ from agentq.storage.table import (
     TransactionCancelled,
     Update,
     absent,
+    fence,
     fence_holds,
     merge,
     plain,
@@ -228,11 +229,7 @@ class Steps:
             removes = [r for r in removes if r != "inflight"]
         if finish is not None:
             removes = [*removes, *LIVE_ATTRIBUTES]  # out of the sweeper's index
-        condition = (
-            Attr("lease_epoch").eq(lease.epoch)
-            & Attr("status").eq(TaskStatus.RUNNING.value)
-            & Attr("step").eq(number - 1)
-        )
+        condition = fence(lease) & Attr("step").eq(number - 1)
         if isinstance(body, MessageStep):
             sets["messages_delivered"] = body.messages[-1].seq
             removes.append("interrupt_at")  # the person spoke: the agent goes on with what they said

@@ -187,21 +187,35 @@ class Table(Protocol):
         ...
 
 
+# A stop's mark on META (``control.stops``): the stop's scope, set before the task is moved to
+# ``cancelled`` and taken off by that move (any status change) or by the next claim.
+STOPPING = "stopping"
+
+
 def fence(lease: Lease) -> ConditionBase:
-    """The lease fence: the writer still holds the epoch it claimed and the task still runs.
+    """The lease fence: the writer still holds the epoch it claimed, the task still runs, and no
+    stop has marked it (``STOPPING``).
 
     Every write a worker makes on behalf of a task carries it (directly or as a ``Check`` in
-    the same transaction), so a zombie woken after a takeover can write nothing.
+    the same transaction), so a zombie woken after a takeover can write nothing, and neither
+    can a worker once a stop marked its task: the mark is a write that pins nothing, so no step
+    committed meanwhile can refuse it (the transition to ``cancelled`` that follows pins META's
+    ``seq`` and ``step``, which nothing then moves).
     """
     from boto3.dynamodb.conditions import Attr
 
-    return Attr("lease_epoch").eq(lease.epoch) & Attr("status").eq(TaskStatus.RUNNING.value)
+    return (
+        Attr("lease_epoch").eq(lease.epoch) & Attr("status").eq(TaskStatus.RUNNING.value) & Attr(STOPPING).not_exists()
+    )
 
 
 def fence_holds(item: Mapping[str, Any] | None, lease: Lease) -> bool:
     """Whether ``item`` (a META as read, or as a refused write found it) still passes ``fence``."""
     return (
-        item is not None and item.get("lease_epoch") == lease.epoch and item.get("status") == TaskStatus.RUNNING.value
+        item is not None
+        and item.get("lease_epoch") == lease.epoch
+        and item.get("status") == TaskStatus.RUNNING.value
+        and STOPPING not in item
     )
 
 

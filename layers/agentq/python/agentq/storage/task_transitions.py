@@ -29,15 +29,17 @@ from agentq.core.models import (
 from agentq.core.status import LOOK_DUE
 from agentq.resources import LIVE_ATTRIBUTES, TTL_ATTRIBUTE
 from agentq.storage import keys
-from agentq.storage.events import LoggedWrite, NewEvent, logged_together, logged_transact
+from agentq.storage.events import TOGETHER, LoggedWrite, NewEvent, logged_together, logged_transact
 from agentq.storage.leases import why_fenced
 from agentq.storage.table import (
+    STOPPING,
     Check,
     ConditionFailed,
     Item,
     Patch,
     Put,
     TransactionCancelled,
+    TransactionConflict,
     Update,
     fence,
     present,
@@ -88,6 +90,10 @@ class TaskTransitions(TaskItems):
             current = self.get(task_id)  # raises TaskNotFound if absent
             if lease is not None and current.lease_epoch != lease.epoch:
                 raise LeaseLost(f"lease epoch {lease.epoch} of task {task_id} is no longer current") from exc
+            if lease is not None and current.status in allowed:
+                stopping = why_fenced(self.table, lease)  # a stop's mark (its status: cancelled)
+                if stopping.details.get("status") is not None:
+                    raise stopping from exc
             if leaves_terminal and current.status.terminal and (current.expires_at or float("inf")) <= now:
                 raise IllegalTransition(
                     f"task {task_id} is {current.status.value} and its retention ran out; it is being deleted",
@@ -128,6 +134,33 @@ class TaskTransitions(TaskItems):
                 )
         return [str(w.read["status"]) if done else None for w, done in zip(writes, moved, strict=True)]
 
+    def mark_stopping(self, task_ids: list[str], scope: str) -> list[bool]:
+        """A stop's mark (``STOPPING`` = ``scope``) on up to ``events.TOGETHER`` tasks in one
+        transaction, before their move to ``cancelled``: from it on the fence (``table.fence``)
+        refuses every write of their workers, step commits included, so nothing moves their
+        ``seq`` or ``step`` and the move, which pins them, is not refused by a step committed
+        between its read and its write. The mark pins nothing itself: only a task that ended (or
+        was purged) since it was listed refuses it, and is left out. Which were marked, in order;
+        none on a conflict with another transaction (the move then fences them as it would)."""
+        if len(task_ids) > TOGETHER:
+            raise ValueError(f"at most {TOGETHER} tasks a transaction")
+        condition = present() & status_in(sources_of(TaskStatus.CANCELLED))
+        pending = list(range(len(task_ids)))
+        while pending:
+            marks = [Patch(f"meta{i}", keys.meta_key(task_ids[i]), Update(set={STOPPING: scope}), condition)
+                     for i in pending]  # fmt: skip
+            try:
+                self.table.transact(marks)
+                break
+            except TransactionCancelled as exc:
+                failed = {i for i in pending if f"meta{i}" in exc.failed}
+                if not failed:
+                    return [False] * len(task_ids)
+                pending = [i for i in pending if i not in failed]
+            except TransactionConflict:
+                return [False] * len(task_ids)
+        return [i in pending for i in range(len(task_ids))]
+
     def _move(
         self,
         task_id: str,
@@ -151,7 +184,9 @@ class TaskTransitions(TaskItems):
         if not allowed:
             raise IllegalTransition(f"no status may move to {to.value!r}", field="status")
         sets: dict[str, Any] = {"status": to.value, "updated_at": now}
-        removes: list[str] = []
+        # A stop's mark goes with any move: the task is then fenced by its status (cancelled),
+        # or was moved by a path after which a claim reads the stops again (a requeue).
+        removes: list[str] = [STOPPING]
         if to is not TaskStatus.RUNNING:  # only a running task holds a lease
             sets["lease_expires"] = 0
         if to is TaskStatus.QUEUED:  # a requeue starts clean
@@ -178,8 +213,8 @@ class TaskTransitions(TaskItems):
             # Not once the retention has run out: from then on DynamoDB TTL may delete META (and
             # the reaper the rest of the task) at any moment. Only terminal tasks carry expires_at.
             condition = condition & (Attr(TTL_ATTRIBUTE).not_exists() | Attr(TTL_ATTRIBUTE).gt(Decimal(repr(now))))
-        if lease is not None:
-            condition = condition & Attr("lease_epoch").eq(lease.epoch)
+        if lease is not None:  # a worker's move: its epoch, and no stop has marked the task
+            condition = condition & Attr("lease_epoch").eq(lease.epoch) & Attr(STOPPING).not_exists()
         for name, value in (expect or {}).items():
             condition = condition & Attr(name).eq(value)
         event = {"status": to.value, **({"error": error.get("code")} if error else {})}

@@ -1,0 +1,108 @@
+"""A stop's mark on META (``STOPPING``, ``TaskTransitions.mark_stopping``) on both backends: it
+fences every write a worker makes for its task as a cancel does, it is refused only by a task
+that may no longer be cancelled, and it does not outlive the task's next status change or claim
+(ARCHITECTURE invariant 17)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from agentq.core.errors import LeaseLost
+from agentq.core.models import Lease, RetryState, TaskStatus
+from agentq.storage.container import Storage
+from agentq.storage.table import STOPPING
+
+from ._builders import claimed, llm_step, new_task
+
+SCOPE = "user 'alice'"
+
+
+def _retry() -> RetryState:
+    now = time.time()
+    return RetryState(step=1, scope="call", attempt=1, max_attempts=3, code="rate_limited", message="429",
+                      at=now, next_at=now + 1)  # fmt: skip
+
+
+def _worker_writes(backend: Storage, lease: Lease) -> dict[str, Callable[[], object]]:
+    """Every kind of write a worker makes for its task under its lease (``WRITES``)."""
+    task_id = lease.task_id
+    writes: dict[str, Callable[[], object]] = {
+        "step commit": lambda: backend.steps.commit(lease, 1, llm_step(), root_id=task_id),
+        "heartbeat": lambda: backend.tasks.extend_lease(lease, 30),
+        "release": lambda: backend.tasks.release(lease),
+        "its own ending": lambda: backend.tasks.transition(task_id, TaskStatus.SUCCEEDED, lease=lease, result="ok"),
+        "a pause for a batch": lambda: backend.tasks.transition(task_id, TaskStatus.WAITING, lease=lease),
+        "a retry's record": lambda: backend.tasks.record_retry(task_id, _retry(), lease=lease),
+        "a side effect's start": lambda: backend.effects.begin(lease, "tu1", "pay"),
+        "a note": lambda: backend.notes.write(lease, "k", "v"),
+    }
+    assert tuple(writes) == WRITES
+    return writes
+
+
+WRITES = ("step commit", "heartbeat", "release", "its own ending", "a pause for a batch", "a retry's record",
+          "a side effect's start", "a note")  # fmt: skip
+
+
+@pytest.mark.parametrize("write", WRITES)
+def test_a_marked_tasks_worker_writes_nothing_and_is_told_its_task_is_being_stopped(
+    backend: Storage, write: str
+) -> None:
+    lease = claimed(backend)
+    before = backend.tasks.metas([lease.task_id])[0]
+    assert backend.tasks.mark_stopping([lease.task_id], SCOPE) == [True]
+    with pytest.raises(LeaseLost) as lost:
+        _worker_writes(backend, lease)[write]()
+    assert lost.value.details["status"] is TaskStatus.CANCELLED  # the worker stops, as a cancel stops it
+    assert SCOPE in str(lost.value)
+    after = backend.tasks.metas([lease.task_id])[0]
+    assert (after["status"], after["step"], after.get("seq", 0)) == ("running", before["step"], before.get("seq", 0))
+    assert backend.effects.get(lease.task_id, "tu1") is None
+    assert backend.notes.read(lease.task_id, "k") is None
+
+
+def test_a_mark_is_refused_only_by_a_task_that_can_no_longer_be_cancelled(backend: Storage) -> None:
+    """A batch marks its queued and running tasks though one of them ended since it was listed
+    (a transaction names the one it refused, and the rest are marked without it)."""
+    running = claimed(backend).task_id
+    queued = new_task(backend)
+    ended = claimed(backend)
+    backend.steps.commit(ended, 1, llm_step(text="done"), root_id=ended.task_id, finish=TaskStatus.SUCCEEDED,
+                         result="done")  # fmt: skip
+    assert backend.tasks.mark_stopping([running, ended.task_id, queued], SCOPE) == [True, False, True]
+    marks = {m["task_id"]: m.get(STOPPING) for m in backend.tasks.metas([running, ended.task_id, queued])}
+    assert marks == {running: SCOPE, ended.task_id: None, queued: SCOPE}
+
+
+def test_the_move_to_cancelled_takes_the_mark_off_and_so_does_any_status_change(backend: Storage) -> None:
+    cancelled, requeued = claimed(backend).task_id, claimed(backend).task_id
+    backend.tasks.mark_stopping([cancelled, requeued], SCOPE)
+    backend.tasks.transition(cancelled, TaskStatus.CANCELLED, error={"code": "cancelled", "message": "stopped"})
+    backend.tasks.transition(requeued, TaskStatus.QUEUED)
+    assert all(STOPPING not in m for m in backend.tasks.metas([cancelled, requeued]))
+
+
+def test_a_claim_takes_off_the_mark_of_a_stop_that_died_before_its_move(backend: Storage) -> None:
+    """A stop killed between its mark and its move leaves the task running and marked, its worker
+    refused: the task is not stuck. Its lease lapses and the next claim (made after the claimer
+    read the stops: the scope was resumed, or a stop run again cancels the task) takes the mark
+    off; that worker's steps commit."""
+    task_id = new_task(backend)
+    first = backend.tasks.claim(task_id, "w1", 0.2)
+    assert first is not None
+    backend.tasks.mark_stopping([task_id], SCOPE)
+    with pytest.raises(LeaseLost):
+        backend.steps.commit(first[0], 1, llm_step(), root_id=task_id)
+    assert backend.tasks.claim(task_id, "w2", 30) is None  # its lease is still live
+    deadline = time.monotonic() + 30
+    retaken = None
+    while retaken is None and time.monotonic() < deadline:  # the lease's expiry is the event
+        time.sleep(0.05)
+        retaken = backend.tasks.claim(task_id, "w2", 30)
+    assert retaken is not None
+    backend.steps.commit(retaken[0], 1, llm_step(), root_id=task_id)
+    meta = backend.tasks.metas([task_id])[0]
+    assert int(meta["step"]) == 1 and STOPPING not in meta
