@@ -18,14 +18,17 @@ from typing import Any
 import pytest
 
 from agentq.control import stops
-from agentq.core.models import TaskStatus, TaskSubmission
+from agentq.core.errors import LeaseLost
+from agentq.core.models import Lease, TaskStatus, TaskSubmission
 from agentq.core.stops import StopScope
 from agentq.storage import keys
 from agentq.storage.container import Storage
 from agentq.storage.events import TOGETHER
 from agentq.storage.item_size import item_size
-from agentq.storage.table import Update
+from agentq.storage.table import STOPPING, Update
 from agentq.storage.task_listing import TENANT_LIVE_PAGE
+
+from tests.storage_conformance._builders import llm_step
 
 USERS = ("alice", "bob", None)
 AGENTS = ("shop", "mail@2", None)  # a pinned version is still the agent "mail"
@@ -130,7 +133,8 @@ class _Calls:
 def test_a_stops_calls_grow_with_its_own_scopes_tasks_never_with_other_tenants(store: Storage, others: int) -> None:
     """One Query of the tenant's unfinished tasks (never the ``live`` index of every tenant),
     for each batch of the tasks listed (as many batches as threads, at most ``TOGETHER`` tasks)
-    a BatchGetItem and one transaction of their fences made from it (no read of META), and the
+    a transaction of their stop marks, a BatchGetItem and one transaction of their moves to
+    ``cancelled`` made from it (no read of META), and the
     cancel's bookkeeping (a Query of the task's spawns, one of its dependents; the slots of a
     task cancelled queued: one read): the same calls however many tasks other tenants run."""
     for _ in range(others):
@@ -146,7 +150,7 @@ def test_a_stops_calls_grow_with_its_own_scopes_tasks_never_with_other_tenants(s
             "PutItem": 1,  # the stop
             "Query[tenant_live]": 1,
             "GetItem": n,  # the slots of a task cancelled queued; none before its fence
-            "TransactWriteItems": len(stops.batches(ids, TOGETHER)),  # the fences, a transaction a batch
+            "TransactWriteItems": 2 * len(stops.batches(ids, TOGETHER)),  # marks and moves, a transaction each a batch
             "BatchGetItem": len(stops.batches(ids, TOGETHER)),  # the fences' reads, none after
             "Query": 2 * n,
         }
@@ -155,10 +159,11 @@ def test_a_stops_calls_grow_with_its_own_scopes_tasks_never_with_other_tenants(s
 def test_tasks_that_move_between_their_batchs_read_and_its_fence_are_fenced_together_from_one_more_read(
     store: Storage,
 ) -> None:
-    """Every task of every batch commits a step (``seq`` moves) between the batch's read and its
-    fence, once: the batch's transaction leaves them all out, and they are read again together
-    and fenced in one more transaction, a read and a write more a batch, never a read and a write
-    a task (fenced alone, one after another, they were a stop's tail at 200 running tasks)."""
+    """Every task of every batch moves (``seq``: a message delivered, which the stop's mark does
+    not fence) between the batch's read and its move to ``cancelled``, once: the batch's
+    transaction leaves them all out, and they are read again together and moved in one more
+    transaction, a read and a write more a batch, never a read and a write a task (moved alone,
+    one after another, they were a stop's tail at 200 running tasks)."""
     n = 70  # 3 a batch
     ids = [store.tasks.create(_submission("alice", None), tenant="mover").task_id for _ in range(n)]
     running = set(ids[::2])
@@ -184,9 +189,55 @@ def test_tasks_that_move_between_their_batchs_read_and_its_fence_are_fenced_toge
     assert moved_once == set(ids)
     assert sorted(report.cancelled) == sorted(ids)
     assert sorted(report.were_running) == sorted(running)
-    assert counted["TransactWriteItems"] == 2 * batches
+    assert counted["TransactWriteItems"] == 3 * batches  # the marks, then two rounds of moves
     assert counted["BatchGetItem"] == 2 * batches
     assert all(t.status is TaskStatus.CANCELLED for t in store.tasks.get_many(ids))
+
+
+def test_a_step_its_worker_commits_after_the_stops_mark_is_refused_and_costs_the_stop_no_round(
+    store: Storage,
+) -> None:
+    """Every running task's worker tries to commit a step right after the stop marked its batch
+    (before the batch's read): it is refused as a cancel refuses it (``LeaseLost``, status
+    ``cancelled``: the worker stops), so ``seq`` and ``step`` do not move and every batch is
+    moved to ``cancelled`` by its first transaction. Before the mark, such a commit made the batch's move refused and
+    re-read: at 1,000 running tasks, rounds queued behind the workers' own writes were the stop's
+    tail (p99 20-55 s)."""
+    n = 70
+    ids = [store.tasks.create(_submission("alice", None), tenant="marked").task_id for _ in range(n)]
+    leases: dict[str, Lease] = {}
+    for task_id in ids:
+        claimed = store.tasks.claim(task_id, "w1", 30)
+        assert claimed is not None
+        leases[task_id] = claimed[0]
+    original = store.tasks.mark_stopping
+    refused: list[str] = []
+    lock = threading.Lock()
+
+    def workers_write_after_the_mark(task_ids: list[str], scope: str) -> list[bool]:
+        marked = original(task_ids, scope)
+        assert all(marked)
+        for task_id in task_ids:
+            lease = leases[task_id]
+            with pytest.raises(LeaseLost) as lost:  # every kind of worker write: test_stop_mark
+                store.steps.commit(lease, 1, llm_step(), root_id=task_id)
+            assert lost.value.details["status"] is TaskStatus.CANCELLED
+            with lock:
+                refused.append(task_id)
+        return marked
+
+    store.tasks.mark_stopping = workers_write_after_the_mark  # type: ignore[method-assign]
+    calls = _Calls(store)
+    report = stops.stop(store, "marked", StopScope("user", "alice"))
+    batches = len(stops.batches(ids, TOGETHER))
+    counted = calls.take()
+    assert sorted(refused) == sorted(ids)
+    assert sorted(report.cancelled) == sorted(ids) == sorted(report.were_running)
+    assert counted["TransactWriteItems"] == 2 * batches  # the marks, the moves: no round more
+    assert counted["BatchGetItem"] == batches
+    metas = store.tasks.metas(ids)
+    assert all(m["status"] == "cancelled" and int(m["step"]) == 0 for m in metas)
+    assert not any(STOPPING in m for m in metas)  # the move took the mark off
 
 
 def _smallest_entry(store: Storage) -> dict[str, Any]:

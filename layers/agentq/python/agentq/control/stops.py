@@ -6,7 +6,8 @@ The order is the mechanism (ARCHITECTURE invariant 17): the stop is stored first
 scope's unfinished tasks are listed (the tenant's entries in the sparse ``tenant_live`` index,
 which name each task's user, key and agent: no task is read to list them) and each is moved to
 ``cancelled``, the write that fences every later step commit of the task (a commit requires
-``status = running``); then each tree's cancel is finished with ``operations.cancel``. A task
+``status = running``), after a mark (``stopping``) that fences them already and that no step
+committed meanwhile can refuse; then each tree's cancel is finished with ``operations.cancel``. A task
 the listing cannot have seen was created, or claimed, after the stop was stored, and every path that creates or runs a task reads the stops first: a submission,
 a follow-up and a schedule's fire are refused (``ScopeStopped``), and a dispatcher's delivery of a
 task in a stopped scope cancels it instead of running it (``queueing.dispatch._attempt``). So
@@ -116,12 +117,14 @@ def stop(
     """Store the stop of ``scope`` (idempotent), then cancel every unfinished tree in it.
 
     The tasks listed are fenced in batches of up to ``TOGETHER``, the batches at once
-    (``THREADS``): a batch is read (one BatchGetItem) and fenced in one transaction made from
-    that read (the event each logs needs META's ``seq``; no read of its own), so the first task
-    stops two round trips after the listing, and 1,000 tasks in 32 reads and 32 writes. A task
-    that moved between its batch's read and write (a step committed) is read again with the
-    others that moved and fenced with them in one more transaction (``ROUNDS``). Then each tree's cancel is finished (``operations.cancel`` with ``fenced=``: the
-    tasks as read, with the status each was fenced from), the trees at once."""
+    (``THREADS``). First each batch is marked as stopping (one transaction, no read: from then
+    on its workers commit nothing), so every task stops one round trip after the listing. Then
+    a batch is read (one BatchGetItem) and moved to ``cancelled`` in one transaction made from
+    that read (the event each logs needs META's ``seq``; no read of its own): 1,000 tasks in 32
+    marks, 32 reads and 32 moves. A task that moved anyway between its batch's read and write (a
+    claim, a message) is read again with the others that moved and moved with them in one more
+    transaction (``ROUNDS``). Then each tree's cancel is finished (``operations.cancel`` with
+    ``fenced=``: the tasks as read, with the status each was fenced from), the trees at once."""
     owned_scope(store, tenant, scope)
     record, created = store.stops.put(tenant, scope, by=by, reason=reason)
     report = StopReport(record, created)
@@ -145,11 +148,17 @@ def stop(
         except (IllegalTransition, TaskNotFound):
             return None
 
+    def mark(batch: list[str]) -> None:
+        """Up to ``TOGETHER`` tasks marked as stopping, in one transaction: from then on their
+        workers write nothing (``storage.table.fence``), step commits included."""
+        store.tasks.mark_stopping(batch, str(scope))
+
     def fence(batch: list[str]) -> list[tuple[Task, str | None]]:
-        """Read up to ``TOGETHER`` tasks (one BatchGetItem) and fence them in one transaction
-        made from that read: each task, with the status it was fenced from (None: it had ended).
-        Those that moved since their read (a step committed) are read again together and fenced
-        in one more transaction, up to ``ROUNDS`` times; one still moving then is fenced alone."""
+        """Read up to ``TOGETHER`` marked tasks (one BatchGetItem) and move them to
+        ``cancelled`` in one transaction made from that read: each task, with the status it was
+        fenced from (None: it had ended). Those that moved anyway since their read (a claim, a
+        message; no step commits once marked) are read again together and moved in one more
+        transaction, up to ``ROUNDS`` times; one still moving then is moved alone."""
         out: dict[str, tuple[Task, str | None]] = {}
         pending = batch
         for _ in range(ROUNDS):
@@ -181,6 +190,9 @@ def stop(
             return []  # it ended on its own before the fence
 
     with ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="agentq-stop") as pool:
+        # Every batch marked before any is moved: the marks are what stops the workers, and
+        # the cheaper writes (no event, no read before), so none waits behind another's move.
+        list(pool.map(mark, batches(ids, TOGETHER)))
         reads = [r for fences in pool.map(fence, batches(ids, TOGETHER)) for r in fences]
         moved = {t.task_id: m for t, m in reads}
         # Each fenced task as it was before its fence, for the cancel's bookkeeping (a task
