@@ -203,6 +203,8 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
         assert row["latency_ms"]["n"] == 15 and row["reads"] > 0
     elif name == "stop_time":
         assert result["cancelled"] == result["running_before_stop"] == 6 and result["stopped_s"]["n"] == 6
+        assert result["marked"] == 6 and result["cancelled_s"]["n"] == 6
+        assert result["stopped_s"]["max"] <= result["cancelled_s"]["max"]  # the mark comes before the move
         assert result["commits_after_stop"] == result["step_items_committed_after_stop"] == 0
         assert result["bob_touched"] == 0
     elif name == "fairness":
