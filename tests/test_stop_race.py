@@ -13,6 +13,9 @@ receives it, never claimed.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +29,7 @@ from agentq.core.stops import ScopeStopped, StopScope
 from agentq.runtime import build_fanout, build_registry
 from agentq.storage import keys
 from agentq.storage.container import Storage
+from agentq.storage.table import STOPPING
 from agentq.worker import WorkerConfig
 from agentq_dev.stack import LocalStack
 
@@ -164,3 +168,57 @@ def test_a_task_of_a_stopped_scope_that_reached_the_queue_anyway_is_cancelled_un
     assert ended.status is TaskStatus.CANCELLED and ended.claim_count == 0 and ended.step == 0
     assert ended.error is not None and "stopped: user 'carol'" in ended.error["message"]
     stops.resume(store, TENANT, scope)
+
+
+# What ``agentq stop`` runs, in a process of its own that the test kills at a crash point.
+_STOPPER = """
+import sys
+from agentq.control import stops
+from agentq.core.stops import StopScope
+from agentq.runtime import Settings, build_store
+stops.stop(build_store(Settings.from_env()), sys.argv[1], StopScope("user", "alice"), by="a stopper killed mid-way")
+"""
+
+
+def test_a_stop_killed_after_its_marks_leaves_its_scope_fenced_and_run_again_cancels_it(stack: LocalStack) -> None:
+    """The stop's process is SIGKILLed once every task of the scope is marked and none moved
+    to ``cancelled``: the workers meet the marks at their next commit and let their tasks go,
+    no step of the scope commits after the kill, a new task of it is refused (the stop was
+    stored first), and the stop run again moves them all to ``cancelled``, the marks gone."""
+    tenant = "stop-killed"
+    store, queues = stack.store(), stack.queues()
+    assert stack.settings is not None
+    tools = build_registry(stack.settings)
+
+    def sub(body: dict[str, Any]) -> str:
+        return submit(store, tools, TaskSubmission.model_validate(body), tenant=tenant, queues=queues).task_id
+
+    alice = [sub(_steady(f"alice {i}", "alice")) for i in range(6)]
+    bob = sub(_steady("bob", "bob", turns=30))
+    _until("alice's tasks running in the workers",
+           lambda: all(m["status"] == "running" and int(m["step"]) >= 2 for m in store.tasks.metas(alice)))  # fmt: skip
+
+    stopper = subprocess.run([sys.executable, "-c", _STOPPER, tenant], env=stack.env(AGENTQ_CRASH_AT="after_stop_marks"),
+                             capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    killed = time.time()
+    assert stopper.returncode == -signal.SIGKILL, stopper.stderr
+    marked = store.tasks.metas(alice)
+    assert all(m["status"] == "running" and m.get(STOPPING) == "user 'alice'" for m in marked), marked
+
+    _until("every worker to let go of alice's tasks",
+           lambda: not any(m.get("owner_worker") for m in store.tasks.metas(alice)))  # fmt: skip
+    let_go = {str(m["task_id"]): int(m["step"]) for m in store.tasks.metas(alice)}
+    for task_id in alice:
+        for record in store.steps.load(task_id):
+            assert record.committed_at <= killed, f"{task_id} step {record.number} committed after its mark"
+    with pytest.raises(ScopeStopped):
+        sub(_steady("alice again", "alice", turns=1))
+
+    report = stops.stop(store, tenant, ALICE, by="test", queues=queues)
+    assert sorted(report.cancelled) == sorted(alice)
+    after = store.tasks.metas(alice)
+    assert all(m["status"] == "cancelled" and STOPPING not in m for m in after), after
+    assert {str(m["task_id"]): int(m["step"]) for m in after} == let_go
+    assert store.tasks.get(bob).status in (TaskStatus.RUNNING, TaskStatus.SUCCEEDED)  # never marked
+    operations.cancel(store, bob, tenant=tenant, queues=queues)
+    stops.resume(store, tenant, ALICE)

@@ -23,6 +23,7 @@ from typing import Any
 
 from agentq.control.operations import cancel
 from agentq.core.errors import IllegalTransition, TaskNotFound
+from agentq.core.faults import crash_point
 from agentq.core.models import Task, TaskStatus
 from agentq.core.stops import ScopeNotYours, StopRecord, StopScope
 from agentq.queueing.queues import TaskQueues
@@ -193,6 +194,7 @@ def stop(
         # Every batch marked before any is moved: the marks are what stops the workers, and
         # the cheaper writes (no event, no read before), so none waits behind another's move.
         list(pool.map(mark, batches(ids, TOGETHER)))
+        crash_point("after_stop_marks")
         reads = [r for fences in pool.map(fence, batches(ids, TOGETHER)) for r in fences]
         moved = {t.task_id: m for t, m in reads}
         # Each fenced task as it was before its fence, for the cancel's bookkeeping (a task

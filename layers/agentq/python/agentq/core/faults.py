@@ -29,6 +29,7 @@ CRASH_POINTS = (
     "after_grade_begin",  # an answer's grade begun (effect record), no grader run yet
     "after_grade",  # the grade recorded on its effect record, grade step not committed
     "after_grade_commit",  # grade step durable (the task ended, or the feedback is its next message)
+    "after_stop_marks",  # a stop marked every task of its scope, none moved to cancelled yet
 )
 
 _passes: Counter[str] = Counter()
