@@ -198,8 +198,8 @@ def test_a_step_its_worker_commits_after_the_stops_mark_is_refused_and_costs_the
     store: Storage,
 ) -> None:
     """Every running task's worker tries to commit a step right after the stop marked its batch
-    (before the batch's read): it is refused as a cancel refuses it (``LeaseLost``, status
-    ``cancelled``: the worker stops), so ``seq`` and ``step`` do not move and every batch is
+    (before the batch's read): it is refused (``LeaseLost`` naming the stop: the worker lets the
+    task go), so ``seq`` and ``step`` do not move and every batch is
     moved to ``cancelled`` by its first transaction. Before the mark, such a commit made the batch's move refused and
     re-read: at 1,000 running tasks, rounds queued behind the workers' own writes were the stop's
     tail (p99 20-55 s)."""
@@ -221,7 +221,7 @@ def test_a_step_its_worker_commits_after_the_stops_mark_is_refused_and_costs_the
             lease = leases[task_id]
             with pytest.raises(LeaseLost) as lost:  # every kind of worker write: test_stop_mark
                 store.steps.commit(lease, 1, llm_step(), root_id=task_id)
-            assert lost.value.details["status"] is TaskStatus.CANCELLED
+            assert lost.value.details == {"stopping": scope}
             with lock:
                 refused.append(task_id)
         return marked

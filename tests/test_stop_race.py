@@ -180,11 +180,14 @@ stops.stop(build_store(Settings.from_env()), sys.argv[1], StopScope("user", "ali
 """
 
 
-def test_a_stop_killed_after_its_marks_leaves_its_scope_fenced_and_run_again_cancels_it(stack: LocalStack) -> None:
+def test_a_stop_killed_after_its_marks_leaves_its_scope_fenced_and_its_tasks_deliveries_cancel_them(
+    stack: LocalStack,
+) -> None:
     """The stop's process is SIGKILLed once every task of the scope is marked and none moved
-    to ``cancelled``: the workers meet the marks at their next commit and let their tasks go,
-    no step of the scope commits after the kill, a new task of it is refused (the stop was
-    stored first), and the stop run again moves them all to ``cancelled``, the marks gone."""
+    to ``cancelled``: the workers meet the marks at their next commit and give the tasks back,
+    no step of the scope commits after the marks, a new task of it is refused (the stop was
+    stored first), and each task's next delivery (a few seconds on) finds its scope stopped and
+    cancels it, the mark gone; the stop run again finds nothing left."""
     tenant = "stop-killed"
     store, queues = stack.store(), stack.queues()
     assert stack.settings is not None
@@ -203,22 +206,21 @@ def test_a_stop_killed_after_its_marks_leaves_its_scope_fenced_and_run_again_can
     killed = time.time()
     assert stopper.returncode == -signal.SIGKILL, stopper.stderr
     marked = store.tasks.metas(alice)
-    assert all(m["status"] == "running" and m.get(STOPPING) == "user 'alice'" for m in marked), marked
-
-    _until("every worker to let go of alice's tasks",
-           lambda: not any(m.get("owner_worker") for m in store.tasks.metas(alice)))  # fmt: skip
-    let_go = {str(m["task_id"]): int(m["step"]) for m in store.tasks.metas(alice)}
-    for task_id in alice:
-        for record in store.steps.load(task_id):
-            assert record.committed_at <= killed, f"{task_id} step {record.number} committed after its mark"
+    assert all(m.get(STOPPING) == "user 'alice'" for m in marked), marked
+    at_mark = {str(m["task_id"]): int(m["step"]) for m in marked}  # nothing commits once marked
     with pytest.raises(ScopeStopped):
         sub(_steady("alice again", "alice", turns=1))
 
-    report = stops.stop(store, tenant, ALICE, by="test", queues=queues)
-    assert sorted(report.cancelled) == sorted(alice)
+    _until("each task's next delivery to cancel it",
+           lambda: all(m["status"] == "cancelled" for m in store.tasks.metas(alice)))  # fmt: skip
     after = store.tasks.metas(alice)
-    assert all(m["status"] == "cancelled" and STOPPING not in m for m in after), after
-    assert {str(m["task_id"]): int(m["step"]) for m in after} == let_go
+    assert not any(STOPPING in m for m in after), after
+    assert {str(m["task_id"]): int(m["step"]) for m in after} == at_mark
+    for task_id in alice:
+        for record in store.steps.load(task_id):
+            assert record.committed_at <= killed, f"{task_id} step {record.number} committed after its mark"
+            assert record.number <= at_mark[task_id]
+    assert stops.stop(store, tenant, ALICE, by="test", queues=queues).cancelled == []
     assert store.tasks.get(bob).status in (TaskStatus.RUNNING, TaskStatus.SUCCEEDED)  # never marked
     operations.cancel(store, bob, tenant=tenant, queues=queues)
     stops.resume(store, tenant, ALICE)

@@ -68,10 +68,12 @@ def why_fenced(table: Table, lease: Lease) -> LeaseLost:
 
 
 def _being_stopped(lease: Lease, meta: Item) -> LeaseLost:
-    """A stop's mark refused the write (``table.STOPPING``): the task's move to ``cancelled``
-    follows, and its worker stops as a cancel stops it."""
-    err = LeaseLost(f"task {lease.task_id} is being stopped ({meta[STOPPING]}); the worker must stop")
-    err.details["status"] = TaskStatus.CANCELLED
+    """A stop's mark refused the write (``table.STOPPING``): the worker lets the task go
+    (``details["stopping"]``: the stop's scope). Not reported as ended: the task is still
+    ``running`` until the stop's move to ``cancelled`` lands (a stop killed before it leaves the
+    task to the next delivery, which cancels it, or runs it on if the scope was resumed)."""
+    err = LeaseLost(f"task {lease.task_id} is being stopped ({meta[STOPPING]}); the worker lets it go")
+    err.details["stopping"] = str(meta[STOPPING])
     return err
 
 
@@ -336,9 +338,12 @@ class TaskLeases(TaskItems):
         return lease.model_copy(update={"expires_at": expires})
 
     def release(self, lease: Lease, *, forget_batch: bool = False) -> None:
-        """Give the task back (continuation, graceful shutdown): the next claim may run at once.
-        ``forget_batch``: the batch its next turn was sent in failed; the next claim sends anew."""
-        self._fenced(lease, Update(set={"lease_expires": 0}, remove=["batch"] if forget_batch else []))
+        """Give the task back (continuation, graceful shutdown, a stop's mark met): the next
+        claim may run at once. ``forget_batch``: the batch its next turn was sent in failed; the
+        next claim sends anew. Not refused by a stop's mark: giving the lease back writes nothing
+        of the task's, and every claim reads the stops first."""
+        update = Update(set={"lease_expires": 0}, remove=["batch"] if forget_batch else [])
+        self._fenced(lease, update, refused_when_stopping=False)
 
     def start_workspace(self, lease: Lease, ref: WorkspaceRef) -> None:
         """Record the starting files a clone made (``Task.workspace_start``, and ``workspace``,
@@ -351,10 +356,15 @@ class TaskLeases(TaskItems):
             Attr("workspace_start").not_exists() & Attr("step").eq(0),
         )
 
-    def _fenced(self, lease: Lease, update: Update, extra: ConditionBase | None = None) -> None:
-        """A write of the lease itself (heartbeat, release): its epoch, and no stop's mark, so a
-        worker learns at its next heartbeat that its task is being stopped."""
-        condition = Attr("lease_epoch").eq(lease.epoch) & Attr(STOPPING).not_exists()
+    def _fenced(
+        self, lease: Lease, update: Update, extra: ConditionBase | None = None, *, refused_when_stopping: bool = True
+    ) -> None:
+        """A write of the lease itself (heartbeat, live text, release): its epoch, and but for a
+        release no stop's mark, so a worker learns at its next heartbeat that its task is being
+        stopped."""
+        condition: ConditionBase = Attr("lease_epoch").eq(lease.epoch)
+        if refused_when_stopping:
+            condition = condition & Attr(STOPPING).not_exists()
         try:
             self.table.update(keys.meta_key(lease.task_id), update, condition=condition & extra if extra else condition)
         except ConditionFailed as exc:

@@ -91,8 +91,8 @@ class TaskTransitions(TaskItems):
             if lease is not None and current.lease_epoch != lease.epoch:
                 raise LeaseLost(f"lease epoch {lease.epoch} of task {task_id} is no longer current") from exc
             if lease is not None and current.status in allowed:
-                stopping = why_fenced(self.table, lease)  # a stop's mark (its status: cancelled)
-                if stopping.details.get("status") is not None:
+                stopping = why_fenced(self.table, lease)
+                if "stopping" in stopping.details:  # a stop's mark
                     raise stopping from exc
             if leaves_terminal and current.status.terminal and (current.expires_at or float("inf")) <= now:
                 raise IllegalTransition(

@@ -202,6 +202,9 @@ class Engine:
                 result = self._defer(session, exc)
             except LeaseLost as exc:
                 self._holds.release_unsent(session)
+                if "stopping" in exc.details:  # a stop's mark: the lease goes back for the next delivery
+                    with contextlib.suppress(LeaseLost):
+                        self.store.tasks.release(session.lease)
                 result = lease_lost(task_id, exc)
             except DETERMINISTIC_FAULTS as exc:
                 result = self._fail_on_fault(session, exc)

@@ -12,7 +12,13 @@ from typing import Any, Literal
 from agentq.core.errors import LeaseLost
 from agentq.core.models import Task, TaskStatus
 
-Outcome = Literal["finished", "continue", "retry", "deferred", "lease_lost", "not_claimed", "stopped", "waiting"]
+Outcome = Literal[
+    "finished", "continue", "retry", "deferred", "lease_lost", "not_claimed", "stopped", "stopping", "waiting"
+]
+# A run that met a stop's mark (``stopping``) comes back after this long: by then the stop has
+# moved the task to ``cancelled`` (the delivery ends it), or, killed before, left it to the
+# delivery, which cancels it while the scope is stopped and claims it if it was resumed.
+STOPPING_LOOK_AGAIN_SECONDS = 5
 
 
 @dataclass
@@ -32,6 +38,10 @@ class RunResult:
 
 
 def lease_lost(task_id: str, exc: LeaseLost) -> RunResult:
-    """Fenced out: by a cancel (the status moved: ``stopped``) or by another worker."""
+    """Fenced out: by a cancel (the status moved: ``stopped``), by a stop's mark before its
+    cancel (``stopping``: the task has not ended, and is looked at again) or by another worker."""
+    if "stopping" in exc.details:
+        error = {**exc.to_dict(), "code": "stopping", "retry_after": STOPPING_LOOK_AGAIN_SECONDS}
+        return RunResult(task_id, "stopping", error=error)
     status = exc.details.get("status")
     return RunResult(task_id, "stopped" if status is not None else "lease_lost", status=status, error=exc.to_dict())

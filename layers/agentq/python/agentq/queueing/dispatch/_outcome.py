@@ -40,6 +40,13 @@ def after_run(
         ctx.queues.send(task_id, tier, kind="continue", delay_seconds=min(MAX_DELAY, math.ceil(wait)), tenant=tenant)
         why = (run.error or {}).get("message") or "deferred"
         return Action("delete", f"deferred: {why}", task_id=task_id, run=run)
+    if run.outcome == "stopping":
+        # A stop's mark fenced the run; the task ends with the stop's move to cancelled. A fresh
+        # delayed message (no note: a logged write would refuse that move) looks again: it ends
+        # the task's message then, or cancels the task, or runs it on (a dead stop, resumed).
+        wait = (run.error or {}).get("retry_after") or 1
+        ctx.queues.send(task_id, tier, kind="continue", delay_seconds=min(MAX_DELAY, math.ceil(wait)), tenant=tenant)
+        return Action("delete", f"being stopped; looked at again in {wait} s", task_id=task_id, run=run)
     if run.outcome == "lease_lost":
         # Another worker owns the task now (with this very message, if our visibility lapsed): touch nothing.
         return Action("abandon", "lease lost to another worker", task_id=task_id, run=run)
