@@ -304,6 +304,13 @@ def s_queued(c: Case) -> None:
     c.task = _with_dependent(c, c.create(_sub()))
 
 
+def s_queued_marked_by_a_dead_stop(c: Case) -> None:
+    """A stop's mark left by a stop killed before its move, the scope resumed (no stop stored):
+    the claim takes the mark off and the task runs."""
+    c.task = c.create(_sub())
+    assert c.store.tasks.mark_stopping([c.task.task_id], "user 'alice'") == [True]
+
+
 def s_queued_retryable(c: Case) -> None:
     c.task = _with_dependent(c, c.create(_sub(goal="overloaded")))
 
