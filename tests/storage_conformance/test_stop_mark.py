@@ -11,7 +11,9 @@ from collections.abc import Callable
 import pytest
 
 from agentq.core.errors import LeaseLost
-from agentq.core.models import Lease, RetryState, TaskStatus
+from agentq.core.models import Lease, RetryState, TaskStatus, ToolOutcome
+from agentq.core.reservation import Reservation
+from agentq.core.workspace import WorkspaceRef
 from agentq.storage.container import Storage
 from agentq.storage.table import STOPPING
 
@@ -26,9 +28,12 @@ def _retry() -> RetryState:
                       at=now, next_at=now + 1)  # fmt: skip
 
 
-def _worker_writes(backend: Storage, lease: Lease) -> dict[str, Callable[[], object]]:
-    """Every kind of write a worker makes for its task under its lease (``WRITES``)."""
+def _worker_writes(backend: Storage, lease: Lease, held: Reservation) -> dict[str, Callable[[], object]]:
+    """The kinds of write a worker makes for its task under its lease (``WRITES``): META's,
+    and those of other items that check META's fence in the same transaction. ``held``: a hold
+    reserved (and side effect ``tu0`` begun) before the mark."""
     task_id = lease.task_id
+    done = ToolOutcome(tool_use_id="tu0", name="pay", content="paid", started_at=time.time(), duration_ms=1)
     writes: dict[str, Callable[[], object]] = {
         "step commit": lambda: backend.steps.commit(lease, 1, llm_step(), root_id=task_id),
         "heartbeat": lambda: backend.tasks.extend_lease(lease, 30),
@@ -38,13 +43,18 @@ def _worker_writes(backend: Storage, lease: Lease) -> dict[str, Callable[[], obj
         "a side effect's start": lambda: backend.effects.begin(lease, "tu1", "pay"),
         "a note": lambda: backend.notes.write(lease, "k", "v"),
         "a hold's reserve": lambda: backend.budgets.reserve(lease, task_id, 100, 1),
+        "a hold's extension (before its call)": lambda: backend.budgets.extend_hold(lease, held, time.time() + 60),
+        "a side effect's outcome": lambda: backend.effects.finish(lease, "tu0", done),
+        "a streamed call's live text": lambda: backend.tasks.publish_live_text(lease, "partial answer"),
+        "a workspace's start": lambda: backend.tasks.start_workspace(lease, WorkspaceRef(manifest="m" * 64)),
     }
     assert tuple(writes) == WRITES
     return writes
 
 
 WRITES = ("step commit", "heartbeat", "its own ending", "a pause for a batch", "a retry's record",
-          "a side effect's start", "a note", "a hold's reserve")  # fmt: skip
+          "a side effect's start", "a note", "a hold's reserve", "a hold's extension (before its call)",
+          "a side effect's outcome", "a streamed call's live text", "a workspace's start")  # fmt: skip
 
 
 @pytest.mark.parametrize("write", WRITES)
@@ -52,16 +62,22 @@ def test_a_marked_tasks_worker_writes_nothing_and_is_told_its_task_is_being_stop
     backend: Storage, write: str
 ) -> None:
     lease = claimed(backend)
+    held = backend.budgets.reserve(lease, lease.task_id, 50, 1, until=time.time() + 30)
+    assert backend.effects.begin(lease, "tu0", "pay") is None
     before = backend.tasks.metas([lease.task_id])[0]
     assert backend.tasks.mark_stopping([lease.task_id], SCOPE) == [True]
     with pytest.raises(LeaseLost) as lost:
-        _worker_writes(backend, lease)[write]()
+        _worker_writes(backend, lease, held)[write]()
     assert lost.value.details == {"stopping": SCOPE}  # the worker lets it go; the task has not ended
     assert "status" not in lost.value.details
     after = backend.tasks.metas([lease.task_id])[0]
     assert (after["status"], after["step"], after.get("seq", 0)) == ("running", before["step"], before.get("seq", 0))
     assert backend.effects.get(lease.task_id, "tu1") is None
+    effect = backend.effects.get(lease.task_id, "tu0")
+    assert effect is not None and effect.state == "started"
     assert backend.notes.read(lease.task_id, "k") is None
+    assert after["inflight"] == before["inflight"]
+    assert all(name not in after for name in ("live_text", "workspace_start"))
 
 
 def test_a_mark_is_refused_only_by_a_task_that_can_no_longer_be_cancelled(backend: Storage) -> None:
