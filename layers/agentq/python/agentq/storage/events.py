@@ -62,11 +62,11 @@ from agentq.storage.table import (
     Put,
     Table,
     TransactionCancelled,
-    TransactionConflict,
     Update,
     absent,
     merge,
     plain,
+    transact_leaving_out,
 )
 
 RANK_STEP, RANK_FINISH, RANK_EVENT, RANK_CLAIM = 0, 1, 2, 3
@@ -222,25 +222,13 @@ def logged_together(table: Table, writes: Sequence[LoggedWrite]) -> list[bool]:
     fresh read). A conflict with another write (``TransactionConflict``) leaves them all to it."""
     if len(writes) > TOGETHER:
         raise ValueError(f"at most {TOGETHER} tasks a transaction")
-    pending = list(range(len(writes)))
-    while pending:
-        actions = [
-            action
-            for i in pending
-            for action in _logged(writes[i].task_id, [replace(writes[i].action, name=f"meta{i}")], writes[i].event,
-                                  plain(writes[i].read), meta=f"meta{i}", pinned=True, event_name=f"event{i}")
-        ]  # fmt: skip
-        try:
-            table.transact(actions)
-            break
-        except TransactionCancelled as exc:
-            failed = {i for i in pending if {f"meta{i}", f"event{i}"} & exc.failed}
-            if not failed:
-                return [False] * len(writes)
-            pending = [i for i in pending if i not in failed]
-        except TransactionConflict:
-            return [False] * len(writes)
-    return [i in pending for i in range(len(writes))]
+
+    def logged(i: int) -> list[Action]:
+        write = writes[i]
+        return _logged(write.task_id, [replace(write.action, name=f"meta{i}")], write.event, plain(write.read),
+                       meta=f"meta{i}", pinned=True, event_name=f"event{i}")  # fmt: skip
+
+    return transact_leaving_out(table, len(writes), logged)
 
 
 def _counters(head: Mapping[str, Any]) -> tuple[int, int]:

@@ -298,6 +298,28 @@ def chunks(actions: Sequence[Action], size: int = MAX_TRANSACTION_ACTIONS) -> It
         yield actions[i : i + size]
 
 
+def transact_leaving_out(table: Table, parts: int, actions_of: Callable[[int], Sequence[Action]]) -> list[bool]:
+    """The actions of ``parts`` parts (each its own task's, say) in one transaction, built by
+    ``actions_of(i)`` each round: a part any of whose actions' conditions failed is left out and
+    the others tried again, until one transaction goes through. Which parts were written, in
+    order; none on a ``TransactionConflict`` (nothing was written: the caller writes them its
+    own way), nor when a refusal names no part's action."""
+    pending = list(range(parts))
+    while pending:
+        batch = [(i, action) for i in pending for action in actions_of(i)]
+        try:
+            table.transact([action for _, action in batch])
+            break
+        except TransactionCancelled as exc:
+            failed = {i for i, action in batch if action.name in exc.failed}
+            if not failed:
+                return [False] * parts
+            pending = [i for i in pending if i not in failed]
+        except TransactionConflict:
+            return [False] * parts
+    return [i in pending for i in range(parts)]
+
+
 RELEASE_ATTEMPTS = 5
 RELEASE_BACKOFF_SECONDS = 0.02  # the first retry's ceiling; doubles each time (full jitter)
 

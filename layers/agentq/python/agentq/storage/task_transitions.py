@@ -39,11 +39,11 @@ from agentq.storage.table import (
     Patch,
     Put,
     TransactionCancelled,
-    TransactionConflict,
     Update,
     fence,
     present,
     status_in,
+    transact_leaving_out,
 )
 from agentq.storage.task_items import TaskItems, live_keys, merged, reopening
 
@@ -145,21 +145,11 @@ class TaskTransitions(TaskItems):
         if len(task_ids) > TOGETHER:
             raise ValueError(f"at most {TOGETHER} tasks a transaction")
         condition = present() & status_in(sources_of(TaskStatus.CANCELLED))
-        pending = list(range(len(task_ids)))
-        while pending:
-            marks = [Patch(f"meta{i}", keys.meta_key(task_ids[i]), Update(set={STOPPING: scope}), condition)
-                     for i in pending]  # fmt: skip
-            try:
-                self.table.transact(marks)
-                break
-            except TransactionCancelled as exc:
-                failed = {i for i in pending if f"meta{i}" in exc.failed}
-                if not failed:
-                    return [False] * len(task_ids)
-                pending = [i for i in pending if i not in failed]
-            except TransactionConflict:
-                return [False] * len(task_ids)
-        return [i in pending for i in range(len(task_ids))]
+        return transact_leaving_out(
+            self.table,
+            len(task_ids),
+            lambda i: [Patch(f"meta{i}", keys.meta_key(task_ids[i]), Update(set={STOPPING: scope}), condition)],
+        )
 
     def _move(
         self,
