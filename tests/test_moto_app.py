@@ -199,13 +199,18 @@ def _query(ddb: Any, table: str, pk: str, **extra: Any) -> list[dict[str, Any]]:
         "ExpressionAttributeValues": {":p": {S: pk}, **extra.pop("values", {})},
         **extra,
     }
+    return _pages(ddb, request)
+
+
+def _pages(ddb: Any, request: dict[str, Any]) -> list[dict[str, Any]]:
+    """The items of every page of the Query ``request``, in order (each page from the last's key)."""
     items: list[dict[str, Any]] = []
     while True:
         page = ddb.query(**request)
         items += page["Items"]
         if "LastEvaluatedKey" not in page:
             return items
-        request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        request = {**request, "ExclusiveStartKey": page["LastEvaluatedKey"]}
 
 
 def test_a_partition_query_returns_that_partition_in_sort_key_order_with_every_option(ddb: Any) -> None:
@@ -280,13 +285,7 @@ def test_an_index_query_returns_moto_s_answer_from_that_index_partition_alone(dd
 
     def query(index: str, key: str, **extra: Any) -> list[str]:
         request = {"TableName": table, "IndexName": index, "KeyConditionExpression": key, **extra}
-        found: list[str] = []
-        while True:
-            page = ddb.query(**request)
-            found += [item["sk"][S] for item in page["Items"]]
-            if "LastEvaluatedKey" not in page:
-                return found
-            request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        return [item["sk"][S] for item in _pages(ddb, request)]
 
     def expected(partition: str, low: int = 0, high: int = 9) -> list[str]:
         mine = [i for i in written if i.get("g") == {S: partition} and "r" in i and low <= int(i["r"]["N"]) <= high]
@@ -352,13 +351,7 @@ def test_an_index_query_returns_each_item_as_its_index_projects_it_keys_only_or_
     def query(index: str, **extra: Any) -> list[dict[str, Any]]:
         request = {"TableName": table, "IndexName": index, "KeyConditionExpression": "g = :g", "Limit": 7, **extra}
         request["ExpressionAttributeValues"] = {":g": {S: "g1"}, **extra.get("ExpressionAttributeValues", {})}
-        found: list[dict[str, Any]] = []
-        while True:
-            page = ddb.query(**request)
-            found += page["Items"]
-            if "LastEvaluatedKey" not in page:
-                return found
-            request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        return _pages(ddb, request)
 
     g1 = sorted(k for k, item in written.items() if item["g"] == {S: "g1"})
     kept = {"keys": ("pk", "sk", "g"), "incl": ("pk", "sk", "g", "r", "n", "m", "ss")}

@@ -86,6 +86,18 @@ def _until(what: str, pred: Callable[[], bool], timeout: float = 90) -> None:
         time.sleep(0.1)
 
 
+def _submitter(stack: LocalStack, tenant: str) -> Callable[[dict[str, Any]], str]:
+    """Submits a task of ``tenant`` as POST /tasks does (the stops read first); returns its id."""
+    store, queues = stack.store(), stack.queues()
+    assert stack.settings is not None
+    tools = build_registry(stack.settings)
+
+    def sub(body: dict[str, Any]) -> str:
+        return submit(store, tools, TaskSubmission.model_validate(body), tenant=tenant, queues=queues).task_id
+
+    return sub
+
+
 def _trees(store: Storage, roots: list[str]) -> list[Task]:
     return [t for r in roots for t in operations.subtree(store, store.tasks.get(r))]
 
@@ -98,10 +110,7 @@ def _committed_numbers(store: Storage, task_id: str, upto: int) -> list[int]:
 def test_a_stop_cancels_its_scope_in_every_worker_and_no_step_of_it_commits_after(stack: LocalStack) -> None:
     store, queues = stack.store(), stack.queues()
     assert stack.settings is not None
-    tools = build_registry(stack.settings)
-
-    def sub(body: dict[str, Any]) -> str:
-        return submit(store, tools, TaskSubmission.model_validate(body), tenant=TENANT, queues=queues).task_id
+    sub = _submitter(stack, TENANT)
 
     # 2 roots with 2 children each, 4 more of alice's and 2 of bob's: the 12 slots of the workers.
     alice_roots = [sub(_fanning(f"alice fan {i}", "alice")) for i in range(2)]
@@ -190,11 +199,7 @@ def test_a_stop_killed_after_its_marks_leaves_its_scope_fenced_and_its_tasks_del
     cancels it, the mark gone; the stop run again finds nothing left."""
     tenant = "stop-killed"
     store, queues = stack.store(), stack.queues()
-    assert stack.settings is not None
-    tools = build_registry(stack.settings)
-
-    def sub(body: dict[str, Any]) -> str:
-        return submit(store, tools, TaskSubmission.model_validate(body), tenant=tenant, queues=queues).task_id
+    sub = _submitter(stack, tenant)
 
     alice = [sub(_steady(f"alice {i}", "alice")) for i in range(6)]
     bob = sub(_steady("bob", "bob", turns=30))
