@@ -193,9 +193,10 @@ def stop(
     with ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="agentq-stop") as pool:
         # Every batch marked before any is moved: the marks are what stops the workers, and
         # the cheaper writes (no event, no read before), so none waits behind another's move.
-        list(pool.map(mark, batches(ids, TOGETHER)))
+        together = batches(ids, TOGETHER)
+        list(pool.map(mark, together))
         crash_point("after_stop_marks")
-        reads = [r for fences in pool.map(fence, batches(ids, TOGETHER)) for r in fences]
+        reads = [r for fences in pool.map(fence, together) for r in fences]
         moved = {t.task_id: m for t, m in reads}
         # Each fenced task as it was before its fence, for the cancel's bookkeeping (a task
         # fenced queued gives its slots back): the fence required the status read, and changed

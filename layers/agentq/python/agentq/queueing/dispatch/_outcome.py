@@ -4,14 +4,13 @@ Every follow-up carries the task's tenant as its fair-queue group."""
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from typing import Any
 
 from agentq.core.engine import RunResult
 from agentq.queueing.dispatch import _failures
-from agentq.queueing.dispatch._context import MAX_DELAY, MAX_VISIBILITY, PARKED, Action, Context
+from agentq.queueing.dispatch._context import MAX_VISIBILITY, PARKED, Action, Context
 
 
 def after_run(
@@ -36,8 +35,7 @@ def after_run(
         # A zombie's call may still be charged against the budget: come back after its hold's
         # deadline. A fresh delayed message, not a visibility change, so waiting spends none of
         # the task's receives (SQS caps a message's delay at 15 minutes; a longer wait defers again).
-        wait = (run.error or {}).get("retry_after") or 1
-        ctx.queues.send(task_id, tier, kind="continue", delay_seconds=min(MAX_DELAY, math.ceil(wait)), tenant=tenant)
+        ctx.send_later(task_id, tier, "continue", (run.error or {}).get("retry_after") or 1, tenant=tenant)
         why = (run.error or {}).get("message") or "deferred"
         return Action("delete", f"deferred: {why}", task_id=task_id, run=run)
     if run.outcome == "stopping":
@@ -45,7 +43,7 @@ def after_run(
         # delayed message (no note: a logged write would refuse that move) looks again: it ends
         # the task's message then, or cancels the task, or runs it on (a dead stop, resumed).
         wait = (run.error or {}).get("retry_after") or 1
-        ctx.queues.send(task_id, tier, kind="continue", delay_seconds=min(MAX_DELAY, math.ceil(wait)), tenant=tenant)
+        ctx.send_later(task_id, tier, "continue", wait, tenant=tenant)
         return Action("delete", f"being stopped; looked at again in {wait} s", task_id=task_id, run=run)
     if run.outcome == "lease_lost":
         # Another worker owns the task now (with this very message, if our visibility lapsed): touch nothing.
