@@ -4,35 +4,27 @@ the call's effect, and parks again (with the next look set) if it has not ended,
 worker only for that one request. A task found running is treated as a plain run treats it (its
 worker died mid-look: taken over once its lease lapses), an ended or paused one is left alone;
 one waiting on something else parks again by itself when it finds that still pending (a spawn, a
-batch), so a stray look costs one claim, nothing more. A look that arrives while the task is parked
-with its next look due well after now (``Task.look_due``) is a stray of an earlier park (one the
-sweeper re-sent, ``queueing.sweeper``, while the late one was still on its way): it is deleted
-without a claim, so two looks never go on as two chains. SQS delivers a delayed message no sooner
-than its delay, so the due look is never early by more than the clocks' skew (``EARLY_SLACK``)."""
+batch), so a stray look costs one claim, nothing more. A look that arrives while the task's next look is
+due well after now is a stray, deleted without a claim (``_looks``)."""
 
 from __future__ import annotations
 
 import contextlib
-import time
 
 from agentq.core.errors import IllegalTransition
 from agentq.core.models import TaskStatus
-from agentq.queueing.dispatch import _arrival, _attempt
+from agentq.queueing.dispatch import _arrival, _attempt, _looks
 from agentq.queueing.dispatch._context import Action, Context, Delivery, parked
 from agentq.queueing.queues import TaskMessage
-
-# Seconds: the clocks of two hosts may differ (NTP keeps EC2 hosts within milliseconds); a look
-# earlier than this is a stray. Well under the shortest look interval (30 s), so a stray that
-# comes right after a park is told apart too, and two chains of looks merge at the next park.
-EARLY_SLACK = 5.0
 
 
 def handle(ctx: Context, message: TaskMessage, delivery: Delivery) -> Action:
     task = _arrival.receive(ctx, message, delivery)
     if isinstance(task, Action):
         return task
-    if task.status is TaskStatus.WAITING and task.look_due is not None and task.look_due - time.time() > EARLY_SLACK:
-        return Action("delete", "a stray look: the task's next look is due later", task_id=task.task_id)
+    early = _looks.stray(task)
+    if early is not None:
+        return early
     if task.status is TaskStatus.WAITING:
         with contextlib.suppress(IllegalTransition):  # a wake of another kind got there first
             ctx.store.tasks.transition(task.task_id, TaskStatus.QUEUED)
