@@ -419,11 +419,15 @@ def _key_full(c: Case, on_conflict: str) -> None:
     c.task = _with_dependent(c, c.create({**_sub(), "concurrency": concurrency}))
 
 
-def _batched(c: Case, goal: str) -> None:
+def _batched(c: Case, goal: str, *, look_due_in: float = 0.0) -> None:
+    """Parked on its batch, its next look due in ``look_due_in`` seconds (the park sets it a
+    poll interval ahead; 0: the time has come, as when the park's own look arrives)."""
     body = {"goal": goal, "provider": "anthropic", "model": "claude-sonnet-4-5", "notify": NOTIFY,
             "constraints": {"economy": True, "max_cost_usd": "1"}}  # fmt: skip
     c.task = c.create(body)
     c.run(c.task.task_id)
+    assert c.store.tasks.next_look(c.task.task_id, time.time() + look_due_in)
+    c.task = c.store.tasks.get(c.task.task_id)
 
 
 def s_waiting_on_a_batch_that_ended(c: Case) -> None:
@@ -432,6 +436,11 @@ def s_waiting_on_a_batch_that_ended(c: Case) -> None:
 
 def s_waiting_on_a_batch_still_running(c: Case) -> None:
     _batched(c, "batch pending")
+
+
+def s_waiting_on_a_batch_its_next_look_not_yet_due(c: Case) -> None:
+    """A look arriving now is a stray (the sweeper's, or a late one of an earlier look)."""
+    _batched(c, "batch ready", look_due_in=600)
 
 
 def s_tenant_limited_with_a_waiter(c: Case) -> None:

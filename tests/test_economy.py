@@ -186,3 +186,44 @@ def test_a_batch_looked_at_twice_before_it_ends_keeps_one_hold_and_no_wait(
     done = Engine(store, worker_id="w4", tools=registry, providers=lambda _: Batches()).run(task.task_id)
     assert done.status is TaskStatus.SUCCEEDED, done
     assert store.budgets.get(task.task_id).reserved == 0
+
+
+def test_a_batch_wait_whose_look_was_lost_is_found_by_the_sweeper_and_its_answer_is_read_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``agentq run-task`` sends the turn as a batch and parks the task as a worker does, but
+    queues no look: the look a worker that died between its park and its send would have lost.
+    Nothing would ever wake the task. The sweeper sends one once it is overdue, a worker takes
+    it, reads the batch's answer and the task succeeds; one batch was sent, not two."""
+    from agentq.queueing.sweeper import sweep
+    from agentq.runtime import build_registry
+
+    from tests.helpers import run_agentq
+
+    with FakeMessagesAPI(
+        responder=lambda _: message_reply([{"type": "text", "text": "done"}]), batch_seconds=0.1
+    ) as api:
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.base_url)
+        # The park's look is due in 1 s, so the sweeper's look (sent here at once, the sweep's
+        # clock moved past the due) arrives when it is due, not as a stray.
+        monkeypatch.setenv("AGENTQ_BATCH_POLL_SECONDS", "1")
+        with LocalStack(prefix="econlost", workers=0, api=False) as stack:
+            assert stack.settings is not None
+            store = stack.store()
+            body = {"goal": "answer", "provider": "anthropic", "model": "claude-sonnet-4-6",
+                    "constraints": {"economy": True, "max_cost_usd": "1"}}  # fmt: skip
+            task = submit(store, build_registry(stack.settings), body, tenant="t")  # no message: run-task runs it
+            parked = run_agentq(["run-task", task.task_id, "--lease", "2"], env=stack.env(), timeout=120)
+            assert json.loads(parked.stdout.splitlines()[-1])["status"] == "waiting", parked.stderr[-2000:]
+            waiting = store.tasks.get(task.task_id)
+            assert waiting.status is TaskStatus.WAITING and waiting.batch is not None and waiting.look_due is not None
+            assert task.task_id not in sweep(store, stack.queues(), stale_after=60, now=waiting.look_due + 59).looked
+            assert task.task_id in sweep(store, stack.queues(), stale_after=60, now=waiting.look_due + 61).looked
+            stack.spawn_worker()
+            wait_for(lambda: store.tasks.get(task.task_id).status.terminal, timeout=90, what="the swept task to end")
+            final = store.tasks.get(task.task_id)
+            assert final.status is TaskStatus.SUCCEEDED, final.error
+            assert final.result == "done" and len(api.batches) == 1
+            calls = [s.body for s in store.steps.load(task.task_id) if isinstance(s.body, LLMStep)]
+            assert len(calls) == 1 and calls[0].batched

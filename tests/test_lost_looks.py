@@ -1,21 +1,25 @@
-"""A task waiting on a remote agent's task wakes itself with a delayed look queued after its park
-commits; a worker that dies between the two leaves it with nothing to wake it. Its park records
-when the look is due (``core.status.LOOK_DUE``), so the sweeper sends a lost look once it is
-overdue, every other move clears the mark, and a look that arrives while the next one is not due
-yet is a stray, deleted without a claim (two looks never go on as two chains). Against moto
-server; the whole path with a real remote and real workers: tests/test_a2a_client.py."""
+"""A task waiting on a remote agent's task, or on its economy batch, wakes itself with a delayed
+look queued after its park commits (a batch look queues the next one itself); a worker that dies
+between the two leaves it with nothing to wake it. Its park (and a batch look, before it queues
+the next) records when the look is due (``core.status.LOOK_DUE``), so the sweeper sends a lost
+look of the right kind once it is overdue, every other move clears the mark, and a look that
+arrives while the next one is not due yet is a stray, deleted without a claim and without asking
+the provider (two looks never go on as two chains). Against moto server; the whole path with a
+real remote and real workers: tests/test_a2a_client.py, with a real batch API and real
+processes: tests/test_economy.py."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import TaskStatus
+from agentq.core.providers import LLMRequest, LLMResponse, default_provider_factory
 from agentq.core.status import LOOK_DUE
-from agentq.queueing.queues import TaskMessage, TaskQueues
+from agentq.queueing.queues import MessageKind, TaskMessage, TaskQueues
 from agentq.queueing.sweeper import sweep
 from agentq.runtime import build_dispatcher, build_queues, build_registry, build_store
 from agentq_dev.moto_server import MotoServer
@@ -25,40 +29,72 @@ from tests.helpers import deployment, scripted
 STALE = 60.0
 
 
-def _world(moto_server: MotoServer) -> tuple[Any, TaskQueues, Any]:
+class PendingBatches:
+    """A batch API whose batches never end, noting each batch it was asked about."""
+
+    name = "anthropic"
+    looked: ClassVar[list[str]] = []
+
+    def __init__(self) -> None:
+        PendingBatches.looked = []
+
+    def complete(self, request: LLMRequest) -> LLMResponse:
+        raise AssertionError("no call is made here")
+
+    def submit_batch(self, request: LLMRequest, custom_id: str) -> str:
+        raise AssertionError("no batch is sent here")
+
+    def batch_result(self, batch_id: str, custom_id: str) -> LLMResponse | None:
+        PendingBatches.looked.append(batch_id)
+        return None
+
+
+def _world(moto_server: MotoServer, provider: Any = None) -> tuple[Any, TaskQueues, Any]:
     settings = deployment(moto_server)
     store, queues = build_store(settings), build_queues(settings)
-    engine = Engine(store, worker_id="w", tools=build_registry(settings), config=EngineConfig(lease_seconds=30))
+    engine = Engine(store, worker_id="w", tools=build_registry(settings), config=EngineConfig(lease_seconds=30),
+                    providers=(lambda _: provider) if provider is not None else default_provider_factory)  # fmt: skip
     return store, queues, build_dispatcher(engine, store, queues, max_receive_count=5)
 
 
-def _parked(store: Any, *, look_due: float | None, priority: str = "normal") -> str:
+# What a park leaves on META besides the due time: a remote wait nothing more (the remote task is
+# on the call's effect), a batch wait its batch (sent as it parks).
+WAITS: dict[MessageKind, dict[str, Any]] = {
+    "remote_poll": {},
+    "batch_poll": {"batch": {"id": "b1", "custom_id": "c1", "step": 1, "epoch": 1}},
+}
+
+
+def _parked(store: Any, *, look_due: float | None, priority: str = "normal", kind: MessageKind = "remote_poll") -> str:
     """A task moved running -> waiting as a park does: with its look's due time, or without (children)."""
     task = store.tasks.create(scripted([{"text": "done"}]).model_copy(update={"priority": priority}), tenant="t")
     store.tasks.transition(task.task_id, TaskStatus.RUNNING)
-    store.tasks.transition(task.task_id, TaskStatus.WAITING, extra={LOOK_DUE: look_due} if look_due else None)
+    extra = {**WAITS[kind], **({LOOK_DUE: look_due} if look_due else {})}
+    if "batch" in extra:
+        extra["batch"] = {**extra["batch"], "submitted_at": time.time()}
+    store.tasks.transition(task.task_id, TaskStatus.WAITING, extra=extra or None)
     return str(task.task_id)
 
 
 def _received(queues: TaskQueues, tier: str) -> list[TaskMessage]:
-    got = queues.sqs.receive_message(QueueUrl=queues.url(tier), WaitTimeSeconds=1, MaxNumberOfMessages=10)
+    """What the tier's queue holds now or within 3 s (a batch look is sent 1 s late here)."""
+    got = queues.sqs.receive_message(QueueUrl=queues.url(tier), WaitTimeSeconds=3, MaxNumberOfMessages=10)
     return [TaskMessage.model_validate_json(m["Body"]) for m in got.get("Messages", [])]
 
 
+@pytest.mark.parametrize("kind", list(WAITS))
 @pytest.mark.parametrize("priority", ["high", "normal", "low"])
-def test_a_remote_wait_whose_look_was_lost_is_sent_one_once_overdue_on_its_own_tier(
-    moto_server: MotoServer, priority: str
+def test_a_wait_whose_look_was_lost_is_sent_one_of_its_kind_once_overdue_on_its_own_tier(
+    moto_server: MotoServer, priority: str, kind: MessageKind
 ) -> None:
     store, queues, _ = _world(moto_server)
     due = time.time()
-    lost = _parked(store, look_due=due, priority=priority)
+    lost = _parked(store, look_due=due, priority=priority, kind=kind)
     children = _parked(store, look_due=None, priority=priority)  # woken by its fan-out, never by a look
     assert lost not in sweep(store, queues, stale_after=STALE, now=due + STALE - 1).looked  # maybe only late
     report = sweep(store, queues, stale_after=STALE, now=due + STALE + 1)
     assert lost in report.looked and children not in report.looked + report.swept
-    assert [(m.task_id, m.kind) for m in _received(queues, priority) if m.task_id in (lost, children)] == [
-        (lost, "remote_poll")
-    ]
+    assert [(m.task_id, m.kind) for m in _received(queues, priority) if m.task_id in (lost, children)] == [(lost, kind)]
     assert children not in sweep(store, queues, stale_after=STALE, now=due + 100 * STALE).looked
 
 
@@ -75,21 +111,63 @@ def test_every_move_but_the_park_that_queues_a_look_clears_its_due_time(moto_ser
     assert task_id not in sweep(store, queues, stale_after=STALE, now=due + 100 * STALE).looked
 
 
-def test_a_look_that_arrives_before_the_next_one_is_due_is_deleted_without_a_claim(moto_server: MotoServer) -> None:
-    store, _, dispatcher = _world(moto_server)
+@pytest.mark.parametrize("kind", list(WAITS))
+def test_a_look_that_arrives_before_the_next_one_is_due_is_deleted_without_a_claim(
+    moto_server: MotoServer, kind: MessageKind, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENTQ_BATCH_POLL_SECONDS", "1")
+    store, queues, dispatcher = _world(moto_server, PendingBatches())
     for ahead in (600, 29):  # a look arriving right after a park whose next look is the shortest, 30 s, away
-        stray = _parked(store, look_due=time.time() + ahead)
-        _assert_dropped(store, dispatcher, stray)
-    due = _parked(store, look_due=time.time() - 1)  # its look, on time: it runs
-    dispatcher.handle(TaskMessage(task_id=due, kind="remote_poll").model_dump_json(), tier="normal", receive_count=1)
-    assert store.tasks.get(due).claim_count == 1
+        stray = _parked(store, look_due=time.time() + ahead, kind=kind)
+        _assert_dropped(store, dispatcher, stray, kind)
+    assert PendingBatches.looked == []  # a stray batch look never asks the provider
+    due = _parked(store, look_due=time.time() - 1, kind=kind)  # its look, on time: it goes on
+    dispatcher.handle(TaskMessage(task_id=due, kind=kind).model_dump_json(), tier="normal", receive_count=1)
+    if kind == "remote_poll":  # a remote look wakes the task, whose run re-attaches to the remote task
+        assert store.tasks.get(due).claim_count == 1
+    else:  # a batch look asks the provider, and its batch is still running: the next look is queued
+        assert PendingBatches.looked == ["b1"] and store.tasks.get(due).claim_count == 0
+        assert [(m.task_id, m.kind) for m in _received(queues, "normal")] == [(due, "batch_poll")]
 
 
-def _assert_dropped(store: Any, dispatcher: Any, stray: str) -> None:
+def _assert_dropped(store: Any, dispatcher: Any, stray: str, kind: MessageKind) -> None:
     before = store.tasks.get(stray)
-    action = dispatcher.handle(TaskMessage(task_id=stray, kind="remote_poll").model_dump_json(), tier="normal",
+    action = dispatcher.handle(TaskMessage(task_id=stray, kind=kind).model_dump_json(), tier="normal",
                                receive_count=1)  # fmt: skip
     assert (action.kind, action.reason) == ("delete", "a stray look: the task's next look is due later")
     after = store.tasks.get(stray)
     assert (after.status, after.claim_count, after.lease_epoch) == (TaskStatus.WAITING, before.claim_count,
                                                                     before.lease_epoch)  # fmt: skip
+
+
+def test_a_batch_look_writes_when_the_next_is_due_before_it_queues_it_and_queues_none_for_a_task_moved_on(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENTQ_BATCH_POLL_SECONDS", "1")
+    store, queues, dispatcher = _world(moto_server, PendingBatches())
+    task_id = _parked(store, look_due=time.time() - 1, kind="batch_poll")
+    written: list[tuple[float, int]] = []  # the due written, and how many looks were queued by then
+    next_look = store.tasks.next_look
+
+    def noted(task: str, due: float) -> bool:
+        written.append((due, len(_received(queues, "normal"))))
+        return bool(next_look(task, due))
+
+    monkeypatch.setattr(store.tasks, "next_look", noted)
+    before = time.time()
+    dispatcher.handle(TaskMessage(task_id=task_id, kind="batch_poll").model_dump_json(), tier="normal", receive_count=1)
+    (due, queued_by_then), = written  # fmt: skip
+    assert queued_by_then == 0 and due >= before + 1  # AGENTQ_BATCH_POLL_SECONDS' floor
+    assert store.tasks.get(task_id).look_due == pytest.approx(due)
+    assert [(m.task_id, m.kind) for m in _received(queues, "normal")] == [(task_id, "batch_poll")]
+
+    # Woken by another message between the look's read and its write: the write is refused and
+    # no look is queued (the run that woke it parks again with a look of its own if it must).
+    def woken_first(task: str, due: float) -> bool:
+        store.tasks.transition(task, TaskStatus.QUEUED)
+        return bool(next_look(task, due))
+
+    monkeypatch.setattr(store.tasks, "next_look", woken_first)
+    raced = _parked(store, look_due=time.time() - 1, kind="batch_poll")
+    dispatcher.handle(TaskMessage(task_id=raced, kind="batch_poll").model_dump_json(), tier="normal", receive_count=1)
+    assert store.tasks.get(raced).look_due is None and _received(queues, "normal") == []

@@ -287,3 +287,26 @@ def test_meta_with_the_longest_tenant_and_user_stays_within_one_write_unit(backe
     meta = backend.table.get({"pk": f"TASK#{task_id}", "sk": "META"})
     assert meta is not None
     assert item_size(meta) <= 1024, item_size(meta)
+
+
+# Every status a task can be moved into from running (blocked is only ever a new task's).
+NOT_WAITING = [s for s in TaskStatus if s not in (TaskStatus.WAITING, TaskStatus.BLOCKED)]
+
+
+@pytest.mark.parametrize("status", NOT_WAITING)
+def test_a_next_looks_due_time_is_written_only_on_a_waiting_task(backend: Storage, status: TaskStatus) -> None:
+    waiting = new_task(backend)
+    backend.tasks.transition(waiting, TaskStatus.RUNNING)
+    backend.tasks.transition(waiting, TaskStatus.WAITING)
+    assert backend.tasks.next_look(waiting, 1234.5) is True
+    assert backend.tasks.get(waiting).look_due == pytest.approx(1234.5)
+    other = new_task(backend)
+    for step in {TaskStatus.QUEUED: [], TaskStatus.RUNNING: [TaskStatus.RUNNING]}.get(
+        status, [TaskStatus.RUNNING, status]
+    ):
+        backend.tasks.transition(other, step)
+    before = backend.tasks.get(other)
+    assert before.status is status
+    assert backend.tasks.next_look(other, 1234.5) is False
+    assert backend.tasks.get(other) == before
+    assert backend.tasks.next_look("no-such-task", 1234.5) is False

@@ -38,9 +38,10 @@ TERMINAL_STATUSES = frozenset(
 )
 
 # META's attribute naming when a ``waiting`` task's own next look is due (epoch seconds): set by
-# the park that queues the look (a remote A2A agent's task, ``core.engine._remote``) and cleared
-# by every other move. A look is a delayed message sent after the park commits, so a worker that
-# dies between the two leaves the task waiting with nothing to wake it: the sweeper finds it by
-# this (``queueing.sweeper``), and a look that arrives long before it is due is a stray
-# (``queueing.dispatch._remote_poll``).
+# the park that queues the look (a remote A2A agent's task, ``core.engine._remote``; an economy
+# batch, ``core.engine._llm_batch``), by a batch look before it queues the next
+# (``TaskTransitions.next_look``), and cleared by every other move. A look is a delayed message
+# sent after the write commits, so a worker that dies between the two leaves the task waiting
+# with nothing to wake it: the sweeper finds it by this (``queueing.sweeper``), and a look that
+# arrives long before it is due is a stray (``queueing.dispatch._looks``).
 LOOK_DUE = "look_due"

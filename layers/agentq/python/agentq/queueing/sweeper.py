@@ -16,11 +16,13 @@ longest silence a healthy task keeps: SQS's longest delay (15 minutes: a retry's
 deferral) plus the visibility timeout. A sweep that is wrong anyway is harmless: a claim is
 fenced, a message for a task that is leased waits for the lease, and one for a task that has
 ended is deleted. ``waiting`` and ``paused`` tasks are woken by their own messages (the
-fan-out's, a person's decision) and are left alone, but for one: a task waiting on a remote
-agent's task wakes itself with a delayed look (``remote_poll``) queued after its park commits, and
-a worker that dies between the two leaves it nothing to wake it. Its park records when the look is
-due (``LOOK_DUE``); one still waiting ``stale_after`` past it has lost its look, and gets one
-(a look that was only late finds the task parked again with a later due, and is dropped). Each sweep counts what it re-enqueued
+fan-out's, a person's decision) and are left alone, but for two: a task waiting on a remote
+agent's task, or on its economy batch, wakes itself with a delayed look (``remote_poll``,
+``batch_poll``) queued after its park commits (and a batch look queues the next), and a worker
+that dies between the two leaves it nothing to wake it. Its park (and each batch look, before
+it queues the next) records when the look is due (``LOOK_DUE``); one still waiting
+``stale_after`` past it has lost its look, and gets one of its kind (a look that was only late
+finds the next one due later, and is dropped: ``queueing.dispatch._looks``). Each sweep counts what it re-enqueued
 (metric ``tasks_swept``, 0 in a healthy fleet).
 
 A ``queued`` task parked over its tenant's, its key's or its tier's running limit (a ``WAIT`` item in the slot's
@@ -52,7 +54,7 @@ from dataclasses import dataclass, field
 from agentq import observe
 from agentq.core.models import Task
 from agentq.core.status import LOOK_DUE, TaskStatus
-from agentq.queueing.queues import TaskQueues
+from agentq.queueing.queues import MessageKind, TaskQueues
 from agentq.queueing.recovery import recover_lapsed
 from agentq.storage import fleet_slots, keys
 from agentq.storage.container import Storage
@@ -150,10 +152,12 @@ def sweep(
     for task in store.tasks.get_many(lost_looks):
         if task.status is not TaskStatus.WAITING:
             continue
-        queues.send(task.task_id, task.submission.priority, kind="remote_poll", tenant=task.tenant)
+        kind: MessageKind = "batch_poll" if task.batch else "remote_poll"
+        on = "its batch" if task.batch else "a remote agent"
+        queues.send(task.task_id, task.submission.priority, kind=kind, tenant=task.tenant)
         report.looked.append(task.task_id)
-        log.warning("task %s waiting on a remote agent: its look was due over %.0fs ago and never came; sent one",
-                    task.task_id, stale_after)  # fmt: skip
+        log.warning("task %s waiting on %s: its look was due over %.0fs ago and never came; sent one",
+                    task.task_id, on, stale_after)  # fmt: skip
     observe.record_swept(len(report.swept) + len(report.looked))
     return report
 

@@ -267,6 +267,18 @@ class TaskTransitions(TaskItems):
         except TransactionCancelled as exc:
             raise IllegalTransition(f"task {task_id} is no longer {when_status.value}", field="task_id") from exc
 
+    def next_look(self, task_id: str, due: float) -> bool:
+        """Record when a waiting task's next look is due (``LOOK_DUE``), written before that look
+        is queued (``queueing.dispatch._batch_poll``): a look lost between the two is found by the
+        sweeper, and a stray one is told from it. False, and nothing written, when the task is no
+        longer waiting (its look has nothing to do)."""
+        try:
+            self.table.update(keys.meta_key(task_id), Update(set={LOOK_DUE: due}),
+                              condition=present() & Attr("status").eq(TaskStatus.WAITING.value))  # fmt: skip
+        except ConditionFailed:
+            return False
+        return True
+
     def set_task_token(self, task_id: str, token: str) -> None:
         self.table.update(keys.meta_key(task_id), Update(set={"task_token": token}), condition=present())
 

@@ -17,6 +17,7 @@ from agentq.core.models import TaskStatus
 from agentq.core.ports import TaskLeases, TenantWindowsPort
 from agentq.core.providers import LLMResponse, ProviderFactory
 from agentq.core.providers.base import BatchProvider
+from agentq.core.status import LOOK_DUE
 
 log = logging.getLogger("agentq.engine")
 
@@ -54,13 +55,17 @@ class Batches:
 
     def park(self, s: Session, record: dict[str, Any], window: Any) -> RunResult:
         """The task waits for the batch ``record`` names, without a worker (a ``batch_poll``
-        message looks at it), its hold kept."""
+        message looks at it), its hold kept. When that look is due rides on the park, so a look
+        lost with a worker that died before queueing it is found by the sweeper, and a stray
+        look is told from the due one (``queueing.dispatch._looks``)."""
         if window is not None:  # the tenant window counts the call when its result is in
             self.windows.settle(window, 0)
-        self.tasks.transition(s.task_id, TaskStatus.WAITING, lease=s.lease, extra={"batch": record})
+        seconds = batch_poll_seconds(record)
+        self.tasks.transition(s.task_id, TaskStatus.WAITING, lease=s.lease,
+                              extra={"batch": record, LOOK_DUE: time.time() + seconds})  # fmt: skip
         s.task = s.task.model_copy(update={"status": TaskStatus.WAITING, "batch": record})
         log.info("task %s: turn %s sent as batch %s", s.task_id, record["step"], record["id"])
-        return RunResult(s.task_id, "waiting", status=TaskStatus.WAITING, batch_poll=batch_poll_seconds(record))
+        return RunResult(s.task_id, "waiting", status=TaskStatus.WAITING, batch_poll=seconds)
 
 
 def batch_poll_seconds(batch: dict[str, Any]) -> float:

@@ -1,16 +1,21 @@
 """``batch_poll``: the poller of economy mode. A task waiting on a batch looks at it on a delayed
 message of its own (no table scan, nothing to schedule). Ended (or failed: the run reads why):
-the task is queued and runs now. Not yet: the next look is set, later as the batch ages."""
+the task is queued and runs now. Not yet: the next look is set, later as the batch ages; when it
+is due is written on META first (``TaskTransitions.next_look``), then the look is queued, so a
+look lost with a dispatcher that died between the two is sent by the sweeper once overdue, and a
+look that arrives before the due one (a stray: the sweeper's, or a late one) is deleted without
+asking the provider (``_looks``)."""
 
 from __future__ import annotations
 
 import contextlib
+import time
 
 from agentq.core.engine import batch_poll_seconds
 from agentq.core.errors import IllegalTransition, ProviderError
 from agentq.core.models import Task, TaskStatus
 from agentq.core.providers.base import BatchProvider
-from agentq.queueing.dispatch import _arrival, _attempt
+from agentq.queueing.dispatch import _arrival, _attempt, _looks
 from agentq.queueing.dispatch._context import Action, Context, Delivery
 from agentq.queueing.queues import TaskMessage
 
@@ -19,6 +24,9 @@ def handle(ctx: Context, message: TaskMessage, delivery: Delivery) -> Action:
     task = _arrival.receive(ctx, message, delivery)
     if isinstance(task, Action):
         return task
+    early = _looks.stray(task)
+    if early is not None:
+        return early
     if not _batch_ended(ctx, task, delivery.tier):
         return Action("delete", "no batch to look at, or it has not ended yet", task_id=task.task_id)
     return _attempt.run(ctx, ctx.store.tasks.get(task.task_id), delivery)
@@ -36,7 +44,9 @@ def _batch_ended(ctx: Context, task: Task, tier: str) -> bool:
     except ProviderError:
         ended = True  # the run meets the same error and handles it
     if not ended:
-        ctx.send_later(task.task_id, tier, "batch_poll", batch_poll_seconds(batch), tenant=task.tenant)
+        seconds = batch_poll_seconds(batch)
+        if ctx.store.tasks.next_look(task.task_id, time.time() + seconds):  # else no longer waiting: no look
+            ctx.send_later(task.task_id, tier, "batch_poll", seconds, tenant=task.tenant)
         return False
     with contextlib.suppress(IllegalTransition):
         ctx.store.tasks.transition(task.task_id, TaskStatus.QUEUED)
