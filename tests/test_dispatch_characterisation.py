@@ -426,7 +426,8 @@ def _batched(c: Case, goal: str, *, look_due_in: float = 0.0) -> None:
             "constraints": {"economy": True, "max_cost_usd": "1"}}  # fmt: skip
     c.task = c.create(body)
     c.run(c.task.task_id)
-    assert c.store.tasks.next_look(c.task.task_id, time.time() + look_due_in)
+    parked = c.store.tasks.get(c.task.task_id).look_due
+    assert c.store.tasks.next_look(c.task.task_id, time.time() + look_due_in, after=parked)
     c.task = c.store.tasks.get(c.task.task_id)
 
 

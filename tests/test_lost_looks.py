@@ -149,9 +149,9 @@ def test_a_batch_look_writes_when_the_next_is_due_before_it_queues_it_and_queues
     written: list[tuple[float, int]] = []  # the due written, and how many looks were queued by then
     next_look = store.tasks.next_look
 
-    def noted(task: str, due: float) -> bool:
+    def noted(task: str, due: float, *, after: float | None) -> bool:
         written.append((due, len(_received(queues, "normal"))))
-        return bool(next_look(task, due))
+        return bool(next_look(task, due, after=after))
 
     monkeypatch.setattr(store.tasks, "next_look", noted)
     before = time.time()
@@ -163,11 +163,101 @@ def test_a_batch_look_writes_when_the_next_is_due_before_it_queues_it_and_queues
 
     # Woken by another message between the look's read and its write: the write is refused and
     # no look is queued (the run that woke it parks again with a look of its own if it must).
-    def woken_first(task: str, due: float) -> bool:
+    def woken_first(task: str, due: float, *, after: float | None) -> bool:
         store.tasks.transition(task, TaskStatus.QUEUED)
-        return bool(next_look(task, due))
+        return bool(next_look(task, due, after=after))
 
     monkeypatch.setattr(store.tasks, "next_look", woken_first)
     raced = _parked(store, look_due=time.time() - 1, kind="batch_poll")
     dispatcher.handle(TaskMessage(task_id=raced, kind="batch_poll").model_dump_json(), tier="normal", receive_count=1)
     assert store.tasks.get(raced).look_due is None and _received(queues, "normal") == []
+
+
+def _look(dispatcher: Any, task_id: str) -> Any:
+    return dispatcher.handle(TaskMessage(task_id=task_id, kind="batch_poll").model_dump_json(), tier="normal",
+                             receive_count=1)  # fmt: skip
+
+
+def test_two_batch_looks_of_one_due_handled_at_once_queue_one_next_look(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A redelivered copy, or the sweeper's look beside a late one: both read the same due and
+    ask the provider, but only the first to write the next due queues a look."""
+    monkeypatch.setenv("AGENTQ_BATCH_POLL_SECONDS", "1")
+    store, queues, dispatcher = _world(moto_server, PendingBatches())
+    task_id = _parked(store, look_due=time.time() - 1, kind="batch_poll")
+    next_look = store.tasks.next_look
+    first = [True]
+
+    def the_other_look_first(task: str, due: float, *, after: float | None) -> bool:
+        if first.pop() if first else False:  # the other copy, read the same due, runs to its end before this one writes
+            _look(dispatcher, task)
+        return bool(next_look(task, due, after=after))
+
+    monkeypatch.setattr(store.tasks, "next_look", the_other_look_first)
+    _look(dispatcher, task_id)
+    assert PendingBatches.looked == ["b1", "b1"]
+    assert [(m.task_id, m.kind) for m in _received(queues, "normal")] == [(task_id, "batch_poll")]
+    assert _received(queues, "normal") == []
+
+
+def test_a_slow_batch_look_never_moves_the_due_of_a_park_that_came_after_it(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the look asked the provider, the batch ended, the task ran and parked again on a
+    new batch with its own look: the slow look queues nothing and leaves the new due alone."""
+    monkeypatch.setenv("AGENTQ_BATCH_POLL_SECONDS", "1")
+    store, queues, dispatcher = _world(moto_server, PendingBatches())
+    task_id = _parked(store, look_due=time.time() - 1, kind="batch_poll")
+    new_due = time.time() + 30
+    next_look = store.tasks.next_look
+
+    def parked_again_meanwhile(task: str, due: float, *, after: float | None) -> bool:
+        store.tasks.transition(task, TaskStatus.QUEUED)
+        store.tasks.transition(task, TaskStatus.RUNNING)
+        store.tasks.transition(task, TaskStatus.WAITING, extra={"batch": {"id": "b2"}, LOOK_DUE: new_due})
+        return bool(next_look(task, due, after=after))
+
+    monkeypatch.setattr(store.tasks, "next_look", parked_again_meanwhile)
+    _look(dispatcher, task_id)
+    assert store.tasks.get(task_id).look_due == pytest.approx(new_due)
+    assert _received(queues, "normal") == []
+
+
+def test_a_batch_look_whose_send_fails_puts_its_due_back_and_delivered_again_is_the_due_look(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next look is due 30 s on (the poll's floor): had the due stayed there after the send
+    failed, the message delivered again would be taken for a stray and the task left to the sweeper."""
+    store, queues, dispatcher = _world(moto_server, PendingBatches())
+    read = time.time() - 1
+    task_id = _parked(store, look_due=read, kind="batch_poll")
+    send = queues.send
+    sent: list[tuple[str, Any]] = []
+
+    def throttled_once(task: str, tier: str, **kwargs: Any) -> Any:
+        if not sent:
+            sent.append(("refused", kwargs.get("kind")))
+            raise RuntimeError("SQS is throttling")
+        sent.append(("sent", kwargs.get("kind")))
+        return send(task, tier, **kwargs)
+
+    monkeypatch.setattr(queues, "send", throttled_once)
+    with pytest.raises(RuntimeError):
+        _look(dispatcher, task_id)
+    assert store.tasks.get(task_id).look_due == pytest.approx(read)  # not 30 s ahead: no stray
+    action = _look(dispatcher, task_id)  # SQS delivers it again
+    assert action.reason != "a stray look: the task's next look is due later"
+    assert sent == [("refused", "batch_poll"), ("sent", "batch_poll")]
+    assert store.tasks.get(task_id).look_due == pytest.approx(time.time() + 30, abs=5)
+
+
+@pytest.mark.parametrize("kind", list(WAITS))
+def test_a_look_the_sweeper_sent_is_not_sent_again_by_the_next_sweep_while_on_its_way(
+    moto_server: MotoServer, kind: MessageKind
+) -> None:
+    store, queues, _ = _world(moto_server)
+    lost = _parked(store, look_due=time.time() - 2 * STALE, kind=kind)
+    assert lost in sweep(store, queues, stale_after=STALE, now=time.time()).looked
+    assert lost not in sweep(store, queues, stale_after=STALE, now=time.time() + STALE - 5).looked
+    assert [m.task_id for m in _received(queues, "normal")].count(lost) == 1

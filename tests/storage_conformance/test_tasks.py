@@ -298,7 +298,7 @@ def test_a_next_looks_due_time_is_written_only_on_a_waiting_task(backend: Storag
     waiting = new_task(backend)
     backend.tasks.transition(waiting, TaskStatus.RUNNING)
     backend.tasks.transition(waiting, TaskStatus.WAITING)
-    assert backend.tasks.next_look(waiting, 1234.5) is True
+    assert backend.tasks.next_look(waiting, 1234.5, after=None) is True
     assert backend.tasks.get(waiting).look_due == pytest.approx(1234.5)
     other = new_task(backend)
     for step in {TaskStatus.QUEUED: [], TaskStatus.RUNNING: [TaskStatus.RUNNING]}.get(
@@ -307,6 +307,21 @@ def test_a_next_looks_due_time_is_written_only_on_a_waiting_task(backend: Storag
         backend.tasks.transition(other, step)
     before = backend.tasks.get(other)
     assert before.status is status
-    assert backend.tasks.next_look(other, 1234.5) is False
+    assert backend.tasks.next_look(other, 1234.5, after=None) is False
     assert backend.tasks.get(other) == before
-    assert backend.tasks.next_look("no-such-task", 1234.5) is False
+    assert backend.tasks.next_look("no-such-task", 1234.5, after=None) is False
+
+
+def test_a_next_looks_due_time_moves_only_from_the_due_its_caller_read(backend: Storage) -> None:
+    """A compare-and-set: of two looks that read one due, only the first moves it."""
+    task_id = new_task(backend)
+    backend.tasks.transition(task_id, TaskStatus.RUNNING)
+    backend.tasks.transition(task_id, TaskStatus.WAITING)
+    first = time.time() + 0.123456789  # a due as a park writes it: a float with every digit
+    assert backend.tasks.next_look(task_id, first, after=None) is True
+    assert backend.tasks.next_look(task_id, 999.0, after=None) is False  # it has a due now
+    read = backend.tasks.get(task_id).look_due
+    assert read is not None
+    assert backend.tasks.next_look(task_id, read + 30, after=read) is True  # the look that read it
+    assert backend.tasks.next_look(task_id, read + 60, after=read) is False  # another that read the same
+    assert backend.tasks.get(task_id).look_due == pytest.approx(read + 30)

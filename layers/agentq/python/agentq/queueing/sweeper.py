@@ -74,7 +74,7 @@ STRANDABLE = (TaskStatus.QUEUED.value, TaskStatus.RUNNING.value)
 class SweepReport:
     listed: int = 0  # tasks in the live index
     swept: list[str] = field(default_factory=list)  # re-enqueued
-    looked: list[str] = field(default_factory=list)  # waiting on a remote agent with its look lost: sent one
+    looked: list[str] = field(default_factory=list)  # waiting on a remote agent or a batch, its look lost: sent one
     recovered: list[str] = field(default_factory=list)  # tasks of dead workers handed on
     unlisted: int = 0  # ended tasks still in the index, taken out
     parked: int = 0  # silent but waiting for a slot: left alone
@@ -151,6 +151,10 @@ def sweep(
                     stale_after)  # fmt: skip
     for task in store.tasks.get_many(lost_looks):
         if task.status is not TaskStatus.WAITING:
+            continue
+        # Its due moves to now first (the look sent is due at once): the next sweep sends no
+        # second look while this one is on its way, and of two sweeps at once only one sends.
+        if not store.tasks.next_look(task.task_id, time.time(), after=task.look_due):
             continue
         kind: MessageKind = "batch_poll" if task.batch else "remote_poll"
         on = "its batch" if task.batch else "a remote agent"

@@ -267,14 +267,19 @@ class TaskTransitions(TaskItems):
         except TransactionCancelled as exc:
             raise IllegalTransition(f"task {task_id} is no longer {when_status.value}", field="task_id") from exc
 
-    def next_look(self, task_id: str, due: float) -> bool:
-        """Record when a waiting task's next look is due (``LOOK_DUE``), written before that look
-        is queued (``queueing.dispatch._batch_poll``): a look lost between the two is found by the
-        sweeper, and a stray one is told from it. False, and nothing written, when the task is no
-        longer waiting (its look has nothing to do)."""
+    def next_look(self, task_id: str, due: float, *, after: float | None) -> bool:
+        """Move a waiting task's next look's due time (``LOOK_DUE``) from ``after`` (the due the
+        caller read; None: it had none) to ``due``; written before that look is queued
+        (``queueing.dispatch._batch_poll``, ``queueing.sweeper``), so a look lost between the two
+        is found by the sweeper and a stray one is told from it. A compare-and-set: of two looks
+        that read the same due (a redelivered copy, the sweeper's beside the late one) only one
+        moves it, and the other queues nothing, so looks never go on as two chains; a look that
+        read the due of an earlier park never moves a later park's. False, and nothing written,
+        when the task is no longer waiting or its due is no longer ``after``."""
+        read = Attr(LOOK_DUE).not_exists() if after is None else Attr(LOOK_DUE).eq(after)
         try:
             self.table.update(keys.meta_key(task_id), Update(set={LOOK_DUE: due}),
-                              condition=present() & Attr("status").eq(TaskStatus.WAITING.value))  # fmt: skip
+                              condition=present() & Attr("status").eq(TaskStatus.WAITING.value) & read)  # fmt: skip
         except ConditionFailed:
             return False
         return True

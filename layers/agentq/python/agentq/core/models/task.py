@@ -60,9 +60,7 @@ class Task(BaseModel):
     llm_steps: int = 0
     compacted_at: int = 0  # the latest compaction step: a resume reads the steps from it on
     batch: dict[str, Any] | None = None  # economy: the batch the next LLM turn was sent in (id, custom_id, step, epoch)
-    look_due: float | None = (
-        None  # waiting on a remote agent or a batch: when its queued look is due (core.status.LOOK_DUE)
-    )
+    look_due: float | None = None  # waiting on a remote agent or a batch: its look's due (core.status.LOOK_DUE)
     lease_owner: str | None = None
     lease_epoch: int = 0
     lease_expires: float = 0

@@ -1,10 +1,11 @@
 """``batch_poll``: the poller of economy mode. A task waiting on a batch looks at it on a delayed
 message of its own (no table scan, nothing to schedule). Ended (or failed: the run reads why):
 the task is queued and runs now. Not yet: the next look is set, later as the batch ages; when it
-is due is written on META first (``TaskTransitions.next_look``), then the look is queued, so a
-look lost with a dispatcher that died between the two is sent by the sweeper once overdue, and a
-look that arrives before the due one (a stray: the sweeper's, or a late one) is deleted without
-asking the provider (``_looks``)."""
+is due is written on META first (``TaskTransitions.next_look``, a compare-and-set on the due this
+look read, so two looks of one due queue one next look), then the look is queued, so a look lost
+with a dispatcher that died between the two is sent by the sweeper once overdue, and a look that
+arrives before the due one (a stray: the sweeper's, or a late one) is deleted without asking the
+provider (``_looks``)."""
 
 from __future__ import annotations
 
@@ -44,10 +45,23 @@ def _batch_ended(ctx: Context, task: Task, tier: str) -> bool:
     except ProviderError:
         ended = True  # the run meets the same error and handles it
     if not ended:
-        seconds = batch_poll_seconds(batch)
-        if ctx.store.tasks.next_look(task.task_id, time.time() + seconds):  # else no longer waiting: no look
-            ctx.send_later(task.task_id, tier, "batch_poll", seconds, tenant=task.tenant)
+        _next_look(ctx, task, tier, batch_poll_seconds(batch))
         return False
     with contextlib.suppress(IllegalTransition):
         ctx.store.tasks.transition(task.task_id, TaskStatus.QUEUED)
     return True
+
+
+def _next_look(ctx: Context, task: Task, tier: str, seconds: float) -> None:
+    """Queue the next look, its due written first and only by one look (``next_look``: another
+    look of the same due, or a new park, got there first: this one queues nothing). A send that
+    fails puts the due back, so this message, delivered again, is the due look, not a stray."""
+    due = time.time() + seconds
+    if not ctx.store.tasks.next_look(task.task_id, due, after=task.look_due):
+        return
+    try:
+        ctx.send_later(task.task_id, tier, "batch_poll", seconds, tenant=task.tenant)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            ctx.store.tasks.next_look(task.task_id, task.look_due or time.time(), after=due)
+        raise
