@@ -220,7 +220,7 @@ def test_a_slow_batch_look_never_moves_the_due_of_a_park_that_came_after_it(
 
     monkeypatch.setattr(store.tasks, "next_look", parked_again_meanwhile)
     _look(dispatcher, task_id)
-    assert store.tasks.get(task_id).look_due == pytest.approx(new_due)
+    assert store.tasks.get(task_id).look_due == pytest.approx(new_due, abs=0.01)
     assert _received(queues, "normal") == []
 
 
@@ -245,7 +245,7 @@ def test_a_batch_look_whose_send_fails_puts_its_due_back_and_delivered_again_is_
     monkeypatch.setattr(queues, "send", throttled_once)
     with pytest.raises(RuntimeError):
         _look(dispatcher, task_id)
-    assert store.tasks.get(task_id).look_due == pytest.approx(read)  # not 30 s ahead: no stray
+    assert store.tasks.get(task_id).look_due == pytest.approx(read, abs=0.01)  # not 30 s ahead: no stray
     action = _look(dispatcher, task_id)  # SQS delivers it again
     assert action.reason != "a stray look: the task's next look is due later"
     assert sent == [("refused", "batch_poll"), ("sent", "batch_poll")]
@@ -261,3 +261,25 @@ def test_a_look_the_sweeper_sent_is_not_sent_again_by_the_next_sweep_while_on_it
     assert lost in sweep(store, queues, stale_after=STALE, now=time.time()).looked
     assert lost not in sweep(store, queues, stale_after=STALE, now=time.time() + STALE - 5).looked
     assert [m.task_id for m in _received(queues, "normal")].count(lost) == 1
+
+
+def test_a_sweep_sends_no_look_to_a_task_whose_late_look_came_while_it_swept(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Listed overdue; before the sweeper reads the task again, its late look arrives and moves
+    the due on: the look is on its way again, and the sweeper sends none."""
+    store, queues, _ = _world(moto_server)
+    listed = time.time() - 2 * STALE
+    task_id = _parked(store, look_due=listed, kind="batch_poll")
+    get_many = store.tasks.get_many
+    moved = time.time() + 30
+
+    def the_late_look_first(ids: list[str]) -> Any:
+        if task_id in ids:  # the sweeper reads the overdue tasks again
+            assert store.tasks.next_look(task_id, moved, after=listed)
+        return get_many(ids)
+
+    monkeypatch.setattr(store.tasks, "get_many", the_late_look_first)
+    assert task_id not in sweep(store, queues, stale_after=STALE, now=time.time()).looked
+    assert store.tasks.get(task_id).look_due == pytest.approx(moved, abs=0.01)
+    assert _received(queues, "normal") == []

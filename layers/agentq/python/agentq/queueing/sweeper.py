@@ -101,13 +101,13 @@ def sweep(
     ids = list(store.tasks.live_task_ids())
     report.listed = len(ids)
     stranded: list[str] = []
-    lost_looks: list[str] = []
+    lost_looks: dict[str, float] = {}  # task -> the overdue look's due, as listed
     waiting_tenants: set[str] = set()  # tenants with a queued task holding no slot (may be parked)
     for start in range(0, len(ids), BATCH):
         for meta in store.tasks.metas(ids[start : start + BATCH]):
             status = str(meta.get("status"))
             if status == TaskStatus.WAITING.value and now - float(meta.get(LOOK_DUE) or now) >= stale_after:
-                lost_looks.append(str(meta["task_id"]))
+                lost_looks[str(meta["task_id"])] = float(meta[LOOK_DUE])
                 continue
             if status not in STRANDABLE:
                 if TaskStatus(status).terminal:
@@ -149,12 +149,13 @@ def sweep(
         report.swept.append(task.task_id)
         log.warning("task %s swept: %s with no sign of life for over %.0fs; re-enqueued", task.task_id, task.status.value,
                     stale_after)  # fmt: skip
-    for task in store.tasks.get_many(lost_looks):
+    for task in store.tasks.get_many(list(lost_looks)):
         if task.status is not TaskStatus.WAITING:
             continue
-        # Its due moves to now first (the look sent is due at once): the next sweep sends no
-        # second look while this one is on its way, and of two sweeps at once only one sends.
-        if not store.tasks.next_look(task.task_id, time.time(), after=task.look_due):
+        # Its due moves to now first (the look sent is due at once), from the overdue due listed
+        # (a look that moved it since is on its way): the next sweep sends no second look while
+        # this one is, and of two sweeps at once only one sends.
+        if not store.tasks.next_look(task.task_id, time.time(), after=lost_looks[task.task_id]):
             continue
         kind: MessageKind = "batch_poll" if task.batch else "remote_poll"
         on = "its batch" if task.batch else "a remote agent"
