@@ -105,9 +105,9 @@ def sweep(
     waiting_tenants: set[str] = set()  # tenants with a queued task holding no slot (may be parked)
     for start in range(0, len(ids), BATCH):
         for meta in store.tasks.metas(ids[start : start + BATCH]):
-            status = str(meta.get("status"))
-            if status == TaskStatus.WAITING.value and now - float(meta.get(LOOK_DUE) or now) >= stale_after:
-                lost_looks[str(meta["task_id"])] = float(meta[LOOK_DUE])
+            status, due = str(meta.get("status")), meta.get(LOOK_DUE)
+            if status == TaskStatus.WAITING.value and due is not None and now - float(due) >= stale_after:
+                lost_looks[str(meta["task_id"])] = float(due)
                 continue
             if status not in STRANDABLE:
                 if TaskStatus(status).terminal:

@@ -279,7 +279,7 @@ class TaskTransitions(TaskItems):
         read = Attr(LOOK_DUE).not_exists() if after is None else Attr(LOOK_DUE).eq(after)
         try:
             self.table.update(keys.meta_key(task_id), Update(set={LOOK_DUE: due}),
-                              condition=present() & Attr("status").eq(TaskStatus.WAITING.value) & read)  # fmt: skip
+                              condition=present() & status_in([TaskStatus.WAITING]) & read)  # fmt: skip
         except ConditionFailed:
             return False
         return True
