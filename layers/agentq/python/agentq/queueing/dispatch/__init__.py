@@ -23,9 +23,10 @@ The package, by module, top to bottom (a message's walk only goes down; pyprojec
 handler of the message's kind, ``HANDLERS``); one module per kind: ``_run`` (run, continue,
 safety_net, renewed, swept, recovered, release_holds, redrive), ``_wake``, ``_approval_due``,
 ``_batch_poll``, ``_schedule``; what the kinds share: ``_arrival`` (read the task, its token,
-renew a message worn by worker faults), ``_attempt`` (one run: gate, engine, ending,
-outcome) and ``_looks`` (a stray look told from the due one); below them ``_ended`` (a message for an ended task: a redelivery or a redrive),
-``_outcome`` (the Action for a run's outcome, its follow-up messages), ``_gate`` (fair share);
+renew a message worn by worker faults), ``_attempt`` (one run: gate, engine, ending, outcome)
+and ``_looks`` (a stray look told from the due one); below them ``_ended`` (a message for an
+ended task: a redelivery or a redrive), ``_outcome`` (the Action for a run's outcome, its
+follow-up messages), ``_gate`` (fair share);
 then ``_failures`` (counting failures, the last attempt's dead letter, a deterministic fault),
 ``_notes`` (retry and deferral notes), ``_poison``; and ``_context`` (``Context``, ``Delivery``,
 ``Action``, ``RetryBackoff``). A task's ending is ``queueing.endings.task_ended``.

@@ -6,12 +6,11 @@ and so does each batch look that queues the next, before it sends it (a compare-
 due it read: of two looks of one due, only one queues the next). The sweeper
 (``queueing.sweeper``) sends a look for a task still waiting well past that time (moving the due
 to now first): its look was lost with a worker or a dispatcher that died between the write and
-the send. A look that
-arrives while the task is waiting with its next look due well after now is a stray of an earlier
-park or look (one the sweeper re-sent while the late one was still on its way): it is deleted
-without a claim and without asking the provider, so two looks never go on as two chains. SQS
-delivers a delayed message no sooner than its delay, so the due look is never early by more than
-the clocks' skew (``EARLY_SLACK``)."""
+the send. A look that arrives while the task is waiting with its next look due well after now is
+a stray of an earlier park or look (one the sweeper re-sent while the late one was still on its
+way): it is deleted without a claim and without asking the provider, so two looks never go on as
+two chains. SQS delivers a delayed message no sooner than its delay, so the due look is never
+early by more than the clocks' skew (``EARLY_SLACK``)."""
 
 from __future__ import annotations
 

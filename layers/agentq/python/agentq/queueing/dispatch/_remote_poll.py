@@ -4,8 +4,8 @@ the call's effect, and parks again (with the next look set) if it has not ended,
 worker only for that one request. A task found running is treated as a plain run treats it (its
 worker died mid-look: taken over once its lease lapses), an ended or paused one is left alone;
 one waiting on something else parks again by itself when it finds that still pending (a spawn, a
-batch), so a stray look costs one claim, nothing more. A look that arrives while the task's next look is
-due well after now is a stray, deleted without a claim (``_looks``)."""
+batch), so a stray look costs one claim, nothing more. A look that arrives while the task's next
+look is due well after now is a stray, deleted without a claim (``_looks``)."""
 
 from __future__ import annotations
 
