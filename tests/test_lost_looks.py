@@ -82,6 +82,12 @@ def _received(queues: TaskQueues, tier: str) -> list[TaskMessage]:
     return [TaskMessage.model_validate_json(m["Body"]) for m in got.get("Messages", [])]
 
 
+def _look(dispatcher: Any, task_id: str, kind: MessageKind = "batch_poll") -> Any:
+    """The dispatcher handles a look of ``kind`` for the task, as its first delivery."""
+    return dispatcher.handle(TaskMessage(task_id=task_id, kind=kind).model_dump_json(), tier="normal",
+                             receive_count=1)  # fmt: skip
+
+
 @pytest.mark.parametrize("kind", list(WAITS))
 @pytest.mark.parametrize("priority", ["high", "normal", "low"])
 def test_a_wait_whose_look_was_lost_is_sent_one_of_its_kind_once_overdue_on_its_own_tier(
@@ -122,7 +128,7 @@ def test_a_look_that_arrives_before_the_next_one_is_due_is_deleted_without_a_cla
         _assert_dropped(store, dispatcher, stray, kind)
     assert PendingBatches.looked == []  # a stray batch look never asks the provider
     due = _parked(store, look_due=time.time() - 1, kind=kind)  # its look, on time: it goes on
-    dispatcher.handle(TaskMessage(task_id=due, kind=kind).model_dump_json(), tier="normal", receive_count=1)
+    _look(dispatcher, due, kind)
     if kind == "remote_poll":  # a remote look wakes the task, whose run re-attaches to the remote task
         assert store.tasks.get(due).claim_count == 1
     else:  # a batch look asks the provider, and its batch is still running: the next look is queued
@@ -132,8 +138,7 @@ def test_a_look_that_arrives_before_the_next_one_is_due_is_deleted_without_a_cla
 
 def _assert_dropped(store: Any, dispatcher: Any, stray: str, kind: MessageKind) -> None:
     before = store.tasks.get(stray)
-    action = dispatcher.handle(TaskMessage(task_id=stray, kind=kind).model_dump_json(), tier="normal",
-                               receive_count=1)  # fmt: skip
+    action = _look(dispatcher, stray, kind)
     assert (action.kind, action.reason) == ("delete", "a stray look: the task's next look is due later")
     after = store.tasks.get(stray)
     assert (after.status, after.claim_count, after.lease_epoch) == (TaskStatus.WAITING, before.claim_count,
@@ -155,7 +160,7 @@ def test_a_batch_look_writes_when_the_next_is_due_before_it_queues_it_and_queues
 
     monkeypatch.setattr(store.tasks, "next_look", noted)
     before = time.time()
-    dispatcher.handle(TaskMessage(task_id=task_id, kind="batch_poll").model_dump_json(), tier="normal", receive_count=1)
+    _look(dispatcher, task_id)
     (due, queued_by_then), = written  # fmt: skip
     assert queued_by_then == 0 and due >= before + 1  # AGENTQ_BATCH_POLL_SECONDS' floor
     assert store.tasks.get(task_id).look_due == pytest.approx(due)
@@ -169,13 +174,8 @@ def test_a_batch_look_writes_when_the_next_is_due_before_it_queues_it_and_queues
 
     monkeypatch.setattr(store.tasks, "next_look", woken_first)
     raced = _parked(store, look_due=time.time() - 1, kind="batch_poll")
-    dispatcher.handle(TaskMessage(task_id=raced, kind="batch_poll").model_dump_json(), tier="normal", receive_count=1)
+    _look(dispatcher, raced)
     assert store.tasks.get(raced).look_due is None and _received(queues, "normal") == []
-
-
-def _look(dispatcher: Any, task_id: str) -> Any:
-    return dispatcher.handle(TaskMessage(task_id=task_id, kind="batch_poll").model_dump_json(), tier="normal",
-                             receive_count=1)  # fmt: skip
 
 
 def test_two_batch_looks_of_one_due_handled_at_once_queue_one_next_look(
