@@ -237,15 +237,21 @@ def test_a_stream_ends_at_the_pause_and_subscribe_resumes_it_to_the_end(api_stac
     async def work(client: Any) -> Any:
         streamed = await _final(client.send_message(_message("ship it")))
         task_id = streamed[0].task.id
-        decided = api_stack.http("POST", f"/tasks/{task_id}/approve", {})
-        assert decided[0] == 200, decided
-        resumed = await _final(client.subscribe(SubscribeToTaskRequest(id=task_id)))
+        resumed = []
+        async for event in client.subscribe(SubscribeToTaskRequest(id=task_id)):
+            resumed.append(event)
+            if len(resumed) == 1:  # subscribed to the paused task: now let it go on (approved sooner,
+                # it could end before the subscription, which an ended task refuses)
+                decided = await anyio.to_thread.run_sync(
+                    lambda: api_stack.http("POST", f"/tasks/{task_id}/approve", {})
+                )
+                assert decided[0] == 200, decided
         return streamed, resumed
 
     streamed, resumed = _with_client(f"{api_stack.url}/a2a/{name}", api_stack.key, work, streaming=True)
     assert streamed[0].HasField("task")
     assert _state(streamed[-1].status_update) == "TASK_STATE_INPUT_REQUIRED"
-    assert resumed[0].HasField("task")  # where the task is now: nothing between the streams is lost
+    assert resumed[0].HasField("task") and _state(resumed[0].task) == "TASK_STATE_INPUT_REQUIRED"
     assert _state(resumed[-1].status_update) == "TASK_STATE_COMPLETED"
     artifacts = [e.artifact_update.artifact for e in resumed if e.HasField("artifact_update")]
     assert artifacts and artifacts[0].parts[0].text == "shipped"
