@@ -22,6 +22,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
+import signal
 import socket
 import struct
 import threading
@@ -57,6 +59,30 @@ class FakeReply:
     # at least the first, which tells the input tokens); None sends the reply whole.
     cut_at: float | None = None
     gate: Gate | None = None  # the reply (streamed: its second half) waits for the test to open it
+    # Called just before the first byte is sent (after ``delay_seconds``): a test stops the
+    # caller here (SIGSTOP) so its answer is certain to arrive while it is stopped, however
+    # slowly the test itself runs.
+    before_send: Callable[[], None] | None = None
+
+
+class StopBeforeAnswer:
+    """A reply's ``before_send`` that stops its caller (SIGSTOP) before the answer leaves: the
+    answer then waits, unread, in the stopped caller's socket until the test wakes it. Set
+    ``pid`` once the caller is spawned; ``stopped`` is set when it has been stopped."""
+
+    def __init__(self) -> None:
+        self.stopped = threading.Event()
+        self._spawned = threading.Event()
+        self._pid = 0
+
+    def caller(self, pid: int) -> None:
+        self._pid = pid
+        self._spawned.set()
+
+    def __call__(self) -> None:
+        assert self._spawned.wait(60), "the caller was never named"
+        os.kill(self._pid, signal.SIGSTOP)
+        self.stopped.set()
 
 
 @dataclass
@@ -385,6 +411,8 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
             reply = native_compaction(reply, body)
             if reply.delay_seconds:
                 time.sleep(reply.delay_seconds)
+            if reply.before_send is not None:
+                reply.before_send()
             if reply.cut_at is not None and reply.cut_at <= 0:
                 self._reset()  # a stall, then nothing: not a byte of a reply was sent
                 return

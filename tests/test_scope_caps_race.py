@@ -151,7 +151,7 @@ def test_a_zombies_late_answer_is_counted_on_its_users_window_once(settings: Set
     from agentq.core.models import TaskSubmission
 
     from tests.conftest import child_env
-    from tests.fake_messages_api import FakeMessagesAPI, message_reply, usage_dict
+    from tests.fake_messages_api import FakeMessagesAPI, StopBeforeAnswer, message_reply, usage_dict
     from tests.helpers import agentq_process
 
     def spawn(task_id: str, env: dict[str, str], wait: float, lease: float = 1) -> subprocess.Popen[str]:
@@ -161,10 +161,11 @@ def test_a_zombies_late_answer_is_counted_on_its_users_window_once(settings: Set
 
     store.caps.put("t", "user", "zed", CapLimits(daily_tokens=20_000, hourly_usd=Decimal(10)))
     answer = {"input_tokens": 20, "output_tokens": 900}
+    stop_a = StopBeforeAnswer()
     with FakeMessagesAPI(within_max_tokens=True) as fake:
         fake.enqueue(
             dataclasses.replace(message_reply([{"type": "text", "text": "A"}], usage=usage_dict(**answer)),
-                                delay_seconds=1.0),
+                                before_send=stop_a),
             message_reply([{"type": "text", "text": "B"}], usage=usage_dict(**answer)),
         )  # fmt: skip
         sub = {"goal": "one turn", "provider": "anthropic", "user": "zed",
@@ -173,8 +174,8 @@ def test_a_zombies_late_answer_is_counted_on_its_users_window_once(settings: Set
         started = time.time()
         env = {"ANTHROPIC_BASE_URL": fake.base_url, "ANTHROPIC_API_KEY": "k", "AGENTQ_MAX_CALL_SECONDS": "8"}
         zombie = spawn(task.task_id, env, wait=0)
-        _wait(store, task.task_id, lambda _: len(fake.requests) == 1, timeout=30)  # A's call on the wire
-        os.kill(zombie.pid, signal.SIGSTOP)
+        stop_a.caller(zombie.pid)
+        assert stop_a.stopped.wait(30)  # A's call on the wire, A stopped before its answer
         try:
             successor = spawn(task.task_id, env, wait=60, lease=10)
             _wait(store, task.task_id, lambda t: t.lease_epoch >= 2, timeout=30)

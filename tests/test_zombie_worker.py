@@ -23,7 +23,7 @@ from agentq.storage.container import Storage
 from agentq_dev.moto_server import MotoServer
 
 from tests.conftest import child_env
-from tests.fake_messages_api import FakeMessagesAPI, message_reply, usage_dict
+from tests.fake_messages_api import FakeMessagesAPI, StopBeforeAnswer, message_reply, usage_dict
 from tests.helpers import agentq_process, call, deployment, scripted, wait_for
 
 TURNS = [
@@ -124,11 +124,12 @@ def test_a_zombies_call_in_flight_is_charged_once_and_its_successor_never_oversh
     is charged exactly once, as an orphan, so ``used`` equals what the provider delivered."""
     from agentq.core.models import TaskSubmission
 
+    stop_a = StopBeforeAnswer()
     with FakeMessagesAPI(within_max_tokens=True) as fake:
         fake.enqueue(
             dataclasses.replace(
                 message_reply([{"type": "text", "text": "A's answer"}], usage=usage_dict(**BIG_ANSWER)),
-                delay_seconds=1.0,
+                before_send=stop_a,
             ),
             message_reply([{"type": "text", "text": "B's answer"}], usage=usage_dict(**BIG_ANSWER)),
         )
@@ -137,8 +138,8 @@ def test_a_zombies_call_in_flight_is_charged_once_and_its_successor_never_oversh
         # the configured maximum), also on a loaded machine: 8 s against a pause of ~1.5 s.
         env = {"ANTHROPIC_BASE_URL": fake.base_url, "ANTHROPIC_API_KEY": "k", "AGENTQ_MAX_CALL_SECONDS": "8"}
         zombie = _spawn_with(settings, task.task_id, env, wait=0)
-        _wait_for(lambda: len(fake.requests) == 1)  # A's call is on the wire, its answer 1 s away
-        os.kill(zombie.pid, signal.SIGSTOP)
+        stop_a.caller(zombie.pid)
+        _wait_for(stop_a.stopped.is_set)  # A's call was answered, stopped before it could read the answer
         try:
             # claims once A's lease (1 s) lapses
             successor = _spawn_with(settings, task.task_id, env, wait=60, lease=10)
@@ -172,11 +173,12 @@ def test_a_call_answered_to_a_worker_paused_past_its_holds_deadline_never_pushes
     reports and the hold stays counted. Either way ``used <= cap``."""
     from agentq.core.models import TaskSubmission
 
+    stop_a = StopBeforeAnswer()
     with FakeMessagesAPI(within_max_tokens=True) as fake:
         fake.enqueue(
             dataclasses.replace(
                 message_reply([{"type": "text", "text": "A's answer"}], usage=usage_dict(**BIG_ANSWER)),
-                delay_seconds=0.3,
+                before_send=stop_a,
             ),
             message_reply([{"type": "text", "text": "B's answer"}], usage=usage_dict(**BIG_ANSWER)),
         )
@@ -185,8 +187,8 @@ def test_a_call_answered_to_a_worker_paused_past_its_holds_deadline_never_pushes
         # while A is paused, so B counts it as spent instead of waiting on it.
         env = {"ANTHROPIC_BASE_URL": fake.base_url, "ANTHROPIC_API_KEY": "k", "AGENTQ_MAX_CALL_SECONDS": "2"}
         zombie = _spawn_with(settings, task.task_id, env, wait=0)
-        _wait_for(lambda: len(fake.requests) == 1)  # A's call is on the wire
-        os.kill(zombie.pid, signal.SIGSTOP)
+        stop_a.caller(zombie.pid)
+        _wait_for(stop_a.stopped.is_set)  # A's call is on the wire, and A stopped before its answer
         try:
             _wait_for(lambda: len(fake.delivered_usage) == 1)  # answered: it waits in A's socket
             successor = _spawn_with(settings, task.task_id, env, wait=60, lease=10)
