@@ -211,7 +211,11 @@ def test_every_command_has_help_text() -> None:
                 assert action.help, f"{name} {action.option_strings} has no help"
 
 
-def _run_in_pty(argv: list[str], env: dict[str, str], timeout: float) -> tuple[int, str]:
+def _run_in_pty(
+    argv: list[str], env: dict[str, str], timeout: float, on_output: Callable[[str], None] | None = None
+) -> tuple[int, str]:
+    """Run ``argv`` in a terminal of its own until it exits; ``on_output`` sees the screen so far
+    after each read."""
     master, slave = os.openpty()
     os.set_blocking(master, False)
     proc = subprocess.Popen(
@@ -231,6 +235,8 @@ def _run_in_pty(argv: list[str], env: dict[str, str], timeout: float) -> tuple[i
                 if not chunk:
                     break
                 out += chunk
+                if on_output is not None:
+                    on_output(out.decode(errors="replace"))
             elif proc.poll() is not None:
                 break
         else:
@@ -245,18 +251,29 @@ def test_watch_draws_a_live_view_in_a_terminal_until_the_task_ends(api_stack: Ap
         {"text": f"thinking {i}", "latency_seconds": 0.25, "tool_calls": [call("lookup", query=f"q{i}")]}
         for i in range(6)
     ]
-    task_id = api_stack.submit({**SCRIPTED, "script": {"turns": [*turns, {"text": "watched to the end"}]},
-                                "constraints": {"tools": ["lookup"], "max_steps": 20, "max_tokens": 50_000}})  # fmt: skip
+    ask = {"text": "", "tool_calls": [call("request_approval", question="Watch me?")]}
+    task_id = api_stack.submit({**SCRIPTED, "script": {"turns": [ask, *turns, {"text": "watched to the end"}]},
+                                "constraints": {"tools": ["lookup", "request_approval"], "max_steps": 20,
+                                                "max_tokens": 50_000}})  # fmt: skip
+    approved: list[int] = []
+
+    def approve_once_watched(screen: str) -> None:
+        # The task waits for approval until watch has drawn it waiting, so watch sees it run
+        # however slowly watch starts.
+        if not approved and "waiting for approval: Watch me?" in screen:
+            approved.append(api_stack.http("POST", f"/tasks/{task_id}/approve", {})[0])
+
     env = api_stack.cli_env(TERM="xterm-256color", COLUMNS="110", LINES="40")
-    code, screen = _run_in_pty([sys.executable, "-m", "agentq", "watch", task_id, "--interval", "0.2"], env, timeout=90)
-    assert code == 0, screen[-2000:]
+    argv = [sys.executable, "-m", "agentq", "watch", task_id, "--interval", "0.2"]
+    code, screen = _run_in_pty(argv, env, timeout=90, on_output=approve_once_watched)
+    assert approved == [200] and code == 0, screen[-2000:]
     plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen)
     assert "\x1b[2K" in screen and "\x1b[1A" in screen  # redrawn in place, not scrolled
     assert "\x1b[" in screen and "━" in plain  # colours and the bars
     assert f"agentq watch {task_id}" in plain
     assert re.search(r"\d+ / 20 LLM turns", plain) and re.search(r"[\d,]+ / 50,000 tokens \(\d+\.\d%\)", plain)
     assert re.search(r"now\s+(running tools: lookup|waiting for the model)", plain)  # a frame while it ran
-    assert "finished succeeded" in plain and "7 / 20 LLM turns" in plain
+    assert "finished succeeded" in plain and "8 / 20 LLM turns" in plain
     assert re.search(r"tool lookup · [\d,]+ ms · ok", plain)  # recent trace events
     assert "answer (succeeded):" in plain and "watched to the end" in plain  # the answer, once it ended
 

@@ -387,33 +387,39 @@ def test_a_running_task_shows_its_steps_as_they_commit_and_polls_with_etags(cons
 def test_a_running_task_page_follows_the_event_stream_and_polls_where_there_is_none(
     console: Console, tab: Page
 ) -> None:
+    # Each task waits for approval until its page follows it, then runs to its end: the page
+    # opens a stream only for a task not yet ended, however slowly the browser loads it.
+    ask = {"text": "", "tool_calls": [call("request_approval", question="Follow me?")]}
     turns = [
         {"text": f"step {i}", "tool_calls": [call("lookup", query=f"q{i}", size=20)], "latency_seconds": 0.4}
         for i in range(3)
     ]
-    body = scripted("look three things up", [*turns, {"text": "streamed to the end"}], tools=["lookup"])
+    body = scripted("look three things up", [ask, *turns, {"text": "streamed to the end"}],
+                    tools=["lookup", "request_approval"])  # fmt: skip
     page = tab.page
     streamed = console.submit(body)
-    console.until(streamed, lambda v: v["status"] == "running")
+    console.until(streamed, lambda v: v["status"] == "paused")
     page.goto(f"{console.url}/console/#/tasks/{streamed}")
     page.wait_for_function("() => window.agentqStream && window.agentqStream.streaming === true")
+    assert console.http("POST", f"/tasks/{streamed}/approve", {})[0] == 200
     page.wait_for_selector("h1 .badge.s-succeeded", timeout=60_000)
     page.wait_for_function("() => window.agentqStream.ended === 'ended'")
     assert page.evaluate("window.agentqStream.events") >= 6  # its steps and its end, each from the stream
     # The head is drawn before the trace's fetch returns: the last step's row comes a moment after the badge.
-    page.wait_for_selector("tr[data-step='7']", timeout=30_000)
-    assert page.locator("tr[data-step='7']").count() == 1
+    page.wait_for_selector("tr[data-step='9']", timeout=30_000)
+    assert page.locator("tr[data-step='9']").count() == 1
     assert any(status == 200 and url.endswith(f"/tasks/{streamed}/events") for status, url in tab.responses)
 
     # An API that does not stream (a proxy that buffers, say): the page polls and still follows the task.
     page.route("**/events", lambda route: route.fulfill(status=200, content_type="application/json", body="{}"))
     polled = console.submit(body)
-    console.until(polled, lambda v: v["status"] == "running")
+    console.until(polled, lambda v: v["status"] == "paused")
     page.goto(f"{console.url}/console/#/tasks/{polled}")
     page.wait_for_function("() => window.agentqStream && window.agentqStream.fallback")
+    assert console.http("POST", f"/tasks/{polled}/approve", {})[0] == 200
     page.wait_for_selector("h1 .badge.s-succeeded", timeout=60_000)
-    page.wait_for_selector("tr[data-step='7']", timeout=30_000)
-    assert page.locator("tr[data-step='7']").count() == 1
+    page.wait_for_selector("tr[data-step='9']", timeout=30_000)
+    assert page.locator("tr[data-step='9']").count() == 1
     no_errors(tab)
 
 
@@ -969,8 +975,8 @@ def _holder_pid(console: Console, task_id: str) -> int:
 def test_a_takeover_is_marked_resumed_and_a_follow_up_is_a_new_turn_of_the_conversation_not_a_resume(
     console: Console, tab: Page
 ) -> None:
-    turns = [
-        {"text": f"step {i}", "tool_calls": [call("lookup", query=f"q{i}", size=20)], "latency_seconds": 1.0}
+    turns = [  # slow enough that the task still runs when the test has seen step 1 and stops its worker
+        {"text": f"step {i}", "tool_calls": [call("lookup", query=f"q{i}", size=20)], "latency_seconds": 2.0}
         for i in range(3)
     ]
     task_id = console.submit(

@@ -15,15 +15,18 @@ from agentq_dev.stack import LocalStack
 from tests.helpers import call
 from tests.test_console import CHROMIUM, CHROMIUM_ARGS, ROOT, TIMEOUT_MS, pytestmark  # noqa: F401
 
+# The task waits for approval until its page follows it (the page opens a stream only for a task
+# not yet ended, however slowly the browser loads it), then runs to its end.
 BODY = {
     "goal": "look three things up",
     "provider": "scripted",
     "script": {"turns": [
+        {"text": "", "tool_calls": [call("request_approval", question="Follow me?")]},
         *({"text": f"step {i}", "tool_calls": [call("lookup", query=f"q{i}", size=20)], "latency_seconds": 0.4}
           for i in range(3)),
         {"text": "streamed to the end"},
     ]},
-    "constraints": {"tools": ["lookup"]},
+    "constraints": {"tools": ["lookup", "request_approval"]},
 }  # fmt: skip
 
 
@@ -61,9 +64,12 @@ def test_the_console_follows_the_hub_and_the_apis_route_when_the_hub_is_gone(sta
                 if not hub_up:
                     stack.stop_hub()  # the page was loaded with the hub named: it must fall back
                 task_id = client.submit(BODY).task_id
-                client.wait_for(task_id, lambda v: v.status == "running", timeout=30)
+                client.wait_for(task_id, lambda v: v.status == "paused", timeout=60)
                 page.evaluate("window.agentqStream = null")  # the last task's, until this one's page replaces it
                 page.goto(f"{stack.api_server.url}/console/#/tasks/{task_id}")
+                page.wait_for_function("() => window.agentqStream && window.agentqStream.streaming === true",
+                                       timeout=60_000)  # fmt: skip
+                client.approve(task_id)
                 page.wait_for_function("() => window.agentqStream && window.agentqStream.ended === 'ended'",
                                        timeout=60_000)  # fmt: skip
                 assert page.evaluate("window.agentqStream.via") == ("hub" if hub_up else "api"), (errors, responses)
