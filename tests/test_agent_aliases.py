@@ -17,6 +17,10 @@ from agentq.core.aliases import AliasSpec, pick
 from tests.api_support import ApiStack
 from tests.helpers import call, run_agentq
 
+# A first turn long enough that what a test does while the task runs (the calls after it is seen
+# running) lands before the turn ends, also on a loaded machine.
+RUNNING_SECONDS = 10.0
+
 
 def _agent(name: str, tag: str, *, first_latency: float = 0.0) -> dict[str, Any]:
     """A scripted agent whose every answer says which version played it: a first turn that looks
@@ -53,7 +57,7 @@ def _put_alias(api_stack: ApiStack, name: str, alias: str, *pairs: tuple[int, in
 def test_a_running_task_keeps_its_version_across_an_alias_move_and_its_follow_ups_too(api_stack: ApiStack) -> None:
     name = _name()
     for tag in ("v1", "v2"):
-        status, body, _ = api_stack.http("POST", "/agents", _agent(name, tag, first_latency=3.0))
+        status, body, _ = api_stack.http("POST", "/agents", _agent(name, tag, first_latency=RUNNING_SECONDS))
         assert status == 201, body
     status, prod, _ = _put_alias(api_stack, name, "prod", (1, 100))
     assert status == 200 and prod["revision"] == 1, prod
@@ -178,7 +182,7 @@ def test_another_tenants_alias_never_resolves_nor_shows(api_stack: ApiStack) -> 
 
 def test_moving_a_task_is_refused_when_it_cannot_be_moved_naming_why(api_stack: ApiStack) -> None:
     name = _name()
-    api_stack.http("POST", "/agents", _agent(name, "v1", first_latency=3.0))
+    api_stack.http("POST", "/agents", _agent(name, "v1", first_latency=RUNNING_SECONDS))
     plain = api_stack.submit()
     api_stack.until(plain, lambda v: v["status"] == "succeeded")
     status, answer, _ = api_stack.http("POST", f"/tasks/{plain}/agent", {"version": 1})

@@ -25,10 +25,13 @@ from agentq_dev.stack import LocalStack
 from tests.helpers import agentq_process, call
 
 ROOT = Path(__file__).resolve().parent.parent
+# Quick turns up to the kill (at step 4), slower ones after it: the task must still be running
+# when the test has seen step 4 and kills the worker, also on a busy machine.
 TURNS = [
-    {"text": f"turn {i}", "latency_seconds": 0.3, "tool_calls": [call("note_write", key=f"k{i}", value=str(i))]}
+    {"text": f"turn {i}", "latency_seconds": 0.3 if i < 2 else 1.0,
+     "tool_calls": [call("note_write", key=f"k{i}", value=str(i))]}
     for i in range(10)
-] + [{"text": "finished"}]
+] + [{"text": "finished"}]  # fmt: skip
 
 
 def _http(url: str, body: Any = None) -> tuple[int, Any]:

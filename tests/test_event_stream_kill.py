@@ -14,10 +14,13 @@ from agentq_dev.stack import LocalStack
 
 from tests.helpers import call
 
+# Quick turns up to the kill (at step 5, turn 2's message), slower ones after it: the task must
+# still be running when the stream, the test and the kill catch up, also on a busy machine.
 TURNS = [
-    {"text": f"turn {i}", "latency_seconds": 0.3, "tool_calls": [call("lookup", query=str(i), size=20)]}
+    {"text": f"turn {i}", "latency_seconds": 0.3 if i < 3 else 1.5,
+     "tool_calls": [call("lookup", query=str(i), size=20)]}
     for i in range(8)
-] + [{"text": "finished"}]
+] + [{"text": "finished"}]  # fmt: skip
 BODY = {"goal": "look things up", "provider": "scripted", "script": {"turns": TURNS},
         "constraints": {"tools": ["lookup"]}}  # fmt: skip
 

@@ -291,9 +291,15 @@ def test_a_child_whose_worker_is_killed_mid_step_resumes_and_the_fan_out_complet
 
     assert stack.settings is not None
     store = stack.store()
+    # Quick turns up to the kill (at step 4), slower ones after it: the child must still be running
+    # when the test sees step 4 and kills its worker, also on a busy machine.
     slowish = {
         "turns": [
-            {"text": f"t{i}", "latency_seconds": 0.3, "tool_calls": [call("note_write", key="k", value=str(i))]}
+            {
+                "text": f"t{i}",
+                "latency_seconds": 0.3 if i < 2 else 1.5,
+                "tool_calls": [call("note_write", key="k", value=str(i))],
+            }
             for i in range(8)
         ]
         + [{"text": "child done"}]

@@ -57,7 +57,7 @@ async def _handle(client: Any, name: str, arguments: dict[str, Any]) -> Any:
 def test_a_declaring_client_gets_the_agentq_task_id_as_its_handle_and_tasks_get_gives_the_result(
     api_stack: ApiStack,
 ) -> None:
-    name = _agent(api_stack, [{"text": "slow answer", "latency_seconds": 1.0}])
+    name = _agent(api_stack, [{"text": "slow answer", "latency_seconds": 5.0}])  # still working when first read
 
     async def work(client: Any) -> Any:
         handle = await _handle(client, name, {"goal": "take your time"})
@@ -143,7 +143,8 @@ def test_an_approval_is_input_required_and_tasks_update_decides_it_once(api_stac
 
 
 def test_an_interrupted_task_is_input_required_and_tasks_update_sends_its_message_once(api_stack: ApiStack) -> None:
-    name = _agent(api_stack, [{"text": "first", "latency_seconds": 3.0}, {"text": "after the message"}])
+    # The first turn outlasts the interrupt sent once the task is seen running, also on a loaded machine.
+    name = _agent(api_stack, [{"text": "first", "latency_seconds": 10.0}, {"text": "after the message"}])
 
     async def work(client: Any) -> Any:
         handle = await _handle(client, name, {"goal": "talk to me"})

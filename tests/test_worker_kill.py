@@ -14,10 +14,12 @@ from agentq_dev.stack import LocalStack
 
 from tests.helpers import call, scripted
 
+# Quick turns up to the kill (at step 6), slower ones after it: the task must still be running
+# when the test has seen step 6 and kills its worker, also on a busy machine.
 TURNS = [
     {
         "text": f"turn {i}",
-        "latency_seconds": 0.3,
+        "latency_seconds": 0.3 if i < 3 else 1.0,
         "tool_calls": [call("lookup", query=str(i)), call("charge_card", amount_cents=i + 1, memo=str(i))],
     }
     for i in range(8)
