@@ -43,7 +43,7 @@ from tests.helpers import call, scripted, wait_for
 STORAGE = "memory"
 SHORT, LONG = 1024, 32_000  # max_output_tokens: a plain call; a streamed one (past the threshold below)
 LATE_USAGE = (700, 40)  # what the model reports when it answers after all (input, output)
-TIMEOUT = 2  # seconds: time for the call to reach its server (the SDKs are imported above) on a busy machine
+TIMEOUT = 5  # seconds: time for the call to reach its server (the SDKs are imported above) on a busy machine
 # Imported here for their SDKs: importing one in the run would count against the task's timeout.
 PROVIDER_MODULES = (anthropic_provider, bedrock_converse, openai_provider)
 

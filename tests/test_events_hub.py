@@ -141,9 +141,7 @@ def test_a_flood_of_watchers_past_the_cap_is_refused_and_the_agents_steps_are_un
         hub = stack.hub_server.url
         hub_of(stack).keepalive = 1.0  # a closed stream's slot frees at its next keep-alive
         client = Client(stack.api_server.url)
-        started = time.monotonic()
-        client.wait(client.submit(body(turns)).task_id, timeout=60)
-        alone = time.monotonic() - started
+        assert client.wait(client.submit(body(turns)).task_id, timeout=60).status == "succeeded"  # alone
 
         waiting = body(1)
         waiting["constraints"]["tool_policies"] = {"lookup": "ask"}  # watched while it waits for a person
@@ -168,15 +166,12 @@ def test_a_flood_of_watchers_past_the_cap_is_refused_and_the_agents_steps_are_un
         assert all(p is not None and p["error"]["code"] == "too_many_streams" and f"{cap} open event streams"
                    in p["error"]["message"] for p in refused)  # fmt: skip
 
-        # With the hub full, an agent runs: all its steps, the same outcome, no slower than alone
-        # beyond the machine's noise.
-        started = time.monotonic()
+        # With the hub full, an agent runs as it did alone: all its steps, the same outcome, within
+        # the same wait (how fast is for bench/, not a timed assertion here).
         task_id = client.submit(body(turns)).task_id
         assert client.wait(task_id, timeout=60).status == "succeeded"
-        flooded = time.monotonic() - started
         steps = [e for e in client.iter_events(task_id, stream=False) if e.type == "agent.message"]
         assert len(steps) == turns + 1
-        assert flooded < 3 * alone + 5, (flooded, alone)
         # The slots come back once those streams close.
         for stream in held:
             stream.close()

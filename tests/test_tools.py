@@ -283,8 +283,8 @@ def test_a_slow_tool_is_abandoned_with_a_timeout_result_just_after_its_timeout()
         release.set()
     assert result.status == "timeout" and result.is_error
     assert result.content == "tool 'slow' timed out after 0.3s"
-    assert 0.3 <= elapsed < 0.8
-    assert 300 <= result.duration_ms < 800
+    assert 0.3 <= elapsed < 3  # cut at its timeout, not at the tool's own end (10 s); the rest is a busy machine
+    assert 300 <= result.duration_ms < 3000
 
 
 def test_a_task_deadline_sooner_than_the_tool_timeout_cuts_the_call_short() -> None:
@@ -305,7 +305,7 @@ def test_a_task_deadline_sooner_than_the_tool_timeout_cuts_the_call_short() -> N
         release.set()
     assert result.status == "timeout"
     assert re.fullmatch(r"tool 'slow' timed out after 0\.[23]s", result.content)
-    assert elapsed < 0.8
+    assert elapsed < 3  # cut at the deadline, not at the tool's timeout (30 s) or its own end (10 s)
     assert past.status == "timeout" and past.duration_ms < 100
 
 
@@ -454,11 +454,12 @@ def test_python_exec_reports_a_non_zero_exit_and_the_exception() -> None:
 
 def test_python_exec_kills_an_infinite_loop_at_the_wall_clock_timeout() -> None:
     started = time.monotonic()
-    status, stdout, _ = sections(python_exec("print('started', flush=True)\nwhile True:\n    pass", timeout_seconds=1))
+    # 3 s: time for the sandbox and Python to start and print on a busy machine, before the loop
+    status, stdout, _ = sections(python_exec("print('started', flush=True)\nwhile True:\n    pass", timeout_seconds=3))
     elapsed = time.monotonic() - started
-    assert status == "exit code -9 (timed out after 1.0s of wall-clock time; the process was killed)"
+    assert status == "exit code -9 (timed out after 3.0s of wall-clock time; the process was killed)"
     assert stdout == "started\n"  # output printed before the kill survives
-    assert elapsed < 3
+    assert elapsed < 10  # killed at its timeout, not left to loop
 
 
 def test_python_exec_reports_exceeding_the_memory_limit() -> None:
