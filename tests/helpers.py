@@ -54,8 +54,10 @@ def deployment(moto_server: Any, **queue_settings: Any) -> Any:
     return settings
 
 
-def wait_for(predicate: Any, timeout: float = 20, what: str = "condition", interval: float = 0.05) -> Any:
-    """Poll until ``predicate()`` is truthy; returns that value or fails naming ``what``."""
+def wait_for(predicate: Any, timeout: float = 60, what: str = "condition", interval: float = 0.05) -> Any:
+    """Poll until ``predicate()`` is truthy; returns that value or fails naming ``what``. The
+    default wait is long: it costs nothing when things are fast, and a real process on a busy
+    two-core machine can take many seconds to get going."""
     import time
 
     deadline = time.monotonic() + timeout

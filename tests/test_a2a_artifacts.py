@@ -8,9 +8,11 @@ written by the agent's tools in the bubblewrap sandbox, their names chosen to be
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+import anyio
 import httpx
 import pytest
 from hypothesis import given, settings
@@ -56,6 +58,17 @@ def _as_dict(artifacts: Any) -> list[dict[str, Any]]:
     return [MessageToDict(a) for a in artifacts]
 
 
+async def _to_its_end(client: Any, task: Any) -> Any:
+    """The task once it has ended: a blocking ``SendMessage`` answers within its wait (20 s) with
+    the task as it is then, which on a busy machine may still be working."""
+    deadline = time.monotonic() + 90
+    while _state(task) in ("TASK_STATE_SUBMITTED", "TASK_STATE_WORKING"):
+        assert time.monotonic() < deadline, task
+        await anyio.sleep(0.2)
+        task = await client.get_task(_get(task.id))
+    return task
+
+
 def _fetch(url: str, key: str | None) -> httpx.Response:
     headers = {"Accept": "application/octet-stream", **({"Authorization": f"Bearer {key}"} if key else {})}
     return httpx.get(url, headers=headers, timeout=30)
@@ -68,7 +81,7 @@ def test_a_workspace_task_lists_its_files_each_at_a_url_that_gives_its_exact_byt
     name = _workspace_agent(api_stack)
 
     async def work(client: Any) -> Any:
-        task = (await _final(client.send_message(_message("write the files"))))[-1].task
+        task = await _to_its_end(client, (await _final(client.send_message(_message("write the files"))))[-1].task)
         return task, await client.get_task(_get(task.id))
 
     task, got = _with_client(f"{api_stack.url}/a2a/{name}", api_stack.key, work)
@@ -121,8 +134,12 @@ def test_the_completion_push_carries_the_task_with_the_artifacts_get_task_shows(
     task_id = data["result"]["task"]["id"]
     assert data["result"]["task"]["status"]["state"] == "TASK_STATE_INPUT_REQUIRED", data
     _call(api_stack, paused, "CreateTaskPushNotificationConfig", {"taskId": task_id, "url": receiver.url})
-    done = _call(api_stack, paused, "SendMessage", _send("approve", taskId=task_id)["params"])
-    assert done["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED", done
+    _call(api_stack, paused, "SendMessage", _send("approve", taskId=task_id)["params"])
+    done = wait_for(  # its answer is the task within the call's wait (20 s): on a busy machine, still working
+        lambda: (got := _call(api_stack, paused, "GetTask", {"id": task_id}))["result"]["status"]["state"]
+        not in ("TASK_STATE_SUBMITTED", "TASK_STATE_WORKING") and got, timeout=90, what="the task's end",
+    )  # fmt: skip
+    assert done["result"]["status"]["state"] == "TASK_STATE_COMPLETED", done
     wait_for(lambda: any("task" in body for _, body in receiver.taken()), timeout=60, what="the completion push")
     (pushed,) = [body["task"] for _, body in receiver.taken() if "task" in body]
     got = _call(api_stack, paused, "GetTask", {"id": task_id})["result"]

@@ -41,7 +41,7 @@ def _deployment(moto_server: MotoServer, **queue_settings: Any) -> Settings:
     return deployment(moto_server, **queue_settings)  # type: ignore[no-any-return]
 
 
-def _wait_for(predicate: Callable[[], Any], timeout: float = 20, what: str = "condition") -> Any:
+def _wait_for(predicate: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:
     return wait_for(predicate, timeout, what, interval=0.05)
 
 
