@@ -124,14 +124,7 @@ def test_agentq_dev_with_tools_serves_them_through_the_api_and_runs_them_on_its_
         )
         with urllib.request.urlopen(request, timeout=30) as resp:
             task_id = json.loads(resp.read())["task_id"]
-        for _ in range(200):
-            with urllib.request.urlopen(f"{url}/tasks/{task_id}", timeout=30) as resp:
-                view = json.loads(resp.read())
-            if view["status"] == "succeeded":
-                break
-            import time
-
-            time.sleep(0.1)
+        view = _finished(url, task_id)
         assert view["status"] == "succeeded" and view["result"] == "charged"
         assert [json.loads(line)["amount"] for line in ledger.read_text().splitlines()] == [7]
     finally:
@@ -151,9 +144,11 @@ def _post(url: str, body: dict[str, object]) -> str:
 
 
 def _finished(url: str, task_id: str) -> dict[str, object]:
+    """The task once it has ended, read every 0.1 s for up to 90 s (a fresh ``agentq dev``
+    worker on a busy machine can take many seconds to get going)."""
     import time
 
-    for _ in range(300):
+    for _ in range(900):
         with urllib.request.urlopen(f"{url}/tasks/{task_id}", timeout=30) as resp:
             view = json.loads(resp.read())
         if view["status"] in ("succeeded", "failed"):
