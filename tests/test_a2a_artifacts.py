@@ -69,6 +69,16 @@ async def _to_its_end(client: Any, task: Any) -> Any:
     return task
 
 
+def _task_at_its_end(api_stack: ApiStack, agent: str, task_id: str) -> dict[str, Any]:
+    """``GetTask``'s task once it has ended (JSON-RPC over HTTP), past a blocking
+    ``SendMessage``'s answer within its wait (20 s), which on a busy machine may say working."""
+    ended = wait_for(
+        lambda: (got := _call(api_stack, agent, "GetTask", {"id": task_id})["result"])["status"]["state"]
+        not in ("TASK_STATE_SUBMITTED", "TASK_STATE_WORKING") and got, timeout=90, what="the task's end",
+    )  # fmt: skip
+    return dict(ended)
+
+
 def _fetch(url: str, key: str | None) -> httpx.Response:
     headers = {"Accept": "application/octet-stream", **({"Authorization": f"Bearer {key}"} if key else {})}
     return httpx.get(url, headers=headers, timeout=30)
@@ -135,11 +145,8 @@ def test_the_completion_push_carries_the_task_with_the_artifacts_get_task_shows(
     assert data["result"]["task"]["status"]["state"] == "TASK_STATE_INPUT_REQUIRED", data
     _call(api_stack, paused, "CreateTaskPushNotificationConfig", {"taskId": task_id, "url": receiver.url})
     _call(api_stack, paused, "SendMessage", _send("approve", taskId=task_id)["params"])
-    done = wait_for(  # its answer is the task within the call's wait (20 s): on a busy machine, still working
-        lambda: (got := _call(api_stack, paused, "GetTask", {"id": task_id}))["result"]["status"]["state"]
-        not in ("TASK_STATE_SUBMITTED", "TASK_STATE_WORKING") and got, timeout=90, what="the task's end",
-    )  # fmt: skip
-    assert done["result"]["status"]["state"] == "TASK_STATE_COMPLETED", done
+    done = _task_at_its_end(api_stack, paused, task_id)
+    assert done["status"]["state"] == "TASK_STATE_COMPLETED", done
     wait_for(lambda: any("task" in body for _, body in receiver.taken()), timeout=60, what="the completion push")
     (pushed,) = [body["task"] for _, body in receiver.taken() if "task" in body]
     got = _call(api_stack, paused, "GetTask", {"id": task_id})["result"]
@@ -163,8 +170,8 @@ def test_past_the_cap_the_listing_is_cut_and_its_metadata_says_so(api_stack: Api
              {"text": "made"}]  # fmt: skip
     name = _workspace_agent(api_stack, turns)
     data = _rpc(api_stack, name, _send("make many files"))[1]
-    task = data["result"]["task"]
-    assert task["status"]["state"] == "TASK_STATE_COMPLETED", data
+    task = _task_at_its_end(api_stack, name, data["result"]["task"]["id"])
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED", task
     (workspace,) = [a for a in task["artifacts"] if a["name"] == "workspace"]
     meta = workspace["metadata"]["agentq"]
     assert meta["files"] == many and meta["listedFiles"] == MAX_LISTED_FILES == len(workspace["parts"])

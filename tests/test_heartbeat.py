@@ -167,7 +167,7 @@ def test_rounds_start_a_heartbeat_apart_even_when_each_round_takes_most_of_it() 
     with ExitStack() as stack:
         _holding(hub, stack, [_session("t1")])
         hub.start()
-        time.sleep(3.5)
+        time.sleep(4.0)  # 6 rounds at a fixed rate (a second to spare for late wake-ups), 4 at a fixed delay
         hub.stop()
     starts = store.workers.renewals
     gaps = [b - a for a, b in pairwise(starts)]

@@ -306,7 +306,7 @@ def test_a_task_deadline_sooner_than_the_tool_timeout_cuts_the_call_short() -> N
     assert result.status == "timeout"
     assert re.fullmatch(r"tool 'slow' timed out after 0\.[23]s", result.content)
     assert elapsed < 3  # cut at the deadline, not at the tool's timeout (30 s) or its own end (10 s)
-    assert past.status == "timeout" and past.duration_ms < 100
+    assert past.status == "timeout" and past.duration_ms < 1000  # a deadline already past: not waited for
 
 
 def test_return_values_are_rendered_as_text_for_the_model() -> None:
