@@ -175,8 +175,8 @@ def test_a_zombies_late_answer_is_counted_on_its_users_window_once(settings: Set
         env = {"ANTHROPIC_BASE_URL": fake.base_url, "ANTHROPIC_API_KEY": "k", "AGENTQ_MAX_CALL_SECONDS": "8"}
         zombie = spawn(task.task_id, env, wait=0)
         stop_a.caller(zombie.pid)
-        assert stop_a.stopped.wait(30)  # A's call on the wire, A stopped before its answer
         try:
+            assert stop_a.stopped.wait(30)  # A's call on the wire, A stopped before its answer
             successor = spawn(task.task_id, env, wait=60, lease=10)
             _wait(store, task.task_id, lambda t: t.lease_epoch >= 2, timeout=30)
         finally:

@@ -139,8 +139,8 @@ def test_a_zombies_call_in_flight_is_charged_once_and_its_successor_never_oversh
         env = {"ANTHROPIC_BASE_URL": fake.base_url, "ANTHROPIC_API_KEY": "k", "AGENTQ_MAX_CALL_SECONDS": "8"}
         zombie = _spawn_with(settings, task.task_id, env, wait=0)
         stop_a.caller(zombie.pid)
-        _wait_for(stop_a.stopped.is_set)  # A's call was answered, stopped before it could read the answer
         try:
+            _wait_for(stop_a.stopped.is_set)  # A's call on the wire, A stopped: its answer, sent next, waits unread
             # claims once A's lease (1 s) lapses
             successor = _spawn_with(settings, task.task_id, env, wait=60, lease=10)
             _wait_for(lambda: store.tasks.get(task.task_id).lease_epoch >= 2)
@@ -188,8 +188,8 @@ def test_a_call_answered_to_a_worker_paused_past_its_holds_deadline_never_pushes
         env = {"ANTHROPIC_BASE_URL": fake.base_url, "ANTHROPIC_API_KEY": "k", "AGENTQ_MAX_CALL_SECONDS": "2"}
         zombie = _spawn_with(settings, task.task_id, env, wait=0)
         stop_a.caller(zombie.pid)
-        _wait_for(stop_a.stopped.is_set)  # A's call is on the wire, and A stopped before its answer
         try:
+            _wait_for(stop_a.stopped.is_set)  # A's call is on the wire, and A stopped before its answer
             _wait_for(lambda: len(fake.delivered_usage) == 1)  # answered: it waits in A's socket
             successor = _spawn_with(settings, task.task_id, env, wait=60, lease=10)
             _wait_for(lambda: store.tasks.get(task.task_id).status.terminal, timeout=60)  # B took over and ended
