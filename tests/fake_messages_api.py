@@ -67,8 +67,8 @@ class FakeReply:
 
 class StopBeforeAnswer:
     """A reply's ``before_send`` that stops its caller (SIGSTOP) before the answer leaves: the
-    answer then waits, unread, in the stopped caller's socket until the test wakes it. Set
-    ``pid`` once the caller is spawned; ``stopped`` is set when it has been stopped."""
+    answer then waits, unread, in the stopped caller's socket until the test wakes it. Name the
+    caller (``caller(pid)``) once it is spawned; ``stopped`` is set when it has been stopped."""
 
     def __init__(self) -> None:
         self.stopped = threading.Event()
