@@ -8,7 +8,6 @@ written by the agent's tools in the bubblewrap sandbox, their names chosen to be
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -18,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentq.core.models import TaskStatus
 from agentq.core.workspace import Entry, check_path
 from agentq.queueing.a2a_artifacts import MAX_LISTED_FILES, file_parts, file_url
 
@@ -58,25 +58,26 @@ def _as_dict(artifacts: Any) -> list[dict[str, Any]]:
     return [MessageToDict(a) for a in artifacts]
 
 
-async def _to_its_end(client: Any, task: Any) -> Any:
-    """The task once it has ended: a blocking ``SendMessage`` answers within its wait (20 s) with
-    the task as it is then, which on a busy machine may still be working."""
-    deadline = time.monotonic() + 90
-    while _state(task) in ("TASK_STATE_SUBMITTED", "TASK_STATE_WORKING"):
-        assert time.monotonic() < deadline, task
-        await anyio.sleep(0.2)
+# A blocking ``SendMessage`` answers within its wait (20 s) with the task as it is then, which on a
+# busy machine may still be working: these wait for the agentq task's end (``ApiStack.until``).
+
+
+def _ended(view: dict[str, Any]) -> bool:
+    return TaskStatus(view["status"]).terminal
+
+
+async def _to_its_end(client: Any, api_stack: ApiStack, task: Any) -> Any:
+    """The SDK's task once it has ended: ``task`` itself when the answer found it ended."""
+    if _state(task) in ("TASK_STATE_SUBMITTED", "TASK_STATE_WORKING"):
+        await anyio.to_thread.run_sync(lambda: api_stack.until(task.id, _ended, timeout=90))
         task = await client.get_task(_get(task.id))
     return task
 
 
 def _task_at_its_end(api_stack: ApiStack, agent: str, task_id: str) -> dict[str, Any]:
-    """``GetTask``'s task once it has ended (JSON-RPC over HTTP), past a blocking
-    ``SendMessage``'s answer within its wait (20 s), which on a busy machine may say working."""
-    ended = wait_for(
-        lambda: (got := _call(api_stack, agent, "GetTask", {"id": task_id})["result"])["status"]["state"]
-        not in ("TASK_STATE_SUBMITTED", "TASK_STATE_WORKING") and got, timeout=90, what="the task's end",
-    )  # fmt: skip
-    return dict(ended)
+    """``GetTask``'s task (JSON-RPC over HTTP) once it has ended."""
+    api_stack.until(task_id, _ended, timeout=90)
+    return dict(_call(api_stack, agent, "GetTask", {"id": task_id})["result"])
 
 
 def _fetch(url: str, key: str | None) -> httpx.Response:
@@ -91,7 +92,8 @@ def test_a_workspace_task_lists_its_files_each_at_a_url_that_gives_its_exact_byt
     name = _workspace_agent(api_stack)
 
     async def work(client: Any) -> Any:
-        task = await _to_its_end(client, (await _final(client.send_message(_message("write the files"))))[-1].task)
+        sent = (await _final(client.send_message(_message("write the files"))))[-1].task
+        task = await _to_its_end(client, api_stack, sent)
         return task, await client.get_task(_get(task.id))
 
     task, got = _with_client(f"{api_stack.url}/a2a/{name}", api_stack.key, work)
