@@ -187,11 +187,11 @@ def test_two_batch_looks_of_one_due_handled_at_once_queue_one_next_look(
     store, queues, dispatcher = _world(moto_server, PendingBatches())
     task_id = _parked(store, look_due=time.time() - 1, kind="batch_poll")
     next_look = store.tasks.next_look
-    first = [True]
+    other_copy = [task_id]
 
     def the_other_look_first(task: str, due: float, *, after: float | None) -> bool:
-        if first.pop() if first else False:  # the other copy, read the same due, runs to its end before this one writes
-            _look(dispatcher, task)
+        if other_copy:  # the other copy, read the same due, runs to its end before this one writes
+            _look(dispatcher, other_copy.pop())
         return bool(next_look(task, due, after=after))
 
     monkeypatch.setattr(store.tasks, "next_look", the_other_look_first)
