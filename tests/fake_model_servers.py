@@ -88,6 +88,7 @@ class FakeReply:
     headers: dict[str, str] = field(default_factory=dict)
     raw: bytes | None = None  # sent as is (a body that is not JSON)
     reset: bool = False  # drop the connection instead of answering
+    cut_at: float | None = None  # send the headers and this share of the body, then drop the connection
     content_type: str = "application/json"
     delay_seconds: float = 0.0  # wait this long before answering (a slow model)
     events: list[bytes] | None = None  # a stream's events, sent chunked (one chunk each) instead of ``raw``
@@ -211,6 +212,12 @@ def _handler(api: _ScriptedServer) -> type[BaseHTTPRequestHandler]:
             for key, value in reply.headers.items():
                 self.send_header(key, value)
             self.end_headers()
+            if reply.cut_at is not None:  # a reply cut in its body: billed, what it said unknown
+                self.wfile.write(payload[: int(len(payload) * reply.cut_at)])
+                self.wfile.flush()
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.close_connection = True
+                return False
             self.wfile.write(payload)
             return True
 

@@ -159,6 +159,52 @@ def test_the_sdks_failures_say_unbilled_only_when_no_reply_can_have_been_billed(
     assert [(f.kind, f.unbilled) for f in outcomes] == [("status", True), ("connection", False), ("connection", True)]
 
 
+def test_converse_calls_say_maybe_billed_only_when_a_reply_can_have_been_billed() -> None:
+    """Through the provider and the real boto3 against a local Converse server, as the httpx
+    SDKs above: a refused connection, an error status and a connection closed before any byte of
+    a reply are not maybe billed (Converse's chaos run counted each such reset as a whole unknown
+    hold); a 200 cut in its body (which botocore reads as an empty reply) and a read timeout may
+    have been."""
+    import boto3
+    import botocore.config
+    import botocore.exceptions
+
+    from agentq.core.errors import ProviderError
+    from agentq.core.providers import LLMRequest
+    from agentq.core.providers.bedrock_converse import BedrockConverseProvider, botocore_failure
+    from agentq.core.providers.retry import RetryPolicy
+    from agentq_dev.moto_server import free_port
+
+    from tests.fake_model_servers import FakeConverse, converse_error, converse_reply
+    from tests.fake_model_servers import FakeReply as WireReply
+
+    def failed(endpoint: str, timeout: float = 5) -> tuple[str | None, bool]:
+        config = botocore.config.Config(retries={"total_max_attempts": 1}, read_timeout=timeout, connect_timeout=5)
+        client = boto3.client("bedrock-runtime", region_name="us-east-1", endpoint_url=endpoint, config=config,
+                              aws_access_key_id="k", aws_secret_access_key="s")  # fmt: skip
+        provider = BedrockConverseProvider(client, retry=RetryPolicy(max_attempts=1))
+        ask = LLMRequest(model="us.amazon.nova-pro-v1:0", messages=[{"role": "user", "content": "hi"}], max_tokens=5)
+        with pytest.raises(ProviderError) as failure:
+            provider.complete(ask)
+        return failure.value.code, failure.value.maybe_billed
+
+    refused = failed(f"http://127.0.0.1:{free_port()}")
+    with FakeConverse() as fake:
+        fake.enqueue(
+            converse_error(500, "InternalServerException", "boom"),
+            WireReply(0, reset=True),
+            dataclasses.replace(converse_reply("whole"), cut_at=0.5),
+            dataclasses.replace(converse_reply("late"), delay_seconds=2),
+        )
+        error, reset, cut = (failed(fake.base_url) for _ in range(3))
+        slow = failed(fake.base_url, timeout=0.5)
+    assert [maybe for _, maybe in (refused, error, reset)] == [False, False, False], (refused, error, reset)
+    assert [maybe for _, maybe in (cut, slow)] == [True, True], (cut, slow)
+    # A connect timeout (no route here to make one) never sent the request: unbilled, as httpx's.
+    timed_out = botocore_failure(botocore.exceptions.ConnectTimeoutError(endpoint_url="http://10.255.255.1"))
+    assert timed_out is not None and timed_out.unbilled
+
+
 def test_a_lease_lost_at_a_step_boundary_gives_back_the_next_calls_hold_which_never_went_out(
     moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import http.client
 import json
 import os
 import random
@@ -288,14 +289,30 @@ def botocore_failure(exc: Exception) -> CallFailure | None:
             "status", status, error.get("Code") or None, str(error.get("Message") or exc), meta.get("HTTPHeaders"),
             unbilled=error_status_answered(meta.get("HTTPStatusCode")),
         )  # fmt: skip
-    if isinstance(exc, (botocore.exceptions.ReadTimeoutError, botocore.exceptions.ConnectTimeoutError)):
+    if isinstance(exc, botocore.exceptions.ConnectTimeoutError):  # no connection was made
+        return CallFailure("timeout", detail=str(exc), unbilled=True)
+    if isinstance(exc, botocore.exceptions.ReadTimeoutError):
         return CallFailure("timeout", detail=str(exc))
     if isinstance(exc, (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError)):
-        refused = isinstance(exc, botocore.exceptions.EndpointConnectionError)  # no connection was made
-        return CallFailure("connection", detail=str(exc), unbilled=refused)
+        return CallFailure("connection", detail=str(exc), unbilled=closed_before_any_reply(exc))
     if isinstance(exc, botocore.parsers.ResponseParserError):
         return CallFailure("malformed", detail=str(exc).splitlines()[0][:200])
     return None
+
+
+def closed_before_any_reply(exc: botocore.exceptions.BotoCoreError) -> bool:
+    """botocore's connection error from which no reply can have been billed (ARCHITECTURE 4, as
+    ``retry.no_reply_began`` for the httpx SDKs): no connection made (``EndpointConnectionError``),
+    or one closed before any byte of a reply: urllib3's ``ProtocolError`` over http.client's
+    ``RemoteDisconnected``, which http.client raises only when the read of the status line found
+    the connection closed with nothing on it. A reset while the status line or the body was
+    read is another error (``ConnectionResetError``, ``IncompleteRead``): a reply may have been
+    under way, so not known unbilled."""
+    if isinstance(exc, botocore.exceptions.EndpointConnectionError):
+        return True
+    error = exc.kwargs.get("error")
+    causes = getattr(error, "args", ()) if isinstance(exc, botocore.exceptions.ConnectionClosedError) else ()
+    return any(isinstance(cause, http.client.RemoteDisconnected) for cause in causes)
 
 
 # --- the request ------------------------------------------------------------------------------
