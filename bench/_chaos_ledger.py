@@ -4,7 +4,7 @@ agentq's budgets charged (bench/chaos.py; ARCHITECTURE invariant 4).
 The servers bill two things: replies sent whole (``delivered``: what a client reads, so its
 usage is known) and replies cut after their headers (``cut``: generated, so a provider bills
 them, but the client cannot know their usage). A fault before a reply (an error status, a
-reset or a stall before any byte) is billed nothing. Each request the servers see is logged
+reset or a stall before any byte) is billed nothing, nor is a 200 that is not JSON. Each request the servers see is logged
 with its task, its turn and what it got, so a hold the ledger counted in full can be traced to
 what became of its call.
 

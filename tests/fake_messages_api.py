@@ -52,6 +52,7 @@ class FakeReply:
     body: dict[str, Any] | list[Any] | None
     headers: dict[str, str] = field(default_factory=dict)
     raw: bytes | None = None  # sent as is instead of ``body`` (a body that is not JSON)
+    content_type: str = "application/json"  # of a reply sent whole (a stream's is text/event-stream)
     delay_seconds: float = 0.0  # a slow model: the reply is sent this long after the request
     stream_pause_seconds: float = 0.0  # streamed: a pause after each text delta (a model writing slowly)
     # Reset the connection partway: 0 before any byte (after ``delay_seconds``: a stall), a
@@ -188,7 +189,8 @@ def model_not_found(model: str) -> FakeReply:
 
 
 def malformed_json() -> FakeReply:
-    """A 200 whose body is cut off: what a proxy that dropped the connection mid-reply leaves."""
+    """A 200 whose whole body (its Content-Length) is a prefix of a Message: what a proxy that cut
+    a reply and framed what it had would send; it may have been billed."""
     return FakeReply(200, None, {"request-id": _next_id("req_")}, raw=b'{"id": "msg_01", "type": "mess')
 
 
@@ -506,7 +508,7 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
                 reply.raw if reply.raw is not None else b"" if reply.body is None else json.dumps(reply.body).encode()
             )
             self.send_response(reply.status)
-            self.send_header("content-type", "application/json")
+            self.send_header("content-type", reply.content_type)
             self.send_header("content-length", str(len(payload)))
             for key, value in reply.headers.items():
                 self.send_header(key, value)

@@ -21,11 +21,19 @@ from typing import Any
 import pytest
 
 from agentq.core.engine import Engine, EngineConfig
-from agentq.core.models import LLMStep, TaskSubmission
+from agentq.core.models import LLMStep, TaskStatus, TaskSubmission
 from agentq.runtime import build_registry, build_store
 from agentq_dev.moto_server import MotoServer
 
-from tests.fake_messages_api import FakeMessagesAPI, FakeReply, error_reply, message_reply, usage_dict
+from tests.fake_messages_api import (
+    FakeMessagesAPI,
+    FakeReply,
+    error_reply,
+    malformed_json,
+    message_reply,
+    usage_dict,
+    wrong_shape,
+)
 from tests.helpers import deployment
 
 LEASE = 1.0
@@ -43,6 +51,10 @@ def _submission() -> TaskSubmission:
 
 def _answer() -> FakeReply:
     return message_reply([{"type": "text", "text": "late"}], usage=usage_dict(input_tokens=10, output_tokens=5))
+
+
+def _page() -> FakeReply:
+    return dataclasses.replace(malformed_json(), raw=b"<html><title>Sign in</title></html>", content_type="text/html")
 
 
 def _point_the_provider_at(fake: FakeMessagesAPI, monkeypatch: pytest.MonkeyPatch, *, streamed: bool = False) -> None:
@@ -303,8 +315,11 @@ def test_a_call_sent_under_a_hold_a_message_made_older_keeps_it_counted_when_the
         (dataclasses.replace(_answer(), cut_at=0.5), True),  # a 200 cut in its body
         (dataclasses.replace(_answer(), cut_at=0), False),  # reset before any byte of a reply: no answer began
         (error_reply(502, "api_error", "bad gateway"), True),  # a gateway's: the upstream may have run
+        (_page(), False),  # a gateway's page read to its declared end: no reply began (providers/pages.py)
+        (malformed_json(), True),  # a Message's first bytes framed whole: a proxy may have cut a reply
+        (wrong_shape(), True),  # JSON of another shape may still be a billed reply
     ],
-    ids=["500", "529", "cut_midway", "reset_before_any_byte", "502"],
+    ids=["500", "529", "cut_midway", "reset_before_any_byte", "502", "page", "a_replys_prefix", "another_shape"],
 )
 def test_a_run_that_spends_its_retries_returns_the_hold_only_when_no_attempt_can_have_been_billed(
     moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch, failure: FakeReply, maybe_billed: bool
@@ -320,7 +335,10 @@ def test_a_run_that_spends_its_retries_returns_the_hold_only_when_no_attempt_can
         _point_the_provider_at(fake, monkeypatch)
         engine = Engine(store, worker_id="w", tools=build_registry(settings), config=EngineConfig(lease_seconds=30))
         result = engine.run(task.task_id)
-    assert result.outcome in ("retry", "deferred"), result
+    if failure.status == 200 and failure.cut_at is None:  # a reply that is not a Message, to the end: no retry fixes it
+        assert (result.outcome, result.status) == ("finished", TaskStatus.FAILED), result
+    else:
+        assert result.outcome in ("retry", "deferred"), result
     budget = store.budgets.get(task.task_id)
     assert budget.reserved == 0 and budget.known == 0 and store.tasks.get(task.task_id).inflight is None
     if maybe_billed:

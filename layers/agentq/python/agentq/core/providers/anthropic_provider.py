@@ -41,6 +41,7 @@ from agentq.core.providers.base import (
     stream_above,
 )
 from agentq.core.providers.caching import CacheTtl
+from agentq.core.providers.pages import parsed_or_page, streamed_page
 from agentq.core.providers.retry import (
     CallFailure,
     MalformedReply,
@@ -89,7 +90,12 @@ class _MessagesProvider:
         kwargs = self._params(request)
         endpoint = self._client.beta.messages if "betas" in kwargs else self._client.messages
         streamed = request.max_tokens > stream_above(self.stream_above_default)
-        send = (lambda **kw: self._streamed(endpoint, **kw)) if streamed else endpoint.create
+
+        def send(**kw: Any) -> Any:
+            if streamed:
+                return self._streamed(endpoint, **kw)
+            return parsed_or_page(endpoint.with_raw_response.create(**kw))
+
         response, attempts = call_with_retries(
             lambda: to_llm_response(send(**kwargs, **self._cut_timeout()), 1),
             self.retry,
@@ -146,6 +152,9 @@ class _MessagesProvider:
         carries data all along, so no proxy or idle timeout cuts a call that writes for minutes.
         The Message it returns is what ``create`` would have returned."""
         with endpoint.stream(**kwargs) as stream:
+            page = streamed_page(stream.response, anthropic.APITimeoutError, anthropic.APIConnectionError)
+            if page is not None:  # a gateway's page where the stream should be
+                raise page
             text = ""
             billed = Usage(input_tokens=0, output_tokens=0)
             for event in stream:

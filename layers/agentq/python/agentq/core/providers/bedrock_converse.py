@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentq.core.errors import ProviderError
 from agentq.core.model_ids import model_family
 from agentq.core.models import Usage
-from agentq.core.providers import caching
+from agentq.core.providers import caching, pages
 from agentq.core.providers.base import (
     DEFAULT_MAX_CALL_SECONDS,
     LLMRequest,
@@ -151,6 +151,8 @@ class BedrockConverseProvider:
     ) -> None:
         if client is None:
             client = shared_client(region, timeout, converse_endpoint(region))
+        # unique_id: the shared client gets the check once, however many providers use it.
+        client.meta.events.register("before-parse.bedrock-runtime.Converse", whole_or_cut, unique_id=WHOLE_OR_CUT)
         self._client = client
         self.retry = retry or RetryPolicy.from_env()
         self._sleep = sleep
@@ -298,6 +300,32 @@ def botocore_failure(exc: Exception) -> CallFailure | None:
     if isinstance(exc, botocore.parsers.ResponseParserError):
         return CallFailure("malformed", detail=str(exc).splitlines()[0][:200])
     return None
+
+
+WHOLE_OR_CUT = "agentq-whole-or-cut"
+
+
+def whole_or_cut(response_dict: dict[str, Any], **_: Any) -> None:
+    """A Converse 200's body before botocore parses it, which cannot tell a cut reply from a page:
+    botocore does not hold a body to its ``Content-Length`` (half of one reads as ``{}``) and
+    parses one that is not JSON as ``{"message": <body>}``, so both would reach
+    ``to_llm_response`` as the same reply of no shape. Here a body short of its length is a cut
+    reply (possibly billed), and a page read to its declared end (``pages``: status 200, not
+    compressed, markup) is no reply (``MalformedReply.whole``: nothing billed); anything else
+    goes on to botocore as before."""
+    body, headers = response_dict.get("body"), response_dict.get("headers") or {}
+    status = int(response_dict.get("status_code") or 0)
+    if not 200 <= status < 300 or not isinstance(body, bytes):
+        return
+    declared = str(headers.get("content-length") or "")
+    if declared.isdigit() and len(body) < int(declared):
+        raise MalformedReply(f"a 200 cut in its body ({len(body)} of its {declared} bytes)")
+    ended = (declared.isdigit() and len(body) == int(declared)) or "chunked" in str(
+        headers.get("transfer-encoding", "")
+    ).lower()
+    encoded = str(headers.get("content-encoding") or "identity").lower() != "identity"
+    if status == 200 and ended and not encoded and pages.is_markup(body):
+        raise MalformedReply(f"a page of {pages.content_type(headers)}, not a reply", whole=True)
 
 
 def closed_before_any_reply(exc: botocore.exceptions.BotoCoreError) -> bool:

@@ -45,6 +45,7 @@ from agentq.core.providers.base import (
     report_text,
     stream_above,
 )
+from agentq.core.providers.pages import parsed_or_page, streamed_page
 from agentq.core.providers.retry import (
     CallFailure,
     MalformedReply,
@@ -114,7 +115,11 @@ class OpenAIProvider:
             lambda: (
                 self._streamed({**params, **self._cut_timeout()})
                 if streamed
-                else to_llm_response(self._client.chat.completions.create(**params, **self._cut_timeout()))
+                else to_llm_response(
+                    parsed_or_page(
+                        self._client.chat.completions.with_raw_response.create(**params, **self._cut_timeout())
+                    )
+                )
             ),
             self.retry,
             self._sleep,
@@ -138,6 +143,9 @@ class OpenAIProvider:
         chunks = self._client.chat.completions.create(**params, stream=True, stream_options={"include_usage": True})
         completion = StreamedCompletion()
         with chunks:
+            page = streamed_page(chunks.response, openai.APITimeoutError, openai.APIConnectionError)
+            if page is not None:  # a gateway's page where the stream should be
+                raise page
             for chunk in chunks:
                 check_cut()  # the task's deadline: leaving the block closes the stream
                 if completion.add(chunk):

@@ -54,7 +54,16 @@ _TAG = re.compile(r"<[^>]*>")
 
 
 class MalformedReply(Exception):
-    """The provider answered 2xx with something that is not a Message."""
+    """The provider answered 2xx with something that is not a Message.
+
+    ``whole``: it is a page read whole (``providers/pages.py``: markup, read to the end its
+    framing declared), everything the server sent, and no reply began: nothing billed can be
+    charged to it and the call's hold goes back (ARCHITECTURE 4). Anything else that is not a
+    reply may be part of one (a body cut short, JSON of another shape): not ``whole``."""
+
+    def __init__(self, message: str, *, whole: bool = False) -> None:
+        super().__init__(message)
+        self.whole = whole
 
 
 def failure_code(status_code: int | None) -> str:
@@ -154,7 +163,8 @@ class CallFailure:
     detail: str = ""  # the server's own words
     headers: Mapping[str, str] | None = None  # for retry-after
     # Certainly not billed (see ``RetryNotice.unbilled``): the classifier says so only when it
-    # knows, an error status of the HTTP response itself or a connection never made.
+    # knows, an error status of the HTTP response itself or a connection never made (or closed
+    # before any byte of a reply); the loop, for a page read whole (``MalformedReply.whole``).
     unbilled: bool = False
 
 
@@ -227,7 +237,8 @@ def call_with_retries(
         try:
             return fn(), attempt
         except MalformedReply as exc:  # a 2xx that is not a Message: maybe a proxy's hiccup; bounded below
-            last, last_exc = CallFailure("malformed", detail=str(exc)[:200] or type(exc).__name__), exc
+            said = str(exc)[:200] or type(exc).__name__
+            last, last_exc = CallFailure("malformed", detail=said, unbilled=exc.whole), exc
         except json.JSONDecodeError as exc:
             last, last_exc = CallFailure("malformed", detail=f"not JSON ({exc.msg} at char {exc.pos})"), exc
         except Exception as exc:
