@@ -21,6 +21,7 @@ replies, each failing the call's one attempt:
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import socket
 import threading
 from collections.abc import Iterator
@@ -53,15 +54,19 @@ WHOLE_CALL = [False, False, True, True, True, True]
 STREAMED_CALL = [False, True, True, True, True, True]
 
 
-def _maybe_billed(provider: Any, model: str, max_tokens: int) -> bool:
-    """Whether the one attempt's failure may have been billed. A cut body fails as a malformed
-    reply (botocore) or as a broken connection (httpx); every other case here is malformed."""
+def _failure(provider: Any, model: str, max_tokens: int) -> ProviderError:
+    """The one attempt's failure. A cut body fails as a malformed reply (botocore) or as a broken
+    connection (httpx), possibly billed; every other case here is malformed."""
     ask = LLMRequest(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=max_tokens)
     with pytest.raises(ProviderError) as failure:
         provider.complete(ask)
     assert failure.value.code in ("malformed_response", "provider_unreachable"), failure.value
     assert failure.value.code == "malformed_response" or failure.value.maybe_billed, failure.value
-    return failure.value.maybe_billed
+    return failure.value
+
+
+def _maybe_billed(provider: Any, model: str, max_tokens: int) -> bool:
+    return _failure(provider, model, max_tokens).maybe_billed
 
 
 @pytest.fixture
@@ -160,6 +165,40 @@ def test_converse_a_whole_200_that_is_no_reply_gives_its_hold_back_and_a_cut_or_
     with FakeConverse() as fake:
         fake.enqueue(page, as_json, dataclasses.replace(page, cut_at=0.5), prefix, FakeReply(200, {"status": "ok"}))
         provider = _converse(fake.base_url)
-        outcomes = [_maybe_billed(provider, "us.amazon.nova-pro-v1:0", 100) for _ in range(5)]
-    outcomes.append(_maybe_billed(_converse(unframed), "us.amazon.nova-pro-v1:0", 100))
-    assert outcomes == WHOLE_CALL
+        failures = [_failure(provider, "us.amazon.nova-pro-v1:0", 100) for _ in range(5)]
+    failures.append(_failure(_converse(unframed), "us.amazon.nova-pro-v1:0", 100))
+    assert [f.maybe_billed for f in failures] == WHOLE_CALL
+    assert "a 200 cut in its body" in failures[2].message  # botocore alone would have read it as {}
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        FakeReply(200, raw=gzip.compress(PAGE), headers={"content-encoding": "gzip"}, content_type="text/html"),
+        FakeReply(200, raw=b"\xff\xfe{\x00}\x00"),
+    ],
+    ids=["gzip page", "not UTF-8"],
+)
+def test_converse_an_encoded_or_undecodable_200_is_a_malformed_reply_that_may_have_been_billed(
+    reply: FakeReply,
+) -> None:
+    """botocore neither decodes a compressed body nor survives one that is not UTF-8 (a bare
+    ``UnicodeDecodeError``): each is a malformed reply, retried, possibly billed."""
+    with FakeConverse() as fake:
+        fake.enqueue(reply)
+        failure = _failure(_converse(fake.base_url), "us.amazon.nova-pro-v1:0", 100)
+    assert (failure.code, failure.maybe_billed) == ("malformed_response", True)
+
+
+def test_converse_a_streamed_call_answered_with_a_page_is_a_malformed_reply_that_may_have_been_billed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ConverseStream reads whatever comes as AWS's event stream; a page fails its checksum
+    (botocore's ``eventstream.ParserError``): a malformed reply, possibly billed, never an
+    unclassified error."""
+    monkeypatch.setenv("AGENTQ_STREAM_ABOVE_TOKENS", "0")
+    with FakeConverse() as fake:
+        fake.enqueue(FakeReply(200, raw=PAGE, content_type="text/html"))
+        failure = _failure(_converse(fake.base_url), "us.amazon.nova-pro-v1:0", 100)
+        assert fake.requests[0].path.endswith("/converse-stream")
+    assert (failure.code, failure.maybe_billed) == ("malformed_response", True)

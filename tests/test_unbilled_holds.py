@@ -175,8 +175,8 @@ def test_converse_calls_say_maybe_billed_only_when_a_reply_can_have_been_billed(
     """Through the provider and the real boto3 against a local Converse server, as the httpx
     SDKs above: a refused connection, an error status and a connection closed before any byte of
     a reply are not maybe billed (Converse's chaos run counted each such reset as a whole unknown
-    hold); a 200 cut in its body (which botocore reads as an empty reply) and a read timeout may
-    have been."""
+    hold); a 200 cut in its body (botocore alone would read it as an empty reply) and a read
+    timeout may have been."""
     import boto3
     import botocore.config
     import botocore.exceptions

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 import botocore.config
+import botocore.eventstream
 import botocore.exceptions
 import botocore.parsers
 import pydantic
@@ -299,6 +300,8 @@ def botocore_failure(exc: Exception) -> CallFailure | None:
         return CallFailure("connection", detail=str(exc), unbilled=closed_before_any_reply(exc))
     if isinstance(exc, botocore.parsers.ResponseParserError):
         return CallFailure("malformed", detail=str(exc).splitlines()[0][:200])
+    if isinstance(exc, botocore.eventstream.ParserError):  # a ConverseStream 200 that is no event stream
+        return CallFailure("malformed", detail=f"not an event stream ({str(exc)[:150]})")
     return None
 
 
@@ -310,9 +313,11 @@ def whole_or_cut(response_dict: dict[str, Any], **_: Any) -> None:
     botocore does not hold a body to its ``Content-Length`` (half of one reads as ``{}``) and
     parses one that is not JSON as ``{"message": <body>}``, so both would reach
     ``to_llm_response`` as the same reply of no shape. Here a body short of its length is a cut
-    reply (possibly billed), and a page read to its declared end (``pages``: status 200, not
-    compressed, markup) is no reply (``MalformedReply.whole``: nothing billed); anything else
-    goes on to botocore as before."""
+    reply (possibly billed), as is an encoded body or one that is not UTF-8 (botocore would
+    fail on either with a bare ``UnicodeDecodeError``); a page read to its declared end
+    (``pages``: status 200, markup) is no reply (``MalformedReply.whole``: nothing billed);
+    anything else goes on to botocore as before. (A ConverseStream 200 that is no event stream
+    is botocore's ``eventstream.ParserError``: malformed, possibly billed.)"""
     body, headers = response_dict.get("body"), response_dict.get("headers") or {}
     status = int(response_dict.get("status_code") or 0)
     if not 200 <= status < 300 or not isinstance(body, bytes):
@@ -320,11 +325,17 @@ def whole_or_cut(response_dict: dict[str, Any], **_: Any) -> None:
     declared = str(headers.get("content-length") or "")
     if declared.isdigit() and len(body) < int(declared):
         raise MalformedReply(f"a 200 cut in its body ({len(body)} of its {declared} bytes)")
+    encoding = str(headers.get("content-encoding") or "identity").lower()
+    if encoding != "identity":  # botocore neither asks for nor decodes one: its parser would fail on the bytes
+        raise MalformedReply(f"a 200 of a {encoding} encoded body, which botocore does not decode")
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError:  # botocore's parser decodes it as UTF-8 and would fail unclassified
+        raise MalformedReply(f"a 200 of {len(body)} bytes that are not UTF-8") from None
     ended = (declared.isdigit() and len(body) == int(declared)) or "chunked" in str(
         headers.get("transfer-encoding", "")
     ).lower()
-    encoded = str(headers.get("content-encoding") or "identity").lower() != "identity"
-    if status == 200 and ended and not encoded and pages.is_markup(body):
+    if status == 200 and ended and pages.is_markup(body):
         raise MalformedReply(f"a page of {pages.content_type(headers)}, not a reply", whole=True)
 
 

@@ -9,8 +9,9 @@ the call's hold goes back (``MalformedReply.whole``) instead of staying counted 
 Anything else that is not a reply may be part of one, and stays possibly billed: a body cut
 short; JSON of another shape (a reply without its usage, or the prefix of a reply that a proxy
 cut and framed again); a body whose end was never declared (HTTP/1.0's, ending where the
-connection closed); a compressed body that botocore hands over undecoded; a status other than
-200 (a 202 from a gateway that queued the request).
+connection closed); a body in an encoding the client did not decode; a status other than 200 (a
+202 from a gateway that queued the request); whatever a streamed Converse call gets that is no
+event stream (botocore reads it as one, and fails).
 """
 
 from __future__ import annotations
@@ -40,9 +41,15 @@ def declared_end(response: Any) -> bool:
     return bool(response.http_version == "HTTP/2" or "content-length" in headers or chunked)
 
 
+# What httpx decodes for certain (it leaves the bytes of an encoding it has no decoder for as
+# they came, and a compressed reply's bytes may begin with ``<``).
+DECODED = ("", "identity", "gzip", "deflate")
+
+
 def is_page(response: Any, body: bytes) -> bool:
     """An httpx response that is a page read whole (see the module docstring)."""
-    return bool(response.status_code == 200 and declared_end(response) and is_markup(body))
+    decoded = str(response.headers.get("content-encoding", "")).lower() in DECODED
+    return bool(response.status_code == 200 and declared_end(response) and decoded and is_markup(body))
 
 
 def content_type(headers: Any) -> str:
@@ -60,8 +67,9 @@ def parsed_or_page(raw: Any) -> Any:
     except ValueError as exc:  # JSONDecodeError, or UnicodeDecodeError: not JSON
         said = f"not JSON ({exc.msg} at char {exc.pos})" if isinstance(exc, json.JSONDecodeError) else "not JSON"
         raise MalformedReply(said, whole=is_page(response, response.content)) from exc
-    if isinstance(parsed, str) and is_page(response, response.content):
-        raise MalformedReply(f"a page of {content_type(response.headers)}, not a reply", whole=True)
+    if isinstance(parsed, str):  # the SDK's text of a body that is not typed JSON
+        page = is_page(response, response.content)
+        raise MalformedReply(f"a 200 of {content_type(response.headers)}, not a reply", whole=page)
     return parsed
 
 
