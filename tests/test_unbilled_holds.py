@@ -183,7 +183,8 @@ def test_converse_calls_say_maybe_billed_only_when_a_reply_can_have_been_billed(
 
     from agentq.core.errors import ProviderError
     from agentq.core.providers import LLMRequest
-    from agentq.core.providers.bedrock_converse import BedrockConverseProvider, botocore_failure
+    from agentq.core.providers.bedrock_converse import BedrockConverseProvider
+    from agentq.core.providers.botocore_replies import botocore_failure
     from agentq.core.providers.retry import RetryPolicy
     from agentq_dev.moto_server import free_port
 
