@@ -271,6 +271,9 @@ class StreamedReply:
         return reply
 
 
+# --- the request ------------------------------------------------------------------------------
+
+
 def converse_params(request: LLMRequest) -> dict[str, Any]:
     """``converse``'s keyword arguments for ``request`` (a copy: the conversation is the
     engine's checkpoint and is never changed in place)."""

@@ -78,9 +78,7 @@ def whole_or_cut(response_dict: dict[str, Any], **_: Any) -> None:
         body.decode("utf-8")
     except UnicodeDecodeError:  # botocore's parser decodes it as UTF-8 and would fail unclassified
         raise MalformedReply(f"a 200 of {len(body)} bytes that are not UTF-8") from None
-    ended = (declared.isdigit() and len(body) == int(declared)) or "chunked" in str(
-        headers.get("transfer-encoding", "")
-    ).lower()
+    ended = (declared.isdigit() and len(body) == int(declared)) or pages.is_chunked(headers)
     if status == 200 and ended and pages.is_markup(body):
         raise MalformedReply(f"a page of {pages.content_type(headers)}, not a reply", whole=True)
 
@@ -98,6 +96,3 @@ def closed_before_any_reply(exc: botocore.exceptions.BotoCoreError) -> bool:
     error = exc.kwargs.get("error")
     causes = getattr(error, "args", ()) if isinstance(exc, botocore.exceptions.ConnectionClosedError) else ()
     return any(isinstance(cause, http.client.RemoteDisconnected) for cause in causes)
-
-
-# --- the request ------------------------------------------------------------------------------

@@ -24,6 +24,9 @@ from agentq.core.providers.retry import MalformedReply
 
 # What a page (not a reply) is sent as: a streamed call reads such a body itself (``streamed_page``).
 PAGE_TYPES = ("text/html", "application/xhtml+xml", "text/xml", "application/xml")
+# What httpx decodes for certain (it leaves the bytes of an encoding it has no decoder for as
+# they came, and a compressed reply's bytes may begin with ``<``).
+DECODED = ("", "identity", "gzip", "deflate")
 
 
 def is_markup(body: bytes) -> bool:
@@ -37,13 +40,12 @@ def declared_end(response: Any) -> bool:
     when such a body stops short (``RemoteProtocolError``), so once read without an error it
     was read whole."""
     headers = response.headers
-    chunked = "chunked" in str(headers.get("transfer-encoding", "")).lower()
-    return bool(response.http_version == "HTTP/2" or "content-length" in headers or chunked)
+    return bool(response.http_version == "HTTP/2" or "content-length" in headers or is_chunked(headers))
 
 
-# What httpx decodes for certain (it leaves the bytes of an encoding it has no decoder for as
-# they came, and a compressed reply's bytes may begin with ``<``).
-DECODED = ("", "identity", "gzip", "deflate")
+def is_chunked(headers: Any) -> bool:
+    """The body is sent in chunks, so its last (empty) chunk says where it ends."""
+    return "chunked" in str(headers.get("transfer-encoding", "")).lower()
 
 
 def is_page(response: Any, body: bytes) -> bool:
