@@ -5,7 +5,6 @@ task goes through (``owned``). Built from the store alone, never from the clock.
 from __future__ import annotations
 
 from collections import Counter
-from decimal import Decimal
 from typing import Any
 
 from agentq.api.models import (
@@ -32,7 +31,7 @@ from agentq.core.models import (
     Task,
     TaskStatus,
 )
-from agentq.core.pricing import NO_MONEY_CAP, dollars
+from agentq.core.pricing import NO_MONEY_CAP, usd_text
 from agentq.core.workspace import has_workspace
 from agentq.storage.container import Storage
 
@@ -138,9 +137,9 @@ def task_view(store: Storage, task: Task) -> TaskView:
         money = None
         if b.cap_micros < NO_MONEY_CAP:
             money = MoneyView(
-                cap_usd=_usd(b.cap_micros), used_usd=_usd(b.used_micros), known_usd=_usd(b.known_micros),
-                unknown_usd=_usd(b.unknown_micros), reserved_usd=_usd(b.reserved_micros),
-                available_usd=_usd(b.available_micros),
+                cap_usd=usd_text(b.cap_micros), used_usd=usd_text(b.used_micros), known_usd=usd_text(b.known_micros),
+                unknown_usd=usd_text(b.unknown_micros), reserved_usd=usd_text(b.reserved_micros),
+                available_usd=usd_text(b.available_micros),
             )  # fmt: skip
         budget: BudgetView | None = BudgetView(
             cap=b.cap, used=b.used, known=b.known, unknown=b.unknown, reserved=b.reserved, available=b.available,
@@ -186,7 +185,7 @@ def task_view(store: Storage, task: Task) -> TaskView:
         activity=activity(store, task, children, question),
         retry=retry_view(task.retrying),
         lapsed_holds=[
-            LapsedHoldView(tokens=hold.amount, usd=_usd(hold.micros), step=hold.step, epoch=epoch, until=hold.until)
+            LapsedHoldView(tokens=hold.amount, usd=usd_text(hold.micros), step=hold.step, epoch=epoch, until=hold.until)
             for epoch, hold in sorted(task.lapsed_holds.items())
         ],
         pending_approval=question,
@@ -236,10 +235,6 @@ def retry_view(retry: RetryState | None) -> RetryView | None:
         failed_at=retry.at,
         next_attempt_at=retry.next_at,
     )
-
-
-def _usd(micros: int) -> str:
-    return str(dollars(micros).quantize(Decimal("0.000001")))
 
 
 def _round(value: float | None) -> float | None:

@@ -32,6 +32,11 @@ def dollars(micros: int) -> Decimal:
     return Decimal(micros) / MILLION
 
 
+def usd_text(micros: int) -> str:
+    """Millionths of a dollar as the API and the errors write dollars: six decimals, exact."""
+    return str(dollars(micros).quantize(Decimal("0.000001")))
+
+
 class ModelPrice(BaseModel):
     input_per_mtok: Decimal = Field(ge=0)
     output_per_mtok: Decimal = Field(ge=0)
