@@ -12,7 +12,8 @@ Per tree: delivered and cut tokens and dollars, the ledger's charge (``used``, `
 the difference, the holds counted as spent at their deadline and never corrected
 (``spent_<epoch>`` tickets still on a META: each one is a whole hold in ``used``), and the
 ``cost_exceeded`` endings the billed usage would not have caused (``false_cost_exceeded``:
-the cap less everything billed to the task's tree still covered its next call's smallest hold).
+the cap less everything billed to the task's tree still covered its next call's smallest hold,
+``least_hold``).
 """
 
 from __future__ import annotations
@@ -107,6 +108,16 @@ class ProviderLedger:
         return [s.kind for s in self.seen if s.tag == tag and s.turn == turn]
 
 
+def least_hold(task: Any, tag: str, billed: ProviderLedger) -> int:
+    """The smallest hold the next call of ``task`` (plan ``tag``) needed when it ended
+    ``cost_exceeded``: what its error says the engine could not hold (``needed_tokens``, from
+    the engine's own estimate of its request: the wire's body, which ``next_hold`` sizes, is
+    50 to 70 tokens shorter here), else (a turn cut at the allowance a near cap shrank it to,
+    which names no next call) the estimate from the bodies the servers saw."""
+    needed = (task.error or {}).get("needed_tokens")
+    return int(needed) if needed is not None else billed.next_hold(tag)
+
+
 def spent_tickets(store: Any, task_id: str) -> list[dict[str, Any]]:
     """The holds counted as spent at their deadline and never corrected, on a task's META."""
     item = store.table.get(keys.meta_key(task_id)) or {}
@@ -159,7 +170,7 @@ def ledger_by_tree(
                 continue
             own = billed.of_tree(tag_of(t))
             cap = store.budgets.get(t.task_id).cap
-            if cap - own["delivered"] - own["cut"] >= billed.next_hold(tag_of(t)):
+            if cap - own["delivered"] - own["cut"] >= least_hold(t, tag_of(t), billed):
                 false_ends.append(tag_of(t))
         trees[tree] = {
             "task_id": root.task_id,

@@ -64,21 +64,27 @@ def _again(store: Storage, registry: ToolRegistry, task_id: str) -> RunResult:
     return Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=10)).run(task_id)
 
 
-def _measured(store: Storage, registry: ToolRegistry) -> tuple[int, int, int]:
-    """(the agent's hold, the agent's usage, the grading call's usage) of a run with room to spare."""
+def _measured_with_hold(store: Storage, registry: ToolRegistry) -> tuple[int, int, int, int]:
+    """(the agent's hold, the agent's usage, the grading call's usage, the grading call's hold)
+    of a run with room to spare."""
     task_id = _run(store, registry, 1_000_000)
     steps = [s.body for s in store.steps.load(task_id)]
     (answer,) = [s for s in steps if isinstance(s, LLMStep)]
     (grade,) = [s for s in steps if isinstance(s, GradeStep)]
     assert store.tasks.get(task_id).status is TaskStatus.SUCCEEDED
-    return answer.reserved_tokens, answer.usage.total, grade.usage.total
+    return answer.reserved_tokens, answer.usage.total, grade.usage.total, grade.reserved_tokens
+
+
+def _measured(store: Storage, registry: ToolRegistry) -> tuple[int, int, int]:
+    """(the agent's hold, the agent's usage, the grading call's usage) of a run with room to spare."""
+    return _measured_with_hold(store, registry)[:3]
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.25, 0.5, 0.75, 0.99])
 def test_a_cap_with_room_for_the_answer_but_not_the_grading_call_is_never_passed_and_keeps_the_answer(
     store: Storage, registry: ToolRegistry, fraction: float
 ) -> None:
-    agent_hold, agent, grading = _measured(store, registry)
+    agent_hold, agent, grading, grading_hold = _measured_with_hold(store, registry)
     assert agent_hold < agent + grading  # the grading call alone would take the tree past such caps
     cap = agent_hold + int(fraction * (agent + grading - agent_hold))
     task_id = _run(store, registry, cap)
@@ -88,6 +94,8 @@ def test_a_cap_with_room_for_the_answer_but_not_the_grading_call_is_never_passed
     assert budget.reserved == 0 and budget.unknown == 0, budget
     assert task.status is TaskStatus.COST_EXCEEDED, task
     assert task.error is not None and task.error["code"] == "budget_exceeded", task.error
+    # By how much: the grading call's hold (never shrunk), against what the answer left.
+    assert (task.error["needed_tokens"], task.error["available_tokens"]) == (grading_hold, budget.available)
     assert task.result == "Blue."  # the answer is kept
     assert [s.body.kind for s in store.steps.load(task_id)] == ["llm"]  # the grading model was never asked
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from agentq import observe
 from agentq.core.engine._request import RequestBuilder
-from agentq.core.engine._session import Session
+from agentq.core.engine._session import Session, Shortfall
 from agentq.core.engine.config import EngineConfig
 from agentq.core.errors import BudgetExceeded
 from agentq.core.models import Task
@@ -262,9 +262,13 @@ class BudgetHolds:
             self._unless_only_unknown(s, state, est_in, wanted)
             affordable = est_in + self._affordable_output(s, est_in, state.available_micros)
             amount = min(wanted, state.available, affordable)
-            s.short_of = "money" if affordable < min(wanted, state.available) else "tokens"
-            if amount < est_in + MIN_OUTPUT_TOKENS:
-                self._unless_only_unknown(s, state, est_in, est_in + MIN_OUTPUT_TOKENS)
+            least = est_in + MIN_OUTPUT_TOKENS
+            if affordable < min(wanted, state.available):
+                s.short = Shortfall("money", self.hold_micros(s, least, est_in), state.available_micros)
+            else:
+                s.short = Shortfall("tokens", least, state.available)
+            if amount < least:
+                self._unless_only_unknown(s, state, est_in, least)
                 return None
             try:
                 self._hold(s, amount, est_in)
@@ -288,8 +292,8 @@ class BudgetHolds:
     def hold_call(self, s: Session, est_in: int, amount: int, price: ModelPrice | None) -> bool:
         """A hold of exactly ``amount`` tokens (``est_in`` of them input) for a call that is not
         the agent's turn (the grading model's: ``_grade``), priced at ``price``; False when the
-        budget cannot cover it (``s.short_of`` says of what). Never shrunk: the call's output
-        allowance is its own. As ``reserve``: while an older epoch's call may still be charged,
+        budget cannot cover it (``s.short`` says of what, and by how much). Never shrunk: the
+        call's output allowance is its own. As ``reserve``: while an older epoch's call may still be charged,
         ``HoldsInFlight``; when only calls of unknown outcome stand in the way, ``UnknownUsage``."""
         money = call_micros(price, est_in, amount)
         until = time.time() + CALL_START_SLACK_SECONDS + self.config.max_call_seconds  # never batched
@@ -299,7 +303,10 @@ class BudgetHolds:
                 return True
             except BudgetExceeded:
                 state = self.budgets.get(s.task.budget_id)
-                s.short_of = "tokens" if state.available < amount else "money"
+                if state.available < amount:
+                    s.short = Shortfall("tokens", amount, state.available)
+                else:
+                    s.short = Shortfall("money", money, state.available_micros)
                 self._unless_only_unknown_of(state, amount, money)
                 if last:
                     return False

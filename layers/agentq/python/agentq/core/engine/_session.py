@@ -48,6 +48,19 @@ class LeaseState:
             raise LeaseLost(f"lease epoch {self.lease.epoch} of task {self.lease.task_id} could not be extended")
 
 
+@dataclass(frozen=True)
+class Shortfall:
+    """What the budget lacked when a call's hold was refused: tokens or money, the least the
+    call could hold (``needed``) and what the budget had left (``available``), in tokens or in
+    millionths of a dollar. The task's error names both (``_stops.budget_error``): a person
+    raising the cap learns by how much, and a check of the ledger can tell an ending the billed
+    usage caused from one the unknown did (bench/chaos.py)."""
+
+    of: Literal["tokens", "money"]
+    needed: int
+    available: int
+
+
 @dataclass
 class Session:
     """The run's conversation state: the task as this run last wrote it, its committed steps
@@ -68,7 +81,7 @@ class Session:
     # the request and the step record all need it; each costs a pass over the conversation).
     context: tuple[int, list[dict[str, Any]], int, bool] | None = None
     earlier_turns: int = 0  # LLM turns before the steps loaded (a resume starts at the latest compaction)
-    short_of: Literal["tokens", "money"] = "tokens"  # what the budget lacked when a hold was refused
+    short: Shortfall | None = None  # what the budget lacked when a hold was last refused
     # The step of the hold under which this run has started sending a call (or submitted a
     # batch, or adopted one): a hold of another step, found when the lease is lost, is one whose
     # call never went out. The hold's own step, not the call's: a message delivered after the

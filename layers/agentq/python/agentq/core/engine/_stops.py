@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from agentq.core.engine._session import Session
 from agentq.core.models import TaskStatus
+from agentq.core.pricing import usd_text
 
 Stop = TaskStatus | Literal["slice"]
 
@@ -45,19 +46,34 @@ def stop_error(s: Session, status: TaskStatus) -> dict[str, Any]:
 
 
 def budget_error(s: Session) -> dict[str, Any]:
-    """Why a call's hold was refused: the root's budget, of tokens or of money (``s.short_of``)."""
+    """Why a call's hold was refused: the root's budget, of tokens or of money, and by how much
+    (``s.short``: the least the call could hold, and what was left; absent when no hold was
+    refused, as when a person declines a soft threshold)."""
     c = s.task.submission.constraints
-    if s.short_of == "money":
+    short = s.short
+    if short is not None and short.of == "money":
         root = c.max_cost_usd if s.task.parent_id is None else None
         cap = f" (${root})" if root is not None else ""
+        needed, available = usd_text(short.needed), usd_text(short.available)
         return {
             "code": "budget_exceeded",
-            "message": f"money budget of the root task is exhausted{cap}: the next call could cost more than is "
-            f"left{_go_on('add_usd')}",
+            "message": f"money budget of the root task is exhausted{cap}: the next call could cost up to ${needed} "
+            f"and ${available} is left{_go_on('add_usd')}",
+            "needed_usd": needed,
+            "available_usd": available,
         }
-    return {
+    error = {
         "code": "budget_exceeded",
         "message": f"token budget of the root task is exhausted (cap {c.max_tokens}){_go_on('add_tokens')}",
+    }
+    if short is None:
+        return error
+    return {
+        **error,
+        "message": f"token budget of the root task is exhausted (cap {c.max_tokens}): the next call needs at least "
+        f"{short.needed} tokens and {short.available} are left{_go_on('add_tokens')}",
+        "needed_tokens": short.needed,
+        "available_tokens": short.available,
     }
 
 

@@ -1,0 +1,125 @@
+"""A task a cap stopped says by how much: its error names the least its next call could hold
+(``needed_tokens`` / ``needed_usd``) and what the budget had left (``available_*``), from the
+refusal itself (``_session.Shortfall``). The figures are exact: a raise by their difference lets
+that call go, and a raise by one token (or one millionth of a dollar) less does not. A grading
+call's refusal names the grading call's hold. The chaos run's ledger check reads the same figure
+to tell an ending the billed usage caused from one the unknown did (bench/_chaos_ledger.py).
+
+Run on the in-memory twin (``store``, ``registry``): the figures are the engine's, not the
+backend's; the budget writes themselves are the storage conformance suite's."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from agentq.control.operations import raise_budget
+from agentq.control.submit import parse_submission
+from agentq.core.engine import Engine, EngineConfig
+from agentq.core.models import LLMStep, TaskStatus
+from agentq.core.pricing import dollars, micros
+from agentq.core.tools import ToolRegistry
+from agentq.storage.container import Storage
+
+from tests.helpers import call, scripted
+
+STORAGE = "memory"
+NOTES = "n" * 800  # ~200 output tokens a turn by the scripted provider's count
+
+
+class _Queues:
+    """Stands in for TaskQueues: a raise requeues the task; here the test runs it itself."""
+
+    def send(self, task_id: str, priority: Any, **_: Any) -> None:
+        pass
+
+
+QUEUES: Any = _Queues()
+
+
+def _engine(store: Storage, registry: ToolRegistry) -> Engine:
+    return Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30))
+
+
+def _turns(n: int = 40) -> list[dict[str, Any]]:
+    return [{"text": f"turn {i} {NOTES}", "tool_calls": [call("lookup", query=f"q{i}")]} for i in range(n)]
+
+
+def _model_turns(store: Storage, task_id: str) -> int:
+    return sum(1 for s in store.steps.load(task_id) if isinstance(s.body, LLMStep))
+
+
+def _stopped(store: Storage, registry: ToolRegistry, task_id: str) -> dict[str, Any]:
+    result = _engine(store, registry).run(task_id)
+    assert result.status is TaskStatus.COST_EXCEEDED, result
+    error = store.tasks.get(task_id).error
+    assert error is not None and error["code"] == "budget_exceeded", error
+    return error
+
+
+@pytest.mark.parametrize("short", [0, 1], ids=["raised_by_the_difference", "raised_by_one_less"])
+def test_a_token_caps_error_names_what_the_next_call_needed_and_a_raise_by_the_difference_lets_it_go(
+    store: Storage, registry: ToolRegistry, short: int
+) -> None:
+    task = store.tasks.create(scripted(_turns(), tools=["lookup"], max_tokens=6000, max_output_tokens=300), tenant="t")
+    error = _stopped(store, registry, task.task_id)
+    needed, available = error["needed_tokens"], error["available_tokens"]
+    assert needed > available == store.budgets.get(task.task_id).available
+    assert f"needs at least {needed} tokens and {available} are left" in error["message"]
+    turns = _model_turns(store, task.task_id)
+
+    raise_budget(store, QUEUES, task.task_id, add_tokens=needed - available - short)
+    _engine(store, registry).run(task.task_id)
+    after = store.tasks.get(task.task_id)
+    if short:  # nothing was sent, and the error says the same call, with the raise now left
+        assert _model_turns(store, task.task_id) == turns
+        assert after.status is TaskStatus.COST_EXCEEDED and after.error is not None
+        assert (after.error["needed_tokens"], after.error["available_tokens"]) == (needed, needed - 1)
+    else:  # the call went, its answer shrunk to what was left
+        assert _model_turns(store, task.task_id) == turns + 1
+    budget = store.budgets.get(task.task_id)
+    assert budget.used <= budget.cap and budget.reserved == 0
+
+
+@pytest.mark.parametrize("short", [0, 1], ids=["raised_by_the_difference", "raised_by_one_less"])
+def test_a_money_caps_error_names_what_the_next_call_could_cost_and_a_raise_by_the_difference_lets_it_go(
+    store: Storage, registry: ToolRegistry, short: int
+) -> None:
+    body = {"goal": "spend", "provider": "scripted", "script": {"turns": _turns()},
+            "constraints": {"tools": ["lookup"], "max_steps": 100, "max_output_tokens": 500, "max_tokens": 2_000_000,
+                            "max_cost_usd": "0.02"}}  # fmt: skip
+    task = store.tasks.create(parse_submission(body), tenant="t")
+    error = _stopped(store, registry, task.task_id)
+    needed, available = Decimal(error["needed_usd"]), Decimal(error["available_usd"])
+    assert needed > available and micros(available) == store.budgets.get(task.task_id).available_micros
+    assert f"could cost up to ${error['needed_usd']} and ${error['available_usd']} is left" in error["message"]
+    assert "needed_tokens" not in error  # the money ran out, not the tokens
+    turns = _model_turns(store, task.task_id)
+
+    raise_budget(store, QUEUES, task.task_id, add_tokens=0, add_usd=needed - available - dollars(short))
+    _engine(store, registry).run(task.task_id)
+    after = store.tasks.get(task.task_id)
+    if short:
+        assert _model_turns(store, task.task_id) == turns
+        assert after.status is TaskStatus.COST_EXCEEDED and after.error is not None
+        assert Decimal(after.error["needed_usd"]) == needed
+        assert Decimal(after.error["available_usd"]) == needed - dollars(1)
+    else:
+        assert _model_turns(store, task.task_id) == turns + 1
+    budget = store.budgets.get(task.task_id)
+    assert budget.used_micros <= budget.cap_micros and budget.reserved_micros == 0
+
+
+def test_an_ending_no_hold_was_refused_for_names_no_shortfall(store: Storage, registry: ToolRegistry) -> None:
+    """A turn cut at the allowance a near cap shrank it to ends ``cost_exceeded`` too, but no
+    call was refused: the error names no figure it does not have."""
+    turns = [{"text": "look", "tool_calls": [call("lookup", query="q")]}, {"text": "x" * 4000}]  # then ~1,000 out
+    task = store.tasks.create(scripted(turns, tools=["lookup"], max_tokens=800, max_output_tokens=1000), tenant="t")
+    result = _engine(store, registry).run(task.task_id)
+    assert result.status is TaskStatus.COST_EXCEEDED
+    error = store.tasks.get(task.task_id).error
+    assert error is not None and error["code"] == "budget_exceeded"
+    assert "during the model's turn" in error["message"], error
+    assert not {"needed_tokens", "available_tokens", "needed_usd", "available_usd"} & set(error)
