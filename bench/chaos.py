@@ -35,7 +35,8 @@ for every tree that no SIGKILL touched (a worker killed with a call in flight ne
 its hold is counted as spent at its deadline, whether or not the call was answered, so such a
 tree's ledger may exceed the delivered usage by that hold, and it is reported, not failed); no
 task of such a tree ended ``cost_exceeded`` while the cap less everything the servers billed
-its tree still covered its next call (a false ``cost_exceeded``); no task stranded (the
+its tree still covered its next call (a false ``cost_exceeded``; the call's least hold as the
+task's error names it, ``needed_tokens``); no task stranded (the
 sweeper's count is a figure); no DLQ holds a message (no task in the plan really fails); no
 worker logged a traceback. Per tree (``bench/_chaos_ledger.py``): the usage delivered whole and
 cut mid-reply, in tokens and dollars, the ledger's charge and the difference, the holds
