@@ -1,9 +1,12 @@
 """A task a cap stopped says by how much: its error names the least its next call could hold
-(``needed_tokens`` / ``needed_usd``) and what the budget had left (``available_*``), from the
-refusal itself (``_session.Shortfall``). The figures are exact: a raise by their difference lets
-that call go, and a raise by one token (or one millionth of a dollar) less does not. A grading
-call's refusal names the grading call's hold. The chaos run's ledger check reads the same figure
-to tell an ending the billed usage caused from one the unknown did (bench/_chaos_ledger.py).
+(``needed_tokens`` / ``needed_usd``) and what the budget had left (``available_*``), for each
+unit that is short, from the refusal itself (``_session.Shortfall``). The figures are exact: a
+raise by their difference lets that call go, and a raise by one token (or one millionth of a
+dollar) less does not. A grading call's refusal names the grading call's hold
+(tests/test_outcomes_budget.py). An ending no refusal caused (a soft threshold a person
+declined) names none, even after a hold shrunk by an earlier refusal. The chaos run's ledger
+check reads the same figure to tell an ending the billed usage caused from one the unknown
+did (bench/_chaos_ledger.py).
 
 Run on the in-memory twin (``store``, ``registry``): the figures are the engine's, not the
 backend's; the budget writes themselves are the storage conformance suite's."""
@@ -17,8 +20,11 @@ import pytest
 
 from agentq.control.operations import raise_budget
 from agentq.control.submit import parse_submission
+from agentq.core.caps import CapLimits
 from agentq.core.engine import Engine, EngineConfig
-from agentq.core.models import LLMStep, TaskStatus
+from agentq.core.engine._session import LeaseState, Session, Shortfall
+from agentq.core.engine._stops import budget_error
+from agentq.core.models import Lease, LLMStep, TaskStatus
 from agentq.core.pricing import dollars, micros
 from agentq.core.tools import ToolRegistry
 from agentq.storage.container import Storage
@@ -112,14 +118,52 @@ def test_a_money_caps_error_names_what_the_next_call_could_cost_and_a_raise_by_t
     assert budget.used_micros <= budget.cap_micros and budget.reserved_micros == 0
 
 
-def test_an_ending_no_hold_was_refused_for_names_no_shortfall(store: Storage, registry: ToolRegistry) -> None:
-    """A turn cut at the allowance a near cap shrank it to ends ``cost_exceeded`` too, but no
-    call was refused: the error names no figure it does not have."""
-    turns = [{"text": "look", "tool_calls": [call("lookup", query="q")]}, {"text": "x" * 4000}]  # then ~1,000 out
-    task = store.tasks.create(scripted(turns, tools=["lookup"], max_tokens=800, max_output_tokens=1000), tenant="t")
-    result = _engine(store, registry).run(task.task_id)
-    assert result.status is TaskStatus.COST_EXCEEDED
+def test_a_refusal_no_call_met_names_no_shortfall(store: Storage, registry: ToolRegistry) -> None:
+    """A person declining a soft threshold ends the task ``cost_exceeded`` too, after its hold
+    was taken (shrunk to what was left: a refusal of the full hold came first). No hold was
+    refused: the error names no figure, least of all the shrunk hold's."""
+    store.caps.put("acme", "user", "alice", CapLimits(hourly_tokens=10**6, soft_hourly_tokens=100))
+    body = {"goal": "spend", "provider": "scripted", "script": {"turns": _turns(2)}, "user": "alice",
+            "constraints": {"tools": ["lookup"], "max_output_tokens": 300, "max_tokens": 300}}  # fmt: skip
+    task = store.tasks.create(parse_submission(body), tenant="acme")
+    engine = _engine(store, registry)
+    assert engine.run(task.task_id).status is TaskStatus.PAUSED  # its first call's hold passes the threshold
+    pending = store.approvals.pending(task.task_id)
+    assert pending is not None
+    store.approvals.decide(task.task_id, pending.use_id, approved=False, note="", by="reviewer")
+    assert engine.run(task.task_id).status is TaskStatus.COST_EXCEEDED
     error = store.tasks.get(task.task_id).error
-    assert error is not None and error["code"] == "budget_exceeded"
-    assert "during the model's turn" in error["message"], error
-    assert not {"needed_tokens", "available_tokens", "needed_usd", "available_usd"} & set(error)
+    assert error is not None and error["code"] == "budget_exceeded" and "declined" in error["message"], error
+    assert not {"needed_tokens", "available_tokens", "needed_usd", "available_usd"} & set(error), error
+    assert _model_turns(store, task.task_id) == 0
+
+
+@pytest.mark.parametrize(
+    ("shortfall", "named"),
+    [
+        (Shortfall(500, 400, 1_000, 2_000), {"needed_tokens": 500, "available_tokens": 400}),
+        (Shortfall(500, 600, 2_500, 2_000), {"needed_usd": "0.002500", "available_usd": "0.002000"}),
+        (
+            Shortfall(500, 400, 2_500, 2_000),
+            {"needed_tokens": 500, "available_tokens": 400, "needed_usd": "0.002500", "available_usd": "0.002000"},
+        ),
+        (Shortfall(500, 600, 1_000, 2_000), {}),  # a hold refused though both fit, as read since: a race
+    ],
+    ids=["tokens", "money", "both", "neither"],
+)
+def test_the_error_names_every_unit_that_is_short_and_how_to_raise_it(
+    store: Storage, shortfall: Shortfall, named: dict[str, Any]
+) -> None:
+    body = {"goal": "g", "provider": "scripted", "script": {"turns": [{"text": "hi"}]},
+            "constraints": {"max_tokens": 9_000, "max_cost_usd": "0.5"}}  # fmt: skip
+    task = store.tasks.create(parse_submission(body), tenant="t")
+    session = Session(LeaseState(Lease(task_id=task.task_id, owner="w", epoch=1, expires_at=0)), task, [], [], None)
+    session.shortfall = shortfall
+    error = budget_error(session)
+    assert {k: v for k, v in error.items() if k not in ("code", "message")} == named
+    message = error["message"]
+    assert ("needs at least 500 tokens and 400 are left" in message) == ("needed_tokens" in named)
+    assert ("could cost up to $0.002500 and $0.002000 is left" in message) == ("needed_usd" in named)
+    raises = ("(add_tokens)", "(add_usd)", "(add_tokens and add_usd)")
+    wanted = raises[2] if len(named) == 4 else raises[1] if "needed_usd" in named else raises[0]
+    assert [r for r in raises if r in message] == [wanted], message

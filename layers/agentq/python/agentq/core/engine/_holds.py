@@ -262,19 +262,23 @@ class BudgetHolds:
             self._unless_only_unknown(s, state, est_in, wanted)
             affordable = est_in + self._affordable_output(s, est_in, state.available_micros)
             amount = min(wanted, state.available, affordable)
-            least = est_in + MIN_OUTPUT_TOKENS
-            if affordable < min(wanted, state.available):
-                s.short = Shortfall("money", self.hold_micros(s, least, est_in), state.available_micros)
-            else:
-                s.short = Shortfall("tokens", least, state.available)
-            if amount < least:
-                self._unless_only_unknown(s, state, est_in, least)
+            least = min(wanted, est_in + MIN_OUTPUT_TOKENS)  # the smallest hold the call goes with
+            if amount < est_in + MIN_OUTPUT_TOKENS:
+                self._unless_only_unknown(s, state, est_in, est_in + MIN_OUTPUT_TOKENS)
+                s.shortfall = self._shortfall(s, state, least, self.hold_micros(s, least, est_in))
                 return None
             try:
                 self._hold(s, amount, est_in)
                 return amount
-            except BudgetExceeded:
+            except BudgetExceeded:  # another hold took what was left since the read: as it is now
+                s.shortfall = self._shortfall(s, None, least, self.hold_micros(s, least, est_in))
                 return None
+
+    def _shortfall(self, s: Session, state: BudgetState | None, tokens: int, micros: int) -> Shortfall:
+        """A refused hold of ``tokens`` and ``micros`` against what the budget has left
+        (``state``, or as read now)."""
+        state = self.budgets.get(s.task.budget_id) if state is None else state
+        return Shortfall(tokens, state.available, micros, state.available_micros)
 
     def _unless_only_unknown(self, s: Session, state: BudgetState, est_in: int, amount: int) -> None:
         """Raise ``UnknownUsage`` when a hold of ``amount`` would fit were the calls of unknown
@@ -292,9 +296,10 @@ class BudgetHolds:
     def hold_call(self, s: Session, est_in: int, amount: int, price: ModelPrice | None) -> bool:
         """A hold of exactly ``amount`` tokens (``est_in`` of them input) for a call that is not
         the agent's turn (the grading model's: ``_grade``), priced at ``price``; False when the
-        budget cannot cover it (``s.short`` says of what, and by how much). Never shrunk: the
-        call's output allowance is its own. As ``reserve``: while an older epoch's call may still be charged,
-        ``HoldsInFlight``; when only calls of unknown outcome stand in the way, ``UnknownUsage``."""
+        budget cannot cover it (``s.shortfall`` says by how much). Never shrunk: the call's
+        output allowance is its own. As ``reserve``: while an older epoch's call may still be
+        charged, ``HoldsInFlight``; when only calls of unknown outcome stand in the way,
+        ``UnknownUsage``."""
         money = call_micros(price, est_in, amount)
         until = time.time() + CALL_START_SLACK_SECONDS + self.config.max_call_seconds  # never batched
         for last in (False, True):
@@ -303,10 +308,7 @@ class BudgetHolds:
                 return True
             except BudgetExceeded:
                 state = self.budgets.get(s.task.budget_id)
-                if state.available < amount:
-                    s.short = Shortfall("tokens", amount, state.available)
-                else:
-                    s.short = Shortfall("money", money, state.available_micros)
+                s.shortfall = self._shortfall(s, state, amount, money)
                 self._unless_only_unknown_of(state, amount, money)
                 if last:
                     return False
@@ -365,6 +367,7 @@ class BudgetHolds:
         until = self.hold_until(s) if until is None else until
         money = self.hold_micros(s, amount, est_in) if money is None else money
         self.budgets.reserve(s.lease, s.task.budget_id, amount, s.next_step, until=until, micros=money)
+        s.shortfall = None  # a refusal before it is not why anything ends now
         held = Reservation(amount=amount, epoch=s.lease.epoch, step=s.next_step, until=until, micros=money)
         s.task = s.task.model_copy(update={"inflight": held})
 

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from agentq.core.caps import ScopeCap
 from agentq.core.errors import LeaseLost
@@ -50,15 +50,24 @@ class LeaseState:
 
 @dataclass(frozen=True)
 class Shortfall:
-    """What the budget lacked when a call's hold was refused: tokens or money, the least the
-    call could hold (``needed``) and what the budget had left (``available``), in tokens or in
-    millionths of a dollar. The task's error names both (``_stops.budget_error``): a person
-    raising the cap learns by how much, and a check of the ledger can tell an ending the billed
-    usage caused from one the unknown did (bench/chaos.py)."""
+    """What the budget lacked when a call's hold was refused, in each unit: the least the call
+    could hold (``needed_*``) against what the budget had left (``available_*``), in tokens and
+    in millionths of a dollar. The task's error names each unit that is short, one or both
+    (``_stops.budget_error``): a person raising the cap learns by how much, and a check of the
+    ledger can tell an ending the billed usage caused from one the unknown did (bench/chaos.py)."""
 
-    of: Literal["tokens", "money"]
-    needed: int
-    available: int
+    needed_tokens: int
+    available_tokens: int
+    needed_micros: int
+    available_micros: int
+
+    @property
+    def of_tokens(self) -> bool:
+        return self.needed_tokens > self.available_tokens
+
+    @property
+    def of_money(self) -> bool:
+        return self.needed_micros > self.available_micros
 
 
 @dataclass
@@ -81,7 +90,7 @@ class Session:
     # the request and the step record all need it; each costs a pass over the conversation).
     context: tuple[int, list[dict[str, Any]], int, bool] | None = None
     earlier_turns: int = 0  # LLM turns before the steps loaded (a resume starts at the latest compaction)
-    short: Shortfall | None = None  # what the budget lacked when a hold was last refused
+    shortfall: Shortfall | None = None  # what the budget lacked when a hold was refused (cleared by one taken)
     # The step of the hold under which this run has started sending a call (or submitted a
     # batch, or adopted one): a hold of another step, found when the lease is lost, is one whose
     # call never went out. The hold's own step, not the call's: a message delivered after the

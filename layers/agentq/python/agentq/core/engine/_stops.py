@@ -46,38 +46,34 @@ def stop_error(s: Session, status: TaskStatus) -> dict[str, Any]:
 
 
 def budget_error(s: Session) -> dict[str, Any]:
-    """Why a call's hold was refused: the root's budget, of tokens or of money, and by how much
-    (``s.short``: the least the call could hold, and what was left; absent when no hold was
-    refused, as when a person declines a soft threshold)."""
+    """Why a call's hold was refused: the root's budget, of tokens, of money or of both, and by
+    how much (``s.shortfall``: the least the call could hold against what was left, for each
+    unit that is short). Without a refusal (a person declined a soft threshold) it names none."""
     c = s.task.submission.constraints
-    short = s.short
-    if short is not None and short.of == "money":
-        root = c.max_cost_usd if s.task.parent_id is None else None
-        cap = f" (${root})" if root is not None else ""
-        needed, available = usd_text(short.needed), usd_text(short.available)
-        return {
-            "code": "budget_exceeded",
-            "message": f"money budget of the root task is exhausted{cap}: the next call could cost up to ${needed} "
-            f"and ${available} is left{_go_on('add_usd')}",
-            "needed_usd": needed,
-            "available_usd": available,
-        }
-    error = {
-        "code": "budget_exceeded",
-        "message": f"token budget of the root task is exhausted (cap {c.max_tokens}){_go_on('add_tokens')}",
-    }
-    if short is None:
-        return error
-    return {
-        **error,
-        "message": f"token budget of the root task is exhausted (cap {c.max_tokens}): the next call needs at least "
-        f"{short.needed} tokens and {short.available} are left{_go_on('add_tokens')}",
-        "needed_tokens": short.needed,
-        "available_tokens": short.available,
-    }
+    short = s.shortfall
+    figures: dict[str, Any] = {}
+    said: list[str] = []
+    if short is not None and short.of_tokens:
+        figures.update(needed_tokens=short.needed_tokens, available_tokens=short.available_tokens)
+        said.append(f"needs at least {short.needed_tokens} tokens and {short.available_tokens} are left")
+    if short is not None and short.of_money:
+        needed, available = usd_text(short.needed_micros), usd_text(short.available_micros)
+        figures.update(needed_usd=needed, available_usd=available)
+        said.append(f"could cost up to ${needed} and ${available} is left")
+    usd = f"${c.max_cost_usd}" if s.task.parent_id is None and c.max_cost_usd is not None else None
+    if "needed_usd" in figures and "needed_tokens" in figures:
+        caps = f"cap {c.max_tokens}" + (f", {usd}" if usd else "")
+        what, raise_with = f"token and money budgets of the root task are exhausted ({caps})", "add_tokens and add_usd"
+    elif "needed_usd" in figures:
+        what, raise_with = "money budget of the root task is exhausted" + (f" ({usd})" if usd else ""), "add_usd"
+    else:
+        what, raise_with = f"token budget of the root task is exhausted (cap {c.max_tokens})", "add_tokens"
+    why = f": the next call {' and '.join(said)}" if said else ""
+    return {"code": "budget_exceeded", "message": f"{what}{why}{_go_on(raise_with)}", **figures}
 
 
 def _go_on(field: str) -> str:
     """How a task stopped by a cap goes on: a raise of that cap resumes it from its checkpoint,
     and a follow-up message may carry the raise itself (a person reading the error learns both)."""
-    return f"; raise it ({field}) to resume from the checkpoint, or send a follow-up message with {field}"
+    them = "them" if " and " in field else "it"
+    return f"; raise {them} ({field}) to resume from the checkpoint, or send a follow-up message with {field}"
