@@ -422,6 +422,55 @@ def test_native_compaction_keeps_the_servers_block_in_the_step_sends_it_back_and
     assert budget.used <= store.tasks.get(task.task_id).submission.constraints.max_tokens
 
 
+def _reads_eight_documents(request: Any) -> Any:
+    """The native scenario's model: a tool call a turn with long notes, then an answer."""
+    from tests.fake_messages_api import message_reply
+
+    messages = request.body["messages"]
+    read = sum(1 for m in messages if isinstance(m["content"], list) for b in m["content"]
+               if b.get("type") == "tool_result")  # fmt: skip
+    usage = {"input_tokens": len(json.dumps(messages)) // 4, "output_tokens": 50}
+    if read >= 8:
+        return message_reply([{"type": "text", "text": f"read {read}"}], usage=usage)
+    use = {"type": "tool_use", "id": f"toolu_n{read + 1}", "name": "read_doc", "input": {"n": read + 1}}
+    return message_reply([{"type": "text", "text": NOTES}, use], stop_reason="tool_use", usage=usage)
+
+
+def test_a_hold_shrunk_near_the_cap_still_covers_the_servers_compaction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Near the cap a call's output allowance shrinks to what is left; a call the server may
+    compact first still holds for that compaction (its own read of the context and its summary,
+    billed with the turn), so ``used <= cap`` at every cap from where the compacting turn's hold
+    cannot be had at all to where it fits whole. Before, the shrunk hold covered the turn's input and
+    a short answer only: a cap of 13,000 ended at 15,068 used."""
+    from tests.fake_messages_api import FakeMessagesAPI
+
+    def compacted(step: LLMStep) -> bool:
+        return bool(step.content) and step.content[0].get("type") == "compaction"
+
+    monkeypatch.setenv("AGENTQ_CONTEXT_WINDOWS", WINDOW)
+    with FakeMessagesAPI(responder=_reads_eight_documents, within_max_tokens=True) as api:
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.base_url)
+
+        def run(cap: int) -> tuple[Any, list[LLMStep]]:
+            store = memory_storage()
+            task = store.tasks.create(parse_submission(_submission(compaction="native", max_tokens=cap)), tenant="t")
+            engine = Engine(store, worker_id="w", tools=ToolRegistry([read_doc]), config=EngineConfig(lease_seconds=30))
+            engine.run(task.task_id)
+            steps = [r.body for r in store.steps.load(task.task_id) if isinstance(r.body, LLMStep)]
+            return store.budgets.get(task.task_id), steps
+
+        _, free = run(1_000_000)
+        k = next(i for i, step in enumerate(free) if compacted(step))
+        before, whole = sum(step.usage.total for step in free[:k]), free[k].reserved_tokens
+        shrunk = 0
+        for cap in (before + whole * j // 24 for j in range(1, 26)):  # none of its hold, to all of it
+            budget, steps = run(cap)
+            assert budget.used <= budget.cap == cap, (cap, budget)
+            shrunk += any(compacted(step) and step.reserved_tokens < whole for step in steps)
+    assert shrunk > 0  # the server compacted under a shrunk hold, at some of the caps
+
+
 def test_native_compaction_needs_anthropic(registry: ToolRegistry) -> None:
     from agentq.control.submit import check_submission
 

@@ -217,7 +217,7 @@ class BudgetHolds:
         alone stands in the way, now of unknown outcome, the task waits (``UnknownUsage``).
         """
         est_in, wanted = self.requests.wanted_reservation(s)
-        kept = self._kept(s, est_in)
+        kept = self._kept(s, self.least(s, wanted))
         if kept is not None:
             return kept.amount
         self.release(s)
@@ -239,15 +239,22 @@ class BudgetHolds:
         tries first (``demand``: the input estimate and the whole reservation), at the price
         ``hold_micros`` sizes it on. What a policy rule reads as the call's estimate."""
         est_in, wanted = demand
-        kept = self._kept(s, est_in)
+        kept = self._kept(s, self.least(s, wanted))
         if kept is not None:
             return kept.amount, kept.micros
         return wanted, self.hold_micros(s, wanted, est_in)
 
-    def _kept(self, s: Session, est_in: int) -> Reservation | None:
-        """This run's hold, when it covers a call of ``est_in`` input tokens: ``reserve`` keeps it."""
+    def least(self, s: Session, wanted: int) -> int:
+        """The smallest hold the next call goes with (its whole hold is ``wanted``): all it may
+        read, and the shortest answer. What it may read is the whole hold less the output
+        allowance: its input, and when the server may compact first (``native`` compaction near
+        the threshold) that compaction's own read and summary too, billed with the call."""
+        return min(wanted, wanted - self.requests.max_out(s) + MIN_OUTPUT_TOKENS)
+
+    def _kept(self, s: Session, least: int) -> Reservation | None:
+        """This run's hold, when it is at least the call's ``least``: ``reserve`` keeps it."""
         held = s.task.inflight
-        if held and held.epoch == s.lease.epoch and held.amount >= est_in + MIN_OUTPUT_TOKENS:
+        if held and held.epoch == s.lease.epoch and held.amount >= least:
             return held
         return None
 
@@ -262,9 +269,9 @@ class BudgetHolds:
             self._unless_only_unknown(s, state, est_in, wanted)
             affordable = est_in + self._affordable_output(s, est_in, state.available_micros)
             amount = min(wanted, state.available, affordable)
-            least = min(wanted, est_in + MIN_OUTPUT_TOKENS)  # the smallest hold the call goes with
-            if amount < est_in + MIN_OUTPUT_TOKENS:
-                self._unless_only_unknown(s, state, est_in, est_in + MIN_OUTPUT_TOKENS)
+            least = self.least(s, wanted)
+            if amount < least:
+                self._unless_only_unknown(s, state, est_in, least)
                 s.shortfall = self._shortfall(s, state, least, self.hold_micros(s, least, est_in))
                 return None
             try:

@@ -16,7 +16,7 @@ from agentq import observe
 from agentq.core.engine._caps import CallWindows
 from agentq.core.engine._commit import StepWriter
 from agentq.core.engine._finish import finish_without_step
-from agentq.core.engine._holds import MIN_OUTPUT_TOKENS, BudgetHolds
+from agentq.core.engine._holds import BudgetHolds
 from agentq.core.engine._llm_answer import Answers
 from agentq.core.engine._llm_batch import Batches
 from agentq.core.engine._llm_call import Call, ModelCall
@@ -85,8 +85,10 @@ class LLMTurn:
         if isinstance(taken, RunResult):
             return taken
         window = taken
-        est_in, _ = demand
-        max_out = max(MIN_OUTPUT_TOKENS, min(self.requests.max_out(s), reserved - est_in))
+        # The output allowance: what the hold leaves past all the call may read (its whole hold
+        # less the allowance asked for: ``BudgetHolds.least``), never more than that allowance.
+        full_out = self.requests.max_out(s)
+        max_out = min(full_out, reserved - (demand[1] - full_out))
         call = Call(self.requests.request(s, max_out), max_out, reserved, self.requests.compacting(s), window, route)
         held = s.task.inflight
         s.sent_hold_step = held.step if held else s.next_step  # from here the call may be on the wire
