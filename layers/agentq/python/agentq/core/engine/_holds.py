@@ -338,18 +338,24 @@ class BudgetHolds:
 
     def _affordable_output(self, s: Session, est_in: int, available_micros: int) -> int:
         """The most output tokens a call of ``est_in`` input can be allowed on what is left of
-        the money budget (negative: not even the input)."""
+        the money budget (negative: not even the input): exactly the most whose hold
+        (``hold_micros``, which sizes the hold and a refusal's figures alike) fits, so a raise
+        by a refusal's difference lets the call go."""
         price = self._price(s)
         if price is None or price.output_per_mtok <= 0:
             return 1 << 40
-        if s.economy:  # a batched call costs half: twice the money goes as far
-            available_micros *= 2
-        base = price.hold_micros(est_in, 0)
-        if base > available_micros:
+        if self.hold_micros(s, est_in, est_in) > available_micros:
             return -1
-        out = int((available_micros - base) / price.output_per_mtok)
-        while out > 0 and price.hold_micros(est_in, out) > available_micros:
-            out -= 1  # rounding up to the millionth may cost one token
+
+        def fits(out: int) -> bool:
+            return self.hold_micros(s, est_in + out, est_in) <= available_micros
+
+        scale = 2 if s.economy else 1  # a batched call costs half: twice the money goes as far
+        out = max(0, int((available_micros * scale - price.hold_micros(est_in, 0)) / price.output_per_mtok))
+        while out > 0 and not fits(out):
+            out -= 1  # each part rounded up to the millionth: the estimate may be a token or two over
+        while fits(out + 1):
+            out += 1  # or under
         return out
 
     def _price(self, s: Session) -> ModelPrice | None:
