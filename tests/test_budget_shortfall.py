@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from agentq.control.conversations import send_message
 from agentq.control.operations import raise_budget
 from agentq.control.submit import parse_submission
 from agentq.core.caps import CapLimits
@@ -172,3 +173,26 @@ def test_the_error_names_every_unit_that_is_short_and_how_to_raise_it(
     raises = ("(add_tokens)", "(add_usd)", "(add_tokens and add_usd)")
     wanted = raises[2] if len(named) == 4 else raises[1] if "needed_usd" in named else raises[0]
     assert [r for r in raises if r in message] == [wanted], message
+
+
+def test_a_message_that_lengthens_the_next_request_gets_it_a_whole_hold_not_a_shrunk_answer(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    """The tools commit holds the next call's tokens (``reserve_next``); a person's message
+    delivered after it makes that call's request longer than the hold was sized for. The hold
+    goes back and the call holds afresh, so with room to spare its answer keeps its whole
+    allowance: it was cut to what the old hold left past the longer input, and ended the task
+    ``cost_exceeded`` ("the budget ran out during the model's turn") with 199,000 tokens left."""
+    from tests.test_conversations import Queues, Recording
+
+    turns = [{"text": "look", "tool_calls": [call("lookup", query="q")]}, {"text": "x" * 4000}]  # ~1,000 out
+    sub = scripted(turns, tools=["lookup"], max_tokens=200_000, max_output_tokens=2_000)
+    task = store.tasks.create(sub, tenant="t")
+    note = "please also consider this: " + "y" * 4000  # ~1,350 tokens more input for the next call
+    provider = Recording(sub, during={1: lambda: send_message(store, Queues(), task.task_id, note, tenant="t")})
+    engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30),
+                    providers=lambda _: provider)  # fmt: skip
+    result = engine.run(task.task_id)
+    assert result.status is TaskStatus.SUCCEEDED, store.tasks.get(task.task_id).error
+    assert provider.requests[1].max_tokens == 2_000  # the whole allowance, and the answer whole
+    assert store.tasks.get(task.task_id).result == "x" * 4000

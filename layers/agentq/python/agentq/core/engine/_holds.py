@@ -217,7 +217,7 @@ class BudgetHolds:
         alone stands in the way, now of unknown outcome, the task waits (``UnknownUsage``).
         """
         est_in, wanted = self.requests.wanted_reservation(s)
-        kept = self._kept(s, self.least(s, wanted))
+        kept = self._kept(s, wanted)
         if kept is not None:
             return kept.amount
         self.release(s)
@@ -239,7 +239,7 @@ class BudgetHolds:
         tries first (``demand``: the input estimate and the whole reservation), at the price
         ``hold_micros`` sizes it on. What a policy rule reads as the call's estimate."""
         est_in, wanted = demand
-        kept = self._kept(s, self.least(s, wanted))
+        kept = self._kept(s, wanted)
         if kept is not None:
             return kept.amount, kept.micros
         return wanted, self.hold_micros(s, wanted, est_in)
@@ -251,10 +251,13 @@ class BudgetHolds:
         the threshold) that compaction's own read and summary too, billed with the call."""
         return min(wanted, wanted - self.requests.max_out(s) + MIN_OUTPUT_TOKENS)
 
-    def _kept(self, s: Session, least: int) -> Reservation | None:
-        """This run's hold, when it is at least the call's ``least``: ``reserve`` keeps it."""
+    def _kept(self, s: Session, wanted: int) -> Reservation | None:
+        """This run's hold, kept when it is the call's whole hold, or when its call already went
+        out (a batch this run adopted: its request asked what that hold allows). A smaller one
+        (a tools commit's, sized before a message made the request longer) goes back and the
+        call holds afresh: its answer shrinks only when the budget refuses the whole hold."""
         held = s.task.inflight
-        if held and held.epoch == s.lease.epoch and held.amount >= least:
+        if held and held.epoch == s.lease.epoch and (held.amount >= wanted or held.step == s.sent_hold_step):
             return held
         return None
 
