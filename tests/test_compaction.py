@@ -359,6 +359,35 @@ def test_a_fork_before_or_after_a_compaction_goes_on_as_the_source_did(
     assert mine[:at] == [s.model_copy(update={"task_id": forked.task_id}) for s in steps[:at]]
 
 
+def test_a_compaction_near_the_cap_is_sent_whole_or_not_at_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Near the cap an agent's answer may shrink to what is left, a summary never: a summary cut
+    off would be committed and stand for the history it replaces. At every cap from none of the
+    compaction's hold to all of it, each compaction asks for its whole allowance (or the task
+    ends ``cost_exceeded`` before it, its figures naming that whole hold)."""
+    monkeypatch.setenv("AGENTQ_CONTEXT_WINDOWS", WINDOW)
+
+    def run(cap: int) -> tuple[SummarisingModel, Storage, str]:
+        model, store = SummarisingModel(docs=10), memory_storage()
+        task = store.tasks.create(parse_submission(_submission(max_tokens=cap)), tenant="t")
+        _engine(store, model).run(task.task_id)
+        return model, store, task.task_id
+
+    model, store, task_id = run(1_000_000)
+    steps = [r.body for r in store.steps.load(task_id) if isinstance(r.body, CallStep)]
+    k = next(i for i, step in enumerate(steps) if isinstance(step, CompactStep))
+    before, whole = sum(step.usage.total for step in steps[:k]), steps[k].reserved_tokens
+    allowance = next(r.max_tokens for r in model.requests if _is_compaction(r))
+    ended_before = 0
+    for cap in (before + whole * j // 24 for j in range(1, 26)):
+        model, store, task_id = run(cap)
+        assert {r.max_tokens for r in model.requests if _is_compaction(r)} <= {allowance}, cap
+        task = store.tasks.get(task_id)
+        assert store.budgets.get(task_id).used <= cap
+        if task.error and task.error.get("needed_tokens") == whole:  # refused at the compaction, named whole
+            ended_before += 1
+    assert ended_before > 0
+
+
 # ---------------------------------------------------------------------- native compaction
 
 

@@ -248,7 +248,10 @@ class BudgetHolds:
         """The smallest hold the next call goes with (its whole hold is ``wanted``): all it may
         read, and the shortest answer. What it may read is the whole hold less the output
         allowance: its input, and when the server may compact first (``native`` compaction near
-        the threshold) that compaction's own read and summary too, billed with the call."""
+        the threshold) that compaction's own read and summary too, billed with the call. A
+        compaction of our own is never shrunk: a summary cut short would stand for the history."""
+        if self.requests.compacting(s):
+            return wanted
         return min(wanted, wanted - self.requests.max_out(s) + MIN_OUTPUT_TOKENS)
 
     def _kept(self, s: Session, wanted: int) -> Reservation | None:
