@@ -227,3 +227,38 @@ def test_a_batch_wait_whose_look_was_lost_is_found_by_the_sweeper_and_its_answer
             assert final.result == "done" and len(api.batches) == 1
             calls = [s.body for s in store.steps.load(task.task_id) if isinstance(s.body, LLMStep)]
             assert len(calls) == 1 and calls[0].batched
+
+
+def test_a_message_sent_while_a_batch_runs_waits_for_the_batchs_answer_which_is_charged(
+    api: FakeMessagesAPI, store: Storage, registry: ToolRegistry
+) -> None:
+    """A person's message to a task parked on its batch is delivered after the batch's answer is
+    read, never before: a message delivered first moved the conversation past the batch's step,
+    so its answer, which the provider billed, was never read or charged, and a second batch was
+    sent for the same turn."""
+    from agentq.control.conversations import send_message
+
+    class _Queues:
+        def send(self, task_id: str, priority: Any, **_: Any) -> None:
+            pass
+
+    task = store.tasks.create(parse_submission(_economy(max_cost_usd="1")), tenant="t")
+    engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30))
+    assert engine.run(task.task_id).outcome == "waiting"
+    send_message(store, _Queues(), task.task_id, "and one more thing", tenant="t")  # type: ignore[arg-type]
+    for _ in range(20):
+        last = max(b["created"] for b in api.batches.values())
+        wait_for(lambda: time.time() >= last + api.batch_seconds, what="the latest batch's end")  # noqa: B023
+        if store.tasks.get(task.task_id).status is TaskStatus.WAITING:
+            store.tasks.transition(task.task_id, TaskStatus.QUEUED)  # what the poll message does
+        result = engine.run(task.task_id)
+        if result.outcome == "finished":
+            break
+    assert result.status is TaskStatus.SUCCEEDED, result
+    steps = [s.body for s in store.steps.load(task.task_id)]
+    calls = [s for s in steps if isinstance(s, LLMStep)]
+    assert len(api.batches) == len(calls)  # every batch sent was read: none abandoned
+    assert [s.kind for s in steps[:2]] == ["llm", "tools"]  # the batch's answer first, then its tools
+    assert [s.kind for s in steps].count("message") == 1  # and then the message
+    budget = store.budgets.get(task.task_id)
+    assert budget.reserved == 0 and budget.used == sum(c.usage.total for c in calls)

@@ -42,6 +42,13 @@ class MessageTurn:
         self.messages, self.holds, self.writer = messages, holds, writer
 
     def due(self, s: Session) -> bool:
+        """A message or an interrupt waits, and the conversation may take it: at a turn
+        boundary, and not while the turn's batch is out (its answer, which the provider bills,
+        is read first: delivered before it, a message moved the conversation past the batch's
+        step, and the answer was never read nor charged)."""
+        batch = s.task.batch
+        if batch is not None and int(batch["step"]) == s.next_step:
+            return False
         return (s.inbox.waiting > 0 or s.inbox.interrupt_at is not None) and at_boundary(s)
 
     def run(self, s: Session) -> RunResult | None:
