@@ -391,6 +391,20 @@ def test_a_compaction_near_the_cap_is_sent_whole_or_not_at_all(monkeypatch: pyte
 # ---------------------------------------------------------------------- native compaction
 
 
+def _reads_eight_documents(request: Any) -> Any:
+    """The native scenario's model: a tool call a turn with long notes, then an answer."""
+    from tests.fake_messages_api import message_reply
+
+    messages = request.body["messages"]
+    read = sum(1 for m in messages if isinstance(m["content"], list) for b in m["content"]
+               if b.get("type") == "tool_result")  # fmt: skip
+    usage = {"input_tokens": len(json.dumps(messages)) // 4, "output_tokens": 50}
+    if read >= 8:
+        return message_reply([{"type": "text", "text": f"read {read}"}], usage=usage)
+    use = {"type": "tool_use", "id": f"toolu_n{read + 1}", "name": "read_doc", "input": {"n": read + 1}}
+    return message_reply([{"type": "text", "text": NOTES}, use], stop_reason="tool_use", usage=usage)
+
+
 def test_native_compaction_keeps_the_servers_block_in_the_step_sends_it_back_and_charges_its_call(
     store: Storage, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -398,20 +412,13 @@ def test_native_compaction_keeps_the_servers_block_in_the_step_sends_it_back_and
     threshold (beta ``compact-2026-01-12``); the compaction block the server returns is kept in
     the step as it came and sent back with the history; the compaction's own call, reported in
     ``usage.iterations``, is charged with the turn."""
-    from tests.fake_messages_api import FakeMessagesAPI, RecordedRequest, message_reply
+    from tests.fake_messages_api import FakeMessagesAPI, RecordedRequest
 
     seen: list[RecordedRequest] = []
 
     def plan(request: RecordedRequest) -> Any:
         seen.append(request)
-        messages = request.body["messages"]
-        read = sum(1 for m in messages if isinstance(m["content"], list) for b in m["content"]
-                   if b.get("type") == "tool_result")  # fmt: skip
-        usage = {"input_tokens": len(json.dumps(messages)) // 4, "output_tokens": 50}
-        if read >= 8:
-            return message_reply([{"type": "text", "text": f"read {read}"}], usage=usage)
-        use = {"type": "tool_use", "id": f"toolu_n{read + 1}", "name": "read_doc", "input": {"n": read + 1}}
-        return message_reply([{"type": "text", "text": NOTES}, use], stop_reason="tool_use", usage=usage)
+        return _reads_eight_documents(request)
 
     monkeypatch.setenv("AGENTQ_CONTEXT_WINDOWS", WINDOW)
     with FakeMessagesAPI(responder=plan) as api:
@@ -449,20 +456,6 @@ def test_native_compaction_keeps_the_servers_block_in_the_step_sends_it_back_and
     budget = store.budgets.get(task.task_id)
     assert budget.used == sum(total(u) for u in delivered) and budget.reserved == 0
     assert budget.used <= store.tasks.get(task.task_id).submission.constraints.max_tokens
-
-
-def _reads_eight_documents(request: Any) -> Any:
-    """The native scenario's model: a tool call a turn with long notes, then an answer."""
-    from tests.fake_messages_api import message_reply
-
-    messages = request.body["messages"]
-    read = sum(1 for m in messages if isinstance(m["content"], list) for b in m["content"]
-               if b.get("type") == "tool_result")  # fmt: skip
-    usage = {"input_tokens": len(json.dumps(messages)) // 4, "output_tokens": 50}
-    if read >= 8:
-        return message_reply([{"type": "text", "text": f"read {read}"}], usage=usage)
-    use = {"type": "tool_use", "id": f"toolu_n{read + 1}", "name": "read_doc", "input": {"n": read + 1}}
-    return message_reply([{"type": "text", "text": NOTES}, use], stop_reason="tool_use", usage=usage)
 
 
 def test_a_hold_shrunk_near_the_cap_still_covers_the_servers_compaction(monkeypatch: pytest.MonkeyPatch) -> None:
