@@ -145,13 +145,14 @@ def what_became(kinds: list[str]) -> str:
 
 def ledger_by_tree(
     store: Any, every: list[Any], tag_of: Any, billed: ProviderLedger
-) -> tuple[dict[str, dict[str, Any]], Counter[str]]:
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, int]]]:
     """Per tree (root tag): what was billed, what the ledger charged, the holds counted in full,
-    and the false ``cost_exceeded`` endings; and the spent holds by what became of their call."""
+    and the false ``cost_exceeded`` endings; and the spent holds by what became of their call:
+    how many, and the unknown tokens they leave (each hold less what its stream told)."""
     tasks_of: dict[str, list[Any]] = defaultdict(list)
     for t in every:
         tasks_of[tag_of(t).split(".", 1)[0]].append(t)
-    became: Counter[str] = Counter()
+    became: dict[str, dict[str, int]] = defaultdict(lambda: {"holds": 0, "unknown_tokens": 0})
     trees: dict[str, dict[str, Any]] = {}
     for tree, tasks in sorted(tasks_of.items(), key=lambda kv: _tag_key(kv[0])):
         root = next(t for t in tasks if t.parent_id is None)
@@ -163,7 +164,11 @@ def ledger_by_tree(
             for ticket in spent_tickets(store, t.task_id):
                 spent += 1
                 held += int(ticket["amount"])
-                became[what_became(billed.turn_of(tag_of(t), _turn_of(store, t.task_id, int(ticket["step"]))))] += 1
+                what = what_became(billed.turn_of(tag_of(t), _turn_of(store, t.task_id, int(ticket["step"]))))
+                became[what]["holds"] += 1
+                became[what]["unknown_tokens"] += int(
+                    ticket["amount"] - ticket.get("seen_in", 0) - ticket.get("seen_out", 0)
+                )
         false_ends = []
         for t in tasks:
             if t.status is not TaskStatus.COST_EXCEEDED:
@@ -193,7 +198,7 @@ def ledger_by_tree(
             "holds_spent_tokens": held,
             "false_cost_exceeded": false_ends,
         }
-    return trees, became
+    return trees, dict(became)
 
 
 def _tag_key(tag: str) -> tuple[int, str]:
