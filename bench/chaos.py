@@ -727,10 +727,11 @@ def check(
         "those holds by what became of their call": became,
         # Issue 40's open question: the malformed fault is a Message's first bytes framed as a
         # whole body, which the engine counts as possibly billed (a proxy may have cut a billed
-        # reply); were it counted as not billed, this would be the unknown.
+        # reply); were it counted as not billed, this would be the unknown (the holds whose turn
+        # met it and no other fault that may have been billed: a reply cut mid-way).
         "unknown / delivered, the malformed fault's holds aside": _share(
             sum(r["unknown_tokens"] for r in trees.values())
-            - became.get("turn met malformed", {}).get("unknown_tokens", 0),
+            - sum(v["unknown_tokens"] for k, v in became.items() if _malformed_alone(k)),
             sum(r["delivered_tokens"] for r in trees.values()),
         ),
         "tasks swept": len(stack.swept),
@@ -750,6 +751,13 @@ def check(
         "invariants": {name: (not broken[name], broken[name][:10]) for name in invariants},
         "ok": not any(broken.values()),
     }
+
+
+def _malformed_alone(became: str) -> bool:
+    """Whether a hold's turn met the malformed fault and, of the faults that may have been
+    billed, that one alone (``what_became``'s "turn met 529+malformed", not "...+cut")."""
+    faults = became.removeprefix("turn met ").split("+") if became.startswith("turn met ") else []
+    return "malformed" in faults and "cut" not in faults
 
 
 def _share(part: int, whole: int) -> str:
