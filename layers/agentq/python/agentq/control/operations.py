@@ -7,11 +7,13 @@ checks first and writes second, so a refused operation changes nothing.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
+from agentq import observe
 from agentq.control.validation import check_submission, parse_submission
 from agentq.core.engine.conversation import conversation, final_text
 from agentq.core.errors import IllegalTransition, TaskNotFound, ValidationError
@@ -19,6 +21,7 @@ from agentq.core.models import Task, TaskStatus, TaskSubmission
 from agentq.core.pricing import micros
 from agentq.core.stops import ScopeStopped, stop_covering
 from agentq.core.tools import ToolRegistry
+from agentq.queueing.dispatch import MAX_DELAY
 from agentq.queueing.endings import task_ended
 from agentq.queueing.queues import TaskQueues
 from agentq.storage import fleet_slots
@@ -113,6 +116,9 @@ def cancel(
     for node in tree:
         if node.task_id in cancelled and node.status is TaskStatus.QUEUED:
             _give_back_slots(slots or store.slots, queues, node)
+    for node in tree:
+        if node.task_id in cancelled:
+            _keep_hold_counted(store, queues, node.task_id)
     for node in reversed(tree[1:]):  # leaves first: a child's spend reaches its parent, then the root
         if node.parent_id:
             store.budgets.settle_child(node.parent_id, node.task_id)
@@ -123,6 +129,28 @@ def cancel(
         if node.task_id in cancelled:
             task_ended(store, queues, node, TaskStatus.CANCELLED)
     return cancelled
+
+
+def _keep_hold_counted(store: Storage, queues: TaskQueues | None, task_id: str) -> None:
+    """A task cancelled with a call's hold on it (its worker's call in flight, or answered
+    and not yet committed, or a batch it waits on; or a dead worker's): the call may have been
+    billed, so the hold stays counted (ARCHITECTURE 4), set aside as a successor would set it
+    aside: its worker, alive, settles it to the call's usage (or gives it back, the call never
+    sent); else it is counted as spent (unknown) at its deadline, by the ``release_holds``
+    message sent for then. Left as it was, no one claims a cancelled task: ``reserved`` kept
+    the hold for good and the call's possible spend was never counted."""
+    task = store.tasks.get(task_id)
+    held = task.inflight
+    if held is None:
+        return
+    held = held.with_seen(task.seen)
+    if held.lapsed_by(time.time()):
+        if store.budgets.spend_lapsed(task_id, task.budget_id, held, parent_id=task.parent_id):
+            observe.record_unknown_usage(task.tenant, task_id, held.amount - held.seen, held.micros - held.seen_micros)
+        return
+    if store.budgets.set_aside_at_end(task_id, held) and queues is not None and held.until is not None:
+        wait = min(MAX_DELAY, max(1, math.ceil(held.until - time.time())))
+        queues.send(task_id, task.submission.priority, kind="release_holds", delay_seconds=wait, tenant=task.tenant)
 
 
 def _give_back_slots(slots: RunningSlots, queues: TaskQueues | None, node: Task) -> None:

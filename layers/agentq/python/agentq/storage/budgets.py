@@ -172,6 +172,20 @@ class Budgets:
                 return  # that ticket is gone already: its worker settled it
             raise why_fenced(self.table, lease) from exc
 
+    def set_aside_at_end(self, task_id: str, held: Reservation) -> bool:
+        """Keep the hold of a task that ended without its worker (cancelled) counted under
+        ``lapsed_<epoch>``, as a successor would: its call may be in flight or answered, so it
+        is neither returned nor lost with the ``inflight`` marker. Its worker, if it is alive,
+        settles it as ever (``settle_orphan`` takes a lapsed ticket); else it is counted as spent
+        at its deadline. Not fenced (the task has ended); only while that epoch's ticket is
+        current. False when it is gone (settled meanwhile)."""
+        update = Update(set={lapsed_name(held.epoch): seen_ticket(held)}, remove=["inflight"])
+        try:
+            self.table.update(keys.meta_key(task_id), update, condition=Attr("inflight.epoch").eq(held.epoch))
+        except ConditionFailed:
+            return False
+        return True
+
     def spend_lapsed(self, task_id: str, budget_id: str, held: Reservation, *, parent_id: str | None = None) -> bool:
         """Count a hold whose call's outcome is unknown as spent: its ticket (``inflight`` of
         that epoch, or ``lapsed_<epoch>``) becomes ``spent_<epoch>`` and ``reserved`` moves to
