@@ -239,6 +239,7 @@ class FakeMessagesAPI:
         # the responder, as /v1/messages would be) and reported ended ``batch_seconds`` later.
         self.batch_seconds = batch_seconds
         self.batches: dict[str, dict[str, Any]] = {}
+        self.batch_read_failures = 0  # the next so many reads of a batch (its state or results) answer 500
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
         self._server.daemon_threads = True
         # A short poll interval keeps shutdown() (and so each test's teardown) near-instant.
@@ -446,8 +447,15 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
             batch = (
                 api.batches.get(parts[3]) if len(parts) >= 4 and parts[:3] == ["v1", "messages", "batches"] else None
             )
+            failing = False
+            with api._lock:
+                if batch is not None and api.batch_read_failures > 0:
+                    api.batch_read_failures -= 1
+                    failing = True
             if batch is None:
                 self._send(error_reply(404, "not_found_error", f"no route for GET {path}"))
+            elif failing:  # an outage while the batch is read
+                self._send(error_reply(500, "api_error", "fake server: internal error"))
             elif len(parts) == 4:
                 self._send(FakeReply(200, _batch_view(api, batch)))
             elif not _batch_ended(api, batch):

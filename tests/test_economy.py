@@ -262,3 +262,38 @@ def test_a_message_sent_while_a_batch_runs_waits_for_the_batchs_answer_which_is_
     assert [s.kind for s in steps].count("message") == 1  # and then the message
     budget = store.budgets.get(task.task_id)
     assert budget.reserved == 0 and budget.used == sum(c.usage.total for c in calls)
+
+
+def test_a_batch_that_cannot_be_read_for_a_while_is_looked_at_again_never_sent_anew(
+    api: FakeMessagesAPI, store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch ended (and was billed) but the API fails every read of it for a while, past
+    the worker's retries: the task parks on the same batch, its hold kept, and reads its answer
+    once the API is back. It used to give the hold back and forget the batch, so the turn went
+    out as a second batch and the first, billed, was never charged."""
+    monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", '{"max_attempts": 2, "base_delay": 0, "max_delay": 0}')
+    task = store.tasks.create(parse_submission(_economy(max_cost_usd="1")), tenant="t")
+    engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30))
+    assert engine.run(task.task_id).outcome == "waiting"
+    [first] = api.batches.values()
+    wait_for(lambda: time.time() >= first["created"] + api.batch_seconds, what="the batch's end")
+    api.batch_read_failures = 2  # every attempt of the next look
+    store.tasks.transition(task.task_id, TaskStatus.QUEUED)  # what the poll message does
+    looked = engine.run(task.task_id)
+    assert looked.outcome == "waiting", looked  # parked on it again
+    again = store.tasks.get(task.task_id)
+    assert again.batch is not None and again.batch["id"] == first["id"] and again.inflight is not None
+    assert store.budgets.get(task.task_id).reserved == again.inflight.amount  # still counted
+    for _ in range(20):
+        last = max(b["created"] for b in api.batches.values())
+        wait_for(lambda: time.time() >= last + api.batch_seconds, what="the latest batch's end")  # noqa: B023
+        if store.tasks.get(task.task_id).status is TaskStatus.WAITING:
+            store.tasks.transition(task.task_id, TaskStatus.QUEUED)
+        result = engine.run(task.task_id)
+        if result.outcome == "finished":
+            break
+    assert result.status is TaskStatus.SUCCEEDED, result
+    calls = [s.body for s in store.steps.load(task.task_id) if isinstance(s.body, LLMStep)]
+    assert len(api.batches) == len(calls) == LOOKUPS + 1  # every batch read once, none sent anew
+    budget = store.budgets.get(task.task_id)
+    assert budget.reserved == 0 and budget.used == sum(c.usage.total for c in calls)

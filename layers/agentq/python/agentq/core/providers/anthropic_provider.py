@@ -15,6 +15,7 @@ first call, as errors that no retry can fix.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 from collections.abc import Callable
@@ -58,6 +59,8 @@ BLOCK_KEYS = ("type", "text", "id", "name", "input", "thinking", "signature", "d
 NATIVE_COMPACTION_BETA = "compact-2026-01-12"
 
 DEFAULT_TIMEOUT_SECONDS = DEFAULT_MAX_CALL_SECONDS  # AGENTQ_MAX_CALL_SECONDS overrides it (providers/base.py)
+
+log = logging.getLogger("agentq.providers")
 
 
 class _MessagesProvider:
@@ -255,16 +258,25 @@ class AnthropicProvider(_MessagesProvider):
         return str(batch.id)
 
     def batch_result(self, batch_id: str, custom_id: str) -> LLMResponse | None:
-        batch, _ = call_with_retries(
-            lambda: self._client.messages.batches.retrieve(batch_id),
-            self.retry, self._sleep, rng=self._rng, label=self.name, classify=anthropic_failure,
-        )  # fmt: skip
-        if batch.processing_status != "ended":
+        """The batch's answer for ``custom_id``; None while it runs, or while it cannot be read
+        (the API failing after its retries, as in an outage: the batch may have ended and been
+        billed, so it is looked at again later, never given up on and sent anew)."""
+        try:
+            batch, _ = call_with_retries(
+                lambda: self._client.messages.batches.retrieve(batch_id),
+                self.retry, self._sleep, rng=self._rng, label=self.name, classify=anthropic_failure,
+            )  # fmt: skip
+            if batch.processing_status != "ended":
+                return None
+            items, _ = call_with_retries(
+                lambda: list(self._client.messages.batches.results(batch_id)),
+                self.retry, self._sleep, rng=self._rng, label=self.name, classify=anthropic_failure,
+            )  # fmt: skip
+        except ProviderError as exc:
+            if not exc.retryable:
+                raise
+            log.warning("batch %s could not be read (%s): looked at again later", batch_id, exc.code)
             return None
-        items, _ = call_with_retries(
-            lambda: list(self._client.messages.batches.results(batch_id)),
-            self.retry, self._sleep, rng=self._rng, label=self.name, classify=anthropic_failure,
-        )  # fmt: skip
         for item in items:
             if item.custom_id != custom_id:
                 continue
