@@ -23,6 +23,8 @@ import pytest
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import LLMStep, TaskStatus, TaskSubmission
 from agentq.runtime import build_registry, build_store
+from agentq.storage import keys
+from agentq.storage.budget_items import SPENT_PREFIX
 from agentq_dev.moto_server import MotoServer
 
 from tests.fake_messages_api import (
@@ -366,6 +368,9 @@ def test_an_attempt_that_may_have_been_billed_keeps_its_hold_and_the_retry_gets_
     budget = store.budgets.get(task.task_id)
     first_hold = budget.unknown
     assert first_hold > 0 and budget.known == 15 and budget.used == first_hold + 15 and budget.reserved == 0
+    # The cut attempt can never be reported: no ticket is left for a later settlement to match.
+    meta = store.table.get(keys.meta_key(task.task_id)) or {}
+    assert not [name for name in meta if name.startswith(SPENT_PREFIX)], sorted(meta)
 
 
 def test_a_stream_cut_in_the_middle_counts_what_its_first_event_told_as_known_and_only_the_rest_unknown(

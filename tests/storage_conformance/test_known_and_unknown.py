@@ -71,6 +71,23 @@ def test_a_hold_spent_at_its_deadline_is_unknown_and_its_late_report_makes_it_kn
     _assert_ledger(backend.budgets.get(task_id), unknown=0, unknown_micros=0)
 
 
+def test_a_failed_attempts_spent_hold_leaves_no_ticket_for_a_later_settlement_of_its_epoch(backend: Storage) -> None:
+    """A retry after an attempt that may have been billed counts that attempt's hold as spent,
+    and no answer can come for it (``ticket=False``). A later settlement of the same epoch, a
+    grade's replayed once more, finds no ticket to correct: it used to find that stale
+    ``spent_<epoch>`` and take the attempt's unknown back as if its call had been reported."""
+    lease = claimed(backend, max_tokens=10_000)
+    first = backend.budgets.reserve(lease, lease.task_id, HOLD, 1, until=time.time() + 60, micros=HOLD_MICROS)
+    assert backend.budgets.spend_lapsed(lease.task_id, lease.task_id, first, ticket=False)
+    backend.budgets.reserve(lease, lease.task_id, HOLD, 1, micros=HOLD_MICROS)  # the retry's own hold
+    backend.steps.commit(lease, 1, llm_step(), root_id=lease.task_id, settle=_usage(110))
+    assert not backend.budgets.settle_orphan(lease.task_id, lease.task_id, _usage(50), inflight_epoch=lease.epoch,
+                                             ticketed=True)  # fmt: skip
+    after = backend.budgets.get(lease.task_id)
+    assert (after.used, after.reserved) == (HOLD + 110, 0)
+    _assert_ledger(after, unknown=HOLD, unknown_micros=HOLD_MICROS)
+
+
 def test_a_set_aside_hold_settled_by_its_zombie_before_its_deadline_never_becomes_unknown(backend: Storage) -> None:
     task_id, held = _held(backend)
     successor = backend.tasks.claim(task_id, "w2", 30)

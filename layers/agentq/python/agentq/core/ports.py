@@ -119,7 +119,7 @@ class BudgetLedger(Protocol):
     def set_aside(self, lease: Lease, held: Reservation) -> None: ...
 
     def spend_lapsed(
-        self, task_id: str, budget_id: str, held: Reservation, *, parent_id: str | None = None
+        self, task_id: str, budget_id: str, held: Reservation, *, parent_id: str | None = None, ticket: bool = True
     ) -> bool: ...
 
     def settle_orphan(

@@ -186,13 +186,17 @@ class Budgets:
             return False
         return True
 
-    def spend_lapsed(self, task_id: str, budget_id: str, held: Reservation, *, parent_id: str | None = None) -> bool:
+    def spend_lapsed(
+        self, task_id: str, budget_id: str, held: Reservation, *, parent_id: str | None = None, ticket: bool = True
+    ) -> bool:
         """Count a hold whose call's outcome is unknown as spent: its ticket (``inflight`` of
         that epoch, or ``lapsed_<epoch>``) becomes ``spent_<epoch>`` and ``reserved`` moves to
         ``used`` (``available`` unchanged), and to ``unknown`` but for what the call was seen to
         bill (``held.seen``: known, in the tree's spend), once and by anyone: the task may have
         ended meanwhile. ``settle_orphan`` corrects it if the call is ever reported. False when
-        no such ticket is left (settled already).
+        no such ticket is left (settled already). ``ticket=False``: the call can never be
+        reported (its attempt failed), so no ``spent_<epoch>`` is left for a later settlement
+        of the epoch to match.
 
         A child already folded into its parent needs no correction of the parent's ``used``:
         the fold counted ``used + reserved``, and moving between the two leaves that sum
@@ -211,14 +215,14 @@ class Budgets:
             ("inflight", Attr("inflight.epoch").eq(held.epoch)),
             (lapsed_name(held.epoch), Attr(lapsed_name(held.epoch)).exists()),
         ):
-            update = Update(set={spent_name(held.epoch): seen_ticket(held)}, remove=[name])
-            ticket = Patch("ticket", keys.meta_key(task_id), update, condition)
+            update = Update(set={spent_name(held.epoch): seen_ticket(held)} if ticket else {}, remove=[name])
+            moved = Patch("ticket", keys.meta_key(task_id), update, condition)
             if held.seen and parent_id is not None:
                 folded_parent = Patch("parent", keys.meta_key(parent_id), Update(add=known))
-                if self._either(task_id, budget_id, [unless_folded(ticket), spend],
-                                [if_folded(ticket), spend, folded_parent]):  # fmt: skip
+                if self._either(task_id, budget_id, [unless_folded(moved), spend],
+                                [if_folded(moved), spend, folded_parent]):  # fmt: skip
                     return True
-            elif self._written(task_id, budget_id, [ticket, spend]):
+            elif self._written(task_id, budget_id, [moved, spend]):
                 return True
         return False
 

@@ -186,22 +186,25 @@ class BudgetHolds:
         if held and held.epoch == s.lease.epoch and held.step != s.sent_hold_step:
             self.release(s)
 
-    def spend(self, s: Session) -> Reservation | None:
+    def spend(self, s: Session, *, reportable: bool = True) -> Reservation | None:
         """Count the held reservation as spent, once: its call was cut in flight (the task's
         timeout) with its outcome unknown, as a call whose hold outlived its deadline
         (``spend_lapsed``): the provider may have answered, and billed, what this run stopped
-        waiting for. An answer that still comes corrects it (``settle_orphan``)."""
+        waiting for. An answer that still comes corrects it (``settle_orphan``, through the
+        ``spent_<epoch>`` ticket). ``reportable=False``: its attempt failed and no answer can
+        come (a retry follows, or the call gave up): no ticket is left, so none can be matched,
+        later in the epoch, by the settlement of another hold."""
         held = s.task.inflight
         if held:
-            self._spend(s.task, held.with_seen(s.held.seen))  # what its stream said: this run's own note
+            self._spend(s.task, held.with_seen(s.held.seen), ticket=reportable)  # its stream's note: this run's
             s.task = s.task.model_copy(update={"inflight": None})
         return held
 
-    def _spend(self, task: Task, held: Reservation) -> None:
+    def _spend(self, task: Task, held: Reservation, *, ticket: bool = True) -> None:
         """Count ``held`` as spent, its outcome unknown but for what its call was seen to bill;
         the unknown part is told to the metrics and the tenant's bill (once: only the write that
         moved the ticket tells it)."""
-        if self.budgets.spend_lapsed(task.task_id, task.budget_id, held, parent_id=task.parent_id):
+        if self.budgets.spend_lapsed(task.task_id, task.budget_id, held, parent_id=task.parent_id, ticket=ticket):
             observe.record_unknown_usage(task.tenant, task.task_id, held.amount - held.seen,
                                          held.micros - held.seen_micros)  # fmt: skip
 

@@ -176,7 +176,7 @@ class ModelCall:
         cap (ARCHITECTURE 4). The new hold is the spent one's size, never less: the request on
         the wire asks for as much output as before, and the answer settles against it. False when
         the budget cannot cover it: no further attempt."""
-        spent = self.holds.spend(s)
+        spent = self.holds.spend(s, reportable=False)
         s.held.seen = None  # what that attempt billed went with its hold
         call.may_be_billed = False  # the spent hold answers for that attempt; this one's are to come
         if spent is None or not self.holds.hold_again(s, spent.amount):
@@ -276,7 +276,7 @@ class ModelCall:
         unknown it is (ARCHITECTURE 4), not returned on a guess."""
         window = call.window
         if call.may_be_billed:
-            held = self.holds.spend(s)
+            held = self.holds.spend(s, reportable=False)
             if window is not None:  # the tenant's hour and the scopes' caps keep it too, as the budget does
                 self.windows.spend(window)
             if held is not None:
