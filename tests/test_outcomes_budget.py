@@ -330,3 +330,27 @@ def test_a_lease_lost_between_the_grading_calls_hold_and_its_commit_leaves_no_ph
 
 def _steps_committed(store: Storage, task_id: str) -> int:
     return len(store.steps.load(task_id))
+
+
+def test_a_grading_call_abandoned_at_its_timeout_by_a_worker_killed_before_the_commit_stays_unknown(
+    store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, but the worker is killed once the grade is recorded, before its commit: the
+    successor replays the recorded grade, and the grading call's hold stays counted as spent
+    (unknown). The replay used to settle it to the recorded usage (none) and give it back,
+    though the call, sent and abandoned, may have been billed."""
+    from tests.stopped_worker import resume, stopped_at
+
+    body = _body(1_000_000)
+    body["outcome"].update(timeout_seconds=1, script={"turns": [{"text": '{"score": 1}', "latency_seconds": 3}]})
+    task = store.tasks.create(parse_submission(body), tenant="t")
+    killed = Engine(store, worker_id="killed", tools=registry, config=EngineConfig(lease_seconds=1))
+    with stopped_at(killed, task.task_id, "after_grade:1", monkeypatch):
+        successor = Engine(store, worker_id="successor", tools=registry, config=EngineConfig(lease_seconds=1))
+        resumed = resume(successor, task.task_id, wait_seconds=30)
+        assert resumed.status is TaskStatus.FAILED_OUTCOME, resumed
+    (grade,) = [s.body for s in store.steps.load(task.task_id) if isinstance(s.body, GradeStep)]
+    assert grade.replayed and grade.reserved_tokens > 0 and grade.usage.total == 0
+    budget = store.budgets.get(task.budget_id)
+    assert budget.unknown == grade.reserved_tokens and budget.reserved == 0, budget
+    assert budget.used <= budget.cap

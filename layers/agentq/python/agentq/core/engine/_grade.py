@@ -213,6 +213,7 @@ class GradeTurn:
             cost_usd=sum((c.cost_usd for c in checks), Decimal(0)),
             reserved_tokens=held.amount if held else 0,
             reserved_micros=held.micros if held else 0,
+            may_be_billed=call is not None and call.may_be_billed,
             started_at=started,
             duration_ms=int((time.time() - started) * 1000),
         )

@@ -34,6 +34,7 @@ from agentq.core.ports import BudgetLedger, TaskLeases
 from agentq.core.pricing import PriceTable
 from agentq.core.providers import LLMRequest
 from agentq.core.records import BudgetDelta
+from agentq.core.reservation import Reservation
 
 
 @dataclass
@@ -121,6 +122,10 @@ class GradeBudget:
                 self.holds.release(s)
                 self.settle_window(call, 0, 0)
             if prior_epoch is not None and prior_epoch != s.lease.epoch and step.reserved_tokens:
+                if step.may_be_billed:  # its call's outcome is unknown: its hold is counted as spent, never returned
+                    held_then = Reservation(step.reserved_tokens, prior_epoch, s.next_step, micros=step.reserved_micros)
+                    self.holds.spend_recorded(s.task, held_then)
+                    return None, None
                 delta = usage_of(step, step.reserved_tokens, step.reserved_micros)
                 self.budgets.settle_orphan(
                     s.task_id, s.task.budget_id, delta, inflight_epoch=prior_epoch, parent_id=s.task.parent_id,

@@ -200,6 +200,12 @@ class BudgetHolds:
             s.task = s.task.model_copy(update={"inflight": None})
         return held
 
+    def spend_recorded(self, task: Task, held: Reservation) -> None:
+        """Count as spent an older epoch's hold whose call its step records as possibly billed
+        (a grade replayed: sent, then failed or abandoned), wherever its ticket is (current or
+        set aside): the record's usage of nothing is no report of the call."""
+        self._spend(task, held)
+
     def _spend(self, task: Task, held: Reservation, *, ticket: bool = True) -> None:
         """Count ``held`` as spent, its outcome unknown but for what its call was seen to bill;
         the unknown part is told to the metrics and the tenant's bill (once: only the write that

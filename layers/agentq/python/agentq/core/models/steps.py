@@ -182,6 +182,9 @@ class GradeStep(StrictModel):
     started_at: float
     duration_ms: int
     replayed: bool = Field(default=False, description="graded by a worker that stopped before this commit")
+    may_be_billed: bool = Field(
+        default=False, description="its grading call failed or was abandoned once sent: it may have been billed"
+    )
 
     @property
     def retries(self) -> bool:
