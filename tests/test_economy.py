@@ -297,3 +297,33 @@ def test_a_batch_that_cannot_be_read_for_a_while_is_looked_at_again_never_sent_a
     assert len(api.batches) == len(calls) == LOOKUPS + 1  # every batch read once, none sent anew
     budget = store.budgets.get(task.task_id)
     assert budget.reserved == 0 and budget.used == sum(c.usage.total for c in calls)
+
+
+def test_a_run_killed_after_reading_its_batchs_answer_leaves_the_next_run_to_adopt_it_again(
+    api: FakeMessagesAPI, store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run that adopted the batch's hold read its answer and died before its commit. The
+    next claim adopts the hold again (the batch's record names the epoch that holds it now),
+    reads the answer and commits it under that hold: the batch is charged once and nothing is
+    left held. The adoption used to move only the hold, so the next claim took it for a lost
+    worker's: it set it aside for the batch's 24-hour window and held anew for the same answer."""
+    from tests.stopped_worker import resume, stopped_at
+
+    task = store.tasks.create(parse_submission(_economy(max_cost_usd="1")), tenant="t")
+    first = Engine(store, worker_id="w1", tools=registry, config=EngineConfig(lease_seconds=1))
+    assert first.run(task.task_id).outcome == "waiting"
+    [batch] = api.batches.values()
+    wait_for(lambda: time.time() >= batch["created"] + api.batch_seconds, what="the batch's end")
+    store.tasks.transition(task.task_id, TaskStatus.QUEUED)  # what the poll message does
+    killed = Engine(store, worker_id="killed", tools=registry, config=EngineConfig(lease_seconds=1))
+    with stopped_at(killed, task.task_id, "after_llm_call:1", monkeypatch):
+        successor = Engine(store, worker_id="successor", tools=registry, config=EngineConfig(lease_seconds=1))
+        result = resume(successor, task.task_id, wait_seconds=30)
+        assert result.outcome == "waiting", result  # its answer committed, the next turn's batch sent
+        steps = [s.body for s in store.steps.load(task.task_id) if isinstance(s.body, LLMStep)]
+        assert len(steps) == 1 and steps[0].batched
+        after = store.tasks.get(task.task_id)
+        assert after.lapsed_holds == {}  # nothing set aside for the answer it read
+        budget = store.budgets.get(task.task_id)
+        assert budget.reserved == after.inflight.amount if after.inflight else budget.reserved == 0
+        assert budget.used == steps[0].usage.total and budget.unknown == 0

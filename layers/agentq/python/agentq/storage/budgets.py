@@ -49,6 +49,8 @@ holds pass (no cap was asked for).
 
 from __future__ import annotations
 
+from typing import Any
+
 from boto3.dynamodb.conditions import Attr
 
 from agentq.core.errors import BudgetExceeded, TaskNotFound
@@ -149,14 +151,17 @@ class Budgets:
         except ConditionFailed as exc:
             raise why_fenced(self.table, lease) from exc
 
-    def adopt(self, lease: Lease, held: Reservation) -> None:
+    def adopt(self, lease: Lease, held: Reservation, batch: dict[str, Any]) -> None:
         """Make an older epoch's hold this epoch's own: the hold of a batched call (economy),
         whose worker parked the task and let go; its result is settled by whoever claims it
-        next. Fenced, and only while that epoch's ticket is current."""
+        next. ``batch``, the task's batch record, names this epoch in the same write: a run
+        that dies after reading the answer leaves the next claim to adopt it again, not to take
+        it for a lost worker's hold. Fenced, and only while that epoch's ticket is current."""
         condition = fence(lease) & Attr("inflight.epoch").eq(held.epoch)
         ticket = ticket_value(held.amount, lease.epoch, held.step, held.until, held.micros)
+        update = Update(set={"inflight": ticket, "batch": {**batch, "epoch": lease.epoch}})
         try:
-            self.table.update(keys.meta_key(lease.task_id), Update(set={"inflight": ticket}), condition=condition)
+            self.table.update(keys.meta_key(lease.task_id), update, condition=condition)
         except ConditionFailed as exc:
             raise why_fenced(self.table, lease) from exc
 

@@ -136,7 +136,7 @@ class BudgetHolds:
             # The hold of the batched call this task waited on: its result is settled by this run.
             # The batch is this run's now too: a run that finds it still running parks with it
             # again, and the next claim must adopt the hold again, not take it for a lost worker's.
-            self.budgets.adopt(s.lease, current)
+            self.budgets.adopt(s.lease, current, batch)
             s.sent_hold_step = current.step  # its batch went out: never "unsent"
             s.task = task.model_copy(
                 update={"inflight": current.moved_to(epoch=s.lease.epoch), "batch": {**batch, "epoch": s.lease.epoch}}
