@@ -117,8 +117,8 @@ def cancel(
         if node.task_id in cancelled and node.status is TaskStatus.QUEUED:
             _give_back_slots(slots or store.slots, queues, node)
     for node in tree:
-        if node.task_id in cancelled:
-            _keep_hold_counted(store, queues, node.task_id)
+        if node.task_id in cancelled and node.inflight is not None:
+            _keep_hold_counted(store, queues, node)
     for node in reversed(tree[1:]):  # leaves first: a child's spend reaches its parent, then the root
         if node.parent_id:
             store.budgets.settle_child(node.parent_id, node.task_id)
@@ -131,16 +131,20 @@ def cancel(
     return cancelled
 
 
-def _keep_hold_counted(store: Storage, queues: TaskQueues | None, task_id: str) -> None:
+def _keep_hold_counted(store: Storage, queues: TaskQueues | None, task: Task) -> None:
     """A task cancelled with a call's hold on it (its worker's call in flight, or answered
     and not yet committed, or a batch it waits on; or a dead worker's): the call may have been
     billed, so the hold stays counted (ARCHITECTURE 4), set aside as a successor would set it
     aside: its worker, alive, settles it to the call's usage (or gives it back, the call never
     sent); else it is counted as spent (unknown) at its deadline, by the ``release_holds``
     message sent for then. Left as it was, no one claims a cancelled task: ``reserved`` kept
-    the hold for good and the call's possible spend was never counted."""
-    task = store.tasks.get(task_id)
-    held = task.inflight
+    the hold for good and the call's possible spend was never counted. ``task`` as read before
+    the cancel had a hold: it is read again now that no worker of it can take another (its
+    reservations are fenced), and each write is conditioned on the hold's ticket, so one
+    settled meanwhile changes nothing. (A hold taken between the tree's read and the cancel is
+    not seen: a task without one costs a stop no read.)"""
+    task = store.tasks.get(task.task_id)
+    task_id, held = task.task_id, task.inflight
     if held is None:
         return
     held = held.with_seen(task.seen)
