@@ -696,6 +696,8 @@ def check(
         text = path.read_text(errors="replace")
         if "Traceback" in text:
             broken["no worker traceback"].append(f"{path.name}: {text[text.index('Traceback') :][:400]}")
+    unknown = sum(r["unknown_tokens"] for r in trees.values())
+    failed_attempts = unknown - sum(v["unknown_tokens"] for v in became.values())
     figures = {
         "plans by kind": dict(Counter(p.kind for p in plans.values())),
         "plans by provider": dict(Counter(p.provider for p in plans.values())),
@@ -725,13 +727,17 @@ def check(
         "false cost_exceeded": sum(len(r["false_cost_exceeded"]) for r in trees.values()),
         "holds counted spent, never corrected": sum(r["holds_spent_uncorrected"] for r in trees.values()),
         "those holds by what became of their call": became,
+        # The holds of attempts that failed after they may have been billed (spent before a retry,
+        # or when the call gave up) leave no ticket: the unknown the tickets do not account for.
+        "unknown of failed attempts (no ticket left)": failed_attempts,
         # Issue 40's open question: the malformed fault is a Message's first bytes framed as a
         # whole body, which the engine counts as possibly billed (a proxy may have cut a billed
-        # reply); were it counted as not billed, this would be the unknown (the holds whose turn
-        # met it and no other fault that may have been billed: a reply cut mid-way).
+        # reply); were it counted as not billed, this would be the unknown. Its holds are those of
+        # the failed attempts (in the default run the one fault of an attempt that may have been
+        # billed; the zombie scenario's cut replies are another) and the spent holds whose turn met
+        # it and no other fault that may have been billed.
         "unknown / delivered, the malformed fault's holds aside": _share(
-            sum(r["unknown_tokens"] for r in trees.values())
-            - sum(v["unknown_tokens"] for k, v in became.items() if _malformed_alone(k)),
+            unknown - failed_attempts - sum(v["unknown_tokens"] for k, v in became.items() if _malformed_alone(k)),
             sum(r["delivered_tokens"] for r in trees.values()),
         ),
         "tasks swept": len(stack.swept),
