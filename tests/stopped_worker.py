@@ -35,9 +35,9 @@ class _Unwound(BaseException):
 class _StopAt(Counter[str]):
     """``faults._passes`` that blocks ``victim`` at the ``nth`` pass of ``point``."""
 
-    def __init__(self, point: str, nth: int, victim: threading.Thread) -> None:
+    def __init__(self, point: str, nth: int, victim: threading.Thread, *, wakes: bool = False) -> None:
         super().__init__()
-        self.point, self.nth, self.victim = point, nth, victim
+        self.point, self.nth, self.victim, self.wakes = point, nth, victim, wakes
         self.own: Counter[str] = Counter()
         self.stopped = threading.Event()
         self.release = threading.Event()
@@ -50,7 +50,8 @@ class _StopAt(Counter[str]):
         if key == self.point and self.own[key] == self.nth:
             self.stopped.set()
             self.release.wait()
-            raise _Unwound
+            if not self.wakes:
+                raise _Unwound
 
 
 @dataclass
@@ -63,10 +64,13 @@ class Stopped:
 
 @contextlib.contextmanager
 def stopped_at(
-    engine: Engine, task_id: str, crash_at: str, monkeypatch: pytest.MonkeyPatch, timeout: float = 60
-) -> Iterator[Stopped]:
+    engine: Engine, task_id: str, crash_at: str, monkeypatch: pytest.MonkeyPatch, timeout: float = 60,
+    *, wakes: bool = False,
+) -> Iterator[Stopped]:  # fmt: skip
     """Run ``engine`` on ``task_id`` in a thread until ``crash_at`` (``point:nth``, as
-    ``AGENTQ_CRASH_AT``), where it stops for good; yields once it has stopped there."""
+    ``AGENTQ_CRASH_AT``), where it stops for good; yields once it has stopped there. ``wakes``:
+    it is paused, not killed (SIGSTOP): when the block ends it goes on from the point, a zombie
+    whose lease has lapsed meanwhile, and the context waits for its run's end."""
     point, _, nth = crash_at.partition(":")
     assert point in faults.CRASH_POINTS, point
     stopped = Stopped(thread=threading.Thread(target=lambda: None))  # replaced below
@@ -76,7 +80,7 @@ def stopped_at(
             stopped.result.append(engine.run(task_id, keeper=lambda _: contextlib.nullcontext()))
 
     stopped.thread = threading.Thread(target=run, name=f"stopped-at-{crash_at}", daemon=True)
-    passes = _StopAt(point, int(nth or 1), stopped.thread)
+    passes = _StopAt(point, int(nth or 1), stopped.thread, wakes=wakes)
     with monkeypatch.context() as patched:
         patched.setenv("AGENTQ_CRASH_AT", "stopped-in-process:1")  # no such point: crash_point only counts
         patched.setattr(faults, "_passes", passes)

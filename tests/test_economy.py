@@ -327,3 +327,28 @@ def test_a_run_killed_after_reading_its_batchs_answer_leaves_the_next_run_to_ado
         budget = store.budgets.get(task.task_id)
         assert budget.reserved == after.inflight.amount if after.inflight else budget.reserved == 0
         assert budget.used == steps[0].usage.total and budget.unknown == 0
+
+
+def test_a_run_paused_after_reading_its_batchs_answer_leaves_it_to_the_next_claim_charged_once(
+    api: FakeMessagesAPI, store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, but the run is paused (SIGSTOP), not killed: the next claim adopts the batch's
+    hold, reads its answer and commits it; then the paused run wakes, finds its lease lost, and
+    leaves the answer to that claim. It used to settle it as an orphan too: charged twice."""
+    from tests.stopped_worker import resume, stopped_at
+
+    task = store.tasks.create(parse_submission(_economy(max_cost_usd="1")), tenant="t")
+    first = Engine(store, worker_id="w1", tools=registry, config=EngineConfig(lease_seconds=1))
+    assert first.run(task.task_id).outcome == "waiting"
+    [batch] = api.batches.values()
+    wait_for(lambda: time.time() >= batch["created"] + api.batch_seconds, what="the batch's end")
+    store.tasks.transition(task.task_id, TaskStatus.QUEUED)  # what the poll message does
+    paused = Engine(store, worker_id="paused", tools=registry, config=EngineConfig(lease_seconds=1))
+    with stopped_at(paused, task.task_id, "after_llm_call:1", monkeypatch, wakes=True) as zombie:
+        successor = Engine(store, worker_id="successor", tools=registry, config=EngineConfig(lease_seconds=1))
+        assert resume(successor, task.task_id, wait_seconds=30).outcome == "waiting"  # the next turn's batch
+    assert zombie.result == [] or zombie.result[0].outcome != "finished"
+    steps = [s.body for s in store.steps.load(task.task_id) if isinstance(s.body, LLMStep)]
+    assert len(steps) == 1 and steps[0].batched and store.steps.orphans(task.task_id) == []
+    budget = store.budgets.get(task.task_id)
+    assert budget.used == steps[0].usage.total and budget.unknown == 0  # charged once

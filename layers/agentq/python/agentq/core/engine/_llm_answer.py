@@ -113,6 +113,14 @@ class Answers:
             log.info("task %s: answer of step %d discarded (interrupted)", s.task_id, s.next_step)
             return None
         except LeaseLost:
+            if isinstance(step, LLMStep) and step.batched:
+                # A batch's answer is the next claim's to read and charge: it adopts the batch's
+                # hold (the record names the hold's epoch) and reads the batch again. Settled
+                # here too, as an orphan, it was charged twice.
+                if call.window is not None:
+                    self.windows.settle(call.window, 0, 0)
+                s.task = s.task.model_copy(update={"inflight": None, "batch": None})
+                raise
             # The provider answered, so the tokens are spent whoever owns the task now, and
             # whoever learned of the lost lease: the ledger gets them once, as an orphan.
             self.discard(s, step, settle, call.window, reason="lease_lost")
