@@ -7,7 +7,6 @@ checks first and writes second, so a refused operation changes nothing.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Mapping
 from decimal import Decimal
@@ -21,7 +20,7 @@ from agentq.core.models import Task, TaskStatus, TaskSubmission
 from agentq.core.pricing import micros
 from agentq.core.stops import ScopeStopped, stop_covering
 from agentq.core.tools import ToolRegistry
-from agentq.queueing.dispatch import MAX_DELAY
+from agentq.queueing.dispatch import delay_seconds
 from agentq.queueing.endings import task_ended
 from agentq.queueing.queues import TaskQueues
 from agentq.storage import fleet_slots
@@ -153,7 +152,7 @@ def _keep_hold_counted(store: Storage, queues: TaskQueues | None, task: Task) ->
             observe.record_unknown_usage(task.tenant, task_id, held.amount - held.seen, held.micros - held.seen_micros)
         return
     if store.budgets.set_aside_at_end(task_id, held) and queues is not None and held.until is not None:
-        wait = min(MAX_DELAY, max(1, math.ceil(held.until - time.time())))
+        wait = delay_seconds(held.until - time.time())
         queues.send(task_id, task.submission.priority, kind="release_holds", delay_seconds=wait, tenant=task.tenant)
 
 

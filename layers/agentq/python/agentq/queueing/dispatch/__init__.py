@@ -42,6 +42,7 @@ from agentq.queueing.dispatch._context import (
     Context,
     Delivery,
     RetryBackoff,
+    delay_seconds,
 )
 from agentq.queueing.dispatch._dispatcher import HANDLERS, Dispatcher
 
@@ -56,4 +57,5 @@ __all__ = [
     "Delivery",
     "Dispatcher",
     "RetryBackoff",
+    "delay_seconds",
 ]

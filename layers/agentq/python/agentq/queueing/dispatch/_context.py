@@ -98,7 +98,13 @@ class Context:
 
     def send_later(self, task_id: str, tier: str, kind: MessageKind, wait: float, *, tenant: str) -> None:
         """A follow-up message for the task in ``wait`` seconds (at least 1, at most SQS's 15 minutes)."""
-        self.queues.send(task_id, tier, kind=kind, delay_seconds=min(MAX_DELAY, max(1, math.ceil(wait))), tenant=tenant)
+        self.queues.send(task_id, tier, kind=kind, delay_seconds=delay_seconds(wait), tenant=tenant)
+
+
+def delay_seconds(wait: float) -> int:
+    """A wait as a message's delay: whole seconds, at least 1, at most SQS's 15 minutes (a
+    longer wait is a message that, when it comes, sends the next one)."""
+    return min(MAX_DELAY, max(1, math.ceil(wait)))
 
 
 def parked(task: Task) -> Action | None:
