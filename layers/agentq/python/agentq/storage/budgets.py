@@ -169,9 +169,8 @@ class Budgets:
         """Keep an older epoch's live hold counted under ``lapsed_<epoch>`` and free ``inflight``
         for this epoch's own; fenced, and only while that epoch's ticket is still current."""
         condition = fence(lease) & Attr("inflight.epoch").eq(held.epoch)
-        update = Update(set={lapsed_name(held.epoch): seen_ticket(held)}, remove=["inflight"])
         try:
-            self.table.update(keys.meta_key(lease.task_id), update, condition=condition)
+            self.table.update(keys.meta_key(lease.task_id), _set_aside(held), condition=condition)
         except ConditionFailed as exc:
             if fence_holds(exc.old, lease):
                 return  # that ticket is gone already: its worker settled it
@@ -184,9 +183,8 @@ class Budgets:
         settles it as ever (``settle_orphan`` takes a lapsed ticket); else it is counted as spent
         at its deadline. Not fenced (the task has ended); only while that epoch's ticket is
         current. False when it is gone (settled meanwhile)."""
-        update = Update(set={lapsed_name(held.epoch): seen_ticket(held)}, remove=["inflight"])
         try:
-            self.table.update(keys.meta_key(task_id), update, condition=Attr("inflight.epoch").eq(held.epoch))
+            self.table.update(keys.meta_key(task_id), _set_aside(held), condition=Attr("inflight.epoch").eq(held.epoch))
         except ConditionFailed:
             return False
         return True
@@ -444,3 +442,9 @@ class Budgets:
         except TransactionCancelled as exc:
             raise ConditionFailed(None) from exc
         return self.get(task_id)
+
+
+def _set_aside(held: Reservation) -> Update:
+    """``held``, its epoch's current hold, kept counted under ``lapsed_<epoch>`` with what its
+    call was seen to bill, and ``inflight`` freed."""
+    return Update(set={lapsed_name(held.epoch): seen_ticket(held)}, remove=["inflight"])
