@@ -31,19 +31,10 @@ from agentq.core.tools import ToolRegistry
 from agentq.storage.container import Storage
 
 from tests.helpers import call, scripted
+from tests.test_conversations import Queues
 
 STORAGE = "memory"
 NOTES = "n" * 800  # ~200 output tokens a turn by the scripted provider's count
-
-
-class _Queues:
-    """Stands in for TaskQueues: a raise requeues the task; here the test runs it itself."""
-
-    def send(self, task_id: str, priority: Any, **_: Any) -> None:
-        pass
-
-
-QUEUES: Any = _Queues()
 
 
 def _engine(store: Storage, registry: ToolRegistry) -> Engine:
@@ -77,7 +68,7 @@ def test_a_token_caps_error_names_what_the_next_call_needed_and_a_raise_by_the_d
     assert f"needs at least {needed} tokens and {available} are left" in error["message"]
     turns = _model_turns(store, task.task_id)
 
-    raise_budget(store, QUEUES, task.task_id, add_tokens=needed - available - short)
+    raise_budget(store, Queues(), task.task_id, add_tokens=needed - available - short)
     _engine(store, registry).run(task.task_id)
     after = store.tasks.get(task.task_id)
     if short:  # nothing was sent, and the error says the same call, with the raise now left
@@ -110,7 +101,7 @@ def test_a_money_caps_error_names_what_the_next_call_could_cost_and_a_raise_by_t
     assert "needed_tokens" not in error  # the money ran out, not the tokens
     turns = _model_turns(store, task.task_id)
 
-    raise_budget(store, QUEUES, task.task_id, add_tokens=0, add_usd=needed - available - dollars(short))
+    raise_budget(store, Queues(), task.task_id, add_tokens=0, add_usd=needed - available - dollars(short))
     _engine(store, registry).run(task.task_id)
     after = store.tasks.get(task.task_id)
     if short:
@@ -183,7 +174,7 @@ def test_a_message_that_lengthens_the_next_request_gets_it_a_whole_hold_not_a_sh
     goes back and the call holds afresh, so with room to spare its answer keeps its whole
     allowance: it was cut to what the old hold left past the longer input, and ended the task
     ``cost_exceeded`` ("the budget ran out during the model's turn") with 199,000 tokens left."""
-    from tests.test_conversations import Queues, Recording
+    from tests.test_conversations import Recording
 
     turns = [{"text": "look", "tool_calls": [call("lookup", query="q")]}, {"text": "x" * 4000}]  # ~1,000 out
     sub = scripted(turns, tools=["lookup"], max_tokens=200_000, max_output_tokens=2_000)

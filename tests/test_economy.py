@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from agentq.control.submit import check_submission, parse_submission, submit
-from agentq.core.engine import Engine, EngineConfig
+from agentq.core.engine import Engine, EngineConfig, RunResult
 from agentq.core.errors import ValidationError
 from agentq.core.models import LLMStep, TaskStatus
 from agentq.core.pricing import load_price_table, micros
@@ -56,6 +56,42 @@ def api(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeMessagesAPI]:
 def _economy(**constraints: Any) -> dict[str, Any]:
     return {"goal": "look things up", "provider": "anthropic", "model": "claude-sonnet-4-6",
             "constraints": {"tools": ["lookup"], "economy": True, **constraints}}  # fmt: skip
+
+
+def _parked(store: Storage, registry: ToolRegistry, lease_seconds: float = 30) -> tuple[str, Engine]:
+    """An economy task whose first turn went out as a batch (it parks ``waiting``), and the
+    engine that sent it."""
+    task = store.tasks.create(parse_submission(_economy(max_cost_usd="1")), tenant="t")
+    engine = Engine(store, worker_id="w1", tools=registry, config=EngineConfig(lease_seconds=lease_seconds))
+    assert engine.run(task.task_id).outcome == "waiting"
+    return task.task_id, engine
+
+
+def _latest_batch_ended(api: FakeMessagesAPI) -> None:
+    """Wait until the latest batch the server holds has ended, by the server's own rule."""
+    last = max(b["created"] for b in api.batches.values())
+    wait_for(lambda: time.time() >= last + api.batch_seconds, what="the latest batch's end")
+
+
+def _run_to_its_end(api: FakeMessagesAPI, store: Storage, engine: Engine, task_id: str) -> RunResult:
+    """Run the task as its poll messages would, each time its latest batch has ended, until it ends."""
+    for _ in range(20):
+        _latest_batch_ended(api)
+        if store.tasks.get(task_id).status is TaskStatus.WAITING:
+            store.tasks.transition(task_id, TaskStatus.QUEUED)  # what the poll message does
+        result = engine.run(task_id)
+        if result.outcome == "finished":
+            return result
+    raise AssertionError(f"task {task_id} did not end in 20 runs: {result}")
+
+
+def _ended_batch_to_read(api: FakeMessagesAPI, store: Storage, registry: ToolRegistry) -> str:
+    """A task whose batch has ended, queued (as its poll message queues it) for a run to read
+    the answer; its workers' leases last a second, so a stopped one's lapses at once."""
+    task_id, _ = _parked(store, registry, lease_seconds=1)
+    _latest_batch_ended(api)
+    store.tasks.transition(task_id, TaskStatus.QUEUED)  # what the poll message does
+    return task_id
 
 
 def test_an_economy_task_waits_for_each_batch_holding_its_budget_and_pays_half_the_price(
@@ -238,29 +274,18 @@ def test_a_message_sent_while_a_batch_runs_waits_for_the_batchs_answer_which_is_
     sent for the same turn."""
     from agentq.control.conversations import send_message
 
-    class _Queues:
-        def send(self, task_id: str, priority: Any, **_: Any) -> None:
-            pass
+    from tests.test_conversations import Queues
 
-    task = store.tasks.create(parse_submission(_economy(max_cost_usd="1")), tenant="t")
-    engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30))
-    assert engine.run(task.task_id).outcome == "waiting"
-    send_message(store, _Queues(), task.task_id, "and one more thing", tenant="t")  # type: ignore[arg-type]
-    for _ in range(20):
-        last = max(b["created"] for b in api.batches.values())
-        wait_for(lambda: time.time() >= last + api.batch_seconds, what="the latest batch's end")  # noqa: B023
-        if store.tasks.get(task.task_id).status is TaskStatus.WAITING:
-            store.tasks.transition(task.task_id, TaskStatus.QUEUED)  # what the poll message does
-        result = engine.run(task.task_id)
-        if result.outcome == "finished":
-            break
+    task_id, engine = _parked(store, registry)
+    send_message(store, Queues(), task_id, "and one more thing", tenant="t")
+    result = _run_to_its_end(api, store, engine, task_id)
     assert result.status is TaskStatus.SUCCEEDED, result
-    steps = [s.body for s in store.steps.load(task.task_id)]
+    steps = [s.body for s in store.steps.load(task_id)]
     calls = [s for s in steps if isinstance(s, LLMStep)]
     assert len(api.batches) == len(calls)  # every batch sent was read: none abandoned
     assert [s.kind for s in steps[:2]] == ["llm", "tools"]  # the batch's answer first, then its tools
     assert [s.kind for s in steps].count("message") == 1  # and then the message
-    budget = store.budgets.get(task.task_id)
+    budget = store.budgets.get(task_id)
     assert budget.reserved == 0 and budget.used == sum(c.usage.total for c in calls)
 
 
@@ -272,30 +297,21 @@ def test_a_batch_that_cannot_be_read_for_a_while_is_looked_at_again_never_sent_a
     once the API is back. It used to give the hold back and forget the batch, so the turn went
     out as a second batch and the first, billed, was never charged."""
     monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", '{"max_attempts": 2, "base_delay": 0, "max_delay": 0}')
-    task = store.tasks.create(parse_submission(_economy(max_cost_usd="1")), tenant="t")
-    engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30))
-    assert engine.run(task.task_id).outcome == "waiting"
+    task_id, engine = _parked(store, registry)
     [first] = api.batches.values()
-    wait_for(lambda: time.time() >= first["created"] + api.batch_seconds, what="the batch's end")
+    _latest_batch_ended(api)
     api.batch_read_failures = 2  # every attempt of the next look
-    store.tasks.transition(task.task_id, TaskStatus.QUEUED)  # what the poll message does
-    looked = engine.run(task.task_id)
+    store.tasks.transition(task_id, TaskStatus.QUEUED)  # what the poll message does
+    looked = engine.run(task_id)
     assert looked.outcome == "waiting", looked  # parked on it again
-    again = store.tasks.get(task.task_id)
+    again = store.tasks.get(task_id)
     assert again.batch is not None and again.batch["id"] == first["id"] and again.inflight is not None
-    assert store.budgets.get(task.task_id).reserved == again.inflight.amount  # still counted
-    for _ in range(20):
-        last = max(b["created"] for b in api.batches.values())
-        wait_for(lambda: time.time() >= last + api.batch_seconds, what="the latest batch's end")  # noqa: B023
-        if store.tasks.get(task.task_id).status is TaskStatus.WAITING:
-            store.tasks.transition(task.task_id, TaskStatus.QUEUED)
-        result = engine.run(task.task_id)
-        if result.outcome == "finished":
-            break
+    assert store.budgets.get(task_id).reserved == again.inflight.amount  # still counted
+    result = _run_to_its_end(api, store, engine, task_id)
     assert result.status is TaskStatus.SUCCEEDED, result
-    calls = [s.body for s in store.steps.load(task.task_id) if isinstance(s.body, LLMStep)]
+    calls = [s.body for s in store.steps.load(task_id) if isinstance(s.body, LLMStep)]
     assert len(api.batches) == len(calls) == LOOKUPS + 1  # every batch read once, none sent anew
-    budget = store.budgets.get(task.task_id)
+    budget = store.budgets.get(task_id)
     assert budget.reserved == 0 and budget.used == sum(c.usage.total for c in calls)
 
 
@@ -309,22 +325,17 @@ def test_a_run_killed_after_reading_its_batchs_answer_leaves_the_next_run_to_ado
     worker's: it set it aside for the batch's 24-hour window and held anew for the same answer."""
     from tests.stopped_worker import resume, stopped_at
 
-    task = store.tasks.create(parse_submission(_economy(max_cost_usd="1")), tenant="t")
-    first = Engine(store, worker_id="w1", tools=registry, config=EngineConfig(lease_seconds=1))
-    assert first.run(task.task_id).outcome == "waiting"
-    [batch] = api.batches.values()
-    wait_for(lambda: time.time() >= batch["created"] + api.batch_seconds, what="the batch's end")
-    store.tasks.transition(task.task_id, TaskStatus.QUEUED)  # what the poll message does
+    task_id = _ended_batch_to_read(api, store, registry)
     killed = Engine(store, worker_id="killed", tools=registry, config=EngineConfig(lease_seconds=1))
-    with stopped_at(killed, task.task_id, "after_llm_call:1", monkeypatch):
+    with stopped_at(killed, task_id, "after_llm_call:1", monkeypatch):
         successor = Engine(store, worker_id="successor", tools=registry, config=EngineConfig(lease_seconds=1))
-        result = resume(successor, task.task_id, wait_seconds=30)
+        result = resume(successor, task_id, wait_seconds=30)
         assert result.outcome == "waiting", result  # its answer committed, the next turn's batch sent
-        steps = [s.body for s in store.steps.load(task.task_id) if isinstance(s.body, LLMStep)]
+        steps = [s.body for s in store.steps.load(task_id) if isinstance(s.body, LLMStep)]
         assert len(steps) == 1 and steps[0].batched
-        after = store.tasks.get(task.task_id)
+        after = store.tasks.get(task_id)
         assert after.lapsed_holds == {}  # nothing set aside for the answer it read
-        budget = store.budgets.get(task.task_id)
+        budget = store.budgets.get(task_id)
         assert budget.reserved == after.inflight.amount if after.inflight else budget.reserved == 0
         assert budget.used == steps[0].usage.total and budget.unknown == 0
 
@@ -337,18 +348,13 @@ def test_a_run_paused_after_reading_its_batchs_answer_leaves_it_to_the_next_clai
     leaves the answer to that claim. It used to settle it as an orphan too: charged twice."""
     from tests.stopped_worker import resume, stopped_at
 
-    task = store.tasks.create(parse_submission(_economy(max_cost_usd="1")), tenant="t")
-    first = Engine(store, worker_id="w1", tools=registry, config=EngineConfig(lease_seconds=1))
-    assert first.run(task.task_id).outcome == "waiting"
-    [batch] = api.batches.values()
-    wait_for(lambda: time.time() >= batch["created"] + api.batch_seconds, what="the batch's end")
-    store.tasks.transition(task.task_id, TaskStatus.QUEUED)  # what the poll message does
+    task_id = _ended_batch_to_read(api, store, registry)
     paused = Engine(store, worker_id="paused", tools=registry, config=EngineConfig(lease_seconds=1))
-    with stopped_at(paused, task.task_id, "after_llm_call:1", monkeypatch, wakes=True) as zombie:
+    with stopped_at(paused, task_id, "after_llm_call:1", monkeypatch, wakes=True) as zombie:
         successor = Engine(store, worker_id="successor", tools=registry, config=EngineConfig(lease_seconds=1))
-        assert resume(successor, task.task_id, wait_seconds=30).outcome == "waiting"  # the next turn's batch
+        assert resume(successor, task_id, wait_seconds=30).outcome == "waiting"  # the next turn's batch
     assert zombie.result == [] or zombie.result[0].outcome != "finished"
-    steps = [s.body for s in store.steps.load(task.task_id) if isinstance(s.body, LLMStep)]
-    assert len(steps) == 1 and steps[0].batched and store.steps.orphans(task.task_id) == []
-    budget = store.budgets.get(task.task_id)
+    steps = [s.body for s in store.steps.load(task_id) if isinstance(s.body, LLMStep)]
+    assert len(steps) == 1 and steps[0].batched and store.steps.orphans(task_id) == []
+    budget = store.budgets.get(task_id)
     assert budget.used == steps[0].usage.total and budget.unknown == 0  # charged once
