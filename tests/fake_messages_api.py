@@ -240,6 +240,9 @@ class FakeMessagesAPI:
         self.batch_seconds = batch_seconds
         self.batches: dict[str, dict[str, Any]] = {}
         self.batch_read_failures = 0  # the next so many reads of a batch (its state or results) answer 500
+        # The next so many batch creations make their batch (its answer billed), then their reply
+        # is cut after the headers and half the body: the client cannot know the batch exists.
+        self.batch_create_cuts = 0
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
         self._server.daemon_threads = True
         # A short poll interval keeps shutdown() (and so each test's teardown) near-instant.
@@ -496,7 +499,9 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
             batch: dict[str, Any] = {"id": batch_id, "created": time.time(), "results": results}
             with api._lock:
                 api.batches[batch_id] = batch
-            self._send(FakeReply(200, _batch_view(api, batch)))
+                cut = api.batch_create_cuts > 0
+                api.batch_create_cuts -= cut
+            self._send(FakeReply(200, _batch_view(api, batch), cut_at=0.5 if cut else None))
 
         def _reset(self) -> None:
             """Drop the connection: SO_LINGER 0 makes the close an RST, what a client sees of a

@@ -358,3 +358,39 @@ def test_a_run_paused_after_reading_its_batchs_answer_leaves_it_to_the_next_clai
     assert len(steps) == 1 and steps[0].batched and store.steps.orphans(task_id) == []
     budget = store.budgets.get(task_id)
     assert budget.used == steps[0].usage.total and budget.unknown == 0  # charged once
+
+
+@pytest.mark.parametrize("attempts", [2, 1], ids=["retried at once", "retried by the next run"])
+def test_a_batch_whose_creation_reply_was_cut_keeps_its_hold_counted_as_unknown_and_the_resend_holds_anew(
+    api: FakeMessagesAPI, store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch, attempts: int
+) -> None:
+    """The API made the batch, and its reply was cut after the headers: the batch runs and is
+    billed, and the client cannot know it exists (creating one is not idempotent). So that
+    attempt's hold stays counted as unknown, and the turn goes out again as a second batch
+    under a hold of its own: at once (a retry of the call), or by the task's next run when the
+    call has no attempt left. It used to give the first hold back, so the cap could be passed
+    by what the provider billed for the first batch."""
+    monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", json.dumps({"max_attempts": attempts, "base_delay": 0, "max_delay": 0}))
+    api.batch_create_cuts = 1
+    task = store.tasks.create(parse_submission(_economy(max_cost_usd="1")), tenant="t")
+    engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30))
+    first = engine.run(task.task_id)
+    budget = store.budgets.get(task.task_id)
+    assert budget.unknown > 0 and budget.used == budget.unknown and budget.known == 0, budget
+    assert budget.unknown_micros > 0 and budget.used_micros == budget.unknown_micros, budget
+    held = store.tasks.get(task.task_id).inflight
+    if attempts == 2:
+        assert first.outcome == "waiting" and len(api.batches) == 2, first  # the retry's batch
+        assert held is not None and budget.reserved == held.amount
+    else:
+        assert first.outcome == "retry" and held is None and budget.reserved == 0, first
+        store.tasks.transition(task.task_id, TaskStatus.QUEUED)  # what the redelivery does
+        assert engine.run(task.task_id).outcome == "waiting"
+    unknown = budget.unknown
+    result = _run_to_its_end(api, store, engine, task.task_id)
+    assert result.status is TaskStatus.SUCCEEDED, result
+    calls = [s.body for s in store.steps.load(task.task_id) if isinstance(s.body, LLMStep)]
+    assert len(api.batches) == len(calls) + 1  # the cut one was never read: it is the unknown
+    final = store.budgets.get(task.task_id)
+    assert final.known == sum(c.usage.total for c in calls) and final.unknown == unknown and final.reserved == 0
+    assert final.used == final.known + final.unknown

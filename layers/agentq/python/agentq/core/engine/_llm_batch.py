@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from agentq.core.engine._llm_call import Call
@@ -16,7 +17,7 @@ from agentq.core.faults import crash_point
 from agentq.core.models import TaskStatus
 from agentq.core.ports import TaskLeases, TenantWindowsPort
 from agentq.core.providers import LLMResponse, ProviderFactory
-from agentq.core.providers.base import BatchProvider
+from agentq.core.providers.base import BatchProvider, RetryNotice, reporting_retries
 from agentq.core.status import LOOK_DUE
 
 log = logging.getLogger("agentq.engine")
@@ -26,11 +27,20 @@ class Batches:
     def __init__(self, providers: ProviderFactory, tasks: TaskLeases, windows: TenantWindowsPort) -> None:
         self.providers, self.tasks, self.windows = providers, tasks, windows
 
-    def batched(self, s: Session, call: Call, batch: dict[str, Any] | None) -> LLMResponse | RunResult:
+    def batched(
+        self, s: Session, call: Call, batch: dict[str, Any] | None, retried: Callable[[RetryNotice], None]
+    ) -> LLMResponse | RunResult:
         """Economy: the turn goes out as a batch of one and the task parks in ``waiting``,
         holding no compute and keeping its budget hold (deadline: the batch's 24-hour window);
         the run that claims it once the batch ended gets the answer here (``batch``: the one the
         task waited on; ``Call.started``: when it was sent), to commit as any.
+
+        Creating a batch is a model call as far as the ledger goes: an attempt whose reply was
+        cut may have made the batch, which then runs and is billed (creation is not idempotent),
+        so each retry of it is told to ``retried`` (``ModelCall.note_retry``: such an attempt's
+        hold is counted as spent, its outcome unknown, and the next attempt holds anew), and
+        the error after the last says whether it may have been billed. Reading an ended batch's
+        answer bills nothing: its retries are not told.
 
         A worker killed between sending the batch and parking leaves the hold of its epoch: the
         next claim sets it aside until that deadline and sends the turn again (the batch that
@@ -49,7 +59,8 @@ class Batches:
             return response
         custom_id = f"{s.task_id}-s{s.next_step}-e{s.lease.epoch}"[:64]
         record = {"custom_id": custom_id, "step": s.next_step, "epoch": s.lease.epoch, "submitted_at": time.time()}
-        record["id"] = provider.submit_batch(call.request, custom_id)
+        with reporting_retries(retried):
+            record["id"] = provider.submit_batch(call.request, custom_id)
         crash_point("after_batch_submit")
         return self.park(s, record, call.window)
 

@@ -94,8 +94,9 @@ class LLMTurn:
         s.sent_hold_step = held.step if held else s.next_step  # from here the call may be on the wire
         if s.economy:
             try:
-                answer = self.batches.batched(s, call, batch)
+                answer = self.batches.batched(s, call, batch, lambda notice: self.calls.note_retry(s, call, notice))
             except ProviderError as exc:
+                call.may_be_billed = call.may_be_billed or exc.maybe_billed  # its last attempt may have made a batch
                 return self.calls.failed(s, call, exc)
         else:
             answer = self.calls.make(s, call, demand)
