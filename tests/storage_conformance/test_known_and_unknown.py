@@ -196,3 +196,39 @@ def test_a_folded_childs_seen_usage_is_known_in_the_parent_too(backend: Storage,
         budget = backend.budgets.get(budget_id)
         assert budget.known == 210, budget_id
         _assert_ledger(budget, unknown=0, unknown_micros=0)
+
+
+def test_a_late_report_of_exactly_the_holds_size_racing_a_fold_is_folded_as_known(
+    backend: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child's spent hold is reported, for exactly its size, between the fold's read of the
+    child and its write: ``used`` and ``reserved`` do not move, but the unknown becomes known.
+    The fold must carry what the child holds at its write, so it tries again: it used to check
+    only ``used`` and ``reserved`` and fold the stale unknown, leaving the parent's ledger
+    counting a reported call as unknown for good."""
+    lease = claimed(backend, max_tokens=5000)
+    parent = backend.tasks.get(lease.task_id)
+    child_id = f"child-{time.time_ns()}"
+    backend.spawns.create(lease, parent, "sp1", [ChildPlan(child_id, scripted([{"text": "c"}]), 1000, 60)], [], 1)
+    first = backend.tasks.claim(child_id, "w2", 30)
+    assert first is not None
+    held = backend.budgets.reserve(first[0], child_id, HOLD, 1, until=time.time() + 60, micros=HOLD_MICROS)
+    backend.tasks.release(first[0])
+    backend.budgets.spend_lapsed(child_id, child_id, held, parent_id=parent.task_id)
+    read, reported = backend.budgets.get, list[bool]()
+
+    def read_then_report(budget_id: str) -> BudgetState:
+        state = read(budget_id)
+        if budget_id == child_id and not reported:  # the report lands between the fold's read and write
+            reported.append(backend.budgets.settle_orphan(child_id, child_id, _usage(HOLD), inflight_epoch=1,
+                                                          parent_id=parent.task_id))  # fmt: skip
+        return state
+
+    monkeypatch.setattr(backend.budgets, "get", read_then_report)
+    backend.budgets.settle_child(parent.task_id, child_id)
+    monkeypatch.undo()
+    assert reported == [True]
+    for budget_id in (parent.task_id, child_id):
+        budget = backend.budgets.get(budget_id)
+        assert (budget.used, budget.known) == (HOLD, HOLD), budget_id
+        _assert_ledger(budget, unknown=0, unknown_micros=0)

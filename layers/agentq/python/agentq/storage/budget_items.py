@@ -10,6 +10,8 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+from boto3.dynamodb.conditions import Attr, ConditionBase
+
 from agentq.core.pricing import NO_MONEY_CAP
 from agentq.core.records import BudgetState, Reservation
 from agentq.storage.table import Item, plain
@@ -104,3 +106,29 @@ def budget_state(item: Item) -> BudgetState:
         unknown=data.get("unknown", 0),
         unknown_micros=data.get("usd_unknown", 0),
     )
+
+
+def as_read(state: BudgetState) -> ConditionBase:
+    """A condition that the budget's attributes are still the ones ``state`` was read from,
+    each of them (an attribute a META written before it has none of reads as its default, and
+    passes while absent): a write computed from the read (a child's fold into its parent) lands
+    only on that budget, never on one a settlement moved in between, even one that left
+    ``used`` and ``reserved`` as they were (a late report of exactly its hold's size)."""
+    read: list[tuple[str, Any, Any]] = [
+        ("cap", state.cap, None),
+        ("reserved", state.reserved, None),
+        ("used", state.used, None),
+        ("budget_cost_usd", state.cost_usd, None),
+        ("budget_tokens_in", state.tokens_in, 0),
+        ("budget_tokens_out", state.tokens_out, 0),
+        ("usd_cap", state.cap_micros, NO_MONEY_CAP),
+        ("usd_reserved", state.reserved_micros, 0),
+        ("usd_used", state.used_micros, 0),
+        ("unknown", state.unknown, 0),
+        ("usd_unknown", state.unknown_micros, 0),
+    ]
+    condition: ConditionBase = Attr("available").eq(state.available)
+    for name, value, default in read:
+        same = Attr(name).eq(value)
+        condition &= same | Attr(name).not_exists() if value == default else same
+    return condition

@@ -58,7 +58,15 @@ from agentq.core.models import Lease
 from agentq.core.pricing import NO_MONEY_CAP
 from agentq.core.records import NO_USAGE, BudgetDelta, BudgetState, Reservation
 from agentq.storage import keys
-from agentq.storage.budget_items import SETTLED, budget_state, lapsed_name, seen_ticket, spent_name, ticket_value
+from agentq.storage.budget_items import (
+    SETTLED,
+    as_read,
+    budget_state,
+    lapsed_name,
+    seen_ticket,
+    spent_name,
+    ticket_value,
+)
 from agentq.storage.budget_patches import (
     BUDGET,
     correction,
@@ -389,9 +397,8 @@ class Budgets:
                 "child",
                 keys.meta_key(child_id),
                 Update(set={SETTLED: True, "available": 0}),
-                Attr(SETTLED).not_exists() & Attr("used").eq(child.used) & Attr("reserved").eq(child.reserved)
-                & Attr("usd_reserved").eq(child.reserved_micros),
-            )  # fmt: skip
+                Attr(SETTLED).not_exists() & as_read(child),  # the fold below is of this very budget
+            )
             # A child funded before money budgets (or without a money share) has NO_MONEY_CAP:
             # the parent moved no dollars to it, so none come back.
             share_micros = child.cap_micros if child.cap_micros < NO_MONEY_CAP else 0
