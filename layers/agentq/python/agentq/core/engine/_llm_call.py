@@ -174,12 +174,22 @@ class ModelCall:
         fallback's call): the failed one's hold is counted as spent, its outcome unknown, and
         the next attempt gets a hold of its own, so what the provider may bill never passes the
         cap (ARCHITECTURE 4). The new hold is the spent one's size, never less: the request on
-        the wire asks for as much output as before, and the answer settles against it. False when
-        the budget cannot cover it: no further attempt."""
+        the wire asks for as much output as before, and the answer settles against it. The
+        windows that cap the call (the tenant's hour, the scopes' caps) keep the failed attempt's
+        hold as spent too, and are held on anew for the next. False when the budget or a window
+        cannot cover it: no further attempt, nothing held for it."""
         spent = self.holds.spend(s, reportable=False)
         s.held.seen = None  # what that attempt billed went with its hold
         call.may_be_billed = False  # the spent hold answers for that attempt; this one's are to come
+        if call.window is not None:
+            self.windows.spend(call.window)
+            call.window = None
         if spent is None or not self.holds.hold_again(s, spent.amount):
+            return False
+        held = s.task.inflight
+        fits, call.window = self.windows.try_take(s, held.amount, held.micros) if held else (False, None)
+        if not fits:
+            self.holds.release(s)
             return False
         s.sent_hold_step = s.next_step  # its attempt goes out at once: never "unsent"
         return True
