@@ -354,3 +354,47 @@ def test_a_grading_call_abandoned_at_its_timeout_by_a_worker_killed_before_the_c
     budget = store.budgets.get(task.budget_id)
     assert budget.unknown == grade.reserved_tokens and budget.reserved == 0, budget
     assert budget.used <= budget.cap
+
+
+@pytest.mark.parametrize("answered", [True, False], ids=["cut_then_answered", "cut_twice"])
+def test_a_grading_attempt_that_may_have_been_billed_stays_counted_and_its_retry_holds_anew(
+    store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch, answered: bool
+) -> None:
+    """The grading model's reply is cut after its headers, and the call is tried again: the cut
+    attempt may have been billed, so its hold stays counted as unknown, on the budget and on the
+    tenant's hour, and the retry is made under a hold of its own, as an agent's call's is
+    (``ModelCall.rehold``). The grading call's retries used to go unseen: the hold was settled
+    to the last attempt's usage, and a cut attempt's bill was dropped."""
+    import dataclasses
+
+    from tests.fake_messages_api import FakeMessagesAPI, message_reply, usage_dict
+
+    grade = message_reply([{"type": "text", "text": '{"score": 1, "feedback": ""}'}],
+                          usage=usage_dict(input_tokens=900, output_tokens=12))  # fmt: skip
+    windows = TenantWindows(store.table)
+    windows.set_limits("t", TenantLimits(hourly_tokens=1_000_000))
+    with FakeMessagesAPI() as api:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.base_url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
+        monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", '{"max_attempts": 2, "base_delay": 0, "max_delay": 0}')
+        cut = dataclasses.replace(grade, cut_at=0.5)
+        api.enqueue(cut, grade if answered else cut)
+        body = _body(1_000_000)
+        body["outcome"].update(provider="anthropic", model="claude-sonnet-4-6", script=None)
+        task_id = store.tasks.create(parse_submission(body), tenant="t").task_id
+        Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30)).run(task_id)
+        asked = len(api.requests)
+    task = store.tasks.get(task_id)
+    (step,) = [s.body for s in store.steps.load(task_id) if isinstance(s.body, GradeStep)]
+    assert asked == 2 and step.reserved_tokens > 0, (asked, step)
+    budget = store.budgets.get(task.budget_id)
+    agent = budget.known - step.usage.total
+    if answered:
+        assert task.status is TaskStatus.SUCCEEDED and step.usage.total == 912, (task.status, task.error)
+        assert budget.unknown == step.reserved_tokens, budget  # the cut attempt's
+    else:
+        assert task.status is TaskStatus.FAILED_OUTCOME and step.usage.total == 0, (task.status, task.error)
+        assert budget.unknown == 2 * step.reserved_tokens, budget  # both attempts'
+    assert agent > 0 and budget.reserved == 0 and task.inflight is None, budget
+    assert budget.used == budget.known + budget.unknown <= budget.cap
+    assert windows.usage("t") == {"held": budget.used, "used": budget.used}

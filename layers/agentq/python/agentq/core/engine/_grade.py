@@ -256,7 +256,11 @@ class GradeTurn:
                 )
                 self.budget.sending(s)
                 call.may_be_billed = True  # until it answers: a failed or abandoned call may have been billed
-                response = within(outcome.timeout_seconds, "the grading model", lambda: chosen.complete(request))
+                try:
+                    response = within(outcome.timeout_seconds, "the grading model",
+                                      lambda: self.budget.attempts(s, call, lambda: chosen.complete(request)))  # fmt: skip
+                finally:
+                    self.budget.gave_up(call)
                 call.may_be_billed = False
             except GradeError as exc:
                 took = int((time.time() - started) * 1000)

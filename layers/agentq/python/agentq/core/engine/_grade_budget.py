@@ -18,21 +18,25 @@ later one settles that epoch's hold to the recorded usage, once (its ticket).
 
 from __future__ import annotations
 
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from agentq import observe
 from agentq.core.engine._caps import CallWindows
-from agentq.core.engine._holds import BudgetHolds, call_micros
+from agentq.core.engine._holds import BudgetHolds, HoldsInFlight, call_micros
 from agentq.core.engine._session import Session
 from agentq.core.engine._stops import budget_error
 from agentq.core.engine.conversation import estimate_input_tokens
 from agentq.core.engine.result import RunResult
+from agentq.core.grading import GradeError
 from agentq.core.models import GradeStep, TaskStatus, TaskSubmission
 from agentq.core.ports import BudgetLedger, TaskLeases
 from agentq.core.pricing import PriceTable
-from agentq.core.providers import LLMRequest
+from agentq.core.providers import LLMRequest, LLMResponse
+from agentq.core.providers.base import RetryNotice, reporting_retries
 from agentq.core.records import BudgetDelta
 from agentq.core.reservation import Reservation
 
@@ -49,6 +53,10 @@ class GradingCall:
     # An attempt failed or was abandoned after it may have reached the provider: its hold is
     # counted as spent (unknown), not returned.
     may_be_billed: bool = False
+    # The call runs in a thread of its own (``core.grading.within``): its retries hold anew there
+    # (``GradeBudget.retried``) under this lock, and none does once the grade stopped waiting.
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    given_up: bool = False
 
 
 def usage_of(step: GradeStep, reserved: int = 0, reserved_micros: int = 0) -> BudgetDelta:
@@ -102,6 +110,50 @@ class GradeBudget:
         if not fits:  # the budget's hold goes back; the run goes on under its lease, to commit no grade
             self.holds.release(s)
         return fits
+
+    def attempts(self, s: Session, call: GradingCall, send: Callable[[], LLMResponse]) -> LLMResponse:
+        """The grading call's answer through its attempts (``send``, in the grading thread), each
+        retry told to ``retried``."""
+        with reporting_retries(lambda notice: self.retried(s, call, notice)):
+            return send()
+
+    def retried(self, s: Session, call: GradingCall, notice: RetryNotice) -> None:
+        """An attempt of the grading call failed and another is to follow. One that may have been
+        billed keeps its hold counted as spent, its outcome unknown, on the budget and on every
+        window, and the next attempt holds anew, as an agent's call does (``ModelCall.rehold``).
+        No attempt follows (``GradeError``) when they cannot cover it, or when the grade no
+        longer waits for the call (``given_up``: past its time, its hold counted by the run)."""
+        if notice.unbilled:
+            return
+        with call.lock:
+            if call.given_up:
+                raise GradeError(
+                    "grader_timeout", "the grade stopped waiting for the grading model: no further attempt"
+                )
+            self.holds.spend(s, reportable=False)
+            self.spend_window(call)
+            call.may_be_billed = False  # the spent hold answers for that attempt; the next one's is to come
+            est_in, amount, _ = self.estimate(call)
+            try:
+                held = self.holds.hold_call(s, est_in, amount, self.prices.price_for(call.model))
+            except HoldsInFlight:
+                held = False
+            if held:
+                micros = s.task.inflight.micros if s.task.inflight else 0
+                held, call.window = self.windows.try_take(s, amount, micros)
+                if not held:
+                    self.holds.release(s)
+            if not held:
+                raise GradeError("grader_failed", f"{notice.message}; no budget left for another attempt after one "
+                                                  "that may have been billed")  # fmt: skip
+            call.may_be_billed = True
+            self.holds.cover(s, time.time() + notice.delay)
+
+    def gave_up(self, call: GradingCall) -> None:
+        """The grade stopped waiting for the call (an answer, an error, its time): a retry still
+        to come in its thread holds nothing more (it waits here for one holding now)."""
+        with call.lock:
+            call.given_up = True
 
     def sending(self, s: Session) -> None:
         """The call goes on the wire now: its hold must outlive it, and a lost lease keeps it."""
