@@ -100,3 +100,31 @@ def test_a_dead_workers_hold_set_aside_at_the_cancel_is_counted_as_spent_when_it
     assert engine.spend_lapsed_holds(store.tasks.get(task_id)) == 0
     budget = store.budgets.get(task_id)
     assert (budget.reserved, budget.used, budget.unknown) == (0, HOLD, HOLD)
+
+
+def test_a_hold_taken_between_the_cancels_read_and_its_move_is_kept_counted(
+    store: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cancel read the task holding nothing; its worker then held for a call, just before
+    the move to ``cancelled`` (after which it can hold nothing: ``fence``). That hold is set
+    aside as any other the cancel finds, and its deadline's message sent. The cancel used to
+    decide from the tree's read alone, so the hold stayed in ``reserved`` for good if the worker
+    died."""
+    task = store.tasks.create(scripted([{"text": "x"}], max_tokens=10_000), tenant="t")
+    claimed = store.tasks.claim(task.task_id, "w1", 30)
+    assert claimed is not None
+    lease, moved = claimed[0], store.tasks.transition
+
+    def held_then_moved(task_id: str, to: Any, **kwargs: Any) -> str:
+        if task_id == task.task_id and not store.tasks.get(task_id).inflight:
+            store.budgets.reserve(lease, task_id, HOLD, 1, until=time.time() + 120, micros=1_000)
+        return moved(task_id, to, **kwargs)
+
+    monkeypatch.setattr(store.tasks, "transition", held_then_moved)
+    queues = _Queues()
+    assert cancel(store, task.task_id, queues=queues) == [task.task_id]  # type: ignore[arg-type]
+    after = store.tasks.get(task.task_id)
+    assert after.inflight is None and set(after.lapsed_holds) == {lease.epoch}
+    assert store.budgets.get(task.task_id).reserved == HOLD  # counted while its call may complete
+    [sent] = queues.sent
+    assert sent["kind"] == "release_holds" and 100 <= sent["delay_seconds"] <= 121

@@ -115,8 +115,8 @@ def cancel(
     for node in tree:
         if node.task_id in cancelled and node.status is TaskStatus.QUEUED:
             _give_back_slots(slots or store.slots, queues, node)
-    for node in tree:
-        if node.task_id in cancelled and node.inflight is not None:
+    for node in tree:  # a fenced task was read after its mark, when no hold could be taken any more
+        if node.task_id in cancelled and (node.inflight is not None or node.task_id not in fenced):
             _keep_hold_counted(store, queues, node)
     for node in reversed(tree[1:]):  # leaves first: a child's spend reaches its parent, then the root
         if node.parent_id:
@@ -137,11 +137,12 @@ def _keep_hold_counted(store: Storage, queues: TaskQueues | None, task: Task) ->
     aside: its worker, alive, settles it to the call's usage (or gives it back, the call never
     sent); else it is counted as spent (unknown) at its deadline, by the ``release_holds``
     message sent for then. Left as it was, no one claims a cancelled task: ``reserved`` kept
-    the hold for good and the call's possible spend was never counted. ``task`` as read before
-    the cancel had a hold: it is read again now that no worker of it can take another (its
-    reservations are fenced), and each write is conditioned on the hold's ticket, so one
-    settled meanwhile changes nothing. (A hold taken between the tree's read and the cancel is
-    not seen: a task without one costs a stop no read.)"""
+    the hold for good and the call's possible spend was never counted. The task is read again
+    now that no worker of it can take another (its reservations are fenced), so a hold taken
+    between the tree's read and the cancel is seen too, and each write is conditioned on the
+    hold's ticket, so one settled meanwhile changes nothing. (A stop's fenced task holding
+    nothing at its read is not read again: the read came after its mark, which fences holds
+    too, and costs a stop no read.)"""
     task = store.tasks.get(task.task_id)
     task_id, held = task.task_id, task.inflight
     if held is None:
