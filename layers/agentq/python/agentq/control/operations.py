@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from agentq import observe
 from agentq.control.validation import check_submission, parse_submission
+from agentq.core.engine import count_as_spent
 from agentq.core.engine.conversation import conversation, final_text
 from agentq.core.errors import IllegalTransition, TaskNotFound, ValidationError
 from agentq.core.models import Task, TaskStatus, TaskSubmission
@@ -149,8 +149,7 @@ def _keep_hold_counted(store: Storage, queues: TaskQueues | None, task: Task) ->
         return
     held = held.with_seen(task.seen)
     if held.lapsed_by(time.time()):
-        if store.budgets.spend_lapsed(task_id, task.budget_id, held, parent_id=task.parent_id):
-            observe.record_unknown_usage(task.tenant, task_id, held.amount - held.seen, held.micros - held.seen_micros)
+        count_as_spent(store.budgets, task, held)
         return
     if store.budgets.set_aside_at_end(task_id, held) and queues is not None and held.until is not None:
         wait = delay_seconds(held.until - time.time())

@@ -24,7 +24,7 @@ batches (``_llm_batch``), and the answer's commit (``_llm_answer``: the step wit
 or an orphan).
 """
 
-from agentq.core.engine._holds import HoldsInFlight
+from agentq.core.engine._holds import HoldsInFlight, count_as_spent
 from agentq.core.engine._llm_batch import batch_poll_seconds
 from agentq.core.engine._loop import Engine
 from agentq.core.engine._request import cache_ttl
@@ -52,6 +52,7 @@ __all__ = [
     "batch_poll_seconds",
     "cache_ttl",
     "conversation",
+    "count_as_spent",
     "estimate_input_tokens",
     "final_text",
     "offered_tools",

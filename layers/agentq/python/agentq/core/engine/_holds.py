@@ -207,12 +207,7 @@ class BudgetHolds:
         self._spend(task, held)
 
     def _spend(self, task: Task, held: Reservation, *, ticket: bool = True) -> None:
-        """Count ``held`` as spent, its outcome unknown but for what its call was seen to bill;
-        the unknown part is told to the metrics and the tenant's bill (once: only the write that
-        moved the ticket tells it)."""
-        if self.budgets.spend_lapsed(task.task_id, task.budget_id, held, parent_id=task.parent_id, ticket=ticket):
-            observe.record_unknown_usage(task.tenant, task.task_id, held.amount - held.seen,
-                                         held.micros - held.seen_micros)  # fmt: skip
+        count_as_spent(self.budgets, task, held, ticket=ticket)
 
     def reserve(self, s: Session) -> int | None:
         """Hold tokens for the next call; returns the amount, or None when the budget is spent.
@@ -421,3 +416,14 @@ class BudgetHolds:
         deferral), and both are known unspent, so neither waits for a deadline."""
         self.release(s)
         self.tasks.release(s.lease)
+
+
+def count_as_spent(budgets: BudgetLedger, task: Task, held: Reservation, *, ticket: bool = True) -> bool:
+    """Count ``task``'s hold ``held`` as spent, its outcome unknown but for what its call was
+    seen to bill; the unknown part is told to the metrics and the tenant's bill once (only the
+    write that moved the ticket tells it; True then). The engine's way (``BudgetHolds``) and a
+    cancel's (``control.operations``), which no engine runs."""
+    counted = budgets.spend_lapsed(task.task_id, task.budget_id, held, parent_id=task.parent_id, ticket=ticket)
+    if counted:
+        observe.record_unknown_usage(task.tenant, task.task_id, held.amount - held.seen, held.micros - held.seen_micros)
+    return counted
