@@ -243,6 +243,7 @@ class FakeMessagesAPI:
         # The next so many batch creations make their batch (its answer billed), then their reply
         # is cut after the headers and half the body: the client cannot know the batch exists.
         self.batch_create_cuts = 0
+        self.batch_create_overloads = 0  # the next so many batch creations answer 529 and make nothing
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
         self._server.daemon_threads = True
         # A short poll interval keeps shutdown() (and so each test's teardown) near-instant.
@@ -468,6 +469,12 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
                 self._send(FakeReply(200, None, raw=lines))
 
         def _create_batch(self, body: Any) -> None:
+            with api._lock:
+                overloaded_now = api.batch_create_overloads > 0
+                api.batch_create_overloads -= overloaded_now
+            if overloaded_now:
+                self._send(overloaded())
+                return
             requests = body.get("requests") if isinstance(body, dict) else None
             if not isinstance(requests, list) or not requests:
                 self._send(invalid_request("requests: at least one request is required"))

@@ -394,3 +394,34 @@ def test_a_batch_whose_creation_reply_was_cut_keeps_its_hold_counted_as_unknown_
     final = store.budgets.get(task.task_id)
     assert final.known == sum(c.usage.total for c in calls) and final.unknown == unknown and final.reserved == 0
     assert final.used == final.known + final.unknown
+
+
+def test_a_lease_lost_between_attempts_of_a_batchs_creation_gives_back_the_holds_of_a_batch_never_made(
+    api: FakeMessagesAPI, store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The creation is answered 529 (nothing made, nothing billed), and the run learns, as it
+    records the retry, that its lease is gone: no batch exists, so the budget's hold and the
+    tenant hour's go back now, as a model call's do. They used to stay: the budget's set aside
+    by the next claim for the batch's 24 hours, the hour's held until it rolled over."""
+    from agentq.core.errors import LeaseLost
+    from agentq.core.tenancy import TenantLimits
+    from agentq.storage.tenant_windows import TenantWindows
+
+    monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", '{"max_attempts": 2, "base_delay": 0, "max_delay": 0}')
+    windows = TenantWindows(store.table)
+    windows.set_limits("t", TenantLimits(hourly_tokens=1_000_000))
+    api.batch_create_overloads = 1
+
+    def lost(*_: Any, **__: Any) -> None:
+        raise LeaseLost("a successor claimed the task")
+
+    monkeypatch.setattr(store.tasks, "record_retry", lost)
+    task = store.tasks.create(parse_submission(_economy(max_cost_usd="1")), tenant="t")
+    engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30))
+    result = engine.run(task.task_id)
+    assert result.outcome == "lease_lost" and api.batches == {}, result
+    budget = store.budgets.get(task.task_id)
+    assert (budget.reserved, budget.used, budget.unknown) == (0, 0, 0), budget
+    after = store.tasks.get(task.task_id)
+    assert after.inflight is None and after.lapsed_holds == {}
+    assert windows.usage("t") == {"held": 0, "used": 0}

@@ -61,6 +61,7 @@ class Batches:
         record = {"custom_id": custom_id, "step": s.next_step, "epoch": s.lease.epoch, "submitted_at": time.time()}
         with reporting_retries(retried):
             record["id"] = provider.submit_batch(call.request, custom_id)
+        call.may_be_billed = True  # the batch exists: it runs, and is billed, whatever becomes of this run
         crash_point("after_batch_submit")
         return self.park(s, record, call.window)
 

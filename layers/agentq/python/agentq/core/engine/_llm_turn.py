@@ -25,7 +25,7 @@ from agentq.core.engine._policy import PolicyGate, refuse_model_call
 from agentq.core.engine._request import RequestBuilder
 from agentq.core.engine._session import Session
 from agentq.core.engine.result import RunResult
-from agentq.core.errors import ProviderError
+from agentq.core.errors import LeaseLost, ProviderError
 from agentq.core.faults import crash_point
 from agentq.core.models import TaskStatus
 from agentq.core.ports import BudgetLedger, FlowPort, StepLog, TaskLeases
@@ -98,6 +98,13 @@ class LLMTurn:
             except ProviderError as exc:
                 call.may_be_billed = call.may_be_billed or exc.maybe_billed  # its last attempt may have made a batch
                 return self.calls.failed(s, call, exc)
+            except LeaseLost:
+                # Learnt between attempts of the batch's creation (``note_retry``) or at the
+                # park: when no attempt can have made a batch, the hold and the windows' go back
+                # now, as a call's do (``ModelCall.make``); a batch made keeps them counted.
+                if not call.may_be_billed:
+                    self.calls.unspent(s, call)
+                raise
         else:
             answer = self.calls.make(s, call, demand)
         if isinstance(answer, RunResult):
