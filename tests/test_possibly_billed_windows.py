@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from decimal import Decimal
+from typing import Any
 
 import pytest
 
@@ -94,3 +95,47 @@ def test_a_retry_the_tenants_hour_cannot_cover_after_a_possibly_billed_attempt_i
     assert (budget.used, budget.unknown, budget.reserved) == (hold, hold, 0)
     assert windows.usage("t") == {"held": hold, "used": hold}
     assert store.tasks.get(task.task_id).inflight is None
+
+
+def test_a_retry_noted_as_the_tasks_timeout_cuts_the_call_is_counted_once_on_the_budget_and_the_windows(
+    api: FakeMessagesAPI, store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The call's thread notes the retry of a cut attempt (its hold spent, the next held anew, on
+    the budget and the windows) while the run cuts the call at the task's timeout (which spends
+    the hold it finds, on both). The two take turns: the cut waits for the retry's holds and
+    spends them, and no attempt follows it. Unordered, each could spend the same window hold,
+    or the cut miss the one the retry took, left held: the windows then differ from the budget."""
+    import importlib
+    import threading
+
+    from agentq.core.engine._llm_call import ModelCall
+
+    importlib.import_module("agentq.core.providers.anthropic_provider")  # before the task's clock starts
+    windows = TenantWindows(store.table)
+    windows.set_limits("t", TenantLimits(hourly_tokens=1_000_000))
+    cutting, cut = threading.Event(), ModelCall.cut
+
+    def cut_noted(self: ModelCall, *args: Any) -> Any:
+        cutting.set()
+        return cut(self, *args)
+
+    recorded = store.tasks.record_retry
+
+    def recorded_once_the_cut_began(*args: Any, **kwargs: Any) -> None:
+        assert cutting.wait(timeout=60), "the task's timeout never cut the call"
+        recorded(*args, **kwargs)
+
+    monkeypatch.setattr(ModelCall, "cut", cut_noted)
+    monkeypatch.setattr(store.tasks, "record_retry", recorded_once_the_cut_began)
+    api.enqueue(dataclasses.replace(_answer(), cut_at=0.5), _answer())
+    submission = TaskSubmission.model_validate(
+        {"goal": "answer in one turn", "provider": "anthropic",
+         "constraints": {"max_tokens": 5_000, "max_output_tokens": 400, "tools": [], "timeout_seconds": 3}}
+    )  # fmt: skip
+    task = store.tasks.create(submission, tenant="t")
+    result = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30)).run(task.task_id)
+    assert result.status is not None and result.status.value == "timed_out", result
+    assert len(api.requests) == 1  # no attempt after the cut
+    budget = store.budgets.get(task.task_id)
+    assert budget.reserved == 0 and budget.known == 0 and budget.used == budget.unknown > 0, budget
+    assert windows.usage("t") == {"held": budget.used, "used": budget.used}

@@ -12,6 +12,7 @@ next call, so they live here, not there.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -63,6 +64,11 @@ class Call:
     # When its next attempt starts (a retry's wait ends): a cut before it finds no attempt on
     # the wire, so a hold whose attempts were all unbilled goes back.
     next_attempt_at: float | None = None
+    # The call runs on a thread of its own (``call_until``), whose retries change the hold and the
+    # windows' (``note_retry``, ``rehold``) while the run may cut the call at the task's timeout
+    # (``cut``), which reads and settles them: one at a time, and none of the retry's after the cut.
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    cut_off: bool = False
 
     @property
     def asked(self) -> LLMRequest:
@@ -244,6 +250,11 @@ class ModelCall:
         hold counted as spent, since whether the provider answered and billed it is unknown (an
         answer that still comes corrects it: ``late``), and the task ends ``timed_out`` now. A
         call the deadline stopped before it started gives its hold back."""
+        with call.lock:  # a retry being noted on the call's thread changes the holds first, then sees the cut
+            call.cut_off = True
+            return self._cut(s, call, cut)
+
+    def _cut(self, s: Session, call: Call, cut: CallCut) -> RunResult:
         window = call.window
         between_attempts = call.next_attempt_at is not None and timeout_at(s) < call.next_attempt_at
         if not cut.sent or (between_attempts and not call.may_be_billed):
@@ -342,21 +353,26 @@ class ModelCall:
             at=now,
             next_at=now + notice.delay,
         )
-        if not notice.unbilled:
-            call.may_be_billed = True
-        call.next_attempt_at = now + notice.delay
-        if notice.status_code == 429 and call.route.admission is not None:  # the whole fleet slows, not only this call
-            self.flow.slow_down(call.route.key(s.task.submission), notice.delay)
-        try:
-            self.tasks.record_retry(s.task_id, state, lease=s.lease)
-            if call.may_be_billed and not self.rehold(s, call):
-                raise NoHoldForRetry(notice)
-            self.holds.cover(s, now + notice.delay)  # the next attempt is a call of its own
-        except LeaseLost:
-            # Lost: no further attempt starts, so none can be answered past its hold's deadline.
-            s.held.lost.set()
-            raise
-        except NoHoldForRetry:
-            raise
-        except Exception:
-            log.warning("could not record the retry of task %s", s.task_id, exc_info=True)
+        with call.lock:  # the cut, on the run's thread, reads and settles what this changes
+            if call.cut_off:  # the task's timeout cut the call: its hold is the cut's to count; no attempt follows
+                return
+            if not notice.unbilled:
+                call.may_be_billed = True
+            call.next_attempt_at = now + notice.delay
+            if (
+                notice.status_code == 429 and call.route.admission is not None
+            ):  # the whole fleet slows, not only this call
+                self.flow.slow_down(call.route.key(s.task.submission), notice.delay)
+            try:
+                self.tasks.record_retry(s.task_id, state, lease=s.lease)
+                if call.may_be_billed and not self.rehold(s, call):
+                    raise NoHoldForRetry(notice)
+                self.holds.cover(s, now + notice.delay)  # the next attempt is a call of its own
+            except LeaseLost:
+                # Lost: no further attempt starts, so none can be answered past its hold's deadline.
+                s.held.lost.set()
+                raise
+            except NoHoldForRetry:
+                raise
+            except Exception:
+                log.warning("could not record the retry of task %s", s.task_id, exc_info=True)
