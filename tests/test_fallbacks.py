@@ -253,3 +253,33 @@ def test_the_check_before_a_call_sees_the_model_its_route_chose_past_an_open_cir
     assert result.status is TaskStatus.SUCCEEDED, result.error
     steps = call_steps(store, allowed.task_id)
     assert claude.calls == 0 and [(s.provider, s.model) for s in steps] == [("openai", GPT)] * 2
+
+
+def test_a_fallback_the_budget_cannot_hold_for_after_a_possibly_billed_failure_is_never_sent_nor_blamed(
+    models: tuple[Claude, FakeMessagesAPI, FakeChatCompletions], store: Storage, registry: ToolRegistry,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Claude's reply is cut (it may have been billed: its hold stays counted), and the budget has
+    no room for a second hold: the fallback's call is not made, its admission goes back, and
+    the failure is Claude's alone, on Claude's circuit, not counted on the fallback's."""
+    import dataclasses
+
+    claude, anthropic_api, openai_api = models
+    claude.down = False
+    probe = submit(store, registry, TASK, tenant="t")
+    assert engine(store, registry).run(probe.task_id).status is TaskStatus.SUCCEEDED
+    (answered,) = call_steps(store, probe.task_id)
+    hold = answered.reserved_tokens  # the size of this turn's hold
+    monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", json.dumps({"max_attempts": 1, "base_delay": 0, "max_delay": 0}))
+    anthropic_api.responder = lambda _: dataclasses.replace(text_reply("cut"), cut_at=0.5)
+    task = submit(store, registry, {**TASK, "constraints": {**TASK["constraints"], "max_tokens": hold + hold // 2}},
+                  tenant="t")  # fmt: skip
+    result = engine(store, registry).run(task.task_id)
+    assert result.outcome == "retry" and result.error is not None, result
+    assert result.error["code"] == "provider_unreachable", result.error  # Claude's failure
+    assert openai_api.requests == [] and call_steps(store, task.task_id) == []
+    assert store.flow.state(f"openai/{GPT}").get("failures") is None  # the fallback is not blamed
+    assert store.flow.state(f"anthropic/{CLAUDE}")["failures"]
+    budget = store.budgets.get(task.task_id)
+    assert (budget.used, budget.reserved) == (hold, 0) and budget.unknown > 0  # the cut attempt's (its stream
+    # told the input billed: known)

@@ -155,9 +155,12 @@ class ModelCall:
                 refused = self.vetted(s, route)
                 if refused is not None:
                     return self.failed(s, call, exc, refused)
-                call.route = route
                 if call.may_be_billed and not self.rehold(s, call):
-                    return self.failed(s, call, exc)
+                    # No hold for the fallback's call: nothing is sent to it (its admission goes
+                    # back), and the failed model's failure was told to the fleet by ``fall_over``.
+                    self.router.give_back(s.task.submission, route)
+                    return self.failed(s, call, exc, told_fleet=True)
+                call.route = route
                 self.holds.cover(s, time.time())  # the next model's call is an attempt of its own
 
     def vetted(self, s: Session, route: Route) -> Verdict | None:
@@ -290,11 +293,14 @@ class ModelCall:
         )
         settle_late(self.budgets, self.steps, cut, step)
 
-    def failed(self, s: Session, call: Call, exc: ProviderError, refused: Verdict | None = None) -> RunResult:
+    def failed(
+        self, s: Session, call: Call, exc: ProviderError, refused: Verdict | None = None, *, told_fleet: bool = False
+    ) -> RunResult:
         """The provider failed the call (its retries spent); the task is tried again later, or
         fails now when no retry can help. The hold goes back when no attempt can have been
         billed; when one may have been (``Call.may_be_billed``), it is counted as spent, as the
-        unknown it is (ARCHITECTURE 4), not returned on a guess."""
+        unknown it is (ARCHITECTURE 4), not returned on a guess. ``told_fleet``: the failure was
+        counted toward the model's circuit already (``ModelRouter.fall_over``)."""
         window = call.window
         if call.may_be_billed:
             held = self.holds.spend(s, reportable=False)
@@ -316,7 +322,9 @@ class ModelCall:
             "attempts": exc.attempts,
         }
         admission = call.route.admission
-        if exc.retryable and admission is not None:  # an outage or an overload: the fleet learns of it
+        if (
+            exc.retryable and admission is not None and not told_fleet
+        ):  # an outage or an overload: the fleet learns of it
             key = call.route.key(s.task.submission)
             if exc.status_code == 429 and exc.retry_after:
                 self.flow.slow_down(key, exc.retry_after)
