@@ -398,3 +398,54 @@ def test_a_grading_attempt_that_may_have_been_billed_stays_counted_and_its_retry
     assert agent > 0 and budget.reserved == 0 and task.inflight is None, budget
     assert budget.used == budget.known + budget.unknown <= budget.cap
     assert windows.usage("t") == {"held": budget.used, "used": budget.used}
+
+
+def test_a_lease_lost_as_the_grading_calls_retry_holds_gives_that_hold_back_and_sends_no_retry(
+    store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The grading model's reply is cut; the retry's hold is taken, and the run then learns its
+    lease is gone (moving the hold's deadline, fenced, fails): no attempt follows, so that hold
+    goes back, known unsent, and only the cut attempt's stays counted as unknown. It used to be
+    counted as spent too, the grade's error naming a ``LeaseLost`` the grading thread raised."""
+    import dataclasses
+    import threading
+
+    from agentq.core.engine._holds import BudgetHolds
+    from agentq.core.errors import LeaseLost
+
+    from tests.fake_messages_api import FakeMessagesAPI, message_reply, usage_dict
+
+    grade = message_reply([{"type": "text", "text": '{"score": 1, "feedback": ""}'}],
+                          usage=usage_dict(input_tokens=900, output_tokens=12))  # fmt: skip
+    cover = BudgetHolds.cover
+
+    def lost_on_the_grading_thread(self: BudgetHolds, s: Any, start: float) -> None:
+        if threading.current_thread().name.startswith("grade-"):  # core.grading.within's thread
+            raise LeaseLost("a successor claimed the task")
+        cover(self, s, start)
+
+    windows = TenantWindows(store.table)
+    windows.set_limits("t", TenantLimits(hourly_tokens=1_000_000))
+    body = _body(1_000_000)
+    body["outcome"].update(provider="anthropic", model="claude-sonnet-4-6", script=None)
+    with FakeMessagesAPI() as api:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.base_url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
+        monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", '{"max_attempts": 2, "base_delay": 0, "max_delay": 0}')
+        api.enqueue(grade)  # a probe, graded at once: the size of the grading call's hold
+        probe = store.tasks.create(parse_submission(body), tenant="probe").task_id
+        Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30)).run(probe)
+        (measured,) = [s.body for s in store.steps.load(probe) if isinstance(s.body, GradeStep)]
+        monkeypatch.setattr(BudgetHolds, "cover", lost_on_the_grading_thread)
+        api.enqueue(dataclasses.replace(grade, cut_at=0.5), grade)
+        task_id = store.tasks.create(parse_submission(body), tenant="t").task_id
+        Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30)).run(task_id)
+        asked = len(api.requests)
+    task = store.tasks.get(task_id)
+    assert asked == 2, asked  # the probe's answer and the cut attempt: no retry after it
+    assert task.status is TaskStatus.FAILED_OUTCOME, (task.status, task.error)
+    budget = store.budgets.get(task.budget_id)
+    assert budget.unknown == measured.reserved_tokens > 0, budget  # the cut attempt's hold alone
+    assert budget.reserved == 0 and task.inflight is None, budget
+    assert task.error is not None and "lease was lost" in task.error["message"], task.error
+    assert windows.usage("t") == {"held": budget.used, "used": budget.used}

@@ -31,6 +31,7 @@ from agentq.core.engine._session import Session
 from agentq.core.engine._stops import budget_error
 from agentq.core.engine.conversation import estimate_input_tokens
 from agentq.core.engine.result import RunResult
+from agentq.core.errors import LeaseLost
 from agentq.core.grading import GradeError
 from agentq.core.models import GradeStep, TaskStatus, TaskSubmission
 from agentq.core.ports import BudgetLedger, TaskLeases
@@ -121,8 +122,10 @@ class GradeBudget:
         """An attempt of the grading call failed and another is to follow. One that may have been
         billed keeps its hold counted as spent, its outcome unknown, on the budget and on every
         window, and the next attempt holds anew, as an agent's call does (``ModelCall.rehold``).
-        No attempt follows (``GradeError``) when they cannot cover it, or when the grade no
-        longer waits for the call (``given_up``: past its time, its hold counted by the run)."""
+        No attempt follows (``GradeError``) when they cannot cover it, or when the lease is lost
+        meanwhile (the hold just taken goes back, known unsent), and no hold is taken once the
+        grade stopped waiting for the call (``given_up``: an attempt scheduled before then goes
+        out under the hold the run counts as spent)."""
         if notice.unbilled:
             return
         with call.lock:
@@ -133,21 +136,33 @@ class GradeBudget:
             self.holds.spend(s, reportable=False)
             self.spend_window(call)
             call.may_be_billed = False  # the spent hold answers for that attempt; the next one's is to come
-            est_in, amount, _ = self.estimate(call)
             try:
-                held = self.holds.hold_call(s, est_in, amount, self.prices.price_for(call.model))
-            except HoldsInFlight:
-                held = False
-            if held:
-                micros = s.task.inflight.micros if s.task.inflight else 0
-                held, call.window = self.windows.try_take(s, amount, micros)
-                if not held:
-                    self.holds.release(s)
+                held = self._hold_again(s, call)
+                if held:
+                    self.holds.cover(s, time.time() + notice.delay)
+            except LeaseLost:
+                self.holds.release(s)
+                self.settle_window(call, 0, 0)
+                raise GradeError(
+                    "grader_failed", f"{notice.message}; the lease was lost before another attempt"
+                ) from None
             if not held:
                 raise GradeError("grader_failed", f"{notice.message}; no budget left for another attempt after one "
                                                   "that may have been billed")  # fmt: skip
             call.may_be_billed = True
-            self.holds.cover(s, time.time() + notice.delay)
+
+    def _hold_again(self, s: Session, call: GradingCall) -> bool:
+        """The grading call's next attempt held on the budget and every window, or nothing held."""
+        est_in, amount, _ = self.estimate(call)
+        try:
+            if not self.holds.hold_call(s, est_in, amount, self.prices.price_for(call.model)):
+                return False
+        except HoldsInFlight:
+            return False
+        fits, call.window = self.windows.try_take(s, amount, s.task.inflight.micros if s.task.inflight else 0)
+        if not fits:
+            self.holds.release(s)
+        return fits
 
     def gave_up(self, call: GradingCall) -> None:
         """The grade stopped waiting for the call (an answer, an error, its time): a retry still
