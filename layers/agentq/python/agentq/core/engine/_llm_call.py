@@ -361,16 +361,14 @@ class ModelCall:
             at=now,
             next_at=now + notice.delay,
         )
+        if notice.status_code == 429 and call.route.admission is not None:  # the whole fleet slows, not only this call
+            self.flow.slow_down(call.route.key(s.task.submission), notice.delay)
         with call.lock:  # the cut, on the run's thread, reads and settles what this changes
             if call.cut_off:  # the task's timeout cut the call: its hold is the cut's to count; no attempt follows
                 return
             if not notice.unbilled:
                 call.may_be_billed = True
             call.next_attempt_at = now + notice.delay
-            if (
-                notice.status_code == 429 and call.route.admission is not None
-            ):  # the whole fleet slows, not only this call
-                self.flow.slow_down(call.route.key(s.task.submission), notice.delay)
             try:
                 self.tasks.record_retry(s.task_id, state, lease=s.lease)
                 if call.may_be_billed and not self.rehold(s, call):
