@@ -283,3 +283,42 @@ def test_a_fallback_the_budget_cannot_hold_for_after_a_possibly_billed_failure_i
     budget = store.budgets.get(task.task_id)
     assert (budget.used, budget.reserved) == (hold, 0) and budget.unknown > 0  # the cut attempt's (its stream
     # told the input billed: known)
+
+
+def test_a_lease_lost_as_the_call_falls_over_gives_back_the_hold_and_the_windows_for_a_call_never_sent(
+    models: tuple[Claude, FakeMessagesAPI, FakeChatCompletions], store: Storage, registry: ToolRegistry,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Claude answers 529 to every attempt (nothing billed) and the call falls over; the run then
+    learns its lease is gone, before the fallback's call starts. Nothing went out that the hold
+    answers for: it goes back now, with the tenant hour's hold, as when a lease is lost between
+    a call's attempts. It used to stay counted (set aside by the next claim, then unknown), and
+    the hour's hold stayed held until the hour rolled over."""
+    import threading
+
+    from agentq.core.engine._holds import BudgetHolds
+    from agentq.core.errors import LeaseLost
+    from agentq.core.tenancy import TenantLimits
+    from agentq.storage.tenant_windows import TenantWindows
+
+    claude, _, openai_api = models
+    windows = TenantWindows(store.table)
+    windows.set_limits("t", TenantLimits(hourly_tokens=1_000_000))
+    cover, lost = BudgetHolds.cover, list[float]()
+
+    def lost_at_the_fall_over(self: BudgetHolds, s: Any, start: float) -> None:
+        # The fallback's cover: on the run's thread (a retry's is on the call's), once Claude is done.
+        if claude.calls == 2 and threading.current_thread() is threading.main_thread() and not lost:
+            lost.append(start)
+            raise LeaseLost("a successor claimed the task")
+        cover(self, s, start)
+
+    monkeypatch.setattr(BudgetHolds, "cover", lost_at_the_fall_over)
+    task = submit(store, registry, TASK, tenant="t")
+    result = engine(store, registry).run(task.task_id)
+    assert lost and result.outcome == "lease_lost" and claude.calls == 2 and openai_api.requests == [], result
+    budget = store.budgets.get(task.task_id)
+    assert (budget.reserved, budget.used, budget.unknown) == (0, 0, 0), budget
+    after = store.tasks.get(task.task_id)
+    assert after.inflight is None and after.lapsed_holds == {}
+    assert windows.usage("t") == {"held": 0, "used": 0}

@@ -149,19 +149,34 @@ class ModelCall:
                 call.may_be_billed = call.may_be_billed or exc.maybe_billed
                 if s.task.inflight is None:  # no hold for another try
                     return self.failed(s, call, exc)
-                route = self.router.fall_over(s.task, s.steps, call.route, exc, demand)
-                if route is None:
-                    return self.failed(s, call, exc)
-                refused = self.vetted(s, route)
-                if refused is not None:
-                    return self.failed(s, call, exc, refused)
-                if call.may_be_billed and not self.rehold(s, call):
-                    # No hold for the fallback's call: nothing is sent to it (its admission goes
-                    # back), and the failed model's failure was told to the fleet by ``fall_over``.
-                    self.router.give_back(s.task.submission, route)
-                    return self.failed(s, call, exc, told_fleet=True)
-                call.route = route
-                self.holds.cover(s, time.time())  # the next model's call is an attempt of its own
+                ended = self.fall_back(s, call, exc, demand)
+                if ended is not None:
+                    return ended
+
+    def fall_back(self, s: Session, call: Call, exc: ProviderError, demand: tuple[int, int]) -> RunResult | None:
+        """The failed call goes to the next of the task's models (``ModelRouter.fall_over``), under
+        a hold of its own when an attempt may have been billed (``rehold``); None when it goes
+        there, else how the run ends: no fallback, one a rule denies, or one the budget or a window
+        cannot hold for (nothing is sent to it, its admission goes back, and the failed model's
+        failure was told to the fleet by ``fall_over``). A lease lost before its call starts gives
+        back what was held for that call, never sent (as ``make`` does), and its admission."""
+        route = self.router.fall_over(s.task, s.steps, call.route, exc, demand)
+        if route is None:
+            return self.failed(s, call, exc)
+        refused = self.vetted(s, route)
+        if refused is not None:
+            return self.failed(s, call, exc, refused)
+        try:
+            if call.may_be_billed and not self.rehold(s, call):
+                self.router.give_back(s.task.submission, route)
+                return self.failed(s, call, exc, told_fleet=True)
+            call.route = route
+            self.holds.cover(s, time.time())  # the next model's call is an attempt of its own
+        except LeaseLost:
+            self.router.give_back(s.task.submission, route)
+            self.unspent(s, call)  # a possibly billed attempt's hold is spent already (``rehold``)
+            raise
+        return None
 
     def vetted(self, s: Session, route: Route) -> Verdict | None:
         """The fallback that is to take the call makes a model call of its own: checked as the
