@@ -425,3 +425,47 @@ def test_a_lease_lost_between_attempts_of_a_batchs_creation_gives_back_the_holds
     after = store.tasks.get(task.task_id)
     assert after.inflight is None and after.lapsed_holds == {}
     assert windows.usage("t") == {"held": 0, "used": 0}
+
+
+def test_a_lease_lost_as_a_look_parks_the_task_again_keeps_the_hold_of_its_batch(
+    api: FakeMessagesAPI, store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A look finds the batch still running and parks the task again, and learns there that its
+    lease is gone: the batch exists and will be billed, so its hold stays counted (the next
+    claim adopts it). It used to be given back, as if no batch had been made."""
+    from agentq.core.errors import LeaseLost
+
+    api.batch_seconds = 600  # still running at the look
+    task_id, engine = _parked(store, registry)
+    held = store.tasks.get(task_id).inflight
+    assert held is not None
+    store.tasks.transition(task_id, TaskStatus.QUEUED)  # what the poll message does
+    moved = store.tasks.transition
+
+    def lost_at_the_park(task_id: str, to: TaskStatus, **kwargs: Any) -> str:
+        if to is TaskStatus.WAITING:
+            raise LeaseLost("a successor claimed the task")
+        return moved(task_id, to, **kwargs)
+
+    monkeypatch.setattr(store.tasks, "transition", lost_at_the_park)
+    assert engine.run(task_id).outcome == "lease_lost"
+    budget = store.budgets.get(task_id)
+    assert (budget.reserved, budget.used) == (held.amount, 0), budget  # still counted, for the batch
+
+
+def test_a_batch_that_can_no_longer_be_read_keeps_its_hold_counted_as_unknown(
+    api: FakeMessagesAPI, store: Storage, registry: ToolRegistry
+) -> None:
+    """The API no longer knows the batch (404): whether it ran, and was billed, is unknown, so
+    its hold is counted as spent, unknown, not given back as an errored request's is."""
+    task_id, engine = _parked(store, registry)
+    held = store.tasks.get(task_id).inflight
+    assert held is not None
+    _latest_batch_ended(api)
+    api.batches.clear()  # gone from the API
+    store.tasks.transition(task_id, TaskStatus.QUEUED)  # what the poll message does
+    result = engine.run(task_id)
+    assert result.status is TaskStatus.FAILED and result.error is not None, result
+    assert result.error["code"] == "batch_not_found" and "could not be read" in result.error["message"], result.error
+    budget = store.budgets.get(task_id)
+    assert (budget.reserved, budget.used, budget.unknown) == (0, held.amount, held.amount), budget

@@ -52,6 +52,7 @@ class Batches:
                 code="economy_unsupported",
             )  # fmt: skip
         if batch is not None:
+            call.may_be_billed = True  # the batch exists: it runs, and is billed, unless its result says otherwise
             response = provider.batch_result(str(batch["id"]), str(batch["custom_id"]))
             if response is None:  # looked at before it ended: wait again
                 return self.park(s, batch, call.window)

@@ -96,7 +96,10 @@ class LLMTurn:
             try:
                 answer = self.batches.batched(s, call, batch, lambda notice: self.calls.note_retry(s, call, notice))
             except ProviderError as exc:
-                call.may_be_billed = call.may_be_billed or exc.maybe_billed  # its last attempt may have made a batch
+                # A batch's own result says whether it was billed (an errored or expired request
+                # was not; one that cannot be read may have been); a creation's last attempt may
+                # have made a batch.
+                call.may_be_billed = exc.maybe_billed if batch is not None else call.may_be_billed or exc.maybe_billed
                 return self.calls.failed(s, call, exc)
             except LeaseLost:
                 # Learnt between attempts of the batch's creation (``note_retry``) or at the

@@ -273,8 +273,12 @@ class AnthropicProvider(_MessagesProvider):
                 self.retry, self._sleep, rng=self._rng, label=self.name, classify=anthropic_failure,
             )  # fmt: skip
         except ProviderError as exc:
-            if not exc.retryable:
-                raise
+            if not exc.retryable:  # refused for good (gone, forbidden): what became of the batch is unknown
+                raise ProviderError(
+                    f"batch {batch_id} could not be read: {exc.message}", retryable=False, status_code=exc.status_code,
+                    attempts=exc.attempts, code="batch_not_found" if exc.status_code == 404 else exc.code,
+                    maybe_billed=True,
+                ) from exc  # fmt: skip
             log.warning("batch %s could not be read (%s): looked at again later", batch_id, exc.code)
             return None
         for item in items:
@@ -294,7 +298,8 @@ class AnthropicProvider(_MessagesProvider):
             raise ProviderError(
                 f"batch {batch_id}: the request {result.type}", retryable=True, code=f"batch_{result.type}"
             )
-        raise ProviderError(f"batch {batch_id} holds no result for {custom_id}", retryable=True, code="batch_missing")
+        raise ProviderError(f"batch {batch_id} holds no result for {custom_id}", retryable=True, code="batch_missing",
+                            maybe_billed=True)  # fmt: skip
 
 
 class BedrockProvider(_MessagesProvider):

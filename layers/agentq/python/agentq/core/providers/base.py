@@ -73,7 +73,8 @@ class BatchProvider(Protocol):
 
     def batch_result(self, batch_id: str, custom_id: str) -> LLMResponse | None:
         """The answer once the batch has ended (None before); ``ProviderError`` when the
-        request errored, expired or was canceled."""
+        request errored, expired or was canceled (``maybe_billed`` False: none of these is
+        billed), or the batch can no longer be read (``maybe_billed`` True: it may have run)."""
         ...
 
 
