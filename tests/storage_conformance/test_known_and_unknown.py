@@ -14,6 +14,7 @@ from decimal import Decimal
 import pytest
 
 from agentq.core.fanout import ChildPlan
+from agentq.core.models import Task
 from agentq.core.pricing import micros
 from agentq.core.records import BudgetDelta, BudgetState, Reservation
 from agentq.core.reservation import Seen
@@ -113,9 +114,9 @@ def test_spent_holds_add_up_as_unknown_and_each_report_takes_back_only_its_own(b
     _assert_ledger(backend.budgets.get(task_id), unknown=2 * HOLD + 4, unknown_micros=2 * HOLD_MICROS + 4)
 
 
-def _child_folded(backend: Storage, *, spent_before_fold: bool) -> tuple[str, str, Reservation]:
-    """A child whose call's hold outlived its worker, folded into its parent with the hold still
-    out (set aside) or already counted as spent."""
+def _child_holding(backend: Storage) -> tuple[Task, str, Reservation]:
+    """A parent that spawned a child whose worker held for a call, then lost its lease (the
+    call's outcome unknown): the parent, the child's id and the hold."""
     lease = claimed(backend, max_tokens=5000)
     parent = backend.tasks.get(lease.task_id)
     child_id = f"child-{time.time_ns()}"
@@ -124,6 +125,13 @@ def _child_folded(backend: Storage, *, spent_before_fold: bool) -> tuple[str, st
     assert first is not None
     held = backend.budgets.reserve(first[0], child_id, HOLD, 1, until=time.time() + 60, micros=HOLD_MICROS)
     backend.tasks.release(first[0])
+    return parent, child_id, held
+
+
+def _child_folded(backend: Storage, *, spent_before_fold: bool) -> tuple[str, str, Reservation]:
+    """A child whose call's hold outlived its worker, folded into its parent with the hold still
+    out (set aside) or already counted as spent."""
+    parent, child_id, held = _child_holding(backend)
     if spent_before_fold:
         backend.budgets.spend_lapsed(child_id, child_id, held, parent_id=parent.task_id)
     backend.budgets.settle_child(parent.task_id, child_id)
@@ -174,14 +182,7 @@ def test_a_seen_note_of_another_step_or_epoch_is_not_the_holds() -> None:
 
 @pytest.mark.parametrize("spent_before_fold", [False, True], ids=["hold_out_at_fold", "spent_before_fold"])
 def test_a_folded_childs_seen_usage_is_known_in_the_parent_too(backend: Storage, spent_before_fold: bool) -> None:
-    lease = claimed(backend, max_tokens=5000)
-    parent = backend.tasks.get(lease.task_id)
-    child_id = f"child-{time.time_ns()}"
-    backend.spawns.create(lease, parent, "sp1", [ChildPlan(child_id, scripted([{"text": "c"}]), 1000, 60)], [], 1)
-    first = backend.tasks.claim(child_id, "w2", 30)
-    assert first is not None
-    held = backend.budgets.reserve(first[0], child_id, HOLD, 1, until=time.time() + 60, micros=HOLD_MICROS)
-    backend.tasks.release(first[0])
+    parent, child_id, held = _child_holding(backend)
     seen = held.with_seen(_seen(held))
     if spent_before_fold:
         backend.budgets.spend_lapsed(child_id, child_id, seen, parent_id=parent.task_id)
@@ -206,14 +207,7 @@ def test_a_late_report_of_exactly_the_holds_size_racing_a_fold_is_folded_as_know
     The fold must carry what the child holds at its write, so it tries again: it used to check
     only ``used`` and ``reserved`` and fold the stale unknown, leaving the parent's ledger
     counting a reported call as unknown for good."""
-    lease = claimed(backend, max_tokens=5000)
-    parent = backend.tasks.get(lease.task_id)
-    child_id = f"child-{time.time_ns()}"
-    backend.spawns.create(lease, parent, "sp1", [ChildPlan(child_id, scripted([{"text": "c"}]), 1000, 60)], [], 1)
-    first = backend.tasks.claim(child_id, "w2", 30)
-    assert first is not None
-    held = backend.budgets.reserve(first[0], child_id, HOLD, 1, until=time.time() + 60, micros=HOLD_MICROS)
-    backend.tasks.release(first[0])
+    parent, child_id, held = _child_holding(backend)
     backend.budgets.spend_lapsed(child_id, child_id, held, parent_id=parent.task_id)
     read, reported = backend.budgets.get, list[bool]()
 
