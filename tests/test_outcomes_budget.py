@@ -9,6 +9,8 @@ at a soft threshold, and count what it used."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any, cast
 
@@ -23,6 +25,8 @@ from agentq.core.tenancy import TenantLimits
 from agentq.core.tools import ToolRegistry
 from agentq.storage.container import Storage
 from agentq.storage.tenant_windows import TenantWindows
+
+from tests.fake_messages_api import FakeMessagesAPI, FakeReply, message_reply, usage_dict
 
 STORAGE = "memory"
 
@@ -356,34 +360,44 @@ def test_a_grading_call_abandoned_at_its_timeout_by_a_worker_killed_before_the_c
     assert budget.used <= budget.cap
 
 
+@pytest.fixture
+def grading_api(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeMessagesAPI]:
+    """A local Messages API for the grading model (``_graded_by_claude``): two attempts a call, at once."""
+    with FakeMessagesAPI() as api:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.base_url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
+        monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", '{"max_attempts": 2, "base_delay": 0, "max_delay": 0}')
+        yield api
+
+
+def _graded_by_claude() -> dict[str, Any]:
+    """``_body``'s task, graded by Claude through the Anthropic API (``grading_api``)."""
+    body = _body(1_000_000)
+    body["outcome"].update(provider="anthropic", model="claude-sonnet-4-6", script=None)
+    return body
+
+
+def _grade_reply() -> FakeReply:
+    return message_reply([{"type": "text", "text": '{"score": 1, "feedback": ""}'}],
+                         usage=usage_dict(input_tokens=900, output_tokens=12))  # fmt: skip
+
+
 @pytest.mark.parametrize("answered", [True, False], ids=["cut_then_answered", "cut_twice"])
 def test_a_grading_attempt_that_may_have_been_billed_stays_counted_and_its_retry_holds_anew(
-    store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch, answered: bool
+    grading_api: FakeMessagesAPI, store: Storage, registry: ToolRegistry, answered: bool
 ) -> None:
     """The grading model's reply is cut after its headers, and the call is tried again: the cut
     attempt may have been billed, so its hold stays counted as unknown, on the budget and on the
     tenant's hour, and the retry is made under a hold of its own, as an agent's call's is
     (``ModelCall.rehold``). The grading call's retries used to go unseen: the hold was settled
     to the last attempt's usage, and a cut attempt's bill was dropped."""
-    import dataclasses
-
-    from tests.fake_messages_api import FakeMessagesAPI, message_reply, usage_dict
-
-    grade = message_reply([{"type": "text", "text": '{"score": 1, "feedback": ""}'}],
-                          usage=usage_dict(input_tokens=900, output_tokens=12))  # fmt: skip
     windows = TenantWindows(store.table)
     windows.set_limits("t", TenantLimits(hourly_tokens=1_000_000))
-    with FakeMessagesAPI() as api:
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.base_url)
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
-        monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", '{"max_attempts": 2, "base_delay": 0, "max_delay": 0}')
-        cut = dataclasses.replace(grade, cut_at=0.5)
-        api.enqueue(cut, grade if answered else cut)
-        body = _body(1_000_000)
-        body["outcome"].update(provider="anthropic", model="claude-sonnet-4-6", script=None)
-        task_id = store.tasks.create(parse_submission(body), tenant="t").task_id
-        Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30)).run(task_id)
-        asked = len(api.requests)
+    cut = dataclasses.replace(_grade_reply(), cut_at=0.5)
+    grading_api.enqueue(cut, _grade_reply() if answered else cut)
+    task_id = store.tasks.create(parse_submission(_graded_by_claude()), tenant="t").task_id
+    Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30)).run(task_id)
+    asked = len(grading_api.requests)
     task = store.tasks.get(task_id)
     (step,) = [s.body for s in store.steps.load(task_id) if isinstance(s.body, GradeStep)]
     assert asked == 2 and step.reserved_tokens > 0, (asked, step)
@@ -401,22 +415,17 @@ def test_a_grading_attempt_that_may_have_been_billed_stays_counted_and_its_retry
 
 
 def test_a_lease_lost_as_the_grading_calls_retry_holds_gives_that_hold_back_and_sends_no_retry(
-    store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+    grading_api: FakeMessagesAPI, store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The grading model's reply is cut; the retry's hold is taken, and the run then learns its
     lease is gone (moving the hold's deadline, fenced, fails): no attempt follows, so that hold
     goes back, known unsent, and only the cut attempt's stays counted as unknown. It used to be
     counted as spent too, the grade's error naming a ``LeaseLost`` the grading thread raised."""
-    import dataclasses
     import threading
 
     from agentq.core.engine._holds import BudgetHolds
     from agentq.core.errors import LeaseLost
 
-    from tests.fake_messages_api import FakeMessagesAPI, message_reply, usage_dict
-
-    grade = message_reply([{"type": "text", "text": '{"score": 1, "feedback": ""}'}],
-                          usage=usage_dict(input_tokens=900, output_tokens=12))  # fmt: skip
     cover = BudgetHolds.cover
 
     def lost_on_the_grading_thread(self: BudgetHolds, s: Any, start: float) -> None:
@@ -426,21 +435,16 @@ def test_a_lease_lost_as_the_grading_calls_retry_holds_gives_that_hold_back_and_
 
     windows = TenantWindows(store.table)
     windows.set_limits("t", TenantLimits(hourly_tokens=1_000_000))
-    body = _body(1_000_000)
-    body["outcome"].update(provider="anthropic", model="claude-sonnet-4-6", script=None)
-    with FakeMessagesAPI() as api:
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.base_url)
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
-        monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", '{"max_attempts": 2, "base_delay": 0, "max_delay": 0}')
-        api.enqueue(grade)  # a probe, graded at once: the size of the grading call's hold
-        probe = store.tasks.create(parse_submission(body), tenant="probe").task_id
-        Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30)).run(probe)
-        (measured,) = [s.body for s in store.steps.load(probe) if isinstance(s.body, GradeStep)]
-        monkeypatch.setattr(BudgetHolds, "cover", lost_on_the_grading_thread)
-        api.enqueue(dataclasses.replace(grade, cut_at=0.5), grade)
-        task_id = store.tasks.create(parse_submission(body), tenant="t").task_id
-        Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30)).run(task_id)
-        asked = len(api.requests)
+    body = _graded_by_claude()
+    grading_api.enqueue(_grade_reply())  # a probe, graded at once: the size of the grading call's hold
+    probe = store.tasks.create(parse_submission(body), tenant="probe").task_id
+    Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30)).run(probe)
+    (measured,) = [s.body for s in store.steps.load(probe) if isinstance(s.body, GradeStep)]
+    monkeypatch.setattr(BudgetHolds, "cover", lost_on_the_grading_thread)
+    grading_api.enqueue(dataclasses.replace(_grade_reply(), cut_at=0.5), _grade_reply())
+    task_id = store.tasks.create(parse_submission(body), tenant="t").task_id
+    Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=30)).run(task_id)
+    asked = len(grading_api.requests)
     task = store.tasks.get(task_id)
     assert asked == 2, asked  # the probe's answer and the cut attempt: no retry after it
     assert task.status is TaskStatus.FAILED_OUTCOME, (task.status, task.error)
