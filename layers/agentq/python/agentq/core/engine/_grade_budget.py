@@ -101,8 +101,9 @@ class GradeBudget:
         return None
 
     def try_hold(self, s: Session, call: GradingCall) -> bool:
-        """Hold for an online grade's call, which never stops the task: False (nothing held)
-        when the budget, the tenant's hour or a scope's cap (or its soft threshold) cannot cover it."""
+        """Hold for a call that never stops the task (an online grade's, or a retry's: ``retried``):
+        False (nothing held) when the budget, the tenant's hour or a scope's cap (or its soft
+        threshold) cannot cover it."""
         est_in, amount, _ = self.estimate(call)
         if not self.holds.hold_call(s, est_in, amount, self.prices.price_for(call.model)):
             return False
@@ -137,9 +138,11 @@ class GradeBudget:
             self.spend_window(call)
             call.may_be_billed = False  # the spent hold answers for that attempt; the next one's is to come
             try:
-                held = self._hold_again(s, call)
+                held = self.try_hold(s, call)
                 if held:
                     self.holds.cover(s, time.time() + notice.delay)
+            except HoldsInFlight:  # an older epoch's call stands in the way: nothing held, no attempt now
+                held = False
             except LeaseLost:
                 self.holds.release(s)
                 self.settle_window(call, 0, 0)
@@ -150,19 +153,6 @@ class GradeBudget:
                 raise GradeError("grader_failed", f"{notice.message}; no budget left for another attempt after one "
                                                   "that may have been billed")  # fmt: skip
             call.may_be_billed = True
-
-    def _hold_again(self, s: Session, call: GradingCall) -> bool:
-        """The grading call's next attempt held on the budget and every window, or nothing held."""
-        est_in, amount, _ = self.estimate(call)
-        try:
-            if not self.holds.hold_call(s, est_in, amount, self.prices.price_for(call.model)):
-                return False
-        except HoldsInFlight:
-            return False
-        fits, call.window = self.windows.try_take(s, amount, s.task.inflight.micros if s.task.inflight else 0)
-        if not fits:
-            self.holds.release(s)
-        return fits
 
     def gave_up(self, call: GradingCall) -> None:
         """The grade stopped waiting for the call (an answer, an error, its time): a retry still
