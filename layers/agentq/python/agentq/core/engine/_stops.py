@@ -51,20 +51,21 @@ def budget_error(s: Session) -> dict[str, Any]:
     unit that is short). Without a refusal (a person declined a soft threshold) it names none."""
     c = s.task.submission.constraints
     short = s.shortfall
+    of_tokens, of_money = short is not None and short.of_tokens, short is not None and short.of_money
     figures: dict[str, Any] = {}
     said: list[str] = []
-    if short is not None and short.of_tokens:
+    if short is not None and of_tokens:
         figures.update(needed_tokens=short.needed_tokens, available_tokens=short.available_tokens)
         said.append(f"needs at least {short.needed_tokens} tokens and {short.available_tokens} are left")
-    if short is not None and short.of_money:
+    if short is not None and of_money:
         needed, available = usd_text(short.needed_micros), usd_text(short.available_micros)
         figures.update(needed_usd=needed, available_usd=available)
         said.append(f"could cost up to ${needed} and ${available} is left")
     usd = f"${c.max_cost_usd}" if s.task.parent_id is None and c.max_cost_usd is not None else None
-    if "needed_usd" in figures and "needed_tokens" in figures:
+    if of_tokens and of_money:
         caps = f"cap {c.max_tokens}" + (f", {usd}" if usd else "")
         what, raise_with = f"token and money budgets of the root task are exhausted ({caps})", "add_tokens and add_usd"
-    elif "needed_usd" in figures:
+    elif of_money:
         what, raise_with = "money budget of the root task is exhausted" + (f" ({usd})" if usd else ""), "add_usd"
     else:
         what, raise_with = f"token budget of the root task is exhausted (cap {c.max_tokens})", "add_tokens"
