@@ -464,6 +464,76 @@ def test_a_message_made_visible_again_wakes_the_long_polls_waiting_on_its_queue(
         assert [m["Body"] for m in sqs.receive_message(QueueUrl=url)["Messages"]] == ["task"]
 
 
+def test_a_long_poll_whose_client_has_gone_takes_no_message_sent_while_it_waits() -> None:
+    """A worker that ends (or is killed) while its idle tier waits out a 20 s long poll leaves
+    the poll waiting in the server. moto then took the next message sent, or made visible (a dead
+    worker's task handed on), for a client that would never read it: invisible for its visibility
+    timeout, one receive nearer the dead-letter queue. Now such a poll ends at its next wake
+    and takes nothing, while a poll whose client is there takes the message as before. Each
+    poll answers a socket of its own; the message is sent once the poll waits."""
+    import socket
+    import threading
+
+    from moto import mock_aws
+    from moto.sqs.models import sqs_backends
+
+    from agentq_dev import moto_http, moto_sqs
+
+    moto_sqs.install()
+
+    class Watched(threading.Condition):
+        """The queue's condition, telling when a long poll waits on it."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.waiting = threading.Event()
+
+        def wait_for(self, predicate: Any, timeout: float | None = None) -> Any:
+            self.waiting.set()
+            return super().wait_for(predicate, timeout)
+
+    with mock_aws():
+        sqs = boto3.client("sqs", region_name="us-east-1")
+        url = sqs.create_queue(QueueName="gone")["QueueUrl"]
+        backend = sqs_backends["123456789012"]["us-east-1"]
+
+        def poll_while_a_message_is_sent(client_there: bool) -> list[Any]:
+            backend.queues["gone"]._messages_lock = lock = Watched()
+            server_end, client_end = socket.socketpair()
+            if not client_there:
+                client_end.close()
+            got: list[Any] = []
+
+            def long_poll() -> None:
+                moto_http._answering.connection = server_end
+                try:
+                    got.append([m.body for m in backend.receive_message("gone", 1, 20, 30)])
+                except moto_sqs.ClientGone as gone:
+                    got.append(gone)
+
+            poller = threading.Thread(target=long_poll)
+            poller.start()
+            lock.waiting.wait(timeout=10)
+            sqs.send_message(QueueUrl=url, MessageBody="task")
+            poller.join(timeout=30)
+            server_end.close()
+            client_end.close()
+            return got
+
+        [gone] = poll_while_a_message_is_sent(client_there=False)
+        assert isinstance(gone, moto_sqs.ClientGone)
+        attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+        assert (attributes["ApproximateNumberOfMessages"], attributes["ApproximateNumberOfMessagesNotVisible"]) == (
+            "1",
+            "0",
+        )
+        [message] = sqs.receive_message(QueueUrl=url, AttributeNames=["ApproximateReceiveCount"])["Messages"]
+        assert message["Attributes"]["ApproximateReceiveCount"] == "1"  # the gone poll's was not a receive
+        sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+
+        assert poll_while_a_message_is_sent(client_there=True) == [["task"]]
+
+
 def test_a_stream_shard_keeps_its_newest_records_with_sequence_numbers_going_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

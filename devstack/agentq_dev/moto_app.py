@@ -17,8 +17,10 @@ It differs from ``moto_server`` in these ways, none of which changes what a requ
 4. The backend serving a host is looked up once per host (``Dispatcher``), not per request.
 5. An SQS queue remembers the receipt handles of its last 100,000 deleted messages, not of
    every message it ever deleted (``moto_sqs``): the server's memory no longer grows with
-   every message it carries. And a message made visible again wakes the queue's waiting long
-   polls, as SQS does (moto woke them only for a new message).
+   every message it carries. A message made visible again wakes the queue's waiting long
+   polls, as SQS does (moto woke them only for a new message). And a long poll whose client has
+   gone (a worker ended or killed during its idle tier's 20 s wait) ends at its next wake,
+   where moto took the next message for no one.
 6. A DynamoDB stream shard keeps its newest 10,000 records, not every record of every write
    (``moto_streams``).
 7. moto's dashboard list of every model object it ever created (every item copy, stream record

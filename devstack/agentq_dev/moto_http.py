@@ -31,6 +31,7 @@ import io
 import logging
 import re
 import socket
+import threading
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -43,6 +44,27 @@ CONNECTION_DROPPED = (ConnectionError, socket.timeout)
 _request_log = logging.getLogger("werkzeug")
 # A header line as the email package's feed parser takes it (its headerRE), name then value.
 _HEADER_LINE = re.compile(r"([\041-\071\073-\176]+):(.*)", re.DOTALL)
+# The connection whose request this thread is answering (see ``client_gone``).
+_answering = threading.local()
+
+
+def client_gone() -> bool:
+    """Whether the client of the request this thread answers has closed its connection: it
+    ended, or was killed, while the request was being answered (its end reads as end of file, or
+    was reset). False off a request's thread, and while the client is there.
+
+    Why: a long poll (moto_sqs) waits up to 20 s for a message on a thread of its own; once its
+    client is gone, a message it took would be received by no one and stay invisible for its
+    visibility timeout, on its way to the dead-letter queue."""
+    connection: socket.socket | None = getattr(_answering, "connection", None)
+    if connection is None:
+        return False
+    try:
+        return connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, InterruptedError):  # nothing to read: the client waits for its answer
+        return False
+    except OSError:  # reset
+        return True
 
 
 def keep_alive_handler(base: type[WSGIRequestHandler]) -> type[WSGIRequestHandler]:
@@ -66,6 +88,7 @@ def keep_alive_handler(base: type[WSGIRequestHandler]) -> type[WSGIRequestHandle
                 response[:] = [status, headers]
                 return body.append
 
+            _answering.connection = self.connection
             try:
                 result = self.server.app(environ, start_response)
                 try:
@@ -83,6 +106,8 @@ def keep_alive_handler(base: type[WSGIRequestHandler]) -> type[WSGIRequestHandle
                 body.clear()
                 body.extend(InternalServerError()(environ, start_response))
                 self.close_connection = True
+            finally:
+                _answering.connection = None
             self._respond(response[0], response[1], b"".join(body))
 
         def log_request(self, code: int | str = "-", size: int | str = "-") -> None:

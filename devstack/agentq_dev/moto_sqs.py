@@ -10,6 +10,12 @@ Also: a long poll waiting on a queue returns as soon as a message of it is made 
 message is sent; one made visible waited out the poll's remaining second, which every hand-on
 of a dead worker's tasks (``queueing.recovery``: its messages made visible at once) paid on
 top of the resume it measures.
+
+And: a long poll whose client has gone (a worker that ended or was killed while its idle tier
+waited its 20 s) stops at its next wake, before it takes a message (``moto_http.client_gone``).
+moto went on waiting for the poll's whole wait, and took the next message sent or made visible
+(a dead worker's task handed on, at once) for no one: it came back only after its visibility
+timeout, one receive nearer the dead-letter queue.
 """
 
 from __future__ import annotations
@@ -18,7 +24,13 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from agentq_dev import moto_version
+from agentq_dev import moto_http, moto_version
+
+
+class ClientGone(ConnectionAbortedError):
+    """A long poll's client closed its connection while the poll waited (a ``ConnectionError``:
+    ``moto_http`` drops the connection without an answer, as for any client that went away)."""
+
 
 RECENT = 100_000
 
@@ -52,8 +64,8 @@ class RecentReceipts:
 
 @moto_version.verified_patch
 def install() -> None:
-    """Give every SQS queue moto creates from now on a ``RecentReceipts``, and wake the long
-    polls of a queue whose message is made visible (idempotent)."""
+    """Give every SQS queue moto creates from now on a ``RecentReceipts``, wake the long polls
+    of a queue whose message is made visible, and end a long poll whose client has gone."""
     from moto.sqs.models import Queue, SQSBackend
 
     change_visibility = SQSBackend.change_message_visibility
@@ -66,6 +78,14 @@ def install() -> None:
                 lock.notify_all()
 
     SQSBackend.change_message_visibility = change_message_visibility  # type: ignore[method-assign]
+    wait = Queue.wait_for_messages
+
+    def wait_for_messages(self: Any, timeout: int) -> None:
+        wait(self, timeout)  # ReceiveMessage's wait between two looks at the queue
+        if moto_http.client_gone():
+            raise ClientGone("the long poll's client closed its connection")
+
+    Queue.wait_for_messages = wait_for_messages  # type: ignore[method-assign]
     original = Queue.__init__
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
