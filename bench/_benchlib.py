@@ -356,6 +356,7 @@ def settings_of(stack: LocalStack) -> dict[str, Any]:
         "visibility_seconds": c.visibility_seconds,
         "queue_visibility_timeout": stack.queue_settings.visibility_timeout,
         "poll_wait_seconds": c.poll_wait_seconds,
+        "idle_poll_wait_seconds": c.idle_poll_wait_seconds,
         "max_receive_count": stack.queue_settings.max_receive_count,
     }
 
@@ -364,7 +365,8 @@ def settings_line(s: dict[str, Any]) -> str:
     return (
         f"workers {s['workers']} x concurrency {s['concurrency_per_worker']}; lease {s['lease_seconds']:g}s, "
         f"heartbeat {s['heartbeat_seconds']:g}s, visibility {s['visibility_seconds']}s "
-        f"(queue default {s['queue_visibility_timeout']}s), long poll {s['poll_wait_seconds']}s; moto app: {s['moto']}"
+        f"(queue default {s['queue_visibility_timeout']}s), long poll {s['poll_wait_seconds']}s "
+        f"(idle {s.get('idle_poll_wait_seconds', s['poll_wait_seconds'])}s); moto app: {s['moto']}"
     )
 
 

@@ -28,7 +28,8 @@ Measured per size (every time comes from a record agentq itself wrote):
   queue's owner). The window runs from just before the submit to every child and the parent
   being terminal and the execution ended; per child = total / N (the parent's own calls
   included). ReceiveMessage includes the workers' idle long polls during the window
-  (2 workers x 3 tiers, ``poll_wait_seconds`` each): shown apart.
+  (2 workers x 3 tiers, ``poll_wait_seconds`` each, ``idle_poll_wait_seconds`` while the
+  tier is idle): shown apart.
 - Step Functions state transitions: the ``*StateEntered`` events of the execution history
   (TaskStateEntered, MapStateEntered, PassStateEntered, ...: each state an execution enters,
   Map iterations' states included, is one billed transition of a Standard workflow); all

@@ -249,6 +249,7 @@ class LocalStack:
             "--beat-threads", str(c.beat_threads),
             "--admission-safety", str(c.admission_safety),
             "--admission-floor", str(c.admission_floor),
+            "--idle-poll-wait", str(c.idle_poll_wait_seconds),
         ]  # fmt: skip
 
     def spawn_worker(self, **extra_env: str) -> subprocess.Popen[bytes]:

@@ -33,6 +33,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -92,7 +93,8 @@ class Worker:
         self.slots = SlotPool(config.concurrency, config.weights, limit=self.admission.limit)
         self.stopping = threading.Event()
         self._executor = ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="task")
-        self._pollers: list[threading.Thread] = []
+        self._pollers: dict[str, threading.Thread] = {}  # by tier
+        self._probing: set[str] = set()  # the tiers whose idle probe is waiting on SQS now
         self._checked = False  # the workspace pool's sandbox check passed
         self.processed = 0
         self.scale_in = ScaleIn(autoscaling=lambda: client(settings, "autoscaling"))
@@ -134,7 +136,7 @@ class Worker:
         for tier in TIERS:
             thread = threading.Thread(target=self._poll, args=(tier,), name=f"poll-{tier}", daemon=True)
             thread.start()
-            self._pollers.append(thread)
+            self._pollers[tier] = thread
         return self
 
     def serve_forever(self) -> None:
@@ -158,13 +160,30 @@ class Worker:
         self.stopping.set()
 
     def shutdown(self) -> None:
-        """Stop polling; running tasks end at their next step boundary and hand their message back."""
+        """Stop polling; running tasks end at their next step boundary and hand their message back.
+
+        A busy tier's receive ends within its short poll, and hands back what it got. An idle
+        tier's probe may wait up to ``idle_poll_wait_seconds``, and is not waited for, except
+        for what a probe takes as the tasks here hand their messages back (SQS gives a waiting
+        poll the message made visible): a probe whose receive has returned is joined, and hands
+        it back at once; ``poll_wait_seconds`` is allowed for a receive to return. A message a
+        probe takes as the process ends comes back after ``visibility_seconds``, as a dead
+        worker's would (and the local moto ends a poll whose client has gone before it takes
+        anything)."""
         self.stopping.set()
-        for thread in self._pollers:
-            thread.join(timeout=self.config.poll_wait_seconds + 5)
+        self._join_pollers(lambda tier: tier not in self._probing)
         self._executor.shutdown(wait=True, cancel_futures=False)
+        returned = time.monotonic() + self.config.poll_wait_seconds
+        self._join_pollers(lambda tier: tier not in self._probing or time.monotonic() < returned)
         self.hub.stop()
         observe.flush()
+
+    def _join_pollers(self, waited_for: Callable[[str], bool]) -> None:
+        """Join each poller while ``waited_for(tier)``, up to the short poll and its hand-back."""
+        for tier, thread in self._pollers.items():
+            deadline = time.monotonic() + self.config.poll_wait_seconds + 5
+            while thread.is_alive() and waited_for(tier) and time.monotonic() < deadline:
+                thread.join(timeout=0.05)
 
     # ---------------------------------------------------------------- polling
 
@@ -183,16 +202,20 @@ class Worker:
                 granted = self.slots.acquire(tier, 10, timeout=0.5)
             if not granted:
                 continue
+            if probing:
+                self._probing.add(tier)
             try:
                 resp = self.queues.sqs.receive_message(
                     QueueUrl=url,
                     MaxNumberOfMessages=granted,
-                    WaitTimeSeconds=self.config.poll_wait_seconds,
+                    WaitTimeSeconds=self.config.idle_poll_wait_seconds if probing else self.config.poll_wait_seconds,
                     VisibilityTimeout=self.config.visibility_seconds,
                     AttributeNames=["ApproximateReceiveCount"],
                     MessageAttributeNames=["All"],
                 )
             except Exception:
+                if self.stopping.is_set():  # a probe outliving its worker's stop (its endpoint gone): done
+                    return
                 log.exception("receive failed on %s", tier)
                 if probing:
                     self.slots.end_probe(tier, 0)
@@ -200,6 +223,8 @@ class Worker:
                     self.slots.release(tier, granted)
                 time.sleep(1)
                 continue
+            finally:
+                self._probing.discard(tier)
             messages = resp.get("Messages", [])
             if probing:
                 self.slots.end_probe(tier, len(messages))

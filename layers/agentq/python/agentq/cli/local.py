@@ -151,6 +151,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         beat_threads=args.beat_threads,
         admission_safety=args.admission_safety,
         admission_floor=args.admission_floor,
+        idle_poll_wait_seconds=args.idle_poll_wait,
     )
     settings = dataclasses.replace(Settings.from_env(), tool_modules=_tool_modules(args))
     worker = Worker(settings, config)
@@ -335,6 +336,8 @@ def register(sub: Any) -> None:
     worker.add_argument(
         "--admission-floor", type=int, default=8, help="hold at least this many tasks however slow the store"
     )
+    worker.add_argument("--idle-poll-wait", type=int, default=20, choices=range(1, 21), metavar="1..20",
+                        help="seconds an idle tier's long poll waits for a message (SQS allows 1 to 20)")  # fmt: skip
     worker.add_argument(
         "-v", "--verbose", action="store_true", help="log at INFO (default: $POWERTOOLS_LOG_LEVEL or WARNING)"
     )

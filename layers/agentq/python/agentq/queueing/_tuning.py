@@ -27,7 +27,13 @@ class WorkerConfig:
     # A claimed task's message stays invisible this long, extended in batches of 10 when half
     # is left; a dead worker's are made visible again at once by whoever notices.
     held_visibility_seconds: int = 600
+    # A receive's long poll. A busy tier's holds the slots it asked for while it waits, so it
+    # is short: another tier's message does not wait for them. An idle tier probes with one
+    # slot of its own (``SlotPool.probe``) and waits as long as SQS lets it: an idle worker then
+    # makes 9 receives a minute, not 180 (at $0.40 a million, $0.16 a worker-month, not $3.11),
+    # and an idle local stack costs 5.9 % of a core, not 9.0 % (docs/BENCHMARKS.md).
     poll_wait_seconds: int = 1
+    idle_poll_wait_seconds: int = 20
     max_receive_count: int = QueueSettings().max_receive_count
     weights: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
     drain_seconds: float = 60.0  # how long SIGTERM waits for steps in flight
