@@ -30,6 +30,7 @@ import http.client
 import io
 import logging
 import re
+import select
 import socket
 import threading
 import traceback
@@ -60,8 +61,11 @@ def client_gone() -> bool:
     if connection is None:
         return False
     try:
-        return connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-    except (BlockingIOError, InterruptedError):  # nothing to read: the client waits for its answer
+        readable, _, _ = select.select([connection], [], [], 0)
+        if not readable:  # nothing to read: the client waits for its answer
+            return False
+        return connection.recv(1, socket.MSG_PEEK) == b""  # end of file; bytes: a next request
+    except (BlockingIOError, InterruptedError, TimeoutError):
         return False
     except OSError:  # reset
         return True
