@@ -64,7 +64,7 @@ def measure(idle_poll_wait: int, args: argparse.Namespace) -> dict[str, Any]:
     stack.start()
     try:
         stack.wait_polling()
-        time.sleep(idle_poll_wait + 1)  # every tier past its first, short receive and into its idle polls
+        time.sleep(idle_poll_wait + 1)  # past every tier's first probe, begun as the worker started polling
         calls, cpu, started = stack.worker_calls(), _cpu(stack), time.monotonic()
         time.sleep(args.seconds)
         elapsed = time.monotonic() - started

@@ -163,13 +163,13 @@ class Worker:
         """Stop polling; running tasks end at their next step boundary and hand their message back.
 
         A busy tier's receive ends within its short poll, and hands back what it got. An idle
-        tier's probe may wait up to ``idle_poll_wait_seconds``, and is not waited for, except
-        for what a probe takes as the tasks here hand their messages back (SQS gives a waiting
-        poll the message made visible): a probe whose receive has returned is joined, and hands
-        it back at once; ``poll_wait_seconds`` is allowed for a receive to return. A message a
-        probe takes as the process ends comes back after ``visibility_seconds``, as a dead
-        worker's would (and the local moto ends a poll whose client has gone before it takes
-        anything)."""
+        tier's probe may wait up to ``idle_poll_wait_seconds``: it is waited for only as long as
+        a short poll (``poll_wait_seconds``) after the tasks here have handed their messages
+        back, since SQS gives a waiting poll a message made visible, its own worker's included;
+        a probe whose receive returned meanwhile is joined, and hands what it took back. One that
+        takes a message as the process ends leaves it invisible for ``visibility_seconds``, as
+        a dead worker's poll would (the local moto ends a poll whose client has gone before it
+        takes anything)."""
         self.stopping.set()
         self._join_pollers(lambda tier: tier not in self._probing)
         self._executor.shutdown(wait=True, cancel_futures=False)
@@ -204,6 +204,10 @@ class Worker:
                 continue
             if probing:
                 self._probing.add(tier)
+                if self.stopping.is_set():  # stopped as it began: the stop did not wait for it, so no poll
+                    self._probing.discard(tier)
+                    self.slots.end_probe(tier, 0)
+                    return
             try:
                 resp = self.queues.sqs.receive_message(
                     QueueUrl=url,
@@ -214,13 +218,14 @@ class Worker:
                     MessageAttributeNames=["All"],
                 )
             except Exception:
-                if self.stopping.is_set():  # a probe outliving its worker's stop (its endpoint gone): done
-                    return
-                log.exception("receive failed on %s", tier)
                 if probing:
                     self.slots.end_probe(tier, 0)
                 else:
                     self.slots.release(tier, granted)
+                if self.stopping.is_set():  # e.g. a probe the stop did not wait for, its endpoint gone since
+                    log.debug("receive failed on %s while stopping", tier, exc_info=True)
+                    return
+                log.exception("receive failed on %s", tier)
                 time.sleep(1)
                 continue
             finally:

@@ -31,7 +31,10 @@ class WorkerConfig:
     # is short: another tier's message does not wait for them. An idle tier probes with one
     # slot of its own (``SlotPool.probe``) and waits as long as SQS lets it: an idle worker then
     # makes 9 receives a minute, not 180 (at $0.40 a million, $0.16 a worker-month, not $3.11),
-    # and an idle local stack costs 5.9 % of a core, not 9.0 % (docs/BENCHMARKS.md).
+    # and an idle local stack of two workers costs 8.9 % of a core, not 13.8 %
+    # (bench/idle_cost.py). The price: a worker paused or cut off with its connection open (not
+    # a killed one) may take one message a tier that a peer hands on from it, which then comes
+    # back after ``visibility_seconds`` (docs/ARCHITECTURE.md, "Polling").
     poll_wait_seconds: int = 1
     idle_poll_wait_seconds: int = 20
     max_receive_count: int = QueueSettings().max_receive_count
