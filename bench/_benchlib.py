@@ -366,7 +366,7 @@ def settings_line(s: dict[str, Any]) -> str:
         f"workers {s['workers']} x concurrency {s['concurrency_per_worker']}; lease {s['lease_seconds']:g}s, "
         f"heartbeat {s['heartbeat_seconds']:g}s, visibility {s['visibility_seconds']}s "
         f"(queue default {s['queue_visibility_timeout']}s), long poll {s['poll_wait_seconds']}s "
-        f"(idle {s.get('idle_poll_wait_seconds', s['poll_wait_seconds'])}s); moto app: {s['moto']}"
+        f"(idle {s['idle_poll_wait_seconds']}s); moto app: {s['moto']}"
     )
 
 
@@ -395,6 +395,13 @@ def machine() -> dict[str, Any]:
         "moto": moto_version,
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def proc_status(pid: int) -> dict[str, float] | None:

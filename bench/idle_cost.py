@@ -18,37 +18,26 @@ server, of the workers together and of this process is what an idle stack costs 
 from __future__ import annotations
 
 import argparse
-import os
 import time
 import uuid
 from collections import Counter
 from typing import Any
 
-from _benchlib import BenchStack, log, table
+from _benchlib import BenchStack, cpu_seconds, log, table
 from _plot import Panel, add_plot_args
 from _prices import rate
 from _report import report
 from agentq.worker import WorkerConfig
 
-TICK = os.sysconf("SC_CLK_TCK")
 MONTH_MINUTES = 30 * 24 * 60
 READS = ("dynamodb:GetItem", "dynamodb:Query", "dynamodb:BatchGetItem", "dynamodb:Scan")
 
 
-def _cpu_seconds(pid: int | None) -> float:
-    """User + system CPU of ``pid`` so far (0 once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except (OSError, TypeError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
 def _cpu(stack: BenchStack) -> dict[str, float]:
+    assert stack.moto.pid is not None
     return {
-        "moto": _cpu_seconds(stack.moto.pid),
-        "workers": sum(_cpu_seconds(p.pid) for p in stack.processes),
+        "moto": cpu_seconds(stack.moto.pid),
+        "workers": sum(cpu_seconds(p.pid) for p in stack.processes),
         "this process": time.process_time(),
     }
 

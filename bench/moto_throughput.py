@@ -41,7 +41,7 @@ import uuid
 from decimal import Decimal
 from typing import Any
 
-from _benchlib import InProcessCounter, JsonOut, MotoAppServer, log, machine, table
+from _benchlib import InProcessCounter, JsonOut, MotoAppServer, cpu_seconds, log, machine, table
 from _plot import Panel, add_plot_args, plot_from_args
 from agentq.core.models import LLMStep, TaskSubmission, ToolOutcome, ToolsStep, Usage
 from agentq.core.records import BudgetDelta, ClaimOwner
@@ -66,13 +66,6 @@ SUBMISSION = TaskSubmission.model_validate(
     }
 )  # fmt: skip
 SETTLE = BudgetDelta(reserved=RESERVE, used=520, cost_usd=Decimal(0), tokens_in=400, tokens_out=120)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far (/proc/<pid>/stat)."""
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Task:
