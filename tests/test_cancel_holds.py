@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from decimal import Decimal
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from agentq.control.operations import cancel
 from agentq.core.records import BudgetDelta
 from agentq.storage.container import Storage
 
-from tests.helpers import scripted, wait_for
+from tests.helpers import scripted
 
 HOLD = 4_000
 
@@ -84,19 +85,23 @@ def test_a_cancelled_task_without_a_hold_is_left_as_it_was(store: Storage) -> No
 
 
 def test_a_dead_workers_hold_set_aside_at_the_cancel_is_counted_as_spent_when_its_release_comes(
-    store: Storage, registry: Any
+    store: Storage, registry: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What the ``release_holds`` message does for an ended task (``dispatch._ended``): once
-    the hold's deadline has passed, it is counted as spent; before, it is left counted."""
-    from agentq.core.engine import Engine, EngineConfig
+    the hold's deadline has passed, it is counted as spent; before, it is left counted. The
+    engine's clock is moved past the deadline, not waited for: a deadline a moment away was
+    passed already on a loaded machine before the first look."""
+    from agentq.core.engine import Engine, EngineConfig, _holds
 
-    task_id, _ = _held(store, until=time.time() + 0.5)
+    task_id, _ = _held(store, until=time.time() + 60)
     cancel(store, task_id, queues=_Queues())  # type: ignore[arg-type]
     engine = Engine(store, worker_id="dispatcher", tools=registry, config=EngineConfig(lease_seconds=30))
     early = engine.spend_lapsed_holds(store.tasks.get(task_id))
     assert early > 0 and store.budgets.get(task_id).reserved == HOLD  # its call may still complete
     [hold] = store.tasks.get(task_id).lapsed_holds.values()
-    wait_for(lambda: hold.lapsed_by(time.time()), what="the hold's deadline")
+    later = time.time() + early + 1
+    assert hold.lapsed_by(later)
+    monkeypatch.setattr(_holds, "time", SimpleNamespace(time=lambda: later))
     assert engine.spend_lapsed_holds(store.tasks.get(task_id)) == 0
     budget = store.budgets.get(task_id)
     assert (budget.reserved, budget.used, budget.unknown) == (0, HOLD, HOLD)
