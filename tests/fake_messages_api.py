@@ -38,6 +38,7 @@ from typing import Any
 from tests.fake_model_servers import Gate
 
 _ids = itertools.count(1)
+_connections = itertools.count(1)  # a client's port may come back on a later connection: not an id
 
 
 def _next_id(prefix: str) -> str:
@@ -94,6 +95,7 @@ class RecordedRequest:
     body: Any  # parsed JSON, or the raw text when it was not JSON
     received_at: float  # time.monotonic()
     model: str | None  # from the body, or from the Bedrock path
+    connection: int = 0  # which connection it came on: every server numbers each it accepts, from 1
 
 
 # --- reply builders -------------------------------------------------------------------------
@@ -376,6 +378,10 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
         protocol_version = "HTTP/1.1"  # keep-alive, as httpx expects of a real server
         disable_nagle_algorithm = True  # headers and body go out in two writes: avoid 40 ms stalls
 
+        def setup(self) -> None:
+            super().setup()
+            self.number = next(_connections)
+
         def do_POST(self) -> None:
             length = int(self.headers.get("content-length") or 0)
             raw = self.rfile.read(length) if length else b""
@@ -404,6 +410,7 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
                 body=body,
                 received_at=time.monotonic(),
                 model=model,
+                connection=self.number,
             )
             reply = api._take(recorded)
             if reply is RESET:

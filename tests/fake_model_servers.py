@@ -35,6 +35,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 _ids = itertools.count(1)
+_connections = itertools.count(1)  # a client's port may come back on a later connection: not an id
 
 
 def _next_id(prefix: str) -> str:
@@ -103,6 +104,7 @@ class Recorded:
     body: Any
     model: str | None
     received_at: float
+    connection: int = 0  # which connection it came on: every server numbers each it accepts, from 1
 
 
 Responder = Callable[[Recorded], FakeReply]
@@ -173,6 +175,10 @@ def _handler(api: _ScriptedServer) -> type[BaseHTTPRequestHandler]:
         protocol_version = "HTTP/1.1"
         disable_nagle_algorithm = True
 
+        def setup(self) -> None:
+            super().setup()
+            self.number = next(_connections)
+
         def do_POST(self) -> None:
             length = int(self.headers.get("content-length") or 0)
             raw = self.rfile.read(length) if length else b""
@@ -186,7 +192,7 @@ def _handler(api: _ScriptedServer) -> type[BaseHTTPRequestHandler]:
             if model is None and not path.endswith("/chat/completions"):
                 self._send(FakeReply(404, {"message": f"no route for POST {path}"}))
                 return
-            recorded = Recorded(path, headers, body, model or (body or {}).get("model"), time.monotonic())
+            recorded = Recorded(path, headers, body, model or (body or {}).get("model"), time.monotonic(), self.number)
             reply = api.finish(api.answer(recorded), recorded)
             if reply.reset:
                 self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

@@ -51,6 +51,7 @@ from agentq.core.providers.retry import (
     error_status_answered,
     no_reply_began,
 )
+from agentq.core.providers.shared_clients import anthropic_client
 
 # What the engine persists and replays. Anything else the SDK adds (citations, caller,
 # toolset_name, ...) would make stored steps depend on the SDK version that wrote them.
@@ -241,7 +242,12 @@ class AnthropicProvider(_MessagesProvider):
                     retryable=False,
                     code="missing_api_key",
                 )
-            client = anthropic.Anthropic(api_key=api_key, base_url=base_url, timeout=timeout, max_retries=0)
+            client = anthropic_client(
+                api_key or os.environ.get("ANTHROPIC_API_KEY"),
+                os.environ.get("ANTHROPIC_AUTH_TOKEN"),
+                base_url or os.environ.get("ANTHROPIC_BASE_URL"),
+                timeout,
+            )  # the SDK's own defaults, read here so that they are the shared client's key
         super().__init__(client, retry or RetryPolicy.from_env(), sleep, rng, timeout)
 
     # Economy mode (``core.providers.base.BatchProvider``): one request per batch, so a task's

@@ -54,6 +54,7 @@ from agentq.core.providers.retry import (
     error_status_answered,
     no_reply_began,
 )
+from agentq.core.providers.shared_clients import openai_client
 
 API_KEY_VARIABLE = "OPENAI_API_KEY"
 BASE_URL_VARIABLE = "OPENAI_BASE_URL"
@@ -96,7 +97,7 @@ class OpenAIProvider:
                     retryable=False,
                     code="missing_api_key",
                 )
-            client = openai.OpenAI(api_key=key or "not-needed", base_url=base_url, timeout=timeout, max_retries=0)
+            client = openai_client(key or "not-needed", base_url or os.environ.get(BASE_URL_VARIABLE), timeout)
         elif client.max_retries != 0:
             client = client.with_options(max_retries=0)
         self._client = client

@@ -1,0 +1,139 @@
+"""A process's model calls share one SDK client per setting, and so its connection
+(agentq/core/providers/shared_clients.py): every call of a task, streamed or not, comes on the
+connection its first call opened, for Anthropic and for OpenAI, although the engine asks the
+provider factory for a provider at every call. A rotated key, another server and a forked child
+each get a client of their own, and the connection a child inherited stays its parent's.
+
+Each fake server numbers the connections it accepts and records which one each request came
+on. The engine runs on the in-memory twin: what is tested is the provider's side."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Literal
+
+import pytest
+
+from agentq.core.engine import Engine, EngineConfig
+from agentq.core.models import TaskStatus, TaskSubmission
+from agentq.core.providers import LLMRequest, default_provider_factory
+from agentq.core.tools import ToolRegistry
+from agentq.storage.container import Storage
+
+from tests.fake_messages_api import FakeMessagesAPI, text_reply, tool_use_reply
+from tests.fake_model_servers import FakeChatCompletions, chat_completion
+from tests.test_anthropic_key_secret import sent_key
+
+STORAGE = "memory"
+TURNS = 5  # model calls a task makes: four lookups, then the answer
+
+
+@pytest.fixture
+def messages_api(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeMessagesAPI]:
+    with FakeMessagesAPI() as api:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.base_url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-first")
+        monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN", raising=False)
+        yield api
+
+
+def _run(store: Storage, registry: ToolRegistry, provider: Literal["anthropic", "openai"], model: str) -> None:
+    submission = TaskSubmission(goal="look up five things", provider=provider, model=model)
+    submission.constraints.tools = ["lookup"]
+    task_id = store.tasks.create(submission, tenant="t").task_id
+    result = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=5)).run(task_id)
+    assert result.status is TaskStatus.SUCCEEDED, result.error
+
+
+@pytest.mark.parametrize("stream_above", ["0", "1000000"], ids=["streamed", "whole"])
+def test_every_call_of_an_anthropic_task_comes_on_the_connection_its_first_call_opened(
+    stream_above: str,
+    messages_api: FakeMessagesAPI,
+    store: Storage,
+    registry: ToolRegistry,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AGENTQ_STREAM_ABOVE_TOKENS", stream_above)
+    messages_api.enqueue(*[tool_use_reply("lookup", {"query": str(n)}) for n in range(TURNS - 1)], text_reply("done"))
+    _run(store, registry, "anthropic", "claude-sonnet-4-6")
+
+    assert len(messages_api.requests) == TURNS
+    assert [r.body.get("stream", False) for r in messages_api.requests] == [stream_above == "0"] * TURNS
+    assert len({r.connection for r in messages_api.requests}) == 1
+
+
+def test_every_call_of_an_openai_task_comes_on_the_connection_its_first_call_opened(
+    store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with FakeChatCompletions() as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.openai_base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+        server.enqueue(
+            *[chat_completion(None, [("lookup", {"query": str(n)})]) for n in range(TURNS - 1)],
+            chat_completion("done"),
+        )
+        _run(store, registry, "openai", "gpt-4.1-mini")
+
+    assert len(server.requests) == TURNS
+    assert len({r.connection for r in server.requests}) == 1
+
+
+def _call() -> None:
+    """One call as the engine makes it: a provider from the factory, for this call alone."""
+    submission = TaskSubmission(goal="hi", provider="anthropic", model="claude-sonnet-4-6")
+    request = LLMRequest(model="claude-sonnet-4-6", messages=[{"role": "user", "content": "hi"}], max_tokens=64)
+    default_provider_factory(submission).complete(request)
+
+
+def test_a_rotated_key_is_sent_from_the_next_call_on(
+    messages_api: FakeMessagesAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    messages_api.enqueue(text_reply("one"), text_reply("two"), text_reply("three"))
+    _call()
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-rotated")
+    _call()
+    _call()
+
+    assert [sent_key(r) for r in messages_api.requests] == ["sk-ant-first", *["sk-ant-rotated"] * 2]
+    first, second, third = (r.connection for r in messages_api.requests)
+    assert second != first and third == second  # the new key's client, kept
+
+
+def test_another_server_gets_the_call_and_the_first_keeps_its_connection(
+    messages_api: FakeMessagesAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    messages_api.enqueue(text_reply("one"), text_reply("three"))
+    _call()
+    with FakeMessagesAPI() as other:
+        other.enqueue(text_reply("two"))
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", other.base_url)
+        _call()
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", messages_api.base_url)
+        _call()
+
+    assert len(other.requests) == 1
+    assert (
+        len(messages_api.requests) == 2 and messages_api.requests[0].connection == messages_api.requests[1].connection
+    )
+
+
+def test_a_forked_child_opens_a_connection_of_its_own_and_leaves_its_parents_alone(
+    messages_api: FakeMessagesAPI,
+) -> None:
+    messages_api.enqueue(text_reply("parent"), text_reply("child"), text_reply("parent again"))
+    _call()
+    pid = os.fork()
+    if pid == 0:  # the child: one call, its outcome as its exit status
+        code = 1
+        try:
+            _call()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    _call()
+
+    parent, child, parent_again = (r.connection for r in messages_api.requests)
+    assert child != parent and parent_again == parent
