@@ -48,6 +48,7 @@ CASES = {
     "live_cost": ["--watchers", "10,100"],
     "idle_cost": ["--idle-poll-waits", "1,5", "--seconds", "3", "--workers", "1"],
     "alias_cost": ["--runs", "3"],
+    "provider_calls": ["--calls", "5"],
     "eval_run": ["--items", "6", "--latency", "1"],
     "stop_time": ["--tasks", "6", "--others", "2", "--workers", "1", "--latency", "0.5", "--scan", "6"],
     "fairness": ["--sizes", "8", "--b-tasks", "2", "--latency", "0.5", "--limit", "2", "--window", "2",
@@ -108,6 +109,11 @@ def test_each_bench_runs_end_to_end_and_prints_its_figures_as_json(
         assert long["sqs_requests_per_worker_minute"] < short["sqs_requests_per_worker_minute"]
         assert long["dollars_per_worker_month"] < short["dollars_per_worker_month"]
         assert short["calls_per_worker_minute"]["dynamodb:UpdateItem"] > 0  # the liveness, renewed all the same
+    elif name == "provider_calls":
+        connections = {(r["provider"], r["mode"]): r["connections"] for r in result["rows"]}
+        assert connections == {
+            (p, m): 5 if m == "per call" else 1 for p in ("anthropic", "openai") for m in module.MODES
+        }
     elif name == "eval_run":
         assert result["tasks"] == 12 and result["lost"] == 0 and result["repeated"] == 0
         assert result["killed"]["cli_after_submissions"] == 10 and result["aws_calls"] > 0
