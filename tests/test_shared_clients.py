@@ -1,6 +1,6 @@
 """A process's model calls share one SDK client per setting, and so its connection
 (agentq/core/providers/shared_clients.py): every call of a task, streamed or not, comes on the
-connection its first call opened, for Anthropic and for OpenAI, although the engine asks the
+connection its first call opened, for Anthropic, Claude on Bedrock and OpenAI, although the engine asks the
 provider factory for a provider at every call. A rotated key, another server and a forked child
 each get a client of their own, and the connection a child inherited stays its parent's.
 
@@ -20,6 +20,7 @@ from agentq.core.models import TaskStatus, TaskSubmission
 from agentq.core.providers import LLMRequest, default_provider_factory
 from agentq.core.tools import ToolRegistry
 from agentq.storage.container import Storage
+from agentq_dev.moto_server import LOCAL_CREDENTIALS
 
 from tests.fake_messages_api import FakeMessagesAPI, text_reply, tool_use_reply
 from tests.fake_model_servers import FakeChatCompletions, chat_completion
@@ -38,7 +39,9 @@ def messages_api(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeMessagesAPI]:
         yield api
 
 
-def _run(store: Storage, registry: ToolRegistry, provider: Literal["anthropic", "openai"], model: str) -> None:
+def _run(
+    store: Storage, registry: ToolRegistry, provider: Literal["anthropic", "bedrock", "openai"], model: str
+) -> None:
     submission = TaskSubmission(goal="look up five things", provider=provider, model=model)
     submission.constraints.tools = ["lookup"]
     task_id = store.tasks.create(submission, tenant="t").task_id
@@ -60,6 +63,20 @@ def test_every_call_of_an_anthropic_task_comes_on_the_connection_its_first_call_
 
     assert len(messages_api.requests) == TURNS
     assert [r.body.get("stream", False) for r in messages_api.requests] == [stream_above == "0"] * TURNS
+    assert len({r.connection for r in messages_api.requests}) == 1
+
+
+def test_every_call_of_a_claude_on_bedrock_task_comes_on_the_connection_its_first_call_opened(
+    messages_api: FakeMessagesAPI, store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENTQ_BEDROCK_BASE_URL", messages_api.base_url)
+    for name, value in LOCAL_CREDENTIALS.items():  # what SigV4 signs each request with
+        monkeypatch.setenv(name, value)
+    messages_api.enqueue(*[tool_use_reply("lookup", {"query": str(n)}) for n in range(TURNS - 1)], text_reply("done"))
+    _run(store, registry, "bedrock", "us.anthropic.claude-sonnet-4-5-20250929-v1:0")
+
+    assert [r.path.endswith("/invoke") for r in messages_api.requests] == [True] * TURNS
+    assert all(r.headers["authorization"].startswith("AWS4-HMAC-SHA256") for r in messages_api.requests)
     assert len({r.connection for r in messages_api.requests}) == 1
 
 

@@ -51,7 +51,7 @@ from agentq.core.providers.retry import (
     error_status_answered,
     no_reply_began,
 )
-from agentq.core.providers.shared_clients import anthropic_client
+from agentq.core.providers.shared_clients import anthropic_bedrock_client, anthropic_client
 
 # What the engine persists and replays. Anything else the SDK adds (citations, caller,
 # toolset_name, ...) would make stored steps depend on the SDK version that wrote them.
@@ -333,9 +333,12 @@ class BedrockProvider(_MessagesProvider):
         rng: random.Random | None = None,
     ) -> None:
         if client is None:
-            client = anthropic.AnthropicBedrock(
-                aws_region=aws_region, base_url=base_url, timeout=timeout, max_retries=0
-            )
+            client = anthropic_bedrock_client(
+                aws_region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None,
+                base_url or os.environ.get("ANTHROPIC_BEDROCK_BASE_URL"),
+                os.environ.get("AWS_BEARER_TOKEN_BEDROCK"),
+                timeout,
+            )  # the SDK's own defaults, read here so that they are the shared client's key
         super().__init__(client, retry or RetryPolicy.from_env(), sleep, rng, timeout)
 
     def complete(self, request: LLMRequest) -> LLMResponse:

@@ -2,7 +2,7 @@
 
 Why: the engine asks the provider factory for a provider at every model call
 (``default_provider_factory``), and a provider used to build its SDK client there. An
-``anthropic.Anthropic`` or ``openai.OpenAI`` client builds an httpx client, whose SSL context
+``anthropic.Anthropic`` (or ``AnthropicBedrock``) or ``openai.OpenAI`` client builds an httpx client, whose SSL context
 loads the CA bundle: ~50 ms and ~33 ms of CPU a call. And a new client has no connection, so
 every call opened a TCP connection and a TLS session of its own. The SDKs' clients are
 thread-safe and meant to be shared: one per setting (key, base URL, timeout) keeps a worker's
@@ -52,6 +52,19 @@ def anthropic_client(
 
     return anthropic.Anthropic(
         api_key=api_key, auth_token=auth_token, base_url=base_url, timeout=timeout, max_retries=0
+    )
+
+
+@_per_process
+def anthropic_bedrock_client(
+    aws_region: str | None, base_url: str | None, bearer_token: str | None, timeout: float
+) -> anthropic.AnthropicBedrock:
+    """Claude on Bedrock's client in ``aws_region`` (None: the AWS profile's), signed with the
+    ambient AWS credentials at each request unless ``bearer_token`` (a Bedrock API key) is given."""
+    import anthropic
+
+    return anthropic.AnthropicBedrock(
+        aws_region=aws_region, base_url=base_url, api_key=bearer_token, timeout=timeout, max_retries=0
     )
 
 
