@@ -204,6 +204,11 @@ def _warm() -> None:
     for service in WARM_APPS:  # a service's first request builds its app: its url and response modules
         with contextlib.suppress(Exception):
             create_backend_app(service)  # type: ignore[arg-type]  # (a Literal of moto's service names)
+    from moto.core.routing import get_service_router
+
+    for service in WARM_APPS:  # and its operations' router, from botocore's model of it: ~30 ms each
+        if service != "moto_api":
+            get_service_router(service)
     from agentq.runtime import warm_data_loader
 
     warm_data_loader(WARM_CLIENTS)
