@@ -32,13 +32,12 @@ import urllib.parse
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from tests.fake_model_servers import Gate
+from tests.model_server import Gate, ModelServer
 
 _ids = itertools.count(1)
-_connections = itertools.count(1)  # a client's port may come back on a later connection: not an id
 
 
 def _next_id(prefix: str) -> str:
@@ -95,7 +94,7 @@ class RecordedRequest:
     body: Any  # parsed JSON, or the raw text when it was not JSON
     received_at: float  # time.monotonic()
     model: str | None  # from the body, or from the Bedrock path
-    connection: int = 0  # which connection it came on: every server numbers each it accepts, from 1
+    connection: int = 0  # which connection it came on: its server numbers each it accepts, from 1
 
 
 # --- reply builders -------------------------------------------------------------------------
@@ -246,8 +245,7 @@ class FakeMessagesAPI:
         # is cut after the headers and half the body: the client cannot know the batch exists.
         self.batch_create_cuts = 0
         self.batch_create_overloads = 0  # the next so many batch creations answer 529 and make nothing
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
-        self._server.daemon_threads = True
+        self._server = ModelServer(_make_handler(self))
         # A short poll interval keeps shutdown() (and so each test's teardown) near-instant.
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.01}, name="fake-messages-api", daemon=True
@@ -266,8 +264,7 @@ class FakeMessagesAPI:
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.stop()
         self._thread.join(timeout=5)
 
     def __enter__(self) -> FakeMessagesAPI:
@@ -378,10 +375,6 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
         protocol_version = "HTTP/1.1"  # keep-alive, as httpx expects of a real server
         disable_nagle_algorithm = True  # headers and body go out in two writes: avoid 40 ms stalls
 
-        def setup(self) -> None:
-            super().setup()
-            self.number = next(_connections)
-
         def do_POST(self) -> None:
             length = int(self.headers.get("content-length") or 0)
             raw = self.rfile.read(length) if length else b""
@@ -410,7 +403,7 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
                 body=body,
                 received_at=time.monotonic(),
                 model=model,
-                connection=self.number,
+                connection=api._server.number(self.connection),
             )
             reply = api._take(recorded)
             if reply is RESET:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import select
 import socket
 import struct
 import threading
@@ -31,55 +30,16 @@ import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
+from tests.model_server import Gate, ModelServer
+
 _ids = itertools.count(1)
-_connections = itertools.count(1)  # a client's port may come back on a later connection: not an id
 
 
 def _next_id(prefix: str) -> str:
     return f"{prefix}{next(_ids):020d}"
-
-
-@dataclass
-class Gate:
-    """A model still thinking: the reply waits until the test ``open``s the gate (or ``limit``
-    seconds pass: ``expired``), and the server watches its client meanwhile: a client that
-    closes the connection (a call cut by its task's timeout) sets ``hung_up`` and is sent
-    nothing. What a test of a cut call asserts on: the server had not answered when the task
-    ended, and whether the client hung up or left the request open."""
-
-    limit: float = 30.0
-    opened: threading.Event = field(default_factory=threading.Event)
-    hung_up: threading.Event = field(default_factory=threading.Event)
-    expired: bool = False
-
-    def open(self) -> None:
-        self.opened.set()
-
-    def hold(self, connection: socket.socket) -> bool:
-        """Wait for the gate; False when the client hung up first (send nothing more)."""
-        deadline = time.monotonic() + self.limit
-        while not self.opened.wait(0.02):
-            if _hung_up(connection):
-                self.hung_up.set()
-                return False
-            if time.monotonic() > deadline:
-                self.expired = True
-                return True
-        return True
-
-
-def _hung_up(connection: socket.socket) -> bool:
-    """The client closed its end: a client awaiting its reply sends nothing, so a readable
-    socket with nothing to read (or reset) is one whose client has gone."""
-    if not select.select([connection], [], [], 0)[0]:
-        return False
-    try:
-        return connection.recv(1, socket.MSG_PEEK) == b""
-    except OSError:
-        return True
 
 
 @dataclass
@@ -104,7 +64,7 @@ class Recorded:
     body: Any
     model: str | None
     received_at: float
-    connection: int = 0  # which connection it came on: every server numbers each it accepts, from 1
+    connection: int = 0  # which connection it came on: its server numbers each it accepts, from 1
 
 
 Responder = Callable[[Recorded], FakeReply]
@@ -121,8 +81,7 @@ class _ScriptedServer:
         self._replies: deque[FakeReply] = deque()
         self.requests: list[Recorded] = []
         self.unexpected: list[Recorded] = []
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._server.daemon_threads = True
+        self._server = ModelServer(_handler(self))
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.01}, name=self.name, daemon=True
         )
@@ -136,8 +95,7 @@ class _ScriptedServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.stop()
         self._thread.join(timeout=5)
 
     def enqueue(self, *replies: FakeReply) -> None:
@@ -175,10 +133,6 @@ def _handler(api: _ScriptedServer) -> type[BaseHTTPRequestHandler]:
         protocol_version = "HTTP/1.1"
         disable_nagle_algorithm = True
 
-        def setup(self) -> None:
-            super().setup()
-            self.number = next(_connections)
-
         def do_POST(self) -> None:
             length = int(self.headers.get("content-length") or 0)
             raw = self.rfile.read(length) if length else b""
@@ -192,7 +146,14 @@ def _handler(api: _ScriptedServer) -> type[BaseHTTPRequestHandler]:
             if model is None and not path.endswith("/chat/completions"):
                 self._send(FakeReply(404, {"message": f"no route for POST {path}"}))
                 return
-            recorded = Recorded(path, headers, body, model or (body or {}).get("model"), time.monotonic(), self.number)
+            recorded = Recorded(
+                path,
+                headers,
+                body,
+                model or (body or {}).get("model"),
+                time.monotonic(),
+                api._server.number(self.connection),
+            )
             reply = api.finish(api.answer(recorded), recorded)
             if reply.reset:
                 self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

@@ -154,3 +154,11 @@ def run_agentq(
 ) -> subprocess.CompletedProcess[str]:
     """``python -m agentq ARGS`` through ``run_python``."""
     return run_python(["-m", "agentq", *args], env, timeout, cwd)
+
+
+def sent_key(request: Any) -> str | None:
+    """The key as the SDK sent it: ``x-api-key`` (older SDKs) or ``Authorization: Bearer``."""
+    bearer = request.headers.get("authorization", "")
+    return request.headers.get("x-api-key") or (
+        bearer.removeprefix("Bearer ") if bearer.startswith("Bearer ") else None
+    )

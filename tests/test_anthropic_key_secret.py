@@ -20,7 +20,8 @@ from agentq.core.tools import ToolRegistry
 from agentq.storage.container import Storage
 from agentq_dev.moto_server import MotoServer
 
-from tests.fake_messages_api import FakeMessagesAPI, RecordedRequest, text_reply
+from tests.fake_messages_api import FakeMessagesAPI, text_reply
+from tests.helpers import sent_key
 
 
 @pytest.fixture
@@ -48,14 +49,6 @@ def _secret(value: str) -> str:
 def _task(store: Storage) -> str:
     submission = TaskSubmission(goal="say hi", provider="anthropic", model="claude-sonnet-4-6")
     return store.tasks.create(submission, tenant="acme").task_id
-
-
-def sent_key(request: RecordedRequest) -> str | None:
-    """The key as the SDK sent it: ``x-api-key`` (older SDKs) or ``Authorization: Bearer``."""
-    bearer = request.headers.get("authorization", "")
-    return request.headers.get("x-api-key") or (
-        bearer.removeprefix("Bearer ") if bearer.startswith("Bearer ") else None
-    )
 
 
 def _engine(store: Storage, registry: ToolRegistry) -> Engine:

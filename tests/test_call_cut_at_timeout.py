@@ -33,12 +33,12 @@ from tests.fake_messages_api import FakeMessagesAPI, text_reply, usage_dict
 from tests.fake_model_servers import (
     FakeChatCompletions,
     FakeConverse,
-    Gate,
     chat_completion,
     converse_reply,
     point_boto3_at,
 )
 from tests.helpers import call, scripted, wait_for
+from tests.model_server import Gate
 
 STORAGE = "memory"
 SHORT, LONG = 1024, 32_000  # max_output_tokens: a plain call; a streamed one (past the threshold below)

@@ -27,8 +27,8 @@ from agentq.storage.container import Storage
 
 from tests.conftest import child_env
 from tests.fake_messages_api import FakeMessagesAPI, message_reply, usage_dict
-from tests.fake_model_servers import Gate
 from tests.helpers import agentq_process, wait_for
+from tests.model_server import Gate
 
 CAP, MAX_OUT = 20_000, 600
 FIRST = {"input_tokens": 20, "output_tokens": 300}  # the dead worker's call, as the provider bills it

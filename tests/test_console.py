@@ -31,9 +31,9 @@ from agentq.resources import QueueSettings
 from agentq_dev.stack import LocalStack
 
 from tests.fake_messages_api import FakeMessagesAPI, overloaded, text_reply, tool_use_reply
-from tests.fake_model_servers import Gate
 from tests.helpers import agentq_process, call
 from tests.helpers import scripted as scripted_submission
+from tests.model_server import Gate
 
 # Debian's headless shell (`make chromium`), else its full browser, else the tests are skipped.
 BROWSERS = ("/usr/bin/chromium-headless-shell", "/usr/bin/chromium")

@@ -24,7 +24,7 @@ from agentq_dev.moto_server import LOCAL_CREDENTIALS
 
 from tests.fake_messages_api import FakeMessagesAPI, text_reply, tool_use_reply
 from tests.fake_model_servers import FakeChatCompletions, chat_completion
-from tests.test_anthropic_key_secret import sent_key
+from tests.helpers import sent_key
 
 STORAGE = "memory"
 TURNS = 5  # model calls a task makes: four lookups, then the answer
