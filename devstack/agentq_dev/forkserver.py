@@ -208,7 +208,8 @@ def _warm() -> None:
 
     for service in WARM_APPS:  # and its operations' router, from botocore's model of it: ~30 ms each
         if service != "moto_api":
-            get_service_router(service)
+            with contextlib.suppress(Exception):
+                get_service_router(service)
     from agentq.runtime import warm_data_loader
 
     warm_data_loader(WARM_CLIENTS)
