@@ -10,7 +10,8 @@ that speaks the provider's wire protocol and keeps connections alive as a real o
 and ``openai`` SDKs. ``shared``: the SDK client the process keeps per setting
 (``agentq/core/providers/shared_clients.py``); ``per call``: an SDK client built at every call,
 as before it. Per call: this process's CPU (the SDKs, the provider, the HTTP client; the server
-runs in other threads of this process, so its CPU is counted too, the same in both modes), and
+runs in other threads of this process, so its CPU is counted too: the same per request in both
+modes, and a connection accepted and a thread started per call in ``per call``), and
 the TCP connections the server accepted, each of which is a TLS handshake with a real provider.
 The connections do not depend on the machine; the CPU does.
 """
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import sys
 import time
 from collections.abc import Callable
@@ -40,12 +40,6 @@ MODELS = {"anthropic": "claude-sonnet-4-6", "openai": "gpt-4.1-mini"}
 MODES = ("per call", "shared")
 
 
-def _cpu() -> float:
-    """This process's CPU seconds, every thread's (the server's threads too)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def _calls(provider: str, calls: int, shared: bool) -> tuple[float, int, float]:
     """CPU seconds and wall seconds of ``calls`` calls, and the connections the server accepted."""
     submission = TaskSubmission(goal="hi", provider=provider, model=MODELS[provider])  # type: ignore[arg-type]
@@ -61,13 +55,12 @@ def _calls(provider: str, calls: int, shared: bool) -> tuple[float, int, float]:
         server.enqueue(*[chat_completion("hi") for _ in range(calls + 1)])
     with server:
         default_provider_factory(submission).complete(request)  # the imports and the first client, in both modes
-        cpu, wall = _cpu(), time.monotonic()
+        cpu, wall = time.process_time(), time.monotonic()  # every thread's: the server's too
         for _ in range(calls):
             if not shared:
-                shared_clients.anthropic_client.cache_clear()
-                shared_clients.openai_client.cache_clear()
+                shared_clients.forget()
             default_provider_factory(submission).complete(request)
-        cpu, wall = _cpu() - cpu, time.monotonic() - wall
+        cpu, wall = time.process_time() - cpu, time.monotonic() - wall
         connections = len({r.connection for r in server.requests[1:]})
     return cpu, connections, wall
 

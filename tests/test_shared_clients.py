@@ -1,8 +1,9 @@
 """A process's model calls share one SDK client per setting, and so its connection
 (agentq/core/providers/shared_clients.py): every call of a task, streamed or not, comes on the
 connection its first call opened, for Anthropic, Claude on Bedrock and OpenAI, although the engine asks the
-provider factory for a provider at every call. A rotated key, another server and a forked child
-each get a client of their own, and the connection a child inherited stays its parent's.
+provider factory for a provider at every call. A setting changed in the environment (a rotated
+key, a header), another server and a forked child each get a client of their own, and the
+connection a child inherited stays its parent's.
 
 Each fake server numbers the connections it accepts and records which one each request came
 on. The engine runs on the in-memory twin: what is tested is the provider's side."""
@@ -10,7 +11,9 @@ on. The engine runs on the in-memory twin: what is tested is the provider's side
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import time
+import traceback
+from collections.abc import Callable, Iterator
 from typing import Literal
 
 import pytest
@@ -22,7 +25,7 @@ from agentq.core.tools import ToolRegistry
 from agentq.storage.container import Storage
 from agentq_dev.moto_server import LOCAL_CREDENTIALS
 
-from tests.fake_messages_api import FakeMessagesAPI, text_reply, tool_use_reply
+from tests.fake_messages_api import FakeMessagesAPI, RecordedRequest, text_reply, tool_use_reply
 from tests.fake_model_servers import FakeChatCompletions, chat_completion
 from tests.helpers import sent_key
 
@@ -103,18 +106,34 @@ def _call() -> None:
     default_provider_factory(submission).complete(request)
 
 
-def test_a_rotated_key_is_sent_from_the_next_call_on(
-    messages_api: FakeMessagesAPI, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("variable", "value", "sent"),
+    [
+        ("ANTHROPIC_API_KEY", "sk-ant-rotated", lambda r: sent_key(r) == "sk-ant-rotated"),
+        ("ANTHROPIC_CUSTOM_HEADERS", "x-gateway: team-b", lambda r: r.headers.get("x-gateway") == "team-b"),
+        # both credentials set: the key is sent, as the SDK picks when it reads them itself
+        ("ANTHROPIC_AUTH_TOKEN", "a-gateway-token", lambda r: sent_key(r) == "sk-ant-first"),
+        ("ANTHROPIC_AUTH_TOKEN", "", lambda r: sent_key(r) == "sk-ant-first"),
+    ],
+    ids=["rotated-key", "custom-header", "key-and-token", "empty-token"],
+)
+def test_a_setting_changed_in_the_environment_is_what_the_next_call_is_made_with(
+    variable: str,
+    value: str,
+    sent: Callable[[RecordedRequest], bool],
+    messages_api: FakeMessagesAPI,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     messages_api.enqueue(text_reply("one"), text_reply("two"), text_reply("three"))
     _call()
-    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-rotated")
+    monkeypatch.setenv(variable, value)
     _call()
     _call()
 
-    assert [sent_key(r) for r in messages_api.requests] == ["sk-ant-first", *["sk-ant-rotated"] * 2]
-    first, second, third = (r.connection for r in messages_api.requests)
-    assert second != first and third == second  # the new key's client, kept
+    first, second, third = messages_api.requests
+    assert not sent(first) or variable == "ANTHROPIC_AUTH_TOKEN"
+    assert sent(second) and sent(third)
+    assert second.connection != first.connection and third.connection == second.connection  # a new client, kept
 
 
 def test_another_server_gets_the_call_and_the_first_keeps_its_connection(
@@ -146,10 +165,15 @@ def test_a_forked_child_opens_a_connection_of_its_own_and_leaves_its_parents_alo
         try:
             _call()
             code = 0
+        except BaseException:
+            traceback.print_exc()
         finally:
             os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    deadline = time.monotonic() + 60
+    while (ended := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        assert time.monotonic() < deadline, "the child's call did not end"
+        time.sleep(0.01)
+    assert os.waitstatus_to_exitcode(ended[1]) == 0
     _call()
 
     parent, child, parent_again = (r.connection for r in messages_api.requests)

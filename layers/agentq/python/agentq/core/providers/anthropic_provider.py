@@ -242,12 +242,7 @@ class AnthropicProvider(_MessagesProvider):
                     retryable=False,
                     code="missing_api_key",
                 )
-            client = anthropic_client(
-                api_key or os.environ.get("ANTHROPIC_API_KEY"),
-                os.environ.get("ANTHROPIC_AUTH_TOKEN"),
-                base_url or os.environ.get("ANTHROPIC_BASE_URL"),
-                timeout,
-            )  # the SDK's own defaults, read here so that they are the shared client's key
+            client = anthropic_client(api_key, base_url, timeout)
         super().__init__(client, retry or RetryPolicy.from_env(), sleep, rng, timeout)
 
     # Economy mode (``core.providers.base.BatchProvider``): one request per batch, so a task's
@@ -333,12 +328,7 @@ class BedrockProvider(_MessagesProvider):
         rng: random.Random | None = None,
     ) -> None:
         if client is None:
-            client = anthropic_bedrock_client(
-                aws_region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None,
-                base_url or os.environ.get("ANTHROPIC_BEDROCK_BASE_URL"),
-                os.environ.get("AWS_BEARER_TOKEN_BEDROCK"),
-                timeout,
-            )  # the SDK's own defaults, read here so that they are the shared client's key
+            client = anthropic_bedrock_client(aws_region, base_url, timeout)
         super().__init__(client, retry or RetryPolicy.from_env(), sleep, rng, timeout)
 
     def complete(self, request: LLMRequest) -> LLMResponse:

@@ -97,7 +97,7 @@ class OpenAIProvider:
                     retryable=False,
                     code="missing_api_key",
                 )
-            client = openai_client(key or "not-needed", base_url or os.environ.get(BASE_URL_VARIABLE), timeout)
+            client = openai_client(key or "not-needed", base_url, timeout)
         elif client.max_retries != 0:
             client = client.with_options(max_retries=0)
         self._client = client

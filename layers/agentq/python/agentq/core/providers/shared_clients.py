@@ -2,21 +2,25 @@
 
 Why: the engine asks the provider factory for a provider at every model call
 (``default_provider_factory``), and a provider used to build its SDK client there. An
-``anthropic.Anthropic`` (or ``AnthropicBedrock``) or ``openai.OpenAI`` client builds an httpx client, whose SSL context
-loads the CA bundle: ~50 ms and ~33 ms of CPU a call. And a new client has no connection, so
-every call opened a TCP connection and a TLS session of its own. The SDKs' clients are
-thread-safe and meant to be shared: one per setting (key, base URL, timeout) keeps a worker's
-connection to the provider alive from one call to the next (``tests/test_shared_clients.py``;
-``bench/provider_calls.py``: 37 -> 3.5 ms of CPU a call, 100 -> 1 connections a hundred calls).
-One exception, the SDK's: ``openai`` 3.63's synchronous stream closes its response at
-``[DONE]`` without reading the chunked body's end, so a streamed OpenAI call (above
+``anthropic.Anthropic`` (or ``AnthropicBedrock``) or ``openai.OpenAI`` client builds an httpx
+client, whose SSL context loads the CA bundle: ~35-50 ms of CPU a call. And a new client has
+no connection, so every call opened a TCP connection and a TLS session of its own. The SDKs'
+clients are thread-safe and meant to be shared: one per setting keeps a worker's connection to
+the provider open from one call to the next, for as long as the HTTP client keeps an idle
+connection (5 s) and the server does (``tests/test_shared_clients.py``;
+``bench/provider_calls.py``: 38 -> 3.5 ms of CPU a call, one connection for 200 calls where
+there were 200). One exception, the SDK's: ``openai`` 3.63's synchronous stream closes its
+response at ``[DONE]`` without reading the chunked body's end, so a streamed OpenAI call (above
 ``AGENTQ_STREAM_ABOVE_TOKENS``) still opens a connection; its CPU is saved all the same.
 
-A setting is part of the key, so a rotated key or another server gets a client of its own;
-the least recently used of more than ``SHARED_CLIENTS`` goes (its connections close with it).
-A forked child starts with none: the connections it inherited are its parent's.
+A setting is everything the client is built from: the arguments, and every environment
+variable the SDK or its HTTP client reads when it builds one (``_environment``: its own
+prefix's, the proxies and the CA bundle's). A rotated key, another server, another header or
+proxy gets a client of its own; the least recently used of more than ``SHARED_CLIENTS`` is
+dropped. A forked child starts with none: the connections it inherited are its parent's.
 
-Bedrock Converse keeps its botocore client the same way (``bedrock_converse.shared_client``).
+Bedrock Converse keeps a botocore client per setting for the same reason
+(``bedrock_converse.shared_client``).
 """
 
 from __future__ import annotations
@@ -31,8 +35,16 @@ if TYPE_CHECKING:
     import openai
 
 SHARED_CLIENTS = 8
+# What httpx reads from the environment when a client is built (trust_env): proxies, CA bundle.
+HTTP_CLIENT_VARIABLES = frozenset(
+    {"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "all_proxy", "no_proxy",
+     "SSL_CERT_FILE", "SSL_CERT_DIR"}
+)  # fmt: skip
+# What AnthropicBedrock reads besides ANTHROPIC_*: its region (or profile's) and its API key.
+BEDROCK_VARIABLES = frozenset({"AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE", "AWS_BEARER_TOKEN_BEDROCK"})
 
 T = TypeVar("T")
+Environment = tuple[tuple[str, str], ...]
 
 
 def _per_process(make: Callable[..., T]) -> functools._lru_cache_wrapper[T]:
@@ -43,34 +55,59 @@ def _per_process(make: Callable[..., T]) -> functools._lru_cache_wrapper[T]:
     return shared
 
 
+def _environment(prefix: str, names: frozenset[str] = frozenset()) -> Environment:
+    """The environment variables a client of that SDK is built from: those named with its
+    ``prefix``, ``names`` and the HTTP client's, as they are now (part of the client's key)."""
+    read = names | HTTP_CLIENT_VARIABLES
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(prefix) or k in read))
+
+
+def anthropic_client(api_key: str | None, base_url: str | None, timeout: float) -> anthropic.Anthropic:
+    """The Anthropic API's client at ``base_url`` (None: ``ANTHROPIC_BASE_URL``, else the SDK's),
+    with ``api_key`` (None: ``ANTHROPIC_API_KEY``, else ``ANTHROPIC_AUTH_TOKEN``, as the SDK
+    picks)."""
+    return _anthropic(api_key, base_url, timeout, _environment("ANTHROPIC_"))
+
+
 @_per_process
-def anthropic_client(
-    api_key: str | None, auth_token: str | None, base_url: str | None, timeout: float
-) -> anthropic.Anthropic:
-    """The Anthropic API's client for these credentials, at ``base_url`` (None: the SDK's)."""
+def _anthropic(api_key: str | None, base_url: str | None, timeout: float, _: Environment) -> anthropic.Anthropic:
     import anthropic
 
-    return anthropic.Anthropic(
-        api_key=api_key, auth_token=auth_token, base_url=base_url, timeout=timeout, max_retries=0
-    )
+    return anthropic.Anthropic(api_key=api_key, base_url=base_url, timeout=timeout, max_retries=0)
 
 
-@_per_process
 def anthropic_bedrock_client(
-    aws_region: str | None, base_url: str | None, bearer_token: str | None, timeout: float
+    aws_region: str | None, base_url: str | None, timeout: float
 ) -> anthropic.AnthropicBedrock:
-    """Claude on Bedrock's client in ``aws_region`` (None: the AWS profile's), signed with the
-    ambient AWS credentials at each request unless ``bearer_token`` (a Bedrock API key) is given."""
-    import anthropic
-
-    return anthropic.AnthropicBedrock(
-        aws_region=aws_region, base_url=base_url, api_key=bearer_token, timeout=timeout, max_retries=0
-    )
+    """Claude on Bedrock's client in ``aws_region`` (None: the environment's or the AWS
+    profile's), signed with the ambient AWS credentials at each request unless
+    ``AWS_BEARER_TOKEN_BEDROCK`` (a Bedrock API key) is set."""
+    return _anthropic_bedrock(aws_region, base_url, timeout, _environment("ANTHROPIC_", BEDROCK_VARIABLES))
 
 
 @_per_process
+def _anthropic_bedrock(
+    aws_region: str | None, base_url: str | None, timeout: float, _: Environment
+) -> anthropic.AnthropicBedrock:
+    import anthropic
+
+    return anthropic.AnthropicBedrock(aws_region=aws_region, base_url=base_url, timeout=timeout, max_retries=0)
+
+
 def openai_client(api_key: str, base_url: str | None, timeout: float) -> openai.OpenAI:
-    """The Chat Completions client for ``api_key`` at ``base_url`` (None: OpenAI's own)."""
+    """The Chat Completions client for ``api_key`` at ``base_url`` (None: ``OPENAI_BASE_URL``,
+    else OpenAI's own)."""
+    return _openai(api_key, base_url, timeout, _environment("OPENAI_"))
+
+
+@_per_process
+def _openai(api_key: str, base_url: str | None, timeout: float, _: Environment) -> openai.OpenAI:
     import openai
 
     return openai.OpenAI(api_key=api_key, base_url=base_url, timeout=timeout, max_retries=0)
+
+
+def forget() -> None:
+    """Drop every shared client (a test that must start from none; a forked child does anyway)."""
+    for shared in (_anthropic, _anthropic_bedrock, _openai):
+        shared.cache_clear()
