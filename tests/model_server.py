@@ -21,8 +21,6 @@ class ModelServer(ThreadingHTTPServer):
     closes those still open: a client that keeps its connection (the providers' shared SDK
     clients) gets no answer from a stopped server, as from a real one gone down."""
 
-    daemon_threads = True
-
     def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
         super().__init__(("127.0.0.1", 0), handler)
         self.connections: dict[Any, int] = {}  # each open connection's number, from 1
@@ -45,11 +43,10 @@ class ModelServer(ThreadingHTTPServer):
 
     def stop(self) -> None:
         self.shutdown()
-        with self._guard:
-            still_open = list(self.connections)
-        for connection in still_open:
-            with contextlib.suppress(OSError):
-                connection.shutdown(socket.SHUT_RDWR)
+        with self._guard:  # held: a handler closing its socket meanwhile would free its number for another
+            for connection in self.connections:
+                with contextlib.suppress(OSError):
+                    connection.shutdown(socket.SHUT_RDWR)
         self.server_close()
 
 
