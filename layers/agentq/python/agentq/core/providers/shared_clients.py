@@ -13,9 +13,9 @@ there were 200). One exception, the SDK's: ``openai`` 3.63's synchronous stream 
 response at ``[DONE]`` without reading the chunked body's end, so a streamed OpenAI call (above
 ``AGENTQ_STREAM_ABOVE_TOKENS``) still opens a connection; its CPU is saved all the same.
 
-A setting is everything the client is built from: the arguments, and every environment
-variable the SDK or its HTTP client reads when it builds one (``_environment``: its own
-prefix's, the proxies and the CA bundle's). A rotated key, another server, another header or
+A setting is everything the client is built from: the arguments, and the environment the SDK
+and its HTTP client read when they build one (``_environment``: the variables of the SDK's own
+prefix, the proxies, the CA bundle's, and for Bedrock which region or AWS profile). A rotated key, another server, another header or
 proxy gets a client of its own; the least recently used of more than ``SHARED_CLIENTS`` is
 dropped. A forked child starts with none: the connections it inherited are its parent's.
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import os
+import urllib.request
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -35,13 +36,15 @@ if TYPE_CHECKING:
     import openai
 
 SHARED_CLIENTS = 8
-# What httpx reads from the environment when a client is built (trust_env): proxies, CA bundle.
-HTTP_CLIENT_VARIABLES = frozenset(
-    {"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "all_proxy", "no_proxy",
-     "SSL_CERT_FILE", "SSL_CERT_DIR"}
+# What AnthropicBedrock reads besides ANTHROPIC_*: its region (or its profile's: botocore's
+# variables for which profile and config file) and its API key. A config file's contents are
+# not in the key.
+BEDROCK_VARIABLES = frozenset(
+    {"AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_CONFIG_FILE",
+     "AWS_BEARER_TOKEN_BEDROCK"}
 )  # fmt: skip
-# What AnthropicBedrock reads besides ANTHROPIC_*: its region (or profile's) and its API key.
-BEDROCK_VARIABLES = frozenset({"AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE", "AWS_BEARER_TOKEN_BEDROCK"})
+# What the SDKs' httpx reads when it builds a client, besides the proxies (``getproxies``).
+TLS_VARIABLES = frozenset({"SSL_CERT_FILE", "SSL_CERT_DIR"})
 
 T = TypeVar("T")
 Environment = tuple[tuple[str, str], ...]
@@ -56,10 +59,12 @@ def _per_process(make: Callable[..., T]) -> functools._lru_cache_wrapper[T]:
 
 
 def _environment(prefix: str, names: frozenset[str] = frozenset()) -> Environment:
-    """The environment variables a client of that SDK is built from: those named with its
-    ``prefix``, ``names`` and the HTTP client's, as they are now (part of the client's key)."""
-    read = names | HTTP_CLIENT_VARIABLES
-    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(prefix) or k in read))
+    """The environment a client of that SDK is built from, as it is now (part of the client's
+    key): the variables named with its ``prefix``, ``names``, the CA bundle's, and the proxies
+    as the SDKs' httpx reads them (``urllib.request.getproxies``: any capitalisation)."""
+    read = names | TLS_VARIABLES
+    own = sorted((k, v) for k, v in os.environ.items() if k.startswith(prefix) or k in read)
+    return (*own, *sorted((f"proxy:{k}", v) for k, v in urllib.request.getproxies().items()))
 
 
 def anthropic_client(api_key: str | None, base_url: str | None, timeout: float) -> anthropic.Anthropic:
