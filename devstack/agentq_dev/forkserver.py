@@ -194,6 +194,7 @@ def _reap(*_: Any) -> None:
 def _warm() -> None:
     """Everything a server or a worker would import or build before (or at) its first requests,
     in this process and without a thread."""
+    from moto.core.routing import get_service_router
     from moto.moto_server.werkzeug_app import create_backend_app
 
     from agentq_dev import moto_app
@@ -204,10 +205,7 @@ def _warm() -> None:
     for service in WARM_APPS:  # a service's first request builds its app: its url and response modules
         with contextlib.suppress(Exception):
             create_backend_app(service)  # type: ignore[arg-type]  # (a Literal of moto's service names)
-    from moto.core.routing import get_service_router
-
-    for service in WARM_APPS:  # and its operations' router, from botocore's model of it: ~30 ms each
-        if service != "moto_api":
+        if service != "moto_api":  # and its operations' router, from botocore's model of it: ~30 ms each
             with contextlib.suppress(Exception):
                 get_service_router(service)
     from agentq.runtime import warm_data_loader
