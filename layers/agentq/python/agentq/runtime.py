@@ -8,15 +8,14 @@ the tests point everything at moto.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import boto3
-import botocore.session
 
 from agentq.aws import boto_config, region_from_env
+from agentq.aws_sessions import shared_session
 from agentq.control.defaults import ConfigurationError, Defaults
 from agentq.core.secrets import Secrets
 from agentq.core.tools import ToolRegistry, default_registry
@@ -144,32 +143,10 @@ def retention_days_from_env() -> int:
     return days
 
 
-_loader_lock = threading.Lock()
-_loader: Any = None  # botocore's data loader, shared by every session this module makes
-
-
 def session(settings: Settings) -> boto3.session.Session:
-    """A new boto3 session sharing this process's botocore data loader.
-
-    Why shared: a botocore session parses the JSON it needs (endpoints, partitions, each
-    service's model and rules) on its own, ~60 ms per service, and a worker or a Lambda cold
-    start builds a session per kind of client (store, queues, fan-out), the tests one or two per
-    test. The loader only reads botocore's (and boto3's) bundled data, and caches what it read,
-    so one per process is enough. Sessions stay separate objects (boto3 sessions are not
-    thread-safe); only the parsed data is shared.
-    """
-    global _loader
-    with _loader_lock:
-        core = botocore.session.get_session()
-        if _loader is None:
-            made = boto3.session.Session(botocore_session=core, region_name=settings.region)
-            _loader = core.get_component("data_loader")
-            return made
-        core.register_component("data_loader", _loader)
-        known = len(_loader.search_paths)
-        made = boto3.session.Session(botocore_session=core, region_name=settings.region)
-        del _loader.search_paths[known:]  # boto3 appends its data folder per session; the loader has it
-        return made
+    """This process's boto3 session for ``settings.region`` (``agentq.aws_sessions``): one per
+    process and environment, each caller's clients its own."""
+    return shared_session(settings.region)
 
 
 def warm_data_loader(services: Iterable[str], region: str = "us-east-1") -> None:
