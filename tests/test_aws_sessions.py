@@ -38,11 +38,12 @@ def signed_with(sqs: Any) -> str:
 
 @pytest.fixture
 def own_setting(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """A setting no other test of the process has (a key of this test's own), no files on disk."""
+    """A setting no other test of the process has (a key of this test's own), no files on disk,
+    nothing else of the runner's AWS configuration (a profile, a role to assume)."""
+    for name in [k for k in os.environ if k.startswith(("AWS_", "BOTO_"))]:
+        monkeypatch.delenv(name)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", f"AKIA{os.urandom(6).hex().upper()}")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
-    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
 
@@ -74,8 +75,9 @@ def test_a_rewritten_credentials_file_signs_the_next_client_s_requests(
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     credentials = tmp_path / "credentials"
-    for key in ("AKIAFROMTHEFILE00001", "AKIAFROMTHEFILE00002"):  # rewritten in place, same size
+    for n, key in enumerate(("AKIAFROMTHEFILE00001", "AKIAFROMTHEFILE00002")):  # rewritten in place, same size
         credentials.write_text(f"[default]\naws_access_key_id = {key}\naws_secret_access_key = s\n")
+        os.utime(credentials, ns=(n, n))  # distinct times whatever the file system's resolution
         assert signed_with(client(SETTINGS, "sqs")) == key
     renamed = tmp_path / "credentials.new"  # replaced whole, as tools that rotate keys do
     renamed.write_text("[default]\naws_access_key_id = AKIAFROMTHEFILE00003\naws_secret_access_key = s\n")
@@ -93,6 +95,8 @@ def test_clients_asked_for_at_once_by_many_threads_are_made_one_at_a_time_and_wh
     make = boto3.session.Session.client
 
     def slow_make(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self is not ours:  # another thread of the process, on a session of its own
+            return make(self, *args, **kwargs)
         with count:
             making[0] += 1
             most[0] = max(most[0], making[0])
@@ -103,6 +107,7 @@ def test_clients_asked_for_at_once_by_many_threads_are_made_one_at_a_time_and_wh
             with count:
                 making[0] -= 1
 
+    ours = session(SETTINGS)
     monkeypatch.setattr(boto3.session.Session, "client", slow_make)
     made: list[Any] = []
     failed: list[BaseException] = []
@@ -124,12 +129,16 @@ def test_clients_asked_for_at_once_by_many_threads_are_made_one_at_a_time_and_wh
     assert all(c.meta.service_model.service_name == "dynamodb" for c in made)
 
 
-def test_a_forked_child_makes_clients_though_a_parent_thread_held_the_session_at_the_fork(own_setting: None) -> None:
+@pytest.mark.parametrize("held_lock", ["the session's", "the module's"])
+def test_a_forked_child_makes_clients_though_a_parent_thread_held_a_lock_at_the_fork(
+    own_setting: None, held_lock: str
+) -> None:
     shared = aws_sessions.shared_session(SETTINGS.region)
+    lock = shared._making if held_lock == "the session's" else aws_sessions._lock
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with shared._making:  # a parent thread in the middle of making a client
+        with lock:  # a parent thread in the middle of making a client, or of finding its session
             held.set()
             release.wait()
 
@@ -168,8 +177,16 @@ def test_sessions_share_one_data_loader_whose_search_path_stays_the_same() -> No
     assert sqs.meta.service_model.service_name == "sqs" and sqs.meta.region_name == "eu-west-1"
 
 
-def test_at_most_the_shared_number_of_settings_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    for n in range(aws_sessions.SHARED_SESSIONS + 3):
+def test_at_most_the_shared_number_of_settings_are_kept_the_least_recently_used_forgotten(
+    own_setting: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def for_key(n: int) -> Any:
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", f"AKIAKEPT{n:012d}")
-        session(SETTINGS)
+        return session(SETTINGS)
+
+    first, second = for_key(0), for_key(1)
+    for n in range(2, aws_sessions.SHARED_SESSIONS + 1):
+        for_key(n)
+        assert for_key(0) is first  # used again: kept, where the second is the one forgotten
     assert len(aws_sessions._sessions) == aws_sessions.SHARED_SESSIONS
+    assert for_key(1) is not second

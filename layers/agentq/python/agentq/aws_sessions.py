@@ -1,4 +1,5 @@
-"""One boto3 session per process and setting, from which every client of the process is made.
+"""One boto3 session per process and setting, from which agentq makes its AWS clients
+(``agentq.runtime``: the store, the queues, the fan-out, provisioning).
 
 Why one: making a boto3 session costs ~12 ms of CPU (botocore registers its few hundred event
 handlers), and its first client builds the session's credential resolver and endpoint
@@ -9,15 +10,19 @@ worker's start or a Lambda's cold start, and the tests made one or two per test:
 What stays as it was:
 
 - **Each caller gets a client of its own.** A session is shared, its clients are not: a
-  client's event hooks (a bench counting its calls, the Bedrock provider's headers) see only
-  that client's calls. A boto3 session is not thread-safe, so clients are made under its lock;
-  the clients themselves are.
+  client's event hooks (a bench counting its calls) see only that client's calls. A boto3
+  session is not thread-safe, so the clients asked of it are made under its lock; the clients
+  themselves are. (botocore's own STS or SSO client for refreshing assumed-role credentials is
+  made outside it, once the session's parts are built.) A caller must not change the session
+  itself (register events or components, set credentials): every other caller would see it.
 - **A change of credentials or configuration is seen by the next client**, as with a new
   session each time: the key is the region and what a botocore session reads once and keeps
-  (its credentials, the profile's configuration): every ``AWS_*`` variable, and the
-  credentials and config files as they are on disk (path, size, modification time).
-- **A forked child makes its own**: a session's lock may be held by a thread of the parent that
-  the child does not have.
+  (its credentials, the profile's configuration): every ``AWS_*`` and ``BOTO_*`` variable, and
+  the credentials and config files as they are on disk (path, size, modification time, inode).
+  Credentials a ``credential_process`` prints without an expiry are read once per setting, not
+  once per client.
+- **A forked child makes its own**: a session's lock, or this module's, may be held by a thread
+  of the parent that the child does not have.
 
 Every session, whatever its key, shares one botocore data loader: the parsed service models,
 endpoint rules and partitions (~60 ms per service to parse), which only read botocore's and
@@ -90,15 +95,16 @@ def _new_session(region: str) -> SharedSession:
 
 
 def _environment() -> SessionKey:
-    """What a botocore session reads once and keeps: the ``AWS_*`` variables, and the shared
-    credentials and config files as they are on disk."""
-    variables = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+    """What a botocore session reads once and keeps: the ``AWS_*`` and ``BOTO_*`` variables,
+    and the shared credentials and config files as they are on disk."""
+    read = ((k, os.environ.get(k)) for k in list(os.environ) if k.startswith(("AWS_", "BOTO_")))
+    variables = tuple(sorted((k, v) for k, v in read if v is not None))  # one another thread removed: gone
     files: list[tuple[str, tuple[int, int, int] | None]] = []
     for variable, default in (
         ("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"),
         ("AWS_CONFIG_FILE", "~/.aws/config"),
     ):
-        path = os.path.expanduser(os.environ.get(variable) or default)
+        path = os.path.expanduser(os.path.expandvars(os.environ.get(variable) or default))  # as botocore
         try:
             found = os.stat(path)
         except OSError:
