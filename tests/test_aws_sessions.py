@@ -188,5 +188,5 @@ def test_at_most_the_shared_number_of_settings_are_kept_the_least_recently_used_
     for n in range(2, aws_sessions.SHARED_SESSIONS + 1):
         for_key(n)
         assert for_key(0) is first  # used again: kept, where the second is the one forgotten
-    assert len(aws_sessions._sessions) == aws_sessions.SHARED_SESSIONS
+    assert aws_sessions._session.cache_info().currsize == aws_sessions.SHARED_SESSIONS
     assert for_key(1) is not second

@@ -31,7 +31,7 @@ boto3's bundled data.
 
 from __future__ import annotations
 
-import collections
+import functools
 import os
 import threading
 from typing import Any
@@ -61,25 +61,19 @@ class SharedSession(boto3.session.Session):
             return super().resource(*args, **kwargs)
 
 
-_lock = threading.Lock()
-_sessions: collections.OrderedDict[SessionKey, SharedSession] = collections.OrderedDict()
+_lock = threading.Lock()  # one session made at a time, so one per setting
 _loader: Any = None  # botocore's data loader, shared by every session made here
 
 
 def shared_session(region: str) -> SharedSession:
     """This process's session for ``region`` and the environment as it is now."""
-    key = (region, *_environment())
+    environment = _environment()
     with _lock:
-        made = _sessions.get(key)
-        if made is None:
-            made = _sessions[key] = _new_session(region)
-            while len(_sessions) > SHARED_SESSIONS:
-                _sessions.popitem(last=False)
-        _sessions.move_to_end(key)
-        return made
+        return _session(region, environment)
 
 
-def _new_session(region: str) -> SharedSession:
+@functools.lru_cache(maxsize=SHARED_SESSIONS)
+def _session(region: str, _: SessionKey) -> SharedSession:
     """A session on the shared data loader (the caller holds ``_lock``)."""
     global _loader
     core = botocore.session.get_session()
@@ -117,7 +111,7 @@ def _environment() -> SessionKey:
 def _forget_in_child() -> None:
     global _lock
     _lock = threading.Lock()
-    _sessions.clear()
+    _session.cache_clear()
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
