@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+import traceback
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentq.core.models import TaskSubmission
@@ -162,3 +165,27 @@ def sent_key(request: Any) -> str | None:
     return request.headers.get("x-api-key") or (
         bearer.removeprefix("Bearer ") if bearer.startswith("Bearer ") else None
     )
+
+
+def in_forked_child(body: Callable[[], object], *, seconds: float = 60) -> None:
+    """Run ``body`` in a child forked from this process, threads and locks as they are now, and
+    fail unless it returns within ``seconds`` (a child still running then is killed); what it
+    raised, an assertion included, is printed from the child and fails the caller."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            body()
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + seconds
+    while (ended := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError(f"the forked child did not end within {seconds} s")
+        time.sleep(0.01)
+    assert os.waitstatus_to_exitcode(ended[1]) == 0, "the forked child failed: its traceback is above"

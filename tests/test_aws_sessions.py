@@ -16,6 +16,8 @@ import pytest
 from agentq import aws_sessions
 from agentq.runtime import Settings, client, session
 
+from tests.helpers import in_forked_child
+
 SETTINGS = Settings(table="t", bucket="b", endpoint_url="http://127.0.0.1:9")
 
 
@@ -145,24 +147,16 @@ def test_a_forked_child_makes_clients_though_a_parent_thread_held_a_lock_at_the_
     holder = threading.Thread(target=hold)
     holder.start()
     held.wait()
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: a client within 10 s, or it is killed by the alarm
-        try:
-            import signal
 
-            signal.alarm(10)
-            made = client(SETTINGS, "sqs")
-            os.write(write, b"ok" if session(SETTINGS) is not shared and made.meta.service_model else b"same")
-        finally:
-            os._exit(0)
-    release.set()
-    holder.join()
-    os.close(write)
-    _, status = os.waitpid(pid, 0)
-    said = os.read(read, 16)
-    os.close(read)
-    assert (said, os.waitstatus_to_exitcode(status)) == (b"ok", 0)
+    def in_child() -> None:
+        made = client(SETTINGS, "sqs")
+        assert session(SETTINGS) is not shared and made.meta.service_model.service_name == "sqs"
+
+    try:
+        in_forked_child(in_child, seconds=10)
+    finally:
+        release.set()
+        holder.join()
 
 
 def test_sessions_share_one_data_loader_whose_search_path_stays_the_same() -> None:

@@ -10,10 +10,6 @@ on. The engine runs on the in-memory twin: what is tested is the provider's side
 
 from __future__ import annotations
 
-import os
-import signal
-import time
-import traceback
 from collections.abc import Callable, Iterator
 from typing import Literal
 
@@ -28,7 +24,7 @@ from agentq_dev.moto_server import LOCAL_CREDENTIALS
 
 from tests.fake_messages_api import FakeMessagesAPI, RecordedRequest, text_reply, tool_use_reply
 from tests.fake_model_servers import FakeChatCompletions, chat_completion
-from tests.helpers import sent_key
+from tests.helpers import in_forked_child, sent_key
 
 STORAGE = "memory"
 TURNS = 5  # model calls a task makes: four lookups, then the answer
@@ -168,24 +164,7 @@ def test_a_forked_child_opens_a_connection_of_its_own_and_leaves_its_parents_alo
 ) -> None:
     messages_api.enqueue(text_reply("parent"), text_reply("child"), text_reply("parent again"))
     _call()
-    pid = os.fork()
-    if pid == 0:  # the child: one call, its outcome as its exit status
-        code = 1
-        try:
-            _call()
-            code = 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    deadline = time.monotonic() + 60
-    while (ended := os.waitpid(pid, os.WNOHANG))[0] == 0:
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail("the child's call did not end within 60 s")
-        time.sleep(0.01)
-    assert os.waitstatus_to_exitcode(ended[1]) == 0
+    in_forked_child(_call)  # one call
     _call()
 
     parent, child, parent_again = (r.connection for r in messages_api.requests)
