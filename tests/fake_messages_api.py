@@ -245,11 +245,7 @@ class FakeMessagesAPI:
         # is cut after the headers and half the body: the client cannot know the batch exists.
         self.batch_create_cuts = 0
         self.batch_create_overloads = 0  # the next so many batch creations answer 529 and make nothing
-        self._server = ModelServer(_make_handler(self))
-        # A short poll interval keeps shutdown() (and so each test's teardown) near-instant.
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.01}, name="fake-messages-api", daemon=True
-        )
+        self._server = ModelServer(_make_handler(self), "fake-messages-api")
 
     @property
     def port(self) -> int:
@@ -260,12 +256,11 @@ class FakeMessagesAPI:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> FakeMessagesAPI:
-        self._thread.start()
+        self._server.start()
         return self
 
     def stop(self) -> None:
         self._server.stop()
-        self._thread.join(timeout=5)
 
     def __enter__(self) -> FakeMessagesAPI:
         return self.start()

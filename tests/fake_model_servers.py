@@ -81,22 +81,18 @@ class _ScriptedServer:
         self._replies: deque[FakeReply] = deque()
         self.requests: list[Recorded] = []
         self.unexpected: list[Recorded] = []
-        self._server = ModelServer(_handler(self))
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.01}, name=self.name, daemon=True
-        )
+        self._server = ModelServer(_handler(self), self.name)
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def __enter__(self) -> Any:
-        self._thread.start()
+        self._server.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._server.stop()
-        self._thread.join(timeout=5)
 
     def enqueue(self, *replies: FakeReply) -> None:
         with self._lock:

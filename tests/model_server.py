@@ -21,11 +21,18 @@ class ModelServer(ThreadingHTTPServer):
     closes those still open: a client that keeps its connection (the providers' shared SDK
     clients) gets no answer from a stopped server, as from a real one gone down."""
 
-    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+    def __init__(self, handler: type[BaseHTTPRequestHandler], name: str) -> None:
         super().__init__(("127.0.0.1", 0), handler)
         self.connections: dict[Any, int] = {}  # each open connection's number, from 1
         self._numbers = itertools.count(1)
         self._guard = threading.Lock()
+        # A short poll interval keeps shutdown() (and so each test's teardown) near-instant.
+        self._thread = threading.Thread(
+            target=self.serve_forever, kwargs={"poll_interval": 0.01}, name=name, daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self._guard:
@@ -48,6 +55,7 @@ class ModelServer(ThreadingHTTPServer):
                 with contextlib.suppress(OSError):
                     connection.shutdown(socket.SHUT_RDWR)
         self.server_close()
+        self._thread.join(timeout=5)
 
 
 @dataclass
