@@ -64,6 +64,7 @@ from agentq.core.models import StepRecord, TaskStatus, TaskSubmission
 from agentq.core.tools import ToolSpec, tool
 from agentq.resources import TABLE_KEY_SCHEMA, ResourceNames, provision
 from agentq.runtime import Settings, build_registry, build_store, client, session
+from agentq.storage import keys
 from agentq.storage.container import Storage
 from agentq.storage.item_size import wire_item_size, write_units
 from agentq.storage.serdes import DEFAULT_OFFLOAD_THRESHOLD
@@ -173,6 +174,16 @@ class Bucket:
         return self.ddb_write_bytes + self.s3_put_bytes
 
 
+def _refresh_read(op: str, request: dict[str, Any]) -> str | None:
+    """Which cached copy a read refreshes ("circuit": a GetItem of ``FLOW#<circuit>``'s
+    ``STATE``; "policies": a Query of the tenant's ``POLICY#HEAD#`` items), or None."""
+    key = request.get("Key", {}) if op == "GetItem" else {}
+    if str(key.get("pk", {}).get("S", "")).startswith("FLOW#") and key.get("sk", {}).get("S") == "STATE":
+        return "circuit"
+    values = request.get("ExpressionAttributeValues", {}) if op == "Query" else {}
+    return "policies" if values.get(":prefix", {}).get("S") == keys.POLICY_HEAD_PREFIX else None
+
+
 @dataclass
 class _WriteTarget:
     table: str
@@ -196,6 +207,11 @@ class AwsMeter:
         self.on_call: Callable[[str, dict[str, Any]], None] | None = None
         self.on_done: Callable[[str, dict[str, Any], bool], None] | None = None
         self.item_wcu: list[tuple[str, int, bool]] = []  # (sort key, WCU, transactional) of every item written
+        # The reads a worker repeats on a clock when its cached copy expires, not per step: a
+        # circuit's state (``storage/flow.py``, at most once a second per circuit) and the
+        # tenant's policies (``AGENTQ_POLICY_CACHE_SECONDS``, 5). Their count follows the run's
+        # wall time, so they are kept apart by kind as the heartbeats are.
+        self.refresh_reads: Counter[str] = Counter()
         self._lock = threading.Lock()
 
     def reset(self) -> None:
@@ -203,6 +219,7 @@ class AwsMeter:
             self.buckets = {}
             self.item_wcu = []
             self.bucket = SETUP
+            self.refresh_reads = Counter()
             self.on_call = None
             self.on_done = None
 
@@ -225,6 +242,10 @@ class AwsMeter:
         if service == "dynamodb" and size:
             request = json.loads(body)
         with self._lock:
+            refresh = _refresh_read(op, request) if self.bucket != SETUP else None
+            if refresh is not None:
+                self.refresh_reads[refresh] += 1
+                return
             if self.on_call is not None:
                 self.on_call(op, request)
             number = self.bucket
@@ -579,6 +600,7 @@ def run_agentq(
             "ddb_read_request_bytes_total": setup.ddb_other_bytes + sum(b.ddb_other_bytes for b in step_buckets),
             "step_item_wcu_check": {"metered": step_wcu_metered, "from_raw_items": step_wcu_table},
             "heartbeats": clock.heartbeats,
+            "refresh_reads": dict(meter.refresh_reads),
         },
     )
     tokens = {
@@ -1179,10 +1201,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("calls = AWS API calls (DynamoDB/S3 designs) or checkpointer put + put_writes (LangGraph).")
     print("bytes = DynamoDB write request bodies + S3 PutObject bodies, or serialized checkpoint/write blobs.")
-    beats = run.result.extra["heartbeats"]
+    beats, refreshed = run.result.extra["heartbeats"], run.result.extra["refresh_reads"]
     print(
         f"(agentq's lease heartbeat, 1 UpdateItem per lease/3 s held, is time-based, not per step; "
-        f"lease {LEASE_SECONDS:.0f} s here, {beats} heartbeats during the steps.)"
+        f"lease {LEASE_SECONDS:.0f} s here, {beats} heartbeats during the steps. So are the reads that refresh "
+        f"a cached copy, not counted per step: the tool's circuit, a GetItem a second at most "
+        f"({refreshed.get('circuit', 0)}), and the tenant's policies, a Query every 5 s "
+        f"({refreshed.get('policies', 0)}), in this run's {run.result.wall_seconds:.1f} s.)"
     )
     print()
     print(render_table(results, prices))
