@@ -605,3 +605,15 @@ def _make_handler(api: FakeMessagesAPI) -> type[BaseHTTPRequestHandler]:
             pass  # keep pytest output clean
 
     return Handler
+
+
+def anthropic_env(server: FakeMessagesAPI, key: str = "test-key") -> dict[str, str]:
+    """The variables that point the Anthropic SDK, and so agentq's anthropic provider, at
+    ``server`` with a key (the fake reads none): for a worker's environment."""
+    return {"ANTHROPIC_BASE_URL": server.base_url, "ANTHROPIC_API_KEY": key}
+
+
+def point_anthropic_at(server: FakeMessagesAPI, setenv: Callable[[str, str], None], key: str = "test-key") -> None:
+    """``anthropic_env`` in this process (``setenv``: a ``monkeypatch.setenv``, so the test undoes it)."""
+    for name, value in anthropic_env(server, key).items():
+        setenv(name, value)

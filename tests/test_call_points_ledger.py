@@ -26,7 +26,7 @@ from agentq.storage import keys
 from agentq.storage.container import Storage
 
 from tests.conftest import child_env
-from tests.fake_messages_api import FakeMessagesAPI, message_reply, usage_dict
+from tests.fake_messages_api import FakeMessagesAPI, anthropic_env, message_reply, usage_dict
 from tests.helpers import agentq_process, wait_for
 from tests.model_server import Gate
 
@@ -67,7 +67,7 @@ def test_a_worker_killed_at_any_point_of_a_call_leaves_a_ledger_that_counts_the_
     with FakeMessagesAPI(within_max_tokens=False) as fake:
         task = store.tasks.create(TaskSubmission.model_validate(sub), tenant="t")
         env = {
-            "ANTHROPIC_BASE_URL": fake.base_url, "ANTHROPIC_API_KEY": "k", "AGENTQ_MAX_CALL_SECONDS": MAX_CALL,
+            **anthropic_env(fake), "AGENTQ_MAX_CALL_SECONDS": MAX_CALL,
             "AGENTQ_STREAM_ABOVE_TOKENS": "1",  # every call streamed
         }  # fmt: skip
         told = 0

@@ -412,7 +412,7 @@ def test_native_compaction_keeps_the_servers_block_in_the_step_sends_it_back_and
     threshold (beta ``compact-2026-01-12``); the compaction block the server returns is kept in
     the step as it came and sent back with the history; the compaction's own call, reported in
     ``usage.iterations``, is charged with the turn."""
-    from tests.fake_messages_api import FakeMessagesAPI, RecordedRequest
+    from tests.fake_messages_api import FakeMessagesAPI, RecordedRequest, point_anthropic_at
 
     seen: list[RecordedRequest] = []
 
@@ -422,8 +422,7 @@ def test_native_compaction_keeps_the_servers_block_in_the_step_sends_it_back_and
 
     monkeypatch.setenv("AGENTQ_CONTEXT_WINDOWS", WINDOW)
     with FakeMessagesAPI(responder=plan) as api:
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.base_url)
+        point_anthropic_at(api, monkeypatch.setenv)
         task = store.tasks.create(parse_submission(_submission(compaction="native")), tenant="t")
         engine = Engine(store, worker_id="w", tools=ToolRegistry([read_doc]), config=EngineConfig(lease_seconds=30))
         assert engine.run(task.task_id).status is TaskStatus.SUCCEEDED
@@ -464,15 +463,14 @@ def test_a_hold_shrunk_near_the_cap_still_covers_the_servers_compaction(monkeypa
     billed with the turn), so ``used <= cap`` at every cap from where the compacting turn's hold
     cannot be had at all to where it fits whole. Before, the shrunk hold covered the turn's input and
     a short answer only: a cap of 13,000 ended at 15,068 used."""
-    from tests.fake_messages_api import FakeMessagesAPI
+    from tests.fake_messages_api import FakeMessagesAPI, point_anthropic_at
 
     def compacted(step: LLMStep) -> bool:
         return bool(step.content) and step.content[0].get("type") == "compaction"
 
     monkeypatch.setenv("AGENTQ_CONTEXT_WINDOWS", WINDOW)
     with FakeMessagesAPI(responder=_reads_eight_documents, within_max_tokens=True) as api:
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.base_url)
+        point_anthropic_at(api, monkeypatch.setenv)
 
         def run(cap: int) -> tuple[Any, list[LLMStep]]:
             store = memory_storage()

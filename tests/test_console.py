@@ -30,7 +30,7 @@ import pytest
 from agentq.resources import QueueSettings
 from agentq_dev.stack import LocalStack
 
-from tests.fake_messages_api import FakeMessagesAPI, overloaded, text_reply, tool_use_reply
+from tests.fake_messages_api import FakeMessagesAPI, anthropic_env, overloaded, text_reply, tool_use_reply
 from tests.helpers import agentq_process, call
 from tests.helpers import scripted as scripted_submission
 from tests.model_server import Gate
@@ -142,8 +142,7 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
         queue_settings=QueueSettings(visibility_timeout=4, max_receive_count=MAX_RECEIVES),
         tool_modules=("agentq.core.tools.examples", "tests.effect_tools"),
         extra_env={
-            "ANTHROPIC_BASE_URL": fake.base_url,
-            "ANTHROPIC_API_KEY": "test-key",
+            **anthropic_env(fake),
             # The dead-letter test's provider is overloaded on all PROVIDER_ATTEMPTS of both
             # receives: retried every 0.05-0.2 s, not the default 0.5 s doubling (~7 s a receive).
             "AGENTQ_PROVIDER_RETRY": json.dumps(

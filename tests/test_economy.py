@@ -23,7 +23,7 @@ from agentq.core.tools import ToolRegistry
 from agentq.storage.container import Storage
 from agentq_dev.stack import LocalStack
 
-from tests.fake_messages_api import FakeMessagesAPI, RecordedRequest, invalid_request, message_reply
+from tests.fake_messages_api import FakeMessagesAPI, RecordedRequest, invalid_request, message_reply, point_anthropic_at
 from tests.helpers import wait_for
 
 LOOKUPS = 3
@@ -48,8 +48,7 @@ STORAGE = "memory"
 @pytest.fixture
 def api(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeMessagesAPI]:
     with FakeMessagesAPI(responder=_plan, batch_seconds=0.3) as server:
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
+        point_anthropic_at(server, monkeypatch.setenv)
         yield server
 
 
@@ -239,8 +238,7 @@ def test_a_batch_wait_whose_look_was_lost_is_found_by_the_sweeper_and_its_answer
     with FakeMessagesAPI(
         responder=lambda _: message_reply([{"type": "text", "text": "done"}]), batch_seconds=0.1
     ) as api:
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.base_url)
+        point_anthropic_at(api, monkeypatch.setenv)
         # The park's look is due in 1 s, so the sweeper's look (sent here at once, the sweep's
         # clock moved past the due) arrives when it is due, not as a stray.
         monkeypatch.setenv("AGENTQ_BATCH_POLL_SECONDS", "1")

@@ -20,7 +20,7 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 from agentq_dev.stack import LocalStack
 from infra.synth import Synthesized, synthesize
 
-from tests.fake_messages_api import FakeMessagesAPI, text_reply, tool_use_reply
+from tests.fake_messages_api import FakeMessagesAPI, anthropic_env, text_reply, tool_use_reply
 from tests.helpers import run_agentq, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,8 +131,7 @@ def test_the_example_runs_end_to_end_on_the_local_stack_through_the_cli(
             tool_modules=("shop_tools",),
             extra_env={
                 "PYTHONPATH": os.pathsep.join([str(EXAMPLE / "src"), str(ROOT)]),
-                "ANTHROPIC_BASE_URL": model.base_url,
-                "ANTHROPIC_API_KEY": "sk-ant-local",
+                **anthropic_env(model, "sk-ant-local"),
                 "AGENTQ_SECRET_NAMES": "shop-api-key",
                 "AGENTQ_SECRET_SHOP_API_KEY": "shop-secret",
                 "SHOP_REFUND_LEDGER": str(ledger),

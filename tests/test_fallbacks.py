@@ -22,7 +22,14 @@ from agentq.core.pricing import load_price_table
 from agentq.core.tools import ToolRegistry
 from agentq.storage.container import Storage
 
-from tests.fake_messages_api import FakeMessagesAPI, FakeReply, RecordedRequest, overloaded, text_reply
+from tests.fake_messages_api import (
+    FakeMessagesAPI,
+    FakeReply,
+    RecordedRequest,
+    overloaded,
+    point_anthropic_at,
+    text_reply,
+)
 from tests.fake_model_servers import FakeChatCompletions, Recorded, chat_completion
 
 STORAGE = "memory"
@@ -60,8 +67,7 @@ def gpt_plan(recorded: Recorded) -> Any:
 def models(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Claude, FakeMessagesAPI, FakeChatCompletions]]:
     claude = Claude()
     with FakeMessagesAPI(responder=claude) as anthropic_api, FakeChatCompletions(responder=gpt_plan) as openai_api:
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", anthropic_api.base_url)
+        point_anthropic_at(anthropic_api, monkeypatch.setenv)
         monkeypatch.setenv("OPENAI_API_KEY", "k")
         monkeypatch.setenv("OPENAI_BASE_URL", openai_api.openai_base_url)
         monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", json.dumps({"max_attempts": 2, "base_delay": 0, "max_delay": 0}))

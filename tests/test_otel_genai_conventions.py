@@ -35,7 +35,7 @@ from agentq.core.tools import ToolRegistry
 from agentq.observe import otel
 from agentq.storage.container import Storage
 
-from tests.fake_messages_api import FakeMessagesAPI, text_reply, tool_use_reply, usage_dict
+from tests.fake_messages_api import FakeMessagesAPI, point_anthropic_at, text_reply, tool_use_reply, usage_dict
 from tests.fake_model_servers import (
     FakeChatCompletions,
     FakeConverse,
@@ -273,8 +273,7 @@ class Provider:
 @contextlib.contextmanager
 def anthropic_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     with FakeMessagesAPI() as server:
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
+        point_anthropic_at(server, monkeypatch.setenv)
         yield server
 
 

@@ -20,7 +20,7 @@ from agentq.storage.container import Storage, memory_storage
 from agentq.storage.flow import FlowControl
 from agentq_dev.stack import LocalStack
 
-from tests.fake_messages_api import FakeMessagesAPI
+from tests.fake_messages_api import FakeMessagesAPI, point_anthropic_at
 from tests.fake_model_servers import FakeChatCompletions, FakeReply, Recorded, chat_completion
 from tests.helpers import queue_depth, wait_for
 from tests.outage_model import LOOKUP_TASK, OutageModel, submit_lookups
@@ -34,8 +34,7 @@ ATTEMPTS = 2
 def model(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[OutageModel, FakeMessagesAPI]]:
     behaviour = OutageModel()
     with FakeMessagesAPI(responder=behaviour) as api:
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.base_url)
+        point_anthropic_at(api, monkeypatch.setenv)
         monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", json.dumps({"max_attempts": ATTEMPTS, "base_delay": 0.1,
                                                                 "max_delay": 0.2}))  # fmt: skip
         monkeypatch.setenv("AGENTQ_BREAKER", json.dumps({"failures": 3, "window_seconds": 30,

@@ -26,7 +26,7 @@ from agentq.core.tools import ToolRegistry
 from agentq.storage.container import Storage
 from agentq.storage.tenant_windows import TenantWindows
 
-from tests.fake_messages_api import FakeMessagesAPI, FakeReply, message_reply, usage_dict
+from tests.fake_messages_api import FakeMessagesAPI, FakeReply, message_reply, point_anthropic_at, usage_dict
 
 STORAGE = "memory"
 
@@ -364,8 +364,7 @@ def test_a_grading_call_abandoned_at_its_timeout_by_a_worker_killed_before_the_c
 def grading_api(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeMessagesAPI]:
     """A local Messages API for the grading model (``_graded_by_claude``): two attempts a call, at once."""
     with FakeMessagesAPI() as api:
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.base_url)
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
+        point_anthropic_at(api, monkeypatch.setenv)
         monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", '{"max_attempts": 2, "base_delay": 0, "max_delay": 0}')
         yield api
 

@@ -24,7 +24,7 @@ from agentq.core.tools import ToolRegistry
 from agentq.storage.container import Storage
 from agentq.storage.tenant_windows import TenantWindows
 
-from tests.fake_messages_api import FakeMessagesAPI, FakeReply, message_reply, usage_dict
+from tests.fake_messages_api import FakeMessagesAPI, FakeReply, message_reply, point_anthropic_at, usage_dict
 
 STORAGE = "memory"  # the windows' writes are the storage seam's; the conformance suite runs both backends
 
@@ -34,8 +34,7 @@ def api(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeMessagesAPI]:
     """The Anthropic provider against a local Messages API, not streamed (a cut reply tells
     nothing, so the whole hold is what may have been billed), two attempts a call, at once."""
     with FakeMessagesAPI() as server:
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
+        point_anthropic_at(server, monkeypatch.setenv)
         monkeypatch.setenv("AGENTQ_STREAM_ABOVE_TOKENS", "8192")
         monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", '{"max_attempts": 2, "base_delay": 0, "max_delay": 0}')
         yield server

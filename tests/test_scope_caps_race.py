@@ -162,7 +162,7 @@ def test_a_zombies_late_answer_is_counted_on_its_users_window_once(settings: Set
     from agentq.core.models import TaskSubmission
 
     from tests.conftest import child_env
-    from tests.fake_messages_api import FakeMessagesAPI, StopBeforeAnswer, message_reply, usage_dict
+    from tests.fake_messages_api import FakeMessagesAPI, StopBeforeAnswer, anthropic_env, message_reply, usage_dict
     from tests.helpers import agentq_process
 
     def spawn(task_id: str, env: dict[str, str], wait: float, lease: float = 1) -> subprocess.Popen[str]:
@@ -183,7 +183,7 @@ def test_a_zombies_late_answer_is_counted_on_its_users_window_once(settings: Set
                "constraints": {"max_tokens": 5_000, "max_output_tokens": 1_000, "tools": []}}  # fmt: skip
         task = store.tasks.create(TaskSubmission.model_validate(sub), tenant="t")
         started = time.time()
-        env = {"ANTHROPIC_BASE_URL": fake.base_url, "ANTHROPIC_API_KEY": "k", "AGENTQ_MAX_CALL_SECONDS": "8"}
+        env = {**anthropic_env(fake), "AGENTQ_MAX_CALL_SECONDS": "8"}
         zombie = spawn(task.task_id, env, wait=0)
         stop_a.caller(zombie.pid)
         try:

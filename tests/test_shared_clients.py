@@ -22,7 +22,7 @@ from agentq.core.tools import ToolRegistry
 from agentq.storage.container import Storage
 from agentq_dev.moto_server import LOCAL_CREDENTIALS
 
-from tests.fake_messages_api import FakeMessagesAPI, RecordedRequest, text_reply, tool_use_reply
+from tests.fake_messages_api import FakeMessagesAPI, RecordedRequest, point_anthropic_at, text_reply, tool_use_reply
 from tests.fake_model_servers import FakeChatCompletions, chat_completion
 from tests.helpers import in_forked_child, sent_key
 
@@ -33,8 +33,7 @@ TURNS = 5  # model calls a task makes: four lookups, then the answer
 @pytest.fixture
 def messages_api(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeMessagesAPI]:
     with FakeMessagesAPI() as api:
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.base_url)
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-first")
+        point_anthropic_at(api, monkeypatch.setenv, "sk-ant-first")
         monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN", raising=False)
         yield api
 

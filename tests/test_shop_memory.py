@@ -16,7 +16,7 @@ from agentq.cli.main import main
 from agentq.core.memory import content_sha256
 from agentq_dev.stack import LocalStack
 
-from tests.fake_messages_api import FakeMessagesAPI, text_reply, tool_use_reply
+from tests.fake_messages_api import FakeMessagesAPI, anthropic_env, text_reply, tool_use_reply
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "shop"
@@ -54,8 +54,7 @@ def test_the_support_agent_remembers_a_customers_earlier_order_in_its_next_task(
             tool_modules=("shop_tools",),
             extra_env={
                 "PYTHONPATH": os.pathsep.join([str(EXAMPLE / "src"), str(ROOT)]),
-                "ANTHROPIC_BASE_URL": model.base_url,
-                "ANTHROPIC_API_KEY": "sk-ant-local",
+                **anthropic_env(model, "sk-ant-local"),
             },
         ) as stack:
             assert stack.api_server is not None

@@ -33,6 +33,7 @@ from tests.fake_messages_api import (
     error_reply,
     malformed_json,
     message_reply,
+    point_anthropic_at,
     usage_dict,
     wrong_shape,
 )
@@ -64,8 +65,7 @@ def _point_the_provider_at(fake: FakeMessagesAPI, monkeypatch: pytest.MonkeyPatc
     a whole reply tells nothing before it ends, as OpenAI's and Converse's calls do, so what
     may have been billed is the whole hold; a stream's first event narrows it (below)."""
     monkeypatch.setenv("AGENTQ_STREAM_ABOVE_TOKENS", "0" if streamed else "8192")
-    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
-    monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
+    point_anthropic_at(fake, monkeypatch.setenv)
     monkeypatch.setenv("AGENTQ_PROVIDER_RETRY", '{"base_delay": 0.01, "max_delay": 0.01}')
 
 

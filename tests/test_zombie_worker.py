@@ -23,7 +23,7 @@ from agentq.storage.container import Storage
 from agentq_dev.moto_server import MotoServer
 
 from tests.conftest import child_env
-from tests.fake_messages_api import FakeMessagesAPI, StopBeforeAnswer, message_reply, usage_dict
+from tests.fake_messages_api import FakeMessagesAPI, StopBeforeAnswer, anthropic_env, message_reply, usage_dict
 from tests.helpers import agentq_process, call, deployment, scripted, wait_for
 
 TURNS = [
@@ -136,7 +136,7 @@ def test_a_zombies_call_in_flight_is_charged_once_and_its_successor_never_oversh
         task = store.tasks.create(TaskSubmission.model_validate(_anthropic_one_turn()), tenant="t")
         # The hold's deadline must outlast A's pause (the premise: a call cannot take longer than
         # the configured maximum), also on a loaded machine: 8 s against a pause of ~1.5 s.
-        env = {"ANTHROPIC_BASE_URL": fake.base_url, "ANTHROPIC_API_KEY": "k", "AGENTQ_MAX_CALL_SECONDS": "8"}
+        env = {**anthropic_env(fake), "AGENTQ_MAX_CALL_SECONDS": "8"}
         zombie = _spawn_with(settings, task.task_id, env, wait=0)
         stop_a.caller(zombie.pid)
         try:
@@ -185,7 +185,7 @@ def test_a_call_answered_to_a_worker_paused_past_its_holds_deadline_never_pushes
         task = store.tasks.create(TaskSubmission.model_validate(_anthropic_one_turn()), tenant="t")
         # A short maximum call time: A's hold's deadline (reservation + 2 s slack + 2 s) passes
         # while A is paused, so B counts it as spent instead of waiting on it.
-        env = {"ANTHROPIC_BASE_URL": fake.base_url, "ANTHROPIC_API_KEY": "k", "AGENTQ_MAX_CALL_SECONDS": "2"}
+        env = {**anthropic_env(fake), "AGENTQ_MAX_CALL_SECONDS": "2"}
         zombie = _spawn_with(settings, task.task_id, env, wait=0)
         stop_a.caller(zombie.pid)
         try:
