@@ -102,7 +102,7 @@ def _name(req: Requirement) -> str:
 
 
 def test_the_layer_pins_exactly_the_base_dependencies() -> None:
-    """layers/requirements.txt and pyproject's base dependencies (what `pip install agentq`
+    """layers/requirements.txt and pyproject's base dependencies (what installing agentq
     brings) name the same packages with the same extras, each pin inside pyproject's range."""
     pyproject = tomllib.loads((REQUIREMENTS.parent.parent / "pyproject.toml").read_text())
     base = {_name(r): r for r in map(Requirement, pyproject["project"]["dependencies"])}

@@ -90,7 +90,7 @@ def _provider() -> Any:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
         from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
     except ImportError:
-        log.warning("%s is set but OpenTelemetry is not installed (pip install 'agentq[otel]'): no traces",
+        log.warning("%s is set but OpenTelemetry is not installed (agentq's otel extra, docs/INSTALL.md): no traces",
                     ENDPOINT_VARIABLE)  # fmt: skip
         return None
 
