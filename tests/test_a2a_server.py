@@ -9,9 +9,11 @@ of a task find nothing."""
 from __future__ import annotations
 
 import json
+import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import pytest
@@ -82,6 +84,11 @@ def test_the_agent_card_is_served_at_the_well_known_path_with_the_apis_bearer_sc
     assert card["capabilities"] == {"streaming": True, "pushNotifications": True, "extendedAgentCard": False}
     assert [s["id"] for s in card["skills"]] == [name]
     assert "request_approval" in card["skills"][0]["tags"]
+    # The documentation the card points to is the agent's page of the console, which this API serves.
+    docs = urlsplit(card["documentationUrl"])
+    assert f"{docs.scheme}://{docs.netloc}" == api_stack.url and docs.fragment == f"/agents/{name}"
+    with urllib.request.urlopen(card["documentationUrl"].split("#")[0], timeout=30) as page:
+        assert page.status == 200 and page.headers["Content-Type"].startswith("text/html")
     # Pinned versions are agents too; an agent of another tenant, or none, is not found.
     assert api_stack.http("GET", f"/a2a/{name}@1/.well-known/agent-card.json")[0] == 200
     assert api_stack.http("GET", f"/a2a/{name}@2/.well-known/agent-card.json")[0] == 404

@@ -26,11 +26,13 @@ import json
 import re
 from email.utils import formatdate
 from typing import Any
+from urllib.parse import quote
 
 from aws_lambda_powertools.event_handler import Response
 
 from agentq import __version__
 from agentq.api.asgi_request import serve
+from agentq.api.console import CONSOLE_PATH
 from agentq.api.errors import JSON, error_response
 from agentq.api.live_stream import live_var
 from agentq.api.models.base import IDEMPOTENCY_KEY_PATTERN
@@ -176,7 +178,7 @@ def agent_card(version: Any, ref: str, base: str) -> Any:
         default_input_modes=[TEXT, JSON_TYPE],
         default_output_modes=output,
         skills=[skill],
-        documentation_url=f"{base}/docs",
+        documentation_url=f"{base}{CONSOLE_PATH}#/agents/{quote(version.name, safe='')}",  # the agent's console page
         icon_url="",
     )
 
