@@ -263,6 +263,9 @@ def test_an_operator_key_sees_every_tenants_running_and_waiting_counts_and_a_ten
     cells = "tr => Array.from(tr.querySelectorAll('td')).map(td => td.textContent)"
     assert page.eval_on_selector(f"#tenants-usage tr[data-tenant='{busy}']", cells) == [busy, "1", "1", "1", "1"]
     assert page.eval_on_selector(f"#tenants-usage tr[data-tenant='{idle}']", cells) == [idle, "0", "0", "4", "3"]
+    # Each header stands over its column: a column of numbers is right-aligned, its header too.
+    aligned = "t => Array.from(t.querySelectorAll('th')).map(th => getComputedStyle(th).textAlign)"
+    assert page.eval_on_selector("#tenants-usage table", aligned) == ["left", "right", "right", "right", "right"]
     shot(console, tab, "tenants-usage")
     no_errors(tab)
 
