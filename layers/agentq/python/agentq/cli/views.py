@@ -299,8 +299,10 @@ def event_line(event: Any, origin: float) -> Text:
 
 
 def trace_tree(task_id: str, view: TaskView | None, events: list[Any]) -> Tree:
-    """The trace as a tree: each worker claim holds the LLM calls it made, each LLM call the
-    tool calls of its turn; other transitions stand at the top."""
+    """The trace as a tree: each worker claim holds what happened from it to the next claim (the
+    LLM calls it made, each LLM call the tool calls of its turn, and the transitions meanwhile:
+    an interrupt asked for, an approval asked and decided, a retry), so the lines read in time
+    order from top to bottom; the claims and the end stand at the top."""
     origin = view.created_at if view else (events[0].at if events else time.time())
     label = Text.assemble((f"task {task_id}", "bold"))
     if view:
@@ -310,25 +312,23 @@ def trace_tree(task_id: str, view: TaskView | None, events: list[Any]) -> Tree:
             f" · {view.step} steps · {n(view.tokens.total)} tokens · ${view.cost_usd} · {secs(view.latency.total_seconds)}"
         )
     root = Tree(label)
-    session: Tree | None = None
-    llm_nodes: dict[int, Tree] = {}
+    session: Tree | None = None  # the claim running now
+    turn: tuple[int, Tree] | None = None  # its latest LLM call (step, node), while nothing came after it
     for event in events:
         line = event_line(event, origin)
-        if isinstance(event, TransitionEvent):
-            if event.event == "fallback":
-                continue  # the LLM call it led to says it, under its claim
+        if isinstance(event, TransitionEvent) and event.event == "fallback":
+            continue  # the LLM call it led to says it, under its claim
+        if isinstance(event, TransitionEvent) and event.event in ("claimed", "finished"):
             node = root.add(line)
-            if event.event == "claimed":
-                session = node
-            elif event.event == "finished":
-                session = None
+            session = node if event.event == "claimed" else None
+            turn = None
         elif isinstance(event, LLMCallEvent):
-            llm_nodes[event.step] = (session or root).add(line)
-        elif isinstance(event, MessageEvent):
+            turn = (event.step, (session or root).add(line))
+        elif isinstance(event, ToolCallEvent) and turn is not None and turn[0] == event.step - 1:
+            turn[1].add(line)  # a tool call of that turn
+        else:  # a transition meanwhile, a message, a tool call whose turn is not the latest line
             (session or root).add(line)
-        else:
-            parent = llm_nodes.get(event.step - 1) or session or root
-            parent.add(line)
+            turn = None
     return root
 
 
