@@ -243,6 +243,19 @@ def test_a_missing_field_says_it_is_required(api: Api) -> None:
     assert status == 422 and error(data) == {"code": "validation_error", "message": "goal is required", "field": "goal"}
 
 
+def test_a_submission_naming_no_provider_is_told_scripted_is_the_default_and_what_to_name_instead(api: Api) -> None:
+    """``{"goal": "x"}``, the simplest submission, is refused for a script it never mentioned:
+    the error says that ``scripted`` is what a submission naming no provider gets, and what to name."""
+    before = api.items()
+    status, data, _ = api.call("POST", "/tasks", {"goal": "x"})
+    err = error(data)
+    assert status == 422 and err["field"] == "script", err
+    assert "names none" in err["message"] and "'anthropic'" in err["message"] and "agent" in err["message"], err
+    assert api.items() == before
+    named = error(api.call("POST", "/tasks", {"goal": "x", "provider": "scripted"})[1])  # named: no such hint
+    assert named["message"] == "script: required when provider is 'scripted'", named
+
+
 # ------------------------------------------------------------------- list
 
 

@@ -336,5 +336,10 @@ class TaskSubmission(StrictModel):
     def _script_matches_provider(self) -> TaskSubmission:
         if self.agent is not None and "provider" not in self.model_fields_set:
             return self  # not resolved yet: the agent's version brings provider and script
+        if self.script is None and "provider" not in self.model_fields_set:  # say where "scripted" came from
+            raise ValueError(
+                "script: required when provider is 'scripted', the provider of a submission that names none: "
+                "name a script, a provider (such as 'anthropic') or an agent"
+            )
         check_model_choice(self.provider, self.model, self.script, self.fallbacks)
         return self
