@@ -36,6 +36,16 @@ def test_cron_and_rate_expressions_give_the_next_fire_time() -> None:
     assert next_fire("cron(0 12 1 * ? *)", now) == _at("2026-12-01T12:00:00")
 
 
+def test_an_expression_that_never_fires_or_names_a_year_is_refused_saying_so() -> None:
+    now = _at("2026-11-25T10:00:00")
+    for never in ("cron(0 9 31 2 ? *)", "cron(0 9 30 2 ? *)", "cron(0 9 31 4,6,9,11 ? *)"):
+        with pytest.raises(ValueError, match=r"no date matches .* it never fires"):
+            next_fire(never, now)
+    with pytest.raises(ValueError, match=r"the year must be '\*' .* not '1999'"):
+        next_fire("cron(0 9 ? * MON-FRI 1999)", now)
+    assert next_fire("cron(0 9 29 2 ? *)", now) == _at("2028-02-29T09:00:00")  # rare, not never
+
+
 def _spec(name: str = "nightly", expression: str = "rate(1 minute)", **extra: Any) -> dict[str, Any]:
     return {"name": name, "expression": expression,
             "submission": {"goal": "report", "script": {"turns": [{"text": "report done"}]}}, **extra}  # fmt: skip

@@ -59,11 +59,16 @@ def next_fire(expression: str, after: float) -> float:
     cron = _CRON.fullmatch(expression)
     if cron is None:
         raise ValueError("expected cron(...) or rate(N minutes|hours|days)")
-    from croniter import croniter
+    from croniter import CroniterBadDateError, croniter
 
     spec = _croniter_fields(cron[1])
     start = datetime.fromtimestamp(after, UTC)
-    return float(croniter(spec, start).get_next(float))
+    try:
+        return float(croniter(spec, start).get_next(float))
+    except CroniterBadDateError:  # croniter's own words: "failed to find next date"
+        raise ValueError(
+            f"cron(): no date matches {cron[1]!r} (such as the 31st of February): it never fires"
+        ) from None
 
 
 def _croniter_fields(body: str) -> str:
@@ -76,7 +81,7 @@ def _croniter_fields(body: str) -> str:
         raise ValueError("cron(): six fields: minutes hours day-of-month month day-of-week year")
     minutes, hours, dom, month, dow, year = fields
     if year not in ("*", "?"):
-        raise ValueError("cron(): only '*' is supported for the year")
+        raise ValueError(f"cron(): the year must be '*' (a schedule here fires every year), not {year!r}")
     if "?" not in (dom, dow):
         raise ValueError("cron(): one of day-of-month and day-of-week must be '?'")
     dow = re.sub(r"\d+", lambda m: str((int(m[0]) - 1) % 7) if "#" not in dow else m[0], dow.replace("?", "*"))
