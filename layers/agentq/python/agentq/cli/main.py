@@ -8,14 +8,17 @@ Each command group registers its subcommands next to their handlers: ``submit`` 
 (dev, demo, run, worker, run-task); ``target`` finds the API, ``args`` holds what they share.
 
 Exit codes scripts can rely on: 0 success; 1 the task or operation did not succeed (the task
-ended other than succeeded, not found, conflict, API unreachable, wait timed out); 2 bad usage
-or bad input (the message names the field); 130 interrupted. Data goes to stdout, progress
-and errors to stderr.
+ended other than succeeded, not found, conflict, API or AWS unreachable, AWS refused, wait timed
+out); 2 bad usage, bad input (the message names the field) or missing AWS settings; 130
+interrupted. Data goes to stdout, progress and errors to stderr. AWS's own errors (botocore's:
+no credentials, an endpoint that does not answer, an error answer) are said in a line as
+ours are (``aws_failure``); any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from agentq.cli import (
@@ -89,6 +92,39 @@ def exit_code(exc: AgentqError) -> int:
     return 2 if status in (400, 401, 403, 413, 415, 422) else 1
 
 
+# What `agentq dev` prints for other shells, and what AWS itself needs: said when either is missing.
+AWS_SETTINGS = (
+    "for the local stack, export the env `agentq dev` printed (its export lines: AWS_ENDPOINT_URL, "
+    "AWS_ACCESS_KEY_ID, AGENTQ_TABLE ...); for a deployment, AWS credentials (AWS_PROFILE, or "
+    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), AWS_REGION and its AGENTQ_* settings"
+)
+
+
+def aws_failure(exc: Exception) -> tuple[str, int] | None:
+    """A line and an exit code for an error of AWS's client (botocore) that is not a bug: its
+    settings missing (2), its endpoint not answering (1), an error answer (1, its code and
+    message). None for anything else, a bug of ours included (botocore's ParamValidationError)."""
+    if "botocore.exceptions" not in sys.modules:  # nothing of AWS ran: not one of its errors
+        return None
+    from botocore import exceptions as aws
+
+    settings = (aws.NoCredentialsError, aws.PartialCredentialsError, aws.CredentialRetrievalError,
+                aws.TokenRetrievalError, aws.SSOError, aws.ProfileNotFound, aws.NoRegionError,
+                aws.InvalidRegionError)  # fmt: skip
+    if isinstance(exc, settings):
+        return f"this command talks to AWS directly and its settings are missing ({exc}): {AWS_SETTINGS}", 2
+    if isinstance(exc, (aws.ConnectionError, aws.HTTPClientError)):
+        endpoint = os.environ.get("AWS_ENDPOINT_URL")
+        hint = (f"AWS_ENDPOINT_URL is {endpoint}: if an `agentq dev` printed it, it has stopped (start it again "
+                "and export what it prints) or unset AWS_ENDPOINT_URL" if endpoint
+                else "check the network and AWS_REGION")  # fmt: skip
+        return f"cannot reach AWS ({exc}); {hint}", 1
+    if isinstance(exc, aws.ClientError):
+        error = exc.response.get("Error", {})
+        return f"AWS refused {exc.operation_name}: {error.get('Code', '?')}: {error.get('Message', '')}".rstrip(), 1
+    return None
+
+
 def _subcommand_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
     """The deepest subcommand parser the words of ``argv`` name (``agents show`` -> its own)."""
     current = parser
@@ -118,3 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except Exception as exc:
+        said = aws_failure(exc)
+        if said is None:
+            raise
+        message, code = said
+        print(f"agentq {args.command}: {message}", file=sys.stderr)
+        return code

@@ -1,0 +1,74 @@
+"""The commands that use the table and queues directly (keys, tenants, dlq, purge, worker,
+run-task) when AWS's settings are missing, stale or refused, as a newcomer meets them in a shell
+that exported only AGENTQ_URL, or the env of an `agentq dev` that has stopped: one line saying
+what is wrong and what to export, exit 2 (settings missing) or 1 (AWS unreachable, or its error
+answer, named), never a traceback (docs/CLI.md's exit codes)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from agentq_dev.moto_server import LOCAL_CREDENTIALS, MotoServer
+
+from tests.api_support import ROOT
+from tests.helpers import run_agentq
+
+
+def _shell(**exported: str) -> dict[str, str]:
+    """A shell with AGENTQ_URL exported and nothing of AWS: no AWS_* variable, no credentials or
+    config file, no instance metadata to fall back on."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "AGENTQ_"))}
+    env.update(AGENTQ_URL="http://127.0.0.1:9", AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+               AWS_EC2_METADATA_DISABLED="true", PYTHONPATH=str(ROOT))  # fmt: skip
+    env.update(exported)
+    return env
+
+
+def _agentq(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return run_agentq(list(args), env=env, timeout=90, cwd=ROOT)
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["keys create --tenant acme", "keys list --tenant acme", "dlq list", "tenants usage", "purge some-task",
+     "worker", "run-task some-task"],
+)  # fmt: skip
+def test_a_command_on_aws_without_credentials_says_what_to_export_and_exits_2(command: str) -> None:
+    ran = _agentq(*command.split(), env=_shell())
+    assert ran.returncode == 2, ran.stderr
+    assert "Traceback" not in ran.stderr
+    assert f"agentq {command.split(maxsplit=1)[0]}: this command talks to AWS directly" in ran.stderr
+    assert "Unable to locate credentials" in ran.stderr and "export the env `agentq dev` printed" in ran.stderr
+    assert "AWS_REGION" in ran.stderr
+
+
+def test_an_aws_endpoint_that_no_longer_answers_is_named_with_what_to_do_and_exits_1() -> None:
+    """The env of an `agentq dev` that has stopped: its moto's endpoint refuses connections."""
+    ran = _agentq(
+        "keys", "list", "--tenant", "acme", env=_shell(**LOCAL_CREDENTIALS, AWS_ENDPOINT_URL="http://127.0.0.1:9")
+    )
+    assert ran.returncode == 1, ran.stderr
+    assert "Traceback" not in ran.stderr
+    assert 'agentq keys: cannot reach AWS (Could not connect to the endpoint URL: "http://127.0.0.1:9/")' in ran.stderr
+    assert "AWS_ENDPOINT_URL is http://127.0.0.1:9" in ran.stderr and "unset AWS_ENDPOINT_URL" in ran.stderr
+
+
+def test_an_error_answer_of_aws_is_said_with_its_code_and_message_and_exits_1(moto_server: MotoServer) -> None:
+    env = _shell(**LOCAL_CREDENTIALS, AWS_ENDPOINT_URL=moto_server.endpoint_url, AGENTQ_TABLE="no-such-table")
+    ran = _agentq("keys", "list", "--tenant", "acme", env=env)
+    assert ran.returncode == 1, ran.stderr
+    assert "Traceback" not in ran.stderr
+    assert "agentq keys: AWS refused Query: ResourceNotFoundException: " in ran.stderr
+
+
+def test_an_error_that_is_neither_missing_settings_nor_aws_unreachable_nor_its_answer_keeps_its_traceback() -> None:
+    """A request our code built wrong is a bug: main() re-raises it, as any other exception."""
+    from botocore.exceptions import ParamValidationError
+
+    from agentq.cli.main import aws_failure
+
+    assert aws_failure(ParamValidationError(report="Missing required parameter")) is None
+    assert aws_failure(KeyError("tenant")) is None
