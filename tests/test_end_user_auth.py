@@ -233,3 +233,36 @@ def test_the_spend_a_token_reads_is_its_users_only_and_a_key_may_read_any_users(
     assert (status, by_key["user"], by_key["trees"], by_key["known_tokens"]) == (200, "bob", 1, used[mine[2]])
     status, bad = spend(key, "&user=-no")
     assert status == 422 and "user" in str(bad["error"]), bad
+
+
+@pytest.mark.parametrize(
+    ("flag", "user", "tenant"),
+    [("--user", "bad user", "local"), ("--user", ".alice", "local"), ("--tenant", "alice", "no such tenant!"),
+     ("--tenant", "alice", "t" * 65)],
+)  # fmt: skip
+def test_agentq_dev_token_refuses_a_user_or_tenant_the_api_refuses_naming_its_flag_and_mints_nothing(
+    flag: str, user: str, tenant: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The API's own check of a token's claims, asked before minting: a token the API would
+    answer 401 is never printed, and one it takes (a user or tenant with every character the
+    rule allows) still is."""
+    from agentq.api.auth import Unauthorized
+    from agentq.api.oidc import OidcVerifier
+    from agentq.cli.main import main
+    from agentq_dev.oidc_issuer import ISSUER_ENV
+
+    issuer = LocalIssuer().start()
+    try:
+        monkeypatch.setenv(ISSUER_ENV, str(issuer.write_state()))
+        verifier = OidcVerifier(issuer.settings)
+        with pytest.raises(Unauthorized):  # what the API answers such a token
+            verifier.verify(issuer.mint(user=user, tenant=tenant))
+        capsys.readouterr()
+        assert main(["dev", "token", "--user", user, "--tenant", tenant]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and f"agentq dev token: {flag} " in err and "is not a" in err and "the API takes" in err
+        assert main(["dev", "token", "--user", "ann+ops@example.com|2:x", "--tenant", "acme.eu_1-b"]) == 0
+        token = capsys.readouterr().out.strip()
+        assert verifier.verify(token) == {"tenant": "acme.eu_1-b", "user": "ann+ops@example.com|2:x"}
+    finally:
+        issuer.stop()

@@ -117,10 +117,24 @@ class OidcVerifier:
         except jwt.PyJWTError as exc:
             raise Unauthorized(f"invalid token: {exc}", public=True) from None
         tenant, user = claims.get(s.tenant_claim), claims.get(s.user_claim)
-        if not isinstance(tenant, str) or not TENANT_PATTERN.fullmatch(tenant):
-            raise Unauthorized(f"the token's {s.tenant_claim!r} claim is not a tenant (1-64 of A-Za-z0-9._-)",
-                               public=True)  # fmt: skip
-        if not valid_user(user):
+        refused = refused_identity(tenant, user)
+        if refused == "tenant":
+            raise Unauthorized(f"the token's {s.tenant_claim!r} claim is not a tenant ({TENANT_RULE})", public=True)
+        if refused == "user":
             raise Unauthorized(f"the token's {s.user_claim!r} claim is not a user name (docs/API.md#end-users)",
                                public=True)  # fmt: skip
-        return {"tenant": tenant, "user": str(user)}
+        return {"tenant": str(tenant), "user": str(user)}
+
+
+TENANT_RULE = "1-64 of A-Za-z0-9._-"
+
+
+def refused_identity(tenant: object, user: object) -> str | None:
+    """Which of a token's tenant and user the verifier refuses, ``"tenant"`` (checked first) or
+    ``"user"``, or None when it takes both: asked by ``verify`` and by ``agentq dev token``
+    before it mints, so a token the CLI mints is one the API takes."""
+    if not isinstance(tenant, str) or not TENANT_PATTERN.fullmatch(tenant):
+        return "tenant"
+    if not valid_user(user):
+        return "user"
+    return None

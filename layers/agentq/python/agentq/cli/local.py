@@ -187,12 +187,21 @@ def _cmd_dev_token(args: argparse.Namespace) -> int:
     """``agentq dev token --user U --tenant T``: a JWT of a running ``agentq dev --auth``'s issuer."""
     import os
 
+    from agentq.api.oidc import TENANT_RULE, refused_identity
+    from agentq.core.endusers import USER_RULE
     from agentq_dev.oidc_issuer import ISSUER_ENV, mint_from_state
 
     path = os.environ.get(ISSUER_ENV)
     if not path or not args.user:
         need = f"export {ISSUER_ENV} as `agentq dev --auth` printed it" if not path else "give --user"
         print(f"agentq dev token: {need}", file=sys.stderr)
+        return 2
+    refused = refused_identity(args.tenant, args.user)  # the API's own check of a token's claims
+    if refused is not None:
+        value, what, rule = (
+            (args.tenant, "tenant", TENANT_RULE) if refused == "tenant" else (args.user, "user name", USER_RULE)
+        )
+        print(f"agentq dev token: --{refused} {value!r} is not a {what} the API takes ({rule})", file=sys.stderr)
         return 2
     print(mint_from_state(path, user=args.user, tenant=args.tenant, ttl=args.ttl))
     return 0
