@@ -3,6 +3,9 @@ exit 2, and no request sent (the URL points at nothing: a request would exit 1 "
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,6 +14,8 @@ import pytest
 from agentq.core.providers.scripted import load_script
 
 from tests import test_cli
+from tests.api_support import ROOT
+from tests.helpers import agentq_process
 from tests.test_cli import Ran
 
 cli = test_cli.cli
@@ -51,3 +56,32 @@ def test_the_scripted_provider_tells_a_missing_file_from_an_unknown_built_in(tmp
         load_script(str(tmp_path))
     with pytest.raises(ValueError, match="unknown script 'nope'; built-in scripts: first_task, research"):
         load_script("nope")
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [(["--workers", "-1"], "argument --workers: must be >= 0, not -1"),
+     (["token", "--user", "alice", "--ttl", "-5"], "argument --ttl: must be a number of seconds above 0, not -5"),
+     (["token", "--user", "alice", "--ttl", "0"], "argument --ttl: must be a number of seconds above 0, not 0"),
+     (["token", "--user", "alice", "--ttl", "inf"], "argument --ttl: must be a number of seconds above 0, not inf")],
+)  # fmt: skip
+def test_agentq_dev_refuses_a_negative_worker_count_or_a_token_life_not_above_0_naming_the_flag(
+    args: list[str], said: str, tmp_path: Path
+) -> None:
+    """Nothing starts and no token is minted: without the check, --workers -1 ran a stack where no
+    task ever starts, and --ttl -5 printed a token already expired (the issuer's state is there)."""
+    from agentq_dev.oidc_issuer import ISSUER_ENV, LocalIssuer
+
+    issuer = LocalIssuer().start()
+    env = {**os.environ, ISSUER_ENV: str(issuer.write_state()), "PYTHONPATH": str(ROOT)}
+    proc = agentq_process(["dev", *args], env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)  # a stack started: stop it, then fail
+        proc.communicate(timeout=60)
+        pytest.fail(f"agentq dev {' '.join(args)} was accepted and started a stack")
+    finally:
+        issuer.stop()
+    assert proc.returncode == 2 and out == "", err
+    assert "usage: agentq dev" in err and said in err

@@ -5,6 +5,7 @@ the error of bad usage or input (exit 2, the message naming the field)."""
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from agentq.core.errors import AgentqError
@@ -42,4 +43,15 @@ def positive(value: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
     if number < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, not {number}")
+    return number
+
+
+def seconds(value: str) -> float:
+    """A duration: a finite number of seconds above 0 (0, a negative, ``nan`` and ``inf`` are refused)."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
+    if not math.isfinite(number) or number <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, not {value}")
     return number

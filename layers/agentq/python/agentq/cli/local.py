@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentq.cli.args import add_command
+from agentq.cli.args import add_command, positive, seconds
 from agentq.cli.submit import SCRIPT_DOC, load_script
 from agentq.core.errors import AgentqError
 
@@ -165,6 +165,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     return TERMINATING_EXIT if worker.terminating.is_set() else 0
 
 
+NO_WORKERS = "none (--workers 0): tasks wait until a worker runs, e.g. `agentq worker` with the env below"
+
+
 def _reload(stack: Any, modules: tuple[str, ...], changed: list[Path], say: Callable[[str], None]) -> None:
     """Import the changed tool modules afresh; if they load, restart the workers on them."""
     from agentq.runtime import build_registry
@@ -246,7 +249,7 @@ def _cmd_dev(args: argparse.Namespace) -> int:
         say(f"            console    {stack.api_server.url}/console/   (API explorer: /console/explorer)")
         if stack.hub_server is not None:
             say(f"            events hub {stack.hub_server.url}   (watchers; fed by the table's stream)")
-        say(f"            workers    {', '.join(str(p.pid) for p in stack.processes) or 'none'}")
+        say(f"            workers    {', '.join(str(p.pid) for p in stack.processes) or NO_WORKERS}")
         say(f"            tools      {', '.join(sorted(build_registry(stack.settings).names()))}")
         fair = stack.settings.defaults
         if fair.fleet_capacity is not None:
@@ -302,8 +305,9 @@ def register(sub: Any) -> None:
                      help="token: mint a JWT of a running `agentq dev --auth`'s local OIDC issuer")  # fmt: skip
     dev.add_argument("--user", help="token: the end user it names (its sub claim)")
     dev.add_argument("--tenant", default="local", help="token: the tenant it names (default local)")
-    dev.add_argument("--ttl", type=float, default=3600, help="token: seconds it is valid")
-    dev.add_argument("--workers", type=int, default=2, help="worker processes (one that exits is replaced)")
+    dev.add_argument("--ttl", type=seconds, default=3600, help="token: seconds it is valid (above 0)")
+    dev.add_argument("--workers", type=positive, default=2, help="worker processes (one that exits is replaced); 0: "
+                     "none, tasks wait until one runs, e.g. `agentq worker` in a shell with the env it prints")  # fmt: skip
     dev.add_argument("--auth", action="store_true", help="require API keys or an OIDC issuer's tokens as in AWS (prints "
                      "a key for tenant 'local', and starts a local issuer: `agentq dev token` mints its tokens)")  # fmt: skip
     dev.add_argument("--tools", action="append", metavar="MODULE", help=TOOLS_HELP)
