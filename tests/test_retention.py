@@ -530,6 +530,24 @@ def test_the_purge_command_deletes_a_finished_task_and_refuses_a_live_one(
     assert rstore.tasks.get(live).status is TaskStatus.QUEUED
 
 
+def test_the_purge_command_says_a_task_it_finds_nothing_of_is_not_found_exits_1_and_purges_the_others(
+    rstore: Storage, retained: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agentq.cli.main import main
+
+    for name, value in retained.env().items():
+        monkeypatch.setenv(name, value)
+    finished = _finished_task_with_everything(rstore, retained)
+    capsys.readouterr()
+    assert main(["purge", "nosuch", finished]) == 1
+    out, err = capsys.readouterr()
+    assert "agentq purge: no task 'nosuch': nothing of it is stored" in err and "nosuch" not in out
+    assert out.startswith(f"{finished}: ") and _everything_of(rstore, finished) == ([], False, [])
+    assert main(["purge", task_pk(finished), "--json"]) == 1  # purged already: nothing of it is left
+    out, err = capsys.readouterr()
+    assert json.loads(out) == [] and f"no task {finished!r}" in err
+
+
 def test_a_budget_raise_on_a_task_past_its_retention_is_refused_and_changes_nothing(
     rstore: Storage, retained: Settings
 ) -> None:

@@ -143,16 +143,21 @@ def _cmd_purge(args: argparse.Namespace) -> int:
     from agentq.runtime import Settings, build_store
 
     store = build_store(Settings.from_env(), pool=4)
-    results = []
+    results, missing = [], []
     for raw in args.task_ids:
         task_id = raw.removeprefix(TASK_PK_PREFIX)  # as the stream's keys name it, or bare
         result = purge_task(store, task_id)  # a live task raises IllegalTransition: exit 1
+        if result.items == 0 and result.objects == 0:  # no META, no item, no payload: not found (exit 1)
+            missing.append(task_id)
+            print(f"agentq purge: no task {task_id!r}: nothing of it is stored (never was, or already purged)",
+                  file=sys.stderr)  # fmt: skip
+            continue
         results.append(result)
         if not args.json:
             print(f"{task_id}: {result.items} item(s), {result.objects} payload object(s) deleted")
     if args.json:
         print(json.dumps([r.model_dump() for r in results]))
-    return 0
+    return 1 if missing else 0
 
 
 def register(sub: Any) -> None:
