@@ -85,3 +85,24 @@ def test_agentq_dev_refuses_a_negative_worker_count_or_a_token_life_not_above_0_
         issuer.stop()
     assert proc.returncode == 2 and out == "", err
     assert "usage: agentq dev" in err and said in err
+
+
+NOT_ABOVE_0 = "argument --wait-timeout: must be a number of seconds above 0, not "
+WITHOUT_WAIT = "--wait-timeout needs --wait: without it nothing waits (wait_timeout)"
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [pytest.param(["submit", "x", "--script", "first_task", "--wait-timeout", "-1"], NOT_ABOVE_0 + "-1", id="submit-negative"),
+     pytest.param(["submit", "x", "--script", "first_task", "--wait", "--wait-timeout", "-1"], NOT_ABOVE_0 + "-1",
+                  id="submit-wait-negative"),
+     pytest.param(["result", "some-task", "--wait", "--wait-timeout", "nan"], NOT_ABOVE_0 + "nan", id="result-wait-nan"),
+     pytest.param(["submit", "x", "--script", "first_task", "--wait-timeout", "30"], WITHOUT_WAIT, id="submit-no-wait"),
+     pytest.param(["send", "some-task", "hello", "--wait-timeout", "30"], WITHOUT_WAIT, id="send-no-wait"),
+     pytest.param(["result", "some-task", "--wait-timeout", "30"], WITHOUT_WAIT, id="result-no-wait")],
+)  # fmt: skip
+def test_a_wait_timeout_not_above_0_or_without_wait_is_refused_naming_it_before_anything_is_sent(
+    cli: Callable[..., Ran], args: list[str], said: str
+) -> None:
+    ran = cli(*args, "--url", NOWHERE)  # a request would exit 1: cannot reach
+    assert ran.returncode == 2 and said in ran.stderr, ran.stderr

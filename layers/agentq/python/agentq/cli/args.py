@@ -55,3 +55,22 @@ def seconds(value: str) -> float:
     if not math.isfinite(number) or number <= 0:
         raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, not {value}")
     return number
+
+
+WAIT_TIMEOUT = 24 * 3600.0  # what --wait waits at most unless --wait-timeout says
+
+
+def add_wait(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--wait`` and its ``--wait-timeout`` (seconds above 0; only with --wait: see ``wait_timeout``)."""
+    parser.add_argument("--wait", action="store_true", help=help)
+    parser.add_argument("--wait-timeout", type=seconds, metavar="SECONDS",
+                        help="with --wait: give up waiting after this many seconds, exit 1 "
+                        "(above 0; default a day)")  # fmt: skip
+
+
+def wait_timeout(args: argparse.Namespace) -> float:
+    """The seconds ``--wait`` waits; asked before anything is sent, so ``--wait-timeout`` without
+    ``--wait`` (where it would do nothing) is refused first."""
+    if args.wait_timeout is not None and not args.wait:
+        raise UsageError("--wait-timeout needs --wait: without it nothing waits", field="wait_timeout")
+    return WAIT_TIMEOUT if args.wait_timeout is None else float(args.wait_timeout)

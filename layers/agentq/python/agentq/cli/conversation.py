@@ -14,13 +14,14 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from agentq.cli.args import add_command
+from agentq.cli.args import add_command, add_wait, wait_timeout
 from agentq.cli.output import dump, final, follow, poll_seconds
 from agentq.cli.target import api_client, remote
 from agentq.core.status import TaskStatus
 
 
 def _cmd_send(args: argparse.Namespace) -> int:
+    timeout = wait_timeout(args)
     client = api_client(args)
     text = sys.stdin.read() if args.text == "-" else args.text
     sent = client.send(args.task_id, text, add_tokens=args.add_tokens, idempotency_key=args.idempotency_key)
@@ -31,7 +32,7 @@ def _cmd_send(args: argparse.Namespace) -> int:
             how = "a follow-up; the task runs again" if sent.reopened else f"the task is {sent.status.value}"
             print(f"message {sent.seq} sent to {sent.task_id}: {how}")
         return 0
-    view = follow(client, args.task_id, args.wait_timeout)
+    view = follow(client, args.task_id, timeout)
     result = client.result(args.task_id)
     if args.json:
         dump(result)
@@ -290,8 +291,7 @@ def register(sub: Any) -> None:
     send.add_argument("text", help="the message; - reads it from stdin")
     send.add_argument("--add-tokens", type=int, default=0, help="raise the task's token cap first")
     send.add_argument("--idempotency-key", help="a retry with the same key sends nothing twice")
-    send.add_argument("--wait", action="store_true", help="wait for the agent's answer and print it")
-    send.add_argument("--wait-timeout", type=float, default=24 * 3600, help="give up waiting after this many seconds")
+    add_wait(send, "wait for the agent's answer and print it")
     send.set_defaults(func=_cmd_send)
 
     stop = remote(add_command(sub, "interrupt", "stop a running task at its earliest safe point; it waits idle"))

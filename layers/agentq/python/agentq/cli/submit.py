@@ -11,7 +11,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from agentq.cli.args import UsageError, add_command
+from agentq.cli.args import UsageError, add_command, add_wait, wait_timeout
 from agentq.cli.output import dump, final, follow, print_result
 from agentq.cli.target import api_client, remote
 
@@ -262,6 +262,7 @@ def build_submission(args: argparse.Namespace, upload: Callable[[bytes], str] | 
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
+    timeout = wait_timeout(args)
     client = api_client(args)
     accepted = client.submit(build_submission(args, client.upload_workspace), idempotency_key=args.idempotency_key)
     if not args.wait:
@@ -271,7 +272,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             print(accepted.task_id)
         return 0
     print(f"submitted {accepted.task_id}", file=sys.stderr, flush=True)
-    view = follow(client, accepted.task_id, args.wait_timeout)
+    view = follow(client, accepted.task_id, timeout)
     if args.json:
         dump(view)
     else:
@@ -339,10 +340,5 @@ def register(sub: Any) -> None:
                         help="start the task's workspace with DIR's files and their modes, or an archive FILE's "
                         "(tar, tar.gz, zip): inline up to 1,000 files and 160 KB of base64, larger uploaded first")  # fmt: skip
     submit.add_argument("--idempotency-key", help="retry-safe: the same key and body return the same task")
-    submit.add_argument(
-        "--wait", action="store_true", help="follow the task (status changes on stderr), then print its result"
-    )
-    submit.add_argument(
-        "--wait-timeout", type=float, default=24 * 3600, help="give up waiting after this many seconds (exit 1)"
-    )
+    add_wait(submit, "follow the task (status changes on stderr), then print its result")
     submit.set_defaults(func=_cmd_submit)

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from agentq.cli.args import add_command, positive
+from agentq.cli.args import add_command, add_wait, positive, wait_timeout
 from agentq.cli.output import console, dump, final, follow, print_answer, print_result
 from agentq.cli.submit import load_script, parse_metadata
 from agentq.cli.target import api_client, remote
@@ -42,9 +42,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_result(args: argparse.Namespace) -> int:
+    timeout = wait_timeout(args)
     client = api_client(args)
     if args.wait:
-        follow(client, args.task_id, args.wait_timeout)
+        follow(client, args.task_id, timeout)
     result = client.result(args.task_id)
     if args.json:
         dump(result)
@@ -243,8 +244,7 @@ def register(sub: Any) -> None:
 
     result = remote(command("result", "a finished task's result on stdout (exit 1 unless it succeeded)"))
     result.add_argument("task_id")
-    result.add_argument("--wait", action="store_true", help="wait for the task to end first")
-    result.add_argument("--wait-timeout", type=float, default=24 * 3600, help="give up waiting after this many seconds")
+    add_wait(result, "wait for the task to end first")
     result.set_defaults(func=_cmd_result)
 
     trace = remote(command("trace", "the task's LLM and tool calls as a tree, with timings and tokens"),
