@@ -195,6 +195,21 @@ def test_bad_usage_and_configuration_exit_2_with_a_precise_message(
     assert metadata.returncode == 2 and "KEY=VALUE" in metadata.stderr
 
 
+def test_schedules_list_with_none_says_so_on_stderr_as_the_other_lists_do(
+    api_stack: ApiStack, cli: Callable[..., Ran], tmp_path: Path
+) -> None:
+    env = api_stack.cli_env(AGENTQ_API_KEY=api_stack.stack.create_api_key(f"sched-{time.time_ns()}"))
+    empty = cli("schedules", "list", env=env)
+    assert empty.returncode == 0 and empty.stdout == ""
+    assert "no schedules (create one: agentq schedules create -f schedule.yaml)" in empty.stderr
+    assert json.loads(cli("schedules", "list", "--json", env=env).stdout) == []
+    spec = tmp_path / "schedule.yaml"
+    spec.write_text(json.dumps({"name": "nightly", "expression": "rate(1 day)", "submission": SCRIPTED}))
+    assert cli("schedules", "create", "-f", str(spec), env=env).returncode == 0
+    listed = cli("schedules", "list", env=env)
+    assert listed.stdout.startswith("nightly ") and "no schedules" not in listed.stderr
+
+
 def test_every_command_has_help_text() -> None:
     parser = build_parser()
     assert "exit codes: 0 success; 1" in parser.format_help()

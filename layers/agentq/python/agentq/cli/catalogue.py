@@ -96,6 +96,8 @@ def _cmd_schedules(args: argparse.Namespace) -> int:
     for s in schedules:
         print(f"{s.name:<24} {s.expression:<28} overlap {s.overlap:<5} fired {s.fired} skipped {s.skipped} "
               f"next {when(s.next_fire_at)} last {s.last_task_id or '-'}")  # fmt: skip
+    if not schedules:
+        print("no schedules (create one: agentq schedules create -f schedule.yaml)", file=sys.stderr)
     return 0
 
 
