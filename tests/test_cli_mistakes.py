@@ -106,3 +106,34 @@ def test_a_wait_timeout_not_above_0_or_without_wait_is_refused_naming_it_before_
 ) -> None:
     ran = cli(*args, "--url", NOWHERE)  # a request would exit 1: cannot reach
     assert ran.returncode == 2 and said in ran.stderr, ran.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [pytest.param(["worker", "--concurrency", "0"], "argument --concurrency: must be >= 1, not 0", id="concurrency-0"),
+     pytest.param(["worker", "--concurrency", "-4"], "argument --concurrency: must be >= 0, not -4", id="concurrency-neg"),
+     pytest.param(["worker", "--lease", "-3"], "argument --lease: must be a number of seconds above 0", id="lease-neg"),
+     pytest.param(["worker", "--heartbeat", "inf"], "argument --heartbeat: must be a number of seconds above 0",
+                  id="heartbeat-inf"),
+     pytest.param(["worker", "--visibility", "0"], "argument --visibility: must be >= 1, not 0", id="visibility-0"),
+     pytest.param(["worker", "--max-receive-count", "0"], "argument --max-receive-count: must be >= 1", id="receives-0"),
+     pytest.param(["worker", "--beat-threads", "0"], "argument --beat-threads: must be >= 1", id="beat-threads-0"),
+     pytest.param(["worker", "--admission-safety", "1.5"], "argument --admission-safety: must be above 0 and at most 1",
+                  id="safety-1.5"),
+     pytest.param(["worker", "--admission-safety", "nan"], "argument --admission-safety: must be above 0 and at most 1",
+                  id="safety-nan"),
+     pytest.param(["worker", "--admission-floor", "-1"], "argument --admission-floor: must be >= 0", id="floor-neg"),
+     pytest.param(["worker", "--lease", "3", "--heartbeat", "3"], "--heartbeat (3 s) must be below --lease (3 s)",
+                  id="heartbeat-not-below-lease"),
+     pytest.param(["run-task", "t-1", "--lease", "0"], "argument --lease: must be a number of seconds above 0",
+                  id="run-task-lease-0"),
+     pytest.param(["run-task", "t-1", "--wait", "-1"], "argument --wait: must be a number of seconds above 0",
+                  id="run-task-wait-neg")],
+)  # fmt: skip
+def test_a_worker_or_run_task_setting_out_of_its_range_is_refused_naming_it_before_anything_runs(
+    cli: Callable[..., Ran], args: list[str], said: str
+) -> None:
+    """No worker starts: without the checks a concurrency of -4, a lease of -3 s or a heartbeat
+    as long as the lease were taken as they came, and the worker ran with them."""
+    ran = cli(*args, env={"AWS_ENDPOINT_URL": NOWHERE})  # were anything to start, AWS would not answer
+    assert ran.returncode == 2 and said in ran.stderr, ran.stderr

@@ -46,6 +46,35 @@ def positive(value: str) -> int:
     return number
 
 
+def at_least_one(value: str) -> int:
+    """A count of at least 1 (a concurrency, a number of threads)."""
+    number = positive(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, not {number}")
+    return number
+
+
+def fraction(value: str) -> float:
+    """A share above 0 and at most 1."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not 0 < number <= 1:  # nan fails this too
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, not {value}")
+    return number
+
+
+def seconds_or_zero(value: str) -> float:
+    """A duration that may be 0 (do not wait): a finite number of seconds >= 0."""
+    try:
+        if float(value) == 0:
+            return 0.0
+    except ValueError:
+        pass  # said by ``seconds``
+    return seconds(value)
+
+
 def seconds(value: str) -> float:
     """A duration: a finite number of seconds above 0 (0, a negative, ``nan`` and ``inf`` are refused)."""
     try:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentq.cli.args import add_command, positive, seconds
+from agentq.cli.args import UsageError, add_command, at_least_one, fraction, positive, seconds, seconds_or_zero
 from agentq.cli.submit import SCRIPT_DOC, load_script
 from agentq.core.errors import AgentqError
 
@@ -141,6 +141,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from agentq.scale_in import TERMINATING_EXIT
     from agentq.worker import Worker, WorkerConfig
 
+    if args.heartbeat >= args.lease:  # its peers would hand its tasks on while it lives
+        raise UsageError(f"--heartbeat ({args.heartbeat:g} s) must be below --lease ({args.lease:g} s): a worker "
+                         "renews its liveness within its lease", field="heartbeat")  # fmt: skip
     configure_process_logging(logging.INFO if args.verbose else None)  # JSON with AGENTQ_LOG_FORMAT=json
     config = WorkerConfig(
         concurrency=args.concurrency,
@@ -338,16 +341,23 @@ def register(sub: Any) -> None:
     run.set_defaults(func=_cmd_run)
 
     worker = command("worker", "long-poll the tier queues and run tasks (uses AGENTQ_* and AWS_* settings)")
-    worker.add_argument("--concurrency", type=int, default=256, help="tasks in flight at once")
-    worker.add_argument("--lease", type=float, default=3.0, help="lease seconds")
-    worker.add_argument("--heartbeat", type=float, default=1.0, help="seconds between lease/visibility extensions")
-    worker.add_argument("--visibility", type=int, default=4, help="visibility each heartbeat extends to (> lease)")
-    worker.add_argument("--max-receive-count", type=int, default=5, help="the queues' maxReceiveCount")
-    worker.add_argument("--beat-threads", type=int, default=16, help="lease writes the heartbeat makes at once")
-    worker.add_argument("--admission-safety", type=float, default=0.5,
+    worker.add_argument("--concurrency", type=at_least_one, default=256, help="tasks in flight at once")
+    worker.add_argument("--lease", type=seconds, default=3.0, help="lease seconds")
+    worker.add_argument("--heartbeat", type=seconds, default=1.0, help="seconds between lease/visibility extensions")
+    worker.add_argument(
+        "--visibility",
+        type=at_least_one,
+        default=4,
+        help="seconds each heartbeat hides a received message for (at least 1)",
+    )
+    worker.add_argument("--max-receive-count", type=at_least_one, default=5, help="the queues' maxReceiveCount")
+    worker.add_argument(
+        "--beat-threads", type=at_least_one, default=16, help="lease writes the heartbeat makes at once"
+    )
+    worker.add_argument("--admission-safety", type=fraction, default=0.5,
                         help="hold what the heartbeat can extend in this fraction of (lease - heartbeat)")  # fmt: skip
     worker.add_argument(
-        "--admission-floor", type=int, default=8, help="hold at least this many tasks however slow the store"
+        "--admission-floor", type=positive, default=8, help="hold at least this many tasks however slow the store"
     )
     worker.add_argument("--idle-poll-wait", type=int, default=20, choices=range(1, 21), metavar="1..20",
                         help="seconds an idle tier's long poll waits for a message (SQS allows 1 to 20)")  # fmt: skip
@@ -359,8 +369,8 @@ def register(sub: Any) -> None:
 
     run_task = command("run-task", "run one task in this process until it ends (no queue)")
     run_task.add_argument("task_id")
-    run_task.add_argument("--lease", type=float, default=30.0, help="lease seconds")
+    run_task.add_argument("--lease", type=seconds, default=30.0, help="lease seconds")
     run_task.add_argument(
-        "--wait", type=float, default=0.0, help="keep trying to claim for this long if another lease is live"
+        "--wait", type=seconds_or_zero, default=0.0, help="keep trying to claim for this long if another lease is live"
     )
     run_task.set_defaults(func=_cmd_run_task)
