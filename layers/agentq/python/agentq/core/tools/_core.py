@@ -5,6 +5,10 @@ pydantic, so the schema the model sees and the validation its input gets cannot 
 ``ToolRegistry.execute`` turns every possible failure (unknown name, tool not allowed, bad
 input, an exception, a timeout) into a ``ToolExecution`` the engine can hand straight back
 to the model as a ``tool_result``: a misbehaving tool costs one step, never the whole task.
+
+Every result and error text leaves ``execute`` redacted (``observe.redaction``) whole, before it
+is cut to its length: a cut made first could leave all but the end of a credential's value, which
+no spelling of it matches, and the model chooses what comes before it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from pydantic import BaseModel, ConfigDict
 from agentq.core.graders import GraderSpec
 from agentq.core.tools._context import ToolContext
 from agentq.core.tools._schema import input_schema
+from agentq.observe.redaction import redact
 
 logger = logging.getLogger("agentq.tools")
 
@@ -290,7 +295,7 @@ class ToolRegistry:
             content: str, status: Literal["ok", "error", "timeout"] = "error", *, failed: bool = False
         ) -> ToolExecution:
             return ToolExecution(
-                content=_cap(content),
+                content=_cap(redact(content)),  # redacted whole, then cut: never a value's prefix
                 is_error=status != "ok",
                 status=status,
                 duration_ms=int((time.monotonic() - started) * 1000),
@@ -399,7 +404,7 @@ def backend_down(exc: BaseException) -> bool:
 
 
 def _describe_exception(exc: BaseException) -> str:
-    message = str(exc)
+    message = redact(str(exc))  # before the cut, as every text of execute (see the module)
     if len(message) > MAX_ERROR_CHARS:
         message = message[:MAX_ERROR_CHARS] + "..."
     return f"ToolError: {type(exc).__name__}: {message}" if message else f"ToolError: {type(exc).__name__}"
