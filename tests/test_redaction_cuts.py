@@ -18,8 +18,10 @@ import pytest
 from agentq.core.models import TaskStatus, ToolOutcome
 from agentq.core.tools import ToolContext, tool
 from agentq.core.tools._core import MAX_ERROR_CHARS, MAX_RESULT_CHARS
+from agentq.core.tools.fetch import LONGEST_SPELLING, READ_PAST, redacted_cut
+from agentq.core.vault import MAX_VALUE_BYTES, Credential
 from agentq.core.vault_crypto import EnvelopeCipher, LocalDataKeys
-from agentq.observe.redaction import MIN_CHARS, REDACTED, spellings
+from agentq.observe.redaction import MIN_CHARS, REDACTED, REDACTOR, spellings
 from agentq.storage.container import Storage, memory_storage
 
 from tests.helpers import scripted
@@ -112,3 +114,50 @@ def test_the_registrys_error_cap_at_every_position_across_a_credential_leaves_no
     for k, result in zip(cuts, results, strict=True):
         assert result.is_error and result.content.startswith(prefix) and result.content.endswith("..."), k
         assert leaked(result.content, marker) == [], (k, result.content[-80:])
+
+
+def test_http_fetch_cut_at_every_max_bytes_across_a_credential_leaves_none_of_it(
+    cipher: EnvelopeCipher, echo: EchoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = memory_storage()
+    marker = _credential(store, cipher, echo, monkeypatch)
+    headers = {"Authorization": "Bearer ${vault:github}"}
+    [probe] = _run(store, cipher, echo, [_use("http_fetch", url=echo.url("/me"), headers=headers)])
+    status, body = probe.content.split("\n\n", 1)
+    start = body.index(REDACTED)  # ASCII: the bytes before the value are its characters
+    cuts = range(-1, len(marker) + 2)
+    calls = [_use("http_fetch", url=echo.url("/me"), headers=headers, max_bytes=start + k) for k in cuts]
+    results = _run(store, cipher, echo, calls)
+    assert len(results) == len(cuts)
+    for k, result in zip(cuts, results, strict=True):
+        assert not result.is_error and result.content.startswith(status), k
+        assert result.content.endswith(f"\n[truncated at {start + k} bytes]"), k
+        assert leaked(result.content, marker) == [], (k, result.content[-80:])
+        assert f"\n\n{body[: start + k]}\n[truncated" in result.content, k  # the redacted body, cut
+
+
+@pytest.mark.parametrize("kind", ["bearer", "basic"])
+def test_the_longest_spelling_of_a_credential_is_within_what_http_fetch_reads_past_its_cut(kind: str) -> None:
+    """fetch reads LONGEST_SPELLING (and what it can become) past max_bytes, so whatever the
+    cut leaves is redacted: no spelling of the largest value and username the vault takes (control
+    characters and characters of four bytes, the costliest to escape) is longer."""
+    for char in ("\x01", "\U0001f600", "%", "é"):
+        secret = (char * MAX_VALUE_BYTES).encode()[:MAX_VALUE_BYTES].decode(errors="ignore")
+        user = char * 256 if kind == "basic" else None
+        credential = Credential("c", kind, (), secret, username=user)  # type: ignore[arg-type]
+        longest = max(len(s.encode()) for form in credential.secret_forms() for s in spellings(form))
+        assert longest <= LONGEST_SPELLING, (kind, repr(char), longest)
+
+
+def test_http_fetchs_read_ending_anywhere_in_a_credential_leaves_none_of_it() -> None:
+    """The read itself stops (max_bytes + READ_PAST) in a long body: wherever in a value it
+    stops, and however much the redactions before it shortened the text, what is shown holds
+    nothing of that value."""
+    value = _marker()
+    REDACTOR.add(value)
+    copies = READ_PAST // len(value)  # each copy shrinks to REDACTED: the cut-off start is pulled forward
+    for stop in range(len(value) + 1):
+        read = (value * copies + value[:stop]).encode()
+        for max_bytes in (1, len(read) // 2, len(read)):
+            shown, cut = redacted_cut(read, max_bytes, more=True)
+            assert cut and leaked(shown.decode(), value) == [], (stop, max_bytes, shown[-60:])

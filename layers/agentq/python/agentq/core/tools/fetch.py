@@ -21,6 +21,10 @@ AWS endpoint, the VPC, the instance metadata and the ECS credentials endpoints. 
 A deployment may also name the only hosts it fetches from (``FetchPolicy.allow``). A name
 there is still checked; an IP literal there (``10.0.0.7`` or ``127.0.0.1:8080``) is the one
 way to let an internal address through, because the operator wrote that exact address.
+
+The body comes back redacted (``observe.redaction``) and only then cut to ``max_bytes``, which the
+model chooses: cut first, an echoed credential straddling the cut would leave all but its end,
+which no spelling matches (``redacted_cut``).
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentq.core.vault import MAX_VALUE_BYTES
+from agentq.observe.redaction import MIN_CHARS, REDACTED, REDACTOR
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 ALLOW_VARIABLE = "AGENTQ_HTTP_FETCH_ALLOW"
@@ -46,6 +53,14 @@ USER_AGENT = "agentq-http-fetch/0.2"
 MAX_REDIRECTS = 5
 REDIRECT_STATUSES = (301, 302, 303, 307, 308)
 CHUNK = 64 * 1024
+# The longest text that carries a credential: a secret form is a value (4,096 bytes at most) or
+# a username (256 characters) joined to it; its longest spelling, JSON's \u escapes of control
+# characters, is six times its bytes (tests/test_redaction_cuts.py holds the redactor to this).
+LONGEST_SPELLING = 8 * MAX_VALUE_BYTES
+# What the last LONGEST_SPELLING bytes of a text can become once redacted: each replacement turns
+# at least MIN_CHARS bytes into REDACTED.
+REDACTED_TAIL = LONGEST_SPELLING + len(REDACTED) * (LONGEST_SPELLING // MIN_CHARS + 2)
+READ_PAST = LONGEST_SPELLING + REDACTED_TAIL  # read this far past max_bytes, so the cut is made redacted
 
 # Cloud metadata, credential and time/DNS endpoints, named so the refusal says what they are
 # (each is also inside a range refused below).
@@ -379,7 +394,8 @@ def get(
                     target = _redirect_target(next_url)
                     redirects.append(next_url)
                     continue
-                data, truncated = _read_at_most(response, max_bytes, conn, deadline)
+                data, more = _read_at_most(response, max_bytes + READ_PAST, conn, deadline)
+                data, truncated = redacted_cut(data, max_bytes, more)
                 return Response(
                     status=status,
                     content_type=response.getheader("Content-Type") or "(no content-type)",
@@ -456,3 +472,15 @@ def _read_at_most(
         total += len(chunk)
     data = b"".join(chunks)
     return data[:max_bytes], total > max_bytes
+
+
+def redacted_cut(data: bytes, max_bytes: int, more: bool) -> tuple[bytes, bool]:
+    """What was read of a body (``more``: the body went on past it), redacted whole, then cut to
+    ``max_bytes``; and whether anything was cut. Every credential the read holds whole is gone
+    before the cut, wherever the model put it. The read's own end may cut one: its start lies in
+    the last LONGEST_SPELLING bytes read, so what they became (at most REDACTED_TAIL bytes) is
+    dropped; READ_PAST leaves max_bytes to show when nothing was redacted."""
+    clean = REDACTOR.redact_bytes(data)
+    if more:
+        clean = clean[: max(0, len(clean) - REDACTED_TAIL)]
+    return clean[:max_bytes], more or len(clean) > max_bytes
