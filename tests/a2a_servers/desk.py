@@ -7,7 +7,12 @@ its task and its text), before it answers, so a test counts what it was sent. A 
 starting ``ask:`` asks a question (``input-required``) and completes with the answer it is
 given; any other message starts a task that works until the file ``<ledger>.release`` exists,
 then completes with ``echo: <text>`` as its artifact. A request without ``Authorization: Bearer
-$DESK_TOKEN`` is refused (401), the card included. ``DESK_ENDPOINT`` makes its card name another
+$DESK_TOKEN`` is refused (401), the card included. Some messages repeat that header back, as a
+remote that echoes its caller's credential would (tests/test_redaction_cuts.py): ``whoami:<pad>``
+is answered with a message, ``whoami-task:<pad>`` completes its task with it as the artifact,
+``ask-whoami:<pad>`` asks a question that holds it, ``refuse:<pad>`` is refused with the
+protocol's error that holds it; each after ``<pad>`` (a number: that many dots), so the caller
+chooses where it sits. ``DESK_ENDPOINT`` makes its card name another
 endpoint than itself (a card that points elsewhere).
 
     python -m tests.a2a_servers.desk --port 8765
@@ -42,6 +47,7 @@ def build(port: int) -> Any:
     from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
     from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
     from a2a.types import AgentCapabilities, AgentCard, AgentInterface, AgentSkill, Role, TaskState
+    from a2a.utils.errors import InvalidParamsError
     from starlette.applications import Starlette
     from starlette.middleware.base import BaseHTTPMiddleware
     from starlette.responses import JSONResponse
@@ -53,16 +59,29 @@ def build(port: int) -> Any:
             _note(context.message, task_id)
             text = get_message_text(context.message)
             updater = TaskUpdater(event_queue, task_id, context_id)
+            verb, _, pad = text.partition(":")
+            pad = "." * int(pad) if pad.isdigit() else pad
+            echoed = f"{pad}you sent Authorization: Bearer {TOKEN}"
+            if verb == "refuse":
+                raise InvalidParamsError(message=echoed)
+            if verb == "whoami":
+                await event_queue.enqueue_event(new_text_message(echoed, role=Role.ROLE_AGENT, context_id=context_id))
+                return
             current = context.current_task
             if current is not None and current.status.state == TaskState.TASK_STATE_INPUT_REQUIRED:
                 await updater.add_artifact(new_text_artifact("answer", f"you chose {text}").parts)
                 await updater.complete()
                 return
             await event_queue.enqueue_event(new_task(task_id, context_id, TaskState.TASK_STATE_SUBMITTED))
-            if text.startswith("ask:"):
-                question = new_text_message("Which color?", role=Role.ROLE_AGENT, context_id=context_id,
+            if text.startswith("ask:") or verb == "ask-whoami":
+                asked = echoed if verb == "ask-whoami" else "Which color?"
+                question = new_text_message(asked, role=Role.ROLE_AGENT, context_id=context_id,
                                             task_id=task_id)  # fmt: skip
                 await updater.requires_input(question)
+                return
+            if verb == "whoami-task":
+                await updater.add_artifact(new_text_artifact("echo", echoed).parts)
+                await updater.complete()
                 return
             await updater.start_work()
             release = LEDGER.with_name(LEDGER.name + ".release")

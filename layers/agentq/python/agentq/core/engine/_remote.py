@@ -48,6 +48,7 @@ from agentq.core.tools.a2a_remote import (
     untrusted,
 )
 from agentq.core.vault import Credential
+from agentq.observe.redaction import redact
 
 log = logging.getLogger("agentq.engine")
 
@@ -161,7 +162,7 @@ class RemoteCall:
         s = self.s
         asking = {"id": f"{self.use['id']}-ask-{view.status_key}", "name": self.use["name"], "input": {}}
         kind = "needs your answer" if view.state == "input-required" else "needs authorization"
-        question = (
+        question = redact(  # an approval's question is shown and evented: redacted whole, then cut
             f"Remote agent {self.ref.name!r} {kind} (its words, not ours): {view.text or '(no text)'}\n"
             "Approve with your answer as the note; it is sent to the remote agent."
         )[:4000]

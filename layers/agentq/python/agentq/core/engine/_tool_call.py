@@ -36,7 +36,6 @@ from agentq.core.tools import ToolContext, idempotency_key_for
 from agentq.core.tools.egress import ContactMark
 from agentq.core.vault import Cipher
 from agentq.core.workspace import NETWORK_TOOLS
-from agentq.observe.redaction import redact
 
 
 class ToolCaller:
@@ -151,9 +150,9 @@ class ToolCaller:
         return ToolOutcome(
             tool_use_id=use["id"],
             name=use["name"],
-            # A credential's value never reaches the model or the store, whatever the tool
-            # returned or raised (observe.redaction): this is the one way a result gets out.
-            content=redact(run.content),
+            # Redacted twice, whatever the tool returned or raised: by the registry before it
+            # cut the text, and by ToolOutcome itself, as every outcome however it is made.
+            content=run.content,
             is_error=run.is_error,
             status=run.status,
             side_effects=pending.side_effects,

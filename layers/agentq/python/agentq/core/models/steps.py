@@ -7,10 +7,11 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
 from agentq.core.models.strict import StrictModel
 from agentq.core.workspace import WorkspaceRef
+from agentq.observe.redaction import redact
 
 
 class Usage(StrictModel):
@@ -85,6 +86,11 @@ class CompactStep(CallStep):
 
 
 class ToolOutcome(StrictModel):
+    """One tool call's result as the model reads it and its step, effect record and events hold
+    it. Its content is redacted (``observe.redaction``) whenever one is made, whatever made it (the
+    registry, a remote agent's answer or error, a replay, a denial): no credential's value is ever
+    in one (ARCHITECTURE 15)."""
+
     tool_use_id: str
     name: str  # the input lives in the LLM step's tool_use block; not stored twice
     content: str
@@ -98,6 +104,11 @@ class ToolOutcome(StrictModel):
         description="the policy rules that took part in this call (core.policies): the rule that denied it or "
         "asked for it, and what log_only rules would have decided",
     )
+
+    @field_validator("content")
+    @classmethod
+    def _redacted(cls, content: str) -> str:
+        return redact(content)
 
     @model_serializer(mode="wrap")
     def _without_policy(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

@@ -10,7 +10,8 @@ same message. Each URL is guarded before it is contacted (``core.remote_agents.g
 card's endpoint included, and the credential goes only to the reference's host.
 
 What comes back is text another model wrote: ``untrusted`` marks it so before it becomes a
-tool result.
+tool result. It may hold the credential the call sent: what is cut here (the task's text, an
+error's detail) is redacted whole first (``observe.redaction``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from agentq.core.errors import AgentqError
 from agentq.core.models import RemoteAgentRef
 from agentq.core.remote_agents import RemoteAgentError, RemoteRefused, guard
 from agentq.core.vault import Credential, refused
+from agentq.observe.redaction import redact
 
 TIMEOUT_SECONDS = 30.0
 ENDED = ("completed", "failed", "canceled", "rejected")
@@ -168,7 +170,7 @@ def _classified(exc: BaseException, ref: RemoteAgentRef, *, reached: bool, sendi
     cause: BaseException = exc
     while isinstance(cause, BaseExceptionGroup) and cause.exceptions:
         cause = cause.exceptions[0]
-    detail = f"{type(cause).__name__}: {cause}".rstrip(": ")[:500]
+    detail = redact(f"{type(cause).__name__}: {cause}".rstrip(": "))[:500]  # whole, then cut
     below = cause.__cause__ or cause.__context__
     if isinstance(cause, AgentCardResolutionError) or not reached:
         return RemoteUnreachable(f"cannot read the Agent Card of remote agent {ref.name!r} ({detail}); nothing sent")
@@ -199,7 +201,7 @@ def view(task: Any, url: str) -> RemoteView:
     stamp = task.status.timestamp.ToJsonString() if task.status.HasField("timestamp") and not said else ""
     marker = f"{state}|{said or stamp}|{status_text}"
     key = hashlib.sha256(marker.encode()).hexdigest()[:12]
-    return RemoteView(task.id, task.context_id or None, url, state, text[:MAX_TEXT], key)
+    return RemoteView(task.id, task.context_id or None, url, state, redact(text)[:MAX_TEXT], key)
 
 
 def _parts_text(parts: Any) -> str:

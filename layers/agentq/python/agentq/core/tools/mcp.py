@@ -40,6 +40,7 @@ from agentq.core.tools._core import TOOL_NAME_PATTERN, ToolSpec
 from agentq.core.tools.fetch import parse_target
 from agentq.core.vault import CredentialSource, expand
 from agentq.core.vault import references as vault_references
+from agentq.observe.redaction import redact
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
 LIST_TIMEOUT_SECONDS = 20.0
@@ -239,7 +240,7 @@ class McpServers:
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
             cause = _root_cause(exc)
-            detail = f"{type(cause).__name__}: {cause}".rstrip(": ")[:500]
+            detail = redact(f"{type(cause).__name__}: {cause}".rstrip(": "))[:500]  # whole, then cut
             if isinstance(cause, McpError):
                 raise cause from None
             if not opened:
