@@ -295,3 +295,19 @@ def test_a_json_body_with_a_charset_is_accepted(api_stack: ApiStack) -> None:
     for content_type in ("application/json", "application/json; charset=utf-8"):
         status, body, _ = api_stack.http("POST", "/tasks", SCRIPTED, headers={"Content-Type": content_type})
         assert status == 202, (content_type, body)
+
+
+def test_the_console_answers_from_each_app_a_process_builds_not_only_the_last() -> None:
+    """A process may build more than one app (a second API in the same process, a test's own):
+    each serves the console's pages. The pages' router was one per process, so it read the
+    request from the app it was last included in, and the others answered ``/console`` 500
+    (``'NoneType' object has no attribute 'path'``)."""
+    from agentq.api.app import build_app
+
+    from tests.lambda_support import FakeLambdaContext
+
+    first, second = (build_app(None, None, None) for _ in range(2))  # type: ignore[arg-type]
+    for app in (first, second, first):
+        for path, status in (("/console", 302), ("/console/", 200), ("/console/console.css", 200)):
+            answer = app.resolve(proxy_event("GET", path, {}, None, tenant=None), FakeLambdaContext(30))
+            assert answer["statusCode"] == status, (path, answer.get("body", "")[:300])

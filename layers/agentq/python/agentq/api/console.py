@@ -41,8 +41,6 @@ CSP = (
 # Revalidate every time (cheap: conditional_get answers 304), so a deploy is seen at once.
 ASSET_HEADERS = {"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
 
-router = Router()  # type: ignore[no-untyped-call]  # powertools leaves __init__ unannotated
-
 
 def is_console(path: str) -> bool:
     """A console page or asset (public: no tenant, no data)."""
@@ -68,29 +66,38 @@ def _asset(name: str) -> Response[Any]:
     return Response(status_code=200, content_type=content_type, body=text, headers=headers)
 
 
-@router.get(CONSOLE_PATH, include_in_schema=False)
-def console_index() -> Response[Any]:
-    # The resolver matches /console and /console/ alike; the page's assets are relative to
-    # /console/, and a relative redirect keeps API Gateway's stage prefix (/prod/console/).
-    if not router.current_event.path.endswith("/"):
-        return Response(status_code=302, headers={"Location": "console/", **ASSET_HEADERS}, body="")
-    return _asset("index.html")
+def _router() -> Router:
+    router = Router()  # type: ignore[no-untyped-call]  # powertools leaves __init__ unannotated
 
+    @router.get(CONSOLE_PATH, include_in_schema=False)
+    def console_index() -> Response[Any]:
+        # The resolver matches /console and /console/ alike; the page's assets are relative to
+        # /console/, and a relative redirect keeps API Gateway's stage prefix (/prod/console/).
+        if not router.current_event.path.endswith("/"):
+            return Response(status_code=302, headers={"Location": "console/", **ASSET_HEADERS}, body="")
+        return _asset("index.html")
 
-@router.get(f"{CONSOLE_PATH}/<name>", include_in_schema=False)
-def console_asset(name: str) -> Response[Any]:
-    if name not in assets():
-        body = {"error": {"code": "route_not_found", "message": f"no console asset {name!r}"}}
-        return Response(status_code=404, content_type="application/json", body=json.dumps(body))
-    return _asset(name)
+    @router.get(f"{CONSOLE_PATH}/<name>", include_in_schema=False)
+    def console_asset(name: str) -> Response[Any]:
+        if name not in assets():
+            body = {"error": {"code": "route_not_found", "message": f"no console asset {name!r}"}}
+            return Response(status_code=404, content_type="application/json", body=json.dumps(body))
+        return _asset(name)
+
+    return router
 
 
 def install(app: ApiGatewayResolver, hub_url: str | None = None) -> None:
     """Serve the console and the API explorer from ``app``, and answer conditional GETs
     (``agentq.api.conditional``) on every route, which the console's polling relies on.
     ``hub_url``: the events hub the page follows streams from, the one other origin its
-    Content-Security-Policy admits (for ``connect-src`` only)."""
-    app.include_router(router)
+    Content-Security-Policy admits (for ``connect-src`` only).
+
+    The pages' router is made here, one per app, as each route module makes its own: a router
+    reads the request from the app it was last included in (``Router.current_event``), so one
+    router shared by two apps in a process (the local stack's, rebuilt, and a test's of its own in
+    the same process) answered the first app's ``/console`` from the other's state: no event, a 500."""
+    app.include_router(_router())
     app.enable_swagger(path=EXPLORER_PATH)
     middlewares: list[Callable[..., Any]] = [conditional_get]
     if hub_url:
