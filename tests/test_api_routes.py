@@ -613,6 +613,26 @@ def test_unknown_routes_are_404_and_wrong_methods_405(api: Api) -> None:
     assert status == 405 and headers["Allow"] == "POST"
 
 
+def test_the_lambda_decodes_each_path_parameter_after_routing_on_the_path_as_api_gateway_sends_it(api: Api) -> None:
+    """API Gateway's REST proxy event keeps ``path`` percent-encoded: routing splits it as sent
+    (``%2F`` stays in its segment) and each parameter is decoded after, as the local server does."""
+
+    def sent(method: str, path: str) -> tuple[int, Any]:
+        event = proxy_event(method, "/", {}, None, tenant=A)
+        event.update(path=path, resource=path)
+        event["requestContext"]["path"] = path
+        resp = api.handler.lambda_handler(event, FakeLambdaContext(30))
+        return resp["statusCode"], json.loads(resp["body"])
+
+    assert sent("GET", "/policies/agent%3Ashop") == sent("GET", "/policies/agent:shop")
+    task_id = api.submit()
+    status, data = sent("GET", f"/tasks/{task_id}%2Fresult")
+    assert status == 422 and error(data)["field"] == "task_id", data
+    status, data = sent("GET", "/tasks/caf%E9")
+    assert status == 400 and error(data) == {"code": "invalid_path", "field": "path",
+                                             "message": "path segment 'caf%E9' is not percent-encoded UTF-8"}  # fmt: skip
+
+
 def test_breakers_lists_each_models_circuit_for_every_key_and_the_cli_says_when_it_probes(api: Api) -> None:
     from agentq.api.models import BreakersView
     from agentq.cli.fleet import breaker_lines

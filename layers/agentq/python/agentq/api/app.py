@@ -6,7 +6,10 @@ pydantic (``api.models``) and the OpenAPI document at ``/openapi.json`` is gener
 
 The resolver itself answers what must be decided before a body is parsed or a route runs:
 413 (body too large), 415 (a body not sent as ``application/json``, or sent without a
-``Content-Type``), 401 (no tenant), and after routing 404/405 for a path or method no route serves.
+``Content-Type``), 401 (no tenant), 400 (a path segment whose escapes are not UTF-8), and after
+routing 404/405 for a path or method no route serves. Routes match the path as sent, still
+percent-encoded (as API Gateway's REST proxy event carries it); each route parameter is decoded
+after the match, so an encoded ``/`` stays inside its parameter.
 
 The tenant comes from the authorizer context (``requestContext.authorizer.tenant``): API
 Gateway's Lambda authorizer puts it there, and the local server does the same in-process.
@@ -26,7 +29,9 @@ import threading
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from re import Match
 from typing import Any, TypeVar
+from urllib.parse import unquote
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 from aws_lambda_powertools.event_handler.api_gateway import Route
@@ -81,6 +86,16 @@ def _header(event: Mapping[str, Any], name: str) -> str | None:
         if key.lower() == name:
             return str(value)
     return None
+
+
+def _undecodable(segment: str) -> bool:
+    """Whether a path segment's percent-escapes are not UTF-8 (``caf%E9``): refused (400), never
+    decoded into a replacement character."""
+    try:
+        unquote(segment, errors="strict")
+    except UnicodeDecodeError:
+        return True
+    return False
 
 
 def _is_json(content_type: str) -> bool:
@@ -225,11 +240,23 @@ class AgentqResolver(APIGatewayRestResolver):
             if not user_may(method, path):
                 return proxy_error(403, "forbidden", f"{method} {path} acts for the whole tenant: send an API key, "
                                    "not an end user's token")  # fmt: skip
+        undecodable = next((s for s in path.split("/") if _undecodable(s)), None)
+        if undecodable is not None:
+            return proxy_error(
+                400, "invalid_path", f"path segment {undecodable!r} is not percent-encoded UTF-8", "path"
+            )
         try:
             check_body(event)
         except BodyProblem as problem:
             return proxy_error(400, "invalid_body", problem.message, problem.field)
         return None
+
+    def _convert_matches_into_route_keys(self, match: Match[str]) -> dict[str, str]:
+        """The route's parameters, each percent-decoded once the path has been split: the path
+        is matched as sent (API Gateway's REST proxy event keeps its encoding), so ``%2F`` stays
+        inside its segment (``/tasks/a%2Fresult`` is task ``a/result``, refused by its pattern,
+        never ``/tasks/a/result``)."""
+        return {name: unquote(value, errors="strict") for name, value in match.groupdict().items()}
 
     def exception_handler(self, exc_class: type[Exception] | list[type[Exception]]) -> Callable[[_F], _F]:
         """powertools' own, typed: it registers the function and returns it unchanged."""

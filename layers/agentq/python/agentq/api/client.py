@@ -147,10 +147,10 @@ class Client(AgentCalls):
         return self._get(ScheduleList, "/schedules").schedules
 
     def get_schedule(self, name: str) -> ScheduleView:
-        return self._get(ScheduleView, f"/schedules/{_seg(name)}")
+        return self._get(ScheduleView, f"/schedules/{_seg(name, 'name')}")
 
     def delete_schedule(self, name: str) -> ScheduleView:
-        return ScheduleView.model_validate(self.request("DELETE", f"/schedules/{_seg(name)}"))
+        return ScheduleView.model_validate(self.request("DELETE", f"/schedules/{_seg(name, 'name')}"))
 
     def put_credential(
         self,
@@ -166,13 +166,15 @@ class Client(AgentCalls):
         """Write a credential to the vault (docs/VAULTS.md); the answer never holds its value."""
         body = {"value": value, "hosts": hosts, "kind": kind, "user": user, "header": header, "username": username}
         sent = {k: v for k, v in body.items() if v is not None}
-        return CredentialInfo.model_validate(self.request("PUT", f"/vault/credentials/{_seg(name)}", sent, retry=True))
+        return CredentialInfo.model_validate(
+            self.request("PUT", f"/vault/credentials/{_seg(name, 'name')}", sent, retry=True)
+        )
 
     def list_credentials(self, user: str | None = None) -> list[CredentialInfo]:
         return self._get(CredentialList, "/vault/credentials", user=user).credentials
 
     def delete_credential(self, name: str, user: str | None = None) -> CredentialInfo:
-        answer = self.request("DELETE", f"/vault/credentials/{_seg(name)}", query={"user": user})
+        answer = self.request("DELETE", f"/vault/credentials/{_seg(name, 'name')}", query={"user": user})
         return CredentialInfo.model_validate(answer)
 
     def webhook_secret(self) -> str:
@@ -240,7 +242,7 @@ class Client(AgentCalls):
 
     def compare(self, task_id: str, other_id: str) -> TaskComparison:
         """Two runs side by side and the first step that differs (``agentq diff``)."""
-        return self._get(TaskComparison, f"/tasks/{_seg(task_id)}/compare/{_seg(other_id)}")
+        return self._get(TaskComparison, f"/tasks/{_seg(task_id)}/compare/{_seg(other_id, 'other_id')}")
 
     def iter_trace(self, task_id: str, *, page_size: int = 200) -> Iterator[TraceEvent]:
         """Every event of the task's trace, in commit order."""

@@ -44,10 +44,10 @@ class AgentCalls(HttpClient):
             version = int(number) if number.isdigit() else None
             if version is None:
                 raise ValidationError("agent: name or name@version, e.g. researcher@3", field="agent")
-        return self._get(AgentVersion, f"/agents/{_seg(name)}", version=version)
+        return self._get(AgentVersion, f"/agents/{_seg(name, 'name')}", version=version)
 
     def agent_versions(self, name: str) -> list[AgentVersion]:
-        return self._get(AgentVersions, f"/agents/{_seg(name)}/versions").versions
+        return self._get(AgentVersions, f"/agents/{_seg(name, 'name')}/versions").versions
 
     def set_alias(
         self, name: str, alias: str, version: int, canary: tuple[int, int] | None = None,
@@ -59,7 +59,7 @@ class AgentCalls(HttpClient):
         targets = [{"version": version, "weight": 100 - (canary[1] if canary else 0)}]
         if canary is not None:
             targets.append({"version": canary[0], "weight": canary[1]})
-        path = f"/agents/{_seg(name)}/aliases/{_seg(alias)}"
+        path = f"/agents/{_seg(name, 'name')}/aliases/{_seg(alias, 'alias')}"
         body: dict[str, Any] = {"versions": targets}
         if online is not None:
             body["online"] = dict(online)
@@ -67,16 +67,18 @@ class AgentCalls(HttpClient):
 
     def agent_quality(self, name: str, hours: int = 48) -> AgentQuality:
         """Each version's online grades (pass rate, cost) per hour over the last ``hours``."""
-        return self._get(AgentQuality, f"/agents/{_seg(name)}/quality?hours={int(hours)}")
+        return self._get(AgentQuality, f"/agents/{_seg(name, 'name')}/quality?hours={int(hours)}")
 
     def list_aliases(self, name: str) -> list[AgentAlias]:
-        return self._get(AgentAliasList, f"/agents/{_seg(name)}/aliases").aliases
+        return self._get(AgentAliasList, f"/agents/{_seg(name, 'name')}/aliases").aliases
 
     def get_alias(self, name: str, alias: str) -> AgentAlias:
-        return self._get(AgentAlias, f"/agents/{_seg(name)}/aliases/{_seg(alias)}")
+        return self._get(AgentAlias, f"/agents/{_seg(name, 'name')}/aliases/{_seg(alias, 'alias')}")
 
     def delete_alias(self, name: str, alias: str) -> AgentAlias:
-        return AgentAlias.model_validate(self.request("DELETE", f"/agents/{_seg(name)}/aliases/{_seg(alias)}"))
+        return AgentAlias.model_validate(
+            self.request("DELETE", f"/agents/{_seg(name, 'name')}/aliases/{_seg(alias, 'alias')}")
+        )
 
     def move_task(self, task_id: str, version: int) -> TaskMoved:
         """Move an answered or idle task to ``version`` of its agent (its next run runs it)."""

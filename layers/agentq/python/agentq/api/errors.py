@@ -3,7 +3,8 @@ and this module is where it is made: the body, the status each error of the core
 (``handlers``), and the words for a pydantic validation error, which name the field the caller
 wrote (``constraints.tools[0]``), not pydantic's location tags.
 
-- 400 the request cannot be read: ``invalid_json``, ``invalid_cursor``
+- 400 the request cannot be read: ``invalid_json``, ``invalid_cursor``, ``invalid_path`` (a path
+  segment whose escapes are not UTF-8)
 - 401 ``unauthorized``: no tenant (no valid ``Authorization: Bearer <key>``)
 - 403 ``forbidden``: the key is valid but not allowed this (an operator's route, a tenant's key)
 - 404 ``task_not_found`` (another tenant's task too: no oracle), ``route_not_found``;

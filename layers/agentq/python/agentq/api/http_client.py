@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from agentq.api.models import TaskEvent, TaskView
-from agentq.core.errors import AgentqError
+from agentq.core.errors import AgentqError, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -194,8 +194,13 @@ class HttpClient:
                     data.append(line[5:].lstrip(" "))
 
 
-def _seg(task_id: str) -> str:
-    return urllib.parse.quote(task_id, safe="")
+def _seg(value: str, field: str = "task_id") -> str:
+    """One path segment, every reserved character encoded (a ``/`` too: the server decodes it
+    inside the segment); an empty one is refused here, before a request to another route is
+    sent (``/tasks//cancel``)."""
+    if not value:
+        raise ValidationError(f"{field} must not be empty", field=field)
+    return urllib.parse.quote(value, safe="")
 
 
 def _error_of(status: int, raw: bytes) -> ApiError:

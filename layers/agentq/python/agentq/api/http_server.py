@@ -73,9 +73,11 @@ def proxy_event(
     """An API Gateway REST proxy event; ``tenant=None`` carries no authorizer context. ``key_id``:
     the caller's API key, which API Gateway's authorizer context names too (a person's memory
     write records it). ``context``: the whole authorizer context instead (a token's user, a
-    key's ``act_for_users``), as the authorizer made it."""
+    key's ``act_for_users``), as the authorizer made it. ``path`` is the URL's, still
+    percent-encoded, as API Gateway's REST proxy event has it: the resolver routes on its segments
+    and decodes each route parameter after (``agentq.api.app``), so ``%2F`` never splits one."""
     parts = urlsplit(url)
-    path = unquote(parts.path)
+    path = parts.path
     query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()} or None
     return {
         "resource": path,
@@ -138,7 +140,7 @@ def _caller(authorizer: Authorizer | None, url: str, headers: dict[str, str]) ->
     """The caller's authorizer context; raises when the authorizer refuses the key or token."""
     if authorizer is None:
         return _KEYLESS
-    if is_public(unquote(urlsplit(url).path)):
+    if is_public(urlsplit(url).path):
         return {"tenant": LOCAL_TENANT, "operator": False}
     if authorizer is context_tenant:
         header = next((v for k, v in headers.items() if k.lower() == REQUEST_CONTEXT), None)
@@ -330,7 +332,7 @@ class ApiServer:
                 try:
                     caller, body = self._body(headers)
                 except http_guard.Refused as refused:
-                    if refused.status in (400, 413, 415) and is_rpc_path(unquote(urlsplit(self.path).path)):
+                    if refused.status in (400, 413, 415) and is_rpc_path(urlsplit(self.path).path):
                         answer = rpc_refusal(refused.status, refused.message)  # JSON-RPC's words for an A2A client
                         self._reply(200, {"Content-Type": "application/json", "Connection": "close"},
                                     answer["body"].encode())  # fmt: skip
@@ -338,16 +340,16 @@ class ApiServer:
                     self._reply(*refused.page())
                     return
                 parts = urlsplit(self.path)
-                match = _EVENTS_PATH.fullmatch(unquote(parts.path))
+                match = _EVENTS_PATH.fullmatch(parts.path)
                 if (
                     outer.hub is not None
                     and self.command == "GET"
                     and match is not None
                     and "text/event-stream" in (self.headers.get("Accept") or "").lower()
                 ):
-                    self._stream(outer.hub, match[1], headers)
+                    self._stream(outer.hub, unquote(match[1]), headers)
                     return
-                if outer.hub is not None and self.command == "POST" and is_rpc_path(unquote(parts.path)):
+                if outer.hub is not None and self.command == "POST" and is_rpc_path(parts.path):
                     self._live_rpc(outer.hub, headers, body, caller)
                     return
                 self._reply(
@@ -385,7 +387,7 @@ class ApiServer:
 
             def _not_hub(self) -> bool:
                 """Answer what the events hub does not serve (True: answered)."""
-                path = unquote(urlsplit(self.path).path)
+                path = urlsplit(self.path).path
                 if self.command == "OPTIONS":  # a browser's preflight of a cross-origin stream
                     self._reply(204, {}, b"")
                     return True

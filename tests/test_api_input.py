@@ -1,0 +1,63 @@
+"""Input the API must read exactly or refuse precisely, over real HTTP (the local stack's server,
+auth on, as in AWS): a path's segments, a body's bytes, a header's form, a query's parameters.
+Each refusal is a 4xx naming the field, and nothing reaches another route or is stored altered."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from agentq.api.client import Client
+from agentq.core.errors import ValidationError
+
+from tests import test_cli
+from tests.api_support import SCRIPTED, ApiStack
+from tests.test_cli import Ran
+
+cli = test_cli.cli
+
+NOWHERE = "http://127.0.0.1:9"  # a request sent here would fail "cannot reach" (exit 1)
+
+
+# ------------------------------------------------------------------ path segments
+
+
+def test_an_encoded_slash_stays_inside_the_task_id_and_never_reaches_another_route(api_stack: ApiStack) -> None:
+    task_id = api_stack.until(api_stack.submit(SCRIPTED), lambda v: v["status"] == "succeeded")["task_id"]
+    status, body, _ = api_stack.http("GET", f"/tasks/{task_id}%2Fresult")
+    assert status == 422 and body["error"]["field"] == "task_id", (status, body)
+    status, body, _ = api_stack.http("POST", f"/tasks/{task_id}%2Fcancel")
+    assert status in (404, 405, 422) and body["error"]["code"] != "illegal_transition", (status, body)
+    # an escape that is no separator is still decoded, once the path is split
+    assert api_stack.http("GET", "/policies/agent%3Ashop")[:2] == api_stack.http("GET", "/policies/agent:shop")[:2]
+
+
+def test_a_task_id_that_cannot_be_one_is_a_422_naming_task_id_not_a_missing_route(api_stack: ApiStack) -> None:
+    for path in ("/tasks/%00", "/tasks/a%20b", "/tasks/%2F", "/tasks/x%3Fy/result"):
+        status, body, _ = api_stack.http("GET", path)
+        assert status == 422 and body["error"]["field"] == "task_id", (path, status, body)
+
+
+def test_a_path_segment_whose_escapes_are_not_utf8_is_a_400_naming_the_path(api_stack: ApiStack) -> None:
+    status, body, _ = api_stack.http("GET", "/tasks/caf%E9")
+    assert status == 400 and body["error"] == {
+        "code": "invalid_path",
+        "message": "path segment 'caf%E9' is not percent-encoded UTF-8",
+        "field": "path",
+    }, body
+
+
+def test_the_client_refuses_an_empty_task_id_before_sending_anything() -> None:
+    client = Client(NOWHERE, "aq_" + "x" * 30, retries=0)
+    for call in (client.get, client.cancel, client.result):
+        with pytest.raises(ValidationError) as err:
+            call("")
+        assert err.value.field == "task_id" and err.value.message == "task_id must not be empty"
+
+
+@pytest.mark.parametrize("command", ["status", "cancel", "result"])
+def test_the_cli_names_an_empty_task_id_and_exits_2_sending_nothing(cli: Callable[..., Ran], command: str) -> None:
+    ran = cli(command, "", "--url", NOWHERE)
+    assert ran.returncode == 2 and "task_id must not be empty (task_id)" in ran.stderr, ran
+    assert "Traceback" not in ran.stderr and "no route" not in ran.stderr
