@@ -4,11 +4,14 @@ Each refusal is a 4xx naming the field, and nothing reaches another route or is 
 
 from __future__ import annotations
 
+import io
+import json
 from collections.abc import Callable
 
 import pytest
 
 from agentq.api.client import Client
+from agentq.api.http_server import wsgi_app
 from agentq.core.errors import ValidationError
 
 from tests import test_cli
@@ -61,3 +64,38 @@ def test_the_cli_names_an_empty_task_id_and_exits_2_sending_nothing(cli: Callabl
     ran = cli(command, "", "--url", NOWHERE)
     assert ran.returncode == 2 and "task_id must not be empty (task_id)" in ran.stderr, ran
     assert "Traceback" not in ran.stderr and "no route" not in ran.stderr
+
+
+# ------------------------------------------------------------------ body bytes
+
+NOT_UTF8 = b'{"goal": "caf\xe9", "provider": "scripted", "script": "first_task"}'
+
+
+def _task_count(api_stack: ApiStack) -> int:
+    status, page, _ = api_stack.http("GET", "/tasks?limit=100")
+    assert status == 200, page
+    return len(page["tasks"])
+
+
+def test_a_body_that_is_not_utf8_is_a_400_naming_the_body_and_stores_nothing(api_stack: ApiStack) -> None:
+    before = _task_count(api_stack)
+    status, body, _ = api_stack.http("POST", "/tasks", raw=NOT_UTF8)
+    assert status == 400 and body["error"]["code"] == "invalid_body" and body["error"]["field"] == "body", body
+    assert "not UTF-8" in body["error"]["message"] and "0xe9" in body["error"]["message"], body
+    assert _task_count(api_stack) == before
+
+
+def test_the_wsgi_app_refuses_a_body_that_is_not_utf8_as_the_server_does(api_stack: ApiStack) -> None:
+    server = api_stack.stack.api_server
+    assert server is not None
+    app = wsgi_app(server.handler, server.authorizer)
+    before = _task_count(api_stack)
+    answered: list[str] = []
+    environ = {
+        "REQUEST_METHOD": "POST", "PATH_INFO": "/tasks", "CONTENT_LENGTH": str(len(NOT_UTF8)),
+        "CONTENT_TYPE": "application/json", "HTTP_AUTHORIZATION": f"Bearer {api_stack.key}",
+        "wsgi.input": io.BytesIO(NOT_UTF8),
+    }  # fmt: skip
+    page = json.loads(b"".join(app(environ, lambda status, headers: answered.append(status))))
+    assert answered[0].startswith("400 ") and page["error"]["field"] == "body", (answered, page)
+    assert _task_count(api_stack) == before

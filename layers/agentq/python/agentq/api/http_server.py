@@ -63,7 +63,7 @@ def proxy_event(
     method: str,
     url: str,
     headers: dict[str, str],
-    body: str | None,
+    body: str | bytes | None,
     tenant: str | None = LOCAL_TENANT,
     *,
     operator: bool = False,
@@ -73,11 +73,20 @@ def proxy_event(
     """An API Gateway REST proxy event; ``tenant=None`` carries no authorizer context. ``key_id``:
     the caller's API key, which API Gateway's authorizer context names too (a person's memory
     write records it). ``context``: the whole authorizer context instead (a token's user, a
-    key's ``act_for_users``), as the authorizer made it. ``path`` is the URL's, still
+    key's ``act_for_users``), as the authorizer made it. A body of bytes (the server's) is
+    decoded as UTF-8, never with replacement: bytes that are not UTF-8 are handed on
+    base64-encoded, as a binary body is, and the resolver answers 400 naming ``body``
+    (``api/body_guard.py``) rather than store a goal altered. ``path`` is the URL's, still
     percent-encoded, as API Gateway's REST proxy event has it: the resolver routes on its segments
     and decodes each route parameter after (``agentq.api.app``), so ``%2F`` never splits one."""
     parts = urlsplit(url)
     path = parts.path
+    text, encoded = body, False
+    if isinstance(body, bytes):
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:  # handed on as a binary body is: base64, which the resolver refuses (400)
+            text, encoded = base64.b64encode(body).decode("ascii"), True
     query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()} or None
     return {
         "resource": path,
@@ -98,8 +107,8 @@ def proxy_event(
             "identity": {"sourceIp": "127.0.0.1"},
             "authorizer": dict(context) if context else (_context(tenant, operator, key_id) if tenant else None),
         },
-        "body": body,
-        "isBase64Encoded": False,
+        "body": text,
+        "isBase64Encoded": encoded,
     }
 
 
@@ -169,7 +178,7 @@ def dispatch(
     method: str,
     url: str,
     headers: dict[str, str],
-    body: str | None,
+    body: str | bytes | None,
     *,
     caller: Caller | None = None,
 ) -> tuple[int, dict[str, str], bytes]:
@@ -199,7 +208,7 @@ def wsgi_app(handler: Any, authorizer: Authorizer | None = None) -> Callable[...
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         length = int(environ.get("CONTENT_LENGTH") or 0)
-        body = environ["wsgi.input"].read(length).decode(errors="replace") if length else None
+        body = environ["wsgi.input"].read(length) if length else None
         headers = {k[5:].replace("_", "-").title(): str(v) for k, v in environ.items() if k.startswith("HTTP_")}
         if environ.get("CONTENT_TYPE"):
             headers["Content-Type"] = environ["CONTENT_TYPE"]
@@ -300,7 +309,7 @@ class ApiServer:
                     self.request_version = "HTTP/1.1"
                 self._reply(*http_guard.stdlib_error(code, message, explain))
 
-            def _body(self, headers: dict[str, str]) -> tuple[Caller | None, str | None]:
+            def _body(self, headers: dict[str, str]) -> tuple[Caller | None, bytes | None]:
                 """The caller and the body, read only once the request may send one (see
                 ``api/http_guard.py`` for the order); raises ``http_guard.Refused``."""
                 if outer.authorizer is None:
@@ -322,8 +331,7 @@ class ApiServer:
                 if self.expects_continue:
                     self.send_response_only(100)
                     self.end_headers()
-                raw = http_guard.read_body(self.connection, self.rfile, length, outer.body_seconds)
-                return caller, raw.decode(errors="replace")
+                return caller, http_guard.read_body(self.connection, self.rfile, length, outer.body_seconds)
 
             def _serve(self) -> None:
                 headers = dict(self.headers.items())
@@ -357,7 +365,7 @@ class ApiServer:
                 )
 
             def _live_rpc(
-                self, hub: EventHub, headers: dict[str, str], body: str | None, caller: Caller | None
+                self, hub: EventHub, headers: dict[str, str], body: bytes | None, caller: Caller | None
             ) -> None:
                 """An A2A call with this connection at hand: a stream it answers goes out event by
                 event (``api/live_stream.py``), anything else as the handler's answer."""
