@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from collections.abc import Callable
 
 import pytest
@@ -99,3 +100,18 @@ def test_the_wsgi_app_refuses_a_body_that_is_not_utf8_as_the_server_does(api_sta
     page = json.loads(b"".join(app(environ, lambda status, headers: answered.append(status))))
     assert answered[0].startswith("400 ") and page["error"]["field"] == "body", (answered, page)
     assert _task_count(api_stack) == before
+
+
+# ------------------------------------------------------------------ conditional GETs
+
+
+def test_an_unchanged_usage_answer_is_a_304(api_stack: ApiStack) -> None:
+    for _ in range(3):  # the window moves on the minute: two calls either side of one differ, rightly
+        minute = time.time() // 60
+        status, usage, headers = api_stack.http("GET", "/usage")
+        assert status == 200 and headers["ETag"] and usage["users_since"] % 60 == 0, usage
+        again, body, again_headers = api_stack.http("GET", "/usage", headers={"If-None-Match": headers["ETag"]})
+        if time.time() // 60 == minute:
+            assert again == 304 and body is None and again_headers["ETag"] == headers["ETag"], (again, body)
+            return
+    raise AssertionError("three minute boundaries in a row")

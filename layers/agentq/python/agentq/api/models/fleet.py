@@ -48,7 +48,11 @@ class CallerUsage(TenantUsage):
         description="usage by end user over the last 24 hours, biggest spender first (trees acting for no user make "
         "no row); a caller acting as one user (a token's) sees only its own row",
     )
-    users_since: float | None = Field(None, description="the start of the window the users' rows count")
+    users_since: float | None = Field(
+        None,
+        description="the start of the window the users' rows count: the whole minute 24 hours before the current "
+        "one (the window moves a minute at a time, so an unchanged answer keeps its ETag)",
+    )
     users_complete: bool = Field(True, description="false: the window held more trees than one read counts")
     caps: list[CapView] = Field(
         default_factory=list,

@@ -34,6 +34,16 @@ from agentq.control import caps
 from agentq.control.spend import MAX_HOURS, spend_by_user, tenant_spend
 
 USERS_WINDOW_HOURS = 24
+# The users' window starts on a whole minute: ``users_since`` is the minute 24 hours before the
+# current one, and the rows count the trees created since then (24 hours and up to 59 s).
+# Read off the clock to the microsecond, it changed the answer, and so its ETag, on every call:
+# GET /usage never answered 304, though nothing in it had changed (docs/API.md: an unchanged
+# answer is a 304). On a whole minute, the answer stays byte-identical while its counts do
+# (a console polling every few seconds gets 304s) and ``users_since`` still says exactly which
+# trees the rows count; the window moves a minute at a time, and its answer with it. Leaving
+# ``users_since`` out of the tag instead would let a 304 confirm a window start the server no
+# longer means, and the tag would no longer be the hash of the bytes sent (api/conditional.py).
+USERS_WINDOW_STEP = 60  # seconds
 
 
 def router(deps: ApiDeps) -> Router:
@@ -55,8 +65,8 @@ def router(deps: ApiDeps) -> Router:
     def usage() -> CallerUsage:
         caller = deps.caller()
         now = deps.defaults.running_slots(deps.store).usage(caller.tenant)
-        started = time.time()
-        rows, complete = spend_by_user(deps.store, caller.tenant, USERS_WINDOW_HOURS, user=caller.user, now=started)
+        minute = time.time() // USERS_WINDOW_STEP * USERS_WINDOW_STEP
+        rows, complete = spend_by_user(deps.store, caller.tenant, USERS_WINDOW_HOURS, user=caller.user, now=minute)
         users = [
             UserUsage(
                 user=r.user, trees=r.trees, running=r.running, known_tokens=r.known_tokens,
@@ -73,7 +83,7 @@ def router(deps: ApiDeps) -> Router:
             weight=now.weight,
             operator=caller.operator,
             users=users,
-            users_since=started - USERS_WINDOW_HOURS * 3600,
+            users_since=minute - USERS_WINDOW_HOURS * 3600,
             users_complete=complete,
             caps=[
                 caps_view(c)
