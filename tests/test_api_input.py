@@ -115,3 +115,42 @@ def test_an_unchanged_usage_answer_is_a_304(api_stack: ApiStack) -> None:
             assert again == 304 and body is None and again_headers["ETag"] == headers["ETag"], (again, body)
             return
     raise AssertionError("three minute boundaries in a row")
+
+
+# ------------------------------------------------------------------ the Authorization header
+
+
+def _refused(api_stack: ApiStack, authorization: str | None) -> tuple[int, dict[str, str]]:
+    headers = {"Authorization": authorization} if authorization is not None else {}
+    status, body, _ = api_stack.http("GET", "/tasks", key=None, headers=headers)
+    return status, body["error"]
+
+
+@pytest.mark.parametrize(
+    ("header", "why"),
+    [
+        ("{key}", "no 'Bearer ' before the key"),
+        ("Basic dXNlcjpwYXNz", "not a Basic credential"),
+        ("Bearer", "no key after 'Bearer'"),
+        ("Bearer    ", "no key after 'Bearer'"),
+        ("{key} trailing", "no 'Bearer ' before the key"),
+    ],
+)
+def test_an_authorization_header_of_the_wrong_form_is_a_401_naming_it(
+    api_stack: ApiStack, header: str, why: str
+) -> None:
+    status, error = _refused(api_stack, header.format(key=api_stack.key))
+    assert status == 401 and error == {
+        "code": "unauthorized",
+        "message": f"expected 'Bearer <key>': {why}",
+        "field": "Authorization",
+    }, error
+    assert api_stack.key not in error["message"]
+
+
+def test_an_unknown_or_malformed_key_in_the_right_form_is_refused_in_the_same_words_as_before(
+    api_stack: ApiStack,
+) -> None:
+    unknown = _refused(api_stack, "Bearer aq_" + "z" * 40)
+    malformed = _refused(api_stack, "Bearer not-a-key")
+    assert unknown == malformed == (401, {"code": "unauthorized", "message": "missing, unknown or revoked API key"})

@@ -8,7 +8,11 @@ calls ``token_authorizer`` and API Gateway passes ``{"tenant": ..., "operator": 
 API in ``requestContext.authorizer`` (API Gateway hands a REST API a boolean context value as
 the string ``"true"``/``"false"``: ``agentq.api.app`` reads both). The local API server calls ``authorize`` in-process and puts the
 tenant in the same place. A missing, malformed, unknown or revoked key is answered 401 alike:
-the answer tells a caller nothing about which keys exist.
+the answer tells a caller nothing about which keys exist. A header of another form than
+``Bearer <key>`` (``Basic ...``, a bare key, ``Bearer`` and nothing) is a 401 that says so and
+names ``Authorization``: that is about the header sent, not about any key. (In AWS, API
+Gateway answers such a header itself, before the authorizer runs: the stack's authorizer
+takes only headers of the form ``Bearer <token>``, ``infra/api.py``.)
 
 What the authorizer Lambda imports, so it stays light: no models, engine, store, runtime or
 boto3 (``key_store_from_env`` builds a ``DynamoTable`` over a botocore client; the key store
@@ -36,6 +40,7 @@ class OidcVerifier(Protocol):
 
 log = logging.getLogger("agentq.auth")
 
+AUTHORIZATION = "Authorization"  # the header a refusal of its form names
 _TOKEN_PATTERN = re.compile(r"aq_[A-Za-z0-9_-]{20,200}")  # fullmatch: `$` would let a trailing newline by
 _JWT = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
 
@@ -48,8 +53,8 @@ class Unauthorized(AgentqError):
 
     code = "unauthorized"
 
-    def __init__(self, reason: str, *, public: bool = False) -> None:
-        super().__init__("Unauthorized")
+    def __init__(self, reason: str, *, public: bool = False, field: str | None = None) -> None:
+        super().__init__("Unauthorized", field=field)
         self.reason = reason
         self.public = public
 
@@ -60,13 +65,20 @@ def looks_like_jwt(token: str) -> bool:
 
 
 def bearer(header: str | None) -> str:
-    """The credential in an ``Authorization: Bearer <credential>`` header value."""
+    """The credential in an ``Authorization: Bearer <credential>`` header value. A header of
+    another form is refused saying so, naming ``Authorization`` (public: it tells the caller
+    about the header it sent, nothing about which keys exist, and never echoes the header)."""
     if not header:
         raise Unauthorized("no Authorization header")
     scheme, _, token = header.strip().partition(" ")
     token = token.strip()
-    if scheme.lower() != "bearer" or not token:
-        raise Unauthorized("Authorization is not 'Bearer <key>'")
+    if scheme.lower() != "bearer":
+        # the scheme is named only when it is one (letters): a bare key is never echoed
+        named = token and scheme.isascii() and scheme.isalpha() and len(scheme) <= 20
+        got = f"not a {scheme} credential" if named else "no 'Bearer ' before the key"
+        raise Unauthorized(f"expected 'Bearer <key>': {got}", public=True, field=AUTHORIZATION)
+    if not token:
+        raise Unauthorized("expected 'Bearer <key>': no key after 'Bearer'", public=True, field=AUTHORIZATION)
     return token
 
 
@@ -162,7 +174,10 @@ def token_authorizer(keys: KeyStore, event: dict[str, Any], oidc: OidcVerifier |
     except Unauthorized as exc:
         log.info("refused: %s", exc.reason)
         if exc.public:
-            return policy("refused", method_arn, effect="Deny", context={"error": exc.reason})
+            why: dict[str, str | bool] = {"error": exc.reason}
+            if exc.field:
+                why["field"] = exc.field
+            return policy("refused", method_arn, effect="Deny", context=why)
         raise
     principal = str(context.get("key_id") or f"{context['tenant']}/{context.get('user')}")
     return policy(principal, method_arn, context=context)
@@ -188,7 +203,8 @@ def header_authorizer(keys: KeyStore, oidc: OidcVerifier | None) -> Any:
     def authorize(header: str | None) -> dict[str, Any]:
         answer = token_authorizer(keys, {"authorizationToken": header, "methodArn": "local"}, oidc)
         if answer["policyDocument"]["Statement"][0]["Effect"] != "Allow":
-            raise Unauthorized(str(answer["context"]["error"]), public=True)
+            field = answer["context"].get("field")
+            raise Unauthorized(str(answer["context"]["error"]), public=True, field=str(field) if field else None)
         return dict(answer["context"])
 
     return authorize

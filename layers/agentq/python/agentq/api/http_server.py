@@ -165,11 +165,14 @@ _REFUSED_KEY = (401, "unauthorized", _KEY_REFUSAL, None, {"WWW-Authenticate": "B
 
 
 def refusal(exc: Exception) -> tuple[int, dict[str, str], bytes]:
-    """The 401 of a refused request: a token's reason when it has a public one (``api.oidc``),
-    else the same words for every key (which say nothing of which keys exist)."""
-    message = exc.reason if isinstance(exc, Unauthorized) and exc.public else _KEY_REFUSAL
+    """The 401 of a refused request: a public reason when it has one (a token's, ``api.oidc``;
+    a header not of the form ``Bearer <key>``, naming ``Authorization``), else the same words
+    for every key (which say nothing of which keys exist)."""
+    public = isinstance(exc, Unauthorized) and exc.public
+    message = exc.reason if isinstance(exc, Unauthorized) and public else _KEY_REFUSAL
+    field = exc.field if isinstance(exc, Unauthorized) and public else None
     headers = {"Content-Type": "application/json", "WWW-Authenticate": "Bearer"}
-    return 401, headers, json.dumps(error_body("unauthorized", message)).encode()
+    return 401, headers, json.dumps(error_body("unauthorized", message, field)).encode()
 
 
 def dispatch(
@@ -322,8 +325,10 @@ class ApiServer:
                 except Exception as exc:  # the key is refused: 401 from dispatch, the body unread
                     if length:
                         status, _, page = refusal(exc)
-                        message = json.loads(page)["error"]["message"]
-                        raise http_guard.Refused(status, "unauthorized", message, None, _REFUSED_KEY[4]) from None
+                        said = json.loads(page)["error"]
+                        raise http_guard.Refused(
+                            status, "unauthorized", said["message"], said.get("field"), _REFUSED_KEY[4]
+                        ) from None
                     return None, None
                 http_guard.check_size(length, body_limit(self.path))
                 if not length:
