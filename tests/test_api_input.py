@@ -154,3 +154,51 @@ def test_an_unknown_or_malformed_key_in_the_right_form_is_refused_in_the_same_wo
     unknown = _refused(api_stack, "Bearer aq_" + "z" * 40)
     malformed = _refused(api_stack, "Bearer not-a-key")
     assert unknown == malformed == (401, {"code": "unauthorized", "message": "missing, unknown or revoked API key"})
+
+
+# ------------------------------------------------------------------ queries and bodies a route does not take
+
+
+@pytest.mark.parametrize(
+    ("path", "field", "words"),
+    [
+        ("/tasks?limit=5&limit=6", "limit", "limit: given 2 times; give it once"),
+        ("/tasks?status=running&status=queued", "status", "status: given 2 times; give it once"),
+        ("/tasks?foo=bar", "foo", "foo: unknown query parameter (it takes cursor, include_children, limit, "),
+        ("/usage?hours=3", "hours", "hours: unknown query parameter (it takes none)"),
+    ],
+)
+def test_a_query_the_route_does_not_take_is_a_422_naming_the_parameter(
+    api_stack: ApiStack, path: str, field: str, words: str
+) -> None:
+    status, body, _ = api_stack.http("GET", path)
+    assert status == 422 and body["error"]["field"] == field and body["error"]["message"].startswith(words), body
+
+
+def test_a_list_parameter_still_repeats(api_stack: ApiStack) -> None:
+    status, page, _ = api_stack.http("GET", "/tasks?metadata=a=1&metadata=b=2&limit=5")
+    assert status == 200 and page["tasks"] == [], page
+
+
+def test_redrive_takes_no_body_and_refuses_one_with_fields(api_stack: ApiStack) -> None:
+    status, body, _ = api_stack.http("POST", "/dead-letters/normal/redrive", {"max": -1})
+    assert status == 422 and body["error"] == {
+        "code": "validation_error",
+        "message": "max: unknown field (this route takes no body)",
+        "field": "max",
+    }, body
+    status, body, _ = api_stack.http("POST", "/dead-letters/normal/redrive", [1])
+    assert status == 422 and body["error"]["field"] == "body", body
+    nothing: list[dict[str, object] | None] = [None, {}]  # none, or the console's {}
+    for sent in nothing:
+        status, body, _ = api_stack.http("POST", "/dead-letters/normal/redrive", sent)
+        assert status == 200 and body["tier"] == "normal", body
+
+
+@pytest.mark.parametrize("sent", [{}, {"call": {}}, {"call": {"kind": "mcp", "tool": " "}}])
+def test_a_policy_test_names_the_calls_tool(api_stack: ApiStack, sent: dict[str, object]) -> None:
+    status, body, _ = api_stack.http("POST", "/policies/test", sent)
+    field = "call" if not sent else "call.tool"
+    assert status == 422 and body["error"]["field"] == field, body
+    status, body, _ = api_stack.http("POST", "/policies/test", {"call": {"tool": "lookup"}})
+    assert status == 200 and body["decision"] == "allow", body

@@ -37,7 +37,7 @@ from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 from aws_lambda_powertools.event_handler.api_gateway import Route
 from aws_lambda_powertools.event_handler.openapi.models import HTTPBearer
 
-from agentq.api import console, errors
+from agentq.api import console, errors, route_input
 from agentq.api.auth import caller_of
 from agentq.api.body_guard import BodyProblem, check_body
 from agentq.api.errors import JSON, error_response, proxy_error
@@ -264,6 +264,11 @@ class AgentqResolver(APIGatewayRestResolver):
         return register
 
     def _call_route(self, route: Route, route_arguments: dict[str, str]) -> Any:
+        refused = route_input.refusal(route, self.current_event.raw_event)
+        if refused is not None:  # a query parameter or a body the route does not take
+            return self._response_builder_class(
+                response=error_response(*refused), serializer=self._serializer, route=route
+            )
         if getattr(route, "_middleware_stack_built", False):
             return super()._call_route(route, route_arguments)
         with self._first_calls:  # the route builds its middleware stack in this call

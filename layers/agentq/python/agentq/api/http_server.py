@@ -420,8 +420,9 @@ class ApiServer:
                 """Check the request as the handler would (one-event JSON page), then stream."""
                 query = parse_qs(urlsplit(self.path).query, keep_blank_values=True)
                 check = {k: v for k, v in headers.items() if k.lower() != "accept"}
+                sent = [(k, v) for k, values in query.items() for v in values]  # repeats too: the handler refuses them
                 probe = urlsplit(self.path)._replace(
-                    query=urlencode({"limit": 1, **{k: v[-1] for k, v in query.items()}})
+                    query=urlencode(sent if "limit" in query else [("limit", 1), *sent])
                 )
                 status, out, payload = dispatch(outer.handler, outer.authorizer, "GET", probe.geturl(), check, None)
                 if status != 200:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from agentq.api.models.base import ApiModel
 from agentq.core.models.strict import StrictModel
@@ -58,12 +58,20 @@ class PolicyList(ApiModel):
 
 class PolicyCallSample(StrictModel):
     kind: Literal["tool", "mcp", "spawn", "model"] = "tool"
-    tool: str = Field(default="", max_length=200)
+    tool: str = Field(default="", max_length=200, description="the tool's name: required for a tool, mcp or spawn call")
     args: dict[str, Any] = Field(default_factory=dict)
     model: str = Field(default="", max_length=200)
     mcp_server: str = Field(default="", max_length=200)
     estimated_tokens: int = Field(default=0, strict=True, ge=0, le=10**12)
     estimated_usd_micros: int = Field(default=0, strict=True, ge=0, le=10**15)
+
+    @model_validator(mode="after")
+    def _names_its_tool(self) -> PolicyCallSample:
+        """A call of a tool names it: rules decide on the tool, so one naming none was allowed
+        by rules it never met."""
+        if self.kind != "model" and not self.tool.strip():
+            raise ValueError(f"tool: a {self.kind} call names its tool (the tool's name)")
+        return self
 
 
 class PolicyPrincipalSample(StrictModel):
@@ -96,7 +104,7 @@ class PolicyTest(StrictModel):
         description="scope -> Cedar text to test in place of the stored document of that scope (none: the stored)",
         json_schema_extra={"propertyNames": {"pattern": SCOPE_PATTERN}},
     )
-    call: PolicyCallSample = Field(default_factory=PolicyCallSample)
+    call: PolicyCallSample = Field(description="the sample call: its kind and the tool it names")
     principal: PolicyPrincipalSample = Field(default_factory=PolicyPrincipalSample)
     history: PolicyHistorySample = Field(default_factory=PolicyHistorySample)
 

@@ -68,7 +68,8 @@ def router(store: Storage, queues: TaskQueues, tenant: Callable[[], str]) -> Rou
         "/dead-letters/<tier>/redrive",
         summary="Redrive this tenant's dead letters of a tier",
         description="Moves the messages naming this tenant's tasks back to the tier's queue; each task resumes "
-        "from its checkpoint. Other tenants' messages stay where they are.",
+        "from its checkpoint. Other tenants' messages stay where they are. Takes no body (none, or `{}`): a body "
+        "with fields is a 422 naming the first.",
         operation_id="redriveDeadLetters",
         tags=["dead letters"],
         responses=_responses(
