@@ -237,6 +237,24 @@ def test_an_absolute_url_request_reaches_the_allowed_host_as_origin_form_with_co
     assert "keep-alive" not in request and "Proxy-" not in request
 
 
+@pytest.mark.parametrize(
+    "line",
+    [b"Host : attacker.example.net", b":authority: attacker.example.net", b" Host: attacker.example.net", b"Host"],
+)
+def test_a_header_line_a_server_might_read_as_another_host_is_answered_400_and_nothing_is_contacted(
+    make_proxy: Callable[..., EgressProxy], line: bytes
+) -> None:
+    """A space before the colon, a pseudo-header, a line folded onto the one before: a server
+    behind that reads one of them as ``Host`` would route by a header the proxy had dropped."""
+    target = Listener()
+    proxy = make_proxy([f"127.0.0.1:{target.port}"])
+    head = f"GET http://127.0.0.1:{target.port}/ HTTP/1.1\r\nX-A: b\r\n".encode() + line + b"\r\n\r\n"
+    answer = ask(proxy, head)
+    assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n"), answer
+    assert b"a header line that is not 'name: value'" in answer
+    assert not target.contacted()
+
+
 def test_over_the_connection_cap_a_connection_is_refused_at_once_and_threads_stay_bounded(
     make_proxy: Callable[..., EgressProxy],
 ) -> None:

@@ -314,6 +314,36 @@ def test_the_egress_proxy_adds_the_credential_to_plain_http_and_refuses_to_injec
     assert any("not added to a CONNECT tunnel" in r for r in proxy.refused)
 
 
+def test_the_egress_proxy_sends_a_credential_only_under_its_bound_hosts_name_whatever_host_the_process_names(
+    cipher: EnvelopeCipher, echo: EchoServer
+) -> None:
+    """On a shared front end (a CDN, virtual hosting) the Host header, or a header it trusts to
+    override it, picks the site: the request URL's authority is the only one sent upstream."""
+    import socket
+
+    store, marker = memory_storage(), _marker()
+    _put(store, cipher, "github", marker, [echo.host], user="ann")
+    proxy = EgressProxy([HostRule.parse(echo.host)], FetchPolicy(allow=(HostRule.parse(echo.host),)),
+                        credentials=TaskCredentials(store.vault, cipher, "t", "ann"))  # fmt: skip
+    steer = ["Host: attacker.example.net", "host: attacker.example.net", "X-Forwarded-Host: attacker.example.net",
+             "Forwarded: host=attacker.example.net", "X-Host: attacker.example.net",
+             "X-Original-Host: attacker.example.net", "X-HTTP-Host-Override: attacker.example.net"]  # fmt: skip
+    try:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(proxy.path)
+            head = "".join(f"{h}\r\n" for h in steer)
+            sock.sendall(f"GET {echo.url('/a')} HTTP/1.1\r\n{head}X-Kept: 1\r\n\r\n".encode())
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+    finally:
+        proxy.close()
+    [seen] = echo.requests
+    assert seen["host"] == echo.host and seen["authorization"] == f"Bearer {marker}" and seen["x-kept"] == "1"
+    echoed = answer.decode("latin-1").split("\r\n\r\n", 1)[1].split("\nbase64:")[0]  # the head the server read
+    assert "attacker" not in echoed and echoed.lower().count("\nhost:") == 1, echoed
+
+
 def test_an_mcp_servers_header_takes_a_vault_reference_for_its_host_only(cipher: EnvelopeCipher) -> None:
     store, marker = memory_storage(), _marker()
     _put(store, cipher, "crm", marker, ["mcp.example.com"], user="ann")

@@ -14,7 +14,9 @@ the proxy contacts the destination only when
 
 A refusal is a ``403`` whose body names the reason, which git, curl and pip print; a request
 that is not a proxy request is a ``400``. A plain http request is sent with ``Connection: close``,
-so each request is checked on its own.
+so each request is checked on its own, and with ``Host`` set to its URL's authority (the process's
+own ``Host`` and every header a shared front end may route by dropped: ``DROPPED_HEADERS``), so a
+CDN or virtual host in front of an allowed host cannot be steered to another site by the header.
 
 The worker that runs the proxy is shared by other tenants' runs, so a shell must not be able to
 pile threads or sockets up in it: at most ``MAX_CONNECTIONS`` connections at once per proxy, one
@@ -36,7 +38,9 @@ header of the same name the process sent is dropped): the process never holds th
 credential goes nowhere but its hosts. A ``CONNECT`` tunnel is end-to-end TLS the proxy cannot
 add a header to: it passes as it is, *without* the credential, and the proxy records that it
 refused to inject one (``refused``), so a workspace reaches a credentialed API over http:// only
-(or through ``http_fetch`` or a tool's ``ctx.credential``, which do https).
+(or through ``http_fetch`` or a tool's ``ctx.credential``, which do https). What travels inside a
+tunnel (the TLS name, the ``Host`` behind it) is the process's: a shared front end of an allowed
+host may route it elsewhere (domain fronting), which reaches nothing a credential was added for.
 
 HTTPS goes through ``CONNECT`` as a tunnel the proxy relays blind; the sandbox has the host's
 public CA certificates (``sandbox.workspace.CA_BUNDLES``), so its clients verify the server.
@@ -68,6 +72,30 @@ HEAD_SECONDS = 30.0  # for the whole request head
 IDLE_SECONDS = 300.0  # a tunnel with no byte either way for this long is closed
 MAX_REFUSED = 100  # refusals kept for the trace
 DEFAULT_PORTS = (80, 443)  # what a host rule without a port allows
+# What a plain request's head loses on its way upstream (lower-cased names). The hop's own headers
+# (the proxy's, the connection's; an ``Upgrade`` would switch the connection to another protocol,
+# h2c's with its own ``:authority``), and every header a shared front end (a CDN, a virtual host,
+# a PaaS router) may route by: ``Host`` is the request URL's authority, always, so the request,
+# and a credential added to it, reaches only the host the task was allowed and the credential is
+# bound to; a forward proxy's client has no reason to send the reverse-proxy headers.
+DROPPED_HEADERS = frozenset(
+    {
+        b"host",
+        b"connection",
+        b"proxy-connection",
+        b"proxy-authorization",
+        b"keep-alive",
+        b"upgrade",
+        b"http2-settings",
+        b"forwarded",
+        b"x-forwarded-host",
+        b"x-forwarded-server",
+        b"x-host",
+        b"x-original-host",
+        b"x-http-host-override",
+    }
+)
+_FIELD_NAME = re.compile(rb"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110's token
 
 
 SOCKET_PREFIX = "agentq-egress-"
@@ -221,6 +249,9 @@ class EgressProxy:
             line, _, headers = head.partition(b"\r\n")
             method, target, version = [*line.decode("latin-1").split(" "), "", ""][:3]
             host, port, origin = _destination(method, target)
+            authority = host if ":" not in host else f"[{host}]"
+            authority += f":{port}" if port != 80 else ""
+            fields = [] if method.upper() == "CONNECT" else _fields(headers)  # checked before any contact
             upstream = self._connect(host, port)
             self._track(upstream)
             credential = self.credentials.for_host(host, port) if self.credentials is not None else None
@@ -234,16 +265,16 @@ class EgressProxy:
                 if rest:
                     upstream.sendall(rest)
             else:
-                dropped = [b"proxy-connection:", b"connection:", b"proxy-authorization:"]
+                dropped = set(DROPPED_HEADERS)
                 added: list[bytes] = []
                 if credential is not None:
                     name, value = credential.header()
-                    dropped.append(name.lower().encode("latin-1") + b":")
+                    dropped.add(name.lower().encode("latin-1"))
                     added.append(f"{name}: {value}".encode("latin-1"))
                     self.injected += 1
-                kept = [h for h in headers.split(b"\r\n") if h and not h.lower().startswith(tuple(dropped))] + added
-                request = f"{method} {origin} {version}\r\n".encode("latin-1")
-                upstream.sendall(request + b"\r\n".join([*kept, b"Connection: close"]) + b"\r\n\r\n" + rest)
+                kept = [h for h in fields if h.partition(b":")[0].lower() not in dropped]
+                request = f"{method} {origin} {version}\r\nHost: {authority}\r\n".encode("latin-1")
+                upstream.sendall(request + b"\r\n".join([*kept, *added, b"Connection: close"]) + b"\r\n\r\n" + rest)
             _pipe(conn, upstream, self.idle_seconds)
         except HeadTimeout as exc:
             self.refused.append(str(exc))
@@ -328,6 +359,18 @@ def _read_head(conn: socket.socket, seconds: float) -> tuple[bytes | None, bytes
     return head, rest
 
 
+def _fields(headers: bytes) -> list[bytes]:
+    """A plain request's header lines, each checked to be ``name: value`` with ``name`` a token:
+    a line folded onto the one before (leading whitespace), a name with a space before its colon
+    (``Host :``) or a pseudo-header (``:authority``) is a ``400``, not a line passed on that a
+    server behind might read as a header the proxy had dropped."""
+    lines = [h for h in headers.split(b"\r\n") if h]
+    for h in lines:
+        if not _FIELD_NAME.match(h.partition(b":")[0]) or b":" not in h:
+            raise BadRequest(f"a header line that is not 'name: value': {h[:100]!r}")
+    return lines
+
+
 def _destination(method: str, target: str) -> tuple[str, int, str]:
     """host, port and the origin-form path of a proxy request."""
     if method.upper() == "CONNECT":
@@ -336,10 +379,14 @@ def _destination(method: str, target: str) -> tuple[str, int, str]:
             raise BadRequest(f"CONNECT to {target!r}: expected host:port")
         return host.strip("[]").lower(), int(port), ""
     parts = urllib.parse.urlsplit(target)
+    try:
+        number = parts.port or 80
+    except ValueError:
+        raise BadRequest(f"a bad port in {target[:200]!r}") from None
     if parts.scheme != "http" or not parts.hostname:
         raise BadRequest(f"a proxy request needs an absolute http:// URL or CONNECT, not {target[:200]!r}")
     origin = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return parts.hostname.lower(), parts.port or 80, origin
+    return parts.hostname.lower(), number, origin
 
 
 def _pipe(a: socket.socket, b: socket.socket, idle_seconds: float) -> None:
