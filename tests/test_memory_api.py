@@ -207,3 +207,30 @@ def test_a_failed_precondition_names_expected_content_sha256_the_field_the_calle
         status, answer, _ = api_stack.http(method, path, body)
         assert status == 409 and answer["error"]["field"] == "expected_content_sha256", answer
         assert "expected_sha256" not in answer["error"]["message"]
+
+
+def test_an_end_users_token_attaches_no_store_itself_and_its_agents_store_still_serves_its_tasks(
+    api_stack: ApiStack,
+) -> None:
+    """A store is the tenant's, shared by every user's tasks: a token (403 on /memory-stores) must
+    not reach it by attaching it to a task it submits, read-only or read-write, nor widen the
+    attachment of an agent it names; an agent the tenant defined with the store keeps working."""
+    api, name = api_stack, _name()
+    assert api.http("POST", "/memory-stores", {"name": name})[0] == 201
+    assert api.http("PUT", f"/memory-stores/{name}/document?path=/faq.md", {"content": "returns: 30 days"})[0] == 200
+    token = api.stack.token(user=f"mallory-{uuid.uuid4().hex[:6]}", tenant="team-a")
+    read = {"turns": [{"tool_calls": [call("memory_read", store=name, path="/faq.md")]}, {"text": "read"}]}
+    agent = f"faq-{uuid.uuid4().hex[:6]}"
+    made = {"name": agent, "provider": "scripted", "script": read, "memory": [{"store": name, "access": "read_only"}]}
+    assert api.http("POST", "/agents", made)[0] == 201
+    for body in (
+        {"goal": "x", "provider": "scripted", "script": read, "memory": [{"store": name, "access": "read_write"}]},
+        {"goal": "x", "provider": "scripted", "script": read, "memory": [{"store": name, "access": "read_only"}]},
+        {"goal": "x", "agent": agent, "memory": [{"store": name, "access": "read_write"}]},
+    ):
+        status, answer, _ = api.http("POST", "/tasks", body, key=token)
+        assert (status, answer["error"]["code"], answer["error"]["field"]) == (403, "forbidden", "memory"), answer
+    assert api.http("GET", "/tasks", key=token)[1]["tasks"] == []  # nothing was created
+    task_id = api.submit({"goal": "x", "agent": agent}, key=token)
+    assert api.until(task_id, lambda v: v["status"] in ("succeeded", "failed"), key=token)["status"] == "succeeded"
+    assert "returns: 30 days" in json.dumps(api.http("GET", f"/tasks/{task_id}/trace", key=token)[1])

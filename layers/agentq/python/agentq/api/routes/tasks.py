@@ -12,7 +12,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Body, Header, Que
 
 from agentq import observe
 from agentq.api import views
-from agentq.api.errors import JSON, responses
+from agentq.api.errors import JSON, Forbidden, responses
 from agentq.api.models import (
     DEFAULT_PAGE_SIZE,
     DEFAULT_TRACE_PAGE,
@@ -30,8 +30,22 @@ from agentq.api.models import (
 from agentq.api.routes.common import ApiDeps, PageCursor, Router, TaskId, builtin_script_only, user_query
 from agentq.api.run_diff import compare_tasks
 from agentq.control.submit import request_hash, submit_once
+from agentq.core.endusers import Caller
 from agentq.core.errors import TaskNotFound, ValidationError
 from agentq.core.models import TaskStatus, TaskSubmission
+
+
+def check_user_submission(caller: Caller, submission: TaskSubmission) -> None:
+    """What a caller acting as one end user (a token's) may not put in a submission, because it
+    would reach past that user: a memory store is the tenant's, shared by every user's tasks
+    (docs/MEMORY.md), so a token attaches none itself; an agent the tenant defined with a store
+    attached brings it (403 ``forbidden`` naming ``memory``)."""
+    if caller.bound and submission.memory:
+        raise Forbidden(
+            "memory: a memory store is the tenant's, shared by all its users' tasks; a user's token may not "
+            "attach one (an agent the tenant defined with the store attached brings it)",
+            field="memory",
+        )
 
 
 def router(deps: ApiDeps) -> Router:
@@ -58,6 +72,7 @@ def router(deps: ApiDeps) -> Router:
         who = caller.tenant
         builtin_script_only(submission.script)
         user = caller.acting_user(submission.user)
+        check_user_submission(caller, submission)
         if user != submission.user:  # a token's user: the request acts as it
             submission = submission.model_copy(update={"user": user})
         digest = request_hash(submission)  # of the request as sent (with its user), before defaults fill it in
