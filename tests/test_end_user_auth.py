@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
+import uuid
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ import pytest
 from agentq_dev.oidc_issuer import LocalIssuer, mint
 
 from tests.api_support import SCRIPTED, ApiStack
+from tests.helpers import call
 
 
 def _tenant_tasks(api: ApiStack, tenant: str) -> list[dict[str, Any]]:
@@ -266,3 +268,28 @@ def test_agentq_dev_token_refuses_a_user_or_tenant_the_api_refuses_naming_its_fl
         assert verifier.verify(token) == {"tenant": "acme.eu_1-b", "user": "ann+ops@example.com|2:x"}
     finally:
         issuer.stop()
+
+
+def test_an_approval_a_token_decides_is_recorded_as_its_end_user_and_tenant(api_stack: ApiStack) -> None:
+    """The approval record, its ``approval.decided`` event, the trace and what the model reads
+    name the end user whose token decided beside the tenant: a user's own approval of a call held
+    for a person is visible as that user's, never as the tenant's key."""
+    api, tenant = api_stack, f"eu-appr-{uuid.uuid4().hex[:6]}"
+    key = api.stack.create_api_key(tenant)
+    token = api.stack.token(user="mallory@example.com", tenant=tenant)
+    asks = {"turns": [{"text": "", "tool_calls": [call("request_approval", question="Ship it?")]}, {"text": "ok"}]}
+    made = {"name": "shipper", "provider": "scripted", "script": asks, "tools": ["request_approval"]}
+    assert api.http("POST", "/agents", made, key=key)[0] == 201
+    task_id = api.submit({"goal": "ship", "agent": "shipper"}, key=token)
+    api.until(task_id, lambda v: v["status"] == "paused", key=token)
+    assert api.http("POST", f"/tasks/{task_id}/approve", {"note": "ok by me"}, key=token)[0] == 200
+    assert api.until(task_id, lambda v: v["status"] in ("succeeded", "failed"), key=token)["status"] == "succeeded"
+    trace = api.http("GET", f"/tasks/{task_id}/trace", key=key)[1]["events"]
+    [decided] = [e for e in trace if e.get("event") == "approval_decided"]
+    assert decided["detail"] == {"decision": "approved", "by": tenant, "by_user": "mallory@example.com",
+                                 "note": "ok by me"}  # fmt: skip
+    events = api.http("GET", f"/tasks/{task_id}/events", key=key)[1]["events"]
+    [event] = [e["data"] for e in events if e["type"] == "approval.decided"]
+    assert (event["by"], event["by_user"]) == (tenant, "mallory@example.com")
+    results = [json.dumps(e) for e in trace if e["type"] == "tool_call"]
+    assert any("APPROVED by mallory@example.com (an end user of " + tenant in r for r in results), results

@@ -284,7 +284,7 @@ class AgentqRequestHandler(PushConfigMethods):
         if task.status is TaskStatus.PAUSED:
             approved, note = _decision(message, text)
             operations.decide(deps.store, deps.queues, task.task_id, approved=approved, note=note,
-                              by=call.caller.user or call.caller.tenant, tenant=task.tenant)  # fmt: skip
+                              by=call.caller.tenant, by_user=call.caller.user, tenant=task.tenant)  # fmt: skip
             return deps.store.tasks.get(task.task_id), 0
         sent = send_message(deps.store, deps.queues, task.task_id, text, tenant=task.tenant,
                             idempotency_key=_idempotency_key(call, message.message_id, task.task_id, text))  # fmt: skip

@@ -203,7 +203,7 @@ def answer(deps: Any, caller: Any, task: Task, responses: dict[str, dict[str, An
                     raise invalid(f"{where}.note: a string of at most {MAX_NOTE_CHARS:,} characters")
                 approved = action == "accept" and content.get("approved") is True
                 operations.decide(deps.store, deps.queues, task.task_id, approved=approved, note=note,
-                                  by=caller.user or caller.tenant, tenant=task.tenant)  # fmt: skip
+                                  by=caller.tenant, by_user=caller.user, tenant=task.tenant)  # fmt: skip
             elif key.startswith("message-") and action == "accept":
                 text = content.get("text")
                 if not isinstance(text, str) or not 0 < len(text) <= MAX_MESSAGE_CHARS:

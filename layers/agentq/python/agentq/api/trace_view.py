@@ -202,6 +202,7 @@ def _side_events(store: Storage, task: Task) -> list[tuple[Key, Any]]:
         )
         if a.decided_at:
             decided = a.decided_at
+            user = {"by_user": a.decided_by_user} if a.decided_by_user is not None else {}
             events.append(
                 (
                     (decided, 0, 0, 20_000 + i),
@@ -209,7 +210,7 @@ def _side_events(store: Storage, task: Task) -> list[tuple[Key, Any]]:
                         at=decided,
                         event="approval_decided",
                         status=TaskStatus.QUEUED,
-                        detail={"decision": a.state, "by": a.decided_by, "note": a.note or ""},
+                        detail={"decision": a.state, "by": a.decided_by, "note": a.note or "", **user},
                     ),
                 )
             )

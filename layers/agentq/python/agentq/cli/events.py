@@ -33,7 +33,8 @@ def stream_line(event: Any, origin: float) -> Any:
         "task.retry": f"retry {data.get('attempt')}/{data.get('max_attempts')} ({data.get('scope')}): "
         f"{data.get('code')} {cut(str(data.get('message') or ''), 60)}",
         "approval.requested": f"approval requested: {cut(str(data.get('question') or ''), 80)}",
-        "approval.decided": f"approval {'approved' if data.get('approved') else 'rejected'} by {data.get('by')}",
+        "approval.decided": f"approval {'approved' if data.get('approved') else 'rejected'} by {data.get('by')}"
+        + (f" (end user {data['by_user']})" if data.get("by_user") else ""),
         "task.spawned": f"spawned {len(data.get('children') or [])} sub-agents",
         "budget.raised": f"budget raised by {data.get('add_tokens')} tokens",
     }.get(event.type, "")

@@ -250,6 +250,7 @@ def event_line(event: Any, origin: float) -> Text:
             "interrupted": "interrupted: idle until the next message",
             "approval_requested": f"approval requested: {cut(str(d.get('question') or ''), 80)}",
             "approval_decided": f"approval {d.get('decision')} by {d.get('by')}"
+            + (f" (end user {d['by_user']})" if d.get("by_user") else "")
             + (f": {cut(str(d.get('note')), 60)}" if d.get("note") else ""),
             "spawned": f"spawned {len(d.get('children') or [])} sub-agents",
             "fallback": f"fallback: {(d.get('to') or {}).get('provider')} / {(d.get('to') or {}).get('model')} took "

@@ -189,15 +189,17 @@ def decide(
     note: str = "",
     by: str = "reviewer",
     tenant: str | None = None,
+    by_user: str | None = None,
 ) -> Task:
-    """Approve or reject the task's pending request; the task resumes with the decision."""
+    """Approve or reject the task's pending request; the task resumes with the decision.
+    ``by``: who decided (a caller's tenant); ``by_user``: the end user, when a token decided."""
     task = owned_task(store, task_id, tenant)
     if task.status is not TaskStatus.PAUSED:
         raise IllegalTransition(f"task {task_id} is {task.status.value}, not waiting for approval", field="task_id")
     pending = store.approvals.pending(task_id)
     if pending is None:
         raise IllegalTransition(f"task {task_id} has no pending approval", field="task_id")
-    store.approvals.decide(task_id, pending.use_id, approved=approved, note=note, by=by)
+    store.approvals.decide(task_id, pending.use_id, approved=approved, note=note, by=by, by_user=by_user)
     queues.send(task_id, task.submission.priority, tenant=task.tenant)
     return store.tasks.get(task_id)
 

@@ -41,7 +41,7 @@ def approval_tool_spec() -> ToolSpec:
 def decision_outcome(use: dict[str, Any], record: ApprovalRecord, started_at: float, now: float) -> ToolOutcome:
     verdict = "APPROVED" if record.state == "approved" else "REJECTED"
     note = record.note or "(no note)"
-    by = record.decided_by or "a reviewer"
+    by = record.decider
     return ToolOutcome(
         tool_use_id=use["id"],
         name=APPROVAL_TOOL,

@@ -175,7 +175,9 @@ class ApprovalBook(Protocol):
         self, lease: Lease, use_id: str, question: str, *, credential: dict[str, str] | None = None
     ) -> None: ...
 
-    def decide(self, task_id: str, use_id: str, *, approved: bool, note: str, by: str) -> None: ...
+    def decide(
+        self, task_id: str, use_id: str, *, approved: bool, note: str, by: str, by_user: str | None = None
+    ) -> None: ...
 
 
 class VaultBook(Protocol):

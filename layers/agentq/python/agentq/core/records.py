@@ -140,9 +140,17 @@ class ApprovalRecord:
     question: str
     asked_at: float
     note: str | None = None
-    decided_by: str | None = None
+    decided_by: str | None = None  # the tenant whose key or token decided ("timeout", "vault": agentq itself)
     decided_at: float | None = None
     credential: dict[str, str] | None = None  # request_credential: {"name", "host"} it waits for
+    decided_by_user: str | None = None  # the end user whose token decided (None: an API key, agentq)
+
+    @property
+    def decider(self) -> str:
+        """Who decided, as the model and a person read it: the end user and their tenant, or the tenant."""
+        if self.decided_by_user is not None:
+            return f"{self.decided_by_user} (an end user of {self.decided_by or 'the tenant'})"
+        return self.decided_by or "a reviewer"
 
 
 @dataclass(frozen=True)

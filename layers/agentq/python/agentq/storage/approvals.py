@@ -29,6 +29,7 @@ def _record(raw: Item) -> ApprovalRecord:
         decided_by=d.get("decided_by"),
         decided_at=d.get("decided_at"),
         credential=d.get("credential"),
+        decided_by_user=d.get("decided_by_user"),
     )
 
 
@@ -76,14 +77,25 @@ class Approvals:
     def pending(self, task_id: str) -> ApprovalRecord | None:
         return next((a for a in self.list(task_id) if a.state == "pending"), None)
 
-    def decide(self, task_id: str, use_id: str, *, approved: bool, note: str, by: str) -> None:
-        """Record the decision and requeue the paused task, atomically; refused unless pending."""
+    def decide(
+        self, task_id: str, use_id: str, *, approved: bool, note: str, by: str, by_user: str | None = None
+    ) -> None:
+        """Record the decision and requeue the paused task, atomically; refused unless pending.
+        ``by``: the tenant (or agentq: ``timeout``, ``vault``); ``by_user``: the end user whose
+        token decided, recorded on the approval and its event beside the tenant."""
         now = time.time()
+        user = {"decided_by_user": by_user} if by_user is not None else {}
         decision = Patch(
             "approval",
             keys.item_key(task_id, f"{keys.APPROVAL}{use_id}"),
             Update(
-                set={"state": "approved" if approved else "rejected", "note": note, "decided_by": by, "decided_at": now}
+                set={
+                    "state": "approved" if approved else "rejected",
+                    "note": note,
+                    "decided_by": by,
+                    "decided_at": now,
+                    **user,
+                }
             ),
             Attr("state").eq("pending"),
         )
@@ -96,7 +108,7 @@ class Approvals:
         decided = NewEvent(
             "approval.decided",
             {"tool_use_id": use_id, "approved": approved, "note": note[:EVENT_TEXT_CHARS], "by": by,
-             "status": TaskStatus.QUEUED.value},
+             **({"by_user": by_user} if by_user is not None else {}), "status": TaskStatus.QUEUED.value},
         )  # fmt: skip
         try:
             logged_transact(self.table, task_id, [decision, requeue], decided)

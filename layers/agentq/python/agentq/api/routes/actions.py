@@ -66,10 +66,11 @@ def router(deps: ApiDeps) -> Router:
     def decide(approved: bool) -> Callable[..., TaskView]:
         def decision_route(task_id: TaskId, decision: Annotated[DecisionRequest, Body()] = NO_NOTE) -> TaskView:
             visible(deps, task_id)
-            who = tenant()
+            caller = deps.caller()
             task = control.decide(
-                store, deps.queues, task_id, approved=approved, note=decision.note, by=who, tenant=who
-            )
+                store, deps.queues, task_id, approved=approved, note=decision.note, by=caller.tenant,
+                tenant=caller.tenant, by_user=caller.user,
+            )  # fmt: skip
             return views.task_view(store, task)
 
         return decision_route

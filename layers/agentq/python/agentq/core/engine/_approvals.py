@@ -166,7 +166,7 @@ def decisions(
         if isinstance(record, RunResult):
             return record
         if record.state != "approved":
-            by = record.decided_by or "a reviewer"
+            by = record.decider
             decided[use["id"]] = error_outcome(
                 use, f"REJECTED by {by}: {record.note or '(no note)'}; {use['name']} was not run"
             )
