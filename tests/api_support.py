@@ -51,6 +51,16 @@ class ApiStack:
             raw_body = err.read()
             return err.code, (json.loads(raw_body) if raw_body else None), dict(err.headers)
 
+    def greeter(self, tenant: str) -> dict[str, Any]:
+        """What an end user's token submits to run SCRIPTED: a token runs the agents its tenant
+        defined (api.routes.tasks.check_user_submission), so ``tenant`` gets the agent
+        ``greeter`` (once) and this is a submission naming it."""
+        key = self.stack.create_api_key(tenant)
+        made = {"name": "greeter", "provider": "scripted", "script": SCRIPTED["script"]}
+        status, answer, _ = self.http("POST", "/agents", made, key=key)
+        assert status in (201, 409), answer
+        return {"goal": SCRIPTED["goal"], "agent": "greeter"}
+
     def submit(self, body: dict[str, Any] | None = None, key: str | None = "default") -> str:
         status, data, _ = self.http("POST", "/tasks", body or SCRIPTED, key=key)
         assert status == 202, data

@@ -82,12 +82,12 @@ def test_a_bad_token_is_a_401_naming_why_and_does_nothing(api_stack: ApiStack, k
 
 
 def test_a_token_acts_as_its_user_and_may_name_no_other(api_stack: ApiStack) -> None:
-    token = api_stack.stack.token(user="carol@example.com", tenant="eu-as")
-    task_id = api_stack.submit(SCRIPTED, key=token)
+    token, greeter = api_stack.stack.token(user="carol@example.com", tenant="eu-as"), api_stack.greeter("eu-as")
+    task_id = api_stack.submit(greeter, key=token)
     view = api_stack.until(task_id, lambda v: v["status"] == "succeeded", key=token)
     assert view["user"] == "carol@example.com"
-    assert api_stack.submit({**SCRIPTED, "user": "carol@example.com"}, key=token)  # its own name: fine
-    status, answer, _ = api_stack.http("POST", "/tasks", {**SCRIPTED, "user": "dave"}, key=token)
+    assert api_stack.submit({**greeter, "user": "carol@example.com"}, key=token)  # its own name: fine
+    status, answer, _ = api_stack.http("POST", "/tasks", {**greeter, "user": "dave"}, key=token)
     assert status == 403 and answer["error"] == {**answer["error"], "code": "user_not_allowed", "field": "user"}
     assert {t["user"] for t in _tenant_tasks(api_stack, "eu-as")} == {"carol@example.com"}
     assert len(_tenant_tasks(api_stack, "eu-as")) == 2
@@ -126,7 +126,9 @@ def test_no_request_sees_another_users_or_another_tenants_tasks(api_stack: ApiSt
         "t1/bob": api.stack.token(user="bob", tenant="eu-iso-1"),
         "t2/alice": api.stack.token(user="alice", tenant="eu-iso-2"),
     }
-    tasks = {name: api.submit(SCRIPTED, key=token) for name, token in who.items()}
+    runs = {"eu-iso-1": api.greeter("eu-iso-1"), "eu-iso-2": api.greeter("eu-iso-2")}
+    tasks = {name: api.submit(runs["eu-iso-1" if name.startswith("t1") else "eu-iso-2"], key=token)
+             for name, token in who.items()}  # fmt: skip
     for name, task_id in tasks.items():
         api.until(task_id, lambda v: v["status"] == "succeeded", key=who[name])
     reads = ["", "/result", "/trace", "/events", "/files", "/messages"]
@@ -183,7 +185,7 @@ def test_agentq_dev_token_mints_a_token_the_api_takes_and_agentq_list_filters_by
                         api_stack.cli_env(**{ISSUER_ENV: str(state)}), timeout=60)  # fmt: skip
     assert minted.returncode == 0, minted.stderr
     token = minted.stdout.strip()
-    mine = api_stack.submit(SCRIPTED, key=token)
+    mine = api_stack.submit(api_stack.greeter("eu-cli"), key=token)
     theirs = api_stack.submit({**SCRIPTED, "user": "grace"}, key=key)
     listed = run_agentq(["list", "--json"], api_stack.cli_env(AGENTQ_API_KEY=token), timeout=60)
     assert listed.returncode == 0, listed.stderr
@@ -210,7 +212,8 @@ def test_the_spend_a_token_reads_is_its_users_only_and_a_key_may_read_any_users(
     alice = api.stack.token(user="alice", tenant="eu-spend")
     bob = api.stack.token(user="bob", tenant="eu-spend")
     key = api.stack.create_api_key("eu-spend")
-    mine = [api.submit(SCRIPTED, key=alice) for _ in range(2)] + [api.submit(SCRIPTED, key=bob)]
+    greeter = api.greeter("eu-spend")
+    mine = [api.submit(greeter, key=alice) for _ in range(2)] + [api.submit(greeter, key=bob)]
     for task_id, token in zip(mine, [alice, alice, bob], strict=True):
         api.until(task_id, lambda v: v["status"] == "succeeded", key=token)
     used = {t: api.until(t, lambda v: v["status"] == "succeeded", key=key)["budget"]["used"] for t in mine}
@@ -293,3 +296,30 @@ def test_an_approval_a_token_decides_is_recorded_as_its_end_user_and_tenant(api_
     assert (event["by"], event["by_user"]) == (tenant, "mallory@example.com")
     results = [json.dumps(e) for e in trace if e["type"] == "tool_call"]
     assert any("APPROVED by mallory@example.com (an end user of " + tenant in r for r in results), results
+
+
+def test_a_token_runs_only_the_agents_its_tenant_defined_so_an_agents_rule_holds_its_calls(api_stack: ApiStack) -> None:
+    """A tenant's ``agent:payments`` rule holds charges above 100 for a person. A token's inline
+    task would name no agent, so no agent rule, cap or stop would apply to it: it is 403 naming
+    ``agent`` with nothing created (a key's inline task stays the tenant's own choice), and the
+    token's task of the agent pauses before the charge."""
+    api, tenant = api_stack, f"eu-agent-{uuid.uuid4().hex[:6]}"
+    key = api.stack.create_api_key(tenant)
+    token = api.stack.token(user="mallory", tenant=tenant)
+    rule = """@id("approve-big-charges")
+@message("charges above 100 need a person's approval")
+@effect("ask")
+forbid(principal, action == Action::"tool", resource == Tool::"charge_card")
+when { context.args has amount_cents && context.args.amount_cents > 100 };"""
+    charge = {"turns": [{"text": "", "tool_calls": [call("charge_card", amount_cents=500, memo="m")]}, {"text": "ok"}]}
+    made = {"name": "payments", "provider": "scripted", "script": charge, "tools": ["charge_card"]}
+    assert api.http("POST", "/agents", made, key=key)[0] == 201
+    assert api.http("PUT", "/policies/agent:payments", {"policies": rule}, key=key)[0] in (200, 201)
+    inline = {"goal": "charge", "provider": "scripted", "script": charge, "constraints": {"tools": ["charge_card"]}}
+    status, answer, _ = api.http("POST", "/tasks", inline, key=token)
+    assert (status, answer["error"]["code"], answer["error"]["field"]) == (403, "forbidden", "agent"), answer
+    assert _tenant_tasks(api, tenant) == []
+    task_id = api.submit({"goal": "charge", "agent": "payments"}, key=token)
+    assert (
+        api.until(task_id, lambda v: v["status"] in ("paused", "succeeded", "failed"), key=token)["status"] == "paused"
+    )

@@ -49,13 +49,14 @@ def test_usage_breaks_down_by_user_a_token_sees_its_own_row_and_a_key_its_tenant
     alice, bob = api.stack.token(user="alice", tenant="eu-use"), api.stack.token(user="bob", tenant="eu-use")
     key = api.stack.create_api_key("eu-use", act_for_users=True)
     other = api.stack.token(user="alice", tenant="eu-use-other")  # the same user name, another tenant
+    greeter = api.greeter("eu-use")
     submitted = {
-        "alice": [api.submit(SCRIPTED, key=alice), api.submit(SCRIPTED, key=alice)],
-        "bob": [api.submit(SCRIPTED, key=bob)],
+        "alice": [api.submit(greeter, key=alice), api.submit(greeter, key=alice)],
+        "bob": [api.submit(greeter, key=bob)],
         "carol": [api.submit({**SCRIPTED, "user": "carol"}, key=key)],
         None: [api.submit(SCRIPTED, key=key)],  # the tenant's own: no user's row
     }
-    theirs = api.submit(SCRIPTED, key=other)
+    theirs = api.submit(api.greeter("eu-use-other"), key=other)
     used: dict[str | None, int] = {}
     for user, ids in submitted.items():
         views = [api.until(t, lambda v: v["status"] == "succeeded", key=key) for t in ids]

@@ -37,14 +37,24 @@ from agentq.core.models import TaskStatus, TaskSubmission
 
 def check_user_submission(caller: Caller, submission: TaskSubmission) -> None:
     """What a caller acting as one end user (a token's) may not put in a submission, because it
-    would reach past that user: a memory store is the tenant's, shared by every user's tasks
-    (docs/MEMORY.md), so a token attaches none itself; an agent the tenant defined with a store
-    attached brings it (403 ``forbidden`` naming ``memory``)."""
+    would reach past that user or the tenant's rules (403 ``forbidden`` naming the field):
+
+    - ``memory``: a memory store is the tenant's, shared by every user's tasks (docs/MEMORY.md),
+      so a token attaches none itself; an agent the tenant defined with a store brings it.
+    - ``agent``: a token runs the agents its tenant defined. An inline task would pick its own
+      tools, model, prompt and hosts, and no ``agent:NAME`` rule, agent cap or agent stop would
+      ever apply to it; the agent's version fixes those."""
     if caller.bound and submission.memory:
         raise Forbidden(
             "memory: a memory store is the tenant's, shared by all its users' tasks; a user's token may not "
             "attach one (an agent the tenant defined with the store attached brings it)",
             field="memory",
+        )
+    if caller.bound and submission.agent is None:
+        raise Forbidden(
+            "agent: a user's token runs the agents its tenant defined: name one (agent: NAME, GET /agents lists "
+            "them); an inline task would be outside the agent's rules, caps and stops",
+            field="agent",
         )
 
 
