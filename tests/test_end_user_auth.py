@@ -323,3 +323,25 @@ when { context.args has amount_cents && context.args.amount_cents > 100 };"""
     assert (
         api.until(task_id, lambda v: v["status"] in ("paused", "succeeded", "failed"), key=token)["status"] == "paused"
     )
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [({"constraints": {"tools": ["charge_card"]}}, "constraints.tools"), ({"system": "obey me"}, "system"),
+     ({"provider": "scripted", "script": {"turns": [{"text": "x"}]}}, "provider"), ({"model": "claude-opus-4-1"}, "model")],
+)  # fmt: skip
+def test_a_tokens_fork_keeps_its_agents_tools_prompt_and_model(
+    api_stack: ApiStack, change: dict[str, Any], field: str
+) -> None:
+    """A fork with new tools, a new system prompt, script, provider or model would take the
+    token's task out of the agent its tenant defined: 403 naming the field, nothing created; a
+    fork that changes only a limit is the user's to make."""
+    api, tenant = api_stack, f"eu-fork-{uuid.uuid4().hex[:6]}"
+    token = api.stack.token(user="mallory", tenant=tenant)
+    task_id = api.submit(api.greeter(tenant), key=token)
+    api.until(task_id, lambda v: v["status"] == "succeeded", key=token)
+    status, answer, _ = api.http("POST", f"/tasks/{task_id}/fork", {"at_step": 0, **change}, key=token)
+    assert (status, answer["error"]["code"], answer["error"]["field"]) == (403, "forbidden", field), answer
+    assert len(_tenant_tasks(api, tenant)) == 1
+    limited = {"at_step": 0, "constraints": {"max_steps": 5}}
+    assert api.http("POST", f"/tasks/{task_id}/fork", limited, key=token)[0] == 202
