@@ -12,6 +12,12 @@ encoded text (the middle characters that do not depend on what surrounds it: an 
 ``Authorization`` header, base64-encoded, still loses the value). A value shorter than
 ``MIN_CHARS`` is never one a credential holds (``core.vault`` refuses it), so ordinary text is
 never redacted by accident.
+
+The spellings are found by an index (``_Index``), not by one pattern of them all: adding a value
+costs a fixed number of dictionary updates whatever the redactor holds (a pattern recompiled on
+each add cost seconds once it held thousands, under the lock), and reading a text costs about
+the same however many values are held. Where spellings overlap in a text, all they cover is
+redacted, as one.
 """
 
 from __future__ import annotations
@@ -42,52 +48,150 @@ def spellings(value: str) -> set[str]:
     return {s for s in out if len(s) >= MIN_CHARS}
 
 
+GRAM = 5  # the texts are read at every STEP-th character, GRAM characters at a time: a
+STEP = 4  # spelling of MIN_CHARS (>= STEP + GRAM - 1) or more has one of its grams at such a place
+_GRAMS = re.compile(rf"(?=(.{{{GRAM}}})).{{{STEP}}}", re.DOTALL)
+
+
+class _Index:
+    """The spellings, found in a text without a pattern built of them all.
+
+    Each spelling is filed under its ``GRAM``-character pieces at offsets ``0..STEP-1`` and under
+    its first ``MIN_CHARS`` characters (its head) with its length. Adding or removing one is a
+    fixed number of dictionary updates (``work`` counts them), whatever the index holds; finding
+    them reads the text's grams at every ``STEP``-th character (one C-level pass, then a set
+    test), and only where a gram is known checks the heads and lengths filed there. Readers take
+    no lock: a writer replaces the small dictionaries and lists it changes, never mutates them.
+    """
+
+    def __init__(self) -> None:
+        self.words: set[str] = set()
+        self.grams: dict[str, tuple[int, ...]] = {}  # gram -> how many spellings hold it at each offset
+        self.heads: dict[str, dict[int, int]] = {}  # head -> {length: how many spellings}
+        self.work = 0
+
+    def add(self, word: str) -> None:
+        if word in self.words:
+            return
+        for j in range(STEP):
+            gram = word[j : j + GRAM]
+            counts = list(self.grams.get(gram, (0,) * STEP))
+            counts[j] += 1
+            self.grams[gram] = tuple(counts)
+        lengths = dict(self.heads.get(word[:MIN_CHARS], {}))
+        lengths[len(word)] = lengths.get(len(word), 0) + 1
+        self.heads[word[:MIN_CHARS]] = lengths
+        self.words.add(word)
+        self.work += STEP + 1
+
+    def remove(self, word: str) -> None:
+        if word not in self.words:
+            return
+        self.words.discard(word)
+        for j in range(STEP):
+            gram = word[j : j + GRAM]
+            counts = list(self.grams[gram])
+            counts[j] -= 1
+            if any(counts):
+                self.grams[gram] = tuple(counts)
+            else:
+                del self.grams[gram]
+        lengths = dict(self.heads[word[:MIN_CHARS]])
+        lengths[len(word)] -= 1
+        if not lengths[len(word)]:
+            del lengths[len(word)]
+        if lengths:
+            self.heads[word[:MIN_CHARS]] = lengths
+        else:
+            del self.heads[word[:MIN_CHARS]]
+        self.work += STEP + 1
+
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        """Where spellings sit in ``text``, overlapping ones merged, in order."""
+        grams, heads, words = self.grams, self.heads, self.words
+        known = grams.keys() & _GRAMS.findall(text)  # a set no larger than the index
+        hits: list[tuple[int, int]] = []
+        for gram in known:  # each place a known gram sits at a multiple of STEP: at most one a place
+            at = text.find(gram)
+            while at >= 0:
+                if at % STEP == 0:
+                    for j, count in enumerate(grams.get(gram, ())):
+                        start = at - j
+                        if not count or start < 0:
+                            continue
+                        for length in sorted(heads.get(text[start : start + MIN_CHARS], ()), reverse=True):
+                            if text[start : start + length] in words:  # the longest one starting here
+                                hits.append((start, start + length))
+                                break
+                at = text.find(gram, at + 1)
+        merged: list[tuple[int, int]] = []
+        for start, end in sorted(hits):
+            if merged and start <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+            else:
+                merged.append((start, end))
+        return merged
+
+
+def _cut(text: str, spans: list[tuple[int, int]]) -> str:
+    parts, at = [], 0
+    for start, end in spans:
+        parts += [text[at:start], REDACTED]
+        at = end
+    parts.append(text[at:])
+    return "".join(parts)
+
+
 class Redactor:
-    """The values this process must not write out, and the one pattern that finds them."""
+    """The values this process must not write out, and the index that finds them."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._values: OrderedDict[str, None] = OrderedDict()
-        self._pattern: re.Pattern[str] | None = None
-        self._bytes: re.Pattern[bytes] | None = None
+        self._index = _Index()
+
+    @property
+    def work(self) -> int:
+        """Dictionary updates spent filing and unfiling spellings (the tests bound it)."""
+        return self._index.work
+
+    @property
+    def empty(self) -> bool:
+        return not self._index.words
 
     def add(self, *values: str) -> None:
         with self._lock:
-            changed = False
             for value in values:
                 if len(value) < MIN_CHARS:
                     continue
                 for spelling in spellings(value):
-                    if spelling not in self._values:
-                        changed = True
-                    self._values[spelling] = None
-                    self._values.move_to_end(spelling)
+                    # The bytes of a non-ASCII spelling, read one character a byte
+                    # (``redact_bytes``), are filed too.
+                    for form in {spelling, spelling.encode("utf-8").decode("latin-1")}:
+                        self._values[form] = None
+                        self._values.move_to_end(form)
+                        self._index.add(form)
             while len(self._values) > MAX_VALUES:
-                self._values.popitem(last=False)
-                changed = True
-            if changed:  # longest first: a spelling that holds another is replaced whole
-                ordered = sorted(self._values, key=len, reverse=True)
-                self._pattern = re.compile("|".join(map(re.escape, ordered))) if ordered else None
-                raw = [re.escape(v.encode("utf-8")) for v in ordered]
-                self._bytes = re.compile(b"|".join(raw)) if raw else None
+                form, _ = self._values.popitem(last=False)
+                self._index.remove(form)
 
     def redact(self, text: str) -> str:
-        pattern = self._pattern
-        if pattern is None or not text:
+        if not text or self.empty:
             return text
-        return pattern.sub(REDACTED, text)
+        spans = self._index.spans(text)
+        return _cut(text, spans) if spans else text
 
     def redact_bytes(self, data: bytes) -> bytes:
-        pattern = self._bytes
-        if pattern is None or not data:
+        if not data or self.empty:
             return data
-        return pattern.sub(REDACTED.encode(), data)
+        text = data.decode("latin-1")
+        spans = self._index.spans(text)
+        return _cut(text, spans).encode("latin-1") if spans else data
 
     def clear(self) -> None:
         with self._lock:
             self._values.clear()
-            self._pattern = None
-            self._bytes = None
+            self._index = _Index()
 
 
 REDACTOR = Redactor()
@@ -107,7 +211,7 @@ def redact_files(root: str) -> list[str]:
     import os
 
     changed: list[str] = []
-    if REDACTOR._bytes is None:
+    if REDACTOR.empty:
         return changed
     for folder, _, names in os.walk(root):
         for name in names:
@@ -132,7 +236,7 @@ class RedactingFilter(logging.Filter):
     """Rewrites a record whose message or traceback holds a credential; never drops one."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if REDACTOR._pattern is None:
+        if REDACTOR.empty:
             return True
         try:
             message = record.getMessage()
