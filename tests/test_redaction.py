@@ -1,17 +1,27 @@
-"""The redactor (``observe.redaction``) under load: what adding values costs, and that what it
-finds is redacted whole. The spellings of one value are tested in tests/test_vault.py."""
+"""The redactor (``observe.redaction``) under load: what adding values costs, that what it finds
+is redacted whole, and that a live run's values stay in it whatever other runs (another
+tenant's, on the same worker) add. The spellings of one value are tested in tests/test_vault.py."""
 
 from __future__ import annotations
 
+import base64
+import os
 import re
+import threading
 import types
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agentq.control import vault as control_vault
+from agentq.core.engine._credentials import TaskCredentials
+from agentq.core.vault import CredentialWrite, expand
+from agentq.core.vault_crypto import EnvelopeCipher, LocalDataKeys
 from agentq.observe import redaction
 from agentq.observe.redaction import REDACTED, Redactor, spellings
+from agentq.storage.container import Storage, memory_storage
 
 PER_SPELLING = 12  # dictionary updates one spelling may cost to file, whatever is filed already
 
@@ -80,3 +90,75 @@ def test_a_value_at_any_offset_and_at_either_end_of_a_text_is_redacted() -> None
     redactor.add(accented)
     assert redactor.redact_bytes(f"[{accented}]".encode()) == f"[{REDACTED}]".encode()
     assert redactor.redact("nothing to hide here") == "nothing to hide here"
+
+
+# --- a live run's values, whatever other runs add ---------------------------------------------------
+
+
+@pytest.fixture
+def cipher(tmp_path: Path) -> EnvelopeCipher:
+    return EnvelopeCipher(LocalDataKeys.from_file(tmp_path / "vault.key"))
+
+
+class _Queues:
+    def send(self, *_: Any, **__: Any) -> None:
+        pass
+
+
+def _put(store: Storage, cipher: EnvelopeCipher, tenant: str, name: str, value: str, host: str) -> None:
+    write = CredentialWrite.model_validate({"value": value, "hosts": [host]})
+    control_vault.put(store, _Queues(), cipher, tenant, name, write)  # type: ignore[arg-type]
+
+
+def _awkward() -> str:
+    return base64.b64encode(os.urandom(33)).decode()  # with / and +: a dozen spellings a value
+
+
+def test_a_live_runs_value_stays_redacted_however_many_values_another_tenants_run_opens_meanwhile(
+    cipher: EnvelopeCipher,
+) -> None:
+    store, secret = memory_storage(), "VIC" + uuid.uuid4().hex
+    put = CredentialWrite.model_validate({"value": secret, "hosts": ["api.github.com"], "user": "ann"})
+    control_vault.put(store, _Queues(), cipher, "t", "github", put)  # type: ignore[arg-type]
+    count, values = 600, [_awkward() for _ in range(1200)]  # a header of 8 KB holds 600 references
+    for i, value in enumerate(values):
+        _put(store, cipher, "attacker", f"c{i}", value, "evil.example.net")
+    headers = ["".join(f"${{vault:c{i}}}" for i in range(start, start + count)) for start in (0, count)]
+    assert max(map(len, headers)) <= 8192
+    assert sum(len(spellings(v)) for v in values) > redaction.MAX_VALUES  # enough to evict all else
+
+    victim = TaskCredentials(store.vault, cipher, "t", "ann")
+    assert victim.get("github").secret == secret  # the victim's run is live from here on
+    opened, leaks, checks = threading.Event(), [], 0
+
+    def attacker() -> None:
+        try:
+            run = TaskCredentials(store.vault, cipher, "attacker", None)
+            for header in headers:  # two http_fetch calls of the attacker's run
+                expand(header, run, "evil.example.net", 443)
+            run.close()
+        finally:
+            opened.set()
+
+    thread = threading.Thread(target=attacker)
+    thread.start()
+    while not opened.is_set() or checks == 0:  # the victim's echoes, while the attacker adds
+        text = redaction.redact(f"echo: Bearer {secret}")
+        checks += 1
+        if secret in text:
+            leaks.append(text)
+    thread.join()
+    assert leaks == [] and secret not in redaction.redact(f"echo: Bearer {secret}")
+    assert victim.get("github").secret == secret  # still sent by the run: still redacted
+    victim.close()
+
+
+def test_a_runs_values_are_held_until_it_ends_then_kept_among_the_recent(cipher: EnvelopeCipher) -> None:
+    store, value = memory_storage(), _awkward()
+    _put(store, cipher, "t", "crm", value, "crm.example.com")
+    held = redaction.REDACTOR.held
+    run = TaskCredentials(store.vault, cipher, "t", None)
+    run.get("crm")
+    assert redaction.REDACTOR.held > held and value not in redaction.redact(value)
+    run.close()
+    assert redaction.REDACTOR.held == held and value not in redaction.redact(value)

@@ -40,7 +40,7 @@ from agentq.core.vault import (
     context_for,
 )
 from agentq.core.vault_crypto import EnvelopeCipher, KmsDataKeys, LocalDataKeys
-from agentq.observe.redaction import REDACTED, Redactor, spellings
+from agentq.observe.redaction import REDACTED, REDACTOR, Redactor, spellings
 from agentq.storage.container import Storage, memory_storage
 
 from tests.api_support import ApiStack
@@ -215,7 +215,9 @@ def test_http_fetch_sends_a_referenced_credential_to_its_host_and_the_echo_comes
     fetch = _use("http_fetch", url=echo.url("/me"), headers={"Authorization": "Bearer ${vault:github}"})
     sub = scripted([{"text": "", "tool_calls": [fetch]}, {"text": "done"}], tools=["http_fetch"])
     task = store.tasks.create(sub.model_copy(update={"user": "ann"}), tenant="t")
+    held = REDACTOR.held
     assert _engine(store, cipher, echo).run(task.task_id).status is TaskStatus.SUCCEEDED
+    assert REDACTOR.held == held  # the run's values, held while it ran, released when it ended
     assert echo.requests[0]["authorization"] == f"Bearer {marker}"
     [result] = _results(store, task.task_id)
     assert not result.is_error and "Bearer [redacted credential]" in result.content

@@ -1,7 +1,9 @@
 """Redaction: a credential's value, in any spelling it is likely to take, never leaves in text.
 
-Every credential a worker decrypts (``core.engine._credentials``) is added here, for the
-process's life (bounded: the most recent ``MAX_VALUES``). What the process writes out passes
+Every credential a worker decrypts (``core.engine._credentials``) is added here, held by the run
+that opened it (``Hold``) until the run ends, and then kept among the most recent ``MAX_VALUES``
+spellings no run holds: another run, another tenant's, adding thousands of values never evicts
+a value a live run may still send. What the process writes out passes
 through ``redact`` first: a tool's result and error before the step that holds it is built
 (``core.engine._tool_call``), hence before any item, event, trace, span or callback is made of
 it; and every log line, through ``RedactingFilter`` on the process's handlers (``observe.logs``).
@@ -142,12 +144,42 @@ def _cut(text: str, spans: list[tuple[int, int]]) -> str:
     return "".join(parts)
 
 
+class Hold:
+    """The values one run opened (``core.engine._credentials``): redacted, and never evicted, from
+    ``add`` until ``release``, however many values other runs add meanwhile."""
+
+    def __init__(self, redactor: Redactor) -> None:
+        self._redactor = redactor
+        self.forms: set[str] = set()
+
+    def add(self, *values: str) -> None:
+        self._redactor._pin(self, values)
+
+    def release(self) -> None:
+        """The run is over: its values join the recent ones, evicted in their turn."""
+        self._redactor._unpin(self)
+
+
+def _forms(values: tuple[str, ...]) -> set[str]:
+    """The spellings of ``values``; the bytes of a non-ASCII one, read a character a byte
+    (``redact_bytes``), too."""
+    out: set[str] = set()
+    for value in values:
+        if len(value) >= MIN_CHARS:
+            for spelling in spellings(value):
+                out |= {spelling, spelling.encode("utf-8").decode("latin-1")}
+    return out
+
+
 class Redactor:
-    """The values this process must not write out, and the index that finds them."""
+    """The values this process must not write out, and the index that finds them: every value a
+    live ``Hold`` has, and the most recent ``MAX_VALUES`` spellings besides (memory stays bounded
+    by what live runs hold)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._values: OrderedDict[str, None] = OrderedDict()
+        self._values: OrderedDict[str, None] = OrderedDict()  # recent, evicted oldest first
+        self._pins: dict[str, int] = {}  # spelling -> how many live holds have it
         self._index = _Index()
 
     @property
@@ -159,20 +191,45 @@ class Redactor:
     def empty(self) -> bool:
         return not self._index.words
 
+    @property
+    def held(self) -> int:
+        """How many spellings live holds keep."""
+        return len(self._pins)
+
+    def hold(self) -> Hold:
+        return Hold(self)
+
     def add(self, *values: str) -> None:
+        """Values no run holds (kept while they are among the most recent ``MAX_VALUES``)."""
         with self._lock:
-            for value in values:
-                if len(value) < MIN_CHARS:
-                    continue
-                for spelling in spellings(value):
-                    # The bytes of a non-ASCII spelling, read one character a byte
-                    # (``redact_bytes``), are filed too.
-                    for form in {spelling, spelling.encode("utf-8").decode("latin-1")}:
-                        self._values[form] = None
-                        self._values.move_to_end(form)
-                        self._index.add(form)
-            while len(self._values) > MAX_VALUES:
-                form, _ = self._values.popitem(last=False)
+            for form in _forms(values):
+                self._values[form] = None
+                self._values.move_to_end(form)
+                self._index.add(form)
+            self._evict()
+
+    def _pin(self, hold: Hold, values: tuple[str, ...]) -> None:
+        with self._lock:
+            for form in _forms(values) - hold.forms:
+                hold.forms.add(form)
+                self._pins[form] = self._pins.get(form, 0) + 1
+                self._index.add(form)
+
+    def _unpin(self, hold: Hold) -> None:
+        with self._lock:
+            for form in hold.forms:
+                left = self._pins.pop(form, 1) - 1
+                if left:
+                    self._pins[form] = left
+                self._values[form] = None
+                self._values.move_to_end(form)
+            hold.forms = set()
+            self._evict()
+
+    def _evict(self) -> None:
+        while len(self._values) > MAX_VALUES:
+            form, _ = self._values.popitem(last=False)
+            if form not in self._pins:  # a live run's value stays, whatever others add
                 self._index.remove(form)
 
     def redact(self, text: str) -> str:
@@ -191,6 +248,7 @@ class Redactor:
     def clear(self) -> None:
         with self._lock:
             self._values.clear()
+            self._pins.clear()
             self._index = _Index()
 
 

@@ -1,5 +1,6 @@
 """A task's credentials, as its tools reach them: the vault of the task's tenant and user, opened
-on this worker, each value handed to the redactor the moment it is opened.
+on this worker, each value handed to the redactor the moment it is opened, and held there until
+the run ends (``close``).
 
 A user's credential of a name wins over the tenant's of the same name. Opening is lazy (a task
 that never uses a credential never decrypts one) and kept for the run: one read of the table
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import weakref
 
 from agentq.core.ports import VaultBook
 from agentq.core.vault import Cipher, Credential, CredentialInfo, HostBinding, context_for, unavailable, valid_name
@@ -24,6 +26,14 @@ class TaskCredentials:
         self._opened: dict[str, Credential] = {}
         self._infos: list[CredentialInfo] | None = None
         self._lock = threading.Lock()
+        # The run's values stay in the redactor while it runs, whatever other runs add; the
+        # engine releases them when the run ends (``close``), or its collection does.
+        self._hold = REDACTOR.hold()
+        weakref.finalize(self, self._hold.release)
+
+    def close(self) -> None:
+        """The run is over: its values are no longer held (they stay among the recent ones)."""
+        self._hold.release()
 
     def get(self, name: str, host: str | None = None) -> Credential:
         """The credential ``name`` of the task's user (else its tenant's), or ``CredentialUnavailable``."""
@@ -48,7 +58,7 @@ class TaskCredentials:
             username=secret.get("username"),
             header_name=stored.info.header,
         )
-        REDACTOR.add(*credential.secret_forms())
+        self._hold.add(*credential.secret_forms())
         with self._lock:
             self._opened[name] = credential
         return credential

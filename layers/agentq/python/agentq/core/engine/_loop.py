@@ -213,6 +213,8 @@ class Engine:
                 raise
             finally:
                 self._workspaces.close(session)
+                if session.credentials is not None:  # its values no longer held in the redactor
+                    session.credentials.close()
         result.steps_committed = session.committed
         result.resumed_from_step = resumed_from
         result.claimed = task
