@@ -17,7 +17,7 @@ import pytest
 
 from agentq.control import vault as control_vault
 from agentq.core.engine._credentials import TaskCredentials
-from agentq.core.vault import CredentialWrite, expand
+from agentq.core.vault import MAX_REFERENCES, CredentialRefused, CredentialWrite, expand
 from agentq.core.vault_crypto import EnvelopeCipher, LocalDataKeys
 from agentq.observe import redaction
 from agentq.observe.redaction import REDACTED, Redactor, spellings
@@ -120,11 +120,10 @@ def test_a_live_runs_value_stays_redacted_however_many_values_another_tenants_ru
     store, secret = memory_storage(), "VIC" + uuid.uuid4().hex
     put = CredentialWrite.model_validate({"value": secret, "hosts": ["api.github.com"], "user": "ann"})
     control_vault.put(store, _Queues(), cipher, "t", "github", put)  # type: ignore[arg-type]
-    count, values = 600, [_awkward() for _ in range(1200)]  # a header of 8 KB holds 600 references
+    values, per = [_awkward() for _ in range(1200)], MAX_REFERENCES
     for i, value in enumerate(values):
         _put(store, cipher, "attacker", f"c{i}", value, "evil.example.net")
-    headers = ["".join(f"${{vault:c{i}}}" for i in range(start, start + count)) for start in (0, count)]
-    assert max(map(len, headers)) <= 8192
+    headers = ["".join(f"${{vault:c{i}}}" for i in range(at, at + per)) for at in range(0, len(values), per)]
     assert sum(len(spellings(v)) for v in values) > redaction.MAX_VALUES  # enough to evict all else
 
     victim = TaskCredentials(store.vault, cipher, "t", "ann")
@@ -134,7 +133,7 @@ def test_a_live_runs_value_stays_redacted_however_many_values_another_tenants_ru
     def attacker() -> None:
         try:
             run = TaskCredentials(store.vault, cipher, "attacker", None)
-            for header in headers:  # two http_fetch calls of the attacker's run
+            for header in headers:  # the http_fetch calls of the attacker's run
                 expand(header, run, "evil.example.net", 443)
             run.close()
         finally:
@@ -162,3 +161,41 @@ def test_a_runs_values_are_held_until_it_ends_then_kept_among_the_recent(cipher:
     assert redaction.REDACTOR.held > held and value not in redaction.redact(value)
     run.close()
     assert redaction.REDACTOR.held == held and value not in redaction.redact(value)
+
+
+class _CountingCipher:
+    def __init__(self, cipher: EnvelopeCipher) -> None:
+        self.cipher, self.opened = cipher, 0
+
+    def open(self, sealed: Any, context: Any) -> bytes:
+        self.opened += 1
+        return self.cipher.open(sealed, context)
+
+
+def test_a_reference_to_a_credential_not_bound_to_the_requests_host_opens_nothing(cipher: EnvelopeCipher) -> None:
+    store, value = memory_storage(), _awkward()
+    _put(store, cipher, "t", "crm", value, "crm.example.com")
+    counting, held = _CountingCipher(cipher), redaction.REDACTOR.held
+    run = TaskCredentials(store.vault, counting, "t", None)  # type: ignore[arg-type]
+    with pytest.raises(CredentialRefused, match="not sent"):
+        expand("Bearer ${vault:crm}", run, "evil.example.net", 443)
+    assert counting.opened == 0 and redaction.REDACTOR.held == held  # never decrypted nor held
+    assert expand("${vault:crm}", run, "crm.example.com", 443) == value and counting.opened == 1
+    run.close()
+
+
+def test_a_value_with_more_credential_references_than_the_limit_is_refused_before_any_is_opened(
+    cipher: EnvelopeCipher,
+) -> None:
+    store = memory_storage()
+    for i in range(MAX_REFERENCES + 1):
+        _put(store, cipher, "t", f"c{i}", _awkward(), "api.example.com")
+    counting = _CountingCipher(cipher)
+    run = TaskCredentials(store.vault, counting, "t", None)  # type: ignore[arg-type]
+    many = "".join(f"${{vault:c{i}}}" for i in range(MAX_REFERENCES + 1))
+    with pytest.raises(CredentialRefused, match=f"more than {MAX_REFERENCES}"):
+        expand(many, run, "api.example.com", 443)
+    assert counting.opened == 0
+    assert len(expand(many[: many.rindex("$")], run, "api.example.com", 443)) > 0
+    assert counting.opened == MAX_REFERENCES
+    run.close()

@@ -40,6 +40,7 @@ NAME_RULE = "1-64 characters: a lowercase letter or digit, then lowercase letter
 MIN_VALUE_CHARS = 8  # shorter values cannot be redacted without redacting ordinary text too
 MAX_VALUE_BYTES = 4096
 MAX_HOSTS = 10
+MAX_REFERENCES = 16  # ``${vault:NAME}`` references in one value that ``expand`` fills
 HEADER_PATTERN = r"^[A-Za-z0-9-]{1,64}$"
 DEFAULT_API_KEY_HEADER = "X-Api-Key"
 DEFAULT_PORTS = (80, 443)  # what a binding without a port allows (as the egress proxy's rules)
@@ -312,7 +313,10 @@ class Credential:
 class CredentialSource(Protocol):
     """The credentials of one task's user, as its tools reach them (``core.engine._credentials``)."""
 
-    def get(self, name: str, host: str | None = None) -> Credential: ...
+    def get(self, name: str, host: str | None = None, *, to: tuple[str, int] | None = None) -> Credential:
+        """``to``: the request's host and port; a credential not bound there is refused before
+        it is opened."""
+        ...
 
     def for_host(self, host: str, port: int) -> Credential | None: ...
 
@@ -339,13 +343,19 @@ def refused(credential: Credential, host: str, port: int) -> CredentialRefused:
 
 def expand(text: str, source: CredentialSource, host: str, port: int) -> str:
     """``text`` with every ``${vault:NAME}`` replaced by the credential's value, for a request
-    to ``host:port`` only: a credential not bound there raises ``CredentialRefused``."""
+    to ``host:port`` only: a credential not bound there raises ``CredentialRefused`` (before it
+    is opened), and so does a text of more than ``MAX_REFERENCES`` references (each credential
+    opened is held in the redactor for the run: a value is not a way to open hundreds)."""
+    if len(REFERENCE.findall(text)) > MAX_REFERENCES:
+        raise CredentialRefused(
+            f"more than {MAX_REFERENCES} credential references in one value: not sent", field="credential"
+        )
 
     def one(match: re.Match[str]) -> str:
         name = match.group(1)
         if not valid_name(name):
             raise CredentialUnavailable(f"{name!r} is not a credential name ({NAME_RULE})", field="credential")
-        credential = source.get(name, host if port in DEFAULT_PORTS else f"{host}:{port}")
+        credential = source.get(name, host if port in DEFAULT_PORTS else f"{host}:{port}", to=(host, port))
         if not credential.allows(host, port):
             raise refused(credential, host, port)
         return credential.reference_value()

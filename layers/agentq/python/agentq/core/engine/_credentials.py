@@ -14,7 +14,16 @@ import threading
 import weakref
 
 from agentq.core.ports import VaultBook
-from agentq.core.vault import Cipher, Credential, CredentialInfo, HostBinding, context_for, unavailable, valid_name
+from agentq.core.vault import (
+    Cipher,
+    Credential,
+    CredentialInfo,
+    CredentialRefused,
+    HostBinding,
+    context_for,
+    unavailable,
+    valid_name,
+)
 from agentq.observe.redaction import REDACTOR
 
 
@@ -35,8 +44,9 @@ class TaskCredentials:
         """The run is over: its values are no longer held (they stay among the recent ones)."""
         self._hold.release()
 
-    def get(self, name: str, host: str | None = None) -> Credential:
-        """The credential ``name`` of the task's user (else its tenant's), or ``CredentialUnavailable``."""
+    def get(self, name: str, host: str | None = None, *, to: tuple[str, int] | None = None) -> Credential:
+        """The credential ``name`` of the task's user (else its tenant's), or ``CredentialUnavailable``;
+        ``to`` (host, port): ``CredentialRefused`` if it is not bound there, read before it is opened."""
         with self._lock:
             if name in self._opened:
                 return self._opened[name]
@@ -49,6 +59,11 @@ class TaskCredentials:
             stored = self.vault.get(self.tenant, None, name)
         if stored is None or self.cipher is None:
             raise unavailable(name, self.user, host)
+        if to is not None and not any(HostBinding.parse(h).matches(*to) for h in stored.info.hosts):
+            where = ", ".join(stored.info.hosts)
+            raise CredentialRefused(
+                f"credential {name!r} is bound to {where}, not {to[0]}:{to[1]}: not sent", field="credential"
+            )
         secret = json.loads(self.cipher.open(stored.sealed, context_for(self.tenant, owner, name)))
         credential = Credential(
             name=name,
