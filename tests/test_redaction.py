@@ -5,10 +5,13 @@ tenant's, on the same worker) add. The spellings of one value are tested in test
 from __future__ import annotations
 
 import base64
+import html
+import json
 import os
 import re
 import threading
 import types
+import urllib.parse
 import uuid
 from pathlib import Path
 from typing import Any
@@ -90,6 +93,55 @@ def test_a_value_at_any_offset_and_at_either_end_of_a_text_is_redacted() -> None
     redactor.add(accented)
     assert redactor.redact_bytes(f"[{accented}]".encode()) == f"[{REDACTED}]".encode()
     assert redactor.redact("nothing to hide here") == "nothing to hide here"
+
+
+def _lower_hex(text: str) -> str:
+    return re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(), text)
+
+
+def _each(value: str, form: str) -> str:
+    return "".join(c if c.isascii() and c.isalnum() else form.format(ord(c)) for c in value)
+
+
+ENCODINGS: dict[str, Any] = {
+    "quote (keeps /)": urllib.parse.quote,
+    "quote, nothing safe": lambda v: urllib.parse.quote(v, safe=""),
+    "quote, lowercase hex": lambda v: _lower_hex(urllib.parse.quote(v)),
+    "quote, nothing safe, lowercase hex": lambda v: _lower_hex(urllib.parse.quote(v, safe="")),
+    "form (+ for a space)": lambda v: urllib.parse.urlencode({"k": v})[2:],
+    "form, lowercase hex": lambda v: _lower_hex(urllib.parse.urlencode({"k": v})[2:]),
+    "json": lambda v: json.dumps(v)[1:-1],
+    "json, not ascii-only": lambda v: json.dumps(v, ensure_ascii=False)[1:-1],
+    "json as PHP writes it (\\/)": lambda v: json.dumps(v)[1:-1].replace("/", "\\/"),
+    "json, every symbol \\u (uppercase)": lambda v: _each(v, "\\u{:04X}"),
+    "json, every symbol \\u (lowercase)": lambda v: _each(v, "\\u{:04x}"),
+    "hex": lambda v: v.encode().hex(),
+    "hex, uppercase": lambda v: v.encode().hex().upper(),
+    "html.escape": html.escape,
+    "html, decimal entities": lambda v: _each(v, "&#{};"),
+    "html, hex entities": lambda v: _each(v, "&#x{:x};"),
+    "html, uppercase hex entities": lambda v: _each(v, "&#x{:X};"),
+    "base64": lambda v: base64.b64encode(v.encode()).decode(),
+    "base64, unpadded": lambda v: base64.b64encode(v.encode()).decode().rstrip("="),
+    "base64 url-safe": lambda v: base64.urlsafe_b64encode(v.encode()).decode(),
+    "base64 url-safe, unpadded": lambda v: base64.urlsafe_b64encode(v.encode()).decode().rstrip("="),
+}
+AWKWARD = ["wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY+a=", "Zx/+=ab CD&é<\"'9f/x"]
+
+
+@pytest.mark.parametrize("encoding", sorted(ENCODINGS))
+@pytest.mark.parametrize("secret", AWKWARD)
+def test_each_common_encoding_of_a_secret_with_awkward_characters_is_redacted(encoding: str, secret: str) -> None:
+    redactor = Redactor()
+    redactor.add(secret)
+    for around in ("", "x", "xy", "Authorization: Bearer "):  # base64 of it at each alignment
+        encoded = ENCODINGS[encoding](around + secret + around[::-1])
+        echo = f"echo: {encoded} done"
+        cleaned = redactor.redact(echo)
+        assert REDACTED in cleaned, (encoding, echo)
+        core = ENCODINGS[encoding](secret)[2:-2] if "base64" not in encoding else None
+        assert core is None or core not in cleaned, (encoding, cleaned)
+        assert secret not in cleaned
 
 
 # --- a live run's values, whatever other runs add ---------------------------------------------------

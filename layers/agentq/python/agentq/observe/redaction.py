@@ -8,8 +8,10 @@ through ``redact`` first: a tool's result and error before the step that holds i
 (``core.engine._tool_call``), hence before any item, event, trace, span or callback is made of
 it; and every log line, through ``RedactingFilter`` on the process's handlers (``observe.logs``).
 
-The spellings: the value itself, percent-encoded (``quote``, ``quote_plus``), JSON-escaped, and
-base64 (standard and URL-safe) at each of the three alignments a value can have inside a longer
+The spellings: the value itself, percent-encoded (``quote`` with and without ``/`` safe,
+``quote_plus``, hex in either case), JSON-escaped (``\\/`` as PHP writes it, every character as
+``\\u`` as .NET may), hex (either case), HTML entities, and base64 (standard and URL-safe; padding
+is never part of a core) at each of the three alignments a value can have inside a longer
 encoded text (the middle characters that do not depend on what surrounds it: an echo of a whole
 ``Authorization`` header, base64-encoded, still loses the value). A value shorter than
 ``MIN_CHARS`` is never one a credential holds (``core.vault`` refuses it), so ordinary text is
@@ -25,6 +27,7 @@ redacted, as one.
 from __future__ import annotations
 
 import base64
+import html
 import json
 import logging
 import re
@@ -37,10 +40,27 @@ MAX_VALUES = 4096
 REDACTED = "[redacted credential]"
 
 
+def _escaped(value: str, form: str) -> str:
+    """``value`` with every character but a letter or a digit written as ``form`` of its code."""
+    return "".join(c if c.isascii() and c.isalnum() else form.format(ord(c)) for c in value)
+
+
 def spellings(value: str) -> set[str]:
-    """The texts that carry ``value``: itself, percent-encoded, JSON-escaped, base64 cores."""
+    """The texts that carry ``value``: itself, percent-encoded (``/`` kept or not, ``+`` for a
+    space or not, upper- or lowercase hex), JSON-escaped (``\\/`` too, and every other character
+    as ``\\u``), hex, HTML entities (named, decimal, hex), base64 cores."""
     raw = value.encode("utf-8")
-    out = {value, urllib.parse.quote(value, safe=""), urllib.parse.quote_plus(value), json.dumps(value)[1:-1]}
+    percent = {
+        urllib.parse.quote(value, safe=""),
+        urllib.parse.quote(value),  # the default leaves "/" alone
+        urllib.parse.quote_plus(value),
+        urllib.parse.quote_plus(value, safe="/"),
+    }
+    percent |= {re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(), p) for p in percent}
+    escaped = {json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1]}
+    escaped |= {e.replace("/", "\\/") for e in escaped}  # PHP's json_encode
+    out = {value, *percent, *escaped, raw.hex(), raw.hex().upper(), html.escape(value)}
+    out |= {_escaped(value, form) for form in ("\\u{:04x}", "\\u{:04X}", "&#{};", "&#x{:x};", "&#x{:X};")}
     for shift in range(3):
         for encode in (base64.b64encode, base64.urlsafe_b64encode):
             encoded = encode(b"\0" * shift + raw).decode().rstrip("=")
