@@ -566,3 +566,21 @@ def test_a_key_file_on_a_filesystem_without_hard_links_is_still_made_whole_and_r
     first = LocalDataKeys.from_file(path)
     assert len(path.read_bytes()) == 32 and first.key_id == LocalDataKeys.from_file(path).key_id
     assert [p.name for p in tmp_path.iterdir()] == ["vault.key"]
+
+
+def test_a_declined_credential_names_the_end_user_who_declined_it_beside_the_tenant() -> None:
+    """What ``request_credential`` tells the model names who declined, as an approval's answer
+    does: the end user whose token declined, with their tenant; the tenant for a key."""
+    from agentq.core.approval import credential_outcome
+    from agentq.core.records import ApprovalRecord
+
+    use = {"id": "toolu_1", "name": "request_credential", "input": {"name": "github"}}
+
+    def said(**decided: Any) -> str:
+        record = ApprovalRecord(use_id="toolu_1", state="rejected", question="q", asked_at=1.0, note="not now",
+                                decided_at=2.0, **decided)  # fmt: skip
+        return credential_outcome(use, record, 1.0, 2.0).content
+
+    assert said(decided_by="team-a", decided_by_user="alice").startswith("DECLINED by alice (an end user of team-a)")
+    assert said(decided_by="team-a").startswith("DECLINED by team-a: not now")
+    assert said().startswith("DECLINED by the user: not now")

@@ -84,7 +84,8 @@ def credential_outcome(
     if record is None or record.state == "approved":
         content = f"credential {name!r} is available now: retry the call that needed it"
     else:
-        content = f"DECLINED by {record.decided_by or 'the user'}: {record.note or '(no note)'}; go on without it"
+        who = record.decider if record.decided_by or record.decided_by_user else "the user"
+        content = f"DECLINED by {who}: {record.note or '(no note)'}; go on without it"
     return ToolOutcome(
         tool_use_id=use["id"],
         name=REQUEST_CREDENTIAL_TOOL,
