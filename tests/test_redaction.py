@@ -251,3 +251,22 @@ def test_a_value_with_more_credential_references_than_the_limit_is_refused_befor
     assert len(expand(many[: many.rindex("$")], run, "api.example.com", 443)) > 0
     assert counting.opened == MAX_REFERENCES
     run.close()
+
+
+def test_a_value_another_live_run_still_holds_takes_no_recent_slot_when_one_run_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two runs hold the same value; the first to end leaves it held by the other, so it does not
+    yet join the recent values no run holds, and pushes none of those out early."""
+    first, second, shared = "first-value-0001", "second-value-002", "shared-value-03"
+    monkeypatch.setattr(redaction, "MAX_VALUES", len(redaction._forms((first,)) | redaction._forms((second,))))
+    r = redaction.Redactor()
+    r.add(first)
+    r.add(second)  # the recent values: full
+    a, b = r.hold(), r.hold()
+    a.add(shared)
+    b.add(shared)
+    a.release()
+    assert r.redact(f"{first} {shared}") == f"{redaction.REDACTED} {redaction.REDACTED}"
+    b.release()  # now no run holds it: it joins the recent values and the oldest goes
+    assert r.redact(f"{first} {second} {shared}") == f"{first} {redaction.REDACTED} {redaction.REDACTED}"

@@ -4,9 +4,11 @@ Every credential a worker decrypts (``core.engine._credentials``) is added here,
 that opened it (``Hold``) until the run ends, and then kept among the most recent ``MAX_VALUES``
 spellings no run holds: another run, another tenant's, adding thousands of values never evicts
 a value a live run may still send. What the process writes out passes
-through ``redact`` first: a tool's result and error before the step that holds it is built
-(``core.engine._tool_call``), hence before any item, event, trace, span or callback is made of
-it; and every log line, through ``RedactingFilter`` on the process's handlers (``observe.logs``).
+through ``redact`` first: a tool's result and error whole, before anything cuts it (the
+registry, ``core.tools._core``; a fetched body, ``core.tools.fetch``; a remote agent's text), and
+every tool outcome as it is made (``core.models.steps.ToolOutcome``), hence before any item,
+event, trace, span or callback is made of it; and every log line, through ``RedactingFilter`` on
+the process's handlers (``observe.logs``).
 
 The spellings: the value itself, percent-encoded (``quote`` with and without ``/`` safe,
 ``quote_plus``, hex in either case), JSON-escaped (``\\/`` as PHP writes it, every character as
@@ -239,8 +241,9 @@ class Redactor:
         with self._lock:
             for form in hold.forms:
                 left = self._pins.pop(form, 1) - 1
-                if left:
+                if left:  # another live run holds it still: no recent slot for it yet
                     self._pins[form] = left
+                    continue
                 self._values[form] = None
                 self._values.move_to_end(form)
             hold.forms = set()
