@@ -212,9 +212,11 @@ class Engine:
                 self._give_back(session)
                 raise
             finally:
-                self._workspaces.close(session)
-                if session.credentials is not None:  # its values no longer held in the redactor
-                    session.credentials.close()
+                try:
+                    self._workspaces.close(session)
+                finally:
+                    if session.credentials is not None:  # its values no longer held in the redactor
+                        session.credentials.close()
         result.steps_committed = session.committed
         result.resumed_from_step = resumed_from
         result.claimed = task
