@@ -54,8 +54,9 @@ MAX_REDIRECTS = 5
 REDIRECT_STATUSES = (301, 302, 303, 307, 308)
 CHUNK = 64 * 1024
 # The longest text that carries a credential: a secret form is a value (4,096 bytes at most) or
-# a username (256 characters) joined to it; its longest spelling, JSON's \u escapes of control
-# characters, is six times its bytes (tests/test_redaction_cuts.py holds the redactor to this).
+# a username (256 characters) joined to it; its longest spellings, every symbol as JSON's \u
+# escape or an HTML entity (&quot;, &#x27;), are six times its bytes (tests/test_redaction_cuts.py
+# holds the redactor to this).
 LONGEST_SPELLING = 8 * MAX_VALUE_BYTES
 # What the last LONGEST_SPELLING bytes of a text can become once redacted: each replacement turns
 # at least MIN_CHARS bytes into REDACTED.
