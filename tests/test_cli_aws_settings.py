@@ -72,3 +72,14 @@ def test_an_error_that_is_neither_missing_settings_nor_aws_unreachable_nor_its_a
 
     assert aws_failure(ParamValidationError(report="Missing required parameter")) is None
     assert aws_failure(KeyError("tenant")) is None
+    from botocore.exceptions import ClientError
+
+    def answer(code: str) -> ClientError:
+        return ClientError({"Error": {"Code": code, "Message": "m"}}, "UpdateItem")
+
+    # AWS refusing the request our code built (a malformed expression, a condition) is a bug too
+    assert aws_failure(answer("ValidationException")) is None
+    assert aws_failure(answer("ConditionalCheckFailedException")) is None
+    # AWS answering about the settings the command ran with is said in a line
+    assert aws_failure(answer("AccessDeniedException")) == ("AWS refused UpdateItem: AccessDeniedException: m", 1)
+    assert aws_failure(answer("ExpiredTokenException")) is not None

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from agentq.cli import (
     admin,
@@ -102,8 +103,9 @@ AWS_SETTINGS = (
 
 def aws_failure(exc: Exception) -> tuple[str, int] | None:
     """A line and an exit code for an error of AWS's client (botocore) that is not a bug: its
-    settings missing (2), its endpoint not answering (1), an error answer (1, its code and
-    message). None for anything else, a bug of ours included (botocore's ParamValidationError)."""
+    settings missing (2), its endpoint not answering (1), an answer about those settings (1, its
+    code and message: ``SETTINGS_CODES``). None for anything else, a bug of ours included
+    (botocore's ParamValidationError, an answer refusing the request our code built)."""
     if "botocore.exceptions" not in sys.modules:  # nothing of AWS ran: not one of its errors
         return None
     from botocore import exceptions as aws
@@ -119,10 +121,25 @@ def aws_failure(exc: Exception) -> tuple[str, int] | None:
                 "and export what it prints) or unset AWS_ENDPOINT_URL" if endpoint
                 else "check the network and AWS_REGION")  # fmt: skip
         return f"cannot reach AWS ({exc}); {hint}", 1
-    if isinstance(exc, aws.ClientError):
+    if isinstance(exc, aws.ClientError) and _settings_answer(exc):
         error = exc.response.get("Error", {})
         return f"AWS refused {exc.operation_name}: {error.get('Code', '?')}: {error.get('Message', '')}".rstrip(), 1
     return None
+
+
+# AWS's answers about the settings a command ran with (whose credentials, which account's
+# resources), not about the request our code built: a malformed expression's ValidationException
+# or a failed condition is a bug of ours and keeps its traceback.
+SETTINGS_CODES = frozenset({
+    "AccessDenied", "AccessDeniedException", "UnrecognizedClientException", "InvalidClientTokenId",
+    "ExpiredToken", "ExpiredTokenException", "InvalidSignatureException", "SignatureDoesNotMatch",
+    "RequestExpired", "AuthFailure", "ResourceNotFoundException", "NoSuchBucket",
+    "AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist",
+})  # fmt: skip
+
+
+def _settings_answer(exc: Any) -> bool:
+    return str(exc.response.get("Error", {}).get("Code", "")) in SETTINGS_CODES
 
 
 def _subcommand_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
