@@ -270,3 +270,23 @@ def test_a_value_another_live_run_still_holds_takes_no_recent_slot_when_one_run_
     assert r.redact(f"{first} {shared}") == f"{redaction.REDACTED} {redaction.REDACTED}"
     b.release()  # now no run holds it: it joins the recent values and the oldest goes
     assert r.redact(f"{first} {second} {shared}") == f"{first} {redaction.REDACTED} {redaction.REDACTED}"
+
+
+def test_redacting_a_large_text_allocates_about_its_size_not_an_object_per_four_characters() -> None:
+    """A workspace file is redacted whole before each checkpoint of a run that opened a
+    credential: the memory it takes at the peak stays of the order of the text (and the answer),
+    where a list of the text's grams took ~60 bytes per 4 characters (~60 MB for this 4 MB)."""
+    import tracemalloc
+
+    r = redaction.Redactor()
+    r.add("a-credential-value-0001")
+    text = "".join(f"line {i:07d} of an ordinary file with nothing secret in it\n" for i in range(64_000))
+    tracemalloc.start()
+    try:
+        assert r.redact(text) is text  # nothing to redact: the same text back
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < len(text), (peak, len(text))
+    secret = text[: len(text) // 2] + "a-credential-value-0001" + text[len(text) // 2 :]
+    assert r.redact(secret) == text[: len(text) // 2] + redaction.REDACTED + text[len(text) // 2 :]
