@@ -255,6 +255,54 @@ def test_a_header_line_a_server_might_read_as_another_host_is_answered_400_and_n
     assert not target.contacted()
 
 
+@pytest.mark.parametrize(
+    ("head", "why"),
+    [
+        (b"GET http://127.0.0.1:PORT/ HTTP/1.1\nX-Forwarded-Host: evil.example.net\r\n\r\n", b"in the request line"),
+        (b"GET http://127.0.0.1:PORT/ HTTP/1.1\r\nAccept: x\nHost: evil.example.net\r\n\r\n", b"in a header line"),
+        (b"GET http://127.0.0.1:PORT/ HTTP/1.1\r\nAccept: x\rHost: evil.example.net\r\n\r\n", b"in a header line"),
+        (b"GET http://127.0.0.1:PORT/ HTTP/1.1\r\nAccept: x\x00Host: evil.example.net\r\n\r\n", b"in a header line"),
+        (b"G@T http://127.0.0.1:PORT/ HTTP/1.1\r\n\r\n", b"a method that is not a token"),
+        (b"GET http://127.0.0.1:PORT/ HTTP/2\r\n\r\n", b"a version that is not HTTP/1.0 or HTTP/1.1"),
+        (b"GET http://127.0.0.1:PORT/ HTTP/1.1 X\r\n\r\n", b"a request line that is not 'METHOD URL HTTP/1.x'"),
+    ],
+)
+def test_a_bare_cr_or_lf_a_control_character_a_bad_method_or_version_is_answered_400_and_nothing_is_contacted(
+    make_proxy: Callable[..., EgressProxy], head: bytes, why: bytes
+) -> None:
+    """A server that ends a line at a bare LF (or CR) would read what follows it in the request
+    line or in a header value as another header, a ``Host`` the proxy never dropped, on a request
+    that may carry a credential; a method or version a server might parse some other way is
+    refused with them."""
+    target = Listener()
+    proxy = make_proxy([f"127.0.0.1:{target.port}"])
+    answer = ask(proxy, head.replace(b"PORT", str(target.port).encode()))
+    assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n"), answer
+    assert why in answer
+    assert not target.contacted()
+
+
+def test_a_tab_in_a_header_value_is_passed_on(make_proxy: Callable[..., EgressProxy]) -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    seen: list[bytes] = []
+
+    def answer_once() -> None:
+        conn, _ = server.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            seen.append(data)
+            conn.sendall(b"HTTP/1.0 204 No Content\r\n\r\n")
+
+    threading.Thread(target=answer_once, daemon=True).start()
+    proxy = make_proxy([f"127.0.0.1:{port}"])
+    answer = ask(proxy, f"GET http://127.0.0.1:{port}/ HTTP/1.0\r\nAccept: a\tb\r\n\r\n".encode())
+    assert answer.startswith(b"HTTP/1.0 204 "), answer
+    assert b"\r\nAccept: a\tb\r\n" in seen[0]
+
+
 def test_over_the_connection_cap_a_connection_is_refused_at_once_and_threads_stay_bounded(
     make_proxy: Callable[..., EgressProxy],
 ) -> None:

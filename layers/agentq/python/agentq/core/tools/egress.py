@@ -95,7 +95,14 @@ DROPPED_HEADERS = frozenset(
         b"x-http-host-override",
     }
 )
-_FIELD_NAME = re.compile(rb"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110's token
+_FIELD_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110's token (fullmatch: no "$" before a "\n")
+_METHOD = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a token too
+_VERSION = re.compile(r"HTTP/1\.[01]")
+# Bytes no request line or header line may hold: a bare CR or LF (a server that ends a line at
+# either would read what follows as another line: a second ``Host``), NUL and every other control
+# character; a header value may hold HTAB (``_fields`` allows it there).
+_CONTROL = re.compile(rb"[\x00-\x1f\x7f]")
+_VALUE_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 SOCKET_PREFIX = "agentq-egress-"
@@ -247,8 +254,10 @@ class EgressProxy:
             if head is None:
                 return
             line, _, headers = head.partition(b"\r\n")
-            method, target, version = [*line.decode("latin-1").split(" "), "", ""][:3]
+            method, target, version = _request_line(line)
             host, port, origin = _destination(method, target)
+            if not _VERSION.fullmatch(version):  # after the URL's own 400, which names it
+                raise BadRequest(f"a version that is not HTTP/1.0 or HTTP/1.1: {version[:100]!r}")
             authority = host if ":" not in host else f"[{host}]"
             authority += f":{port}" if port != 80 else ""
             fields = [] if method.upper() == "CONNECT" else _fields(headers)  # checked before any contact
@@ -362,13 +371,33 @@ def _read_head(conn: socket.socket, seconds: float) -> tuple[bytes | None, bytes
 def _fields(headers: bytes) -> list[bytes]:
     """A plain request's header lines, each checked to be ``name: value`` with ``name`` a token:
     a line folded onto the one before (leading whitespace), a name with a space before its colon
-    (``Host :``) or a pseudo-header (``:authority``) is a ``400``, not a line passed on that a
-    server behind might read as a header the proxy had dropped."""
+    (``Host :``), a pseudo-header (``:authority``) or a control character but HTAB in a value (a
+    bare LF: ``Accept: x\\nHost: evil``) is a ``400``, not a line passed on that a server behind
+    might read as a header the proxy had dropped."""
     lines = [h for h in headers.split(b"\r\n") if h]
     for h in lines:
-        if not _FIELD_NAME.match(h.partition(b":")[0]) or b":" not in h:
+        name, colon, value = h.partition(b":")
+        if not _FIELD_NAME.fullmatch(name) or not colon:
             raise BadRequest(f"a header line that is not 'name: value': {h[:100]!r}")
+        if _VALUE_CONTROL.search(value):
+            raise BadRequest(f"a control character (a bare CR or LF, NUL, ...) in a header line: {h[:100]!r}")
     return lines
+
+
+def _request_line(line: bytes) -> tuple[str, str, str]:
+    """method, target and version of ``METHOD SP target SP version``: a control character
+    anywhere (a bare CR or LF would end the line early for a server behind, and what follows
+    would be another header, a ``Host``), a method that is not a token or a fourth part is a
+    ``400``; the target and the version are checked by the caller."""
+    if _CONTROL.search(line):
+        raise BadRequest(f"a control character (a bare CR or LF, NUL, ...) in the request line: {line[:100]!r}")
+    parts = line.decode("latin-1").split(" ")
+    if len(parts) > 3:
+        raise BadRequest(f"a request line that is not 'METHOD URL HTTP/1.x': {line[:100]!r}")
+    method, target, version = [*parts, "", ""][:3]
+    if len(parts) > 1 and not _METHOD.fullmatch(method):
+        raise BadRequest(f"a method that is not a token: {method[:100]!r}")
+    return method, target, version
 
 
 def _destination(method: str, target: str) -> tuple[str, int, str]:
