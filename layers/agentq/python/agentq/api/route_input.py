@@ -2,8 +2,6 @@
 resolver's ``_call_route``, once the route is known and before it runs), as an unknown body field
 is refused by the models: a 4xx naming what to fix, and the route never runs.
 
-- a query parameter the route does not declare: 422 naming it (``/tasks?foo=bar`` was a 200, the
-  parameter silently ignored, where a body's unknown field is refused)
 - a single-valued parameter given more than once: 422 naming it, "given 2 times" (``?limit=5&limit=6``
   said "Input should be a valid integer"; ``?status=running&status=queued`` listed the valid values
   as if running were not one); a list parameter (``metadata``) repeats as documented
@@ -12,7 +10,9 @@ is refused by the models: a 4xx naming what to fix, and the route never runs.
   the console sends with a bodiless POST), is what such a route takes
 
 Routes left out of the OpenAPI document (A2A, MCP, the console's pages) read the request
-themselves and are not checked here.
+themselves and are not checked here. A query parameter a route does not declare is passed on, not
+refused: some routes read parameters of their own beyond what they declare (the event stream's
+``wait``, the task list's ``agent``), and refusing them broke their clients.
 """
 
 from __future__ import annotations
@@ -36,10 +36,7 @@ def refusal(route: Route, event: Mapping[str, Any]) -> Refusal | None:
     declared = {param.alias: param for param in dependant.query_params}
     for name, values in (event.get("multiValueQueryStringParameters") or {}).items():
         param = declared.get(name)
-        if param is None:
-            takes = f"it takes {', '.join(sorted(declared))}" if declared else "it takes none"
-            return 422, "validation_error", f"{name}: unknown query parameter ({takes})", name
-        if len(values or ()) > 1 and not is_scalar_sequence_field(param):
+        if param is not None and len(values or ()) > 1 and not is_scalar_sequence_field(param):
             return 422, "validation_error", f"{name}: given {len(values)} times; give it once", name
     if not dependant.body_params and event.get("body"):
         return _no_body(str(event["body"]), bool(event.get("isBase64Encoded")))
