@@ -345,3 +345,30 @@ def test_a_tokens_fork_keeps_its_agents_tools_prompt_and_model(
     assert len(_tenant_tasks(api, tenant)) == 1
     limited = {"at_step": 0, "constraints": {"max_steps": 5}}
     assert api.http("POST", f"/tasks/{task_id}/fork", limited, key=token)[0] == 202
+
+
+def test_a_tokens_dependency_on_another_users_task_is_answered_as_an_unknown_task_and_creates_nothing(
+    api_stack: ApiStack,
+) -> None:
+    """A dependent task's first message holds its dependencies' goals and results: a token naming
+    another user's task in ``depends_on`` would read that task, and a 422 only for a foreign one
+    would tell that it exists. It gets exactly what an unknown id gets, nothing is created; its
+    own task is a dependency, and a key (the whole tenant's) may name any of the tenant's tasks."""
+    api, tenant = api_stack, f"eu-deps-{uuid.uuid4().hex[:6]}"
+    key = api.stack.create_api_key(tenant)
+    alice, bob = api.stack.token(user="alice", tenant=tenant), api.stack.token(user="bob", tenant=tenant)
+    greeter = api.greeter(tenant)
+    bobs = api.submit(greeter, key=bob)
+    alices = api.submit(greeter, key=alice)
+    for task_id, token in ((bobs, bob), (alices, alice)):
+        api.until(task_id, lambda v: v["status"] == "succeeded", key=token)
+    unknown = f"{bobs[:-4]}ffff" if not bobs.endswith("ffff") else f"{bobs[:-4]}0000"
+    answers = []
+    for dep in (unknown, bobs):
+        status, answer, _ = api.http("POST", "/tasks", {**greeter, "depends_on": [alices, dep]}, key=alice)
+        answers.append((status, answer["error"]["code"], answer["error"]["field"], answer["error"]["message"]))
+    assert answers[0][:3] == (422, "validation_error", "depends_on[1]"), answers
+    assert answers[1] == (answers[0][0], answers[0][1], answers[0][2], answers[0][3].replace(unknown, bobs)), answers
+    assert len(_tenant_tasks(api, tenant)) == 2  # nothing created
+    assert api.submit({**greeter, "depends_on": [alices]}, key=alice)
+    assert api.submit({**greeter, "depends_on": [alices, bobs]}, key=key)

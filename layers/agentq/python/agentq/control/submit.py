@@ -63,11 +63,13 @@ def prepare_submission(
     tenant: str,
     defaults: Defaults | None = None,
     task_id: str | None = None,
+    only_user: str | None = None,
 ) -> TaskSubmission:
     """The submission as it will run, fully checked, nothing written: its agent version
     resolved (an alias's split keyed by ``task_id`` when the task has no user), the deployment's
     defaults filled in, tools, model, script, callback URL and dependencies checked
-    (``submit_once``; a schedule's template is checked the same way)."""
+    (``submit_once``; a schedule's template is checked the same way). ``only_user``: the caller
+    acts as that end user (a token's), so its dependencies must be that user's tasks."""
     if submission.online is not None:
         raise ValidationError(
             "online: set by an alias with online evaluation when it samples the task; a submission cannot send it",
@@ -94,7 +96,7 @@ def prepare_submission(
     if submission.depends_on:
         from agentq.queueing.dependencies import check_dependencies
 
-        check_dependencies(store, submission, tenant=tenant)
+        check_dependencies(store, submission, tenant=tenant, only_user=only_user)
     return submission
 
 
@@ -110,6 +112,7 @@ def submit_once(
     defaults: Defaults | None = None,
     task_id: str | None = None,
     key_id: str | None = None,
+    only_user: str | None = None,
 ) -> Submitted:
     """``submit`` with an optional idempotency key: the same key and request return the task
     the first one created (``created=False``); the same key with another request raises
@@ -120,7 +123,8 @@ def submit_once(
     the request as sent (``digest``, else its hash before either), so a retry matches even
     after a new agent version or new defaults. ``task_id``: the id to create it under (a
     schedule's fire). ``key_id``: the API key the request came with (its tasks carry it, and its
-    tree spends against that key's caps: ``core.caps``).
+    tree spends against that key's caps: ``core.caps``). ``only_user``: the user a caller bound
+    to one (a token's) acts as; None for a tenant key (``prepare_submission``).
 
     A submission in a stopped scope (its tenant, user, agent or key: ``core.stops``) is refused
     with ``ScopeStopped`` before anything is written.
@@ -128,7 +132,9 @@ def submit_once(
     submission = raw if isinstance(raw, TaskSubmission) else parse_submission(raw)
     digest = digest or request_hash(submission)
     task_id = task_id or new_task_id()  # chosen first: an alias's split may be keyed by it
-    submission = prepare_submission(store, tools, submission, tenant=tenant, defaults=defaults, task_id=task_id)
+    submission = prepare_submission(
+        store, tools, submission, tenant=tenant, defaults=defaults, task_id=task_id, only_user=only_user
+    )
     check_open(store.stops.list(tenant), user=submission.user, agent=submission.agent, key_id=key_id)
     blocked = bool(submission.depends_on)
     if idempotency_key is None:

@@ -14,10 +14,15 @@ from agentq.core.models import TaskSubmission
 from agentq.storage.container import Storage
 
 
-def check_dependencies(store: Storage, submission: TaskSubmission, *, tenant: str) -> None:
-    """Every task named exists and is the tenant's own (a foreign one reads as unknown)."""
+def check_dependencies(
+    store: Storage, submission: TaskSubmission, *, tenant: str, only_user: str | None = None
+) -> None:
+    """Every task named exists and is the tenant's own (a foreign one reads as unknown).
+    ``only_user``: the caller acts as that end user (a token's): a task of another user (or of
+    none) reads as unknown too, since its goal and result would reach the dependent's first
+    message. A tenant key (None) may name any of its tenant's tasks."""
     found = {t.task_id: t for t in store.tasks.get_many(submission.depends_on)} if submission.depends_on else {}
     for i, task_id in enumerate(submission.depends_on):
         dep = found.get(task_id)
-        if dep is None or dep.tenant != tenant:
+        if dep is None or dep.tenant != tenant or (only_user is not None and dep.user != only_user):
             raise ValidationError(f"depends_on[{i}]: no task {task_id!r}", field=f"depends_on[{i}]")

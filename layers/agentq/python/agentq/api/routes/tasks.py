@@ -98,6 +98,7 @@ def router(deps: ApiDeps) -> Router:
             digest=digest,
             defaults=deps.defaults,
             key_id=caller.key_id,
+            only_user=caller.user,  # a token's: its dependencies are its user's tasks
         )
         task, created = accepted.task, accepted.created
         headers = {"Location": f"/tasks/{task.task_id}"}
