@@ -372,3 +372,31 @@ def test_a_tokens_dependency_on_another_users_task_is_answered_as_an_unknown_tas
     assert len(_tenant_tasks(api, tenant)) == 2  # nothing created
     assert api.submit({**greeter, "depends_on": [alices]}, key=alice)
     assert api.submit({**greeter, "depends_on": [alices, bobs]}, key=key)
+
+
+@pytest.mark.parametrize(
+    ("workspace", "field"),
+    [({"allow_hosts": ["example.com"]}, "workspace.allow_hosts"),
+     ({"git": {"url": "https://example.com/x.git"}, "allow_hosts": ["example.com"]}, "workspace.allow_hosts"),
+     ({"git": {"url": "https://example.com/x.git"}}, "workspace.git")],
+)  # fmt: skip
+def test_a_token_names_no_host_for_its_agents_shell_even_when_the_agent_defines_no_workspace(
+    api_stack: ApiStack, workspace: dict[str, Any], field: str
+) -> None:
+    """An agent with ``shell`` and no workspace of its own gets a default one: a token's
+    ``workspace.allow_hosts`` (or a repository to clone) would open its shell to hosts the user
+    picks. 403 ``forbidden`` naming the field, nothing created; its starting files are its own to
+    send, and a key's submission may still name hosts."""
+    api, tenant = api_stack, f"eu-ws-{uuid.uuid4().hex[:6]}"
+    key = api.stack.create_api_key(tenant)
+    token = api.stack.token(user="mallory", tenant=tenant)
+    made = {"name": "sh", "provider": "scripted", "script": SCRIPTED["script"], "tools": ["shell"]}
+    assert api.http("POST", "/agents", made, key=key)[0] == 201
+    status, answer, _ = api.http("POST", "/tasks", {"goal": "g", "agent": "sh", "workspace": workspace}, key=token)
+    assert (status, answer["error"]["code"], answer["error"]["field"]) == (403, "forbidden", field), answer
+    assert _tenant_tasks(api, tenant) == []
+    files = {"files": [{"path": "a.txt", "content_b64": "aGk="}]}
+    assert api.http("POST", "/tasks", {"goal": "g", "agent": "sh", "workspace": files}, key=token)[0] == 202
+    hosts = {"allow_hosts": ["example.com"]}
+    status, answer, _ = api.http("POST", "/tasks", {"goal": "g", "agent": "sh", "workspace": hosts}, key=key)
+    assert status == 202, answer

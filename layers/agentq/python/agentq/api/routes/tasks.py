@@ -43,13 +43,25 @@ def check_user_submission(caller: Caller, submission: TaskSubmission) -> None:
       so a token attaches none itself; an agent the tenant defined with a store brings it.
     - ``agent``: a token runs the agents its tenant defined. An inline task would pick its own
       tools, model, prompt and hosts, and no ``agent:NAME`` rule, agent cap or agent stop would
-      ever apply to it; the agent's version fixes those."""
+      ever apply to it; the agent's version fixes those.
+    - ``workspace.allow_hosts``, ``workspace.git``: the hosts a task's shell reaches (and a clone
+      contacts) are the agent's to fix, and an agent with ``shell`` but no workspace of its own
+      gets a default one, which a token's hosts would open to the network. Its starting files
+      (``files``, ``upload``) and limits are the user's."""
     if caller.bound and submission.memory:
         raise Forbidden(
             "memory: a memory store is the tenant's, shared by all its users' tasks; a user's token may not "
             "attach one (an agent the tenant defined with the store attached brings it)",
             field="memory",
         )
+    sent = submission.workspace.model_fields_set if caller.bound and submission.workspace is not None else set()
+    for field in ("allow_hosts", "git"):
+        if field in sent:
+            raise Forbidden(
+                f"workspace.{field}: the hosts a task reaches are its agent's; a user's token may not name any "
+                "(its starting files may be sent: workspace.files, workspace.upload)",
+                field=f"workspace.{field}",
+            )
     if caller.bound and submission.agent is None:
         raise Forbidden(
             "agent: a user's token runs the agents its tenant defined: name one (agent: NAME, GET /agents lists "
