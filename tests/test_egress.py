@@ -91,6 +91,25 @@ def ask(proxy: EgressProxy, head: bytes) -> bytes:
         return until_closed(sock)
 
 
+def upstream_once(reply: bytes) -> tuple[int, list[bytes]]:
+    """A server on a free port that reads one request head, notes it, answers ``reply`` and
+    closes: (its port, the heads it saw)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    seen: list[bytes] = []
+
+    def answer_once() -> None:
+        conn, _ = server.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            seen.append(data)
+            conn.sendall(reply)
+
+    threading.Thread(target=answer_once, daemon=True).start()
+    return server.getsockname()[1], seen
+
+
 def connect_head(host: str, port: int) -> bytes:
     return f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
 
@@ -210,20 +229,7 @@ def test_a_malformed_request_is_answered_400_naming_the_problem(
 def test_an_absolute_url_request_reaches_the_allowed_host_as_origin_form_with_connection_close(
     make_proxy: Callable[..., EgressProxy],
 ) -> None:
-    server = socket.create_server(("127.0.0.1", 0))
-    port = server.getsockname()[1]
-    seen: list[bytes] = []
-
-    def answer_once() -> None:
-        conn, _ = server.accept()
-        with conn:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                data += conn.recv(65536)
-            seen.append(data)
-            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\nhello")
-
-    threading.Thread(target=answer_once, daemon=True).start()
+    port, seen = upstream_once(b"HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\nhello")
     proxy = make_proxy([f"127.0.0.1:{port}"])
     answer = ask(
         proxy,
@@ -283,20 +289,7 @@ def test_a_bare_cr_or_lf_a_control_character_a_bad_method_or_version_is_answered
 
 
 def test_a_tab_in_a_header_value_is_passed_on(make_proxy: Callable[..., EgressProxy]) -> None:
-    server = socket.create_server(("127.0.0.1", 0))
-    port = server.getsockname()[1]
-    seen: list[bytes] = []
-
-    def answer_once() -> None:
-        conn, _ = server.accept()
-        with conn:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                data += conn.recv(65536)
-            seen.append(data)
-            conn.sendall(b"HTTP/1.0 204 No Content\r\n\r\n")
-
-    threading.Thread(target=answer_once, daemon=True).start()
+    port, seen = upstream_once(b"HTTP/1.0 204 No Content\r\n\r\n")
     proxy = make_proxy([f"127.0.0.1:{port}"])
     answer = ask(proxy, f"GET http://127.0.0.1:{port}/ HTTP/1.0\r\nAccept: a\tb\r\n\r\n".encode())
     assert answer.startswith(b"HTTP/1.0 204 "), answer
