@@ -9,8 +9,6 @@ of tests/vault_support.py, run by the engine."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,24 +18,15 @@ from agentq.core.tools import ToolContext, tool
 from agentq.core.tools._core import MAX_ERROR_CHARS, MAX_RESULT_CHARS
 from agentq.core.tools.fetch import LONGEST_SPELLING, READ_PAST, redacted_cut
 from agentq.core.vault import MAX_VALUE_BYTES, Credential
-from agentq.core.vault_crypto import EnvelopeCipher, LocalDataKeys
+from agentq.core.vault_crypto import EnvelopeCipher
 from agentq.observe.redaction import MIN_CHARS, REDACTED, REDACTOR, spellings
 from agentq.storage.container import Storage, memory_storage
 
 from tests.helpers import scripted
 from tests.test_vault import _engine, _marker, _put, _results, _use
-from tests.vault_support import EchoServer, echo_server
-
-
-@pytest.fixture
-def cipher(tmp_path: Path) -> EnvelopeCipher:
-    return EnvelopeCipher(LocalDataKeys.from_file(tmp_path / "vault.key"))
-
-
-@pytest.fixture
-def echo() -> Iterator[EchoServer]:
-    with echo_server() as server:
-        yield server
+from tests.test_vault import cipher as cipher  # the fixtures
+from tests.test_vault import echo as echo
+from tests.vault_support import EchoServer
 
 
 def _echo(url: str, ctx: ToolContext) -> str:
