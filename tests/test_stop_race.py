@@ -24,6 +24,7 @@ import pytest
 
 from agentq.control import operations, stops
 from agentq.control.submit import submit
+from agentq.core.errors import IllegalTransition
 from agentq.core.models import Task, TaskStatus, TaskSubmission
 from agentq.core.stops import ScopeStopped, StopScope
 from agentq.runtime import build_fanout, build_registry
@@ -227,5 +228,8 @@ def test_a_stop_killed_after_its_marks_leaves_its_scope_fenced_and_its_tasks_del
             assert record.number <= at_mark[task_id]
     assert stops.stop(store, tenant, ALICE, by="test", queues=queues).cancelled == []
     assert store.tasks.get(bob).status in (TaskStatus.RUNNING, TaskStatus.SUCCEEDED)  # never marked
-    operations.cancel(store, bob, tenant=tenant, queues=queues)
+    try:
+        operations.cancel(store, bob, tenant=tenant, queues=queues)
+    except IllegalTransition:  # under load its 30 turns may be done by now
+        assert store.tasks.get(bob).status is TaskStatus.SUCCEEDED
     stops.resume(store, tenant, ALICE)
