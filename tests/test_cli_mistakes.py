@@ -125,6 +125,8 @@ def test_a_wait_timeout_not_above_0_or_without_wait_is_refused_naming_it_before_
      pytest.param(["worker", "--admission-floor", "-1"], "argument --admission-floor: must be >= 0", id="floor-neg"),
      pytest.param(["worker", "--lease", "3", "--heartbeat", "3"], "--heartbeat (3 s) must be below --lease (3 s)",
                   id="heartbeat-not-below-lease"),
+     pytest.param(["worker", "--lease", "9", "--heartbeat", "4"], "--visibility (4 s) must be above --heartbeat (4 s)",
+                  id="visibility-not-above-heartbeat"),
      pytest.param(["run-task", "t-1", "--lease", "0"], "argument --lease: must be a number of seconds above 0",
                   id="run-task-lease-0"),
      pytest.param(["run-task", "t-1", "--wait", "-1"], "argument --wait: must be a number of seconds above 0",
@@ -133,7 +135,9 @@ def test_a_wait_timeout_not_above_0_or_without_wait_is_refused_naming_it_before_
 def test_a_worker_or_run_task_setting_out_of_its_range_is_refused_naming_it_before_anything_runs(
     cli: Callable[..., Ran], args: list[str], said: str
 ) -> None:
-    """No worker starts: without the checks a concurrency of -4, a lease of -3 s or a heartbeat
-    as long as the lease were taken as they came, and the worker ran with them."""
+    """No worker starts: without the checks a concurrency of -4, a lease of -3 s, a heartbeat
+    as long as the lease or a message's visibility no longer than a heartbeat (a received
+    message not yet claimed showed to the other workers between beats) were taken as they
+    came, and the worker ran with them."""
     ran = cli(*args, env={"AWS_ENDPOINT_URL": NOWHERE})  # were anything to start, AWS would not answer
     assert ran.returncode == 2 and said in ran.stderr, ran.stderr

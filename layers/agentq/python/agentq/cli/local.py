@@ -144,6 +144,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     if args.heartbeat >= args.lease:  # its peers would hand its tasks on while it lives
         raise UsageError(f"--heartbeat ({args.heartbeat:g} s) must be below --lease ({args.lease:g} s): a worker "
                          "renews its liveness within its lease", field="heartbeat")  # fmt: skip
+    if args.visibility <= args.heartbeat:  # a message it received, not yet claimed, would show to its peers
+        raise UsageError(f"--visibility ({args.visibility} s) must be above --heartbeat ({args.heartbeat:g} s): each "
+                         "heartbeat hides a received message for --visibility seconds", field="visibility")  # fmt: skip
     configure_process_logging(logging.INFO if args.verbose else None)  # JSON with AGENTQ_LOG_FORMAT=json
     config = WorkerConfig(
         concurrency=args.concurrency,
