@@ -400,3 +400,40 @@ def test_a_token_names_no_host_for_its_agents_shell_even_when_the_agent_defines_
     hosts = {"allow_hosts": ["example.com"]}
     status, answer, _ = api.http("POST", "/tasks", {"goal": "g", "agent": "sh", "workspace": hosts}, key=key)
     assert status == 202, answer
+
+
+SLOW_TURN = {"turns": [{"text": "zzz", "latency_seconds": 20}]}  # a task that runs while the test looks
+
+
+def _cancel_all(api: ApiStack, key: str, task_ids: list[str]) -> None:
+    for task_id in task_ids:  # the slow tasks' workers are the shared stack's: give them back
+        api.http("POST", f"/tasks/{task_id}/cancel", key=key)
+
+
+def test_an_end_users_token_may_not_set_a_concurrency_key_and_changes_nothing(api_stack: ApiStack) -> None:
+    """A concurrency key's slots are the tenant's, shared by every user's tasks: with its own key
+    (or its agent's) and ``cancel_running`` a token's task cancelled every other user's task
+    holding it, and ``skip`` told it whether anyone held a key. Any ``concurrency`` from a token,
+    ``null`` too (which would drop its agent's), is 403 naming the field with nothing created;
+    bob's task holding the agent's key runs on, and mallory's task waits on the agent's key."""
+    api, tenant = api_stack, f"eu-ckey-{uuid.uuid4().hex[:6]}"
+    key = api.stack.create_api_key(tenant)
+    bob, mallory = api.stack.token(user="bob", tenant=tenant), api.stack.token(user="mallory", tenant=tenant)
+    made = {"name": "pool", "provider": "scripted", "script": SLOW_TURN, "concurrency": {"key": "pool", "limit": 1}}
+    assert api.http("POST", "/agents", made, key=key)[0] == 201
+    bobs = api.submit({"goal": "g", "agent": "pool"}, key=bob)
+    api.until(bobs, lambda v: v["status"] == "running", key=bob)
+    try:
+        for concurrency in ({"key": "pool", "limit": 1, "on_conflict": "cancel_running"},
+                            {"key": "customer-42", "limit": 1, "on_conflict": "skip"}, None):  # fmt: skip
+            body = {"goal": "g", "agent": "pool", "concurrency": concurrency}
+            status, answer, _ = api.http("POST", "/tasks", body, key=mallory)
+            assert status == 403, (concurrency, answer)  # without the check: 202, and bob's task cancelled
+            assert (answer["error"]["code"], answer["error"]["field"]) == ("forbidden", "concurrency"), answer
+        assert [t["task_id"] for t in _tenant_tasks(api, tenant)] == [bobs]  # nothing created
+        assert api.http("GET", f"/tasks/{bobs}", key=bob)[1]["status"] == "running"
+        mine = api.submit({"goal": "g", "agent": "pool"}, key=mallory)
+        view = api.until(mine, lambda v: "concurrency key 'pool'" in (v["activity"] or ""), key=mallory)
+        assert view["status"] == "queued", view
+    finally:
+        _cancel_all(api, key, [t["task_id"] for t in _tenant_tasks(api, tenant)])

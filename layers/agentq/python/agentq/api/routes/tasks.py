@@ -34,6 +34,13 @@ from agentq.core.endusers import Caller
 from agentq.core.errors import TaskNotFound, ValidationError
 from agentq.core.models import TaskStatus, TaskSubmission
 
+# Fields a submission may set that its agent's version otherwise brings, and that act beyond the
+# user: a token may not set them (nor send them as null, which would drop the agent's).
+TENANT_FIELDS = {
+    "concurrency": "a concurrency key is the tenant's, its slots shared by every user's tasks: a user's token may "
+    "not name one (its agent's applies), or its task would wait on, skip on or cancel other users' tasks",
+}
+
 
 def check_user_submission(caller: Caller, submission: TaskSubmission) -> None:
     """What a caller acting as one end user (a token's) may not put in a submission, because it
@@ -47,7 +54,9 @@ def check_user_submission(caller: Caller, submission: TaskSubmission) -> None:
     - ``workspace.allow_hosts``, ``workspace.git``: the hosts a task's shell reaches (and a clone
       contacts) are the agent's to fix, and an agent with ``shell`` but no workspace of its own
       gets a default one, which a token's hosts would open to the network. Its starting files
-      (``files``, ``upload``) and limits are the user's."""
+      (``files``, ``upload``) and limits are the user's.
+    - the fields its agent's version brings for the tenant (``TENANT_FIELDS``), even as ``null``
+      (which would take the agent's away)."""
     if caller.bound and submission.memory:
         raise Forbidden(
             "memory: a memory store is the tenant's, shared by all its users' tasks; a user's token may not "
@@ -68,6 +77,9 @@ def check_user_submission(caller: Caller, submission: TaskSubmission) -> None:
             "them); an inline task would be outside the agent's rules, caps and stops",
             field="agent",
         )
+    for field, why in TENANT_FIELDS.items():
+        if caller.bound and field in submission.model_fields_set:
+            raise Forbidden(f"{field}: {why}", field=field)
 
 
 def router(deps: ApiDeps) -> Router:
