@@ -39,6 +39,8 @@ from agentq.core.models import TaskStatus, TaskSubmission
 TENANT_FIELDS = {
     "concurrency": "a concurrency key is the tenant's, its slots shared by every user's tasks: a user's token may "
     "not name one (its agent's applies), or its task would wait on, skip on or cancel other users' tasks",
+    "outcome": "an outcome is its agent's quality gate: a user's token may not replace it, lower its bar or pick "
+    "the grading model and its prompt (its agent's outcome applies)",
 }
 
 
