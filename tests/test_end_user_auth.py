@@ -12,6 +12,7 @@ API keys, on the local stack (``agentq dev --auth``):
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 import uuid
 from typing import Any
@@ -22,6 +23,7 @@ from agentq_dev.oidc_issuer import LocalIssuer, mint
 
 from tests.api_support import SCRIPTED, ApiStack
 from tests.helpers import call
+from tests.webhook_receiver import Receiver
 
 
 def _tenant_tasks(api: ApiStack, tenant: str) -> list[dict[str, Any]]:
@@ -466,3 +468,37 @@ def test_an_end_users_token_may_not_set_an_outcome_so_its_agents_quality_gate_ho
     task_id = api.submit({"goal": "g", "agent": "gated"}, key=token)
     view = api.until(task_id, lambda v: v["status"] in ("succeeded", "failed", "failed_outcome"), key=token)
     assert view["status"] == "failed_outcome" and view["grade"]["bar"] == 0.9, view
+
+
+def test_an_end_users_token_may_not_redirect_or_drop_its_agents_callback(
+    api_stack: ApiStack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent's ``notify`` is the tenant's backend's callback, signed with the tenant's secret;
+    a submission's took precedence, so a token sent it, signed, to a server of its own (or
+    dropped it: ``null``). 403 naming ``notify``, nothing created, nothing posted; its task's end
+    is posted to the agent's URL."""
+    api, tenant = api_stack, f"eu-hook-{uuid.uuid4().hex[:6]}"
+    backend, attacker = Receiver(path="/tenant-backend"), Receiver(path="/attacker")
+    try:
+        ports = [r.server.server_address[1] for r in (backend, attacker)]
+        monkeypatch.setenv("AGENTQ_WEBHOOK_ALLOW", ",".join(f"127.0.0.1:{p}" for p in ports))  # dev receivers
+        key = api.stack.create_api_key(tenant)
+        token = api.stack.token(user="mallory", tenant=tenant)
+        made = {"name": "hooked", "provider": "scripted", "script": SCRIPTED["script"], "notify": {"url": backend.url}}
+        assert api.http("POST", "/agents", made, key=key)[0] == 201
+        for notify in ({"url": attacker.url}, None):
+            body = {"goal": "g", "agent": "hooked", "notify": notify}
+            status, answer, _ = api.http("POST", "/tasks", body, key=token)
+            assert status == 403, (notify, answer)  # without the check: 202, the end posted to the attacker
+            assert (answer["error"]["code"], answer["error"]["field"]) == ("forbidden", "notify"), answer
+        assert _tenant_tasks(api, tenant) == []
+        task_id = api.submit({"goal": "g", "agent": "hooked"}, key=token)
+        api.until(task_id, lambda v: v["status"] == "succeeded", key=token)
+        deadline = time.monotonic() + 30
+        while not backend.taken() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [body["task_id"] for _, body in backend.taken()] == [task_id]
+        assert attacker.received == []
+    finally:
+        backend.server.shutdown()
+        attacker.server.shutdown()

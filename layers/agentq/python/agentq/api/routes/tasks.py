@@ -41,6 +41,8 @@ TENANT_FIELDS = {
     "not name one (its agent's applies), or its task would wait on, skip on or cancel other users' tasks",
     "outcome": "an outcome is its agent's quality gate: a user's token may not replace it, lower its bar or pick "
     "the grading model and its prompt (its agent's outcome applies)",
+    "notify": "a callback is its agent's, signed with the tenant's secret for the tenant's backend: a user's token "
+    "may not send it elsewhere or drop it (its agent's applies)",
 }
 
 
