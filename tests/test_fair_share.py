@@ -47,10 +47,12 @@ def _dispatcher(store: Storage, queues: TaskQueues, registry: Any, limit: int | 
     return build_dispatcher(engine, store, queues, max_receive_count=5, default_max_running=limit)
 
 
-def _submit(store: Storage, tenant: str, concurrency: dict[str, Any] | None = None) -> Task:
+def _submit(store: Storage, tenant: str, concurrency: dict[str, Any] | None = None, user: str | None = None) -> Task:
     submission = scripted([{"text": "done"}])
     if concurrency is not None:
         submission = TaskSubmission.model_validate({**submission.model_dump(), "concurrency": concurrency})
+    if user is not None:
+        submission = submission.model_copy(update={"user": user})
     return store.tasks.create(submission, tenant=tenant)
 
 
@@ -152,6 +154,40 @@ def test_a_key_at_its_limit_with_cancel_running_cancels_the_holder_and_runs_once
     _handle(dispatcher, new.task_id)
     assert store.tasks.get(new.task_id).status is TaskStatus.SUCCEEDED
     assert store.slots.holders("shop2", "customer-7") == []
+
+
+def test_a_task_acting_for_an_end_user_cancels_only_its_own_users_holders_and_waits_for_the_others_slot(
+    store: Storage, queues: TaskQueues, registry: Any
+) -> None:
+    """A key's slots are the tenant's, shared by every end user's tasks (an agent's key is every
+    user's of that agent): alice's ``cancel_running`` cancelled bob's task and the tenant's own
+    too. Now it cancels alice's holder only; bob's and the tenant's (acting for no user) run on,
+    and alice's new task waits queued, first in the key's line, for a slot to free by itself."""
+    dispatcher = _dispatcher(store, queues, registry, limit=None)
+    _received(queues)
+    key = {"key": "support-pool", "limit": 3, "on_conflict": "cancel_running"}
+    bobs, tenants, alices = (_submit(store, "pool", key, user="bob"), _submit(store, "pool", key),
+                             _submit(store, "pool", key, user="alice"))  # fmt: skip
+    for holder in (bobs, tenants, alices):
+        _mid_run(dispatcher, holder)
+    new = _submit(store, "pool", key, user="alice")
+    assert "waits queued" in _handle(dispatcher, new.task_id).reason
+    statuses = {t.task_id: store.tasks.get(t.task_id).status for t in (bobs, tenants, alices)}
+    assert statuses == {bobs.task_id: TaskStatus.RUNNING, tenants.task_id: TaskStatus.RUNNING,
+                        alices.task_id: TaskStatus.CANCELLED}  # fmt: skip
+    dispatcher.fair.release(alices.task_id)  # alice's cancelled task stops: its slot is the new one's
+    assert sorted(store.slots.holders("pool", "support-pool")) == sorted([bobs.task_id, tenants.task_id, new.task_id])
+    assert _received_ids(queues) == [new.task_id]
+    # A key bob's task alone holds: alice's cancels nothing and waits for bob's slot.
+    desk = {**key, "key": "desk", "limit": 1}
+    bobs, alices = _submit(store, "pool", desk, user="bob"), _submit(store, "pool", desk, user="alice")
+    _mid_run(dispatcher, bobs)
+    assert "waits queued" in _handle(dispatcher, alices.task_id).reason
+    assert store.tasks.get(bobs.task_id).status is TaskStatus.RUNNING
+    store.tasks.transition(bobs.task_id, TaskStatus.SUCCEEDED)  # bob's task ends by itself
+    dispatcher.fair.release(bobs.task_id)  # and gives its slot back: to alice's
+    assert store.slots.holders("pool", "desk") == [alices.task_id]
+    assert _received_ids(queues) == [alices.task_id]
 
 
 def test_cancel_running_takes_the_slot_it_freed_ahead_of_the_keys_waiters_and_of_a_later_submission(

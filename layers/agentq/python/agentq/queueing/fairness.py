@@ -28,6 +28,16 @@ key's line (ahead of the tasks already waiting on the key) and then cancels the 
 tasks, which wake it as they stop: parked before the cancel, no release can miss it. The cancel
 is ``control``'s (``control.operations.cancel``), handed in as ``cancel`` (``queueing.ports``).
 
+A key's slots are its tenant's, shared by every end user's tasks, so a task acting for an end
+user cancels only that user's holders (``_cancel_holders``): a holder acting for another user, or
+for none (the tenant's own), runs on, and the new task waits for its slot as it parked, first in
+the key's line, until that holder stops by itself; that is ``queue`` with its place in line, the
+only thing ``cancel_running`` still gives it over another user's task. A user's ``skip`` is left
+as it is: it tells that user the key is full, whoever holds it. A user's token names no key of
+its own (``api.routes.tasks.check_user_submission``), so the key is one its agent's version carries: the tenant chose
+to share it between its users, and ``skip`` on it (the agent's "busy: do not run twice") answers
+whether the agent's key is full, never who holds it or which key another user's task names.
+
 A key's freed slot is handed off: the releaser admits the waiter it wakes before sending its
 message (``_hand_off``, as the fleet's waker does), so the slot is the woken task's from the
 moment it frees, and no submission arriving before that message is read takes it. Without
@@ -267,6 +277,9 @@ class FairShare:
         return True
 
     def _cancel_holders(self, task: Task) -> None:
+        """Cancel the tasks holding ``task``'s key (its ``cancel_running``); for a task acting
+        for an end user, only that user's (see the module): the others run on, and ``task``
+        waits, parked, for the slot one of them gives back when it stops."""
         concurrency = task.submission.concurrency
         assert concurrency is not None
         assert self.cancel is not None  # _admit checked, before the park
@@ -274,6 +287,10 @@ class FairShare:
             if holder == task.task_id:
                 continue
             try:
+                if task.user is not None and self.store.tasks.get(holder).user != task.user:
+                    log.info("task %s of user %s leaves task %s of another user (or of none) holding key %r",
+                             task.task_id, task.user, holder, concurrency.key)  # fmt: skip
+                    continue
                 self.cancel(self.store, holder, tenant=task.tenant, queues=self.queues, slots=self.slots,
                        reason=f"cancelled by task {task.task_id} (concurrency key {concurrency.key!r})")  # fmt: skip
             except IllegalTransition:
