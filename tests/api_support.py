@@ -53,7 +53,7 @@ class ApiStack:
 
     def greeter(self, tenant: str) -> dict[str, Any]:
         """What an end user's token submits to run SCRIPTED: a token runs the agents its tenant
-        defined (api.routes.tasks.check_user_submission), so ``tenant`` gets the agent
+        defined (api.user_submission.check_user_submission), so ``tenant`` gets the agent
         ``greeter`` (once) and this is a submission naming it."""
         key = self.stack.create_api_key(tenant)
         made = {"name": "greeter", "provider": "scripted", "script": SCRIPTED["script"]}

@@ -19,6 +19,10 @@ from typing import Any
 
 import pytest
 
+from agentq.api.models import ConstraintsPatch, ForkRequest
+from agentq.api.user_submission import USER_CONSTRAINTS, USER_FIELDS, USER_FORK_FIELDS, USER_WORKSPACE
+from agentq.core.models import Constraints, TaskSubmission
+from agentq.core.workspace import WorkspaceSpec
 from agentq_dev.oidc_issuer import LocalIssuer, mint
 
 from tests.api_support import SCRIPTED, ApiStack
@@ -502,3 +506,91 @@ def test_an_end_users_token_may_not_redirect_or_drop_its_agents_callback(
     finally:
         backend.server.shutdown()
         attacker.server.shutdown()
+
+
+# Every field of a submission a token may not set (``api.user_submission``: anything off its
+# allow-list), each with a value the body's own validation takes, so the answer is the token's
+# rule and not a 422, and ``null`` where it would drop what the agent brings; and the field the
+# 403 names. A key naming an agent gets a 422 for some (the agent defines them), 202 for others.
+REFUSED: list[tuple[dict[str, Any], str]] = [
+    ({"system": "obey me"}, "system"),
+    ({"provider": "anthropic"}, "provider"),
+    ({"model": "claude-opus-4-1"}, "model"),
+    ({"script": {"turns": [{"text": "x"}]}}, "script"),
+    ({"fallbacks": [{"provider": "anthropic", "model": "claude-opus-4-1"}]}, "fallbacks"),
+    ({"mcp_tools": [{"server": "s", "name": "t", "input_schema": {}}]}, "mcp_tools"),
+    ({"remote_agents": [{"name": "r", "card_url": "https://example.com/card", "host": "example.com"}]},
+     "remote_agents"),
+    ({"output_schema": {"type": "object"}}, "output_schema"),
+    ({"memory": [{"store": "faq", "access": "read_only"}]}, "memory"),
+    ({"memory": []}, "memory"),
+    ({"notify": {"url": "https://example.com/hook"}}, "notify"),
+    ({"notify": None}, "notify"),
+    ({"concurrency": {"key": "customer-42", "on_conflict": "cancel_running"}}, "concurrency"),
+    ({"concurrency": None}, "concurrency"),
+    ({"outcome": {"rubric": "anything passes", "bar": 0.0}}, "outcome"),
+    ({"outcome": None}, "outcome"),
+    ({"online": {"alias": "prod", "grade": {"rubric": "r"}}}, "online"),
+    ({"constraints": {"max_steps": 5, "tools": ["shell"]}}, "constraints.tools"),
+    ({"constraints": {"tool_policies": {"shell": "allow"}}}, "constraints.tool_policies"),
+    ({"workspace": {"allow_hosts": ["example.com"]}}, "workspace.allow_hosts"),
+    ({"workspace": {"git": {"url": "https://example.com/x.git"}}}, "workspace.git"),
+    ({"workspace": {"base": {"manifest": "0" * 64}}}, "workspace.base"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("change", "field"), REFUSED, ids=[f"{f}={json.dumps(c)[:40]}" for c, f in REFUSED])
+def test_a_tokens_submission_sets_only_what_its_allow_list_names_anything_else_is_a_403_naming_it(
+    api_stack: ApiStack, change: dict[str, Any], field: str
+) -> None:
+    """Fail-closed: a token runs an agent its tenant defined, as its user, and may set only the
+    fields of its own task ``api.user_submission`` lists; every other field of a submission (its
+    agent's, its tenant's, a spawn's or an alias's) is 403 ``forbidden`` naming it, ``null``
+    included, and nothing is created."""
+    api, tenant = api_stack, f"eu-allow-{uuid.uuid4().hex[:6]}"
+    greeter = api.greeter(tenant)
+    token = api.stack.token(user="mallory", tenant=tenant)
+    status, answer, _ = api.http("POST", "/tasks", {**greeter, **change}, key=token)
+    assert status == 403, answer
+    assert (answer["error"]["code"], answer["error"]["field"]) == ("forbidden", field), answer
+    assert _tenant_tasks(api, tenant) == []
+
+
+def test_a_token_may_set_every_field_of_its_own_task_its_allow_list_names_and_the_task_runs(
+    api_stack: ApiStack,
+) -> None:
+    """What the allow-list keeps a token's: its goal, its own user, budgets and limits (every one
+    of ``USER_CONSTRAINTS``), priority, what its messages do, its own tasks as dependencies, its
+    labels, and its workspace's starting files and limits. All at once: 202, and the task runs."""
+    api, tenant = api_stack, f"eu-own-{uuid.uuid4().hex[:6]}"
+    greeter = api.greeter(tenant)
+    token = api.stack.token(user="alice", tenant=tenant)
+    first = api.submit(greeter, key=token)
+    limits = {"max_tokens": 50_000, "max_cost_usd": 1.5, "max_steps": 5, "timeout_seconds": 600,
+              "max_output_tokens": 2048, "max_depth": 1, "max_fanout": 2, "approval_timeout_seconds": 60,
+              "approval_default": "reject", "context_threshold": 0.5, "keep_tool_results": 3, "economy": False,
+              "compaction": "off", "thinking_budget_tokens": 1024, "effort": "low"}  # fmt: skip
+    assert set(limits) == USER_CONSTRAINTS
+    files = {"files": [{"path": "a.txt", "content_b64": "aGk="}], "max_bytes": 100_000, "max_files": 10}
+    body = {**greeter, "user": "alice", "constraints": limits, "priority": "low", "double_texting": "reject",
+            "depends_on": [first], "metadata": {"project": "x"}, "workspace": files}  # fmt: skip
+    assert set(body) == set(USER_FIELDS)
+    task_id = api.submit(body, key=token)
+    view = api.until(task_id, lambda v: v["status"] in ("succeeded", "failed", "cancelled"), key=token)
+    assert view["status"] == "succeeded" and view["user"] == "alice" and view["metadata"] == {"project": "x"}
+
+
+def test_every_field_a_token_could_send_is_on_its_allow_list_or_refused_above() -> None:
+    """A field added to a submission, its constraints or workspace, or a fork is refused to a
+    token until it is listed (the check is an allow-list); this makes whoever adds one decide,
+    here, whether a token may set it, and keeps REFUSED (the proof of each refusal) complete."""
+    refused = {field for _, field in REFUSED}
+    top = {field for field in refused if "." not in field}
+    assert set(TaskSubmission.model_fields) == set(USER_FIELDS) | top and set(USER_FIELDS).isdisjoint(top)
+    constraints = {f"constraints.{f}" for f in Constraints.model_fields} - refused
+    assert constraints == {f"constraints.{f}" for f in USER_CONSTRAINTS}
+    workspace = {f"workspace.{f}" for f in WorkspaceSpec.model_fields} - refused
+    assert workspace == {f"workspace.{f}" for f in USER_WORKSPACE}
+    # A fork's refusals: test_a_tokens_fork_keeps_its_agents_tools_prompt_and_model
+    assert set(ForkRequest.model_fields) == {"at_step", *USER_FORK_FIELDS, "provider", "model", "script", "system"}
+    assert set(ConstraintsPatch.model_fields) - USER_CONSTRAINTS == {"tools"}

@@ -34,7 +34,7 @@ for none (the tenant's own), runs on, and the new task waits for its slot as it 
 the key's line, until that holder stops by itself; that is ``queue`` with its place in line, the
 only thing ``cancel_running`` still gives it over another user's task. A user's ``skip`` is left
 as it is: it tells that user the key is full, whoever holds it. A user's token names no key of
-its own (``api.routes.tasks.check_user_submission``), so the key is one its agent's version carries: the tenant chose
+its own (``api.user_submission``), so the key is one its agent's version carries: the tenant chose
 to share it between its users, and ``skip`` on it (the agent's "busy: do not run twice") answers
 whether the agent's key is full, never who holds it or which key another user's task names.
 

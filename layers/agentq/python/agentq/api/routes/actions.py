@@ -15,9 +15,10 @@ from aws_lambda_powertools.event_handler.openapi.params import Body
 
 from agentq import observe
 from agentq.api import views
-from agentq.api.errors import JSON, Forbidden, responses
+from agentq.api.errors import JSON, responses
 from agentq.api.models import BudgetRequest, CancelResult, DecisionRequest, ForkRequest, TaskView
 from agentq.api.routes.common import ApiDeps, F, Router, TaskId, builtin_script_only, visible
+from agentq.api.user_submission import user_fork
 from agentq.control import operations as control
 
 NO_NOTE = DecisionRequest()  # approve/reject without a body
@@ -44,24 +45,6 @@ def action(
         tags=["control"],
         responses=responses(ok, TaskView, *BODY_ERRORS, *errors, description=ok_description),
     )
-
-
-USER_FORK_FIXED = ("provider", "model", "script", "system")  # what the task's agent, or the tenant, chose
-
-
-def user_fork(request: ForkRequest) -> None:
-    """A token forks its task as its agent defined it (``api.routes.tasks.check_user_submission``):
-    a new provider, model, script, system prompt or tool list would take the fork out of what the
-    tenant gave the user (403 ``forbidden`` naming the field); budgets and priority may change."""
-    changed = request.overrides()
-    named = [f for f in USER_FORK_FIXED if f in changed]
-    named += ["constraints.tools"] if "tools" in (changed.get("constraints") or {}) else []
-    if named:
-        raise Forbidden(
-            f"{named[0]}: a user's token forks its task as its agent defined it; it may change budgets, "
-            "limits and priority, not the provider, model, script, system prompt or tools",
-            field=named[0],
-        )
 
 
 def router(deps: ApiDeps) -> Router:

@@ -12,7 +12,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Body, Header, Que
 
 from agentq import observe
 from agentq.api import views
-from agentq.api.errors import JSON, Forbidden, responses
+from agentq.api.errors import JSON, responses
 from agentq.api.models import (
     DEFAULT_PAGE_SIZE,
     DEFAULT_TRACE_PAGE,
@@ -29,61 +29,10 @@ from agentq.api.models import (
 )
 from agentq.api.routes.common import ApiDeps, PageCursor, Router, TaskId, builtin_script_only, user_query
 from agentq.api.run_diff import compare_tasks
+from agentq.api.user_submission import check_user_submission
 from agentq.control.submit import request_hash, submit_once
-from agentq.core.endusers import Caller
 from agentq.core.errors import TaskNotFound, ValidationError
 from agentq.core.models import TaskStatus, TaskSubmission
-
-# Fields a submission may set that its agent's version otherwise brings, and that act beyond the
-# user: a token may not set them (nor send them as null, which would drop the agent's).
-TENANT_FIELDS = {
-    "concurrency": "a concurrency key is the tenant's, its slots shared by every user's tasks: a user's token may "
-    "not name one (its agent's applies), or its task would wait on, skip on or cancel other users' tasks",
-    "outcome": "an outcome is its agent's quality gate: a user's token may not replace it, lower its bar or pick "
-    "the grading model and its prompt (its agent's outcome applies)",
-    "notify": "a callback is its agent's, signed with the tenant's secret for the tenant's backend: a user's token "
-    "may not send it elsewhere or drop it (its agent's applies)",
-}
-
-
-def check_user_submission(caller: Caller, submission: TaskSubmission) -> None:
-    """What a caller acting as one end user (a token's) may not put in a submission, because it
-    would reach past that user or the tenant's rules (403 ``forbidden`` naming the field):
-
-    - ``memory``: a memory store is the tenant's, shared by every user's tasks (docs/MEMORY.md),
-      so a token attaches none itself; an agent the tenant defined with a store brings it.
-    - ``agent``: a token runs the agents its tenant defined. An inline task would pick its own
-      tools, model, prompt and hosts, and no ``agent:NAME`` rule, agent cap or agent stop would
-      ever apply to it; the agent's version fixes those.
-    - ``workspace.allow_hosts``, ``workspace.git``: the hosts a task's shell reaches (and a clone
-      contacts) are the agent's to fix, and an agent with ``shell`` but no workspace of its own
-      gets a default one, which a token's hosts would open to the network. Its starting files
-      (``files``, ``upload``) and limits are the user's.
-    - the fields its agent's version brings for the tenant (``TENANT_FIELDS``), even as ``null``
-      (which would take the agent's away)."""
-    if caller.bound and submission.memory:
-        raise Forbidden(
-            "memory: a memory store is the tenant's, shared by all its users' tasks; a user's token may not "
-            "attach one (an agent the tenant defined with the store attached brings it)",
-            field="memory",
-        )
-    sent = submission.workspace.model_fields_set if caller.bound and submission.workspace is not None else set()
-    for field in ("allow_hosts", "git"):
-        if field in sent:
-            raise Forbidden(
-                f"workspace.{field}: the hosts a task reaches are its agent's; a user's token may not name any "
-                "(its starting files may be sent: workspace.files, workspace.upload)",
-                field=f"workspace.{field}",
-            )
-    if caller.bound and submission.agent is None:
-        raise Forbidden(
-            "agent: a user's token runs the agents its tenant defined: name one (agent: NAME, GET /agents lists "
-            "them); an inline task would be outside the agent's rules, caps and stops",
-            field="agent",
-        )
-    for field, why in TENANT_FIELDS.items():
-        if caller.bound and field in submission.model_fields_set:
-            raise Forbidden(f"{field}: {why}", field=field)
 
 
 def router(deps: ApiDeps) -> Router:

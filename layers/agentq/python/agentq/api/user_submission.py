@@ -1,0 +1,138 @@
+"""What a caller acting as one end user (a token's, ``core.endusers.Caller.bound``) may put in
+the task it starts: an allow-list. A token runs an agent its tenant defined, as its user; every
+field it may set is named here with why it stays within that user's own task, and any other field
+(one added to ``TaskSubmission`` later included) is a 403 ``forbidden`` naming it, nothing
+created. A field sent as ``null`` is set too: ``null`` would drop what the agent brings (its
+callback, its quality gate, its concurrency key).
+
+``POST /tasks`` checks a submission here (``check_user_submission``); a fork's overrides are
+checked the same way (``user_fork``); the A2A and MCP servers, which build the submission of a
+call themselves, pass it through ``check_user_submission`` as well, so a field they come to send
+later answers to the same list.
+
+Why each refused field would reach past the user or the agent:
+
+- ``agent`` unset (an inline task): it would pick its own tools, model, prompt and hosts, and no
+  ``agent:NAME`` rule, agent cap or agent stop would apply to it; the agent's version fixes those.
+- ``memory``: a store is the tenant's, shared by every user's tasks (docs/MEMORY.md); an agent
+  the tenant defined with a store brings it.
+- ``workspace.allow_hosts``, ``workspace.git``: the hosts a task's shell reaches (and a clone
+  contacts) are the agent's to fix; an agent with ``shell`` and no workspace of its own gets a
+  default one, which a token's hosts would open to the network. ``workspace.base`` is a spawn's.
+- ``concurrency``: a key's slots are the tenant's, shared by every user's tasks: its own key (or
+  its agent's) with ``cancel_running`` cancelled other users' tasks, and ``skip`` told it whether
+  anyone held a key.
+- ``outcome``: the agent's quality gate; a token's replaced it (a bar of 0) or had a priced model
+  of its choosing grade with a prompt of its own.
+- ``notify``: the agent's callback, signed with the tenant's secret for the tenant's backend; a
+  token's sent it to a server of its own.
+- ``provider``, ``model``, ``system``, ``script``, ``fallbacks``, ``output_schema``,
+  ``mcp_tools``, ``remote_agents``, ``constraints.tools``, ``constraints.tool_policies``: what
+  the agent is (its model, prompt, answer's shape, tools and their policies); ``online``: an
+  alias's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from agentq.api.errors import Forbidden
+from agentq.api.models import ForkRequest
+from agentq.core.agents import DEFINED_BY_AGENT
+from agentq.core.endusers import Caller
+from agentq.core.models import Constraints, TaskSubmission
+from agentq.core.workspace import WorkspaceSpec
+
+# What a token may set, and why each stays within its user's own task.
+USER_FIELDS = {
+    "goal": "what the user asks",
+    "agent": "which of its tenant's agents runs it (required)",
+    "user": "its own (Caller.acting_user refuses another)",
+    "constraints": "its own task's budgets and limits (USER_CONSTRAINTS), under the caps on its user, agent and key",
+    "priority": "its own task's tier among the tenant's (as a fork may change it)",
+    "double_texting": "what its own messages to its own task do",
+    "depends_on": "its own user's tasks (control.submit: only_user)",
+    "metadata": "its own labels, as its goal is its own (a callback carries them: read them as the user's)",
+    "workspace": "its starting files and limits (USER_WORKSPACE)",
+}
+# A budget, a limit, how its own context is kept and how hard its model thinks: the user's own,
+# spent against its caps (an approval's default too: the user may decide its own task's approvals).
+USER_CONSTRAINTS = frozenset(
+    {
+        "max_tokens", "max_cost_usd", "max_steps", "timeout_seconds", "max_output_tokens", "max_depth",
+        "max_fanout", "approval_timeout_seconds", "approval_default", "context_threshold",
+        "keep_tool_results", "economy", "compaction", "thinking_budget_tokens", "effort",
+    }
+)  # fmt: skip
+USER_WORKSPACE = frozenset({"files", "upload", "max_bytes", "max_files"})
+# What a token's fork may change (``ForkRequest``; ``at_step`` is where it forks).
+USER_FORK_FIELDS = frozenset({"constraints", "priority", "metadata"})
+
+_AGENTS = "set by its agent: a user's token runs the agent as its tenant defined it"
+WHY_NOT = {
+    **dict.fromkeys((*DEFINED_BY_AGENT, "output_schema"), _AGENTS),
+    "agent": "a user's token runs the agents its tenant defined: name one (agent: NAME, GET /agents lists them); "
+    "an inline task would be outside the agent's rules, caps and stops",
+    "memory": "a memory store is the tenant's, shared by all its users' tasks; a user's token may not attach one "
+    "(an agent the tenant defined with the store attached brings it)",
+    "workspace.allow_hosts": "the hosts a task reaches are its agent's; a user's token may not name any (its "
+    "starting files may be sent: workspace.files, workspace.upload)",
+    "workspace.git": "the hosts a task reaches are its agent's; a user's token may not name any (its starting "
+    "files may be sent: workspace.files, workspace.upload)",
+    "workspace.base": "set by a spawn (a sub-agent's parent's workspace)",
+    "concurrency": "a concurrency key is the tenant's, its slots shared by every user's tasks: a user's token may "
+    "not name one (its agent's applies), or its task would wait on, skip on or cancel other users' tasks",
+    "outcome": "an outcome is its agent's quality gate: a user's token may not replace it, lower its bar or pick "
+    "the grading model and its prompt (its agent's outcome applies)",
+    "notify": "a callback is its agent's, signed with the tenant's secret for the tenant's backend: a user's token "
+    "may not send it elsewhere or drop it (its agent's applies)",
+    "online": "set by an alias with online evaluation when it samples the task",
+    "constraints.tools": _AGENTS,
+    "constraints.tool_policies": _AGENTS,
+}
+
+
+def _refuse(field: str, allowed: Iterable[str]) -> Forbidden:
+    why = WHY_NOT.get(field, "not a field a user's token may set")
+    return Forbidden(
+        f"{field}: {why}; a user's token may set {', '.join(sorted(allowed))} (its agent defines the rest)",
+        field=field,
+    )
+
+
+def check_user_submission(caller: Caller, submission: TaskSubmission) -> None:
+    """Whether ``caller``, acting as one end user, may send ``submission``: every field it set is
+    on the allow-list (``USER_FIELDS``; within ``constraints``, ``USER_CONSTRAINTS``; within
+    ``workspace``, ``USER_WORKSPACE``), and it names an agent; else 403 ``forbidden`` naming the
+    first field that is not (``memory`` and a workspace's hosts before a missing ``agent``, then
+    the submission's fields in their order, then those within ``constraints`` and ``workspace``).
+    A key's caller (the whole tenant's) may send anything."""
+    if not caller.bound:
+        return
+    sent = submission.model_fields_set
+    limits = submission.constraints.model_fields_set if "constraints" in sent else set()
+    workspace = submission.workspace.model_fields_set if submission.workspace is not None else set()
+    named = ["memory"] if "memory" in sent else []
+    named += [f"workspace.{f}" for f in ("allow_hosts", "git") if f in workspace]
+    named += ["agent"] if submission.agent is None else []
+    named += [f for f in TaskSubmission.model_fields if f in sent and f not in USER_FIELDS]
+    named += [f"constraints.{f}" for f in Constraints.model_fields if f in limits and f not in USER_CONSTRAINTS]
+    named += [f"workspace.{f}" for f in WorkspaceSpec.model_fields if f in workspace and f not in USER_WORKSPACE]
+    if named:
+        raise _refuse(named[0], USER_FIELDS)
+
+
+def user_fork(request: ForkRequest) -> None:
+    """A token forks its task as its agent defined it: its overrides may change budgets, limits
+    (``USER_CONSTRAINTS``), priority and metadata only; a new provider, model, script, system
+    prompt or tool list (or anything added to ``ForkRequest`` later) would take the fork out of
+    what the tenant gave the user (403 ``forbidden`` naming the field)."""
+    changed = request.overrides()
+    named = [f for f in changed if f not in USER_FORK_FIELDS]
+    named += [f"constraints.{f}" for f in changed.get("constraints") or {} if f not in USER_CONSTRAINTS]
+    if named:
+        raise Forbidden(
+            f"{named[0]}: a user's token forks its task as its agent defined it; it may change budgets, "
+            "limits, priority and metadata, not the provider, model, script, system prompt or tools",
+            field=named[0],
+        )
