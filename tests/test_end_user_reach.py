@@ -8,10 +8,14 @@ cross-user probes."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
 import anyio
+import pytest
+
+from agentq.api import user_submission
 
 from tests.api_support import SCRIPTED, ApiStack
 
@@ -116,3 +120,36 @@ def test_an_mcp_call_names_its_user_only_from_a_key_allowed_to_and_a_token_acts_
             probe = _mcp(api.url, key, tool, {"task_id": task_id, **args})
             assert probe.is_error and "no task" in probe.content[0].text, (tool, probe)
     assert api.http("GET", f"/tasks/{dave_task}/messages", key=plain)[1]["messages"] == []  # no message went in
+
+
+def test_an_a2a_or_mcp_call_of_a_token_answers_to_post_tasks_allow_list(
+    api_stack: ApiStack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The A2A and MCP servers build a call's submission themselves (goal, agent, user, metadata,
+    and MCP's budgets), all on a token's allow-list (``api.user_submission``), and pass it through
+    the same check as POST /tasks: a field either comes to send that the list does not hold is
+    refused to a token's call with nothing created, never let through. Shown by taking
+    ``metadata`` (which both send) off the list: a token's call is refused naming it, a key's
+    call runs; with the list as it is, a token's call of each runs."""
+    api, tenant = api_stack, f"eu-calls-{uuid.uuid4().hex[:6]}"
+    key = api.stack.create_api_key(tenant)
+    token = api.stack.token(user="erin", tenant=tenant)
+    agent = _agent(api, key)
+    call = {"goal": "say hi", "wait_seconds": 20}
+
+    def a2a(caller: str) -> Any:
+        message = {"messageId": uuid.uuid4().hex, "role": "ROLE_USER", "parts": [{"text": "say hi"}]}
+        body = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": message}}
+        return api.http("POST", f"/a2a/{agent}", body, key=caller, headers={"A2A-Version": "1.0"})[1]
+
+    assert not _mcp(api.url, token, agent, call).is_error
+    assert "result" in a2a(token)
+    assert len(_tasks(api, key)) == 2
+    monkeypatch.setattr(user_submission, "USER_FIELDS", {
+        k: v for k, v in user_submission.USER_FIELDS.items() if k != "metadata"})  # fmt: skip
+    refused = _mcp(api.url, token, agent, call)
+    assert refused.is_error and refused.content[0].text.startswith("metadata: "), refused
+    answer = a2a(token)
+    assert "error" in answer and "metadata" in json.dumps(answer["error"]), answer
+    assert len(_tasks(api, key)) == 2  # nothing created
+    assert not _mcp(api.url, key, agent, call).is_error and "result" in a2a(key)  # a key's call: the whole tenant's

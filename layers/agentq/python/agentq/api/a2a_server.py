@@ -49,9 +49,10 @@ from agentq.api.a2a_push import PushConfigMethods, config_in
 from agentq.api.a2a_stream import stopped, task_events
 from agentq.api.models import MAX_NOTE_CHARS
 from agentq.api.routes.common import ApiDeps
+from agentq.api.user_submission import check_user_submission
 from agentq.control import operations
 from agentq.control.conversations import send_message
-from agentq.control.submit import submit_once
+from agentq.control.submit import parse_submission, submit_once
 from agentq.core.endusers import Caller
 from agentq.core.errors import AgentqError, IllegalTransition, TaskNotFound
 from agentq.core.models import MAX_GOAL_CHARS, Task, TaskStatus
@@ -254,6 +255,8 @@ class AgentqRequestHandler(PushConfigMethods):
             "metadata": {"via": views.VIA, views.CONTEXT_KEY: context, **({BASE_KEY: call.base} if call.base else {})},
             **({"user": call.caller.user} if call.caller.user else {}),
         }
+        submission = parse_submission(raw)
+        check_user_submission(call.caller, submission)  # a token's: only what POST /tasks lets it set
         # The key names the request as sent (its digest too: the context a new task gets is drawn here)
         key = _idempotency_key(call, message.message_id, message.context_id, text)
         # The task's id is drawn here so that its push config is in place before it exists: one
@@ -264,7 +267,7 @@ class AgentqRequestHandler(PushConfigMethods):
         try:
             # The caller's key goes with the task (as POST /tasks does): that key's caps, its stop
             # and the rules naming it (``api_key``) cover the task and its sub-agents.
-            submitted = submit_once(deps.store, deps.tools, raw, tenant=call.caller.tenant, queues=deps.queues,
+            submitted = submit_once(deps.store, deps.tools, submission, tenant=call.caller.tenant, queues=deps.queues,
                                     idempotency_key=key, digest=key or None, defaults=deps.defaults,
                                     task_id=task_id, key_id=call.caller.key_id)  # fmt: skip
         except BaseException:

@@ -33,10 +33,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from agentq import __version__
 from agentq.api import mcp_tasks
 from agentq.api.errors import describe_validation_error
+from agentq.api.user_submission import check_user_submission
 from agentq.api.views import task_result
 from agentq.control.conversations import send_message
 from agentq.control.operations import owned_task
-from agentq.control.submit import submit_once
+from agentq.control.submit import parse_submission, submit_once
 from agentq.core.endusers import Caller
 from agentq.core.errors import AgentqError, TaskNotFound
 from agentq.core.models import MAX_GOAL_CHARS, MAX_MESSAGE_CHARS, MAX_TIMEOUT_SECONDS, Task, TaskStatus
@@ -280,7 +281,9 @@ def _start_agent(deps: McpDeps, caller: Caller, agent: str, call: AgentCall) -> 
     user = caller.acting_user(call.user)  # before anything is written: a refused user submits nothing
     if user is not None:
         raw["user"] = user
-    submitted = submit_once(deps.store, deps.tools, raw, tenant=caller.tenant, queues=deps.queues,
+    submission = parse_submission(raw)
+    check_user_submission(caller, submission)  # a token's: only what POST /tasks lets it set
+    submitted = submit_once(deps.store, deps.tools, submission, tenant=caller.tenant, queues=deps.queues,
                             defaults=deps.defaults, key_id=caller.key_id)  # fmt: skip
     return submitted.task
 
