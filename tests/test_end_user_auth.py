@@ -480,7 +480,8 @@ def test_an_end_users_token_may_not_redirect_or_drop_its_agents_callback(
     """An agent's ``notify`` is the tenant's backend's callback, signed with the tenant's secret;
     a submission's took precedence, so a token sent it, signed, to a server of its own (or
     dropped it: ``null``). 403 naming ``notify``, nothing created, nothing posted; its task's end
-    is posted to the agent's URL."""
+    is posted to the agent's URL, naming the user it acted for apart from the metadata the token
+    wrote."""
     api, tenant = api_stack, f"eu-hook-{uuid.uuid4().hex[:6]}"
     backend, attacker = Receiver(path="/tenant-backend"), Receiver(path="/attacker")
     try:
@@ -496,12 +497,15 @@ def test_an_end_users_token_may_not_redirect_or_drop_its_agents_callback(
             assert status == 403, (notify, answer)  # without the check: 202, the end posted to the attacker
             assert (answer["error"]["code"], answer["error"]["field"]) == ("forbidden", "notify"), answer
         assert _tenant_tasks(api, tenant) == []
-        task_id = api.submit({"goal": "g", "agent": "hooked"}, key=token)
+        task_id = api.submit({"goal": "g", "agent": "hooked", "metadata": {"user": "alice"}}, key=token)
         api.until(task_id, lambda v: v["status"] == "succeeded", key=token)
         deadline = time.monotonic() + 30
         while not backend.taken() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert [body["task_id"] for _, body in backend.taken()] == [task_id]
+        # the end user it acted for, which metadata (the token's own to write) cannot pass for
+        assert [(body["task_id"], body["user"], body["metadata"]) for _, body in backend.taken()] == [
+            (task_id, "mallory", {"user": "alice"})
+        ]
         assert attacker.received == []
     finally:
         backend.server.shutdown()

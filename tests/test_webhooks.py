@@ -54,8 +54,8 @@ def test_a_task_end_is_posted_signed_for_its_tenant_and_a_failed_delivery_is_tri
     assert [status for *_, status in receiver.received] == [500, 204]  # the first try failed; the second came later
     assert receiver.received[0][1] == raw and receiver.received[0][0]["agentq-delivery"] == headers["agentq-delivery"]
     payload = json.loads(raw)
-    assert payload == {"type": "task.ended", "task_id": task.task_id, "tenant": "acme", "status": "succeeded",
-                       "root_id": task.task_id, "metadata": {"order": "42"}}  # fmt: skip
+    assert payload == {"type": "task.ended", "task_id": task.task_id, "tenant": "acme", "user": None,
+                       "status": "succeeded", "root_id": task.task_id, "metadata": {"order": "42"}}  # fmt: skip
     assert verify(secret, headers[SIGNATURE_HEADER], raw)
     assert not verify("whsec_another", headers[SIGNATURE_HEADER], raw)
     assert not verify(secret, headers[SIGNATURE_HEADER], raw + b" ")

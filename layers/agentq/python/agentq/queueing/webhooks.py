@@ -3,7 +3,11 @@ message on the webhooks queue; a deliverer (a Lambda on that queue in AWS, a thr
 local stack) POSTs it, signed (``core.webhooks``). A receiver that answers non-2xx, or cannot be
 reached, gets it again later (the message's visibility grows with each receive), up to
 ``WEBHOOK_ATTEMPTS``; then SQS moves it to the webhooks DLQ. A URL that is refused (it now
-resolves inside) is not retried: it goes to the DLQ at once, with the reason."""
+resolves inside) is not retried: it goes to the DLQ at once, with the reason.
+
+A callback names the end user its task acts for (``user``; null for none) beside ``metadata``:
+an end user's token may set its task's metadata, so a receiver that must know whose task ended
+reads ``user``, which only the API's authentication sets, never ``metadata``."""
 
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ def enqueue_end(queues: TaskQueues | None, task: Task, status: TaskStatus) -> bo
     notify = task.submission.notify
     if queues is None or notify is None or status.value not in notify.events:
         return False
-    payload = {"task_id": task.task_id, "tenant": task.tenant, "status": status.value,
+    payload = {"task_id": task.task_id, "tenant": task.tenant, "user": task.user, "status": status.value,
                "root_id": task.root_id, "metadata": task.submission.metadata}  # fmt: skip
     queues.send_webhook(Delivery.for_task_end(task.tenant, notify.url, payload).to_json())
     return True
@@ -40,7 +44,7 @@ def enqueue_event(queues: TaskQueues | None, task: Task, kind: str, **detail: ob
     notify = task.submission.notify
     if queues is None or notify is None or kind not in notify.events:
         return False
-    payload = {"task_id": task.task_id, "tenant": task.tenant, "status": task.status.value,
+    payload = {"task_id": task.task_id, "tenant": task.tenant, "user": task.user, "status": task.status.value,
                "root_id": task.root_id, "metadata": task.submission.metadata, **detail}  # fmt: skip
     queues.send_webhook(Delivery.for_task_event(task.tenant, notify.url, kind, payload).to_json())
     return True
