@@ -63,6 +63,13 @@ BAD: list[tuple[dict[str, Any], str]] = [
         for f in ("soft_hourly_tokens", "soft_daily_tokens", "soft_hourly_usd", "soft_daily_usd")
     ],
     ({"soft_daily_usd": "1"}, "soft_daily_usd"),  # a threshold without its cap
+    # a token count is a JSON integer: lax, true was a cap of 1 token and false of 0 (every task held)
+    *[({f: v}, f) for f in ("hourly_tokens", "daily_tokens") for v in (True, False, "7")],
+    *[
+        ({f.removeprefix("soft_"): 10, f: v}, f)
+        for f in ("soft_hourly_tokens", "soft_daily_tokens")
+        for v in (True, "7")
+    ],
     ({"hourly_tokens": 1.5}, "hourly_tokens"),
     ({"hourly_usd": "0.0000001"}, "hourly_usd"),  # finer than a millionth
     ({"hourly_tokens": 10, "weekly_tokens": 5}, "weekly_tokens"),

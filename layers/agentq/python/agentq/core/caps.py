@@ -55,17 +55,21 @@ def check_name(name: str) -> str:
 
 class CapLimits(BaseModel):
     """One scope's caps: any of the four windows (tokens or dollars, an hour or a day), each with
-    an optional soft threshold (``soft_*``) at most its cap. Null: that window is not capped."""
+    an optional soft threshold (``soft_*``) at most its cap. Null: that window is not capped.
+    Token counts are strict, as every request body's numbers are: pydantic's lax mode took a
+    JSON ``true`` for a cap of 1 token and ``false`` for 0, which stop every task of the scope."""
 
     model_config = ConfigDict(extra="forbid")
 
-    hourly_tokens: int | None = Field(None, ge=0, le=MAX_TOKENS, description="tokens a clock hour (UTC)")
+    hourly_tokens: int | None = Field(None, strict=True, ge=0, le=MAX_TOKENS, description="tokens a clock hour (UTC)")
     hourly_usd: Decimal | None = Field(None, ge=0, le=MAX_USD, decimal_places=6, description="dollars a clock hour")
-    daily_tokens: int | None = Field(None, ge=0, le=MAX_TOKENS, description="tokens a UTC day")
+    daily_tokens: int | None = Field(None, strict=True, ge=0, le=MAX_TOKENS, description="tokens a UTC day")
     daily_usd: Decimal | None = Field(None, ge=0, le=MAX_USD, decimal_places=6, description="dollars a UTC day")
-    soft_hourly_tokens: int | None = Field(None, ge=0, le=MAX_TOKENS, description="ask a person above this")
+    soft_hourly_tokens: int | None = Field(
+        None, strict=True, ge=0, le=MAX_TOKENS, description="ask a person above this"
+    )
     soft_hourly_usd: Decimal | None = Field(None, ge=0, le=MAX_USD, decimal_places=6)
-    soft_daily_tokens: int | None = Field(None, ge=0, le=MAX_TOKENS)
+    soft_daily_tokens: int | None = Field(None, strict=True, ge=0, le=MAX_TOKENS)
     soft_daily_usd: Decimal | None = Field(None, ge=0, le=MAX_USD, decimal_places=6)
 
     @field_validator("soft_hourly_tokens", "soft_hourly_usd", "soft_daily_tokens", "soft_daily_usd")
