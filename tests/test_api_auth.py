@@ -183,6 +183,8 @@ def test_keys_create_and_revoke_from_the_cli_against_the_local_stack(
     assert [k["key_id"] for k in json.loads(out)] == [key_id]
     code, out, _ = agentq("list", "--json", key=key)
     assert code == 0 and json.loads(out)["tasks"] == []  # a new tenant sees nothing
+    code, _, err = agentq("stop", "--tenant", "another-tenant", key=key)  # a 403: the key is fine, the request not
+    assert code == 2 and "stops only its own tenant" in err and "check the API key" not in err, err
     revoked = person("keys", "revoke", key_id)
     assert revoked.returncode == 0 and f"revoked {key_id}" in revoked.stdout
     code, _, err = agentq("list", key=key)

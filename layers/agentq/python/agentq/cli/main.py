@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     except AgentqError as exc:
         where = f" ({exc.field})" if exc.field else ""
         print(f"agentq: {exc.message}{where}", file=sys.stderr)
-        if getattr(exc, "status", None) in (401, 403):
+        if getattr(exc, "status", None) == 401:  # a 403's key was taken: the request is what is not allowed
             print("agentq: check the API key: --api-key, $AGENTQ_API_KEY or the profile's api_key", file=sys.stderr)
         return exit_code(exc)
     except KeyboardInterrupt:
