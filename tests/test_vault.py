@@ -98,6 +98,15 @@ def test_a_binding_that_matches_everything_or_a_whole_top_level_domain_is_refuse
         HostBinding.parse(pattern)
 
 
+@pytest.mark.parametrize(
+    "url", ["https://api.github.com", "http://api.github.com/", "https://api.github.com:443/v3", "api.github.com/v3"]
+)
+def test_a_url_where_a_host_belongs_is_refused_saying_to_name_the_host(url: str) -> None:
+    """The URL a person copies from the API's docs (it used to say "the port must be 1..65535")."""
+    with pytest.raises(ValueError, match="a host, not a URL: name only the host"):
+        HostBinding.parse(url)
+
+
 def test_a_narrow_binding_matches_its_hosts_only_on_its_ports() -> None:
     rng = random.Random(7)
     for _ in range(300):

@@ -94,6 +94,8 @@ class HostBinding:
         raw = text.strip().lower()
         if not raw:
             raise ValueError("a host may not be empty")
+        if "://" in raw or "/" in raw:  # a URL, where its host is meant: say so, not "the port ..."
+            raise ValueError(f"{text!r}: a host, not a URL: name only the host (and a port), e.g. api.github.com")
         if raw.startswith("["):  # [v6] or [v6]:port
             end = raw.find("]")
             if end < 0:
