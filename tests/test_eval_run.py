@@ -306,6 +306,22 @@ def test_a_bad_dataset_or_a_missing_version_submits_nothing(eval_stack: ApiStack
     assert eval_stack.http("GET", "/tasks?limit=100")[1]["tasks"] == before
 
 
+def test_an_item_only_the_api_refuses_is_an_error_naming_its_line_and_offers_nothing_to_re_attach(
+    eval_stack: ApiStack, tmp_path: Path
+) -> None:
+    """A rubric with no script of its own, for an agent whose model is scripted: only the API knows
+    the agent's model, so the line is checked as it is submitted; it is named as a client-side
+    check's is, and with nothing submitted there is no evaluation to resume."""
+    name, path, _ = _setup(eval_stack, tmp_path, 1)
+    before = eval_stack.http("GET", "/tasks?limit=100")[1]["tasks"]
+    path.write_text(json.dumps({"id": "graded", "goal": "g", "rubric": "Is it right?"}) + "\n")
+    bad = _run(eval_stack, tmp_path, name, path)
+    assert bad.returncode == 2, bad.stderr
+    assert "agentq: dataset line 1 (item 'graded'), on " in bad.stderr and "outcome.script" in bad.stderr, bad.stderr
+    assert "--resume" not in bad.stderr, bad.stderr
+    assert eval_stack.http("GET", "/tasks?limit=100")[1]["tasks"] == before
+
+
 def test_the_wilson_interval_holds_its_rate_inside_zero_and_one_for_every_count() -> None:
     for n in range(1, 60):
         for passed in range(n + 1):

@@ -59,7 +59,7 @@ def _submit_all(
     client: Client, items: list[EvalItem], eval_id: str, refs: dict[str, str], workers: int
 ) -> dict[tuple[str, str], str]:
     """Every item's task for each version: created, or found by its idempotency key."""
-    from agentq.api.client import Conflict
+    from agentq.api.client import Conflict, InvalidRequest
 
     jobs = [(item, side) for item in items for side in SIDES]
     done: dict[tuple[str, str], str] = {}
@@ -78,7 +78,14 @@ def _submit_all(
                 f"{refs[side]} with another request (the line changed since); evaluate the new dataset under a new id",
                 field=f"dataset:{item.line}",
             ) from None
+        except InvalidRequest as exc:  # what only the API checks (an outcome against the agent's model)
+            raise UsageError(
+                f"dataset line {item.line} (item {item.item_id!r}), on {refs[side]}: {exc.message}",
+                field=f"dataset:{item.line}:{exc.field}" if exc.field else f"dataset:{item.line}",
+            ) from None
         with lock:
+            if not done:  # from here on there is something to re-attach to
+                _say(f"re-run with --resume {eval_id} to re-attach")
             done[(item.item_id, side)] = accepted.task_id
             created += 1 if accepted.created else 0
             if len(done) % PROGRESS_EVERY == 0 or len(done) == len(jobs):
@@ -163,8 +170,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for ref, field in ((args.agent, "agent"), (args.against, "against")):
         _check_version(client, ref, field)
     refs = {"agent": args.agent, "against": args.against}
-    _say(f"evaluation {eval_id}: {len(items)} items x 2 versions ({args.agent}, {args.against}); "
-         f"re-run with --resume {eval_id} to re-attach")  # fmt: skip
+    _say(f"evaluation {eval_id}: {len(items)} items x 2 versions ({args.agent}, {args.against})")
     started = time.monotonic()
     tasks = _submit_all(client, items, eval_id, refs, args.submitters)
     views = _wait_all(client, tasks, args.timeout, args.poll)
