@@ -159,7 +159,8 @@ def test_an_agents_cap_holds_every_version_of_it_and_a_rule_sees_the_submitting_
     assert api.http("PUT", f"/caps/agent/{name}", {"hourly_tokens": 0}, key=key)[0] == 200
     held = api.submit({"goal": "hi", "agent": name}, key=key)
     view = api.until(held, lambda v: (v.get("retry") or {}).get("error", {}).get("code") == "cap_reached", key=key)
-    assert f"agent {name!r} reached its cap" in view["retry"]["error"]["message"] and view["step"] == 0
+    said = view["retry"]["error"]["message"]  # a cap of 0 holds back every call, and says so
+    assert f"agent {name!r}: this call holds" in said and "it can never run under it" in said and view["step"] == 0
     assert api.http("POST", f"/tasks/{held}/cancel", {}, key=key)[0] == 200
 
     other = f"keyed-{uuid.uuid4().hex[:6]}"

@@ -212,6 +212,13 @@ class ScopeCaps:
                 cap.scope, line.window, period[line.window],
             )  # fmt: skip
         observe.record_budget_refusal("cap")
+        if need > line.cap:  # no roll-over lets it through: say so, or it waits in silence for ever
+            raise CapReached(
+                f"{cap.scope} {cap.name!r}: this call holds {unit(need)}, more than its cap of {unit(line.cap)} "
+                f"{per}: it can never run under it (raise the cap, or lower the task's max_output_tokens); "
+                "it waits for a raise",
+                seconds_to_next(line.window, now), cap.scope, line.window,
+            )  # fmt: skip
         raise CapReached(
             f"{cap.scope} {cap.name!r} reached its cap of {unit(line.cap)} {per} (at {unit(was)}, this call "
             f"holds {unit(need)})",
