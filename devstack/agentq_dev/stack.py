@@ -96,7 +96,8 @@ class LocalStack:
     auth: bool = False  # the API requires a bearer key (create one with create_api_key), as in AWS
     # The sweeper (queueing/sweeper.py), a thread here as the scheduled Lambda is in AWS: every
     # ``sweep_every`` seconds (None: no sweeper), tasks silent for ``sweep_stale_after`` seconds
-    # are re-enqueued. Shorter than in AWS: local retries and deferrals wait seconds, not minutes.
+    # are re-enqueued. Shorter than in AWS: a deferral or a retry is counted silent only from
+    # when its delayed message is due (``core.status.SILENT_UNTIL``), so a cap's 15-minute hops are kept.
     sweep_every: float | None = 15.0
     sweep_stale_after: float = 120.0
     supervise: bool = False  # replace a worker that exits (agentq dev, agentq demo)

@@ -45,3 +45,15 @@ TERMINAL_STATUSES = frozenset(
 # with nothing to wake it: the sweeper finds it by this (``queueing.sweeper``), and a look that
 # arrives long before it is due is a stray (``queueing.dispatch._looks``).
 LOOK_DUE = "look_due"
+
+# META's attributes of a run that put its task off before its call (a deferral: an open circuit,
+# a rate limit, a cap met, ``queueing.dispatch._notes``): ``silent_until``, when its delayed
+# message is due (a deferral longer than SQS's 15-minute delay comes back in hops, each due at
+# most 15 minutes on), so the sweeper counts the task's silence from then, not from its last
+# write (``queueing.sweeper``); a delivery's retry sets it too, to when the queue brings it back.
+# ``deferred_epoch``: the claim whose run deferred, so the claim after it takes a task that
+# waited for its message, not a run in progress (no resume counted, no takeover shown:
+# ``storage.leases``). Left in place afterwards: a past ``silent_until`` and an older epoch say
+# nothing.
+SILENT_UNTIL = "silent_until"
+DEFERRED_EPOCH = "deferred_epoch"

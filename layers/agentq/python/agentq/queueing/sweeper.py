@@ -11,9 +11,12 @@ the unfinished tasks from the sparse ``live`` index (``resources.GSI_LIVE``: key
 only tasks that have not ended carry the keys), reads their META items, and sends a ``swept``
 message for each ``queued`` or ``running`` task that shows no sign of life for
 ``stale_after`` seconds: its lease lapsed that long ago and nothing was written to it since
-(no claim, commit, heartbeat, retry note or release). ``stale_after`` must be longer than the
-longest silence a healthy task keeps: SQS's longest delay (15 minutes: a retry's backoff, a
-deferral) plus the visibility timeout. A sweep that is wrong anyway is harmless: a claim is
+(no claim, commit, heartbeat, retry note or release), or since the message a deferral or a
+delivery's retry waits for was due (``core.status.SILENT_UNTIL``: a cap deferral to midnight
+comes back in 15-minute hops, each its own silence). ``stale_after`` must be longer than the
+longest silence a healthy task keeps otherwise: SQS's longest delay (15 minutes) plus the
+visibility timeout; with ``SILENT_UNTIL`` honoured, a shorter one (the local stack's 120 s)
+never sweeps a deferral that is still legitimate. A sweep that is wrong anyway is harmless: a claim is
 fenced, a message for a task that is leased waits for the lease, and one for a task that has
 ended is deleted. ``waiting`` and ``paused`` tasks are woken by their own messages (the
 fan-out's, a person's decision) and are left alone, but for two: a task waiting on a remote
@@ -53,7 +56,7 @@ from dataclasses import dataclass, field
 
 from agentq import observe
 from agentq.core.models import Task
-from agentq.core.status import LOOK_DUE, TaskStatus
+from agentq.core.status import LOOK_DUE, SILENT_UNTIL, TaskStatus
 from agentq.queueing.queues import MessageKind, TaskQueues
 from agentq.queueing.recovery import recover_lapsed
 from agentq.storage import fleet_slots, keys
@@ -117,7 +120,7 @@ def sweep(
             if status == TaskStatus.QUEUED.value and not meta.get("slots") and meta.get("tenant"):
                 waiting_tenants.add(str(meta["tenant"]))
             quiet_since = max(float(meta.get("lease_expires") or 0), float(meta.get("updated_at") or 0),
-                              float(meta.get("heartbeat_at") or 0))  # fmt: skip
+                              float(meta.get("heartbeat_at") or 0), float(meta.get(SILENT_UNTIL) or 0))  # fmt: skip
             if now - quiet_since >= stale_after:
                 stranded.append(str(meta["task_id"]))
     slots = store.slots.with_default(default_max_running, fleet_capacity, tier_limits=tier_limits)

@@ -30,6 +30,7 @@ from agentq.core.errors import LeaseLost, TaskNotFound
 from agentq.core.models import Lease, Task, TaskStatus
 from agentq.core.records import ClaimOwner, ClaimRecord
 from agentq.core.reservation import Seen
+from agentq.core.status import DEFERRED_EPOCH
 from agentq.core.workspace import WorkspaceRef
 from agentq.resources import GSI_OWNER
 from agentq.storage import keys
@@ -115,6 +116,12 @@ OWNER_ATTRIBUTES = ("owner_worker", "owner_epoch", "owner_message", "owner_queue
 CLAIMABLE = (TaskStatus.QUEUED, TaskStatus.RUNNING)
 
 
+def _after_deferral(meta: Item, epoch: int) -> bool:
+    """Did the run of the claim before this one (``epoch``'s) end in a deferral?"""
+    deferred = meta.get(DEFERRED_EPOCH)
+    return deferred is not None and int(deferred) == epoch - 1
+
+
 def _live(live_text: str | None, seen: Seen | None) -> dict[str, Any]:
     """The META attributes of a streamed call in flight, those there are."""
     sets: dict[str, Any] = {}
@@ -188,7 +195,10 @@ class TaskLeases(TaskItems):
             return None
         epoch = int(meta["lease_epoch"])
         if meta.get("claimed_from") == TaskStatus.RUNNING.value:
-            meta = self._count_resume(task_id, epoch, meta)
+            if _after_deferral(meta, epoch):
+                meta = self._take_deferred(task_id, epoch, meta)
+            else:
+                meta = self._count_resume(task_id, epoch, meta)
         self._record_previous(task_id, meta)  # the claim it superseded, unless its claimer committed a step since
         claim = _claim_record(task_id, epoch, worker, now, meta["claim_step"], meta["claim_seq"], meta["claimed_from"])
         self.table.put({**claim, "prev_heartbeat_at": meta["prev_heartbeat_at"]})
@@ -199,9 +209,26 @@ class TaskLeases(TaskItems):
         observe.task_status_changed(task_id, task.tenant, TaskStatus.RUNNING.value, epoch=epoch, worker=worker)
         return Lease(task_id=task_id, owner=worker, epoch=epoch, expires_at=task.lease_expires), task
 
+    def _take_deferred(self, task_id: str, epoch: int, meta: Item) -> Item:
+        """This claim took a task whose last run deferred it (``core.status.DEFERRED_EPOCH``:
+        it gave its lease back and waited for its delayed message), so it took over no run in
+        progress: it counts no resume, and is recorded as a claim of a queued task (the trace
+        shows no takeover). Its own write after the claim's, as ``_count_resume`` is."""
+        try:
+            taken = self.table.update(
+                keys.meta_key(task_id),
+                Update(set={"claimed_from": TaskStatus.QUEUED.value}),
+                condition=Attr("lease_epoch").eq(epoch),
+                returns="ALL_NEW",
+            )
+        except ConditionFailed:  # taken over again meanwhile
+            return meta
+        return taken if taken is not None else meta
+
     def _count_resume(self, task_id: str, epoch: int, meta: Item) -> Item:
         """This claim took over a run that had not ended (its worker died, stalled, or handed it
-        on: a continuation, a shutdown, a retried attempt): count it on META's ``resume_count``.
+        on: a continuation, a shutdown, a retried attempt; not a deferral, ``_take_deferred``): count
+        it on META's ``resume_count``.
         A claim of a task that stopped and was queued again (a follow-up, an approval, its
         sub-agents done, a budget raise, a redrive) is a new run, not a resume, and counts
         nothing. Its own write after the claim's, because one UpdateItem cannot add on a

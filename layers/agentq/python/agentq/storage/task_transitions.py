@@ -26,7 +26,7 @@ from agentq.core.models import (
     TaskSubmission,
     sources_of,
 )
-from agentq.core.status import LOOK_DUE
+from agentq.core.status import DEFERRED_EPOCH, LOOK_DUE, SILENT_UNTIL
 from agentq.resources import LIVE_ATTRIBUTES, TTL_ATTRIBUTE
 from agentq.storage import keys
 from agentq.storage.events import TOGETHER, LoggedWrite, NewEvent, logged_together, logged_transact
@@ -315,17 +315,36 @@ class TaskTransitions(TaskItems):
                 raise TaskNotFound(f"no task {task_id!r}", field="task_id") from exc
             return 1
 
-    def record_retry(self, task_id: str, state: RetryState, *, lease: Lease | None = None) -> bool:
+    def record_retry(
+        self,
+        task_id: str,
+        state: RetryState,
+        *,
+        lease: Lease | None = None,
+        silent_until: float | None = None,
+        deferred_epoch: int | None = None,
+    ) -> bool:
         """Replace the task's ``META#RETRY`` with ``state``, so status and the trace show the
         retry while it waits. With a lease the write is fenced (the worker retrying a call);
         without one (the queue's redelivery) it is made only while the task is queued or
-        running. Returns False when the task had ended."""
+        running. ``silent_until`` and ``deferred_epoch`` go on META with it (``core.status``:
+        when the message that brings it back is due, the claim whose run deferred). Returns
+        False when the task had ended."""
         item = {**keys.retry_key(task_id), **state.model_dump()}
         guard = fence(lease) if lease is not None else present() & status_in([TaskStatus.QUEUED, TaskStatus.RUNNING])
         event = NewEvent("task.retry", state.model_dump(mode="json"))
+        sets: dict[str, Any] = {}
+        if silent_until is not None:
+            sets[SILENT_UNTIL] = silent_until
+        if deferred_epoch is not None:
+            sets[DEFERRED_EPOCH] = deferred_epoch
+        meta: Check | Patch = (
+            Patch("task", keys.meta_key(task_id), Update(set=sets), guard)
+            if sets
+            else Check("task", keys.meta_key(task_id), guard)
+        )
         try:
-            logged_transact(self.table, task_id, [Check("task", keys.meta_key(task_id), guard), Put("retry", item)],
-                            event, meta="task")  # fmt: skip
+            logged_transact(self.table, task_id, [meta, Put("retry", item)], event, meta="task")
         except TransactionCancelled as exc:
             if lease is not None:
                 raise why_fenced(self.table, lease) from exc
