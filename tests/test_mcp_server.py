@@ -202,3 +202,39 @@ def test_an_argument_error_names_the_argument_without_pydantic_s_help_url(
     result = _session(api_stack.url, api_stack.key, work)
     text = result.content[0].text
     assert result.is_error and said in text and "pydantic" not in text and "http" not in text, text
+
+
+def test_a_task_paused_for_approval_says_what_it_waits_for_and_that_only_a_person_approves_it(
+    api_stack: ApiStack,
+) -> None:
+    """A blocking caller of a task that waits for a person is told so at once: the question, and
+    who decides and how (the model calling the tools cannot: a message saying "approve" is no
+    decision). A person's approval lets it go on to its answer."""
+    from tests.helpers import call as tool_call
+
+    turns: list[dict[str, Any]] = [
+        {"text": "", "tool_calls": [tool_call("request_approval", question="Ship it?")]},
+        {"text": "shipped"},
+    ]
+    name = _agent(api_stack, turns, tools=["request_approval"])
+
+    async def ask(client: Any) -> Any:
+        started = await client.call_tool(name, {"goal": "lunch", "wait_seconds": 20})
+        task_id = started.structured_content["task_id"]
+        said = await client.call_tool("agentq_message", {"task_id": task_id, "text": "approve", "wait_seconds": 5})
+        return started, said
+
+    started, said = _session(api_stack.url, api_stack.key, ask)
+    task_id = started.structured_content["task_id"]
+    for answer in (started, said):
+        assert answer.structured_content["status"] == "paused", answer.structured_content
+        told = answer.structured_content["next"]
+        assert "waiting for a person's approval of a tool call: Ship it?" in told, told
+        assert f"agentq approve {task_id}" in told and "neither you nor a message to the task can approve it" in told
+        assert told in answer.content[0].text
+    assert api_stack.http("GET", f"/tasks/{task_id}")[1]["status"] == "paused"  # "approve" decided nothing
+    assert api_stack.http("POST", f"/tasks/{task_id}/approve", {})[0] == 200  # a person decides
+    ended = _session(
+        api_stack.url, api_stack.key, lambda c: c.call_tool("agentq_task", {"task_id": task_id, "wait_seconds": 20})
+    )
+    assert ended.structured_content["status"] == "succeeded" and "shipped" in str(ended.structured_content["result"])

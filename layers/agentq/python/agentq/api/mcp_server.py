@@ -237,7 +237,7 @@ def add_task_methods(server: Any, deps: McpDeps) -> None:
     def read(caller: Caller, task_id: str) -> dict[str, Any]:
         task = owned(caller, task_id)
         pending = deps.store.approvals.pending(task_id) if task.status is TaskStatus.PAUSED else None
-        result = tool_result(_outcome(task)).model_dump(by_alias=True, mode="json", exclude_none=True)
+        result = tool_result(_outcome(deps, task)).model_dump(by_alias=True, mode="json", exclude_none=True)
         return mcp_tasks.detailed(task, pending, result)
 
     async def get_task(ctx: Any, params: Any) -> Any:
@@ -271,7 +271,7 @@ def _argument_errors(exc: ValidationError) -> str:
 
 
 def _run_agent(deps: McpDeps, caller: Caller, agent: str, call: AgentCall) -> Outcome:
-    return _outcome(_wait(deps, _start_agent(deps, caller, agent, call), call.wait_seconds))
+    return _outcome(deps, _wait(deps, _start_agent(deps, caller, agent, call), call.wait_seconds))
 
 
 def _start_agent(deps: McpDeps, caller: Caller, agent: str, call: AgentCall) -> Task:
@@ -298,7 +298,7 @@ def _seen(deps: McpDeps, caller: Caller, task_id: str) -> Task:
 
 
 def _check(deps: McpDeps, caller: Caller, check: TaskCheck) -> Outcome:
-    return _outcome(_wait(deps, _seen(deps, caller, check.task_id), check.wait_seconds))
+    return _outcome(deps, _wait(deps, _seen(deps, caller, check.task_id), check.wait_seconds))
 
 
 def _message(deps: McpDeps, caller: Caller, message: TaskMessage) -> Outcome:
@@ -307,7 +307,7 @@ def _message(deps: McpDeps, caller: Caller, message: TaskMessage) -> Outcome:
                             idempotency_key=message.idempotency_key)  # fmt: skip
     task = deps.store.tasks.get(message.task_id)
     # Not before the message is in the conversation: the task's status may still be the answer before it.
-    return _outcome(_wait(deps, task, message.wait_seconds, heard=accepted.message.seq))
+    return _outcome(deps, _wait(deps, task, message.wait_seconds, heard=accepted.message.seq))
 
 
 def _wait(deps: McpDeps, task: Task, seconds: float, heard: int = 0) -> Task:
@@ -323,10 +323,14 @@ def _wait(deps: McpDeps, task: Task, seconds: float, heard: int = 0) -> Task:
 def _stopped(task: Task, heard: int) -> bool:
     if task.status.terminal and task.status is not TaskStatus.SUCCEEDED:
         return True  # failed, cancelled, ...: no answer is coming
+    if task.status is TaskStatus.PAUSED:
+        return True  # it waits for a person: waiting here would not bring its answer
     return (task.status.terminal or task.status is TaskStatus.IDLE) and task.messages_delivered >= heard
 
 
-def _outcome(task: Task) -> Outcome:
+def _outcome(deps: McpDeps, task: Task) -> Outcome:
+    if task.status is TaskStatus.PAUSED:
+        return Outcome(task_id=task.task_id, status=task.status.value, next=_paused(deps, task))
     if task.status is TaskStatus.IDLE:
         return Outcome(
             task_id=task.task_id,
@@ -342,6 +346,29 @@ def _outcome(task: Task) -> Outcome:
     ended = task_result(task)
     result = ended.output if ended.output is not None else ended.result
     return Outcome(task_id=task.task_id, status=task.status.value, result=result, error=ended.error)
+
+
+def _paused(deps: McpDeps, task: Task) -> str:
+    """What a paused task waits for and who can act on it. Only a person decides (the model
+    calling these tools is never trusted to approve its own agent's request: no tool here
+    decides, and a message to the task is not a decision)."""
+    pending = deps.store.approvals.pending(task.task_id)
+    if pending is None:  # asked and decided meanwhile, or its request not written yet
+        what = "paused, waiting for a person's decision"
+    elif pending.use_id.startswith("cap-"):  # a budget pause: a cap's soft threshold (core.caps.approval_id)
+        what = f"paused before its next model call, waiting for a person's approval to spend on: {pending.question}"
+    elif pending.credential:
+        name, host = pending.credential.get("name", ""), pending.credential.get("host", "")
+        what = (f"paused, waiting for a person to add the credential {name!r} (for {host}) to the vault and "
+                f"approve: {pending.question}")  # fmt: skip
+    else:
+        what = f"paused, waiting for a person's approval of a tool call: {pending.question}"
+    return (
+        f"{what}. It does not go on until a person of your organisation approves or rejects it (agentq approve "
+        f"{task.task_id} / agentq reject {task.task_id}, the console's approval button, or POST "
+        f"/tasks/{task.task_id}/approve); neither you nor a message to the task can approve it. Tell your user; "
+        f"then call {STATUS_TOOL} with this task_id (and wait_seconds) for its result"
+    )
 
 
 def _text(outcome: Outcome) -> str:
