@@ -307,6 +307,53 @@ def test_purge_refuses_a_live_task_and_deletes_nothing(rstore: Storage, status: 
     assert rstore.budgets.get(task_id).cap > 0
 
 
+def _held(store: Storage, task_id: str, **attributes: Any) -> None:
+    """META as a worker that has not let go of its task yet leaves it (slots, owner)."""
+    from agentq.storage.table import Update
+
+    store.table.update({"pk": task_pk(task_id), "sk": META}, Update(set=attributes))
+
+
+def test_purge_refuses_a_cancelled_task_whose_worker_still_holds_its_slots_and_deletes_nothing(
+    rstore: Storage, retained: Settings, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled while its worker waits on a model call: the worker gives the slots back (read
+    from META) only after its refused commit. A purge before lost them for good."""
+    from agentq.cli.main import main
+
+    task_id = rstore.tasks.create(scripted([{"text": "x"}]), tenant="t").task_id
+    _force_status(rstore, task_id, TaskStatus.CANCELLED)
+    _held(rstore, task_id, slots=["TENANT#t"])
+    items = rstore.steps.raw_items(task_id)
+    refusal = (f"task {task_id} is cancelled but its worker has not let go of it yet: it still holds running slots "
+               "(TENANT#t); nothing was deleted; purge it again once its worker lets go")  # fmt: skip
+    with pytest.raises(IllegalTransition) as refused:
+        purge_task(rstore, task_id)
+    assert str(refused.value) == refusal and rstore.steps.raw_items(task_id) == items
+    for name, value in retained.env().items():
+        monkeypatch.setenv(name, value)
+    assert main(["purge", task_id]) == 1  # the command says so and exits 1
+    assert refusal in capsys.readouterr().err and rstore.steps.raw_items(task_id) == items
+
+
+def test_purge_refuses_a_finished_task_a_live_worker_owns_and_purges_it_once_that_worker_is_dead(
+    rstore: Storage,
+) -> None:
+    """A task whose worker process has not let go of it (its ``owner`` attributes, removed when it
+    lets the message go) may still get that worker's writes; a dead worker's, none."""
+    task_id = rstore.tasks.create(scripted([{"text": "x"}]), tenant="t").task_id
+    _force_status(rstore, task_id, TaskStatus.CANCELLED)
+    life = rstore.tasks.workers.start("w-live", 60)
+    _held(rstore, task_id, owner_worker="w-live", owner_epoch=life.epoch, owner_task=task_id)
+    items = rstore.steps.raw_items(task_id)
+    with pytest.raises(IllegalTransition, match="but its worker w-live has not let go of it yet; nothing was deleted"):
+        purge_task(rstore, task_id)
+    assert rstore.steps.raw_items(task_id) == items
+    rstore.tasks.workers.stop(life)  # it left (or died): its liveness is gone
+    assert purge_task(rstore, task_id).items == len(items)
+    assert rstore.steps.raw_items(task_id) == []
+
+
 class _Throttled:
     """A DynamoDB client whose BatchWriteItem leaves all but the first request of each call
     unprocessed ``times`` times, as a throttled table does."""

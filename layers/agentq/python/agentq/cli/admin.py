@@ -146,7 +146,7 @@ def _cmd_purge(args: argparse.Namespace) -> int:
     results, missing = [], []
     for raw in args.task_ids:
         task_id = raw.removeprefix(TASK_PK_PREFIX)  # as the stream's keys name it, or bare
-        result = purge_task(store, task_id)  # a live task raises IllegalTransition: exit 1
+        result = purge_task(store, task_id)  # a live task, or one not let go of, raises IllegalTransition: exit 1
         if result.items == 0 and result.objects == 0:  # no META, no item, no payload: not found (exit 1)
             missing.append(task_id)
             print(f"agentq purge: no task {task_id!r}: nothing of it is stored (never was, or already purged)",
@@ -230,7 +230,8 @@ def register(sub: Any) -> None:
 
     purge = add_command(sub, "purge", "delete what finished tasks left behind: items, budget, payloads (AGENTQ_* and AWS_* settings)",
                         "delete everything finished tasks left behind (their items, budget and S3 payloads), as the "
-                        "reaper does once TTL removed their META; refuses a task that is not finished")  # fmt: skip
+                        "reaper does once TTL removed their META; refuses a task that is not finished, or whose worker has "
+                        "not let go of it yet (cancelled mid-call): nothing deleted, purge it again later")  # fmt: skip
     purge.add_argument(
         "task_ids", nargs="+", metavar="TASK_ID", help="task ids (or TASK#<id> as a stream record names them)"
     )
