@@ -23,7 +23,7 @@ from agentq.control import operations as control
 from agentq.control.defaults import ConfigurationError
 from agentq.control.retention import expired_task_id, purge_task, ttl_removal_pattern
 from agentq.core.engine import Engine, EngineConfig
-from agentq.core.errors import IllegalTransition, TaskNotFound
+from agentq.core.errors import IllegalTransition, LeaseLost, TaskNotFound
 from agentq.core.models import ALLOWED_TRANSITIONS, REOPENED_BY_MESSAGE, TaskStatus
 from agentq.resources import table_definition
 from agentq.runtime import RETENTION_VARIABLE, Settings, build_registry, build_store, client, retention_days_from_env
@@ -352,6 +352,26 @@ def test_purge_refuses_a_finished_task_a_live_worker_owns_and_purges_it_once_tha
     rstore.tasks.workers.stop(life)  # it left (or died): its liveness is gone
     assert purge_task(rstore, task_id).items == len(items)
     assert rstore.steps.raw_items(task_id) == []
+
+
+@pytest.mark.parametrize("text", ["short", "x" * 500_000], ids=["inline", "in s3"])
+def test_a_worker_whose_task_was_purged_under_it_writes_nothing_back(rstore: Storage, text: str) -> None:
+    """A per-task lease (no owner process, no slot: nothing for the purge to wait on) cancelled
+    mid-call and purged: its step commit and its orphan are refused and leave no item or payload
+    in the purged task (the step item is put before the fenced commit point)."""
+    from tests.storage_conformance._builders import llm_step
+
+    task_id = rstore.tasks.create(scripted([{"text": "x"}]), tenant="t").task_id
+    claimed = rstore.tasks.claim(task_id, "w1", 60)
+    assert claimed is not None
+    lease = claimed[0]
+    control.cancel(rstore, task_id)
+    assert purge_task(rstore, task_id).items > 0
+    step = llm_step(text=text)
+    with pytest.raises(LeaseLost, match="no longer exists"):
+        rstore.steps.commit(lease, 1, step, root_id=task_id)
+    rstore.steps.record_orphan(lease, 1, step)
+    assert _everything_of(rstore, task_id) == ([], False, [])
 
 
 class _Throttled:

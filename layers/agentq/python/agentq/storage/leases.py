@@ -54,8 +54,10 @@ log = logging.getLogger("agentq.storage")
 def why_fenced(table: Table, lease: Lease) -> LeaseLost:
     """Explain a write the fence refused: the epoch moved on, the task stopped, or the step moved."""
     current = _read_meta(table, lease.task_id)
-    if current is None:
-        return LeaseLost(f"task {lease.task_id} no longer exists")
+    if current is None:  # purged: the writer takes back what it wrote outside the fence (``Steps``)
+        gone = LeaseLost(f"task {lease.task_id} no longer exists")
+        gone.details["gone"] = True
+        return gone
     epoch, status, step = int(current["lease_epoch"]), TaskStatus(current["status"]), int(current["step"])
     if epoch != lease.epoch:
         return LeaseLost(f"lease epoch {lease.epoch} of task {lease.task_id} superseded by {epoch}")

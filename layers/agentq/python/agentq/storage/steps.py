@@ -32,6 +32,7 @@ stays small.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +40,7 @@ from typing import Any
 from boto3.dynamodb.conditions import Attr
 from pydantic import TypeAdapter
 
-from agentq.core.errors import BudgetExceeded, ConversationMoved
+from agentq.core.errors import BudgetExceeded, ConversationMoved, LeaseLost
 from agentq.core.faults import crash_point
 from agentq.core.models import (
     CommittedStep,
@@ -247,13 +248,18 @@ class Steps:
             if settle or reserve_next
             else None
         )
-        if budget is not None and root_id != lease.task_id:
-            self._commit_across(lease, number, meta, budget, reserve_next)
-            after = None  # a sub-agent's commit: sub-agents take no messages
-        else:
-            after = self._commit_meta(
-                lease, number, merge("meta", meta, budget) if budget else meta, reserve_next, heeds
-            )
+        try:
+            if budget is not None and root_id != lease.task_id:
+                self._commit_across(lease, number, meta, budget, reserve_next)
+                after = None  # a sub-agent's commit: sub-agents take no messages
+            else:
+                after = self._commit_meta(
+                    lease, number, merge("meta", meta, budget) if budget else meta, reserve_next, heeds
+                )
+        except LeaseLost as lost:
+            if lost.details.get("gone"):
+                self._take_back(lease, step_item)
+            raise
         return CommittedStep(
             task_id=lease.task_id, number=number, epoch=lease.epoch, committed_at=now, body=body,
             messages_received=after.received if after else None, interrupt_at=after.interrupt_at if after else None,
@@ -276,6 +282,17 @@ class Steps:
             self.table.put(step_item, condition=Attr("epoch").eq(lease.epoch))
         except ConditionFailed as exc:
             raise why_fenced(self.table, lease) from exc
+
+    def _take_back(self, lease: Lease, item: Item) -> None:
+        """The task was purged while this step was being committed (cancelled, its worker still in
+        the call): its prepared item (and payload) landed after the purge's delete, or will be
+        deleted by it. Either way it goes, so nothing is written back into a purged task. The
+        purge deleted META first, so the commit point's refusal came after it: a put the purge's
+        listing missed is deleted here, and a worker killed in between leaves it (only then)."""
+        with contextlib.suppress(ConditionFailed):
+            self.table.delete(keys.item_key(lease.task_id, str(item["sk"])), condition=Attr("epoch").eq(lease.epoch))
+        if "ref" in item:
+            self.payloads.delete_prefix(str(item["ref"]))
 
     def _commit_meta(self, lease: Lease, number: int, write: Patch, reserve_next: int, heeds: _Heeds) -> Inbox:
         """The commit point: one conditional write of META (and the task's own budget on it)."""
@@ -323,15 +340,16 @@ class Steps:
         payload = self.payloads.encode(
             f"{keys.payload_prefix(lease.task_id)}orphans/{number:06d}-e{lease.epoch}.json", body.model_dump_json()
         )
-        self.table.put(
-            {
-                **keys.item_key(lease.task_id, keys.orphan_sk(number, lease.epoch)),
-                "epoch": lease.epoch,
-                "number": number,
-                "reason": reason,
-                **payload,
-            }
-        )
+        item = {
+            **keys.item_key(lease.task_id, keys.orphan_sk(number, lease.epoch)),
+            "epoch": lease.epoch,
+            "number": number,
+            "reason": reason,
+            **payload,
+        }
+        self.table.put(item)
+        if self.table.get(keys.meta_key(lease.task_id)) is None:  # purged meanwhile (see ``_take_back``)
+            self._take_back(lease, item)
 
     def orphans(self, task_id: str) -> list[OrphanCall]:
         """Uncommitted LLM calls, with the step number they were meant for and their epoch."""
