@@ -57,11 +57,11 @@ import socket
 import tempfile
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator
 
 from agentq.core.errors import AgentqError
 from agentq.core.pids import left_by_gone
+from agentq.core.tools.egress_request import VERSION, BadRequest, destination, header_fields, request_line
 from agentq.core.tools.fetch import Deadline, FetchPolicy, FetchRefused, HostRule, Target, resolve
 from agentq.core.vault import CredentialSource
 
@@ -95,14 +95,6 @@ DROPPED_HEADERS = frozenset(
         b"x-http-host-override",
     }
 )
-_FIELD_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110's token (fullmatch: no "$" before a "\n")
-_METHOD = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a token too
-_VERSION = re.compile(r"HTTP/1\.[01]")
-# Bytes no request line or header line may hold: a bare CR or LF (a server that ends a line at
-# either would read what follows as another line: a second ``Host``), NUL and every other control
-# character; a header value may hold HTAB (``_fields`` allows it there).
-_CONTROL = re.compile(rb"[\x00-\x1f\x7f]")
-_VALUE_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 SOCKET_PREFIX = "agentq-egress-"
@@ -254,13 +246,13 @@ class EgressProxy:
             if head is None:
                 return
             line, _, headers = head.partition(b"\r\n")
-            method, target, version = _request_line(line)
-            host, port, origin = _destination(method, target)
-            if not _VERSION.fullmatch(version):  # after the URL's own 400, which names it
+            method, target, version = request_line(line)
+            host, port, origin = destination(method, target)
+            if not VERSION.fullmatch(version):  # after the URL's own 400, which names it
                 raise BadRequest(f"a version that is not HTTP/1.0 or HTTP/1.1: {version[:100]!r}")
             authority = host if ":" not in host else f"[{host}]"
             authority += f":{port}" if port != 80 else ""
-            fields = [] if method.upper() == "CONNECT" else _fields(headers)  # checked before any contact
+            fields = [] if method.upper() == "CONNECT" else header_fields(headers)  # checked before any contact
             upstream = self._connect(host, port)
             self._track(upstream)
             credential = self.credentials.for_host(host, port) if self.credentials is not None else None
@@ -331,10 +323,6 @@ class EgressProxy:
             deadline.cancel()
 
 
-class BadRequest(ValueError):
-    """Not a proxy request this proxy takes: a ``400``."""
-
-
 class HeadTimeout(Exception):
     """The request head did not arrive in time: a ``408``."""
 
@@ -366,56 +354,6 @@ def _read_head(conn: socket.socket, seconds: float) -> tuple[bytes | None, bytes
     conn.settimeout(None)
     head, _, rest = buffer.partition(b"\r\n\r\n")
     return head, rest
-
-
-def _fields(headers: bytes) -> list[bytes]:
-    """A plain request's header lines, each checked to be ``name: value`` with ``name`` a token:
-    a line folded onto the one before (leading whitespace), a name with a space before its colon
-    (``Host :``), a pseudo-header (``:authority``) or a control character but HTAB in a value (a
-    bare LF: ``Accept: x\\nHost: evil``) is a ``400``, not a line passed on that a server behind
-    might read as a header the proxy had dropped."""
-    lines = [h for h in headers.split(b"\r\n") if h]
-    for h in lines:
-        name, colon, value = h.partition(b":")
-        if not _FIELD_NAME.fullmatch(name) or not colon:
-            raise BadRequest(f"a header line that is not 'name: value': {h[:100]!r}")
-        if _VALUE_CONTROL.search(value):
-            raise BadRequest(f"a control character (a bare CR or LF, NUL, ...) in a header line: {h[:100]!r}")
-    return lines
-
-
-def _request_line(line: bytes) -> tuple[str, str, str]:
-    """method, target and version of ``METHOD SP target SP version``: a control character
-    anywhere (a bare CR or LF would end the line early for a server behind, and what follows
-    would be another header, a ``Host``), a method that is not a token or a fourth part is a
-    ``400``; the target and the version are checked by the caller."""
-    if _CONTROL.search(line):
-        raise BadRequest(f"a control character (a bare CR or LF, NUL, ...) in the request line: {line[:100]!r}")
-    parts = line.decode("latin-1").split(" ")
-    if len(parts) > 3:
-        raise BadRequest(f"a request line that is not 'METHOD URL HTTP/1.x': {line[:100]!r}")
-    method, target, version = [*parts, "", ""][:3]
-    if len(parts) > 1 and not _METHOD.fullmatch(method):
-        raise BadRequest(f"a method that is not a token: {method[:100]!r}")
-    return method, target, version
-
-
-def _destination(method: str, target: str) -> tuple[str, int, str]:
-    """host, port and the origin-form path of a proxy request."""
-    if method.upper() == "CONNECT":
-        host, _, port = target.rpartition(":")
-        if not host or not port.isdigit():
-            raise BadRequest(f"CONNECT to {target!r}: expected host:port")
-        return host.strip("[]").lower(), int(port), ""
-    parts = urllib.parse.urlsplit(target)
-    try:
-        number = parts.port or 80
-    except ValueError:
-        raise BadRequest(f"a bad port in {target[:200]!r}") from None
-    if parts.scheme != "http" or not parts.hostname:
-        raise BadRequest(f"a proxy request needs an absolute http:// URL or CONNECT, not {target[:200]!r}")
-    origin = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return parts.hostname.lower(), number, origin
 
 
 def _pipe(a: socket.socket, b: socket.socket, idle_seconds: float) -> None:
