@@ -419,3 +419,216 @@ def test_the_metadata_endpoints_are_refused_even_when_the_task_and_the_deploymen
                 assert b"metadata or credentials endpoint" in answer and bare.encode() in answer
                 assert time.monotonic() - started < SAFETY / 2  # refused before any connection was tried
         assert proxy.refused and all("metadata" in r for r in map(str, proxy.refused))
+
+
+def _request_end(data: bytes) -> int | None:
+    """Where the first request in ``data`` ends (its head, and the body its Content-Length or
+    chunked framing gives), or None while it is incomplete or cannot be read."""
+    head_end = data.find(b"\r\n\r\n")
+    if head_end < 0:
+        return None
+    at = head_end + 4
+    head = data[:head_end].lower()
+    if b"\r\ntransfer-encoding: chunked" not in head:
+        length = head.partition(b"\r\ncontent-length: ")[2].partition(b"\r\n")[0]
+        return at + int(length or 0) if len(data) >= at + int(length or 0) else None
+    while True:  # chunks, then a trailer section ending in an empty line
+        line_end = data.find(b"\r\n", at)
+        if line_end < 0:
+            return None
+        try:
+            size = int(data[at:line_end].partition(b";")[0], 16)
+        except ValueError:
+            return None
+        at = line_end + 2
+        if size == 0:
+            while (line_end := data.find(b"\r\n", at)) >= 0:
+                at, line = line_end + 2, data[at:line_end]
+                if not line:
+                    return at
+            return None
+        at += size + 2
+
+
+class Upstream:
+    """A destination on a free port that takes one connection and records every byte the proxy
+    sends it (``received``): it reads the first request, answers ``reply`` (then ends its side
+    unless ``keep_alive``, as a server honouring ``Connection: close`` does), and reads on until
+    the proxy ends its side; ``done`` is set then."""
+
+    def __init__(self, reply: bytes, *, keep_alive: bool = False) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.reply, self.keep_alive = reply, keep_alive
+        self.received = b""
+        self.first: bytes | None = None  # the first request, as the upstream read it
+        self.done = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        conn, _ = self.server.accept()
+        with conn, contextlib.suppress(OSError):
+            conn.settimeout(SAFETY)
+            while chunk := conn.recv(65536):
+                self.received += chunk
+                end = _request_end(self.received)
+                if self.first is None and end is not None:
+                    self.first = self.received[:end]
+                    conn.sendall(self.reply)
+                    if not self.keep_alive:
+                        conn.shutdown(socket.SHUT_WR)
+        self.done.set()
+
+    @property
+    def after_first(self) -> bytes:
+        """What the upstream got after the end of the first request."""
+        assert self.first is not None, self.received
+        return self.received[len(self.first) :]
+
+
+REPLY = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+SECOND = [  # a request behind the first whose head the proxy would refuse or rewrite
+    b"GET http://127.0.0.1:PORT/two HTTP/1.1\r\nHost: attacker.example.net\r\n\r\n",
+    b"GET /two HTTP/1.1\r\nHost: attacker.example.net\r\nX-Forwarded-Host: attacker.example.net\r\n\r\n",
+    b"GET http://127.0.0.1:PORT/two HTTP/1.1\r\nAuthorization: Bearer ${vault:github}\r\n\r\n",
+    b"GET http://127.0.0.1:PORT/two HTTP/1.1\r\nHost : attacker.example.net\r\nAccept: x\nHost: evil\r\n\r\n",
+    b"GET http://another.example.net/two HTTP/1.1\r\n\r\n",
+]
+
+
+@pytest.mark.parametrize("when", ["pipelined", "after the answer"])
+@pytest.mark.parametrize("second", SECOND)
+def test_a_second_request_on_a_connection_never_reaches_the_upstream(
+    make_proxy: Callable[..., EgressProxy], second: bytes, when: str
+) -> None:
+    """The proxy checks one request head per connection: a second one in the same stream, sent
+    with the first or on a connection kept alive after its answer (by a server that ignored
+    ``Connection: close``), is dropped, never sent upstream unchecked."""
+    upstream = Upstream(REPLY, keep_alive=when == "after the answer")
+    proxy = make_proxy([f"127.0.0.1:{upstream.port}"])
+    first = get_head("127.0.0.1", upstream.port, "/one")
+    second = second.replace(b"PORT", str(upstream.port).encode())
+    with client(proxy) as sock:
+        if when == "pipelined":
+            sock.sendall(first + second)
+            answer = until_closed(sock)
+        else:
+            sock.sendall(first)
+            answer = b""
+            while len(answer) < len(REPLY):
+                answer += sock.recv(65536)
+            sock.sendall(second)
+            sock.shutdown(socket.SHUT_WR)  # after the second request: the proxy reads it first
+            answer += until_closed(sock)
+    assert answer == REPLY
+    assert upstream.done.wait(SAFETY)
+    assert upstream.first is not None and upstream.first.startswith(b"GET /one HTTP/1.1\r\n")
+    assert upstream.after_first == b""
+    assert b"/two" not in upstream.received and b"attacker" not in upstream.received
+    wait_for(lambda: any("one request per connection" in r for r in proxy.refused), SAFETY, "the refusal")
+    assert f"{len(second)} bytes after the request to 127.0.0.1:{upstream.port} not sent" in proxy.refused[-1]
+
+
+def test_a_body_longer_than_its_content_length_does_not_carry_its_tail_upstream(
+    make_proxy: Callable[..., EgressProxy],
+) -> None:
+    upstream = Upstream(REPLY)
+    proxy = make_proxy([f"127.0.0.1:{upstream.port}"])
+    smuggled = b"GET /smuggled HTTP/1.1\r\nHost: attacker.example.net\r\n\r\n"
+    answer = ask(
+        proxy,
+        f"POST http://127.0.0.1:{upstream.port}/form HTTP/1.1\r\nContent-Length: 5\r\n\r\n".encode()
+        + b"hello"
+        + smuggled,
+    )
+    assert answer == REPLY
+    assert upstream.done.wait(SAFETY)
+    assert upstream.first is not None and upstream.first.endswith(
+        b"\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello"
+    )
+    assert upstream.after_first == b"" and b"smuggled" not in upstream.received
+
+
+def test_a_chunked_body_goes_upstream_as_framed_and_nothing_after_its_last_chunk(
+    make_proxy: Callable[..., EgressProxy],
+) -> None:
+    """Re-framed as the proxy read it: a chunk extension and a trailer field (which a server may
+    merge into the head) are not sent, and a request behind the last chunk is dropped."""
+    upstream = Upstream(REPLY)
+    proxy = make_proxy([f"127.0.0.1:{upstream.port}"])
+    body = b'5;ext="x"\r\nhello\r\n0A\r\n' + b"w" * 10 + b"\r\n0\r\nHost: attacker.example.net\r\n\r\n"
+    smuggled = b"GET /smuggled HTTP/1.1\r\nHost: attacker.example.net\r\n\r\n"
+    head = f"POST http://127.0.0.1:{upstream.port}/up HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n".encode()
+    with client(proxy) as sock:
+        sock.sendall(head)
+        for at in range(0, len(body + smuggled), 7):  # the framing read across many reads
+            sock.sendall((body + smuggled)[at : at + 7])
+        answer = until_closed(sock)
+    assert answer == REPLY
+    assert upstream.done.wait(SAFETY)
+    assert upstream.first is not None
+    sent_head, _, sent_body = upstream.first.partition(b"\r\n\r\n")
+    assert sent_head.lower().count(b"transfer-encoding") == 1 and b"Transfer-Encoding: chunked" in sent_head
+    assert sent_body == b"5\r\nhello\r\na\r\n" + b"w" * 10 + b"\r\n0\r\n\r\n"
+    assert upstream.after_first == b"" and b"attacker" not in upstream.received
+
+
+def test_a_request_with_a_body_reaches_the_upstream_whole(make_proxy: Callable[..., EgressProxy]) -> None:
+    upstream = Upstream(REPLY)
+    proxy = make_proxy([f"127.0.0.1:{upstream.port}"])
+    body = bytes(range(256)) * 1200  # 300 KB, every byte value, past any one read
+    head = f"PUT http://127.0.0.1:{upstream.port}/blob HTTP/1.1\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+    assert ask(proxy, head + body) == REPLY
+    assert upstream.done.wait(SAFETY)
+    assert upstream.first is not None and upstream.first.endswith(b"\r\n\r\n" + body)
+    assert upstream.after_first == b"" and not proxy.refused
+
+
+@pytest.mark.parametrize(
+    ("framing", "why"),
+    [
+        (b"Content-Length: 5\r\nTransfer-Encoding: chunked", b"both Content-Length and Transfer-Encoding"),
+        (b"Transfer-Encoding: gzip, chunked", b"a Transfer-Encoding other than one 'chunked'"),
+        (b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked", b"a Transfer-Encoding other than one 'chunked'"),
+        (b"Transfer-Encoding: identity", b"a Transfer-Encoding other than one 'chunked'"),
+        (b"Content-Length: 5\r\nContent-Length: 6", b"a Content-Length that is not one number"),
+        (b"Content-Length: 5, 5", b"a Content-Length that is not one number"),
+        (b"Content-Length: +5", b"a Content-Length that is not one number"),
+        (b"Content-Length: 0x5", b"a Content-Length that is not one number"),
+        (b"Content-Length: -1", b"a Content-Length that is not one number"),
+    ],
+)
+def test_a_body_whose_end_a_server_might_place_elsewhere_is_answered_400_and_nothing_is_contacted(
+    make_proxy: Callable[..., EgressProxy], framing: bytes, why: bytes
+) -> None:
+    target = Listener()
+    proxy = make_proxy([f"127.0.0.1:{target.port}"])
+    head = f"POST http://127.0.0.1:{target.port}/ HTTP/1.1\r\n".encode() + framing + b"\r\n\r\n"
+    answer = ask(proxy, head + b"hello")
+    assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n"), answer
+    assert why in answer
+    answer = ask(proxy, f"POST http://127.0.0.1:{target.port}/ HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
+    assert b"a Transfer-Encoding other than one 'chunked' in HTTP/1.1" in answer
+    assert not target.contacted()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [b"5\nhello\r\n", b"zz\r\n", b"5\r\nhelloX\r\n", b"5;a\x00b\r\nhello\r\n", b"5;" + b"e" * 5000 + b"\r\n"],
+)
+def test_a_broken_chunk_ends_the_request_and_nothing_after_it_is_sent(
+    make_proxy: Callable[..., EgressProxy], bad: bytes
+) -> None:
+    upstream = Upstream(REPLY)  # never answers: the request never completes
+    proxy = make_proxy([f"127.0.0.1:{upstream.port}"])
+    head = f"POST http://127.0.0.1:{upstream.port}/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+    smuggled = b"0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: attacker.example.net\r\n\r\n"
+    with client(proxy) as sock:
+        sock.sendall(head + b"3\r\nabc\r\n")
+        wait_for(lambda: upstream.received.endswith(b"\r\n\r\n3\r\nabc\r\n"), SAFETY, "the first chunk upstream")
+        sock.sendall(bad + smuggled)
+        answer = until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n"), answer
+    assert upstream.done.wait(SAFETY)
+    assert upstream.first is None and upstream.received.endswith(b"\r\n\r\n3\r\nabc\r\n"), upstream.received
+    assert any("the rest of the request to" in r for r in proxy.refused)

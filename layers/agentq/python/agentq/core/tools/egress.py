@@ -13,10 +13,22 @@ the proxy contacts the destination only when
    ``AGENTQ_HTTP_FETCH_ALLOW`` names an internal one), and it connects to the checked address.
 
 A refusal is a ``403`` whose body names the reason, which git, curl and pip print; a request
-that is not a proxy request is a ``400``. A plain http request is sent with ``Connection: close``,
-so each request is checked on its own, and with ``Host`` set to its URL's authority (the process's
-own ``Host`` and every header a shared front end may route by dropped: ``DROPPED_HEADERS``), so a
-CDN or virtual host in front of an allowed host cannot be steered to another site by the header.
+that is not a proxy request is a ``400``. A plain http request is sent with ``Connection: close``
+and with ``Host`` set to its URL's authority (the process's own ``Host`` and every header a shared
+front end may route by dropped: ``DROPPED_HEADERS``), so a CDN or virtual host in front of an
+allowed host cannot be steered to another site by the header.
+
+One plain request per connection, and every byte the upstream gets of it checked: the head (its
+line, destination and header lines, ``core.tools.egress_request``), then exactly the body the head
+frames (``Content-Length``, or ``chunked`` re-framed as the proxy read it, extensions and trailer
+fields dropped; both, or any other coding, is a ``400``), then nothing: whatever the client sends
+after the body's end (a second request pipelined behind the first, a connection kept alive, a
+body longer than its ``Content-Length``) is read and dropped, never sent, and the connection ends
+when the upstream's answer does. Checking each request of a kept-alive connection in turn instead
+would mean parsing the answers too (to know which answer is whose, and a second request may name
+another host: another upstream), more code for a guard; a client whose connection ends opens a
+new one, which is checked as the first was. A ``CONNECT`` tunnel is the other case: its bytes
+pass as they are, to the one host and port checked, and carry nothing the proxy added.
 
 The worker that runs the proxy is shared by other tenants' runs, so a shell must not be able to
 pile threads or sockets up in it: at most ``MAX_CONNECTIONS`` connections at once per proxy, one
@@ -61,7 +73,16 @@ from collections.abc import Callable, Iterator
 
 from agentq.core.errors import AgentqError
 from agentq.core.pids import left_by_gone
-from agentq.core.tools.egress_request import VERSION, BadRequest, destination, header_fields, request_line
+from agentq.core.tools.egress_request import (
+    VERSION,
+    BadBody,
+    BadRequest,
+    Body,
+    destination,
+    framing,
+    header_fields,
+    request_line,
+)
 from agentq.core.tools.fetch import Deadline, FetchPolicy, FetchRefused, HostRule, Target, resolve
 from agentq.core.vault import CredentialSource
 
@@ -252,11 +273,14 @@ class EgressProxy:
                 raise BadRequest(f"a version that is not HTTP/1.0 or HTTP/1.1: {version[:100]!r}")
             authority = host if ":" not in host else f"[{host}]"
             authority += f":{port}" if port != 80 else ""
-            fields = [] if method.upper() == "CONNECT" else header_fields(headers)  # checked before any contact
+            body: Body | None = None  # a tunnel's bytes pass as they are
+            fields: list[bytes] = []
+            if method.upper() != "CONNECT":  # checked before any contact
+                fields, body = framing(header_fields(headers), version)
             upstream = self._connect(host, port)
             self._track(upstream)
             credential = self.credentials.for_host(host, port) if self.credentials is not None else None
-            if method.upper() == "CONNECT":
+            if body is None:  # CONNECT
                 if credential is not None:
                     self.refused.append(
                         f"credential {credential.name!r} not added to a CONNECT tunnel to {host}:{port}: "
@@ -275,11 +299,20 @@ class EgressProxy:
                     self.injected += 1
                 kept = [h for h in fields if h.partition(b":")[0].lower() not in dropped]
                 request = f"{method} {origin} {version}\r\nHost: {authority}\r\n".encode("latin-1")
-                upstream.sendall(request + b"\r\n".join([*kept, *added, b"Connection: close"]) + b"\r\n\r\n" + rest)
-            _pipe(conn, upstream, self.idle_seconds)
+                head = request + b"\r\n".join([*kept, *added, b"Connection: close"]) + b"\r\n\r\n"
+                upstream.sendall(head + body.feed(rest))
+            _pipe(conn, upstream, self.idle_seconds, body)
+            if body is not None and body.dropped:
+                self.refused.append(
+                    f"{body.dropped} bytes after the request to {host}:{port} not sent: one request per connection"
+                )
         except HeadTimeout as exc:
             self.refused.append(str(exc))
             _answer(conn, 408, f"agentq egress: {exc}")
+        except BadBody as exc:
+            self.refused.append(f"{exc}: the rest of the request to {host}:{port} not sent")
+            if not exc.answered:
+                _answer(conn, 400, f"agentq egress: bad request body: {exc}")
         except BadRequest as exc:
             self.refused.append(str(exc))
             _answer(conn, 400, f"agentq egress: bad proxy request: {exc}")
@@ -356,13 +389,16 @@ def _read_head(conn: socket.socket, seconds: float) -> tuple[bytes | None, bytes
     return head, rest
 
 
-def _pipe(a: socket.socket, b: socket.socket, idle_seconds: float) -> None:
+def _pipe(client: socket.socket, upstream: socket.socket, idle_seconds: float, body: Body | None = None) -> None:
     """Copies bytes both ways in this one thread until both sides have ended, or until no byte
-    has moved either way for ``idle_seconds`` (a send that makes no progress as long counts)."""
-    peer = {a: b, b: a}
-    open_ = {a, b}  # the sides still sending
-    a.settimeout(idle_seconds)  # bounds a sendall to a side that stopped reading
-    b.settimeout(idle_seconds)
+    has moved either way for ``idle_seconds`` (a send that makes no progress as long counts).
+    With a plain request's ``body``, the client's bytes go upstream through it (its framed body,
+    then nothing), and the upstream's end is the connection's: its one answer is over."""
+    peer = {client: upstream, upstream: client}
+    open_ = {client, upstream}  # the sides still sending
+    client.settimeout(idle_seconds)  # bounds a sendall to a side that stopped reading
+    upstream.settimeout(idle_seconds)
+    answered = False  # a byte of the upstream's answer went to the client
     with selectors.DefaultSelector() as selector:
         for sock in open_:
             selector.register(sock, selectors.EVENT_READ)
@@ -376,10 +412,19 @@ def _pipe(a: socket.socket, b: socket.socket, idle_seconds: float) -> None:
                 try:
                     chunk = src.recv(65536)
                     if chunk:
+                        if src is client and body is not None:
+                            try:
+                                chunk = body.feed(chunk)  # b"" once the body is over: dropped
+                            except BadBody as exc:
+                                exc.answered = answered
+                                raise
                         peer[src].sendall(chunk)
+                        answered = answered or src is upstream
                         continue
                 except OSError:
                     return
+                if src is upstream and body is not None:
+                    return  # the one answer is over: nothing the client sends now goes anywhere
                 selector.unregister(src)
                 open_.discard(src)
                 with contextlib.suppress(OSError):

@@ -71,3 +71,113 @@ def destination(method: str, target: str) -> tuple[str, int, str]:
         raise BadRequest(f"a proxy request needs an absolute http:// URL or CONNECT, not {target[:200]!r}")
     origin = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     return parts.hostname.lower(), number, origin
+
+
+MAX_CHUNK_LINE = 4096  # a chunk's size line, extensions and all
+MAX_TRAILER = 16 * 1024  # a chunked body's trailer section (read to find the body's end, never sent)
+_LENGTH = re.compile(rb"[0-9]{1,18}")
+_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:[ \t]*;[^\x00-\x08\x0a-\x1f\x7f]*)?")
+
+
+class BadBody(BadRequest):
+    """A chunked body whose framing is broken: nothing more of it is sent, and the connection ends
+    (with a ``400`` unless the upstream has ``answered`` already)."""
+
+    answered = False
+
+
+def framing(lines: list[bytes], version: str) -> tuple[list[bytes], Body]:
+    """A plain request's header lines with its framing headers replaced by the one the proxy
+    frames its body by, and that body's reader. ``Content-Length`` (every line of it the same
+    digits) or ``Transfer-Encoding: chunked`` (one line, HTTP/1.1, no ``Content-Length``); neither:
+    no body (RFC 9112 6.3). Anything else is a ``400``: two framings a server behind might choose
+    between differently would let the rest of the body be read as another request."""
+    named = [(h.partition(b":")[0].lower(), h.partition(b":")[2].strip(b" \t")) for h in lines]
+    lengths = {value for name, value in named if name == b"content-length"}
+    codings = [value for name, value in named if name == b"transfer-encoding"]
+    kept = [
+        h for h, (name, _) in zip(lines, named, strict=True) if name not in (b"content-length", b"transfer-encoding")
+    ]
+    if codings:
+        if lengths:
+            raise BadRequest("both Content-Length and Transfer-Encoding: the body's end would be ambiguous")
+        if len(codings) > 1 or codings[0].lower() != b"chunked" or version != "HTTP/1.1":
+            raise BadRequest(f"a Transfer-Encoding other than one 'chunked' in HTTP/1.1: {codings[0][:100]!r}")
+        return [*kept, b"Transfer-Encoding: chunked"], Body(None)
+    if not lengths:
+        return kept, Body(0)
+    if len(lengths) > 1 or not _LENGTH.fullmatch(next(iter(lengths))):
+        raise BadRequest(f"a Content-Length that is not one number: {sorted(lengths)[0][:100]!r}")
+    length = int(next(iter(lengths)))
+    return [*kept, b"Content-Length: %d" % length], Body(length)
+
+
+class Body:
+    """What of the client's bytes after a plain request's head go upstream: exactly the body its
+    head frames (a chunked one re-framed as the proxy read it: chunk extensions and trailer fields
+    dropped), then nothing: ``feed`` returns what to send, and counts in ``dropped`` every byte
+    after the body's end. A broken chunk framing raises ``BadBody``."""
+
+    def __init__(self, length: int | None) -> None:
+        self.chunked = length is None
+        self.left = length or 0  # bytes of the body (or of the current chunk) still to pass
+        self.state = "size" if self.chunked else ("data" if self.left else "done")
+        self.line = b""  # a chunked body's line being read
+        self.trailer = 0  # bytes of its trailer section read
+        self.dropped = 0
+
+    @property
+    def done(self) -> bool:
+        return self.state == "done"
+
+    def feed(self, data: bytes) -> bytes:
+        out: list[bytes] = []
+        at = 0
+        while at < len(data) and self.state != "done":
+            if self.state == "data":
+                take = min(self.left, len(data) - at)
+                out.append(data[at : at + take])
+                at += take
+                self.left -= take
+                if not self.left:
+                    self.state = "data end" if self.chunked else "done"
+                continue
+            line, at = self._line(data, at)
+            if line is not None:
+                out.append(self._chunk_line(line))
+        self.dropped += len(data) - at
+        return b"".join(out)
+
+    def _line(self, data: bytes, at: int) -> tuple[bytes | None, int]:
+        """A whole line of the chunked framing (without its CRLF) once its LF has come."""
+        end = data.find(b"\n", at)
+        self.line += data[at : len(data) if end < 0 else end + 1]
+        if len(self.line) > MAX_CHUNK_LINE:
+            raise BadBody(f"a line of the chunked body over {MAX_CHUNK_LINE} bytes")
+        if end < 0:
+            return None, len(data)
+        line, self.line = self.line, b""
+        if not line.endswith(b"\r\n") or b"\r" in line[:-2]:
+            raise BadBody(f"a line of the chunked body that does not end in CRLF: {line[:100]!r}")
+        return line[:-2], end + 1
+
+    def _chunk_line(self, line: bytes) -> bytes:
+        if self.state == "data end":
+            if line:
+                raise BadBody(f"a chunk longer than its size: {line[:100]!r}")
+            self.state = "size"
+            return b"\r\n"
+        if self.state == "trailer":
+            self.trailer += len(line) + 2
+            if self.trailer > MAX_TRAILER:
+                raise BadBody(f"a chunked body's trailer over {MAX_TRAILER // 1024} KB")
+            if line:
+                return b""  # a trailer field: never sent
+            self.state = "done"
+            return b"0\r\n\r\n"
+        size = _CHUNK_SIZE.fullmatch(line)
+        if size is None:
+            raise BadBody(f"a chunk size line that is not 'hex[;extension]': {line[:100]!r}")
+        self.left = int(size[1], 16)
+        self.state = "data" if self.left else "trailer"
+        return b"%x\r\n" % self.left if self.left else b""
