@@ -95,6 +95,59 @@ def test_a_value_at_any_offset_and_at_either_end_of_a_text_is_redacted() -> None
     assert redactor.redact("nothing to hide here") == "nothing to hide here"
 
 
+WIDE = ["utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be"]
+
+
+@pytest.mark.parametrize(
+    "value", ["Zq9/+=wJalrXUtnFEMI", "clé-secrète-de-test", "密码是秘密的口令啊", "key-\U0001f511-\U0001f600-x"]
+)
+def test_a_value_in_utf16_or_utf32_is_redacted_in_that_encoding_at_any_offset(value: str) -> None:
+    """``redact_encoded`` (http_fetch's bodies): a value's spelling in UTF-16 or UTF-32 of either
+    byte order, after any number of bytes, becomes REDACTED in that encoding, so the body decodes
+    as before around it; after an odd number of bytes of a UTF-8 text, where it reads as the value
+    with NULs between its characters, too. No view of what is left holds a spelling (the CJK value
+    has no NUL byte in UTF-16; the emoji are two units each)."""
+    redactor = Redactor()
+    redactor.add(value)
+    forms = {f for s in spellings(value) for f in (s, s.encode().decode("latin-1"))}
+    for encoding in WIDE:
+        for before in range(5):
+            text = "\u4e01" * before + value + "." * before
+            data = "\ufeff".encode(encoding) + text.encode(encoding)
+            cleaned = redactor.redact_encoded(data)
+            assert cleaned.decode(encoding) == "\ufeff" + "\u4e01" * before + REDACTED + "." * before, (
+                encoding,
+                before,
+            )
+            stray = b"x" * before + value.encode(encoding) + b"y"  # the value at any alignment in bytes
+            cleaned = redactor.redact_encoded(stray)
+            assert cleaned == b"x" * before + REDACTED.encode(encoding) + b"y", (encoding, before, cleaned)
+            for codec in [*WIDE, "latin-1"]:
+                for shift in range(4):
+                    seen = cleaned[shift:].decode(codec, errors="replace")
+                    assert not [f for f in forms if f in seen], (encoding, before, codec, shift)
+    assert redactor.redact_encoded(b"nothing to hide here") == b"nothing to hide here"
+
+
+def test_a_cut_read_keeps_what_its_first_bytes_became_and_no_redaction_that_holds_the_cut() -> None:
+    """``upto`` (http_fetch's read that stopped in a long body): what the first ``upto`` bytes
+    became; a value that holds byte ``upto`` is left out whole, one that ends before it is shown
+    redacted."""
+    redactor = Redactor()
+    value = "Zq9/+=wJalrXUtnFEMI"
+    redactor.add(value)
+    for encoding in ["utf-8", *WIDE]:
+        one, dot, marked = value.encode(encoding), ".".encode(encoding), REDACTED.encode(encoding)
+        data = dot + one + dot + one + dot
+        first_end, second = len(dot + one), len(dot + one + dot)
+        assert redactor.redact_encoded(data) == dot + marked + dot + marked + dot
+        assert redactor.redact_encoded(data, upto=first_end) == dot + marked
+        assert redactor.redact_encoded(data, upto=first_end + 1) == dot + marked + dot[:1]
+        for upto in range(second, second + len(one)):  # in the second value, or at its first byte
+            assert redactor.redact_encoded(data, upto=upto) == dot + marked + dot, (encoding, upto)
+        assert redactor.redact_encoded(data, upto=0) == b""
+
+
 def _lower_hex(text: str) -> str:
     return re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(), text)
 

@@ -1,6 +1,11 @@
 """An HTTP server that echoes what it was sent (request line and headers, plain and base64), the
 way an API that reflects its ``Authorization`` header would; ``/redirect?to=URL`` answers 302 to
-URL. For the vault's tests: whatever reaches it is what agentq sent."""
+URL. For the vault's tests: whatever reaches it is what agentq sent.
+
+``?encoding=CODEC`` (``utf-16-le``, ``utf-32-be``, ...) sends the echo in that encoding instead of
+UTF-8, after ``pad`` CJK characters (none of whose bytes is NUL in UTF-16, so ``http_fetch`` does
+not take the body for binary), with a byte order mark first if ``bom=1``, and names ``charset``
+in its ``Content-Type`` (none if not given)."""
 
 from __future__ import annotations
 
@@ -32,8 +37,15 @@ class EchoServer:
                     return
                 raw = f"{self.requestline}\n{self.headers}".encode()
                 body = raw + b"\nbase64: " + base64.b64encode(raw) + b"\n"
+                content_type = "text/plain; charset=utf-8"
+                query = dict(urllib.parse.parse_qsl(parts.query))
+                if "encoding" in query:
+                    codec = query["encoding"]
+                    text = "\u4e01" * int(query.get("pad", 0)) + body.decode()
+                    body = ("\ufeff" if query.get("bom") == "1" else "").encode(codec) + text.encode(codec)
+                    content_type = "text/plain" + (f"; charset={query['charset']}" if "charset" in query else "")
                 self.send_response(200)
-                self.send_header("Content-Type", "text/plain; charset=utf-8")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)

@@ -15,7 +15,9 @@ The spellings: the value itself, percent-encoded (``quote`` with and without ``/
 ``\\u`` as .NET may), hex (either case), HTML entities, and base64 (standard and URL-safe; padding
 is never part of a core) at each of the three alignments a value can have inside a longer
 encoded text (the middle characters that do not depend on what surrounds it: an echo of a whole
-``Authorization`` header, base64-encoded, still loses the value). A value shorter than
+``Authorization`` header, base64-encoded, still loses the value). Bytes are read as UTF-8 (and so
+any charset ASCII is ASCII in); a fetched body also as UTF-16 and UTF-32 (``redact_encoded``),
+which the body's charset, its byte order mark or the tool that reads it may decode it as. A value shorter than
 ``MIN_CHARS`` is never one a credential holds (``core.vault`` refuses it), so ordinary text is
 never redacted by accident.
 
@@ -29,6 +31,7 @@ redacted, as one.
 from __future__ import annotations
 
 import base64
+import bisect
 import html
 import json
 import logging
@@ -36,6 +39,7 @@ import re
 import threading
 import urllib.parse
 from collections import OrderedDict
+from collections.abc import Callable
 
 MIN_CHARS = 8
 MAX_VALUES = 4096
@@ -75,6 +79,12 @@ def spellings(value: str) -> set[str]:
 GRAM = 5  # the texts are read at every STEP-th character, GRAM characters at a time: a
 STEP = 4  # spelling of MIN_CHARS (>= STEP + GRAM - 1) or more has one of its grams at such a place
 _GRAMS = re.compile(rf"(?=(.{{{GRAM}}})).{{{STEP}}}", re.DOTALL)
+# The encodings ``redact_encoded`` reads bytes in besides an ASCII-compatible one, and the bytes of
+# a character there (UTF-16's past U+FFFF: two units). A character of a spelling takes at most
+# WIDEST bytes in any of them for each byte it takes in UTF-8.
+WIDE_ENCODINGS = (("utf-16-le", 2), ("utf-16-be", 2), ("utf-32-le", 4), ("utf-32-be", 4))
+WIDEST = 4
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
 
 
 class _Index:
@@ -93,6 +103,7 @@ class _Index:
         self.grams: dict[str, tuple[int, ...]] = {}  # gram -> how many spellings hold it at each offset
         self.heads: dict[str, dict[int, int]] = {}  # head -> {length: how many spellings}
         self.work = 0
+        self.wide = 0  # spellings with a character past U+00FF: in UTF-16, maybe no NUL byte
 
     def add(self, word: str) -> None:
         if word in self.words:
@@ -106,12 +117,14 @@ class _Index:
         lengths[len(word)] = lengths.get(len(word), 0) + 1
         self.heads[word[:MIN_CHARS]] = lengths
         self.words.add(word)
+        self.wide += max(word) > "\xff"
         self.work += STEP + 1
 
     def remove(self, word: str) -> None:
         if word not in self.words:
             return
         self.words.discard(word)
+        self.wide -= max(word) > "\xff"
         for j in range(STEP):
             gram = word[j : j + GRAM]
             counts = list(self.grams[gram])
@@ -166,6 +179,60 @@ def _cut(text: str, spans: list[tuple[int, int]]) -> str:
         at = end
     parts.append(text[at:])
     return "".join(parts)
+
+
+def _byte_offsets(text: str, width: int) -> Callable[[int], int]:
+    """Where each character of ``text`` (decoded from bytes of ``width``: one character a unit,
+    as ``redact_encoded`` decodes) starts in those bytes: UTF-16's characters past U+FFFF take two."""
+    astral = [m.start() for m in _ASTRAL.finditer(text)] if width == 2 else []
+    return lambda index: width * (index + bisect.bisect_left(astral, index))
+
+
+Span = tuple[int, int, bytes]  # start, end, and what replaces the bytes between
+
+
+def _merged(spans: list[Span]) -> list[Span]:
+    """In order, overlapping spans as one, with the longest of their marks (the widest encoding's)."""
+    merged: list[Span] = []
+    for start, end, mark in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            first, last, other = merged[-1]
+            merged[-1] = (first, max(end, last), max(mark, other, key=len))
+        else:
+            merged.append((start, end, mark))
+    return merged
+
+
+def _chosen(found: list[tuple[int, int, bytes, int, bool]]) -> list[Span]:
+    """The spans to replace: all of the views a decoder of the whole body reads (its bytes, and
+    UTF-16 and UTF-32 from byte 0), and another view's (from byte 1, 2 or 3) unless it is within
+    one of those but for less than a unit at either end. That is the same text read a byte off
+    (ASCII in UTF-16-LE is UTF-16-BE a byte on): no character of it is left once the other span is
+    replaced, and replacing its span instead would shift the rest of the body for its decoder."""
+    first = _merged([(start, end, mark) for start, end, mark, _, aligned in found if aligned])
+    if all(aligned for *_, aligned in found):
+        return first
+    starts = [start for start, _, _ in first]
+    chosen = list(first)
+    for start, end, mark, width, aligned in found:
+        at = bisect.bisect_right(starts, start + width - 1) - 1
+        if not aligned and (at < 0 or end > first[at][1] + width - 1):
+            chosen.append((start, end, mark))
+    return chosen
+
+
+def _replaced(data: bytes, spans: list[Span], end: int) -> bytes:
+    """The first ``end`` bytes of ``data``, each span replaced by its mark; one that holds byte
+    ``end`` (or lies past it) is left out whole."""
+    out, at = [], 0
+    for start, stop, mark in _merged(spans):
+        if stop > end:
+            end = min(start, end)
+            break
+        out += [data[at:start], mark]
+        at = stop
+    out.append(data[at:end])
+    return b"".join(out)
 
 
 class Hold:
@@ -269,6 +336,38 @@ class Redactor:
         text = data.decode("latin-1")
         spans = self._index.spans(text)
         return _cut(text, spans).encode("latin-1") if spans else data
+
+    def redact_encoded(self, data: bytes, upto: int | None = None) -> bytes:
+        """``data`` redacted as ``redact_bytes`` reads it (UTF-8, or any charset ASCII's bytes
+        are ASCII in), and as UTF-16 and UTF-32 of either byte order from any byte on (what a body
+        is in, whatever charset it names: a byte order mark, or a tool, may decide), each span
+        replaced by REDACTED in the encoding it was found in, so the text around it decodes as
+        before. ``upto``: only what the first ``upto`` bytes became, a redaction that holds byte
+        ``upto`` left out whole (``core.tools.fetch``: the end of a cut read may be in a value)."""
+        end = len(data) if upto is None else max(0, min(upto, len(data)))
+        if not data or self.empty:
+            return data[:end]
+        return _replaced(data, _chosen(self._encoded_spans(data)), end)
+
+    def _encoded_spans(self, data: bytes) -> list[tuple[int, int, bytes, int, bool]]:
+        """(start, end, REDACTED in the view's encoding, its bytes a unit, whether the view starts
+        at byte 0) of every spelling in every view. Every character is a unit with a NUL byte in
+        UTF-32, and so is one up to U+00FF in UTF-16: bytes without a NUL are read in neither,
+        unless a spelling has a character past U+00FF."""
+        mark = REDACTED.encode()
+        found = [(start, end, mark, 1, True) for start, end in self._index.spans(data.decode("latin-1"))]
+        nul = b"\x00" in data
+        for codec, width in WIDE_ENCODINGS:
+            if not nul and (width == 4 or not self._index.wide):
+                continue
+            for shift in range(width):
+                whole = shift + (len(data) - shift) // width * width
+                text = data[shift:whole].decode(codec, "surrogatepass" if width == 2 else "replace")
+                spans = self._index.spans(text)
+                if spans:
+                    at, mark = _byte_offsets(text, width), REDACTED.encode(codec)
+                    found += [(shift + at(start), shift + at(end), mark, width, shift == 0) for start, end in spans]
+        return found
 
     def clear(self) -> None:
         with self._lock:

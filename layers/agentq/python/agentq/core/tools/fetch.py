@@ -24,7 +24,10 @@ way to let an internal address through, because the operator wrote that exact ad
 
 The body comes back redacted (``observe.redaction``) and only then cut to ``max_bytes``, which the
 model chooses: cut first, an echoed credential straddling the cut would leave all but its end,
-which no spelling matches (``redacted_cut``).
+which no spelling matches (``redacted_cut``). ``max_bytes`` counts bytes, and the body may be
+UTF-16 or UTF-32 (its charset, a byte order mark, or a tool's decoding may say so), where a
+character is two to four of them: it is redacted in those encodings too, and read far enough past
+the cut for a value's spelling in the widest of them.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentq.core.vault import MAX_VALUE_BYTES
-from agentq.observe.redaction import MIN_CHARS, REDACTED, REDACTOR
+from agentq.observe.redaction import REDACTOR, WIDEST
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -55,13 +58,11 @@ REDIRECT_STATUSES = (301, 302, 303, 307, 308)
 CHUNK = 64 * 1024
 # The longest text that carries a credential: a secret form is a value (4,096 bytes at most) or
 # a username (256 characters) joined to it; its longest spellings, every symbol as JSON's \u
-# escape or an HTML entity (&quot;, &#x27;), are six times its bytes (tests/test_redaction_cuts.py
-# holds the redactor to this).
+# escape or an HTML entity (&quot;, &#x27;), are six times its bytes in UTF-8, and at most WIDEST
+# times that in UTF-16 or UTF-32 (tests/test_redaction_cuts.py holds the redactor to this).
 LONGEST_SPELLING = 8 * MAX_VALUE_BYTES
-# What the last LONGEST_SPELLING bytes of a text can become once redacted: each replacement turns
-# at least MIN_CHARS bytes into REDACTED.
-REDACTED_TAIL = LONGEST_SPELLING + len(REDACTED) * (LONGEST_SPELLING // MIN_CHARS + 2)
-READ_PAST = LONGEST_SPELLING + REDACTED_TAIL  # read this far past max_bytes, so the cut is made redacted
+LONGEST_READ = WIDEST * LONGEST_SPELLING  # its bytes, in whatever encoding the body is
+READ_PAST = LONGEST_READ  # read this far past max_bytes, so the cut is made redacted
 
 # Cloud metadata, credential and time/DNS endpoints, named so the refusal says what they are
 # (each is also inside a range refused below).
@@ -478,10 +479,9 @@ def _read_at_most(
 def redacted_cut(data: bytes, max_bytes: int, more: bool) -> tuple[bytes, bool]:
     """What was read of a body (``more``: the body went on past it), redacted whole, then cut to
     ``max_bytes``; and whether anything was cut. Every credential the read holds whole is gone
-    before the cut, wherever the model put it. The read's own end may cut one: its start lies in
-    the last LONGEST_SPELLING bytes read, so what they became (at most REDACTED_TAIL bytes) is
-    dropped; READ_PAST leaves max_bytes to show when nothing was redacted."""
-    clean = REDACTOR.redact_bytes(data)
-    if more:
-        clean = clean[: max(0, len(clean) - REDACTED_TAIL)]
+    before the cut, wherever the model put it, in UTF-16 and UTF-32 too (``redact_encoded``,
+    whatever charset the body names). The read's own end may cut one: its start lies in the last
+    LONGEST_READ bytes read, so what they became is dropped (with a redaction that holds their
+    first byte); READ_PAST leaves max_bytes to show when nothing was redacted."""
+    clean = REDACTOR.redact_encoded(data, upto=len(data) - LONGEST_READ if more else None)
     return clean[:max_bytes], more or len(clean) > max_bytes
