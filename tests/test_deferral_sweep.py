@@ -13,13 +13,14 @@ import time
 import uuid
 from typing import Any
 
-from agentq.core.models import TaskStatus
+from agentq.core.models import RetryState, TaskStatus
 from agentq.core.status import DEFERRED_EPOCH, SILENT_UNTIL
 from agentq.queueing.dispatch._context import MAX_DELAY
 from agentq.queueing.sweeper import sweep
+from agentq.storage.container import Storage
 
 from tests.api_support import ApiStack
-from tests.helpers import call
+from tests.helpers import call, scripted
 
 NOTES = "n" * 800
 STALE = 120.0  # the local stack's threshold (LocalStack.sweep_stale_after)
@@ -87,3 +88,25 @@ def test_a_call_that_can_never_fit_under_its_cap_says_so_while_it_waits(api_stac
     assert "raise the cap" in message and "never run under it" in view["activity"], view["activity"]
     assert view["status"] == "running" and time.time() < view["retry"]["next_attempt_at"]
     assert api.http("POST", f"/tasks/{task_id}/cancel", {}, key=key)[0] == 200
+
+
+def test_a_claim_ends_the_silence_a_retry_kept_so_a_task_that_strands_after_it_is_swept(
+    settings_store: Storage,
+) -> None:
+    """A retry's silence (a provider's Retry-After, a day) outlived its task's next claim, the
+    message having come back early (SQS refuses a visibility past 12 hours): that run's worker
+    dying then went unswept for the day. The claim removes it; the run's own writes say it lives."""
+    store = settings_store
+    task = store.tasks.create(scripted([{"text": "x"}]), tenant="t")
+    now = time.time()
+    state = RetryState(step=1, scope="delivery", attempt=1, max_attempts=5, code="rate_limited", message="429",
+                       at=now, next_at=now + 86_400)  # fmt: skip
+    assert store.tasks.record_retry(task.task_id, state, silent_until=now + 86_400)
+    assert float(_meta_of(store, task.task_id)[SILENT_UNTIL]) > now + 80_000
+    claimed = store.tasks.claim(task.task_id, "w1", 3.0)
+    assert claimed is not None
+    assert SILENT_UNTIL not in _meta_of(store, task.task_id)
+
+
+def _meta_of(store: Storage, task_id: str) -> dict[str, Any]:
+    return dict(store.tasks.metas([task_id])[0])

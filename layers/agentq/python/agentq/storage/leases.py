@@ -30,7 +30,7 @@ from agentq.core.errors import LeaseLost, TaskNotFound
 from agentq.core.models import Lease, Task, TaskStatus
 from agentq.core.records import ClaimOwner, ClaimRecord
 from agentq.core.reservation import Seen
-from agentq.core.status import DEFERRED_EPOCH
+from agentq.core.status import DEFERRED_EPOCH, SILENT_UNTIL
 from agentq.core.workspace import WorkspaceRef
 from agentq.resources import GSI_OWNER
 from agentq.storage import keys
@@ -180,8 +180,10 @@ class TaskLeases(TaskItems):
             # a lapsed lease's call in flight: never shown as this one's; a stop's mark left by a
             # stop that died before its move to cancelled: this claim read the stops after it
             # (``queueing.dispatch``), so the scope is not stopped, or a stop is still under way
-            # and will move the task to cancelled (its move pins nothing a claim changes but status)
-            remove=[*remove, "live_text", STOPPING],
+            # and will move the task to cancelled (its move pins nothing a claim changes but status);
+            # the silence a deferral or a retry's delay kept (the sweeper's): this claim ends it,
+            # and the run's own writes say it lives from here on
+            remove=[*remove, "live_text", STOPPING, SILENT_UNTIL],
             # where the claim falls in the task's event log (storage/events.py), and whether it
             # took a running task over: the values as they were before this write
             copy_from={

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from agentq.core.engine import RunResult
 from agentq.core.models import RetryState, Task
-from agentq.queueing.dispatch._context import Action, Context, delay_seconds
+from agentq.queueing.dispatch._context import MAX_VISIBILITY, Action, Context, delay_seconds
 
 log = logging.getLogger("agentq.dispatch")
 
@@ -32,12 +32,14 @@ def note_deferral(ctx: Context, task: Task, run: RunResult) -> None:
 
 
 def note_retry(ctx: Context, task: Task, run: RunResult, action: Action) -> None:
-    """The task comes back in ``action.delay_seconds``: why, and when."""
+    """The task comes back in ``action.delay_seconds``: why, and when. It is silent (to the
+    sweeper) that long, but never past SQS's longest visibility: a provider's Retry-After has no
+    bound, and a delay SQS refused leaves the message its old visibility."""
     error = run.error or {}
     _note(ctx, task, run, "delivery", attempt=action.attempts, max_attempts=ctx.max_receive_count,
           code=error.get("code") or "retryable_error", message=error.get("message") or action.reason,
           delay=action.delay_seconds, status_code=error.get("status_code"),
-          silent_for=action.delay_seconds)  # fmt: skip
+          silent_for=min(action.delay_seconds, MAX_VISIBILITY))  # fmt: skip
 
 
 def _same_deferral(ctx: Context, task_id: str, step: int, code: str) -> float | None:
