@@ -357,19 +357,28 @@ def test_purge_refuses_a_finished_task_a_live_worker_owns_and_purges_it_once_tha
 @pytest.mark.parametrize("text", ["short", "x" * 500_000], ids=["inline", "in s3"])
 def test_a_worker_whose_task_was_purged_under_it_writes_nothing_back(rstore: Storage, text: str) -> None:
     """A per-task lease (no owner process, no slot: nothing for the purge to wait on) cancelled
-    mid-call and purged: its step commit and its orphan are refused and leave no item or payload
-    in the purged task (the step item is put before the fenced commit point)."""
+    mid-call and purged: its step commit (one that ends the task too, its result put first), its
+    side effect's outcome and its orphan are refused and leave no item or payload in the purged
+    task (each is put before the fenced write that finds the task gone)."""
+    from agentq.core.models import ToolOutcome
+
     from tests.storage_conformance._builders import llm_step
 
     task_id = rstore.tasks.create(scripted([{"text": "x"}]), tenant="t").task_id
     claimed = rstore.tasks.claim(task_id, "w1", 60)
     assert claimed is not None
     lease = claimed[0]
+    assert rstore.effects.begin(lease, "toolu_1", "send_report") is None
     control.cancel(rstore, task_id)
     assert purge_task(rstore, task_id).items > 0
     step = llm_step(text=text)
     with pytest.raises(LeaseLost, match="no longer exists"):
+        rstore.effects.finish(lease, "toolu_1", ToolOutcome(tool_use_id="toolu_1", name="send_report",
+                                                            content=text, started_at=0.0, duration_ms=1))  # fmt: skip
+    with pytest.raises(LeaseLost, match="no longer exists"):
         rstore.steps.commit(lease, 1, step, root_id=task_id)
+    with pytest.raises(LeaseLost, match="no longer exists"):
+        rstore.steps.commit(lease, 1, step, root_id=task_id, finish=TaskStatus.SUCCEEDED, result=text)
     rstore.steps.record_orphan(lease, 1, step)
     assert _everything_of(rstore, task_id) == ([], False, [])
 

@@ -56,7 +56,10 @@ class Effects:
                 ]
             )
         except TransactionCancelled as exc:
-            raise why_fenced(self.table, lease) from exc
+            fenced = why_fenced(self.table, lease)
+            if fenced.details.get("gone"):  # purged under the call: its outcome, put first, goes too
+                self.payloads.delete_prefix(keys.payload_prefix(lease.task_id))
+            raise fenced from exc
 
     def remember(self, lease: Lease, tool_use_id: str, remote: dict[str, Any]) -> None:
         """Record on a started call what it started at a remote A2A agent (fenced): a worker

@@ -288,11 +288,13 @@ class Steps:
         the call): its prepared item (and payload) landed after the purge's delete, or will be
         deleted by it. Either way it goes, so nothing is written back into a purged task. The
         purge deleted META first, so the commit point's refusal came after it: a put the purge's
-        listing missed is deleted here, and a worker killed in between leaves it (only then)."""
+        listing missed is deleted here, and a worker killed in between leaves it (only then).
+        Every payload of the task goes with it, not the step's alone: a commit that ends the task
+        put its result first (``result-e{epoch}.txt``), and META being gone means the purge
+        deleted them all, or will."""
         with contextlib.suppress(ConditionFailed):
             self.table.delete(keys.item_key(lease.task_id, str(item["sk"])), condition=Attr("epoch").eq(lease.epoch))
-        if "ref" in item:
-            self.payloads.delete_prefix(str(item["ref"]))
+        self.payloads.delete_prefix(keys.payload_prefix(lease.task_id))
 
     def _commit_meta(self, lease: Lease, number: int, write: Patch, reserve_next: int, heeds: _Heeds) -> Inbox:
         """The commit point: one conditional write of META (and the task's own budget on it)."""
