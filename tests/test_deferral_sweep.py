@@ -36,32 +36,37 @@ def _deferred(view: dict[str, Any]) -> bool:
     return bool((view.get("retry") or {}).get("error", {}).get("code") == "cap_reached")
 
 
-def _meta(api: ApiStack, task_id: str) -> dict[str, Any]:
-    return dict(api.stack.store().tasks.metas([task_id])[0])
+def _meta(store: Storage, task_id: str) -> dict[str, Any]:
+    return dict(store.tasks.metas([task_id])[0])
+
+
+def _deferred_at_a_cap(api: ApiStack, prefix: str, daily_tokens: int) -> tuple[str, str, dict[str, Any]]:
+    """A key, and a task of a user capped at ``daily_tokens`` a day, as it is first deferred."""
+    key = api.stack.create_api_key(f"{prefix}-{uuid.uuid4().hex[:6]}", act_for_users=True)
+    user = f"u{uuid.uuid4().hex[:8]}"
+    assert api.http("PUT", f"/caps/user/{user}", {"daily_tokens": daily_tokens}, key=key)[0] == 200
+    task_id = api.submit(_long(user), key=key)
+    return key, task_id, api.until(task_id, _deferred, key=key)
 
 
 def test_a_task_deferred_at_a_cap_is_not_swept_while_its_deferral_lasts_and_its_next_claim_is_no_resume(
     api_stack: ApiStack,
 ) -> None:
     api = api_stack
-    key = api.stack.create_api_key(f"defer-{uuid.uuid4().hex[:6]}", act_for_users=True)
-    user = f"u{uuid.uuid4().hex[:8]}"
-    assert api.http("PUT", f"/caps/user/{user}", {"daily_tokens": 5_000}, key=key)[0] == 200
-    task_id = api.submit(_long(user), key=key)
-    view = api.until(task_id, _deferred, key=key)
+    key, task_id, view = _deferred_at_a_cap(api, "defer", 5_000)
     first = view["retry"]["failed_at"]
     hop_due = first + MAX_DELAY  # a day's deferral comes back in 15-minute hops
     store, queues = api.stack.store(), api.stack.queues()
     # Long past the threshold from its last write, but its hop is not overdue: left alone.
     assert task_id not in sweep(store, queues, stale_after=STALE, now=hop_due + STALE - 5).swept
-    meta = _meta(api, task_id)  # silent until its first hop is due, deferred by its first claim
+    meta = _meta(store, task_id)  # silent until its first hop is due, deferred by its first claim
     silent_until = float(meta[SILENT_UNTIL])
     assert hop_due - 5 <= silent_until <= hop_due + 5
     assert int(meta[DEFERRED_EPOCH]) == int(meta["lease_epoch"]) == 1
     # Its hop lost (never came): swept once the hop is the threshold overdue, the backstop kept.
     assert task_id in sweep(store, queues, stale_after=STALE, now=silent_until + STALE + 1).swept
     # The swept message's claim takes a task waiting for its message: no run was taken over.
-    api.until(task_id, lambda v: _deferred(v) and int(_meta(api, task_id).get(DEFERRED_EPOCH, 0)) == 2, key=key)
+    api.until(task_id, lambda v: _deferred(v) and int(_meta(store, task_id).get(DEFERRED_EPOCH, 0)) == 2, key=key)
     task = store.tasks.get(task_id)
     assert task.status is TaskStatus.RUNNING and task.lease_epoch == 2
     assert task.resume_count == 0 and task.claimed_from is TaskStatus.QUEUED
@@ -78,11 +83,7 @@ def test_a_task_deferred_at_a_cap_is_not_swept_while_its_deferral_lasts_and_its_
 
 def test_a_call_that_can_never_fit_under_its_cap_says_so_while_it_waits(api_stack: ApiStack) -> None:
     api = api_stack
-    key = api.stack.create_api_key(f"never-{uuid.uuid4().hex[:6]}", act_for_users=True)
-    user = f"u{uuid.uuid4().hex[:8]}"
-    assert api.http("PUT", f"/caps/user/{user}", {"daily_tokens": 100}, key=key)[0] == 200
-    task_id = api.submit(_long(user), key=key)
-    view = api.until(task_id, _deferred, key=key)
+    key, task_id, view = _deferred_at_a_cap(api, "never", 100)
     message = view["retry"]["error"]["message"]
     assert "more than its cap of 100 tokens a day: it can never run under it" in message, message
     assert "raise the cap" in message and "never run under it" in view["activity"], view["activity"]
@@ -90,7 +91,7 @@ def test_a_call_that_can_never_fit_under_its_cap_says_so_while_it_waits(api_stac
     assert api.http("POST", f"/tasks/{task_id}/cancel", {}, key=key)[0] == 200
 
 
-def test_a_claim_ends_the_silence_a_retry_kept_so_a_task_that_strands_after_it_is_swept(
+def test_a_claim_ends_the_silence_a_retry_kept(
     settings_store: Storage,
 ) -> None:
     """A retry's silence (a provider's Retry-After, a day) outlived its task's next claim, the
@@ -102,11 +103,7 @@ def test_a_claim_ends_the_silence_a_retry_kept_so_a_task_that_strands_after_it_i
     state = RetryState(step=1, scope="delivery", attempt=1, max_attempts=5, code="rate_limited", message="429",
                        at=now, next_at=now + 86_400)  # fmt: skip
     assert store.tasks.record_retry(task.task_id, state, silent_until=now + 86_400)
-    assert float(_meta_of(store, task.task_id)[SILENT_UNTIL]) > now + 80_000
+    assert float(_meta(store, task.task_id)[SILENT_UNTIL]) > now + 80_000
     claimed = store.tasks.claim(task.task_id, "w1", 3.0)
     assert claimed is not None
-    assert SILENT_UNTIL not in _meta_of(store, task.task_id)
-
-
-def _meta_of(store: Storage, task_id: str) -> dict[str, Any]:
-    return dict(store.tasks.metas([task_id])[0])
+    assert SILENT_UNTIL not in _meta(store, task.task_id)
