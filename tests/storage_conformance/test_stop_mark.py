@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from agentq.core.errors import LeaseLost
+from agentq.core.errors import IllegalTransition, LeaseLost
 from agentq.core.models import Lease, RetryState, TaskStatus, ToolOutcome
 from agentq.core.reservation import Reservation
 from agentq.core.workspace import WorkspaceRef
@@ -121,3 +121,26 @@ def test_a_worker_refused_by_a_mark_gives_its_lease_back_and_the_next_claim_take
     backend.steps.commit(retaken[0], 1, llm_step(), root_id=task_id)
     meta = backend.tasks.metas([task_id])[0]
     assert int(meta["step"]) == 1 and STOPPING not in meta
+
+
+@pytest.mark.parametrize("write", WRITES)
+def test_a_cancelled_tasks_worker_writes_nothing_and_is_told_its_task_ended(backend: Storage, write: str) -> None:
+    """A cancel (and a stop's move to ``cancelled``, which takes its mark off) moves no epoch: the
+    fence's ``running`` is what refuses the worker, the lease's own writes included."""
+    lease = claimed(backend)
+    held = backend.budgets.reserve(lease, lease.task_id, 50, 1, until=time.time() + 30)
+    assert backend.effects.begin(lease, "tu0", "pay") is None
+    backend.tasks.transition(lease.task_id, TaskStatus.CANCELLED, error={"code": "cancelled", "message": "by hand"})
+    before = backend.tasks.metas([lease.task_id])[0]
+    with pytest.raises((LeaseLost, IllegalTransition)) as refused:
+        _worker_writes(backend, lease, held)[write]()
+    if isinstance(refused.value, LeaseLost):
+        assert refused.value.details.get("status") is TaskStatus.CANCELLED, refused.value
+    else:  # its own ending, a pause: a move a cancelled task may not make
+        assert "'cancelled'" in str(refused.value)
+    after = backend.tasks.metas([lease.task_id])[0]
+    assert {k: v for k, v in after.items() if k != "updated_at"} == {
+        k: v for k, v in before.items() if k != "updated_at"
+    }
+    assert backend.effects.get(lease.task_id, "tu1") is None
+    assert backend.notes.read(lease.task_id, "k") is None

@@ -41,6 +41,8 @@ from agentq.storage.table import (
     Table,
     Update,
     absent,
+    fence,
+    fence_holds,
     plain,
     present,
     status_in,
@@ -53,7 +55,12 @@ log = logging.getLogger("agentq.storage")
 
 def why_fenced(table: Table, lease: Lease) -> LeaseLost:
     """Explain a write the fence refused: the epoch moved on, the task stopped, or the step moved."""
-    current = _read_meta(table, lease.task_id)
+    return _refused(lease, _read_meta(table, lease.task_id))
+
+
+def _refused(lease: Lease, current: Item | None) -> LeaseLost:
+    """Which part of the fence ``current`` (META as read, or as a refused write found it) fails,
+    in the order a worker must act on: gone, taken over, ended, being stopped; else the step moved."""
     if current is None:  # purged: the writer takes back what it wrote outside the fence (``Steps``)
         gone = LeaseLost(f"task {lease.task_id} no longer exists")
         gone.details["gone"] = True
@@ -374,7 +381,7 @@ class TaskLeases(TaskItems):
         next claim sends anew. Not refused by a stop's mark: giving the lease back writes nothing
         of the task's, and every claim reads the stops first."""
         update = Update(set={"lease_expires": 0}, remove=["batch"] if forget_batch else [])
-        self._fenced(lease, update, refused_when_stopping=False)
+        self._fenced(lease, update, release=True)
 
     def start_workspace(self, lease: Lease, ref: WorkspaceRef) -> None:
         """Record the starting files a clone made (``Task.workspace_start``, and ``workspace``,
@@ -388,20 +395,20 @@ class TaskLeases(TaskItems):
         )
 
     def _fenced(
-        self, lease: Lease, update: Update, extra: ConditionBase | None = None, *, refused_when_stopping: bool = True
+        self, lease: Lease, update: Update, extra: ConditionBase | None = None, *, release: bool = False
     ) -> None:
-        """A write of the lease itself (heartbeat, live text, release): its epoch, and but for a
-        release no stop's mark, so a worker learns at its next heartbeat that its task is being
-        stopped."""
-        condition: ConditionBase = Attr("lease_epoch").eq(lease.epoch)
-        if refused_when_stopping:
-            condition = condition & Attr(STOPPING).not_exists()
+        """A write of the lease itself (heartbeat, live text, a workspace's start) carries the
+        whole fence, as every worker write does: a cancel moves no epoch, so its ``running`` is
+        what keeps a cancelled task's worker from writing to it, and a worker learns at its next
+        heartbeat that its task ended or is being stopped. A ``release`` carries the epoch
+        alone: giving the lease back writes nothing of the task's."""
+        condition: ConditionBase = Attr("lease_epoch").eq(lease.epoch) if release else fence(lease)
         try:
             self.table.update(keys.meta_key(lease.task_id), update, condition=condition & extra if extra else condition)
         except ConditionFailed as exc:
-            old = exc.old or {}
-            if old.get("lease_epoch") == lease.epoch and STOPPING in old:
-                raise _being_stopped(lease, old) from exc
+            old = exc.old
+            if old is not None and not fence_holds(old, lease):
+                raise _refused(lease, old) from exc
             raise LeaseLost(f"lease epoch {lease.epoch} of task {lease.task_id} is no longer current") from exc
 
     def claims(self, task_id: str) -> list[ClaimRecord]:
