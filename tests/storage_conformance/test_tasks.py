@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 
 from agentq.core.errors import IdempotencyConflict, IllegalTransition, LeaseLost, TaskNotFound
 from agentq.core.models import RetryState, TaskStatus
+from agentq.observe.redaction import REDACTOR
 from agentq.storage.container import Storage
 from agentq.storage.item_size import item_size
 from agentq.storage.table import IdempotentParameterMismatch, TransactionCancelled
 
 from tests.helpers import scripted
-from tests.storage_conformance._builders import claimed, new_task
+from tests.storage_conformance._builders import claimed, llm_step, new_task
 
 
 def test_a_created_task_reads_back_queued_with_its_submission_and_budget(backend: Storage) -> None:
@@ -325,3 +327,32 @@ def test_a_next_looks_due_time_moves_only_from_the_due_its_caller_read(backend: 
     assert backend.tasks.next_look(task_id, read + 30, after=read) is True  # the look that read it
     assert backend.tasks.next_look(task_id, read + 60, after=read) is False  # another that read the same
     assert backend.tasks.get(task_id).look_due == pytest.approx(read + 30, abs=0.01)
+
+
+ECHOED = "sk-live-ECHOED-7f3a9c1e55d0b2"
+
+
+@pytest.mark.parametrize("write", ["a transition", "a finishing commit", "a retry's record"])
+def test_a_credential_a_failures_message_quotes_is_recorded_redacted(backend: Storage, write: str) -> None:
+    """A failure's message may quote an outside party that was sent a credential (git's stderr
+    from a clone, a server's answer): META's ``error`` and ``META#RETRY`` are served by the API,
+    the console and callbacks, so every way a worker or the queue records one is redacted."""
+    lease = claimed(backend)
+    task_id = lease.task_id
+    said = f"fatal: remote error: invalid credentials: Bearer {ECHOED}"
+    hold = REDACTOR.hold()
+    hold.add(ECHOED)
+    try:
+        if write == "a transition":
+            backend.tasks.transition(task_id, TaskStatus.FAILED, lease=lease, error={"code": "x", "message": said})
+        elif write == "a finishing commit":
+            error = {"code": "x", "message": said, "field": said}
+            backend.steps.commit(lease, 1, llm_step(), root_id=task_id, finish=TaskStatus.FAILED, error=error)
+        else:
+            retry = _retry(1, 1).model_copy(update={"message": said})
+            assert backend.tasks.record_retry(task_id, retry, lease=lease)
+    finally:
+        hold.release()
+    task = backend.tasks.get(task_id)
+    stored = json.dumps([task.error, task.retry.model_dump() if task.retry else None])
+    assert ECHOED not in stored and "invalid credentials: Bearer" in stored

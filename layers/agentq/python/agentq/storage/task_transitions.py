@@ -27,6 +27,7 @@ from agentq.core.models import (
     sources_of,
 )
 from agentq.core.status import DEFERRED_EPOCH, LOOK_DUE, SILENT_UNTIL
+from agentq.observe.redaction import redact
 from agentq.resources import LIVE_ATTRIBUTES, TTL_ATTRIBUTE
 from agentq.storage import keys
 from agentq.storage.events import TOGETHER, LoggedWrite, NewEvent, logged_together, logged_transact
@@ -46,6 +47,14 @@ from agentq.storage.table import (
     transact_leaving_out,
 )
 from agentq.storage.task_items import TaskItems, live_keys, merged, reopening
+
+
+def recorded(error: dict[str, Any]) -> dict[str, Any]:
+    """``error`` as META keeps it, each text in it redacted: a failure's message may quote what
+    an outside party said after the egress proxy added a credential to a request (git's stderr
+    from a clone, a server's answer), and a task's error is served by the API, the console and
+    callbacks, where a credential must never appear."""
+    return {k: redact(v) if isinstance(v, str) else v for k, v in error.items()}
 
 
 class TaskTransitions(TaskItems):
@@ -192,7 +201,7 @@ class TaskTransitions(TaskItems):
         if result is not None:
             sets.update(self._result_attrs(task_id, result, lease))
         if error is not None:
-            sets["error"] = error
+            sets["error"] = recorded(error)
             removes = [r for r in removes if r != "error"]
         sets.update(extra or {})
         if LOOK_DUE not in sets:  # only the park that schedules a look says when it is due
@@ -239,7 +248,7 @@ class TaskTransitions(TaskItems):
         if result is not None:
             sets.update(self._result_attrs(task_id, result, lease))
         if error is not None:
-            sets["error"] = error
+            sets["error"] = recorded(error)
         return sets
 
     def pause(self, lease: Lease) -> Patch:
@@ -330,6 +339,7 @@ class TaskTransitions(TaskItems):
         running. ``silent_until`` and ``deferred_epoch`` go on META with it (``core.status``:
         when the message that brings it back is due, the claim whose run deferred). Returns
         False when the task had ended."""
+        state = state.model_copy(update={"message": redact(state.message)[:500]})
         item = {**keys.retry_key(task_id), **state.model_dump()}
         guard = fence(lease) if lease is not None else present() & status_in([TaskStatus.QUEUED, TaskStatus.RUNNING])
         event = NewEvent("task.retry", state.model_dump(mode="json"))
