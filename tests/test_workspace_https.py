@@ -129,3 +129,24 @@ def test_a_networked_shell_verifies_https_through_the_tunnel_with_the_hosts_publ
 def test_a_sandbox_without_network_has_no_ca_bundle(tmp_path: Path) -> None:
     out = _sh(_workspace(tmp_path, None), "ls /etc/ssl 2>&1; echo done")
     assert "No such file or directory" in out, out
+
+
+def test_a_networked_shell_sees_the_certificate_stores_and_never_the_hosts_private_key_directories(
+    tmp_path: Path,
+) -> None:
+    """/etc/ssl/private and /etc/pki/tls/private hold the host's TLS keys, and a root worker's
+    sandbox is root outside its user namespace: only the certificate stores are bound, never
+    their parents."""
+    proxy = EgressProxy([HostRule("127.0.0.1", 1)], LOOPBACK)
+    try:
+        out = _sh(
+            _workspace(tmp_path, proxy),
+            "echo ssl: $(ls -A /etc/ssl 2>&1); echo pki: $(ls -A /etc/pki /etc/pki/tls 2>&1 | tr '\\n' ' '); "
+            "ls /etc/ssl/private /etc/pki/tls/private 2>&1; echo done",
+        )
+    finally:
+        proxy.close()
+    ssl_line = out.split("ssl: ", 1)[1].splitlines()[0].split()
+    assert set(ssl_line) <= {"certs", "openssl.cnf"} and "certs" in ssl_line, out
+    assert "private" not in out.split("pki: ", 1)[1].splitlines()[0], out
+    assert out.count("No such file or directory") >= 2, out

@@ -34,11 +34,21 @@ from agentq.sandbox.bwrap import BwrapSandbox, Setup
 
 MOUNT = "/workspace"
 EGRESS_SOCKET = "/run/agentq-egress.sock"
-# Where the host keeps its public CA certificates (Debian: /etc/ssl/certs, which /usr/lib/ssl
-# links to; Amazon Linux: /etc/pki, which /etc/ssl/certs links into). Bound read-only into a
-# sandbox that may reach allowed hosts, so git, curl, pip and Python verify HTTPS through the
-# proxy's CONNECT tunnels; a sandbox without network gets none (it could not use them).
-CA_BUNDLES = ("/etc/ssl", "/etc/pki", "/etc/ca-certificates")
+# Where the host keeps its public CA certificates and OpenSSL's configuration (Debian:
+# /etc/ssl/certs, which /usr/lib/ssl links to; Amazon Linux: /etc/pki/tls/certs, whose bundle
+# links into /etc/pki/ca-trust/extracted, and /etc/ssl/certs links to it). Bound read-only into
+# a sandbox that may reach allowed hosts, so git, curl, pip and Python verify HTTPS through the
+# proxy's CONNECT tunnels; a sandbox without network gets none (it could not use them). These
+# paths and never their parents: /etc/ssl/private and /etc/pki/tls/private hold the host's own
+# TLS keys, and a worker running as root runs the sandbox as root outside its user namespace,
+# which may read root's 0600 files without any capability.
+CA_BUNDLES = (
+    "/etc/ssl/certs",
+    "/etc/ssl/openssl.cnf",
+    "/etc/pki/tls/certs",
+    "/etc/pki/tls/openssl.cnf",
+    "/etc/pki/ca-trust/extracted",
+)
 HOME = "/tmp"
 SCRATCH = "/tmp/.agentq-run.py"  # the runner's copy of a script, off the workspace
 DATA = "/tmp/.agentq-content"  # write_file's content, as the runner wrote it for the script
