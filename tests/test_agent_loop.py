@@ -132,7 +132,10 @@ def test_a_time_slice_ends_cleanly_and_the_next_run_continues(store: Storage, re
     eng = Engine(store, worker_id="w1", tools=registry, config=EngineConfig(lease_seconds=5, slice_margin_seconds=0))
     first = eng.run(task.task_id, deadline=time.time() + 0.7)
     assert first.outcome == "continue" and 0 < first.steps_committed < 9
-    assert store.tasks.get(task.task_id).lease_expires == 0  # released: the next claim needs no wait
+    meta = store.tasks.get(task.task_id)
+    assert meta.lease_expires == 0  # released: the next claim needs no wait
+    # and with it the next call's hold: that call never started, so nothing of it is counted
+    assert meta.inflight is None and store.budgets.get(task.task_id).reserved == 0
     second = eng.run(task.task_id)
     assert second.status is TaskStatus.SUCCEEDED
     assert second.resumed_from_step == first.steps_committed
