@@ -545,6 +545,12 @@ def test_fork_answers_202_with_the_new_task_and_bad_forks_are_named(api: Api) ->
     }
     status, data, _ = api.call("POST", f"/tasks/{source}/fork", {"at_step": 9})
     assert status == 422 and error(data)["field"] == "at_step" and "between 0 and 5" in error(data)["message"]
+    items = api.items()
+    for asking in (1, 3):  # the model's turns asking for calls: a fork there would make them again
+        status, data, _ = api.call("POST", f"/tasks/{source}/fork", {"at_step": asking})
+        assert status == 422 and error(data)["field"] == "at_step", data
+        assert f"fork at step {asking + 1} to keep their results, or at step {asking - 1}" in error(data)["message"]
+    assert api.items() == items
     status, data, _ = api.call("POST", f"/tasks/{source}/fork", {"at_step": 2, "constraints": {"colour": 1}})
     assert status == 422 and error(data)["field"] == "constraints.colour"
     status, data, _ = api.call("POST", f"/tasks/{source}/fork", {"at_step": 2, "script": "../../etc/passwd"})

@@ -134,6 +134,10 @@ def test_approve_reject_budget_fork_cancel_and_their_exit_codes(
     bad = cli("budget", task_id, "--add-tokens", "-5")
     assert bad.returncode == 2 and "(add_tokens)" in bad.stderr
 
+    asking = cli("fork", task_id, "--at-step", "1")  # the turn that asked for the approval: made again, in a fork
+    assert asking.returncode == 2 and "fork at step 2 to keep their results, or at step 0" in asking.stderr
+    assert "(at_step)" in asking.stderr, asking.stderr
+
     script = tmp_path / "ending.json"
     script.write_text(json.dumps({"turns": [{"text": "forked ending"}]}))
     fork = cli("fork", task_id, "--at-step", "0", "--script", str(script), "--model", "claude-haiku-4-5")

@@ -282,7 +282,10 @@ def register(sub: Any) -> None:
         command("fork", "a new task from another's committed steps 1..N (effects not repeated); prints its id")
     )
     fork.add_argument("task_id")
-    fork.add_argument("--at-step", type=int, required=True, help="copy steps 1..N of the source")
+    fork.add_argument(
+        "--at-step", type=int, required=True,
+        help="copy steps 1..N of the source (N not the model's turn asking for tool calls: they would be made again)",
+    )  # fmt: skip
     fork.add_argument("--model", help="another model for the fork")
     fork.add_argument(
         "--provider",

@@ -16,7 +16,7 @@ from agentq.control.validation import check_submission, parse_submission
 from agentq.core.engine import count_as_spent
 from agentq.core.engine.conversation import conversation, final_text
 from agentq.core.errors import IllegalTransition, TaskNotFound, ValidationError
-from agentq.core.models import Task, TaskStatus, TaskSubmission
+from agentq.core.models import LLMStep, StepRecord, Task, TaskStatus, TaskSubmission
 from agentq.core.pricing import micros
 from agentq.core.stops import ScopeStopped, stop_covering
 from agentq.core.tools import ToolRegistry
@@ -270,7 +270,8 @@ def fork(
 
     Those steps are copied, never re-executed (their side effects stay done); the fork then
     goes on under its own task id, so its tool calls get new idempotency keys. ``overrides``
-    may change the provider, model, script, system prompt, constraints or priority.
+    may change the provider, model, script, system prompt, constraints or priority. A fork
+    never ends on a turn whose tool calls it would make (``_fork_point``).
     """
     source = owned_task(store, task_id, tenant)
     if source.parent_id is not None:
@@ -279,6 +280,8 @@ def fork(
         raise ValidationError(
             f"at_step must be between 0 and {source.step} (the task's last committed step)", field="at_step"
         )
+    history = store.steps.load(task_id, upto=source.step)
+    _fork_point(history, at_step)
     body = source.submission.model_dump(mode="json", exclude_none=True)
     body.pop("online", None)  # a fork is a what-if, not its alias's live traffic: never counted for the version
     for key, value in (overrides or {}).items():
@@ -298,8 +301,29 @@ def fork(
     stop = stop_covering(store.stops.list(source.tenant), source)
     if stop is not None:  # the fork would start work in a stopped scope
         raise ScopeStopped(stop)
-    steps = store.steps.load(task_id)[:at_step]
-    new = store.tasks.fork(source, submission, steps, tenant=source.tenant)
+    new = store.tasks.fork(source, submission, history[:at_step], tenant=source.tenant)
     queues.send(new.task_id, submission.priority, tenant=new.tenant)
     log.info("forked %s at step %d into %s", task_id, at_step, new.task_id)
     return new
+
+
+def _fork_point(history: list[StepRecord], at_step: int) -> None:
+    """Refuse a fork whose last copied step is the model's turn asking for tool calls: the
+    fork's first turn would make those calls again, under its own task id, so neither its
+    effect records nor its idempotency keys would know the source already made them (the
+    source's next step did, or may yet), and one side effect would happen twice (ARCHITECTURE
+    3). The fork that keeps their results starts at the step that ran them; the one that asks
+    the model again, at the step before."""
+    last = history[at_step - 1].body if at_step else None
+    if not isinstance(last, LLMStep) or not last.tool_uses():
+        return
+    names = ", ".join(str(name)[:64] for name in list(dict.fromkeys(use["name"] for use in last.tool_uses()))[:5])
+    asked = f"at_step {at_step} is the model's turn asking for tool calls ({names})"
+    again = f"at step {at_step - 1} to ask the model again"
+    if len(history) > at_step:
+        made = at_step + 1
+        said = f"which step {made} made: a fork from it would make them again; fork at step {made} to keep "
+        said += f"their results, or {again}"
+    else:
+        said = f"whose results the source has not committed: a fork from it could make them a second time; fork {again}"
+    raise ValidationError(f"{asked}, {said}", field="at_step")

@@ -26,7 +26,7 @@ from typing import Any
 from boto3.dynamodb.conditions import Attr, ConditionBase
 
 from agentq.core.errors import IdempotencyConflict, TaskNotFound
-from agentq.core.models import StepRecord, Task, TaskStatus, TaskSubmission, ToolsStep
+from agentq.core.models import LLMStep, StepRecord, Task, TaskStatus, TaskSubmission, ToolsStep
 from agentq.core.pricing import NO_MONEY_CAP, micros
 from agentq.core.records import IdempotencyRecord
 from agentq.core.stops import agent_name
@@ -258,7 +258,14 @@ class Tasks(TaskLeases, TaskTransitions, TaskListing):
         tenant: str,
         task_id: str | None = None,
     ) -> Task:
-        """A new root task whose history is ``steps`` of ``source``, copied as they were stored."""
+        """A new root task whose history is ``steps`` of ``source``, copied as they were stored.
+
+        ``steps`` never end on the model's turn asking for tool calls: the fork would make them
+        again, unknown to the source's effect records (``control.operations.fork`` names the
+        steps to fork at instead; this is its backstop, ARCHITECTURE 3)."""
+        last = steps[-1].body if steps else None
+        if isinstance(last, LLMStep) and last.tool_uses():
+            raise ValueError(f"a fork cannot end on step {len(steps)}: its tool calls would be made again")
         task_id = task_id or keys.new_task_id()
         llm_steps = sum(1 for s in steps if s.body.kind == "llm")
         originals = {int(i["number"]): i for i in self.table.query(keys.task_pk(source.task_id), prefix=keys.STEP)}

@@ -73,7 +73,8 @@ class ForkRequest(StrictModel):
         ge=0,
         le=1_000_000,
         description="copy the source's committed steps 1..at_step: at most the source's step (its last committed "
-        "one), else 422 naming at_step; the source must be a root task",
+        "one), and not the model's turn asking for tool calls (a fork there would make them again: fork at the next "
+        "step, which made them, or the one before), else 422 naming at_step; the source must be a root task",
     )
     provider: Provider | None = None
     model: str | None = Field(default=None, min_length=1, max_length=200)
