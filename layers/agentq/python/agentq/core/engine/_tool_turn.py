@@ -28,8 +28,9 @@ from agentq.core.engine.result import RunResult
 from agentq.core.errors import BudgetExceeded
 from agentq.core.fanout import SPAWN_TOOL, FanoutLauncher
 from agentq.core.faults import crash_point
-from agentq.core.models import LLMStep, StepRecord, TaskStatus, ToolOutcome, ToolsStep
+from agentq.core.models import LLMStep, StepRecord, TaskStatus, ToolOutcome, ToolsStep, repeated_tool_use_id
 from agentq.core.ports import ApprovalBook
+from agentq.core.providers.retry import MALFORMED
 from agentq.core.reservation import Reservation
 from agentq.core.workspace import WORKSPACE_TOOLS, WorkspaceRef, WorkspaceRefused
 
@@ -58,8 +59,11 @@ class ToolTurn:
 
     def run(self, s: Session, llm: LLMStep) -> RunResult | None:
         """Run the turn's tool calls and commit their results (None), or park the task."""
-        allowlist = task_tools(s.task.submission)
         uses = llm.tool_uses()
+        repeated = repeated_tool_use_id(uses)
+        if repeated is not None:
+            return self._refused(s, uses, repeated)
+        allowlist = task_tools(s.task.submission)
         # Every call of the turn is checked before any of them runs: a denied one never runs
         # (ToolCaller.call), an asked one waits for a person's decision (decisions).
         s.verdicts = self.policy.tool_verdicts(s, uses) if self.policy is not None else {}
@@ -103,6 +107,30 @@ class ToolTurn:
         self.writer.committed(s, record, messages)
         crash_point("after_tools_commit")
         return None
+
+    def _refused(self, s: Session, uses: list[dict[str, Any]], repeated: str) -> RunResult:
+        """A turn giving one tool_use id to two calls makes none of them, whoever answered it:
+        their verdicts, approvals and effect records are found by id, so a call a rule denies
+        would run under another's verdict. The providers refuse such a reply (as malformed,
+        ``providers.retry.distinct_tool_uses``); this holds for any provider, and for a turn
+        committed before they did. Each call is told it was not made, and the task fails with
+        ``malformed_response`` in the same commit (fail closed: asked again, a server that
+        repeats ids would repeat them)."""
+        said = f"not made: the model's turn gave tool_use id {repeated[:64]!r} to more than one call"
+        now = time.time()
+        body = ToolsStep(results=[
+            ToolOutcome(tool_use_id=u["id"], name=u["name"], content=said, is_error=True, status="error",
+                        started_at=now, duration_ms=0)
+            for u in uses
+        ])  # fmt: skip
+        error = {"code": MALFORMED, "message": f"{said}; none of its calls was made"}
+        messages = conversation(
+            s.goal or s.task.submission.goal, [*s.steps, _draft(s, body)], s.task.submission.output_schema
+        )
+        record = self.writer.commit(s, body, finish=TaskStatus.FAILED, result=final_text(messages), error=error)
+        self.writer.committed(s, record, messages)
+        s.task = s.task.model_copy(update={"status": TaskStatus.FAILED})
+        return RunResult(s.task_id, "finished", status=TaskStatus.FAILED, error=error)
 
     def _checkpoint(self, s: Session, outcomes: list[ToolOutcome]) -> tuple[WorkspaceRef | None, list[ToolOutcome]]:
         """The workspace the calls left, stored before their step commits (``_workspace``). A

@@ -39,6 +39,7 @@ from agentq.core.models.steps import (
     ToolsStep,
     Usage,
     UserMessage,
+    repeated_tool_use_id,
 )
 from agentq.core.models.strict import StrictModel
 from agentq.core.models.submission import (
@@ -125,6 +126,7 @@ __all__ = [
     "Usage",
     "UserMessage",
     "distinct_fallbacks",
+    "repeated_tool_use_id",
     "sources_of",
     "unique_tool_names",
 ]

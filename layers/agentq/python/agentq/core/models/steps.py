@@ -77,6 +77,23 @@ class LLMStep(CallStep):
         return [b for b in self.content if b.get("type") == "tool_use"]
 
 
+def repeated_tool_use_id(content: list[dict[str, Any]]) -> str | None:
+    """The first tool_use id two calls of one turn share, if any. A call's policy verdict, its
+    approval and its effect record are all found by its id, so two calls under one id would
+    share them: a call a rule denies would run under the verdict of one it allows. No provider
+    reply or turn that has one is ever acted on (``providers.retry.distinct_tool_uses``,
+    ``core.engine._tool_turn``)."""
+    seen: set[str] = set()
+    for block in content:
+        if block.get("type") != "tool_use":
+            continue
+        tool_use_id = str(block.get("id"))
+        if tool_use_id in seen:
+            return tool_use_id
+        seen.add(tool_use_id)
+    return None
+
+
 class CompactStep(CallStep):
     """A summary of the conversation so far, written by a compaction call (``core.context``):
     the conversation goes on from it, so the steps before it are never read again to resume."""

@@ -44,10 +44,12 @@ from agentq.core.providers.base import (
 from agentq.core.providers.caching import CacheTtl
 from agentq.core.providers.pages import parsed_or_page, streamed_page
 from agentq.core.providers.retry import (
+    MALFORMED,
     CallFailure,
     MalformedReply,
     RetryPolicy,
     call_with_retries,
+    distinct_tool_uses,
     error_status_answered,
     no_reply_began,
 )
@@ -287,7 +289,13 @@ class AnthropicProvider(_MessagesProvider):
                 continue
             result = item.result
             if result.type == "succeeded":
-                return to_llm_response(result.message, 1)
+                try:
+                    return to_llm_response(result.message, 1)
+                except MalformedReply as exc:  # the batch ran and was billed: its answer is what is wrong
+                    raise ProviderError(
+                        f"batch {batch_id}: its answer is not a reply: {exc}"[:500], retryable=False, code=MALFORMED,
+                        maybe_billed=True,
+                    ) from exc  # fmt: skip
             if result.type == "errored":
                 error = getattr(result.error, "error", None)
                 kind = str(getattr(error, "type", "api_error"))
@@ -419,7 +427,7 @@ def to_llm_response(message: Any, attempts: int) -> LLMResponse:
     # A native compaction's own call is billed but reported apart from the top-level usage.
     compactions = [i for i in usage.iterations or [] if i.type == "compaction"]
     return LLMResponse(
-        content=[_plain_block(block) for block in reply.content],
+        content=distinct_tool_uses([_plain_block(block) for block in reply.content]),
         stop_reason=reply.stop_reason,
         model=reply.model,
         response_id=reply.id,

@@ -55,6 +55,7 @@ from agentq.core.providers.retry import (
     MalformedReply,
     RetryPolicy,
     call_with_retries,
+    distinct_tool_uses,
 )
 
 # Converse's stopReason -> the Messages API's stop_reason the engine reads.
@@ -395,7 +396,8 @@ class _Reply(BaseModel):
 
 
 def to_llm_response(reply: Any, model: str) -> LLMResponse:
-    """The Converse reply in the engine's shape; ``MalformedReply`` when it is not one.
+    """The Converse reply in the engine's shape; ``MalformedReply`` when it is not one (two
+    tool uses sharing an id included: ``distinct_tool_uses``).
     Converse's ``inputTokens`` excludes the cache reads and writes, as the Messages API's does."""
     try:
         parsed = _Reply.model_validate(reply)
@@ -418,7 +420,7 @@ def to_llm_response(reply: Any, model: str) -> LLMResponse:
             content.append({"type": "redacted_thinking", "data": data})
     usage = parsed.usage
     return LLMResponse(
-        content=content,
+        content=distinct_tool_uses(content),
         stop_reason=STOP_REASONS.get(parsed.stopReason, parsed.stopReason),
         model=model,
         finish_reason=parsed.stopReason,

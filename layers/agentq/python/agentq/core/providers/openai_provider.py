@@ -51,6 +51,7 @@ from agentq.core.providers.retry import (
     MalformedReply,
     RetryPolicy,
     call_with_retries,
+    distinct_tool_uses,
     error_status_answered,
     no_reply_began,
 )
@@ -348,7 +349,8 @@ class _Completion(BaseModel):
 
 def to_llm_response(completion: Any) -> LLMResponse:
     """The completion in the engine's shape; ``MalformedReply`` when it is not one (the SDK
-    does not check a 200's shape), or when a tool call's arguments are not a JSON object."""
+    does not check a 200's shape), when a tool call's arguments are not a JSON object, or when
+    two tool calls share an id (``distinct_tool_uses``)."""
     if not isinstance(completion, BaseModel):
         raise MalformedReply(f"a JSON {type(completion).__name__}, not an object")
     return completion_response(completion.model_dump(exclude_none=True, warnings=False))
@@ -381,7 +383,7 @@ def completion_response(data: dict[str, Any]) -> LLMResponse:
     cached = min((usage.prompt_tokens_details.cached_tokens or 0) if usage.prompt_tokens_details else 0,
                  usage.prompt_tokens)  # fmt: skip
     return LLMResponse(
-        content=content,
+        content=distinct_tool_uses(content),
         stop_reason=stop,
         model=reply.model,
         response_id=reply.id,

@@ -5,8 +5,9 @@ every provider retries the same way, the number of calls a step cost is known an
 the step, and the failure that finally escapes says whether the queue should try again later
 (overload, rate limit, network) or give up on the task (a request the API will never accept),
 under a code that names it (``FAILURE_CODES``). A reply that is not a Message (not JSON, or
-JSON of another shape) is retried like an overload, but once the attempts are spent the task
-fails: a server that keeps answering garbage will not be fixed by the queue's retries.
+JSON of another shape, or one giving two calls one tool_use id: ``distinct_tool_uses``) is retried
+like an overload, but once the attempts are spent the task fails: a server that keeps answering
+garbage will not be fixed by the queue's retries.
 
 Each retry is reported before its wait (``base.report_retry``): the engine records it on the
 task, so status, watch and the trace show the attempt, the error and the next try. Their words
@@ -23,11 +24,12 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentq.core.errors import ProviderError
+from agentq.core.models import repeated_tool_use_id
 from agentq.core.providers.base import RetryNotice, check_cut, pause, report_retry
 
 T = TypeVar("T")
@@ -64,6 +66,18 @@ class MalformedReply(Exception):
     def __init__(self, message: str, *, whole: bool = False) -> None:
         super().__init__(message)
         self.whole = whole
+
+
+def distinct_tool_uses(content: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``content``, whose tool_use ids are each a call's own; ``MalformedReply`` when two calls
+    share one (``models.repeated_tool_use_id``: they would share one policy verdict). The
+    Anthropic, OpenAI and Bedrock APIs make the ids themselves; a gateway or an OpenAI-compatible
+    server that passes the model's own through may repeat one, and is answered as any reply of
+    the wrong shape is."""
+    repeated = repeated_tool_use_id(content)
+    if repeated is not None:
+        raise MalformedReply(f"tool_use id {repeated[:64]!r} is given to more than one call of the reply")
+    return content
 
 
 def failure_code(status_code: int | None) -> str:
