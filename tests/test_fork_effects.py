@@ -76,14 +76,20 @@ def test_a_fork_at_any_step_never_makes_a_call_its_source_asked_for_again(
     steps = store.steps.load(source.task_id)
     made = {source.task_id: _asked(store, source.task_id, 0)}
     refused = []
-    for at in range(len(steps)):  # every step but the answer, after which no call is left to make
+    for at in range(len(steps) + 1):  # every step, the answer included
         before = store.table.items()  # type: ignore[attr-defined]
         try:
             fork = control.fork(store, registry, _Queues(), source.task_id, at_step=at, tenant="acme")  # type: ignore[arg-type]
         except ValidationError as exc:
             assert exc.field == "at_step"
-            assert f"at_step {at} is the model's turn asking for tool calls" in exc.message
-            assert f"fork at step {at + 1} to keep their results, or at step {at - 1} to ask" in exc.message
+            if at == len(steps):  # the answer: nothing would be left to run (a fork stayed running for good)
+                assert exc.message == (
+                    f"at_step {at} is the model's answer: a fork from it would have nothing left to run; fork at "
+                    f"step {at - 1} to ask the model again"
+                )
+            else:
+                assert f"at_step {at} is the model's turn asking for tool calls" in exc.message
+                assert f"fork at step {at + 1} to keep their results, or at step {at - 1} to ask" in exc.message
             assert store.table.items() == before  # type: ignore[attr-defined]
             refused.append(at)
             continue
@@ -93,7 +99,26 @@ def test_a_fork_at_any_step_never_makes_a_call_its_source_asked_for_again(
     assert sorted(keys) == sorted(k for asked in made.values() for k in asked), "a charge made twice, or by a copy"
     assert len(set(keys)) == len(keys)
     asking = [r.number for r in steps if isinstance(r.body, LLMStep) and r.body.tool_uses()]
-    assert refused == asking == [1, 3]
+    assert refused == [*asking, len(steps)] == [1, 3, 5]
+
+
+@pytest.mark.parametrize("checked_by", ["output_schema", "outcome"])
+def test_a_fork_at_an_answer_something_still_checks_runs_to_its_end(
+    store: Storage, registry: ToolRegistry, checked_by: str
+) -> None:
+    """An answer a schema or an outcome still checks is not the end of the fork's run: it asks
+    again (a schema) or grades it (an outcome), and ends, never left ``running``."""
+    body = scripted([{"text": '{"a": 1}'}, {"text": '{"a": 2}'}]).model_dump(mode="json")
+    if checked_by == "output_schema":
+        body["output_schema"] = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    source = store.tasks.create(TaskSubmission.model_validate(body), tenant="acme")
+    assert _run(store, registry, source.task_id) is TaskStatus.SUCCEEDED
+    grade = {"turns": [{"text": '{"score": 1, "feedback": ""}'}]}
+    overrides = {"outcome": {"rubric": "The answer is a JSON object.", "script": grade}}
+    fork = control.fork(store, registry, _Queues(), source.task_id, at_step=1, tenant="acme",  # type: ignore[arg-type]
+                        overrides=overrides if checked_by == "outcome" else None)  # fmt: skip
+    assert _run(store, registry, fork.task_id) is not None
+    assert store.tasks.get(fork.task_id).status.terminal
 
 
 def test_a_fork_at_a_turn_whose_calls_the_source_has_not_made_is_refused_naming_the_step_before(
