@@ -371,6 +371,47 @@ def test_an_mcp_servers_header_takes_a_vault_reference_for_its_host_only(cipher:
         McpServerConfig(command=["srv"], env={"TOKEN": "${vault:crm}"})
 
 
+@pytest.mark.parametrize(
+    "reference", ["${secret:billing-key}", "${vault:billing}", "x${secret:billing-key}${vault:billing}"]
+)
+def test_a_value_put_into_a_header_is_sent_as_it_is_never_read_for_references_again(
+    cipher: EnvelopeCipher, reference: str
+) -> None:
+    """A credential's value is its end user's text (an end user's token may write its own): one
+    that holds ``${secret:...}`` or ``${vault:...}`` is sent as it is, so it never pulls the
+    deployment's secret, or another credential, into a header bound elsewhere. So is a secret's
+    value: an MCP server's header fills both kinds in one pass over the operator's text, and
+    ``http_fetch``'s headers fill credentials only."""
+    from agentq.core.secrets import Secrets
+    from agentq.core.tools.credentials import vault_headers
+    from agentq.core.tools.fetch import parse_target
+
+    store, billing = memory_storage(), _marker()
+    _put(store, cipher, "crm", reference, ["mcp.example.com"], user="mallory")  # what mallory's token may write
+    _put(store, cipher, "billing", billing, ["billing.example.net"], user="mallory")
+    deployment = {"billing-key": "sk_live_" + billing, "crm-key": reference}
+    servers = McpServers(
+        {
+            "crm": McpServerConfig(url="https://mcp.example.com/mcp", headers={
+                "Authorization": "Bearer ${vault:crm}", "X-Both": "${secret:crm-key}/${vault:crm}",
+                "X-Secret": "${secret:crm-key}"}),
+            "billing": McpServerConfig(url="https://billing.example.net/mcp", headers={"X-Key": "${secret:billing-key}"}),
+        },
+        Secrets(deployment.get, frozenset(deployment)),
+    )  # fmt: skip
+    source = TaskCredentials(store.vault, cipher, "t", "mallory")
+    try:
+        sent = servers._headers(servers.get("crm"), source, for_call=True)  # what McpServers.call sends
+        fetched = vault_headers({"Authorization": "Bearer ${vault:crm}"}, source)(
+            parse_target("https://mcp.example.com/"), 0
+        )
+    finally:
+        source.close()
+    assert sent == {"Authorization": f"Bearer {reference}", "X-Both": f"{reference}/{reference}", "X-Secret": reference}
+    assert fetched == {"Authorization": f"Bearer {reference}"}
+    assert servers._headers(servers.get("billing"), None, for_call=False) == {"X-Key": "sk_live_" + billing}
+
+
 # --- a missing credential is a pause --------------------------------------------------------------
 
 

@@ -33,6 +33,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, mo
 
 from agentq.core.endusers import MAX_USER_CHARS, USER_PATTERN, USER_RULE
 from agentq.core.errors import AgentqError
+from agentq.core.secrets import REFERENCE as SECRET_REFERENCE
+from agentq.core.secrets import SecretSource
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 _NAME = re.compile(NAME_PATTERN[1:-1])  # fullmatch
@@ -45,6 +47,7 @@ HEADER_PATTERN = r"^[A-Za-z0-9-]{1,64}$"
 DEFAULT_API_KEY_HEADER = "X-Api-Key"
 DEFAULT_PORTS = (80, 443)  # what a binding without a port allows (as the egress proxy's rules)
 REFERENCE = re.compile(r"\$\{vault:([^}]*)\}")
+TEMPLATE = re.compile(f"{REFERENCE.pattern}|{SECRET_REFERENCE.pattern}")  # a vault reference or a secret's
 REQUEST_CREDENTIAL_TOOL = "request_credential"
 
 Kind = Literal["bearer", "api_key", "basic"]
@@ -343,11 +346,16 @@ def refused(credential: Credential, host: str, port: int) -> CredentialRefused:
     )
 
 
-def expand(text: str, source: CredentialSource, host: str, port: int) -> str:
+def expand(text: str, source: CredentialSource, host: str, port: int, *, secrets: SecretSource | None = None) -> str:
     """``text`` with every ``${vault:NAME}`` replaced by the credential's value, for a request
     to ``host:port`` only: a credential not bound there raises ``CredentialRefused`` (before it
     is opened), and so does a text of more than ``MAX_REFERENCES`` references (each credential
-    opened is held in the redactor for the run: a value is not a way to open hundreds)."""
+    opened is held in the redactor for the run: a value is not a way to open hundreds).
+
+    ``secrets``: every ``${secret:NAME}`` too (an MCP server's headers), in the same pass. What a
+    reference is replaced by is never read for references again: a credential's value is its end
+    user's text, and a value ``${secret:billing-key}`` expanded a second time would send the
+    deployment's secret (meant for another server or tool) wherever the credential goes."""
     if len(REFERENCE.findall(text)) > MAX_REFERENCES:
         raise CredentialRefused(
             f"more than {MAX_REFERENCES} credential references in one value: not sent", field="credential"
@@ -355,6 +363,9 @@ def expand(text: str, source: CredentialSource, host: str, port: int) -> str:
 
     def one(match: re.Match[str]) -> str:
         name = match.group(1)
+        if name is None:  # ${secret:NAME}
+            assert secrets is not None
+            return secrets.get(match.group(2))
         if not valid_name(name):
             raise CredentialUnavailable(f"{name!r} is not a credential name ({NAME_RULE})", field="credential")
         credential = source.get(name, host if port in DEFAULT_PORTS else f"{host}:{port}", to=(host, port))
@@ -362,7 +373,7 @@ def expand(text: str, source: CredentialSource, host: str, port: int) -> str:
             raise refused(credential, host, port)
         return credential.reference_value()
 
-    return REFERENCE.sub(one, text)
+    return (REFERENCE if secrets is None else TEMPLATE).sub(one, text)
 
 
 def references(text: str) -> list[str]:

@@ -9,7 +9,8 @@ environment values may hold ``${secret:NAME}``, read on the worker from the depl
 secrets (``core.secrets``), never stored with the agent. A header value may also hold
 ``${vault:NAME}``: the credential of the user the calling task acts for (``core.vault``), added
 only if it is bound to the server's host (a stdio server's environment may not: it has no host
-to bind one to). Listing a server's tools (an agent's creation) acts for no user: headers that
+to bind one to); both kinds are filled in one pass, so a credential's value, its end user's text,
+is never read for a ``${secret:NAME}``. Listing a server's tools (an agent's creation) acts for no user: headers that
 refer to the vault are left out of it.
 
 A server's tools are listed when an agent version is created and pinned in it
@@ -192,21 +193,23 @@ class McpServers:
         self, config: McpServerConfig, credentials: CredentialSource | None, *, for_call: bool
     ) -> dict[str, str]:
         """The server's headers, secrets expanded; vault references expanded for the server's
-        host (a call), or left out (a listing, which acts for no user)."""
+        host (a call), or left out (a listing, which acts for no user). Both kinds in one pass
+        over the operator's value (``core.vault.expand``): a credential's value is its end user's
+        text, never read for ``${secret:...}`` references."""
         out = {}
         for key, raw in config.headers.items():
-            value = raw
-            if vault_references(raw):
-                if not for_call:
-                    continue
-                if credentials is None:
-                    from agentq.core.vault import unavailable
+            if not vault_references(raw):
+                out[key] = self.secrets.expand(raw)
+                continue
+            if not for_call:
+                continue
+            if credentials is None:
+                from agentq.core.vault import unavailable
 
-                    raise unavailable(vault_references(raw)[0], None, None)
-                assert config.url is not None
-                target = parse_target(config.url)
-                value = expand(raw, credentials, target.host, target.port)
-            out[key] = self.secrets.expand(value)
+                raise unavailable(vault_references(raw)[0], None, None)
+            assert config.url is not None
+            target = parse_target(config.url)
+            out[key] = expand(raw, credentials, target.host, target.port, secrets=self.secrets)
         return out
 
     def _session(
