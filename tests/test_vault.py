@@ -28,7 +28,8 @@ from agentq.core.engine._credentials import TaskCredentials
 from agentq.core.models import TaskStatus, ToolOutcome, ToolsStep
 from agentq.core.tools import ToolContext, ToolRegistry, tool
 from agentq.core.tools.builtin import http_fetch_tool
-from agentq.core.tools.egress import EgressProxy
+from agentq.core.tools.credentials import FORBIDDEN_HEADERS, CredentialHandle
+from agentq.core.tools.egress import DROPPED_HEADERS, EgressProxy
 from agentq.core.tools.fetch import FetchPolicy, HostRule
 from agentq.core.tools.mcp import McpServerConfig, McpServers
 from agentq.core.vault import (
@@ -140,6 +141,31 @@ def test_a_bad_write_is_refused_naming_the_field_and_never_echoes_the_value(fiel
     with pytest.raises(Exception) as caught:
         CredentialWrite.model_validate(body)
     assert field in str(caught.value) and str(body["value"]) not in str(caught.value)
+
+
+# Every header a client or the egress proxy sets itself, or drops from a process's request, and
+# more of the same kinds, in the spellings a write may use; then names an API reads a key from.
+FRAMING_OR_ROUTING = sorted(
+    {n.decode() for n in DROPPED_HEADERS} | FORBIDDEN_HEADERS
+    | {"expect", "proxy-authenticate", "x-forwarded-for", "x-forwarded-proto", "x-forwarded-server", "via"}
+)  # fmt: skip
+KEY_HEADERS = ["Authorization", "X-Api-Key", "X-Crm-Key", "Private-Token", "Api-Key", "X-Hostname", "Proxied-By"]
+
+
+@pytest.mark.parametrize("name", FRAMING_OR_ROUTING)
+def test_an_api_key_may_not_name_a_header_that_frames_or_routes_a_request(name: str) -> None:
+    """The egress proxy drops a process's ``Host``, framing and routing headers and frames the body
+    itself, then adds the credential's header: one named so would reach the upstream after those
+    checks (a second ``Host``, ``Transfer-Encoding`` beside the proxy's ``Content-Length``)."""
+    for spelling in (name, name.upper(), "-".join(part.capitalize() for part in name.split("-"))):
+        body = {"kind": "api_key", "header": spelling, "value": "s3cr3t-value-123", "hosts": ["api.example.com"]}
+        with pytest.raises(ValueError) as caught:
+            CredentialWrite.model_validate(body)
+        assert "header" in str(caught.value) and "frames or routes" in str(caught.value)
+        assert "s3cr3t-value-123" not in str(caught.value)
+    for header in KEY_HEADERS:
+        CredentialWrite.model_validate({"kind": "api_key", "header": header, "value": "s3cr3t-value-123",
+                                        "hosts": ["api.example.com"]})  # fmt: skip
 
 
 # --- sealing --------------------------------------------------------------------------------------
@@ -355,6 +381,61 @@ def test_the_egress_proxy_sends_a_credential_only_under_its_bound_hosts_name_wha
     assert "attacker" not in echoed and echoed.lower().count("\nhost:") == 1, echoed
 
 
+@pytest.mark.parametrize("header", ["Host", "Transfer-Encoding", "Content-Length", "X-Forwarded-Host", "Connection",
+                                    "Proxy-Authorization"])  # fmt: skip
+def test_a_credential_stored_naming_a_routing_or_framing_header_is_sent_nowhere(
+    cipher: EnvelopeCipher, echo: EchoServer, header: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A credential stored before writes refused such a header: the egress proxy answers 502
+    naming it and the upstream gets no byte (never a second ``Host`` or conflicting framing), and
+    a tool's client raises before contacting anyone."""
+    import socket
+    import threading
+
+    store = memory_storage()
+    upstream = socket.socket()
+    upstream.bind(("127.0.0.1", 0))
+    upstream.listen(1)
+    host = f"127.0.0.1:{upstream.getsockname()[1]}"
+    for name, at in (("k", host), ("h", echo.host)):  # as a write stored it before the rule
+        sealed = cipher.seal(json.dumps({"value": "attacker.example.net"}).encode(), context_for("t", "ann", name))
+        store.vault.put("t", "ann", name, kind="api_key", hosts=[at], header=header, sealed=sealed)
+    got: list[bytes] = []
+
+    def serve() -> None:
+        conn, _ = upstream.accept()
+        with conn:
+            conn.settimeout(10)
+            data = b""
+            while b"\r\n\r\n" not in data and (chunk := conn.recv(65536)):
+                data += chunk
+            got.append(data)  # the request's head, or nothing
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    proxy = EgressProxy([HostRule.parse(host)], FetchPolicy(allow=(HostRule.parse(host),)),
+                        credentials=TaskCredentials(store.vault, cipher, "t", "ann"))  # fmt: skip
+    answer = b""
+    try:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(proxy.path)
+            sock.sendall(f"POST http://{host}/a HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello".encode())
+            while chunk := sock.recv(65536):
+                answer += chunk
+        server.join(10)
+    finally:
+        proxy.close()
+        upstream.close()
+    assert got == [b""], got[0].decode("latin-1")  # the proxy connected (an allowed destination), sent nothing
+    assert answer.startswith(b"HTTP/1.1 502") and b"'k'" in answer and b"frames or routes" in answer, answer
+    assert proxy.injected == 0 and any("frames or routes" in r for r in proxy.refused)
+    monkeypatch.setenv("AGENTQ_HTTP_FETCH_ALLOW", echo.host)
+    handle = CredentialHandle(TaskCredentials(store.vault, cipher, "t", "ann").get("h"))
+    with pytest.raises(CredentialRefused, match="frames or routes"):
+        handle.get(echo.url("/a"))
+    assert echo.requests == []
+
+
 def test_an_mcp_servers_header_takes_a_vault_reference_for_its_host_only(cipher: EnvelopeCipher) -> None:
     store, marker = memory_storage(), _marker()
     _put(store, cipher, "crm", marker, ["mcp.example.com"], user="ann")
@@ -474,6 +555,12 @@ def test_asking_for_a_credential_the_user_already_has_does_not_pause(cipher: Env
         ("/vault/credentials/Not%20A%20Name", {"value": "v" * 12, "hosts": ["a.example.com"]}, 422, "name"),
         ("/vault/credentials/github", {"value": "v" * 12, "hosts": ["a.example.com"], "user": "a#b"}, 422, "user"),
         ("/vault/credentials/github", {"value": "v" * 12, "hosts": ["a.example.com"], "extra": 1}, 422, "extra"),
+        (
+            "/vault/credentials/github",
+            {"value": "v" * 12, "hosts": ["a.example.com"], "kind": "api_key", "header": "Host"},
+            422,
+            "header",
+        ),
     ],
 )
 def test_a_bad_write_over_http_is_a_4xx_naming_the_field_and_stores_nothing(
@@ -568,6 +655,10 @@ def test_agentq_vault_put_list_delete_reads_the_value_from_stdin_never_the_comma
                  "--header", "X-Crm-Key", "--value-env", "VAULT_TEST_VALUE", *target]) == 0  # fmt: skip
     assert main(["vault", "delete", "crm", "--user", user, *target]) == 0
     out = capsys.readouterr().out
+    assert main(["vault", "put", "crm", "--user", user, "--host", "crm.example.com", "--kind", "api-key",
+                 "--header", "Host", "--value-env", "VAULT_TEST_VALUE", *target]) != 0  # fmt: skip
+    refused = capsys.readouterr().err
+    assert "frames or routes" in refused and "(header)" in refused and os.environ["VAULT_TEST_VALUE"] not in refused
     assert "stored github (bearer)" in out and "github  bearer  api.github.com" in out and marker not in out
     assert "deleted crm" in out
     assert [c.name for c in __import__("agentq").Client(api_stack.url, target[-1]).list_credentials(user)] == ["github"]

@@ -45,6 +45,21 @@ MAX_HOSTS = 10
 MAX_REFERENCES = 16  # ``${vault:NAME}`` references in one value that ``expand`` fills
 HEADER_PATTERN = r"^[A-Za-z0-9-]{1,64}$"
 DEFAULT_API_KEY_HEADER = "X-Api-Key"
+# The header names an api_key may not be sent under (lower case; and every name with a prefix of
+# RESERVED_PREFIXES): a hop's own and a body's framing, which the client (http.client, httpx, the
+# egress proxy) sets itself, and every one a shared front end may route by. The egress proxy
+# drops the process's copies of these (``core.tools.egress.DROPPED_HEADERS``) and frames the body
+# itself, then adds the credential's header: one named here would give the upstream a second
+# ``Host``, a ``Transfer-Encoding`` beside the proxy's ``Content-Length``, or an
+# ``X-Forwarded-Host`` that steers a front end past the task's allowed hosts.
+RESERVED_HEADERS = frozenset(
+    {
+        "host", "connection", "keep-alive", "upgrade", "http2-settings", "te", "trailer", "transfer-encoding",
+        "content-length", "expect", "forwarded", "x-host", "x-original-host", "x-http-host-override",
+        "x-original-url", "x-rewrite-url", "via", "max-forwards",
+    }
+)  # fmt: skip
+RESERVED_PREFIXES = ("proxy-", "x-forwarded-")
 DEFAULT_PORTS = (80, 443)  # what a binding without a port allows (as the egress proxy's rules)
 REFERENCE = re.compile(r"\$\{vault:([^}]*)\}")
 TEMPLATE = re.compile(f"{REFERENCE.pattern}|{SECRET_REFERENCE.pattern}")  # a vault reference or a secret's
@@ -188,6 +203,19 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def reserved_header(name: str) -> bool:
+    """Whether a credential may not be sent under header ``name`` (``RESERVED_HEADERS``)."""
+    return name.lower() in RESERVED_HEADERS or name.lower().startswith(RESERVED_PREFIXES)
+
+
+def _not_reserved(name: str | None) -> str | None:
+    if name is not None and reserved_header(name):
+        raise ValueError(
+            f"{name!r} frames or routes the request (the client sets it): name the header the API reads the key from"
+        )
+    return name
+
+
 def _fits(value: SecretStr) -> SecretStr:
     raw = value.get_secret_value()
     if len(raw) < MIN_VALUE_CHARS:
@@ -211,9 +239,10 @@ class CredentialWrite(StrictModel):
         description=f"the secret ({MIN_VALUE_CHARS}-{MAX_VALUE_BYTES} bytes); never readable back",
     )
     hosts: Hosts
-    header: str | None = Field(
+    header: Annotated[str | None, AfterValidator(_not_reserved)] = Field(
         default=None, pattern=HEADER_PATTERN, description=f"api_key only: the header that carries it "
-        f"(default {DEFAULT_API_KEY_HEADER})"
+        f"(default {DEFAULT_API_KEY_HEADER}; not one that frames or routes a request: Host, Content-Length, "
+        "Transfer-Encoding, Connection, Forwarded, X-Forwarded-*, Proxy-*, ...)"
     )  # fmt: skip
     username: str | None = Field(default=None, min_length=1, max_length=256, description="basic only")
 
@@ -297,12 +326,21 @@ class Credential:
         return self.secret
 
     def header(self) -> tuple[str, str]:
-        """The header a client or the egress proxy adds."""
+        """The header a client or the egress proxy adds. A name that frames or routes a request
+        (``RESERVED_HEADERS``: a write refuses it; one stored before that rule) raises
+        ``CredentialRefused``: the request is not sent, rather than sent with a second ``Host``."""
         if self.kind == "bearer":
             return "Authorization", f"Bearer {self.secret}"
         if self.kind == "basic":
             return "Authorization", f"Basic {self.reference_value()}"
-        return self.header_name or DEFAULT_API_KEY_HEADER, self.secret
+        name = self.header_name or DEFAULT_API_KEY_HEADER
+        if reserved_header(name):
+            raise CredentialRefused(
+                f"credential {self.name!r} names the header {name!r}, which frames or routes a request: not sent; "
+                "write it again with the header its API reads the key from",
+                field="credential",
+            )
+        return name, self.secret
 
     def secret_forms(self) -> list[str]:
         """Every text that carries the secret, for the redactor."""

@@ -47,7 +47,10 @@ stays replay-safe, and one that did is never run again after a crash.
 Credentials (``core.vault``): given the task's ``CredentialSource``, a plain http request to a
 host one of the user's credentials is bound to gets that credential's header, added here (any
 header of the same name the process sent is dropped): the process never holds the value, and the
-credential goes nowhere but its hosts. A ``CONNECT`` tunnel is end-to-end TLS the proxy cannot
+credential goes nowhere but its hosts. A credential whose header is one that frames or routes a
+request (``core.vault.RESERVED_HEADERS``: refused when it is written; one stored before) is not
+added after the checks above undid the process's: the request is answered ``502`` naming it,
+and nothing is sent. A ``CONNECT`` tunnel is end-to-end TLS the proxy cannot
 add a header to: it passes as it is, *without* the credential, and the proxy records that it
 refused to inject one (``refused``), so a workspace reaches a credentialed API over http:// only
 (or through ``http_fetch`` or a tool's ``ctx.credential``, which do https). What travels inside a
