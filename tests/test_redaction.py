@@ -1,6 +1,6 @@
 """The redactor (``observe.redaction``) under load: what adding values costs, that what it finds
-is redacted whole, and that a live run's values stay in it whatever other runs (another
-tenant's, on the same worker) add. The spellings of one value are tested in tests/test_vault.py."""
+is redacted whole, that a live run's values stay in it whatever other runs (another tenant's,
+on the same worker) add, and that no other run's values change a run's results or files. The spellings of one value are tested in tests/test_vault.py."""
 
 from __future__ import annotations
 
@@ -323,6 +323,70 @@ def test_a_value_another_live_run_still_holds_takes_no_recent_slot_when_one_run_
     assert r.redact(f"{first} {shared}") == f"{redaction.REDACTED} {redaction.REDACTED}"
     b.release()  # now no run holds it: it joins the recent values and the oldest goes
     assert r.redact(f"{first} {second} {shared}") == f"{first} {redaction.REDACTED} {redaction.REDACTED}"
+
+
+SOURCE = "export function main() {\n        return fetch('https://example.com/api', {password})\n}\n"
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/bwrap"), reason="the workspace tools need bubblewrap")
+def test_no_value_another_run_opens_on_the_worker_changes_a_runs_results_or_files(
+    cipher: EnvelopeCipher, tmp_path: Path
+) -> None:
+    """The redactor is the worker's, shared by every tenant's runs, and a credential's value is
+    whatever its writer chose: an end user (its token may write its own) stores ``function``, and
+    its task opens it once. Every 8-character piece of another tenant's file is, here, a value
+    another run opened: one run's that ended (the recent values) and one's still live. The
+    other tenant's run, which opens a credential of its own, gets its shell's, its file reads'
+    and its writes' results, and its checkpointed file, exactly as they are; its own credential's
+    echo is still redacted. Only log lines (the process's set) lose the others' values."""
+    from agentq.core.engine import Engine, EngineConfig
+    from agentq.core.models import TaskStatus, ToolsStep
+    from agentq.core.tools import default_registry
+    from agentq.core.tools.fetch import FetchPolicy, HostRule
+    from agentq.core.workspace import Manifest
+
+    from tests.helpers import call, scripted
+    from tests.vault_support import echo_server
+
+    store, own = memory_storage(), "VIC" + uuid.uuid4().hex
+    mallory = CredentialWrite.model_validate({"user": "mallory", "value": "function", "hosts": ["api.evil.example"]})
+    control_vault.put(store, _Queues(), cipher, "evil-tenant", "k", mallory)  # type: ignore[arg-type]
+    ended = TaskCredentials(store.vault, cipher, "evil-tenant", "mallory")
+    expand("Bearer ${vault:k}", ended, "api.evil.example", 443)  # mallory's run uses it once, and ends
+    ended.close()
+    live = redaction.REDACTOR.hold()  # runs still going, which opened every piece of the file
+    live.add(*{SOURCE[i : i + size] for size in (8, 13, 21) for i in range(len(SOURCE) - size + 1)})
+    with echo_server() as echo:
+        ann = CredentialWrite.model_validate({"user": "ann", "value": own, "hosts": [echo.host]})
+        control_vault.put(store, _Queues(), cipher, "t", "github", ann)  # type: ignore[arg-type]
+        turns = [
+            {"text": "", "tool_calls": [
+                call("write_file", path="app.js", content=SOURCE), call("shell", command="cat app.js"),
+                call("http_fetch", url=echo.url("/me"), headers={"Authorization": "Bearer ${vault:github}"})]},
+            {"text": "", "tool_calls": [call("read_file", path="app.js")]},
+            {"text": "done"},
+        ]  # fmt: skip
+        sub = scripted(turns, tools=["write_file", "shell", "http_fetch", "read_file"])
+        task = store.tasks.create(sub.model_copy(update={"user": "ann"}), tenant="t")
+        registry = default_registry(fetch_policy=FetchPolicy(allow=(HostRule.parse(echo.host),)))
+        config = EngineConfig(lease_seconds=10, workspace_root=str(tmp_path / "root"))
+        try:
+            result = Engine(store, worker_id="w", tools=registry, config=config, cipher=cipher).run(task.task_id)
+        finally:
+            assert redaction.REDACTOR.redact(SOURCE) != SOURCE  # the worker's set (its logs') holds them
+            live.release()
+    assert result.status is TaskStatus.SUCCEEDED
+    with redaction.run_scope():  # read back as the task's next run on this worker reads it
+        steps = [s.body for s in store.steps.load(task.task_id) if isinstance(s.body, ToolsStep)]
+    (written, shell, fetched), (read,) = (step.results for step in steps)
+    assert SOURCE in shell.content and SOURCE.split("\n")[1] in read.content, (shell.content, read.content)
+    assert redaction.REDACTED not in written.content + shell.content + read.content
+    assert f"Bearer {redaction.REDACTED}" in fetched.content and own not in fetched.content  # its own: redacted
+    ref = steps[-1].workspace or steps[0].workspace
+    assert ref is not None
+    manifest = Manifest.from_bytes(store.workspaces.get_manifest(task.task_id, ref.manifest))
+    [app] = [e for e in manifest.entries if e.path == "app.js"]
+    assert store.workspaces.get_blob(task.task_id, app.digest).decode() == SOURCE
 
 
 def test_redacting_a_large_text_allocates_about_its_size_not_an_object_per_four_characters() -> None:

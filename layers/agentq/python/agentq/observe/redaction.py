@@ -10,6 +10,13 @@ every tool outcome as it is made (``core.models.steps.ToolOutcome``), hence befo
 event, trace, span or callback is made of it; and every log line, through ``RedactingFilter`` on
 the process's handlers (``observe.logs``).
 
+Whose values: a run's results and files are redacted of the values *that run* opened (its
+``Hold``, ``run_scope``/``current``), its log lines of every value the process holds. The worker
+is shared by every tenant's runs and a value is whatever its writer chose (an end user may store
+``function``): by the process's set, one user's value would rewrite another tenant's results
+and files wherever they hold it. A run's output cannot hold a value it did not open (its tools
+reach no other, and each is held before it is sent); a log redacted of too much loses nothing.
+
 The spellings: the value itself, percent-encoded (``quote`` with and without ``/`` safe,
 ``quote_plus``, hex in either case), JSON-escaped (``\\/`` as PHP writes it, every character as
 ``\\u`` as .NET may), hex (either case), HTML entities, and base64 (standard and URL-safe; padding
@@ -18,8 +25,8 @@ encoded text (the middle characters that do not depend on what surrounds it: an 
 ``Authorization`` header, base64-encoded, still loses the value). Bytes are read as UTF-8 (and so
 any charset ASCII is ASCII in); a fetched body also as UTF-16 and UTF-32 (``redact_encoded``),
 which the body's charset, its byte order mark or the tool that reads it may decode it as. A value shorter than
-``MIN_CHARS`` is never one a credential holds (``core.vault`` refuses it), so ordinary text is
-never redacted by accident.
+``MIN_CHARS`` is never redacted (``core.vault`` refuses it as a credential): ordinary text holds
+such strings everywhere.
 
 The spellings are found by an index (``_Index``), not by one pattern of them all: adding a value
 costs a fixed number of dictionary updates whatever the redactor holds (a pattern recompiled on
@@ -31,7 +38,6 @@ redacted, as one.
 from __future__ import annotations
 
 import base64
-import bisect
 import html
 import json
 import logging
@@ -39,7 +45,11 @@ import re
 import threading
 import urllib.parse
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+from agentq.observe.redaction_bytes import WIDE_ENCODINGS, byte_offsets, chosen, replaced
 
 MIN_CHARS = 8
 MAX_VALUES = 4096
@@ -79,12 +89,6 @@ def spellings(value: str) -> set[str]:
 GRAM = 5  # the texts are read at every STEP-th character, GRAM characters at a time: a
 STEP = 4  # spelling of MIN_CHARS (>= STEP + GRAM - 1) or more has one of its grams at such a place
 _GRAMS = re.compile(rf"(?=(.{{{GRAM}}})).{{{STEP}}}", re.DOTALL)
-# The encodings ``redact_encoded`` reads bytes in besides an ASCII-compatible one, and the bytes of
-# a character there (UTF-16's past U+FFFF: two units). A character of a spelling takes at most
-# WIDEST bytes in any of them for each byte it takes in UTF-8.
-WIDE_ENCODINGS = (("utf-16-le", 2), ("utf-16-be", 2), ("utf-32-le", 4), ("utf-32-be", 4))
-WIDEST = 4
-_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
 
 
 class _Index:
@@ -181,76 +185,6 @@ def _cut(text: str, spans: list[tuple[int, int]]) -> str:
     return "".join(parts)
 
 
-def _byte_offsets(text: str, width: int) -> Callable[[int], int]:
-    """Where each character of ``text`` (decoded from bytes of ``width``: one character a unit,
-    as ``redact_encoded`` decodes) starts in those bytes: UTF-16's characters past U+FFFF take two."""
-    astral = [m.start() for m in _ASTRAL.finditer(text)] if width == 2 else []
-    return lambda index: width * (index + bisect.bisect_left(astral, index))
-
-
-Span = tuple[int, int, bytes]  # start, end, and what replaces the bytes between
-
-
-def _merged(spans: list[Span]) -> list[Span]:
-    """In order, overlapping spans as one, with the longest of their marks (the widest encoding's)."""
-    merged: list[Span] = []
-    for start, end, mark in sorted(spans):
-        if merged and start <= merged[-1][1]:
-            first, last, other = merged[-1]
-            merged[-1] = (first, max(end, last), max(mark, other, key=len))
-        else:
-            merged.append((start, end, mark))
-    return merged
-
-
-def _chosen(found: list[tuple[int, int, bytes, int, bool]]) -> list[Span]:
-    """The spans to replace: all of the views a decoder of the whole body reads (its bytes, and
-    UTF-16 and UTF-32 from byte 0), and another view's (from byte 1, 2 or 3) unless it is within
-    one of those but for less than a unit at either end. That is the same text read a byte off
-    (ASCII in UTF-16-LE is UTF-16-BE a byte on): no character of it is left once the other span is
-    replaced, and replacing its span instead would shift the rest of the body for its decoder."""
-    first = _merged([(start, end, mark) for start, end, mark, _, aligned in found if aligned])
-    if all(aligned for *_, aligned in found):
-        return first
-    starts = [start for start, _, _ in first]
-    chosen = list(first)
-    for start, end, mark, width, aligned in found:
-        at = bisect.bisect_right(starts, start + width - 1) - 1
-        if not aligned and (at < 0 or end > first[at][1] + width - 1):
-            chosen.append((start, end, mark))
-    return chosen
-
-
-def _replaced(data: bytes, spans: list[Span], end: int) -> bytes:
-    """The first ``end`` bytes of ``data``, each span replaced by its mark; one that holds byte
-    ``end`` (or lies past it) is left out whole."""
-    out, at = [], 0
-    for start, stop, mark in _merged(spans):
-        if stop > end:
-            end = min(start, end)
-            break
-        out += [data[at:start], mark]
-        at = stop
-    out.append(data[at:end])
-    return b"".join(out)
-
-
-class Hold:
-    """The values one run opened (``core.engine._credentials``): redacted, and never evicted, from
-    ``add`` until ``release``, however many values other runs add meanwhile."""
-
-    def __init__(self, redactor: Redactor) -> None:
-        self._redactor = redactor
-        self.forms: set[str] = set()
-
-    def add(self, *values: str) -> None:
-        self._redactor._pin(self, values)
-
-    def release(self) -> None:
-        """The run is over: its values join the recent ones, evicted in their turn."""
-        self._redactor._unpin(self)
-
-
 def _forms(values: tuple[str, ...]) -> set[str]:
     """The spellings of ``values``; the bytes of a non-ASCII one, read a character a byte
     (``redact_bytes``), too."""
@@ -262,67 +196,15 @@ def _forms(values: tuple[str, ...]) -> set[str]:
     return out
 
 
-class Redactor:
-    """The values this process must not write out, and the index that finds them: every value a
-    live ``Hold`` has, and the most recent ``MAX_VALUES`` spellings besides (memory stays bounded
-    by what live runs hold)."""
+class _Finder:
+    """Redacts the spellings its index holds: a ``Redactor``'s (the process's), or a ``Hold``'s
+    (one run's own)."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._values: OrderedDict[str, None] = OrderedDict()  # recent, evicted oldest first
-        self._pins: dict[str, int] = {}  # spelling -> how many live holds have it
-        self._index = _Index()
-
-    @property
-    def work(self) -> int:
-        """Dictionary updates spent filing and unfiling spellings (the tests bound it)."""
-        return self._index.work
+    _index: _Index
 
     @property
     def empty(self) -> bool:
         return not self._index.words
-
-    @property
-    def held(self) -> int:
-        """How many spellings live holds keep."""
-        return len(self._pins)
-
-    def hold(self) -> Hold:
-        return Hold(self)
-
-    def add(self, *values: str) -> None:
-        """Values no run holds (kept while they are among the most recent ``MAX_VALUES``)."""
-        with self._lock:
-            for form in _forms(values):
-                self._values[form] = None
-                self._values.move_to_end(form)
-                self._index.add(form)
-            self._evict()
-
-    def _pin(self, hold: Hold, values: tuple[str, ...]) -> None:
-        with self._lock:
-            for form in _forms(values) - hold.forms:
-                hold.forms.add(form)
-                self._pins[form] = self._pins.get(form, 0) + 1
-                self._index.add(form)
-
-    def _unpin(self, hold: Hold) -> None:
-        with self._lock:
-            for form in hold.forms:
-                left = self._pins.pop(form, 1) - 1
-                if left:  # another live run holds it still: no recent slot for it yet
-                    self._pins[form] = left
-                    continue
-                self._values[form] = None
-                self._values.move_to_end(form)
-            hold.forms = set()
-            self._evict()
-
-    def _evict(self) -> None:
-        while len(self._values) > MAX_VALUES:
-            form, _ = self._values.popitem(last=False)
-            if form not in self._pins:  # a live run's value stays, whatever others add
-                self._index.remove(form)
 
     def redact(self, text: str) -> str:
         if not text or self.empty:
@@ -347,7 +229,7 @@ class Redactor:
         end = len(data) if upto is None else max(0, min(upto, len(data)))
         if not data or self.empty:
             return data[:end]
-        return _replaced(data, _chosen(self._encoded_spans(data)), end)
+        return replaced(data, chosen(self._encoded_spans(data)), end)
 
     def _encoded_spans(self, data: bytes) -> list[tuple[int, int, bytes, int, bool]]:
         """(start, end, REDACTED in the view's encoding, its bytes a unit, whether the view starts
@@ -365,9 +247,91 @@ class Redactor:
                 text = data[shift:whole].decode(codec, "surrogatepass" if width == 2 else "replace")
                 spans = self._index.spans(text)
                 if spans:
-                    at, mark = _byte_offsets(text, width), REDACTED.encode(codec)
+                    at, mark = byte_offsets(text, width), REDACTED.encode(codec)
                     found += [(shift + at(start), shift + at(end), mark, width, shift == 0) for start, end in spans]
         return found
+
+
+class Hold(_Finder):
+    """The values one run opened (``core.engine._credentials``): redacted by the process, and
+    never evicted, from ``add`` until ``release``, however many values other runs add meanwhile.
+    A hold also redacts by itself, of its values only (``redact``...), what its run makes: the
+    run's results and files are redacted of its own values, never of another run's (see
+    ``current``); it keeps them for that after its release."""
+
+    def __init__(self, redactor: Redactor) -> None:
+        self._redactor = redactor
+        self.forms: set[str] = set()  # pinned in the redactor, until the release
+        self._index = _Index()  # every value ever added: the run's own redaction
+
+    def add(self, *values: str) -> None:
+        self._redactor._pin(self, values)
+
+    def release(self) -> None:
+        """The run is over: its values join the recent ones, evicted in their turn."""
+        self._redactor._unpin(self)
+
+
+class Redactor(_Finder):
+    """The values this process must not write out, and the index that finds them: every value a
+    live ``Hold`` has, and the most recent ``MAX_VALUES`` spellings besides (memory stays bounded
+    by what live runs hold)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: OrderedDict[str, None] = OrderedDict()  # recent, evicted oldest first
+        self._pins: dict[str, int] = {}  # spelling -> how many live holds have it
+        self._index = _Index()
+
+    @property
+    def work(self) -> int:
+        """Dictionary updates spent filing and unfiling spellings (the tests bound it)."""
+        return self._index.work
+
+    @property
+    def held(self) -> int:
+        """How many spellings live holds keep."""
+        return len(self._pins)
+
+    def hold(self) -> Hold:
+        return Hold(self)
+
+    def add(self, *values: str) -> None:
+        """Values no run holds (kept while they are among the most recent ``MAX_VALUES``)."""
+        with self._lock:
+            for form in _forms(values):
+                self._values[form] = None
+                self._values.move_to_end(form)
+                self._index.add(form)
+            self._evict()
+
+    def _pin(self, hold: Hold, values: tuple[str, ...]) -> None:
+        with self._lock:
+            forms = _forms(values)
+            for form in forms:
+                hold._index.add(form)  # a form it has is not filed again
+            for form in forms - hold.forms:
+                hold.forms.add(form)
+                self._pins[form] = self._pins.get(form, 0) + 1
+                self._index.add(form)
+
+    def _unpin(self, hold: Hold) -> None:
+        with self._lock:
+            for form in hold.forms:
+                left = self._pins.pop(form, 1) - 1
+                if left:  # another live run holds it still: no recent slot for it yet
+                    self._pins[form] = left
+                    continue
+                self._values[form] = None
+                self._values.move_to_end(form)
+            hold.forms = set()
+            self._evict()
+
+    def _evict(self) -> None:
+        while len(self._values) > MAX_VALUES:
+            form, _ = self._values.popitem(last=False)
+            if form not in self._pins:  # a live run's value stays, whatever others add
+                self._index.remove(form)
 
     def clear(self) -> None:
         with self._lock:
@@ -377,10 +341,50 @@ class Redactor:
 
 
 REDACTOR = Redactor()
+_run: ContextVar[Hold | None] = ContextVar("agentq_redaction_run", default=None)
+
+
+@contextmanager
+def run_scope() -> Iterator[Hold]:
+    """The run in this block (``Engine.run``; the threads it starts copy its context): the values
+    its credentials open go into the hold it yields (``core.engine._credentials``), released when
+    it ends, and ``current`` redacts by that hold."""
+    hold = REDACTOR.hold()
+    token = _run.set(hold)
+    try:
+        yield hold
+    finally:
+        _run.reset(token)
+        hold.release()
+
+
+def run_hold() -> Hold | None:
+    """The hold of the run this code runs in, if any (``run_scope``)."""
+    return _run.get()
+
+
+def current() -> Hold | Redactor:
+    """What a run's own output is redacted by: its own values, or, outside a run, every value of
+    the process (too many at worst: never too few).
+
+    The process's redactor serves every tenant's runs on a worker, and a credential is whatever
+    its writer chose: an end user may store ``function`` and open it once. Redacting a run's tool
+    results and its workspace files by the process's set would rewrite another tenant's text
+    and files wherever they hold that word. A run's output can hold no value but its own: the
+    only values its tools can send or be echoed are those its credentials open, each held here
+    before it is sent. Log lines keep the process's set (``RedactingFilter``): too much redacted
+    in a log is harmless."""
+    hold = _run.get()
+    return REDACTOR if hold is None else hold
 
 
 def redact(text: str) -> str:
-    return REDACTOR.redact(text)
+    return current().redact(text)
+
+
+def redact_encoded(data: bytes, upto: int | None = None) -> bytes:
+    """``Redactor.redact_encoded`` by ``current()``."""
+    return current().redact_encoded(data, upto)
 
 
 MAX_FILE_BYTES = 16 * 1024 * 1024  # a workspace file larger than this is not read for redaction
@@ -393,7 +397,8 @@ def redact_files(root: str) -> list[str]:
     import os
 
     changed: list[str] = []
-    if REDACTOR.empty:
+    redactor = current()
+    if redactor.empty:
         return changed
     for folder, _, names in os.walk(root):
         for name in names:
@@ -404,7 +409,7 @@ def redact_files(root: str) -> list[str]:
                     continue
                 with open(path, "rb") as f:
                     data = f.read()
-                cleaned = REDACTOR.redact_bytes(data)
+                cleaned = redactor.redact_bytes(data)
                 if cleaned != data:
                     with open(path, "wb") as f:
                         f.write(cleaned)
@@ -415,7 +420,9 @@ def redact_files(root: str) -> list[str]:
 
 
 class RedactingFilter(logging.Filter):
-    """Rewrites a record whose message or traceback holds a credential; never drops one."""
+    """Rewrites a record whose message or traceback holds a credential; never drops one. By every
+    value the process holds (``REDACTOR``), whichever run logs: a line redacted of too much
+    loses an operator a word, never a tenant its data (``current``)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if REDACTOR.empty:

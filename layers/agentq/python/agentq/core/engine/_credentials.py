@@ -1,6 +1,6 @@
 """A task's credentials, as its tools reach them: the vault of the task's tenant and user, opened
-on this worker, each value handed to the redactor the moment it is opened, and held there until
-the run ends (``close``).
+on this worker, each value handed to the redactor the moment it is opened (into the run's own
+hold, ``observe.redaction.run_scope``), and held there until the run ends (``close``).
 
 A user's credential of a name wins over the tenant's of the same name. Opening is lazy (a task
 that never uses a credential never decrypts one) and kept for the run: one read of the table
@@ -24,7 +24,7 @@ from agentq.core.vault import (
     unavailable,
     valid_name,
 )
-from agentq.observe.redaction import REDACTOR
+from agentq.observe.redaction import REDACTOR, run_hold
 
 
 class TaskCredentials:
@@ -36,8 +36,10 @@ class TaskCredentials:
         self._infos: list[CredentialInfo] | None = None
         self._lock = threading.Lock()
         # The run's values stay in the redactor while it runs, whatever other runs add; the
-        # engine releases them when the run ends (``close``), or its collection does.
-        self._hold = REDACTOR.hold()
+        # engine releases them when the run ends (``close``), or its collection does. Inside a
+        # run (``Engine.run``'s ``run_scope``) they go into the run's hold, by which its results
+        # and files are redacted (``observe.redaction.current``): of its own values only.
+        self._hold = run_hold() or REDACTOR.hold()
         weakref.finalize(self, self._hold.release)
 
     def close(self) -> None:

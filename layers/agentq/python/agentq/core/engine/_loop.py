@@ -50,6 +50,7 @@ from agentq.core.secrets import Secrets, SecretSource
 from agentq.core.tools import ToolRegistry, default_registry
 from agentq.core.tools.mcp import McpServers
 from agentq.core.vault import Cipher
+from agentq.observe.redaction import run_scope
 
 log = logging.getLogger("agentq.engine")
 
@@ -145,7 +146,9 @@ class Engine:
         claim. Every line logged meanwhile, in this thread or the threads it starts, carries
         the task id and the step.
         """
-        with observe.task_context(task_id=task_id, worker_id=self.worker_id):
+        # The run's own values redact its results and files (observe.redaction.current): never
+        # another run's, another tenant's, that this worker holds too.
+        with observe.task_context(task_id=task_id, worker_id=self.worker_id), run_scope():
             return self._run(task_id, deadline=deadline, keeper=keeper, on_beat=on_beat, stop=stop, owner=owner)
 
     def _run(

@@ -47,7 +47,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentq.core.vault import MAX_VALUE_BYTES
-from agentq.observe.redaction import REDACTOR, WIDEST
+from agentq.observe.redaction import redact_encoded
+from agentq.observe.redaction_bytes import WIDEST
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -483,5 +484,5 @@ def redacted_cut(data: bytes, max_bytes: int, more: bool) -> tuple[bytes, bool]:
     whatever charset the body names). The read's own end may cut one: its start lies in the last
     LONGEST_READ bytes read, so what they became is dropped (with a redaction that holds their
     first byte); READ_PAST leaves max_bytes to show when nothing was redacted."""
-    clean = REDACTOR.redact_encoded(data, upto=len(data) - LONGEST_READ if more else None)
+    clean = redact_encoded(data, upto=len(data) - LONGEST_READ if more else None)
     return clean[:max_bytes], more or len(clean) > max_bytes
