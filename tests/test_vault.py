@@ -134,6 +134,9 @@ def test_a_narrow_binding_matches_its_hosts_only_on_its_ports() -> None:
         ({"value": "line\nbreak-value"}, "value"),
         ({"kind": "basic"}, "username"),
         ({"header": "X-Key"}, "header"),
+        ({"value": " " * 8}, "value"),
+        ({"value": "function"[:4] * 4}, "value"),
+        ({"value": "\u00a0-=-=\u3000=-=-\u2003"}, "value"),
     ],
 )
 def test_a_bad_write_is_refused_naming_the_field_and_never_echoes_the_value(fields: dict[str, Any], field: str) -> None:
@@ -166,6 +169,27 @@ def test_an_api_key_may_not_name_a_header_that_frames_or_routes_a_request(name: 
     for header in KEY_HEADERS:
         CredentialWrite.model_validate({"kind": "api_key", "header": header, "value": "s3cr3t-value-123",
                                         "hosts": ["api.example.com"]})  # fmt: skip
+
+
+def test_a_value_of_fewer_than_five_different_characters_besides_spaces_is_refused() -> None:
+    """Such a value (eight spaces, ``--------``, ``abababab``) is no secret, and would be redacted
+    wherever that run of characters stands in its user's own results and files: indentation, a
+    rule line. Five different characters or more, whatever else the value holds, are taken."""
+    rng = random.Random(11)
+    spaces = " \u00a0\u2003\u3000"  # a tab, a control character, is refused anyway
+    for _ in range(400):
+        distinct = rng.randint(1, 6)
+        letters = rng.sample(string.ascii_letters + string.digits + string.punctuation + "\u00e9\u4e01", distinct)
+        body = letters + rng.choices(letters + list(spaces), k=rng.randint(8, 40))
+        rng.shuffle(body)
+        value = "".join(body)
+        write = {"value": value, "hosts": ["api.example.com"]}
+        if distinct >= 5:
+            CredentialWrite.model_validate(write)
+            continue
+        with pytest.raises(ValueError, match="different characters besides spaces") as caught:
+            CredentialWrite.model_validate(write)
+        assert "value" in str(caught.value) and value not in str(caught.value)
 
 
 # --- sealing --------------------------------------------------------------------------------------
@@ -548,16 +572,17 @@ def test_asking_for_a_credential_the_user_already_has_does_not_pause(cipher: Env
     ("path", "body", "status", "field"),
     [
         ("/vault/credentials/github", {"hosts": ["api.github.com"]}, 422, "value"),
-        ("/vault/credentials/github", {"value": "v" * 12, "hosts": []}, 422, "hosts"),
-        ("/vault/credentials/github", {"value": "v" * 12, "hosts": ["*"]}, 422, "hosts"),
-        ("/vault/credentials/github", {"value": "v" * 12, "hosts": ["*.com"]}, 422, "hosts"),
-        ("/vault/credentials/github", {"value": "v" * 5000, "hosts": ["a.example.com"]}, 422, "value"),
-        ("/vault/credentials/Not%20A%20Name", {"value": "v" * 12, "hosts": ["a.example.com"]}, 422, "name"),
-        ("/vault/credentials/github", {"value": "v" * 12, "hosts": ["a.example.com"], "user": "a#b"}, 422, "user"),
-        ("/vault/credentials/github", {"value": "v" * 12, "hosts": ["a.example.com"], "extra": 1}, 422, "extra"),
+        ("/vault/credentials/github", {"value": "v3ry-s3cret", "hosts": []}, 422, "hosts"),
+        ("/vault/credentials/github", {"value": "v3ry-s3cret", "hosts": ["*"]}, 422, "hosts"),
+        ("/vault/credentials/github", {"value": "v3ry-s3cret", "hosts": ["*.com"]}, 422, "hosts"),
+        ("/vault/credentials/github", {"value": "v3ry-s3cret" * 500, "hosts": ["a.example.com"]}, 422, "value"),
+        ("/vault/credentials/github", {"value": " " * 8, "hosts": ["a.example.com"]}, 422, "value"),
+        ("/vault/credentials/Not%20A%20Name", {"value": "v3ry-s3cret", "hosts": ["a.example.com"]}, 422, "name"),
+        ("/vault/credentials/github", {"value": "v3ry-s3cret", "hosts": ["a.example.com"], "user": "a#b"}, 422, "user"),
+        ("/vault/credentials/github", {"value": "v3ry-s3cret", "hosts": ["a.example.com"], "extra": 1}, 422, "extra"),
         (
             "/vault/credentials/github",
-            {"value": "v" * 12, "hosts": ["a.example.com"], "kind": "api_key", "header": "Host"},
+            {"value": "v3ry-s3cret", "hosts": ["a.example.com"], "kind": "api_key", "header": "Host"},
             422,
             "header",
         ),

@@ -40,6 +40,10 @@ NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 _NAME = re.compile(NAME_PATTERN[1:-1])  # fullmatch
 NAME_RULE = "1-64 characters: a lowercase letter or digit, then lowercase letters, digits, - or _"
 MIN_VALUE_CHARS = 8  # shorter values cannot be redacted without redacting ordinary text too
+# Nor can one of fewer different characters, whitespace aside (eight spaces, ``--------``,
+# ``abababab``): no secret looks so, and redacting one would rewrite its user's own results and
+# files wherever that run of characters appears (indentation, a rule line).
+MIN_DISTINCT_CHARS = 5
 MAX_VALUE_BYTES = 4096
 MAX_HOSTS = 10
 MAX_REFERENCES = 16  # ``${vault:NAME}`` references in one value that ``expand`` fills
@@ -220,6 +224,11 @@ def _fits(value: SecretStr) -> SecretStr:
     raw = value.get_secret_value()
     if len(raw) < MIN_VALUE_CHARS:
         raise ValueError(f"at least {MIN_VALUE_CHARS} characters")
+    if len({c for c in raw if not c.isspace()}) < MIN_DISTINCT_CHARS:
+        raise ValueError(
+            f"at least {MIN_DISTINCT_CHARS} different characters besides spaces: a value like this is ordinary text, "
+            "which redacting would rewrite in its user's own results and files"
+        )
     if len(raw.encode("utf-8")) > MAX_VALUE_BYTES:
         raise ValueError(f"at most {MAX_VALUE_BYTES} bytes")
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in raw):
@@ -236,7 +245,8 @@ class CredentialWrite(StrictModel):
     user: EndUser | None = Field(default=None, description="the end user it belongs to; none: the whole tenant")
     kind: Kind = "bearer"
     value: Annotated[SecretStr, AfterValidator(_fits)] = Field(
-        description=f"the secret ({MIN_VALUE_CHARS}-{MAX_VALUE_BYTES} bytes); never readable back",
+        description=f"the secret ({MIN_VALUE_CHARS}-{MAX_VALUE_BYTES} bytes, {MIN_DISTINCT_CHARS} different "
+        "characters or more besides spaces); never readable back",
     )
     hosts: Hosts
     header: Annotated[str | None, AfterValidator(_not_reserved)] = Field(
