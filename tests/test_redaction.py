@@ -325,6 +325,32 @@ def test_a_value_another_live_run_still_holds_takes_no_recent_slot_when_one_run_
     assert r.redact(f"{first} {second} {shared}") == f"{first} {redaction.REDACTED} {redaction.REDACTED}"
 
 
+def test_a_kept_secret_is_redacted_in_every_runs_output_and_no_number_of_other_values_evicts_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A deployment secret (``Redactor.keep``) is sent for any run: a run live when it is read, a
+    run opened after, a run already ended and released, all redact it, and the process's set (its
+    logs') keeps it however many values other runs add and release after it."""
+    secret, other = "kept-secret-0001", "other-value-0002"
+    monkeypatch.setattr(redaction, "MAX_VALUES", len(redaction._forms((other,))))
+    r = redaction.Redactor()
+    before = r.hold()
+    r.keep(secret)
+    after = r.hold()
+    after.add(other)
+    for finder in (before, after, r):
+        assert finder.redact(f"echo {secret}") == f"echo {REDACTED}", finder
+    assert before.redact(other) == other  # a run's own values stay its own
+    before.release()
+    after.release()
+    for i in range(20):  # values no run holds any more, each pushing the oldest out
+        churn = r.hold()
+        churn.add(f"churned-value-{i:04d}")
+        churn.release()
+    assert r.redact(f"echo {secret} {other}") == f"echo {REDACTED} {other}"
+    assert r.hold().redact(secret) == REDACTED
+
+
 SOURCE = "export function main() {\n        return fetch('https://example.com/api', {password})\n}\n"
 
 

@@ -8,6 +8,12 @@ even if the backend has it, so a tool cannot be talked into reading another team
 Locally the value is the environment variable ``AGENTQ_SECRET_<NAME>`` (upper case, ``-``
 and ``.`` as ``_``); in AWS it is the Secrets Manager secret of that name
 (``agentq.aws.SecretsManagerSecrets``, chosen with ``AGENTQ_SECRETS_BACKEND=secretsmanager``).
+
+Every place a secret goes answers to the model: a tool returns what it made with one, an MCP
+server's result is the model's to read, and either may echo it. So a value is handed to the
+redactor the moment it is read (``held``: ``observe.redaction.keep_secret``), before anything
+sends it, and from then on no run's results, tool errors, fetched bodies or files, and no log
+line, hold it, whichever run (or none) read it.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from agentq.core.errors import AgentqError
+from agentq.observe.redaction import keep_secret
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")  # fullmatch
 REFERENCE = re.compile(r"\$\{secret:([^}]+)\}")
@@ -58,8 +65,17 @@ class Secrets:
         value = self._read(name)
         if value is None:
             raise SecretUnavailable(f"secret {name!r} is not set (locally: ${env_var_for(name)})", field="secret")
-        return value
+        return held(name, value)
 
     def expand(self, text: str) -> str:
         """``text`` with every ``${secret:NAME}`` replaced by the secret's value."""
         return REFERENCE.sub(lambda m: self.get(m.group(1)), text)
+
+
+def held(name: str, value: str) -> str:
+    """``value``, the secret ``name`` just read, once the redactor has it (``keep_secret``: every
+    run's output and every log line are redacted of it from now on). Whatever ``SecretSource`` a
+    value comes from, whoever reads it calls this before sending it (``Secrets.get``,
+    ``ToolContext.secret``, ``core.vault.expand``)."""
+    keep_secret(value)
+    return value

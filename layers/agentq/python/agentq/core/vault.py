@@ -34,7 +34,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, mo
 from agentq.core.endusers import MAX_USER_CHARS, USER_PATTERN, USER_RULE
 from agentq.core.errors import AgentqError
 from agentq.core.secrets import REFERENCE as SECRET_REFERENCE
-from agentq.core.secrets import SecretSource
+from agentq.core.secrets import SecretSource, held
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 _NAME = re.compile(NAME_PATTERN[1:-1])  # fullmatch
@@ -413,7 +413,7 @@ def expand(text: str, source: CredentialSource, host: str, port: int, *, secrets
         name = match.group(1)
         if name is None:  # ${secret:NAME}
             assert secrets is not None
-            return secrets.get(match.group(2))
+            return held(match.group(2), secrets.get(match.group(2)))
         if not valid_name(name):
             raise CredentialUnavailable(f"{name!r} is not a credential name ({NAME_RULE})", field="credential")
         credential = source.get(name, host if port in DEFAULT_PORTS else f"{host}:{port}", to=(host, port))

@@ -16,6 +16,9 @@ is shared by every tenant's runs and a value is whatever its writer chose (an en
 ``function``): by the process's set, one user's value would rewrite another tenant's results
 and files wherever they hold it. A run's output cannot hold a value it did not open (its tools
 reach no other, and each is held before it is sent); a log redacted of too much loses nothing.
+The deployment's secrets (``core.secrets``) are the operator's, sent for any run (a client a
+tool keeps across runs sends one read in another): every run's output is redacted of each one
+the process has read, from the moment it is read (``keep_secret``), as every log line is.
 
 The spellings: the value itself, percent-encoded (``quote`` with and without ``/`` safe,
 ``quote_plus``, hex in either case), JSON-escaped (``\\/`` as PHP writes it, every character as
@@ -44,6 +47,7 @@ import logging
 import re
 import threading
 import urllib.parse
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -262,7 +266,8 @@ class Hold(_Finder):
     def __init__(self, redactor: Redactor) -> None:
         self._redactor = redactor
         self.forms: set[str] = set()  # pinned in the redactor, until the release
-        self._index = _Index()  # every value ever added: the run's own redaction
+        self.values: set[str] = set()  # added by its run (a credential opened, a secret read), till the release
+        self._index = _Index()  # every value ever added, and every kept one: the run's own redaction
 
     def add(self, *values: str) -> None:
         self._redactor._pin(self, values)
@@ -280,7 +285,10 @@ class Redactor(_Finder):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._values: OrderedDict[str, None] = OrderedDict()  # recent, evicted oldest first
-        self._pins: dict[str, int] = {}  # spelling -> how many live holds have it
+        self._pins: dict[str, int] = {}  # spelling -> how many live holds have it (and 1 if kept)
+        self._kept: set[str] = set()  # the deployment's secrets read (``keep``)
+        self._kept_forms: set[str] = set()
+        self._live: weakref.WeakSet[Hold] = weakref.WeakSet()  # holds not yet released
         self._index = _Index()
 
     @property
@@ -294,7 +302,31 @@ class Redactor(_Finder):
         return len(self._pins)
 
     def hold(self) -> Hold:
-        return Hold(self)
+        """A run's hold, which redacts the values kept (``keep``) beside those its run adds."""
+        hold = Hold(self)
+        with self._lock:
+            for form in self._kept_forms:
+                hold._index.add(form)
+            self._live.add(hold)
+        return hold
+
+    def keep(self, *values: str) -> None:
+        """The deployment's secrets (few; none that ordinary text holds, ``core.secrets``), sent for any
+        run: redacted from every log line and every live and later run's output, never evicted."""
+        if all(v in self._kept for v in values):  # the common case, each read: no lock, no spellings
+            return
+        with self._lock:
+            fresh = tuple(v for v in values if v not in self._kept)
+            self._kept.update(fresh)
+            forms = _forms(fresh) - self._kept_forms
+            self._kept_forms |= forms
+            for form in forms:
+                self._pins[form] = self._pins.get(form, 0) + 1  # never unpinned
+                self._values.pop(form, None)
+                self._index.add(form)
+            for hold in list(self._live):
+                for form in forms:
+                    hold._index.add(form)
 
     def add(self, *values: str) -> None:
         """Values no run holds (kept while they are among the most recent ``MAX_VALUES``)."""
@@ -306,7 +338,11 @@ class Redactor(_Finder):
             self._evict()
 
     def _pin(self, hold: Hold, values: tuple[str, ...]) -> None:
+        if all(v in hold.values for v in values):  # held already (a secret read on each call)
+            return
         with self._lock:
+            values = tuple(v for v in values if v not in hold.values)
+            hold.values.update(values)
             forms = _forms(values)
             for form in forms:
                 hold._index.add(form)  # a form it has is not filed again
@@ -324,7 +360,8 @@ class Redactor(_Finder):
                     continue
                 self._values[form] = None
                 self._values.move_to_end(form)
-            hold.forms = set()
+            hold.forms, hold.values = set(), set()
+            self._live.discard(hold)
             self._evict()
 
     def _evict(self) -> None:
@@ -337,6 +374,8 @@ class Redactor(_Finder):
         with self._lock:
             self._values.clear()
             self._pins.clear()
+            self._kept.clear()
+            self._kept_forms.clear()
             self._index = _Index()
 
 
@@ -361,6 +400,15 @@ def run_scope() -> Iterator[Hold]:
 def run_hold() -> Hold | None:
     """The hold of the run this code runs in, if any (``run_scope``)."""
     return _run.get()
+
+
+def keep_secret(value: str) -> None:
+    """A deployment secret just read (``core.secrets``), in any thread, run or none: kept
+    (``Redactor.keep``), and added to the reading run's hold, if any (its files may hold it)."""
+    REDACTOR.keep(value)
+    hold = _run.get()
+    if hold is not None:
+        hold.add(value)
 
 
 def current() -> Hold | Redactor:

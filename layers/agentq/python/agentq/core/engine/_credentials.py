@@ -82,8 +82,10 @@ class TaskCredentials:
 
     @property
     def opened(self) -> bool:
-        """Whether this run has opened any credential (its values are in the redactor)."""
-        return bool(self._opened)
+        """Whether this run has opened any credential, or read a deployment secret
+        (``core.secrets.held`` adds it to the run's hold): its workspace's files may hold a value
+        the redactor has, and are scrubbed of it (``core.engine._workspace``)."""
+        return bool(self._opened) or bool(self._hold.values)
 
     def for_host(self, host: str, port: int) -> Credential | None:
         """The credential the egress proxy adds for ``host:port``: the user's (then the tenant's)

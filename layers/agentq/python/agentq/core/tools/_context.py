@@ -97,12 +97,14 @@ class ToolContext:
 
     def secret(self, name: str) -> str:
         """A secret the deployment grants its tools (``core.secrets``): never from the task's
-        input, so a model cannot name its way to one."""
-        if self.secrets is None:
-            from agentq.core.secrets import SecretUnavailable
+        input, so a model cannot name its way to one. Held by the redactor before the tool has
+        it (``core.secrets.held``), whatever source the engine was given: what the tool returns,
+        raises or logs with it, or an API's echo of it, is redacted."""
+        from agentq.core.secrets import SecretUnavailable, held
 
+        if self.secrets is None:
             raise SecretUnavailable("this worker has no secrets configured", field="secret")
-        return self.secrets.get(name)
+        return held(name, self.secrets.get(name))
 
     @classmethod
     def create(

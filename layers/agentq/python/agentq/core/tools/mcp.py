@@ -6,7 +6,9 @@ for stdio); an agent version names the ones it uses. Registering is the operator
 caller's: a server is a command the worker starts or a URL it connects to with credentials,
 and neither may be chosen by whoever can create an agent (or by the model). Header and
 environment values may hold ``${secret:NAME}``, read on the worker from the deployment's
-secrets (``core.secrets``), never stored with the agent. A header value may also hold
+secrets (``core.secrets``), never stored with the agent, and held by the redactor as it is
+read (``core.secrets.held``): a server that echoes one, in a result, an error or its listing,
+shows the model none of it. A header value may also hold
 ``${vault:NAME}``: the credential of the user the calling task acts for (``core.vault``), added
 only if it is bound to the server's host (a stdio server's environment may not: it has no host
 to bind one to); both kinds are filled in one pass, so a credential's value, its end user's text,
@@ -138,7 +140,10 @@ class McpServers:
     # ------------------------------------------------------------ calls
 
     def list_tools(self, name: str) -> list[McpToolPin]:
-        """The server's tools now, as pins (every page of the listing)."""
+        """The server's tools now, as pins (every page of the listing). What the server says of
+        them is offered to every model that uses them: redacted whole, before any cut, of the
+        secrets its headers or environment were given (``core.secrets.held``), as a call's result is
+        (a tool named after one can no longer be called, and is refused as a name)."""
         config = self.get(name)
 
         async def listing(client: Any) -> list[McpToolPin]:
@@ -150,9 +155,9 @@ class McpServers:
                     pins.append(
                         McpToolPin(
                             server=name,
-                            name=t.name,
-                            description=(t.description or "")[:8000],
-                            input_schema=dict(t.input_schema or {"type": "object"}),
+                            name=redact(t.name),
+                            description=redact(t.description or "")[:8000],
+                            input_schema=json.loads(redact(json.dumps(dict(t.input_schema or {"type": "object"})))),
                             read_only=bool(hints is not None and hints.read_only_hint),
                         )
                     )
