@@ -34,7 +34,7 @@ UNICODE_DIGITS = {"0": "\u0660", "1": "\u0661", "5": "\u0665", "8": "\u0668"}
 
 
 def _secret(name: str) -> Any:
-    return Secrets(lambda n: "value").get(name)
+    return Secrets(lambda n: "sk-test-value-0001").get(name)
 
 
 def _tool(name: str) -> Any:

@@ -3,7 +3,8 @@
 nothing of it in the task: not in a step's results, an event, the task's error, a log line or a
 workspace file (ARCHITECTURE 15). The redactor has each value from the moment it is read, in the
 run that reads it or in none (a client a tool module keeps, a thread of the tool's own), and
-every run's output is redacted of it.
+every run's output is redacted of it. A value it could not find without finding ordinary text
+too is refused before anything is sent.
 
 Real parts: the engine, the ``mcp`` package's client and its server (tests/mcp_servers/echo.py,
 in a process of its own, over streamable HTTP and stdio), an HTTP API that echoes its request
@@ -29,7 +30,7 @@ import pytest
 
 from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import McpToolPin, TaskStatus, ToolOutcome, ToolsStep
-from agentq.core.secrets import Secrets, env_var_for
+from agentq.core.secrets import Secrets, SecretUnavailable, env_var_for
 from agentq.core.tools import ToolContext, ToolRegistry, tool
 from agentq.core.tools.mcp import McpServerConfig, McpServers
 from agentq.observe.redaction import REDACTED, RedactingFilter
@@ -295,3 +296,26 @@ def test_a_tool_that_saves_an_echo_of_its_secret_in_the_workspace_checkpoints_no
     stored = store.workspaces.get_blob(task_id, report.digest).decode()
     assert f"Authorization: Bearer {REDACTED}" in stored and leaked(stored, value) == []
     _nothing_of(value, store, task_id, logged)
+
+
+@pytest.mark.parametrize("value", ["Sq7-k3y", "--------", "abababababab", "ab  ab  ab  ab  ab"])
+def test_a_secret_the_redactor_could_not_find_is_refused_wherever_it_would_go_and_nothing_is_sent(
+    echo: EchoServer, mcp_echo: tuple[int, Path], value: str
+) -> None:
+    """Under 8 characters, or of fewer than 5 different ones besides spaces: ordinary text holds it
+    (indentation, a rule line), so no echo of it could be redacted without rewriting every run's
+    text. Every place a secret goes answers to the model: each refuses it, naming it."""
+    store, secrets = memory_storage(), _secrets(value)
+    engine = Engine(store, worker_id="w", tools=TOOLS, config=EngineConfig(lease_seconds=10),
+                    secrets=secrets, mcp=_servers(mcp_echo, secrets))  # fmt: skip
+    sent, heard = len(echo.requests), mcp_echo[1].read_text() if mcp_echo[1].exists() else ""
+    pins = [p for p in PINS if p.name == "whoami"]
+    calls = [call("echo_secret", url=echo.url("/short")), *(call(p.qualified) for p in pins)]
+    _, results = _run(store, engine, calls, mcp_tools=pins)
+    assert len(results) == 3
+    for refused in results:
+        assert refused.is_error and f"secret {NAME!r} is not used" in refused.content, refused
+    assert len(echo.requests) == sent  # nothing reached the API
+    assert (mcp_echo[1].read_text() if mcp_echo[1].exists() else "") == heard  # nor either server, nor started
+    with pytest.raises(SecretUnavailable, match="cannot be redacted"):
+        secrets.expand("Bearer ${secret:echo-token}")

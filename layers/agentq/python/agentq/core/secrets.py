@@ -13,7 +13,11 @@ Every place a secret goes answers to the model: a tool returns what it made with
 server's result is the model's to read, and either may echo it. So a value is handed to the
 redactor the moment it is read (``held``: ``observe.redaction.keep_secret``), before anything
 sends it, and from then on no run's results, tool errors, fetched bodies or files, and no log
-line, hold it, whichever run (or none) read it.
+line, hold it, whichever run (or none) read it. A value the redactor could not find without
+finding ordinary text too (under ``MIN_CHARS`` characters, or of fewer than
+``MIN_DISTINCT_CHARS`` different ones besides spaces) is refused (``SecretRefused``), never
+sent: it could not be kept out of what comes back, and redacting it would rewrite every
+tenant's results wherever they hold it.
 """
 
 from __future__ import annotations
@@ -24,8 +28,12 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from agentq.core.errors import AgentqError
-from agentq.observe.redaction import keep_secret
+from agentq.observe.redaction import MIN_CHARS, keep_secret
 
+# Nor can a value of fewer different characters than this, whitespace aside (eight spaces,
+# ``--------``, ``abababab``), be redacted: no secret looks so, and redacting one would rewrite
+# text wherever that run of characters appears (indentation, a rule line). The vault's rule too.
+MIN_DISTINCT_CHARS = 5
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")  # fullmatch
 REFERENCE = re.compile(r"\$\{secret:([^}]+)\}")
 
@@ -34,6 +42,13 @@ class SecretUnavailable(AgentqError):
     """A secret that is not on the deployment's list, or that the backend does not have."""
 
     code = "secret_unavailable"
+
+
+class SecretRefused(SecretUnavailable):
+    """A secret whose value could not be redacted from what comes back without redacting
+    ordinary text: never used."""
+
+    code = "secret_refused"
 
 
 class SecretSource(Protocol):
@@ -74,8 +89,16 @@ class Secrets:
 
 def held(name: str, value: str) -> str:
     """``value``, the secret ``name`` just read, once the redactor has it (``keep_secret``: every
-    run's output and every log line are redacted of it from now on). Whatever ``SecretSource`` a
-    value comes from, whoever reads it calls this before sending it (``Secrets.get``,
+    run's output and every log line are redacted of it from now on); ``SecretRefused`` if no
+    redactor could find it without finding ordinary text too. Whatever ``SecretSource`` a value
+    comes from, whoever reads it calls this before sending it (``Secrets.get``,
     ``ToolContext.secret``, ``core.vault.expand``)."""
+    if len(value) < MIN_CHARS or len({c for c in value if not c.isspace()}) < MIN_DISTINCT_CHARS:
+        raise SecretRefused(
+            f"secret {name!r} is not used: a value of fewer than {MIN_CHARS} characters, or of fewer than "
+            f"{MIN_DISTINCT_CHARS} different ones besides spaces, cannot be redacted from what a tool or a "
+            "server sends back to the model without redacting ordinary text; store a longer, random value",
+            field="secret",
+        )
     keep_secret(value)
     return value

@@ -33,17 +33,15 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, mo
 
 from agentq.core.endusers import MAX_USER_CHARS, USER_PATTERN, USER_RULE
 from agentq.core.errors import AgentqError
+from agentq.core.secrets import MIN_DISTINCT_CHARS, SecretSource, held
 from agentq.core.secrets import REFERENCE as SECRET_REFERENCE
-from agentq.core.secrets import SecretSource, held
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 _NAME = re.compile(NAME_PATTERN[1:-1])  # fullmatch
 NAME_RULE = "1-64 characters: a lowercase letter or digit, then lowercase letters, digits, - or _"
 MIN_VALUE_CHARS = 8  # shorter values cannot be redacted without redacting ordinary text too
-# Nor can one of fewer different characters, whitespace aside (eight spaces, ``--------``,
-# ``abababab``): no secret looks so, and redacting one would rewrite its user's own results and
-# files wherever that run of characters appears (indentation, a rule line).
-MIN_DISTINCT_CHARS = 5
+# Nor can one of fewer different characters (``core.secrets.MIN_DISTINCT_CHARS``): redacting one
+# would rewrite its user's own results and files wherever that run of characters appears.
 MAX_VALUE_BYTES = 4096
 MAX_HOSTS = 10
 MAX_REFERENCES = 16  # ``${vault:NAME}`` references in one value that ``expand`` fills
