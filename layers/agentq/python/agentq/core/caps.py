@@ -126,6 +126,20 @@ class ScopeCap:
     limits: CapLimits
 
 
+@dataclass(frozen=True)
+class CapHold:
+    """What one call holds on its scopes' windows (each ``(scope, name)``), settled after it
+    (``storage.scope_caps``). The day and hour it was taken in are its own: a call settled after
+    its window rolled over (a batch's answer, read hours later) settles in that window."""
+
+    tenant: str
+    scopes: tuple[tuple[str, str], ...]
+    day: str
+    hour: str
+    amount: int
+    micros: int
+
+
 def scopes_of(task: Task) -> dict[Scope, str]:
     """The scopes a task spends against: its end user, its agent, the API key its tree was
     submitted with (each only when the task has one)."""

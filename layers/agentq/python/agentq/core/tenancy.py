@@ -1,8 +1,10 @@
-"""Per-tenant limits: the hourly token and money caps a tenant's tasks share, and the error
-that says one was reached (``storage.tenant_windows`` keeps the windows themselves)."""
+"""Per-tenant limits: the hourly token and money caps a tenant's tasks share, what one call
+holds on them, and the error that says one was reached (``storage.tenant_windows`` keeps the
+windows themselves)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from decimal import Decimal
 
 from pydantic import BaseModel, Field, model_validator
@@ -20,6 +22,17 @@ class TenantLimits(BaseModel):
         if self.hourly_tokens is None and self.hourly_usd is None:
             raise ValueError("hourly_tokens or hourly_usd: a tenant's limits need at least one cap")
         return self
+
+
+@dataclass(frozen=True)
+class WindowHold:
+    """What one call holds on its tenant's hourly window (``hour``: the hour it was taken in,
+    which its settlement adjusts however late it comes), in tokens and millionths of a dollar."""
+
+    tenant: str
+    hour: str
+    amount: int
+    micros: int = 0
 
 
 class TenantCapReached(AgentqError):

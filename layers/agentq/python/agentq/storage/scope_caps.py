@@ -22,7 +22,6 @@ the same condition at the soft line until the task was approved past it for that
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from boto3.dynamodb.conditions import Attr
@@ -30,6 +29,7 @@ from boto3.dynamodb.conditions import Attr
 from agentq import observe
 from agentq.core.caps import (
     ALERT_RATIO,
+    CapHold,
     CapLimits,
     CapLine,
     CapReached,
@@ -46,18 +46,6 @@ from agentq.storage.table import ConditionFailed, Table, Update, plain
 
 USE_TTL_SECONDS = 3 * 86400
 HOLD_ATTEMPTS = 5  # a refusal whose snapshot shows room (a settle raced it) is tried again
-
-
-@dataclass(frozen=True)
-class CapHold:
-    """What one call holds on its scopes' windows (each ``(scope, name)``), settled after it."""
-
-    tenant: str
-    scopes: tuple[tuple[str, str], ...]
-    day: str
-    hour: str
-    amount: int
-    micros: int
 
 
 def counter(window: str, metric: str, hour: str, *, used: bool = False) -> str:

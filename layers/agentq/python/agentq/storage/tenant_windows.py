@@ -15,26 +15,17 @@ its priced cost. Either cap refuses the hold.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from boto3.dynamodb.conditions import Attr
 
 from agentq import observe
 from agentq.core.pricing import micros as to_micros
-from agentq.core.tenancy import TenantCapReached, TenantLimits
+from agentq.core.tenancy import TenantCapReached, TenantLimits, WindowHold
 from agentq.storage import keys
 from agentq.storage.table import ConditionFailed, Table, Update, plain
 
 WINDOW_TTL_SECONDS = 3 * 24 * 3600
-
-
-@dataclass(frozen=True)
-class WindowHold:
-    tenant: str
-    hour: str
-    amount: int
-    micros: int = 0
 
 
 def hour_key(now: float) -> str:
