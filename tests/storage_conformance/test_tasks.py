@@ -356,3 +356,35 @@ def test_a_credential_a_failures_message_quotes_is_recorded_redacted(backend: St
     task = backend.tasks.get(task_id)
     stored = json.dumps([task.error, task.retry.model_dump() if task.retry else None])
     assert ECHOED not in stored and "invalid credentials: Bearer" in stored
+
+
+def test_the_settling_of_a_batchs_windows_hold_is_taken_once_and_never_by_a_worker_whose_lease_moved_on(
+    backend: Storage,
+) -> None:
+    """``take_batch_hold`` (``core.engine._llm_batch``): of everyone who meets a batch's outcome
+    (a run that holds the lease, a cancel once the task ended), one settles the hold its park
+    recorded on the windows; a run whose lease moved on learns it instead, and takes nothing.
+    Only the task's own batch; a batch forgotten (sent anew) forgets that it was settled."""
+    first = claimed(backend)
+    task_id = first.task_id
+    backend.tasks.transition(task_id, TaskStatus.WAITING, lease=first, extra={"batch": {"id": "b1", "step": 1}})
+    backend.tasks.transition(task_id, TaskStatus.QUEUED)  # what the batch's poll message does
+    got = backend.tasks.claim(task_id, "w2", 30)
+    assert got is not None
+    lease = got[0]
+    with pytest.raises(LeaseLost):
+        backend.tasks.take_batch_hold(first, "b1")
+    assert backend.tasks.take_batch_hold(lease, "b0") is False  # not the task's batch
+    assert backend.tasks.take_batch_hold(lease, "b1") is True
+    assert backend.tasks.take_batch_hold(lease, "b1") is False
+    assert backend.tasks.take_batch_hold_at_end(task_id, "b1") is False
+    assert backend.tasks.get(task_id).batch_settled == "b1"
+    backend.tasks.release(lease, forget_batch=True)
+    after = backend.tasks.get(task_id)
+    assert after.batch is None and after.batch_settled is None
+
+    ended = claimed(backend)
+    backend.tasks.transition(ended.task_id, TaskStatus.WAITING, lease=ended, extra={"batch": {"id": "b2", "step": 1}})
+    backend.tasks.transition(ended.task_id, TaskStatus.CANCELLED)
+    assert backend.tasks.take_batch_hold_at_end(ended.task_id, "b2") is True
+    assert backend.tasks.take_batch_hold_at_end(ended.task_id, "b2") is False

@@ -13,7 +13,7 @@ from decimal import Decimal
 from typing import Any
 
 from agentq.control.validation import check_submission, parse_submission
-from agentq.core.engine import count_as_spent
+from agentq.core.engine import count_as_spent, count_batch_hold_as_spent
 from agentq.core.engine.conversation import conversation, final_text
 from agentq.core.errors import IllegalTransition, TaskNotFound, ValidationError
 from agentq.core.models import LLMStep, StepRecord, Task, TaskStatus, TaskSubmission
@@ -116,7 +116,8 @@ def cancel(
         if node.task_id in cancelled and node.status is TaskStatus.QUEUED:
             _give_back_slots(slots or store.slots, queues, node)
     for node in tree:  # a fenced task was read after its mark, when no hold could be taken any more
-        if node.task_id in cancelled and (node.inflight is not None or node.task_id not in fenced):
+        held = node.inflight is not None or node.batch is not None
+        if node.task_id in cancelled and (held or node.task_id not in fenced):
             _keep_hold_counted(store, queues, node)
     for node in reversed(tree[1:]):  # leaves first: a child's spend reaches its parent, then the root
         if node.parent_id:
@@ -141,9 +142,11 @@ def _keep_hold_counted(store: Storage, queues: TaskQueues | None, task: Task) ->
     now that no worker of it can take another (its reservations are fenced), so a hold taken
     between the tree's read and the cancel is seen too, and each write is conditioned on the
     hold's ticket, so one settled meanwhile changes nothing. (A stop's fenced task holding
-    nothing at its read is not read again: the read came after its mark, which fences holds
-    too, and costs a stop no read.)"""
+    nothing and waiting on no batch at its read is not read again: the read came after its
+    mark, which fences holds too, and costs a stop no read.) A batch it waits on keeps its
+    windows' hold counted too (``_keep_batch_hold_counted``)."""
     task = store.tasks.get(task.task_id)
+    _keep_batch_hold_counted(store, task)
     task_id, held = task.task_id, task.inflight
     if held is None:
         return
@@ -154,6 +157,20 @@ def _keep_hold_counted(store: Storage, queues: TaskQueues | None, task: Task) ->
     if store.budgets.set_aside_at_end(task_id, held) and queues is not None and held.until is not None:
         wait = delay_seconds(held.until - time.time())
         queues.send(task_id, task.submission.priority, kind="release_holds", delay_seconds=wait, tenant=task.tenant)
+
+
+def _keep_batch_hold_counted(store: Storage, task: Task) -> None:
+    """A task cancelled while its turn's batch is out (read after the move, when no worker of it
+    can commit its answer any more): the batch runs and is billed, and no run will read it, so
+    the hold its call kept on the tenant's hour and the scopes' caps since it was sent is counted
+    as spent (unknown), once: only if this cancel takes its settling (a worker that met the
+    batch's outcome first settled it). It used to be given back at the park, so a user could
+    send a batch, cancel, and repeat, each billed and counted on no window."""
+    batch = task.batch
+    if batch is None or int(batch["step"]) != task.step + 1:  # not the turn it waits on
+        return
+    if store.tasks.take_batch_hold_at_end(task.task_id, str(batch["id"])):
+        count_batch_hold_as_spent(store.windows, store.caps, batch)
 
 
 def _give_back_slots(slots: RunningSlots, queues: TaskQueues | None, node: Task) -> None:

@@ -57,6 +57,8 @@ class TaskLeases(Protocol):
 
     def release(self, lease: Lease, *, forget_batch: bool = False) -> None: ...
 
+    def take_batch_hold(self, lease: Lease, batch_id: str) -> bool: ...
+
     def transition(
         self,
         task_id: str,

@@ -53,6 +53,11 @@ from agentq.storage.workers import WorkerLiveness
 log = logging.getLogger("agentq.storage")
 
 
+def _unsettled(batch_id: str) -> ConditionBase:
+    """No one took the settling of batch ``batch_id``'s windows' hold yet."""
+    return Attr("batch_settled").not_exists() | Attr("batch_settled").ne(batch_id)
+
+
 def why_fenced(table: Table, lease: Lease) -> LeaseLost:
     """Explain a write the fence refused: the epoch moved on, the task stopped, or the step moved."""
     return _refused(lease, _read_meta(table, lease.task_id))
@@ -380,8 +385,36 @@ class TaskLeases(TaskItems):
         claim may run at once. ``forget_batch``: the batch its next turn was sent in failed; the
         next claim sends anew. Not refused by a stop's mark: giving the lease back writes nothing
         of the task's, and every claim reads the stops first."""
-        update = Update(set={"lease_expires": 0}, remove=["batch"] if forget_batch else [])
+        update = Update(set={"lease_expires": 0}, remove=["batch", "batch_settled"] if forget_batch else [])
         self._fenced(lease, update, release=True)
+
+    def take_batch_hold(self, lease: Lease, batch_id: str) -> bool:
+        """Take the settling of the windows' hold recorded with batch ``batch_id`` (its call's
+        hold on the tenant's hour and the scopes' caps, kept for the batch's whole life) outside
+        the step commit that reads its answer: an errored or lost batch, a discarded answer.
+        True for one taker only, while that batch is the task's and its hold is unsettled, so it
+        is settled once whoever meets it; False when another took it. Fenced: a run whose lease
+        is gone learns it here (``LeaseLost``) and leaves the hold to the run that holds it now,
+        whose claim saw whether it was settled (``Task.batch_settled``), or to the stop."""
+        condition = fence(lease) & Attr("batch.id").eq(batch_id) & _unsettled(batch_id)
+        update = Update(set={"batch_settled": batch_id})
+        try:
+            self.table.update(keys.meta_key(lease.task_id), update, condition=condition)
+        except ConditionFailed as exc:
+            if fence_holds(exc.old, lease):
+                return False
+            raise why_fenced(self.table, lease) from exc
+        return True
+
+    def take_batch_hold_at_end(self, task_id: str, batch_id: str) -> bool:
+        """``take_batch_hold`` for a task that ended without its worker (cancelled or stopped
+        while its batch runs): not fenced, since no worker of it can commit any more."""
+        condition = Attr("batch.id").eq(batch_id) & _unsettled(batch_id)
+        try:
+            self.table.update(keys.meta_key(task_id), Update(set={"batch_settled": batch_id}), condition=condition)
+        except ConditionFailed:
+            return False
+        return True
 
     def start_workspace(self, lease: Lease, ref: WorkspaceRef) -> None:
         """Record the starting files a clone made (``Task.workspace_start``, and ``workspace``,

@@ -208,7 +208,8 @@ class Steps:
         if body.kind == "llm":
             adds["llm_steps"] = 1
         if body.kind in ("llm", "compact"):
-            removes += ["inflight", "live_text", "seen", "batch"]  # the call's text and usage are in the step now
+            # The call's text and usage are in the step now; its batch, and who settled its hold, done with.
+            removes += ["inflight", "live_text", "seen", "batch", "batch_settled"]
         if body.kind == "grade" and settle is not None and settle.reserved:
             removes += ["inflight", "live_text", "seen"]  # the grading call's hold, settled here
         if body.kind == "compact":

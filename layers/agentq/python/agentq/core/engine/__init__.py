@@ -25,7 +25,7 @@ or an orphan).
 """
 
 from agentq.core.engine._holds import HoldsInFlight, count_as_spent
-from agentq.core.engine._llm_batch import batch_poll_seconds
+from agentq.core.engine._llm_batch import batch_poll_seconds, count_batch_hold_as_spent
 from agentq.core.engine._loop import Engine
 from agentq.core.engine._request import cache_ttl
 from agentq.core.engine._session import KeeperFactory, LeaseKeeper, LeaseState, Session
@@ -53,6 +53,7 @@ __all__ = [
     "cache_ttl",
     "conversation",
     "count_as_spent",
+    "count_batch_hold_as_spent",
     "estimate_input_tokens",
     "final_text",
     "offered_tools",

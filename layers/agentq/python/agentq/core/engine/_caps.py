@@ -19,18 +19,20 @@ naming the cap.
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentq.core.caps import CapReached, ScopeCap, SoftCapReached, counted, scopes_of
+from agentq.core.caps import CapHold, CapReached, ScopeCap, SoftCapReached, counted, scopes_of
 from agentq.core.engine._finish import finish_without_step
 from agentq.core.engine._holds import BudgetHolds
 from agentq.core.engine._session import Session
 from agentq.core.engine.result import RunResult
 from agentq.core.models import Task, TaskStatus
 from agentq.core.ports import ApprovalBook, ScopeCapsPort, TaskLeases, TenantWindowsPort
-from agentq.core.tenancy import TenantCapReached, TenantLimits
+from agentq.core.tenancy import TenantCapReached, TenantLimits, WindowHold
 
 MAX_APPROVALS_A_CALL = 8  # one per soft threshold a call can meet: 3 scopes x 2 windows, and room
 
@@ -39,14 +41,46 @@ MAX_APPROVALS_A_CALL = 8  # one per soft threshold a call can meet: 3 scopes x 2
 class CallHold:
     """One call's holds: on the tenant's window and on its scopes' caps (either may be None)."""
 
-    tenant: Any
-    caps: Any
+    tenant: WindowHold | None
+    caps: CapHold | None
+
+    def record(self) -> dict[str, Any]:
+        """The holds as META keeps them beside a batch (``_llm_batch``): the batch's call holds
+        on the windows for the batch's whole life, and whoever learns its outcome, maybe another
+        worker a day later, settles them from this."""
+        out: dict[str, Any] = {}
+        if self.tenant is not None:
+            out["tenant"] = dataclasses.asdict(self.tenant)
+        if self.caps is not None:
+            out["caps"] = {**dataclasses.asdict(self.caps), "scopes": [list(p) for p in self.caps.scopes]}
+        return out
+
+    @classmethod
+    def recorded(cls, raw: Mapping[str, Any]) -> CallHold | None:
+        """The holds ``record`` wrote (None: nothing held, nothing capped the call)."""
+        t, c = raw.get("tenant"), raw.get("caps")
+        tenant = WindowHold(str(t["tenant"]), str(t["hour"]), int(t["amount"]), int(t["micros"])) if t else None
+        caps = (
+            CapHold(str(c["tenant"]), tuple((str(scope), str(name)) for scope, name in c["scopes"]), str(c["day"]),
+                    str(c["hour"]), int(c["amount"]), int(c["micros"]))
+            if c else None
+        )  # fmt: skip
+        return cls(tenant, caps) if tenant is not None or caps is not None else None
 
 
 def _parts(hold: Any) -> tuple[Any, Any]:
     """A call's hold on the tenant's window and on its scopes' caps: a ``CallHold``'s two, or a
     tenant window's hold alone (``CallWindows.hold``, the ``TenantWindowsPort`` side)."""
     return (hold.tenant, hold.caps) if isinstance(hold, CallHold) else (hold, None)
+
+
+def spend_holds(tenant_windows: TenantWindowsPort, scope_caps: ScopeCapsPort, hold: Any) -> None:
+    """``CallWindows.spend`` for a caller with no run (a cancel: ``_llm_batch``)."""
+    tenant, caps = _parts(hold)
+    if tenant is not None:
+        tenant_windows.settle(tenant, tenant.amount, tenant.micros)
+    if caps is not None:
+        scope_caps.settle(caps, caps.amount, caps.micros)
 
 
 class CallWindows:
@@ -87,11 +121,7 @@ class CallWindows:
         """Count a call's holds as spent at their size: its outcome is unknown (cut at the task's
         timeout, or failed after an attempt that may have been billed), as the task's budget
         counts its hold (``BudgetHolds.spend``). Every window keeps what it held, the caps' too."""
-        tenant, caps = _parts(hold)
-        if tenant is not None:
-            self.tenant.settle(tenant, tenant.amount, tenant.micros)
-        if caps is not None:
-            self.caps.settle(caps, caps.amount, caps.micros)
+        spend_holds(self.tenant, self.caps, hold)
 
     def take(
         self, s: Session, amount: int, micros: int, tasks: TaskLeases, holds: BudgetHolds, *, result: str | None = None

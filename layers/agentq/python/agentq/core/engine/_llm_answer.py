@@ -12,7 +12,7 @@ from typing import Any
 
 from agentq.core.context import resumed_goal
 from agentq.core.engine._commit import StepWriter
-from agentq.core.engine._llm_call import Call, call_cost
+from agentq.core.engine._llm_call import Call, call_cost, settling
 from agentq.core.engine._request import RequestBuilder
 from agentq.core.engine._session import Session
 from agentq.core.engine.conversation import final_text
@@ -21,7 +21,7 @@ from agentq.core.errors import ConversationMoved, LeaseLost
 from agentq.core.faults import crash_point
 from agentq.core.models import CallStep, CompactStep, LLMStep, TaskStatus, TaskSubmission
 from agentq.core.output import answer_of, feedback
-from agentq.core.ports import BudgetLedger, FlowPort, StepLog, TenantWindowsPort
+from agentq.core.ports import BudgetLedger, FlowPort, StepLog, TaskLeases, TenantWindowsPort
 from agentq.core.pricing import PriceTable
 from agentq.core.providers import LLMResponse
 from agentq.core.providers.base import BATCH_PRICE_RATIO
@@ -33,6 +33,7 @@ log = logging.getLogger("agentq.engine")
 class Answers:
     def __init__(
         self,
+        tasks: TaskLeases,
         steps: StepLog,
         budgets: BudgetLedger,
         flow: FlowPort,
@@ -41,7 +42,7 @@ class Answers:
         requests: RequestBuilder,
         writer: StepWriter,
     ) -> None:
-        self.steps, self.budgets, self.flow, self.windows = steps, budgets, flow, windows
+        self.tasks, self.steps, self.budgets, self.flow, self.windows = tasks, steps, budgets, flow, windows
         self.prices, self.requests, self.writer = prices, requests, writer
 
     def commit(self, s: Session, call: Call, response: LLMResponse) -> RunResult | None:
@@ -109,16 +110,15 @@ class Answers:
         except ConversationMoved as moved:
             # Interrupted: the answer is discarded, and paid for, as a lost lease's would be.
             s.inbox = dataclasses.replace(s.inbox, received=moved.received, interrupt_at=moved.interrupt_at)
-            self.discard(s, step, settle, call.window, reason="interrupted")
+            self.discard(s, step, settle, settling(self.tasks, s, call), reason="interrupted")
             log.info("task %s: answer of step %d discarded (interrupted)", s.task_id, s.next_step)
             return None
         except LeaseLost:
             if isinstance(step, LLMStep) and step.batched:
                 # A batch's answer is the next claim's to read and charge: it adopts the batch's
-                # hold (the record names the hold's epoch) and reads the batch again. Settled
-                # here too, as an orphan, it was charged twice.
-                if call.window is not None:
-                    self.windows.settle(call.window, 0, 0)
+                # hold (the record names the hold's epoch), reads the batch again and settles the
+                # windows' hold recorded with it. Settled here too, as an orphan, it was charged
+                # twice; the windows' hold given back here, it was taken off them twice.
                 s.task = s.task.model_copy(update={"inflight": None, "batch": None})
                 raise
             # The provider answered, so the tokens are spent whoever owns the task now, and

@@ -1,21 +1,32 @@
 """Economy: an LLM turn sent as a batch of one (Message Batches), the task parked in
-``waiting`` until it ends, and its answer read by the run that claims the task then."""
+``waiting`` until it ends, and its answer read by the run that claims the task then.
+
+Invariant (ARCHITECTURE 4, "spend <= cap at every scope"): the batch's call keeps its hold on
+the tenant's hour and on the scopes' caps (a ``CallHold``) from before the batch is sent until
+its outcome is known, however long it runs: the park records the hold beside the batch
+(``batch["windows"]``), and the one who learns the outcome settles that recorded hold, once:
+to the usage, by the commit of the answer; given back, for a request that errored or expired
+(known unbilled); counted as spent, its outcome unknown, for a batch the API no longer knows or
+a task stopped while its batch runs. The park used to give the hold back, so while a batch ran
+its windows held nothing for it, and a capped user's second batch went out too: both billed.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from agentq.core.engine._caps import CallHold, spend_holds
 from agentq.core.engine._llm_call import Call
 from agentq.core.engine._session import Session
 from agentq.core.engine.result import RunResult
 from agentq.core.errors import ProviderError
 from agentq.core.faults import crash_point
 from agentq.core.models import TaskStatus
-from agentq.core.ports import TaskLeases, TenantWindowsPort
+from agentq.core.ports import ScopeCapsPort, TaskLeases, TenantWindowsPort
 from agentq.core.providers import LLMResponse, ProviderFactory
 from agentq.core.providers.base import BatchProvider, RetryNotice, reporting_retries
 from agentq.core.status import LOOK_DUE
@@ -23,15 +34,22 @@ from agentq.core.status import LOOK_DUE
 log = logging.getLogger("agentq.engine")
 
 
+# Where a batch's record keeps its call's windows' hold (``CallHold.record``). A batch parked
+# before it was kept has none: its windows' hold was given back at its park, and its answer is
+# counted from a hold of 0 (``LLMTurn``).
+RECORDED = "windows"
+
+
 class Batches:
-    def __init__(self, providers: ProviderFactory, tasks: TaskLeases, windows: TenantWindowsPort) -> None:
-        self.providers, self.tasks, self.windows = providers, tasks, windows
+    def __init__(self, providers: ProviderFactory, tasks: TaskLeases) -> None:
+        self.providers, self.tasks = providers, tasks
 
     def batched(
         self, s: Session, call: Call, batch: dict[str, Any] | None, retried: Callable[[RetryNotice], None]
     ) -> LLMResponse | RunResult:
         """Economy: the turn goes out as a batch of one and the task parks in ``waiting``,
-        holding no compute and keeping its budget hold (deadline: the batch's 24-hour window);
+        holding no compute and keeping its budget hold (deadline: the batch's 24-hour window)
+        and its windows' hold (recorded with the batch, see the module);
         the run that claims it once the batch ended gets the answer here (``batch``: the one the
         task waited on; ``Call.started``: when it was sent), to commit as any.
 
@@ -55,7 +73,7 @@ class Batches:
             call.may_be_billed = True  # the batch exists: it runs, and is billed, unless its result says otherwise
             response = provider.batch_result(str(batch["id"]), str(batch["custom_id"]))
             if response is None:  # looked at before it ended: wait again
-                return self.park(s, batch, call.window)
+                return self.park(s, batch)
             call.started = float(batch["submitted_at"])
             return response
         custom_id = f"{s.task_id}-s{s.next_step}-e{s.lease.epoch}"[:64]
@@ -64,21 +82,36 @@ class Batches:
             record["id"] = provider.submit_batch(call.request, custom_id)
         call.may_be_billed = True  # the batch exists: it runs, and is billed, whatever becomes of this run
         crash_point("after_batch_submit")
-        return self.park(s, record, call.window)
+        # The windows' hold of the attempt that made it (a retry's, after a cut one), kept with it.
+        record[RECORDED] = call.window.record() if call.window is not None else {}
+        return self.park(s, record)
 
-    def park(self, s: Session, record: dict[str, Any], window: Any) -> RunResult:
+    def recorded(self, s: Session, batch: dict[str, Any]) -> CallHold | None:
+        """The windows' hold that ``batch``'s park recorded, for its answer to settle; None when
+        nothing capped its call, or when its settling was taken already (``Task.batch_settled``:
+        an errored batch read again after a redrive, an answer discarded and read again)."""
+        return None if s.task.batch_settled == batch["id"] else CallHold.recorded(batch[RECORDED])
+
+    def park(self, s: Session, record: dict[str, Any]) -> RunResult:
         """The task waits for the batch ``record`` names, without a worker (a ``batch_poll``
-        message looks at it), its hold kept. When that look is due rides on the park, so a look
-        lost with a worker that died before queueing it is found by the sweeper, and a stray
-        look is told from the due one (``queueing.dispatch._looks``)."""
-        if window is not None:  # the tenant window counts the call when its result is in
-            self.windows.settle(window, 0)
+        message looks at it), its holds kept: the budget's, and the windows' (recorded with
+        it). When that look is due rides on the park, so a look lost with a worker that died
+        before queueing it is found by the sweeper, and a stray look is told from the due one
+        (``queueing.dispatch._looks``)."""
         seconds = batch_poll_seconds(record)
         self.tasks.transition(s.task_id, TaskStatus.WAITING, lease=s.lease,
                               extra={"batch": record, LOOK_DUE: time.time() + seconds})  # fmt: skip
         s.task = s.task.model_copy(update={"status": TaskStatus.WAITING, "batch": record})
         log.info("task %s: turn %s sent as batch %s", s.task_id, record["step"], record["id"])
         return RunResult(s.task_id, "waiting", status=TaskStatus.WAITING, batch_poll=seconds)
+
+
+def count_batch_hold_as_spent(windows: TenantWindowsPort, caps: ScopeCapsPort, batch: Mapping[str, Any]) -> None:
+    """Count the windows' hold recorded with ``batch`` as spent at its size, its outcome
+    unknown (a cancel's or a stop's, once it took it: ``take_batch_hold_at_end``): the batch
+    runs and is billed, and no run will read its answer. As the task's budget counts its hold
+    (``count_as_spent``, at the hold's deadline)."""
+    spend_holds(windows, caps, CallHold.recorded(batch.get(RECORDED) or {}))
 
 
 def batch_poll_seconds(batch: dict[str, Any]) -> float:

@@ -55,7 +55,7 @@ class Call:
     max_out: int  # its output allowance (shrunk to what is left near the cap)
     reserved: int  # the tokens its hold holds
     compact: bool  # a compaction: its answer summarises the conversation
-    window: Any  # the tenant window's hold for it (None: the tenant has no hourly limits)
+    window: Any  # its hold on the tenant's hour and the scopes' caps (a ``CallHold``; None: nothing caps it)
     route: Route = field(default_factory=Route)  # the model it goes to (a fallback replaces it)
     started: float = 0.0  # when it went out (a batch: when it was submitted)
     # An attempt may have been billed (reported by its retries); False while every attempt
@@ -69,11 +69,24 @@ class Call:
     # (``cut``), which reads and settles them: one at a time, and none of the retry's after the cut.
     lock: threading.Lock = field(default_factory=threading.Lock)
     cut_off: bool = False
+    # The batch whose answer it reads, when ``window`` is the hold that batch's park recorded:
+    # the commit of the answer settles it; anyone else only once they took it (``settling``).
+    batch: str | None = None
 
     @property
     def asked(self) -> LLMRequest:
         """The request as the model it goes to gets it."""
         return self.route.asked(self.request)
+
+
+def settling(tasks: TaskLeases, s: Session, call: Call) -> Any:
+    """The windows' hold this run may settle for ``call`` other than by committing its answer
+    (it failed, or its answer is discarded): its own, or a batch's recorded hold once this run
+    took its settling (``TaskLeases.take_batch_hold``), so it is settled once whoever meets
+    the batch's outcome; None when another took it."""
+    if call.window is None or call.batch is None:
+        return call.window
+    return call.window if tasks.take_batch_hold(s.lease, call.batch) else None
 
 
 class NoHoldForRetry(ProviderError):
@@ -316,7 +329,7 @@ class ModelCall:
         billed; when one may have been (``Call.may_be_billed``), it is counted as spent, as the
         unknown it is (ARCHITECTURE 4), not returned on a guess. ``told_fleet``: the failure was
         counted toward the model's circuit already (``ModelRouter.fall_over``)."""
-        window = call.window
+        window = call.window = settling(self.tasks, s, call)
         if call.may_be_billed:
             held = self.holds.spend(s, reportable=False)
             if window is not None:  # the tenant's hour and the scopes' caps keep it too, as the budget does

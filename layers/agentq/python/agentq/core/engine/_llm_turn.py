@@ -18,7 +18,7 @@ from agentq.core.engine._commit import StepWriter
 from agentq.core.engine._finish import finish_without_step
 from agentq.core.engine._holds import BudgetHolds
 from agentq.core.engine._llm_answer import Answers
-from agentq.core.engine._llm_batch import Batches
+from agentq.core.engine._llm_batch import RECORDED, Batches
 from agentq.core.engine._llm_call import Call, ModelCall
 from agentq.core.engine._llm_route import ModelRouter, Route, admitted
 from agentq.core.engine._policy import PolicyGate, refuse_model_call
@@ -52,8 +52,8 @@ class LLMTurn:
         self.policy = policy
         self.router = ModelRouter(flow)
         self.calls = ModelCall(tasks, steps, budgets, flow, windows, providers, prices, holds, self.router, policy)
-        self.batches = Batches(providers, tasks, windows)
-        self.answers = Answers(steps, budgets, flow, windows, prices, requests, writer)
+        self.batches = Batches(providers, tasks)
+        self.answers = Answers(tasks, steps, budgets, flow, windows, prices, requests, writer)
 
     def run(self, s: Session) -> RunResult | None:
         """One call and its commit (None), or how the run ends instead."""
@@ -78,18 +78,26 @@ class LLMTurn:
         crash_point("after_reserve")
         held_usd = s.task.inflight.micros if s.task.inflight else 0
         batch = s.task.batch if s.task.batch and int(s.task.batch["step"]) == s.next_step else None
-        # The tenant's window and the task's scopes' caps (core.engine._caps). A batch's result
-        # was paid for when it was sent: the windows count it now, from 0.
-        amount, money = (0, 0) if batch else (reserved, held_usd)
-        taken = self.windows.take(s, amount, money, self.tasks, self.holds)
-        if isinstance(taken, RunResult):
-            return taken
-        window = taken
+        kept = batch if batch is not None and RECORDED in batch else None
+        if kept is not None:
+            # The batch's call has held on the windows since it was sent: its answer settles that.
+            window = self.batches.recorded(s, kept)
+        else:
+            # The tenant's window and the task's scopes' caps (core.engine._caps). A batch whose
+            # record keeps no hold (parked before records kept one) gave it back: counted from 0.
+            amount, money = (0, 0) if batch else (reserved, held_usd)
+            taken = self.windows.take(s, amount, money, self.tasks, self.holds)
+            if isinstance(taken, RunResult):
+                return taken
+            window = taken
         # The output allowance: what the hold leaves past all the call may read (its whole hold
         # less the allowance asked for: ``BudgetHolds.least``), never more than that allowance.
         full_out = self.requests.max_out(s)
         max_out = min(full_out, reserved - (demand[1] - full_out))
-        call = Call(self.requests.request(s, max_out), max_out, reserved, self.requests.compacting(s), window, route)
+        call = Call(
+            self.requests.request(s, max_out), max_out, reserved, self.requests.compacting(s), window, route,
+            batch=str(kept["id"]) if kept is not None else None,
+        )  # fmt: skip
         held = s.task.inflight
         s.sent_hold_step = held.step if held else s.next_step  # from here the call may be on the wire
         if s.economy:

@@ -60,6 +60,10 @@ class Task(BaseModel):
     llm_steps: int = 0
     compacted_at: int = 0  # the latest compaction step: a resume reads the steps from it on
     batch: dict[str, Any] | None = None  # economy: the batch the next LLM turn was sent in (id, custom_id, step, epoch)
+    # The id of the batch whose windows' hold (``batch["windows"]``) was settled outside the step
+    # commit that reads its answer (an errored or lost batch, a discarded answer, a cancel): by
+    # whoever took it first (``TaskLeases.take_batch_hold``); no reader settles it again.
+    batch_settled: str | None = None
     look_due: float | None = None  # waiting on a remote agent or a batch: its look's due (core.status.LOOK_DUE)
     lease_owner: str | None = None
     lease_epoch: int = 0
