@@ -33,7 +33,8 @@ from agentq.core.models import McpToolPin, TaskStatus, ToolOutcome, ToolsStep
 from agentq.core.secrets import Secrets, SecretUnavailable, env_var_for
 from agentq.core.tools import ToolContext, ToolRegistry, tool
 from agentq.core.tools.mcp import McpServerConfig, McpServers
-from agentq.observe.redaction import REDACTED, RedactingFilter
+from agentq.observe.logs import RedactingFilter
+from agentq.observe.redaction import REDACTED
 from agentq.storage.container import Storage, memory_storage
 
 from tests.helpers import call, scripted, wait_for

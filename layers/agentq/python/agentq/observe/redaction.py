@@ -43,7 +43,6 @@ from __future__ import annotations
 import base64
 import html
 import json
-import logging
 import re
 import threading
 import urllib.parse
@@ -465,35 +464,3 @@ def redact_files(root: str) -> list[str]:
             except OSError:
                 continue
     return changed
-
-
-class RedactingFilter(logging.Filter):
-    """Rewrites a record whose message or traceback holds a credential; never drops one. By every
-    value the process holds (``REDACTOR``), whichever run logs: a line redacted of too much
-    loses an operator a word, never a tenant its data (``current``)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if REDACTOR.empty:
-            return True
-        try:
-            message = record.getMessage()
-        except Exception:  # a bad format string is the formatter's to report
-            return True
-        cleaned = REDACTOR.redact(message)
-        if cleaned != message:
-            record.msg, record.args = cleaned, None
-        if record.exc_info and record.exc_info[0] is not None:
-            # Formatters (powertools' JSON one) format exc_info themselves: a traceback that
-            # holds a credential is folded into the message, redacted, and exc_info dropped.
-            text = record.exc_text or logging.Formatter().formatException(record.exc_info)
-            clean = REDACTOR.redact(text)
-            if clean != text:
-                record.msg, record.args = f"{record.getMessage()}\n{clean}", None
-                record.exc_info, record.exc_text = None, None
-        if record.stack_info:
-            record.stack_info = REDACTOR.redact(record.stack_info)
-        return True
-
-
-def has_redacting_filter(handler: logging.Handler) -> bool:
-    return any(isinstance(f, RedactingFilter) for f in handler.filters)
