@@ -268,6 +268,37 @@ def test_a_runs_values_are_held_until_it_ends_then_kept_among_the_recent(cipher:
     assert redaction.REDACTOR.held == held and value not in redaction.redact(value)
 
 
+def test_a_run_the_garbage_collector_frees_inside_a_redactor_write_gives_its_values_back_without_waiting_on_itself(
+    cipher: EnvelopeCipher,
+) -> None:
+    """A run's credentials release their hold when collected (``weakref.finalize``), and the
+    collector runs wherever an allocation triggers it: inside the redactor's locked writes too.
+    There a release that took the lock again waited on its own thread for ever (seen: workers
+    and test processes hung in ``_unpin``). The release waits for the redactor's next write."""
+    import gc
+
+    store, value = memory_storage(), _awkward()
+    _put(store, cipher, "t", "crm", value, "crm.example.com")
+    held = redaction.REDACTOR.held
+    run = TaskCredentials(store.vault, cipher, "t", None)
+    run.get("crm")
+    cycle: list[Any] = [run]
+    cycle.append(cycle)  # only the collector frees it
+    del run, cycle
+    done = threading.Event()
+
+    def collect_inside_a_write() -> None:
+        with redaction.REDACTOR._lock:  # where an allocation in a write would trigger the collector
+            gc.collect()
+        done.set()
+
+    worker = threading.Thread(target=collect_inside_a_write, daemon=True)
+    worker.start()
+    assert done.wait(10), "the finalizer waited on the lock its own thread held"
+    redaction.REDACTOR.add("a-later-write-of-another-run")  # the next write unpins it
+    assert redaction.REDACTOR.held == held and value not in redaction.redact(value)
+
+
 class _CountingCipher:
     def __init__(self, cipher: EnvelopeCipher) -> None:
         self.cipher, self.opened = cipher, 0

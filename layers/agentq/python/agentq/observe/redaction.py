@@ -47,7 +47,7 @@ import re
 import threading
 import urllib.parse
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -275,6 +275,12 @@ class Hold(_Finder):
         """The run is over: its values join the recent ones, evicted in their turn."""
         self._redactor._unpin(self)
 
+    def release_later(self) -> None:
+        """``release`` at the redactor's next write, for a finalizer: the garbage collector runs
+        one wherever an allocation triggers it, inside the redactor's own locked writes too, where
+        taking the lock again would wait on this very thread for ever."""
+        self._redactor._released.append(self)
+
 
 class Redactor(_Finder):
     """The values this process must not write out, and the index that finds them: every value a
@@ -288,6 +294,7 @@ class Redactor(_Finder):
         self._kept: set[str] = set()  # the deployment's secrets read (``keep``)
         self._kept_forms: set[str] = set()
         self._live: weakref.WeakSet[Hold] = weakref.WeakSet()  # holds not yet released
+        self._released: deque[Hold] = deque()  # released by a finalizer, unpinned at the next write
         self._index = _Index()
 
     @property
@@ -303,7 +310,7 @@ class Redactor(_Finder):
     def hold(self) -> Hold:
         """A run's hold, which redacts the values kept (``keep``) beside those its run adds."""
         hold = Hold(self)
-        with self._lock:
+        with self._writing():
             for form in self._kept_forms:
                 hold._index.add(form)
             self._live.add(hold)
@@ -314,7 +321,7 @@ class Redactor(_Finder):
         run: redacted from every log line and every live and later run's output, never evicted."""
         if all(v in self._kept for v in values):  # the common case, each read: no lock, no spellings
             return
-        with self._lock:
+        with self._writing():
             fresh = tuple(v for v in values if v not in self._kept)
             self._kept.update(fresh)
             forms = _forms(fresh) - self._kept_forms
@@ -329,7 +336,7 @@ class Redactor(_Finder):
 
     def add(self, *values: str) -> None:
         """Values no run holds (kept while they are among the most recent ``MAX_VALUES``)."""
-        with self._lock:
+        with self._writing():
             for form in _forms(values):
                 self._values[form] = None
                 self._values.move_to_end(form)
@@ -339,7 +346,7 @@ class Redactor(_Finder):
     def _pin(self, hold: Hold, values: tuple[str, ...]) -> None:
         if all(v in hold.values for v in values):  # held already (a secret read on each call)
             return
-        with self._lock:
+        with self._writing():
             values = tuple(v for v in values if v not in hold.values)
             hold.values.update(values)
             forms = _forms(values)
@@ -350,18 +357,29 @@ class Redactor(_Finder):
                 self._pins[form] = self._pins.get(form, 0) + 1
                 self._index.add(form)
 
-    def _unpin(self, hold: Hold) -> None:
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """The lock, and the holds finalizers released meanwhile unpinned first (``release_later``)."""
         with self._lock:
-            for form in hold.forms:
-                left = self._pins.pop(form, 1) - 1
-                if left:  # another live run holds it still: no recent slot for it yet
-                    self._pins[form] = left
-                    continue
-                self._values[form] = None
-                self._values.move_to_end(form)
-            hold.forms, hold.values = set(), set()
-            self._live.discard(hold)
-            self._evict()
+            while self._released:
+                self._unpin_locked(self._released.popleft())
+            yield
+
+    def _unpin(self, hold: Hold) -> None:
+        with self._writing():
+            self._unpin_locked(hold)
+
+    def _unpin_locked(self, hold: Hold) -> None:
+        for form in hold.forms:
+            left = self._pins.pop(form, 1) - 1
+            if left:  # another live run holds it still: no recent slot for it yet
+                self._pins[form] = left
+                continue
+            self._values[form] = None
+            self._values.move_to_end(form)
+        hold.forms, hold.values = set(), set()
+        self._live.discard(hold)
+        self._evict()
 
     def _evict(self) -> None:
         while len(self._values) > MAX_VALUES:
@@ -370,7 +388,7 @@ class Redactor(_Finder):
                 self._index.remove(form)
 
     def clear(self) -> None:
-        with self._lock:
+        with self._writing():
             self._values.clear()
             self._pins.clear()
             self._kept.clear()

@@ -40,7 +40,7 @@ class TaskCredentials:
         # run (``Engine.run``'s ``run_scope``) they go into the run's hold, by which its results
         # and files are redacted (``observe.redaction.current``): of its own values only.
         self._hold = run_hold() or REDACTOR.hold()
-        weakref.finalize(self, self._hold.release)
+        weakref.finalize(self, self._hold.release_later)  # never the lock from inside the collector
 
     def close(self) -> None:
         """The run is over: its values are no longer held (they stay among the recent ones)."""
