@@ -228,7 +228,8 @@ def test_a_batch_whose_outcome_is_known_unbilled_gives_its_hold_back_and_one_unk
     api: FakeMessagesAPI, store: Storage, registry: ToolRegistry, outcome: str, ends: TaskStatus | None, spent: bool
 ) -> None:
     """On the tenant's hour and the user's day at once (the two parts of a call's hold). A task
-    failed on its batch and redriven reads that batch again: it settles nothing a second time."""
+    failed on its batch forgets it (its outcome is all it will say) and, redriven, sends the
+    turn anew under a hold of its own: the failed batch settles nothing a second time."""
     store.windows.set_limits("acme", TenantLimits(hourly_tokens=1_000_000))
     store.caps.put("acme", "user", "alice", CapLimits(daily_tokens=1_000_000))
     if outcome == "errored":
@@ -245,10 +246,13 @@ def test_a_batch_whose_outcome_is_known_unbilled_gives_its_hold_back_and_one_unk
         assert result.status is ends, result
     after = (hold.amount, hold.amount) if spent else (0, 0)
     assert _counted(store, USER_DAY) == _counted(store, TENANT_HOUR) == after
-    if ends is not None:  # a redrive (as from the DLQ) reads the same batch and fails again
+    if ends is not None:  # a redrive (as from the DLQ) sends the turn anew, never reads the failed batch
         store.tasks.transition(task_id, TaskStatus.QUEUED)
-        assert _engine(store, registry).run(task_id).status is ends
-        assert _counted(store, USER_DAY) == _counted(store, TENANT_HOUR) == after
+        assert _engine(store, registry).run(task_id).outcome == "waiting"
+        again = store.tasks.get(task_id).inflight
+        assert again is not None
+        held = (after[0] + again.amount, after[1])
+        assert _counted(store, USER_DAY) == _counted(store, TENANT_HOUR) == held
 
 
 @pytest.mark.parametrize("wakes", [False, True], ids=["killed", "paused"])
@@ -276,12 +280,12 @@ def test_a_run_that_read_the_batchs_answer_and_lost_its_lease_leaves_the_hold_to
     assert _counted(store, USER_DAY) == _counted(store, TENANT_HOUR) == (used, used)
 
 
-def test_a_batchs_answer_discarded_by_an_interrupt_and_read_again_is_counted_once_on_the_windows(
+def test_a_batchs_answer_discarded_by_an_interrupt_is_counted_once_on_the_windows_and_never_read_again(
     api: FakeMessagesAPI, store: Storage, registry: ToolRegistry
 ) -> None:
     """An interrupt asked for as the batch's answer is read: the answer is discarded (settled as
-    an orphan, the windows' hold with it), and the run after the next message reads the batch
-    again and commits it. Its windows' hold was settled already: it is not settled again."""
+    an orphan, the windows' hold with it) and the batch forgotten, so the run after the next
+    message sends the turn anew under a hold of its own; the discarded one is not counted again."""
     from agentq.control.conversations import interrupt, send_message
 
     from tests.test_conversations import Queues
@@ -297,8 +301,8 @@ def test_a_batchs_answer_discarded_by_an_interrupt_and_read_again_is_counted_onc
     used = orphan.call.usage.total
     assert _counted(store, USER_DAY) == (used, used)
     send_message(store, Queues(), task_id, "go on", tenant="acme")
-    assert _engine(store, registry).run(task_id).outcome == "waiting"  # the answer committed, the next batch out
-    assert [s.body.kind for s in store.steps.load(task_id)][:1] == ["llm"]
+    assert _engine(store, registry).run(task_id).outcome == "waiting"  # the turn sent anew
+    assert [s.body.kind for s in store.steps.load(task_id)] == ["message"]  # the discarded answer not committed
     held = store.tasks.get(task_id).inflight
     assert held is not None
     assert _counted(store, USER_DAY) == (used + held.amount, used)  # the answer once; the next batch held

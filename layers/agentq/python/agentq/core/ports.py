@@ -121,7 +121,14 @@ class BudgetLedger(Protocol):
     def set_aside(self, lease: Lease, held: Reservation) -> None: ...
 
     def spend_lapsed(
-        self, task_id: str, budget_id: str, held: Reservation, *, parent_id: str | None = None, ticket: bool = True
+        self,
+        task_id: str,
+        budget_id: str,
+        held: Reservation,
+        *,
+        parent_id: str | None = None,
+        ticket: bool = True,
+        forget_batch: bool = False,
     ) -> bool: ...
 
     def settle_orphan(
@@ -133,6 +140,7 @@ class BudgetLedger(Protocol):
         inflight_epoch: int | None,
         parent_id: str | None = None,
         ticketed: bool = False,
+        forget_batch: bool = False,
     ) -> bool: ...
 
     def settle_child(self, parent_budget_id: str, child_id: str) -> None: ...

@@ -92,6 +92,12 @@ from agentq.storage.table import (
     present,
 )
 
+# A task's batch record (``Task.batch``) and the mark that its windows' hold was taken
+# (``batch_settled``): removed in the write that settles a batch's hold when its answer will not
+# be committed, so the settlement and the forgetting are one, and the batch is charged once
+# whoever dies between them.
+BATCH = ["batch", "batch_settled"]
+
 
 class Budgets:
     def __init__(self, table: Table) -> None:
@@ -198,7 +204,14 @@ class Budgets:
         return True
 
     def spend_lapsed(
-        self, task_id: str, budget_id: str, held: Reservation, *, parent_id: str | None = None, ticket: bool = True
+        self,
+        task_id: str,
+        budget_id: str,
+        held: Reservation,
+        *,
+        parent_id: str | None = None,
+        ticket: bool = True,
+        forget_batch: bool = False,
     ) -> bool:
         """Count a hold whose call's outcome is unknown as spent: its ticket (``inflight`` of
         that epoch, or ``lapsed_<epoch>``) becomes ``spent_<epoch>`` and ``reserved`` moves to
@@ -207,7 +220,8 @@ class Budgets:
         ended meanwhile. ``settle_orphan`` corrects it if the call is ever reported. False when
         no such ticket is left (settled already). ``ticket=False``: the call can never be
         reported (its attempt failed), so no ``spent_<epoch>`` is left for a later settlement
-        of the epoch to match.
+        of the epoch to match. ``forget_batch``: the hold is a batch's whose answer no run
+        will read (``BATCH``): its record goes in the same write, so the batch is counted once.
 
         A child already folded into its parent needs no correction of the parent's ``used``:
         the fold counted ``used + reserved``, and moving between the two leaves that sum
@@ -226,7 +240,8 @@ class Budgets:
             ("inflight", Attr("inflight.epoch").eq(held.epoch)),
             (lapsed_name(held.epoch), Attr(lapsed_name(held.epoch)).exists()),
         ):
-            update = Update(set={spent_name(held.epoch): seen_ticket(held)} if ticket else {}, remove=[name])
+            gone = [name, *(BATCH if forget_batch else [])]
+            update = Update(set={spent_name(held.epoch): seen_ticket(held)} if ticket else {}, remove=gone)
             moved = Patch("ticket", keys.meta_key(task_id), update, condition)
             if held.seen and parent_id is not None:
                 folded_parent = Patch("parent", keys.meta_key(parent_id), Update(add=known))
@@ -305,6 +320,7 @@ class Budgets:
         inflight_epoch: int | None,
         parent_id: str | None = None,
         ticketed: bool = False,
+        forget_batch: bool = False,
     ) -> bool:
         """Account for a reservation whose step will not be committed (lease lost, provider
         error, a crashed worker's leftover), exactly once.
@@ -319,19 +335,27 @@ class Budgets:
         marker) and it is settled unconditionally. Returns whether the hold was returned.
         ``parent_id``: see ``_release``. ``ticketed``: the usage is recorded only with a ticket
         (its settlement may be tried again by a later worker: the ticket makes it once).
+        ``forget_batch``: the hold is that of a batch whose answer will not be committed (an
+        interrupt discarded it, the task's timeout cut it, its request failed): the batch's
+        record is removed in the write that settles the hold, so no later run reads the batch
+        again and charges it a second time (``BATCH``).
         """
         if inflight_epoch is None:
             self._apply(settle_and_reserve(budget_id, delta, 0))
             return True
+        batch = BATCH if forget_batch else []
         current = Patch(
-            "ticket", keys.meta_key(task_id), Update(remove=["inflight"]), Attr("inflight.epoch").eq(inflight_epoch)
+            "ticket",
+            keys.meta_key(task_id),
+            Update(remove=["inflight", *batch]),
+            Attr("inflight.epoch").eq(inflight_epoch),
         )
         lapsed = Patch(
-            "ticket", keys.meta_key(task_id), Update(remove=[lapsed_name(inflight_epoch)]),
+            "ticket", keys.meta_key(task_id), Update(remove=[lapsed_name(inflight_epoch), *batch]),
             Attr(lapsed_name(inflight_epoch)).exists(),
         )  # fmt: skip
         spent = Patch(
-            "ticket", keys.meta_key(task_id), Update(remove=[spent_name(inflight_epoch)]),
+            "ticket", keys.meta_key(task_id), Update(remove=[spent_name(inflight_epoch), *batch]),
             Attr(spent_name(inflight_epoch)).exists(),
         )  # fmt: skip
         for release_ticket in (current, lapsed):  # set aside by a successor, or not

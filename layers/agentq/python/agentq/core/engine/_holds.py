@@ -157,8 +157,10 @@ class BudgetHolds:
 
     # ------------------------------------------------------------ current hold
 
-    def release(self, s: Session) -> None:
-        """Return the held reservation, exactly once (see ``EngineStorage.settle_orphan``)."""
+    def release(self, s: Session, *, forget_batch: bool = False) -> None:
+        """Return the held reservation, exactly once (see ``EngineStorage.settle_orphan``).
+        ``forget_batch``: it is the hold of the batch this run read, known unbilled, whose
+        answer will not come: the batch's record goes with it."""
         held = s.task.inflight
         if held:
             self.budgets.settle_orphan(
@@ -174,8 +176,9 @@ class BudgetHolds:
                 ),
                 inflight_epoch=held.epoch,
                 parent_id=s.task.parent_id,
+                **forgetting(forget_batch),
             )
-            s.task = s.task.model_copy(update={"inflight": None})
+            s.task = s.task.model_copy(update={"inflight": None, **({"batch": None} if forget_batch else {})})
 
     def release_unsent(self, s: Session) -> None:
         """The lease is lost: give back this run's hold if its call never went out (one reserved
@@ -186,18 +189,21 @@ class BudgetHolds:
         if held and held.epoch == s.lease.epoch and held.step != s.sent_hold_step:
             self.release(s)
 
-    def spend(self, s: Session, *, reportable: bool = True) -> Reservation | None:
+    def spend(self, s: Session, *, reportable: bool = True, forget_batch: bool = False) -> Reservation | None:
         """Count the held reservation as spent, once: its call was cut in flight (the task's
         timeout) with its outcome unknown, as a call whose hold outlived its deadline
         (``spend_lapsed``): the provider may have answered, and billed, what this run stopped
         waiting for. An answer that still comes corrects it (``settle_orphan``, through the
         ``spent_<epoch>`` ticket). ``reportable=False``: its attempt failed and no answer can
         come (a retry follows, or the call gave up): no ticket is left, so none can be matched,
-        later in the epoch, by the settlement of another hold."""
+        later in the epoch, by the settlement of another hold. ``forget_batch``: it is the hold
+        of the batch this run read and could not (lost by the API): the batch's record goes in
+        the same write, so no later run (a redrive) reads it again and counts it twice."""
         held = s.task.inflight
         if held:
-            self._spend(s.task, held.with_seen(s.held.seen), ticket=reportable)  # its stream's note: this run's
-            s.task = s.task.model_copy(update={"inflight": None})
+            # its stream's note: this run's
+            self._spend(s.task, held.with_seen(s.held.seen), ticket=reportable, forget_batch=forget_batch)
+            s.task = s.task.model_copy(update={"inflight": None, **({"batch": None} if forget_batch else {})})
         return held
 
     def spend_recorded(self, task: Task, held: Reservation) -> None:
@@ -206,8 +212,8 @@ class BudgetHolds:
         set aside): the record's usage of nothing is no report of the call."""
         self._spend(task, held)
 
-    def _spend(self, task: Task, held: Reservation, *, ticket: bool = True) -> None:
-        count_as_spent(self.budgets, task, held, ticket=ticket)
+    def _spend(self, task: Task, held: Reservation, *, ticket: bool = True, forget_batch: bool = False) -> None:
+        count_as_spent(self.budgets, task, held, ticket=ticket, forget_batch=forget_batch)
 
     def reserve(self, s: Session) -> int | None:
         """Hold tokens for the next call; returns the amount, or None when the budget is spent.
@@ -418,12 +424,22 @@ class BudgetHolds:
         self.tasks.release(s.lease)
 
 
-def count_as_spent(budgets: BudgetLedger, task: Task, held: Reservation, *, ticket: bool = True) -> bool:
+def count_as_spent(
+    budgets: BudgetLedger, task: Task, held: Reservation, *, ticket: bool = True, forget_batch: bool = False
+) -> bool:
     """Count ``task``'s hold ``held`` as spent, its outcome unknown but for what its call was
     seen to bill; the unknown part is told to the metrics and the tenant's bill once (only the
     write that moved the ticket tells it; True then). The engine's way (``BudgetHolds``) and a
     cancel's (``control.operations``), which no engine runs."""
-    counted = budgets.spend_lapsed(task.task_id, task.budget_id, held, parent_id=task.parent_id, ticket=ticket)
+    counted = budgets.spend_lapsed(
+        task.task_id, task.budget_id, held, parent_id=task.parent_id, ticket=ticket, **forgetting(forget_batch)
+    )
     if counted:
         observe.record_unknown_usage(task.tenant, task.task_id, held.amount - held.seen, held.micros - held.seen_micros)
     return counted
+
+
+def forgetting(forget_batch: bool) -> dict[str, bool]:
+    """``forget_batch`` for a ledger write, named only when asked for (the engine's
+    characterisation goldens record each write's arguments, unchanged for every other call)."""
+    return {"forget_batch": True} if forget_batch else {}

@@ -12,6 +12,7 @@ from typing import Any
 
 from agentq.core.context import resumed_goal
 from agentq.core.engine._commit import StepWriter
+from agentq.core.engine._holds import forgetting
 from agentq.core.engine._llm_call import Call, call_cost, settling
 from agentq.core.engine._request import RequestBuilder
 from agentq.core.engine._session import Session
@@ -48,6 +49,73 @@ class Answers:
     def commit(self, s: Session, call: Call, response: LLMResponse) -> RunResult | None:
         """Commit ``call``'s answer as the next step, settling its hold with what it used."""
         crash_point("after_llm_call")
+        step, settle = self.answered(s, call, response)
+        sub, held = s.task.submission, s.task.inflight
+        messages: list[dict[str, Any]]
+        if isinstance(step, CompactStep):
+            summary = step.text()
+            goal = s.goal or sub.goal
+            messages = [{"role": "user", "content": resumed_goal(goal, summary)}] if summary else s.messages
+            finish, result, error = None, None, None
+        else:
+            messages, finish, result, error = turn_outcome(s.messages, sub, step, call.max_out)
+        if held is not None and held.until is not None and time.time() > held.until:
+            log.warning("task %s: call answered after its hold's deadline; raise AGENTQ_MAX_CALL_SECONDS", s.task_id)
+        try:
+            s.held.check()  # the heartbeat may have learned first that the lease is lost
+            try:
+                record = self.writer.commit(s, step, settle=settle, finish=finish, result=result, error=error)
+            except ConversationMoved as moved:
+                if moved.interrupt_at is not None:
+                    raise
+                s.inbox = dataclasses.replace(s.inbox, received=moved.received)
+                # A message came in while the model answered: the answer is a turn, not the end.
+                finish, result, error = None, None, None
+                record = self.writer.commit(s, step, settle=settle)
+        except ConversationMoved as moved:
+            # Interrupted: the answer is discarded, and paid for, as a lost lease's would be. A
+            # batch's is forgotten with that charge: read again after the next message, it was
+            # committed and charged a second time.
+            s.inbox = dataclasses.replace(s.inbox, received=moved.received, interrupt_at=moved.interrupt_at)
+            self.discard(s, step, settle, settling(self.tasks, s, call), reason="interrupted", forget_batch=s.economy)
+            log.info("task %s: answer of step %d discarded (interrupted)", s.task_id, s.next_step)
+            return None
+        except LeaseLost:
+            if isinstance(step, LLMStep) and step.batched:
+                # A batch's answer is the next claim's to read and charge: it adopts the batch's
+                # hold (the record names the hold's epoch), reads the batch again and settles the
+                # windows' hold recorded with it. Settled here too, as an orphan, it was charged
+                # twice; the windows' hold given back here, it was taken off them twice.
+                s.task = s.task.model_copy(update={"inflight": None, "batch": None})
+                raise
+            # The provider answered, so the tokens are spent whoever owns the task now, and
+            # whoever learned of the lost lease: the ledger gets them once, as an orphan.
+            self.discard(s, step, settle, call.window, reason="lease_lost")
+            raise
+        if call.window is not None:
+            self.windows.settle(call.window, settle.used, settle.used_micros)
+        self.writer.committed(s, record, messages)
+        update: dict[str, Any] = {"inflight": None, "batch": None, **({"status": finish} if finish else {})}
+        if call.compact:
+            update["compacted_at"] = record.number
+        s.task = s.task.model_copy(update=update)
+        crash_point("after_compaction" if call.compact else "after_llm_commit")
+        if finish:
+            return RunResult(s.task_id, "finished", status=finish)
+        return None
+
+    def cut(self, s: Session, call: Call, response: LLMResponse) -> None:
+        """The answer of the batch the task waited on, read after the task's timeout passed:
+        cut, as a call in flight at the timeout is, never committed, and charged once as the
+        orphan it is (``timed_out``), the batch forgotten in that write. The task ended without
+        reading it used to give the batch's hold back: billed by the provider, charged nothing."""
+        crash_point("after_llm_call")
+        step, settle = self.answered(s, call, response)
+        self.discard(s, step, settle, settling(self.tasks, s, call), reason="timed_out", forget_batch=True)
+        log.info("task %s: answer of batch step %d cut at the task's timeout", s.task_id, s.next_step)
+
+    def answered(self, s: Session, call: Call, response: LLMResponse) -> tuple[LLMStep | CompactStep, BudgetDelta]:
+        """``call``'s answer as the step it makes, and the settlement of its hold with what it used."""
         request, route, sub = call.asked, call.route, s.task.submission
         if route.admission is not None:
             usage = response.usage
@@ -87,65 +155,28 @@ class Answers:
         step: LLMStep | CompactStep
         if call.compact:
             step = CompactStep(**dict(answered), summarised_through=s.next_step - 1)
-            summary = step.text()
-            goal = s.goal or sub.goal
-            messages = [{"role": "user", "content": resumed_goal(goal, summary)}] if summary else s.messages
-            finish, result, error = None, None, None
         else:
             step = LLMStep(**dict(answered), cleared_before=self.requests.context(s)[1])
-            messages, finish, result, error = turn_outcome(s.messages, sub, step, call.max_out)
-        if held is not None and held.until is not None and time.time() > held.until:
-            log.warning("task %s: call answered after its hold's deadline; raise AGENTQ_MAX_CALL_SECONDS", s.task_id)
-        try:
-            s.held.check()  # the heartbeat may have learned first that the lease is lost
-            try:
-                record = self.writer.commit(s, step, settle=settle, finish=finish, result=result, error=error)
-            except ConversationMoved as moved:
-                if moved.interrupt_at is not None:
-                    raise
-                s.inbox = dataclasses.replace(s.inbox, received=moved.received)
-                # A message came in while the model answered: the answer is a turn, not the end.
-                finish, result, error = None, None, None
-                record = self.writer.commit(s, step, settle=settle)
-        except ConversationMoved as moved:
-            # Interrupted: the answer is discarded, and paid for, as a lost lease's would be.
-            s.inbox = dataclasses.replace(s.inbox, received=moved.received, interrupt_at=moved.interrupt_at)
-            self.discard(s, step, settle, settling(self.tasks, s, call), reason="interrupted")
-            log.info("task %s: answer of step %d discarded (interrupted)", s.task_id, s.next_step)
-            return None
-        except LeaseLost:
-            if isinstance(step, LLMStep) and step.batched:
-                # A batch's answer is the next claim's to read and charge: it adopts the batch's
-                # hold (the record names the hold's epoch), reads the batch again and settles the
-                # windows' hold recorded with it. Settled here too, as an orphan, it was charged
-                # twice; the windows' hold given back here, it was taken off them twice.
-                s.task = s.task.model_copy(update={"inflight": None, "batch": None})
-                raise
-            # The provider answered, so the tokens are spent whoever owns the task now, and
-            # whoever learned of the lost lease: the ledger gets them once, as an orphan.
-            self.discard(s, step, settle, call.window, reason="lease_lost")
-            raise
-        if call.window is not None:
-            self.windows.settle(call.window, settle.used, settle.used_micros)
-        self.writer.committed(s, record, messages)
-        update: dict[str, Any] = {"inflight": None, "batch": None, **({"status": finish} if finish else {})}
-        if call.compact:
-            update["compacted_at"] = record.number
-        s.task = s.task.model_copy(update=update)
-        crash_point("after_compaction" if call.compact else "after_llm_commit")
-        if finish:
-            return RunResult(s.task_id, "finished", status=finish)
-        return None
+        return step, settle
 
     def discard(
-        self, s: Session, step: LLMStep | CompactStep, settle: BudgetDelta, window: Any, *, reason: OrphanReason
+        self,
+        s: Session,
+        step: LLMStep | CompactStep,
+        settle: BudgetDelta,
+        window: Any,
+        *,
+        reason: OrphanReason,
+        forget_batch: bool = False,
     ) -> None:
         """An answer that will not be committed: its usage is settled once, with the hold (and
         the tenant ``window``'s hold for it), and the call stays in the trace as an orphan, with
-        why (``reason``)."""
+        why (``reason``). ``forget_batch``: it is a batch's answer, and the batch's record goes
+        in the write that settles it, so no later run reads it again and charges it twice."""
         self.budgets.settle_orphan(
-            s.task_id, s.task.budget_id, settle, inflight_epoch=s.lease.epoch, parent_id=s.task.parent_id
-        )
+            s.task_id, s.task.budget_id, settle, inflight_epoch=s.lease.epoch, parent_id=s.task.parent_id,
+            **forgetting(forget_batch),
+        )  # fmt: skip
         self.steps.record_orphan(s.lease, s.next_step, step, reason=reason)
         if window is not None:
             self.windows.settle(window, settle.used, settle.used_micros)

@@ -79,6 +79,12 @@ class Call:
         return self.route.asked(self.request)
 
 
+def waited_on(s: Session) -> dict[str, Any] | None:
+    """The batch the task waits on for its next turn (its answer is read, not sent anew), if any."""
+    batch = s.task.batch
+    return batch if batch is not None and int(batch["step"]) == s.next_step else None
+
+
 def settling(tasks: TaskLeases, s: Session, call: Call) -> Any:
     """The windows' hold this run may settle for ``call`` other than by committing its answer
     (it failed, or its answer is discarded): its own, or a batch's recorded hold once this run
@@ -231,10 +237,10 @@ class ModelCall:
         s.sent_hold_step = s.next_step  # its attempt goes out at once: never "unsent"
         return True
 
-    def unspent(self, s: Session, call: Call) -> None:
+    def unspent(self, s: Session, call: Call, *, forget_batch: bool = False) -> None:
         """The call's hold goes back, with the tenant window's hold for it: this run knows the call
-        uncharged (nothing sent, or every attempt unbilled)."""
-        self.holds.release(s)
+        uncharged (nothing sent, or every attempt unbilled). ``forget_batch``: see ``failed``."""
+        self.holds.release(s, forget_batch=forget_batch)
         if call.window is not None:
             self.windows.settle(call.window, 0)
 
@@ -328,17 +334,22 @@ class ModelCall:
         fails now when no retry can help. The hold goes back when no attempt can have been
         billed; when one may have been (``Call.may_be_billed``), it is counted as spent, as the
         unknown it is (ARCHITECTURE 4), not returned on a guess. ``told_fleet``: the failure was
-        counted toward the model's circuit already (``ModelRouter.fall_over``)."""
+        counted toward the model's circuit already (``ModelRouter.fall_over``).
+
+        A batch whose read failed is forgotten in the write that settles its hold: its outcome
+        (errored, expired, lost by the API) is all it will ever say, so a later run (a retry, a
+        redrive) sends the turn anew rather than read it again and count its hold a second time."""
         window = call.window = settling(self.tasks, s, call)
+        read = waited_on(s) is not None
         if call.may_be_billed:
-            held = self.holds.spend(s, reportable=False)
+            held = self.holds.spend(s, reportable=False, forget_batch=read)
             if window is not None:  # the tenant's hour and the scopes' caps keep it too, as the budget does
                 self.windows.spend(window)
             if held is not None:
                 log.info("task %s: call of step %d failed after an attempt that may have been billed; its hold "
                          "of %d tokens counted as unknown", s.task_id, s.next_step, held.amount)  # fmt: skip
         else:
-            self.unspent(s, call)
+            self.unspent(s, call, forget_batch=read)
         if refused is not None:  # the fallback is denied: the fleet heard of the failure (``fall_over``)
             model = f"{call.route.provider(s.task.submission)}/{call.route.model(s.task.submission)}"
             what = f"the fallback's model call (after {model} failed: {exc.code})"

@@ -55,8 +55,10 @@ class LLMTurn:
         self.batches = Batches(providers, tasks)
         self.answers = Answers(tasks, steps, budgets, flow, windows, prices, requests, writer)
 
-    def run(self, s: Session) -> RunResult | None:
-        """One call and its commit (None), or how the run ends instead."""
+    def run(self, s: Session, *, cut: TaskStatus | None = None) -> RunResult | None:
+        """One call and its commit (None), or how the run ends instead. ``cut``: the task ends so
+        (its timeout passed) while it waits on its batch (``waited_on``): the batch's answer is
+        read and charged, not committed (``Answers.cut``), and the task ends."""
         demand = self.requests.wanted_reservation(s)  # the call's input estimate and whole hold
         route = Route()
         if admitted(s.task.submission):
@@ -120,4 +122,7 @@ class LLMTurn:
             answer = self.calls.make(s, call, demand)
         if isinstance(answer, RunResult):
             return answer
+        if cut is not None:
+            self.answers.cut(s, call, answer)
+            return finish_without_step(self.tasks, self.holds, s, cut)
         return self.answers.commit(s, call, answer)

@@ -24,6 +24,7 @@ from agentq.core.engine._finish import finish_without_step
 from agentq.core.engine._grade import GradeTurn
 from agentq.core.engine._grade_budget import GradeBudget
 from agentq.core.engine._holds import BudgetHolds, HoldsInFlight
+from agentq.core.engine._llm_call import waited_on
 from agentq.core.engine._llm_turn import LLMTurn
 from agentq.core.engine._messages import MessageTurn
 from agentq.core.engine._policy import PolicyGate
@@ -281,6 +282,12 @@ class Engine:
                 # unspent, rather than counted until its deadline by the next claim.
                 self._holds.hand_back(s)
                 return RunResult(s.task_id, "continue")
+            if stop is TaskStatus.TIMED_OUT and waited_on(s) is not None:
+                # Timed out while its batch ran: the provider billed that batch, so its answer is
+                # read and charged (cut, not committed) before the task ends; ended first, its
+                # hold went back and the batch was charged nothing.
+                with observe.otel.step(s.next_step, "llm"):
+                    return self._llm_turn.run(s, cut=stop) or RunResult(s.task_id, "finished", status=stop)
             if stop is not None:
                 return finish_without_step(self.store.tasks, self._holds, s, stop)
             with observe.otel.step(s.next_step, "llm"):
