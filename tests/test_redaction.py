@@ -98,6 +98,23 @@ def test_a_value_at_any_offset_and_at_either_end_of_a_text_is_redacted() -> None
 WIDE = ["utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be"]
 
 
+def test_a_value_at_a_bodys_end_whose_longer_spelling_starts_as_it_does_is_replaced_not_cut_off() -> None:
+    """A value with a ``+`` past its eighth character: its percent-encoded spelling (``%2B``) is
+    longer and starts as it does. At the very end of a text, that longer spelling's slice is the
+    value itself: its span must end at the text's end, or ``redact_encoded`` takes it for one that
+    runs past the bytes and drops it, with the mark, from the body (seen failing: the body cut
+    before the value, no REDACTED)."""
+    value = "MRK/0123456789abcdef+Z"
+    redactor = Redactor()
+    redactor.add(value)
+    for encoding in ["utf-8", *WIDE]:
+        for before in ("", "you sent: "):
+            data = "\ufeff".encode(encoding) + (before + value).encode(encoding)
+            cleaned = redactor.redact_encoded(data)
+            assert cleaned.decode(encoding) == "\ufeff" + before + REDACTED, (encoding, before, cleaned)
+    assert redactor.redact(value) == REDACTED and redactor.redact_bytes(value.encode()) == REDACTED.encode()
+
+
 @pytest.mark.parametrize(
     "value", ["Zq9/+=wJalrXUtnFEMI", "clé-secrète-de-test", "密码是秘密的口令啊", "key-\U0001f511-\U0001f600-x"]
 )

@@ -166,7 +166,9 @@ class _Index:
                         if not count or start < 0:
                             continue
                         for length in sorted(heads.get(text[start : start + MIN_CHARS], ()), reverse=True):
-                            if text[start : start + length] in words:  # the longest one starting here
+                            # the longest one starting here; a longer one's slice past the text's end
+                            # would be a shorter one, and its span would end past the text
+                            if start + length <= len(text) and text[start : start + length] in words:
                                 hits.append((start, start + length))
                                 break
                 at = text.find(gram, at + 1)
