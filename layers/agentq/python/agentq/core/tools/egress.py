@@ -71,7 +71,6 @@ import selectors
 import socket
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 from agentq.core.errors import AgentqError
@@ -81,15 +80,16 @@ from agentq.core.tools.egress_request import (
     BadBody,
     BadRequest,
     Body,
+    HeadTimeout,
     destination,
     framing,
     header_fields,
+    read_head,
     request_line,
 )
 from agentq.core.tools.fetch import Deadline, FetchPolicy, FetchRefused, HostRule, Target, resolve
 from agentq.core.vault import CredentialSource
 
-MAX_HEAD = 16 * 1024
 CONNECT_SECONDS = 10.0
 MAX_CONNECTIONS = 32  # at once, per proxy (one task's run): a thread each
 HEAD_SECONDS = 30.0  # for the whole request head
@@ -266,7 +266,7 @@ class EgressProxy:
         upstream: socket.socket | None = None
         try:
             self._track(conn)
-            head, rest = _read_head(conn, self.head_seconds)
+            head, rest = read_head(conn, self.head_seconds)
             if head is None:
                 return
             line, _, headers = head.partition(b"\r\n")
@@ -359,37 +359,9 @@ class EgressProxy:
             deadline.cancel()
 
 
-class HeadTimeout(Exception):
-    """The request head did not arrive in time: a ``408``."""
-
-
 def allows(rule: HostRule, host: str, port: int) -> bool:
     """A rule with a port allows that port; one without allows the web's ports, 80 and 443."""
     return rule.host == host and (port == rule.port if rule.port is not None else port in DEFAULT_PORTS)
-
-
-def _read_head(conn: socket.socket, seconds: float) -> tuple[bytes | None, bytes]:
-    """The head and what followed it, within one deadline for the whole head (a client that
-    sends a byte at a time gains nothing by it)."""
-    at = time.monotonic() + seconds
-    buffer = b""
-    while b"\r\n\r\n" not in buffer:
-        left = at - time.monotonic()
-        try:
-            if left <= 0:
-                raise TimeoutError
-            conn.settimeout(left)
-            chunk = conn.recv(4096)
-        except TimeoutError:
-            raise HeadTimeout(f"no complete request head within {seconds:g} s") from None
-        if not chunk:
-            return None, b""
-        buffer += chunk
-        if len(buffer) > MAX_HEAD:
-            raise BadRequest("the request head is over 16 KB")
-    conn.settimeout(None)
-    head, _, rest = buffer.partition(b"\r\n\r\n")
-    return head, rest
 
 
 def _pipe(client: socket.socket, upstream: socket.socket, idle_seconds: float, body: Body | None = None) -> None:

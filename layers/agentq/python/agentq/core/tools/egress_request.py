@@ -1,4 +1,5 @@
-"""What a request to the egress proxy (``core.tools.egress``) is, and which it refuses with a
+"""What a request to the egress proxy (``core.tools.egress``) is, how its head is read (at most
+``MAX_HEAD`` bytes, within one deadline: ``read_head``), and which it refuses with a
 ``400`` before it contacts anything: the request line (a method that is a token, a target, a
 version), its destination (``CONNECT host:port``, or an absolute ``http://`` URL), and a plain
 request's header lines, each ``name: value`` with no control character a server behind might end
@@ -7,8 +8,11 @@ a line at."""
 from __future__ import annotations
 
 import re
+import socket
+import time
 import urllib.parse
 
+MAX_HEAD = 16 * 1024
 _FIELD_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110's token (fullmatch: no "$" before a "\n")
 _METHOD = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a token too
 VERSION = re.compile(r"HTTP/1\.[01]")
@@ -21,6 +25,34 @@ _VALUE_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
 class BadRequest(ValueError):
     """Not a proxy request this proxy takes: a ``400``."""
+
+
+class HeadTimeout(Exception):
+    """The request head did not arrive in time: a ``408``."""
+
+
+def read_head(conn: socket.socket, seconds: float) -> tuple[bytes | None, bytes]:
+    """A request's head and what followed it, within one deadline for the whole head (a client that
+    sends a byte at a time gains nothing by it)."""
+    at = time.monotonic() + seconds
+    buffer = b""
+    while b"\r\n\r\n" not in buffer:
+        left = at - time.monotonic()
+        try:
+            if left <= 0:
+                raise TimeoutError
+            conn.settimeout(left)
+            chunk = conn.recv(4096)
+        except TimeoutError:
+            raise HeadTimeout(f"no complete request head within {seconds:g} s") from None
+        if not chunk:
+            return None, b""
+        buffer += chunk
+        if len(buffer) > MAX_HEAD:
+            raise BadRequest("the request head is over 16 KB")
+    conn.settimeout(None)
+    head, _, rest = buffer.partition(b"\r\n\r\n")
+    return head, rest
 
 
 def header_fields(headers: bytes) -> list[bytes]:
