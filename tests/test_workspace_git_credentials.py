@@ -1,7 +1,10 @@
 """A workspace's git clone goes through the egress proxy, which adds the task's user's credential
 for its host: a server that echoes the credential back (a benign one might: "invalid token
-...") gets it printed by git, and git's words become the task's error. That error is served by
-the API, the console and callbacks, so it is recorded redacted (``storage.task_transitions``).
+...") has it redacted by the proxy before git reads it (``core.tools.egress_answer``: each mark
+as long as the value, so git's pkt-lines still frame and git still prints the server's reason,
+which failed with marks of their own length), and git's words become the task's error. That
+error is served by the API, the console and callbacks, so it is recorded redacted besides
+(``storage.task_transitions``; each way a failure is recorded: tests/storage_conformance).
 
 Real parts: a loopback HTTP server speaking git's smart protocol far enough to answer with an
 ``ERR`` line, real git in the workspace's bubblewrap sandbox, the real egress proxy and vault,

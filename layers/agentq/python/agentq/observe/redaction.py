@@ -19,6 +19,8 @@ reach no other, and each is held before it is sent); a log redacted of too much 
 The deployment's secrets (``core.secrets``) are the operator's, sent for any run (a client a
 tool keeps across runs sends one read in another): every run's output is redacted of each one
 the process has read, from the moment it is read (``keep_secret``), as every log line is.
+Code that runs in no run's context but knows which values it must not pass (the egress proxy's
+threads, an answer to a request it added a credential to) redacts by a ``Values`` of just those.
 
 The spellings: the value itself, percent-encoded (``quote`` with and without ``/`` safe,
 ``quote_plus``, hex in either case), JSON-escaped (``\\/`` as PHP writes it, every character as
@@ -52,7 +54,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-from agentq.observe.redaction_bytes import WIDE_ENCODINGS, byte_offsets, chosen, replaced
+from agentq.observe.redaction_bytes import WIDE_ENCODINGS, byte_offsets, chosen, fitted, replaced
 
 MIN_CHARS = 8
 MAX_VALUES = 4096
@@ -282,6 +284,24 @@ class Hold(_Finder):
         one wherever an allocation triggers it, inside the redactor's own locked writes too, where
         taking the lock again would wait on this very thread for ever."""
         self._redactor._released.append(self)
+
+
+class Values(_Finder):
+    """Exactly ``values``' spellings, held by no run and adding nothing to the process's set: what
+    code that runs in no run's context redacts by when it knows which values it must not pass
+    (the egress proxy's threads, an answer to a request it added a credential to)."""
+
+    def __init__(self, *values: str) -> None:
+        self._index = _Index()
+        for form in _forms(values):
+            self._index.add(form)
+
+    def redact_same_length(self, data: bytes) -> bytes:
+        """``redact_encoded``, each mark as long as the bytes it replaces (``fitted``): a format
+        that counts its bytes around a value (git's pkt-lines, protobuf) keeps its framing."""
+        if not data or self.empty:
+            return data
+        return replaced(data, fitted(chosen(self._encoded_spans(data)), REDACTED), len(data))
 
 
 class Redactor(_Finder):

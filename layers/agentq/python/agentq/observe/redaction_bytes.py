@@ -68,3 +68,17 @@ def replaced(data: bytes, spans: list[Span], end: int) -> bytes:
         at = stop
     out.append(data[at:end])
     return b"".join(out)
+
+
+def fitted(spans: list[Span], text: str) -> list[Span]:
+    """The spans merged, each mark (``text`` in UTF-8 or one of ``WIDE_ENCODINGS``) made as long
+    as the bytes it replaces: ``text`` and then ``*`` in that encoding (``*`` alone where ``text``
+    is longer), and a ``*`` byte a byte of a span that is not whole units of it."""
+    codecs = {text.encode(codec): (codec, width) for codec, width in (("utf-8", 1), *WIDE_ENCODINGS)}
+    out: list[Span] = []
+    for start, end, mark in merged(spans):
+        codec, width = codecs[mark]
+        units, odd = divmod(end - start, width)
+        fill = text + "*" * (units - len(text)) if units >= len(text) else "*" * units
+        out.append((start, end, fill.encode(codec) + b"*" * odd))
+    return out

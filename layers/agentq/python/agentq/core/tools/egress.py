@@ -50,12 +50,22 @@ header of the same name the process sent is dropped): the process never holds th
 credential goes nowhere but its hosts. A credential whose header is one that frames or routes a
 request (``core.vault.RESERVED_HEADERS``: refused when it is written; one stored before) is not
 added after the checks above undid the process's: the request is answered ``502`` naming it,
-and nothing is sent. A ``CONNECT`` tunnel is end-to-end TLS the proxy cannot
-add a header to: it passes as it is, *without* the credential, and the proxy records that it
-refused to inject one (``refused``), so a workspace reaches a credentialed API over http:// only
-(or through ``http_fetch`` or a tool's ``ctx.credential``, which do https). What travels inside a
-tunnel (the TLS name, the ``Host`` behind it) is the process's: a shared front end of an allowed
-host may route it elsewhere (domain fronting), which reaches nothing a credential was added for.
+and nothing is sent. The answer to a request the proxy added a credential to is not passed on
+as it comes: a server may echo the header (a debugging endpoint, an error page quoting the
+request), and the process, model-written code, could reverse or re-encode the value before it
+prints it, past any redactor of what it writes. The proxy asks for ``Accept-Encoding: identity``
+(the process's ``Accept-Encoding``, ``TE``, ``Range``, ``If-Range`` and ``Accept-Charset``
+dropped), reads the whole answer as its head frames it, and hands it back with every spelling of
+the value it added redacted from its status line, headers and body, framed by a ``Content-Length``
+of its own (``core.tools.egress_answer``); one it cannot redact (in a content coding, over
+``MAX_ANSWER``, a ``206``, broken or cut short) is a ``502`` naming why, and none of its body
+passes. Other requests' answers pass as they come. A ``CONNECT`` tunnel is end-to-end TLS the
+proxy cannot add a header to: it passes as it is, *without* the credential, and the proxy
+records that it refused to inject one (``refused``), so a workspace reaches a credentialed API
+over http:// only (or through ``http_fetch`` or a tool's ``ctx.credential``, which do https).
+What travels inside a tunnel (the TLS name, the ``Host`` behind it) is the process's: a shared
+front end of an allowed host may route it elsewhere (domain fronting), which reaches nothing a
+credential was added for.
 
 HTTPS goes through ``CONNECT`` as a tunnel the proxy relays blind; the sandbox has the host's
 public CA certificates (``sandbox.workspace.CA_BUNDLES``), so its clients verify the server.
@@ -75,6 +85,7 @@ from collections.abc import Callable, Iterator
 
 from agentq.core.errors import AgentqError
 from agentq.core.pids import left_by_gone
+from agentq.core.tools.egress_answer import ASK_IDENTITY, TRANSFORMING_HEADERS, Answer, AnswerRefused
 from agentq.core.tools.egress_request import (
     VERSION,
     BadBody,
@@ -89,6 +100,7 @@ from agentq.core.tools.egress_request import (
 )
 from agentq.core.tools.fetch import Deadline, FetchPolicy, FetchRefused, HostRule, Target, resolve
 from agentq.core.vault import CredentialSource
+from agentq.observe.redaction import Values
 
 CONNECT_SECONDS = 10.0
 MAX_CONNECTIONS = 32  # at once, per proxy (one task's run): a thread each
@@ -210,6 +222,9 @@ class EgressProxy:
         self._slots = threading.BoundedSemaphore(max_connections)
         self._lock = threading.Lock()
         self._live: set[socket.socket] = set()  # every open socket of a connection, for close()
+        # One answer redacted at a time: a run's connections take turns at the CPU (and memory)
+        # it costs, in a worker other tenants' runs share.
+        self._redacting = threading.Lock()
         # What it refused, for the trace and the tests: the last MAX_REFUSED only.
         self.refused: collections.deque[str] = collections.deque(maxlen=MAX_REFUSED)
         self._mark: ContactMark | None = None  # the running call's (``armed``); None: contact freely
@@ -264,6 +279,7 @@ class EgressProxy:
 
     def _handle(self, conn: socket.socket) -> None:
         upstream: socket.socket | None = None
+        answer: Answer | None = None  # a credentialed request's, read whole and redacted
         try:
             self._track(conn)
             head, rest = read_head(conn, self.head_seconds)
@@ -297,14 +313,19 @@ class EgressProxy:
                 added: list[bytes] = []
                 if credential is not None:
                     name, value = credential.header()
-                    dropped.add(name.lower().encode("latin-1"))
-                    added.append(f"{name}: {value}".encode("latin-1"))
+                    dropped |= {name.lower().encode("latin-1"), *TRANSFORMING_HEADERS}
+                    added += [f"{name}: {value}".encode("latin-1"), ASK_IDENTITY]
+                    answer = Answer(Values(*credential.secret_forms()), method)
                     self.injected += 1
                 kept = [h for h in fields if h.partition(b":")[0].lower() not in dropped]
                 request = f"{method} {origin} {version}\r\nHost: {authority}\r\n".encode("latin-1")
                 head = request + b"\r\n".join([*kept, *added, b"Connection: close"]) + b"\r\n\r\n"
                 upstream.sendall(head + body.feed(rest))
-            _pipe(conn, upstream, self.idle_seconds, body)
+            _pipe(conn, upstream, self.idle_seconds, body, answer)
+            if answer is not None:
+                with self._redacting:
+                    redacted = answer.redacted()
+                conn.sendall(redacted)
             if body is not None and body.dropped:
                 self.refused.append(
                     f"{body.dropped} bytes after the request to {host}:{port} not sent: one request per connection"
@@ -322,6 +343,11 @@ class EgressProxy:
         except FetchRefused as exc:
             self.refused.append(str(exc))
             _answer(conn, 403, f"agentq egress refused: {exc}")
+        except AnswerRefused as exc:
+            assert answer is not None
+            reason = answer.values.redact(f"the answer from {host}:{port} not passed on: {exc}")
+            self.refused.append(reason)
+            _answer(conn, 502, f"agentq egress: {reason}")
         except OSError as exc:
             _answer(conn, 502, f"agentq egress could not connect: {exc}")
         except AgentqError as exc:  # the vault could not be read: nothing was sent
@@ -364,11 +390,19 @@ def allows(rule: HostRule, host: str, port: int) -> bool:
     return rule.host == host and (port == rule.port if rule.port is not None else port in DEFAULT_PORTS)
 
 
-def _pipe(client: socket.socket, upstream: socket.socket, idle_seconds: float, body: Body | None = None) -> None:
+def _pipe(
+    client: socket.socket,
+    upstream: socket.socket,
+    idle_seconds: float,
+    body: Body | None = None,
+    answer: Answer | None = None,
+) -> None:
     """Copies bytes both ways in this one thread until both sides have ended, or until no byte
     has moved either way for ``idle_seconds`` (a send that makes no progress as long counts).
     With a plain request's ``body``, the client's bytes go upstream through it (its framed body,
-    then nothing), and the upstream's end is the connection's: its one answer is over."""
+    then nothing), and the upstream's end is the connection's: its one answer is over. With an
+    ``answer`` (a credentialed request's), the upstream's bytes go into it, not to the client
+    (but an interim head, redacted), until its framed end or the upstream's."""
     peer = {client: upstream, upstream: client}
     open_ = {client, upstream}  # the sides still sending
     client.settimeout(idle_seconds)  # bounds a sendall to a side that stopped reading
@@ -387,6 +421,11 @@ def _pipe(client: socket.socket, upstream: socket.socket, idle_seconds: float, b
                 try:
                     chunk = src.recv(65536)
                     if chunk:
+                        if src is upstream and answer is not None:
+                            client.sendall(answer.feed(chunk))
+                            if answer.done:
+                                return
+                            continue
                         if src is client and body is not None:
                             try:
                                 chunk = body.feed(chunk)  # b"" once the body is over: dropped
@@ -399,6 +438,8 @@ def _pipe(client: socket.socket, upstream: socket.socket, idle_seconds: float, b
                 except OSError:
                     return
                 if src is upstream and body is not None:
+                    if answer is not None:
+                        answer.end()
                     return  # the one answer is over: nothing the client sends now goes anywhere
                 selector.unregister(src)
                 open_.discard(src)

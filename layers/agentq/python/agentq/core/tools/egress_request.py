@@ -148,10 +148,13 @@ class Body:
     """What of the client's bytes after a plain request's head go upstream: exactly the body its
     head frames (a chunked one re-framed as the proxy read it: chunk extensions and trailer fields
     dropped), then nothing: ``feed`` returns what to send, and counts in ``dropped`` every byte
-    after the body's end. A broken chunk framing raises ``BadBody``."""
+    after the body's end. A broken chunk framing raises ``BadBody``. Not ``framed``: a chunked
+    body's data alone (the upstream's answer to a credentialed request, which the proxy sends on
+    with a length of its own: ``core.tools.egress_answer``)."""
 
     def __init__(self, length: int | None) -> None:
         self.chunked = length is None
+        self.framed = True  # a chunked body's framing is in what ``feed`` returns
         self.left = length or 0  # bytes of the body (or of the current chunk) still to pass
         self.state = "size" if self.chunked else ("data" if self.left else "done")
         self.line = b""  # a chunked body's line being read
@@ -176,7 +179,8 @@ class Body:
                 continue
             line, at = self._line(data, at)
             if line is not None:
-                out.append(self._chunk_line(line))
+                framing = self._chunk_line(line)
+                out.append(framing if self.framed else b"")
         self.dropped += len(data) - at
         return b"".join(out)
 
