@@ -18,9 +18,8 @@ and files wherever they hold it. A run's output cannot hold a value it did not o
 reach no other, and each is held before it is sent); a log redacted of too much loses nothing.
 The deployment's secrets (``core.secrets``) are the operator's, sent for any run (a client a
 tool keeps across runs sends one read in another): every run's output is redacted of each one
-the process has read, from the moment it is read (``keep_secret``), as every log line is.
-Code that runs in no run's context but knows which values it must not pass (the egress proxy's
-threads, an answer to a request it added a credential to) redacts by a ``Values`` of just those.
+the process has read, from the moment it is read (``keep_secret``), as every log line is. Code
+in no run's context that knows its values (the egress proxy's threads) redacts by a ``Values``.
 
 The spellings: the value itself, percent-encoded (``quote`` with and without ``/`` safe,
 ``quote_plus``, hex in either case), JSON-escaped (``\\/`` as PHP writes it, every character as
@@ -168,8 +167,7 @@ class _Index:
                         if not count or start < 0:
                             continue
                         for length in sorted(heads.get(text[start : start + MIN_CHARS], ()), reverse=True):
-                            # the longest one starting here; a longer one's slice past the text's end
-                            # would be a shorter one, and its span would end past the text
+                            # the longest one starting here that fits (a slice past the end is shorter)
                             if start + length <= len(text) and text[start : start + length] in words:
                                 hits.append((start, start + length))
                                 break
@@ -287,9 +285,8 @@ class Hold(_Finder):
 
 
 class Values(_Finder):
-    """Exactly ``values``' spellings, held by no run and adding nothing to the process's set: what
-    code that runs in no run's context redacts by when it knows which values it must not pass
-    (the egress proxy's threads, an answer to a request it added a credential to)."""
+    """Exactly ``values``' spellings, adding nothing to the process's set: for code in no run's
+    context that knows which values it must not pass (the egress proxy's threads)."""
 
     def __init__(self, *values: str) -> None:
         self._index = _Index()
@@ -297,8 +294,7 @@ class Values(_Finder):
             self._index.add(form)
 
     def redact_same_length(self, data: bytes) -> bytes:
-        """``redact_encoded``, each mark as long as the bytes it replaces (``fitted``): a format
-        that counts its bytes around a value (git's pkt-lines, protobuf) keeps its framing."""
+        """``redact_encoded``, each mark as long as what it replaces (git's pkt-lines keep framing)."""
         if not data or self.empty:
             return data
         return replaced(data, fitted(chosen(self._encoded_spans(data)), REDACTED), len(data))
@@ -452,15 +448,8 @@ def keep_secret(value: str) -> None:
 
 def current() -> Hold | Redactor:
     """What a run's own output is redacted by: its own values, or, outside a run, every value of
-    the process (too many at worst: never too few).
-
-    The process's redactor serves every tenant's runs on a worker, and a credential is whatever
-    its writer chose: an end user may store ``function`` and open it once. Redacting a run's tool
-    results and its workspace files by the process's set would rewrite another tenant's text
-    and files wherever they hold that word. A run's output can hold no value but its own: the
-    only values its tools can send or be echoed are those its credentials open, each held here
-    before it is sent. Log lines keep the process's set (``RedactingFilter``): too much redacted
-    in a log is harmless."""
+    the process (too many at worst: never too few). Why not always the process's set: the
+    module's "Whose values"."""
     hold = _run.get()
     return REDACTOR if hold is None else hold
 
