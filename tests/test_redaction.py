@@ -146,6 +146,30 @@ def test_a_value_in_utf16_or_utf32_is_redacted_in_that_encoding_at_any_offset(va
     assert redactor.redact_encoded(b"nothing to hide here") == b"nothing to hide here"
 
 
+@pytest.mark.parametrize("encoding", WIDE)
+def test_a_shortest_value_in_utf16_or_utf32_among_binary_bytes_is_redacted_at_any_offset(encoding: str) -> None:
+    """Bytes with a NUL are read as UTF-16 or UTF-32 only where their shape holds that many units
+    of that encoding (``redaction._SHAPES``, which spares a binary file's NULs twelve decodes): a
+    value of exactly MIN_CHARS characters, one of them past ASCII, between NULs, control bytes and
+    runs of zeros, at every offset, is redacted exactly as when every view is read (a redactor
+    that also holds a value past U+00FF reads them all), and no view of the result holds it."""
+    value = "k\xe9y-V4l/"
+    assert len(value) == redaction.MIN_CHARS
+    redactor, every_view = Redactor(), Redactor()
+    redactor.add(value)
+    every_view.add(value, "\u5bc6\u7801\u662f\u79d8\u5bc6\u7684\u53e3\u4ee4")
+    forms = {f for s in spellings(value) for f in (s, s.encode().decode("latin-1"))}
+    noise = b"\x00\x01\x00\x00\x00\xff\x7f\x00\x00\x00\x00\x00"
+    for before in range(len(noise) + 1):
+        data = noise[:before] + value.encode(encoding) + noise[before:]
+        cleaned = redactor.redact_encoded(data)
+        assert cleaned == every_view.redact_encoded(data) != data, (encoding, before)
+        for codec in [*WIDE, "latin-1"]:
+            for shift in range(4):
+                seen = cleaned[shift:].decode(codec, errors="replace")
+                assert not [f for f in forms if f in seen], (encoding, before, codec, shift)
+
+
 def test_a_cut_read_keeps_what_its_first_bytes_became_and_no_redaction_that_holds_the_cut() -> None:
     """``upto`` (http_fetch's read that stopped in a long body): what the first ``upto`` bytes
     became; a value that holds byte ``upto`` is left out whole, one that ends before it is shown

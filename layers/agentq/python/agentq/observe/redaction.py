@@ -93,6 +93,19 @@ def spellings(value: str) -> set[str]:
 GRAM = 5  # the texts are read at every STEP-th character, GRAM characters at a time: a
 STEP = 4  # spelling of MIN_CHARS (>= STEP + GRAM - 1) or more has one of its grams at such a place
 _GRAMS = re.compile(rf"(?=(.{{{GRAM}}})).{{{STEP}}}", re.DOTALL)
+# A spelling whose every character is in U+0020..U+00FF (a value the vault accepts has no control
+# character; one past Latin-1 makes the index read every view) is, in UTF-16, MIN_CHARS or more
+# units of one non-NUL byte and a NUL, and in UTF-32 of one non-NUL byte and three NULs, at any
+# offset and byte order. ``_SHAPES`` maps bytes to "0" (NUL), "c" (a byte such a character may
+# be) and "x"; bytes whose shape lacks ``_UNITS[width]`` hold no such spelling in that width's
+# encodings, so they are not decoded in them: a binary file's NULs (a workspace's, a body's) cost
+# one translation, not twelve decodes.
+_SHAPES = bytes.maketrans(bytes(range(256)), b"0" + b"x" * 31 + b"c" * 224)
+_UNITS = {2: b"c0" * (MIN_CHARS - 1) + b"c", 4: b"c000" * (MIN_CHARS - 1) + b"c"}
+
+
+def _shaped(word: str) -> bool:
+    return min(word) >= " " and max(word) <= "\xff"
 
 
 class _Index:
@@ -112,6 +125,7 @@ class _Index:
         self.heads: dict[str, dict[int, int]] = {}  # head -> {length: how many spellings}
         self.work = 0
         self.wide = 0  # spellings with a character past U+00FF: in UTF-16, maybe no NUL byte
+        self.unshaped = 0  # spellings with a character outside U+0020..U+00FF (see _SHAPES)
 
     def add(self, word: str) -> None:
         if word in self.words:
@@ -126,6 +140,7 @@ class _Index:
         self.heads[word[:MIN_CHARS]] = lengths
         self.words.add(word)
         self.wide += max(word) > "\xff"
+        self.unshaped += not _shaped(word)
         self.work += STEP + 1
 
     def remove(self, word: str) -> None:
@@ -133,6 +148,7 @@ class _Index:
             return
         self.words.discard(word)
         self.wide -= max(word) > "\xff"
+        self.unshaped -= not _shaped(word)
         for j in range(STEP):
             gram = word[j : j + GRAM]
             counts = list(self.grams[gram])
@@ -240,12 +256,17 @@ class _Finder:
         """(start, end, REDACTED in the view's encoding, its bytes a unit, whether the view starts
         at byte 0) of every spelling in every view. Every character is a unit with a NUL byte in
         UTF-32, and so is one up to U+00FF in UTF-16: bytes without a NUL are read in neither,
-        unless a spelling has a character past U+00FF."""
+        unless a spelling has a character past U+00FF; bytes with one, only in a width whose run
+        of units (``_UNITS``) their shape holds, unless a spelling has a character ``_SHAPES``
+        does not cover."""
         mark = REDACTED.encode()
         found = [(start, end, mark, 1, True) for start, end in self._index.spans(data.decode("latin-1"))]
         nul = b"\x00" in data
+        shape = data.translate(_SHAPES) if nul and not self._index.unshaped else None
         for codec, width in WIDE_ENCODINGS:
             if not nul and (width == 4 or not self._index.wide):
+                continue
+            if shape is not None and _UNITS[width] not in shape:
                 continue
             for shift in range(width):
                 whole = shift + (len(data) - shift) // width * width
