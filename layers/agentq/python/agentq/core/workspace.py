@@ -323,6 +323,13 @@ class WorkspaceUnscannable(WorkspaceRefused):
     code = "workspace_unscannable"
 
 
+class WorkspaceHoldsCredential(WorkspaceRefused):
+    """A run that opened a credential left its value where a checkpoint would store it and cannot
+    rewrite it (a path, a link's target, a file too large to rewrite: ``core.workspace_scrub``)."""
+
+    code = "workspace_holds_credential"
+
+
 @dataclass(frozen=True)
 class WorkspaceQuota:
     """Per-task totals. The deployment's (``EngineConfig.workspace_quota``, from

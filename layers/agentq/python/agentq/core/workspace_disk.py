@@ -8,6 +8,8 @@ iterative (a tree as deep as the agent likes neither overflows Python's stack no
 holds more than ``MAX_DEPTH`` descriptors: deeper is refused). The worker owns every file of the
 workspace (the sandbox's uid maps to it), so one the agent made unreadable (``chmod 000``) is
 given ``u+rwx`` for the read or the removal and, for the scan, its mode put back afterwards.
+A checkpoint of a run that opened a credential scrubs the files in this same walk
+(``core.workspace_scrub``), so what is stored is exactly what was scrubbed.
 
 The scan runs only after every process of the tool call is dead, in a directory no other run
 uses (``core.engine._workspace`` makes one per claim), so nothing should change under it; if
@@ -37,11 +39,13 @@ from agentq.core.workspace import (
     WorkspaceTooLarge,
     WorkspaceUnscannable,
 )
+from agentq.core.workspace_scrub import MAX_REWRITE_BYTES, OVERLAP, Scrub
 
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 O_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 PARALLEL = 16  # files fetched at once by a restore (each held in memory until written)
+CHUNK = 1 << 20  # bytes of a file the scan reads (and hashes, and scrubs) at a time
 ROW_OVERHEAD = 96  # a manifest row's bytes besides its path and link target (kind, mode, size, hash)
 
 # What a scan remembers of a file it hashed, so the next scan hashes only what changed: size,
@@ -90,13 +94,18 @@ class _Frame:
     at: int = 0
 
 
-def scan(root: Path, cache: ScanCache | None = None, quota: WorkspaceQuota | None = None) -> Manifest:
+def scan(
+    root: Path, cache: ScanCache | None = None, quota: WorkspaceQuota | None = None, scrub: Scrub | None = None
+) -> Manifest:
     """The manifest of ``root`` as it is now (``cache``: files whose signature did not change
     are not read again). Every entry (directory, file, link, FIFO...) counts toward
     ``quota.max_files``, and the manifest's size toward ``quota.max_manifest_bytes``: over
     either, or the bytes, raises ``WorkspaceTooLarge``; a tree deeper than ``MAX_DEPTH`` or one
-    that cannot be read raises ``WorkspaceUnscannable``."""
+    that cannot be read raises ``WorkspaceUnscannable``. ``scrub``: each file read is rewritten
+    if it holds a credential's value, and a manifest whose names hold one is refused
+    (``WorkspaceHoldsCredential``)."""
     cache = cache if cache is not None else ScanCache()
+    shown = scrub.shown if scrub is not None else str
     entries: list[Entry] = []
     seen: dict[str, tuple[Signature, str]] = {}
     count = total = size = 0
@@ -128,7 +137,7 @@ def scan(root: Path, cache: ScanCache | None = None, quota: WorkspaceQuota | Non
                 entry = Entry(rel, "l", 0o777, 0, os.readlink(name, dir_fd=frame.fd))
             elif stat.S_ISDIR(st.st_mode):
                 if len(stack) >= MAX_DEPTH:
-                    raise WorkspaceUnscannable(f"{rel!r} is more than {MAX_DEPTH} directories deep")
+                    raise WorkspaceUnscannable(f"{shown(rel)!r} is more than {MAX_DEPTH} directories deep")
                 entry = Entry(rel, "d", mode)
                 child, back = open_dir(frame.fd, name)
                 stack.append(_Frame(child, rel + "/", [], back))
@@ -142,9 +151,12 @@ def scan(root: Path, cache: ScanCache | None = None, quota: WorkspaceQuota | Non
                 if known is not None and known[0] == sig:
                     digest = known[1]
                 else:
-                    digest = hashlib.sha256(read_at(frame.fd, name, st)).hexdigest()
+                    sig, digest = _content(frame.fd, name, st, scrub, rel)
+                    total += sig[0] - st.st_size  # a rewrite's redactions change its size
+                    if quota is not None and total > quota.max_bytes:
+                        raise over(f"{quota.max_bytes} bytes")
                 seen[rel] = (sig, digest)
-                entry = Entry(rel, "f", mode, st.st_size, digest)
+                entry = Entry(rel, "f", mode, sig[0], digest)
             else:
                 continue  # FIFOs, sockets, devices: counted, not part of the durable state
             size += len(entry.path.encode()) + len(entry.digest.encode()) + ROW_OVERHEAD
@@ -152,12 +164,15 @@ def scan(root: Path, cache: ScanCache | None = None, quota: WorkspaceQuota | Non
                 raise over(f"{quota.max_manifest_bytes} bytes of manifest (its paths and link targets)")
             entries.append(entry)
     except OSError as exc:
-        raise WorkspaceUnscannable(f"the workspace could not be read at {rel!r}: {exc.strerror or exc}") from exc
+        raise WorkspaceUnscannable(f"the workspace could not be read at {shown(rel)!r}: {exc.strerror or exc}") from exc
     finally:
         while stack:
             _close(stack.pop())
+    manifest = Manifest(tuple(sorted(entries)))
+    if scrub is not None:
+        scrub.check(manifest)
     cache.known = seen
-    return Manifest(tuple(sorted(entries)))
+    return manifest
 
 
 def _close(frame: _Frame) -> None:
@@ -168,14 +183,76 @@ def _close(frame: _Frame) -> None:
         os.close(frame.fd)
 
 
+def _content(dir_fd: int, name: str, seen: os.stat_result, scrub: Scrub | None, rel: str) -> tuple[Signature, str]:
+    """A regular file's signature and hash, read ``CHUNK`` bytes at a time (a sparse file's
+    apparent size is never held); with ``scrub``, rewritten first if a window of it holds a
+    credential's value. A mode taken away is given back to the owner, then put back."""
+    fd, back = _open_at(dir_fd, name, O_READ, stat.S_IRUSR)
+    try:
+        _same(fd, scrub.shown(rel) if scrub is not None else rel, seen)
+        digest, window, dirty = hashlib.sha256(), b"", False
+        while chunk := os.read(fd, CHUNK):
+            digest.update(chunk)
+            if scrub is not None:
+                window = window[max(0, len(window) - OVERLAP) :] + chunk
+                if window.count(0) < len(window) and scrub.holds(window):  # NULs alone hold no spelling
+                    dirty = True
+                    break
+        if dirty:
+            assert scrub is not None
+            digest = _rewrite(fd, scrub, rel)
+    finally:
+        try:
+            if back is not None:
+                os.fchmod(fd, back)
+            now = os.fstat(fd)
+        finally:
+            os.close(fd)
+    return (now.st_size, now.st_mtime_ns, now.st_ctime_ns, now.st_ino), digest.hexdigest()
+
+
+def _rewrite(fd: int, scrub: Scrub, rel: str) -> hashlib._Hash:
+    """Rewrite the file open as ``fd`` (the same inode, reopened for writing through /proc) with
+    the values it holds redacted; the hash of what it now holds."""
+    size = os.fstat(fd).st_size
+    if size > MAX_REWRITE_BYTES:
+        raise scrub.too_large(rel, size)
+    data = os.pread(fd, size + 1, 0)
+    if len(data) != size:
+        raise WorkspaceUnscannable(f"{scrub.shown(rel)!r} changed while the workspace was scanned")
+    cleaned = scrub.cleaned(data)
+    mode = stat.S_IMODE(os.fstat(fd).st_mode)
+    try:
+        out, put_back = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_CLOEXEC), False
+    except PermissionError:
+        os.fchmod(fd, mode | stat.S_IWUSR)
+        out, put_back = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_CLOEXEC), True
+    try:
+        os.ftruncate(out, 0)
+        view = memoryview(cleaned)
+        while view:
+            view = view[os.write(out, view) :]
+    finally:
+        try:
+            if put_back:
+                os.fchmod(fd, mode)
+        finally:
+            os.close(out)
+    return hashlib.sha256(cleaned)
+
+
+def _same(fd: int, name: str, seen: os.stat_result) -> None:
+    now = os.fstat(fd)
+    if not stat.S_ISREG(now.st_mode) or (now.st_ino, now.st_dev) != (seen.st_ino, seen.st_dev):
+        raise WorkspaceUnscannable(f"{name!r} changed while the workspace was scanned")
+
+
 def read_at(dir_fd: int, name: str, seen: os.stat_result) -> bytes:
     """A regular file's bytes, if it is still the file ``seen`` (a mode taken away is given
     back to the owner for the read, then put back)."""
     fd, back = _open_at(dir_fd, name, O_READ, stat.S_IRUSR)
     try:
-        now = os.fstat(fd)
-        if not stat.S_ISREG(now.st_mode) or (now.st_ino, now.st_dev) != (seen.st_ino, seen.st_dev):
-            raise WorkspaceUnscannable(f"{name!r} changed while the workspace was scanned")
+        _same(fd, name, seen)
         chunks = []
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)

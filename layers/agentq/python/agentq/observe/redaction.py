@@ -7,8 +7,9 @@ a value a live run may still send. What the process writes out passes
 through ``redact`` first: a tool's result and error whole, before anything cuts it (the
 registry, ``core.tools._core``; a fetched body, ``core.tools.fetch``; a remote agent's text), and
 every tool outcome as it is made (``core.models.steps.ToolOutcome``), hence before any item,
-event, trace, span or callback is made of it; and every log line, through ``RedactingFilter`` on
-the process's handlers (``observe.logs``).
+event, trace, span or callback is made of it; every log line, through ``RedactingFilter`` on
+the process's handlers (``observe.logs``); and, in a run that opened a credential, every
+workspace file and name a checkpoint stores (``core.workspace_scrub``).
 
 Whose values: a run's results and files are redacted of the values *that run* opened (its
 ``Hold``, ``run_scope``/``current``), its log lines of every value the process holds. The worker
@@ -27,10 +28,10 @@ The spellings: the value itself, percent-encoded (``quote`` with and without ``/
 is never part of a core) at each of the three alignments a value can have inside a longer
 encoded text (the middle characters that do not depend on what surrounds it: an echo of a whole
 ``Authorization`` header, base64-encoded, still loses the value). Bytes are read as UTF-8 (and so
-any charset ASCII is ASCII in); a fetched body also as UTF-16 and UTF-32 (``redact_encoded``),
-which the body's charset, its byte order mark or the tool that reads it may decode it as. A value shorter than
-``MIN_CHARS`` is never redacted (``core.vault`` refuses it as a credential): ordinary text holds
-such strings everywhere.
+any charset ASCII is ASCII in); a fetched body and a workspace file also as UTF-16 and UTF-32
+(``redact_encoded``), which the body's charset, its byte order mark or the tool that reads it may
+decode it as. A value shorter than ``MIN_CHARS`` is never redacted (``core.vault`` refuses it as
+a credential): ordinary text holds such strings everywhere.
 
 The spellings are found by an index (``_Index``), not by one pattern of them all: adding a value
 costs a fixed number of dictionary updates whatever the redactor holds (a pattern recompiled on
@@ -251,6 +252,11 @@ class _Finder:
         if not data or self.empty:
             return data[:end]
         return replaced(data, chosen(self._encoded_spans(data)), end)
+
+    def holds(self, data: bytes) -> bool:
+        """Whether ``data`` holds a spelling in any view ``redact_encoded`` reads (the workspace's
+        scrub, ``core.workspace_scrub``: a file is rewritten only if it does)."""
+        return bool(data) and not self.empty and bool(self._encoded_spans(data))
 
     def _encoded_spans(self, data: bytes) -> list[tuple[int, int, bytes, int, bool]]:
         """(start, end, REDACTED in the view's encoding, its bytes a unit, whether the view starts
@@ -482,35 +488,3 @@ def redact(text: str) -> str:
 def redact_encoded(data: bytes, upto: int | None = None) -> bytes:
     """``Redactor.redact_encoded`` by ``current()``."""
     return current().redact_encoded(data, upto)
-
-
-MAX_FILE_BYTES = 16 * 1024 * 1024  # a workspace file larger than this is not read for redaction
-
-
-def redact_files(root: str) -> list[str]:
-    """Rewrite, in place, every regular file under ``root`` (up to ``MAX_FILE_BYTES``) that holds
-    a credential's value, the value redacted: what a workspace's process wrote after reading an
-    echoing API is not stored with it (``core.engine._workspace``). Returns the paths changed."""
-    import os
-
-    changed: list[str] = []
-    redactor = current()
-    if redactor.empty:
-        return changed
-    for folder, _, names in os.walk(root):
-        for name in names:
-            path = os.path.join(folder, name)
-            try:
-                info = os.lstat(path)
-                if not os.path.isfile(path) or os.path.islink(path) or info.st_size > MAX_FILE_BYTES:
-                    continue
-                with open(path, "rb") as f:
-                    data = f.read()
-                cleaned = redactor.redact_bytes(data)
-                if cleaned != data:
-                    with open(path, "wb") as f:
-                        f.write(cleaned)
-                    changed.append(path)
-            except OSError:
-                continue
-    return changed

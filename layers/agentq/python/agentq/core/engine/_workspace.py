@@ -56,7 +56,7 @@ from agentq.core.workspace import (
 )
 from agentq.core.workspace_diff import changes
 from agentq.core.workspace_disk import PARALLEL, ScanCache, read_verified, restore, scan, wipe
-from agentq.observe.redaction import redact_files
+from agentq.core.workspace_scrub import Scrub
 from agentq.sandbox.base import ExecResult
 from agentq.sandbox.workspace import WorkspaceSandbox
 
@@ -79,6 +79,12 @@ def sweep_dead(root: Path) -> list[Path]:
         except OSError:
             log.warning("could not remove a dead worker's workspace directory %s", root / name, exc_info=True)
     return swept
+
+
+def _scrub(s: Session) -> Scrub | None:
+    """A run that opened a credential may have had a process read an API's echo of it and write
+    it into the workspace: its scans scrub what they store (``core.workspace_scrub``)."""
+    return Scrub() if s.credentials is not None and s.credentials.opened else None
 
 
 def default_root() -> Path:
@@ -165,7 +171,7 @@ class Workspaces:
         assert spec is not None and spec.git is not None
         clone(ws.sandbox, ws.directory, spec.git, ws.egress)
         try:
-            manifest = scan(ws.directory, ws.cache, self.quota.for_task(spec))
+            manifest = scan(ws.directory, ws.cache, self.quota.for_task(spec), _scrub(s))
         except WorkspaceTooLarge as exc:
             raise WorkspaceStartTooLarge(
                 f"workspace.git: the repository {exc.message}", field="workspace.git"
@@ -207,16 +213,12 @@ class Workspaces:
     def checkpoint(self, s: Session) -> WorkspaceRef | None:
         """Store what the turn changed, before its step commits: the new content, then the
         manifest; the ref for the step (None: the workspace is as the last step left it).
-        Over the task's quota, or unreadable, raises ``WorkspaceRefused`` (the caller reverts the
-        turn)."""
+        Over the task's quota, unreadable, or holding a credential's value where it cannot be
+        redacted, raises ``WorkspaceRefused`` (the caller reverts the turn)."""
         ws: TaskWorkspace | None = s.workspace
         if ws is None:
             return None
-        if s.credentials is not None and s.credentials.opened:
-            # A process that read an API's echo of a credential may have written it to a file:
-            # redacted on disk first, so neither the stored blob nor a later read holds it.
-            redact_files(str(ws.directory))
-        manifest = scan(ws.directory, ws.cache, self.quota.for_task(s.task.submission.workspace))
+        manifest = scan(ws.directory, ws.cache, self.quota.for_task(s.task.submission.workspace), _scrub(s))
         if manifest.digest == ws.committed.digest and ws.stored >= manifest.blobs():
             return None
         ref = self._store(ws, s, manifest)
