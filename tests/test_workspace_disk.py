@@ -1,7 +1,7 @@
 """The worker's side of a workspace (core.workspace_disk) against what an agent can leave on the
 disk: a link planted at any component of a path is never followed, a file read for upload is the
-file the scan hashed, and a worker that is not root scans, restores and removes files and
-directories the agent made unreadable, putting their modes back."""
+file the scan hashed, and a worker that is not root scans, reads for upload, restores and removes
+files and directories the agent made unreadable, putting their modes back."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def test_a_manifest_naming_one_path_twice_is_refused() -> None:
 AS_NOBODY = r"""
 import hashlib, os, stat, sys
 from pathlib import Path
-from agentq.core.workspace_disk import restore, scan, wipe
+from agentq.core.workspace_disk import read_verified, restore, scan, wipe
 
 os.chdir(sys.argv[1])  # owned by nobody; its parents are not theirs to search
 os.setgid(65534)
@@ -88,6 +88,8 @@ assert got == {
 }, got
 assert [stat.S_IMODE(os.lstat(ws / n).st_mode) for n in ("locked", "ro", "secret")] == [0, 0o500, 0]
 assert scan(ws).digest == manifest.digest  # the scan put every mode back
+assert [read_verified(ws, e) for e in manifest.entries if e.kind == "f"] == [b"inner", b"ro", b"secret"]
+assert scan(ws).digest == manifest.digest  # and so did the reads for upload
 blobs = {sha(b): b for b in (b"inner", b"ro", b"secret")}
 restore(Path("copy"), manifest, blobs.__getitem__)  # checks itself against the manifest
 wipe(ws)
@@ -98,7 +100,9 @@ print("ok")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become uid 65534 (a worker that is not root)")
-def test_a_worker_that_is_not_root_scans_restores_and_removes_what_the_agent_made_unreadable(tmp_path: Path) -> None:
+def test_a_worker_that_is_not_root_scans_reads_restores_and_removes_what_the_agent_made_unreadable(
+    tmp_path: Path,
+) -> None:
     home = tmp_path / "nobody"
     home.mkdir()
     os.chown(home, 65534, 65534)

@@ -125,6 +125,7 @@ for dir_bits, file_bits in itertools.product(range(8), range(8)):
         continue
     assert stored == {"d/echo.txt": f"token={REDACTED}\n".encode()}, (dir_bits, file_bits, stored)
     assert {e.path: e.mode for e in manifest.entries} == {"d": dir_bits << 6, "d/echo.txt": file_bits << 6}
+    assert scan(ws).digest == manifest.digest, (dir_bits, file_bits)  # every mode put back
 print(" ".join(refused))
 """
 

@@ -267,10 +267,12 @@ def read_at(dir_fd: int, name: str, seen: os.stat_result) -> bytes:
 
 class DirCursor:
     """Descriptors of the directories on the way to the entry last asked for, each opened from
-    its parent with ``O_NOFOLLOW``: entries asked for in sorted order reuse the shared part."""
+    its parent with ``O_NOFOLLOW``: entries asked for in sorted order reuse the shared part. A
+    directory the agent made unreadable is given ``u+rwx`` while it is on the way, and its mode
+    put back when it leaves it (an upload's read must not change what the next scan sees)."""
 
     def __init__(self, root_fd: int) -> None:
-        self.chain: list[tuple[str, int]] = [("", root_fd)]
+        self.chain: list[tuple[str, int, int | None]] = [("", root_fd, None)]
 
     def parent(self, path: str) -> tuple[int, str]:
         *dirs, name = path.split("/")
@@ -279,13 +281,18 @@ class DirCursor:
             keep += 1
         self.close(keep + 1)
         for part in dirs[keep:]:
-            fd, _ = open_dir(self.chain[-1][1], part)
-            self.chain.append((part, fd))
+            fd, back = open_dir(self.chain[-1][1], part)
+            self.chain.append((part, fd, back))
         return self.chain[-1][1], name
 
     def close(self, keep: int = 1) -> None:
         while len(self.chain) > keep:
-            os.close(self.chain.pop()[1])
+            _, fd, back = self.chain.pop()
+            try:
+                if back is not None:
+                    os.fchmod(fd, back)
+            finally:
+                os.close(fd)
 
 
 @contextmanager
