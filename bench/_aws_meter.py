@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import Counter
+from collections.abc import Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,7 +70,8 @@ class AwsMeter:
             service = client.meta.service_model.service_name
             call = Call(meter.phase, f"{service}:{operation}", "")
             body = params.get("Body")  # before the call: botocore turns it into a stream in place
-            call.sent = len(body) if isinstance(body, (bytes, bytearray)) else 0
+            # bytes, or a stream of known length (a workspace file, uploaded a chunk at a time)
+            call.sent = len(body) if isinstance(body, Sized) else 0
             before = meter._sizes_before(service, operation, params)
             try:
                 response = original(client, operation, params)

@@ -1,6 +1,6 @@
 """The worker's side of a workspace (core.workspace_disk) against what an agent can leave on the
 disk: a link planted at any component of a path is never followed, a file read for upload is the
-file the scan hashed, and a worker that is not root scans, reads for upload, restores and removes
+file the scan hashed (an upload of one that changed never completes), and a worker that is not root scans, reads for upload, restores and removes
 files and directories the agent made unreadable, putting their modes back."""
 
 from __future__ import annotations
@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 
 from agentq.core.workspace import Entry, Manifest, WorkspaceRestoreFailed, WorkspaceUnscannable
-from agentq.core.workspace_disk import read_verified, restore, scan, wipe
+from agentq.core.workspace_disk import open_verified, opened, read_verified, restore, scan, wipe
+from agentq.core.workspace_stream import CHUNK
+from agentq.storage.container import Storage
+from agentq.storage.serdes import MissingObject
 
 
 def sha(data: bytes) -> str:
@@ -45,6 +48,48 @@ def test_a_file_whose_content_changed_after_the_scan_is_not_read_for_upload(tmp_
     (tmp_path / "f").write_bytes(b"changed")  # same size
     with pytest.raises(WorkspaceUnscannable, match="changed after the workspace was scanned"):
         read_verified(tmp_path, entry)
+
+
+@pytest.mark.parametrize("change", ["first byte", "last byte", "one byte more", "one byte less"])
+def test_an_upload_of_a_file_changed_after_the_scan_never_hands_out_its_last_byte_and_stores_nothing(
+    store: Storage, tmp_path: Path, change: str
+) -> None:
+    """An upload streams the file (``VerifiedFile``) and checks it against the scanned hash
+    before it hands out the last byte: whatever changed, the read that would end it raises, so a
+    request sending it never completes and the bucket has nothing under the hash. An unchanged
+    file is stored whole."""
+    data = bytes(range(256)) * (3 * CHUNK // 256) + b"tail"
+    (tmp_path / "f").write_bytes(data)
+    (entry,) = scan(tmp_path).entries
+    with opened(tmp_path) as cursor, open_verified(cursor, entry) as f:
+        assert store.workspaces.put_blob("task-a", entry.digest, f) is True
+    assert store.workspaces.get_blob("task-a", entry.digest) == data
+    with open(tmp_path / "f", "r+b") as changed:
+        if change == "one byte more":
+            changed.seek(0, os.SEEK_END)
+            changed.write(b"!")
+        elif change == "one byte less":
+            changed.truncate(len(data) - 1)
+        else:
+            changed.seek(0 if change == "first byte" else len(data) - 1)
+            changed.write(b"!")
+    handed = 0
+    with (
+        opened(tmp_path) as cursor,
+        open_verified(cursor, entry) as f,
+        pytest.raises(WorkspaceUnscannable, match="changed after the workspace was scanned"),
+    ):
+        while piece := f.read(4096):
+            handed += len(piece)
+    assert handed < entry.size
+    with (
+        opened(tmp_path) as cursor,
+        open_verified(cursor, entry) as f,
+        pytest.raises(WorkspaceUnscannable, match="changed after the workspace was scanned"),
+    ):
+        store.workspaces.put_blob("task-b", entry.digest, f)
+    with pytest.raises(MissingObject):
+        store.workspaces.get_blob("task-b", entry.digest)
 
 
 def test_a_restore_refuses_an_entry_under_a_link_and_writes_nothing_outside(tmp_path: Path) -> None:

@@ -289,14 +289,28 @@ class MessageBox(Protocol):
     def go_idle(self, lease: Lease, *, delivered: int) -> Inbox | None: ...
 
 
+class Readable(Protocol):
+    """Bytes read a piece at a time (``read(n)``: at most n, ``b""`` at the end), then closed: a
+    workspace file on its way to the bucket, an object on its way to the disk, never held whole."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
 class WorkspaceStore(Protocol):
     """A task's workspace content (``core.workspace``, ``storage.workspaces``): content-addressed
     blobs and manifests, written create-only (``put_blob``: False if one was there); a missing
-    one raises a ``LookupError``. Safe to call from several threads."""
+    one raises a ``LookupError``. Safe to call from several threads. A blob may be put and read
+    as a stream (``core.workspace_stream``): ``put_blob`` of a ``Readable`` with a length sends
+    it as it reads it (content that does not hash to ``digest`` is refused), ``open_blob``
+    returns one to read."""
 
-    def put_blob(self, task_id: str, digest: str, data: bytes) -> bool: ...
+    def put_blob(self, task_id: str, digest: str, data: bytes | Readable) -> bool: ...
 
     def get_blob(self, task_id: str, digest: str, lookup: Sequence[str] = ()) -> bytes: ...
+
+    def open_blob(self, task_id: str, digest: str, lookup: Sequence[str] = ()) -> Readable: ...
 
     def put_manifest(self, task_id: str, digest: str, data: bytes) -> None: ...
 

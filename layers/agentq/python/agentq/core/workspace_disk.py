@@ -14,8 +14,9 @@ A checkpoint of a run that opened a credential scrubs the files in this same wal
 The scan runs only after every process of the tool call is dead, in a directory no other run
 uses (``core.engine._workspace`` makes one per claim), so nothing should change under it; if
 something does, the read of a file checks it against what the scan saw (inode, then the content's
-hash before it is uploaded) and the scan fails (``WorkspaceUnscannable``) rather than record
-bytes that are not what the manifest says.
+hash before the upload's last byte leaves, ``core.workspace_stream``) and the scan fails
+(``WorkspaceUnscannable``) rather than record bytes that are not what the manifest says. No file
+is held whole: the scan, the upload and the restore move ``CHUNK`` bytes of a file at a time.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentq.core.ports import Readable
 from agentq.core.workspace import (
     MAX_DEPTH,
     Entry,
@@ -40,12 +42,12 @@ from agentq.core.workspace import (
     WorkspaceUnscannable,
 )
 from agentq.core.workspace_scrub import MAX_REWRITE_BYTES, OVERLAP, Scrub
+from agentq.core.workspace_stream import CHUNK, VerifiedFile, each, fill
 
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 O_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-PARALLEL = 16  # files fetched at once by a restore (each held in memory until written)
-CHUNK = 1 << 20  # bytes of a file the scan reads (and hashes, and scrubs) at a time
+PARALLEL = 16  # files a checkpoint or a restore moves at once (a CHUNK of each in memory)
 ROW_OVERHEAD = 96  # a manifest row's bytes besides its path and link target (kind, mode, size, hash)
 
 # What a scan remembers of a file it hashed, so the next scan hashes only what changed: size,
@@ -247,24 +249,6 @@ def _same(fd: int, name: str, seen: os.stat_result) -> None:
         raise WorkspaceUnscannable(f"{name!r} changed while the workspace was scanned")
 
 
-def read_at(dir_fd: int, name: str, seen: os.stat_result) -> bytes:
-    """A regular file's bytes, if it is still the file ``seen`` (a mode taken away is given
-    back to the owner for the read, then put back)."""
-    fd, back = _open_at(dir_fd, name, O_READ, stat.S_IRUSR)
-    try:
-        _same(fd, name, seen)
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        try:
-            if back is not None:
-                os.fchmod(fd, back)
-        finally:
-            os.close(fd)
-
-
 class DirCursor:
     """Descriptors of the directories on the way to the entry last asked for, each opened from
     its parent with ``O_NOFOLLOW``: entries asked for in sorted order reuse the shared part. A
@@ -306,17 +290,29 @@ def opened(root: Path) -> Iterator[DirCursor]:
         os.close(fd)
 
 
-def read_verified(root: Path, entry: Entry) -> bytes:
-    """A scanned file's bytes for upload, checked against the hash its manifest records."""
+def open_verified(cursor: DirCursor, entry: Entry, shown: Callable[[str], str] = str) -> VerifiedFile:
+    """A scanned file open for upload (``core.workspace_stream.VerifiedFile``: checked against
+    the hash its manifest records before its last byte is handed out); ``shown``: how an error
+    names it."""
     try:
-        with opened(root) as cursor:
-            dir_fd, name = cursor.parent(entry.path)
-            data = read_at(dir_fd, name, os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
+        dir_fd, name = cursor.parent(entry.path)
+        fd, back = _open_at(dir_fd, name, O_READ, stat.S_IRUSR)
+    except OSError as exc:
+        raise WorkspaceUnscannable(f"{shown(entry.path)!r} could not be read: {exc.strerror or exc}") from exc
+    opened_file = VerifiedFile(fd, entry, shown(entry.path), back)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        opened_file.close()
+        raise WorkspaceUnscannable(f"{shown(entry.path)!r} changed after the workspace was scanned")
+    return opened_file
+
+
+def read_verified(root: Path, entry: Entry) -> bytes:
+    """A scanned file's bytes, whole, checked against the hash its manifest records."""
+    try:
+        with opened(root) as cursor, open_verified(cursor, entry) as f:
+            return f.read()
     except OSError as exc:
         raise WorkspaceUnscannable(f"{entry.path!r} could not be read: {exc.strerror or exc}") from exc
-    if hashlib.sha256(data).hexdigest() != entry.digest:
-        raise WorkspaceUnscannable(f"{entry.path!r} changed after the workspace was scanned")
-    return data
 
 
 def clear(dir_fd: int) -> None:
@@ -365,13 +361,15 @@ def wipe(root: Path) -> None:
     os.rmdir(root)
 
 
-def restore(root: Path, manifest: Manifest, fetch: Callable[[str], bytes], cache: ScanCache | None = None) -> None:
+def restore(
+    root: Path, manifest: Manifest, fetch: Callable[[str], bytes | Readable], cache: ScanCache | None = None
+) -> None:
     """Make ``root`` exactly ``manifest`` (everything there before is removed), then check it.
 
-    ``fetch(digest)`` returns a file's content (called from up to ``PARALLEL`` threads); content
-    whose hash differs, a missing object, an entry whose parent is not a directory of the
-    manifest, or a result that does not scan back to the manifest raises
-    ``WorkspaceRestoreFailed``.
+    ``fetch(digest)`` returns a file's content, or a stream of it (called from up to ``PARALLEL``
+    threads, each writing its file a ``CHUNK`` at a time); content whose hash or size differs, a
+    missing object, an entry whose parent is not a directory of the manifest, or a result that
+    does not scan back to the manifest raises ``WorkspaceRestoreFailed``.
     """
     root.mkdir(parents=True, mode=0o700, exist_ok=True)
     dirs = [e for e in manifest.entries if e.kind == "d"]
@@ -384,9 +382,7 @@ def restore(root: Path, manifest: Manifest, fetch: Callable[[str], bytes], cache
                 os.mkdir(name, 0o700, dir_fd=dir_fd)
             with ThreadPoolExecutor(PARALLEL) as pool:
                 for start in range(0, len(files), PARALLEL):
-                    window = files[start : start + PARALLEL]
-                    for entry, data in zip(window, pool.map(lambda e: fetch(e.digest), window), strict=True):
-                        _write(cursor, entry, data)
+                    _fill_window(cursor, pool, files[start : start + PARALLEL], fetch)
             for entry in manifest.entries:
                 if entry.kind == "l":
                     dir_fd, name = cursor.parent(entry.path)
@@ -407,15 +403,16 @@ def restore(root: Path, manifest: Manifest, fetch: Callable[[str], bytes], cache
         )
 
 
-def _write(cursor: DirCursor, entry: Entry, data: bytes) -> None:
-    if hashlib.sha256(data).hexdigest() != entry.digest:
-        raise WorkspaceRestoreFailed(f"the stored content of {entry.path!r} does not match its hash")
-    dir_fd, name = cursor.parent(entry.path)
-    fd = os.open(name, O_CREATE, 0o600, dir_fd=dir_fd)
+def _fill_window(
+    cursor: DirCursor, pool: ThreadPoolExecutor, window: list[Entry], fetch: Callable[[str], bytes | Readable]
+) -> None:
+    """Create the window's files here (the cursor is this thread's), then fill them in the pool."""
+    fds: list[int] = []
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fchmod(fd, entry.mode)
+        for entry in window:
+            dir_fd, name = cursor.parent(entry.path)
+            fds.append(os.open(name, O_CREATE, 0o600, dir_fd=dir_fd))
+        each(pool, lambda pair: fill(pair[1], pair[0], fetch(pair[0].digest)), list(zip(window, fds, strict=True)))
     finally:
-        os.close(fd)
+        for fd in fds:
+            os.close(fd)

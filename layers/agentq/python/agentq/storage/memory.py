@@ -15,6 +15,8 @@ in one process.
 from __future__ import annotations
 
 import copy
+import hashlib
+import io
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +42,7 @@ from boto3.dynamodb.conditions import (
     Or,
 )
 
+from agentq.core.ports import Readable
 from agentq.storage.dynamodb import from_wire, to_wire
 from agentq.storage.serdes import MissingObject
 from agentq.storage.table import (
@@ -366,16 +369,24 @@ class MemoryPayloads:
             return str(attrs["body"])
         return self.objects[attrs["ref"]].decode()
 
-    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False) -> bool:
+    def put_bytes(
+        self, key: str, data: bytes | Readable, *, create_only: bool = False, sha256: str | None = None
+    ) -> bool:
+        whole = bytes(data) if isinstance(data, bytes) else b"".join(iter(lambda: data.read(1 << 20), b""))
+        if sha256 is not None and hashlib.sha256(whole).hexdigest() != sha256:
+            raise ValueError(f"the body of {key} does not hash to {sha256} (S3: BadDigest)")
         if create_only and key in self.objects:
             return False
-        self.objects[key] = bytes(data)
+        self.objects[key] = whole
         return True
 
     def get_bytes(self, key: str) -> bytes:
         if key not in self.objects:
             raise MissingObject(key)
         return self.objects[key]
+
+    def open_bytes(self, key: str) -> Readable:
+        return io.BytesIO(self.get_bytes(key))
 
     def delete_prefix(self, prefix: str) -> int:
         doomed = [k for k in self.objects if k.startswith(prefix)]

@@ -7,12 +7,17 @@ the writer's lease epoch (a zombie's late upload can never overwrite a committed
 
 from __future__ import annotations
 
+import base64
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 
+from agentq.core.ports import Readable
+
 if TYPE_CHECKING:
+    from typing import IO
+
     from mypy_boto3_s3 import S3Client
     from mypy_boto3_s3.type_defs import ObjectIdentifierTypeDef
 
@@ -77,9 +82,13 @@ class Payloads(Protocol):
 
     def delete_prefix(self, prefix: str) -> int: ...
 
-    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False) -> bool: ...
+    def put_bytes(
+        self, key: str, data: bytes | Readable, *, create_only: bool = False, sha256: str | None = None
+    ) -> bool: ...
 
     def get_bytes(self, key: str) -> bytes: ...
+
+    def open_bytes(self, key: str) -> Readable: ...
 
 
 class MissingObject(LookupError):
@@ -115,23 +124,32 @@ class PayloadStore:
         obj = self.s3.get_object(Bucket=self.bucket, Key=attrs["ref"])
         return obj["Body"].read().decode()
 
-    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False) -> bool:
-        """Store ``data`` under ``key``; ``create_only``: never replace an object already there
-        (``If-None-Match: *``, content-addressed objects), False when one was."""
-        if not create_only:
-            self.s3.put_object(Bucket=self.bucket, Key=key, Body=data)
-            return True
+    def put_bytes(
+        self, key: str, data: bytes | Readable, *, create_only: bool = False, sha256: str | None = None
+    ) -> bool:
+        """Store ``data`` (bytes, or a stream with a length, sent as it is read) under ``key``;
+        ``create_only``: never replace an object already there (``If-None-Match: *``,
+        content-addressed objects), False when one was; ``sha256`` (hex): S3 refuses a body
+        that does not hash to it (``ChecksumSHA256``)."""
+        body = data if isinstance(data, bytes) else cast("IO[bytes]", data)
+        extra: dict[str, Any] = {"IfNoneMatch": "*"} if create_only else {}
+        if sha256 is not None:
+            extra["ChecksumSHA256"] = base64.b64encode(bytes.fromhex(sha256)).decode()
         try:
-            self.s3.put_object(Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*")
+            self.s3.put_object(Bucket=self.bucket, Key=key, Body=body, **extra)
         except self.s3.exceptions.ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412"):
+            if create_only and exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412"):
                 return False
             raise
         return True
 
     def get_bytes(self, key: str) -> bytes:
+        return self.open_bytes(key).read()
+
+    def open_bytes(self, key: str) -> Readable:
+        """The object's body, to read a piece at a time."""
         try:
-            return self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+            return self.s3.get_object(Bucket=self.bucket, Key=key)["Body"]
         except self.s3.exceptions.NoSuchKey:
             raise MissingObject(key) from None
 

@@ -34,8 +34,9 @@ import re
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
+from agentq.core.ports import Readable
 from agentq.storage.serdes import MissingObject, Payloads
 from agentq.storage.workspaces import WorkspaceObjects, owner_prefix, workspace_prefix
 
@@ -51,6 +52,7 @@ MAX_POLICY_CHARS = 2048  # STS: a session policy's plain text
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _SESSION_NAME = re.compile(r"[^\w+=,.@-]")
 
+T = TypeVar("T")
 Credentials = dict[str, Any]  # sts:AssumeRole's Credentials: AccessKeyId, SecretAccessKey, SessionToken, Expiration
 
 
@@ -138,11 +140,14 @@ class ScopedWorkspaceObjects(WorkspaceObjects):
             self._cached[task_id] = (owners, expires_at, objects)
         return objects
 
-    def put_blob(self, task_id: str, digest: str, data: bytes) -> bool:
+    def put_blob(self, task_id: str, digest: str, data: bytes | Readable) -> bool:
         return self.objects(task_id).put_blob(task_id, digest, data)
 
     def get_blob(self, task_id: str, digest: str, lookup: Sequence[str] = ()) -> bytes:
         return self.objects(task_id, lookup).get_blob(task_id, digest, lookup)
+
+    def open_blob(self, task_id: str, digest: str, lookup: Sequence[str] = ()) -> Readable:
+        return self.objects(task_id, lookup).open_blob(task_id, digest, lookup)
 
     def put_manifest(self, task_id: str, digest: str, data: bytes) -> None:
         self.objects(task_id).put_manifest(task_id, digest, data)
@@ -162,8 +167,15 @@ class _MissingOnDenied:
         return getattr(self._inner, name)
 
     def get_bytes(self, key: str) -> bytes:
+        return self._denied_missing(key, self._inner.get_bytes)
+
+    def open_bytes(self, key: str) -> Readable:
+        return self._denied_missing(key, self._inner.open_bytes)
+
+    @staticmethod
+    def _denied_missing(key: str, read: Callable[[str], T]) -> T:
         try:
-            return self._inner.get_bytes(key)
+            return read(key)
         except MissingObject:
             raise
         except Exception as exc:

@@ -15,13 +15,16 @@ that started from its parent's workspace, the parent's prefix (and the parent's 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
+from agentq.core.ports import Readable
 from agentq.storage import keys
 from agentq.storage.serdes import MissingObject, Payloads
 
 PARALLEL = 16  # objects in flight per fork copy
+T = TypeVar("T")
 
 
 def workspace_prefix(task_id: str) -> str:
@@ -62,28 +65,38 @@ class WorkspaceObjects:
     def __init__(self, payloads: Payloads) -> None:
         self.payloads = payloads
 
-    def put_blob(self, task_id: str, digest: str, data: bytes) -> bool:
-        return self.payloads.put_bytes(blob_key(task_id, digest), data, create_only=True)
+    def put_blob(self, task_id: str, digest: str, data: bytes | Readable) -> bool:
+        """Store content under its hash, create-only; a stream is sent as it is read, and the
+        bucket refuses a body that does not hash to ``digest``."""
+        return self.payloads.put_bytes(blob_key(task_id, digest), data, create_only=True, sha256=digest)
 
     def get_blob(self, task_id: str, digest: str, lookup: Sequence[str] = ()) -> bytes:
         """The content under ``digest``: the task's own, else the first owner of ``lookup`` that has it."""
-        return self._first([f"{workspace_prefix(task_id)}blobs/{digest}"] + [
-            f"{owner_prefix(o)}blobs/{digest}" for o in lookup
-        ])  # fmt: skip
+        return self._first(self._blob_keys(task_id, digest, lookup), self.payloads.get_bytes)
 
-    def _first(self, keys_: list[str]) -> bytes:
+    def open_blob(self, task_id: str, digest: str, lookup: Sequence[str] = ()) -> Readable:
+        """``get_blob``'s content as a stream, to read a piece at a time (a restore)."""
+        return self._first(self._blob_keys(task_id, digest, lookup), self.payloads.open_bytes)
+
+    @staticmethod
+    def _blob_keys(task_id: str, digest: str, lookup: Sequence[str]) -> list[str]:
+        return [f"{workspace_prefix(task_id)}blobs/{digest}"] + [f"{owner_prefix(o)}blobs/{digest}" for o in lookup]
+
+    @staticmethod
+    def _first(keys_: list[str], read: Callable[[str], T]) -> T:
         for key in keys_[:-1]:
             try:
-                return self.payloads.get_bytes(key)
+                return read(key)
             except MissingObject:
                 continue
-        return self.payloads.get_bytes(keys_[-1])
+        return read(keys_[-1])
 
     def put_manifest(self, task_id: str, digest: str, data: bytes) -> None:
         self.payloads.put_bytes(manifest_key(task_id, digest), data, create_only=True)
 
     def get_manifest(self, task_id: str, digest: str, lookup: Sequence[str] = ()) -> bytes:
-        return self._first([manifest_key(task_id, digest)] + [f"{owner_prefix(o)}manifests/{digest}" for o in lookup])
+        keys_ = [manifest_key(task_id, digest)] + [f"{owner_prefix(o)}manifests/{digest}" for o in lookup]
+        return self._first(keys_, self.payloads.get_bytes)
 
     def put_upload(self, tenant: str, manifest: bytes, digest: str, blobs: dict[str, bytes]) -> int:
         """Store an uploaded archive's content, then its manifest (so a manifest that is there

@@ -31,6 +31,7 @@ import os
 import re
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,8 +56,9 @@ from agentq.core.workspace import (
     stored_start,
 )
 from agentq.core.workspace_diff import changes
-from agentq.core.workspace_disk import PARALLEL, ScanCache, read_verified, restore, scan, wipe
+from agentq.core.workspace_disk import PARALLEL, ScanCache, open_verified, opened, restore, scan, wipe
 from agentq.core.workspace_scrub import Scrub
+from agentq.core.workspace_stream import each
 from agentq.sandbox.base import ExecResult
 from agentq.sandbox.workspace import WorkspaceSandbox
 
@@ -198,7 +200,7 @@ class Workspaces:
                 if manifest.digest != digest_:
                     raise WorkspaceRestoreFailed(f"the stored manifest {digest_} does not match its hash")
                 restore(
-                    ws.directory, manifest, lambda digest: self.store.get_blob(s.task_id, digest, ws.lookup), ws.cache
+                    ws.directory, manifest, lambda digest: self.store.open_blob(s.task_id, digest, ws.lookup), ws.cache
                 )
                 stored = manifest.blobs()
         except WorkspaceRestoreFailed as exc:
@@ -229,14 +231,19 @@ class Workspaces:
         """The content of ``manifest`` not stored yet, then the manifest itself; its ref."""
         new = list({e.digest: e for e in manifest.entries if e.kind == "f" and e.digest not in ws.stored}.values())
         uploaded = 0
-        # File by file, at most PARALLEL in memory: each read back checked against the hash the
-        # manifest records (``read_verified``), then stored create-only under that hash.
-        with ThreadPoolExecutor(PARALLEL) as pool:
+        scrub = _scrub(s)
+        shown = scrub.shown if scrub is not None else str  # how a refusal names a file
+        # PARALLEL files at a time, each streamed a chunk at a time (``core.workspace_stream``: a
+        # sparse file's apparent size is never in memory) and checked against the hash the
+        # manifest records before its last byte is sent; stored create-only under that hash.
+        with opened(ws.directory) as cursor, ThreadPoolExecutor(PARALLEL) as pool:
             for start in range(0, len(new), PARALLEL):
-                window = [(e.digest, read_verified(ws.directory, e)) for e in new[start : start + PARALLEL]]
-                written = pool.map(lambda blob: self.store.put_blob(s.task_id, *blob), window)
-                uploaded += sum(len(data) for (_, data), new_object in zip(window, written, strict=True) if new_object)
-                ws.stored |= {digest for digest, _ in window}
+                window = new[start : start + PARALLEL]
+                with ExitStack() as files:
+                    streams = [files.enter_context(open_verified(cursor, e, shown)) for e in window]
+                    written = each(pool, lambda f: self.store.put_blob(s.task_id, f.entry.digest, f), streams)
+                uploaded += sum(e.size for e, new_object in zip(window, written, strict=True) if new_object)
+                ws.stored |= {e.digest for e in window}
         self.store.put_manifest(s.task_id, manifest.digest, manifest.to_bytes())
         return WorkspaceRef(
             manifest=manifest.digest, files=manifest.files, bytes=manifest.total_bytes, uploaded_bytes=uploaded
