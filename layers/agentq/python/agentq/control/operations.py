@@ -288,8 +288,8 @@ def fork(
     Those steps are copied, never re-executed (their side effects stay done); the fork then
     goes on under its own task id, so its tool calls get new idempotency keys. ``overrides``
     may change the provider, model, script, system prompt, constraints or priority. A fork
-    never ends on a turn whose tool calls it would make (``_fork_point``), nor on an answer it
-    would have nothing to do after (``_something_left``).
+    never ends on a turn whose tool calls it would make (``_fork_point``); one at the model's
+    answer ends with it (``core.engine._loop``), and a message sent to it goes on from there.
     """
     source = owned_task(store, task_id, tenant)
     if source.parent_id is not None:
@@ -316,7 +316,6 @@ def fork(
         body.pop("script", None)
     submission = parse_submission(body)
     check_submission(submission, tools)
-    _something_left(history, at_step, submission)
     stop = stop_covering(store.stops.list(source.tenant), source)
     if stop is not None:  # the fork would start work in a stopped scope
         raise ScopeStopped(stop)
@@ -346,20 +345,3 @@ def _fork_point(history: list[StepRecord], at_step: int) -> None:
     else:
         said = f"whose results the source has not committed: a fork from it could make them a second time; fork {again}"
     raise ValidationError(f"{asked}, {said}", field="at_step")
-
-
-def _something_left(history: list[StepRecord], at_step: int, submission: TaskSubmission) -> None:
-    """Refuse a fork whose last copied step is the model's answer (a turn with no tool call)
-    when nothing would follow it: no schema to check it against, no outcome to grade it by.
-    The engine reads such an answer as the end of a run that was committed with its terminal
-    status, and a fork's was not: the fork stayed ``running`` for good, its lease held."""
-    last = history[at_step - 1].body if at_step else None
-    if not isinstance(last, LLMStep) or last.tool_uses():
-        return
-    if submission.output_schema is not None or submission.outcome is not None:
-        return
-    raise ValidationError(
-        f"at_step {at_step} is the model's answer: a fork from it would have nothing left to run; "
-        f"fork at step {at_step - 1} to ask the model again",
-        field="at_step",
-    )

@@ -275,6 +275,8 @@ class Engine:
             if isinstance(last, LLMStep) and not (
                 s.task.submission.output_schema is not None and not s.task.status.terminal
             ):  # already finished: committed with its terminal status
+                if not s.task.status.terminal:  # a fork's copied answer, which no commit of its own ended
+                    return self._end_on_copied_answer(s)
                 return RunResult(s.task_id, "finished", status=s.task.status)
             stop = stop_reason(s, self.config.slice_margin_seconds)
             if stop == "slice":
@@ -294,6 +296,16 @@ class Engine:
                 ended = self._llm_turn.run(s)
             if ended is not None:
                 return ended
+
+    def _end_on_copied_answer(self, s: Session) -> RunResult:
+        """A fork at the model's answer (``control.operations.fork``) starts where its source's run
+        ended, but the commit that ended it was the source's: the fork ends now, ``succeeded`` with
+        that answer (a message sent to it goes on from there, as one sent to its source would).
+        Read as already ended, the fork stayed ``running`` for good, its lease held."""
+        self._holds.release(s)
+        self.store.tasks.transition(s.task_id, TaskStatus.SUCCEEDED, lease=s.lease, result=final_text(s.messages))
+        s.task = s.task.model_copy(update={"status": TaskStatus.SUCCEEDED})
+        return RunResult(s.task_id, "finished", status=TaskStatus.SUCCEEDED)
 
     def _goal(self, task: Task) -> str:
         """The task's goal, followed by the results of the tasks it depends on (immutable once
