@@ -246,6 +246,7 @@ def test_the_authorizer_s_cold_import_and_first_call_stay_light(
         "agentq.api", "agentq.api.auth", "agentq.api.oidc", "agentq.aws", "agentq.core", "agentq.core.endusers",
         "agentq.core.errors", "agentq.core.status",
         "agentq.observe", "agentq.observe.correlation", "agentq.observe.logs", "agentq.observe.redaction",
+        "agentq.observe.redaction_bytes",
         "agentq.storage", "agentq.storage.api_keys",
         "agentq.storage.dynamodb", "agentq.storage.keys", "agentq.storage.table",
     }  # fmt: skip
