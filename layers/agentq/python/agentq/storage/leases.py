@@ -403,7 +403,7 @@ class TaskLeases(TaskItems):
         except ConditionFailed as exc:
             if fence_holds(exc.old, lease):
                 return False
-            raise why_fenced(self.table, lease) from exc
+            raise _refused(lease, exc.old) from exc
         return True
 
     def take_batch_hold_at_end(self, task_id: str, batch_id: str) -> bool:
