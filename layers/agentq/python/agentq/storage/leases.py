@@ -396,24 +396,23 @@ class TaskLeases(TaskItems):
         is settled once whoever meets it; False when another took it. Fenced: a run whose lease
         is gone learns it here (``LeaseLost``) and leaves the hold to the run that holds it now,
         whose claim saw whether it was settled (``Task.batch_settled``), or to the stop."""
-        condition = fence(lease) & Attr("batch.id").eq(batch_id) & _unsettled(batch_id)
-        update = Update(set={"batch_settled": batch_id})
-        try:
-            self.table.update(keys.meta_key(lease.task_id), update, condition=condition)
-        except ConditionFailed as exc:
-            if fence_holds(exc.old, lease):
-                return False
-            raise _refused(lease, exc.old) from exc
-        return True
+        return self._take_batch_hold(lease.task_id, batch_id, lease)
 
     def take_batch_hold_at_end(self, task_id: str, batch_id: str) -> bool:
         """``take_batch_hold`` for a task that ended without its worker (cancelled or stopped
         while its batch runs): not fenced, since no worker of it can commit any more."""
+        return self._take_batch_hold(task_id, batch_id, None)
+
+    def _take_batch_hold(self, task_id: str, batch_id: str, lease: Lease | None) -> bool:
         condition = Attr("batch.id").eq(batch_id) & _unsettled(batch_id)
+        if lease is not None:
+            condition = fence(lease) & condition
         try:
             self.table.update(keys.meta_key(task_id), Update(set={"batch_settled": batch_id}), condition=condition)
-        except ConditionFailed:
-            return False
+        except ConditionFailed as exc:
+            if lease is None or fence_holds(exc.old, lease):
+                return False
+            raise _refused(lease, exc.old) from exc
         return True
 
     def start_workspace(self, lease: Lease, ref: WorkspaceRef) -> None:
