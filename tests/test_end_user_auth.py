@@ -353,6 +353,29 @@ def test_a_tokens_fork_keeps_its_agents_tools_prompt_and_model(
     assert api.http("POST", f"/tasks/{task_id}/fork", limited, key=token)[0] == 202
 
 
+def test_a_token_may_lower_its_tasks_priority_but_not_raise_it_above_its_tenants_other_users(
+    api_stack: ApiStack,
+) -> None:
+    """The tenant's users share its queue (fair share is between tenants): a token that could
+    choose ``high`` would put each of its tasks ahead of every other user's. ``high`` from a
+    token, submitted or as a fork's override, is 403 naming ``priority`` and creates nothing;
+    ``normal`` and ``low`` are its own to choose; the tenant's key gives ``high``."""
+    api, tenant = api_stack, f"eu-prio-{uuid.uuid4().hex[:6]}"
+    greeter = api.greeter(tenant)
+    token = api.stack.token(user="mallory", tenant=tenant)
+    status, answer, _ = api.http("POST", "/tasks", {**greeter, "priority": "high"}, key=token)
+    assert (status, answer["error"]["code"], answer["error"]["field"]) == (403, "forbidden", "priority"), answer
+    assert _tenant_tasks(api, tenant) == []
+    task_id = api.submit({**greeter, "priority": "low"}, key=token)
+    api.until(task_id, lambda v: v["status"] == "succeeded", key=token)
+    status, answer, _ = api.http("POST", f"/tasks/{task_id}/fork", {"at_step": 0, "priority": "high"}, key=token)
+    assert (status, answer["error"]["code"], answer["error"]["field"]) == (403, "forbidden", "priority"), answer
+    assert len(_tenant_tasks(api, tenant)) == 1
+    assert api.http("POST", f"/tasks/{task_id}/fork", {"at_step": 0, "priority": "normal"}, key=token)[0] == 202
+    key = api.stack.create_api_key(tenant)
+    assert api.submit({**greeter, "priority": "high"}, key=key)
+
+
 def test_a_tokens_dependency_on_another_users_task_is_answered_as_an_unknown_task_and_creates_nothing(
     api_stack: ApiStack,
 ) -> None:

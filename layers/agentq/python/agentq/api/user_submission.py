@@ -49,7 +49,7 @@ USER_FIELDS = {
     "agent": "which of its tenant's agents runs it (required)",
     "user": "its own (Caller.acting_user refuses another)",
     "constraints": "its own task's budgets and limits (USER_CONSTRAINTS), under the caps on its user, agent and key",
-    "priority": "its own task's tier among the tenant's (as a fork may change it)",
+    "priority": "its own task's tier, normal or low (USER_PRIORITIES): high is the tenant's to give",
     "double_texting": "what its own messages to its own task do",
     "depends_on": "its own user's tasks (control.submit: only_user)",
     "metadata": "its own labels, as its goal is its own (a callback carries them: read them as the user's)",
@@ -65,6 +65,10 @@ USER_CONSTRAINTS = frozenset(
     }
 )  # fmt: skip
 USER_WORKSPACE = frozenset({"files", "upload", "max_bytes", "max_files"})
+# The tiers a token may choose: the tenant's users share its queue (fair share is between tenants),
+# so a user who could pick ``high`` would put every task of its own ahead of the other users'.
+# Lowering its own task's tier takes nothing from anyone.
+USER_PRIORITIES = frozenset({"normal", "low"})
 # What a token's fork may change (``ForkRequest``; ``at_step`` is where it forks).
 USER_FORK_FIELDS = frozenset({"constraints", "priority", "metadata"})
 
@@ -87,6 +91,8 @@ WHY_NOT = {
     "notify": "a callback is its agent's, signed with the tenant's secret for the tenant's backend: a user's token "
     "may not send it elsewhere or drop it (its agent's applies)",
     "online": "set by an alias with online evaluation when it samples the task",
+    "priority": "a user's token may choose normal or low: high would put its tasks ahead of its tenant's other "
+    "users' (the tenant's key gives it)",
     "constraints.tools": _AGENTS,
     "constraints.tool_policies": _AGENTS,
 }
@@ -118,16 +124,19 @@ def check_user_submission(caller: Caller, submission: TaskSubmission) -> None:
     named += [f for f in TaskSubmission.model_fields if f in sent and f not in USER_FIELDS]
     named += [f"constraints.{f}" for f in Constraints.model_fields if f in limits and f not in USER_CONSTRAINTS]
     named += [f"workspace.{f}" for f in WorkspaceSpec.model_fields if f in workspace and f not in USER_WORKSPACE]
+    named += ["priority"] if submission.priority not in USER_PRIORITIES else []
     if named:
         raise _refuse(named[0], USER_FIELDS)
 
 
 def user_fork(request: ForkRequest) -> None:
     """A token forks its task as its agent defined it: its overrides may change budgets, limits
-    (``USER_CONSTRAINTS``), priority and metadata only; a new provider, model, script, system
-    prompt or tool list (or anything added to ``ForkRequest`` later) would take the fork out of
-    what the tenant gave the user (403 ``forbidden`` naming the field)."""
+    (``USER_CONSTRAINTS``), priority (``USER_PRIORITIES``) and metadata only; a new provider,
+    model, script, system prompt or tool list (or anything added to ``ForkRequest`` later) would
+    take the fork out of what the tenant gave the user (403 ``forbidden`` naming the field)."""
     changed = request.overrides()
+    if changed.get("priority", "normal") not in USER_PRIORITIES:
+        raise _refuse("priority", USER_FORK_FIELDS)
     named = [f for f in changed if f not in USER_FORK_FIELDS]
     named += [f"constraints.{f}" for f in changed.get("constraints") or {} if f not in USER_CONSTRAINTS]
     if named:
