@@ -376,6 +376,34 @@ def test_a_token_may_lower_its_tasks_priority_but_not_raise_it_above_its_tenants
     assert api.submit({**greeter, "priority": "high"}, key=key)
 
 
+def test_a_token_runs_its_agents_latest_version_or_an_alias_never_a_version_it_picks_by_number(
+    api_stack: ApiStack,
+) -> None:
+    """A tenant routes its users to a version by its aliases (a canary, a rollback) or the latest:
+    a token naming ``greeter@1`` would pick one the tenant retired, or step out of a canary, and
+    moving its task to another version is the same choice. Both are 403 naming the field, nothing
+    created or moved; ``greeter`` and ``greeter@prod`` run; the tenant's key does either."""
+    api, tenant = api_stack, f"eu-ver-{uuid.uuid4().hex[:6]}"
+    greeter = api.greeter(tenant)
+    key = api.stack.create_api_key(tenant)
+    made = {"name": "greeter", "provider": "scripted", "script": SCRIPTED["script"], "system": "v2"}
+    assert api.http("POST", "/agents", made, key=key)[0] == 201  # version 2
+    prod = {"versions": [{"version": 2, "weight": 100}]}
+    assert api.http("PUT", "/agents/greeter/aliases/prod", prod, key=key)[0] in (200, 201)
+    token = api.stack.token(user="mallory", tenant=tenant)
+    status, answer, _ = api.http("POST", "/tasks", {**greeter, "agent": "greeter@1"}, key=token)
+    assert (status, answer["error"]["code"], answer["error"]["field"]) == (403, "forbidden", "agent"), answer
+    assert _tenant_tasks(api, tenant) == []
+    runs = [api.submit({**greeter, "agent": agent}, key=token) for agent in ("greeter", "greeter@prod")]
+    for task_id in runs:
+        assert api.until(task_id, lambda v: v["status"] == "succeeded", key=token)["agent"] == "greeter@2"
+    status, answer, _ = api.http("POST", f"/tasks/{runs[0]}/agent", {"version": 1}, key=token)
+    assert (status, answer["error"]["code"], answer["error"]["field"]) == (403, "forbidden", "version"), answer
+    assert api.http("GET", f"/tasks/{runs[0]}", key=token)[1]["agent"] == "greeter@2"
+    assert api.http("POST", f"/tasks/{runs[0]}/agent", {"version": 1}, key=key)[0] == 200
+    assert api.submit({**greeter, "agent": "greeter@1"}, key=key)
+
+
 def test_a_tokens_dependency_on_another_users_task_is_answered_as_an_unknown_task_and_creates_nothing(
     api_stack: ApiStack,
 ) -> None:

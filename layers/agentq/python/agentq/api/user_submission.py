@@ -77,6 +77,9 @@ WHY_NOT = {
     **dict.fromkeys((*DEFINED_BY_AGENT, "output_schema"), _AGENTS),
     "agent": "a user's token runs the agents its tenant defined: name one (agent: NAME, GET /agents lists them); "
     "an inline task would be outside the agent's rules, caps and stops",
+    "agent@N": "a user's token runs an agent's latest version or one of its aliases (agent: NAME or NAME@ALIAS), as "
+    "its tenant routes its users: a version by its number would let a user pick one the tenant retired, or step "
+    "out of a canary",
     "memory": "a memory store is the tenant's, shared by all its users' tasks; a user's token may not attach one "
     "(an agent the tenant defined with the store attached brings it)",
     "workspace.allow_hosts": "the hosts a task reaches are its agent's; a user's token may not name any (its "
@@ -98,8 +101,10 @@ WHY_NOT = {
 }
 
 
-def _refuse(field: str, allowed: Iterable[str]) -> Forbidden:
-    why = WHY_NOT.get(field, "not a field a user's token may set")
+def _refuse(reason: str, allowed: Iterable[str]) -> Forbidden:
+    """403 naming the field ``reason`` is about (``agent@N``: ``agent``, with its own why)."""
+    why = WHY_NOT.get(reason, "not a field a user's token may set")
+    field = reason.partition("@")[0]
     return Forbidden(
         f"{field}: {why}; a user's token may set {', '.join(sorted(allowed))} (its agent defines the rest)",
         field=field,
@@ -109,9 +114,11 @@ def _refuse(field: str, allowed: Iterable[str]) -> Forbidden:
 def check_user_submission(caller: Caller, submission: TaskSubmission) -> None:
     """Whether ``caller``, acting as one end user, may send ``submission``: every field it set is
     on the allow-list (``USER_FIELDS``; within ``constraints``, ``USER_CONSTRAINTS``; within
-    ``workspace``, ``USER_WORKSPACE``), and it names an agent; else 403 ``forbidden`` naming the
+    ``workspace``, ``USER_WORKSPACE``), it names an agent (its latest version or an alias, not a
+    version by number) and a priority of ``USER_PRIORITIES``; else 403 ``forbidden`` naming the
     first field that is not (``memory`` and a workspace's hosts before a missing ``agent``, then
-    the submission's fields in their order, then those within ``constraints`` and ``workspace``).
+    the submission's fields in their order, then those within ``constraints`` and ``workspace``,
+    then ``priority`` and ``agent``).
     A key's caller (the whole tenant's) may send anything."""
     if not caller.bound:
         return
@@ -125,8 +132,15 @@ def check_user_submission(caller: Caller, submission: TaskSubmission) -> None:
     named += [f"constraints.{f}" for f in Constraints.model_fields if f in limits and f not in USER_CONSTRAINTS]
     named += [f"workspace.{f}" for f in WorkspaceSpec.model_fields if f in workspace and f not in USER_WORKSPACE]
     named += ["priority"] if submission.priority not in USER_PRIORITIES else []
+    named += ["agent@N"] if submission.agent is not None and pinned_version(submission.agent) else []
     if named:
         raise _refuse(named[0], USER_FIELDS)
+
+
+def pinned_version(agent: str) -> bool:
+    """Whether ``agent`` names a version by its number (``support@3``), not its latest or an alias."""
+    _, after = agent.partition("@")[::2]
+    return after.isdigit()
 
 
 def user_fork(request: ForkRequest) -> None:

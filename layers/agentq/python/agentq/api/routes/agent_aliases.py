@@ -11,7 +11,7 @@ from typing import Annotated
 
 from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
 
-from agentq.api.errors import responses
+from agentq.api.errors import Forbidden, responses
 from agentq.api.models import AgentAliasList, AgentQuality, MoveRequest, TaskMoved
 from agentq.api.routes.common import ApiDeps, Router, TaskId, visible
 from agentq.control import aliases as control_aliases
@@ -106,13 +106,20 @@ def router(deps: ApiDeps) -> Router:
         description="A task keeps the version it was submitted with (an alias moved since changes nothing for it), "
         "follow-ups included. This moves it: what the version defines (model, system, tools, policies, ...) replaces "
         "the old one's from its next run; its constraints, budget, workspace and conversation stay. Only an answered "
-        "(`succeeded`) or `idle` task moves (409 otherwise); the stream logs `agent.moved`.",
+        "(`succeeded`) or `idle` task moves (409 otherwise); the stream logs `agent.moved`. A key's call: an end "
+        "user's token is answered 403.",
         operation_id="moveTaskAgent",
         tags=["agents"],
-        responses=responses(200, TaskMoved, 400, 404, 409, 413, 415, 422),
+        responses=responses(200, TaskMoved, 400, 403, 404, 409, 413, 415, 422),
     )
     def move(task_id: TaskId, body: Annotated[MoveRequest, Body(description="the version")]) -> TaskMoved:
         visible(deps, task_id)
+        if deps.caller().bound:  # as its submission may not name a version by number (api.user_submission)
+            raise Forbidden(
+                "version: a user's token runs the version its tenant routed it to; moving a task to another "
+                "version is the tenant's (its key's) to do",
+                field="version",
+            )
         previous, agent = move_task(store, deps.tools, task_id, body.version, tenant=tenant())
         return TaskMoved(task_id=task_id, previous=previous, agent=agent)
 
