@@ -173,11 +173,14 @@ class Answers:
         the tenant ``window``'s hold for it), and the call stays in the trace as an orphan, with
         why (``reason``). ``forget_batch``: it is a batch's answer, and the batch's record goes
         in the write that settles it, so no later run reads it again and charges it twice."""
-        self.budgets.settle_orphan(
+        # A batch's answer is one answer whoever reads it: only the run holding its hold's ticket
+        # charges and records it (a paused run whose ticket the next claim adopted charges nothing).
+        settled = self.budgets.settle_orphan(
             s.task_id, s.task.budget_id, settle, inflight_epoch=s.lease.epoch, parent_id=s.task.parent_id,
-            **forgetting(forget_batch),
+            **forgetting(forget_batch), **({"ticketed": True} if forget_batch else {}),
         )  # fmt: skip
-        self.steps.record_orphan(s.lease, s.next_step, step, reason=reason)
+        if settled or not forget_batch:
+            self.steps.record_orphan(s.lease, s.next_step, step, reason=reason)
         if window is not None:
             self.windows.settle(window, settle.used, settle.used_micros)
         s.task = s.task.model_copy(update={"inflight": None, "batch": None})
