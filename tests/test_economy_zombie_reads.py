@@ -13,7 +13,7 @@ On the moto server, as a deployed worker's store."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 
@@ -23,11 +23,19 @@ from agentq.core.models import TaskStatus
 from agentq.core.tools import ToolRegistry
 from agentq.storage.container import Storage
 
+from tests.fake_messages_api import FakeMessagesAPI, point_anthropic_at
 from tests.helpers import wait_for
 from tests.stopped_worker import resume, stopped_at
-from tests.test_economy_ledger import _batches_end, _billed, _task, api  # noqa: F401
+from tests.test_economy_ledger import _answer, _batches_end, _billed, _task
 
 STORAGE = "moto"
+
+
+@pytest.fixture
+def api(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeMessagesAPI]:
+    with FakeMessagesAPI(responder=_answer, batch_seconds=0.3) as server:
+        point_anthropic_at(server, monkeypatch.setenv)
+        yield server
 
 
 def _engine(store: Storage, registry: ToolRegistry, name: str, lease: float) -> Engine:
@@ -35,7 +43,10 @@ def _engine(store: Storage, registry: ToolRegistry, name: str, lease: float) -> 
 
 
 def test_a_timed_out_batch_read_by_a_paused_run_and_by_its_successor_is_charged_once(
-    api: Any, store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    api: FakeMessagesAPI,
+    store: Storage,
+    registry: ToolRegistry,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     task_id = _task(store, timeout_seconds=1)
     assert _engine(store, registry, "w", 30).run(task_id).outcome == "waiting"
@@ -53,7 +64,10 @@ def test_a_timed_out_batch_read_by_a_paused_run_and_by_its_successor_is_charged_
 
 
 def test_an_interrupted_batch_answer_read_by_a_paused_run_and_by_its_successor_is_charged_once(
-    api: Any, store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    api: FakeMessagesAPI,
+    store: Storage,
+    registry: ToolRegistry,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     task_id = _task(store)
     assert _engine(store, registry, "w", 30).run(task_id).outcome == "waiting"
@@ -67,3 +81,28 @@ def test_an_interrupted_batch_answer_read_by_a_paused_run_and_by_its_successor_i
     assert billed > 0 and (budget.used, budget.reserved) == (billed, 0), (budget, billed)
     assert len(store.steps.orphans(task_id)) == 1, store.steps.orphans(task_id)
 
+
+def test_a_batch_whose_read_a_rule_now_denies_is_still_charged_what_the_provider_billed(
+    api: FakeMessagesAPI,
+    store: Storage,
+    registry: ToolRegistry,
+) -> None:
+    """The batch was sent under the rules of its send; a rule added while it ran (or a spend rule
+    the user's day now meets) would deny the call now. The run that reads it sends nothing, so it
+    is not refused: it reads and commits the answer the provider billed, charged exactly that.
+    Refused, the task failed ``policy_denied`` with its hold given back: billed, charged 0."""
+    from agentq.core.policies import check
+
+    task_id = _task(store)
+    assert _engine(store, registry, "w", 30).run(task_id).outcome == "waiting"
+    held = store.tasks.get(task_id).inflight
+    assert held is not None
+    text = '@id("no-sonnet") forbid(principal, action == Action::"model", resource == Model::"claude-sonnet-4-6");'
+    store.policies.put("acme", "tenant", text, check(text).digest)
+    _batches_end(api)
+    store.tasks.transition(task_id, TaskStatus.QUEUED)  # the batch's poll message
+    result = _engine(store, registry, "reader", 30).run(task_id)
+    billed = _billed(api)
+    budget = store.budgets.get(task_id)
+    assert billed > 0 and (budget.used, budget.reserved) == (billed, 0), (result, budget, billed, held)
+    assert result.status is TaskStatus.SUCCEEDED, (result, store.tasks.get(task_id).error)

@@ -61,13 +61,17 @@ class LLMTurn:
         read and charged, not committed (``Answers.cut``), and the task ends."""
         demand = self.requests.wanted_reservation(s)  # the call's input estimate and whole hold
         route = Route()
-        if admitted(s.task.submission):
+        # A run that reads the batch its task waits on sends nothing: the call was admitted and
+        # checked against the rules as it went out, and the provider bills it whatever a rule or
+        # a circuit says now. Refused here, the hold went back and the billed batch was never read.
+        batch = s.task.batch if s.task.batch and int(s.task.batch["step"]) == s.next_step else None
+        if admitted(s.task.submission) and batch is None:
             routed = self.router.admit(s.task, s.steps, demand)
             if isinstance(routed, RunResult):  # deferred: the next call's hold goes back with the lease
                 self.holds.hand_back(s)
                 return routed
             route = routed
-        if self.policy is not None:  # the model the route chose (a fallback's, past an open circuit)
+        if self.policy is not None and batch is None:  # the model the route chose (a fallback's, past an open circuit)
             sub = s.task.submission
             verdict = self.policy.model_verdict(s, route.model(sub), self.holds.estimate(s, demand))
             if verdict.effect != "allow":  # nothing was sent: the task ends, naming the rule
@@ -79,7 +83,6 @@ class LLMTurn:
             return finish_without_step(self.tasks, self.holds, s, TaskStatus.COST_EXCEEDED)
         crash_point("after_reserve")
         held_usd = s.task.inflight.micros if s.task.inflight else 0
-        batch = s.task.batch if s.task.batch and int(s.task.batch["step"]) == s.next_step else None
         kept = batch if batch is not None and RECORDED in batch else None
         if kept is not None:
             # The batch's call has held on the windows since it was sent: its answer settles that.
