@@ -160,3 +160,24 @@ def test_the_store_never_writes_a_fork_that_ends_on_a_turn_asking_for_calls(
             store.tasks.fork(source, TaskSubmission.model_validate(source.submission.model_dump()), steps[:upto],
                              tenant="acme")  # fmt: skip
     assert store.table.items() == before  # type: ignore[attr-defined]
+
+
+def test_a_fork_at_an_answer_cut_off_at_the_output_limit_ends_failed_as_its_source_did(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    """A fork at the model's answer ends as that answer ended its source: one cut off at
+    ``max_tokens`` failed the source (``output_truncated``), so the fork that copies it fails
+    too, with no result; ended ``succeeded``, its dependents and callback took the cut text for
+    an answer. A whole answer still ends the fork ``succeeded`` with it."""
+    cut = store.tasks.create(scripted([{"text": "word " * 400}], max_output_tokens=16), tenant="acme")
+    _run(store, registry, cut.task_id)
+    assert (store.tasks.get(cut.task_id).error or {}).get("code") == "output_truncated"
+    fork = control.fork(store, registry, _Queues(), cut.task_id, at_step=1, tenant="acme")  # type: ignore[arg-type]
+    assert _run(store, registry, fork.task_id) is TaskStatus.FAILED
+    ended = store.tasks.get(fork.task_id)
+    assert ended.error is not None and ended.error["code"] == "output_truncated" and ended.result is None
+    whole = store.tasks.create(scripted([{"text": "a whole answer"}]), tenant="acme")
+    _run(store, registry, whole.task_id)
+    fork = control.fork(store, registry, _Queues(), whole.task_id, at_step=1, tenant="acme")  # type: ignore[arg-type]
+    assert _run(store, registry, fork.task_id) is TaskStatus.SUCCEEDED
+    assert store.tasks.get(fork.task_id).result == "a whole answer"

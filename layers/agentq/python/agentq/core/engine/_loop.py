@@ -276,7 +276,7 @@ class Engine:
                 s.task.submission.output_schema is not None and not s.task.status.terminal
             ):  # already finished: committed with its terminal status
                 if not s.task.status.terminal:  # a fork's copied answer, which no commit of its own ended
-                    return self._end_on_copied_answer(s)
+                    return self._end_on_copied_answer(s, last)
                 return RunResult(s.task_id, "finished", status=s.task.status)
             stop = stop_reason(s, self.config.slice_margin_seconds)
             if stop == "slice":
@@ -297,12 +297,23 @@ class Engine:
             if ended is not None:
                 return ended
 
-    def _end_on_copied_answer(self, s: Session) -> RunResult:
+    def _end_on_copied_answer(self, s: Session, last: LLMStep) -> RunResult:
         """A fork at the model's answer (``control.operations.fork``) starts where its source's run
-        ended, but the commit that ended it was the source's: the fork ends now, ``succeeded`` with
-        that answer (a message sent to it goes on from there, as one sent to its source would).
-        Read as already ended, the fork stayed ``running`` for good, its lease held."""
+        ended, but the commit that ended it was the source's: the fork ends now, as that commit
+        ended its source: ``succeeded`` with that answer (a message sent to it goes on from there,
+        as one sent to its source would), or ``failed`` when the answer was cut off at the output
+        limit (``output_truncated``: its dependents and callback must not take a cut answer for a
+        result). Read as already ended, the fork stayed ``running`` for good, its lease held."""
         self._holds.release(s)
+        if last.stop_reason == "max_tokens":
+            error = {
+                "code": "output_truncated",
+                "message": "the answer this fork starts from was cut off at the output limit: fork at the step "
+                "before it with a higher constraints.max_output_tokens to have it answered again",
+            }
+            self.store.tasks.transition(s.task_id, TaskStatus.FAILED, lease=s.lease, error=error)
+            s.task = s.task.model_copy(update={"status": TaskStatus.FAILED})
+            return RunResult(s.task_id, "finished", status=TaskStatus.FAILED)
         self.store.tasks.transition(s.task_id, TaskStatus.SUCCEEDED, lease=s.lease, result=final_text(s.messages))
         s.task = s.task.model_copy(update={"status": TaskStatus.SUCCEEDED})
         return RunResult(s.task_id, "finished", status=TaskStatus.SUCCEEDED)
