@@ -13,7 +13,10 @@ is answered with a message, ``whoami-task:<pad>`` completes its task with it as 
 ``ask-whoami:<pad>`` asks a question that holds it, ``refuse:<pad>`` is refused with the
 protocol's error that holds it; each after ``<pad>`` (a number: that many dots), so the caller
 chooses where it sits. ``DESK_ENDPOINT`` makes its card name another
-endpoint than itself (a card that points elsewhere).
+endpoint than itself (a card that points elsewhere). ``--tls-cert``/``--tls-key`` serve it over
+https (``--host`` the loopback address it listens on), and ``DESK_HOSTNAME`` answers only a
+request whose ``Host`` is that name (tests/test_a2a_rebinding.py: a client connecting to an
+address keeps the name).
 
     python -m tests.a2a_servers.desk --port 8765
 """
@@ -115,6 +118,10 @@ def build(port: int) -> Any:
 
     app = Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, "/")])
     app.add_middleware(Bearer)
+    if os.environ.get("DESK_HOSTNAME"):
+        from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=[os.environ["DESK_HOSTNAME"]])
     return app
 
 
@@ -123,8 +130,12 @@ def main() -> None:
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--tls-cert")
+    parser.add_argument("--tls-key")
     args = parser.parse_args()
-    uvicorn.run(build(args.port), host="127.0.0.1", port=args.port, log_level="warning")
+    uvicorn.run(build(args.port), host=args.host, port=args.port, log_level="warning",
+                ssl_certfile=args.tls_cert, ssl_keyfile=args.tls_key)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -8,8 +8,11 @@ and so must every endpoint the card describes (``guard``, at each contact: a car
 that host must resolve only to public addresses unless the deployment names it in
 ``AGENTQ_A2A_ALLOW`` (an IP literal there, e.g. ``127.0.0.1:8000``, is the one way to let an
 internal address through, as for ``http_fetch`` and callbacks), and plain http is accepted
-only for such a named host. What the remote answers is model-written text to this task
-(``core.tools.a2a_remote.untrusted``), never instructions.
+only for such a named host. The guard says which addresses it checked (``Checked``), and the
+contact connects to those only (``core.tools.pinned_http``), never resolving the name again: a
+DNS answer that changes between the check and the connection (rebinding) changes nothing. A
+host the deployment names is resolved too, and pinned the same way. What the remote answers is
+model-written text to this task (``core.tools.a2a_remote.untrusted``), never instructions.
 
 Each reference becomes the tool ``a2a__<name>`` (``remote_tool_specs``); its calls are carried
 out by the engine (``core.engine._remote``: sent at most once, waited for without a worker),
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -27,7 +31,16 @@ from pydantic import BaseModel, Field
 from agentq.core.errors import AgentqError, ValidationError
 from agentq.core.models import RemoteAgentRef
 from agentq.core.tools._core import ToolSpec
-from agentq.core.tools.fetch import Deadline, FetchRefused, HostRule, Target, _getaddrinfo, parse_target, refusal
+from agentq.core.tools.fetch import (
+    Deadline,
+    FetchRefused,
+    HostRule,
+    IPAddress,
+    Target,
+    _getaddrinfo,
+    parse_target,
+    refusal,
+)
 from agentq.core.vault import valid_name
 
 ALLOW_VARIABLE = "AGENTQ_A2A_ALLOW"
@@ -48,10 +61,22 @@ def allowed_hosts(env: Mapping[str, str] | None = None) -> list[HostRule]:
     return [HostRule.parse(part) for part in raw.split(",") if part.strip()]
 
 
-def guard(ref: RemoteAgentRef, url: str, *, what: str = "card_url", unresolved_ok: bool = False) -> Target:
-    """The target of ``url`` if ``ref`` may contact it, else ``RemoteRefused`` saying why. A host
-    that does not resolve now passes with ``unresolved_ok`` (a definition: every contact checks
-    again, and refuses an internal answer then)."""
+@dataclass(frozen=True)
+class Checked:
+    """A URL the guard lets a contact reach, and the addresses it checked for its host: the only
+    ones a connection to it may go to (``core.tools.pinned_http.Pins``). Empty only when a
+    definition's host does not resolve yet (``unresolved_ok``): nothing is connected then."""
+
+    target: Target
+    addresses: tuple[IPAddress, ...]
+
+
+def guard(ref: RemoteAgentRef, url: str, *, what: str = "card_url", unresolved_ok: bool = False) -> Checked:
+    """``url``'s target and its checked addresses if ``ref`` may contact it, else ``RemoteRefused``
+    saying why. A host that does not resolve now passes with ``unresolved_ok`` (a definition:
+    every contact checks again, and refuses an internal answer then). A host the deployment
+    names is resolved as well, its answers not refused (the operator's word) but pinned all the
+    same: what the contact connects to is what was resolved here."""
     try:
         target = parse_target(url)
     except FetchRefused as exc:
@@ -64,32 +89,36 @@ def guard(ref: RemoteAgentRef, url: str, *, what: str = "card_url", unresolved_o
         raise RemoteRefused(
             f"{what}: {url!r} is on {target.host}:{target.port}, not on the agent's host {ref.host!r}", field=what
         )
-    if any(r.matches(target.host, target.port) for r in allowed_hosts()):
-        return target
-    if target.scheme != "https":
+    named = any(r.matches(target.host, target.port) for r in allowed_hosts())
+    if not named and target.scheme != "https":
         raise RemoteRefused(
             f"{what}: a remote agent is reached over https:// only (http:// too for a host {ALLOW_VARIABLE} "
             f"names), not {url!r}",
             field=what,
         )
+    literal = HostRule(target.host).literal
+    if named and literal is not None:
+        return Checked(target, (literal,))  # the operator's exact address
     deadline = Deadline(5.0)
     try:
         addresses = _getaddrinfo(target, deadline)
     except (OSError, TimeoutError, FetchRefused) as exc:
         if unresolved_ok:
-            return target
+            return Checked(target, ())
         raise RemoteRefused(f"{what}: {target.host} does not resolve ({exc})", field=what) from None
     finally:
         deadline.cancel()
+    if not addresses and not unresolved_ok:
+        raise RemoteRefused(f"{what}: {target.host} resolves to no address", field=what)
     for address in addresses:
-        why = refusal(address)
+        why = None if named else refusal(address)
         if why is not None:
             raise RemoteRefused(
                 f"{what}: {target.host} resolves to {address}, which is {why}; only a host {ALLOW_VARIABLE} "
                 "names may be internal",
                 field=what,
             )
-    return target
+    return Checked(target, tuple(addresses))
 
 
 def check_remote_agents(refs: list[RemoteAgentRef]) -> None:

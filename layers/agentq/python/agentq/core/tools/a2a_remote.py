@@ -9,6 +9,13 @@ header, so a remote that dedupes (agentq does, by the header) takes a repeated s
 same message. Each URL is guarded before it is contacted (``core.remote_agents.guard``), the
 card's endpoint included, and the credential goes only to the reference's host.
 
+Every connection the client makes (the card, the endpoint, each send and look) goes to an
+address the guard checked for that host in this contact, never to the name resolved again
+(``core.tools.pinned_http``: the transport the ``a2a-sdk`` client is given): a DNS answer that
+turns internal between the check and the connection (rebinding) reaches nothing, credential or
+not. https keeps the name for SNI, the certificate check and ``Host``. No proxy or ``.netrc``
+from the environment, no redirects. Tests: ``tests/test_a2a_rebinding.py``.
+
 What comes back is text another model wrote: ``untrusted`` marks it so before it becomes a
 tool result. It may hold the credential the call sent: what is cut here (the task's text, an
 error's detail) is redacted whole first (``observe.redaction``).
@@ -23,6 +30,7 @@ from typing import Any
 from agentq.core.errors import AgentqError
 from agentq.core.models import RemoteAgentRef
 from agentq.core.remote_agents import RemoteAgentError, RemoteRefused, guard
+from agentq.core.tools.fetch import Target
 from agentq.core.vault import Credential, refused
 from agentq.observe.redaction import redact
 
@@ -120,9 +128,18 @@ class RemoteAgents:
         import anyio
         import httpx
 
+        from agentq.core.tools.pinned_http import PinnedTransport, Pins
+
+        pins = Pins()  # what guard checked, host by host: the only addresses this contact connects to
+
+        def checked(link: str, what: str = "card_url") -> Target:
+            found = guard(ref, link, what=what)
+            pins.pin(found.target.host, found.target.port, found.addresses)
+            return found.target
+
         headers = {}
         if credential is not None:
-            target = guard(ref, ref.card_url)
+            target = checked(ref.card_url)
             if not credential.allows(target.host, target.port):
                 raise refused(credential, target.host, target.port)
             name, value = credential.header()
@@ -135,9 +152,12 @@ class RemoteAgents:
             nonlocal reached
             from a2a.client import A2ACardResolver, ClientConfig, ClientFactory, minimal_agent_card
 
-            async with httpx.AsyncClient(headers=headers, timeout=self.timeout, follow_redirects=False) as http:
+            async with httpx.AsyncClient(
+                headers=headers, timeout=self.timeout, follow_redirects=False, trust_env=False,
+                transport=PinnedTransport(pins),
+            ) as http:  # fmt: skip
                 if url is None:
-                    guard(ref, ref.card_url)
+                    checked(ref.card_url)
                     card = await A2ACardResolver(http, ref.card_url, "").get_agent_card()
                     endpoints = [i.url for i in card.supported_interfaces if i.protocol_binding == "JSONRPC"]
                     if not endpoints:
@@ -146,7 +166,7 @@ class RemoteAgents:
                 else:
                     endpoint = url
                     card = minimal_agent_card(endpoint, ["JSONRPC"])
-                guard(ref, endpoint, what="the card's endpoint")
+                checked(endpoint, what="the card's endpoint")
                 client = ClientFactory(ClientConfig(httpx_client=http, streaming=False)).create(card)
                 reached = True
                 return await work(client, endpoint)  # type: ignore[no-any-return]

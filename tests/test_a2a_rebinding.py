@@ -1,0 +1,312 @@
+"""The A2A client against DNS rebinding: a remote agent's name that resolves to a public address
+when the guard checks it and to 127.0.0.1 when anything resolves it again. Every connection of
+a contact (the card, the endpoint of a send or a look) must go to the address the guard checked,
+never to the name again, so the internal service behind 127.0.0.1 sees no connection and no
+credential (``core.tools.pinned_http``; docs/ARCHITECTURE.md invariant 8).
+
+Real parts: ``RemoteAgents`` with the ``a2a-sdk`` client, the a2a-sdk server of
+tests/a2a_servers/desk.py over https in a process of its own (127.0.0.2), and the internal
+service, a TLS listener on 127.0.0.1 with a certificate for the attacker's name (the worst case:
+a connection that reached it would complete its handshake and hand it the request). The DNS is
+``socket.getaddrinfo`` answering as a rebinding attacker's server does (``Dns``); the outside
+network is ``socket.socket.connect`` refusing the public address (``no_outside_network``)."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import socket
+import socketserver
+import ssl
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from agentq.core.errors import AgentqError
+from agentq.core.models import RemoteAgentRef
+from agentq.core.tools.a2a_remote import RemoteAgents, RemoteUnreachable
+from agentq.core.tools.pinned_http import PinnedTransport, Pins
+from agentq.core.vault import Credential, HostBinding
+
+from tests.helpers import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+NAME = "rebind.test"
+PUBLIC = "93.184.216.34"  # what the attacker's DNS answers the check: a public address
+GUARD_THREAD = "agentq-http-fetch-dns"  # the thread the guard resolves on (core.tools.fetch._getaddrinfo)
+TOKEN = "RBND" + uuid.uuid4().hex
+
+
+@dataclass
+class Certs:
+    ca: Path
+    cert: Path
+    key: Path
+
+
+def _certs(tmp: Path) -> Certs:
+    """A test CA and a certificate it signed for NAME only (no IP): verifying it against an
+    address instead of the name fails."""
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "agentq rebinding test CA")])
+    ca = (
+        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, NAME)]))
+        .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(NAME)]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    out = Certs(tmp / "ca.pem", tmp / "server.pem", tmp / "server.key")
+    out.ca.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    out.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    out.key.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return out
+
+
+class Internal:
+    """The internal service on 127.0.0.1: every connection it accepts, and every request head
+    it read (over TLS, with NAME's certificate, so a client that reached it would talk)."""
+
+    def __init__(self, port: int, certs: Certs) -> None:
+        self.connections: list[Any] = []
+        self.requests: list[str] = []
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(certs.cert, certs.key)
+        internal = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                internal.connections.append(self.client_address)
+                try:
+                    with context.wrap_socket(self.request, server_side=True) as tls:
+                        tls.settimeout(10)
+                        head = b""
+                        while b"\r\n\r\n" not in head and len(head) < 65536:
+                            chunk = tls.recv(4096)
+                            if not chunk:
+                                break
+                            head += chunk
+                        internal.requests.append(head.decode(errors="replace"))
+                        tls.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                except OSError:
+                    pass
+
+        class Server(socketserver.ThreadingTCPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+        self.server = Server(("127.0.0.1", port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def credentials_seen(self) -> list[str]:
+        return [r for r in self.requests if TOKEN in r]
+
+    def clear(self) -> None:
+        self.connections.clear()
+        self.requests.clear()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@dataclass
+class World:
+    port: int  # the same port on 127.0.0.1 (the internal service) and 127.0.0.2 (the desk)
+    certs: Certs
+    internal: Internal
+    ledger: Path
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    tmp = tmp_path_factory.mktemp("rebinding")
+    certs = _certs(tmp)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    internal = Internal(port, certs)
+    ledger = tmp / "received.jsonl"
+    env = {**os.environ, "DESK_TOKEN": TOKEN, "DESK_LEDGER": str(ledger), "PYTHONPATH": str(ROOT),
+           "DESK_ENDPOINT": f"https://{NAME}:{port}/", "DESK_HOSTNAME": NAME}  # fmt: skip
+    desk = subprocess.Popen(
+        [sys.executable, "-m", "tests.a2a_servers.desk", "--host", "127.0.0.2", "--port", str(port),
+         "--tls-cert", str(certs.cert), "--tls-key", str(certs.key)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+    def up() -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.2", port)) == 0
+
+    try:
+        wait_for(up, timeout=30, what="the a2a-sdk desk server over https")
+        yield World(port, certs, internal, ledger)
+    finally:
+        desk.kill()
+        desk.wait()
+        internal.close()
+
+
+@dataclass
+class Dns:
+    """NAME as a rebinding attacker's DNS answers it: the guard's lookups get ``checked``; any
+    other lookup (a connection resolving the name again) gets 127.0.0.1, and is recorded."""
+
+    checked: str
+    at_check: int = 0
+    elsewhere: list[str] = field(default_factory=list)
+
+
+@pytest.fixture
+def dns(monkeypatch: pytest.MonkeyPatch, world: World) -> Dns:
+    monkeypatch.setenv("SSL_CERT_FILE", str(world.certs.ca))  # the test CA is the client's trust store
+    world.internal.clear()
+    answers = Dns(PUBLIC)
+    real = socket.getaddrinfo
+
+    def rebinding(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        name = host.decode() if isinstance(host, bytes) else str(host)  # anyio asks in IDNA bytes
+        if name.rstrip(".").lower() != NAME:
+            return real(host, port, *args, **kwargs)
+        if threading.current_thread().name == GUARD_THREAD:
+            answers.at_check += 1
+            address = answers.checked
+        else:
+            answers.elsewhere.append(threading.current_thread().name)
+            address = "127.0.0.1"
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, int(port or 0)))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    return answers
+
+
+@pytest.fixture
+def no_outside_network(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Connections to the public address are recorded and refused; any other goes through."""
+    tried: list[Any] = []
+    real = socket.socket.connect
+
+    def connect(sock: socket.socket, address: Any) -> None:
+        if isinstance(address, tuple) and address[0] == PUBLIC:
+            tried.append(address)
+            raise ConnectionRefusedError("test: no outside network")
+        real(sock, address)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    return tried
+
+
+def _ref(port: int) -> RemoteAgentRef:
+    return RemoteAgentRef.model_validate({
+        "name": "desk", "card_url": f"https://{NAME}:{port}/.well-known/agent-card.json", "host": f"{NAME}:{port}",
+        "credential": "desk-token",
+    })  # fmt: skip
+
+
+def _credential(port: int) -> Credential:
+    return Credential("desk-token", "bearer", (HostBinding.parse(f"{NAME}:{port}"),), TOKEN)
+
+
+def _failure(contact: Any) -> AgentqError:
+    with pytest.raises(AgentqError) as raised:
+        contact()
+    return raised.value
+
+
+def test_a_card_whose_name_rebinds_to_loopback_after_the_check_is_fetched_from_the_checked_address_only(
+    world: World, dns: Dns, no_outside_network: list[Any]
+) -> None:
+    client, ref, credential = RemoteAgents(timeout=10), _ref(world.port), _credential(world.port)
+    error = _failure(lambda: client.send(ref, "hello", key="k-card", credential=credential))
+    assert world.internal.credentials_seen() == [] and world.internal.connections == []  # nothing at the inside
+    assert dns.at_check >= 1 and dns.elsewhere == []  # checked, never resolved again
+    assert no_outside_network == [(PUBLIC, world.port)]  # the one connection: to the checked address
+    assert isinstance(error, RemoteUnreachable) and "nothing sent" in error.message, error
+
+
+@pytest.mark.parametrize("contact", ["look", "answer"])
+def test_an_endpoint_whose_name_rebinds_to_loopback_after_the_check_is_contacted_at_the_checked_address_only(
+    world: World, dns: Dns, no_outside_network: list[Any], contact: str
+) -> None:
+    """A look at a recorded remote task, and the answer to its question: the endpoint the first
+    contact recorded, checked again and reached at the address checked now."""
+    remote = {"url": f"https://{NAME}:{world.port}/", "task_id": "t-1", "context_id": "c-1"}
+    client, ref, credential = RemoteAgents(timeout=10), _ref(world.port), _credential(world.port)
+    if contact == "look":
+        error = _failure(lambda: client.look(ref, remote, credential))
+    else:
+        error = _failure(lambda: client.send(ref, "blue", key="k-answer", credential=credential, remote=remote))
+    assert world.internal.credentials_seen() == [] and world.internal.connections == []
+    assert dns.at_check >= 1 and dns.elsewhere == []
+    assert no_outside_network == [(PUBLIC, world.port)]
+    assert isinstance(error, RemoteUnreachable) and "nothing sent" in error.message, error
+
+
+def test_a_host_the_deployment_names_is_pinned_too_and_https_keeps_its_name_for_sni_the_certificate_and_host(
+    world: World, dns: Dns, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator names NAME (AGENTQ_A2A_ALLOW): its answer is not refused, but the contact
+    still goes where the check resolved it (the desk, on 127.0.0.2), not where a second lookup
+    would (127.0.0.1). The desk's certificate is NAME's only and it answers only ``Host: NAME``;
+    it refuses a request without the credential: a send and its looks complete through it."""
+    monkeypatch.setenv("AGENTQ_A2A_ALLOW", f"{NAME}:{world.port}")
+    dns.checked = "127.0.0.2"
+    client, ref, credential = RemoteAgents(timeout=10), _ref(world.port), _credential(world.port)
+    sent = client.send(ref, "hello", key="k-" + uuid.uuid4().hex, credential=credential)
+    assert sent.task_id and sent.url == f"https://{NAME}:{world.port}/"
+    world.ledger.with_name(world.ledger.name + ".release").touch()
+    remote = {"url": sent.url, "task_id": sent.task_id, "context_id": sent.context_id}
+
+    def completed() -> Any:
+        view = client.look(ref, remote, credential)
+        return view if view.state == "completed" else None
+
+    ended = wait_for(completed, timeout=30, what="the desk's task to complete", interval=0.2)
+    assert ended.text == "echo: hello"
+    assert world.internal.credentials_seen() == [] and world.internal.connections == []
+    assert dns.at_check >= 2 and dns.elsewhere == []
+
+
+def test_a_connection_to_a_host_port_nothing_checked_is_refused_without_resolving_it(
+    world: World, dns: Dns, no_outside_network: list[Any]
+) -> None:
+    """Fail closed: the transport connects only to what was pinned, host and port."""
+    pins = Pins()
+    pins.pin(NAME, 443, [ipaddress.ip_address(PUBLIC)])  # another port of the same name
+
+    async def get(url: str) -> None:
+        async with httpx.AsyncClient(transport=PinnedTransport(pins), trust_env=False) as http:
+            await http.get(url)
+
+    for url in (f"https://{NAME}:{world.port}/", f"http://127.0.0.1:{world.port}/"):
+        with pytest.raises(httpx.ConnectError, match="no address of it was checked"):
+            anyio.run(get, url)
+    assert world.internal.connections == []
+    assert dns.at_check == 0 and dns.elsewhere == []
+    assert no_outside_network == []
