@@ -1,12 +1,14 @@
 """JSON a request body may not hold, refused before powertools parses it.
 
 Why here and not in the models: powertools parses the body with ``json.loads`` before any
-model sees it, and three kinds of valid-looking JSON break outside pydantic's reach, each
+model sees it, and four kinds of valid-looking JSON break outside pydantic's reach, each
 once a 500: nesting deep enough to exhaust the parser's recursion (``RecursionError``), an
-integer longer than Python's 4,300-digit conversion limit (``ValueError`` from ``int``), and
-a lone UTF-16 surrogate (``"\\ud800"``), which ``json`` accepts but no UTF-8 encoder will
-write, so it fails later, when the task is stored. Each is a 400 naming where it is, and
-nothing is written.
+integer longer than Python's 4,300-digit conversion limit (``ValueError`` from ``int``), a
+lone UTF-16 surrogate (``"\\ud800"``), which ``json`` accepts but no UTF-8 encoder will
+write, so it fails later, when the task is stored, and ``NaN``, ``Infinity`` or a number past a
+float's range (``1e400``), which ``json`` accepts but pydantic stores as ``null``: the item read
+back is not the one validated, and each read of it (a tenant's whole listing) failed. Each is
+a 400 naming where it is, and nothing is written.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +33,19 @@ class _HugeInt:
 
 def _parse_int(text: str) -> int | _HugeInt:
     return int(text) if len(text.lstrip("-")) <= MAX_INT_DIGITS else _HugeInt(text)
+
+
+class _NotFinite:
+    """NaN, Infinity, -Infinity or a literal too large for a float: not JSON numbers (RFC 8259),
+    and stored as null by pydantic, so a value that validated would be read back changed."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _parse_float(text: str) -> float | _NotFinite:
+    value = float(text)
+    return value if math.isfinite(value) else _NotFinite(text)
 
 
 class BodyProblem(Exception):
@@ -50,7 +66,7 @@ def check_body(event: Mapping[str, Any]) -> None:
         except (binascii.Error, UnicodeDecodeError) as exc:
             raise BodyProblem(f"body is not UTF-8 text: {exc}", "body") from exc
     try:
-        value = json.loads(raw, parse_int=_parse_int)
+        value = json.loads(raw, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_NotFinite)
     except RecursionError as exc:
         raise BodyProblem(f"body nests deeper than {MAX_DEPTH} levels", "body") from exc
     except ValueError:  # not JSON at all: the resolver's own answer (400 invalid_json) names it
@@ -67,6 +83,8 @@ def _walk(root: Any) -> None:
             raise BodyProblem(f"body nests deeper than {MAX_DEPTH} levels", path or "body")
         if isinstance(value, _HugeInt):
             raise BodyProblem(f"{path or 'body'}: an integer of {value.digits} digits", path or "body")
+        if isinstance(value, _NotFinite):
+            raise BodyProblem(f"{path or 'body'}: {value.text} is not a JSON number", path or "body")
         if isinstance(value, str):
             _text(value, path)
         elif isinstance(value, dict):
