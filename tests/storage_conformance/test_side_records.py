@@ -7,11 +7,14 @@ from typing import Any
 
 import pytest
 
+from agentq.core.endusers import NotTheApprover
 from agentq.core.errors import BudgetExceeded, IllegalTransition, LeaseLost, TaskNotFound
 from agentq.core.fanout import ChildPlan
 from agentq.core.models import TaskStatus, ToolOutcome
 from agentq.core.tenancy import TenantCapReached, TenantLimits
+from agentq.storage import keys
 from agentq.storage.container import Storage
+from agentq.storage.table import Update
 
 from tests.helpers import scripted
 from tests.storage_conformance._builders import claimed, llm_step, new_task
@@ -67,6 +70,33 @@ def test_an_approval_pauses_the_task_and_is_decided_once(backend: Storage) -> No
     with pytest.raises(IllegalTransition):
         backend.approvals.decide(lease.task_id, "tu1", approved=True, note="", by="bob")
     assert backend.approvals.pending(lease.task_id) is None
+
+
+def test_a_tokens_decision_of_an_approval_only_the_tenant_decides_writes_nothing(backend: Storage) -> None:
+    """The write itself is conditioned on who may decide (not only the control plane's check
+    before it): a decision by an end user's token of a ``tenant`` approval is ``NotTheApprover``
+    and leaves it pending and the task paused; a ``user`` one, and a record from before
+    approvers (none stored), its token decides."""
+    lease = claimed(backend)
+    backend.approvals.request(lease, "tu1", "refund 500?", approver="tenant")
+    with pytest.raises(NotTheApprover):
+        backend.approvals.decide(lease.task_id, "tu1", approved=True, note="mine", by="t", by_user="mallory")
+    pending = backend.approvals.pending(lease.task_id)
+    assert pending is not None and pending.approver == "tenant" and pending.decided_by is None
+    assert backend.tasks.get(lease.task_id).status is TaskStatus.PAUSED
+    backend.approvals.decide(lease.task_id, "tu1", approved=True, note="ops", by="t")  # the tenant's key
+    assert backend.tasks.get(lease.task_id).status is TaskStatus.QUEUED
+    for approver in ("user", None):
+        mine = claimed(backend)
+        backend.approvals.request(mine, "tu2", "send it?", approver="user")
+        if approver is None:  # as a record asked before approvers existed was stored
+            key = keys.item_key(mine.task_id, f"{keys.APPROVAL}tu2")
+            backend.approvals.table.update(key, Update(remove=["approver"]))
+            legacy = backend.approvals.pending(mine.task_id)
+            assert legacy is not None and legacy.approver == "user"  # who could decide it when it was asked
+        backend.approvals.decide(mine.task_id, "tu2", approved=True, note="", by="t", by_user="mallory")
+        decided = backend.approvals.get(mine.task_id, "tu2")
+        assert decided is not None and decided.state == "approved" and decided.decided_by_user == "mallory"
 
 
 def _plans(store: Storage, n: int, share: int) -> list[ChildPlan]:

@@ -68,7 +68,8 @@ def _data(value: Any) -> Any:
 
 def status_message(task: Task, pending: ApprovalRecord | None) -> Any | None:
     """What the agent asks or says with its state: the approval's question (and how to answer
-    it), the credential it waits for, the reason it was interrupted or failed."""
+    it, and who may: ``approver``), the credential it waits for, the reason it was interrupted
+    or failed."""
     if task.status is TaskStatus.PAUSED and pending is not None:
         if pending.credential:
             name, host = pending.credential.get("name", ""), pending.credential.get("host", "")
@@ -78,7 +79,10 @@ def status_message(task: Task, pending: ApprovalRecord | None) -> Any | None:
         else:
             ask = (f"{pending.question}\n\nReply 'approve' (a note may follow); anything else rejects the request, "
                    "your message its note.")  # fmt: skip
-            what = {"kind": "approval", "toolUseId": pending.use_id, "question": pending.question}
+            if pending.approver == "tenant":
+                ask += " Only the tenant decides this one (a reply with its API key): an end user's token may not."
+            what = {"kind": "approval", "toolUseId": pending.use_id, "question": pending.question,
+                    "approver": pending.approver}  # fmt: skip
         return agent_message(task, [_text(ask), _data({"agentq": what})])
     if task.status is TaskStatus.IDLE:
         return agent_message(task, [_text("Interrupted: send a message to go on.")])

@@ -6,7 +6,8 @@ wrote (``constraints.tools[0]``), not pydantic's location tags.
 - 400 the request cannot be read: ``invalid_json``, ``invalid_cursor``, ``invalid_path`` (a path
   segment whose escapes are not UTF-8)
 - 401 ``unauthorized``: no tenant (no valid ``Authorization: Bearer <key>``)
-- 403 ``forbidden``: the key is valid but not allowed this (an operator's route, a tenant's key)
+- 403 ``forbidden``: the key is valid but not allowed this (an operator's route, a tenant's key);
+  ``not_the_approver``: an end user's token deciding a held call only its tenant decides
 - 404 ``task_not_found`` (another tenant's task too: no oracle), ``route_not_found``;
   405 ``method_not_allowed`` (with ``Allow``)
 - 409 ``illegal_transition`` (the task's state forbids it), ``idempotency_conflict``,
@@ -42,7 +43,7 @@ from agentq.api import views as api_views
 from agentq.api.models import MAX_BODY_BYTES, ErrorResponse
 from agentq.api.routes.common import Router
 from agentq.core.caps import CapNotFound
-from agentq.core.endusers import UserNotAllowed
+from agentq.core.endusers import NotTheApprover, UserNotAllowed
 from agentq.core.errors import (
     AgentqError,
     IdempotencyConflict,
@@ -222,7 +223,7 @@ def handlers() -> Router:
     def on_vault_unavailable(exc: VaultUnavailable) -> Response[Any]:
         return error_response(503, exc.code, exc.message, exc.field)
 
-    @router.exception_handler([Forbidden, UserNotAllowed, ScopeNotYours])
+    @router.exception_handler([Forbidden, UserNotAllowed, ScopeNotYours, NotTheApprover])
     def on_forbidden(exc: AgentqError) -> Response[Any]:
         return error_response(403, exc.code, exc.message, exc.field)
 

@@ -238,7 +238,7 @@ def add_task_methods(server: Any, deps: McpDeps) -> None:
         task = owned(caller, task_id)
         pending = deps.store.approvals.pending(task_id) if task.status is TaskStatus.PAUSED else None
         result = tool_result(_outcome(deps, task)).model_dump(by_alias=True, mode="json", exclude_none=True)
-        return mcp_tasks.detailed(task, pending, result)
+        return mcp_tasks.detailed(task, pending, result, user=caller.user)
 
     async def get_task(ctx: Any, params: Any) -> Any:
         mcp_tasks.require_tasks(ctx.meta, ctx.protocol_version)
@@ -363,6 +363,8 @@ def _paused(deps: McpDeps, task: Task) -> str:
                 f"approve: {pending.question}")  # fmt: skip
     else:
         what = f"paused, waiting for a person's approval of a tool call: {pending.question}"
+    if pending is not None and pending.approver == "tenant":
+        what += " (only the tenant decides this one, with an API key: an end user's token may not)"
     return (
         f"{what}. It does not go on until a person of your organisation approves or rejects it (agentq approve "
         f"{task.task_id} / agentq reject {task.task_id}, the console's approval button, or POST "

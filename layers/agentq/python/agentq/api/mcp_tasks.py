@@ -13,6 +13,9 @@ state is read from the store at each request and mapped (``detailed``):
 - queued, blocked, running, waiting: ``working``;
 - paused for an approval (a vault credential's too): ``input_required``, its ``inputRequests``
   one form elicitation keyed ``approval-<tool use id>`` (``approved``, ``note``), the decision;
+  to an end user's token, an approval only the tenant decides is no input it can give: the task
+  is ``working`` ("waiting for the tenant's approval"), and an answer to it is ``-32602`` naming
+  why, nothing decided;
 - idle (interrupted): ``input_required``, a form elicitation keyed ``message-<n>`` (``text``),
   the message it takes to go on;
 - succeeded: ``completed``, ``result`` the ``CallToolResult`` the blocking call answers;
@@ -42,6 +45,7 @@ from typing import Any
 from pydantic import Field
 
 from agentq.api.models import MAX_NOTE_CHARS
+from agentq.core.endusers import NotTheApprover
 from agentq.core.errors import IllegalTransition
 from agentq.core.models import MAX_MESSAGE_CHARS, Task, TaskStatus
 from agentq.core.records import ApprovalRecord
@@ -133,9 +137,12 @@ def handle(task: Task) -> dict[str, Any]:
     return {"resultType": "task", **_base(task, "working", f"agentq task {task.status.value}")}
 
 
-def input_requests(task: Task, pending: ApprovalRecord | None) -> dict[str, Any]:
+def input_requests(task: Task, pending: ApprovalRecord | None, user: str | None = None) -> dict[str, Any]:
     """What a paused or interrupted task asks, as the extension's ``inputRequests`` (form
-    elicitations, keyed so that a key is never reused in the task's life)."""
+    elicitations, keyed so that a key is never reused in the task's life). ``user``: the
+    caller's end user (a token's): an approval only the tenant decides asks it nothing."""
+    if task.status is TaskStatus.PAUSED and pending is not None and not pending.may_decide(user):
+        return {}
     if task.status is TaskStatus.PAUSED and pending is not None:
         ask = pending.question
         if pending.credential:
@@ -162,11 +169,17 @@ def input_requests(task: Task, pending: ApprovalRecord | None) -> dict[str, Any]
     return {}
 
 
-def detailed(task: Task, pending: ApprovalRecord | None, result: dict[str, Any]) -> dict[str, Any]:
+def detailed(
+    task: Task, pending: ApprovalRecord | None, result: dict[str, Any], user: str | None = None
+) -> dict[str, Any]:
     """The extension's ``DetailedTask`` of an agentq task (``tasks/get``'s answer); ``result``:
-    the ``CallToolResult`` of the task as it is (read only once it ended)."""
+    the ``CallToolResult`` of the task as it is (read only once it ended). ``user``: the
+    caller's end user (a token's), to whom an approval only the tenant decides is no input it
+    can give: the task is ``working``, waiting for the tenant."""
     if task.status in _WORKING or (task.status is TaskStatus.PAUSED and pending is None):
         return _base(task, "working", f"agentq task {task.status.value}")
+    if task.status is TaskStatus.PAUSED and pending is not None and not pending.may_decide(user):
+        return _base(task, "working", f"waiting for the tenant's approval (its API key decides): {pending.question}")
     if task.status in (TaskStatus.PAUSED, TaskStatus.IDLE):
         asked = input_requests(task, pending)
         what = "waiting for approval" if task.status is TaskStatus.PAUSED else "interrupted, waiting for a message"
@@ -189,7 +202,9 @@ def answer(deps: Any, caller: Any, task: Task, responses: dict[str, dict[str, An
     from agentq.control.conversations import send_message
 
     pending = deps.store.approvals.pending(task.task_id) if task.status is TaskStatus.PAUSED else None
-    for key in input_requests(task, pending):
+    if pending is not None and f"approval-{pending.use_id}" in responses and not pending.may_decide(caller.user):
+        raise invalid(NotTheApprover(task.task_id, pending.use_id, caller.user).message)  # refused, not ignored
+    for key in input_requests(task, pending, caller.user):
         response = responses.get(key)
         if not isinstance(response, dict):
             continue
@@ -212,6 +227,8 @@ def answer(deps: Any, caller: Any, task: Task, responses: dict[str, dict[str, An
                              idempotency_key=message_key(task.task_id, key))  # fmt: skip
         except IllegalTransition:
             continue  # decided or resumed meanwhile: no longer outstanding
+        except NotTheApprover as exc:  # another approval, the tenant's, asked meanwhile
+            raise invalid(exc.message) from None
 
 
 def cancel(deps: Any, task: Task) -> None:

@@ -59,8 +59,12 @@ def children_summary(store: Storage, task: Task) -> ChildrenSummary:
     return ChildrenSummary(total=len(ids), by_status=dict(sorted(counts.items())), task_ids=ids[:100])
 
 
-def activity(store: Storage, task: Task, children: ChildrenSummary, question: str | None) -> str | None:
-    """What the task is doing now, in words a person watching it wants."""
+def activity(
+    store: Storage, task: Task, children: ChildrenSummary, question: str | None, approver: str | None = None
+) -> str | None:
+    """What the task is doing now, in words a person watching it wants: a task of an end user
+    waiting on an ask only its tenant decides says so, so a user's app shows "waiting for the
+    operator" rather than a button its token cannot press."""
     status = task.status
     if status is TaskStatus.BLOCKED:
         deps = store.tasks.get_many(task.submission.depends_on)
@@ -77,7 +81,8 @@ def activity(store: Storage, task: Task, children: ChildrenSummary, question: st
             return f"queued to resume after step {task.step}"
         return f"queued ({task.submission.priority} priority), waiting for a worker"
     if status is TaskStatus.PAUSED:
-        return f"waiting for approval: {question}" if question else "paused"
+        who = " by the tenant (its API key decides, not the user's token)" if approver == "tenant" and task.user else ""
+        return f"waiting for approval{who}: {question}" if question else "paused"
     if status is TaskStatus.IDLE:
         return "interrupted: waiting for your next message (POST /tasks/{id}/messages)"
     if status is TaskStatus.WAITING and task.batch:
@@ -148,11 +153,11 @@ def task_view(store: Storage, task: Task) -> TaskView:
     except TaskNotFound:
         budget = None
     children = children_summary(store, task)
-    question = None
+    question = approver = None
     pending_calls: list[PendingCall] = []
     if task.status is TaskStatus.PAUSED:
         pending = store.approvals.pending(task.task_id)
-        question = pending.question if pending else None
+        question, approver = (pending.question, pending.approver) if pending else (None, None)
         pending_calls = _pending_calls(store, task)
     end = task.finished_at
     sub = task.submission
@@ -182,13 +187,14 @@ def task_view(store: Storage, task: Task) -> TaskView:
         result=task.result,
         error=task.error,
         grade=grade_view(task.grade),
-        activity=activity(store, task, children, question),
+        activity=activity(store, task, children, question, approver),
         retry=retry_view(task.retrying),
         lapsed_holds=[
             LapsedHoldView(tokens=hold.amount, usd=usd_text(hold.micros), step=hold.step, epoch=epoch, until=hold.until)
             for epoch, hold in sorted(task.lapsed_holds.items())
         ],
         pending_approval=question,
+        pending_approver=approver,
         pending_calls=pending_calls,
         parent_id=task.parent_id,
         root_id=task.root_id,

@@ -196,7 +196,10 @@ def _side_events(store: Storage, task: Task) -> list[tuple[Key, Any]]:
             (
                 (asked, 0, 0, 10_000 + i),
                 TransitionEvent(
-                    at=asked, event="approval_requested", status=TaskStatus.PAUSED, detail={"question": a.question}
+                    at=asked,
+                    event="approval_requested",
+                    status=TaskStatus.PAUSED,
+                    detail={"question": a.question, "approver": a.approver},
                 ),
             )
         )

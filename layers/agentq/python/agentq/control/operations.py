@@ -13,6 +13,7 @@ from decimal import Decimal
 from typing import Any
 
 from agentq.control.validation import check_submission, parse_submission
+from agentq.core.endusers import NotTheApprover
 from agentq.core.engine import count_as_spent, count_batch_hold_as_spent
 from agentq.core.engine.conversation import conversation, final_text
 from agentq.core.errors import IllegalTransition, TaskNotFound, ValidationError
@@ -209,13 +210,18 @@ def decide(
     by_user: str | None = None,
 ) -> Task:
     """Approve or reject the task's pending request; the task resumes with the decision.
-    ``by``: who decided (a caller's tenant); ``by_user``: the end user, when a token decided."""
+    ``by``: who decided (a caller's tenant); ``by_user``: the end user, when a token decided.
+    A token may decide only an ask its user may (the pending record's ``approver``, fixed when
+    it was asked, so no rule is evaluated again here): else ``NotTheApprover`` (403), nothing
+    changed, the task still paused."""
     task = owned_task(store, task_id, tenant)
     if task.status is not TaskStatus.PAUSED:
         raise IllegalTransition(f"task {task_id} is {task.status.value}, not waiting for approval", field="task_id")
     pending = store.approvals.pending(task_id)
     if pending is None:
         raise IllegalTransition(f"task {task_id} has no pending approval", field="task_id")
+    if by_user is not None and not pending.may_decide(by_user):
+        raise NotTheApprover(task_id, pending.use_id, by_user)
     store.approvals.decide(task_id, pending.use_id, approved=approved, note=note, by=by, by_user=by_user)
     queues.send(task_id, task.submission.priority, tenant=task.tenant)
     return store.tasks.get(task_id)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 from agentq.core.errors import AgentqError
 
@@ -35,6 +36,29 @@ class UserNotAllowed(AgentqError):
     """A caller naming a user it may not act for (403, naming ``user``)."""
 
     code = "user_not_allowed"
+
+
+# Who may decide a held call (an approval): ``tenant``, only the tenant's API keys (its operator:
+# the console, the CLI with a key, its backend); ``user``, the task's own end user's token too.
+Approver = Literal["tenant", "user"]
+APPROVERS: tuple[Approver, ...] = ("tenant", "user")
+
+
+class NotTheApprover(AgentqError):
+    """An end user's token deciding a held call only its tenant decides (403; nothing changes).
+    Such an ask (a policy rule's, by default; an ``ask_tenant`` tool's; a cap's soft threshold)
+    is the operator's check on what the user's task does: the user it is for would approve it
+    for themself, so they may neither approve nor reject it."""
+
+    code = "not_the_approver"
+
+    def __init__(self, task_id: str, use_id: str, user: str) -> None:
+        super().__init__(
+            f"task {task_id}: the call it holds ({use_id}) is its tenant's to decide (approver: tenant); the token of "
+            f"end user {user!r} may not approve or reject it: an API key of the tenant may (POST /tasks/{task_id}/"
+            "approve or /reject, agentq approve|reject, the console). Nothing was changed",
+            field="task_id",
+        )
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from agentq.core.caps import Scope, ScopeCap
+from agentq.core.endusers import Approver
 from agentq.core.fanout import ChildPlan
 from agentq.core.flow import Admission
 from agentq.core.memory import Author, MemoryDocument, MemorySearchHit
@@ -182,7 +183,13 @@ class ApprovalBook(Protocol):
     def get(self, task_id: str, use_id: str) -> ApprovalRecord | None: ...
 
     def request(
-        self, lease: Lease, use_id: str, question: str, *, credential: dict[str, str] | None = None
+        self,
+        lease: Lease,
+        use_id: str,
+        question: str,
+        *,
+        credential: dict[str, str] | None = None,
+        approver: Approver = "user",
     ) -> None: ...
 
     def decide(

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Literal
 
+from agentq.core.endusers import Approver
 from agentq.core.fanout import ChildPlan
 from agentq.core.models import CompactStep, LLMStep, ToolOutcome
 from agentq.core.pricing import micros
@@ -144,6 +145,14 @@ class ApprovalRecord:
     decided_at: float | None = None
     credential: dict[str, str] | None = None  # request_credential: {"name", "host"} it waits for
     decided_by_user: str | None = None  # the end user whose token decided (None: an API key, agentq)
+    # Who may decide it, fixed when it was asked (``core.endusers.Approver``). A record asked
+    # before approvers existed has none stored: ``user``, who could decide it when it was asked.
+    approver: Approver = "user"
+
+    def may_decide(self, by_user: str | None) -> bool:
+        """Whether a decision made by ``by_user``'s token (None: a tenant's API key, or agentq
+        itself: a timeout, the vault) may decide it: a token only an ask its user may decide."""
+        return by_user is None or self.approver == "user"
 
     @property
     def decider(self) -> str:

@@ -1,13 +1,18 @@
 """Human approvals (``APPROVAL#tool_use_id``): a pending record and the pause of the task are
 one fenced transaction, and a decision and the task's requeue are another, refused unless the
-approval is still pending, so a decision is taken exactly once."""
+approval is still pending, so a decision is taken exactly once.
+
+A record keeps who may decide it (``approver``, fixed when it is asked): a decision by an end
+user's token is conditioned on it too, so no path to ``decide`` lets a token decide an ask only
+the tenant decides, whatever its caller checked."""
 
 from __future__ import annotations
 
 import time
 
-from boto3.dynamodb.conditions import Attr
+from boto3.dynamodb.conditions import Attr, ConditionBase
 
+from agentq.core.endusers import Approver, NotTheApprover
 from agentq.core.errors import IllegalTransition
 from agentq.core.models import Lease, TaskStatus
 from agentq.core.records import ApprovalRecord
@@ -30,6 +35,7 @@ def _record(raw: Item) -> ApprovalRecord:
         decided_at=d.get("decided_at"),
         credential=d.get("credential"),
         decided_by_user=d.get("decided_by_user"),
+        approver=d.get("approver", "user"),
     )
 
 
@@ -38,20 +44,30 @@ class Approvals:
         self.table = table
         self.tasks = tasks
 
-    def request(self, lease: Lease, use_id: str, question: str, *, credential: dict[str, str] | None = None) -> None:
+    def request(
+        self,
+        lease: Lease,
+        use_id: str,
+        question: str,
+        *,
+        credential: dict[str, str] | None = None,
+        approver: Approver = "user",
+    ) -> None:
         """Record a pending approval and pause the task, in one fenced transaction.
         ``credential`` (``{"name", "host"}``): the pause waits for the user to add that
-        credential (``request_credential``), and its record and event name it."""
+        credential (``request_credential``), and its record and event name it. ``approver``:
+        who may decide it (``tenant``: its API keys only), on the record and its event."""
         record = {
             **keys.item_key(lease.task_id, f"{keys.APPROVAL}{use_id}"),
             "state": "pending",
             "question": question,
             "asked_at": time.time(),
+            "approver": approver,
             **({"credential": credential} if credential else {}),
         }
         paused = NewEvent("task.status", {"status": TaskStatus.PAUSED.value, "approval": use_id})
         asked = NewEvent("approval.requested", {"tool_use_id": use_id, "question": question[:EVENT_TEXT_CHARS],
-                                               "status": TaskStatus.PAUSED.value,
+                                               "status": TaskStatus.PAUSED.value, "approver": approver,
                                                **({"credential": credential} if credential else {})})  # fmt: skip
         try:
             logged_transact(
@@ -80,11 +96,16 @@ class Approvals:
     def decide(
         self, task_id: str, use_id: str, *, approved: bool, note: str, by: str, by_user: str | None = None
     ) -> None:
-        """Record the decision and requeue the paused task, atomically; refused unless pending.
-        ``by``: the tenant (or agentq: ``timeout``, ``vault``); ``by_user``: the end user whose
-        token decided, recorded on the approval and its event beside the tenant."""
+        """Record the decision and requeue the paused task, atomically; refused unless pending
+        (``IllegalTransition``) and, for a token's, unless its user may decide it
+        (``NotTheApprover``). ``by``: the tenant (or agentq: ``timeout``, ``vault``);
+        ``by_user``: the end user whose token decided, recorded on the approval and its event
+        beside the tenant."""
         now = time.time()
         user = {"decided_by_user": by_user} if by_user is not None else {}
+        pending: ConditionBase = Attr("state").eq("pending")
+        if by_user is not None:  # a record without an approver was asked when any user could decide
+            pending = pending & (Attr("approver").not_exists() | Attr("approver").eq("user"))
         decision = Patch(
             "approval",
             keys.item_key(task_id, f"{keys.APPROVAL}{use_id}"),
@@ -97,7 +118,7 @@ class Approvals:
                     **user,
                 }
             ),
-            Attr("state").eq("pending"),
+            pending,
         )
         requeue = Patch(
             "meta",
@@ -113,4 +134,7 @@ class Approvals:
         try:
             logged_transact(self.table, task_id, [decision, requeue], decided)
         except TransactionCancelled as exc:
+            record = self.get(task_id, use_id) if by_user is not None and "approval" in exc.failed else None
+            if record is not None and record.state == "pending" and not record.may_decide(by_user):
+                raise NotTheApprover(task_id, use_id, str(by_user)) from exc
             raise IllegalTransition(f"task {task_id} has no pending approval to decide", field="task_id") from exc

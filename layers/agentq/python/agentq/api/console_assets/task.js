@@ -255,6 +255,9 @@ function drawActions(el, v, env) {
     parts.push(h("div", { class: "approval" },
       h("h3", {}, "Waiting for approval"),
       h("p", {}, v.pending_approval || ""),
+      v.pending_approver === "tenant" && v.user
+        ? h("p", { class: "small", id: "approver" }, `Only the tenant decides this one (an API key: this console, the CLI); ${v.user}'s token may not.`)
+        : null,
       h("p", { class: "small muted" }, "The turn's tool calls, exactly as the model asked; none runs before the decision:"),
       v.pending_calls.map((c) => h("div", { class: "call" }, h("code", {}, c.name), json(c.input))),
       h("label", { for: "decision-note" }, "Note for the agent"), note,

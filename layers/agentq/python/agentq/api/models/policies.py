@@ -18,7 +18,8 @@ class PolicyPut(StrictModel):
     policies: str = Field(
         max_length=MAX_POLICY_CHARS,
         description="the scope's whole rule set, in Cedar: forbid policies, each with @id, and optionally @message, "
-        '@effect("deny"|"ask") and @mode("enforce"|"log_only"). An empty text removes every rule (a version too)',
+        '@effect("deny"|"ask"), @approver("tenant"|"user") (an ask\'s) and @mode("enforce"|"log_only"). An empty '
+        "text removes every rule (a version too)",
     )
 
 
@@ -28,6 +29,11 @@ class PolicyRuleView(ApiModel):
     mode: Literal["enforce", "log_only"] = Field(description="log_only: decides nothing, what it would is counted")
     message: str
     description: str = ""
+    approver: Literal["tenant", "user"] | None = Field(
+        None,
+        description="an ask's @approver: who may decide the held call, tenant (only the tenant's API keys; the "
+        "default) or user (the task's end user's token too); null for a deny rule",
+    )
 
 
 class PolicyView(ApiModel):
@@ -37,7 +43,7 @@ class PolicyView(ApiModel):
     rules: list[PolicyRuleView] = Field(
         default_factory=list,
         description="each rule of the text as the engine reads it (its @id, @effect, @mode, @message, @description, "
-        "defaults filled in), in order",
+        "an ask's @approver, defaults filled in), in order",
     )
     digest: str
     created_at: float
@@ -116,6 +122,9 @@ class PolicyDecision(ApiModel):
     version: int | None = None
     effect: str | None = None
     message: str | None = None
+    approver: Literal["tenant", "user"] | None = Field(
+        None, description="an ask: who may decide the held call (the rule's @approver)"
+    )
     error: str | None = None
     log_only: list[dict[str, Any]] = Field(default_factory=list)
 

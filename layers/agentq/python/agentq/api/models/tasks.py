@@ -271,6 +271,12 @@ class TaskView(ApiModel):
         description="reservations kept for calls of workers that lost the lease (part of budget.reserved)",
     )
     pending_approval: str | None = Field(description="the question a paused task waits on")
+    pending_approver: Literal["tenant", "user"] | None = Field(
+        default=None,
+        description="who may decide it: tenant (only the tenant's API keys, its operator; an end user's token is 403 "
+        "not_the_approver: a policy rule's ask by default) or user (the task's end user's token too); null when "
+        "nothing is pending",
+    )
     pending_calls: list[PendingCall] = Field(
         default_factory=list,
         description="while paused for approval: the turn's tool calls (request_approval and any requested "

@@ -76,8 +76,16 @@ def router(deps: ApiDeps) -> Router:
 
         return decision_route
 
-    action(routes, "approve", "Approve a paused task's request", "approveTask")(decide(True))
-    action(routes, "reject", "Reject a paused task's request", "rejectTask")(decide(False))
+    who = (
+        "An end user's token decides only a held call its user may (`approver: user`); one only the tenant decides "
+        "(`approver: tenant`: a policy rule's ask by default) is 403 `not_the_approver`, nothing changed."
+    )
+    action(routes, "approve", "Approve a paused task's request", "approveTask", description=who, errors=(403,))(
+        decide(True)
+    )
+    action(routes, "reject", "Reject a paused task's request", "rejectTask", description=who, errors=(403,))(
+        decide(False)
+    )
 
     @action(
         routes,

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from agentq.core.approval import APPROVAL_TOOL, credential_outcome, credential_question, decision_outcome
+from agentq.core.endusers import Approver
 from agentq.core.engine._credentials import TaskCredentials
 from agentq.core.engine._operation import RecordedOperation, Settled
 from agentq.core.engine._session import Session
@@ -28,8 +29,10 @@ from agentq.core.vault import REQUEST_CREDENTIAL_TOOL, valid_name
 class Decision(RecordedOperation[ApprovalRecord, "ApprovalRecord | RunResult"]):
     """The stored decision on one call, or ask for it (fenced) and park the task in ``paused``."""
 
-    def __init__(self, approvals: ApprovalBook, s: Session, use: dict[str, Any], question: str) -> None:
-        self.approvals, self.s, self.use, self.question = approvals, s, use, question
+    def __init__(
+        self, approvals: ApprovalBook, s: Session, use: dict[str, Any], question: str, approver: Approver = "user"
+    ) -> None:
+        self.approvals, self.s, self.use, self.question, self.approver = approvals, s, use, question, approver
         self._asked: ApprovalRecord | None = None  # asked before, not decided yet (a resumed worker)
 
     def check(self) -> ApprovalRecord | None:
@@ -40,7 +43,7 @@ class Decision(RecordedOperation[ApprovalRecord, "ApprovalRecord | RunResult"]):
         return None
 
     def create(self) -> None:
-        self.approvals.request(self.s.lease, self.use["id"], self.question)
+        self.approvals.request(self.s.lease, self.use["id"], self.question, approver=self.approver)
 
     def check_again(self) -> ApprovalRecord | None:
         return None  # just asked: nobody has decided yet
@@ -120,6 +123,12 @@ def decisions(
     waits for its own decision (one at a time, in the turn's order), as does a call a policy
     rule answers ``ask`` for (``s.verdicts``; the question names the rule); rejected, it gets
     the denial as its result and never runs.
+
+    Who may decide (``approver``, kept on the pending record): the model's own
+    ``request_approval`` and ``request_credential`` ask whoever acts on the task, its end
+    user's token too (``user``), and a tool's ``ask`` too; a rule's ask whom its ``@approver``
+    names (``tenant`` unless it says ``user``). A call both hold is decided once, by the
+    narrower: the tenant if either says so.
     """
     policies = s.task.submission.constraints.tool_policies
     decided: dict[str, ToolOutcome] = {}
@@ -156,13 +165,16 @@ def decisions(
         verdict = s.verdicts.get(use["id"])
         if verdict is not None and verdict.effect == "deny":
             continue  # a rule denies it: it will not run whatever a person says (ToolCaller.call)
-        asked_by_rule = verdict is not None and verdict.effect == "ask"
-        if not asked_by_rule and (policies.get(use["name"]) != "ask" or use["name"] not in allowlist):
+        rule = verdict.rule if verdict is not None and verdict.effect == "ask" else None
+        policy = policies.get(use["name"]) if use["name"] in allowlist else None
+        asked_by_policy = policy == "ask"
+        if rule is None and not asked_by_policy:
             continue
         shown = json.dumps(use.get("input") or {}, sort_keys=True)
-        why = f" ({verdict.reason()})" if verdict is not None and asked_by_rule else ""
+        why = f" ({verdict.reason()})" if verdict is not None and rule is not None else ""
         question = f"Run {use['name']} with {shown}?{why}"[:4000]
-        record = Decision(book, s, use, question).run()
+        tenant_only = rule is not None and rule.approver == "tenant"
+        record = Decision(book, s, use, question, "tenant" if tenant_only else "user").run()
         if isinstance(record, RunResult):
             return record
         if record.state != "approved":

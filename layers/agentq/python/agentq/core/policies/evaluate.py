@@ -20,7 +20,8 @@ from typing import Any, Literal
 
 import cedarpy
 
-from agentq.core.policies.rules import Rule, check
+from agentq.core.endusers import Approver
+from agentq.core.policies.rules import DEFAULT_APPROVER, Rule, check
 from agentq.core.policies.schema import TREE_ATTRIBUTES, USER_SPEND_ATTRIBUTE
 
 DEFAULT_ALLOW = "agentq/default-allow"
@@ -62,10 +63,13 @@ class Hit:
     message: str
     log_only: bool
     error: str | None = None
+    approver: Approver = DEFAULT_APPROVER  # an ask's: who may decide the held call (``rules``)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rule": self.rule, "version": self.version, "effect": self.effect}
         out["message"] = self.message
+        if self.effect == "ask":
+            out["approver"] = self.approver
         if self.error is not None:
             out["error"] = self.error
         return out
@@ -164,7 +168,7 @@ class RuleSet:
 
     def _hit(self, name: str) -> Hit:
         rule, version = self.rules[name]
-        return Hit(name, version, rule.effect, rule.message, log_only=rule.mode == "log_only")
+        return Hit(name, version, rule.effect, rule.message, log_only=rule.mode == "log_only", approver=rule.approver)
 
 
 def history_reads(ast: Any) -> frozenset[str]:

@@ -11,6 +11,12 @@ The conventions, on top of Cedar:
 - ``@message("...")``: what the model reads (and a reviewer, for ``ask``);
 - ``@effect("deny")`` (the default) or ``@effect("ask")``: refuse the call, or hold it for a
   person's decision (the existing approval pause);
+- ``@approver("tenant")`` (the default) or ``@approver("user")``, on an ``ask`` rule only: who
+  may decide the held call. A rule is the operator's check on what a task does, often on what
+  its end user asked for ("refunds over $100 ask"): by default only the tenant's API keys decide
+  it, never the token of the user who would benefit; ``user`` lets that user's token decide too
+  (a confirmation the user gives, the tenant still may). The pending approval keeps it
+  (``storage.approvals``): a rule edited later does not change who decides an ask already made;
 - ``@mode("enforce")`` (the default) or ``@mode("log_only")``: a shadowed rule decides nothing;
   what it would have decided is counted and shown beside what happened.
 
@@ -28,6 +34,7 @@ from typing import Any, Literal
 
 import cedarpy
 
+from agentq.core.endusers import APPROVERS, Approver
 from agentq.core.errors import ValidationError
 from agentq.core.policies.schema import SCHEMA_JSON
 
@@ -35,11 +42,12 @@ MAX_DOCUMENT_BYTES = 64_000  # one item with its history version: far under Dyna
 MAX_RULES = 500
 MAX_MESSAGE_CHARS = 1_000
 RULE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
-ANNOTATIONS = frozenset({"id", "message", "effect", "mode", "description"})
+ANNOTATIONS = frozenset({"id", "message", "effect", "mode", "description", "approver"})
 SCOPE_PATTERN = r"^(tenant|agent:[a-z0-9][a-z0-9_-]{0,63})$"
 
 Effect = Literal["deny", "ask"]
 Mode = Literal["enforce", "log_only"]
+DEFAULT_APPROVER: Approver = "tenant"  # a rule's ask: the operator's (see above)
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,7 @@ class Rule:
     mode: Mode
     message: str
     ast: dict[str, Any]
+    approver: Approver = DEFAULT_APPROVER  # who decides its ask (a deny rule has none to decide)
 
 
 @dataclass(frozen=True)
@@ -111,25 +120,28 @@ def check(text: str) -> CheckedDocument:
     return CheckedDocument(rules=tuple(rules), warnings=warnings, digest=digest)
 
 
-def describe(text: str) -> list[dict[str, str]]:
+def describe(text: str) -> list[dict[str, str | None]]:
     """Each rule of a stored document as a person reads it: ``id``, ``effect``, ``mode``,
-    ``message`` and ``description`` (the defaults filled in, as the engine applies them). Read
+    ``message``, ``description`` and, for an ``ask``, ``approver`` (the defaults filled in, as
+    the engine applies them; a deny rule's ``approver`` is None). Read
     only: a stored document that no longer parses (a Cedar upgrade) describes as no rules here,
     where the engine denies every call of its scope."""
     try:
         asts = parse(text)
     except ValidationError:
         return []
-    out = []
+    out: list[dict[str, str | None]] = []
     for ast in asts:
         notes: dict[str, str] = ast.get("annotations") or {}
         rule_id = notes.get("id") or ""
+        effect = notes.get("effect") or "deny"
         out.append({
             "id": rule_id,
-            "effect": notes.get("effect") or "deny",
+            "effect": effect,
             "mode": notes.get("mode") or "enforce",
             "message": notes.get("message") or f"forbidden by rule {rule_id}",
             "description": notes.get("description") or "",
+            "approver": (notes.get("approver") or DEFAULT_APPROVER) if effect == "ask" else None,
         })  # fmt: skip
     return out
 
@@ -166,7 +178,21 @@ def _rule(index: int, ast: dict[str, Any]) -> Rule:
         raise ValidationError(
             f"policies: {where}: @message is at most {MAX_MESSAGE_CHARS} characters", field="policies"
         )
-    return Rule(id=rule_id, effect=effect, mode=mode, message=message, ast=ast)  # type: ignore[arg-type]
+    approver = notes.get("approver")
+    if approver is not None and approver not in APPROVERS:
+        raise ValidationError(
+            f'policies: {where}: @approver is "tenant" (only the tenant\'s API keys decide its ask) or "user" (the '
+            f"task's end user's token too), not {approver!r}",
+            field="policies",
+        )
+    if approver is not None and effect != "ask":
+        raise ValidationError(
+            f'policies: {where}: @approver names who decides an ask, and this rule\'s @effect is "{effect}": '
+            'write @effect("ask") with it, or leave @approver out',
+            field="policies",
+        )
+    chosen: Approver = "user" if approver == "user" else DEFAULT_APPROVER
+    return Rule(id=rule_id, effect=effect, mode=mode, message=message, ast=ast, approver=chosen)  # type: ignore[arg-type]
 
 
 def _validate(text: str, rules: list[Rule]) -> None:
