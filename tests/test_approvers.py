@@ -28,9 +28,10 @@ forbid(principal, action == Action::"tool", resource == Tool::"charge_card")
 when {{ context.args has amount_cents && context.args.amount_cents > 100 }};"""
 
 
-def _setup(api: ApiStack, approver: str = "", **agent: Any) -> tuple[str, str, str, int]:
-    """A tenant of its own with an agent that makes one charge a rule asks for: (its key, a token
-    of its end user mallory, the agent's name, the charge's amount, unique to this test)."""
+def _setup(api: ApiStack, approver: str | None = "", **agent: Any) -> tuple[str, str, str, int]:
+    """A tenant of its own with an agent that makes one charge a rule asks for (``approver``
+    None: no rule): (its key, a token of its end user mallory, the agent's name, the charge's
+    amount, unique to this test)."""
     tenant = f"appr-{uuid.uuid4().hex[:8]}"
     key = api.stack.create_api_key(tenant)
     token = api.stack.token(user="mallory", tenant=tenant)
@@ -40,8 +41,10 @@ def _setup(api: ApiStack, approver: str = "", **agent: Any) -> tuple[str, str, s
     made = {"name": name, "provider": "scripted", "script": {"turns": turns}, "tools": ["charge_card"], **agent}
     status, data, _ = api.http("POST", "/agents", made, key=key)
     assert status == 201, data
-    status, data, _ = api.http("PUT", f"/policies/agent:{name}", {"policies": RULE.format(approver=approver)}, key=key)
-    assert status == 201, data
+    if approver is not None:
+        rule = {"policies": RULE.format(approver=approver)}
+        status, data, _ = api.http("PUT", f"/policies/agent:{name}", rule, key=key)
+        assert status == 201, data
     return key, token, name, amount
 
 
@@ -120,6 +123,30 @@ def test_a_rule_whose_approver_is_user_is_still_decided_by_the_tasks_own_token(a
     assert api.until(task_id, lambda v: v["status"] in ("succeeded", "failed"), key=token)["status"] == "succeeded"
     [decided] = _decisions(api, task_id, key)
     assert decided["by_user"] == "mallory" and _charges(api, amount) == 1
+
+
+def test_a_tools_ask_tenant_policy_is_decided_by_the_tenant_only_and_its_ask_by_the_user_too(
+    api_stack: ApiStack,
+) -> None:
+    """An agent's tool policy has the same choice: ``ask_tenant`` holds each call for the
+    tenant's keys (the token's approve is 403, nothing run), ``ask`` lets the task's end user's
+    token decide, as before."""
+    api = api_stack
+    key, token, name, amount = _setup(api, approver=None, tool_policies={"charge_card": "ask_tenant"})
+    task_id, view = _paused(api, token, name)
+    status, answer, _ = api.http("POST", f"/tasks/{task_id}/approve", {}, key=token)
+    assert status == 403 and answer["error"]["code"] == "not_the_approver", answer
+    assert api.until(task_id, lambda v: True, key=token)["pending_approver"] == "tenant" and _charges(api, amount) == 0
+    assert api.http("POST", f"/tasks/{task_id}/approve", {}, key=key)[0] == 200
+    assert api.until(task_id, lambda v: v["status"] in ("succeeded", "failed"), key=key)["status"] == "succeeded"
+    assert _charges(api, amount) == 1
+
+    key, token, name, amount = _setup(api, approver=None, tool_policies={"charge_card": "ask"})
+    task_id, view = _paused(api, token, name)
+    assert view["pending_approver"] == "user", view
+    assert api.http("POST", f"/tasks/{task_id}/approve", {}, key=token)[0] == 200
+    assert api.until(task_id, lambda v: v["status"] in ("succeeded", "failed"), key=token)["status"] == "succeeded"
+    assert _charges(api, amount) == 1
 
 
 def test_an_ask_keeps_its_approver_when_the_rule_is_edited_while_it_waits(api_stack: ApiStack) -> None:

@@ -130,16 +130,18 @@ def concurrency(args: argparse.Namespace, base: Any) -> dict[str, Any] | None:
         raise UsageError(f"{where}: {first['msg']}", field=where) from None
 
 
-TOOL_POLICIES = ("allow", "ask", "deny")
+TOOL_POLICIES = ("allow", "ask", "ask_tenant", "deny")
 
 
 def tool_policy(text: str) -> tuple[str, str]:
-    """``NAME=allow|ask|deny``, as an argparse type."""
+    """``NAME=allow|ask|ask_tenant|deny``, as an argparse type."""
     name, sep, policy = text.partition("=")
     if not sep or not name.strip():
-        raise argparse.ArgumentTypeError(f"takes NAME=allow|ask|deny, not {text!r}")
+        raise argparse.ArgumentTypeError(f"takes NAME=allow|ask|ask_tenant|deny, not {text!r}")
     if policy.strip() not in TOOL_POLICIES:
-        raise argparse.ArgumentTypeError(f"the policy of {name.strip()!r} is allow, ask or deny, not {policy!r}")
+        raise argparse.ArgumentTypeError(
+            f"the policy of {name.strip()!r} is allow, ask, ask_tenant or deny, not {policy!r}"
+        )
     return name.strip(), policy.strip()
 
 
@@ -301,8 +303,10 @@ def register(sub: Any) -> None:
     submit.add_argument("--timeout", type=int, help="seconds the task may run in all")
     submit.add_argument("--tools", action="append", default=[], metavar="NAME[,NAME]",
                         help="tool allowlist (repeat or comma-separate)")  # fmt: skip
-    submit.add_argument("--tool-policy", action="append", default=[], type=tool_policy, metavar="NAME=allow|ask|deny",
-                        help="a tool's policy: allow (default), ask (each call waits for approve/reject), deny "
+    submit.add_argument("--tool-policy", action="append", default=[], type=tool_policy,
+                        metavar="NAME=allow|ask|ask_tenant|deny",
+                        help="a tool's policy: allow (default), ask (each call waits for approve/reject), ask_tenant "
+                        "(the same, decided only with the tenant's API key, never an end user's token), deny "
                         "(repeatable)")  # fmt: skip
     submit.add_argument("--output-schema", metavar="FILE|JSON",
                         help="a JSON Schema the answer must validate against: a JSON/YAML file or inline JSON")  # fmt: skip

@@ -104,7 +104,9 @@ class AgentSpec(StrictModel):
     )
     tools: ToolNames = Field(default_factory=list, description="the tools its tasks may use")
     tool_policies: ToolPolicies = Field(
-        default_factory=dict, description="per tool of `tools`: allow (default), ask or deny"
+        default_factory=dict,
+        description="per tool of `tools`: allow (default), ask (a person decides each call, the task's end user's "
+        "token too), ask_tenant (only the tenant's API keys decide) or deny",
     )
     constraints: AgentConstraints = Field(default_factory=AgentConstraints)
     mcp_servers: list[McpServerRef] = Field(

@@ -20,7 +20,7 @@ from agentq.core.engine._session import Session
 from agentq.core.engine._tool_call import error_outcome
 from agentq.core.engine.result import RunResult
 from agentq.core.errors import IllegalTransition
-from agentq.core.models import TaskStatus, ToolOutcome
+from agentq.core.models import ASKS, TaskStatus, ToolOutcome
 from agentq.core.ports import ApprovalBook, VaultBook
 from agentq.core.records import ApprovalRecord
 from agentq.core.vault import REQUEST_CREDENTIAL_TOOL, valid_name
@@ -119,16 +119,16 @@ def decisions(
     until the next decision is made.
 
     ``request_approval`` gets the decision as its result; if it was rejected, no other call
-    of the turn runs (the approval gated them). A call of a tool whose policy is ``ask``
-    waits for its own decision (one at a time, in the turn's order), as does a call a policy
-    rule answers ``ask`` for (``s.verdicts``; the question names the rule); rejected, it gets
-    the denial as its result and never runs.
+    of the turn runs (the approval gated them). A call of a tool whose policy is ``ask`` or
+    ``ask_tenant`` waits for its own decision (one at a time, in the turn's order), as does a
+    call a policy rule answers ``ask`` for (``s.verdicts``; the question names the rule);
+    rejected, it gets the denial as its result and never runs.
 
     Who may decide (``approver``, kept on the pending record): the model's own
     ``request_approval`` and ``request_credential`` ask whoever acts on the task, its end
-    user's token too (``user``), and a tool's ``ask`` too; a rule's ask whom its ``@approver``
-    names (``tenant`` unless it says ``user``). A call both hold is decided once, by the
-    narrower: the tenant if either says so.
+    user's token too (``user``), and a tool's ``ask`` too; a tool's ``ask_tenant`` only the
+    tenant; a rule's ask whom its ``@approver`` names (``tenant`` unless it says ``user``). A
+    call both hold is decided once, by the narrower: the tenant if either says so.
     """
     policies = s.task.submission.constraints.tool_policies
     decided: dict[str, ToolOutcome] = {}
@@ -167,13 +167,13 @@ def decisions(
             continue  # a rule denies it: it will not run whatever a person says (ToolCaller.call)
         rule = verdict.rule if verdict is not None and verdict.effect == "ask" else None
         policy = policies.get(use["name"]) if use["name"] in allowlist else None
-        asked_by_policy = policy == "ask"
+        asked_by_policy = policy in ASKS
         if rule is None and not asked_by_policy:
             continue
         shown = json.dumps(use.get("input") or {}, sort_keys=True)
         why = f" ({verdict.reason()})" if verdict is not None and rule is not None else ""
         question = f"Run {use['name']} with {shown}?{why}"[:4000]
-        tenant_only = rule is not None and rule.approver == "tenant"
+        tenant_only = (rule is not None and rule.approver == "tenant") or policy == "ask_tenant"
         record = Decision(book, s, use, question, "tenant" if tenant_only else "user").run()
         if isinstance(record, RunResult):
             return record

@@ -19,7 +19,7 @@ from agentq.core.context import (
 from agentq.core.engine._session import Session
 from agentq.core.engine.conversation import estimate_input_tokens, offered_tools, task_tools
 from agentq.core.fanout import SPAWN_TOOL
-from agentq.core.models import CompactStep, Constraints, LLMStep
+from agentq.core.models import ASKS, CompactStep, Constraints, LLMStep
 from agentq.core.output import INSTRUCTION as OUTPUT_INSTRUCTION
 from agentq.core.output import final_answer_tool
 from agentq.core.providers import LLMRequest
@@ -145,5 +145,5 @@ def cache_ttl(constraints: Constraints) -> Literal["5m", "1h"]:
     full re-read of the conversation; else five minutes (a cheaper write)."""
     offered = offered_tools(constraints)
     pauses = APPROVAL_TOOL in offered or SPAWN_TOOL in offered
-    asks = any(policy == "ask" for name, policy in constraints.tool_policies.items() if name in offered)
+    asks = any(policy in ASKS for name, policy in constraints.tool_policies.items() if name in offered)
     return "1h" if pauses or asks else "5m"

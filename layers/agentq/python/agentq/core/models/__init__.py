@@ -16,6 +16,7 @@ of its concept:
 from __future__ import annotations
 
 from agentq.core.models.constraints import (
+    ASKS,
     MAX_TIMEOUT_SECONDS,
     ApprovalDefault,
     Constraints,
@@ -75,6 +76,7 @@ from agentq.core.status import TERMINAL_STATUSES, TaskStatus
 __all__ = [
     "AGENT_REF_PATTERN",
     "ALLOWED_TRANSITIONS",
+    "ASKS",
     "DEFAULT_MODEL",
     "MAX_CONCURRENCY_KEY_CHARS",
     "MAX_FALLBACKS",

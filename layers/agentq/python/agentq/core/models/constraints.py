@@ -15,7 +15,11 @@ from pydantic import AfterValidator, Field, model_validator
 from agentq.core.models.strict import StrictModel
 
 MAX_TIMEOUT_SECONDS = 24 * 3600
-ToolPolicy = Literal["allow", "ask", "deny"]
+# ``ask``: each call waits for a person, whoever may act on the task (its end user's token too);
+# ``ask_tenant``: only the tenant's API keys decide it (an operator's check on what the user's
+# task does, which that user's token may neither approve nor reject: ``core.endusers``).
+ToolPolicy = Literal["allow", "ask", "ask_tenant", "deny"]
+ASKS: frozenset[str] = frozenset({"ask", "ask_tenant"})  # the policies whose calls wait for a person
 ApprovalDefault = Literal["reject", "approve"]
 Effort = Literal["low", "medium", "high", "xhigh", "max"]
 
@@ -70,7 +74,9 @@ class Constraints(StrictModel):
         default_factory=dict,
         description=(
             "per tool of `tools`: allow (the default), ask (each call waits for a person's approve or "
-            "reject before it runs; a rejected call never runs) or deny (never offered, never run)"
+            "reject before it runs; a rejected call never runs; the task's end user's token may decide it), "
+            "ask_tenant (the same, decided only by the tenant's API keys: an end user's token is 403) or deny "
+            "(never offered, never run)"
         ),
     )
     approval_timeout_seconds: Annotated[int | None, APPROVAL_TIMEOUT_SECONDS_BOUNDS] = Field(
