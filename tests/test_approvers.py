@@ -149,6 +149,26 @@ def test_a_tools_ask_tenant_policy_is_decided_by_the_tenant_only_and_its_ask_by_
     assert _charges(api, amount) == 1
 
 
+def test_a_caps_soft_threshold_is_the_tenants_to_approve_not_the_capped_users_token(api_stack: ApiStack) -> None:
+    """A cap's soft threshold ("ask me above $3, never past $5") is the operator's line on what
+    the user spends: the user's token may not approve its own way past it (403, the task still
+    paused, nothing spent past the line); the tenant's key does, and the task goes on."""
+    api = api_stack
+    key, token, name, amount = _setup(api, approver=None)
+    soft = {"daily_tokens": 100_000_000, "soft_daily_tokens": 1}
+    assert api.http("PUT", "/caps/user/mallory", soft, key=key)[0] == 200
+    task_id, _view = _paused(api, token, name)
+    status, answer, _ = api.http("POST", f"/tasks/{task_id}/approve", {}, key=token)
+    assert status == 403 and answer["error"]["code"] == "not_the_approver", answer
+    view = api.until(task_id, lambda v: True, key=token)
+    assert view["status"] == "paused" and view["pending_approver"] == "tenant", view
+    assert "soft" in view["pending_approval"] and _decisions(api, task_id, key) == [], view
+    assert api.http("POST", f"/tasks/{task_id}/approve", {"note": "ops: fine today"}, key=key)[0] == 200
+    assert api.until(task_id, lambda v: v["status"] in ("succeeded", "failed"), key=key)["status"] == "succeeded"
+    [decided] = _decisions(api, task_id, key)
+    assert decided["approved"] is True and "by_user" not in decided and _charges(api, amount) == 1
+
+
 def test_an_ask_keeps_its_approver_when_the_rule_is_edited_while_it_waits(api_stack: ApiStack) -> None:
     """Who decides is fixed on the pending record when the call is held: the rule rewritten to
     ``@approver("user")`` meanwhile does not let the token decide the ask already made."""

@@ -274,7 +274,7 @@ class TaskView(ApiModel):
     pending_approver: Literal["tenant", "user"] | None = Field(
         default=None,
         description="who may decide it: tenant (only the tenant's API keys, its operator; an end user's token is 403 "
-        "not_the_approver: a policy rule's ask by default, an ask_tenant tool's) or user (the task's end user's "
+        "not_the_approver: a policy rule's ask by default, an ask_tenant tool's, a cap's soft threshold) or user (the task's end user's "
         "token too); null when nothing is pending",
     )
     pending_calls: list[PendingCall] = Field(

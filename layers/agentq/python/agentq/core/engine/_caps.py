@@ -186,7 +186,10 @@ class CallWindows:
                                         note=f" ({exc.message}; a person declined)", result=result)  # fmt: skip
             return ended
         holds.release(s)  # a paused task holds nothing
-        self.approvals.request(s.lease, exc.approval, exc.message)
+        # The tenant's to decide: a cap is the operator's line on what a user, an agent or a key
+        # spends, and a user approving its own way past it (or past one its agent's users share)
+        # would decide what the line is there to ask the operator.
+        self.approvals.request(s.lease, exc.approval, exc.message, approver="tenant")
         s.task = s.task.model_copy(update={"status": TaskStatus.PAUSED})
         paused = RunResult(s.task_id, "waiting", status=TaskStatus.PAUSED)
         timeout = s.task.submission.constraints.approval_timeout_seconds
