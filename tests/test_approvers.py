@@ -33,7 +33,7 @@ def _setup(api: ApiStack, approver: str | None = "", **agent: Any) -> tuple[str,
     None: no rule): (its key, a token of its end user mallory, the agent's name, the charge's
     amount, unique to this test)."""
     tenant = f"appr-{uuid.uuid4().hex[:8]}"
-    key = api.stack.create_api_key(tenant)
+    key = api.stack.create_api_key(tenant, act_for_users=True)  # its backend's: it may act for its users
     token = api.stack.token(user="mallory", tenant=tenant)
     amount = random.randrange(10_000_000, 90_000_000)
     turns = [{"text": "", "tool_calls": [call("charge_card", amount_cents=amount, memo="refund")]}, {"text": "done"}]
@@ -236,3 +236,41 @@ def test_a_bad_approver_is_refused_at_write_time_naming_the_rule_and_nothing_is_
               "principal": {"agent": scope.removeprefix("agent:")}}  # fmt: skip
     status, decision, _ = api.http("POST", "/policies/test", sample)
     assert status == 200 and (decision["decision"], decision["approver"]) == ("ask", "tenant"), decision
+
+
+def test_a_timeout_never_approves_a_tenant_only_ask_on_a_tokens_say_so(api_stack: ApiStack) -> None:
+    """A timed-out approval takes the task's ``approval_default``. A token setting ``approve``
+    (with a timeout of a second) would have the timer approve the operator's ask for the user:
+    403 naming ``constraints.approval_default``, nothing created; so would a token setting the
+    timeout of an agent whose default is ``approve`` (403 naming
+    ``constraints.approval_timeout_seconds``). A token's own timeout rejects: the ask times out
+    rejected and the charge never runs. The tenant's ``approve`` (its key's submission) is the
+    tenant's say-so: that timeout approves."""
+    api = api_stack
+    key, token, name, amount = _setup(api)
+    soon = {"approval_timeout_seconds": 1}
+    for constraints, field in (({**soon, "approval_default": "approve"}, "constraints.approval_default"),
+                               ({"approval_default": "approve"}, "constraints.approval_default")):  # fmt: skip
+        body = {"goal": "refund my order", "agent": name, "constraints": constraints}
+        status, answer, _ = api.http("POST", "/tasks", body, key=token)
+        assert (status, answer["error"]["code"], answer["error"]["field"]) == (403, "forbidden", field), answer
+    lenient = f"{name}-lenient"
+    made: dict[str, Any] = {"name": lenient, "provider": "scripted", "script": {"turns": [{"text": "hi"}]},
+                            "constraints": {"approval_timeout_seconds": 3600, "approval_default": "approve"}}  # fmt: skip
+    assert api.http("POST", "/agents", made, key=key)[0] == 201, made
+    status, answer, _ = api.http("POST", "/tasks", {"goal": "g", "agent": lenient, "constraints": soon}, key=token)
+    assert (status, answer["error"]["field"]) == (403, "constraints.approval_timeout_seconds"), answer
+    status, page, _ = api.http("GET", "/tasks", key=key)
+    assert status == 200 and page["tasks"] == [], page  # nothing created
+
+    task_id = api.submit({"goal": "refund my order", "agent": name, "constraints": soon}, key=token)
+    view = api.until(task_id, lambda v: v["status"] in ("succeeded", "failed"), key=token)
+    assert view["status"] == "succeeded" and _charges(api, amount) == 0, view
+    [decided] = _decisions(api, task_id, key)
+    assert (decided["approved"], decided["by"]) == (False, "timeout"), decided
+
+    body = {"goal": "refund", "agent": name, "user": "mallory", "constraints": {**soon, "approval_default": "approve"}}
+    task_id = api.submit(body, key=key)  # the tenant's backend, for its user
+    assert api.until(task_id, lambda v: v["status"] in ("succeeded", "failed"), key=key)["status"] == "succeeded"
+    [decided] = _decisions(api, task_id, key)
+    assert (decided["approved"], decided["by"]) == (True, "timeout") and _charges(api, amount) == 1

@@ -43,7 +43,7 @@ from agentq.api import views as api_views
 from agentq.api.models import MAX_BODY_BYTES, ErrorResponse
 from agentq.api.routes.common import Router
 from agentq.core.caps import CapNotFound
-from agentq.core.endusers import NotTheApprover, UserNotAllowed
+from agentq.core.endusers import NotTheApprover, UserMayNot, UserNotAllowed
 from agentq.core.errors import (
     AgentqError,
     IdempotencyConflict,
@@ -223,7 +223,7 @@ def handlers() -> Router:
     def on_vault_unavailable(exc: VaultUnavailable) -> Response[Any]:
         return error_response(503, exc.code, exc.message, exc.field)
 
-    @router.exception_handler([Forbidden, UserNotAllowed, ScopeNotYours, NotTheApprover])
+    @router.exception_handler([Forbidden, UserNotAllowed, UserMayNot, ScopeNotYours, NotTheApprover])
     def on_forbidden(exc: AgentqError) -> Response[Any]:
         return error_response(403, exc.code, exc.message, exc.field)
 

@@ -56,7 +56,9 @@ USER_FIELDS = {
     "workspace": "its starting files and limits (USER_WORKSPACE)",
 }
 # A budget, a limit, how its own context is kept and how hard its model thinks: the user's own,
-# spent against its caps (an approval's default too: the user may decide its own task's approvals).
+# spent against its caps. An approval's timeout and default too, as long as a timeout a token
+# sets never approves (``check_user_submission``; ``control.submit.check_user_approvals``): a
+# token may reject its own task's held calls, and approve only those its user may decide.
 USER_CONSTRAINTS = frozenset(
     {
         "max_tokens", "max_cost_usd", "max_steps", "timeout_seconds", "max_output_tokens", "max_depth",
@@ -118,7 +120,9 @@ def check_user_submission(caller: Caller, submission: TaskSubmission) -> None:
     version by number) and a priority of ``USER_PRIORITIES``; else 403 ``forbidden`` naming the
     first field that is not (``memory`` and a workspace's hosts before a missing ``agent``, then
     the submission's fields in their order, then those within ``constraints`` and ``workspace``,
-    then ``priority`` and ``agent``).
+    then ``priority`` and ``agent``). Its ``approval_default`` is ``reject`` if it sets one: a
+    timeout that approves would decide an ask only the tenant decides on the user's say-so (403
+    naming it).
     A key's caller (the whole tenant's) may send anything."""
     if not caller.bound:
         return
@@ -135,6 +139,14 @@ def check_user_submission(caller: Caller, submission: TaskSubmission) -> None:
     named += ["agent@N"] if submission.agent is not None and pinned_version(submission.agent) else []
     if named:
         raise _refuse(named[0], USER_FIELDS)
+    if "approval_default" in limits and submission.constraints.approval_default == "approve":
+        raise Forbidden(
+            "constraints.approval_default: a user's token may not make a timed-out approval approve: the timeout "
+            "would decide, on the user's say-so, held calls only the tenant decides (a policy rule's ask, an "
+            "ask_tenant tool, a cap's soft threshold); send reject, or leave it to the agent. The user approves "
+            "its own task's other asks itself (POST /tasks/{id}/approve)",
+            field="constraints.approval_default",
+        )
 
 
 def pinned_version(agent: str) -> bool:

@@ -17,6 +17,7 @@ from agentq.control.operations import cancel
 from agentq.control.validation import check_submission as check_submission
 from agentq.control.validation import parse_submission as parse_submission
 from agentq.control.workspaces import check_workspace
+from agentq.core.endusers import UserMayNot
 from agentq.core.errors import ValidationError
 from agentq.core.models import Task, TaskStatus, TaskSubmission
 from agentq.core.stops import check_open
@@ -69,7 +70,8 @@ def prepare_submission(
     resolved (an alias's split keyed by ``task_id`` when the task has no user), the deployment's
     defaults filled in, tools, model, script, callback URL and dependencies checked
     (``submit_once``; a schedule's template is checked the same way). ``only_user``: the caller
-    acts as that end user (a token's), so its dependencies must be that user's tasks."""
+    acts as that end user (a token's), so its dependencies must be that user's tasks, and a
+    timeout it sets never approves (``check_user_approvals``)."""
     if submission.online is not None:
         raise ValidationError(
             "online: set by an alias with online evaluation when it samples the task; a submission cannot send it",
@@ -85,8 +87,11 @@ def prepare_submission(
             "remote_agents: set from an agent version's remote_agents; create an agent that names them",
             field="remote_agents",
         )
+    sent = submission.constraints.model_fields_set if "constraints" in submission.model_fields_set else set()
     if submission.agent is not None:
         submission = resolve_agent(store, submission, tenant=tenant, task_id=task_id)
+    if only_user is not None:
+        check_user_approvals(submission, sent)
     if defaults is not None:
         submission = defaults.apply(submission)
     check_submission(submission, tools)
@@ -98,6 +103,22 @@ def prepare_submission(
 
         check_dependencies(store, submission, tenant=tenant, only_user=only_user)
     return submission
+
+
+def check_user_approvals(submission: TaskSubmission, sent: set[str]) -> None:
+    """A token's ``approval_timeout_seconds`` (``sent``: the constraints it set) under an
+    ``approval_default`` of ``approve`` its agent (the tenant) chose: the timer would approve held
+    calls only the tenant decides at the moment the user picked, a second after the pause if it
+    likes, leaving the operator no time to look (``UserMayNot``, 403 naming the field). The
+    tenant's own timeout with its own default stands; a token's timeout with ``reject`` too."""
+    if "approval_timeout_seconds" in sent and submission.constraints.approval_default == "approve":
+        raise UserMayNot(
+            "constraints.approval_timeout_seconds: this task's agent makes a timed-out approval approve, and a "
+            "user's token may not set when that happens: the timeout would decide held calls only the tenant decides "
+            "(a policy rule's ask, an ask_tenant tool, a cap's soft threshold) at a time the user picked; leave it "
+            "out (the agent's applies), or send approval_default: reject with it",
+            field="constraints.approval_timeout_seconds",
+        )
 
 
 def submit_once(

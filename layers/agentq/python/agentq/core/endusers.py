@@ -44,6 +44,14 @@ Approver = Literal["tenant", "user"]
 APPROVERS: tuple[Approver, ...] = ("tenant", "user")
 
 
+class UserMayNot(AgentqError):
+    """What a caller acting as one end user (a token's) may not send, where it depends on more
+    than the request (an agent's resolved defaults): 403 ``forbidden`` naming the field, as the
+    API's own refusals of a token's fields (``api.user_submission``)."""
+
+    code = "forbidden"
+
+
 class NotTheApprover(AgentqError):
     """An end user's token deciding a held call only its tenant decides (403; nothing changes).
     Such an ask (a policy rule's, by default; an ``ask_tenant`` tool's; a cap's soft threshold)
