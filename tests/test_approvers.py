@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 
 from tests.api_support import ApiStack
-from tests.helpers import call
+from tests.helpers import call, run_agentq
 
 RULE = """@id("big-refunds") @effect("ask") {approver}
 @message("refunds above 100 cents need a person's approval")
@@ -183,16 +183,19 @@ def test_an_ask_keeps_its_approver_when_the_rule_is_edited_while_it_waits(api_st
     assert _charges(api, amount) == 0
 
 
-def test_a2a_and_mcp_refuse_a_tokens_decision_of_a_tenant_only_ask_naming_why(api_stack: ApiStack) -> None:
-    """The same refusal through the protocols a user's app may speak: A2A's ``approve`` message
-    is an invalid-params error naming why; MCP's tasks extension shows the task ``working``,
-    waiting for the tenant (no input the token can give), and its ``tasks/update`` of the
-    approval is ``-32602`` naming why. Nothing is decided by either."""
+def test_the_cli_a2a_and_mcp_refuse_a_tokens_decision_of_a_tenant_only_ask_naming_why(api_stack: ApiStack) -> None:
+    """The same refusal through every other way in: ``agentq approve`` with the token fails
+    naming why; A2A's ``approve`` message is an invalid-params error naming why; MCP's tasks
+    extension shows the task ``working``, waiting for the tenant (no input the token can give),
+    and its ``tasks/update`` of the approval is ``-32602`` naming why. Nothing is decided by
+    any; ``agentq approve`` with the tenant's key decides it."""
     from tests.mcp_tasks_client import get_task, update_task
 
     api = api_stack
     key, token, name, amount = _setup(api)
     task_id, view = _paused(api, token, name)
+    cli = run_agentq(["approve", task_id, "--note", "mine"], api.cli_env(AGENTQ_API_KEY=token), 60)
+    assert cli.returncode != 0 and "not approve or reject" in cli.stderr, cli
     message = {"messageId": uuid.uuid4().hex, "role": "ROLE_USER", "parts": [{"text": "approve"}], "taskId": task_id}
     body = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": message}}
     status, answer, _ = api.http("POST", f"/a2a/{name}", body, key=token, headers={"A2A-Version": "1.0"})
@@ -214,6 +217,9 @@ def test_a2a_and_mcp_refuse_a_tokens_decision_of_a_tenant_only_ask_naming_why(ap
     assert getattr(refused, "code", None) == -32602 and "not approve or reject" in str(refused), refused
     assert api.until(task_id, lambda v: True, key=key)["status"] == "paused"
     assert _decisions(api, task_id, key) == [] and _charges(api, amount) == 0
+    cli = run_agentq(["approve", task_id], api.cli_env(AGENTQ_API_KEY=key), 60)
+    assert cli.returncode == 0 and f"approved {task_id}" in cli.stdout, cli
+    assert api.until(task_id, lambda v: v["status"] in ("succeeded", "failed"), key=key)["status"] == "succeeded"
 
 
 def test_a_bad_approver_is_refused_at_write_time_naming_the_rule_and_nothing_is_stored(api_stack: ApiStack) -> None:
