@@ -170,3 +170,26 @@ def test_comparing_with_another_tenants_task_shows_the_apis_404_naming_the_field
     page.wait_for_selector(f".error-page:has-text(\"no task '{theirs}'\")")
     assert "404 task_not_found" in page.inner_text(".error-page")
     assert [e for e in tab.errors if "status of 404" not in e] == []
+
+
+def test_a_held_call_only_the_tenant_decides_says_so_on_an_end_users_task(console: Console, tab: Page) -> None:
+    """An end user's task held on an ``ask_tenant`` tool (a rule's ask the same): the approval box
+    says only the tenant decides it and the user's token may not; the console's key approves."""
+    backend = console.stack.create_api_key("team-a", act_for_users=True)
+    turns: list[dict[str, Any]] = [
+        {"text": "", "tool_calls": [call("charge_card", amount_cents=1250, memo="refund")]},
+        {"text": "refunded"},
+    ]
+    body = scripted("refund ann", turns, tools=["charge_card"], user="ann")
+    body["constraints"]["tool_policies"] = {"charge_card": "ask_tenant"}
+    task_id = console.submit(body, key=backend)
+    console.until(task_id, lambda v: v["status"] == "paused")
+    page = tab.page
+    page.goto(f"{console.url}/console/#/tasks/{task_id}")
+    page.wait_for_selector("#approver")
+    assert "Only the tenant decides this one" in page.inner_text("#approver")
+    assert "ann's token may not" in page.inner_text("#approver")
+    assert "waiting for approval by the tenant" in page.inner_text(".activity")
+    page.click("#approve")
+    page.wait_for_selector("h1 .badge.s-succeeded", timeout=60_000)
+    no_errors(tab)
