@@ -24,6 +24,7 @@ import pytest
 from agentq.core.errors import ValidationError
 from agentq.core.evaluation_report import newcombe, wilson
 from agentq.core.evaluations import META_EVAL, META_ITEM, META_VERSION, parse_dataset
+from agentq.core.models import MAX_JSON_DEPTH
 from agentq.worker import WorkerConfig
 from agentq_dev.stack import LocalStack
 
@@ -288,6 +289,36 @@ def test_a_bad_dataset_line_is_an_error_naming_its_line_and_field(case: str, at:
     field = BAD_LINES[case][1]
     assert raised.value.field == f"dataset:{at}:{field}", raised.value.message
     assert raised.value.message.startswith(f"dataset line {at}: {field}:")
+
+
+def _nested(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+def test_a_line_nested_deeper_than_the_api_accepts_is_an_error_naming_its_line_never_a_traceback(
+    tmp_path: Path,
+) -> None:
+    """Past Python's JSON parser (~1,000 levels) a line raised RecursionError out of the CLI; a
+    line the parser reads but the API's body guard refuses (``MAX_JSON_DEPTH``) was sent, after
+    the lines before it, and one near the parser's limit could not be encoded. Each is refused
+    before anything is sent, naming the line and the field; as deep as the API accepts is an item."""
+    schema = 'output_schema": {"a": '  # the body's depth: output_schema 1, a 2, its lists 2..N+1
+    fine = '{"goal": "y", "inputs": {"' + schema + _nested(MAX_JSON_DEPTH - 1) + "}}}"
+    assert parse_dataset(fine)[0].inputs["output_schema"]["a"]
+    for line, field in (('{"goal": "y", "inputs": {"metadata": ' + _nested(5000) + "}}", "json"),
+                        ('{"goal": "y", "inputs": {"' + schema + _nested(MAX_JSON_DEPTH) + "}}}", "inputs.output_schema"),
+                        ('{"goal": "y", "inputs": {"' + schema + _nested(900) + "}}}", "inputs.output_schema"),
+                        ('{"goal": "y", "outcome": {"rubric": "r", "x": ' + _nested(5000) + "}}", "json")):  # fmt: skip
+        with pytest.raises(ValidationError) as raised:
+            parse_dataset('{"goal": "x"}\n' + line + "\n")
+        assert raised.value.field == f"dataset:2:{field}", raised.value.message
+        assert f"nests deeper than {MAX_JSON_DEPTH} levels" in raised.value.message
+    path = tmp_path / "deep.jsonl"
+    path.write_text('{"goal": "x"}\n{"goal": "y", "inputs": {"metadata": ' + _nested(5000) + "}}\n")
+    ran = run_agentq(["eval", "run", str(path), "--agent", "s@1", "--against", "s@2", "--url", "http://127.0.0.1:9",
+                      "--api-key", "k"], env=dict(os.environ), timeout=60, cwd=tmp_path)  # fmt: skip
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
+    assert "agentq: dataset line 2: json: nests deeper than" in ran.stderr, ran.stderr
 
 
 def test_a_bad_dataset_or_a_missing_version_submits_nothing(eval_stack: ApiStack, tmp_path: Path) -> None:

@@ -20,7 +20,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-MAX_DEPTH = 64  # far beyond any submission's shape (a script's tool input nests ~6 levels)
+from agentq.core.models import MAX_JSON_DEPTH
+
+MAX_DEPTH = MAX_JSON_DEPTH  # one limit with the clients that check it first (core.evaluations)
 MAX_INT_DIGITS = 4300  # Python's int/str conversion limit (sys.get_int_max_str_digits' default)
 
 

@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import ValidationError as PydanticError
 
 from agentq.core.errors import ValidationError
-from agentq.core.models import TaskSubmission
+from agentq.core.models import MAX_JSON_DEPTH, TaskSubmission
 
 # name@N: an evaluation compares fixed versions (an alias may move while it runs).
 PINNED_REF = re.compile(r"^([a-z0-9][a-z0-9_-]{0,63})@([1-9][0-9]{0,8})$")
@@ -113,6 +113,8 @@ def _item(number: int, raw: str) -> EvalItem:
         data = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise _bad(number, "json", f"not JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:  # deeper than Python's parser goes (about 1,000 levels)
+        raise _bad(number, "json", f"nests deeper than {MAX_JSON_DEPTH} levels, the most the API accepts") from None
     if not isinstance(data, dict):
         raise _bad(number, "json", f"a JSON object, not {type(data).__name__}")
     unknown = sorted(set(data) - set(ITEM_FIELDS))
@@ -141,6 +143,9 @@ def _item(number: int, raw: str) -> EvalItem:
     if expected is not None and not isinstance(expected, str):
         raise _bad(number, "expected", "the exact answer, a string")
     item = EvalItem(str(item_id), number, goal, dict(inputs), outcome, expected)
+    deep = _too_deep(submission(item, "agent@1", "check"))
+    if deep is not None:
+        raise _bad(number, deep, f"nests deeper than {MAX_JSON_DEPTH} levels, the most the API accepts")
     try:  # the submission as sent, with a stand-in version: what the API will check of it
         TaskSubmission.model_validate(submission(item, "agent@1", "check"))
     except PydanticError as exc:
@@ -149,6 +154,21 @@ def _item(number: int, raw: str) -> EvalItem:
         field = where if where.startswith("outcome") or where == "goal" else f"inputs.{where}"
         raise _bad(number, field, error["msg"]) from None
     return item
+
+
+def _too_deep(body: dict[str, Any]) -> str | None:
+    """The line's field under which ``body`` nests deeper than the API accepts (counted as
+    ``api.body_guard`` counts it), else None. Why here: such a line would be refused only as it
+    is submitted, after the lines before it, and one deep enough (~1,000 levels) would not even
+    be encoded (``RecursionError``). Walked without recursion."""
+    stack: list[tuple[Any, str, int]] = [(value, key, 1) for key, value in body.items()]
+    while stack:
+        value, top, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return top if top in ("goal", "outcome") else f"inputs.{top}"
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        stack.extend((child, top, depth + 1) for child in children)
+    return None
 
 
 def submission(item: EvalItem, agent: str, eval_id: str) -> dict[str, Any]:

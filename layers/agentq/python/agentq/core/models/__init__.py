@@ -5,7 +5,7 @@ the offending field and the same shapes serve the store, the engine and the API.
 is importable from here (``from agentq.core.models import Task``); each lives in the module
 of its concept:
 
-- ``strict``: ``StrictModel``, the base that refuses unknown fields.
+- ``strict``: ``StrictModel``, the base that refuses unknown fields; ``MAX_JSON_DEPTH``, how deep a body nests.
 - ``transitions``: ``ALLOWED_TRANSITIONS``, the one table of legal status moves.
 - ``constraints``: ``Constraints``, a task's hard limits.
 - ``submission``: ``TaskSubmission`` and its parts (script, fallbacks, MCP pins, notify, concurrency).
@@ -42,7 +42,7 @@ from agentq.core.models.steps import (
     UserMessage,
     repeated_tool_use_id,
 )
-from agentq.core.models.strict import StrictModel
+from agentq.core.models.strict import MAX_JSON_DEPTH, StrictModel
 from agentq.core.models.submission import (
     AGENT_REF_PATTERN,
     DEFAULT_MODEL,
@@ -81,6 +81,7 @@ __all__ = [
     "MAX_CONCURRENCY_KEY_CHARS",
     "MAX_FALLBACKS",
     "MAX_GOAL_CHARS",
+    "MAX_JSON_DEPTH",
     "MAX_MESSAGE_CHARS",
     "MAX_TIMEOUT_SECONDS",
     "MCP_SERVER_PATTERN",

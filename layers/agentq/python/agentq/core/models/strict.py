@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+# How deep a request body may nest: the API refuses deeper (``api.body_guard``), and a client
+# that builds bodies from a file checks it first (``core.evaluations``). Far beyond any
+# submission's shape (a script's tool input nests ~6 levels).
+MAX_JSON_DEPTH = 64
+
 
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
