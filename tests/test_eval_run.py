@@ -353,6 +353,38 @@ def test_an_item_only_the_api_refuses_is_an_error_naming_its_line_and_offers_not
     assert eval_stack.http("GET", "/tasks?limit=100")[1]["tasks"] == before
 
 
+def _evaluation_of(stderr: str) -> str:
+    """The evaluation id the CLI's first line says."""
+    return stderr.split("agentq eval: evaluation ", 1)[1].split(":", 1)[0]
+
+
+@pytest.mark.parametrize("submitters", [1, 4])
+def test_a_line_the_api_refuses_stops_the_lines_after_it_being_submitted_and_offers_to_resume(
+    eval_stack: ApiStack, tmp_path: Path, submitters: int
+) -> None:
+    """A run that failed must not go on submitting (and running, and paying for) the lines after
+    the refused one: leaving the submitters' pool waited for every queued job, and 38 of 40 tasks
+    were still submitted after line 2 was refused. With one submitter exactly the line before it
+    was; with four, at most the jobs already in flight. Those stay, and the error offers to
+    re-attach to them."""
+    name, path, _ = _setup(eval_stack, tmp_path, 1)
+    rows: list[dict[str, Any]] = [{"id": f"item-{i}", "goal": f"question {i}"} for i in range(20)]
+    rows[1]["rubric"] = "Is it right?"  # graded by a scripted model with no script: only the API knows the model
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bad = _run(eval_stack, tmp_path, name, path, "--submitters", str(submitters))
+    assert bad.returncode == 2, bad.stderr[-3000:]
+    eval_id = _evaluation_of(bad.stderr)
+    said = bad.stderr.strip().splitlines()[-1]
+    assert said.startswith(f"agentq: dataset line 2 (item 'item-1'), on {name}@") and "outcome.script" in said, said
+    submitted = Counter((t["metadata"][META_ITEM], t["metadata"][META_VERSION]) for t in _tasks_of(eval_stack, eval_id))
+    if submitters == 1:
+        assert submitted == {("item-0", f"{name}@1"): 1, ("item-0", f"{name}@2"): 1}
+    else:  # the jobs queued behind line 2 (item-1): at most the three other submitters' in flight
+        assert {item for item, _ in submitted} <= {"item-0", "item-2", "item-3", "item-4", "item-5"}, submitted
+    stays = f"the {sum(submitted.values())} of 40 tasks submitted stay (fix the line and run with --resume {eval_id} "
+    assert stays in said, said
+
+
 def test_the_wilson_interval_holds_its_rate_inside_zero_and_one_for_every_count() -> None:
     for n in range(1, 60):
         for passed in range(n + 1):

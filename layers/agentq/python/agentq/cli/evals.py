@@ -17,13 +17,14 @@ import json
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentq.cli.args import UsageError, add_command
 from agentq.cli.target import api_client, remote
+from agentq.core.errors import AgentqError
 from agentq.core.evaluation_report import Outcome, render, report
 from agentq.core.evaluations import EVAL_ID, EvalItem, evaluation_id, item_key, parse_dataset, pinned, submission
 
@@ -58,20 +59,27 @@ def _check_version(client: Client, ref: str, field: str) -> None:
 def _submit_all(
     client: Client, items: list[EvalItem], eval_id: str, refs: dict[str, str], workers: int
 ) -> dict[tuple[str, str], str]:
-    """Every item's task for each version: created, or found by its idempotency key."""
+    """Every item's task for each version: created, or found by its idempotency key.
+
+    The first submission that fails (a line the API refuses, a line edited since, the API out of
+    reach) stops the rest: no job sends once ``stop`` is set (on Ctrl-C the queued ones are
+    cancelled too), so only those already in flight (at most ``workers``) end after it. Leaving
+    a ``with ThreadPoolExecutor`` waits for every queued job: a run that had already failed went
+    on submitting every line after the refused one, and each of those tasks ran and was paid
+    for. What was submitted stays (a re-run with ``--resume`` re-attaches to it)."""
     from agentq.api.client import Conflict, InvalidRequest
 
     jobs = [(item, side) for item in items for side in SIDES]
     done: dict[tuple[str, str], str] = {}
     lock = threading.Lock()
+    stop = threading.Event()
+    failures: list[BaseException] = []  # in the order they happened: the first is said
     created = 0
 
-    def one(job: tuple[EvalItem, str]) -> None:
-        nonlocal created
-        item, side = job
+    def send(item: EvalItem, side: str) -> Any:
         body = submission(item, refs[side], eval_id)
         try:
-            accepted = client.submit(body, idempotency_key=item_key(eval_id, item.item_id, refs[side]))
+            return client.submit(body, idempotency_key=item_key(eval_id, item.item_id, refs[side]))
         except Conflict:
             raise UsageError(
                 f"dataset line {item.line} (item {item.item_id!r}): evaluation {eval_id} submitted this item to "
@@ -83,6 +91,19 @@ def _submit_all(
                 f"dataset line {item.line} (item {item.item_id!r}), on {refs[side]}: {exc.message}",
                 field=f"dataset:{item.line}:{exc.field}" if exc.field else f"dataset:{item.line}",
             ) from None
+
+    def one(job: tuple[EvalItem, str]) -> None:
+        nonlocal created
+        if stop.is_set():
+            return
+        item, side = job
+        try:
+            accepted = send(item, side)
+        except BaseException as exc:
+            with lock:
+                failures.append(exc)
+            stop.set()
+            return
         with lock:
             if not done:  # from here on there is something to re-attach to
                 _say(f"re-run with --resume {eval_id} to re-attach")
@@ -91,10 +112,31 @@ def _submit_all(
             if len(done) % PROGRESS_EVERY == 0 or len(done) == len(jobs):
                 _say(f"{eval_id}: submitted {len(done)}/{len(jobs)} ({created} new)")
 
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for future in [pool.submit(one, job) for job in jobs]:
-            future.result()
+    pool = ThreadPoolExecutor(max_workers=max(1, workers))
+    try:
+        wait([pool.submit(one, job) for job in jobs])  # ``one`` raises nothing: a failure sets ``stop``
+    except BaseException:  # Ctrl-C: nothing queued starts, the requests in flight end
+        stop.set()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    if failures:
+        _stopped(failures[0], eval_id, len(done), len(jobs))
     return done
+
+
+def _stopped(failure: BaseException, eval_id: str, submitted: int, jobs: int) -> None:
+    """Raise the failure that stopped the submissions, saying what stays of the evaluation (its
+    ``--resume`` offered only once something was submitted: otherwise there is nothing to
+    re-attach to)."""
+    if isinstance(failure, AgentqError) and submitted:
+        fix = "fix the line and " if (failure.field or "").startswith("dataset:") else ""
+        failure.message += (
+            f"; submitting stopped there: the {submitted} of {jobs} tasks submitted stay ({fix}run with "
+            f"--resume {eval_id} to re-attach to them and submit the rest)"
+        )
+        failure.args = (failure.message,)
+    raise failure
 
 
 def _outcome(view: Any) -> Outcome:
