@@ -21,10 +21,14 @@ from typing import Any
 
 import pytest
 
+from agentq.control.submit import submit_once
+from agentq.core.agents import AgentSpec
 from agentq.core.errors import ValidationError
 from agentq.core.evaluation_report import newcombe, wilson
 from agentq.core.evaluations import META_EVAL, META_ITEM, META_VERSION, parse_dataset
 from agentq.core.models import MAX_JSON_DEPTH
+from agentq.core.tools import ToolRegistry
+from agentq.storage.container import Storage
 from agentq.worker import WorkerConfig
 from agentq_dev.stack import LocalStack
 
@@ -319,6 +323,42 @@ def test_a_line_nested_deeper_than_the_api_accepts_is_an_error_naming_its_line_n
                       "--api-key", "k"], env=dict(os.environ), timeout=60, cwd=tmp_path)  # fmt: skip
     assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
     assert "agentq: dataset line 2: json: nests deeper than" in ran.stderr, ran.stderr
+
+
+# Every input the API refuses from any submission naming an agent, with a value the submission
+# model takes (what is refused is the field): the version's fields and constraints, and an alias's.
+REFUSED_INPUTS: dict[str, dict[str, Any]] = {
+    "provider": {"provider": "anthropic"},
+    "model": {"model": "claude-haiku-4-5"},
+    "system": {"system": "be brief"},
+    "script": {"script": "echo"},
+    "fallbacks": {"fallbacks": []},
+    "mcp_tools": {"mcp_tools": []},
+    "remote_agents": {"remote_agents": []},
+    "constraints.tools": {"constraints": {"tools": []}},
+    "constraints.tool_policies": {"constraints": {"tool_policies": {}}},
+    "online": {"online": {"alias": "prod", "grade": {"grader": "says_done"}}},
+}
+
+
+@pytest.mark.parametrize("field", sorted(REFUSED_INPUTS))
+def test_an_input_the_api_refuses_for_every_agent_is_refused_before_anything_is_submitted(
+    store: Storage, registry: ToolRegistry, field: str
+) -> None:
+    """The local check knew provider, model, system and script only: a line setting a constraint's
+    tools, fallbacks, MCP tools, remote agents or an online grade passed it, and the API refused
+    it only as it was submitted, after the lines before it. Both sides name the same field (the
+    local list is built from the API's: core.agents, core.models.SET_BY_AGENTQ)."""
+    line = {"goal": "g", "inputs": REFUSED_INPUTS[field]}
+    with pytest.raises(ValidationError) as local:
+        parse_dataset(json.dumps(line) + "\n")
+    assert local.value.field == f"dataset:1:inputs.{field}", local.value.message
+    name = f"support-{uuid.uuid4().hex[:8]}"
+    store.agents.create("t", AgentSpec.model_validate({"name": name, "provider": "scripted", "script": "echo"}))
+    body = {**REFUSED_INPUTS[field], "goal": "g", "agent": f"{name}@1"}
+    with pytest.raises(ValidationError) as api:
+        submit_once(store, registry, body, tenant="t")
+    assert api.value.field == field, api.value.message
 
 
 def test_a_bad_dataset_or_a_missing_version_submits_nothing(eval_stack: ApiStack, tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from agentq.control.validation import parse_submission as parse_submission
 from agentq.control.workspaces import check_workspace
 from agentq.core.endusers import UserMayNot
 from agentq.core.errors import ValidationError
-from agentq.core.models import Task, TaskStatus, TaskSubmission
+from agentq.core.models import SET_BY_AGENTQ, Task, TaskStatus, TaskSubmission
 from agentq.core.stops import check_open
 from agentq.core.tools import ToolRegistry
 from agentq.queueing.endings import task_ended
@@ -72,11 +72,9 @@ def prepare_submission(
     (``submit_once``; a schedule's template is checked the same way). ``only_user``: the caller
     acts as that end user (a token's), so its dependencies must be that user's tasks, and a
     timeout it sets never approves (``check_user_approvals``)."""
-    if submission.online is not None:
-        raise ValidationError(
-            "online: set by an alias with online evaluation when it samples the task; a submission cannot send it",
-            field="online",
-        )
+    for name, why in SET_BY_AGENTQ.items():
+        if getattr(submission, name) is not None:
+            raise ValidationError(f"{name}: {why}; a submission cannot send it", field=name)
     if submission.agent is None and submission.mcp_tools:
         raise ValidationError(
             "mcp_tools: set from an agent version's mcp_servers; create an agent that names the server",

@@ -28,16 +28,32 @@ from typing import Any
 
 from pydantic import ValidationError as PydanticError
 
+from agentq.core.agents import DEFINED_BY_AGENT, DEFINED_CONSTRAINTS
 from agentq.core.errors import ValidationError
-from agentq.core.models import MAX_JSON_DEPTH, TaskSubmission
+from agentq.core.models import MAX_JSON_DEPTH, SET_BY_AGENTQ, TaskSubmission
 
 # name@N: an evaluation compares fixed versions (an alias may move while it runs).
 PINNED_REF = re.compile(r"^([a-z0-9][a-z0-9_-]{0,63})@([1-9][0-9]{0,8})$")
 EVAL_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 ITEM_FIELDS = ("id", "goal", "inputs", "outcome", "rubric", "expected")
-# What an item's ``inputs`` may not set: the agent's own (provider, model, system, script,
-# tools), and what the evaluation sets itself.
-NOT_INPUTS = ("goal", "agent", "outcome", "provider", "model", "system", "script", "depends_on")
+# What an item's ``inputs`` may not set, each with why: what the item or the evaluation sets
+# itself; what the API refuses in every submission naming an agent (the version's fields and
+# constraints, ``core.agents``, and what agentq sets, ``core.models.SET_BY_AGENTQ``: the same
+# names, so the two cannot drift apart). What it refuses only for some versions (an
+# ``output_schema`` or ``workspace.allow_hosts`` where the version sets one) is the API's to say,
+# as that line is submitted.
+NOT_INPUTS = {
+    "goal": "the item's goal",
+    "outcome": "the item's outcome or rubric",
+    "agent": "the version the evaluation runs it on",
+    "depends_on": "an item runs on its own",
+    **dict.fromkeys(DEFINED_BY_AGENT, "set by the agent version: the API refuses it from a submission"),
+    **dict.fromkeys(
+        (f"constraints.{name}" for name in DEFINED_CONSTRAINTS),
+        "set by the agent version: the API refuses it from a submission",
+    ),
+    **{name: f"{why}: the API refuses it from a submission" for name, why in SET_BY_AGENTQ.items()},
+}
 META_EVAL, META_ITEM, META_VERSION = "agentq_eval", "agentq_eval_item", "agentq_eval_version"
 
 
@@ -131,9 +147,11 @@ def _item(number: int, raw: str) -> EvalItem:
         raise _bad(number, "inputs", "an object of submission fields (e.g. constraints, workspace, metadata)")
     if not isinstance(inputs.get("metadata", {}), dict):
         raise _bad(number, "inputs.metadata", "an object of strings")
-    for name in NOT_INPUTS:
-        if name in inputs:
-            raise _bad(number, f"inputs.{name}", "set by the item or the agent version, not by inputs")
+    for name, why in NOT_INPUTS.items():
+        top, _, inner = name.partition(".")
+        within = inputs.get(top) if inner else inputs
+        if isinstance(within, dict) and (inner or name) in within:
+            raise _bad(number, f"inputs.{name}", f"not an input ({why})")
     outcome = data.get("outcome")
     if "rubric" in data:
         if outcome is not None:

@@ -219,6 +219,11 @@ class Notify(StrictModel):
 
 ConcurrencyConflict = Literal["queue", "cancel_running", "skip"]
 MAX_CONCURRENCY_KEY_CHARS = 128
+# Fields of a submission agentq sets as it resolves one, never a caller (``control.submit``
+# refuses a request carrying one, naming it), each with why.
+SET_BY_AGENTQ = {
+    "online": "set by an alias with online evaluation when it samples the task",
+}
 
 
 class Concurrency(StrictModel):
