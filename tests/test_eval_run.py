@@ -425,6 +425,26 @@ def test_a_line_the_api_refuses_stops_the_lines_after_it_being_submitted_and_off
     assert stays in said, said
 
 
+def test_a_line_edited_since_its_evaluation_submitted_it_exits_1_naming_the_line(
+    eval_stack: ApiStack, tmp_path: Path
+) -> None:
+    """docs/AGENTS.md: a line edited since is refused (exit 1, naming the line), never run again
+    under the same id. The API's 409 was turned into a usage error: exit 2, as for a bad line."""
+    name, path, rows = _setup(eval_stack, tmp_path, 3)
+    first = _run(eval_stack, tmp_path, name, path, "--no-plot")
+    assert first.returncode == 0, first.stderr[-3000:]
+    eval_id = _evaluation_of(first.stderr)
+    rows[1]["goal"] = "question 1, reworded"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    edited = _run(eval_stack, tmp_path, name, path, "--no-plot", "--resume", eval_id, "--submitters", "1")
+    assert edited.returncode == 1, edited.stderr[-3000:]
+    said = edited.stderr.strip().splitlines()[-1]
+    assert said.startswith(f"agentq: dataset line 2 (item 'item-1'): evaluation {eval_id} submitted this item to "
+                           f"{name}@1 with another request (the line changed since)"), said  # fmt: skip
+    assert said.endswith("the 2 of 6 tasks submitted stay (dataset:2)"), said  # re-attached; no --resume offered
+    _assert_once_per_version(eval_stack, eval_id, name, [{**r, "goal": "?"} for r in rows])
+
+
 def test_the_wilson_interval_holds_its_rate_inside_zero_and_one_for_every_count() -> None:
     for n in range(1, 60):
         for passed in range(n + 1):

@@ -80,8 +80,10 @@ def _submit_all(
         body = submission(item, refs[side], eval_id)
         try:
             return client.submit(body, idempotency_key=item_key(eval_id, item.item_id, refs[side]))
-        except Conflict:
-            raise UsageError(
+        except Conflict as exc:  # a 409, as the API said it: the evaluation did not succeed (exit 1), not bad usage
+            raise Conflict(
+                exc.status,
+                exc.code,
                 f"dataset line {item.line} (item {item.item_id!r}): evaluation {eval_id} submitted this item to "
                 f"{refs[side]} with another request (the line changed since); evaluate the new dataset under a new id",
                 field=f"dataset:{item.line}",
@@ -129,11 +131,13 @@ def _stopped(failure: BaseException, eval_id: str, submitted: int, jobs: int) ->
     """Raise the failure that stopped the submissions, saying what stays of the evaluation (its
     ``--resume`` offered only once something was submitted: otherwise there is nothing to
     re-attach to)."""
+    from agentq.api.client import Conflict
+
     if isinstance(failure, AgentqError) and submitted:
         fix = "fix the line and " if (failure.field or "").startswith("dataset:") else ""
-        failure.message += (
-            f"; submitting stopped there: the {submitted} of {jobs} tasks submitted stay ({fix}run with "
-            f"--resume {eval_id} to re-attach to them and submit the rest)"
+        resume = f" ({fix}run with --resume {eval_id} to re-attach to them and submit the rest)"
+        failure.message += f"; submitting stopped there: the {submitted} of {jobs} tasks submitted stay" + (
+            "" if isinstance(failure, Conflict) else resume  # an edited line: the same id refuses it again
         )
         failure.args = (failure.message,)
     raise failure
