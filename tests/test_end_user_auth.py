@@ -586,6 +586,7 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"outcome": {"rubric": "anything passes", "bar": 0.0}}, "outcome"),
     ({"outcome": None}, "outcome"),
     ({"online": {"alias": "prod", "grade": {"rubric": "r"}}}, "online"),
+    ({"own_fields": ["outcome"]}, "own_fields"),
     ({"constraints": {"max_steps": 5, "tools": ["shell"]}}, "constraints.tools"),
     ({"constraints": {"tool_policies": {"shell": "allow"}}}, "constraints.tool_policies"),
     ({"workspace": {"allow_hosts": ["example.com"]}}, "workspace.allow_hosts"),

@@ -338,6 +338,7 @@ REFUSED_INPUTS: dict[str, dict[str, Any]] = {
     "constraints.tools": {"constraints": {"tools": []}},
     "constraints.tool_policies": {"constraints": {"tool_policies": {}}},
     "online": {"online": {"alias": "prod", "grade": {"grader": "says_done"}}},
+    "own_fields": {"own_fields": ["outcome"]},
 }
 
 

@@ -29,7 +29,7 @@ Why each refused field would reach past the user or the agent:
 - ``provider``, ``model``, ``system``, ``script``, ``fallbacks``, ``output_schema``,
   ``mcp_tools``, ``remote_agents``, ``constraints.tools``, ``constraints.tool_policies``: what
   the agent is (its model, prompt, answer's shape, tools and their policies); ``online``: an
-  alias's.
+  alias's; ``own_fields``: agentq's record, made as the agent is resolved.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from agentq.api.errors import Forbidden
 from agentq.api.models import ForkRequest
 from agentq.core.agents import DEFINED_BY_AGENT
 from agentq.core.endusers import Caller
-from agentq.core.models import Constraints, TaskSubmission
+from agentq.core.models import SET_BY_AGENTQ, Constraints, TaskSubmission
 from agentq.core.workspace import WorkspaceSpec
 
 # What a token may set, and why each stays within its user's own task.
@@ -95,7 +95,7 @@ WHY_NOT = {
     "the grading model and its prompt (its agent's outcome applies)",
     "notify": "a callback is its agent's, signed with the tenant's secret for the tenant's backend: a user's token "
     "may not send it elsewhere or drop it (its agent's applies)",
-    "online": "set by an alias with online evaluation when it samples the task",
+    **SET_BY_AGENTQ,  # an alias's online grade, the record of what a submission set itself
     "priority": "a user's token may choose normal or low: high would put its tasks ahead of its tenant's other "
     "users' (the tenant's key gives it)",
     "constraints.tools": _AGENTS,

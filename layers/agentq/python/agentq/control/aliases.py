@@ -12,12 +12,25 @@ and a retry or a resume keeps it. ``set_alias`` checks that grade before anythin
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from pydantic import BaseModel
+
+from agentq.control.defaults import CONSTRAINT_FIELDS, Defaults
+from agentq.control.memory import check_attachments
 from agentq.control.operations import owned_task
 from agentq.control.validation import check_outcome, check_submission, parse_submission
-from agentq.core.agents import DEFINED_BY_AGENT, AgentVersion, parse_ref, resolved_fields
+from agentq.core.agents import (
+    DEFINED_BY_AGENT,
+    DEFINED_CONSTRAINTS,
+    SUPPLIED_BY_AGENT,
+    AgentVersion,
+    parse_ref,
+    resolved_fields,
+)
 from agentq.core.aliases import AgentAlias, AliasSpec, pick, sampled, split_key
 from agentq.core.errors import IllegalTransition, ValidationError
-from agentq.core.models import OnlineGrade, TaskStatus
+from agentq.core.models import Constraints, OnlineGrade, TaskStatus, TaskSubmission
 from agentq.core.tools import ToolRegistry
 from agentq.storage.agents import AgentNotFound
 from agentq.storage.container import Storage
@@ -68,17 +81,25 @@ def set_alias(store: Storage, tools: ToolRegistry, tenant: str, name: str, alias
     return store.aliases.set(tenant, name, alias, spec)
 
 
-def move_task(store: Storage, tools: ToolRegistry, task_id: str, version: int, *, tenant: str) -> tuple[str, str]:
+def move_task(
+    store: Storage, tools: ToolRegistry, task_id: str, version: int, *, tenant: str, defaults: Defaults | None = None
+) -> tuple[str, str]:
     """Pin ``task_id`` to ``version`` of its agent from its next run on; (before, after) refs.
 
-    What the version defines (provider, model, system, script, tools and their policies,
-    fallbacks, MCP tools, output schema) replaces the old version's; the task's own constraints,
-    budget, workspace and conversation stay. Only an answered or idle task moves (409 otherwise):
-    a run in flight is never changed under its worker."""
+    The task is resolved again as its request would be on the new version: what the version
+    defines (provider, model, system, script, tools and their policies, fallbacks, MCP tools,
+    remote agents) and what it gives its tasks unless they set it themselves (outcome, notify,
+    concurrency, output schema, memory, constraint defaults) come from the new version, and the
+    deployment's ``defaults`` fill what neither sets; what the submitter set itself
+    (``_own_fields``) stays, as do its goal, user, metadata, priority, budget
+    (``constraints.max_tokens``: META's, already spent against), workspace (its files are where
+    they are) and conversation. A task moved keeping the old version's outcome was graded by a
+    gate its version no longer had. Only an answered or idle task moves (409 otherwise): a run in
+    flight is never changed under its worker."""
     task = owned_task(store, task_id, tenant)
     if task.submission.agent is None:
         raise ValidationError(f"task {task_id} runs no agent definition: there is no version to move", field="task_id")
-    name, _ = parse_ref(task.submission.agent)
+    name, was = parse_ref(task.submission.agent)
     try:
         target = store.agents.get(tenant, name, version)
     except AgentNotFound:
@@ -90,14 +111,26 @@ def move_task(store: Storage, tools: ToolRegistry, task_id: str, version: int, *
             field="task_id",
         )
     old = task.submission
-    drop = {*DEFINED_BY_AGENT, "agent", "output_schema", "constraints", "workspace"}
-    sent = old.model_dump(exclude=drop, exclude_none=True)
-    sent["constraints"] = old.constraints.model_dump(exclude={"tools", "tool_policies"}, exclude_none=True)
+    own = _own_fields(old, lambda: _version_was(store, tenant, name, was), defaults)
+    sent = old.model_dump(exclude={*DEFINED_BY_AGENT, *SUPPLIED_BY_AGENT, "agent", "constraints", "memory",
+                                   "own_fields"}, exclude_none=True)  # fmt: skip
+    for field in SUPPLIED_BY_AGENT:
+        if field in own and field != "workspace":
+            value = getattr(old, field)
+            sent[field] = value if not isinstance(value, BaseModel) else value.model_dump(exclude_none=True)
+    mine = old.constraints.model_dump(exclude_none=True)
+    sent["constraints"] = {k: v for k, v in mine.items() if f"constraints.{k}" in own}
+    sent["memory"] = [a.model_dump(exclude_none=True) for a in old.memory if f"memory.{a.store}" in own]
     fields = resolved_fields(target, sent)
+    fields["own_fields"] = sorted(own)
+    fields["constraints"]["max_tokens"] = old.constraints.max_tokens
     if old.workspace is not None:  # the task's files are where they are: its workspace stays
         fields["workspace"] = old.workspace.model_dump(exclude_none=True)
     moved = parse_submission(fields)
+    if defaults is not None:
+        moved = defaults.apply(moved)
     check_submission(moved, tools)
+    check_attachments(store, moved.memory, tenant=tenant)
     try:
         repin(store.table, task_id, moved, before=task.submission.agent, statuses=MOVABLE)
     except TaskBusy:
@@ -105,3 +138,43 @@ def move_task(store: Storage, tools: ToolRegistry, task_id: str, version: int, *
             f"task {task_id} started running again; move it when it is answered or idle", field="task_id"
         ) from None
     return task.submission.agent, target.ref
+
+
+def _version_was(store: Storage, tenant: str, name: str, version: int | str | None) -> AgentVersion | None:
+    """The version a task ran (its ``agent`` is pinned, name@N), None if it cannot be read."""
+    try:
+        return store.agents.get(tenant, name, version) if isinstance(version, int) else None
+    except AgentNotFound:
+        return None
+
+
+def _own_fields(
+    old: TaskSubmission, version_was: Callable[[], AgentVersion | None], defaults: Defaults | None
+) -> set[str]:
+    """What of the fields a version also gives its tasks ``old``'s submitter set itself: as
+    recorded when it was resolved (``TaskSubmission.own_fields``). A task resolved before that
+    record was kept has none: then a field whose value the version it ran (``version_was``)
+    gave, or for a constraint that version left unset the deployment's or agentq's default, is
+    taken as not its own, and any other value as its own (so a value its submitter sent equal
+    to the version's follows the move, and a deployment default changed since stays)."""
+    if old.own_fields is not None:
+        return set(old.own_fields)
+    was = version_was()
+    if was is None:  # nothing to tell them apart by: every value it has stays, as before the record
+        mine = old.constraints.model_dump(exclude={*DEFINED_CONSTRAINTS}, exclude_none=True)
+        return {*(f for f in SUPPLIED_BY_AGENT if getattr(old, f) is not None),
+                *(f"constraints.{k}" for k in mine), *(f"memory.{a.store}" for a in old.memory)}  # fmt: skip
+    own = {f for f in SUPPLIED_BY_AGENT if f != "workspace" and getattr(old, f) not in (None, getattr(was, f))}
+    given = {a.store: a for a in was.memory}
+    own |= {f"memory.{a.store}" for a in old.memory if given.get(a.store) != a}
+    version_defaults = was.constraints.model_dump(exclude_none=True)
+    usual = Constraints().model_dump()
+    deployment = {k: getattr(defaults, k) for k in CONSTRAINT_FIELDS} if defaults is not None else {}
+    for field, value in old.constraints.model_dump(exclude={*DEFINED_CONSTRAINTS}).items():
+        if field in version_defaults:
+            its = value != version_defaults[field]
+        else:
+            its = value not in (usual.get(field), deployment.get(field, usual.get(field)))
+        if its:
+            own.add(f"constraints.{field}")
+    return own

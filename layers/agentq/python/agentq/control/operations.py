@@ -267,6 +267,8 @@ def raise_budget(
     if add_steps or add_usd:
         sub = task.submission.model_copy(deep=True)
         sub.constraints.max_steps += add_steps
+        if add_steps and sub.own_fields is not None:  # its owner's now: a move keeps it (control.aliases)
+            sub.own_fields = sorted({*sub.own_fields, "constraints.max_steps"})
         if add_usd and sub.constraints.max_cost_usd is not None:
             sub.constraints.max_cost_usd += add_usd
         TaskSubmission.model_validate(sub.model_dump())  # the raised caps must still be valid
@@ -311,6 +313,8 @@ def fork(
     for key, value in (overrides or {}).items():
         if key == "constraints" and isinstance(value, dict):
             body["constraints"] = {**body.get("constraints", {}), **value}
+            if body.get("own_fields") is not None:  # the caller's own: a move of the fork keeps them
+                body["own_fields"] = sorted({*body["own_fields"], *(f"constraints.{k}" for k in value)})
         else:
             body[key] = value
     if (

@@ -60,6 +60,11 @@ MAX_DESCRIPTION_CHARS = 1024
 # Fields of a submission the agent defines; a submission naming an agent may not set them.
 DEFINED_BY_AGENT = ("provider", "model", "system", "script", "mcp_tools", "remote_agents", "fallbacks")
 DEFINED_CONSTRAINTS = ("tools", "tool_policies")
+# Fields a version gives its tasks that a submission may set itself: its own wins (a memory
+# attachment per store, a constraint per name). A task records which it set
+# (``TaskSubmission.own_fields``), so a move to another version keeps those and takes the rest
+# from the new version (``control.aliases.move_task``).
+SUPPLIED_BY_AGENT = ("outcome", "notify", "concurrency", "output_schema", "workspace")
 
 
 class AgentConstraints(StrictModel):
@@ -233,10 +238,21 @@ def agent_workspace(agent: WorkspaceSpec, sent: dict[str, Any] | None) -> dict[s
     return {**fields, "allow_hosts": list(agent.allow_hosts)}
 
 
+def own_fields(sent: dict[str, Any]) -> list[str]:
+    """What of the fields a version also gives its tasks ``sent`` sets itself (a field sent as
+    null included: it drops the version's), as ``TaskSubmission.own_fields`` records it."""
+    names = [name for name in SUPPLIED_BY_AGENT if name in sent]
+    names += [f"constraints.{name}" for name in sent.get("constraints") or {}]
+    names += [f"memory.{MemoryAttachment.model_validate(a).store}" for a in sent.get("memory") or []]
+    return sorted(names)
+
+
 def resolved_fields(version: AgentVersion, submission_fields: dict[str, Any]) -> dict[str, Any]:
     """The fields of a submission of ``version``: the agent's, then the submission's own
-    constraints over the agent's defaults; ``agent`` pinned to the version."""
+    constraints over the agent's defaults; ``agent`` pinned to the version; which fields the
+    submission set itself recorded (``own_fields``)."""
     sent = dict(submission_fields)
+    recorded = own_fields(sent)
     sent_constraints = dict(sent.pop("constraints", None) or {})
     agent_defaults = version.constraints.model_dump(exclude_none=True)
     constraints = {
@@ -253,6 +269,7 @@ def resolved_fields(version: AgentVersion, submission_fields: dict[str, Any]) ->
         "constraints": constraints,
         "mcp_tools": [p.model_dump() for p in version.mcp_tools],
         "remote_agents": [r.model_dump(exclude_none=True) for r in version.remote_agents or []],
+        "own_fields": recorded,
     }
     if version.memory:
         own = [MemoryAttachment.model_validate(a) for a in sent.get("memory") or []]

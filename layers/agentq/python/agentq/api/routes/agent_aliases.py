@@ -104,10 +104,11 @@ def router(deps: ApiDeps) -> Router:
         "/tasks/<task_id>/agent",
         summary="Move a task to another version of its agent",
         description="A task keeps the version it was submitted with (an alias moved since changes nothing for it), "
-        "follow-ups included. This moves it: what the version defines (model, system, tools, policies, ...) replaces "
-        "the old one's from its next run; its constraints, budget, workspace and conversation stay. Only an answered "
-        "(`succeeded`) or `idle` task moves (409 otherwise); the stream logs `agent.moved`. A key's call: an end "
-        "user's token is answered 403.",
+        "follow-ups included. This moves it: from its next run it is what its request submitted to that version would "
+        "be (the version's model, system, tools, policies, outcome, memory, callback, constraint defaults, ...), "
+        "keeping what its submitter set itself (its own constraints, outcome, ...), its budget, workspace and "
+        "conversation. Only an answered (`succeeded`) or `idle` task moves (409 otherwise); the stream logs "
+        "`agent.moved`. A key's call: an end user's token is answered 403.",
         operation_id="moveTaskAgent",
         tags=["agents"],
         responses=responses(200, TaskMoved, 400, 403, 404, 409, 413, 415, 422),
@@ -120,7 +121,7 @@ def router(deps: ApiDeps) -> Router:
                 "version is the tenant's (its key's) to do",
                 field="version",
             )
-        previous, agent = move_task(store, deps.tools, task_id, body.version, tenant=tenant())
+        previous, agent = move_task(store, deps.tools, task_id, body.version, tenant=tenant(), defaults=deps.defaults)
         return TaskMoved(task_id=task_id, previous=previous, agent=agent)
 
     return routes

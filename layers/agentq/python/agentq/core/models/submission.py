@@ -223,7 +223,9 @@ MAX_CONCURRENCY_KEY_CHARS = 128
 # refuses a request carrying one, naming it), each with why.
 SET_BY_AGENTQ = {
     "online": "set by an alias with online evaluation when it samples the task",
+    "own_fields": "recorded when the submission's agent version is resolved",
 }
+OwnField = Annotated[str, Field(max_length=160)]  # "outcome", "constraints.max_steps", "memory.<store>"
 
 
 class Concurrency(StrictModel):
@@ -322,6 +324,16 @@ class TaskSubmission(StrictModel):
         description="models to use, in order, when the model's circuit is open or a call still fails with an "
         "overload after its retries; each step records the provider and model that answered, and the task "
         "goes on with it (a resume and a fork too)",
+    )
+    # None: no agent resolved, or a task resolved before this record was kept (control.aliases.move_task
+    # then infers it from the version the task ran).
+    own_fields: list[OwnField] | None = Field(
+        default=None,
+        max_length=256,
+        description="recorded when the agent version is resolved (never sent: a submission carrying it is refused): "
+        "what of the fields a version also gives its tasks the submission set itself (`outcome`, `notify`, "
+        "`concurrency`, `output_schema`, `workspace`, `constraints.<name>`, `memory.<store>`); a move to another "
+        "version keeps these and takes the rest from that version",
     )
 
     def candidates(self) -> list[ModelChoice]:
