@@ -242,3 +242,54 @@ def test_a_sampled_task_with_its_own_outcome_counts_only_the_grade_that_ends_it(
     assert len(_grades(store, task_id)) == 2 and len(grader_runs(ledger)) == 2  # no second call for the sample
     (bucket,) = _buckets(store).values()
     assert (bucket.graded, bucket.passed) == (1, passed)
+
+
+def _costs(store: Storage, task_id: str) -> tuple[Decimal, Decimal]:
+    """What the task's own calls cost, and what grading its answers cost, from its steps."""
+    steps = [s.body for s in store.steps.load(task_id)]
+    agent = sum((b.cost_usd for b in steps if isinstance(b, LLMStep)), Decimal(0))
+    grading = sum((b.cost_usd for b in steps if isinstance(b, GradeStep)), Decimal(0))
+    return agent.quantize(Decimal("0.000001")), grading.quantize(Decimal("0.000001"))
+
+
+def test_a_version_counts_its_tasks_cost_without_grading_and_every_grade_of_the_round(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    """A sampled task with an outcome of its own answers twice, graded twice by a priced model,
+    and only the grade that ends it is counted: the bucket's task cost is what the agent's calls
+    cost (no grade's), its grading cost what both grades cost (not the last one's alone)."""
+    spec = AgentSpec.model_validate({
+        "name": "support", "provider": "scripted", "script": {"turns": [{"text": "first"}, {"text": "second"}]},
+        "outcome": {"rubric": "r", "max_attempts": 2, "script": {"turns": [
+            {"text": '{"score": 0.1, "feedback": "no"}'}, {"text": '{"score": 0.9}'}]}},
+    })  # fmt: skip
+    store.agents.create(TENANT, spec)
+    _alias(store, 1.0, {"grader": "says_done"})
+    task_id = uuid.uuid4().hex
+    assert _submit_and_run(store, registry, task_id).status is TaskStatus.SUCCEEDED
+    agent, grading = _costs(store, task_id)
+    assert len(_grades(store, task_id)) == 2 and agent > 0 and grading > 0
+    (bucket,) = _buckets(store).values()
+    assert (bucket.graded, bucket.passed) == (1, 1)
+    assert (bucket.task_cost_usd, bucket.grade_cost_usd) == (agent, grading)
+    assert bucket.grade_tokens == sum(g.usage.total for g in _grades(store, task_id))
+
+
+def test_each_answer_of_a_sampled_conversation_counts_only_what_was_spent_since_the_last(
+    store: Storage, registry: ToolRegistry
+) -> None:
+    """A sampled task answers, is graded and counted; a message reopens it, and its next answer
+    is graded and counted too: the two counts add up to what the task spent, each dollar once."""
+    store.agents.create(TENANT, AgentSpec.model_validate({
+        "name": "support", "provider": "scripted", "system": "s",
+        "script": {"turns": [{"text": "Blue."}, {"text": "Green."}]}}))  # fmt: skip
+    _alias(store, 1.0, {"rubric": "Names a colour.", "script": {"turns": [{"text": '{"score": 1}'}]}})
+    task_id = uuid.uuid4().hex
+    assert _submit_and_run(store, registry, task_id).status is TaskStatus.SUCCEEDED
+    store.messages.accept(task_id, "and another colour?", tenant=TENANT)
+    engine = Engine(store, worker_id="w", tools=registry, config=EngineConfig(lease_seconds=10))
+    assert engine.run(task_id).status is TaskStatus.SUCCEEDED
+    assert len(_grades(store, task_id)) == 2
+    (bucket,) = _buckets(store).values()
+    assert (bucket.graded, bucket.passed) == (2, 2)
+    assert (bucket.task_cost_usd, bucket.grade_cost_usd) == _costs(store, task_id)

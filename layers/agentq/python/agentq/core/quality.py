@@ -3,13 +3,15 @@ sampled task's grade is counted once in its agent version's hourly bucket (``sto
 so a console or a CLI compares a canary with its stable version from a few counters a version
 an hour, never from the tasks themselves.
 
-``GradeTally`` is what one grade adds; ``QualityBucket`` is a bucket as read, with its rates.
+``GradeTally`` is what one grade adds; ``QualityBucket`` is a bucket as read, with its rates;
+``Spent`` is what a sampled task spent, its grading apart, and what its counts added so far.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 from pydantic import Field
 
@@ -25,6 +27,46 @@ def hour_of(at: float) -> int:
 
 
 @dataclass(frozen=True)
+class Spent:
+    """What a sampled task spent: on its own (``task_usd``: its model calls and compactions)
+    and on grading its answers (``grade_usd``, ``grade_tokens``: every grade, an outcome's
+    attempts included). Its totals now are ``spent``; what its counts added to its version's
+    buckets so far is ``counted``, kept on META's grade (``counted``) by the commit of the grade
+    that counted last. A count adds the difference, so each dollar is counted once, in the
+    count of the grade that ends its round, whatever number of grades (an outcome's attempts)
+    or rounds (a conversation's answers) the task took."""
+
+    task_usd: Decimal = Decimal(0)
+    grade_usd: Decimal = Decimal(0)
+    grade_tokens: int = 0
+
+    def since(self, before: Spent) -> Spent:
+        return Spent(
+            self.task_usd - before.task_usd, self.grade_usd - before.grade_usd, self.grade_tokens - before.grade_tokens
+        )
+
+    def as_meta(self) -> dict[str, Any]:
+        return {"task_usd": str(self.task_usd), "grade_usd": str(self.grade_usd), "grade_tokens": self.grade_tokens}
+
+
+def spent(cost_usd: Decimal, grade: dict[str, Any] | None) -> Spent:
+    """What a task spent, from its total ``cost_usd`` (grading included, as META counts it)
+    and META's ``grade`` (the grading's totals over all of the task's grades)."""
+    g = grade or {}
+    grading = Decimal(str(g.get("cost_usd", "0")))
+    tokens = int(g.get("tokens_in", 0)) + int(g.get("tokens_out", 0))
+    return Spent(cost_usd - grading, grading, tokens)
+
+
+def counted(grade: dict[str, Any] | None) -> Spent:
+    """What the task's counts so far added to its version's buckets (META's grade's ``counted``)."""
+    c = (grade or {}).get("counted") or {}
+    return Spent(
+        Decimal(str(c.get("task_usd", "0"))), Decimal(str(c.get("grade_usd", "0"))), int(c.get("grade_tokens", 0))
+    )
+
+
+@dataclass(frozen=True)
 class GradeTally:
     """One online grade, as its version's bucket counts it."""
 
@@ -36,8 +78,8 @@ class GradeTally:
     hour: int
     passed: bool
     score: float | None  # None: the grade failed (an error, counted apart, never as a fail)
-    task_cost_usd: Decimal  # what the task spent on its own before the grade
-    grade_cost_usd: Decimal  # what the grade spent (the grading model)
+    task_cost_usd: Decimal  # what the task spent on its own since its last count (``Spent``), grading apart
+    grade_cost_usd: Decimal  # what grading spent since then: every grade of the round (the grading model)
     grade_tokens: int
 
 
@@ -53,9 +95,15 @@ class QualityBucket(StrictModel):
     errors: int = Field(description="grades that failed (the grader raised, timed out, returned nonsense, no budget)")
     pass_rate: float | None = Field(description="passed / (graded - errors); None when nothing was scored")
     mean_score: float | None
-    task_cost_usd: Decimal = Field(description="what the graded tasks spent, grading apart")
+    task_cost_usd: Decimal = Field(
+        description="what the graded tasks spent on their own calls, no grading in it (a task answering more than "
+        "once, in a conversation, counts at each grade what it spent since the one before)"
+    )
     mean_task_cost_usd: Decimal | None = Field(description="task_cost_usd per graded answer")
-    grade_cost_usd: Decimal = Field(description="what grading them spent (in the tasks' budgets, shown apart)")
+    grade_cost_usd: Decimal = Field(
+        description="what grading them spent, every grade (an outcome's earlier attempts too; in the tasks' budgets, "
+        "shown apart)"
+    )
     grade_tokens: int
 
 

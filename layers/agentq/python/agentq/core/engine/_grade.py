@@ -302,7 +302,9 @@ class GradeTurn:
         if observing:
             meta["online"] = s.task.submission.online.alias if s.task.submission.online else None
         if finish is not None:  # the grade that ends the task is its version's, counted once
-            count(self.quality, s, step)
+            now_counted = count(self.quality, s, step, meta)
+            if now_counted is not None:
+                meta["counted"] = now_counted
         retries = step.retries and not observing
         messages = [*s.messages, feedback_message(s.messages, step)] if retries else s.messages
         result = answer if finish is not None else None
@@ -340,6 +342,8 @@ class GradeTurn:
             "tokens_in": int(prior.get("tokens_in", 0)) + step.usage.input_total,
             "tokens_out": int(prior.get("tokens_out", 0)) + step.usage.output_tokens,
             "cost_usd": str(Decimal(str(prior.get("cost_usd", "0"))) + step.cost_usd),
+            # a sampled task: what its counts added to its version's buckets (``_online.count``)
+            **({"counted": prior["counted"]} if "counted" in prior else {}),
         }
 
 

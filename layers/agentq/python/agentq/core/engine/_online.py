@@ -9,7 +9,11 @@ outcome (``_grade``), but the grade only observes:
   grade (an error counted apart), never stops or delays the task;
 - the grade is counted once in its agent version's hourly bucket (``storage.quality``), before
   the grade step commits: a worker killed between the two counts again on resume, and the
-  bucket's marker makes that a no-op.
+  bucket's marker makes that a no-op. The count carries what the task spent since its last
+  count (``core.quality.Spent``): its own calls without any grading, and every grade since (an
+  outcome's earlier attempts of the round included); the grade step's commit keeps on META's
+  grade what the counts have added (``counted``), so a resumed count adds the same and a later
+  round's count adds only what that round spent.
 
 A task with an outcome of its own is graded by that outcome (which does gate it); sampled, its
 last grade (the one that ends it) is what its version's bucket counts, with no second call.
@@ -20,13 +24,14 @@ from __future__ import annotations
 import logging
 import time
 from decimal import Decimal
+from typing import Any
 
 from agentq.core.agents import parse_ref
 from agentq.core.engine._session import Session
 from agentq.core.faults import crash_point
 from agentq.core.models import CompactStep, GradeStep, LLMStep, OutcomeSpec, TaskSubmission
 from agentq.core.ports import QualityBook
-from agentq.core.quality import GradeTally, hour_of
+from agentq.core.quality import GradeTally, counted, hour_of, spent
 
 log = logging.getLogger("agentq.engine")
 
@@ -51,30 +56,37 @@ def skipped(outcome: OutcomeSpec, why: str) -> GradeStep:
     )  # fmt: skip
 
 
-def own_cost(s: Session) -> Decimal:
-    """What the task spent on its own so far: META's at the claim, and this run's steps since."""
-    spent = s.task.cost_usd
+def spent_so_far(s: Session) -> Decimal:
+    """What the task spent so far, grading included: META's at the claim, and this run's
+    committed steps since (the grade being committed not among them)."""
+    spent_usd = s.task.cost_usd
     for record in s.steps[len(s.steps) - s.committed :] if s.committed else []:
         if isinstance(record.body, LLMStep | CompactStep | GradeStep):
-            spent += record.body.cost_usd
-    return spent
+            spent_usd += record.body.cost_usd
+    return spent_usd
 
 
-def count(quality: QualityBook, s: Session, step: GradeStep) -> None:
+def count(quality: QualityBook, s: Session, step: GradeStep, meta: dict[str, Any]) -> dict[str, Any] | None:
     """Count the grade of step ``s.next_step`` in the bucket of the version the task runs
-    (once: see the module). A task that names no version (sampled through an alias, it always
-    does) is not counted."""
+    (once: see the module), with what the task spent since its last count (``core.quality.Spent``:
+    its own cost without any grading, and every grade of the round); ``meta`` is META's grade as
+    this step's commit writes it (the grading's totals with this grade). Answers what the task's
+    counts have then added (META's grade's ``counted``), or None for a task that is not counted:
+    not sampled, or naming no version (sampled through an alias, it always names one)."""
     sub = s.task.submission
     if sub.online is None or sub.agent is None:
-        return
+        return None
     name, version = parse_ref(sub.agent)
     if not isinstance(version, int):
-        return
+        return None
+    now = spent(spent_so_far(s) + step.cost_usd, meta)
+    added = now.since(counted(s.task.grade))
     tally = GradeTally(
         tenant=s.task.tenant, agent=name, version=version, task_id=s.task_id, step=s.next_step,
-        hour=hour_of(step.started_at), passed=step.passed, score=step.score, task_cost_usd=own_cost(s),
-        grade_cost_usd=step.cost_usd, grade_tokens=step.usage.total,
+        hour=hour_of(step.started_at), passed=step.passed, score=step.score, task_cost_usd=added.task_usd,
+        grade_cost_usd=added.grade_usd, grade_tokens=added.grade_tokens,
     )  # fmt: skip
     if not quality.count(tally):
         log.info("online grade counted before", extra={"task_id": s.task_id, "step": s.next_step})
     crash_point("after_online_count")  # counted, the grade step not committed: a resume counts it no more
+    return now.as_meta()
