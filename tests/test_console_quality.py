@@ -1,7 +1,8 @@
 """Online evaluation in the web console, in a real browser (Debian's Chromium through Playwright,
 the stack and the tab of tests/test_console.py): an agent's page shows which of its aliases grade
 a share of their tasks, and each version's pass rate and cost per task over time, as a chart and
-the table it is drawn from, read from GET /agents/{name}/quality."""
+the table it is drawn from (a task that never answered counted apart, as a fail), read from GET
+/agents/{name}/quality."""
 
 from __future__ import annotations
 
@@ -36,6 +37,11 @@ def test_an_agents_page_shows_each_versions_pass_rate_and_cost_over_time(console
                     hour=now - 2 * back, passed=i < passes, score=1.0 if i < passes else 0.2,
                     task_cost_usd=Decimal("0.0001") * (version + 1), grade_cost_usd=Decimal(0), grade_tokens=0,
                 ))  # fmt: skip
+    # and a task of the canary's that ended without an answer: unanswered, a fail of its pass rate
+    store.quality.count(GradeTally(
+        tenant="team-a", agent=name, version=2, task_id=f"{name}-2-unanswered", step=None, hour=now - 12,
+        passed=False, score=None, task_cost_usd=Decimal("0.0003"), grade_cost_usd=Decimal(0), grade_tokens=0,
+    ))  # fmt: skip
     ran = {1: 0, 2: 0}
     for _ in range(6):
         task_id = console.submit({"goal": "say DONE when done", "agent": f"{name}@prod"})
@@ -53,8 +59,9 @@ def test_an_agents_page_shows_each_versions_pass_rate_and_cost_over_time(console
     for version, count in ran.items():
         if count:
             row = rows[(now, str(version))]
-            assert f"\t{count}\t{count if version == 1 else 0}\t0\t{100 if version == 1 else 0}%" in row, row
-    assert "\t75%" in rows[(now - 12, "2")] and "\t0%" in rows[(now - 2, "2")]  # the canary slipping, hour by hour
+            assert f"\t{count}\t{count if version == 1 else 0}\t0\t0\t{100 if version == 1 else 0}%" in row, row
+    assert "\t4\t3\t0\t1\t60%" in rows[(now - 12, "2")]  # 3 of 4 answers passed, and one task never answered
+    assert "\t50%" in rows[(now - 10, "2")] and "\t0%" in rows[(now - 2, "2")]  # the canary slipping, hour by hour
     assert page.locator("#quality-chart circle[data-version='2']").count() >= 6
     shot(console, tab, "agent-quality")
     no_errors(tab)

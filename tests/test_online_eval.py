@@ -293,3 +293,28 @@ def test_each_answer_of_a_sampled_conversation_counts_only_what_was_spent_since_
     (bucket,) = _buckets(store).values()
     assert (bucket.graded, bucket.passed) == (2, 2)
     assert (bucket.task_cost_usd, bucket.grade_cost_usd) == _costs(store, task_id)
+
+
+def test_an_unanswered_task_is_a_fail_of_its_versions_pass_rate_counted_once_and_a_failed_grade_is_left_out(
+    store: Storage,
+) -> None:
+    """The pass rate is passed / (graded - errors + unanswered): a sampled task that ended without
+    an answer failed its user, a grade that failed says nothing of the answer. An unanswered end
+    is counted once a task (its marker ``ONLINE#end``), whichever path reports it."""
+    hour = hour_of(__import__("time").time())
+
+    def tally(task_id: str, step: int | None, score: float | None) -> GradeTally:
+        return GradeTally(
+            tenant=TENANT, agent="support", version=2, task_id=task_id, step=step, hour=hour,
+            passed=score is not None and score >= 0.8, score=score, task_cost_usd=Decimal("0.03"),
+            grade_cost_usd=Decimal(0), grade_tokens=0,
+        )  # fmt: skip
+
+    assert store.quality.count(tally("passed", 2, 0.9))
+    assert store.quality.count(tally("grader-failed", 2, None))
+    assert store.quality.count(tally("never-answered", None, None))
+    assert not store.quality.count(tally("never-answered", None, None))  # reported again: nothing more
+    (bucket,) = _buckets(store).values()
+    assert (bucket.graded, bucket.passed, bucket.errors, bucket.unanswered) == (2, 1, 1, 1)
+    assert (bucket.pass_rate, bucket.mean_score) == (0.5, 0.9)
+    assert (bucket.task_cost_usd, bucket.mean_task_cost_usd) == (Decimal("0.09"), Decimal("0.03"))

@@ -1,12 +1,14 @@
 """Online evaluation over real HTTP on the local stack (auth on, real worker processes) and
 through the CLI: an alias set with ``online`` grades the tasks it samples, and ``GET
 /agents/{name}/quality`` (``agentq agents quality``) shows each version's pass rate and cost per
-hour; every bad rate or grade is a 422 naming the field with nothing stored; a submission cannot
-send the sampled grade itself."""
+hour, a sampled task that ended without an answer counted apart (``unanswered``); every bad
+rate or grade is a 422 naming the field with nothing stored; a submission cannot send the sampled
+grade itself."""
 
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from typing import Any
 
@@ -24,8 +26,6 @@ def _agent(name: str, answer: str) -> dict[str, Any]:
 
 def _quality(api_stack: ApiStack, name: str, graded: int) -> dict[str, Any]:
     """The quality report once ``graded`` answers were counted (the workers grade in the background)."""
-    import time
-
     deadline = time.monotonic() + 90
     while True:
         status, body, _ = api_stack.http("GET", f"/agents/{name}/quality?hours=2")
@@ -104,6 +104,35 @@ def test_sampled_tasks_are_graded_per_version_and_the_quality_read_shows_pass_ra
     assert sum(b["graded"] for b in json.loads(as_json.stdout)["buckets"]) == 8
     status, answer, _ = api_stack.http("GET", f"/agents/{name}/quality?hours=0")
     assert (status, answer["error"]["field"]) == (422, "hours"), answer
+
+
+def test_a_sampled_task_that_ends_without_an_answer_shows_as_unanswered_and_a_fail_of_its_versions_pass_rate(
+    api_stack: ApiStack,
+) -> None:
+    """A canary that loops until it runs out of steps never answers: its quality must say so
+    (unanswered, a pass rate of 0), in the API and the CLI, not show nothing at all."""
+    name = _name()
+    looping = {"text": "", "tool_calls": [{"name": "lookup", "input": {"query": "q"}}]}
+    agent = {"name": name, "provider": "scripted", "system": "s", "tools": ["lookup"], "constraints": {"max_steps": 2},
+             "script": {"turns": [looping] * 5}}  # fmt: skip
+    assert api_stack.http("POST", "/agents", agent)[0] == 201, agent
+    alias = {"versions": [{"version": 1, "weight": 100}], "online": {"rate": 1, "grade": {"grader": "says_done"}}}
+    assert api_stack.http("PUT", f"/agents/{name}/aliases/prod", alias)[0] == 200
+    task_id = api_stack.submit({"goal": "g", "agent": f"{name}@prod"})
+    view = api_stack.until(task_id, lambda v: v["status"] == "cost_exceeded", timeout=90)
+    assert view["grade"] is None, view  # never answered, never graded
+    deadline = time.monotonic() + 90  # the worker counts it as it reports the end, after the status is written
+    while not (report := api_stack.http("GET", f"/agents/{name}/quality?hours=2")[1])["buckets"]:
+        assert time.monotonic() < deadline, report
+        time.sleep(0.2)
+    (bucket,) = report["buckets"]
+    assert (bucket["version"], bucket["graded"], bucket["unanswered"], bucket["pass_rate"]) == (1, 0, 1, 0.0), report
+    assert float(bucket["task_cost_usd"]) > 0, report
+    shown = run_agentq(["agents", "quality", name, "--hours", "2"], env=api_stack.cli_env(), timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    header, row = shown.stdout.splitlines()[:2]
+    assert "unanswered" in header.split() and row.split()[2:7] == ["v1", "0", "0", "0", "1"], shown.stdout
+    assert row.split()[7] == "0%", shown.stdout
 
 
 def test_the_cli_sets_a_sample_rate_and_refuses_a_bad_one_naming_the_field(api_stack: ApiStack) -> None:

@@ -33,6 +33,7 @@ from agentq.core.engine import Engine, EngineConfig
 from agentq.core.errors import ProviderError
 from agentq.core.models import Task, TaskStatus, TaskSubmission
 from agentq.core.providers import LLMRequest, LLMResponse, default_provider_factory
+from agentq.core.quality import hour_of
 from agentq.core.tools import ToolRegistry
 from agentq.queueing import endings
 from agentq.queueing.dispatch import Dispatcher
@@ -107,6 +108,7 @@ class Path:
     fanout: CountingFanout = field(default_factory=CountingFanout)
     ended: list[str] = field(default_factory=list)  # task_ended's calls, by task
     dependents: dict[str, str] = field(default_factory=dict)  # task -> the task made to depend on it
+    sampled: dict[str, Any] = field(default_factory=dict)  # an agent version and its alias's online sample, or none
 
     def dispatcher(self, **kwargs: Any) -> Dispatcher:
         engine = Engine(self.store, worker_id="w", tools=self.registry, providers=_providers,
@@ -116,7 +118,7 @@ class Path:
     def create(self, goal: str = "test goal", turns: list[Any] | None = None, **extra: Any) -> Task:
         body = scripted(turns or [{"text": "done"}], tools=extra.pop("tools", None), **extra.pop("constraints", {}))
         sub = TaskSubmission.model_validate({**body.model_dump(exclude_none=True), "goal": goal, "notify": NOTIFY,
-                                             **extra})  # fmt: skip
+                                             **self.sampled, **extra})  # fmt: skip
         task = self.store.tasks.create(sub, tenant="t", blocked=bool(sub.depends_on))
         dependent = sub.model_copy(update={"depends_on": [task.task_id]})
         self.dependents[task.task_id] = self.store.tasks.create(dependent, tenant="t", blocked=True).task_id
@@ -139,8 +141,9 @@ def _run_to(goal: str, **constraints: Any) -> Callable[[Path], tuple[Task, Task 
 
     def drive(p: Path) -> tuple[Task, Task | None]:
         dispatcher = p.dispatcher(default_max_running=1)
-        turns = constraints.pop("turns", None)
-        task = p.create(goal, turns, **constraints)
+        options = dict(constraints)  # each drive its own: a path is driven by more than one test
+        turns = options.pop("turns", None)
+        task = p.create(goal, turns, **options)
         waiter = p.holding_with_waiter(task, dispatcher)
         if goal == "timed out":  # started an hour ago, with a minute to run
             p.store.table.update(keys.meta_key(task.task_id), Update(set={"started_at": Decimal(time.time() - 3600)}))
@@ -279,3 +282,49 @@ def test_a_cancel_gives_back_the_slots_of_its_queued_children_whatever_a_later_s
     assert p.store.tasks.get(child.task_id).slots == []
     assert dispatcher.fair.slots.usage("t").running == 0
     assert p.queues.sent[waiter.task_id] == 1  # woken to take it
+
+
+SAMPLED = {"agent": "support@2", "online": {"alias": "prod", "grade": {"grader": "says_done"}}}
+
+
+def _cancelled_waiting(p: Path) -> tuple[Task, Task | None]:
+    """Cancelled from control after its run began: it is paused for a person's approval of a call."""
+    dispatcher = p.dispatcher()
+    ask = [{"text": "", "tool_calls": [call("lookup", query="q")]}]
+    task = p.create("ask first", ask, tools=["lookup"], constraints={"tool_policies": {"lookup": "ask"}})
+    p.deliver(dispatcher, task)
+    assert p.store.tasks.get(task.task_id).status is TaskStatus.PAUSED
+    cancel(p.store, task.task_id, queues=p.queues, slots=dispatcher.fair.slots)  # type: ignore[arg-type]
+    return task, None
+
+
+@pytest.mark.parametrize(
+    ("name", "unanswered"),
+    [("cost_exceeded", 1), ("failed", 1), ("timed_out", 1), ("dead_lettered", 1), ("cancelled_waiting", 1),
+     ("dependency_failed", 1), ("cancelled_queued", 0), ("skipped_at_the_dispatcher", 0), ("succeeded", 0)],
+)  # fmt: skip
+def test_a_sampled_task_that_ends_without_an_answer_counts_once_for_its_version_as_unanswered(
+    name: str, unanswered: int, queues: TaskQueues, memory_registry: ToolRegistry
+) -> None:
+    """Online evaluation compares a canary with its stable version: a canary whose sampled tasks
+    end without an answer (its run's cost_exceeded, failed, timed_out; the dispatcher's dead
+    letter; a cancel from control after it began) counts each once as unanswered, a fail of its
+    pass rate, with what it spent; a redelivery that reports the end again counts nothing more.
+    A task its version never ran (cancelled queued, skipped, the dependent of a failed task: the
+    dependency counts) is not the version's to answer for; an answered one counts as graded."""
+    p = Path(CountingQueues(queues), memory_registry, sampled=SAMPLED)
+    drive, status, _ = PATHS.get(name, (_cancelled_waiting, TaskStatus.CANCELLED, False))
+    task, _ = drive(p)
+    assert p.store.tasks.get(task.task_id).status is status
+    p.deliver(p.dispatcher(), task)  # the end reported again (a redelivery)
+    now = hour_of(time.time())
+    buckets = p.store.quality.read("t", "support", now - 1, now + 1)
+    assert sum(b.unanswered for b in buckets) == unanswered, buckets
+    if not unanswered:  # an answer is graded ("done" is not the grader's DONE): a fail of the pass rate, once
+        assert [(b.graded, b.pass_rate) for b in buckets] == ([(1, 0.0)] if status is TaskStatus.SUCCEEDED else [])
+        return
+    (bucket,) = buckets
+    counted = p.store.tasks.get(task.submission.depends_on[0] if task.submission.depends_on else task.task_id)
+    assert (bucket.version, bucket.graded, bucket.passed, bucket.pass_rate) == (2, 0, 0, 0.0)
+    assert bucket.task_cost_usd == counted.cost_usd.quantize(Decimal("0.000001"))
+    assert bucket.mean_task_cost_usd == bucket.task_cost_usd

@@ -68,14 +68,14 @@ def cmd_quality(args: argparse.Namespace) -> int:
     if not report.buckets:
         print(f"{args.name}: no online grades in the last {args.hours} hour(s)")
         return 0
-    print(f"{'hour (UTC)':<17} {'version':>7} {'graded':>6} {'passed':>6} {'errors':>6} {'pass rate':>9} "
-          f"{'cost/task $':>11} {'grading $':>10}")  # fmt: skip
+    print(f"{'hour (UTC)':<17} {'version':>7} {'graded':>6} {'passed':>6} {'errors':>6} {'unanswered':>10} "
+          f"{'pass rate':>9} {'cost/task $':>11} {'grading $':>10}")  # fmt: skip
     for b in report.buckets:
         rate = "-" if b.pass_rate is None else f"{b.pass_rate:.0%}"
         each = "-" if b.mean_task_cost_usd is None else f"{b.mean_task_cost_usd:.4f}"
         hour = time.strftime("%Y-%m-%d %H:00", time.gmtime(b.start))
-        print(f"{hour:<17} {'v' + str(b.version):>7} {b.graded:>6} {b.passed:>6} {b.errors:>6} {rate:>9} "
-              f"{each:>11} {b.grade_cost_usd:>10.4f}")  # fmt: skip
+        print(f"{hour:<17} {'v' + str(b.version):>7} {b.graded:>6} {b.passed:>6} {b.errors:>6} {b.unanswered:>10} "
+              f"{rate:>9} {each:>11} {b.grade_cost_usd:>10.4f}")  # fmt: skip
     return 0
 
 

@@ -2,13 +2,19 @@
 
 When a task ends (succeeded, failed, cancelled, cost_exceeded, timed_out, failed_outcome: by its run, by the
 dispatcher failing it on its last attempt, by a concurrency key's ``skip``, by a cancel, by a
-dependency that failed, or by the report of a message for a task that already ended) four
+dependency that failed, or by the report of a message for a task that already ended) five
 things follow, in this order:
 
 1. its slots go back (``give_back``: the running slots it held, and a waiter woken for each);
 2. its fan-out parent is told, through the task's Step Functions callback token (``fanout``);
 3. its callback is posted, if its submission asked for one (``queueing.webhooks``);
-4. the tasks that depend on it are looked at (``depends_on``): each moves on, queued when
+4. a task its alias sampled for online evaluation that ended without an answer (failed,
+   timed_out, cost_exceeded, cancelled, after a run of its version began) is counted in its
+   version's quality bucket as ``unanswered`` (``core.quality.unanswered_tally``), once a task
+   (the ``ONLINE#end`` marker: a redelivery's report of the same end counts nothing more); one
+   read of META, only for a sampled task. A count that fails is logged: the next report of the
+   end (a redelivery of its message) counts it;
+5. the tasks that depend on it are looked at (``depends_on``): each moves on, queued when
    every dependency succeeded, cancelled (``dependency_failed``) when one cannot, which is an
    ending too, so this goes on down the chain.
 
@@ -51,6 +57,7 @@ from collections.abc import Callable
 from agentq.core.errors import IllegalTransition
 from agentq.core.fanout import FanoutLauncher
 from agentq.core.models import Task, TaskStatus
+from agentq.core.quality import UNANSWERED, unanswered_tally
 from agentq.queueing.a2a_push import enqueue_push
 from agentq.queueing.queues import TaskQueues
 from agentq.queueing.webhooks import enqueue_end
@@ -70,8 +77,8 @@ def task_ended(
 ) -> None:
     """``task`` ended ``status``: give back its slots (``give_back``, when it may hold some),
     tell its fan-out parent (when ``fanout`` is given and the task has a callback token), post
-    its callback, release its dependents. A callback that cannot be queued never holds up the
-    rest."""
+    its callback, count a sampled task's end without an answer, release its dependents. A
+    callback that cannot be queued, or a count that cannot be made, never holds up the rest."""
     if give_back is not None:
         give_back()
     if fanout is not None:
@@ -86,7 +93,21 @@ def task_ended(
         enqueue_push(store, queues, task, status)  # an A2A task's push configs (queueing/a2a_push.py)
     except Exception:
         log.warning("could not queue the push notifications of task %s", task.task_id, exc_info=True)
+    if task.submission.online is not None and status in UNANSWERED:
+        try:
+            count_unanswered(store, task.task_id)
+        except Exception:  # a count is an observation: it never holds up the rest
+            log.warning("could not count the unanswered end of sampled task %s", task.task_id, exc_info=True)
     release_dependents(store, queues, task.task_id)
+
+
+def count_unanswered(store: Storage, task_id: str) -> None:
+    """A sampled task ended without an answer: counted in its version's bucket, once. Read again
+    (the caller's copy may be the claim's, before the run that ended it): what it spent, its
+    version (a move changes it), whether a run of it began, and whether it is still ended."""
+    tally = unanswered_tally(store.tasks.get(task_id))
+    if tally is not None and not store.quality.count(tally):
+        log.debug("the unanswered end of task %s was counted before", task_id)
 
 
 def release_dependents(store: Storage, queues: TaskQueues | None, task_id: str) -> None:

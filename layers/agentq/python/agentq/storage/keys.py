@@ -34,7 +34,7 @@ HOUR = "HOUR#"
 CAP = "CAP#"  # in TENANT#t: CAP#<scope>#<name>, a scope's caps (storage/scope_caps.py)
 CAP_USE = "CAPUSE#"  # in TENANT#t: CAPUSE#<scope>#<name>#<day>, what the scope held that day and each hour
 QUALITY = "QUALITY#"  # in TENANT#t: QUALITY#<agent>#<hour>#V#<version>, online grades (storage/quality.py)
-ONLINE = "ONLINE#"  # in a task's partition: ONLINE#<step>, that its online grade was counted
+ONLINE = "ONLINE#"  # in a task's partition: ONLINE#<step> (a grade) or ONLINE#end (an unanswered end) counted
 
 Key = dict[str, str]
 
@@ -170,6 +170,11 @@ def quality_sk(agent: str, hour: int, version: int) -> str:
 
 def online_counted_sk(step: int) -> str:
     return f"{ONLINE}{step:08d}"
+
+
+def online_unanswered_sk() -> str:
+    """That a sampled task's ending without an answer was counted: once a task, whatever ends it."""
+    return f"{ONLINE}end"
 
 
 def agent_pk(tenant: str, name: str) -> str:

@@ -1,14 +1,18 @@
 """Online grades counted per agent version and hour (``core.quality``), in the tenant's
 partition: item ``QUALITY#<agent>#<hour>#V#<version>`` of ``TENANT#t`` holds the counters
-(``graded``, ``passed``, ``errors``, ``score_sum``, ``task_cost_usd``, ``grade_cost_usd``,
-``grade_tokens``), each added to by one grade.
+(``graded``, ``passed``, ``errors``, ``unanswered``, ``score_sum``, ``task_cost_usd``,
+``grade_cost_usd``, ``grade_tokens``), each added to by one grade, or by one sampled task that
+ended without an answer (``unanswered``).
 
 A grade is counted at most once, whoever counts it and however often: the count is one
 transaction of the bucket's ADD and a create-only marker ``ONLINE#<step>`` in the task's
 partition. A worker killed after counting and before committing the grade step counts again on
-resume, and the marker cancels it (``count`` answers False). So: one TransactWriteItems per
-graded answer, and a read of an agent's quality over N hours is one Query of the tenant's
-partition between two sort keys (the versions times N items, a page for a month of two).
+resume, and the marker cancels it (``count`` answers False). An unanswered ending's marker is
+``ONLINE#end``: once a task, whichever of its ending's paths counts it (its run's, a cancel's,
+the dispatcher's dead letter, a redelivery's: ``queueing.endings``). So: one TransactWriteItems
+per graded answer or unanswered task, and a read of an agent's quality over N hours is one Query
+of the tenant's partition between two sort keys (the versions times N items, a page for a month
+of two).
 """
 
 from __future__ import annotations
@@ -38,18 +42,20 @@ class Quality:
         self.table = table
 
     def count(self, tally: GradeTally) -> bool:
-        """Add ``tally`` to its bucket, once: False when it was counted before."""
+        """Add ``tally`` to its bucket, once (a grade's, or an unanswered ending's: ``step`` None):
+        False when it was counted before."""
+        answered = tally.step is not None
+        sk = keys.online_counted_sk(tally.step) if tally.step is not None else keys.online_unanswered_sk()
         marker = Put(
-            "marker",
-            {**keys.item_key(tally.task_id, keys.online_counted_sk(tally.step)), "version": tally.version,
-             "hour": tally.hour},
+            "marker", {**keys.item_key(tally.task_id, sk), "version": tally.version, "hour": tally.hour},
             condition=absent(),
         )  # fmt: skip
         scored = tally.score is not None
         adds: dict[str, int | Decimal] = {
-            "graded": 1,
+            "graded": int(answered),
             "passed": int(tally.passed),
-            "errors": int(not scored),
+            "errors": int(answered and not scored),
+            "unanswered": int(not answered),
             "score_sum": Decimal(str(tally.score)) if tally.score is not None else Decimal(0),
             "task_cost_usd": tally.task_cost_usd.quantize(MICRO),
             "grade_cost_usd": tally.grade_cost_usd.quantize(MICRO),
@@ -86,7 +92,7 @@ def _bucket(agent: str, raw: Item) -> QualityBucket:
     item = plain(raw, keep_decimal=frozenset({"score_sum", "task_cost_usd", "grade_cost_usd"}))
     return bucket_of(
         agent, int(item["version"]), int(item["hour"]), graded=int(item.get("graded", 0)),
-        passed=int(item.get("passed", 0)), errors=int(item.get("errors", 0)),
+        passed=int(item.get("passed", 0)), errors=int(item.get("errors", 0)), unanswered=int(item.get("unanswered", 0)),
         score_sum=Decimal(item.get("score_sum", 0)), task_cost=Decimal(item.get("task_cost_usd", 0)),
         grade_cost=Decimal(item.get("grade_cost_usd", 0)), grade_tokens=int(item.get("grade_tokens", 0)),
     )  # fmt: skip

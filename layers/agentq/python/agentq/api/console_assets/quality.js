@@ -1,6 +1,7 @@
 // Online evaluation on an agent's page: each version's pass rate and cost per task, hour by hour
 // (GET /agents/{name}/quality: the counters its aliases' sampled grades add to, one query).
 // A chart of the pass rate and the mean cost per task by version, and the table it is drawn from.
+// A sampled task that ended without an answer is "unanswered", a fail of the pass rate.
 
 import { get } from "./api.js";
 import { fmtUsd, h, replace, svg } from "./dom.js";
@@ -44,7 +45,7 @@ export function qualityChart(report) {
     if (buckets.length > 1) parts.push(svg("polyline", { class: `line ${cls}`, points: buckets.map((b) => `${x(b.hour)},${yCost(Number(b.mean_task_cost_usd || 0))}`).join(" ") }));
     for (const b of buckets) {
       const when = new Date(b.start * 1000).toISOString().slice(0, 13).replace("T", " ");
-      const label = `v${version} ${when}:00 UTC: ${b.passed}/${b.graded - b.errors} passed${b.errors ? `, ${b.errors} failed to grade` : ""}`;
+      const label = `v${version} ${when}:00 UTC: ${b.passed}/${b.graded - b.errors + b.unanswered} passed${b.unanswered ? `, ${b.unanswered} never answered` : ""}${b.errors ? `, ${b.errors} failed to grade` : ""}`;
       if (b.pass_rate !== null) parts.push(svg("circle", { cx: x(b.hour), cy: yRate(b.pass_rate), r: 4, class: `dot ${cls}`, "data-version": version }, svg("title", {}, label)));
       parts.push(svg("circle", { cx: x(b.hour), cy: yCost(Number(b.mean_task_cost_usd || 0)), r: 4, class: `dot ${cls}` }, svg("title", {}, `v${version} ${when}:00 UTC: ${fmtUsd(b.mean_task_cost_usd)} a task, grading ${fmtUsd(b.grade_cost_usd)}`)));
     }
@@ -71,16 +72,17 @@ export async function qualityCard(ctx, name) {
   }
   const rate = (b) => (b.pass_rate === null ? "–" : `${Math.round(100 * b.pass_rate)}%`);
   replace(card, h("h2", { id: "quality-h" }, "Quality (online evaluation)"),
-    h("p", { class: "muted" }, `Each version's sampled answers, graded by its alias, per hour (last ${HOURS} hours, UTC).`),
+    h("p", { class: "muted" }, `Each version's sampled answers, graded by its alias, per hour (last ${HOURS} hours, UTC); a sampled task that ended without an answer is unanswered, a fail of the pass rate.`),
     qualityChart(report),
     h("table", { class: "quality" },
-      h("thead", {}, h("tr", {}, ["Hour", "Version", "Graded", "Passed", "Errors", "Pass rate", "Cost/task", "Grading"].map((c) => h("th", { scope: "col" }, c)))),
+      h("thead", {}, h("tr", {}, ["Hour", "Version", "Graded", "Passed", "Errors", "Unanswered", "Pass rate", "Cost/task", "Grading"].map((c) => h("th", { scope: "col" }, c)))),
       h("tbody", {}, report.buckets.map((b) => h("tr", { "data-version": b.version, "data-hour": b.hour },
         h("td", {}, new Date(b.start * 1000).toISOString().slice(0, 13).replace("T", " ") + ":00"),
         h("td", { class: "mono" }, `v${b.version}`),
         h("td", { class: "num" }, b.graded),
         h("td", { class: "num" }, b.passed),
         h("td", { class: "num" }, b.errors),
+        h("td", { class: "num" }, b.unanswered),
         h("td", { class: "num pass-rate" }, rate(b)),
         h("td", { class: "num" }, b.mean_task_cost_usd === null ? "–" : fmtUsd(b.mean_task_cost_usd)),
         h("td", { class: "num" }, fmtUsd(b.grade_cost_usd)))))));

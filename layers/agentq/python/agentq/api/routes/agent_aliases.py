@@ -85,8 +85,10 @@ def router(deps: ApiDeps) -> Router:
         "/agents/<name>/quality",
         summary="An agent's pass rate and cost over time, per version (online evaluation)",
         description="The answers its aliases' online evaluation sampled and graded, counted per version and hour: "
-        "graded, passed, errors (a grade that failed), pass rate, mean score, the tasks' cost and the grading's "
-        "cost apart. One query of counters (a few items a version an hour), never of the tasks.",
+        "graded, passed, errors (a grade that failed), unanswered (a sampled task that ended failed, timed_out, "
+        "cost_exceeded or cancelled after it began to run: a fail of the pass rate), pass rate, mean score, the "
+        "tasks' cost and the grading's cost apart. One query of counters (a few items a version an hour), never of "
+        "the tasks.",
         operation_id="getAgentQuality",
         tags=["agents"],
         responses=responses(200, AgentQuality, 404, 422),
