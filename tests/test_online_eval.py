@@ -25,7 +25,9 @@ from agentq.core.engine import Engine, EngineConfig
 from agentq.core.models import GradeStep, LLMStep, OutcomeSpec, Script, TaskStatus
 from agentq.core.quality import GradeTally, hour_of
 from agentq.core.tools import ToolRegistry
+from agentq.queueing.endings import task_ended
 from agentq.storage.container import Storage
+from agentq.storage.table import RELEASE_ATTEMPTS, TransactionConflict
 
 STORAGE = "memory"
 IDS = 4000
@@ -318,3 +320,39 @@ def test_an_unanswered_task_is_a_fail_of_its_versions_pass_rate_counted_once_and
     assert (bucket.graded, bucket.passed, bucket.errors, bucket.unanswered) == (2, 1, 1, 1)
     assert (bucket.pass_rate, bucket.mean_score) == (0.5, 0.9)
     assert (bucket.task_cost_usd, bucket.mean_task_cost_usd) == (Decimal("0.09"), Decimal("0.03"))
+
+
+@pytest.mark.parametrize("busy_for", ["the run's count", "the run's count and the first report of the end"])
+def test_a_grade_its_busy_bucket_cannot_take_never_fails_the_run_and_is_counted_once_by_the_tasks_end(
+    store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch, busy_for: str
+) -> None:
+    """Every grade of a version in an hour adds to one item, and DynamoDB cancels a transaction
+    that meets another on it (TransactionConflict). Past the count's retries, an online grade
+    still never stops its task: the run succeeds with its answer, the count is kept on the task,
+    and the report of its end (``queueing.endings.task_ended``, as the dispatcher makes it) counts
+    it, or, itself kept busy, the next report does; however often it is reported, once."""
+    _agent(store, "DONE")
+    _alias(store, 1.0, {"grader": "says_done"})
+    original = store.table.transact
+    conflicts = {"left": RELEASE_ATTEMPTS * (1 if busy_for == "the run's count" else 2)}
+
+    def busy(actions: Any, *args: Any, **kwargs: Any) -> Any:
+        if any(getattr(a, "name", None) == "marker" for a in actions) and conflicts["left"]:
+            conflicts["left"] -= 1
+            raise TransactionConflict("another grade of this hour's bucket")
+        return original(actions, *args, **kwargs)
+
+    monkeypatch.setattr(store.table, "transact", busy)
+    task_id = uuid.uuid4().hex
+    result = _submit_and_run(store, registry, task_id)
+    task = store.tasks.get(task_id)
+    assert result.status is TaskStatus.SUCCEEDED and task.result == "DONE", result
+    assert _buckets(store) == {}
+    assert task.grade is not None and [t["step"] for t in task.grade["uncounted"]] == [2]  # kept for its end
+    task_ended(store, None, task, TaskStatus.SUCCEEDED)
+    if busy_for != "the run's count":
+        assert _buckets(store) == {} and conflicts["left"] == 0  # still busy: left on the task
+        task_ended(store, None, task, TaskStatus.SUCCEEDED)  # a redelivery reports the end again
+    task_ended(store, None, task, TaskStatus.SUCCEEDED)  # and again: nothing more
+    (bucket,) = _buckets(store).values()
+    assert (bucket.graded, bucket.passed, bucket.errors) == (1, 1, 0)

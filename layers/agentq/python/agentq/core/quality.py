@@ -12,6 +12,7 @@ counts added so far.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -87,6 +88,22 @@ class GradeTally:
     task_cost_usd: Decimal  # what the task spent on its own since its last count (``Spent``), grading apart
     grade_cost_usd: Decimal  # what grading spent since then: every grade of the round (the grading model)
     grade_tokens: int
+
+    def as_meta(self) -> dict[str, Any]:
+        """As META's grade keeps a count not made yet (``uncounted``)."""
+        return {**dataclasses.asdict(self), "task_cost_usd": str(self.task_cost_usd),
+                "grade_cost_usd": str(self.grade_cost_usd)}  # fmt: skip
+
+    @classmethod
+    def from_meta(cls, raw: dict[str, Any]) -> GradeTally:
+        return cls(
+            tenant=str(raw["tenant"]), agent=str(raw["agent"]), version=int(raw["version"]),
+            task_id=str(raw["task_id"]), step=None if raw.get("step") is None else int(raw["step"]),
+            hour=int(raw["hour"]), passed=bool(raw["passed"]),
+            score=None if raw.get("score") is None else float(raw["score"]),
+            task_cost_usd=Decimal(str(raw["task_cost_usd"])), grade_cost_usd=Decimal(str(raw["grade_cost_usd"])),
+            grade_tokens=int(raw["grade_tokens"]),
+        )  # fmt: skip
 
 
 def unanswered_tally(task: Task) -> GradeTally | None:

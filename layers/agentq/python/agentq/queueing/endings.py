@@ -8,12 +8,14 @@ things follow, in this order:
 1. its slots go back (``give_back``: the running slots it held, and a waiter woken for each);
 2. its fan-out parent is told, through the task's Step Functions callback token (``fanout``);
 3. its callback is posted, if its submission asked for one (``queueing.webhooks``);
-4. a task its alias sampled for online evaluation that ended without an answer (failed,
-   timed_out, cost_exceeded, cancelled, after a run of its version began) is counted in its
-   version's quality bucket as ``unanswered`` (``core.quality.unanswered_tally``), once a task
-   (the ``ONLINE#end`` marker: a redelivery's report of the same end counts nothing more); one
-   read of META, only for a sampled task. A count that fails is logged: the next report of the
-   end (a redelivery of its message) counts it;
+4. a task its alias sampled for online evaluation has its counts made in its version's quality
+   bucket (one read of META, only for a sampled task): the grade counts its run could not make
+   (META's grade's ``uncounted``: the bucket kept busy past the retries, ``core.engine._online``),
+   and, ended without an answer (failed, timed_out, cost_exceeded, cancelled, after a run of its
+   version began), the task itself as ``unanswered`` (``core.quality.unanswered_tally``). Each
+   once (its marker: ``ONLINE#<step>``, ``ONLINE#end``), so a redelivery's report of the same end
+   counts nothing more. A count that fails is logged and left: a grade's stays on META for the
+   next report of an end of the task (a redelivery, a later end) to make;
 5. the tasks that depend on it are looked at (``depends_on``): each moves on, queued when
    every dependency succeeded, cancelled (``dependency_failed``) when one cannot, which is an
    ending too, so this goes on down the chain.
@@ -57,7 +59,7 @@ from collections.abc import Callable
 from agentq.core.errors import IllegalTransition
 from agentq.core.fanout import FanoutLauncher
 from agentq.core.models import Task, TaskStatus
-from agentq.core.quality import UNANSWERED, unanswered_tally
+from agentq.core.quality import GradeTally, unanswered_tally
 from agentq.queueing.a2a_push import enqueue_push
 from agentq.queueing.queues import TaskQueues
 from agentq.queueing.webhooks import enqueue_end
@@ -93,21 +95,32 @@ def task_ended(
         enqueue_push(store, queues, task, status)  # an A2A task's push configs (queueing/a2a_push.py)
     except Exception:
         log.warning("could not queue the push notifications of task %s", task.task_id, exc_info=True)
-    if task.submission.online is not None and status in UNANSWERED:
+    if task.submission.online is not None:
         try:
-            count_unanswered(store, task.task_id)
+            count_online(store, task.task_id)
         except Exception:  # a count is an observation: it never holds up the rest
-            log.warning("could not count the unanswered end of sampled task %s", task.task_id, exc_info=True)
+            log.warning("could not read sampled task %s to count its end", task.task_id, exc_info=True)
     release_dependents(store, queues, task.task_id)
 
 
-def count_unanswered(store: Storage, task_id: str) -> None:
-    """A sampled task ended without an answer: counted in its version's bucket, once. Read again
-    (the caller's copy may be the claim's, before the run that ended it): what it spent, its
-    version (a move changes it), whether a run of it began, and whether it is still ended."""
-    tally = unanswered_tally(store.tasks.get(task_id))
-    if tally is not None and not store.quality.count(tally):
-        log.debug("the unanswered end of task %s was counted before", task_id)
+def count_online(store: Storage, task_id: str) -> None:
+    """A sampled task ended: the counts its grades left (``uncounted``), then, without an answer,
+    the task, in its version's bucket, each once. Read again (the caller's copy may be the
+    claim's, before the run that ended it): its grade, what it spent, its version (a move changes
+    it), whether a run of it began, and whether it is still ended. Each count is tried on its
+    own: one that fails is logged, and the others are made."""
+    task = store.tasks.get(task_id)
+    left = [GradeTally.from_meta(raw) for raw in (task.grade or {}).get("uncounted", [])]
+    ended = unanswered_tally(task)
+    for tally in [*left, *([ended] if ended is not None else [])]:
+        try:
+            if not store.quality.count(tally):
+                log.debug("task %s: online count of step %s made before", task_id, tally.step)
+        except Exception:
+            log.warning(
+                "could not count sampled task %s (step %s, version %s, hour %s) in its version's quality",
+                task_id, tally.step, tally.version, tally.hour, exc_info=True,
+            )  # fmt: skip
 
 
 def release_dependents(store: Storage, queues: TaskQueues | None, task_id: str) -> None:

@@ -9,7 +9,13 @@ transaction of the bucket's ADD and a create-only marker ``ONLINE#<step>`` in th
 partition. A worker killed after counting and before committing the grade step counts again on
 resume, and the marker cancels it (``count`` answers False). An unanswered ending's marker is
 ``ONLINE#end``: once a task, whichever of its ending's paths counts it (its run's, a cancel's,
-the dispatcher's dead letter, a redelivery's: ``queueing.endings``). So: one TransactWriteItems
+the dispatcher's dead letter, a redelivery's: ``queueing.endings``).
+
+Every count of a version's hour adds to one item, and DynamoDB cancels a transaction that meets
+another on it (``TransactionConflict``): a count is tried again with jittered backoff
+(``table.transact_through_conflicts``), and still conflicting it raises, for the caller to leave
+for later (the engine keeps it on META's grade, ``uncounted``, for the task's ending to count:
+``core.engine._online``). So: one TransactWriteItems
 per graded answer or unanswered task, and a read of an agent's quality over N hours is one Query
 of the tenant's partition between two sort keys (the versions times N items, a page for a month
 of two).
@@ -27,13 +33,12 @@ from agentq.storage.table import (
     Put,
     Table,
     TransactionCancelled,
-    TransactionConflict,
     Update,
     absent,
     plain,
+    transact_through_conflicts,
 )
 
-ATTEMPTS = 5  # another grade of the same bucket at the same moment: try again
 MICRO = Decimal("0.000001")
 
 
@@ -66,18 +71,13 @@ class Quality:
             {"pk": keys.tenant_pk(tally.tenant), "sk": keys.quality_sk(tally.agent, tally.hour, tally.version)},
             Update(set={"agent": tally.agent, "version": tally.version, "hour": tally.hour}, add=adds),
         )
-        for attempt in range(ATTEMPTS):
-            try:
-                self.table.transact([marker, bucket])
-                return True
-            except TransactionCancelled as exc:
-                if "marker" in exc.failed:
-                    return False  # counted already
-                raise
-            except TransactionConflict:
-                if attempt == ATTEMPTS - 1:
-                    raise
-        return False  # unreachable
+        try:
+            transact_through_conflicts(self.table, [marker, bucket])  # a busy hour: tried again, with jitter
+        except TransactionCancelled as exc:
+            if "marker" in exc.failed:
+                return False  # counted already
+            raise
+        return True
 
     def read(self, tenant: str, agent: str, first_hour: int, last_hour: int) -> list[QualityBucket]:
         """Every version's buckets of ``agent`` from ``first_hour`` to ``last_hour``, by hour then

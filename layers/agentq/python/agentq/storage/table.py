@@ -325,11 +325,14 @@ RELEASE_BACKOFF_SECONDS = 0.02  # the first retry's ceiling; doubles each time (
 
 
 def transact_through_conflicts(table: Table, actions: Sequence[Action]) -> None:
-    """A transaction that gives running slots back (a release's, a deleted submission's), retried
-    while it meets a TransactionConflict. A conflict says another transaction was writing the
-    slot item at the same moment (the item every admission and release of the tenant writes),
-    not that the slot was given back: dropping the release would lose the slot for good. Bounded, with jitter; still conflicting, the conflict is
-    raised, so the message is not deleted and its next delivery releases."""
+    """A transaction that gives running slots back (a release's, a deleted submission's), or adds
+    to an hour's quality bucket (``storage.quality``), retried while it meets a
+    TransactionConflict. A conflict says another transaction was writing the hot item at the
+    same moment (the slot item every admission and release of the tenant writes; the bucket every
+    grade of a version that hour adds to), not that the write was made: dropping a release would
+    lose the slot for good. Bounded, with jitter (at most ~0.3 s of waits); still conflicting, the
+    conflict is raised, for the caller to leave for later (the message not deleted, its next
+    delivery releases; the count kept on the task for its ending to make)."""
     for attempt in range(RELEASE_ATTEMPTS):
         try:
             table.transact(actions)

@@ -302,9 +302,9 @@ class GradeTurn:
         if observing:
             meta["online"] = s.task.submission.online.alias if s.task.submission.online else None
         if finish is not None:  # the grade that ends the task is its version's, counted once
-            now_counted = count(self.quality, s, step, meta)
-            if now_counted is not None:
-                meta["counted"] = now_counted
+            counts = count(self.quality, s, step, meta)  # never raises: a count it cannot make is kept
+            if counts is not None:
+                meta.update(counts)
         retries = step.retries and not observing
         messages = [*s.messages, feedback_message(s.messages, step)] if retries else s.messages
         result = answer if finish is not None else None
@@ -342,8 +342,8 @@ class GradeTurn:
             "tokens_in": int(prior.get("tokens_in", 0)) + step.usage.input_total,
             "tokens_out": int(prior.get("tokens_out", 0)) + step.usage.output_tokens,
             "cost_usd": str(Decimal(str(prior.get("cost_usd", "0"))) + step.cost_usd),
-            # a sampled task: what its counts added to its version's buckets (``_online.count``)
-            **({"counted": prior["counted"]} if "counted" in prior else {}),
+            # a sampled task: what its counts added to its version's buckets, and those not made yet (``_online``)
+            **{k: prior[k] for k in ("counted", "uncounted") if k in prior},
         }
 
 

@@ -13,7 +13,10 @@ outcome (``_grade``), but the grade only observes:
   count (``core.quality.Spent``): its own calls without any grading, and every grade since (an
   outcome's earlier attempts of the round included); the grade step's commit keeps on META's
   grade what the counts have added (``counted``), so a resumed count adds the same and a later
-  round's count adds only what that round spent.
+  round's count adds only what that round spent. A count that cannot be made (its bucket kept
+  busy past the retries, ``storage.quality``) never raises out of the commit: META's grade
+  keeps it (``uncounted``) and the task's next grade or its ending (``queueing.endings``)
+  makes it, the marker letting only one of them count.
 
 A task with an outcome of its own is graded by that outcome (which does gate it); sampled, its
 last grade (the one that ends it) is what its version's bucket counts, with no second call.
@@ -70,8 +73,10 @@ def count(quality: QualityBook, s: Session, step: GradeStep, meta: dict[str, Any
     """Count the grade of step ``s.next_step`` in the bucket of the version the task runs
     (once: see the module), with what the task spent since its last count (``core.quality.Spent``:
     its own cost without any grading, and every grade of the round); ``meta`` is META's grade as
-    this step's commit writes it (the grading's totals with this grade). Answers what the task's
-    counts have then added (META's grade's ``counted``), or None for a task that is not counted:
+    this step's commit writes it (the grading's totals with this grade). Answers what the commit
+    adds to META's grade: what the task's counts have then added (``counted``), and the counts
+    not made yet (``uncounted``: this one, or an earlier grade's, that ``counted_now`` could not
+    make, for the next grade or the task's ending to make). None for a task that is not counted:
     not sampled, or naming no version (sampled through an alias, it always names one)."""
     sub = s.task.submission
     if sub.online is None or sub.agent is None:
@@ -86,7 +91,26 @@ def count(quality: QualityBook, s: Session, step: GradeStep, meta: dict[str, Any
         hour=hour_of(step.started_at), passed=step.passed, score=step.score, task_cost_usd=added.task_usd,
         grade_cost_usd=added.grade_usd, grade_tokens=added.grade_tokens,
     )  # fmt: skip
-    if not quality.count(tally):
-        log.info("online grade counted before", extra={"task_id": s.task_id, "step": s.next_step})
+    pending = [*(GradeTally.from_meta(t) for t in (s.task.grade or {}).get("uncounted", [])), tally]
+    left = [t.as_meta() for t in pending if not counted_now(quality, t)]
     crash_point("after_online_count")  # counted, the grade step not committed: a resume counts it no more
-    return now.as_meta()
+    return {"counted": now.as_meta(), "uncounted": left}
+
+
+def counted_now(quality: QualityBook, tally: GradeTally) -> bool:
+    """Count ``tally``, never raising: an online grade never stops the task, and a count that
+    cannot be made now (its hour's bucket kept busy by other grades past the retries, the
+    store's error) is made later, by the task's next grade or its ending
+    (``queueing.endings``), from META's grade; its marker makes whichever comes first the only
+    one. False: not counted now."""
+    try:
+        if not quality.count(tally):
+            log.info("online grade counted before", extra={"task_id": tally.task_id, "step": tally.step})
+    except Exception:
+        log.warning(
+            "could not count an online grade now: left on the task for its ending to count",
+            extra={"task_id": tally.task_id, "step": tally.step, "version": tally.version, "hour": tally.hour},
+            exc_info=True,
+        )
+        return False
+    return True
