@@ -356,3 +356,41 @@ def test_a_grade_its_busy_bucket_cannot_take_never_fails_the_run_and_is_counted_
     task_ended(store, None, task, TaskStatus.SUCCEEDED)  # and again: nothing more
     (bucket,) = _buckets(store).values()
     assert (bucket.graded, bucket.passed, bucket.errors) == (1, 1, 0)
+
+
+def test_an_online_grade_that_was_not_made_is_an_evaluation_named_for_its_alias_with_an_error_and_no_label(
+    store: Storage, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The OpenTelemetry ``gen_ai.evaluation.result`` of a sampled grade names its evaluation (the
+    conventions require it): the alias that sampled it and its judges, the ones that ran or, a
+    grade skipped for want of budget, the ones it names. A grade never made says nothing of the
+    answer: ``error.type``, and neither a score nor a "fail" label (the buckets count it apart)."""
+    from agentq.observe import otel
+
+    from tests.otlp_receiver import OtlpReceiver
+
+    _agent(store, "DONE")
+    with OtlpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        otel.reset()
+        try:
+            _alias(store, 1.0, {"grader": "grader_raises"})
+            assert _submit_and_run(store, registry, uuid.uuid4().hex).status is TaskStatus.SUCCEEDED
+            script = {"turns": [{"text": '{"score": 1}'}]}
+            _alias(store, 1.0, {"rubric": "Says DONE.", "max_output_tokens": 8000, "script": script})
+            too_small = {"constraints": {"max_tokens": 3000}}
+            assert _submit_and_run(store, registry, uuid.uuid4().hex, **too_small).status is TaskStatus.SUCCEEDED
+            _alias(store, 1.0, {"grader": "says_done"})
+            assert _submit_and_run(store, registry, uuid.uuid4().hex).status is TaskStatus.SUCCEEDED
+            otel.flush()
+        finally:
+            otel.reset()
+        evaluations = [a for span in receiver.spans for name, a in span.events if name == "gen_ai.evaluation.result"]
+    raised, skipped, passed = evaluations
+    assert raised["gen_ai.evaluation.name"] == "online:prod grader_raises"
+    assert skipped["gen_ai.evaluation.name"].startswith("online:prod scripted/")  # the rubric's grading model
+    assert (raised["error.type"], skipped["error.type"]) == ("grader_failed", "grade_skipped")
+    for never_made in (raised, skipped):
+        assert "gen_ai.evaluation.score.label" not in never_made and "gen_ai.evaluation.score.value" not in never_made
+    assert passed["gen_ai.evaluation.name"] == "online:prod says_done"
+    assert (passed["gen_ai.evaluation.score.label"], passed["gen_ai.evaluation.score.value"]) == ("pass", 1.0)
