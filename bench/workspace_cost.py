@@ -523,6 +523,9 @@ def run_shell(args: argparse.Namespace, work: Path, sizes: list[tuple[float, int
     subprocess.run(["bash", "-c", f"{GIT_ENV}git init -q && git add -A && git commit -qm init"], cwd=directory,
                    check=True, env=env)  # fmt: skip
     sandbox = WorkspaceSandbox()
+    # A root worker's sandbox is uid 65534 outside and is given the directory (docs/SANDBOX.md), and
+    # git run directly by root refuses a repository another user owns unless told it is safe.
+    env |= {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": str(directory)}
     commands = {"true": "true", "git status": "git status --short", "python3 -c pass": "python3 -c pass",
                 "ls -laR": "ls -laR > /dev/null"}  # fmt: skip
     rows = []

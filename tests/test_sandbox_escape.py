@@ -483,7 +483,9 @@ def test_bwrap_missing_is_a_refusal_not_an_unisolated_run() -> None:
 
 def test_without_user_namespaces_bwrap_refuses_and_nothing_runs(tmp_path: Path) -> None:
     """The worker itself inside a sandbox that forbids new user namespaces (as a default
-    Docker or Fargate container does): the real bwrap cannot set up, so python_exec refuses."""
+    Docker or Fargate container does): the real bwrap cannot set up, so python_exec refuses.
+    A worker that is root there cannot even become uid 65534 to start bwrap (that namespace
+    maps its own uid alone), and says so; it never runs bwrap as root instead."""
     marker = tmp_path / "ran"
     code = f"open({str(marker)!r}, 'w')"
     script = (
@@ -501,8 +503,13 @@ def test_without_user_namespaces_bwrap_refuses_and_nothing_runs(tmp_path: Path) 
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(
-        "ToolError: SandboxUnavailable: bubblewrap could not set up the sandbox, so nothing ran: bwrap:"
+        "ToolError: SandboxUnavailable: bubblewrap could not set up the sandbox, so nothing ran: "
     ), proc.stdout
+    if os.geteuid() == 0:
+        assert "cannot drop the supplementary groups to start bubblewrap" in proc.stdout, proc.stdout
+        assert "user namespace" in proc.stdout and "never run as root instead" in proc.stdout, proc.stdout
+    else:
+        assert "nothing ran: bwrap:" in proc.stdout, proc.stdout
     assert not marker.exists()
 
 

@@ -5,9 +5,12 @@ each component is opened relative to its parent's descriptor with ``O_NOFOLLOW``
 also ``O_DIRECTORY``), so a symbolic link anywhere on a path, not only at its end, is never
 followed: a link the agent planted is an entry of the manifest, never a way out. The walks are
 iterative (a tree as deep as the agent likes neither overflows Python's stack nor, for the scan,
-holds more than ``MAX_DEPTH`` descriptors: deeper is refused). The worker owns every file of the
-workspace (the sandbox's uid maps to it), so one the agent made unreadable (``chmod 000``) is
-given ``u+rwx`` for the read or the removal and, for the scan, its mode put back afterwards.
+holds more than ``MAX_DEPTH`` descriptors: deeper is refused). A worker that is not root owns
+every file of the workspace (the sandbox's uid maps to it), so one the agent made unreadable
+(``chmod 000``) is given ``u+rwx`` for the read or the removal and, for the scan, its mode put
+back afterwards; a root worker's sandbox is uid 65534 outside (``sandbox.bwrap.outside_owner``),
+which owns the files then, and root reads and removes them whatever their mode. ``restore``
+gives what it makes to that owner, so the code may change the files the worker put back.
 A checkpoint of a run that opened a credential scrubs the files in this same walk
 (``core.workspace_scrub``), so what is stored is exactly what was scrubbed.
 
@@ -362,14 +365,20 @@ def wipe(root: Path) -> None:
 
 
 def restore(
-    root: Path, manifest: Manifest, fetch: Callable[[str], bytes | Readable], cache: ScanCache | None = None
+    root: Path,
+    manifest: Manifest,
+    fetch: Callable[[str], bytes | Readable],
+    cache: ScanCache | None = None,
+    owner: tuple[int, int] | None = None,
 ) -> None:
     """Make ``root`` exactly ``manifest`` (everything there before is removed), then check it.
 
     ``fetch(digest)`` returns a file's content, or a stream of it (called from up to ``PARALLEL``
     threads, each writing its file a ``CHUNK`` at a time); content whose hash or size differs, a
     missing object, an entry whose parent is not a directory of the manifest, or a result that
-    does not scan back to the manifest raises ``WorkspaceRestoreFailed``.
+    does not scan back to the manifest raises ``WorkspaceRestoreFailed``. ``owner`` (uid, gid):
+    ``root`` and every entry made are given to it (a link itself, never what it names), before
+    any mode is set: the sandbox's uid when that is not the worker's.
     """
     root.mkdir(parents=True, mode=0o700, exist_ok=True)
     dirs = [e for e in manifest.entries if e.kind == "d"]
@@ -377,16 +386,19 @@ def restore(
     try:
         with opened(root) as cursor:
             clear(cursor.chain[0][1])
+            _give_root(cursor.chain[0][1], owner)
             for entry in dirs:
                 dir_fd, name = cursor.parent(entry.path)
                 os.mkdir(name, 0o700, dir_fd=dir_fd)
+                _chown_at(dir_fd, name, owner)
             with ThreadPoolExecutor(PARALLEL) as pool:
                 for start in range(0, len(files), PARALLEL):
-                    _fill_window(cursor, pool, files[start : start + PARALLEL], fetch)
+                    _fill_window(cursor, pool, files[start : start + PARALLEL], fetch, owner)
             for entry in manifest.entries:
                 if entry.kind == "l":
                     dir_fd, name = cursor.parent(entry.path)
                     os.symlink(entry.digest, name, dir_fd=dir_fd)
+                    _chown_at(dir_fd, name, owner)
             for entry in sorted(dirs, key=lambda e: e.path.count("/"), reverse=True):
                 dir_fd, name = cursor.parent(entry.path)
                 _chmod_at(dir_fd, name, entry.mode)
@@ -403,15 +415,41 @@ def restore(
         )
 
 
+def _give_root(fd: int, owner: tuple[int, int] | None) -> None:
+    """The restored directory itself to ``owner``: the first chown, so the one that says it plainly
+    when the owner cannot have files here (a uid not mapped in the worker's user namespace)."""
+    if owner is None:
+        return
+    try:
+        os.fchown(fd, *owner)
+    except OSError as exc:
+        raise WorkspaceRestoreFailed(
+            f"the workspace cannot be given to uid {owner[0]}, the sandbox's outside its user namespace: {exc.strerror}"
+        ) from exc
+
+
+def _chown_at(dir_fd: int, name: str, owner: tuple[int, int] | None) -> None:
+    """Give the entry ``name`` itself (a link is never followed) to ``owner``, if any."""
+    if owner is not None:
+        os.chown(name, *owner, dir_fd=dir_fd, follow_symlinks=False)
+
+
 def _fill_window(
-    cursor: DirCursor, pool: ThreadPoolExecutor, window: list[Entry], fetch: Callable[[str], bytes | Readable]
+    cursor: DirCursor,
+    pool: ThreadPoolExecutor,
+    window: list[Entry],
+    fetch: Callable[[str], bytes | Readable],
+    owner: tuple[int, int] | None = None,
 ) -> None:
-    """Create the window's files here (the cursor is this thread's), then fill them in the pool."""
+    """Create the window's files here (the cursor is this thread's), each given to ``owner``, then
+    fill them in the pool (which sets their mode last: a chown would clear set-id bits after)."""
     fds: list[int] = []
     try:
         for entry in window:
             dir_fd, name = cursor.parent(entry.path)
             fds.append(os.open(name, O_CREATE, 0o600, dir_fd=dir_fd))
+            if owner is not None:
+                os.fchown(fds[-1], *owner)
         each(pool, lambda pair: fill(pair[1], pair[0], fetch(pair[0].digest)), list(zip(window, fds, strict=True)))
     finally:
         for fd in fds:

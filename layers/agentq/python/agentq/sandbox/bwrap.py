@@ -9,13 +9,18 @@ loopback device, and dies with the worker. Inside, ``runner.py`` adds rlimits an
 filter before the script runs; outside, the supervisor enforces wall-clock, output, disk and
 file-count limits.
 
-Fail closed: if ``bwrap`` is missing, or cannot set up any part of this (user namespaces
-disabled, as in a default Docker or Fargate container), it reports the problem and runs
-nothing, and ``run`` raises ``SandboxUnavailable`` with bwrap's own words.
+Outside its namespace the sandbox is never root. bwrap maps the sandbox's uid to the uid it is
+started as, so a worker that is not root gets its own uid there; a worker that is root starts
+bwrap as uid and gid 65534 instead (``outside_owner``), through ``stage.py``, which binds every
+path bwrap mounts where that uid can reach it, in a mount namespace of bwrap's alone. The code is
+then 65534 inside and out: a root-only file that a mount shows it stays unwritable, and the
+kernel's per-user limits (``RLIMIT_NPROC``) hold. What the worker makes for the sandbox to write
+(the workspace, the egress socket) it gives to that uid.
 
-When the worker runs as root, bwrap runs in its privileged mode: the sandbox's uid 65534 is
-then root outside the namespace, still without any capability and seeing only the read-only
-system paths it was given. As any other user it is that user outside. See docs/SANDBOX.md.
+Fail closed: if ``bwrap`` is missing, or cannot set up any part of this (user namespaces
+disabled, as in a default Docker or Fargate container, or refused to uids but root), it reports
+the problem and runs nothing, and ``run`` raises ``SandboxUnavailable`` with bwrap's own words.
+A root worker never runs the sandbox as root instead. See docs/SANDBOX.md.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentq.sandbox import runner
+from agentq.sandbox import runner, stage
 from agentq.sandbox.base import ExecRequest, ExecResult, SandboxLimits, SandboxUnavailable
 from agentq.sandbox.supervise import supervise
 
@@ -43,6 +48,39 @@ SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME"
 # Optional files the interpreter is happier with (a faster dynamic loader, local time).
 _OPTIONAL_FILES = ("/etc/ld.so.cache", "/etc/localtime")
 _TOP_LEVEL = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# The settings by which a kernel refuses user namespaces to uids other than root: (file, the
+# value that refuses, what to say).
+_USERNS_SWITCHES = (
+    ("/proc/sys/kernel/unprivileged_userns_clone", "0", "kernel.unprivileged_userns_clone is 0 (Debian's switch)"),
+    ("/proc/sys/user/max_user_namespaces", "0", "user.max_user_namespaces is 0"),
+    (
+        "/proc/sys/kernel/apparmor_restrict_unprivileged_userns",
+        "1",
+        "kernel.apparmor_restrict_unprivileged_userns is 1 (Ubuntu's; or give bwrap an AppArmor profile allowing userns)",
+    ),
+)
+
+
+def outside_owner() -> tuple[int, int] | None:
+    """The uid and gid the sandbox's processes are outside their user namespace when that is not
+    the worker's own: 65534 when the worker is root (bwrap is started as it), None otherwise
+    (bwrap runs as the worker, whose uid the sandbox then is). A directory or socket the worker
+    makes for the sandbox to write must belong to it."""
+    return (SANDBOX_UID, SANDBOX_UID) if os.geteuid() == 0 else None
+
+
+def userns_refusals() -> list[str]:
+    """This host's settings that refuse user namespaces to a uid that is not root, as found."""
+    found = []
+    for path, refusing, say in _USERNS_SWITCHES:
+        try:
+            with open(path, encoding="ascii") as f:
+                value = f.read().strip()
+        except OSError:
+            continue
+        if value == refusing:
+            found.append(say)
+    return found
 
 
 def runner_source() -> str:
@@ -167,8 +205,17 @@ class BwrapSandbox:
                 open_fds.discard(fd)
                 os.close(fd)
 
+        owner = outside_owner()
+        env = {"PATH": SANDBOX_ENV["PATH"]}  # bwrap's own environment is visible as /proc/1/environ
         try:
             argv = self.command(request, write_end) if setup is None else self.command_with(request, write_end, setup)
+            if owner is not None:
+                if not os.path.isfile(argv[0]) or not os.access(argv[0], os.X_OK):
+                    raise SandboxUnavailable(f"cannot start bubblewrap: {argv[0]} is not an executable file")
+                try:
+                    argv = stage.command(self.python, argv, *owner, env)
+                except ValueError as exc:
+                    raise SandboxUnavailable(f"cannot stage bubblewrap's command line: {exc}") from None
             status = _StatusReader(read_end, self.limits.max_disk_bytes)
             open_fds.discard(read_end)  # the reader closes it
             status.start()
@@ -182,7 +229,7 @@ class BwrapSandbox:
                     usage_path=status.usage_path,
                     on_started=lambda _: close(write_end),
                     pass_fds=(write_end,),
-                    env={"PATH": SANDBOX_ENV["PATH"]},  # bwrap's own environment is visible as /proc/1/environ
+                    env=env,
                     cwd="/",
                 )
             except FileNotFoundError as exc:
@@ -195,9 +242,22 @@ class BwrapSandbox:
                 close(fd)
         if status.child_pid is None:
             message = result.stderr.strip() or f"bwrap exited with {result.exit_code}"
+            if owner is not None:
+                message += _as_owner(owner)
             raise SandboxUnavailable(f"bubblewrap could not set up the sandbox, so nothing ran: {message}")
         _wait_gone(status.child_pid)
         return result
+
+
+def _as_owner(owner: tuple[int, int]) -> str:
+    """Why a root worker's bwrap runs as ``owner``, and what of this host stands in its way."""
+    refusals = userns_refusals()
+    host = f"; this host refuses it: {'; '.join(refusals)}" if refusals else ""
+    return (
+        f" [the worker is root, so bubblewrap runs as uid {owner[0]}, gid {owner[1]}, which must be allowed to "
+        f"create user namespaces: the sandbox must not be root outside its namespace, and is never run as root "
+        f"instead{host}]"
+    )
 
 
 def _wait_gone(pid: int, seconds: float = 5.0) -> None:

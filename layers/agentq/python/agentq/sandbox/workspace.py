@@ -15,22 +15,27 @@ with it, so no process outlives the tool call that started it):
 
 Which worker credentials, tables or buckets can the code reach? None: the environment is
 cleared, the host's filesystem is not mounted but ``/usr`` and the interpreter read-only, and
-another task's workspace is another directory that is never bound. What it does not bound: the
-total a command writes during a call, and, when the worker runs as root, its processes and
-their memory together (``RLIMIT_NPROC`` does not apply to root). See docs/SANDBOX.md.
+another task's workspace is another directory that is never bound. Outside its namespace the
+code is uid 65534 when the worker is root (``bwrap.outside_owner``; the worker's own uid
+otherwise), so the directory is given to that uid before each call (``hand_over``), and what
+the worker restores into it too (``core.workspace_disk.restore``). What it does not bound: the
+total a command writes during a call, and the memory of its processes together (``RLIMIT_AS``
+is per process). See docs/SANDBOX.md.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from agentq.sandbox import fileops
 from agentq.sandbox.base import ExecRequest, ExecResult, SandboxLimits, SandboxUnavailable
-from agentq.sandbox.bwrap import BwrapSandbox, Setup
+from agentq.sandbox.bwrap import BwrapSandbox, Setup, outside_owner
 
 MOUNT = "/workspace"
 EGRESS_SOCKET = "/run/agentq-egress.sock"
@@ -40,8 +45,8 @@ EGRESS_SOCKET = "/run/agentq-egress.sock"
 # a sandbox that may reach allowed hosts, so git, curl, pip and Python verify HTTPS through the
 # proxy's CONNECT tunnels; a sandbox without network gets none (it could not use them). These
 # paths and never their parents: /etc/ssl/private and /etc/pki/tls/private hold the host's own
-# TLS keys, and a worker running as root runs the sandbox as root outside its user namespace,
-# which may read root's 0600 files without any capability.
+# TLS keys, which the uid the code is outside its namespace may be allowed to read (a worker that
+# is not root runs it as itself, and may be the one the keys are for).
 CA_BUNDLES = (
     "/etc/ssl/certs",
     "/etc/ssl/openssl.cnf",
@@ -62,7 +67,7 @@ class WorkspaceLimits:
     max_file_bytes: int = 100 * 1024 * 1024  # RLIMIT_FSIZE in the shell; read/write limit of the file tools
     max_read_bytes: int = 2 * 1024 * 1024  # read_file/edit_file/search_files read at most this much of a file
     max_output_chars: int = 60_000  # read_file's text
-    max_processes: int = 256  # RLIMIT_NPROC of the shell (not applied when the worker is root: docs/SANDBOX.md)
+    max_processes: int = 256  # RLIMIT_NPROC of the shell: the processes of its uid in its own user namespace
     shell_memory_mb: int = 2048  # RLIMIT_AS per process of the shell
 
 
@@ -104,6 +109,7 @@ class WorkspaceSandbox:
     def _mounts(self, directory: Path, *, writable: bool = True, egress: str | None = None) -> tuple[str, ...]:
         if not directory.is_dir():
             raise SandboxUnavailable(f"the workspace directory {directory} is missing")
+        hand_over(directory)
         mounts: tuple[str, ...] = ("--bind" if writable else "--ro-bind", str(directory), MOUNT)
         if egress is not None:
             mounts += ("--bind", egress, EGRESS_SOCKET)
@@ -183,6 +189,28 @@ class WorkspaceSandbox:
         if "error" in answer:
             raise WorkspaceRefused(str(answer["error"]))
         return str(answer["ok"])
+
+
+def hand_over(directory: Path) -> None:
+    """Give the workspace directory itself to the uid the sandbox is outside its namespace, if
+    that is not the worker (a root worker's: ``outside_owner``), so the code may write in it. What
+    is in it is the sandbox's already, or was given to it when the worker restored it."""
+    owner = outside_owner()
+    if owner is None:
+        return
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if (st.st_uid, st.st_gid) != owner:
+            os.fchown(fd, *owner)
+    except OSError as exc:
+        unmapped = " (not mapped in the user namespace this worker runs in)" if exc.errno == errno.EINVAL else ""
+        raise SandboxUnavailable(
+            f"cannot give the workspace directory to uid {owner[0]}{unmapped}, the uid its sandbox is outside "
+            f"its user namespace when the worker is root: {exc.strerror}"
+        ) from None
+    finally:
+        os.close(fd)
 
 
 class WorkspaceRefused(ValueError):

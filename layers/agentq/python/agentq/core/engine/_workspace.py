@@ -21,7 +21,9 @@ share a directory, so neither sees, commits or removes the other's files. A proc
 mid-run (SIGKILL, OOM) removes nothing: the first directory a process makes sweeps the
 ``<worker>-<pid>`` directories of processes no longer alive (``sweep_dead``), so a host that
 restarts its workers in place does not keep one dead workspace per kill. A live process's
-directories are never touched, whoever it is.
+directories are never touched, whoever it is. What a restore makes belongs to the uid the
+sandbox is outside its namespace (65534 under a root worker: ``sandbox.bwrap.outside_owner``),
+so the code may change the files it is given back.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from agentq.core.workspace_disk import PARALLEL, ScanCache, open_verified, opene
 from agentq.core.workspace_scrub import Scrub
 from agentq.core.workspace_stream import each
 from agentq.sandbox.base import ExecResult
+from agentq.sandbox.bwrap import outside_owner
 from agentq.sandbox.workspace import WorkspaceSandbox
 
 log = logging.getLogger("agentq.engine")
@@ -193,15 +196,14 @@ class Workspaces:
             if ref is None and start is None:
                 manifest, seed = spec.seed() if spec is not None else (EMPTY, {})
                 stored: set[str] = set()
-                restore(ws.directory, manifest, seed.__getitem__, ws.cache)
+                restore(ws.directory, manifest, seed.__getitem__, ws.cache, outside_owner())
             else:
                 digest_ = ref.manifest if ref is not None else start.manifest  # type: ignore[union-attr]
                 manifest = Manifest.from_bytes(self.store.get_manifest(s.task_id, digest_, ws.lookup))
                 if manifest.digest != digest_:
                     raise WorkspaceRestoreFailed(f"the stored manifest {digest_} does not match its hash")
-                restore(
-                    ws.directory, manifest, lambda digest: self.store.open_blob(s.task_id, digest, ws.lookup), ws.cache
-                )
+                fetch = lambda digest: self.store.open_blob(s.task_id, digest, ws.lookup)  # noqa: E731
+                restore(ws.directory, manifest, fetch, ws.cache, outside_owner())
                 stored = manifest.blobs()
         except WorkspaceRestoreFailed as exc:
             raise WorkspaceRestoreFailed(f"task {s.task_id}: {exc.message}") from exc

@@ -101,6 +101,7 @@ from agentq.core.tools.egress_request import (
 from agentq.core.tools.fetch import Deadline, FetchPolicy, FetchRefused, HostRule, Target, resolve
 from agentq.core.vault import CredentialSource
 from agentq.observe.redaction import Values
+from agentq.sandbox.bwrap import outside_owner
 
 CONNECT_SECONDS = 10.0
 MAX_CONNECTIONS = 32  # at once, per proxy (one task's run): a thread each
@@ -217,6 +218,9 @@ class EgressProxy:
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(self.path)
         os.chmod(self.path, 0o600)
+        owner = outside_owner()
+        if owner is not None:  # a root worker's sandbox connects as uid 65534 (sandbox.bwrap)
+            os.chown(self.path, *owner)
         self._server.listen(64)
         self._closed = False
         self._slots = threading.BoundedSemaphore(max_connections)
