@@ -69,10 +69,10 @@ def test_the_flags_override_a_file_and_merge_its_tool_policies(tmp_path: Path) -
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--tool-policy", "note_read"], "argument --tool-policy: takes NAME=allow|ask|deny, not 'note_read'"),
+        (["--tool-policy", "note_read"], "argument --tool-policy: takes NAME=allow|ask|ask_tenant|deny, not 'note_read'"),
         (
             ["--tool-policy", "note_read=maybe"],
-            "argument --tool-policy: the policy of 'note_read' is allow, ask or deny",
+            "argument --tool-policy: the policy of 'note_read' is allow, ask, ask_tenant or deny",
         ),
         (["--max-cost-usd", "-1"], "argument --max-cost-usd: Input should be greater than 0 (got '-1')"),
         (["--max-cost-usd", "lots"], "argument --max-cost-usd: Input should be a valid decimal (got 'lots')"),
