@@ -151,3 +151,49 @@ def test_in_aws_a_scheduler_schedule_is_made_and_its_message_fires_the_task(
     delete_schedule(store, tenant="acme", name="nightly")
     assert scheduler.list_schedules(GroupName=f"{settings.prefix}-schedules")["Schedules"] == []
     assert store.schedules.list() == []
+
+
+def test_a_fire_whose_stored_submission_is_refused_is_counted_failed_dead_lettered_and_the_others_still_fire(
+    moto_server: MotoServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The memory store a schedule attaches is deleted after the schedule was made: each fire is
+    refused the same way, so the local ticker counts it on the schedule (without a traceback) and
+    fires the tenant's other schedules, and the executor dead-letters the fire's message with the
+    reason at once instead of retrying it until SQS gives up; re-creating the store heals it."""
+    from agentq.api.routes.schedules import view
+    from agentq.core.engine import Engine
+    from agentq.core.memory import MemoryStoreSpec
+    from agentq.runtime import build_dispatcher
+
+    settings = deployment(moto_server)
+    store, tools, queues = build_store(settings), build_registry(settings), build_queues(settings)
+    store.memory_stores.create_store("acme", MemoryStoreSpec(name="notes"))
+    archive = _spec("archive")  # listed before "nightly": a refusal must not stop the tick
+    archive["submission"] = {**archive["submission"], "memory": [{"store": "notes"}]}
+    due = create_schedule(store, tools, archive, tenant="acme").next_fire_at
+    create_schedule(store, tools, _spec("nightly"), tenant="acme")
+    store.memory_stores.delete_store("acme", "notes")
+
+    [fired] = fire_due(store, tools, queues, now=due + 1)
+    assert fired == fire_task_id("acme", "nightly", due)
+    refused = store.schedules.get("acme", "archive")
+    assert (refused.fired, refused.skipped, refused.failed) == (0, 0, 1)
+    assert refused.last_error is not None and "memory[0].store: no memory store 'notes'" in refused.last_error
+    assert view(refused).failed == 1 and view(refused).last_error == refused.last_error  # what GET /schedules shows
+    assert not any(r.exc_info for r in caplog.records), "a refused fire is logged without a traceback"
+    assert store.tasks.get_many([fire_task_id("acme", "archive", due)]) == []
+
+    # In AWS the Scheduler's message reaches an executor: dead-lettered at once, with the reason.
+    dispatcher = build_dispatcher(Engine(store, worker_id="w", tools=tools), store, queues, max_receive_count=5)
+    message = {"task_id": "schedule:acme#archive", "kind": "schedule", "schedule": "acme#archive",
+               "scheduled_time": "2026-11-26T09:00:00Z"}  # fmt: skip
+    action = dispatcher.handle(json.dumps(message), tier="normal", receive_count=1)
+    assert action.kind == "dead_letter", action
+    assert action.reason.startswith("poison: schedule archive: memory[0].store: no memory store 'notes'")
+    assert store.schedules.get("acme", "archive").failed == 2
+
+    store.memory_stores.create_store("acme", MemoryStoreSpec(name="notes"))  # its owner fixes the cause
+    healed = dispatcher.handle(json.dumps(message), tier="normal", receive_count=1)
+    assert healed.kind == "delete" and healed.task_id == fire_task_id("acme", "archive", _at("2026-11-26T09:00:00"))
+    after = store.schedules.get("acme", "archive")
+    assert (after.fired, after.failed, after.last_error) == (1, 2, None)

@@ -94,8 +94,11 @@ def _cmd_schedules(args: argparse.Namespace) -> int:
         dump(schedules)
         return 0
     for s in schedules:
-        print(f"{s.name:<24} {s.expression:<28} overlap {s.overlap:<5} fired {s.fired} skipped {s.skipped} "
+        failed = f" failed {s.failed}" if s.failed else ""
+        print(f"{s.name:<24} {s.expression:<28} overlap {s.overlap:<5} fired {s.fired} skipped {s.skipped}{failed} "
               f"next {when(s.next_fire_at)} last {s.last_task_id or '-'}")  # fmt: skip
+        if s.last_error:  # its submission is refused at each fire until its owner fixes the cause
+            print(f"  last fire refused: {s.last_error}")
     if not schedules:
         print("no schedules (create one: agentq schedules create -f schedule.yaml)", file=sys.stderr)
     return 0

@@ -6,6 +6,13 @@ Scheduler schedule in the stack's group, whose target is the normal tier queue w
 scheduler role: the executor that receives it fires. In ``agentq dev`` a thread calls
 ``fire_due`` every second instead. Either way a fire is ``fire``: the overlap policy, then one
 task per fire time (its id derived from it), enqueued.
+
+A fire whose stored submission is refused (its agent, alias, workspace or memory store deleted
+since, a tool no longer registered, a field that no longer validates) is counted on the schedule
+as ``failed`` with ``last_error`` (``GET /schedules``, ``agentq schedules``), and raised: the
+executor dead-letters its message with the reason, the local ticker goes on with the other
+schedules. The schedule stays: its next fire is tried again, and submits once its owner fixes the
+cause (re-creating what it names) or replaces or deletes it; a fire that submits clears the error.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from typing import Any
 
 from agentq.control.submit import prepare_submission, submit_once
 from agentq.control.validation import parse_submission, validate_body
-from agentq.core.errors import AgentqError, ValidationError
+from agentq.core.errors import DETERMINISTIC_FAULTS, AgentqError, ValidationError, fault_error
 from agentq.core.schedules import ScheduleSpec, fire_task_id, next_fire
 from agentq.core.stops import ScopeStopped
 from agentq.core.tools import ToolRegistry
@@ -28,6 +35,10 @@ from agentq.storage.container import Storage
 from agentq.storage.schedules import Schedule
 
 log = logging.getLogger("agentq.schedules")
+# What a fire's submission raises when the stored submission is refused: our own refusals (as
+# POST /tasks answers them, 4xx) and the faults another delivery would meet again. A network or
+# throttling fault is neither: it propagates and the fire's message comes back.
+REFUSED: tuple[type[Exception], ...] = (AgentqError, *DETERMINISTIC_FAULTS)
 
 
 def create_schedule(store: Storage, tools: ToolRegistry, raw: Any, *, tenant: str) -> Schedule:
@@ -84,7 +95,8 @@ def fire(
     store: Storage, tools: ToolRegistry, queues: TaskQueues | None, *, tenant: str, name: str, fire_time: float
 ) -> str | None:
     """One fire of a schedule: the task it created (or had created: a repeated delivery), or
-    None when the overlap policy skipped it (or the schedule is gone)."""
+    None when the overlap policy skipped it (or the schedule is gone). A refused submission
+    (``REFUSED``) is counted as a failed fire on the schedule, then raised."""
     try:
         schedule = store.schedules.get(tenant, name)
     except AgentqError:
@@ -104,6 +116,11 @@ def fire(
         store.schedules.record_fire(tenant, name, None)
         log.info("schedule %s/%s skipped a fire: %s", tenant, name, stopped.message)
         return None
+    except REFUSED as exc:
+        error = fault_error(exc)["message"]
+        store.schedules.record_failure(tenant, name, error)
+        log.warning("schedule %s/%s: its submission was refused, no task: %s", tenant, name, error)
+        raise
     store.schedules.record_fire(tenant, name, submitted.task.task_id)
     log.info("schedule %s/%s fired: task %s", tenant, name, submitted.task.task_id)
     return submitted.task.task_id
@@ -111,7 +128,8 @@ def fire(
 
 def fire_due(store: Storage, tools: ToolRegistry, queues: TaskQueues | None, *, now: float | None = None) -> list[str]:
     """The local scheduler's tick: fire every schedule whose time has come, once (a schedule
-    that missed several fires while nothing ran fires once, for the latest)."""
+    that missed several fires while nothing ran fires once, for the latest). A schedule whose
+    submission is refused is counted failed (``fire``) and the others still fire."""
     now = time.time() if now is None else now
     fired = []
     for schedule in store.schedules.list():
@@ -122,7 +140,10 @@ def fire_due(store: Storage, tools: ToolRegistry, queues: TaskQueues | None, *, 
             due = following
         if not store.schedules.advance(schedule, following):
             continue  # another loop fired it
-        task_id = fire(store, tools, queues, tenant=schedule.tenant, name=schedule.spec.name, fire_time=due)
+        try:
+            task_id = fire(store, tools, queues, tenant=schedule.tenant, name=schedule.spec.name, fire_time=due)
+        except REFUSED:
+            continue  # counted and logged by ``fire``
         if task_id is not None:
             fired.append(task_id)
     return fired

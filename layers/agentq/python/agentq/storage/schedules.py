@@ -29,6 +29,8 @@ class Schedule:
     last_task_id: str | None = None
     fired: int = 0
     skipped: int = 0
+    failed: int = 0  # fires whose stored submission was refused (``control.schedules.fire``)
+    last_error: str | None = None  # why the latest of them was refused; cleared by a fire that submits
 
 
 class ScheduleNotFound(TaskNotFound):
@@ -80,12 +82,21 @@ class Schedules:
         return True
 
     def record_fire(self, tenant: str, name: str, task_id: str | None) -> None:
-        """Count a fire: its task, or a skip (``task_id`` None)."""
+        """Count a fire: its task (clearing the last refusal: the cause is gone), or a skip
+        (``task_id`` None)."""
         update = (
-            Update(set={"last_task_id": task_id}, add={"fired": 1})
+            Update(set={"last_task_id": task_id}, add={"fired": 1}, remove=("last_error",))
             if task_id is not None
             else Update(add={"skipped": 1})
         )
+        self._count(tenant, name, update)
+
+    def record_failure(self, tenant: str, name: str, error: str) -> None:
+        """Count a fire whose submission was refused, and keep why (cut to 500 characters), so
+        the schedule's listing shows what its owner must fix."""
+        self._count(tenant, name, Update(set={"last_error": error[:500]}, add={"failed": 1}))
+
+    def _count(self, tenant: str, name: str, update: Update) -> None:
         with contextlib.suppress(ConditionFailed):  # deleted meanwhile
             self.table.update(self._key(tenant, name), update, condition=Attr("pk").exists())
 
@@ -99,4 +110,6 @@ def _schedule(item: dict[str, object]) -> Schedule:
         last_task_id=str(item["last_task_id"]) if item.get("last_task_id") else None,
         fired=int(item.get("fired", 0)),  # type: ignore[call-overload]
         skipped=int(item.get("skipped", 0)),  # type: ignore[call-overload]
+        failed=int(item.get("failed", 0)),  # type: ignore[call-overload]
+        last_error=str(item["last_error"]) if item.get("last_error") else None,
     )

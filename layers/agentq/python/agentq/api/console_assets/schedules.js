@@ -1,4 +1,5 @@
-// Schedules: each one's expression, next fire, what it submits and the task it last started;
+// Schedules: each one's expression, next fire, what it submits, the task it last started and
+// the fires refused (their latest reason on hover);
 // delete one (asked twice: the button turns into a confirmation).
 
 import { del, get } from "./api.js";
@@ -13,7 +14,7 @@ export function schedulesPage(ctx) {
       h("code", {}, "agentq schedules create"), " or POST /schedules."),
     notice,
     h("table", { class: "schedules" },
-      h("thead", {}, h("tr", {}, ["Schedule", "Expression", "Next fire", "Overlap", "Fired", "Skipped", "Last task", "Submits", ""].map((c) => h("th", { scope: "col" }, c)))),
+      h("thead", {}, h("tr", {}, ["Schedule", "Expression", "Next fire", "Overlap", "Fired", "Skipped", "Failed", "Last task", "Submits", ""].map((c) => h("th", { scope: "col" }, c)))),
       body));
 
   let shown = "";
@@ -24,7 +25,7 @@ export function schedulesPage(ctx) {
     shown = sig;
     replace(body, page.schedules.length
       ? page.schedules.map(row)
-      : h("tr", {}, h("td", { colspan: 9, class: "muted" }, "No schedules.")));
+      : h("tr", {}, h("td", { colspan: 10, class: "muted" }, "No schedules.")));
   }
 
   function row(s) {
@@ -56,6 +57,8 @@ export function schedulesPage(ctx) {
       h("td", {}, s.overlap),
       h("td", { class: "num" }, fmtInt(s.fired)),
       h("td", { class: "num" }, fmtInt(s.skipped)),
+      // a fire whose stored submission was refused: why the latest one was, on hover
+      h("td", { class: "num", title: s.last_error || null }, fmtInt(s.failed || 0)),
       h("td", {}, s.last_task_id ? taskLink(s.last_task_id, shortId(s.last_task_id)) : "–"),
       h("td", {}, h("details", {}, h("summary", {}, sub.agent ? `agent ${sub.agent}: ` : "", String(sub.goal || "").slice(0, 60)), json(sub))),
       h("td", { class: "actions" }, remove));

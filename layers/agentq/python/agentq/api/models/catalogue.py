@@ -70,7 +70,15 @@ class ScheduleView(ApiModel):
     )
     last_task_id: str | None
     fired: int = Field(description="fires that submitted a task")
-    skipped: int = Field(description="fires skipped by the overlap policy")
+    skipped: int = Field(description="fires skipped by the overlap policy or a stopped scope")
+    failed: int = Field(
+        0,
+        description="fires whose stored submission was refused (an agent or alias it names deleted, a field "
+        "that no longer validates): no task, the fire's message dead-lettered with the reason",
+    )
+    last_error: str | None = Field(
+        None, description="why the latest failed fire was refused; cleared by a fire that submits"
+    )
 
 
 class ScheduleList(ApiModel):

@@ -23,6 +23,7 @@ def view(schedule: Schedule) -> ScheduleView:
         name=schedule.spec.name, expression=schedule.spec.expression, overlap=schedule.spec.overlap,
         submission=schedule.spec.submission, created_at=schedule.created_at, next_fire_at=schedule.next_fire_at,
         last_task_id=schedule.last_task_id, fired=schedule.fired, skipped=schedule.skipped,
+        failed=schedule.failed, last_error=schedule.last_error,
     )  # fmt: skip
 
 
