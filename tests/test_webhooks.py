@@ -116,6 +116,104 @@ def test_the_lambda_deliverer_posts_reports_a_failed_try_and_dead_letters_a_refu
     assert queue_depth(queues, queues.webhooks_dlq_url()) == 1
 
 
+# Bodies no attempt can deliver, and what the DLQ's reason says of each.
+NOT_DELIVERIES = {
+    "[]": "a JSON array, not an object",
+    "null": "a JSON null, not an object",
+    "5": "a JSON number, not an object",
+    "{": "Expecting property name",
+    '{"delivery_id": "d", "tenant": "acme", "url": "https://x.example", "payload": 5}': "payload must be an object",
+    '{"delivery_id": "d", "url": "https://x.example", "payload": {}}': "tenant is missing",
+}
+
+
+def _bad_and_good_deliveries(moto_server: Any, monkeypatch: pytest.MonkeyPatch, receiver: Receiver) -> Any:
+    """A webhooks queue holding every body of NOT_DELIVERIES and one good delivery after them."""
+    from agentq.core.webhooks import Delivery
+    from agentq.runtime import build_queues
+
+    from tests.helpers import deployment
+
+    monkeypatch.setenv("AGENTQ_WEBHOOK_ALLOW", f"127.0.0.1:{receiver.server.server_address[1]}")  # a dev receiver
+    settings = deployment(moto_server)
+    for key, value in settings.env().items():
+        monkeypatch.setenv(key, value)
+    queues = build_queues(settings)
+    for body in NOT_DELIVERIES:
+        queues.send_webhook(body)
+    queues.send_webhook(Delivery.for_task_end("acme", receiver.url, {"task_id": "t1", "status": "succeeded"}).to_json())
+    return settings, queues
+
+
+def _dead_letters_with_reasons(queues: Any) -> dict[str, str]:
+    from tests.helpers import queue_depth
+
+    assert queue_depth(queues, queues.webhooks_url()) == 0  # nothing left to retry
+    dead: dict[str, str] = {}
+    while got := queues.sqs.receive_message(QueueUrl=queues.webhooks_dlq_url(), MaxNumberOfMessages=10,
+                                            MessageAttributeNames=["All"]).get("Messages"):  # fmt: skip
+        for m in got:
+            dead[m["Body"]] = m["MessageAttributes"]["agentq-reason"]["StringValue"]
+            queues.sqs.delete_message(QueueUrl=queues.webhooks_dlq_url(), ReceiptHandle=m["ReceiptHandle"])
+    return dead
+
+
+def test_the_lambda_deliverer_dead_letters_a_body_that_is_not_a_delivery_with_the_reason_and_delivers_the_rest(
+    moto_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.lambda_support import FakeLambdaContext, load_handler, sqs_event
+
+    receiver = Receiver()
+    try:
+        _, queues = _bad_and_good_deliveries(moto_server, monkeypatch, receiver)
+        got = queues.sqs.receive_message(QueueUrl=queues.webhooks_url(), MaxNumberOfMessages=10,
+                                         MessageSystemAttributeNames=["All"])["Messages"]  # fmt: skip
+        assert len(got) == len(NOT_DELIVERIES) + 1
+        arn = queues.sqs.get_queue_attributes(QueueUrl=queues.webhooks_url(), AttributeNames=["QueueArn"])
+        handler = load_handler("webhooks")
+        result = handler.lambda_handler(sqs_event(got, arn["Attributes"]["QueueArn"]), FakeLambdaContext(20))
+        assert result["batchItemFailures"] == []  # none to try again: not the whole batch
+        for m in got:  # what the event source does with a batch that reported no failures
+            queues.sqs.delete_message(QueueUrl=queues.webhooks_url(), ReceiptHandle=m["ReceiptHandle"])
+        assert [status for *_, status in receiver.received] == [204]
+        dead = _dead_letters_with_reasons(queues)
+    finally:
+        receiver.server.shutdown()
+    assert set(dead) == set(NOT_DELIVERIES)
+    for body, says in NOT_DELIVERIES.items():
+        assert says in dead[body], (body, dead[body])
+
+
+def test_the_local_deliverer_dead_letters_a_body_that_is_not_a_delivery_with_the_reason_and_delivers_the_rest(
+    moto_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from agentq.queueing.webhooks import delivery_loop
+    from agentq.runtime import build_store
+
+    from tests.helpers import queue_depth
+
+    receiver = Receiver()
+    stop = threading.Event()
+    try:
+        settings, queues = _bad_and_good_deliveries(moto_server, monkeypatch, receiver)
+        loop = threading.Thread(target=delivery_loop, args=(build_store(settings), queues, stop), daemon=True)
+        loop.start()
+        wait_for(lambda: receiver.received, timeout=30, what="the good delivery")
+        wait_for(lambda: queue_depth(queues, queues.webhooks_url()) == 0, timeout=30, what="every message handled")
+        stop.set()
+        loop.join(10)
+        dead = _dead_letters_with_reasons(queues)
+    finally:
+        stop.set()
+        receiver.server.shutdown()
+    assert [status for *_, status in receiver.received] == [204]  # delivered the first time, not after a retry
+    assert set(dead) == set(NOT_DELIVERIES)
+    for body, says in NOT_DELIVERIES.items():
+        assert says in dead[body], (body, dead[body])
+
+
 def test_an_agent_can_name_the_callback_of_its_tasks_and_a_submission_its_own(
     store: Storage, registry: ToolRegistry
 ) -> None:

@@ -1,7 +1,8 @@
 """Webhooks Lambda: on the webhooks queue (batch, partial failures), POST each task-end callback,
 signed (``agentq.queueing.webhooks``). A thin adapter: a delivery to try again is reported as a
 batch item failure after its visibility was set to the backoff; SQS moves it to the webhooks
-DLQ after the last attempt; a refused URL goes there at once, with the reason."""
+DLQ after the last attempt; a refused URL, or a body that is not a delivery, goes there at once,
+with the reason. A record that raises is reported failed alone: the batch's others stay done."""
 
 from __future__ import annotations
 
@@ -24,7 +25,11 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     failures = []
     for record in event.get("Records", []):
         count = int(record.get("attributes", {}).get("ApproximateReceiveCount", 1))
-        outcome = handle_message(store, queues, record["body"], record["receiptHandle"], count, delete=False)
+        try:
+            outcome = handle_message(store, queues, record["body"], record["receiptHandle"], count, delete=False)
+        except Exception:  # an outage on this one: it alone comes back, not the batch's delivered ones
+            logger.exception("webhook delivery failed", extra={"message_id": record["messageId"]})
+            outcome = "retry"
         if outcome == "retry":
             failures.append({"itemIdentifier": record["messageId"]})
     return {"batchItemFailures": failures}

@@ -150,9 +150,32 @@ class Delivery:
 
     @classmethod
     def from_json(cls, raw: str) -> Delivery:
+        """The delivery a queue message holds. Raises ``ValueError`` naming what is wrong when it
+        is not one (not JSON, not an object, a field missing or of the wrong type): a body no
+        attempt can deliver, which the deliverer dead-letters with that reason."""
         data = json.loads(raw)
-        return cls(delivery_id=str(data["delivery_id"]), tenant=str(data["tenant"]), url=str(data["url"]),
-                   payload=dict(data["payload"]), headers=dict(data.get("headers") or {}))  # fmt: skip
+        if not isinstance(data, dict):
+            raise ValueError(f"not a delivery: a JSON {_json_type(data)}, not an object")
+        for name in ("delivery_id", "tenant", "url"):
+            if name not in data:
+                raise ValueError(f"not a delivery: {name} is missing")
+            if not isinstance(data[name], str) or not data[name]:
+                raise ValueError(f"not a delivery: {name} must be a non-empty string, not {_json_type(data[name])}")
+        payload, headers = data.get("payload"), data.get("headers") or {}
+        if not isinstance(payload, dict):
+            raise ValueError(f"not a delivery: payload must be an object, not {_json_type(payload)}")
+        if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+            raise ValueError("not a delivery: headers must be an object of strings")
+        return cls(delivery_id=data["delivery_id"], tenant=data["tenant"], url=data["url"], payload=payload,
+                   headers=headers)  # fmt: skip
+
+
+def _json_type(value: object) -> str:
+    """The JSON name of a parsed value's type, for a message saying what came instead."""
+    if value is None:
+        return "null"
+    names = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
+    return names.get(type(value), type(value).__name__)
 
 
 def post(delivery: Delivery, secret: str, *, now: float | None = None) -> int:

@@ -103,16 +103,21 @@ def handle_message(
 
 
 def delivery_loop(store: Storage, queues: TaskQueues, stop: threading.Event) -> None:
-    """The local deliverer: long-polls the webhooks queue until ``stop``."""
+    """The local deliverer: long-polls the webhooks queue until ``stop``. Each message of a
+    batch is handled on its own: one that fails leaves the others delivered."""
     while not stop.is_set():
         try:
             got: Any = queues.sqs.receive_message(
                 QueueUrl=queues.webhooks_url(), MaxNumberOfMessages=10, WaitTimeSeconds=1,
                 MessageSystemAttributeNames=["ApproximateReceiveCount"],
             )  # fmt: skip
-            for message in got.get("Messages", []):
-                count = int(message.get("Attributes", {}).get("ApproximateReceiveCount", 1))
-                handle_message(store, queues, message["Body"], message["ReceiptHandle"], count)
         except Exception:
             log.warning("webhook delivery loop failed; going on", exc_info=True)
             stop.wait(1)
+            continue
+        for message in got.get("Messages", []):
+            count = int(message.get("Attributes", {}).get("ApproximateReceiveCount", 1))
+            try:
+                handle_message(store, queues, message["Body"], message["ReceiptHandle"], count)
+            except Exception:  # an outage on this one: it comes back after its visibility; the rest go on
+                log.warning("webhook delivery failed; the message comes back", exc_info=True)
