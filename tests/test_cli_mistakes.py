@@ -141,3 +141,39 @@ def test_a_worker_or_run_task_setting_out_of_its_range_is_refused_naming_it_befo
     came, and the worker ran with them."""
     ran = cli(*args, env={"AWS_ENDPOINT_URL": NOWHERE})  # were anything to start, AWS would not answer
     assert ran.returncode == 2 and said in ran.stderr, ran.stderr
+
+
+NOT_UTF8 = {
+    "binary": b"\x00\xff\xfe\x89PNG\x00",
+    "utf16": '{"goal": "x", "turns": [{"text": "done"}]}'.encode("utf-16"),  # a BOM first: how some editors save
+}
+
+
+@pytest.mark.parametrize("content", NOT_UTF8, ids=list(NOT_UTF8))
+@pytest.mark.parametrize(
+    ("command", "field"),
+    [pytest.param(("submit", "x", "--provider", "scripted", "--script", "{file}"), "script", id="submit-script"),
+     pytest.param(("submit", "--file", "{file}"), "file", id="submit-file"),
+     pytest.param(("agents", "create", "-f", "{file}"), "file", id="agents-create"),
+     pytest.param(("schedules", "create", "-f", "{file}"), "file", id="schedules-create"),
+     pytest.param(("policy", "put", "tenant", "{file}"), "file", id="policy-put"),
+     pytest.param(("memory", "put", "notes", "/a.md", "-f", "{file}"), "file", id="memory-put")],
+)  # fmt: skip
+def test_a_file_that_is_not_utf8_is_named_with_exit_2_and_no_traceback(
+    cli: Callable[..., Ran], tmp_path: Path, command: tuple[str, ...], field: str, content: str
+) -> None:
+    """Without the check a binary (or a UTF-16 export) raised UnicodeDecodeError out of main()."""
+    path = tmp_path / "thing.yaml"
+    path.write_bytes(NOT_UTF8[content])
+    ran = cli(*(part.format(file=path) for part in command), "--url", NOWHERE)  # a request would exit 1
+    assert ran.returncode == 2, ran.stderr
+    assert f"from {path}: not UTF-8 text" in ran.stderr and f"save it as UTF-8 ({field})" in ran.stderr, ran.stderr
+    assert ("UTF-16 byte-order mark" in ran.stderr) is (content == "utf16")
+
+
+def test_a_profiles_file_that_is_not_utf8_is_named_with_exit_2(cli: Callable[..., Ran], tmp_path: Path) -> None:
+    profiles = tmp_path / "profiles.toml"
+    profiles.write_bytes(b'[default]\nurl = "\xff"\n')
+    ran = cli("status", "t1", "--profile", "default", env={"AGENTQ_PROFILES": str(profiles)})
+    assert ran.returncode == 2, ran.stderr
+    assert f"cannot read profiles from {profiles}: not UTF-8 text" in ran.stderr and "(profile)" in ran.stderr

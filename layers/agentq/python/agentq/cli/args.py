@@ -1,11 +1,14 @@
 """What every command group's parser shares: the epilog (exit codes, how the API is found),
-``add_command`` that gives each subcommand that epilog and a description, and ``UsageError``,
-the error of bad usage or input (exit 2, the message naming the field)."""
+``add_command`` that gives each subcommand that epilog and a description, ``UsageError``,
+the error of bad usage or input (exit 2, the message naming the field), and ``read_text`` /
+``read_yaml``, how a file the user names is read."""
 
 from __future__ import annotations
 
 import argparse
+import io
 import math
+import sys
 from typing import Any
 
 from agentq.core.errors import AgentqError
@@ -25,6 +28,43 @@ class UsageError(AgentqError):
     """Bad usage or configuration: exit 2."""
 
     code = "usage"
+
+
+def read_text(value: str, *, what: str, field: str = "file") -> str:
+    """The text of the file ``value`` names ('-': stdin), as UTF-8. A file that cannot be read
+    (missing, a directory, not allowed) or is not UTF-8 text (a binary, a UTF-16 export) is a
+    ``UsageError`` naming the file and ``field``: exit 2, never a traceback."""
+    try:
+        if value == "-":
+            stdin = getattr(sys.stdin, "buffer", None)  # the bytes: decoded here, as a file's are
+            data = stdin.read() if stdin is not None else sys.stdin.read().encode()
+        else:
+            with open(value, "rb") as stream:
+                data = stream.read()
+    except OSError as exc:
+        raise UsageError(f"cannot read {what} from {value}: {exc.strerror or exc}", field=field) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        bom = " (it starts with a UTF-16 byte-order mark)" if data.startswith((b"\xff\xfe", b"\xfe\xff")) else ""
+        raise UsageError(
+            f"cannot read {what} from {value}: not UTF-8 text{bom}: byte {exc.start} is "
+            f"0x{data[exc.start]:02x}; save it as UTF-8",
+            field=field,
+        ) from None
+
+
+def read_yaml(value: str, *, what: str, field: str = "file") -> Any:
+    """The YAML (or JSON: JSON is YAML) in the file ``value`` names, read by ``read_text``; a
+    parse error is a ``UsageError`` whose message names the file, line and column."""
+    import yaml
+
+    stream = io.StringIO(read_text(value, what=what, field=field))
+    stream.name = "<stdin>" if value == "-" else value  # what yaml's error says the input is
+    try:
+        return yaml.safe_load(stream)
+    except yaml.YAMLError as exc:
+        raise UsageError(f"cannot read {what} from {value}: {exc}", field=field) from None
 
 
 def add_command(sub: Any, name: str, help: str, description: str | None = None) -> argparse.ArgumentParser:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentq.cli.args import UsageError, add_command
+from agentq.cli.args import UsageError, add_command, read_yaml
 from agentq.cli.output import dump
 from agentq.cli.submit import load_script
 from agentq.cli.target import api_client, remote
@@ -21,13 +21,7 @@ if TYPE_CHECKING:
 def _read_agent_file(value: str) -> dict[str, Any]:
     """An agent definition from YAML or JSON ('-': stdin). A ``script`` naming a file beside it
     is read here and sent inline, since the API cannot read the caller's files."""
-    import yaml
-
-    try:
-        text = sys.stdin.read() if value == "-" else Path(value).read_text()
-        body = yaml.safe_load(text)  # JSON is YAML
-    except (OSError, yaml.YAMLError) as exc:
-        raise UsageError(f"cannot read the agent definition from {value}: {exc}", field="file") from None
+    body = read_yaml(value, what="the agent definition")  # JSON is YAML
     if not isinstance(body, dict):
         raise UsageError(f"{value} must hold a mapping (name, model, tools, ...)", field="file")
     script = body.get("script")
@@ -72,13 +66,7 @@ def _cmd_schedules(args: argparse.Namespace) -> int:
 
     client = api_client(args)
     if args.schedules_command == "create":
-        import yaml
-
-        try:
-            text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
-            body = yaml.safe_load(text)
-        except (OSError, yaml.YAMLError) as exc:
-            raise UsageError(f"cannot read the schedule from {args.file}: {exc}", field="file") from None
+        body = read_yaml(args.file, what="the schedule")
         schedule = client.create_schedule(body)
         if args.json:
             dump(schedule)

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
-from agentq.cli.args import UsageError, add_command
+from agentq.cli.args import UsageError, add_command, read_text
 from agentq.cli.output import dump
 from agentq.cli.target import api_client, remote
 
@@ -20,10 +19,7 @@ def _content(args: argparse.Namespace) -> str:
         raise UsageError("give the content with exactly one of --file or --content", field="content")
     if args.content is not None:
         return str(args.content)
-    try:
-        return sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read {args.file}: {exc}", field="file") from None
+    return read_text(args.file, what="the content")
 
 
 def _cmd_memory(args: argparse.Namespace) -> int:

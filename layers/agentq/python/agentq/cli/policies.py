@@ -10,18 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
-from agentq.cli.args import UsageError, add_command
+from agentq.cli.args import UsageError, add_command, read_text
 from agentq.cli.target import api_client, remote
 
 
 def _read(value: str) -> str:
-    try:
-        return sys.stdin.read() if value == "-" else Path(value).read_text()
-    except OSError as exc:
-        raise UsageError(f"cannot read the rules from {value}: {exc}", field="file") from None
+    return read_text(value, what="the rules")
 
 
 def _json_arg(value: str | None, name: str) -> dict[str, Any]:

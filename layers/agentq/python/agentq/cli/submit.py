@@ -11,7 +11,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from agentq.cli.args import UsageError, add_command, add_wait, wait_timeout
+from agentq.cli.args import UsageError, add_command, add_wait, read_text, read_yaml, wait_timeout
 from agentq.cli.output import dump, final, follow, print_result
 from agentq.cli.target import api_client, remote
 
@@ -42,13 +42,7 @@ def load_script(value: str) -> Any:
         raise UsageError(f"--script {value}: no such file", field="script")
     if not path.is_file():
         return value  # a built-in script's name: the API knows them
-    import yaml
-
-    try:
-        with path.open() as stream:  # a stream, so a YAML error names the file
-            return yaml.safe_load(stream)
-    except (OSError, yaml.YAMLError) as exc:
-        raise UsageError(f"cannot read script {value}: {exc}", field="script") from None
+    return read_yaml(value, what="the script", field="script")
 
 
 def constraint_value(field: str) -> Callable[[str], Any]:
@@ -195,10 +189,11 @@ def tools_called(script: Any) -> list[str]:
 def build_submission(args: argparse.Namespace, upload: Callable[[bytes], str] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {}
     if args.file:
+        text = read_text(args.file, what="the submission")
         try:
-            body = json.loads(Path(args.file).read_text()) if args.file != "-" else json.load(sys.stdin)
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"cannot read the submission from {args.file}: {exc}", field="file") from None
+            body = json.loads(text)
+        except ValueError as exc:
+            raise UsageError(f"cannot read the submission from {args.file}: not JSON: {exc}", field="file") from None
         if not isinstance(body, dict):
             raise UsageError(f"{args.file} must hold a JSON object", field="file")
     if args.goal:

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentq.cli.args import UsageError
+from agentq.cli.args import UsageError, read_text
 
 if TYPE_CHECKING:
     from agentq.api.client import Client
@@ -28,11 +28,11 @@ def profiles_path() -> Path:
 def _load_profiles(path: Path) -> dict[str, dict[str, Any]]:
     import tomllib
 
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
+    if not path.exists():
         return {}
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    try:
+        data = tomllib.loads(read_text(str(path), what="profiles", field="profile"))
+    except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"cannot read profiles from {path}: {exc}", field="profile") from None
     return {name: value for name, value in data.items() if isinstance(value, dict)}
 
