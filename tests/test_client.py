@@ -121,6 +121,30 @@ def test_each_failure_is_its_own_exception_with_status_code_and_field(api_stack:
     assert client.health().status == "ok"
 
 
+def test_a_body_over_the_paths_limit_is_the_servers_413_naming_body_raised_before_it_is_sent(
+    api_stack: ApiStack, client: Client
+) -> None:
+    """Sent, a body far over the limit was cut off mid-upload by the server (which refuses on
+    the length alone), and the client said "cannot reach" (BrokenPipe): the 413 is said here."""
+    from agentq.api.models.base import MAX_BODY_BYTES, MAX_UPLOAD_BODY_BYTES
+
+    before = len(client.list_tasks(limit=100).tasks)
+    just_over = {**SCRIPTED, "goal": "x" * MAX_BODY_BYTES}
+    for body in ({**SCRIPTED, "goal": "x" * 5_000_000}, just_over):
+        with pytest.raises(InvalidRequest) as refused:
+            client.request("POST", "/tasks", body)
+        assert (refused.value.status, refused.value.code, refused.value.field) == (413, "body_too_large", "body")
+        assert "nothing was sent" in refused.value.message
+    status, answer, _ = api_stack.http("POST", "/tasks", just_over)  # what the server says of the same body
+    assert status == 413 and (answer["error"]["code"], answer["error"]["field"]) == ("body_too_large", "body")
+    assert len(client.list_tasks(limit=100).tasks) == before
+    # An upload's larger limit is the server's to judge: the body goes out (and is refused for what it holds).
+    with pytest.raises(InvalidRequest) as upload:
+        client.request("POST", "/workspace-uploads", {"archive": "A" * (MAX_BODY_BYTES + 1)})
+    assert upload.value.status != 413, upload.value
+    assert MAX_UPLOAD_BODY_BYTES > MAX_BODY_BYTES + 100
+
+
 def test_a_client_needs_a_url(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AGENTQ_URL", raising=False)
     with pytest.raises(AgentqError, match="AGENTQ_URL"):

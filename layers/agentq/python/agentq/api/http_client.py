@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from agentq.api.models import TaskEvent, TaskView
+from agentq.api.models.base import body_limit
 from agentq.core.errors import AgentqError, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
@@ -114,7 +115,9 @@ class HttpClient:
         decode: bool = True,
     ) -> Any:
         """One API call; returns the decoded JSON (``decode=False``: the body's bytes). GETs (and
-        anything ``retry=True``) are retried on connection failures and 502/503/504."""
+        anything ``retry=True``) are retried on connection failures and 502/503/504. A body over
+        the path's limit (``body_limit``) is the server's 413 naming ``body``, raised before it
+        is sent."""
         retry = method == "GET" if retry is None else retry
         url = self.url + path
         if query:
@@ -130,6 +133,10 @@ class HttpClient:
         if body is not None:
             data = json.dumps(body).encode()
             all_headers["Content-Type"] = "application/json"
+            limit = body_limit(path)
+            if len(data) > limit:  # the server's 413, said here: sent, it cut the upload off mid-body ("cannot reach")
+                message = f"request body of {len(data)} bytes; the limit is {limit} (nothing was sent)"
+                raise InvalidRequest(413, "body_too_large", message, "body")
         attempts = 1 + (self.retries if retry else 0)
         for attempt in range(attempts):
             req = urllib.request.Request(url, data=data, method=method, headers=all_headers)
