@@ -177,3 +177,30 @@ def test_a_profiles_file_that_is_not_utf8_is_named_with_exit_2(cli: Callable[...
     ran = cli("status", "t1", "--profile", "default", env={"AGENTQ_PROFILES": str(profiles)})
     assert ran.returncode == 2, ran.stderr
     assert f"cannot read profiles from {profiles}: not UTF-8 text" in ran.stderr and "(profile)" in ran.stderr
+
+
+def test_a_script_too_large_for_a_request_is_refused_before_it_is_parsed_or_sent(
+    cli: Callable[..., Ran], tmp_path: Path
+) -> None:
+    """A file over four request bodies is refused unread past the limit (a 30 MB script took
+    minutes to parse first); one that parses but makes a body over the limit is the API's 413
+    naming ``body``, said before sending (sent, the server cut it off: "cannot reach", exit 1)."""
+    import json
+    import time
+
+    from agentq.api.models.base import MAX_BODY_BYTES
+    from agentq.cli.args import FILE_BODIES
+
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("turns:\n" + '  - text: "done"\n' * (FILE_BODIES * MAX_BODY_BYTES // 16 + 1))
+    started = time.monotonic()
+    ran = cli("submit", "x", "--script", str(huge), "--url", NOWHERE)
+    assert ran.returncode == 2, ran.stderr
+    assert f"cannot read the script from {huge}: over {FILE_BODIES * MAX_BODY_BYTES} bytes" in ran.stderr
+    assert ran.stderr.rstrip().endswith("(script)") and time.monotonic() - started < 5
+
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"turns": [{"text": "x" * MAX_BODY_BYTES}]}))
+    ran = cli("submit", "x", "--script", str(big), "--url", NOWHERE)
+    assert ran.returncode == 2, ran.stderr
+    assert f"the limit is {MAX_BODY_BYTES} (nothing was sent) (body)" in ran.stderr

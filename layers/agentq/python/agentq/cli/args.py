@@ -30,19 +30,35 @@ class UsageError(AgentqError):
     code = "usage"
 
 
+# The largest file a command reads, in request bodies: what it holds is sent in one of at most
+# ``MAX_BODY_BYTES``, and four times that leaves room for YAML's comments and indentation. A 30 MB
+# script took minutes to parse before its request was refused.
+FILE_BODIES = 4
+
+
 def read_text(value: str, *, what: str, field: str = "file") -> str:
     """The text of the file ``value`` names ('-': stdin), as UTF-8. A file that cannot be read
-    (missing, a directory, not allowed) or is not UTF-8 text (a binary, a UTF-16 export) is a
-    ``UsageError`` naming the file and ``field``: exit 2, never a traceback."""
+    (missing, a directory, not allowed), is over ``FILE_BODIES`` request bodies (refused before
+    more is read) or is not UTF-8 text (a binary, a UTF-16 export) is a ``UsageError`` naming the file
+    and ``field``: exit 2, never a traceback."""
+    from agentq.api.models.base import MAX_BODY_BYTES
+
+    limit = FILE_BODIES * MAX_BODY_BYTES
     try:
         if value == "-":
             stdin = getattr(sys.stdin, "buffer", None)  # the bytes: decoded here, as a file's are
-            data = stdin.read() if stdin is not None else sys.stdin.read().encode()
+            data = stdin.read(limit + 1) if stdin is not None else sys.stdin.read(limit + 1).encode()
         else:
             with open(value, "rb") as stream:
-                data = stream.read()
+                data = stream.read(limit + 1)
     except OSError as exc:
         raise UsageError(f"cannot read {what} from {value}: {exc.strerror or exc}", field=field) from None
+    if len(data) > limit:
+        raise UsageError(
+            f"cannot read {what} from {value}: over {limit} bytes, and what it holds goes in a request body "
+            f"of at most {MAX_BODY_BYTES}",
+            field=field,
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
