@@ -204,3 +204,17 @@ def test_a_script_too_large_for_a_request_is_refused_before_it_is_parsed_or_sent
     ran = cli("submit", "x", "--script", str(big), "--url", NOWHERE)
     assert ran.returncode == 2, ran.stderr
     assert f"the limit is {MAX_BODY_BYTES} (nothing was sent) (body)" in ran.stderr
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "field"),
+    [("AGENTQ_API_KEY", "aq_abc\n", "api_key"),  # a key pasted with its line's end
+     ("AGENTQ_URL", NOWHERE + "\n", "url"),
+     ("AGENTQ_URL", "http://[::1", "url")],
+)  # fmt: skip
+def test_a_key_or_url_that_cannot_go_in_a_request_is_named_with_exit_2(
+    cli: Callable[..., Ran], setting: str, value: str, field: str
+) -> None:
+    ran = cli("status", "t1", env={"AGENTQ_URL": NOWHERE, "AGENTQ_API_KEY": "aq_x", setting: value})
+    assert ran.returncode == 2, ran.stderr
+    assert ran.stderr.rstrip().endswith(f"({field})") and "Traceback" not in ran.stderr, ran.stderr

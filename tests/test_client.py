@@ -153,3 +153,22 @@ def test_a_client_needs_a_url(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AGENTQ_API_KEY", "aq_env")
     from_env = Client()
     assert from_env.url == "http://example.invalid" and from_env.api_key == "aq_env"
+
+
+@pytest.mark.parametrize(
+    ("url", "key", "field", "says"),
+    [("http://127.0.0.1:9\n", "aq_x", "url", "a line end or a control character"),
+     ("http://127.0.0.1:9/a b", "aq_x", "url", "a space"),
+     ("http://[::1", "aq_x", "url", "not a URL: Invalid IPv6 URL"),
+     ("http://x:port", "aq_x", "url", "not a URL: Port could not be cast"),
+     ("https://", "aq_x", "url", "names no host"),
+     ("http://127.0.0.1:9/p\u00e4th", "aq_x", "url", "outside ASCII in its path"),
+     ("http://127.0.0.1:9", "aq_abc\n", "api_key", "a line end pasted with it?"),
+     ("http://127.0.0.1:9", "aq abc", "api_key", "a space"),
+     ("http://127.0.0.1:9", "\u043a\u043b\u044e\u0447", "api_key", "outside printable ASCII")],
+)  # fmt: skip
+def test_a_url_or_key_no_request_can_carry_is_refused_naming_it(url: str, key: str, field: str, says: str) -> None:
+    """Taken, each raised a ValueError (or UnicodeEncodeError) from deep inside urllib at the first call."""
+    with pytest.raises(AgentqError) as refused:
+        Client(url, key)
+    assert refused.value.field == field and says in refused.value.message, refused.value

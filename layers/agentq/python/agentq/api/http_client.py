@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import urllib.error
 import urllib.parse
@@ -93,8 +94,14 @@ class HttpClient:
         url = url or os.environ.get("AGENTQ_URL")
         if not url:
             raise AgentqError("no API URL: pass url= or set AGENTQ_URL (agentq dev prints it)", field="url")
-        self.url = url.rstrip("/")
+        self.url = _checked_url(url).rstrip("/")
         self.api_key = api_key or os.environ.get("AGENTQ_API_KEY")
+        if self.api_key is not None and not _HEADER_TOKEN.fullmatch(self.api_key):
+            raise ValidationError(
+                "the API key holds a space, a line end or a character outside printable ASCII, which no request "
+                "header can carry (a line end pasted with it?)",
+                field="api_key",
+            )
         self.timeout = timeout
         self.retries = retries
 
@@ -199,6 +206,28 @@ class HttpClient:
                     kind = line[6:].strip()
                 elif line.startswith("data:"):
                     data.append(line[5:].lstrip(" "))
+
+
+# An API key (``aq_...``) or a token (a JWT) is printable ASCII without spaces: what a header carries.
+_HEADER_TOKEN = re.compile(r"[!-~]+")
+
+
+def _checked_url(url: str) -> str:
+    """``url`` if a request can be made to it; else a ``ValidationError`` naming ``url`` (what
+    urllib and http.client would raise later as a ValueError from deep in a call)."""
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise ValidationError(f"the API's URL {url!r} holds a space, a line end or a control character", field="url")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 (a port that is not a number raises here)
+    except ValueError as exc:
+        raise ValidationError(f"the API's URL {url!r} is not a URL: {exc}", field="url") from None
+    if not parts.hostname:
+        raise ValidationError(f"the API's URL {url!r} names no host", field="url")
+    if not (parts.path + parts.query).isascii():
+        raise ValidationError(f"the API's URL {url!r} holds a character outside ASCII in its path: %-encode it",
+                              field="url")  # fmt: skip
+    return url
 
 
 def _seg(value: str, field: str = "task_id") -> str:
