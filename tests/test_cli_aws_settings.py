@@ -64,6 +64,28 @@ def test_an_error_answer_of_aws_is_said_with_its_code_and_message_and_exits_1(mo
     assert "agentq keys: AWS refused Query: ResourceNotFoundException: " in ran.stderr
 
 
+@pytest.mark.parametrize(
+    ("command", "variable", "value"),
+    [("dlq list", "AWS_ENDPOINT_URL", "not a url"),
+     ("purge some-task", "AWS_ENDPOINT_URL", "not a url"),
+     ("keys list --tenant acme", "AWS_ENDPOINT_URL", "http://[::1"),
+     ("dlq list", "AWS_ENDPOINT_URL_DYNAMODB", "localhost:4566"),
+     ("purge some-task", "AGENTQ_BUCKET", ""),
+     ("dlq list", "AGENTQ_TABLE", ""),
+     ("keys list --tenant acme", "AGENTQ_TABLE", "my table")],
+)  # fmt: skip
+def test_an_aws_setting_that_cannot_work_is_named_with_exit_2_before_aws_is_asked(
+    command: str, variable: str, value: str
+) -> None:
+    """Taken as given, botocore raised a ValueError (an endpoint that is not a URL) or a
+    ParamValidationError (an empty bucket name) out of main(): a traceback."""
+    env = _shell(**LOCAL_CREDENTIALS, AWS_REGION="us-east-1", AWS_ENDPOINT_URL="http://127.0.0.1:9")
+    ran = _agentq(*command.split(), env={**env, variable: value})
+    assert ran.returncode == 2, ran.stderr
+    assert "Traceback" not in ran.stderr and ran.stderr.rstrip().endswith(f"({variable})"), ran.stderr
+    assert f"agentq: {variable} is " in ran.stderr
+
+
 def test_an_error_that_is_neither_missing_settings_nor_aws_unreachable_nor_its_answer_keeps_its_traceback() -> None:
     """A request our code built wrong is a bug: main() re-raises it, as any other exception."""
     from botocore.exceptions import ParamValidationError

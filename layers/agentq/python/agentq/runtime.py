@@ -71,9 +71,9 @@ class Settings:
         modules = tuple(m for m in os.environ.get("AGENTQ_TOOL_MODULES", "").split(",") if m)
         return cls(
             prefix=prefix,
-            table=os.environ.get("AGENTQ_TABLE", names.table),
-            bucket=os.environ.get("AGENTQ_BUCKET", names.bucket),
-            endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None,
+            table=_name_from_env("AGENTQ_TABLE", names.table),
+            bucket=_name_from_env("AGENTQ_BUCKET", names.bucket),
+            endpoint_url=_endpoint_from_env(),
             region=region_from_env(),
             offload_threshold=int(os.environ.get("AGENTQ_OFFLOAD_BYTES", DEFAULT_OFFLOAD_THRESHOLD)),
             tool_modules=modules,
@@ -108,6 +108,41 @@ class Settings:
         if self.workspace_role_arn:
             out[WORKSPACE_ROLE_VARIABLE] = self.workspace_role_arn
         return out
+
+
+def _name_from_env(variable: str, default: str) -> str:
+    """A resource's name from ``variable`` (unset: ``default``, the prefix's). Set but empty, or
+    with spaces, stops the process naming the variable: AWS's client would refuse each request
+    with a ParamValidationError, and falling back to the default would act on another stack's."""
+    value = os.environ.get(variable, default)
+    if not value or value != value.strip() or any(c.isspace() for c in value):
+        said = "empty" if not value.strip() else f"{value!r}, which holds a space"
+        raise ConfigurationError(f"{variable} is {said}: name the resource, or unset it for {default!r}",
+                                 field=variable)  # fmt: skip
+    return value
+
+
+def _endpoint_from_env() -> str | None:
+    """AWS_ENDPOINT_URL (the local stack's moto), after every AWS_ENDPOINT_URL* variable is
+    checked (botocore reads the per-service ones itself): anything but an http(s) URL stops the
+    process naming the variable, where botocore would raise a ValueError making a client."""
+    import urllib.parse
+
+    for variable in sorted(v for v in os.environ if v.startswith("AWS_ENDPOINT_URL")):
+        value = os.environ[variable]
+        try:
+            parts = urllib.parse.urlsplit(value)
+            parts.port  # noqa: B018 (a port that is not a number raises here)
+            usable = parts.scheme in ("http", "https") and bool(parts.hostname)
+        except ValueError:  # an unclosed [IPv6 address, a port that is not a number
+            usable = False
+        if value and (not usable or any(c.isspace() or not c.isprintable() for c in value)):
+            raise ConfigurationError(
+                f"{variable} is {value!r}: not an http:// or https:// URL; export the one `agentq dev` printed, "
+                "or unset it for AWS's own endpoints",
+                field=variable,
+            )
+    return os.environ.get("AWS_ENDPOINT_URL") or None
 
 
 def _pool_from_env(variable: str) -> str | None:
