@@ -69,7 +69,10 @@ def test_the_flags_override_a_file_and_merge_its_tool_policies(tmp_path: Path) -
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--tool-policy", "note_read"], "argument --tool-policy: takes NAME=allow|ask|ask_tenant|deny, not 'note_read'"),
+        (
+            ["--tool-policy", "note_read"],
+            "argument --tool-policy: takes NAME=allow|ask|ask_tenant|deny, not 'note_read'",
+        ),
         (
             ["--tool-policy", "note_read=maybe"],
             "argument --tool-policy: the policy of 'note_read' is allow, ask, ask_tenant or deny",
