@@ -794,8 +794,11 @@ def test_a_dead_letter_is_listed_with_its_reason_and_redriven_from_the_page(cons
 
     page = tab.page
     page.click("a[data-nav='dead-letters']")
-    page.wait_for_selector(f"tr[data-task='{task_id}']")
-    row = page.inner_text(f"tr[data-task='{task_id}']")
+    # A dead letter's row (its reason's cell): the task list shown before the click has a row for
+    # the task too, drawn when it was still running, until the page draws the dead letters.
+    letter = f"tr[data-task='{task_id}']:has(td.reason)"
+    page.wait_for_selector(letter)
+    row = page.inner_text(letter)
     assert "failed" in row and "529" in row
     assert page.locator(f"tr[data-task='{other}']").count() == 0
     shot(console, tab, "dead-letters")
@@ -1039,6 +1042,7 @@ def test_an_interrupt_from_the_page_stands_in_the_conversation_and_the_steps_whe
     console.until(slow, lambda v: v["status"] == "running")
     page = tab.page
     page.goto(f"{console.url}/console/#/tasks/{slow}")
+    page.wait_for_selector("#interrupt", timeout=90_000)  # a busy machine's first render can be slow
     page.click("#interrupt")
     page.wait_for_selector(".notice:has-text('Interrupt recorded')")
     held.open()
