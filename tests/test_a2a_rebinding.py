@@ -13,7 +13,6 @@ network is ``socket.socket.connect`` refusing the public address (``no_outside_n
 
 from __future__ import annotations
 
-import datetime
 import ipaddress
 import os
 import socket
@@ -31,10 +30,6 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from agentq.core.errors import AgentqError
 from agentq.core.models import RemoteAgentRef
@@ -42,6 +37,7 @@ from agentq.core.tools.a2a_remote import RemoteAgents, RemoteUnreachable
 from agentq.core.tools.pinned_http import PinnedTransport, Pins
 from agentq.core.vault import Credential, HostBinding
 
+from tests.certificates import Certs, issue
 from tests.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,41 +47,10 @@ GUARD_THREAD = "agentq-http-fetch-dns"  # the thread the guard resolves on (core
 TOKEN = "RBND" + uuid.uuid4().hex
 
 
-@dataclass
-class Certs:
-    ca: Path
-    cert: Path
-    key: Path
-
-
 def _certs(tmp: Path) -> Certs:
     """A test CA and a certificate it signed for NAME only (no IP): verifying it against an
     address instead of the name fails."""
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "agentq rebinding test CA")])
-    ca = (
-        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, NAME)]))
-        .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(NAME)]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
-    out = Certs(tmp / "ca.pem", tmp / "server.pem", tmp / "server.key")
-    out.ca.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    out.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    out.key.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return out
+    return issue(tmp, NAME, ca_name="agentq rebinding test CA")
 
 
 class Internal:

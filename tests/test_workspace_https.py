@@ -6,8 +6,6 @@ without network has no CA bundle and cannot write the one it has."""
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import os
 import ssl
 import threading
@@ -16,10 +14,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from agentq.core.engine._workspace import TaskWorkspace
 from agentq.core.tools import ToolContext, default_registry, idempotency_key_for
@@ -28,6 +22,8 @@ from agentq.core.tools.fetch import FetchPolicy, HostRule
 from agentq.core.workspace import EMPTY
 from agentq.sandbox.workspace import WorkspaceSandbox
 
+from tests.certificates import issue
+
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/bwrap"), reason="the workspace tools need bubblewrap")
 LOOPBACK = FetchPolicy(allow=(HostRule("127.0.0.1"),))  # the deployment lets loopback through
 SECRET_PATH = "/hello"
@@ -35,31 +31,8 @@ SECRET_PATH = "/hello"
 
 def _ca_and_server_cert(tmp: Path) -> tuple[Path, Path, Path]:
     """A test CA (not in the host's bundle) and a certificate for 127.0.0.1 it signed."""
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "agentq test CA")])
-    ca = (
-        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
-        .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
-    paths = tmp / "ca.pem", tmp / "server.pem", tmp / "server.key"
-    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return paths
+    certs = issue(tmp, "127.0.0.1")
+    return certs.ca, certs.cert, certs.key
 
 
 class _Hello(BaseHTTPRequestHandler):
