@@ -42,40 +42,30 @@ def _engine(store: Storage, registry: ToolRegistry, name: str, lease: float) -> 
     return Engine(store, worker_id=name, tools=registry, config=EngineConfig(lease_seconds=lease))
 
 
-def test_a_timed_out_batch_read_by_a_paused_run_and_by_its_successor_is_charged_once(
+@pytest.mark.parametrize(("discarded_by", "ends"), [("timeout", TaskStatus.TIMED_OUT), ("interrupt", TaskStatus.IDLE)])
+def test_a_discarded_batch_answer_read_by_a_paused_run_and_by_its_successor_is_charged_once(
     api: FakeMessagesAPI,
     store: Storage,
     registry: ToolRegistry,
     monkeypatch: pytest.MonkeyPatch,
+    discarded_by: str,
+    ends: TaskStatus,
 ) -> None:
-    task_id = _task(store, timeout_seconds=1)
+    """The task's timeout passed while its batch ran, or a person interrupted it: the answer is
+    read and charged, not committed. A run paused at its read past its lease, and the run that
+    claimed the task after it, both read it: one orphan, charged once, what the provider billed."""
+    task_id = _task(store, timeout_seconds=1) if discarded_by == "timeout" else _task(store)
     assert _engine(store, registry, "w", 30).run(task_id).outcome == "waiting"
     started = store.tasks.get(task_id).started_at
     assert started is not None
     _batches_end(api)
-    wait_for(lambda: time.time() >= started + 1, what="the task's timeout")
+    if discarded_by == "timeout":
+        wait_for(lambda: time.time() >= started + 1, what="the task's timeout")
     store.tasks.transition(task_id, TaskStatus.QUEUED)  # the batch's poll message
+    if discarded_by == "interrupt":
+        interrupt(store, task_id, tenant="acme")
     with stopped_at(_engine(store, registry, "paused", 1), task_id, "after_llm_call:1", monkeypatch, wakes=True):
-        assert resume(_engine(store, registry, "successor", 30), task_id).status is TaskStatus.TIMED_OUT
-    billed = _billed(api)
-    budget = store.budgets.get(task_id)
-    assert billed > 0 and (budget.used, budget.reserved) == (billed, 0), (budget, billed)
-    assert len(store.steps.orphans(task_id)) == 1, store.steps.orphans(task_id)
-
-
-def test_an_interrupted_batch_answer_read_by_a_paused_run_and_by_its_successor_is_charged_once(
-    api: FakeMessagesAPI,
-    store: Storage,
-    registry: ToolRegistry,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    task_id = _task(store)
-    assert _engine(store, registry, "w", 30).run(task_id).outcome == "waiting"
-    _batches_end(api)
-    store.tasks.transition(task_id, TaskStatus.QUEUED)  # the batch's poll message
-    interrupt(store, task_id, tenant="acme")
-    with stopped_at(_engine(store, registry, "paused", 1), task_id, "after_llm_call:1", monkeypatch, wakes=True):
-        assert resume(_engine(store, registry, "successor", 30), task_id).status is TaskStatus.IDLE
+        assert resume(_engine(store, registry, "successor", 30), task_id).status is ends
     billed = _billed(api)
     budget = store.budgets.get(task_id)
     assert billed > 0 and (budget.used, budget.reserved) == (billed, 0), (budget, billed)
