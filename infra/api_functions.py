@@ -19,6 +19,7 @@ from constructs import Construct
 
 from agentq.api.oidc import OIDC_ENV
 from agentq.observe.names import NAMESPACE as METRICS_NAMESPACE
+from agentq.storage.keys import api_key_key
 from infra.access import (
     PAYLOAD_ACTIONS,
     TABLE_ACTIONS,
@@ -148,7 +149,15 @@ def build_authorizer(function: FunctionFactory, cfg: EnvironmentSettings, data: 
     )
     if cfg.oidc is not None:  # read by agentq.api.oidc.OidcSettings.from_env
         authorizer.add_environment(OIDC_ENV, json.dumps(cfg.oidc.model_dump(exclude_none=True)))
+    # Only the API keys' partitions (``APIKEY#<sha256>``, storage/keys.py): the function that
+    # parses every caller's token must not be able to read a tenant's tasks, vault or secrets.
+    # An issuer's JWKS is cached in the function's memory (api/oidc.py), never in the table.
     authorizer.add_to_role_policy(
-        iam.PolicyStatement(sid="ApiKeys", actions=["dynamodb:GetItem"], resources=[data.table.table_arn])
+        iam.PolicyStatement(
+            sid="ApiKeys",
+            actions=["dynamodb:GetItem"],
+            resources=[data.table.table_arn],
+            conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [api_key_key("*")["pk"]]}},
+        )
     )
     return authorizer

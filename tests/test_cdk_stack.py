@@ -536,6 +536,18 @@ def test_each_function_gets_only_what_its_code_calls(synth: Synthesized) -> None
     }  # fmt: skip
 
 
+def test_the_authorizer_may_read_only_api_key_items(synth: Synthesized) -> None:
+    """agentq.api.auth reads ``APIKEY#<sha256>`` items and nothing else (an issuer's JWKS is
+    cached in memory): a GetItem on the whole table would let the function that parses every
+    caller's token read any tenant's tasks, vault items and webhook secrets."""
+    table = [s for s in _role_statements(synth, "authorizer") if any(a.startswith("dynamodb:") for a in _as_list(s["Action"]))]  # fmt: skip
+    assert table, "the authorizer reads the table"
+    for statement in table:
+        assert statement.get("Condition") == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["APIKEY#*"]}}, (
+            statement
+        )
+
+
 def test_table_and_payload_grants_name_this_environments_resources(synth: Synthesized) -> None:
     table_id, _ = _one(synth, "AWS::DynamoDB::Table")
     for name in ("executor", "api", "reaper"):
