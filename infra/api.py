@@ -52,7 +52,9 @@ ACCESS_LOG_FORMAT = {
 
 # Gateway-generated errors in the API's own shape: {"error": {"code", "message"}}. The authorizer
 # denies (ACCESS_DENIED) only a refused JWT, with the reason in its context (``api.auth``): a 401
-# whose message is that reason (our own words: no quote or backslash to escape).
+# whose message is that reason. API Gateway substitutes it unescaped, here and in the access log
+# line, so it is our own words, never the token's, and ``api.auth.quotable`` (no quote,
+# backslash or control character) is the last thing done to it.
 GATEWAY_ERRORS: dict[str, tuple[apigw.ResponseType, str, str]] = {
     "Unauthorized": (apigw.ResponseType.UNAUTHORIZED, "401", "unauthorized"),
     "AccessDenied": (apigw.ResponseType.ACCESS_DENIED, "401", "unauthorized"),

@@ -68,6 +68,57 @@ def test_malformed_authorization_headers_are_refused(bad: str) -> None:
     assert str(err.value) == "Unauthorized"  # what API Gateway turns into a 401
 
 
+def _jwt(header: Any, claims: Any) -> str:
+    """A token of any parts (unsigned): what a caller may send."""
+    import base64
+
+    def part(value: Any) -> str:
+        raw = value if isinstance(value, bytes) else json.dumps(value).encode()
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+    return f"{part(header)}.{part(claims)}.c2ln"
+
+
+ISSUER = "https://login.example.com/"
+FORGED = 'x", "code": "forged'  # what a caller would like between the quotes of the 401 and the log line
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        _jwt({"alg": FORGED, "typ": "JWT"}, {"iss": ISSUER}),
+        _jwt({"alg": 'x"}} forged', "typ": "JWT"}, {"iss": ISSUER}),
+        _jwt({"alg": "forged\\", "typ": "JWT"}, {"iss": ISSUER}),
+        _jwt({"alg": "forged\n\u2028", "typ": "JWT"}, {"iss": ISSUER}),
+        _jwt({"alg": "RS256", "kid": {"forged": FORGED}}, {"iss": ISSUER}),
+        _jwt({"alg": "RS256"}, FORGED.encode()),
+        _jwt(FORGED, {"iss": ISSUER}),
+    ],
+    ids=[
+        "alg-quotes",
+        "alg-braces",
+        "alg-backslash",
+        "alg-line-ends",
+        "kid-object",
+        "claims-not-json",
+        "header-not-object",
+    ],
+)
+def test_a_refused_tokens_reason_is_our_own_words_never_the_tokens(token: str) -> None:
+    """A token's refusal is public (api.oidc) and API Gateway puts it unescaped into the 401's
+    JSON and the access log line (infra/api.py): it names what is wrong, never what the token
+    holds (its alg, a claim) nor PyJWT's message about it."""
+    from agentq.api.oidc import OidcSettings, OidcVerifier
+
+    verifier = OidcVerifier(OidcSettings(issuer=ISSUER, audience="agentq-api"))  # refused before any JWKS fetch
+    with pytest.raises(Unauthorized) as refused:
+        verifier.verify(token)
+    reason = refused.value.reason
+    assert refused.value.public and "forged" not in reason, reason
+    assert not set(reason) & {'"', "\\", "\n", "\u2028"}, reason
+    assert reason.startswith(("malformed token", "token algorithm not accepted")), reason
+
+
 def test_the_authorizer_maps_a_live_key_to_its_tenant_and_refuses_the_rest(
     deployment: tuple[Settings, Any, Any, KeyStore],
 ) -> None:

@@ -1530,6 +1530,46 @@ def test_an_oidc_issuer_from_cdk_json_reaches_the_authorizer_and_a_refused_token
     })  # fmt: skip
 
 
+class RefusingIssuer:
+    """An OIDC verifier (``api.auth.OidcVerifier``) whose refusal says ``reason``: the reasons
+    ``api.oidc`` gives are our own words, so this is how a hostile one reaches the authorizer."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def verify(self, token: str) -> dict[str, str]:
+        from agentq.api.auth import Unauthorized
+
+        raise Unauthorized(self.reason, public=True)
+
+
+@pytest.mark.parametrize(
+    "hostile", ['x", "code": "forged', 'x"}} trailing', "x\\", "line\nbreak\u2028", "nul\x00\x7f", '"' * 400]
+)
+def test_a_refused_tokens_401_body_and_access_log_line_stay_json_whatever_its_reason_holds(
+    synth: Synthesized, hostile: str
+) -> None:
+    """API Gateway puts ``$context.authorizer.error`` unescaped into the ACCESS_DENIED body and
+    the access log line: the authorizer (``api.auth.token_authorizer``) makes any reason safe
+    between those quotes, whatever wrote it."""
+    from agentq.api.auth import token_authorizer
+
+    event = {"authorizationToken": "Bearer a.b.c", "methodArn": "arn:x/v1/GET/tasks"}
+    answer = token_authorizer(None, event, RefusingIssuer(hostile))  # type: ignore[arg-type]
+    assert answer["policyDocument"]["Statement"][0]["Effect"] == "Deny"
+    reason = str(answer["context"]["error"])
+    assert reason.strip(), "a reason is left"
+    (denied,) = [r["Properties"] for r in synth.resources("AWS::ApiGateway::GatewayResponse").values()
+                 if r["Properties"]["ResponseType"] == "ACCESS_DENIED"]  # fmt: skip
+    body = denied["ResponseTemplates"]["application/json"].replace("$context.authorizer.error", reason)
+    assert json.loads(body) == {"error": {"code": "unauthorized", "message": reason}}
+    (stage,) = [r["Properties"] for r in synth.resources("AWS::ApiGateway::Stage").values()]
+    line = re.sub(r"\$context\.[A-Za-z.]+", lambda m: reason if m[0] == "$context.authorizer.error" else "v",
+                  stage["AccessLogSetting"]["Format"])  # fmt: skip
+    logged = json.loads(line)
+    assert logged["authorizerError"] == reason and set(logged) == set(json.loads(stage["AccessLogSetting"]["Format"]))
+
+
 def test_without_oidc_the_authorizer_takes_api_keys_only(synth: Synthesized) -> None:
     from agentq.api.oidc import OIDC_ENV
 

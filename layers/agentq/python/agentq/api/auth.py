@@ -163,18 +163,33 @@ def caller_of(context: Mapping[str, Any] | None) -> Caller | None:
     )
 
 
+_UNQUOTABLE = re.compile(r'["\\\x00-\x1f\x7f-\x9f\u2028\u2029]')
+REASON_LIMIT = 300
+
+
+def quotable(reason: str) -> str:
+    """A refusal's reason safe to put between the quotes of a JSON string unescaped: API Gateway
+    substitutes ``$context.authorizer.error`` as is into the 401 body and the access log line
+    (``infra/api.py``), so a ``"``, a ``\\`` or a control character there would let whatever
+    wrote the reason add keys to either. Reasons are our own words (``api.oidc``); this holds
+    even if one ever quotes a caller's text. ``"`` becomes ``'``, ``\\`` ``/``, a control
+    character a space; at most ``REASON_LIMIT`` characters."""
+    swap = {'"': "'", "\\": "/"}
+    return _UNQUOTABLE.sub(lambda m: swap.get(m[0], " "), reason)[:REASON_LIMIT]
+
+
 def token_authorizer(keys: KeyStore, event: dict[str, Any], oidc: OidcVerifier | None = None) -> dict[str, Any]:
     """A Lambda TOKEN authorizer: the tenant of the bearer key (or the tenant and user of a JWT,
     with ``oidc``). A refused key raises Unauthorized (API Gateway's bare 401); a refused token
-    is a Deny whose context names why (``error``), which the stack's ACCESS_DENIED gateway
-    response answers as a 401 JSON body (``infra/api.py``)."""
+    is a Deny whose context names why (``error``, made ``quotable``), which the stack's
+    ACCESS_DENIED gateway response answers as a 401 JSON body (``infra/api.py``)."""
     method_arn = str(event.get("methodArn", "*"))
     try:
         context = identify(keys, event.get("authorizationToken"), oidc)
     except Unauthorized as exc:
         log.info("refused: %s", exc.reason)
         if exc.public:
-            why: dict[str, str | bool] = {"error": exc.reason}
+            why: dict[str, str | bool] = {"error": quotable(exc.reason)}
             if exc.field:
                 why["field"] = exc.field
             return policy("refused", method_arn, effect="Deny", context=why)

@@ -15,7 +15,10 @@ named as such, not as "key not found"); nothing is believed before the signature
 Each refusal is ``Unauthorized`` with a public reason (``public=True``): malformed, expired,
 wrong audience, foreign issuer, bad signature, unknown key, a claim missing or not a valid
 tenant/user. Unlike a key's refusal (which must say nothing of which keys exist), a token's
-reason tells its holder only about the token they hold.
+reason tells its holder only about the token they hold, in our own words: it never quotes the
+token (its ``alg``, a claim) nor PyJWT's message about it, because API Gateway puts the reason
+as is between the quotes of the 401's JSON body and of the access log line (``infra/api.py``;
+``api.auth.token_authorizer`` also strips what could break out of them).
 
 Light at import, as the authorizer Lambda is (``bench/import_time.py``): PyJWT and cryptography
 load when the first verifier is built, only in a deployment that configures an issuer.
@@ -79,10 +82,11 @@ class OidcVerifier:
         try:
             header = jwt.get_unverified_header(token)
             unverified = jwt.decode(token, options={"verify_signature": False})
-        except jwt.PyJWTError as exc:
-            raise Unauthorized(f"malformed token: {exc}", public=True) from None
-        if header.get("alg") not in ALGORITHMS:
-            raise Unauthorized(f"token algorithm {header.get('alg')!r} is not accepted", public=True)
+        except jwt.PyJWTError:
+            raise Unauthorized("malformed token: its header or claims are not base64url JSON", public=True) from None
+        if header.get("alg") not in ALGORITHMS:  # named as ours: the token's own alg is the caller's text
+            raise Unauthorized(f"token algorithm not accepted: alg must be one of {', '.join(ALGORITHMS)}",
+                               public=True)  # fmt: skip
         if unverified.get("iss") != s.issuer:
             raise Unauthorized(f"foreign issuer: the token's iss is not {s.issuer}", public=True)
         try:
@@ -114,8 +118,8 @@ class OidcVerifier:
             raise Unauthorized(f"token lacks the {exc.claim!r} claim", public=True) from None
         except jwt.ImmatureSignatureError:
             raise Unauthorized("token not valid yet", public=True) from None
-        except jwt.PyJWTError as exc:
-            raise Unauthorized(f"invalid token: {exc}", public=True) from None
+        except jwt.PyJWTError as exc:  # the library's class name, never its text (which may quote the token)
+            raise Unauthorized(f"invalid token ({type(exc).__name__})", public=True) from None
         tenant, user = claims.get(s.tenant_claim), claims.get(s.user_claim)
         refused = refused_identity(tenant, user)
         if refused == "tenant":
